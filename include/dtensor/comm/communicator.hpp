@@ -1,0 +1,296 @@
+// dtensor/comm/communicator.hpp — the process-group interface every backend implements.
+//
+//   CommPtr world = ...;                               // threads::run, mpi::world(), nccl
+//   world->all_reduce(std::span<float>(x), ReduceOp::sum);      // blocking
+//   Work w = world->all_gather_async(send, recv);      // asynchronous; w.wait() later
+//   CommPtr row = world->split(color, key);            // a sub-group (collective)
+//
+// The public functions here are the only way into a backend: they check the arguments (and
+// throw a dtensor::Error naming the op, the sizes and the rank), record the call in the
+// enclosing CommLog, optionally check that every rank issued the same collective (see
+// set_check_collectives), and then call the backend's protected do_* function. Backends see
+// untyped buffers, element counts and a DType.
+//
+// Buffer conventions (counts are in elements of T):
+//   all_gather      send: n            recv: n * size()   (rank r's block at r * n)
+//   reduce_scatter  send: n * size()   recv: n            (this rank gets block rank())
+//   all_reduce      send: n            recv: n            (send and recv may be the same)
+//   all_to_all      send: n * size()   recv: n * size()   (block j goes to / came from rank j)
+//   all_to_all_v    per-peer counts and displacements, in elements
+//   broadcast       buf: n on every rank, root's contents win
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dtensor/comm/comm_log.hpp"
+#include "dtensor/comm/work.hpp"
+#include "dtensor/core/dtype.hpp"
+#include "dtensor/core/error.hpp"
+
+namespace dtensor {
+
+class Communicator;
+using CommPtr = std::shared_ptr<Communicator>;
+
+/// Process-wide defaults that new communicators start with. The environment variables
+/// DTENSOR_TIMEOUT_MS and DTENSOR_CHECK_COLLECTIVES (0/1) set them at start-up.
+struct CommDefaults {
+  std::chrono::milliseconds timeout{[] {
+    const char* e = std::getenv("DTENSOR_TIMEOUT_MS");
+    return e ? std::atoll(e) : 300'000LL;
+  }()};
+  bool check_collectives = [] {
+    const char* e = std::getenv("DTENSOR_CHECK_COLLECTIVES");
+    return e && *e && *e != '0';
+  }();
+};
+inline CommDefaults& comm_defaults() {
+  static CommDefaults d;
+  return d;
+}
+
+namespace detail {
+/// What ranks compare before a collective when set_check_collectives(true) is on.
+struct Fingerprint {
+  std::uint8_t kind;
+  std::uint8_t dtype;
+  std::uint8_t op;
+  std::uint8_t pad = 0;
+  std::int32_t root;
+  std::uint64_t count;
+  friend bool operator==(const Fingerprint&, const Fingerprint&) = default;
+};
+}  // namespace detail
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  /// This rank in the communicator that all others were split from (the "world").
+  int world_rank() const noexcept { return world_rank_; }
+  virtual std::string_view backend() const = 0;
+
+  /// A name for logs and errors: the mesh sets it to the mesh dimension ("tp", "dp*tp").
+  const std::string& label() const noexcept { return label_; }
+  void set_label(std::string l) { label_ = std::move(l); }
+
+  /// How long a rank waits for the others before the collective fails.
+  std::chrono::milliseconds timeout() const noexcept { return timeout_; }
+  void set_timeout(std::chrono::milliseconds t) noexcept { timeout_ = t; }
+
+  /// With this on, ranks exchange (op, dtype, count) before each collective and every rank
+  /// throws if they differ. Costs one small all-gather per collective.
+  bool check_collectives() const noexcept { return check_; }
+  void set_check_collectives(bool on) noexcept { check_ = on; }
+
+  // ---------------------------------------------------------------- group management
+  /// Ranks with the same color form a new communicator, ordered by key (then by rank).
+  /// Collective over this communicator. A negative color returns nullptr for that rank.
+  CommPtr split(int color, int key) {
+    record(CollectiveKind::split, 0, DType::uint8, ReduceOp::sum, -1);
+    auto c = do_split(color, key);
+    if (c) {
+      c->timeout_ = timeout_;
+      c->check_ = check_;
+    }
+    return c;
+  }
+
+  // ---------------------------------------------------------------- collectives
+  template <Element T>
+  Work all_gather_async(std::span<const T> send, std::span<T> recv) {
+    expect_count("all_gather", "recv", recv.size(), send.size() * std::size_t(size_), send.size());
+    pre(CollectiveKind::all_gather, recv.size() * sizeof(T), dtype_of<T>, ReduceOp::sum, send.size(), -1);
+    return do_all_gather(send.data(), recv.data(), send.size(), dtype_of<T>, true);
+  }
+  template <Element T>
+  Work reduce_scatter_async(std::span<const T> send, std::span<T> recv, ReduceOp op) {
+    expect_count("reduce_scatter", "send", send.size(), recv.size() * std::size_t(size_), recv.size());
+    pre(CollectiveKind::reduce_scatter, send.size() * sizeof(T), dtype_of<T>, op, recv.size(), -1);
+    return do_reduce_scatter(send.data(), recv.data(), recv.size(), dtype_of<T>, op, true);
+  }
+  template <Element T>
+  Work all_reduce_async(std::span<const T> send, std::span<T> recv, ReduceOp op) {
+    expect_count("all_reduce", "recv", recv.size(), send.size(), send.size());
+    pre(CollectiveKind::all_reduce, send.size() * sizeof(T), dtype_of<T>, op, send.size(), -1);
+    return do_all_reduce(send.data(), recv.data(), send.size(), dtype_of<T>, op, true);
+  }
+  template <Element T>
+  Work all_to_all_async(std::span<const T> send, std::span<T> recv) {
+    if (send.size() % std::size_t(size_) != 0)
+      fail("all_to_all", detail::cat("send has ", send.size(), " elements, not a multiple of the group size ", size_));
+    expect_count("all_to_all", "recv", recv.size(), send.size(), send.size() / std::size_t(size_));
+    pre(CollectiveKind::all_to_all, send.size() * sizeof(T), dtype_of<T>, ReduceOp::sum, send.size(), -1);
+    return do_all_to_all(send.data(), recv.data(), send.size() / std::size_t(size_), dtype_of<T>, true);
+  }
+  /// Counts and displacements are in elements, one per rank of the group.
+  template <Element T>
+  Work all_to_all_v_async(std::span<const T> send, std::span<const std::size_t> send_counts,
+                          std::span<const std::size_t> send_displs, std::span<T> recv,
+                          std::span<const std::size_t> recv_counts, std::span<const std::size_t> recv_displs) {
+    check_v("send", send.size(), send_counts, send_displs);
+    check_v("recv", recv.size(), recv_counts, recv_displs);
+    std::size_t total = 0;
+    for (auto c : send_counts) total += c;
+    std::size_t rtotal = 0;
+    for (auto c : recv_counts) rtotal += c;
+    pre(CollectiveKind::all_to_all_v, std::max(total, rtotal) * sizeof(T), dtype_of<T>, ReduceOp::sum, 0, -1);
+    return do_all_to_all_v(send.data(), send_counts.data(), send_displs.data(), recv.data(), recv_counts.data(),
+                           recv_displs.data(), dtype_of<T>, true);
+  }
+  template <Element T>
+  Work broadcast_async(std::span<T> buf, int root) {
+    check_peer("broadcast", root);
+    pre(CollectiveKind::broadcast, buf.size() * sizeof(T), dtype_of<T>, ReduceOp::sum, buf.size(), root);
+    return do_broadcast(buf.data(), buf.size(), dtype_of<T>, root, true);
+  }
+  template <Element T>
+  Work send_async(std::span<const T> buf, int peer, int tag = 0) {
+    check_peer("send", peer);
+    record(CollectiveKind::send, buf.size() * sizeof(T), dtype_of<T>, ReduceOp::sum, peer);
+    return do_send(buf.data(), buf.size(), dtype_of<T>, peer, tag, true);
+  }
+  template <Element T>
+  Work recv_async(std::span<T> buf, int peer, int tag = 0) {
+    check_peer("recv", peer);
+    record(CollectiveKind::recv, buf.size() * sizeof(T), dtype_of<T>, ReduceOp::sum, peer);
+    return do_recv(buf.data(), buf.size(), dtype_of<T>, peer, tag, true);
+  }
+  /// Sends to dst and receives from src at once: the step of a ring, which cannot deadlock.
+  template <Element T>
+  Work send_recv_async(std::span<const T> send, int dst, std::span<T> recv, int src, int tag = 0) {
+    check_peer("send_recv", dst);
+    check_peer("send_recv", src);
+    record(CollectiveKind::send_recv, std::max(send.size(), recv.size()) * sizeof(T), dtype_of<T>, ReduceOp::sum, dst);
+    Work s = do_send(send.data(), send.size(), dtype_of<T>, dst, tag, true);
+    Work r = do_recv(recv.data(), recv.size(), dtype_of<T>, src, tag, true);
+    return join(std::move(s), std::move(r));
+  }
+
+  // Blocking forms: the asynchronous call, waited on at once.
+  template <Element T> void all_gather(std::span<const T> s, std::span<T> r) { all_gather_async(s, r).wait(); }
+  template <Element T> void reduce_scatter(std::span<const T> s, std::span<T> r, ReduceOp op) { reduce_scatter_async(s, r, op).wait(); }
+  template <Element T> void all_reduce(std::span<const T> s, std::span<T> r, ReduceOp op) { all_reduce_async(s, r, op).wait(); }
+  template <Element T> void all_reduce(std::span<T> buf, ReduceOp op) { all_reduce_async(std::span<const T>(buf), buf, op).wait(); }
+  template <Element T> void all_to_all(std::span<const T> s, std::span<T> r) { all_to_all_async(s, r).wait(); }
+  template <Element T> void broadcast(std::span<T> buf, int root) { broadcast_async(buf, root).wait(); }
+  template <Element T> void send(std::span<const T> buf, int peer, int tag = 0) { send_async(buf, peer, tag).wait(); }
+  template <Element T> void recv(std::span<T> buf, int peer, int tag = 0) { recv_async(buf, peer, tag).wait(); }
+  template <Element T> void send_recv(std::span<const T> s, int dst, std::span<T> r, int src, int tag = 0) {
+    send_recv_async(s, dst, r, src, tag).wait();
+  }
+  template <Element T>
+  void all_to_all_v(std::span<const T> send, std::span<const std::size_t> sc, std::span<const std::size_t> sd,
+                    std::span<T> recv, std::span<const std::size_t> rc, std::span<const std::size_t> rd) {
+    all_to_all_v_async(send, sc, sd, recv, rc, rd).wait();
+  }
+  void barrier() {
+    pre(CollectiveKind::barrier, 0, DType::uint8, ReduceOp::sum, 0, -1);
+    do_barrier();
+  }
+
+  /// Throws a dtensor::Error for `op` on this rank (used by the layers above for bad input).
+  [[noreturn]] void fail(std::string_view op, const std::string& what) const {
+    throw Error(std::string(op) + (label_.empty() ? "" : "[" + label_ + "]"), what, rank_);
+  }
+
+ protected:
+  Communicator(int rank, int size, int world_rank) : rank_(rank), size_(size), world_rank_(world_rank) {
+    timeout_ = comm_defaults().timeout;
+    check_ = comm_defaults().check_collectives;
+  }
+
+  // The backend's part. `async` false means the caller will wait at once (a backend may then
+  // run the operation inline). Counts are per block as in the table at the top.
+  virtual CommPtr do_split(int color, int key) = 0;
+  virtual Work do_all_gather(const void* send, void* recv, std::size_t count, DType, bool async) = 0;
+  virtual Work do_reduce_scatter(const void* send, void* recv, std::size_t count, DType, ReduceOp, bool async) = 0;
+  virtual Work do_all_reduce(const void* send, void* recv, std::size_t count, DType, ReduceOp, bool async) = 0;
+  virtual Work do_all_to_all(const void* send, void* recv, std::size_t count, DType, bool async) = 0;
+  virtual Work do_all_to_all_v(const void* send, const std::size_t* send_counts, const std::size_t* send_displs,
+                               void* recv, const std::size_t* recv_counts, const std::size_t* recv_displs, DType,
+                               bool async) = 0;
+  virtual Work do_broadcast(void* buf, std::size_t count, DType, int root, bool async) = 0;
+  virtual Work do_send(const void* buf, std::size_t count, DType, int peer, int tag, bool async) = 0;
+  virtual Work do_recv(void* buf, std::size_t count, DType, int peer, int tag, bool async) = 0;
+  virtual void do_barrier() = 0;
+
+  /// One Work that completes when both have.
+  static Work join(Work a, Work b) {
+    struct Both final : detail::WorkState {
+      Work a, b;
+      Both(Work x, Work y) : a(std::move(x)), b(std::move(y)) {}
+      void wait() override {
+        a.wait();
+        b.wait();
+      }
+      bool test() override { return a.test() && b.test(); }
+    };
+    if (a.done()) return b;
+    if (b.done()) return a;
+    return Work(std::make_shared<Both>(std::move(a), std::move(b)));
+  }
+
+ private:
+  void record(CollectiveKind k, std::size_t bytes, DType t, ReduceOp op, int peer) const {
+    CommLog::record(CommRecord{k, label_, size_, bytes, t, op, peer});
+  }
+  // Before every collective: log it, and compare fingerprints across ranks when asked to.
+  void pre(CollectiveKind k, std::size_t bytes, DType t, ReduceOp op, std::size_t count, int root) {
+    record(k, bytes, t, op, -1);
+    if (check_) check_fingerprints(detail::Fingerprint{std::uint8_t(k), std::uint8_t(t), std::uint8_t(op), 0, root, count});
+  }
+  void check_fingerprints(const detail::Fingerprint& mine) {
+    std::vector<detail::Fingerprint> all(std::size_t(size_));
+    do_all_gather(&mine, all.data(), sizeof mine, DType::uint8, false).wait();
+    bool same = true;
+    for (const auto& f : all) same = same && f == all[0];
+    if (same) return;
+    std::string table;
+    for (int r = 0; r < size_; ++r) {
+      const auto& f = all[std::size_t(r)];
+      table += detail::cat("\n  rank ", r, ": ", name_of(CollectiveKind(f.kind)), "(", f.count, " x ",
+                           name_of(DType(f.dtype)));
+      if (CollectiveKind(f.kind) == CollectiveKind::all_reduce || CollectiveKind(f.kind) == CollectiveKind::reduce_scatter)
+        table += detail::cat(", ", name_of(ReduceOp(f.op)));
+      if (f.root >= 0) table += detail::cat(", root ", f.root);
+      table += ")";
+    }
+    fail("collective check", "ranks issued different collectives:" + table);
+  }
+  void expect_count(const char* op, const char* which, std::size_t got, std::size_t want, std::size_t n) const {
+    if (got != want)
+      fail(op, detail::cat(which, " has ", got, " elements, expected ", want, " (", n, " per block x ", size_,
+                           " ranks)"));
+  }
+  void check_peer(const char* op, int peer) const {
+    if (peer < 0 || peer >= size_) fail(op, detail::cat("peer ", peer, " is not a rank of this group of ", size_));
+  }
+  void check_v(const char* which, std::size_t total, std::span<const std::size_t> counts,
+               std::span<const std::size_t> displs) const {
+    if (counts.size() != std::size_t(size_) || displs.size() != std::size_t(size_))
+      fail("all_to_all_v", detail::cat(which, " counts/displacements have ", counts.size(), "/", displs.size(),
+                                       " entries, expected one per rank (", size_, ")"));
+    for (int r = 0; r < size_; ++r)
+      if (displs[std::size_t(r)] + counts[std::size_t(r)] > total)
+        fail("all_to_all_v", detail::cat(which, " block for rank ", r, " [", displs[std::size_t(r)], ", ",
+                                         displs[std::size_t(r)] + counts[std::size_t(r)], ") exceeds the buffer of ",
+                                         total, " elements"));
+  }
+
+  int rank_, size_, world_rank_;
+  std::string label_ = "world";
+  std::chrono::milliseconds timeout_;
+  bool check_ = false;
+};
+
+}  // namespace dtensor

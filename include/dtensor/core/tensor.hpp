@@ -1,0 +1,196 @@
+// dtensor/core/tensor.hpp — a dense, row-major local tensor of static rank.
+//
+//   Tensor<float, 2> a({3, 4});             // zero-filled 3x4 in host memory
+//   a(1, 2) = 5.f;                          // element access (host-accessible spaces)
+//   Tensor<float, 2> b = a;                 // deep copy (value semantics, like std::vector)
+//   auto rows = a.slice(0, 1, 2);           // rows 1..2, a copy
+//
+// A Tensor owns its elements. Its storage may be larger than its extents (capacity >= numel):
+// a gather receives padded chunks into one buffer and then only trims the extents, no copy.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <span>
+#include <type_traits>
+#include <utility>
+
+#include "dtensor/core/box.hpp"
+#include "dtensor/core/dtype.hpp"
+#include "dtensor/core/error.hpp"
+#include "dtensor/core/memory.hpp"
+#include "dtensor/core/shape.hpp"
+
+namespace dtensor {
+
+namespace detail {
+/// Owning, uninitialized storage of n elements in a memory space.
+template <class T, MemorySpace Space>
+class Buffer {
+ public:
+  Buffer() = default;
+  explicit Buffer(std::size_t n)
+      : data_(static_cast<T*>(Space::allocate(n * sizeof(T)))), size_(n) {}
+  Buffer(Buffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  Buffer& operator=(Buffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      data_ = std::exchange(o.data_, nullptr);
+      size_ = std::exchange(o.size_, 0);
+    }
+    return *this;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() { release(); }
+
+  T* data() const noexcept { return data_; }
+  std::size_t size() const noexcept { return size_; }
+
+ private:
+  void release() noexcept {
+    Space::deallocate(data_, size_ * sizeof(T));
+    data_ = nullptr;
+    size_ = 0;
+  }
+  T* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+}  // namespace detail
+
+template <Element T, std::size_t R, MemorySpace Space = host_space>
+class Tensor {
+  static_assert(R >= 1 && R <= 8, "Tensor rank must be between 1 and 8");
+
+ public:
+  using value_type = T;
+  using space = Space;
+  static constexpr std::size_t rank = R;
+
+  Tensor() = default;
+  /// Zero-filled tensor of the given extents.
+  explicit Tensor(const Shape<R>& shape) : Tensor(uninitialized(shape)) { Space::zero(data(), bytes()); }
+
+  /// A tensor whose elements are not initialized (every element is written before it is read).
+  static Tensor uninitialized(const Shape<R>& shape) { return with_capacity(shape, dtensor::numel(shape)); }
+
+  /// A tensor with room for `capacity` >= numel(shape) elements; see `resize_within`.
+  static Tensor with_capacity(const Shape<R>& shape, Extent capacity) {
+    check_shape("Tensor", shape);
+    if (capacity < dtensor::numel(shape))
+      throw Error("Tensor", detail::cat("capacity ", capacity, " < numel of ", to_string(shape)));
+    Tensor t;
+    t.shape_ = shape;
+    t.storage_ = detail::Buffer<T, Space>(std::size_t(capacity));
+    return t;
+  }
+
+  Tensor(const Tensor& o) : Tensor(uninitialized(o.shape_)) { Space::copy(data(), o.data(), bytes()); }
+  Tensor& operator=(const Tensor& o) {
+    if (this != &o) *this = Tensor(o);
+    return *this;
+  }
+  Tensor(Tensor&&) noexcept = default;
+  Tensor& operator=(Tensor&&) noexcept = default;
+
+  const Shape<R>& shape() const noexcept { return shape_; }
+  Extent extent(std::size_t d) const noexcept { return shape_[d]; }
+  Extent numel() const noexcept { return dtensor::numel(shape_); }
+  std::size_t bytes() const noexcept { return std::size_t(numel()) * sizeof(T); }
+  Extent capacity() const noexcept { return Extent(storage_.size()); }
+  Shape<R> strides() const noexcept { return row_major_strides(shape_); }
+
+  T* data() noexcept { return storage_.data(); }
+  const T* data() const noexcept { return storage_.data(); }
+  std::span<T> span() noexcept { return {data(), std::size_t(numel())}; }
+  std::span<const T> span() const noexcept { return {data(), std::size_t(numel())}; }
+
+  /// Changes the extents without moving elements; the new size must fit the capacity.
+  void resize_within(const Shape<R>& shape) {
+    check_shape("Tensor::resize_within", shape);
+    if (dtensor::numel(shape) > capacity())
+      throw Error("Tensor::resize_within",
+                  detail::cat(to_string(shape), " needs ", dtensor::numel(shape), " elements, capacity is ", capacity()));
+    shape_ = shape;
+  }
+
+  /// The same elements with other extents of equal count (row-major order is kept).
+  template <std::size_t R2>
+  Tensor<T, R2, Space> reshape(const Shape<R2>& shape) && {
+    if (dtensor::numel(shape) != numel())
+      throw Error("Tensor::reshape", detail::cat("cannot view ", to_string(shape_), " as ", to_string(shape)));
+    auto t = Tensor<T, R2, Space>::adopt(std::move(storage_), shape);
+    shape_ = {};
+    return t;
+  }
+  template <std::size_t R2>
+  Tensor<T, R2, Space> reshape(const Shape<R2>& shape) const& {
+    return Tensor(*this).template reshape<R2>(shape);
+  }
+
+  // ---- element access (host-accessible spaces only) ----
+  template <class... I>
+    requires(sizeof...(I) == R && (std::is_integral_v<I> && ...) && Space::host_accessible)
+  T& operator()(I... idx) noexcept { return data()[offset_of(idx...)]; }
+  template <class... I>
+    requires(sizeof...(I) == R && (std::is_integral_v<I> && ...) && Space::host_accessible)
+  const T& operator()(I... idx) const noexcept { return data()[offset_of(idx...)]; }
+  T& operator[](Extent flat) noexcept requires(Space::host_accessible) { return data()[flat]; }
+  const T& operator[](Extent flat) const noexcept requires(Space::host_accessible) { return data()[flat]; }
+
+  /// Elements [start, start + length) along dimension `dim`, as a new tensor.
+  Tensor slice(std::size_t dim, Extent start, Extent length) const;
+
+  // Internal: a tensor over existing storage (reshape, conversion between ranks).
+  static Tensor adopt(detail::Buffer<T, Space>&& storage, const Shape<R>& shape) {
+    Tensor t;
+    t.shape_ = shape;
+    t.storage_ = std::move(storage);
+    return t;
+  }
+
+ private:
+  template <class... I>
+  Extent offset_of(I... idx) const noexcept {
+    const Extent ix[] = {Extent(idx)...};
+    Extent off = 0;
+    for (std::size_t d = 0; d < R; ++d) off = off * shape_[d] + ix[d];
+    return off;
+  }
+  static void check_shape(const char* op, const Shape<R>& s) {
+    for (Extent e : s)
+      if (e < 0) throw Error(op, "negative extent in " + to_string(s));
+  }
+
+  Shape<R> shape_{};
+  detail::Buffer<T, Space> storage_;
+};
+
+/// Copies the box of extents `ext` at `src_off` in src to `dst_off` in dst.
+template <Element T, std::size_t R, MemorySpace Space>
+void copy_box(const Tensor<T, R, Space>& src, const Shape<R>& src_off, Tensor<T, R, Space>& dst,
+              const Shape<R>& dst_off, const Shape<R>& ext) {
+  for (std::size_t i = 0; i < R; ++i)
+    if (src_off[i] < 0 || dst_off[i] < 0 || ext[i] < 0 || src_off[i] + ext[i] > src.extent(i) ||
+        dst_off[i] + ext[i] > dst.extent(i))
+      throw Error("copy_box", detail::cat("box ", to_string(ext), " at ", to_string(src_off), " of ",
+                                          to_string(src.shape()), " -> at ", to_string(dst_off), " of ",
+                                          to_string(dst.shape()), " is out of bounds"));
+  detail::copy_box_raw<Space>(src.data(), src.shape(), src_off, dst.data(), dst.shape(), dst_off, ext, sizeof(T));
+}
+
+}  // namespace dtensor
+
+template <dtensor::Element T, std::size_t R, dtensor::MemorySpace Space>
+dtensor::Tensor<T, R, Space> dtensor::Tensor<T, R, Space>::slice(std::size_t dim, Extent start, Extent length) const {
+  if (dim >= R || start < 0 || length < 0 || start + length > shape_[dim])
+    throw Error("Tensor::slice", detail::cat("dimension ", dim, " range [", start, ", ", start + length,
+                                             ") out of ", to_string(shape_)));
+  Shape<R> ext = shape_;
+  ext[dim] = length;
+  Shape<R> from{};
+  from[dim] = start;
+  auto out = Tensor::uninitialized(ext);
+  copy_box(*this, from, out, Shape<R>{}, ext);
+  return out;
+}
