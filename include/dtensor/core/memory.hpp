@@ -52,6 +52,10 @@ struct host_space {
   static void zero(void* dst, std::size_t bytes) {
     if (bytes) std::memset(dst, 0, bytes);
   }
+  template <class T>
+  static void fill(T* dst, std::size_t n, T value) {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = value;
+  }
 };
 
 static_assert(MemorySpace<host_space>);

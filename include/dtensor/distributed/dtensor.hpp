@@ -1,0 +1,105 @@
+// dtensor/distributed/dtensor.hpp — one logical tensor stored as local pieces on a mesh.
+//
+//   DTensor<float, 2, DeviceMesh<"dp", "tp">, Layout<Shard<0>, Replicate>> x = ...;
+//   x.shape()        // the global extents
+//   x.to_local()     // this rank's piece
+//   x.local_box()    // where that piece sits in the global tensor
+//
+// The layout is part of the type; the extents are run-time values. DTensors are made by
+// distribute / from_local (distributed/distribute.hpp) and changed by redistribute
+// (distributed/redistribute.hpp). Nothing in this header communicates.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <utility>
+
+#include "dtensor/core/error.hpp"
+#include "dtensor/core/tensor.hpp"
+#include "dtensor/mesh/device_mesh.hpp"
+#include "dtensor/placement/layout.hpp"
+
+namespace dtensor {
+
+template <class M>
+concept MeshType = requires(const M& m) {
+  { M::ndim } -> std::convertible_to<std::size_t>;
+  m.shape();
+  m.coordinate();
+  m.group(std::size_t{0});
+};
+
+template <Element T, std::size_t R, MeshType Mesh, LayoutType L, MemorySpace Space = host_space>
+class DTensor {
+  static_assert(L::mesh_ndim == Mesh::ndim, "the layout needs exactly one placement per mesh dimension");
+  static_assert(L::desc.max_shard_dim() < int(R),
+                "a Shard<d> placement names a tensor dimension d that this tensor does not have (d >= rank)");
+
+ public:
+  using value_type = T;
+  using mesh_type = Mesh;
+  using layout = L;
+  using space = Space;
+  using local_type = Tensor<T, R, Space>;
+  static constexpr std::size_t rank = R;
+
+  DTensor() = default;
+
+  /// Wraps a local piece. Checks that its extents are the ones this rank holds under the layout
+  /// (no communication; see from_local for the checked entry point users call).
+  DTensor(Mesh mesh, const Shape<R>& global, local_type local)
+      : mesh_(std::move(mesh)), global_(global), local_(std::move(local)) {
+    const auto box = local_box();
+    if (box.extent != local_.shape())
+      throw Error("DTensor", detail::cat("local piece ", to_string(local_.shape()), " does not match the ",
+                                         to_string(box.extent), " that mesh coordinate ", to_string(mesh_.coordinate()),
+                                         " holds of global ", to_string(global_), " under layout ", to_string(L::desc)),
+                  mesh_.rank());
+  }
+
+  const Mesh& mesh() const noexcept { return mesh_; }
+  const Shape<R>& shape() const noexcept { return global_; }
+  Extent extent(std::size_t d) const noexcept { return global_[d]; }
+  Extent numel() const noexcept { return dtensor::numel(global_); }
+
+  const local_type& to_local() const& noexcept { return local_; }
+  local_type to_local() && noexcept { return std::move(local_); }
+  /// The local piece, for in-place local updates that keep its extents (an optimizer step).
+  local_type& local() noexcept { return local_; }
+
+  /// Offset and extents of this rank's piece in the global tensor.
+  Box<R> local_box() const { return dtensor::local_box(L::desc, mesh_.shape(), mesh_.coordinate(), global_); }
+
+ private:
+  Mesh mesh_;
+  Shape<R> global_{};
+  local_type local_;
+};
+
+template <class X>
+inline constexpr bool is_dtensor_v = false;
+template <Element T, std::size_t R, class M, class L, class S>
+inline constexpr bool is_dtensor_v<DTensor<T, R, M, L, S>> = true;
+
+/// The same DTensor type with another layout.
+template <class X, class To>
+struct with_layout;
+template <Element T, std::size_t R, class M, class L, class S, class To>
+struct with_layout<DTensor<T, R, M, L, S>, To> {
+  using type = DTensor<T, R, M, To, S>;
+};
+template <class X, class To>
+using with_layout_t = typename with_layout<X, To>::type;
+
+namespace detail {
+template <class P, std::size_t... I>
+auto repeat_layout(std::index_sequence<I...>) -> Layout<std::enable_if_t<(I >= 0), P>...>;
+}  // namespace detail
+
+/// Layout<P, P, ..., P> with one P per mesh dimension.
+template <class P, std::size_t N>
+using uniform_layout = decltype(detail::repeat_layout<P>(std::make_index_sequence<N>{}));
+template <std::size_t N>
+using replicated_layout = uniform_layout<Replicate, N>;
+
+}  // namespace dtensor

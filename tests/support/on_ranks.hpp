@@ -1,0 +1,36 @@
+// tests/support/on_ranks.hpp — run a check on n ranks of the threads backend and collect what
+// each rank reports, so the test thread (not a rank) makes the Catch2 assertions.
+#pragma once
+
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "dtensor/comm/threads.hpp"
+
+namespace dtensor::testing {
+
+/// fn(world, report) runs on every rank; report(msg) records a failure. Returns all failures.
+template <class F>
+std::vector<std::string> on_ranks(int n, F&& fn) {
+  std::mutex m;
+  std::vector<std::string> failures;
+  threads::run(n, [&](CommPtr world) {
+    auto report = [&](const std::string& msg) {
+      if (msg.empty()) return;
+      std::lock_guard lock(m);
+      failures.push_back("rank " + std::to_string(world->rank()) + ": " + msg);
+    };
+    fn(world, report);
+  });
+  return failures;
+}
+
+/// The first few failures, for a Catch2 INFO.
+inline std::string summary(const std::vector<std::string>& f, std::size_t most = 5) {
+  std::string s = std::to_string(f.size()) + " failure(s)";
+  for (std::size_t i = 0; i < f.size() && i < most; ++i) s += "\n" + f[i];
+  return s;
+}
+
+}  // namespace dtensor::testing

@@ -1,0 +1,184 @@
+// The typed API: distribute, from_local, redistribute (with the exact collectives each plan
+// issues), full_tensor, plans at compile time, visualize_sharding, cross-mesh transfers.
+#include <catch2/catch.hpp>
+
+#include "dtensor/dtensor.hpp"
+#include "support/on_ranks.hpp"
+#include "support/oracle.hpp"
+
+using namespace dtensor;
+using namespace dtensor::testing;
+using K = CollectiveKind;
+
+using Mesh1 = DeviceMesh<"tp">;
+using Mesh2 = DeviceMesh<"dp", "tp">;
+using Mesh3 = DeviceMesh<"pp", "dp", "tp">;
+
+// ---- plans are compile-time values
+static_assert(plan_redistribution(Layout<Shard<0>>::desc, Layout<Replicate>::desc).count(StepKind::all_gather) == 1);
+static_assert(plan_redistribution(Layout<Replicate>::desc, Layout<Shard<1>>::desc).collectives() == 0);
+static_assert(plan_redistribution(Layout<Shard<0>, Shard<1>>::desc, Layout<Shard<1>, Shard<0>>::desc).collectives() == 2);
+static_assert(plan_redistribution(Layout<Shard<0>, Shard<1>, Shard<2>>::desc,
+                                  Layout<Shard<2>, Shard<1>, Shard<0>>::desc).collectives() == 2);
+static_assert(plan_redistribution(Layout<Partial<>, Partial<>>::desc, Layout<Replicate, Replicate>::desc).collectives() == 1);
+
+namespace {
+/// The collectives and messages a redistribution issues on this rank.
+template <class To, class X>
+std::vector<CommRecord> log_of(const X& x) {
+  CommLog log;
+  auto y = redistribute<To>(x);
+  (void)y;
+  return log.records();
+}
+
+std::string kinds(const std::vector<CommRecord>& r) {
+  std::string s;
+  for (const auto& c : r) s += std::string(name_of(c.kind)) + "(" + c.group + ") ";
+  return s;
+}
+}  // namespace
+
+TEST_CASE("1-d mesh: each transition issues exactly its collective", "[redistribute][commlog]") {
+  auto f = on_ranks(4, [](CommPtr world, auto report) {
+    Mesh1 mesh(world, {4});
+    const auto full = randint<float>(Shape<2>{13, 5}, 11, -8, 9);
+    auto s0 = distribute_replicated<Layout<Shard<0>>>(mesh, full);
+    auto p = from_local<Layout<Partial<>>>(mesh, full, full.shape());
+    auto r = distribute_replicated<Layout<Replicate>>(mesh, full);
+    auto expect = [&](const std::vector<CommRecord>& got, const std::string& want, const char* what) {
+      if (kinds(got) != want) report(std::string(what) + ": got " + kinds(got) + ", want " + want);
+    };
+    expect(log_of<Layout<Replicate>>(s0), "all_gather(tp) ", "S(0)->R");
+    expect(log_of<Layout<Replicate>>(p), "all_reduce(tp) ", "P->R");
+    expect(log_of<Layout<Shard<0>>>(p), "reduce_scatter(tp) ", "P->S(0)");
+    expect(log_of<Layout<Shard<1>>>(p), "reduce_scatter(tp) ", "P->S(1)");
+    expect(log_of<Layout<Shard<1>>>(r), "", "R->S(1)");
+    expect(log_of<Layout<Partial<>>>(r), "", "R->P");
+    expect(log_of<Layout<Partial<>>>(s0), "", "S(0)->P");
+    expect(log_of<Layout<Shard<1>>>(s0), "all_to_all(tp) ", "S(0)->S(1)");
+    expect(log_of<Layout<Shard<0>>>(s0), "", "S(0)->S(0)");
+    // and the values, against the oracle
+    if (!equal(full_tensor(redistribute<Layout<Shard<1>>>(s0)), full)) report("S(0)->S(1) values");
+    if (!equal(full_tensor(redistribute<Layout<Shard<0>>>(p)), times(full, 4))) report("P->S(0) values");
+  });
+  INFO(summary(f));
+  CHECK(f.empty());
+}
+
+TEST_CASE("2-d and 3-d meshes: swapping shards takes two collectives", "[redistribute][commlog]") {
+  auto f = on_ranks(8, [](CommPtr world, auto report) {
+    Mesh2 m2(world, {2, 4});
+    const auto full = randint<float>(Shape<2>{13, 6}, 5, -8, 9);
+    auto x = distribute_replicated<Layout<Shard<0>, Shard<1>>>(m2, full);
+    auto log = log_of<Layout<Shard<1>, Shard<0>>>(x);
+    if (log.size() != 2) report("(S0,S1)->(S1,S0) issued " + kinds(log));
+    if (!equal(redistribute<Layout<Shard<1>, Shard<0>>>(x).to_local(),
+               oracle_piece(full, Layout<Shard<1>, Shard<0>>::desc, m2.shape(), m2.coordinate())))
+      report("(S0,S1)->(S1,S0) piece");
+
+    Mesh3 m3(world, {2, 2, 2});
+    const auto cube = randint<float>(Shape<3>{5, 4, 3}, 6, -8, 9);
+    auto y = distribute_replicated<Layout<Shard<0>, Shard<1>, Shard<2>>>(m3, cube);
+    using To = Layout<Shard<2>, Shard<1>, Shard<0>>;
+    auto log3 = log_of<To>(y);
+    if (log3.size() != 2) report("(S0,S1,S2)->(S2,S1,S0) issued " + kinds(log3));
+    if (!equal(redistribute<To>(y).to_local(), oracle_piece(cube, To::desc, m3.shape(), m3.coordinate())))
+      report("(S0,S1,S2)->(S2,S1,S0) piece");
+
+    // Partials on adjacent dimensions reduce in one all-reduce over the flattened group.
+    auto pp = from_local<Layout<Partial<>, Partial<>>>(m2, full, full.shape());
+    auto logp = log_of<Layout<Replicate, Replicate>>(pp);
+    if (kinds(logp) != "all_reduce(dp*tp) ") report("(P,P)->(R,R) issued " + kinds(logp));
+    if (!equal(full_tensor(pp), times(full, 8))) report("(P,P) full tensor");
+  });
+  INFO(summary(f));
+  CHECK(f.empty());
+}
+
+TEST_CASE("distribute scatters from a source rank; from_local checks pieces", "[distribute]") {
+  auto f = on_ranks(8, [](CommPtr world, auto report) {
+    Mesh2 mesh(world, {2, 4});
+    const auto full = arange<double>(Shape<2>{5, 13});
+    const Tensor<double, 2> nothing;
+    using L = Layout<Shard<1>, Shard<1>>::ordered<1, 0>;
+    auto x = distribute<L>(mesh, mesh.rank() == 3 ? full : nothing, 3);
+    if (x.shape() != full.shape()) report("global shape not broadcast");
+    if (!equal(x.to_local(), oracle_piece(full, L::desc, mesh.shape(), mesh.coordinate()))) report("distribute piece");
+    if (!equal(full_tensor(x), full)) report("full_tensor after distribute");
+    // Partial<sum> from a replica: only coordinate 0 keeps values
+    auto p = distribute<Layout<Partial<>, Replicate>>(mesh, mesh.rank() == 0 ? full : nothing);
+    if (!equal(full_tensor(p), full)) report("distribute to Partial");
+    auto y = from_local<L>(mesh, x.to_local(), full.shape());
+    if (!equal(full_tensor(y), full)) report("from_local round trip");
+    // evenly sharded pieces infer the global shape
+    auto z = from_local<Layout<Shard<0>, Replicate>>(mesh, zeros<float>(Shape<2>{3, 2}));
+    if (z.shape() != Shape<2>{6, 2}) report("from_local global shape " + to_string(z.shape()));
+  });
+  INFO(summary(f));
+  CHECK(f.empty());
+}
+
+TEST_CASE("visualize_sharding draws which ranks hold which block", "[visualize]") {
+  auto f = on_ranks(8, [](CommPtr world, auto report) {
+    Mesh2 mesh(world, {2, 4});
+    auto x = distribute_replicated<Layout<Shard<0>, Shard<1>>>(mesh, zeros<float>(Shape<2>{13, 5}));
+    const auto s = visualize_sharding(x);
+    if (mesh.rank() == 0) {
+      if (s.find("(S(0), S(1)) of [13, 5] on mesh dp=2 x tp=4") == std::string::npos) report("header: " + s);
+      if (s.find("rows [7, 13)") == std::string::npos || s.find("cols [4, 5)") == std::string::npos) report("ranges: " + s);
+      if (s.find("cols [5, 5)") == std::string::npos) report("empty chunk: " + s);
+    }
+    auto r = distribute_replicated<Layout<Replicate, Shard<0>>>(mesh, zeros<float>(Shape<1>{5}));
+    if (mesh.rank() == 0 && visualize_sharding(r).find("0,4") == std::string::npos) report("1-d: " + visualize_sharding(r));
+  });
+  INFO(summary(f));
+  CHECK(f.empty());
+}
+
+TEST_CASE("a DTensor moves to another mesh of the same shape by send/recv", "[transfer]") {
+  auto f = on_ranks(8, [](CommPtr world, auto report) {
+    DeviceMesh<"pp", "dp", "tp"> mesh(world, {2, 2, 2});
+    auto stage = mesh.sub<"dp", "tp">();
+    using L = Layout<Shard<0>, Replicate>;
+    const auto full = arange<float>(Shape<2>{7, 3});
+    const int pp = mesh.coordinate<"pp">();
+    CommLog log;
+    if (pp == 0) {
+      auto x = distribute_replicated<L>(stage, full);
+      send_to(x, mesh.slice<"pp">(1)).wait();
+      // and the gradient comes back the other way
+      auto g = recv_from<L, float>(stage, mesh.slice<"pp">(1), full.shape());
+      if (!equal(full_tensor(g), times(full, 2))) report("gradient back");
+    } else {
+      auto y = recv_from<L, float>(stage, mesh.slice<"pp">(0), full.shape());
+      if (!equal(full_tensor(y), full)) report("transfer values");
+      auto g = from_local<L>(stage, times(y.to_local(), 2), full.shape());
+      send_to(g, mesh.slice<"pp">(0)).wait();
+    }
+    if (log.count(K::send) != 1 || log.count(K::recv) != 1) report("transfer issued " + log.to_string());
+  });
+  INFO(summary(f));
+  CHECK(f.empty());
+}
+
+TEST_CASE("plan_of prints a plan", "[plan]") {
+  const auto s = plan_of<Layout<Shard<0>, Shard<1>>, Layout<Shard<1>, Shard<0>>, Mesh2>();
+  INFO(s);
+  CHECK(s.find("2 collective(s)") != std::string::npos);
+  CHECK(s.find("all_gather on dp") != std::string::npos);
+  CHECK(s.find("all_to_all on tp") != std::string::npos);
+  CHECK(plan_of<Layout<Replicate>, Layout<Replicate>, Mesh1>().find("nothing to do") != std::string::npos);
+}
+
+TEST_CASE("run-time layouts use the same planner", "[plan]") {
+  const LayoutDesc<2> a = Layout<Shard<0>, Partial<>>::desc, b = Layout<Replicate, Shard<1>>::desc;
+  const auto p = plan_redistribution(a, b);
+  constexpr auto q = plan_redistribution(Layout<Shard<0>, Partial<>>::desc, Layout<Replicate, Shard<1>>::desc);
+  REQUIRE(p.size == q.size);
+  for (std::size_t i = 0; i < p.size; ++i) CHECK(p.steps[i].kind == q.steps[i].kind);
+  CHECK_THROWS_WITH(plan_redistribution(Layout<Partial<>>::desc, Layout<Partial<ReduceOp::max>>::desc),
+                    Catch::Contains("Partial<a> to Partial<b>"));
+  CHECK_THROWS_WITH(plan_redistribution(Layout<Shard<0>>::desc, Layout<Partial<ReduceOp::avg>>::desc),
+                    Catch::Contains("Shard to Partial<avg>"));
+}
