@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "dtensor/comm/threads.hpp"
+#include "support/report.hpp"
 
 namespace dtensor::testing {
 
@@ -24,13 +25,6 @@ std::vector<std::string> on_ranks(int n, F&& fn) {
     fn(world, report);
   });
   return failures;
-}
-
-/// The first few failures, for a Catch2 INFO.
-inline std::string summary(const std::vector<std::string>& f, std::size_t most = 5) {
-  std::string s = std::to_string(f.size()) + " failure(s)";
-  for (std::size_t i = 0; i < f.size() && i < most; ++i) s += "\n" + f[i];
-  return s;
 }
 
 }  // namespace dtensor::testing

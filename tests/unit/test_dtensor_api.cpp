@@ -1,8 +1,9 @@
 // The typed API: distribute, from_local, redistribute (with the exact collectives each plan
-// issues), full_tensor, plans at compile time, visualize_sharding, cross-mesh transfers.
+// issues; the CommLog checks live in support/commlog_cases.hpp), full_tensor, plans at compile time, visualize_sharding, cross-mesh transfers.
 #include <catch2/catch.hpp>
 
 #include "dtensor/dtensor.hpp"
+#include "support/commlog_cases.hpp"
 #include "support/on_ranks.hpp"
 #include "support/oracle.hpp"
 
@@ -22,75 +23,16 @@ static_assert(plan_redistribution(Layout<Shard<0>, Shard<1>, Shard<2>>::desc,
                                   Layout<Shard<2>, Shard<1>, Shard<0>>::desc).collectives() == 2);
 static_assert(plan_redistribution(Layout<Partial<>, Partial<>>::desc, Layout<Replicate, Replicate>::desc).collectives() == 1);
 
-namespace {
-/// The collectives and messages a redistribution issues on this rank.
-template <class To, class X>
-std::vector<CommRecord> log_of(const X& x) {
-  CommLog log;
-  auto y = redistribute<To>(x);
-  (void)y;
-  return log.records();
-}
-
-std::string kinds(const std::vector<CommRecord>& r) {
-  std::string s;
-  for (const auto& c : r) s += std::string(name_of(c.kind)) + "(" + c.group + ") ";
-  return s;
-}
-}  // namespace
-
 TEST_CASE("1-d mesh: each transition issues exactly its collective", "[redistribute][commlog]") {
-  auto f = on_ranks(4, [](CommPtr world, auto report) {
-    Mesh1 mesh(world, {4});
-    const auto full = randint<float>(Shape<2>{13, 5}, 11, -8, 9);
-    auto s0 = distribute_replicated<Layout<Shard<0>>>(mesh, full);
-    auto p = from_local<Layout<Partial<>>>(mesh, full, full.shape());
-    auto r = distribute_replicated<Layout<Replicate>>(mesh, full);
-    auto expect = [&](const std::vector<CommRecord>& got, const std::string& want, const char* what) {
-      if (kinds(got) != want) report(std::string(what) + ": got " + kinds(got) + ", want " + want);
-    };
-    expect(log_of<Layout<Replicate>>(s0), "all_gather(tp) ", "S(0)->R");
-    expect(log_of<Layout<Replicate>>(p), "all_reduce(tp) ", "P->R");
-    expect(log_of<Layout<Shard<0>>>(p), "reduce_scatter(tp) ", "P->S(0)");
-    expect(log_of<Layout<Shard<1>>>(p), "reduce_scatter(tp) ", "P->S(1)");
-    expect(log_of<Layout<Shard<1>>>(r), "", "R->S(1)");
-    expect(log_of<Layout<Partial<>>>(r), "", "R->P");
-    expect(log_of<Layout<Partial<>>>(s0), "", "S(0)->P");
-    expect(log_of<Layout<Shard<1>>>(s0), "all_to_all(tp) ", "S(0)->S(1)");
-    expect(log_of<Layout<Shard<0>>>(s0), "", "S(0)->S(0)");
-    // and the values, against the oracle
-    if (!equal(full_tensor(redistribute<Layout<Shard<1>>>(s0)), full)) report("S(0)->S(1) values");
-    if (!equal(full_tensor(redistribute<Layout<Shard<0>>>(p)), times(full, 4))) report("P->S(0) values");
-  });
+  auto f = on_ranks(4, [](CommPtr world, auto report) { check_1d_collectives(Mesh1(world, {4}), report); });
   INFO(summary(f));
   CHECK(f.empty());
 }
 
 TEST_CASE("2-d and 3-d meshes: swapping shards takes two collectives", "[redistribute][commlog]") {
   auto f = on_ranks(8, [](CommPtr world, auto report) {
-    Mesh2 m2(world, {2, 4});
-    const auto full = randint<float>(Shape<2>{13, 6}, 5, -8, 9);
-    auto x = distribute_replicated<Layout<Shard<0>, Shard<1>>>(m2, full);
-    auto log = log_of<Layout<Shard<1>, Shard<0>>>(x);
-    if (log.size() != 2) report("(S0,S1)->(S1,S0) issued " + kinds(log));
-    if (!equal(redistribute<Layout<Shard<1>, Shard<0>>>(x).to_local(),
-               oracle_piece(full, Layout<Shard<1>, Shard<0>>::desc, m2.shape(), m2.coordinate())))
-      report("(S0,S1)->(S1,S0) piece");
-
-    Mesh3 m3(world, {2, 2, 2});
-    const auto cube = randint<float>(Shape<3>{5, 4, 3}, 6, -8, 9);
-    auto y = distribute_replicated<Layout<Shard<0>, Shard<1>, Shard<2>>>(m3, cube);
-    using To = Layout<Shard<2>, Shard<1>, Shard<0>>;
-    auto log3 = log_of<To>(y);
-    if (log3.size() != 2) report("(S0,S1,S2)->(S2,S1,S0) issued " + kinds(log3));
-    if (!equal(redistribute<To>(y).to_local(), oracle_piece(cube, To::desc, m3.shape(), m3.coordinate())))
-      report("(S0,S1,S2)->(S2,S1,S0) piece");
-
-    // Partials on adjacent dimensions reduce in one all-reduce over the flattened group.
-    auto pp = from_local<Layout<Partial<>, Partial<>>>(m2, full, full.shape());
-    auto logp = log_of<Layout<Replicate, Replicate>>(pp);
-    if (kinds(logp) != "all_reduce(dp*tp) ") report("(P,P)->(R,R) issued " + kinds(logp));
-    if (!equal(full_tensor(pp), times(full, 8))) report("(P,P) full tensor");
+    check_2d_swap(Mesh2(world, {2, 4}), report);
+    check_3d_swap(Mesh3(world, {2, 2, 2}), report);
   });
   INFO(summary(f));
   CHECK(f.empty());

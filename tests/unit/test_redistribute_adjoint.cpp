@@ -1,54 +1,14 @@
-// The adjoint of every redistribution step: <A x, y> == <x, A* y>, summed over ranks, where
-// A acts on the raw pieces of all ranks (which need not agree with each other) and A* is the
-// redistribution between the dual layouts (Replicate <-> Partial<sum>, Shard stays). And
-// redistribute_backward gives the gradient in the layout PyTorch's DTensor would.
+// The adjoint of every redistribution step: <A x, y> == <x, A* y>, summed over ranks, and
+// redistribute_backward's layouts, on the threads backend. The checks live in
+// support/adjoint_cases.hpp; tests/mpi runs them under MPI.
 #include <catch2/catch.hpp>
 
 #include "dtensor/dtensor.hpp"
+#include "support/adjoint_cases.hpp"
 #include "support/on_ranks.hpp"
-#include "support/oracle.hpp"
 
 using namespace dtensor;
 using namespace dtensor::testing;
-
-namespace {
-
-template <class P>
-using dual_placement = std::conditional_t<P::desc.is_replicate(), Partial<>,
-                                          std::conditional_t<P::desc.is_partial(), Replicate, P>>;
-template <class L>
-struct dual;
-template <class O, class... P>
-struct dual<BasicLayout<O, P...>> {
-  using type = BasicLayout<O, dual_placement<P>...>;
-};
-template <class L>
-using dual_t = typename dual<L>::type;
-
-template <class T, std::size_t R>
-double dot(const Tensor<T, R>& a, const Tensor<T, R>& b) {
-  double s = 0;
-  for (Extent i = 0; i < a.numel(); ++i) s += double(a[i]) * double(b[i]);
-  return s;
-}
-
-/// <A x, y> - <x, A* y> over all ranks, for random integer pieces x and y (exact in double).
-template <class From, class To, class Mesh, std::size_t R>
-double adjoint_gap(const Mesh& mesh, const Shape<R>& global, std::uint64_t seed) {
-  const auto& ms = mesh.shape();
-  const auto& c = mesh.coordinate();
-  const auto xbox = local_box(From::desc, ms, c, global), ybox = local_box(To::desc, ms, c, global);
-  const std::uint64_t s = seed * 1000 + std::uint64_t(mesh.rank());
-  auto x = from_local<From>(mesh, randint<double>(xbox.extent, s, -5, 6), global);
-  auto y = from_local<dual_t<To>>(mesh, randint<double>(ybox.extent, s + 500, -5, 6), global);
-  auto ax = redistribute<To>(x);
-  auto aty = redistribute<dual_t<From>>(y);
-  double gap = dot(ax.to_local(), y.to_local()) - dot(x.to_local(), aty.to_local());
-  mesh.comm().all_reduce(std::span<double>(&gap, 1), ReduceOp::sum);
-  return gap;
-}
-
-}  // namespace
 
 TEMPLATE_TEST_CASE("adjoint of each step kind on a 1-d mesh", "[redistribute][adjoint]",
                    (std::pair<Layout<Shard<0>>, Layout<Replicate>>),       // all_gather
@@ -61,15 +21,7 @@ TEMPLATE_TEST_CASE("adjoint of each step kind on a 1-d mesh", "[redistribute][ad
   using From = typename TestType::first_type;
   using To = typename TestType::second_type;
   for (int n : {2, 3, 4}) {
-    std::vector<double> gaps(std::size_t(n));
-    auto f = on_ranks(n, [&](CommPtr world, auto report) {
-      DeviceMesh<"x"> mesh(world, {n});
-      for (const auto& g : {Shape<2>{8, 6}, Shape<2>{13, 5}, Shape<2>{1, 2}}) {
-        const double gap = adjoint_gap<From, To>(mesh, g, 7);
-        if (gap != 0) report(detail::cat(to_string(From::desc), " -> ", to_string(To::desc), " on ", n,
-                                         " ranks, ", to_string(g), ": gap ", gap));
-      }
-    });
+    auto f = on_ranks(n, [&](CommPtr world, auto report) { check_adjoint<From, To>(DeviceMesh<"x">(world, {n}), report); });
     INFO(summary(f));
     CHECK(f.empty());
   }
@@ -77,49 +29,15 @@ TEMPLATE_TEST_CASE("adjoint of each step kind on a 1-d mesh", "[redistribute][ad
 
 TEST_CASE("adjoint of composite plans on 2-d and 3-d meshes", "[redistribute][adjoint]") {
   auto f = on_ranks(8, [](CommPtr world, auto report) {
-    DeviceMesh<"dp", "tp"> m2(world, {2, 4});
-    auto check = [&](double gap, const char* what) {
-      if (gap != 0) report(detail::cat(what, ": gap ", gap));
-    };
-    check(adjoint_gap<Layout<Shard<0>, Shard<1>>, Layout<Shard<1>, Shard<0>>>(m2, Shape<2>{13, 6}, 1), "swap");
-    check(adjoint_gap<Layout<Partial<>, Shard<0>>, Layout<Shard<1>, Replicate>>(m2, Shape<2>{9, 10}, 2), "P,S0->S1,R");
-    check(adjoint_gap<Layout<Shard<0>, Shard<0>>, Layout<Replicate, Shard<1>>>(m2, Shape<2>{11, 3}, 3), "nested");
-    check(adjoint_gap<Layout<Partial<>, Partial<>>, Layout<Replicate, Replicate>>(m2, Shape<2>{3, 3}, 4), "merged all_reduce");
-    DeviceMesh<"pp", "dp", "tp"> m3(world, {2, 2, 2});
-    check(adjoint_gap<Layout<Shard<0>, Shard<1>, Shard<2>>, Layout<Shard<2>, Shard<1>, Shard<0>>>(m3, Shape<3>{5, 4, 3}, 5),
-          "3-d swap");
+    check_adjoint_composites_2d(DeviceMesh<"dp", "tp">(world, {2, 4}), report);
+    check_adjoint_composite_3d(DeviceMesh<"pp", "dp", "tp">(world, {2, 2, 2}), report);
   });
   INFO(summary(f));
   CHECK(f.empty());
 }
 
 TEST_CASE("redistribute_backward returns the gradient to the input's layout", "[redistribute][backward]") {
-  auto f = on_ranks(4, [](CommPtr world, auto report) {
-    DeviceMesh<"tp"> mesh(world, {4});
-    const auto g = randint<float>(Shape<2>{13, 5}, 9, -8, 9);
-    // Shard -> Replicate: a Replicate gradient goes back by a local chunk...
-    {
-      CommLog log;
-      auto gr = redistribute_backward<Layout<Shard<0>>>(distribute_replicated<Layout<Replicate>>(mesh, g));
-      if (log.size() != 0) report("R gradient of all_gather communicated: " + log.to_string());
-      if (!equal(full_tensor(gr), g)) report("R gradient values");
-    }
-    // ...a Partial gradient by a reduce-scatter.
-    {
-      auto gp = from_local<Layout<Partial<>>>(mesh, g, g.shape());
-      CommLog log;
-      auto gs = redistribute_backward<Layout<Shard<0>>>(gp);
-      if (log.count(CollectiveKind::reduce_scatter) != 1 || log.size() != 1) report("P gradient: " + log.to_string());
-      if (!equal(full_tensor(gs), times(g, 4))) report("P gradient values");
-    }
-    // Partial -> Replicate goes back as Replicate, without communication.
-    {
-      CommLog log;
-      auto gr = redistribute_backward<Layout<Partial<>>>(distribute_replicated<Layout<Replicate>>(mesh, g));
-      static_assert(std::is_same_v<decltype(gr)::layout, Layout<Replicate>>);
-      if (log.size() != 0) report("identity backward communicated");
-    }
-  });
+  auto f = on_ranks(4, [](CommPtr world, auto report) { check_backward_layouts(DeviceMesh<"tp">(world, {4}), report); });
   INFO(summary(f));
   CHECK(f.empty());
 }

@@ -106,65 +106,20 @@ class Communicator {
   }
 
   // ---------------------------------------------------------------- collectives
-  template <Element T>
-  Work all_gather_async(std::span<const T> send, std::span<T> recv) {
-    expect_count("all_gather", "recv", recv.size(), send.size() * std::size_t(size_), send.size());
-    pre(CollectiveKind::all_gather, recv.size() * sizeof(T), dtype_of<T>, ReduceOp::sum, send.size(), -1);
-    return do_all_gather(send.data(), recv.data(), send.size(), dtype_of<T>, true);
-  }
-  template <Element T>
-  Work reduce_scatter_async(std::span<const T> send, std::span<T> recv, ReduceOp op) {
-    expect_count("reduce_scatter", "send", send.size(), recv.size() * std::size_t(size_), recv.size());
-    pre(CollectiveKind::reduce_scatter, send.size() * sizeof(T), dtype_of<T>, op, recv.size(), -1);
-    return do_reduce_scatter(send.data(), recv.data(), recv.size(), dtype_of<T>, op, true);
-  }
-  template <Element T>
-  Work all_reduce_async(std::span<const T> send, std::span<T> recv, ReduceOp op) {
-    expect_count("all_reduce", "recv", recv.size(), send.size(), send.size());
-    pre(CollectiveKind::all_reduce, send.size() * sizeof(T), dtype_of<T>, op, send.size(), -1);
-    return do_all_reduce(send.data(), recv.data(), send.size(), dtype_of<T>, op, true);
-  }
-  template <Element T>
-  Work all_to_all_async(std::span<const T> send, std::span<T> recv) {
-    if (send.size() % std::size_t(size_) != 0)
-      fail("all_to_all", detail::cat("send has ", send.size(), " elements, not a multiple of the group size ", size_));
-    expect_count("all_to_all", "recv", recv.size(), send.size(), send.size() / std::size_t(size_));
-    pre(CollectiveKind::all_to_all, send.size() * sizeof(T), dtype_of<T>, ReduceOp::sum, send.size(), -1);
-    return do_all_to_all(send.data(), recv.data(), send.size() / std::size_t(size_), dtype_of<T>, true);
-  }
+  // Asynchronous forms: wait on the Work before touching the buffers.
+  template <Element T> Work all_gather_async(std::span<const T> s, std::span<T> r) { return start_all_gather(s, r, true); }
+  template <Element T> Work reduce_scatter_async(std::span<const T> s, std::span<T> r, ReduceOp op) { return start_reduce_scatter(s, r, op, true); }
+  template <Element T> Work all_reduce_async(std::span<const T> s, std::span<T> r, ReduceOp op) { return start_all_reduce(s, r, op, true); }
+  template <Element T> Work all_to_all_async(std::span<const T> s, std::span<T> r) { return start_all_to_all(s, r, true); }
   /// Counts and displacements are in elements, one per rank of the group.
   template <Element T>
-  Work all_to_all_v_async(std::span<const T> send, std::span<const std::size_t> send_counts,
-                          std::span<const std::size_t> send_displs, std::span<T> recv,
-                          std::span<const std::size_t> recv_counts, std::span<const std::size_t> recv_displs) {
-    check_v("send", send.size(), send_counts, send_displs);
-    check_v("recv", recv.size(), recv_counts, recv_displs);
-    std::size_t total = 0;
-    for (auto c : send_counts) total += c;
-    std::size_t rtotal = 0;
-    for (auto c : recv_counts) rtotal += c;
-    pre(CollectiveKind::all_to_all_v, std::max(total, rtotal) * sizeof(T), dtype_of<T>, ReduceOp::sum, 0, -1);
-    return do_all_to_all_v(send.data(), send_counts.data(), send_displs.data(), recv.data(), recv_counts.data(),
-                           recv_displs.data(), dtype_of<T>, true);
+  Work all_to_all_v_async(std::span<const T> send, std::span<const std::size_t> sc, std::span<const std::size_t> sd,
+                          std::span<T> recv, std::span<const std::size_t> rc, std::span<const std::size_t> rd) {
+    return start_all_to_all_v(send, sc, sd, recv, rc, rd, true);
   }
-  template <Element T>
-  Work broadcast_async(std::span<T> buf, int root) {
-    check_peer("broadcast", root);
-    pre(CollectiveKind::broadcast, buf.size() * sizeof(T), dtype_of<T>, ReduceOp::sum, buf.size(), root);
-    return do_broadcast(buf.data(), buf.size(), dtype_of<T>, root, true);
-  }
-  template <Element T>
-  Work send_async(std::span<const T> buf, int peer, int tag = 0) {
-    check_peer("send", peer);
-    record(CollectiveKind::send, buf.size() * sizeof(T), dtype_of<T>, ReduceOp::sum, peer);
-    return do_send(buf.data(), buf.size(), dtype_of<T>, peer, tag, true);
-  }
-  template <Element T>
-  Work recv_async(std::span<T> buf, int peer, int tag = 0) {
-    check_peer("recv", peer);
-    record(CollectiveKind::recv, buf.size() * sizeof(T), dtype_of<T>, ReduceOp::sum, peer);
-    return do_recv(buf.data(), buf.size(), dtype_of<T>, peer, tag, true);
-  }
+  template <Element T> Work broadcast_async(std::span<T> buf, int root) { return start_broadcast(buf, root, true); }
+  template <Element T> Work send_async(std::span<const T> buf, int peer, int tag = 0) { return start_send(buf, peer, tag, true); }
+  template <Element T> Work recv_async(std::span<T> buf, int peer, int tag = 0) { return start_recv(buf, peer, tag, true); }
   /// Sends to dst and receives from src at once: the step of a ring, which cannot deadlock.
   template <Element T>
   Work send_recv_async(std::span<const T> send, int dst, std::span<T> recv, int src, int tag = 0) {
@@ -176,22 +131,22 @@ class Communicator {
     return join(std::move(s), std::move(r));
   }
 
-  // Blocking forms: the asynchronous call, waited on at once.
-  template <Element T> void all_gather(std::span<const T> s, std::span<T> r) { all_gather_async(s, r).wait(); }
-  template <Element T> void reduce_scatter(std::span<const T> s, std::span<T> r, ReduceOp op) { reduce_scatter_async(s, r, op).wait(); }
-  template <Element T> void all_reduce(std::span<const T> s, std::span<T> r, ReduceOp op) { all_reduce_async(s, r, op).wait(); }
-  template <Element T> void all_reduce(std::span<T> buf, ReduceOp op) { all_reduce_async(std::span<const T>(buf), buf, op).wait(); }
-  template <Element T> void all_to_all(std::span<const T> s, std::span<T> r) { all_to_all_async(s, r).wait(); }
-  template <Element T> void broadcast(std::span<T> buf, int root) { broadcast_async(buf, root).wait(); }
-  template <Element T> void send(std::span<const T> buf, int peer, int tag = 0) { send_async(buf, peer, tag).wait(); }
-  template <Element T> void recv(std::span<T> buf, int peer, int tag = 0) { recv_async(buf, peer, tag).wait(); }
+  // Blocking forms: issued with async = false (a backend may run them inline), waited on at once.
+  template <Element T> void all_gather(std::span<const T> s, std::span<T> r) { start_all_gather(s, r, false).wait(); }
+  template <Element T> void reduce_scatter(std::span<const T> s, std::span<T> r, ReduceOp op) { start_reduce_scatter(s, r, op, false).wait(); }
+  template <Element T> void all_reduce(std::span<const T> s, std::span<T> r, ReduceOp op) { start_all_reduce(s, r, op, false).wait(); }
+  template <Element T> void all_reduce(std::span<T> buf, ReduceOp op) { start_all_reduce(std::span<const T>(buf), buf, op, false).wait(); }
+  template <Element T> void all_to_all(std::span<const T> s, std::span<T> r) { start_all_to_all(s, r, false).wait(); }
+  template <Element T> void broadcast(std::span<T> buf, int root) { start_broadcast(buf, root, false).wait(); }
+  template <Element T> void send(std::span<const T> buf, int peer, int tag = 0) { start_send(buf, peer, tag, false).wait(); }
+  template <Element T> void recv(std::span<T> buf, int peer, int tag = 0) { start_recv(buf, peer, tag, false).wait(); }
   template <Element T> void send_recv(std::span<const T> s, int dst, std::span<T> r, int src, int tag = 0) {
-    send_recv_async(s, dst, r, src, tag).wait();
+    send_recv_async(s, dst, r, src, tag).wait();  // both halves asynchronous: a ring must not deadlock
   }
   template <Element T>
   void all_to_all_v(std::span<const T> send, std::span<const std::size_t> sc, std::span<const std::size_t> sd,
                     std::span<T> recv, std::span<const std::size_t> rc, std::span<const std::size_t> rd) {
-    all_to_all_v_async(send, sc, sd, recv, rc, rd).wait();
+    start_all_to_all_v(send, sc, sd, recv, rc, rd, false).wait();
   }
   void barrier() {
     pre(CollectiveKind::barrier, 0, DType::uint8, ReduceOp::sum, 0, -1);
@@ -241,6 +196,65 @@ class Communicator {
   }
 
  private:
+  // The checks, the log entry and the backend call, shared by the asynchronous and blocking forms.
+  template <Element T>
+  Work start_all_gather(std::span<const T> send, std::span<T> recv, bool async) {
+    expect_count("all_gather", "recv", recv.size(), send.size() * std::size_t(size_), send.size());
+    pre(CollectiveKind::all_gather, recv.size() * sizeof(T), dtype_of<T>, ReduceOp::sum, send.size(), -1);
+    return do_all_gather(send.data(), recv.data(), send.size(), dtype_of<T>, async);
+  }
+  template <Element T>
+  Work start_reduce_scatter(std::span<const T> send, std::span<T> recv, ReduceOp op, bool async) {
+    expect_count("reduce_scatter", "send", send.size(), recv.size() * std::size_t(size_), recv.size());
+    pre(CollectiveKind::reduce_scatter, send.size() * sizeof(T), dtype_of<T>, op, recv.size(), -1);
+    return do_reduce_scatter(send.data(), recv.data(), recv.size(), dtype_of<T>, op, async);
+  }
+  template <Element T>
+  Work start_all_reduce(std::span<const T> send, std::span<T> recv, ReduceOp op, bool async) {
+    expect_count("all_reduce", "recv", recv.size(), send.size(), send.size());
+    pre(CollectiveKind::all_reduce, send.size() * sizeof(T), dtype_of<T>, op, send.size(), -1);
+    return do_all_reduce(send.data(), recv.data(), send.size(), dtype_of<T>, op, async);
+  }
+  template <Element T>
+  Work start_all_to_all(std::span<const T> send, std::span<T> recv, bool async) {
+    if (send.size() % std::size_t(size_) != 0)
+      fail("all_to_all", detail::cat("send has ", send.size(), " elements, not a multiple of the group size ", size_));
+    expect_count("all_to_all", "recv", recv.size(), send.size(), send.size() / std::size_t(size_));
+    pre(CollectiveKind::all_to_all, send.size() * sizeof(T), dtype_of<T>, ReduceOp::sum, send.size(), -1);
+    return do_all_to_all(send.data(), recv.data(), send.size() / std::size_t(size_), dtype_of<T>, async);
+  }
+  template <Element T>
+  Work start_all_to_all_v(std::span<const T> send, std::span<const std::size_t> send_counts,
+                          std::span<const std::size_t> send_displs, std::span<T> recv,
+                          std::span<const std::size_t> recv_counts, std::span<const std::size_t> recv_displs, bool async) {
+    check_v("send", send.size(), send_counts, send_displs);
+    check_v("recv", recv.size(), recv_counts, recv_displs);
+    std::size_t total = 0;
+    for (auto c : send_counts) total += c;
+    std::size_t rtotal = 0;
+    for (auto c : recv_counts) rtotal += c;
+    pre(CollectiveKind::all_to_all_v, std::max(total, rtotal) * sizeof(T), dtype_of<T>, ReduceOp::sum, 0, -1);
+    return do_all_to_all_v(send.data(), send_counts.data(), send_displs.data(), recv.data(), recv_counts.data(),
+                           recv_displs.data(), dtype_of<T>, async);
+  }
+  template <Element T>
+  Work start_broadcast(std::span<T> buf, int root, bool async) {
+    check_peer("broadcast", root);
+    pre(CollectiveKind::broadcast, buf.size() * sizeof(T), dtype_of<T>, ReduceOp::sum, buf.size(), root);
+    return do_broadcast(buf.data(), buf.size(), dtype_of<T>, root, async);
+  }
+  template <Element T>
+  Work start_send(std::span<const T> buf, int peer, int tag, bool async) {
+    check_peer("send", peer);
+    record(CollectiveKind::send, buf.size() * sizeof(T), dtype_of<T>, ReduceOp::sum, peer);
+    return do_send(buf.data(), buf.size(), dtype_of<T>, peer, tag, async);
+  }
+  template <Element T>
+  Work start_recv(std::span<T> buf, int peer, int tag, bool async) {
+    check_peer("recv", peer);
+    record(CollectiveKind::recv, buf.size() * sizeof(T), dtype_of<T>, ReduceOp::sum, peer);
+    return do_recv(buf.data(), buf.size(), dtype_of<T>, peer, tag, async);
+  }
   void record(CollectiveKind k, std::size_t bytes, DType t, ReduceOp op, int peer) const {
     CommLog::record(CommRecord{k, label_, size_, bytes, t, op, peer});
   }
@@ -250,7 +264,7 @@ class Communicator {
     if (check_) check_fingerprints(detail::Fingerprint{std::uint8_t(k), std::uint8_t(t), std::uint8_t(op), 0, root, count});
   }
   void check_fingerprints(const detail::Fingerprint& mine) {
-    std::vector<detail::Fingerprint> all(std::size_t(size_));
+    std::vector<detail::Fingerprint> all(static_cast<std::size_t>(size_));  // not size_t(size_): a vexing parse
     do_all_gather(&mine, all.data(), sizeof mine, DType::uint8, false).wait();
     bool same = true;
     for (const auto& f : all) same = same && f == all[0];

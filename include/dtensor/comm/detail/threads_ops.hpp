@@ -1,0 +1,463 @@
+// dtensor/comm/detail/threads_ops.hpp — the collectives and point-to-point operations of the
+// threads backend, as functions of a group, a rank and a sequence number.
+//
+// A collective is a rendezvous in the group's slot for its sequence number:
+//   1. arrive:   post my buffers and arguments; wait (with the timeout) until every rank has.
+//   2. validate: every rank checks every rank's arguments, so all reach the same verdict.
+//   3. pull:     copy or reduce what *I* need straight from the peers' buffers (zero-copy).
+//   4. depart:   wait until no peer still reads my memory, then leave the slot.
+// Only step 1 can fail (abort, timeout): once every rank has arrived, each has only a bounded
+// amount of copying left, so steps 3-4 ignore aborts and never leave while a peer reads.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dtensor/comm/detail/threads_reduce.hpp"
+#include "dtensor/comm/detail/threads_state.hpp"
+
+namespace dtensor::threads::detail {
+
+/// Everything an operation needs, captured at issue time (an asynchronous one runs elsewhere).
+struct Ctx {
+  std::shared_ptr<Group> group;
+  int rank = 0;
+  std::uint64_t seq = 0;
+  std::chrono::milliseconds timeout{0};
+  std::string label;
+
+  int world_rank() const { return group->world_ranks[std::size_t(rank)]; }
+  std::string op(CollectiveKind k) const { return dtensor::detail::cat(name_of(k), "[", label, "]"); }
+  Error error(CollectiveKind k, const std::string& what) const { return Error(op(k), what, rank); }
+};
+
+inline const std::byte* bytes_of(const void* p) { return static_cast<const std::byte*>(p); }
+inline std::byte* bytes_of(void* p) { return static_cast<std::byte*>(p); }
+
+/// "rank 3" or, in a sub-group, "rank 1 (world rank 5)".
+inline std::string rank_name(const Group& g, int r) {
+  const int w = g.world_ranks[std::size_t(r)];
+  return w == r ? dtensor::detail::cat("rank ", r) : dtensor::detail::cat("rank ", r, " (world rank ", w, ")");
+}
+
+/// What a rank passed, for messages: "all_reduce(16 x float32, sum)".
+inline std::string describe(const Post& p) {
+  using dtensor::detail::cat;
+  std::string s(name_of(p.kind));
+  switch (p.kind) {
+    case CollectiveKind::all_reduce:
+    case CollectiveKind::reduce_scatter: return s + cat("(", p.count, " x ", name_of(p.dtype), ", ", name_of(p.op), ")");
+    case CollectiveKind::broadcast: return s + cat("(", p.count, " x ", name_of(p.dtype), ", root ", p.root, ")");
+    case CollectiveKind::all_gather:
+    case CollectiveKind::all_to_all: return s + cat("(", p.count, " x ", name_of(p.dtype), ")");
+    case CollectiveKind::all_to_all_v: return s + cat("(", name_of(p.dtype), ")");
+    default: return s;
+  }
+}
+
+/// The fields that must agree between ranks for a given kind of collective.
+inline bool agree(const Post& a, const Post& b) {
+  if (a.kind != b.kind) return false;
+  switch (a.kind) {
+    case CollectiveKind::all_reduce:
+    case CollectiveKind::reduce_scatter: return a.count == b.count && a.dtype == b.dtype && a.op == b.op;
+    case CollectiveKind::broadcast: return a.count == b.count && a.dtype == b.dtype && a.root == b.root;
+    case CollectiveKind::all_gather:
+    case CollectiveKind::all_to_all: return a.count == b.count && a.dtype == b.dtype;
+    case CollectiveKind::all_to_all_v: return a.dtype == b.dtype;
+    default: return true;
+  }
+}
+
+// ------------------------------------------------------------------------------ phases
+
+/// Step 1. Posts `mine` in slot `c.seq` and waits for the other ranks. Throws (and leaves the
+/// slot) if the run is aborted or the timeout expires first; a timeout aborts the run.
+inline Slot& arrive(const Ctx& c, Post mine) {
+  Group& g = *c.group;
+  World& w = *g.world;
+  const int n = g.size;
+  std::unique_lock l(g.mu);
+  Slot& s = g.slot(c.seq);
+  auto give_up = [&]() {
+    std::string why = s.reason;
+    g.leave(s);
+    l.unlock();
+    g.cv.notify_all();
+    throw c.error(mine.kind, why);
+  };
+  if (!s.failed && w.aborted()) {
+    s.failed = true;
+    s.reason = w.reason();
+  }
+  if (s.failed) give_up();
+
+  if (mine.send_bytes > 0 && mine.send_bytes <= eager_limit) {
+    // Copying a small send beats making its owner wait for every reader (one rendezvous less).
+    if (s.eager.empty()) s.eager.resize(std::size_t(n) * eager_limit);
+    std::byte* copy = s.eager.data() + std::size_t(c.rank) * eager_limit;
+    std::memcpy(copy, mine.send, mine.send_bytes);
+    mine.send = copy;
+    mine.lent = false;
+  }
+  if (mine.kind == CollectiveKind::all_reduce) {
+    const std::size_t need = mine.count * size_of(mine.dtype);
+    if (s.scratch_bytes < need) {
+      s.scratch.reset(new std::byte[need]);
+      s.scratch_bytes = need;
+    }
+  }
+  s.posts[std::size_t(c.rank)] = mine;
+  s.here[std::size_t(c.rank)] = 1;
+  if (++s.arrived == n) {
+    l.unlock();
+    g.cv.notify_all();
+    return s;
+  }
+
+  l.unlock();
+  if (spin_until([&] { return s.arrived.load() == n || w.aborted(); }, n)) {
+    if (s.arrived.load() == n) return s;
+  }
+  l.lock();
+  const auto deadline = deadline_after(c.timeout);
+  for (;;) {
+    if (s.arrived == n) return s;
+    if (!s.failed && w.aborted()) {
+      s.failed = true;
+      s.reason = w.reason();
+    }
+    if (s.failed) give_up();
+    if (g.cv.wait_until(l, deadline) == std::cv_status::timeout && s.arrived < n && !s.failed && !w.aborted()) {
+      std::string missing;
+      int k = 0;
+      for (int r = 0; r < n; ++r)
+        if (!s.here[std::size_t(r)]) missing += (k++ ? ", " : "") + rank_name(g, r);
+      const Error e = c.error(mine.kind, dtensor::detail::cat("timed out after ", c.timeout.count(),
+                                                              " ms in collective #", c.seq, " of group '", c.label,
+                                                              "' (", n, " ranks): ", missing, " did not arrive"));
+      std::string why = dtensor::detail::cat("rank ", c.world_rank(), " failed: ", e.what());
+      // Mark the slot failed before letting go of the lock, so a late rank cannot complete it
+      // (and read our buffers) after we have left.
+      s.failed = true;
+      s.reason = why;
+      g.leave(s);
+      l.unlock();
+      g.cv.notify_all();
+      w.abort(c.world_rank(), std::move(why));
+      throw e;
+    }
+  }
+}
+
+/// Counts this rank in `counter`; with `wait`, returns only once every rank has (a barrier
+/// inside the slot, after arrival: it never fails). Returns the lock, still held.
+inline std::unique_lock<std::mutex> count_in(Group& g, std::atomic<int>& counter, bool wait) {
+  std::unique_lock l(g.mu);
+  if (++counter == g.size) {
+    g.cv.notify_all();
+  } else if (wait) {
+    l.unlock();
+    spin_until([&] { return counter.load() == g.size; }, g.size);
+    l.lock();
+    g.cv.wait(l, [&] { return counter.load() == g.size; });
+  }
+  return l;
+}
+
+inline void sync(Group& g, std::atomic<int>& counter) { count_in(g, counter, true); }
+
+/// Step 4. `lent`: peers read this rank's own memory, so it waits until all finished reading.
+inline void depart(Group& g, Slot& s, bool lent) {
+  auto l = count_in(g, s.done_reading, lent);
+  g.leave(s);
+}
+
+/// Step 2. Throws the same error on every rank when ranks passed inconsistent arguments.
+inline void validate(const Ctx& c, Slot& s) {
+  Group& g = *c.group;
+  const int n = g.size;
+  const Post& me = s.posts[std::size_t(c.rank)];
+  std::string problem;
+  bool same = true;
+  for (int r = 1; r < n; ++r) same = same && agree(s.posts[0], s.posts[std::size_t(r)]);
+  if (!same) {
+    problem = dtensor::detail::cat("ranks passed different arguments to collective #", c.seq, " of group '",
+                                   c.label, "':");
+    for (int r = 0; r < n; ++r) problem += "\n  " + rank_name(g, r) + ": " + describe(s.posts[std::size_t(r)]);
+  } else if (me.kind == CollectiveKind::all_to_all_v) {
+    // Each pair must agree: what j sends to r is what r expects from j.
+    for (int j = 0; j < n; ++j)
+      for (int r = 0; r < n; ++r) {
+        const std::size_t sent = s.posts[std::size_t(j)].counts[0][r];
+        const std::size_t want = s.posts[std::size_t(r)].counts[2][j];
+        if (sent != want)
+          problem += dtensor::detail::cat("\n  ", rank_name(g, j), " sends ", sent, " elements to rank ", r,
+                                          ", which expects ", want);
+      }
+    if (!problem.empty()) problem = "send and receive counts disagree:" + problem;
+  }
+  if (problem.empty()) return;
+  {
+    std::lock_guard l(g.mu);
+    g.leave(s);
+  }
+  throw c.error(me.kind, problem);
+}
+
+/// Steps 1 and 2: the slot, once every rank has arrived with consistent arguments.
+inline Slot& rendezvous(const Ctx& c, const Post& mine) {
+  Slot& s = arrive(c, mine);
+  validate(c, s);
+  return s;
+}
+
+/// Where peers can safely read `bytes` of `send` after arrival. When this rank's own output
+/// overlaps it (in-place use) and the send is too large to travel eagerly, it is copied first,
+/// into `hold`, so that writing the output cannot change what peers read.
+/// `eager` says whether a small send will be copied into the slot anyway.
+inline const void* stable_send(const void* send, std::size_t bytes, const void* out, std::size_t out_bytes,
+                               std::unique_ptr<std::byte[]>& hold, bool eager = true) {
+  const auto* a = bytes_of(send);
+  const auto* b = bytes_of(out);
+  const bool overlap = bytes && out_bytes && a < b + out_bytes && b < a + bytes;
+  if (!overlap || (eager && bytes <= eager_limit)) return send;
+  hold.reset(new std::byte[bytes]);
+  std::memcpy(hold.get(), send, bytes);
+  return hold.get();
+}
+
+/// Pointers to the same offset in every rank's send, in rank order (reused: no allocation).
+inline const void* const* peer_sends(const Slot& s, std::size_t offset) {
+  thread_local std::vector<const void*> ptrs;
+  ptrs.resize(s.posts.size());
+  for (std::size_t r = 0; r < s.posts.size(); ++r) ptrs[r] = bytes_of(s.posts[r].send) + offset;
+  return ptrs.data();
+}
+
+inline void copy_bytes(void* dst, const void* src, std::size_t n) {
+  if (n && dst != src) std::memcpy(dst, src, n);
+}
+
+// ------------------------------------------------------------------------------ collectives
+
+inline void all_gather(const Ctx& c, const void* send, void* recv, std::size_t count, DType t) {
+  const int n = c.group->size;
+  const std::size_t block = count * size_of(t);
+  std::unique_ptr<std::byte[]> hold;
+  // In-place (send is my own block of recv) is safe: I never rewrite my block with other data.
+  const bool in_place = send == bytes_of(recv) + std::size_t(c.rank) * block;
+  Post p{.kind = CollectiveKind::all_gather, .dtype = t, .count = count,
+         .send = in_place ? send : stable_send(send, block, recv, block * std::size_t(n), hold),
+         .send_bytes = block, .lent = true};
+  Slot& s = rendezvous(c, p);
+  for (int j = 0; j < n; ++j) copy_bytes(bytes_of(recv) + std::size_t(j) * block, s.posts[std::size_t(j)].send, block);
+  depart(*c.group, s, s.posts[std::size_t(c.rank)].lent);
+}
+
+inline void reduce_scatter(const Ctx& c, const void* send, void* recv, std::size_t count, DType t, ReduceOp op) {
+  const int n = c.group->size;
+  const std::size_t block = count * size_of(t);
+  std::unique_ptr<std::byte[]> hold;
+  Post p{.kind = CollectiveKind::reduce_scatter, .dtype = t, .op = op, .count = count,
+         .send = stable_send(send, block * std::size_t(n), recv, block, hold),
+         .send_bytes = block * std::size_t(n), .lent = true};
+  Slot& s = rendezvous(c, p);
+  reduce(t, op, recv, peer_sends(s, std::size_t(c.rank) * block), n, count);
+  depart(*c.group, s, s.posts[std::size_t(c.rank)].lent);
+}
+
+/// Small: every rank reduces everything from the eager copies (one rendezvous). Large: rank r
+/// reduces slice r of all sends into the slot's scratch, a barrier, then every rank copies the
+/// scratch out. Either way send may equal recv, and all ranks get bit-identical results.
+inline void all_reduce(const Ctx& c, const void* send, void* recv, std::size_t count, DType t, ReduceOp op) {
+  const int n = c.group->size;
+  const std::size_t es = size_of(t), bytes = count * es;
+  Post p{.kind = CollectiveKind::all_reduce, .dtype = t, .op = op, .count = count, .send = send,
+         .send_bytes = bytes, .lent = true};
+  Slot& s = rendezvous(c, p);
+  if (!s.posts[std::size_t(c.rank)].lent) {
+    reduce(t, op, recv, peer_sends(s, 0), n, count);
+  } else {
+    // Slices are whole cache lines, so ranks never write the same line of the scratch.
+    const std::size_t per_line = std::max<std::size_t>(1, 64 / es);
+    const std::size_t slice = (count + std::size_t(n) - 1) / std::size_t(n);
+    const std::size_t step = (slice + per_line - 1) / per_line * per_line;
+    const std::size_t lo = std::min(count, std::size_t(c.rank) * step), hi = std::min(count, lo + step);
+    if (hi > lo) reduce(t, op, s.scratch.get() + lo * es, peer_sends(s, lo * es), n, hi - lo);
+    sync(*c.group, s.mid);  // from here on nobody reads the sends, so recv may be written
+    copy_bytes(recv, s.scratch.get(), bytes);
+  }
+  depart(*c.group, s, false);
+}
+
+inline void all_to_all(const Ctx& c, const void* send, void* recv, std::size_t count, DType t) {
+  const int n = c.group->size;
+  const std::size_t block = count * size_of(t), total = block * std::size_t(n);
+  std::unique_ptr<std::byte[]> hold;
+  Post p{.kind = CollectiveKind::all_to_all, .dtype = t, .count = count,
+         .send = stable_send(send, total, recv, total, hold), .send_bytes = total, .lent = true};
+  Slot& s = rendezvous(c, p);
+  for (int j = 0; j < n; ++j)
+    copy_bytes(bytes_of(recv) + std::size_t(j) * block,
+               bytes_of(s.posts[std::size_t(j)].send) + std::size_t(c.rank) * block, block);
+  depart(*c.group, s, s.posts[std::size_t(c.rank)].lent);
+}
+
+/// counts: send counts, send displacements, recv counts, recv displacements (elements, per rank).
+inline void all_to_all_v(const Ctx& c, const void* send, void* recv, const std::size_t* const (&v)[4], DType t) {
+  const int n = c.group->size;
+  const std::size_t es = size_of(t);
+  std::size_t send_extent = 0, recv_extent = 0;
+  for (int r = 0; r < n; ++r) {
+    send_extent = std::max(send_extent, v[1][r] + v[0][r]);
+    recv_extent = std::max(recv_extent, v[3][r] + v[2][r]);
+  }
+  std::unique_ptr<std::byte[]> hold;
+  // Never eager: peers also read the count arrays, which live in this rank's memory.
+  Post p{.kind = CollectiveKind::all_to_all_v, .dtype = t,
+         .send = stable_send(send, send_extent * es, recv, recv_extent * es, hold, false),
+         .counts = {v[0], v[1], v[2], v[3]}, .lent = true};
+  Slot& s = rendezvous(c, p);
+  for (int j = 0; j < n; ++j) {
+    const Post& q = s.posts[std::size_t(j)];
+    copy_bytes(bytes_of(recv) + v[3][j] * es, bytes_of(q.send) + q.counts[1][c.rank] * es, v[2][j] * es);
+  }
+  depart(*c.group, s, true);
+}
+
+inline void broadcast(const Ctx& c, void* buf, std::size_t count, DType t, int root) {
+  const std::size_t bytes = count * size_of(t);
+  const bool is_root = c.rank == root;
+  Post p{.kind = CollectiveKind::broadcast, .dtype = t, .root = root, .count = count,
+         .send = is_root ? buf : nullptr, .send_bytes = is_root ? bytes : 0, .lent = is_root};
+  Slot& s = rendezvous(c, p);
+  if (!is_root) copy_bytes(buf, s.posts[std::size_t(root)].send, bytes);
+  depart(*c.group, s, s.posts[std::size_t(c.rank)].lent);
+}
+
+inline void barrier(const Ctx& c) {
+  Slot& s = rendezvous(c, Post{.kind = CollectiveKind::barrier});
+  depart(*c.group, s, false);
+}
+
+/// Ranks of equal color form a group ordered by (key, old rank). The first rank through makes
+/// every new group, so each is created once and shared by its members.
+inline std::pair<std::shared_ptr<Group>, int> split(const Ctx& c, int color, int key) {
+  Group& g = *c.group;
+  const int n = g.size;
+  Slot& s = rendezvous(c, Post{.kind = CollectiveKind::split, .color = color, .key = key});
+  std::pair<std::shared_ptr<Group>, int> mine{nullptr, -1};
+  {
+    std::lock_guard l(g.mu);
+    if (s.made.empty()) {
+      s.made.resize(std::size_t(n));
+      s.new_rank.assign(std::size_t(n), -1);
+      std::vector<int> order(static_cast<std::size_t>(n));
+      for (int r = 0; r < n; ++r) order[std::size_t(r)] = r;
+      auto ck = [&](int r) {
+        const Post& q = s.posts[std::size_t(r)];
+        return std::tuple(q.color, q.key, r);
+      };
+      std::sort(order.begin(), order.end(), [&](int a, int b) { return ck(a) < ck(b); });
+      for (std::size_t i = 0; i < order.size();) {
+        const int color_i = s.posts[std::size_t(order[i])].color;
+        std::size_t j = i;
+        while (j < order.size() && s.posts[std::size_t(order[j])].color == color_i) ++j;
+        if (color_i >= 0) {
+          std::vector<int> members;
+          for (std::size_t k = i; k < j; ++k) members.push_back(g.world_ranks[std::size_t(order[k])]);
+          auto ng = Group::make(g.world, std::move(members));
+          for (std::size_t k = i; k < j; ++k) {
+            s.made[std::size_t(order[k])] = ng;
+            s.new_rank[std::size_t(order[k])] = int(k - i);
+          }
+        }
+        i = j;
+      }
+    }
+    mine = {s.made[std::size_t(c.rank)], s.new_rank[std::size_t(c.rank)]};
+  }
+  depart(g, s, false);
+  return mine;
+}
+
+// ------------------------------------------------------------------------------ point-to-point
+
+/// Posts a message to `peer` and waits until it has been copied out (a zero-copy rendezvous).
+inline void send(const Ctx& c, const void* buf, std::size_t count, DType t, int peer, int tag) {
+  Group& g = *c.group;
+  World& w = *g.world;
+  Message m{.buf = buf, .count = count, .dtype = t};
+  std::unique_lock l(w.p2p_mu);
+  if (w.aborted()) throw c.error(CollectiveKind::send, w.reason());
+  auto& q = w.mail[MailKey{g.id, c.rank, peer, tag}];
+  q.push_back(&m);
+  w.p2p_cv.notify_all();
+  const auto deadline = deadline_after(c.timeout);
+  auto withdraw = [&] { q.erase(std::find(q.begin(), q.end(), &m)); };
+  while (!m.done) {
+    if (m.taken) {  // the receiver is copying from our buffer: wait for it, come what may
+      w.p2p_cv.wait(l);
+      continue;
+    }
+    if (w.aborted()) {
+      withdraw();
+      throw c.error(CollectiveKind::send, w.reason());
+    }
+    if (w.p2p_cv.wait_until(l, deadline) == std::cv_status::timeout && !m.taken && !m.done && !w.aborted()) {
+      withdraw();
+      l.unlock();
+      const Error e = c.error(CollectiveKind::send,
+                              dtensor::detail::cat("timed out after ", c.timeout.count(), " ms: ", rank_name(g, peer),
+                                                   " did not receive (", count, " x ", name_of(t), ", tag ", tag, ")"));
+      w.abort(c.world_rank(), dtensor::detail::cat("rank ", c.world_rank(), " failed: ", e.what()));
+      throw e;
+    }
+  }
+  if (!m.error.empty()) throw c.error(CollectiveKind::send, m.error);
+}
+
+/// Takes the oldest message from `peer` with `tag`, checks that it fits and copies it.
+inline void recv(const Ctx& c, void* buf, std::size_t count, DType t, int peer, int tag) {
+  Group& g = *c.group;
+  World& w = *g.world;
+  std::unique_lock l(w.p2p_mu);
+  auto& q = w.mail[MailKey{g.id, peer, c.rank, tag}];
+  const auto deadline = deadline_after(c.timeout);
+  for (;;) {
+    if (w.aborted()) throw c.error(CollectiveKind::recv, w.reason());
+    if (!q.empty()) break;
+    if (w.p2p_cv.wait_until(l, deadline) == std::cv_status::timeout && q.empty() && !w.aborted()) {
+      l.unlock();
+      const Error e = c.error(CollectiveKind::recv,
+                              dtensor::detail::cat("timed out after ", c.timeout.count(), " ms: ", rank_name(g, peer),
+                                                   " did not send (", count, " x ", name_of(t), ", tag ", tag, ")"));
+      w.abort(c.world_rank(), dtensor::detail::cat("rank ", c.world_rank(), " failed: ", e.what()));
+      throw e;
+    }
+  }
+  Message* m = q.front();
+  q.pop_front();
+  m->taken = true;
+  l.unlock();
+  std::string error;
+  if (m->count != count || m->dtype != t)
+    error = dtensor::detail::cat("rank ", peer, " sent ", m->count, " x ", name_of(m->dtype), " to rank ", c.rank,
+                                 ", which expected ", count, " x ", name_of(t), " (tag ", tag, ")");
+  else
+    copy_bytes(buf, m->buf, count * size_of(t));
+  l.lock();
+  m->error = error;
+  m->done = true;
+  l.unlock();
+  w.p2p_cv.notify_all();
+  if (!error.empty()) throw c.error(CollectiveKind::recv, error);
+}
+
+}  // namespace dtensor::threads::detail

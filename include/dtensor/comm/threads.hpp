@@ -1,0 +1,183 @@
+// dtensor/comm/threads.hpp — the in-process backend: every rank is a thread of this process.
+//
+//   dtensor::threads::run(4, [](dtensor::CommPtr world) {
+//     std::vector<float> x(16, float(world->rank()));
+//     world->all_reduce(std::span<float>(x), dtensor::ReduceOp::sum);   // x == 0+1+2+3
+//     auto row = world->split(world->rank() / 2, world->rank());        // two groups of two
+//   });
+//
+// run() starts n threads, calls fn(world) on each and joins them. If a rank throws, the run is
+// aborted: every rank waiting in a collective, send or recv wakes with a dtensor::Error naming
+// the failed rank, and run() rethrows, after all threads are joined, an Error that carries the
+// failed rank's number and message. run_collect() returns every rank's exception instead.
+//
+// Collectives copy straight from the peers' buffers (zero-copy, in parallel on every rank),
+// reduce in rank order (results are identical on every rank and in every run), check that all
+// ranks passed the same arguments, and fail after the communicator's timeout() naming the ranks
+// that did not arrive. Asynchronous operations run on a pool that grows as needed, so any
+// number of them can be outstanding at once.
+#pragma once
+
+#include <exception>
+#include <memory>
+#include <numeric>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "dtensor/comm/communicator.hpp"
+#include "dtensor/comm/detail/threads_ops.hpp"
+
+namespace dtensor::threads {
+
+class ThreadsCommunicator final : public Communicator {
+ public:
+  ThreadsCommunicator(std::shared_ptr<detail::Group> group, int rank)
+      : Communicator(rank, group->size, group->world_ranks[std::size_t(rank)]), group_(std::move(group)) {}
+
+  std::string_view backend() const override { return "threads"; }
+
+ protected:
+  CommPtr do_split(int color, int key) override {
+    auto [g, r] = detail::split(context(CollectiveKind::split, true), color, key);
+    if (!g) return nullptr;
+    auto c = std::make_shared<ThreadsCommunicator>(std::move(g), r);
+    c->set_label(label());
+    return c;
+  }
+  Work do_all_gather(const void* send, void* recv, std::size_t count, DType t, bool async) override {
+    return issue(CollectiveKind::all_gather, async, [=](const detail::Ctx& c) { detail::all_gather(c, send, recv, count, t); });
+  }
+  Work do_reduce_scatter(const void* send, void* recv, std::size_t count, DType t, ReduceOp op, bool async) override {
+    return issue(CollectiveKind::reduce_scatter, async,
+                 [=](const detail::Ctx& c) { detail::reduce_scatter(c, send, recv, count, t, op); });
+  }
+  Work do_all_reduce(const void* send, void* recv, std::size_t count, DType t, ReduceOp op, bool async) override {
+    return issue(CollectiveKind::all_reduce, async,
+                 [=](const detail::Ctx& c) { detail::all_reduce(c, send, recv, count, t, op); });
+  }
+  Work do_all_to_all(const void* send, void* recv, std::size_t count, DType t, bool async) override {
+    return issue(CollectiveKind::all_to_all, async, [=](const detail::Ctx& c) { detail::all_to_all(c, send, recv, count, t); });
+  }
+  Work do_all_to_all_v(const void* send, const std::size_t* send_counts, const std::size_t* send_displs, void* recv,
+                       const std::size_t* recv_counts, const std::size_t* recv_displs, DType t, bool async) override {
+    if (!async) {
+      const std::size_t* const v[4] = {send_counts, send_displs, recv_counts, recv_displs};
+      return issue(CollectiveKind::all_to_all_v, false, [&](const detail::Ctx& c) { detail::all_to_all_v(c, send, recv, v, t); });
+    }
+    // The caller's count arrays may be gone by the time the operation runs: keep a copy.
+    const auto n = std::size_t(size());
+    std::vector<std::size_t> v(4 * n);
+    for (std::size_t i = 0; i < n; ++i) {
+      v[i] = send_counts[i];
+      v[n + i] = send_displs[i];
+      v[2 * n + i] = recv_counts[i];
+      v[3 * n + i] = recv_displs[i];
+    }
+    return issue(CollectiveKind::all_to_all_v, true, [=, v = std::move(v)](const detail::Ctx& c) {
+      const std::size_t* const p[4] = {v.data(), v.data() + n, v.data() + 2 * n, v.data() + 3 * n};
+      detail::all_to_all_v(c, send, recv, p, t);
+    });
+  }
+  Work do_broadcast(void* buf, std::size_t count, DType t, int root, bool async) override {
+    return issue(CollectiveKind::broadcast, async, [=](const detail::Ctx& c) { detail::broadcast(c, buf, count, t, root); });
+  }
+  Work do_send(const void* buf, std::size_t count, DType t, int peer, int tag, bool async) override {
+    return issue(CollectiveKind::send, async, [=](const detail::Ctx& c) { detail::send(c, buf, count, t, peer, tag); }, false);
+  }
+  Work do_recv(void* buf, std::size_t count, DType t, int peer, int tag, bool async) override {
+    return issue(CollectiveKind::recv, async, [=](const detail::Ctx& c) { detail::recv(c, buf, count, t, peer, tag); }, false);
+  }
+  void do_barrier() override { detail::barrier(context(CollectiveKind::barrier, true)); }
+
+ private:
+  /// The operation's context. A collective takes the next sequence number here, on the
+  /// caller's thread in program order, which is what matches it with the peers' k-th one.
+  detail::Ctx context(CollectiveKind k, bool collective) {
+    const detail::World& w = *group_->world;
+    if (w.aborted()) throw Error(detail::Ctx{group_, rank(), 0, timeout(), label()}.op(k), w.reason(), rank());
+    return detail::Ctx{group_, rank(), collective ? next_seq_++ : 0, timeout(), label()};
+  }
+
+  /// Runs `body` inline, or on the pool with a Work to wait on.
+  template <class F>
+  Work issue(CollectiveKind k, bool async, F&& body, bool collective = true) {
+    detail::Ctx c = context(k, collective);
+    if (!async) {
+      body(c);
+      return Work();
+    }
+    auto run = [body = std::forward<F>(body), c = std::move(c)] { body(c); };
+    auto task = std::make_shared<detail::FnTask<decltype(run)>>(std::move(run));
+    group_->world->pool.submit(task);
+    return Work(std::move(task));
+  }
+
+  std::shared_ptr<detail::Group> group_;
+  std::uint64_t next_seq_ = 0;
+};
+
+namespace detail {
+
+struct RunResult {
+  std::vector<std::exception_ptr> errors;
+  int origin = -1;  // the rank whose failure aborted the run, if any
+};
+
+template <class F>
+RunResult run_ranks(int n, F& fn) {
+  if (n < 1) throw Error("threads::run", dtensor::detail::cat("needs at least one rank, got ", n));
+  auto world = std::make_shared<World>(n);
+  std::vector<int> ranks(static_cast<std::size_t>(n));
+  std::iota(ranks.begin(), ranks.end(), 0);
+  auto group = Group::make(world, std::move(ranks));
+
+  RunResult result{std::vector<std::exception_ptr>(std::size_t(n)), -1};
+  auto rank_main = [&](int r) {
+    try {
+      CommPtr comm = std::make_shared<ThreadsCommunicator>(group, r);
+      fn(comm);
+    } catch (...) {
+      result.errors[std::size_t(r)] = std::current_exception();
+      world->abort(r, dtensor::detail::cat("rank ", r, " failed: ", what_of(result.errors[std::size_t(r)])));
+    }
+  };
+  std::vector<std::thread> threads;
+  threads.reserve(std::size_t(n));
+  try {
+    for (int r = 0; r < n; ++r) threads.emplace_back(rank_main, r);
+  } catch (...) {  // could not start a thread: release the ones that did start
+    world->abort(-1, "threads::run could not start all its threads");
+    for (auto& t : threads) t.join();
+    world->finish();
+    throw;
+  }
+  for (auto& t : threads) t.join();
+  result.origin = world->origin();
+  world->finish();
+  return result;
+}
+
+}  // namespace detail
+
+/// Runs fn(world) on n threads and returns each rank's exception (nullptr where it returned).
+template <class F>
+std::vector<std::exception_ptr> run_collect(int n, F&& fn) {
+  return detail::run_ranks(n, fn).errors;
+}
+
+/// Runs fn(world) on n threads. If any rank threw, throws (after joining all of them) a
+/// dtensor::Error with the number and message of the rank that failed first.
+template <class F>
+void run(int n, F&& fn) {
+  auto res = detail::run_ranks(n, fn);
+  int r = res.origin >= 0 && res.errors[std::size_t(res.origin)] ? res.origin : -1;
+  for (std::size_t i = 0; r < 0 && i < res.errors.size(); ++i)
+    if (res.errors[i]) r = int(i);
+  if (r >= 0)
+    throw Error("threads::run",
+                dtensor::detail::cat("rank ", r, " failed: ", detail::what_of(res.errors[std::size_t(r)])));
+}
+
+}  // namespace dtensor::threads

@@ -1,0 +1,147 @@
+// dtensor/kernels/host/cross_entropy.hpp — mean cross-entropy of logits against integer targets,
+// whole or split over the vocabulary.
+//
+//   auto f = cross_entropy(logits, targets);        // logits[N, V], targets[N] in [0, V)
+//   f.loss                                           // mean over the N rows (double)
+//   auto dlogits = cross_entropy_backward(logits, targets, f.lse, /*dloss=*/1.0);  // (softmax - onehot) * dloss / N
+//
+// Vocabulary parallel: this rank holds the columns [v0, v0 + V_local) of the logits.
+//   auto m = vocab_parallel_ce_max(logits);                    // [N] local row max    -> all-reduce max
+//   auto s = vocab_parallel_ce_sum_exp(logits, m_global);      // [N] sum exp(x - max) -> all-reduce sum
+//   auto t = vocab_parallel_ce_target_logit(logits, targets, v0);  // [N], 0 off-shard  -> all-reduce sum
+//   double loss = vocab_parallel_ce_loss(m_global, s_global, t_global);   // same on every rank
+//   auto dl = vocab_parallel_ce_backward(logits, targets, v0, m_global, s_global, dloss);
+//
+// cross_entropy is exactly these pieces on one rank (v0 = 0), so a split run differs from a whole
+// one only by the order in which the double sums of exps are added. Statistics are Stat (double).
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+
+#include "dtensor/kernels/host/common.hpp"
+#include "dtensor/kernels/host/softmax.hpp"
+
+namespace dtensor::kernels::host {
+
+struct CrossEntropyForward {
+  double loss = 0;          // mean over rows
+  HostTensor<Stat, 1> lse;  // [N]: log-sum-exp of each row, saved for the backward
+};
+
+namespace detail {
+
+template <class T, class Id>
+void check_ce(const char* op, const HostTensor<T, 2>& logits, const HostTensor<Id, 1>& targets) {
+  check(targets.extent(0) == logits.extent(0), op, "logits ", to_string(logits.shape()), " and targets ",
+        to_string(targets.shape()), ": one target per row");
+}
+
+template <class T>
+void check_row_stats(const char* op, const HostTensor<T, 2>& logits, const HostTensor<Stat, 1>& s, const char* name) {
+  check(s.extent(0) == logits.extent(0), op, name, " ", to_string(s.shape()), " does not match logits ",
+        to_string(logits.shape()));
+}
+
+/// dlogits[i, j] = (exp(x - lse_i) - [v0 + j == target_i]) * scale.
+template <class T, class Id, class Lse>
+HostTensor<T, 2> ce_backward(const HostTensor<T, 2>& logits, const HostTensor<Id, 1>& targets, Extent v0, Lse lse,
+                             Stat scale) {
+  const Extent n = logits.extent(0), v = logits.extent(1);
+  auto d = HostTensor<T, 2>::uninitialized(logits.shape());
+  for (Extent i = 0; i < n; ++i) {
+    const T* x = logits.data() + i * v;
+    T* dr = d.data() + i * v;
+    const Stat l = lse(i);
+    const Extent t = Extent(targets[i]) - v0;
+    for (Extent j = 0; j < v; ++j) dr[j] = T((std::exp(Stat(x[j]) - l) - (j == t ? 1.0 : 0.0)) * scale);
+  }
+  return d;
+}
+
+}  // namespace detail
+
+/// Per-row max of the local logits (-inf for an empty shard).
+template <FloatElement T>
+HostTensor<Stat, 1> vocab_parallel_ce_max(const HostTensor<T, 2>& logits) {
+  const Extent n = logits.extent(0), v = logits.extent(1);
+  auto m = HostTensor<Stat, 1>::uninitialized(Shape<1>{n});
+  for (Extent i = 0; i < n; ++i) m[i] = detail::row_max(logits.data() + i * v, v);
+  return m;
+}
+
+/// Per-row sum of exp(x - global_max) over the local columns.
+template <FloatElement T>
+HostTensor<Stat, 1> vocab_parallel_ce_sum_exp(const HostTensor<T, 2>& logits, const HostTensor<Stat, 1>& global_max) {
+  detail::check_row_stats("vocab_parallel_ce_sum_exp", logits, global_max, "global max");
+  const Extent n = logits.extent(0), v = logits.extent(1);
+  auto s = HostTensor<Stat, 1>::uninitialized(Shape<1>{n});
+  for (Extent i = 0; i < n; ++i) s[i] = detail::row_sum_exp(logits.data() + i * v, v, global_max[i]);
+  return s;
+}
+
+/// Per-row logit of the target when it lies in this shard's columns [v0, v0 + V_local), else 0.
+template <FloatElement T, IndexElement Id>
+HostTensor<Stat, 1> vocab_parallel_ce_target_logit(const HostTensor<T, 2>& logits, const HostTensor<Id, 1>& targets,
+                                                   Extent v0) {
+  detail::check_ce("vocab_parallel_ce_target_logit", logits, targets);
+  const Extent n = logits.extent(0), v = logits.extent(1);
+  auto t = HostTensor<Stat, 1>::uninitialized(Shape<1>{n});
+  for (Extent i = 0; i < n; ++i) {
+    const Extent j = Extent(targets[i]) - v0;
+    detail::check(Extent(targets[i]) >= 0, "vocab_parallel_ce_target_logit", "negative target ", Extent(targets[i]),
+                  " in row ", i);
+    t[i] = (j >= 0 && j < v) ? Stat(logits(i, j)) : 0.0;
+  }
+  return t;
+}
+
+/// Mean over rows of log(sum) + max - target_logit, from the all-reduced pieces.
+inline double vocab_parallel_ce_loss(const HostTensor<Stat, 1>& global_max, const HostTensor<Stat, 1>& global_sum,
+                                     const HostTensor<Stat, 1>& target_logit) {
+  const Extent n = global_max.extent(0);
+  detail::check(global_sum.extent(0) == n && target_logit.extent(0) == n, "vocab_parallel_ce_loss",
+                "max ", to_string(global_max.shape()), ", sum ", to_string(global_sum.shape()), " and target logit ",
+                to_string(target_logit.shape()), " must have one entry per row");
+  double loss = 0;
+  for (Extent i = 0; i < n; ++i) loss += detail::lse_of(global_max[i], global_sum[i]) - target_logit[i];
+  return n > 0 ? loss / double(n) : 0.0;
+}
+
+/// This shard's columns of d(mean loss)/d(logits) = (softmax - onehot) * dloss / N.
+template <FloatElement T, IndexElement Id>
+HostTensor<T, 2> vocab_parallel_ce_backward(const HostTensor<T, 2>& logits, const HostTensor<Id, 1>& targets, Extent v0,
+                                            const HostTensor<Stat, 1>& global_max, const HostTensor<Stat, 1>& global_sum,
+                                            double dloss = 1.0) {
+  detail::check_ce("vocab_parallel_ce_backward", logits, targets);
+  detail::check_row_stats("vocab_parallel_ce_backward", logits, global_max, "global max");
+  detail::check_row_stats("vocab_parallel_ce_backward", logits, global_sum, "global sum");
+  const Extent n = logits.extent(0);
+  return detail::ce_backward(logits, targets, v0, [&](Extent i) { return detail::lse_of(global_max[i], global_sum[i]); },
+                             n > 0 ? dloss / double(n) : 0.0);
+}
+
+template <FloatElement T, IndexElement Id>
+CrossEntropyForward cross_entropy(const HostTensor<T, 2>& logits, const HostTensor<Id, 1>& targets) {
+  detail::check_ce("cross_entropy", logits, targets);
+  for (Extent i = 0; i < targets.extent(0); ++i)
+    detail::check(targets[i] >= 0 && Extent(targets[i]) < logits.extent(1), "cross_entropy", "target ",
+                  Extent(targets[i]), " in row ", i, " out of range [0, ", logits.extent(1), ")");
+  const auto m = vocab_parallel_ce_max(logits);
+  const auto s = vocab_parallel_ce_sum_exp(logits, m);
+  CrossEntropyForward f{vocab_parallel_ce_loss(m, s, vocab_parallel_ce_target_logit(logits, targets, 0)),
+                        HostTensor<Stat, 1>::uninitialized(m.shape())};
+  for (Extent i = 0; i < m.extent(0); ++i) f.lse[i] = detail::lse_of(m[i], s[i]);
+  return f;
+}
+
+template <FloatElement T, IndexElement Id>
+HostTensor<T, 2> cross_entropy_backward(const HostTensor<T, 2>& logits, const HostTensor<Id, 1>& targets,
+                                        const HostTensor<Stat, 1>& lse, double dloss = 1.0) {
+  detail::check_ce("cross_entropy_backward", logits, targets);
+  detail::check_row_stats("cross_entropy_backward", logits, lse, "lse");
+  const Extent n = logits.extent(0);
+  return detail::ce_backward(logits, targets, 0, [&](Extent i) { return lse[i]; }, n > 0 ? dloss / double(n) : 0.0);
+}
+
+}  // namespace dtensor::kernels::host

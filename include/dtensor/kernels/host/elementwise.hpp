@@ -1,0 +1,181 @@
+// dtensor/kernels/host/elementwise.hpp — arithmetic on same-shape tensors, broadcasting, and the
+// reductions that are their adjoints.
+//
+//   auto c = add(a, b);  sub(a, b);  mul(a, b);  scale(a, 0.5);       // new tensors
+//   add_(y, x, alpha);   // y += alpha * x   (axpy)
+//   mul_(y, x);  scale_(y, alpha);  fill_(y, v);
+//   auto y = add_bias(x, b);   add_bias_(x, b);   // x[..., n] + b[n]
+//   auto db = bias_grad(dy);   bias_grad_into(db, dy, /*accumulate=*/true);  // sum of dy over rows
+//   auto z = add_broadcast(x, b);   // b has x's rank, each extent equal to x's or 1
+//   auto g = sum_to(dz, b.shape()); // the adjoint: sums dz over the broadcast dimensions
+//
+// Arithmetic runs in compute_t<T> (bfloat16 rounds once per element); the sums of bias_grad and
+// sum_to accumulate in double in a fixed order.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <vector>
+
+#include "dtensor/kernels/host/common.hpp"
+
+namespace dtensor::kernels::host {
+
+namespace detail {
+
+/// out[i] = f(a[i], b[i]) in compute_t<T>.
+template <class T, std::size_t R, class F>
+HostTensor<T, R> zip(const char* op, const HostTensor<T, R>& a, const HostTensor<T, R>& b, F f) {
+  check_same_shape(op, "a", a.shape(), "b", b.shape());
+  auto out = HostTensor<T, R>::uninitialized(a.shape());
+  const T* pa = a.data();
+  const T* pb = b.data();
+  T* po = out.data();
+  for (Extent i = 0, n = a.numel(); i < n; ++i) po[i] = T(f(compute_t<T>(pa[i]), compute_t<T>(pb[i])));
+  return out;
+}
+
+/// y[i] = f(y[i], x[i]) in compute_t<T>.
+template <class T, std::size_t R, class F>
+void zip_(const char* op, HostTensor<T, R>& y, const HostTensor<T, R>& x, F f) {
+  check_same_shape(op, "y", y.shape(), "x", x.shape());
+  T* py = y.data();
+  const T* px = x.data();
+  for (Extent i = 0, n = y.numel(); i < n; ++i) py[i] = T(f(compute_t<T>(py[i]), compute_t<T>(px[i])));
+}
+
+template <class T, std::size_t R>
+void check_bias(const char* op, const Shape<R>& x, const Shape<1>& b) {
+  check(b[0] == x[R - 1], op, "bias ", to_string(b), " does not match the last dimension of ", to_string(x));
+}
+
+/// For a broadcast operand of extents b against full extents x: b's strides with 0 where b is 1.
+template <std::size_t R>
+Shape<R> broadcast_strides(const char* op, const Shape<R>& x, const Shape<R>& b) {
+  for (std::size_t i = 0; i < R; ++i)
+    check(b[i] == x[i] || b[i] == 1, op, "extents ", to_string(b), " do not broadcast to ", to_string(x));
+  Shape<R> st = row_major_strides(b);
+  for (std::size_t i = 0; i < R; ++i)
+    if (b[i] == 1 && x[i] != 1) st[i] = 0;
+  return st;
+}
+
+/// Calls f(flat index in x, flat index in b) for every element of x in row-major order.
+template <std::size_t R, class F>
+void for_each_broadcast(const Shape<R>& x, const Shape<R>& b_strides, F f) {
+  const Extent n = numel(x);
+  if (n == 0) return;
+  Shape<R> idx{};
+  Extent off = 0;
+  for (Extent i = 0; i < n; ++i) {
+    f(i, off);
+    for (std::size_t d = R; d-- > 0;) {  // odometer over x's extents
+      off += b_strides[d];
+      if (++idx[d] < x[d]) break;
+      off -= b_strides[d] * idx[d];
+      idx[d] = 0;
+    }
+  }
+}
+
+}  // namespace detail
+
+template <Element T, std::size_t R>
+HostTensor<T, R> add(const HostTensor<T, R>& a, const HostTensor<T, R>& b) {
+  return detail::zip("add", a, b, [](auto x, auto y) { return x + y; });
+}
+template <Element T, std::size_t R>
+HostTensor<T, R> sub(const HostTensor<T, R>& a, const HostTensor<T, R>& b) {
+  return detail::zip("sub", a, b, [](auto x, auto y) { return x - y; });
+}
+template <Element T, std::size_t R>
+HostTensor<T, R> mul(const HostTensor<T, R>& a, const HostTensor<T, R>& b) {
+  return detail::zip("mul", a, b, [](auto x, auto y) { return x * y; });
+}
+template <Element T, std::size_t R>
+HostTensor<T, R> scale(const HostTensor<T, R>& a, compute_t<T> alpha) {
+  auto out = HostTensor<T, R>::uninitialized(a.shape());
+  for (Extent i = 0; i < a.numel(); ++i) out[i] = T(alpha * compute_t<T>(a[i]));
+  return out;
+}
+
+/// y += alpha * x.
+template <Element T, std::size_t R>
+void add_(HostTensor<T, R>& y, const HostTensor<T, R>& x, compute_t<T> alpha = compute_t<T>(1)) {
+  detail::zip_("add_", y, x, [alpha](auto a, auto b) { return a + alpha * b; });
+}
+/// y *= x elementwise.
+template <Element T, std::size_t R>
+void mul_(HostTensor<T, R>& y, const HostTensor<T, R>& x) {
+  detail::zip_("mul_", y, x, [](auto a, auto b) { return a * b; });
+}
+/// y *= alpha.
+template <Element T, std::size_t R>
+void scale_(HostTensor<T, R>& y, compute_t<T> alpha) {
+  for (Extent i = 0; i < y.numel(); ++i) y[i] = T(alpha * compute_t<T>(y[i]));
+}
+template <Element T, std::size_t R>
+void fill_(HostTensor<T, R>& y, T value) {
+  std::fill_n(y.data(), y.numel(), value);
+}
+
+/// x[..., n] += b[n] in place.
+template <Element T, std::size_t R>
+void add_bias_(HostTensor<T, R>& x, const HostTensor<T, 1>& b) {
+  detail::check_bias<T, R>("add_bias", x.shape(), b.shape());
+  const Extent n = b.extent(0), rows = detail::leading_rows(x.shape());
+  for (Extent r = 0; r < rows; ++r) {
+    T* row = x.data() + r * n;
+    for (Extent j = 0; j < n; ++j) row[j] = T(compute_t<T>(row[j]) + compute_t<T>(b[j]));
+  }
+}
+/// x[..., n] + b[n].
+template <Element T, std::size_t R>
+HostTensor<T, R> add_bias(HostTensor<T, R> x, const HostTensor<T, 1>& b) {
+  add_bias_(x, b);
+  return x;
+}
+
+/// db (+)= sum of dy[..., n] over every leading index: the gradient of a last-dim bias.
+template <FloatElement T, std::size_t R>
+void bias_grad_into(HostTensor<T, 1>& db, const HostTensor<T, R>& dy, bool accumulate = false) {
+  detail::check_bias<T, R>("bias_grad", dy.shape(), db.shape());
+  const Extent n = db.extent(0), rows = detail::leading_rows(dy.shape());
+  std::vector<Stat> acc(std::size_t(n), 0.0);
+  for (Extent r = 0; r < rows; ++r) {
+    const T* row = dy.data() + r * n;
+    for (Extent j = 0; j < n; ++j) acc[std::size_t(j)] += Stat(row[j]);
+  }
+  for (Extent j = 0; j < n; ++j) db[j] = T(accumulate ? Stat(db[j]) + acc[std::size_t(j)] : acc[std::size_t(j)]);
+}
+template <FloatElement T, std::size_t R>
+HostTensor<T, 1> bias_grad(const HostTensor<T, R>& dy) {
+  HostTensor<T, 1> db(Shape<1>{dy.extent(R - 1)});
+  bias_grad_into(db, dy);
+  return db;
+}
+
+/// x + b where b has x's rank and each extent of b equals x's or is 1 (numpy broadcasting
+/// without rank promotion; reshape b first to add leading 1s).
+template <Element T, std::size_t R>
+HostTensor<T, R> add_broadcast(const HostTensor<T, R>& x, const HostTensor<T, R>& b) {
+  const Shape<R> st = detail::broadcast_strides("add_broadcast", x.shape(), b.shape());
+  auto out = HostTensor<T, R>::uninitialized(x.shape());
+  detail::for_each_broadcast(x.shape(), st, [&](Extent i, Extent j) {
+    out[i] = T(compute_t<T>(x[i]) + compute_t<T>(b[j]));
+  });
+  return out;
+}
+
+/// The adjoint of broadcasting to dz's extents: sums dz over the dimensions where `shape` is 1.
+template <FloatElement T, std::size_t R>
+HostTensor<T, R> sum_to(const HostTensor<T, R>& dz, const Shape<R>& shape) {
+  const Shape<R> st = detail::broadcast_strides("sum_to", dz.shape(), shape);
+  std::vector<Stat> acc(std::size_t(numel(shape)), 0.0);
+  detail::for_each_broadcast(dz.shape(), st, [&](Extent i, Extent j) { acc[std::size_t(j)] += Stat(dz[i]); });
+  auto out = HostTensor<T, R>::uninitialized(shape);
+  for (Extent j = 0; j < out.numel(); ++j) out[j] = T(acc[std::size_t(j)]);
+  return out;
+}
+
+}  // namespace dtensor::kernels::host

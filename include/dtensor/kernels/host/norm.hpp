@@ -1,0 +1,144 @@
+// dtensor/kernels/host/norm.hpp — LayerNorm and RMSNorm over the last dimension.
+//
+//   auto f = layer_norm(x, weight, bias, 1e-5);     // f.y, f.mean[rows], f.rstd[rows]
+//   auto g = layer_norm_backward(x, weight, f.mean, f.rstd, dy);   // g.dx, g.dweight, g.dbias
+//   auto f = rms_norm(x, weight, 1e-6);             // f.y, f.rstd[rows]  (f.mean unused, empty)
+//   auto g = rms_norm_backward(x, weight, f.rstd, dy);             // g.dx, g.dweight (g.dbias empty)
+//
+// rows = the product of x's leading extents; statistics are kept in double (Stat). The weight
+// and bias gradients are this shard's sums over its rows: under sequence or data parallelism the
+// caller all-reduces them. Moments use the two-pass formula (mean, then centred squares) for
+// accuracy; variance is the biased one, as in PyTorch.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <vector>
+
+#include "dtensor/kernels/host/common.hpp"
+
+namespace dtensor::kernels::host {
+
+template <class T, std::size_t R>
+struct NormForward {
+  HostTensor<T, R> y;
+  HostTensor<Stat, 1> mean;  // [rows]; empty for RMSNorm
+  HostTensor<Stat, 1> rstd;  // [rows]: 1 / sqrt(var + eps), or 1 / sqrt(mean(x^2) + eps)
+};
+
+template <class T, std::size_t R>
+struct NormBackward {
+  HostTensor<T, R> dx;
+  HostTensor<T, 1> dweight;
+  HostTensor<T, 1> dbias;  // empty for RMSNorm
+};
+
+namespace detail {
+
+template <class T, std::size_t R>
+void check_norm(const char* op, const Shape<R>& x, const HostTensor<T, 1>& w, const HostTensor<T, 1>* b) {
+  check(w.extent(0) == x[R - 1] && (!b || b->extent(0) == x[R - 1]), op, "x ", to_string(x), ", weight ",
+        to_string(w.shape()), b ? ", bias " + to_string(b->shape()) : std::string(),
+        ": parameters must match the last dimension");
+}
+
+template <std::size_t R>
+void check_norm_backward(const char* op, const Shape<R>& x, const Shape<R>& dy, const HostTensor<Stat, 1>* mean,
+                         const HostTensor<Stat, 1>& rstd) {
+  const Extent rows = leading_rows(x);
+  check(x == dy && rstd.extent(0) == rows && (!mean || mean->extent(0) == rows), op, "x ", to_string(x), ", dy ",
+        to_string(dy), ", saved statistics ", to_string(rstd.shape()), " (expected [", rows, "])");
+}
+
+/// The shared backward: xhat = (x - mean) * rstd (mean = 0 for RMSNorm), g = dy * w;
+/// dx = rstd * (g - [mean(g)] - xhat * mean(g * xhat)); dw += dy * xhat; db += dy.
+template <class T, std::size_t R>
+NormBackward<T, R> norm_backward(const HostTensor<T, R>& x, const HostTensor<T, 1>& w, const HostTensor<Stat, 1>* mean,
+                                 const HostTensor<Stat, 1>& rstd, const HostTensor<T, R>& dy) {
+  const Extent n = x.extent(R - 1), rows = leading_rows(x.shape());
+  NormBackward<T, R> out{HostTensor<T, R>::uninitialized(x.shape()), HostTensor<T, 1>(Shape<1>{n}), {}};
+  std::vector<Stat> dw(std::size_t(n), 0.0), db(mean ? std::size_t(n) : 0, 0.0), xhat(static_cast<std::size_t>(n));
+  for (Extent r = 0; r < rows; ++r) {
+    const T* xr = x.data() + r * n;
+    const T* gr = dy.data() + r * n;
+    const Stat mu = mean ? (*mean)[r] : 0.0, rs = rstd[r];
+    Stat sum_g = 0, sum_gx = 0;
+    for (Extent j = 0; j < n; ++j) {
+      const Stat xh = (Stat(xr[j]) - mu) * rs, g = Stat(gr[j]) * Stat(w[j]);
+      xhat[std::size_t(j)] = xh;
+      sum_g += g;
+      sum_gx += g * xh;
+      dw[std::size_t(j)] += Stat(gr[j]) * xh;
+      if (mean) db[std::size_t(j)] += Stat(gr[j]);
+    }
+    const Stat mg = mean ? sum_g / Stat(n) : 0.0, mgx = sum_gx / Stat(n);
+    for (Extent j = 0; j < n; ++j) {
+      const Stat g = Stat(gr[j]) * Stat(w[j]);
+      out.dx[r * n + j] = T(rs * (g - mg - xhat[std::size_t(j)] * mgx));
+    }
+  }
+  for (Extent j = 0; j < n; ++j) out.dweight[j] = T(dw[std::size_t(j)]);
+  if (mean) {
+    out.dbias = HostTensor<T, 1>::uninitialized(Shape<1>{n});
+    for (Extent j = 0; j < n; ++j) out.dbias[j] = T(db[std::size_t(j)]);
+  }
+  return out;
+}
+
+}  // namespace detail
+
+template <FloatElement T, std::size_t R>
+NormForward<T, R> layer_norm(const HostTensor<T, R>& x, const HostTensor<T, 1>& weight, const HostTensor<T, 1>& bias,
+                             double eps = 1e-5) {
+  detail::check_norm("layer_norm", x.shape(), weight, &bias);
+  const Extent n = x.extent(R - 1), rows = detail::leading_rows(x.shape());
+  NormForward<T, R> f{HostTensor<T, R>::uninitialized(x.shape()), HostTensor<Stat, 1>::uninitialized(Shape<1>{rows}),
+                      HostTensor<Stat, 1>::uninitialized(Shape<1>{rows})};
+  for (Extent r = 0; r < rows; ++r) {
+    const T* xr = x.data() + r * n;
+    Stat mu = 0, var = 0;
+    for (Extent j = 0; j < n; ++j) mu += Stat(xr[j]);
+    mu /= Stat(n);
+    for (Extent j = 0; j < n; ++j) var += (Stat(xr[j]) - mu) * (Stat(xr[j]) - mu);
+    const Stat rs = 1.0 / std::sqrt(var / Stat(n) + eps);
+    f.mean[r] = mu;
+    f.rstd[r] = rs;
+    for (Extent j = 0; j < n; ++j) f.y[r * n + j] = T((Stat(xr[j]) - mu) * rs * Stat(weight[j]) + Stat(bias[j]));
+  }
+  return f;
+}
+
+template <FloatElement T, std::size_t R>
+NormBackward<T, R> layer_norm_backward(const HostTensor<T, R>& x, const HostTensor<T, 1>& weight,
+                                       const HostTensor<Stat, 1>& mean, const HostTensor<Stat, 1>& rstd,
+                                       const HostTensor<T, R>& dy) {
+  detail::check_norm<T, R>("layer_norm_backward", x.shape(), weight, nullptr);
+  detail::check_norm_backward("layer_norm_backward", x.shape(), dy.shape(), &mean, rstd);
+  return detail::norm_backward(x, weight, &mean, rstd, dy);
+}
+
+template <FloatElement T, std::size_t R>
+NormForward<T, R> rms_norm(const HostTensor<T, R>& x, const HostTensor<T, 1>& weight, double eps = 1e-6) {
+  detail::check_norm<T, R>("rms_norm", x.shape(), weight, nullptr);
+  const Extent n = x.extent(R - 1), rows = detail::leading_rows(x.shape());
+  NormForward<T, R> f{HostTensor<T, R>::uninitialized(x.shape()), {}, HostTensor<Stat, 1>::uninitialized(Shape<1>{rows})};
+  for (Extent r = 0; r < rows; ++r) {
+    const T* xr = x.data() + r * n;
+    Stat ms = 0;
+    for (Extent j = 0; j < n; ++j) ms += Stat(xr[j]) * Stat(xr[j]);
+    const Stat rs = 1.0 / std::sqrt(ms / Stat(n) + eps);
+    f.rstd[r] = rs;
+    for (Extent j = 0; j < n; ++j) f.y[r * n + j] = T(Stat(xr[j]) * rs * Stat(weight[j]));
+  }
+  return f;
+}
+
+template <FloatElement T, std::size_t R>
+NormBackward<T, R> rms_norm_backward(const HostTensor<T, R>& x, const HostTensor<T, 1>& weight,
+                                     const HostTensor<Stat, 1>& rstd, const HostTensor<T, R>& dy) {
+  detail::check_norm<T, R>("rms_norm_backward", x.shape(), weight, nullptr);
+  detail::check_norm_backward("rms_norm_backward", x.shape(), dy.shape(), nullptr, rstd);
+  return detail::norm_backward(x, weight, nullptr, rstd, dy);
+}
+
+}  // namespace dtensor::kernels::host

@@ -1,0 +1,133 @@
+// dtensor/kernels/host/reduce.hpp — sum, mean and max over one dimension, and their backwards.
+//
+//   auto s  = sum(x, 1);                 // x[a,b,c] -> [a,1,c]  (the dimension is kept, extent 1)
+//   auto m  = mean(x, 1);
+//   auto [v, idx] = max(x, 1);           // values [a,1,c] and int64 indices into dimension 1
+//   auto dx = sum_backward(ds, x.shape(), 1);     // broadcasts ds back over dimension 1
+//   auto dx = mean_backward(dm, x.shape(), 1);
+//   auto dx = max_backward(dv, idx, x.shape(), 1);  // routes dv to the (first) maximum
+//
+// The reduced dimension is kept with extent 1 so that every rank, 1 included, works, and so that
+// the result broadcasts against x; reshape to drop it. Sums accumulate in double, in index order.
+// max takes the first index among equal maxima, and NaN wins (as torch.max).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "dtensor/kernels/host/common.hpp"
+
+namespace dtensor::kernels::host {
+
+template <class T, std::size_t R>
+struct MaxResult {
+  HostTensor<T, R> values;
+  HostTensor<std::int64_t, R> indices;
+};
+
+namespace detail {
+
+template <std::size_t R>
+Shape<R> reduced_shape(const char* op, const Shape<R>& s, std::size_t dim) {
+  check_dim(op, dim, s);
+  Shape<R> r = s;
+  r[dim] = 1;
+  return r;
+}
+
+/// out[o, i] = scale * sum_j x[o, j, i].
+template <class T, std::size_t R>
+HostTensor<T, R> sum_scaled(const char* op, const HostTensor<T, R>& x, std::size_t dim, bool mean) {
+  auto out = HostTensor<T, R>::uninitialized(reduced_shape(op, x.shape(), dim));
+  const auto a = around(x.shape(), dim);
+  const Stat s = mean ? (a.n > 0 ? 1.0 / Stat(a.n) : NAN) : 1.0;
+  std::vector<Stat> acc(std::size_t(a.inner));
+  for (Extent o = 0; o < a.outer; ++o) {
+    std::fill(acc.begin(), acc.end(), 0.0);
+    for (Extent j = 0; j < a.n; ++j) {
+      const T* row = x.data() + (o * a.n + j) * a.inner;
+      for (Extent i = 0; i < a.inner; ++i) acc[std::size_t(i)] += Stat(row[i]);
+    }
+    for (Extent i = 0; i < a.inner; ++i) out[o * a.inner + i] = T(acc[std::size_t(i)] * s);
+  }
+  return out;
+}
+
+/// dx[o, j, i] = scale * dy[o, i].
+template <class T, std::size_t R>
+HostTensor<T, R> broadcast_back(const char* op, const HostTensor<T, R>& dy, const Shape<R>& x_shape,
+                                std::size_t dim, Stat scale) {
+  check(dy.shape() == reduced_shape(op, x_shape, dim), op, "gradient ", to_string(dy.shape()),
+        " is not the reduction over dimension ", dim, " of ", to_string(x_shape));
+  auto dx = HostTensor<T, R>::uninitialized(x_shape);
+  const auto a = around(x_shape, dim);
+  for (Extent o = 0; o < a.outer; ++o)
+    for (Extent j = 0; j < a.n; ++j)
+      for (Extent i = 0; i < a.inner; ++i)
+        dx[(o * a.n + j) * a.inner + i] = T(compute_t<T>(dy[o * a.inner + i]) * compute_t<T>(scale));
+  return dx;
+}
+
+}  // namespace detail
+
+template <FloatElement T, std::size_t R>
+HostTensor<T, R> sum(const HostTensor<T, R>& x, std::size_t dim) {
+  return detail::sum_scaled("sum", x, dim, false);
+}
+template <FloatElement T, std::size_t R>
+HostTensor<T, R> mean(const HostTensor<T, R>& x, std::size_t dim) {
+  return detail::sum_scaled("mean", x, dim, true);
+}
+
+template <FloatElement T, std::size_t R>
+MaxResult<T, R> max(const HostTensor<T, R>& x, std::size_t dim) {
+  const Shape<R> rs = detail::reduced_shape("max", x.shape(), dim);
+  const auto a = detail::around(x.shape(), dim);
+  detail::check(a.n > 0, "max", "cannot reduce over an empty dimension ", dim, " of ", to_string(x.shape()));
+  MaxResult<T, R> r{HostTensor<T, R>::uninitialized(rs), HostTensor<std::int64_t, R>::uninitialized(rs)};
+  for (Extent o = 0; o < a.outer; ++o)
+    for (Extent i = 0; i < a.inner; ++i) {
+      const T* p = x.data() + o * a.n * a.inner + i;
+      T best = p[0];
+      Extent at = 0;
+      for (Extent j = 1; j < a.n && !std::isnan(float(best)); ++j) {
+        const T v = p[j * a.inner];
+        if (v > best || std::isnan(float(v))) best = v, at = j;
+      }
+      r.values[o * a.inner + i] = best;
+      r.indices[o * a.inner + i] = at;
+    }
+  return r;
+}
+
+template <FloatElement T, std::size_t R>
+HostTensor<T, R> sum_backward(const HostTensor<T, R>& dy, const Shape<R>& x_shape, std::size_t dim) {
+  return detail::broadcast_back("sum_backward", dy, x_shape, dim, 1.0);
+}
+template <FloatElement T, std::size_t R>
+HostTensor<T, R> mean_backward(const HostTensor<T, R>& dy, const Shape<R>& x_shape, std::size_t dim) {
+  detail::check_dim("mean_backward", dim, x_shape);
+  return detail::broadcast_back("mean_backward", dy, x_shape, dim, 1.0 / Stat(x_shape[dim]));
+}
+template <FloatElement T, std::size_t R>
+HostTensor<T, R> max_backward(const HostTensor<T, R>& dy, const HostTensor<std::int64_t, R>& indices,
+                              const Shape<R>& x_shape, std::size_t dim) {
+  const Shape<R> rs = detail::reduced_shape("max_backward", x_shape, dim);
+  detail::check(dy.shape() == rs && indices.shape() == rs, "max_backward", "gradient ", to_string(dy.shape()),
+                " and indices ", to_string(indices.shape()), " must be ", to_string(rs), " for input ",
+                to_string(x_shape));
+  HostTensor<T, R> dx(x_shape);
+  const auto a = detail::around(x_shape, dim);
+  for (Extent o = 0; o < a.outer; ++o)
+    for (Extent i = 0; i < a.inner; ++i) {
+      const std::int64_t j = indices[o * a.inner + i];
+      detail::check(j >= 0 && j < a.n, "max_backward", "index ", j, " out of range [0, ", a.n, ")");
+      dx[(o * a.n + j) * a.inner + i] = dy[o * a.inner + i];
+    }
+  return dx;
+}
+
+}  // namespace dtensor::kernels::host

@@ -1,0 +1,128 @@
+// dtensor/kernels/host/transpose.hpp — moving elements between layouts: permute, transpose,
+// split, concat.
+//
+//   auto y = permute(x, {0, 2, 1, 3});        // y(i,j,k,l) = x(i,k,j,l)
+//   auto y = transpose(x, 1, 2);              // [B,T,H,D] -> [B,H,T,D]
+//   auto parts = split(x, 2, {64, 64, 64});   // along dimension 2, extents given
+//   auto parts = split(x, 2, 3);              // three equal parts (the extent must divide)
+//   auto y = concat(parts, 2);                // the inverse
+//
+// Pure data movement: results are bit-exact for every element type. Split and concat are box
+// copies (core/tensor.hpp's copy_box: one memcpy per contiguous run).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <span>
+#include <vector>
+
+#include "dtensor/kernels/host/common.hpp"
+
+namespace dtensor::kernels::host {
+
+/// y has extents x.shape()[perm[i]] and y(i...) = x at the permuted index.
+template <Element T, std::size_t R>
+HostTensor<T, R> permute(const HostTensor<T, R>& x, const std::array<std::size_t, R>& perm) {
+  std::array<bool, R> seen{};
+  for (std::size_t p : perm) {
+    detail::check(p < R && !seen[p], "permute", "invalid permutation ", to_string(perm), " of ", to_string(x.shape()));
+    seen[p] = true;
+  }
+  Shape<R> ys{}, st{};  // st: x's stride for each dimension of y
+  const Shape<R> xs = x.strides();
+  for (std::size_t i = 0; i < R; ++i) ys[i] = x.extent(perm[i]), st[i] = xs[perm[i]];
+  auto y = HostTensor<T, R>::uninitialized(ys);
+  const Extent n = y.numel();
+  if (n == 0) return y;
+  // Walk y in row-major order; the inner dimension is a strided read of x.
+  const Extent inner = ys[R - 1], inner_st = st[R - 1];
+  Shape<R> idx{};
+  Extent off = 0;
+  T* out = y.data();
+  const T* in = x.data();
+  for (Extent base = 0; base < n; base += inner) {
+    for (Extent j = 0; j < inner; ++j) out[base + j] = in[off + j * inner_st];
+    for (std::size_t dd = R - 1; dd-- > 0;) {
+      off += st[dd];
+      if (++idx[dd] < ys[dd]) break;
+      off -= st[dd] * ys[dd];
+      idx[dd] = 0;
+    }
+  }
+  return y;
+}
+
+/// Swaps dimensions d0 and d1.
+template <Element T, std::size_t R>
+HostTensor<T, R> transpose(const HostTensor<T, R>& x, std::size_t d0, std::size_t d1) {
+  detail::check(d0 < R && d1 < R, "transpose", "dimensions ", d0, " and ", d1, " out of range for ",
+                to_string(x.shape()));
+  std::array<std::size_t, R> perm{};
+  for (std::size_t i = 0; i < R; ++i) perm[i] = i;
+  std::swap(perm[d0], perm[d1]);
+  return permute(x, perm);
+}
+
+/// Pieces of x along dim with the given extents (they must add up to x's extent).
+template <Element T, std::size_t R>
+std::vector<HostTensor<T, R>> split(const HostTensor<T, R>& x, std::size_t dim, std::span<const Extent> sizes) {
+  detail::check_dim("split", dim, x.shape());
+  Extent total = 0;
+  for (Extent s : sizes) {
+    detail::check(s >= 0, "split", "negative size in ", to_string(sizes));
+    total += s;
+  }
+  detail::check(total == x.extent(dim), "split", "sizes ", to_string(sizes), " add up to ", total, ", not to extent ",
+                x.extent(dim), " of dimension ", dim, " of ", to_string(x.shape()));
+  std::vector<HostTensor<T, R>> parts;
+  parts.reserve(sizes.size());
+  Extent start = 0;
+  for (Extent s : sizes) {
+    parts.push_back(x.slice(dim, start, s));
+    start += s;
+  }
+  return parts;
+}
+template <Element T, std::size_t R>
+std::vector<HostTensor<T, R>> split(const HostTensor<T, R>& x, std::size_t dim, std::initializer_list<Extent> sizes) {
+  return split(x, dim, std::span<const Extent>(sizes.begin(), sizes.size()));
+}
+
+/// n equal pieces of x along dim.
+template <Element T, std::size_t R>
+std::vector<HostTensor<T, R>> split(const HostTensor<T, R>& x, std::size_t dim, int n) {
+  detail::check_dim("split", dim, x.shape());
+  detail::check(n > 0 && x.extent(dim) % n == 0, "split", "extent ", x.extent(dim), " of dimension ", dim, " of ",
+                to_string(x.shape()), " does not split into ", n, " equal parts");
+  const std::vector<Extent> sizes(std::size_t(n), x.extent(dim) / n);
+  return split(x, dim, std::span<const Extent>(sizes));
+}
+
+/// Joins tensors along dim; every other extent must agree.
+template <Element T, std::size_t R>
+HostTensor<T, R> concat(std::span<const HostTensor<T, R>> parts, std::size_t dim) {
+  detail::check(!parts.empty(), "concat", "no tensors to join");
+  detail::check_dim("concat", dim, parts[0].shape());
+  Shape<R> s = parts[0].shape();
+  s[dim] = 0;
+  for (const auto& p : parts) {
+    Shape<R> a = p.shape(), b = parts[0].shape();
+    a[dim] = b[dim] = 0;
+    detail::check(a == b, "concat", "extents ", to_string(p.shape()), " and ", to_string(parts[0].shape()),
+                  " differ outside dimension ", dim);
+    s[dim] += p.extent(dim);
+  }
+  auto y = HostTensor<T, R>::uninitialized(s);
+  Shape<R> at{};
+  for (const auto& p : parts) {
+    copy_box(p, Shape<R>{}, y, at, p.shape());
+    at[dim] += p.extent(dim);
+  }
+  return y;
+}
+template <Element T, std::size_t R>
+HostTensor<T, R> concat(const std::vector<HostTensor<T, R>>& parts, std::size_t dim) {
+  return concat(std::span<const HostTensor<T, R>>(parts), dim);
+}
+
+}  // namespace dtensor::kernels::host

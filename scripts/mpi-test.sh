@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# scripts/mpi-test.sh — list an MPI test program's tests, then run them under mpirun.
+#
+#   scripts/mpi-test.sh build-mpi/tests/mpi/test_comm_mpi              # 4 ranks, all tests
+#   scripts/mpi-test.sh -n 8 build-mpi/tests/mpi/test_comm_mpi "[mpi]"  # 8 ranks, Catch2 filter
+#   scripts/mpi-test.sh --list build-mpi/tests/mpi/test_comm_mpi       # list only (no mpirun)
+#
+# Listing needs no MPI (the test main skips MPI_Init for --list-*). Running sets what OpenMPI
+# needs in a container: running as root, more ranks than cores, idle ranks that yield the CPU,
+# no single-copy (CMA) transport. Extra arguments go to the test program (Catch2 options).
+set -euo pipefail
+
+ranks=4
+list_only=0
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    -n|--ranks) ranks="$2"; shift 2 ;;
+    --list) list_only=1; shift ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    *) break ;;
+  esac
+done
+[[ $# -ge 1 ]] || { echo "usage: $0 [-n RANKS] [--list] PROGRAM [catch2 args...]" >&2; exit 2; }
+prog="$1"; shift
+
+echo "== tests in ${prog}:"
+"${prog}" --list-test-names-only "$@" || true  # Catch2 exits with the number of tests listed
+if [[ ${list_only} -eq 1 ]]; then exit 0; fi
+
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_mpi_yield_when_idle=1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_btl_base_warn_component_unused=0
+mpirun_flags=()
+if [[ "$(mpirun --version 2>/dev/null)" == *"Open MPI"* ]]; then
+  mpirun_flags=(--allow-run-as-root --oversubscribe)
+fi
+echo "== mpirun ${mpirun_flags[*]} -n ${ranks} ${prog} $*"
+exec mpirun "${mpirun_flags[@]}" -n "${ranks}" "${prog}" "$@"

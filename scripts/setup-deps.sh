@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# scripts/setup-deps.sh — install the Debian 12 packages dtensor's build, tests and examples use.
+#
+#   scripts/setup-deps.sh            # apt-get update + install what is missing (root or sudo)
+#
+# The core and the threads backend need only g++ >= 12 and CMake >= 3.25; the rest is optional
+# (MPI backend, CBLAS, Catch2 tests, Google Benchmark, a venv for the Conan packaging test).
+set -euo pipefail
+
+packages=(build-essential cmake catch2 libbenchmark-dev libopenblas-dev
+          libboost-mpi-dev libopenmpi-dev openmpi-bin python3-venv)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "setup-deps: all packages present"
+  exit 0
+fi
+
+sudo=""
+if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
+echo "setup-deps: installing ${missing[*]}"
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,120 @@
+// Causal multi-head attention on host: against a naive double loop, the backward against finite
+// differences, and the blockwise (context-parallel) form against the whole.
+#include "test_kernels_host_util.hpp"
+
+#include <cmath>
+#include <vector>
+
+#include "dtensor/kernels/host/attention.hpp"
+
+using namespace dtensor;
+namespace kh = dtensor::kernels::host;
+using T4 = Tensor<double, 4>;
+
+namespace {
+
+/// out[b,h,i] = sum_j softmax_j(q_i . k_j * scale) v_j over visible j, in double.
+T4 naive_attention(const T4& q, const T4& k, const T4& v, bool causal, Extent q0 = 0, Extent k0 = 0) {
+  const Extent B = q.extent(0), H = q.extent(1), tq = q.extent(2), d = q.extent(3), tk = k.extent(2), dv = v.extent(3);
+  T4 out(Shape<4>{B, H, tq, dv});
+  const double scale = 1 / std::sqrt(double(d));
+  for (Extent b = 0; b < B; ++b)
+    for (Extent h = 0; h < H; ++h)
+      for (Extent i = 0; i < tq; ++i) {
+        std::vector<double> s;
+        for (Extent j = 0; j < tk && (!causal || k0 + j <= q0 + i); ++j) {
+          double dot = 0;
+          for (Extent p = 0; p < d; ++p) dot += q(b, h, i, p) * k(b, h, j, p);
+          s.push_back(dot * scale);
+        }
+        if (s.empty()) continue;
+        double m = -1e300, z = 0;
+        for (double x : s) m = std::max(m, x);
+        for (double x : s) z += std::exp(x - m);
+        for (std::size_t j = 0; j < s.size(); ++j)
+          for (Extent p = 0; p < dv; ++p) out(b, h, i, p) += std::exp(s[j] - m) / z * v(b, h, Extent(j), p);
+      }
+  return out;
+}
+
+void check_close(const T4& a, const T4& b, double tol = 1e-12) {
+  const auto c = compare(a, b, {.rtol = tol, .atol = tol});
+  INFO(c.message);
+  CHECK(c.ok);
+}
+
+}  // namespace
+
+TEST_CASE("attention forward matches a naive loop, causal or not", "[kernels][attention]") {
+  auto q = normal<double>(Shape<4>{2, 3, 5, 4}, 1), k = normal<double>(Shape<4>{2, 3, 5, 4}, 2);
+  auto v = normal<double>(Shape<4>{2, 3, 5, 3}, 3);
+  for (bool causal : {true, false}) {
+    auto f = kh::attention(q, k, v, {.causal = causal});
+    REQUIRE(f.out.shape() == Shape<4>{2, 3, 5, 3});
+    REQUIRE(f.lse.shape() == Shape<3>{2, 3, 5});
+    check_close(f.out, naive_attention(q, k, v, causal));
+  }
+  // float follows double
+  auto ff = kh::attention(kt::cast<float>(q), kt::cast<float>(k), kt::cast<float>(v));
+  auto fd = kh::attention(q, k, v);
+  for (Extent i = 0; i < fd.out.numel(); ++i) CHECK(double(ff.out[i]) == Approx(fd.out[i]).margin(1e-5));
+  kt::require_error([&] { kh::attention(q, normal<double>(Shape<4>{2, 3, 5, 5}, 1), v); },
+                    {"attention", "[2, 3, 5, 4]", "[2, 3, 5, 5]"});
+}
+
+TEST_CASE("attention backward against finite differences", "[kernels][attention]") {
+  auto q = normal<double>(Shape<4>{1, 2, 5, 3}, 4), k = normal<double>(Shape<4>{1, 2, 5, 3}, 5);
+  auto v = normal<double>(Shape<4>{1, 2, 5, 2}, 6), dout = normal<double>(Shape<4>{1, 2, 5, 2}, 7);
+  for (bool causal : {true, false}) {
+    const kh::AttentionOptions o{.causal = causal};
+    auto f = kh::attention(q, k, v, o);
+    auto g = kh::attention_backward(q, k, v, f.out, f.lse, dout, o);
+    kt::check_grad(g.dq, kt::fd_grad(q, [&](const T4& x) { return kt::dot(kh::attention(x, k, v, o).out, dout); }));
+    kt::check_grad(g.dk, kt::fd_grad(k, [&](const T4& x) { return kt::dot(kh::attention(q, x, v, o).out, dout); }));
+    kt::check_grad(g.dv, kt::fd_grad(v, [&](const T4& x) { return kt::dot(kh::attention(q, k, x, o).out, dout); }));
+  }
+  auto f = kh::attention(q, k, v);
+  kt::require_error([&] { kh::attention_backward(q, k, v, f.out, f.lse, q); }, {"attention_backward", "[1, 2, 5, 3]"});
+}
+
+TEST_CASE("blockwise attention with offsets merges to the whole (ring attention)", "[kernels][attention]") {
+  // Sequence of 7; this rank's queries are rows [3, 7); keys come in blocks [0, 3) and [3, 7).
+  auto q_all = normal<double>(Shape<4>{2, 2, 7, 4}, 8), k = normal<double>(Shape<4>{2, 2, 7, 4}, 9);
+  auto v = normal<double>(Shape<4>{2, 2, 7, 3}, 10);
+  auto q = q_all.slice(2, 3, 4);
+  auto k1 = k.slice(2, 0, 3), v1 = v.slice(2, 0, 3), k2 = k.slice(2, 3, 4), v2 = v.slice(2, 3, 4);
+  const kh::AttentionOptions whole{.q_offset = 3, .k_offset = 0}, o1{.q_offset = 3, .k_offset = 0},
+      o2{.q_offset = 3, .k_offset = 3};
+  auto ref = kh::attention(q, k, v, whole);
+  check_close(ref.out, naive_attention(q_all, k, v, true).slice(2, 3, 4));
+  auto a = kh::attention(q, k1, v1, o1), b = kh::attention(q, k2, v2, o2);
+  auto m = kh::merge_attention_blocks(a.out, a.lse, b.out, b.lse);
+  check_close(m.out, ref.out);
+  for (Extent i = 0; i < m.lse.numel(); ++i) CHECK(m.lse[i] == Approx(ref.lse[i]).epsilon(1e-13));
+  // The merge is symmetric.
+  check_close(kh::merge_attention_blocks(b.out, b.lse, a.out, a.lse).out, ref.out);
+
+  // Backward per block with the merged out and lse: dk, dv are the block's rows, dq adds up.
+  auto dout = normal<double>(ref.out.shape(), 11);
+  auto g = kh::attention_backward(q, k, v, ref.out, ref.lse, dout, whole);
+  auto g1 = kh::attention_backward(q, k1, v1, m.out, m.lse, dout, o1);
+  auto g2 = kh::attention_backward(q, k2, v2, m.out, m.lse, dout, o2);
+  check_close(g1.dk, g.dk.slice(2, 0, 3));
+  check_close(g2.dk, g.dk.slice(2, 3, 4));
+  check_close(g1.dv, g.dv.slice(2, 0, 3));
+  check_close(g2.dv, g.dv.slice(2, 3, 4));
+  T4 dq = g1.dq;
+  for (Extent i = 0; i < dq.numel(); ++i) dq[i] += g2.dq[i];
+  check_close(dq, g.dq);
+
+  // A key block wholly in the future of every query: zero output, lse -inf, neutral in the merge.
+  auto early = q_all.slice(2, 0, 3);
+  auto none = kh::attention(early, k2, v2, {.q_offset = 0, .k_offset = 3});
+  for (Extent i = 0; i < none.lse.numel(); ++i) CHECK(std::isinf(none.lse[i]));
+  for (Extent i = 0; i < none.out.numel(); ++i) CHECK(none.out[i] == 0);
+  auto seen = kh::attention(early, k1, v1, {.q_offset = 0, .k_offset = 0});
+  check_close(kh::merge_attention_blocks(seen.out, seen.lse, none.out, none.lse).out, seen.out);
+  auto gn = kh::attention_backward(early, k2, v2, seen.out, seen.lse, normal<double>(seen.out.shape(), 12),
+                                   {.q_offset = 0, .k_offset = 3});
+  for (Extent i = 0; i < gn.dk.numel(); ++i) CHECK(gn.dk[i] == 0);
+}

@@ -1,0 +1,200 @@
+// GEMM, matmul, bmm and linear on host: against naive double loops, the portable path against
+// CBLAS (when built with it), backwards against finite differences, and shape errors.
+#include "test_kernels_host_util.hpp"
+
+#include <cmath>
+#include <limits>
+#include <tuple>
+#include <vector>
+
+#include "dtensor/kernels/host/gemm.hpp"
+#include "dtensor/kernels/host/matmul.hpp"
+
+using namespace dtensor;
+namespace kh = dtensor::kernels::host;
+
+namespace {
+
+struct Case {
+  Extent m, n, k;
+};
+
+/// Stored operand of op extents [r, c] (stored transposed when trans), row pitch = cols + pad.
+template <class T>
+std::vector<T> make_operand(Extent r, Extent c, bool trans, Extent pad, std::uint64_t seed, Extent& ld) {
+  const Extent sr = trans ? c : r, sc = trans ? r : c;
+  ld = std::max<Extent>(1, sc + pad);
+  auto vals = uniform<double>(Shape<1>{std::max<Extent>(1, sr * ld)}, seed, -1, 1);
+  std::vector<T> v(std::size_t(std::max<Extent>(1, sr * ld)));
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = T(vals[Extent(i)]);
+  return v;
+}
+
+template <class T>
+T at(const std::vector<T>& a, bool trans, Extent ld, Extent i, Extent j) {
+  return trans ? a[std::size_t(j * ld + i)] : a[std::size_t(i * ld + j)];
+}
+
+/// Runs gemm_fn on random operands and compares with a double loop; returns max error / bound.
+template <class T, class Gemm>
+void check_gemm(Gemm gemm_fn, Case cs, bool ta, bool tb, double alpha, double beta, double tol) {
+  const auto [m, n, k] = cs;
+  Extent lda, ldb;
+  auto A = make_operand<T>(m, k, ta, 3, 1, lda);
+  auto B = make_operand<T>(k, n, tb, 2, 2, ldb);
+  const Extent ldc = std::max<Extent>(1, n + 1);
+  std::vector<T> C(std::size_t(std::max<Extent>(1, m * ldc)));
+  for (std::size_t i = 0; i < C.size(); ++i) C[i] = beta == 0 ? std::numeric_limits<T>::quiet_NaN() : T(0.25 * double(i % 7) - 0.5);
+  const std::vector<T> C0 = C;
+  gemm_fn(ta, tb, T(alpha), A.data(), B.data(), T(beta), C.data(), m, n, k, lda, ldb, ldc);
+  double worst = 0;
+  for (Extent i = 0; i < m; ++i)
+    for (Extent j = 0; j < n; ++j) {
+      double s = 0, mag = 0;
+      for (Extent p = 0; p < k; ++p) {
+        const double x = double(at(A, ta, lda, i, p)) * double(at(B, tb, ldb, p, j));
+        s += x;
+        mag += std::abs(x);
+      }
+      const double c0 = beta == 0 ? 0.0 : double(C0[std::size_t(i * ldc + j)]);
+      const double ref = alpha * s + beta * c0;
+      const double err = std::abs(double(C[std::size_t(i * ldc + j)]) - ref) / (std::abs(alpha) * mag + std::abs(beta * c0) + 1e-30);
+      worst = std::max(worst, std::isnan(err) ? 1e30 : err);
+    }
+  // The padding column of C is never written.
+  for (Extent i = 0; i < m; ++i)
+    if (ldc > n) CHECK((std::isnan(double(C0[std::size_t(i * ldc + n)])) ? std::isnan(double(C[std::size_t(i * ldc + n)])) : C[std::size_t(i * ldc + n)] == C0[std::size_t(i * ldc + n)]));
+  INFO("m=" << m << " n=" << n << " k=" << k << " ta=" << ta << " tb=" << tb << " alpha=" << alpha << " beta=" << beta);
+  CHECK(worst <= tol);
+}
+
+const std::vector<Case> cases = {{1, 1, 1}, {3, 5, 7}, {17, 33, 65}, {70, 37, 300}, {5, 1100, 3}, {4, 3, 0}, {0, 3, 4}};
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("gemm matches a double loop for every transpose, alpha, beta", "[kernels][gemm]", float, double) {
+  const double tol = std::is_same_v<TestType, float> ? 1e-5 : 1e-13;
+  for (const auto& cs : cases)
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (auto [alpha, beta] : {std::pair{1.0, 0.0}, std::pair{0.7, -0.3}, std::pair{0.0, 2.0}}) {
+          check_gemm<TestType>(kh::gemm<TestType>, cs, ta, tb, alpha, beta, tol);
+          check_gemm<TestType>(kh::detail::gemm_portable<TestType>, cs, ta, tb, alpha, beta, tol);
+        }
+}
+
+TEST_CASE("gemm through CBLAS equals the portable loop", "[kernels][gemm]") {
+  INFO("built with CBLAS: " << kh::has_cblas());
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      const Extent m = 67, n = 129, k = 301;
+      auto a = uniform<float>(Shape<2>{ta ? k : m, ta ? m : k}, 3, -1, 1);
+      auto b = uniform<float>(Shape<2>{tb ? n : k, tb ? k : n}, 4, -1, 1);
+      Tensor<float, 2> c1(Shape<2>{m, n}), c2(Shape<2>{m, n});
+      kh::gemm<float>(ta, tb, 1.f, a.data(), b.data(), 0.f, c1.data(), m, n, k, a.extent(1), b.extent(1), n);
+      kh::detail::gemm_portable<float>(ta, tb, 1.f, a.data(), b.data(), 0.f, c2.data(), m, n, k, a.extent(1), b.extent(1), n);
+      const auto d = compare(c1, c2, {.rtol = 1e-5, .atol = 1e-5});
+      INFO(d.message);
+      CHECK(d.ok);
+      if (!kh::has_cblas()) CHECK(equal(c1, c2));
+    }
+}
+
+TEST_CASE("the portable gemm is deterministic", "[kernels][gemm]") {
+  auto a = normal<float>(Shape<2>{45, 300}, 5), b = normal<float>(Shape<2>{300, 70}, 6);
+  Tensor<float, 2> c1(Shape<2>{45, 70}), c2(Shape<2>{45, 70});
+  kh::detail::gemm_portable<float>(false, false, 1.f, a.data(), b.data(), 0.f, c1.data(), 45, 70, 300, 300, 70, 70);
+  kh::detail::gemm_portable<float>(false, false, 1.f, a.data(), b.data(), 0.f, c2.data(), 45, 70, 300, 300, 70, 70);
+  CHECK(equal(c1, c2));
+}
+
+TEST_CASE("bfloat16 gemm multiplies in float and rounds once", "[kernels][gemm]") {
+  auto a = kt::cast<dtensor::bfloat16>(uniform<double>(Shape<2>{9, 13}, 7, -1, 1));
+  auto b = kt::cast<dtensor::bfloat16>(uniform<double>(Shape<2>{11, 13}, 8, -1, 1));  // used transposed
+  auto c = kh::matmul(a, b, false, true);
+  REQUIRE(c.shape() == Shape<2>{9, 11});
+  for (Extent i = 0; i < 9; ++i)
+    for (Extent j = 0; j < 11; ++j) {
+      float s = 0;
+      for (Extent p = 0; p < 13; ++p) s += float(a(i, p)) * float(b(j, p));
+      CHECK(std::abs(float(c(i, j)) - s) <= 1e-2f * (1 + std::abs(s)));
+    }
+}
+
+TEST_CASE("matmul and bmm with transposes", "[kernels][gemm]") {
+  auto a = normal<double>(Shape<3>{3, 5, 7}, 1), b = normal<double>(Shape<3>{3, 7, 4}, 2);
+  auto bt = normal<double>(Shape<3>{3, 4, 7}, 3), at = normal<double>(Shape<3>{3, 7, 5}, 4);
+  for (auto [ta, tb] : {std::pair{false, false}, std::pair{false, true}, std::pair{true, false}, std::pair{true, true}}) {
+    const auto& A = ta ? at : a;
+    const auto& B = tb ? bt : b;
+    auto c = kh::bmm(A, B, ta, tb);
+    REQUIRE(c.shape() == Shape<3>{3, 5, 4});
+    for (Extent s = 0; s < 3; ++s) {
+      auto as = A.slice(0, s, 1).reshape(Shape<2>{A.extent(1), A.extent(2)});
+      auto bs = B.slice(0, s, 1).reshape(Shape<2>{B.extent(1), B.extent(2)});
+      auto cs = kh::matmul(as, bs, ta, tb);
+      for (Extent i = 0; i < 5; ++i)
+        for (Extent j = 0; j < 4; ++j) {
+          double ref = 0;
+          for (Extent p = 0; p < 7; ++p) ref += (ta ? as(p, i) : as(i, p)) * (tb ? bs(j, p) : bs(p, j));
+          CHECK(cs(i, j) == Approx(ref).epsilon(1e-12));
+          CHECK(c(s, i, j) == Approx(ref).epsilon(1e-12));
+        }
+    }
+  }
+  // matmul_into accumulates with beta.
+  auto x = normal<double>(Shape<2>{3, 5}, 9), y = normal<double>(Shape<2>{5, 2}, 10);
+  auto acc = kh::matmul(x, y);
+  kh::matmul_into(acc, x, y, false, false, 1.0, 1.0);
+  auto twice = kh::matmul(x, y);
+  for (Extent i = 0; i < twice.numel(); ++i) CHECK(acc[i] == Approx(2 * twice[i]).epsilon(1e-14));
+}
+
+TEST_CASE("linear forward and its input and weight gradients", "[kernels][gemm]") {
+  auto x = normal<double>(Shape<3>{3, 5, 7}, 11);
+  auto w = normal<double>(Shape<2>{4, 7}, 12);
+  auto b = normal<double>(Shape<1>{4}, 13);
+  auto dy = normal<double>(Shape<3>{3, 5, 4}, 14);
+  auto y = kh::linear(x, w, &b);
+  REQUIRE(y.shape() == Shape<3>{3, 5, 4});
+  for (Extent i = 0; i < 3; ++i)
+    for (Extent t = 0; t < 5; ++t)
+      for (Extent o = 0; o < 4; ++o) {
+        double ref = b[o];
+        for (Extent p = 0; p < 7; ++p) ref += x(i, t, p) * w(o, p);
+        CHECK(y(i, t, o) == Approx(ref).epsilon(1e-12));
+      }
+  auto loss_x = [&](const Tensor<double, 3>& xx) { return kt::dot(kh::linear(xx, w, &b), dy); };
+  auto loss_w = [&](const Tensor<double, 2>& ww) { return kt::dot(kh::linear(x, ww, &b), dy); };
+  auto loss_b = [&](const Tensor<double, 1>& bb) { return kt::dot(kh::linear(x, w, &bb), dy); };
+  kt::check_grad(kh::linear_backward_input(dy, w), kt::fd_grad(x, loss_x));
+  Tensor<double, 2> dw(w.shape());
+  Tensor<double, 1> db(b.shape());
+  kh::linear_backward_weight(x, dy, dw, &db);
+  kt::check_grad(dw, kt::fd_grad(w, loss_w));
+  kt::check_grad(db, kt::fd_grad(b, loss_b));
+  // accumulate = true adds to what is there (gradient accumulation over micro-batches)
+  kh::linear_backward_weight(x, dy, dw, &db, true);
+  Tensor<double, 2> dw1(w.shape());
+  kh::linear_backward_weight(x, dy, dw1);
+  for (Extent i = 0; i < dw.numel(); ++i) CHECK(dw[i] == Approx(2 * dw1[i]).epsilon(1e-14));
+}
+
+TEST_CASE("gemm-family shape errors name the op and the extents", "[kernels][gemm]") {
+  Tensor<float, 2> a(Shape<2>{3, 5}), b(Shape<2>{4, 2});
+  kt::require_error([&] { kh::matmul(a, b); }, {"matmul", "[3, 5]", "[4, 2]"});
+  Tensor<float, 3> x(Shape<3>{2, 3, 5}), y(Shape<3>{3, 5, 4});
+  kt::require_error([&] { kh::bmm(x, y); }, {"bmm", "[2, 3, 5]", "[3, 5, 4]"});
+  Tensor<float, 2> w(Shape<2>{4, 6});
+  kt::require_error([&] { kh::linear(x, w); }, {"linear", "[2, 3, 5]", "[4, 6]"});
+  float c = 0;
+  kt::require_error([&] { kh::gemm<float>(false, false, 1.f, &c, &c, 0.f, &c, 2, 2, 2, 1, 2, 2); }, {"gemm", "lda=1"});
+}
+
+TEST_CASE("set_blas_threads", "[kernels][gemm]") {
+  kt::require_error([] { kh::set_blas_threads(0); }, {"set_blas_threads"});
+  const bool took = kh::set_blas_threads(1);
+  if (!kh::has_cblas()) CHECK_FALSE(took);
+  INFO("BLAS thread count applied: " << took);
+  SUCCEED();
+}
