@@ -20,7 +20,8 @@ set(DTENSOR_INSTALL_CMAKEDIR "${CMAKE_INSTALL_DATADIR}/dtensor"
 if(DTENSOR_INSTALL)
   include(CMakePackageConfigHelpers)
 
-  install(DIRECTORY "${dtensor_SOURCE_DIR}/include/" DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}"
+  # The whole include/dtensor tree (.hpp, and the .cuh of the CUDA parts): nothing is compiled.
+  install(DIRECTORY "${dtensor_SOURCE_DIR}/include/dtensor" DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}"
           COMPONENT dtensor_headers)
 
   install(TARGETS dtensor EXPORT dtensorTargets)

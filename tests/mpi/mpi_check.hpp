@@ -3,6 +3,8 @@
 //   DTENSOR_MPI_REQUIRE(out == expected);     // every rank passes or every rank fails
 //   auto msg = dtensor::testing::error_of([&] { world->all_gather(s, bad); });
 //   DTENSOR_MPI_REQUIRE(contains(msg, "all_gather"));
+//   auto f = dtensor::testing::collect([&](auto& report) { check_all_pairs(mesh, true, report); });
+//   DTENSOR_MPI_REQUIRE_NO_FAILURES(f);       // a suite of support/*_cases.hpp, agreed on
 //
 // A plain REQUIRE that fails on one rank ends that rank's test case while the others go on to
 // the next collective and wait for it forever. Here each rank evaluates its condition (an
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include "dtensor/comm/mpi.hpp"
+#include "support/report.hpp"
 
 namespace dtensor::testing {
 
@@ -92,6 +95,27 @@ std::string error_of(F&& fn) {
   return {};
 }
 
+/// Runs suite(report) on this rank and returns what it reported, each line prefixed with the
+/// rank; an exception ends the suite on this rank and is reported too. (Its peers then fail
+/// in their next collective after the communicators' timeout, DTENSOR_TIMEOUT_MS, and report
+/// that in turn: a failure never hangs the job.)
+template <class F>
+Failures collect(F&& suite) {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  const std::string prefix = "rank " + std::to_string(r) + ": ";
+  Failures f;
+  auto report = [&](const std::string& msg) {
+    if (!msg.empty()) f.list.push_back(prefix + msg);
+  };
+  try {
+    suite(report);
+  } catch (const std::exception& e) {
+    f.list.push_back(prefix + "threw: " + e.what());
+  }
+  return f;
+}
+
 inline bool contains(std::string_view text, std::initializer_list<std::string_view> parts) {
   for (auto p : parts)
     if (text.find(p) == std::string_view::npos) return false;
@@ -113,3 +137,10 @@ inline bool contains(std::string_view text, std::string_view part) { return cont
 #define DTENSOR_MPI_REQUIRE(...) DTENSOR_MPI_CHECK_IMPL_(REQUIRE, __VA_ARGS__)
 /// CHECK that holds on every rank; all ranks record the failure and go on together.
 #define DTENSOR_MPI_CHECK(...) DTENSOR_MPI_CHECK_IMPL_(CHECK, __VA_ARGS__)
+
+/// REQUIRE that a Failures collection is empty on every rank; each rank shows its own failures.
+#define DTENSOR_MPI_REQUIRE_NO_FAILURES(failures)                                                                  \
+  do {                                                                                                             \
+    INFO(::dtensor::testing::summary((failures).list));                                                            \
+    DTENSOR_MPI_REQUIRE((failures).empty());                                                                       \
+  } while (0)

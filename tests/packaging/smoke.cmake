@@ -25,7 +25,7 @@ function(dtensor_consumer_smoke)
   add_executable(smoke "${DTENSOR_SMOKE_DIR}/smoke.cpp")
   target_link_libraries(smoke PRIVATE dtensor::dtensor)
   add_test(NAME smoke COMMAND smoke)
-  set_tests_properties(smoke PROPERTIES TIMEOUT 60 PASS_REGULAR_EXPRESSION "dtensor smoke \\(threads\\): 4 ranks.*: ok")
+  set_tests_properties(smoke PROPERTIES TIMEOUT 60)
 
   if(arg_MPI)
     if(NOT TARGET dtensor::mpi)
@@ -36,8 +36,10 @@ function(dtensor_consumer_smoke)
     endif()
     # The project's own helper: mpiexec -n 4 with the OpenMPI settings a container needs.
     include("${DTENSOR_SMOKE_DIR}/../../cmake/DtensorMpiTest.cmake")
-    dtensor_add_mpi_test(NAME smoke_mpi SOURCES "${DTENSOR_SMOKE_DIR}/mpi_smoke.cpp" RANKS 4 TIMEOUT 120
-                         PASS_REGULAR_EXPRESSION "dtensor smoke \\(mpi\\): 4 ranks.*: ok")
+    dtensor_add_mpi_test(NAME smoke_mpi SOURCES "${DTENSOR_SMOKE_DIR}/mpi_smoke.cpp" RANKS 4 TIMEOUT 120)
+    # The program checks that it got 4 ranks: an mpiexec of another MPI than the one linked
+    # would start 4 singletons, each of which would pass on its own.
+    set_property(TEST smoke_mpi_np4 APPEND PROPERTY ENVIRONMENT DTENSOR_SMOKE_RANKS=4)
   endif()
 
   # The GPU components: their usage requirements reach a plain C++ program (no GPU needed).

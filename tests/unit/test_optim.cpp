@@ -1,0 +1,256 @@
+// Optimizers, gradient clipping and the data-parallel gradient sync, each against its one-rank
+// twin: the same parameters and gradients held whole on one rank.
+#include <catch2/catch.hpp>
+#include <cmath>
+
+#include "dtensor/core/factories.hpp"
+#include "dtensor/distributed/distribute.hpp"
+#include "dtensor/optim/adamw.hpp"
+#include "dtensor/optim/clip_grad.hpp"
+#include "dtensor/optim/sgd.hpp"
+#include "dtensor/parallel/data_parallel.hpp"
+#include "support/on_ranks.hpp"
+
+using namespace dtensor;
+using Mesh = DeviceMesh<"dp", "tp">;
+using testing::on_ranks;
+using testing::summary;
+
+namespace {
+
+// Weight [6, 5] sharded on "tp" rows (uneven over 4), bias [6] replicated.
+using WL = nn::layout_on<Mesh, Replicate, nn::On<"tp", Shard<0>>>;
+using BL = replicated_layout<2>;
+using W = nn::Parameter<double, 2, Mesh, WL>;
+using B = nn::Parameter<double, 1, Mesh, BL>;
+
+const Shape<2> wshape{6, 5};
+const Shape<1> bshape{6};
+
+Tensor<double, 2> w0() { return normal<double>(wshape, 1); }
+Tensor<double, 1> b0() { return normal<double>(bshape, 2); }
+// Gradient of step s, the same logical values whatever the mesh.
+Tensor<double, 2> gw(int s) { return normal<double>(wshape, 100 + std::uint64_t(s)); }
+Tensor<double, 1> gb(int s) { return normal<double>(bshape, 200 + std::uint64_t(s)); }
+
+struct Model {
+  W w;
+  B b;
+  Model(const Mesh& m)
+      : w("w", distribute_replicated<WL>(m, w0())), b("b", distribute_replicated<BL>(m, b0()), /*decay=*/false) {}
+  nn::ParamList<double, 2> params() {
+    nn::ParamList<double, 2> ps;
+    w.collect(ps);
+    b.collect(ps);
+    return ps;
+  }
+  // Replicated gradients (as after a sync).
+  void set_grads(const Mesh& m, int s) {
+    w.zero_grad();
+    b.zero_grad();
+    w.accumulate_grad(distribute_replicated<WL>(m, gw(s)));
+    b.accumulate_grad(distribute_replicated<BL>(m, gb(s)));
+  }
+};
+
+template <class Opt, class Opts>
+std::pair<Tensor<double, 2>, Tensor<double, 1>> train(CommPtr world, std::array<int, 2> shape, Opts o) {
+  Mesh m(world, shape);
+  Model model(m);
+  Opt opt(model.params(), o);
+  for (int s = 0; s < 5; ++s) {
+    model.set_grads(m, s);
+    opt.step();
+  }
+  return {full_tensor(model.w.value()), full_tensor(model.b.value())};
+}
+
+}  // namespace
+
+TEST_CASE("SGD with momentum and nesterov follows PyTorch's update, elementwise") {
+  // The scalar twin of torch.optim.SGD, run on one element.
+  for (bool nesterov : {false, true}) {
+    optim::SGDOptions o{.lr = 0.1, .momentum = 0.9, .dampening = 0, .weight_decay = 0.01, .nesterov = nesterov};
+    threads::run(1, [&](CommPtr world) {
+      auto [w, b] = train<optim::SGD<double, 2>>(world, {1, 1}, o);
+      const auto init = w0();
+      for (Extent i = 0; i < w.numel(); i += 7) {
+        double p = init[i], buf = 0;
+        for (int s = 0; s < 5; ++s) {
+          double g = gw(s)[i] + o.weight_decay * p;
+          buf = s == 0 ? g : o.momentum * buf + g;
+          g = nesterov ? g + o.momentum * buf : buf;
+          p -= o.lr * g;
+        }
+        REQUIRE(w[i] == Approx(p).epsilon(1e-14));
+      }
+      // The bias does not decay.
+      double p = b0()[0], buf = 0;
+      for (int s = 0; s < 5; ++s) {
+        double g = gb(s)[0];
+        buf = s == 0 ? g : o.momentum * buf + g;
+        p -= o.lr * (nesterov ? g + o.momentum * buf : buf);
+      }
+      REQUIRE(b[0] == Approx(p).epsilon(1e-14));
+    });
+  }
+}
+
+TEST_CASE("AdamW: decoupled decay and bias correction, elementwise") {
+  optim::AdamWOptions o{.lr = 0.01, .beta1 = 0.8, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+  threads::run(1, [&](CommPtr world) {
+    auto [w, b] = train<optim::AdamW<double, 2>>(world, {1, 1}, o);
+    const auto init = w0();
+    for (Extent i = 0; i < w.numel(); i += 5) {
+      double p = init[i], m = 0, v = 0;
+      for (int t = 1; t <= 5; ++t) {
+        const double g = gw(t - 1)[i];
+        p *= 1 - o.lr * o.weight_decay;
+        m = o.beta1 * m + (1 - o.beta1) * g;
+        v = o.beta2 * v + (1 - o.beta2) * g * g;
+        p -= o.lr * (m / (1 - std::pow(o.beta1, t))) / (std::sqrt(v / (1 - std::pow(o.beta2, t))) + o.eps);
+      }
+      REQUIRE(w[i] == Approx(p).epsilon(1e-13));
+    }
+  });
+}
+
+TEST_CASE("optimizers on sharded parameters equal the one-rank run, without communication") {
+  Tensor<double, 2> w1;
+  Tensor<double, 1> b1;
+  optim::AdamWOptions o{.lr = 0.05};
+  threads::run(1, [&](CommPtr world) { std::tie(w1, b1) = train<optim::AdamW<double, 2>>(world, {1, 1}, o); });
+  for (std::array<int, 2> shape : {std::array{1, 4}, std::array{2, 2}}) {
+    auto f = on_ranks(shape[0] * shape[1], [&](CommPtr world, auto report) {
+      Mesh m(world, shape);
+      Model model(m);
+      optim::AdamW<double, 2> opt(model.params(), o);
+      for (int s = 0; s < 5; ++s) {
+        model.set_grads(m, s);
+        CommLog log;
+        opt.step();
+        if (log.size() != 0) report("the optimizer step communicated:\n" + log.to_string());
+      }
+      if (!equal(full_tensor(model.w.value()), w1)) report("weight differs from the one-rank run");
+      if (!equal(full_tensor(model.b.value()), b1)) report("bias differs from the one-rank run");
+    });
+    INFO(summary(f));
+    REQUIRE(f.empty());
+  }
+}
+
+TEST_CASE("an optimizer step on a Partial gradient throws, naming the parameter") {
+  threads::run(2, [&](CommPtr world) {
+    Mesh m(world, {2, 1});
+    Model model(m);
+    optim::SGD<double, 2> opt(model.params(), {.lr = 0.1});
+    model.w.zero_grad();
+    model.w.accumulate_grad(distribute_replicated<Layout<Partial<ReduceOp::avg>, Shard<0>>>(m, gw(0)));
+    try {
+      opt.step();
+      FAIL("no exception");
+    } catch (const Error& e) {
+      REQUIRE(std::string(e.what()).find("parameter w") != std::string::npos);
+      REQUIRE(std::string(e.what()).find("P(avg)") != std::string::npos);
+    }
+    REQUIRE_THROWS_AS(model.w.grad(), Error);
+  });
+}
+
+TEST_CASE("optimizer options are checked") {
+  threads::run(1, [&](CommPtr world) {
+    Mesh m(world, {1, 1});
+    Model model(m);
+    REQUIRE_THROWS_AS(optim::SGD<double, 2>(model.params(), {.lr = -1}), Error);
+    REQUIRE_THROWS_AS(optim::SGD<double, 2>(model.params(), {.lr = 0.1, .nesterov = true}), Error);
+    REQUIRE_THROWS_AS(optim::AdamW<double, 2>(model.params(), {.beta1 = 1.0}), Error);
+  });
+}
+
+TEST_CASE("clip_grad_norm: the norm of the logical gradients, one all-reduce, every layout") {
+  // One-rank twin.
+  double want = 0;
+  for (double v : gw(3).span()) want += v * v;
+  for (double v : gb(3).span()) want += v * v;
+  want = std::sqrt(want);
+  for (std::array<int, 2> shape : {std::array{1, 1}, std::array{1, 4}, std::array{2, 2}, std::array{4, 1}}) {
+    auto f = on_ranks(shape[0] * shape[1], [&](CommPtr world, auto report) {
+      Mesh m(world, shape);
+      Model model(m);
+      auto ps = model.params();
+      model.set_grads(m, 3);
+      CommLog log;
+      const double norm = optim::clip_grad_norm(ps, m, want / 2);
+      if (std::abs(norm - want) > 1e-12 * want) report(detail::cat("norm ", norm, ", expected ", want));
+      if (log.count(CollectiveKind::all_reduce) != 1 || log.size() != 1)
+        report("expected exactly one all-reduce:\n" + log.to_string());
+      // Clipped to half: every gradient scaled by 1/2 (up to the 1e-6 guard).
+      auto g = full_tensor(model.w.grad());
+      auto ref = gw(3);
+      if (!compare(g, [&] { for (Extent i = 0; i < ref.numel(); ++i) ref[i] *= 0.5; return ref; }(), {.rtol = 1e-6}))
+        report("clipped gradient is not half the original");
+      const double after = optim::grad_norm(ps, m);
+      if (std::abs(after - want / 2) > 1e-6 * want) report(detail::cat("norm after clipping ", after));
+    });
+    INFO(summary(f));
+    REQUIRE(f.empty());
+  }
+}
+
+TEST_CASE("clip_grad_norm refuses a Partial gradient") {
+  auto f = on_ranks(2, [&](CommPtr world, auto report) {
+    Mesh m(world, {2, 1});
+    Model model(m);
+    auto ps = model.params();
+    model.set_grads(m, 0);
+    model.b.zero_grad();
+    model.b.accumulate_grad(distribute_replicated<Layout<Partial<ReduceOp::avg>, Replicate>>(m, gb(0)));
+    try {
+      optim::clip_grad_norm(ps, m, 1.0);
+      report("no exception");
+    } catch (const Error& e) {
+      if (std::string(e.what()).find("gradient of b") == std::string::npos) report(e.what());
+    }
+  });
+  INFO(summary(f));
+  REQUIRE(f.empty());
+}
+
+TEST_CASE("DataParallel: bucketed all-reduce on dp averages the gradients, one collective per bucket") {
+  for (std::size_t bucket_bytes : {std::size_t(1), std::size_t(8 * 8), std::size_t(1) << 20}) {
+    auto f = on_ranks(4, [&](CommPtr world, auto report) {
+      Mesh m(world, {2, 2});
+      const int dp = m.coordinate(0);
+      Model model(m);
+      auto ps = model.params();
+      model.w.zero_grad();
+      model.b.zero_grad();
+      // Each dp rank's gradient is the step-dp gradient: the average is (gw(0) + gw(1)) / 2.
+      using PW = nn::layout_on<Mesh, Partial<ReduceOp::avg>, nn::On<"tp", Shard<0>>>;
+      using PB = Layout<Partial<ReduceOp::avg>, Replicate>;
+      model.w.accumulate_grad(from_local<PW>(m, distribute_replicated<WL>(m, gw(dp)).to_local(), wshape));
+      model.b.accumulate_grad(from_local<PB>(m, gb(dp), bshape));
+      parallel::DataParallel<Mesh> ddp(m, {.bucket_bytes = bucket_bytes});
+      const std::size_t expect = bucket_bytes == 1 ? 2 : bucket_bytes == 64 ? 2 : 1;
+      if (ddp.num_buckets(ps) != expect) report(detail::cat(ddp.num_buckets(ps), " buckets, expected ", expect));
+      CommLog log;
+      const auto nb = ddp.all_reduce_gradients(ps);
+      if (log.count(CollectiveKind::all_reduce, "dp") != nb || log.size() != nb)
+        report(detail::cat(nb, " buckets but the log has:\n", log.to_string()));
+      auto want_w = gw(0), g1 = gw(1);
+      for (Extent i = 0; i < want_w.numel(); ++i) want_w[i] = (want_w[i] + g1[i]) / 2;
+      auto want_b = gb(0), h1 = gb(1);
+      for (Extent i = 0; i < want_b.numel(); ++i) want_b[i] = (want_b[i] + h1[i]) / 2;
+      if (!compare(full_tensor(model.w.grad()), want_w, {.rtol = 1e-15})) report("weight gradient not averaged");
+      if (!compare(full_tensor(model.b.grad()), want_b, {.rtol = 1e-15})) report("bias gradient not averaged");
+      // A second sync finds nothing pending: an error, not a silent double reduction.
+      try {
+        ddp.all_reduce_gradients(ps);
+        report("second sync did not throw");
+      } catch (const Error&) {
+      }
+    });
+    INFO(summary(f));
+    REQUIRE(f.empty());
+  }
+}
