@@ -4,12 +4,16 @@
     conan create . -s compiler.cppstd=20 -o "&:with_mpi=True"    # + the MPI backend
 
 Consumers: `find_package(dtensor REQUIRED)` (CMakeDeps) and link `dtensor::dtensor`; the backends
-are the components dtensor::mpi, dtensor::cuda and dtensor::nccl, present when their option is on.
+are the components dtensor::mpi, dtensor::cuda and dtensor::nccl, which exist when their option
+is on. find_package's COMPONENTS / OPTIONAL_COMPONENTS behave as with the package's own CMake
+config: dtensor_<c>_FOUND for each one asked for; a REQUIRED one whose option is off fails.
+C++20 is required: the profile must say compiler.cppstd=20 (or gnu20, or later).
 
 The backends' dependencies come from the system, not from Conan: Boost.MPI and MPI
 (with_mpi), the CUDA toolkit (with_cuda) and NCCL (with_nccl) are found by CMake when the
-consumer configures (a build module that CMakeDeps includes), so the package itself works offline
-and needs no remote. The package is the same for every option and setting (headers only).
+consumer configures (packaging/conan/dtensor-conan-components.cmake, a build module that
+CMakeDeps includes), so the package itself works offline and needs no remote. The package is
+the same for every option and setting (headers only).
 """
 import os
 import re
@@ -17,58 +21,24 @@ import re
 from conan import ConanFile
 from conan.errors import ConanInvalidConfiguration
 from conan.tools.build import check_min_cppstd
-from conan.tools.files import copy, load, save
+from conan.tools.files import copy, load
 from conan.tools.scm import Version
 
 required_conan_version = ">=2.0"
-
-# Included by the config that CMakeDeps generates: attaches the system libraries of the backends
-# to the component targets that the options turned on.
-_SYSTEM_DEPS_MODULE = r"""# dtensor (Conan): find the system dependencies of the enabled backend components.
-if(TARGET dtensor::mpi)
-  get_property(_dtensor_done TARGET dtensor::mpi PROPERTY DTENSOR_CONAN_SYSTEM_DEPS)
-  if(NOT _dtensor_done)
-    find_package(MPI REQUIRED COMPONENTS CXX)
-    find_package(Boost 1.74 REQUIRED COMPONENTS mpi serialization)
-    set_property(TARGET dtensor::mpi APPEND PROPERTY INTERFACE_LINK_LIBRARIES MPI::MPI_CXX Boost::mpi)
-    set_property(TARGET dtensor::mpi PROPERTY DTENSOR_CONAN_SYSTEM_DEPS TRUE)
-  endif()
-endif()
-if(TARGET dtensor::cuda)
-  get_property(_dtensor_done TARGET dtensor::cuda PROPERTY DTENSOR_CONAN_SYSTEM_DEPS)
-  if(NOT _dtensor_done)
-    find_package(CUDAToolkit REQUIRED)
-    set_property(TARGET dtensor::cuda APPEND PROPERTY INTERFACE_LINK_LIBRARIES
-                 CUDA::cudart CUDA::cublas CUDA::cublasLt)
-    set_property(TARGET dtensor::cuda PROPERTY DTENSOR_CONAN_SYSTEM_DEPS TRUE)
-  endif()
-endif()
-if(TARGET dtensor::nccl)
-  get_property(_dtensor_done TARGET dtensor::nccl PROPERTY DTENSOR_CONAN_SYSTEM_DEPS)
-  if(NOT _dtensor_done)
-    find_library(DTENSOR_NCCL_LIBRARY NAMES nccl HINTS ${NCCL_ROOT} ENV NCCL_ROOT
-                 ${CUDAToolkit_LIBRARY_DIR} PATH_SUFFIXES lib lib64 REQUIRED)
-    find_path(DTENSOR_NCCL_INCLUDE_DIR NAMES nccl.h HINTS ${NCCL_ROOT} ENV NCCL_ROOT
-              ${CUDAToolkit_INCLUDE_DIRS} PATH_SUFFIXES include REQUIRED)
-    set_property(TARGET dtensor::nccl APPEND PROPERTY INTERFACE_LINK_LIBRARIES "${DTENSOR_NCCL_LIBRARY}")
-    set_property(TARGET dtensor::nccl APPEND PROPERTY INTERFACE_INCLUDE_DIRECTORIES "${DTENSOR_NCCL_INCLUDE_DIR}")
-    set_property(TARGET dtensor::nccl PROPERTY DTENSOR_CONAN_SYSTEM_DEPS TRUE)
-  endif()
-endif()
-unset(_dtensor_done)
-"""
 
 
 class DtensorConan(ConanFile):
     name = "dtensor"
     description = ("Header-only C++20 distributed tensors: device meshes, Shard/Replicate/Partial "
                    "placements, redistribution; threads, MPI and NCCL backends")
+    license = "MIT"
     topics = ("tensor", "distributed", "mpi", "nccl", "cuda", "header-only")
     package_type = "header-library"
     settings = "os", "arch", "compiler", "build_type"
     options = {"with_mpi": [True, False], "with_cuda": [True, False], "with_nccl": [True, False]}
     default_options = {"with_mpi": False, "with_cuda": False, "with_nccl": False}
-    exports_sources = "include/*", "cmake/*", "CMakeLists.txt", "LICENSE*"
+    # Headers only: package() copies include/; the version comes from CMakeLists.txt at export.
+    exports_sources = "include/*", "LICENSE*", "packaging/conan/*"
     no_copy_source = True
 
     # Compilers with the C++20 language and library that dtensor uses (concepts, <span>, <numbers>).
@@ -108,18 +78,21 @@ class DtensorConan(ConanFile):
         copy(self, "*", src=os.path.join(self.source_folder, "include"),
              dst=os.path.join(self.package_folder, "include"))
         copy(self, "LICENSE*", src=self.source_folder, dst=os.path.join(self.package_folder, "licenses"))
-        save(self, os.path.join(self.package_folder, self._system_deps_module), _SYSTEM_DEPS_MODULE)
+        copy(self, self._build_module_name, src=os.path.join(self.source_folder, "packaging", "conan"),
+             dst=os.path.join(self.package_folder, self._build_module_dir))
 
-    @property
-    def _system_deps_module(self):
-        return os.path.join("lib", "cmake", "dtensor", "dtensor-conan-system-deps.cmake")
+    # The build module that CMakeDeps includes: the system dependencies of the enabled backends,
+    # and find_package COMPONENTS (packaging/conan/dtensor-conan-components.cmake says how).
+    _build_module_name = "dtensor-conan-components.cmake"
+    _build_module_dir = os.path.join("lib", "cmake", "dtensor")
 
     def package_info(self):
         self.cpp_info.set_property("cmake_file_name", "dtensor")
         # The target of everything enabled; dtensor::dtensor is the core alone, as with the
         # package's own CMake config.
         self.cpp_info.set_property("cmake_target_name", "dtensor::all")
-        self.cpp_info.set_property("cmake_build_modules", [self._system_deps_module])
+        self.cpp_info.set_property("cmake_build_modules",
+                                   [os.path.join(self._build_module_dir, self._build_module_name)])
         self.cpp_info.bindirs = []
         self.cpp_info.libdirs = []
 

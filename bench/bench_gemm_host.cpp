@@ -6,7 +6,8 @@
 //   BM_portable_gemm     kernels::host::detail::gemm_portable<float> (the no-BLAS path)
 //
 // Arguments: m, n, k. Square sizes and GPT-2-small shapes (tokens x 3072 x 768 for the MLP up
-// projection with 4096 tokens, and its input gradient). The BLAS runs one thread, the per-rank
+// projection with 4096 tokens, and its input gradient). dtensor and cblas of one size run back to
+// back; compare them with --benchmark_repetitions=5 (medians), the machine being shared. The BLAS runs one thread, the per-rank
 // default of dtensor (ranks are threads; see gemm.hpp); pass --threads via DTENSOR_BENCH_BLAS_THREADS.
 #include <benchmark/benchmark.h>
 
@@ -73,20 +74,31 @@ void BM_cblas_sgemm(benchmark::State& state) {
 }
 #endif
 
-void sizes(benchmark::internal::Benchmark* b) {
-  for (Extent s : {256, 512, 1024, 2048}) b->Args({s, s, s});
-  b->Args({4096, 3072, 768});  // GPT-2 small MLP up-projection, 4096 tokens
-  b->Args({4096, 768, 3072});  // its input gradient (dy W)
-  b->Args({1024, 2304, 768});  // fused QKV projection, 1024 tokens
-  b->Unit(benchmark::kMillisecond)->UseRealTime();
-}
+// The sizes: square, and GPT-2-small shapes (4096 tokens: MLP up-projection and its input
+// gradient; 1024 tokens: the fused QKV projection).
+constexpr Extent kSizes[][3] = {{256, 256, 256},    {512, 512, 512},   {1024, 1024, 1024}, {2048, 2048, 2048},
+                                {4096, 3072, 768},  {4096, 768, 3072}, {1024, 2304, 768}};
 
 }  // namespace
 
-BENCHMARK(BM_dtensor_gemm)->Apply(sizes);
+// Registered size by size, dtensor next to the baseline, so that the two measurements of a size
+// run back to back under the same machine load (the figures compare them, not absolute speed).
+int main(int argc, char** argv) {
+  for (const auto& s : kSizes) {
+    const std::vector<int64_t> args{s[0], s[1], s[2]};
+    benchmark::RegisterBenchmark("BM_dtensor_gemm", BM_dtensor_gemm)->Args(args)->Unit(benchmark::kMillisecond)->UseRealTime();
 #ifdef DTENSOR_HAS_CBLAS
-BENCHMARK(BM_cblas_sgemm)->Apply(sizes);
+    benchmark::RegisterBenchmark("BM_cblas_sgemm", BM_cblas_sgemm)->Args(args)->Unit(benchmark::kMillisecond)->UseRealTime();
 #endif
-BENCHMARK(BM_portable_gemm)->Apply(sizes);
-
-BENCHMARK_MAIN();
+  }
+  for (const auto& s : kSizes)
+    benchmark::RegisterBenchmark("BM_portable_gemm", BM_portable_gemm)
+        ->Args({s[0], s[1], s[2]})
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

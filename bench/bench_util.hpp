@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdlib>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -28,6 +29,9 @@
 
 #if defined(DTENSOR_HAS_MPI)
 #include <mpi.h>
+#endif
+#if defined(__GLIBC__)
+#include <malloc.h>
 #endif
 
 namespace dtensor::bench {
@@ -84,6 +88,24 @@ inline benchmark::IterationCount iterations_for(std::size_t bytes) {
   }();
   const double it = scale * double(std::size_t(256) << 20) / double(bytes);
   return benchmark::IterationCount(std::clamp(it, 5.0, std::max(5.0, 2000.0 * scale)));
+}
+
+/// Makes freed memory stay in the process (glibc: no mmap for large blocks, no trimming), as a
+/// training loop's caching allocator would: a benchmark that allocates its result every
+/// iteration (redistribute) then reuses pages instead of faulting in fresh zeroed ones, which
+/// on a virtual machine costs more than the copy itself. DTENSOR_BENCH_FRESH_PAGES=1 keeps
+/// glibc's defaults, to measure that cost. Returns whether it changed anything.
+inline bool reuse_freed_memory() {
+#if defined(__GLIBC__)
+  const char* e = std::getenv("DTENSOR_BENCH_FRESH_PAGES");
+  if (e && *e == '1') return false;
+  mallopt(M_MMAP_MAX, 0);
+  mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
+  benchmark::AddCustomContext("malloc", "freed memory reused (M_MMAP_MAX=0, no trim)");
+  return true;
+#else
+  return false;
+#endif
 }
 
 /// Reports nothing: what ranks other than 0 use, so a run prints one table.

@@ -5,6 +5,7 @@
 #   <prefix>/share/dtensor/dtensorConfigVersion.cmake     version file (header-only: arch-independent)
 #   <prefix>/share/dtensor/dtensorTargets.cmake           dtensor::dtensor
 #   <prefix>/share/dtensor/dtensor_<comp>Targets.cmake    one file per component enabled in this build
+#   <prefix>/share/dtensor/FindNCCL.cmake                 how the config finds NCCL (nccl component)
 #
 # Each component lives in its own export file so that the config can load it only after it has
 # found that component's dependencies; a component that this build did not enable is still
@@ -50,7 +51,11 @@ if(DTENSOR_INSTALL)
     VERSION "${PROJECT_VERSION}"
     COMPATIBILITY SameMinorVersion   # 0.x: a new minor version may break the API
     ARCH_INDEPENDENT)
+  # FindNCCL.cmake: the config finds NCCL with the same module the build uses.
   install(FILES "${CMAKE_CURRENT_BINARY_DIR}/dtensorConfig.cmake"
                 "${CMAKE_CURRENT_BINARY_DIR}/dtensorConfigVersion.cmake"
+                "${dtensor_SOURCE_DIR}/cmake/FindNCCL.cmake"
           DESTINATION "${DTENSOR_INSTALL_CMAKEDIR}" COMPONENT dtensor_headers)
+  install(FILES "${dtensor_SOURCE_DIR}/LICENSE" DESTINATION "${CMAKE_INSTALL_DATADIR}/doc/dtensor"
+          COMPONENT dtensor_headers)
 endif()

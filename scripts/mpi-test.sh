@@ -7,7 +7,8 @@
 #
 # Listing needs no MPI (the test main skips MPI_Init for --list-*). Running sets what OpenMPI
 # needs in a container: running as root, more ranks than cores, idle ranks that yield the CPU,
-# no single-copy (CMA) transport. Extra arguments go to the test program (Catch2 options).
+# no single-copy (CMA) transport; and a 30 s dtensor timeout. Extra arguments go to the test
+# program (Catch2 options).
 set -euo pipefail
 
 ranks=4
@@ -30,6 +31,8 @@ if [[ ${list_only} -eq 1 ]]; then exit 0; fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_mpi_yield_when_idle=1
 export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_btl_base_warn_component_unused=0
+# As under CTest: a collective that hangs becomes a dtensor Error after 30 s, not 5 minutes.
+export DTENSOR_TIMEOUT_MS="${DTENSOR_TIMEOUT_MS:-30000}"
 mpirun_flags=()
 if [[ "$(mpirun --version 2>/dev/null)" == *"Open MPI"* ]]; then
   mpirun_flags=(--allow-run-as-root --oversubscribe)

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# scripts/run-main.sh — the main job: set up, build and run the example on the threads backend.
+# scripts/run-main.sh — the main job: set up, build and run the GPT trainer on the threads backend.
 #
-#   scripts/run-main.sh              # installs what is missing, builds build/, runs the example
+#   scripts/run-main.sh                       # 8 threads as dp=2 x tp=4 with sequence parallel
+#   scripts/run-main.sh --dp 1 --tp 2 --steps 100   # extra arguments go to train_gpt (--help)
 #
-# Extra arguments go to the example program.
+# Installs the missing Debian packages, builds build-main/ (Release, OpenBLAS GEMMs) and runs
+# examples/train_gpt.cpp on the files under /usr/share/common-licenses.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-deps.sh
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DDTENSOR_WITH_BLAS=ON -DDTENSOR_BUILD_TESTS=OFF >/dev/null
-cmake --build build -j"$(nproc)" --target quickstart
-exec build/examples/quickstart "$@"
+build=${DTENSOR_MAIN_BUILD:-build-main}
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDTENSOR_WITH_BLAS=ON -DDTENSOR_BUILD_TESTS=OFF \
+      -DDTENSOR_BUILD_BENCHMARKS=OFF >/dev/null
+cmake --build "$build" -j"$(nproc)" --target train_gpt
+exec "$build/examples/train_gpt" "$@"

@@ -1,65 +1,93 @@
 #!/usr/bin/env bash
-# scripts/test_packaging.sh — every way of consuming dtensor, built and run against this tree:
+# scripts/test_packaging.sh — every way of consuming dtensor, built and run against this tree.
+# Each consumer runs the same distributed program (tests/packaging/smoke_check.hpp: a 4-rank
+# DTensor redistribution checked against the full tensor) on the threads backend, and where MPI
+# is installed the same on MPI under mpiexec -n 4.
 #
-#   1. plain headers    a copy of include/ and `g++ -std=c++20 -pthread`, nothing else
-#   2. CMake package    cmake --install to a temporary prefix; a find_package consumer
-#                       (COMPONENTS mpi, OPTIONAL_COMPONENTS cuda nccl); probes of the config's
-#                       component logic (missing optional, missing required, unknown, version)
-#   3. in-tree          an add_subdirectory consumer and a FetchContent (local path) consumer
-#   4. vcpkg            the port's own portfile.cmake run with stand-ins for the vcpkg helpers
-#                       (tests/packaging/vcpkg/run_portfile.cmake), the package tree moved to an
-#                       "installed" tree, and the find_package consumer built against it
-#   5. Conan 2          conan create with the test_package (core; with_mpi, plus with_cuda and
-#                       with_nccl when the CUDA toolkit and NCCL are here), offline in a private
-#                       CONAN_HOME with no remote; validate() rejecting impossible configurations
+#   1. plain headers   a copy of include/ and `c++ -std=c++20 -pthread`, nothing else
+#   2. CMake package   cmake --install to a temporary prefix: the installed tree, the version
+#                      file, a find_package consumer (COMPONENTS mpi, OPTIONAL_COMPONENTS cuda
+#                      nccl) and configure-only probes of the config's component rules
+#   3. in-tree         an add_subdirectory consumer and a FetchContent (local path) consumer
+#   4. vcpkg           the port's own portfile.cmake run with stand-ins for the vcpkg helpers
+#                      (tests/packaging/vcpkg/run_portfile.cmake), its tree moved to where
+#                      `vcpkg install` puts it, and the find_package consumer built against it
+#   5. Conan 2         conan create with the test_package (default options; with_mpi, and
+#                      with_cuda/with_nccl where CUDA and NCCL are installed), offline in a
+#                      private CONAN_HOME with no remote; components through CMakeDeps;
+#                      validate() rejecting impossible configurations
 #
-# Needs CMake >= 3.25, a C++20 compiler, MPI + Boost.MPI (as the MPI tests do) and Python 3
-# (conan is pip-installed if missing). Work happens in a temporary directory, removed at the end
-# unless DTENSOR_KEEP_TMP=1. Jobs: DTENSOR_JOBS (default 2).
+# Needs CMake >= 3.25, a C++20 compiler and python3 with venv (Debian: python3-venv). Optional:
+# MPI + Boost.MPI, a CBLAS, the CUDA toolkit + NCCL (their consumers run where they are found).
+# The network is used only for `pip install conan` (PyPI), once: the venv is kept.
+#
+# Environment:
+#   DTENSOR_JOBS=2                build parallelism
+#   DTENSOR_PACKAGING_MPI=auto    1: the MPI consumers must run; 0: skip them; auto: 1 if mpiexec
+#                                 is on PATH
+#   DTENSOR_PACKAGING_BLAS=auto   1/0/auto (a cblas.h under /usr/include or /usr/local/include):
+#                                 install and check the blas component
+#   DTENSOR_CONAN_VENV=~/.cache/dtensor/conan-venv   the venv that holds conan (made if missing)
+#   DTENSOR_KEEP_TMP=1            keep the temporary directory (printed at the end)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PKG="$ROOT/tests/packaging"
 JOBS=${DTENSOR_JOBS:-2}
-CXX=${CXX:-g++}
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+CXX=${CXX:-c++}
 export CMAKE_BUILD_PARALLEL_LEVEL=$JOBS
+# What OpenMPI needs in a container (root, more ranks than cores), for the mpiexec runs of CTest.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 
 T=$(mktemp -d "${TMPDIR:-/tmp}/dtensor-packaging.XXXXXX")
-cleanup() { if [[ "${DTENSOR_KEEP_TMP:-0}" == 1 ]]; then echo "kept $T"; else rm -rf "$T"; fi; }
+PASSED=0
+FAILED=0
+cleanup() {
+  if [[ "${DTENSOR_KEEP_TMP:-0}" == 1 ]]; then echo "kept $T"; else rm -rf "$T"; fi
+}
 trap cleanup EXIT
 
 GEN=()
 if command -v ninja >/dev/null; then GEN=(-G Ninja); fi
 START=$SECONDS
+STEP_NAME=""
 STEP_START=$SECONDS
 TIMINGS=""
 step() {
-  if [[ -n "${STEP_NAME:-}" ]]; then TIMINGS+=$(printf '  %-44s %4ds\\n' "$STEP_NAME" $((SECONDS - STEP_START))); fi
-  STEP_NAME=$1; STEP_START=$SECONDS
-  [[ -n "$1" ]] && printf '\n==== %s\n' "$1"
-  return 0
+  if [[ -n "$STEP_NAME" ]]; then
+    TIMINGS+=$(printf '  %-58s %4ds' "$STEP_NAME" $((SECONDS - STEP_START)))$'\n'
+  fi
+  STEP_NAME=$1
+  STEP_START=$SECONDS
+  if [[ -n "$1" ]]; then printf '\n==== %s\n' "$1"; fi
 }
-fail() { echo "test_packaging: FAILED: $*" >&2; exit 1; }
-run() { echo "+ $*"; "$@"; }
-# configure <source> <build> [cmake args...] — quiet unless it fails.
+fail() {
+  echo "test_packaging: FAILED in '$STEP_NAME': $*" >&2
+  FAILED=1
+  echo "packaging: $PASSED passed, $FAILED failed"
+  exit 1
+}
+ok() { PASSED=$((PASSED + 1)); echo "ok: $*"; }
+# logged <log> <command...> — run quietly; on failure show the log and stop.
+logged() {
+  local log=$1; shift
+  "$@" >"$log" 2>&1 || { cat "$log"; fail "$*"; }
+}
+# configure <source> <build> [cmake args...]; prints the lines the consumer projects report.
 configure() {
   local src=$1 bld=$2; shift 2
-  if ! cmake -S "$src" -B "$bld" "${GEN[@]}" "$@" >"$bld.log" 2>&1; then
-    cat "$bld.log"; fail "configure $src"
-  fi
-  grep -E '^-- (consumer|dtensor):' "$bld.log" || true
+  logged "$bld.configure.log" cmake -S "$src" -B "$bld" "${GEN[@]}" "$@"
+  grep -E '^-- (consumer|dtensor|test_package):' "$bld.configure.log" || true
 }
-build() { cmake --build "$1" -j "$JOBS" >"$1.build.log" 2>&1 || { cat "$1.build.log"; fail "build $1"; }; }
-# run_all <build> <exe>... — run the executables that were built (smoke, smoke_mpi must exist).
-run_all() {
-  local bld=$1; shift
-  for exe in "$@"; do
-    if [[ -x "$bld/$exe" ]]; then "$bld/$exe" || fail "$bld/$exe"
-    elif [[ "$exe" == smoke || "$exe" == smoke_mpi ]]; then fail "$bld/$exe was not built"; fi
-  done
+# build_and_test <build> <what> — build, then run its CTest tests (there must be some).
+build_and_test() {
+  logged "$1.build.log" cmake --build "$1" -j "$JOBS"
+  logged "$1.ctest.log" ctest --test-dir "$1" --output-on-failure --no-tests=error --timeout 180
+  grep -E '^ *[0-9]+/[0-9]+ Test|tests passed' "$1.ctest.log"
+  ok "$2"
 }
-# probe <name> <expect rc: 0|fail> <pattern> [cmake args...] — configure-only find_package probe.
+# probe <name> <expect: 0|fail> <regex> [cmake args...] — configure tests/packaging/find_probe
+# (a bare find_package(dtensor ${PROBE_ARGS})) and check its result and output.
 probe() {
   local name=$1 expect=$2 pattern=$3; shift 3
   local bld="$T/probe-$name" rc=0
@@ -68,112 +96,216 @@ probe() {
      || ! grep -qE -- "$pattern" "$bld.log"; then
     cat "$bld.log"; fail "probe $name: expected rc $expect and /$pattern/, got rc $rc"
   fi
-  echo "probe $name: ok ($(grep -m1 -oE -- "$pattern" "$bld.log"))"
+  ok "probe $name: $(grep -m1 -oE -- "$pattern" "$bld.log")"
 }
-# Consumers build without optimization: they are compile-and-link checks with tiny runs.
-NOSUB=(-DDTENSOR_BUILD_TESTS=OFF -DDTENSOR_BUILD_EXAMPLES=OFF -DDTENSOR_BUILD_BENCHMARKS=OFF)
+# probe_targets <build> — the usage requirements of the component targets a probe defined.
+probe_targets() { grep -E '^-- probe-target:' "$T/probe-$1.log" | sed 's/^-- //'; }
+
+resolve() {  # resolve <value of DTENSOR_PACKAGING_X> <auto-detected 0|1>
+  case "$1" in 1|0) echo "$1" ;; auto|"") echo "$2" ;; *) fail "expected 0, 1 or auto, got '$1'" ;; esac
+}
+HAVE_MPI=$(resolve "${DTENSOR_PACKAGING_MPI:-auto}" "$(command -v mpiexec >/dev/null && echo 1 || echo 0)")
+HAVE_BLAS=$(resolve "${DTENSOR_PACKAGING_BLAS:-auto}" \
+  "$(find /usr/include /usr/local/include -name cblas.h -print -quit 2>/dev/null | grep -q . && echo 1 || echo 0)")
+ONOFF=(OFF ON)
+echo "test_packaging: $ROOT -> $T (jobs $JOBS, MPI consumers: ${ONOFF[$HAVE_MPI]}, blas: ${ONOFF[$HAVE_BLAS]})"
 
 # ---------------------------------------------------------------------------------------------
-step "1. plain headers (g++ -std=c++20 -I include -pthread)"
+step "1. plain headers: c++ -std=c++20 -I <copy of include> -pthread"
 mkdir -p "$T/plain"
 cp -r "$ROOT/include" "$T/plain/include"
-run "$CXX" -std=c++20 -I "$T/plain/include" -pthread "$PKG/smoke.cpp" -o "$T/plain/smoke"
-"$T/plain/smoke" || fail "plain-headers smoke test"
+logged "$T/plain.log" "$CXX" -std=c++20 -I "$T/plain/include" -pthread "$PKG/smoke.cpp" -o "$T/plain/smoke"
+"$T/plain/smoke" || fail "the plain-headers program"
+ok "plain headers"
 
 # ---------------------------------------------------------------------------------------------
-step "2. cmake --install + find_package consumer"
-configure "$ROOT" "$T/build" "${NOSUB[@]}" -DDTENSOR_WITH_MPI=ON -DCMAKE_INSTALL_PREFIX="$T/prefix"
-cmake --install "$T/build" >"$T/install.log" 2>&1 || { cat "$T/install.log"; fail "cmake --install"; }
-for f in include/dtensor/comm/threads.hpp share/dtensor/dtensorConfig.cmake \
-         share/dtensor/dtensorConfigVersion.cmake share/dtensor/dtensorTargets.cmake \
-         share/dtensor/dtensor_mpiTargets.cmake; do
-  [[ -f "$T/prefix/$f" ]] || fail "install: $f is missing"
-done
-grep -A1 'requested no architecture check' "$T/prefix/share/dtensor/dtensorConfigVersion.cmake" \
-  | grep -q 'if("TRUE")' || fail "the version file is not ARCH_INDEPENDENT"
-configure "$PKG/find_package" "$T/consumer-find" -DCMAKE_PREFIX_PATH="$T/prefix"
-build "$T/consumer-find"
-run_all "$T/consumer-find" smoke smoke_mpi smoke_cuda smoke_nccl
+step "2. cmake --install to a prefix; the installed tree and version file"
+P="$T/prefix"
+configure "$ROOT" "$T/build" -DDTENSOR_BUILD_TESTS=OFF -DDTENSOR_BUILD_EXAMPLES=OFF \
+  -DDTENSOR_BUILD_BENCHMARKS=OFF -DDTENSOR_WITH_MPI=${ONOFF[$HAVE_MPI]} \
+  -DDTENSOR_WITH_BLAS=${ONOFF[$HAVE_BLAS]} -DCMAKE_INSTALL_PREFIX="$P"
+logged "$T/install.log" cmake --install "$T/build"
+diff <(cd "$ROOT/include" && find dtensor -type f | sort) <(cd "$P/include" && find dtensor -type f | sort) \
+  || fail "the installed include/dtensor differs from the source tree's (see the diff above)"
+expected=(dtensorConfig.cmake dtensorConfigVersion.cmake dtensorTargets.cmake FindNCCL.cmake)
+if [[ $HAVE_MPI == 1 ]]; then expected+=(dtensor_mpiTargets.cmake); fi
+if [[ $HAVE_BLAS == 1 ]]; then expected+=(dtensor_blasTargets.cmake); fi
+diff <(printf '%s\n' "${expected[@]}" | sort) <(cd "$P/share/dtensor" && ls | sort) \
+  || fail "share/dtensor holds other files than expected (see the diff above)"
+ok "installed: $(cd "$P/include" && find dtensor -type f | wc -l) headers, share/dtensor/{${expected[*]}}"
+# The version file, asked as find_package asks it: SameMinorVersion, and ARCH_INDEPENDENT (a
+# 32-bit consumer accepts it too).
+cat >"$T/version-check.cmake" <<'EOF'
+cmake_minimum_required(VERSION 3.25)
+string(REPLACE "." ";" _v "${PACKAGE_FIND_VERSION}")
+list(GET _v 0 PACKAGE_FIND_VERSION_MAJOR)
+list(GET _v 1 PACKAGE_FIND_VERSION_MINOR)
+include("${VERSION_FILE}")
+foreach(v COMPATIBLE UNSUITABLE)
+  if(PACKAGE_VERSION_${v})
+    set(${v} TRUE)
+  else()
+    set(${v} FALSE)
+  endif()
+endforeach()
+message("${PACKAGE_FIND_VERSION}/${CMAKE_SIZEOF_VOID_P}: compatible=${COMPATIBLE} unsuitable=${UNSUITABLE}")
+EOF
+version_is() {  # version_is <asked version> <sizeof void*> <compatible: TRUE|FALSE>
+  local out
+  out=$(cmake -DVERSION_FILE="$P/share/dtensor/dtensorConfigVersion.cmake" -DPACKAGE_FIND_VERSION="$1" \
+              -DCMAKE_SIZEOF_VOID_P="$2" -P "$T/version-check.cmake" 2>&1)
+  [[ "$out" == *"compatible=$3 unsuitable=FALSE"* ]] || fail "version file: asked $1 with sizeof(void*)=$2: $out"
+}
+version_is 0.1 8 TRUE
+version_is 0.1 4 TRUE
+version_is 0.2 8 FALSE
+version_is 1.0 8 FALSE
+ok "dtensorConfigVersion.cmake: 0.1 accepted on 64 and 32 bits (ARCH_INDEPENDENT), 0.2 and 1.0 refused"
 
-step "2b. package config: components, versions (configure-only probes)"
-P=(-DCMAKE_PREFIX_PATH="$T/prefix")
-probe optional-missing 0 'mpi=TRUE/target blas=/no-target cuda=FALSE/no-target nccl=FALSE/no-target' \
-  "${P[@]}" "-DPROBE_ARGS=0.1;REQUIRED;COMPONENTS;mpi;OPTIONAL_COMPONENTS;cuda;nccl" \
-  -DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON
-probe required-missing fail 'cuda: CUDA toolkit not found' \
-  "${P[@]}" "-DPROBE_ARGS=REQUIRED;COMPONENTS;mpi;cuda" -DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON
-probe unknown-component fail 'nope: unknown component' "${P[@]}" "-DPROBE_ARGS=REQUIRED;COMPONENTS;nope"
+step "2b. find_package consumer of the installed prefix"
+configure "$PKG/find_package" "$T/consumer-find" -DCMAKE_PREFIX_PATH="$P" -DCONSUMER_MPI=${ONOFF[$HAVE_MPI]}
+grep -q "from $P/share/dtensor" "$T/consumer-find.configure.log" || fail "the consumer did not find $P"
+build_and_test "$T/consumer-find" "find_package consumer"
+HAVE_GPU=0
+if grep -q 'cuda=TRUE nccl=TRUE' "$T/consumer-find.configure.log"; then HAVE_GPU=1; fi
+
+step "2c. package config: component rules (configure-only probes)"
+PP=(-DCMAKE_PREFIX_PATH="$P")
+NO_MPI=(-DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON)
+NO_CUDA=(-DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON)
+probe optional-mpi-missing 0 'found=1 mpi=FALSE/no-target' \
+  "${PP[@]}" "${NO_MPI[@]}" "-DPROBE_ARGS=REQUIRED;OPTIONAL_COMPONENTS;mpi"
+probe required-mpi-missing fail 'mpi: MPI \(C\+\+\) not found' \
+  "${PP[@]}" "${NO_MPI[@]}" "-DPROBE_ARGS=REQUIRED;COMPONENTS;mpi"
+probe optional-gpu-missing 0 'found=1 mpi=[A-Z]+/[a-z-]+ blas=/no-target cuda=FALSE/no-target nccl=FALSE/no-target' \
+  "${PP[@]}" "${NO_CUDA[@]}" "-DPROBE_ARGS=0.1;REQUIRED;OPTIONAL_COMPONENTS;mpi;cuda;nccl"
+probe required-cuda-missing fail 'cuda: CUDA toolkit not found' \
+  "${PP[@]}" "${NO_CUDA[@]}" "-DPROBE_ARGS=REQUIRED;COMPONENTS;cuda"
+probe nccl-needs-mpi fail 'nccl: .*needs the mpi component' \
+  "${PP[@]}" "${NO_MPI[@]}" "-DPROBE_ARGS=REQUIRED;COMPONENTS;nccl"
+probe unknown-component fail 'nope: unknown component' "${PP[@]}" "-DPROBE_ARGS=REQUIRED;COMPONENTS;nope"
 probe version-too-new fail 'Could not find a configuration file for package "dtensor"' \
-  "${P[@]}" "-DPROBE_ARGS=0.99;REQUIRED"
-probe default-components 0 'found=1 mpi=TRUE/target' "${P[@]}" "-DPROBE_ARGS=REQUIRED"
+  "${PP[@]}" "-DPROBE_ARGS=0.2;REQUIRED"
+if [[ $HAVE_MPI == 1 ]]; then
+  probe default-components 0 'found=1 mpi=TRUE/target' "${PP[@]}" "-DPROBE_ARGS=REQUIRED"
+  probe exported-mpi 0 'mpi=TRUE/target' "${PP[@]}" "-DPROBE_ARGS=REQUIRED;COMPONENTS;mpi"
+else
+  probe default-components 0 'found=1 mpi=/no-target' "${PP[@]}" "-DPROBE_ARGS=REQUIRED"
+fi
+if [[ $HAVE_BLAS == 1 ]]; then
+  probe exported-blas 0 'blas=TRUE/target' "${PP[@]}" "-DPROBE_ARGS=REQUIRED;COMPONENTS;blas"
+fi
 
 # ---------------------------------------------------------------------------------------------
 step "3. add_subdirectory consumer"
-configure "$PKG/add_subdirectory" "$T/consumer-subdir" -DDTENSOR_SOURCE_DIR="$ROOT"
-build "$T/consumer-subdir"
-run_all "$T/consumer-subdir" smoke smoke_mpi
+configure "$PKG/add_subdirectory" "$T/consumer-subdir" -DDTENSOR_SOURCE_DIR="$ROOT" -DCONSUMER_MPI=${ONOFF[$HAVE_MPI]}
+build_and_test "$T/consumer-subdir" "add_subdirectory consumer"
 
 step "3b. FetchContent (local path) consumer"
 configure "$PKG/fetchcontent" "$T/consumer-fetch" -DDTENSOR_SOURCE_DIR="$ROOT"
-build "$T/consumer-fetch"
-run_all "$T/consumer-fetch" smoke
+build_and_test "$T/consumer-fetch" "FetchContent consumer"
 
 # ---------------------------------------------------------------------------------------------
-step "4. vcpkg port (portfile run with stand-in helpers) + consumer"
+step "4. vcpkg port: portfile with emulated helpers, then a find_package consumer"
 V="$T/vcpkg"
-cmake -DPORT_DIR="$ROOT/packaging/vcpkg/ports/dtensor" -DWORK_DIR="$V" -DFEATURES=core \
-      -P "$PKG/vcpkg/run_portfile.cmake" >"$V.log" 2>&1 || { cat "$V.log"; fail "vcpkg portfile"; }
-grep -E 'run_portfile:' "$V.log"
-# `vcpkg install` copies the package tree into installed/<triplet> and drops the build trees.
-mkdir -p "$V/installed/x64-linux"
-cp -a "$V/packages/dtensor_x64-linux/." "$V/installed/x64-linux/"
-rm -rf "$V/packages" "$V/buildtrees"
+# run_port <features> <work dir>: the portfile, then what `vcpkg install` does with its result:
+# the package tree copied into installed/<triplet>.
+run_port() {
+  logged "$2.log" cmake -DPORT_DIR="$ROOT/packaging/vcpkg/ports/dtensor" -DWORK_DIR="$2" \
+    -DFEATURES="$1" -P "$PKG/vcpkg/run_portfile.cmake"
+  grep -E 'run_portfile:' "$2.log"
+  mkdir -p "$2/installed/x64-linux"
+  cp -a "$2/packages/dtensor_x64-linux/." "$2/installed/x64-linux/"
+  rm -rf "$2/packages" "$2/buildtrees"
+}
+run_port core "$V"
+ok "vcpkg port (core): configured, installed, fixed up and checked"
+# The cuda/nccl link checks ran in 2b against the same config file: not built again here.
 configure "$PKG/find_package" "$T/consumer-vcpkg" -DCMAKE_PREFIX_PATH="$V/installed/x64-linux" \
-          -DCONSUMER_GPU_PROGRAMS=OFF     # step 2 built those; here the new part is dtensor::mpi
-                                          # defined by the config (the port built no component)
-grep -q "from $V/installed/x64-linux/share/dtensor" "$T/consumer-vcpkg.log" \
+  -DCONSUMER_MPI=${ONOFF[$HAVE_MPI]} -DDTENSOR_SMOKE_GPU=OFF
+grep -q "from $V/installed/x64-linux/share/dtensor" "$T/consumer-vcpkg.configure.log" \
   || fail "the vcpkg consumer did not find the vcpkg tree"
-build "$T/consumer-vcpkg"
-run_all "$T/consumer-vcpkg" smoke smoke_mpi
+# The core port exported no component: dtensor::mpi here is the one the config defines.
+build_and_test "$T/consumer-vcpkg" "vcpkg consumer"
+if [[ $HAVE_MPI == 1 ]]; then
+  # The port with its backend features: each component is then exported by the port's build.
+  # It must be the same target as the one the config defines from the core port: compare both
+  # trees (and the cmake --install prefix) as a consumer sees them.
+  features="core;mpi" comps="mpi"
+  if [[ $HAVE_GPU == 1 ]]; then features+=";cuda;nccl" comps+=";cuda;nccl"; fi
+  run_port "$features" "$V-features"
+  ok "vcpkg port ($features): configured, installed, fixed up and checked"
+  for c in ${comps//;/ }; do
+    [[ -f "$V-features/installed/x64-linux/share/dtensor/dtensor_${c}Targets.cmake" ]] \
+      || fail "the $c feature did not export dtensor::$c"
+  done
+  probe vcpkg-core-comps 0 'mpi=TRUE/target' -DCMAKE_PREFIX_PATH="$V/installed/x64-linux" "-DPROBE_ARGS=REQUIRED;COMPONENTS;$comps"
+  probe vcpkg-feature-comps 0 'mpi=TRUE/target' -DCMAKE_PREFIX_PATH="$V-features/installed/x64-linux" "-DPROBE_ARGS=REQUIRED;COMPONENTS;$comps"
+  diff <(probe_targets vcpkg-core-comps) <(probe_targets vcpkg-feature-comps) \
+    || fail "a component defined by the config differs from the exported one (diff above)"
+  diff <(probe_targets vcpkg-core-comps | grep 'dtensor::mpi ') <(probe_targets exported-mpi) \
+    || fail "dtensor::mpi of the vcpkg tree differs from the cmake --install one"
+  ok "components identical whether exported or defined by the config:"$'\n'"$(probe_targets vcpkg-feature-comps)"
+fi
 
 # ---------------------------------------------------------------------------------------------
-step "5. conan create + test_package (offline)"
-if ! python3 -c 'import conan' 2>/dev/null; then
-  run python3 -m pip install --quiet conan
+step "5. Conan 2: conan create + test_package (offline)"
+VENV=${DTENSOR_CONAN_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/dtensor/conan-venv}
+if ! "$VENV/bin/conan" --version 2>/dev/null | grep -q 'Conan version 2\.'; then
+  echo "+ python3 -m venv $VENV && pip install 'conan>=2,<3'"
+  rm -rf "$VENV"
+  python3 -m venv "$VENV" || fail "python3 -m venv (Debian: apt-get install python3-venv)"
+  logged "$T/pip.log" "$VENV/bin/python" -m pip install --quiet 'conan>=2,<3'
 fi
-conan() { python3 -m conans.conan "$@"; }
+conan() { "$VENV/bin/conan" "$@"; }
 export CONAN_HOME="$T/conan_home"
 mkdir -p "$CONAN_HOME"
-conan profile detect --force >/dev/null 2>&1
-conan remote remove '*' >/dev/null 2>&1 || true        # offline: no remote is needed
+logged "$T/conan-profile.log" conan profile detect --force
+logged "$T/conan-remote.log" conan remote remove '*'   # offline: a header-only package needs none
 conan --version
-cp -r "$ROOT/test_package" "$T/test_package"            # its build folder stays out of the tree
-CONAN_ARGS=(-s compiler.cppstd=20 -c "tools.build:jobs=$JOBS" -tf "$T/test_package")
+# The test_package builds in $T (not in the tree), with no CMakeUserPresets.json in the tree.
+CONAN_ARGS=(-s compiler.cppstd=20 -c "tools.build:jobs=$JOBS"
+            -c "tools.cmake.cmake_layout:test_folder=$T/conan-test" -c "tools.cmake.cmaketoolchain:user_presets=")
+if [[ ${#GEN[@]} -gt 0 ]]; then CONAN_ARGS+=(-c tools.cmake.cmaketoolchain:generator=Ninja); fi
 create() {
   echo "+ conan create . $*"
-  (cd "$ROOT" && conan create . --build=missing "${CONAN_ARGS[@]}" "$@") >"$T/conan.log" 2>&1 \
+  (cd "$ROOT" && conan create . "${CONAN_ARGS[@]}" "$@") >"$T/conan.log" 2>&1 \
     || { cat "$T/conan.log"; fail "conan create $*"; }
-  grep -E '^dtensor (test_package|mpi smoke)' "$T/conan.log"
+  grep -E '^-- test_package:|^ *[0-9]+/[0-9]+ Test|tests passed' "$T/conan.log"
+  ok "conan create $* (test_package ran)"
 }
 create
-if grep -qE 'nccl=TRUE' "$T/consumer-find.log"; then
+if [[ $HAVE_MPI == 1 && $HAVE_GPU == 1 ]]; then
   create -o '&:with_mpi=True' -o '&:with_cuda=True' -o '&:with_nccl=True'
-else
+elif [[ $HAVE_MPI == 1 ]]; then
   create -o '&:with_mpi=True'
 fi
-# validate(): impossible configurations are rejected.
+
+step "5b. Conan: find_package COMPONENTS through CMakeDeps; validate()"
+# A consumer of the default package (with_mpi=False), as `conan install` sets it up.
+cd "$T"
+# (Run from $T: conan install writes a CMakeUserPresets.json into the current folder otherwise.)
+logged "$T/conan-install.log" conan install -c "tools.cmake.cmaketoolchain:user_presets=" --requires "dtensor/$(sed -nE 's/^project\(dtensor VERSION ([0-9.]+).*/\1/p' "$ROOT/CMakeLists.txt")" \
+  -s compiler.cppstd=20 -g CMakeDeps -g CMakeToolchain --output-folder "$T/conan-consumer"
+cd "$ROOT"
+CT=(-DCMAKE_TOOLCHAIN_FILE="$T/conan-consumer/conan_toolchain.cmake" -DCMAKE_BUILD_TYPE=Release)
+probe conan-optional-mpi 0 'found=1 mpi=FALSE/no-target' "${CT[@]}" "-DPROBE_ARGS=REQUIRED;OPTIONAL_COMPONENTS;mpi;cuda;nccl"
+probe conan-required-mpi fail 'mpi: the package was created without -o "dtensor/\*:with_mpi=True"' \
+  "${CT[@]}" "-DPROBE_ARGS=REQUIRED;COMPONENTS;mpi"
+# invalid <expected message> <options...> — validate() must refuse the configuration.
 invalid() {
   local pattern=$1; shift
   if (cd "$ROOT" && conan create . "${CONAN_ARGS[@]}" "$@") >"$T/conan-invalid.log" 2>&1; then
     fail "conan create $* should have been rejected"
   fi
   grep -q -- "$pattern" "$T/conan-invalid.log" || { cat "$T/conan-invalid.log"; fail "conan: expected /$pattern/"; }
-  echo "rejected ($*): $(grep -m1 -o -- "$pattern.*" "$T/conan-invalid.log")"
+  ok "rejected ($*): $(grep -m1 -o -- "$pattern.*" "$T/conan-invalid.log")"
 }
 invalid 'with_nccl=True needs with_cuda=True' -o '&:with_nccl=True' -o '&:with_mpi=True'
 invalid 'with_nccl=True needs with_mpi=True' -o '&:with_nccl=True' -o '&:with_cuda=True'
 invalid 'lower than the required C++ standard (20)' -s compiler.cppstd=17
-invalid 'dtensor needs C++20' -s compiler=gcc -s compiler.version=9
+invalid 'dtensor needs C++20' -s compiler=gcc -s compiler.version=10
 
 step ""
-printf '\ntest_packaging: all ok in %ds\n%b' $((SECONDS - START)) "$TIMINGS"
+printf '\ntest_packaging: all ok in %ds\n%s' $((SECONDS - START)) "$TIMINGS"
+echo "packaging: $PASSED passed, $FAILED failed"

@@ -8,7 +8,8 @@
 //   });
 //
 // Backends that need more than the standard library have their own headers:
-// dtensor/comm/mpi.hpp (Boost.MPI), and the CUDA / NCCL headers (.cuh).
+// dtensor/comm/mpi.hpp (Boost.MPI), and the CUDA / NCCL headers (.cuh). Ops, modules,
+// optimizers and the parallel styles: dtensor/training.hpp.
 #pragma once
 
 #include "dtensor/core/compare.hpp"

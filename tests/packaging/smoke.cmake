@@ -7,13 +7,15 @@
 #
 #   smoke        links dtensor::dtensor only; 4 ranks on the threads backend     (always)
 #   smoke_mpi    links dtensor::mpi; 4 processes under mpiexec                   (MPI: required)
-#   smoke_cuda   links dtensor::cuda; a link check, needs no GPU                 (if the target exists)
-#   smoke_nccl   links dtensor::nccl; a link check, needs no GPU                 (if the target exists)
+#   smoke_cuda   links dtensor::cuda; a link check, needs no GPU   (if the target exists and
+#   smoke_nccl   links dtensor::nccl; a link check, needs no GPU    DTENSOR_SMOKE_GPU is on)
 #
 # Run them with `ctest --test-dir <build> --output-on-failure --no-tests=error`.
 include_guard(GLOBAL)
 
 set(DTENSOR_SMOKE_DIR "${CMAKE_CURRENT_LIST_DIR}")
+# Off where another consumer of the same package config already built them (saves CI time).
+option(DTENSOR_SMOKE_GPU "Build the cuda and nccl link checks when those targets exist" ON)
 
 function(dtensor_consumer_smoke)
   cmake_parse_arguments(PARSE_ARGV 0 arg "MPI" "" "")
@@ -43,12 +45,12 @@ function(dtensor_consumer_smoke)
   endif()
 
   # The GPU components: their usage requirements reach a plain C++ program (no GPU needed).
-  if(TARGET dtensor::cuda)
+  if(TARGET dtensor::cuda AND DTENSOR_SMOKE_GPU)
     add_executable(smoke_cuda "${DTENSOR_SMOKE_DIR}/cuda_smoke.cpp")
     target_link_libraries(smoke_cuda PRIVATE dtensor::cuda)
     add_test(NAME smoke_cuda COMMAND smoke_cuda)
   endif()
-  if(TARGET dtensor::nccl)
+  if(TARGET dtensor::nccl AND DTENSOR_SMOKE_GPU)
     add_executable(smoke_nccl "${DTENSOR_SMOKE_DIR}/nccl_smoke.cpp")
     target_link_libraries(smoke_nccl PRIVATE dtensor::nccl)
     add_test(NAME smoke_nccl COMMAND smoke_nccl)

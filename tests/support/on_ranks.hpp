@@ -4,6 +4,7 @@
 
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dtensor/comm/threads.hpp"
@@ -11,12 +12,18 @@
 
 namespace dtensor::testing {
 
+/// threads::run; tests/cuda passes cuda_threads::run's equivalent instead.
+struct ThreadsRunner {
+  template <class F>
+  void operator()(int n, F&& fn) const { threads::run(n, std::forward<F>(fn)); }
+};
+
 /// fn(world, report) runs on every rank; report(msg) records a failure. Returns all failures.
-template <class F>
-std::vector<std::string> on_ranks(int n, F&& fn) {
+template <class F, class Runner = ThreadsRunner>
+std::vector<std::string> on_ranks(int n, F&& fn, Runner run = {}) {
   std::mutex m;
   std::vector<std::string> failures;
-  threads::run(n, [&](CommPtr world) {
+  run(n, [&](CommPtr world) {
     auto report = [&](const std::string& msg) {
       if (msg.empty()) return;
       std::lock_guard lock(m);

@@ -44,8 +44,9 @@ Tensor<T, R> times(Tensor<T, R> t, int f) {
 }
 
 /// Runs from -> to on this rank and checks it against the oracle. Returns "" or what failed.
-/// Values are small integers, so every sum is exact and the checks are bit for bit.
-template <class T, std::size_t R, class Mesh, std::size_t N>
+/// Values are small integers, so every sum is exact and the checks are bit for bit. The pieces
+/// live in memory space Space while they are redistributed (the oracle is always on the host).
+template <class T, class Space = host_space, std::size_t R, class Mesh, std::size_t N>
 std::string check_redistribution(const Mesh& mesh, const LayoutDesc<N>& from, const LayoutDesc<N>& to,
                                  const Shape<R>& global, std::uint64_t seed) {
   const auto full = randint<T>(global, seed, -8, 9);
@@ -56,16 +57,17 @@ std::string check_redistribution(const Mesh& mesh, const LayoutDesc<N>& from, co
                        " at ", to_string(coord), ": ");
   };
   const auto plan = plan_redistribution(from, to);
-  auto out = execute(plan, oracle_piece(full, from, ms, coord), mesh, global);
+  auto out = execute(plan, to_space<Space>(oracle_piece(full, from, ms, coord)), mesh, global);
   const auto want_box = local_box(to, ms, coord, global);
   if (out.shape() != want_box.extent)
     return where() + "piece " + to_string(out.shape()) + ", expected " + to_string(want_box.extent);
   const int factor = partial_factor(from, ms);
   if (!to.has_partial()) {
     const auto want = times(oracle_piece(full, to, ms, coord), factor);
-    if (!equal(out, want)) return where() + "piece differs: " + compare(out, want).message;
+    const auto got = to_space<host_space>(out);
+    if (!equal(got, want)) return where() + "piece differs: " + compare(got, want).message;
   }
-  const auto all = execute(plan_redistribution(to, replicated_layout<N>::desc), std::move(out), mesh, global);
+  const auto all = to_space<host_space>(execute(plan_redistribution(to, replicated_layout<N>::desc), out, mesh, global));
   const auto want_all = times(full, factor);
   if (!equal(all, want_all)) return where() + "full tensor differs: " + compare(all, want_all).message;
   return {};

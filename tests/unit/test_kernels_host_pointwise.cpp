@@ -64,6 +64,16 @@ TEST_CASE("bias add, its gradient, and general broadcasting", "[kernels][element
   kt::check_grad(kh::sum_to(dy, g2.shape()),
                  kt::fd_grad(g2, [&](const Tensor<double, 3>& gg) { return kt::dot(kh::add_broadcast(x, gg), dy); }));
 
+  // both operands broadcast: [3, 1, 7] (op) [1, 5, 1] -> [3, 5, 7]
+  const auto z2 = kh::mul_broadcast(g, g2), z3 = kh::sub_broadcast(g2, g);
+  REQUIRE(z2.shape() == Shape<3>{3, 5, 7});
+  REQUIRE(z3.shape() == Shape<3>{3, 5, 7});
+  for (Extent i = 0; i < 3; ++i)
+    for (Extent t = 0; t < 5; ++t)
+      for (Extent j = 0; j < 7; ++j) {
+        CHECK(z2(i, t, j) == g(i, 0, j) * g2(0, t, 0));
+        CHECK(z3(i, t, j) == g2(0, t, 0) - g(i, 0, j));
+      }
   kt::require_error([&] { kh::add_bias(x, normal<double>(Shape<1>{5}, 1)); }, {"add_bias", "[5]", "[3, 5, 7]"});
   kt::require_error([&] { kh::add_broadcast(x, normal<double>(Shape<3>{3, 2, 7}, 1)); }, {"add_broadcast", "[3, 2, 7]", "[3, 5, 7]"});
 }
@@ -100,6 +110,11 @@ TEST_CASE("sum, mean and max over any dimension, and their backwards", "[kernels
   auto x = normal<double>(Shape<3>{3, 5, 7}, 12);
   for (std::size_t dim = 0; dim < 3; ++dim) {
     auto s = kh::sum(x, dim), m = kh::mean(x, dim);
+    // a shard's mean divides by the global extent: twice the extent halves it
+    const auto m2 = kh::mean(x, dim, 2 * x.extent(dim));
+    for (Extent i = 0; i < m.numel(); ++i) CHECK(m2[i] == Approx(m[i] / 2).epsilon(1e-14));
+    const auto dm = kh::mean_backward(m, x.shape(), dim, 2 * x.extent(dim)), dm1 = kh::mean_backward(m, x.shape(), dim);
+    for (Extent i = 0; i < dm.numel(); ++i) CHECK(dm[i] == Approx(dm1[i] / 2).epsilon(1e-14));
     auto [v, idx] = kh::max(x, dim);
     Shape<3> rs = x.shape();
     rs[dim] = 1;

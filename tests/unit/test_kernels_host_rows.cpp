@@ -54,6 +54,11 @@ TEST_CASE("cross-entropy forward and backward", "[kernels][cross_entropy]") {
     ref += std::log(s) - logits(i, targets[i]);
   }
   CHECK(f.loss == Approx(ref / 5).epsilon(1e-14));
+  // rows split across ranks: each shard's loss is its share of the mean over the global rows
+  CHECK(kh::cross_entropy(logits, targets, 20).loss == Approx(ref / 20).epsilon(1e-14));
+  const auto d20 = kh::cross_entropy_backward(logits, targets, f.lse, 1.0, 20), d5 = kh::cross_entropy_backward(logits, targets, f.lse);
+  for (Extent i = 0; i < d5.numel(); ++i) CHECK(d20[i] == Approx(d5[i] / 4).epsilon(1e-13));
+  kt::require_error([&] { kh::cross_entropy(logits, targets, 3); }, {"cross_entropy", "mean over 3 rows"});
   auto loss = [&](const T2& v) { return kh::cross_entropy(v, targets).loss; };
   kt::check_grad(kh::cross_entropy_backward(logits, targets, f.lse), kt::fd_grad(logits, loss));
   auto half = kh::cross_entropy_backward(logits, targets, f.lse, 0.5);

@@ -87,7 +87,9 @@ class MpiCommunicator final : public Communicator {
   /// Wraps `comm` (which it shares with Boost.MPI's reference counting); `world_rank` is this
   /// process's rank in the communicator all others were split from.
   MpiCommunicator(boost::mpi::communicator comm, int world_rank)
-      : Communicator(comm.rank(), comm.size(), world_rank), comm_(std::move(comm)) {
+      : Communicator(comm.rank(), comm.size(), world_rank),
+        comm_(std::move(comm)),
+        owner_(std::make_shared<const boost::mpi::communicator>(comm_)) {
     detail::State::get();  // creates the bfloat16 type/ops and the MPI_Finalize hook
     // Errors come back as codes that we turn into dtensor::Errors, instead of aborting.
     if (const int rc = MPI_Comm_set_errhandler(native(), MPI_ERRORS_RETURN); rc != MPI_SUCCESS)
@@ -209,17 +211,18 @@ class MpiCommunicator final : public Communicator {
   template <class Issue>
   Work start(const char* op, const char* call, bool async, Issue&& issue) {
     if (async) {
-      auto r = std::make_shared<detail::Request>(info(op, call));
+      auto r = std::make_shared<detail::Request>(info(op, call), owner_);
       r->check_issue(issue(*r));
       return Work(std::move(r));
     }
-    detail::Request r(info(op, call));
+    detail::Request r(info(op, call), owner_);
     r.check_issue(issue(r));
     r.wait();
     return {};
   }
 
   boost::mpi::communicator comm_;
+  std::shared_ptr<const void> owner_;  // a second owner of comm_, handed to requests that outlive us
 };
 
 /// MPI_COMM_WORLD as a dtensor communicator (label "world"). MPI must be initialized

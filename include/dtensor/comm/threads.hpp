@@ -33,16 +33,20 @@ namespace dtensor::threads {
 
 class ThreadsCommunicator final : public Communicator {
  public:
-  ThreadsCommunicator(std::shared_ptr<detail::Group> group, int rank)
-      : Communicator(rank, group->size, group->world_ranks[std::size_t(rank)]), group_(std::move(group)) {}
+  /// `mem`: how to move and reduce this rank's buffers when they are not host memory (null for
+  /// host memory; comm/cuda_threads.cuh passes the GPU's). Sub-groups from split inherit it.
+  ThreadsCommunicator(std::shared_ptr<detail::Group> group, int rank, std::shared_ptr<const detail::MemOps> mem = {})
+      : Communicator(rank, group->size, group->world_ranks[std::size_t(rank)]),
+        group_(std::move(group)),
+        mem_(std::move(mem)) {}
 
-  std::string_view backend() const override { return "threads"; }
+  std::string_view backend() const override { return mem_ ? mem_->backend() : "threads"; }
 
  protected:
   CommPtr do_split(int color, int key) override {
     auto [g, r] = detail::split(context(CollectiveKind::split, true), color, key);
     if (!g) return nullptr;
-    auto c = std::make_shared<ThreadsCommunicator>(std::move(g), r);
+    auto c = std::make_shared<ThreadsCommunicator>(std::move(g), r, mem_);
     c->set_label(label());
     return c;
   }
@@ -84,10 +88,14 @@ class ThreadsCommunicator final : public Communicator {
     return issue(CollectiveKind::broadcast, async, [=](const detail::Ctx& c) { detail::broadcast(c, buf, count, t, root); });
   }
   Work do_send(const void* buf, std::size_t count, DType t, int peer, int tag, bool async) override {
-    return issue(CollectiveKind::send, async, [=](const detail::Ctx& c) { detail::send(c, buf, count, t, peer, tag); }, false);
+    const std::uint64_t ticket = group_->world->take_ticket({group_->id, rank(), peer, tag}, true);
+    return issue(CollectiveKind::send, async,
+                 [=](const detail::Ctx& c) { detail::send(c, buf, count, t, peer, tag, ticket); }, false);
   }
   Work do_recv(void* buf, std::size_t count, DType t, int peer, int tag, bool async) override {
-    return issue(CollectiveKind::recv, async, [=](const detail::Ctx& c) { detail::recv(c, buf, count, t, peer, tag); }, false);
+    const std::uint64_t ticket = group_->world->take_ticket({group_->id, peer, rank(), tag}, false);
+    return issue(CollectiveKind::recv, async,
+                 [=](const detail::Ctx& c) { detail::recv(c, buf, count, t, peer, tag, ticket); }, false);
   }
   void do_barrier() override { detail::barrier(context(CollectiveKind::barrier, true)); }
 
@@ -97,7 +105,7 @@ class ThreadsCommunicator final : public Communicator {
   detail::Ctx context(CollectiveKind k, bool collective) {
     const detail::World& w = *group_->world;
     if (w.aborted()) throw Error(detail::Ctx{group_, rank(), 0, timeout(), label()}.op(k), w.reason(), rank());
-    return detail::Ctx{group_, rank(), collective ? next_seq_++ : 0, timeout(), label()};
+    return detail::Ctx{group_, rank(), collective ? next_seq_++ : 0, timeout(), label(), mem_};
   }
 
   /// Runs `body` inline, or on the pool with a Work to wait on.
@@ -115,6 +123,7 @@ class ThreadsCommunicator final : public Communicator {
   }
 
   std::shared_ptr<detail::Group> group_;
+  std::shared_ptr<const detail::MemOps> mem_;
   std::uint64_t next_seq_ = 0;
 };
 
@@ -125,8 +134,15 @@ struct RunResult {
   int origin = -1;  // the rank whose failure aborted the run, if any
 };
 
-template <class F>
-RunResult run_ranks(int n, F& fn) {
+/// The communicator of rank r of a run over host memory.
+struct MakeHostComm {
+  CommPtr operator()(const std::shared_ptr<Group>& g, int r) const { return std::make_shared<ThreadsCommunicator>(g, r); }
+};
+
+/// Runs fn(make(group, r)) on n threads. `make` runs on the rank's thread (a backend that
+/// keeps per-thread state, such as a current CUDA stream, sets it up there).
+template <class F, class Make = MakeHostComm>
+RunResult run_ranks(int n, F& fn, const Make& make = {}) {
   if (n < 1) throw Error("threads::run", dtensor::detail::cat("needs at least one rank, got ", n));
   auto world = std::make_shared<World>(n);
   std::vector<int> ranks(static_cast<std::size_t>(n));
@@ -136,7 +152,7 @@ RunResult run_ranks(int n, F& fn) {
   RunResult result{std::vector<std::exception_ptr>(std::size_t(n)), -1};
   auto rank_main = [&](int r) {
     try {
-      CommPtr comm = std::make_shared<ThreadsCommunicator>(group, r);
+      CommPtr comm = make(group, r);
       fn(comm);
     } catch (...) {
       result.errors[std::size_t(r)] = std::current_exception();
@@ -167,17 +183,22 @@ std::vector<std::exception_ptr> run_collect(int n, F&& fn) {
   return detail::run_ranks(n, fn).errors;
 }
 
-/// Runs fn(world) on n threads. If any rank threw, throws (after joining all of them) a
-/// dtensor::Error with the number and message of the rank that failed first.
-template <class F>
-void run(int n, F&& fn) {
-  auto res = detail::run_ranks(n, fn);
+namespace detail {
+/// threads::run's verdict: the failure of the rank that aborted the run (or the first one).
+inline void rethrow_first(const RunResult& res, const char* op) {
   int r = res.origin >= 0 && res.errors[std::size_t(res.origin)] ? res.origin : -1;
   for (std::size_t i = 0; r < 0 && i < res.errors.size(); ++i)
     if (res.errors[i]) r = int(i);
   if (r >= 0)
-    throw Error("threads::run",
-                dtensor::detail::cat("rank ", r, " failed: ", detail::what_of(res.errors[std::size_t(r)])));
+    throw Error(op, dtensor::detail::cat("rank ", r, " failed: ", what_of(res.errors[std::size_t(r)])));
+}
+}  // namespace detail
+
+/// Runs fn(world) on n threads. If any rank threw, throws (after joining all of them) a
+/// dtensor::Error with the number and message of the rank that failed first.
+template <class F>
+void run(int n, F&& fn) {
+  detail::rethrow_first(detail::run_ranks(n, fn), "threads::run");
 }
 
 }  // namespace dtensor::threads

@@ -137,6 +137,19 @@ class Tensor {
   const T& operator()(I... idx) const noexcept { return data()[offset_of(idx...)]; }
   T& operator[](Extent flat) noexcept requires(Space::host_accessible) { return data()[flat]; }
   const T& operator[](Extent flat) const noexcept requires(Space::host_accessible) { return data()[flat]; }
+  // On a device space these exist only to say why they cannot be used.
+  template <class... I>
+    requires(!Space::host_accessible)
+  T& operator()(I...) const {
+    static_assert(sizeof...(I) < 0, "element access needs a host-accessible memory space: copy the tensor "
+                                    "with to_space<host_space>(t), or use a device kernel");
+  }
+  template <class I>
+    requires(!Space::host_accessible)
+  T& operator[](I) const {
+    static_assert(sizeof(I) < 0, "element access needs a host-accessible memory space: copy the tensor "
+                                 "with to_space<host_space>(t), or use a device kernel");
+  }
 
   /// Elements [start, start + length) along dimension `dim`, as a new tensor.
   Tensor slice(std::size_t dim, Extent start, Extent length) const;
@@ -177,6 +190,19 @@ void copy_box(const Tensor<T, R, Space>& src, const Shape<R>& src_off, Tensor<T,
                                           to_string(src.shape()), " -> at ", to_string(dst_off), " of ",
                                           to_string(dst.shape()), " is out of bounds"));
   detail::copy_box_raw<Space>(src.data(), src.shape(), src_off, dst.data(), dst.shape(), dst_off, ext, sizeof(T));
+}
+
+/// The same tensor in memory space To (a copy, also when To is the tensor's own space).
+/// Between two spaces the bytes move through the one that is not host-accessible: a device
+/// space's copy takes host pointers on either side (cuda_space does, through unified addressing).
+template <MemorySpace To, Element T, std::size_t R, MemorySpace From>
+Tensor<T, R, To> to_space(const Tensor<T, R, From>& t) {
+  static_assert(To::host_accessible || From::host_accessible || std::is_same_v<To, From>,
+                "to_space: copies between two different device spaces are not supported; go through host_space");
+  using Mover = std::conditional_t<!To::host_accessible, To, From>;
+  auto out = Tensor<T, R, To>::uninitialized(t.shape());
+  Mover::copy(out.data(), t.data(), t.bytes());
+  return out;
 }
 
 }  // namespace dtensor

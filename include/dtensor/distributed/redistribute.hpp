@@ -77,9 +77,11 @@ bool leading(const Shape<R>& s, std::size_t dim) {
 }
 
 /// Runs one step of a plan on this rank's piece; `before`/`after` are the layouts around it.
+/// Reads `local` and returns a new piece: a step never copies its input first, so the first
+/// step of a redistribution reads the caller's tensor in place.
 template <class T, std::size_t R, class Space, class Mesh, std::size_t N>
 Tensor<T, R, Space> run_step(const Step& s, const LayoutDesc<N>& before, const LayoutDesc<N>& after,
-                             Tensor<T, R, Space> local, const Mesh& mesh, const Shape<R>& global) {
+                             const Tensor<T, R, Space>& local, const Mesh& mesh, const Shape<R>& global) {
   using Local = Tensor<T, R, Space>;
   const auto& mshape = mesh.shape();
   const auto& coord = mesh.coordinate();
@@ -97,7 +99,7 @@ Tensor<T, R, Space> run_step(const Step& s, const LayoutDesc<N>& before, const L
     }
     case StepKind::replicate_to_partial:
       // Partial<sum>: the rank at coordinate 0 keeps the values; avg, max, min: every rank does.
-      if (s.to.op == ReduceOp::sum && coord[i] != 0) Space::zero(local.data(), local.bytes());
+      if (s.to.op == ReduceOp::sum && coord[i] != 0) return Local(local.shape());  // zeros
       return local;
     case StepKind::shard_to_partial: {
       auto out = Local::uninitialized(ab.extent);
@@ -107,10 +109,11 @@ Tensor<T, R, Space> run_step(const Step& s, const LayoutDesc<N>& before, const L
       copy_box(local, Shape<R>{}, out, off, bb.extent);
       return out;
     }
-    case StepKind::all_reduce: {
+    case StepKind::all_reduce: {  // out of place, straight into the result
       auto& g = mesh.group(i, std::size_t(s.mesh_dim_last));
-      g.all_reduce(local.span(), s.from.op);
-      return local;
+      auto out = Local::uninitialized(local.shape());
+      g.all_reduce(local.span(), out.span(), s.from.op);
+      return out;
     }
     default: break;
   }
@@ -177,11 +180,25 @@ Tensor<T, R, Space> run_step(const Step& s, const LayoutDesc<N>& before, const L
   block[d] = chunk_size(ab.extent[d], k);
   block[e] = chunk_size(bb.extent[e], k);
   const Extent bsize = numel(block);
-  FlatBuffer<T, Space> send(Shape<1>{bsize * k});
-  pack_blocks<T, R, Space>(local, e, e_ranges, block, send.data());
-  FlatBuffer<T, Space> recv = FlatBuffer<T, Space>::uninitialized(Shape<1>{bsize * k});
-  g.all_to_all(std::span<const T>(send.span()), recv.span());
+  // Blocks that are already contiguous, in order and unpadded travel without packing: the
+  // send side when e is a leading dimension of this piece (S(1) -> S(0) of a matrix), the
+  // receive side when d is a leading dimension of the result (S(0) -> S(1)).
+  const bool send_direct = leading(bb.extent, e) && bb.extent[e] == block[e] * k && bb.extent[d] == block[d];
+  const bool recv_direct = leading(ab.extent, d) && ab.extent[d] == block[d] * k && ab.extent[e] == block[e];
+  const T* send = local.data();
+  FlatBuffer<T, Space> packed;
+  if (!send_direct) {
+    packed = FlatBuffer<T, Space>(Shape<1>{bsize * k});  // zero padding: sent, then trimmed
+    pack_blocks<T, R, Space>(local, e, e_ranges, block, packed.data());
+    send = packed.data();
+  }
   auto out = Local::uninitialized(ab.extent);
+  if (recv_direct) {
+    g.all_to_all(std::span<const T>(send, std::size_t(bsize * k)), out.span());
+    return out;
+  }
+  FlatBuffer<T, Space> recv = FlatBuffer<T, Space>::uninitialized(Shape<1>{bsize * k});
+  g.all_to_all(std::span<const T>(send, std::size_t(bsize * k)), recv.span());
   unpack_blocks<T, R, Space>(recv.data(), block, d, d_ranges, out);
   (void)me;
   return out;
@@ -190,15 +207,19 @@ Tensor<T, R, Space> run_step(const Step& s, const LayoutDesc<N>& before, const L
 }  // namespace detail
 
 /// Runs a plan on this rank's piece (the run-time entry point: layouts known only at run time).
+/// The first step reads `local` where it is; only an empty plan copies it.
 template <class T, std::size_t R, class Space, class Mesh, std::size_t N>
-Tensor<T, R, Space> execute(const Plan<N>& plan, Tensor<T, R, Space> local, const Mesh& mesh, const Shape<R>& global) {
+Tensor<T, R, Space> execute(const Plan<N>& plan, const Tensor<T, R, Space>& local, const Mesh& mesh,
+                            const Shape<R>& global) {
+  if (plan.size == 0) return local;
   LayoutDesc<N> state = plan.from;
+  Tensor<T, R, Space> piece;
   for (const Step& s : plan) {
     const LayoutDesc<N> next = apply_step(state, s);
-    local = detail::run_step(s, state, next, std::move(local), mesh, global);
+    piece = detail::run_step(s, state, next, &s == plan.begin() ? local : piece, mesh, global);
     state = next;
   }
-  return local;
+  return piece;
 }
 
 /// The plan redistribute<To> runs on a tensor of layout From, as text.

@@ -20,6 +20,7 @@
 // not be moved after its ParamList was taken.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <span>
 #include <string>
@@ -77,7 +78,15 @@ struct ParamRef {
   std::span<T> grad;              // local piece of its gradient (same extents)
   LayoutDesc<N> layout;           // the parameter's placements
   LayoutDesc<N>* grad_state;      // the gradient's placements now (Partial = reduction pending)
+  bool* has_grad;                 // whether a gradient was added since the last zero_grad
   bool decay = true;              // whether weight decay applies (not to biases and norm weights)
+
+  /// Zero gradient, nothing pending.
+  void zero_grad() const {
+    std::fill(grad.begin(), grad.end(), T(0));
+    *grad_state = layout;
+    *has_grad = false;
+  }
 };
 
 template <class T, std::size_t N>
@@ -172,7 +181,7 @@ class Parameter {
   /// Appends this parameter's type-erased view.
   template <class U = T>
   void collect(ParamList<U, mesh_ndim>& out) {
-    out.push_back(ParamRef<U, mesh_ndim>{name_, value_.local().span(), grad_.span(), L::desc, &state_, decay_});
+    out.push_back(ParamRef<U, mesh_ndim>{name_, value_.local().span(), grad_.span(), L::desc, &state_, &touched_, decay_});
   }
 
  private:

@@ -29,7 +29,7 @@ namespace detail {
 template <class T, std::size_t N>
 void check_params(const char* op, const ParamList<T, N>& ps) {
   for (const auto& p : ps) {
-    if (p.value.size() != p.grad.size() || !p.grad_state)
+    if (p.value.size() != p.grad.size() || !p.grad_state || !p.has_grad)
       throw Error(op, dtensor::detail::cat("parameter ", p.name, ": local value has ", p.value.size(),
                                            " elements, gradient ", p.grad.size()));
   }
@@ -63,10 +63,7 @@ class Optimizer {
 
   /// Zeroes every gradient and marks nothing pending.
   void zero_grad() {
-    for (auto& p : params_) {
-      std::fill(p.grad.begin(), p.grad.end(), T(0));
-      *p.grad_state = p.layout;
-    }
+    for (auto& p : params_) p.zero_grad();
   }
   double lr() const noexcept { return lr_; }
   void set_lr(double lr) {

@@ -75,11 +75,18 @@ function(vcpkg_check_features)
   set(${arg_OUT_FEATURE_OPTIONS} "${opts}" PARENT_SCOPE)
 endfunction()
 
-# vcpkg_cmake_configure: Ninja, one build tree per configuration, vcpkg's standard arguments.
+# vcpkg_cmake_configure: one build tree per configuration, vcpkg's standard arguments; Ninja as
+# vcpkg uses it, or CMake's default generator where ninja is not installed.
+find_program(_run_portfile_ninja ninja)
+if(_run_portfile_ninja)
+  set(_run_portfile_generator -G Ninja)
+else()
+  set(_run_portfile_generator "")
+endif()
 function(vcpkg_cmake_configure)
   cmake_parse_arguments(PARSE_ARGV 0 arg "" "SOURCE_PATH" "OPTIONS;OPTIONS_RELEASE;OPTIONS_DEBUG")
   set(common
-    -G Ninja
+    ${_run_portfile_generator}
     -DCMAKE_EXPORT_NO_PACKAGE_REGISTRY=ON
     -DCMAKE_FIND_PACKAGE_NO_PACKAGE_REGISTRY=ON
     -DCMAKE_FIND_PACKAGE_NO_SYSTEM_PACKAGE_REGISTRY=ON

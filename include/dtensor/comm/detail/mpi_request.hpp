@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <memory>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -51,7 +52,8 @@ inline int poll(MPI_Request& req, MPI_Status* status, std::chrono::milliseconds 
 /// in a Work for an asynchronous one.
 class Request final : public dtensor::detail::WorkState {
  public:
-  explicit Request(OpInfo info) : info_(std::move(info)) {}
+  /// `comm` owns the MPI communicator (see Orphan): a request that outlives its Work keeps it.
+  Request(OpInfo info, std::shared_ptr<const void> comm) : info_(std::move(info)), comm_(std::move(comm)) {}
   Request(const Request&) = delete;
   Request& operator=(const Request&) = delete;
 
@@ -64,7 +66,7 @@ class Request final : public dtensor::detail::WorkState {
     if (finalized) return;
     int flag = 0;
     if (MPI_Test(&req, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && flag) return;
-    State::get().adopt(Orphan{req, std::move(counts)});
+    State::get().adopt(Orphan{req, std::move(counts), std::move(comm_)});
   }
 
   MPI_Request req = MPI_REQUEST_NULL;
@@ -129,6 +131,7 @@ class Request final : public dtensor::detail::WorkState {
   }
 
   OpInfo info_;
+  std::shared_ptr<const void> comm_;
 };
 
 }  // namespace dtensor::mpi::detail

@@ -9,6 +9,7 @@
 #include <climits>
 #include <cstddef>
 #include <cstdio>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -100,9 +101,12 @@ void bf16_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
 
 /// A request that was still running when its Work was dropped (or timed out): MPI cannot
 /// cancel a collective, so the request and the int arrays it reads stay alive until it ends.
+/// It also holds its communicator: freeing an MPI communicator while a non-blocking collective
+/// on it is pending crashes Open MPI's libnbc when the request is progressed later.
 struct Orphan {
   MPI_Request req;
   std::vector<int> counts;
+  std::shared_ptr<const void> comm;  // keeps the MPI communicator alive until req completes
 };
 
 /// Process-wide MPI state, created at first use and released by MPI_Finalize (through an
@@ -160,9 +164,11 @@ class State {
       while (MPI_Test(&o.req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done &&
              std::chrono::steady_clock::now() < deadline)
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      if (!done)
+      if (!done) {
         std::fprintf(stderr, "dtensor: MPI_Finalize with an MPI operation that never completed (a peer did not "
                              "take part); the job should have been aborted\n");
+        new std::shared_ptr<const void>(std::move(o.comm));  // never free a communicator in use
+      }
     }
     MPI_Op_free(&bf16_sum_);
     MPI_Op_free(&bf16_max_);

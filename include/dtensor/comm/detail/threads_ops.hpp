@@ -30,6 +30,7 @@ struct Ctx {
   std::uint64_t seq = 0;
   std::chrono::milliseconds timeout{0};
   std::string label;
+  std::shared_ptr<const MemOps> mem{};  // null: the buffers are host memory
 
   int world_rank() const { return group->world_ranks[std::size_t(rank)]; }
   std::string op(CollectiveKind k) const { return dtensor::detail::cat(name_of(k), "[", label, "]"); }
@@ -97,7 +98,7 @@ inline Slot& arrive(const Ctx& c, Post mine) {
   }
   if (s.failed) give_up();
 
-  if (mine.send_bytes > 0 && mine.send_bytes <= eager_limit) {
+  if (!c.mem && mine.send_bytes > 0 && mine.send_bytes <= eager_limit) {
     // Copying a small send beats making its owner wait for every reader (one rendezvous less).
     if (s.eager.empty()) s.eager.resize(std::size_t(n) * eager_limit);
     std::byte* copy = s.eager.data() + std::size_t(c.rank) * eager_limit;
@@ -105,7 +106,7 @@ inline Slot& arrive(const Ctx& c, Post mine) {
     mine.send = copy;
     mine.lent = false;
   }
-  if (mine.kind == CollectiveKind::all_reduce) {
+  if (!c.mem && mine.kind == CollectiveKind::all_reduce) {
     const std::size_t need = mine.count * size_of(mine.dtype);
     if (s.scratch_bytes < need) {
       s.scratch.reset(new std::byte[need]);
@@ -173,7 +174,10 @@ inline std::unique_lock<std::mutex> count_in(Group& g, std::atomic<int>& counter
 inline void sync(Group& g, std::atomic<int>& counter) { count_in(g, counter, true); }
 
 /// Step 4. `lent`: peers read this rank's own memory, so it waits until all finished reading.
-inline void depart(Group& g, Slot& s, bool lent) {
+/// With device memory, this rank's own copies must have completed before it counts as done.
+inline void depart(const Ctx& c, Slot& s, bool lent) {
+  if (c.mem) c.mem->fence();
+  Group& g = *c.group;
   auto l = count_in(g, s.done_reading, lent);
   g.leave(s);
 }
@@ -204,7 +208,9 @@ inline void validate(const Ctx& c, Slot& s) {
   }
   if (problem.empty()) return;
   {
-    std::lock_guard l(g.mu);
+    // Every rank reaches this verdict, but none may leave (and unwind, freeing what peers
+    // still read, such as all_to_all_v's count arrays) before all have validated.
+    auto l = count_in(g, s.mid, true);
     g.leave(s);
   }
   throw c.error(me.kind, problem);
@@ -212,6 +218,7 @@ inline void validate(const Ctx& c, Slot& s) {
 
 /// Steps 1 and 2: the slot, once every rank has arrived with consistent arguments.
 inline Slot& rendezvous(const Ctx& c, const Post& mine) {
+  if (c.mem) c.mem->fence();  // what peers will read must be complete before they may read it
   Slot& s = arrive(c, mine);
   validate(c, s);
   return s;
@@ -221,14 +228,19 @@ inline Slot& rendezvous(const Ctx& c, const Post& mine) {
 /// overlaps it (in-place use) and the send is too large to travel eagerly, it is copied first,
 /// into `hold`, so that writing the output cannot change what peers read.
 /// `eager` says whether a small send will be copied into the slot anyway.
-inline const void* stable_send(const void* send, std::size_t bytes, const void* out, std::size_t out_bytes,
-                               std::unique_ptr<std::byte[]>& hold, bool eager = true) {
+inline const void* stable_send(const Ctx& c, const void* send, std::size_t bytes, const void* out,
+                               std::size_t out_bytes, std::shared_ptr<std::byte>& hold, bool eager = true) {
   const auto* a = bytes_of(send);
   const auto* b = bytes_of(out);
   const bool overlap = bytes && out_bytes && a < b + out_bytes && b < a + bytes;
-  if (!overlap || (eager && bytes <= eager_limit)) return send;
-  hold.reset(new std::byte[bytes]);
-  std::memcpy(hold.get(), send, bytes);
+  if (!overlap || (!c.mem && eager && bytes <= eager_limit)) return send;
+  if (c.mem) {
+    hold = c.mem->allocate(bytes);
+    c.mem->copy(hold.get(), send, bytes);
+  } else {
+    hold = std::shared_ptr<std::byte>(new std::byte[bytes], std::default_delete<std::byte[]>());
+    std::memcpy(hold.get(), send, bytes);
+  }
   return hold.get();
 }
 
@@ -240,8 +252,16 @@ inline const void* const* peer_sends(const Slot& s, std::size_t offset) {
   return ptrs.data();
 }
 
-inline void copy_bytes(void* dst, const void* src, std::size_t n) {
-  if (n && dst != src) std::memcpy(dst, src, n);
+inline void copy_bytes(const Ctx& c, void* dst, const void* src, std::size_t n) {
+  if (!n || dst == src) return;
+  if (c.mem) c.mem->copy(dst, src, n);
+  else std::memcpy(dst, src, n);
+}
+
+inline void reduce_into(const Ctx& c, DType t, ReduceOp op, void* dst, const void* const* srcs, int n,
+                        std::size_t count) {
+  if (c.mem) c.mem->reduce(t, op, dst, srcs, n, count);
+  else reduce(t, op, dst, srcs, n, count);
 }
 
 // ------------------------------------------------------------------------------ collectives
@@ -249,27 +269,27 @@ inline void copy_bytes(void* dst, const void* src, std::size_t n) {
 inline void all_gather(const Ctx& c, const void* send, void* recv, std::size_t count, DType t) {
   const int n = c.group->size;
   const std::size_t block = count * size_of(t);
-  std::unique_ptr<std::byte[]> hold;
+  std::shared_ptr<std::byte> hold;
   // In-place (send is my own block of recv) is safe: I never rewrite my block with other data.
   const bool in_place = send == bytes_of(recv) + std::size_t(c.rank) * block;
   Post p{.kind = CollectiveKind::all_gather, .dtype = t, .count = count,
-         .send = in_place ? send : stable_send(send, block, recv, block * std::size_t(n), hold),
+         .send = in_place ? send : stable_send(c, send, block, recv, block * std::size_t(n), hold),
          .send_bytes = block, .lent = true};
   Slot& s = rendezvous(c, p);
-  for (int j = 0; j < n; ++j) copy_bytes(bytes_of(recv) + std::size_t(j) * block, s.posts[std::size_t(j)].send, block);
-  depart(*c.group, s, s.posts[std::size_t(c.rank)].lent);
+  for (int j = 0; j < n; ++j) copy_bytes(c, bytes_of(recv) + std::size_t(j) * block, s.posts[std::size_t(j)].send, block);
+  depart(c, s, s.posts[std::size_t(c.rank)].lent);
 }
 
 inline void reduce_scatter(const Ctx& c, const void* send, void* recv, std::size_t count, DType t, ReduceOp op) {
   const int n = c.group->size;
   const std::size_t block = count * size_of(t);
-  std::unique_ptr<std::byte[]> hold;
+  std::shared_ptr<std::byte> hold;
   Post p{.kind = CollectiveKind::reduce_scatter, .dtype = t, .op = op, .count = count,
-         .send = stable_send(send, block * std::size_t(n), recv, block, hold),
+         .send = stable_send(c, send, block * std::size_t(n), recv, block, hold),
          .send_bytes = block * std::size_t(n), .lent = true};
   Slot& s = rendezvous(c, p);
-  reduce(t, op, recv, peer_sends(s, std::size_t(c.rank) * block), n, count);
-  depart(*c.group, s, s.posts[std::size_t(c.rank)].lent);
+  reduce_into(c, t, op, recv, peer_sends(s, std::size_t(c.rank) * block), n, count);
+  depart(c, s, s.posts[std::size_t(c.rank)].lent);
 }
 
 /// Small: every rank reduces everything from the eager copies (one rendezvous). Large: rank r
@@ -281,6 +301,21 @@ inline void all_reduce(const Ctx& c, const void* send, void* recv, std::size_t c
   Post p{.kind = CollectiveKind::all_reduce, .dtype = t, .op = op, .count = count, .send = send,
          .send_bytes = bytes, .lent = true};
   Slot& s = rendezvous(c, p);
+  if (c.mem) {
+    // Device memory: each rank reduces the whole buffer in rank order (one kernel), into a
+    // temporary when send and recv overlap, because peers still read this rank's send until mid.
+    const auto* a = bytes_of(send);
+    const auto* b = bytes_of(recv);
+    std::shared_ptr<std::byte> tmp;
+    void* out = recv;
+    if (bytes && a < b + bytes && b < a + bytes) out = (tmp = c.mem->allocate(bytes)).get();
+    c.mem->reduce(t, op, out, peer_sends(s, 0), n, count);
+    c.mem->fence();
+    sync(*c.group, s.mid);
+    copy_bytes(c, recv, out, bytes);
+    depart(c, s, false);
+    return;
+  }
   if (!s.posts[std::size_t(c.rank)].lent) {
     reduce(t, op, recv, peer_sends(s, 0), n, count);
   } else {
@@ -289,24 +324,24 @@ inline void all_reduce(const Ctx& c, const void* send, void* recv, std::size_t c
     const std::size_t slice = (count + std::size_t(n) - 1) / std::size_t(n);
     const std::size_t step = (slice + per_line - 1) / per_line * per_line;
     const std::size_t lo = std::min(count, std::size_t(c.rank) * step), hi = std::min(count, lo + step);
-    if (hi > lo) reduce(t, op, s.scratch.get() + lo * es, peer_sends(s, lo * es), n, hi - lo);
+    if (hi > lo) reduce_into(c, t, op, s.scratch.get() + lo * es, peer_sends(s, lo * es), n, hi - lo);
     sync(*c.group, s.mid);  // from here on nobody reads the sends, so recv may be written
-    copy_bytes(recv, s.scratch.get(), bytes);
+    copy_bytes(c, recv, s.scratch.get(), bytes);
   }
-  depart(*c.group, s, false);
+  depart(c, s, false);
 }
 
 inline void all_to_all(const Ctx& c, const void* send, void* recv, std::size_t count, DType t) {
   const int n = c.group->size;
   const std::size_t block = count * size_of(t), total = block * std::size_t(n);
-  std::unique_ptr<std::byte[]> hold;
+  std::shared_ptr<std::byte> hold;
   Post p{.kind = CollectiveKind::all_to_all, .dtype = t, .count = count,
-         .send = stable_send(send, total, recv, total, hold), .send_bytes = total, .lent = true};
+         .send = stable_send(c, send, total, recv, total, hold), .send_bytes = total, .lent = true};
   Slot& s = rendezvous(c, p);
   for (int j = 0; j < n; ++j)
-    copy_bytes(bytes_of(recv) + std::size_t(j) * block,
+    copy_bytes(c, bytes_of(recv) + std::size_t(j) * block,
                bytes_of(s.posts[std::size_t(j)].send) + std::size_t(c.rank) * block, block);
-  depart(*c.group, s, s.posts[std::size_t(c.rank)].lent);
+  depart(c, s, s.posts[std::size_t(c.rank)].lent);
 }
 
 /// counts: send counts, send displacements, recv counts, recv displacements (elements, per rank).
@@ -318,17 +353,17 @@ inline void all_to_all_v(const Ctx& c, const void* send, void* recv, const std::
     send_extent = std::max(send_extent, v[1][r] + v[0][r]);
     recv_extent = std::max(recv_extent, v[3][r] + v[2][r]);
   }
-  std::unique_ptr<std::byte[]> hold;
+  std::shared_ptr<std::byte> hold;
   // Never eager: peers also read the count arrays, which live in this rank's memory.
   Post p{.kind = CollectiveKind::all_to_all_v, .dtype = t,
-         .send = stable_send(send, send_extent * es, recv, recv_extent * es, hold, false),
+         .send = stable_send(c, send, send_extent * es, recv, recv_extent * es, hold, false),
          .counts = {v[0], v[1], v[2], v[3]}, .lent = true};
   Slot& s = rendezvous(c, p);
   for (int j = 0; j < n; ++j) {
     const Post& q = s.posts[std::size_t(j)];
-    copy_bytes(bytes_of(recv) + v[3][j] * es, bytes_of(q.send) + q.counts[1][c.rank] * es, v[2][j] * es);
+    copy_bytes(c, bytes_of(recv) + v[3][j] * es, bytes_of(q.send) + q.counts[1][c.rank] * es, v[2][j] * es);
   }
-  depart(*c.group, s, true);
+  depart(c, s, true);
 }
 
 inline void broadcast(const Ctx& c, void* buf, std::size_t count, DType t, int root) {
@@ -337,13 +372,13 @@ inline void broadcast(const Ctx& c, void* buf, std::size_t count, DType t, int r
   Post p{.kind = CollectiveKind::broadcast, .dtype = t, .root = root, .count = count,
          .send = is_root ? buf : nullptr, .send_bytes = is_root ? bytes : 0, .lent = is_root};
   Slot& s = rendezvous(c, p);
-  if (!is_root) copy_bytes(buf, s.posts[std::size_t(root)].send, bytes);
-  depart(*c.group, s, s.posts[std::size_t(c.rank)].lent);
+  if (!is_root) copy_bytes(c, buf, s.posts[std::size_t(root)].send, bytes);
+  depart(c, s, s.posts[std::size_t(c.rank)].lent);
 }
 
 inline void barrier(const Ctx& c) {
   Slot& s = rendezvous(c, Post{.kind = CollectiveKind::barrier});
-  depart(*c.group, s, false);
+  depart(c, s, false);
 }
 
 /// Ranks of equal color form a group ordered by (key, old rank). The first rank through makes
@@ -383,21 +418,23 @@ inline std::pair<std::shared_ptr<Group>, int> split(const Ctx& c, int color, int
     }
     mine = {s.made[std::size_t(c.rank)], s.new_rank[std::size_t(c.rank)]};
   }
-  depart(g, s, false);
+  depart(c, s, false);
   return mine;
 }
 
 // ------------------------------------------------------------------------------ point-to-point
 
 /// Posts a message to `peer` and waits until it has been copied out (a zero-copy rendezvous).
-inline void send(const Ctx& c, const void* buf, std::size_t count, DType t, int peer, int tag) {
+/// `ticket` is the send's place in program order (World::take_ticket).
+inline void send(const Ctx& c, const void* buf, std::size_t count, DType t, int peer, int tag, std::uint64_t ticket) {
   Group& g = *c.group;
   World& w = *g.world;
-  Message m{.buf = buf, .count = count, .dtype = t};
+  Message m{.buf = buf, .count = count, .dtype = t, .ticket = ticket};
+  if (c.mem) c.mem->fence();  // the receiver reads buf: its contents must be there
   std::unique_lock l(w.p2p_mu);
   if (w.aborted()) throw c.error(CollectiveKind::send, w.reason());
   auto& q = w.mail[MailKey{g.id, c.rank, peer, tag}];
-  q.push_back(&m);
+  q.insert(std::find_if(q.begin(), q.end(), [&](const Message* o) { return o->ticket > ticket; }), &m);
   w.p2p_cv.notify_all();
   const auto deadline = deadline_after(c.timeout);
   auto withdraw = [&] { q.erase(std::find(q.begin(), q.end(), &m)); };
@@ -423,17 +460,23 @@ inline void send(const Ctx& c, const void* buf, std::size_t count, DType t, int 
   if (!m.error.empty()) throw c.error(CollectiveKind::send, m.error);
 }
 
-/// Takes the oldest message from `peer` with `tag`, checks that it fits and copies it.
-inline void recv(const Ctx& c, void* buf, std::size_t count, DType t, int peer, int tag) {
+/// Takes the message from `peer` with `tag` whose ticket is this receive's (the k-th receive
+/// matches the k-th send), checks that it fits and copies it.
+inline void recv(const Ctx& c, void* buf, std::size_t count, DType t, int peer, int tag, std::uint64_t ticket) {
   Group& g = *c.group;
   World& w = *g.world;
   std::unique_lock l(w.p2p_mu);
   auto& q = w.mail[MailKey{g.id, peer, c.rank, tag}];
   const auto deadline = deadline_after(c.timeout);
+  auto mine = q.end();
+  auto arrived = [&] {
+    mine = std::find_if(q.begin(), q.end(), [&](const Message* o) { return o->ticket == ticket; });
+    return mine != q.end();
+  };
   for (;;) {
     if (w.aborted()) throw c.error(CollectiveKind::recv, w.reason());
-    if (!q.empty()) break;
-    if (w.p2p_cv.wait_until(l, deadline) == std::cv_status::timeout && q.empty() && !w.aborted()) {
+    if (arrived()) break;
+    if (w.p2p_cv.wait_until(l, deadline) == std::cv_status::timeout && !arrived() && !w.aborted()) {
       l.unlock();
       const Error e = c.error(CollectiveKind::recv,
                               dtensor::detail::cat("timed out after ", c.timeout.count(), " ms: ", rank_name(g, peer),
@@ -442,8 +485,8 @@ inline void recv(const Ctx& c, void* buf, std::size_t count, DType t, int peer, 
       throw e;
     }
   }
-  Message* m = q.front();
-  q.pop_front();
+  Message* m = *mine;
+  q.erase(mine);
   m->taken = true;
   l.unlock();
   std::string error;
@@ -451,7 +494,8 @@ inline void recv(const Ctx& c, void* buf, std::size_t count, DType t, int peer, 
     error = dtensor::detail::cat("rank ", peer, " sent ", m->count, " x ", name_of(m->dtype), " to rank ", c.rank,
                                  ", which expected ", count, " x ", name_of(t), " (tag ", tag, ")");
   else
-    copy_bytes(buf, m->buf, count * size_of(t));
+    copy_bytes(c, buf, m->buf, count * size_of(t));
+  if (c.mem) c.mem->fence();  // the sender may reuse its buffer once we say done
   l.lock();
   m->error = error;
   m->done = true;

@@ -23,6 +23,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <tuple>
 #include <utility>
@@ -189,6 +190,25 @@ class Pool {
   bool stopped_ = false;
 };
 
+// ------------------------------------------------------------------------------ memory
+
+/// Where a rank's buffers live when they are not plain host memory. The collectives' copies
+/// and reductions go through it, so the same rendezvous serves ranks whose buffers are on a GPU
+/// (comm/cuda_threads.cuh implements it with CUDA streams); a null MemOps means host memory,
+/// memcpy and threads_reduce.hpp. Copies and reductions are enqueued on the rank's own queue
+/// (its stream); fence() waits for them, so a peer never reads a buffer before its contents
+/// are there, and a rank never leaves while its own reads of a peer are still in flight.
+struct MemOps {
+  virtual ~MemOps() = default;
+  virtual std::string_view backend() const = 0;
+  virtual void copy(void* dst, const void* src, std::size_t bytes) const = 0;
+  /// dst[i] = srcs[0][i] op ... op srcs[n-1][i] in rank order (as threads_reduce.hpp's reduce).
+  virtual void reduce(DType t, ReduceOp op, void* dst, const void* const* srcs, int n, std::size_t count) const = 0;
+  /// Scratch memory of the same kind as the rank's buffers.
+  virtual std::shared_ptr<std::byte> allocate(std::size_t bytes) const = 0;
+  virtual void fence() const = 0;
+};
+
 // ------------------------------------------------------------------------------ rendezvous
 
 /// What one rank brings to a collective. Peers read it (and the buffers it points to) once all
@@ -238,6 +258,7 @@ struct Message {
   const void* buf = nullptr;
   std::size_t count = 0;
   DType dtype = DType::uint8;
+  std::uint64_t ticket = 0;  // its place among the sends of its (group, src, dst, tag)
   bool taken = false;  // a receiver is copying it: the sender must wait for `done`, whatever happens
   bool done = false;
   std::string error{};  // set by the receiver when the two sides disagree
@@ -275,10 +296,20 @@ class World {
 
   Pool pool;
 
-  // Point-to-point mailboxes, FIFO per (group, src, dst, tag).
+  // Point-to-point mailboxes, FIFO per (group, src, dst, tag). Sends and receives draw tickets
+  // in program order when they are issued; the k-th receive takes the k-th send, so messages
+  // do not overtake each other even when asynchronous ones run on different pool threads
+  // (MPI's non-overtaking rule).
   std::mutex p2p_mu;
   std::condition_variable p2p_cv;
-  std::map<MailKey, std::deque<Message*>> mail;
+  std::map<MailKey, std::deque<Message*>> mail;  // ordered by ticket
+  std::map<MailKey, std::uint64_t> send_tickets, recv_tickets;
+
+  /// The next ticket of a send (or receive) on `key`.
+  std::uint64_t take_ticket(const MailKey& key, bool sending) {
+    std::lock_guard l(p2p_mu);
+    return (sending ? send_tickets : recv_tickets)[key]++;
+  }
 
  private:
   std::mutex mu_;

@@ -14,6 +14,10 @@
 //
 // cross_entropy is exactly these pieces on one rank (v0 = 0), so a split run differs from a whole
 // one only by the order in which the double sums of exps are added. Statistics are Stat (double).
+//
+// Rows split across ranks (data parallel): pass mean_over = the global row count to
+// cross_entropy / cross_entropy_backward / vocab_parallel_ce_loss / vocab_parallel_ce_backward;
+// each rank's loss is then its share of the global mean (the shares add up to it).
 #pragma once
 
 #include <cmath>
@@ -41,6 +45,13 @@ template <class T>
 void check_row_stats(const char* op, const HostTensor<T, 2>& logits, const HostTensor<Stat, 1>& s, const char* name) {
   check(s.extent(0) == logits.extent(0), op, name, " ", to_string(s.shape()), " does not match logits ",
         to_string(logits.shape()));
+}
+
+/// The N of the mean: the local row count unless the caller gives the global one.
+inline Extent mean_divisor(Extent rows, Extent mean_over) {
+  check(mean_over < 0 || mean_over >= rows, "cross_entropy", "mean over ", mean_over, " rows, fewer than the ", rows,
+        " rows of this shard");
+  return mean_over < 0 ? rows : mean_over;
 }
 
 /// dlogits[i, j] = (exp(x - lse_i) - [v0 + j == target_i]) * scale.
@@ -98,38 +109,40 @@ HostTensor<Stat, 1> vocab_parallel_ce_target_logit(const HostTensor<T, 2>& logit
 
 /// Mean over rows of log(sum) + max - target_logit, from the all-reduced pieces.
 inline double vocab_parallel_ce_loss(const HostTensor<Stat, 1>& global_max, const HostTensor<Stat, 1>& global_sum,
-                                     const HostTensor<Stat, 1>& target_logit) {
+                                     const HostTensor<Stat, 1>& target_logit, Extent mean_over = -1) {
   const Extent n = global_max.extent(0);
   detail::check(global_sum.extent(0) == n && target_logit.extent(0) == n, "vocab_parallel_ce_loss",
                 "max ", to_string(global_max.shape()), ", sum ", to_string(global_sum.shape()), " and target logit ",
                 to_string(target_logit.shape()), " must have one entry per row");
   double loss = 0;
   for (Extent i = 0; i < n; ++i) loss += detail::lse_of(global_max[i], global_sum[i]) - target_logit[i];
-  return n > 0 ? loss / double(n) : 0.0;
+  const Extent d = detail::mean_divisor(n, mean_over);
+  return d > 0 ? loss / double(d) : 0.0;
 }
 
 /// This shard's columns of d(mean loss)/d(logits) = (softmax - onehot) * dloss / N.
 template <FloatElement T, IndexElement Id>
 HostTensor<T, 2> vocab_parallel_ce_backward(const HostTensor<T, 2>& logits, const HostTensor<Id, 1>& targets, Extent v0,
                                             const HostTensor<Stat, 1>& global_max, const HostTensor<Stat, 1>& global_sum,
-                                            double dloss = 1.0) {
+                                            double dloss = 1.0, Extent mean_over = -1) {
   detail::check_ce("vocab_parallel_ce_backward", logits, targets);
   detail::check_row_stats("vocab_parallel_ce_backward", logits, global_max, "global max");
   detail::check_row_stats("vocab_parallel_ce_backward", logits, global_sum, "global sum");
-  const Extent n = logits.extent(0);
+  const Extent d = detail::mean_divisor(logits.extent(0), mean_over);
   return detail::ce_backward(logits, targets, v0, [&](Extent i) { return detail::lse_of(global_max[i], global_sum[i]); },
-                             n > 0 ? dloss / double(n) : 0.0);
+                             d > 0 ? dloss / double(d) : 0.0);
 }
 
 template <FloatElement T, IndexElement Id>
-CrossEntropyForward cross_entropy(const HostTensor<T, 2>& logits, const HostTensor<Id, 1>& targets) {
+CrossEntropyForward cross_entropy(const HostTensor<T, 2>& logits, const HostTensor<Id, 1>& targets,
+                                  Extent mean_over = -1) {
   detail::check_ce("cross_entropy", logits, targets);
   for (Extent i = 0; i < targets.extent(0); ++i)
     detail::check(targets[i] >= 0 && Extent(targets[i]) < logits.extent(1), "cross_entropy", "target ",
                   Extent(targets[i]), " in row ", i, " out of range [0, ", logits.extent(1), ")");
   const auto m = vocab_parallel_ce_max(logits);
   const auto s = vocab_parallel_ce_sum_exp(logits, m);
-  CrossEntropyForward f{vocab_parallel_ce_loss(m, s, vocab_parallel_ce_target_logit(logits, targets, 0)),
+  CrossEntropyForward f{vocab_parallel_ce_loss(m, s, vocab_parallel_ce_target_logit(logits, targets, 0), mean_over),
                         HostTensor<Stat, 1>::uninitialized(m.shape())};
   for (Extent i = 0; i < m.extent(0); ++i) f.lse[i] = detail::lse_of(m[i], s[i]);
   return f;
@@ -137,11 +150,11 @@ CrossEntropyForward cross_entropy(const HostTensor<T, 2>& logits, const HostTens
 
 template <FloatElement T, IndexElement Id>
 HostTensor<T, 2> cross_entropy_backward(const HostTensor<T, 2>& logits, const HostTensor<Id, 1>& targets,
-                                        const HostTensor<Stat, 1>& lse, double dloss = 1.0) {
+                                        const HostTensor<Stat, 1>& lse, double dloss = 1.0, Extent mean_over = -1) {
   detail::check_ce("cross_entropy_backward", logits, targets);
   detail::check_row_stats("cross_entropy_backward", logits, lse, "lse");
-  const Extent n = logits.extent(0);
-  return detail::ce_backward(logits, targets, 0, [&](Extent i) { return lse[i]; }, n > 0 ? dloss / double(n) : 0.0);
+  const Extent d = detail::mean_divisor(logits.extent(0), mean_over);
+  return detail::ce_backward(logits, targets, 0, [&](Extent i) { return lse[i]; }, d > 0 ? dloss / double(d) : 0.0);
 }
 
 }  // namespace dtensor::kernels::host

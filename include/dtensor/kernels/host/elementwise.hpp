@@ -6,7 +6,8 @@
 //   mul_(y, x);  scale_(y, alpha);  fill_(y, v);
 //   auto y = add_bias(x, b);   add_bias_(x, b);   // x[..., n] + b[n]
 //   auto db = bias_grad(dy);   bias_grad_into(db, dy, /*accumulate=*/true);  // sum of dy over rows
-//   auto z = add_broadcast(x, b);   // b has x's rank, each extent equal to x's or 1
+//   auto z = add_broadcast(x, b);   // same rank; each pair of extents equal or one of them 1
+//   auto z = sub_broadcast(a, b);  mul_broadcast(a, b);
 //   auto g = sum_to(dz, b.shape()); // the adjoint: sums dz over the broadcast dimensions
 //
 // Arithmetic runs in compute_t<T> (bfloat16 rounds once per element); the sums of bias_grad and
@@ -155,16 +156,55 @@ HostTensor<T, 1> bias_grad(const HostTensor<T, R>& dy) {
   return db;
 }
 
-/// x + b where b has x's rank and each extent of b equals x's or is 1 (numpy broadcasting
-/// without rank promotion; reshape b first to add leading 1s).
-template <Element T, std::size_t R>
-HostTensor<T, R> add_broadcast(const HostTensor<T, R>& x, const HostTensor<T, R>& b) {
-  const Shape<R> st = detail::broadcast_strides("add_broadcast", x.shape(), b.shape());
-  auto out = HostTensor<T, R>::uninitialized(x.shape());
-  detail::for_each_broadcast(x.shape(), st, [&](Extent i, Extent j) {
-    out[i] = T(compute_t<T>(x[i]) + compute_t<T>(b[j]));
-  });
+/// The extents of a (op) b under broadcasting: same rank, each pair equal or one of them 1
+/// (numpy broadcasting without rank promotion; reshape first to add leading 1s).
+template <std::size_t R>
+Shape<R> broadcast_shape(const char* op, const Shape<R>& a, const Shape<R>& b) {
+  Shape<R> s{};
+  for (std::size_t i = 0; i < R; ++i) {
+    detail::check(a[i] == b[i] || a[i] == 1 || b[i] == 1, op, "extents ", to_string(a), " and ", to_string(b),
+                  " do not broadcast");
+    s[i] = a[i] == 1 ? b[i] : a[i];
+  }
+  return s;
+}
+
+namespace detail {
+/// out = f(a, b) over the broadcast extents; arithmetic in compute_t<T>.
+template <class T, std::size_t R, class F>
+HostTensor<T, R> zip_broadcast(const char* op, const HostTensor<T, R>& a, const HostTensor<T, R>& b, F f) {
+  const Shape<R> s = broadcast_shape(op, a.shape(), b.shape());
+  if (a.shape() == b.shape()) return zip(op, a, b, f);
+  const Shape<R> sa = broadcast_strides(op, s, a.shape()), sb = broadcast_strides(op, s, b.shape());
+  auto out = HostTensor<T, R>::uninitialized(s);
+  const Extent n = out.numel();
+  Shape<R> idx{};
+  Extent ia = 0, ib = 0;
+  for (Extent i = 0; i < n; ++i) {
+    out[i] = T(f(compute_t<T>(a[ia]), compute_t<T>(b[ib])));
+    for (std::size_t d = R; d-- > 0;) {  // odometer over the output's extents
+      ia += sa[d], ib += sb[d];
+      if (++idx[d] < s[d]) break;
+      ia -= sa[d] * idx[d], ib -= sb[d] * idx[d];
+      idx[d] = 0;
+    }
+  }
   return out;
+}
+}  // namespace detail
+
+/// a + b with broadcasting (see broadcast_shape).
+template <Element T, std::size_t R>
+HostTensor<T, R> add_broadcast(const HostTensor<T, R>& a, const HostTensor<T, R>& b) {
+  return detail::zip_broadcast("add_broadcast", a, b, [](auto x, auto y) { return x + y; });
+}
+template <Element T, std::size_t R>
+HostTensor<T, R> sub_broadcast(const HostTensor<T, R>& a, const HostTensor<T, R>& b) {
+  return detail::zip_broadcast("sub_broadcast", a, b, [](auto x, auto y) { return x - y; });
+}
+template <Element T, std::size_t R>
+HostTensor<T, R> mul_broadcast(const HostTensor<T, R>& a, const HostTensor<T, R>& b) {
+  return detail::zip_broadcast("mul_broadcast", a, b, [](auto x, auto y) { return x * y; });
 }
 
 /// The adjoint of broadcasting to dz's extents: sums dz over the dimensions where `shape` is 1.

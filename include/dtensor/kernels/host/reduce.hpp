@@ -6,6 +6,8 @@
 //   auto dx = sum_backward(ds, x.shape(), 1);     // broadcasts ds back over dimension 1
 //   auto dx = mean_backward(dm, x.shape(), 1);
 //   auto dx = max_backward(dv, idx, x.shape(), 1);  // routes dv to the (first) maximum
+//   auto m  = mean(x, 1, /*divisor=*/n_global);    // this shard's sum / the global extent
+//   auto dx = mean_backward(dm, x.shape(), 1, n_global);
 //
 // The reduced dimension is kept with extent 1 so that every rank, 1 included, works, and so that
 // the result broadcasts against x; reshape to drop it. Sums accumulate in double, in index order.
@@ -38,12 +40,11 @@ Shape<R> reduced_shape(const char* op, const Shape<R>& s, std::size_t dim) {
   return r;
 }
 
-/// out[o, i] = scale * sum_j x[o, j, i].
+/// out[o, i] = s * sum_j x[o, j, i].
 template <class T, std::size_t R>
-HostTensor<T, R> sum_scaled(const char* op, const HostTensor<T, R>& x, std::size_t dim, bool mean) {
+HostTensor<T, R> sum_scaled(const char* op, const HostTensor<T, R>& x, std::size_t dim, Stat s) {
   auto out = HostTensor<T, R>::uninitialized(reduced_shape(op, x.shape(), dim));
   const auto a = around(x.shape(), dim);
-  const Stat s = mean ? (a.n > 0 ? 1.0 / Stat(a.n) : NAN) : 1.0;
   std::vector<Stat> acc(std::size_t(a.inner));
   for (Extent o = 0; o < a.outer; ++o) {
     std::fill(acc.begin(), acc.end(), 0.0);
@@ -75,11 +76,15 @@ HostTensor<T, R> broadcast_back(const char* op, const HostTensor<T, R>& dy, cons
 
 template <FloatElement T, std::size_t R>
 HostTensor<T, R> sum(const HostTensor<T, R>& x, std::size_t dim) {
-  return detail::sum_scaled("sum", x, dim, false);
+  return detail::sum_scaled("sum", x, dim, 1.0);
 }
+/// The sum over dim divided by `divisor` (default: the extent of dim; a shard of a split
+/// dimension passes the global extent, so that the shards' results add up to the mean).
 template <FloatElement T, std::size_t R>
-HostTensor<T, R> mean(const HostTensor<T, R>& x, std::size_t dim) {
-  return detail::sum_scaled("mean", x, dim, true);
+HostTensor<T, R> mean(const HostTensor<T, R>& x, std::size_t dim, Extent divisor = -1) {
+  detail::check_dim("mean", dim, x.shape());
+  const Extent n = divisor < 0 ? x.extent(dim) : divisor;
+  return detail::sum_scaled("mean", x, dim, n > 0 ? 1.0 / Stat(n) : Stat(NAN));
 }
 
 template <FloatElement T, std::size_t R>
@@ -108,9 +113,10 @@ HostTensor<T, R> sum_backward(const HostTensor<T, R>& dy, const Shape<R>& x_shap
   return detail::broadcast_back("sum_backward", dy, x_shape, dim, 1.0);
 }
 template <FloatElement T, std::size_t R>
-HostTensor<T, R> mean_backward(const HostTensor<T, R>& dy, const Shape<R>& x_shape, std::size_t dim) {
+HostTensor<T, R> mean_backward(const HostTensor<T, R>& dy, const Shape<R>& x_shape, std::size_t dim,
+                               Extent divisor = -1) {
   detail::check_dim("mean_backward", dim, x_shape);
-  return detail::broadcast_back("mean_backward", dy, x_shape, dim, 1.0 / Stat(x_shape[dim]));
+  return detail::broadcast_back("mean_backward", dy, x_shape, dim, 1.0 / Stat(divisor < 0 ? x_shape[dim] : divisor));
 }
 template <FloatElement T, std::size_t R>
 HostTensor<T, R> max_backward(const HostTensor<T, R>& dy, const HostTensor<std::int64_t, R>& indices,

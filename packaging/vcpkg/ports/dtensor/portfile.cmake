@@ -39,9 +39,4 @@ vcpkg_cmake_config_fixup(PACKAGE_NAME ${PORT} CONFIG_PATH share/${PORT})
 file(REMOVE_RECURSE "${CURRENT_PACKAGES_DIR}/debug" "${CURRENT_PACKAGES_DIR}/lib")
 
 file(INSTALL "${CMAKE_CURRENT_LIST_DIR}/usage" DESTINATION "${CURRENT_PACKAGES_DIR}/share/${PORT}")
-if(EXISTS "${SOURCE_PATH}/LICENSE")
-  vcpkg_install_copyright(FILE_LIST "${SOURCE_PATH}/LICENSE")
-else()
-  file(WRITE "${CURRENT_PACKAGES_DIR}/share/${PORT}/copyright"
-       "dtensor ${VERSION}: see the dtensor source tree for its license.\n")
-endif()
+vcpkg_install_copyright(FILE_LIST "${SOURCE_PATH}/LICENSE")

@@ -1,0 +1,94 @@
+// bench/bench_gpt_step_host.cpp — one GPT training step (forward, backward, gradient syncs,
+// clipping, AdamW) in tokens/s, on one rank and under tensor / sequence / data parallelism over
+// the threads backend, in the same run: the one-rank step is the baseline of the others.
+//
+//   bench_gpt_step_host                         # the model of examples/train_gpt.cpp's defaults
+//   bench_gpt_step_host --benchmark_filter='tp:2'
+//
+// Each benchmark iteration starts a threads::run of dp*tp ranks, builds the model, runs one
+// untimed warm-up step and then `steps` timed steps; the iteration's manual time is rank 0's
+// time for those steps between barriers (setup excluded). Counter: tokens/s over the global
+// batch. The same step as train_gpt, on random token ids (the data does not change the work).
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <cstdint>
+#include <random>
+
+#include "dtensor/training.hpp"
+
+namespace {
+
+using namespace dtensor;
+using Mesh = DeviceMesh<"dp", "tp">;
+
+constexpr Extent vocab = 96, seq = 64, dim = 128, heads = 4, layers = 2, batch = 16;
+constexpr int steps = 5;
+
+template <bool SP>
+double timed_steps(CommPtr world, int dp, int tp) {
+  using Model = nn::GPT<float, Mesh, parallel::MegatronPlan<SP>>;
+  Mesh mesh(world, {dp, tp});
+  Model model(mesh, {.vocab = vocab, .seq = seq, .dim = dim, .heads = heads, .layers = layers, .seed = 7});
+  nn::ParamList<float, 2> ps;
+  model.collect(ps);
+  optim::AdamW<float, 2> opt(ps, {.lr = 1e-3});
+  parallel::DataParallel<Mesh> ddp(mesh, {.bucket_bytes = std::size_t(1) << 20});
+
+  std::mt19937 rng(11);  // the same ids on every rank
+  Tensor<std::int32_t, 1> ids(Shape<1>{batch * seq}), tgt(Shape<1>{batch * seq});
+  for (Extent i = 0; i < ids.numel(); ++i) {
+    ids[i] = std::int32_t(rng() % vocab);
+    tgt[i] = std::int32_t(rng() % vocab);
+  }
+  using L = typename Model::Ids::layout;
+  auto x = distribute_replicated<L>(mesh, ids), y = distribute_replicated<L>(mesh, tgt);
+  auto step = [&] {
+    opt.zero_grad();
+    auto loss = model.forward(x, y);
+    model.backward();
+    parallel::sequence_parallel_grads(ps, mesh, {.bucket_bytes = std::size_t(1) << 20});
+    ddp.all_reduce_gradients(ps);
+    optim::clip_grad_norm(ps, mesh, 1.0);
+    opt.step();
+    benchmark::DoNotOptimize(loss);
+  };
+  step();  // warm-up: first-touch of every buffer
+  world->barrier();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int s = 0; s < steps; ++s) step();
+  world->barrier();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void BM_gpt_step(benchmark::State& st) {
+  const int dp = int(st.range(0)), tp = int(st.range(1));
+  const bool sp = st.range(2) != 0;
+  double total = 0;
+  for (auto _ : st) {
+    double t = 0;
+    threads::run(dp * tp, [&](CommPtr w) {
+      const double mine = sp ? timed_steps<true>(w, dp, tp) : timed_steps<false>(w, dp, tp);
+      if (w->rank() == 0) t = mine;
+    });
+    st.SetIterationTime(t);
+    total += t;
+  }
+  st.counters["tokens_per_s"] = double(batch * seq) * steps * double(st.iterations()) / total;
+  st.counters["ranks"] = dp * tp;
+}
+
+}  // namespace
+
+BENCHMARK(BM_gpt_step)
+    ->ArgNames({"dp", "tp", "sp"})
+    ->Args({1, 1, 0})  // the baseline: one rank
+    ->Args({1, 2, 0})
+    ->Args({1, 2, 1})
+    ->Args({2, 1, 0})
+    ->Args({2, 2, 1})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3);
+
+BENCHMARK_MAIN();

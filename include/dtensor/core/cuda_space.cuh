@@ -1,0 +1,158 @@
+// dtensor/core/cuda_space.cuh — the cuda memory space: tensors in GPU memory.
+//
+//   dtensor::Tensor<float, 2, dtensor::cuda_space> a({1024, 1024});   // zero-filled, on the GPU
+//   auto h = dtensor::to_space<dtensor::host_space>(a);                 // copy back (synchronous)
+//   auto d = dtensor::to_space<dtensor::cuda_space>(h);                 // and there again
+//
+//   cudaStream_t s = dtensor::cuda::current_stream();   // this thread's stream (default: per-thread)
+//   dtensor::cuda::StreamScope scope(my_stream);         // another one until the scope ends
+//
+// Everything a cuda_space function does is ordered on the calling thread's current stream:
+// allocation and free are stream-ordered (cudaMallocAsync / cudaFreeAsync, the device's default
+// memory pool), device-to-device copies, zero and fill are enqueued and return at once. A copy
+// that reads or writes host memory returns only when it is complete, so that host code may read
+// or reuse the host buffer right after it (what host_space's copy promises too).
+//
+// Why a thread-local current stream: ranks of the one-GPU communicator (comm/cuda_threads.cuh)
+// are threads, each on its own stream; tensors created by a rank live on its stream without the
+// user passing streams around. The stream-ordered allocator's rule applies: memory used on
+// another stream must be synchronized with the current one before the tensor is destroyed.
+//
+// Element access (operator(), operator[]) and compare/equal are host-only: Tensor requires
+// Space::host_accessible, and cuda_space says false, so `a(0, 0)` does not compile on a device
+// tensor. Every CUDA call is checked (core/cuda_check.cuh).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string_view>
+
+#include "dtensor/core/cuda_check.cuh"
+#include "dtensor/core/memory.hpp"
+#include "dtensor/core/tensor.hpp"
+
+namespace dtensor {
+
+namespace cuda {
+
+namespace detail {
+inline cudaStream_t& current_stream_slot() noexcept {
+  thread_local cudaStream_t s = cudaStreamPerThread;  // no implicit sync with other threads' work
+  return s;
+}
+}  // namespace detail
+
+/// The stream this thread's cuda_space operations and kernels are issued on.
+inline cudaStream_t current_stream() noexcept { return detail::current_stream_slot(); }
+/// Sets this thread's current stream (the caller keeps the stream alive while it is current).
+inline void set_current_stream(cudaStream_t s) noexcept { detail::current_stream_slot() = s; }
+
+/// Makes `s` the current stream until the end of the scope.
+class StreamScope {
+ public:
+  explicit StreamScope(cudaStream_t s) noexcept : saved_(current_stream()) { set_current_stream(s); }
+  StreamScope(const StreamScope&) = delete;
+  StreamScope& operator=(const StreamScope&) = delete;
+  ~StreamScope() { set_current_stream(saved_); }
+
+ private:
+  cudaStream_t saved_;
+};
+
+/// The number of CUDA devices, 0 when there is none or no driver (never throws).
+inline int device_count() noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the (non-sticky) error for later calls
+    return 0;
+  }
+  return n;
+}
+
+/// Waits until everything issued on the current stream has finished.
+inline void synchronize() { DTENSOR_CUDA_CHECK(cudaStreamSynchronize(current_stream())); }
+
+/// Whether the GPU can address p directly (device or managed memory); false for host memory,
+/// pinned or not (NCCL and the device kernels need device memory).
+inline bool is_device_pointer(const void* p) {
+  if (!p) return false;
+  cudaPointerAttributes a{};
+  DTENSOR_CUDA_CHECK(cudaPointerGetAttributes(&a, p));
+  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
+/// Whether p is plain device memory (not host, not managed): copies between two such pointers
+/// need not wait for the host.
+inline bool is_device_only(const void* p) {
+  if (!p) return true;
+  cudaPointerAttributes a{};
+  DTENSOR_CUDA_CHECK(cudaPointerGetAttributes(&a, p));
+  return a.type == cudaMemoryTypeDevice;
+}
+
+namespace detail {
+template <class T>
+__global__ void fill_kernel(T* dst, std::size_t n, T value) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x)
+    dst[i] = value;
+}
+
+/// A grid that covers n elements with grid-stride loops (capped: more blocks do not help).
+inline unsigned grid_for(std::size_t n, unsigned block = 256) {
+  const std::size_t blocks = (n + block - 1) / block;
+  return unsigned(blocks < 65535 ? (blocks ? blocks : 1) : 65535);
+}
+}  // namespace detail
+
+}  // namespace cuda
+
+/// GPU memory on the current device, used through the current stream (see the synopsis).
+struct cuda_space {
+  static constexpr std::string_view name = "cuda";
+  static constexpr bool host_accessible = false;
+
+  static void* allocate(std::size_t bytes) {
+    if (bytes == 0) return nullptr;
+    void* p = nullptr;
+    DTENSOR_CUDA_CHECK(cudaMallocAsync(&p, bytes, cuda::current_stream()));
+    return p;
+  }
+  static void deallocate(void* p, std::size_t) noexcept {
+    if (p) detail::cuda_report(cudaFreeAsync(p, cuda::current_stream()), "cudaFreeAsync");
+  }
+  /// Any direction (the pointers say which: unified addressing). Synchronous when host memory
+  /// is involved, stream-ordered between device buffers.
+  static void copy(void* dst, const void* src, std::size_t bytes) {
+    if (bytes == 0 || dst == src) return;
+    const cudaStream_t s = cuda::current_stream();
+    DTENSOR_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
+    settle_if_host(dst, src, s);
+  }
+  /// height rows of width bytes; rows start every dst_pitch / src_pitch bytes.
+  static void copy_2d(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch, std::size_t width,
+                      std::size_t height) {
+    if (width == 0 || height == 0) return;
+    const cudaStream_t s = cuda::current_stream();
+    DTENSOR_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, height, cudaMemcpyDefault, s));
+    settle_if_host(dst, src, s);
+  }
+  static void zero(void* dst, std::size_t bytes) {
+    if (bytes) DTENSOR_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, cuda::current_stream()));
+  }
+  template <class T>
+  static void fill(T* dst, std::size_t n, T value) {
+    if (n == 0) return;
+    cuda::detail::fill_kernel<T><<<cuda::detail::grid_for(n), 256, 0, cuda::current_stream()>>>(dst, n, value);
+    DTENSOR_CUDA_CHECK_LAUNCH("cuda_space::fill (fill_kernel launch)");
+  }
+
+ private:
+  static void settle_if_host(void* dst, const void* src, cudaStream_t s) {
+    if (!cuda::is_device_only(dst) || !cuda::is_device_only(src)) DTENSOR_CUDA_CHECK(cudaStreamSynchronize(s));
+  }
+};
+
+static_assert(MemorySpace<cuda_space>);
+
+}  // namespace dtensor

@@ -1,0 +1,116 @@
+// dtensor/kernels/cuda/common.cuh — what every CUDA kernel shares: the tensor alias, the
+// cuBLAS handle and its check, launch shapes and a deterministic block sum in double.
+//
+//   kernels::cuda::CudaTensor<float, 2>        // Tensor<float, 2, cuda_space>
+//   DTENSOR_CUBLAS_CHECK(cublasGemmEx(...));    // failure -> dtensor::Error(call, status name)
+//   detail::blas()                              // this thread's handle, on the current stream
+//
+// The kernels are the twins of kernels/host (same names, argument order and semantics, on
+// CudaTensor), so the ops layer dispatches on the tensor's space. They follow the host
+// precision policy (kernels/host/common.hpp): per-element math in compute_t<T>, row sums and
+// statistics in double (Stat). The sums are tree-reduced in a fixed order per launch shape, so
+// a kernel gives the same bits on every call, though not the host's bits: the tests compare
+// with the host twin within a stated tolerance. All work is issued on cuda::current_stream().
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "dtensor/core/cuda_check.cuh"
+#include "dtensor/core/cuda_space.cuh"
+#include "dtensor/kernels/host/common.hpp"
+
+namespace dtensor::kernels::cuda {
+
+using host::compute_t;
+using host::FloatElement;
+using host::IndexElement;
+using host::Stat;
+
+template <class T, std::size_t R>
+using CudaTensor = Tensor<T, R, cuda_space>;
+
+namespace detail {
+
+using host::detail::around;
+using host::detail::check;
+using host::detail::check_dim;
+using host::detail::check_same_shape;
+using host::detail::leading_rows;
+
+inline void check_cublas(cublasStatus_t s, const char* call, const char* file, int line) {
+  if (s != CUBLAS_STATUS_SUCCESS) [[unlikely]]
+    throw Error(call, dtensor::detail::cat(cublasGetStatusName(s), ": ", cublasGetStatusString(s), " (at ", file, ":",
+                                           line, ")"),
+                Error::no_rank, int(s));
+}
+
+/// This thread's cuBLAS handle (created on first use, one per thread and device: ranks of
+/// cuda_threads are threads), bound to the current stream before every call.
+inline cublasHandle_t blas() {
+  struct Handle {
+    cublasHandle_t h = nullptr;
+    int device = -1;
+    ~Handle() {
+      if (h) cublasDestroy(h);
+    }
+  };
+  thread_local Handle handle;
+  int dev = 0;
+  DTENSOR_CUDA_CHECK(cudaGetDevice(&dev));
+  if (!handle.h || handle.device != dev) {
+    if (handle.h) cublasDestroy(handle.h);
+    handle.h = nullptr;
+    check_cublas(cublasCreate(&handle.h), "cublasCreate", __FILE__, __LINE__);
+    handle.device = dev;
+  }
+  check_cublas(cublasSetStream(handle.h, dtensor::cuda::current_stream()), "cublasSetStream", __FILE__, __LINE__);
+  return handle.h;
+}
+
+inline cudaStream_t stream() { return dtensor::cuda::current_stream(); }
+
+inline constexpr unsigned block = 256;
+inline unsigned grid_for(Extent n) { return dtensor::cuda::detail::grid_for(std::size_t(n), block); }
+
+/// Sum of v over the block (blockDim.x == block), the same tree every time; all threads get it.
+__device__ inline double block_sum(double v) {
+  __shared__ double buf[block];
+  __syncthreads();  // the buffer may still be read by a previous call
+  buf[threadIdx.x] = v;
+  __syncthreads();
+  for (unsigned s = block / 2; s > 0; s /= 2) {
+    if (threadIdx.x < s) buf[threadIdx.x] += buf[threadIdx.x + s];
+    __syncthreads();
+  }
+  return buf[0];
+}
+
+/// Max of v over the block.
+__device__ inline double block_max(double v) {
+  __shared__ double buf[block];
+  __syncthreads();
+  buf[threadIdx.x] = v;
+  __syncthreads();
+  for (unsigned s = block / 2; s > 0; s /= 2) {
+    if (threadIdx.x < s) buf[threadIdx.x] = fmax(buf[threadIdx.x], buf[threadIdx.x + s]);
+    __syncthreads();
+  }
+  return buf[0];
+}
+
+/// Grid-stride loop index helpers.
+__device__ inline Extent gidx() { return Extent(blockIdx.x) * blockDim.x + threadIdx.x; }
+__device__ inline Extent gstride() { return Extent(gridDim.x) * blockDim.x; }
+
+/// One block per row: a grid of `rows` blocks (rows may exceed 65535; x allows 2^31 - 1).
+inline unsigned rows_grid(Extent rows) { return unsigned(rows > 0 ? rows : 1); }
+
+inline void launched(const char* kernel) { DTENSOR_CUDA_CHECK_LAUNCH(kernel); }
+
+}  // namespace detail
+}  // namespace dtensor::kernels::cuda
+
+#define DTENSOR_CUBLAS_CHECK(call) ::dtensor::kernels::cuda::detail::check_cublas((call), #call, __FILE__, __LINE__)

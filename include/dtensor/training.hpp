@@ -1,0 +1,19 @@
+// dtensor/training.hpp — everything that trains a model, on top of dtensor/dtensor.hpp: ops
+// with sharding rules, modules with backward, optimizers, data / tensor / sequence parallelism.
+//
+//   #include <dtensor/training.hpp>
+//   using Model = dtensor::nn::GPT<float, dtensor::DeviceMesh<"dp", "tp">, dtensor::parallel::MegatronPlan<true>>;
+//
+// A separate umbrella so that code which only redistributes does not compile the modules.
+#pragma once
+
+#include "dtensor/dtensor.hpp"
+#include "dtensor/ops/all.hpp"
+#include "dtensor/nn/gpt.hpp"
+#include "dtensor/optim/adamw.hpp"
+#include "dtensor/optim/clip_grad.hpp"
+#include "dtensor/optim/sgd.hpp"
+#include "dtensor/parallel/data_parallel.hpp"
+#include "dtensor/parallel/gpt_plan.hpp"
+#include "dtensor/parallel/tensor_parallel.hpp"
+#include "dtensor/parallel/vocab_parallel.hpp"

@@ -1,0 +1,43 @@
+// Uses of ops with layouts that have no sharding rule: each DTENSOR_COMPILE_FAIL_CASE must fail
+// to compile with a diagnostic naming the op, the placements and the mesh dimension (see
+// CMakeLists.txt). Case 0 is the control: the same calls with layouts that have rules.
+#include "dtensor/dtensor.hpp"
+#include "dtensor/ops/all.hpp"
+
+using namespace dtensor;
+
+#ifndef DTENSOR_COMPILE_FAIL_CASE
+#define DTENSOR_COMPILE_FAIL_CASE 0
+#endif
+
+int main() {
+  threads::run(1, [](CommPtr world) {
+    DeviceMesh<"tp"> mesh(world, {1});
+    DeviceMesh<"dp", "tp"> mesh2(world, {1, 1});
+    const auto m = normal<float>(Shape<2>{4, 4}, 1);
+    const auto q = normal<float>(Shape<4>{1, 2, 3, 4}, 2);
+#if DTENSOR_COMPILE_FAIL_CASE == 0
+    auto a = distribute_replicated<Layout<Shard<0>>>(mesh, m);
+    auto b = distribute_replicated<Layout<Replicate>>(mesh, m);
+    (void)ops::matmul(a, b);
+    (void)ops::softmax(distribute_replicated<Layout<Replicate, Shard<0>>>(mesh2, m));
+    (void)ops::gelu(a);
+    (void)ops::add(distribute_replicated<Layout<Partial<>>>(mesh, m), distribute_replicated<Layout<Partial<>>>(mesh, m));
+    auto h = distribute_replicated<Layout<Shard<1>>>(mesh, q);
+    (void)ops::attention(h, h, h);
+#elif DTENSOR_COMPILE_FAIL_CASE == 1
+    auto a = distribute_replicated<Layout<Shard<0>>>(mesh, m);
+    (void)ops::matmul(a, a);
+#elif DTENSOR_COMPILE_FAIL_CASE == 2
+    (void)ops::softmax(distribute_replicated<Layout<Replicate, Shard<1>>>(mesh2, m));
+#elif DTENSOR_COMPILE_FAIL_CASE == 3
+    (void)ops::gelu(distribute_replicated<Layout<Partial<>>>(mesh, m));
+#elif DTENSOR_COMPILE_FAIL_CASE == 4
+    (void)ops::add(distribute_replicated<Layout<Partial<>>>(mesh, m), distribute_replicated<Layout<Replicate>>(mesh, m));
+#elif DTENSOR_COMPILE_FAIL_CASE == 5
+    auto s = distribute_replicated<Layout<Shard<2>>>(mesh, q);
+    (void)ops::attention(s, s, s);
+#endif
+  });
+  return 0;
+}
