@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # scripts/run-tests.sh — set up, build and run the whole test suite.
 #
-#   scripts/run-tests.sh             # unit (threads), MPI (4 and 8 processes), packaging tests
+#   scripts/run-tests.sh             # unit (threads), MPI (4 and 8 processes), parity, examples,
+#                                    # compile-fail, CUDA (skip without a GPU), packaging tests
 #
+# When nvcc is found (PATH or /usr/local/cuda) the CUDA and NCCL components are built too and
+# their tests (label cuda) run — on a machine without a GPU they report "skipped".
 # Environment: DTENSOR_TEST_BUILD (default build-tests) is the build folder; DTENSOR_TEST_JOBS
 # the build parallelism (default: the number of cores).
 set -euo pipefail
@@ -11,10 +14,17 @@ scripts/setup-deps.sh
 
 build=${DTENSOR_TEST_BUILD:-build-tests}
 jobs=${DTENSOR_TEST_JOBS:-$(nproc)}
+cuda=()
+nvcc=$(command -v nvcc || true)
+if [[ -z $nvcc && -x /usr/local/cuda/bin/nvcc ]]; then nvcc=/usr/local/cuda/bin/nvcc; fi
+if [[ -n $nvcc ]]; then
+  cuda=(-DDTENSOR_WITH_CUDA=ON -DDTENSOR_WITH_NCCL=ON -DCMAKE_CUDA_COMPILER="$nvcc")
+  echo "run-tests: building the CUDA and NCCL components with $nvcc"
+fi
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
       -DDTENSOR_BUILD_TESTS=ON -DDTENSOR_BUILD_EXAMPLES=ON -DDTENSOR_BUILD_BENCHMARKS=ON \
-      -DDTENSOR_WITH_MPI=ON -DDTENSOR_WITH_BLAS=ON
+      -DDTENSOR_WITH_MPI=ON -DDTENSOR_WITH_BLAS=ON "${cuda[@]}"
 cmake --build "$build" -j"$jobs"
 # Includes the examples, which check themselves against the full tensors (label example).
 (cd "$build" && ctest --output-on-failure -j"$jobs")
-scripts/test_packaging.sh
+DTENSOR_PACKAGING_MPI=1 scripts/test_packaging.sh
