@@ -4,6 +4,7 @@
 #   scripts/run-tests.sh             # unit (threads), MPI (4 and 8 processes), parity, examples,
 #                                    # compile-fail, CUDA (skip without a GPU), packaging tests
 #
+# Then scripts/run-sanitizers.sh (skip with DTENSOR_TEST_SANITIZERS=0).
 # When nvcc is found (PATH or /usr/local/cuda) the CUDA and NCCL components are built too and
 # their tests (label cuda) run — on a machine without a GPU they report "skipped".
 # Environment: DTENSOR_TEST_BUILD (default build-tests) is the build folder; DTENSOR_TEST_JOBS
@@ -28,3 +29,5 @@ cmake --build "$build" -j"$jobs"
 # Includes the examples, which check themselves against the full tensors (label example).
 (cd "$build" && ctest --output-on-failure -j"$jobs")
 DTENSOR_PACKAGING_MPI=1 scripts/test_packaging.sh
+# ASan + UBSan over the threads-backend suite, TSan over the threads backend's synchronization.
+if [[ ${DTENSOR_TEST_SANITIZERS:-1} != 0 ]]; then scripts/run-sanitizers.sh; fi

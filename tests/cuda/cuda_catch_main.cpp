@@ -2,17 +2,14 @@
 // only when a device is visible, else the program reports a skip (cuda_skip.hpp).
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
-#include <string_view>
+
+#include "support/catch_args.hpp"
 #include <vector>
 
 #include "cuda_skip.hpp"
 
 int main(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view a = argv[i];
-    if (a.starts_with("--list") || a == "-l" || a == "-t" || a == "-h" || a == "--help" || a == "-?")
-      return Catch::Session().run(argc, argv);
-  }
+  if (dtensor::testing::only_lists(argc, argv)) return Catch::Session().run(argc, argv);
   if (dtensor::testing::visible_devices() > 0) return Catch::Session().run(argc, argv);
   // No GPU: only the [nogpu] cases (an empty selection is not a failure).
   std::vector<char*> args(argv, argv + argc);

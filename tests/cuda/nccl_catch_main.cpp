@@ -3,18 +3,15 @@
 // with the skip code together (cuda_skip.hpp), so that no rank waits for another in NCCL.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
-#include <string_view>
+
+#include "support/catch_args.hpp"
 #include <vector>
 
 #include "cuda_skip.hpp"
 #include "dtensor/comm/mpi.hpp"
 
 int main(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view a = argv[i];
-    if (a.starts_with("--list") || a == "-l" || a == "-t" || a == "-h" || a == "--help" || a == "-?")
-      return Catch::Session().run(argc, argv);
-  }
+  if (dtensor::testing::only_lists(argc, argv)) return Catch::Session().run(argc, argv);
   dtensor::mpi::Environment env(argc, argv);
   int mine = dtensor::testing::visible_devices(), least = 0;
   MPI_Allreduce(&mine, &least, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);

@@ -3,16 +3,13 @@
 // scripts/mpi-test.sh can list a program's tests without mpirun.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
-#include <string_view>
+
+#include "support/catch_args.hpp"
 
 #include "dtensor/comm/mpi.hpp"
 
 int main(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view a = argv[i];
-    if (a.starts_with("--list") || a == "-l" || a == "-t" || a == "-h" || a == "--help" || a == "-?")
-      return Catch::Session().run(argc, argv);
-  }
+  if (dtensor::testing::only_lists(argc, argv)) return Catch::Session().run(argc, argv);
   dtensor::mpi::Environment env(argc, argv);
   return Catch::Session().run(argc, argv);
 }

@@ -9,9 +9,12 @@
 
 #include <span>
 #include <string>
+#include <tuple>
 #include <type_traits>
+#include <utility>
 
 #include "dtensor/dtensor.hpp"
+#include "support/gradcheck.hpp"
 #include "support/oracle.hpp"
 
 namespace dtensor::testing {
@@ -28,12 +31,14 @@ struct dual<BasicLayout<O, P...>> {
 template <class L>
 using dual_t = typename dual<L>::type;
 
-template <class T, std::size_t R>
-double dot(const Tensor<T, R>& a, const Tensor<T, R>& b) {
-  double s = 0;
-  for (Extent i = 0; i < a.numel(); ++i) s += double(a[i]) * double(b[i]);
-  return s;
-}
+/// One (from, to) pair of 1-d layouts for each kind of redistribution step.
+using AdjointStepKinds = std::tuple<std::pair<Layout<Shard<0>>, Layout<Replicate>>,   // all_gather
+                                    std::pair<Layout<Partial<>>, Layout<Replicate>>,  // all_reduce
+                                    std::pair<Layout<Partial<>>, Layout<Shard<1>>>,   // reduce_scatter
+                                    std::pair<Layout<Shard<0>>, Layout<Shard<1>>>,    // all_to_all
+                                    std::pair<Layout<Replicate>, Layout<Shard<0>>>,   // take_chunk
+                                    std::pair<Layout<Replicate>, Layout<Partial<>>>,  // replicate_to_partial
+                                    std::pair<Layout<Shard<1>>, Layout<Partial<>>>>;  // shard_to_partial
 
 /// <A x, y> - <x, A* y> over all ranks, for random integer pieces x and y (exact in double).
 template <class From, class To, class Mesh, std::size_t R>

@@ -7,42 +7,19 @@
 
 #include "dtensor/core/compare.hpp"
 #include "dtensor/core/factories.hpp"
+#include "support/gradcheck.hpp"
 
 namespace kt {
 
 using namespace dtensor;
 
-/// d/dx of the scalar loss(x), by central differences (double; x is perturbed in place).
-template <std::size_t R, class Loss>
-Tensor<double, R> fd_grad(Tensor<double, R> x, Loss loss, double h = 1e-6) {
-  Tensor<double, R> g(x.shape());
-  for (Extent i = 0; i < x.numel(); ++i) {
-    const double x0 = x[i];
-    x[i] = x0 + h;
-    const double lp = loss(x);
-    x[i] = x0 - h;
-    const double lm = loss(x);
-    x[i] = x0;
-    g[i] = (lp - lm) / (2 * h);
-  }
-  return g;
-}
-
-/// <a, b> in double.
-template <class T, std::size_t R>
-double dot(const Tensor<T, R>& a, const Tensor<T, R>& b) {
-  REQUIRE(a.shape() == b.shape());
-  double s = 0;
-  for (Extent i = 0; i < a.numel(); ++i) s += double(a[i]) * double(b[i]);
-  return s;
-}
+using dtensor::testing::dot;
+using dtensor::testing::fd_grad;
 
 /// Analytic against numeric gradient, relative to the largest entry (entries may be ~0).
 template <std::size_t R>
 void check_grad(const Tensor<double, R>& analytic, const Tensor<double, R>& numeric, double rtol = 1e-6) {
-  double scale = 1e-12;
-  for (Extent i = 0; i < numeric.numel(); ++i) scale = std::max(scale, std::abs(numeric[i]));
-  const auto c = compare(analytic, numeric, {.rtol = 0, .atol = rtol * scale});
+  const auto c = dtensor::testing::grad_compare(analytic, numeric, rtol);
   INFO(c.message);
   CHECK(c.ok);
 }

@@ -17,14 +17,6 @@ const auto x_full = normal<double>(Shape<2>{N, C}, 51);
 const auto r_full = normal<double>(Shape<2>{N, C}, 52);
 const nn::BlockConfig bc{C, H, T, 4, 0.3, 0.3};
 
-auto fwd = [](auto& m) { return [&m](const auto& x) { return m.forward(x); }; };
-auto bwd = [](auto& m) {
-  return [&m](const auto& dy) {
-    auto dx = m.backward_input(dy);
-    m.backward_weight();
-    return dx;
-  };
-};
 
 template <class Plan>
 ModuleRun block_run(const NnMesh& mesh, bool checkpoint) {

@@ -22,14 +22,6 @@ const auto x_full = normal<double>(Shape<2>{N, IN}, 11);
 const auto r_out = normal<double>(Shape<2>{N, OUT}, 12);
 const auto r_in = normal<double>(Shape<2>{N, IN}, 13);
 
-auto fwd = [](auto& m) { return [&m](const auto& x) { return m.forward(x); }; };
-auto bwd = [](auto& m) {
-  return [&m](const auto& dy) {
-    auto dx = m.backward_input(dy);
-    m.backward_weight();
-    return dx;
-  };
-};
 
 template <class Style>
 ModuleRun linear_run(const NnMesh& mesh) {

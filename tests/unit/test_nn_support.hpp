@@ -106,4 +106,15 @@ inline std::string compare_runs(const ModuleRun& got, const ModuleRun& ref, doub
   return {};
 }
 
+/// A module's forward, and its backward as the input gradient followed by the weight gradient,
+/// as callables for run_module.
+inline auto fwd = [](auto& m) { return [&m](const auto& x) { return m.forward(x); }; };
+inline auto bwd = [](auto& m) {
+  return [&m](const auto& dy) {
+    auto dx = m.backward_input(dy);
+    m.backward_weight();
+    return dx;
+  };
+};
+
 }  // namespace dtensor::testing

@@ -9,6 +9,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <initializer_list>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -17,6 +18,7 @@
 #include "dtensor/dtensor.hpp"
 #include "dtensor/ops/all.hpp"
 #include "support/on_ranks.hpp"
+#include "support/gradcheck.hpp"
 #include "support/oracle.hpp"
 
 namespace ot {
@@ -124,38 +126,29 @@ struct Singles<Rule, Layouts<L...>> {
   }
 };
 
-/// d/dx of loss(x) by central differences, in double.
-template <std::size_t R, class Loss>
-Tensor<double, R> fd_grad(Tensor<double, R> x, Loss loss, double h = 1e-6) {
-  Tensor<double, R> g(x.shape());
-  for (Extent i = 0; i < x.numel(); ++i) {
-    const double x0 = x[i];
-    x[i] = x0 + h;
-    const double lp = loss(x);
-    x[i] = x0 - h;
-    const double lm = loss(x);
-    x[i] = x0;
-    g[i] = (lp - lm) / (2 * h);
-  }
-  return g;
-}
-
-template <class T, std::size_t R>
-double dot(const Tensor<T, R>& a, const Tensor<T, R>& b) {
-  double s = 0;
-  for (Extent i = 0; i < a.numel(); ++i) s += double(a[i]) * double(b[i]);
-  return s;
-}
+using dtensor::testing::dot;
+using dtensor::testing::fd_grad;
 
 /// Analytic against numeric gradient, relative to the largest entry.
 template <std::size_t R>
 void check_fd(const char* what, const Tensor<double, R>& analytic, const Tensor<double, R>& numeric,
               double rtol = 1e-6) {
-  double scale = 1e-12;
-  for (Extent i = 0; i < numeric.numel(); ++i) scale = std::max(scale, std::abs(numeric[i]));
-  const auto c = compare(analytic, numeric, {.rtol = 0, .atol = rtol * scale});
+  const auto c = dtensor::testing::grad_compare(analytic, numeric, rtol);
   INFO(what << ": " << c.message);
   CHECK(c.ok);
+}
+
+/// Reports unless fn() throws a dtensor::Error whose message holds every fragment.
+template <class Report, class F>
+void expect_error(Report& report, F&& fn, std::initializer_list<const char*> frags) {
+  try {
+    fn();
+    report("no error");
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    for (const char* s : frags)
+      if (m.find(s) == std::string::npos) report(std::string("message lacks '") + s + "': " + m);
+  }
 }
 
 /// Runs fn(mesh, report) on a 1-rank mesh and collects failures into Catch2.

@@ -10,14 +10,7 @@
 using namespace dtensor;
 using namespace dtensor::testing;
 
-TEMPLATE_TEST_CASE("adjoint of each step kind on a 1-d mesh", "[redistribute][adjoint]",
-                   (std::pair<Layout<Shard<0>>, Layout<Replicate>>),       // all_gather
-                   (std::pair<Layout<Partial<>>, Layout<Replicate>>),      // all_reduce
-                   (std::pair<Layout<Partial<>>, Layout<Shard<1>>>),       // reduce_scatter
-                   (std::pair<Layout<Shard<0>>, Layout<Shard<1>>>),        // all_to_all
-                   (std::pair<Layout<Replicate>, Layout<Shard<0>>>),       // take_chunk
-                   (std::pair<Layout<Replicate>, Layout<Partial<>>>),      // replicate_to_partial
-                   (std::pair<Layout<Shard<1>>, Layout<Partial<>>>)) {     // shard_to_partial
+TEMPLATE_LIST_TEST_CASE("adjoint of each step kind on a 1-d mesh", "[redistribute][adjoint]", AdjointStepKinds) {
   using From = typename TestType::first_type;
   using To = typename TestType::second_type;
   for (int n : {2, 3, 4}) {

@@ -56,8 +56,15 @@ void check_norm_args(const X& x, const W& w) {
         " does not match the last dimension of x ", to_string(x.shape()));
 }
 
-template <fixed_string Op, class DY, class X>
-void check_norm_backward(const DY& dy, const X& x, const NormStats& s, bool has_mean) {
+/// What a norm's backward checks: the forward's rule for x and the weight, dy's layout against
+/// x's (at compile time), the weight's extent and the saved statistics' rows (at run time).
+template <fixed_string Op, class DY, class X, class W>
+void check_norm_backward(const DY& dy, const X& x, const W& weight, const NormStats& s, bool has_mean) {
+  require_same_mesh_type<DY, X, W>();
+  constexpr rules::Rowwise<2> fwd{int(X::rank)};
+  require_rule<Op, fwd, typename X::mesh_type, typename X::layout, typename W::layout>();
+  require_rule<Op, rules::LinearInGrad{}, typename X::mesh_type, typename X::layout, typename DY::layout>();
+  check_norm_args<Op>(x, weight);
   const Extent rows = leading_rows(x.to_local().shape());
   check(dy.shape() == x.shape() && s.rstd.extent(0) == rows && (!has_mean || s.mean.extent(0) == rows), Op.data,
         x.mesh(), "dy ", to_string(dy.shape()), ", x ", to_string(x.shape()), ", saved statistics for ",
@@ -94,15 +101,9 @@ auto layer_norm(const X& x, const W& weight, const B& bias, double eps = 1e-5) {
 template <FloatDTensor DY, FloatDTensor X, FloatDTensor W>
 auto layer_norm_backward(const DY& dy, const X& x, const W& weight, const NormStats& stats) {
   using T = typename X::value_type;
-  detail::require_same_mesh_type<DY, X, W>();
-  constexpr rules::Rowwise<2> fwd{int(X::rank)};
-  detail::require_rule<"layer_norm_backward", fwd, typename X::mesh_type, typename X::layout, typename W::layout>();
-  detail::require_rule<"layer_norm_backward", rules::LinearInGrad{}, typename X::mesh_type, typename X::layout,
-                       typename DY::layout>();
+  detail::check_norm_backward<"layer_norm_backward">(dy, x, weight, stats, true);
   using LX = rules::linear_in_grad_t<typename X::layout, typename DY::layout>;
   using LW = detail::norm_param_grad_layout<DY>;
-  detail::check_norm_args<"layer_norm_backward">(x, weight);
-  detail::check_norm_backward<"layer_norm_backward">(dy, x, stats, true);
   auto g = kernels::host::layer_norm_backward(x.to_local(), weight.to_local(), stats.mean, stats.rstd, dy.to_local());
   auto dx = detail::make<T, X::rank, LX>(x.mesh(), x.shape(), std::move(g.dx));
   auto dw = detail::make<T, 1, LW>(x.mesh(), weight.shape(), std::move(g.dweight));
@@ -132,15 +133,9 @@ auto rms_norm(const X& x, const W& weight, double eps = 1e-6) {
 template <FloatDTensor DY, FloatDTensor X, FloatDTensor W>
 auto rms_norm_backward(const DY& dy, const X& x, const W& weight, const NormStats& stats) {
   using T = typename X::value_type;
-  detail::require_same_mesh_type<DY, X, W>();
-  constexpr rules::Rowwise<2> fwd{int(X::rank)};
-  detail::require_rule<"rms_norm_backward", fwd, typename X::mesh_type, typename X::layout, typename W::layout>();
-  detail::require_rule<"rms_norm_backward", rules::LinearInGrad{}, typename X::mesh_type, typename X::layout,
-                       typename DY::layout>();
+  detail::check_norm_backward<"rms_norm_backward">(dy, x, weight, stats, false);
   using LX = rules::linear_in_grad_t<typename X::layout, typename DY::layout>;
   using LW = detail::norm_param_grad_layout<DY>;
-  detail::check_norm_args<"rms_norm_backward">(x, weight);
-  detail::check_norm_backward<"rms_norm_backward">(dy, x, stats, false);
   auto g = kernels::host::rms_norm_backward(x.to_local(), weight.to_local(), stats.rstd, dy.to_local());
   auto dx = detail::make<T, X::rank, LX>(x.mesh(), x.shape(), std::move(g.dx));
   auto dw = detail::make<T, 1, LW>(x.mesh(), weight.shape(), std::move(g.dweight));

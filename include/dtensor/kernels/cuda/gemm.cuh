@@ -1,5 +1,5 @@
 // dtensor/kernels/cuda/gemm.cuh — row-major GEMM through cuBLAS, and the matrix products of
-// kernels/host/matmul.hpp on CudaTensor.
+// kernels/products.hpp on CudaTensor (through SpaceGemm<cuda_space>).
 //
 //   // C[m,n] = alpha * op(A) * op(B) + beta * C   (device pointers; same arguments as host::gemm)
 //   kernels::cuda::gemm(trans_a, trans_b, alpha, A, B, beta, C, m, n, k, lda, ldb, ldc);
@@ -19,7 +19,8 @@
 
 #include "dtensor/kernels/cuda/common.cuh"
 #include "dtensor/kernels/cuda/elementwise.cuh"
-#include "dtensor/kernels/host/matmul.hpp"  // op_extents, check_gemm_args
+#include "dtensor/kernels/host/gemm.hpp"  // check_gemm_args
+#include "dtensor/kernels/products.hpp"
 
 namespace dtensor::kernels::cuda {
 
@@ -74,80 +75,37 @@ void gemm(bool trans_a, bool trans_b, T alpha, const T* A, const T* B, T beta, T
   gemm_batched(trans_a, trans_b, alpha, A, 0, B, 0, beta, C, 0, 1, m, n, k, lda, ldb, ldc);
 }
 
-template <FloatElement T>
-void matmul_into(CudaTensor<T, 2>& c, const CudaTensor<T, 2>& a, const CudaTensor<T, 2>& b, bool trans_a = false,
-                 bool trans_b = false, T alpha = T(1), T beta = T(0)) {
-  const auto [m, ka] = host::detail::op_extents(a.shape(), trans_a);
-  const auto [kb, n] = host::detail::op_extents(b.shape(), trans_b);
-  detail::check(ka == kb && c.extent(0) == m && c.extent(1) == n, "matmul", "op(a) of ", to_string(a.shape()),
-                trans_a ? " (transposed)" : "", " times op(b) of ", to_string(b.shape()),
-                trans_b ? " (transposed)" : "", " into c of ", to_string(c.shape()),
-                ": inner or outer extents do not match");
-  gemm<T>(trans_a, trans_b, alpha, a.data(), b.data(), beta, c.data(), m, n, ka, std::max<Extent>(1, a.extent(1)),
-          std::max<Extent>(1, b.extent(1)), std::max<Extent>(1, n));
-}
-
-template <FloatElement T>
-CudaTensor<T, 2> matmul(const CudaTensor<T, 2>& a, const CudaTensor<T, 2>& b, bool trans_a = false,
-                        bool trans_b = false) {
-  const Extent m = host::detail::op_extents(a.shape(), trans_a).first;
-  const Extent n = host::detail::op_extents(b.shape(), trans_b).second;
-  auto c = CudaTensor<T, 2>::uninitialized(Shape<2>{m, n});
-  matmul_into(c, a, b, trans_a, trans_b);
-  return c;
-}
-
-template <FloatElement T>
-CudaTensor<T, 3> bmm(const CudaTensor<T, 3>& a, const CudaTensor<T, 3>& b, bool trans_a = false, bool trans_b = false) {
-  const Shape<2> as{a.extent(1), a.extent(2)}, bs{b.extent(1), b.extent(2)};
-  const auto [m, ka] = host::detail::op_extents(as, trans_a);
-  const auto [kb, n] = host::detail::op_extents(bs, trans_b);
-  detail::check(a.extent(0) == b.extent(0) && ka == kb, "bmm", "a ", to_string(a.shape()),
-                trans_a ? " (transposed)" : "", " and b ", to_string(b.shape()), trans_b ? " (transposed)" : "",
-                ": batch or inner extents do not match");
-  auto c = CudaTensor<T, 3>::uninitialized(Shape<3>{a.extent(0), m, n});
-  gemm_batched<T>(trans_a, trans_b, T(1), a.data(), m * ka, b.data(), ka * n, T(0), c.data(), m * n, a.extent(0), m, n,
-                  ka, std::max<Extent>(1, as[1]), std::max<Extent>(1, bs[1]), std::max<Extent>(1, n));
-  return c;
-}
-
-template <FloatElement T, std::size_t R>
-CudaTensor<T, R> linear(const CudaTensor<T, R>& x, const CudaTensor<T, 2>& w, const CudaTensor<T, 1>* bias = nullptr) {
-  const Extent in = x.extent(R - 1), out = w.extent(0), rows = detail::leading_rows(x.shape());
-  detail::check(w.extent(1) == in, "linear", "x ", to_string(x.shape()), " and weight ", to_string(w.shape()),
-                ": the weight must be [out, ", in, "]");
-  Shape<R> ys = x.shape();
-  ys[R - 1] = out;
-  auto y = CudaTensor<T, R>::uninitialized(ys);
-  gemm<T>(false, true, T(1), x.data(), w.data(), T(0), y.data(), rows, out, in, std::max<Extent>(1, in),
-          std::max<Extent>(1, in), std::max<Extent>(1, out));
-  if (bias) add_bias_(y, *bias);
-  return y;
-}
-
-template <FloatElement T, std::size_t R>
-CudaTensor<T, R> linear_backward_input(const CudaTensor<T, R>& dy, const CudaTensor<T, 2>& w) {
-  const Extent out = dy.extent(R - 1), in = w.extent(1), rows = detail::leading_rows(dy.shape());
-  detail::check(w.extent(0) == out, "linear_backward_input", "dy ", to_string(dy.shape()), " and weight ",
-                to_string(w.shape()), ": the weight must be [", out, ", in]");
-  Shape<R> xs = dy.shape();
-  xs[R - 1] = in;
-  auto dx = CudaTensor<T, R>::uninitialized(xs);
-  gemm<T>(false, false, T(1), dy.data(), w.data(), T(0), dx.data(), rows, in, out, std::max<Extent>(1, out),
-          std::max<Extent>(1, in), std::max<Extent>(1, in));
-  return dx;
-}
-
-template <FloatElement T, std::size_t R>
-void linear_backward_weight(const CudaTensor<T, R>& x, const CudaTensor<T, R>& dy, CudaTensor<T, 2>& dw,
-                            CudaTensor<T, 1>* dbias = nullptr, bool accumulate = false) {
-  const Extent in = x.extent(R - 1), out = dy.extent(R - 1), rows = detail::leading_rows(x.shape());
-  detail::check(detail::leading_rows(dy.shape()) == rows && dw.extent(0) == out && dw.extent(1) == in,
-                "linear_backward_weight", "x ", to_string(x.shape()), ", dy ", to_string(dy.shape()), " and dw ",
-                to_string(dw.shape()), " do not match (dw must be [dy's last, x's last])");
-  gemm<T>(true, false, T(1), dy.data(), x.data(), accumulate ? T(1) : T(0), dw.data(), out, in, rows,
-          std::max<Extent>(1, out), std::max<Extent>(1, in), std::max<Extent>(1, in));
-  if (dbias) bias_grad_into(*dbias, dy, accumulate);
-}
-
 }  // namespace dtensor::kernels::cuda
+
+namespace dtensor::kernels {
+
+/// CUDA memory: cuBLAS, the batch in one strided-batched call.
+template <>
+struct SpaceGemm<cuda_space> {
+  template <class T>
+  static void gemm_batched(bool trans_a, bool trans_b, T alpha, const T* A, Extent stride_a, const T* B,
+                           Extent stride_b, T beta, T* C, Extent stride_c, Extent batch, Extent m, Extent n, Extent k,
+                           Extent lda, Extent ldb, Extent ldc) {
+    cuda::gemm_batched<T>(trans_a, trans_b, alpha, A, stride_a, B, stride_b, beta, C, stride_c, batch, m, n, k, lda,
+                          ldb, ldc);
+  }
+  template <class T, std::size_t R>
+  static void add_bias_(cuda::CudaTensor<T, R>& y, const cuda::CudaTensor<T, 1>& b) {
+    cuda::add_bias_(y, b);
+  }
+  template <class T, std::size_t R>
+  static void bias_grad_into(cuda::CudaTensor<T, 1>& db, const cuda::CudaTensor<T, R>& dy, bool accumulate) {
+    cuda::bias_grad_into(db, dy, accumulate);
+  }
+};
+
+namespace cuda {
+using kernels::bmm;
+using kernels::linear;
+using kernels::linear_backward_input;
+using kernels::linear_backward_weight;
+using kernels::matmul;
+using kernels::matmul_into;
+}  // namespace cuda
+
+}  // namespace dtensor::kernels

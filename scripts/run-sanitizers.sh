@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# scripts/run-sanitizers.sh — the test suite under AddressSanitizer + UndefinedBehaviorSanitizer,
+# and the threads-backend tests under ThreadSanitizer.
+#
+#   scripts/run-sanitizers.sh            # both (build-asan/, build-tsan/)
+#   scripts/run-sanitizers.sh asan       # or only one of them
+#   scripts/run-sanitizers.sh tsan
+#
+# ASan+UBSan: every threads-backend test (labels unit, parity, example), UB fatal
+# (-fno-sanitize-recover), leaks checked. TSan: the programs that exercise the threads backend's
+# synchronization (communicator, redistribution, faults, optimizers/DDP, parity). MPI is left
+# out of both: Open MPI's own allocations and shared-memory transport are not sanitizer-clean.
+# run-tests.sh (and so CI) runs this script unless DTENSOR_TEST_SANITIZERS=0.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=${DTENSOR_TEST_JOBS:-$(nproc)}
+what=${1:-all}
+
+common=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTENSOR_BUILD_TESTS=ON -DDTENSOR_BUILD_EXAMPLES=ON
+        -DDTENSOR_BUILD_BENCHMARKS=OFF -DDTENSOR_WITH_MPI=OFF -DDTENSOR_WITH_CUDA=OFF -DDTENSOR_WITH_BLAS=ON)
+
+if [[ $what == all || $what == asan ]]; then
+  cmake -S . -B build-asan "${common[@]}" -DDTENSOR_SANITIZE="address;undefined" >/dev/null
+  cmake --build build-asan -j"$jobs"
+  (cd build-asan &&
+     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+     ctest --output-on-failure -j"$jobs" -L "unit|parity|example")
+fi
+
+if [[ $what == all || $what == tsan ]]; then
+  tsan_tests=(test_comm_threads test_redistribute_oracle test_redistribute_random test_dtensor_api
+              test_dtensor_faults test_optim test_gpt_parity)
+  cmake -S . -B build-tsan "${common[@]}" -DDTENSOR_SANITIZE=thread >/dev/null
+  cmake --build build-tsan -j"$jobs" --target "${tsan_tests[@]}"
+  regex="^($(IFS='|'; echo "${tsan_tests[*]}"))\$"
+  (cd build-tsan && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+     ctest --output-on-failure -j"$jobs" -R "$regex")
+fi
