@@ -38,15 +38,18 @@ inline std::string format_grid(const std::vector<std::vector<std::string>>& rows
     text.resize(std::max(text.size(), to), ' ');
     return text;
   };
-  std::string out = pad(first_header, label_width);
-  for (std::size_t column = 0; column < columns; ++column) out += " " + pad(std::to_string(column), width[column]);
-  out += "\n";
+  auto end_line = [](std::string line) {
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    return line + "\n";
+  };
+  std::string header = pad(first_header, label_width);
+  for (std::size_t column = 0; column < columns; ++column) header += " " + pad(std::to_string(column), width[column]);
+  std::string out = end_line(header);
   for (std::size_t rank = 0; rank < rows.size(); ++rank) {
     std::string line = pad("rank " + std::to_string(rank), label_width);
     for (std::size_t column = 0; column < columns; ++column)
       line += " " + pad(column < rows[rank].size() ? rows[rank][column] : "", width[column]);
-    while (!line.empty() && line.back() == ' ') line.pop_back();
-    out += line + "\n";
+    out += end_line(line);
   }
   return out;
 }
