@@ -11,8 +11,10 @@
 // lock step, one computation per rank per round: a message sent in round t is received by its
 // peer at the peer's position in round t, and the receiver may use it from round t + 1. Every
 // send and its receive are thus appended to the two lists at the same moment of one global
-// order, so both ranks meet every pair in the same relative order, and the schedule cannot
-// deadlock even with blocking (rendezvous) sends. A compute order that can never run (a
+// order, and a receive is posted no later in its list than the computations of the round its
+// data was sent in, so a blocking send does not wait behind work of its peer that depends on
+// it. (validate.hpp checks a schedule under either send mode; the tests run every generator
+// through both.) RECV only posts a receive (simulate.hpp). A compute order that can never run (a
 // backward before its forward, a stage waiting for a micro-batch nobody computes) is an error
 // naming the rank and the action that waits.
 #pragma once
