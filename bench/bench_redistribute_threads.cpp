@@ -24,14 +24,13 @@
 #include <string>
 #include <vector>
 
-#include "bench_util.hpp"
+#include "bench_threads.hpp"
 #include "dtensor/comm/threads.hpp"
 #include "dtensor/dtensor.hpp"
 
 namespace {
 
 using dtensor::CollectiveKind;
-using clock_type = std::chrono::steady_clock;
 using Mesh = dtensor::DeviceMesh<"x">;
 using S0 = dtensor::Layout<dtensor::Shard<0>>;
 using S1 = dtensor::Layout<dtensor::Shard<1>>;
@@ -41,25 +40,6 @@ using P = dtensor::Layout<dtensor::Partial<>>;
 enum class Variant { raw, redistribute, into };
 constexpr const char* variant_name[] = {"raw", "redistribute", "into"};
 
-/// Runs `iters` timed iterations of the operation make_op(world) returns, on n ranks; returns
-/// the slowest rank's time of each iteration (seconds).
-template <class MakeOp>
-std::vector<double> times_on_ranks(int n, std::size_t iters, MakeOp make_op) {
-  std::vector<double> times(iters);
-  dtensor::threads::run(n, [&](dtensor::CommPtr world) {
-    auto op = make_op(world);
-    op();  // warm-up: first touch of the buffers, lazy state
-    for (std::size_t i = 0; i < iters; ++i) {
-      world->barrier();
-      const auto t0 = clock_type::now();
-      op();
-      double dt = std::chrono::duration<double>(clock_type::now() - t0).count();
-      world->all_reduce(std::span<double>(&dt, 1), dtensor::ReduceOp::max);
-      if (world->rank() == 0) times[i] = dt;
-    }
-  });
-  return times;
-}
 
 dtensor::Shape<2> global_shape(std::size_t elements, int n) {
   const std::size_t cols = std::max<std::size_t>(1, std::min<std::size_t>(1024, elements / std::size_t(n)));
@@ -89,7 +69,7 @@ void run(benchmark::State& st, int n, CollectiveKind kind, Variant v, std::size_
   const auto global = global_shape(elements, n);
   const std::size_t block = elements / std::size_t(n);
   const auto iters = std::size_t(dtensor::bench::iterations_for(bytes));
-  std::vector<double> times = times_on_ranks(n, iters, [&](const dtensor::CommPtr& w) -> std::function<void()> {
+  std::vector<double> times = dtensor::bench::times_on_ranks(n, iters, [&](const dtensor::CommPtr& w) -> std::function<void()> {
     if (v != Variant::raw) {
       switch (kind) {
         case CollectiveKind::all_gather: return redistribution<S0, R>(w, n, global, v);
@@ -111,12 +91,7 @@ void run(benchmark::State& st, int n, CollectiveKind kind, Variant v, std::size_
       }
     };
   });
-  dtensor::bench::Timer t;
-  std::size_t i = 0;
-  for (auto _ : st) {
-    st.SetIterationTime(times[i]);
-    t.total += times[i++];
-  }
+  const dtensor::bench::Timer t = dtensor::bench::replay(st, times);
   dtensor::bench::set_bandwidth(st, bytes, dtensor::bench::bus_factor(kind, n), t);
 }
 
