@@ -2,7 +2,8 @@
 // Ulysses attention against one-rank attention (forward and backward, double, 1e-10) on 1-, 2-
 // and 3-D meshes, CP = 2 and 4, uneven sequence lengths and fewer positions than ranks; their
 // collectives (CommLog); the load-balanced permutation; per-rank attention work; the ring's
-// split-phase order.
+// split-phase order; the transformer block on meshes with a context dimension (CP, CP x DP,
+// CP x TP, CP x TP with sequence parallelism) against the one-rank block.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -11,8 +12,12 @@
 #include "dtensor/core/compare.hpp"
 #include "dtensor/core/factories.hpp"
 #include "dtensor/distributed/distribute.hpp"
+#include "dtensor/nn/block.hpp"
+#include "dtensor/parallel/context_grads.hpp"
 #include "dtensor/parallel/context_parallel.hpp"
+#include "dtensor/parallel/gpt_plan.hpp"
 #include "support/on_ranks.hpp"
+#include "test_nn_support.hpp"
 
 using namespace dtensor;
 using namespace dtensor::testing;
@@ -247,5 +252,76 @@ TEST_CASE("ring attention issues the next K/V transfer before the current chunk'
     const std::vector<E> serial{{E::compute, 0}, {E::issue, 1}, {E::wait, 1}, {E::compute, 1},
                                 {E::issue, 2},   {E::wait, 2},  {E::compute, 2}};
     REQUIRE(trace == (overlap ? split_phase : serial));
+  }
+}
+
+namespace {
+
+constexpr Extent block_batch = 2, block_seq = 9, block_dim = 8, block_heads = 4;
+const auto block_x = normal<double>(Shape<3>{block_batch, block_seq, block_dim}, 61);
+const auto block_r = normal<double>(Shape<3>{block_batch, block_seq, block_dim}, 62);
+
+Tensor<double, 2> rows(const Tensor<double, 3>& x) {
+  Tensor<double, 2> r(Shape<2>{x.extent(0) * x.extent(1), x.extent(2)});
+  std::copy_n(x.data(), x.numel(), r.data());
+  return r;
+}
+
+/// The block's forward and backward of J = sum(y * r) on `mesh`, the gradient syncs (context,
+/// sequence parallel, data), and the output, input gradient and gradient norms in original order.
+template <class Plan, class Mesh>
+ModuleRun cp_block_run(const Mesh& mesh, parallel::ContextAttentionOptions o) {
+  nn::BlockConfig cfg{block_dim, block_heads, block_seq, 4, 0.3, 0.3};
+  cfg.context = o;
+  nn::TransformerBlock<double, Mesh, Plan> blk("h.0", mesh, cfg, 3);
+  using X = typename decltype(blk)::X;
+  const int cp = parallel::context_size(mesh);
+  const bool balanced = o.load_balanced && cp > 1;
+  const auto stored = [&](const Tensor<double, 3>& t) {
+    return distribute_replicated<typename X::layout>(mesh, balanced ? parallel::load_balance(t, 1, cp) : t);
+  };
+  const auto original = [&](const X& t) {
+    auto full = full_tensor(t);
+    return rows(balanced ? parallel::undo_load_balance(full, 1, cp) : full);
+  };
+  nn::ParamList<double, Mesh::ndim> ps;
+  nn::collect(blk, ps);
+  for (auto& p : ps) p.zero_grad();
+  auto [y, saved] = blk.forward(stored(block_x));
+  auto [dx, wctx] = blk.backward_input(std::move(saved), stored(block_r));
+  blk.backward_weight(std::move(wctx));
+  parallel::context_parallel_grads(ps, mesh);
+  parallel::sequence_parallel_grads(ps, mesh);
+  if constexpr (has_role<Mesh, Role::data>) parallel::DataParallel<Mesh>(mesh).all_reduce_gradients(ps);
+  ModuleRun out{original(y), original(dx), {}};
+  for (const auto& p : ps)
+    out.grad_norms.emplace_back(p.name, optim::grad_norm(nn::ParamList<double, Mesh::ndim>{p}, mesh));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("transformer block with a context dimension equals the one-rank block", "[cp][nn]") {
+  ModuleRun ref;
+  threads::run(1, [&](CommPtr w) { ref = cp_block_run<nn::ReplicatedPlan>(NnMesh(w, {1, 1}), {}); });
+  for (const auto& o : every_option) {
+    INFO(name_of(o.kind) << (o.load_balanced ? " balanced" : ""));
+    auto f = on_ranks(2, [&](CommPtr world, auto report) {  // CP = 2
+      report(compare_runs(cp_block_run<nn::ReplicatedPlan>(DeviceMesh<"cp">(world, {2}), o), ref, 1e-10));
+    });
+    INFO((f.empty() ? "" : f.front()));
+    REQUIRE(f.empty());
+    f = on_ranks(4, [&](CommPtr world, auto report) {  // CP = 2 x DP = 2
+      report(compare_runs(cp_block_run<nn::ReplicatedPlan>(DeviceMesh<"dp", "cp">(world, {2, 2}), o), ref, 1e-10));
+    });
+    INFO((f.empty() ? "" : f.front()));
+    REQUIRE(f.empty());
+    f = on_ranks(4, [&](CommPtr world, auto report) {  // CP = 2 x TP = 2, without and with SP
+      DeviceMesh<"cp", "tp"> mesh(world, {2, 2});
+      report(compare_runs(cp_block_run<parallel::MegatronPlan<false>>(mesh, o), ref, 1e-10));
+      report(compare_runs(cp_block_run<parallel::MegatronPlan<true>>(mesh, o), ref, 1e-10));
+    });
+    INFO((f.empty() ? "" : f.front()));
+    REQUIRE(f.empty());
   }
 }
