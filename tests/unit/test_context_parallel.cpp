@@ -261,16 +261,10 @@ constexpr Extent block_batch = 2, block_seq = 9, block_dim = 8, block_heads = 4;
 const auto block_x = normal<double>(Shape<3>{block_batch, block_seq, block_dim}, 61);
 const auto block_r = normal<double>(Shape<3>{block_batch, block_seq, block_dim}, 62);
 
-Tensor<double, 2> rows(const Tensor<double, 3>& x) {
-  Tensor<double, 2> r(Shape<2>{x.extent(0) * x.extent(1), x.extent(2)});
-  std::copy_n(x.data(), x.numel(), r.data());
-  return r;
-}
-
 /// The block's forward and backward of J = sum(y * r) on `mesh`, the gradient syncs (context,
-/// sequence parallel, data), and the output, input gradient and gradient norms in original order.
+/// sequence parallel, data), and the output, input gradient and whole gradients, in original order.
 template <class Plan, class Mesh>
-ModuleRun cp_block_run(const Mesh& mesh, parallel::ContextAttentionOptions o) {
+ModuleRun<3> cp_block_run(const Mesh& mesh, parallel::ContextAttentionOptions o) {
   nn::BlockConfig cfg{block_dim, block_heads, block_seq, 4, 0.3, 0.3};
   cfg.context = o;
   nn::TransformerBlock<double, Mesh, Plan> blk("h.0", mesh, cfg, 3);
@@ -282,7 +276,7 @@ ModuleRun cp_block_run(const Mesh& mesh, parallel::ContextAttentionOptions o) {
   };
   const auto original = [&](const X& t) {
     auto full = full_tensor(t);
-    return rows(balanced ? parallel::undo_load_balance(full, 1, cp) : full);
+    return balanced ? parallel::undo_load_balance(full, 1, cp) : full;
   };
   nn::ParamList<double, Mesh::ndim> ps;
   nn::collect(blk, ps);
@@ -293,16 +287,13 @@ ModuleRun cp_block_run(const Mesh& mesh, parallel::ContextAttentionOptions o) {
   parallel::context_parallel_grads(ps, mesh);
   parallel::sequence_parallel_grads(ps, mesh);
   if constexpr (has_role<Mesh, Role::data>) parallel::DataParallel<Mesh>(mesh).all_reduce_gradients(ps);
-  ModuleRun out{original(y), original(dx), {}};
-  for (const auto& p : ps)
-    out.grad_norms.emplace_back(p.name, optim::grad_norm(nn::ParamList<double, Mesh::ndim>{p}, mesh));
-  return out;
+  return {original(y), original(dx), whole_grads(blk)};
 }
 
 }  // namespace
 
 TEST_CASE("transformer block with a context dimension equals the one-rank block", "[cp][nn]") {
-  ModuleRun ref;
+  ModuleRun<3> ref;
   threads::run(1, [&](CommPtr w) { ref = cp_block_run<nn::ReplicatedPlan>(NnMesh(w, {1, 1}), {}); });
   for (const auto& o : every_option) {
     INFO(name_of(o.kind) << (o.load_balanced ? " balanced" : ""));
