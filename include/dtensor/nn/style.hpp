@@ -38,8 +38,7 @@ inline constexpr std::size_t tensor_dim = role_dim<Mesh, Role::tensor>;
 /// The size of the mesh's tensor dimension (1 without one).
 template <class Mesh>
 int tensor_size(const Mesh& mesh) {
-  if constexpr (tensor_dim<Mesh> < Mesh::ndim) return mesh.size(tensor_dim<Mesh>);
-  else return 1;
+  return role_size<Role::tensor>(mesh);
 }
 
 /// Placements of activations [B, T, C] on the tensor dimension.

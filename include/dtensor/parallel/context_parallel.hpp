@@ -86,8 +86,7 @@ inline constexpr std::size_t context_dim = role_dim<Mesh, Role::context>;
 /// The size of the mesh's context dimension (1 without one).
 template <class Mesh>
 int context_size(const Mesh& mesh) {
-  if constexpr (context_dim<Mesh> < Mesh::ndim) return mesh.size(context_dim<Mesh>);
-  else return 1;
+  return role_size<Role::context>(mesh);
 }
 
 namespace detail {
@@ -270,6 +269,20 @@ Host4<T> to_stored(Host4<T> x, int cp, bool balanced) {
   return balanced ? load_balance(x, 2, cp) : x;
 }
 
+/// What both passes need: the context group, its size and this rank's place, the global
+/// sequence length and the kernel's options (the scale from the global head dimension).
+struct ContextCall {
+  Communicator& comm;
+  int size, rank;
+  Extent seq;
+  kernels::host::AttentionOptions opts;
+};
+template <class Q>
+ContextCall context_call(const Q& q, const ContextAttentionOptions& o) {
+  Communicator& comm = q.mesh().group(context_dim<typename Q::mesh_type>, context_dim<typename Q::mesh_type>);
+  return {comm, comm.size(), comm.rank(), q.extent(2), kernel_options(o, q.extent(3))};
+}
+
 }  // namespace detail
 
 /// Attention over the whole sequence with q, k, v split on the context dimension; see the top.
@@ -278,10 +291,7 @@ ContextAttentionResult<Q> context_attention(const Q& q, const K& k, const V& v, 
   detail::check_context_attention("context_attention", q, k, v);
   using T = typename Q::value_type;
   constexpr std::size_t cp_dim = context_dim<typename Q::mesh_type>;
-  Communicator& comm = q.mesh().group(cp_dim, cp_dim);
-  const int n = comm.size(), r = comm.rank();
-  const Extent seq = q.extent(2);
-  const auto opts = detail::kernel_options(o, q.extent(3));
+  const auto [comm, n, r, seq, opts] = detail::context_call(q, o);
   const Shape<4> global{q.extent(0), q.extent(1), seq, v.extent(3)};
   ContextAttentionSaved<T> saved;
 
@@ -333,10 +343,7 @@ ops::AttentionGrads<Q> context_attention_backward(const DO& dout, const Q& q, co
   static_assert(std::is_same_v<DO, Q> && std::is_same_v<O, Q>, "context_attention_backward: dout and out are laid out like q");
   using T = typename Q::value_type;
   constexpr std::size_t cp_dim = context_dim<typename Q::mesh_type>;
-  Communicator& comm = q.mesh().group(cp_dim, cp_dim);
-  const int n = comm.size(), r = comm.rank();
-  const Extent seq = q.extent(2);
-  const auto opts = detail::kernel_options(o, q.extent(3));
+  const auto [comm, n, r, seq, opts] = detail::context_call(q, o);
   if (dout.shape() != out.shape() || out.shape()[2] != seq)
     comm.fail("context_attention_backward", dtensor::detail::cat("dout ", to_string(dout.shape()), ", out ",
                                                                  to_string(out.shape()), ": pass this forward's output"));
@@ -402,8 +409,8 @@ ops::AttentionGrads<Q> context_attention_backward(const DO& dout, const Q& q, co
     const Extent len = chunk_range(seq, n, next_owner).size();
     in_k = detail::with_length(acc_k, len);
     in_v = detail::with_length(acc_v, len);
-    acc_work_k = comm.send_recv_async<T>(detail::view(acc_k), (r + 1) % n, detail::view(in_k), (r - 1 + n) % n, detail::tag_dk);
-    acc_work_v = comm.send_recv_async<T>(detail::view(acc_v), (r + 1) % n, detail::view(in_v), (r - 1 + n) % n, detail::tag_dv);
+    acc_work_k = comm.template send_recv_async<T>(detail::view(acc_k), (r + 1) % n, detail::view(in_k), (r - 1 + n) % n, detail::tag_dk);
+    acc_work_v = comm.template send_recv_async<T>(detail::view(acc_v), (r + 1) % n, detail::view(in_v), (r - 1 + n) % n, detail::tag_dv);
     if (!more) break;
     if (!o.overlap) ring.issue(step + 1);
     ring.advance();

@@ -95,6 +95,21 @@ inline AttentionOptions pair_options(AttentionOptions o, const SeqPiece& q, cons
   o.k_offset = k.global;
   return o;
 }
+/// f(i, k_piece, k_block, v_block) for every query piece i that sees some key of a key piece,
+/// slicing each key piece (once) only when some query piece needs it.
+template <class T, class F>
+void for_each_interacting(const AttentionOptions& o, std::span<const SeqPiece> q_pieces, const HostTensor<T, 4>& k,
+                          const HostTensor<T, 4>& v, std::span<const SeqPiece> k_pieces, F&& f) {
+  for (const auto& kp : k_pieces) {
+    HostTensor<T, 4> kb, vb;
+    bool sliced = false;
+    for (std::size_t i = 0; i < q_pieces.size(); ++i) {
+      if (!pieces_interact(o, q_pieces[i], kp)) continue;
+      if (!sliced) kb = slice_seq(k, kp.local, kp.size), vb = slice_seq(v, kp.local, kp.size), sliced = true;
+      f(i, kp, kb, vb);
+    }
+  }
+}
 template <class T>
 void check_pieces(const char* op, std::span<const SeqPiece> pieces, Extent seq) {
   Extent covered = 0;
@@ -127,18 +142,13 @@ class ChunkedAttention {
   /// Attends every query piece to the keys of one chunk (k, v [B,H,Tk,D]; k_pieces cover Tk).
   void add_chunk(const HostTensor<T, 4>& k, const HostTensor<T, 4>& v, std::span<const SeqPiece> k_pieces) {
     detail::check_pieces<T>("ChunkedAttention::add_chunk", k_pieces, k.extent(2));
-    for (const auto& kp : k_pieces) {
-      if (kp.size == 0) continue;
-      HostTensor<T, 4> kb, vb;
-      for (std::size_t i = 0; i < pieces_.size(); ++i) {
-        if (!detail::pieces_interact(opts_, pieces_[i], kp)) continue;
-        if (kb.numel() == 0) kb = slice_seq(k, kp.local, kp.size), vb = slice_seq(v, kp.local, kp.size);
-        const auto o = detail::pair_options(opts_, pieces_[i], kp);
-        auto f = attention(q_[i], kb, vb, o);
-        acc_[i] = merge_attention_blocks(acc_[i].out, acc_[i].lse, f.out, f.lse);
-        pairs_ += std::size_t(visible_pairs(o, pieces_[i].size, kp.size) * shape_[0] * shape_[1]);
-      }
-    }
+    detail::for_each_interacting(opts_, std::span<const SeqPiece>(pieces_), k, v, k_pieces,
+                                 [&](std::size_t i, const SeqPiece& kp, const auto& kb, const auto& vb) {
+                                   const auto o = detail::pair_options(opts_, pieces_[i], kp);
+                                   auto f = attention(q_[i], kb, vb, o);
+                                   acc_[i] = merge_attention_blocks(acc_[i].out, acc_[i].lse, f.out, f.lse);
+                                   pairs_ += std::size_t(visible_pairs(o, pieces_[i].size, kp.size) * shape_[0] * shape_[1]);
+                                 });
   }
 
   /// (query, key) scores computed so far, over all batches and heads.
@@ -185,18 +195,14 @@ class ChunkedAttentionBackward {
                                                       std::span<const SeqPiece> k_pieces) {
     detail::check_pieces<T>("ChunkedAttentionBackward::chunk", k_pieces, k.extent(2));
     std::pair<HostTensor<T, 4>, HostTensor<T, 4>> g{HostTensor<T, 4>(k.shape()), HostTensor<T, 4>(v.shape())};
-    for (const auto& kp : k_pieces) {
-      if (kp.size == 0) continue;
-      HostTensor<T, 4> kb, vb;
-      for (std::size_t i = 0; i < pieces_.size(); ++i) {
-        if (!detail::pieces_interact(opts_, pieces_[i], kp)) continue;
-        if (kb.numel() == 0) kb = slice_seq(k, kp.local, kp.size), vb = slice_seq(v, kp.local, kp.size);
-        auto b = attention_backward(q_[i], kb, vb, out_[i], lse_[i], dout_[i], detail::pair_options(opts_, pieces_[i], kp));
-        put_seq(dq_, pieces_[i].local, b.dq, true);
-        put_seq(g.first, kp.local, b.dk, true);
-        put_seq(g.second, kp.local, b.dv, true);
-      }
-    }
+    detail::for_each_interacting(opts_, std::span<const SeqPiece>(pieces_), k, v, k_pieces,
+                                 [&](std::size_t i, const SeqPiece& kp, const auto& kb, const auto& vb) {
+                                   auto b = attention_backward(q_[i], kb, vb, out_[i], lse_[i], dout_[i],
+                                                               detail::pair_options(opts_, pieces_[i], kp));
+                                   put_seq(dq_, pieces_[i].local, b.dq, true);
+                                   put_seq(g.first, kp.local, b.dk, true);
+                                   put_seq(g.second, kp.local, b.dv, true);
+                                 });
     return g;
   }
 
