@@ -117,4 +117,11 @@ inline constexpr std::size_t role_dim = [] {
 template <class Mesh, Role R>
 inline constexpr bool has_role = count_role<Mesh, R>() > 0;
 
+/// The size of the mesh's one dimension with role R (1 when it has none).
+template <Role R, class Mesh>
+int role_size(const Mesh& mesh) {
+  if constexpr (has_role<Mesh, R>) return mesh.size(role_dim<Mesh, R>);
+  else return 1;
+}
+
 }  // namespace dtensor

@@ -49,7 +49,8 @@ template <kernels::host::FloatElement T, MeshType Mesh, class Id = std::int32_t>
 class VocabParallelCrossEntropy {
   static_assert(has_role<Mesh, Role::tensor>,
                 "VocabParallelCrossEntropy splits the vocabulary over the mesh's tensor dimension: the mesh has none");
-  static_assert(nn::require_dense_roles<"parallel::VocabParallelCrossEntropy", Mesh>());
+  static_assert(nn::require_dense_roles<"parallel::VocabParallelCrossEntropy", Mesh>() && !has_role<Mesh, Role::context>,
+                "parallel::VocabParallelCrossEntropy: rows split on a context dimension are not handled yet");
 
  public:
   using LogitsL = nn::tokens<Mesh, nn::FeatureSplit>;
