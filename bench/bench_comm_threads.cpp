@@ -15,42 +15,22 @@
 // The ranks run inside one threads::run per benchmark; their times are then handed to Google
 // Benchmark as manual iteration times.
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "bench_util.hpp"
+#include "threads_timing.hpp"
 #include "dtensor/comm/threads.hpp"
 #include "dtensor/dtensor.hpp"
 
 namespace {
 
 using dtensor::CollectiveKind;
-using clock_type = std::chrono::steady_clock;
+using dtensor::bench::times_on_ranks;
 
 enum class Variant { memcpy, all_gather, redistribute };
 constexpr const char* variant_name[] = {"memcpy", "all_gather", "redistribute"};
-
-/// Runs `iters` timed iterations of the operation make_op(world) returns, on n ranks; returns
-/// the slowest rank's time of each iteration (seconds).
-template <class MakeOp>
-std::vector<double> times_on_ranks(int n, std::size_t iters, MakeOp make_op) {
-  std::vector<double> times(iters);
-  dtensor::threads::run(n, [&](dtensor::CommPtr world) {
-    auto op = make_op(world);
-    op();  // warm-up: first touch of the buffers, lazy state
-    for (std::size_t i = 0; i < iters; ++i) {
-      world->barrier();
-      const auto t0 = clock_type::now();
-      op();
-      double dt = std::chrono::duration<double>(clock_type::now() - t0).count();
-      world->all_reduce(std::span<double>(&dt, 1), dtensor::ReduceOp::max);
-      if (world->rank() == 0) times[i] = dt;
-    }
-  });
-  return times;
-}
 
 void run(benchmark::State& st, int n, Variant v, std::size_t bytes) {
   const std::size_t total = bytes / sizeof(float), block = total / std::size_t(n);
