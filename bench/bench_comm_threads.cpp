@@ -15,22 +15,22 @@
 // The ranks run inside one threads::run per benchmark; their times are then handed to Google
 // Benchmark as manual iteration times.
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <string>
 #include <vector>
 
-#include "bench_util.hpp"
-#include "threads_timing.hpp"
+#include "bench_threads.hpp"
 #include "dtensor/comm/threads.hpp"
 #include "dtensor/dtensor.hpp"
 
 namespace {
 
 using dtensor::CollectiveKind;
-using dtensor::bench::times_on_ranks;
 
 enum class Variant { memcpy, all_gather, redistribute };
 constexpr const char* variant_name[] = {"memcpy", "all_gather", "redistribute"};
+
 
 void run(benchmark::State& st, int n, Variant v, std::size_t bytes) {
   const std::size_t total = bytes / sizeof(float), block = total / std::size_t(n);
@@ -38,7 +38,7 @@ void run(benchmark::State& st, int n, Variant v, std::size_t bytes) {
   std::vector<double> times;
   switch (v) {
     case Variant::memcpy:
-      times = times_on_ranks(n, iters, [&](const dtensor::CommPtr&) {
+      times = dtensor::bench::times_on_ranks(n, iters, [&](const dtensor::CommPtr&) {
         return [src = std::vector<float>(total, 1.0f), dst = std::vector<float>(total)]() mutable {
           std::memcpy(dst.data(), src.data(), dst.size() * sizeof(float));
           benchmark::DoNotOptimize(dst.data());
@@ -46,14 +46,14 @@ void run(benchmark::State& st, int n, Variant v, std::size_t bytes) {
       });
       break;
     case Variant::all_gather:
-      times = times_on_ranks(n, iters, [&](const dtensor::CommPtr& w) {
+      times = dtensor::bench::times_on_ranks(n, iters, [&](const dtensor::CommPtr& w) {
         return [w, send = std::vector<float>(block, 1.0f), recv = std::vector<float>(total)]() mutable {
           w->all_gather(std::span<const float>(send), std::span<float>(recv));
         };
       });
       break;
     case Variant::redistribute:
-      times = times_on_ranks(n, iters, [&](const dtensor::CommPtr& w) {
+      times = dtensor::bench::times_on_ranks(n, iters, [&](const dtensor::CommPtr& w) {
         using Mesh = dtensor::DeviceMesh<"x">;
         const Mesh mesh(w, {n});
         const dtensor::Shape<2> global{dtensor::Extent(total / 16), 16};  // 64-byte rows, even shards
@@ -66,12 +66,7 @@ void run(benchmark::State& st, int n, Variant v, std::size_t bytes) {
       });
       break;
   }
-  dtensor::bench::Timer t;
-  std::size_t i = 0;
-  for (auto _ : st) {
-    st.SetIterationTime(times[i]);
-    t.total += times[i++];
-  }
+  const dtensor::bench::Timer t = dtensor::bench::replay(st, times);
   dtensor::bench::set_bandwidth(st, bytes, v == Variant::memcpy ? 1.0 : dtensor::bench::bus_factor(CollectiveKind::all_gather, n), t);
 }
 

@@ -11,15 +11,14 @@
 //   moe        parallel::exchange_counts (one all_to_all of 8 int64) + parallel::dispatch (the
 //              all_to_all_v, then the regrouping copy by local expert) + parallel::combine (the
 //              copy back, then the all_to_all_v), each allocating its result
-// Timing as bench_comm_threads (threads_timing.hpp): each iteration's time is the slowest
+// Timing as bench_comm_threads (bench_threads.hpp): each iteration's time is the slowest
 // rank's. "bytes" is this rank's rows out x hidden x 4 B, counted once per direction (2x).
 #include <random>
 #include <utility>
 #include <string>
 #include <vector>
 
-#include "bench_util.hpp"
-#include "threads_timing.hpp"
+#include "bench_threads.hpp"
 #include "dtensor/parallel/expert_parallel.hpp"
 
 namespace {
@@ -68,12 +67,7 @@ void run(benchmark::State& st, Variant v, std::int64_t tokens) {
       }
     };
   });
-  dtensor::bench::Timer t;
-  std::size_t i = 0;
-  for (auto _ : st) {
-    st.SetIterationTime(times[i]);
-    t.total += times[i++];
-  }
+  const auto t = dtensor::bench::replay(st, times);
   dtensor::bench::set_bandwidth(st, bytes, dtensor::bench::bus_factor(dtensor::CollectiveKind::all_to_all_v, ranks), t);
 }
 
