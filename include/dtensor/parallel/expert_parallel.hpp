@@ -16,8 +16,8 @@
 // dp_shard * cp * tp = efsdp * ep): its data dimension ("edp", Role::data) times its expert
 // dimension ("ep", Role::expert) is the dense mesh's data size, and its tensor dimension (if any)
 // is the dense one, rank for rank. make_expert_mesh builds it (collective, like every mesh) on
-// the group of all the dense mesh's ranks, row-major, so a rank's dense data coordinate is
-// edp * ep_size + ep and each "ep" group holds ep consecutive batch chunks. Expert weights are
+// a copy of the communicator of all the dense mesh's ranks, row-major, so a rank's dense data
+// coordinate is edp * ep_size + ep and each "ep" group holds ep consecutive batch chunks. Expert weights are
 // Shard<0> (the expert index) on "ep" and replicated on "edp" and "tp" (expert_params); their
 // gradients are Partial<sum> on "edp" (expert_grads), which DataParallel over the expert mesh
 // reduces. Expert tensor parallelism (ETP) is not implemented: inside a tp group every rank
@@ -147,7 +147,8 @@ ExpertMesh make_expert_mesh(const DenseMesh& dense, int ep) {
                   dtensor::detail::cat("the dense mesh has a tensor dimension of ", tensor,
                                        " ranks and the expert mesh none"),
                   dense.rank());
-  ExpertMesh mesh(dense.group_ptr(0, DenseMesh::ndim - 1), shape);
+  // A communicator of all the dense mesh's ranks in their order (one split), for the new mesh's root.
+  ExpertMesh mesh(dense.comm().split(0, dense.comm().rank()), shape);
   check_expert_mesh(dense, mesh);
   return mesh;
 }
