@@ -43,6 +43,18 @@ std::pair<Ids, Ids> random_batch(const MeshT& mesh) {
   return {distribute_replicated<L>(mesh, ids), distribute_replicated<L>(mesh, tgt)};
 }
 
+/// Seconds for `steps` calls of step() on all ranks together, after one untimed warm-up step
+/// (first-touch of every buffer).
+template <class Step>
+double time_steps(Communicator& world, Step& step) {
+  step();
+  world.barrier();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int s = 0; s < steps; ++s) step();
+  world.barrier();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 template <bool SP>
 double timed_steps(CommPtr world, int dp, int tp, bool overlap) {
   using Model = nn::GPT<float, Mesh, parallel::MegatronPlan<SP>>;
@@ -66,12 +78,7 @@ double timed_steps(CommPtr world, int dp, int tp, bool overlap) {
     opt.step();
     benchmark::DoNotOptimize(loss);
   };
-  step();  // warm-up: first-touch of every buffer
-  world->barrier();
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int s = 0; s < steps; ++s) step();
-  world->barrier();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return time_steps(*world, step);
 }
 
 void BM_gpt_step(benchmark::State& st) {
@@ -109,12 +116,7 @@ double timed_zero3_steps(CommPtr world, int fsdp_ranks, int prefetch) {
     opt.step();
     benchmark::DoNotOptimize(loss);
   };
-  step();
-  world->barrier();
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int s = 0; s < steps; ++s) step();
-  world->barrier();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return time_steps(*world, step);
 }
 
 void BM_gpt_step_zero3(benchmark::State& st) {
