@@ -4,6 +4,13 @@
 //   train_gpt                                   # dp 2 x tp 4 + SP, 8 threads, /usr/share/common-licenses
 //   train_gpt --dp 1 --tp 2 --steps 200 --data input.txt
 //   mpirun -n 4 train_gpt --backend mpi --dp 2 --tp 2     # when built with -DDTENSOR_WITH_MPI=ON
+//   train_gpt --fsdp 4 --tp 2                   # FSDP (ZeRO-3) over 4 data ranks x TP 2
+//   train_gpt --dp 4 --zero 2                   # ZeRO-2 over the 4 data ranks
+//   train_gpt --dp 4 --hsdp 2 --tp 1            # HSDP: 2 replicas x 2 shards (ZeRO-3)
+//
+// Without --zero / --fsdp the data ranks replicate the parameters (DDP, mesh (dp, tp)); with
+// them the mesh is (dp, fsdp, tp) and parallel::fully_shard shards parameters, gradients and
+// optimizer state over "fsdp" (--hsdp R: R replicas on "dp", each sharded over dp / R ranks).
 //
 // The text's characters are the vocabulary; the first 90% trains, the last 10% is the held-out
 // validation set. Each step draws --batch sequences of --seq characters (the same on every
@@ -22,6 +29,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -36,9 +44,13 @@ namespace {
 
 using namespace dtensor;
 using Mesh = DeviceMesh<"dp", "tp">;
+using ShardedMesh = DeviceMesh<"dp", "fsdp", "tp">;
 
 struct Options {
   int dp = 2, tp = 4;
+  int zero = 0;     // 0: DDP; 1, 2, 3: ZeRO stage over the data ranks (parallel::fully_shard)
+  int hsdp = 1;     // replicas of the sharded data ranks (HSDP when > 1)
+  int prefetch = 2; // ZeRO-3: units unsharded at once
   bool sp = true;
   Extent layers = 2, heads = 4, dim = 128, seq = 64, batch = 16;
   int steps = 300, eval_every = 50;
@@ -51,11 +63,13 @@ struct Options {
 const char* usage =
     "usage: train_gpt [--dp N] [--tp N] [--sp | --no-sp] [--layers N] [--heads N] [--dim N] [--seq N]\n"
     "                 [--batch N] [--steps N] [--lr X] [--seed N] [--eval-every N] [--checkpoint]\n"
-    "                 [--data FILE] [--backend threads|mpi]\n"
+    "                 [--data FILE] [--backend threads|mpi] [--fsdp N] [--zero 1|2|3] [--hsdp R] [--prefetch N]\n"
     "  defaults: --dp 2 --tp 4 --sp --layers 2 --heads 4 --dim 128 --seq 64 --batch 16 --steps 300 --lr 3e-3\n"
     "            --seed 1 --eval-every 50, data: the files under /usr/share/common-licenses\n"
     "  --batch is the number of sequences per step over all data-parallel ranks (a multiple of --dp);\n"
-    "  --heads must be a multiple of --tp; --backend mpi needs an MPI build and mpirun -n dp*tp.\n";
+    "  --heads must be a multiple of --tp; --backend mpi needs an MPI build and mpirun -n dp*tp.\n"
+    "  --fsdp N is --dp N --zero 3; --zero shards over the --dp ranks (DDP without it); --hsdp R splits them\n"
+    "  into R replicas (R divides --dp; ZeRO-3 unless --zero says); --prefetch: ZeRO-3 units unsharded at once.\n";
 
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -95,6 +109,14 @@ Options parse(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--dp") o.dp = int(parse_int(a, value(), 1));
+    else if (a == "--fsdp") {
+      o.dp = int(parse_int(a, value(), 1));
+      o.zero = 3;
+    } else if (a == "--zero") {
+      o.zero = int(parse_int(a, value(), 1));
+      if (o.zero > 3) throw UsageError("--zero is a ZeRO stage (1, 2 or 3), got " + std::to_string(o.zero));
+    } else if (a == "--hsdp") o.hsdp = int(parse_int(a, value(), 1));
+    else if (a == "--prefetch") o.prefetch = int(parse_int(a, value(), 1));
     else if (a == "--tp") o.tp = int(parse_int(a, value(), 1));
     else if (a == "--sp") o.sp = true;
     else if (a == "--no-sp") o.sp = false;
@@ -121,6 +143,12 @@ Options parse(int argc, char** argv) {
   if (o.dim % o.heads != 0) throw UsageError("--dim " + std::to_string(o.dim) + " is not a multiple of --heads " + std::to_string(o.heads));
   if (o.heads % o.tp != 0) throw UsageError("--heads " + std::to_string(o.heads) + " is not a multiple of --tp " + std::to_string(o.tp));
   if (o.batch % o.dp != 0) throw UsageError("--batch " + std::to_string(o.batch) + " is not a multiple of --dp " + std::to_string(o.dp));
+  if (o.hsdp > 1) {
+    if (o.dp % o.hsdp != 0)
+      throw UsageError("--hsdp " + std::to_string(o.hsdp) + " does not divide the " + std::to_string(o.dp) +
+                       " data-parallel ranks (--dp)");
+    if (o.zero == 0) o.zero = 3;
+  }
   return o;
 }
 
@@ -170,8 +198,8 @@ Corpus encode(const std::string& text, Extent seq) {
   return c;
 }
 
-template <class Model>
-std::pair<typename Model::Ids, typename Model::Ids> batch_of(const Mesh& mesh, const std::vector<std::int32_t>& data,
+template <class Model, class MeshT>
+std::pair<typename Model::Ids, typename Model::Ids> batch_of(const MeshT& mesh, const std::vector<std::int32_t>& data,
                                                             const std::vector<std::size_t>& starts, Extent seq) {
   const Shape<2> shape{Extent(starts.size()), seq};
   Tensor<std::int32_t, 2> ids(shape), tgt(shape);
@@ -184,23 +212,48 @@ std::pair<typename Model::Ids, typename Model::Ids> batch_of(const Mesh& mesh, c
   return {distribute_replicated<L>(mesh, ids), distribute_replicated<L>(mesh, tgt)};
 }
 
-template <bool SP>
+/// DDP on a (dp, tp) mesh, or (Sharded) fully_shard on a (dp, fsdp, tp) one.
+template <bool SP, bool Sharded>
 void train(CommPtr world, const Options& o, const Corpus& corpus) {
-  using Model = nn::GPT<float, Mesh, parallel::MegatronPlan<SP>>;
+  using M = std::conditional_t<Sharded, ShardedMesh, Mesh>;
+  using Model = nn::GPT<float, M, parallel::MegatronPlan<SP>>;
   const bool root = world->rank() == 0;
-  Mesh mesh(world, {o.dp, o.tp});
+  auto make_mesh = [&] {
+    if constexpr (Sharded) {
+      const auto [replicas, shards] = parallel::hsdp_shape(o.dp, o.hsdp);
+      return M(world, {replicas, shards, o.tp});
+    } else {
+      return M(world, {o.dp, o.tp});
+    }
+  };
+  M mesh = make_mesh();
   const nn::GPTConfig cfg{.vocab = Extent(corpus.chars.size()), .seq = o.seq, .dim = o.dim, .heads = o.heads,
                           .layers = o.layers, .mlp_ratio = 4, .checkpoint = o.checkpoint, .seed = o.seed};
   Model model(mesh, cfg);
-  nn::ParamList<float, 2> ps;
-  model.collect(ps);
-  optim::AdamW<float, 2> opt(ps, {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1});
-  parallel::DataParallel<Mesh> ddp(mesh, {.bucket_bytes = std::size_t(1) << 20});
-  ddp.attach(model);  // each unit's gradient buckets are all-reduced while the backward goes on
-
   Extent nparams = 0;
-  for (const auto& p : ps) nparams += Extent(p.value.size());  // local; summed below for the banner
+  for (auto& u : model.units()) nparams += Extent(u.group->size());  // local; summed below for the banner
+  // The parameters the optimizer steps over: the model's (DDP) or this rank's shards (FSDP).
+  nn::ParamList<float, M::ndim> model_params;
+  std::optional<parallel::DataParallel<M>> ddp;
+  struct NoFsdp {};
+  std::conditional_t<Sharded, std::optional<parallel::FullyShard<Model, M, float>>, NoFsdp> fsdp;
+  if constexpr (Sharded) {
+    fsdp.emplace(model, mesh, parallel::FsdpOptions{.stage = o.zero, .prefetch = o.prefetch});
+  } else {
+    model.collect(model_params);
+    ddp.emplace(mesh, parallel::DataParallelOptions{.bucket_bytes = std::size_t(1) << 20});
+    ddp->attach(model);  // each unit's gradient buckets are all-reduced while the backward goes on
+  }
+  auto& ps = [&]() -> nn::ParamList<float, M::ndim>& {
+    if constexpr (Sharded) return fsdp->params();
+    else return model_params;
+  }();
+  optim::AdamW<float, M::ndim> opt(ps, {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1});
+
   world->all_reduce(std::span<Extent>(&nparams, 1), ReduceOp::sum);
+  if (root && Sharded)
+    std::printf("train_gpt: ZeRO-%d over %d data ranks (%d replica%s x %d shards), prefetch %d\n", o.zero, o.dp, o.hsdp,
+                o.hsdp > 1 ? "s" : "", o.dp / o.hsdp, o.prefetch);
   if (root)
     std::printf("train_gpt: %zu characters (vocab %zu), train %zu / val %zu; mesh dp %d x tp %d%s, %s backend\n"
                 "model: %lld layers, dim %lld, %lld heads, seq %lld, batch %lld; %lld parameter elements over all ranks\n",
@@ -245,10 +298,12 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
       auto [step_loss, saved] = model.forward(ids, tgt);
       loss = std::move(step_loss);
       model.backward(std::move(saved));
-      ddp.finish_gradient_sync();
+      if constexpr (Sharded) fsdp->finish_gradient_sync();
+      else ddp->finish_gradient_sync();
       parallel::sequence_parallel_grads(ps, mesh, {.bucket_bytes = std::size_t(1) << 20});
       optim::clip_grad_norm(ps, mesh, 1.0);
       opt.step();
+      if constexpr (Sharded) fsdp->sync_parameters();  // ZeRO-1/2: all-gather the updated parameters
       if (step == std::min(2, o.steps))
         for (const auto& r : log.records()) {
           auto& e = per_step[std::string(name_of(r.kind)) + " on " + r.group];
@@ -281,8 +336,13 @@ void run_rank(CommPtr world, const Options& o, const Corpus& c) {
   if (world->size() != o.dp * o.tp)
     world->fail("train_gpt", "the job has " + std::to_string(world->size()) + " ranks but --dp " + std::to_string(o.dp) +
                                  " x --tp " + std::to_string(o.tp) + " needs " + std::to_string(o.dp * o.tp));
-  if (o.sp) train<true>(std::move(world), o, c);
-  else train<false>(std::move(world), o, c);
+  if (o.zero > 0) {
+    if (o.sp) train<true, true>(std::move(world), o, c);
+    else train<false, true>(std::move(world), o, c);
+  } else {
+    if (o.sp) train<true, false>(std::move(world), o, c);
+    else train<false, false>(std::move(world), o, c);
+  }
 }
 
 }  // namespace

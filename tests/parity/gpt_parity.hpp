@@ -61,16 +61,20 @@ struct ParityOptions {
   std::size_t bucket_bytes = 4096;
   bool checkpoint = false;
   bool ddp_overlap = true;  // DDP attached to the backward (else one all_reduce_gradients after it)
+  Extent batch = parity_batch;  // sequences per step
 };
 
 /// The batch of step s: sequences of a fixed rule x' = (5 x + 3) mod V from random starts, so
-/// there is something to learn. Every rank draws the whole batch [B, T] and keeps its piece.
-template <class Ids>
-std::pair<Ids, Ids> parity_batch_of(const GptMesh& mesh, int step, const nn::GPTConfig& c) {
-  auto starts = randint<std::int32_t>(Shape<1>{parity_batch}, 1000 + std::uint64_t(step), 0, c.vocab);
-  Tensor<std::int32_t, 2> ids(Shape<2>{parity_batch, c.seq}), tgt(Shape<2>{parity_batch, c.seq});
-  for (Extent b = 0; b < parity_batch; ++b) {
-    std::int32_t x = starts[b];
+/// there is something to learn. Every rank draws the whole batch [B, T] and keeps its piece;
+/// `rows` sequences from `first` of it (a micro-batch) when given.
+template <class Ids, class MeshT = GptMesh>
+std::pair<Ids, Ids> parity_batch_of(const MeshT& mesh, int step, const nn::GPTConfig& c, Extent batch = parity_batch,
+                                    Extent first = 0, Extent rows = 0) {
+  if (rows == 0) rows = batch - first;
+  auto starts = randint<std::int32_t>(Shape<1>{batch}, 1000 + std::uint64_t(step), 0, c.vocab);
+  Tensor<std::int32_t, 2> ids(Shape<2>{rows, c.seq}), tgt(Shape<2>{rows, c.seq});
+  for (Extent b = 0; b < rows; ++b) {
+    std::int32_t x = starts[first + b];
     for (Extent t = 0; t < c.seq; ++t) {
       ids(b, t) = x;
       x = std::int32_t((5 * Extent(x) + 3) % c.vocab);
@@ -96,7 +100,7 @@ ParityRun run_parity(CommPtr world, std::array<int, 2> shape, ParityOptions o = 
   if (o.ddp_overlap) ddp.attach(model);
   ParityRun out;
   for (int s = 0; s < parity_steps; ++s) {
-    auto [ids, tgt] = parity_batch_of<typename decltype(model)::Ids>(mesh, s, cfg);
+    auto [ids, tgt] = parity_batch_of<typename decltype(model)::Ids>(mesh, s, cfg, o.batch);
     opt.zero_grad();
     CommLog model_log;
     auto [loss, saved] = model.forward(ids, tgt);
