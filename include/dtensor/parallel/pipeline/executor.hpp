@@ -172,7 +172,7 @@ class Executor {
     if (int(microbatches.size()) != m)
       mesh_.comm().fail(op, dtensor::detail::cat("the schedule runs ", m, " micro-batches, got ", microbatches.size()));
     const auto start = std::chrono::steady_clock::now();
-    Run run{*this, microbatches};
+    Run run(*this, microbatches);
     for (const Action& action : schedule_.actions[std::size_t(pipeline_rank())]) {
       run.execute(action);
       run.drop_finished_sends();
@@ -216,6 +216,8 @@ class Executor {
 
   /// The state of one step.
   struct Run {
+    Run(Executor& executor, const std::vector<std::pair<Ids, Ids>>& batches) : exec(executor), microbatches(batches) {}
+
     Executor& exec;
     const std::vector<std::pair<Ids, Ids>>& microbatches;
     StepStats stats{};
