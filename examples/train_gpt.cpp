@@ -35,6 +35,10 @@
 #include <string>
 #include <vector>
 
+#include "dtensor/parallel/pipeline/by_name.hpp"
+#include "dtensor/parallel/pipeline/clip.hpp"
+#include "dtensor/parallel/pipeline/executor.hpp"
+#include "dtensor/parallel/pipeline/gpt_stage.hpp"
 #include "dtensor/training.hpp"
 #ifdef DTENSOR_HAS_MPI
 #include "dtensor/comm/mpi.hpp"
@@ -58,18 +62,24 @@ struct Options {
   std::uint64_t seed = 1;
   bool checkpoint = false;
   std::string data, backend = "threads";
+  // Pipeline parallelism (--pp > 1): mesh (pp, dp, tp), a schedule over --microbatches.
+  int pp = 1, microbatches = 0;  // 0: 2 x pp
+  std::string schedule = "1f1b";
 };
 
 const char* usage =
     "usage: train_gpt [--dp N] [--tp N] [--sp | --no-sp] [--layers N] [--heads N] [--dim N] [--seq N]\n"
     "                 [--batch N] [--steps N] [--lr X] [--seed N] [--eval-every N] [--checkpoint]\n"
     "                 [--data FILE] [--backend threads|mpi] [--fsdp N] [--zero 1|2|3] [--hsdp R] [--prefetch N]\n"
+    "                 [--pp N --schedule gpipe|1f1b|interleaved|zb|zbv --microbatches M]\n"
     "  defaults: --dp 2 --tp 4 --sp --layers 2 --heads 4 --dim 128 --seq 64 --batch 16 --steps 300 --lr 3e-3\n"
     "            --seed 1 --eval-every 50, data: the files under /usr/share/common-licenses\n"
     "  --batch is the number of sequences per step over all data-parallel ranks (a multiple of --dp);\n"
-    "  --heads must be a multiple of --tp; --backend mpi needs an MPI build and mpirun -n dp*tp.\n"
+    "  --heads must be a multiple of --tp; --backend mpi needs an MPI build and mpirun -n dp*tp (pp*dp*tp).\n"
     "  --fsdp N is --dp N --zero 3; --zero shards over the --dp ranks (DDP without it); --hsdp R splits them\n"
-    "  into R replicas (R divides --dp; ZeRO-3 unless --zero says); --prefetch: ZeRO-3 units unsharded at once.\n";
+    "  into R replicas (R divides --dp; ZeRO-3 unless --zero says); --prefetch: ZeRO-3 units unsharded at once.\n"
+    "  --pp N > 1: pipeline stages on a (pp, dp, tp) mesh, --schedule (default 1f1b) over --microbatches\n"
+    "  (default 2 x pp; must divide --batch); --layers must be at least the number of stages.\n";
 
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -98,6 +108,32 @@ double parse_double(const std::string& flag, const std::string& v) {
   }
   if (used != v.size() || v.empty() || !(x > 0)) throw UsageError(flag + " expects a positive number, got '" + v + "'");
   return x;
+}
+
+// ---------------------------------------------------------------- pipeline flags
+
+/// --pp N, --schedule NAME, --microbatches M; false for any other flag.
+template <class Value>
+bool parse_pipeline_flag(const std::string& a, Value&& value, Options& o) {
+  if (a == "--pp") o.pp = int(parse_int(a, value(), 1));
+  else if (a == "--schedule") o.schedule = value();
+  else if (a == "--microbatches") o.microbatches = int(parse_int(a, value(), 1));
+  else return false;
+  return true;
+}
+
+void check_pipeline_flags(Options& o) {
+  try {
+    parallel::pipeline::parse_schedule_kind(o.schedule);
+  } catch (const Error& e) {
+    throw UsageError("--schedule: " + std::string(e.what()));
+  }
+  if (o.microbatches == 0) o.microbatches = 2 * o.pp;
+  if (o.pp > 1 && o.batch % o.microbatches != 0)
+    throw UsageError("--microbatches " + std::to_string(o.microbatches) + " does not divide --batch " +
+                     std::to_string(o.batch));
+  if (o.pp > 1 && o.zero > 0)
+    throw UsageError("--pp with --zero / --fsdp / --hsdp: FSDP inside pipeline stages is not supported yet");
 }
 
 Options parse(int argc, char** argv) {
@@ -131,6 +167,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--seed") o.seed = std::uint64_t(parse_int(a, value(), 0));
     else if (a == "--checkpoint") o.checkpoint = true;
     else if (a == "--data") o.data = value();
+    else if (parse_pipeline_flag(a, value, o)) continue;
     else if (a == "--backend") {
       o.backend = value();
       if (o.backend != "threads" && o.backend != "mpi") throw UsageError("--backend is threads or mpi, got '" + o.backend + "'");
@@ -149,6 +186,7 @@ Options parse(int argc, char** argv) {
                        " data-parallel ranks (--dp)");
     if (o.zero == 0) o.zero = 3;
   }
+  check_pipeline_flags(o);
   return o;
 }
 
@@ -198,9 +236,9 @@ Corpus encode(const std::string& text, Extent seq) {
   return c;
 }
 
-template <class Model, class MeshT>
-std::pair<typename Model::Ids, typename Model::Ids> batch_of(const MeshT& mesh, const std::vector<std::int32_t>& data,
-                                                            const std::vector<std::size_t>& starts, Extent seq) {
+/// The [batch, seq] ids and targets of the sequences starting at `starts`, whole on every rank.
+std::pair<Tensor<std::int32_t, 2>, Tensor<std::int32_t, 2>> tokens_of(const std::vector<std::int32_t>& data,
+                                                                      const std::vector<std::size_t>& starts, Extent seq) {
   const Shape<2> shape{Extent(starts.size()), seq};
   Tensor<std::int32_t, 2> ids(shape), tgt(shape);
   for (std::size_t b = 0; b < starts.size(); ++b)
@@ -208,6 +246,13 @@ std::pair<typename Model::Ids, typename Model::Ids> batch_of(const MeshT& mesh, 
       ids(Extent(b), t) = data[starts[b] + std::size_t(t)];
       tgt(Extent(b), t) = data[starts[b] + std::size_t(t) + 1];
     }
+  return {std::move(ids), std::move(tgt)};
+}
+
+template <class Model, class MeshT>
+std::pair<typename Model::Ids, typename Model::Ids> batch_of(const MeshT& mesh, const std::vector<std::int32_t>& data,
+                                                            const std::vector<std::size_t>& starts, Extent seq) {
+  auto [ids, tgt] = tokens_of(data, starts, seq);
   using L = typename Model::Ids::layout;
   return {distribute_replicated<L>(mesh, ids), distribute_replicated<L>(mesh, tgt)};
 }
@@ -332,7 +377,98 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
   }
 }
 
+// ---------------------------------------------------------------- pipeline training (--pp > 1)
+
+/// Trains on a (pp, dp, tp) mesh: this rank's stages of the GPT (parallel::pipeline::GptStage)
+/// run the --schedule over --microbatches per step (parallel::pipeline::Executor), then DDP's
+/// all-reduce on "dp" (after the schedule), the sequence-parallel sync, clipping by the norm over
+/// all stages and AdamW. The validation loss is that of a schedule step whose gradients are
+/// dropped (the executor runs training schedules only).
+template <bool SP>
+void train_pipeline(CommPtr world, const Options& o, const Corpus& corpus) {
+  namespace pp = parallel::pipeline;
+  using PipelineMesh = DeviceMesh<"pp", "dp", "tp">;
+  using Stage = pp::GptStage<float, Mesh, parallel::MegatronPlan<SP>>;
+  PipelineMesh mesh(world, pp::pipeline_mesh_shape(world->size(), o.pp, o.tp));
+  const Mesh stage_mesh = pp::stage_mesh_of(mesh);
+  const nn::GPTConfig cfg{.vocab = Extent(corpus.chars.size()), .seq = o.seq, .dim = o.dim, .heads = o.heads,
+                          .layers = o.layers, .mlp_ratio = 4, .checkpoint = o.checkpoint, .seed = o.seed};
+  const auto schedule = pp::make_schedule(pp::parse_schedule_kind(o.schedule), o.pp, o.microbatches);
+  std::vector<Stage> stages;
+  for (int s : schedule.layout.stages_of(mesh.coordinate(0))) stages.emplace_back(stage_mesh, cfg, s, schedule.layout.stages());
+  pp::Executor<Stage, PipelineMesh> exec(mesh, schedule, std::move(stages));
+  nn::ParamList<float, 2> ps;
+  for (Stage& stage : exec.stages()) nn::collect(stage, ps);
+  optim::AdamW<float, 2> opt(ps, {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1});
+  parallel::DataParallel<Mesh> ddp(stage_mesh, {.bucket_bytes = std::size_t(1) << 20});
+  // The rank that prints: the first (dp, tp) rank of the stage mesh that holds the last stage.
+  const bool printer = stage_mesh.rank() == 0 && schedule.layout.rank_of(schedule.layout.stages() - 1) == mesh.coordinate(0);
+  if (printer)
+    std::printf("train_gpt: mesh pp %d x dp %d x tp %d%s, %s backend; schedule %s, %d micro-batches, %d stages "
+                "(%lld layers); peak activations per pipeline rank (validator):",
+                o.pp, mesh.size(1), o.tp, SP ? " + SP" : "", o.backend.c_str(), o.schedule.c_str(), o.microbatches,
+                schedule.layout.stages(), (long long)o.layers);
+  if (printer)
+    for (int peak : exec.memory().peak_saved) std::printf(" %d", peak);
+  if (printer) std::printf("\n");
+
+  std::mt19937_64 rng(o.seed);  // the same stream on every rank
+  auto draw = [&] {
+    std::vector<std::size_t> s(static_cast<std::size_t>(o.batch));
+    for (auto& x : s) x = std::size_t(rng() % (corpus.train.size() - std::size_t(o.seq) - 1));
+    return s;
+  };
+  auto run_step = [&](const std::vector<std::int32_t>& data, const std::vector<std::size_t>& starts) {
+    auto [ids, tgt] = tokens_of(data, starts, o.seq);
+    return exec.step(pp::split_microbatches<typename Stage::Ids>(stage_mesh, ids, tgt, o.microbatches));
+  };
+  double elapsed = 0, idle = 0, waiting = 0, loss = 0;
+  for (int step = 1; step <= o.steps; ++step) {
+    const auto starts = draw();
+    world->barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    opt.zero_grad();
+    auto stats = run_step(corpus.train, starts);
+    ddp.all_reduce_gradients(ps);
+    parallel::sequence_parallel_grads(ps, stage_mesh, {.bucket_bytes = std::size_t(1) << 20});
+    pp::clip_grad_norm(ps, stage_mesh, mesh.group(0), 1.0);
+    opt.step();
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    elapsed += dt;
+    idle = stats.idle_fraction();
+    waiting += stats.wait_seconds / stats.wall_seconds;
+    if (printer && stats.loss) {
+      loss = *stats.loss;
+      std::printf("step %4d/%d  loss %.4f  %8.0f tokens/s  idle %.3f (counted slots)\n", step, o.steps, loss,
+                  double(o.batch * o.seq) / dt, idle);
+    }
+    if (step % o.eval_every == 0 || step == o.steps) {
+      std::vector<std::size_t> val(static_cast<std::size_t>(o.batch));
+      for (std::size_t b = 0; b < val.size(); ++b) val[b] = (b * 7919u) % (corpus.val.size() - std::size_t(o.seq) - 1);
+      opt.zero_grad();  // the gradients of this step are dropped: the next training step zeroes them again
+      auto val_stats = run_step(corpus.val, val);
+      if (printer && val_stats.loss) std::printf("step %4d  validation loss %.4f\n", step, *val_stats.loss);
+    }
+    std::fflush(stdout);
+  }
+  if (printer)
+    std::printf("\nsummary: %d steps in %.1f s; final train loss %.4f; %.0f tokens/s; idle fraction of pipeline "
+                "rank %d %.3f in counted slots, %.3f of wall time spent waiting for messages (mean over steps)\n",
+                o.steps, elapsed, loss, double(o.batch * o.seq) * o.steps / elapsed, mesh.coordinate(0), idle,
+                waiting / o.steps);
+}
+
 void run_rank(CommPtr world, const Options& o, const Corpus& c) {
+  if (o.pp > 1) {
+    const auto shape = parallel::pipeline::pipeline_mesh_shape(world->size(), o.pp, o.tp);
+    if (shape[1] != o.dp)
+      world->fail("train_gpt", "the job has " + std::to_string(world->size()) + " ranks; --pp " + std::to_string(o.pp) +
+                                   " x --tp " + std::to_string(o.tp) + " leaves dp " + std::to_string(shape[1]) +
+                                   ", but --dp is " + std::to_string(o.dp));
+    if (o.sp) train_pipeline<true>(std::move(world), o, c);
+    else train_pipeline<false>(std::move(world), o, c);
+    return;
+  }
   if (world->size() != o.dp * o.tp)
     world->fail("train_gpt", "the job has " + std::to_string(world->size()) + " ranks but --dp " + std::to_string(o.dp) +
                                  " x --tp " + std::to_string(o.tp) + " needs " + std::to_string(o.dp * o.tp));
@@ -365,7 +501,7 @@ int main(int argc, char** argv) {
       return 2;
 #endif
     }
-    threads::run(o.dp * o.tp, [&](CommPtr world) { run_rank(std::move(world), o, corpus); });
+    threads::run(o.pp * o.dp * o.tp, [&](CommPtr world) { run_rank(std::move(world), o, corpus); });
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_gpt: %s\n", e.what());
     return 1;

@@ -109,18 +109,13 @@ class GPT {
   };
 
   GPT(const Mesh& mesh, GPTConfig c) : mesh_(mesh), c_(c) {
-    detail::check(c.vocab > 0 && c.seq > 0 && c.dim > 0 && c.heads > 0 && c.layers > 0 && c.dim % c.heads == 0,
-                  "nn::GPT", mesh, "config vocab ", c.vocab, ", seq ", c.seq, ", dim ", c.dim, ", heads ", c.heads,
-                  ", layers ", c.layers, ": all must be > 0 and dim a multiple of heads");
-    const std::uint64_t s = c.seed * 1000;
-    wte_ = Wte("wte", mesh, c.vocab, c.dim, s + 1);
-    wpe_ = Wpe("wpe", mesh, c.seq, c.dim, s + 2);
-    const BlockConfig bc{c.dim, c.heads, c.seq, c.mlp_ratio, 0.02, 0.02 / std::sqrt(2.0 * double(c.layers))};
+    check_config("nn::GPT", mesh, c);
+    wte_ = make_wte(mesh, c);
+    wpe_ = make_wpe(mesh, c);
     blocks_.reserve(std::size_t(c.layers));
-    for (Extent l = 0; l < c.layers; ++l)
-      blocks_.emplace_back(c.checkpoint, "h." + std::to_string(l), mesh, bc, s + 10 * std::uint64_t(l + 1));
-    ln_f_ = Norm("ln_f", mesh, c.dim);
-    head_ = Head("lm_head", mesh, c.dim, c.vocab, s + 3, {.bias = false, .init_std = 0.02});
+    for (Extent l = 0; l < c.layers; ++l) blocks_.push_back(make_block(mesh, c, l));
+    ln_f_ = make_ln_f(mesh, c);
+    head_ = make_head(mesh, c);
     // One flat group per unit: embed, the blocks, head.
     add_unit("embed", modules(wte_, wpe_));
     for (Extent l = 0; l < c.layers; ++l) add_unit("h." + std::to_string(l), blocks_[std::size_t(l)]);
@@ -129,6 +124,35 @@ class GPT {
   GPT(GPT&&) = default;
   GPT& operator=(GPT&&) = default;
 
+  // The modules, each built exactly as the constructor builds it (same name, seed and init): a
+  // pipeline stage (parallel/pipeline/gpt_stage.hpp) builds its share with these, so that it
+  // starts from the parameters of the whole model.
+  static void check_config(const char* op, const Mesh& mesh, const GPTConfig& c) {
+    detail::check(c.vocab > 0 && c.seq > 0 && c.dim > 0 && c.heads > 0 && c.layers > 0 && c.dim % c.heads == 0, op,
+                  mesh, "config vocab ", c.vocab, ", seq ", c.seq, ", dim ", c.dim, ", heads ", c.heads, ", layers ",
+                  c.layers, ": all must be > 0 and dim a multiple of heads");
+  }
+  static Wte make_wte(const Mesh& mesh, const GPTConfig& c) { return Wte("wte", mesh, c.vocab, c.dim, seed_base(c) + 1); }
+  static Wpe make_wpe(const Mesh& mesh, const GPTConfig& c) { return Wpe("wpe", mesh, c.seq, c.dim, seed_base(c) + 2); }
+  static Block make_block(const Mesh& mesh, const GPTConfig& c, Extent layer) {
+    const BlockConfig bc{c.dim, c.heads, c.seq, c.mlp_ratio, 0.02, 0.02 / std::sqrt(2.0 * double(c.layers))};
+    return Block(c.checkpoint, "h." + std::to_string(layer), mesh, bc, seed_base(c) + 10 * std::uint64_t(layer + 1));
+  }
+  static Norm make_ln_f(const Mesh& mesh, const GPTConfig& c) { return Norm("ln_f", mesh, c.dim); }
+  static Head make_head(const Mesh& mesh, const GPTConfig& c) {
+    return Head("lm_head", mesh, c.dim, c.vocab, seed_base(c) + 3, {.bias = false, .init_std = 0.02});
+  }
+
+  /// The global position of each of this rank's tokens in its sequence, laid out like the residual stream.
+  static DTensor<Id, 2, Mesh, tokens<Mesh, between>> positions(const Mesh& mesh, const Ids& ids) {
+    using PL = tokens<Mesh, between>;
+    const auto box = local_box(PL::desc, mesh.shape(), mesh.coordinate(), ids.shape());
+    Tensor<Id, 2> p(box.extent);
+    for (Extent b = 0; b < box.extent[0]; ++b)
+      for (Extent t = 0; t < box.extent[1]; ++t) p(b, t) = Id(box.offset[1] + t);
+    return from_local<PL>(mesh, std::move(p), ids.shape());
+  }
+
   /// The mean loss over all B*T targets, as this rank's share (see LossFn), and the saved state.
   /// Collectives: the plan's.
   Fwd<Loss, Saved> forward(const Ids& ids, const Ids& targets) const {
@@ -136,7 +160,7 @@ class GPT {
     Saved s;
     fire(hooks_.pre_forward, 0);
     auto [te, wte_s] = wte_.forward(ids);
-    auto [pe, wpe_s] = wpe_.forward(positions(ids));
+    auto [pe, wpe_s] = wpe_.forward(positions(mesh_, ids));
     fire(hooks_.post_forward, 0);
     s.wte = std::move(wte_s);
     s.wpe = std::move(wpe_s);
@@ -273,15 +297,7 @@ class GPT {
                   " must both be [batch, positions] with 1 to ", c_.seq, " positions");
   }
 
-  /// The global position of each of this rank's tokens in its sequence, laid out like the residual stream.
-  DTensor<Id, 2, Mesh, tokens<Mesh, between>> positions(const Ids& ids) const {
-    using PL = tokens<Mesh, between>;
-    const auto box = local_box(PL::desc, mesh_.shape(), mesh_.coordinate(), ids.shape());
-    Tensor<Id, 2> p(box.extent);
-    for (Extent b = 0; b < box.extent[0]; ++b)
-      for (Extent t = 0; t < box.extent[1]; ++t) p(b, t) = Id(box.offset[1] + t);
-    return from_local<PL>(mesh_, std::move(p), ids.shape());
-  }
+  static std::uint64_t seed_base(const GPTConfig& c) { return c.seed * 1000; }
 
   Mesh mesh_;
   GPTConfig c_;
