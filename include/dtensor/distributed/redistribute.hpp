@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "dtensor/distributed/agreement.hpp"
 #include "dtensor/distributed/dtensor.hpp"
 #include "dtensor/distributed/plan.hpp"
 
@@ -238,6 +239,7 @@ DTensor<T, R, Mesh, To, Space> redistribute(const DTensor<T, R, Mesh, From, Spac
   static_assert(!changes_partial_op(From::desc, To::desc), DTENSOR_MSG_PARTIAL_OP);
   static_assert(!shard_to_partial_avg(From::desc, To::desc), DTENSOR_MSG_SHARD_AVG);
   constexpr auto plan = plan_redistribution(From::desc, To::desc);
+  check_redistribution_agreement<To>(x);
   return DTensor<T, R, Mesh, To, Space>(x.mesh(), x.shape(), execute(plan, x.to_local(), x.mesh(), x.shape()));
 }
 
