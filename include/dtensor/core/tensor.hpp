@@ -26,19 +26,30 @@
 namespace dtensor {
 
 namespace detail {
-/// Owning, uninitialized storage of n elements in a memory space.
+/// Uninitialized storage of n elements in a memory space: owned (allocated here, freed on
+/// destruction), or borrowed from memory that someone else owns (a view into a flat buffer).
 template <class T, MemorySpace Space>
 class Buffer {
  public:
   Buffer() = default;
   explicit Buffer(std::size_t n)
       : data_(static_cast<T*>(Space::allocate(n * sizeof(T)))), size_(n) {}
-  Buffer(Buffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  /// Storage over n elements at p that the caller keeps alive; never freed here.
+  static Buffer borrow(T* p, std::size_t n) noexcept {
+    Buffer b;
+    b.data_ = p;
+    b.size_ = n;
+    b.owned_ = false;
+    return b;
+  }
+  Buffer(Buffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)), owned_(std::exchange(o.owned_, true)) {}
   Buffer& operator=(Buffer&& o) noexcept {
     if (this != &o) {
       release();
       data_ = std::exchange(o.data_, nullptr);
       size_ = std::exchange(o.size_, 0);
+      owned_ = std::exchange(o.owned_, true);
     }
     return *this;
   }
@@ -48,15 +59,18 @@ class Buffer {
 
   T* data() const noexcept { return data_; }
   std::size_t size() const noexcept { return size_; }
+  bool owned() const noexcept { return owned_; }
 
  private:
   void release() noexcept {
-    Space::deallocate(data_, size_ * sizeof(T));
+    if (owned_) Space::deallocate(data_, size_ * sizeof(T));
     data_ = nullptr;
     size_ = 0;
+    owned_ = true;
   }
   T* data_ = nullptr;
   std::size_t size_ = 0;
+  bool owned_ = true;
 };
 }  // namespace detail
 
@@ -93,13 +107,32 @@ class Tensor {
     return t;
   }
 
+  /// A tensor over n >= numel(shape) elements at `data` that it does not own (a parameter's
+  /// window into its group's flat buffer, nn/flat_params.hpp). The memory must outlive it.
+  /// Copies of a view own their elements; assigning to a view writes through it (same extents).
+  static Tensor view(T* data, const Shape<R>& shape) {
+    check_shape("Tensor::view", shape);
+    Tensor t;
+    t.shape_ = shape;
+    t.storage_ = detail::Buffer<T, Space>::borrow(data, std::size_t(dtensor::numel(shape)));
+    return t;
+  }
+  bool is_view() const noexcept { return !storage_.owned(); }
+
   Tensor(const Tensor& o) : Tensor(uninitialized(o.shape_)) { Space::copy(data(), o.data(), bytes()); }
   Tensor& operator=(const Tensor& o) {
-    if (this != &o) *this = Tensor(o);
-    return *this;
+    if (this == &o) return *this;
+    if (is_view()) return write_through(o);
+    return *this = Tensor(o);
   }
   Tensor(Tensor&&) noexcept = default;
-  Tensor& operator=(Tensor&&) noexcept = default;
+  Tensor& operator=(Tensor&& o) {
+    if (this == &o) return *this;
+    if (is_view()) return write_through(o);
+    shape_ = o.shape_;
+    storage_ = std::move(o.storage_);
+    return *this;
+  }
 
   const Shape<R>& shape() const noexcept { return shape_; }
   Extent extent(std::size_t d) const noexcept { return shape_[d]; }
@@ -178,6 +211,13 @@ class Tensor {
     Extent off = 0;
     for (std::size_t d = 0; d < R; ++d) off = off * shape_[d] + ix[d];
     return off;
+  }
+  Tensor& write_through(const Tensor& o) {
+    if (o.shape_ != shape_)
+      throw Error("Tensor::operator=", detail::cat("assigning ", to_string(o.shape_), " to a view of ", to_string(shape_),
+                                                   ": a view keeps its extents"));
+    Space::copy(data(), o.data(), bytes());
+    return *this;
   }
   /// No negative extent, and an element count that does not overflow.
   template <std::size_t R2>
