@@ -355,6 +355,8 @@ TEST_CASE("a rank that does not arrive makes the others time out", "[mpi]") {
   CommPtr g = w->split(0, w->rank());
   g->set_label("late");
   g->set_timeout(std::chrono::milliseconds(200));
+  // The all_reduce itself is what times out here, not the check's fingerprint exchange before it.
+  g->set_check_collectives(false);
   // The late rank joins after the others have given up; their operation is still in flight
   // (MPI cannot cancel it) and completes once it does, so its buffers must outlive the test.
   static std::vector<float> buf;
