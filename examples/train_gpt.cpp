@@ -35,11 +35,13 @@
 #include <string>
 #include <vector>
 
+#include "dtensor/optim/check_finite.hpp"
 #include "dtensor/parallel/pipeline/by_name.hpp"
 #include "dtensor/parallel/pipeline/clip.hpp"
 #include "dtensor/parallel/pipeline/executor.hpp"
 #include "dtensor/parallel/pipeline/gpt_stage.hpp"
 #include "dtensor/training.hpp"
+#include "flags.hpp"
 #ifdef DTENSOR_HAS_MPI
 #include "dtensor/comm/mpi.hpp"
 #endif
@@ -61,6 +63,7 @@ struct Options {
   double lr = 3e-3;
   std::uint64_t seed = 1;
   bool checkpoint = false;
+  bool check_finite = false;  // stop at the first NaN/Inf loss or parameter, naming it
   std::string data, backend = "threads";
   // Pipeline parallelism (--pp > 1): mesh (pp, dp, tp), a schedule over --microbatches.
   int pp = 1, microbatches = 0;  // 0: 2 x pp
@@ -70,7 +73,8 @@ struct Options {
 const char* usage =
     "usage: train_gpt [--dp N] [--tp N] [--sp | --no-sp] [--layers N] [--heads N] [--dim N] [--seq N]\n"
     "                 [--batch N] [--steps N] [--lr X] [--seed N] [--eval-every N] [--checkpoint]\n"
-    "                 [--data FILE] [--backend threads|mpi] [--fsdp N] [--zero 1|2|3] [--hsdp R] [--prefetch N]\n"
+    "                 [--check-finite] [--data FILE] [--backend threads|mpi]\n"
+    "                 [--fsdp N] [--zero 1|2|3] [--hsdp R] [--prefetch N]\n"
     "                 [--pp N --schedule gpipe|1f1b|interleaved|zb|zbv --microbatches M]\n"
     "  defaults: --dp 2 --tp 4 --sp --layers 2 --heads 4 --dim 128 --seq 64 --batch 16 --steps 300 --lr 3e-3\n"
     "            --seed 1 --eval-every 50, data: the files under /usr/share/common-licenses\n"
@@ -81,43 +85,17 @@ const char* usage =
     "  --pp N > 1: pipeline stages on a (pp, dp, tp) mesh, --schedule (default 1f1b) over --microbatches\n"
     "  (default 2 x pp; must divide --batch); --layers must be at least the number of stages.\n";
 
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-long parse_int(const std::string& flag, const std::string& v, long lo) {
-  std::size_t used = 0;
-  long x = 0;
-  try {
-    x = std::stol(v, &used);
-  } catch (...) {
-    used = 0;
-  }
-  if (used != v.size() || v.empty()) throw UsageError(flag + " expects an integer, got '" + v + "'");
-  if (x < lo) throw UsageError(flag + " must be >= " + std::to_string(lo) + ", got " + v);
-  return x;
-}
-
-double parse_double(const std::string& flag, const std::string& v) {
-  std::size_t used = 0;
-  double x = 0;
-  try {
-    x = std::stod(v, &used);
-  } catch (...) {
-    used = 0;
-  }
-  if (used != v.size() || v.empty() || !(x > 0)) throw UsageError(flag + " expects a positive number, got '" + v + "'");
-  return x;
-}
+using examples::flag_value;
+using examples::UsageError;
 
 // ---------------------------------------------------------------- pipeline flags
 
 /// --pp N, --schedule NAME, --microbatches M; false for any other flag.
 template <class Value>
 bool parse_pipeline_flag(const std::string& a, Value&& value, Options& o) {
-  if (a == "--pp") o.pp = int(parse_int(a, value(), 1));
+  if (a == "--pp") o.pp = flag_value<int>(a, value(), 1, threads::detail::max_ranks);
   else if (a == "--schedule") o.schedule = value();
-  else if (a == "--microbatches") o.microbatches = int(parse_int(a, value(), 1));
+  else if (a == "--microbatches") o.microbatches = flag_value<int>(a, value(), 1);
   else return false;
   return true;
 }
@@ -144,28 +122,29 @@ Options parse(int argc, char** argv) {
       if (i + 1 >= argc) throw UsageError(a + " needs a value");
       return argv[++i];
     };
-    if (a == "--dp") o.dp = int(parse_int(a, value(), 1));
+    if (a == "--dp") o.dp = flag_value<int>(a, value(), 1, threads::detail::max_ranks);
     else if (a == "--fsdp") {
-      o.dp = int(parse_int(a, value(), 1));
+      o.dp = flag_value<int>(a, value(), 1, threads::detail::max_ranks);
       o.zero = 3;
     } else if (a == "--zero") {
-      o.zero = int(parse_int(a, value(), 1));
+      o.zero = flag_value<int>(a, value(), 1);
       if (o.zero > 3) throw UsageError("--zero is a ZeRO stage (1, 2 or 3), got " + std::to_string(o.zero));
-    } else if (a == "--hsdp") o.hsdp = int(parse_int(a, value(), 1));
-    else if (a == "--prefetch") o.prefetch = int(parse_int(a, value(), 1));
-    else if (a == "--tp") o.tp = int(parse_int(a, value(), 1));
+    } else if (a == "--hsdp") o.hsdp = flag_value<int>(a, value(), 1, threads::detail::max_ranks);
+    else if (a == "--prefetch") o.prefetch = flag_value<int>(a, value(), 1);
+    else if (a == "--tp") o.tp = flag_value<int>(a, value(), 1, threads::detail::max_ranks);
     else if (a == "--sp") o.sp = true;
     else if (a == "--no-sp") o.sp = false;
-    else if (a == "--layers") o.layers = parse_int(a, value(), 1);
-    else if (a == "--heads") o.heads = parse_int(a, value(), 1);
-    else if (a == "--dim") o.dim = parse_int(a, value(), 1);
-    else if (a == "--seq") o.seq = parse_int(a, value(), 2);
-    else if (a == "--batch") o.batch = parse_int(a, value(), 1);
-    else if (a == "--steps") o.steps = int(parse_int(a, value(), 1));
-    else if (a == "--eval-every") o.eval_every = int(parse_int(a, value(), 1));
-    else if (a == "--lr") o.lr = parse_double(a, value());
-    else if (a == "--seed") o.seed = std::uint64_t(parse_int(a, value(), 0));
+    else if (a == "--layers") o.layers = flag_value<Extent>(a, value(), 1);
+    else if (a == "--heads") o.heads = flag_value<Extent>(a, value(), 1);
+    else if (a == "--dim") o.dim = flag_value<Extent>(a, value(), 1);
+    else if (a == "--seq") o.seq = flag_value<Extent>(a, value(), 2);
+    else if (a == "--batch") o.batch = flag_value<Extent>(a, value(), 1);
+    else if (a == "--steps") o.steps = flag_value<int>(a, value(), 1);
+    else if (a == "--eval-every") o.eval_every = flag_value<int>(a, value(), 1);
+    else if (a == "--lr") o.lr = examples::positive_flag_value(a, value());
+    else if (a == "--seed") o.seed = flag_value<std::uint64_t>(a, value(), 0);
     else if (a == "--checkpoint") o.checkpoint = true;
+    else if (a == "--check-finite") o.check_finite = true;
     else if (a == "--data") o.data = value();
     else if (parse_pipeline_flag(a, value, o)) continue;
     else if (a == "--backend") {
@@ -359,6 +338,10 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     elapsed += dt;
     train_loss = full_tensor(loss)[0];  // the global mean: one all-reduce on "dp" (not timed, not in the table)
+    if (o.check_finite) {  // the loss is the same on every rank; a parameter piece is this rank's own
+      optim::check_finite_loss(train_loss, step);
+      optim::check_finite(ps, step, "parameter", world->rank());
+    }
     if (root)
       std::printf("step %4d/%d  loss %.4f  %8.0f tokens/s  %5.1f s left\n", step, o.steps, train_loss,
                   tokens_per_step / dt, elapsed / step * (o.steps - step));
