@@ -50,6 +50,23 @@ struct GPTConfig {
   std::uint64_t seed = 1234;
 };
 
+/// The blocks of nn::GPT (its Layers parameter): each a TransformerBlock with the plan's MLP.
+/// A Layers type names the block type, builds block `layer`, adds the units of parameters that
+/// are not on the model's mesh (add_units: none here) and its auxiliary losses to the loss
+/// (add_losses: none here). nn/moe_gpt.hpp's MoELayers puts a mixture of experts in some blocks.
+struct DenseLayers {
+  template <class T, class Mesh, class Plan>
+  using block = TransformerBlock<T, Mesh, Plan>;
+  template <class Block, class Mesh>
+  Block make_block(Extent /*layer*/, std::string name, const Mesh& mesh, const BlockConfig& c, std::uint64_t seed) const {
+    return Block(std::move(name), mesh, c, seed);
+  }
+  template <class Blocks>
+  void add_units(Blocks&) {}
+  template <class Loss, class Blocks>
+  void add_losses(Loss&, const Blocks&) const {}
+};
+
 /// A unit of parameters: one flat group and its type-erased views.
 template <class T, std::size_t N>
 struct ParamUnit {
@@ -57,7 +74,8 @@ struct ParamUnit {
   ParamList<T, N> params;
 };
 
-template <kernels::host::FloatElement T, MeshType Mesh, class Plan = ReplicatedPlan, class Id = std::int32_t>
+template <kernels::host::FloatElement T, MeshType Mesh, class Plan = ReplicatedPlan, class Id = std::int32_t,
+          class Layers = DenseLayers>
 class GPT {
   static_assert(require_dense_roles<"nn::GPT", Mesh>());
   static_assert(!has_role<Mesh, Role::context>,
@@ -66,7 +84,7 @@ class GPT {
 
  public:
   using between = typename Plan::between;
-  using Block = Checkpointed<TransformerBlock<T, Mesh, Plan>>;
+  using Block = Checkpointed<typename Layers::template block<T, Mesh, Plan>>;
   using X = typename Block::In;
   using Wte = Embedding<T, Mesh, typename Plan::wte, Id>;
   using Wpe = Embedding<T, Mesh, Replicated<between>, Id>;
@@ -96,7 +114,7 @@ class GPT {
     typename Head::WeightCtx head;
   };
 
-  GPT(const Mesh& mesh, GPTConfig c) : mesh_(mesh), c_(c) {
+  GPT(const Mesh& mesh, GPTConfig c, Layers layers = {}) : mesh_(mesh), c_(c), layers_(std::move(layers)) {
     detail::check(c.vocab > 0 && c.seq > 0 && c.dim > 0 && c.heads > 0 && c.layers > 0 && c.dim % c.heads == 0,
                   "nn::GPT", mesh, "config vocab ", c.vocab, ", seq ", c.seq, ", dim ", c.dim, ", heads ", c.heads,
                   ", layers ", c.layers, ": all must be > 0 and dim a multiple of heads");
@@ -106,13 +124,15 @@ class GPT {
     const BlockConfig bc{c.dim, c.heads, c.seq, c.mlp_ratio, 0.02, 0.02 / std::sqrt(2.0 * double(c.layers))};
     blocks_.reserve(std::size_t(c.layers));
     for (Extent l = 0; l < c.layers; ++l)
-      blocks_.emplace_back(c.checkpoint, "h." + std::to_string(l), mesh, bc, s + 10 * std::uint64_t(l + 1));
+      blocks_.emplace_back(c.checkpoint, layers_.template make_block<typename Block::Inner>(
+                                             l, "h." + std::to_string(l), mesh, bc, s + 10 * std::uint64_t(l + 1)));
     ln_f_ = Norm("ln_f", mesh, c.dim);
     head_ = Head("lm_head", mesh, c.dim, c.vocab, s + 3, {.bias = false, .init_std = 0.02});
     // One flat group per unit: embed, the blocks, head.
     add_unit("embed", modules(wte_, wpe_));
     for (Extent l = 0; l < c.layers; ++l) add_unit("h." + std::to_string(l), blocks_[std::size_t(l)]);
     add_unit("head", modules(ln_f_, head_));
+    layers_.add_units(blocks_);
   }
   GPT(GPT&&) = default;
   GPT& operator=(GPT&&) = default;
@@ -136,6 +156,7 @@ class GPT {
     auto [h, ln_s] = ln_f_.forward(x);
     auto [logits, head_s] = head_.forward(h);
     auto [loss, loss_s] = loss_.forward(logits, targets);
+    layers_.add_losses(loss, blocks_);
     s.ln_f = std::move(ln_s);
     s.head = std::move(head_s);
     s.loss = std::move(loss_s);
@@ -199,15 +220,17 @@ class GPT {
 
   /// Called with a unit's index as soon as backward has completed its gradients.
   void set_grads_ready(std::function<void(std::size_t)> fn) { grads_ready_ = std::move(fn); }
-  /// The parameter units: embed, h.0 .. h.{L-1}, head.
+  /// The parameter units: embed, h.0 .. h.{L-1}, head (on the model's mesh; the Layers may
+  /// keep more, e.g. MoELayers::expert_units()).
   std::vector<Unit>& units() noexcept { return units_; }
+  Layers& layers() noexcept { return layers_; }
 
   /// Activation checkpointing of block l (all blocks: cfg.checkpoint).
   void set_checkpoint(std::size_t l, bool on) { blocks_.at(l).set_enabled(on); }
 
   auto children() { return std::tie(wte_, wpe_, blocks_, ln_f_, head_); }
   template <class List>
-  void collect(List& out) { nn::collect(*this, out); }
+  void collect(List& out) { nn::collect_on<Mesh>(*this, out); }  // the parameters on the model's mesh
 
   const GPTConfig& config() const noexcept { return c_; }
   const Mesh& mesh() const noexcept { return mesh_; }
@@ -233,8 +256,8 @@ class GPT {
   template <class M>
   void add_unit(std::string name, M&& m) {
     Unit u;
-    u.group = flatten<T, Mesh::ndim>(std::move(name), m);
-    nn::collect(m, u.params);
+    u.group = flatten<T, Mesh::ndim, Mesh>(std::move(name), m);
+    nn::collect_on<Mesh>(m, u.params);
     units_.push_back(std::move(u));
   }
   void ready(std::size_t unit) {
@@ -259,6 +282,7 @@ class GPT {
 
   Mesh mesh_;
   GPTConfig c_;
+  Layers layers_;
   Wte wte_;
   Wpe wpe_;
   std::vector<Block> blocks_;
