@@ -46,16 +46,24 @@ struct Options {
   std::uint64_t seed = 1;
   bool checkpoint = false;
   std::string data, backend = "threads";
+  // Mixture of experts (0 experts: dense MLPs). See train_moe.
+  Extent experts = 0, topk = 2, moe_every = 1;
+  int ep = 1;
+  double capacity = 0;  // 0: dropless
 };
 
 const char* usage =
     "usage: train_gpt [--dp N] [--tp N] [--sp | --no-sp] [--layers N] [--heads N] [--dim N] [--seq N]\n"
     "                 [--batch N] [--steps N] [--lr X] [--seed N] [--eval-every N] [--checkpoint]\n"
     "                 [--data FILE] [--backend threads|mpi]\n"
+    "                 [--experts E --topk K --ep N --capacity F --moe-every N]\n"
     "  defaults: --dp 2 --tp 4 --sp --layers 2 --heads 4 --dim 128 --seq 64 --batch 16 --steps 300 --lr 3e-3\n"
     "            --seed 1 --eval-every 50, data: the files under /usr/share/common-licenses\n"
     "  --batch is the number of sequences per step over all data-parallel ranks (a multiple of --dp);\n"
-    "  --heads must be a multiple of --tp; --backend mpi needs an MPI build and mpirun -n dp*tp.\n";
+    "  --heads must be a multiple of --tp; --backend mpi needs an MPI build and mpirun -n dp*tp.\n"
+    "  --experts E > 0: MoE blocks (every --moe-every-th block, default all) with E experts, top-K routing\n"
+    "  (default 2), split over --ep expert ranks (a divisor of --dp; default 1), capacity factor F\n"
+    "  (default: dropless); needs --no-sp. Each step prints the load per expert and the dropped fraction.\n";
 
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -86,6 +94,30 @@ double parse_double(const std::string& flag, const std::string& v) {
   return x;
 }
 
+/// The mixture-of-experts flags; false when `a` is none of them.
+template <class Value>
+bool parse_moe_flag(Options& o, const std::string& a, Value&& value) {
+  if (a == "--experts") o.experts = parse_int(a, value(), 1);
+  else if (a == "--topk") o.topk = parse_int(a, value(), 1);
+  else if (a == "--ep") o.ep = int(parse_int(a, value(), 1));
+  else if (a == "--capacity") o.capacity = parse_double(a, value());
+  else if (a == "--moe-every") o.moe_every = parse_int(a, value(), 1);
+  else return false;
+  return true;
+}
+
+void check_moe_options(const Options& o) {
+  if (o.experts == 0) {
+    if (o.ep != 1) throw UsageError("--ep " + std::to_string(o.ep) + " needs --experts");
+    return;
+  }
+  if (o.topk > o.experts) throw UsageError("--topk " + std::to_string(o.topk) + " exceeds --experts " + std::to_string(o.experts));
+  if (o.dp % o.ep != 0) throw UsageError("--ep " + std::to_string(o.ep) + " does not divide --dp " + std::to_string(o.dp));
+  if (o.experts % o.ep != 0)
+    throw UsageError("--experts " + std::to_string(o.experts) + " is not a multiple of --ep " + std::to_string(o.ep));
+  if (o.sp) throw UsageError("--experts needs --no-sp (the MoE routes whole tokens)");
+}
+
 Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
@@ -109,6 +141,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--seed") o.seed = std::uint64_t(parse_int(a, value(), 0));
     else if (a == "--checkpoint") o.checkpoint = true;
     else if (a == "--data") o.data = value();
+    else if (parse_moe_flag(o, a, value)) continue;
     else if (a == "--backend") {
       o.backend = value();
       if (o.backend != "threads" && o.backend != "mpi") throw UsageError("--backend is threads or mpi, got '" + o.backend + "'");
@@ -120,6 +153,7 @@ Options parse(int argc, char** argv) {
   }
   if (o.dim % o.heads != 0) throw UsageError("--dim " + std::to_string(o.dim) + " is not a multiple of --heads " + std::to_string(o.heads));
   if (o.heads % o.tp != 0) throw UsageError("--heads " + std::to_string(o.heads) + " is not a multiple of --tp " + std::to_string(o.tp));
+  check_moe_options(o);
   if (o.batch % o.dp != 0) throw UsageError("--batch " + std::to_string(o.batch) + " is not a multiple of --dp " + std::to_string(o.dp));
   return o;
 }
@@ -277,11 +311,97 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
   }
 }
 
+using ExpertMesh = DeviceMesh<"edp", "ep", "tp">;
+
+/// The MoE blocks' last routing, summed over the data ranks (one all-reduce on "dp"): the load
+/// per expert (over all MoE blocks) and the dropped fraction of the choices.
+template <class Model>
+std::pair<std::vector<std::int64_t>, double> moe_load(Model& model, const Mesh& mesh, Extent experts) {
+  std::vector<std::int64_t> sums(std::size_t(experts) + 2, 0);  // load per expert, routed, dropped
+  for (const auto& b : model.blocks()) {
+    const auto& st = model.layers().stats(b);
+    for (std::size_t e = 0; e < st.load.size(); ++e) sums[e] += st.load[e];
+    sums[std::size_t(experts)] += st.routed;
+    sums[std::size_t(experts) + 1] += st.dropped;
+  }
+  mesh.group<"dp">().all_reduce(std::span<std::int64_t>(sums), ReduceOp::sum);
+  const double routed = double(sums[std::size_t(experts)]);
+  const double dropped = routed > 0 ? double(sums[std::size_t(experts) + 1]) / routed : 0;
+  sums.resize(std::size_t(experts));
+  return {sums, dropped};
+}
+
+/// Training with MoE blocks (nn::MoEGPT, Megatron TP without SP): the dense parameters reduced
+/// by DDP on "dp" during the backward, the experts' on "edp" after it, one clipping norm over
+/// both, AdamW on each. Prints the loss (cross-entropy + aux losses), the load per expert and
+/// the dropped fraction every step, the validation loss every --eval-every steps.
+void train_moe(CommPtr world, const Options& o, const Corpus& corpus) {
+  using Model = nn::MoEGPT<float, Mesh, ExpertMesh, parallel::MegatronPlan<false>>;
+  const bool root = world->rank() == 0;
+  Mesh mesh(world, {o.dp, o.tp});
+  auto emesh = parallel::make_expert_mesh<ExpertMesh>(mesh, o.ep);
+  const nn::GPTConfig cfg{.vocab = Extent(corpus.chars.size()), .seq = o.seq, .dim = o.dim, .heads = o.heads,
+                          .layers = o.layers, .mlp_ratio = 4, .checkpoint = o.checkpoint, .seed = o.seed};
+  nn::MoELayersConfig mc{.router = {.experts = o.experts, .topk = o.topk, .z_loss_coeff = 1e-3}, .every = o.moe_every};
+  if (o.capacity > 0) mc.router.capacity_factor = o.capacity;
+  Model model(mesh, cfg, nn::MoELayers<float, ExpertMesh>(emesh, mc));
+  nn::ParamList<float, 2> ps;
+  model.collect(ps);
+  auto& experts = model.layers().expert_params();
+  const optim::AdamWOptions ao{.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+  optim::AdamW<float, 2> opt(ps, ao);
+  optim::AdamW<float, 3> expert_opt(experts, ao);
+  parallel::DataParallel<Mesh> ddp(mesh, {.bucket_bytes = std::size_t(1) << 20});
+  parallel::DataParallel<ExpertMesh> expert_ddp(emesh, {.bucket_bytes = std::size_t(1) << 20});
+  ddp.attach(model);
+  if (root)
+    std::printf("train_gpt (MoE): mesh dp %d x tp %d, expert mesh edp %d x ep %d x tp %d; %lld experts, top-%lld, "
+                "capacity %s, MoE every %lld block(s); %zu dense + %zu expert parameter tensors on rank 0\n",
+                o.dp, o.tp, o.dp / o.ep, o.ep, o.tp, (long long)o.experts, (long long)o.topk,
+                o.capacity > 0 ? std::to_string(o.capacity).c_str() : "dropless", (long long)o.moe_every, ps.size(),
+                experts.size());
+  std::mt19937_64 rng(o.seed);  // the same stream on every rank
+  auto draw = [&](const std::vector<std::int32_t>& data) {
+    std::vector<std::size_t> s(static_cast<std::size_t>(o.batch));
+    for (auto& x : s) x = std::size_t(rng() % (data.size() - std::size_t(o.seq) - 1));
+    return s;
+  };
+  for (int step = 1; step <= o.steps; ++step) {
+    auto [ids, tgt] = batch_of<Model>(mesh, corpus.train, draw(corpus.train), o.seq);
+    const auto t0 = std::chrono::steady_clock::now();
+    opt.zero_grad();
+    expert_opt.zero_grad();
+    auto [loss, saved] = model.forward(ids, tgt);
+    model.backward(std::move(saved));
+    ddp.finish_gradient_sync();
+    expert_ddp.all_reduce_gradients(experts);
+    parallel::sequence_parallel_grads(ps, mesh, {.bucket_bytes = std::size_t(1) << 20});
+    optim::clip_grad_norm(ps, mesh, experts, emesh, 1.0);
+    opt.step();
+    expert_opt.step();
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double value = full_tensor(loss)[0];
+    const auto [load, dropped] = moe_load(model, mesh, o.experts);
+    if (root) {
+      std::printf("step %4d/%d  loss %.4f  %8.0f tokens/s  load", step, o.steps, value, double(o.batch * o.seq) / dt);
+      for (auto n : load) std::printf(" %lld", (long long)n);
+      std::printf("  dropped %.3f\n", dropped);
+    }
+    if (step % o.eval_every == 0 || step == o.steps) {
+      auto [vids, vtgt] = batch_of<Model>(mesh, corpus.val, draw(corpus.val), o.seq);
+      const double val = full_tensor(model.evaluate(vids, vtgt))[0];
+      if (root) std::printf("step %4d  validation loss %.4f (one batch)\n", step, val);
+    }
+    std::fflush(stdout);
+  }
+}
+
 void run_rank(CommPtr world, const Options& o, const Corpus& c) {
   if (world->size() != o.dp * o.tp)
     world->fail("train_gpt", "the job has " + std::to_string(world->size()) + " ranks but --dp " + std::to_string(o.dp) +
                                  " x --tp " + std::to_string(o.tp) + " needs " + std::to_string(o.dp * o.tp));
-  if (o.sp) train<true>(std::move(world), o, c);
+  if (o.experts > 0) train_moe(std::move(world), o, c);
+  else if (o.sp) train<true>(std::move(world), o, c);
   else train<false>(std::move(world), o, c);
 }
 

@@ -40,8 +40,9 @@ void check_moe(int dp, int tp, int ep, const nn::MoELayersConfig& mc, const std:
       errors.push_back("rank " + std::to_string(world->rank()) + ": " + e);
     }
   });
-  INFO("dp " << dp << " tp " << tp << " ep " << ep << " every " << mc.every);
-  for (const auto& e : errors) INFO(e);
+  std::string all;
+  for (const auto& e : errors) all += e + "\n";
+  INFO("dp " << dp << " tp " << tp << " ep " << ep << " every " << mc.every << "\n" << all);
   CHECK(errors.empty());
 }
 
