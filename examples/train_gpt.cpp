@@ -358,7 +358,7 @@ void train_moe(CommPtr world, const Options& o, const Corpus& corpus) {
     std::printf("train_gpt (MoE): mesh dp %d x tp %d, expert mesh edp %d x ep %d x tp %d; %lld experts, top-%lld, "
                 "capacity %s, MoE every %lld block(s); %zu dense + %zu expert parameter tensors on rank 0\n",
                 o.dp, o.tp, o.dp / o.ep, o.ep, o.tp, (long long)o.experts, (long long)o.topk,
-                o.capacity > 0 ? std::to_string(o.capacity).c_str() : "dropless", (long long)o.moe_every, ps.size(),
+                o.capacity > 0 ? ("factor " + std::to_string(o.capacity).substr(0, 4)).c_str() : "dropless", (long long)o.moe_every, ps.size(),
                 experts.size());
   std::mt19937_64 rng(o.seed);  // the same stream on every rank
   auto draw = [&](const std::vector<std::int32_t>& data) {
