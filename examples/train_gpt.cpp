@@ -4,6 +4,7 @@
 //   train_gpt                                   # dp 2 x tp 4 + SP, 8 threads, /usr/share/common-licenses
 //   train_gpt --dp 1 --tp 2 --steps 200 --data input.txt
 //   mpirun -n 4 train_gpt --backend mpi --dp 2 --tp 2     # when built with -DDTENSOR_WITH_MPI=ON
+//   train_gpt --dp 4 --tp 2 --no-sp --experts 4 --topk 2 --ep 2 --capacity 1.25   # MoE blocks (train_moe)
 //
 // The text's characters are the vocabulary; the first 90% trains, the last 10% is the held-out
 // validation set. Each step draws --batch sequences of --seq characters (the same on every

@@ -7,8 +7,8 @@
 //   nn::Checkpointed<decltype(blk)> ...                      // activation checkpointing (nn/checkpoint.hpp)
 //
 // y = h + mlp(ln2(h)), h = x + attn(ln1(x)); "mlp" is the FeedForward template parameter, the
-// plan's MLP unless the caller builds another (nn::MoE, nn/moe_gpt.hpp). A plan (a type) names the style of every Linear
-// and the tensor-dimension placement of the residual stream between the tensor-parallel regions
+// plan's MLP unless the caller builds another (nn::MoE, nn/moe_gpt.hpp). A plan (a type) names
+// the style of every Linear and the tensor-dimension placement of the residual stream between the tensor-parallel regions
 // (`between`: Replicate, or SeqSplit under sequence parallelism, where the norms and residual
 // adds run on this rank's positions). The residual adds are ops::add (no communication); all
 // collectives are the styles' (two entries, two exits per pass: see parallel/gpt_plan.hpp).
