@@ -11,6 +11,7 @@
 // Without --zero / --fsdp the data ranks replicate the parameters (DDP, mesh (dp, tp)); with
 // them the mesh is (dp, fsdp, tp) and parallel::fully_shard shards parameters, gradients and
 // optimizer state over "fsdp" (--hsdp R: R replicas on "dp", each sharded over dp / R ranks).
+//   train_gpt --dp 4 --tp 2 --no-sp --experts 4 --topk 2 --ep 2 --capacity 1.25   # MoE blocks (train_moe)
 //
 // The text's characters are the vocabulary; the first 90% trains, the last 10% is the held-out
 // validation set. Each step draws --batch sequences of --seq characters (the same on every
@@ -68,6 +69,10 @@ struct Options {
   // Pipeline parallelism (--pp > 1): mesh (pp, dp, tp), a schedule over --microbatches.
   int pp = 1, microbatches = 0;  // 0: 2 x pp
   std::string schedule = "1f1b";
+  // Mixture of experts (0 experts: dense MLPs). See train_moe.
+  Extent experts = 0, topk = 2, moe_every = 1;
+  int ep = 1;
+  double capacity = 0;  // 0: dropless
 };
 
 const char* usage =
@@ -76,6 +81,7 @@ const char* usage =
     "                 [--check-finite] [--data FILE] [--backend threads|mpi]\n"
     "                 [--fsdp N] [--zero 1|2|3] [--hsdp R] [--prefetch N]\n"
     "                 [--pp N --schedule gpipe|1f1b|interleaved|zb|zbv --microbatches M]\n"
+    "                 [--experts E --topk K --ep N --capacity F --moe-every N]\n"
     "  defaults: --dp 2 --tp 4 --sp --layers 2 --heads 4 --dim 128 --seq 64 --batch 16 --steps 300 --lr 3e-3\n"
     "            --seed 1 --eval-every 50, data: the files under /usr/share/common-licenses\n"
     "  --batch is the number of sequences per step over all data-parallel ranks (a multiple of --dp);\n"
@@ -83,7 +89,10 @@ const char* usage =
     "  --fsdp N is --dp N --zero 3; --zero shards over the --dp ranks (DDP without it); --hsdp R splits them\n"
     "  into R replicas (R divides --dp; ZeRO-3 unless --zero says); --prefetch: ZeRO-3 units unsharded at once.\n"
     "  --pp N > 1: pipeline stages on a (pp, dp, tp) mesh, --schedule (default 1f1b) over --microbatches\n"
-    "  (default 2 x pp; must divide --batch); --layers must be at least the number of stages.\n";
+    "  (default 2 x pp; must divide --batch); --layers must be at least the number of stages.\n"
+    "  --experts E > 0: MoE blocks (every --moe-every-th block, default all) with E experts, top-K routing\n"
+    "  (default 2), split over --ep expert ranks (a divisor of --dp; default 1), capacity factor F\n"
+    "  (default: dropless); needs --no-sp. Each step prints the load per expert and the dropped fraction.\n";
 
 using examples::flag_value;
 using examples::UsageError;
@@ -112,6 +121,30 @@ void check_pipeline_flags(Options& o) {
                      std::to_string(o.batch));
   if (o.pp > 1 && o.zero > 0)
     throw UsageError("--pp with --zero / --fsdp / --hsdp: FSDP inside pipeline stages is not supported yet");
+}
+
+/// The mixture-of-experts flags; false when `a` is none of them.
+template <class Value>
+bool parse_moe_flag(Options& o, const std::string& a, Value&& value) {
+  if (a == "--experts") o.experts = parse_int(a, value(), 1);
+  else if (a == "--topk") o.topk = parse_int(a, value(), 1);
+  else if (a == "--ep") o.ep = int(parse_int(a, value(), 1));
+  else if (a == "--capacity") o.capacity = parse_double(a, value());
+  else if (a == "--moe-every") o.moe_every = parse_int(a, value(), 1);
+  else return false;
+  return true;
+}
+
+void check_moe_options(const Options& o) {
+  if (o.experts == 0) {
+    if (o.ep != 1) throw UsageError("--ep " + std::to_string(o.ep) + " needs --experts");
+    return;
+  }
+  if (o.topk > o.experts) throw UsageError("--topk " + std::to_string(o.topk) + " exceeds --experts " + std::to_string(o.experts));
+  if (o.dp % o.ep != 0) throw UsageError("--ep " + std::to_string(o.ep) + " does not divide --dp " + std::to_string(o.dp));
+  if (o.experts % o.ep != 0)
+    throw UsageError("--experts " + std::to_string(o.experts) + " is not a multiple of --ep " + std::to_string(o.ep));
+  if (o.sp) throw UsageError("--experts needs --no-sp (the MoE routes whole tokens)");
 }
 
 Options parse(int argc, char** argv) {
@@ -147,6 +180,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--check-finite") o.check_finite = true;
     else if (a == "--data") o.data = value();
     else if (parse_pipeline_flag(a, value, o)) continue;
+    else if (parse_moe_flag(o, a, value)) continue;
     else if (a == "--backend") {
       o.backend = value();
       if (o.backend != "threads" && o.backend != "mpi") throw UsageError("--backend is threads or mpi, got '" + o.backend + "'");
@@ -158,6 +192,7 @@ Options parse(int argc, char** argv) {
   }
   if (o.dim % o.heads != 0) throw UsageError("--dim " + std::to_string(o.dim) + " is not a multiple of --heads " + std::to_string(o.heads));
   if (o.heads % o.tp != 0) throw UsageError("--heads " + std::to_string(o.heads) + " is not a multiple of --tp " + std::to_string(o.tp));
+  check_moe_options(o);
   if (o.batch % o.dp != 0) throw UsageError("--batch " + std::to_string(o.batch) + " is not a multiple of --dp " + std::to_string(o.dp));
   if (o.hsdp > 1) {
     if (o.dp % o.hsdp != 0)
@@ -166,6 +201,8 @@ Options parse(int argc, char** argv) {
     if (o.zero == 0) o.zero = 3;
   }
   check_pipeline_flags(o);
+  if (o.experts > 0 && (o.pp > 1 || o.zero > 0))
+    throw UsageError("--experts with --pp or --zero / --fsdp / --hsdp: not supported yet (MoE runs with DDP x EP x TP)");
   return o;
 }
 
@@ -439,6 +476,89 @@ void train_pipeline(CommPtr world, const Options& o, const Corpus& corpus) {
                 "rank %d %.3f in counted slots, %.3f of wall time spent waiting for messages (mean over steps)\n",
                 o.steps, elapsed, loss, double(o.batch * o.seq) * o.steps / elapsed, mesh.coordinate(0), idle,
                 waiting / o.steps);
+using ExpertMesh = DeviceMesh<"edp", "ep", "tp">;
+
+/// The MoE blocks' last routing, summed over the data ranks (one all-reduce on "dp"): the load
+/// per expert (over all MoE blocks) and the dropped fraction of the choices.
+template <class Model>
+std::pair<std::vector<std::int64_t>, double> moe_load(Model& model, const Mesh& mesh, Extent experts) {
+  std::vector<std::int64_t> sums(std::size_t(experts) + 2, 0);  // load per expert, routed, dropped
+  for (const auto& b : model.blocks()) {
+    const auto& st = model.layers().stats(b);
+    for (std::size_t e = 0; e < st.load.size(); ++e) sums[e] += st.load[e];
+    sums[std::size_t(experts)] += st.routed;
+    sums[std::size_t(experts) + 1] += st.dropped;
+  }
+  mesh.group<"dp">().all_reduce(std::span<std::int64_t>(sums), ReduceOp::sum);
+  const double routed = double(sums[std::size_t(experts)]);
+  const double dropped = routed > 0 ? double(sums[std::size_t(experts) + 1]) / routed : 0;
+  sums.resize(std::size_t(experts));
+  return {sums, dropped};
+}
+
+/// Training with MoE blocks (nn::MoEGPT, Megatron TP without SP): the dense parameters reduced
+/// by DDP on "dp" during the backward, the experts' on "edp" after it, one clipping norm over
+/// both, AdamW on each. Prints the loss (cross-entropy + aux losses), the load per expert and
+/// the dropped fraction every step, the validation loss every --eval-every steps.
+void train_moe(CommPtr world, const Options& o, const Corpus& corpus) {
+  using Model = nn::MoEGPT<float, Mesh, ExpertMesh, parallel::MegatronPlan<false>>;
+  const bool root = world->rank() == 0;
+  Mesh mesh(world, {o.dp, o.tp});
+  auto emesh = parallel::make_expert_mesh<ExpertMesh>(mesh, o.ep);
+  const nn::GPTConfig cfg{.vocab = Extent(corpus.chars.size()), .seq = o.seq, .dim = o.dim, .heads = o.heads,
+                          .layers = o.layers, .mlp_ratio = 4, .checkpoint = o.checkpoint, .seed = o.seed};
+  nn::MoELayersConfig mc{.router = {.experts = o.experts, .topk = o.topk, .z_loss_coeff = 1e-3}, .every = o.moe_every};
+  if (o.capacity > 0) mc.router.capacity_factor = o.capacity;
+  Model model(mesh, cfg, nn::MoELayers<float, ExpertMesh>(emesh, mc));
+  nn::ParamList<float, 2> ps;
+  model.collect(ps);
+  auto& experts = model.layers().expert_params();
+  const optim::AdamWOptions ao{.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+  optim::AdamW<float, 2> opt(ps, ao);
+  optim::AdamW<float, 3> expert_opt(experts, ao);
+  parallel::DataParallel<Mesh> ddp(mesh, {.bucket_bytes = std::size_t(1) << 20});
+  parallel::DataParallel<ExpertMesh> expert_ddp(emesh, {.bucket_bytes = std::size_t(1) << 20});
+  ddp.attach(model);
+  if (root)
+    std::printf("train_gpt (MoE): mesh dp %d x tp %d, expert mesh edp %d x ep %d x tp %d; %lld experts, top-%lld, "
+                "capacity %s, MoE every %lld block(s); %zu dense + %zu expert parameter tensors on rank 0\n",
+                o.dp, o.tp, o.dp / o.ep, o.ep, o.tp, (long long)o.experts, (long long)o.topk,
+                o.capacity > 0 ? ("factor " + std::to_string(o.capacity).substr(0, 4)).c_str() : "dropless", (long long)o.moe_every, ps.size(),
+                experts.size());
+  std::mt19937_64 rng(o.seed);  // the same stream on every rank
+  auto draw = [&](const std::vector<std::int32_t>& data) {
+    std::vector<std::size_t> s(static_cast<std::size_t>(o.batch));
+    for (auto& x : s) x = std::size_t(rng() % (data.size() - std::size_t(o.seq) - 1));
+    return s;
+  };
+  for (int step = 1; step <= o.steps; ++step) {
+    auto [ids, tgt] = batch_of<Model>(mesh, corpus.train, draw(corpus.train), o.seq);
+    const auto t0 = std::chrono::steady_clock::now();
+    opt.zero_grad();
+    expert_opt.zero_grad();
+    auto [loss, saved] = model.forward(ids, tgt);
+    model.backward(std::move(saved));
+    ddp.finish_gradient_sync();
+    expert_ddp.all_reduce_gradients(experts);
+    parallel::sequence_parallel_grads(ps, mesh, {.bucket_bytes = std::size_t(1) << 20});
+    optim::clip_grad_norm(ps, mesh, experts, emesh, 1.0);
+    opt.step();
+    expert_opt.step();
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double value = full_tensor(loss)[0];
+    const auto [load, dropped] = moe_load(model, mesh, o.experts);
+    if (root) {
+      std::printf("step %4d/%d  loss %.4f  %8.0f tokens/s  load", step, o.steps, value, double(o.batch * o.seq) / dt);
+      for (auto n : load) std::printf(" %lld", (long long)n);
+      std::printf("  dropped %.3f\n", dropped);
+    }
+    if (step % o.eval_every == 0 || step == o.steps) {
+      auto [vids, vtgt] = batch_of<Model>(mesh, corpus.val, draw(corpus.val), o.seq);
+      const double val = full_tensor(model.evaluate(vids, vtgt))[0];
+      if (root) std::printf("step %4d  validation loss %.4f (one batch)\n", step, val);
+    }
+    std::fflush(stdout);
+  }
 }
 
 void run_rank(CommPtr world, const Options& o, const Corpus& c) {
@@ -455,7 +575,9 @@ void run_rank(CommPtr world, const Options& o, const Corpus& c) {
   if (world->size() != o.dp * o.tp)
     world->fail("train_gpt", "the job has " + std::to_string(world->size()) + " ranks but --dp " + std::to_string(o.dp) +
                                  " x --tp " + std::to_string(o.tp) + " needs " + std::to_string(o.dp * o.tp));
-  if (o.zero > 0) {
+  if (o.experts > 0) {
+    train_moe(std::move(world), o, c);
+  } else if (o.zero > 0) {
     if (o.sp) train<true, true>(std::move(world), o, c);
     else train<false, true>(std::move(world), o, c);
   } else {

@@ -10,6 +10,7 @@
 #include "dtensor/dtensor.hpp"
 #include "dtensor/ops/all.hpp"
 #include "dtensor/nn/gpt.hpp"
+#include "dtensor/nn/moe_gpt.hpp"
 #include "dtensor/optim/adamw.hpp"
 #include "dtensor/optim/clip_grad.hpp"
 #include "dtensor/optim/sgd.hpp"

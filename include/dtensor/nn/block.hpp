@@ -6,8 +6,9 @@
 //   auto [dx, wctx] = blk.backward_input(std::move(saved), dy);  blk.backward_weight(std::move(wctx));
 //   nn::Checkpointed<decltype(blk)> ...                      // activation checkpointing (nn/checkpoint.hpp)
 //
-// y = h + mlp(ln2(h)), h = x + attn(ln1(x)). A plan (a type) names the style of every Linear
-// and the tensor-dimension placement of the residual stream between the tensor-parallel regions
+// y = h + mlp(ln2(h)), h = x + attn(ln1(x)); "mlp" is the FeedForward template parameter, the
+// plan's MLP unless the caller builds another (nn::MoE, nn/moe_gpt.hpp). A plan (a type) names
+// the style of every Linear and the tensor-dimension placement of the residual stream between the tensor-parallel regions
 // (`between`: Replicate, or SeqSplit under sequence parallelism, where the norms and residual
 // adds run on this rank's positions). The residual adds are ops::add (no communication); all
 // collectives are the styles' (two entries, two exits per pass: see parallel/gpt_plan.hpp).
@@ -50,13 +51,16 @@ struct BlockConfig {
   parallel::ContextAttentionOptions context{};  // attention's, on a mesh with a context dimension
 };
 
-template <kernels::host::FloatElement T, MeshType Mesh, class Plan = ReplicatedPlan>
+/// FeedForward: the plan's MLP by default; any module from and to the residual stream's layout
+/// otherwise (nn/moe_gpt.hpp: a mixture of experts), built by the caller.
+template <kernels::host::FloatElement T, MeshType Mesh, class Plan = ReplicatedPlan,
+          class FeedForward = MLP<T, Mesh, typename Plan::fc1, typename Plan::fc2>>
 class TransformerBlock {
  public:
   using between = typename Plan::between;
   using Norm = LayerNorm<T, Mesh, between>;
   using Attn = CausalSelfAttention<T, Mesh, typename Plan::qkv, typename Plan::proj>;
-  using Mlp = MLP<T, Mesh, typename Plan::fc1, typename Plan::fc2>;
+  using Mlp = FeedForward;
   using X = typename Norm::X;
   using In = X;
   using Out = X;
@@ -76,12 +80,14 @@ class TransformerBlock {
 
   TransformerBlock() = default;
   TransformerBlock(std::string name, const Mesh& mesh, BlockConfig c, std::uint64_t seed)
+      : TransformerBlock(name, mesh, c, seed,
+                         Mlp(name + ".mlp", mesh, c.dim, mlp_hidden(name, mesh, c), seed + 2, c.init_std, c.out_std)) {}
+  /// With a feed-forward the caller built (mlp_ratio unused).
+  TransformerBlock(std::string name, const Mesh& mesh, BlockConfig c, std::uint64_t seed, Mlp feed_forward)
       : ln1_(name + ".ln1", mesh, c.dim),
         attn_(name + ".attn", mesh, {c.dim, c.heads, c.seq, c.context}, seed, c.init_std, c.out_std),
         ln2_(name + ".ln2", mesh, c.dim),
-        mlp_(name + ".mlp", mesh, c.dim, c.mlp_ratio * c.dim, seed + 2, c.init_std, c.out_std) {
-    detail::check(c.mlp_ratio > 0, "nn::TransformerBlock", mesh, name, ": mlp_ratio ", c.mlp_ratio, " must be > 0");
-  }
+        mlp_(std::move(feed_forward)) {}
 
   Fwd<X, Saved> forward(const X& x) const {
     Saved s;
@@ -107,10 +113,16 @@ class TransformerBlock {
   auto children() { return std::tie(ln1_, attn_, ln2_, mlp_); }
   Attn& attn() noexcept { return attn_; }
   Mlp& mlp() noexcept { return mlp_; }
+  const Mlp& mlp() const noexcept { return mlp_; }
   Norm& ln1() noexcept { return ln1_; }
   Norm& ln2() noexcept { return ln2_; }
 
  private:
+  static Extent mlp_hidden(const std::string& name, const Mesh& mesh, const BlockConfig& c) {
+    detail::check(c.mlp_ratio > 0, "nn::TransformerBlock", mesh, name, ": mlp_ratio ", c.mlp_ratio, " must be > 0");
+    return c.mlp_ratio * c.dim;
+  }
+
   Norm ln1_;
   Attn attn_;
   Norm ln2_;

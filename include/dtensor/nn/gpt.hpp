@@ -62,6 +62,23 @@ struct UnitHooks {
   std::function<void(std::size_t)> grads_ready;   // once the unit's weight gradients are complete
 };
 
+/// The blocks of nn::GPT (its Layers parameter): each a TransformerBlock with the plan's MLP.
+/// A Layers type names the block type, builds block `layer`, adds the units of parameters that
+/// are not on the model's mesh (add_units: none here) and its auxiliary losses to the loss
+/// (add_losses: none here). nn/moe_gpt.hpp's MoELayers puts a mixture of experts in some blocks.
+struct DenseLayers {
+  template <class T, class Mesh, class Plan>
+  using block = TransformerBlock<T, Mesh, Plan>;
+  template <class Block, class Mesh>
+  Block make_block(Extent /*layer*/, std::string name, const Mesh& mesh, const BlockConfig& c, std::uint64_t seed) const {
+    return Block(std::move(name), mesh, c, seed);
+  }
+  template <class Blocks>
+  void add_units(Blocks&) {}
+  template <class Loss, class Blocks>
+  void add_losses(Loss&, const Blocks&) const {}
+};
+
 /// A unit of parameters: one flat group and its type-erased views.
 template <class T, std::size_t N>
 struct ParamUnit {
@@ -69,7 +86,8 @@ struct ParamUnit {
   ParamList<T, N> params;
 };
 
-template <kernels::host::FloatElement T, MeshType Mesh, class Plan = ReplicatedPlan, class Id = std::int32_t>
+template <kernels::host::FloatElement T, MeshType Mesh, class Plan = ReplicatedPlan, class Id = std::int32_t,
+          class Layers = DenseLayers>
 class GPT {
   static_assert(require_dense_roles<"nn::GPT", Mesh>());
   static_assert(!has_role<Mesh, Role::context>,
@@ -78,7 +96,7 @@ class GPT {
 
  public:
   using between = typename Plan::between;
-  using Block = Checkpointed<TransformerBlock<T, Mesh, Plan>>;
+  using Block = Checkpointed<typename Layers::template block<T, Mesh, Plan>>;
   using X = typename Block::In;
   using Wte = Embedding<T, Mesh, typename Plan::wte, Id>;
   using Wpe = Embedding<T, Mesh, Replicated<between>, Id>;
@@ -108,18 +126,19 @@ class GPT {
     typename Head::WeightCtx head;
   };
 
-  GPT(const Mesh& mesh, GPTConfig c) : mesh_(mesh), c_(c) {
+  GPT(const Mesh& mesh, GPTConfig c, Layers layers = {}) : mesh_(mesh), c_(c), layers_(std::move(layers)) {
     check_config("nn::GPT", mesh, c);
     wte_ = make_wte(mesh, c);
     wpe_ = make_wpe(mesh, c);
     blocks_.reserve(std::size_t(c.layers));
-    for (Extent l = 0; l < c.layers; ++l) blocks_.push_back(make_block(mesh, c, l));
+    for (Extent l = 0; l < c.layers; ++l) blocks_.push_back(make_block(mesh, c, l, layers_));
     ln_f_ = make_ln_f(mesh, c);
     head_ = make_head(mesh, c);
     // One flat group per unit: embed, the blocks, head.
     add_unit("embed", modules(wte_, wpe_));
     for (Extent l = 0; l < c.layers; ++l) add_unit("h." + std::to_string(l), blocks_[std::size_t(l)]);
     add_unit("head", modules(ln_f_, head_));
+    layers_.add_units(blocks_);
   }
   GPT(GPT&&) = default;
   GPT& operator=(GPT&&) = default;
@@ -134,9 +153,10 @@ class GPT {
   }
   static Wte make_wte(const Mesh& mesh, const GPTConfig& c) { return Wte("wte", mesh, c.vocab, c.dim, seed_base(c) + 1); }
   static Wpe make_wpe(const Mesh& mesh, const GPTConfig& c) { return Wpe("wpe", mesh, c.seq, c.dim, seed_base(c) + 2); }
-  static Block make_block(const Mesh& mesh, const GPTConfig& c, Extent layer) {
+  static Block make_block(const Mesh& mesh, const GPTConfig& c, Extent layer, const Layers& layers = {}) {
     const BlockConfig bc{c.dim, c.heads, c.seq, c.mlp_ratio, 0.02, 0.02 / std::sqrt(2.0 * double(c.layers))};
-    return Block(c.checkpoint, "h." + std::to_string(layer), mesh, bc, seed_base(c) + 10 * std::uint64_t(layer + 1));
+    return Block(c.checkpoint, layers.template make_block<typename Block::Inner>(
+                                   layer, "h." + std::to_string(layer), mesh, bc, seed_base(c) + 10 * std::uint64_t(layer + 1)));
   }
   static Norm make_ln_f(const Mesh& mesh, const GPTConfig& c) { return Norm("ln_f", mesh, c.dim); }
   static Head make_head(const Mesh& mesh, const GPTConfig& c) {
@@ -178,6 +198,7 @@ class GPT {
     auto [logits, head_s] = head_.forward(h);
     fire(hooks_.post_forward, units_.size() - 1);
     auto [loss, loss_s] = loss_.forward(logits, targets);
+    layers_.add_losses(loss, blocks_);
     s.ln_f = std::move(ln_s);
     s.head = std::move(head_s);
     s.loss = std::move(loss_s);
@@ -246,15 +267,17 @@ class GPT {
   /// Replaces every unit hook (see UnitHooks).
   void set_hooks(UnitHooks h) { hooks_ = std::move(h); }
   const UnitHooks& hooks() const noexcept { return hooks_; }
-  /// The parameter units: embed, h.0 .. h.{L-1}, head.
+  /// The parameter units: embed, h.0 .. h.{L-1}, head (on the model's mesh; the Layers may
+  /// keep more, e.g. MoELayers::expert_units()).
   std::vector<Unit>& units() noexcept { return units_; }
+  Layers& layers() noexcept { return layers_; }
 
   /// Activation checkpointing of block l (all blocks: cfg.checkpoint).
   void set_checkpoint(std::size_t l, bool on) { blocks_.at(l).set_enabled(on); }
 
   auto children() { return std::tie(wte_, wpe_, blocks_, ln_f_, head_); }
   template <class List>
-  void collect(List& out) { nn::collect(*this, out); }
+  void collect(List& out) { nn::collect_on<Mesh>(*this, out); }  // the parameters on the model's mesh
 
   const GPTConfig& config() const noexcept { return c_; }
   const Mesh& mesh() const noexcept { return mesh_; }
@@ -282,8 +305,8 @@ class GPT {
   template <class M>
   void add_unit(std::string name, M&& m) {
     Unit u;
-    u.group = flatten<T, Mesh::ndim>(std::move(name), m);
-    nn::collect(m, u.params);
+    u.group = flatten<T, Mesh::ndim, Mesh>(std::move(name), m);
+    nn::collect_on<Mesh>(m, u.params);
     units_.push_back(std::move(u));
   }
   void ready(std::size_t unit) const { fire(hooks_.grads_ready, unit); }
@@ -301,6 +324,7 @@ class GPT {
 
   Mesh mesh_;
   GPTConfig c_;
+  Layers layers_;
   Wte wte_;
   Wpe wpe_;
   std::vector<Block> blocks_;

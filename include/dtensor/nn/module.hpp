@@ -6,6 +6,7 @@
 //
 //   nn::for_each_parameter(m, [](auto& p) { ... });       // every nn::Parameter, in registration order
 //   nn::collect(m, params);  nn::zero_grad(m);            // built on it
+//   nn::collect_on<Mesh>(m, params);                      // only the parameters on mesh type Mesh
 //
 // A module keeps only its parameters. Whatever a backward needs (inputs, statistics) is returned
 // by forward as a value the caller owns, one per micro-batch, so a pipeline schedule can keep
@@ -116,12 +117,37 @@ void for_each_parameter(M& m, F&& f) {
   detail::visit_parameters(m, f);
 }
 
+namespace detail {
+/// The mesh filter that takes every parameter.
+struct AnyMesh {};
+template <class OnMesh, class P>
+constexpr bool param_on_mesh() {
+  return std::is_same_v<OnMesh, AnyMesh> || std::is_same_v<typename P::value_type::mesh_type, OnMesh>;
+}
+}  // namespace detail
+
+/// Calls f(p) for the parameters of m that live on a mesh of type OnMesh, in registration
+/// order. A module over two meshes (nn::MoE: the router on the dense mesh, the experts on the
+/// expert mesh) has parameters of two mesh ranks, which no one ParamList or flat group can hold.
+template <class OnMesh, class M, class F>
+void for_each_parameter_on(M& m, F&& f) {
+  for_each_parameter(m, [&](auto& p) {
+    if constexpr (detail::param_on_mesh<OnMesh, std::remove_cvref_t<decltype(p)>>()) f(p);
+  });
+}
+
+/// Appends the type-erased view of every (defined) parameter on a mesh of type OnMesh to out.
+template <class OnMesh, class M, class List>
+void collect_on(M& m, List& out) {
+  for_each_parameter_on<OnMesh>(m, [&](auto& p) {
+    if (p.defined()) p.collect(out);
+  });
+}
+
 /// Appends the type-erased view of every (defined) parameter to out.
 template <class M, class List>
 void collect(M& m, List& out) {
-  for_each_parameter(m, [&](auto& p) {
-    if (p.defined()) p.collect(out);
-  });
+  collect_on<detail::AnyMesh>(m, out);
 }
 
 /// Zeroes every parameter's gradient.
@@ -134,16 +160,17 @@ void zero_grad(M& m) {
 
 /// Moves every (defined) parameter of module m into one new flat group called `name`: values,
 /// gradients and gradient states carried over, the parameters' views re-pointed. Returns the
-/// group. T and N are the parameters' element type and mesh rank.
-template <class T, std::size_t N, class M>
+/// group. T and N are the parameters' element type and mesh rank; OnMesh, when given, takes
+/// only the parameters on that mesh type (the dense part of a block with an nn::MoE).
+template <class T, std::size_t N, class OnMesh = detail::AnyMesh, class M>
 std::shared_ptr<FlatParams<T, N>> flatten(std::string name, M& m) {
   std::vector<FlatEntry<N>> entries;
-  for_each_parameter(m, [&](auto& p) {
+  for_each_parameter_on<OnMesh>(m, [&](auto& p) {
     if (p.defined()) entries.push_back(p.group()->entries()[p.index()]);
   });
   auto group = std::make_shared<FlatParams<T, N>>(std::move(name), std::move(entries));
   std::size_t i = 0;
-  for_each_parameter(m, [&](auto& p) {
+  for_each_parameter_on<OnMesh>(m, [&](auto& p) {
     if (!p.defined()) return;
     auto& old = *p.group();
     std::copy_n(old.value(p.index()).data(), group->entries()[i].numel, group->value(i).data());

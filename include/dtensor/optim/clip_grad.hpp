@@ -2,6 +2,7 @@
 //
 //   double norm = optim::clip_grad_norm(params, mesh, /*max_norm=*/1.0);   // one all-reduce
 //   double norm = optim::grad_norm(params, mesh);                          // the norm only
+//   optim::clip_grad_norm(dense, mesh, experts, expert_mesh, 1.0);           // two meshes, one norm
 //
 // The global norm is that of the logical gradients: each element of each gradient counted once.
 // A rank adds the squares of its local piece only if it is the first copy (coordinate 0) along
@@ -54,12 +55,31 @@ void scale_grads_to(const ParamList<T, N>& params, double norm, double max_norm)
       for (T& v : p.grad) v = T(double(v) * coef);
 }
 
+namespace detail {
+inline void check_max_norm(double max_norm, int rank) {
+  if (!(max_norm > 0)) throw Error("clip_grad_norm", dtensor::detail::cat("max_norm = ", max_norm, " must be > 0"), rank);
+}
+}  // namespace detail
+
 /// Scales all gradients so that their global norm is at most max_norm; returns the norm before.
 template <class T, std::size_t N, MeshType Mesh>
 double clip_grad_norm(const ParamList<T, N>& params, const Mesh& mesh, double max_norm) {
-  if (!(max_norm > 0)) throw Error("clip_grad_norm", dtensor::detail::cat("max_norm = ", max_norm, " must be > 0"), mesh.rank());
+  detail::check_max_norm(max_norm, mesh.rank());
   const double norm = grad_norm(params, mesh);
   scale_grads_to(params, norm, max_norm);
+  return norm;
+}
+
+/// The same over two parameter lists on two meshes of the same ranks (a mixture-of-experts
+/// model: the dense parameters and the experts, on the expert mesh): one norm of all their
+/// gradients (one all-reduce per mesh), both lists scaled alike.
+template <class T, std::size_t N, MeshType Mesh, std::size_t N2, MeshType Mesh2>
+double clip_grad_norm(const ParamList<T, N>& params, const Mesh& mesh, const ParamList<T, N2>& params2,
+                      const Mesh2& mesh2, double max_norm) {
+  detail::check_max_norm(max_norm, mesh.rank());
+  const double norm = std::hypot(grad_norm(params, mesh), grad_norm(params2, mesh2));
+  scale_grads_to(params, norm, max_norm);
+  scale_grads_to(params2, norm, max_norm);
   return norm;
 }
 

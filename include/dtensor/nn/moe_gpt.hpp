@@ -1,0 +1,199 @@
+// dtensor/nn/moe_gpt.hpp — a GPT whose blocks have mixture-of-experts feed-forwards (all of
+// them, or every other one), expert parallel over an expert mesh.
+//
+//   using Dense = DeviceMesh<"dp", "tp">;  using EMesh = DeviceMesh<"edp", "ep", "tp">;
+//   auto emesh = parallel::make_expert_mesh<EMesh>(dense, /*ep=*/2);
+//   nn::MoEGPT<float, Dense, EMesh> model(dense, gpt_config,
+//       nn::MoELayers<float, EMesh>(emesh, {.router = {.experts = 4, .topk = 2, .capacity_factor = 1.25},
+//                                           .every = 2}));   // blocks 1, 3, ... are MoE
+//   nn::ParamList<float, 2> dense;  model.collect(dense);                // the units(): attention, norms, routers, ...
+//   auto& experts = model.layers().expert_params();                    // ParamList<float, 3>: the expert units
+//   auto [loss, saved] = model.forward(ids, targets);                  // cross-entropy + the MoE blocks' aux losses
+//   model.backward(std::move(saved));
+//   parallel::DataParallel<Dense>(dense).all_reduce_gradients(dense);      // over "dp"
+//   parallel::DataParallel<EMesh>(emesh).all_reduce_gradients(experts);    // over "edp" only
+//   model.layers().stats(model.blocks()[1])                            // the last forward's routing on this rank
+//
+// MoEGPT is nn::GPT with the Layers policy MoELayers: each block is a TransformerBlock whose
+// feed-forward is a DenseOrMoE — the plan's MLP, or an nn::MoE (router on the model's mesh,
+// experts on the expert mesh). Parameters on the model's mesh stay in the GPT's units (one per
+// block: its norms, attention and router or MLP), so DDP over the dense mesh reduces them as
+// before; the experts of block l are an extra unit "h.l.experts" on the expert mesh
+// (expert_units(), expert_params()), whose gradients are Partial<sum> on "edp" (DataParallel
+// over the expert mesh reduces them, after the backward).
+//
+// The loss: forward adds each MoE block's auxiliary losses — aux_loss_coeff * load balancing +
+// z_loss_coeff * z, this rank's shares (nn/router.hpp) — to this rank's share of the
+// cross-entropy, so the loss printed is the loss trained; their gradients are added by the
+// MoE's backward_input (for the loss's dloss = 1: a caller that scales the loss scales only
+// the cross-entropy's gradient). The residual stream must be whole on the tensor dimension
+// (plans without sequence parallelism): the MoE routes whole tokens.
+//
+// Statistics: each MoE feed-forward keeps its last forward's routing statistics (load per
+// expert, dropped choices, loss shares on this rank) for logging; a checkpointed block's
+// recomputation writes the same ones again.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "dtensor/nn/gpt.hpp"
+#include "dtensor/nn/moe.hpp"
+
+namespace dtensor::nn {
+
+/// One MoE layer's routing on this rank in its last forward.
+struct MoEStats {
+  std::vector<std::int64_t> load;  // per expert: kept choices
+  std::int64_t routed = 0;         // choices made (tokens x topk)
+  std::int64_t dropped = 0;        // choices past capacity
+  double aux_loss = 0, z_loss = 0; // this rank's shares (unweighted)
+};
+
+/// A block's feed-forward: the plan's dense MLP or a mixture of experts, chosen at construction.
+template <kernels::host::FloatElement T, MeshType Mesh, parallel::ExpertMeshType EMesh, class Plan>
+class DenseOrMoE {
+ public:
+  using Mlp = MLP<T, Mesh, typename Plan::fc1, typename Plan::fc2>;
+  using Moe = MoE<T, Mesh, EMesh>;
+  using In = typename Mlp::In;
+  using Out = typename Mlp::Out;
+  static_assert(std::is_same_v<In, typename Moe::In> && std::is_same_v<Out, typename Moe::Out>,
+                "nn::DenseOrMoE: the MoE takes whole tokens (tokens<Mesh>): use a plan without sequence parallelism");
+  using Saved = std::variant<typename Mlp::Saved, typename Moe::Saved>;
+  using WeightCtx = std::variant<typename Mlp::WeightCtx, typename Moe::WeightCtx>;
+
+  DenseOrMoE() = default;
+  explicit DenseOrMoE(Mlp mlp) { mlp_.push_back(std::move(mlp)); }
+  explicit DenseOrMoE(Moe moe) { moe_.push_back(std::move(moe)); }
+
+  bool is_moe() const noexcept { return !moe_.empty(); }
+  Moe& moe() { return moe_.at(0); }
+  const Moe& moe() const { return moe_.at(0); }
+  /// The last forward's routing on this rank (empty for a dense MLP).
+  const MoEStats& stats() const noexcept { return stats_; }
+
+  Fwd<Out, Saved> forward(const In& x) const {
+    if (!is_moe()) {
+      auto [y, s] = mlp_.at(0).forward(x);
+      return {std::move(y), Saved(std::in_place_index<0>, std::move(s))};
+    }
+    auto [y, s] = moe_[0].forward(x);
+    const auto& r = s.routing;
+    stats_ = {r.load, r.tokens * r.topk, r.dropped, r.aux_loss, r.z_loss};
+    return {std::move(y), Saved(std::in_place_index<1>, std::move(s))};
+  }
+
+  Bwd<In, WeightCtx> backward_input(Saved s, const Out& dy) const {
+    if (!is_moe()) {
+      auto [dx, w] = mlp_.at(0).backward_input(std::get<0>(std::move(s)), dy);
+      return {std::move(dx), WeightCtx(std::in_place_index<0>, std::move(w))};
+    }
+    auto [dx, w] = moe_[0].backward_input(std::get<1>(std::move(s)), dy);
+    return {std::move(dx), WeightCtx(std::in_place_index<1>, std::move(w))};
+  }
+
+  void backward_weight(WeightCtx w) {
+    if (!is_moe()) mlp_.at(0).backward_weight(std::get<0>(std::move(w)));
+    else moe_[0].backward_weight(std::get<1>(std::move(w)));
+  }
+
+  auto children() { return std::tie(mlp_, moe_); }  // one of the two holds the module
+
+ private:
+  std::vector<Mlp> mlp_;  // 0 or 1: a range, so that the parameter walks see whichever there is
+  std::vector<Moe> moe_;
+  mutable MoEStats stats_;
+};
+
+/// Which blocks get a mixture of experts, and its configuration.
+struct MoELayersConfig {
+  RouterConfig router;   // experts, topk, capacity factor, loss coefficients
+  Extent hidden = 0;     // each expert's width; 0: the GPT's mlp_ratio x dim
+  Extent every = 1;      // block l is MoE when (l + 1) % every == 0: 1 all, 2 every other (1, 3, ...)
+};
+
+/// nn::GPT's Layers policy for MoE blocks (see the top of this file).
+template <kernels::host::FloatElement T, parallel::ExpertMeshType EMesh>
+class MoELayers {
+ public:
+  using ExpertUnit = ParamUnit<T, EMesh::ndim>;
+  template <class, class Mesh, class Plan>
+  using block = TransformerBlock<T, Mesh, Plan, DenseOrMoE<T, Mesh, EMesh, Plan>>;
+
+  MoELayers() = default;
+  MoELayers(EMesh emesh, MoELayersConfig c) : emesh_(std::move(emesh)), c_(c) {
+    check_router_config(c.router, "nn::MoELayers", emesh_.rank());
+    if (c.every < 1 || c.hidden < 0)
+      throw Error("nn::MoELayers", dtensor::detail::cat("every ", c.every, " must be >= 1 and hidden ", c.hidden, " >= 0"),
+                  emesh_.rank());
+  }
+
+  bool is_moe(Extent layer) const noexcept { return (layer + 1) % c_.every == 0; }
+
+  template <class Block, class Mesh>
+  Block make_block(Extent layer, std::string name, const Mesh& mesh, const BlockConfig& c, std::uint64_t seed) const {
+    using FF = typename Block::Mlp;
+    // The feed-forward's seeds are the dense MLP's (seed + 2, + 3): the MoE's router, its experts.
+    if (!is_moe(layer)) {
+      const Extent hidden = c.mlp_ratio * c.dim;
+      return Block(name, mesh, c, seed,
+                   FF(typename FF::Mlp(name + ".mlp", mesh, c.dim, hidden, seed + 2, c.init_std, c.out_std)));
+    }
+    const MoEConfig mc{.dim = c.dim, .hidden = c_.hidden > 0 ? c_.hidden : c.mlp_ratio * c.dim, .router = c_.router,
+                       .init_std = c.init_std, .out_std = c.out_std};
+    return Block(name, mesh, c, seed, FF(typename FF::Moe(name + ".moe", mesh, emesh_, mc, seed + 2)));
+  }
+
+  /// One unit per MoE block: its experts, flattened on the expert mesh.
+  template <class Blocks>
+  void add_units(Blocks& blocks) {
+    for (std::size_t l = 0; l < blocks.size(); ++l) {
+      if (!blocks[l].inner().mlp().is_moe()) continue;
+      ExpertUnit u;
+      u.group = flatten<T, EMesh::ndim, EMesh>("h." + std::to_string(l) + ".experts", blocks[l]);
+      collect_on<EMesh>(blocks[l], u.params);
+      params_.insert(params_.end(), u.params.begin(), u.params.end());
+      units_.push_back(std::move(u));
+    }
+  }
+
+  /// Adds each MoE block's weighted auxiliary losses (this rank's shares) to the loss's local value.
+  template <class Loss, class Blocks>
+  void add_losses(Loss& loss, const Blocks& blocks) const {
+    double extra = 0;
+    for (const auto& b : blocks)
+      if (b.inner().mlp().is_moe()) {
+        const auto& s = b.inner().mlp().stats();
+        extra += c_.router.aux_loss_coeff * s.aux_loss + c_.router.z_loss_coeff * s.z_loss;
+      }
+    if (extra != 0) loss.local().data()[0] += extra;
+  }
+
+  /// The last forward's routing statistics of a block (empty for a dense one).
+  template <class Block>
+  static const MoEStats& stats(const Block& block) {
+    return block.inner().mlp().stats();
+  }
+
+  std::vector<ExpertUnit>& expert_units() noexcept { return units_; }
+  ParamList<T, EMesh::ndim>& expert_params() noexcept { return params_; }
+  const EMesh& expert_mesh() const noexcept { return emesh_; }
+  const MoELayersConfig& config() const noexcept { return c_; }
+
+ private:
+  EMesh emesh_;
+  MoELayersConfig c_;
+  std::vector<ExpertUnit> units_;
+  ParamList<T, EMesh::ndim> params_;
+};
+
+/// A GPT with MoE blocks (nn::GPT with the MoELayers policy).
+template <kernels::host::FloatElement T, MeshType Mesh, parallel::ExpertMeshType EMesh, class Plan = ReplicatedPlan,
+          class Id = std::int32_t>
+using MoEGPT = GPT<T, Mesh, Plan, Id, MoELayers<T, EMesh>>;
+
+}  // namespace dtensor::nn
