@@ -349,6 +349,20 @@ inline void all_reduce(const Ctx& c, const void* send, void* recv, std::size_t c
   depart(c, s, false);
 }
 
+/// all_to_all's pull: block `c.rank` of every rank's send, read where that rank's post says it
+/// lies (back to back, or strided), into block j of recv.
+inline void pull_blocks(const Ctx& c, const Slot& s, void* recv, std::size_t block_bytes, std::size_t element_bytes) {
+  for (int j = 0; j < c.group->size; ++j) {
+    const Post& q = s.posts[std::size_t(j)];
+    std::byte* dst = bytes_of(recv) + std::size_t(j) * block_bytes;
+    if (q.strided)
+      dtensor::detail::copy_strided_block(dst, q.send, q.blocks, c.rank, element_bytes,
+                                          [&](std::byte* d, const std::byte* src, std::size_t n) { copy_bytes(c, d, src, n); });
+    else
+      copy_bytes(c, dst, bytes_of(q.send) + std::size_t(c.rank) * block_bytes, block_bytes);
+  }
+}
+
 inline void all_to_all(const Ctx& c, const void* send, void* recv, std::size_t count, DType t) {
   const int n = c.group->size;
   const std::size_t block = count * size_of(t), total = block * std::size_t(n);
@@ -356,9 +370,21 @@ inline void all_to_all(const Ctx& c, const void* send, void* recv, std::size_t c
   Post p{.kind = CollectiveKind::all_to_all, .dtype = t, .count = count,
          .send = stable_send(c, send, total, recv, total, hold), .send_bytes = total, .lent = true};
   Slot& s = rendezvous(c, p);
-  for (int j = 0; j < n; ++j)
-    copy_bytes(c, bytes_of(recv) + std::size_t(j) * block,
-               bytes_of(s.posts[std::size_t(j)].send) + std::size_t(c.rank) * block, block);
+  pull_blocks(c, s, recv, block, size_of(t));
+  depart(c, s, s.posts[std::size_t(c.rank)].lent);
+}
+
+/// all_to_all whose send blocks lie where `b` says: peers copy them straight from the strided
+/// send (no packing copy). Matches plain all_to_all calls of other ranks.
+inline void all_to_all_strided(const Ctx& c, const void* send, const StridedBlocks& b, void* recv, DType t) {
+  const int n = c.group->size;
+  const std::size_t es = size_of(t), block = b.block_elements() * es, spanned = b.extent(n) * es;
+  std::shared_ptr<std::byte> hold;
+  Post p{.kind = CollectiveKind::all_to_all, .dtype = t, .count = b.block_elements(),
+         .send = stable_send(c, send, spanned, recv, block * std::size_t(n), hold), .send_bytes = spanned,
+         .lent = true, .strided = true, .blocks = b};
+  Slot& s = rendezvous(c, p);
+  pull_blocks(c, s, recv, block, es);
   depart(c, s, s.posts[std::size_t(c.rank)].lent);
 }
 

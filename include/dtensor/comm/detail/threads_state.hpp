@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "dtensor/comm/comm_log.hpp"
+#include "dtensor/comm/communicator.hpp"
 #include "dtensor/comm/work.hpp"
 #include "dtensor/core/dtype.hpp"
 #include "dtensor/core/error.hpp"
@@ -225,6 +226,8 @@ struct Post {
   const std::size_t* counts[4] = {};  // all_to_all_v: send counts, send displs, recv counts, recv displs
   int color = 0, key = 0;         // split
   bool lent = false;              // peers read this rank's own memory: it must wait until they are done
+  bool strided = false;           // all_to_all: the blocks in `send` lie where `blocks` says
+  StridedBlocks blocks{};
 };
 
 class Group;
