@@ -11,7 +11,9 @@
 // batch. The same step as train_gpt, on random token ids (the data does not change the work).
 // The `overlap` argument: 1 = DDP attached to the backward (each unit's buckets all-reduced as
 // soon as it is done, as train_gpt does), 0 = one all_reduce_gradients after the backward; the
-// DP=2 step runs both ways in the same run.
+// DP=2 step runs both ways in the same run. BM_gpt_step_zero3: the same step under
+// parallel::fully_shard (ZeRO-3) over `fsdp` ranks, with prefetch 2 (unit i+1's all-gather in
+// flight while unit i computes) and 1 (each unit gathered when it starts), in the same run.
 #include <benchmark/benchmark.h>
 
 #include <chrono>
@@ -28,6 +30,31 @@ using Mesh = DeviceMesh<"dp", "tp">;
 constexpr Extent vocab = 96, seq = 64, dim = 128, heads = 4, layers = 2, batch = 16;
 constexpr int steps = 5;
 
+/// Random ids and targets, the same on every rank.
+template <class Ids, class MeshT>
+std::pair<Ids, Ids> random_batch(const MeshT& mesh) {
+  std::mt19937 rng(11);
+  Tensor<std::int32_t, 2> ids(Shape<2>{batch, seq}), tgt(Shape<2>{batch, seq});
+  for (Extent i = 0; i < ids.numel(); ++i) {
+    ids[i] = std::int32_t(rng() % vocab);
+    tgt[i] = std::int32_t(rng() % vocab);
+  }
+  using L = typename Ids::layout;
+  return {distribute_replicated<L>(mesh, ids), distribute_replicated<L>(mesh, tgt)};
+}
+
+/// Seconds for `steps` calls of step() on all ranks together, after one untimed warm-up step
+/// (first-touch of every buffer).
+template <class Step>
+double time_steps(Communicator& world, Step& step) {
+  step();
+  world.barrier();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int s = 0; s < steps; ++s) step();
+  world.barrier();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 template <bool SP>
 double timed_steps(CommPtr world, int dp, int tp, bool overlap) {
   using Model = nn::GPT<float, Mesh, parallel::MegatronPlan<SP>>;
@@ -39,15 +66,8 @@ double timed_steps(CommPtr world, int dp, int tp, bool overlap) {
   parallel::DataParallel<Mesh> ddp(mesh, {.bucket_bytes = std::size_t(1) << 20});
   if (overlap) ddp.attach(model);
 
-  std::mt19937 rng(11);  // the same ids on every rank
-  Tensor<std::int32_t, 2> ids(Shape<2>{batch, seq}), tgt(Shape<2>{batch, seq});
-  for (Extent i = 0; i < ids.numel(); ++i) {
-    ids[i] = std::int32_t(rng() % vocab);
-    tgt[i] = std::int32_t(rng() % vocab);
-  }
-  using L = typename Model::Ids::layout;
-  auto x = distribute_replicated<L>(mesh, ids), y = distribute_replicated<L>(mesh, tgt);
-  auto step = [&] {
+  auto [x, y] = random_batch<typename Model::Ids>(mesh);
+  auto step = [&] {  // the same step as train_gpt's
     opt.zero_grad();
     auto [loss, saved] = model.forward(x, y);
     model.backward(std::move(saved));
@@ -58,12 +78,7 @@ double timed_steps(CommPtr world, int dp, int tp, bool overlap) {
     opt.step();
     benchmark::DoNotOptimize(loss);
   };
-  step();  // warm-up: first-touch of every buffer
-  world->barrier();
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int s = 0; s < steps; ++s) step();
-  world->barrier();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return time_steps(*world, step);
 }
 
 void BM_gpt_step(benchmark::State& st) {
@@ -83,7 +98,52 @@ void BM_gpt_step(benchmark::State& st) {
   st.counters["ranks"] = dp * tp;
 }
 
+using ShardedMesh = DeviceMesh<"dp", "fsdp", "tp">;
+
+double timed_zero3_steps(CommPtr world, int fsdp_ranks, int prefetch) {
+  using Model = nn::GPT<float, ShardedMesh>;
+  ShardedMesh mesh(world, {1, fsdp_ranks, 1});
+  Model model(mesh, {.vocab = vocab, .seq = seq, .dim = dim, .heads = heads, .layers = layers, .seed = 7});
+  auto fsdp = parallel::fully_shard(model, mesh, {.stage = 3, .prefetch = prefetch});
+  optim::AdamW<float, 3> opt(fsdp.params(), {.lr = 1e-3});
+  auto [x, y] = random_batch<typename Model::Ids>(mesh);
+  auto step = [&] {
+    opt.zero_grad();
+    auto [loss, saved] = model.forward(x, y);
+    model.backward(std::move(saved));
+    fsdp.finish_gradient_sync();
+    optim::clip_grad_norm(fsdp.params(), mesh, 1.0);
+    opt.step();
+    benchmark::DoNotOptimize(loss);
+  };
+  return time_steps(*world, step);
+}
+
+void BM_gpt_step_zero3(benchmark::State& st) {
+  const int fsdp_ranks = int(st.range(0)), prefetch = int(st.range(1));
+  double total = 0;
+  for (auto _ : st) {
+    double t = 0;
+    threads::run(fsdp_ranks, [&](CommPtr w) {
+      const double mine = timed_zero3_steps(w, fsdp_ranks, prefetch);
+      if (w->rank() == 0) t = mine;
+    });
+    st.SetIterationTime(t);
+    total += t;
+  }
+  st.counters["tokens_per_s"] = double(batch * seq) * steps * double(st.iterations()) / total;
+  st.counters["ranks"] = fsdp_ranks;
+}
+
 }  // namespace
+
+BENCHMARK(BM_gpt_step_zero3)
+    ->ArgNames({"fsdp", "prefetch"})
+    ->Args({2, 2})  // unit i+1 gathered while unit i computes
+    ->Args({2, 1})  // no prefetch
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3);
 
 BENCHMARK(BM_gpt_step)
     ->ArgNames({"dp", "tp", "sp", "overlap"})

@@ -4,6 +4,13 @@
 //   train_gpt                                   # dp 2 x tp 4 + SP, 8 threads, /usr/share/common-licenses
 //   train_gpt --dp 1 --tp 2 --steps 200 --data input.txt
 //   mpirun -n 4 train_gpt --backend mpi --dp 2 --tp 2     # when built with -DDTENSOR_WITH_MPI=ON
+//   train_gpt --fsdp 4 --tp 2                   # FSDP (ZeRO-3) over 4 data ranks x TP 2
+//   train_gpt --dp 4 --zero 2                   # ZeRO-2 over the 4 data ranks
+//   train_gpt --dp 4 --hsdp 2 --tp 1            # HSDP: 2 replicas x 2 shards (ZeRO-3)
+//
+// Without --zero / --fsdp the data ranks replicate the parameters (DDP, mesh (dp, tp)); with
+// them the mesh is (dp, fsdp, tp) and parallel::fully_shard shards parameters, gradients and
+// optimizer state over "fsdp" (--hsdp R: R replicas on "dp", each sharded over dp / R ranks).
 //
 // The text's characters are the vocabulary; the first 90% trains, the last 10% is the held-out
 // validation set. Each step draws --batch sequences of --seq characters (the same on every
@@ -22,12 +29,19 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "dtensor/optim/check_finite.hpp"
+#include "dtensor/parallel/pipeline/by_name.hpp"
+#include "dtensor/parallel/pipeline/clip.hpp"
+#include "dtensor/parallel/pipeline/executor.hpp"
+#include "dtensor/parallel/pipeline/gpt_stage.hpp"
 #include "dtensor/training.hpp"
+#include "flags.hpp"
 #ifdef DTENSOR_HAS_MPI
 #include "dtensor/comm/mpi.hpp"
 #endif
@@ -36,54 +50,68 @@ namespace {
 
 using namespace dtensor;
 using Mesh = DeviceMesh<"dp", "tp">;
+using ShardedMesh = DeviceMesh<"dp", "fsdp", "tp">;
 
 struct Options {
   int dp = 2, tp = 4;
+  int zero = 0;     // 0: DDP; 1, 2, 3: ZeRO stage over the data ranks (parallel::fully_shard)
+  int hsdp = 1;     // replicas of the sharded data ranks (HSDP when > 1)
+  int prefetch = 2; // ZeRO-3: units unsharded at once
   bool sp = true;
   Extent layers = 2, heads = 4, dim = 128, seq = 64, batch = 16;
   int steps = 300, eval_every = 50;
   double lr = 3e-3;
   std::uint64_t seed = 1;
   bool checkpoint = false;
+  bool check_finite = false;  // stop at the first NaN/Inf loss or parameter, naming it
   std::string data, backend = "threads";
+  // Pipeline parallelism (--pp > 1): mesh (pp, dp, tp), a schedule over --microbatches.
+  int pp = 1, microbatches = 0;  // 0: 2 x pp
+  std::string schedule = "1f1b";
 };
 
 const char* usage =
     "usage: train_gpt [--dp N] [--tp N] [--sp | --no-sp] [--layers N] [--heads N] [--dim N] [--seq N]\n"
     "                 [--batch N] [--steps N] [--lr X] [--seed N] [--eval-every N] [--checkpoint]\n"
-    "                 [--data FILE] [--backend threads|mpi]\n"
+    "                 [--check-finite] [--data FILE] [--backend threads|mpi]\n"
+    "                 [--fsdp N] [--zero 1|2|3] [--hsdp R] [--prefetch N]\n"
+    "                 [--pp N --schedule gpipe|1f1b|interleaved|zb|zbv --microbatches M]\n"
     "  defaults: --dp 2 --tp 4 --sp --layers 2 --heads 4 --dim 128 --seq 64 --batch 16 --steps 300 --lr 3e-3\n"
     "            --seed 1 --eval-every 50, data: the files under /usr/share/common-licenses\n"
     "  --batch is the number of sequences per step over all data-parallel ranks (a multiple of --dp);\n"
-    "  --heads must be a multiple of --tp; --backend mpi needs an MPI build and mpirun -n dp*tp.\n";
+    "  --heads must be a multiple of --tp; --backend mpi needs an MPI build and mpirun -n dp*tp (pp*dp*tp).\n"
+    "  --fsdp N is --dp N --zero 3; --zero shards over the --dp ranks (DDP without it); --hsdp R splits them\n"
+    "  into R replicas (R divides --dp; ZeRO-3 unless --zero says); --prefetch: ZeRO-3 units unsharded at once.\n"
+    "  --pp N > 1: pipeline stages on a (pp, dp, tp) mesh, --schedule (default 1f1b) over --microbatches\n"
+    "  (default 2 x pp; must divide --batch); --layers must be at least the number of stages.\n";
 
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
+using examples::flag_value;
+using examples::UsageError;
 
-long parse_int(const std::string& flag, const std::string& v, long lo) {
-  std::size_t used = 0;
-  long x = 0;
-  try {
-    x = std::stol(v, &used);
-  } catch (...) {
-    used = 0;
-  }
-  if (used != v.size() || v.empty()) throw UsageError(flag + " expects an integer, got '" + v + "'");
-  if (x < lo) throw UsageError(flag + " must be >= " + std::to_string(lo) + ", got " + v);
-  return x;
+// ---------------------------------------------------------------- pipeline flags
+
+/// --pp N, --schedule NAME, --microbatches M; false for any other flag.
+template <class Value>
+bool parse_pipeline_flag(const std::string& a, Value&& value, Options& o) {
+  if (a == "--pp") o.pp = flag_value<int>(a, value(), 1, threads::detail::max_ranks);
+  else if (a == "--schedule") o.schedule = value();
+  else if (a == "--microbatches") o.microbatches = flag_value<int>(a, value(), 1);
+  else return false;
+  return true;
 }
 
-double parse_double(const std::string& flag, const std::string& v) {
-  std::size_t used = 0;
-  double x = 0;
+void check_pipeline_flags(Options& o) {
   try {
-    x = std::stod(v, &used);
-  } catch (...) {
-    used = 0;
+    parallel::pipeline::parse_schedule_kind(o.schedule);
+  } catch (const Error& e) {
+    throw UsageError("--schedule: " + std::string(e.what()));
   }
-  if (used != v.size() || v.empty() || !(x > 0)) throw UsageError(flag + " expects a positive number, got '" + v + "'");
-  return x;
+  if (o.microbatches == 0) o.microbatches = 2 * o.pp;
+  if (o.pp > 1 && o.batch % o.microbatches != 0)
+    throw UsageError("--microbatches " + std::to_string(o.microbatches) + " does not divide --batch " +
+                     std::to_string(o.batch));
+  if (o.pp > 1 && o.zero > 0)
+    throw UsageError("--pp with --zero / --fsdp / --hsdp: FSDP inside pipeline stages is not supported yet");
 }
 
 Options parse(int argc, char** argv) {
@@ -94,21 +122,31 @@ Options parse(int argc, char** argv) {
       if (i + 1 >= argc) throw UsageError(a + " needs a value");
       return argv[++i];
     };
-    if (a == "--dp") o.dp = int(parse_int(a, value(), 1));
-    else if (a == "--tp") o.tp = int(parse_int(a, value(), 1));
+    if (a == "--dp") o.dp = flag_value<int>(a, value(), 1, threads::detail::max_ranks);
+    else if (a == "--fsdp") {
+      o.dp = flag_value<int>(a, value(), 1, threads::detail::max_ranks);
+      o.zero = 3;
+    } else if (a == "--zero") {
+      o.zero = flag_value<int>(a, value(), 1);
+      if (o.zero > 3) throw UsageError("--zero is a ZeRO stage (1, 2 or 3), got " + std::to_string(o.zero));
+    } else if (a == "--hsdp") o.hsdp = flag_value<int>(a, value(), 1, threads::detail::max_ranks);
+    else if (a == "--prefetch") o.prefetch = flag_value<int>(a, value(), 1);
+    else if (a == "--tp") o.tp = flag_value<int>(a, value(), 1, threads::detail::max_ranks);
     else if (a == "--sp") o.sp = true;
     else if (a == "--no-sp") o.sp = false;
-    else if (a == "--layers") o.layers = parse_int(a, value(), 1);
-    else if (a == "--heads") o.heads = parse_int(a, value(), 1);
-    else if (a == "--dim") o.dim = parse_int(a, value(), 1);
-    else if (a == "--seq") o.seq = parse_int(a, value(), 2);
-    else if (a == "--batch") o.batch = parse_int(a, value(), 1);
-    else if (a == "--steps") o.steps = int(parse_int(a, value(), 1));
-    else if (a == "--eval-every") o.eval_every = int(parse_int(a, value(), 1));
-    else if (a == "--lr") o.lr = parse_double(a, value());
-    else if (a == "--seed") o.seed = std::uint64_t(parse_int(a, value(), 0));
+    else if (a == "--layers") o.layers = flag_value<Extent>(a, value(), 1);
+    else if (a == "--heads") o.heads = flag_value<Extent>(a, value(), 1);
+    else if (a == "--dim") o.dim = flag_value<Extent>(a, value(), 1);
+    else if (a == "--seq") o.seq = flag_value<Extent>(a, value(), 2);
+    else if (a == "--batch") o.batch = flag_value<Extent>(a, value(), 1);
+    else if (a == "--steps") o.steps = flag_value<int>(a, value(), 1);
+    else if (a == "--eval-every") o.eval_every = flag_value<int>(a, value(), 1);
+    else if (a == "--lr") o.lr = examples::positive_flag_value(a, value());
+    else if (a == "--seed") o.seed = flag_value<std::uint64_t>(a, value(), 0);
     else if (a == "--checkpoint") o.checkpoint = true;
+    else if (a == "--check-finite") o.check_finite = true;
     else if (a == "--data") o.data = value();
+    else if (parse_pipeline_flag(a, value, o)) continue;
     else if (a == "--backend") {
       o.backend = value();
       if (o.backend != "threads" && o.backend != "mpi") throw UsageError("--backend is threads or mpi, got '" + o.backend + "'");
@@ -121,6 +159,13 @@ Options parse(int argc, char** argv) {
   if (o.dim % o.heads != 0) throw UsageError("--dim " + std::to_string(o.dim) + " is not a multiple of --heads " + std::to_string(o.heads));
   if (o.heads % o.tp != 0) throw UsageError("--heads " + std::to_string(o.heads) + " is not a multiple of --tp " + std::to_string(o.tp));
   if (o.batch % o.dp != 0) throw UsageError("--batch " + std::to_string(o.batch) + " is not a multiple of --dp " + std::to_string(o.dp));
+  if (o.hsdp > 1) {
+    if (o.dp % o.hsdp != 0)
+      throw UsageError("--hsdp " + std::to_string(o.hsdp) + " does not divide the " + std::to_string(o.dp) +
+                       " data-parallel ranks (--dp)");
+    if (o.zero == 0) o.zero = 3;
+  }
+  check_pipeline_flags(o);
   return o;
 }
 
@@ -170,9 +215,9 @@ Corpus encode(const std::string& text, Extent seq) {
   return c;
 }
 
-template <class Model>
-std::pair<typename Model::Ids, typename Model::Ids> batch_of(const Mesh& mesh, const std::vector<std::int32_t>& data,
-                                                            const std::vector<std::size_t>& starts, Extent seq) {
+/// The [batch, seq] ids and targets of the sequences starting at `starts`, whole on every rank.
+std::pair<Tensor<std::int32_t, 2>, Tensor<std::int32_t, 2>> tokens_of(const std::vector<std::int32_t>& data,
+                                                                      const std::vector<std::size_t>& starts, Extent seq) {
   const Shape<2> shape{Extent(starts.size()), seq};
   Tensor<std::int32_t, 2> ids(shape), tgt(shape);
   for (std::size_t b = 0; b < starts.size(); ++b)
@@ -180,27 +225,59 @@ std::pair<typename Model::Ids, typename Model::Ids> batch_of(const Mesh& mesh, c
       ids(Extent(b), t) = data[starts[b] + std::size_t(t)];
       tgt(Extent(b), t) = data[starts[b] + std::size_t(t) + 1];
     }
+  return {std::move(ids), std::move(tgt)};
+}
+
+template <class Model, class MeshT>
+std::pair<typename Model::Ids, typename Model::Ids> batch_of(const MeshT& mesh, const std::vector<std::int32_t>& data,
+                                                            const std::vector<std::size_t>& starts, Extent seq) {
+  auto [ids, tgt] = tokens_of(data, starts, seq);
   using L = typename Model::Ids::layout;
   return {distribute_replicated<L>(mesh, ids), distribute_replicated<L>(mesh, tgt)};
 }
 
-template <bool SP>
+/// DDP on a (dp, tp) mesh, or (Sharded) fully_shard on a (dp, fsdp, tp) one.
+template <bool SP, bool Sharded>
 void train(CommPtr world, const Options& o, const Corpus& corpus) {
-  using Model = nn::GPT<float, Mesh, parallel::MegatronPlan<SP>>;
+  using M = std::conditional_t<Sharded, ShardedMesh, Mesh>;
+  using Model = nn::GPT<float, M, parallel::MegatronPlan<SP>>;
   const bool root = world->rank() == 0;
-  Mesh mesh(world, {o.dp, o.tp});
+  auto make_mesh = [&] {
+    if constexpr (Sharded) {
+      const auto [replicas, shards] = parallel::hsdp_shape(o.dp, o.hsdp);
+      return M(world, {replicas, shards, o.tp});
+    } else {
+      return M(world, {o.dp, o.tp});
+    }
+  };
+  M mesh = make_mesh();
   const nn::GPTConfig cfg{.vocab = Extent(corpus.chars.size()), .seq = o.seq, .dim = o.dim, .heads = o.heads,
                           .layers = o.layers, .mlp_ratio = 4, .checkpoint = o.checkpoint, .seed = o.seed};
   Model model(mesh, cfg);
-  nn::ParamList<float, 2> ps;
-  model.collect(ps);
-  optim::AdamW<float, 2> opt(ps, {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1});
-  parallel::DataParallel<Mesh> ddp(mesh, {.bucket_bytes = std::size_t(1) << 20});
-  ddp.attach(model);  // each unit's gradient buckets are all-reduced while the backward goes on
-
   Extent nparams = 0;
-  for (const auto& p : ps) nparams += Extent(p.value.size());  // local; summed below for the banner
+  for (auto& u : model.units()) nparams += Extent(u.group->size());  // local; summed below for the banner
+  // The parameters the optimizer steps over: the model's (DDP) or this rank's shards (FSDP).
+  nn::ParamList<float, M::ndim> model_params;
+  std::optional<parallel::DataParallel<M>> ddp;
+  struct NoFsdp {};
+  std::conditional_t<Sharded, std::optional<parallel::FullyShard<Model, M, float>>, NoFsdp> fsdp;
+  if constexpr (Sharded) {
+    fsdp.emplace(model, mesh, parallel::FsdpOptions{.stage = o.zero, .prefetch = o.prefetch});
+  } else {
+    model.collect(model_params);
+    ddp.emplace(mesh, parallel::DataParallelOptions{.bucket_bytes = std::size_t(1) << 20});
+    ddp->attach(model);  // each unit's gradient buckets are all-reduced while the backward goes on
+  }
+  auto& ps = [&]() -> nn::ParamList<float, M::ndim>& {
+    if constexpr (Sharded) return fsdp->params();
+    else return model_params;
+  }();
+  optim::AdamW<float, M::ndim> opt(ps, {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1});
+
   world->all_reduce(std::span<Extent>(&nparams, 1), ReduceOp::sum);
+  if (root && Sharded)
+    std::printf("train_gpt: ZeRO-%d over %d data ranks (%d replica%s x %d shards), prefetch %d\n", o.zero, o.dp, o.hsdp,
+                o.hsdp > 1 ? "s" : "", o.dp / o.hsdp, o.prefetch);
   if (root)
     std::printf("train_gpt: %zu characters (vocab %zu), train %zu / val %zu; mesh dp %d x tp %d%s, %s backend\n"
                 "model: %lld layers, dim %lld, %lld heads, seq %lld, batch %lld; %lld parameter elements over all ranks\n",
@@ -245,10 +322,12 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
       auto [step_loss, saved] = model.forward(ids, tgt);
       loss = std::move(step_loss);
       model.backward(std::move(saved));
-      ddp.finish_gradient_sync();
+      if constexpr (Sharded) fsdp->finish_gradient_sync();
+      else ddp->finish_gradient_sync();
       parallel::sequence_parallel_grads(ps, mesh, {.bucket_bytes = std::size_t(1) << 20});
       optim::clip_grad_norm(ps, mesh, 1.0);
       opt.step();
+      if constexpr (Sharded) fsdp->sync_parameters();  // ZeRO-1/2: all-gather the updated parameters
       if (step == std::min(2, o.steps))
         for (const auto& r : log.records()) {
           auto& e = per_step[std::string(name_of(r.kind)) + " on " + r.group];
@@ -259,6 +338,10 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     elapsed += dt;
     train_loss = full_tensor(loss)[0];  // the global mean: one all-reduce on "dp" (not timed, not in the table)
+    if (o.check_finite) {  // the loss is the same on every rank; a parameter piece is this rank's own
+      optim::check_finite_loss(train_loss, step);
+      optim::check_finite(ps, step, "parameter", world->rank());
+    }
     if (root)
       std::printf("step %4d/%d  loss %.4f  %8.0f tokens/s  %5.1f s left\n", step, o.steps, train_loss,
                   tokens_per_step / dt, elapsed / step * (o.steps - step));
@@ -277,12 +360,108 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
   }
 }
 
+// ---------------------------------------------------------------- pipeline training (--pp > 1)
+
+/// Trains on a (pp, dp, tp) mesh: this rank's stages of the GPT (parallel::pipeline::GptStage)
+/// run the --schedule over --microbatches per step (parallel::pipeline::Executor), then DDP's
+/// all-reduce on "dp" (after the schedule), the sequence-parallel sync, clipping by the norm over
+/// all stages and AdamW. The validation loss is that of a schedule step whose gradients are
+/// dropped (the executor runs training schedules only).
+template <bool SP>
+void train_pipeline(CommPtr world, const Options& o, const Corpus& corpus) {
+  namespace pp = parallel::pipeline;
+  using PipelineMesh = DeviceMesh<"pp", "dp", "tp">;
+  using Stage = pp::GptStage<float, Mesh, parallel::MegatronPlan<SP>>;
+  PipelineMesh mesh(world, pp::pipeline_mesh_shape(world->size(), o.pp, o.tp));
+  const Mesh stage_mesh = pp::stage_mesh_of(mesh);
+  const nn::GPTConfig cfg{.vocab = Extent(corpus.chars.size()), .seq = o.seq, .dim = o.dim, .heads = o.heads,
+                          .layers = o.layers, .mlp_ratio = 4, .checkpoint = o.checkpoint, .seed = o.seed};
+  const auto schedule = pp::make_schedule(pp::parse_schedule_kind(o.schedule), o.pp, o.microbatches);
+  std::vector<Stage> stages;
+  for (int s : schedule.layout.stages_of(mesh.coordinate(0))) stages.emplace_back(stage_mesh, cfg, s, schedule.layout.stages());
+  pp::Executor<Stage, PipelineMesh> exec(mesh, schedule, std::move(stages));
+  nn::ParamList<float, 2> ps;
+  for (Stage& stage : exec.stages()) nn::collect(stage, ps);
+  optim::AdamW<float, 2> opt(ps, {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1});
+  parallel::DataParallel<Mesh> ddp(stage_mesh, {.bucket_bytes = std::size_t(1) << 20});
+  // The rank that prints: the first (dp, tp) rank of the stage mesh that holds the last stage.
+  const bool printer = stage_mesh.rank() == 0 && schedule.layout.rank_of(schedule.layout.stages() - 1) == mesh.coordinate(0);
+  if (printer)
+    std::printf("train_gpt: mesh pp %d x dp %d x tp %d%s, %s backend; schedule %s, %d micro-batches, %d stages "
+                "(%lld layers); peak activations per pipeline rank (validator):",
+                o.pp, mesh.size(1), o.tp, SP ? " + SP" : "", o.backend.c_str(), o.schedule.c_str(), o.microbatches,
+                schedule.layout.stages(), (long long)o.layers);
+  if (printer)
+    for (int peak : exec.memory().peak_saved) std::printf(" %d", peak);
+  if (printer) std::printf("\n");
+
+  std::mt19937_64 rng(o.seed);  // the same stream on every rank
+  auto draw = [&] {
+    std::vector<std::size_t> s(static_cast<std::size_t>(o.batch));
+    for (auto& x : s) x = std::size_t(rng() % (corpus.train.size() - std::size_t(o.seq) - 1));
+    return s;
+  };
+  auto run_step = [&](const std::vector<std::int32_t>& data, const std::vector<std::size_t>& starts) {
+    auto [ids, tgt] = tokens_of(data, starts, o.seq);
+    return exec.step(pp::split_microbatches<typename Stage::Ids>(stage_mesh, ids, tgt, o.microbatches));
+  };
+  double elapsed = 0, idle = 0, waiting = 0, loss = 0;
+  for (int step = 1; step <= o.steps; ++step) {
+    const auto starts = draw();
+    world->barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    opt.zero_grad();
+    auto stats = run_step(corpus.train, starts);
+    ddp.all_reduce_gradients(ps);
+    parallel::sequence_parallel_grads(ps, stage_mesh, {.bucket_bytes = std::size_t(1) << 20});
+    pp::clip_grad_norm(ps, stage_mesh, mesh.group(0), 1.0);
+    opt.step();
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    elapsed += dt;
+    idle = stats.idle_fraction();
+    waiting += stats.wait_seconds / stats.wall_seconds;
+    if (printer && stats.loss) {
+      loss = *stats.loss;
+      std::printf("step %4d/%d  loss %.4f  %8.0f tokens/s  idle %.3f (counted slots)\n", step, o.steps, loss,
+                  double(o.batch * o.seq) / dt, idle);
+    }
+    if (step % o.eval_every == 0 || step == o.steps) {
+      std::vector<std::size_t> val(static_cast<std::size_t>(o.batch));
+      for (std::size_t b = 0; b < val.size(); ++b) val[b] = (b * 7919u) % (corpus.val.size() - std::size_t(o.seq) - 1);
+      opt.zero_grad();  // the gradients of this step are dropped: the next training step zeroes them again
+      auto val_stats = run_step(corpus.val, val);
+      if (printer && val_stats.loss) std::printf("step %4d  validation loss %.4f\n", step, *val_stats.loss);
+    }
+    std::fflush(stdout);
+  }
+  if (printer)
+    std::printf("\nsummary: %d steps in %.1f s; final train loss %.4f; %.0f tokens/s; idle fraction of pipeline "
+                "rank %d %.3f in counted slots, %.3f of wall time spent waiting for messages (mean over steps)\n",
+                o.steps, elapsed, loss, double(o.batch * o.seq) * o.steps / elapsed, mesh.coordinate(0), idle,
+                waiting / o.steps);
+}
+
 void run_rank(CommPtr world, const Options& o, const Corpus& c) {
+  if (o.pp > 1) {
+    const auto shape = parallel::pipeline::pipeline_mesh_shape(world->size(), o.pp, o.tp);
+    if (shape[1] != o.dp)
+      world->fail("train_gpt", "the job has " + std::to_string(world->size()) + " ranks; --pp " + std::to_string(o.pp) +
+                                   " x --tp " + std::to_string(o.tp) + " leaves dp " + std::to_string(shape[1]) +
+                                   ", but --dp is " + std::to_string(o.dp));
+    if (o.sp) train_pipeline<true>(std::move(world), o, c);
+    else train_pipeline<false>(std::move(world), o, c);
+    return;
+  }
   if (world->size() != o.dp * o.tp)
     world->fail("train_gpt", "the job has " + std::to_string(world->size()) + " ranks but --dp " + std::to_string(o.dp) +
                                  " x --tp " + std::to_string(o.tp) + " needs " + std::to_string(o.dp * o.tp));
-  if (o.sp) train<true>(std::move(world), o, c);
-  else train<false>(std::move(world), o, c);
+  if (o.zero > 0) {
+    if (o.sp) train<true, true>(std::move(world), o, c);
+    else train<false, true>(std::move(world), o, c);
+  } else {
+    if (o.sp) train<true, false>(std::move(world), o, c);
+    else train<false, false>(std::move(world), o, c);
+  }
 }
 
 }  // namespace
@@ -305,7 +484,7 @@ int main(int argc, char** argv) {
       return 2;
 #endif
     }
-    threads::run(o.dp * o.tp, [&](CommPtr world) { run_rank(std::move(world), o, corpus); });
+    threads::run(o.pp * o.dp * o.tp, [&](CommPtr world) { run_rank(std::move(world), o, corpus); });
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_gpt: %s\n", e.what());
     return 1;

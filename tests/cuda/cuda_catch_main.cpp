@@ -4,12 +4,14 @@
 #include <catch2/catch.hpp>
 
 #include "support/catch_args.hpp"
+#include "support/test_defaults.hpp"
 #include <vector>
 
 #include "cuda_skip.hpp"
 
 int main(int argc, char** argv) {
   if (dtensor::testing::only_lists(argc, argv)) return Catch::Session().run(argc, argv);
+  dtensor::testing::use_test_defaults();
   if (dtensor::testing::visible_devices() > 0) return Catch::Session().run(argc, argv);
   // No GPU: only the [nogpu] cases (an empty selection is not a failure).
   std::vector<char*> args(argv, argv + argc);

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include "support/catch_args.hpp"
+#include "support/test_defaults.hpp"
 #include <vector>
 
 #include "cuda_skip.hpp"
@@ -13,6 +14,7 @@
 int main(int argc, char** argv) {
   if (dtensor::testing::only_lists(argc, argv)) return Catch::Session().run(argc, argv);
   dtensor::mpi::Environment env(argc, argv);
+  dtensor::testing::use_test_defaults();
   int mine = dtensor::testing::visible_devices(), least = 0;
   MPI_Allreduce(&mine, &least, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   if (least > 0) return Catch::Session().run(argc, argv);

@@ -57,8 +57,7 @@ TEST_CASE("a rank that returns after some collectives releases the others in the
   for (int r : {0, 2}) {
     INFO(out[std::size_t(r)].message);
     CHECK(out[std::size_t(r)].is_error);
-    CHECK_THAT(out[std::size_t(r)].message, Contains("all_gather[world]") && Contains("collective #1") &&
-                                                Contains("rank 1 returned"));
+    CHECK_THAT(out[std::size_t(r)].message, Contains("all_gather[world]") && Contains("rank 1 returned"));
   }
 }
 

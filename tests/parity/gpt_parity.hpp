@@ -61,15 +61,17 @@ struct ParityOptions {
   std::size_t bucket_bytes = 4096;
   bool checkpoint = false;
   bool ddp_overlap = true;  // DDP attached to the backward (else one all_reduce_gradients after it)
+  Extent batch = parity_batch;  // sequences per step
+  Extent layers = 0;            // 0: parity_config's
 };
 
-/// The batch of step s: sequences of a fixed rule x' = (5 x + 3) mod V from random starts, so
-/// there is something to learn. Every rank draws the whole batch [B, T] and keeps its piece.
-template <class Ids>
-std::pair<Ids, Ids> parity_batch_of(const GptMesh& mesh, int step, const nn::GPTConfig& c) {
-  auto starts = randint<std::int32_t>(Shape<1>{parity_batch}, 1000 + std::uint64_t(step), 0, c.vocab);
-  Tensor<std::int32_t, 2> ids(Shape<2>{parity_batch, c.seq}), tgt(Shape<2>{parity_batch, c.seq});
-  for (Extent b = 0; b < parity_batch; ++b) {
+/// The tokens of step s: `batch` sequences of a fixed rule x' = (5 x + 3) mod V from random
+/// starts, so there is something to learn; ids and targets [batch, T], whole on every rank.
+inline std::pair<Tensor<std::int32_t, 2>, Tensor<std::int32_t, 2>> parity_tokens(int step, const nn::GPTConfig& c,
+                                                                                 Extent batch = parity_batch) {
+  auto starts = randint<std::int32_t>(Shape<1>{batch}, 1000 + std::uint64_t(step), 0, c.vocab);
+  Tensor<std::int32_t, 2> ids(Shape<2>{batch, c.seq}), tgt(Shape<2>{batch, c.seq});
+  for (Extent b = 0; b < batch; ++b) {
     std::int32_t x = starts[b];
     for (Extent t = 0; t < c.seq; ++t) {
       ids(b, t) = x;
@@ -77,9 +79,26 @@ std::pair<Ids, Ids> parity_batch_of(const GptMesh& mesh, int step, const nn::GPT
       tgt(b, t) = x;
     }
   }
+  return {std::move(ids), std::move(tgt)};
+}
+
+/// The batch of step s (parity_tokens), each rank keeping its piece; `rows` sequences from
+/// `first` of it (a micro-batch) when given.
+template <class Ids, class MeshT = GptMesh>
+std::pair<Ids, Ids> parity_batch_of(const MeshT& mesh, int step, const nn::GPTConfig& c, Extent batch = parity_batch,
+                                    Extent first = 0, Extent rows = 0) {
+  auto [ids, tgt] = parity_tokens(step, c, batch);
+  if (rows == 0) rows = batch - first;
+  if (first != 0 || rows != batch) {
+    ids = ids.slice(0, first, rows);
+    tgt = tgt.slice(0, first, rows);
+  }
   using L = typename Ids::layout;
   return {distribute_replicated<L>(mesh, ids), distribute_replicated<L>(mesh, tgt)};
 }
+
+/// The optimizer every parity run uses (with clipping at norm 1).
+inline optim::AdamWOptions parity_adamw() { return {.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1}; }
 
 /// Trains 20 steps with AdamW (and global-norm clipping, bucketed DDP — overlapped with the
 /// backward or after it —, SP gradient sync) on a (dp, tp) mesh over `world` with the given plan.
@@ -88,15 +107,16 @@ ParityRun run_parity(CommPtr world, std::array<int, 2> shape, ParityOptions o = 
   GptMesh mesh(world, shape);
   auto cfg = parity_config();
   cfg.checkpoint = o.checkpoint;
+  if (o.layers > 0) cfg.layers = o.layers;
   nn::GPT<double, GptMesh, Plan> model(mesh, cfg);
   nn::ParamList<double, 2> ps;
   model.collect(ps);
-  optim::AdamW<double, 2> opt(ps, {.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1});
+  optim::AdamW<double, 2> opt(ps, parity_adamw());
   parallel::DataParallel<GptMesh> ddp(mesh, {.bucket_bytes = o.bucket_bytes});
   if (o.ddp_overlap) ddp.attach(model);
   ParityRun out;
   for (int s = 0; s < parity_steps; ++s) {
-    auto [ids, tgt] = parity_batch_of<typename decltype(model)::Ids>(mesh, s, cfg);
+    auto [ids, tgt] = parity_batch_of<typename decltype(model)::Ids>(mesh, s, cfg, o.batch);
     opt.zero_grad();
     CommLog model_log;
     auto [loss, saved] = model.forward(ids, tgt);

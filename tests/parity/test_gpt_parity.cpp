@@ -76,3 +76,6 @@ TEST_CASE("GPT parity: DP=2 x TP=2 + SP with activation checkpointing", "[parity
 TEST_CASE("GPT parity: DP=2 x TP=2 with DDP after the backward (no overlap)", "[parity]") {
   check_config<false>(2, 2, {.ddp_overlap = false});
 }
+TEST_CASE("GPT parity: DP=3 (the batch of 4 splits 2, 2, 0: one rank holds no sequence)", "[parity]") {
+  check_config<false>(3, 1);
+}

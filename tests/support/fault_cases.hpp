@@ -51,8 +51,9 @@ inline std::string from_local_problem(const std::string& msg, int rank, int n, b
   return expect_parts(msg, {"local piece [5, 3]", "[4, 3]", global});
 }
 
-/// With the check switch on, rank 1 asks for an all_to_all (S0 -> S1) while the others ask
-/// for an all_gather (S0 -> R): every rank throws, listing what each called.
+/// With the check switch on, rank 1 asks for S0 -> S1 (an all_to_all) while the others ask
+/// for S0 -> R (an all_gather): every rank throws before any data moves, listing what each
+/// asked for (the redistribution's fingerprint, distributed/agreement.hpp).
 inline void mismatched_collectives(const CommPtr& world) {
   DeviceMesh<"tp"> mesh(world, {world->size()});
   mesh.comm().set_check_collectives(true);
@@ -64,7 +65,8 @@ inline void mismatched_collectives(const CommPtr& world) {
     (void)redistribute<Layout<Replicate>>(x);
 }
 inline std::string mismatched_collectives_problem(const std::string& msg) {
-  return expect_parts(msg, {"ranks issued different collectives", "rank 1: all_to_all", "rank 0: all_gather"});
+  return expect_parts(msg, {"redistribute[tp]", "ranks disagree", "rank 1: float32 [8, 4] on mesh [", "(S(0)) -> (S(1))",
+                            "rank 0: float32 [8, 4] on mesh [", "(S(0)) -> (R)"});
 }
 
 }  // namespace dtensor::testing

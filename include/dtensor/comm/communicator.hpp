@@ -21,9 +21,9 @@
 //   broadcast       buf: n on every rank, root's contents win
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <span>
@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "dtensor/comm/comm_log.hpp"
+#include "dtensor/comm/config.hpp"
 #include "dtensor/comm/work.hpp"
 #include "dtensor/core/dtype.hpp"
 #include "dtensor/core/error.hpp"
@@ -41,33 +42,57 @@ namespace dtensor {
 class Communicator;
 using CommPtr = std::shared_ptr<Communicator>;
 
-/// Process-wide defaults that new communicators start with. The environment variables
-/// DTENSOR_TIMEOUT_MS and DTENSOR_CHECK_COLLECTIVES (0/1) set them at start-up.
-struct CommDefaults {
-  std::chrono::milliseconds timeout{[] {
-    const char* e = std::getenv("DTENSOR_TIMEOUT_MS");
-    return e ? std::atoll(e) : 300'000LL;
-  }()};
-  bool check_collectives = [] {
-    const char* e = std::getenv("DTENSOR_CHECK_COLLECTIVES");
-    return e && *e && *e != '0';
-  }();
-};
-inline CommDefaults& comm_defaults() {
-  static CommDefaults d;
-  return d;
-}
-
 namespace detail {
-/// What ranks compare before a collective when set_check_collectives(true) is on.
+/// What ranks compare when set_check_collectives(true) is on. Before a collective: the op, the
+/// element type and count (hence the bytes), the reduction and the root. Before an operation
+/// of the layers above (check_agreement: a redistribution's layouts, global extents and element
+/// type): a hash of its description, whose first characters show in the message. One record
+/// type for both, of one size, so that a rank in one check and a rank in the other still
+/// exchange equal byte counts (what MPI needs) and see that they differ.
 struct Fingerprint {
-  std::uint8_t kind;
-  std::uint8_t dtype;
-  std::uint8_t op;
+  static constexpr std::uint8_t agreement = 0xff;  // `kind` of a check_agreement record
+
+  std::uint8_t kind = 0;
+  std::uint8_t dtype = 0;
+  std::uint8_t op = 0;
   std::uint8_t pad = 0;
-  std::int32_t root;
-  std::uint64_t count;
-  friend bool operator==(const Fingerprint&, const Fingerprint&) = default;
+  std::int32_t root = -1;
+  std::uint64_t count = 0;
+  std::uint64_t hash = 0;
+  std::int32_t world_rank = -1;  // who sent it, for the message only
+  std::uint32_t length = 0;
+  char text[96] = {};
+
+  static Fingerprint of_collective(CollectiveKind k, DType t, ReduceOp op, std::size_t count, int root) {
+    Fingerprint f;
+    f.kind = std::uint8_t(k);
+    f.dtype = std::uint8_t(t);
+    f.op = std::uint8_t(op);
+    f.root = root;
+    f.count = count;
+    return f;
+  }
+  static Fingerprint of_agreement(std::string_view what) {
+    Fingerprint f;
+    f.kind = agreement;
+    f.hash = 14695981039346656037ull;  // FNV-1a over the whole description
+    for (char ch : what) f.hash = (f.hash ^ std::uint8_t(ch)) * 1099511628211ull;
+    f.length = std::uint32_t(std::min(what.size(), sizeof f.text));
+    std::memcpy(f.text, what.data(), f.length);
+    return f;
+  }
+  bool same_call(const Fingerprint& o) const {
+    return kind == o.kind && dtype == o.dtype && op == o.op && root == o.root && count == o.count && hash == o.hash;
+  }
+  /// "all_reduce(16 x float32, sum)", or the agreement's description.
+  std::string describe() const {
+    if (kind == agreement) return std::string(text, length) + (length == sizeof text ? "..." : "");
+    std::string s = cat(name_of(CollectiveKind(kind)), "(", count, " x ", name_of(DType(dtype)));
+    if (CollectiveKind(kind) == CollectiveKind::all_reduce || CollectiveKind(kind) == CollectiveKind::reduce_scatter)
+      s += cat(", ", name_of(ReduceOp(op)));
+    if (root >= 0) s += cat(", root ", root);
+    return s + ")";
+  }
 };
 }  // namespace detail
 
@@ -118,12 +143,23 @@ class Communicator {
 
   /// How long a rank waits for the others before the collective fails.
   std::chrono::milliseconds timeout() const noexcept { return timeout_; }
-  void set_timeout(std::chrono::milliseconds t) noexcept { timeout_ = t; }
+  /// At least 1 ms and at most max_timeout (config.hpp); anything else is an Error.
+  void set_timeout(std::chrono::milliseconds t) { timeout_ = detail::checked_timeout(t, named("set_timeout")); }
 
-  /// With this on, ranks exchange (op, dtype, count) before each collective and every rank
-  /// throws if they differ. Costs one small all-gather per collective.
+  /// With this on, ranks exchange a fingerprint (op, dtype, count, reduction, root) before
+  /// each collective and every rank throws, listing what each called, if they differ. Costs
+  /// one small all-gather per collective (bench/bench_check_collectives.cpp). On by default in
+  /// debug builds and in the test suite (config.hpp).
   bool check_collectives() const noexcept { return check_; }
   void set_check_collectives(bool on) noexcept { check_ = on; }
+
+  /// With the check on, throws on every rank unless all ranks of this group passed the same
+  /// `what` — the layers above describe an operation that is collective over the group (a
+  /// redistribution: its layouts, global extents and element type). Does nothing with the
+  /// check off. Not recorded in the CommLog: it is a check, not part of the operation.
+  void check_agreement(std::string_view op, std::string_view what) {
+    if (check_) check_fingerprints(detail::Fingerprint::of_agreement(what), op, "ranks disagree (collective check):");
+  }
 
   // ---------------------------------------------------------------- group management
   /// Ranks with the same color form a new communicator, ordered by key (then by rank).
@@ -195,9 +231,10 @@ class Communicator {
     do_barrier();
   }
 
-  /// Throws a dtensor::Error for `op` on this rank (used by the layers above for bad input).
+  /// Throws a dtensor::Error for `op` on this rank (used by the layers above for bad input):
+  /// "op[group label] on rank r (world rank w): what".
   [[noreturn]] void fail(std::string_view op, const std::string& what) const {
-    throw Error(std::string(op) + (label_.empty() ? "" : "[" + label_ + "]"), what, rank_);
+    throw Error(named(op), what, rank_, 0, world_rank_);
   }
 
  protected:
@@ -342,26 +379,35 @@ class Communicator {
   // Before every collective: log it, and compare fingerprints across ranks when asked to.
   void pre(CollectiveKind k, std::size_t bytes, DType t, ReduceOp op, std::size_t count, int root) {
     record(k, bytes, t, op, -1);
-    if (check_) check_fingerprints(detail::Fingerprint{std::uint8_t(k), std::uint8_t(t), std::uint8_t(op), 0, root, count});
+    if (check_)
+      check_fingerprints(detail::Fingerprint::of_collective(k, t, op, count, root), name_of(k),
+                         "ranks issued different collectives (collective check):");
   }
-  void check_fingerprints(const detail::Fingerprint& mine) {
+  /// All-gathers this rank's fingerprint and throws on every rank, one line per rank, unless
+  /// every rank's is the same call. Errors name `op`, the operation this rank was about to run
+  /// (also when the exchange itself fails: a peer that failed, a timeout).
+  void check_fingerprints(detail::Fingerprint mine, std::string_view op, std::string_view headline) {
+    mine.world_rank = world_rank_;
     std::vector<detail::Fingerprint> all(static_cast<std::size_t>(size_));  // not size_t(size_): a vexing parse
-    do_all_gather(&mine, all.data(), sizeof mine, DType::uint8, false).wait();
+    try {
+      do_all_gather(&mine, all.data(), sizeof mine, DType::uint8, false).wait();
+    } catch (const Error& e) {
+      throw Error(named(op), e.message(), rank_, e.backend_code(), world_rank_);
+    }
     bool same = true;
-    for (const auto& f : all) same = same && f == all[0];
+    for (const auto& f : all) same = same && f.same_call(all[0]);
     if (same) return;
-    std::string table;
+    std::string table(headline);
     for (int r = 0; r < size_; ++r) {
       const auto& f = all[std::size_t(r)];
-      table += detail::cat("\n  rank ", r, ": ", name_of(CollectiveKind(f.kind)), "(", f.count, " x ",
-                           name_of(DType(f.dtype)));
-      if (CollectiveKind(f.kind) == CollectiveKind::all_reduce || CollectiveKind(f.kind) == CollectiveKind::reduce_scatter)
-        table += detail::cat(", ", name_of(ReduceOp(f.op)));
-      if (f.root >= 0) table += detail::cat(", root ", f.root);
-      table += ")";
+      table += detail::cat("\n  rank ", r);
+      if (f.world_rank != r) table += detail::cat(" (world rank ", f.world_rank, ")");
+      table += ": " + f.describe();
     }
-    fail("collective check", "ranks issued different collectives:" + table);
+    fail(op, table);
   }
+  /// "op[label]": how errors name an operation on this group.
+  std::string named(std::string_view op) const { return std::string(op) + (label_.empty() ? "" : "[" + label_ + "]"); }
   void expect_count(const char* op, const char* which, std::size_t got, std::size_t want, std::size_t n) const {
     if (got != want)
       fail(op, detail::cat(which, " has ", got, " elements, expected ", want, " (", n, " per block x ", size_,

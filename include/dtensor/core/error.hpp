@@ -18,29 +18,41 @@ class Error : public std::runtime_error {
  public:
   static constexpr int no_rank = -1;
 
-  Error(std::string op, const std::string& what, int rank = no_rank, int backend_code = 0)
-      : std::runtime_error(format(op, what, rank, backend_code)),
+  /// `rank` is the rank in the group the op ran on; `world_rank`, when given and different,
+  /// is printed next to it ("on rank 1 (world rank 5)") so that an error on a sub-group says
+  /// which process it is.
+  Error(std::string op, const std::string& what, int rank = no_rank, int backend_code = 0, int world_rank = no_rank)
+      : std::runtime_error(format(op, what, rank, backend_code, world_rank)),
         op_(std::move(op)),
+        message_(what),
         rank_(rank),
+        world_rank_(world_rank == no_rank ? rank : world_rank),
         backend_code_(backend_code) {}
 
   const std::string& op() const noexcept { return op_; }
+  /// What went wrong, without the "dtensor: op on rank r: " that what() starts with.
+  const std::string& message() const noexcept { return message_; }
   int rank() const noexcept { return rank_; }
+  /// The rank in the world communicator (the same as rank() when not known to differ).
+  int world_rank() const noexcept { return world_rank_; }
   /// The backend's own error code (MPI, CUDA, NCCL), 0 when the error is dtensor's own.
   int backend_code() const noexcept { return backend_code_; }
 
  private:
-  static std::string format(const std::string& op, const std::string& what, int rank, int code) {
+  static std::string format(const std::string& op, const std::string& what, int rank, int code, int world_rank) {
     std::ostringstream s;
     s << "dtensor: " << op;
     if (rank != no_rank) s << " on rank " << rank;
+    if (rank != no_rank && world_rank != no_rank && world_rank != rank) s << " (world rank " << world_rank << ")";
     s << ": " << what;
     if (code != 0) s << " (backend code " << code << ")";
     return s.str();
   }
 
   std::string op_;
+  std::string message_;
   int rank_;
+  int world_rank_;
   int backend_code_;
 };
 

@@ -11,12 +11,14 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <new>
 #include <span>
 #include <type_traits>
 #include <utility>
 
 #include "dtensor/core/box.hpp"
 #include "dtensor/core/dtype.hpp"
+#include "dtensor/core/checked.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/memory.hpp"
 #include "dtensor/core/shape.hpp"
@@ -93,9 +95,15 @@ class Tensor {
     check_shape("Tensor", shape);
     if (capacity < dtensor::numel(shape))
       throw Error("Tensor", detail::cat("capacity ", capacity, " < numel of ", to_string(shape)));
+    (void)checked_bytes(capacity, sizeof(T), "Tensor");
     Tensor t;
     t.shape_ = shape;
-    t.storage_ = detail::Buffer<T, Space>(std::size_t(capacity));
+    try {
+      t.storage_ = detail::Buffer<T, Space>(std::size_t(capacity));
+    } catch (const std::bad_alloc&) {
+      throw Error("Tensor", detail::cat("cannot allocate ", capacity, " elements of ", sizeof(T), " bytes for ",
+                                        to_string(shape)));
+    }
     return t;
   }
 
@@ -150,6 +158,7 @@ class Tensor {
   /// The same elements with other extents of equal count (row-major order is kept).
   template <std::size_t R2>
   Tensor<T, R2, Space> reshape(const Shape<R2>& shape) && {
+    check_shape("Tensor::reshape", shape);
     if (dtensor::numel(shape) != numel())
       throw Error("Tensor::reshape", detail::cat("cannot view ", to_string(shape_), " as ", to_string(shape)));
     auto t = Tensor<T, R2, Space>::adopt(std::move(storage_), shape);
@@ -210,9 +219,10 @@ class Tensor {
     Space::copy(data(), o.data(), bytes());
     return *this;
   }
-  static void check_shape(const char* op, const Shape<R>& s) {
-    for (Extent e : s)
-      if (e < 0) throw Error(op, "negative extent in " + to_string(s));
+  /// No negative extent, and an element count that does not overflow.
+  template <std::size_t R2>
+  static void check_shape(const char* op, const Shape<R2>& s) {
+    (void)checked_numel(s, op);
   }
 
   Shape<R> shape_{};

@@ -74,6 +74,7 @@ DTensor<T, R, Mesh, L, Space> distribute(const Mesh& mesh, const Tensor<T, R, Sp
 template <LayoutType L, Element T, std::size_t R, MeshType Mesh, class Space>
 DTensor<T, R, Mesh, L, Space> from_local(const Mesh& mesh, Tensor<T, R, Space> local, const Shape<R>& global,
                                          bool check_all_ranks = false) {
+  (void)checked_numel(global, "from_local");  // a negative or overflowing global extent
   if (check_all_ranks) {
     auto& comm = mesh.comm();
     std::array<Extent, 2 * R> mine{};
@@ -108,7 +109,10 @@ template <LayoutType L, Element T, std::size_t R, MeshType Mesh, class Space>
 DTensor<T, R, Mesh, L, Space> from_local(const Mesh& mesh, Tensor<T, R, Space> local) {
   Shape<R> global = local.shape();
   for (std::size_t i = 0; i < Mesh::ndim; ++i)
-    if (L::desc.placements[i].is_shard()) global[std::size_t(L::desc.placements[i].dim)] *= mesh.size(i);
+    if (L::desc.placements[i].is_shard()) {
+      Extent& e = global[std::size_t(L::desc.placements[i].dim)];
+      e = checked_mul(e, Extent(mesh.size(i)), "from_local", "global extent");
+    }
   return from_local<L>(mesh, std::move(local), global);
 }
 

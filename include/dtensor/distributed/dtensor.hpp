@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <utility>
 
+#include "dtensor/core/checked.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/tensor.hpp"
 #include "dtensor/mesh/device_mesh.hpp"
@@ -49,6 +50,7 @@ class DTensor {
   /// (no communication; see from_local for the checked entry point users call).
   DTensor(Mesh mesh, const Shape<R>& global, local_type local)
       : mesh_(std::move(mesh)), global_(global), local_(std::move(local)) {
+    (void)checked_numel(global_, "DTensor");  // negative or overflowing global extents
     const auto box = local_box();
     if (box.extent != local_.shape())
       throw Error("DTensor", detail::cat("local piece ", to_string(local_.shape()), " does not match the ",

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "dtensor/comm/work.hpp"
+#include "dtensor/distributed/agreement.hpp"
 #include "dtensor/distributed/dtensor.hpp"
 #include "dtensor/distributed/plan.hpp"
 #include "dtensor/distributed/step_geometry.hpp"
@@ -432,6 +433,7 @@ std::string plan_of() {
 template <LayoutType To, Element T, std::size_t R, class Mesh, class From, class Space>
 DTensor<T, R, Mesh, To, Space> redistribute(const DTensor<T, R, Mesh, From, Space>& x) {
   constexpr auto plan = detail::checked_plan<From, To>();
+  check_redistribution_agreement<To>(x);
   return DTensor<T, R, Mesh, To, Space>(x.mesh(), x.shape(), execute(plan, x.to_local(), x.mesh(), x.shape()));
 }
 
@@ -441,6 +443,7 @@ DTensor<T, R, Mesh, To, Space> redistribute(const DTensor<T, R, Mesh, From, Spac
 template <Element T, std::size_t R, class Mesh, class To, class From, class Space>
 void redistribute_into(DTensor<T, R, Mesh, To, Space>& result, const DTensor<T, R, Mesh, From, Space>& x) {
   constexpr auto plan = detail::checked_plan<From, To>();
+  check_redistribution_agreement<To>(x);
   auto local = execute(plan, x.to_local(), x.mesh(), x.shape(), std::move(result.local()));
   result = DTensor<T, R, Mesh, To, Space>(x.mesh(), x.shape(), std::move(local));
 }
@@ -468,6 +471,7 @@ class PendingDTensor {
 template <LayoutType To, Element T, std::size_t R, class Mesh, class From, class Space>
 PendingDTensor<T, R, Mesh, To, Space> redistribute_async(const DTensor<T, R, Mesh, From, Space>& x) {
   constexpr auto plan = detail::checked_plan<From, To>();
+  check_redistribution_agreement<To>(x);  // blocking, before anything is in flight
   detail::PlanExecution<T, R, Space, Mesh, Mesh::ndim> run(plan, x.to_local(), x.mesh(), x.shape(), {});
   run.run(true);
   return PendingDTensor<T, R, Mesh, To, Space>(std::move(run), x.mesh(), x.shape());

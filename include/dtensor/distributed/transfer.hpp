@@ -23,16 +23,41 @@ template <Element T, std::size_t R, class Mesh, class L, class Space>
   return x.mesh().root().send_async(x.to_local().span(), dst.root_rank_at(x.mesh().coordinate()), tag);
 }
 
+/// A receive posted by recv_from_async: the tensor it fills, and the Work to wait on.
+template <class DT>
+struct PendingRecv {
+  DT value;
+  Work work;
+
+  /// Waits for the data and hands the tensor over.
+  DT take() {
+    work.wait();
+    return std::move(value);
+  }
+};
+
+/// Posts the receive of this rank's piece of a tensor of extents `global` in layout L from the
+/// rank at the same coordinate of `src`, and returns at once (a pipeline posts its receives
+/// early and waits just before the computation that uses them).
+template <LayoutType L, Element T, std::size_t R, MeshType Mesh, MemorySpace Space = host_space>
+[[nodiscard]] PendingRecv<DTensor<T, R, Mesh, L, Space>> recv_from_async(const Mesh& mesh, const MeshRanks<Mesh::ndim>& src,
+                                                                         const Shape<R>& global, int tag = 0) {
+  if (src.shape != mesh.shape())
+    mesh.root().fail("recv_from", "meshes of different shapes: " + to_string(src.shape) + " -> " + to_string(mesh.shape()));
+  auto local = Tensor<T, R, Space>::uninitialized(local_box(L::desc, mesh.shape(), mesh.coordinate(), global).extent);
+  // The tensor's storage stays where it is when the DTensor is moved, so the posted receive may
+  // keep writing into it.
+  DTensor<T, R, Mesh, L, Space> value(mesh, global, std::move(local));
+  Work work = mesh.root().recv_async(value.local().span(), src.root_rank_at(mesh.coordinate()), tag);
+  return {std::move(value), std::move(work)};
+}
+
 /// Receives this rank's piece of a tensor of extents `global` in layout L from the rank at the
 /// same coordinate of `src`.
 template <LayoutType L, Element T, std::size_t R, MeshType Mesh, MemorySpace Space = host_space>
 DTensor<T, R, Mesh, L, Space> recv_from(const Mesh& mesh, const MeshRanks<Mesh::ndim>& src, const Shape<R>& global,
                                         int tag = 0) {
-  if (src.shape != mesh.shape())
-    mesh.root().fail("recv_from", "meshes of different shapes: " + to_string(src.shape) + " -> " + to_string(mesh.shape()));
-  auto local = Tensor<T, R, Space>::uninitialized(local_box(L::desc, mesh.shape(), mesh.coordinate(), global).extent);
-  mesh.root().recv(local.span(), src.root_rank_at(mesh.coordinate()), tag);
-  return DTensor<T, R, Mesh, L, Space>(mesh, global, std::move(local));
+  return recv_from_async<L, T, R, Mesh, Space>(mesh, src, global, tag).take();
 }
 
 }  // namespace dtensor

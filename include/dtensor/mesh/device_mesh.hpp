@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "dtensor/comm/communicator.hpp"
+#include "dtensor/core/checked.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/shape.hpp"
 #include "dtensor/mesh/fixed_string.hpp"
@@ -97,11 +98,9 @@ class DeviceMesh {
   /// Collective over `comm`. Its size must be the product of `shape`.
   DeviceMesh(CommPtr comm, const std::array<int, ndim>& shape) {
     if (!comm) throw Error("DeviceMesh", "null communicator");
-    int n = 1;
-    for (int s : shape) {
+    for (int s : shape)
       if (s < 1) throw Error("DeviceMesh", "mesh shape " + to_string(shape) + " has a dimension < 1", comm->rank());
-      n *= s;
-    }
+    const int n = checked_product<int>(shape, "DeviceMesh", "number of ranks");
     if (n != comm->size())
       throw Error("DeviceMesh",
                   detail::cat("mesh shape ", to_string(shape), " has ", n, " ranks but the communicator has ",

@@ -16,8 +16,16 @@
 //   - FSDP shards a group's flat buffer, and a checkpoint enumerates it by name and box.
 // Groups are shared (std::shared_ptr) by their parameters, so modules may be moved freely.
 // Host memory for now; the entries' metadata is the same for every memory space.
+//
+// FSDP (parallel/fully_shard.hpp) frees a unit's full buffers while the unit is sharded:
+// release_values() / release_grads() drop the storage, materialize_values(capacity) /
+// materialize_grads(capacity) allocate it again with room for `capacity` >= size() elements
+// (the padded all-gather / reduce-scatter size, so the collectives run in place). The storage
+// may move: parameters re-point their views on their next value() (nn/parameter.hpp), and a
+// ParamRef taken before a release dangles. value(i) / grad(i) throw while released.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <memory>
 #include <span>
@@ -49,6 +57,7 @@ template <class T, std::size_t N>
 class FlatParams {
  public:
   using Entry = FlatEntry<N>;
+  using element_type = T;
 
   /// A group of the given entries (offsets assigned here, in order), values and gradients zero.
   FlatParams(std::string name, std::vector<Entry> entries) : name_(std::move(name)), entries_(std::move(entries)) {
@@ -57,6 +66,7 @@ class FlatParams {
       e.offset = total;
       total += e.numel;
     }
+    size_ = total;
     values_ = Tensor<T, 1>(Shape<1>{Extent(total)});
     grads_ = Tensor<T, 1>(Shape<1>{Extent(total)});
   }
@@ -68,12 +78,35 @@ class FlatParams {
   std::span<T> grads() noexcept { return grads_.span(); }
   std::span<const T> values() const noexcept { return values_.span(); }
   std::span<const T> grads() const noexcept { return grads_.span(); }
-  std::size_t size() const noexcept { return std::size_t(values_.numel()); }
+  std::size_t size() const noexcept { return size_; }
   std::vector<Entry>& entries() noexcept { return entries_; }
   const std::vector<Entry>& entries() const noexcept { return entries_; }
 
-  std::span<T> value(std::size_t i) { return values().subspan(entries_.at(i).offset, entries_[i].numel); }
-  std::span<T> grad(std::size_t i) { return grads().subspan(entries_.at(i).offset, entries_[i].numel); }
+  std::span<T> value(std::size_t i) {
+    require_resident("FlatParams::value", values_resident(), "values");
+    return values().subspan(entries_.at(i).offset, entries_[i].numel);
+  }
+  std::span<T> grad(std::size_t i) {
+    require_resident("FlatParams::grad", grads_resident(), "gradients");
+    return grads().subspan(entries_.at(i).offset, entries_[i].numel);
+  }
+
+  // ---------------------------------------------------------------- storage (FSDP)
+  bool values_resident() const noexcept { return std::size_t(values_.numel()) == size_; }
+  bool grads_resident() const noexcept { return std::size_t(grads_.numel()) == size_; }
+  /// Frees the values / gradients (the group keeps its entries).
+  void release_values() { values_ = Tensor<T, 1>(); }
+  void release_grads() { grads_ = Tensor<T, 1>(); }
+  /// Allocates uninitialized values with room for `capacity` elements (the padding past size()
+  /// belongs to no entry); no-op when already resident with that room.
+  void materialize_values(std::size_t capacity) { materialize(values_, capacity, false); }
+  /// Allocates zero gradients with room for `capacity` elements (padding zero too).
+  void materialize_grads(std::size_t capacity) { materialize(grads_, capacity, true); }
+  /// The whole allocation behind values() / grads(), padding included (empty while released).
+  std::span<T> values_storage() noexcept { return {values_.data(), std::size_t(values_.capacity())}; }
+  std::span<T> grads_storage() noexcept { return {grads_.data(), std::size_t(grads_.capacity())}; }
+  /// Bytes held now by the values and gradients (their allocations, padding included).
+  std::size_t resident_bytes() const noexcept { return std::size_t(values_.capacity() + grads_.capacity()) * sizeof(T); }
 
   /// The entry called `name`; throws naming the group when there is none.
   const Entry& entry(const std::string& name) const {
@@ -83,8 +116,22 @@ class FlatParams {
   }
 
  private:
+  void require_resident(const char* op, bool resident, const char* what) const {
+    if (!resident)
+      throw Error(op, dtensor::detail::cat("the ", what, " of group ", name_,
+                                           " are released (sharded by FSDP): unshard the unit before use"));
+  }
+  void materialize(Tensor<T, 1>& t, std::size_t capacity, bool zero) {
+    if (capacity < size_)
+      throw Error("FlatParams::materialize", dtensor::detail::cat("group ", name_, ": capacity ", capacity, " < size ", size_));
+    if (std::size_t(t.numel()) == size_ && std::size_t(t.capacity()) >= capacity) return;
+    t = Tensor<T, 1>::with_capacity(Shape<1>{Extent(size_)}, Extent(capacity));
+    if (zero) std::fill_n(t.data(), capacity, T(0));
+  }
+
   std::string name_;
   std::vector<Entry> entries_;
+  std::size_t size_ = 0;
   Tensor<T, 1> values_, grads_;
 };
 

@@ -11,8 +11,12 @@
 //
 // The model's parameters live in flat groups, one per unit (FSDP's units; what DDP reduces as
 // soon as backward has finished them): "embed" (wte, wpe), one per block ("h.0", ...), "head"
-// (ln_f, lm_head). units() lists them; set_grads_ready(fn) registers fn(unit index), called by
-// backward as soon as a unit's gradients are complete (head first, embed last).
+// (ln_f, lm_head). units() lists them. set_hooks(UnitHooks) registers what a parallel wrapper
+// runs around each unit, given the unit's index: pre_forward / post_forward around its forward
+// (FSDP: all-gather, reshard), pre_backward before its backward (FSDP: all-gather again), and
+// grads_ready as soon as its gradients are complete (head first, embed last; DDP and FSDP reduce
+// them). set_grads_ready(fn) sets that last one alone. The split backward (backward_input, then
+// backward_weight) runs pre_backward in backward_input and grads_ready in backward_weight.
 //
 // The batch may split unevenly over the data dimensions (torch.chunk: some ranks may hold fewer
 // sequences, or none); sequences have at most cfg.seq positions, each position's embedding taken
@@ -48,6 +52,14 @@ struct GPTConfig {
   Extent mlp_ratio = 4;
   bool checkpoint = false;  // activation checkpointing of every block (set_checkpoint picks blocks)
   std::uint64_t seed = 1234;
+};
+
+/// What runs around each unit of a model (each given the unit's index); empty ones are skipped.
+struct UnitHooks {
+  std::function<void(std::size_t)> pre_forward;   // before the unit's forward
+  std::function<void(std::size_t)> post_forward;  // after it
+  std::function<void(std::size_t)> pre_backward;  // before the unit's backward (input gradients)
+  std::function<void(std::size_t)> grads_ready;   // once the unit's weight gradients are complete
 };
 
 /// A unit of parameters: one flat group and its type-erased views.
@@ -97,18 +109,13 @@ class GPT {
   };
 
   GPT(const Mesh& mesh, GPTConfig c) : mesh_(mesh), c_(c) {
-    detail::check(c.vocab > 0 && c.seq > 0 && c.dim > 0 && c.heads > 0 && c.layers > 0 && c.dim % c.heads == 0,
-                  "nn::GPT", mesh, "config vocab ", c.vocab, ", seq ", c.seq, ", dim ", c.dim, ", heads ", c.heads,
-                  ", layers ", c.layers, ": all must be > 0 and dim a multiple of heads");
-    const std::uint64_t s = c.seed * 1000;
-    wte_ = Wte("wte", mesh, c.vocab, c.dim, s + 1);
-    wpe_ = Wpe("wpe", mesh, c.seq, c.dim, s + 2);
-    const BlockConfig bc{c.dim, c.heads, c.seq, c.mlp_ratio, 0.02, 0.02 / std::sqrt(2.0 * double(c.layers))};
+    check_config("nn::GPT", mesh, c);
+    wte_ = make_wte(mesh, c);
+    wpe_ = make_wpe(mesh, c);
     blocks_.reserve(std::size_t(c.layers));
-    for (Extent l = 0; l < c.layers; ++l)
-      blocks_.emplace_back(c.checkpoint, "h." + std::to_string(l), mesh, bc, s + 10 * std::uint64_t(l + 1));
-    ln_f_ = Norm("ln_f", mesh, c.dim);
-    head_ = Head("lm_head", mesh, c.dim, c.vocab, s + 3, {.bias = false, .init_std = 0.02});
+    for (Extent l = 0; l < c.layers; ++l) blocks_.push_back(make_block(mesh, c, l));
+    ln_f_ = make_ln_f(mesh, c);
+    head_ = make_head(mesh, c);
     // One flat group per unit: embed, the blocks, head.
     add_unit("embed", modules(wte_, wpe_));
     for (Extent l = 0; l < c.layers; ++l) add_unit("h." + std::to_string(l), blocks_[std::size_t(l)]);
@@ -117,24 +124,59 @@ class GPT {
   GPT(GPT&&) = default;
   GPT& operator=(GPT&&) = default;
 
+  // The modules, each built exactly as the constructor builds it (same name, seed and init): a
+  // pipeline stage (parallel/pipeline/gpt_stage.hpp) builds its share with these, so that it
+  // starts from the parameters of the whole model.
+  static void check_config(const char* op, const Mesh& mesh, const GPTConfig& c) {
+    detail::check(c.vocab > 0 && c.seq > 0 && c.dim > 0 && c.heads > 0 && c.layers > 0 && c.dim % c.heads == 0, op,
+                  mesh, "config vocab ", c.vocab, ", seq ", c.seq, ", dim ", c.dim, ", heads ", c.heads, ", layers ",
+                  c.layers, ": all must be > 0 and dim a multiple of heads");
+  }
+  static Wte make_wte(const Mesh& mesh, const GPTConfig& c) { return Wte("wte", mesh, c.vocab, c.dim, seed_base(c) + 1); }
+  static Wpe make_wpe(const Mesh& mesh, const GPTConfig& c) { return Wpe("wpe", mesh, c.seq, c.dim, seed_base(c) + 2); }
+  static Block make_block(const Mesh& mesh, const GPTConfig& c, Extent layer) {
+    const BlockConfig bc{c.dim, c.heads, c.seq, c.mlp_ratio, 0.02, 0.02 / std::sqrt(2.0 * double(c.layers))};
+    return Block(c.checkpoint, "h." + std::to_string(layer), mesh, bc, seed_base(c) + 10 * std::uint64_t(layer + 1));
+  }
+  static Norm make_ln_f(const Mesh& mesh, const GPTConfig& c) { return Norm("ln_f", mesh, c.dim); }
+  static Head make_head(const Mesh& mesh, const GPTConfig& c) {
+    return Head("lm_head", mesh, c.dim, c.vocab, seed_base(c) + 3, {.bias = false, .init_std = 0.02});
+  }
+
+  /// The global position of each of this rank's tokens in its sequence, laid out like the residual stream.
+  static DTensor<Id, 2, Mesh, tokens<Mesh, between>> positions(const Mesh& mesh, const Ids& ids) {
+    using PL = tokens<Mesh, between>;
+    const auto box = local_box(PL::desc, mesh.shape(), mesh.coordinate(), ids.shape());
+    Tensor<Id, 2> p(box.extent);
+    for (Extent b = 0; b < box.extent[0]; ++b)
+      for (Extent t = 0; t < box.extent[1]; ++t) p(b, t) = Id(box.offset[1] + t);
+    return from_local<PL>(mesh, std::move(p), ids.shape());
+  }
+
   /// The mean loss over all B*T targets, as this rank's share (see LossFn), and the saved state.
   /// Collectives: the plan's.
   Fwd<Loss, Saved> forward(const Ids& ids, const Ids& targets) const {
     check_batch("nn::GPT::forward", ids, targets);
     Saved s;
+    fire(hooks_.pre_forward, 0);
     auto [te, wte_s] = wte_.forward(ids);
-    auto [pe, wpe_s] = wpe_.forward(positions(ids));
+    auto [pe, wpe_s] = wpe_.forward(positions(mesh_, ids));
+    fire(hooks_.post_forward, 0);
     s.wte = std::move(wte_s);
     s.wpe = std::move(wpe_s);
     auto x = ops::add(te, pe);
     s.blocks.reserve(blocks_.size());
-    for (const auto& b : blocks_) {
-      auto [y, bs] = b.forward(x);
+    for (std::size_t l = 0; l < blocks_.size(); ++l) {
+      fire(hooks_.pre_forward, l + 1);
+      auto [y, bs] = blocks_[l].forward(x);
+      fire(hooks_.post_forward, l + 1);
       x = std::move(y);
       s.blocks.push_back(std::move(bs));
     }
+    fire(hooks_.pre_forward, units_.size() - 1);
     auto [h, ln_s] = ln_f_.forward(x);
     auto [logits, head_s] = head_.forward(h);
+    fire(hooks_.post_forward, units_.size() - 1);
     auto [loss, loss_s] = loss_.forward(logits, targets);
     s.ln_f = std::move(ln_s);
     s.head = std::move(head_s);
@@ -154,6 +196,7 @@ class GPT {
     w.head = std::move(pending.head);
     w.blocks.resize(blocks_.size());
     for (std::size_t l = blocks_.size(); l-- > 0;) {
+      fire(hooks_.pre_backward, l + 1);
       auto [d, bw] = blocks_[l].backward_input(std::move(s.blocks[l]), dx);
       dx = std::move(d);
       w.blocks[l] = std::move(bw);
@@ -185,6 +228,7 @@ class GPT {
     ln_f_.backward_weight(std::move(pending.ln_f));
     ready(units_.size() - 1);
     for (std::size_t l = blocks_.size(); l-- > 0;) {
+      fire(hooks_.pre_backward, l + 1);
       auto [d, bw] = blocks_[l].backward_input(std::move(s.blocks[l]), dx);
       dx = std::move(d);
       blocks_[l].backward_weight(std::move(bw));
@@ -198,7 +242,10 @@ class GPT {
   }
 
   /// Called with a unit's index as soon as backward has completed its gradients.
-  void set_grads_ready(std::function<void(std::size_t)> fn) { grads_ready_ = std::move(fn); }
+  void set_grads_ready(std::function<void(std::size_t)> fn) { hooks_.grads_ready = std::move(fn); }
+  /// Replaces every unit hook (see UnitHooks).
+  void set_hooks(UnitHooks h) { hooks_ = std::move(h); }
+  const UnitHooks& hooks() const noexcept { return hooks_; }
   /// The parameter units: embed, h.0 .. h.{L-1}, head.
   std::vector<Unit>& units() noexcept { return units_; }
 
@@ -220,12 +267,14 @@ class GPT {
   };
 
   std::pair<X, HeadCtx> backward_head(Saved& s, double dloss) const {
+    fire(hooks_.pre_backward, units_.size() - 1);
     auto dlogits = loss_.backward(std::move(s.loss), dloss);
     auto [dh, head_w] = head_.backward_input(std::move(s.head), dlogits);
     auto [dx, ln_w] = ln_f_.backward_input(std::move(s.ln_f), dh);
     return {std::move(dx), HeadCtx{std::move(ln_w), std::move(head_w)}};
   }
   void backward_embed_input(Saved&& s, const X& dx, WeightCtx& w) const {
+    fire(hooks_.pre_backward, 0);
     w.wte = wte_.backward_input(std::move(s.wte), dx).weight;
     w.wpe = wpe_.backward_input(std::move(s.wpe), dx).weight;
   }
@@ -237,8 +286,9 @@ class GPT {
     nn::collect(m, u.params);
     units_.push_back(std::move(u));
   }
-  void ready(std::size_t unit) {
-    if (grads_ready_) grads_ready_(unit);
+  void ready(std::size_t unit) const { fire(hooks_.grads_ready, unit); }
+  static void fire(const std::function<void(std::size_t)>& hook, std::size_t unit) {
+    if (hook) hook(unit);
   }
 
   void check_batch(const char* op, const Ids& ids, const Ids& targets) const {
@@ -247,15 +297,7 @@ class GPT {
                   " must both be [batch, positions] with 1 to ", c_.seq, " positions");
   }
 
-  /// The global position of each of this rank's tokens in its sequence, laid out like the residual stream.
-  DTensor<Id, 2, Mesh, tokens<Mesh, between>> positions(const Ids& ids) const {
-    using PL = tokens<Mesh, between>;
-    const auto box = local_box(PL::desc, mesh_.shape(), mesh_.coordinate(), ids.shape());
-    Tensor<Id, 2> p(box.extent);
-    for (Extent b = 0; b < box.extent[0]; ++b)
-      for (Extent t = 0; t < box.extent[1]; ++t) p(b, t) = Id(box.offset[1] + t);
-    return from_local<PL>(mesh_, std::move(p), ids.shape());
-  }
+  static std::uint64_t seed_base(const GPTConfig& c) { return c.seed * 1000; }
 
   Mesh mesh_;
   GPTConfig c_;
@@ -266,7 +308,7 @@ class GPT {
   Head head_;
   LossFn loss_;
   std::vector<Unit> units_;
-  std::function<void(std::size_t)> grads_ready_;
+  UnitHooks hooks_;
 };
 
 }  // namespace dtensor::nn

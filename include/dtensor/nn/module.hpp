@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 #include <ranges>
@@ -67,16 +68,25 @@ struct is_tuple : std::false_type {};
 template <class... T>
 struct is_tuple<std::tuple<T...>> : std::true_type {};
 
+template <class T>
+struct is_optional : std::false_type {};
+template <class T>
+struct is_optional<std::optional<T>> : std::true_type {};
+
 template <class X, class F>
 void visit_parameters(X& x, F& f);
 
-/// One child: a module, or a range of modules (a GPT's blocks).
+/// One child: a module, a range of modules (a GPT's blocks), or a module that may be absent
+/// (std::optional: a pipeline stage holds the embeddings only if it is the first).
 template <class Child, class F>
 void visit_child(Child& c, F& f) {
   if constexpr (LeafModule<Child> || CompositeModule<Child>) visit_parameters(c, f);
+  else if constexpr (is_optional<Child>::value) {
+    if (c) visit_child(*c, f);
+  }
   else if constexpr (std::ranges::range<Child>)
     for (auto& m : c) visit_child(m, f);
-  else static_assert(sizeof(Child) == 0, "children() may hold modules and ranges of modules only");
+  else static_assert(sizeof(Child) == 0, "children() may hold modules, ranges of modules and optional modules only");
 }
 
 template <class X, class F>

@@ -166,8 +166,8 @@ class Parameter {
   /// Whether this parameter was set (an optional bias may not be).
   bool defined() const noexcept { return group_ != nullptr; }
   const std::string& name() const { return entry().name; }
-  const value_type& value() const { return checked_value(); }
-  value_type& value() { return checked_value(); }
+  const value_type& value() const { return current_value(); }
+  value_type& value() { return current_value(); }
   const Mesh& mesh() const { return checked_value().mesh(); }
   bool decay() const { return entry().decay; }
   /// The group whose buffers hold this parameter, and its entry there.
@@ -262,6 +262,19 @@ class Parameter {
 
   value_type& checked_value() const {
     if (!value_) throw Error("Parameter", "use of a parameter that was never set");
+    return const_cast<value_type&>(*value_);
+  }
+
+  /// The value, its view re-pointed first if the group's storage moved (FSDP released and
+  /// re-materialized it: nn/flat_params.hpp); throws while the storage is released.
+  value_type& current_value() const {
+    auto& v = checked_value();
+    T* here = group_->value(index_).data();  // throws, naming the group, while released
+    if (v.to_local().data() != here) {
+      const auto mesh = v.mesh();  // copies: bind replaces the value they live in
+      const auto shape = v.shape();
+      const_cast<Parameter*>(this)->bind(group_, index_, mesh, shape);
+    }
     return const_cast<value_type&>(*value_);
   }
 

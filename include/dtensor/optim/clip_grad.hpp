@@ -44,15 +44,22 @@ double grad_norm(const ParamList<T, N>& params, const Mesh& mesh) {
   return std::sqrt(sq);
 }
 
+/// Scales all gradients whose global norm is `norm` so that it becomes at most max_norm (as
+/// PyTorch does: by max_norm / (norm + 1e-6) when that is below 1). No communication.
+template <class T, std::size_t N>
+void scale_grads_to(const ParamList<T, N>& params, double norm, double max_norm) {
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1)
+    for (const auto& p : params)
+      for (T& v : p.grad) v = T(double(v) * coef);
+}
+
 /// Scales all gradients so that their global norm is at most max_norm; returns the norm before.
 template <class T, std::size_t N, MeshType Mesh>
 double clip_grad_norm(const ParamList<T, N>& params, const Mesh& mesh, double max_norm) {
   if (!(max_norm > 0)) throw Error("clip_grad_norm", dtensor::detail::cat("max_norm = ", max_norm, " must be > 0"), mesh.rank());
   const double norm = grad_norm(params, mesh);
-  const double coef = max_norm / (norm + 1e-6);
-  if (coef < 1)
-    for (const auto& p : params)
-      for (T& v : p.grad) v = T(double(v) * coef);
+  scale_grads_to(params, norm, max_norm);
   return norm;
 }
 

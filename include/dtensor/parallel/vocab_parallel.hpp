@@ -27,7 +27,7 @@
 #include <cstdint>
 #include <span>
 
-#include "dtensor/kernels/host/cross_entropy.hpp"
+#include "dtensor/nn/loss.hpp"
 #include "dtensor/nn/module.hpp"
 #include "dtensor/nn/style.hpp"
 
@@ -51,69 +51,26 @@ class VocabParallelCrossEntropy {
                 "VocabParallelCrossEntropy splits the vocabulary over the mesh's tensor dimension: the mesh has none");
   static_assert(nn::require_dense_roles<"parallel::VocabParallelCrossEntropy", Mesh>() && !has_role<Mesh, Role::context>,
                 "parallel::VocabParallelCrossEntropy: rows split on a context dimension are not handled yet");
+  using Impl = nn::detail::PositionCrossEntropy<T, Mesh, nn::tokens<Mesh, nn::FeatureSplit>, Id>;
 
  public:
   using LogitsL = nn::tokens<Mesh, nn::FeatureSplit>;
-  using Logits = DTensor<T, 3, Mesh, LogitsL>;
-  using Targets = DTensor<Id, 2, Mesh, nn::tokens<Mesh>>;
-  using LossL = nn::layout_by_role<Mesh, Partial<ReduceOp::sum>, Replicate>;
-  using Loss = DTensor<double, 1, Mesh, LossL>;
-  static constexpr std::size_t tp = nn::tensor_dim<Mesh>;
-
-  /// What the backward needs: this rank's logits and targets as rows, and the row statistics.
-  struct Saved {
-    Logits logits;
-    Tensor<Id, 1> targets;
-    Tensor<double, 1> max, sum;
-  };
+  using Logits = typename Impl::Logits;
+  using Targets = typename Impl::Targets;
+  using LossL = typename Impl::LossL;
+  using Loss = typename Impl::Loss;
+  using Saved = typename Impl::Saved;
 
   /// Three all-reduces on the tensor dimension of one double per local position (max, sum-exp,
   /// target logit); none when that dimension has size 1.
   nn::Fwd<Loss, Saved> forward(const Logits& logits, const Targets& targets) const {
-    const auto& mesh = logits.mesh();
-    nn::detail::check(targets.extent(0) == logits.extent(0) && targets.extent(1) == logits.extent(1),
-                      "VocabParallelCrossEntropy::forward", mesh, "logits ", to_string(logits.shape()), " and targets ",
-                      to_string(targets.shape()), ": one target per position");
-    Saved s{logits, targets.to_local().template reshape<1>(Shape<1>{targets.to_local().numel()}), {}, {}};
-    const auto& tl = s.targets;
-    for (Extent i = 0; i < tl.numel(); ++i)
-      nn::detail::check(tl[i] >= 0 && Extent(tl[i]) < logits.extent(2), "VocabParallelCrossEntropy::forward", mesh,
-                        "target ", Extent(tl[i]), " at local position ", i, " is outside the vocabulary [0, ",
-                        logits.extent(2), ")");
-    auto& g = mesh.group(tp);
-    // A tensor dimension of size 1 holds the whole vocabulary: nothing to reduce (like the
-    // redistributions, which issue nothing on a group of one rank).
-    auto all_reduce = [&](Tensor<double, 1>& t, ReduceOp op) {
-      if (g.size() > 1) g.all_reduce(t.span(), op);
-    };
-    const auto rows = local_rows(s.logits);
-    const Extent v0 = logits.local_box().offset[2];
-    s.max = kernels::host::vocab_parallel_ce_max(rows);
-    all_reduce(s.max, ReduceOp::max);
-    s.sum = kernels::host::vocab_parallel_ce_sum_exp(rows, s.max);
-    all_reduce(s.sum, ReduceOp::sum);
-    auto target = kernels::host::vocab_parallel_ce_target_logit(rows, tl, v0);
-    all_reduce(target, ReduceOp::sum);
-    Tensor<double, 1> loss(Shape<1>{1});
-    loss[0] = kernels::host::vocab_parallel_ce_loss(s.max, s.sum, target, positions(logits));
-    return {Loss(mesh, Shape<1>{1}, std::move(loss)), std::move(s)};
+    return impl_.forward("VocabParallelCrossEntropy::forward", logits, targets);
   }
-
   /// This rank's columns of d(dloss * loss)/d(logits). No communication.
-  Logits backward(Saved s, double dloss = 1.0) const {
-    const auto& l = s.logits;
-    auto d = kernels::host::vocab_parallel_ce_backward(local_rows(l), s.targets, l.local_box().offset[2], s.max, s.sum,
-                                                       dloss, positions(l));
-    return Logits(l.mesh(), l.shape(), std::move(d).template reshape<3>(l.to_local().shape()));
-  }
+  Logits backward(Saved s, double dloss = 1.0) const { return impl_.backward(std::move(s), dloss); }
 
  private:
-  static Extent positions(const Logits& l) { return l.extent(0) * l.extent(1); }
-  /// This rank's logits as [positions, local vocabulary] rows (a view: no copy).
-  static Tensor<T, 2> local_rows(const Logits& l) {
-    const auto& t = l.to_local();
-    return Tensor<T, 2>::view(const_cast<T*>(t.data()), Shape<2>{t.extent(0) * t.extent(1), t.extent(2)});
-  }
+  Impl impl_;
 };
 
 }  // namespace dtensor::parallel

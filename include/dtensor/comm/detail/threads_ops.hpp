@@ -35,7 +35,7 @@ struct Ctx {
 
   int world_rank() const { return group->world_ranks[std::size_t(rank)]; }
   std::string op(CollectiveKind k) const { return dtensor::detail::cat(name_of(k), "[", label, "]"); }
-  Error error(CollectiveKind k, const std::string& what) const { return Error(op(k), what, rank); }
+  Error error(CollectiveKind k, const std::string& what) const { return Error(op(k), what, rank, 0, world_rank()); }
 };
 
 inline const std::byte* bytes_of(const void* p) { return static_cast<const std::byte*>(p); }

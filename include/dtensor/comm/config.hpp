@@ -1,0 +1,77 @@
+// dtensor/comm/config.hpp — the process-wide defaults of new communicators, and the
+// environment variables that set them.
+//
+//   DTENSOR_TIMEOUT_MS=30000       every wait fails after 30 s (default 300000: five minutes)
+//   DTENSOR_CHECK_COLLECTIVES=1    ranks compare fingerprints before each collective and each
+//                                  redistribution (default: on in debug builds, off with NDEBUG)
+//
+// Values are parsed strictly: "3e5", "30s", "abc", "-1" or "" are errors that quote the value,
+// never a silent 3 or 0. The variables are read once, when the first communicator is made.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+
+#include "dtensor/core/error.hpp"
+#include "dtensor/core/parse.hpp"
+
+namespace dtensor {
+
+/// The longest timeout accepted: a year. Longer ones are almost certainly a unit mistake, and a
+/// deadline computed from them could overflow the clock.
+inline constexpr std::chrono::milliseconds max_timeout{365LL * 24 * 3600 * 1000};
+
+namespace detail {
+
+/// `timeout` if it is a valid timeout (1 ms .. max_timeout); else an Error naming `where` and
+/// quoting the value.
+inline std::chrono::milliseconds checked_timeout(std::chrono::milliseconds timeout, std::string_view where) {
+  if (timeout.count() < 1 || timeout > max_timeout)
+    throw Error(std::string(where), cat("timeout ", timeout.count(), " ms is out of range: it must be at least 1 ms ",
+                                        "and at most ", max_timeout.count(), " ms (a year)"));
+  return timeout;
+}
+
+/// DTENSOR_TIMEOUT_MS, or `fallback` when unset.
+inline std::chrono::milliseconds timeout_from_env(std::chrono::milliseconds fallback) {
+  const char* text = std::getenv("DTENSOR_TIMEOUT_MS");
+  if (!text) return fallback;
+  const auto ms = parse_integer<std::int64_t>(text);
+  if (!ms)
+    throw Error("DTENSOR_TIMEOUT_MS", cat("'", text, "' is not a whole number of milliseconds (write 300000, not ",
+                                          "3e5 or 300s)"));
+  return checked_timeout(std::chrono::milliseconds(*ms), cat("DTENSOR_TIMEOUT_MS='", text, "'"));
+}
+
+/// DTENSOR_CHECK_COLLECTIVES (0 or 1), or `fallback` when unset.
+inline bool check_from_env(bool fallback) {
+  const char* text = std::getenv("DTENSOR_CHECK_COLLECTIVES");
+  if (!text) return fallback;
+  const std::string_view v = text;
+  if (v == "1") return true;
+  if (v == "0") return false;
+  throw Error("DTENSOR_CHECK_COLLECTIVES", cat("'", v, "' is neither 0 nor 1"));
+}
+
+#ifdef NDEBUG
+inline constexpr bool debug_build = false;
+#else
+inline constexpr bool debug_build = true;
+#endif
+
+}  // namespace detail
+
+/// Process-wide defaults that new communicators start with (set them before making any).
+struct CommDefaults {
+  std::chrono::milliseconds timeout = detail::timeout_from_env(std::chrono::milliseconds(300'000));
+  bool check_collectives = detail::check_from_env(detail::debug_build);
+};
+inline CommDefaults& comm_defaults() {
+  static CommDefaults defaults;
+  return defaults;
+}
+
+}  // namespace dtensor

@@ -1,0 +1,44 @@
+// dtensor/distributed/agreement.hpp — the desync check of a redistribution.
+//
+//   check_redistribution_agreement<To>(x);   // first thing redistribute<To>(x) does
+//
+// A redistribution is collective over the mesh, and its collectives are sized by what each
+// rank believes: its layouts and the global extents. Ranks that disagree (one holds Shard<0>,
+// another Shard<1>; or different extents with the same byte count) issue collectives of equal
+// size that silently mix unrelated elements. With the communicator's check switch on
+// (Communicator::check_collectives: on in debug builds and in the test suite), every rank of
+// the mesh compares a fingerprint of (element type, global extents, mesh shape, source layout,
+// target layout) first, and all of them throw, one line per rank, if any differs.
+//
+// Only a redistribution that communicates is checked: one that needs no collective stays free
+// of communication (a rank may call it alone). A rank that skips such a check while the others
+// make it is still caught, by the fingerprint of whatever collective it issues next.
+#pragma once
+
+#include <string>
+
+#include "dtensor/core/dtype.hpp"
+#include "dtensor/distributed/dtensor.hpp"
+#include "dtensor/distributed/plan.hpp"
+
+namespace dtensor {
+
+/// "float32 [4, 4] on mesh [2, 2]: (S(0), R) -> (R, R)" — what ranks must agree about.
+template <LayoutType From, LayoutType To, Element T, std::size_t R, std::size_t N>
+std::string describe_redistribution(const Shape<R>& global, const std::array<int, N>& mesh_shape) {
+  return detail::cat(name_of(dtype_of<T>), " ", to_string(global), " on mesh ", to_string(mesh_shape), ": ",
+                     to_string(From::desc), " -> ", to_string(To::desc));
+}
+
+/// With the check switch of x's mesh on, throws on every rank unless all ranks of the mesh
+/// redistribute the same tensor (element type, global extents) between the same layouts.
+template <LayoutType To, Element T, std::size_t R, class Mesh, class From, class Space>
+void check_redistribution_agreement(const DTensor<T, R, Mesh, From, Space>& x) {
+  if constexpr (plan_redistribution(From::desc, To::desc).collectives() > 0) {
+    Communicator& comm = x.mesh().comm();
+    if (comm.check_collectives())
+      comm.check_agreement("redistribute", describe_redistribution<From, To, T>(x.shape(), x.mesh().shape()));
+  }
+}
+
+}  // namespace dtensor

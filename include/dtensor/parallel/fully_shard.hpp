@@ -1,0 +1,490 @@
+// dtensor/parallel/fully_shard.hpp — FSDP / ZeRO-1, 2, 3 and HSDP over a model's flat units.
+//
+//   using Mesh = DeviceMesh<"dp", "fsdp", "tp">;          // "dp": replicate (HSDP), "fsdp": shard, "tp": tensor
+//   nn::GPT<float, Mesh, parallel::MegatronPlan<true>> model(mesh, cfg);
+//   auto fsdp = parallel::fully_shard(model, mesh, {.stage = 3, .prefetch = 2});
+//   optim::AdamW<float, 3> opt(fsdp.params(), {...});    // the optimizer steps over this rank's shards
+//   for (...) {
+//     opt.zero_grad();
+//     auto [loss, saved] = model.forward(ids, targets);  // ZeRO-3: all-gathers each unit before its forward
+//     model.backward(std::move(saved));                  // ... and before its backward; reduce-scatters its grads
+//     fsdp.finish_gradient_sync();                       // wait; HSDP: all-reduce on "dp"; gradients reduced
+//     parallel::sequence_parallel_grads(fsdp.params(), mesh);   // under SP, as without FSDP
+//     optim::clip_grad_norm(fsdp.params(), mesh, 1.0);
+//     opt.step();
+//     fsdp.sync_parameters();                            // ZeRO-1/2: all-gather the updated parameters
+//   }
+//
+// The model (nn::GPT, or anything with units() -> vector<nn::ParamUnit> and set_hooks(nn::UnitHooks))
+// keeps one flat group per unit (embed, blocks, head). Each unit's flat buffer is Shard<0> over
+// the mesh dimension with Role::data_shard (torch.chunk, uneven sizes allowed; see
+// detail/fsdp_unit.hpp); this rank keeps its shard of the values (the master copy, in M), of
+// the gradients (in M) and, through params(), of the optimizer state. The stages:
+//
+//   stage 1 (ZeRO-1)  full parameters and gradients stay; per unit, as backward completes it,
+//                     one all-reduce of its gradients on the shard dimension; this rank's shard
+//                     of them feeds the optimizer; sync_parameters: one all-gather per unit.
+//   stage 2 (ZeRO-2)  as 1, but one reduce-scatter per unit, and the unit's full gradients are
+//                     freed once it has run.
+//   stage 3 (ZeRO-3)  as 2, and the unit's full parameters exist only around its forward and
+//                     its backward: one all-gather before each (2 per unit per step), freed
+//                     after the forward (reshard_after_forward) and after the backward.
+//   HSDP              a mesh dimension with Role::data ("dp") of size > 1 besides the shard one:
+//                     after the unit's reduction on the shard dimension, one all-reduce of this
+//                     rank's gradient shard on the replicate dimension (per unit).
+//   FSDP over TP      the groups hold the tensor-parallel pieces already (a "tp" split first),
+//                     and FSDP shards those flat buffers on the data-shard dimension after it.
+//
+// Prefetch: `prefetch` units may be unsharded at once. With 2, the all-gather of unit i+1
+// (forward) or i−1 (backward) is issued asynchronously when unit i starts, so it travels while
+// unit i computes; with 1 each unit is gathered when it starts (no overlap). events() records
+// the order (tests assert it).
+//
+// Mixed precision (FSDP2's MixedPrecisionPolicy): the model computes in its element type T (a
+// GPT<bfloat16> computes in bf16) and the master values, the gradient shard and the optimizer
+// state are M (fully_shard<float>(model_bf16, ...)); parameters are all-gathered in T;
+// gradients are reduced in M (reduce_in_compute_dtype: in T). With T == M nothing is converted
+// and every collective runs in place on the groups' storage.
+//
+// Gradient accumulation: set_requires_gradient_sync(false) before the backwards of the first
+// micro-batches (their gradients accumulate in the units' full buffers, no collective), true
+// before the last; finish_gradient_sync then reduces the sum once.
+//
+// CPU offload (offload_optimizer): the master values, gradient shards and optimizer state are
+// host vectors here; for host_space models that is where they live anyway, so the option
+// changes nothing (a cuda_space model would all-gather from the host shard and reduce into it).
+//
+// Communication is only what the table above says; every collective is recorded by CommLog.
+// The model's own ParamRefs (model.collect, units()[u].params) do not survive a release: use
+// params() for the optimizer, gradient clipping and the sequence-parallel sync.
+#pragma once
+
+#include <cstddef>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "dtensor/mesh/roles.hpp"
+#include "dtensor/nn/gpt.hpp"
+#include "dtensor/parallel/detail/fsdp_unit.hpp"
+
+namespace dtensor::parallel {
+
+struct FsdpOptions {
+  int stage = 3;                                // 1, 2 or 3 (ZeRO's stages)
+  std::optional<bool> reshard_after_forward{};  // ZeRO-3: free each unit after its forward (default true)
+  int prefetch = 2;                             // units unsharded at once (>= 1; 1 = no prefetch)
+  bool reduce_in_compute_dtype = false;         // reduce gradients in T (bf16) instead of M (fp32)
+  bool offload_optimizer = false;               // CPU offload of master values and optimizer state
+};
+
+/// What fully_shard did, in order (unit indices), for tests and traces.
+struct FsdpEvent {
+  enum Kind { gather_issued, gather_done, compute_begin, compute_end, reshard, reduce_issued, reduce_done };
+  Kind kind;
+  std::size_t unit;
+  bool backward;
+};
+
+/// Bytes this rank holds now, by kind.
+struct FsdpMemory {
+  std::size_t params = 0;  // the units' full values (resident ones, padding included)
+  std::size_t grads = 0;   // the units' full gradients (resident ones)
+  std::size_t master = 0;  // master values of this rank's shards
+  std::size_t grad_shards = 0;
+  std::size_t total() const { return params + grads + master + grad_shards; }
+};
+
+template <class Model, MeshType Mesh, class M>
+class FullyShard {
+  using Unit = std::remove_cvref_t<decltype(std::declval<Model&>().units().front())>;
+  using Group = typename decltype(Unit::group)::element_type;
+  using T = typename Group::element_type;
+  static constexpr std::size_t N = Mesh::ndim;
+  using Shard = detail::UnitShard<T, M, N>;
+
+ public:
+  static_assert(count_role<Mesh, Role::data_shard>() == 1,
+                "fully_shard needs exactly one mesh dimension with Role::data_shard (\"fsdp\", \"dp_shard\", \"zero\")");
+  static_assert(count_role<Mesh, Role::data>() <= 1,
+                "fully_shard: at most one replicate (Role::data) dimension, for HSDP");
+  static constexpr std::size_t shard_dim = role_dim<Mesh, Role::data_shard>;
+  static constexpr std::size_t replicate_dim = role_dim<Mesh, Role::data>;  // N when there is none
+
+  FullyShard(Model& model, Mesh mesh, FsdpOptions o) : model_(model), mesh_(std::move(mesh)), o_(o) {
+    if (o.stage < 1 || o.stage > 3)
+      throw Error("fully_shard", dtensor::detail::cat("stage ", o.stage, " is not a ZeRO stage (1, 2 or 3)"), mesh_.rank());
+    if (o.prefetch < 1)
+      throw Error("fully_shard", dtensor::detail::cat("prefetch ", o.prefetch, " must be >= 1 (units unsharded at once)"),
+                  mesh_.rank());
+    if (o.reshard_after_forward.value_or(false) && o.stage != 3)
+      throw Error("fully_shard", dtensor::detail::cat("reshard_after_forward needs stage 3, not ", o.stage), mesh_.rank());
+    reshard_after_forward_ = o.stage == 3 && o.reshard_after_forward.value_or(true);
+    check_units();
+    const int size = mesh_.size(shard_dim), coord = mesh_.coordinate()[shard_dim];
+    for (auto& u : model_.units()) {
+      units_.push_back(std::make_unique<Shard>(u.group->name(), u.group, size, coord, shard_dim));
+      auto& s = *units_.back();
+      if (o.stage == 3) s.group->release_values();
+      else s.group->materialize_values(s.padded());  // room for the in-place all-gather (values kept)
+      if (o.stage >= 2) s.group->release_grads();
+      for (auto& p : s.segments) params_.push_back(p);
+    }
+    install_hooks();
+  }
+  FullyShard(const FullyShard&) = delete;  // the model's hooks hold `this`
+  FullyShard& operator=(const FullyShard&) = delete;
+  ~FullyShard() {
+    try {
+      model_.set_hooks({});
+      for (auto& u : units_) wait_gather(*u);
+      for (auto& u : units_) finish_reduce(*u, false);
+    } catch (...) {  // a failed collective is reported where it was waited on, not here
+    }
+  }
+
+  /// This rank's shards of every unit's parameters (master values and gradient shards), for the
+  /// optimizer, gradient clipping and the sequence-parallel gradient sync.
+  nn::ParamList<M, N>& params() noexcept { return params_; }
+
+  /// Off: the backward's gradients accumulate in the units' full buffers, unreduced (no_sync).
+  void set_requires_gradient_sync(bool on) { sync_ = on; }
+  bool requires_gradient_sync() const noexcept { return sync_; }
+
+  /// Waits for every unit's reduction, adds the result to the gradient shards and, for HSDP,
+  /// all-reduces each unit's shard on the replicate dimension first. Returns the number of
+  /// units reduced.
+  std::size_t finish_gradient_sync() {
+    std::size_t n = 0;
+    for (auto& u : units_) n += finish_reduce(*u, true);
+    return n;
+  }
+
+  /// ZeRO-1/2: all-gathers every unit's updated shard into its full values (one all-gather per
+  /// unit). ZeRO-3: nothing (the next forward gathers).
+  void sync_parameters() {
+    if (o_.stage == 3) return;
+    for (std::size_t u = 0; u < units_.size(); ++u) issue_gather(u, false);
+    for (auto& u : units_) wait_gather(*u);
+  }
+
+  /// Zeroes the gradient shards (and ZeRO-1's full gradients), nothing pending.
+  void zero_grad() {
+    for (auto& p : params_) p.zero_grad();
+    for (auto& u : units_)
+      if (u->group->grads_resident()) {
+        std::fill(u->group->grads().begin(), u->group->grads().end(), T(0));
+        reset_grad_states(*u);
+      }
+  }
+
+  /// Bytes held now (see FsdpMemory); the optimizer's state is the optimizer's.
+  FsdpMemory memory() const {
+    FsdpMemory m;
+    for (const auto& u : units_) {
+      m.params += u->group->values_storage().size() * sizeof(T);
+      m.grads += u->group->grads_storage().size() * sizeof(T);
+      m.master += u->master.size() * sizeof(M);
+      m.grad_shards += u->grad.size() * sizeof(M);
+    }
+    return m;
+  }
+  /// The most units whose full values were resident or being gathered at once (ZeRO-3).
+  std::size_t peak_unsharded_units() const noexcept { return peak_unsharded_; }
+  const std::vector<FsdpEvent>& events() const noexcept { return events_; }
+  void clear_events() { events_.clear(); }
+  std::size_t num_units() const noexcept { return units_.size(); }
+  const FsdpOptions& options() const noexcept { return o_; }
+  bool reshard_after_forward() const noexcept { return reshard_after_forward_; }
+
+ private:
+  // ---------------------------------------------------------------- checks
+
+  void check_units() {
+    auto& units = model_.units();
+    std::unordered_map<std::string, std::string> owner;  // parameter -> unit
+    for (std::size_t i = 0; i < units.size(); ++i) {
+      const auto& g = units[i].group;
+      if (!g || g->size() == 0)
+        throw Error("fully_shard", dtensor::detail::cat("unit ", i, g ? " (" + g->name() + ")" : std::string(),
+                                                        " has no parameters: a unit must own some"), mesh_.rank());
+      for (std::size_t j = 0; j < i; ++j)
+        if (units[j].group == g)
+          throw Error("fully_shard", dtensor::detail::cat("units ", j, " and ", i, " share the group ", g->name()),
+                      mesh_.rank());
+      for (const auto& e : g->entries()) {
+        auto [it, fresh] = owner.emplace(e.name, g->name());
+        if (!fresh)
+          throw Error("fully_shard", dtensor::detail::cat("parameter ", e.name, " is in unit ", it->second,
+                                                          " and in unit ", g->name(),
+                                                          ": a module shared by two units cannot be sharded twice"),
+                      mesh_.rank());
+      }
+    }
+    if (units.empty()) throw Error("fully_shard", "the model has no units", mesh_.rank());
+  }
+
+  // ---------------------------------------------------------------- hooks
+
+  void install_hooks() {
+    nn::UnitHooks h;
+    if (o_.stage == 3) {
+      h.pre_forward = [this](std::size_t u) { pre_compute(u, false); };
+      h.post_forward = [this](std::size_t u) {
+        events_.push_back({FsdpEvent::compute_end, u, false});
+        if (reshard_after_forward_) reshard(u);
+      };
+      h.pre_backward = [this](std::size_t u) { pre_compute(u, true); };
+    } else if (o_.stage == 2) {
+      h.pre_backward = [this](std::size_t u) {  // the full gradients exist only around the unit's backward
+        auto& s = *units_[u];
+        if (!s.group->grads_resident()) s.group->materialize_grads(s.padded());
+      };
+    }
+    h.grads_ready = [this](std::size_t u) { grads_ready(u); };
+    model_.set_hooks(std::move(h));
+  }
+
+  /// Unit u is about to compute: its values resident (waiting for a prefetch, or gathering now),
+  /// then the next units' all-gathers issued, up to `prefetch` unsharded at once.
+  void pre_compute(std::size_t u, bool backward) {
+    auto& s = *units_[u];
+    if (!s.group->values_resident() || s.gathering) {
+      issue_gather(u, backward);
+      wait_gather(s);
+    }
+    if (backward && !s.group->grads_resident()) s.group->materialize_grads(s.padded());
+    events_.push_back({FsdpEvent::compute_begin, u, backward});
+    for (int k = 1; k < o_.prefetch; ++k) {
+      const auto next = backward ? std::ptrdiff_t(u) - k : std::ptrdiff_t(u) + k;
+      if (next < 0 || next >= std::ptrdiff_t(units_.size())) break;
+      issue_gather(std::size_t(next), backward);
+    }
+  }
+
+  void grads_ready(std::size_t u) {
+    auto& s = *units_[u];
+    if (o_.stage == 3) {
+      reshard(u);
+      if (!s.group->grads_resident()) return;  // no gradient came (cannot happen for a model's own unit)
+    }
+    if (!sync_) return;  // accumulate in the full buffer (no_sync)
+    check_pending(s);
+    // Earlier units' reductions (issued while this one computed) have had time: finish their
+    // collectives so that their full gradient buffers can go (at most two live at once).
+    for (std::size_t v = u + 1; v < units_.size(); ++v) finish_collective(*units_[v]);
+    issue_reduce(s);
+  }
+
+  // ---------------------------------------------------------------- all-gather
+
+  void issue_gather(std::size_t u, bool backward) {
+    auto& s = *units_[u];
+    if (s.gathering || (s.group->values_resident() && o_.stage == 3)) return;
+    s.group->materialize_values(s.padded());
+    s.gather_send.assign(s.chunk, T(0));
+    for (std::size_t i = 0; i < s.shard_size(); ++i) s.gather_send[i] = detail::convert<T>(s.master[i]);
+    s.gather = mesh_.group(shard_dim).all_gather_async(std::span<const T>(s.gather_send), s.group->values_storage());
+    s.gathering = true;
+    events_.push_back({FsdpEvent::gather_issued, u, backward});
+    peak_unsharded_ = std::max(peak_unsharded_, unsharded_now());
+  }
+
+  void wait_gather(Shard& s) {
+    if (!s.gathering) return;
+    s.gathering = false;
+    s.gather.wait();
+    s.gather_send = {};
+    events_.push_back({FsdpEvent::gather_done, index_of(s), false});
+  }
+
+  void reshard(std::size_t u) {
+    auto& s = *units_[u];
+    wait_gather(s);
+    s.group->release_values();
+    events_.push_back({FsdpEvent::reshard, u, false});
+  }
+
+  std::size_t unsharded_now() const {
+    std::size_t n = 0;
+    for (const auto& u : units_) n += u->group->values_resident() || u->gathering;
+    return n;
+  }
+
+  // ---------------------------------------------------------------- reduction
+
+  void check_pending(const Shard& s) const {
+    for (const auto& e : s.group->entries())
+      if (e.has_grad && !e.grad_state.placements[shard_dim].is_partial())
+        mesh_.comm().fail("fully_shard",
+                          dtensor::detail::cat("gradient of ", e.name, " in unit ", s.name, " is ", to_string(e.grad_state),
+                                               ", not Partial on the data-shard dimension \"", Mesh::names[shard_dim],
+                                               "\": reduced twice?"));
+  }
+
+  /// Issues the unit's reduction on the shard dimension: ZeRO-1 an all-reduce of the full
+  /// gradients, ZeRO-2/3 a reduce-scatter, in M or T, in place where the types allow.
+  void issue_reduce(Shard& s) {
+    auto& group = mesh_.group(shard_dim);
+    const auto full = s.group->grads_storage().first(o_.stage == 1 ? s.numel : s.padded());
+    s.grad_op = pending_op(s);
+    if (reduce_in_m()) {
+      std::span<M> send;
+      if constexpr (std::is_same_v<T, M>) send = full;
+      else {
+        s.reduce_wide.resize(full.size());
+        for (std::size_t i = 0; i < full.size(); ++i) s.reduce_wide[i] = detail::convert<M>(full[i]);
+        send = s.reduce_wide;
+      }
+      if (o_.stage == 1) s.reduce = group.all_reduce_async(std::span<const M>(send), send, s.grad_op);
+      else {
+        s.reduced_wide.resize(s.chunk);
+        s.reduce = group.reduce_scatter_async(std::span<const M>(send), std::span<M>(s.reduced_wide), s.grad_op);
+      }
+    } else {
+      if (o_.stage == 1) s.reduce = group.all_reduce_async(std::span<const T>(full), full, s.grad_op);
+      else {
+        s.reduced_narrow.resize(s.chunk);
+        s.reduce = group.reduce_scatter_async(std::span<const T>(full), std::span<T>(s.reduced_narrow), s.grad_op);
+      }
+    }
+    s.reducing = true;
+    events_.push_back({FsdpEvent::reduce_issued, index_of(s), true});
+  }
+
+  /// The pending reduction of the unit's gradients on the shard dimension (sum, or avg).
+  ReduceOp pending_op(const Shard& s) const {
+    for (const auto& e : s.group->entries())
+      if (e.has_grad && e.grad_state.placements[shard_dim].is_partial()) return e.grad_state.placements[shard_dim].op;
+    return ReduceOp::sum;
+  }
+
+  bool reduce_in_m() const { return std::is_same_v<T, M> || !o_.reduce_in_compute_dtype; }
+
+  /// Waits for the unit's collective on the shard dimension and copies this rank's part into
+  /// the staging buffer it will be added from; ZeRO-2/3 free the full gradients then.
+  void finish_collective(Shard& s) {
+    if (!s.reducing || s.reduce_waited) return;
+    s.reduce.wait();
+    s.reduce_waited = true;
+    // This rank's reduced part, in the reduction's type, into reduced_* (ZeRO-1: out of the full buffer).
+    if (o_.stage == 1) {
+      const auto lo = std::size_t(s.shard.begin), n = s.shard_size();
+      if (reduce_in_m() && !std::is_same_v<T, M>)
+        s.reduced_wide.assign(s.reduce_wide.begin() + std::ptrdiff_t(lo), s.reduce_wide.begin() + std::ptrdiff_t(lo + n));
+      else if (reduce_in_m()) {
+        const auto full = s.group->grads();
+        s.reduced_wide.resize(n);
+        for (std::size_t i = 0; i < n; ++i) s.reduced_wide[i] = detail::convert<M>(full[lo + i]);
+      } else {
+        const auto full = s.group->grads();
+        s.reduced_narrow.assign(full.begin() + std::ptrdiff_t(lo), full.begin() + std::ptrdiff_t(lo + n));
+      }
+      std::fill(s.group->grads().begin(), s.group->grads().end(), T(0));  // consumed: the next step starts from 0
+    } else {
+      s.group->release_grads();
+    }
+    s.reduce_wide = {};
+    remember_grad_states(s);
+    reset_grad_states(s);
+  }
+
+  /// Finishes the unit's reduction (HSDP: then the all-reduce on the replicate dimension) and
+  /// adds it into the gradient shard. Returns whether there was one.
+  bool finish_reduce(Shard& s, bool accumulate) {
+    if (!s.reducing) return false;
+    finish_collective(s);
+    s.reducing = false;
+    s.reduce_waited = false;
+    if (!accumulate) return true;
+    const std::size_t n = s.shard_size();
+    if (reduce_in_m()) {
+      s.reduced_wide.resize(std::max(s.reduced_wide.size(), n));
+      replicate_reduce(std::span<M>(s.reduced_wide).first(n), s.grad_op);
+      for (std::size_t i = 0; i < n; ++i) s.grad[i] = M(s.grad[i] + s.reduced_wide[i]);
+    } else {
+      s.reduced_narrow.resize(std::max(s.reduced_narrow.size(), n));
+      replicate_reduce(std::span<T>(s.reduced_narrow).first(n), s.grad_op);
+      for (std::size_t i = 0; i < n; ++i) s.grad[i] = M(s.grad[i] + detail::convert<M>(s.reduced_narrow[i]));
+    }
+    s.reduced_wide = {};
+    s.reduced_narrow = {};
+    for (std::size_t k = 0; k < s.segments.size(); ++k) {
+      *s.segments[k].grad_state = s.pending_states[k];
+      *s.segments[k].has_grad = true;
+    }
+    events_.push_back({FsdpEvent::reduce_done, index_of(s), true});
+    return true;
+  }
+
+  /// HSDP: the all-reduce of this rank's gradient shard on the replicate dimension (none when
+  /// the mesh has no such dimension or it has one rank).
+  template <class E>
+  void replicate_reduce(std::span<E> shard, ReduceOp op) {
+    if constexpr (replicate_dim < N) {
+      if (mesh_.size(replicate_dim) > 1) mesh_.group(replicate_dim).all_reduce(shard, op);
+    }
+  }
+
+  /// The segments' gradient states once reduced: the entry's, with the shard dimension Shard<0>
+  /// (of the flat buffer) and the replicate dimension reduced; the tensor dimension as it was
+  /// (Partial<sum> under sequence parallelism, for sequence_parallel_grads).
+  void remember_grad_states(Shard& s) {
+    s.pending_states.clear();
+    for (const auto& e : s.group->entries()) {
+      if (s.overlap(e).size() == 0) continue;
+      auto st = e.grad_state;
+      st.placements[shard_dim] = PlacementDesc::shard(0);
+      if constexpr (replicate_dim < N) st.placements[replicate_dim] = PlacementDesc::replicate();
+      s.pending_states.push_back(st);
+    }
+  }
+
+  void reset_grad_states(Shard& s) {
+    for (auto& e : s.group->entries()) {
+      e.grad_state = e.layout;
+      e.has_grad = false;
+    }
+  }
+
+  std::size_t index_of(const Shard& s) const {
+    for (std::size_t i = 0; i < units_.size(); ++i)
+      if (units_[i].get() == &s) return i;
+    return units_.size();
+  }
+
+  Model& model_;
+  Mesh mesh_;
+  FsdpOptions o_;
+  bool reshard_after_forward_ = true;
+  bool sync_ = true;
+  std::vector<std::unique_ptr<Shard>> units_;
+  nn::ParamList<M, N> params_;
+  std::vector<FsdpEvent> events_;
+  std::size_t peak_unsharded_ = 0;
+};
+
+/// Shards `model`'s units over the mesh's data-shard dimension (see the top of this file).
+/// M: the master values' and optimizer state's element type (default: the model's). The model
+/// must outlive the result and stay where it is.
+template <class M = void, class Model, MeshType Mesh>
+auto fully_shard(Model& model, const Mesh& mesh, FsdpOptions o = {}) {
+  using Unit = std::remove_cvref_t<decltype(model.units().front())>;
+  using T = typename decltype(Unit::group)::element_type::element_type;
+  using Master = std::conditional_t<std::is_void_v<M>, T, M>;
+  return FullyShard<Model, Mesh, Master>(model, mesh, o);
+}
+
+/// The (replicate, shard) sizes of the data ranks for HSDP: `data_ranks` split into `replicate`
+/// groups; throws naming the flag when it does not divide.
+inline std::pair<int, int> hsdp_shape(int data_ranks, int replicate, const char* flag = "hsdp") {
+  if (replicate < 1 || data_ranks < 1 || data_ranks % replicate != 0)
+    throw Error("hsdp_shape", dtensor::detail::cat("--", flag, " ", replicate, " does not divide the ", data_ranks,
+                                                   " data-parallel ranks"));
+  return {replicate, data_ranks / replicate};
+}
+
+}  // namespace dtensor::parallel

@@ -1,0 +1,355 @@
+// dtensor/parallel/pipeline/executor.hpp — runs a validated schedule over this rank's stages.
+//
+//   DeviceMesh<"pp", "dp", "tp"> mesh(world, {pp, dp, tp});
+//   auto stage_mesh = pipeline::stage_mesh_of(mesh);                      // DeviceMesh<"dp", "tp">
+//   auto schedule = pipeline::make_schedule(pipeline::ScheduleKind::one_f_one_b, pp, M);
+//   std::vector<pipeline::GptStage<double, decltype(stage_mesh)>> stages;   // layout.stages_of(rank), in order
+//   pipeline::Executor exec(mesh, schedule, std::move(stages));           // validates the schedule
+//   auto stats = exec.step(pipeline::split_microbatches(stage_mesh, ids, targets, M));
+//   if (stats.loss) ...                                                   // on the ranks of the last stage
+//
+// Each pipeline rank (coordinate of the mesh's first dimension, whose role must be
+// Role::pipeline) runs its list of the schedule in order, with the meaning the validator and
+// the simulator give the actions (simulate.hpp): RECV posts a receive (recv_from_async) and
+// returns; the F, B or I that uses the data waits for it just before it computes; SEND starts an
+// asynchronous send (send_to) and returns, so it overlaps the computations after it; sends are
+// waited for at the end of the step (finished ones are dropped as the step goes on). Activations
+// [B_mb, T, C] go forward and their gradients backward only by these messages between the stage
+// meshes of two pipeline coordinates, each rank to the rank at its own coordinate of the other
+// stage mesh (distributed/transfer.hpp): with data and tensor parallelism inside the stages
+// (pp x dp x tp), every (dp, tp) rank has its own message. Stages on the same rank hand over
+// locally. The loss of each micro-batch is differentiated with weight 1/M, so the gradients are
+// those of the mean over the batch, and the step's loss is the sum of the micro-batches' losses
+// over M: with micro-batches of equal size, the batch mean (one full_tensor per micro-batch on
+// the last stage's mesh, after the schedule). Gradients accumulate over the micro-batches; their
+// data-parallel reduction, clipping and the optimizer are the caller's (clip.hpp for the norm
+// over all stages).
+//
+// Measured per rank: the activations and weight contexts held after each action (to compare
+// with the validator's memory report), wall time and time spent waiting for messages, and —
+// with count_slots — the idle fraction in counted slots: every computation takes its cost in
+// slots (Costs: F, I, W, B = I + W), a computation that uses a message starts no earlier than
+// the slot in which its sender sent it, which travels with the data as a second small message;
+// one all-reduce (max) over the pipeline group gives the step's length. This is the simulator's
+// clock driven by the real run's messages: on a real run it gives what the schedule promises
+// whatever the noise of the machine.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "dtensor/core/factories.hpp"
+#include "dtensor/distributed/transfer.hpp"
+#include "dtensor/mesh/roles.hpp"
+#include "dtensor/parallel/pipeline/simulate.hpp"
+#include "dtensor/parallel/pipeline/validate.hpp"
+
+namespace dtensor::parallel::pipeline {
+
+namespace detail {
+/// The name of a mesh's first dimension, as a template argument.
+template <class Mesh>
+struct first_dimension;
+template <fixed_string First, fixed_string... Rest>
+struct first_dimension<DeviceMesh<First, Rest...>> {
+  static constexpr auto name = First;
+};
+}  // namespace detail
+
+/// The mesh of this rank's pipeline stage: every dimension of `mesh` but its first (the
+/// pipeline dimension).
+template <fixed_string Pipeline, fixed_string... Rest>
+DeviceMesh<Rest...> stage_mesh_of(const DeviceMesh<Pipeline, Rest...>& mesh) {
+  static_assert(role_of<DeviceMesh<Pipeline, Rest...>>(0) == Role::pipeline,
+                "the first mesh dimension must be the pipeline dimension (\"pp\", or one named so by mesh_roles)");
+  return mesh.template sub<Rest...>();
+}
+
+/// The (pp, dp, tp) shape of a mesh of `ranks` ranks with `pipeline` stages and `tensor`-way
+/// tensor parallelism: the rest is data parallelism. An error unless pp x tp divides the ranks.
+inline std::array<int, 3> pipeline_mesh_shape(int ranks, int pipeline, int tensor) {
+  if (pipeline < 1 || tensor < 1 || ranks % (pipeline * tensor) != 0)
+    throw Error("pipeline::pipeline_mesh_shape",
+                dtensor::detail::cat("--pp ", pipeline, " x --tp ", tensor, " = ", pipeline * tensor, " does not divide the ",
+                                     ranks, " ranks: the ranks must be a multiple of pp x tp"));
+  return {pipeline, ranks / (pipeline * tensor), tensor};
+}
+
+/// The M micro-batches of a batch every rank holds whole ([B, T] ids and targets): consecutive
+/// slices of B / M sequences, each distributed on `mesh` (no communication). M must divide B.
+template <class Ids, MeshType Mesh, class Id>
+std::vector<std::pair<Ids, Ids>> split_microbatches(const Mesh& mesh, const Tensor<Id, 2>& ids, const Tensor<Id, 2>& targets,
+                                                    int microbatches) {
+  constexpr const char* op = "pipeline::split_microbatches";
+  if (ids.shape() != targets.shape())
+    mesh.comm().fail(op, "ids " + dtensor::to_string(ids.shape()) + " and targets " + dtensor::to_string(targets.shape()) +
+                             " differ");
+  const Extent batch = ids.shape()[0], seq = ids.shape()[1];
+  if (microbatches < 1 || batch % microbatches != 0)
+    mesh.comm().fail(op, dtensor::detail::cat(microbatches, " micro-batches do not divide the batch of ", batch,
+                                              " sequences: the batch must be a multiple of the micro-batches"));
+  const Extent size = batch / microbatches;
+  std::vector<std::pair<Ids, Ids>> result;
+  for (int mb = 0; mb < microbatches; ++mb) {
+    Tensor<Id, 2> piece_ids(Shape<2>{size, seq}), piece_targets(Shape<2>{size, seq});
+    for (Extent b = 0; b < size; ++b)
+      for (Extent t = 0; t < seq; ++t) {
+        piece_ids(b, t) = ids(mb * size + b, t);
+        piece_targets(b, t) = targets(mb * size + b, t);
+      }
+    using L = typename Ids::layout;
+    result.emplace_back(distribute_replicated<L>(mesh, piece_ids), distribute_replicated<L>(mesh, piece_targets));
+  }
+  return result;
+}
+
+struct ExecutorOptions {
+  bool count_slots = true;  // send the slot clock with every message, one all-reduce per step
+  Costs costs{};            // slots per computation, for the counted idle fraction
+};
+
+/// What one step measured on this rank.
+struct StepStats {
+  std::optional<double> loss;               // the batch's mean loss, on the ranks of the last stage
+  std::vector<int> saved_after;             // activations held after each action of this rank's list
+  std::vector<int> weight_pending_after;    // weight contexts held (I run, W not yet) after each action
+  double busy_slots = 0, makespan_slots = 0;  // count_slots: this rank's computing slots, the step's length
+  double wall_seconds = 0, wait_seconds = 0;  // the step, and the time spent waiting for messages
+
+  int peak_saved() const { return saved_after.empty() ? 0 : *std::max_element(saved_after.begin(), saved_after.end()); }
+  /// The share of the step's slots this rank did not compute (count_slots).
+  double idle_fraction() const { return makespan_slots > 0 ? 1 - busy_slots / makespan_slots : 0; }
+};
+
+template <class Stage, MeshType Mesh>
+class Executor {
+ public:
+  using X = typename Stage::X;
+  using Ids = typename Stage::Ids;
+  using StageMesh = std::remove_cvref_t<decltype(std::declval<const Stage&>().mesh())>;
+
+  /// `stages`: this rank's stages, those schedule.layout.stages_of(pipeline coordinate) names,
+  /// in that order. Throws if the schedule breaks a rule (asynchronous sends), or does not fit
+  /// the mesh or the stages.
+  Executor(const Mesh& mesh, Schedule schedule, std::vector<Stage> stages, ExecutorOptions options = {})
+      : mesh_(mesh), schedule_(std::move(schedule)), stages_(std::move(stages)), options_(options) {
+    constexpr const char* op = "pipeline::Executor";
+    static_assert(role_of<Mesh>(0) == Role::pipeline, "the first mesh dimension must be the pipeline dimension");
+    if (schedule_.ranks() != mesh.size(0))
+      mesh.comm().fail(op, dtensor::detail::cat("the schedule is for ", schedule_.ranks(), " pipeline ranks, the mesh's \"",
+                                                Mesh::names[0], "\" dimension has ", mesh.size(0)));
+    memory_ = validate(schedule_, {.sends = SendMode::asynchronous});
+    const std::vector<int> mine = schedule_.layout.stages_of(pipeline_rank());
+    if (stages_.size() != mine.size())
+      mesh.comm().fail(op, dtensor::detail::cat("pipeline rank ", pipeline_rank(), " holds ", mine.size(),
+                                                " stages in this layout, got ", stages_.size()));
+    for (std::size_t i = 0; i < mine.size(); ++i)
+      if (stages_[i].index() != mine[i])
+        mesh.comm().fail(op, dtensor::detail::cat("pipeline rank ", pipeline_rank(), ": stage ", i, " is stage ",
+                                                  stages_[i].index(), ", the layout puts stage ", mine[i], " here"));
+  }
+
+  int pipeline_rank() const { return mesh_.coordinate(0); }
+  const Schedule& schedule() const noexcept { return schedule_; }
+  /// The validator's memory report of the schedule (every rank's).
+  const MemoryReport& memory() const noexcept { return memory_; }
+  std::vector<Stage>& stages() noexcept { return stages_; }
+
+  /// Runs this rank's list once over the M micro-batches (each [B/M, T] ids and targets on the
+  /// stage mesh): forwards, backwards, messages; weight gradients added to the parameters.
+  StepStats step(const std::vector<std::pair<Ids, Ids>>& microbatches) {
+    constexpr const char* op = "pipeline::Executor::step";
+    const int m = schedule_.microbatches;
+    if (int(microbatches.size()) != m)
+      mesh_.comm().fail(op, dtensor::detail::cat("the schedule runs ", m, " micro-batches, got ", microbatches.size()));
+    const auto start = std::chrono::steady_clock::now();
+    Run run(*this, microbatches);
+    for (const Action& action : schedule_.actions[std::size_t(pipeline_rank())]) {
+      run.execute(action);
+      run.drop_finished_sends();
+      int saved = 0, pending = 0;
+      for (const Stage& stage : stages_) saved += int(stage.saved_count()), pending += int(stage.weight_pending_count());
+      run.stats.saved_after.push_back(saved);
+      run.stats.weight_pending_after.push_back(pending);
+    }
+    run.wait_sends();
+    for (Stage& stage : stages_)
+      if (stage.is_last()) {
+        double total = 0;
+        for (int mb = 0; mb < m; ++mb) total += full_tensor(stage.take_loss(mb))[0];
+        run.stats.loss = total / double(m);
+      }
+    if (options_.count_slots) {
+      double end = run.clock;
+      mesh_.group(0).all_reduce(std::span<double>(&end, 1), ReduceOp::max);
+      run.stats.makespan_slots = end;
+    }
+    run.stats.wall_seconds = seconds_since(start);
+    return std::move(run.stats);
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  static double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+  struct Incoming {
+    PendingRecv<X> data;
+    std::unique_ptr<double> sent_at;  // the sender's slot clock (count_slots)
+    Work sent_at_work;
+  };
+  struct Outgoing {
+    X data;
+    Work work;
+    std::unique_ptr<double> sent_at;
+    Work sent_at_work;
+    bool done() { return work.test() && sent_at_work.test(); }
+  };
+
+  /// The state of one step.
+  struct Run {
+    Run(Executor& executor, const std::vector<std::pair<Ids, Ids>>& batches) : exec(executor), microbatches(batches) {}
+
+    Executor& exec;
+    const std::vector<std::pair<Ids, Ids>>& microbatches;
+    StepStats stats{};
+    double clock = 0;                          // slots, count_slots
+    std::map<Action, Incoming> incoming;       // keyed by the RECV
+    std::map<std::pair<int, int>, X> outputs;  // (stage, mb): a forward's output, to send or hand over
+    std::map<std::pair<int, int>, X> input_grads;  // (stage, mb): a backward's input gradient
+    std::deque<Outgoing> outgoing;
+
+    Stage& stage(int index) {
+      for (Stage& s : exec.stages_)
+        if (s.index() == index) return s;
+      exec.mesh_.comm().fail("pipeline::Executor", dtensor::detail::cat("stage ", index, " is not on this rank"));
+    }
+    int tag(const Action& message) const {
+      // The sending stage, the direction and the micro-batch name a message; even tags carry data, odd ones the clock.
+      const Action send = is_send(message.kind) ? message : counterpart(message);
+      const int direction = send.kind == ActionKind::send_backward ? 1 : 0;
+      return 2 * ((send.stage * 2 + direction) * exec.schedule_.microbatches + send.microbatch);
+    }
+    MeshRanks<StageMesh::ndim> peer(const Action& message) const {
+      return exec.mesh_.template slice<detail::first_dimension<Mesh>::name>(exec.schedule_.layout.rank_of(counterpart(message).stage));
+    }
+    X take(std::map<std::pair<int, int>, X>& from, int stage, int mb) {
+      auto found = from.find({stage, mb});
+      if (found == from.end())
+        exec.mesh_.comm().fail("pipeline::Executor", dtensor::detail::cat("no tensor of stage ", stage, " micro-batch ", mb));
+      X x = std::move(found->second);
+      from.erase(found);
+      return x;
+    }
+    /// The received tensor of `recv`, waited for now; the clock moves to its send's slot.
+    X receive(const Action& recv) {
+      auto found = incoming.find(recv);
+      if (found == incoming.end())
+        exec.mesh_.comm().fail("pipeline::Executor", "no receive posted for " + to_string(recv));
+      const auto start = Clock::now();
+      X x = found->second.data.take();
+      found->second.sent_at_work.wait();
+      stats.wait_seconds += seconds_since(start);
+      if (found->second.sent_at) clock = std::max(clock, *found->second.sent_at);
+      incoming.erase(found);
+      return x;
+    }
+    /// F's input: the previous stage's output, handed over here or received.
+    std::optional<X> forward_input(const Action& f) {
+      if (f.stage == 0) return std::nullopt;
+      if (exec.schedule_.layout.rank_of(f.stage - 1) == exec.pipeline_rank()) return take(outputs, f.stage - 1, f.microbatch);
+      return receive({f.stage, ActionKind::recv_forward, f.microbatch});
+    }
+    /// B's or I's output gradient: the next stage's input gradient, handed over here or received.
+    std::optional<X> output_gradient(const Action& b) {
+      if (b.stage + 1 == exec.schedule_.layout.stages()) return std::nullopt;
+      if (exec.schedule_.layout.rank_of(b.stage + 1) == exec.pipeline_rank())
+        return take(input_grads, b.stage + 1, b.microbatch);
+      return receive({b.stage, ActionKind::recv_backward, b.microbatch});
+    }
+    void compute(const Action& action) { clock += exec.options_.costs.of(action.kind), stats.busy_slots += exec.options_.costs.of(action.kind); }
+
+    void execute(const Action& action) {
+      const int mb = action.microbatch;
+      const double dloss = 1.0 / double(exec.schedule_.microbatches);
+      switch (action.kind) {
+        case ActionKind::forward: {
+          auto x = forward_input(action);
+          const auto& [ids, targets] = microbatches[std::size_t(mb)];
+          auto y = stage(action.stage).forward(mb, std::move(x), ids, targets);
+          if (y) outputs.emplace(std::pair{action.stage, mb}, std::move(*y));
+          compute(action);
+          break;
+        }
+        case ActionKind::backward:
+        case ActionKind::backward_input: {
+          auto dy = output_gradient(action);
+          Stage& s = stage(action.stage);
+          auto dx = action.kind == ActionKind::backward ? s.backward(mb, std::move(dy), dloss)
+                                                        : s.backward_input(mb, std::move(dy), dloss);
+          if (dx) input_grads.emplace(std::pair{action.stage, mb}, std::move(*dx));
+          compute(action);
+          break;
+        }
+        case ActionKind::backward_weight:
+          stage(action.stage).backward_weight(mb);
+          compute(action);
+          break;
+        case ActionKind::send_forward:
+        case ActionKind::send_backward: {
+          auto& source = action.kind == ActionKind::send_forward ? outputs : input_grads;
+          Outgoing out{take(source, action.stage, mb), Work(), nullptr, Work()};
+          const auto to = peer(action);
+          out.work = send_to(out.data, to, tag(action));
+          if (exec.options_.count_slots) {
+            out.sent_at = std::make_unique<double>(clock);
+            out.sent_at_work = exec.mesh_.root().send_async(std::span<const double>(out.sent_at.get(), 1),
+                                                            to.root_rank_at(stage(action.stage).mesh().coordinate()), tag(action) + 1);
+          }
+          outgoing.push_back(std::move(out));
+          break;
+        }
+        case ActionKind::recv_forward:
+        case ActionKind::recv_backward: {
+          const Stage& s = stage(action.stage);
+          const auto from = peer(action);
+          const auto shape = s.activation_shape(microbatches[std::size_t(mb)].first);
+          Incoming in{recv_from_async<typename X::layout, typename X::value_type>(s.mesh(), from, shape, tag(action)), nullptr,
+                      Work()};
+          if (exec.options_.count_slots) {
+            in.sent_at = std::make_unique<double>(0);
+            in.sent_at_work = exec.mesh_.root().recv_async(std::span<double>(in.sent_at.get(), 1),
+                                                           from.root_rank_at(s.mesh().coordinate()), tag(action) + 1);
+          }
+          incoming.emplace(action, std::move(in));
+          break;
+        }
+      }
+    }
+    void drop_finished_sends() {
+      while (!outgoing.empty() && outgoing.front().done()) outgoing.pop_front();
+    }
+    void wait_sends() {
+      const auto start = Clock::now();
+      for (Outgoing& out : outgoing) out.work.wait(), out.sent_at_work.wait();
+      outgoing.clear();
+      stats.wait_seconds += seconds_since(start);
+    }
+  };
+
+  Mesh mesh_;
+  Schedule schedule_;
+  std::vector<Stage> stages_;
+  ExecutorOptions options_;
+  MemoryReport memory_;
+};
+
+}  // namespace dtensor::parallel::pipeline

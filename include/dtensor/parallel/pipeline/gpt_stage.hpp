@@ -1,0 +1,249 @@
+// dtensor/parallel/pipeline/gpt_stage.hpp — one pipeline stage of a GPT: a run of its blocks,
+// with the embeddings on the first stage and the final norm, head and loss on the last.
+//
+//   auto layers = pipeline::stage_layers(cfg.layers, /*stages=*/4);    // [first, end) per stage
+//   pipeline::GptStage<double, StageMesh> stage(stage_mesh, cfg, /*stage=*/1, /*stages=*/4);
+//   auto y = stage.forward(mb, std::move(x), ids, targets);          // x: empty on the first stage
+//   auto dx = stage.backward_input(mb, std::move(dy), 1.0 / M);      // dy: empty on the last stage
+//   stage.backward_weight(mb);                                       // or backward(mb, dy, dloss): both
+//
+// The modules are built with nn::GPT's own factories (same names, seeds and initialisation), so
+// the stages of a pipeline together start from the parameters of the one-rank nn::GPT; blocks
+// are divided as evenly as possible, the first `layers % stages` stages taking one more. The
+// stage's mesh is the sub-mesh of its pipeline coordinate (no pipeline dimension: the modules
+// reject one). What a backward needs is kept per micro-batch (a map from micro-batch to saved
+// state, and one to weight contexts between I and W), so a schedule may hold several
+// micro-batches and run their backwards in any order. forward on the last stage returns no
+// activation: it keeps the micro-batch's loss (take_loss). No communication here but the
+// modules' own collectives on the stage mesh (the plan's, for tensor parallelism).
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "dtensor/nn/gpt.hpp"
+
+namespace dtensor::parallel::pipeline {
+
+/// The blocks [first, end) of each of `stages` stages of a model with `layers` blocks. More
+/// stages than layers is an error: every stage holds at least one block.
+inline std::vector<std::pair<Extent, Extent>> stage_layers(Extent layers, int stages) {
+  if (stages < 1 || layers < stages)
+    throw Error("pipeline::stage_layers",
+                dtensor::detail::cat("cannot split ", layers, " layers into ", stages,
+                                     " pipeline stages: every stage needs at least one layer (use fewer stages, or "
+                                     "fewer stages per rank)"));
+  std::vector<std::pair<Extent, Extent>> result;
+  Extent first = 0;
+  for (int stage = 0; stage < stages; ++stage) {
+    const Extent count = layers / stages + (stage < layers % stages ? 1 : 0);
+    result.emplace_back(first, first + count);
+    first += count;
+  }
+  return result;
+}
+
+template <kernels::host::FloatElement T, MeshType Mesh, class Plan = nn::ReplicatedPlan, class Id = std::int32_t>
+class GptStage {
+  using Model = nn::GPT<T, Mesh, Plan, Id>;
+
+ public:
+  using X = typename Model::X;  // the residual stream [B, T, C]: what crosses stages
+  using Ids = typename Model::Ids;
+  using Loss = typename Model::Loss;
+  using Block = typename Model::Block;
+
+  struct Saved {
+    std::optional<typename Model::Wte::Saved> wte;
+    std::optional<typename Model::Wpe::Saved> wpe;
+    std::vector<typename Block::Saved> blocks;
+    std::optional<typename Model::Norm::Saved> ln_f;
+    std::optional<typename Model::Head::Saved> head;
+    std::optional<typename Model::LossFn::Saved> loss;
+  };
+  struct WeightCtx {
+    std::optional<typename Model::Wte::WeightCtx> wte;
+    std::optional<typename Model::Wpe::WeightCtx> wpe;
+    std::vector<typename Block::WeightCtx> blocks;  // in block order
+    std::optional<typename Model::Norm::WeightCtx> ln_f;
+    std::optional<typename Model::Head::WeightCtx> head;
+  };
+
+  GptStage(const Mesh& mesh, const nn::GPTConfig& cfg, int stage, int stages)
+      : mesh_(mesh), cfg_(cfg), stage_(stage), stages_(stages) {
+    constexpr const char* op = "pipeline::GptStage";
+    Model::check_config(op, mesh, cfg);
+    if (stage < 0 || stage >= stages)
+      mesh.comm().fail(op, dtensor::detail::cat("stage ", stage, " is not in [0, ", stages, ")"));
+    const auto [first, end] = stage_layers(cfg.layers, stages)[std::size_t(stage)];
+    first_layer_ = first;
+    if (is_first()) {
+      wte_ = Model::make_wte(mesh, cfg);
+      wpe_ = Model::make_wpe(mesh, cfg);
+    }
+    for (Extent layer = first; layer < end; ++layer) blocks_.push_back(Model::make_block(mesh, cfg, layer));
+    if (is_last()) {
+      ln_f_ = Model::make_ln_f(mesh, cfg);
+      head_ = Model::make_head(mesh, cfg);
+    }
+  }
+  GptStage(GptStage&&) = default;
+  GptStage& operator=(GptStage&&) = default;
+
+  bool is_first() const noexcept { return stage_ == 0; }
+  bool is_last() const noexcept { return stage_ == stages_ - 1; }
+  int index() const noexcept { return stage_; }
+  const Mesh& mesh() const noexcept { return mesh_; }
+  Extent first_layer() const noexcept { return first_layer_; }
+  std::size_t layers() const noexcept { return blocks_.size(); }
+
+  /// The forward of micro-batch `mb`: from the ids on the first stage, else from `x` (the
+  /// previous stage's output); returns the output, or nothing on the last stage, which keeps the
+  /// loss instead. `targets` are read on the last stage only.
+  std::optional<X> forward(int mb, std::optional<X> x, const Ids& ids, const Ids& targets) {
+    constexpr const char* op = "pipeline::GptStage::forward";
+    if (saved_.contains(mb) || losses_.contains(mb))
+      mesh_.comm().fail(op, dtensor::detail::cat("stage ", stage_, " already holds micro-batch ", mb, " (forward twice)"));
+    if (is_first() == x.has_value())
+      mesh_.comm().fail(op, dtensor::detail::cat("stage ", stage_, is_first() ? " takes ids, not an activation"
+                                                                             : " needs the previous stage's activation"));
+    Saved s;
+    if (is_first()) {
+      auto [te, wte_s] = wte_->forward(ids);
+      auto [pe, wpe_s] = wpe_->forward(Model::positions(mesh_, ids));
+      s.wte = std::move(wte_s);
+      s.wpe = std::move(wpe_s);
+      x = ops::add(te, pe);
+    }
+    s.blocks.reserve(blocks_.size());
+    for (const auto& block : blocks_) {
+      auto [y, block_s] = block.forward(*x);
+      x = std::move(y);
+      s.blocks.push_back(std::move(block_s));
+    }
+    if (is_last()) {
+      auto [h, ln_s] = ln_f_->forward(*x);
+      auto [logits, head_s] = head_->forward(h);
+      auto [loss, loss_s] = loss_.forward(logits, targets);
+      s.ln_f = std::move(ln_s);
+      s.head = std::move(head_s);
+      s.loss = std::move(loss_s);
+      losses_.emplace(mb, std::move(loss));
+      x.reset();
+    }
+    saved_.emplace(mb, std::move(s));
+    return x;
+  }
+
+  /// The input gradients of micro-batch `mb` (of dloss * loss on the last stage, else from `dy`,
+  /// the next stage's input gradient); returns the gradient of this stage's input, nothing on the
+  /// first stage. The weight gradients wait for backward_weight(mb).
+  std::optional<X> backward_input(int mb, std::optional<X> dy, double dloss) {
+    constexpr const char* op = "pipeline::GptStage::backward_input";
+    auto found = saved_.find(mb);
+    if (found == saved_.end())
+      mesh_.comm().fail(op, dtensor::detail::cat("stage ", stage_, " holds no forward of micro-batch ", mb));
+    if (is_last() == dy.has_value())
+      mesh_.comm().fail(op, dtensor::detail::cat("stage ", stage_, is_last() ? " starts from the loss, not a gradient"
+                                                                            : " needs the next stage's input gradient"));
+    Saved s = std::move(found->second);
+    saved_.erase(found);
+    WeightCtx w;
+    if (is_last()) {
+      auto dlogits = loss_.backward(std::move(*s.loss), dloss);
+      auto [dh, head_w] = head_->backward_input(std::move(*s.head), dlogits);
+      auto [dx, ln_w] = ln_f_->backward_input(std::move(*s.ln_f), dh);
+      w.head = std::move(head_w);
+      w.ln_f = std::move(ln_w);
+      dy = std::move(dx);
+    }
+    w.blocks.resize(blocks_.size());
+    for (std::size_t l = blocks_.size(); l-- > 0;) {
+      auto [dx, block_w] = blocks_[l].backward_input(std::move(s.blocks[l]), *dy);
+      dy = std::move(dx);
+      w.blocks[l] = std::move(block_w);
+    }
+    if (is_first()) {
+      w.wte = wte_->backward_input(std::move(*s.wte), *dy).weight;
+      w.wpe = wpe_->backward_input(std::move(*s.wpe), *dy).weight;
+      dy.reset();
+    }
+    weight_ctx_.emplace(mb, std::move(w));
+    return dy;
+  }
+
+  /// Adds the weight gradients of micro-batch `mb` (after its backward_input): head, blocks last
+  /// first, embeddings — the order nn::GPT::backward_weight adds them.
+  void backward_weight(int mb) {
+    auto found = weight_ctx_.find(mb);
+    if (found == weight_ctx_.end())
+      mesh_.comm().fail("pipeline::GptStage::backward_weight",
+                        dtensor::detail::cat("stage ", stage_, " has no backward_input of micro-batch ", mb));
+    WeightCtx w = std::move(found->second);
+    weight_ctx_.erase(found);
+    if (is_last()) {
+      head_->backward_weight(std::move(*w.head));
+      ln_f_->backward_weight(std::move(*w.ln_f));
+    }
+    for (std::size_t l = blocks_.size(); l-- > 0;) blocks_[l].backward_weight(std::move(w.blocks[l]));
+    if (is_first()) {
+      wte_->backward_weight(std::move(*w.wte));
+      wpe_->backward_weight(std::move(*w.wpe));
+    }
+  }
+
+  /// The full backward of micro-batch `mb`: backward_input, then backward_weight.
+  std::optional<X> backward(int mb, std::optional<X> dy, double dloss) {
+    auto dx = backward_input(mb, std::move(dy), dloss);
+    backward_weight(mb);
+    return dx;
+  }
+
+  /// The loss of micro-batch `mb` (last stage, after its forward), this rank's share as nn::GPT
+  /// gives it; removed from the stage.
+  Loss take_loss(int mb) {
+    auto found = losses_.find(mb);
+    if (found == losses_.end())
+      mesh_.comm().fail("pipeline::GptStage::take_loss",
+                        dtensor::detail::cat("stage ", stage_, is_last() ? " has no loss of micro-batch " : " is not the last stage, micro-batch ", mb));
+    Loss loss = std::move(found->second);
+    losses_.erase(found);
+    return loss;
+  }
+
+  /// The extents of the activation (and its gradient) that crosses stages for a micro-batch of these ids.
+  Shape<3> activation_shape(const Ids& ids) const { return {ids.extent(0), ids.extent(1), cfg_.dim}; }
+
+  /// Micro-batches whose forward ran and whose backward_input has not (activations held).
+  std::size_t saved_count() const noexcept { return saved_.size(); }
+  /// Micro-batches whose backward_input ran and whose backward_weight has not.
+  std::size_t weight_pending_count() const noexcept { return weight_ctx_.size(); }
+
+  /// Activation checkpointing of every block of this stage.
+  void set_checkpoint(bool on) {
+    for (auto& block : blocks_) block.set_enabled(on);
+  }
+
+  auto children() { return std::tie(wte_, wpe_, blocks_, ln_f_, head_); }
+
+ private:
+  Mesh mesh_;
+  nn::GPTConfig cfg_;
+  int stage_ = 0;
+  int stages_ = 1;
+  Extent first_layer_ = 0;
+  std::optional<typename Model::Wte> wte_;
+  std::optional<typename Model::Wpe> wpe_;
+  std::vector<Block> blocks_;
+  std::optional<typename Model::Norm> ln_f_;
+  std::optional<typename Model::Head> head_;
+  typename Model::LossFn loss_;
+  std::map<int, Saved> saved_;
+  std::map<int, WeightCtx> weight_ctx_;
+  std::map<int, Loss> losses_;
+};
+
+}  // namespace dtensor::parallel::pipeline

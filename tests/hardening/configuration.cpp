@@ -1,0 +1,120 @@
+// Configuration: environment variables and setters are validated, and a bad value is an Error
+// that quotes it — never "3e5" read as 3 ms or "abc" as 0 ms.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <string>
+
+#include "dtensor/comm/threads.hpp"
+#include "dtensor/core/parse.hpp"
+#include "flags.hpp"
+#include "hardening/hardening.hpp"
+
+using namespace dtensor;
+using namespace dtensor::hardening;
+using namespace std::chrono_literals;
+using Catch::Contains;
+
+namespace {
+/// Sets an environment variable for the scope of one check (the tests run on one thread).
+struct ScopedEnv {
+  const char* name;
+  ScopedEnv(const char* n, const char* value) : name(n) { ::setenv(n, value, 1); }
+  ~ScopedEnv() { ::unsetenv(name); }
+};
+}  // namespace
+
+TEST_CASE("DTENSOR_TIMEOUT_MS is a whole number of milliseconds in range", "[hardening][config]") {
+  {
+    ScopedEnv e("DTENSOR_TIMEOUT_MS", "30000");
+    CHECK(detail::timeout_from_env(1ms) == 30000ms);
+  }
+  CHECK(detail::timeout_from_env(7ms) == 7ms);  // unset: the fallback
+  for (const char* bad : {"3e5", "abc", "", "30s", " 100", "100 ", "1.5", "0x10"}) {
+    ScopedEnv e("DTENSOR_TIMEOUT_MS", bad);
+    const auto o = outcome_of_call([] { (void)detail::timeout_from_env(1ms); });
+    INFO(bad << " -> " << o.message);
+    CHECK(o.is_error);
+    CHECK_THAT(o.message, Contains("DTENSOR_TIMEOUT_MS") && Contains(std::string("'") + bad + "'"));
+  }
+  for (const char* bad : {"0", "-5", "99999999999999999999", "9223372036854775807"}) {
+    ScopedEnv e("DTENSOR_TIMEOUT_MS", bad);
+    const auto o = outcome_of_call([] { (void)detail::timeout_from_env(1ms); });
+    INFO(bad << " -> " << o.message);
+    CHECK(o.is_error);
+    CHECK_THAT(o.message, Contains("DTENSOR_TIMEOUT_MS") && Contains(bad));
+  }
+}
+
+TEST_CASE("DTENSOR_CHECK_COLLECTIVES is 0 or 1", "[hardening][config]") {
+  {
+    ScopedEnv e("DTENSOR_CHECK_COLLECTIVES", "1");
+    CHECK(detail::check_from_env(false));
+  }
+  {
+    ScopedEnv e("DTENSOR_CHECK_COLLECTIVES", "0");
+    CHECK_FALSE(detail::check_from_env(true));
+  }
+  for (const char* bad : {"yes", "2", "", "true "}) {
+    ScopedEnv e("DTENSOR_CHECK_COLLECTIVES", bad);
+    const auto o = outcome_of_call([] { (void)detail::check_from_env(false); });
+    CHECK(o.is_error);
+    CHECK_THAT(o.message, Contains("DTENSOR_CHECK_COLLECTIVES") && Contains(std::string("'") + bad + "'"));
+  }
+}
+
+TEST_CASE("set_timeout rejects zero, negative and absurd timeouts, naming the group", "[hardening][config]") {
+  auto out = outcomes(2, [](CommPtr w) {
+    auto sub = w->split(0, w->rank());
+    sub->set_label("tp");
+    for (auto bad : {0ms, -5ms, std::chrono::milliseconds(std::numeric_limits<std::int64_t>::max())}) {
+      const auto o = outcome_of_call([&] { sub->set_timeout(bad); });
+      if (!o.is_error || o.message.find("set_timeout[tp]") == std::string::npos ||
+          o.message.find(std::to_string(bad.count()) + " ms") == std::string::npos)
+        throw std::runtime_error("set_timeout(" + std::to_string(bad.count()) + "): " + o.message);
+    }
+    sub->set_timeout(1ms);  // the smallest valid one
+    if (sub->timeout() != 1ms) throw std::runtime_error("set_timeout(1ms) did not take");
+  });
+  for (const auto& r : out) {
+    INFO(r.message);
+    CHECK_FALSE(r.threw);
+  }
+}
+
+TEST_CASE("numbers are parsed in full and in the range of their type", "[hardening][config]") {
+  CHECK(parse_integer<int>("42") == 42);
+  CHECK(parse_integer<int>("+42") == 42);
+  CHECK(parse_integer<int>("-7") == -7);
+  CHECK(parse_integer<int>("2147483647") == 2147483647);
+  for (const char* bad : {"2147483648", "4294967298", "12x", "3e5", "", "+", "-", "++1", " 1", "1 ", "0x1"})
+    CHECK_FALSE(parse_integer<int>(bad).has_value());
+  CHECK_FALSE(parse_integer<std::uint64_t>("-1").has_value());
+  CHECK(parse_number("3e-3") == 3e-3);
+  for (const char* bad : {"nan", "inf", "1e999", "1.5x", "", "--1"}) CHECK_FALSE(parse_number(bad).has_value());
+}
+
+TEST_CASE("trainer flags: integers in the type they are used as, naming flag and value", "[hardening][flags]") {
+  using examples::flag_value;
+  CHECK(flag_value<int>("--steps", "300", 1) == 300);
+  auto message = [](auto fn) {
+    try {
+      fn();
+    } catch (const examples::UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string("<no UsageError>");
+  };
+  CHECK_THAT(message([&] { flag_value<int>("--steps", "2147483648", 1); }),
+             Contains("--steps 2147483648 is out of range [1, 2147483647]"));
+  CHECK_THAT(message([&] { flag_value<int>("--steps", "4294967298", 1); }), Contains("--steps 4294967298 is out of range"));
+  CHECK_THAT(message([&] { flag_value<int>("--dp", "4294967298", 1, 4096); }), Contains("--dp 4294967298 is out of range [1, 4096]"));
+  CHECK_THAT(message([&] { flag_value<int>("--dp", "0", 1, 4096); }), Contains("--dp 0 is out of range"));
+  CHECK_THAT(message([&] { flag_value<int>("--steps", "12x", 1); }), Contains("--steps expects a whole number, got '12x'"));
+  CHECK_THAT(message([&] { flag_value<std::uint64_t>("--seed", "-1", 0); }), Contains("--seed -1 is out of range"));
+  CHECK_THAT(message([&] { examples::positive_flag_value("--lr", "nan"); }), Contains("--lr expects a positive number"));
+  CHECK_THAT(message([&] { examples::positive_flag_value("--lr", "-1"); }), Contains("--lr expects a positive number"));
+}

@@ -1,0 +1,92 @@
+// Layouts across ranks: ranks that disagree about a DTensor (its layout, its global extents)
+// are caught by the redistribution's fingerprint (distributed/agreement.hpp) before any data
+// moves, on every rank — not turned into a full_tensor of mixed-up elements.
+#include <catch2/catch.hpp>
+
+#include "dtensor/dtensor.hpp"
+#include "hardening/hardening.hpp"
+
+using namespace dtensor;
+using namespace dtensor::hardening;
+using Catch::Contains;
+
+namespace {
+/// Turns the check on for the mesh's communicators (the tests have it on by default; this
+/// keeps the cases meaningful under DTENSOR_CHECK_COLLECTIVES=0 too).
+template <class Mesh>
+void check_on(const Mesh& mesh) {
+  for (std::size_t lo = 0; lo < Mesh::ndim; ++lo)
+    for (std::size_t hi = lo; hi < Mesh::ndim; ++hi) mesh.group(lo, hi).set_check_collectives(true);
+}
+}  // namespace
+
+TEST_CASE("ranks holding different layouts of the same tensor: full_tensor throws everywhere", "[hardening][layouts]") {
+  const Stopwatch clock;
+  auto out = outcomes(2, [](CommPtr w) {
+    w->set_timeout(long_timeout);
+    DeviceMesh<"tp"> mesh(w, {2});
+    check_on(mesh);
+    const auto full = arange<float>(Shape<2>{4, 4});
+    if (w->rank() == 0) (void)full_tensor(distribute_replicated<Layout<Shard<0>>>(mesh, full));
+    else (void)full_tensor(distribute_replicated<Layout<Shard<1>>>(mesh, full));
+  });
+  CHECK(clock.elapsed() < prompt);
+  for (const auto& r : out) {
+    INFO(r.message);
+    CHECK(r.is_error);
+    CHECK_THAT(r.message, Contains("redistribute[tp]") && Contains("ranks disagree") &&
+                              Contains("rank 0: float32 [4, 4] on mesh [2]: (S(0)) -> (R)") &&
+                              Contains("rank 1: float32 [4, 4] on mesh [2]: (S(1)) -> (R)"));
+  }
+}
+
+TEST_CASE("ranks passing different global extents with the same byte count are caught", "[hardening][layouts]") {
+  auto out = outcomes(2, [](CommPtr w) {
+    DeviceMesh<"tp"> mesh(w, {2});
+    check_on(mesh);
+    // 4 x 4 and 2 x 8: each rank's piece is 8 elements, so the all_gather sizes agree.
+    const Shape<2> global = w->rank() == 0 ? Shape<2>{4, 4} : Shape<2>{2, 8};
+    auto x = distribute_replicated<Layout<Shard<0>>>(mesh, arange<float>(global));
+    (void)full_tensor(x);
+  });
+  for (const auto& r : out) {
+    INFO(r.message);
+    CHECK(r.is_error);
+    CHECK_THAT(r.message, Contains("rank 0: float32 [4, 4]") && Contains("rank 1: float32 [2, 8]"));
+  }
+}
+
+TEST_CASE("ranks redistributing to different targets on a 2-D mesh are named by world rank", "[hardening][layouts]") {
+  auto out = outcomes(4, [](CommPtr w) {
+    DeviceMesh<"dp", "tp"> mesh(w, {2, 2});
+    check_on(mesh);
+    auto x = distribute_replicated<Layout<Shard<0>, Shard<1>>>(mesh, arange<double>(Shape<2>{5, 3}));
+    if (w->rank() == 3) (void)redistribute<Layout<Replicate, Shard<0>>>(x);
+    else (void)redistribute<Layout<Replicate, Shard<1>>>(x);
+  });
+  for (const auto& r : out) {
+    INFO(r.message);
+    CHECK(r.is_error);
+    CHECK_THAT(r.message, Contains("redistribute[dp*tp]") && Contains("rank 3: float64 [5, 3] on mesh [2, 2]: (S(0), S(1)) -> (R, S(0))") &&
+                              Contains("rank 0: float64 [5, 3] on mesh [2, 2]: (S(0), S(1)) -> (R, S(1))"));
+  }
+}
+
+TEST_CASE("ranks that agree redistribute correctly with the check on (uneven, smaller than the mesh)",
+          "[hardening][layouts]") {
+  auto out = outcomes(4, [](CommPtr w) {
+    DeviceMesh<"dp", "tp"> mesh(w, {2, 2});
+    check_on(mesh);
+    for (const Shape<2> global : {Shape<2>{5, 3}, Shape<2>{1, 1}, Shape<2>{0, 3}}) {
+      const auto full = arange<float>(global);
+      auto x = distribute_replicated<Layout<Shard<0>, Shard<1>>>(mesh, full);
+      const auto back = full_tensor(redistribute<Layout<Shard<1>, Replicate>>(x));
+      if (!(back.shape() == full.shape()) || !std::equal(back.span().begin(), back.span().end(), full.span().begin()))
+        throw std::runtime_error("round trip of " + to_string(global) + " differs");
+    }
+  });
+  for (const auto& r : out) {
+    INFO(r.message);
+    CHECK_FALSE(r.threw);
+  }
+}

@@ -1,0 +1,94 @@
+// Hardening on the MPI backend: with the collective check on (as in every test program), ranks
+// that disagree — about a collective's element type, count or reduction, about which collective
+// to call, about a DTensor's layout or global extents — all throw a dtensor::Error listing every
+// rank's call, before any data moves. Without the check MPI itself would corrupt data silently
+// (docs/errors.md). Every case leaves the ranks in step, so the next case starts clean.
+#include <span>
+#include <string>
+#include <vector>
+
+#include "dtensor/comm/mpi.hpp"
+#include "dtensor/dtensor.hpp"
+#include "mpi_check.hpp"
+
+using namespace dtensor;
+using testing::contains;
+using testing::error_of;
+
+namespace {
+/// A sub-communicator of every rank with the check on, so the cases do not depend on defaults.
+CommPtr checked_world() {
+  CommPtr g = mpi::world()->split(0, mpi::world()->rank());
+  g->set_label("checked");
+  g->set_check_collectives(true);
+  return g;
+}
+}  // namespace
+
+TEST_CASE("8 doubles on one rank against 16 floats on the others", "[mpi][hardening]") {
+  CommPtr g = checked_world();
+  const auto msg = error_of([&] {
+    if (g->rank() == 0) {
+      std::vector<double> x(8, 1.0);
+      g->all_reduce(std::span<double>(x), ReduceOp::sum);
+    } else {
+      std::vector<float> x(16, 1.0f);
+      g->all_reduce(std::span<float>(x), ReduceOp::sum);
+    }
+  });
+  DTENSOR_MPI_REQUIRE(contains(msg, {"all_reduce[checked]", "ranks issued different collectives",
+                                     "rank 0: all_reduce(8 x float64, sum)", "rank 1: all_reduce(16 x float32, sum)"}));
+}
+
+TEST_CASE("max on one rank against sum on the others", "[mpi][hardening]") {
+  CommPtr g = checked_world();
+  const auto msg = error_of([&] {
+    std::vector<float> x(4, 1.0f);
+    g->all_reduce(std::span<float>(x), g->rank() == 1 ? ReduceOp::max : ReduceOp::sum);
+  });
+  DTENSOR_MPI_REQUIRE(contains(msg, {"rank 0: all_reduce(4 x float32, sum)", "rank 1: all_reduce(4 x float32, max)"}));
+}
+
+TEST_CASE("an all_gather against all_reduces", "[mpi][hardening]") {
+  CommPtr g = checked_world();
+  const auto msg = error_of([&] {
+    std::vector<float> x(4, 1.0f), all(4 * std::size_t(g->size()));
+    if (g->rank() == 2) g->all_gather(std::span<const float>(x), std::span<float>(all));
+    else g->all_reduce(std::span<float>(x), ReduceOp::sum);
+  });
+  DTENSOR_MPI_REQUIRE(contains(msg, {"rank 2: all_gather(4 x float32)", "rank 0: all_reduce(4 x float32, sum)"}));
+}
+
+TEST_CASE("ranks holding different layouts or extents of a DTensor", "[mpi][hardening]") {
+  DeviceMesh<"tp"> mesh(mpi::world(), {mpi::world()->size()});
+  mesh.comm().set_check_collectives(true);
+  mesh.group(0).set_check_collectives(true);
+  const int n = mesh.size(0);
+  const auto full = arange<float>(Shape<2>{Extent(2 * n), Extent(2 * n)});
+  auto msg = error_of([&] {
+    if (mesh.comm().rank() == 0) (void)full_tensor(distribute_replicated<Layout<Shard<0>>>(mesh, full));
+    else (void)full_tensor(distribute_replicated<Layout<Shard<1>>>(mesh, full));
+  });
+  const std::string extents = to_string(full.shape());
+  DTENSOR_MPI_REQUIRE(contains(msg, {"redistribute[tp]", "ranks disagree", "rank 0: float32 " + extents,
+                                     "(S(0)) -> (R)", "rank 1: float32 " + extents, "(S(1)) -> (R)"}));
+  // Same byte count, different extents.
+  msg = error_of([&] {
+    const Shape<2> global = mesh.comm().rank() == 1 ? Shape<2>{Extent(n), 4} : Shape<2>{Extent(2 * n), 2};
+    (void)full_tensor(distribute_replicated<Layout<Shard<0>>>(mesh, arange<float>(global)));
+  });
+  DTENSOR_MPI_REQUIRE(contains(msg, {"ranks disagree", "rank 1: float32 [" + std::to_string(n) + ", 4]"}));
+}
+
+TEST_CASE("errors on a sub-group name the group and the world rank", "[mpi][hardening]") {
+  CommPtr w = mpi::world();
+  CommPtr sub = w->split(w->rank() % 2, w->rank());
+  sub->set_label("dp");
+  const auto msg = error_of([&] {
+    std::vector<float> s(2), r(3);
+    sub->all_gather(std::span<const float>(s), std::span<float>(r));
+  });
+  const bool named = w->rank() == sub->rank() ? contains(msg, "all_gather[dp] on rank 0:")
+                                               : contains(msg, "(world rank " + std::to_string(w->rank()) + ")");
+  DTENSOR_MPI_REQUIRE(named && contains(msg, "recv has 3 elements"));
+}

@@ -1,0 +1,91 @@
+// tests/parity/pipeline_parity.hpp — one GPT training run through a pipeline schedule on a
+// (pp, dp, tp) mesh, for the parity tests (threads and MPI): the per-step losses, the executor's
+// measurements and the validator's memory report.
+//
+// The oracle is run_parity (gpt_parity.hpp) on one rank with the same batch and layers: the
+// pipeline run splits the batch into M micro-batches, runs the schedule, reduces the gradients
+// on "dp" (DDP after the schedule), syncs sequence-parallel gradients on "tp", clips by the norm
+// over all stages and steps AdamW, so its per-step losses must be the one-rank run's.
+#pragma once
+
+#include <limits>
+#include <span>
+
+#include "dtensor/parallel/pipeline/by_name.hpp"
+#include "dtensor/parallel/pipeline/clip.hpp"
+#include "dtensor/parallel/pipeline/executor.hpp"
+#include "dtensor/parallel/pipeline/gpt_stage.hpp"
+#include "gpt_parity.hpp"
+
+namespace dtensor::testing {
+
+using PipelineMesh = DeviceMesh<"pp", "dp", "tp">;
+
+/// Sequences per step and blocks of the pipeline parity runs: 8 sequences split into 4 or 8
+/// micro-batches; 9 layers divide unevenly over 2, 4 and 8 stages.
+inline constexpr Extent pipeline_batch = 8;
+inline constexpr Extent pipeline_layers = 9;
+
+struct PipelineRun {
+  std::vector<double> losses;             // every step's mean loss, on every rank
+  parallel::pipeline::StepStats first;              // the executor's measurements of step 1 on this rank
+  double bubble = 0;                      // step 1's idle fraction in counted slots, mean over the pipeline ranks
+  parallel::pipeline::Schedule schedule;
+  parallel::pipeline::MemoryReport memory;          // the validator's
+  int pipeline_rank = 0;
+};
+
+struct PipelineShape {
+  int pp = 2, dp = 1, tp = 1;
+};
+
+template <class Plan>
+PipelineRun run_pipeline_parity(CommPtr world, PipelineShape shape, parallel::pipeline::ScheduleKind kind, int microbatches,
+                                int stages_per_rank = 0, int steps = parity_steps) {
+  PipelineMesh mesh(world, {shape.pp, shape.dp, shape.tp});
+  const GptMesh stage_mesh = parallel::pipeline::stage_mesh_of(mesh);
+  auto cfg = parity_config();
+  cfg.layers = pipeline_layers;
+  using Stage = parallel::pipeline::GptStage<double, GptMesh, Plan>;
+  auto schedule = parallel::pipeline::make_schedule(kind, shape.pp, microbatches, stages_per_rank);
+  std::vector<Stage> stages;
+  for (int s : schedule.layout.stages_of(mesh.coordinate(0))) stages.emplace_back(stage_mesh, cfg, s, schedule.layout.stages());
+  parallel::pipeline::Executor<Stage, PipelineMesh> exec(mesh, schedule, std::move(stages));
+  nn::ParamList<double, 2> ps;
+  for (Stage& stage : exec.stages()) nn::collect(stage, ps);
+  optim::AdamW<double, 2> opt(ps, parity_adamw());
+  parallel::DataParallel<GptMesh> ddp(stage_mesh, {.bucket_bytes = 4096});
+
+  PipelineRun out;
+  out.schedule = schedule;
+  out.memory = exec.memory();
+  out.pipeline_rank = mesh.coordinate(0);
+  for (int step = 0; step < steps; ++step) {
+    auto [ids, targets] = parity_tokens(step, cfg, pipeline_batch);
+    opt.zero_grad();
+    auto stats = exec.step(parallel::pipeline::split_microbatches<typename Stage::Ids>(stage_mesh, ids, targets, microbatches));
+    ddp.all_reduce_gradients(ps);
+    parallel::sequence_parallel_grads(ps, stage_mesh, {.bucket_bytes = 4096});
+    parallel::pipeline::clip_grad_norm(ps, stage_mesh, mesh.group(0), 1.0);
+    opt.step();
+    // The loss lives on the last stage's ranks; the harness shares it over the pipeline group.
+    double loss = stats.loss.value_or(-std::numeric_limits<double>::infinity());
+    mesh.group(0).all_reduce(std::span<double>(&loss, 1), ReduceOp::max);
+    out.losses.push_back(loss);
+    if (step == 0) {
+      double idle = stats.idle_fraction();
+      mesh.group(0).all_reduce(std::span<double>(&idle, 1), ReduceOp::sum);
+      out.bubble = idle / double(shape.pp);
+      out.first = std::move(stats);
+    }
+  }
+  return out;
+}
+
+/// The one-rank reference of the pipeline runs (run_parity with the pipeline's batch and layers).
+inline std::vector<double> pipeline_reference(CommPtr one_rank) {
+  return run_parity<nn::ReplicatedPlan>(std::move(one_rank), {1, 1}, {.batch = pipeline_batch, .layers = pipeline_layers})
+      .losses;
+}
+
+}  // namespace dtensor::testing
