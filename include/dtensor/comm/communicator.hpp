@@ -17,6 +17,7 @@
 //   all_reduce      send: n            recv: n            (send and recv may be the same)
 //   all_to_all      send: n * size()   recv: n * size()   (block j goes to / came from rank j)
 //   all_to_all_v    per-peer counts and displacements, in elements
+//   all_to_all with StridedBlocks   send: blocks where StridedBlocks says   recv: as all_to_all
 //   broadcast       buf: n on every rank, root's contents win
 #pragma once
 
@@ -95,6 +96,37 @@ struct Fingerprint {
 };
 }  // namespace detail
 
+/// Where the send blocks of an all-to-all lie when they are not back to back: block j (the one
+/// for rank j) is `rows` runs of `run` contiguous elements, `row_stride` elements apart, and
+/// starts at element j * `block_stride`. Shard(d) -> Shard(e) of a row-major piece sends rank
+/// j slice j of dimension e: a run is that slice times the extents after e, and there is one
+/// row per index of the dimensions before e. A backend that can describe such blocks (MPI
+/// derived datatypes, the threads backend's copies) sends them without a packing copy.
+struct StridedBlocks {
+  std::size_t rows = 0, run = 0, row_stride = 0, block_stride = 0;
+
+  std::size_t block_elements() const noexcept { return rows * run; }
+  /// Elements of the send buffer that `n` blocks span (from its start to the last element read).
+  std::size_t extent(int n) const noexcept {
+    return block_elements() == 0 ? 0 : std::size_t(n - 1) * block_stride + (rows - 1) * row_stride + run;
+  }
+};
+
+namespace detail {
+/// Block `j` of `send` (StridedBlocks `b`, elements of `element_bytes`) written contiguously at
+/// `dst`, one copy(dst, src, bytes) per run: the packing fallback and the threads backend's
+/// direct reads share it.
+template <class Copy>
+void copy_strided_block(void* dst, const void* send, const StridedBlocks& b, int j, std::size_t element_bytes,
+                        Copy&& copy) {
+  auto* out = static_cast<std::byte*>(dst);
+  const auto* in = static_cast<const std::byte*>(send) + std::size_t(j) * b.block_stride * element_bytes;
+  const std::size_t run_bytes = b.run * element_bytes;
+  for (std::size_t row = 0; row < b.rows; ++row, out += run_bytes)
+    copy(out, in + row * b.row_stride * element_bytes, run_bytes);
+}
+}  // namespace detail
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -148,6 +180,12 @@ class Communicator {
   template <Element T> Work reduce_scatter_async(std::span<const T> s, std::span<T> r, ReduceOp op) { return start_reduce_scatter(s, r, op, true); }
   template <Element T> Work all_reduce_async(std::span<const T> s, std::span<T> r, ReduceOp op) { return start_all_reduce(s, r, op, true); }
   template <Element T> Work all_to_all_async(std::span<const T> s, std::span<T> r) { return start_all_to_all(s, r, true); }
+  /// All-to-all whose send blocks lie where `blocks` says (recv as for all_to_all). Ranks may
+  /// mix this with the plain form in one collective: what travels is the same.
+  template <Element T>
+  Work all_to_all_async(std::span<const T> s, const StridedBlocks& blocks, std::span<T> r) {
+    return start_all_to_all_strided(s, blocks, r, true);
+  }
   /// Counts and displacements are in elements, one per rank of the group.
   template <Element T>
   Work all_to_all_v_async(std::span<const T> send, std::span<const std::size_t> sc, std::span<const std::size_t> sd,
@@ -174,6 +212,9 @@ class Communicator {
   template <Element T> void all_reduce(std::span<const T> s, std::span<T> r, ReduceOp op) { start_all_reduce(s, r, op, false).wait(); }
   template <Element T> void all_reduce(std::span<T> buf, ReduceOp op) { start_all_reduce(std::span<const T>(buf), buf, op, false).wait(); }
   template <Element T> void all_to_all(std::span<const T> s, std::span<T> r) { start_all_to_all(s, r, false).wait(); }
+  template <Element T> void all_to_all(std::span<const T> s, const StridedBlocks& blocks, std::span<T> r) {
+    start_all_to_all_strided(s, blocks, r, false).wait();
+  }
   template <Element T> void broadcast(std::span<T> buf, int root) { start_broadcast(buf, root, false).wait(); }
   template <Element T> void send(std::span<const T> buf, int peer, int tag = 0) { start_send(buf, peer, tag, false).wait(); }
   template <Element T> void recv(std::span<T> buf, int peer, int tag = 0) { start_recv(buf, peer, tag, false).wait(); }
@@ -216,6 +257,31 @@ class Communicator {
   virtual Work do_send(const void* buf, std::size_t count, DType, int peer, int tag, bool async) = 0;
   virtual Work do_recv(void* buf, std::size_t count, DType, int peer, int tag, bool async) = 0;
   virtual void do_barrier() = 0;
+  /// The strided all-to-all. This fallback packs the blocks (host memory) and runs the plain
+  /// all-to-all; backends that can read strided blocks directly override it.
+  virtual Work do_all_to_all_strided(const void* send, const StridedBlocks& blocks, void* recv, DType t, bool async) {
+    const std::size_t element_bytes = size_of(t);
+    auto packed = std::make_shared<std::vector<std::byte>>(std::size_t(size_) * blocks.block_elements() * element_bytes);
+    for (int j = 0; j < size_; ++j)
+      detail::copy_strided_block(packed->data() + std::size_t(j) * blocks.block_elements() * element_bytes, send,
+                                 blocks, j, element_bytes,
+                                 [](std::byte* d, const std::byte* s, std::size_t n) { std::memcpy(d, s, n); });
+    Work w = do_all_to_all(packed->data(), recv, blocks.block_elements(), t, async);
+    if (w.done()) return w;
+    return keep_alive(std::move(w), std::move(packed));
+  }
+
+  /// A Work that keeps `held` alive until `w` completes (buffers an asynchronous call reads).
+  static Work keep_alive(Work w, std::shared_ptr<const void> held) {
+    struct Holding final : detail::WorkState {
+      Work w;
+      std::shared_ptr<const void> held;
+      Holding(Work x, std::shared_ptr<const void> h) : w(std::move(x)), held(std::move(h)) {}
+      void wait() override { w.wait(); }
+      bool test() override { return w.test(); }
+    };
+    return Work(std::make_shared<Holding>(std::move(w), std::move(held)));
+  }
 
   /// One Work that completes when both have.
   static Work join(Work a, Work b) {
@@ -260,6 +326,20 @@ class Communicator {
     expect_count("all_to_all", "recv", recv.size(), send.size(), send.size() / std::size_t(size_));
     pre(CollectiveKind::all_to_all, send.size() * sizeof(T), dtype_of<T>, ReduceOp::sum, send.size(), -1);
     return do_all_to_all(send.data(), recv.data(), send.size() / std::size_t(size_), dtype_of<T>, async);
+  }
+  template <Element T>
+  Work start_all_to_all_strided(std::span<const T> send, const StridedBlocks& b, std::span<T> recv, bool async) {
+    const std::size_t block = b.block_elements();
+    if (b.rows > 1 && b.run > b.row_stride)
+      fail("all_to_all", detail::cat("strided blocks: runs of ", b.run, " elements overlap at a row stride of ",
+                                     b.row_stride));
+    if (b.extent(size_) > send.size())
+      fail("all_to_all", detail::cat("strided blocks (", b.rows, " rows of ", b.run, " elements, row stride ",
+                                     b.row_stride, ", block stride ", b.block_stride, ") span ", b.extent(size_),
+                                     " elements for ", size_, " ranks, but send has ", send.size()));
+    expect_count("all_to_all", "recv", recv.size(), block * std::size_t(size_), block);
+    pre(CollectiveKind::all_to_all, recv.size() * sizeof(T), dtype_of<T>, ReduceOp::sum, recv.size(), -1);
+    return do_all_to_all_strided(send.data(), b, recv.data(), dtype_of<T>, async);
   }
   template <Element T>
   Work start_all_to_all_v(std::span<const T> send, std::span<const std::size_t> send_counts,

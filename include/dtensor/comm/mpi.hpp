@@ -148,6 +148,28 @@ class MpiCommunicator final : public Communicator {
     });
   }
 
+  /// The strided send blocks as one derived datatype (a vector of runs, resized so that block j
+  /// starts j block strides in): MPI reads them in place, no packing copy. The type may be
+  /// freed once the call is issued; MPI keeps it until the operation completes.
+  Work do_all_to_all_strided(const void* send, const StridedBlocks& b, void* recv, DType t, bool async) override {
+    return start("all_to_all", "MPI_Ialltoall", async, [&](detail::Request& r) {
+      const MPI_Datatype dt = detail::datatype(t);
+      const int rows = detail::to_int(r_info(r), b.rows, "rows per block");
+      const int run = detail::to_int(r_info(r), b.run, "elements per run");
+      const int stride = detail::to_int(r_info(r), b.row_stride, "row stride");
+      const int block = detail::to_int(r_info(r), b.block_elements(), "count per block");
+      MPI_Datatype vector = MPI_DATATYPE_NULL, blocks = MPI_DATATYPE_NULL;
+      int rc = MPI_Type_vector(rows, run, stride, dt, &vector);
+      if (rc == MPI_SUCCESS)
+        rc = MPI_Type_create_resized(vector, 0, MPI_Aint(b.block_stride * size_of(t)), &blocks);
+      if (vector != MPI_DATATYPE_NULL) MPI_Type_free(&vector);
+      if (rc == MPI_SUCCESS) rc = MPI_Type_commit(&blocks);
+      if (rc == MPI_SUCCESS) rc = MPI_Ialltoall(send, 1, blocks, recv, block, dt, native(), &r.req);
+      if (blocks != MPI_DATATYPE_NULL) MPI_Type_free(&blocks);
+      return rc;
+    });
+  }
+
   Work do_all_to_all_v(const void* send, const std::size_t* send_counts, const std::size_t* send_displs, void* recv,
                        const std::size_t* recv_counts, const std::size_t* recv_displs, DType t,
                        bool async) override {

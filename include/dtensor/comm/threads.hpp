@@ -67,6 +67,10 @@ class ThreadsCommunicator final : public Communicator {
   Work do_all_to_all(const void* send, void* recv, std::size_t count, DType t, bool async) override {
     return issue(CollectiveKind::all_to_all, async, [=](const detail::Ctx& c) { detail::all_to_all(c, send, recv, count, t); });
   }
+  Work do_all_to_all_strided(const void* send, const StridedBlocks& blocks, void* recv, DType t, bool async) override {
+    return issue(CollectiveKind::all_to_all, async,
+                 [=](const detail::Ctx& c) { detail::all_to_all_strided(c, send, blocks, recv, t); });
+  }
   Work do_all_to_all_v(const void* send, const std::size_t* send_counts, const std::size_t* send_displs, void* recv,
                        const std::size_t* recv_counts, const std::size_t* recv_displs, DType t, bool async) override {
     if (!async) {

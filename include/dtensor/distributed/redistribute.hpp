@@ -25,8 +25,10 @@
 
 #include <array>
 #include <cstddef>
+#include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -133,6 +135,40 @@ const T* send_buffer(IssuedCollective<T, R, Space>& issued, const std::vector<Bo
   return issued.send_staging.data();
 }
 
+/// The send side of an all-to-all as strided blocks of the input itself, when the backend can
+/// read them so (host memory) and a packing copy would otherwise be needed: every part is a
+/// whole block, and the parts follow each other along the one dimension `e` in which the
+/// block is narrower than the piece (Shard(d) -> Shard(e) with even chunks). Uneven parts,
+/// which travel padded, return nothing and take the packing path.
+template <class T, std::size_t R, class Space>
+std::optional<StridedBlocks> strided_send_blocks(const std::vector<Box<R>>& parts, const Box<R>& in_box,
+                                                 const Shape<R>& block, const Tensor<T, R, Space>& in) {
+  if constexpr (!std::is_same_v<Space, host_space>) {
+    return std::nullopt;
+  } else {
+    const Extent total = numel(block) * Extent(parts.size());
+    if (numel(in_box.extent) >= total && blocks_in_place(parts, in_box, block)) return std::nullopt;  // no copy anyway
+    std::size_t split = R;
+    for (std::size_t d = 0; d < R; ++d) {
+      if (block[d] == in_box.extent[d]) continue;
+      if (split != R) return std::nullopt;
+      split = d;
+    }
+    if (split == R || in.numel() != numel(in_box.extent)) return std::nullopt;
+    for (std::size_t j = 0; j < parts.size(); ++j)
+      for (std::size_t d = 0; d < R; ++d)
+        if (parts[j].extent[d] != block[d] ||
+            parts[j].offset[d] - in_box.offset[d] != (d == split ? Extent(j) * block[d] : 0))
+          return std::nullopt;
+    std::size_t rows = 1, inner = 1;
+    for (std::size_t d = 0; d < split; ++d) rows *= std::size_t(in_box.extent[d]);
+    for (std::size_t d = split + 1; d < R; ++d) inner *= std::size_t(in_box.extent[d]);
+    const std::size_t run = std::size_t(block[split]) * inner;
+    return StridedBlocks{.rows = rows, .run = run, .row_stride = std::size_t(in_box.extent[split]) * inner,
+                         .block_stride = run};
+  }
+}
+
 // ---------------------------------------------------------------- one function per step kind
 
 /// Shard -> Replicate over the group: every rank's piece, padded to the block, gathered.
@@ -184,13 +220,19 @@ IssuedCollective<T, R, Space> all_to_all_step(Communicator& group, const StepGeo
     from_members[j] = intersect(g.member_before[j], g.after);
   }
   const std::size_t total = std::size_t(g.block_elements()) * std::size_t(g.group_size);
-  const T* send = send_buffer(issued, to_members, g.before, g.block, in);
+  const auto strided = strided_send_blocks(to_members, g.before, g.block, in);
+  const T* send = strided ? in.data() : send_buffer(issued, to_members, g.before, g.block, in);
   T* recv = receive_buffer(issued, from_members, g.after, g.block, out);
-  std::span<const T> send_span(send, total);
+  std::span<const T> send_span(send, strided ? std::size_t(in.numel()) : total);
   std::span<T> recv_span(recv, total);
   issued.work = issue(async, [&](bool a) {
-    if (a) return group.all_to_all_async(send_span, recv_span);
-    group.all_to_all(send_span, recv_span);
+    if (strided) {
+      if (a) return group.all_to_all_async(send_span, *strided, recv_span);
+      group.all_to_all(send_span, *strided, recv_span);
+    } else {
+      if (a) return group.all_to_all_async(send_span, recv_span);
+      group.all_to_all(send_span, recv_span);
+    }
     return Work{};
   });
   return issued;

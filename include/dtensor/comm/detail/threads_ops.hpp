@@ -143,8 +143,11 @@ inline Slot& arrive(const Ctx& c, Post mine) {
   s.posts[std::size_t(c.rank)] = mine;
   s.here[std::size_t(c.rank)] = 1;
   if (++s.arrived == n) {
+    // Waiters check `arrived` under the mutex before they park, so reading `sleepers` here,
+    // still under it, cannot miss one.
+    const bool wake = g.sleepers.load() > 0;
     l.unlock();
-    g.cv.notify_all();
+    if (wake) g.cv.notify_all();
     return s;
   }
 
@@ -154,6 +157,7 @@ inline Slot& arrive(const Ctx& c, Post mine) {
   }
   l.lock();
   const auto deadline = deadline_after(c.timeout);
+  Group::Parked parked(g);
   for (;;) {
     if (s.arrived == n) return s;
     fail_if_aborted_or_peer_gone();
@@ -180,30 +184,22 @@ inline Slot& arrive(const Ctx& c, Post mine) {
   }
 }
 
-/// Counts this rank in `counter`; with `wait`, returns only once every rank has (a barrier
-/// inside the slot, after arrival: it never fails). Returns the lock, still held.
-inline std::unique_lock<std::mutex> count_in(Group& g, std::atomic<int>& counter, bool wait) {
-  std::unique_lock l(g.mu);
-  if (++counter == g.size) {
-    g.cv.notify_all();
-  } else if (wait) {
-    l.unlock();
-    spin_until([&] { return counter.load() == g.size; }, g.size);
-    l.lock();
-    g.cv.wait(l, [&] { return counter.load() == g.size; });
-  }
-  return l;
+/// A barrier inside the slot, after arrival: it never fails.
+inline void sync(Group& g, std::atomic<int>& counter) {
+  g.count(counter);
+  g.wait_all(counter);
 }
-
-inline void sync(Group& g, std::atomic<int>& counter) { count_in(g, counter, true); }
 
 /// Step 4. `lent`: peers read this rank's own memory, so it waits until all finished reading.
 /// With device memory, this rank's own copies must have completed before it counts as done.
+/// Neither counting nor leaving takes the group's mutex unless a waiter is parked or this rank
+/// is the last to leave.
 inline void depart(const Ctx& c, Slot& s, bool lent) {
   if (c.mem) c.mem->fence();
   Group& g = *c.group;
-  auto l = count_in(g, s.done_reading, lent);
-  g.leave(s);
+  g.count(s.done_reading);
+  if (lent) g.wait_all(s.done_reading);
+  g.leave_unlocked(s);
 }
 
 /// Step 2. Throws the same error on every rank when ranks passed inconsistent arguments.
@@ -231,12 +227,10 @@ inline void validate(const Ctx& c, Slot& s) {
     if (!problem.empty()) problem = "send and receive counts disagree:" + problem;
   }
   if (problem.empty()) return;
-  {
-    // Every rank reaches this verdict, but none may leave (and unwind, freeing what peers
-    // still read, such as all_to_all_v's count arrays) before all have validated.
-    auto l = count_in(g, s.mid, true);
-    g.leave(s);
-  }
+  // Every rank reaches this verdict, but none may leave (and unwind, freeing what peers still
+  // read, such as all_to_all_v's count arrays) before all have validated.
+  sync(g, s.mid);
+  g.leave_unlocked(s);
   throw c.error(me.kind, problem);
 }
 
@@ -355,6 +349,20 @@ inline void all_reduce(const Ctx& c, const void* send, void* recv, std::size_t c
   depart(c, s, false);
 }
 
+/// all_to_all's pull: block `c.rank` of every rank's send, read where that rank's post says it
+/// lies (back to back, or strided), into block j of recv.
+inline void pull_blocks(const Ctx& c, const Slot& s, void* recv, std::size_t block_bytes, std::size_t element_bytes) {
+  for (int j = 0; j < c.group->size; ++j) {
+    const Post& q = s.posts[std::size_t(j)];
+    std::byte* dst = bytes_of(recv) + std::size_t(j) * block_bytes;
+    if (q.strided)
+      dtensor::detail::copy_strided_block(dst, q.send, q.blocks, c.rank, element_bytes,
+                                          [&](std::byte* d, const std::byte* src, std::size_t n) { copy_bytes(c, d, src, n); });
+    else
+      copy_bytes(c, dst, bytes_of(q.send) + std::size_t(c.rank) * block_bytes, block_bytes);
+  }
+}
+
 inline void all_to_all(const Ctx& c, const void* send, void* recv, std::size_t count, DType t) {
   const int n = c.group->size;
   const std::size_t block = count * size_of(t), total = block * std::size_t(n);
@@ -362,9 +370,21 @@ inline void all_to_all(const Ctx& c, const void* send, void* recv, std::size_t c
   Post p{.kind = CollectiveKind::all_to_all, .dtype = t, .count = count,
          .send = stable_send(c, send, total, recv, total, hold), .send_bytes = total, .lent = true};
   Slot& s = rendezvous(c, p);
-  for (int j = 0; j < n; ++j)
-    copy_bytes(c, bytes_of(recv) + std::size_t(j) * block,
-               bytes_of(s.posts[std::size_t(j)].send) + std::size_t(c.rank) * block, block);
+  pull_blocks(c, s, recv, block, size_of(t));
+  depart(c, s, s.posts[std::size_t(c.rank)].lent);
+}
+
+/// all_to_all whose send blocks lie where `b` says: peers copy them straight from the strided
+/// send (no packing copy). Matches plain all_to_all calls of other ranks.
+inline void all_to_all_strided(const Ctx& c, const void* send, const StridedBlocks& b, void* recv, DType t) {
+  const int n = c.group->size;
+  const std::size_t es = size_of(t), block = b.block_elements() * es, spanned = b.extent(n) * es;
+  std::shared_ptr<std::byte> hold;
+  Post p{.kind = CollectiveKind::all_to_all, .dtype = t, .count = b.block_elements(),
+         .send = stable_send(c, send, spanned, recv, block * std::size_t(n), hold), .send_bytes = spanned,
+         .lent = true, .strided = true, .blocks = b};
+  Slot& s = rendezvous(c, p);
+  pull_blocks(c, s, recv, block, es);
   depart(c, s, s.posts[std::size_t(c.rank)].lent);
 }
 

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "dtensor/comm/comm_log.hpp"
+#include "dtensor/comm/communicator.hpp"
 #include "dtensor/comm/work.hpp"
 #include "dtensor/core/dtype.hpp"
 #include "dtensor/core/error.hpp"
@@ -225,6 +226,8 @@ struct Post {
   const std::size_t* counts[4] = {};  // all_to_all_v: send counts, send displs, recv counts, recv displs
   int color = 0, key = 0;         // split
   bool lent = false;              // peers read this rank's own memory: it must wait until they are done
+  bool strided = false;           // all_to_all: the blocks in `send` lie where `blocks` says
+  StridedBlocks blocks{};
 };
 
 class Group;
@@ -234,9 +237,9 @@ struct Slot {
   bool in_use = false;
   bool failed = false;      // aborted or timed out before every rank arrived: nobody reads peers
   std::string reason;       // why it failed, for the ranks still waiting and those arriving late
-  // Phase counters: changed under the group's mutex, atomic so that waiters can spin on them.
-  std::atomic<int> arrived{0}, mid{0}, done_reading{0};
-  int left = 0;
+  // Phase counters. `arrived` changes under the group's mutex; the others are counted without
+  // it (Group::count); all are atomic so that waiters can spin on them.
+  std::atomic<int> arrived{0}, mid{0}, done_reading{0}, left{0};
   std::vector<Post> posts;  // one per rank
   std::vector<char> here;   // which ranks have arrived (to name the missing ones on a timeout)
   std::vector<std::byte> eager;  // small sends are copied here, so their owners need not wait
@@ -391,6 +394,40 @@ class Group {
 
   std::mutex mu;
   std::condition_variable cv;
+  /// How many threads are parked (or about to park) on `cv`; a counter that reaches its target
+  /// takes the mutex and notifies only when there are any, so the common case, in which every
+  /// waiter is still spinning, costs one atomic increment instead of a lock and a notify.
+  std::atomic<int> sleepers{0};
+
+  /// Registers a thread that is about to wait on `cv` (constructed with `mu` held).
+  struct Parked {
+    explicit Parked(Group& g) : group(g) { ++group.sleepers; }
+    ~Parked() { --group.sleepers; }
+    Parked(const Parked&) = delete;
+    Parked& operator=(const Parked&) = delete;
+    Group& group;
+  };
+
+  /// Counts this rank in `counter` without the mutex and wakes the parked waiters when the
+  /// count is complete. (Sequentially consistent: a parking waiter increments `sleepers` and
+  /// then reads `counter`, this reads `sleepers` after incrementing `counter`, so at least one
+  /// of them sees the other: either the waiter does not sleep, or it is woken.)
+  void count(std::atomic<int>& counter) {
+    if (++counter == size && sleepers.load() > 0) {
+      { std::lock_guard l(mu); }  // the waiter is inside cv.wait, not between check and wait
+      cv.notify_all();
+    }
+  }
+
+  /// Waits until every rank has been counted in `counter`: spins briefly, then parks.
+  void wait_all(const std::atomic<int>& counter) {
+    auto all = [&] { return counter.load() == size; };
+    if (spin_until(all, size)) return;
+    std::unique_lock l(mu);
+    Parked parked(*this);
+    cv.wait(l, all);
+  }
+
 
   /// The slot of collective `seq`, created by the first rank to arrive. Caller holds `mu`.
   Slot& slot(std::uint64_t seq) {
@@ -416,7 +453,18 @@ class Group {
 
   /// A rank is done with the slot; the last one recycles it. Caller holds `mu`.
   void leave(Slot& s) {
+    if (++s.left == size) recycle(s);
+  }
+  /// As leave(), for a caller that does not hold `mu` (the common way out of a collective).
+  void leave_unlocked(Slot& s) {
     if (++s.left < size) return;
+    std::lock_guard l(mu);
+    recycle(s);
+  }
+
+ private:
+  /// Makes a slot that every rank has left free for another collective. Caller holds `mu`.
+  void recycle(Slot& s) {
     s.in_use = false;
     s.made.clear();
     if (s.scratch_bytes > (std::size_t(64) << 20)) {  // don't pin a huge buffer for good
@@ -425,7 +473,6 @@ class Group {
     }
   }
 
- private:
   std::vector<std::unique_ptr<Slot>> slots_;  // reused, so a collective allocates nothing
 };
 
