@@ -126,11 +126,11 @@ void check_pipeline_flags(Options& o) {
 /// The mixture-of-experts flags; false when `a` is none of them.
 template <class Value>
 bool parse_moe_flag(Options& o, const std::string& a, Value&& value) {
-  if (a == "--experts") o.experts = parse_int(a, value(), 1);
-  else if (a == "--topk") o.topk = parse_int(a, value(), 1);
-  else if (a == "--ep") o.ep = int(parse_int(a, value(), 1));
-  else if (a == "--capacity") o.capacity = parse_double(a, value());
-  else if (a == "--moe-every") o.moe_every = parse_int(a, value(), 1);
+  if (a == "--experts") o.experts = flag_value<Extent>(a, value(), 1);
+  else if (a == "--topk") o.topk = flag_value<Extent>(a, value(), 1);
+  else if (a == "--ep") o.ep = flag_value<int>(a, value(), 1, threads::detail::max_ranks);
+  else if (a == "--capacity") o.capacity = examples::positive_flag_value(a, value());
+  else if (a == "--moe-every") o.moe_every = flag_value<Extent>(a, value(), 1);
   else return false;
   return true;
 }
@@ -476,6 +476,10 @@ void train_pipeline(CommPtr world, const Options& o, const Corpus& corpus) {
                 "rank %d %.3f in counted slots, %.3f of wall time spent waiting for messages (mean over steps)\n",
                 o.steps, elapsed, loss, double(o.batch * o.seq) * o.steps / elapsed, mesh.coordinate(0), idle,
                 waiting / o.steps);
+}
+
+// ---------------------------------------------------------------- mixture-of-experts training (--experts E)
+
 using ExpertMesh = DeviceMesh<"edp", "ep", "tp">;
 
 /// The MoE blocks' last routing, summed over the data ranks (one all-reduce on "dp"): the load
