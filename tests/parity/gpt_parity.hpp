@@ -63,10 +63,9 @@ struct ParityOptions {
   bool ddp_overlap = true;  // DDP attached to the backward (else one all_reduce_gradients after it)
 };
 
-/// The batch of step s: sequences of a fixed rule x' = (5 x + 3) mod V from random starts, so
-/// there is something to learn. Every rank draws the whole batch [B, T] and keeps its piece.
-template <class Ids>
-std::pair<Ids, Ids> parity_batch_of(const GptMesh& mesh, int step, const nn::GPTConfig& c) {
+/// The batch of step s, whole: ids and targets [B, T], sequences of a fixed rule
+/// x' = (5 x + 3) mod V from random starts, so there is something to learn.
+inline std::pair<Tensor<std::int32_t, 2>, Tensor<std::int32_t, 2>> parity_tokens(int step, const nn::GPTConfig& c) {
   auto starts = randint<std::int32_t>(Shape<1>{parity_batch}, 1000 + std::uint64_t(step), 0, c.vocab);
   Tensor<std::int32_t, 2> ids(Shape<2>{parity_batch, c.seq}), tgt(Shape<2>{parity_batch, c.seq});
   for (Extent b = 0; b < parity_batch; ++b) {
@@ -77,6 +76,13 @@ std::pair<Ids, Ids> parity_batch_of(const GptMesh& mesh, int step, const nn::GPT
       tgt(b, t) = x;
     }
   }
+  return {std::move(ids), std::move(tgt)};
+}
+
+/// The batch of step s (parity_tokens): every rank draws the whole batch and keeps its piece.
+template <class Ids, class Mesh>
+std::pair<Ids, Ids> parity_batch_of(const Mesh& mesh, int step, const nn::GPTConfig& c) {
+  auto [ids, tgt] = parity_tokens(step, c);
   using L = typename Ids::layout;
   return {distribute_replicated<L>(mesh, ids), distribute_replicated<L>(mesh, tgt)};
 }

@@ -16,8 +16,10 @@
 //
 // The batch may split unevenly over the data dimensions (torch.chunk: some ranks may hold fewer
 // sequences, or none); sequences have at most cfg.seq positions, each position's embedding taken
-// from its global index in the sequence. The plan (nn::ReplicatedPlan, parallel::MegatronPlan<SP>)
-// gives the style of every Linear, of the token embedding, the residual stream's placement on
+// from its global index in the sequence (under context parallelism, the sequence split on the
+// context dimension for the whole model, the index in the original order; cfg.context says how
+// attention crosses the split, and the loss is the mean over the global positions). The plan
+// (nn::ReplicatedPlan, parallel::MegatronPlan<SP>) gives the style of every Linear, of the token embedding, the residual stream's placement on
 // the tensor dimension and the loss; the position embedding and the norms are replicated
 // weights applied to the residual stream. The collectives are the plan's (parallel/gpt_plan.hpp).
 //
@@ -48,6 +50,9 @@ struct GPTConfig {
   Extent mlp_ratio = 4;
   bool checkpoint = false;  // activation checkpointing of every block (set_checkpoint picks blocks)
   std::uint64_t seed = 1234;
+  // Attention on a mesh with a context dimension (docs/context-parallel.md). With load_balanced,
+  // ids and targets must be given in parallel::load_balanced_order (parallel::load_balance).
+  parallel::ContextAttentionOptions context{};
 };
 
 /// A unit of parameters: one flat group and its type-erased views.
@@ -60,9 +65,6 @@ struct ParamUnit {
 template <kernels::host::FloatElement T, MeshType Mesh, class Plan = ReplicatedPlan, class Id = std::int32_t>
 class GPT {
   static_assert(require_dense_roles<"nn::GPT", Mesh>());
-  static_assert(!has_role<Mesh, Role::context>,
-                "nn::GPT: context parallelism of the whole model (positions from the load-balanced order, the loss "
-                "over split rows) is not done yet; the attention and transformer blocks handle a context dimension");
 
  public:
   using between = typename Plan::between;
@@ -103,7 +105,7 @@ class GPT {
     const std::uint64_t s = c.seed * 1000;
     wte_ = Wte("wte", mesh, c.vocab, c.dim, s + 1);
     wpe_ = Wpe("wpe", mesh, c.seq, c.dim, s + 2);
-    const BlockConfig bc{c.dim, c.heads, c.seq, c.mlp_ratio, 0.02, 0.02 / std::sqrt(2.0 * double(c.layers))};
+    const BlockConfig bc{c.dim, c.heads, c.seq, c.mlp_ratio, 0.02, 0.02 / std::sqrt(2.0 * double(c.layers)), c.context};
     blocks_.reserve(std::size_t(c.layers));
     for (Extent l = 0; l < c.layers; ++l)
       blocks_.emplace_back(c.checkpoint, "h." + std::to_string(l), mesh, bc, s + 10 * std::uint64_t(l + 1));
@@ -247,13 +249,21 @@ class GPT {
                   " must both be [batch, positions] with 1 to ", c_.seq, " positions");
   }
 
-  /// The global position of each of this rank's tokens in its sequence, laid out like the residual stream.
+  /// The global position of each of this rank's tokens in its sequence, laid out like the residual
+  /// stream. Under context parallelism with load balancing the sequence is stored permuted, and the
+  /// position is the original index of the stored one (parallel::load_balanced_order).
   DTensor<Id, 2, Mesh, tokens<Mesh, between>> positions(const Ids& ids) const {
     using PL = tokens<Mesh, between>;
     const auto box = local_box(PL::desc, mesh_.shape(), mesh_.coordinate(), ids.shape());
+    std::vector<Extent> original;  // empty: stored order is the original order
+    if (has_role<Mesh, Role::context> && c_.context.load_balanced)
+      original = parallel::load_balanced_order(ids.extent(1), parallel::context_size(mesh_));
     Tensor<Id, 2> p(box.extent);
     for (Extent b = 0; b < box.extent[0]; ++b)
-      for (Extent t = 0; t < box.extent[1]; ++t) p(b, t) = Id(box.offset[1] + t);
+      for (Extent t = 0; t < box.extent[1]; ++t) {
+        const Extent stored = box.offset[1] + t;
+        p(b, t) = Id(original.empty() ? stored : original[std::size_t(stored)]);
+      }
     return from_local<PL>(mesh_, std::move(p), ids.shape());
   }
 

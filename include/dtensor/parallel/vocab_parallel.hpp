@@ -19,7 +19,8 @@
 // all-reduces on the tensor dimension of one double per position of this rank: the max (max),
 // the sum of exp(x - max) over this rank's columns (sum), and the target's logit (sum; 0 on the
 // ranks that do not hold it). The loss is the mean over the global positions, a [1] DTensor
-// Partial<sum> on the data dimensions and Replicate on the tensor dimension; the backward is
+// Partial<sum> on the data and context dimensions (which split the positions) and Replicate on
+// the tensor dimension; the backward is
 // local: softmax - onehot on this rank's columns, no communication. The kernels are
 // kernels/host/cross_entropy.hpp's vocab_parallel_ce_* on the local [positions, V/tp] rows.
 #pragma once
@@ -28,6 +29,7 @@
 #include <span>
 
 #include "dtensor/kernels/host/cross_entropy.hpp"
+#include "dtensor/nn/loss.hpp"
 #include "dtensor/nn/module.hpp"
 #include "dtensor/nn/style.hpp"
 
@@ -49,14 +51,13 @@ template <kernels::host::FloatElement T, MeshType Mesh, class Id = std::int32_t>
 class VocabParallelCrossEntropy {
   static_assert(has_role<Mesh, Role::tensor>,
                 "VocabParallelCrossEntropy splits the vocabulary over the mesh's tensor dimension: the mesh has none");
-  static_assert(nn::require_dense_roles<"parallel::VocabParallelCrossEntropy", Mesh>() && !has_role<Mesh, Role::context>,
-                "parallel::VocabParallelCrossEntropy: rows split on a context dimension are not handled yet");
+  static_assert(nn::require_dense_roles<"parallel::VocabParallelCrossEntropy", Mesh>());
 
  public:
   using LogitsL = nn::tokens<Mesh, nn::FeatureSplit>;
   using Logits = DTensor<T, 3, Mesh, LogitsL>;
   using Targets = DTensor<Id, 2, Mesh, nn::tokens<Mesh>>;
-  using LossL = nn::layout_by_role<Mesh, Partial<ReduceOp::sum>, Replicate>;
+  using LossL = nn::position_mean_loss<Mesh>;
   using Loss = DTensor<double, 1, Mesh, LossL>;
   static constexpr std::size_t tp = nn::tensor_dim<Mesh>;
 
@@ -86,7 +87,7 @@ class VocabParallelCrossEntropy {
     auto all_reduce = [&](Tensor<double, 1>& t, ReduceOp op) {
       if (g.size() > 1) g.all_reduce(t.span(), op);
     };
-    const auto rows = local_rows(s.logits);
+    const auto rows = nn::detail::loss_rows(s.logits);
     const Extent v0 = logits.local_box().offset[2];
     s.max = kernels::host::vocab_parallel_ce_max(rows);
     all_reduce(s.max, ReduceOp::max);
@@ -95,24 +96,16 @@ class VocabParallelCrossEntropy {
     auto target = kernels::host::vocab_parallel_ce_target_logit(rows, tl, v0);
     all_reduce(target, ReduceOp::sum);
     Tensor<double, 1> loss(Shape<1>{1});
-    loss[0] = kernels::host::vocab_parallel_ce_loss(s.max, s.sum, target, positions(logits));
+    loss[0] = kernels::host::vocab_parallel_ce_loss(s.max, s.sum, target, nn::detail::loss_positions(logits));
     return {Loss(mesh, Shape<1>{1}, std::move(loss)), std::move(s)};
   }
 
   /// This rank's columns of d(dloss * loss)/d(logits). No communication.
   Logits backward(Saved s, double dloss = 1.0) const {
     const auto& l = s.logits;
-    auto d = kernels::host::vocab_parallel_ce_backward(local_rows(l), s.targets, l.local_box().offset[2], s.max, s.sum,
-                                                       dloss, positions(l));
+    auto d = kernels::host::vocab_parallel_ce_backward(nn::detail::loss_rows(l), s.targets, l.local_box().offset[2], s.max, s.sum,
+                                                       dloss, nn::detail::loss_positions(l));
     return Logits(l.mesh(), l.shape(), std::move(d).template reshape<3>(l.to_local().shape()));
-  }
-
- private:
-  static Extent positions(const Logits& l) { return l.extent(0) * l.extent(1); }
-  /// This rank's logits as [positions, local vocabulary] rows (a view: no copy).
-  static Tensor<T, 2> local_rows(const Logits& l) {
-    const auto& t = l.to_local();
-    return Tensor<T, 2>::view(const_cast<T*>(t.data()), Shape<2>{t.extent(0) * t.extent(1), t.extent(2)});
   }
 };
 
