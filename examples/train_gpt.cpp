@@ -1,8 +1,9 @@
-// examples/train_gpt.cpp — a character-level GPT trained with data, tensor and sequence
-// parallelism on a (dp, tp) mesh.
+// examples/train_gpt.cpp — a character-level GPT trained with data, tensor, sequence and context
+// parallelism on a (dp, tp) mesh, or a (dp, cp, tp) mesh with --cp > 1.
 //
 //   train_gpt                                   # dp 2 x tp 4 + SP, 8 threads, /usr/share/common-licenses
 //   train_gpt --dp 1 --tp 2 --steps 200 --data input.txt
+//   train_gpt --dp 1 --cp 2 --tp 2 --cp-kind ulysses       # the sequence split over "cp" for the whole model
 //   mpirun -n 4 train_gpt --backend mpi --dp 2 --tp 2     # when built with -DDTENSOR_WITH_MPI=ON
 //
 // The text's characters are the vocabulary; the first 90% trains, the last 10% is the held-out
@@ -10,8 +11,10 @@
 // rank, from --seed) as a [batch, seq] tensor, each data-parallel rank keeps its share, and the
 // model (nn::GPT with parallel::MegatronPlan<--sp>) runs forward and backward — the data-parallel
 // all-reduce of each unit's gradient buckets starting as soon as the backward has finished that
-// unit (DataParallel::attach) —; then the wait for those, the sequence-parallel gradient sync,
-// clipping to global norm 1 and AdamW. Rank 0
+// unit (DataParallel::attach) —; then the wait for those, the context-parallel gradient sync
+// (with --cp > 1: parallel::context_parallel_grads; the batch is stored in the load-balanced
+// order for ring and all-gather attention), the sequence-parallel gradient sync, clipping to
+// global norm 1 and AdamW. Rank 0
 // prints a line per step, the validation loss every --eval-every steps, and a summary with the
 // collectives of one step (from a CommLog) by kind and mesh dimension.
 #include <algorithm>
@@ -36,9 +39,11 @@ namespace {
 
 using namespace dtensor;
 using Mesh = DeviceMesh<"dp", "tp">;
+using ContextMesh = DeviceMesh<"dp", "cp", "tp">;  // with --cp > 1
 
 struct Options {
-  int dp = 2, tp = 4;
+  int dp = 2, tp = 4, cp = 1;
+  parallel::ContextKind cp_kind = parallel::ContextKind::ring;
   bool sp = true;
   Extent layers = 2, heads = 4, dim = 128, seq = 64, batch = 16;
   int steps = 300, eval_every = 50;
@@ -49,13 +54,14 @@ struct Options {
 };
 
 const char* usage =
-    "usage: train_gpt [--dp N] [--tp N] [--sp | --no-sp] [--layers N] [--heads N] [--dim N] [--seq N]\n"
+    "usage: train_gpt [--dp N] [--tp N] [--cp N] [--cp-kind ring|allgather|ulysses] [--sp | --no-sp] [--layers N] [--heads N] [--dim N] [--seq N]\n"
     "                 [--batch N] [--steps N] [--lr X] [--seed N] [--eval-every N] [--checkpoint]\n"
     "                 [--data FILE] [--backend threads|mpi]\n"
-    "  defaults: --dp 2 --tp 4 --sp --layers 2 --heads 4 --dim 128 --seq 64 --batch 16 --steps 300 --lr 3e-3\n"
+    "  defaults: --dp 2 --tp 4 --cp 1 --cp-kind ring --sp --layers 2 --heads 4 --dim 128 --seq 64 --batch 16 --steps 300 --lr 3e-3\n"
     "            --seed 1 --eval-every 50, data: the files under /usr/share/common-licenses\n"
     "  --batch is the number of sequences per step over all data-parallel ranks (a multiple of --dp);\n"
-    "  --heads must be a multiple of --tp; --backend mpi needs an MPI build and mpirun -n dp*tp.\n";
+    "  --heads must be a multiple of --tp (of --tp * --cp for ulysses); --backend mpi needs an MPI build and\n"
+    "  mpirun -n dp*cp*tp.\n";
 
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -72,6 +78,36 @@ long parse_int(const std::string& flag, const std::string& v, long lo) {
   if (used != v.size() || v.empty()) throw UsageError(flag + " expects an integer, got '" + v + "'");
   if (x < lo) throw UsageError(flag + " must be >= " + std::to_string(lo) + ", got " + v);
   return x;
+}
+
+/// --cp N and --cp-kind K (context parallelism); false for any other flag.
+template <class Value>
+bool parse_context_flag(const std::string& a, Value&& value, Options& o) {
+  if (a == "--cp") o.cp = int(parse_int(a, value(), 1));
+  else if (a == "--cp-kind") {
+    const std::string k = value();
+    try {
+      o.cp_kind = parallel::parse_context_kind(k);
+    } catch (const Error&) {
+      throw UsageError("--cp-kind is ring, allgather or ulysses, got '" + k + "'");
+    }
+  } else
+    return false;
+  return true;
+}
+
+/// The context-parallel constraints on the other options.
+void check_context_options(const Options& o) {
+  if (o.cp_kind == parallel::ContextKind::ulysses && o.heads % (o.tp * o.cp) != 0)
+    throw UsageError("--cp-kind ulysses splits the heads over tp * cp: --heads " + std::to_string(o.heads) +
+                     " is not a multiple of --tp " + std::to_string(o.tp) + " x --cp " + std::to_string(o.cp));
+}
+
+/// Attention's context-parallel options: ring and all-gather store the sequence load balanced
+/// (their per-rank work under the causal mask is even then); Ulysses attends to every position of
+/// its heads and needs no balancing.
+parallel::ContextAttentionOptions context_options(const Options& o) {
+  return {.kind = o.cp_kind, .load_balanced = o.cp > 1 && o.cp_kind != parallel::ContextKind::ulysses};
 }
 
 double parse_double(const std::string& flag, const std::string& v) {
@@ -96,6 +132,7 @@ Options parse(int argc, char** argv) {
     };
     if (a == "--dp") o.dp = int(parse_int(a, value(), 1));
     else if (a == "--tp") o.tp = int(parse_int(a, value(), 1));
+    else if (parse_context_flag(a, value, o)) continue;
     else if (a == "--sp") o.sp = true;
     else if (a == "--no-sp") o.sp = false;
     else if (a == "--layers") o.layers = parse_int(a, value(), 1);
@@ -121,6 +158,7 @@ Options parse(int argc, char** argv) {
   if (o.dim % o.heads != 0) throw UsageError("--dim " + std::to_string(o.dim) + " is not a multiple of --heads " + std::to_string(o.heads));
   if (o.heads % o.tp != 0) throw UsageError("--heads " + std::to_string(o.heads) + " is not a multiple of --tp " + std::to_string(o.tp));
   if (o.batch % o.dp != 0) throw UsageError("--batch " + std::to_string(o.batch) + " is not a multiple of --dp " + std::to_string(o.dp));
+  check_context_options(o);
   return o;
 }
 
@@ -170,8 +208,17 @@ Corpus encode(const std::string& text, Extent seq) {
   return c;
 }
 
+/// Sequences as the model stores them: in the load-balanced order on a context dimension that asks for it.
 template <class Model>
-std::pair<typename Model::Ids, typename Model::Ids> batch_of(const Mesh& mesh, const std::vector<std::int32_t>& data,
+Tensor<std::int32_t, 2> stored_order(const Model& model, Tensor<std::int32_t, 2> t) {
+  if constexpr (has_role<typename Model::Ids::mesh_type, Role::context>)
+    if (model.config().context.load_balanced)
+      return parallel::load_balance(t, 1, parallel::context_size(model.mesh()));
+  return t;
+}
+
+template <class Model>
+std::pair<typename Model::Ids, typename Model::Ids> batch_of(const Model& model, const std::vector<std::int32_t>& data,
                                                             const std::vector<std::size_t>& starts, Extent seq) {
   const Shape<2> shape{Extent(starts.size()), seq};
   Tensor<std::int32_t, 2> ids(shape), tgt(shape);
@@ -181,20 +228,29 @@ std::pair<typename Model::Ids, typename Model::Ids> batch_of(const Mesh& mesh, c
       tgt(Extent(b), t) = data[starts[b] + std::size_t(t) + 1];
     }
   using L = typename Model::Ids::layout;
-  return {distribute_replicated<L>(mesh, ids), distribute_replicated<L>(mesh, tgt)};
+  return {distribute_replicated<L>(model.mesh(), stored_order(model, std::move(ids))),
+          distribute_replicated<L>(model.mesh(), stored_order(model, std::move(tgt)))};
 }
 
-template <bool SP>
+/// The (dp, tp) or (dp, cp, tp) mesh of the options.
+template <class M>
+M make_mesh(CommPtr world, const Options& o) {
+  if constexpr (M::ndim == 3) return M(std::move(world), {o.dp, o.cp, o.tp});
+  else return M(std::move(world), {o.dp, o.tp});
+}
+
+template <bool SP, class Mesh>
 void train(CommPtr world, const Options& o, const Corpus& corpus) {
   using Model = nn::GPT<float, Mesh, parallel::MegatronPlan<SP>>;
   const bool root = world->rank() == 0;
-  Mesh mesh(world, {o.dp, o.tp});
+  const Mesh mesh = make_mesh<Mesh>(world, o);
   const nn::GPTConfig cfg{.vocab = Extent(corpus.chars.size()), .seq = o.seq, .dim = o.dim, .heads = o.heads,
-                          .layers = o.layers, .mlp_ratio = 4, .checkpoint = o.checkpoint, .seed = o.seed};
+                          .layers = o.layers, .mlp_ratio = 4, .checkpoint = o.checkpoint, .seed = o.seed,
+                          .context = context_options(o)};
   Model model(mesh, cfg);
-  nn::ParamList<float, 2> ps;
+  nn::ParamList<float, Mesh::ndim> ps;
   model.collect(ps);
-  optim::AdamW<float, 2> opt(ps, {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1});
+  optim::AdamW<float, Mesh::ndim> opt(ps, {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1});
   parallel::DataParallel<Mesh> ddp(mesh, {.bucket_bytes = std::size_t(1) << 20});
   ddp.attach(model);  // each unit's gradient buckets are all-reduced while the backward goes on
 
@@ -202,10 +258,10 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
   for (const auto& p : ps) nparams += Extent(p.value.size());  // local; summed below for the banner
   world->all_reduce(std::span<Extent>(&nparams, 1), ReduceOp::sum);
   if (root)
-    std::printf("train_gpt: %zu characters (vocab %zu), train %zu / val %zu; mesh dp %d x tp %d%s, %s backend\n"
+    std::printf("train_gpt: %zu characters (vocab %zu), train %zu / val %zu; mesh dp %d x cp %d (%s) x tp %d%s, %s backend\n"
                 "model: %lld layers, dim %lld, %lld heads, seq %lld, batch %lld; %lld parameter elements over all ranks\n",
                 corpus.train.size() + corpus.val.size(), corpus.chars.size(), corpus.train.size(), corpus.val.size(),
-                o.dp, o.tp, SP ? " + SP" : "", o.backend.c_str(), (long long)o.layers, (long long)o.dim,
+                o.dp, o.cp, std::string(parallel::name_of(o.cp_kind)).c_str(), o.tp, SP ? " + SP" : "", o.backend.c_str(), (long long)o.layers, (long long)o.dim,
                 (long long)o.heads, (long long)o.seq, (long long)o.batch, (long long)nparams);
 
   std::mt19937_64 rng(o.seed);  // the same stream on every rank: every rank draws the same batches
@@ -225,7 +281,7 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
   auto validate = [&] {
     double sum = 0;
     for (const auto& s : val_starts) {
-      auto [ids, tgt] = batch_of<Model>(mesh, corpus.val, s, o.seq);
+      auto [ids, tgt] = batch_of(model, corpus.val, s, o.seq);
       sum += full_tensor(model.evaluate(ids, tgt))[0];
     }
     return sum / double(val_starts.size());
@@ -235,7 +291,7 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
   double train_loss = 0, val_loss = 0, elapsed = 0;
   const double tokens_per_step = double(o.batch * o.seq);
   for (int step = 1; step <= o.steps; ++step) {
-    auto [ids, tgt] = batch_of<Model>(mesh, corpus.train, draw(corpus.train), o.seq);
+    auto [ids, tgt] = batch_of(model, corpus.train, draw(corpus.train), o.seq);
     world->barrier();  // time the step on all ranks together
     const auto t0 = std::chrono::steady_clock::now();
     typename Model::Loss loss;
@@ -246,6 +302,7 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
       loss = std::move(step_loss);
       model.backward(std::move(saved));
       ddp.finish_gradient_sync();
+      parallel::context_parallel_grads(ps, mesh, {.bucket_bytes = std::size_t(1) << 20});  // none without "cp"
       parallel::sequence_parallel_grads(ps, mesh, {.bucket_bytes = std::size_t(1) << 20});
       optim::clip_grad_norm(ps, mesh, 1.0);
       opt.step();
@@ -277,12 +334,21 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
   }
 }
 
+/// The (dp, cp, tp) mesh with --cp > 1, else the (dp, tp) one.
+template <bool SP>
+void train_on_mesh(CommPtr world, const Options& o, const Corpus& c) {
+  if (o.cp > 1) train<SP, ContextMesh>(std::move(world), o, c);
+  else train<SP, Mesh>(std::move(world), o, c);
+}
+
 void run_rank(CommPtr world, const Options& o, const Corpus& c) {
-  if (world->size() != o.dp * o.tp)
+  const int ranks = o.dp * o.cp * o.tp;
+  if (world->size() != ranks)
     world->fail("train_gpt", "the job has " + std::to_string(world->size()) + " ranks but --dp " + std::to_string(o.dp) +
-                                 " x --tp " + std::to_string(o.tp) + " needs " + std::to_string(o.dp * o.tp));
-  if (o.sp) train<true>(std::move(world), o, c);
-  else train<false>(std::move(world), o, c);
+                                 " x --cp " + std::to_string(o.cp) + " x --tp " + std::to_string(o.tp) + " needs " +
+                                 std::to_string(ranks));
+  if (o.sp) train_on_mesh<true>(std::move(world), o, c);
+  else train_on_mesh<false>(std::move(world), o, c);
 }
 
 }  // namespace
@@ -305,7 +371,7 @@ int main(int argc, char** argv) {
       return 2;
 #endif
     }
-    threads::run(o.dp * o.tp, [&](CommPtr world) { run_rank(std::move(world), o, corpus); });
+    threads::run(o.dp * o.cp * o.tp, [&](CommPtr world) { run_rank(std::move(world), o, corpus); });
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_gpt: %s\n", e.what());
     return 1;

@@ -56,13 +56,13 @@ constexpr std::string_view name_of(ContextKind k) {
 inline ContextKind parse_context_kind(std::string_view s) {
   for (auto k : {ContextKind::ring, ContextKind::allgather, ContextKind::ulysses})
     if (s == name_of(k)) return k;
-  throw Error("parse_context_kind", detail::cat("unknown context-parallel kind \"", s, "\": ring, allgather or ulysses"));
+  throw Error("parse_context_kind", dtensor::detail::cat("unknown context-parallel kind \"", s, "\": ring, allgather or ulysses"));
 }
 
 /// The runs of the original sequence that context rank `rank` of `cp` stores, in stored order.
 inline std::vector<SeqPiece> context_pieces(Extent seq, int cp, int rank, bool balanced) {
   if (seq < 0 || cp < 1 || rank < 0 || rank >= cp)
-    throw Error("context_pieces", detail::cat("sequence ", seq, ", context size ", cp, ", rank ", rank));
+    throw Error("context_pieces", dtensor::detail::cat("sequence ", seq, ", context size ", cp, ", rank ", rank));
   const Range mine = chunk_range(seq, cp, rank);
   if (!balanced) return {SeqPiece{0, mine.begin, mine.size()}};
   const auto head_of = [&](int r) { return (chunk_range(seq, cp, r).size() + 1) / 2; };
