@@ -14,15 +14,6 @@ using namespace dtensor::testing;
 
 namespace {
 
-const std::vector<double>& reference() {
-  static const std::vector<double> ref = [] {
-    std::vector<double> l;
-    threads::run(1, [&](CommPtr w) { l = run_parity<nn::ReplicatedPlan>(w, {1, 1}).losses; });
-    return l;
-  }();
-  return ref;
-}
-
 const parallel::ContextAttentionOptions ring_balanced{.kind = parallel::ContextKind::ring, .load_balanced = true};
 const parallel::ContextAttentionOptions ring_plain{.kind = parallel::ContextKind::ring, .load_balanced = false};
 const parallel::ContextAttentionOptions allgather{.kind = parallel::ContextKind::allgather, .load_balanced = true};
@@ -30,7 +21,7 @@ const parallel::ContextAttentionOptions ulysses{.kind = parallel::ContextKind::u
 
 template <bool SP>
 void check_config(int dp, int cp, int tp, parallel::ContextAttentionOptions o) {
-  const auto& ref = reference();
+  const auto& ref = parity_reference();
   auto f = on_ranks(dp * cp * tp, [&](CommPtr world, auto report) {
     auto r = run_cp_parity<parallel::MegatronPlan<SP>>(world, {dp, cp, tp}, o);
     report(compare_losses(r.losses, ref, 1e-5));
