@@ -1,8 +1,9 @@
-// examples/train_gpt.cpp — a character-level GPT trained with data, tensor and sequence
-// parallelism on a (dp, tp) mesh.
+// examples/train_gpt.cpp — a character-level GPT trained with data, tensor, sequence and context
+// parallelism on a (dp, tp) mesh, or a (dp, cp, tp) mesh with --cp > 1.
 //
 //   train_gpt                                   # dp 2 x tp 4 + SP, 8 threads, /usr/share/common-licenses
 //   train_gpt --dp 1 --tp 2 --steps 200 --data input.txt
+//   train_gpt --dp 1 --cp 2 --tp 2 --cp-kind ulysses       # the sequence split over "cp" for the whole model
 //   mpirun -n 4 train_gpt --backend mpi --dp 2 --tp 2     # when built with -DDTENSOR_WITH_MPI=ON
 //   train_gpt --fsdp 4 --tp 2                   # FSDP (ZeRO-3) over 4 data ranks x TP 2
 //   train_gpt --dp 4 --zero 2                   # ZeRO-2 over the 4 data ranks
@@ -18,8 +19,10 @@
 // rank, from --seed) as a [batch, seq] tensor, each data-parallel rank keeps its share, and the
 // model (nn::GPT with parallel::MegatronPlan<--sp>) runs forward and backward — the data-parallel
 // all-reduce of each unit's gradient buckets starting as soon as the backward has finished that
-// unit (DataParallel::attach) —; then the wait for those, the sequence-parallel gradient sync,
-// clipping to global norm 1 and AdamW. Rank 0
+// unit (DataParallel::attach) —; then the wait for those, the context-parallel gradient sync
+// (with --cp > 1: parallel::context_parallel_grads; the batch is stored in the load-balanced
+// order for ring and all-gather attention), the sequence-parallel gradient sync, clipping to
+// global norm 1 and AdamW. Rank 0
 // prints a line per step, the validation loss every --eval-every steps, and a summary with the
 // collectives of one step (from a CommLog) by kind and mesh dimension.
 #include <algorithm>
@@ -52,9 +55,11 @@ namespace {
 using namespace dtensor;
 using Mesh = DeviceMesh<"dp", "tp">;
 using ShardedMesh = DeviceMesh<"dp", "fsdp", "tp">;
+using ContextMesh = DeviceMesh<"dp", "cp", "tp">;  // with --cp > 1
 
 struct Options {
-  int dp = 2, tp = 4;
+  int dp = 2, tp = 4, cp = 1;
+  parallel::ContextKind cp_kind = parallel::ContextKind::ring;
   int zero = 0;     // 0: DDP; 1, 2, 3: ZeRO stage over the data ranks (parallel::fully_shard)
   int hsdp = 1;     // replicas of the sharded data ranks (HSDP when > 1)
   int prefetch = 2; // ZeRO-3: units unsharded at once
@@ -76,7 +81,7 @@ struct Options {
 };
 
 const char* usage =
-    "usage: train_gpt [--dp N] [--tp N] [--sp | --no-sp] [--layers N] [--heads N] [--dim N] [--seq N]\n"
+    "usage: train_gpt [--dp N] [--tp N] [--cp N] [--cp-kind ring|allgather|ulysses] [--sp | --no-sp] [--layers N] [--heads N] [--dim N] [--seq N]\n"
     "                 [--batch N] [--steps N] [--lr X] [--seed N] [--eval-every N] [--checkpoint]\n"
     "                 [--check-finite] [--data FILE] [--backend threads|mpi]\n"
     "                 [--fsdp N] [--zero 1|2|3] [--hsdp R] [--prefetch N]\n"
@@ -85,9 +90,11 @@ const char* usage =
     "  defaults: --dp 2 --tp 4 --sp --layers 2 --heads 4 --dim 128 --seq 64 --batch 16 --steps 300 --lr 3e-3\n"
     "            --seed 1 --eval-every 50, data: the files under /usr/share/common-licenses\n"
     "  --batch is the number of sequences per step over all data-parallel ranks (a multiple of --dp);\n"
-    "  --heads must be a multiple of --tp; --backend mpi needs an MPI build and mpirun -n dp*tp (pp*dp*tp).\n"
+    "  --heads must be a multiple of --tp; --backend mpi needs an MPI build and mpirun -n dp*cp*tp (pp*dp*tp).\n"
     "  --fsdp N is --dp N --zero 3; --zero shards over the --dp ranks (DDP without it); --hsdp R splits them\n"
     "  into R replicas (R divides --dp; ZeRO-3 unless --zero says); --prefetch: ZeRO-3 units unsharded at once.\n"
+    "  --cp N > 1: context parallelism on a (dp, cp, tp) mesh, --cp-kind ring (default) | allgather | ulysses\n"
+    "  (ulysses: --heads a multiple of --tp x --cp).\n"
     "  --pp N > 1: pipeline stages on a (pp, dp, tp) mesh, --schedule (default 1f1b) over --microbatches\n"
     "  (default 2 x pp; must divide --batch); --layers must be at least the number of stages.\n"
     "  --experts E > 0: MoE blocks (every --moe-every-th block, default all) with E experts, top-K routing\n"
@@ -107,6 +114,36 @@ bool parse_pipeline_flag(const std::string& a, Value&& value, Options& o) {
   else if (a == "--microbatches") o.microbatches = flag_value<int>(a, value(), 1);
   else return false;
   return true;
+}
+
+/// --cp N and --cp-kind K (context parallelism); false for any other flag.
+template <class Value>
+bool parse_context_flag(const std::string& a, Value&& value, Options& o) {
+  if (a == "--cp") o.cp = flag_value<int>(a, value(), 1, threads::detail::max_ranks);
+  else if (a == "--cp-kind") {
+    const std::string k = value();
+    try {
+      o.cp_kind = parallel::parse_context_kind(k);
+    } catch (const Error&) {
+      throw UsageError("--cp-kind is ring, allgather or ulysses, got '" + k + "'");
+    }
+  } else
+    return false;
+  return true;
+}
+
+/// The context-parallel constraints on the other options.
+void check_context_options(const Options& o) {
+  if (o.cp_kind == parallel::ContextKind::ulysses && o.heads % (o.tp * o.cp) != 0)
+    throw UsageError("--cp-kind ulysses splits the heads over tp * cp: --heads " + std::to_string(o.heads) +
+                     " is not a multiple of --tp " + std::to_string(o.tp) + " x --cp " + std::to_string(o.cp));
+}
+
+/// Attention's context-parallel options: ring and all-gather store the sequence load balanced
+/// (their per-rank work under the causal mask is even then); Ulysses attends to every position of
+/// its heads and needs no balancing.
+parallel::ContextAttentionOptions context_options(const Options& o) {
+  return {.kind = o.cp_kind, .load_balanced = o.cp > 1 && o.cp_kind != parallel::ContextKind::ulysses};
 }
 
 void check_pipeline_flags(Options& o) {
@@ -165,6 +202,7 @@ Options parse(int argc, char** argv) {
     } else if (a == "--hsdp") o.hsdp = flag_value<int>(a, value(), 1, threads::detail::max_ranks);
     else if (a == "--prefetch") o.prefetch = flag_value<int>(a, value(), 1);
     else if (a == "--tp") o.tp = flag_value<int>(a, value(), 1, threads::detail::max_ranks);
+    else if (parse_context_flag(a, value, o)) continue;
     else if (a == "--sp") o.sp = true;
     else if (a == "--no-sp") o.sp = false;
     else if (a == "--layers") o.layers = flag_value<Extent>(a, value(), 1);
@@ -203,6 +241,9 @@ Options parse(int argc, char** argv) {
   check_pipeline_flags(o);
   if (o.experts > 0 && (o.pp > 1 || o.zero > 0))
     throw UsageError("--experts with --pp or --zero / --fsdp / --hsdp: not supported yet (MoE runs with DDP x EP x TP)");
+  check_context_options(o);
+  if (o.cp > 1 && (o.pp > 1 || o.zero > 0 || o.experts > 0))
+    throw UsageError("--cp with --pp, --zero / --fsdp / --hsdp or --experts: not supported yet");
   return o;
 }
 
@@ -265,31 +306,46 @@ std::pair<Tensor<std::int32_t, 2>, Tensor<std::int32_t, 2>> tokens_of(const std:
   return {std::move(ids), std::move(tgt)};
 }
 
-template <class Model, class MeshT>
-std::pair<typename Model::Ids, typename Model::Ids> batch_of(const MeshT& mesh, const std::vector<std::int32_t>& data,
+/// Sequences as the model stores them: in the load-balanced order on a context dimension that asks for it.
+template <class Model>
+Tensor<std::int32_t, 2> stored_order(const Model& model, Tensor<std::int32_t, 2> t) {
+  if constexpr (has_role<typename Model::Ids::mesh_type, Role::context>)
+    if (model.config().context.load_balanced)
+      return parallel::load_balance(t, 1, parallel::context_size(model.mesh()));
+  return t;
+}
+
+/// This rank's piece of the batch of sequences starting at `starts`, as `model` takes it.
+template <class Model>
+std::pair<typename Model::Ids, typename Model::Ids> batch_of(const Model& model, const std::vector<std::int32_t>& data,
                                                             const std::vector<std::size_t>& starts, Extent seq) {
   auto [ids, tgt] = tokens_of(data, starts, seq);
   using L = typename Model::Ids::layout;
-  return {distribute_replicated<L>(mesh, ids), distribute_replicated<L>(mesh, tgt)};
+  return {distribute_replicated<L>(model.mesh(), stored_order(model, std::move(ids))),
+          distribute_replicated<L>(model.mesh(), stored_order(model, std::move(tgt)))};
 }
 
-/// DDP on a (dp, tp) mesh, or (Sharded) fully_shard on a (dp, fsdp, tp) one.
-template <bool SP, bool Sharded>
+/// DDP on a (dp, tp) or, with --cp, (dp, cp, tp) mesh; fully_shard on a (dp, fsdp, tp) one.
+template <bool SP, class M>
 void train(CommPtr world, const Options& o, const Corpus& corpus) {
-  using M = std::conditional_t<Sharded, ShardedMesh, Mesh>;
+  constexpr bool Sharded = has_role<M, Role::data_shard>;
+  constexpr bool Context = has_role<M, Role::context>;
   using Model = nn::GPT<float, M, parallel::MegatronPlan<SP>>;
   const bool root = world->rank() == 0;
   auto make_mesh = [&] {
     if constexpr (Sharded) {
       const auto [replicas, shards] = parallel::hsdp_shape(o.dp, o.hsdp);
       return M(world, {replicas, shards, o.tp});
+    } else if constexpr (Context) {
+      return M(world, {o.dp, o.cp, o.tp});
     } else {
       return M(world, {o.dp, o.tp});
     }
   };
   M mesh = make_mesh();
   const nn::GPTConfig cfg{.vocab = Extent(corpus.chars.size()), .seq = o.seq, .dim = o.dim, .heads = o.heads,
-                          .layers = o.layers, .mlp_ratio = 4, .checkpoint = o.checkpoint, .seed = o.seed};
+                          .layers = o.layers, .mlp_ratio = 4, .checkpoint = o.checkpoint, .seed = o.seed,
+                          .context = context_options(o)};
   Model model(mesh, cfg);
   Extent nparams = 0;
   for (auto& u : model.units()) nparams += Extent(u.group->size());  // local; summed below for the banner
@@ -316,10 +372,10 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
     std::printf("train_gpt: ZeRO-%d over %d data ranks (%d replica%s x %d shards), prefetch %d\n", o.zero, o.dp, o.hsdp,
                 o.hsdp > 1 ? "s" : "", o.dp / o.hsdp, o.prefetch);
   if (root)
-    std::printf("train_gpt: %zu characters (vocab %zu), train %zu / val %zu; mesh dp %d x tp %d%s, %s backend\n"
+    std::printf("train_gpt: %zu characters (vocab %zu), train %zu / val %zu; mesh dp %d x cp %d (%s) x tp %d%s, %s backend\n"
                 "model: %lld layers, dim %lld, %lld heads, seq %lld, batch %lld; %lld parameter elements over all ranks\n",
                 corpus.train.size() + corpus.val.size(), corpus.chars.size(), corpus.train.size(), corpus.val.size(),
-                o.dp, o.tp, SP ? " + SP" : "", o.backend.c_str(), (long long)o.layers, (long long)o.dim,
+                o.dp, o.cp, std::string(parallel::name_of(o.cp_kind)).c_str(), o.tp, SP ? " + SP" : "", o.backend.c_str(), (long long)o.layers, (long long)o.dim,
                 (long long)o.heads, (long long)o.seq, (long long)o.batch, (long long)nparams);
 
   std::mt19937_64 rng(o.seed);  // the same stream on every rank: every rank draws the same batches
@@ -339,7 +395,7 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
   auto validate = [&] {
     double sum = 0;
     for (const auto& s : val_starts) {
-      auto [ids, tgt] = batch_of<Model>(mesh, corpus.val, s, o.seq);
+      auto [ids, tgt] = batch_of(model, corpus.val, s, o.seq);
       sum += full_tensor(model.evaluate(ids, tgt))[0];
     }
     return sum / double(val_starts.size());
@@ -349,7 +405,7 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
   double train_loss = 0, val_loss = 0, elapsed = 0;
   const double tokens_per_step = double(o.batch * o.seq);
   for (int step = 1; step <= o.steps; ++step) {
-    auto [ids, tgt] = batch_of<Model>(mesh, corpus.train, draw(corpus.train), o.seq);
+    auto [ids, tgt] = batch_of(model, corpus.train, draw(corpus.train), o.seq);
     world->barrier();  // time the step on all ranks together
     const auto t0 = std::chrono::steady_clock::now();
     typename Model::Loss loss;
@@ -361,6 +417,7 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
       model.backward(std::move(saved));
       if constexpr (Sharded) fsdp->finish_gradient_sync();
       else ddp->finish_gradient_sync();
+      parallel::context_parallel_grads(ps, mesh, {.bucket_bytes = std::size_t(1) << 20});  // none without "cp"
       parallel::sequence_parallel_grads(ps, mesh, {.bucket_bytes = std::size_t(1) << 20});
       optim::clip_grad_norm(ps, mesh, 1.0);
       opt.step();
@@ -536,7 +593,7 @@ void train_moe(CommPtr world, const Options& o, const Corpus& corpus) {
     return s;
   };
   for (int step = 1; step <= o.steps; ++step) {
-    auto [ids, tgt] = batch_of<Model>(mesh, corpus.train, draw(corpus.train), o.seq);
+    auto [ids, tgt] = batch_of(model, corpus.train, draw(corpus.train), o.seq);
     const auto t0 = std::chrono::steady_clock::now();
     opt.zero_grad();
     expert_opt.zero_grad();
@@ -557,7 +614,7 @@ void train_moe(CommPtr world, const Options& o, const Corpus& corpus) {
       std::printf("  dropped %.3f\n", dropped);
     }
     if (step % o.eval_every == 0 || step == o.steps) {
-      auto [vids, vtgt] = batch_of<Model>(mesh, corpus.val, draw(corpus.val), o.seq);
+      auto [vids, vtgt] = batch_of(model, corpus.val, draw(corpus.val), o.seq);
       const double val = full_tensor(model.evaluate(vids, vtgt))[0];
       if (root) std::printf("step %4d  validation loss %.4f (one batch)\n", step, val);
     }
@@ -576,17 +633,22 @@ void run_rank(CommPtr world, const Options& o, const Corpus& c) {
     else train_pipeline<false>(std::move(world), o, c);
     return;
   }
-  if (world->size() != o.dp * o.tp)
+  const int ranks = o.dp * o.cp * o.tp;
+  if (world->size() != ranks)
     world->fail("train_gpt", "the job has " + std::to_string(world->size()) + " ranks but --dp " + std::to_string(o.dp) +
-                                 " x --tp " + std::to_string(o.tp) + " needs " + std::to_string(o.dp * o.tp));
+                                 " x --cp " + std::to_string(o.cp) + " x --tp " + std::to_string(o.tp) + " needs " +
+                                 std::to_string(ranks));
   if (o.experts > 0) {
     train_moe(std::move(world), o, c);
   } else if (o.zero > 0) {
-    if (o.sp) train<true, true>(std::move(world), o, c);
-    else train<false, true>(std::move(world), o, c);
+    if (o.sp) train<true, ShardedMesh>(std::move(world), o, c);
+    else train<false, ShardedMesh>(std::move(world), o, c);
+  } else if (o.cp > 1) {
+    if (o.sp) train<true, ContextMesh>(std::move(world), o, c);
+    else train<false, ContextMesh>(std::move(world), o, c);
   } else {
-    if (o.sp) train<true, false>(std::move(world), o, c);
-    else train<false, false>(std::move(world), o, c);
+    if (o.sp) train<true, Mesh>(std::move(world), o, c);
+    else train<false, Mesh>(std::move(world), o, c);
   }
 }
 
@@ -610,7 +672,7 @@ int main(int argc, char** argv) {
       return 2;
 #endif
     }
-    threads::run(o.pp * o.dp * o.tp, [&](CommPtr world) { run_rank(std::move(world), o, corpus); });
+    threads::run(o.pp * o.dp * o.cp * o.tp, [&](CommPtr world) { run_rank(std::move(world), o, corpus); });
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_gpt: %s\n", e.what());
     return 1;

@@ -14,6 +14,7 @@
 #include "dtensor/optim/adamw.hpp"
 #include "dtensor/optim/clip_grad.hpp"
 #include "dtensor/optim/sgd.hpp"
+#include "dtensor/parallel/context_grads.hpp"
 #include "dtensor/parallel/data_parallel.hpp"
 #include "dtensor/parallel/fully_shard.hpp"
 #include "dtensor/parallel/gpt_plan.hpp"

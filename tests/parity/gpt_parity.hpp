@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "dtensor/comm/comm_log.hpp"
+#include "dtensor/comm/threads.hpp"
 #include "dtensor/core/factories.hpp"
 #include "dtensor/optim/adamw.hpp"
 #include "dtensor/optim/clip_grad.hpp"
@@ -149,6 +150,17 @@ ParityRun run_parity(CommPtr world, std::array<int, 2> shape, ParityOptions o = 
   }
   out.dp_copied_bytes = ddp.copied_bytes();
   return out;
+}
+
+/// The one-rank ReplicatedPlan run's losses (the oracle of every parity run), on the threads
+/// backend, computed once.
+inline const std::vector<double>& parity_reference() {
+  static const std::vector<double> ref = [] {
+    std::vector<double> l;
+    threads::run(1, [&](CommPtr w) { l = run_parity<nn::ReplicatedPlan>(w, {1, 1}).losses; });
+    return l;
+  }();
+  return ref;
 }
 
 /// "" or what differs: per-step losses within rtol of the reference.

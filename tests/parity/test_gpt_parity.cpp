@@ -13,18 +13,9 @@ using namespace dtensor::testing;
 
 namespace {
 
-const std::vector<double>& reference() {
-  static const std::vector<double> ref = [] {
-    std::vector<double> l;
-    threads::run(1, [&](CommPtr w) { l = run_parity<nn::ReplicatedPlan>(w, {1, 1}).losses; });
-    return l;
-  }();
-  return ref;
-}
-
 template <bool SP>
 void check_config(int dp, int tp, ParityOptions o = {}) {
-  const auto& ref = reference();
+  const auto& ref = parity_reference();
   const bool checkpoint = o.checkpoint;
   auto f = on_ranks(dp * tp, [&](CommPtr world, auto report) {
     auto r = run_parity<parallel::MegatronPlan<SP>>(world, {dp, tp}, o);
@@ -57,7 +48,7 @@ void check_config(int dp, int tp, ParityOptions o = {}) {
 }  // namespace
 
 TEST_CASE("GPT parity: the reference run trains (the loss drops)", "[parity]") {
-  const auto& ref = reference();
+  const auto& ref = parity_reference();
   REQUIRE(ref.size() == std::size_t(parity_steps));
   INFO("first " << ref.front() << ", last " << ref.back());
   REQUIRE(ref.back() < ref.front() - 0.3);

@@ -3,10 +3,13 @@
 // and 3-D meshes, CP = 2 and 4, uneven sequence lengths and fewer positions than ranks; their
 // collectives (CommLog); the load-balanced permutation; per-rank attention work; the ring's
 // split-phase order; the transformer block on meshes with a context dimension (CP, CP x DP,
-// CP x TP, CP x TP with sequence parallelism) against the one-rank block.
+// CP x TP, CP x TP with sequence parallelism) against the one-rank block; the attention's saved
+// activation bytes per rank falling as 1/cp.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <map>
+#include <mutex>
 #include <numeric>
 
 #include "dtensor/core/compare.hpp"
@@ -314,5 +317,52 @@ TEST_CASE("transformer block with a context dimension equals the one-rank block"
     });
     INFO((f.empty() ? "" : f.front()));
     REQUIRE(f.empty());
+  }
+}
+
+namespace {
+
+/// The bytes this rank's attention saved state refers to between forward and backward (its
+/// activation memory): the qkv and out projections' inputs, q, k, v, out and the statistics, and
+/// under context parallelism what context attention keeps (Ulysses: the head-split tensors).
+template <class Saved>
+std::size_t attention_saved_bytes(const Saved& s) {
+  std::size_t n = 0;
+  const auto add = [&](const auto&... t) { ((n += std::size_t(t.numel()) * sizeof(*t.data())), ...); };
+  add(s.qkv.x.to_local(), s.q.to_local(), s.k.to_local(), s.v.to_local(), s.out.to_local(), s.proj.x.to_local());
+  add(s.stats.lse, s.context.lse, s.context.q, s.context.k, s.context.v, s.context.out);
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("attention activation memory per rank falls as 1/cp", "[cp][memory]") {
+  // A long sequence for a narrow model: the saved activations ([B, T, C] and [B, H, T]) dwarf the
+  // 4 C^2 parameters, and all of them split with the sequence.
+  constexpr Extent batch = 1, seq = 256, dim = 16, heads = 4;
+  const auto x = normal<double>(Shape<3>{batch, seq, dim}, 71);
+  using Mesh = DeviceMesh<"cp">;
+  using Attention = nn::CausalSelfAttention<double, Mesh, nn::ReplicatedPlan::qkv, nn::ReplicatedPlan::proj>;
+  for (const auto& o : every_option) {
+    std::map<int, std::vector<std::size_t>> bytes;  // cp -> per rank
+    for (int cp : {1, 2, 4}) {
+      std::mutex m;
+      bytes[cp].resize(std::size_t(cp));
+      threads::run(cp, [&](CommPtr world) {
+        Mesh mesh(world, {cp});
+        Attention attn("attn", mesh, {dim, heads, seq, o}, 5);
+        auto xs = distribute_replicated<typename Attention::In::layout>(
+            mesh, o.load_balanced ? parallel::load_balance(x, 1, cp) : x);
+        const auto saved = attn.forward(xs).saved;
+        std::lock_guard lock(m);
+        bytes[cp][std::size_t(world->rank())] = attention_saved_bytes(saved);
+      });
+    }
+    const std::size_t whole = bytes[1][0];
+    INFO(name_of(o.kind) << (o.load_balanced ? " balanced" : "") << ": one rank " << whole << " bytes; cp 2: "
+                         << bytes[2][0] << ", " << bytes[2][1] << "; cp 4: " << bytes[4][0] << " .. " << bytes[4][3]);
+    REQUIRE(whole > std::size_t(seq * dim) * sizeof(double) * 6);  // at least [B,T,C] x (x, q, k, v, out, proj's x)
+    for (int cp : {2, 4})
+      for (std::size_t r : bytes[cp]) REQUIRE(r * std::size_t(cp) == whole);
   }
 }

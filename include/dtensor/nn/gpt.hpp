@@ -20,8 +20,10 @@
 //
 // The batch may split unevenly over the data dimensions (torch.chunk: some ranks may hold fewer
 // sequences, or none); sequences have at most cfg.seq positions, each position's embedding taken
-// from its global index in the sequence. The plan (nn::ReplicatedPlan, parallel::MegatronPlan<SP>)
-// gives the style of every Linear, of the token embedding, the residual stream's placement on
+// from its global index in the sequence (under context parallelism, the sequence split on the
+// context dimension for the whole model, the index in the original order; cfg.context says how
+// attention crosses the split, and the loss is the mean over the global positions). The plan
+// (nn::ReplicatedPlan, parallel::MegatronPlan<SP>) gives the style of every Linear, of the token embedding, the residual stream's placement on
 // the tensor dimension and the loss; the position embedding and the norms are replicated
 // weights applied to the residual stream. The collectives are the plan's (parallel/gpt_plan.hpp).
 //
@@ -52,6 +54,9 @@ struct GPTConfig {
   Extent mlp_ratio = 4;
   bool checkpoint = false;  // activation checkpointing of every block (set_checkpoint picks blocks)
   std::uint64_t seed = 1234;
+  // Attention on a mesh with a context dimension (docs/context-parallel.md). With load_balanced,
+  // ids and targets must be given in parallel::load_balanced_order (parallel::load_balance).
+  parallel::ContextAttentionOptions context{};
 };
 
 /// What runs around each unit of a model (each given the unit's index); empty ones are skipped.
@@ -90,9 +95,6 @@ template <kernels::host::FloatElement T, MeshType Mesh, class Plan = ReplicatedP
           class Layers = DenseLayers>
 class GPT {
   static_assert(require_dense_roles<"nn::GPT", Mesh>());
-  static_assert(!has_role<Mesh, Role::context>,
-                "nn::GPT: context parallelism of the whole model (positions from the load-balanced order, the loss "
-                "over split rows) is not done yet; the attention and transformer blocks handle a context dimension");
 
  public:
   using between = typename Plan::between;
@@ -154,7 +156,7 @@ class GPT {
   static Wte make_wte(const Mesh& mesh, const GPTConfig& c) { return Wte("wte", mesh, c.vocab, c.dim, seed_base(c) + 1); }
   static Wpe make_wpe(const Mesh& mesh, const GPTConfig& c) { return Wpe("wpe", mesh, c.seq, c.dim, seed_base(c) + 2); }
   static Block make_block(const Mesh& mesh, const GPTConfig& c, Extent layer, const Layers& layers = {}) {
-    const BlockConfig bc{c.dim, c.heads, c.seq, c.mlp_ratio, 0.02, 0.02 / std::sqrt(2.0 * double(c.layers))};
+    const BlockConfig bc{c.dim, c.heads, c.seq, c.mlp_ratio, 0.02, 0.02 / std::sqrt(2.0 * double(c.layers)), c.context};
     return Block(c.checkpoint, layers.template make_block<typename Block::Inner>(
                                    layer, "h." + std::to_string(layer), mesh, bc, seed_base(c) + 10 * std::uint64_t(layer + 1)));
   }
@@ -164,14 +166,24 @@ class GPT {
   }
 
   /// The global position of each of this rank's tokens in its sequence, laid out like the residual stream.
-  static DTensor<Id, 2, Mesh, tokens<Mesh, between>> positions(const Mesh& mesh, const Ids& ids) {
+  /// The global position of each of this rank's tokens in its sequence, laid out like the residual
+  /// stream. Under context parallelism with load balancing the sequence is stored permuted, and the
+  /// position is the original index of the stored one (parallel::load_balanced_order).
+  static DTensor<Id, 2, Mesh, tokens<Mesh, between>> positions(const Mesh& mesh, const Ids& ids, const GPTConfig& c) {
     using PL = tokens<Mesh, between>;
     const auto box = local_box(PL::desc, mesh.shape(), mesh.coordinate(), ids.shape());
+    std::vector<Extent> original;  // empty: stored order is the original order
+    if (has_role<Mesh, Role::context> && c.context.load_balanced)
+      original = parallel::load_balanced_order(ids.extent(1), parallel::context_size(mesh));
     Tensor<Id, 2> p(box.extent);
     for (Extent b = 0; b < box.extent[0]; ++b)
-      for (Extent t = 0; t < box.extent[1]; ++t) p(b, t) = Id(box.offset[1] + t);
+      for (Extent t = 0; t < box.extent[1]; ++t) {
+        const Extent stored = box.offset[1] + t;
+        p(b, t) = Id(original.empty() ? stored : original[std::size_t(stored)]);
+      }
     return from_local<PL>(mesh, std::move(p), ids.shape());
   }
+
 
   /// The mean loss over all B*T targets, as this rank's share (see LossFn), and the saved state.
   /// Collectives: the plan's.
@@ -180,7 +192,7 @@ class GPT {
     Saved s;
     fire(hooks_.pre_forward, 0);
     auto [te, wte_s] = wte_.forward(ids);
-    auto [pe, wpe_s] = wpe_.forward(positions(mesh_, ids));
+    auto [pe, wpe_s] = wpe_.forward(positions(mesh_, ids, c_));
     fire(hooks_.post_forward, 0);
     s.wte = std::move(wte_s);
     s.wpe = std::move(wpe_s);

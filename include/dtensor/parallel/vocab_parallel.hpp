@@ -49,8 +49,7 @@ template <kernels::host::FloatElement T, MeshType Mesh, class Id = std::int32_t>
 class VocabParallelCrossEntropy {
   static_assert(has_role<Mesh, Role::tensor>,
                 "VocabParallelCrossEntropy splits the vocabulary over the mesh's tensor dimension: the mesh has none");
-  static_assert(nn::require_dense_roles<"parallel::VocabParallelCrossEntropy", Mesh>() && !has_role<Mesh, Role::context>,
-                "parallel::VocabParallelCrossEntropy: rows split on a context dimension are not handled yet");
+  static_assert(nn::require_dense_roles<"parallel::VocabParallelCrossEntropy", Mesh>());
   using Impl = nn::detail::PositionCrossEntropy<T, Mesh, nn::tokens<Mesh, nn::FeatureSplit>, Id>;
 
  public:

@@ -113,7 +113,7 @@ class GptStage {
     Saved s;
     if (is_first()) {
       auto [te, wte_s] = wte_->forward(ids);
-      auto [pe, wpe_s] = wpe_->forward(Model::positions(mesh_, ids));
+      auto [pe, wpe_s] = wpe_->forward(Model::positions(mesh_, ids, cfg_));
       s.wte = std::move(wte_s);
       s.wpe = std::move(wpe_s);
       x = ops::add(te, pe);
