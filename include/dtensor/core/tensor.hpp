@@ -19,24 +19,30 @@
 #include "dtensor/core/dtype.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/memory.hpp"
+#include "dtensor/core/memory_ledger.hpp"
 #include "dtensor/core/shape.hpp"
 
 namespace dtensor {
 
 namespace detail {
-/// Owning, uninitialized storage of n elements in a memory space.
+/// Owning, uninitialized storage of n elements in a memory space; reports to the allocation
+/// ledger (core/memory_ledger.hpp) under the tag current when it was made.
 template <class T, MemorySpace Space>
 class Buffer {
  public:
   Buffer() = default;
   explicit Buffer(std::size_t n)
-      : data_(static_cast<T*>(Space::allocate(n * sizeof(T)))), size_(n) {}
-  Buffer(Buffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+      : data_(static_cast<T*>(Space::allocate(n * sizeof(T)))), size_(n), tag_(current_memory_tag()) {
+    ledger_record<Space>(tag_, std::int64_t(n * sizeof(T)));
+  }
+  Buffer(Buffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)), tag_(o.tag_) {}
   Buffer& operator=(Buffer&& o) noexcept {
     if (this != &o) {
       release();
       data_ = std::exchange(o.data_, nullptr);
       size_ = std::exchange(o.size_, 0);
+      tag_ = o.tag_;
     }
     return *this;
   }
@@ -49,12 +55,14 @@ class Buffer {
 
  private:
   void release() noexcept {
+    if (size_) ledger_record<Space>(tag_, -std::int64_t(size_ * sizeof(T)));
     Space::deallocate(data_, size_ * sizeof(T));
     data_ = nullptr;
     size_ = 0;
   }
   T* data_ = nullptr;
   std::size_t size_ = 0;
+  MemoryTag tag_ = MemoryTag::other;
 };
 }  // namespace detail
 

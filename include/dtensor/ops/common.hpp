@@ -151,13 +151,9 @@ constexpr void require_same_mesh_type() {
 
 // ---------------------------------------------------------------- run-time checks
 
-/// Throws dtensor::Error(op, message, rank of this mesh) unless ok; the message is built only
-/// on failure.
-template <class Mesh, class... Parts>
-inline void check(bool ok, const char* op, const Mesh& mesh, const Parts&... parts) {
-  if (!ok) [[unlikely]]
-    throw Error(op, dtensor::detail::cat(parts...), mesh.rank());
-}
+/// detail::check(ok, op, mesh, parts...): dtensor::Error naming the op and this mesh's rank
+/// (core/error.hpp).
+using dtensor::detail::check;
 
 template <class X, class... Y>
 void check_same_mesh(const char* op, const X& x, const Y&... y) {

@@ -45,12 +45,7 @@ using HostTensor = Tensor<T, R, host_space>;
 
 namespace detail {
 
-/// Throws dtensor::Error(op, message) unless ok; the message is built only on failure.
-template <class... Parts>
-inline void check(bool ok, const char* op, const Parts&... parts) {
-  if (!ok) [[unlikely]]
-    throw Error(op, dtensor::detail::cat(parts...));
-}
+using dtensor::detail::check;
 
 /// Product of the extents before the last one (the "rows" of a last-dimension kernel).
 template <std::size_t R>
