@@ -16,6 +16,7 @@
 #include <span>
 #include <vector>
 
+#include "dtensor/kernels/detail/split_concat.hpp"
 #include "dtensor/kernels/host/common.hpp"
 
 namespace dtensor::kernels::host {
@@ -66,22 +67,7 @@ HostTensor<T, R> transpose(const HostTensor<T, R>& x, std::size_t d0, std::size_
 /// Pieces of x along dim with the given extents (they must add up to x's extent).
 template <Element T, std::size_t R>
 std::vector<HostTensor<T, R>> split(const HostTensor<T, R>& x, std::size_t dim, std::span<const Extent> sizes) {
-  detail::check_dim("split", dim, x.shape());
-  Extent total = 0;
-  for (Extent s : sizes) {
-    detail::check(s >= 0, "split", "negative size in ", to_string(sizes));
-    total += s;
-  }
-  detail::check(total == x.extent(dim), "split", "sizes ", to_string(sizes), " add up to ", total, ", not to extent ",
-                x.extent(dim), " of dimension ", dim, " of ", to_string(x.shape()));
-  std::vector<HostTensor<T, R>> parts;
-  parts.reserve(sizes.size());
-  Extent start = 0;
-  for (Extent s : sizes) {
-    parts.push_back(x.slice(dim, start, s));
-    start += s;
-  }
-  return parts;
+  return kernels::detail::split_boxes(x, dim, sizes);
 }
 template <Element T, std::size_t R>
 std::vector<HostTensor<T, R>> split(const HostTensor<T, R>& x, std::size_t dim, std::initializer_list<Extent> sizes) {
@@ -101,24 +87,7 @@ std::vector<HostTensor<T, R>> split(const HostTensor<T, R>& x, std::size_t dim, 
 /// Joins tensors along dim; every other extent must agree.
 template <Element T, std::size_t R>
 HostTensor<T, R> concat(std::span<const HostTensor<T, R>> parts, std::size_t dim) {
-  detail::check(!parts.empty(), "concat", "no tensors to join");
-  detail::check_dim("concat", dim, parts[0].shape());
-  Shape<R> s = parts[0].shape();
-  s[dim] = 0;
-  for (const auto& p : parts) {
-    Shape<R> a = p.shape(), b = parts[0].shape();
-    a[dim] = b[dim] = 0;
-    detail::check(a == b, "concat", "extents ", to_string(p.shape()), " and ", to_string(parts[0].shape()),
-                  " differ outside dimension ", dim);
-    s[dim] += p.extent(dim);
-  }
-  auto y = HostTensor<T, R>::uninitialized(s);
-  Shape<R> at{};
-  for (const auto& p : parts) {
-    copy_box(p, Shape<R>{}, y, at, p.shape());
-    at[dim] += p.extent(dim);
-  }
-  return y;
+  return kernels::detail::concat_boxes(parts, dim);
 }
 template <Element T, std::size_t R>
 HostTensor<T, R> concat(const std::vector<HostTensor<T, R>>& parts, std::size_t dim) {

@@ -1,0 +1,88 @@
+// dtensor/kernels/cuda/optim.cuh — the twin of kernels/host/optim.hpp on CudaTensor: adamw_update,
+// sgd_update (one thread per element, the host's double arithmetic) and sum_squares (Thrust's
+// transform_reduce on the current stream, in double; a tree sum, so not the host's bits).
+#pragma once
+
+#include <thrust/execution_policy.h>
+#include <thrust/functional.h>
+#include <thrust/transform_reduce.h>
+
+#include <cmath>
+
+#include "dtensor/kernels/cuda/common.cuh"
+#include "dtensor/kernels/host/optim.hpp"  // AdamWStep, SgdStep, the checks
+
+namespace dtensor::kernels::cuda {
+
+using host::AdamWStep;
+using host::SgdStep;
+
+namespace detail {
+
+template <class T>
+__global__ void adamw_kernel(T* p, const T* g, T* m, T* v, Extent n, AdamWStep s, double c1, double c2) {
+  const double decay = 1 - s.lr * s.weight_decay;
+  for (Extent i = gidx(); i < n; i += gstride()) {
+    const double gi = double(g[i]);
+    const double mi = s.beta1 * double(m[i]) + (1 - s.beta1) * gi;
+    const double vi = s.beta2 * double(v[i]) + (1 - s.beta2) * gi * gi;
+    m[i] = T(mi);
+    v[i] = T(vi);
+    p[i] = T(double(p[i]) * decay - s.lr * (mi / c1) / (::sqrt(vi / c2) + s.eps));
+  }
+}
+
+template <class T>
+__global__ void sgd_kernel(T* p, const T* g, T* b, Extent n, SgdStep s) {
+  for (Extent i = gidx(); i < n; i += gstride()) {
+    double gi = double(g[i]) + s.weight_decay * double(p[i]);
+    if (s.momentum > 0) {
+      const double nb = s.first_step ? gi : s.momentum * double(b[i]) + (1 - s.dampening) * gi;
+      b[i] = T(nb);
+      gi = s.nesterov ? gi + s.momentum * nb : nb;
+    }
+    p[i] = T(double(p[i]) - s.lr * gi);
+  }
+}
+
+template <class T>
+struct Square {
+  __device__ double operator()(T x) const { return double(x) * double(x); }
+};
+
+}  // namespace detail
+
+template <FloatElement T, std::size_t R>
+void adamw_update(CudaTensor<T, R>& param, const CudaTensor<T, R>& grad, CudaTensor<T, R>& exp_avg,
+                  CudaTensor<T, R>& exp_avg_sq, const AdamWStep& s) {
+  host::detail::check_update("adamw_update", param, grad, "gradient");
+  host::detail::check_update("adamw_update", param, exp_avg, "exp_avg");
+  host::detail::check_update("adamw_update", param, exp_avg_sq, "exp_avg_sq");
+  host::detail::check_adamw(s);
+  if (param.numel() == 0) return;
+  const double c1 = 1 - std::pow(s.beta1, double(s.step)), c2 = 1 - std::pow(s.beta2, double(s.step));
+  detail::adamw_kernel<<<detail::grid_for(param.numel()), detail::block, 0, detail::stream()>>>(
+      param.data(), grad.data(), exp_avg.data(), exp_avg_sq.data(), param.numel(), s, c1, c2);
+  detail::launched("adamw_kernel");
+}
+
+template <FloatElement T, std::size_t R>
+void sgd_update(CudaTensor<T, R>& param, const CudaTensor<T, R>& grad, CudaTensor<T, R>& momentum_buffer,
+                const SgdStep& s) {
+  host::detail::check_update("sgd_update", param, grad, "gradient");
+  if (s.momentum > 0) host::detail::check_update("sgd_update", param, momentum_buffer, "momentum buffer");
+  if (param.numel() == 0) return;
+  detail::sgd_kernel<<<detail::grid_for(param.numel()), detail::block, 0, detail::stream()>>>(
+      param.data(), grad.data(), momentum_buffer.data(), param.numel(), s);
+  detail::launched("sgd_kernel");
+}
+
+/// Sum of x^2 in double (waits for the result: it is a host value).
+template <FloatElement T, std::size_t R>
+double sum_squares(const CudaTensor<T, R>& x) {
+  if (x.numel() == 0) return 0.0;
+  return thrust::transform_reduce(thrust::cuda::par.on(detail::stream()), x.data(), x.data() + x.numel(),
+                                  detail::Square<T>{}, 0.0, thrust::plus<double>());
+}
+
+}  // namespace dtensor::kernels::cuda
