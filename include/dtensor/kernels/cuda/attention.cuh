@@ -203,10 +203,8 @@ __global__ void merge_blocks_kernel(T* out, Stat* lse, const T* out_a, const Sta
 template <class T>
 AttentionShape attention_shape(const char* op, const CudaTensor<T, 4>& q, const CudaTensor<T, 4>& k,
                                const CudaTensor<T, 4>& v, const AttentionOptions& o) {
+  host::detail::check_attention(op, q, k, v);
   const auto &qs = q.shape(), &ks = k.shape(), &vs = v.shape();
-  check(qs[0] == ks[0] && qs[1] == ks[1] && qs[3] == ks[3] && vs[0] == ks[0] && vs[1] == ks[1] && vs[2] == ks[2], op,
-        "q ", to_string(qs), ", k ", to_string(ks), ", v ", to_string(vs),
-        ": expected q[B,H,Tq,D], k[B,H,Tk,D], v[B,H,Tk,Dv]");
   check(qs[3] <= attention_max_head_dim && vs[3] <= attention_max_head_dim, op, "head dimensions ", qs[3], " and ",
         vs[3], " exceed the ", attention_max_head_dim, " the CUDA kernels take");
   check(qs[0] * qs[1] <= 65535, op, "batch x heads = ", qs[0] * qs[1], " exceeds the grid's 65535");
@@ -238,11 +236,7 @@ AttentionBackward<T> attention_backward(const CudaTensor<T, 4>& q, const CudaTen
                                         const CudaTensor<T, 4>& out, const CudaTensor<Stat, 3>& lse,
                                         const CudaTensor<T, 4>& dout, const AttentionOptions& opts = {}) {
   const auto s = detail::attention_shape("attention_backward", q, k, v, opts);
-  const Shape<4> os{q.extent(0), q.extent(1), s.tq, s.dv};
-  const Shape<3> ls{q.extent(0), q.extent(1), s.tq};
-  detail::check(out.shape() == os && dout.shape() == os && lse.shape() == ls, "attention_backward", "out ",
-                to_string(out.shape()), ", dout ", to_string(dout.shape()), ", lse ", to_string(lse.shape()),
-                ": expected ", to_string(os), " and ", to_string(ls));
+  host::detail::check_attention_saved(q, v, out, lse, dout);
   AttentionBackward<T> g{CudaTensor<T, 4>::uninitialized(q.shape()), CudaTensor<T, 4>(k.shape()),
                          CudaTensor<T, 4>(v.shape())};
   if (s.bh * s.tq == 0) {

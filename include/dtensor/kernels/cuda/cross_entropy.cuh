@@ -70,16 +70,8 @@ __global__ void ce_backward_kernel(T* d, const T* x, const Id* targets, const St
   }
 }
 
-template <class T, class Id>
-void check_ce(const char* op, const CudaTensor<T, 2>& logits, const CudaTensor<Id, 1>& targets) {
-  check(targets.extent(0) == logits.extent(0), op, "logits ", to_string(logits.shape()), " and targets ",
-        to_string(targets.shape()), ": one target per row");
-}
-template <class T>
-void check_row_stats(const char* op, const CudaTensor<T, 2>& logits, const CudaTensor<Stat, 1>& s, const char* name) {
-  check(s.extent(0) == logits.extent(0), op, name, " ", to_string(s.shape()), " does not match logits ",
-        to_string(logits.shape()));
-}
+using host::detail::check_ce;
+using host::detail::check_row_stats;
 
 template <class T, class Id>
 CudaTensor<Stat, 1> target_logit(const char* op, const CudaTensor<T, 2>& logits, const CudaTensor<Id, 1>& targets,

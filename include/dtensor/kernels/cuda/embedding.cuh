@@ -6,6 +6,7 @@
 #pragma once
 
 #include "dtensor/kernels/cuda/common.cuh"
+#include "dtensor/kernels/host/embedding.hpp"  // embedding_out_shape
 
 namespace dtensor::kernels::cuda {
 
@@ -37,13 +38,7 @@ __global__ void embedding_scatter_kernel(T* dtable, const Id* ids, const T* dy, 
     }
 }
 
-template <std::size_t R>
-Shape<R + 1> embedding_out_shape(const Shape<R>& ids, Extent d) {
-  Shape<R + 1> s{};
-  for (std::size_t i = 0; i < R; ++i) s[i] = ids[i];
-  s[R] = d;
-  return s;
-}
+using host::detail::embedding_out_shape;
 
 template <class T, std::size_t R, class Id>
 CudaTensor<T, R + 1> embedding_lookup(const char* op, const CudaTensor<T, 2>& table, const CudaTensor<Id, R>& ids,

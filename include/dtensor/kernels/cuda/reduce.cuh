@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "dtensor/kernels/cuda/common.cuh"
+#include "dtensor/kernels/host/reduce.hpp"  // reduced_shape
 
 namespace dtensor::kernels::cuda {
 
@@ -70,13 +71,7 @@ __global__ void max_scatter_kernel(T* dx, const T* dy, const std::int64_t* idx, 
   }
 }
 
-template <std::size_t R>
-Shape<R> reduced_shape(const char* op, const Shape<R>& s, std::size_t dim) {
-  check_dim(op, dim, s);
-  Shape<R> r = s;
-  r[dim] = 1;
-  return r;
-}
+using host::detail::reduced_shape;
 
 template <class T, std::size_t R>
 CudaTensor<T, R> sum_scaled(const char* op, const CudaTensor<T, R>& x, std::size_t dim, double scale) {

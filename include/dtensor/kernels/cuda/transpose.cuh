@@ -11,6 +11,7 @@
 
 #include "dtensor/kernels/cuda/common.cuh"
 #include "dtensor/kernels/detail/split_concat.hpp"
+#include "dtensor/kernels/host/transpose.hpp"  // permuted, swap_dims
 
 namespace dtensor::kernels::cuda {
 
@@ -23,14 +24,7 @@ __global__ void permute_kernel(T* y, const T* x, Extent n, Dims y_dims, Dims x_s
 
 template <Element T, std::size_t R>
 CudaTensor<T, R> permute(const CudaTensor<T, R>& x, const std::array<std::size_t, R>& perm) {
-  std::array<bool, R> seen{};
-  for (std::size_t p : perm) {
-    detail::check(p < R && !seen[p], "permute", "invalid permutation ", to_string(perm), " of ", to_string(x.shape()));
-    seen[p] = true;
-  }
-  Shape<R> ys{}, st{};  // st: x's stride for each dimension of y
-  const Shape<R> xs = x.strides();
-  for (std::size_t i = 0; i < R; ++i) ys[i] = x.extent(perm[i]), st[i] = xs[perm[i]];
+  const auto [ys, st] = host::detail::permuted(x.shape(), perm);  // st: x's stride for each dimension of y
   auto y = CudaTensor<T, R>::uninitialized(ys);
   if (y.numel() == 0) return y;
   detail::permute_kernel<<<detail::grid_for(y.numel()), detail::block, 0, detail::stream()>>>(
@@ -41,12 +35,7 @@ CudaTensor<T, R> permute(const CudaTensor<T, R>& x, const std::array<std::size_t
 
 template <Element T, std::size_t R>
 CudaTensor<T, R> transpose(const CudaTensor<T, R>& x, std::size_t d0, std::size_t d1) {
-  detail::check(d0 < R && d1 < R, "transpose", "dimensions ", d0, " and ", d1, " out of range for ",
-                to_string(x.shape()));
-  std::array<std::size_t, R> perm{};
-  for (std::size_t i = 0; i < R; ++i) perm[i] = i;
-  std::swap(perm[d0], perm[d1]);
-  return permute(x, perm);
+  return permute(x, host::detail::swap_dims(x.shape(), d0, d1));
 }
 
 template <Element T, std::size_t R>

@@ -35,20 +35,11 @@ inline std::int64_t attention_pairs(const AttentionOptions& o, Extent tq, Extent
   return pairs;
 }
 
-namespace detail {
-template <class T>
-void check_attention(const char* op, const MetaTensor<T, 4>& q, const MetaTensor<T, 4>& k, const MetaTensor<T, 4>& v) {
-  const auto &qs = q.shape(), &ks = k.shape(), &vs = v.shape();
-  check(qs[0] == ks[0] && qs[1] == ks[1] && qs[3] == ks[3] && vs[0] == ks[0] && vs[1] == ks[1] && vs[2] == ks[2], op,
-        "q ", to_string(qs), ", k ", to_string(ks), ", v ", to_string(vs),
-        ": expected q[B,H,Tq,D], k[B,H,Tk,D], v[B,H,Tk,Dv]");
-}
-}  // namespace detail
 
 template <AttentionElement T>
 AttentionForward<T> attention(const MetaTensor<T, 4>& q, const MetaTensor<T, 4>& k, const MetaTensor<T, 4>& v,
                               const AttentionOptions& opts = {}) {
-  detail::check_attention("attention", q, k, v);
+  host::detail::check_attention("attention", q, k, v);
   const Extent bh = q.extent(0) * q.extent(1), tq = q.extent(2), d = q.extent(3), dv = v.extent(3);
   const std::int64_t pairs = attention_pairs(opts, tq, k.extent(2));
   const Shape<4> os{q.extent(0), q.extent(1), tq, dv};
@@ -61,12 +52,9 @@ template <AttentionElement T>
 AttentionBackward<T> attention_backward(const MetaTensor<T, 4>& q, const MetaTensor<T, 4>& k, const MetaTensor<T, 4>& v,
                                         const MetaTensor<T, 4>& out, const MetaTensor<Stat, 3>& lse,
                                         const MetaTensor<T, 4>& dout, const AttentionOptions& opts = {}) {
-  detail::check_attention("attention_backward", q, k, v);
+  host::detail::check_attention("attention_backward", q, k, v);
+  host::detail::check_attention_saved(q, v, out, lse, dout);
   const Extent B = q.extent(0), H = q.extent(1), tq = q.extent(2), d = q.extent(3), dv = v.extent(3);
-  const Shape<4> os{B, H, tq, dv};
-  detail::check(out.shape() == os && dout.shape() == os && lse.shape() == Shape<3>{B, H, tq}, "attention_backward",
-                "out ", to_string(out.shape()), ", dout ", to_string(dout.shape()), ", lse ", to_string(lse.shape()),
-                ": expected ", to_string(os), " and ", to_string(Shape<3>{B, H, tq}));
   const std::int64_t pairs = attention_pairs(opts, tq, k.extent(2));
   detail::cost("attention_backward", B * H * pairs * (6 * d + 4 * dv),
                detail::bytes<T>(q.numel() + k.numel() + v.numel() + out.numel() + dout.numel()) +

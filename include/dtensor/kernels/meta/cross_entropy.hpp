@@ -4,6 +4,7 @@
 // meta tensor has no value: cross_entropy returns 0.
 #pragma once
 
+#include "dtensor/kernels/host/cross_entropy.hpp"  // the shape checks
 #include "dtensor/kernels/meta/common.hpp"
 
 namespace dtensor::kernels::meta {
@@ -14,16 +15,8 @@ struct CrossEntropyForward {
 };
 
 namespace detail {
-template <class T, class Id>
-void check_ce(const char* op, const MetaTensor<T, 2>& logits, const MetaTensor<Id, 1>& targets) {
-  check(targets.extent(0) == logits.extent(0), op, "logits ", to_string(logits.shape()), " and targets ",
-        to_string(targets.shape()), ": one target per row");
-}
-template <class T>
-void check_row_stats(const char* op, const MetaTensor<T, 2>& logits, const MetaTensor<Stat, 1>& s, const char* name) {
-  check(s.extent(0) == logits.extent(0), op, name, " ", to_string(s.shape()), " does not match logits ",
-        to_string(logits.shape()));
-}
+using host::detail::check_ce;
+using host::detail::check_row_stats;
 template <class T>
 MetaTensor<Stat, 1> row_stat(const char* op, const MetaTensor<T, 2>& logits, std::int64_t flops_per_logit,
                              std::int64_t extra_read = 0) {

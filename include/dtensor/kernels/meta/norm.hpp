@@ -3,8 +3,6 @@
 // weight, bias) and 9 backward; rms_norm 4 forward and 7 backward.
 #pragma once
 
-#include <string>
-
 #include "dtensor/kernels/meta/common.hpp"
 
 namespace dtensor::kernels::meta {
@@ -27,12 +25,9 @@ struct NormBackward {
 };
 
 namespace detail {
-template <class T, std::size_t R>
-void check_norm(const char* op, const Shape<R>& x, const MetaTensor<T, 1>& w, const MetaTensor<T, 1>* b) {
-  check(w.extent(0) == x[R - 1] && (!b || b->extent(0) == x[R - 1]), op, "x ", to_string(x), ", weight ",
-        to_string(w.shape()), b ? ", bias " + to_string(b->shape()) : std::string(),
-        ": parameters must match the last dimension");
-}
+using host::detail::check_norm;
+using host::detail::check_norm_backward;
+
 template <class T, std::size_t R>
 NormForward<T, R> norm_forward(const char* op, const MetaTensor<T, R>& x, const MetaTensor<T, 1>& w,
                                const MetaTensor<T, 1>* b, std::int64_t flops_per_element) {
@@ -49,9 +44,7 @@ NormBackward<T, R> norm_backward(const char* op, const MetaTensor<T, R>& x, cons
                                  const MetaTensor<T, R>& dy, std::int64_t flops_per_element) {
   check_norm<T, R>(op, x.shape(), w, nullptr);
   const Extent rows = leading_rows(x.shape()), n = x.extent(R - 1);
-  check(x.shape() == dy.shape() && rstd.extent(0) == rows && (!mean || mean->extent(0) == rows), op, "x ",
-        to_string(x.shape()), ", dy ", to_string(dy.shape()), ", saved statistics ", to_string(rstd.shape()),
-        " (expected [", rows, "])");
+  check_norm_backward(op, x.shape(), dy.shape(), mean, rstd);
   cost(op, flops_per_element * x.numel(), bytes<T>(2 * x.numel() + n) + (mean ? 2 : 1) * bytes<Stat>(rows),
        bytes<T>(x.numel() + (mean ? 2 : 1) * n));
   return {result<T>(x.shape()), result<T>(Shape<1>{n}), mean ? result<T>(Shape<1>{n}) : MetaTensor<T, 1>{}};

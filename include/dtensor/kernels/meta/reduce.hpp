@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "dtensor/kernels/host/reduce.hpp"  // reduced_shape
 #include "dtensor/kernels/meta/common.hpp"
 
 namespace dtensor::kernels::meta {
@@ -18,18 +19,14 @@ struct MaxResult {
 namespace detail {
 template <class T, std::size_t R>
 MetaTensor<T, R> reduce(const char* op, const MetaTensor<T, R>& x, std::size_t dim) {
-  check_dim(op, dim, x.shape());
-  auto s = x.shape();
-  s[dim] = 1;
+  const auto s = host::detail::reduced_shape(op, x.shape(), dim);
   cost(op, x.numel(), bytes<T>(x.numel()), bytes<T>(numel(s)));
   return result<T>(s);
 }
 template <class T, std::size_t R>
 MetaTensor<T, R> broadcast_back(const char* op, const MetaTensor<T, R>& dy, const Shape<R>& x_shape, std::size_t dim,
                                 std::int64_t extra_read = 0) {
-  check_dim(op, dim, x_shape);
-  auto s = x_shape;
-  s[dim] = 1;
+  const auto s = host::detail::reduced_shape(op, x_shape, dim);
   check(dy.shape() == s, op, "gradient ", to_string(dy.shape()), " is not the reduction over dimension ", dim, " of ",
         to_string(x_shape));
   cost(op, numel(x_shape), bytes<T>(dy.numel()) + extra_read, bytes<T>(numel(x_shape)));

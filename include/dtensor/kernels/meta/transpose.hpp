@@ -7,43 +7,27 @@
 #include <span>
 #include <vector>
 
+#include "dtensor/kernels/detail/split_concat.hpp"  // check_split, concat_shape
+#include "dtensor/kernels/host/transpose.hpp"  // permuted, swap_dims
 #include "dtensor/kernels/meta/common.hpp"
 
 namespace dtensor::kernels::meta {
 
 template <Element T, std::size_t R>
 MetaTensor<T, R> permute(const MetaTensor<T, R>& x, const std::array<std::size_t, R>& perm) {
-  std::array<bool, R> seen{};
-  for (std::size_t p : perm) {
-    detail::check(p < R && !seen[p], "permute", "invalid permutation ", to_string(perm), " of ", to_string(x.shape()));
-    seen[p] = true;
-  }
-  Shape<R> ys{};
-  for (std::size_t i = 0; i < R; ++i) ys[i] = x.extent(perm[i]);
+  const Shape<R> ys = host::detail::permuted(x.shape(), perm).first;
   detail::cost("permute", 0, detail::bytes<T>(x.numel()), detail::bytes<T>(x.numel()));
   return detail::result<T>(ys);
 }
 
 template <Element T, std::size_t R>
 MetaTensor<T, R> transpose(const MetaTensor<T, R>& x, std::size_t d0, std::size_t d1) {
-  detail::check(d0 < R && d1 < R, "transpose", "dimensions ", d0, " and ", d1, " out of range for ",
-                to_string(x.shape()));
-  std::array<std::size_t, R> perm{};
-  for (std::size_t i = 0; i < R; ++i) perm[i] = i;
-  std::swap(perm[d0], perm[d1]);
-  return permute(x, perm);
+  return permute(x, host::detail::swap_dims(x.shape(), d0, d1));
 }
 
 template <Element T, std::size_t R>
 std::vector<MetaTensor<T, R>> split(const MetaTensor<T, R>& x, std::size_t dim, std::span<const Extent> sizes) {
-  detail::check_dim("split", dim, x.shape());
-  Extent total = 0;
-  for (Extent s : sizes) {
-    detail::check(s >= 0, "split", "negative size in ", to_string(sizes));
-    total += s;
-  }
-  detail::check(total == x.extent(dim), "split", "sizes ", to_string(sizes), " add up to ", total, ", not to extent ",
-                x.extent(dim), " of dimension ", dim, " of ", to_string(x.shape()));
+  kernels::detail::check_split(x.shape(), dim, sizes);
   std::vector<MetaTensor<T, R>> parts;
   for (Extent s : sizes) {
     auto e = x.shape();
@@ -60,17 +44,7 @@ std::vector<MetaTensor<T, R>> split(const MetaTensor<T, R>& x, std::size_t dim, 
 
 template <Element T, std::size_t R>
 MetaTensor<T, R> concat(std::span<const MetaTensor<T, R>> parts, std::size_t dim) {
-  detail::check(!parts.empty(), "concat", "no tensors to join");
-  detail::check_dim("concat", dim, parts[0].shape());
-  Shape<R> s = parts[0].shape();
-  s[dim] = 0;
-  for (const auto& p : parts) {
-    Shape<R> a = p.shape(), b = parts[0].shape();
-    a[dim] = b[dim] = 0;
-    detail::check(a == b, "concat", "extents ", to_string(p.shape()), " and ", to_string(parts[0].shape()),
-                  " differ outside dimension ", dim);
-    s[dim] += p.extent(dim);
-  }
+  const Shape<R> s = kernels::detail::concat_shape(parts, dim);
   detail::cost("concat", 0, detail::bytes<T>(numel(s)), detail::bytes<T>(numel(s)));
   return detail::result<T>(s);
 }
