@@ -9,6 +9,9 @@
 // untimed warm-up step and then `steps` timed steps; the iteration's manual time is rank 0's
 // time for those steps between barriers (setup excluded). Counter: tokens/s over the global
 // batch. The same step as train_gpt, on random token ids (the data does not change the work).
+// The `overlap` argument: 1 = DDP attached to the backward (each unit's buckets all-reduced as
+// soon as it is done, as train_gpt does), 0 = one all_reduce_gradients after the backward; the
+// DP=2 step runs both ways in the same run.
 #include <benchmark/benchmark.h>
 
 #include <chrono>
@@ -26,7 +29,7 @@ constexpr Extent vocab = 96, seq = 64, dim = 128, heads = 4, layers = 2, batch =
 constexpr int steps = 5;
 
 template <bool SP>
-double timed_steps(CommPtr world, int dp, int tp) {
+double timed_steps(CommPtr world, int dp, int tp, bool overlap) {
   using Model = nn::GPT<float, Mesh, parallel::MegatronPlan<SP>>;
   Mesh mesh(world, {dp, tp});
   Model model(mesh, {.vocab = vocab, .seq = seq, .dim = dim, .heads = heads, .layers = layers, .seed = 7});
@@ -34,9 +37,10 @@ double timed_steps(CommPtr world, int dp, int tp) {
   model.collect(ps);
   optim::AdamW<float, 2> opt(ps, {.lr = 1e-3});
   parallel::DataParallel<Mesh> ddp(mesh, {.bucket_bytes = std::size_t(1) << 20});
+  if (overlap) ddp.attach(model);
 
   std::mt19937 rng(11);  // the same ids on every rank
-  Tensor<std::int32_t, 1> ids(Shape<1>{batch * seq}), tgt(Shape<1>{batch * seq});
+  Tensor<std::int32_t, 2> ids(Shape<2>{batch, seq}), tgt(Shape<2>{batch, seq});
   for (Extent i = 0; i < ids.numel(); ++i) {
     ids[i] = std::int32_t(rng() % vocab);
     tgt[i] = std::int32_t(rng() % vocab);
@@ -45,10 +49,11 @@ double timed_steps(CommPtr world, int dp, int tp) {
   auto x = distribute_replicated<L>(mesh, ids), y = distribute_replicated<L>(mesh, tgt);
   auto step = [&] {
     opt.zero_grad();
-    auto loss = model.forward(x, y);
-    model.backward();
+    auto [loss, saved] = model.forward(x, y);
+    model.backward(std::move(saved));
+    if (overlap) ddp.finish_gradient_sync();
+    else ddp.all_reduce_gradients(ps);
     parallel::sequence_parallel_grads(ps, mesh, {.bucket_bytes = std::size_t(1) << 20});
-    ddp.all_reduce_gradients(ps);
     optim::clip_grad_norm(ps, mesh, 1.0);
     opt.step();
     benchmark::DoNotOptimize(loss);
@@ -63,12 +68,12 @@ double timed_steps(CommPtr world, int dp, int tp) {
 
 void BM_gpt_step(benchmark::State& st) {
   const int dp = int(st.range(0)), tp = int(st.range(1));
-  const bool sp = st.range(2) != 0;
+  const bool sp = st.range(2) != 0, overlap = st.range(3) != 0;
   double total = 0;
   for (auto _ : st) {
     double t = 0;
     threads::run(dp * tp, [&](CommPtr w) {
-      const double mine = sp ? timed_steps<true>(w, dp, tp) : timed_steps<false>(w, dp, tp);
+      const double mine = sp ? timed_steps<true>(w, dp, tp, overlap) : timed_steps<false>(w, dp, tp, overlap);
       if (w->rank() == 0) t = mine;
     });
     st.SetIterationTime(t);
@@ -81,12 +86,13 @@ void BM_gpt_step(benchmark::State& st) {
 }  // namespace
 
 BENCHMARK(BM_gpt_step)
-    ->ArgNames({"dp", "tp", "sp"})
-    ->Args({1, 1, 0})  // the baseline: one rank
-    ->Args({1, 2, 0})
-    ->Args({1, 2, 1})
-    ->Args({2, 1, 0})
-    ->Args({2, 2, 1})
+    ->ArgNames({"dp", "tp", "sp", "overlap"})
+    ->Args({1, 1, 0, 1})  // the baseline: one rank
+    ->Args({1, 2, 0, 1})
+    ->Args({1, 2, 1, 1})
+    ->Args({2, 1, 0, 0})  // DDP after the backward
+    ->Args({2, 1, 0, 1})  // DDP overlapped with the backward
+    ->Args({2, 2, 1, 1})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond)
     ->Iterations(3);

@@ -11,7 +11,10 @@ function(dtensor_enable_sanitizers list)
   set(CMAKE_EXE_LINKER_FLAGS "${CMAKE_EXE_LINKER_FLAGS} ${flags}" PARENT_SCOPE)
 endfunction()
 
-# Warnings we hold our own code to.
+# Warnings we hold our own code to (errors with DTENSOR_WERROR, as CI builds).
 function(dtensor_warnings target)
   target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic>)
+  if(DTENSOR_WERROR)
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Werror>)
+  endif()
 endfunction()

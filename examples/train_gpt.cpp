@@ -7,9 +7,11 @@
 //
 // The text's characters are the vocabulary; the first 90% trains, the last 10% is the held-out
 // validation set. Each step draws --batch sequences of --seq characters (the same on every
-// rank, from --seed), each data-parallel rank keeps its share, and the model (nn::GPT with
-// parallel::MegatronPlan<--sp>) runs forward and backward; then the sequence-parallel gradient
-// sync, the bucketed data-parallel all-reduce, clipping to global norm 1 and AdamW. Rank 0
+// rank, from --seed) as a [batch, seq] tensor, each data-parallel rank keeps its share, and the
+// model (nn::GPT with parallel::MegatronPlan<--sp>) runs forward and backward — the data-parallel
+// all-reduce of each unit's gradient buckets starting as soon as the backward has finished that
+// unit (DataParallel::attach) —; then the wait for those, the sequence-parallel gradient sync,
+// clipping to global norm 1 and AdamW. Rank 0
 // prints a line per step, the validation loss every --eval-every steps, and a summary with the
 // collectives of one step (from a CommLog) by kind and mesh dimension.
 #include <algorithm>
@@ -171,12 +173,12 @@ Corpus encode(const std::string& text, Extent seq) {
 template <class Model>
 std::pair<typename Model::Ids, typename Model::Ids> batch_of(const Mesh& mesh, const std::vector<std::int32_t>& data,
                                                             const std::vector<std::size_t>& starts, Extent seq) {
-  const Extent n = Extent(starts.size()) * seq;
-  Tensor<std::int32_t, 1> ids(Shape<1>{n}), tgt(Shape<1>{n});
+  const Shape<2> shape{Extent(starts.size()), seq};
+  Tensor<std::int32_t, 2> ids(shape), tgt(shape);
   for (std::size_t b = 0; b < starts.size(); ++b)
     for (Extent t = 0; t < seq; ++t) {
-      ids[Extent(b) * seq + t] = data[starts[b] + std::size_t(t)];
-      tgt[Extent(b) * seq + t] = data[starts[b] + std::size_t(t) + 1];
+      ids(Extent(b), t) = data[starts[b] + std::size_t(t)];
+      tgt(Extent(b), t) = data[starts[b] + std::size_t(t) + 1];
     }
   using L = typename Model::Ids::layout;
   return {distribute_replicated<L>(mesh, ids), distribute_replicated<L>(mesh, tgt)};
@@ -194,6 +196,7 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
   model.collect(ps);
   optim::AdamW<float, 2> opt(ps, {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1});
   parallel::DataParallel<Mesh> ddp(mesh, {.bucket_bytes = std::size_t(1) << 20});
+  ddp.attach(model);  // each unit's gradient buckets are all-reduced while the backward goes on
 
   Extent nparams = 0;
   for (const auto& p : ps) nparams += Extent(p.value.size());  // local; summed below for the banner
@@ -239,10 +242,11 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
     {
       CommLog log;
       opt.zero_grad();
-      loss = model.forward(ids, tgt);
-      model.backward();
+      auto [step_loss, saved] = model.forward(ids, tgt);
+      loss = std::move(step_loss);
+      model.backward(std::move(saved));
+      ddp.finish_gradient_sync();
       parallel::sequence_parallel_grads(ps, mesh, {.bucket_bytes = std::size_t(1) << 20});
-      ddp.all_reduce_gradients(ps);
       optim::clip_grad_norm(ps, mesh, 1.0);
       opt.step();
       if (step == std::min(2, o.steps))

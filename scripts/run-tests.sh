@@ -24,7 +24,7 @@ if [[ -n $nvcc ]]; then
 fi
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
       -DDTENSOR_BUILD_TESTS=ON -DDTENSOR_BUILD_EXAMPLES=ON -DDTENSOR_BUILD_BENCHMARKS=ON \
-      -DDTENSOR_WITH_MPI=ON -DDTENSOR_WITH_BLAS=ON "${cuda[@]}"
+      -DDTENSOR_WITH_MPI=ON -DDTENSOR_WITH_BLAS=ON -DDTENSOR_WERROR=ON "${cuda[@]}"
 cmake --build "$build" -j"$jobs"
 # Includes the examples, which check themselves against the full tensors (label example).
 (cd "$build" && ctest --output-on-failure -j"$jobs")

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -48,71 +49,85 @@ inline std::string to_string(const Counts& c) {
 
 struct ParityRun {
   std::vector<double> losses;  // the global mean loss of each step (before its update)
-  Counts model;                // forward + backward of step 1
+  Counts model;                // forward + backward of step 1 (without DDP's all-reduces)
   Counts sp_sync, dp_sync, clip;
   std::size_t dp_buckets = 0;
+  std::size_t dp_copied_bytes = 0;       // gradient bytes DDP copied (0: every bucket in place)
+  bool dp_overlapped = false;            // a DDP all-reduce was issued before the backward ended
+};
+
+/// How a parity run drives the model.
+struct ParityOptions {
+  std::size_t bucket_bytes = 4096;
+  bool checkpoint = false;
+  bool ddp_overlap = true;  // DDP attached to the backward (else one all_reduce_gradients after it)
 };
 
 /// The batch of step s: sequences of a fixed rule x' = (5 x + 3) mod V from random starts, so
-/// there is something to learn. Every rank draws the whole batch and keeps its piece.
+/// there is something to learn. Every rank draws the whole batch [B, T] and keeps its piece.
 template <class Ids>
 std::pair<Ids, Ids> parity_batch_of(const GptMesh& mesh, int step, const nn::GPTConfig& c) {
-  const Extent n = parity_batch * c.seq;
   auto starts = randint<std::int32_t>(Shape<1>{parity_batch}, 1000 + std::uint64_t(step), 0, c.vocab);
-  Tensor<std::int32_t, 1> ids(Shape<1>{n}), tgt(Shape<1>{n});
+  Tensor<std::int32_t, 2> ids(Shape<2>{parity_batch, c.seq}), tgt(Shape<2>{parity_batch, c.seq});
   for (Extent b = 0; b < parity_batch; ++b) {
     std::int32_t x = starts[b];
     for (Extent t = 0; t < c.seq; ++t) {
-      ids[b * c.seq + t] = x;
+      ids(b, t) = x;
       x = std::int32_t((5 * Extent(x) + 3) % c.vocab);
-      tgt[b * c.seq + t] = x;
+      tgt(b, t) = x;
     }
   }
   using L = typename Ids::layout;
   return {distribute_replicated<L>(mesh, ids), distribute_replicated<L>(mesh, tgt)};
 }
 
-/// Trains 20 steps with AdamW (and global-norm clipping, bucketed DDP, SP gradient sync) on a
-/// (dp, tp) mesh over `world` with the given plan.
+/// Trains 20 steps with AdamW (and global-norm clipping, bucketed DDP — overlapped with the
+/// backward or after it —, SP gradient sync) on a (dp, tp) mesh over `world` with the given plan.
 template <class Plan>
-ParityRun run_parity(CommPtr world, std::array<int, 2> shape, std::size_t bucket_bytes = 4096,
-                     bool checkpoint = false) {
+ParityRun run_parity(CommPtr world, std::array<int, 2> shape, ParityOptions o = {}) {
   GptMesh mesh(world, shape);
   auto cfg = parity_config();
-  cfg.checkpoint = checkpoint;
+  cfg.checkpoint = o.checkpoint;
   nn::GPT<double, GptMesh, Plan> model(mesh, cfg);
   nn::ParamList<double, 2> ps;
   model.collect(ps);
   optim::AdamW<double, 2> opt(ps, {.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1});
-  parallel::DataParallel<GptMesh> ddp(mesh, {.bucket_bytes = bucket_bytes});
+  parallel::DataParallel<GptMesh> ddp(mesh, {.bucket_bytes = o.bucket_bytes});
+  if (o.ddp_overlap) ddp.attach(model);
   ParityRun out;
   for (int s = 0; s < parity_steps; ++s) {
     auto [ids, tgt] = parity_batch_of<typename decltype(model)::Ids>(mesh, s, cfg);
     opt.zero_grad();
     CommLog model_log;
-    auto loss = model.forward(ids, tgt);
-    model.backward();
-    CommLog sp_log;
-    parallel::sequence_parallel_grads(ps, mesh, {.bucket_bytes = bucket_bytes});
+    auto [loss, saved] = model.forward(ids, tgt);
+    model.backward(std::move(saved));
+    const std::size_t dp_during_backward = model_log.count(CollectiveKind::all_reduce, "dp");
     CommLog dp_log;
-    out.dp_buckets = ddp.all_reduce_gradients(ps);
+    out.dp_buckets = o.ddp_overlap ? ddp.finish_gradient_sync() : ddp.all_reduce_gradients(ps);
+    CommLog sp_log;
+    parallel::sequence_parallel_grads(ps, mesh, {.bucket_bytes = o.bucket_bytes});
     CommLog clip_log;
     optim::clip_grad_norm(ps, mesh, 1.0);
     opt.step();
     if (s == 0) {
       out.model = counts_of(model_log);
       // Each inner log also holds the later ones: subtract what the next recorded.
-      out.sp_sync = counts_of(sp_log);
       out.dp_sync = counts_of(dp_log);
+      out.sp_sync = counts_of(sp_log);
       out.clip = counts_of(clip_log);
-      for (auto& [k, n] : out.dp_sync) n -= out.clip[k];
-      for (auto& [k, n] : out.sp_sync) n -= out.dp_sync[k] + out.clip[k];
-      for (auto& [k, n] : out.model) n -= out.sp_sync[k] + out.dp_sync[k] + out.clip[k];
+      for (auto& [k, n] : out.sp_sync) n -= out.clip[k];
+      for (auto& [k, n] : out.dp_sync) n -= out.sp_sync[k] + out.clip[k];
+      for (auto& [k, n] : out.model) n -= out.dp_sync[k] + out.sp_sync[k] + out.clip[k];
+      // DDP's all-reduces issued during the backward belong to the DDP sync.
+      out.dp_overlapped = dp_during_backward > 0;
+      out.model["all_reduce/dp"] -= dp_during_backward;
+      out.dp_sync["all_reduce/dp"] += dp_during_backward;
       for (auto* c : {&out.model, &out.sp_sync, &out.dp_sync, &out.clip})
         std::erase_if(*c, [](const auto& kv) { return kv.second == 0; });
     }
     out.losses.push_back(full_tensor(loss)[0]);
   }
+  out.dp_copied_bytes = ddp.copied_bytes();
   return out;
 }
 
@@ -120,7 +135,7 @@ ParityRun run_parity(CommPtr world, std::array<int, 2> shape, std::size_t bucket
 inline std::string compare_losses(const std::vector<double>& got, const std::vector<double>& ref, double rtol) {
   if (got.size() != ref.size()) return "different number of steps";
   for (std::size_t i = 0; i < got.size(); ++i)
-    if (std::abs(got[i] - ref[i]) > rtol * std::abs(ref[i]))
+    if (!std::isfinite(got[i]) || !std::isfinite(ref[i]) || std::abs(got[i] - ref[i]) > rtol * std::abs(ref[i]))
       return "step " + std::to_string(i) + ": loss " + std::to_string(got[i]) + " vs " + std::to_string(ref[i]) +
              " (rel " + std::to_string(std::abs(got[i] - ref[i]) / std::abs(ref[i])) + ")";
   return {};

@@ -23,10 +23,11 @@ const std::vector<double>& reference() {
 }
 
 template <bool SP>
-void check_config(int dp, int tp, std::size_t bucket_bytes = 4096, bool checkpoint = false) {
+void check_config(int dp, int tp, ParityOptions o = {}) {
   const auto& ref = reference();
+  const bool checkpoint = o.checkpoint;
   auto f = on_ranks(dp * tp, [&](CommPtr world, auto report) {
-    auto r = run_parity<parallel::MegatronPlan<SP>>(world, {dp, tp}, bucket_bytes, checkpoint);
+    auto r = run_parity<parallel::MegatronPlan<SP>>(world, {dp, tp}, o);
     report(compare_losses(r.losses, ref, 1e-5));
     // Forward + backward: exactly the plan's collectives (checkpointing repeats each block's forward ones).
     auto want = expected_model_counts(true, SP, 2);
@@ -42,6 +43,9 @@ void check_config(int dp, int tp, std::size_t bucket_bytes = 4096, bool checkpoi
     const Counts dp_want{{"all_reduce/dp", r.dp_buckets}};
     if (r.dp_sync != dp_want) report("DDP collectives " + to_string(r.dp_sync) + "; expected " + to_string(dp_want));
     if (r.dp_buckets < 2) report("expected several DDP buckets at 4 KiB, got " + std::to_string(r.dp_buckets));
+    // Every DDP bucket is a span of a flat group, reduced in place; with overlap, issued during the backward.
+    if (r.dp_copied_bytes != 0) report("DDP copied " + std::to_string(r.dp_copied_bytes) + " gradient bytes");
+    if (dp > 1 && o.ddp_overlap && !r.dp_overlapped) report("no DDP all-reduce was issued during the backward");
     // Clipping: one all-reduce over the whole mesh.
     if (r.clip != Counts{{"all_reduce/dp*tp", 1}}) report("clip_grad_norm collectives " + to_string(r.clip));
   });
@@ -66,5 +70,8 @@ TEST_CASE("GPT parity: DP=2", "[parity]") { check_config<false>(2, 1); }
 TEST_CASE("GPT parity: DP=2 x TP=2", "[parity]") { check_config<false>(2, 2); }
 TEST_CASE("GPT parity: DP=2 x TP=2 + SP", "[parity]") { check_config<true>(2, 2); }
 TEST_CASE("GPT parity: DP=2 x TP=2 + SP with activation checkpointing", "[parity]") {
-  check_config<true>(2, 2, 4096, true);
+  check_config<true>(2, 2, {.checkpoint = true});
+}
+TEST_CASE("GPT parity: DP=2 x TP=2 with DDP after the backward (no overlap)", "[parity]") {
+  check_config<false>(2, 2, {.ddp_overlap = false});
 }

@@ -581,12 +581,15 @@ TEST_CASE("after an abort, new operations fail at once", "[comm][threads]") {
   CHECK(contains(message_of(errors[0]), "rank 1 failed: gone"));
 }
 
-TEST_CASE("a rank that never arrives times out, naming it", "[comm][threads]") {
+TEST_CASE("a rank that is alive but never arrives times out, naming it", "[comm][threads]") {
   SECTION("collective") {
     const auto t0 = std::chrono::steady_clock::now();
     auto errors = threads::run_collect(4, [](CommPtr w) {
       w->set_timeout(200ms);
-      if (w->rank() == 2) return;  // never calls the all_gather
+      if (w->rank() == 2) {  // alive but busy: never calls the all_gather (a rank that returns
+        std::this_thread::sleep_for(600ms);  // instead releases the others at once: test_hardening)
+        return;
+      }
       std::vector<std::int32_t> s(3), r(12);
       w->all_gather(std::span<const std::int32_t>(s), std::span<std::int32_t>(r));
     });
@@ -604,8 +607,8 @@ TEST_CASE("a rank that never arrives times out, naming it", "[comm][threads]") {
     auto errors = threads::run_collect(6, [](CommPtr w) {
       CommPtr sub = w->split(w->rank() % 2, w->rank());  // {0,2,4}, {1,3,5}
       sub->set_timeout(200ms);
-      if (w->rank() % 2 == 1 && w->rank() != 1) return;
-      if (w->rank() % 2 == 1) sub->barrier();
+      if (w->rank() == 1) sub->barrier();
+      else if (w->rank() % 2 == 1) std::this_thread::sleep_for(600ms);  // busy: never arrive
     });
     const std::string m = message_of(errors[1]);
     INFO(m);
@@ -617,6 +620,7 @@ TEST_CASE("a rank that never arrives times out, naming it", "[comm][threads]") {
       w->set_timeout(200ms);
       std::vector<float> x(4);
       if (w->rank() == 0) w->recv(std::span<float>(x), 1, 5);
+      else std::this_thread::sleep_for(600ms);
     });
     const std::string m = message_of(errors[0]);
     INFO(m);

@@ -10,6 +10,9 @@
 // aborted: every rank waiting in a collective, send or recv wakes with a dtensor::Error naming
 // the failed rank, and run() rethrows, after all threads are joined, an Error that carries the
 // failed rank's number and message. run_collect() returns every rank's exception instead.
+// A rank that returns while others wait for it (in a collective it never calls, or a send or
+// receive it never matches) releases them at once: each gets an Error naming that rank and the
+// operation it waits in, instead of waiting for the timeout.
 //
 // Collectives copy straight from the peers' buffers (zero-copy, in parallel on every rank),
 // reduce in rank order (results are identical on every rank and in every run), check that all
@@ -116,7 +119,17 @@ class ThreadsCommunicator final : public Communicator {
       body(c);
       return Work();
     }
-    auto run = [body = std::forward<F>(body), c = std::move(c)] { body(c); };
+    // While it is pending, the rank may still arrive in a collective even after it has left its
+    // function: it does not count as gone (threads_state.hpp, Departures) until this has run.
+    detail::World& world = *group_->world;
+    world.departures.start(world_rank());
+    auto run = [body = std::forward<F>(body), c = std::move(c)] {
+      struct Finished {
+        const detail::Ctx& c;
+        ~Finished() { c.group->world->async_finished(c.world_rank()); }
+      } finished{c};
+      body(c);
+    };
     auto task = std::make_shared<detail::FnTask<decltype(run)>>(std::move(run));
     group_->world->pool.submit(task);
     return Work(std::move(task));
@@ -134,6 +147,10 @@ struct RunResult {
   int origin = -1;  // the rank whose failure aborted the run, if any
 };
 
+/// The most ranks one run may have: each rank is a thread, and beyond a few thousand a process
+/// meets the system's thread limits before any useful work is done.
+inline constexpr int max_ranks = 4096;
+
 /// The communicator of rank r of a run over host memory.
 struct MakeHostComm {
   CommPtr operator()(const std::shared_ptr<Group>& g, int r) const { return std::make_shared<ThreadsCommunicator>(g, r); }
@@ -144,6 +161,10 @@ struct MakeHostComm {
 template <class F, class Make = MakeHostComm>
 RunResult run_ranks(int n, F& fn, const Make& make = {}) {
   if (n < 1) throw Error("threads::run", dtensor::detail::cat("needs at least one rank, got ", n));
+  if (n > max_ranks)
+    throw Error("threads::run", dtensor::detail::cat(n, " ranks is more than the threads backend's limit of ", max_ranks,
+                                                     " (one thread per rank); run that many ranks as processes, "
+                                                     "with the MPI backend"));
   auto world = std::make_shared<World>(n);
   std::vector<int> ranks(static_cast<std::size_t>(n));
   std::iota(ranks.begin(), ranks.end(), 0);
@@ -151,23 +172,29 @@ RunResult run_ranks(int n, F& fn, const Make& make = {}) {
 
   RunResult result{std::vector<std::exception_ptr>(std::size_t(n)), -1};
   auto rank_main = [&](int r) {
+    bool threw = false;
     try {
       CommPtr comm = make(group, r);
       fn(comm);
     } catch (...) {
+      threw = true;
       result.errors[std::size_t(r)] = std::current_exception();
       world->abort(r, dtensor::detail::cat("rank ", r, " failed: ", what_of(result.errors[std::size_t(r)])));
     }
+    world->leave(r, threw);  // whoever still waits for this rank is released now, naming it
   };
   std::vector<std::thread> threads;
   threads.reserve(std::size_t(n));
   try {
     for (int r = 0; r < n; ++r) threads.emplace_back(rank_main, r);
-  } catch (...) {  // could not start a thread: release the ones that did start
-    world->abort(-1, "threads::run could not start all its threads");
+  } catch (const std::exception& e) {  // could not start a thread: release the ones that did start
+    const std::string why = dtensor::detail::cat("could not start the thread of rank ", threads.size(), " of ", n,
+                                                 " (", e.what(), "); the system limits the threads of a process: "
+                                                 "use fewer ranks");
+    world->abort(-1, "threads::run " + why);
     for (auto& t : threads) t.join();
     world->finish();
-    throw;
+    throw Error("threads::run", why);
   }
   for (auto& t : threads) t.join();
   result.origin = world->origin();

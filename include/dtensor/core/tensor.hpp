@@ -25,8 +25,9 @@
 namespace dtensor {
 
 namespace detail {
-/// Owning, uninitialized storage of n elements in a memory space; reports to the allocation
-/// ledger (core/memory_ledger.hpp) under the tag current when it was made.
+/// Uninitialized storage of n elements in a memory space: owned (allocated here, freed on
+/// destruction, reported to the allocation ledger, core/memory_ledger.hpp, under the tag current
+/// when it was made), or borrowed from memory that someone else owns (a view into a flat buffer).
 template <class T, MemorySpace Space>
 class Buffer {
  public:
@@ -35,13 +36,25 @@ class Buffer {
       : data_(static_cast<T*>(Space::allocate(n * sizeof(T)))), size_(n), tag_(current_memory_tag()) {
     ledger_record<Space>(tag_, std::int64_t(n * sizeof(T)));
   }
+  /// Storage over n elements at p that the caller keeps alive; never freed here.
+  static Buffer borrow(T* p, std::size_t n) noexcept {
+    Buffer b;
+    b.data_ = p;
+    b.size_ = n;
+    b.owned_ = false;
+    return b;
+  }
   Buffer(Buffer&& o) noexcept
-      : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)), tag_(o.tag_) {}
+      : data_(std::exchange(o.data_, nullptr)),
+        size_(std::exchange(o.size_, 0)),
+        owned_(std::exchange(o.owned_, true)),
+        tag_(o.tag_) {}
   Buffer& operator=(Buffer&& o) noexcept {
     if (this != &o) {
       release();
       data_ = std::exchange(o.data_, nullptr);
       size_ = std::exchange(o.size_, 0);
+      owned_ = std::exchange(o.owned_, true);
       tag_ = o.tag_;
     }
     return *this;
@@ -52,16 +65,21 @@ class Buffer {
 
   T* data() const noexcept { return data_; }
   std::size_t size() const noexcept { return size_; }
+  bool owned() const noexcept { return owned_; }
 
  private:
   void release() noexcept {
-    if (size_) ledger_record<Space>(tag_, -std::int64_t(size_ * sizeof(T)));
-    Space::deallocate(data_, size_ * sizeof(T));
+    if (owned_) {
+      if (size_) ledger_record<Space>(tag_, -std::int64_t(size_ * sizeof(T)));
+      Space::deallocate(data_, size_ * sizeof(T));
+    }
     data_ = nullptr;
     size_ = 0;
+    owned_ = true;
   }
   T* data_ = nullptr;
   std::size_t size_ = 0;
+  bool owned_ = true;
   MemoryTag tag_ = MemoryTag::other;
 };
 }  // namespace detail
@@ -93,13 +111,32 @@ class Tensor {
     return t;
   }
 
+  /// A tensor over n >= numel(shape) elements at `data` that it does not own (a parameter's
+  /// window into its group's flat buffer, nn/flat_params.hpp). The memory must outlive it.
+  /// Copies of a view own their elements; assigning to a view writes through it (same extents).
+  static Tensor view(T* data, const Shape<R>& shape) {
+    check_shape("Tensor::view", shape);
+    Tensor t;
+    t.shape_ = shape;
+    t.storage_ = detail::Buffer<T, Space>::borrow(data, std::size_t(dtensor::numel(shape)));
+    return t;
+  }
+  bool is_view() const noexcept { return !storage_.owned(); }
+
   Tensor(const Tensor& o) : Tensor(uninitialized(o.shape_)) { Space::copy(data(), o.data(), bytes()); }
   Tensor& operator=(const Tensor& o) {
-    if (this != &o) *this = Tensor(o);
-    return *this;
+    if (this == &o) return *this;
+    if (is_view()) return write_through(o);
+    return *this = Tensor(o);
   }
   Tensor(Tensor&&) noexcept = default;
-  Tensor& operator=(Tensor&&) noexcept = default;
+  Tensor& operator=(Tensor&& o) {
+    if (this == &o) return *this;
+    if (is_view()) return write_through(o);
+    shape_ = o.shape_;
+    storage_ = std::move(o.storage_);
+    return *this;
+  }
 
   const Shape<R>& shape() const noexcept { return shape_; }
   Extent extent(std::size_t d) const noexcept { return shape_[d]; }
@@ -177,6 +214,13 @@ class Tensor {
     Extent off = 0;
     for (std::size_t d = 0; d < R; ++d) off = off * shape_[d] + ix[d];
     return off;
+  }
+  Tensor& write_through(const Tensor& o) {
+    if (o.shape_ != shape_)
+      throw Error("Tensor::operator=", detail::cat("assigning ", to_string(o.shape_), " to a view of ", to_string(shape_),
+                                                   ": a view keeps its extents"));
+    Space::copy(data(), o.data(), bytes());
+    return *this;
   }
   static void check_shape(const char* op, const Shape<R>& s) {
     for (Extent e : s)

@@ -1,22 +1,20 @@
-// dtensor/nn/block.hpp — the pre-norm transformer block, and the plans that lay it out.
+// dtensor/nn/block.hpp — the pre-norm transformer block, and the plan without tensor parallelism.
 //
 //   nn::TransformerBlock<float, Mesh> blk("h.0", mesh, {.dim = 64, .heads = 4, .seq = 32}, seed);
 //   nn::TransformerBlock<float, Mesh, parallel::MegatronPlan<true>> tp_sp(...);   // parallel/gpt_plan.hpp
-//   auto y = blk.forward(x);  auto dx = blk.backward_input(dy);  blk.backward_weight();
-//   blk.set_checkpoint(true);   // keep only x; backward_input recomputes the forward
+//   auto [y, saved] = blk.forward(x);                        // x [B, T, C]
+//   auto [dx, wctx] = blk.backward_input(std::move(saved), dy);  blk.backward_weight(std::move(wctx));
+//   nn::Checkpointed<decltype(blk)> ...                      // activation checkpointing (nn/checkpoint.hpp)
 //
 // y = h + mlp(ln2(h)), h = x + attn(ln1(x)). A plan (a type) names the style of every Linear
-// and the "tp" placement of the residual stream between the tensor-parallel regions
-// (`between`: Replicate, or Shard<0> under sequence parallelism, where the norms and residual
-// adds run on this rank's tokens). The residual adds are ops::add (no communication); all
+// and the tensor-dimension placement of the residual stream between the tensor-parallel regions
+// (`between`: Replicate, or SeqSplit under sequence parallelism, where the norms and residual
+// adds run on this rank's positions). The residual adds are ops::add (no communication); all
 // collectives are the styles' (two entries, two exits per pass: see parallel/gpt_plan.hpp).
-//
-// Activation checkpointing: forward keeps only the block's input and frees every activation
-// its modules saved; backward_input first runs the forward again (issuing its collectives
-// again: two more all-reduces, or all-gathers and reduce-scatters, per checkpointed block).
 #pragma once
 
 #include <string>
+#include <tuple>
 
 #include "dtensor/nn/attention.hpp"
 #include "dtensor/nn/loss.hpp"
@@ -27,7 +25,8 @@
 namespace dtensor::nn {
 
 /// The plan without tensor parallelism: every Linear Replicated, the residual stream whole on
-/// "tp", the loss ops::cross_entropy. No collectives in the model (only gradient syncs).
+/// the tensor dimension, the loss ops::cross_entropy. No collectives in the model (only
+/// gradient syncs).
 struct ReplicatedPlan {
   static constexpr std::string_view name = "replicated";
   using between = Replicate;
@@ -58,10 +57,21 @@ class TransformerBlock {
   using Attn = CausalSelfAttention<T, Mesh, typename Plan::qkv, typename Plan::proj>;
   using Mlp = MLP<T, Mesh, typename Plan::fc1, typename Plan::fc2>;
   using X = typename Norm::X;
+  using In = X;
+  using Out = X;
   static_assert(std::is_same_v<typename Attn::In, X> && std::is_same_v<typename Attn::Out, X> &&
                     std::is_same_v<typename Mlp::In, X> && std::is_same_v<typename Mlp::Out, X>,
                 "TransformerBlock: the plan's styles must take and give the residual stream's layout "
                 "(tokens<Mesh, Plan::between>)");
+
+  struct Saved {
+    typename Norm::Saved ln1;
+    typename Attn::Saved attn;
+    typename Norm::Saved ln2;
+    typename Mlp::Saved mlp;
+  };
+  using WeightCtx = std::tuple<typename Norm::WeightCtx, typename Attn::WeightCtx, typename Norm::WeightCtx,
+                               typename Mlp::WeightCtx>;  // children() order
 
   TransformerBlock() = default;
   TransformerBlock(std::string name, const Mesh& mesh, BlockConfig c, std::uint64_t seed)
@@ -72,61 +82,28 @@ class TransformerBlock {
     detail::check(c.mlp_ratio > 0, "nn::TransformerBlock", mesh, name, ": mlp_ratio ", c.mlp_ratio, " must be > 0");
   }
 
-  void set_checkpoint(bool on) noexcept { checkpoint_ = on; }
-  bool checkpoint() const noexcept { return checkpoint_; }
-
-  X forward(const X& x) {
-    auto h = ops::add(x, attn_.forward(ln1_.forward(x)));
-    auto y = ops::add(h, mlp_.forward(ln2_.forward(h)));
-    if (checkpoint_) {
-      x_ = x;
-      release();
-    }
-    return y;
+  Fwd<X, Saved> forward(const X& x) const {
+    Saved s;
+    auto [a, s1] = ln1_.forward(x);
+    auto [b, s2] = attn_.forward(a);
+    auto h = ops::add(x, b);
+    auto [c, s3] = ln2_.forward(h);
+    auto [d, s4] = mlp_.forward(c);
+    return {ops::add(h, d), Saved{std::move(s1), std::move(s2), std::move(s3), std::move(s4)}};
   }
 
-  X backward_input(const X& dy) {
-    if (checkpoint_) {
-      detail::check(x_.numel() > 0, "nn::TransformerBlock::backward_input", dy.mesh(),
-                    "checkpointed block without a forward before it");
-      const bool saved = checkpoint_;
-      checkpoint_ = false;
-      forward(x_);  // recompute: the modules keep their activations this time
-      checkpoint_ = saved;
-      x_ = {};
-    }
-    auto dh = ops::add(dy, ln2_.backward_input(mlp_.backward_input(dy)));
-    return ops::add(dh, ln1_.backward_input(attn_.backward_input(dh)));
+  Bwd<X, WeightCtx> backward_input(Saved s, const X& dy) const {
+    auto [dc, w4] = mlp_.backward_input(std::move(s.mlp), dy);
+    auto [dh2, w3] = ln2_.backward_input(std::move(s.ln2), dc);
+    auto dh = ops::add(dy, dh2);
+    auto [db, w2] = attn_.backward_input(std::move(s.attn), dh);
+    auto [dx2, w1] = ln1_.backward_input(std::move(s.ln1), db);
+    return {ops::add(dh, dx2), WeightCtx{std::move(w1), std::move(w2), std::move(w3), std::move(w4)}};
   }
 
-  void backward_weight() {
-    mlp_.backward_weight();
-    ln2_.backward_weight();
-    attn_.backward_weight();
-    ln1_.backward_weight();
-  }
+  void backward_weight(WeightCtx w) { backward_weight_children(*this, std::move(w)); }
 
-  X backward(const X& dy) {
-    auto dx = backward_input(dy);
-    backward_weight();
-    return dx;
-  }
-
-  /// Frees every saved activation (after an evaluation forward, or for checkpointing).
-  void release() {
-    ln1_.release();
-    attn_.release();
-    ln2_.release();
-    mlp_.release();
-  }
-
-  template <class U>
-  void collect(ParamList<U, Mesh::ndim>& out) {
-    ln1_.collect(out);
-    attn_.collect(out);
-    ln2_.collect(out);
-    mlp_.collect(out);
-  }
+  auto children() { return std::tie(ln1_, attn_, ln2_, mlp_); }
   Attn& attn() noexcept { return attn_; }
   Mlp& mlp() noexcept { return mlp_; }
   Norm& ln1() noexcept { return ln1_; }
@@ -137,8 +114,6 @@ class TransformerBlock {
   Attn attn_;
   Norm ln2_;
   Mlp mlp_;
-  bool checkpoint_ = false;
-  X x_;
 };
 
 }  // namespace dtensor::nn

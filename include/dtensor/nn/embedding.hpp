@@ -2,20 +2,25 @@
 //
 //   nn::Embedding<float, Mesh> wpe("wpe", mesh, /*rows=*/T, /*dim=*/C, /*seed=*/3);        // replicated
 //   nn::Embedding<float, Mesh, parallel::VocabParallel<>> wte("wte", mesh, V, C, 4);       // vocabulary split
-//   auto h = wte.forward(ids);   // ids [N] int32 in Style::ids_layout -> [N, C] in Style::output_layout
-//   wte.backward(dh);            // the table's gradient (ids have none)
+//   auto [h, saved] = wte.forward(ids);   // ids [B, T] int32 in Style::ids_layout -> [B, T, C] in Style::output_layout
+//   auto [none, wctx] = wte.backward_input(std::move(saved), dh);   // ids have no gradient
+//   wte.backward_weight(std::move(wctx));                           // the table's gradient
 //
 // Forward: ops::embedding on this rank's rows of the table, then the style's exit (the lookup's
-// layout -> output_layout). Backward: the exit's adjoint, then ops::embedding_backward (a
-// scatter-add in token order). Collectives: only the exit and its adjoint (parallel/ documents
+// layout -> output_layout); saved: the ids. backward_input: the exit's adjoint (the whole
+// backward's communication); backward_weight: ops::embedding_backward (a scatter-add in token
+// order), so a zero-bubble schedule can defer it like any weight gradient. Collectives: only the exit and its adjoint (parallel/ documents
 // VocabParallel's; Replicated has none). Init: N(0, init_std) drawn whole from the seed.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <tuple>
 
 #include "dtensor/core/factories.hpp"
 #include "dtensor/distributed/distribute.hpp"
+#include "dtensor/distributed/redistribute.hpp"
+#include "dtensor/nn/module.hpp"
 #include "dtensor/nn/style.hpp"
 #include "dtensor/ops/embedding.hpp"
 
@@ -24,52 +29,59 @@ namespace dtensor::nn {
 template <kernels::host::FloatElement T, MeshType Mesh, class Style = Replicated<>, class Id = std::int32_t>
   requires EmbeddingStyle<Style, Mesh>
 class Embedding {
+  static_assert(require_dense_roles<"nn::Embedding", Mesh>());
+
  public:
-  using WL = typename Style::template weight_layout<Mesh>;
+  using WeightL = typename Style::template weight_layout<Mesh>;
   using IdsL = typename Style::template ids_layout<Mesh>;
   using OutL = typename Style::template output_layout<Mesh>;
-  using Ids = DTensor<Id, 1, Mesh, IdsL>;
-  using Out = DTensor<T, 2, Mesh, OutL>;
+  using Ids = DTensor<Id, 2, Mesh, IdsL>;
+  using Out = DTensor<T, 3, Mesh, OutL>;
+
+ private:
+  using LookupL = ops::rules::embedding_t<WeightL, IdsL, 2>;
+
+ public:
+  struct Saved {
+    Ids ids;
+  };
+  struct WeightCtx {
+    Ids ids;
+    DTensor<T, 3, Mesh, typename grad_layout<LookupL>::type> dy;  // in the lookup's layout
+  };
 
   Embedding() = default;
   Embedding(std::string name, const Mesh& mesh, Extent rows, Extent dim, std::uint64_t seed, double init_std = 0.02)
       : name_(std::move(name)) {
     detail::check(rows > 0 && dim > 0 && init_std >= 0, "nn::Embedding", mesh, name_, ": rows ", rows, ", dim ", dim,
                   ", init_std ", init_std);
-    weight_ = Parameter<T, 2, Mesh, WL>(name_ + ".weight",
-                                        distribute_replicated<WL>(mesh, normal<T>(Shape<2>{rows, dim}, seed, 0, init_std)));
+    weight_ = Parameter<T, 2, Mesh, WeightL>(
+        name_ + ".weight", distribute_replicated<WeightL>(mesh, normal<T>(Shape<2>{rows, dim}, seed, 0, init_std)));
   }
 
   /// Collectives: the style's exit.
-  Out forward(const Ids& ids) {
-    ids_ = ids;
-    return redistribute<OutL>(ops::embedding(weight_.value(), ids));
+  Fwd<Out, Saved> forward(const Ids& ids) const {
+    return {redistribute<OutL>(ops::embedding(weight_.value(), ids)), Saved{ids}};
   }
 
-  /// Adds the table's gradient. Collectives: the adjoint of the exit.
-  void backward(const Out& dy) {
-    detail::check(ids_.extent(0) == dy.extent(0) && dy.extent(0) > 0, "nn::Embedding::backward", dy.mesh(), name_,
-                  ": gradient ", to_string(dy.shape()), " for ", ids_.extent(0), " ids (no forward?)");
-    weight_.accumulate_grad(ops::embedding_backward(redistribute_backward<LookupL>(dy), ids_, weight_.value()));
-    ids_ = {};
+  /// Ids have no gradient: the first member is empty. Collectives: the adjoint of the exit.
+  Bwd<Nothing, WeightCtx> backward_input(Saved s, const Out& dy) const {
+    detail::check(s.ids.extent(0) == dy.extent(0) && s.ids.extent(1) == dy.extent(1), "nn::Embedding::backward_input",
+                  dy.mesh(), name_, ": gradient ", to_string(dy.shape()), " for ids ", to_string(s.ids.shape()));
+    return {Nothing{}, WeightCtx{std::move(s.ids), redistribute_backward<LookupL>(dy)}};
   }
-  /// The zero-bubble split: ids carry no gradient, so the whole backward is the weight's.
-  void backward_weight(const Out& dy) { backward(dy); }
 
-  /// Frees what forward kept (the ids).
-  void release() { ids_ = {}; }
+  /// Adds the table's gradient (a scatter-add). No communication.
+  void backward_weight(WeightCtx w) {
+    weight_.accumulate_grad(ops::embedding_backward(w.dy, w.ids, weight_.value()));
+  }
 
-  template <class U>
-  void collect(ParamList<U, Mesh::ndim>& out) { weight_.collect(out); }
-  void zero_grad() { weight_.zero_grad(); }
-  Parameter<T, 2, Mesh, WL>& weight() noexcept { return weight_; }
+  auto parameters() { return std::tie(weight_); }
+  Parameter<T, 2, Mesh, WeightL>& weight() noexcept { return weight_; }
 
  private:
-  using LookupL = ops::rules::embedding_t<WL, IdsL, 1>;
-
   std::string name_;
-  Parameter<T, 2, Mesh, WL> weight_;
-  Ids ids_;
+  Parameter<T, 2, Mesh, WeightL> weight_;
 };
 
 }  // namespace dtensor::nn

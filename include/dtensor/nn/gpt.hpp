@@ -4,17 +4,22 @@
 //   nn::GPTConfig cfg{.vocab = 96, .seq = 64, .dim = 128, .heads = 4, .layers = 2};
 //   nn::GPT<float, Mesh> model(mesh, cfg);                              // no tensor parallelism
 //   nn::GPT<float, Mesh, parallel::MegatronPlan<true>> tp(mesh, cfg);   // TP + SP (parallel/gpt_plan.hpp)
-//   auto loss = model.forward(ids, targets);   // ids, targets: [B*T] int32, tokens<Mesh> (split on the data dims)
-//   model.backward();                          // gradients into the parameters (Partial where pending)
-//   nn::ParamList<float, 2> ps;  model.collect(ps);
-//   double value = full_tensor(loss)[0];       // the global mean loss (an all-reduce on the data dims)
+//   auto [loss, saved] = model.forward(ids, targets);   // ids, targets: [B, T] int32, batch split on the data dims
+//   model.backward(std::move(saved));                   // gradients into the parameters (Partial where pending)
+//   // or, split: auto wctx = model.backward_input(std::move(saved)); model.backward_weight(std::move(wctx));
+//   double value = full_tensor(loss)[0];                // the global mean loss (an all-reduce on the data dims)
 //
-// The rows of ids are B sequences of T = cfg.seq tokens, one after the other; each data-parallel
-// rank must get whole sequences (B divisible by the product of the data dimensions). The plan
-// (nn::ReplicatedPlan, parallel::MegatronPlan<SP>) gives the style of every Linear, of the token
-// embedding, the residual stream's placement on "tp" and the loss; the position embedding and
-// the norms are replicated weights applied to the residual stream's tokens. The collectives are
-// the plan's (see parallel/gpt_plan.hpp for the count per step).
+// The model's parameters live in flat groups, one per unit (FSDP's units; what DDP reduces as
+// soon as backward has finished them): "embed" (wte, wpe), one per block ("h.0", ...), "head"
+// (ln_f, lm_head). units() lists them; set_grads_ready(fn) registers fn(unit index), called by
+// backward as soon as a unit's gradients are complete (head first, embed last).
+//
+// The batch may split unevenly over the data dimensions (torch.chunk: some ranks may hold fewer
+// sequences, or none); sequences have at most cfg.seq positions, each position's embedding taken
+// from its global index in the sequence. The plan (nn::ReplicatedPlan, parallel::MegatronPlan<SP>)
+// gives the style of every Linear, of the token embedding, the residual stream's placement on
+// the tensor dimension and the loss; the position embedding and the norms are replicated
+// weights applied to the residual stream. The collectives are the plan's (parallel/gpt_plan.hpp).
 //
 // Initialisation (GPT-2): every weight N(0, 0.02), the blocks' output projections N(0, 0.02 /
 // sqrt(2 * layers)), biases 0, norms 1 and 0; each drawn whole from cfg.seed and a per-module
@@ -23,9 +28,13 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
+#include <memory>
+#include <tuple>
 #include <vector>
 
 #include "dtensor/nn/block.hpp"
+#include "dtensor/nn/checkpoint.hpp"
 #include "dtensor/nn/embedding.hpp"
 
 namespace dtensor::nn {
@@ -37,25 +46,52 @@ struct GPTConfig {
   Extent heads = 1;
   Extent layers = 1;
   Extent mlp_ratio = 4;
-  bool checkpoint = false;  // activation checkpointing of every block
+  bool checkpoint = false;  // activation checkpointing of every block (set_checkpoint picks blocks)
   std::uint64_t seed = 1234;
+};
+
+/// A unit of parameters: one flat group and its type-erased views.
+template <class T, std::size_t N>
+struct ParamUnit {
+  std::shared_ptr<FlatParams<T, N>> group;
+  ParamList<T, N> params;
 };
 
 template <kernels::host::FloatElement T, MeshType Mesh, class Plan = ReplicatedPlan, class Id = std::int32_t>
 class GPT {
+  static_assert(require_dense_roles<"nn::GPT", Mesh>());
+
  public:
   using between = typename Plan::between;
-  using Block = TransformerBlock<T, Mesh, Plan>;
-  using X = typename Block::X;
+  using Block = Checkpointed<TransformerBlock<T, Mesh, Plan>>;
+  using X = typename Block::In;
   using Wte = Embedding<T, Mesh, typename Plan::wte, Id>;
   using Wpe = Embedding<T, Mesh, Replicated<between>, Id>;
+  using Norm = LayerNorm<T, Mesh, between>;
   using Head = Linear<T, Mesh, typename Plan::head>;
   using LossFn = typename Plan::template loss<T, Mesh, typename Head::OutL>;
-  using Ids = DTensor<Id, 1, Mesh, tokens<Mesh>>;
+  using Ids = DTensor<Id, 2, Mesh, tokens<Mesh>>;
   using Loss = typename LossFn::Loss;
+  using Unit = ParamUnit<T, Mesh::ndim>;
   static_assert(std::is_same_v<typename Wte::Out, X> && std::is_same_v<typename Wpe::Out, X> &&
                     std::is_same_v<typename Head::In, X>,
                 "GPT: the plan's embedding and head styles must give and take the residual stream's layout");
+
+  struct Saved {
+    typename Wte::Saved wte;
+    typename Wpe::Saved wpe;
+    std::vector<typename Block::Saved> blocks;
+    typename Norm::Saved ln_f;
+    typename Head::Saved head;
+    typename LossFn::Saved loss;
+  };
+  struct WeightCtx {
+    typename Wte::WeightCtx wte;
+    typename Wpe::WeightCtx wpe;
+    std::vector<typename Block::WeightCtx> blocks;
+    typename Norm::WeightCtx ln_f;
+    typename Head::WeightCtx head;
+  };
 
   GPT(const Mesh& mesh, GPTConfig c) : mesh_(mesh), c_(c) {
     detail::check(c.vocab > 0 && c.seq > 0 && c.dim > 0 && c.heads > 0 && c.layers > 0 && c.dim % c.heads == 0,
@@ -66,80 +102,156 @@ class GPT {
     wpe_ = Wpe("wpe", mesh, c.seq, c.dim, s + 2);
     const BlockConfig bc{c.dim, c.heads, c.seq, c.mlp_ratio, 0.02, 0.02 / std::sqrt(2.0 * double(c.layers))};
     blocks_.reserve(std::size_t(c.layers));
-    for (Extent l = 0; l < c.layers; ++l) {
-      blocks_.emplace_back("h." + std::to_string(l), mesh, bc, s + 10 * std::uint64_t(l + 1));
-      blocks_.back().set_checkpoint(c.checkpoint);
-    }
-    ln_f_ = LayerNorm<T, Mesh, between>("ln_f", mesh, c.dim);
+    for (Extent l = 0; l < c.layers; ++l)
+      blocks_.emplace_back(c.checkpoint, "h." + std::to_string(l), mesh, bc, s + 10 * std::uint64_t(l + 1));
+    ln_f_ = Norm("ln_f", mesh, c.dim);
     head_ = Head("lm_head", mesh, c.dim, c.vocab, s + 3, {.bias = false, .init_std = 0.02});
+    // One flat group per unit: embed, the blocks, head.
+    add_unit("embed", modules(wte_, wpe_));
+    for (Extent l = 0; l < c.layers; ++l) add_unit("h." + std::to_string(l), blocks_[std::size_t(l)]);
+    add_unit("head", modules(ln_f_, head_));
   }
+  GPT(GPT&&) = default;
+  GPT& operator=(GPT&&) = default;
 
-  /// The mean loss over all B*T targets, as this rank's share (see LossFn). Collectives: the plan's.
-  Loss forward(const Ids& ids, const Ids& targets) {
+  /// The mean loss over all B*T targets, as this rank's share (see LossFn), and the saved state.
+  /// Collectives: the plan's.
+  Fwd<Loss, Saved> forward(const Ids& ids, const Ids& targets) const {
     check_batch("nn::GPT::forward", ids, targets);
-    auto x = ops::add(wte_.forward(ids), wpe_.forward(positions(ids.extent(0))));
-    for (auto& b : blocks_) x = b.forward(x);
-    return loss_.forward(head_.forward(ln_f_.forward(x)), targets);
+    Saved s;
+    auto [te, wte_s] = wte_.forward(ids);
+    auto [pe, wpe_s] = wpe_.forward(positions(ids));
+    s.wte = std::move(wte_s);
+    s.wpe = std::move(wpe_s);
+    auto x = ops::add(te, pe);
+    s.blocks.reserve(blocks_.size());
+    for (const auto& b : blocks_) {
+      auto [y, bs] = b.forward(x);
+      x = std::move(y);
+      s.blocks.push_back(std::move(bs));
+    }
+    auto [h, ln_s] = ln_f_.forward(x);
+    auto [logits, head_s] = head_.forward(h);
+    auto [loss, loss_s] = loss_.forward(logits, targets);
+    s.ln_f = std::move(ln_s);
+    s.head = std::move(head_s);
+    s.loss = std::move(loss_s);
+    return {std::move(loss), std::move(s)};
   }
 
-  /// Gradients of dloss * loss into every parameter (input gradient, then weight gradient, per
-  /// module). Collectives: the adjoints of the plan's.
-  void backward(double dloss = 1.0) {
-    auto dy = head_.backward_input(loss_.backward(dloss));
-    head_.backward_weight();
-    auto dx = ln_f_.backward(dy);
-    for (auto b = blocks_.rbegin(); b != blocks_.rend(); ++b) dx = b->backward(dx);
-    wte_.backward(dx);
-    wpe_.backward(dx);
+  /// The loss alone (validation): the saved state is dropped at once.
+  Loss evaluate(const Ids& ids, const Ids& targets) const { return forward(ids, targets).y; }
+
+  /// The input gradients of dloss * loss through every module, last first; returns the weight
+  /// context (no parameter gradient is touched yet). Collectives: the adjoints of the plan's.
+  WeightCtx backward_input(Saved s, double dloss = 1.0) const {
+    WeightCtx w;
+    auto [dx, pending] = backward_head(s, dloss);
+    w.ln_f = std::move(pending.ln_f);
+    w.head = std::move(pending.head);
+    w.blocks.resize(blocks_.size());
+    for (std::size_t l = blocks_.size(); l-- > 0;) {
+      auto [d, bw] = blocks_[l].backward_input(std::move(s.blocks[l]), dx);
+      dx = std::move(d);
+      w.blocks[l] = std::move(bw);
+    }
+    backward_embed_input(std::move(s), dx, w);
+    return w;
   }
 
-  /// The loss without keeping anything for a backward (validation).
-  Loss evaluate(const Ids& ids, const Ids& targets) {
-    auto loss = forward(ids, targets);
-    release();
-    return loss;
-  }
-  /// Frees every saved activation.
-  void release() {
-    for (auto& b : blocks_) b.release();
-    ln_f_.release();
-    head_.release();
-    loss_.release();
+  /// Adds every weight gradient (head, blocks last first, embed), announcing each unit.
+  void backward_weight(WeightCtx w) {
+    head_.backward_weight(std::move(w.head));
+    ln_f_.backward_weight(std::move(w.ln_f));
+    ready(units_.size() - 1);
+    for (std::size_t l = blocks_.size(); l-- > 0;) {
+      blocks_[l].backward_weight(std::move(w.blocks[l]));
+      ready(l + 1);
+    }
+    wte_.backward_weight(std::move(w.wte));
+    wpe_.backward_weight(std::move(w.wpe));
+    ready(0);
   }
 
-  template <class U>
-  void collect(ParamList<U, Mesh::ndim>& out) {
-    wte_.collect(out);
-    wpe_.collect(out);
-    for (auto& b : blocks_) b.collect(out);
-    ln_f_.collect(out);
-    head_.collect(out);
+  /// The whole backward, unit by unit: each unit's weight gradients right after its input
+  /// gradient, so the grads-ready callback (DDP's bucket all-reduce) fires while the earlier
+  /// units still compute. Collectives: the adjoints of the plan's.
+  void backward(Saved s, double dloss = 1.0) {
+    auto [dx, pending] = backward_head(s, dloss);
+    head_.backward_weight(std::move(pending.head));
+    ln_f_.backward_weight(std::move(pending.ln_f));
+    ready(units_.size() - 1);
+    for (std::size_t l = blocks_.size(); l-- > 0;) {
+      auto [d, bw] = blocks_[l].backward_input(std::move(s.blocks[l]), dx);
+      dx = std::move(d);
+      blocks_[l].backward_weight(std::move(bw));
+      ready(l + 1);
+    }
+    WeightCtx w;
+    backward_embed_input(std::move(s), dx, w);
+    wte_.backward_weight(std::move(w.wte));
+    wpe_.backward_weight(std::move(w.wpe));
+    ready(0);
   }
+
+  /// Called with a unit's index as soon as backward has completed its gradients.
+  void set_grads_ready(std::function<void(std::size_t)> fn) { grads_ready_ = std::move(fn); }
+  /// The parameter units: embed, h.0 .. h.{L-1}, head.
+  std::vector<Unit>& units() noexcept { return units_; }
+
+  /// Activation checkpointing of block l (all blocks: cfg.checkpoint).
+  void set_checkpoint(std::size_t l, bool on) { blocks_.at(l).set_enabled(on); }
+
+  auto children() { return std::tie(wte_, wpe_, blocks_, ln_f_, head_); }
+  template <class List>
+  void collect(List& out) { nn::collect(*this, out); }
 
   const GPTConfig& config() const noexcept { return c_; }
   const Mesh& mesh() const noexcept { return mesh_; }
   std::vector<Block>& blocks() noexcept { return blocks_; }
 
  private:
-  void check_batch(const char* op, const Ids& ids, const Ids& targets) const {
-    detail::check(ids.shape() == targets.shape() && ids.extent(0) % c_.seq == 0, op, mesh_, "ids ",
-                  to_string(ids.shape()), " and targets ", to_string(targets.shape()),
-                  " must be the same number of whole sequences of ", c_.seq, " tokens");
-    const Extent b = ids.extent(0) / c_.seq;
-    int data_ranks = 1;
-    for (std::size_t i = 0; i < Mesh::ndim; ++i)
-      if (i != Mesh::template index_of<"tp">()) data_ranks *= mesh_.size(i);
-    detail::check(b % data_ranks == 0, op, mesh_, b, " sequences cannot be split evenly over ", data_ranks,
-                  " data-parallel ranks (each needs whole sequences)");
+  struct HeadCtx {
+    typename Norm::WeightCtx ln_f;
+    typename Head::WeightCtx head;
+  };
+
+  std::pair<X, HeadCtx> backward_head(Saved& s, double dloss) const {
+    auto dlogits = loss_.backward(std::move(s.loss), dloss);
+    auto [dh, head_w] = head_.backward_input(std::move(s.head), dlogits);
+    auto [dx, ln_w] = ln_f_.backward_input(std::move(s.ln_f), dh);
+    return {std::move(dx), HeadCtx{std::move(ln_w), std::move(head_w)}};
+  }
+  void backward_embed_input(Saved&& s, const X& dx, WeightCtx& w) const {
+    w.wte = wte_.backward_input(std::move(s.wte), dx).weight;
+    w.wpe = wpe_.backward_input(std::move(s.wpe), dx).weight;
   }
 
-  /// The position of each of this rank's tokens in its sequence, laid out like the residual stream.
-  DTensor<Id, 1, Mesh, tokens<Mesh, between>> positions(Extent n) const {
+  template <class M>
+  void add_unit(std::string name, M&& m) {
+    Unit u;
+    u.group = flatten<T, Mesh::ndim>(std::move(name), m);
+    nn::collect(m, u.params);
+    units_.push_back(std::move(u));
+  }
+  void ready(std::size_t unit) {
+    if (grads_ready_) grads_ready_(unit);
+  }
+
+  void check_batch(const char* op, const Ids& ids, const Ids& targets) const {
+    detail::check(ids.shape() == targets.shape() && ids.extent(0) > 0 && ids.extent(1) > 0 && ids.extent(1) <= c_.seq,
+                  op, mesh_, "ids ", to_string(ids.shape()), " and targets ", to_string(targets.shape()),
+                  " must both be [batch, positions] with 1 to ", c_.seq, " positions");
+  }
+
+  /// The global position of each of this rank's tokens in its sequence, laid out like the residual stream.
+  DTensor<Id, 2, Mesh, tokens<Mesh, between>> positions(const Ids& ids) const {
     using PL = tokens<Mesh, between>;
-    const auto box = local_box(PL::desc, mesh_.shape(), mesh_.coordinate(), Shape<1>{n});
-    Tensor<Id, 1> p(box.extent);
-    for (Extent i = 0; i < box.extent[0]; ++i) p[i] = Id((box.offset[0] + i) % c_.seq);
-    return from_local<PL>(mesh_, std::move(p), Shape<1>{n});
+    const auto box = local_box(PL::desc, mesh_.shape(), mesh_.coordinate(), ids.shape());
+    Tensor<Id, 2> p(box.extent);
+    for (Extent b = 0; b < box.extent[0]; ++b)
+      for (Extent t = 0; t < box.extent[1]; ++t) p(b, t) = Id(box.offset[1] + t);
+    return from_local<PL>(mesh_, std::move(p), ids.shape());
   }
 
   Mesh mesh_;
@@ -147,9 +259,11 @@ class GPT {
   Wte wte_;
   Wpe wpe_;
   std::vector<Block> blocks_;
-  LayerNorm<T, Mesh, between> ln_f_;
+  Norm ln_f_;
   Head head_;
   LossFn loss_;
+  std::vector<Unit> units_;
+  std::function<void(std::size_t)> grads_ready_;
 };
 
 }  // namespace dtensor::nn

@@ -2,7 +2,8 @@
 //
 //   nn::MLP<float, Mesh> mlp("mlp", mesh, /*dim=*/64, /*hidden=*/256, /*seed=*/5);
 //   nn::MLP<float, Mesh, parallel::ColwiseParallel<>, parallel::RowwiseParallel<>> tp_mlp(...);   // Megatron
-//   auto y = mlp.forward(x);  auto dx = mlp.backward_input(dy);  mlp.backward_weight();
+//   auto [y, saved] = mlp.forward(x);                        // x [B, T, dim]
+//   auto [dx, wctx] = mlp.backward_input(std::move(saved), dy);  mlp.backward_weight(std::move(wctx));
 //
 // fc1 [hidden, dim] and fc2 [dim, hidden] are Linears in the given styles; fc1's output layout
 // must be fc2's input layout (checked at compile time). Collectives: those of the two styles
@@ -27,6 +28,13 @@ class MLP {
   using In = typename Fc1::In;
   using Out = typename Fc2::Out;
 
+  struct Saved {
+    typename Fc1::Saved fc1;
+    typename Fc1::Out h;  // fc1's output, for GELU's backward
+    typename Fc2::Saved fc2;
+  };
+  using WeightCtx = std::tuple<typename Fc1::WeightCtx, typename Fc2::WeightCtx>;  // children() order
+
   MLP() = default;
   /// fc1 draws from seed, fc2 from seed + 1; fc2's init_std may be scaled (GPT-2: by 1/sqrt(2 layers)).
   MLP(std::string name, const Mesh& mesh, Extent dim, Extent hidden, std::uint64_t seed, double init_std = 0.02,
@@ -34,44 +42,26 @@ class MLP {
       : fc1_(name + ".fc1", mesh, dim, hidden, seed, {.bias = true, .init_std = init_std}),
         fc2_(name + ".fc2", mesh, hidden, dim, seed + 1, {.bias = true, .init_std = out_std}) {}
 
-  Out forward(const In& x) {
-    h_ = fc1_.forward(x);
-    return fc2_.forward(ops::gelu(h_));
+  Fwd<Out, Saved> forward(const In& x) const {
+    auto [h, s1] = fc1_.forward(x);
+    auto [y, s2] = fc2_.forward(ops::gelu(h));
+    return {std::move(y), Saved{std::move(s1), std::move(h), std::move(s2)}};
   }
-  In backward_input(const Out& dy) {
-    auto da = fc2_.backward_input(dy);
-    auto dh = ops::gelu_backward(da, h_);
-    h_ = {};
-    return fc1_.backward_input(dh);
+  Bwd<In, WeightCtx> backward_input(Saved s, const Out& dy) const {
+    auto [da, w2] = fc2_.backward_input(std::move(s.fc2), dy);
+    auto dh = ops::gelu_backward(da, s.h);
+    auto [dx, w1] = fc1_.backward_input(std::move(s.fc1), dh);
+    return {std::move(dx), WeightCtx{std::move(w1), std::move(w2)}};
   }
-  void backward_weight() {
-    fc2_.backward_weight();
-    fc1_.backward_weight();
-  }
-  In backward(const Out& dy) {
-    auto dx = backward_input(dy);
-    backward_weight();
-    return dx;
-  }
-  /// Frees what forward kept for the backward (activation checkpointing recomputes it).
-  void release() {
-    h_ = {};
-    fc1_.release();
-    fc2_.release();
-  }
+  void backward_weight(WeightCtx w) { backward_weight_children(*this, std::move(w)); }
 
-  template <class U>
-  void collect(ParamList<U, Mesh::ndim>& out) {
-    fc1_.collect(out);
-    fc2_.collect(out);
-  }
+  auto children() { return std::tie(fc1_, fc2_); }
   Fc1& fc1() noexcept { return fc1_; }
   Fc2& fc2() noexcept { return fc2_; }
 
  private:
   Fc1 fc1_;
   Fc2 fc2_;
-  typename Fc1::Out h_;
 };
 
 }  // namespace dtensor::nn

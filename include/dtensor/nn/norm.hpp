@@ -1,23 +1,26 @@
 // dtensor/nn/norm.hpp — LayerNorm and RMSNorm modules over the feature dimension.
 //
-//   nn::LayerNorm<float, Mesh> ln("ln1", mesh, 64);               // tokens<Mesh> in and out
-//   nn::LayerNorm<float, Mesh, Shard<0>> ln("ln1", mesh, 64);     // sequence parallel: tokens split on "tp"
-//   auto y = ln.forward(x);  auto dx = ln.backward_input(dy);  ln.backward_weight();
+//   nn::LayerNorm<float, Mesh> ln("ln1", mesh, 64);               // tokens<Mesh> [B, T, C] in and out
+//   nn::LayerNorm<float, Mesh, nn::SeqSplit> ln("ln1", mesh, 64); // sequence parallel: positions split
+//   auto [y, saved] = ln.forward(x);
+//   auto [dx, wctx] = ln.backward_input(std::move(saved), dy);  ln.backward_weight(std::move(wctx));
 //   nn::RMSNorm<float, Mesh> rms("norm", mesh, 64, /*eps=*/1e-6);
 //
 // Weights (1 and, for LayerNorm, a bias of 0) are Replicate everywhere. The norm is row-wise,
 // so it runs on any split of the tokens without communication (ops::layer_norm / rms_norm).
 // Its weight gradients are sums over this rank's tokens: Partial<sum> on the data dimensions,
-// and on "tp" Partial<sum> under sequence parallelism (each rank normalised its own tokens) or
-// Replicate without it (every rank normalised the same tokens). The gradient syncs reduce them
-// (DataParallel, parallel::sequence_parallel_grads). The kernel computes dx and the weight
-// gradients in one pass: backward_input keeps the latter and backward_weight adds them.
+// and on the tensor dimension Partial<sum> under sequence parallelism (each rank normalised its
+// own positions) or Replicate without it (every rank normalised the same tokens). The gradient
+// syncs reduce them (DataParallel, parallel::sequence_parallel_grads). The kernel computes dx and
+// the weight gradients in one pass: they are the weight context backward_weight adds.
 #pragma once
 
 #include <string>
+#include <tuple>
 
 #include "dtensor/core/factories.hpp"
 #include "dtensor/distributed/distribute.hpp"
+#include "dtensor/nn/module.hpp"
 #include "dtensor/nn/style.hpp"
 #include "dtensor/ops/norm.hpp"
 
@@ -27,12 +30,22 @@ namespace detail {
 /// What LayerNorm and RMSNorm share; Kind::layer has a bias and centres the rows.
 enum class NormKind { layer, rms };
 
-template <NormKind K, class T, class Mesh, class TpP>
+template <NormKind K, class T, class Mesh, class TensorP>
 class Norm {
+  static_assert(require_dense_roles<"nn::LayerNorm / nn::RMSNorm", Mesh>());
+  using GradL = ops::rules::sum_rows_t<tokens<Mesh, TensorP>, 3>;
+
  public:
-  using XL = tokens<Mesh, TpP>;
-  using X = DTensor<T, 2, Mesh, XL>;
+  using XL = tokens<Mesh, TensorP>;
+  using X = DTensor<T, 3, Mesh, XL>;
   using PL = params<Mesh>;
+  struct Saved {
+    X x;
+    ops::NormStats stats;
+  };
+  struct WeightCtx {
+    DTensor<T, 1, Mesh, GradL> dweight, dbias;
+  };
 
   Norm() = default;
   Norm(std::string name, const Mesh& mesh, Extent dim, double eps)
@@ -45,100 +58,65 @@ class Norm {
   }
 
   /// No communication.
-  X forward(const X& x) {
-    check(x.extent(1) == dim_, op, x.mesh(), name_, ": forward: input ", to_string(x.shape()), " does not have ",
+  Fwd<X, Saved> forward(const X& x) const {
+    check(x.extent(2) == dim_, op, x.mesh(), name_, ": forward: input ", to_string(x.shape()), " does not have ",
           dim_, " features");
-    x_ = x;
     if constexpr (K == NormKind::layer) {
       auto r = ops::layer_norm(x, weight_.value(), bias_.value(), eps_);
-      stats_ = std::move(r.stats);
-      return std::move(r.y);
+      return {std::move(r.y), Saved{x, std::move(r.stats)}};
     } else {
       auto r = ops::rms_norm(x, weight_.value(), eps_);
-      stats_ = std::move(r.stats);
-      return std::move(r.y);
+      return {std::move(r.y), Saved{x, std::move(r.stats)}};
     }
   }
 
   /// No communication.
-  X backward_input(const X& dy) {
-    check(dy.shape() == x_.shape() && x_.numel() > 0, op, dy.mesh(), name_, ": backward_input: gradient ",
-          to_string(dy.shape()), " for a forward of ", to_string(x_.shape()));
+  Bwd<X, WeightCtx> backward_input(Saved s, const X& dy) const {
+    check(dy.shape() == s.x.shape(), op, dy.mesh(), name_, ": backward_input: gradient ", to_string(dy.shape()),
+          " for a forward of ", to_string(s.x.shape()));
     if constexpr (K == NormKind::layer) {
-      auto g = ops::layer_norm_backward(dy, x_, weight_.value(), stats_);
-      dweight_ = std::move(g.dweight);
-      dbias_ = std::move(g.dbias);
-      x_ = {};
-      return std::move(g.dx);
+      auto g = ops::layer_norm_backward(dy, s.x, weight_.value(), s.stats);
+      return {std::move(g.dx), WeightCtx{std::move(g.dweight), std::move(g.dbias)}};
     } else {
-      auto g = ops::rms_norm_backward(dy, x_, weight_.value(), stats_);
-      dweight_ = std::move(g.dweight);
-      x_ = {};
-      return std::move(g.dx);
+      auto g = ops::rms_norm_backward(dy, s.x, weight_.value(), s.stats);
+      return {std::move(g.dx), WeightCtx{std::move(g.dweight), {}}};
     }
   }
 
   /// Adds the weight gradients computed by backward_input. No communication.
-  void backward_weight() {
-    check(dweight_.numel() > 0, op, weight_.mesh(), name_, ": backward_weight without a backward_input before it");
-    weight_.accumulate_grad(dweight_);
-    if constexpr (K == NormKind::layer) bias_.accumulate_grad(dbias_);
-    dweight_ = {};
-    dbias_ = {};
+  void backward_weight(WeightCtx w) {
+    weight_.accumulate_grad(w.dweight);
+    if constexpr (K == NormKind::layer) bias_.accumulate_grad(w.dbias);
   }
 
-  X backward(const X& dy) {
-    auto dx = backward_input(dy);
-    backward_weight();
-    return dx;
-  }
-
-  /// Frees what forward kept for the backward (activation checkpointing recomputes it).
-  void release() {
-    x_ = {};
-    stats_ = {};
-  }
-
-  template <class U>
-  void collect(ParamList<U, Mesh::ndim>& out) {
-    weight_.collect(out);
-    if constexpr (K == NormKind::layer) bias_.collect(out);
-  }
-  void zero_grad() {
-    weight_.zero_grad();
-    if constexpr (K == NormKind::layer) bias_.zero_grad();
-  }
+  auto parameters() { return std::tie(weight_, bias_); }
   Parameter<T, 1, Mesh, PL>& weight() noexcept { return weight_; }
   Parameter<T, 1, Mesh, PL>& bias() noexcept { return bias_; }
 
  private:
   static constexpr const char* op = K == NormKind::layer ? "nn::LayerNorm" : "nn::RMSNorm";
-  using GL = ops::rules::sum_rows_t<XL, 2>;
 
   std::string name_;
   Extent dim_ = 0;
   double eps_ = 1e-5;
   Parameter<T, 1, Mesh, PL> weight_, bias_;
-  X x_;
-  ops::NormStats stats_;
-  DTensor<T, 1, Mesh, GL> dweight_, dbias_;
 };
 }  // namespace detail
 
-template <kernels::host::FloatElement T, MeshType Mesh, Placement TpP = Replicate>
-class LayerNorm : public detail::Norm<detail::NormKind::layer, T, Mesh, TpP> {
+template <kernels::host::FloatElement T, MeshType Mesh, Placement TensorP = Replicate>
+class LayerNorm : public detail::Norm<detail::NormKind::layer, T, Mesh, TensorP> {
  public:
   LayerNorm() = default;
   LayerNorm(std::string name, const Mesh& mesh, Extent dim, double eps = 1e-5)
-      : detail::Norm<detail::NormKind::layer, T, Mesh, TpP>(std::move(name), mesh, dim, eps) {}
+      : detail::Norm<detail::NormKind::layer, T, Mesh, TensorP>(std::move(name), mesh, dim, eps) {}
 };
 
-template <kernels::host::FloatElement T, MeshType Mesh, Placement TpP = Replicate>
-class RMSNorm : public detail::Norm<detail::NormKind::rms, T, Mesh, TpP> {
+template <kernels::host::FloatElement T, MeshType Mesh, Placement TensorP = Replicate>
+class RMSNorm : public detail::Norm<detail::NormKind::rms, T, Mesh, TensorP> {
  public:
   RMSNorm() = default;
   RMSNorm(std::string name, const Mesh& mesh, Extent dim, double eps = 1e-6)
-      : detail::Norm<detail::NormKind::rms, T, Mesh, TpP>(std::move(name), mesh, dim, eps) {}
+      : detail::Norm<detail::NormKind::rms, T, Mesh, TensorP>(std::move(name), mesh, dim, eps) {}
 };
 
 }  // namespace dtensor::nn

@@ -1,9 +1,10 @@
-// dtensor/nn/parameter.hpp — trainable parameters: a DTensor value and its gradient.
+// dtensor/nn/parameter.hpp — trainable parameters: a DTensor value and its gradient, as a view
+// into a flat group (nn/flat_params.hpp).
 //
-//   using W = nn::Parameter<float, 2, Mesh, nn::layout_on<Mesh, Replicate, nn::On<"tp", Shard<0>>>>;
+//   using W = nn::Parameter<float, 2, Mesh, nn::params<Mesh, Shard<0>>>;
 //   W w("fc1.weight", distribute_replicated<W::layout>(mesh, full));   // full init on every rank
 //   w.accumulate_grad(dw);        // dw: a DTensor whose placements may still be Partial
-//   w.grad_state()                // its placements now, e.g. (P(avg), S(0)): dp still to reduce
+//   w.grad_state()                // its placements now, e.g. (P(sum), S(0)): dp still to reduce
 //   w.grad()                      // the gradient in the parameter's layout (throws if Partial)
 //   ParamList<float, 2> ps; w.collect(ps);   // type-erased views for optimizers and DDP
 //
@@ -11,17 +12,21 @@
 // is replicated it is either Replicate (every rank computed the same values) or Partial<op>
 // (each rank holds a share still to be reduced: data parallelism, sequence parallelism). The
 // gradient's layout therefore changes at run time (Partial until the gradient sync reduces it),
-// so a Parameter keeps the local piece plus a run-time LayoutDesc, and checks every incoming
-// gradient's layout *type* at compile time. Local extents never change: a Partial piece has the
-// extents of the Replicate one.
+// so the group entry keeps a run-time LayoutDesc, and every incoming gradient's layout *type* is
+// checked at compile time. Local extents never change: a Partial piece has the extents of the
+// Replicate one.
 //
-// ParamRef is the type-erased view (spans into the local pieces) that optimizers, gradient
-// clipping and the bucketed all-reduces work on. Spans point into the Parameter: a module must
-// not be moved after its ParamList was taken.
+// A parameter's value and gradient live in its group's flat buffers; a parameter made alone has
+// a group of its own until nn::flatten moves it into a module group's. A Parameter is move-only
+// (two modules never share one by accident); the group is shared, so moving is always safe.
+// ParamRef is the type-erased view (spans into the group) that optimizers, gradient clipping and
+// the bucketed all-reduces work on; it stays valid while the group lives.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
+#include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -29,6 +34,7 @@
 
 #include "dtensor/distributed/redistribute.hpp"
 #include "dtensor/mesh/fixed_string.hpp"
+#include "dtensor/nn/flat_params.hpp"
 
 namespace dtensor::nn {
 
@@ -121,23 +127,66 @@ class Parameter {
  public:
   using value_type = DTensor<T, R, Mesh, L>;
   using layout = L;
+  using element_type = T;
   static constexpr std::size_t mesh_ndim = Mesh::ndim;
+  using Group = FlatParams<T, mesh_ndim>;
 
   Parameter() = default;
-  Parameter(std::string name, value_type value, bool decay = true)
-      : name_(std::move(name)), value_(std::move(value)), grad_(value_.to_local().shape()), decay_(decay) {}
+  /// A parameter with the given initial value, in a group of its own.
+  Parameter(std::string name, const value_type& value, bool decay = true) {
+    const auto box = value.local_box();
+    typename Group::Entry e;
+    e.name = std::move(name);
+    e.global_shape.assign(value.shape().begin(), value.shape().end());
+    e.local_offset.assign(box.offset.begin(), box.offset.end());
+    e.local_extent.assign(box.extent.begin(), box.extent.end());
+    e.layout = e.grad_state = L::desc;
+    e.decay = decay;
+    e.numel = std::size_t(dtensor::numel(box.extent));
+    std::vector<typename Group::Entry> entries;
+    entries.push_back(std::move(e));
+    auto group = std::make_shared<Group>(entries.front().name, std::move(entries));
+    bind(std::move(group), 0, value.mesh(), value.shape());
+    value_->local() = value.to_local();  // writes through the view into the group
+  }
+  Parameter(Parameter&&) noexcept = default;
+  /// Takes o's group and view (assigning to a view would write through it: the view is rebuilt).
+  Parameter& operator=(Parameter&& o) noexcept {
+    if (this != &o) {
+      group_ = std::move(o.group_);
+      index_ = o.index_;
+      value_.reset();
+      if (o.value_) value_.emplace(std::move(*o.value_));
+    }
+    return *this;
+  }
+  Parameter(const Parameter&) = delete;
+  Parameter& operator=(const Parameter&) = delete;
 
-  const std::string& name() const noexcept { return name_; }
-  const value_type& value() const noexcept { return value_; }
-  value_type& value() noexcept { return value_; }
-  const Mesh& mesh() const noexcept { return value_.mesh(); }
-  bool decay() const noexcept { return decay_; }
+  /// Whether this parameter was set (an optional bias may not be).
+  bool defined() const noexcept { return group_ != nullptr; }
+  const std::string& name() const { return entry().name; }
+  const value_type& value() const { return checked_value(); }
+  value_type& value() { return checked_value(); }
+  const Mesh& mesh() const { return checked_value().mesh(); }
+  bool decay() const { return entry().decay; }
+  /// The group whose buffers hold this parameter, and its entry there.
+  const std::shared_ptr<Group>& group() const noexcept { return group_; }
+  std::size_t index() const noexcept { return index_; }
+
+  /// Points this parameter at entry `index` of `group` (nn::flatten; the entry must match).
+  void rebind(std::shared_ptr<Group> group, std::size_t index) {
+    const auto mesh = checked_value().mesh();
+    const auto shape = value_->shape();
+    bind(std::move(group), index, mesh, shape);
+  }
 
   /// Sets the gradient to zero, with nothing pending.
   void zero_grad() {
-    std::fill_n(grad_.data(), grad_.numel(), T(0));
-    state_ = L::desc;
-    touched_ = false;
+    auto g = grad_span();
+    std::fill(g.begin(), g.end(), T(0));
+    entry().grad_state = L::desc;
+    entry().has_grad = false;
   }
 
   /// Adds g to the gradient. g's layout must fit the parameter's (checked at compile time) and,
@@ -147,50 +196,78 @@ class Parameter {
     static_assert(detail::grad_layout_fits(L::desc, G::desc),
                   "a gradient must be sharded like its parameter, and be Replicate or Partial<sum|avg> where the "
                   "parameter is replicated");
-    if (g.shape() != value_.shape())
+    auto& e = entry();
+    if (g.shape() != value_->shape())
       throw Error("Parameter::accumulate_grad",
-                  dtensor::detail::cat(name_, ": gradient ", to_string(g.shape()), " for a parameter of ",
-                                       to_string(value_.shape())),
-                  value_.mesh().rank());
-    if (touched_ && !(state_ == G::desc))
+                  dtensor::detail::cat(e.name, ": gradient ", to_string(g.shape()), " for a parameter of ",
+                                       to_string(value_->shape())),
+                  mesh().rank());
+    if (e.has_grad && !(e.grad_state == G::desc))
       throw Error("Parameter::accumulate_grad",
-                  dtensor::detail::cat(name_, ": gradient in layout ", to_string(G::desc),
-                                       " added to one held in layout ", to_string(state_)),
-                  value_.mesh().rank());
+                  dtensor::detail::cat(e.name, ": gradient in layout ", to_string(G::desc),
+                                       " added to one held in layout ", to_string(e.grad_state)),
+                  mesh().rank());
     const auto& gl = g.to_local();
-    T* d = grad_.data();
-    for (Extent i = 0, n = gl.numel(); i < n; ++i) d[i] = T(d[i] + gl[i]);
-    state_ = G::desc;
-    touched_ = true;
+    auto d = grad_span();
+    for (std::size_t i = 0; i < d.size(); ++i) d[i] = T(d[i] + gl[Extent(i)]);
+    e.grad_state = G::desc;
+    e.has_grad = true;
   }
 
   /// The gradient's placements now.
-  const LayoutDesc<mesh_ndim>& grad_state() const noexcept { return state_; }
-  const Tensor<T, R>& grad_local() const noexcept { return grad_; }
+  const LayoutDesc<mesh_ndim>& grad_state() const { return entry().grad_state; }
+  /// This rank's piece of the gradient (a copy).
+  Tensor<T, R> grad_local() const {
+    auto t = Tensor<T, R>::uninitialized(value_->to_local().shape());
+    std::copy_n(group_->grads().data() + entry().offset, entry().numel, t.data());
+    return t;
+  }
 
-  /// The gradient in the parameter's layout; throws while a reduction is pending.
+  /// The gradient in the parameter's layout (a copy); throws while a reduction is pending.
   value_type grad() const {
-    if (!is_reduced(state_))
+    if (!is_reduced(grad_state()))
       throw Error("Parameter::grad",
-                  dtensor::detail::cat(name_, ": gradient is ", to_string(state_),
+                  dtensor::detail::cat(name(), ": gradient is ", to_string(grad_state()),
                                        ", still Partial: run the gradient sync (DataParallel, sequence parallel) first"),
-                  value_.mesh().rank());
-    return value_type(value_.mesh(), value_.shape(), grad_);
+                  mesh().rank());
+    return value_type(mesh(), value_->shape(), grad_local());
   }
 
   /// Appends this parameter's type-erased view.
-  template <class U = T>
-  void collect(ParamList<U, mesh_ndim>& out) {
-    out.push_back(ParamRef<U, mesh_ndim>{name_, value_.local().span(), grad_.span(), L::desc, &state_, &touched_, decay_});
+  void collect(ParamList<T, mesh_ndim>& out) {
+    auto& e = entry();
+    out.push_back(ParamRef<T, mesh_ndim>{e.name, group_->value(index_), group_->grad(index_), e.layout, &e.grad_state,
+                                         &e.has_grad, e.decay});
   }
 
  private:
-  std::string name_;
-  value_type value_;
-  Tensor<T, R> grad_;
-  LayoutDesc<mesh_ndim> state_ = L::desc;
-  bool touched_ = false;
-  bool decay_ = true;
+  typename Group::Entry& entry() const {
+    if (!group_) throw Error("Parameter", "use of a parameter that was never set");
+    return group_->entries()[index_];
+  }
+  std::span<T> grad_span() const { return group_->grad(index_); }
+
+  void bind(std::shared_ptr<Group> group, std::size_t index, const Mesh& mesh, const Shape<R>& global) {
+    auto& e = group->entries().at(index);
+    Shape<R> local{};
+    for (std::size_t d = 0; d < R; ++d) local[d] = e.local_extent.at(d);
+    if (e.numel != std::size_t(dtensor::numel(local)))
+      throw Error("Parameter::rebind", dtensor::detail::cat(e.name, ": entry of ", e.numel, " elements for a piece ",
+                                                            to_string(local)));
+    value_.reset();  // emplace, not assign: assigning to a view would write through it
+    value_.emplace(mesh, global, Tensor<T, R>::view(group->value(index).data(), local));
+    group_ = std::move(group);
+    index_ = index;
+  }
+
+  value_type& checked_value() const {
+    if (!value_) throw Error("Parameter", "use of a parameter that was never set");
+    return const_cast<value_type&>(*value_);
+  }
+
+  std::shared_ptr<Group> group_;
+  std::size_t index_ = 0;
+  std::optional<value_type> value_;  // a view into group_'s values
 };
 
 }  // namespace dtensor::nn

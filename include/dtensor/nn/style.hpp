@@ -1,17 +1,20 @@
 // dtensor/nn/style.hpp — how a module's tensors are laid out: activation layouts, and the
 // parallel style a Linear is built with.
 //
-//   using X = nn::tokens<Mesh>;                 // [B*T, C], tokens split over the data dimensions
-//   using Xsp = nn::tokens<Mesh, Shard<0>>;     // ... and over "tp" too (sequence parallel)
-//   using W = nn::params<Mesh, Shard<0>>;       // split on "tp", replicated elsewhere
+//   using X = nn::tokens<Mesh>;                   // [B, T, C]: batch split over the data dimensions
+//   using Xsp = nn::tokens<Mesh, nn::SeqSplit>;   // ... and the sequence over the tensor dimension (SP)
+//   using W = nn::params<Mesh, Shard<0>>;         // split on the tensor dimension, replicated elsewhere
 //   nn::Linear<float, Mesh, nn::Replicated<>> fc(...); // no tensor parallelism
 //   nn::Linear<float, Mesh, parallel::ColwiseParallel<>> fc(...);   // a style from parallel/
 //
-// Modules work on a mesh with a dimension named "tp" (size 1 is fine); every other mesh
-// dimension is a data-parallel one. Activations are 2-D [tokens, features] with the batch and
-// sequence flattened (B*T rows), so their Shard<0> on the data dimensions splits the batch and
-// Shard<0> on "tp" is the sequence-parallel split of the tokens. Parameters are replicated on
-// the data dimensions.
+// Modules read the roles of the mesh's dimensions (mesh/roles.hpp), never their names.
+// Activations are [batch, sequence, features]: Shard<0> (the batch) on every data dimension,
+// and on the tensor dimension Replicate, SeqSplit (Shard<1>: sequence parallelism, where norms
+// and residual adds run on this rank's positions) or FeatureSplit (Shard<2>: inside a
+// tensor-parallel region). Token ids and targets are [B, T] with the same batch split.
+// Parameters are replicated on the data dimensions. A mesh without a tensor dimension is fine
+// (no tensor parallelism); a dimension of another role (pipeline, context, expert, or none) is a
+// compile error naming it (nn::require_dense_roles).
 //
 // A LinearStyle says where a Linear's weight [out, in] and bias [out] live and which layouts its
 // input and output have; the Linear then issues exactly two redistributions, each documented by
@@ -20,20 +23,46 @@
 // (redistribute_backward). PyTorch's ParallelStyle, with the layouts in the type.
 #pragma once
 
+#include "dtensor/core/error.hpp"
+#include "dtensor/nn/module.hpp"
 #include "dtensor/nn/parameter.hpp"
 
 namespace dtensor::nn {
 
-/// The mesh dimension tensor (and sequence) parallelism use.
-inline constexpr fixed_string tp_dim = "tp";
+/// The index of the mesh's tensor dimension, or Mesh::ndim when it has none.
+template <class Mesh>
+inline constexpr std::size_t tensor_dim = role_dim<Mesh, Role::tensor>;
 
-/// Activation layout: Shard<0> (tokens) on the data dimensions, P on "tp".
-template <class Mesh, Placement P = Replicate>
-using tokens = layout_on<Mesh, Shard<0>, On<"tp", P>>;
+/// The size of the mesh's tensor dimension (1 without one).
+template <class Mesh>
+int tensor_size(const Mesh& mesh) {
+  if constexpr (tensor_dim<Mesh> < Mesh::ndim) return mesh.size(tensor_dim<Mesh>);
+  else return 1;
+}
 
-/// Parameter layout: Replicate on the data dimensions, P on "tp".
+/// Placements of activations [B, T, C] on the tensor dimension.
+using SeqSplit = Shard<1>;      // sequence parallelism: this rank's positions
+using FeatureSplit = Shard<2>;  // inside a tensor-parallel region: this rank's features (heads)
+
+namespace detail {
+template <class Mesh, Placement OnData, Placement OnTensor, std::size_t... I>
+auto layout_by_role(std::index_sequence<I...>)
+    -> Layout<std::conditional_t<role_of<Mesh>(I) == Role::tensor, OnTensor,
+                                 std::conditional_t<is_data_dim<Mesh>(I), OnData, Replicate>>...>;
+}  // namespace detail
+
+/// The layout with OnData on every data dimension, OnTensor on the tensor dimension.
+template <class Mesh, Placement OnData, Placement OnTensor>
+using layout_by_role = decltype(detail::layout_by_role<Mesh, OnData, OnTensor>(std::make_index_sequence<Mesh::ndim>{}));
+
+/// Activation layout [B, T, C] (or ids [B, T]): the batch split on the data dimensions, P on the
+/// tensor dimension.
 template <class Mesh, Placement P = Replicate>
-using params = layout_on<Mesh, Replicate, On<"tp", P>>;
+using tokens = layout_by_role<Mesh, Shard<0>, P>;
+
+/// Parameter layout: Replicate on the data dimensions, P on the tensor dimension.
+template <class Mesh, Placement P = Replicate>
+using params = layout_by_role<Mesh, Replicate, P>;
 
 /// Every gradient the modules produce is Partial<sum> on the data dimensions: the loss is the
 /// mean over the global batch, each rank's share of it a Partial<sum> (ops::cross_entropy's
@@ -49,10 +78,11 @@ concept LinearStyle = requires {
   { S::name } -> std::convertible_to<std::string_view>;
 };
 
-/// No tensor parallelism: every rank along "tp" holds the whole weight. The tokens are split on
-/// the data dimensions, and on "tp" by P (Replicate: every rank along "tp" computes the same
-/// output; Shard<0>: each its own tokens, as the norms and position embedding do under sequence
-/// parallelism). No collectives. Serves Linear and Embedding (whose ids are tokens<Mesh, P>).
+/// No tensor parallelism: every rank along the tensor dimension holds the whole weight. The batch
+/// is split on the data dimensions, and on the tensor dimension by P (Replicate: every rank
+/// computes the same output; SeqSplit: each its own positions, as the norms and position
+/// embedding do under sequence parallelism). No collectives. Serves Linear and Embedding (whose
+/// ids are tokens<Mesh, P>).
 template <Placement P = Replicate>
 struct Replicated {
   static constexpr std::string_view name = "Replicated";

@@ -5,8 +5,9 @@
 //
 // Per element at step t (from 1), as PyTorch: p -= lr * wd * p (decoupled, only where the
 // parameter decays); m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
-// p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps). The moments have the parameters'
-// layouts (local pieces); arithmetic in double, stored in T. No communication.
+// p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps). The moments are flat buffers with
+// the parameter list's structure (optim/optimizer.hpp FlatState); arithmetic in double, stored in
+// T. No communication.
 #pragma once
 
 #include <cmath>
@@ -33,10 +34,8 @@ class AdamW : public Optimizer<T, N> {
     detail::check_hyper("AdamW", "beta2", o.beta2, 0, 1 - 1e-12);
     detail::check_hyper("AdamW", "eps", o.eps, 0, 1);
     detail::check_hyper("AdamW", "weight_decay", o.weight_decay, 0, 1e6);
-    for (const auto& p : this->params_) {
-      m_.emplace_back(p.value.size(), T(0));
-      v_.emplace_back(p.value.size(), T(0));
-    }
+    m_ = FlatState<T>(this->params_);
+    v_ = FlatState<T>(this->params_);
   }
 
   void step() {
@@ -46,13 +45,14 @@ class AdamW : public Optimizer<T, N> {
     const double c1 = 1 - std::pow(b1, double(t_)), c2 = 1 - std::pow(b2, double(t_));
     for (std::size_t k = 0; k < this->params_.size(); ++k) {
       auto& p = this->params_[k];
+      auto mk = m_.of(k), vk = v_.of(k);
       const double decay = 1 - lr * (p.decay ? o_.weight_decay : 0.0);
       for (std::size_t i = 0; i < p.value.size(); ++i) {
         const double g = double(p.grad[i]);
-        const double m = b1 * double(m_[k][i]) + (1 - b1) * g;
-        const double v = b2 * double(v_[k][i]) + (1 - b2) * g * g;
-        m_[k][i] = T(m);
-        v_[k][i] = T(v);
+        const double m = b1 * double(mk[i]) + (1 - b1) * g;
+        const double v = b2 * double(vk[i]) + (1 - b2) * g * g;
+        mk[i] = T(m);
+        vk[i] = T(v);
         const double x = double(p.value[i]) * decay;
         p.value[i] = T(x - lr * (m / c1) / (std::sqrt(v / c2) + o_.eps));
       }
@@ -61,12 +61,12 @@ class AdamW : public Optimizer<T, N> {
 
   long steps() const noexcept { return t_; }
   /// The first and second moments of parameter k (local pieces).
-  const std::vector<T>& exp_avg(std::size_t k) const { return m_.at(k); }
-  const std::vector<T>& exp_avg_sq(std::size_t k) const { return v_.at(k); }
+  std::span<const T> exp_avg(std::size_t k) const { return m_.of(k); }
+  std::span<const T> exp_avg_sq(std::size_t k) const { return v_.of(k); }
 
  private:
   AdamWOptions o_;
-  std::vector<std::vector<T>> m_, v_;
+  FlatState<T> m_, v_;
   long t_ = 0;
 };
 

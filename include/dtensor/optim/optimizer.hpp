@@ -5,14 +5,17 @@
 //   adam.step();   adam.zero_grad();   adam.set_lr(1e-4);
 //
 // Optimizers update the local pieces of the parameters from the local pieces of their gradients,
-// element by element: no communication, whatever the layouts. Their state (momentum, moments)
-// has the parameter's layout: one local piece per parameter, of the parameter's local extents.
+// element by element: no communication, whatever the layouts. Their state (momentum, moments) is
+// flat: one buffer per kind of state with the structure of the parameter list (FlatState), so for
+// the parameters of a flat group (nn/flat_params.hpp) it mirrors the group's buffers exactly, and
+// FSDP/ZeRO can shard it the same way.
 // A gradient must be fully reduced before a step (no Partial placement left: run the gradient
 // syncs first); step() throws otherwise, naming the parameter and its gradient's layout.
 #pragma once
 
 #include <cmath>
 #include <cstddef>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -51,6 +54,31 @@ inline void check_hyper(const char* op, const char* name, double v, double lo, d
 }
 
 }  // namespace detail
+
+/// One flat buffer with the structure of a parameter list: parameter k's elements at offset(k).
+template <class T>
+class FlatState {
+ public:
+  FlatState() = default;
+  template <class List>
+  explicit FlatState(const List& ps) {
+    std::size_t total = 0;
+    for (const auto& p : ps) {
+      offsets_.push_back(total);
+      total += p.value.size();
+    }
+    data_.assign(total, T(0));
+  }
+  std::span<T> of(std::size_t k) {
+    return std::span<T>(data_).subspan(offsets_.at(k), (k + 1 < offsets_.size() ? offsets_[k + 1] : data_.size()) - offsets_[k]);
+  }
+  std::span<const T> of(std::size_t k) const { return const_cast<FlatState*>(this)->of(k); }
+  std::span<T> all() noexcept { return data_; }
+
+ private:
+  std::vector<T> data_;
+  std::vector<std::size_t> offsets_;
+};
 
 /// The part every optimizer has: the parameters, zero_grad, the learning rate.
 template <class T, std::size_t N>

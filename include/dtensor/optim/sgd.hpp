@@ -31,8 +31,7 @@ class SGD : public Optimizer<T, N> {
     detail::check_hyper("SGD", "weight_decay", o.weight_decay, 0, 1e6);
     if (o.nesterov && (o.momentum <= 0 || o.dampening != 0))
       throw Error("SGD", "nesterov needs momentum > 0 and dampening 0");
-    if (o.momentum > 0)
-      for (const auto& p : this->params_) buf_.emplace_back(p.value.size(), T(0));
+    if (o.momentum > 0) buf_ = FlatState<T>(this->params_);
   }
 
   void step() {
@@ -44,7 +43,7 @@ class SGD : public Optimizer<T, N> {
       for (std::size_t i = 0; i < p.value.size(); ++i) {
         double g = double(p.grad[i]) + wd * double(p.value[i]);
         if (mu > 0) {
-          T& b = buf_[k][i];
+          T& b = buf_.of(k)[i];
           const double nb = steps_ == 0 ? g : mu * double(b) + (1 - o_.dampening) * g;
           b = T(nb);
           g = o_.nesterov ? g + mu * nb : nb;
@@ -57,7 +56,7 @@ class SGD : public Optimizer<T, N> {
 
  private:
   SGDOptions o_;
-  std::vector<std::vector<T>> buf_;  // momentum, the local extents of each parameter
+  FlatState<T> buf_;  // momentum, flat like the parameter list
   long steps_ = 0;
 };
 

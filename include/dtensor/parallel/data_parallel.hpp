@@ -1,22 +1,35 @@
-// dtensor/parallel/data_parallel.hpp — data parallelism (DDP): bucketed all-reduce of gradients.
+// dtensor/parallel/data_parallel.hpp — data parallelism (DDP): bucketed all-reduce of gradients,
+// overlapped with the backward.
 //
-//   nn::ParamList<float, 2> ps;  model.collect(ps);
 //   parallel::DataParallel<DeviceMesh<"dp", "tp">> ddp(mesh, {.bucket_bytes = 1 << 20});
-//   ...  model.backward(...);                 // gradients of replicated parameters: Partial<avg> on "dp"
-//   ddp.all_reduce_gradients(ps);             // one all-reduce per bucket on "dp" -> Replicate
+//   ddp.attach(model);                        // reduce each unit's gradients as soon as backward has them
+//   auto [loss, saved] = model.forward(ids, targets);
+//   model.backward(std::move(saved));         // bucket all-reduces start during the backward
+//   ddp.finish_gradient_sync();               // wait for them: gradients Replicate on "dp"
 //
-// Every rank along "dp" holds the same parameters and differentiates the mean loss of its own
-// micro-batch, so the gradient of the global mean loss is the average over "dp" of the local
-// ones: Partial<avg> (a gradient recorded as Partial<sum> is summed instead). The collectives:
-// exactly one all-reduce on the "dp" group per bucket, buckets as in detail/buckets.hpp (reverse
-// parameter order, at most bucket_bytes each, one reduction op each). Parameters sharded on
-// "dp" (FSDP) are not this class's business. Every parameter that is replicated on "dp" must
-// arrive Partial there: one that is already Replicate means a second sync or a missing
-// backward, and is an error.
+//   ddp.all_reduce_gradients(params);         // or: all at once after the backward (no overlap)
+//
+// The data dimension is the mesh's dimension with Role::data (mesh/roles.hpp; "dp" by default).
+// Every rank along it holds the same parameters and differentiates its share of the global mean
+// loss, so each gradient arrives Partial<sum> there (a Partial<avg> one is averaged instead); one
+// that is already Replicate means a second sync or a missing backward, and is an error.
+//
+// The collectives: exactly one all-reduce on the data group per bucket. Buckets (detail/buckets.hpp)
+// take gradients in reverse registration order, at most bucket_bytes each, never across a gap in
+// memory: the gradients of a flat group (nn/flat_params.hpp) are adjacent, so each bucket is one
+// span reduced in place — no gradient is copied (copied_bytes() stays 0 for a model whose
+// parameters are flattened). attach() uses the model's grads-ready callback (nn::GPT::
+// set_grads_ready): when the backward finishes a unit, that unit's buckets are issued
+// asynchronously (PyTorch DDP's overlap of communication with the rest of the backward).
+// Parameters sharded on the data dimension (FSDP) are not this class's business.
 #pragma once
 
 #include <cstddef>
+#include <functional>
+#include <memory>
+#include <vector>
 
+#include "dtensor/mesh/roles.hpp"
 #include "dtensor/parallel/detail/buckets.hpp"
 
 namespace dtensor::parallel {
@@ -25,41 +38,92 @@ struct DataParallelOptions {
   std::size_t bucket_bytes = std::size_t(25) << 20;  // PyTorch's default: 25 MiB
 };
 
-template <MeshType Mesh, fixed_string Dim = "dp">
+template <MeshType Mesh>
 class DataParallel {
  public:
-  static constexpr std::size_t dim = Mesh::template index_of<Dim>();
+  static_assert(has_role<Mesh, Role::data>,
+                "DataParallel needs a mesh dimension with Role::data (\"dp\", or one named by mesh_roles)");
+  static_assert(count_role<Mesh, Role::data>() == 1,
+                "DataParallel reduces over one data dimension; this mesh has several (HSDP is fully_shard's business)");
+  static constexpr std::size_t dim = role_dim<Mesh, Role::data>;
 
   explicit DataParallel(Mesh mesh, DataParallelOptions o = {}) : mesh_(std::move(mesh)), o_(o) {
     if (o.bucket_bytes == 0) throw Error("DataParallel", "bucket_bytes must be > 0", mesh_.rank());
   }
+  DataParallel(const DataParallel&) = delete;  // attach() keeps `this` in the model's callback
+  DataParallel& operator=(const DataParallel&) = delete;
 
-  /// Reduces the pending "dp" part of every gradient: one all-reduce per bucket. Returns the
-  /// number of buckets.
+  /// Reduces the pending data-dimension part of every gradient, one bucket at a time. Returns
+  /// the number of buckets (= all-reduces).
   template <class T>
-  std::size_t all_reduce_gradients(nn::ParamList<T, Mesh::ndim>& ps) const {
-    for (const auto& p : ps) {
-      if (!p.layout.placements[dim].is_replicate()) continue;
-      if (!p.grad_state->placements[dim].is_partial())
-        mesh_.comm().fail("DataParallel::all_reduce_gradients",
-                          dtensor::detail::cat("gradient of ", p.name, " is ", to_string(*p.grad_state),
-                                               ", not Partial on \"", Dim.view(),
-                                               "\": reduced twice, or no backward since zero_grad"));
-    }
-    return detail::bucketed_all_reduce(ps, mesh_, dim, o_.bucket_bytes);
+  std::size_t all_reduce_gradients(nn::ParamList<T, Mesh::ndim>& ps) {
+    check_pending(ps);
+    return detail::bucketed_all_reduce(ps, mesh_, dim, options(), &copied_bytes_);
+  }
+
+  /// From now on, the model's backward issues each unit's buckets as soon as that unit's
+  /// gradients are complete. The model must outlive this object's use, and stay where it is.
+  template <class Model>
+  void attach(Model& model) {
+    model.set_grads_ready([this, &model](std::size_t unit) { issue(model.units().at(unit).params); });
+  }
+
+  /// Waits for every bucket issued since the last call and marks those gradients Replicate on
+  /// the data dimension. Returns the number of buckets.
+  std::size_t finish_gradient_sync() {
+    const std::size_t n = pending_.size();
+    for (auto& p : pending_) p.finish();
+    pending_.clear();
+    return n;
+  }
+
+  /// Issues the buckets of one list of gradients asynchronously (what attach's callback does).
+  template <class T>
+  void issue(nn::ParamList<T, Mesh::ndim>& ps) {
+    check_pending(ps);
+    for (auto& b : detail::plan_buckets(ps, dim, options()))
+      pending_.emplace_back(ps, detail::start_bucket(ps, std::move(b), mesh_.group(dim), copied_bytes_));
   }
 
   /// The number of buckets all_reduce_gradients would use for these gradients.
   template <class T>
   std::size_t num_buckets(const nn::ParamList<T, Mesh::ndim>& ps) const {
-    return detail::plan_buckets(ps, dim, o_.bucket_bytes).size();
+    return detail::plan_buckets(ps, dim, options()).size();
   }
 
-  const DataParallelOptions& options() const noexcept { return o_; }
+  /// Gradient bytes copied into and out of packed buckets so far (0 when every bucket was contiguous).
+  std::size_t copied_bytes() const noexcept { return copied_bytes_; }
+  const DataParallelOptions& options_given() const noexcept { return o_; }
 
  private:
+  detail::BucketOptions options() const { return {.bucket_bytes = o_.bucket_bytes, .contiguous_only = true}; }
+
+  template <class T>
+  void check_pending(const nn::ParamList<T, Mesh::ndim>& ps) const {
+    for (const auto& p : ps) {
+      if (!p.layout.placements[dim].is_replicate()) continue;
+      if (!p.grad_state->placements[dim].is_partial())
+        mesh_.comm().fail("DataParallel",
+                          dtensor::detail::cat("gradient of ", p.name, " is ", to_string(*p.grad_state),
+                                               ", not Partial on the data dimension \"", Mesh::names[dim],
+                                               "\": reduced twice, or no backward since zero_grad"));
+    }
+  }
+
+  /// A bucket in flight, with the list its indices refer to (type-erased over the element type).
+  struct Pending {
+    template <class T>
+    Pending(nn::ParamList<T, Mesh::ndim>& ps, detail::PendingBucket<T> b)
+        : finish([&ps, bucket = std::make_shared<detail::PendingBucket<T>>(std::move(b))] {
+            detail::finish_bucket(ps, *bucket, dim);
+          }) {}
+    std::function<void()> finish;
+  };
+
   Mesh mesh_;
   DataParallelOptions o_;
+  std::vector<Pending> pending_;
+  std::size_t copied_bytes_ = 0;
 };
 
 }  // namespace dtensor::parallel

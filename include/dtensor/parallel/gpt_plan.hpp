@@ -3,18 +3,19 @@
 //   nn::GPT<float, DeviceMesh<"dp", "tp">, parallel::MegatronPlan<false>> tp(mesh, cfg);   // TP
 //   nn::GPT<float, DeviceMesh<"dp", "tp">, parallel::MegatronPlan<true>>  sp(mesh, cfg);   // TP + SP
 //
-// On "tp": qkv and fc1 column-wise (heads and hidden features split), the attention output
-// projection and fc2 row-wise, the token embedding vocabulary-parallel, the LM head column-wise
-// (logits split on the vocabulary) and the loss vocabulary-parallel (never gathering the
-// logits). Without SP the residual stream is Replicate on "tp"; with SP it is Shard<0> (tokens)
-// and the norms, residual adds and position embedding run on this rank's tokens.
+// On the tensor dimension ("tp" below; any name with that role): qkv and fc1 column-wise (heads
+// and hidden features split), the attention output projection and fc2 row-wise, the token
+// embedding vocabulary-parallel, the LM head column-wise (logits split on the vocabulary) and the
+// loss vocabulary-parallel (never gathering the logits). Without SP the residual stream [B, T, C]
+// is Replicate there; with SP it is SeqSplit (the sequence) and the norms, residual adds and
+// position embedding run on this rank's positions.
 //
 // Collectives per training step, with L blocks (each on the "tp" group unless said):
 //                        forward                      backward
 //   token embedding      AR (SP: RS)                  -   (SP: AG)
 //   per block            2 AR (SP: 2 AG + 2 RS)       2 AR (SP: 2 AG + 2 RS)
 //   LM head entry        -   (SP: AG)                 AR  (SP: RS)
-//   loss                 3 AR of one double per row   -
+//   loss                 3 AR of one double per position   -
 //   after backward       SP: sequence_parallel_grads, one AR per bucket (norms, row-wise biases, wpe)
 //                        DataParallel: one AR on "dp" per bucket
 //   clip_grad_norm       one AR of one double over "dp*tp"

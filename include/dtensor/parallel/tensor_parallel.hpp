@@ -1,29 +1,29 @@
 // dtensor/parallel/tensor_parallel.hpp — tensor- and sequence-parallel styles for nn::Linear.
 //
-//   nn::Linear<float, Mesh, parallel::ColwiseParallel<>>          q;    // Replicate in, features split out
-//   nn::Linear<float, Mesh, parallel::RowwiseParallel<>>          o;    // features split in, Replicate out
-//   nn::Linear<float, Mesh, parallel::ColwiseParallel<Shard<0>>>  fc1;  // sequence parallel in (all-gather)
-//   nn::Linear<float, Mesh, parallel::RowwiseParallel<Shard<0>>>  fc2;  // sequence parallel out (reduce-scatter)
+//   nn::Linear<float, Mesh, parallel::ColwiseParallel<>>              q;    // Replicate in, features split out
+//   nn::Linear<float, Mesh, parallel::RowwiseParallel<>>              o;    // features split in, Replicate out
+//   nn::Linear<float, Mesh, parallel::ColwiseParallel<nn::SeqSplit>>  fc1;  // sequence parallel in (all-gather)
+//   nn::Linear<float, Mesh, parallel::RowwiseParallel<nn::SeqSplit>>  fc2;  // sequence parallel out (reduce-scatter)
 //
-// PyTorch's styles (torch.distributed.tensor.parallel), on the "tp" mesh dimension; the data
-// dimensions split the tokens and replicate the weights (nn/style.hpp). A Linear's weight is
-// [out, in]. Activations are [tokens, features].
+// PyTorch's styles (torch.distributed.tensor.parallel), on the mesh's tensor dimension (its role,
+// mesh/roles.hpp, not its name); the data dimensions split the batch and replicate the weights
+// (nn/style.hpp). A Linear's weight is [out, in]. Activations are [B, T, features].
 //
 //   ColwiseParallel<In = Replicate>: weight Shard<0> (output features), bias Shard<0>.
-//     input tokens<In> -> entry -> tokens<Replicate> -> matmul -> tokens<Shard<1>> (no exit).
+//     input tokens<In> -> entry -> tokens<Replicate> -> matmul -> tokens<FeatureSplit> (no exit).
 //     entry: In = Replicate: none (backward: all-reduce of dx, the Partial<sum> of the shards);
-//            In = Shard<0> (sequence parallel): all-gather of the tokens (backward: reduce-scatter).
+//            In = SeqSplit (sequence parallel): all-gather of the sequence (backward: reduce-scatter).
 //   RowwiseParallel<Out = Replicate>: weight Shard<1> (input features), bias Replicate (added
-//     after the exit, once). input tokens<Shard<1>> -> matmul -> tokens<Partial<sum>> -> exit.
+//     after the exit, once). input tokens<FeatureSplit> -> matmul -> tokens<Partial<sum>> -> exit.
 //     exit: Out = Replicate: all-reduce (backward: none);
-//           Out = Shard<0> (sequence parallel): reduce-scatter of the tokens (backward: all-gather).
+//           Out = SeqSplit (sequence parallel): reduce-scatter of the sequence (backward: all-gather).
 //
-// The bytes: an all-reduce or all-gather or reduce-scatter of [tokens, features] per rank of "tp"
-// (tokens of this rank's data shard). Column-wise then row-wise (Megatron's MLP and attention)
-// has one collective forward and one backward without sequence parallelism, or an all-gather and
-// a reduce-scatter each way with it. Under sequence parallelism the norms, residuals and dropout
-// between the TP regions run on tokens<Shard<0>>: see sequence_parallel_grads below for their
-// weights.
+// The bytes: an all-reduce or all-gather or reduce-scatter of [B, T, features] per rank of the
+// tensor dimension (this rank's batch shard). Column-wise then row-wise (Megatron's MLP and
+// attention) has one collective forward and one backward without sequence parallelism, or an
+// all-gather and a reduce-scatter each way with it. Under sequence parallelism the norms,
+// residuals and dropout between the TP regions run on tokens<SeqSplit>: see
+// sequence_parallel_grads below for their weights.
 #pragma once
 
 #include "dtensor/nn/style.hpp"
@@ -31,62 +31,70 @@
 
 namespace dtensor::parallel {
 
-/// Column-wise Linear on "tp": weight Shard<0>, output features split. In: Replicate, or
-/// Shard<0> for a sequence-parallel input (then the entry is an all-gather of the tokens).
+/// Column-wise Linear on the tensor dimension: weight Shard<0>, output features split. In:
+/// Replicate, or SeqSplit for a sequence-parallel input (then the entry is an all-gather).
 template <Placement In = Replicate>
 struct ColwiseParallel {
-  static_assert(std::is_same_v<In, Replicate> || std::is_same_v<In, Shard<0>>,
-                "ColwiseParallel<In>: the input is Replicate, or Shard<0> (sequence parallel) on \"tp\"");
+  static_assert(std::is_same_v<In, Replicate> || std::is_same_v<In, nn::SeqSplit>,
+                "ColwiseParallel<In>: the input is Replicate, or nn::SeqSplit (sequence parallel) on the tensor "
+                "dimension");
   static constexpr std::string_view name = "ColwiseParallel";
   template <class Mesh> using weight_layout = nn::params<Mesh, Shard<0>>;
   template <class Mesh> using bias_layout = nn::params<Mesh, Shard<0>>;
   template <class Mesh> using input_layout = nn::tokens<Mesh, In>;
   template <class Mesh> using compute_layout = nn::tokens<Mesh, Replicate>;
-  template <class Mesh> using output_layout = nn::tokens<Mesh, Shard<1>>;
+  template <class Mesh> using output_layout = nn::tokens<Mesh, nn::FeatureSplit>;
   static constexpr bool bias_after_exit = false;
 };
 
-/// Row-wise Linear on "tp": weight Shard<1>, input features split, output reduced: Replicate
-/// (all-reduce) or Shard<0> (reduce-scatter of the tokens, sequence parallel).
+/// Row-wise Linear on the tensor dimension: weight Shard<1>, input features split, output
+/// reduced: Replicate (all-reduce) or SeqSplit (reduce-scatter of the sequence, sequence parallel).
 template <Placement Out = Replicate>
 struct RowwiseParallel {
-  static_assert(std::is_same_v<Out, Replicate> || std::is_same_v<Out, Shard<0>>,
-                "RowwiseParallel<Out>: the output is Replicate (all-reduce) or Shard<0> (reduce-scatter, sequence "
-                "parallel) on \"tp\"");
+  static_assert(std::is_same_v<Out, Replicate> || std::is_same_v<Out, nn::SeqSplit>,
+                "RowwiseParallel<Out>: the output is Replicate (all-reduce) or nn::SeqSplit (reduce-scatter, sequence "
+                "parallel) on the tensor dimension");
   static constexpr std::string_view name = "RowwiseParallel";
   template <class Mesh> using weight_layout = nn::params<Mesh, Shard<1>>;
   template <class Mesh> using bias_layout = nn::params<Mesh, Replicate>;
-  template <class Mesh> using input_layout = nn::tokens<Mesh, Shard<1>>;
-  template <class Mesh> using compute_layout = nn::tokens<Mesh, Shard<1>>;
+  template <class Mesh> using input_layout = nn::tokens<Mesh, nn::FeatureSplit>;
+  template <class Mesh> using compute_layout = nn::tokens<Mesh, nn::FeatureSplit>;
   template <class Mesh> using output_layout = nn::tokens<Mesh, Out>;
   static constexpr bool bias_after_exit = true;
 };
 
-/// The "tp" placement of activations between TP regions: Replicate, or Shard<0> (the tokens)
-/// under sequence parallelism.
+/// The tensor-dimension placement of activations between TP regions: Replicate, or SeqSplit
+/// (the sequence) under sequence parallelism.
 template <bool SP>
-using between_regions = std::conditional_t<SP, Shard<0>, Replicate>;
+using between_regions = std::conditional_t<SP, nn::SeqSplit, Replicate>;
 
 struct SequenceParallelOptions {
   std::size_t bucket_bytes = std::size_t(25) << 20;
 };
 
 /// Sequence parallelism leaves the gradients of the weights used between the TP regions (norms,
-/// row-wise biases, position embeddings) Partial<sum> on "tp": each rank saw only its tokens.
-/// This all-reduces them, bucketed like DataParallel: one all-reduce on "tp" per bucket (none
-/// without sequence parallelism, where they are Replicate). Returns the number of buckets.
+/// row-wise biases, position embeddings) Partial<sum> on the tensor dimension: each rank saw
+/// only its positions. This all-reduces them, bucketed like DataParallel: one all-reduce on the
+/// tensor dimension per bucket (none without sequence parallelism, where they are Replicate).
+/// These parameters are scattered through the flat groups, so a bucket packs them into one
+/// buffer (they are small: norms and biases). Returns the number of buckets.
 template <class T, MeshType Mesh>
 std::size_t sequence_parallel_grads(nn::ParamList<T, Mesh::ndim>& ps, const Mesh& mesh,
                                     SequenceParallelOptions o = {}) {
   if (o.bucket_bytes == 0) throw Error("sequence_parallel_grads", "bucket_bytes must be > 0", mesh.rank());
-  constexpr std::size_t tp = Mesh::template index_of<"tp">();
-  for (const auto& p : ps) {
-    const auto& g = p.grad_state->placements[tp];
-    if (g.is_partial() && g.op != ReduceOp::sum)
-      mesh.comm().fail("sequence_parallel_grads", dtensor::detail::cat("gradient of ", p.name, " is ", to_string(*p.grad_state),
-                                                                   ": expected Partial<sum> on \"tp\""));
+  constexpr std::size_t tp = nn::tensor_dim<Mesh>;
+  if constexpr (tp == Mesh::ndim) {
+    return 0;  // no tensor dimension: nothing can be pending on it
+  } else {
+    for (const auto& p : ps) {
+      const auto& g = p.grad_state->placements[tp];
+      if (g.is_partial() && g.op != ReduceOp::sum)
+        mesh.comm().fail("sequence_parallel_grads",
+                         dtensor::detail::cat("gradient of ", p.name, " is ", to_string(*p.grad_state),
+                                              ": expected Partial<sum> on the tensor dimension \"", Mesh::names[tp], "\""));
+    }
+    return detail::bucketed_all_reduce(ps, mesh, tp, {.bucket_bytes = o.bucket_bytes, .contiguous_only = false});
   }
-  return detail::bucketed_all_reduce(ps, mesh, tp, o.bucket_bytes);
 }
 
 }  // namespace dtensor::parallel

@@ -6,8 +6,9 @@
 //   2. validate: every rank checks every rank's arguments, so all reach the same verdict.
 //   3. pull:     copy or reduce what *I* need straight from the peers' buffers (zero-copy).
 //   4. depart:   wait until no peer still reads my memory, then leave the slot.
-// Only step 1 can fail (abort, timeout): once every rank has arrived, each has only a bounded
-// amount of copying left, so steps 3-4 ignore aborts and never leave while a peer reads.
+// Only step 1 can fail (abort, a peer that has left its function, timeout): once every rank has
+// arrived, each has only a bounded amount of copying left, so steps 3-4 ignore aborts and never
+// leave while a peer reads.
 #pragma once
 
 #include <algorithm>
@@ -77,8 +78,25 @@ inline bool agree(const Post& a, const Post& b) {
 
 // ------------------------------------------------------------------------------ phases
 
+/// The first rank that has not arrived in `s` and never will, because it has left the run's
+/// function (and has no asynchronous operation pending); -1 when there is none.
+inline int first_gone(const Group& g, const Slot& s) {
+  for (int r = 0; r < g.size; ++r)
+    if (!s.here[std::size_t(r)] && g.world->departures.gone(g.world_ranks[std::size_t(r)])) return r;
+  return -1;
+}
+
+/// Why a collective fails when rank `r` of its group is gone.
+inline std::string gone_reason(const Ctx& c, int r) {
+  const Group& g = *c.group;
+  return dtensor::detail::cat(rank_name(g, r), " ", g.world->departures.how_left(g.world_ranks[std::size_t(r)]),
+                              " the function given to threads::run without calling collective #", c.seq,
+                              " of group '", c.label, "' (", g.size, " ranks), so it can never complete");
+}
+
 /// Step 1. Posts `mine` in slot `c.seq` and waits for the other ranks. Throws (and leaves the
-/// slot) if the run is aborted or the timeout expires first; a timeout aborts the run.
+/// slot) if the run is aborted, a peer has left its function (it can never arrive) or the
+/// timeout expires first; a timeout aborts the run.
 inline Slot& arrive(const Ctx& c, Post mine) {
   Group& g = *c.group;
   World& w = *g.world;
@@ -92,10 +110,19 @@ inline Slot& arrive(const Ctx& c, Post mine) {
     g.cv.notify_all();
     throw c.error(mine.kind, why);
   };
-  if (!s.failed && w.aborted()) {
-    s.failed = true;
-    s.reason = w.reason();
-  }
+  // An abort comes first: its reason names the rank that failed first. Otherwise a peer that
+  // has left can never arrive: fail the slot, with its name, for every waiter.
+  auto fail_if_aborted_or_peer_gone = [&] {
+    if (s.failed) return;
+    if (w.aborted()) {
+      s.failed = true;
+      s.reason = w.reason();
+    } else if (const int r = first_gone(g, s); r >= 0) {
+      s.failed = true;
+      s.reason = gone_reason(c, r);
+    }
+  };
+  fail_if_aborted_or_peer_gone();
   if (s.failed) give_up();
 
   if (!c.mem && mine.send_bytes > 0 && mine.send_bytes <= eager_limit) {
@@ -129,10 +156,7 @@ inline Slot& arrive(const Ctx& c, Post mine) {
   const auto deadline = deadline_after(c.timeout);
   for (;;) {
     if (s.arrived == n) return s;
-    if (!s.failed && w.aborted()) {
-      s.failed = true;
-      s.reason = w.reason();
-    }
+    fail_if_aborted_or_peer_gone();
     if (s.failed) give_up();
     if (g.cv.wait_until(l, deadline) == std::cv_status::timeout && s.arrived < n && !s.failed && !w.aborted()) {
       std::string missing;
@@ -424,6 +448,14 @@ inline std::pair<std::shared_ptr<Group>, int> split(const Ctx& c, int color, int
 
 // ------------------------------------------------------------------------------ point-to-point
 
+/// Why a send or receive fails when its peer is gone (see Departures): it can never match.
+inline std::string peer_gone(const Ctx& c, int peer, const char* what, std::size_t count, DType t, int tag) {
+  const Group& g = *c.group;
+  return dtensor::detail::cat(rank_name(g, peer), " ", g.world->departures.how_left(g.world_ranks[std::size_t(peer)]),
+                              " the function given to threads::run without ", what, " this message (", count, " x ",
+                              name_of(t), ", tag ", tag, ", group '", c.label, "')");
+}
+
 /// Posts a message to `peer` and waits until it has been copied out (a zero-copy rendezvous).
 /// `ticket` is the send's place in program order (World::take_ticket).
 inline void send(const Ctx& c, const void* buf, std::size_t count, DType t, int peer, int tag, std::uint64_t ticket) {
@@ -446,6 +478,10 @@ inline void send(const Ctx& c, const void* buf, std::size_t count, DType t, int 
     if (w.aborted()) {
       withdraw();
       throw c.error(CollectiveKind::send, w.reason());
+    }
+    if (w.departures.gone(g.world_ranks[std::size_t(peer)])) {
+      withdraw();
+      throw c.error(CollectiveKind::send, peer_gone(c, peer, "receiving", count, t, tag));
     }
     if (w.p2p_cv.wait_until(l, deadline) == std::cv_status::timeout && !m.taken && !m.done && !w.aborted()) {
       withdraw();
@@ -476,6 +512,8 @@ inline void recv(const Ctx& c, void* buf, std::size_t count, DType t, int peer, 
   for (;;) {
     if (w.aborted()) throw c.error(CollectiveKind::recv, w.reason());
     if (arrived()) break;
+    if (w.departures.gone(g.world_ranks[std::size_t(peer)]))
+      throw c.error(CollectiveKind::recv, peer_gone(c, peer, "sending", count, t, tag));
     if (w.p2p_cv.wait_until(l, deadline) == std::cv_status::timeout && !arrived() && !w.aborted()) {
       l.unlock();
       const Error e = c.error(CollectiveKind::recv,

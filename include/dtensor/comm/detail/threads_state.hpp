@@ -1,7 +1,8 @@
 // dtensor/comm/detail/threads_state.hpp — the shared state behind the threads backend.
 //
-//   World   one per threads::run: the abort flag and its reason, the registry of groups (so an
-//           abort can wake every waiter), the point-to-point mailboxes and the async pool.
+//   World   one per threads::run: the abort flag and its reason, which ranks have left their
+//           function, the registry of groups (so an abort or a departure can wake every
+//           waiter), the point-to-point mailboxes and the async pool.
 //   Group   one per process group, shared by the communicators of all its member ranks: the
 //           rendezvous slots of its collectives, keyed by sequence number.
 //   Slot    one collective in flight: what each rank posted and the counters of its phases.
@@ -264,9 +265,47 @@ struct Message {
   std::string error{};  // set by the receiver when the two sides disagree
 };
 
+/// Which ranks have left the function given to threads::run. A rank that has left and has no
+/// asynchronous operation still pending can never again arrive in a collective or send or
+/// receive a message: it is "gone", and whoever waits for it is released at once (instead of
+/// after the timeout) with an error naming it.
+class Departures {
+ public:
+  explicit Departures(int n)
+      : left_(new std::atomic<int>[std::size_t(n)]), pending_(new std::atomic<int>[std::size_t(n)]) {
+    for (int r = 0; r < n; ++r) left_[std::size_t(r)] = still_here, pending_[std::size_t(r)] = 0;
+  }
+
+  enum : int { still_here = 0, returned = 1, threw = 2 };
+
+  /// Rank `world_rank` left its function; returns true when it is now gone.
+  bool leave(int world_rank, bool by_throwing) {
+    left_[std::size_t(world_rank)] = by_throwing ? threw : returned;
+    return pending_[std::size_t(world_rank)] == 0;
+  }
+  /// An asynchronous operation of `world_rank` was issued / has finished. finish() returns
+  /// true when that made the rank gone. (Sequentially consistent atomics: of leave() and the
+  /// last finish(), at least one sees the other's write, so the departure is never missed.)
+  void start(int world_rank) { ++pending_[std::size_t(world_rank)]; }
+  bool finish(int world_rank) {
+    return --pending_[std::size_t(world_rank)] == 0 && left_[std::size_t(world_rank)] != still_here;
+  }
+
+  bool gone(int world_rank) const {
+    return left_[std::size_t(world_rank)] != still_here && pending_[std::size_t(world_rank)] == 0;
+  }
+  /// "returned from" or "threw out of", for messages about a gone rank.
+  const char* how_left(int world_rank) const {
+    return left_[std::size_t(world_rank)] == threw ? "threw out of" : "returned from";
+  }
+
+ private:
+  std::unique_ptr<std::atomic<int>[]> left_, pending_;
+};
+
 class World {
  public:
-  explicit World(int n) : size(n) {}
+  explicit World(int n) : size(n), departures(n) {}
   World(const World&) = delete;
   World& operator=(const World&) = delete;
 
@@ -280,6 +319,18 @@ class World {
 
   /// Aborts the run (the first reason wins) and wakes every thread waiting in it.
   inline void abort(int origin, std::string reason);
+
+  /// Who has left the run's function; waiters check it for the ranks they wait for.
+  Departures departures;
+  /// Rank `world_rank` left its function (after its last statement or by throwing): wakes every
+  /// waiter, so that those waiting for it fail now rather than at their timeout.
+  void leave(int world_rank, bool by_throwing) {
+    if (departures.leave(world_rank, by_throwing)) wake_all();
+  }
+  /// An asynchronous operation of `world_rank` finished (see Departures).
+  void async_finished(int world_rank) {
+    if (departures.finish(world_rank)) wake_all();
+  }
 
   void add(const std::shared_ptr<Group>& g) {
     std::lock_guard l(mu_);
@@ -316,6 +367,7 @@ class World {
   std::atomic<bool> aborted_{false};
   std::string reason_;
   int origin_ = -1;
+  inline void wake_all();
   std::vector<std::weak_ptr<Group>> groups_;
   std::atomic<std::uint64_t> next_id_{0};
 };
@@ -378,17 +430,26 @@ class Group {
 };
 
 inline void World::abort(int origin, std::string reason) {
-  std::vector<std::shared_ptr<Group>> gs;
   {
     std::lock_guard l(mu_);
     if (aborted()) return;
     reason_ = std::move(reason);
     origin_ = origin;
     aborted_.store(true, std::memory_order_release);
+  }
+  wake_all();
+}
+
+/// Wakes every thread waiting in a collective or a point-to-point operation of this run.
+inline void World::wake_all() {
+  std::vector<std::shared_ptr<Group>> gs;
+  {
+    std::lock_guard l(mu_);
     for (auto& w : groups_)
       if (auto g = w.lock()) gs.push_back(std::move(g));
   }
-  // Taking each waiter's mutex once orders the flag before its next check, so no wakeup is lost.
+  // Taking each waiter's mutex once orders the flag (abort or departure) before the waiter's
+  // next check, so no wakeup is lost.
   for (auto& g : gs) {
     { std::lock_guard l(g->mu); }
     g->cv.notify_all();

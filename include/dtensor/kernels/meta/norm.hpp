@@ -3,6 +3,7 @@
 // weight, bias) and 9 backward; rms_norm 4 forward and 7 backward.
 #pragma once
 
+#include "dtensor/kernels/host/norm.hpp"  // the shape checks
 #include "dtensor/kernels/meta/common.hpp"
 
 namespace dtensor::kernels::meta {

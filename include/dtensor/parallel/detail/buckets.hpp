@@ -1,39 +1,57 @@
 // dtensor/parallel/detail/buckets.hpp — bucketed all-reduce of pending gradient reductions.
 //
-// The machinery shared by DataParallel (Partial over "dp") and the sequence-parallel gradient
-// sync (Partial<sum> over "tp"). Gradients are taken in reverse registration order (the order a
-// backward pass finishes them, as PyTorch's DDP does), grouped into buckets of at most
-// bucket_bytes (a gradient larger than that gets a bucket of its own) with one reduction op per
-// bucket, copied into one flat buffer, all-reduced with one collective, and copied back. The
-// bucket plan depends only on the parameters' extents and layouts, so every rank makes the same.
+// The machinery shared by DataParallel (Partial over the data dimension) and the
+// sequence-parallel gradient sync (Partial<sum> over the tensor dimension). Gradients are taken
+// in reverse registration order (the order a backward pass finishes them, as PyTorch's DDP does)
+// and grouped into buckets of at most bucket_bytes (a gradient larger than that gets a bucket of
+// its own) with one reduction op per bucket. A bucket whose gradients are adjacent in memory —
+// neighbours in a flat group (nn/flat_params.hpp) — is all-reduced in place, as one span; with
+// contiguous_only (DDP) a bucket never spans a gap, so no gradient is ever copied. Otherwise
+// (the small, scattered sequence-parallel gradients) the bucket is packed into one buffer and
+// unpacked after. The bucket plan depends only on the parameters' extents, layouts and places in
+// their groups, so every rank makes the same.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "dtensor/comm/work.hpp"
 #include "dtensor/nn/parameter.hpp"
 
 namespace dtensor::parallel::detail {
 
-/// One bucket: indices into the parameter list, their reduction op, the element count.
+struct BucketOptions {
+  std::size_t bucket_bytes = std::size_t(25) << 20;
+  bool contiguous_only = true;  // break buckets at gaps in memory instead of packing
+};
+
+/// One bucket: indices into the parameter list (reverse order), their reduction op, the element count.
 struct Bucket {
   std::vector<std::size_t> params;
   ReduceOp op = ReduceOp::sum;
   std::size_t numel = 0;
 };
 
+/// Whether gradient `next` (visited after `prev` in reverse order) ends where `prev` begins.
+template <class T, std::size_t N>
+bool adjacent(const nn::ParamRef<T, N>& next, const nn::ParamRef<T, N>& prev) {
+  return next.grad.data() + next.grad.size() == prev.grad.data();
+}
+
 /// Buckets over the parameters whose gradient is Partial on mesh dimension `dim`.
 template <class T, std::size_t N>
-std::vector<Bucket> plan_buckets(const nn::ParamList<T, N>& ps, std::size_t dim, std::size_t bucket_bytes) {
+std::vector<Bucket> plan_buckets(const nn::ParamList<T, N>& ps, std::size_t dim, BucketOptions o) {
   std::vector<Bucket> out;
-  const std::size_t cap = std::max<std::size_t>(1, bucket_bytes / sizeof(T));
+  const std::size_t cap = std::max<std::size_t>(1, o.bucket_bytes / sizeof(T));
   for (std::size_t k = ps.size(); k-- > 0;) {
     const auto& pl = ps[k].grad_state->placements[dim];
     if (!pl.is_partial()) continue;
     const std::size_t n = ps[k].grad.size();
-    if (out.empty() || out.back().op != pl.op || (out.back().numel > 0 && out.back().numel + n > cap))
+    const bool gap = !out.empty() && o.contiguous_only && !adjacent(ps[k], ps[out.back().params.back()]);
+    if (out.empty() || out.back().op != pl.op || gap || (out.back().numel > 0 && out.back().numel + n > cap))
       out.push_back(Bucket{{}, pl.op, 0});
     out.back().params.push_back(k);
     out.back().numel += n;
@@ -41,29 +59,63 @@ std::vector<Bucket> plan_buckets(const nn::ParamList<T, N>& ps, std::size_t dim,
   return out;
 }
 
-/// All-reduces every gradient Partial on mesh dimension `dim` (bucketed) and marks it Replicate
-/// there. Returns the number of buckets (= all-reduces issued).
-template <class T, std::size_t N, class Mesh>
-std::size_t bucketed_all_reduce(nn::ParamList<T, N>& ps, const Mesh& mesh, std::size_t dim,
-                                std::size_t bucket_bytes) {
-  auto& group = mesh.group(dim);
-  const auto buckets = plan_buckets(ps, dim, bucket_bytes);
-  std::vector<T> flat;
-  for (const auto& b : buckets) {
-    flat.resize(b.numel);
-    std::size_t off = 0;
-    for (std::size_t k : b.params) {
-      std::copy(ps[k].grad.begin(), ps[k].grad.end(), flat.begin() + std::ptrdiff_t(off));
-      off += ps[k].grad.size();
-    }
-    group.all_reduce(std::span<T>(flat), b.op);
-    off = 0;
-    for (std::size_t k : b.params) {
-      std::copy_n(flat.begin() + std::ptrdiff_t(off), ps[k].grad.size(), ps[k].grad.begin());
-      off += ps[k].grad.size();
-      ps[k].grad_state->placements[dim] = PlacementDesc::replicate();
-    }
+/// A bucket's all-reduce in flight: its handle and, for a packed bucket, the packed buffer.
+template <class T>
+struct PendingBucket {
+  Bucket bucket;
+  Work work;
+  std::vector<T> packed;
+};
+
+/// Issues the bucket's all-reduce on `group` (asynchronously): in place when its gradients are
+/// contiguous, else through a packed buffer. `copied_bytes` counts the bytes packed.
+template <class T, std::size_t N>
+PendingBucket<T> start_bucket(const nn::ParamList<T, N>& ps, Bucket b, Communicator& group, std::size_t& copied_bytes) {
+  PendingBucket<T> p{std::move(b), {}, {}};
+  const auto& idx = p.bucket.params;
+  bool contiguous = true;
+  for (std::size_t j = 1; j < idx.size(); ++j) contiguous = contiguous && adjacent(ps[idx[j]], ps[idx[j - 1]]);
+  if (contiguous) {
+    std::span<T> all(ps[idx.back()].grad.data(), p.bucket.numel);  // the last visited starts lowest
+    p.work = group.all_reduce_async(std::span<const T>(all), all, p.bucket.op);
+    return p;
   }
+  p.packed.resize(p.bucket.numel);
+  std::size_t off = 0;
+  for (std::size_t k : idx) {
+    std::copy(ps[k].grad.begin(), ps[k].grad.end(), p.packed.begin() + std::ptrdiff_t(off));
+    off += ps[k].grad.size();
+  }
+  copied_bytes += 2 * p.bucket.numel * sizeof(T);  // packed and unpacked
+  p.work = group.all_reduce_async(std::span<const T>(p.packed), std::span<T>(p.packed), p.bucket.op);
+  return p;
+}
+
+/// Waits for the bucket, unpacks it if it was packed, and marks its gradients Replicate on `dim`.
+template <class T, std::size_t N>
+void finish_bucket(nn::ParamList<T, N>& ps, PendingBucket<T>& p, std::size_t dim) {
+  p.work.wait();
+  std::size_t off = 0;
+  for (std::size_t k : p.bucket.params) {
+    if (!p.packed.empty())
+      std::copy_n(p.packed.begin() + std::ptrdiff_t(off), ps[k].grad.size(), ps[k].grad.begin());
+    off += ps[k].grad.size();
+    ps[k].grad_state->placements[dim] = PlacementDesc::replicate();
+  }
+}
+
+/// All-reduces every gradient Partial on mesh dimension `dim` (bucketed, one bucket at a time)
+/// and marks it Replicate there. Returns the number of buckets (= all-reduces issued).
+template <class T, std::size_t N, class Mesh>
+std::size_t bucketed_all_reduce(nn::ParamList<T, N>& ps, const Mesh& mesh, std::size_t dim, BucketOptions o,
+                                std::size_t* copied_bytes = nullptr) {
+  std::size_t copied = 0;
+  const auto buckets = plan_buckets(ps, dim, o);
+  for (const auto& b : buckets) {
+    auto p = start_bucket(ps, b, mesh.group(dim), copied);
+    finish_bucket(ps, p, dim);
+  }
+  if (copied_bytes) *copied_bytes += copied;
   return buckets.size();
 }
 

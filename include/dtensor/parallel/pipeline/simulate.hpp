@@ -1,0 +1,160 @@
+// dtensor/parallel/pipeline/simulate.hpp — runs a schedule on paper: when each action starts and
+// ends, how long each rank idles, and whether the ranks get stuck.
+//
+//   auto t = pipeline::simulate(pipeline::one_f_one_b(4, 8), {.forward = 1, .backward_input = 1,
+//                                                             .backward_weight = 1});
+//   t.idle_fraction(0);   // (p - 1) / (m + p - 1) = 3 / 11
+//
+// Every rank runs its actions in order, with the meaning PyTorch's pipelining runtime gives them.
+// A RECV posts a receive and never blocks; the computation that uses the received value waits
+// until it has arrived, i.e. until its SEND ran. With asynchronous sends a SEND completes at
+// once; with blocking sends it waits until the peer has posted the matching RECV. A computation
+// takes its cost (a full backward B costs I + W) and starts when its rank is free and its
+// received input is there; everything it needs from its own rank comes earlier in its list
+// (validate.hpp checks that). Messages take no time. When no rank can move and some have
+// actions left, the schedule deadlocks; `deadlock` lists each stuck rank's next action and the
+// action of another rank it waits for.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <map>
+#include <optional>
+#include <vector>
+
+#include "dtensor/parallel/pipeline/communication.hpp"
+
+namespace dtensor::parallel::pipeline {
+
+enum class SendMode { blocking, asynchronous };
+
+/// Time units per computation of one micro-batch on one stage.
+struct Costs {
+  double forward = 1;
+  double backward_input = 1;
+  double backward_weight = 1;
+
+  double of(ActionKind kind) const {
+    switch (kind) {
+      case ActionKind::forward: return forward;
+      case ActionKind::backward: return backward_input + backward_weight;
+      case ActionKind::backward_input: return backward_input;
+      case ActionKind::backward_weight: return backward_weight;
+      default: return 0;  // messages are free
+    }
+  }
+};
+
+struct TimedAction {
+  Action action;
+  double start = 0;
+  double end = 0;
+};
+
+/// A rank that cannot go on: its next action and the action of rank `peer` it waits for (the
+/// SEND of its input, or, for a blocking SEND, the RECV that must be posted).
+struct Blocked {
+  int rank = 0;
+  std::size_t step = 0;
+  Action action;
+  int peer = 0;
+  Action waits_for;
+};
+
+struct Timeline {
+  std::vector<std::vector<TimedAction>> actions;  // per rank, what ran, in order
+  std::vector<Blocked> deadlock;                  // empty when every rank ran to the end
+  double makespan = 0;                            // when the last action ends
+
+  /// Time rank `rank` spent computing.
+  double busy(int rank) const {
+    double total = 0;
+    for (const TimedAction& timed : actions.at(std::size_t(rank)))
+      if (is_compute(timed.action.kind)) total += timed.end - timed.start;
+    return total;
+  }
+  /// The share of the makespan rank `rank` spent not computing (its bubble).
+  double idle_fraction(int rank) const { return makespan > 0 ? 1 - busy(rank) / makespan : 0; }
+  /// The mean idle fraction over the ranks: the schedule's bubble.
+  double bubble() const {
+    if (actions.empty()) return 0;
+    double total = 0;
+    for (int rank = 0; rank < int(actions.size()); ++rank) total += idle_fraction(rank);
+    return total / double(actions.size());
+  }
+};
+
+inline Timeline simulate(const Schedule& schedule, const Costs& costs = {}, SendMode mode = SendMode::asynchronous) {
+  constexpr const char* op = "pipeline::simulate";
+  schedule.layout.check(op);
+  const auto ranks = std::size_t(schedule.ranks());
+  if (schedule.actions.size() != ranks)
+    throw Error(op, dtensor::detail::cat("the schedule has action lists for ", schedule.actions.size(),
+                                         " ranks, its layout ", ranks));
+  Timeline timeline;
+  timeline.actions.resize(ranks);
+  std::vector<std::size_t> next(ranks, 0);
+  std::vector<double> clock(ranks, 0);
+  std::map<Action, double> sent;    // sends that ran, and when their data left
+  std::map<Action, double> posted;  // receives posted, and when
+
+  auto head = [&](std::size_t rank) -> const Action* {
+    const auto& list = schedule.actions[rank];
+    return next[rank] < list.size() ? &list[next[rank]] : nullptr;
+  };
+  auto run = [&](std::size_t rank, double start, double end) {
+    timeline.actions[rank].push_back({*head(rank), start, end});
+    clock[rank] = end;
+    ++next[rank];
+  };
+  // The action `action` waits for on another rank, if it cannot run yet; its start time if it can.
+  auto ready = [&](std::size_t rank, const Action& action, double& start) -> std::optional<Action> {
+    start = clock[rank];
+    if (is_compute(action.kind)) {
+      for (const auto& alternatives : detail::prerequisites(schedule.layout, action)) {
+        if (alternatives.size() != 1 || !is_recv(alternatives.front().kind)) continue;
+        const Action send = counterpart(alternatives.front());
+        auto arrived = sent.find(send);
+        if (arrived == sent.end()) return send;
+        start = std::max(start, arrived->second);
+      }
+      return std::nullopt;
+    }
+    if (action.kind == ActionKind::send_forward || action.kind == ActionKind::send_backward) {
+      if (mode == SendMode::asynchronous) return std::nullopt;
+      const Action recv = counterpart(action);
+      auto post = posted.find(recv);
+      if (post == posted.end()) return recv;
+      start = std::max(start, post->second);
+    }
+    return std::nullopt;  // posting a receive never waits
+  };
+  auto step = [&](std::size_t rank) {
+    const Action* action = head(rank);
+    if (action == nullptr) return false;
+    double start = 0;
+    if (ready(rank, *action, start)) return false;
+    const double end = start + costs.of(action->kind);
+    if (is_send(action->kind)) sent.emplace(*action, end);
+    if (is_recv(action->kind)) posted.emplace(*action, end);
+    run(rank, start, end);
+    return true;
+  };
+
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (std::size_t rank = 0; rank < ranks; ++rank)
+      while (step(rank)) progress = true;
+  }
+  for (std::size_t rank = 0; rank < ranks; ++rank) {
+    for (const TimedAction& timed : timeline.actions[rank]) timeline.makespan = std::max(timeline.makespan, timed.end);
+    if (const Action* stuck = head(rank)) {
+      double unused = 0;
+      const Action awaited = *ready(rank, *stuck, unused);
+      timeline.deadlock.push_back({int(rank), next[rank], *stuck, schedule.layout.rank_of(awaited.stage), awaited});
+    }
+  }
+  return timeline;
+}
+
+}  // namespace dtensor::parallel::pipeline
