@@ -162,13 +162,12 @@ struct mixed_memory_spaces {
   static constexpr bool value = false;
 };
 
+/// Instantiates mixed_memory_spaces only for an operand whose space differs from X's.
 template <class X, class... Y>
 constexpr bool require_same_space() {
-  if constexpr (((!std::is_same_v<typename X::space, typename Y::space>) || ...)) {
-    constexpr bool ok = (mixed_memory_spaces<typename X::space, typename Y::space>::value && ...);
-    return ok;
-  }
-  return true;
+  return (std::conditional_t<std::is_same_v<typename X::space, typename Y::space>, std::true_type,
+                             mixed_memory_spaces<typename X::space, typename Y::space>>::value &&
+          ...);
 }
 
 /// Operands of one op must live on one mesh (type and, at run time, shape and coordinate) and in

@@ -1,11 +1,9 @@
 // dtensor/kernels/cuda/optim.cuh — the twin of kernels/host/optim.hpp on CudaTensor: adamw_update,
-// sgd_update (one thread per element, the host's double arithmetic) and sum_squares (Thrust's
-// transform_reduce on the current stream, in double; a tree sum, so not the host's bits).
+// sgd_update (one thread per element, the host's double arithmetic) and sum_squares (in double:
+// per-block tree sums over a fixed grid, then one block adds the partial sums; deterministic,
+// not the host's bits). Not Thrust/CUB here: their kernels name ::cuda::std, which a translation
+// unit with `using namespace dtensor;` (namespace dtensor::cuda) makes ambiguous in nvcc's stub.
 #pragma once
-
-#include <thrust/execution_policy.h>
-#include <thrust/functional.h>
-#include <thrust/transform_reduce.h>
 
 #include <cmath>
 
@@ -45,10 +43,21 @@ __global__ void sgd_kernel(T* p, const T* g, T* b, Extent n, SgdStep s) {
   }
 }
 
+inline constexpr unsigned sum_squares_blocks = 256;
+
+/// partial[b] = sum of x^2 over the grid-stride slice of block b.
 template <class T>
-struct Square {
-  __device__ double operator()(T x) const { return double(x) * double(x); }
-};
+__global__ void sum_squares_kernel(double* partial, const T* x, Extent n) {
+  double s = 0;
+  for (Extent i = gidx(); i < n; i += gstride()) s += double(x[i]) * double(x[i]);
+  s = block_sum(s);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+template <class D>
+__global__ void sum_partials_kernel(D* out, const D* partial, unsigned count) {
+  const double s = block_sum(threadIdx.x < count ? partial[threadIdx.x] : 0.0);
+  if (threadIdx.x == 0) *out = s;
+}
 
 }  // namespace detail
 
@@ -81,8 +90,15 @@ void sgd_update(CudaTensor<T, R>& param, const CudaTensor<T, R>& grad, CudaTenso
 template <FloatElement T, std::size_t R>
 double sum_squares(const CudaTensor<T, R>& x) {
   if (x.numel() == 0) return 0.0;
-  return thrust::transform_reduce(thrust::cuda::par.on(detail::stream()), x.data(), x.data() + x.numel(),
-                                  detail::Square<T>{}, 0.0, thrust::plus<double>());
+  static_assert(detail::sum_squares_blocks <= detail::block, "one block adds the partial sums");
+  CudaTensor<double, 1> partial(Shape<1>{detail::sum_squares_blocks}), total(Shape<1>{1});
+  detail::sum_squares_kernel<<<detail::sum_squares_blocks, detail::block, 0, detail::stream()>>>(partial.data(),
+                                                                                                x.data(), x.numel());
+  detail::launched("sum_squares_kernel");
+  detail::sum_partials_kernel<<<1, detail::block, 0, detail::stream()>>>(total.data(), partial.data(),
+                                                                         detail::sum_squares_blocks);
+  detail::launched("sum_partials_kernel");
+  return to_space<host_space>(total)[0];
 }
 
 }  // namespace dtensor::kernels::cuda
