@@ -20,37 +20,17 @@
 #include <string>
 #include <vector>
 
-#include "bench_util.hpp"
+#include "bench_threads.hpp"
 #include "dtensor/comm/threads.hpp"
 #include "dtensor/dtensor.hpp"
 
 namespace {
 
 using dtensor::CollectiveKind;
-using clock_type = std::chrono::steady_clock;
 
 enum class Variant { memcpy, all_gather, redistribute };
 constexpr const char* variant_name[] = {"memcpy", "all_gather", "redistribute"};
 
-/// Runs `iters` timed iterations of the operation make_op(world) returns, on n ranks; returns
-/// the slowest rank's time of each iteration (seconds).
-template <class MakeOp>
-std::vector<double> times_on_ranks(int n, std::size_t iters, MakeOp make_op) {
-  std::vector<double> times(iters);
-  dtensor::threads::run(n, [&](dtensor::CommPtr world) {
-    auto op = make_op(world);
-    op();  // warm-up: first touch of the buffers, lazy state
-    for (std::size_t i = 0; i < iters; ++i) {
-      world->barrier();
-      const auto t0 = clock_type::now();
-      op();
-      double dt = std::chrono::duration<double>(clock_type::now() - t0).count();
-      world->all_reduce(std::span<double>(&dt, 1), dtensor::ReduceOp::max);
-      if (world->rank() == 0) times[i] = dt;
-    }
-  });
-  return times;
-}
 
 void run(benchmark::State& st, int n, Variant v, std::size_t bytes) {
   const std::size_t total = bytes / sizeof(float), block = total / std::size_t(n);
@@ -58,7 +38,7 @@ void run(benchmark::State& st, int n, Variant v, std::size_t bytes) {
   std::vector<double> times;
   switch (v) {
     case Variant::memcpy:
-      times = times_on_ranks(n, iters, [&](const dtensor::CommPtr&) {
+      times = dtensor::bench::times_on_ranks(n, iters, [&](const dtensor::CommPtr&) {
         return [src = std::vector<float>(total, 1.0f), dst = std::vector<float>(total)]() mutable {
           std::memcpy(dst.data(), src.data(), dst.size() * sizeof(float));
           benchmark::DoNotOptimize(dst.data());
@@ -66,14 +46,14 @@ void run(benchmark::State& st, int n, Variant v, std::size_t bytes) {
       });
       break;
     case Variant::all_gather:
-      times = times_on_ranks(n, iters, [&](const dtensor::CommPtr& w) {
+      times = dtensor::bench::times_on_ranks(n, iters, [&](const dtensor::CommPtr& w) {
         return [w, send = std::vector<float>(block, 1.0f), recv = std::vector<float>(total)]() mutable {
           w->all_gather(std::span<const float>(send), std::span<float>(recv));
         };
       });
       break;
     case Variant::redistribute:
-      times = times_on_ranks(n, iters, [&](const dtensor::CommPtr& w) {
+      times = dtensor::bench::times_on_ranks(n, iters, [&](const dtensor::CommPtr& w) {
         using Mesh = dtensor::DeviceMesh<"x">;
         const Mesh mesh(w, {n});
         const dtensor::Shape<2> global{dtensor::Extent(total / 16), 16};  // 64-byte rows, even shards
@@ -86,12 +66,7 @@ void run(benchmark::State& st, int n, Variant v, std::size_t bytes) {
       });
       break;
   }
-  dtensor::bench::Timer t;
-  std::size_t i = 0;
-  for (auto _ : st) {
-    st.SetIterationTime(times[i]);
-    t.total += times[i++];
-  }
+  const dtensor::bench::Timer t = dtensor::bench::replay(st, times);
   dtensor::bench::set_bandwidth(st, bytes, v == Variant::memcpy ? 1.0 : dtensor::bench::bus_factor(CollectiveKind::all_gather, n), t);
 }
 

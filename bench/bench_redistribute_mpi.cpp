@@ -9,9 +9,10 @@
 //   reduce_scatter  Partial<sum> -> Shard<0>    (MPI_Reduce_scatter_block)
 //   all_to_all      Shard<0>     -> Shard<1>    (MPI_Alltoall)
 // at 1 KiB .. 64 MiB (nccl-tests' size: the larger of one rank's input and output, float32),
-// in three variants that run back to back for each size:
+// in four variants that run back to back for each size:
 //   dtensor   auto y = redistribute<To>(x)   a new DTensor each time: the allocation of the
 //                                            result, the plan's copies, the collective
+//   into      redistribute_into(y, x)        the same into one result whose storage is reused
 //   mpi       the raw blocking MPI call on preallocated buffers of the same sizes
 //   mpi_nb    the raw non-blocking call + MPI_Wait (what dtensor issues, so that waits can
 //             time out): dtensor/mpi_nb is the library's overhead, mpi_nb/mpi MPI's own
@@ -40,8 +41,8 @@ using S1 = dtensor::Layout<dtensor::Shard<1>>;
 using R = dtensor::Layout<dtensor::Replicate>;
 using P = dtensor::Layout<dtensor::Partial<>>;
 
-enum class Variant { dtensor, mpi, mpi_nb };
-constexpr const char* variant_name[] = {"dtensor", "mpi", "mpi_nb"};
+enum class Variant { dtensor, into, mpi, mpi_nb };
+constexpr const char* variant_name[] = {"dtensor", "into", "mpi", "mpi_nb"};
 
 Mesh& mesh() {
   static Mesh m;
@@ -61,9 +62,17 @@ auto input(const dtensor::Shape<2>& global) {
   return dtensor::from_local<L>(mesh(), dtensor::arange<float>(box.extent), global);
 }
 
-/// Times redistribute<To> of x; the result is dropped each iteration, as in a training step.
+/// Times redistribute<To> of x: a new result each iteration (dropped, as in a training step),
+/// or with `into`, redistribute_into one result whose storage every iteration reuses.
 template <class To, class X>
-dtensor::bench::Timer time_redistribute(benchmark::State& st, const X& x) {
+dtensor::bench::Timer time_redistribute(benchmark::State& st, const X& x, bool into) {
+  if (into) {
+    auto y = dtensor::redistribute<To>(x);
+    return dtensor::bench::mpi_time(st, MPI_COMM_WORLD, [&] {
+      dtensor::redistribute_into(y, x);
+      benchmark::DoNotOptimize(y.to_local().data());
+    });
+  }
   return dtensor::bench::mpi_time(st, MPI_COMM_WORLD, [&] {
     auto y = dtensor::redistribute<To>(x);
     benchmark::DoNotOptimize(y.to_local().data());
@@ -82,12 +91,13 @@ void run(benchmark::State& st, CollectiveKind kind, Variant v, std::size_t bytes
   const int c = int(kind == CollectiveKind::all_reduce ? elements : kind == CollectiveKind::all_to_all ? block / std::size_t(n) : block);
 
   dtensor::bench::Timer t;
-  if (v == Variant::dtensor) {
+  if (v == Variant::dtensor || v == Variant::into) {
+    const bool into = v == Variant::into;
     switch (kind) {
-      case CollectiveKind::all_gather: t = time_redistribute<R>(st, input<S0>(global)); break;
-      case CollectiveKind::all_reduce: t = time_redistribute<R>(st, input<P>(global)); break;
-      case CollectiveKind::reduce_scatter: t = time_redistribute<S0>(st, input<P>(global)); break;
-      default: t = time_redistribute<S1>(st, input<S0>(global)); break;
+      case CollectiveKind::all_gather: t = time_redistribute<R>(st, input<S0>(global), into); break;
+      case CollectiveKind::all_reduce: t = time_redistribute<R>(st, input<P>(global), into); break;
+      case CollectiveKind::reduce_scatter: t = time_redistribute<S0>(st, input<P>(global), into); break;
+      default: t = time_redistribute<S1>(st, input<S0>(global), into); break;
     }
   } else {
     std::vector<float> a(per_rank, 1.0f), b(per_rank, 0.0f);
@@ -141,7 +151,7 @@ int main(int argc, char** argv) {
   for (CollectiveKind k : {CollectiveKind::all_gather, CollectiveKind::all_reduce, CollectiveKind::reduce_scatter,
                            CollectiveKind::all_to_all})
     for (std::size_t bytes : dtensor::bench::sizes())
-      for (Variant v : {Variant::dtensor, Variant::mpi, Variant::mpi_nb}) {
+      for (Variant v : {Variant::dtensor, Variant::into, Variant::mpi, Variant::mpi_nb}) {
         const std::string name = std::string(dtensor::name_of(k)) + "/" + transition(k) + "/" + variant_name[int(v)] +
                                  "/" + dtensor::bench::size_name(bytes);
         benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& st) { run(st, k, v, bytes); })

@@ -2,10 +2,12 @@
 // twin: the same parameters and gradients held whole on one rank.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <vector>
 
 #include "dtensor/core/compare.hpp"
 #include "dtensor/core/factories.hpp"
 #include "dtensor/distributed/distribute.hpp"
+#include "dtensor/nn/module.hpp"
 #include "dtensor/optim/adamw.hpp"
 #include "dtensor/optim/clip_grad.hpp"
 #include "dtensor/optim/sgd.hpp"
@@ -37,12 +39,15 @@ Tensor<double, 1> gb(int s) { return normal<double>(bshape, 200 + std::uint64_t(
 struct Model {
   W w;
   B b;
-  Model(const Mesh& m)
-      : w("w", distribute_replicated<WL>(m, w0())), b("b", distribute_replicated<BL>(m, b0()), /*decay=*/false) {}
+  /// flat: w and b moved into one flat group (adjacent gradients), else a group each.
+  explicit Model(const Mesh& m, bool flat = false)
+      : w("w", distribute_replicated<WL>(m, w0())), b("b", distribute_replicated<BL>(m, b0()), /*decay=*/false) {
+    if (flat) nn::flatten<double, 2>("model", *this);
+  }
+  auto parameters() { return std::tie(w, b); }
   nn::ParamList<double, 2> params() {
     nn::ParamList<double, 2> ps;
-    w.collect(ps);
-    b.collect(ps);
+    nn::collect(*this, ps);
     return ps;
   }
   // Replicated gradients (as after a sync).
@@ -54,8 +59,10 @@ struct Model {
   }
 };
 
-template <class Opt, class Opts>
-std::pair<Tensor<double, 2>, Tensor<double, 1>> train(CommPtr world, std::array<int, 2> shape, Opts o) {
+/// Five steps; inspect(opt) sees the optimizer after them.
+template <class Opt, class Opts, class Inspect = void (*)(const Opt&)>
+std::pair<Tensor<double, 2>, Tensor<double, 1>> train(CommPtr world, std::array<int, 2> shape, Opts o,
+                                                      Inspect inspect = [](const Opt&) {}) {
   Mesh m(world, shape);
   Model model(m);
   Opt opt(model.params(), o);
@@ -63,6 +70,7 @@ std::pair<Tensor<double, 2>, Tensor<double, 1>> train(CommPtr world, std::array<
     model.set_grads(m, s);
     opt.step();
   }
+  inspect(opt);
   return {full_tensor(model.w.value()), full_tensor(model.b.value())};
 }
 
@@ -100,8 +108,14 @@ TEST_CASE("SGD with momentum and nesterov follows PyTorch's update, elementwise"
 TEST_CASE("AdamW: decoupled decay and bias correction, elementwise") {
   optim::AdamWOptions o{.lr = 0.01, .beta1 = 0.8, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
   threads::run(1, [&](CommPtr world) {
-    auto [w, b] = train<optim::AdamW<double, 2>>(world, {1, 1}, o);
+    std::vector<double> exp_avg, exp_avg_sq;  // the weight's moments (flat state, parameter 0)
+    auto [w, b] = train<optim::AdamW<double, 2>>(world, {1, 1}, o, [&](const optim::AdamW<double, 2>& opt) {
+      REQUIRE(opt.steps() == 5);
+      exp_avg.assign(opt.exp_avg(0).begin(), opt.exp_avg(0).end());
+      exp_avg_sq.assign(opt.exp_avg_sq(0).begin(), opt.exp_avg_sq(0).end());
+    });
     const auto init = w0();
+    REQUIRE(exp_avg.size() == std::size_t(w.numel()));
     for (Extent i = 0; i < w.numel(); i += 5) {
       double p = init[i], m = 0, v = 0;
       for (int t = 1; t <= 5; ++t) {
@@ -112,6 +126,8 @@ TEST_CASE("AdamW: decoupled decay and bias correction, elementwise") {
         p -= o.lr * (m / (1 - std::pow(o.beta1, t))) / (std::sqrt(v / (1 - std::pow(o.beta2, t))) + o.eps);
       }
       REQUIRE(w[i] == Approx(p).epsilon(1e-13));
+      REQUIRE(exp_avg[std::size_t(i)] == Approx(m).epsilon(1e-14));
+      REQUIRE(exp_avg_sq[std::size_t(i)] == Approx(v).epsilon(1e-14));
     }
   });
 }
@@ -227,41 +243,47 @@ TEST_CASE("clip_grad_norm refuses a Partial gradient") {
   REQUIRE(f.empty());
 }
 
-TEST_CASE("DataParallel: bucketed all-reduce on dp averages the gradients, one collective per bucket") {
-  for (std::size_t bucket_bytes : {std::size_t(1), std::size_t(8 * 8), std::size_t(1) << 20}) {
-    auto f = on_ranks(4, [&](CommPtr world, auto report) {
-      Mesh m(world, {2, 2});
-      const int dp = m.coordinate(0);
-      Model model(m);
-      auto ps = model.params();
-      model.w.zero_grad();
-      model.b.zero_grad();
-      // Each dp rank's gradient is the step-dp gradient: the average is (gw(0) + gw(1)) / 2.
-      using PW = nn::layout_on<Mesh, Partial<ReduceOp::avg>, nn::On<"tp", Shard<0>>>;
-      using PB = Layout<Partial<ReduceOp::avg>, Replicate>;
-      model.w.accumulate_grad(from_local<PW>(m, distribute_replicated<WL>(m, gw(dp)).to_local(), wshape));
-      model.b.accumulate_grad(from_local<PB>(m, gb(dp), bshape));
-      parallel::DataParallel<Mesh> ddp(m, {.bucket_bytes = bucket_bytes});
-      const std::size_t expect = bucket_bytes == 1 ? 2 : bucket_bytes == 64 ? 2 : 1;
-      if (ddp.num_buckets(ps) != expect) report(detail::cat(ddp.num_buckets(ps), " buckets, expected ", expect));
-      CommLog log;
-      const auto nb = ddp.all_reduce_gradients(ps);
-      if (log.count(CollectiveKind::all_reduce, "dp") != nb || log.size() != nb)
-        report(detail::cat(nb, " buckets but the log has:\n", log.to_string()));
-      auto want_w = gw(0), g1 = gw(1);
-      for (Extent i = 0; i < want_w.numel(); ++i) want_w[i] = (want_w[i] + g1[i]) / 2;
-      auto want_b = gb(0), h1 = gb(1);
-      for (Extent i = 0; i < want_b.numel(); ++i) want_b[i] = (want_b[i] + h1[i]) / 2;
-      if (!compare(full_tensor(model.w.grad()), want_w, {.rtol = 1e-15})) report("weight gradient not averaged");
-      if (!compare(full_tensor(model.b.grad()), want_b, {.rtol = 1e-15})) report("bias gradient not averaged");
-      // A second sync finds nothing pending: an error, not a silent double reduction.
-      try {
-        ddp.all_reduce_gradients(ps);
-        report("second sync did not throw");
-      } catch (const Error&) {
-      }
-    });
-    INFO(summary(f));
-    REQUIRE(f.empty());
-  }
+TEST_CASE("DataParallel: bucketed all-reduce on dp averages the gradients in place, one collective per bucket") {
+  // flat: w and b adjacent in one group, so a large bucket takes both; separate groups never
+  // share a bucket (a bucket is one span, reduced in place: nothing is copied either way).
+  for (bool flat : {false, true})
+    for (std::size_t bucket_bytes : {std::size_t(1), std::size_t(8 * 8), std::size_t(1) << 20}) {
+      auto f = on_ranks(4, [&](CommPtr world, auto report) {
+        Mesh m(world, {2, 2});
+        const int dp = m.coordinate(0);
+        Model model(m, flat);
+        auto ps = model.params();
+        if (flat && ps[1].grad.data() != ps[0].grad.data() + ps[0].grad.size()) report("flat gradients not adjacent");
+        model.w.zero_grad();
+        model.b.zero_grad();
+        // Each dp rank's gradient is the step-dp gradient: the average is (gw(0) + gw(1)) / 2.
+        using PW = nn::layout_on<Mesh, Partial<ReduceOp::avg>, nn::On<"tp", Shard<0>>>;
+        using PB = Layout<Partial<ReduceOp::avg>, Replicate>;
+        model.w.accumulate_grad(from_local<PW>(m, distribute_replicated<WL>(m, gw(dp)).to_local(), wshape));
+        model.b.accumulate_grad(from_local<PB>(m, gb(dp), bshape));
+        parallel::DataParallel<Mesh> ddp(m, {.bucket_bytes = bucket_bytes});
+        // b (48 bytes) is visited first; w's local piece is 3 x 5 doubles (120 bytes).
+        const std::size_t expect = flat && bucket_bytes == (std::size_t(1) << 20) ? 1 : 2;
+        if (ddp.num_buckets(ps) != expect) report(detail::cat(ddp.num_buckets(ps), " buckets, expected ", expect));
+        CommLog log;
+        const auto nb = ddp.all_reduce_gradients(ps);
+        if (nb != expect || log.count(CollectiveKind::all_reduce, "dp") != nb || log.size() != nb)
+          report(detail::cat(nb, " buckets but the log has:\n", log.to_string()));
+        if (ddp.copied_bytes() != 0) report(detail::cat("DDP copied ", ddp.copied_bytes(), " bytes"));
+        auto want_w = gw(0), g1 = gw(1);
+        for (Extent i = 0; i < want_w.numel(); ++i) want_w[i] = (want_w[i] + g1[i]) / 2;
+        auto want_b = gb(0), h1 = gb(1);
+        for (Extent i = 0; i < want_b.numel(); ++i) want_b[i] = (want_b[i] + h1[i]) / 2;
+        if (!compare(full_tensor(model.w.grad()), want_w, {.rtol = 1e-15})) report("weight gradient not averaged");
+        if (!compare(full_tensor(model.b.grad()), want_b, {.rtol = 1e-15})) report("bias gradient not averaged");
+        // A second sync finds nothing pending: an error, not a silent double reduction.
+        try {
+          ddp.all_reduce_gradients(ps);
+          report("second sync did not throw");
+        } catch (const Error&) {
+        }
+      });
+      INFO((flat ? "flat, " : "") << bucket_bytes << " bytes: " << summary(f));
+      REQUIRE(f.empty());
+    }
 }

@@ -53,6 +53,35 @@ constexpr std::string_view name_of(CollectiveKind k) {
   return "?";
 }
 
+/// The bytes one rank sends and receives in a collective over `group` ranks whose larger
+/// buffer (nccl-tests' "size") is `size_bytes`, under the algorithms that are bandwidth-optimal
+/// for large messages: a ring all-gather, reduce-scatter or all-to-all moves (n-1)/n of the
+/// buffer each way, a ring all-reduce (a reduce-scatter, then an all-gather) twice that, a
+/// pipelined broadcast the whole buffer. The redistribution planner's estimate
+/// (Plan::estimate) uses the same figures, so a plan and the log of running it agree.
+struct WireBytes {
+  std::size_t sent = 0, received = 0;
+};
+constexpr WireBytes wire_bytes(CollectiveKind k, std::size_t size_bytes, int group) {
+  if (group <= 1) return {};
+  const std::size_t n = std::size_t(group);
+  const std::size_t ring = size_bytes / n * (n - 1) + size_bytes % n * (n - 1) / n;  // (n-1)/n, no overflow
+  switch (k) {
+    case CollectiveKind::all_gather:
+    case CollectiveKind::reduce_scatter:
+    case CollectiveKind::all_to_all:
+    case CollectiveKind::all_to_all_v: return {ring, ring};
+    case CollectiveKind::all_reduce: return {2 * ring, 2 * ring};
+    case CollectiveKind::broadcast:
+    case CollectiveKind::send_recv: return {size_bytes, size_bytes};
+    case CollectiveKind::send: return {size_bytes, 0};
+    case CollectiveKind::recv: return {0, size_bytes};
+    case CollectiveKind::barrier:
+    case CollectiveKind::split: return {};
+  }
+  return {};
+}
+
 /// One collective as this rank issued it.
 struct CommRecord {
   CollectiveKind kind;
@@ -62,6 +91,9 @@ struct CommRecord {
   DType dtype = DType::uint8;
   ReduceOp op = ReduceOp::sum;  // meaningful for reductions only
   int peer = -1;                // send / recv: the peer's rank in the group
+
+  /// What this rank sends and receives on the wire (see wire_bytes).
+  WireBytes wire() const { return wire_bytes(kind, bytes, group_size); }
 };
 
 class CommLog {
@@ -90,7 +122,17 @@ class CommLog {
     for (const auto& r : records_) n += r.bytes;
     return n;
   }
-  /// "all_gather(tp, 4 ranks, 1024 B, float32)" per line.
+  /// Bytes this rank sent and received over all records (see wire_bytes).
+  WireBytes wire() const {
+    WireBytes w;
+    for (const auto& r : records_) {
+      const auto one = r.wire();
+      w.sent += one.sent;
+      w.received += one.received;
+    }
+    return w;
+  }
+  /// "all_gather(tp, 4 ranks, 1024 B, float32, sent 768 B, received 768 B)" per line.
   std::string to_string() const {
     std::ostringstream s;
     for (const auto& r : records_) {
@@ -98,6 +140,8 @@ class CommLog {
         << name_of(r.dtype);
       if (r.kind == CollectiveKind::all_reduce || r.kind == CollectiveKind::reduce_scatter) s << ", " << name_of(r.op);
       if (r.peer >= 0) s << ", peer " << r.peer;
+      const auto w = r.wire();
+      s << ", sent " << w.sent << " B, received " << w.received << " B";
       s << ")\n";
     }
     return s.str();

@@ -17,11 +17,12 @@
 namespace dtensor {
 
 namespace detail {
-/// Whether the rank at `coord` holds values, not zeros, when a layout is made from a replica.
+/// Whether the rank at `coord` holds values, not zeros, when a layout is made from a replica
+/// (replica_keeps_values on every Partial mesh dimension, as redistribution does).
 template <std::size_t N>
 bool holds_values(const LayoutDesc<N>& l, const std::array<int, N>& coord) {
   for (std::size_t i = 0; i < N; ++i)
-    if (l.placements[i].is_partial() && l.placements[i].op == ReduceOp::sum && coord[i] != 0) return false;
+    if (l.placements[i].is_partial() && !replica_keeps_values(l.placements[i], coord[i])) return false;
   return true;
 }
 }  // namespace detail

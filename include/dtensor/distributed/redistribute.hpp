@@ -1,14 +1,20 @@
 // dtensor/distributed/redistribute.hpp — changing a DTensor's layout.
 //
-//   auto y = redistribute<Layout<Replicate, Shard<1>>>(x);    // or x-> via the free function
+//   auto y = redistribute<Layout<Replicate, Shard<1>>>(x);    // a new DTensor
+//   redistribute_into(y, x);                                  // into y, reusing its storage
+//   auto pending = redistribute_async<Layout<Replicate>>(x);  // split phase: issue now ...
+//   ...work that does not touch x...
+//   auto z = pending.wait();                                  // ... and finish here
 //   std::cout << plan_of<decltype(x)::layout, Layout<Replicate, Shard<1>>, Mesh>();
 //   auto g = redistribute_backward<From>(grad);               // the adjoint, see below
 //
 // The plan is computed at compile time (distributed/plan.hpp); running it is the collectives
-// of its steps and the copies they need. Uneven chunks travel padded to the largest chunk
-// (ceil(n / k)) and are trimmed on arrival. Because torch.chunk's rule puts the padding at the
-// tail, a gather or scatter along a leading dimension needs no packing: the gathered buffer is
-// the result plus a tail the tensor's extents leave out.
+// of its steps and the copies they need. Each collective exchanges blocks of one shape
+// (distributed/step_geometry.hpp): uneven chunks travel padded and are trimmed on arrival.
+// Where the blocks already lie in the tensor back to back (a gather or scatter along a leading
+// dimension: torch.chunk's rule puts the padding at the tail) the collective reads the input
+// and writes the result in place, with no packing copy. Steps whose group has one rank are
+// skipped (mesh sizes are run-time values; the plan is made for every size at once).
 //
 // Backward (the adjoint): the gradient of redistribute<To>(x), x in layout From, is the
 // redistribution of the gradient from its own layout back to From with Partial replaced by
@@ -21,10 +27,13 @@
 #include <cstddef>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "dtensor/comm/work.hpp"
 #include "dtensor/distributed/dtensor.hpp"
 #include "dtensor/distributed/plan.hpp"
+#include "dtensor/distributed/step_geometry.hpp"
 
 namespace dtensor {
 
@@ -33,212 +42,393 @@ namespace detail {
 template <class T, class Space>
 using FlatBuffer = Tensor<T, 1, Space>;
 
-/// For each j, the piece of `src` whose `dim` range is ranges[j] goes to the start of block j
-/// (blocks of shape `block`, back to back in `out`).
+/// Gives `out` the extents `shape` and room for `capacity` elements, keeping its storage when
+/// it is large enough (redistribute_into, and the buffers a plan's steps pass along).
 template <class T, std::size_t R, class Space>
-void pack_blocks(const Tensor<T, R, Space>& src, std::size_t dim, std::span<const Range> ranges,
-                 const Shape<R>& block, T* out) {
-  const Extent bsize = numel(block);
-  for (std::size_t j = 0; j < ranges.size(); ++j) {
-    Shape<R> off{}, ext = src.shape();
-    off[dim] = ranges[j].begin;
-    ext[dim] = ranges[j].size();
-    copy_box_raw<Space>(src.data(), src.shape(), off, out + Extent(j) * bsize, block, Shape<R>{}, ext, sizeof(T));
+void prepare_output(Tensor<T, R, Space>& out, const Shape<R>& shape, Extent capacity) {
+  if (out.capacity() >= capacity) out.resize_within(shape);
+  else out = Tensor<T, R, Space>::with_capacity(shape, capacity);
+}
+
+/// Copies part j (a box in global coordinates) of `src`, which holds box `src_box`, to the
+/// start of block j of `blocks` (blocks of shape `block`, back to back).
+template <class T, std::size_t R, class Space>
+void pack_parts(const T* src, const Box<R>& src_box, const std::vector<Box<R>>& parts, const Shape<R>& block,
+                T* blocks) {
+  const Extent block_size = numel(block);
+  for (std::size_t j = 0; j < parts.size(); ++j) {
+    Shape<R> at{};
+    for (std::size_t d = 0; d < R; ++d) at[d] = parts[j].offset[d] - src_box.offset[d];
+    copy_box_raw<Space>(src, src_box.extent, at, blocks + Extent(j) * block_size, block, Shape<R>{}, parts[j].extent,
+                        sizeof(T));
   }
 }
 
-/// The inverse: the start of block j goes where `dim` range ranges[j] lies in `dst`.
+/// The inverse: the start of block j goes where part j lies in `dst`, which holds box `dst_box`.
 template <class T, std::size_t R, class Space>
-void unpack_blocks(const T* in, const Shape<R>& block, std::size_t dim, std::span<const Range> ranges,
-                   Tensor<T, R, Space>& dst) {
-  const Extent bsize = numel(block);
-  for (std::size_t j = 0; j < ranges.size(); ++j) {
-    Shape<R> off{}, ext = dst.shape();
-    off[dim] = ranges[j].begin;
-    ext[dim] = ranges[j].size();
-    copy_box_raw<Space>(in + Extent(j) * bsize, block, Shape<R>{}, dst.data(), dst.shape(), off, ext, sizeof(T));
+void unpack_parts(const T* blocks, const Shape<R>& block, const std::vector<Box<R>>& parts, T* dst,
+                  const Box<R>& dst_box) {
+  const Extent block_size = numel(block);
+  for (std::size_t j = 0; j < parts.size(); ++j) {
+    Shape<R> at{};
+    for (std::size_t d = 0; d < R; ++d) at[d] = parts[j].offset[d] - dst_box.offset[d];
+    copy_box_raw<Space>(blocks + Extent(j) * block_size, block, Shape<R>{}, dst, dst_box.extent, at, parts[j].extent,
+                        sizeof(T));
   }
 }
 
-/// The chunks of [0, n) over k ranks.
-inline std::vector<Range> chunks_of(Extent n, int k) {
-  std::vector<Range> r(static_cast<std::size_t>(k));
-  for (int j = 0; j < k; ++j) r[std::size_t(j)] = chunk_range(n, k, j);
-  return r;
+/// A step's collective once issued: finish() waits for it and moves what arrived in a staging
+/// buffer (when the blocks could not land in place) into the step's output.
+template <class T, std::size_t R, class Space>
+struct IssuedCollective {
+  Work work;
+  FlatBuffer<T, Space> send_staging, recv_staging;  // alive until the collective completes
+  std::vector<Box<R>> recv_parts;                   // where the staged blocks go
+  Shape<R> block{};
+  bool staged = false;
+
+  void finish(Tensor<T, R, Space>& out, const Box<R>& out_box) {
+    work.wait();
+    if (staged) unpack_parts<T, R, Space>(recv_staging.data(), block, recv_parts, out.data(), out_box);
+    send_staging = {};
+    recv_staging = {};
+  }
+};
+
+/// The blocking or the asynchronous form of a collective: `call(async)` returns the Work of the
+/// asynchronous form, or runs the blocking one and returns a completed Work.
+template <class Call>
+Work issue(bool async, Call&& call) {
+  return call(async);
 }
 
-/// True when every dimension before `dim` has extent 1: then blocks split along `dim` are
-/// contiguous and in order, and padding them only adds a tail.
-template <std::size_t R>
-bool leading(const Shape<R>& s, std::size_t dim) {
-  for (std::size_t i = 0; i < dim; ++i)
-    if (s[i] != 1) return false;
-  return true;
+/// Where the received blocks go: straight into `out` (sized for the padded tail) when they
+/// land in place, else into a staging buffer that finish() unpacks.
+template <class T, std::size_t R, class Space>
+T* receive_buffer(IssuedCollective<T, R, Space>& issued, const std::vector<Box<R>>& parts, const Box<R>& out_box,
+                  const Shape<R>& block, Tensor<T, R, Space>& out) {
+  const Extent total = numel(block) * Extent(parts.size());
+  if (blocks_in_place(parts, out_box, block)) {
+    prepare_output(out, out_box.extent, std::max(total, numel(out_box.extent)));
+    return out.data();
+  }
+  prepare_output(out, out_box.extent, numel(out_box.extent));
+  issued.recv_staging = FlatBuffer<T, Space>::uninitialized(Shape<1>{total});
+  issued.recv_parts = parts;
+  issued.block = block;
+  issued.staged = true;
+  return issued.recv_staging.data();
 }
 
-/// Runs one step of a plan on this rank's piece; `before`/`after` are the layouts around it.
-/// Reads `local` and returns a new piece: a step never copies its input first, so the first
-/// step of a redistribution reads the caller's tensor in place.
+/// What goes out: the input itself when its parts lie in place and it is long enough to read
+/// every block, else the parts packed into a zeroed staging buffer (padding is trimmed).
+template <class T, std::size_t R, class Space>
+const T* send_buffer(IssuedCollective<T, R, Space>& issued, const std::vector<Box<R>>& parts, const Box<R>& in_box,
+                     const Shape<R>& block, const Tensor<T, R, Space>& in) {
+  const Extent total = numel(block) * Extent(parts.size());
+  if (numel(in_box.extent) >= total && blocks_in_place(parts, in_box, block)) return in.data();
+  issued.send_staging = FlatBuffer<T, Space>(Shape<1>{total});
+  pack_parts<T, R, Space>(in.data(), in_box, parts, block, issued.send_staging.data());
+  return issued.send_staging.data();
+}
+
+// ---------------------------------------------------------------- one function per step kind
+
+/// Shard -> Replicate over the group: every rank's piece, padded to the block, gathered.
+template <class T, std::size_t R, class Space>
+IssuedCollective<T, R, Space> all_gather_step(Communicator& group, const StepGeometry<R>& g,
+                                              const Tensor<T, R, Space>& in, Tensor<T, R, Space>& out, bool async) {
+  IssuedCollective<T, R, Space> issued;
+  const std::size_t block_size = std::size_t(g.block_elements());
+  const T* send = send_buffer(issued, std::vector<Box<R>>{g.before}, g.before, g.block, in);
+  T* recv = receive_buffer(issued, g.member_before, g.after, g.block, out);
+  std::span<const T> send_span(send, block_size);
+  std::span<T> recv_span(recv, block_size * std::size_t(g.group_size));
+  issued.work = issue(async, [&](bool a) {
+    if (a) return group.all_gather_async(send_span, recv_span);
+    group.all_gather(send_span, recv_span);
+    return Work{};
+  });
+  return issued;
+}
+
+/// Partial -> Shard over the group: block j is the part rank j keeps, reduced.
+template <class T, std::size_t R, class Space>
+IssuedCollective<T, R, Space> reduce_scatter_step(Communicator& group, const StepGeometry<R>& g, ReduceOp op,
+                                                  const Tensor<T, R, Space>& in, Tensor<T, R, Space>& out,
+                                                  bool async) {
+  IssuedCollective<T, R, Space> issued;
+  const std::size_t block_size = std::size_t(g.block_elements());
+  const T* send = send_buffer(issued, g.member_after, g.before, g.block, in);
+  T* recv = receive_buffer(issued, std::vector<Box<R>>{g.after}, g.after, g.block, out);
+  std::span<const T> send_span(send, block_size * std::size_t(g.group_size));
+  std::span<T> recv_span(recv, block_size);
+  issued.work = issue(async, [&](bool a) {
+    if (a) return group.reduce_scatter_async(send_span, recv_span, op);
+    group.reduce_scatter(send_span, recv_span, op);
+    return Work{};
+  });
+  return issued;
+}
+
+/// Shard(d) -> Shard(e) over the group: this rank sends rank j the part of its piece that j
+/// holds afterwards, and receives from rank j the part of j's piece that it holds.
+template <class T, std::size_t R, class Space>
+IssuedCollective<T, R, Space> all_to_all_step(Communicator& group, const StepGeometry<R>& g,
+                                              const Tensor<T, R, Space>& in, Tensor<T, R, Space>& out, bool async) {
+  IssuedCollective<T, R, Space> issued;
+  std::vector<Box<R>> to_members(std::size_t(g.group_size)), from_members(std::size_t(g.group_size));
+  for (std::size_t j = 0; j < to_members.size(); ++j) {
+    to_members[j] = intersect(g.before, g.member_after[j]);
+    from_members[j] = intersect(g.member_before[j], g.after);
+  }
+  const std::size_t total = std::size_t(g.block_elements()) * std::size_t(g.group_size);
+  const T* send = send_buffer(issued, to_members, g.before, g.block, in);
+  T* recv = receive_buffer(issued, from_members, g.after, g.block, out);
+  std::span<const T> send_span(send, total);
+  std::span<T> recv_span(recv, total);
+  issued.work = issue(async, [&](bool a) {
+    if (a) return group.all_to_all_async(send_span, recv_span);
+    group.all_to_all(send_span, recv_span);
+    return Work{};
+  });
+  return issued;
+}
+
+/// Partial -> Replicate over the group, out of place, straight into the result.
+template <class T, std::size_t R, class Space>
+IssuedCollective<T, R, Space> all_reduce_step(Communicator& group, ReduceOp op, const Tensor<T, R, Space>& in,
+                                              Tensor<T, R, Space>& out, bool async) {
+  IssuedCollective<T, R, Space> issued;
+  prepare_output(out, in.shape(), in.numel());
+  std::span<const T> send_span = in.span();
+  std::span<T> recv_span = out.span();
+  issued.work = issue(async, [&](bool a) {
+    if (a) return group.all_reduce_async(send_span, recv_span, op);
+    group.all_reduce(send_span, recv_span, op);
+    return Work{};
+  });
+  return issued;
+}
+
+/// Replicate -> Shard: this rank's chunk of its piece.
+template <class T, std::size_t R, class Space>
+void take_chunk_step(const Box<R>& before, const Box<R>& after, const Tensor<T, R, Space>& in,
+                     Tensor<T, R, Space>& out) {
+  prepare_output(out, after.extent, numel(after.extent));
+  Shape<R> at{};
+  for (std::size_t d = 0; d < R; ++d) at[d] = after.offset[d] - before.offset[d];
+  copy_box(in, at, out, Shape<R>{}, after.extent);
+}
+
+/// Replicate -> Partial: the values or zeros (replica_keeps_values).
+template <class T, std::size_t R, class Space>
+void replicate_to_partial_step(bool keeps_values, const Tensor<T, R, Space>& in, Tensor<T, R, Space>& out) {
+  prepare_output(out, in.shape(), in.numel());
+  if (keeps_values) Space::copy(out.data(), in.data(), in.bytes());
+  else Space::zero(out.data(), out.bytes());
+}
+
+/// Shard -> Partial: the piece in place in a tensor of the parent range, the rest the op's identity.
+template <class T, std::size_t R, class Space>
+void shard_to_partial_step(ReduceOp op, const Box<R>& before, const Box<R>& after, const Tensor<T, R, Space>& in,
+                           Tensor<T, R, Space>& out) {
+  prepare_output(out, after.extent, numel(after.extent));
+  Space::fill(out.data(), std::size_t(out.numel()), reduction_identity<T>(op));
+  Shape<R> at{};
+  for (std::size_t d = 0; d < R; ++d) at[d] = before.offset[d] - after.offset[d];
+  copy_box(in, Shape<R>{}, out, at, before.extent);
+}
+
+/// Running a plan on this rank's piece, one step at a time: run(async) runs the steps up to
+/// and including the next collective, which it issues asynchronously when asked; finish()
+/// completes it and runs the rest. Steps pass their pieces through two scratch tensors (each
+/// reading the other's), the last writes into `result`'s storage. `input` is read in place
+/// and must stay alive and unchanged until finish() returns.
 template <class T, std::size_t R, class Space, class Mesh, std::size_t N>
-Tensor<T, R, Space> run_step(const Step& s, const LayoutDesc<N>& before, const LayoutDesc<N>& after,
-                             const Tensor<T, R, Space>& local, const Mesh& mesh, const Shape<R>& global) {
+class PlanExecution {
+ public:
   using Local = Tensor<T, R, Space>;
-  const auto& mshape = mesh.shape();
-  const auto& coord = mesh.coordinate();
-  const Box<R> bb = dtensor::local_box(before, mshape, coord, global);
-  const Box<R> ab = dtensor::local_box(after, mshape, coord, global);
-  const auto i = std::size_t(s.mesh_dim);
 
-  switch (s.kind) {
-    case StepKind::take_chunk: {
-      Shape<R> off{};
-      for (std::size_t d = 0; d < R; ++d) off[d] = ab.offset[d] - bb.offset[d];
-      auto out = Local::uninitialized(ab.extent);
-      copy_box(local, off, out, Shape<R>{}, ab.extent);
-      return out;
-    }
-    case StepKind::replicate_to_partial:
-      // Partial<sum>: the rank at coordinate 0 keeps the values; avg, max, min: every rank does.
-      if (s.to.op == ReduceOp::sum && coord[i] != 0) return Local(local.shape());  // zeros
-      return local;
-    case StepKind::shard_to_partial: {
-      auto out = Local::uninitialized(ab.extent);
-      Space::fill(out.data(), std::size_t(out.numel()), reduction_identity<T>(s.to.op));
-      Shape<R> off{};
-      for (std::size_t d = 0; d < R; ++d) off[d] = bb.offset[d] - ab.offset[d];
-      copy_box(local, Shape<R>{}, out, off, bb.extent);
-      return out;
-    }
-    case StepKind::all_reduce: {  // out of place, straight into the result
-      auto& g = mesh.group(i, std::size_t(s.mesh_dim_last));
-      auto out = Local::uninitialized(local.shape());
-      g.all_reduce(local.span(), out.span(), s.from.op);
-      return out;
-    }
-    default: break;
+  PlanExecution(const Plan<N>& plan, const Local& input, const Mesh& mesh, const Shape<R>& global, Local result)
+      : plan_(plan), input_(&input), mesh_(mesh), global_(global), result_(std::move(result)), state_(plan.from) {
+    for (std::size_t k = 0; k < plan.size; ++k)
+      if (runs(plan.steps[k])) last_ = k, any_ = true;
   }
 
-  auto& g = mesh.group(i);
-  const int k = g.size(), me = g.rank();
-  if (s.kind == StepKind::all_gather || s.kind == StepKind::reduce_scatter) {
-    // The gathered box G (the parent range of d) and this rank's piece P of it.
-    const auto d = std::size_t((s.kind == StepKind::all_gather ? s.from : s.to).dim);
-    const Box<R>& G = s.kind == StepKind::all_gather ? ab : bb;
-    const Box<R>& P = s.kind == StepKind::all_gather ? bb : ab;
-    const auto ranges = chunks_of(G.extent[d], k);
-    Shape<R> block = G.extent;
-    block[d] = chunk_size(G.extent[d], k);
-    const Extent bsize = numel(block);
-    const bool contiguous = leading(G.extent, d);
+  /// Runs local steps and the next collective (issued asynchronously when `async`).
+  void run(bool async) {
+    while (next_ < plan_.size) {
+      const Step& s = plan_.steps[next_];
+      const LayoutDesc<N> after = apply_step(state_, s);
+      const bool issued = runs(s) && run_step(s, after, async);
+      state_ = after;
+      ++next_;
+      if (issued) return;
+    }
+    if (!any_) copy_input();
+  }
 
-    if (s.kind == StepKind::all_gather) {
-      const T* send = local.data();
-      FlatBuffer<T, Space> padded;
-      if (P.extent[d] != block[d]) {  // this rank's chunk is short: pad it to the block
-        padded = FlatBuffer<T, Space>(Shape<1>{bsize});
-        copy_box_raw<Space>(local.data(), local.shape(), Shape<R>{}, padded.data(), block, Shape<R>{}, local.shape(), sizeof(T));
-        send = padded.data();
+  /// Completes the collective in flight and runs the remaining steps; returns the result.
+  Local finish() {
+    complete_in_flight();
+    while (next_ < plan_.size) {
+      run(false);
+      complete_in_flight();
+    }
+    return std::move(result_);
+  }
+
+ private:
+  enum Piece : int { input_piece = -1, scratch_0 = 0, scratch_1 = 1, result_piece = 2 };
+
+  // A step on a group of one rank moves nothing: its piece before and after is the same.
+  bool runs(const Step& s) const { return s.group_size(mesh_.shape()) > 1; }
+  const Local& piece(int p) const { return p == input_piece ? *input_ : p == result_piece ? result_ : scratch_[std::size_t(p)]; }
+  Local& output(int p) { return p == result_piece ? result_ : scratch_[std::size_t(p)]; }
+
+  // Runs step s (plan step next_) on the current piece; returns whether it issued a collective.
+  bool run_step(const Step& s, const LayoutDesc<N>& after, bool async) {
+    const Local& in = piece(current_);
+    const int out_piece = next_ == last_ ? result_piece : current_ == scratch_0 ? scratch_1 : scratch_0;
+    Local& out = output(out_piece);
+    current_ = out_piece;
+    const auto& coord = mesh_.coordinate();
+    const Box<R> after_box = local_box(after, mesh_.shape(), coord, global_);
+    if (!s.is_collective()) {
+      const Box<R> before_box = local_box(state_, mesh_.shape(), coord, global_);
+      switch (s.kind) {
+        case StepKind::take_chunk: take_chunk_step(before_box, after_box, in, out); break;
+        case StepKind::replicate_to_partial:
+          replicate_to_partial_step(replica_keeps_values(s.to, coord[std::size_t(s.mesh_dim)]), in, out);
+          break;
+        default: shard_to_partial_step(s.to.op, before_box, after_box, in, out); break;
       }
-      if (contiguous) {  // receive straight into the result; the padding is its unused tail
-        auto out = Local::with_capacity(G.extent, bsize * k);
-        g.all_gather(std::span<const T>(send, std::size_t(bsize)), std::span<T>(out.data(), std::size_t(bsize * k)));
-        return out;
+      return false;
+    }
+    Communicator& group = mesh_.group(std::size_t(s.mesh_dim), std::size_t(s.mesh_dim_last));
+    in_flight_box_ = after_box;
+    if (s.kind == StepKind::all_reduce) {
+      in_flight_ = all_reduce_step(group, s.from.op, in, out, async);
+    } else {
+      const auto g = step_geometry(state_, after, s.mesh_dim, s.mesh_dim_last, mesh_.shape(), coord, global_);
+      switch (s.kind) {
+        case StepKind::all_gather: in_flight_ = all_gather_step(group, g, in, out, async); break;
+        case StepKind::reduce_scatter: in_flight_ = reduce_scatter_step(group, g, s.from.op, in, out, async); break;
+        default: in_flight_ = all_to_all_step(group, g, in, out, async); break;
       }
-      FlatBuffer<T, Space> all = FlatBuffer<T, Space>::uninitialized(Shape<1>{bsize * k});
-      g.all_gather(std::span<const T>(send, std::size_t(bsize)), all.span());
-      auto out = Local::uninitialized(G.extent);
-      unpack_blocks<T, R, Space>(all.data(), block, d, ranges, out);
-      return out;
     }
-    // reduce_scatter
-    const T* send = local.data();
-    FlatBuffer<T, Space> packed;
-    if (!contiguous || G.extent[d] != block[d] * k) {
-      packed = FlatBuffer<T, Space>(Shape<1>{bsize * k});  // zero padding: reduced, then trimmed
-      pack_blocks<T, R, Space>(local, d, ranges, block, packed.data());
-      send = packed.data();
-    }
-    if (contiguous) {
-      auto out = Local::with_capacity(P.extent, bsize);
-      g.reduce_scatter(std::span<const T>(send, std::size_t(bsize * k)), std::span<T>(out.data(), std::size_t(bsize)),
-                       s.from.op);
-      return out;
-    }
-    FlatBuffer<T, Space> mine = FlatBuffer<T, Space>::uninitialized(Shape<1>{bsize});
-    g.reduce_scatter(std::span<const T>(send, std::size_t(bsize * k)), mine.span(), s.from.op);
-    auto out = Local::uninitialized(P.extent);
-    copy_box_raw<Space>(mine.data(), block, Shape<R>{}, out.data(), out.shape(), Shape<R>{}, out.shape(), sizeof(T));
-    return out;
+    has_in_flight_ = true;
+    return true;
   }
 
-  // all_to_all: Shard(d) -> Shard(e). This rank holds chunk `me` of d and all of e; it sends
-  // chunk j of e to rank j and receives rank j's chunk of d.
-  const auto d = std::size_t(s.from.dim), e = std::size_t(s.to.dim);
-  const auto d_ranges = chunks_of(ab.extent[d], k);
-  const auto e_ranges = chunks_of(bb.extent[e], k);
-  Shape<R> block = bb.extent;
-  block[d] = chunk_size(ab.extent[d], k);
-  block[e] = chunk_size(bb.extent[e], k);
-  const Extent bsize = numel(block);
-  // Blocks that are already contiguous, in order and unpadded travel without packing: the
-  // send side when e is a leading dimension of this piece (S(1) -> S(0) of a matrix), the
-  // receive side when d is a leading dimension of the result (S(0) -> S(1)).
-  const bool send_direct = leading(bb.extent, e) && bb.extent[e] == block[e] * k && bb.extent[d] == block[d];
-  const bool recv_direct = leading(ab.extent, d) && ab.extent[d] == block[d] * k && ab.extent[e] == block[e];
-  const T* send = local.data();
-  FlatBuffer<T, Space> packed;
-  if (!send_direct) {
-    packed = FlatBuffer<T, Space>(Shape<1>{bsize * k});  // zero padding: sent, then trimmed
-    pack_blocks<T, R, Space>(local, e, e_ranges, block, packed.data());
-    send = packed.data();
+  void complete_in_flight() {
+    if (!has_in_flight_) return;
+    has_in_flight_ = false;
+    in_flight_.finish(output(current_), in_flight_box_);
   }
-  auto out = Local::uninitialized(ab.extent);
-  if (recv_direct) {
-    g.all_to_all(std::span<const T>(send, std::size_t(bsize * k)), out.span());
-    return out;
+
+  // No step moves anything (an empty plan, or every step on a group of one rank): the result
+  // is a copy of the input, which the caller keeps.
+  void copy_input() {
+    if (&result_ == input_ || (result_.data() == input_->data() && input_->data())) return;  // redistribute_into(x, x)
+    prepare_output(result_, input_->shape(), input_->numel());
+    Space::copy(result_.data(), input_->data(), input_->bytes());
   }
-  FlatBuffer<T, Space> recv = FlatBuffer<T, Space>::uninitialized(Shape<1>{bsize * k});
-  g.all_to_all(std::span<const T>(send, std::size_t(bsize * k)), recv.span());
-  unpack_blocks<T, R, Space>(recv.data(), block, d, d_ranges, out);
-  (void)me;
-  return out;
-}
+
+  Plan<N> plan_;
+  const Local* input_;
+  Mesh mesh_;
+  Shape<R> global_;
+  Local result_;
+  LayoutDesc<N> state_;            // the layout before plan step next_
+  std::size_t next_ = 0;           // the next plan step
+  std::size_t last_ = 0;           // the last step that runs: it writes the result
+  bool any_ = false;               // whether any step runs
+  int current_ = input_piece;      // which tensor holds the current piece
+  std::array<Local, 2> scratch_;
+  IssuedCollective<T, R, Space> in_flight_;
+  Box<R> in_flight_box_{};         // the box the collective in flight produces
+  bool has_in_flight_ = false;
+};
 
 }  // namespace detail
 
 /// Runs a plan on this rank's piece (the run-time entry point: layouts known only at run time).
-/// The first step reads `local` where it is; only an empty plan copies it.
+/// The first step reads `local` where it is; the result reuses `result`'s storage when it is
+/// large enough.
 template <class T, std::size_t R, class Space, class Mesh, std::size_t N>
 Tensor<T, R, Space> execute(const Plan<N>& plan, const Tensor<T, R, Space>& local, const Mesh& mesh,
-                            const Shape<R>& global) {
-  if (plan.size == 0) return local;
-  LayoutDesc<N> state = plan.from;
-  Tensor<T, R, Space> piece;
-  for (const Step& s : plan) {
-    const LayoutDesc<N> next = apply_step(state, s);
-    piece = detail::run_step(s, state, next, &s == plan.begin() ? local : piece, mesh, global);
-    state = next;
-  }
-  return piece;
+                            const Shape<R>& global, Tensor<T, R, Space> result = {}) {
+  detail::PlanExecution<T, R, Space, Mesh, N> run(plan, local, mesh, global, std::move(result));
+  run.run(false);
+  return run.finish();
 }
+
+namespace detail {
+/// The plan of From -> To, with the layout errors as compile errors.
+template <LayoutType From, LayoutType To>
+constexpr auto checked_plan() {
+  static_assert(From::mesh_ndim == To::mesh_ndim, "the target layout needs one placement per mesh dimension");
+  static_assert(!changes_partial_op(From::desc, To::desc),
+                "Partial<a> to Partial<b> with a != b changes the value: reduce to Replicate or Shard first");
+  static_assert(!shard_to_partial_avg(From::desc, To::desc),
+                "Shard to Partial<avg> has no meaning: a shard is not an average over ranks");
+  return plan_redistribution(From::desc, To::desc);
+}
+}  // namespace detail
 
 /// The plan redistribute<To> runs on a tensor of layout From, as text.
 template <LayoutType From, LayoutType To, MeshType Mesh>
 std::string plan_of() {
-  static_assert(!changes_partial_op(From::desc, To::desc), DTENSOR_MSG_PARTIAL_OP);
-  static_assert(!shard_to_partial_avg(From::desc, To::desc), DTENSOR_MSG_SHARD_AVG);
-  constexpr auto plan = plan_redistribution(From::desc, To::desc);
+  constexpr auto plan = detail::checked_plan<From, To>();
   return describe(plan, Mesh::names);
 }
 
-/// The same logical tensor in layout To. Issues exactly the collectives of plan_of<From, To>.
+/// The same logical tensor in layout To. Issues exactly the collectives of plan_of<From, To>
+/// (less those on mesh dimensions of size 1).
 template <LayoutType To, Element T, std::size_t R, class Mesh, class From, class Space>
 DTensor<T, R, Mesh, To, Space> redistribute(const DTensor<T, R, Mesh, From, Space>& x) {
-  static_assert(To::mesh_ndim == Mesh::ndim, "the target layout needs one placement per mesh dimension");
-  static_assert(!changes_partial_op(From::desc, To::desc), DTENSOR_MSG_PARTIAL_OP);
-  static_assert(!shard_to_partial_avg(From::desc, To::desc), DTENSOR_MSG_SHARD_AVG);
-  constexpr auto plan = plan_redistribution(From::desc, To::desc);
+  constexpr auto plan = detail::checked_plan<From, To>();
   return DTensor<T, R, Mesh, To, Space>(x.mesh(), x.shape(), execute(plan, x.to_local(), x.mesh(), x.shape()));
+}
+
+/// redistribute<To>(x) into `result`, whose storage is reused when it is large enough (a
+/// training loop that redistributes the same tensor every step allocates nothing); its former
+/// contents, extents and mesh are replaced by x's.
+template <Element T, std::size_t R, class Mesh, class To, class From, class Space>
+void redistribute_into(DTensor<T, R, Mesh, To, Space>& result, const DTensor<T, R, Mesh, From, Space>& x) {
+  constexpr auto plan = detail::checked_plan<From, To>();
+  auto local = execute(plan, x.to_local(), x.mesh(), x.shape(), std::move(result.local()));
+  result = DTensor<T, R, Mesh, To, Space>(x.mesh(), x.shape(), std::move(local));
+}
+
+/// A redistribution in flight (redistribute_async): wait() returns the result. Until then the
+/// source DTensor must stay alive and unchanged, as the buffers of an asynchronous collective.
+template <Element T, std::size_t R, class Mesh, class To, class Space>
+class PendingDTensor {
+ public:
+  PendingDTensor(detail::PlanExecution<T, R, Space, Mesh, Mesh::ndim> run, Mesh mesh, const Shape<R>& global)
+      : run_(std::move(run)), mesh_(std::move(mesh)), global_(global) {}
+
+  /// Completes the collective in flight, runs the plan's remaining steps, returns the result.
+  DTensor<T, R, Mesh, To, Space> wait() { return DTensor<T, R, Mesh, To, Space>(mesh_, global_, run_.finish()); }
+
+ private:
+  detail::PlanExecution<T, R, Space, Mesh, Mesh::ndim> run_;
+  Mesh mesh_;
+  Shape<R> global_;
+};
+
+/// Split-phase redistribute<To>(x): runs the plan up to its first collective, issues that one
+/// asynchronously and returns; work done before wait() overlaps with it. Issues the same
+/// collectives as redistribute<To> (later ones, if the plan has several, run inside wait()).
+template <LayoutType To, Element T, std::size_t R, class Mesh, class From, class Space>
+PendingDTensor<T, R, Mesh, To, Space> redistribute_async(const DTensor<T, R, Mesh, From, Space>& x) {
+  constexpr auto plan = detail::checked_plan<From, To>();
+  detail::PlanExecution<T, R, Space, Mesh, Mesh::ndim> run(plan, x.to_local(), x.mesh(), x.shape(), {});
+  run.run(true);
+  return PendingDTensor<T, R, Mesh, To, Space>(std::move(run), x.mesh(), x.shape());
 }
 
 /// Every element, on every rank (a redistribution to Replicate on every mesh dimension).

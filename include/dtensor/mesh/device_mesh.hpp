@@ -124,7 +124,10 @@ class DeviceMesh {
         }
         auto g = comm->split(color, key);
         std::string label;
-        for (std::size_t i = lo; i <= hi; ++i) label += (i > lo ? "*" : "") + std::string(names[i]);
+        for (std::size_t i = lo; i <= hi; ++i) {
+          if (i > lo) label += '*';
+          label += names[i];  // appended in place: GCC 12 warns (-Wrestrict) on "*" + string
+        }
         g->set_label(label);
         st->groups[lo][hi] = std::move(g);
       }
@@ -156,7 +159,6 @@ class DeviceMesh {
   Communicator& group() const { return group(index_of<Name>()); }
   /// All ranks of the mesh.
   Communicator& comm() const { return group(0, ndim - 1); }
-  CommPtr group_ptr(std::size_t first, std::size_t last) const { group(first, last); return state().groups[first][last]; }
 
   /// The communicator the mesh was built on, which cross-mesh transfers use.
   Communicator& root() const { return *state().root; }

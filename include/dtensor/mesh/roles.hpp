@@ -14,7 +14,8 @@
 // dimension whose role it does not handle does not compile (nn/module.hpp require_roles), so a
 // "pp" dimension is never silently treated as data parallel.
 //
-// Default roles by name: "dp", "dp_replicate", "ddp" → data (replicated parameters); "fsdp",
+// Default roles by name: "dp", "dp_replicate", "ddp", "edp" → data (replicated parameters; "edp"
+// is the data dimension of an expert mesh, parallel/expert_parallel.hpp); "fsdp",
 // "dp_shard", "zero" → data_shard (sharded parameters); "tp" → tensor; "cp" → context; "pp" →
 // pipeline; "ep" → expert. Any other name has no role (unassigned) until mesh_roles says.
 #pragma once
@@ -50,7 +51,7 @@ constexpr std::string_view name_of(Role r) {
 
 /// The conventional role of a dimension name.
 constexpr Role default_role(std::string_view name) {
-  if (name == "dp" || name == "dp_replicate" || name == "ddp") return Role::data;
+  if (name == "dp" || name == "dp_replicate" || name == "ddp" || name == "edp") return Role::data;
   if (name == "fsdp" || name == "dp_shard" || name == "zero") return Role::data_shard;
   if (name == "tp") return Role::tensor;
   if (name == "cp") return Role::context;
@@ -116,5 +117,12 @@ inline constexpr std::size_t role_dim = [] {
 /// Whether the mesh has a dimension with role R.
 template <class Mesh, Role R>
 inline constexpr bool has_role = count_role<Mesh, R>() > 0;
+
+/// The size of the mesh's one dimension with role R (1 when it has none).
+template <Role R, class Mesh>
+int role_size(const Mesh& mesh) {
+  if constexpr (has_role<Mesh, R>) return mesh.size(role_dim<Mesh, R>);
+  else return 1;
+}
 
 }  // namespace dtensor

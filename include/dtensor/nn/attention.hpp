@@ -15,6 +15,10 @@
 // Saved: the two projections' saved states, q, k, v, the attention output and its statistics.
 // Collectives: those of the qkv and out styles only (Megatron's pair: one all-reduce each way;
 // all-gather + reduce-scatter each way under sequence parallelism).
+// Context parallelism: on a mesh with a context dimension the positions are split on it
+// (nn::tokens), q, k, v are Shard<2> there, and parallel::context_attention (ring, all-gather-KV
+// or Ulysses, config.context) replaces ops::attention, with its collectives on the context
+// group; the projections are row-wise and run on this rank's positions unchanged.
 #pragma once
 
 #include <cmath>
@@ -25,6 +29,7 @@
 #include "dtensor/nn/linear.hpp"
 #include "dtensor/ops/attention.hpp"
 #include "dtensor/ops/shape.hpp"
+#include "dtensor/parallel/context_parallel.hpp"
 
 namespace dtensor::nn {
 
@@ -32,6 +37,7 @@ struct AttentionConfig {
   Extent dim = 0;    // C
   Extent heads = 1;  // H; D = C / H
   Extent seq = 0;    // T: the longest sequence the module takes
+  parallel::ContextAttentionOptions context{};  // used on a mesh with a context dimension
 };
 
 template <kernels::host::FloatElement T, MeshType Mesh, class QkvStyle = Replicated<>, class OutStyle = Replicated<>>
@@ -58,12 +64,14 @@ class CausalSelfAttention {
   // [B, T, H, 3D] and [B, T, H, D]: the batch split stays, the features' split moves to the heads.
   using HeadsL = tokens<Mesh, std::conditional_t<heads_split, Shard<2>, Replicate>>;
   using Heads = decltype(ops::transpose<1, 2>(std::declval<DTensor<T, 4, Mesh, HeadsL>>()));  // [B, H, T, D]
+  static constexpr bool context_split = has_role<Mesh, Role::context>;  // positions split: context attention
 
  public:
   struct Saved {
     typename Qkv::Saved qkv;
     Heads q, k, v, out;
-    ops::AttentionStats stats;
+    ops::AttentionStats stats;                    // without a context dimension
+    parallel::ContextAttentionSaved<T> context;   // with one
     typename Proj::Saved proj;
   };
   using WeightCtx = std::tuple<typename Qkv::WeightCtx, typename Proj::WeightCtx>;  // children() order
@@ -95,9 +103,15 @@ class CausalSelfAttention {
     s.q = ops::transpose<1, 2>(parts[0]);
     s.k = ops::transpose<1, 2>(parts[1]);
     s.v = ops::transpose<1, 2>(parts[2]);
-    auto r = ops::attention(s.q, s.k, s.v);
-    s.out = std::move(r.out);
-    s.stats = std::move(r.stats);
+    if constexpr (context_split) {
+      auto r = parallel::context_attention(s.q, s.k, s.v, c_.context);
+      s.out = std::move(r.out);
+      s.context = std::move(r.saved);
+    } else {
+      auto r = ops::attention(s.q, s.k, s.v);
+      s.out = std::move(r.out);
+      s.stats = std::move(r.stats);
+    }
     // [B, H, T, D] -> [B, T, H, D] -> [B, T, C]
     auto merged = ops::reshape<typename Proj::InL>(ops::transpose<1, 2>(s.out), Shape<3>{batch, len, c_.dim});
     auto [y, proj_saved] = proj_.forward(merged);
@@ -110,7 +124,10 @@ class CausalSelfAttention {
     const Extent batch = dy.extent(0), len = dy.extent(1), heads = c_.heads, head_dim = c_.dim / c_.heads;
     auto [dmerged, proj_w] = proj_.backward_input(std::move(s.proj), dy);
     auto dout = ops::transpose<1, 2>(ops::reshape<HeadsL>(dmerged, Shape<4>{batch, len, heads, head_dim}));
-    auto g = ops::attention_backward(dout, s.q, s.k, s.v, s.out, s.stats);
+    auto g = [&] {
+      if constexpr (context_split) return parallel::context_attention_backward(dout, s.q, s.k, s.v, s.out, s.context, c_.context);
+      else return ops::attention_backward(dout, s.q, s.k, s.v, s.out, s.stats);
+    }();
     std::vector<decltype(ops::transpose<1, 2>(g.dq))> parts;
     parts.push_back(ops::transpose<1, 2>(g.dq));
     parts.push_back(ops::transpose<1, 2>(g.dk));

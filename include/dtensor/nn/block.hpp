@@ -47,6 +47,7 @@ struct BlockConfig {
   Extent mlp_ratio = 4;
   double init_std = 0.02;
   double out_std = 0.02;  // the output projections (GPT-2 scales them by 1/sqrt(2 * layers))
+  parallel::ContextAttentionOptions context{};  // attention's, on a mesh with a context dimension
 };
 
 template <kernels::host::FloatElement T, MeshType Mesh, class Plan = ReplicatedPlan>
@@ -76,7 +77,7 @@ class TransformerBlock {
   TransformerBlock() = default;
   TransformerBlock(std::string name, const Mesh& mesh, BlockConfig c, std::uint64_t seed)
       : ln1_(name + ".ln1", mesh, c.dim),
-        attn_(name + ".attn", mesh, {c.dim, c.heads, c.seq}, seed, c.init_std, c.out_std),
+        attn_(name + ".attn", mesh, {c.dim, c.heads, c.seq, c.context}, seed, c.init_std, c.out_std),
         ln2_(name + ".ln2", mesh, c.dim),
         mlp_(name + ".mlp", mesh, c.dim, c.mlp_ratio * c.dim, seed + 2, c.init_std, c.out_std) {
     detail::check(c.mlp_ratio > 0, "nn::TransformerBlock", mesh, name, ": mlp_ratio ", c.mlp_ratio, " must be > 0");

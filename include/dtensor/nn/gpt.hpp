@@ -60,6 +60,9 @@ struct ParamUnit {
 template <kernels::host::FloatElement T, MeshType Mesh, class Plan = ReplicatedPlan, class Id = std::int32_t>
 class GPT {
   static_assert(require_dense_roles<"nn::GPT", Mesh>());
+  static_assert(!has_role<Mesh, Role::context>,
+                "nn::GPT: context parallelism of the whole model (positions from the load-balanced order, the loss "
+                "over split rows) is not done yet; the attention and transformer blocks handle a context dimension");
 
  public:
   using between = typename Plan::between;

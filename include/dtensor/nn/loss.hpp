@@ -23,7 +23,8 @@ namespace dtensor::nn {
 
 template <kernels::host::FloatElement T, MeshType Mesh, LayoutType LogitsL = tokens<Mesh>, class Id = std::int32_t>
 class CrossEntropyLoss {
-  static_assert(require_dense_roles<"nn::CrossEntropyLoss", Mesh>());
+  static_assert(require_dense_roles<"nn::CrossEntropyLoss", Mesh>() && !has_role<Mesh, Role::context>,
+                "nn::CrossEntropyLoss: rows split on a context dimension are not handled yet");
   static_assert(std::is_same_v<LogitsL, tokens<Mesh>>,
                 "nn::CrossEntropyLoss takes logits whose vocabulary is whole (tokens<Mesh>); a split vocabulary is "
                 "parallel::VocabParallelCrossEntropy");

@@ -194,10 +194,11 @@ constexpr bool require_roles() {
 }
 
 /// The roles the dense modules of nn/ handle: data (replicated or, under FSDP, sharded
-/// parameters) and tensor (with sequence parallelism).
+/// parameters), tensor (with sequence parallelism) and context (the sequence split: row-wise
+/// modules run on this rank's positions; attention handles it, nn/attention.hpp).
 template <fixed_string Module, class Mesh>
 constexpr bool require_dense_roles() {
-  return require_roles<Module, Mesh, Role::data, Role::data_shard, Role::tensor>();
+  return require_roles<Module, Mesh, Role::data, Role::data_shard, Role::tensor, Role::context>();
 }
 
 }  // namespace dtensor::nn

@@ -12,8 +12,10 @@
 // and on the tensor dimension Replicate, SeqSplit (Shard<1>: sequence parallelism, where norms
 // and residual adds run on this rank's positions) or FeatureSplit (Shard<2>: inside a
 // tensor-parallel region). Token ids and targets are [B, T] with the same batch split.
-// Parameters are replicated on the data dimensions. A mesh without a tensor dimension is fine
-// (no tensor parallelism); a dimension of another role (pipeline, context, expert, or none) is a
+// On a context dimension activations are Shard<1> (context parallelism: this rank's positions
+// for the whole model; only attention looks across positions, see nn/attention.hpp).
+// Parameters are replicated on the data and context dimensions. A mesh without a tensor dimension
+// is fine (no tensor parallelism); a dimension of another role (pipeline, expert, or none) is a
 // compile error naming it (nn::require_dense_roles).
 //
 // A LinearStyle says where a Linear's weight [out, in] and bias [out] live and which layouts its
@@ -36,8 +38,7 @@ inline constexpr std::size_t tensor_dim = role_dim<Mesh, Role::tensor>;
 /// The size of the mesh's tensor dimension (1 without one).
 template <class Mesh>
 int tensor_size(const Mesh& mesh) {
-  if constexpr (tensor_dim<Mesh> < Mesh::ndim) return mesh.size(tensor_dim<Mesh>);
-  else return 1;
+  return role_size<Role::tensor>(mesh);
 }
 
 /// Placements of activations [B, T, C] on the tensor dimension.
@@ -45,22 +46,29 @@ using SeqSplit = Shard<1>;      // sequence parallelism: this rank's positions
 using FeatureSplit = Shard<2>;  // inside a tensor-parallel region: this rank's features (heads)
 
 namespace detail {
-template <class Mesh, Placement OnData, Placement OnTensor, std::size_t... I>
+template <class Mesh, Placement OnData, Placement OnTensor, Placement OnContext, std::size_t... I>
 auto layout_by_role(std::index_sequence<I...>)
-    -> Layout<std::conditional_t<role_of<Mesh>(I) == Role::tensor, OnTensor,
-                                 std::conditional_t<is_data_dim<Mesh>(I), OnData, Replicate>>...>;
+    -> Layout<std::conditional_t<
+        role_of<Mesh>(I) == Role::tensor, OnTensor,
+        std::conditional_t<role_of<Mesh>(I) == Role::context, OnContext,
+                           std::conditional_t<is_data_dim<Mesh>(I), OnData, Replicate>>>...>;
 }  // namespace detail
 
-/// The layout with OnData on every data dimension, OnTensor on the tensor dimension.
-template <class Mesh, Placement OnData, Placement OnTensor>
-using layout_by_role = decltype(detail::layout_by_role<Mesh, OnData, OnTensor>(std::make_index_sequence<Mesh::ndim>{}));
+/// The layout with OnData on every data dimension, OnTensor on the tensor dimension and
+/// OnContext on the context dimension.
+template <class Mesh, Placement OnData, Placement OnTensor, Placement OnContext = Replicate>
+using layout_by_role =
+    decltype(detail::layout_by_role<Mesh, OnData, OnTensor, OnContext>(std::make_index_sequence<Mesh::ndim>{}));
 
-/// Activation layout [B, T, C] (or ids [B, T]): the batch split on the data dimensions, P on the
-/// tensor dimension.
+/// Activation layout [B, T, C] (or ids [B, T]): the batch split on the data dimensions, the
+/// sequence on the context dimension (context parallelism; parallel/context_layout.hpp says in
+/// which order it is stored), P on the tensor dimension. With both a context dimension and
+/// sequence parallelism the context dimension must come before the tensor dimension in the
+/// mesh, so that it splits the sequence first.
 template <class Mesh, Placement P = Replicate>
-using tokens = layout_by_role<Mesh, Shard<0>, P>;
+using tokens = layout_by_role<Mesh, Shard<0>, P, Shard<1>>;
 
-/// Parameter layout: Replicate on the data dimensions, P on the tensor dimension.
+/// Parameter layout: Replicate on the data and context dimensions, P on the tensor dimension.
 template <class Mesh, Placement P = Replicate>
 using params = layout_by_role<Mesh, Replicate, P>;
 

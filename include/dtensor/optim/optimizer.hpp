@@ -32,7 +32,9 @@ namespace detail {
 template <class T, std::size_t N>
 void check_params(const char* op, const ParamList<T, N>& ps) {
   for (const auto& p : ps) {
-    if (p.value.size() != p.grad.size() || !p.grad_state || !p.has_grad)
+    if (!p.grad_state || !p.has_grad)
+      throw Error(op, dtensor::detail::cat("parameter ", p.name, ": no gradient state (a ParamRef not made by collect)"));
+    if (p.value.size() != p.grad.size())
       throw Error(op, dtensor::detail::cat("parameter ", p.name, ": local value has ", p.value.size(),
                                            " elements, gradient ", p.grad.size()));
   }

@@ -49,7 +49,8 @@ template <kernels::host::FloatElement T, MeshType Mesh, class Id = std::int32_t>
 class VocabParallelCrossEntropy {
   static_assert(has_role<Mesh, Role::tensor>,
                 "VocabParallelCrossEntropy splits the vocabulary over the mesh's tensor dimension: the mesh has none");
-  static_assert(nn::require_dense_roles<"parallel::VocabParallelCrossEntropy", Mesh>());
+  static_assert(nn::require_dense_roles<"parallel::VocabParallelCrossEntropy", Mesh>() && !has_role<Mesh, Role::context>,
+                "parallel::VocabParallelCrossEntropy: rows split on a context dimension are not handled yet");
 
  public:
   using LogitsL = nn::tokens<Mesh, nn::FeatureSplit>;
@@ -66,7 +67,8 @@ class VocabParallelCrossEntropy {
     Tensor<double, 1> max, sum;
   };
 
-  /// Three all-reduces on the tensor dimension of one double per local position (max, sum-exp, target logit).
+  /// Three all-reduces on the tensor dimension of one double per local position (max, sum-exp,
+  /// target logit); none when that dimension has size 1.
   nn::Fwd<Loss, Saved> forward(const Logits& logits, const Targets& targets) const {
     const auto& mesh = logits.mesh();
     nn::detail::check(targets.extent(0) == logits.extent(0) && targets.extent(1) == logits.extent(1),
@@ -79,14 +81,19 @@ class VocabParallelCrossEntropy {
                         "target ", Extent(tl[i]), " at local position ", i, " is outside the vocabulary [0, ",
                         logits.extent(2), ")");
     auto& g = mesh.group(tp);
+    // A tensor dimension of size 1 holds the whole vocabulary: nothing to reduce (like the
+    // redistributions, which issue nothing on a group of one rank).
+    auto all_reduce = [&](Tensor<double, 1>& t, ReduceOp op) {
+      if (g.size() > 1) g.all_reduce(t.span(), op);
+    };
     const auto rows = local_rows(s.logits);
     const Extent v0 = logits.local_box().offset[2];
     s.max = kernels::host::vocab_parallel_ce_max(rows);
-    g.all_reduce(s.max.span(), ReduceOp::max);
+    all_reduce(s.max, ReduceOp::max);
     s.sum = kernels::host::vocab_parallel_ce_sum_exp(rows, s.max);
-    g.all_reduce(s.sum.span(), ReduceOp::sum);
+    all_reduce(s.sum, ReduceOp::sum);
     auto target = kernels::host::vocab_parallel_ce_target_logit(rows, tl, v0);
-    g.all_reduce(target.span(), ReduceOp::sum);
+    all_reduce(target, ReduceOp::sum);
     Tensor<double, 1> loss(Shape<1>{1});
     loss[0] = kernels::host::vocab_parallel_ce_loss(s.max, s.sum, target, positions(logits));
     return {Loss(mesh, Shape<1>{1}, std::move(loss)), std::move(s)};

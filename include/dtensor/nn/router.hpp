@@ -1,0 +1,224 @@
+// dtensor/nn/router.hpp — top-k token-choice routing for a mixture of experts: scores, top-k,
+// gates, capacity, the load-balancing and z losses, and the gradient of all of them.
+//
+//   nn::RouterConfig rc{.experts = 8, .topk = 2, .capacity_factor = 1.25};   // no capacity: dropless
+//   auto r = nn::route<double>(logits, batch, seq, global_batch, rc);   // logits: [batch * seq, experts], local
+//   r.expert[n * topk + j], r.gate[...], r.kept[...]                     // the j-th choice of token n
+//   auto dlogits = nn::route_backward(r, dgate, rc);                    // gates, aux and z losses
+//
+// Everything here is local to a rank (no communication): routing depends on a token's logits
+// and, through the capacity, on the other tokens of its *sequence* only. Capacity groups are
+// sequences (GShard's groups): capacity = ceil(capacity_factor * seq * topk / experts) slots per
+// expert per sequence, so the tokens a rank drops do not depend on how the batch is split over
+// ranks — a distributed run drops exactly the tokens the one-rank run drops, and drops them
+// before they are sent. Precedence inside a sequence: every token's first choice (by position),
+// then every token's second choice, ... (GShard: a second choice never displaces a first one).
+//
+// Scores: softmax over the experts, or an independent sigmoid per expert. The top-k scores (ties
+// to the lower expert index) are the gates; with topk > 1 and normalize_gates they are divided by
+// their sum. A dropped choice keeps its gate but contributes nothing.
+//
+// Losses, each as this rank's share of the global mean (a Partial<sum> over the data ranks, like
+// the cross-entropy; the trainer sums the shares to print them):
+//   aux (Switch / GShard load balancing), per sequence s: E * sum_e f_se * P_se, where f_se is the
+//       fraction of s's top-k choices that picked e (before capacity; not differentiable) and
+//       P_se the mean score of e over s's tokens; averaged over the global batch's sequences.
+//   z (ST-MoE router z-loss): logsumexp(logits)^2, averaged over the global batch's tokens.
+// route_backward returns d/dlogits of sum_j dgate_j * gate_j + aux_loss_coeff * aux +
+// z_loss_coeff * z, so a caller adds the auxiliary losses to its loss with these coefficients.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "dtensor/core/error.hpp"
+#include "dtensor/core/shape.hpp"
+
+namespace dtensor::nn {
+
+enum class RouterScore { softmax, sigmoid };
+
+struct RouterConfig {
+  Extent experts = 0;
+  Extent topk = 1;
+  RouterScore score = RouterScore::softmax;
+  std::optional<double> capacity_factor;  // none: dropless (every choice is kept)
+  bool normalize_gates = true;            // with topk > 1: gates divided by their sum
+  double aux_loss_coeff = 0.01;
+  double z_loss_coeff = 0.0;
+};
+
+/// Throws an Error for `op` unless the configuration is usable.
+inline void check_router_config(const RouterConfig& c, const char* op, int rank = -1) {
+  if (c.experts < 1 || c.topk < 1 || c.topk > c.experts)
+    throw Error(op, dtensor::detail::cat("topk ", c.topk, " of ", c.experts, " experts: need 1 <= topk <= experts"),
+                rank);
+  if (c.capacity_factor && !(*c.capacity_factor > 0))
+    throw Error(op, dtensor::detail::cat("capacity factor ", *c.capacity_factor,
+                                         " must be > 0 (leave it unset for dropless routing)"),
+                rank);
+  if (!(c.aux_loss_coeff >= 0) || !(c.z_loss_coeff >= 0))
+    throw Error(op, dtensor::detail::cat("loss coefficients aux ", c.aux_loss_coeff, ", z ", c.z_loss_coeff,
+                                         " must be >= 0"),
+                rank);
+}
+
+/// Slots per expert per sequence of `seq` tokens; 0 means no limit (dropless).
+inline Extent expert_capacity(const RouterConfig& c, Extent seq) {
+  if (!c.capacity_factor) return 0;
+  return Extent(std::ceil(*c.capacity_factor * double(seq) * double(c.topk) / double(c.experts)));
+}
+
+/// What routing decided for this rank's tokens, and its statistics.
+template <class T>
+struct Routing {
+  Extent tokens = 0, seq = 0, topk = 1, experts = 0;
+  Extent global_batch = 0;             // sequences in the global batch (the losses' mean)
+  Extent capacity = 0;                 // slots per expert per sequence (0: dropless)
+  std::vector<std::int32_t> expert;    // [token * topk + j]: the j-th choice
+  std::vector<T> gate;                 // its gate
+  std::vector<std::uint8_t> kept;      // 1 unless dropped past capacity
+  std::vector<double> logits;          // [token * experts + e]
+  std::vector<double> scores;          // softmax or sigmoid of the logits
+  std::vector<double> lse;             // per token: logsumexp of its logits (z-loss)
+  std::vector<double> choice_fraction; // [sequence * experts + e]: f_se of the aux loss
+  std::vector<std::int64_t> routed;    // per expert: this rank's choices before capacity
+  std::vector<std::int64_t> load;      // per expert: this rank's kept choices
+  std::int64_t dropped = 0;            // this rank's choices past capacity
+  double aux_loss = 0, z_loss = 0;     // this rank's shares (see the top of this file)
+};
+
+/// Routes batch * seq tokens (row-major logits [batch * seq, experts]) of a global batch of
+/// global_batch sequences.
+template <class T>
+Routing<T> route(std::span<const T> logits, Extent batch, Extent seq, Extent global_batch, const RouterConfig& c) {
+  check_router_config(c, "nn::route");
+  const Extent n_tok = batch * seq, E = c.experts, K = c.topk;
+  if (batch < 0 || seq < 0 || global_batch < batch || Extent(logits.size()) != n_tok * E)
+    throw Error("nn::route", dtensor::detail::cat(logits.size(), " logits for ", batch, " x ", seq, " tokens of ", E,
+                                                  " experts (global batch ", global_batch, ")"));
+  Routing<T> r;
+  r.tokens = n_tok, r.seq = seq, r.topk = K, r.experts = E, r.global_batch = global_batch;
+  r.capacity = expert_capacity(c, seq);
+  r.expert.resize(std::size_t(n_tok * K));
+  r.gate.resize(std::size_t(n_tok * K));
+  r.kept.assign(std::size_t(n_tok * K), 1);
+  r.logits.assign(logits.begin(), logits.end());
+  r.scores.resize(std::size_t(n_tok * E));
+  r.lse.resize(std::size_t(n_tok));
+  r.choice_fraction.assign(std::size_t(batch * E), 0.0);
+  r.routed.assign(std::size_t(E), 0);
+  r.load.assign(std::size_t(E), 0);
+
+  std::vector<char> taken(static_cast<std::size_t>(E));
+  for (Extent n = 0; n < n_tok; ++n) {
+    const double* l = r.logits.data() + n * E;
+    double* p = r.scores.data() + n * E;
+    double top = -std::numeric_limits<double>::infinity();
+    for (Extent e = 0; e < E; ++e) top = std::max(top, l[e]);
+    double sum = 0;
+    for (Extent e = 0; e < E; ++e) sum += std::exp(l[e] - top);
+    r.lse[std::size_t(n)] = top + std::log(sum);
+    for (Extent e = 0; e < E; ++e)
+      p[e] = c.score == RouterScore::softmax ? std::exp(l[e] - r.lse[std::size_t(n)]) : 1.0 / (1.0 + std::exp(-l[e]));
+    // Top-k by repeated selection (k is small): the highest score, ties to the lower index.
+    std::fill(taken.begin(), taken.end(), 0);
+    double chosen_sum = 0;
+    for (Extent j = 0; j < K; ++j) {
+      Extent best = -1;
+      for (Extent e = 0; e < E; ++e)
+        if (!taken[std::size_t(e)] && (best < 0 || p[e] > p[best])) best = e;
+      taken[std::size_t(best)] = 1;
+      r.expert[std::size_t(n * K + j)] = std::int32_t(best);
+      chosen_sum += p[best];
+    }
+    for (Extent j = 0; j < K; ++j) {
+      const double g = p[r.expert[std::size_t(n * K + j)]];
+      r.gate[std::size_t(n * K + j)] = T(K > 1 && c.normalize_gates ? g / chosen_sum : g);
+    }
+  }
+
+  // Capacity, per sequence: first choices by position, then second choices, ...
+  std::vector<Extent> used(static_cast<std::size_t>(E));
+  for (Extent b = 0; b < batch; ++b) {
+    std::fill(used.begin(), used.end(), 0);
+    for (Extent j = 0; j < K; ++j)
+      for (Extent t = 0; t < seq; ++t) {
+        const std::size_t slot = std::size_t((b * seq + t) * K + j);
+        const auto e = std::size_t(r.expert[slot]);
+        ++r.routed[e];
+        r.choice_fraction[std::size_t(b * E) + e] += 1.0 / double(seq * K);
+        if (r.capacity == 0 || used[e] < r.capacity) {
+          ++used[e];
+          ++r.load[e];
+        } else {
+          r.kept[slot] = 0;
+          ++r.dropped;
+        }
+      }
+  }
+
+  // The losses' shares.
+  for (Extent b = 0; b < batch; ++b)
+    for (Extent e = 0; e < E; ++e) {
+      double mean_score = 0;
+      for (Extent t = 0; t < seq; ++t) mean_score += r.scores[std::size_t((b * seq + t) * E + e)];
+      r.aux_loss += double(E) * r.choice_fraction[std::size_t(b * E + e)] * (mean_score / double(seq)) /
+                    double(global_batch);
+    }
+  for (Extent n = 0; n < n_tok; ++n) r.z_loss += r.lse[std::size_t(n)] * r.lse[std::size_t(n)];
+  if (n_tok > 0) r.z_loss /= double(global_batch * seq);
+  return r;
+}
+
+/// d/dlogits [tokens * experts] of sum dgate * gate + aux_loss_coeff * aux + z_loss_coeff * z.
+template <class T>
+std::vector<T> route_backward(const Routing<T>& r, std::span<const T> dgate, const RouterConfig& c) {
+  const Extent E = r.experts, K = r.topk;
+  if (Extent(dgate.size()) != r.tokens * K)
+    throw Error("nn::route_backward",
+                dtensor::detail::cat(dgate.size(), " gate gradients for ", r.tokens, " tokens x topk ", K));
+  std::vector<T> out(std::size_t(r.tokens * E));
+  std::vector<double> dscore(static_cast<std::size_t>(E)), dl(static_cast<std::size_t>(E));
+  const bool normalized = K > 1 && c.normalize_gates;
+  for (Extent n = 0; n < r.tokens; ++n) {
+    const double* p = r.scores.data() + n * E;
+    std::fill(dscore.begin(), dscore.end(), 0.0);
+    // Gates: g_j = p_j (/ Z, Z = sum of the chosen p): dp_m = (dg_m - sum_j dg_j g_j) / Z.
+    double z = 0, dot = 0;
+    for (Extent j = 0; j < K; ++j) {
+      z += p[r.expert[std::size_t(n * K + j)]];
+      dot += double(dgate[std::size_t(n * K + j)]) * double(r.gate[std::size_t(n * K + j)]);
+    }
+    for (Extent j = 0; j < K; ++j) {
+      const double dg = double(dgate[std::size_t(n * K + j)]);
+      dscore[std::size_t(r.expert[std::size_t(n * K + j)])] += normalized ? (dg - dot) / z : dg;
+    }
+    // Aux: d/dp_te = coeff * E * f_se / (seq * global_batch).
+    const Extent b = n / r.seq;
+    for (Extent e = 0; e < E; ++e)
+      dscore[std::size_t(e)] += c.aux_loss_coeff * double(E) * r.choice_fraction[std::size_t(b * E + e)] /
+                                double(r.seq * r.global_batch);
+    // Through the scores to the logits.
+    if (c.score == RouterScore::softmax) {
+      double s = 0;
+      for (Extent e = 0; e < E; ++e) s += dscore[std::size_t(e)] * p[e];
+      for (Extent e = 0; e < E; ++e) dl[std::size_t(e)] = p[e] * (dscore[std::size_t(e)] - s);
+    } else {
+      for (Extent e = 0; e < E; ++e) dl[std::size_t(e)] = dscore[std::size_t(e)] * p[e] * (1 - p[e]);
+    }
+    // z: d/dl_te = coeff * 2 lse_t softmax(l_t)_e / (global_batch * seq).
+    const double lse = r.lse[std::size_t(n)], zscale = c.z_loss_coeff * 2 * lse / double(r.global_batch * r.seq);
+    for (Extent e = 0; e < E; ++e) {
+      dl[std::size_t(e)] += zscale * std::exp(r.logits[std::size_t(n * E + e)] - lse);
+      out[std::size_t(n * E + e)] = T(dl[std::size_t(e)]);
+    }
+  }
+  return out;
+}
+
+}  // namespace dtensor::nn

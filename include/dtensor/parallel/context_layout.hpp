@@ -1,0 +1,122 @@
+// dtensor/parallel/context_layout.hpp — how the sequence lies over the context dimension: the
+// plain split, and the load-balanced (head-tail) permutation for causal attention.
+//
+//   auto order = parallel::load_balanced_order(/*seq=*/16, /*cp=*/2);  // 0..3, 12..15, 4..7, 8..11
+//   auto ids_stored = parallel::load_balance(ids, /*dim=*/1, cp);       // before distributing
+//   auto ids_back = parallel::undo_load_balance(full_tensor(x), 1, cp); // the original order
+//   parallel::context_pieces(seq, cp, rank, /*balanced=*/true)          // what rank stores, as runs
+//
+// Under context parallelism the sequence is Shard<1> of [B, T, C] on the context dimension
+// (torch.chunk's split of the *stored* order). With a causal mask a plain split gives the last
+// rank the most work (its queries see every earlier key) and the first the least. Load
+// balancing stores the sequence permuted so that the plain split gives rank r two runs of the
+// original sequence: a head chunk and a tail chunk, chunks r and 2·cp−1−r of 2·cp when cp·2
+// divides T (Megatron-Core's and PyTorch's head-tail layout). The permutation is data, applied
+// to the batch once when it is distributed (load_balance) and undone on the full tensor
+// (undo_load_balance); the DTensor's global index is the stored index, so full_tensor and
+// redistribute keep working, and code that needs the original position (the causal mask, the
+// position embedding) maps stored to original through context_pieces / load_balanced_order.
+//
+// Uneven lengths: rank r stores e_r = torch.chunk(T, cp)[r] positions (what Shard<1> gives it);
+// its head run is the first ceil(e_r / 2) of them, its tail the rest. Heads lie in rank order at
+// the start of the sequence, tails in reverse rank order at its end. Every rank computes every
+// rank's pieces from (T, cp) alone, without communication.
+#pragma once
+
+#include <cstddef>
+#include <string_view>
+#include <vector>
+
+#include "dtensor/core/error.hpp"
+#include "dtensor/core/tensor.hpp"
+#include "dtensor/kernels/host/attention_chunk.hpp"
+#include "dtensor/placement/chunk.hpp"
+
+namespace dtensor::parallel {
+
+using kernels::host::SeqPiece;
+
+/// How attention reaches the keys of the other ranks of the context dimension.
+enum class ContextKind {
+  ring,       // K/V chunks rotate with send/recv, overlapped with the current chunk's attention
+  allgather,  // K and V all-gathered once (PyTorch's default rotate method)
+  ulysses,    // all-to-all: sequence-split to head-split and back (DeepSpeed-Ulysses)
+};
+
+constexpr std::string_view name_of(ContextKind k) {
+  switch (k) {
+    case ContextKind::ring: return "ring";
+    case ContextKind::allgather: return "allgather";
+    case ContextKind::ulysses: return "ulysses";
+  }
+  return "?";
+}
+
+/// "ring", "allgather" or "ulysses"; throws otherwise.
+inline ContextKind parse_context_kind(std::string_view s) {
+  for (auto k : {ContextKind::ring, ContextKind::allgather, ContextKind::ulysses})
+    if (s == name_of(k)) return k;
+  throw Error("parse_context_kind", detail::cat("unknown context-parallel kind \"", s, "\": ring, allgather or ulysses"));
+}
+
+/// The runs of the original sequence that context rank `rank` of `cp` stores, in stored order.
+inline std::vector<SeqPiece> context_pieces(Extent seq, int cp, int rank, bool balanced) {
+  if (seq < 0 || cp < 1 || rank < 0 || rank >= cp)
+    throw Error("context_pieces", detail::cat("sequence ", seq, ", context size ", cp, ", rank ", rank));
+  const Range mine = chunk_range(seq, cp, rank);
+  if (!balanced) return {SeqPiece{0, mine.begin, mine.size()}};
+  const auto head_of = [&](int r) { return (chunk_range(seq, cp, r).size() + 1) / 2; };
+  Extent heads_before = 0, heads_total = 0, tails_after = 0;
+  for (int r = 0; r < cp; ++r) {
+    const Extent h = head_of(r), t = chunk_range(seq, cp, r).size() - h;
+    heads_total += h;
+    if (r < rank) heads_before += h;
+    if (r > rank) tails_after += t;
+  }
+  const Extent head = head_of(rank);
+  return {SeqPiece{0, heads_before, head}, SeqPiece{head, heads_total + tails_after, mine.size() - head}};
+}
+
+/// order[p]: the original position of the token stored at position p (a permutation of 0..seq-1).
+inline std::vector<Extent> load_balanced_order(Extent seq, int cp) {
+  std::vector<Extent> order;
+  order.reserve(std::size_t(seq));
+  for (int r = 0; r < cp; ++r)
+    for (const auto& p : context_pieces(seq, cp, r, true))
+      for (Extent i = 0; i < p.size; ++i) order.push_back(p.global + i);
+  return order;
+}
+
+namespace detail {
+template <class T, std::size_t R>
+Tensor<T, R> permute_dim(const Tensor<T, R>& x, std::size_t dim, int cp, bool forward, const char* op) {
+  if (dim >= R || cp < 1) throw Error(op, dtensor::detail::cat("dimension ", dim, " of ", to_string(x.shape()), ", context size ", cp));
+  const auto order = load_balanced_order(x.extent(dim), cp);
+  Extent outer = 1, inner = 1;
+  for (std::size_t d = 0; d < dim; ++d) outer *= x.extent(d);
+  for (std::size_t d = dim + 1; d < R; ++d) inner *= x.extent(d);
+  const Extent n = x.extent(dim);
+  auto out = Tensor<T, R>::uninitialized(x.shape());
+  for (Extent o = 0; o < outer; ++o)
+    for (Extent p = 0; p < n; ++p) {
+      // stored[p] = original[order[p]]
+      const Extent from = forward ? order[std::size_t(p)] : p, to = forward ? p : order[std::size_t(p)];
+      std::copy_n(x.data() + (o * n + from) * inner, inner, out.data() + (o * n + to) * inner);
+    }
+  return out;
+}
+}  // namespace detail
+
+/// The original order -> the stored (load-balanced) order along dimension `dim`.
+template <class T, std::size_t R>
+Tensor<T, R> load_balance(const Tensor<T, R>& x, std::size_t dim, int cp) {
+  return detail::permute_dim(x, dim, cp, true, "load_balance");
+}
+
+/// The stored (load-balanced) order -> the original order along dimension `dim`.
+template <class T, std::size_t R>
+Tensor<T, R> undo_load_balance(const Tensor<T, R>& x, std::size_t dim, int cp) {
+  return detail::permute_dim(x, dim, cp, false, "undo_load_balance");
+}
+
+}  // namespace dtensor::parallel

@@ -1,0 +1,423 @@
+// dtensor/parallel/context_parallel.hpp — attention with the sequence split over the context
+// dimension: ring attention (K/V rotate, split-phase), all-gather-KV, and Ulysses (all-to-all).
+//
+//   using Mesh = DeviceMesh<"cp">;                                  // or ("dp", "cp", "tp"), ...
+//   using L = Layout<Shard<2>>;                                      // q, k, v [B, H, T, D]: T split on "cp"
+//   parallel::ContextAttentionOptions o{.kind = parallel::ContextKind::ring, .load_balanced = true};
+//   auto [out, saved] = parallel::context_attention(q, k, v, o);    // out [B, H, T, Dv], laid out like q
+//   auto g = parallel::context_attention_backward(dout, q, k, v, out, saved, o);   // g.dq, g.dk, g.dv
+//
+// The result equals causal attention over the whole sequence (ops::attention of the gathered
+// tensors), in the original order of positions: with load_balanced the tensors are stored in
+// the head-tail order of parallel/context_layout.hpp and the causal mask is applied to the
+// original positions. The head dimension is never split here; batch and heads may be split on
+// other mesh dimensions (data, tensor) and are left alone.
+//
+// Collectives, all on the context group (size cp), per call:
+//   ring       forward: cp−1 steps, each one send_recv of K and one of V to the next rank
+//              (2·(cp−1) send_recv). With overlap (the default) step s+1's transfer is issued
+//              before step s's attention and waited on after it (split-phase); the trace shows it.
+//              backward: the same K/V rotation, plus the dK/dV accumulators travelling with
+//              them: cp steps of one send_recv each for dK and dV, the last bringing each
+//              chunk's gradient home (2·(cp−1) + 2·cp send_recv). An accumulator's transfer
+//              overlaps the next step's attention, which works into a fresh buffer.
+//   allgather  forward: K and V all-gathered (2 all_gather); backward: gathered again (memory
+//              stays 1/cp between passes) and dK, dV reduce-scattered home (2 all_gather, 2
+//              reduce_scatter), through redistribute.
+//   ulysses    forward: q, k, v all-to-all from sequence-split to head-split, out back (4
+//              all_to_all); backward: dout in, dq, dk, dv out (4 all_to_all). The local heads
+//              (after any tensor-parallel split) must divide by cp. The head-split q, k, v, out
+//              and lse are saved, so the backward does not send them again.
+// Memory: ring and ulysses hold O(T/cp) of K/V (ring: two chunks in flight); allgather holds
+// all of K and V for the duration of the call.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <span>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "dtensor/distributed/redistribute.hpp"
+#include "dtensor/kernels/host/attention_chunk.hpp"
+#include "dtensor/mesh/roles.hpp"
+#include "dtensor/ops/attention.hpp"
+#include "dtensor/parallel/context_layout.hpp"
+
+namespace dtensor::parallel {
+
+/// One event of a ring pass, for showing the overlap: the transfer of the chunk for `step` is
+/// issued, the attention of `step`'s chunk computes, or the transfer for `step` is waited on.
+struct ContextEvent {
+  enum Kind { issue, compute, wait } kind;
+  int step;
+  friend bool operator==(const ContextEvent&, const ContextEvent&) = default;
+};
+
+struct ContextAttentionOptions {
+  ContextKind kind = ContextKind::ring;
+  bool load_balanced = false;  // the sequence is stored in load_balanced_order (context_layout.hpp)
+  bool overlap = true;         // ring: issue the next chunk's transfer before this chunk's attention
+  bool causal = true;
+  double scale = 0;                            // 0: 1 / sqrt(head dimension)
+  std::vector<ContextEvent>* trace = nullptr;  // ring: append the forward's events here
+};
+
+/// What the backward needs besides q, k, v and out. The log-sum-exp is this rank's [B, H, T/cp]
+/// in stored order (ring, allgather); under Ulysses the head-split tensors in original order.
+template <class T>
+struct ContextAttentionSaved {
+  kernels::host::HostTensor<double, 3> lse;
+  kernels::host::HostTensor<T, 4> q, k, v, out;  // ulysses only: [B, H/cp, T, D]
+  std::size_t pairs = 0;                         // (query, key) scores this rank computed in forward
+};
+
+template <class O>
+struct ContextAttentionResult {
+  O out;
+  ContextAttentionSaved<typename O::value_type> saved;
+};
+
+/// The index of the mesh's context dimension, or Mesh::ndim when it has none.
+template <class Mesh>
+inline constexpr std::size_t context_dim = role_dim<Mesh, Role::context>;
+
+/// The size of the mesh's context dimension (1 without one).
+template <class Mesh>
+int context_size(const Mesh& mesh) {
+  return role_size<Role::context>(mesh);
+}
+
+namespace detail {
+
+/// Layout L with placement P on mesh dimension I.
+template <class L, std::size_t I, class P>
+struct replace_placement;
+template <class Order, class... Ps, std::size_t I, class P>
+struct replace_placement<BasicLayout<Order, Ps...>, I, P> {
+  template <std::size_t... J>
+  static auto make(std::index_sequence<J...>)
+      -> BasicLayout<Order, std::conditional_t<J == I, P, std::tuple_element_t<J, std::tuple<Ps...>>>...>;
+  using type = decltype(make(std::index_sequence_for<Ps...>{}));
+};
+template <class L, std::size_t I, class P>
+using replace_placement_t = typename replace_placement<L, I, P>::type;
+
+/// q, k, v: [B, H, T, D], T split on the context dimension and on no other.
+template <class Q>
+constexpr bool context_split_sequence() {
+  using Mesh = typename Q::mesh_type;
+  constexpr std::size_t cp = context_dim<Mesh>;
+  if constexpr (cp == Mesh::ndim) return false;
+  else {
+    for (std::size_t i = 0; i < Mesh::ndim; ++i)
+      if (Q::layout::desc.placements[i].is_shard(2) != (i == cp)) return false;
+    return !Q::layout::desc.has_partial();
+  }
+}
+
+template <class Q, class K, class V>
+void check_context_attention(const char* op, const Q& q, const K& k, const V& v) {
+  static_assert(std::is_same_v<Q, K> && std::is_same_v<Q, V>, "context attention: q, k and v must have one type");
+  static_assert(Q::rank == 4 && kernels::host::AttentionElement<typename Q::value_type>,
+                "context attention: q, k, v are [B, H, T, D] of float or double");
+  static_assert(context_split_sequence<Q>(),
+                "context attention: the mesh needs a context dimension (Role::context, \"cp\") and q, k, v must be "
+                "Shard<2> (the sequence) on it and on no other mesh dimension, and not Partial");
+  const auto &qs = q.shape(), &ks = k.shape(), &vs = v.shape();
+  if (!(qs[0] == ks[0] && qs[1] == ks[1] && qs[2] == ks[2] && qs[3] == ks[3] && vs[0] == ks[0] && vs[1] == ks[1] &&
+        vs[2] == ks[2]))
+    q.mesh().comm().fail(op, dtensor::detail::cat("q ", to_string(qs), ", k ", to_string(ks), ", v ", to_string(vs),
+                                                  ": expected q, k [B, H, T, D] and v [B, H, T, Dv]"));
+}
+
+inline kernels::host::AttentionOptions kernel_options(const ContextAttentionOptions& o, Extent head_dim) {
+  return {.causal = o.causal, .scale = o.scale != 0 ? o.scale : 1.0 / std::sqrt(double(std::max<Extent>(1, head_dim)))};
+}
+
+inline void note(const ContextAttentionOptions& o, ContextEvent::Kind k, int step) {
+  if (o.trace) o.trace->push_back({k, step});
+}
+
+/// Each context rank's pieces, indexed by rank.
+inline std::vector<std::vector<SeqPiece>> all_pieces(Extent seq, int cp, bool balanced) {
+  std::vector<std::vector<SeqPiece>> out;
+  for (int r = 0; r < cp; ++r) out.push_back(context_pieces(seq, cp, r, balanced));
+  return out;
+}
+
+/// The pieces of all ranks as runs of the gathered (stored-order) sequence.
+inline std::vector<SeqPiece> gathered_pieces(Extent seq, int cp, bool balanced) {
+  std::vector<SeqPiece> out;
+  for (int r = 0; r < cp; ++r)
+    for (auto p : context_pieces(seq, cp, r, balanced)) {
+      p.local += chunk_range(seq, cp, r).begin;
+      out.push_back(p);
+    }
+  return out;
+}
+
+template <class T>
+using Host4 = kernels::host::HostTensor<T, 4>;
+
+/// A [B, H, len, D] tensor with the same B, H, D as x.
+template <class T>
+Host4<T> with_length(const Host4<T>& x, Extent len) {
+  return Host4<T>::uninitialized(Shape<4>{x.extent(0), x.extent(1), len, x.extent(3)});
+}
+
+template <class T>
+std::span<const T> view(const Host4<T>& x) { return {x.data(), std::size_t(x.numel())}; }
+template <class T>
+std::span<T> view(Host4<T>& x) { return {x.data(), std::size_t(x.numel())}; }
+
+// Tags keep the four streams of a ring step apart.
+inline constexpr int tag_k = 0x6b, tag_v = 0x76, tag_dk = 0x646b, tag_dv = 0x6476;
+
+/// The K/V rotation of a ring: step s holds the chunk of rank (r − s) mod cp; advance() makes
+/// the next one current. issue() starts the transfer (to rank r+1, from rank r−1).
+template <class T>
+struct KvRing {
+  Communicator& comm;
+  Extent seq;
+  Host4<T> k, v, next_k, next_v;
+  Work wk, wv;
+
+  int owner(int step) const { return (comm.rank() - step + 2 * comm.size()) % comm.size(); }
+  void issue(int step) {  // the transfer that brings step `step`'s chunk
+    const int n = comm.size(), r = comm.rank();
+    const Extent len = chunk_range(seq, n, owner(step)).size();
+    next_k = with_length(k, len);
+    next_v = with_length(v, len);
+    wk = comm.send_recv_async<T>(view(k), (r + 1) % n, view(next_k), (r - 1 + n) % n, tag_k);
+    wv = comm.send_recv_async<T>(view(v), (r + 1) % n, view(next_v), (r - 1 + n) % n, tag_v);
+  }
+  void advance() {
+    wk.wait();
+    wv.wait();
+    k = std::move(next_k);
+    v = std::move(next_v);
+  }
+};
+
+// ---------------------------------------------------------------- Ulysses' all-to-alls
+
+/// [B, H, e_r, D] (this rank's positions, all local heads) -> [B, H/cp, T, D] (head block r of
+/// every position, stored order). One all_to_all; uneven chunks travel padded to ceil(T/cp).
+template <class T>
+Host4<T> sequence_to_heads(const Host4<T>& x, Communicator& comm, Extent seq) {
+  const int n = comm.size();
+  const Extent heads = x.extent(1) / n, pad = chunk_range(seq, n, 0).size(), mine = x.extent(2);
+  const Shape<4> block{x.extent(0), heads, pad, x.extent(3)};
+  Tensor<T, 1> send(Shape<1>{numel(block) * n}), recv(Shape<1>{numel(block) * n});
+  for (int j = 0; j < n; ++j) {
+    Host4<T> piece(block);
+    copy_box(x, Shape<4>{0, heads * j, 0, 0}, piece, Shape<4>{}, Shape<4>{block[0], heads, mine, block[3]});
+    std::copy_n(piece.data(), piece.numel(), send.data() + numel(block) * j);
+  }
+  comm.all_to_all<T>(std::span<const T>(send.data(), std::size_t(send.numel())), std::span<T>(recv.data(), std::size_t(recv.numel())));
+  Host4<T> out(Shape<4>{block[0], heads, seq, block[3]});
+  for (int j = 0; j < n; ++j) {
+    Host4<T> piece = Host4<T>::uninitialized(block);
+    std::copy_n(recv.data() + numel(block) * j, piece.numel(), piece.data());
+    const Range got = chunk_range(seq, n, j);
+    copy_box(piece, Shape<4>{}, out, Shape<4>{0, 0, got.begin, 0}, Shape<4>{block[0], heads, got.size(), block[3]});
+  }
+  return out;
+}
+
+/// The inverse: [B, H/cp, T, D] -> [B, H, e_r, D]. One all_to_all.
+template <class T>
+Host4<T> heads_to_sequence(const Host4<T>& x, Communicator& comm, Extent seq) {
+  const int n = comm.size(), r = comm.rank();
+  const Extent heads = x.extent(1), pad = chunk_range(seq, n, 0).size();
+  const Shape<4> block{x.extent(0), heads, pad, x.extent(3)};
+  Tensor<T, 1> send(Shape<1>{numel(block) * n}), recv(Shape<1>{numel(block) * n});
+  for (int j = 0; j < n; ++j) {
+    const Range to = chunk_range(seq, n, j);
+    Host4<T> piece(block);
+    copy_box(x, Shape<4>{0, 0, to.begin, 0}, piece, Shape<4>{}, Shape<4>{block[0], heads, to.size(), block[3]});
+    std::copy_n(piece.data(), piece.numel(), send.data() + numel(block) * j);
+  }
+  comm.all_to_all<T>(std::span<const T>(send.data(), std::size_t(send.numel())), std::span<T>(recv.data(), std::size_t(recv.numel())));
+  const Extent mine = chunk_range(seq, n, r).size();
+  Host4<T> out = Host4<T>::uninitialized(Shape<4>{block[0], heads * n, mine, block[3]});
+  for (int j = 0; j < n; ++j) {
+    Host4<T> piece = Host4<T>::uninitialized(block);
+    std::copy_n(recv.data() + numel(block) * j, piece.numel(), piece.data());
+    copy_box(piece, Shape<4>{}, out, Shape<4>{0, heads * j, 0, 0}, Shape<4>{block[0], heads, mine, block[3]});
+  }
+  return out;
+}
+
+template <class Q>
+void check_ulysses_heads(const char* op, const Q& q, int cp) {
+  if (q.to_local().extent(1) % cp != 0)
+    q.mesh().comm().fail(op, dtensor::detail::cat("Ulysses splits this rank's ", q.to_local().extent(1), " heads (of ",
+                                                  q.extent(1), ") over the context dimension of size ", cp,
+                                                  ": they must divide evenly (heads % (tp * cp) == 0)"));
+}
+
+/// Head-split, stored order -> original order (and back), when the stored order is balanced.
+template <class T>
+Host4<T> to_original(Host4<T> x, int cp, bool balanced) {
+  return balanced ? undo_load_balance(x, 2, cp) : x;
+}
+template <class T>
+Host4<T> to_stored(Host4<T> x, int cp, bool balanced) {
+  return balanced ? load_balance(x, 2, cp) : x;
+}
+
+/// What both passes need: the context group, its size and this rank's place, the global
+/// sequence length and the kernel's options (the scale from the global head dimension).
+struct ContextCall {
+  Communicator& comm;
+  int size, rank;
+  Extent seq;
+  kernels::host::AttentionOptions opts;
+};
+template <class Q>
+ContextCall context_call(const Q& q, const ContextAttentionOptions& o) {
+  Communicator& comm = q.mesh().group(context_dim<typename Q::mesh_type>, context_dim<typename Q::mesh_type>);
+  return {comm, comm.size(), comm.rank(), q.extent(2), kernel_options(o, q.extent(3))};
+}
+
+}  // namespace detail
+
+/// Attention over the whole sequence with q, k, v split on the context dimension; see the top.
+template <class Q, class K, class V>
+ContextAttentionResult<Q> context_attention(const Q& q, const K& k, const V& v, const ContextAttentionOptions& o = {}) {
+  detail::check_context_attention("context_attention", q, k, v);
+  using T = typename Q::value_type;
+  constexpr std::size_t cp_dim = context_dim<typename Q::mesh_type>;
+  const auto [comm, n, r, seq, opts] = detail::context_call(q, o);
+  const Shape<4> global{q.extent(0), q.extent(1), seq, v.extent(3)};
+  ContextAttentionSaved<T> saved;
+
+  if (o.kind == ContextKind::ulysses) {
+    detail::check_ulysses_heads("context_attention", q, n);
+    saved.q = detail::to_original(detail::sequence_to_heads(q.to_local(), comm, seq), n, o.load_balanced);
+    saved.k = detail::to_original(detail::sequence_to_heads(k.to_local(), comm, seq), n, o.load_balanced);
+    saved.v = detail::to_original(detail::sequence_to_heads(v.to_local(), comm, seq), n, o.load_balanced);
+    auto f = kernels::host::attention(saved.q, saved.k, saved.v, opts);
+    saved.pairs = std::size_t(kernels::host::visible_pairs(opts, seq, seq) * saved.q.extent(0) * saved.q.extent(1));
+    auto out = detail::heads_to_sequence(detail::to_stored(f.out, n, o.load_balanced), comm, seq);
+    saved.out = std::move(f.out);
+    saved.lse = std::move(f.lse);
+    return {ops::detail::make<T, 4, typename Q::layout>(q.mesh(), global, std::move(out)), std::move(saved)};
+  }
+
+  kernels::host::ChunkedAttention<T> acc(q.to_local(), context_pieces(seq, n, r, o.load_balanced), v.extent(3), opts);
+  if (o.kind == ContextKind::allgather) {
+    using Gathered = detail::replace_placement_t<typename Q::layout, cp_dim, Replicate>;
+    const auto kg = redistribute<Gathered>(k), vg = redistribute<Gathered>(v);
+    acc.add_chunk(kg.to_local(), vg.to_local(), detail::gathered_pieces(seq, n, o.load_balanced));
+  } else {
+    const auto pieces = detail::all_pieces(seq, n, o.load_balanced);
+    detail::KvRing<T> ring{comm, seq, k.to_local(), v.to_local(), {}, {}, {}, {}};
+    for (int step = 0; step < n; ++step) {
+      const bool more = step + 1 < n;
+      if (more && o.overlap) ring.issue(step + 1), detail::note(o, ContextEvent::issue, step + 1);
+      detail::note(o, ContextEvent::compute, step);
+      acc.add_chunk(ring.k, ring.v, pieces[std::size_t(ring.owner(step))]);
+      if (!more) break;
+      if (!o.overlap) ring.issue(step + 1), detail::note(o, ContextEvent::issue, step + 1);
+      ring.advance();
+      detail::note(o, ContextEvent::wait, step + 1);
+    }
+  }
+  saved.pairs = acc.pairs();
+  auto f = std::move(acc).result();
+  saved.lse = std::move(f.lse);
+  return {ops::detail::make<T, 4, typename Q::layout>(q.mesh(), global, std::move(f.out)), std::move(saved)};
+}
+
+/// {dq, dk, dv} (laid out like q) of context_attention, given dout and the forward's q, k, v,
+/// out and saved state, and the same options.
+template <class DO, class Q, class K, class V, class O>
+ops::AttentionGrads<Q> context_attention_backward(const DO& dout, const Q& q, const K& k, const V& v, const O& out,
+                                                  const ContextAttentionSaved<typename Q::value_type>& saved,
+                                                  const ContextAttentionOptions& o = {}) {
+  detail::check_context_attention("context_attention_backward", q, k, v);
+  static_assert(std::is_same_v<DO, Q> && std::is_same_v<O, Q>, "context_attention_backward: dout and out are laid out like q");
+  using T = typename Q::value_type;
+  constexpr std::size_t cp_dim = context_dim<typename Q::mesh_type>;
+  const auto [comm, n, r, seq, opts] = detail::context_call(q, o);
+  if (dout.shape() != out.shape() || out.shape()[2] != seq)
+    comm.fail("context_attention_backward", dtensor::detail::cat("dout ", to_string(dout.shape()), ", out ",
+                                                                 to_string(out.shape()), ": pass this forward's output"));
+  const auto make = [&](kernels::host::HostTensor<T, 4> local, const Shape<4>& shape) {
+    return ops::detail::make<T, 4, typename Q::layout>(q.mesh(), shape, std::move(local));
+  };
+
+  if (o.kind == ContextKind::ulysses) {
+    if (saved.q.numel() != numel(Shape<4>{q.to_local().extent(0), q.to_local().extent(1) / n, seq, q.extent(3)}))
+      comm.fail("context_attention_backward", "the saved state is not a Ulysses forward's (options differ?)");
+    auto dh = detail::to_original(detail::sequence_to_heads(dout.to_local(), comm, seq), n, o.load_balanced);
+    auto g = kernels::host::attention_backward(saved.q, saved.k, saved.v, saved.out, saved.lse, dh, opts);
+    const auto back = [&](kernels::host::HostTensor<T, 4> x) {
+      return detail::heads_to_sequence(detail::to_stored(std::move(x), n, o.load_balanced), comm, seq);
+    };
+    auto dq = back(std::move(g.dq));
+    auto dk = back(std::move(g.dk));
+    auto dv = back(std::move(g.dv));
+    return {make(std::move(dq), q.shape()), make(std::move(dk), k.shape()), make(std::move(dv), v.shape())};
+  }
+
+  if (saved.lse.shape() != Shape<3>{q.to_local().extent(0), q.to_local().extent(1), q.to_local().extent(2)})
+    comm.fail("context_attention_backward", dtensor::detail::cat("saved lse ", to_string(saved.lse.shape()),
+                                                                 ": not this forward's (options differ?)"));
+  kernels::host::ChunkedAttentionBackward<T> bwd(q.to_local(), out.to_local(), saved.lse, dout.to_local(),
+                                                 context_pieces(seq, n, r, o.load_balanced), opts);
+  if (o.kind == ContextKind::allgather) {
+    using Gathered = detail::replace_placement_t<typename Q::layout, cp_dim, Replicate>;
+    using Summed = detail::replace_placement_t<typename Q::layout, cp_dim, Partial<>>;
+    const auto kg = redistribute<Gathered>(k), vg = redistribute<Gathered>(v);
+    auto [dk_all, dv_all] = bwd.chunk(kg.to_local(), vg.to_local(), detail::gathered_pieces(seq, n, o.load_balanced));
+    auto dk = redistribute<typename Q::layout>(ops::detail::make<T, 4, Summed>(q.mesh(), k.shape(), std::move(dk_all)));
+    auto dv = redistribute<typename Q::layout>(ops::detail::make<T, 4, Summed>(q.mesh(), v.shape(), std::move(dv_all)));
+    return {make(std::move(bwd).dq(), q.shape()), std::move(dk), std::move(dv)};
+  }
+
+  // Ring: K/V rotate as in the forward; each chunk's dK/dV accumulator travels one step behind
+  // them, so that after cp steps it arrives back at the chunk's owner.
+  const auto pieces = detail::all_pieces(seq, n, o.load_balanced);
+  detail::KvRing<T> ring{comm, seq, k.to_local(), v.to_local(), {}, {}, {}, {}};
+  detail::Host4<T> acc_k, acc_v, in_k, in_v;  // acc: being sent; in: arriving
+  Work acc_work_k, acc_work_v;
+  for (int step = 0; step < n; ++step) {
+    const bool more = step + 1 < n;
+    if (more && o.overlap) ring.issue(step + 1);
+    auto [dk, dv] = bwd.chunk(ring.k, ring.v, pieces[std::size_t(ring.owner(step))]);
+    if (step > 0) {  // the accumulator of this chunk, from the rank that held it last step
+      acc_work_k.wait();
+      acc_work_v.wait();
+      kernels::host::put_seq(dk, 0, in_k, true);
+      kernels::host::put_seq(dv, 0, in_v, true);
+    }
+    if (n == 1) {  // one rank: its own chunk, nothing to send
+      in_k = std::move(dk);
+      in_v = std::move(dv);
+      break;
+    }
+    acc_k = std::move(dk);
+    acc_v = std::move(dv);
+    // Send it on; what arrives is the chunk this rank holds next (step + 1), or at the last
+    // step its own chunk's finished gradient.
+    const int next_owner = ring.owner(step + 1);
+    const Extent len = chunk_range(seq, n, next_owner).size();
+    in_k = detail::with_length(acc_k, len);
+    in_v = detail::with_length(acc_v, len);
+    acc_work_k = comm.template send_recv_async<T>(detail::view(acc_k), (r + 1) % n, detail::view(in_k), (r - 1 + n) % n, detail::tag_dk);
+    acc_work_v = comm.template send_recv_async<T>(detail::view(acc_v), (r + 1) % n, detail::view(in_v), (r - 1 + n) % n, detail::tag_dv);
+    if (!more) break;
+    if (!o.overlap) ring.issue(step + 1);
+    ring.advance();
+  }
+  acc_work_k.wait();
+  acc_work_v.wait();
+  return {make(std::move(bwd).dq(), q.shape()), make(std::move(in_k), k.shape()), make(std::move(in_v), v.shape())};
+}
+
+}  // namespace dtensor::parallel

@@ -1,0 +1,373 @@
+// Mixture of experts (nn/router.hpp, nn/experts.hpp, nn/moe.hpp) and expert parallelism
+// (parallel/expert_parallel.hpp): gradients against finite differences (one rank, double); EP = 2
+// and 4, EP x DP and EP x TP against the one-rank MoE (outputs, routing, gradients; 1e-10);
+// dropping exactly the one-rank run's tokens; the collectives and their bytes; every token to one
+// expert; the aux loss balancing the load; bad input.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+
+#include "dtensor/comm/comm_log.hpp"
+#include "dtensor/core/compare.hpp"
+#include "dtensor/core/factories.hpp"
+#include "dtensor/nn/moe.hpp"
+#include "dtensor/parallel/data_parallel.hpp"
+#include "support/on_ranks.hpp"
+#include "test_nn_support.hpp"
+
+using namespace dtensor;
+using namespace dtensor::testing;
+
+namespace {
+
+using Dense = DeviceMesh<"dp", "tp">;
+using EMesh = DeviceMesh<"edp", "ep", "tp">;
+using Moe = nn::MoE<double, Dense, EMesh>;
+using X = Moe::X;
+
+constexpr Extent B = 5, T = 4, C = 6, H = 8;  // 5 sequences over 4 data ranks: 2, 1, 1, 1
+
+nn::MoEConfig config(Extent experts, Extent topk, std::optional<double> capacity = {},
+                     nn::RouterScore score = nn::RouterScore::softmax) {
+  return {.dim = C,
+          .hidden = H,
+          .router = {.experts = experts, .topk = topk, .score = score, .capacity_factor = capacity,
+                     .normalize_gates = true, .aux_loss_coeff = 0.1, .z_loss_coeff = 0.01},
+          .init_std = 0.5,  // large enough that the routing is far from ties
+          .out_std = 0.5};
+}
+
+const auto x_full = normal<double>(Shape<3>{B, T, C}, 21);
+const auto dy_full = normal<double>(Shape<3>{B, T, C}, 22);
+
+/// What one run produced, for comparison with the one-rank run.
+struct MoeRun {
+  Tensor<double, 3> y, dx;
+  std::vector<Tensor<double, 3>> grads3;  // expert fc1/fc2 weights, full
+  std::vector<Tensor<double, 2>> grads2;  // router weight, expert biases, full
+  // This rank's routing, and where its tokens start in the global [B * T] order.
+  Extent first_token = 0;
+  nn::Routing<double> routing;
+  std::int64_t rows_sent = 0, rows_received = 0;
+};
+
+/// Forward, backward of sum(y * dy_full) + the aux losses, and the gradient syncs.
+MoeRun run_moe(const Dense& dense, const EMesh& emesh, const nn::MoEConfig& c, bool zero_router = false,
+               const Tensor<double, 3>& xs = x_full, const Tensor<double, 3>& dys = dy_full) {
+  Moe moe("moe", dense, emesh, c, 5);
+  if (zero_router) {
+    auto& w = moe.router().weight().value().local();
+    std::fill_n(w.data(), w.numel(), 0.0);
+  }
+  auto x = distribute_replicated<nn::tokens<Dense>>(dense, xs);
+  auto [y, saved] = moe.forward(x);
+  MoeRun out;
+  out.routing = saved.routing;
+  out.first_token = x.local_box().offset[0] * T;
+  out.rows_sent = saved.plan.rows_sent();
+  out.rows_received = saved.plan.rows_received();
+  auto [dx, w] = moe.backward_input(std::move(saved), distribute_replicated<nn::tokens<Dense>>(dense, dys));
+  moe.backward_weight(std::move(w));
+  nn::ParamList<double, 2> dense_ps;
+  nn::ParamList<double, 3> expert_ps;
+  nn::collect(moe.router(), dense_ps);
+  nn::collect(moe.experts(), expert_ps);
+  parallel::DataParallel<Dense>(dense).all_reduce_gradients(dense_ps);
+  parallel::DataParallel<EMesh>(emesh).all_reduce_gradients(expert_ps);
+  out.y = full_tensor(y);
+  out.dx = full_tensor(dx);
+  out.grads2.push_back(full_tensor(moe.router().weight().grad()));
+  auto [w1, b1, w2, b2] = moe.experts().parameters();
+  out.grads3.push_back(full_tensor(w1.grad()));
+  out.grads2.push_back(full_tensor(b1.grad()));
+  out.grads3.push_back(full_tensor(w2.grad()));
+  out.grads2.push_back(full_tensor(b2.grad()));
+  return out;
+}
+
+MoeRun reference(const nn::MoEConfig& c, bool zero_router = false, const Tensor<double, 3>& xs = x_full,
+                 const Tensor<double, 3>& dys = dy_full) {
+  MoeRun ref;
+  threads::run(1, [&](CommPtr w) {
+    Dense dense(w, {1, 1});
+    ref = run_moe(dense, parallel::make_expert_mesh<EMesh>(dense, 1), c, zero_router, xs, dys);
+  });
+  return ref;
+}
+
+/// "" or what differs between this rank's run and the one-rank run.
+std::string compare_moe(const MoeRun& got, const MoeRun& ref, double tol = 1e-10) {
+  auto close = [&](const auto& a, const auto& b) { return compare(a, b, {.rtol = tol, .atol = tol}); };
+  if (auto d = close(got.y, ref.y); !d) return "output: " + d.message;
+  if (auto d = close(got.dx, ref.dx); !d) return "input gradient: " + d.message;
+  for (std::size_t i = 0; i < ref.grads2.size(); ++i)
+    if (auto d = close(got.grads2[i], ref.grads2[i]); !d) return detail::cat("gradient 2-d #", i, ": ", d.message);
+  for (std::size_t i = 0; i < ref.grads3.size(); ++i)
+    if (auto d = close(got.grads3[i], ref.grads3[i]); !d) return detail::cat("gradient 3-d #", i, ": ", d.message);
+  // Routing: this rank's slots against the same tokens' slots of the one-rank run.
+  const auto& r = got.routing;
+  const Extent K = r.topk, first = got.first_token * K;
+  for (Extent s = 0; s < r.tokens * K; ++s) {
+    const auto rs = std::size_t(first + s);
+    if (r.expert[std::size_t(s)] != ref.routing.expert[rs] || r.kept[std::size_t(s)] != ref.routing.kept[rs] ||
+        std::abs(r.gate[std::size_t(s)] - ref.routing.gate[rs]) > tol)
+      return detail::cat("routing of slot ", first + s, ": expert ", r.expert[std::size_t(s)], " kept ",
+                         int(r.kept[std::size_t(s)]), " gate ", r.gate[std::size_t(s)], " vs ", ref.routing.expert[rs],
+                         " ", int(ref.routing.kept[rs]), " ", ref.routing.gate[rs]);
+  }
+  return {};
+}
+
+struct MeshCase {
+  const char* name;
+  std::array<int, 2> dense;
+  int ep;
+};
+const MeshCase mesh_cases[] = {
+    {"EP=2", {2, 1}, 2}, {"EP=4", {4, 1}, 4}, {"EP=2 x DP=2", {4, 1}, 2}, {"EP=2 x TP=2", {2, 2}, 2}};
+
+/// Every mesh case gives the one-rank run's results.
+void check_parity(const nn::MoEConfig& c, bool zero_router = false) {
+  const auto ref = reference(c, zero_router);
+  for (const auto& m : mesh_cases) {
+    if (c.router.experts % m.ep != 0) continue;
+    INFO(m.name << ", " << c.router.experts << " experts, top-" << c.router.topk);
+    auto f = on_ranks(m.dense[0] * m.dense[1], [&](CommPtr world, auto report) {
+      Dense dense(world, m.dense);
+      report(compare_moe(run_moe(dense, parallel::make_expert_mesh<EMesh>(dense, m.ep), c, zero_router), ref));
+    });
+    CHECK(f.empty());
+    for (auto& e : f) WARN(e);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("MoE: gradients match finite differences, with the aux and z losses", "[moe]") {
+  for (auto score : {nn::RouterScore::softmax, nn::RouterScore::sigmoid})
+    for (Extent k : {1, 2}) {
+      INFO("top-" << k << (score == nn::RouterScore::softmax ? " softmax" : " sigmoid"));
+      threads::run(1, [&](CommPtr w) {
+        Dense dense(w, {1, 1});
+        auto emesh = parallel::make_expert_mesh<EMesh>(dense, 1);
+        Moe moe("moe", dense, emesh, config(4, k, {}, score), 5);
+        auto x = distribute_replicated<nn::tokens<Dense>>(dense, x_full);
+        const auto& cfg = moe.config().router;
+        // J = sum(y * dy) + aux_coeff * aux + z_coeff * z, whose gradient backward computes.
+        auto objective = [&] {
+          auto [y, s] = moe.forward(x);
+          double j = cfg.aux_loss_coeff * s.routing.aux_loss + cfg.z_loss_coeff * s.routing.z_loss;
+          for (Extent i = 0; i < y.to_local().numel(); ++i) j += y.to_local()[i] * dy_full[i];
+          return j;
+        };
+        nn::zero_grad(moe);
+        auto [y, s] = moe.forward(x);
+        const auto routing = s.routing;
+        auto [dx, wc] = moe.backward_input(std::move(s), distribute_replicated<nn::tokens<Dense>>(dense, dy_full));
+        moe.backward_weight(std::move(wc));
+        const auto dxl = dx.to_local();
+        CHECK(fd_span("dx", x.local().span(), dxl.span(), objective) == "");
+        nn::for_each_parameter(moe, [&](auto& p) {
+          if (!p.defined()) return;  // the router has no bias
+          const auto g = p.grad_local();
+          CHECK(fd_span(p.name(), p.value().local().span(), g.span(), objective) == "");
+        });
+        // The routing did not change under the perturbations (else the differences are meaningless).
+        CHECK(moe.forward(x).saved.routing.expert == routing.expert);
+      });
+    }
+}
+
+TEST_CASE("MoE: EP=2 and EP=4 (and with DP, TP) match the one-rank MoE when nothing drops", "[moe][parity]") {
+  for (Extent experts : {4, 8})
+    for (Extent k : {1, 2}) check_parity(config(experts, k));
+  // A capacity that drops nothing (factor E: seq * topk slots per expert) is the dropless run.
+  const auto big = config(4, 2, 4.0);
+  CHECK(reference(big).routing.dropped == 0);
+  check_parity(big);
+  check_parity(config(8, 2, {}, nn::RouterScore::sigmoid));
+}
+
+TEST_CASE("MoE: a batch smaller than the mesh (a rank without tokens)", "[moe][parity]") {
+  const auto xs = normal<double>(Shape<3>{3, T, C}, 41), dys = normal<double>(Shape<3>{3, T, C}, 42);
+  for (Extent k : {1, 2}) {
+    const auto c = config(8, k, 0.75);
+    const auto ref = reference(c, false, xs, dys);
+    auto f = on_ranks(4, [&](CommPtr world, auto report) {
+      Dense dense(world, {4, 1});  // 3 sequences over 4 data ranks: 1, 1, 1, 0
+      report(compare_moe(run_moe(dense, parallel::make_expert_mesh<EMesh>(dense, 4), c, false, xs, dys), ref));
+    });
+    CHECK(f.empty());
+    for (auto& e : f) WARN(e);
+  }
+}
+
+TEST_CASE("MoE: a small capacity drops exactly the one-rank run's choices, in precedence order", "[moe][drop]") {
+  for (Extent k : {1, 2}) {
+    const auto c = config(4, k, 0.5);  // ceil(0.5 * 4 * k / 4) slots per expert per sequence
+    const auto ref = reference(c);
+    const auto& r = ref.routing;
+    REQUIRE(r.dropped > 0);
+    // Precedence: per sequence and expert, the kept choices are the first `capacity` in
+    // (choice, position) order.
+    for (Extent b = 0; b < B; ++b)
+      for (Extent e = 0; e < 4; ++e) {
+        Extent seen = 0;
+        for (Extent j = 0; j < k; ++j)
+          for (Extent t = 0; t < T; ++t) {
+            const auto slot = std::size_t((b * T + t) * k + j);
+            if (r.expert[slot] != e) continue;
+            CHECK(bool(r.kept[slot]) == (seen < r.capacity));
+            ++seen;
+          }
+      }
+    // A token whose every choice was dropped gets y = 0 (the block's residual passes through), and
+    // its input gradient comes from the router alone.
+    int all_dropped = 0;
+    for (Extent n = 0; n < B * T; ++n) {
+      bool any = false;
+      for (Extent j = 0; j < k; ++j) any = any || r.kept[std::size_t(n * k + j)];
+      if (any) continue;
+      ++all_dropped;
+      for (Extent i = 0; i < C; ++i) CHECK(ref.y[n * C + i] == 0.0);
+    }
+    if (k == 1) CHECK(all_dropped > 0);
+    check_parity(c);
+  }
+}
+
+TEST_CASE("MoE: collectives per layer and pass, with the routed rows' bytes", "[moe][commlog]") {
+  for (Extent k : {1, 2}) {
+    const auto c = config(8, k, 0.75);
+    const auto ref = reference(c);
+    for (const auto& m : {mesh_cases[1], mesh_cases[2]}) {
+      INFO(m.name << " top-" << k);
+      auto f = on_ranks(m.dense[0] * m.dense[1], [&](CommPtr world, auto report) {
+        Dense dense(world, m.dense);
+        auto emesh = parallel::make_expert_mesh<EMesh>(dense, m.ep);
+        Moe moe("moe", dense, emesh, c, 5);
+        auto x = distribute_replicated<nn::tokens<Dense>>(dense, x_full);
+        // The rows this rank sends and receives, from the one-rank routing: its own tokens' kept
+        // choices, and the kept choices for its experts of the tokens of its "ep" group.
+        const Extent local_e = 8 / m.ep, my_ep = emesh.coordinate<"ep">();
+        const auto group = emesh.group<"ep">().size();
+        std::int64_t sent = 0, received = 0;
+        for (int peer = 0; peer < group; ++peer) {
+          const int data_rank = emesh.coordinate<"edp">() * m.ep + peer;
+          const auto box = local_box(nn::tokens<Dense>::desc, dense.shape(), {data_rank, 0}, x.shape());
+          for (Extent s = box.offset[0] * T * k; s < (box.offset[0] + box.extent[0]) * T * k; ++s) {
+            if (!ref.routing.kept[std::size_t(s)]) continue;
+            if (peer == my_ep) ++sent;
+            if (ref.routing.expert[std::size_t(s)] / local_e == my_ep) ++received;
+          }
+        }
+        const std::size_t rows_bytes = std::size_t(std::max(sent, received) * C) * sizeof(double);
+        auto check_log = [&](const CommLog& log, std::size_t a2a, const char* pass) {
+          bool ok = log.count(CollectiveKind::all_to_all, "ep") == a2a &&
+                    log.count(CollectiveKind::all_to_all_v, "ep") == 2 && log.size() == a2a + 2;
+          for (const auto& rec : log.records()) {
+            if (rec.kind == CollectiveKind::all_to_all_v) ok = ok && rec.bytes == rows_bytes;
+            if (rec.kind == CollectiveKind::all_to_all) ok = ok && rec.bytes == 8 * sizeof(std::int64_t);
+          }
+          if (!ok)
+            report(detail::cat(pass, " (", sent, " rows sent, ", received, " received) issued:\n", log.to_string()));
+        };
+        CommLog fl;
+        auto [y, saved] = moe.forward(x);
+        check_log(fl, 1, "forward");
+        if (saved.plan.rows_sent() != sent || saved.plan.rows_received() != received)
+          report(detail::cat("plan ", saved.plan.rows_sent(), "/", saved.plan.rows_received(), " rows, expected ",
+                             sent, "/", received));
+        auto dy = distribute_replicated<nn::tokens<Dense>>(dense, dy_full);
+        CommLog bl;
+        auto [dx, w] = moe.backward_input(std::move(saved), dy);
+        moe.backward_weight(std::move(w));
+        check_log(bl, 0, "backward");
+      });
+      CHECK(f.empty());
+      for (auto& e : f) WARN(e);
+    }
+  }
+}
+
+TEST_CASE("MoE: every token routed to one expert works (one rank receives them all)", "[moe][skew]") {
+  // A zero router scores every expert alike; ties go to the lowest index: all tokens to expert 0.
+  auto c = config(8, 1);
+  const auto ref = reference(c, true);
+  REQUIRE(std::all_of(ref.routing.expert.begin(), ref.routing.expert.end(), [](auto e) { return e == 0; }));
+  check_parity(c, true);
+  auto f = on_ranks(4, [&](CommPtr world, auto report) {
+    Dense dense(world, {4, 1});
+    auto run = run_moe(dense, parallel::make_expert_mesh<EMesh>(dense, 4), c, true);
+    const std::int64_t expect = dense.rank() == 0 ? B * T : 0;  // rank 0 owns expert 0
+    if (run.rows_received != expect) report(detail::cat("received ", run.rows_received, " rows, expected ", expect));
+  });
+  CHECK(f.empty());
+  for (auto& e : f) WARN(e);
+}
+
+TEST_CASE("MoE: the aux loss gradient moves the load towards uniform", "[moe][aux]") {
+  threads::run(1, [&](CommPtr w) {
+    Dense dense(w, {1, 1});
+    auto emesh = parallel::make_expert_mesh<EMesh>(dense, 1);
+    auto c = config(4, 1);
+    c.router.aux_loss_coeff = 1.0;
+    c.router.z_loss_coeff = 0.0;
+    c.init_std = 0.3;
+    Moe moe("moe", dense, emesh, c, 9);
+    // Feature 0 is 1 for every token and the router favours expert 0 on it: a skewed start.
+    auto xs = normal<double>(Shape<3>{8, 16, C}, 31);
+    for (Extent n = 0; n < 8 * 16; ++n) xs[n * C] = 1.0;
+    moe.router().weight().value().local()(0, 0) = 3.0;
+    auto x = distribute_replicated<nn::tokens<Dense>>(dense, xs);
+    const X zero_dy(dense, x.shape(), Tensor<double, 3>(x.to_local().shape()));  // the aux loss alone
+    auto max_share = [](const nn::Routing<double>& r) {
+      return double(*std::max_element(r.load.begin(), r.load.end())) / double(r.tokens);
+    };
+    std::vector<double> shares, losses;
+    for (int step = 0; step < 30; ++step) {
+      nn::zero_grad(moe);
+      auto [y, s] = moe.forward(x);
+      shares.push_back(max_share(s.routing));
+      losses.push_back(s.routing.aux_loss);
+      auto [dx, wc] = moe.backward_input(std::move(s), zero_dy);
+      moe.backward_weight(std::move(wc));
+      auto& wl = moe.router().weight().value().local();
+      const auto g = moe.router().weight().grad_local();
+      for (Extent i = 0; i < wl.numel(); ++i) wl[i] -= 2.0 * g[i];
+    }
+    INFO("max expert share per step: " << shares.front() << " -> " << shares.back());
+    CHECK(shares.front() > 0.6);
+    CHECK(shares.back() < 0.4);
+    CHECK(losses.back() < losses.front());
+  });
+}
+
+TEST_CASE("MoE: bad input gives clear errors", "[moe][errors]") {
+  auto message_of = [](auto fn) -> std::string {
+    try {
+      fn();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  threads::run(4, [&](CommPtr world) {
+    Dense dense(world, {4, 1});
+    auto ep4 = parallel::make_expert_mesh<EMesh>(dense, 4);
+    CHECK_THAT(message_of([&] { Moe("moe", dense, ep4, config(6, 1), 1); }),
+               Catch::Contains("6 experts do not divide over the 4 ranks") && Catch::Contains("ep"));
+    CHECK_THAT(message_of([&] { Moe("moe", dense, ep4, config(4, 5), 1); }), Catch::Contains("topk 5 of 4 experts"));
+    CHECK_THAT(message_of([&] { Moe("moe", dense, ep4, config(4, 1, 0.0), 1); }),
+               Catch::Contains("capacity factor 0 must be > 0"));
+    CHECK_THAT(message_of([&] { Moe("moe", dense, ep4, config(4, 1, -1.0), 1); }),
+               Catch::Contains("capacity factor -1 must be > 0"));
+    CHECK_THAT(message_of([&] { parallel::make_expert_mesh<EMesh>(dense, 3); }),
+               Catch::Contains("expert size 3 must divide the dense mesh's data size 4"));
+    auto ep2 = parallel::make_expert_mesh<EMesh>(dense, 2);
+    Moe moe("moe", dense, ep2, config(4, 1), 1);
+    auto bad = distribute_replicated<nn::tokens<Dense>>(dense, normal<double>(Shape<3>{4, 2, C + 1}, 1));
+    CHECK_THAT(message_of([&] { moe.forward(bad); }), Catch::Contains("does not have 6 features"));
+  });
+}
