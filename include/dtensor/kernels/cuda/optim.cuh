@@ -1,5 +1,5 @@
 // dtensor/kernels/cuda/optim.cuh — the twin of kernels/host/optim.hpp on CudaTensor: adamw_update,
-// sgd_update (one thread per element, the host's double arithmetic) and sum_squares (in double:
+// sgd_update (one thread per element through the host's per-element functions, in double) and sum_squares (in double:
 // per-block tree sums over a fixed grid, then one block adds the partial sums; deterministic,
 // not the host's bits). Not Thrust/CUB here: their kernels name ::cuda::std, which a translation
 // unit with `using namespace dtensor;` (namespace dtensor::cuda) makes ambiguous in nvcc's stub.
@@ -21,25 +21,22 @@ template <class T>
 __global__ void adamw_kernel(T* p, const T* g, T* m, T* v, Extent n, AdamWStep s, double c1, double c2) {
   const double decay = 1 - s.lr * s.weight_decay;
   for (Extent i = gidx(); i < n; i += gstride()) {
-    const double gi = double(g[i]);
-    const double mi = s.beta1 * double(m[i]) + (1 - s.beta1) * gi;
-    const double vi = s.beta2 * double(v[i]) + (1 - s.beta2) * gi * gi;
+    double pi = double(p[i]), mi = double(m[i]), vi = double(v[i]);
+    host::detail::adamw_element(pi, mi, vi, double(g[i]), s, c1, c2, decay);
     m[i] = T(mi);
     v[i] = T(vi);
-    p[i] = T(double(p[i]) * decay - s.lr * (mi / c1) / (::sqrt(vi / c2) + s.eps));
+    p[i] = T(pi);
   }
 }
 
 template <class T>
 __global__ void sgd_kernel(T* p, const T* g, T* b, Extent n, SgdStep s) {
+  const bool momentum = s.momentum > 0;
   for (Extent i = gidx(); i < n; i += gstride()) {
-    double gi = double(g[i]) + s.weight_decay * double(p[i]);
-    if (s.momentum > 0) {
-      const double nb = s.first_step ? gi : s.momentum * double(b[i]) + (1 - s.dampening) * gi;
-      b[i] = T(nb);
-      gi = s.nesterov ? gi + s.momentum * nb : nb;
-    }
-    p[i] = T(double(p[i]) - s.lr * gi);
+    double pi = double(p[i]), bi = momentum ? double(b[i]) : 0.0;
+    host::detail::sgd_element(pi, bi, double(g[i]), s);
+    if (momentum) b[i] = T(bi);
+    p[i] = T(pi);
   }
 }
 

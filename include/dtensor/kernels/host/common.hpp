@@ -22,6 +22,14 @@
 #include "dtensor/core/shape.hpp"
 #include "dtensor/core/tensor.hpp"
 
+/// Marks a per-element formula that the CUDA kernels share with the host kernels (a plain
+/// inline function when nvcc is not compiling).
+#if defined(__CUDACC__)
+#define DTENSOR_HOST_DEVICE __host__ __device__
+#else
+#define DTENSOR_HOST_DEVICE
+#endif
+
 namespace dtensor::kernels::host {
 
 /// Floating-point element types the math kernels accept.

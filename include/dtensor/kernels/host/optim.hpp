@@ -35,6 +35,25 @@ void check_update(const char* op, const P& param, const G& other, const char* na
   check(other.shape() == param.shape(), op, name, " ", to_string(other.shape()), " does not match the parameter ",
         to_string(param.shape()));
 }
+/// One element of an AdamW step, in double (c1, c2: the bias corrections 1 - beta^t; decay:
+/// 1 - lr wd). The CUDA kernel calls the same function.
+DTENSOR_HOST_DEVICE inline void adamw_element(double& p, double& m, double& v, double g, const AdamWStep& s, double c1,
+                                              double c2, double decay) {
+  m = s.beta1 * m + (1 - s.beta1) * g;
+  v = s.beta2 * v + (1 - s.beta2) * g * g;
+  p = p * decay - s.lr * (m / c1) / (::sqrt(v / c2) + s.eps);
+}
+
+/// One element of an SGD step, in double (b: the momentum buffer, used when s.momentum > 0).
+DTENSOR_HOST_DEVICE inline void sgd_element(double& p, double& b, double g, const SgdStep& s) {
+  g += s.weight_decay * p;
+  if (s.momentum > 0) {
+    b = s.first_step ? g : s.momentum * b + (1 - s.dampening) * g;
+    g = s.nesterov ? g + s.momentum * b : b;
+  }
+  p -= s.lr * g;
+}
+
 inline void check_adamw(const AdamWStep& s) {
   check(s.step >= 1 && s.beta1 >= 0 && s.beta1 < 1 && s.beta2 >= 0 && s.beta2 < 1 && s.eps >= 0, "adamw_update",
         "step ", s.step, " (from 1), beta1 ", s.beta1, ", beta2 ", s.beta2, " (in [0, 1)), eps ", s.eps);
@@ -53,12 +72,11 @@ void adamw_update(HostTensor<T, R>& param, const HostTensor<T, R>& grad, HostTen
   T *p = param.data(), *m = exp_avg.data(), *v = exp_avg_sq.data();
   const T* g = grad.data();
   for (Extent i = 0, n = param.numel(); i < n; ++i) {
-    const double gi = double(g[i]);
-    const double mi = s.beta1 * double(m[i]) + (1 - s.beta1) * gi;
-    const double vi = s.beta2 * double(v[i]) + (1 - s.beta2) * gi * gi;
+    double pi = double(p[i]), mi = double(m[i]), vi = double(v[i]);
+    detail::adamw_element(pi, mi, vi, double(g[i]), s, c1, c2, decay);
     m[i] = T(mi);
     v[i] = T(vi);
-    p[i] = T(double(p[i]) * decay - s.lr * (mi / c1) / (std::sqrt(vi / c2) + s.eps));
+    p[i] = T(pi);
   }
 }
 
@@ -71,14 +89,12 @@ void sgd_update(HostTensor<T, R>& param, const HostTensor<T, R>& grad, HostTenso
   T* p = param.data();
   T* b = momentum_buffer.data();
   const T* g = grad.data();
+  const bool momentum = s.momentum > 0;
   for (Extent i = 0, n = param.numel(); i < n; ++i) {
-    double gi = double(g[i]) + s.weight_decay * double(p[i]);
-    if (s.momentum > 0) {
-      const double nb = s.first_step ? gi : s.momentum * double(b[i]) + (1 - s.dampening) * gi;
-      b[i] = T(nb);
-      gi = s.nesterov ? gi + s.momentum * nb : nb;
-    }
-    p[i] = T(double(p[i]) - s.lr * gi);
+    double pi = double(p[i]), bi = momentum ? double(b[i]) : 0.0;
+    detail::sgd_element(pi, bi, double(g[i]), s);
+    if (momentum) b[i] = T(bi);
+    p[i] = T(pi);
   }
 }
 
