@@ -1,6 +1,6 @@
 // Uses of ops with layouts that have no sharding rule: each DTENSOR_COMPILE_FAIL_CASE must fail
 // to compile with a diagnostic naming the op, the placements and the mesh dimension (see
-// CMakeLists.txt). Case 0 is the control: the same calls with layouts that have rules.
+// CMakeLists.txt); case 6 mixes memory spaces, which must name both. Case 0 is the control: the same calls with layouts that have rules.
 #include "dtensor/dtensor.hpp"
 #include "dtensor/ops/all.hpp"
 
@@ -25,6 +25,9 @@ int main() {
     (void)ops::add(distribute_replicated<Layout<Partial<>>>(mesh, m), distribute_replicated<Layout<Partial<>>>(mesh, m));
     auto h = distribute_replicated<Layout<Shard<1>>>(mesh, q);
     (void)ops::attention(h, h, h);
+    const DTensor<float, 2, DeviceMesh<"tp">, Layout<Replicate>, meta_space> mt(mesh, m.shape(),
+                                                                              Tensor<float, 2, meta_space>(m.shape()));
+    (void)ops::add(mt, mt);
 #elif DTENSOR_COMPILE_FAIL_CASE == 1
     auto a = distribute_replicated<Layout<Shard<0>>>(mesh, m);
     (void)ops::matmul(a, a);
@@ -37,6 +40,11 @@ int main() {
 #elif DTENSOR_COMPILE_FAIL_CASE == 5
     auto s = distribute_replicated<Layout<Shard<2>>>(mesh, q);
     (void)ops::attention(s, s, s);
+#elif DTENSOR_COMPILE_FAIL_CASE == 6
+    const auto a = distribute_replicated<Layout<Replicate>>(mesh, m);
+    const DTensor<float, 2, DeviceMesh<"tp">, Layout<Replicate>, meta_space> b(mesh, m.shape(),
+                                                                             Tensor<float, 2, meta_space>(m.shape()));
+    (void)ops::add(a, b);
 #endif
   });
   return 0;

@@ -119,7 +119,7 @@ std::vector<std::vector<T>> collectives(bool on_gpu, int n) {
         cuda_space::deallocate(dst, 0);
       } else {
         host_space::copy(p, dst, c * sizeof(T));
-        host_space::deallocate(dst, 0);
+        host_space::deallocate(dst, c * sizeof(T));
       }
     }));
     keep(through(mine, [&](T* p, std::size_t c) { world->broadcast(std::span<T>(p, c), k - 1); }));
@@ -130,7 +130,7 @@ std::vector<std::vector<T>> collectives(bool on_gpu, int n) {
       else host_space::copy(sendbuf, p, c * sizeof(T));
       world->send_recv(std::span<const T>(sendbuf, c), (r + 1) % k, std::span<T>(recv, c), (r + k - 1) % k);
       if (on_gpu) cuda_space::deallocate(sendbuf, 0);
-      else host_space::deallocate(sendbuf, 0);
+      else host_space::deallocate(sendbuf, c * sizeof(T));
     }));
     // all_to_all_v: rank r sends j+1 elements to rank j.
     {

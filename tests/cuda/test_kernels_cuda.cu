@@ -5,6 +5,8 @@
 //   bf16    rtol 1e-2, atol 1e-2 (one bf16 rounding of a value computed in another order)
 #include <catch2/catch.hpp>
 
+#include <cmath>
+
 #include "dtensor/core/compare.hpp"
 #include "dtensor/core/cuda_space.cuh"
 #include "dtensor/core/factories.hpp"
@@ -140,4 +142,141 @@ TEST_CASE("cuda kernels reject mismatched shapes with the op's name", "[cuda][ke
   const auto a = dev(zeros<float>(Shape<2>{3, 4})), b = dev(zeros<float>(Shape<2>{5, 4}));
   CHECK_THROWS_WITH(ck::matmul(a, b), Catch::Contains("matmul") && Catch::Contains("[3, 4]"));
   CHECK_THROWS_WITH(ck::add(a, b), Catch::Contains("add"));
+}
+
+// Tolerances of the kernels added with the dispatch by memory space: reductions, broadcasting
+// and the cross-entropy pieces sum in double in the host's order (float/double: as above);
+// attention computes scores in double where the host's GEMMs run in T, so float differs by
+// float rounding of the scores: rtol 1e-4.
+TEMPLATE_TEST_CASE("cuda reductions, broadcasting and data movement match the host", "[cuda][kernels]", float, double,
+                   bfloat16) {
+  using T = TestType;
+  const auto x = normal<T>(Shape<3>{4, 7, 5}, 1);
+  const auto dx = dev(x);
+  for (std::size_t dim = 0; dim < 3; ++dim) {
+    CHECK_CLOSE(ck::sum(dx, dim), hk::sum(x, dim), tol<T>());
+    CHECK_CLOSE(ck::mean(dx, dim, 11), hk::mean(x, dim, 11), tol<T>());
+    const auto hm = hk::max(x, dim);
+    const auto cm = ck::max(dx, dim);
+    CHECK(equal(hst(cm.values), hm.values));
+    CHECK(equal(hst(cm.indices), hm.indices));
+    const auto g = normal<T>(hm.values.shape(), 2);
+    CHECK_CLOSE(ck::sum_backward(dev(g), x.shape(), dim), hk::sum_backward(g, x.shape(), dim), tol<T>());
+    CHECK_CLOSE(ck::mean_backward(dev(g), x.shape(), dim), hk::mean_backward(g, x.shape(), dim), tol<T>());
+    CHECK(equal(hst(ck::max_backward(dev(g), cm.indices, x.shape(), dim)), hk::max_backward(g, hm.indices, x.shape(), dim)));
+    const auto other = normal<T>(hm.values.shape(), 3);  // some rows' maxima "on another rank"
+    auto global = hm.values;
+    for (Extent i = 0; i < global.numel(); i += 2) global[i] = other[i];
+    CHECK(equal(hst(ck::max_backward_split(dev(g), cm.indices, cm.values, dev(global), x.shape(), dim)),
+                hk::max_backward_split(g, hm.indices, hm.values, global, x.shape(), dim)));
+  }
+  const auto b = normal<T>(Shape<3>{4, 1, 5}, 4), c = normal<T>(Shape<3>{1, 7, 1}, 5);
+  CHECK_CLOSE(ck::add_broadcast(dx, dev(b)), hk::add_broadcast(x, b), tol<T>());
+  CHECK_CLOSE(ck::sub_broadcast(dev(c), dx), hk::sub_broadcast(c, x), tol<T>());
+  CHECK_CLOSE(ck::mul_broadcast(dev(b), dev(c)), hk::mul_broadcast(b, c), tol<T>());
+  CHECK_CLOSE(ck::sum_to(dx, b.shape()), hk::sum_to(x, b.shape()), tol<T>());
+  CHECK_CLOSE(ck::sum_to(dx, c.shape()), hk::sum_to(x, c.shape()), tol<T>());
+  CHECK(equal(hst(ck::transpose(dx, 0, 2)), hk::transpose(x, 0, 2)));
+  CHECK(equal(hst(ck::permute(dx, {2, 0, 1})), hk::permute(x, {2, 0, 1})));
+  const auto parts = ck::split(dx, 1, {2, 0, 5});
+  const auto hparts = hk::split(x, 1, {2, 0, 5});
+  REQUIRE(parts.size() == 3);
+  for (std::size_t i = 0; i < 3; ++i) CHECK(equal(hst(parts[i]), hparts[i]));
+  CHECK(equal(hst(ck::concat(parts, 1)), x));
+}
+
+TEMPLATE_TEST_CASE("cuda embedding and cross-entropy match the host", "[cuda][kernels]", float, double) {
+  using T = TestType;
+  const Extent V = 37, C = 9;
+  const auto table = normal<T>(Shape<2>{V, C}, 1);
+  Tensor<std::int32_t, 2> ids(Shape<2>{3, 5});
+  for (Extent i = 0; i < ids.numel(); ++i) ids[i] = std::int32_t((i * 7 + 3) % V);
+  ids[4] = ids[9];  // a repeated id: its gradient rows add up
+  CHECK(equal(hst(ck::embedding(dev(table), dev(ids))), hk::embedding(table, ids)));
+  CHECK(equal(hst(ck::embedding_shard(dev(table.slice(0, 10, 12)), dev(ids), 10)),
+              hk::embedding_shard(table.slice(0, 10, 12), ids, 10)));
+  const auto dy = normal<T>(Shape<3>{3, 5, C}, 2);
+  Tensor<T, 2> dt(table.shape());
+  auto ddt = dev(dt);
+  hk::embedding_backward(dt, ids, dy);
+  ck::embedding_backward(ddt, dev(ids), dev(dy));
+  CHECK_CLOSE(ddt, dt, tol<T>());
+  auto bad = ids;
+  bad[6] = std::int32_t(V);
+  CHECK_THROWS_WITH(ck::embedding(dev(table), dev(bad)), Catch::Contains("embedding") && Catch::Contains("out of range"));
+
+  const auto logits = normal<T>(Shape<2>{6, V}, 3, 0, 2);
+  Tensor<std::int64_t, 1> targets(Shape<1>{6});
+  for (Extent i = 0; i < 6; ++i) targets[i] = (i * 11) % V;
+  const auto hf = hk::cross_entropy(logits, targets, 10);
+  const auto cf = ck::cross_entropy(dev(logits), dev(targets), 10);
+  CHECK(cf.loss == Approx(hf.loss).epsilon(1e-12));
+  CHECK_CLOSE(cf.lse, hf.lse, (Tolerance{1e-12, 1e-13}));
+  CHECK_CLOSE(ck::cross_entropy_backward(dev(logits), dev(targets), cf.lse, 0.5, 10),
+              hk::cross_entropy_backward(logits, targets, hf.lse, 0.5, 10), tol<T>());
+  // The vocabulary-parallel pieces of the columns [8, 8 + 20).
+  const auto part = logits.slice(1, 8, 20);
+  const auto hm = hk::vocab_parallel_ce_max(part);
+  CHECK_CLOSE(ck::vocab_parallel_ce_max(dev(part)), hm, (Tolerance{0, 0}));
+  const auto hs = hk::vocab_parallel_ce_sum_exp(part, hm);
+  CHECK_CLOSE(ck::vocab_parallel_ce_sum_exp(dev(part), dev(hm)), hs, (Tolerance{1e-12, 1e-13}));
+  const auto ht = hk::vocab_parallel_ce_target_logit(part, targets, 8);
+  CHECK_CLOSE(ck::vocab_parallel_ce_target_logit(dev(part), dev(targets), 8), ht, (Tolerance{0, 0}));
+  CHECK(ck::vocab_parallel_ce_loss(dev(hm), dev(hs), dev(ht), 6) == hk::vocab_parallel_ce_loss(hm, hs, ht, 6));
+  CHECK_CLOSE(ck::vocab_parallel_ce_backward(dev(part), dev(targets), 8, dev(hm), dev(hs)),
+              hk::vocab_parallel_ce_backward(part, targets, 8, hm, hs), tol<T>());
+}
+
+TEMPLATE_TEST_CASE("cuda fused attention matches the host: causal, offsets, backward, block merge", "[cuda][kernels]",
+                   float, double) {
+  using T = TestType;
+  const Tolerance t = std::is_same_v<T, double> ? Tolerance{1e-11, 1e-12} : Tolerance{1e-4, 1e-5};
+  // Head dimensions that do not fill a warp's lanes evenly, more keys than queries.
+  const auto q = normal<T>(Shape<4>{2, 3, 9, 40}, 1), k = normal<T>(Shape<4>{2, 3, 13, 40}, 2);
+  const auto v = normal<T>(Shape<4>{2, 3, 13, 24}, 3), dout = normal<T>(Shape<4>{2, 3, 9, 24}, 4);
+  for (hk::AttentionOptions o : {hk::AttentionOptions{}, hk::AttentionOptions{.causal = false, .scale = 0.3},
+                                 hk::AttentionOptions{.q_offset = 4, .k_offset = 0},
+                                 hk::AttentionOptions{.q_offset = 0, .k_offset = 5}}) {
+    const auto hf = hk::attention(q, k, v, o);
+    const auto cf = ck::attention(dev(q), dev(k), dev(v), o);
+    CHECK_CLOSE(cf.out, hf.out, t);
+    // Rows that see no key have lse = -inf on both sides (compare reads -inf - -inf as a difference).
+    auto clse = hst(cf.lse), hlse = hf.lse;
+    for (Extent r = 0; r < hlse.numel(); ++r)
+      if (std::isinf(hlse[r]) && clse[r] == hlse[r]) clse[r] = hlse[r] = 0;
+    const auto lse_cmp = compare(clse, hlse, {1e-10, 1e-10});
+    INFO("lse: " << lse_cmp.message);
+    CHECK(lse_cmp.ok);
+    const auto hb = hk::attention_backward(q, k, v, hf.out, hf.lse, dout, o);
+    const auto cb = ck::attention_backward(dev(q), dev(k), dev(v), cf.out, cf.lse, dev(dout), o);
+    CHECK_CLOSE(cb.dq, hb.dq, t);
+    CHECK_CLOSE(cb.dk, hb.dk, t);
+    CHECK_CLOSE(cb.dv, hb.dv, t);
+  }
+  const auto a = hk::attention(q, k, v), b = hk::attention(q, k, v, {.causal = false});
+  const auto hm = hk::merge_attention_blocks(a.out, a.lse, b.out, b.lse);
+  const auto cm = ck::merge_attention_blocks(dev(a.out), dev(a.lse), dev(b.out), dev(b.lse));
+  CHECK_CLOSE(cm.out, hm.out, tol<T>());
+  CHECK_THROWS_WITH(ck::attention(dev(q), dev(v), dev(v)), Catch::Contains("attention"));
+}
+
+TEMPLATE_TEST_CASE("cuda optimizer updates and sums of squares match the host", "[cuda][kernels]", float, double) {
+  using T = TestType;
+  const auto p0 = normal<T>(Shape<1>{1000}, 1), g = normal<T>(Shape<1>{1000}, 2);
+  auto p = p0, m = normal<T>(p0.shape(), 3, 0, 0.1), v = uniform<T>(p0.shape(), 4, 0, 0.1);
+  auto dp = dev(p), dm = dev(m), dv = dev(v);
+  const hk::AdamWStep s{.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .step = 3};
+  hk::adamw_update(p, g, m, v, s);
+  ck::adamw_update(dp, dev(g), dm, dv, s);
+  CHECK_CLOSE(dp, p, tol<T>());
+  CHECK_CLOSE(dm, m, tol<T>());
+  CHECK_CLOSE(dv, v, tol<T>());
+  auto q = p0, b = normal<T>(p0.shape(), 5);
+  auto dq = dev(q), dbuf = dev(b);
+  const hk::SgdStep sg{.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01, .nesterov = true, .first_step = false};
+  hk::sgd_update(q, g, b, sg);
+  ck::sgd_update(dq, dev(g), dbuf, sg);
+  CHECK_CLOSE(dq, q, tol<T>());
+  CHECK_CLOSE(dbuf, b, tol<T>());
+  CHECK(ck::sum_squares(dev(g)) == Approx(hk::sum_squares(g)).epsilon(1e-12));
 }

@@ -7,6 +7,7 @@
 // log line from any rank says what went wrong where.
 #pragma once
 
+#include <concepts>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -63,6 +64,27 @@ std::string cat(const Parts&... parts) {
   std::ostringstream s;
   (s << ... << parts);
   return s.str();
+}
+
+/// Something that knows its rank (a DeviceMesh, a Communicator): errors name it.
+template <class W>
+concept HasRank = requires(const W& w) {
+  { w.rank() } -> std::convertible_to<int>;
+};
+
+/// Throws dtensor::Error(op, message) unless ok; the message is built only on failure.
+///   detail::check(n >= 0, "split", "negative size ", n);
+template <class... Parts>
+inline void check(bool ok, const char* op, const Parts&... parts) {
+  if (!ok) [[unlikely]]
+    throw Error(op, cat(parts...));
+}
+
+/// The same, naming the rank of `where` (a mesh): detail::check(ok, "matmul", x.mesh(), "a ", ...).
+template <HasRank Where, class... Parts>
+inline void check(bool ok, const char* op, const Where& where, const Parts&... parts) {
+  if (!ok) [[unlikely]]
+    throw Error(op, cat(parts...), where.rank());
 }
 }  // namespace detail
 

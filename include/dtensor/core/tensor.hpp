@@ -21,19 +21,23 @@
 #include "dtensor/core/checked.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/memory.hpp"
+#include "dtensor/core/memory_ledger.hpp"
 #include "dtensor/core/shape.hpp"
 
 namespace dtensor {
 
 namespace detail {
 /// Uninitialized storage of n elements in a memory space: owned (allocated here, freed on
-/// destruction), or borrowed from memory that someone else owns (a view into a flat buffer).
+/// destruction, reported to the allocation ledger, core/memory_ledger.hpp, under the tag current
+/// when it was made), or borrowed from memory that someone else owns (a view into a flat buffer).
 template <class T, MemorySpace Space>
 class Buffer {
  public:
   Buffer() = default;
   explicit Buffer(std::size_t n)
-      : data_(static_cast<T*>(Space::allocate(n * sizeof(T)))), size_(n) {}
+      : data_(static_cast<T*>(Space::allocate(n * sizeof(T)))), size_(n), tag_(current_memory_tag()) {
+    ledger_record<Space>(tag_, std::int64_t(n * sizeof(T)));
+  }
   /// Storage over n elements at p that the caller keeps alive; never freed here.
   static Buffer borrow(T* p, std::size_t n) noexcept {
     Buffer b;
@@ -43,13 +47,17 @@ class Buffer {
     return b;
   }
   Buffer(Buffer&& o) noexcept
-      : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)), owned_(std::exchange(o.owned_, true)) {}
+      : data_(std::exchange(o.data_, nullptr)),
+        size_(std::exchange(o.size_, 0)),
+        owned_(std::exchange(o.owned_, true)),
+        tag_(o.tag_) {}
   Buffer& operator=(Buffer&& o) noexcept {
     if (this != &o) {
       release();
       data_ = std::exchange(o.data_, nullptr);
       size_ = std::exchange(o.size_, 0);
       owned_ = std::exchange(o.owned_, true);
+      tag_ = o.tag_;
     }
     return *this;
   }
@@ -63,7 +71,10 @@ class Buffer {
 
  private:
   void release() noexcept {
-    if (owned_) Space::deallocate(data_, size_ * sizeof(T));
+    if (owned_) {
+      if (size_) ledger_record<Space>(tag_, -std::int64_t(size_ * sizeof(T)));
+      Space::deallocate(data_, size_ * sizeof(T));
+    }
     data_ = nullptr;
     size_ = 0;
     owned_ = true;
@@ -71,6 +82,7 @@ class Buffer {
   T* data_ = nullptr;
   std::size_t size_ = 0;
   bool owned_ = true;
+  MemoryTag tag_ = MemoryTag::other;
 };
 }  // namespace detail
 

@@ -4,7 +4,8 @@
 //   auto c = matmul(a, b);                         // a[m,k] b[k,n] -> [m,n]
 //   auto c = matmul(a, b, /*trans_a=*/true);       // a[k,m] -> a^T b
 //   matmul_into(c, a, b, false, true, 1.f, 1.f);   // c = 1 * a b^T + 1 * c  (gradient accumulation)
-//   auto y = bmm(a, b, false, true);               // a[bt,m,k] b[bt,n,k] -> [bt,m,n]
+//   auto y = bmm(a, b, false, true);               // a[bt...,m,k] b[bt...,n,k] -> [bt...,m,n]
+//   matmul_rows_into(c, x, w, false, true);        // x[B,T,k] w[n,k] -> c[B,T,n]: leading extents are rows
 //
 //   // Linear layer, weight [out, in] as in PyTorch (Shard<0> = column parallel, Shard<1> = row parallel)
 //   auto y  = linear(x, w, &b);                    // x[..., in] -> y[..., out] = x w^T + b
@@ -41,19 +42,30 @@ using host::detail::check;
 using host::detail::leading_rows;
 }  // namespace detail
 
+/// c = alpha * op(a) op(b) + beta * c where a and b are read as the matrices [their leading
+/// extents flattened, their last extent] (no copy): a[..., k] is [rows, k] (with trans_a, op(a)
+/// is its transpose). c holds the m x n result row-major: numel(c) == m n (its extents are the
+/// caller's, e.g. [B, T, n] or, when op(b) = b^T of a b[B, T, k], [m, B, T]).
+template <host::FloatElement T, std::size_t RC, std::size_t RA, std::size_t RB, MemorySpace S>
+void matmul_rows_into(Tensor<T, RC, S>& c, const Tensor<T, RA, S>& a, const Tensor<T, RB, S>& b, bool trans_a = false,
+                      bool trans_b = false, T alpha = T(1), T beta = T(0)) {
+  const Shape<2> as{detail::leading_rows(a.shape()), a.extent(RA - 1)};
+  const Shape<2> bs{detail::leading_rows(b.shape()), b.extent(RB - 1)};
+  const auto [m, ka] = detail::op_extents(as, trans_a);
+  const auto [kb, n] = detail::op_extents(bs, trans_b);
+  detail::check(ka == kb && c.numel() == m * n && (RC != 2 || (c.extent(0) == m && c.extent(RC - 1) == n)), "matmul", "op(a) of ", to_string(a.shape()),
+                trans_a ? " (transposed)" : "", " times op(b) of ", to_string(b.shape()), trans_b ? " (transposed)" : "",
+                " into c of ", to_string(c.shape()), ": inner or outer extents do not match");
+  SpaceGemm<S>::template gemm_batched<T>(trans_a, trans_b, alpha, a.data(), 0, b.data(), 0, beta, c.data(), 0, 1, m,
+                                         n, ka, std::max<Extent>(1, as[1]), std::max<Extent>(1, bs[1]),
+                                         std::max<Extent>(1, n));
+}
+
 /// c = alpha * op(a) op(b) + beta * c; c must already have extents [m, n].
 template <host::FloatElement T, MemorySpace S>
 void matmul_into(Tensor<T, 2, S>& c, const Tensor<T, 2, S>& a, const Tensor<T, 2, S>& b, bool trans_a = false,
                  bool trans_b = false, T alpha = T(1), T beta = T(0)) {
-  const auto [m, ka] = detail::op_extents(a.shape(), trans_a);
-  const auto [kb, n] = detail::op_extents(b.shape(), trans_b);
-  detail::check(ka == kb && c.extent(0) == m && c.extent(1) == n, "matmul",
-                "op(a) of ", to_string(a.shape()), trans_a ? " (transposed)" : "", " times op(b) of ",
-                to_string(b.shape()), trans_b ? " (transposed)" : "", " into c of ", to_string(c.shape()),
-                ": inner or outer extents do not match");
-  SpaceGemm<S>::template gemm_batched<T>(trans_a, trans_b, alpha, a.data(), 0, b.data(), 0, beta, c.data(), 0, 1, m,
-                                         n, ka, std::max<Extent>(1, a.extent(1)), std::max<Extent>(1, b.extent(1)),
-                                         std::max<Extent>(1, n));
+  matmul_rows_into(c, a, b, trans_a, trans_b, alpha, beta);
 }
 
 /// op(a)[m,k] op(b)[k,n] -> [m,n].
@@ -66,18 +78,25 @@ Tensor<T, 2, S> matmul(const Tensor<T, 2, S>& a, const Tensor<T, 2, S>& b, bool 
   return c;
 }
 
-/// Batched: op(a[i]) op(b[i]) for each i of the leading (batch) dimension.
-template <host::FloatElement T, MemorySpace S>
-Tensor<T, 3, S> bmm(const Tensor<T, 3, S>& a, const Tensor<T, 3, S>& b, bool trans_a = false, bool trans_b = false) {
-  const Shape<2> as{a.extent(1), a.extent(2)}, bs{b.extent(1), b.extent(2)};
+/// Batched: op(a[i...]) op(b[i...]) for each index i... of the leading (batch) dimensions;
+/// a[batch..., m, k] (trans_a: [batch..., k, m]), b likewise -> [batch..., m, n].
+template <host::FloatElement T, std::size_t R, MemorySpace S>
+  requires(R >= 3)
+Tensor<T, R, S> bmm(const Tensor<T, R, S>& a, const Tensor<T, R, S>& b, bool trans_a = false, bool trans_b = false) {
+  const Shape<2> as{a.extent(R - 2), a.extent(R - 1)}, bs{b.extent(R - 2), b.extent(R - 1)};
   const auto [m, ka] = detail::op_extents(as, trans_a);
   const auto [kb, n] = detail::op_extents(bs, trans_b);
-  detail::check(a.extent(0) == b.extent(0) && ka == kb, "bmm", "a ", to_string(a.shape()),
-                trans_a ? " (transposed)" : "", " and b ", to_string(b.shape()), trans_b ? " (transposed)" : "",
-                ": batch or inner extents do not match");
-  auto c = Tensor<T, 3, S>::uninitialized(Shape<3>{a.extent(0), m, n});
+  bool same_batch = true;
+  Extent batch = 1;
+  for (std::size_t i = 0; i + 2 < R; ++i) same_batch = same_batch && a.extent(i) == b.extent(i), batch *= a.extent(i);
+  detail::check(same_batch && ka == kb, "bmm", "a ", to_string(a.shape()), trans_a ? " (transposed)" : "", " and b ",
+                to_string(b.shape()), trans_b ? " (transposed)" : "", ": batch or inner extents do not match");
+  Shape<R> cs = a.shape();
+  cs[R - 2] = m;
+  cs[R - 1] = n;
+  auto c = Tensor<T, R, S>::uninitialized(cs);
   SpaceGemm<S>::template gemm_batched<T>(trans_a, trans_b, T(1), a.data(), m * ka, b.data(), ka * n, T(0), c.data(),
-                                         m * n, a.extent(0), m, n, ka, std::max<Extent>(1, as[1]),
+                                         m * n, batch, m, n, ka, std::max<Extent>(1, as[1]),
                                          std::max<Extent>(1, bs[1]), std::max<Extent>(1, n));
   return c;
 }

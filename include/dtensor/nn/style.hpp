@@ -113,12 +113,7 @@ concept EmbeddingStyle = requires {
 };
 
 namespace detail {
-/// Throws dtensor::Error(op, ..., rank) unless ok.
-template <class Mesh, class... Parts>
-void check(bool ok, const char* op, const Mesh& mesh, const Parts&... parts) {
-  if (!ok) [[unlikely]]
-    throw Error(op, dtensor::detail::cat(parts...), mesh.rank());
-}
+using dtensor::detail::check;  // check(ok, op, mesh, parts...) throws dtensor::Error naming the rank
 }  // namespace detail
 
 }  // namespace dtensor::nn

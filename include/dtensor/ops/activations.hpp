@@ -13,7 +13,7 @@
 // No communication: every rank maps its own piece.
 #pragma once
 
-#include "dtensor/kernels/host/activations.hpp"
+#include "dtensor/kernels/activations.hpp"
 #include "dtensor/ops/common.hpp"
 
 namespace dtensor::ops {
@@ -46,44 +46,44 @@ auto unary_backward(const DY& dy, const S& s, F local_op) {
 /// GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). No communication.
 template <FloatDTensor X>
 auto gelu(const X& x) {
-  return detail::unary<"gelu">(x, [](const auto& l) { return kernels::host::gelu(l); });
+  return detail::unary<"gelu">(x, [](const auto& l) { return kernels::gelu(l); });
 }
 template <FloatDTensor DY, FloatDTensor X>
 auto gelu_backward(const DY& dy, const X& x) {
   return detail::unary_backward<"gelu_backward">(
-      dy, x, [](const auto& xl, const auto& gl) { return kernels::host::gelu_backward(xl, gl); });
+      dy, x, [](const auto& xl, const auto& gl) { return kernels::gelu_backward(xl, gl); });
 }
 
 template <FloatDTensor X>
 auto relu(const X& x) {
-  return detail::unary<"relu">(x, [](const auto& l) { return kernels::host::relu(l); });
+  return detail::unary<"relu">(x, [](const auto& l) { return kernels::relu(l); });
 }
 template <FloatDTensor DY, FloatDTensor X>
 auto relu_backward(const DY& dy, const X& x) {
   return detail::unary_backward<"relu_backward">(
-      dy, x, [](const auto& xl, const auto& gl) { return kernels::host::relu_backward(xl, gl); });
+      dy, x, [](const auto& xl, const auto& gl) { return kernels::relu_backward(xl, gl); });
 }
 
 /// x * sigmoid(x).
 template <FloatDTensor X>
 auto silu(const X& x) {
-  return detail::unary<"silu">(x, [](const auto& l) { return kernels::host::silu(l); });
+  return detail::unary<"silu">(x, [](const auto& l) { return kernels::silu(l); });
 }
 template <FloatDTensor DY, FloatDTensor X>
 auto silu_backward(const DY& dy, const X& x) {
   return detail::unary_backward<"silu_backward">(
-      dy, x, [](const auto& xl, const auto& gl) { return kernels::host::silu_backward(xl, gl); });
+      dy, x, [](const auto& xl, const auto& gl) { return kernels::silu_backward(xl, gl); });
 }
 
 template <FloatDTensor X>
 auto exp(const X& x) {
-  return detail::unary<"exp">(x, [](const auto& l) { return kernels::host::exp(l); });
+  return detail::unary<"exp">(x, [](const auto& l) { return kernels::exp(l); });
 }
 /// The gradient of y = exp(x) given y (not x): dy * y.
 template <FloatDTensor DY, FloatDTensor Y>
 auto exp_backward(const DY& dy, const Y& y) {
   return detail::unary_backward<"exp_backward">(
-      dy, y, [](const auto& yl, const auto& gl) { return kernels::host::exp_backward(yl, gl); });
+      dy, y, [](const auto& yl, const auto& gl) { return kernels::exp_backward(yl, gl); });
 }
 
 }  // namespace dtensor::ops

@@ -12,13 +12,15 @@
 // is never split.
 // Backward (rules::LinearInGrad on (q, dout)): the gradients are linear in dout.
 //
-// Element types: float and double. No communication.
+// The forward is fused and memory-efficient on every space (host: per-head GEMMs; cuda: one
+// kernel streaming key blocks with an online softmax; neither keeps a T x T matrix beyond a
+// head's scratch). Element types: float and double. No communication.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 
-#include "dtensor/kernels/host/attention.hpp"
+#include "dtensor/kernels/attention.hpp"
 #include "dtensor/ops/common.hpp"
 
 namespace dtensor::ops {
@@ -28,15 +30,18 @@ struct AttentionOptions {
   double scale = 0;  // 0: 1 / sqrt(D)
 };
 
-/// The log-sum-exp of each of this rank's query rows [B, H, T] (local), saved for the backward.
-struct AttentionStats {
-  Tensor<double, 3> lse;
+/// The log-sum-exp of each of this rank's query rows [B, H, T] (local, in q's space), saved for
+/// the backward.
+template <class Space>
+struct BasicAttentionStats {
+  Tensor<double, 3, Space> lse;
 };
+using AttentionStats = BasicAttentionStats<host_space>;
 
 template <class O>
 struct AttentionResult {
   O out;
-  AttentionStats stats;
+  BasicAttentionStats<typename O::space> stats;
 };
 
 template <class DQ>
@@ -45,7 +50,7 @@ struct AttentionGrads {
 };
 
 template <class X>
-concept AttentionDTensor = HostDTensor<X> && kernels::host::AttentionElement<typename X::value_type> && X::rank == 4;
+concept AttentionDTensor = AnyDTensor<X> && kernels::host::AttentionElement<typename X::value_type> && X::rank == 4;
 
 namespace detail {
 template <fixed_string Op, class Q, class K, class V>
@@ -76,15 +81,16 @@ auto attention(const Q& q, const K& k, const V& v, const AttentionOptions& opts 
   detail::check_attention<"attention">(q, k, v);
   using T = typename Q::value_type;
   using L = rules::attention_t<typename Q::layout, typename K::layout, typename V::layout>;
-  auto f = kernels::host::attention(q.to_local(), k.to_local(), v.to_local(), detail::kernel_options(opts, q.extent(3)));
+  auto f = kernels::attention(q.to_local(), k.to_local(), v.to_local(), detail::kernel_options(opts, q.extent(3)));
   const Shape<4> global{q.extent(0), q.extent(1), q.extent(2), v.extent(3)};
   auto out = detail::make<T, 4, L>(q.mesh(), global, std::move(f.out));
-  return AttentionResult<decltype(out)>{std::move(out), AttentionStats{std::move(f.lse)}};
+  return AttentionResult<decltype(out)>{std::move(out), BasicAttentionStats<typename Q::space>{std::move(f.lse)}};
 }
 
 /// {dq, dk, dv} given dout and the forward's q, k, v, out and stats. No communication.
 template <AttentionDTensor DO, AttentionDTensor Q, AttentionDTensor K, AttentionDTensor V, AttentionDTensor O>
-auto attention_backward(const DO& dout, const Q& q, const K& k, const V& v, const O& out, const AttentionStats& stats,
+auto attention_backward(const DO& dout, const Q& q, const K& k, const V& v, const O& out,
+                        const BasicAttentionStats<typename Q::space>& stats,
                         const AttentionOptions& opts = {}) {
   detail::check_attention<"attention_backward">(q, k, v);
   detail::require_same_mesh_type<DO, Q, O>();
@@ -96,7 +102,7 @@ auto attention_backward(const DO& dout, const Q& q, const K& k, const V& v, cons
   detail::check(dout.shape() == out.shape() && stats.lse.shape() == Shape<3>{ql.extent(0), ql.extent(1), ql.extent(2)},
                 "attention_backward", q.mesh(), "dout ", to_string(dout.shape()), ", out ", to_string(out.shape()),
                 ", saved lse ", to_string(stats.lse.shape()), ": pass the output and statistics of this forward");
-  auto g = kernels::host::attention_backward(ql, k.to_local(), v.to_local(), out.to_local(), stats.lse, dout.to_local(),
+  auto g = kernels::attention_backward(ql, k.to_local(), v.to_local(), out.to_local(), stats.lse, dout.to_local(),
                                              detail::kernel_options(opts, q.extent(3)));
   auto dq = detail::make<T, 4, L>(q.mesh(), q.shape(), std::move(g.dq));
   auto dk = detail::make<T, 4, L>(q.mesh(), k.shape(), std::move(g.dk));

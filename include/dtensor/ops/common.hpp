@@ -1,23 +1,29 @@
 // dtensor/ops/common.hpp — what every op shares: the DTensor concepts, the compile-time rule
 // check with its diagnostic, run-time argument checks, and building the output DTensor.
 //
-//   template <HostDTensor X> auto gelu(const X& x);        // a DTensor in host memory
+//   template <FloatDTensor X> auto gelu(const X& x);       // a DTensor of floats in any memory space
 //   detail::require_rule<"matmul", rules::Matmul{...}, Mesh, LA, LB>();   // no rule: compile error
 //   detail::check(ok, "matmul", x.mesh(), "a ", to_string(a.shape()), ...);  // dtensor::Error with the rank
 //   detail::make<T, R, L>(x.mesh(), global, std::move(local));            // the output DTensor
 //
-// No op communicates: an op is its rule (ops/rules.hpp) and local kernels (kernels/host) on
-// this rank's piece. Reductions that need a global statistic (loss-parallel cross-entropy, the
+// No op communicates: an op is its rule (ops/rules.hpp) and local kernels on this rank's piece.
+// Ops are generic over the memory space of their operands: each calls kernels::name(...), and
+// the tensors' space picks kernels/host, kernels/cuda or kernels/meta (kernels/dispatch.hpp).
+// Operands of one op must share their space: otherwise mixed_memory_spaces<A, B> names both in
+// the compiler's diagnostic. Reductions that need a global statistic (loss-parallel cross-entropy, the
 // max of a split softmax row) are not ops but parallel/ building blocks.
 #pragma once
 
 #include <array>
 #include <cstddef>
+#include <functional>
+#include <optional>
 #include <string_view>
 #include <type_traits>
 #include <utility>
 
 #include "dtensor/core/error.hpp"
+#include "dtensor/core/meta_space.hpp"
 #include "dtensor/distributed/dtensor.hpp"
 #include "dtensor/kernels/host/common.hpp"
 #include "dtensor/mesh/fixed_string.hpp"
@@ -25,21 +31,25 @@
 
 namespace dtensor::ops {
 
-/// A DTensor whose pieces live in host memory (the ops run the host kernels on them).
+/// A DTensor in any memory space.
+template <class X>
+concept AnyDTensor = is_dtensor_v<X>;
+
+/// A DTensor whose pieces live in host memory.
 template <class X>
 concept HostDTensor = is_dtensor_v<X> && std::is_same_v<typename X::space, host_space>;
 
-/// A host DTensor of a floating-point element type (float, double, bfloat16).
+/// A DTensor of a floating-point element type (float, double, bfloat16), in any memory space.
 template <class X>
-concept FloatDTensor = HostDTensor<X> && kernels::host::FloatElement<typename X::value_type>;
+concept FloatDTensor = AnyDTensor<X> && kernels::host::FloatElement<typename X::value_type>;
 
-/// A host DTensor of integer ids (int32, int64): embedding ids, cross-entropy targets.
+/// A DTensor of integer ids (int32, int64): embedding ids, cross-entropy targets.
 template <class X>
-concept IndexDTensor = HostDTensor<X> && kernels::host::IndexElement<typename X::value_type>;
+concept IndexDTensor = AnyDTensor<X> && kernels::host::IndexElement<typename X::value_type>;
 
-/// The DTensor of element T, rank R and layout L on X's mesh.
+/// The DTensor of element T, rank R and layout L on X's mesh, in X's memory space.
 template <class X, LayoutType L, std::size_t R = X::rank, class T = typename X::value_type>
-using dtensor_t = DTensor<T, R, typename X::mesh_type, L, host_space>;
+using dtensor_t = DTensor<T, R, typename X::mesh_type, L, typename X::space>;
 
 namespace detail {
 
@@ -142,22 +152,38 @@ constexpr bool require_rule_hint() {
   return true;
 }
 
-/// Operands of one op must live on one mesh (type and, at run time, shape and coordinate).
+/// Instantiated only when two operands of one op live in different memory spaces; the compiler
+/// prints both (e.g. mixed_memory_spaces<dtensor::host_space, dtensor::meta_space>).
+template <class SpaceA, class SpaceB>
+struct mixed_memory_spaces {
+  static_assert(dependent_false<SpaceA>,
+                "the operands of an op live in different memory spaces (named in mixed_memory_spaces<...> above): "
+                "copy one with to_space first");
+  static constexpr bool value = false;
+};
+
+/// Instantiates mixed_memory_spaces only for an operand whose space differs from X's.
+template <class X, class... Y>
+constexpr bool require_same_space() {
+  return (std::conditional_t<std::is_same_v<typename X::space, typename Y::space>, std::true_type,
+                             mixed_memory_spaces<typename X::space, typename Y::space>>::value &&
+          ...);
+}
+
+/// Operands of one op must live on one mesh (type and, at run time, shape and coordinate) and in
+/// one memory space.
 template <class X, class... Y>
 constexpr void require_same_mesh_type() {
   static_assert((std::is_same_v<typename X::mesh_type, typename Y::mesh_type> && ...),
                 "the operands of an op must live on the same mesh type: move one across first (distributed/transfer.hpp)");
+  require_same_space<X, Y...>();
 }
 
 // ---------------------------------------------------------------- run-time checks
 
-/// Throws dtensor::Error(op, message, rank of this mesh) unless ok; the message is built only
-/// on failure.
-template <class Mesh, class... Parts>
-inline void check(bool ok, const char* op, const Mesh& mesh, const Parts&... parts) {
-  if (!ok) [[unlikely]]
-    throw Error(op, dtensor::detail::cat(parts...), mesh.rank());
-}
+/// detail::check(ok, op, mesh, parts...): dtensor::Error naming the op and this mesh's rank
+/// (core/error.hpp).
+using dtensor::detail::check;
 
 template <class X, class... Y>
 void check_same_mesh(const char* op, const X& x, const Y&... y) {
@@ -167,9 +193,26 @@ void check_same_mesh(const char* op, const X& x, const Y&... y) {
 
 /// The output DTensor; its constructor checks the piece against the layout (an internal
 /// consistency check of the rule and the local computation).
-template <class T, std::size_t R, LayoutType L, class Mesh>
-DTensor<T, R, Mesh, L, host_space> make(const Mesh& mesh, const Shape<R>& global, Tensor<T, R, host_space> local) {
-  return DTensor<T, R, Mesh, L, host_space>(mesh, global, std::move(local));
+template <class T, std::size_t R, LayoutType L, class Mesh, class Space>
+DTensor<T, R, Mesh, L, Space> make(const Mesh& mesh, const Shape<R>& global, Tensor<T, R, Space> local) {
+  return DTensor<T, R, Mesh, L, Space>(mesh, global, std::move(local));
+}
+
+/// A tensor of space S filled with value (a device space fills on the device; meta does nothing).
+template <class T, std::size_t R, class S>
+Tensor<T, R, S> filled(const Shape<R>& shape, T value) {
+  auto t = Tensor<T, R, S>::uninitialized(shape);
+  S::fill(t.data(), std::size_t(t.numel()), value);
+  return t;
+}
+
+/// The elements of t where the host can read them: t itself on host, a copy from a device, and
+/// nothing (std::nullopt) on meta, which has no values to check.
+template <class T, std::size_t R, class S>
+auto readable(const Tensor<T, R, S>& t) {
+  if constexpr (std::is_same_v<S, host_space>) return std::optional<std::reference_wrapper<const Tensor<T, R>>>(t);
+  else if constexpr (!holds_data_v<S>) return std::optional<Tensor<T, R>>();
+  else return std::optional<Tensor<T, R>>(to_space<host_space>(t));
 }
 
 /// Whether mesh dimension i of layout L shards any tensor dimension in `dims` (a bit mask).

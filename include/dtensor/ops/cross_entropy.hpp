@@ -11,7 +11,7 @@
 //   (Replicate, Replicate) -> Replicate
 // A split vocabulary (Shard<1>) needs the global row max and sum of exps: that is loss-parallel
 // cross-entropy, a parallel/ building block (it communicates). Its local pieces are in
-// kernels/host/cross_entropy.hpp: vocab_parallel_ce_max / _sum_exp / _target_logit / _loss /
+// kernels/cross_entropy.hpp (every space): vocab_parallel_ce_max / _sum_exp / _target_logit / _loss /
 // _backward (with v0 = logits.local_box().offset[1] and mean_over = the global N).
 // Backward: dlogits = (softmax - onehot) * dloss / N in logits' layout; dloss is the gradient of
 // the loss's logical value, the same on every rank (Replicate).
@@ -19,20 +19,22 @@
 // No communication.
 #pragma once
 
-#include "dtensor/kernels/host/cross_entropy.hpp"
+#include "dtensor/kernels/cross_entropy.hpp"
 #include "dtensor/ops/common.hpp"
 
 namespace dtensor::ops {
 
-/// The log-sum-exp of each of this rank's rows, saved for the backward.
-struct CrossEntropyStats {
-  Tensor<double, 1> lse;
+/// The log-sum-exp of each of this rank's rows, saved for the backward (in the logits' space).
+template <class Space>
+struct BasicCrossEntropyStats {
+  Tensor<double, 1, Space> lse;
 };
+using CrossEntropyStats = BasicCrossEntropyStats<host_space>;
 
 template <class Loss>
 struct CrossEntropyResult {
   Loss loss;  // DTensor<double, 1, Mesh, ...> of extent [1]
-  CrossEntropyStats stats;
+  BasicCrossEntropyStats<typename Loss::space> stats;
 };
 
 namespace detail {
@@ -45,7 +47,9 @@ void check_ce(const L& logits, const Tg& targets) {
   check_same_mesh(Op.data, logits, targets);
   check(targets.extent(0) == logits.extent(0), Op.data, logits.mesh(), "logits ", to_string(logits.shape()),
         " and targets ", to_string(targets.shape()), ": one target per row");
-  const auto& t = targets.to_local();
+  const auto readable = detail::readable(targets.to_local());  // none on meta
+  if (!readable) return;
+  const Tensor<typename Tg::value_type, 1>& t = *readable;
   for (Extent i = 0; i < t.numel(); ++i)
     check(t[i] >= 0 && Extent(t[i]) < logits.extent(1), Op.data, logits.mesh(), "target ", Extent(t[i]),
           " at local row ", i, " is outside [0, ", logits.extent(1), ")");
@@ -58,22 +62,22 @@ template <FloatDTensor L, IndexDTensor Tg>
 auto cross_entropy(const L& logits, const Tg& targets) {
   detail::check_ce<"cross_entropy">(logits, targets);
   using LL = rules::cross_entropy_t<typename L::layout, typename Tg::layout>;
-  auto f = kernels::host::cross_entropy(logits.to_local(), targets.to_local(), logits.extent(0));
-  Tensor<double, 1> loss(Shape<1>{1});
-  loss[0] = f.loss;
-  auto l = detail::make<double, 1, LL>(logits.mesh(), Shape<1>{1}, std::move(loss));
-  return CrossEntropyResult<decltype(l)>{std::move(l), CrossEntropyStats{std::move(f.lse)}};
+  auto f = kernels::cross_entropy(logits.to_local(), targets.to_local(), logits.extent(0));
+  using S = typename L::space;
+  auto l = detail::make<double, 1, LL>(logits.mesh(), Shape<1>{1}, detail::filled<double, 1, S>(Shape<1>{1}, f.loss));
+  return CrossEntropyResult<decltype(l)>{std::move(l), BasicCrossEntropyStats<S>{std::move(f.lse)}};
 }
 
 /// d(dloss * loss)/d(logits), in logits' layout. No communication.
 template <FloatDTensor L, IndexDTensor Tg>
-L cross_entropy_backward(const L& logits, const Tg& targets, const CrossEntropyStats& stats, double dloss = 1.0) {
+L cross_entropy_backward(const L& logits, const Tg& targets, const BasicCrossEntropyStats<typename L::space>& stats,
+                         double dloss = 1.0) {
   detail::check_ce<"cross_entropy_backward">(logits, targets);
   detail::check(stats.lse.extent(0) == logits.to_local().extent(0), "cross_entropy_backward", logits.mesh(),
                 "saved statistics for ", stats.lse.extent(0), " rows, this rank holds ", logits.to_local().extent(0),
                 ": pass the statistics of this forward");
   return L(logits.mesh(), logits.shape(),
-           kernels::host::cross_entropy_backward(logits.to_local(), targets.to_local(), stats.lse, dloss,
+           kernels::cross_entropy_backward(logits.to_local(), targets.to_local(), stats.lse, dloss,
                                                  logits.extent(0)));
 }
 

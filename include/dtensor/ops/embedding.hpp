@@ -19,16 +19,19 @@
 // No communication.
 #pragma once
 
-#include "dtensor/core/factories.hpp"
-#include "dtensor/kernels/host/embedding.hpp"
+#include "dtensor/distributed/redistribute.hpp"  // grad_layout
+#include "dtensor/kernels/embedding.hpp"
 #include "dtensor/ops/common.hpp"
 
 namespace dtensor::ops {
 
 namespace detail {
+/// Every id in [0, V) (on a device: through a copy to the host; on meta there are no ids to check).
 template <class W, class I>
 void check_ids(const char* op, const W& weight, const I& ids) {
-  const auto& l = ids.to_local();
+  const auto readable = detail::readable(ids.to_local());
+  if (!readable) return;
+  const Tensor<typename I::value_type, I::rank>& l = *readable;
   const Extent v = weight.extent(0);
   for (Extent t = 0; t < l.numel(); ++t)
     check(l[t] >= 0 && Extent(l[t]) < v, op, weight.mesh(), "id ", Extent(l[t]), " at local position ", t,
@@ -57,7 +60,7 @@ auto embedding(const W& weight, const I& ids) {
   // One path for every rule: this rank's rows [v0, v0 + V_local) of the table; ids outside give 0.
   const Extent v0 = weight.local_box().offset[0];
   return detail::make<T, RI + 1, L>(weight.mesh(), global,
-                                    kernels::host::embedding_shard(weight.to_local(), ids.to_local(), v0));
+                                    kernels::embedding_shard(weight.to_local(), ids.to_local(), v0));
 }
 
 /// Accumulates the weight gradient of embedding into dweight (whose layout must be the one the
@@ -84,7 +87,7 @@ void embedding_backward_into(DW& dweight, const DY& dy, const I& ids) {
                 to_string(ids.shape()), " and dweight ", to_string(dweight.shape()));
   detail::check_ids("embedding_backward", dweight, ids);
   const Extent v0 = dweight.local_box().offset[0];
-  kernels::host::embedding_shard_backward(dweight.local(), ids.to_local(), dy.to_local(), v0);
+  kernels::embedding_shard_backward(dweight.local(), ids.to_local(), dy.to_local(), v0);
 }
 
 /// The weight gradient of h = embedding(weight, ids): zeros, then embedding_backward_into.
@@ -98,7 +101,7 @@ auto embedding_backward(const DY& dy, const I& ids, const W& weight) {
                        typename DY::layout>();
   using L = rules::embedding_grad_t<typename W::layout, typename I::layout, typename DY::layout, RI>;
   const Box<2> box = local_box(L::desc, weight.mesh().shape(), weight.mesh().coordinate(), weight.shape());
-  auto dw = detail::make<T, 2, L>(weight.mesh(), weight.shape(), Tensor<T, 2>(box.extent));
+  auto dw = detail::make<T, 2, L>(weight.mesh(), weight.shape(), Tensor<T, 2, typename W::space>(box.extent));
   embedding_backward_into(dw, dy, ids);
   return dw;
 }

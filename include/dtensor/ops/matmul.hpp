@@ -24,13 +24,15 @@
 // Replicate operand whose output was split comes out Partial<sum>; of a Partial operand,
 // Replicate (dC of a Partial output is Replicate).
 //
-// No communication: each rank multiplies its pieces (GEMM through CBLAS when DTENSOR_HAS_CBLAS).
+// No communication: each rank multiplies its pieces through kernels/products.hpp, whose GEMM is
+// the operands' memory space's: CBLAS (host, when DTENSOR_HAS_CBLAS), cuBLAS (cuda), FLOP
+// counting (meta).
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 
-#include "dtensor/kernels/host/gemm.hpp"
+#include "dtensor/kernels/matmul.hpp"
 #include "dtensor/ops/common.hpp"
 
 namespace dtensor::ops {
@@ -42,14 +44,6 @@ struct MatmulGrads {
 };
 
 namespace detail {
-
-/// Product of extents [b, e).
-template <std::size_t R>
-Extent prod(const Shape<R>& s, std::size_t b, std::size_t e) {
-  Extent p = 1;
-  for (std::size_t i = b; i < e; ++i) p *= s[i];
-  return p;
-}
 
 /// The output extents of matmul<TA, TB> (local or global, the same formula), after checking
 /// that the contracted groups agree.
@@ -99,13 +93,9 @@ auto matmul(const A& a, const B& b) {
   const auto& al = a.to_local();
   const auto& bl = b.to_local();
   const auto local_shape = detail::matmul_shape<TA, TB>("matmul", a.mesh(), al.shape(), bl.shape());
-  // Stored matrices: a is [rows_a, cols_a] with rows_a the leading dims flattened; likewise b.
-  const Extent ar = detail::prod(al.shape(), 0, RA - 1), ac = al.extent(RA - 1);
-  const Extent br = detail::prod(bl.shape(), 0, RB - 1), bc = bl.extent(RB - 1);
-  const Extent m = TA ? ac : ar, k = TA ? ar : ac, n = TB ? br : bc;
-  auto c = Tensor<T, RO>::uninitialized(local_shape);
-  kernels::host::gemm<T>(TA, TB, T(1), al.data(), bl.data(), T(0), c.data(), m, n, k, std::max<Extent>(1, ac),
-                         std::max<Extent>(1, bc), std::max<Extent>(1, n));
+  // Each operand is the matrix [its leading extents flattened, its last extent] (no copy).
+  auto c = Tensor<T, RO, typename A::space>::uninitialized(local_shape);
+  kernels::matmul_rows_into(c, al, bl, TA, TB);
   return detail::make<T, RO, L>(a.mesh(), global, std::move(c));
 }
 
@@ -160,14 +150,8 @@ auto bmm(const A& a, const B& b) {
   const auto& al = a.to_local();
   const auto& bl = b.to_local();
   const Shape<R> ls = out_shape(al.shape(), bl.shape());
-  auto c = Tensor<T, R>::uninitialized(ls);
-  const Extent batch = detail::prod(ls, 0, R - 2), m = ls[R - 2], n = ls[R - 1];
-  const Extent k = TA ? al.extent(R - 2) : al.extent(R - 1);
-  const Extent asz = al.extent(R - 2) * al.extent(R - 1), bsz = bl.extent(R - 2) * bl.extent(R - 1);
-  for (Extent i = 0; i < batch; ++i)
-    kernels::host::gemm<T>(TA, TB, T(1), al.data() + i * asz, bl.data() + i * bsz, T(0), c.data() + i * m * n, m, n,
-                           k, std::max<Extent>(1, al.extent(R - 1)), std::max<Extent>(1, bl.extent(R - 1)),
-                           std::max<Extent>(1, n));
+  auto c = kernels::bmm(al, bl, TA, TB);
+  detail::check(c.shape() == ls, "bmm", a.mesh(), "local result ", to_string(c.shape()), " is not ", to_string(ls));
   return detail::make<T, R, L>(a.mesh(), global, std::move(c));
 }
 

@@ -18,21 +18,23 @@
 // No communication.
 #pragma once
 
-#include "dtensor/kernels/host/norm.hpp"
+#include "dtensor/kernels/norm.hpp"
 #include "dtensor/ops/common.hpp"
 
 namespace dtensor::ops {
 
-/// Per-row statistics of this rank's rows, saved by the forward for the backward.
-struct NormStats {
-  Tensor<double, 1> mean;  // [local rows]; empty for RMSNorm
-  Tensor<double, 1> rstd;  // [local rows]
+/// Per-row statistics of this rank's rows, saved by the forward for the backward (in x's space).
+template <class Space>
+struct BasicNormStats {
+  Tensor<double, 1, Space> mean;  // [local rows]; empty for RMSNorm
+  Tensor<double, 1, Space> rstd;  // [local rows]
 };
+using NormStats = BasicNormStats<host_space>;
 
 template <class Y>
 struct NormResult {
   Y y;
-  NormStats stats;
+  BasicNormStats<typename Y::space> stats;
 };
 
 template <class DX, class DW>
@@ -59,7 +61,7 @@ void check_norm_args(const X& x, const W& w) {
 /// What a norm's backward checks: the forward's rule for x and the weight, dy's layout against
 /// x's (at compile time), the weight's extent and the saved statistics' rows (at run time).
 template <fixed_string Op, class DY, class X, class W>
-void check_norm_backward(const DY& dy, const X& x, const W& weight, const NormStats& s, bool has_mean) {
+void check_norm_backward(const DY& dy, const X& x, const W& weight, const BasicNormStats<typename X::space>& s, bool has_mean) {
   require_same_mesh_type<DY, X, W>();
   constexpr rules::Rowwise<2> fwd{int(X::rank)};
   require_rule<Op, fwd, typename X::mesh_type, typename X::layout, typename W::layout>();
@@ -92,19 +94,19 @@ auto layer_norm(const X& x, const W& weight, const B& bias, double eps = 1e-5) {
   detail::check_same_mesh("layer_norm", x, weight, bias);
   detail::check_norm_args<"layer_norm">(x, weight);
   detail::check_norm_args<"layer_norm">(x, bias);
-  auto f = kernels::host::layer_norm(x.to_local(), weight.to_local(), bias.to_local(), eps);
+  auto f = kernels::layer_norm(x.to_local(), weight.to_local(), bias.to_local(), eps);
   auto y = detail::make<T, X::rank, L>(x.mesh(), x.shape(), std::move(f.y));
-  return NormResult<decltype(y)>{std::move(y), NormStats{std::move(f.mean), std::move(f.rstd)}};
+  return NormResult<decltype(y)>{std::move(y), BasicNormStats<typename X::space>{std::move(f.mean), std::move(f.rstd)}};
 }
 
 /// {dx, dweight, dbias} of layer_norm, given the forward's x, weight and statistics.
 template <FloatDTensor DY, FloatDTensor X, FloatDTensor W>
-auto layer_norm_backward(const DY& dy, const X& x, const W& weight, const NormStats& stats) {
+auto layer_norm_backward(const DY& dy, const X& x, const W& weight, const BasicNormStats<typename X::space>& stats) {
   using T = typename X::value_type;
   detail::check_norm_backward<"layer_norm_backward">(dy, x, weight, stats, true);
   using LX = rules::linear_in_grad_t<typename X::layout, typename DY::layout>;
   using LW = detail::norm_param_grad_layout<DY>;
-  auto g = kernels::host::layer_norm_backward(x.to_local(), weight.to_local(), stats.mean, stats.rstd, dy.to_local());
+  auto g = kernels::layer_norm_backward(x.to_local(), weight.to_local(), stats.mean, stats.rstd, dy.to_local());
   auto dx = detail::make<T, X::rank, LX>(x.mesh(), x.shape(), std::move(g.dx));
   auto dw = detail::make<T, 1, LW>(x.mesh(), weight.shape(), std::move(g.dweight));
   auto db = detail::make<T, 1, LW>(x.mesh(), weight.shape(), std::move(g.dbias));
@@ -124,19 +126,19 @@ auto rms_norm(const X& x, const W& weight, double eps = 1e-6) {
   using L = rules::rms_norm_t<typename X::layout, typename W::layout, X::rank>;
   detail::check_same_mesh("rms_norm", x, weight);
   detail::check_norm_args<"rms_norm">(x, weight);
-  auto f = kernels::host::rms_norm(x.to_local(), weight.to_local(), eps);
+  auto f = kernels::rms_norm(x.to_local(), weight.to_local(), eps);
   auto y = detail::make<T, X::rank, L>(x.mesh(), x.shape(), std::move(f.y));
-  return NormResult<decltype(y)>{std::move(y), NormStats{{}, std::move(f.rstd)}};
+  return NormResult<decltype(y)>{std::move(y), BasicNormStats<typename X::space>{{}, std::move(f.rstd)}};
 }
 
 /// {dx, dweight} of rms_norm, given the forward's x, weight and statistics.
 template <FloatDTensor DY, FloatDTensor X, FloatDTensor W>
-auto rms_norm_backward(const DY& dy, const X& x, const W& weight, const NormStats& stats) {
+auto rms_norm_backward(const DY& dy, const X& x, const W& weight, const BasicNormStats<typename X::space>& stats) {
   using T = typename X::value_type;
   detail::check_norm_backward<"rms_norm_backward">(dy, x, weight, stats, false);
   using LX = rules::linear_in_grad_t<typename X::layout, typename DY::layout>;
   using LW = detail::norm_param_grad_layout<DY>;
-  auto g = kernels::host::rms_norm_backward(x.to_local(), weight.to_local(), stats.rstd, dy.to_local());
+  auto g = kernels::rms_norm_backward(x.to_local(), weight.to_local(), stats.rstd, dy.to_local());
   auto dx = detail::make<T, X::rank, LX>(x.mesh(), x.shape(), std::move(g.dx));
   auto dw = detail::make<T, 1, LW>(x.mesh(), weight.shape(), std::move(g.dweight));
   return RmsNormGrads<decltype(dx), decltype(dw)>{std::move(dx), std::move(dw)};

@@ -21,12 +21,12 @@
 // Backward: the gradient of an operand that was broadcast is dz summed over the broadcast
 // dimensions (rules::SumTo): where dz is split along such a dimension, Partial<sum>.
 //
-// No communication: every rank works on its own piece.
+// No communication: every rank works on its own piece. Any memory space (kernels/dispatch.hpp).
 #pragma once
 
 #include <cstddef>
 
-#include "dtensor/kernels/host/elementwise.hpp"
+#include "dtensor/kernels/elementwise.hpp"
 #include "dtensor/ops/common.hpp"
 
 namespace dtensor::ops {
@@ -98,14 +98,8 @@ auto sum_to(const DZ& dz, const X& x) {
   // The local target extents: x's piece where x is not broadcast, else 1.
   const Box<R> box = local_box(L::desc, dz.mesh().shape(), dz.mesh().coordinate(), x.shape());
   auto local = box.extent == dz.to_local().shape() ? dz.to_local()
-                                                    : kernels::host::sum_to(dz.to_local(), box.extent);
+                                                    : kernels::sum_to(dz.to_local(), box.extent);
   return make<T, R, L>(dz.mesh(), x.shape(), std::move(local));
-}
-
-template <class DZ, class X>
-void check_grad_shape(const char* op, const DZ& dz, const Shape<DZ::rank>& out) {
-  check(dz.shape() == out, op, dz.mesh(), "gradient ", to_string(dz.shape()), " does not match the output ",
-        to_string(out));
 }
 
 }  // namespace detail
@@ -114,21 +108,21 @@ void check_grad_shape(const char* op, const DZ& dz, const Shape<DZ::rank>& out) 
 template <FloatDTensor A, FloatDTensor B>
 auto add(const A& a, const B& b) {
   return detail::binary<"add", rules::Binary::add>(
-      a, b, [](const auto& x, const auto& y) { return kernels::host::add_broadcast(x, y); });
+      a, b, [](const auto& x, const auto& y) { return kernels::add_broadcast(x, y); });
 }
 
 /// a - b with broadcasting. No communication.
 template <FloatDTensor A, FloatDTensor B>
 auto sub(const A& a, const B& b) {
   return detail::binary<"sub", rules::Binary::add>(
-      a, b, [](const auto& x, const auto& y) { return kernels::host::sub_broadcast(x, y); });
+      a, b, [](const auto& x, const auto& y) { return kernels::sub_broadcast(x, y); });
 }
 
 /// a * b elementwise with broadcasting. No communication.
 template <FloatDTensor A, FloatDTensor B>
 auto mul(const A& a, const B& b) {
   return detail::binary<"mul", rules::Binary::mul>(
-      a, b, [](const auto& x, const auto& y) { return kernels::host::mul_broadcast(x, y); });
+      a, b, [](const auto& x, const auto& y) { return kernels::mul_broadcast(x, y); });
 }
 
 /// {da, db} of z = add(a, b): dz summed over the dimensions each operand was broadcast along.
@@ -144,7 +138,7 @@ template <FloatDTensor DZ, FloatDTensor A, FloatDTensor B>
 auto sub_backward(const DZ& dz, const A& a, const B& b) {
   auto da = detail::sum_to(dz, a);
   auto db = detail::sum_to(dz, b);
-  kernels::host::scale_(db.local(), -1);
+  kernels::scale_(db.local(), kernels::host::compute_t<typename DZ::value_type>(-1));
   return BinaryGrads<decltype(da), decltype(db)>{std::move(da), std::move(db)};
 }
 
@@ -165,7 +159,7 @@ auto scale(const X& x, double alpha) {
   using L = rules::linear_unary_t<typename X::layout>;
   using T = typename X::value_type;
   return detail::make<T, X::rank, L>(
-      x.mesh(), x.shape(), kernels::host::scale(x.to_local(), kernels::host::compute_t<T>(alpha)));
+      x.mesh(), x.shape(), kernels::scale(x.to_local(), kernels::host::compute_t<T>(alpha)));
 }
 
 /// The gradient of scale(x, alpha): alpha * dy.
@@ -189,7 +183,7 @@ auto bias_add(const X& x, const B& bias) {
   detail::check_same_mesh("bias_add", x, bias);
   detail::check(bias.extent(0) == x.extent(R - 1), "bias_add", x.mesh(), "bias ", to_string(bias.shape()),
                 " does not match the last dimension of x ", to_string(x.shape()));
-  return detail::make<T, R, L>(x.mesh(), x.shape(), kernels::host::add_bias(x.to_local(), bias.to_local()));
+  return detail::make<T, R, L>(x.mesh(), x.shape(), kernels::add_bias(x.to_local(), bias.to_local()));
 }
 
 /// The gradient of bias_add's bias alone: dy summed over every dimension but the last.
@@ -200,7 +194,7 @@ auto bias_grad(const DY& dy) {
   constexpr rules::SumRows rule{int(R)};
   detail::require_rule<"bias_grad", rule, typename DY::mesh_type, typename DY::layout>();
   using L = rules::sum_rows_t<typename DY::layout, R>;
-  return detail::make<T, 1, L>(dy.mesh(), Shape<1>{dy.extent(R - 1)}, kernels::host::bias_grad(dy.to_local()));
+  return detail::make<T, 1, L>(dy.mesh(), Shape<1>{dy.extent(R - 1)}, kernels::bias_grad(dy.to_local()));
 }
 
 /// {dx, dbias} of y = bias_add(x, bias): dx = dy (a copy), dbias = bias_grad(dy).

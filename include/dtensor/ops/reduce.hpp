@@ -26,7 +26,8 @@
 
 #include <cstdint>
 
-#include "dtensor/kernels/host/reduce.hpp"
+
+#include "dtensor/kernels/reduce.hpp"
 #include "dtensor/ops/common.hpp"
 
 namespace dtensor::ops {
@@ -34,7 +35,7 @@ namespace dtensor::ops {
 template <class V, std::size_t R>
 struct MaxResult {
   V values;                            // the maxima (Partial<max> where dim is split)
-  Tensor<std::int64_t, R> indices;     // local: positions in this rank's piece, -1 for an empty piece
+  Tensor<std::int64_t, R, typename V::space> indices;  // local: positions in this rank's piece, -1 for an empty piece
 };
 
 namespace detail {
@@ -78,7 +79,7 @@ auto reduce_backward(const DY& dy, const X& x, F local_op) {
 /// The sum over Dim (kept with extent 1). No communication.
 template <int Dim, FloatDTensor X>
 auto sum(const X& x) {
-  return detail::reduce<Dim, "sum", rules::Reduce::sum>(x, [](const auto& l) { return kernels::host::sum(l, Dim); });
+  return detail::reduce<Dim, "sum", rules::Reduce::sum>(x, [](const auto& l) { return kernels::sum(l, Dim); });
 }
 
 /// The mean over Dim: this rank's sum divided by the global extent. No communication.
@@ -86,7 +87,7 @@ template <int Dim, FloatDTensor X>
 auto mean(const X& x) {
   const Extent n = x.extent(std::size_t(Dim));
   return detail::reduce<Dim, "mean", rules::Reduce::mean>(
-      x, [n](const auto& l) { return kernels::host::mean(l, Dim, n); });
+      x, [n](const auto& l) { return kernels::mean(l, Dim, n); });
 }
 
 /// The maximum over Dim and the local position of the first maximum. No communication.
@@ -94,15 +95,16 @@ template <int Dim, FloatDTensor X>
 auto max(const X& x) {
   using T = typename X::value_type;
   constexpr std::size_t R = X::rank;
-  Tensor<std::int64_t, R> idx;
+  using S = typename X::space;
+  Tensor<std::int64_t, R, S> idx;
   auto v = detail::reduce<Dim, "max", rules::Reduce::max>(x, [&](const auto& l) {
     if (l.extent(std::size_t(Dim)) == 0) {  // an empty chunk of a split dimension: the identity
       auto s = l.shape();
       s[std::size_t(Dim)] = 1;
-      idx = full<std::int64_t>(s, -1);
-      return full<T>(s, reduction_identity<T>(ReduceOp::max));
+      idx = detail::filled<std::int64_t, R, S>(s, -1);
+      return detail::filled<T, R, S>(s, reduction_identity<T>(ReduceOp::max));
     }
-    auto r = kernels::host::max(l, Dim);
+    auto r = kernels::max(l, Dim);
     idx = std::move(r.indices);
     return std::move(r.values);
   });
@@ -113,7 +115,7 @@ auto max(const X& x) {
 template <int Dim, FloatDTensor DY, FloatDTensor X>
 auto sum_backward(const DY& dy, const X& x) {
   return detail::reduce_backward<Dim, "sum_backward">(
-      dy, x, [](const auto& g, const auto& xl) { return kernels::host::sum_backward(g, xl.shape(), Dim); });
+      dy, x, [](const auto& g, const auto& xl) { return kernels::sum_backward(g, xl.shape(), Dim); });
 }
 
 /// The gradient of mean<Dim>: dy / n broadcast back over Dim (n the global extent).
@@ -121,7 +123,7 @@ template <int Dim, FloatDTensor DY, FloatDTensor X>
 auto mean_backward(const DY& dy, const X& x) {
   const Extent n = x.extent(std::size_t(Dim));
   return detail::reduce_backward<Dim, "mean_backward">(
-      dy, x, [n](const auto& g, const auto& xl) { return kernels::host::mean_backward(g, xl.shape(), Dim, n); });
+      dy, x, [n](const auto& g, const auto& xl) { return kernels::mean_backward(g, xl.shape(), Dim, n); });
 }
 
 /// The gradient of max<Dim> when Dim is not split: dy at the saved positions.
@@ -130,7 +132,7 @@ auto max_backward(const DY& dy, const X& x, const MaxResult<V, R>& saved) {
   static_assert(!detail::shards_any<typename X::layout>(1u << Dim),
                 "max_backward: dimension Dim is split across ranks; pass the reduced maxima as a fourth argument");
   return detail::reduce_backward<Dim, "max_backward">(dy, x, [&](const auto& g, const auto& xl) {
-    return kernels::host::max_backward(g, saved.indices, xl.shape(), Dim);
+    return kernels::max_backward(g, saved.indices, xl.shape(), Dim);
   });
 }
 
@@ -139,21 +141,11 @@ auto max_backward(const DY& dy, const X& x, const MaxResult<V, R>& saved) {
 /// first occurrence.
 template <int Dim, FloatDTensor DY, FloatDTensor X, class V, std::size_t R>
 auto max_backward(const DY& dy, const X& x, const MaxResult<V, R>& saved, const DY& global) {
-  using T = typename X::value_type;
   detail::check(global.shape() == dy.shape(), "max_backward", x.mesh(), "global maxima ", to_string(global.shape()),
                 " and gradient ", to_string(dy.shape()), " differ");
   return detail::reduce_backward<Dim, "max_backward">(dy, x, [&](const auto& g, const auto& xl) {
-    const auto& mine = saved.values.to_local();
-    const auto& all = global.to_local();
-    auto idx = saved.indices;
-    for (Extent i = 0; i < idx.numel(); ++i)
-      if (idx[i] >= 0 && !(mine[i] == all[i])) idx[i] = -1;  // the maximum is on another rank
-    // Positions -1 route nowhere: give them a zero gradient and any valid index.
-    auto gg = g;
-    for (Extent i = 0; i < idx.numel(); ++i)
-      if (idx[i] < 0) gg[i] = T(0), idx[i] = 0;
-    if (xl.extent(std::size_t(Dim)) == 0) return Tensor<T, X::rank>(xl.shape());
-    return kernels::host::max_backward(gg, idx, xl.shape(), Dim);
+    return kernels::max_backward_split(g, saved.indices, saved.values.to_local(), global.to_local(), xl.shape(),
+                                       std::size_t(Dim));
   });
 }
 

@@ -25,13 +25,13 @@
 #include <span>
 #include <vector>
 
-#include "dtensor/kernels/host/transpose.hpp"
+#include "dtensor/kernels/transpose.hpp"
 #include "dtensor/ops/common.hpp"
 
 namespace dtensor::ops {
 
 /// Swaps dimensions D0 and D1. No communication.
-template <int D0, int D1, HostDTensor X>
+template <int D0, int D1, AnyDTensor X>
 auto transpose(const X& x) {
   static_assert(D0 >= 0 && D1 >= 0 && D0 < int(X::rank) && D1 < int(X::rank),
                 "transpose: both dimensions must be dimensions of x");
@@ -39,7 +39,7 @@ auto transpose(const X& x) {
   auto s = x.shape();
   std::swap(s[std::size_t(D0)], s[std::size_t(D1)]);
   return detail::make<typename X::value_type, X::rank, L>(
-      x.mesh(), s, kernels::host::transpose(x.to_local(), std::size_t(D0), std::size_t(D1)));
+      x.mesh(), s, kernels::transpose(x.to_local(), std::size_t(D0), std::size_t(D1)));
 }
 
 namespace detail {
@@ -103,7 +103,7 @@ void check_reshape(const char* op, const Mesh& mesh, const Shape<RX>& from, cons
 
 /// The same elements with extents `shape`, in the output layout To (see the synopsis).
 /// No communication.
-template <LayoutType To, HostDTensor X, std::size_t R2>
+template <LayoutType To, AnyDTensor X, std::size_t R2>
 auto reshape(const X& x, const Shape<R2>& shape) {
   static_assert(To::mesh_ndim == X::mesh_type::ndim, "reshape: the layout needs one placement per mesh dimension");
   static_assert(To::desc.max_shard_dim() < int(R2), "reshape: the layout shards a dimension the result does not have");
@@ -116,7 +116,7 @@ auto reshape(const X& x, const Shape<R2>& shape) {
 }
 
 /// The gradient of reshape: dy back to x's extents, x's shards, dy's Replicate / Partial.
-template <HostDTensor DY, HostDTensor X>
+template <AnyDTensor DY, AnyDTensor X>
 auto reshape_backward(const DY& dy, const X& x) {
   detail::require_same_mesh_type<DY, X>();
   detail::require_rule<"reshape_backward", rules::ReshapeBackward{}, typename X::mesh_type, typename X::layout,
@@ -129,7 +129,7 @@ auto reshape_backward(const DY& dy, const X& x) {
 }
 
 /// Pieces of x along Dim with the given extents (adding up to x's). No communication.
-template <int Dim, HostDTensor X>
+template <int Dim, AnyDTensor X>
 auto split(const X& x, std::span<const Extent> sizes) {
   static_assert(Dim >= 0 && Dim < int(X::rank), "split: Dim must be a dimension of x");
   detail::require_rule_hint<"split", "the split dimension must not be split across ranks", rules::AlongDim{Dim},
@@ -141,7 +141,7 @@ auto split(const X& x, std::span<const Extent> sizes) {
   detail::check(nonnegative && total == x.extent(std::size_t(Dim)), "split", x.mesh(), "sizes ", to_string(sizes),
                 " do not add up to extent ", x.extent(std::size_t(Dim)), " of dimension ", Dim, " of ",
                 to_string(x.shape()));
-  auto local = kernels::host::split(x.to_local(), std::size_t(Dim), sizes);
+  auto local = kernels::split(x.to_local(), std::size_t(Dim), sizes);
   std::vector<dtensor_t<X, L>> out;
   out.reserve(sizes.size());
   for (std::size_t i = 0; i < sizes.size(); ++i) {
@@ -151,13 +151,13 @@ auto split(const X& x, std::span<const Extent> sizes) {
   }
   return out;
 }
-template <int Dim, HostDTensor X>
+template <int Dim, AnyDTensor X>
 auto split(const X& x, std::initializer_list<Extent> sizes) {
   return split<Dim>(x, std::span<const Extent>(sizes.begin(), sizes.size()));
 }
 
 /// Joins DTensors of one type along Dim (which must not be split). No communication.
-template <int Dim, HostDTensor X>
+template <int Dim, AnyDTensor X>
 auto concat(std::span<const X> parts) {
   static_assert(Dim >= 0 && Dim < int(X::rank), "concat: Dim must be a dimension of the parts");
   detail::require_rule_hint<"concat", "the joined dimension must not be split across ranks", rules::AlongDim{Dim},
@@ -166,7 +166,7 @@ auto concat(std::span<const X> parts) {
   if (parts.empty()) throw Error("concat", "no tensors to join");
   auto s = parts[0].shape();
   s[std::size_t(Dim)] = 0;
-  std::vector<Tensor<typename X::value_type, X::rank>> local;
+  std::vector<Tensor<typename X::value_type, X::rank, typename X::space>> local;
   local.reserve(parts.size());
   for (const auto& p : parts) {
     auto a = p.shape(), b = parts[0].shape();
@@ -177,9 +177,9 @@ auto concat(std::span<const X> parts) {
     local.push_back(p.to_local());
   }
   return detail::make<typename X::value_type, X::rank, L>(parts[0].mesh(), s,
-                                                          kernels::host::concat(local, std::size_t(Dim)));
+                                                          kernels::concat(local, std::size_t(Dim)));
 }
-template <int Dim, HostDTensor X>
+template <int Dim, AnyDTensor X>
 auto concat(const std::vector<X>& parts) {
   return concat<Dim>(std::span<const X>(parts));
 }

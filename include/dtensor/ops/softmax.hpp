@@ -11,7 +11,7 @@
 // No communication.
 #pragma once
 
-#include "dtensor/kernels/host/softmax.hpp"
+#include "dtensor/kernels/softmax.hpp"
 #include "dtensor/ops/activations.hpp"
 
 namespace dtensor::ops {
@@ -35,13 +35,13 @@ auto rowwise(const X& x, F local_op) {
 /// exp(x - logsumexp(x)) along the last dimension. No communication.
 template <FloatDTensor X>
 auto softmax(const X& x) {
-  return detail::rowwise<"softmax">(x, [](const auto& l) { return kernels::host::softmax(l); });
+  return detail::rowwise<"softmax">(x, [](const auto& l) { return kernels::softmax(l); });
 }
 
 /// x - logsumexp(x) along the last dimension. No communication.
 template <FloatDTensor X>
 auto log_softmax(const X& x) {
-  return detail::rowwise<"log_softmax">(x, [](const auto& l) { return kernels::host::log_softmax(l); });
+  return detail::rowwise<"log_softmax">(x, [](const auto& l) { return kernels::log_softmax(l); });
 }
 
 /// The gradient of y = softmax(x) given y: y * (dy - sum(dy * y)).
@@ -49,7 +49,7 @@ template <FloatDTensor DY, FloatDTensor Y>
 auto softmax_backward(const DY& dy, const Y& y) {
   detail::require_rowwise<"softmax_backward", Y>();
   return detail::unary_backward<"softmax_backward">(
-      dy, y, [](const auto& yl, const auto& gl) { return kernels::host::softmax_backward(yl, gl); });
+      dy, y, [](const auto& yl, const auto& gl) { return kernels::softmax_backward(yl, gl); });
 }
 
 /// The gradient of y = log_softmax(x) given y: dy - exp(y) * sum(dy).
@@ -57,7 +57,7 @@ template <FloatDTensor DY, FloatDTensor Y>
 auto log_softmax_backward(const DY& dy, const Y& y) {
   detail::require_rowwise<"log_softmax_backward", Y>();
   return detail::unary_backward<"log_softmax_backward">(
-      dy, y, [](const auto& yl, const auto& gl) { return kernels::host::log_softmax_backward(yl, gl); });
+      dy, y, [](const auto& yl, const auto& gl) { return kernels::log_softmax_backward(yl, gl); });
 }
 
 }  // namespace dtensor::ops

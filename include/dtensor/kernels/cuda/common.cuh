@@ -17,6 +17,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 
 #include "dtensor/core/cuda_check.cuh"
 #include "dtensor/core/cuda_space.cuh"
@@ -109,6 +110,49 @@ __device__ inline Extent gstride() { return Extent(gridDim.x) * blockDim.x; }
 inline unsigned rows_grid(Extent rows) { return unsigned(rows > 0 ? rows : 1); }
 
 inline void launched(const char* kernel) { DTENSOR_CUDA_CHECK_LAUNCH(kernel); }
+
+/// Where a kernel reports the first bad value it meets (an id or a target out of range), so that
+/// the host can throw the host twin's error: 0 while all is well, else 1 + the position.
+class BadValueFlag {
+ public:
+  BadValueFlag() : flag_(Shape<1>{1}) {}
+  unsigned long long* data() { return reinterpret_cast<unsigned long long*>(flag_.data()); }
+  /// The position of a bad value, or -1 (waits for the kernels before it on the stream).
+  Extent position() const {
+    const auto h = to_space<host_space>(flag_);
+    return Extent(h[0]) - 1;
+  }
+
+ private:
+  CudaTensor<std::int64_t, 1> flag_;
+};
+
+__device__ inline void report_bad(unsigned long long* flag, Extent position) {
+  atomicCAS(flag, 0ull, static_cast<unsigned long long>(position) + 1ull);
+}
+
+/// Extents and row-major strides of up to 8 dimensions, passed to kernels by value.
+struct Dims {
+  int rank = 0;
+  Extent extent[8] = {}, stride[8] = {};
+};
+template <std::size_t R>
+Dims dims_of(const Shape<R>& extents, const Shape<R>& strides) {
+  Dims d;
+  d.rank = int(R);
+  for (std::size_t i = 0; i < R; ++i) d.extent[i] = extents[i], d.stride[i] = strides[i];
+  return d;
+}
+/// The offset, under `from`'s strides, of the element at row-major position i of `shape`.
+__device__ inline Extent offset_of(Extent i, const Dims& shape, const Dims& from) {
+  Extent off = 0;
+  for (int d = shape.rank - 1; d >= 0; --d) {
+    const Extent e = shape.extent[d] > 0 ? shape.extent[d] : 1;
+    off += (i % e) * from.stride[d];
+    i /= e;
+  }
+  return off;
+}
 
 }  // namespace detail
 }  // namespace dtensor::kernels::cuda

@@ -1,9 +1,12 @@
 // dtensor/kernels/cuda/elementwise.cuh — the twin of kernels/host/elementwise.hpp on CudaTensor:
-// add, sub, mul, scale, add_, mul_, scale_, fill_, add_bias(_), bias_grad(_into).
-// (The broadcasting ops add/sub/mul_broadcast and sum_to have no device twin yet.)
+// add, sub, mul, scale, add_, mul_, scale_, fill_, add_bias(_), bias_grad(_into), and the
+// broadcasting ops add/sub/mul_broadcast with their adjoint sum_to (one thread per output
+// element; sum_to walks the broadcast positions of its element in row-major order, in double,
+// as the host does, so it is deterministic).
 #pragma once
 
 #include "dtensor/kernels/cuda/common.cuh"
+#include "dtensor/kernels/host/elementwise.hpp"  // broadcast_shape, broadcast_strides (extents only)
 
 namespace dtensor::kernels::cuda {
 
@@ -150,6 +153,81 @@ CudaTensor<T, 1> bias_grad(const CudaTensor<T, R>& dy) {
   CudaTensor<T, 1> db(Shape<1>{dy.extent(R - 1)});
   bias_grad_into(db, dy);
   return db;
+}
+
+namespace detail {
+
+/// out[i] = f(a[at_a(i)], b[at_b(i)]) over the output's extents; strides 0 along broadcast dims.
+template <class T, class F>
+__global__ void zip_broadcast_kernel(T* out, const T* a, const T* b, Extent n, Dims out_dims, Dims a_strides,
+                                     Dims b_strides, F f) {
+  using C = compute_t<T>;
+  for (Extent i = gidx(); i < n; i += gstride())
+    out[i] = T(f(C(a[offset_of(i, out_dims, a_strides)]), C(b[offset_of(i, out_dims, b_strides)])));
+}
+
+/// out[j] = sum of dz over the positions that broadcast to j (`sum_dims`: the extents summed
+/// over, 1 elsewhere; `dz_strides` their strides in dz).
+template <class T>
+__global__ void sum_to_kernel(T* out, const T* dz, Extent n, Dims out_dims, Dims out_in_dz, Dims sum_dims,
+                              Dims dz_strides, Extent per_output) {
+  for (Extent j = gidx(); j < n; j += gstride()) {
+    const Extent base = offset_of(j, out_dims, out_in_dz);
+    double acc = 0;
+    for (Extent k = 0; k < per_output; ++k) acc += double(dz[base + offset_of(k, sum_dims, dz_strides)]);
+    out[j] = T(acc);
+  }
+}
+
+template <class T, std::size_t R, class F>
+CudaTensor<T, R> zip_broadcast(const char* op, const CudaTensor<T, R>& a, const CudaTensor<T, R>& b, F f) {
+  const Shape<R> s = host::broadcast_shape(op, a.shape(), b.shape());
+  const Shape<R> sa = host::detail::broadcast_strides(op, s, a.shape()), sb = host::detail::broadcast_strides(op, s, b.shape());
+  auto out = CudaTensor<T, R>::uninitialized(s);
+  if (out.numel() == 0) return out;
+  zip_broadcast_kernel<<<grid_for(out.numel()), block, 0, stream()>>>(
+      out.data(), a.data(), b.data(), out.numel(), dims_of(s, row_major_strides(s)), dims_of(s, sa), dims_of(s, sb), f);
+  launched("zip_broadcast_kernel");
+  return out;
+}
+
+}  // namespace detail
+
+/// a + b with broadcasting (host::broadcast_shape: same rank, each pair equal or one of them 1).
+template <Element T, std::size_t R>
+CudaTensor<T, R> add_broadcast(const CudaTensor<T, R>& a, const CudaTensor<T, R>& b) {
+  return detail::zip_broadcast("add_broadcast", a, b, detail::Add{});
+}
+template <Element T, std::size_t R>
+CudaTensor<T, R> sub_broadcast(const CudaTensor<T, R>& a, const CudaTensor<T, R>& b) {
+  return detail::zip_broadcast("sub_broadcast", a, b, detail::Sub{});
+}
+template <Element T, std::size_t R>
+CudaTensor<T, R> mul_broadcast(const CudaTensor<T, R>& a, const CudaTensor<T, R>& b) {
+  return detail::zip_broadcast("mul_broadcast", a, b, detail::Mul{});
+}
+
+/// The adjoint of broadcasting to dz's extents: sums dz over the dimensions where `shape` is 1.
+template <FloatElement T, std::size_t R>
+CudaTensor<T, R> sum_to(const CudaTensor<T, R>& dz, const Shape<R>& shape) {
+  (void)host::detail::broadcast_strides("sum_to", dz.shape(), shape);  // checks that shape broadcasts to dz
+  auto out = CudaTensor<T, R>::uninitialized(shape);
+  if (out.numel() == 0) return out;
+  const Shape<R> dz_strides = row_major_strides(dz.shape());
+  Shape<R> summed{}, out_in_dz{};
+  Extent per_output = 1;
+  for (std::size_t d = 0; d < R; ++d) {
+    const bool broadcast = shape[d] == 1 && dz.extent(d) != 1;
+    summed[d] = broadcast ? dz.extent(d) : 1;
+    out_in_dz[d] = broadcast ? 0 : dz_strides[d];
+    per_output *= summed[d];
+  }
+  detail::sum_to_kernel<<<detail::grid_for(out.numel()), detail::block, 0, detail::stream()>>>(
+      out.data(), dz.data(), out.numel(), detail::dims_of(shape, row_major_strides(shape)),
+      detail::dims_of(shape, out_in_dz), detail::dims_of(summed, row_major_strides(summed)),
+      detail::dims_of(summed, dz_strides), per_output);
+  detail::launched("sum_to_kernel");
+  return out;
 }
 
 }  // namespace dtensor::kernels::cuda

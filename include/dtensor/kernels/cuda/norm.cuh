@@ -5,6 +5,7 @@
 #pragma once
 
 #include "dtensor/kernels/cuda/common.cuh"
+#include "dtensor/kernels/host/norm.hpp"  // the shape checks
 
 namespace dtensor::kernels::cuda {
 
@@ -86,12 +87,8 @@ __global__ void norm_dw_kernel(T* dw, T* db, const T* x, const Stat* mean, const
   }
 }
 
-template <class T, std::size_t R>
-void check_norm(const char* op, const Shape<R>& x, const CudaTensor<T, 1>& w, const CudaTensor<T, 1>* b) {
-  check(w.extent(0) == x[R - 1] && (!b || b->extent(0) == x[R - 1]), op, "x ", to_string(x), ", weight ",
-        to_string(w.shape()), b ? ", bias " + to_string(b->shape()) : std::string(),
-        ": parameters must match the last dimension");
-}
+using host::detail::check_norm;
+using host::detail::check_norm_backward;
 
 template <class T, std::size_t R>
 NormForward<T, R> norm_forward(const char* op, const CudaTensor<T, R>& x, const CudaTensor<T, 1>& w,
@@ -114,9 +111,7 @@ NormBackward<T, R> norm_backward(const char* op, const CudaTensor<T, R>& x, cons
                                  const CudaTensor<T, R>& dy) {
   check_norm<T, R>(op, x.shape(), w, nullptr);
   const Extent n = x.extent(R - 1), rows = leading_rows(x.shape());
-  check(x.shape() == dy.shape() && rstd.extent(0) == rows && (!mean || mean->extent(0) == rows), op, "x ",
-        to_string(x.shape()), ", dy ", to_string(dy.shape()), ", saved statistics ", to_string(rstd.shape()),
-        " (expected [", rows, "])");
+  check_norm_backward(op, x.shape(), dy.shape(), mean, rstd);
   NormBackward<T, R> g{CudaTensor<T, R>::uninitialized(x.shape()), CudaTensor<T, 1>(Shape<1>{n}),
                        mean ? CudaTensor<T, 1>(Shape<1>{n}) : CudaTensor<T, 1>{}};
   if (rows * n == 0) return g;

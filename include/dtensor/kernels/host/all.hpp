@@ -1,7 +1,7 @@
 // dtensor/kernels/host/all.hpp — every host kernel (the per-rank local compute) in one include.
 //
 // namespace dtensor::kernels::host: gemm / matmul / linear, elementwise, activations, reduce,
-// softmax, norm, embedding, cross_entropy, attention, transpose. Each header stands alone too.
+// softmax, norm, embedding, cross_entropy, attention, transpose, optim. Each header stands alone too.
 #pragma once
 
 #include "dtensor/kernels/host/activations.hpp"
@@ -11,6 +11,7 @@
 #include "dtensor/kernels/host/embedding.hpp"
 #include "dtensor/kernels/host/gemm.hpp"
 #include "dtensor/kernels/host/matmul.hpp"
+#include "dtensor/kernels/host/optim.hpp"
 #include "dtensor/kernels/host/norm.hpp"
 #include "dtensor/kernels/host/reduce.hpp"
 #include "dtensor/kernels/host/softmax.hpp"

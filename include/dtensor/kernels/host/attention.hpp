@@ -57,12 +57,24 @@ concept AttentionElement = std::is_same_v<T, float> || std::is_same_v<T, double>
 
 namespace detail {
 
-template <class T>
-void check_attention(const char* op, const HostTensor<T, 4>& q, const HostTensor<T, 4>& k, const HostTensor<T, 4>& v) {
+// (Shape checks only: meta and cuda kernels use them too.)
+template <class T, class S>
+void check_attention(const char* op, const Tensor<T, 4, S>& q, const Tensor<T, 4, S>& k, const Tensor<T, 4, S>& v) {
   const auto &qs = q.shape(), &ks = k.shape(), &vs = v.shape();
   check(qs[0] == ks[0] && qs[1] == ks[1] && qs[3] == ks[3] && vs[0] == ks[0] && vs[1] == ks[1] && vs[2] == ks[2], op,
         "q ", to_string(qs), ", k ", to_string(ks), ", v ", to_string(vs),
         ": expected q[B,H,Tq,D], k[B,H,Tk,D], v[B,H,Tk,Dv]");
+}
+
+/// The backward's saved output, lse and dout against q [B, H, Tq, D] and v [B, H, Tk, Dv].
+template <class T, class S>
+void check_attention_saved(const Tensor<T, 4, S>& q, const Tensor<T, 4, S>& v, const Tensor<T, 4, S>& out,
+                           const Tensor<Stat, 3, S>& lse, const Tensor<T, 4, S>& dout) {
+  const Shape<4> os{q.extent(0), q.extent(1), q.extent(2), v.extent(3)};
+  const Shape<3> ls{q.extent(0), q.extent(1), q.extent(2)};
+  check(out.shape() == os && dout.shape() == os && lse.shape() == ls, "attention_backward", "out ",
+        to_string(out.shape()), ", dout ", to_string(dout.shape()), ", lse ", to_string(lse.shape()), ": expected ",
+        to_string(os), " and ", to_string(ls));
 }
 
 /// Number of keys of the block that query row i may see.
@@ -119,11 +131,8 @@ AttentionBackward<T> attention_backward(const HostTensor<T, 4>& q, const HostTen
                                         const HostTensor<T, 4>& out, const HostTensor<Stat, 3>& lse,
                                         const HostTensor<T, 4>& dout, const AttentionOptions& opts = {}) {
   detail::check_attention("attention_backward", q, k, v);
+  detail::check_attention_saved(q, v, out, lse, dout);
   const Extent B = q.extent(0), H = q.extent(1), tq = q.extent(2), d = q.extent(3), tk = k.extent(2), dv = v.extent(3);
-  const Shape<4> os{B, H, tq, dv};
-  detail::check(out.shape() == os && dout.shape() == os && lse.shape() == Shape<3>{B, H, tq}, "attention_backward",
-                "out ", to_string(out.shape()), ", dout ", to_string(dout.shape()), ", lse ", to_string(lse.shape()),
-                ": expected ", to_string(os), " and ", to_string(Shape<3>{B, H, tq}));
   AttentionBackward<T> g{HostTensor<T, 4>::uninitialized(q.shape()), HostTensor<T, 4>::uninitialized(k.shape()),
                          HostTensor<T, 4>::uninitialized(v.shape())};
   const T scale = T(detail::attention_scale(opts, d));

@@ -22,6 +22,14 @@
 #include "dtensor/core/shape.hpp"
 #include "dtensor/core/tensor.hpp"
 
+/// Marks a per-element formula that the CUDA kernels share with the host kernels (a plain
+/// inline function when nvcc is not compiling).
+#if defined(__CUDACC__)
+#define DTENSOR_HOST_DEVICE __host__ __device__
+#else
+#define DTENSOR_HOST_DEVICE
+#endif
+
 namespace dtensor::kernels::host {
 
 /// Floating-point element types the math kernels accept.
@@ -45,12 +53,7 @@ using HostTensor = Tensor<T, R, host_space>;
 
 namespace detail {
 
-/// Throws dtensor::Error(op, message) unless ok; the message is built only on failure.
-template <class... Parts>
-inline void check(bool ok, const char* op, const Parts&... parts) {
-  if (!ok) [[unlikely]]
-    throw Error(op, dtensor::detail::cat(parts...));
-}
+using dtensor::detail::check;
 
 /// Product of the extents before the last one (the "rows" of a last-dimension kernel).
 template <std::size_t R>

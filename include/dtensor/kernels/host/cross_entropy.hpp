@@ -35,14 +35,15 @@ struct CrossEntropyForward {
 
 namespace detail {
 
-template <class T, class Id>
-void check_ce(const char* op, const HostTensor<T, 2>& logits, const HostTensor<Id, 1>& targets) {
+// (Shape checks only: meta and cuda kernels use them too.)
+template <class T, class Id, class S>
+void check_ce(const char* op, const Tensor<T, 2, S>& logits, const Tensor<Id, 1, S>& targets) {
   check(targets.extent(0) == logits.extent(0), op, "logits ", to_string(logits.shape()), " and targets ",
         to_string(targets.shape()), ": one target per row");
 }
 
-template <class T>
-void check_row_stats(const char* op, const HostTensor<T, 2>& logits, const HostTensor<Stat, 1>& s, const char* name) {
+template <class T, class S>
+void check_row_stats(const char* op, const Tensor<T, 2, S>& logits, const Tensor<Stat, 1, S>& s, const char* name) {
   check(s.extent(0) == logits.extent(0), op, name, " ", to_string(s.shape()), " does not match logits ",
         to_string(logits.shape()));
 }

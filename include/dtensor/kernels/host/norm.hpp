@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <type_traits>
 #include <vector>
 
 #include "dtensor/kernels/host/common.hpp"
@@ -35,16 +36,18 @@ struct NormBackward {
 
 namespace detail {
 
-template <class T, std::size_t R>
-void check_norm(const char* op, const Shape<R>& x, const HostTensor<T, 1>& w, const HostTensor<T, 1>* b) {
+/// (Shape checks only: meta and cuda kernels use them too.)
+template <class T, std::size_t R, class S>
+void check_norm(const char* op, const Shape<R>& x, const Tensor<T, 1, S>& w,
+                std::type_identity_t<const Tensor<T, 1, S>*> b) {
   check(w.extent(0) == x[R - 1] && (!b || b->extent(0) == x[R - 1]), op, "x ", to_string(x), ", weight ",
         to_string(w.shape()), b ? ", bias " + to_string(b->shape()) : std::string(),
         ": parameters must match the last dimension");
 }
 
-template <std::size_t R>
-void check_norm_backward(const char* op, const Shape<R>& x, const Shape<R>& dy, const HostTensor<Stat, 1>* mean,
-                         const HostTensor<Stat, 1>& rstd) {
+template <std::size_t R, class S>
+void check_norm_backward(const char* op, const Shape<R>& x, const Shape<R>& dy,
+                         std::type_identity_t<const Tensor<Stat, 1, S>*> mean, const Tensor<Stat, 1, S>& rstd) {
   const Extent rows = leading_rows(x);
   check(x == dy && rstd.extent(0) == rows && (!mean || mean->extent(0) == rows), op, "x ", to_string(x), ", dy ",
         to_string(dy), ", saved statistics ", to_string(rstd.shape()), " (expected [", rows, "])");

@@ -136,4 +136,30 @@ HostTensor<T, R> max_backward(const HostTensor<T, R>& dy, const HostTensor<std::
   return dx;
 }
 
+/// The gradient of max over a dimension split across ranks: dy goes to this piece's first
+/// maximum (indices) only where this piece's maximum (local_max) equals the maximum over all
+/// ranks (global_max); ties across ranks each receive it. An empty piece gets an empty gradient.
+template <FloatElement T, std::size_t R>
+HostTensor<T, R> max_backward_split(const HostTensor<T, R>& dy, const HostTensor<std::int64_t, R>& indices,
+                                    const HostTensor<T, R>& local_max, const HostTensor<T, R>& global_max,
+                                    const Shape<R>& x_shape, std::size_t dim) {
+  const Shape<R> rs = detail::reduced_shape("max_backward", x_shape, dim);
+  detail::check(dy.shape() == rs && indices.shape() == rs && local_max.shape() == rs && global_max.shape() == rs,
+                "max_backward", "gradient ", to_string(dy.shape()), ", indices ", to_string(indices.shape()),
+                " and maxima ", to_string(local_max.shape()), ", ", to_string(global_max.shape()), " must be ",
+                to_string(rs), " for input ", to_string(x_shape));
+  HostTensor<T, R> dx(x_shape);
+  const auto a = detail::around(x_shape, dim);
+  if (a.n == 0) return dx;
+  for (Extent o = 0; o < a.outer; ++o)
+    for (Extent i = 0; i < a.inner; ++i) {
+      const Extent r = o * a.inner + i;
+      const std::int64_t j = indices[r];
+      if (j < 0 || !(local_max[r] == global_max[r])) continue;  // the maximum is on another rank
+      detail::check(j < a.n, "max_backward", "index ", j, " out of range [0, ", a.n, ")");
+      dx[(o * a.n + j) * a.inner + i] = dy[r];
+    }
+  return dx;
+}
+
 }  // namespace dtensor::kernels::host

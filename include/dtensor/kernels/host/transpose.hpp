@@ -14,23 +14,44 @@
 #include <array>
 #include <cstddef>
 #include <span>
+#include <utility>
 #include <vector>
 
+#include "dtensor/kernels/detail/split_concat.hpp"
 #include "dtensor/kernels/host/common.hpp"
 
 namespace dtensor::kernels::host {
 
+namespace detail {
+/// The extents of y = permute(x, perm) and, for each dimension of y, x's stride (after checking
+/// that perm is a permutation). Shapes only: every space's permute uses it.
+template <std::size_t R>
+std::pair<Shape<R>, Shape<R>> permuted(const Shape<R>& x, const std::array<std::size_t, R>& perm) {
+  std::array<bool, R> seen{};
+  for (std::size_t p : perm) {
+    check(p < R && !seen[p], "permute", "invalid permutation ", to_string(perm), " of ", to_string(x));
+    seen[p] = true;
+  }
+  Shape<R> ys{}, st{};
+  const Shape<R> xs = row_major_strides(x);
+  for (std::size_t i = 0; i < R; ++i) ys[i] = x[perm[i]], st[i] = xs[perm[i]];
+  return {ys, st};
+}
+/// The permutation that swaps d0 and d1 (checked against x's rank).
+template <std::size_t R>
+std::array<std::size_t, R> swap_dims(const Shape<R>& x, std::size_t d0, std::size_t d1) {
+  check(d0 < R && d1 < R, "transpose", "dimensions ", d0, " and ", d1, " out of range for ", to_string(x));
+  std::array<std::size_t, R> perm{};
+  for (std::size_t i = 0; i < R; ++i) perm[i] = i;
+  std::swap(perm[d0], perm[d1]);
+  return perm;
+}
+}  // namespace detail
+
 /// y has extents x.shape()[perm[i]] and y(i...) = x at the permuted index.
 template <Element T, std::size_t R>
 HostTensor<T, R> permute(const HostTensor<T, R>& x, const std::array<std::size_t, R>& perm) {
-  std::array<bool, R> seen{};
-  for (std::size_t p : perm) {
-    detail::check(p < R && !seen[p], "permute", "invalid permutation ", to_string(perm), " of ", to_string(x.shape()));
-    seen[p] = true;
-  }
-  Shape<R> ys{}, st{};  // st: x's stride for each dimension of y
-  const Shape<R> xs = x.strides();
-  for (std::size_t i = 0; i < R; ++i) ys[i] = x.extent(perm[i]), st[i] = xs[perm[i]];
+  const auto [ys, st] = detail::permuted(x.shape(), perm);  // st: x's stride for each dimension of y
   auto y = HostTensor<T, R>::uninitialized(ys);
   const Extent n = y.numel();
   if (n == 0) return y;
@@ -55,33 +76,13 @@ HostTensor<T, R> permute(const HostTensor<T, R>& x, const std::array<std::size_t
 /// Swaps dimensions d0 and d1.
 template <Element T, std::size_t R>
 HostTensor<T, R> transpose(const HostTensor<T, R>& x, std::size_t d0, std::size_t d1) {
-  detail::check(d0 < R && d1 < R, "transpose", "dimensions ", d0, " and ", d1, " out of range for ",
-                to_string(x.shape()));
-  std::array<std::size_t, R> perm{};
-  for (std::size_t i = 0; i < R; ++i) perm[i] = i;
-  std::swap(perm[d0], perm[d1]);
-  return permute(x, perm);
+  return permute(x, detail::swap_dims(x.shape(), d0, d1));
 }
 
 /// Pieces of x along dim with the given extents (they must add up to x's extent).
 template <Element T, std::size_t R>
 std::vector<HostTensor<T, R>> split(const HostTensor<T, R>& x, std::size_t dim, std::span<const Extent> sizes) {
-  detail::check_dim("split", dim, x.shape());
-  Extent total = 0;
-  for (Extent s : sizes) {
-    detail::check(s >= 0, "split", "negative size in ", to_string(sizes));
-    total += s;
-  }
-  detail::check(total == x.extent(dim), "split", "sizes ", to_string(sizes), " add up to ", total, ", not to extent ",
-                x.extent(dim), " of dimension ", dim, " of ", to_string(x.shape()));
-  std::vector<HostTensor<T, R>> parts;
-  parts.reserve(sizes.size());
-  Extent start = 0;
-  for (Extent s : sizes) {
-    parts.push_back(x.slice(dim, start, s));
-    start += s;
-  }
-  return parts;
+  return kernels::detail::split_boxes(x, dim, sizes);
 }
 template <Element T, std::size_t R>
 std::vector<HostTensor<T, R>> split(const HostTensor<T, R>& x, std::size_t dim, std::initializer_list<Extent> sizes) {
@@ -101,24 +102,7 @@ std::vector<HostTensor<T, R>> split(const HostTensor<T, R>& x, std::size_t dim, 
 /// Joins tensors along dim; every other extent must agree.
 template <Element T, std::size_t R>
 HostTensor<T, R> concat(std::span<const HostTensor<T, R>> parts, std::size_t dim) {
-  detail::check(!parts.empty(), "concat", "no tensors to join");
-  detail::check_dim("concat", dim, parts[0].shape());
-  Shape<R> s = parts[0].shape();
-  s[dim] = 0;
-  for (const auto& p : parts) {
-    Shape<R> a = p.shape(), b = parts[0].shape();
-    a[dim] = b[dim] = 0;
-    detail::check(a == b, "concat", "extents ", to_string(p.shape()), " and ", to_string(parts[0].shape()),
-                  " differ outside dimension ", dim);
-    s[dim] += p.extent(dim);
-  }
-  auto y = HostTensor<T, R>::uninitialized(s);
-  Shape<R> at{};
-  for (const auto& p : parts) {
-    copy_box(p, Shape<R>{}, y, at, p.shape());
-    at[dim] += p.extent(dim);
-  }
-  return y;
+  return kernels::detail::concat_boxes(parts, dim);
 }
 template <Element T, std::size_t R>
 HostTensor<T, R> concat(const std::vector<HostTensor<T, R>>& parts, std::size_t dim) {

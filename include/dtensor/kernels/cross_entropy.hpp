@@ -1,0 +1,19 @@
+// dtensor/kernels/cross_entropy.hpp — cross-entropy and its vocabulary-parallel pieces, for every memory space (kernels/dispatch.hpp).
+#pragma once
+
+#include "dtensor/kernels/dispatch.hpp"
+#include "dtensor/kernels/host/cross_entropy.hpp"
+#include "dtensor/kernels/meta/cross_entropy.hpp"
+#if defined(__CUDACC__)
+#include "dtensor/kernels/cuda/cross_entropy.cuh"
+#endif
+
+namespace dtensor::kernels {
+DTENSOR_KERNELS_USE(cross_entropy)
+DTENSOR_KERNELS_USE(cross_entropy_backward)
+DTENSOR_KERNELS_USE(vocab_parallel_ce_max)
+DTENSOR_KERNELS_USE(vocab_parallel_ce_sum_exp)
+DTENSOR_KERNELS_USE(vocab_parallel_ce_target_logit)
+DTENSOR_KERNELS_USE(vocab_parallel_ce_loss)
+DTENSOR_KERNELS_USE(vocab_parallel_ce_backward)
+}  // namespace dtensor::kernels

@@ -1,0 +1,101 @@
+// dtensor/kernels/cuda/optim.cuh — the twin of kernels/host/optim.hpp on CudaTensor: adamw_update,
+// sgd_update (one thread per element through the host's per-element functions, in double) and sum_squares (in double:
+// per-block tree sums over a fixed grid, then one block adds the partial sums; deterministic,
+// not the host's bits). Not Thrust/CUB here: their kernels name ::cuda::std, which a translation
+// unit with `using namespace dtensor;` (namespace dtensor::cuda) makes ambiguous in nvcc's stub.
+#pragma once
+
+#include <cmath>
+
+#include "dtensor/kernels/cuda/common.cuh"
+#include "dtensor/kernels/host/optim.hpp"  // AdamWStep, SgdStep, the checks
+
+namespace dtensor::kernels::cuda {
+
+using host::AdamWStep;
+using host::SgdStep;
+
+namespace detail {
+
+template <class T>
+__global__ void adamw_kernel(T* p, const T* g, T* m, T* v, Extent n, AdamWStep s, double c1, double c2) {
+  const double decay = 1 - s.lr * s.weight_decay;
+  for (Extent i = gidx(); i < n; i += gstride()) {
+    double pi = double(p[i]), mi = double(m[i]), vi = double(v[i]);
+    host::detail::adamw_element(pi, mi, vi, double(g[i]), s, c1, c2, decay);
+    m[i] = T(mi);
+    v[i] = T(vi);
+    p[i] = T(pi);
+  }
+}
+
+template <class T>
+__global__ void sgd_kernel(T* p, const T* g, T* b, Extent n, SgdStep s) {
+  const bool momentum = s.momentum > 0;
+  for (Extent i = gidx(); i < n; i += gstride()) {
+    double pi = double(p[i]), bi = momentum ? double(b[i]) : 0.0;
+    host::detail::sgd_element(pi, bi, double(g[i]), s);
+    if (momentum) b[i] = T(bi);
+    p[i] = T(pi);
+  }
+}
+
+inline constexpr unsigned sum_squares_blocks = 256;
+
+/// partial[b] = sum of x^2 over the grid-stride slice of block b.
+template <class T>
+__global__ void sum_squares_kernel(double* partial, const T* x, Extent n) {
+  double s = 0;
+  for (Extent i = gidx(); i < n; i += gstride()) s += double(x[i]) * double(x[i]);
+  s = block_sum(s);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+template <class D>
+__global__ void sum_partials_kernel(D* out, const D* partial, unsigned count) {
+  const double s = block_sum(threadIdx.x < count ? partial[threadIdx.x] : 0.0);
+  if (threadIdx.x == 0) *out = s;
+}
+
+}  // namespace detail
+
+template <FloatElement T, std::size_t R>
+void adamw_update(CudaTensor<T, R>& param, const CudaTensor<T, R>& grad, CudaTensor<T, R>& exp_avg,
+                  CudaTensor<T, R>& exp_avg_sq, const AdamWStep& s) {
+  host::detail::check_update("adamw_update", param, grad, "gradient");
+  host::detail::check_update("adamw_update", param, exp_avg, "exp_avg");
+  host::detail::check_update("adamw_update", param, exp_avg_sq, "exp_avg_sq");
+  host::detail::check_adamw(s);
+  if (param.numel() == 0) return;
+  const double c1 = 1 - std::pow(s.beta1, double(s.step)), c2 = 1 - std::pow(s.beta2, double(s.step));
+  detail::adamw_kernel<<<detail::grid_for(param.numel()), detail::block, 0, detail::stream()>>>(
+      param.data(), grad.data(), exp_avg.data(), exp_avg_sq.data(), param.numel(), s, c1, c2);
+  detail::launched("adamw_kernel");
+}
+
+template <FloatElement T, std::size_t R>
+void sgd_update(CudaTensor<T, R>& param, const CudaTensor<T, R>& grad, CudaTensor<T, R>& momentum_buffer,
+                const SgdStep& s) {
+  host::detail::check_update("sgd_update", param, grad, "gradient");
+  if (s.momentum > 0) host::detail::check_update("sgd_update", param, momentum_buffer, "momentum buffer");
+  if (param.numel() == 0) return;
+  detail::sgd_kernel<<<detail::grid_for(param.numel()), detail::block, 0, detail::stream()>>>(
+      param.data(), grad.data(), momentum_buffer.data(), param.numel(), s);
+  detail::launched("sgd_kernel");
+}
+
+/// Sum of x^2 in double (waits for the result: it is a host value).
+template <FloatElement T, std::size_t R>
+double sum_squares(const CudaTensor<T, R>& x) {
+  if (x.numel() == 0) return 0.0;
+  static_assert(detail::sum_squares_blocks <= detail::block, "one block adds the partial sums");
+  CudaTensor<double, 1> partial(Shape<1>{detail::sum_squares_blocks}), total(Shape<1>{1});
+  detail::sum_squares_kernel<<<detail::sum_squares_blocks, detail::block, 0, detail::stream()>>>(partial.data(),
+                                                                                                x.data(), x.numel());
+  detail::launched("sum_squares_kernel");
+  detail::sum_partials_kernel<<<1, detail::block, 0, detail::stream()>>>(total.data(), partial.data(),
+                                                                         detail::sum_squares_blocks);
+  detail::launched("sum_partials_kernel");
+  return to_space<host_space>(total)[0];
+}
+
+}  // namespace dtensor::kernels::cuda

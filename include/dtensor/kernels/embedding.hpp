@@ -1,0 +1,16 @@
+// dtensor/kernels/embedding.hpp — embedding lookups and their backwards, for every memory space (kernels/dispatch.hpp).
+#pragma once
+
+#include "dtensor/kernels/dispatch.hpp"
+#include "dtensor/kernels/host/embedding.hpp"
+#include "dtensor/kernels/meta/embedding.hpp"
+#if defined(__CUDACC__)
+#include "dtensor/kernels/cuda/embedding.cuh"
+#endif
+
+namespace dtensor::kernels {
+DTENSOR_KERNELS_USE(embedding)
+DTENSOR_KERNELS_USE(embedding_shard)
+DTENSOR_KERNELS_USE(embedding_backward)
+DTENSOR_KERNELS_USE(embedding_shard_backward)
+}  // namespace dtensor::kernels

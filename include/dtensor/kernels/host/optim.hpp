@@ -1,0 +1,109 @@
+// dtensor/kernels/host/optim.hpp — the per-element optimizer updates and the squared norm that
+// gradient clipping needs, on one tensor (a parameter's local piece or a flat buffer).
+//
+//   adamw_update(param, grad, exp_avg, exp_avg_sq, {.lr = 3e-4, .beta1 = 0.9, .beta2 = 0.95,
+//                                                   .eps = 1e-8, .weight_decay = 0.1, .step = t});
+//   sgd_update(param, grad, momentum_buffer, {.lr = 0.1, .momentum = 0.9, .first_step = t == 0});
+//   double sq = sum_squares(grad);            // sum of g^2 in double (all-reduce it, then sqrt)
+//
+// The math of torch.optim.AdamW / SGD in double, stored in T (as optim/adamw.hpp, optim/sgd.hpp):
+// AdamW at step t >= 1: p *= 1 - lr wd; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
+// p -= lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps). SGD: g += wd p; with momentum,
+// b = g on the first step else mu b + (1 - dampening) g, and g = nesterov ? g + mu b : b; p -= lr g.
+#pragma once
+
+#include <cmath>
+
+#include "dtensor/kernels/host/common.hpp"
+
+namespace dtensor::kernels::host {
+
+struct AdamWStep {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
+  long step = 1;  // t, from 1
+};
+
+struct SgdStep {
+  double lr = 1e-2, momentum = 0, dampening = 0, weight_decay = 0;
+  bool nesterov = false;
+  bool first_step = true;  // the momentum buffer starts as the gradient
+};
+
+namespace detail {
+template <class P, class G>
+void check_update(const char* op, const P& param, const G& other, const char* name) {
+  check(other.shape() == param.shape(), op, name, " ", to_string(other.shape()), " does not match the parameter ",
+        to_string(param.shape()));
+}
+/// One element of an AdamW step, in double (c1, c2: the bias corrections 1 - beta^t; decay:
+/// 1 - lr wd). The CUDA kernel calls the same function.
+DTENSOR_HOST_DEVICE inline void adamw_element(double& p, double& m, double& v, double g, const AdamWStep& s, double c1,
+                                              double c2, double decay) {
+  m = s.beta1 * m + (1 - s.beta1) * g;
+  v = s.beta2 * v + (1 - s.beta2) * g * g;
+  p = p * decay - s.lr * (m / c1) / (::sqrt(v / c2) + s.eps);
+}
+
+/// One element of an SGD step, in double (b: the momentum buffer, used when s.momentum > 0).
+DTENSOR_HOST_DEVICE inline void sgd_element(double& p, double& b, double g, const SgdStep& s) {
+  g += s.weight_decay * p;
+  if (s.momentum > 0) {
+    b = s.first_step ? g : s.momentum * b + (1 - s.dampening) * g;
+    g = s.nesterov ? g + s.momentum * b : b;
+  }
+  p -= s.lr * g;
+}
+
+inline void check_adamw(const AdamWStep& s) {
+  check(s.step >= 1 && s.beta1 >= 0 && s.beta1 < 1 && s.beta2 >= 0 && s.beta2 < 1 && s.eps >= 0, "adamw_update",
+        "step ", s.step, " (from 1), beta1 ", s.beta1, ", beta2 ", s.beta2, " (in [0, 1)), eps ", s.eps);
+}
+}  // namespace detail
+
+template <FloatElement T, std::size_t R>
+void adamw_update(HostTensor<T, R>& param, const HostTensor<T, R>& grad, HostTensor<T, R>& exp_avg,
+                  HostTensor<T, R>& exp_avg_sq, const AdamWStep& s) {
+  detail::check_update("adamw_update", param, grad, "gradient");
+  detail::check_update("adamw_update", param, exp_avg, "exp_avg");
+  detail::check_update("adamw_update", param, exp_avg_sq, "exp_avg_sq");
+  detail::check_adamw(s);
+  const double c1 = 1 - std::pow(s.beta1, double(s.step)), c2 = 1 - std::pow(s.beta2, double(s.step));
+  const double decay = 1 - s.lr * s.weight_decay;
+  T *p = param.data(), *m = exp_avg.data(), *v = exp_avg_sq.data();
+  const T* g = grad.data();
+  for (Extent i = 0, n = param.numel(); i < n; ++i) {
+    double pi = double(p[i]), mi = double(m[i]), vi = double(v[i]);
+    detail::adamw_element(pi, mi, vi, double(g[i]), s, c1, c2, decay);
+    m[i] = T(mi);
+    v[i] = T(vi);
+    p[i] = T(pi);
+  }
+}
+
+/// momentum_buffer is read and written only when s.momentum > 0 (it may be empty otherwise).
+template <FloatElement T, std::size_t R>
+void sgd_update(HostTensor<T, R>& param, const HostTensor<T, R>& grad, HostTensor<T, R>& momentum_buffer,
+                const SgdStep& s) {
+  detail::check_update("sgd_update", param, grad, "gradient");
+  if (s.momentum > 0) detail::check_update("sgd_update", param, momentum_buffer, "momentum buffer");
+  T* p = param.data();
+  T* b = momentum_buffer.data();
+  const T* g = grad.data();
+  const bool momentum = s.momentum > 0;
+  for (Extent i = 0, n = param.numel(); i < n; ++i) {
+    double pi = double(p[i]), bi = momentum ? double(b[i]) : 0.0;
+    detail::sgd_element(pi, bi, double(g[i]), s);
+    if (momentum) b[i] = T(bi);
+    p[i] = T(pi);
+  }
+}
+
+/// Sum of x^2 in double, in index order.
+template <FloatElement T, std::size_t R>
+double sum_squares(const HostTensor<T, R>& x) {
+  double sq = 0;
+  for (Extent i = 0, n = x.numel(); i < n; ++i) sq += double(x[i]) * double(x[i]);
+  return sq;
+}
+
+}  // namespace dtensor::kernels::host
