@@ -568,8 +568,12 @@ void train_moe(CommPtr world, const Options& o, const Corpus& corpus) {
   auto emesh = parallel::make_expert_mesh<ExpertMesh>(mesh, o.ep);
   const nn::GPTConfig cfg{.vocab = Extent(corpus.chars.size()), .seq = o.seq, .dim = o.dim, .heads = o.heads,
                           .layers = o.layers, .mlp_ratio = 4, .checkpoint = o.checkpoint, .seed = o.seed};
-  nn::MoELayersConfig mc{.router = {.experts = o.experts, .topk = o.topk, .z_loss_coeff = 1e-3}, .every = o.moe_every};
+  nn::MoELayersConfig mc;
+  mc.router.experts = o.experts;
+  mc.router.topk = o.topk;
+  mc.router.z_loss_coeff = 1e-3;
   if (o.capacity > 0) mc.router.capacity_factor = o.capacity;
+  mc.every = o.moe_every;
   Model model(mesh, cfg, nn::MoELayers<float, ExpertMesh>(emesh, mc));
   nn::ParamList<float, 2> ps;
   model.collect(ps);
