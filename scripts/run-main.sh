@@ -13,4 +13,7 @@ build=${DTENSOR_MAIN_BUILD:-build-main}
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDTENSOR_WITH_BLAS=ON -DDTENSOR_BUILD_TESTS=OFF \
       -DDTENSOR_BUILD_BENCHMARKS=OFF >/dev/null
 cmake --build "$build" -j"$(nproc)" --target train_gpt
+# Without flags: data x context x tensor parallelism with sequence parallelism on 8 threads
+# (dp 2 x cp 2 x tp 2 + SP); any flags replace that (train_gpt --help lists them).
+if [[ $# -eq 0 ]]; then set -- --dp 2 --cp 2 --tp 2; fi
 exec "$build/examples/train_gpt" "$@"
