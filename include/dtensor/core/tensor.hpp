@@ -100,7 +100,10 @@ class Tensor {
   explicit Tensor(const Shape<R>& shape) : Tensor(uninitialized(shape)) { Space::zero(data(), bytes()); }
 
   /// A tensor whose elements are not initialized (every element is written before it is read).
-  static Tensor uninitialized(const Shape<R>& shape) { return with_capacity(shape, dtensor::numel(shape)); }
+  static Tensor uninitialized(const Shape<R>& shape) {
+    check_shape("Tensor", shape);  // before numel: an overflowing product is undefined behaviour
+    return with_capacity(shape, dtensor::numel(shape));
+  }
 
   /// A tensor with room for `capacity` >= numel(shape) elements; see `resize_within`.
   static Tensor with_capacity(const Shape<R>& shape, Extent capacity) {
