@@ -63,6 +63,13 @@ class AdamW : public Optimizer<T, N> {
   /// The first and second moments of parameter k (local pieces).
   std::span<const T> exp_avg(std::size_t k) const { return m_.of(k); }
   std::span<const T> exp_avg_sq(std::size_t k) const { return v_.of(k); }
+  /// The same, writable, and the step count: what a checkpoint restores (checkpoint/training_state.hpp).
+  std::span<T> exp_avg(std::size_t k) { return m_.of(k); }
+  std::span<T> exp_avg_sq(std::size_t k) { return v_.of(k); }
+  void set_steps(long t) {
+    if (t < 0) throw Error("AdamW::set_steps", dtensor::detail::cat("step count ", t, " is negative"));
+    t_ = t;
+  }
 
  private:
   AdamWOptions o_;
