@@ -47,6 +47,22 @@ nn::GPTConfig config() {
 }
 optim::AdamWOptions adam() { return {.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1}; }
 
+/// A model with its parameter views and AdamW, as a trainer holds them.
+template <class Model, class Mesh>
+struct Run {
+  static nn::ParamList<double, Mesh::ndim> views(Model& m) {
+    nn::ParamList<double, Mesh::ndim> ps;
+    m.collect(ps);
+    return ps;
+  }
+  explicit Run(const Mesh& mesh, const nn::GPTConfig& c = config()) : model(mesh, c), ps(views(model)), opt(ps, adam()) {}
+  Model model;
+  nn::ParamList<double, Mesh::ndim> ps;
+  optim::AdamW<double, Mesh::ndim> opt;
+};
+using TpRun = Run<TpModel, Mesh2>;
+using OneRun = Run<OneModel, Mesh2>;
+
 /// A fresh directory for one test (removed first, so a failed earlier run leaves nothing).
 fs::path scratch(const std::string& name) {
   const auto dir = fs::temp_directory_path() / ("dtensor-ckpt-" + std::to_string(::getpid())) / name;
@@ -65,8 +81,8 @@ auto batch(const Mesh& mesh, int step) {
 
 /// Steps [from, to) of AdamW on the model (DDP + sequence-parallel gradient syncs); the losses.
 template <class Model, class Mesh>
-std::vector<double> train(Model& model, const Mesh& mesh, nn::ParamList<double, Mesh::ndim>& ps, optim::AdamW<double, Mesh::ndim>& opt,
-                          int from, int to) {
+std::vector<double> train(Run<Model, Mesh>& r, const Mesh& mesh, int from, int to) {
+  auto& [model, ps, opt] = r;
   std::vector<double> losses;
   for (int s = from; s < to; ++s) {
     opt.zero_grad();
@@ -108,13 +124,12 @@ std::vector<double> save_reference(const fs::path& dir) {
   std::vector<double> straight;
   threads::run(4, [&](CommPtr world) {
     Mesh2 mesh(world, {2, 2});
-    TpModel model(mesh, config());
-    nn::ParamList<double, 2> ps;
-    model.collect(ps);
-    optim::AdamW<double, 2> opt(ps, adam());
-    auto losses = train(model, mesh, ps, opt, 0, kSaveAt);
+    TpRun model_run(mesh);
+
+    auto& [model, ps, opt] = model_run;
+    auto losses = train(model_run, mesh, 0, kSaveAt);
     checkpoint::save_training_state(dir, mesh, model, opt, meta_at(kSaveAt));
-    auto more = train(model, mesh, ps, opt, kSaveAt, kSaveAt + kMore);
+    auto more = train(model_run, mesh, kSaveAt, kSaveAt + kMore);
     losses.insert(losses.end(), more.begin(), more.end());
     if (world->rank() == 0) straight = losses;
   });
@@ -126,10 +141,9 @@ Full load_full(const fs::path& dir) {
   Full full;
   threads::run(1, [&](CommPtr world) {
     Mesh2 mesh(world, {1, 1});
-    OneModel model(mesh, config());
-    nn::ParamList<double, 2> ps;
-    model.collect(ps);
-    optim::AdamW<double, 2> opt(ps, adam());
+    OneRun model_run(mesh);
+
+    auto& [model, ps, opt] = model_run;
     checkpoint::load_training_state(dir, mesh, model, opt, checkpoint::config_of(config()));
     for (const auto& s : checkpoint::detail::with_moments(checkpoint::parameter_slots(model.units(), mesh), opt))
       full[s.name] = {s.shape, std::vector<double>(s.data, s.data + s.box.numel())};
@@ -176,10 +190,10 @@ TEST_CASE("checkpoint: train 3, save, resume, train 2 == 5 straight, bit for bit
   const auto& straight = straight_losses();
   auto f = on_ranks(4, [&](CommPtr world, auto report) {
     Mesh2 mesh(world, {2, 2});
-    TpModel model(mesh, {.vocab = 29, .seq = 8, .dim = 16, .heads = 4, .layers = 2, .mlp_ratio = 2, .seed = 99});  // other values
-    nn::ParamList<double, 2> ps;
-    model.collect(ps);
-    optim::AdamW<double, 2> opt(ps, adam());
+    auto other = config();
+    other.seed = 99;  // other initial values, and another configuration
+    TpRun model_run(mesh, other);
+    auto& [model, ps, opt] = model_run;
     auto before = unit_values(model);
     // The seed differs, so the configuration does: refused, and nothing loaded.
     try {
@@ -193,7 +207,7 @@ TEST_CASE("checkpoint: train 3, save, resume, train 2 == 5 straight, bit for bit
     if (meta.step != kSaveAt || meta.data_position != std::uint64_t(kSaveAt) * kBatch || meta.rng_state != meta_at(0).rng_state ||
         opt.steps() != kSaveAt)
       report(detail::cat("metadata: step ", meta.step, ", data position ", meta.data_position, ", optimizer steps ", opt.steps()));
-    const auto losses = train(model, mesh, ps, opt, kSaveAt, kSaveAt + kMore);
+    const auto losses = train(model_run, mesh, kSaveAt, kSaveAt + kMore);
     const std::vector<double> want(straight.begin() + kSaveAt, straight.end());
     if (losses != want) report("resumed losses differ: " + compare_losses(losses, want, 0));
   });
@@ -205,12 +219,10 @@ TEST_CASE("checkpoint: the same mesh restores parameters and AdamW moments bit f
   const auto dir = scratch("same-mesh");
   auto f = on_ranks(4, [&](CommPtr world, auto report) {
     Mesh2 mesh(world, {2, 2});
-    TpModel saved(mesh, config()), loaded(mesh, config());
-    nn::ParamList<double, 2> ps, qs;
-    saved.collect(ps);
-    loaded.collect(qs);
-    optim::AdamW<double, 2> opt(ps, adam()), opt2(qs, adam());
-    train(saved, mesh, ps, opt, 0, 2);
+    TpRun saved_run(mesh), loaded_run(mesh);
+    auto &saved = saved_run.model, &loaded = loaded_run.model;
+    auto &opt = saved_run.opt, &opt2 = loaded_run.opt;
+    train(saved_run, mesh, 0, 2);
     checkpoint::save_training_state(dir, mesh, saved, opt, meta_at(2), {.max_piece_bytes = 512});  // many slabs
     checkpoint::load_training_state(dir, mesh, loaded, opt2, checkpoint::config_of(config()));
     if (unit_values(loaded) != unit_values(saved)) report("parameters differ");
@@ -235,11 +247,10 @@ TEST_CASE("checkpoint: loaded on one rank, tp 4 and FSDP, every piece equals the
   // The one-rank load is the whole saved parameters: the training run's full tensors.
   threads::run(4, [&](CommPtr world) {  // recompute them from a fresh dp 2 x tp 2 run of 3 steps
     Mesh2 mesh(world, {2, 2});
-    TpModel model(mesh, config());
-    nn::ParamList<double, 2> ps;
-    model.collect(ps);
-    optim::AdamW<double, 2> opt(ps, adam());
-    train(model, mesh, ps, opt, 0, kSaveAt);
+    TpRun model_run(mesh);
+
+    auto& [model, ps, opt] = model_run;
+    train(model_run, mesh, 0, kSaveAt);
     std::string bad;
     nn::for_each_parameter(model, [&](auto& p) {
       if (!p.defined()) return;
@@ -255,12 +266,11 @@ TEST_CASE("checkpoint: loaded on one rank, tp 4 and FSDP, every piece equals the
   SECTION("one rank, then 2 more steps within rounding of the straight run") {
     threads::run(1, [&](CommPtr world) {
       Mesh2 mesh(world, {1, 1});
-      OneModel model(mesh, config());
-      nn::ParamList<double, 2> ps;
-      model.collect(ps);
-      optim::AdamW<double, 2> opt(ps, adam());
+      OneRun model_run(mesh);
+
+      auto& [model, ps, opt] = model_run;
       checkpoint::load_training_state(reference_dir(), mesh, model, opt, checkpoint::config_of(config()));
-      const auto losses = train(model, mesh, ps, opt, kSaveAt, kSaveAt + kMore);
+      const auto losses = train(model_run, mesh, kSaveAt, kSaveAt + kMore);
       const auto msg = compare_losses(losses, {straight.begin() + kSaveAt, straight.end()}, 1e-10);
       INFO(msg);
       CHECK(msg.empty());
@@ -269,10 +279,9 @@ TEST_CASE("checkpoint: loaded on one rank, tp 4 and FSDP, every piece equals the
   SECTION("tp 4 (vocab 29 as 8, 8, 8, 5), then 2 more steps") {
     auto f = on_ranks(4, [&](CommPtr world, auto report) {
       Mesh2 mesh(world, {1, 4});
-      TpModel model(mesh, config());
-      nn::ParamList<double, 2> ps;
-      model.collect(ps);
-      optim::AdamW<double, 2> opt(ps, adam());
+      TpRun model_run(mesh);
+
+      auto& [model, ps, opt] = model_run;
       checkpoint::LoadStats stats;
       auto slots = checkpoint::detail::with_moments(checkpoint::parameter_slots(model.units(), mesh), opt);
       checkpoint::load(reference_dir(), mesh, slots, {}, &stats);
@@ -281,7 +290,7 @@ TEST_CASE("checkpoint: loaded on one rank, tp 4 and FSDP, every piece equals the
       if (stats.bytes_read < stats.bytes_needed || stats.bytes_read > 3 * stats.bytes_needed)
         report(detail::cat("read ", stats.bytes_read, " bytes for ", stats.bytes_needed));
       opt.set_steps(kSaveAt);
-      const auto losses = train(model, mesh, ps, opt, kSaveAt, kSaveAt + kMore);
+      const auto losses = train(model_run, mesh, kSaveAt, kSaveAt + kMore);
       report(compare_losses(losses, {straight.begin() + kSaveAt, straight.end()}, 1e-10));
     });
     INFO(summary(f));
@@ -336,10 +345,9 @@ std::string load_error(const fs::path& dir) {
   std::vector<std::string> errors(4);
   threads::run(4, [&](CommPtr world) {
     Mesh2 mesh(world, {2, 2});
-    TpModel model(mesh, config());
-    nn::ParamList<double, 2> ps;
-    model.collect(ps);
-    optim::AdamW<double, 2> opt(ps, adam());
+    TpRun model_run(mesh);
+
+    auto& [model, ps, opt] = model_run;
     try {
       checkpoint::load_training_state(dir, mesh, model, opt, checkpoint::config_of(config()));
     } catch (const Error& e) {
@@ -424,11 +432,10 @@ TEST_CASE("checkpoint: a failed or killed save leaves the previous checkpoint lo
     std::vector<std::string> errors(4);
     threads::run(4, [&](CommPtr world) {
       Mesh2 mesh(world, {2, 2});
-      TpModel model(mesh, config());
-      nn::ParamList<double, 2> ps;
-      model.collect(ps);
-      optim::AdamW<double, 2> opt(ps, adam());
-      train(model, mesh, ps, opt, 0, 1);
+      TpRun model_run(mesh);
+
+      auto& [model, ps, opt] = model_run;
+      train(model_run, mesh, 0, 1);
       checkpoint::SaveOptions o;
       o.before_stage = [&](std::string_view s) {
         if (s == stage && world->rank() == failing_rank) throw Error("test", "simulated crash before " + stage);
@@ -456,10 +463,9 @@ TEST_CASE("checkpoint: a failed or killed save leaves the previous checkpoint lo
     std::vector<std::string> errors(2);
     threads::run(2, [&](CommPtr world) {
       Mesh2 mesh(world, {2, 1});
-      OneModel model(mesh, config());
-      nn::ParamList<double, 2> ps;
-      model.collect(ps);
-      optim::AdamW<double, 2> opt(ps, adam());
+      OneRun model_run(mesh);
+
+      auto& [model, ps, opt] = model_run;
       try {
         checkpoint::save_training_state(file / "ckpt", mesh, model, opt, meta_at(0));
       } catch (const Error& e) {
@@ -478,10 +484,9 @@ TEST_CASE("checkpoint: a failed or killed save leaves the previous checkpoint lo
     if (child == 0) {  // the writer: pieces written, killed before its manifest
       threads::run(2, [&](CommPtr world) {
         Mesh2 mesh(world, {1, 2});
-        TpModel model(mesh, config());
-        nn::ParamList<double, 2> ps;
-        model.collect(ps);
-        optim::AdamW<double, 2> opt(ps, adam());
+        TpRun model_run(mesh);
+
+        auto& [model, ps, opt] = model_run;
         checkpoint::SaveOptions o;
         o.before_stage = [&](std::string_view s) {
           if (s != "manifest") return;
@@ -505,10 +510,9 @@ TEST_CASE("checkpoint: a failed or killed save leaves the previous checkpoint lo
     straight_losses();
     threads::run(4, [&](CommPtr world) {
       Mesh2 mesh(world, {2, 2});
-      TpModel model(mesh, config());
-      nn::ParamList<double, 2> ps;
-      model.collect(ps);
-      optim::AdamW<double, 2> opt(ps, adam());
+      TpRun model_run(mesh);
+
+      auto& [model, ps, opt] = model_run;
       checkpoint::save_training_state(dir, mesh, model, opt, meta_at(0));
     });
     CHECK(!fs::exists(fs::path(dir.string() + ".partial")));
