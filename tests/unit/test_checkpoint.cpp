@@ -63,9 +63,22 @@ struct Run {
 using TpRun = Run<TpModel, Mesh2>;
 using OneRun = Run<OneModel, Mesh2>;
 
+/// This process's directory for the tests' checkpoints, removed at exit.
+const fs::path& scratch_root() {
+  struct Root {
+    fs::path path = fs::temp_directory_path() / ("dtensor-ckpt-" + std::to_string(::getpid()));
+    ~Root() {
+      std::error_code ec;
+      fs::remove_all(path, ec);
+    }
+  };
+  static const Root root;
+  return root.path;
+}
+
 /// A fresh directory for one test (removed first, so a failed earlier run leaves nothing).
 fs::path scratch(const std::string& name) {
-  const auto dir = fs::temp_directory_path() / ("dtensor-ckpt-" + std::to_string(::getpid())) / name;
+  const auto dir = scratch_root() / name;
   fs::remove_all(dir);
   fs::create_directories(dir.parent_path());
   return dir;
