@@ -534,20 +534,40 @@ TEST_CASE("checkpoint: a failed or killed save leaves the previous checkpoint lo
   }
 }
 
-TEST_CASE("checkpoint: a Partial tensor cannot be saved", "[checkpoint][errors]") {
+TEST_CASE("checkpoint: a Partial tensor, a tensor of other extents or type, an unknown tensor are errors", "[checkpoint][errors]") {
+  straight_losses();
   auto f = on_ranks(2, [&](CommPtr world, auto report) {
     Mesh2 mesh(world, {2, 1});
-    std::vector<double> data(6, 1.0);
+    std::vector<double> data(29 * 16, 1.0);
+    std::vector<float> narrow(29 * 16);
+    auto expect = [&](const std::string& what, auto&& fn) {
+      try {
+        fn();
+        report("accepted: " + what);
+      } catch (const Error& e) {
+        if (std::string(e.what()).find(what) == std::string::npos) report(e.what());
+      }
+    };
     checkpoint::Slots<double> slots;
-    try {
+    expect("tensor grad.w has layout (P(sum), R) on (dp, tp): a Partial value cannot be saved", [&] {
       checkpoint::add_slot(slots, mesh, "grad.w", {2, 3}, checkpoint::Region{{0, 0}, {2, 3}}, data.data(),
                            Layout<Partial<>, Replicate>::desc);
-      report("a Partial slot was accepted");
-    } catch (const Error& e) {
-      if (std::string(e.what()).find("tensor grad.w has layout (P(sum), R) on (dp, tp): a Partial value cannot be saved") ==
-          std::string::npos)
-        report(e.what());
-    }
+    });
+    // The layout could place rows 0..14 of wte.weight on this rank, but the model is another.
+    const auto rows = chunk_range(29, 2, mesh.coordinate(0));
+    checkpoint::Slots<double> wider;
+    checkpoint::add_slot(wider, mesh, "wte.weight", {29, 32}, checkpoint::Region{{rows.begin, 0}, {rows.size(), 16}},
+                         data.data(), Layout<Shard<0>, Replicate>::desc);
+    expect("tensor wte.weight is float64 [29, 16] in the checkpoint, float64 [29, 32] here",
+           [&] { checkpoint::load(reference_dir(), mesh, wider); });
+    checkpoint::Slots<float> floats;
+    checkpoint::add_slot(floats, mesh, "wte.weight", {29, 16}, checkpoint::Region{{rows.begin, 0}, {rows.size(), 16}},
+                         narrow.data(), Layout<Shard<0>, Replicate>::desc);
+    expect("float64 [29, 16] in the checkpoint, float32 [29, 16] here", [&] { checkpoint::load(reference_dir(), mesh, floats); });
+    checkpoint::Slots<double> unknown;
+    checkpoint::add_slot(unknown, mesh, "wte.bias", {29}, checkpoint::Region{{rows.begin}, {rows.size()}}, data.data(),
+                         Layout<Shard<0>, Replicate>::desc);
+    expect("tensor wte.bias is not in the checkpoint", [&] { checkpoint::load(reference_dir(), mesh, unknown); });
   });
   INFO(summary(f));
   REQUIRE(f.empty());

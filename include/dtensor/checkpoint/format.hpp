@@ -24,6 +24,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "dtensor/checkpoint/checksum.hpp"
@@ -115,14 +116,18 @@ class LineReader {
   I integer() {
     const std::string w = word();
     std::size_t used = 0;
-    long long v = 0;
+    I v{};
     try {
-      v = std::stoll(w, &used);
+      if constexpr (std::is_unsigned_v<I>) {
+        if (w.front() != '-') v = I(std::stoull(w, &used));
+      } else {
+        v = I(std::stoll(w, &used));
+      }
     } catch (...) {
       used = 0;
     }
-    if (used != w.size() || (std::is_unsigned_v<I> && v < 0)) fail("'" + w + "' is not an integer");
-    return I(v);
+    if (used != w.size()) fail("'" + w + "' is not an integer");
+    return v;
   }
   std::uint64_t hex() {
     const std::string w = word();

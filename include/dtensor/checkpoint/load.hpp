@@ -177,6 +177,7 @@ TrainingMeta load(const std::filesystem::path& dir, const Mesh& mesh, Slots<T>& 
                   LoadStats* stats = nullptr) {
   Manifest m;
   LoadStats mine;
+  mesh.comm().check_agreement("checkpoint::load", dir.string());  // with the collective check on
   detail::agree(mesh.comm(), "checkpoint::load", detail::error_of([&] {
                   m = read_manifest(dir);
                   if (o.config) detail::check_config(m.meta.config, *o.config);

@@ -165,6 +165,7 @@ void save(const std::filesystem::path& dir, const Mesh& mesh, const Slots<T>& sl
   auto clean_up = [&] {
     if (rank == 0) detail::error_of([&] { detail::remove_tree(staging, op); });
   };
+  comm.check_agreement(op, staging.string());  // with the collective check on: one directory for all
   // 1. the staging directory
   detail::agree(comm, op, detail::error_of([&] {
     detail::check_meta(meta);
