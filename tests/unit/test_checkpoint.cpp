@@ -1,6 +1,6 @@
 // Distributed checkpoints (checkpoint/): a GPT trained on dp 2 x tp 2 threads, saved and resumed
 // on the same mesh continues bit for bit as the straight run; loaded onto one rank, tp 4 and
-// FSDP (uneven flat shards) every piece equals the saved full tensors, and training continues
+// FSDP (uneven flat shards, HSDP) every piece equals the saved full tensors, and training continues
 // within rounding of the straight run; corrupted, truncated and missing pieces, a different
 // configuration, an unwritable directory, a Partial tensor and a save that fails or is killed
 // mid-write are clear errors that leave the previous checkpoint loadable. The overlap plan and
@@ -309,7 +309,7 @@ TEST_CASE("checkpoint: loaded on one rank, tp 4 and FSDP, every piece equals the
     INFO(summary(f));
     REQUIRE(f.empty());
   }
-  SECTION("FSDP x TP 2 x 2 (ZeRO-3), then 2 more steps; FSDP over 3 ranks (uneven), saved again, whole on one rank") {
+  SECTION("FSDP x TP 2 x 2 (ZeRO-3), then 2 more steps; FSDP over 3 ranks (uneven) and HSDP 2 x 2, saved again, whole on one rank") {
     auto f = on_ranks(4, [&](CommPtr world, auto report) {
       FsdpMesh mesh(world, {1, 2, 2});
       nn::GPT<double, FsdpMesh, parallel::MegatronPlan<true>> model(mesh, config());
@@ -348,6 +348,21 @@ TEST_CASE("checkpoint: loaded on one rank, tp 4 and FSDP, every piece equals the
     REQUIRE(f.empty());
     const Full again = load_full(dir);
     CHECK(again == full);
+    // HSDP 2 x 2: the replicas on "dp" are written once (save throws if a box is written twice).
+    const auto hsdp_dir = scratch("hsdp");
+    f = on_ranks(4, [&](CommPtr world, auto report) {
+      FsdpMesh mesh(world, {2, 2, 1});
+      nn::GPT<double, FsdpMesh, nn::ReplicatedPlan> model(mesh, config());
+      auto fsdp = parallel::fully_shard(model, mesh, {.stage = 3});
+      optim::AdamW<double, 3> opt(fsdp.params(), adam());
+      checkpoint::load_training_state(reference_dir(), mesh, model, fsdp, opt, checkpoint::config_of(config()));
+      checkpoint::save_training_state(hsdp_dir, mesh, model, fsdp, opt, meta_at(kSaveAt));
+      if (mesh.coordinate(0) == 1 && fs::file_size(hsdp_dir / ("rank-0000" + std::to_string(world->rank()) + ".bin")) != 0)
+        report("a replica on dp 1 wrote pieces");
+    });
+    INFO(summary(f));
+    REQUIRE(f.empty());
+    CHECK(load_full(hsdp_dir) == full);
   }
 }
 
