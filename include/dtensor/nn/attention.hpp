@@ -70,7 +70,7 @@ class CausalSelfAttention {
   struct Saved {
     typename Qkv::Saved qkv;
     Heads q, k, v, out;
-    ops::AttentionStats stats;                    // without a context dimension
+    ops::BasicAttentionStats<mesh_space_t<Mesh>> stats;  // without a context dimension
     parallel::ContextAttentionSaved<T> context;   // with one
     typename Proj::Saved proj;
   };

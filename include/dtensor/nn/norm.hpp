@@ -41,7 +41,7 @@ class Norm {
   using PL = params<Mesh>;
   struct Saved {
     X x;
-    ops::NormStats stats;
+    ops::BasicNormStats<mesh_space_t<Mesh>> stats;
   };
   struct WeightCtx {
     DTensor<T, 1, Mesh, GradL> dweight, dbias;
