@@ -74,7 +74,7 @@ std::vector<CommRecord> run_cases(const Mesh& mesh, const std::vector<Redistribu
 
 /// The cases on a threads mesh with host tensors and, rank by rank, on a sim mesh with meta
 /// tensors; "" when every rank's logs agree, else the first rank that differs and both logs.
-template <class Mesh, std::size_t N>
+template <fixed_string... Names, std::size_t N = sizeof...(Names)>
 std::string compare_with_threads(const std::array<int, N>& shape, std::uint64_t seed, int count) {
   const auto cases = random_redistributions<N>(seed, count);
   int n = 1;
@@ -82,13 +82,13 @@ std::string compare_with_threads(const std::array<int, N>& shape, std::uint64_t 
   std::vector<std::vector<CommRecord>> real(std::size_t(n), std::vector<CommRecord>{});
   std::mutex m;
   threads::run(n, [&](CommPtr world) {
-    Mesh mesh(world, shape);
+    DeviceMesh<Names...> mesh(world, shape);
     auto records = run_cases<host_space>(mesh, cases);
     std::lock_guard lock(m);
     real[std::size_t(world->rank())] = std::move(records);
   });
   for (int r = 0; r < n; ++r) {
-    const auto dry = run_cases<meta_space>(Mesh(sim::world(r, n), shape), cases);
+    const auto dry = run_cases<meta_space>(MetaMesh<Names...>(sim::world(r, n), shape), cases);
     const auto a = log_lines(real[std::size_t(r)]), b = log_lines(dry);
     if (a != b) return detail::cat("mesh ", to_string(shape), " rank ", r, ":\nthreads:\n", a, "sim:\n", b);
   }
@@ -102,7 +102,7 @@ TEST_CASE("sim: a world of 16,384 ranks, and meshes on it, without peers", "[sim
   CHECK(world->rank() == 12345);
   CHECK(world->size() == 16384);
   CHECK(world->backend() == "sim");
-  DeviceMesh<"pp", "dp", "tp"> mesh(world, {16, 128, 8});
+  MetaMesh<"pp", "dp", "tp"> mesh(world, {16, 128, 8});
   // 12345 = ((12 * 128) + 7) * 8 + 1
   CHECK(mesh.coordinate() == std::array{12, 7, 1});
   CHECK((mesh.group<"tp">().size() == 8 && mesh.group<"tp">().rank() == 1));
@@ -160,16 +160,16 @@ TEST_CASE("split with a known group checks it on a real backend", "[sim][errors]
 TEST_CASE("sim: meta redistributions log what real ones log on threads", "[sim][redistribute]") {
   // Random layouts (every placement, Partial op and split order), extents 0..13: uneven and
   // smaller than the mesh; the planner is shared, so every rank's log must be the same.
-  CHECK(compare_with_threads<DeviceMesh<"x">, 1>({4}, 1701, 60) == "");
-  CHECK(compare_with_threads<DeviceMesh<"x">, 1>({3}, 1702, 60) == "");
-  CHECK(compare_with_threads<DeviceMesh<"a", "b">, 2>({2, 3}, 1703, 60) == "");
-  CHECK(compare_with_threads<DeviceMesh<"a", "b">, 2>({4, 2}, 1704, 60) == "");
-  CHECK(compare_with_threads<DeviceMesh<"a", "b", "c">, 3>({2, 2, 2}, 1705, 40) == "");
-  CHECK(compare_with_threads<DeviceMesh<"a", "b", "c">, 3>({1, 2, 3}, 1706, 40) == "");
+  CHECK(compare_with_threads<"x">({4}, 1701, 60) == "");
+  CHECK(compare_with_threads<"x">({3}, 1702, 60) == "");
+  CHECK(compare_with_threads<"a", "b">({2, 3}, 1703, 60) == "");
+  CHECK(compare_with_threads<"a", "b">({4, 2}, 1704, 60) == "");
+  CHECK(compare_with_threads<"a", "b", "c">({2, 2, 2}, 1705, 40) == "");
+  CHECK(compare_with_threads<"a", "b", "c">({1, 2, 3}, 1706, 40) == "");
 }
 
 TEST_CASE("sim: a typed meta DTensor redistributes on a sim mesh of 16,384 ranks", "[sim][redistribute]") {
-  using Mesh = DeviceMesh<"dp", "tp">;
+  using Mesh = MetaMesh<"dp", "tp">;
   using Sharded = Layout<Shard<0>, Shard<1>>;
   Mesh mesh(sim::world(8 * 2047 + 7, 16384), {2048, 8});
   // Uneven in both dimensions: 5000 rows over 2048 ranks (chunks of 3, the last ranks empty),
@@ -177,7 +177,7 @@ TEST_CASE("sim: a typed meta DTensor redistributes on a sim mesh of 16,384 ranks
   const Shape<2> global{5000, 1001};
   const auto box = local_box(Sharded::desc, mesh.shape(), mesh.coordinate(), global);
   CHECK(box.extent == Shape<2>{0, 1001 - 7 * 126});
-  DTensor<float, 2, Mesh, Sharded, meta_space> x(mesh, global, Tensor<float, 2, meta_space>(box.extent));
+  DTensor<float, 2, Mesh, Sharded> x(mesh, global, Tensor<float, 2, meta_space>(box.extent));
   CommLog log;
   auto y = redistribute<Layout<Replicate, Replicate>>(x);
   CHECK(y.to_local().shape() == global);
