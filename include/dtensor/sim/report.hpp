@@ -52,14 +52,18 @@ struct PhaseReport {
     for (const auto& op : ops) n += op.flops;
     return n;
   }
-  WireBytes wire() const {
-    WireBytes w;
-    for (const auto& r : collectives) {
-      const auto one = r.wire();
-      w.sent += one.sent;
-      w.received += one.received;
+  WireBytes wire() const { return sum_wire(collectives, [](const CommRecord& r) { return r.wire(); }); }
+
+  /// The sum of wire_of(x) over `items` (collectives here, phases in RankReport).
+  template <class Items, class WireOf>
+  static WireBytes sum_wire(const Items& items, WireOf wire_of) {
+    WireBytes total;
+    for (const auto& item : items) {
+      const WireBytes one = wire_of(item);
+      total.sent += one.sent;
+      total.received += one.received;
     }
-    return w;
+    return total;
   }
 };
 
@@ -104,15 +108,7 @@ struct RankReport {
     for (const auto& ph : phases) n += ph.flops();
     return n;
   }
-  WireBytes wire() const {
-    WireBytes w;
-    for (const auto& ph : phases) {
-      const auto one = ph.wire();
-      w.sent += one.sent;
-      w.received += one.received;
-    }
-    return w;
-  }
+  WireBytes wire() const { return PhaseReport::sum_wire(phases, [](const PhaseReport& p) { return p.wire(); }); }
   std::size_t collectives() const {
     std::size_t n = 0;
     for (const auto& ph : phases) n += ph.collectives.size();
