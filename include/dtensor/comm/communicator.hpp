@@ -4,6 +4,7 @@
 //   world->all_reduce(std::span<float>(x), ReduceOp::sum);      // blocking
 //   Work w = world->all_gather_async(send, recv);      // asynchronous; w.wait() later
 //   CommPtr row = world->split(color, key);            // a sub-group (collective)
+//   CommPtr known = world->split(color, key, n);       // ... of n ranks, this one at key
 //
 // The public functions here are the only way into a backend: they check the arguments (and
 // throw a dtensor::Error naming the op, the sizes and the rank), record the call in the
@@ -173,6 +174,25 @@ class Communicator {
     }
     return c;
   }
+  /// split(color, key) where the caller also knows the group it will get: `group_size` ranks,
+  /// this one at index `key` (a mesh computes both from its shape and this rank's coordinate).
+  /// Backends with peers run the ordinary split and check that the group is the expected one;
+  /// the sim backend (comm/sim.hpp), which has no peers to meet, makes it from these numbers
+  /// alone. Recorded in the CommLog as split is.
+  CommPtr split(int color, int key, int group_size) {
+    if (color < 0 || group_size < 1 || key < 0 || key >= group_size)
+      fail("split", detail::cat("color ", color, ", key ", key, " in a group of ", group_size,
+                                ": a known group needs color >= 0 and 0 <= key < group size"));
+    record(CollectiveKind::split, 0, DType::uint8, ReduceOp::sum, -1);
+    auto c = do_split_known(color, key, group_size);
+    if (!c || c->size() != group_size || c->rank() != key)
+      fail("split", detail::cat("color ", color, ", key ", key, ": expected a group of ", group_size,
+                                " ranks with this rank at ", key, ", got ",
+                                c ? detail::cat(c->size(), " ranks with this rank at ", c->rank()) : "no group"));
+    c->timeout_ = timeout_;
+    c->check_ = check_;
+    return c;
+  }
 
   // ---------------------------------------------------------------- collectives
   // Asynchronous forms: wait on the Work before touching the buffers.
@@ -246,6 +266,9 @@ class Communicator {
   // The backend's part. `async` false means the caller will wait at once (a backend may then
   // run the operation inline). Counts are per block as in the table at the top.
   virtual CommPtr do_split(int color, int key) = 0;
+  /// The split of a group the caller knows (split(color, key, group_size)): the ordinary split
+  /// unless the backend can make it without meeting its peers.
+  virtual CommPtr do_split_known(int color, int key, int /*group_size*/) { return do_split(color, key); }
   virtual Work do_all_gather(const void* send, void* recv, std::size_t count, DType, bool async) = 0;
   virtual Work do_reduce_scatter(const void* send, void* recv, std::size_t count, DType, ReduceOp, bool async) = 0;
   virtual Work do_all_reduce(const void* send, void* recv, std::size_t count, DType, ReduceOp, bool async) = 0;

@@ -19,7 +19,9 @@
 // Names are types, sizes are run-time values. Constructing a mesh is collective over the
 // communicator: it splits one communicator per mesh dimension and per run of adjacent
 // dimensions, labelled with their names, so that every later collective knows its group
-// without communicating. Copies of a mesh share those communicators.
+// without communicating. Copies of a mesh share those communicators. Each group's size and
+// this rank's place in it follow from the shape, so on the sim backend (comm/sim.hpp) the
+// splits need no peers.
 #pragma once
 
 #include <array>
@@ -129,12 +131,13 @@ class BasicDeviceMesh {
     // outside the run, key = the row-major index inside it.
     for (std::size_t lo = 0; lo < ndim; ++lo)
       for (std::size_t hi = lo; hi < ndim; ++hi) {
-        int color = 0, key = 0;
+        int color = 0, key = 0, group_size = 1;
         for (std::size_t i = 0; i < ndim; ++i) {
-          if (i >= lo && i <= hi) key = key * shape[i] + st->coord[i];
+          if (i >= lo && i <= hi) key = key * shape[i] + st->coord[i], group_size *= shape[i];
           else color = color * shape[i] + st->coord[i];
         }
-        auto g = comm->split(color, key);
+        // The group is known from the shape: the sim backend makes it without a rendezvous.
+        auto g = comm->split(color, key, group_size);
         std::string label;
         for (std::size_t i = lo; i <= hi; ++i) {
           if (i > lo) label += '*';
