@@ -155,7 +155,7 @@ TEST_CASE("GQA attention with rotary positions, SwiGLU and the Llama block match
     INFO("block: " << e);
     REQUIRE(e.empty());
     // The qkv projection holds H + 2 KV heads of D features, and no bias.
-    REQUIRE(a.qkv().weight().shape() == Shape<2>{(H + 2 * KV) * (C / H), C});
+    REQUIRE(a.qkv().weight().value().shape() == Shape<2>{(H + 2 * KV) * (C / H), C});
     REQUIRE(!a.qkv().bias().defined());
   });
 }
