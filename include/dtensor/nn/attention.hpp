@@ -81,7 +81,7 @@ class CausalSelfAttention {
   using Heads = decltype(ops::transpose<1, 2>(std::declval<DTensor<T, 4, Mesh, HeadsL>>()));  // [B, H, T, D]
   static constexpr bool context_split = has_role<Mesh, Role::context>;  // positions split: context attention
   // The rotary positions [B, T]: split like the tokens, Replicate over the heads' split.
-  using Positions = DTensor<std::int32_t, 2, Mesh, tokens<Mesh>, typename In::space>;
+  using Positions = DTensor<std::int32_t, 2, Mesh, tokens<Mesh>>;
 
  public:
   struct Saved {
@@ -129,8 +129,7 @@ class CausalSelfAttention {
                                {group * head_dim, head_dim, head_dim});
     if (group > 1) parts[0] = ops::reshape<HeadsL>(parts[0], Shape<4>{batch, len, heads, head_dim});
     if (c_.rope_theta > 0) {
-      s.positions = nn::positions<tokens<Mesh>, std::int32_t, typename In::space>(x.mesh(), {batch, len},
-                                                                                c_.context.load_balanced);
+      s.positions = nn::positions<tokens<Mesh>, std::int32_t>(x.mesh(), {batch, len}, c_.context.load_balanced);
       parts[0] = ops::rotary(parts[0], s.positions, c_.rope_theta);
       parts[1] = ops::rotary(parts[1], s.positions, c_.rope_theta);
     }

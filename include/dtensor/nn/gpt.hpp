@@ -113,10 +113,10 @@ constexpr bool layers_learned_positions() {
 }  // namespace detail
 
 /// A unit of parameters: one flat group and its type-erased views.
-template <class T, std::size_t N>
+template <class T, std::size_t N, MemorySpace Space = host_space>
 struct ParamUnit {
-  std::shared_ptr<FlatParams<T, N>> group;
-  ParamList<T, N> params;
+  std::shared_ptr<FlatParams<T, N, Space>> group;
+  ParamList<T, N, Space> params;
 };
 
 template <kernels::host::FloatElement T, MeshType Mesh, class Plan = ReplicatedPlan, class Id = std::int32_t,
@@ -136,7 +136,7 @@ class GPT {
   using LossFn = typename Plan::template loss<T, Mesh, typename Head::OutL>;
   using Ids = DTensor<Id, 2, Mesh, tokens<Mesh>>;
   using Loss = typename LossFn::Loss;
-  using Unit = ParamUnit<T, Mesh::ndim>;
+  using Unit = ParamUnit<T, Mesh::ndim, mesh_space_t<Mesh>>;
   static_assert(std::is_same_v<typename Wte::Out, X> && std::is_same_v<typename Wpe::Out, X> &&
                     std::is_same_v<typename Head::In, X>,
                 "GPT: the plan's embedding and head styles must give and take the residual stream's layout");

@@ -8,7 +8,8 @@
 // load_balanced, the sequence is stored permuted (parallel::load_balanced_order) and the
 // position is the original index of the stored one. What GPT's position table and the rotary
 // embedding (nn/attention.hpp) look up, so both see the same positions under every split.
-// Built on the host from the layout alone (no communication), then copied to Space.
+// Built on the host from the layout alone (no communication), then copied to the mesh's memory
+// space (on meta: extents only).
 #pragma once
 
 #include <cstdint>
@@ -21,9 +22,12 @@
 
 namespace dtensor::nn {
 
-template <LayoutType PL, class Id = std::int32_t, class Space = host_space, MeshType Mesh>
-DTensor<Id, 2, Mesh, PL, Space> positions(const Mesh& mesh, const Shape<2>& global, bool load_balanced) {
+template <LayoutType PL, class Id = std::int32_t, MeshType Mesh>
+DTensor<Id, 2, Mesh, PL> positions(const Mesh& mesh, const Shape<2>& global, bool load_balanced) {
+  using Space = mesh_space_t<Mesh>;
   const auto box = local_box(PL::desc, mesh.shape(), mesh.coordinate(), global);
+  if constexpr (!holds_data_v<Space>)
+    return from_local<PL>(mesh, Tensor<Id, 2, Space>::uninitialized(box.extent), global);
   std::vector<Extent> original;  // empty: stored order is the original order
   if (has_role<Mesh, Role::context> && load_balanced)
     original = parallel::load_balanced_order(global[1], parallel::context_size(mesh));
@@ -33,8 +37,7 @@ DTensor<Id, 2, Mesh, PL, Space> positions(const Mesh& mesh, const Shape<2>& glob
       const Extent stored = box.offset[1] + t;
       p(b, t) = Id(original.empty() ? stored : original[std::size_t(stored)]);
     }
-  if constexpr (std::is_same_v<Space, host_space>) return from_local<PL>(mesh, std::move(p), global);
-  else return from_local<PL>(mesh, to_space<Space>(p), global);
+  return from_local<PL>(mesh, into_space<Space>(std::move(p)), global);
 }
 
 }  // namespace dtensor::nn
