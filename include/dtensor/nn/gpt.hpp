@@ -85,10 +85,10 @@ struct DenseLayers {
 };
 
 /// A unit of parameters: one flat group and its type-erased views.
-template <class T, std::size_t N>
+template <class T, std::size_t N, MemorySpace Space = host_space>
 struct ParamUnit {
-  std::shared_ptr<FlatParams<T, N>> group;
-  ParamList<T, N> params;
+  std::shared_ptr<FlatParams<T, N, Space>> group;
+  ParamList<T, N, Space> params;
 };
 
 template <kernels::host::FloatElement T, MeshType Mesh, class Plan = ReplicatedPlan, class Id = std::int32_t,
@@ -107,7 +107,7 @@ class GPT {
   using LossFn = typename Plan::template loss<T, Mesh, typename Head::OutL>;
   using Ids = DTensor<Id, 2, Mesh, tokens<Mesh>>;
   using Loss = typename LossFn::Loss;
-  using Unit = ParamUnit<T, Mesh::ndim>;
+  using Unit = ParamUnit<T, Mesh::ndim, mesh_space_t<Mesh>>;
   static_assert(std::is_same_v<typename Wte::Out, X> && std::is_same_v<typename Wpe::Out, X> &&
                     std::is_same_v<typename Head::In, X>,
                 "GPT: the plan's embedding and head styles must give and take the residual stream's layout");
@@ -165,13 +165,15 @@ class GPT {
     return Head("lm_head", mesh, c.dim, c.vocab, seed_base(c) + 3, {.bias = false, .init_std = 0.02});
   }
 
-  /// The global position of each of this rank's tokens in its sequence, laid out like the residual stream.
   /// The global position of each of this rank's tokens in its sequence, laid out like the residual
   /// stream. Under context parallelism with load balancing the sequence is stored permuted, and the
   /// position is the original index of the stored one (parallel::load_balanced_order).
   static DTensor<Id, 2, Mesh, tokens<Mesh, between>> positions(const Mesh& mesh, const Ids& ids, const GPTConfig& c) {
     using PL = tokens<Mesh, between>;
+    using Space = mesh_space_t<Mesh>;
     const auto box = local_box(PL::desc, mesh.shape(), mesh.coordinate(), ids.shape());
+    if constexpr (!holds_data_v<Space>)
+      return from_local<PL>(mesh, Tensor<Id, 2, Space>::uninitialized(box.extent), ids.shape());
     std::vector<Extent> original;  // empty: stored order is the original order
     if (has_role<Mesh, Role::context> && c.context.load_balanced)
       original = parallel::load_balanced_order(ids.extent(1), parallel::context_size(mesh));
@@ -181,7 +183,7 @@ class GPT {
         const Extent stored = box.offset[1] + t;
         p(b, t) = Id(original.empty() ? stored : original[std::size_t(stored)]);
       }
-    return from_local<PL>(mesh, std::move(p), ids.shape());
+    return from_local<PL>(mesh, into_space<Space>(std::move(p)), ids.shape());
   }
 
 

@@ -91,7 +91,7 @@ struct UnitShard {
       const std::size_t at = std::size_t(r.begin - shard.begin), len = std::size_t(r.size());
       segments.push_back(nn::ParamRef<M, N>{e.name, std::span<M>(master).subspan(at, len),
                                             std::span<M>(grad).subspan(at, len), layout, &grad_states.back(),
-                                            &has_grad[grad_states.size() - 1], e.decay});
+                                            &has_grad[grad_states.size() - 1], e.decay, &master, at});
     }
   }
   UnitShard(const UnitShard&) = delete;  // the segments point into this object
