@@ -8,12 +8,16 @@
 #include <cctype>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <set>
 #include <sstream>
 #include <string>
 #include <variant>
+
+#include <unistd.h>  // getpid: a temporary directory of this run
 #include <vector>
 
 #include "dtensor/comm/comm_log.hpp"
@@ -489,4 +493,45 @@ TEST_CASE("loss plot: a well-formed SVG with both curves and a legend", "[trace]
   CHECK(xml_problem(trace::loss_plot_svg({})).empty());
   CHECK_THROWS_AS(trace::loss_plot_svg({trace::LossCurve{"bad", {1, 2}, {1.0}}}), Error);
   CHECK_THROWS_AS(trace::loss_plot_svg({train}, {.width = 10}), Error);
+}
+
+TEST_CASE("training monitor: traces the chosen steps on every rank, writes the trace and the plot from rank 0",
+          "[trace][monitor]") {
+  const auto dir = std::filesystem::temp_directory_path() / ("dtensor_test_trace_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto trace_path = (dir / "trace.json").string(), plot_path = (dir / "loss.svg").string();
+  std::ostringstream rank0_out;
+  threads::run(3, [&](CommPtr world) {
+    std::ostringstream others;
+    trace::TrainingMonitor monitor(world,
+                                   {.trace_path = trace_path, .plot_path = plot_path, .first_traced_step = 2,
+                                    .traced_steps = 2, .total_steps = 5, .tokens_per_step = 64},
+                                   world->rank() == 0 ? rank0_out : others);
+    for (int step = 1; step <= 5; ++step) {
+      double loss = 4.0 / step + world->rank();  // each rank its own; the mean is the global loss
+      {
+        auto traced = monitor.step(step);
+        world->all_reduce(std::span<double>(&loss, 1), ReduceOp::avg);
+      }
+      monitor.train_loss(step, loss);
+      if (step % 2 == 0) monitor.validation_loss(step, loss + 0.1);
+    }
+    monitor.finish();
+    if (world->rank() != 0 && !others.str().empty()) throw std::runtime_error("rank " + std::to_string(world->rank()) + " printed");
+  });
+  std::ifstream trace_file(trace_path), plot_file(plot_path);
+  const std::string json((std::istreambuf_iterator<char>(trace_file)), {}), svg((std::istreambuf_iterator<char>(plot_file)), {});
+  std::filesystem::remove_all(dir);
+  std::map<int, TrackContents> tracks;
+  REQUIRE_NOTHROW(tracks = read_tracks(json));
+  REQUIRE(tracks.size() == 3);
+  for (const auto& [rank, t] : tracks) {
+    INFO("rank " << rank);
+    CHECK(t.compute == std::set<std::string>{"step 2", "step 3"});
+    CHECK(t.collectives == std::map<std::string, std::size_t>{{"all_reduce/world", 2}});
+  }
+  CHECK(xml_problem(svg).empty());
+  CHECK_THAT(svg, Catch::Contains(">train</text>") && Catch::Contains(">validation</text>"));
+  CHECK_THAT(rank0_out.str(), Catch::Contains("validation loss 2.1000") && Catch::Contains("written to " + trace_path) &&
+                                  Catch::Contains("written to " + plot_path));
 }
