@@ -390,8 +390,11 @@ TEST_CASE("trace: ranks that trace separately (as MPI processes do) merge on ran
 TEST_CASE("trace: a Work dropped unfinished still closes its span, flagged; nothing is recorded outside a scope",
           "[trace]") {
   trace::Trace trace;
+  // The buffers outlive the run: the dropped all-reduce may still be running when its rank returns.
+  std::vector<std::vector<double>> sends(2, std::vector<double>(3, 1.0)), receives(2, std::vector<double>(3));
   threads::run(2, [&](CommPtr world) {
-    std::vector<double> x(3, 1.0), y(3);
+    auto& x = sends[std::size_t(world->rank())];
+    auto& y = receives[std::size_t(world->rank())];
     {
       trace::TraceScope scope(trace, world->rank());
       Work w = world->all_reduce_async(std::span<const double>(x), std::span<double>(y), ReduceOp::sum);
