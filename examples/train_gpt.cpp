@@ -23,8 +23,10 @@
 // (with --cp > 1: parallel::context_parallel_grads; the batch is stored in the load-balanced
 // order for ring and all-gather attention), the sequence-parallel gradient sync, clipping to
 // global norm 1 and AdamW. Rank 0
-// prints a line per step, the validation loss every --eval-every steps, and a summary with the
-// collectives of one step (from a CommLog) by kind and mesh dimension.
+// prints a line per step (a progress bar on a terminal), the validation loss every --eval-every
+// steps, and a summary with the collectives of one step (from a CommLog) by kind and mesh
+// dimension. --trace FILE writes a Chrome trace of steps 2..4 (compute, collective and wait spans
+// per rank; docs/observability.md), --plot FILE the train and validation loss curves as an SVG.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -44,6 +46,8 @@
 #include "dtensor/parallel/pipeline/clip.hpp"
 #include "dtensor/parallel/pipeline/executor.hpp"
 #include "dtensor/parallel/pipeline/gpt_stage.hpp"
+#include "dtensor/trace/training_monitor.hpp"
+#include "dtensor/trace/unit_spans.hpp"
 #include "dtensor/training.hpp"
 #include "flags.hpp"
 #ifdef DTENSOR_HAS_MPI
@@ -70,6 +74,7 @@ struct Options {
   std::uint64_t seed = 1;
   bool checkpoint = false;
   bool check_finite = false;  // stop at the first NaN/Inf loss or parameter, naming it
+  std::string trace, plot;    // --trace FILE (a Chrome trace of steps 2..4), --plot FILE (SVG loss curves)
   std::string data, backend = "threads";
   // Pipeline parallelism (--pp > 1): mesh (pp, dp, tp), a schedule over --microbatches.
   int pp = 1, microbatches = 0;  // 0: 2 x pp
@@ -83,7 +88,7 @@ struct Options {
 const char* usage =
     "usage: train_gpt [--dp N] [--tp N] [--cp N] [--cp-kind ring|allgather|ulysses] [--sp | --no-sp] [--layers N] [--heads N] [--dim N] [--seq N]\n"
     "                 [--batch N] [--steps N] [--lr X] [--seed N] [--eval-every N] [--checkpoint]\n"
-    "                 [--check-finite] [--data FILE] [--backend threads|mpi]\n"
+    "                 [--check-finite] [--data FILE] [--backend threads|mpi] [--trace FILE] [--plot FILE]\n"
     "                 [--fsdp N] [--zero 1|2|3] [--hsdp R] [--prefetch N]\n"
     "                 [--pp N --schedule gpipe|1f1b|interleaved|zb|zbv --microbatches M]\n"
     "                 [--experts E --topk K --ep N --capacity F --moe-every N]\n"
@@ -217,6 +222,8 @@ Options parse(int argc, char** argv) {
     else if (a == "--checkpoint") o.checkpoint = true;
     else if (a == "--check-finite") o.check_finite = true;
     else if (a == "--data") o.data = value();
+    else if (a == "--trace") o.trace = value();
+    else if (a == "--plot") o.plot = value();
     else if (parse_pipeline_flag(a, value, o)) continue;
     else if (parse_moe_flag(o, a, value)) continue;
     else if (a == "--backend") {
@@ -404,12 +411,17 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
   std::map<std::string, std::pair<std::size_t, std::size_t>> per_step;  // kind/group -> (count, bytes), step 2
   double train_loss = 0, val_loss = 0, elapsed = 0;
   const double tokens_per_step = double(o.batch * o.seq);
+  // --trace, --plot and the progress bar (a bar on a terminal, a line per step elsewhere).
+  trace::TrainingMonitor monitor(world, {.trace_path = o.trace, .plot_path = o.plot, .total_steps = o.steps,
+                                         .tokens_per_step = tokens_per_step});
+  if (!o.trace.empty()) trace::trace_units(model);  // a span per unit; after DDP / FSDP set their hooks
   for (int step = 1; step <= o.steps; ++step) {
     auto [ids, tgt] = batch_of(model, corpus.train, draw(corpus.train), o.seq);
     world->barrier();  // time the step on all ranks together
     const auto t0 = std::chrono::steady_clock::now();
     typename Model::Loss loss;
     {
+      auto traced = monitor.step(step);
       CommLog log;
       opt.zero_grad();
       auto [step_loss, saved] = model.forward(ids, tgt);
@@ -436,15 +448,13 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
       optim::check_finite_loss(train_loss, step);
       optim::check_finite(ps, step, "parameter", world->rank());
     }
-    if (root)
-      std::printf("step %4d/%d  loss %.4f  %8.0f tokens/s  %5.1f s left\n", step, o.steps, train_loss,
-                  tokens_per_step / dt, elapsed / step * (o.steps - step));
+    monitor.train_loss(step, train_loss);
     if (step % o.eval_every == 0 || step == o.steps) {
       val_loss = validate();
-      if (root) std::printf("step %4d  validation loss %.4f\n", step, val_loss);
+      monitor.validation_loss(step, val_loss);
     }
-    std::fflush(stdout);
   }
+  monitor.finish();
   if (root) {
     std::printf("\nsummary: %d steps in %.1f s; final train loss %.4f, validation loss %.4f; %.0f tokens/s\n",
                 o.steps, elapsed, train_loss, val_loss, tokens_per_step * o.steps / elapsed);

@@ -16,8 +16,8 @@
 
 namespace dtensor::parallel::pipeline {
 
-template <class T, std::size_t N, MeshType StageMesh>
-double clip_grad_norm(const nn::ParamList<T, N>& params, const StageMesh& stage_mesh, Communicator& pipeline_group,
+template <class T, std::size_t N, class Space, MeshType StageMesh>
+double clip_grad_norm(const nn::ParamList<T, N, Space>& params, const StageMesh& stage_mesh, Communicator& pipeline_group,
                       double max_norm) {
   if (!(max_norm > 0))
     throw Error("pipeline::clip_grad_norm", dtensor::detail::cat("max_norm = ", max_norm, " must be > 0"), stage_mesh.rank());

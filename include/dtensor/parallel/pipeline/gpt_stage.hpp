@@ -46,9 +46,10 @@ inline std::vector<std::pair<Extent, Extent>> stage_layers(Extent layers, int st
   return result;
 }
 
-template <kernels::host::FloatElement T, MeshType Mesh, class Plan = nn::ReplicatedPlan, class Id = std::int32_t>
+template <kernels::host::FloatElement T, MeshType Mesh, class Plan = nn::ReplicatedPlan, class Id = std::int32_t,
+          class Layers = nn::DenseLayers>
 class GptStage {
-  using Model = nn::GPT<T, Mesh, Plan, Id>;
+  using Model = nn::GPT<T, Mesh, Plan, Id, Layers>;  // Layers: e.g. nn::LlamaLayers (nn/llama.hpp)
 
  public:
   using X = typename Model::X;  // the residual stream [B, T, C]: what crosses stages
@@ -82,7 +83,8 @@ class GptStage {
     first_layer_ = first;
     if (is_first()) {
       wte_ = Model::make_wte(mesh, cfg);
-      wpe_ = Model::make_wpe(mesh, cfg);
+      wpe_.emplace();  // an empty table unless the model has learned positions
+      if constexpr (Model::learned_positions) wpe_ = Model::make_wpe(mesh, cfg);
     }
     for (Extent layer = first; layer < end; ++layer) blocks_.push_back(Model::make_block(mesh, cfg, layer));
     if (is_last()) {
@@ -112,11 +114,7 @@ class GptStage {
                                                                              : " needs the previous stage's activation"));
     Saved s;
     if (is_first()) {
-      auto [te, wte_s] = wte_->forward(ids);
-      auto [pe, wpe_s] = wpe_->forward(Model::positions(mesh_, ids, cfg_));
-      s.wte = std::move(wte_s);
-      s.wpe = std::move(wpe_s);
-      x = ops::add(te, pe);
+      x = Model::embed(mesh_, cfg_, *wte_, *wpe_, ids, s.wte.emplace(), s.wpe.emplace());
     }
     s.blocks.reserve(blocks_.size());
     for (const auto& block : blocks_) {
@@ -168,7 +166,7 @@ class GptStage {
     }
     if (is_first()) {
       w.wte = wte_->backward_input(std::move(*s.wte), *dy).weight;
-      w.wpe = wpe_->backward_input(std::move(*s.wpe), *dy).weight;
+      if constexpr (Model::learned_positions) w.wpe = wpe_->backward_input(std::move(*s.wpe), *dy).weight;
       dy.reset();
     }
     weight_ctx_.emplace(mb, std::move(w));
@@ -191,7 +189,7 @@ class GptStage {
     for (std::size_t l = blocks_.size(); l-- > 0;) blocks_[l].backward_weight(std::move(w.blocks[l]));
     if (is_first()) {
       wte_->backward_weight(std::move(*w.wte));
-      wpe_->backward_weight(std::move(*w.wpe));
+      if constexpr (Model::learned_positions) wpe_->backward_weight(std::move(*w.wpe));
     }
   }
 
