@@ -86,6 +86,9 @@ template <class Units, MeshType Mesh>
 auto parameter_slots(Units& units, const Mesh& mesh) {
   using Group = typename std::remove_cvref_t<decltype(*units.begin()->group)>;
   using T = typename Group::element_type;
+  static_assert(Group::space::host_accessible,
+                "checkpoint::parameter_slots: the units' buffers are not in host memory (cuda, meta); checkpoints "
+                "read and write host buffers");
   Slots<T> out;
   for (auto& u : units) {
     auto& g = *u.group;
@@ -109,6 +112,10 @@ auto fsdp_parameter_slots(Units& units, Fsdp& fsdp, const Mesh& mesh) {
   constexpr std::size_t shard_dim = Fsdp::shard_dim;
   auto& segments = fsdp.params();
   using M = typename std::remove_cvref_t<decltype(segments.front().value)>::value_type;
+  using Group = typename std::remove_cvref_t<decltype(*units.begin()->group)>;
+  static_assert(Group::space::host_accessible,
+                "checkpoint::fsdp_parameter_slots: the shards are not in host memory (cuda, meta); checkpoints read "
+                "and write host buffers");
   const char* op = "checkpoint::fsdp_parameter_slots";
   Slots<M> out;
   std::size_t next = 0;  // fsdp.params() lists the segments unit by unit, entry by entry
