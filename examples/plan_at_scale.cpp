@@ -114,8 +114,7 @@ int run(const Options& o) {
   if (o.llama) classes = o.bf16 ? dry_run<bfloat16, nn::LlamaLayers>(o) : dry_run<float, nn::LlamaLayers>(o);
   else classes = o.bf16 ? dry_run<bfloat16, nn::DenseLayers>(o) : dry_run<float, nn::DenseLayers>(o);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  const std::array<std::string_view, 3> names{"pp", "dp", "tp"};
-  const sim::Topology topology(names, std::array{p.pp, p.dp, p.tp}, o.hardware);
+  const sim::Topology topology = sim::plan_topology(p, o.hardware);
   double worst = 0;
   for (auto& c : classes) {
     std::cout << '\n' << c.report.to_table();

@@ -23,7 +23,7 @@
 // Rank classes: pipeline ranks by what their stages hold (first / last, layers per stage), the
 // data dimensions by their chunk of the micro-batch, the tensor dimension by its heads. The
 // phases are those the cost model reads ("forward" and "backward" are one micro-batch of this
-// rank's stages). The activations of the micro-batches a schedule keeps in flight are not run:
+// rank's stages); the last, "after step" (no work), starts with what the step leaves held. The activations of the micro-batches a schedule keeps in flight are not run:
 // peak_in_flight adds (in flight - 1) times one micro-batch's saved activations per stage to the
 // run's peak (the schedule's count for this pipeline rank, parallel/pipeline/validate.hpp).
 // Not here: FSDP across pipeline stages (GptStage has no FSDP units), the uneven flat-unit
@@ -42,6 +42,7 @@
 #include "dtensor/parallel/pipeline/executor.hpp"
 #include "dtensor/parallel/pipeline/gpt_stage.hpp"
 #include "dtensor/parallel/pipeline/validate.hpp"
+#include "dtensor/sim/cost_model.hpp"
 #include "dtensor/sim/dry_run.hpp"
 #include "dtensor/training.hpp"
 
@@ -107,6 +108,9 @@ inline std::vector<std::string> pipeline_rank_keys(const TrainingPlan& p, const 
   return keys;
 }
 
+/// The last phase: it starts with what the step leaves held (model states), before the program's teardown.
+inline constexpr const char* after_step = "after step";
+
 inline constexpr std::size_t bucket_bytes = std::size_t(25) << 20;
 
 inline optim::AdamWOptions adamw_options() { return {.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1}; }
@@ -154,6 +158,7 @@ void pipeline_rank_step(CommPtr world, const TrainingPlan& p, const parallel::pi
     }
   }
   rec.phase("backward", /*overlapped=*/true);
+  MemoryTagScope backward_tag(MemoryTag::activations);  // the activations' gradients and recomputed forwards
   for (auto it = stages.rbegin(); it != stages.rend(); ++it) {
     std::optional<X> dy;
     if (!it->is_last())
@@ -162,10 +167,12 @@ void pipeline_rank_step(CommPtr world, const TrainingPlan& p, const parallel::pi
     if (dx) send_to(*dx, neighbour(it->index() - 1)).wait();
   }
   rec.phase("optimizer");
+  MemoryTagScope optimizer_tag(MemoryTag::other);
   ddp.all_reduce_gradients(params);
   parallel::sequence_parallel_grads(params, stage_mesh, {.bucket_bytes = bucket_bytes});
   pp::clip_grad_norm(params, stage_mesh, mesh.group(0), 1.0);
   opt.step();
+  rec.phase(after_step);
 }
 
 /// FSDP / ZeRO-1, 2, 3 (HSDP when hsdp > 1), pp == 1: nn::GPT under fully_shard<float>.
@@ -190,16 +197,26 @@ void sharded_step(CommPtr world, const TrainingPlan& p, Recorder& rec) {
     return model->forward(ids, ids);
   }();
   rec.phase("backward", /*overlapped=*/true);
-  model->backward(std::move(saved));
+  {
+    MemoryTagScope tag(MemoryTag::activations);  // the activations' gradients and recomputed forwards
+    model->backward(std::move(saved));
+  }
   rec.phase("optimizer");
   fsdp.finish_gradient_sync();
   parallel::sequence_parallel_grads(fsdp.params(), mesh, {.bucket_bytes = bucket_bytes});
   optim::clip_grad_norm(fsdp.params(), mesh, 1.0);
   opt.step();
   fsdp.sync_parameters();
+  rec.phase(after_step);
 }
 
 }  // namespace detail
+
+/// The links of the plan's mesh: (pp, dp, tp) under DDP, (dp, fsdp, tp) under FSDP.
+inline Topology plan_topology(const TrainingPlan& p, const Hardware& hw) {
+  if (p.zero == 0) return Topology(std::array<std::string_view, 3>{"pp", "dp", "tp"}, std::array{p.pp, p.dp, p.tp}, hw);
+  return Topology(std::array<std::string_view, 3>{"dp", "fsdp", "tp"}, std::array{p.hsdp, p.dp / p.hsdp, p.tp}, hw);
+}
 
 /// The plan's step once per rank class (see the top of this file): T the model's element type,
 /// Layers nn::DenseLayers (GPT) or nn::LlamaLayers, SP sequence parallelism on "tp".
