@@ -36,7 +36,7 @@ class SimCommunicator final : public Communicator {
 
  protected:
   CommPtr do_split(int color, int key) override {
-    fail("split", detail::cat("color ", color, ", key ", key,
+    fail("split", dtensor::detail::cat("color ", color, ", key ", key,
                               ": the sim backend has no peers to learn the group from; use "
                               "split(color, key, group_size) (as DeviceMesh does)"));
   }
@@ -63,7 +63,7 @@ class SimCommunicator final : public Communicator {
 /// Rank `rank` of a simulated world of `size` ranks.
 inline CommPtr world(int rank, int size) {
   if (size < 1 || rank < 0 || rank >= size)
-    throw Error("sim::world", detail::cat("rank ", rank, " of a world of ", size, " ranks: need 0 <= rank < size"));
+    throw Error("sim::world", dtensor::detail::cat("rank ", rank, " of a world of ", size, " ranks: need 0 <= rank < size"));
   return std::make_shared<SimCommunicator>(rank, size, rank);
 }
 

@@ -37,9 +37,13 @@ namespace dtensor::sim {
 struct DimensionWork {
   bool every_coordinate_distinct = false;  // a pipeline dimension: each stage is its own class
   std::vector<Extent> split_extents;       // extents this dimension shards (torch.chunk)
+  std::vector<std::string> keys;           // when given: coordinate c does the work named keys[c]
 
-  static DimensionWork distinct() { return {true, {}}; }
-  static DimensionWork splitting(std::vector<Extent> extents) { return {false, std::move(extents)}; }
+  static DimensionWork distinct() { return {true, {}, {}}; }
+  static DimensionWork splitting(std::vector<Extent> extents) { return {false, std::move(extents), {}}; }
+  /// Coordinates with equal keys do the same work: pipeline ranks whose stages hold the same
+  /// layers, embedding and head (the middle stages of an even split are one class).
+  static DimensionWork keyed(std::vector<std::string> keys) { return {false, {}, std::move(keys)}; }
 };
 
 /// Ranks that do the same work: `ranks` of them, of which `coordinate` is the first.
@@ -55,6 +59,17 @@ inline std::vector<std::pair<int, std::int64_t>> dimension_classes(int size, con
   std::vector<std::pair<int, std::int64_t>> classes;
   if (work.every_coordinate_distinct) {
     for (int c = 0; c < size; ++c) classes.push_back({c, 1});
+    return classes;
+  }
+  if (!work.keys.empty()) {
+    if (work.keys.size() != std::size_t(size))
+      throw Error("sim::rank_classes", dtensor::detail::cat(work.keys.size(), " keys for a mesh dimension of size ", size));
+    std::map<std::string, std::size_t> index_of_key;  // key -> class
+    for (int c = 0; c < size; ++c) {
+      auto [it, added] = index_of_key.try_emplace(work.keys[std::size_t(c)], classes.size());
+      if (added) classes.push_back({c, 0});
+      ++classes[it->second].second;
+    }
     return classes;
   }
   std::map<std::vector<Extent>, std::size_t> index_of_pieces;  // piece extents -> class
