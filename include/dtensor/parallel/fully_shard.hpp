@@ -163,6 +163,39 @@ class FullyShard {
     return n;
   }
 
+  /// Issues the reduction of every unit's accumulated gradients now: after backwards run with
+  /// set_requires_gradient_sync(false), e.g. a pipeline stage's last backward of a step, so
+  /// that the reductions overlap the rest of the schedule. finish_gradient_sync waits for them.
+  /// Returns the number issued.
+  std::size_t reduce_gradients() {
+    std::size_t n = 0;
+    for (auto& unit : units_) {
+      auto& s = *unit;
+      if (s.reducing || !s.group->grads_resident()) continue;
+      check_pending(s);
+      issue_reduce(s);
+      ++n;
+    }
+    return n;
+  }
+
+  /// ZeRO-3: all-gathers every unit now and keeps them unsharded until reshard(): the hooks
+  /// neither gather nor free them meanwhile (a pipeline stage's UNSHARD before its first
+  /// forward of a step, so its micro-batches share one all-gather per unit). Stages 1 and 2
+  /// keep their values anyway: nothing to do.
+  void unshard() {
+    if (o_.stage != 3) return;
+    for (std::size_t u = 0; u < units_.size(); ++u) issue_gather(u, false);
+    for (auto& u : units_) wait_gather(*u);
+    held_ = true;
+  }
+  /// ZeRO-3: frees every unit's full values again (RESHARD), ending unshard().
+  void reshard() {
+    if (o_.stage != 3) return;
+    held_ = false;
+    for (std::size_t u = 0; u < units_.size(); ++u) reshard_unit(u);
+  }
+
   /// ZeRO-1/2: all-gathers every unit's updated shard into its full values (one all-gather per
   /// unit). ZeRO-3: nothing (the next forward gathers).
   void sync_parameters() {
@@ -235,7 +268,7 @@ class FullyShard {
       h.pre_forward = [this](std::size_t u) { pre_compute(u, false); };
       h.post_forward = [this](std::size_t u) {
         events_.push_back({FsdpEvent::compute_end, u, false});
-        if (reshard_after_forward_) reshard(u);
+        if (reshard_after_forward_ && !held_) reshard_unit(u);
       };
       h.pre_backward = [this](std::size_t u) { pre_compute(u, true); };
     } else if (o_.stage == 2) {
@@ -268,7 +301,7 @@ class FullyShard {
   void grads_ready(std::size_t u) {
     auto& s = *units_[u];
     if (o_.stage == 3) {
-      reshard(u);
+      if (!held_) reshard_unit(u);
       if (!s.group->grads_resident()) return;  // no gradient came (cannot happen for a model's own unit)
     }
     if (!sync_) return;  // accumulate in the full buffer (no_sync)
@@ -301,7 +334,7 @@ class FullyShard {
     events_.push_back({FsdpEvent::gather_done, index_of(s), false});
   }
 
-  void reshard(std::size_t u) {
+  void reshard_unit(std::size_t u) {
     auto& s = *units_[u];
     wait_gather(s);
     s.group->release_values();
@@ -461,6 +494,7 @@ class FullyShard {
   FsdpOptions o_;
   bool reshard_after_forward_ = true;
   bool sync_ = true;
+  bool held_ = false;  // unshard() called: the hooks leave the full values in place
   std::vector<std::unique_ptr<Shard>> units_;
   nn::ParamList<M, N> params_;
   std::vector<FsdpEvent> events_;

@@ -16,11 +16,20 @@
 // micro-batches and run their backwards in any order. forward on the last stage returns no
 // activation: it keeps the micro-batch's loss (take_loss). No communication here but the
 // modules' own collectives on the stage mesh (the plan's, for tensor parallelism).
+//
+// Units (FSDP inside a stage): like nn::GPT, the stage keeps its parameters in flat groups, one
+// per unit — "embed" (first stage), "h.l" for each of its blocks (the global layer index),
+// "head" (last stage) — listed by units() in forward order, and fires set_hooks' UnitHooks
+// around each: pre_forward / post_forward around a unit's forward, pre_backward before its
+// backward_input, grads_ready after its backward_weight, once per micro-batch. So
+// parallel::fully_shard(stage, stage_mesh, ...) shards a stage as it shards a whole GPT.
 #pragma once
 
 #include <cstddef>
 #include <map>
+#include <functional>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -55,6 +64,7 @@ class GptStage {
   using Ids = typename Model::Ids;
   using Loss = typename Model::Loss;
   using Block = typename Model::Block;
+  using Unit = typename Model::Unit;
 
   struct Saved {
     std::optional<typename Model::Wte::Saved> wte;
@@ -89,6 +99,10 @@ class GptStage {
       ln_f_ = Model::make_ln_f(mesh, cfg);
       head_ = Model::make_head(mesh, cfg);
     }
+    // The units, in forward order: embed, the blocks, head (as nn::GPT, with the global layer index).
+    if (is_first()) add_unit("embed", nn::modules(*wte_, *wpe_));
+    for (std::size_t l = 0; l < blocks_.size(); ++l) add_unit("h." + std::to_string(first + Extent(l)), blocks_[l]);
+    if (is_last()) add_unit("head", nn::modules(*ln_f_, *head_));
   }
   GptStage(GptStage&&) = default;
   GptStage& operator=(GptStage&&) = default;
@@ -112,21 +126,27 @@ class GptStage {
                                                                              : " needs the previous stage's activation"));
     Saved s;
     if (is_first()) {
+      fire(hooks_.pre_forward, embed_unit());
       auto [te, wte_s] = wte_->forward(ids);
       auto [pe, wpe_s] = wpe_->forward(Model::positions(mesh_, ids, cfg_));
+      fire(hooks_.post_forward, embed_unit());
       s.wte = std::move(wte_s);
       s.wpe = std::move(wpe_s);
       x = ops::add(te, pe);
     }
     s.blocks.reserve(blocks_.size());
-    for (const auto& block : blocks_) {
-      auto [y, block_s] = block.forward(*x);
+    for (std::size_t l = 0; l < blocks_.size(); ++l) {
+      fire(hooks_.pre_forward, block_unit(l));
+      auto [y, block_s] = blocks_[l].forward(*x);
+      fire(hooks_.post_forward, block_unit(l));
       x = std::move(y);
       s.blocks.push_back(std::move(block_s));
     }
     if (is_last()) {
+      fire(hooks_.pre_forward, head_unit());
       auto [h, ln_s] = ln_f_->forward(*x);
       auto [logits, head_s] = head_->forward(h);
+      fire(hooks_.post_forward, head_unit());
       auto [loss, loss_s] = loss_.forward(logits, targets);
       s.ln_f = std::move(ln_s);
       s.head = std::move(head_s);
@@ -153,6 +173,7 @@ class GptStage {
     saved_.erase(found);
     WeightCtx w;
     if (is_last()) {
+      fire(hooks_.pre_backward, head_unit());
       auto dlogits = loss_.backward(std::move(*s.loss), dloss);
       auto [dh, head_w] = head_->backward_input(std::move(*s.head), dlogits);
       auto [dx, ln_w] = ln_f_->backward_input(std::move(*s.ln_f), dh);
@@ -162,11 +183,13 @@ class GptStage {
     }
     w.blocks.resize(blocks_.size());
     for (std::size_t l = blocks_.size(); l-- > 0;) {
+      fire(hooks_.pre_backward, block_unit(l));
       auto [dx, block_w] = blocks_[l].backward_input(std::move(s.blocks[l]), *dy);
       dy = std::move(dx);
       w.blocks[l] = std::move(block_w);
     }
     if (is_first()) {
+      fire(hooks_.pre_backward, embed_unit());
       w.wte = wte_->backward_input(std::move(*s.wte), *dy).weight;
       w.wpe = wpe_->backward_input(std::move(*s.wpe), *dy).weight;
       dy.reset();
@@ -187,11 +210,16 @@ class GptStage {
     if (is_last()) {
       head_->backward_weight(std::move(*w.head));
       ln_f_->backward_weight(std::move(*w.ln_f));
+      fire(hooks_.grads_ready, head_unit());
     }
-    for (std::size_t l = blocks_.size(); l-- > 0;) blocks_[l].backward_weight(std::move(w.blocks[l]));
+    for (std::size_t l = blocks_.size(); l-- > 0;) {
+      blocks_[l].backward_weight(std::move(w.blocks[l]));
+      fire(hooks_.grads_ready, block_unit(l));
+    }
     if (is_first()) {
       wte_->backward_weight(std::move(*w.wte));
       wpe_->backward_weight(std::move(*w.wpe));
+      fire(hooks_.grads_ready, embed_unit());
     }
   }
 
@@ -227,9 +255,28 @@ class GptStage {
     for (auto& block : blocks_) block.set_enabled(on);
   }
 
+  /// The parameter units in forward order: embed (first stage), h.l per block, head (last stage).
+  std::vector<Unit>& units() noexcept { return units_; }
+  /// Replaces the hooks run around each unit (see nn::UnitHooks; FSDP's, for one).
+  void set_hooks(nn::UnitHooks hooks) { hooks_ = std::move(hooks); }
+
   auto children() { return std::tie(wte_, wpe_, blocks_, ln_f_, head_); }
 
  private:
+  std::size_t embed_unit() const noexcept { return 0; }
+  std::size_t block_unit(std::size_t l) const noexcept { return l + (is_first() ? 1 : 0); }
+  std::size_t head_unit() const noexcept { return units_.size() - 1; }
+  static void fire(const std::function<void(std::size_t)>& hook, std::size_t unit) {
+    if (hook) hook(unit);
+  }
+  template <class M>
+  void add_unit(std::string name, M&& part) {
+    Unit u;
+    u.group = nn::flatten<T, Mesh::ndim, Mesh>(std::move(name), part);
+    nn::collect_on<Mesh>(part, u.params);
+    units_.push_back(std::move(u));
+  }
+
   Mesh mesh_;
   nn::GPTConfig cfg_;
   int stage_ = 0;
@@ -244,6 +291,8 @@ class GptStage {
   std::map<int, Saved> saved_;
   std::map<int, WeightCtx> weight_ctx_;
   std::map<int, Loss> losses_;
+  std::vector<Unit> units_;
+  nn::UnitHooks hooks_;
 };
 
 }  // namespace dtensor::parallel::pipeline
