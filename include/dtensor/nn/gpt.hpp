@@ -79,7 +79,7 @@ struct DenseLayers {
     return Block(std::move(name), mesh, c, seed);
   }
   template <class Blocks>
-  void add_units(Blocks&) {}
+  void add_units(Blocks&, Extent /*first_layer*/ = 0) {}
   template <class Loss, class Blocks>
   void add_losses(Loss&, const Blocks&) const {}
 };

@@ -148,13 +148,14 @@ class MoELayers {
     return Block(name, mesh, c, seed, FF(typename FF::Moe(name + ".moe", mesh, emesh_, mc, seed + 2)));
   }
 
-  /// One unit per MoE block: its experts, flattened on the expert mesh.
+  /// One unit per MoE block: its experts, flattened on the expert mesh. `first_layer`: the
+  /// model's index of blocks[0] (a pipeline stage holds blocks from the middle).
   template <class Blocks>
-  void add_units(Blocks& blocks) {
+  void add_units(Blocks& blocks, Extent first_layer = 0) {
     for (std::size_t l = 0; l < blocks.size(); ++l) {
       if (!blocks[l].inner().mlp().is_moe()) continue;
       ExpertUnit u;
-      u.group = flatten<T, EMesh::ndim, EMesh>("h." + std::to_string(l) + ".experts", blocks[l]);
+      u.group = flatten<T, EMesh::ndim, EMesh>("h." + std::to_string(first_layer + Extent(l)) + ".experts", blocks[l]);
       collect_on<EMesh>(blocks[l], u.params);
       params_.insert(params_.end(), u.params.begin(), u.params.end());
       units_.push_back(std::move(u));

@@ -17,6 +17,13 @@
 // activation: it keeps the micro-batch's loss (take_loss). No communication here but the
 // modules' own collectives on the stage mesh (the plan's, for tensor parallelism).
 //
+// MoE blocks (Layers = nn::MoELayers): the experts of the stage's MoE blocks are units on the
+// expert mesh (layers().expert_params()); the last stage adds its own blocks' auxiliary losses
+// to the loss. So the MoE's auxiliary losses are those of the whole model only with one stage
+// and one micro-batch: with more, the other stages' are missing from the loss value, and each
+// micro-batch's auxiliary gradient is taken with weight 1, not 1/M (not supported yet; the
+// trainer refuses --experts with --pp or --microbatches > 1).
+//
 // Units (FSDP inside a stage): like nn::GPT, the stage keeps its parameters in flat groups, one
 // per unit — "embed" (first stage), "h.l" for each of its blocks (the global layer index),
 // "head" (last stage) — listed by units() in forward order, and fires set_hooks' UnitHooks
@@ -55,9 +62,10 @@ inline std::vector<std::pair<Extent, Extent>> stage_layers(Extent layers, int st
   return result;
 }
 
-template <kernels::host::FloatElement T, MeshType Mesh, class Plan = nn::ReplicatedPlan, class Id = std::int32_t>
+template <kernels::host::FloatElement T, MeshType Mesh, class Plan = nn::ReplicatedPlan, class Id = std::int32_t,
+          class Layers = nn::DenseLayers>
 class GptStage {
-  using Model = nn::GPT<T, Mesh, Plan, Id>;
+  using Model = nn::GPT<T, Mesh, Plan, Id, Layers>;
 
  public:
   using X = typename Model::X;  // the residual stream [B, T, C]: what crosses stages
@@ -82,8 +90,9 @@ class GptStage {
     std::optional<typename Model::Head::WeightCtx> head;
   };
 
-  GptStage(const Mesh& mesh, const nn::GPTConfig& cfg, int stage, int stages)
-      : mesh_(mesh), cfg_(cfg), stage_(stage), stages_(stages) {
+  /// `layers`: nn::GPT's Layers policy (nn::MoELayers for MoE blocks; see the note on MoE below).
+  GptStage(const Mesh& mesh, const nn::GPTConfig& cfg, int stage, int stages, Layers layers = {})
+      : mesh_(mesh), cfg_(cfg), stage_(stage), stages_(stages), layers_(std::move(layers)) {
     constexpr const char* op = "pipeline::GptStage";
     Model::check_config(op, mesh, cfg);
     if (stage < 0 || stage >= stages)
@@ -94,7 +103,7 @@ class GptStage {
       wte_ = Model::make_wte(mesh, cfg);
       wpe_ = Model::make_wpe(mesh, cfg);
     }
-    for (Extent layer = first; layer < end; ++layer) blocks_.push_back(Model::make_block(mesh, cfg, layer));
+    for (Extent layer = first; layer < end; ++layer) blocks_.push_back(Model::make_block(mesh, cfg, layer, layers_));
     if (is_last()) {
       ln_f_ = Model::make_ln_f(mesh, cfg);
       head_ = Model::make_head(mesh, cfg);
@@ -103,6 +112,7 @@ class GptStage {
     if (is_first()) add_unit("embed", nn::modules(*wte_, *wpe_));
     for (std::size_t l = 0; l < blocks_.size(); ++l) add_unit("h." + std::to_string(first + Extent(l)), blocks_[l]);
     if (is_last()) add_unit("head", nn::modules(*ln_f_, *head_));
+    layers_.add_units(blocks_, first);  // MoE: the experts of each MoE block, a unit on the expert mesh
   }
   GptStage(GptStage&&) = default;
   GptStage& operator=(GptStage&&) = default;
@@ -148,6 +158,7 @@ class GptStage {
       auto [logits, head_s] = head_->forward(h);
       fire(hooks_.post_forward, head_unit());
       auto [loss, loss_s] = loss_.forward(logits, targets);
+      layers_.add_losses(loss, blocks_);  // MoE: this stage's auxiliary losses
       s.ln_f = std::move(ln_s);
       s.head = std::move(head_s);
       s.loss = std::move(loss_s);
@@ -260,6 +271,7 @@ class GptStage {
   /// Replaces the hooks run around each unit (see nn::UnitHooks; FSDP's, for one).
   void set_hooks(nn::UnitHooks hooks) { hooks_ = std::move(hooks); }
 
+  Layers& layers() noexcept { return layers_; }
   auto children() { return std::tie(wte_, wpe_, blocks_, ln_f_, head_); }
 
  private:
@@ -282,6 +294,7 @@ class GptStage {
   int stage_ = 0;
   int stages_ = 1;
   Extent first_layer_ = 0;
+  Layers layers_;
   std::optional<typename Model::Wte> wte_;
   std::optional<typename Model::Wpe> wpe_;
   std::vector<Block> blocks_;

@@ -29,14 +29,20 @@
 // all-reduces what is still pending on the context dimension (parallel::context_parallel_grads)
 // and, under sequence parallelism, on the tensor dimension (parallel::sequence_parallel_grads).
 // Collectives beyond the stages' own and the messages between them: exactly these.
+//
+// MoE stages (GptStage with nn::MoELayers): the experts are not sharded: expert_params() are
+// this rank's experts of its stages on the expert mesh, all-reduced on its data dimension
+// ("edp", parallel::DataParallel) after the schedule, and clipped by one norm with params().
 #pragma once
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include "dtensor/parallel/context_grads.hpp"
+#include "dtensor/parallel/data_parallel.hpp"
 #include "dtensor/parallel/fully_shard.hpp"
 #include "dtensor/parallel/pipeline/clip.hpp"
 #include "dtensor/parallel/pipeline/executor.hpp"
@@ -44,12 +50,34 @@
 
 namespace dtensor::parallel::pipeline {
 
+namespace detail {
+/// The expert parameters of a stage's Layers (nn::MoELayers), or nothing (nn::DenseLayers).
+template <class Stage>
+concept HasExperts = requires(Stage& s) { s.layers().expert_params(); };
+
+template <class Stage>
+struct ExpertParts {
+  struct None {};
+  using Mesh = None;
+  using List = None;
+  using Sync = None;
+};
+template <HasExperts Stage>
+struct ExpertParts<Stage> {
+  using Mesh = std::remove_cvref_t<decltype(std::declval<Stage&>().layers().expert_mesh())>;
+  using List = std::remove_cvref_t<decltype(std::declval<Stage&>().layers().expert_params())>;
+  using Sync = std::optional<DataParallel<Mesh>>;
+};
+}  // namespace detail
+
 template <class Stage, MeshType Mesh>
 class ShardedPipeline {
   using StageMesh = std::remove_cvref_t<decltype(std::declval<const Stage&>().mesh())>;
   using Unit = std::remove_cvref_t<decltype(std::declval<Stage&>().units().front())>;
   using T = typename decltype(Unit::group)::element_type::element_type;
   using Fsdp = FullyShard<Stage, StageMesh, T>;
+  static constexpr bool moe = detail::HasExperts<Stage>;
+  using Experts = typename detail::ExpertParts<Stage>::List;
 
  public:
   /// `stages`: this rank's, in the order schedule.layout.stages_of(pipeline rank) names them.
@@ -62,7 +90,13 @@ class ShardedPipeline {
       shards_.push_back(std::make_unique<Fsdp>(stage, stage.mesh(), fsdp));
       shards_.back()->set_requires_gradient_sync(false);
       for (auto& p : shards_.back()->params()) params_.push_back(p);
+      if constexpr (moe) {
+        auto& mine = stage.layers().expert_params();
+        experts_.insert(experts_.end(), mine.begin(), mine.end());
+      }
     }
+    if constexpr (moe)
+      expert_sync_.emplace(executor_.stages().front().layers().expert_mesh(), DataParallelOptions{.bucket_bytes = bucket_bytes});
   }
   ShardedPipeline(const ShardedPipeline&) = delete;  // the executor's hooks hold `this`
   ShardedPipeline& operator=(const ShardedPipeline&) = delete;
@@ -72,9 +106,17 @@ class ShardedPipeline {
   Executor<Stage, Mesh>& executor() noexcept { return executor_; }
   const StageMesh& stage_mesh() { return executor_.stages().front().mesh(); }
   Fsdp& fsdp(std::size_t local_stage) { return *shards_.at(local_stage); }
+  /// MoE: this rank's experts of its stages (on the expert mesh), for their own optimizer.
+  Experts& expert_params() noexcept
+    requires moe
+  {
+    return experts_;
+  }
 
   void zero_grad() {
     for (auto& shard : shards_) shard->zero_grad();
+    if constexpr (moe)
+      for (auto& p : experts_) p.zero_grad();
   }
 
   /// One schedule over the micro-batches, then every gradient sync: the gradients of params()
@@ -85,12 +127,19 @@ class ShardedPipeline {
     const StageMesh& stage_mesh = executor_.stages().front().mesh();
     context_parallel_grads(params_, stage_mesh, {.bucket_bytes = bucket_bytes_});  // none without "cp"
     sequence_parallel_grads(params_, stage_mesh, {.bucket_bytes = bucket_bytes_});  // none without SP
+    if constexpr (moe) expert_sync_->all_reduce_gradients(experts_);
     return stats;
   }
 
-  /// Clips the gradients to `max_norm` by their norm over all stages; returns the norm.
+  /// Clips the gradients (MoE: and the experts') to `max_norm` by their norm over all stages;
+  /// returns the norm.
   double clip_grad_norm(double max_norm) {
-    return pipeline::clip_grad_norm(params_, executor_.stages().front().mesh(), mesh_.group(0), max_norm);
+    const StageMesh& stage_mesh = executor_.stages().front().mesh();
+    if constexpr (moe)
+      return pipeline::clip_grad_norm(params_, stage_mesh, experts_, executor_.stages().front().layers().expert_mesh(),
+                                      mesh_.group(0), max_norm);
+    else
+      return pipeline::clip_grad_norm(params_, stage_mesh, mesh_.group(0), max_norm);
   }
 
   /// ZeRO-1/2: all-gathers the updated parameters into the stages (ZeRO-3: the next step does).
@@ -121,6 +170,8 @@ class ShardedPipeline {
   Executor<Stage, Mesh> executor_;
   std::vector<std::unique_ptr<Fsdp>> shards_;
   nn::ParamList<T, StageMesh::ndim> params_;
+  [[no_unique_address]] Experts experts_{};
+  [[no_unique_address]] typename detail::ExpertParts<Stage>::Sync expert_sync_{};
 };
 
 }  // namespace dtensor::parallel::pipeline
