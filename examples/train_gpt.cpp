@@ -75,7 +75,7 @@ struct Options {
   bool sp = true;
   parallel::ContextKind cp_kind = parallel::ContextKind::ring;
   std::string schedule = "1f1b";
-  int microbatches = 0;  // 0: 2 x pp
+  int microbatches = 0;  // 0: 2 x pp with a pipeline, else 1
   // The model.
   Extent layers = 4, heads = 4, dim = 64, seq = 32, batch = 16;
   bool checkpoint = false;
@@ -98,13 +98,13 @@ const char* usage =
     "                 [--experts E] [--topk K] [--capacity F] [--moe-every N]\n"
     "                 [--steps N] [--lr X] [--seed N] [--eval-every N] [--check-finite] [--data FILE] [--backend threads|mpi]\n"
     "  mesh (pp, dp, fsdp, cp, tp), default pp 2 x dp 1 x fsdp 2 x cp 2 x tp 2 + SP: 16 ranks (threads, or mpirun -n).\n"
-    "  --pp: pipeline stages (--schedule, default 1f1b, over --microbatches, default 2 x pp; interleaved and zbv\n"
-    "        put 2 stages on each rank); --dp: replicas; --fsdp: parameter shards, ZeRO --zero (default 3, or 1\n"
-    "        when --fsdp 1: DDP); --cp: sequence split (--cp-kind, default ring; ulysses: --heads a multiple of\n"
+    "  --pp: pipeline stages (--schedule, default 1f1b, over --microbatches, default 2 x pp, or 1 without a\n"
+    "        pipeline; interleaved and zbv put 2 stages on each rank); --dp: replicas; --fsdp: parameter shards,\n"
+    "        ZeRO --zero (default 3, or 1 when --fsdp 1: DDP); --cp: sequence split (--cp-kind, default ring; ulysses: --heads a multiple of\n"
     "        tp x cp); --tp: Megatron tensor parallelism, with sequence parallelism unless --no-sp.\n"
     "  --experts E > 0: MoE blocks (every --moe-every-th, default all), top-K routing (default 2), capacity factor F\n"
-    "        (default dropless), experts split over --ep ranks (dividing dp x fsdp); needs --no-sp, --cp 1, --pp 1\n"
-    "        and --microbatches 1.\n"
+    "        (default dropless), experts split over --ep ranks (dividing dp x fsdp); needs --no-sp, --cp 1 and --pp 1\n"
+    "        (one micro-batch).\n"
     "  model defaults: --layers 4 --heads 4 --dim 64 --seq 32 --batch 16 (sequences per step over all ranks);\n"
     "  training: --steps 100 --lr 3e-3 --seed 1 --eval-every 25; data: the files under /usr/share/common-licenses.\n";
 
@@ -119,7 +119,7 @@ std::string str(long long n) { return std::to_string(n); }
 /// The constraints between flags that the library would otherwise report later, deep in a rank.
 void check_options(Options& o) {
   if (o.zero == 0) o.zero = o.fsdp > 1 ? 3 : 1;
-  if (o.microbatches == 0) o.microbatches = 2 * o.pp;
+  if (o.microbatches == 0) o.microbatches = o.pp > 1 ? 2 * o.pp : 1;
   try {
     pp::parse_schedule_kind(o.schedule);
   } catch (const Error& e) {
