@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # scripts/run-main.sh — the main job: set up, build and run the GPT trainer on the threads backend.
 #
-#   scripts/run-main.sh                       # 8 threads as dp=2 x tp=4 with sequence parallel
-#   scripts/run-main.sh --dp 1 --tp 2 --steps 100   # extra arguments go to train_gpt (--help)
+#   scripts/run-main.sh                       # 16 threads: pp 2 x fsdp 2 x cp 2 x tp 2 + sequence parallel
+#   scripts/run-main.sh --pp 1 --cp 1 --dp 2 --tp 4 --steps 100   # extra arguments go to train_gpt (--help)
 #
 # Installs the missing Debian packages, builds build-main/ (Release, OpenBLAS GEMMs) and runs
 # examples/train_gpt.cpp on the files under /usr/share/common-licenses.
@@ -13,7 +13,8 @@ build=${DTENSOR_MAIN_BUILD:-build-main}
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDTENSOR_WITH_BLAS=ON -DDTENSOR_BUILD_TESTS=OFF \
       -DDTENSOR_BUILD_BENCHMARKS=OFF >/dev/null
 cmake --build "$build" -j"$(nproc)" --target train_gpt
-# Without flags: data x context x tensor parallelism with sequence parallelism on 8 threads
-# (dp 2 x cp 2 x tp 2 + SP); any flags replace that (train_gpt --help lists them).
-if [[ $# -eq 0 ]]; then set -- --dp 2 --cp 2 --tp 2; fi
+# Without flags: the trainer's default mesh, pipeline x FSDP (ZeRO-3) x context (ring) x tensor
+# parallelism with sequence parallelism on 16 threads (pp 2 x fsdp 2 x cp 2 x tp 2 + SP), 1F1B
+# over 4 micro-batches; any flags replace that (train_gpt --help lists them).
+if [[ $# -eq 0 ]]; then set -- --steps 300 --eval-every 50; fi
 exec "$build/examples/train_gpt" "$@"

@@ -48,7 +48,10 @@
 //
 // Gradient accumulation: set_requires_gradient_sync(false) before the backwards of the first
 // micro-batches (their gradients accumulate in the units' full buffers, no collective), true
-// before the last; finish_gradient_sync then reduces the sum once.
+// before the last; finish_gradient_sync then reduces the sum once. Pipeline stages
+// (pipeline/sharded_pipeline.hpp) keep sync off for the whole step and call reduce_gradients()
+// after a stage's last backward instead, and unshard() / reshard() around the stage's part of
+// the schedule (ZeRO-3: one all-gather per unit per step, whatever the micro-batches).
 //
 // CPU offload (offload_optimizer): the master values, gradient shards and optimizer state are
 // host vectors here; for host_space models that is where they live anyway, so the option
