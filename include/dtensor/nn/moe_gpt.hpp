@@ -75,6 +75,10 @@ class DenseOrMoE {
   const Moe& moe() const { return moe_.at(0); }
   /// The last forward's routing on this rank (empty for a dense MLP).
   const MoEStats& stats() const noexcept { return stats_; }
+  /// The weight of the auxiliary losses' gradients (nn::MoE::set_loss_scale; nothing for a dense MLP).
+  void set_loss_scale(double scale) const noexcept {
+    if (is_moe()) moe_[0].set_loss_scale(scale);
+  }
 
   Fwd<Out, Saved> forward(const In& x) const {
     if (!is_moe()) {
@@ -162,16 +166,29 @@ class MoELayers {
     }
   }
 
-  /// Adds each MoE block's weighted auxiliary losses (this rank's shares) to the loss's local value.
-  template <class Loss, class Blocks>
-  void add_losses(Loss& loss, const Blocks& blocks) const {
+  /// The MoE blocks' weighted auxiliary losses of their last forward (this rank's shares).
+  template <class Blocks>
+  double auxiliary_loss(const Blocks& blocks) const {
     double extra = 0;
     for (const auto& b : blocks)
       if (b.inner().mlp().is_moe()) {
         const auto& s = b.inner().mlp().stats();
         extra += c_.router.aux_loss_coeff * s.aux_loss + c_.router.z_loss_coeff * s.z_loss;
       }
+    return extra;
+  }
+
+  /// Adds each MoE block's weighted auxiliary losses (this rank's shares) to the loss's local value.
+  template <class Loss, class Blocks>
+  void add_losses(Loss& loss, const Blocks& blocks) const {
+    const double extra = auxiliary_loss(blocks);
     if (extra != 0) loss.local().data()[0] += extra;
+  }
+
+  /// The weight of the MoE blocks' auxiliary-loss gradients in the next backward (the loss's dloss).
+  template <class Blocks>
+  void set_loss_scale(const Blocks& blocks, double scale) const {
+    for (const auto& b : blocks) b.inner().mlp().set_loss_scale(scale);
   }
 
   /// The last forward's routing statistics of a block (empty for a dense one).

@@ -217,6 +217,8 @@ class Executor {
         for (int mb = 0; mb < m; ++mb) total += full_tensor(stage.take_loss(mb))[0];
         run.stats.loss = total / double(m);
       }
+    if constexpr (requires(Stage& s) { s.take_auxiliary_loss(0); })
+      if (schedule_.layout.stages() > 1) add_auxiliary_losses(run.stats);  // one stage: all in its loss
     if (options_.count_slots) {
       double end = run.clock;
       mesh_.group(0).all_reduce(std::span<double>(&end, 1), ReduceOp::max);
@@ -228,6 +230,23 @@ class Executor {
 
  private:
   using Clock = std::chrono::steady_clock;
+
+  /// MoE: the auxiliary losses of the stages other than the last, which their forwards kept, into
+  /// the step's loss: this rank's shares summed over the stage mesh's data dimensions (as
+  /// full_tensor sums the loss's), then over the pipeline ranks (one all-reduce of one double
+  /// on each; every rank takes part).
+  void add_auxiliary_losses(StepStats& stats) {
+    double extra = 0;
+    for (Stage& stage : stages_)
+      if (!stage.is_last())
+        for (int mb = 0; mb < schedule_.microbatches; ++mb) extra += stage.take_auxiliary_loss(mb);
+    const StageMesh& stage_mesh = stages_.front().mesh();
+    for (std::size_t dim = 0; dim < StageMesh::ndim; ++dim)
+      if (is_data_dim<StageMesh>(dim)) stage_mesh.group(dim).all_reduce(std::span<double>(&extra, 1), ReduceOp::sum);
+    mesh_.group(0).all_reduce(std::span<double>(&extra, 1), ReduceOp::sum);
+    if (stats.loss) *stats.loss += extra / double(schedule_.microbatches);
+  }
+
   static bool is_at(const std::map<int, std::size_t>& positions, int stage, std::size_t i) {
     auto found = positions.find(stage);
     return found != positions.end() && found->second == i;

@@ -18,11 +18,10 @@
 // modules' own collectives on the stage mesh (the plan's, for tensor parallelism).
 //
 // MoE blocks (Layers = nn::MoELayers): the experts of the stage's MoE blocks are units on the
-// expert mesh (layers().expert_params()); the last stage adds its own blocks' auxiliary losses
-// to the loss. So the MoE's auxiliary losses are those of the whole model only with one stage
-// and one micro-batch: with more, the other stages' are missing from the loss value, and each
-// micro-batch's auxiliary gradient is taken with weight 1, not 1/M (not supported yet; the
-// trainer refuses --experts with --pp or --microbatches > 1).
+// expert mesh (layers().expert_params()). The blocks' auxiliary losses: the last stage adds its
+// own to the micro-batch's loss, the others keep theirs (take_auxiliary_loss, which the executor
+// adds to the step's loss); their gradients are weighted with the backward's dloss, like the
+// loss's (nn::MoE::set_loss_scale).
 //
 // Units (FSDP inside a stage): like nn::GPT, the stage keeps its parameters in flat groups, one
 // per unit — "embed" (first stage), "h.l" for each of its blocks (the global layer index),
@@ -73,6 +72,8 @@ class GptStage {
   using Loss = typename Model::Loss;
   using Block = typename Model::Block;
   using Unit = typename Model::Unit;
+  /// Whether the blocks add auxiliary losses to the loss (MoE).
+  static constexpr bool has_auxiliary_loss = requires(const Layers& l, const std::vector<Block>& b) { l.auxiliary_loss(b); };
 
   struct Saved {
     std::optional<typename Model::Wte::Saved> wte;
@@ -164,6 +165,8 @@ class GptStage {
       s.loss = std::move(loss_s);
       losses_.emplace(mb, std::move(loss));
       x.reset();
+    } else if constexpr (has_auxiliary_loss) {
+      auxiliary_losses_[mb] = layers_.auxiliary_loss(blocks_);
     }
     saved_.emplace(mb, std::move(s));
     return x;
@@ -182,6 +185,7 @@ class GptStage {
                                                                             : " needs the next stage's input gradient"));
     Saved s = std::move(found->second);
     saved_.erase(found);
+    layers_.set_loss_scale(blocks_, dloss);  // MoE: the auxiliary losses weighted like the loss
     WeightCtx w;
     if (is_last()) {
       fire(hooks_.pre_backward, head_unit());
@@ -253,6 +257,18 @@ class GptStage {
     return loss;
   }
 
+  /// MoE: the weighted auxiliary losses of micro-batch `mb`'s forward on a stage other than the
+  /// last (this rank's share; the last stage's are in its loss); removed from the stage.
+  double take_auxiliary_loss(int mb)
+    requires has_auxiliary_loss
+  {
+    auto found = auxiliary_losses_.find(mb);
+    if (found == auxiliary_losses_.end()) return 0;
+    const double value = found->second;
+    auxiliary_losses_.erase(found);
+    return value;
+  }
+
   /// The extents of the activation (and its gradient) that crosses stages for a micro-batch of these ids.
   Shape<3> activation_shape(const Ids& ids) const { return {ids.extent(0), ids.extent(1), cfg_.dim}; }
 
@@ -304,6 +320,7 @@ class GptStage {
   std::map<int, Saved> saved_;
   std::map<int, WeightCtx> weight_ctx_;
   std::map<int, Loss> losses_;
+  std::map<int, double> auxiliary_losses_;  // MoE, stages other than the last
   std::vector<Unit> units_;
   nn::UnitHooks hooks_;
 };
