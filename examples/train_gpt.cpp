@@ -4,7 +4,7 @@
 //   train_gpt                                                   # pp 2 x fsdp 2 x cp 2 x tp 2 + SP, 16 threads
 //   train_gpt --pp 1 --fsdp 1 --cp 1 --dp 2 --tp 4 --steps 200  # DDP x TP + SP on 8 threads
 //   train_gpt --pp 2 --dp 2 --fsdp 2 --tp 2 --schedule zbv --microbatches 4   # HSDP inside pipeline stages
-//   train_gpt --cp 1 --fsdp 2 --tp 2 --ep 2 --experts 4 --no-sp  # MoE blocks in the stages, EP over fsdp
+//   train_gpt --cp 1 --experts 4 --ep 2       # PP x FSDP x TP + SP x EP: MoE blocks, experts over the fsdp ranks
 //   mpirun -n 16 train_gpt --backend mpi                        # the same, one process per rank
 //
 // The mesh. Every run uses one mesh, (pp, dp, fsdp, cp, tp), of pp x dp x fsdp x cp x tp ranks; a
@@ -103,7 +103,7 @@ const char* usage =
     "        ZeRO --zero (default 3, or 1 when --fsdp 1: DDP); --cp: sequence split (--cp-kind, default ring; ulysses: --heads a multiple of\n"
     "        tp x cp); --tp: Megatron tensor parallelism, with sequence parallelism unless --no-sp.\n"
     "  --experts E > 0: MoE blocks (every --moe-every-th, default all), top-K routing (default 2), capacity factor F\n"
-    "        (default dropless), experts split over --ep ranks (dividing dp x fsdp); needs --no-sp and --cp 1.\n"
+    "        (default dropless), experts split over --ep ranks (dividing dp x fsdp); needs --cp 1.\n"
     "  model defaults: --layers 4 --heads 4 --dim 64 --seq 32 --batch 16 (sequences per step over all ranks);\n"
     "  training: --steps 100 --lr 3e-3 --seed 1 --eval-every 25; data: the files under /usr/share/common-licenses.\n";
 
@@ -142,7 +142,6 @@ void check_options(Options& o) {
   if (o.topk > o.experts) throw UsageError("--topk " + str(o.topk) + " exceeds --experts " + str(o.experts));
   if (data_ranks % o.ep != 0) throw UsageError("--ep " + str(o.ep) + " does not divide the data ranks --dp x --fsdp = " + str(data_ranks));
   if (o.experts % o.ep != 0) throw UsageError("--experts " + str(o.experts) + " is not a multiple of --ep " + str(o.ep));
-  if (o.sp) throw UsageError("--experts needs --no-sp (the MoE routes whole tokens)");
   if (o.cp > 1) throw UsageError("--experts with --cp > 1: not supported yet (routing capacity and load balancing are per whole sequence)");
 }
 
@@ -406,13 +405,19 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
   }
 }
 
-/// The model types: one per choice of blocks (dense with or without SP, or MoE), whatever the mesh.
+/// The model types: one per kind of block (dense or MoE) and plan (with or without SP),
+/// whatever the sizes of the mesh.
+template <bool SP>
+void train_blocks(CommPtr world, const Options& o, const Corpus& corpus) {
+  if (o.experts > 0) train<parallel::MegatronPlan<SP>, nn::MoELayers<float, ExpertMesh>>(std::move(world), o, corpus);
+  else train<parallel::MegatronPlan<SP>, nn::DenseLayers>(std::move(world), o, corpus);
+}
+
 void run_rank(CommPtr world, const Options& o, const Corpus& corpus) {
   if (world->size() != o.ranks())
     world->fail("train_gpt", "the job has " + str(world->size()) + " ranks but pp x dp x fsdp x cp x tp = " + str(o.ranks()));
-  if (o.experts > 0) train<parallel::MegatronPlan<false>, nn::MoELayers<float, ExpertMesh>>(std::move(world), o, corpus);
-  else if (o.sp) train<parallel::MegatronPlan<true>, nn::DenseLayers>(std::move(world), o, corpus);
-  else train<parallel::MegatronPlan<false>, nn::DenseLayers>(std::move(world), o, corpus);
+  if (o.sp) train_blocks<true>(std::move(world), o, corpus);
+  else train_blocks<false>(std::move(world), o, corpus);
 }
 
 }  // namespace

@@ -187,3 +187,8 @@ TEST_CASE("MoE: expert parallelism with PP, FSDP and TP equals the one-rank MoE 
   check<TP, true>({.pp = 2, .fsdp = 2, .tp = 2, .ep = 2, .microbatches = 2});              // 4-D: PP x FSDP x TP x EP
   check<TP, true>({.pp = 2, .dp = 2, .ep = 2, .zero = 1, .schedule = "gpipe", .microbatches = 2});  // 3-D: PP x DP x EP
 }
+
+TEST_CASE("The five: PP x FSDP x TP + SP x EP equals the one-rank MoE run", "[parity][5d][moe]") {
+  check<SP, true>({.pp = 2, .fsdp = 2, .tp = 2, .ep = 2, .microbatches = 2});
+  check<SP, true>({.pp = 2, .dp = 2, .fsdp = 2, .tp = 2, .ep = 4, .zero = 2, .schedule = "gpipe", .microbatches = 1});
+}
