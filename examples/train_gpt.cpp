@@ -264,6 +264,27 @@ std::pair<Tensor<std::int32_t, 2>, Tensor<std::int32_t, 2>> tokens_of(const std:
 
 // ---------------------------------------------------------------- training
 
+/// MoE: the routing of the last forward (the last micro-batch) of this rank's MoE blocks, summed
+/// over the data ranks and the stages (one all-reduce on each): kept choices per expert, and the
+/// dropped share of the choices.
+template <class Model>
+std::pair<std::vector<std::int64_t>, double> expert_load(Model& model, const Mesh& mesh, Extent experts) {
+  std::vector<std::int64_t> sums(std::size_t(experts) + 2, 0);  // load per expert, routed, dropped
+  for (auto& stage : model.executor().stages())
+    for (const auto& block : stage.blocks()) {
+      const auto& st = stage.layers().stats(block);
+      for (std::size_t e = 0; e < st.load.size(); ++e) sums[e] += st.load[e];
+      sums[std::size_t(experts)] += st.routed;
+      sums[std::size_t(experts) + 1] += st.dropped;
+    }
+  for (auto* group : {&mesh.group<"dp">(), &mesh.group<"fsdp">(), &mesh.group<"pp">()})
+    group->all_reduce(std::span<std::int64_t>(sums), ReduceOp::sum);
+  const double routed = double(sums[std::size_t(experts)]);
+  const double dropped = routed > 0 ? double(sums[std::size_t(experts) + 1]) / routed : 0;
+  sums.resize(std::size_t(experts));
+  return {sums, dropped};
+}
+
 /// The collectives of one step by "kind on group", with their count and bytes.
 using CommSummary = std::map<std::string, std::pair<std::size_t, std::size_t>>;
 
@@ -389,8 +410,17 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
       optim::check_finite(model.params(), step, "parameter", world->rank());
     }
     if (root)
-      std::printf("step %4d/%d  loss %.4f  %8.0f tokens/s  idle %.3f  %5.1f s left\n", step, o.steps, train_loss,
+      std::printf("step %4d/%d  loss %.4f  %8.0f tokens/s  idle %.3f  %5.1f s left", step, o.steps, train_loss,
                   tokens_per_step / dt, stats.idle_fraction(), elapsed / step * (o.steps - step));
+    if constexpr (moe) {
+      const auto [load, dropped] = expert_load(model, mesh, o.experts);
+      if (root) {
+        std::printf("  load");
+        for (auto n : load) std::printf(" %lld", (long long)n);
+        std::printf("  dropped %.3f", dropped);
+      }
+    }
+    if (root) std::printf("\n");
     if (step % o.eval_every == 0 || step == o.steps) {
       val_loss = validate();
       if (root) std::printf("step %4d  validation loss %.4f\n", step, val_loss);

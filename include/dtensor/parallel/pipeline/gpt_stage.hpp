@@ -288,6 +288,7 @@ class GptStage {
   void set_hooks(nn::UnitHooks hooks) { hooks_ = std::move(hooks); }
 
   Layers& layers() noexcept { return layers_; }
+  const std::vector<Block>& blocks() const noexcept { return blocks_; }
   auto children() { return std::tie(wte_, wpe_, blocks_, ln_f_, head_); }
 
  private:
