@@ -177,7 +177,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--seq") o.seq = flag_value<Extent>(a, value(), 2);
     else if (a == "--batch") o.batch = flag_value<Extent>(a, value(), 1);
     else if (a == "--checkpoint") o.checkpoint = true;
-    else if (a == "--experts") o.experts = flag_value<Extent>(a, value(), 1);
+    else if (a == "--experts") o.experts = flag_value<Extent>(a, value(), 0);
     else if (a == "--topk") o.topk = flag_value<Extent>(a, value(), 1);
     else if (a == "--capacity") o.capacity = examples::positive_flag_value(a, value());
     else if (a == "--moe-every") o.moe_every = flag_value<Extent>(a, value(), 1);
