@@ -30,9 +30,12 @@
 // "cp" and, under SP, "tp"; the experts' over "edp"; they are clipped to norm 1 over all stages,
 // and AdamW steps over this rank's shards.
 //
-// Rank 0 prints the loss of every step (the mean over the batch, from the last stage), the
-// validation loss every --eval-every steps, and at the end a summary with the collectives of
-// one step (from a CommLog) by kind and group.
+// Rank 0 prints the loss of every step (the mean over the batch, from the last stage; a progress
+// bar on a terminal), the validation loss every --eval-every steps with the pipeline's idle
+// fraction (and the MoE's load per expert), and at the end a summary with the collectives of one
+// step (from a CommLog) by kind and group. --trace FILE writes a Chrome trace of steps 2..4
+// (compute, collective and wait spans per rank; docs/observability.md), --plot FILE the train and
+// validation loss curves as an SVG.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -52,6 +55,8 @@
 #include "dtensor/parallel/pipeline/by_name.hpp"
 #include "dtensor/parallel/pipeline/gpt_stage.hpp"
 #include "dtensor/parallel/pipeline/sharded_pipeline.hpp"
+#include "dtensor/trace/training_monitor.hpp"
+#include "dtensor/trace/unit_spans.hpp"
 #include "dtensor/training.hpp"
 #include "flags.hpp"
 #ifdef DTENSOR_HAS_MPI
@@ -86,6 +91,7 @@ struct Options {
   double lr = 3e-3;
   std::uint64_t seed = 1;
   bool check_finite = false;
+  std::string trace, plot;  // --trace FILE (a Chrome trace of steps 2..4), --plot FILE (SVG loss curves)
   std::string data, backend = "threads";
 
   int ranks() const { return pp * dp * fsdp * cp * tp; }
@@ -97,6 +103,7 @@ const char* usage =
     "                 [--layers N] [--heads N] [--dim N] [--seq N] [--batch N] [--checkpoint]\n"
     "                 [--experts E] [--topk K] [--capacity F] [--moe-every N]\n"
     "                 [--steps N] [--lr X] [--seed N] [--eval-every N] [--check-finite] [--data FILE] [--backend threads|mpi]\n"
+    "                 [--trace FILE] [--plot FILE]\n"
     "  mesh (pp, dp, fsdp, cp, tp), default pp 2 x dp 1 x fsdp 2 x cp 2 x tp 2 + SP: 16 ranks (threads, or mpirun -n).\n"
     "  --pp: pipeline stages (--schedule, default 1f1b, over --microbatches, default 2 x pp, or 1 without a\n"
     "        pipeline; interleaved and zbv put 2 stages on each rank); --dp: replicas; --fsdp: parameter shards,\n"
@@ -187,6 +194,8 @@ Options parse(int argc, char** argv) {
     else if (a == "--seed") o.seed = flag_value<std::uint64_t>(a, value(), 0);
     else if (a == "--check-finite") o.check_finite = true;
     else if (a == "--data") o.data = value();
+    else if (a == "--trace") o.trace = value();
+    else if (a == "--plot") o.plot = value();
     else if (a == "--backend") {
       o.backend = value();
       if (o.backend != "threads" && o.backend != "mpi") throw UsageError("--backend is threads or mpi, got '" + o.backend + "'");
@@ -382,12 +391,18 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
   CommSummary per_step;  // the collectives of step 2 (step 1 warms up)
   double train_loss = 0, val_loss = 0, elapsed = 0;
   const double tokens_per_step = double(o.batch * o.seq);
+  // --trace, --plot and the progress bar (a bar on a terminal, a line per step elsewhere).
+  trace::TrainingMonitor monitor(world, {.trace_path = o.trace, .plot_path = o.plot, .total_steps = o.steps,
+                                         .tokens_per_step = tokens_per_step});
+  if (!o.trace.empty())  // a span per unit; after FSDP has set its hooks
+    for (auto& stage : model.executor().stages()) trace::trace_units(stage);
   for (int step = 1; step <= o.steps; ++step) {
     const auto batch = microbatches_of(corpus.train, draw());
     world->barrier();  // time the step on all ranks together
     const auto t0 = std::chrono::steady_clock::now();
     pp::StepStats stats;
     {
+      auto traced = monitor.step(step);
       CommLog log;
       model.zero_grad();
       stats = model.step(batch);  // the schedule, then the gradient syncs over dp, fsdp, cp, tp (and edp)
@@ -409,24 +424,24 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
       optim::check_finite_loss(train_loss, step);
       optim::check_finite(model.params(), step, "parameter", world->rank());
     }
-    if (root)
-      std::printf("step %4d/%d  loss %.4f  %8.0f tokens/s  idle %.3f  %5.1f s left", step, o.steps, train_loss,
-                  tokens_per_step / dt, stats.idle_fraction(), elapsed / step * (o.steps - step));
-    if constexpr (moe) {
-      const auto [load, dropped] = expert_load(model, mesh, o.experts);
-      if (root) {
-        std::printf("  load");
-        for (auto n : load) std::printf(" %lld", (long long)n);
-        std::printf("  dropped %.3f", dropped);
-      }
-    }
-    if (root) std::printf("\n");
+    monitor.train_loss(step, train_loss);
     if (step % o.eval_every == 0 || step == o.steps) {
       val_loss = validate();
-      if (root) std::printf("step %4d  validation loss %.4f\n", step, val_loss);
+      monitor.validation_loss(step, val_loss);
+      if (root) std::printf("step %4d  pipeline idle %.3f (counted slots, rank 0)", step, stats.idle_fraction());
+      if constexpr (moe) {
+        const auto [load, dropped] = expert_load(model, mesh, o.experts);  // the validation batch's routing
+        if (root) {
+          std::printf("  expert load");
+          for (auto n : load) std::printf(" %lld", (long long)n);
+          std::printf("  dropped %.3f", dropped);
+        }
+      }
+      if (root) std::printf("\n");
+      std::fflush(stdout);
     }
-    std::fflush(stdout);
   }
+  monitor.finish();
   if (root) {
     std::printf("\nsummary: %d steps in %.1f s; final train loss %.4f, validation loss %.4f; %.0f tokens/s\n", o.steps, elapsed,
                 train_loss, val_loss, tokens_per_step * o.steps / elapsed);

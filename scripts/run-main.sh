@@ -18,5 +18,8 @@ cmake --build "$build" -j"$(nproc)" --target train_gpt
 # (4 experts, top-2) split over 2 expert ranks (the FSDP ranks); any flags replace that
 # (train_gpt --help lists them; e.g. no flags but --steps 100: the dense model on 16 threads,
 # pp 2 x fsdp 2 x cp 2 x tp 2 + SP).
-if [[ $# -eq 0 ]]; then set -- --pp 2 --fsdp 2 --cp 1 --tp 2 --experts 4 --ep 2 --steps 300 --eval-every 50; fi
+if [[ $# -eq 0 ]]; then
+  set -- --pp 2 --fsdp 2 --cp 1 --tp 2 --experts 4 --ep 2 --steps 300 --eval-every 50 \
+         --trace "$build/train_gpt_trace.json" --plot "$build/train_gpt_loss.svg"  # where they went: printed at the end
+fi
 exec "$build/examples/train_gpt" "$@"

@@ -53,9 +53,10 @@
 // after a stage's last backward instead, and unshard() / reshard() around the stage's part of
 // the schedule (ZeRO-3: one all-gather per unit per step, whatever the micro-batches).
 //
-// CPU offload (offload_optimizer): the master values, gradient shards and optimizer state are
-// host vectors here; for host_space models that is where they live anyway, so the option
-// changes nothing (a cuda_space model would all-gather from the host shard and reduce into it).
+// CPU offload (offload_optimizer): master values, gradient shards and optimizer state live in
+// the model's memory space. For a host model that is the CPU already and the option changes
+// nothing; keeping a cuda model's shards on the host (gathering through it) is not built yet,
+// so the option throws there rather than silently doing nothing.
 //
 // Communication is only what the table above says; every collective is recorded by CommLog.
 // The model's own ParamRefs (model.collect, units()[u].params) do not survive a release: use
@@ -106,8 +107,11 @@ class FullyShard {
   using Unit = std::remove_cvref_t<decltype(std::declval<Model&>().units().front())>;
   using Group = typename decltype(Unit::group)::element_type;
   using T = typename Group::element_type;
+  using Space = typename Group::space;
   static constexpr std::size_t N = Mesh::ndim;
-  using Shard = detail::UnitShard<T, M, N>;
+  using Shard = detail::UnitShard<T, M, N, Space>;
+  template <class E>
+  using Buffer = Tensor<E, 1, Space>;
 
  public:
   static_assert(count_role<Mesh, Role::data_shard>() == 1,
@@ -125,6 +129,10 @@ class FullyShard {
                   mesh_.rank());
     if (o.reshard_after_forward.value_or(false) && o.stage != 3)
       throw Error("fully_shard", dtensor::detail::cat("reshard_after_forward needs stage 3, not ", o.stage), mesh_.rank());
+    if (o.offload_optimizer && !std::is_same_v<Space, host_space>)
+      throw Error("fully_shard", dtensor::detail::cat("offload_optimizer is not supported for a model in ", Space::name,
+                                                      " memory yet (only host models, where it is a no-op)"),
+                  mesh_.rank());
     reshard_after_forward_ = o.stage == 3 && o.reshard_after_forward.value_or(true);
     check_units();
     const int size = mesh_.size(shard_dim), coord = mesh_.coordinate()[shard_dim];
@@ -151,7 +159,7 @@ class FullyShard {
 
   /// This rank's shards of every unit's parameters (master values and gradient shards), for the
   /// optimizer, gradient clipping and the sequence-parallel gradient sync.
-  nn::ParamList<M, N>& params() noexcept { return params_; }
+  nn::ParamList<M, N, Space>& params() noexcept { return params_; }
 
   /// Off: the backward's gradients accumulate in the units' full buffers, unreduced (no_sync).
   void set_requires_gradient_sync(bool on) { sync_ = on; }
@@ -212,7 +220,7 @@ class FullyShard {
     for (auto& p : params_) p.zero_grad();
     for (auto& u : units_)
       if (u->group->grads_resident()) {
-        std::fill(u->group->grads().begin(), u->group->grads().end(), T(0));
+        nn::detail::zero_flat<Space>(u->group->grads());
         reset_grad_states(*u);
       }
   }
@@ -223,8 +231,8 @@ class FullyShard {
     for (const auto& u : units_) {
       m.params += u->group->values_storage().size() * sizeof(T);
       m.grads += u->group->grads_storage().size() * sizeof(T);
-      m.master += u->master.size() * sizeof(M);
-      m.grad_shards += u->grad.size() * sizeof(M);
+      m.master += std::size_t(u->master.numel()) * sizeof(M);
+      m.grad_shards += std::size_t(u->grad.numel()) * sizeof(M);
     }
     return m;
   }
@@ -321,9 +329,9 @@ class FullyShard {
     auto& s = *units_[u];
     if (s.gathering || (s.group->values_resident() && o_.stage == 3)) return;
     s.group->materialize_values(s.padded());
-    s.gather_send.assign(s.chunk, T(0));
-    for (std::size_t i = 0; i < s.shard_size(); ++i) s.gather_send[i] = detail::convert<T>(s.master[i]);
-    s.gather = mesh_.group(shard_dim).all_gather_async(std::span<const T>(s.gather_send), s.group->values_storage());
+    s.gather_send = Shard::template make_buffer<T>(s.chunk, MemoryTag::communication, true);  // padding stays 0
+    detail::convert_into<Space>(s.gather_send.span().first(s.shard_size()), std::span<const M>(s.master.span()));
+    s.gather = mesh_.group(shard_dim).all_gather_async(std::span<const T>(s.gather_send.span()), s.group->values_storage());
     s.gathering = true;
     events_.push_back({FsdpEvent::gather_issued, u, backward});
     peak_unsharded_ = std::max(peak_unsharded_, unsharded_now());
@@ -371,20 +379,20 @@ class FullyShard {
       std::span<M> send;
       if constexpr (std::is_same_v<T, M>) send = full;
       else {
-        s.reduce_wide.resize(full.size());
-        for (std::size_t i = 0; i < full.size(); ++i) s.reduce_wide[i] = detail::convert<M>(full[i]);
-        send = s.reduce_wide;
+        s.reduce_wide = Shard::template make_buffer<M>(full.size(), MemoryTag::communication, false);
+        detail::convert_into<Space>(s.reduce_wide.span(), std::span<const T>(full));
+        send = s.reduce_wide.span();
       }
       if (o_.stage == 1) s.reduce = group.all_reduce_async(std::span<const M>(send), send, s.grad_op);
       else {
-        s.reduced_wide.resize(s.chunk);
-        s.reduce = group.reduce_scatter_async(std::span<const M>(send), std::span<M>(s.reduced_wide), s.grad_op);
+        s.reduced_wide = Shard::template make_buffer<M>(s.chunk, MemoryTag::communication, false);
+        s.reduce = group.reduce_scatter_async(std::span<const M>(send), s.reduced_wide.span(), s.grad_op);
       }
     } else {
       if (o_.stage == 1) s.reduce = group.all_reduce_async(std::span<const T>(full), full, s.grad_op);
       else {
-        s.reduced_narrow.resize(s.chunk);
-        s.reduce = group.reduce_scatter_async(std::span<const T>(full), std::span<T>(s.reduced_narrow), s.grad_op);
+        s.reduced_narrow = Shard::template make_buffer<T>(s.chunk, MemoryTag::communication, false);
+        s.reduce = group.reduce_scatter_async(std::span<const T>(full), s.reduced_narrow.span(), s.grad_op);
       }
     }
     s.reducing = true;
@@ -409,17 +417,18 @@ class FullyShard {
     // This rank's reduced part, in the reduction's type, into reduced_* (ZeRO-1: out of the full buffer).
     if (o_.stage == 1) {
       const auto lo = std::size_t(s.shard.begin), n = s.shard_size();
-      if (reduce_in_m() && !std::is_same_v<T, M>)
-        s.reduced_wide.assign(s.reduce_wide.begin() + std::ptrdiff_t(lo), s.reduce_wide.begin() + std::ptrdiff_t(lo + n));
-      else if (reduce_in_m()) {
-        const auto full = s.group->grads();
-        s.reduced_wide.resize(n);
-        for (std::size_t i = 0; i < n; ++i) s.reduced_wide[i] = detail::convert<M>(full[lo + i]);
+      const auto mine = std::span<const T>(s.group->grads().subspan(lo, n));
+      if (reduce_in_m() && !std::is_same_v<T, M>) {
+        s.reduced_wide = Shard::template make_buffer<M>(n, MemoryTag::communication, false);
+        detail::convert_into<Space>(s.reduced_wide.span(), std::span<const M>(s.reduce_wide.span().subspan(lo, n)));
+      } else if (reduce_in_m()) {
+        s.reduced_wide = Shard::template make_buffer<M>(n, MemoryTag::communication, false);
+        detail::convert_into<Space>(s.reduced_wide.span(), mine);
       } else {
-        const auto full = s.group->grads();
-        s.reduced_narrow.assign(full.begin() + std::ptrdiff_t(lo), full.begin() + std::ptrdiff_t(lo + n));
+        s.reduced_narrow = Shard::template make_buffer<T>(n, MemoryTag::communication, false);
+        detail::convert_into<Space>(s.reduced_narrow.span(), mine);
       }
-      std::fill(s.group->grads().begin(), s.group->grads().end(), T(0));  // consumed: the next step starts from 0
+      nn::detail::zero_flat<Space>(s.group->grads());  // consumed: the next step starts from 0
     } else {
       s.group->release_grads();
     }
@@ -437,14 +446,17 @@ class FullyShard {
     s.reduce_waited = false;
     if (!accumulate) return true;
     const std::size_t n = s.shard_size();
+    // The reduced part holds at least this rank's n elements (c >= n after a reduce-scatter).
     if (reduce_in_m()) {
-      s.reduced_wide.resize(std::max(s.reduced_wide.size(), n));
-      replicate_reduce(std::span<M>(s.reduced_wide).first(n), s.grad_op);
-      for (std::size_t i = 0; i < n; ++i) s.grad[i] = M(s.grad[i] + s.reduced_wide[i]);
+      const auto reduced = s.reduced_wide.span().first(n);
+      replicate_reduce(reduced, s.grad_op);
+      detail::add_into<Space>(s.grad.span(), std::span<const M>(reduced));
     } else {
-      s.reduced_narrow.resize(std::max(s.reduced_narrow.size(), n));
-      replicate_reduce(std::span<T>(s.reduced_narrow).first(n), s.grad_op);
-      for (std::size_t i = 0; i < n; ++i) s.grad[i] = M(s.grad[i] + detail::convert<M>(s.reduced_narrow[i]));
+      const auto reduced = s.reduced_narrow.span().first(n);
+      replicate_reduce(reduced, s.grad_op);
+      auto widened = Shard::template make_buffer<M>(n, MemoryTag::communication, false);
+      detail::convert_into<Space>(widened.span(), std::span<const T>(reduced));
+      detail::add_into<Space>(s.grad.span(), std::span<const M>(widened.span()));
     }
     s.reduced_wide = {};
     s.reduced_narrow = {};
@@ -499,7 +511,7 @@ class FullyShard {
   bool sync_ = true;
   bool held_ = false;  // unshard() called: the hooks leave the full values in place
   std::vector<std::unique_ptr<Shard>> units_;
-  nn::ParamList<M, N> params_;
+  nn::ParamList<M, N, Space> params_;
   std::vector<FsdpEvent> events_;
   std::size_t peak_unsharded_ = 0;
 };

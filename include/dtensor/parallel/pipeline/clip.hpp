@@ -30,8 +30,8 @@ inline void check_max_norm(double max_norm, int rank) {
 }
 }  // namespace detail
 
-template <class T, std::size_t N, MeshType StageMesh>
-double clip_grad_norm(const nn::ParamList<T, N>& params, const StageMesh& stage_mesh, Communicator& pipeline_group,
+template <class T, std::size_t N, class Space, MeshType StageMesh>
+double clip_grad_norm(const nn::ParamList<T, N, Space>& params, const StageMesh& stage_mesh, Communicator& pipeline_group,
                       double max_norm) {
   detail::check_max_norm(max_norm, stage_mesh.rank());
   const double stage_norm = optim::grad_norm(params, stage_mesh);
@@ -42,8 +42,9 @@ double clip_grad_norm(const nn::ParamList<T, N>& params, const StageMesh& stage_
 
 /// The same with a second list on a second mesh of the stage's ranks (MoE: the experts on the
 /// expert mesh): one norm over both lists and all stages, both scaled alike.
-template <class T, std::size_t N, MeshType StageMesh, std::size_t N2, MeshType ExpertMesh>
-double clip_grad_norm(const nn::ParamList<T, N>& params, const StageMesh& stage_mesh, const nn::ParamList<T, N2>& experts,
+template <class T, std::size_t N, class Space, MeshType StageMesh, std::size_t N2, MeshType ExpertMesh>
+double clip_grad_norm(const nn::ParamList<T, N, Space>& params, const StageMesh& stage_mesh,
+                      const nn::ParamList<T, N2, Space>& experts,
                       const ExpertMesh& expert_mesh, Communicator& pipeline_group, double max_norm) {
   detail::check_max_norm(max_norm, stage_mesh.rank());
   const double stage_norm = optim::grad_norm(params, stage_mesh), expert_norm = optim::grad_norm(experts, expert_mesh);

@@ -65,17 +65,17 @@ namespace detail {
 /// The name of a mesh's first dimension, as a template argument.
 template <class Mesh>
 struct first_dimension;
-template <fixed_string First, fixed_string... Rest>
-struct first_dimension<DeviceMesh<First, Rest...>> {
+template <class Space, fixed_string First, fixed_string... Rest>
+struct first_dimension<BasicDeviceMesh<Space, First, Rest...>> {
   static constexpr auto name = First;
 };
 }  // namespace detail
 
 /// The mesh of this rank's pipeline stage: every dimension of `mesh` but its first (the
 /// pipeline dimension).
-template <fixed_string Pipeline, fixed_string... Rest>
-DeviceMesh<Rest...> stage_mesh_of(const DeviceMesh<Pipeline, Rest...>& mesh) {
-  static_assert(role_of<DeviceMesh<Pipeline, Rest...>>(0) == Role::pipeline,
+template <class Space, fixed_string Pipeline, fixed_string... Rest>
+BasicDeviceMesh<Space, Rest...> stage_mesh_of(const BasicDeviceMesh<Space, Pipeline, Rest...>& mesh) {
+  static_assert(role_of<BasicDeviceMesh<Space, Pipeline, Rest...>>(0) == Role::pipeline,
                 "the first mesh dimension must be the pipeline dimension (\"pp\", or one named so by mesh_roles)");
   return mesh.template sub<Rest...>();
 }

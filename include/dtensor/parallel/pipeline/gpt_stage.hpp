@@ -64,7 +64,7 @@ inline std::vector<std::pair<Extent, Extent>> stage_layers(Extent layers, int st
 template <kernels::host::FloatElement T, MeshType Mesh, class Plan = nn::ReplicatedPlan, class Id = std::int32_t,
           class Layers = nn::DenseLayers>
 class GptStage {
-  using Model = nn::GPT<T, Mesh, Plan, Id, Layers>;
+  using Model = nn::GPT<T, Mesh, Plan, Id, Layers>;  // Layers: e.g. nn::LlamaLayers (nn/llama.hpp)
 
  public:
   using X = typename Model::X;  // the residual stream [B, T, C]: what crosses stages
@@ -102,7 +102,8 @@ class GptStage {
     first_layer_ = first;
     if (is_first()) {
       wte_ = Model::make_wte(mesh, cfg);
-      wpe_ = Model::make_wpe(mesh, cfg);
+      wpe_.emplace();  // an empty table unless the model has learned positions
+      if constexpr (Model::learned_positions) wpe_ = Model::make_wpe(mesh, cfg);
     }
     for (Extent layer = first; layer < end; ++layer) blocks_.push_back(Model::make_block(mesh, cfg, layer, layers_));
     if (is_last()) {
@@ -138,12 +139,8 @@ class GptStage {
     Saved s;
     if (is_first()) {
       fire(hooks_.pre_forward, embed_unit());
-      auto [te, wte_s] = wte_->forward(ids);
-      auto [pe, wpe_s] = wpe_->forward(Model::positions(mesh_, ids, cfg_));
+      x = Model::embed(mesh_, cfg_, *wte_, *wpe_, ids, s.wte.emplace(), s.wpe.emplace());
       fire(hooks_.post_forward, embed_unit());
-      s.wte = std::move(wte_s);
-      s.wpe = std::move(wpe_s);
-      x = ops::add(te, pe);
     }
     s.blocks.reserve(blocks_.size());
     for (std::size_t l = 0; l < blocks_.size(); ++l) {
@@ -206,7 +203,7 @@ class GptStage {
     if (is_first()) {
       fire(hooks_.pre_backward, embed_unit());
       w.wte = wte_->backward_input(std::move(*s.wte), *dy).weight;
-      w.wpe = wpe_->backward_input(std::move(*s.wpe), *dy).weight;
+      if constexpr (Model::learned_positions) w.wpe = wpe_->backward_input(std::move(*s.wpe), *dy).weight;
       dy.reset();
     }
     weight_ctx_.emplace(mb, std::move(w));
@@ -233,7 +230,7 @@ class GptStage {
     }
     if (is_first()) {
       wte_->backward_weight(std::move(*w.wte));
-      wpe_->backward_weight(std::move(*w.wpe));
+      if constexpr (Model::learned_positions) wpe_->backward_weight(std::move(*w.wpe));
       fire(hooks_.grads_ready, embed_unit());
     }
   }
@@ -286,6 +283,7 @@ class GptStage {
   std::vector<Unit>& units() noexcept { return units_; }
   /// Replaces the hooks run around each unit (see nn::UnitHooks; FSDP's, for one).
   void set_hooks(nn::UnitHooks hooks) { hooks_ = std::move(hooks); }
+  const nn::UnitHooks& hooks() const noexcept { return hooks_; }
 
   Layers& layers() noexcept { return layers_; }
   const std::vector<Block>& blocks() const noexcept { return blocks_; }
