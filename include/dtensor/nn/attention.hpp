@@ -89,7 +89,7 @@ class CausalSelfAttention {
     Heads q, k, v, out;  // k, v: [B, K, T, D], not repeated
     Positions positions;  // with rope_theta > 0
     ops::BasicAttentionStats<mesh_space_t<Mesh>> stats;  // without a context dimension
-    parallel::ContextAttentionSaved<T> context;   // with one
+    parallel::ContextAttentionSaved<T, mesh_space_t<Mesh>> context;  // with one
     typename Proj::Saved proj;
   };
   using WeightCtx = std::tuple<typename Qkv::WeightCtx, typename Proj::WeightCtx>;  // children() order
