@@ -77,7 +77,8 @@ struct UnitHooks {
 /// The blocks of nn::GPT (its Layers parameter): each a TransformerBlock with the plan's MLP.
 /// A Layers type names the block type, builds block `layer`, adds the units of parameters that
 /// are not on the model's mesh (add_units: none here) and its auxiliary losses to the loss
-/// (add_losses: none here). nn/moe_gpt.hpp's MoELayers puts a mixture of experts in some blocks.
+/// (add_losses: none here), weighting their gradients like the loss's (set_loss_scale).
+/// nn/moe_gpt.hpp's MoELayers puts a mixture of experts in some blocks.
 struct DenseLayers {
   template <class T, class Mesh, class Plan>
   using block = TransformerBlock<T, Mesh, Plan>;
@@ -86,9 +87,11 @@ struct DenseLayers {
     return Block(std::move(name), mesh, c, seed);
   }
   template <class Blocks>
-  void add_units(Blocks&) {}
+  void add_units(Blocks&, Extent /*first_layer*/ = 0) {}
   template <class Loss, class Blocks>
   void add_losses(Loss&, const Blocks&) const {}
+  template <class Blocks>
+  void set_loss_scale(const Blocks&, double /*scale*/) const {}
 };
 
 namespace detail {
@@ -250,6 +253,7 @@ class GPT {
   /// The input gradients of dloss * loss through every module, last first; returns the weight
   /// context (no parameter gradient is touched yet). Collectives: the adjoints of the plan's.
   WeightCtx backward_input(Saved s, double dloss = 1.0) const {
+    layers_.set_loss_scale(blocks_, dloss);
     WeightCtx w;
     auto [dx, pending] = backward_head(s, dloss);
     w.ln_f = std::move(pending.ln_f);
@@ -282,6 +286,7 @@ class GPT {
   /// gradient, so the grads-ready callback (DDP's bucket all-reduce) fires while the earlier
   /// units still compute. Collectives: the adjoints of the plan's.
   void backward(Saved s, double dloss = 1.0) {
+    layers_.set_loss_scale(blocks_, dloss);
     auto [dx, pending] = backward_head(s, dloss);
     head_.backward_weight(std::move(pending.head));
     ln_f_.backward_weight(std::move(pending.ln_f));

@@ -48,7 +48,10 @@
 //
 // Gradient accumulation: set_requires_gradient_sync(false) before the backwards of the first
 // micro-batches (their gradients accumulate in the units' full buffers, no collective), true
-// before the last; finish_gradient_sync then reduces the sum once.
+// before the last; finish_gradient_sync then reduces the sum once. Pipeline stages
+// (pipeline/sharded_pipeline.hpp) keep sync off for the whole step and call reduce_gradients()
+// after a stage's last backward instead, and unshard() / reshard() around the stage's part of
+// the schedule (ZeRO-3: one all-gather per unit per step, whatever the micro-batches).
 //
 // CPU offload (offload_optimizer): master values, gradient shards and optimizer state live in
 // the model's memory space. For a host model that is the CPU already and the option changes
@@ -171,6 +174,39 @@ class FullyShard {
     return n;
   }
 
+  /// Issues the reduction of every unit's accumulated gradients now: after backwards run with
+  /// set_requires_gradient_sync(false), e.g. a pipeline stage's last backward of a step, so
+  /// that the reductions overlap the rest of the schedule. finish_gradient_sync waits for them.
+  /// Returns the number issued.
+  std::size_t reduce_gradients() {
+    std::size_t n = 0;
+    for (auto& unit : units_) {
+      auto& s = *unit;
+      if (s.reducing || !s.group->grads_resident()) continue;
+      check_pending(s);
+      issue_reduce(s);
+      ++n;
+    }
+    return n;
+  }
+
+  /// ZeRO-3: all-gathers every unit now and keeps them unsharded until reshard(): the hooks
+  /// neither gather nor free them meanwhile (a pipeline stage's UNSHARD before its first
+  /// forward of a step, so its micro-batches share one all-gather per unit). Stages 1 and 2
+  /// keep their values anyway: nothing to do.
+  void unshard() {
+    if (o_.stage != 3) return;
+    for (std::size_t u = 0; u < units_.size(); ++u) issue_gather(u, false);
+    for (auto& u : units_) wait_gather(*u);
+    held_ = true;
+  }
+  /// ZeRO-3: frees every unit's full values again (RESHARD), ending unshard().
+  void reshard() {
+    if (o_.stage != 3) return;
+    held_ = false;
+    for (std::size_t u = 0; u < units_.size(); ++u) reshard_unit(u);
+  }
+
   /// ZeRO-1/2: all-gathers every unit's updated shard into its full values (one all-gather per
   /// unit). ZeRO-3: nothing (the next forward gathers).
   void sync_parameters() {
@@ -243,7 +279,7 @@ class FullyShard {
       h.pre_forward = [this](std::size_t u) { pre_compute(u, false); };
       h.post_forward = [this](std::size_t u) {
         events_.push_back({FsdpEvent::compute_end, u, false});
-        if (reshard_after_forward_) reshard(u);
+        if (reshard_after_forward_ && !held_) reshard_unit(u);
       };
       h.pre_backward = [this](std::size_t u) { pre_compute(u, true); };
     } else if (o_.stage == 2) {
@@ -276,7 +312,7 @@ class FullyShard {
   void grads_ready(std::size_t u) {
     auto& s = *units_[u];
     if (o_.stage == 3) {
-      reshard(u);
+      if (!held_) reshard_unit(u);
       if (!s.group->grads_resident()) return;  // no gradient came (cannot happen for a model's own unit)
     }
     if (!sync_) return;  // accumulate in the full buffer (no_sync)
@@ -309,7 +345,7 @@ class FullyShard {
     events_.push_back({FsdpEvent::gather_done, index_of(s), false});
   }
 
-  void reshard(std::size_t u) {
+  void reshard_unit(std::size_t u) {
     auto& s = *units_[u];
     wait_gather(s);
     s.group->release_values();
@@ -473,6 +509,7 @@ class FullyShard {
   FsdpOptions o_;
   bool reshard_after_forward_ = true;
   bool sync_ = true;
+  bool held_ = false;  // unshard() called: the hooks leave the full values in place
   std::vector<std::unique_ptr<Shard>> units_;
   nn::ParamList<M, N, Space> params_;
   std::vector<FsdpEvent> events_;
