@@ -214,6 +214,9 @@ void pipeline_rank_step(CommPtr world, const TrainingPlan& p, const parallel::pi
     rec.phase("optimizer");
     MemoryTagScope optimizer_tag(MemoryTag::other);
     ddp.all_reduce_gradients(params);
+    // The batch is split on "fsdp" too (size 1 under DDP): its pending Partial<sum> resolves
+    // with a one-rank all-reduce (no bytes on the wire; listed in the report as "fsdp (1)").
+    parallel::detail::bucketed_all_reduce(params, stage_mesh, 1, {.bucket_bytes = bucket_bytes, .contiguous_only = false});
     parallel::context_parallel_grads(params, stage_mesh, {.bucket_bytes = bucket_bytes});
     parallel::sequence_parallel_grads(params, stage_mesh, {.bucket_bytes = bucket_bytes});
     pp::clip_grad_norm(params, stage_mesh, mesh.group(0), 1.0);
