@@ -664,7 +664,7 @@ std::vector<const sim::PlanClass*> middle_ranks(const std::vector<sim::PlanClass
 
 /// ZeRO-1 over the data ranks inside the stages: bf16 values and full gradients (2 + 2 bytes per
 /// parameter), fp32 gradient shard (4 / d) and fp32 master values + AdamW moments (12 / d): the
-/// Llama 3 report's distributed optimizer. `values`: this rank's bf16 parameter bytes.
+/// Llama 3 report's distributed optimizer.
 void check_zero1_states(const sim::RankReport& r, double data_ranks) {
   const auto m = model_states_after_step(r);
   const double psi = model_elements(r);
@@ -674,22 +674,29 @@ void check_zero1_states(const sim::RankReport& r, double data_ranks) {
   CHECK(m.optimizer == Approx(12 * psi / data_ranks).epsilon(1e-3));
 }
 
+/// The plan's classes, after checking that they cover its 16,384 GPUs, that each fits in an
+/// H100's 80 GB with the schedule's micro-batches in flight, and holds ZeRO-1's model states.
+std::vector<sim::PlanClass> llama_plan_fits(const sim::TrainingPlan& plan) {
+  auto classes = sim::dry_run_plan<dtensor::bfloat16, nn::LlamaLayers, true>(plan);
+  REQUIRE(plan.gpus() == 16384);
+  std::int64_t ranks = 0;
+  for (const auto& c : classes) {
+    ranks += c.report.ranks;
+    CAPTURE(c.report.name, c.peak_in_flight);
+    CHECK(c.peak_in_flight < 80e9);
+    check_zero1_states(c.report, plan.dp);
+  }
+  CHECK(ranks == plan.gpus());
+  return classes;
+}
+
 }  // namespace
 
 TEST_CASE("sim: Llama-3-405B, TP 8 x PP 16 x DP 128 on 16,384 GPUs: memory and TP collectives", "[sim][figures][llama]") {
   // Llama 3 report, Table 4: seq 8192, 16M tokens a step (2048 sequences), 16 micro-batches.
   const sim::TrainingPlan plan{.model = llama_405b(8192), .batch = 2048, .microbatches = 16, .dp = 128, .tp = 8, .pp = 16,
                                .zero = 1};
-  const auto classes = sim::dry_run_plan<dtensor::bfloat16, nn::LlamaLayers, true>(plan);
-  REQUIRE(plan.gpus() == 16384);
-  std::int64_t ranks = 0;
-  for (const auto& c : classes) {
-    ranks += c.report.ranks;
-    CAPTURE(c.report.name, c.peak_in_flight);
-    CHECK(c.peak_in_flight < 80e9);  // an H100's 80 GB
-    check_zero1_states(c.report, plan.dp);
-  }
-  CHECK(ranks == plan.gpus());
+  const auto classes = llama_plan_fits(plan);
   // Per block, forward, on "tp": the sequence all-gathered at the entry of attention and of the
   // feed-forward and reduce-scattered at their exits, each call of s·b·h bf16 values gathered
   // (s·b·h/t per rank): s = 8192, b = 2048 / 16 / 128 = 1, h = 16384.
@@ -716,16 +723,7 @@ TEST_CASE("sim: Llama-3-405B long context, TP 8 x CP 16 x PP 16 x DP 8 at seq 13
   // Context parallelism as Llama 3's: K and V all-gathered over the context group (load-balanced).
   const sim::TrainingPlan plan{.model = llama_405b(131072), .batch = 128, .microbatches = 16, .dp = 8, .tp = 8, .pp = 16,
                                .zero = 1, .cp = 16, .cp_kind = parallel::ContextKind::allgather};
-  const auto classes = sim::dry_run_plan<dtensor::bfloat16, nn::LlamaLayers, true>(plan);
-  REQUIRE(plan.gpus() == 16384);
-  std::int64_t ranks = 0;
-  for (const auto& c : classes) {
-    ranks += c.report.ranks;
-    CAPTURE(c.report.name, c.peak_in_flight);
-    CHECK(c.peak_in_flight < 80e9);
-    check_zero1_states(c.report, plan.dp);
-  }
-  CHECK(ranks == plan.gpus());
+  const auto classes = llama_plan_fits(plan);
   // Per block, forward, on "cp": one all-gather of K and one of V, each of the whole sequence
   // gathered (s·b·heads/t·d bf16 values; s/cp of them per rank). Ours gathers K and V repeated
   // to the query heads (nn/attention.hpp repeats grouped-query K/V before context attention):
