@@ -725,13 +725,11 @@ TEST_CASE("sim: Llama-3-405B long context, TP 8 x CP 16 x PP 16 x DP 8 at seq 13
                                .zero = 1, .cp = 16, .cp_kind = parallel::ContextKind::allgather};
   const auto classes = llama_plan_fits(plan);
   // Per block, forward, on "cp": one all-gather of K and one of V, each of the whole sequence
-  // gathered (s·b·heads/t·d bf16 values; s/cp of them per rank). Ours gathers K and V repeated
-  // to the query heads (nn/attention.hpp repeats grouped-query K/V before context attention):
-  // heads / kv_heads = 16 times the KV heads Llama 3 gathers (s·b·kv_heads/t·d).
+  // gathered: the KV heads, s·b·kv_heads/t·d bf16 values (s/cp of them per rank), as Llama 3
+  // gathers them — grouped-query K/V are repeated to the query heads after the exchange.
   const auto stage_layers = parallel::pipeline::stage_layers(plan.model.layers, plan.pp);
   const double head_dim = double(plan.model.dim / plan.model.heads), b = double(plan.micro_batch() / plan.dp);
   const double llama3_kv = double(plan.model.seq) * b * double(plan.model.kv_heads / plan.tp) * head_dim * 2;
-  const double repeat = double(plan.model.heads / plan.model.kv_heads);
   const auto middle = middle_ranks(classes, plan.pp);
   REQUIRE(!middle.empty());
   for (const auto* c : middle) {
@@ -740,7 +738,7 @@ TEST_CASE("sim: Llama-3-405B long context, TP 8 x CP 16 x PP 16 x DP 8 at seq 13
     for (const auto& r : c->report.phase("forward").collectives) {
       if (r.group != "cp") continue;
       CHECK(r.kind == CollectiveKind::all_gather);
-      CHECK(double(r.bytes) == llama3_kv * repeat);
+      CHECK(double(r.bytes) == llama3_kv);
       ++gathers;
     }
     CAPTURE(c->report.name);
