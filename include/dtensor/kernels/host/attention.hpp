@@ -19,7 +19,10 @@
 // of the block outputs zeros with lse = -inf, which merging treats as an empty block.
 // The backward recomputes the probabilities as exp(s - lse) from the saved lse (no T x T tensor
 // is kept), the recipe of FlashAttention, which is what makes the block decomposition exact.
-// Per (batch, head): GEMMs through gemm.hpp, rows through softmax.hpp's routines.
+// Per (batch, head): GEMMs through gemm.hpp, rows through softmax.hpp's routines (vectorized for
+// float, simd.hpp). The whole [Tq, Tk] score tile of a head is formed at once: at the trainer's
+// sequence lengths (64 to 256) it stays in L1/L2, so a flash-style key tiling would add passes
+// without saving traffic; long sequences are what the blocked form (open work) is for.
 #pragma once
 
 #include <algorithm>
@@ -30,6 +33,7 @@
 
 #include "dtensor/kernels/host/common.hpp"
 #include "dtensor/kernels/host/gemm.hpp"
+#include "dtensor/kernels/host/simd.hpp"
 #include "dtensor/kernels/host/softmax.hpp"
 
 namespace dtensor::kernels::host {
@@ -149,11 +153,23 @@ AttentionBackward<T> attention_backward(const HostTensor<T, 4>& q, const HostTen
     gemm<T>(false, true, T(1), gb, vb, T(0), ds.data(), tq, tk, dv, std::max<Extent>(1, dv), std::max<Extent>(1, dv),
             std::max<Extent>(1, tk));
     // dS = P * (dP - rowsum(dO * O))
-    for (Extent i = 0; i < tq; ++i) {
-      Stat delta = 0;
-      for (Extent j = 0; j < dv; ++j) delta += Stat(gb[i * dv + j]) * Stat(ob[i * dv + j]);
-      for (Extent j = 0; j < tk; ++j) ds[std::size_t(i * tk + j)] = T(Stat(p[std::size_t(i * tk + j)]) *
-                                                                       (Stat(ds[std::size_t(i * tk + j)]) - delta));
+    if constexpr (std::is_same_v<T, float>) {  // vectorized (simd.hpp), delta summed over fixed lanes
+      float* dsp = ds.data();
+      const float* pp = p.data();
+      detail::with_isa([&](auto) DTENSOR_SIMD_BODY {
+        for (Extent i = 0; i < tq; ++i) {
+          const Stat delta = detail::lane_dot(gb + i * dv, ob + i * dv, dv);
+          for (Extent j = 0; j < tk; ++j)
+            dsp[i * tk + j] = float(Stat(pp[i * tk + j]) * (Stat(dsp[i * tk + j]) - delta));
+        }
+      });
+    } else {
+      for (Extent i = 0; i < tq; ++i) {
+        Stat delta = 0;
+        for (Extent j = 0; j < dv; ++j) delta += Stat(gb[i * dv + j]) * Stat(ob[i * dv + j]);
+        for (Extent j = 0; j < tk; ++j) ds[std::size_t(i * tk + j)] = T(Stat(p[std::size_t(i * tk + j)]) *
+                                                                         (Stat(ds[std::size_t(i * tk + j)]) - delta));
+      }
     }
     // dQ = scale dS K;  dK = scale dS^T Q
     gemm<T>(false, false, scale, ds.data(), kb, T(0), g.dq.data() + bh * tq * d, tq, d, tk, std::max<Extent>(1, tk),

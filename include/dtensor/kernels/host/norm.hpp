@@ -8,7 +8,9 @@
 // rows = the product of x's leading extents; statistics are kept in double (Stat). The weight
 // and bias gradients are this shard's sums over its rows: under sequence or data parallelism the
 // caller all-reduces them. Moments use the two-pass formula (mean, then centred squares) for
-// accuracy; variance is the biased one, as in PyTorch.
+// accuracy; variance is the biased one, as in PyTorch. float LayerNorm runs vectorized
+// (simd.hpp) with the same double arithmetic, its row sums over fixed lanes (detail::lane_dot);
+// the plain loops stay for double, bfloat16 and RMSNorm (and are the tests' oracle).
 #pragma once
 
 #include <cmath>
@@ -17,6 +19,7 @@
 #include <vector>
 
 #include "dtensor/kernels/host/common.hpp"
+#include "dtensor/kernels/host/simd.hpp"
 
 namespace dtensor::kernels::host {
 
@@ -51,6 +54,52 @@ void check_norm_backward(const char* op, const Shape<R>& x, const Shape<R>& dy,
   const Extent rows = leading_rows(x);
   check(x == dy && rstd.extent(0) == rows && (!mean || mean->extent(0) == rows), op, "x ", to_string(x), ", dy ",
         to_string(dy), ", saved statistics ", to_string(rstd.shape()), " (expected [", rows, "])");
+}
+
+/// LayerNorm forward of float rows, vectorized: mean, centred second moment, y.
+inline void layer_norm_float(const float* x, const float* w, const float* b, float* y, Stat* mean, Stat* rstd,
+                             Extent rows, Extent n, double eps) {
+  std::vector<Stat> centred(static_cast<std::size_t>(n));
+  Stat* c = centred.data();
+  with_isa([&](auto) DTENSOR_SIMD_BODY {
+    for (Extent r = 0; r < rows; ++r) {
+      const float* xr = x + r * n;
+      const Stat mu = lane_dot(xr, static_cast<const float*>(nullptr), n) / Stat(n);
+      for (Extent j = 0; j < n; ++j) c[j] = Stat(xr[j]) - mu;
+      const Stat rs = 1.0 / std::sqrt(lane_dot(c, c, n) / Stat(n) + eps);
+      mean[r] = mu;
+      rstd[r] = rs;
+      float* yr = y + r * n;
+      for (Extent j = 0; j < n; ++j) yr[j] = float(c[j] * rs * Stat(w[j]) + Stat(b[j]));
+    }
+  });
+}
+
+/// LayerNorm backward of float rows, vectorized (the formulas of norm_backward below).
+inline void layer_norm_backward_float(const float* x, const float* w, const Stat* mean, const Stat* rstd,
+                                      const float* dy, float* dx, float* dweight, float* dbias, Extent rows, Extent n) {
+  std::vector<Stat> buffers(static_cast<std::size_t>(4 * n), 0.0);
+  Stat *dw = buffers.data(), *db = dw + n, *xhat = db + n, *g = xhat + n;
+  with_isa([&](auto) DTENSOR_SIMD_BODY {
+    for (Extent r = 0; r < rows; ++r) {
+      const float* xr = x + r * n;
+      const float* gr = dy + r * n;
+      const Stat mu = mean[r], rs = rstd[r];
+      for (Extent j = 0; j < n; ++j) {
+        xhat[j] = (Stat(xr[j]) - mu) * rs;
+        g[j] = Stat(gr[j]) * Stat(w[j]);
+        dw[j] += Stat(gr[j]) * xhat[j];
+        db[j] += Stat(gr[j]);
+      }
+      const Stat mg = lane_dot(g, static_cast<const Stat*>(nullptr), n) / Stat(n), mgx = lane_dot(g, xhat, n) / Stat(n);
+      float* dr = dx + r * n;
+      for (Extent j = 0; j < n; ++j) dr[j] = float(rs * (g[j] - mg - xhat[j] * mgx));
+    }
+    for (Extent j = 0; j < n; ++j) {
+      dweight[j] = float(dw[j]);
+      dbias[j] = float(db[j]);
+    }
+  });
 }
 
 /// The shared backward: xhat = (x - mean) * rstd (mean = 0 for RMSNorm), g = dy * w;
@@ -97,6 +146,10 @@ NormForward<T, R> layer_norm(const HostTensor<T, R>& x, const HostTensor<T, 1>& 
   const Extent n = x.extent(R - 1), rows = detail::leading_rows(x.shape());
   NormForward<T, R> f{HostTensor<T, R>::uninitialized(x.shape()), HostTensor<Stat, 1>::uninitialized(Shape<1>{rows}),
                       HostTensor<Stat, 1>::uninitialized(Shape<1>{rows})};
+  if constexpr (std::is_same_v<T, float>) {
+    detail::layer_norm_float(x.data(), weight.data(), bias.data(), f.y.data(), f.mean.data(), f.rstd.data(), rows, n, eps);
+    return f;
+  }
   for (Extent r = 0; r < rows; ++r) {
     const T* xr = x.data() + r * n;
     Stat mu = 0, var = 0;
@@ -117,7 +170,16 @@ NormBackward<T, R> layer_norm_backward(const HostTensor<T, R>& x, const HostTens
                                        const HostTensor<T, R>& dy) {
   detail::check_norm<T, R>("layer_norm_backward", x.shape(), weight, nullptr);
   detail::check_norm_backward("layer_norm_backward", x.shape(), dy.shape(), &mean, rstd);
-  return detail::norm_backward(x, weight, &mean, rstd, dy);
+  if constexpr (std::is_same_v<T, float>) {
+    const Extent n = x.extent(R - 1);
+    NormBackward<T, R> out{HostTensor<T, R>::uninitialized(x.shape()), HostTensor<T, 1>::uninitialized(Shape<1>{n}),
+                           HostTensor<T, 1>::uninitialized(Shape<1>{n})};
+    detail::layer_norm_backward_float(x.data(), weight.data(), mean.data(), rstd.data(), dy.data(), out.dx.data(),
+                                      out.dweight.data(), out.dbias.data(), detail::leading_rows(x.shape()), n);
+    return out;
+  } else {
+    return detail::norm_backward(x, weight, &mean, rstd, dy);
+  }
 }
 
 template <FloatElement T, std::size_t R>

@@ -4,7 +4,8 @@
 //   detail::with_isa([&](auto isa) DTENSOR_SIMD_BODY { for (...) y[i] = detail::fast_tanh(x[i]); });
 //   host_isa()                         // the instruction set the kernels run: avx512, avx2 or baseline
 //   isa_name(host_isa())               // "avx512", "avx2", "baseline"
-//   DTENSOR_HOST_ISA=baseline|avx2|avx512   // environment: cap the choice (tests run every path)
+//   DTENSOR_HOST_ISA=baseline|avx2|avx512   // environment: cap the choice
+//   set_host_isa_cap(Isa::baseline)    // the same from code (tests and benchmarks run every path)
 //
 // Why this way (docs/host-kernels.md): the library is header-only and built without -march, so
 // a kernel's loop is stamped out three times by templates carrying GCC/Clang `target` attributes
@@ -19,6 +20,7 @@
 // Other compilers and non-x86 targets get the baseline instance only (a correct fallback).
 #pragma once
 
+#include <atomic>
 #include <bit>
 #include <cstdint>
 #include <cstdlib>
@@ -70,11 +72,29 @@ inline Isa detect_isa() {
 
 }  // namespace detail
 
-/// The instruction set the host kernels run (decided once per process).
-inline Isa host_isa() {
+namespace detail {
+inline std::atomic<int>& isa_cap() {
+  static std::atomic<int> cap{int(Isa::avx512)};
+  return cap;
+}
+}  // namespace detail
+
+/// The best instruction set of this CPU (capped by DTENSOR_HOST_ISA; detected once per process).
+inline Isa detected_host_isa() {
   static const Isa isa = detail::detect_isa();
   return isa;
 }
+
+/// The instruction set the host kernels run: the detected one, capped by set_host_isa_cap.
+inline Isa host_isa() {
+  const int cap = detail::isa_cap().load(std::memory_order_relaxed);
+  const Isa best = detected_host_isa();
+  return int(best) < cap ? best : Isa(cap);
+}
+
+/// Caps the instruction set of later kernel calls (process-wide; for tests and benchmarks that
+/// compare the paths). Isa::avx512 removes the cap.
+inline void set_host_isa_cap(Isa cap) { detail::isa_cap().store(int(cap), std::memory_order_relaxed); }
 
 namespace detail {
 
@@ -110,6 +130,20 @@ void with_isa(Body&& body) {
   }
 #endif
   body(IsaTag<Isa::baseline>{});
+}
+
+/// Sum of a[j] * b[j] (b == nullptr: of a[j]) in double, over kLanes fixed lanes then the lanes in
+/// order: the same bits on every ISA. Call inside a with_isa body.
+template <class A, class B>
+DTENSOR_SIMD_INLINE double lane_dot(const A* a, const B* b, long n) {
+  double lanes[kLanes] = {};
+  long j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) lanes[l] += double(a[j + l]) * (b ? double(b[j + l]) : 1.0);
+  for (int l = 0; j < n; ++j, ++l) lanes[l] += double(a[j]) * (b ? double(b[j]) : 1.0);
+  double s = 0;
+  for (int l = 0; l < kLanes; ++l) s += lanes[l];
+  return s;
 }
 
 /// exp(x) in float: Cody-Waite reduction x = n ln2 + r, a degree-6 polynomial for e^r on

@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""bench/compare_torch.py — train_gpt against its PyTorch eager twin, interleaved, as a ratio.
+
+    python3 bench/compare_torch.py --trainer build-rel/examples/train_gpt            # all four configurations
+    python3 bench/compare_torch.py --trainer build-rel/examples/train_gpt --rounds 3 --only default-1
+
+Each round runs every configuration once with dtensor and once with PyTorch (alternating which
+goes first), so load from other users of the machine hits both alike. A run's figure is the
+median of its per-step tokens/s after --skip warm-up steps; a configuration's figure is the median
+over rounds. Prints one table (markdown) with the ratio dtensor / PyTorch and the load average.
+Configurations: the default model (2 layers, dim 128) and the GEMM-heavy one (4 layers, dim 384),
+each as 1 rank vs 1 torch thread and 2 data-parallel ranks (threads backend) vs 2 torch threads.
+"""
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+STEP = re.compile(r"^step\s+(\d+)/\d+\s+loss\s+\S+\s+(\d+)\s+tokens/s")
+
+CONFIGS = {  # name: (model flags, ranks, steps)
+    "default-1": ([], 1, 60),
+    "default-2": ([], 2, 60),
+    "l4d384-1": (["--layers", "4", "--dim", "384"], 1, 14),
+    "l4d384-2": (["--layers", "4", "--dim", "384"], 2, 14),
+}
+
+
+def per_step_median(out, skip):
+    rates = [int(m.group(2)) for line in out.splitlines() if (m := STEP.match(line)) and int(m.group(1)) > skip]
+    if not rates:
+        sys.exit("no step lines in:\n" + out[-2000:])
+    return statistics.median(rates)
+
+
+def run(cmd, env=None):
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+    return r.stdout
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trainer", default="build-rel/examples/train_gpt")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--skip", type=int, default=3)
+    ap.add_argument("--only", nargs="*", default=list(CONFIGS))
+    a = ap.parse_args()
+    results = {name: ([], []) for name in a.only}
+    for rnd in range(a.rounds):
+        for name in a.only:
+            flags, ranks, steps = CONFIGS[name]
+            dt_cmd = [a.trainer, "--dp", str(ranks), "--tp", "1", "--no-sp", "--steps", str(steps),
+                      "--eval-every", "100000"] + flags
+            pt_cmd = [sys.executable, os.path.join(HERE, "train_gpt_torch.py"), "--threads", str(ranks),
+                      "--steps", str(steps)] + flags
+            order = [("dtensor", dt_cmd), ("torch", pt_cmd)]
+            if rnd % 2:
+                order.reverse()
+            for who, cmd in order:
+                rate = per_step_median(run(cmd), a.skip)
+                results[name][0 if who == "dtensor" else 1].append(rate)
+                print(f"round {rnd + 1} {name:10s} {who:8s} {rate:8.0f} tokens/s", file=sys.stderr)
+    print(f"load average before/after: see uptime; now {os.getloadavg()}")
+    print("| configuration | PyTorch tokens/s | dtensor tokens/s | dtensor / PyTorch |")
+    print("|---|---:|---:|---:|")
+    for name in a.only:
+        d, p = statistics.median(results[name][0]), statistics.median(results[name][1])
+        print(f"| {name} | {p:,.0f} | {d:,.0f} | {d / p:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
