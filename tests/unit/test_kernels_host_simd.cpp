@@ -87,7 +87,8 @@ TEST_CASE("float GELU, its backward and bias+GELU against the double loops", "[k
       const auto xf = kt::cast<float>(x), dyf = kt::cast<float>(dy);
       const auto bf = kt::cast<float>(bias);
       // The oracle takes the float inputs' exact values.
-      const auto xd = kt::cast<double>(xf), dyd = kt::cast<double>(dyf), bd = kt::cast<double>(bf);
+      const auto xd = kt::cast<double>(xf), dyd = kt::cast<double>(dyf);
+      const auto bd = kt::cast<double>(bf);
       check_close(kh::gelu(xf), kh::gelu(xd), 1e-6, 1e-6);
       check_close(kh::gelu_backward(xf, dyf), kh::gelu_backward(xd, dyd), 1e-6, 1e-6);
       const auto fused = kh::bias_gelu(xf, bf);
@@ -129,8 +130,8 @@ TEST_CASE("float LayerNorm forward and backward against the double loops", "[ker
       const Shape<3> s{2, 3, n};
       const auto xf = uniform_float(s, 31 + std::uint64_t(n), -3, 5), dyf = uniform_float(s, 32, -1, 1);
       const auto wf = uniform_float(Shape<1>{n}, 33, 0.5, 1.5), bf = uniform_float(Shape<1>{n}, 34, -1, 1);
-      const auto xd = kt::cast<double>(xf), dyd = kt::cast<double>(dyf), wd = kt::cast<double>(wf),
-                 bd = kt::cast<double>(bf);
+      const auto xd = kt::cast<double>(xf), dyd = kt::cast<double>(dyf);
+      const auto wd = kt::cast<double>(wf), bd = kt::cast<double>(bf);
       const auto f = kh::layer_norm(xf, wf, bf, 1e-5);
       const auto fd = kh::layer_norm(xd, wd, bd, 1e-5);
       check_close(f.y, fd.y, 0, 2e-6);
@@ -166,5 +167,25 @@ TEST_CASE("float attention forward and backward against the double kernels", "[k
       check_close(g.dk, gd.dk, 1e-6, 1e-5);
       check_close(g.dv, gd.dv, 1e-6, 1e-5);
     }
+  }
+}
+
+TEST_CASE("float AdamW against the double element function over several steps", "[kernels][host][simd]") {
+  EveryIsa all;
+  for (auto isa : all.isas) {
+    kh::set_host_isa_cap(isa);
+    const Shape<1> s{37};
+    auto pf = uniform_float(s, 51, -1, 1), mf = Tensor<float, 1>(s), vf = Tensor<float, 1>(s);
+    auto pd = kt::cast<double>(pf), md = Tensor<double, 1>(s), vd = Tensor<double, 1>(s);
+    for (long step = 1; step <= 5; ++step) {
+      const auto gf = uniform_float(s, 60 + std::uint64_t(step), -1, 1);
+      const kh::AdamWStep st{.lr = 0.01, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .step = step};
+      kh::adamw_update(pf, gf, mf, vf, st);
+      kh::adamw_update(pd, kt::cast<double>(gf), md, vd, st);
+    }
+    INFO(kh::isa_name(isa));
+    check_close(pf, pd, 0, 1e-6);  // float rounding of five steps of size ~lr
+    check_close(mf, md, 0, 1e-6);
+    check_close(vf, vd, 0, 1e-6);
   }
 }
