@@ -12,6 +12,7 @@
 #include "dtensor/kernels/host/attention.hpp"
 #include "dtensor/kernels/host/cross_entropy.hpp"
 #include "dtensor/kernels/host/norm.hpp"
+#include "dtensor/kernels/host/optim.hpp"
 #include "dtensor/kernels/host/simd.hpp"
 #include "dtensor/kernels/host/softmax.hpp"
 
