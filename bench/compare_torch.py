@@ -63,6 +63,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--skip", type=int, default=3)
     ap.add_argument("--only", nargs="*", default=list(CONFIGS))
+    ap.add_argument("--omp-passive", action="store_true",
+                    help="run PyTorch with OMP_WAIT_POLICY=PASSIVE: on a machine loaded beyond its cores, OpenMP's "
+                         "spinning threads otherwise collapse PyTorch's 2-thread runs")
     a = ap.parse_args()
     results = {name: ([], []) for name in a.only}
     cpu_results = {name: ([], []) for name in a.only}
@@ -79,8 +82,9 @@ def main():
             if rnd % 2:
                 order.reverse()
             for who, cmd in order:
-                out, cpu = run(cmd)
-                _, cpu_start = run(with_steps(cmd, 2))
+                env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE") if who == "torch" and a.omp_passive else None
+                out, cpu = run(cmd, env)
+                _, cpu_start = run(with_steps(cmd, 2), env)
                 rate = per_step_median(out, a.skip)
                 cpu_rate = tokens_per_step * (steps - 2) / max(cpu - cpu_start, 1e-9)
                 side = 0 if who == "dtensor" else 1
