@@ -1,7 +1,8 @@
 // The vectorized float host kernels (kernels/host/simd.hpp dispatch) against their plain double
 // loops — the oracle — on every instruction set this CPU has, with row lengths around the vector
-// widths (1, 7, 16, 37, 130). Tolerances (float against double): GELU 1e-6 absolute (fast_tanh);
-// rows (softmax, log-softmax, cross-entropy, LayerNorm) 2e-6 relative to the row's largest entry.
+// widths (1, 7, 16, 37, 130, 300). Tolerances (float against double): GELU 1e-6 absolute
+// (fast_tanh); rows (softmax, log-softmax, cross-entropy, LayerNorm) 2e-6 relative to the largest
+// entry; LayerNorm's rstd 1e-6 (centred in float); AdamW 1e-6 after five steps.
 #include "test_kernels_host_util.hpp"
 
 #include <algorithm>
@@ -80,7 +81,7 @@ TEST_CASE("float GELU, its backward and bias+GELU against the double loops", "[k
   EveryIsa all;
   for (auto isa : all.isas) {
     kh::set_host_isa_cap(isa);
-    for (Extent n : {1, 7, 16, 37, 130}) {
+    for (Extent n : {1, 7, 16, 37, 130, 300}) {
       INFO(kh::isa_name(isa) << ", row length " << n);
       const Shape<2> s{3, n};
       auto x = uniform<double>(s, 11 + std::uint64_t(n), -6, 6), dy = uniform<double>(s, 12, -1, 1);
@@ -104,7 +105,7 @@ TEST_CASE("float softmax, log-softmax and cross-entropy against the double loops
   EveryIsa all;
   for (auto isa : all.isas) {
     kh::set_host_isa_cap(isa);
-    for (Extent n : {1, 7, 16, 37, 130}) {
+    for (Extent n : {1, 7, 16, 37, 130, 300}) {
       INFO(kh::isa_name(isa) << ", row length " << n);
       const Shape<2> s{5, n};
       const auto xf = uniform_float(s, 21 + std::uint64_t(n), -8, 8), dyf = uniform_float(s, 22, -1, 1);
@@ -126,7 +127,7 @@ TEST_CASE("float LayerNorm forward and backward against the double loops", "[ker
   EveryIsa all;
   for (auto isa : all.isas) {
     kh::set_host_isa_cap(isa);
-    for (Extent n : {1, 7, 16, 37, 130}) {
+    for (Extent n : {1, 7, 16, 37, 130, 300}) {
       INFO(kh::isa_name(isa) << ", row length " << n);
       const Shape<3> s{2, 3, n};
       const auto xf = uniform_float(s, 31 + std::uint64_t(n), -3, 5), dyf = uniform_float(s, 32, -1, 1);
@@ -137,8 +138,8 @@ TEST_CASE("float LayerNorm forward and backward against the double loops", "[ker
       const auto fd = kh::layer_norm(xd, wd, bd, 1e-5);
       check_close(f.y, fd.y, 0, 2e-6);
       for (Extent r = 0; r < 6; ++r) {
-        CHECK(std::abs(f.mean[r] - fd.mean[r]) <= 1e-12 * (1 + std::abs(fd.mean[r])));
-        CHECK(std::abs(f.rstd[r] - fd.rstd[r]) <= 1e-9 * fd.rstd[r]);
+        CHECK(std::abs(f.mean[r] - fd.mean[r]) <= 1e-12 * (1 + std::abs(fd.mean[r])));  // double sums of the same floats
+        CHECK(std::abs(f.rstd[r] - fd.rstd[r]) <= 1e-6 * fd.rstd[r]);  // centred in float
       }
       const auto g = kh::layer_norm_backward(xf, wf, f.mean, f.rstd, dyf);
       const auto gd = kh::layer_norm_backward(xd, wd, fd.mean, fd.rstd, dyd);

@@ -9,7 +9,7 @@
 // and bias gradients are this shard's sums over its rows: under sequence or data parallelism the
 // caller all-reduces them. Moments use the two-pass formula (mean, then centred squares) for
 // accuracy; variance is the biased one, as in PyTorch. float LayerNorm runs vectorized
-// (simd.hpp) with the same double arithmetic, its row sums over fixed lanes (detail::lane_dot);
+// (simd.hpp): per-element math in float, row sums in double over fixed lanes (detail::lane_dot);
 // the plain loops stay for double, bfloat16 and RMSNorm (and are the tests' oracle).
 #pragma once
 
@@ -56,44 +56,51 @@ void check_norm_backward(const char* op, const Shape<R>& x, const Shape<R>& dy,
         to_string(dy), ", saved statistics ", to_string(rstd.shape()), " (expected [", rows, "])");
 }
 
-/// LayerNorm forward of float rows, vectorized: mean, centred second moment, y.
+/// LayerNorm forward of float rows, vectorized: per-element math in float (compute_t), the
+/// mean and the centred second moment summed in double over lanes (simd.hpp lane_dot).
 inline void layer_norm_float(const float* x, const float* w, const float* b, float* y, Stat* mean, Stat* rstd,
                              Extent rows, Extent n, double eps) {
-  std::vector<Stat> centred(static_cast<std::size_t>(n));
-  Stat* c = centred.data();
+  std::vector<float> centred(static_cast<std::size_t>(n));
+  float* c = centred.data();
   with_isa([&](auto) DTENSOR_SIMD_BODY {
     for (Extent r = 0; r < rows; ++r) {
       const float* xr = x + r * n;
       const Stat mu = lane_dot(xr, static_cast<const float*>(nullptr), n) / Stat(n);
-      for (Extent j = 0; j < n; ++j) c[j] = Stat(xr[j]) - mu;
+      const float mu_f = float(mu);
+      for (Extent j = 0; j < n; ++j) c[j] = xr[j] - mu_f;
       const Stat rs = 1.0 / std::sqrt(lane_dot(c, c, n) / Stat(n) + eps);
       mean[r] = mu;
       rstd[r] = rs;
+      const float rs_f = float(rs);
       float* yr = y + r * n;
-      for (Extent j = 0; j < n; ++j) yr[j] = float(c[j] * rs * Stat(w[j]) + Stat(b[j]));
+      for (Extent j = 0; j < n; ++j) yr[j] = c[j] * rs_f * w[j] + b[j];
     }
   });
 }
 
-/// LayerNorm backward of float rows, vectorized (the formulas of norm_backward below).
+/// LayerNorm backward of float rows, vectorized (the formulas of norm_backward below): per-element
+/// math in float; the row sums and the weight and bias gradients (sums over rows) in double.
 inline void layer_norm_backward_float(const float* x, const float* w, const Stat* mean, const Stat* rstd,
                                       const float* dy, float* dx, float* dweight, float* dbias, Extent rows, Extent n) {
-  std::vector<Stat> buffers(static_cast<std::size_t>(4 * n), 0.0);
-  Stat *dw = buffers.data(), *db = dw + n, *xhat = db + n, *g = xhat + n;
+  std::vector<Stat> sums(static_cast<std::size_t>(2 * n), 0.0);
+  std::vector<float> rows_buffer(static_cast<std::size_t>(2 * n));
+  Stat *dw = sums.data(), *db = dw + n;
+  float *xhat = rows_buffer.data(), *g = xhat + n;
   with_isa([&](auto) DTENSOR_SIMD_BODY {
     for (Extent r = 0; r < rows; ++r) {
       const float* xr = x + r * n;
       const float* gr = dy + r * n;
-      const Stat mu = mean[r], rs = rstd[r];
+      const float mu = float(mean[r]), rs = float(rstd[r]);
       for (Extent j = 0; j < n; ++j) {
-        xhat[j] = (Stat(xr[j]) - mu) * rs;
-        g[j] = Stat(gr[j]) * Stat(w[j]);
-        dw[j] += Stat(gr[j]) * xhat[j];
+        xhat[j] = (xr[j] - mu) * rs;
+        g[j] = gr[j] * w[j];
+        dw[j] += Stat(gr[j] * xhat[j]);
         db[j] += Stat(gr[j]);
       }
-      const Stat mg = lane_dot(g, static_cast<const Stat*>(nullptr), n) / Stat(n), mgx = lane_dot(g, xhat, n) / Stat(n);
+      const float mg = float(lane_dot(g, static_cast<const float*>(nullptr), n) / Stat(n));
+      const float mgx = float(lane_dot(g, xhat, n) / Stat(n));
       float* dr = dx + r * n;
-      for (Extent j = 0; j < n; ++j) dr[j] = float(rs * (g[j] - mg - xhat[j] * mgx));
+      for (Extent j = 0; j < n; ++j) dr[j] = rs * (g[j] - mg - xhat[j] * mgx);
     }
     for (Extent j = 0; j < n; ++j) {
       dweight[j] = float(dw[j]);

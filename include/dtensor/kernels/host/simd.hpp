@@ -14,8 +14,8 @@
 // for that instance's instruction set (a callee may be inlined into a caller whose ISA is a
 // superset). Everything a body calls in its inner loop must be always_inline too (fast_exp,
 // fast_tanh below), or it runs as baseline code. Loops are written so that the vectorizer needs
-// no reassociation (no -ffast-math): reductions go through fixed-width lane arrays
-// (detail::kLanes), which also fixes the summation order, so every ISA sums in the same order.
+// no reassociation (no -ffast-math): reductions go through kLanes-wide GCC vector types
+// (lane_dot, lane_max), which also fixes the summation order, so every ISA sums alike.
 //
 // Other compilers and non-x86 targets get the baseline instance only (a correct fallback).
 #pragma once
@@ -24,7 +24,9 @@
 #include <bit>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <string_view>
+#include <type_traits>
 
 namespace dtensor::kernels::host {
 
@@ -132,19 +134,55 @@ void with_isa(Body&& body) {
   body(IsaTag<Isa::baseline>{});
 }
 
-/// Sum of a[j] * b[j] (b == nullptr: of a[j]) in double, over kLanes fixed lanes then the lanes in
-/// order: the same bits on every ISA. Call inside a with_isa body.
+#if defined(__GNUC__) || defined(__clang__)
+/// kLanes floats / doubles as one GCC/Clang vector: element-wise arithmetic in a fixed order that
+/// the compiler maps onto the instance's registers (one zmm, two ymm, four or eight xmm), which
+/// the loop vectorizer does not reliably do for a reduction without -ffast-math.
+using FloatLanes = float __attribute__((vector_size(4 * kLanes)));
+using DoubleLanes = double __attribute__((vector_size(8 * kLanes)));
+
+template <class T>
+DTENSOR_SIMD_INLINE DoubleLanes load_lanes(const T* p) {
+  if constexpr (std::is_same_v<T, double>) {
+    DoubleLanes v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  } else {
+    FloatLanes v;
+    std::memcpy(&v, p, sizeof v);
+    return __builtin_convertvector(v, DoubleLanes);
+  }
+}
+
+/// Sum of a[j] * b[j] (b == nullptr: of a[j]) in double: kLanes partial sums, then the lanes in
+/// order — the same bits on every ISA. Call inside a with_isa body.
 template <class A, class B>
 DTENSOR_SIMD_INLINE double lane_dot(const A* a, const B* b, long n) {
-  double lanes[kLanes] = {};
+  DoubleLanes acc = {};
   long j = 0;
-  for (; j + kLanes <= n; j += kLanes)
-    for (int l = 0; l < kLanes; ++l) lanes[l] += double(a[j + l]) * (b ? double(b[j + l]) : 1.0);
-  for (int l = 0; j < n; ++j, ++l) lanes[l] += double(a[j]) * (b ? double(b[j]) : 1.0);
+  for (; j + kLanes <= n; j += kLanes) acc += b ? load_lanes(a + j) * load_lanes(b + j) : load_lanes(a + j);
+  for (int l = 0; j < n; ++j, ++l) acc[l] += double(a[j]) * (b ? double(b[j]) : 1.0);
   double s = 0;
-  for (int l = 0; l < kLanes; ++l) s += lanes[l];
+  for (int l = 0; l < kLanes; ++l) s += acc[l];
   return s;
 }
+
+/// Largest element of a float row (-inf when empty; NaNs ignored as std::max(m, x) does).
+DTENSOR_SIMD_INLINE float lane_max(const float* a, long n) {
+  constexpr float lowest = -__builtin_inff();
+  FloatLanes acc = lowest - FloatLanes{};
+  long j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    FloatLanes v;
+    std::memcpy(&v, a + j, sizeof v);
+    acc = acc < v ? v : acc;
+  }
+  float m = lowest;
+  for (; j < n; ++j) m = m < a[j] ? a[j] : m;
+  for (int l = 0; l < kLanes; ++l) m = m < acc[l] ? acc[l] : m;
+  return m;
+}
+#endif
 
 /// exp(x) in float: Cody-Waite reduction x = n ln2 + r, a degree-6 polynomial for e^r on
 /// |r| <= ln2 / 2, and 2^n through the exponent bits. Relative error a few ulp over

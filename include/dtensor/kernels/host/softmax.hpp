@@ -37,16 +37,8 @@ inline constexpr Stat neg_inf = -std::numeric_limits<Stat>::infinity();
 template <class T>
 Stat row_max(const T* x, Extent n) {
   if constexpr (std::is_same_v<T, float>) {
-    float m = -std::numeric_limits<float>::infinity();
-    with_isa([&](auto) DTENSOR_SIMD_BODY {
-      float lanes[kLanes];
-      for (int l = 0; l < kLanes; ++l) lanes[l] = m;
-      Extent j = 0;
-      for (; j + kLanes <= n; j += kLanes)
-        for (int l = 0; l < kLanes; ++l) lanes[l] = lanes[l] < x[j + l] ? x[j + l] : lanes[l];
-      for (; j < n; ++j) m = m < x[j] ? x[j] : m;
-      for (int l = 0; l < kLanes; ++l) m = m < lanes[l] ? lanes[l] : m;
-    });
+    float m = 0;
+    with_isa([&](auto) DTENSOR_SIMD_BODY { m = lane_max(x, n); });
     return Stat(m);
   } else {
     Stat m = neg_inf;
@@ -58,19 +50,21 @@ Stat row_max(const T* x, Extent n) {
 /// exp(x - shift) in float, the difference formed in double (shift may be an lse, not a float).
 DTENSOR_SIMD_INLINE float shifted_exp(float x, Stat shift) { return fast_exp(float(Stat(x) - shift)); }
 
-/// Sum of exp(x[j] - shift); 0 when shift is -inf (an empty or fully masked row).
+/// Sum of exp(x[j] - shift); 0 when shift is -inf (an empty or fully masked row). float rows:
+/// the exps of a chunk into a stack buffer (a plain vectorizable loop), then their lane sum.
 template <class T>
 Stat row_sum_exp(const T* x, Extent n, Stat shift) {
   if (shift == neg_inf) return 0;
   if constexpr (std::is_same_v<T, float>) {
     Stat s = 0;
     with_isa([&](auto) DTENSOR_SIMD_BODY {
-      Stat lanes[kLanes] = {};
-      Extent j = 0;
-      for (; j + kLanes <= n; j += kLanes)
-        for (int l = 0; l < kLanes; ++l) lanes[l] += Stat(shifted_exp(x[j + l], shift));
-      for (int l = 0; j < n; ++j, ++l) lanes[l] += Stat(shifted_exp(x[j], shift));
-      for (int l = 0; l < kLanes; ++l) s += lanes[l];
+      constexpr Extent chunk = 256;  // a multiple of kLanes: the lanes see the same elements for any n
+      alignas(64) float e[chunk];
+      for (Extent j0 = 0; j0 < n; j0 += chunk) {
+        const Extent c = std::min(chunk, n - j0);
+        for (Extent j = 0; j < c; ++j) e[j] = shifted_exp(x[j0 + j], shift);
+        s += lane_dot(e, static_cast<const float*>(nullptr), c);
+      }
     });
     return s;
   } else {
