@@ -6,6 +6,8 @@
 Runs bench_kernels_host (Google Benchmark, JSON, medians of 3 repetitions) and
 bench_kernels_torch.py (1 thread), then prints a markdown table: time per call of PyTorch, of
 dtensor on the baseline ISA and on the dispatched one, and torch / dtensor (above 1: dtensor faster).
+Times are CPU time per call (Google Benchmark's cpu_time; time.process_time in the twin), which
+a loaded machine disturbs less than wall-clock time (both sides run one thread).
 """
 import argparse
 import json
@@ -30,7 +32,7 @@ def main():
             continue
         name = b["run_name"][len("BM_"):]  # kernel/isa/args...
         kernel, flag, *args = name.split("/")
-        dt[("/".join([kernel] + args), int(flag))] = b["real_time"] * {"ns": 1, "us": 1e3, "ms": 1e6}[b["time_unit"]]
+        dt[("/".join([kernel] + args), int(flag))] = b["cpu_time"] * {"ns": 1, "us": 1e3, "ms": 1e6}[b["time_unit"]]
         if int(flag) == 1 and b.get("label"):
             isa = b["label"]
     pt = json.loads(subprocess.run([sys.executable, os.path.join(HERE, "bench_kernels_torch.py")], capture_output=True,

@@ -56,6 +56,32 @@ void check_norm_backward(const char* op, const Shape<R>& x, const Shape<R>& dy,
         to_string(dy), ", saved statistics ", to_string(rstd.shape()), " (expected [", rows, "])");
 }
 
+// The per-row loops of float LayerNorm, with restrict-qualified pointers: without them GCC needs
+// more run-time alias checks than it makes and leaves the loops scalar (seen in the profile).
+DTENSOR_SIMD_INLINE void centre_row(const float* __restrict x, float mu, float* __restrict c, Extent n) {
+  for (Extent j = 0; j < n; ++j) c[j] = x[j] - mu;
+}
+DTENSOR_SIMD_INLINE void affine_row(const float* __restrict c, float rs, const float* __restrict w,
+                                    const float* __restrict b, float* __restrict y, Extent n) {
+  for (Extent j = 0; j < n; ++j) y[j] = c[j] * rs * w[j] + b[j];
+}
+DTENSOR_SIMD_INLINE void norm_backward_row(const float* __restrict x, const float* __restrict dy,
+                                           const float* __restrict w, float mu, float rs, float* __restrict xhat,
+                                           float* __restrict g, Stat* __restrict dw, Stat* __restrict db, Extent n) {
+  for (Extent j = 0; j < n; ++j) {
+    xhat[j] = (x[j] - mu) * rs;
+    g[j] = dy[j] * w[j];
+  }
+  for (Extent j = 0; j < n; ++j) {
+    dw[j] += Stat(dy[j] * xhat[j]);
+    db[j] += Stat(dy[j]);
+  }
+}
+DTENSOR_SIMD_INLINE void norm_dx_row(const float* __restrict xhat, const float* __restrict g, float rs, float mg,
+                                     float mgx, float* __restrict dx, Extent n) {
+  for (Extent j = 0; j < n; ++j) dx[j] = rs * (g[j] - mg - xhat[j] * mgx);
+}
+
 /// LayerNorm forward of float rows, vectorized: per-element math in float (compute_t), the
 /// mean and the centred second moment summed in double over lanes (simd.hpp lane_dot).
 inline void layer_norm_float(const float* x, const float* w, const float* b, float* y, Stat* mean, Stat* rstd,
@@ -66,14 +92,11 @@ inline void layer_norm_float(const float* x, const float* w, const float* b, flo
     for (Extent r = 0; r < rows; ++r) {
       const float* xr = x + r * n;
       const Stat mu = lane_dot(xr, static_cast<const float*>(nullptr), n) / Stat(n);
-      const float mu_f = float(mu);
-      for (Extent j = 0; j < n; ++j) c[j] = xr[j] - mu_f;
+      centre_row(xr, float(mu), c, n);
       const Stat rs = 1.0 / std::sqrt(lane_dot(c, c, n) / Stat(n) + eps);
       mean[r] = mu;
       rstd[r] = rs;
-      const float rs_f = float(rs);
-      float* yr = y + r * n;
-      for (Extent j = 0; j < n; ++j) yr[j] = c[j] * rs_f * w[j] + b[j];
+      affine_row(c, float(rs), w, b, y + r * n, n);
     }
   });
 }
@@ -88,19 +111,11 @@ inline void layer_norm_backward_float(const float* x, const float* w, const Stat
   float *xhat = rows_buffer.data(), *g = xhat + n;
   with_isa([&](auto) DTENSOR_SIMD_BODY {
     for (Extent r = 0; r < rows; ++r) {
-      const float* xr = x + r * n;
-      const float* gr = dy + r * n;
-      const float mu = float(mean[r]), rs = float(rstd[r]);
-      for (Extent j = 0; j < n; ++j) {
-        xhat[j] = (xr[j] - mu) * rs;
-        g[j] = gr[j] * w[j];
-        dw[j] += Stat(gr[j] * xhat[j]);
-        db[j] += Stat(gr[j]);
-      }
+      const float rs = float(rstd[r]);
+      norm_backward_row(x + r * n, dy + r * n, w, float(mean[r]), rs, xhat, g, dw, db, n);
       const float mg = float(lane_dot(g, static_cast<const float*>(nullptr), n) / Stat(n));
       const float mgx = float(lane_dot(g, xhat, n) / Stat(n));
-      float* dr = dx + r * n;
-      for (Extent j = 0; j < n; ++j) dr[j] = rs * (g[j] - mg - xhat[j] * mgx);
+      norm_dx_row(xhat, g, rs, mg, mgx, dx + r * n, n);
     }
     for (Extent j = 0; j < n; ++j) {
       dweight[j] = float(dw[j]);
