@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <vector>
 
 #include "dtensor/kernels/host/activations.hpp"
@@ -32,6 +33,17 @@ struct EveryIsa {
   ~EveryIsa() { kh::set_host_isa_cap(kh::Isa::avx512); }
 };
 
+/// body() once per instruction set up to the detected one, the kernels capped at it.
+template <class Body>
+void on_every_isa(Body body) {
+  EveryIsa all;
+  for (auto isa : all.isas) {
+    kh::set_host_isa_cap(isa);
+    INFO("instruction set " << kh::isa_name(isa));
+    body();
+  }
+}
+
 template <std::size_t R>
 Tensor<float, R> uniform_float(Shape<R> s, std::uint64_t seed, double lo, double hi) {
   return kt::cast<float>(uniform<double>(s, seed, lo, hi));
@@ -48,6 +60,14 @@ void check_close(const Tensor<float, R>& a, const Tensor<double, R>& b, double a
   }
   INFO("max error " << worst << " against max |value| " << scale << ", extents " << to_string(b.shape()));
   CHECK(worst <= atol + rtol * scale);
+}
+
+/// Three results of a kernel (gradients, optimizer state) against the oracle's.
+template <class A, class B>
+void check_three(const A& got, const B& want, double atol, double rtol) {
+  check_close(std::get<0>(got), std::get<0>(want), atol, rtol);
+  check_close(std::get<1>(got), std::get<1>(want), atol, rtol);
+  check_close(std::get<2>(got), std::get<2>(want), atol, rtol);
 }
 
 }  // namespace
@@ -78,11 +98,9 @@ TEST_CASE("fast_exp and fast_tanh against the standard library", "[kernels][host
 }
 
 TEST_CASE("float GELU, its backward and bias+GELU against the double loops", "[kernels][host][simd]") {
-  EveryIsa all;
-  for (auto isa : all.isas) {
-    kh::set_host_isa_cap(isa);
+  on_every_isa([&] {
     for (Extent n : {1, 7, 16, 37, 130, 300}) {
-      INFO(kh::isa_name(isa) << ", row length " << n);
+      INFO("row length " << n);
       const Shape<2> s{3, n};
       auto x = uniform<double>(s, 11 + std::uint64_t(n), -6, 6), dy = uniform<double>(s, 12, -1, 1);
       auto bias = uniform<double>(Shape<1>{n}, 13, -1, 1);
@@ -98,15 +116,13 @@ TEST_CASE("float GELU, its backward and bias+GELU against the double loops", "[k
       check_close(fused.h, fused_ref.h, 0, 1e-7);
       check_close(fused.y, fused_ref.y, 1e-6, 1e-6);
     }
-  }
+  });
 }
 
 TEST_CASE("float softmax, log-softmax and cross-entropy against the double loops", "[kernels][host][simd]") {
-  EveryIsa all;
-  for (auto isa : all.isas) {
-    kh::set_host_isa_cap(isa);
+  on_every_isa([&] {
     for (Extent n : {1, 7, 16, 37, 130, 300}) {
-      INFO(kh::isa_name(isa) << ", row length " << n);
+      INFO("row length " << n);
       const Shape<2> s{5, n};
       const auto xf = uniform_float(s, 21 + std::uint64_t(n), -8, 8), dyf = uniform_float(s, 22, -1, 1);
       const auto xd = kt::cast<double>(xf), dyd = kt::cast<double>(dyf);
@@ -120,15 +136,13 @@ TEST_CASE("float softmax, log-softmax and cross-entropy against the double loops
       check_close(kh::cross_entropy_backward(xf, targets, f.lse, 0.5), kh::cross_entropy_backward(xd, targets, fd.lse, 0.5),
                   0, 2e-6);
     }
-  }
+  });
 }
 
 TEST_CASE("float LayerNorm forward and backward against the double loops", "[kernels][host][simd]") {
-  EveryIsa all;
-  for (auto isa : all.isas) {
-    kh::set_host_isa_cap(isa);
+  on_every_isa([&] {
     for (Extent n : {1, 7, 16, 37, 130, 300}) {
-      INFO(kh::isa_name(isa) << ", row length " << n);
+      INFO("row length " << n);
       const Shape<3> s{2, 3, n};
       const auto xf = uniform_float(s, 31 + std::uint64_t(n), -3, 5), dyf = uniform_float(s, 32, -1, 1);
       const auto wf = uniform_float(Shape<1>{n}, 33, 0.5, 1.5), bf = uniform_float(Shape<1>{n}, 34, -1, 1);
@@ -143,19 +157,15 @@ TEST_CASE("float LayerNorm forward and backward against the double loops", "[ker
       }
       const auto g = kh::layer_norm_backward(xf, wf, f.mean, f.rstd, dyf);
       const auto gd = kh::layer_norm_backward(xd, wd, fd.mean, fd.rstd, dyd);
-      check_close(g.dx, gd.dx, 1e-6, 2e-6);
-      check_close(g.dweight, gd.dweight, 1e-6, 2e-6);
-      check_close(g.dbias, gd.dbias, 1e-6, 2e-6);
+      check_three(std::tie(g.dx, g.dweight, g.dbias), std::tie(gd.dx, gd.dweight, gd.dbias), 1e-6, 2e-6);
     }
-  }
+  });
 }
 
 TEST_CASE("float attention forward and backward against the double kernels", "[kernels][host][simd]") {
-  EveryIsa all;
-  for (auto isa : all.isas) {
-    kh::set_host_isa_cap(isa);
+  on_every_isa([&] {
     for (Extent t : {1, 7, 37}) {
-      INFO(kh::isa_name(isa) << ", sequence " << t);
+      INFO("sequence " << t);
       const Shape<4> s{2, 3, t, 8};
       const auto q = uniform_float(s, 41, -1, 1), k = uniform_float(s, 42, -1, 1), v = uniform_float(s, 43, -1, 1),
                  dout = uniform_float(s, 44, -1, 1);
@@ -165,17 +175,13 @@ TEST_CASE("float attention forward and backward against the double kernels", "[k
       const auto g = kh::attention_backward(q, k, v, f.out, f.lse, dout);
       const auto gd = kh::attention_backward(kt::cast<double>(q), kt::cast<double>(k), kt::cast<double>(v), fd.out, fd.lse,
                                              kt::cast<double>(dout));
-      check_close(g.dq, gd.dq, 1e-6, 1e-5);
-      check_close(g.dk, gd.dk, 1e-6, 1e-5);
-      check_close(g.dv, gd.dv, 1e-6, 1e-5);
+      check_three(std::tie(g.dq, g.dk, g.dv), std::tie(gd.dq, gd.dk, gd.dv), 1e-6, 1e-5);
     }
-  }
+  });
 }
 
 TEST_CASE("float AdamW against the double element function over several steps", "[kernels][host][simd]") {
-  EveryIsa all;
-  for (auto isa : all.isas) {
-    kh::set_host_isa_cap(isa);
+  on_every_isa([&] {
     const Shape<1> s{37};
     auto pf = uniform_float(s, 51, -1, 1), mf = Tensor<float, 1>(s), vf = Tensor<float, 1>(s);
     auto pd = kt::cast<double>(pf), md = Tensor<double, 1>(s), vd = Tensor<double, 1>(s);
@@ -185,9 +191,6 @@ TEST_CASE("float AdamW against the double element function over several steps", 
       kh::adamw_update(pf, gf, mf, vf, st);
       kh::adamw_update(pd, kt::cast<double>(gf), md, vd, st);
     }
-    INFO(kh::isa_name(isa));
-    check_close(pf, pd, 0, 1e-6);  // float rounding of five steps of size ~lr
-    check_close(mf, md, 0, 1e-6);
-    check_close(vf, vd, 0, 1e-6);
-  }
+    check_three(std::tie(pf, mf, vf), std::tie(pd, md, vd), 0, 1e-6);  // float rounding of five steps of size ~lr
+  });
 }
