@@ -110,9 +110,15 @@ struct IsaTag {
 };
 
 #if DTENSOR_HOST_MULTI_ISA
+// GCC tunes for 256-bit vectors unless told; Clang takes that as min_vector_width instead (it
+// rejects the whole target string when it names prefer-vector-width).
+#if defined(__clang__)
+#define DTENSOR_AVX512_TARGET __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma"), min_vector_width(512)))
+#else
+#define DTENSOR_AVX512_TARGET __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,prefer-vector-width=512")))
+#endif
 template <class Body>
-__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,prefer-vector-width=512"))) void run_avx512(
-    Body& body) {
+DTENSOR_AVX512_TARGET void run_avx512(Body& body) {
   body(IsaTag<Isa::avx512>{});
 }
 template <class Body>
@@ -141,16 +147,16 @@ void with_isa(Body&& body) {
 using FloatLanes = float __attribute__((vector_size(4 * kLanes)));
 using DoubleLanes = double __attribute__((vector_size(8 * kLanes)));
 
+/// kLanes elements from p, widened to double (an out-parameter: a vector returned by value in a
+/// baseline function would change the ABI, which Clang warns about).
 template <class T>
-DTENSOR_SIMD_INLINE DoubleLanes load_lanes(const T* p) {
+DTENSOR_SIMD_INLINE void load_lanes(const T* p, DoubleLanes& out) {
   if constexpr (std::is_same_v<T, double>) {
-    DoubleLanes v;
-    std::memcpy(&v, p, sizeof v);
-    return v;
+    std::memcpy(&out, p, sizeof out);
   } else {
     FloatLanes v;
     std::memcpy(&v, p, sizeof v);
-    return __builtin_convertvector(v, DoubleLanes);
+    out = __builtin_convertvector(v, DoubleLanes);
   }
 }
 
@@ -160,7 +166,15 @@ template <class A, class B>
 DTENSOR_SIMD_INLINE double lane_dot(const A* a, const B* b, long n) {
   DoubleLanes acc = {};
   long j = 0;
-  for (; j + kLanes <= n; j += kLanes) acc += b ? load_lanes(a + j) * load_lanes(b + j) : load_lanes(a + j);
+  for (; j + kLanes <= n; j += kLanes) {
+    DoubleLanes va, vb;
+    load_lanes(a + j, va);
+    if (b) {
+      load_lanes(b + j, vb);
+      va *= vb;
+    }
+    acc += va;
+  }
   for (int l = 0; j < n; ++j, ++l) acc[l] += double(a[j]) * (b ? double(b[j]) : 1.0);
   double s = 0;
   for (int l = 0; l < kLanes; ++l) s += acc[l];
