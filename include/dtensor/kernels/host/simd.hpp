@@ -140,7 +140,7 @@ void with_isa(Body&& body) {
   body(IsaTag<Isa::baseline>{});
 }
 
-#if defined(__GNUC__) || defined(__clang__)
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
 /// kLanes floats / doubles as one GCC/Clang vector: element-wise arithmetic in a fixed order that
 /// the compiler maps onto the instance's registers (one zmm, two ymm, four or eight xmm), which
 /// the loop vectorizer does not reliably do for a reduction without -ffast-math.
@@ -194,6 +194,26 @@ DTENSOR_SIMD_INLINE float lane_max(const float* a, long n) {
   float m = lowest;
   for (; j < n; ++j) m = m < a[j] ? a[j] : m;
   for (int l = 0; l < kLanes; ++l) m = m < acc[l] ? acc[l] : m;
+  return m;
+}
+#else
+// nvcc's front end does not take GCC vector types (it crashes on them): the same sums over plain
+// lane arrays — the same order, so the same bits (these run on the host only; no ISA dispatch
+// under nvcc).
+template <class A, class B>
+inline double lane_dot(const A* a, const B* b, long n) {
+  double acc[kLanes] = {};
+  long j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] += double(a[j + l]) * (b ? double(b[j + l]) : 1.0);
+  for (int l = 0; j < n; ++j, ++l) acc[l] += double(a[j]) * (b ? double(b[j]) : 1.0);
+  double s = 0;
+  for (int l = 0; l < kLanes; ++l) s += acc[l];
+  return s;
+}
+inline float lane_max(const float* a, long n) {
+  float m = -__builtin_inff();
+  for (long j = 0; j < n; ++j) m = m < a[j] ? a[j] : m;
   return m;
 }
 #endif
