@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # scripts/run-main.sh — the main job: set up, build and run the GPT trainer on the threads backend.
 #
-#   scripts/run-main.sh                       # 8 threads as dp=2 x tp=4 with sequence parallel
-#   scripts/run-main.sh --dp 1 --tp 2 --steps 100   # extra arguments go to train_gpt (--help)
+#   scripts/run-main.sh                       # 8 threads: PP x FSDP x TP + SP x EP (MoE blocks), all five at once
+#   scripts/run-main.sh --pp 1 --cp 1 --dp 2 --tp 4 --steps 100   # extra arguments go to train_gpt (--help)
 #
 # Installs the missing Debian packages, builds build-main/ (Release, OpenBLAS GEMMs) and runs
 # examples/train_gpt.cpp on the files under /usr/share/common-licenses.
@@ -13,7 +13,13 @@ build=${DTENSOR_MAIN_BUILD:-build-main}
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDTENSOR_WITH_BLAS=ON -DDTENSOR_BUILD_TESTS=OFF \
       -DDTENSOR_BUILD_BENCHMARKS=OFF >/dev/null
 cmake --build "$build" -j"$(nproc)" --target train_gpt
-# Without flags: data x context x tensor parallelism with sequence parallelism on 8 threads
-# (dp 2 x cp 2 x tp 2 + SP); any flags replace that (train_gpt --help lists them).
-if [[ $# -eq 0 ]]; then set -- --dp 2 --cp 2 --tp 2; fi
+# Without flags: all five parallelisms at once on 8 threads: pipeline (2 stages, 1F1B over 4
+# micro-batches) x FSDP (2 shards, ZeRO-3) x tensor (2) with sequence parallelism, and MoE blocks
+# (4 experts, top-2) split over 2 expert ranks (the FSDP ranks); any flags replace that
+# (train_gpt --help lists them; e.g. no flags but --steps 100: the dense model on 16 threads,
+# pp 2 x fsdp 2 x cp 2 x tp 2 + SP).
+if [[ $# -eq 0 ]]; then
+  set -- --pp 2 --fsdp 2 --cp 1 --tp 2 --experts 4 --ep 2 --steps 300 --eval-every 50 \
+         --trace "$build/train_gpt_trace.json" --plot "$build/train_gpt_loss.svg"  # where they went: printed at the end
+fi
 exec "$build/examples/train_gpt" "$@"

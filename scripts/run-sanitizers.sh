@@ -8,7 +8,7 @@
 #
 # ASan+UBSan: a chosen subset of the threads-backend tests — the core (tensors, views, the
 # caching allocator), communication, redistribution, ops on every host/meta space, the modules
-# and flat parameters, and the GPT under DDP/TP/SP, FSDP, CP, MoE — UB fatal
+# and flat parameters, the GPT under DDP/TP/SP, FSDP, CP, MoE, checkpoints — UB fatal
 # (-fno-sanitize-recover), leaks checked. TSan: the programs that exercise the threads backend's
 # synchronization (communicator, redistribution, faults, hardening, optimizers/DDP overlap,
 # parity). MPI is left out of both: Open MPI's own allocations and shared-memory transport are
@@ -26,7 +26,7 @@ common=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 
 if [[ $what == all || $what == asan ]]; then
   asan_tests=(test_tensor test_comm_threads test_dtensor_api test_dtensor_faults test_redistribute_oracle
               test_redistribute_plan test_ops_spaces test_nn_protocol test_nn_layers test_optim test_hardening
-              test_gpt_parity test_fsdp_parity test_cp_parity test_moe)
+              test_gpt_parity test_fsdp_parity test_cp_parity test_moe test_checkpoint)
   cmake -S . -B build-asan "${common[@]}" -DDTENSOR_SANITIZE="address;undefined" >/dev/null
   cmake --build build-asan -j"$jobs" --target "${asan_tests[@]}"
   regex="^($(IFS='|'; echo "${asan_tests[*]}"))\$"

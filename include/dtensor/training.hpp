@@ -1,5 +1,6 @@
 // dtensor/training.hpp — everything that trains a model, on top of dtensor/dtensor.hpp: ops
-// with sharding rules, modules with backward, optimizers, data / tensor / sequence parallelism.
+// with sharding rules, modules with backward, optimizers, data / tensor / sequence parallelism,
+// checkpoints (save_training_state / load_training_state).
 //
 //   #include <dtensor/training.hpp>
 //   using Model = dtensor::nn::GPT<float, dtensor::DeviceMesh<"dp", "tp">, dtensor::parallel::MegatronPlan<true>>;
@@ -7,6 +8,8 @@
 // A separate umbrella so that code which only redistributes does not compile the modules.
 #pragma once
 
+#include "dtensor/checkpoint/gpt_config.hpp"
+#include "dtensor/checkpoint/training_state.hpp"
 #include "dtensor/dtensor.hpp"
 #include "dtensor/ops/all.hpp"
 #include "dtensor/nn/gpt.hpp"

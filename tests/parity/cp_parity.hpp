@@ -23,14 +23,15 @@ struct CpParityRun {
   std::size_t cp_buckets = 0;
 };
 
-/// Trains parity_steps steps of parity_config() on a (dp, cp, tp) mesh over `world`.
-template <class Plan>
+/// Trains `steps` steps of `cfg` (parity_config() by default) on a (dp, cp, tp) mesh over
+/// `world`; Layers: the model's Layers policy (nn::LlamaLayers: tests/parity/test_llama_parity.cpp).
+template <class Plan, class Layers = nn::DenseLayers>
 CpParityRun run_cp_parity(CommPtr world, std::array<int, 3> shape, parallel::ContextAttentionOptions attention,
-                          std::size_t bucket_bytes = 4096) {
+                          std::size_t bucket_bytes = 4096, nn::GPTConfig cfg = parity_config(),
+                          int steps = parity_steps) {
   CpMesh mesh(world, shape);
-  auto cfg = parity_config();
   cfg.context = attention;
-  using Model = nn::GPT<double, CpMesh, Plan>;
+  using Model = nn::GPT<double, CpMesh, Plan, std::int32_t, Layers>;
   Model model(mesh, cfg);
   nn::ParamList<double, 3> ps;
   model.collect(ps);
@@ -43,7 +44,7 @@ CpParityRun run_cp_parity(CommPtr world, std::array<int, 3> shape, parallel::Con
     return distribute_replicated<typename Model::Ids::layout>(mesh, s);
   };
   CpParityRun out;
-  for (int s = 0; s < parity_steps; ++s) {
+  for (int s = 0; s < steps; ++s) {
     auto [ids, tgt] = parity_tokens(s, cfg);
     opt.zero_grad();
     CommLog model_log;

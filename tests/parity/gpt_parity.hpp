@@ -95,29 +95,33 @@ std::pair<Ids, Ids> parity_batch_of(const MeshT& mesh, int step, const nn::GPTCo
     tgt = tgt.slice(0, first, rows);
   }
   using L = typename Ids::layout;
-  return {distribute_replicated<L>(mesh, ids), distribute_replicated<L>(mesh, tgt)};
+  using Space = mesh_space_t<MeshT>;
+  return {distribute_replicated<L>(mesh, into_space<Space>(std::move(ids))),
+          distribute_replicated<L>(mesh, into_space<Space>(std::move(tgt)))};
 }
 
 /// The optimizer every parity run uses (with clipping at norm 1).
 inline optim::AdamWOptions parity_adamw() { return {.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1}; }
 
 /// Trains 20 steps with AdamW (and global-norm clipping, bucketed DDP — overlapped with the
-/// backward or after it —, SP gradient sync) on a (dp, tp) mesh over `world` with the given plan.
-template <class Plan>
+/// backward or after it —, SP gradient sync) on a (dp, tp) mesh over `world` with the given plan;
+/// MeshT's memory space is where the model lives (host, or cuda on a CudaMesh).
+template <class Plan, class MeshT = GptMesh>
 ParityRun run_parity(CommPtr world, std::array<int, 2> shape, ParityOptions o = {}) {
-  GptMesh mesh(world, shape);
+  using Space = mesh_space_t<MeshT>;
+  MeshT mesh(world, shape);
   auto cfg = parity_config();
   cfg.checkpoint = o.checkpoint;
   if (o.layers > 0) cfg.layers = o.layers;
-  nn::GPT<double, GptMesh, Plan> model(mesh, cfg);
-  nn::ParamList<double, 2> ps;
+  nn::GPT<double, MeshT, Plan> model(mesh, cfg);
+  nn::ParamList<double, 2, Space> ps;
   model.collect(ps);
-  optim::AdamW<double, 2> opt(ps, parity_adamw());
-  parallel::DataParallel<GptMesh> ddp(mesh, {.bucket_bytes = o.bucket_bytes});
+  optim::AdamW<double, 2, Space> opt(ps, parity_adamw());
+  parallel::DataParallel<MeshT> ddp(mesh, {.bucket_bytes = o.bucket_bytes});
   if (o.ddp_overlap) ddp.attach(model);
   ParityRun out;
   for (int s = 0; s < parity_steps; ++s) {
-    auto [ids, tgt] = parity_batch_of<typename decltype(model)::Ids>(mesh, s, cfg, o.batch);
+    auto [ids, tgt] = parity_batch_of<typename decltype(model)::Ids, MeshT>(mesh, s, cfg, o.batch);
     opt.zero_grad();
     CommLog model_log;
     auto [loss, saved] = model.forward(ids, tgt);
@@ -146,7 +150,7 @@ ParityRun run_parity(CommPtr world, std::array<int, 2> shape, ParityOptions o = 
       for (auto* c : {&out.model, &out.sp_sync, &out.dp_sync, &out.clip})
         std::erase_if(*c, [](const auto& kv) { return kv.second == 0; });
     }
-    out.losses.push_back(full_tensor(loss)[0]);
+    out.losses.push_back(to_space<host_space>(full_tensor(loss))[0]);
   }
   out.dp_copied_bytes = ddp.copied_bytes();
   return out;

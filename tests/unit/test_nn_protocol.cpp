@@ -2,17 +2,25 @@
 // another order (1F1B, weight gradients deferred) give the sequential run's gradients bit for
 // bit; nn::Checkpointed gives the same gradients and repeats the forward's collectives; a mesh
 // whose dimensions get their roles from mesh_roles computes what ("dp", "tp") computes; nn::GPT
-// keeps each unit's parameters contiguous in a flat group and trains the same after a move.
+// keeps each unit's parameters contiguous in a flat group and trains the same after a move; the
+// same GPT step on meta tensors over the sim backend issues the threads run's collectives and
+// allocates its bytes, rank by rank (DDP and FSDP, TP + SP).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <map>
 #include <optional>
 #include <set>
+#include <string>
 #include <vector>
 
+#include "dtensor/comm/sim.hpp"
 #include "dtensor/nn/block.hpp"
 #include "dtensor/nn/checkpoint.hpp"
 #include "dtensor/optim/adamw.hpp"
+#include "dtensor/optim/clip_grad.hpp"
+#include "dtensor/parallel/data_parallel.hpp"
+#include "dtensor/parallel/fully_shard.hpp"
 #include "dtensor/parallel/gpt_plan.hpp"
 #include "test_nn_support.hpp"
 
@@ -346,4 +354,101 @@ TEST_CASE("nn::GPT: each unit's parameters lie contiguously in its flat group; a
   });
   INFO(summary(f));
   REQUIRE(f.empty());
+}
+
+// ---------------------------------------------------------------- the same step on meta tensors
+
+namespace {
+
+/// What a rank did in one training step: every collective (kind, group, group size, bytes) in
+/// order, and the ledger's peak bytes per tag in the step's memory space.
+struct StepRecord {
+  std::vector<std::string> collectives;
+  std::map<std::string, std::int64_t> peaks;
+  friend bool operator==(const StepRecord&, const StepRecord&) = default;
+};
+
+/// One step of GPT (TP + SP on "tp", DDP or ZeRO-3 on the data dimension, clipping, AdamW) on
+/// `mesh`, whatever its memory space: the forward's ids are data on host and nothing on meta.
+template <class Mesh, bool Sharded>
+std::vector<std::string> one_gpt_step(const Mesh& mesh, std::map<std::string, std::int64_t>& peaks) {
+  using Space = mesh_space_t<Mesh>;
+  nn::GPTConfig cfg{.vocab = 29, .seq = 8, .dim = 16, .heads = 4, .layers = 2, .mlp_ratio = 4, .checkpoint = false, .seed = 3};
+  MemoryLedger ledger;
+  CommLog log;
+  nn::GPT<double, Mesh, parallel::MegatronPlan<true>> model(mesh, cfg);
+  using Ids = typename decltype(model)::Ids;
+  auto tokens = [&](std::uint64_t seed) {
+    Tensor<std::int32_t, 2> host = randint<std::int32_t>(Shape<2>{5, cfg.seq}, seed, 0, cfg.vocab);
+    return distribute_replicated<typename Ids::layout>(mesh, into_space<Space>(std::move(host)));
+  };
+  const auto step = [&](auto& params, auto&& finish_sync) {
+    optim::AdamW<double, Mesh::ndim, Space> opt(params, {.lr = 1e-3});
+    {
+      MemoryTagScope activations(MemoryTag::activations);  // what the passes allocate, unless tagged inside
+      auto [loss, saved] = model.forward(tokens(1), tokens(2));
+      model.backward(std::move(saved));
+    }
+    finish_sync();
+    parallel::sequence_parallel_grads(params, mesh);
+    optim::clip_grad_norm(params, mesh, 1.0);
+    opt.step();
+  };
+  if constexpr (Sharded) {
+    auto fsdp = parallel::fully_shard(model, mesh, {.stage = 3});
+    step(fsdp.params(), [&] { fsdp.finish_gradient_sync(); });
+  } else {
+    nn::ParamList<double, Mesh::ndim, Space> ps;
+    model.collect(ps);
+    parallel::DataParallel<Mesh> ddp(mesh, {.bucket_bytes = 2048});
+    ddp.attach(model);
+    step(ps, [&] { ddp.finish_gradient_sync(); });
+  }
+  // Not MemoryTag::other: the token ids are drawn on the host, which is the step's space on the
+  // threads run and not on the dry run.
+  for (auto tag : {MemoryTag::parameters, MemoryTag::gradients, MemoryTag::optimizer_state, MemoryTag::activations,
+                   MemoryTag::communication})
+    peaks[std::string(name_of(tag))] = ledger.peak(Space::name, tag);
+  std::vector<std::string> out;
+  for (const auto& r : log.records())
+    out.push_back(std::string(name_of(r.kind)) + " " + r.group + "/" + std::to_string(r.group_size) + " " +
+                  std::to_string(r.bytes));
+  return out;
+}
+
+/// The step on 4 thread ranks (host) and, rank by rank, on meta tensors over the sim backend.
+template <class HostMesh, class DryMesh, bool Sharded>
+void check_dry_step_equals_real(std::array<int, 2> shape) {
+  std::vector<StepRecord> real(4);
+  threads::run(4, [&](CommPtr world) {
+    auto& r = real[std::size_t(world->rank())];
+    r.collectives = one_gpt_step<HostMesh, Sharded>(HostMesh(world, shape), r.peaks);
+  });
+  for (int rank = 0; rank < 4; ++rank) {
+    StepRecord dry;
+    dry.collectives = one_gpt_step<DryMesh, Sharded>(DryMesh(sim::world(rank, 4), shape), dry.peaks);
+    INFO("rank " << rank);
+    CHECK(dry.collectives == real[std::size_t(rank)].collectives);
+    const auto text = [](const std::map<std::string, std::int64_t>& m) {
+      std::string t;
+      for (const auto& [tag, bytes] : m) t += tag + "=" + std::to_string(bytes) + " ";
+      return t;
+    };
+    CHECK(text(dry.peaks) == text(real[std::size_t(rank)].peaks));
+    CHECK(dry.collectives.size() > 20);
+    CHECK(dry.peaks["parameters"] > 0);
+    CHECK(dry.peaks["activations"] > 0);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a GPT step on meta tensors over the sim backend issues and allocates what the threads run does",
+          "[nn][meta][sim]") {
+  SECTION("DDP x TP + SP") {
+    check_dry_step_equals_real<DeviceMesh<"dp", "tp">, MetaMesh<"dp", "tp">, false>({2, 2});
+  }
+  SECTION("FSDP (ZeRO-3) x TP + SP, uneven shards") {
+    check_dry_step_equals_real<DeviceMesh<"fsdp", "tp">, MetaMesh<"fsdp", "tp">, true>({2, 2});
+  }
 }

@@ -4,12 +4,14 @@
 //   world->all_reduce(std::span<float>(x), ReduceOp::sum);      // blocking
 //   Work w = world->all_gather_async(send, recv);      // asynchronous; w.wait() later
 //   CommPtr row = world->split(color, key);            // a sub-group (collective)
+//   CommPtr known = world->split(color, key, n);       // ... of n ranks, this one at key
 //
 // The public functions here are the only way into a backend: they check the arguments (and
 // throw a dtensor::Error naming the op, the sizes and the rank), record the call in the
 // enclosing CommLog, optionally check that every rank issued the same collective (see
 // set_check_collectives), and then call the backend's protected do_* function. Backends see
-// untyped buffers, element counts and a DType.
+// untyped buffers, element counts and a DType. Inside a trace scope each call is also timed,
+// from issue to completion (trace/collective_span.hpp).
 //
 // Buffer conventions (counts are in elements of T):
 //   all_gather      send: n            recv: n * size()   (rank r's block at r * n)
@@ -36,6 +38,7 @@
 #include "dtensor/comm/work.hpp"
 #include "dtensor/core/dtype.hpp"
 #include "dtensor/core/error.hpp"
+#include "dtensor/trace/collective_span.hpp"
 
 namespace dtensor {
 
@@ -165,12 +168,32 @@ class Communicator {
   /// Ranks with the same color form a new communicator, ordered by key (then by rank).
   /// Collective over this communicator. A negative color returns nullptr for that rank.
   CommPtr split(int color, int key) {
-    record(CollectiveKind::split, 0, DType::uint8, ReduceOp::sum, -1);
+    const auto span = record(CollectiveKind::split, 0, DType::uint8, ReduceOp::sum, -1);
     auto c = do_split(color, key);
+    trace::detail::collective_finished(span);
     if (c) {
       c->timeout_ = timeout_;
       c->check_ = check_;
     }
+    return c;
+  }
+  /// split(color, key) where the caller also knows the group it will get: `group_size` ranks,
+  /// this one at index `key` (a mesh computes both from its shape and this rank's coordinate).
+  /// Backends with peers run the ordinary split and check that the group is the expected one;
+  /// the sim backend (comm/sim.hpp), which has no peers to meet, makes it from these numbers
+  /// alone. Recorded in the CommLog as split is.
+  CommPtr split(int color, int key, int group_size) {
+    if (color < 0 || group_size < 1 || key < 0 || key >= group_size)
+      fail("split", detail::cat("color ", color, ", key ", key, " in a group of ", group_size,
+                                ": a known group needs color >= 0 and 0 <= key < group size"));
+    record(CollectiveKind::split, 0, DType::uint8, ReduceOp::sum, -1);
+    auto c = do_split_known(color, key, group_size);
+    if (!c || c->size() != group_size || c->rank() != key)
+      fail("split", detail::cat("color ", color, ", key ", key, ": expected a group of ", group_size,
+                                " ranks with this rank at ", key, ", got ",
+                                c ? detail::cat(c->size(), " ranks with this rank at ", c->rank()) : "no group"));
+    c->timeout_ = timeout_;
+    c->check_ = check_;
     return c;
   }
 
@@ -200,10 +223,11 @@ class Communicator {
   Work send_recv_async(std::span<const T> send, int dst, std::span<T> recv, int src, int tag = 0) {
     check_peer("send_recv", dst);
     check_peer("send_recv", src);
-    record(CollectiveKind::send_recv, std::max(send.size(), recv.size()) * sizeof(T), dtype_of<T>, ReduceOp::sum, dst);
+    const auto span = record(CollectiveKind::send_recv, std::max(send.size(), recv.size()) * sizeof(T), dtype_of<T>,
+                             ReduceOp::sum, dst);
     Work s = do_send(send.data(), send.size(), dtype_of<T>, dst, tag, true);
     Work r = do_recv(recv.data(), recv.size(), dtype_of<T>, src, tag, true);
-    return join(std::move(s), std::move(r));
+    return traced(span, join(std::move(s), std::move(r)), true);
   }
 
   // Blocking forms: issued with async = false (a backend may run them inline), waited on at once.
@@ -227,8 +251,9 @@ class Communicator {
     start_all_to_all_v(send, sc, sd, recv, rc, rd, false).wait();
   }
   void barrier() {
-    pre(CollectiveKind::barrier, 0, DType::uint8, ReduceOp::sum, 0, -1);
+    const auto span = pre(CollectiveKind::barrier, 0, DType::uint8, ReduceOp::sum, 0, -1);
     do_barrier();
+    trace::detail::collective_finished(span);
   }
 
   /// Throws a dtensor::Error for `op` on this rank (used by the layers above for bad input):
@@ -246,6 +271,9 @@ class Communicator {
   // The backend's part. `async` false means the caller will wait at once (a backend may then
   // run the operation inline). Counts are per block as in the table at the top.
   virtual CommPtr do_split(int color, int key) = 0;
+  /// The split of a group the caller knows (split(color, key, group_size)): the ordinary split
+  /// unless the backend can make it without meeting its peers.
+  virtual CommPtr do_split_known(int color, int key, int /*group_size*/) { return do_split(color, key); }
   virtual Work do_all_gather(const void* send, void* recv, std::size_t count, DType, bool async) = 0;
   virtual Work do_reduce_scatter(const void* send, void* recv, std::size_t count, DType, ReduceOp, bool async) = 0;
   virtual Work do_all_reduce(const void* send, void* recv, std::size_t count, DType, ReduceOp, bool async) = 0;
@@ -304,28 +332,31 @@ class Communicator {
   template <Element T>
   Work start_all_gather(std::span<const T> send, std::span<T> recv, bool async) {
     expect_count("all_gather", "recv", recv.size(), send.size() * std::size_t(size_), send.size());
-    pre(CollectiveKind::all_gather, recv.size() * sizeof(T), dtype_of<T>, ReduceOp::sum, send.size(), -1);
-    return do_all_gather(send.data(), recv.data(), send.size(), dtype_of<T>, async);
+    const auto span =
+        pre(CollectiveKind::all_gather, recv.size() * sizeof(T), dtype_of<T>, ReduceOp::sum, send.size(), -1);
+    return traced(span, do_all_gather(send.data(), recv.data(), send.size(), dtype_of<T>, async), async);
   }
   template <Element T>
   Work start_reduce_scatter(std::span<const T> send, std::span<T> recv, ReduceOp op, bool async) {
     expect_count("reduce_scatter", "send", send.size(), recv.size() * std::size_t(size_), recv.size());
-    pre(CollectiveKind::reduce_scatter, send.size() * sizeof(T), dtype_of<T>, op, recv.size(), -1);
-    return do_reduce_scatter(send.data(), recv.data(), recv.size(), dtype_of<T>, op, async);
+    const auto span = pre(CollectiveKind::reduce_scatter, send.size() * sizeof(T), dtype_of<T>, op, recv.size(), -1);
+    return traced(span, do_reduce_scatter(send.data(), recv.data(), recv.size(), dtype_of<T>, op, async), async);
   }
   template <Element T>
   Work start_all_reduce(std::span<const T> send, std::span<T> recv, ReduceOp op, bool async) {
     expect_count("all_reduce", "recv", recv.size(), send.size(), send.size());
-    pre(CollectiveKind::all_reduce, send.size() * sizeof(T), dtype_of<T>, op, send.size(), -1);
-    return do_all_reduce(send.data(), recv.data(), send.size(), dtype_of<T>, op, async);
+    const auto span = pre(CollectiveKind::all_reduce, send.size() * sizeof(T), dtype_of<T>, op, send.size(), -1);
+    return traced(span, do_all_reduce(send.data(), recv.data(), send.size(), dtype_of<T>, op, async), async);
   }
   template <Element T>
   Work start_all_to_all(std::span<const T> send, std::span<T> recv, bool async) {
     if (send.size() % std::size_t(size_) != 0)
       fail("all_to_all", detail::cat("send has ", send.size(), " elements, not a multiple of the group size ", size_));
     expect_count("all_to_all", "recv", recv.size(), send.size(), send.size() / std::size_t(size_));
-    pre(CollectiveKind::all_to_all, send.size() * sizeof(T), dtype_of<T>, ReduceOp::sum, send.size(), -1);
-    return do_all_to_all(send.data(), recv.data(), send.size() / std::size_t(size_), dtype_of<T>, async);
+    const auto span =
+        pre(CollectiveKind::all_to_all, send.size() * sizeof(T), dtype_of<T>, ReduceOp::sum, send.size(), -1);
+    return traced(span, do_all_to_all(send.data(), recv.data(), send.size() / std::size_t(size_), dtype_of<T>, async),
+                  async);
   }
   template <Element T>
   Work start_all_to_all_strided(std::span<const T> send, const StridedBlocks& b, std::span<T> recv, bool async) {
@@ -338,8 +369,9 @@ class Communicator {
                                      b.row_stride, ", block stride ", b.block_stride, ") span ", b.extent(size_),
                                      " elements for ", size_, " ranks, but send has ", send.size()));
     expect_count("all_to_all", "recv", recv.size(), block * std::size_t(size_), block);
-    pre(CollectiveKind::all_to_all, recv.size() * sizeof(T), dtype_of<T>, ReduceOp::sum, recv.size(), -1);
-    return do_all_to_all_strided(send.data(), b, recv.data(), dtype_of<T>, async);
+    const auto span =
+        pre(CollectiveKind::all_to_all, recv.size() * sizeof(T), dtype_of<T>, ReduceOp::sum, recv.size(), -1);
+    return traced(span, do_all_to_all_strided(send.data(), b, recv.data(), dtype_of<T>, async), async);
   }
   template <Element T>
   Work start_all_to_all_v(std::span<const T> send, std::span<const std::size_t> send_counts,
@@ -351,37 +383,50 @@ class Communicator {
     for (auto c : send_counts) total += c;
     std::size_t rtotal = 0;
     for (auto c : recv_counts) rtotal += c;
-    pre(CollectiveKind::all_to_all_v, std::max(total, rtotal) * sizeof(T), dtype_of<T>, ReduceOp::sum, 0, -1);
-    return do_all_to_all_v(send.data(), send_counts.data(), send_displs.data(), recv.data(), recv_counts.data(),
-                           recv_displs.data(), dtype_of<T>, async);
+    const auto span =
+        pre(CollectiveKind::all_to_all_v, std::max(total, rtotal) * sizeof(T), dtype_of<T>, ReduceOp::sum, 0, -1);
+    return traced(span,
+                  do_all_to_all_v(send.data(), send_counts.data(), send_displs.data(), recv.data(), recv_counts.data(),
+                                  recv_displs.data(), dtype_of<T>, async),
+                  async);
   }
   template <Element T>
   Work start_broadcast(std::span<T> buf, int root, bool async) {
     check_peer("broadcast", root);
-    pre(CollectiveKind::broadcast, buf.size() * sizeof(T), dtype_of<T>, ReduceOp::sum, buf.size(), root);
-    return do_broadcast(buf.data(), buf.size(), dtype_of<T>, root, async);
+    const auto span =
+        pre(CollectiveKind::broadcast, buf.size() * sizeof(T), dtype_of<T>, ReduceOp::sum, buf.size(), root);
+    return traced(span, do_broadcast(buf.data(), buf.size(), dtype_of<T>, root, async), async);
   }
   template <Element T>
   Work start_send(std::span<const T> buf, int peer, int tag, bool async) {
     check_peer("send", peer);
-    record(CollectiveKind::send, buf.size() * sizeof(T), dtype_of<T>, ReduceOp::sum, peer);
-    return do_send(buf.data(), buf.size(), dtype_of<T>, peer, tag, async);
+    const auto span = record(CollectiveKind::send, buf.size() * sizeof(T), dtype_of<T>, ReduceOp::sum, peer);
+    return traced(span, do_send(buf.data(), buf.size(), dtype_of<T>, peer, tag, async), async);
   }
   template <Element T>
   Work start_recv(std::span<T> buf, int peer, int tag, bool async) {
     check_peer("recv", peer);
-    record(CollectiveKind::recv, buf.size() * sizeof(T), dtype_of<T>, ReduceOp::sum, peer);
-    return do_recv(buf.data(), buf.size(), dtype_of<T>, peer, tag, async);
+    const auto span = record(CollectiveKind::recv, buf.size() * sizeof(T), dtype_of<T>, ReduceOp::sum, peer);
+    return traced(span, do_recv(buf.data(), buf.size(), dtype_of<T>, peer, tag, async), async);
   }
-  void record(CollectiveKind k, std::size_t bytes, DType t, ReduceOp op, int peer) const {
-    CommLog::record(CommRecord{k, label_, size_, bytes, t, op, peer});
+  // Logs a call in the enclosing CommLogs and opens its span in the active trace, if any
+  // (trace/collective_span.hpp): traced() closes it when the backend's Work completes.
+  trace::detail::CollectiveSpan record(CollectiveKind k, std::size_t bytes, DType t, ReduceOp op, int peer) const {
+    const CommRecord r{k, label_, size_, bytes, t, op, peer};
+    CommLog::record(r);
+    return trace::detail::collective_issued(r);
+  }
+  static Work traced(const trace::detail::CollectiveSpan& span, Work w, bool async) {
+    return trace::detail::collective_started(span, std::move(w), async);
   }
   // Before every collective: log it, and compare fingerprints across ranks when asked to.
-  void pre(CollectiveKind k, std::size_t bytes, DType t, ReduceOp op, std::size_t count, int root) {
-    record(k, bytes, t, op, -1);
+  trace::detail::CollectiveSpan pre(CollectiveKind k, std::size_t bytes, DType t, ReduceOp op, std::size_t count,
+                                    int root) {
+    const auto span = record(k, bytes, t, op, -1);
     if (check_)
       check_fingerprints(detail::Fingerprint::of_collective(k, t, op, count, root), name_of(k),
                          "ranks issued different collectives (collective check):");
+    return span;
   }
   /// All-gathers this rank's fingerprint and throws on every rank, one line per rank, unless
   /// every rank's is the same call. Errors name `op`, the operation this rank was about to run

@@ -65,9 +65,10 @@ inline MemoryTag& current_memory_tag() noexcept {
 /// The spaces the ledger knows, by name (a handful: host, cuda, meta, and any a user adds).
 inline constexpr std::size_t ledger_space_slots = 8;
 
-/// Index of a space name in a fixed table shared by every ledger (names are string literals).
+/// Index of a space name in a fixed table shared by every ledger. The table keeps copies: a
+/// caller may pass a view of a string that dies (sim::Recorder's), which must not dangle here.
 inline std::size_t ledger_space_index(std::string_view name) {
-  static std::array<std::string_view, ledger_space_slots> names{};
+  static std::array<std::string, ledger_space_slots> names{};
   static std::mutex m;
   std::lock_guard lock(m);
   for (std::size_t i = 0; i < ledger_space_slots; ++i) {

@@ -270,6 +270,13 @@ Tensor<T, R, To> to_space(const Tensor<T, R, From>& t) {
   return out;
 }
 
+/// t itself when it is already in space To, else its copy there (to_space).
+template <MemorySpace To, Element T, std::size_t R, MemorySpace From>
+Tensor<T, R, To> into_space(Tensor<T, R, From>&& t) {
+  if constexpr (std::is_same_v<To, From>) return std::move(t);
+  else return to_space<To>(t);
+}
+
 }  // namespace dtensor
 
 template <dtensor::Element T, std::size_t R, dtensor::MemorySpace Space>

@@ -30,7 +30,24 @@ concept MeshType = requires(const M& m) {
   m.group(std::size_t{0});
 };
 
-template <Element T, std::size_t R, MeshType Mesh, LayoutType L, MemorySpace Space = host_space>
+namespace detail {
+template <class M>
+struct mesh_space {
+  using type = host_space;
+};
+template <class M>
+  requires requires { typename M::space; }
+struct mesh_space<M> {
+  using type = typename M::space;
+};
+}  // namespace detail
+
+/// The memory space of the tensors on mesh type M (host for a mesh that names none).
+template <class M>
+using mesh_space_t = typename detail::mesh_space<M>::type;
+
+/// Local pieces live in Space, by default the mesh's (BasicDeviceMesh<Space, ...>).
+template <Element T, std::size_t R, MeshType Mesh, LayoutType L, MemorySpace Space = mesh_space_t<Mesh>>
 class DTensor {
   static_assert(L::mesh_ndim == Mesh::ndim, "the layout needs exactly one placement per mesh dimension");
   static_assert(L::desc.max_shard_dim() < int(R),

@@ -116,6 +116,7 @@ T* receive_buffer(IssuedCollective<T, R, Space>& issued, const std::vector<Box<R
     return out.data();
   }
   prepare_output(out, out_box.extent, numel(out_box.extent));
+  MemoryTagScope tag(MemoryTag::communication);  // staging, not the caller's activations
   issued.recv_staging = FlatBuffer<T, Space>::uninitialized(Shape<1>{total});
   issued.recv_parts = parts;
   issued.block = block;
@@ -130,6 +131,7 @@ const T* send_buffer(IssuedCollective<T, R, Space>& issued, const std::vector<Bo
                      const Shape<R>& block, const Tensor<T, R, Space>& in) {
   const Extent total = numel(block) * Extent(parts.size());
   if (numel(in_box.extent) >= total && blocks_in_place(parts, in_box, block)) return in.data();
+  MemoryTagScope tag(MemoryTag::communication);  // staging, not the caller's activations
   issued.send_staging = FlatBuffer<T, Space>(Shape<1>{total});
   pack_parts<T, R, Space>(in.data(), in_box, parts, block, issued.send_staging.data());
   return issued.send_staging.data();

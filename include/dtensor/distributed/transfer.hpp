@@ -39,7 +39,7 @@ struct PendingRecv {
 /// Posts the receive of this rank's piece of a tensor of extents `global` in layout L from the
 /// rank at the same coordinate of `src`, and returns at once (a pipeline posts its receives
 /// early and waits just before the computation that uses them).
-template <LayoutType L, Element T, std::size_t R, MeshType Mesh, MemorySpace Space = host_space>
+template <LayoutType L, Element T, std::size_t R, MeshType Mesh, MemorySpace Space = mesh_space_t<Mesh>>
 [[nodiscard]] PendingRecv<DTensor<T, R, Mesh, L, Space>> recv_from_async(const Mesh& mesh, const MeshRanks<Mesh::ndim>& src,
                                                                          const Shape<R>& global, int tag = 0) {
   if (src.shape != mesh.shape())
@@ -54,7 +54,7 @@ template <LayoutType L, Element T, std::size_t R, MeshType Mesh, MemorySpace Spa
 
 /// Receives this rank's piece of a tensor of extents `global` in layout L from the rank at the
 /// same coordinate of `src`.
-template <LayoutType L, Element T, std::size_t R, MeshType Mesh, MemorySpace Space = host_space>
+template <LayoutType L, Element T, std::size_t R, MeshType Mesh, MemorySpace Space = mesh_space_t<Mesh>>
 DTensor<T, R, Mesh, L, Space> recv_from(const Mesh& mesh, const MeshRanks<Mesh::ndim>& src, const Shape<R>& global,
                                         int tag = 0) {
   return recv_from_async<L, T, R, Mesh, Space>(mesh, src, global, tag).take();

@@ -7,10 +7,21 @@
 //   mesh.sub<"tp">()         // the one-dimensional mesh of this rank's "tp" group
 //   mesh.slice<"pp">(1)      // the ranks of another pipeline stage (for cross-mesh transfers)
 //
+//   MetaMesh<"dp", "tp"> dry(sim, {2, 4});          // the same mesh whose tensors live in meta_space
+//   CudaMesh<"dp", "tp"> gpu(nccl, {2, 4});         // ... in cuda_space (mesh/cuda_mesh.cuh)
+//
+// A mesh names the memory space its tensors live in, as PyTorch's init_device_mesh("cuda", ...)
+// names a device type: BasicDeviceMesh<Space, Names...> is the mesh, DeviceMesh<Names...> the
+// host one. DTensor's space defaults to its mesh's, so a model written once against `Mesh` runs
+// on host, cuda or meta memory by the mesh it is given; the communicator must be able to move
+// that space's memory (threads/MPI: host; cuda_threads/NCCL: cuda; sim: meta).
+//
 // Names are types, sizes are run-time values. Constructing a mesh is collective over the
 // communicator: it splits one communicator per mesh dimension and per run of adjacent
 // dimensions, labelled with their names, so that every later collective knows its group
-// without communicating. Copies of a mesh share those communicators.
+// without communicating. Copies of a mesh share those communicators. Each group's size and
+// this rank's place in it follow from the shape, so on the sim backend (comm/sim.hpp) the
+// splits need no peers.
 #pragma once
 
 #include <array>
@@ -23,6 +34,8 @@
 #include "dtensor/comm/communicator.hpp"
 #include "dtensor/core/checked.hpp"
 #include "dtensor/core/error.hpp"
+#include "dtensor/core/memory.hpp"
+#include "dtensor/core/meta_space.hpp"
 #include "dtensor/core/shape.hpp"
 #include "dtensor/mesh/fixed_string.hpp"
 
@@ -66,9 +79,11 @@ constexpr bool is_run(const std::array<std::size_t, K>& idx) {
 }
 }  // namespace detail
 
-template <fixed_string... Names>
-class DeviceMesh {
+template <MemorySpace Space, fixed_string... Names>
+class BasicDeviceMesh {
  public:
+  /// The memory space of the tensors on this mesh (DTensor's default).
+  using space = Space;
   static constexpr std::size_t ndim = sizeof...(Names);
   static_assert(ndim >= 1, "a DeviceMesh needs at least one named dimension");
   static constexpr std::array<std::string_view, ndim> names{Names.view()...};
@@ -93,10 +108,10 @@ class DeviceMesh {
     return i;
   }
 
-  DeviceMesh() = default;
+  BasicDeviceMesh() = default;
 
   /// Collective over `comm`. Its size must be the product of `shape`.
-  DeviceMesh(CommPtr comm, const std::array<int, ndim>& shape) {
+  BasicDeviceMesh(CommPtr comm, const std::array<int, ndim>& shape) {
     if (!comm) throw Error("DeviceMesh", "null communicator");
     for (int s : shape)
       if (s < 1) throw Error("DeviceMesh", "mesh shape " + to_string(shape) + " has a dimension < 1", comm->rank());
@@ -116,12 +131,13 @@ class DeviceMesh {
     // outside the run, key = the row-major index inside it.
     for (std::size_t lo = 0; lo < ndim; ++lo)
       for (std::size_t hi = lo; hi < ndim; ++hi) {
-        int color = 0, key = 0;
+        int color = 0, key = 0, group_size = 1;
         for (std::size_t i = 0; i < ndim; ++i) {
-          if (i >= lo && i <= hi) key = key * shape[i] + st->coord[i];
+          if (i >= lo && i <= hi) key = key * shape[i] + st->coord[i], group_size *= shape[i];
           else color = color * shape[i] + st->coord[i];
         }
-        auto g = comm->split(color, key);
+        // The group is known from the shape: the sim backend makes it without a rendezvous.
+        auto g = comm->split(color, key, group_size);
         std::string label;
         for (std::size_t i = lo; i <= hi; ++i) {
           if (i > lo) label += '*';
@@ -165,12 +181,12 @@ class DeviceMesh {
 
   /// The mesh of this rank's group over the adjacent dimensions `Sub...` (in mesh order).
   template <fixed_string... Sub>
-  DeviceMesh<Sub...> sub() const {
+  BasicDeviceMesh<Space, Sub...> sub() const {
     constexpr std::array<std::size_t, sizeof...(Sub)> idx{index_of<Sub>()...};
     static_assert(detail::is_run(idx), "sub<...>() takes adjacent mesh dimensions in mesh order");
     constexpr std::size_t lo = idx[0];
-    DeviceMesh<Sub...> m;
-    auto st = std::make_shared<typename DeviceMesh<Sub...>::State>();
+    BasicDeviceMesh<Space, Sub...> m;
+    auto st = std::make_shared<typename BasicDeviceMesh<Space, Sub...>::State>();
     st->root = state().root;
     for (std::size_t k = 0; k < idx.size(); ++k) {
       st->shape[k] = shape()[lo + k];
@@ -198,8 +214,8 @@ class DeviceMesh {
   }
 
  private:
-  template <fixed_string...>
-  friend class DeviceMesh;
+  template <MemorySpace, fixed_string...>
+  friend class BasicDeviceMesh;
 
   struct State {
     CommPtr root;
@@ -228,5 +244,13 @@ class DeviceMesh {
   }
   std::shared_ptr<State> state_;
 };
+
+/// The host mesh: tensors in host memory (the threads and MPI backends).
+template <fixed_string... Names>
+using DeviceMesh = BasicDeviceMesh<host_space, Names...>;
+
+/// The meta mesh: tensors with extents and no data, on the sim communicator (dry runs).
+template <fixed_string... Names>
+using MetaMesh = BasicDeviceMesh<meta_space, Names...>;
 
 }  // namespace dtensor

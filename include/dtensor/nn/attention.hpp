@@ -1,18 +1,27 @@
-// dtensor/nn/attention.hpp — causal multi-head self-attention: fused qkv projection, exact
-// attention, output projection.
+// dtensor/nn/attention.hpp — causal self-attention: fused qkv projection, exact attention, output
+// projection; multi-head (GPT) or grouped-query with rotary positions (Llama).
 //
 //   nn::CausalSelfAttention<float, Mesh> attn("attn", mesh, {.dim = 64, .heads = 4, .seq = 32}, /*seed=*/7);
 //   nn::CausalSelfAttention<float, Mesh, parallel::ColwiseParallel<>, parallel::RowwiseParallel<>> tp(...);
+//   nn::CausalSelfAttention<float, Mesh> gqa("attn", mesh, {.dim = 64, .heads = 8, .seq = 32, .kv_heads = 2,
+//                                                           .rope_theta = 500000, .bias = false}, 7);   // Llama
 //   auto [y, saved] = attn.forward(x);      // x [B, T, C] -> [B, T, C]
 //   auto [dx, wctx] = attn.backward_input(std::move(saved), dy);  attn.backward_weight(std::move(wctx));
 //
-// qkv is one Linear [3C, C] whose rows are grouped by head: rows [h*3D, (h+1)*3D) hold head h's
-// query, key and value (D = C / heads each). A column-wise qkv therefore gives every rank of the
-// tensor dimension whole heads with their q, k and v when heads % tp == 0 (Megatron's layout):
-// the heads are split, attention runs on this rank's heads, and the row-wise out projection
-// [C, C] reduces. Locally: [B, T, 3C] -reshape-> [B, T, H, 3D] -split-> q, k, v -transpose->
-// [B, H, T, D] (ops::reshape, split, transpose: no communication), ops::attention, and back.
-// Saved: the two projections' saved states, q, k, v, the attention output and its statistics.
+// qkv is one Linear [(H + 2K) D, C] whose rows are grouped by KV head (K = kv_heads, H = heads,
+// G = H / K query heads per KV head, D = C / H): rows [g (G+2) D, (g+1) (G+2) D) hold the G
+// queries of group g, then its key and value (Megatron's layout). With K = H (multi-head) that is
+// head h's query, key and value in rows [h*3D, (h+1)*3D). A column-wise qkv therefore gives every
+// rank of the tensor dimension whole groups when kv_heads % tp == 0: the heads are split,
+// attention runs on this rank's heads, and the row-wise out projection [C, C] reduces. Locally:
+// [B, T, (H+2K) D] -reshape-> [B, T, K, (G+2) D] -split-> q, k, v (q reshaped to [B, T, H, D])
+// -rotary (ops::rotary, when rope_theta > 0)-> -transpose-> [B, *, T, D]; k and v repeated G
+// times (ops::repeat_interleave, whose adjoint sums the G gradients) in front of ops::attention,
+// so grouped-query attention runs on the multi-head attention kernels; and back. The rotary
+// positions are nn::positions of the [B, T] tokens, the same global indices GPT's position table
+// looks up (under context parallelism with load balancing: the original order).
+// Saved: the two projections' saved states, q, k and v (rotated, k and v not repeated: G times
+// less memory; repeated again in backward), the positions, the attention output and statistics.
 // Collectives: those of the qkv and out styles only (Megatron's pair: one all-reduce each way;
 // all-gather + reduce-scatter each way under sequence parallelism).
 // Context parallelism: on a mesh with a context dimension the positions are split on it
@@ -27,7 +36,10 @@
 #include <vector>
 
 #include "dtensor/nn/linear.hpp"
+#include "dtensor/nn/positions.hpp"
 #include "dtensor/ops/attention.hpp"
+#include "dtensor/ops/repeat.hpp"
+#include "dtensor/ops/rotary.hpp"
 #include "dtensor/ops/shape.hpp"
 #include "dtensor/parallel/context_parallel.hpp"
 
@@ -38,6 +50,9 @@ struct AttentionConfig {
   Extent heads = 1;  // H; D = C / H
   Extent seq = 0;    // T: the longest sequence the module takes
   parallel::ContextAttentionOptions context{};  // used on a mesh with a context dimension
+  Extent kv_heads = 0;    // K: 0 or H multi-head; fewer (dividing H): grouped-query attention
+  double rope_theta = 0;  // > 0: rotary position embedding of q and k with this base; 0: none
+  bool bias = true;       // biases in the qkv and out projections
 };
 
 template <kernels::host::FloatElement T, MeshType Mesh, class QkvStyle = Replicated<>, class OutStyle = Replicated<>>
@@ -65,13 +80,16 @@ class CausalSelfAttention {
   using HeadsL = tokens<Mesh, std::conditional_t<heads_split, Shard<2>, Replicate>>;
   using Heads = decltype(ops::transpose<1, 2>(std::declval<DTensor<T, 4, Mesh, HeadsL>>()));  // [B, H, T, D]
   static constexpr bool context_split = has_role<Mesh, Role::context>;  // positions split: context attention
+  // The rotary positions [B, T]: split like the tokens, Replicate over the heads' split.
+  using Positions = DTensor<std::int32_t, 2, Mesh, tokens<Mesh>>;
 
  public:
   struct Saved {
     typename Qkv::Saved qkv;
-    Heads q, k, v, out;
-    ops::AttentionStats stats;                    // without a context dimension
-    parallel::ContextAttentionSaved<T> context;   // with one
+    Heads q, k, v, out;  // k, v: [B, K, T, D], not repeated
+    Positions positions;  // with rope_theta > 0
+    ops::BasicAttentionStats<mesh_space_t<Mesh>> stats;  // without a context dimension
+    parallel::ContextAttentionSaved<T, mesh_space_t<Mesh>> context;  // with one
     typename Proj::Saved proj;
   };
   using WeightCtx = std::tuple<typename Qkv::WeightCtx, typename Proj::WeightCtx>;  // children() order
@@ -80,13 +98,21 @@ class CausalSelfAttention {
   CausalSelfAttention(std::string name, const Mesh& mesh, AttentionConfig c, std::uint64_t seed, double init_std = 0.02,
                       double out_std = 0.02)
       : name_(std::move(name)), c_(c) {
+    if (c_.kv_heads == 0) c_.kv_heads = c.heads;
     detail::check(c.dim > 0 && c.heads > 0 && c.seq > 0 && c.dim % c.heads == 0, "nn::CausalSelfAttention", mesh, name_,
                   ": dim ", c.dim, " must be a positive multiple of heads ", c.heads, ", seq ", c.seq, " > 0");
+    detail::check(c_.kv_heads > 0 && c.heads % c_.kv_heads == 0 && c.rope_theta >= 0 &&
+                      (c.rope_theta == 0 || (c.dim / c.heads) % 2 == 0),
+                  "nn::CausalSelfAttention", mesh, name_, ": kv_heads ", c_.kv_heads, " must divide heads ", c.heads,
+                  "; rope_theta ", c.rope_theta, " must be >= 0 and, when > 0, the head dimension ", c.dim / c.heads,
+                  " even");
     const int tp = tensor_size(mesh);
-    detail::check(!heads_split || c.heads % tp == 0, "nn::CausalSelfAttention", mesh, name_, ": ", c.heads,
-                  " heads cannot be split evenly over the tensor dimension of size ", tp, " (each rank needs whole heads)");
-    qkv_ = Qkv(name_ + ".qkv", mesh, c.dim, 3 * c.dim, seed, {.bias = true, .init_std = init_std});
-    proj_ = Proj(name_ + ".proj", mesh, c.dim, c.dim, seed + 1, {.bias = true, .init_std = out_std});
+    detail::check(!heads_split || c_.kv_heads % tp == 0, "nn::CausalSelfAttention", mesh, name_, ": ", c_.kv_heads,
+                  " KV heads (", c.heads, " heads) cannot be split evenly over the tensor dimension of size ", tp,
+                  " (each rank needs whole groups of a KV head and its query heads: kv_heads % tp == 0)");
+    const Extent qkv_features = (c.heads + 2 * c_.kv_heads) * (c.dim / c.heads);
+    qkv_ = Qkv(name_ + ".qkv", mesh, c.dim, qkv_features, seed, {.bias = c.bias, .init_std = init_std});
+    proj_ = Proj(name_ + ".proj", mesh, c.dim, c.dim, seed + 1, {.bias = c.bias, .init_std = out_std});
   }
 
   /// Collectives: the qkv style's entry and the out style's exit.
@@ -94,21 +120,30 @@ class CausalSelfAttention {
     detail::check(x.extent(1) <= c_.seq, "nn::CausalSelfAttention::forward", x.mesh(), name_, ": ", x.extent(1),
                   " positions, more than the configured sequence length ", c_.seq);
     const Extent batch = x.extent(0), len = x.extent(1), heads = c_.heads, head_dim = c_.dim / c_.heads;
+    const Extent kv = c_.kv_heads, group = heads / kv;
     Saved s;
     auto [qkv_out, qkv_saved] = qkv_.forward(x);
     s.qkv = std::move(qkv_saved);
-    // [B, T, 3C] -> [B, T, H, 3D] -> q, k, v [B, T, H, D] -> [B, H, T, D]
-    auto parts = ops::split<3>(ops::reshape<HeadsL>(qkv_out, Shape<4>{batch, len, heads, 3 * head_dim}),
-                             {head_dim, head_dim, head_dim});
+    // [B, T, (H+2K) D] -> [B, T, K, (G+2) D] -> q [B, T, H, D], k, v [B, T, K, D] -> [B, *, T, D]
+    auto parts = ops::split<3>(ops::reshape<HeadsL>(qkv_out, Shape<4>{batch, len, kv, (group + 2) * head_dim}),
+                               {group * head_dim, head_dim, head_dim});
+    if (group > 1) parts[0] = ops::reshape<HeadsL>(parts[0], Shape<4>{batch, len, heads, head_dim});
+    if (c_.rope_theta > 0) {
+      s.positions = nn::positions<tokens<Mesh>, std::int32_t>(x.mesh(), {batch, len}, c_.context.load_balanced);
+      parts[0] = ops::rotary(parts[0], s.positions, c_.rope_theta);
+      parts[1] = ops::rotary(parts[1], s.positions, c_.rope_theta);
+    }
     s.q = ops::transpose<1, 2>(parts[0]);
     s.k = ops::transpose<1, 2>(parts[1]);
     s.v = ops::transpose<1, 2>(parts[2]);
+    auto repeated = [&](const Heads& kv_heads) { return ops::repeat_interleave<1>(kv_heads, group); };
     if constexpr (context_split) {
-      auto r = parallel::context_attention(s.q, s.k, s.v, c_.context);
+      auto r = group > 1 ? parallel::context_attention(s.q, repeated(s.k), repeated(s.v), c_.context)
+                         : parallel::context_attention(s.q, s.k, s.v, c_.context);
       s.out = std::move(r.out);
       s.context = std::move(r.saved);
     } else {
-      auto r = ops::attention(s.q, s.k, s.v);
+      auto r = group > 1 ? ops::attention(s.q, repeated(s.k), repeated(s.v)) : ops::attention(s.q, s.k, s.v);
       s.out = std::move(r.out);
       s.stats = std::move(r.stats);
     }
@@ -122,17 +157,33 @@ class CausalSelfAttention {
   /// Collectives: the adjoints of the out style's exit and of the qkv style's entry.
   Bwd<In, WeightCtx> backward_input(Saved s, const Out& dy) const {
     const Extent batch = dy.extent(0), len = dy.extent(1), heads = c_.heads, head_dim = c_.dim / c_.heads;
+    const Extent kv = c_.kv_heads, group = heads / kv;
     auto [dmerged, proj_w] = proj_.backward_input(std::move(s.proj), dy);
     auto dout = ops::transpose<1, 2>(ops::reshape<HeadsL>(dmerged, Shape<4>{batch, len, heads, head_dim}));
+    if (group > 1) {  // attention saw k and v repeated
+      s.k = ops::repeat_interleave<1>(s.k, group);
+      s.v = ops::repeat_interleave<1>(s.v, group);
+    }
     auto g = [&] {
       if constexpr (context_split) return parallel::context_attention_backward(dout, s.q, s.k, s.v, s.out, s.context, c_.context);
       else return ops::attention_backward(dout, s.q, s.k, s.v, s.out, s.stats);
     }();
+    if (group > 1) {
+      g.dk = ops::repeat_interleave_backward<1>(g.dk, group);
+      g.dv = ops::repeat_interleave_backward<1>(g.dv, group);
+    }
     std::vector<decltype(ops::transpose<1, 2>(g.dq))> parts;
     parts.push_back(ops::transpose<1, 2>(g.dq));
     parts.push_back(ops::transpose<1, 2>(g.dk));
     parts.push_back(ops::transpose<1, 2>(g.dv));
-    auto dqkv = ops::reshape<typename Qkv::OutL>(ops::concat<3>(parts), Shape<3>{batch, len, 3 * c_.dim});
+    if (c_.rope_theta > 0) {
+      parts[0] = ops::rotary_backward(s.positions, parts[0], c_.rope_theta);
+      parts[1] = ops::rotary_backward(s.positions, parts[1], c_.rope_theta);
+    }
+    if (group > 1) parts[0] = ops::reshape<typename decltype(parts)::value_type::layout>(
+                       parts[0], Shape<4>{batch, len, kv, group * head_dim});
+    auto dqkv = ops::reshape<typename Qkv::OutL>(ops::concat<3>(parts),
+                                                 Shape<3>{batch, len, (heads + 2 * kv) * head_dim});
     auto [dx, qkv_w] = qkv_.backward_input(std::move(s.qkv), dqkv);
     return {std::move(dx), WeightCtx{std::move(qkv_w), std::move(proj_w)}};
   }

@@ -49,16 +49,23 @@ struct BlockConfig {
   double init_std = 0.02;
   double out_std = 0.02;  // the output projections (GPT-2 scales them by 1/sqrt(2 * layers))
   parallel::ContextAttentionOptions context{};  // attention's, on a mesh with a context dimension
+  Extent kv_heads = 0;     // attention's KV heads (0: heads; fewer: grouped-query, nn/attention.hpp)
+  Extent ffn = 0;          // the feed-forward's width (0: mlp_ratio * dim)
+  double rope_theta = 0;   // > 0: rotary positions in attention with this base
+  bool bias = true;        // biases in the attention projections (GPT's MLP always has them, SwiGLU none)
+  double norm_eps = 1e-5;  // the norms' epsilon
 };
 
 /// FeedForward: the plan's MLP by default; any module from and to the residual stream's layout
-/// otherwise (nn/moe_gpt.hpp: a mixture of experts), built by the caller.
+/// otherwise (nn/moe_gpt.hpp: a mixture of experts, built by the caller; nn/llama.hpp: SwiGLU).
+/// NormType: LayerNorm by default (nn/llama.hpp: RMSNorm); built as (name, mesh, dim, eps).
 template <kernels::host::FloatElement T, MeshType Mesh, class Plan = ReplicatedPlan,
-          class FeedForward = MLP<T, Mesh, typename Plan::fc1, typename Plan::fc2>>
+          class FeedForward = MLP<T, Mesh, typename Plan::fc1, typename Plan::fc2>,
+          class NormType = LayerNorm<T, Mesh, typename Plan::between>>
 class TransformerBlock {
  public:
   using between = typename Plan::between;
-  using Norm = LayerNorm<T, Mesh, between>;
+  using Norm = NormType;
   using Attn = CausalSelfAttention<T, Mesh, typename Plan::qkv, typename Plan::proj>;
   using Mlp = FeedForward;
   using X = typename Norm::X;
@@ -84,9 +91,10 @@ class TransformerBlock {
                          Mlp(name + ".mlp", mesh, c.dim, mlp_hidden(name, mesh, c), seed + 2, c.init_std, c.out_std)) {}
   /// With a feed-forward the caller built (mlp_ratio unused).
   TransformerBlock(std::string name, const Mesh& mesh, BlockConfig c, std::uint64_t seed, Mlp feed_forward)
-      : ln1_(name + ".ln1", mesh, c.dim),
-        attn_(name + ".attn", mesh, {c.dim, c.heads, c.seq, c.context}, seed, c.init_std, c.out_std),
-        ln2_(name + ".ln2", mesh, c.dim),
+      : ln1_(name + ".ln1", mesh, c.dim, c.norm_eps),
+        attn_(name + ".attn", mesh, {c.dim, c.heads, c.seq, c.context, c.kv_heads, c.rope_theta, c.bias}, seed,
+              c.init_std, c.out_std),
+        ln2_(name + ".ln2", mesh, c.dim, c.norm_eps),
         mlp_(std::move(feed_forward)) {}
 
   Fwd<X, Saved> forward(const X& x) const {
@@ -119,8 +127,9 @@ class TransformerBlock {
 
  private:
   static Extent mlp_hidden(const std::string& name, const Mesh& mesh, const BlockConfig& c) {
-    detail::check(c.mlp_ratio > 0, "nn::TransformerBlock", mesh, name, ": mlp_ratio ", c.mlp_ratio, " must be > 0");
-    return c.mlp_ratio * c.dim;
+    detail::check(c.mlp_ratio > 0 && c.ffn >= 0, "nn::TransformerBlock", mesh, name, ": mlp_ratio ", c.mlp_ratio,
+                  " must be > 0 and ffn ", c.ffn, " >= 0");
+    return c.ffn > 0 ? c.ffn : c.mlp_ratio * c.dim;
   }
 
   Norm ln1_;

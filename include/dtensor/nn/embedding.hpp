@@ -56,7 +56,7 @@ class Embedding {
     detail::check(rows > 0 && dim > 0 && init_std >= 0, "nn::Embedding", mesh, name_, ": rows ", rows, ", dim ", dim,
                   ", init_std ", init_std);
     weight_ = Parameter<T, 2, Mesh, WeightL>(
-        name_ + ".weight", distribute_replicated<WeightL>(mesh, normal<T>(Shape<2>{rows, dim}, seed, 0, init_std)));
+        name_ + ".weight", mesh, Shape<2>{rows, dim}, Init::normal(seed, 0, init_std));
   }
 
   /// Collectives: the style's exit.

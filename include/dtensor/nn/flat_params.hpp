@@ -15,7 +15,11 @@
 //   - optimizers keep their state as flat buffers of the same structure;
 //   - FSDP shards a group's flat buffer, and a checkpoint enumerates it by name and box.
 // Groups are shared (std::shared_ptr) by their parameters, so modules may be moved freely.
-// Host memory for now; the entries' metadata is the same for every memory space.
+// The buffers live in the mesh's memory space (host, cuda or meta: a meta group holds no
+// elements but reports its bytes to the allocation ledger, tagged parameters and gradients);
+// the entries' metadata is the same for every space. Spans of a non-host group point into that
+// space (device pointers, or null on meta) and are never read on the host: code above the
+// kernels turns them into tensors of the space (flat_view) and calls the space's kernels.
 //
 // FSDP (parallel/fully_shard.hpp) frees a unit's full buffers while the unit is sharded:
 // release_values() / release_grads() drop the storage, materialize_values(capacity) /
@@ -33,6 +37,7 @@
 #include <vector>
 
 #include "dtensor/core/error.hpp"
+#include "dtensor/core/memory_ledger.hpp"
 #include "dtensor/core/tensor.hpp"
 #include "dtensor/placement/layout.hpp"
 
@@ -53,11 +58,26 @@ struct FlatEntry {
   std::size_t numel = 0;             // elements of the local piece
 };
 
-template <class T, std::size_t N>
+namespace detail {
+/// A span of a flat buffer of memory space Space as a 1-D tensor view (no copy), for the kernels.
+template <MemorySpace Space, class T>
+Tensor<std::remove_const_t<T>, 1, Space> flat_view(std::span<T> s) {
+  using U = std::remove_const_t<T>;
+  return Tensor<U, 1, Space>::view(const_cast<U*>(s.data()), Shape<1>{Extent(s.size())});
+}
+/// Sets a flat buffer of memory space Space to zero.
+template <MemorySpace Space, class T>
+void zero_flat(std::span<T> s) {
+  Space::zero(s.data(), s.size_bytes());
+}
+}  // namespace detail
+
+template <class T, std::size_t N, MemorySpace Space = host_space>
 class FlatParams {
  public:
   using Entry = FlatEntry<N>;
   using element_type = T;
+  using space = Space;
 
   /// A group of the given entries (offsets assigned here, in order), values and gradients zero.
   FlatParams(std::string name, std::vector<Entry> entries) : name_(std::move(name)), entries_(std::move(entries)) {
@@ -67,8 +87,12 @@ class FlatParams {
       total += e.numel;
     }
     size_ = total;
-    values_ = Tensor<T, 1>(Shape<1>{Extent(total)});
-    grads_ = Tensor<T, 1>(Shape<1>{Extent(total)});
+    {
+      MemoryTagScope tag(MemoryTag::parameters);
+      values_ = Buffer(Shape<1>{Extent(total)});
+    }
+    MemoryTagScope tag(MemoryTag::gradients);
+    grads_ = Buffer(Shape<1>{Extent(total)});
   }
   FlatParams(const FlatParams&) = delete;
   FlatParams& operator=(const FlatParams&) = delete;
@@ -95,13 +119,13 @@ class FlatParams {
   bool values_resident() const noexcept { return std::size_t(values_.numel()) == size_; }
   bool grads_resident() const noexcept { return std::size_t(grads_.numel()) == size_; }
   /// Frees the values / gradients (the group keeps its entries).
-  void release_values() { values_ = Tensor<T, 1>(); }
-  void release_grads() { grads_ = Tensor<T, 1>(); }
+  void release_values() { values_ = Buffer(); }
+  void release_grads() { grads_ = Buffer(); }
   /// Allocates uninitialized values with room for `capacity` elements (the padding past size()
   /// belongs to no entry); no-op when already resident with that room.
-  void materialize_values(std::size_t capacity) { materialize(values_, capacity, false); }
+  void materialize_values(std::size_t capacity) { materialize(values_, capacity, false, MemoryTag::parameters); }
   /// Allocates zero gradients with room for `capacity` elements (padding zero too).
-  void materialize_grads(std::size_t capacity) { materialize(grads_, capacity, true); }
+  void materialize_grads(std::size_t capacity) { materialize(grads_, capacity, true, MemoryTag::gradients); }
   /// The whole allocation behind values() / grads(), padding included (empty while released).
   std::span<T> values_storage() noexcept { return {values_.data(), std::size_t(values_.capacity())}; }
   std::span<T> grads_storage() noexcept { return {grads_.data(), std::size_t(grads_.capacity())}; }
@@ -121,18 +145,20 @@ class FlatParams {
       throw Error(op, dtensor::detail::cat("the ", what, " of group ", name_,
                                            " are released (sharded by FSDP): unshard the unit before use"));
   }
-  void materialize(Tensor<T, 1>& t, std::size_t capacity, bool zero) {
+  using Buffer = Tensor<T, 1, Space>;
+  void materialize(Buffer& t, std::size_t capacity, bool zero, MemoryTag what) {
     if (capacity < size_)
       throw Error("FlatParams::materialize", dtensor::detail::cat("group ", name_, ": capacity ", capacity, " < size ", size_));
     if (std::size_t(t.numel()) == size_ && std::size_t(t.capacity()) >= capacity) return;
-    t = Tensor<T, 1>::with_capacity(Shape<1>{Extent(size_)}, Extent(capacity));
-    if (zero) std::fill_n(t.data(), capacity, T(0));
+    MemoryTagScope tag(what);
+    t = Buffer::with_capacity(Shape<1>{Extent(size_)}, Extent(capacity));
+    if (zero) Space::zero(t.data(), capacity * sizeof(T));
   }
 
   std::string name_;
   std::vector<Entry> entries_;
   std::size_t size_ = 0;
-  Tensor<T, 1> values_, grads_;
+  Buffer values_, grads_;
 };
 
 }  // namespace dtensor::nn

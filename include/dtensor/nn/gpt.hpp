@@ -42,6 +42,7 @@
 #include "dtensor/nn/block.hpp"
 #include "dtensor/nn/checkpoint.hpp"
 #include "dtensor/nn/embedding.hpp"
+#include "dtensor/nn/positions.hpp"
 
 namespace dtensor::nn {
 
@@ -57,6 +58,12 @@ struct GPTConfig {
   // Attention on a mesh with a context dimension (docs/context-parallel.md). With load_balanced,
   // ids and targets must be given in parallel::load_balanced_order (parallel::load_balance).
   parallel::ContextAttentionOptions context{};
+  // Architecture variants (nn::GPT uses the defaults; nn::Llama, nn/llama.hpp, sets them).
+  Extent kv_heads = 0;     // KV heads of grouped-query attention (0: heads)
+  Extent ffn = 0;          // feed-forward width (0: mlp_ratio * dim)
+  double rope_theta = 0;   // > 0: rotary positions in attention with this base (Llama 3: 500000)
+  bool bias = true;        // biases in the attention projections
+  double norm_eps = 1e-5;  // the norms' epsilon
 };
 
 /// What runs around each unit of a model (each given the unit's index); empty ones are skipped.
@@ -70,7 +77,8 @@ struct UnitHooks {
 /// The blocks of nn::GPT (its Layers parameter): each a TransformerBlock with the plan's MLP.
 /// A Layers type names the block type, builds block `layer`, adds the units of parameters that
 /// are not on the model's mesh (add_units: none here) and its auxiliary losses to the loss
-/// (add_losses: none here). nn/moe_gpt.hpp's MoELayers puts a mixture of experts in some blocks.
+/// (add_losses: none here), weighting their gradients like the loss's (set_loss_scale).
+/// nn/moe_gpt.hpp's MoELayers puts a mixture of experts in some blocks.
 struct DenseLayers {
   template <class T, class Mesh, class Plan>
   using block = TransformerBlock<T, Mesh, Plan>;
@@ -79,16 +87,39 @@ struct DenseLayers {
     return Block(std::move(name), mesh, c, seed);
   }
   template <class Blocks>
-  void add_units(Blocks&) {}
+  void add_units(Blocks&, Extent /*first_layer*/ = 0) {}
   template <class Loss, class Blocks>
   void add_losses(Loss&, const Blocks&) const {}
+  template <class Blocks>
+  void set_loss_scale(const Blocks&, double /*scale*/) const {}
 };
 
+namespace detail {
+/// What a Layers policy may say about the rest of the model: the residual stream's norm
+/// (`template <class T, class Mesh, class P> using norm = ...`; default LayerNorm) and whether
+/// the model has a learned position table (`static constexpr bool learned_positions`; default
+/// true; nn::Llama's rotary positions live in attention instead).
+template <class Layers, class T, class Mesh, class P>
+struct layers_norm {
+  using type = LayerNorm<T, Mesh, P>;
+};
+template <class Layers, class T, class Mesh, class P>
+  requires requires { typename Layers::template norm<T, Mesh, P>; }
+struct layers_norm<Layers, T, Mesh, P> {
+  using type = typename Layers::template norm<T, Mesh, P>;
+};
+template <class Layers>
+constexpr bool layers_learned_positions() {
+  if constexpr (requires { Layers::learned_positions; }) return Layers::learned_positions;
+  else return true;
+}
+}  // namespace detail
+
 /// A unit of parameters: one flat group and its type-erased views.
-template <class T, std::size_t N>
+template <class T, std::size_t N, MemorySpace Space = host_space>
 struct ParamUnit {
-  std::shared_ptr<FlatParams<T, N>> group;
-  ParamList<T, N> params;
+  std::shared_ptr<FlatParams<T, N, Space>> group;
+  ParamList<T, N, Space> params;
 };
 
 template <kernels::host::FloatElement T, MeshType Mesh, class Plan = ReplicatedPlan, class Id = std::int32_t,
@@ -102,12 +133,13 @@ class GPT {
   using X = typename Block::In;
   using Wte = Embedding<T, Mesh, typename Plan::wte, Id>;
   using Wpe = Embedding<T, Mesh, Replicated<between>, Id>;
-  using Norm = LayerNorm<T, Mesh, between>;
+  using Norm = typename detail::layers_norm<Layers, T, Mesh, between>::type;
+  static constexpr bool learned_positions = detail::layers_learned_positions<Layers>();
   using Head = Linear<T, Mesh, typename Plan::head>;
   using LossFn = typename Plan::template loss<T, Mesh, typename Head::OutL>;
   using Ids = DTensor<Id, 2, Mesh, tokens<Mesh>>;
   using Loss = typename LossFn::Loss;
-  using Unit = ParamUnit<T, Mesh::ndim>;
+  using Unit = ParamUnit<T, Mesh::ndim, mesh_space_t<Mesh>>;
   static_assert(std::is_same_v<typename Wte::Out, X> && std::is_same_v<typename Wpe::Out, X> &&
                     std::is_same_v<typename Head::In, X>,
                 "GPT: the plan's embedding and head styles must give and take the residual stream's layout");
@@ -131,7 +163,7 @@ class GPT {
   GPT(const Mesh& mesh, GPTConfig c, Layers layers = {}) : mesh_(mesh), c_(c), layers_(std::move(layers)) {
     check_config("nn::GPT", mesh, c);
     wte_ = make_wte(mesh, c);
-    wpe_ = make_wpe(mesh, c);
+    if constexpr (learned_positions) wpe_ = make_wpe(mesh, c);
     blocks_.reserve(std::size_t(c.layers));
     for (Extent l = 0; l < c.layers; ++l) blocks_.push_back(make_block(mesh, c, l, layers_));
     ln_f_ = make_ln_f(mesh, c);
@@ -156,34 +188,36 @@ class GPT {
   static Wte make_wte(const Mesh& mesh, const GPTConfig& c) { return Wte("wte", mesh, c.vocab, c.dim, seed_base(c) + 1); }
   static Wpe make_wpe(const Mesh& mesh, const GPTConfig& c) { return Wpe("wpe", mesh, c.seq, c.dim, seed_base(c) + 2); }
   static Block make_block(const Mesh& mesh, const GPTConfig& c, Extent layer, const Layers& layers = {}) {
-    const BlockConfig bc{c.dim, c.heads, c.seq, c.mlp_ratio, 0.02, 0.02 / std::sqrt(2.0 * double(c.layers)), c.context};
+    const BlockConfig bc{c.dim,     c.heads,    c.seq,        c.mlp_ratio, 0.02, 0.02 / std::sqrt(2.0 * double(c.layers)),
+                         c.context, c.kv_heads, c.ffn,        c.rope_theta, c.bias, c.norm_eps};
     return Block(c.checkpoint, layers.template make_block<typename Block::Inner>(
                                    layer, "h." + std::to_string(layer), mesh, bc, seed_base(c) + 10 * std::uint64_t(layer + 1)));
   }
-  static Norm make_ln_f(const Mesh& mesh, const GPTConfig& c) { return Norm("ln_f", mesh, c.dim); }
+  static Norm make_ln_f(const Mesh& mesh, const GPTConfig& c) { return Norm("ln_f", mesh, c.dim, c.norm_eps); }
   static Head make_head(const Mesh& mesh, const GPTConfig& c) {
     return Head("lm_head", mesh, c.dim, c.vocab, seed_base(c) + 3, {.bias = false, .init_std = 0.02});
   }
 
-  /// The global position of each of this rank's tokens in its sequence, laid out like the residual stream.
   /// The global position of each of this rank's tokens in its sequence, laid out like the residual
-  /// stream. Under context parallelism with load balancing the sequence is stored permuted, and the
-  /// position is the original index of the stored one (parallel::load_balanced_order).
+  /// stream (nn/positions.hpp: under context parallelism with load balancing, the original index).
   static DTensor<Id, 2, Mesh, tokens<Mesh, between>> positions(const Mesh& mesh, const Ids& ids, const GPTConfig& c) {
-    using PL = tokens<Mesh, between>;
-    const auto box = local_box(PL::desc, mesh.shape(), mesh.coordinate(), ids.shape());
-    std::vector<Extent> original;  // empty: stored order is the original order
-    if (has_role<Mesh, Role::context> && c.context.load_balanced)
-      original = parallel::load_balanced_order(ids.extent(1), parallel::context_size(mesh));
-    Tensor<Id, 2> p(box.extent);
-    for (Extent b = 0; b < box.extent[0]; ++b)
-      for (Extent t = 0; t < box.extent[1]; ++t) {
-        const Extent stored = box.offset[1] + t;
-        p(b, t) = Id(original.empty() ? stored : original[std::size_t(stored)]);
-      }
-    return from_local<PL>(mesh, std::move(p), ids.shape());
+    return nn::positions<tokens<Mesh, between>, Id>(mesh, ids.shape(), c.context.load_balanced);
   }
 
+  /// The residual stream's input: the token embedding, plus the position embedding where the
+  /// model has a learned table (wpe unused otherwise). Saves what the embeddings' backward needs.
+  /// Static, with the modules as arguments, so that a pipeline stage embeds as the model does.
+  static X embed(const Mesh& mesh, const GPTConfig& c, const Wte& wte, const Wpe& wpe, const Ids& ids,
+                 typename Wte::Saved& wte_saved, typename Wpe::Saved& wpe_saved) {
+    auto [te, wte_s] = wte.forward(ids);
+    wte_saved = std::move(wte_s);
+    if constexpr (!learned_positions) return std::move(te);
+    else {
+      auto [pe, wpe_s] = wpe.forward(positions(mesh, ids, c));
+      wpe_saved = std::move(wpe_s);
+      return ops::add(te, pe);
+    }
+  }
 
   /// The mean loss over all B*T targets, as this rank's share (see LossFn), and the saved state.
   /// Collectives: the plan's.
@@ -191,12 +225,8 @@ class GPT {
     check_batch("nn::GPT::forward", ids, targets);
     Saved s;
     fire(hooks_.pre_forward, 0);
-    auto [te, wte_s] = wte_.forward(ids);
-    auto [pe, wpe_s] = wpe_.forward(positions(mesh_, ids, c_));
+    auto x = embed(mesh_, c_, wte_, wpe_, ids, s.wte, s.wpe);
     fire(hooks_.post_forward, 0);
-    s.wte = std::move(wte_s);
-    s.wpe = std::move(wpe_s);
-    auto x = ops::add(te, pe);
     s.blocks.reserve(blocks_.size());
     for (std::size_t l = 0; l < blocks_.size(); ++l) {
       fire(hooks_.pre_forward, l + 1);
@@ -223,6 +253,7 @@ class GPT {
   /// The input gradients of dloss * loss through every module, last first; returns the weight
   /// context (no parameter gradient is touched yet). Collectives: the adjoints of the plan's.
   WeightCtx backward_input(Saved s, double dloss = 1.0) const {
+    layers_.set_loss_scale(blocks_, dloss);
     WeightCtx w;
     auto [dx, pending] = backward_head(s, dloss);
     w.ln_f = std::move(pending.ln_f);
@@ -247,8 +278,7 @@ class GPT {
       blocks_[l].backward_weight(std::move(w.blocks[l]));
       ready(l + 1);
     }
-    wte_.backward_weight(std::move(w.wte));
-    wpe_.backward_weight(std::move(w.wpe));
+    backward_embed_weight(std::move(w));
     ready(0);
   }
 
@@ -256,6 +286,7 @@ class GPT {
   /// gradient, so the grads-ready callback (DDP's bucket all-reduce) fires while the earlier
   /// units still compute. Collectives: the adjoints of the plan's.
   void backward(Saved s, double dloss = 1.0) {
+    layers_.set_loss_scale(blocks_, dloss);
     auto [dx, pending] = backward_head(s, dloss);
     head_.backward_weight(std::move(pending.head));
     ln_f_.backward_weight(std::move(pending.ln_f));
@@ -269,8 +300,7 @@ class GPT {
     }
     WeightCtx w;
     backward_embed_input(std::move(s), dx, w);
-    wte_.backward_weight(std::move(w.wte));
-    wpe_.backward_weight(std::move(w.wpe));
+    backward_embed_weight(std::move(w));
     ready(0);
   }
 
@@ -311,7 +341,11 @@ class GPT {
   void backward_embed_input(Saved&& s, const X& dx, WeightCtx& w) const {
     fire(hooks_.pre_backward, 0);
     w.wte = wte_.backward_input(std::move(s.wte), dx).weight;
-    w.wpe = wpe_.backward_input(std::move(s.wpe), dx).weight;
+    if constexpr (learned_positions) w.wpe = wpe_.backward_input(std::move(s.wpe), dx).weight;
+  }
+  void backward_embed_weight(WeightCtx&& w) {
+    wte_.backward_weight(std::move(w.wte));
+    if constexpr (learned_positions) wpe_.backward_weight(std::move(w.wpe));
   }
 
   template <class M>

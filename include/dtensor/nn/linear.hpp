@@ -74,10 +74,9 @@ class Linear {
       : name_(std::move(name)), in_(in), out_(out) {
     detail::check(in > 0 && out > 0 && o.init_std >= 0, "nn::Linear", mesh, name_, ": in ", in, ", out ", out,
                   ", init_std ", o.init_std, " (extents must be > 0)");
-    weight_ = Parameter<T, 2, Mesh, WeightL>(
-        name_ + ".weight", distribute_replicated<WeightL>(mesh, normal<T>(Shape<2>{out, in}, seed, 0, o.init_std)));
+    weight_ = Parameter<T, 2, Mesh, WeightL>(name_ + ".weight", mesh, Shape<2>{out, in}, Init::normal(seed, 0, o.init_std));
     if (o.bias)
-      bias_ = Parameter<T, 1, Mesh, BiasL>(name_ + ".bias", distribute_replicated<BiasL>(mesh, zeros<T>(Shape<1>{out})),
+      bias_ = Parameter<T, 1, Mesh, BiasL>(name_ + ".bias", mesh, Shape<1>{out}, Init::zeros(),
                                            false);
   }
 

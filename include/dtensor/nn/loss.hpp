@@ -19,7 +19,7 @@
 
 #include <cstdint>
 
-#include "dtensor/kernels/host/cross_entropy.hpp"
+#include "dtensor/kernels/cross_entropy.hpp"
 #include "dtensor/nn/module.hpp"
 #include "dtensor/nn/style.hpp"
 
@@ -45,12 +45,13 @@ class PositionCrossEntropy {
   // Partial<sum> wherever positions are split (data, and context dimensions), Replicate elsewhere.
   using LossL = nn::layout_by_role<Mesh, Partial<ReduceOp::sum>, Replicate, Partial<ReduceOp::sum>>;
   using Loss = DTensor<double, 1, Mesh, LossL>;
+  using Space = mesh_space_t<Mesh>;
 
   /// What the backward needs: the logits, the targets as rows, and the per-position statistics.
   struct Saved {
     Logits logits;
-    Tensor<Id, 1> targets;
-    Tensor<double, 1> max, sum;
+    Tensor<Id, 1, Space> targets;
+    Tensor<double, 1, Space> max, sum;
   };
 
   /// Communication: with a split vocabulary, three all-reduces over its dimension of one double
@@ -62,30 +63,34 @@ class PositionCrossEntropy {
           to_string(logits.shape()), " and targets ", to_string(targets.shape()), ": one target per position");
     Saved s{logits, targets.to_local().template reshape<1>(Shape<1>{targets.to_local().numel()}), {}, {}};
     const auto& tl = s.targets;
-    for (Extent i = 0; i < tl.numel(); ++i)
-      check(tl[i] >= 0 && Extent(tl[i]) < logits.extent(2), op, mesh, "target ", Extent(tl[i]), " at local position ",
-            i, " is outside the vocabulary [0, ", logits.extent(2), ")");
-    auto all_reduce = [&](Tensor<double, 1>& t, ReduceOp r) {
+    const auto check_targets = [&](const Tensor<Id, 1>& host_targets) {
+      for (Extent i = 0; i < host_targets.numel(); ++i)
+        check(host_targets[i] >= 0 && Extent(host_targets[i]) < logits.extent(2), op, mesh, "target ",
+              Extent(host_targets[i]), " at local position ", i, " is outside the vocabulary [0, ", logits.extent(2), ")");
+    };
+    if constexpr (std::is_same_v<Space, host_space>) check_targets(tl);
+    else if constexpr (holds_data_v<Space>) check_targets(to_space<host_space>(tl));  // ids are few: copy them
+    auto all_reduce = [&](Tensor<double, 1, Space>& t, ReduceOp r) {
       if constexpr (vocab_dim < Mesh::ndim)
         if (mesh.size(vocab_dim) > 1) mesh.group(vocab_dim).all_reduce(t.span(), r);
     };
     const auto rows = local_rows(s.logits);
     const Extent v0 = logits.local_box().offset[2];
-    s.max = kernels::host::vocab_parallel_ce_max(rows);
+    s.max = kernels::vocab_parallel_ce_max(rows);
     all_reduce(s.max, ReduceOp::max);
-    s.sum = kernels::host::vocab_parallel_ce_sum_exp(rows, s.max);
+    s.sum = kernels::vocab_parallel_ce_sum_exp(rows, s.max);
     all_reduce(s.sum, ReduceOp::sum);
-    auto target = kernels::host::vocab_parallel_ce_target_logit(rows, tl, v0);
+    auto target = kernels::vocab_parallel_ce_target_logit(rows, tl, v0);
     all_reduce(target, ReduceOp::sum);
     Tensor<double, 1> loss(Shape<1>{1});
-    loss[0] = kernels::host::vocab_parallel_ce_loss(s.max, s.sum, target, positions(logits));
-    return {Loss(mesh, Shape<1>{1}, std::move(loss)), std::move(s)};
+    loss[0] = kernels::vocab_parallel_ce_loss(s.max, s.sum, target, positions(logits));
+    return {Loss(mesh, Shape<1>{1}, into_space<Space>(std::move(loss))), std::move(s)};
   }
 
   /// This rank's part of d(dloss * loss)/d(logits). No communication.
   Logits backward(Saved s, double dloss = 1.0) const {
     const auto& l = s.logits;
-    auto d = kernels::host::vocab_parallel_ce_backward(local_rows(l), s.targets, l.local_box().offset[2], s.max, s.sum,
+    auto d = kernels::vocab_parallel_ce_backward(local_rows(l), s.targets, l.local_box().offset[2], s.max, s.sum,
                                                        dloss, positions(l));
     return Logits(l.mesh(), l.shape(), std::move(d).template reshape<3>(l.to_local().shape()));
   }
@@ -93,9 +98,9 @@ class PositionCrossEntropy {
  private:
   static Extent positions(const Logits& l) { return l.extent(0) * l.extent(1); }
   /// This rank's logits as [positions, local vocabulary] rows: a read-only view, no copy.
-  static Tensor<T, 2> local_rows(const Logits& l) {
+  static Tensor<T, 2, Space> local_rows(const Logits& l) {
     const auto& t = l.to_local();
-    return Tensor<T, 2>::view(const_cast<T*>(t.data()), Shape<2>{t.extent(0) * t.extent(1), t.extent(2)});
+    return Tensor<T, 2, Space>::view(const_cast<T*>(t.data()), Shape<2>{t.extent(0) * t.extent(1), t.extent(2)});
   }
 };
 

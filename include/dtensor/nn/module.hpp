@@ -161,20 +161,23 @@ void zero_grad(M& m) {
 /// Moves every (defined) parameter of module m into one new flat group called `name`: values,
 /// gradients and gradient states carried over, the parameters' views re-pointed. Returns the
 /// group. T and N are the parameters' element type and mesh rank; OnMesh, when given, takes
-/// only the parameters on that mesh type (the dense part of a block with an nn::MoE).
+/// only the parameters on that mesh type (the dense part of a block with an nn::MoE), and the
+/// group lives in that mesh's memory space (host without one).
 template <class T, std::size_t N, class OnMesh = detail::AnyMesh, class M>
-std::shared_ptr<FlatParams<T, N>> flatten(std::string name, M& m) {
+std::shared_ptr<FlatParams<T, N, mesh_space_t<OnMesh>>> flatten(std::string name, M& m) {
+  using Space = mesh_space_t<OnMesh>;
   std::vector<FlatEntry<N>> entries;
   for_each_parameter_on<OnMesh>(m, [&](auto& p) {
     if (p.defined()) entries.push_back(p.group()->entries()[p.index()]);
   });
-  auto group = std::make_shared<FlatParams<T, N>>(std::move(name), std::move(entries));
+  auto group = std::make_shared<FlatParams<T, N, Space>>(std::move(name), std::move(entries));
   std::size_t i = 0;
   for_each_parameter_on<OnMesh>(m, [&](auto& p) {
     if (!p.defined()) return;
     auto& old = *p.group();
-    std::copy_n(old.value(p.index()).data(), group->entries()[i].numel, group->value(i).data());
-    std::copy_n(old.grad(p.index()).data(), group->entries()[i].numel, group->grad(i).data());
+    const std::size_t bytes = group->entries()[i].numel * sizeof(T);
+    Space::copy(group->value(i).data(), old.value(p.index()).data(), bytes);
+    Space::copy(group->grad(i).data(), old.grad(p.index()).data(), bytes);
     p.rebind(group, i++);
   });
   return group;

@@ -137,7 +137,10 @@ class MoE {
     auto [dgrouped, experts_w] = experts_.backward_input(std::move(s.experts), parallel::combine_backward(ep, s.plan, d_rows));
     const auto dsend = parallel::dispatch_backward(ep, s.plan, dgrouped);
     // The router: gates and auxiliary losses.
-    const auto dlogits_local = route_backward(s.routing, std::span<const T>(dgate), c_.router);
+    RouterConfig weighted = c_.router;  // the auxiliary losses' gradients, weighted like the loss's (set_loss_scale)
+    weighted.aux_loss_coeff *= loss_scale_;
+    weighted.z_loss_coeff *= loss_scale_;
+    const auto dlogits_local = route_backward(s.routing, std::span<const T>(dgate), weighted);
     Tensor<T, 3> dl(Shape<3>{dyl.shape()[0], dyl.shape()[1], c_.router.experts});
     std::copy(dlogits_local.begin(), dlogits_local.end(), dl.data());
     const Shape<3> logits_shape{dy.extent(0), dy.extent(1), c_.router.experts};
@@ -156,6 +159,11 @@ class MoE {
 
   void backward_weight(WeightCtx w) { backward_weight_children(*this, std::move(w)); }
 
+  /// The weight of the auxiliary losses in the next backward_input: the dloss the caller's loss
+  /// is differentiated with (a pipeline's 1/M per micro-batch), 1 by default. The gates'
+  /// gradient comes through dy and is weighted already; the auxiliary losses enter here.
+  void set_loss_scale(double scale) const noexcept { loss_scale_ = scale; }
+
   auto children() { return std::tie(router_, experts_); }
   Router& router() noexcept { return router_; }
   Experts& experts() noexcept { return experts_; }
@@ -168,6 +176,7 @@ class MoE {
   EMesh emesh_;
   Router router_;
   Experts experts_;
+  mutable double loss_scale_ = 1;  // set_loss_scale: a weight, not state of the model
 };
 
 }  // namespace dtensor::nn

@@ -25,9 +25,10 @@
 // The loss: forward adds each MoE block's auxiliary losses — aux_loss_coeff * load balancing +
 // z_loss_coeff * z, this rank's shares (nn/router.hpp) — to this rank's share of the
 // cross-entropy, so the loss printed is the loss trained; their gradients are added by the
-// MoE's backward_input (for the loss's dloss = 1: a caller that scales the loss scales only
-// the cross-entropy's gradient). The residual stream must be whole on the tensor dimension
-// (plans without sequence parallelism): the MoE routes whole tokens.
+// MoE's backward_input with the weight the loss is differentiated with (backward's dloss,
+// passed on by set_loss_scale). The MoE routes whole tokens: under sequence parallelism its input
+// is all-gathered on the tensor dimension first (and its output gradient in backward), every
+// tensor rank runs it alike and keeps its own slice of the result.
 //
 // Statistics: each MoE feed-forward keeps its last forward's routing statistics (load per
 // expert, dropped choices, loss shares on this rank) for logging; a checkpointed block's
@@ -61,8 +62,13 @@ class DenseOrMoE {
   using Moe = MoE<T, Mesh, EMesh>;
   using In = typename Mlp::In;
   using Out = typename Mlp::Out;
-  static_assert(std::is_same_v<In, typename Moe::In> && std::is_same_v<Out, typename Moe::Out>,
-                "nn::DenseOrMoE: the MoE takes whole tokens (tokens<Mesh>): use a plan without sequence parallelism");
+  // Under sequence parallelism the block's stream is split on the sequence over the tensor
+  // dimension, and the MoE routes whole tokens: the MoE branch all-gathers its input there (and,
+  // in backward, the output gradient), runs on every tensor rank alike, and keeps its own part
+  // of the output (and of the input gradient): a local slice.
+  static constexpr bool gathers = !std::is_same_v<In, typename Moe::In>;
+  static_assert(std::is_same_v<In, Out> && std::is_same_v<typename Moe::In, typename Moe::Out>,
+                "nn::DenseOrMoE: the feed-forward keeps its input's layout");
   using Saved = std::variant<typename Mlp::Saved, typename Moe::Saved>;
   using WeightCtx = std::variant<typename Mlp::WeightCtx, typename Moe::WeightCtx>;
 
@@ -75,16 +81,20 @@ class DenseOrMoE {
   const Moe& moe() const { return moe_.at(0); }
   /// The last forward's routing on this rank (empty for a dense MLP).
   const MoEStats& stats() const noexcept { return stats_; }
+  /// The weight of the auxiliary losses' gradients (nn::MoE::set_loss_scale; nothing for a dense MLP).
+  void set_loss_scale(double scale) const noexcept {
+    if (is_moe()) moe_[0].set_loss_scale(scale);
+  }
 
   Fwd<Out, Saved> forward(const In& x) const {
     if (!is_moe()) {
       auto [y, s] = mlp_.at(0).forward(x);
       return {std::move(y), Saved(std::in_place_index<0>, std::move(s))};
     }
-    auto [y, s] = moe_[0].forward(x);
+    auto [y, s] = moe_[0].forward(whole(x));
     const auto& r = s.routing;
     stats_ = {r.load, r.tokens * r.topk, r.dropped, r.aux_loss, r.z_loss};
-    return {std::move(y), Saved(std::in_place_index<1>, std::move(s))};
+    return {mine(std::move(y)), Saved(std::in_place_index<1>, std::move(s))};
   }
 
   Bwd<In, WeightCtx> backward_input(Saved s, const Out& dy) const {
@@ -92,8 +102,8 @@ class DenseOrMoE {
       auto [dx, w] = mlp_.at(0).backward_input(std::get<0>(std::move(s)), dy);
       return {std::move(dx), WeightCtx(std::in_place_index<0>, std::move(w))};
     }
-    auto [dx, w] = moe_[0].backward_input(std::get<1>(std::move(s)), dy);
-    return {std::move(dx), WeightCtx(std::in_place_index<1>, std::move(w))};
+    auto [dx, w] = moe_[0].backward_input(std::get<1>(std::move(s)), whole(dy));
+    return {mine(std::move(dx)), WeightCtx(std::in_place_index<1>, std::move(w))};
   }
 
   void backward_weight(WeightCtx w) {
@@ -104,6 +114,17 @@ class DenseOrMoE {
   auto children() { return std::tie(mlp_, moe_); }  // one of the two holds the module
 
  private:
+  /// The whole tokens the MoE takes (SP: an all-gather on the tensor dimension).
+  static typename Moe::In whole(const In& x) {
+    if constexpr (gathers) return redistribute<typename Moe::In::layout>(x);
+    else return x;
+  }
+  /// This rank's part of a whole-token tensor (SP: a local slice, no communication).
+  static In mine(typename Moe::Out y) {
+    if constexpr (gathers) return redistribute<typename In::layout>(y);
+    else return y;
+  }
+
   std::vector<Mlp> mlp_;  // 0 or 1: a range, so that the parameter walks see whichever there is
   std::vector<Moe> moe_;
   mutable MoEStats stats_;
@@ -148,29 +169,43 @@ class MoELayers {
     return Block(name, mesh, c, seed, FF(typename FF::Moe(name + ".moe", mesh, emesh_, mc, seed + 2)));
   }
 
-  /// One unit per MoE block: its experts, flattened on the expert mesh.
+  /// One unit per MoE block: its experts, flattened on the expert mesh. `first_layer`: the
+  /// model's index of blocks[0] (a pipeline stage holds blocks from the middle).
   template <class Blocks>
-  void add_units(Blocks& blocks) {
+  void add_units(Blocks& blocks, Extent first_layer = 0) {
     for (std::size_t l = 0; l < blocks.size(); ++l) {
       if (!blocks[l].inner().mlp().is_moe()) continue;
       ExpertUnit u;
-      u.group = flatten<T, EMesh::ndim, EMesh>("h." + std::to_string(l) + ".experts", blocks[l]);
+      u.group = flatten<T, EMesh::ndim, EMesh>("h." + std::to_string(first_layer + Extent(l)) + ".experts", blocks[l]);
       collect_on<EMesh>(blocks[l], u.params);
       params_.insert(params_.end(), u.params.begin(), u.params.end());
       units_.push_back(std::move(u));
     }
   }
 
-  /// Adds each MoE block's weighted auxiliary losses (this rank's shares) to the loss's local value.
-  template <class Loss, class Blocks>
-  void add_losses(Loss& loss, const Blocks& blocks) const {
+  /// The MoE blocks' weighted auxiliary losses of their last forward (this rank's shares).
+  template <class Blocks>
+  double auxiliary_loss(const Blocks& blocks) const {
     double extra = 0;
     for (const auto& b : blocks)
       if (b.inner().mlp().is_moe()) {
         const auto& s = b.inner().mlp().stats();
         extra += c_.router.aux_loss_coeff * s.aux_loss + c_.router.z_loss_coeff * s.z_loss;
       }
+    return extra;
+  }
+
+  /// Adds each MoE block's weighted auxiliary losses (this rank's shares) to the loss's local value.
+  template <class Loss, class Blocks>
+  void add_losses(Loss& loss, const Blocks& blocks) const {
+    const double extra = auxiliary_loss(blocks);
     if (extra != 0) loss.local().data()[0] += extra;
+  }
+
+  /// The weight of the MoE blocks' auxiliary-loss gradients in the next backward (the loss's dloss).
+  template <class Blocks>
+  void set_loss_scale(const Blocks& blocks, double scale) const {
+    for (const auto& b : blocks) b.inner().mlp().set_loss_scale(scale);
   }
 
   /// The last forward's routing statistics of a block (empty for a dense one).

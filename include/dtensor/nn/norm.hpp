@@ -41,7 +41,7 @@ class Norm {
   using PL = params<Mesh>;
   struct Saved {
     X x;
-    ops::NormStats stats;
+    ops::BasicNormStats<mesh_space_t<Mesh>> stats;
   };
   struct WeightCtx {
     DTensor<T, 1, Mesh, GradL> dweight, dbias;
@@ -52,9 +52,9 @@ class Norm {
       : name_(std::move(name)), dim_(dim), eps_(eps) {
     check(dim > 0 && eps > 0, op, mesh, name_, ": dim ", dim,
           ", eps ", eps, " (both must be > 0)");
-    weight_ = Parameter<T, 1, Mesh, PL>(name_ + ".weight", distribute_replicated<PL>(mesh, ones<T>(Shape<1>{dim})), false);
+    weight_ = Parameter<T, 1, Mesh, PL>(name_ + ".weight", mesh, Shape<1>{dim}, Init::ones(), false);
     if constexpr (K == NormKind::layer)
-      bias_ = Parameter<T, 1, Mesh, PL>(name_ + ".bias", distribute_replicated<PL>(mesh, zeros<T>(Shape<1>{dim})), false);
+      bias_ = Parameter<T, 1, Mesh, PL>(name_ + ".bias", mesh, Shape<1>{dim}, Init::zeros(), false);
   }
 
   /// No communication.

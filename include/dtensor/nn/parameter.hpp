@@ -24,6 +24,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
 #include <cstddef>
 #include <memory>
 #include <optional>
@@ -32,7 +33,10 @@
 #include <utility>
 #include <vector>
 
+#include "dtensor/core/factories.hpp"
+#include "dtensor/distributed/distribute.hpp"
 #include "dtensor/distributed/redistribute.hpp"
+#include "dtensor/kernels/elementwise.hpp"
 #include "dtensor/mesh/fixed_string.hpp"
 #include "dtensor/nn/flat_params.hpp"
 
@@ -77,8 +81,11 @@ using layout_on = decltype(detail::layout_on<Mesh, Default, Ons...>(std::make_in
 // ---------------------------------------------------------------- type-erased parameter views
 
 /// What optimizers and gradient syncs see of one parameter: this rank's pieces and placements.
-template <class T, std::size_t N>
+/// The spans point into memory space Space (nn/flat_params.hpp: read on the host only when it
+/// is host memory).
+template <class T, std::size_t N, MemorySpace Space = host_space>
 struct ParamRef {
+  using space = Space;
   std::string name;
   std::span<T> value;             // local piece of the parameter
   std::span<T> grad;              // local piece of its gradient (same extents)
@@ -86,17 +93,24 @@ struct ParamRef {
   LayoutDesc<N>* grad_state;      // the gradient's placements now (Partial = reduction pending)
   bool* has_grad;                 // whether a gradient was added since the last zero_grad
   bool decay = true;              // whether weight decay applies (not to biases and norm weights)
+  const void* buffer = nullptr;   // the flat buffer value/grad are windows of (null: none) ...
+  std::size_t offset = 0;         // ... and where in it (adjacency without pointer arithmetic)
+
+  /// Whether this gradient ends where `next`'s begins, in the same flat buffer.
+  bool precedes(const ParamRef& next) const noexcept {
+    return buffer != nullptr && buffer == next.buffer && offset + grad.size() == next.offset;
+  }
 
   /// Zero gradient, nothing pending.
   void zero_grad() const {
-    std::fill(grad.begin(), grad.end(), T(0));
+    detail::zero_flat<Space>(grad);
     *grad_state = layout;
     *has_grad = false;
   }
 };
 
-template <class T, std::size_t N>
-using ParamList = std::vector<ParamRef<T, N>>;
+template <class T, std::size_t N, MemorySpace Space = host_space>
+using ParamList = std::vector<ParamRef<T, N, Space>>;
 
 namespace detail {
 /// Where a parameter is replicated its gradient may be Replicate or Partial<sum|avg>; where it is
@@ -120,6 +134,38 @@ constexpr bool is_reduced(const LayoutDesc<N>& grad_state) {
   return !grad_state.has_partial();
 }
 
+/// How a parameter's values start. The full tensor is drawn from the seed on every rank and
+/// then split (no communication), so every layout and mesh starts from the same values; on a
+/// cuda mesh it is drawn on the host and copied, on a meta mesh nothing is drawn.
+struct Init {
+  enum class Kind { zeros, ones, normal };
+  Kind kind = Kind::zeros;
+  std::uint64_t seed = 0;
+  double mean = 0, stddev = 1;
+
+  static constexpr Init zeros() { return {}; }
+  static constexpr Init ones() { return {Kind::ones}; }
+  static constexpr Init normal(std::uint64_t seed, double mean, double stddev) {
+    return {Kind::normal, seed, mean, stddev};
+  }
+};
+
+/// The DTensor of extents `shape` in layout L on `mesh` that `init` describes.
+template <LayoutType L, Element T, std::size_t R, MeshType Mesh>
+DTensor<T, R, Mesh, L> initial_value(const Mesh& mesh, const Shape<R>& shape, const Init& init) {
+  using Space = mesh_space_t<Mesh>;
+  if constexpr (!holds_data_v<Space>) {
+    const auto box = local_box(L::desc, mesh.shape(), mesh.coordinate(), shape);
+    return DTensor<T, R, Mesh, L>(mesh, shape, Tensor<T, R, Space>::uninitialized(box.extent));
+  } else {
+    Tensor<T, R> full = init.kind == Init::Kind::normal ? normal<T>(shape, init.seed, init.mean, init.stddev)
+                        : init.kind == Init::Kind::ones ? ones<T>(shape)
+                                                         : zeros<T>(shape);
+    auto replica = distribute_replicated<L>(mesh, full);  // a host-space DTensor on the mesh
+    return DTensor<T, R, Mesh, L>(mesh, shape, into_space<Space>(std::move(replica.local())));
+  }
+}
+
 template <Element T, std::size_t R, MeshType Mesh, LayoutType L>
 class Parameter {
   static_assert(!L::desc.has_partial(), "a parameter's layout cannot be Partial: its value must be known per rank");
@@ -129,9 +175,14 @@ class Parameter {
   using layout = L;
   using element_type = T;
   static constexpr std::size_t mesh_ndim = Mesh::ndim;
-  using Group = FlatParams<T, mesh_ndim>;
+  using space = mesh_space_t<Mesh>;
+  using Group = FlatParams<T, mesh_ndim, space>;
+  using List = ParamList<T, mesh_ndim, space>;
 
   Parameter() = default;
+  /// A parameter of extents `shape` on `mesh` starting as `init` says, in a group of its own.
+  Parameter(std::string name, const Mesh& mesh, const Shape<R>& shape, const Init& init, bool decay = true)
+      : Parameter(std::move(name), initial_value<L, T>(mesh, shape, init), decay) {}
   /// A parameter with the given initial value, in a group of its own.
   Parameter(std::string name, const value_type& value, bool decay = true) {
     const auto box = value.local_box();
@@ -183,8 +234,7 @@ class Parameter {
 
   /// Sets the gradient to zero, with nothing pending.
   void zero_grad() {
-    auto g = grad_span();
-    std::fill(g.begin(), g.end(), T(0));
+    detail::zero_flat<space>(grad_span());
     entry().grad_state = L::desc;
     entry().has_grad = false;
   }
@@ -207,9 +257,9 @@ class Parameter {
                   dtensor::detail::cat(e.name, ": gradient in layout ", to_string(G::desc),
                                        " added to one held in layout ", to_string(e.grad_state)),
                   mesh().rank());
+    auto d = detail::flat_view<space>(grad_span());
     const auto& gl = g.to_local();
-    auto d = grad_span();
-    for (std::size_t i = 0; i < d.size(); ++i) d[i] = T(d[i] + gl[Extent(i)]);
+    kernels::add_(d, Tensor<T, 1, space>::view(const_cast<T*>(gl.data()), d.shape()));
     e.grad_state = G::desc;
     e.has_grad = true;
   }
@@ -217,9 +267,9 @@ class Parameter {
   /// The gradient's placements now.
   const LayoutDesc<mesh_ndim>& grad_state() const { return entry().grad_state; }
   /// This rank's piece of the gradient (a copy).
-  Tensor<T, R> grad_local() const {
-    auto t = Tensor<T, R>::uninitialized(value_->to_local().shape());
-    std::copy_n(group_->grads().data() + entry().offset, entry().numel, t.data());
+  Tensor<T, R, space> grad_local() const {
+    auto t = Tensor<T, R, space>::uninitialized(value_->to_local().shape());
+    space::copy(t.data(), group_->grads().data() + entry().offset, entry().numel * sizeof(T));
     return t;
   }
 
@@ -234,10 +284,10 @@ class Parameter {
   }
 
   /// Appends this parameter's type-erased view.
-  void collect(ParamList<T, mesh_ndim>& out) {
+  void collect(List& out) {
     auto& e = entry();
-    out.push_back(ParamRef<T, mesh_ndim>{e.name, group_->value(index_), group_->grad(index_), e.layout, &e.grad_state,
-                                         &e.has_grad, e.decay});
+    out.push_back(ParamRef<T, mesh_ndim, space>{e.name, group_->value(index_), group_->grad(index_), e.layout,
+                                                &e.grad_state, &e.has_grad, e.decay, group_.get(), e.offset});
   }
 
  private:
@@ -255,7 +305,7 @@ class Parameter {
       throw Error("Parameter::rebind", dtensor::detail::cat(e.name, ": entry of ", e.numel, " elements for a piece ",
                                                             to_string(local)));
     value_.reset();  // emplace, not assign: assigning to a view would write through it
-    value_.emplace(mesh, global, Tensor<T, R>::view(group->value(index).data(), local));
+    value_.emplace(mesh, global, Tensor<T, R, space>::view(group->value(index).data(), local));
     group_ = std::move(group);
     index_ = index;
   }

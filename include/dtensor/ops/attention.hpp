@@ -49,8 +49,13 @@ struct AttentionGrads {
   DQ dq, dk, dv;
 };
 
+/// fp32/fp64 on every space; bf16 on meta too (shapes and costs for a dry run: the host and cuda
+/// kernels have no bf16 attention yet).
 template <class X>
-concept AttentionDTensor = AnyDTensor<X> && kernels::host::AttentionElement<typename X::value_type> && X::rank == 4;
+concept AttentionDTensor =
+    AnyDTensor<X> && X::rank == 4 &&
+    (kernels::host::AttentionElement<typename X::value_type> ||
+     (std::is_same_v<typename X::space, meta_space> && kernels::host::FloatElement<typename X::value_type>));
 
 namespace detail {
 template <fixed_string Op, class Q, class K, class V>

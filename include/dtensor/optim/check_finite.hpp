@@ -41,11 +41,16 @@ inline void check_finite_loss(double loss, long long step) {
 /// Throws an Error naming the step, `what` ("parameter", "gradient"), the first parameter (in
 /// list order) whose local piece holds a NaN or Inf, the element and its value.
 /// `grads`: check the gradients instead of the values.
-template <class T, std::size_t N>
-void check_finite(const nn::ParamList<T, N>& params, long long step, const char* what, int rank = Error::no_rank,
+/// Pieces in device memory are copied to the host first; meta pieces hold nothing to check.
+template <class T, std::size_t N, class Space>
+void check_finite(const nn::ParamList<T, N, Space>& params, long long step, const char* what, int rank = Error::no_rank,
                   bool grads = false) {
+  if constexpr (!holds_data_v<Space>) return;
   for (const auto& p : params) {
-    const std::span<const T> values = grads ? std::span<const T>(p.grad) : std::span<const T>(p.value);
+    const std::span<T> piece = grads ? p.grad : p.value;
+    Tensor<T, 1> host_copy;
+    if constexpr (!Space::host_accessible) host_copy = to_space<host_space>(nn::detail::flat_view<Space>(piece));
+    const std::span<const T> values = Space::host_accessible ? std::span<const T>(piece) : std::span<const T>(host_copy.span());
     if (const auto i = first_non_finite(values))
       throw Error("check_finite",
                   detail::cat("step ", step, ": ", what, " '", p.name, "' holds ", double(values[*i]),

@@ -17,13 +17,15 @@
 #include <cmath>
 #include <span>
 
+#include "dtensor/kernels/elementwise.hpp"
+#include "dtensor/kernels/optim.hpp"
 #include "dtensor/optim/optimizer.hpp"
 
 namespace dtensor::optim {
 
 /// The L2 norm of all gradients together (one all-reduce over the mesh).
-template <class T, std::size_t N, MeshType Mesh>
-double grad_norm(const ParamList<T, N>& params, const Mesh& mesh) {
+template <class T, std::size_t N, class Space, MeshType Mesh>
+double grad_norm(const ParamList<T, N, Space>& params, const Mesh& mesh) {
   static_assert(Mesh::ndim == N, "the parameter list and the mesh must have the same number of dimensions");
   const auto& coord = mesh.coordinate();
   double sq = 0;
@@ -39,7 +41,7 @@ double grad_norm(const ParamList<T, N>& params, const Mesh& mesh) {
       if (g.placements[i].is_replicate() && coord[i] != 0) first_copy = false;
     }
     if (!first_copy) continue;
-    for (T v : p.grad) sq += double(v) * double(v);
+    sq += kernels::sum_squares(nn::detail::flat_view<Space>(p.grad));
   }
   mesh.comm().all_reduce(std::span<double>(&sq, 1), ReduceOp::sum);
   return std::sqrt(sq);
@@ -47,12 +49,14 @@ double grad_norm(const ParamList<T, N>& params, const Mesh& mesh) {
 
 /// Scales all gradients whose global norm is `norm` so that it becomes at most max_norm (as
 /// PyTorch does: by max_norm / (norm + 1e-6) when that is below 1). No communication.
-template <class T, std::size_t N>
-void scale_grads_to(const ParamList<T, N>& params, double norm, double max_norm) {
+template <class T, std::size_t N, class Space>
+void scale_grads_to(const ParamList<T, N, Space>& params, double norm, double max_norm) {
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1)
-    for (const auto& p : params)
-      for (T& v : p.grad) v = T(double(v) * coef);
+    for (const auto& p : params) {
+      auto g = nn::detail::flat_view<Space>(p.grad);
+      kernels::scale_(g, coef);
+    }
 }
 
 namespace detail {
@@ -62,8 +66,8 @@ inline void check_max_norm(double max_norm, int rank) {
 }  // namespace detail
 
 /// Scales all gradients so that their global norm is at most max_norm; returns the norm before.
-template <class T, std::size_t N, MeshType Mesh>
-double clip_grad_norm(const ParamList<T, N>& params, const Mesh& mesh, double max_norm) {
+template <class T, std::size_t N, class Space, MeshType Mesh>
+double clip_grad_norm(const ParamList<T, N, Space>& params, const Mesh& mesh, double max_norm) {
   detail::check_max_norm(max_norm, mesh.rank());
   const double norm = grad_norm(params, mesh);
   scale_grads_to(params, norm, max_norm);
@@ -73,8 +77,8 @@ double clip_grad_norm(const ParamList<T, N>& params, const Mesh& mesh, double ma
 /// The same over two parameter lists on two meshes of the same ranks (a mixture-of-experts
 /// model: the dense parameters and the experts, on the expert mesh): one norm of all their
 /// gradients (one all-reduce per mesh), both lists scaled alike.
-template <class T, std::size_t N, MeshType Mesh, std::size_t N2, MeshType Mesh2>
-double clip_grad_norm(const ParamList<T, N>& params, const Mesh& mesh, const ParamList<T, N2>& params2,
+template <class T, std::size_t N, class Space, MeshType Mesh, std::size_t N2, MeshType Mesh2>
+double clip_grad_norm(const ParamList<T, N, Space>& params, const Mesh& mesh, const ParamList<T, N2, Space>& params2,
                       const Mesh2& mesh2, double max_norm) {
   detail::check_max_norm(max_norm, mesh.rank());
   const double norm = std::hypot(grad_norm(params, mesh), grad_norm(params2, mesh2));

@@ -9,6 +9,9 @@
 // flat: one buffer per kind of state with the structure of the parameter list (FlatState), so for
 // the parameters of a flat group (nn/flat_params.hpp) it mirrors the group's buffers exactly, and
 // FSDP/ZeRO can shard it the same way.
+// Parameters, gradients and state live in the memory space of the parameter list (its meshes');
+// the updates are the space's kernels (kernels/optim.hpp: adamw_update, sgd_update), one call per
+// parameter on views of the flat buffers.
 // A gradient must be fully reduced before a step (no Partial placement left: run the gradient
 // syncs first); step() throws otherwise, naming the parameter and its gradient's layout.
 #pragma once
@@ -20,6 +23,7 @@
 #include <vector>
 
 #include "dtensor/core/error.hpp"
+#include "dtensor/kernels/optim.hpp"
 #include "dtensor/nn/parameter.hpp"
 
 namespace dtensor::optim {
@@ -29,8 +33,8 @@ using nn::ParamRef;
 
 namespace detail {
 
-template <class T, std::size_t N>
-void check_params(const char* op, const ParamList<T, N>& ps) {
+template <class T, std::size_t N, class Space>
+void check_params(const char* op, const ParamList<T, N, Space>& ps) {
   for (const auto& p : ps) {
     if (!p.grad_state || !p.has_grad)
       throw Error(op, dtensor::detail::cat("parameter ", p.name, ": no gradient state (a ParamRef not made by collect)"));
@@ -41,8 +45,8 @@ void check_params(const char* op, const ParamList<T, N>& ps) {
 }
 
 /// Throws unless every gradient is fully reduced.
-template <class T, std::size_t N>
-void check_reduced(const char* op, const ParamList<T, N>& ps) {
+template <class T, std::size_t N, class Space>
+void check_reduced(const char* op, const ParamList<T, N, Space>& ps) {
   for (const auto& p : ps)
     if (!nn::is_reduced(*p.grad_state))
       throw Error(op, dtensor::detail::cat("parameter ", p.name, ": gradient is ", to_string(*p.grad_state),
@@ -57,8 +61,9 @@ inline void check_hyper(const char* op, const char* name, double v, double lo, d
 
 }  // namespace detail
 
-/// One flat buffer with the structure of a parameter list: parameter k's elements at offset(k).
-template <class T>
+/// One flat buffer with the structure of a parameter list: parameter k's elements at offset(k),
+/// zero at first, in memory space Space (counted by the ledger as optimizer state).
+template <class T, MemorySpace Space = host_space>
 class FlatState {
  public:
   FlatState() = default;
@@ -69,24 +74,29 @@ class FlatState {
       offsets_.push_back(total);
       total += p.value.size();
     }
-    data_.assign(total, T(0));
+    MemoryTagScope tag(MemoryTag::optimizer_state);
+    data_ = Tensor<T, 1, Space>(Shape<1>{Extent(total)});
   }
   std::span<T> of(std::size_t k) {
-    return std::span<T>(data_).subspan(offsets_.at(k), (k + 1 < offsets_.size() ? offsets_[k + 1] : data_.size()) - offsets_[k]);
+    const std::size_t end = k + 1 < offsets_.size() ? offsets_[k + 1] : std::size_t(data_.numel());
+    return all().subspan(offsets_.at(k), end - offsets_[k]);
   }
   std::span<const T> of(std::size_t k) const { return const_cast<FlatState*>(this)->of(k); }
-  std::span<T> all() noexcept { return data_; }
+  /// Parameter k's state as a tensor of the space (a view), for the kernels.
+  Tensor<T, 1, Space> view(std::size_t k) { return nn::detail::flat_view<Space>(of(k)); }
+  std::span<T> all() noexcept { return data_.span(); }
 
  private:
-  std::vector<T> data_;
+  Tensor<T, 1, Space> data_;
   std::vector<std::size_t> offsets_;
 };
 
 /// The part every optimizer has: the parameters, zero_grad, the learning rate.
-template <class T, std::size_t N>
+template <class T, std::size_t N, MemorySpace Space = host_space>
 class Optimizer {
  public:
-  Optimizer(const char* name, ParamList<T, N> params, double lr) : name_(name), params_(std::move(params)), lr_(lr) {
+  using space = Space;
+  Optimizer(const char* name, ParamList<T, N, Space> params, double lr) : name_(name), params_(std::move(params)), lr_(lr) {
     detail::check_params(name_, params_);
     detail::check_hyper(name_, "lr", lr, 0, 1e6);
   }
@@ -100,11 +110,15 @@ class Optimizer {
     detail::check_hyper(name_, "lr", lr, 0, 1e6);
     lr_ = lr;
   }
-  const ParamList<T, N>& params() const noexcept { return params_; }
+  const ParamList<T, N, Space>& params() const noexcept { return params_; }
 
  protected:
+  /// Parameter k's value and gradient as tensors of the space (views), for the kernels.
+  Tensor<T, 1, Space> value_view(std::size_t k) const { return nn::detail::flat_view<Space>(params_[k].value); }
+  Tensor<T, 1, Space> grad_view(std::size_t k) const { return nn::detail::flat_view<Space>(params_[k].grad); }
+
   const char* name_;
-  ParamList<T, N> params_;
+  ParamList<T, N, Space> params_;
   double lr_;
 };
 

@@ -20,43 +20,36 @@ struct SGDOptions {
   bool nesterov = false;
 };
 
-template <class T, std::size_t N>
-class SGD : public Optimizer<T, N> {
-  using Base = Optimizer<T, N>;
+template <class T, std::size_t N, MemorySpace Space = host_space>
+class SGD : public Optimizer<T, N, Space> {
+  using Base = Optimizer<T, N, Space>;
 
  public:
-  SGD(ParamList<T, N> params, SGDOptions o = {}) : Base("SGD", std::move(params), o.lr), o_(o) {
+  SGD(ParamList<T, N, Space> params, SGDOptions o = {}) : Base("SGD", std::move(params), o.lr), o_(o) {
     detail::check_hyper("SGD", "momentum", o.momentum, 0, 1);
     detail::check_hyper("SGD", "dampening", o.dampening, 0, 1);
     detail::check_hyper("SGD", "weight_decay", o.weight_decay, 0, 1e6);
     if (o.nesterov && (o.momentum <= 0 || o.dampening != 0))
       throw Error("SGD", "nesterov needs momentum > 0 and dampening 0");
-    if (o.momentum > 0) buf_ = FlatState<T>(this->params_);
+    if (o.momentum > 0) buf_ = FlatState<T, Space>(this->params_);
   }
 
   void step() {
     detail::check_reduced("SGD::step", this->params_);
-    const double lr = this->lr_, mu = o_.momentum;
     for (std::size_t k = 0; k < this->params_.size(); ++k) {
-      auto& p = this->params_[k];
-      const double wd = p.decay ? o_.weight_decay : 0.0;
-      for (std::size_t i = 0; i < p.value.size(); ++i) {
-        double g = double(p.grad[i]) + wd * double(p.value[i]);
-        if (mu > 0) {
-          T& b = buf_.of(k)[i];
-          const double nb = steps_ == 0 ? g : mu * double(b) + (1 - o_.dampening) * g;
-          b = T(nb);
-          g = o_.nesterov ? g + mu * nb : nb;
-        }
-        p.value[i] = T(double(p.value[i]) - lr * g);
-      }
+      auto value = this->value_view(k);
+      auto momentum = o_.momentum > 0 ? buf_.view(k) : Tensor<T, 1, Space>();
+      kernels::sgd_update(value, this->grad_view(k), momentum,
+                          {.lr = this->lr_, .momentum = o_.momentum, .dampening = o_.dampening,
+                           .weight_decay = this->params_[k].decay ? o_.weight_decay : 0.0,
+                           .nesterov = o_.nesterov, .first_step = steps_ == 0});
     }
     ++steps_;
   }
 
  private:
   SGDOptions o_;
-  FlatState<T> buf_;  // momentum, flat like the parameter list
+  FlatState<T, Space> buf_;  // momentum, flat like the parameter list
   long steps_ = 0;
 };
 

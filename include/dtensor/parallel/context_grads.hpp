@@ -26,7 +26,7 @@ struct ContextGradsOptions {
 /// All-reduces the pending Partial<sum> of every gradient on the context dimension. Returns the
 /// number of buckets (= all-reduces).
 template <class T, MeshType Mesh>
-std::size_t context_parallel_grads(nn::ParamList<T, Mesh::ndim>& ps, const Mesh& mesh, ContextGradsOptions o = {}) {
+std::size_t context_parallel_grads(nn::ParamList<T, Mesh::ndim, mesh_space_t<Mesh>>& ps, const Mesh& mesh, ContextGradsOptions o = {}) {
   if (o.bucket_bytes == 0) throw Error("context_parallel_grads", "bucket_bytes must be > 0", mesh.rank());
   constexpr std::size_t cp = context_dim<Mesh>;
   if constexpr (cp == Mesh::ndim) {

@@ -29,12 +29,12 @@
 
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/tensor.hpp"
-#include "dtensor/kernels/host/attention_chunk.hpp"
+#include "dtensor/kernels/attention_chunk.hpp"
 #include "dtensor/placement/chunk.hpp"
 
 namespace dtensor::parallel {
 
-using kernels::host::SeqPiece;
+using kernels::SeqPiece;
 
 /// How attention reaches the keys of the other ranks of the context dimension.
 enum class ContextKind {
@@ -88,34 +88,38 @@ inline std::vector<Extent> load_balanced_order(Extent seq, int cp) {
 }
 
 namespace detail {
-template <class T, std::size_t R>
-Tensor<T, R> permute_dim(const Tensor<T, R>& x, std::size_t dim, int cp, bool forward, const char* op) {
+/// x with dimension `dim` permuted: stored[p] = original[order[p]] (forward) or its inverse.
+/// The order is a few runs of consecutive positions (two per context rank), so the permutation
+/// is one box copy per run, in any memory space.
+template <class T, std::size_t R, class Space>
+Tensor<T, R, Space> permute_dim(const Tensor<T, R, Space>& x, std::size_t dim, int cp, bool forward, const char* op) {
   if (dim >= R || cp < 1) throw Error(op, dtensor::detail::cat("dimension ", dim, " of ", to_string(x.shape()), ", context size ", cp));
   const auto order = load_balanced_order(x.extent(dim), cp);
-  Extent outer = 1, inner = 1;
-  for (std::size_t d = 0; d < dim; ++d) outer *= x.extent(d);
-  for (std::size_t d = dim + 1; d < R; ++d) inner *= x.extent(d);
-  const Extent n = x.extent(dim);
-  auto out = Tensor<T, R>::uninitialized(x.shape());
-  for (Extent o = 0; o < outer; ++o)
-    for (Extent p = 0; p < n; ++p) {
-      // stored[p] = original[order[p]]
-      const Extent from = forward ? order[std::size_t(p)] : p, to = forward ? p : order[std::size_t(p)];
-      std::copy_n(x.data() + (o * n + from) * inner, inner, out.data() + (o * n + to) * inner);
-    }
+  auto out = Tensor<T, R, Space>::uninitialized(x.shape());
+  for (std::size_t p = 0; p < order.size();) {
+    std::size_t end = p + 1;
+    while (end < order.size() && order[end] == order[end - 1] + 1) ++end;
+    const Extent stored = Extent(p), original = order[p], run = Extent(end - p);
+    Shape<R> from{}, to{}, extent = x.shape();
+    from[dim] = forward ? original : stored;
+    to[dim] = forward ? stored : original;
+    extent[dim] = run;
+    copy_box(x, from, out, to, extent);
+    p = end;
+  }
   return out;
 }
 }  // namespace detail
 
 /// The original order -> the stored (load-balanced) order along dimension `dim`.
-template <class T, std::size_t R>
-Tensor<T, R> load_balance(const Tensor<T, R>& x, std::size_t dim, int cp) {
+template <class T, std::size_t R, class Space>
+Tensor<T, R, Space> load_balance(const Tensor<T, R, Space>& x, std::size_t dim, int cp) {
   return detail::permute_dim(x, dim, cp, true, "load_balance");
 }
 
 /// The stored (load-balanced) order -> the original order along dimension `dim`.
-template <class T, std::size_t R>
-Tensor<T, R> undo_load_balance(const Tensor<T, R>& x, std::size_t dim, int cp) {
+template <class T, std::size_t R, class Space>
+Tensor<T, R, Space> undo_load_balance(const Tensor<T, R, Space>& x, std::size_t dim, int cp) {
   return detail::permute_dim(x, dim, cp, false, "undo_load_balance");
 }
 

@@ -30,6 +30,9 @@
 //              and lse are saved, so the backward does not send them again.
 // Memory: ring and ulysses hold O(T/cp) of K/V (ring: two chunks in flight); allgather holds
 // all of K and V for the duration of the call.
+// Any memory space: the local attention is kernels/attention_chunk.hpp over the space's
+// attention kernels, and the packing for Ulysses is box copies of the space, so the same code
+// runs on host, cuda and meta tensors (on meta it records the same collectives and the FLOPs).
 #pragma once
 
 #include <cmath>
@@ -40,7 +43,7 @@
 #include <vector>
 
 #include "dtensor/distributed/redistribute.hpp"
-#include "dtensor/kernels/host/attention_chunk.hpp"
+#include "dtensor/kernels/attention_chunk.hpp"
 #include "dtensor/mesh/roles.hpp"
 #include "dtensor/ops/attention.hpp"
 #include "dtensor/parallel/context_layout.hpp"
@@ -66,17 +69,17 @@ struct ContextAttentionOptions {
 
 /// What the backward needs besides q, k, v and out. The log-sum-exp is this rank's [B, H, T/cp]
 /// in stored order (ring, allgather); under Ulysses the head-split tensors in original order.
-template <class T>
+template <class T, class Space = host_space>
 struct ContextAttentionSaved {
-  kernels::host::HostTensor<double, 3> lse;
-  kernels::host::HostTensor<T, 4> q, k, v, out;  // ulysses only: [B, H/cp, T, D]
-  std::size_t pairs = 0;                         // (query, key) scores this rank computed in forward
+  Tensor<kernels::Stat, 3, Space> lse;
+  Tensor<T, 4, Space> q, k, v, out;  // ulysses only: [B, H/cp, T, D]
+  std::size_t pairs = 0;             // (query, key) scores this rank computed in forward
 };
 
 template <class O>
 struct ContextAttentionResult {
   O out;
-  ContextAttentionSaved<typename O::value_type> saved;
+  ContextAttentionSaved<typename O::value_type, typename O::space> saved;
 };
 
 /// The index of the mesh's context dimension, or Mesh::ndim when it has none.
@@ -120,8 +123,8 @@ constexpr bool context_split_sequence() {
 template <class Q, class K, class V>
 void check_context_attention(const char* op, const Q& q, const K& k, const V& v) {
   static_assert(std::is_same_v<Q, K> && std::is_same_v<Q, V>, "context attention: q, k and v must have one type");
-  static_assert(Q::rank == 4 && kernels::host::AttentionElement<typename Q::value_type>,
-                "context attention: q, k, v are [B, H, T, D] of float or double");
+  static_assert(Q::rank == 4 && kernels::host::FloatElement<typename Q::value_type>,
+                "context attention: q, k, v are [B, H, T, D] of a floating-point type");
   static_assert(context_split_sequence<Q>(),
                 "context attention: the mesh needs a context dimension (Role::context, \"cp\") and q, k, v must be "
                 "Shard<2> (the sequence) on it and on no other mesh dimension, and not Partial");
@@ -158,30 +161,30 @@ inline std::vector<SeqPiece> gathered_pieces(Extent seq, int cp, bool balanced) 
   return out;
 }
 
-template <class T>
-using Host4 = kernels::host::HostTensor<T, 4>;
+template <class T, class Space>
+using Local4 = Tensor<T, 4, Space>;
 
 /// A [B, H, len, D] tensor with the same B, H, D as x.
-template <class T>
-Host4<T> with_length(const Host4<T>& x, Extent len) {
-  return Host4<T>::uninitialized(Shape<4>{x.extent(0), x.extent(1), len, x.extent(3)});
+template <class T, class Space>
+Local4<T, Space> with_length(const Local4<T, Space>& x, Extent len) {
+  return Local4<T, Space>::uninitialized(Shape<4>{x.extent(0), x.extent(1), len, x.extent(3)});
 }
 
-template <class T>
-std::span<const T> view(const Host4<T>& x) { return {x.data(), std::size_t(x.numel())}; }
-template <class T>
-std::span<T> view(Host4<T>& x) { return {x.data(), std::size_t(x.numel())}; }
+template <class T, class Space>
+std::span<const T> view(const Local4<T, Space>& x) { return {x.data(), std::size_t(x.numel())}; }
+template <class T, class Space>
+std::span<T> view(Local4<T, Space>& x) { return {x.data(), std::size_t(x.numel())}; }
 
 // Tags keep the four streams of a ring step apart.
 inline constexpr int tag_k = 0x6b, tag_v = 0x76, tag_dk = 0x646b, tag_dv = 0x6476;
 
 /// The K/V rotation of a ring: step s holds the chunk of rank (r − s) mod cp; advance() makes
 /// the next one current. issue() starts the transfer (to rank r+1, from rank r−1).
-template <class T>
+template <class T, class Space>
 struct KvRing {
   Communicator& comm;
   Extent seq;
-  Host4<T> k, v, next_k, next_v;
+  Local4<T, Space> k, v, next_k, next_v;
   Work wk, wv;
 
   int owner(int step) const { return (comm.rank() - step + 2 * comm.size()) % comm.size(); }
@@ -205,22 +208,23 @@ struct KvRing {
 
 /// [B, H, e_r, D] (this rank's positions, all local heads) -> [B, H/cp, T, D] (head block r of
 /// every position, stored order). One all_to_all; uneven chunks travel padded to ceil(T/cp).
-template <class T>
-Host4<T> sequence_to_heads(const Host4<T>& x, Communicator& comm, Extent seq) {
+template <class T, class Space>
+Local4<T, Space> sequence_to_heads(const Local4<T, Space>& x, Communicator& comm, Extent seq) {
   const int n = comm.size();
   const Extent heads = x.extent(1) / n, pad = chunk_range(seq, n, 0).size(), mine = x.extent(2);
   const Shape<4> block{x.extent(0), heads, pad, x.extent(3)};
-  Tensor<T, 1> send(Shape<1>{numel(block) * n}), recv(Shape<1>{numel(block) * n});
+  const std::size_t block_bytes = std::size_t(numel(block)) * sizeof(T);
+  Tensor<T, 1, Space> send(Shape<1>{numel(block) * n}), recv(Shape<1>{numel(block) * n});
   for (int j = 0; j < n; ++j) {
-    Host4<T> piece(block);
+    Local4<T, Space> piece(block);
     copy_box(x, Shape<4>{0, heads * j, 0, 0}, piece, Shape<4>{}, Shape<4>{block[0], heads, mine, block[3]});
-    std::copy_n(piece.data(), piece.numel(), send.data() + numel(block) * j);
+    Space::copy(send.data() + numel(block) * j, piece.data(), block_bytes);
   }
-  comm.all_to_all<T>(std::span<const T>(send.data(), std::size_t(send.numel())), std::span<T>(recv.data(), std::size_t(recv.numel())));
-  Host4<T> out(Shape<4>{block[0], heads, seq, block[3]});
+  comm.all_to_all<T>(std::span<const T>(send.span()), recv.span());
+  Local4<T, Space> out(Shape<4>{block[0], heads, seq, block[3]});
   for (int j = 0; j < n; ++j) {
-    Host4<T> piece = Host4<T>::uninitialized(block);
-    std::copy_n(recv.data() + numel(block) * j, piece.numel(), piece.data());
+    auto piece = Local4<T, Space>::uninitialized(block);
+    Space::copy(piece.data(), recv.data() + numel(block) * j, block_bytes);
     const Range got = chunk_range(seq, n, j);
     copy_box(piece, Shape<4>{}, out, Shape<4>{0, 0, got.begin, 0}, Shape<4>{block[0], heads, got.size(), block[3]});
   }
@@ -228,24 +232,25 @@ Host4<T> sequence_to_heads(const Host4<T>& x, Communicator& comm, Extent seq) {
 }
 
 /// The inverse: [B, H/cp, T, D] -> [B, H, e_r, D]. One all_to_all.
-template <class T>
-Host4<T> heads_to_sequence(const Host4<T>& x, Communicator& comm, Extent seq) {
+template <class T, class Space>
+Local4<T, Space> heads_to_sequence(const Local4<T, Space>& x, Communicator& comm, Extent seq) {
   const int n = comm.size(), r = comm.rank();
   const Extent heads = x.extent(1), pad = chunk_range(seq, n, 0).size();
   const Shape<4> block{x.extent(0), heads, pad, x.extent(3)};
-  Tensor<T, 1> send(Shape<1>{numel(block) * n}), recv(Shape<1>{numel(block) * n});
+  const std::size_t block_bytes = std::size_t(numel(block)) * sizeof(T);
+  Tensor<T, 1, Space> send(Shape<1>{numel(block) * n}), recv(Shape<1>{numel(block) * n});
   for (int j = 0; j < n; ++j) {
     const Range to = chunk_range(seq, n, j);
-    Host4<T> piece(block);
+    Local4<T, Space> piece(block);
     copy_box(x, Shape<4>{0, 0, to.begin, 0}, piece, Shape<4>{}, Shape<4>{block[0], heads, to.size(), block[3]});
-    std::copy_n(piece.data(), piece.numel(), send.data() + numel(block) * j);
+    Space::copy(send.data() + numel(block) * j, piece.data(), block_bytes);
   }
-  comm.all_to_all<T>(std::span<const T>(send.data(), std::size_t(send.numel())), std::span<T>(recv.data(), std::size_t(recv.numel())));
+  comm.all_to_all<T>(std::span<const T>(send.span()), recv.span());
   const Extent mine = chunk_range(seq, n, r).size();
-  Host4<T> out = Host4<T>::uninitialized(Shape<4>{block[0], heads * n, mine, block[3]});
+  auto out = Local4<T, Space>::uninitialized(Shape<4>{block[0], heads * n, mine, block[3]});
   for (int j = 0; j < n; ++j) {
-    Host4<T> piece = Host4<T>::uninitialized(block);
-    std::copy_n(recv.data() + numel(block) * j, piece.numel(), piece.data());
+    auto piece = Local4<T, Space>::uninitialized(block);
+    Space::copy(piece.data(), recv.data() + numel(block) * j, block_bytes);
     copy_box(piece, Shape<4>{}, out, Shape<4>{0, heads * j, 0, 0}, Shape<4>{block[0], heads, mine, block[3]});
   }
   return out;
@@ -260,12 +265,12 @@ void check_ulysses_heads(const char* op, const Q& q, int cp) {
 }
 
 /// Head-split, stored order -> original order (and back), when the stored order is balanced.
-template <class T>
-Host4<T> to_original(Host4<T> x, int cp, bool balanced) {
+template <class T, class Space>
+Local4<T, Space> to_original(Local4<T, Space> x, int cp, bool balanced) {
   return balanced ? undo_load_balance(x, 2, cp) : x;
 }
-template <class T>
-Host4<T> to_stored(Host4<T> x, int cp, bool balanced) {
+template <class T, class Space>
+Local4<T, Space> to_stored(Local4<T, Space> x, int cp, bool balanced) {
   return balanced ? load_balance(x, 2, cp) : x;
 }
 
@@ -290,32 +295,33 @@ template <class Q, class K, class V>
 ContextAttentionResult<Q> context_attention(const Q& q, const K& k, const V& v, const ContextAttentionOptions& o = {}) {
   detail::check_context_attention("context_attention", q, k, v);
   using T = typename Q::value_type;
+  using Space = typename Q::space;
   constexpr std::size_t cp_dim = context_dim<typename Q::mesh_type>;
   const auto [comm, n, r, seq, opts] = detail::context_call(q, o);
   const Shape<4> global{q.extent(0), q.extent(1), seq, v.extent(3)};
-  ContextAttentionSaved<T> saved;
+  ContextAttentionSaved<T, Space> saved;
 
   if (o.kind == ContextKind::ulysses) {
     detail::check_ulysses_heads("context_attention", q, n);
     saved.q = detail::to_original(detail::sequence_to_heads(q.to_local(), comm, seq), n, o.load_balanced);
     saved.k = detail::to_original(detail::sequence_to_heads(k.to_local(), comm, seq), n, o.load_balanced);
     saved.v = detail::to_original(detail::sequence_to_heads(v.to_local(), comm, seq), n, o.load_balanced);
-    auto f = kernels::host::attention(saved.q, saved.k, saved.v, opts);
-    saved.pairs = std::size_t(kernels::host::visible_pairs(opts, seq, seq) * saved.q.extent(0) * saved.q.extent(1));
+    auto f = kernels::attention(saved.q, saved.k, saved.v, opts);
+    saved.pairs = std::size_t(kernels::visible_pairs(opts, seq, seq) * saved.q.extent(0) * saved.q.extent(1));
     auto out = detail::heads_to_sequence(detail::to_stored(f.out, n, o.load_balanced), comm, seq);
     saved.out = std::move(f.out);
     saved.lse = std::move(f.lse);
     return {ops::detail::make<T, 4, typename Q::layout>(q.mesh(), global, std::move(out)), std::move(saved)};
   }
 
-  kernels::host::ChunkedAttention<T> acc(q.to_local(), context_pieces(seq, n, r, o.load_balanced), v.extent(3), opts);
+  kernels::ChunkedAttention<T, Space> acc(q.to_local(), context_pieces(seq, n, r, o.load_balanced), v.extent(3), opts);
   if (o.kind == ContextKind::allgather) {
     using Gathered = detail::replace_placement_t<typename Q::layout, cp_dim, Replicate>;
     const auto kg = redistribute<Gathered>(k), vg = redistribute<Gathered>(v);
     acc.add_chunk(kg.to_local(), vg.to_local(), detail::gathered_pieces(seq, n, o.load_balanced));
   } else {
     const auto pieces = detail::all_pieces(seq, n, o.load_balanced);
-    detail::KvRing<T> ring{comm, seq, k.to_local(), v.to_local(), {}, {}, {}, {}};
+    detail::KvRing<T, Space> ring{comm, seq, k.to_local(), v.to_local(), {}, {}, {}, {}};
     for (int step = 0; step < n; ++step) {
       const bool more = step + 1 < n;
       if (more && o.overlap) ring.issue(step + 1), detail::note(o, ContextEvent::issue, step + 1);
@@ -337,17 +343,18 @@ ContextAttentionResult<Q> context_attention(const Q& q, const K& k, const V& v, 
 /// out and saved state, and the same options.
 template <class DO, class Q, class K, class V, class O>
 ops::AttentionGrads<Q> context_attention_backward(const DO& dout, const Q& q, const K& k, const V& v, const O& out,
-                                                  const ContextAttentionSaved<typename Q::value_type>& saved,
+                                                  const ContextAttentionSaved<typename Q::value_type, typename Q::space>& saved,
                                                   const ContextAttentionOptions& o = {}) {
   detail::check_context_attention("context_attention_backward", q, k, v);
   static_assert(std::is_same_v<DO, Q> && std::is_same_v<O, Q>, "context_attention_backward: dout and out are laid out like q");
   using T = typename Q::value_type;
+  using Space = typename Q::space;
   constexpr std::size_t cp_dim = context_dim<typename Q::mesh_type>;
   const auto [comm, n, r, seq, opts] = detail::context_call(q, o);
   if (dout.shape() != out.shape() || out.shape()[2] != seq)
     comm.fail("context_attention_backward", dtensor::detail::cat("dout ", to_string(dout.shape()), ", out ",
                                                                  to_string(out.shape()), ": pass this forward's output"));
-  const auto make = [&](kernels::host::HostTensor<T, 4> local, const Shape<4>& shape) {
+  const auto make = [&](Tensor<T, 4, Space> local, const Shape<4>& shape) {
     return ops::detail::make<T, 4, typename Q::layout>(q.mesh(), shape, std::move(local));
   };
 
@@ -355,8 +362,8 @@ ops::AttentionGrads<Q> context_attention_backward(const DO& dout, const Q& q, co
     if (saved.q.numel() != numel(Shape<4>{q.to_local().extent(0), q.to_local().extent(1) / n, seq, q.extent(3)}))
       comm.fail("context_attention_backward", "the saved state is not a Ulysses forward's (options differ?)");
     auto dh = detail::to_original(detail::sequence_to_heads(dout.to_local(), comm, seq), n, o.load_balanced);
-    auto g = kernels::host::attention_backward(saved.q, saved.k, saved.v, saved.out, saved.lse, dh, opts);
-    const auto back = [&](kernels::host::HostTensor<T, 4> x) {
+    auto g = kernels::attention_backward(saved.q, saved.k, saved.v, saved.out, saved.lse, dh, opts);
+    const auto back = [&](Tensor<T, 4, Space> x) {
       return detail::heads_to_sequence(detail::to_stored(std::move(x), n, o.load_balanced), comm, seq);
     };
     auto dq = back(std::move(g.dq));
@@ -368,7 +375,7 @@ ops::AttentionGrads<Q> context_attention_backward(const DO& dout, const Q& q, co
   if (saved.lse.shape() != Shape<3>{q.to_local().extent(0), q.to_local().extent(1), q.to_local().extent(2)})
     comm.fail("context_attention_backward", dtensor::detail::cat("saved lse ", to_string(saved.lse.shape()),
                                                                  ": not this forward's (options differ?)"));
-  kernels::host::ChunkedAttentionBackward<T> bwd(q.to_local(), out.to_local(), saved.lse, dout.to_local(),
+  kernels::ChunkedAttentionBackward<T, Space> bwd(q.to_local(), out.to_local(), saved.lse, dout.to_local(),
                                                  context_pieces(seq, n, r, o.load_balanced), opts);
   if (o.kind == ContextKind::allgather) {
     using Gathered = detail::replace_placement_t<typename Q::layout, cp_dim, Replicate>;
@@ -383,8 +390,8 @@ ops::AttentionGrads<Q> context_attention_backward(const DO& dout, const Q& q, co
   // Ring: K/V rotate as in the forward; each chunk's dK/dV accumulator travels one step behind
   // them, so that after cp steps it arrives back at the chunk's owner.
   const auto pieces = detail::all_pieces(seq, n, o.load_balanced);
-  detail::KvRing<T> ring{comm, seq, k.to_local(), v.to_local(), {}, {}, {}, {}};
-  detail::Host4<T> acc_k, acc_v, in_k, in_v;  // acc: being sent; in: arriving
+  detail::KvRing<T, Space> ring{comm, seq, k.to_local(), v.to_local(), {}, {}, {}, {}};
+  detail::Local4<T, Space> acc_k, acc_v, in_k, in_v;  // acc: being sent; in: arriving
   Work acc_work_k, acc_work_v;
   for (int step = 0; step < n; ++step) {
     const bool more = step + 1 < n;
@@ -393,8 +400,8 @@ ops::AttentionGrads<Q> context_attention_backward(const DO& dout, const Q& q, co
     if (step > 0) {  // the accumulator of this chunk, from the rank that held it last step
       acc_work_k.wait();
       acc_work_v.wait();
-      kernels::host::put_seq(dk, 0, in_k, true);
-      kernels::host::put_seq(dv, 0, in_v, true);
+      kernels::put_seq(dk, 0, in_k, true);
+      kernels::put_seq(dv, 0, in_v, true);
     }
     if (n == 1) {  // one rank: its own chunk, nothing to send
       in_k = std::move(dk);

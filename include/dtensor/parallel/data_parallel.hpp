@@ -56,7 +56,7 @@ class DataParallel {
   /// Reduces the pending data-dimension part of every gradient, one bucket at a time. Returns
   /// the number of buckets (= all-reduces).
   template <class T>
-  std::size_t all_reduce_gradients(nn::ParamList<T, Mesh::ndim>& ps) {
+  std::size_t all_reduce_gradients(nn::ParamList<T, Mesh::ndim, mesh_space_t<Mesh>>& ps) {
     check_pending(ps);
     return detail::bucketed_all_reduce(ps, mesh_, dim, options(), &copied_bytes_);
   }
@@ -79,7 +79,7 @@ class DataParallel {
 
   /// Issues the buckets of one list of gradients asynchronously (what attach's callback does).
   template <class T>
-  void issue(nn::ParamList<T, Mesh::ndim>& ps) {
+  void issue(nn::ParamList<T, Mesh::ndim, mesh_space_t<Mesh>>& ps) {
     check_pending(ps);
     for (auto& b : detail::plan_buckets(ps, dim, options()))
       pending_.emplace_back(ps, detail::start_bucket(ps, std::move(b), mesh_.group(dim), copied_bytes_));
@@ -87,7 +87,7 @@ class DataParallel {
 
   /// The number of buckets all_reduce_gradients would use for these gradients.
   template <class T>
-  std::size_t num_buckets(const nn::ParamList<T, Mesh::ndim>& ps) const {
+  std::size_t num_buckets(const nn::ParamList<T, Mesh::ndim, mesh_space_t<Mesh>>& ps) const {
     return detail::plan_buckets(ps, dim, options()).size();
   }
 
@@ -99,7 +99,7 @@ class DataParallel {
   detail::BucketOptions options() const { return {.bucket_bytes = o_.bucket_bytes, .contiguous_only = true}; }
 
   template <class T>
-  void check_pending(const nn::ParamList<T, Mesh::ndim>& ps) const {
+  void check_pending(const nn::ParamList<T, Mesh::ndim, mesh_space_t<Mesh>>& ps) const {
     for (const auto& p : ps) {
       if (!p.layout.placements[dim].is_replicate()) continue;
       if (!p.grad_state->placements[dim].is_partial())
@@ -113,8 +113,8 @@ class DataParallel {
   /// A bucket in flight, with the list its indices refer to (type-erased over the element type).
   struct Pending {
     template <class T>
-    Pending(nn::ParamList<T, Mesh::ndim>& ps, detail::PendingBucket<T> b)
-        : finish([&ps, bucket = std::make_shared<detail::PendingBucket<T>>(std::move(b))] {
+    Pending(nn::ParamList<T, Mesh::ndim, mesh_space_t<Mesh>>& ps, detail::PendingBucket<T, mesh_space_t<Mesh>> b)
+        : finish([&ps, bucket = std::make_shared<detail::PendingBucket<T, mesh_space_t<Mesh>>>(std::move(b))] {
             detail::finish_bucket(ps, *bucket, dim);
           }) {}
     std::function<void()> finish;

@@ -48,11 +48,15 @@
 //
 // Gradient accumulation: set_requires_gradient_sync(false) before the backwards of the first
 // micro-batches (their gradients accumulate in the units' full buffers, no collective), true
-// before the last; finish_gradient_sync then reduces the sum once.
+// before the last; finish_gradient_sync then reduces the sum once. Pipeline stages
+// (pipeline/sharded_pipeline.hpp) keep sync off for the whole step and call reduce_gradients()
+// after a stage's last backward instead, and unshard() / reshard() around the stage's part of
+// the schedule (ZeRO-3: one all-gather per unit per step, whatever the micro-batches).
 //
-// CPU offload (offload_optimizer): the master values, gradient shards and optimizer state are
-// host vectors here; for host_space models that is where they live anyway, so the option
-// changes nothing (a cuda_space model would all-gather from the host shard and reduce into it).
+// CPU offload (offload_optimizer): master values, gradient shards and optimizer state live in
+// the model's memory space. For a host model that is the CPU already and the option changes
+// nothing; keeping a cuda model's shards on the host (gathering through it) is not built yet,
+// so the option throws there rather than silently doing nothing.
 //
 // Communication is only what the table above says; every collective is recorded by CommLog.
 // The model's own ParamRefs (model.collect, units()[u].params) do not survive a release: use
@@ -103,8 +107,11 @@ class FullyShard {
   using Unit = std::remove_cvref_t<decltype(std::declval<Model&>().units().front())>;
   using Group = typename decltype(Unit::group)::element_type;
   using T = typename Group::element_type;
+  using Space = typename Group::space;
   static constexpr std::size_t N = Mesh::ndim;
-  using Shard = detail::UnitShard<T, M, N>;
+  using Shard = detail::UnitShard<T, M, N, Space>;
+  template <class E>
+  using Buffer = Tensor<E, 1, Space>;
 
  public:
   static_assert(count_role<Mesh, Role::data_shard>() == 1,
@@ -122,6 +129,10 @@ class FullyShard {
                   mesh_.rank());
     if (o.reshard_after_forward.value_or(false) && o.stage != 3)
       throw Error("fully_shard", dtensor::detail::cat("reshard_after_forward needs stage 3, not ", o.stage), mesh_.rank());
+    if (o.offload_optimizer && !std::is_same_v<Space, host_space>)
+      throw Error("fully_shard", dtensor::detail::cat("offload_optimizer is not supported for a model in ", Space::name,
+                                                      " memory yet (only host models, where it is a no-op)"),
+                  mesh_.rank());
     reshard_after_forward_ = o.stage == 3 && o.reshard_after_forward.value_or(true);
     check_units();
     const int size = mesh_.size(shard_dim), coord = mesh_.coordinate()[shard_dim];
@@ -148,7 +159,7 @@ class FullyShard {
 
   /// This rank's shards of every unit's parameters (master values and gradient shards), for the
   /// optimizer, gradient clipping and the sequence-parallel gradient sync.
-  nn::ParamList<M, N>& params() noexcept { return params_; }
+  nn::ParamList<M, N, Space>& params() noexcept { return params_; }
 
   /// Off: the backward's gradients accumulate in the units' full buffers, unreduced (no_sync).
   void set_requires_gradient_sync(bool on) { sync_ = on; }
@@ -161,6 +172,39 @@ class FullyShard {
     std::size_t n = 0;
     for (auto& u : units_) n += finish_reduce(*u, true);
     return n;
+  }
+
+  /// Issues the reduction of every unit's accumulated gradients now: after backwards run with
+  /// set_requires_gradient_sync(false), e.g. a pipeline stage's last backward of a step, so
+  /// that the reductions overlap the rest of the schedule. finish_gradient_sync waits for them.
+  /// Returns the number issued.
+  std::size_t reduce_gradients() {
+    std::size_t n = 0;
+    for (auto& unit : units_) {
+      auto& s = *unit;
+      if (s.reducing || !s.group->grads_resident()) continue;
+      check_pending(s);
+      issue_reduce(s);
+      ++n;
+    }
+    return n;
+  }
+
+  /// ZeRO-3: all-gathers every unit now and keeps them unsharded until reshard(): the hooks
+  /// neither gather nor free them meanwhile (a pipeline stage's UNSHARD before its first
+  /// forward of a step, so its micro-batches share one all-gather per unit). Stages 1 and 2
+  /// keep their values anyway: nothing to do.
+  void unshard() {
+    if (o_.stage != 3) return;
+    for (std::size_t u = 0; u < units_.size(); ++u) issue_gather(u, false);
+    for (auto& u : units_) wait_gather(*u);
+    held_ = true;
+  }
+  /// ZeRO-3: frees every unit's full values again (RESHARD), ending unshard().
+  void reshard() {
+    if (o_.stage != 3) return;
+    held_ = false;
+    for (std::size_t u = 0; u < units_.size(); ++u) reshard_unit(u);
   }
 
   /// ZeRO-1/2: all-gathers every unit's updated shard into its full values (one all-gather per
@@ -176,7 +220,7 @@ class FullyShard {
     for (auto& p : params_) p.zero_grad();
     for (auto& u : units_)
       if (u->group->grads_resident()) {
-        std::fill(u->group->grads().begin(), u->group->grads().end(), T(0));
+        nn::detail::zero_flat<Space>(u->group->grads());
         reset_grad_states(*u);
       }
   }
@@ -187,8 +231,8 @@ class FullyShard {
     for (const auto& u : units_) {
       m.params += u->group->values_storage().size() * sizeof(T);
       m.grads += u->group->grads_storage().size() * sizeof(T);
-      m.master += u->master.size() * sizeof(M);
-      m.grad_shards += u->grad.size() * sizeof(M);
+      m.master += std::size_t(u->master.numel()) * sizeof(M);
+      m.grad_shards += std::size_t(u->grad.numel()) * sizeof(M);
     }
     return m;
   }
@@ -235,7 +279,7 @@ class FullyShard {
       h.pre_forward = [this](std::size_t u) { pre_compute(u, false); };
       h.post_forward = [this](std::size_t u) {
         events_.push_back({FsdpEvent::compute_end, u, false});
-        if (reshard_after_forward_) reshard(u);
+        if (reshard_after_forward_ && !held_) reshard_unit(u);
       };
       h.pre_backward = [this](std::size_t u) { pre_compute(u, true); };
     } else if (o_.stage == 2) {
@@ -268,7 +312,7 @@ class FullyShard {
   void grads_ready(std::size_t u) {
     auto& s = *units_[u];
     if (o_.stage == 3) {
-      reshard(u);
+      if (!held_) reshard_unit(u);
       if (!s.group->grads_resident()) return;  // no gradient came (cannot happen for a model's own unit)
     }
     if (!sync_) return;  // accumulate in the full buffer (no_sync)
@@ -285,9 +329,9 @@ class FullyShard {
     auto& s = *units_[u];
     if (s.gathering || (s.group->values_resident() && o_.stage == 3)) return;
     s.group->materialize_values(s.padded());
-    s.gather_send.assign(s.chunk, T(0));
-    for (std::size_t i = 0; i < s.shard_size(); ++i) s.gather_send[i] = detail::convert<T>(s.master[i]);
-    s.gather = mesh_.group(shard_dim).all_gather_async(std::span<const T>(s.gather_send), s.group->values_storage());
+    s.gather_send = Shard::template make_buffer<T>(s.chunk, MemoryTag::communication, true);  // padding stays 0
+    detail::convert_into<Space>(s.gather_send.span().first(s.shard_size()), std::span<const M>(s.master.span()));
+    s.gather = mesh_.group(shard_dim).all_gather_async(std::span<const T>(s.gather_send.span()), s.group->values_storage());
     s.gathering = true;
     events_.push_back({FsdpEvent::gather_issued, u, backward});
     peak_unsharded_ = std::max(peak_unsharded_, unsharded_now());
@@ -301,7 +345,7 @@ class FullyShard {
     events_.push_back({FsdpEvent::gather_done, index_of(s), false});
   }
 
-  void reshard(std::size_t u) {
+  void reshard_unit(std::size_t u) {
     auto& s = *units_[u];
     wait_gather(s);
     s.group->release_values();
@@ -335,20 +379,20 @@ class FullyShard {
       std::span<M> send;
       if constexpr (std::is_same_v<T, M>) send = full;
       else {
-        s.reduce_wide.resize(full.size());
-        for (std::size_t i = 0; i < full.size(); ++i) s.reduce_wide[i] = detail::convert<M>(full[i]);
-        send = s.reduce_wide;
+        s.reduce_wide = Shard::template make_buffer<M>(full.size(), MemoryTag::communication, false);
+        detail::convert_into<Space>(s.reduce_wide.span(), std::span<const T>(full));
+        send = s.reduce_wide.span();
       }
       if (o_.stage == 1) s.reduce = group.all_reduce_async(std::span<const M>(send), send, s.grad_op);
       else {
-        s.reduced_wide.resize(s.chunk);
-        s.reduce = group.reduce_scatter_async(std::span<const M>(send), std::span<M>(s.reduced_wide), s.grad_op);
+        s.reduced_wide = Shard::template make_buffer<M>(s.chunk, MemoryTag::communication, false);
+        s.reduce = group.reduce_scatter_async(std::span<const M>(send), s.reduced_wide.span(), s.grad_op);
       }
     } else {
       if (o_.stage == 1) s.reduce = group.all_reduce_async(std::span<const T>(full), full, s.grad_op);
       else {
-        s.reduced_narrow.resize(s.chunk);
-        s.reduce = group.reduce_scatter_async(std::span<const T>(full), std::span<T>(s.reduced_narrow), s.grad_op);
+        s.reduced_narrow = Shard::template make_buffer<T>(s.chunk, MemoryTag::communication, false);
+        s.reduce = group.reduce_scatter_async(std::span<const T>(full), s.reduced_narrow.span(), s.grad_op);
       }
     }
     s.reducing = true;
@@ -373,17 +417,18 @@ class FullyShard {
     // This rank's reduced part, in the reduction's type, into reduced_* (ZeRO-1: out of the full buffer).
     if (o_.stage == 1) {
       const auto lo = std::size_t(s.shard.begin), n = s.shard_size();
-      if (reduce_in_m() && !std::is_same_v<T, M>)
-        s.reduced_wide.assign(s.reduce_wide.begin() + std::ptrdiff_t(lo), s.reduce_wide.begin() + std::ptrdiff_t(lo + n));
-      else if (reduce_in_m()) {
-        const auto full = s.group->grads();
-        s.reduced_wide.resize(n);
-        for (std::size_t i = 0; i < n; ++i) s.reduced_wide[i] = detail::convert<M>(full[lo + i]);
+      const auto mine = std::span<const T>(s.group->grads().subspan(lo, n));
+      if (reduce_in_m() && !std::is_same_v<T, M>) {
+        s.reduced_wide = Shard::template make_buffer<M>(n, MemoryTag::communication, false);
+        detail::convert_into<Space>(s.reduced_wide.span(), std::span<const M>(s.reduce_wide.span().subspan(lo, n)));
+      } else if (reduce_in_m()) {
+        s.reduced_wide = Shard::template make_buffer<M>(n, MemoryTag::communication, false);
+        detail::convert_into<Space>(s.reduced_wide.span(), mine);
       } else {
-        const auto full = s.group->grads();
-        s.reduced_narrow.assign(full.begin() + std::ptrdiff_t(lo), full.begin() + std::ptrdiff_t(lo + n));
+        s.reduced_narrow = Shard::template make_buffer<T>(n, MemoryTag::communication, false);
+        detail::convert_into<Space>(s.reduced_narrow.span(), mine);
       }
-      std::fill(s.group->grads().begin(), s.group->grads().end(), T(0));  // consumed: the next step starts from 0
+      nn::detail::zero_flat<Space>(s.group->grads());  // consumed: the next step starts from 0
     } else {
       s.group->release_grads();
     }
@@ -401,14 +446,17 @@ class FullyShard {
     s.reduce_waited = false;
     if (!accumulate) return true;
     const std::size_t n = s.shard_size();
+    // The reduced part holds at least this rank's n elements (c >= n after a reduce-scatter).
     if (reduce_in_m()) {
-      s.reduced_wide.resize(std::max(s.reduced_wide.size(), n));
-      replicate_reduce(std::span<M>(s.reduced_wide).first(n), s.grad_op);
-      for (std::size_t i = 0; i < n; ++i) s.grad[i] = M(s.grad[i] + s.reduced_wide[i]);
+      const auto reduced = s.reduced_wide.span().first(n);
+      replicate_reduce(reduced, s.grad_op);
+      detail::add_into<Space>(s.grad.span(), std::span<const M>(reduced));
     } else {
-      s.reduced_narrow.resize(std::max(s.reduced_narrow.size(), n));
-      replicate_reduce(std::span<T>(s.reduced_narrow).first(n), s.grad_op);
-      for (std::size_t i = 0; i < n; ++i) s.grad[i] = M(s.grad[i] + detail::convert<M>(s.reduced_narrow[i]));
+      const auto reduced = s.reduced_narrow.span().first(n);
+      replicate_reduce(reduced, s.grad_op);
+      auto widened = Shard::template make_buffer<M>(n, MemoryTag::communication, false);
+      detail::convert_into<Space>(widened.span(), std::span<const T>(reduced));
+      detail::add_into<Space>(s.grad.span(), std::span<const M>(widened.span()));
     }
     s.reduced_wide = {};
     s.reduced_narrow = {};
@@ -461,8 +509,9 @@ class FullyShard {
   FsdpOptions o_;
   bool reshard_after_forward_ = true;
   bool sync_ = true;
+  bool held_ = false;  // unshard() called: the hooks leave the full values in place
   std::vector<std::unique_ptr<Shard>> units_;
-  nn::ParamList<M, N> params_;
+  nn::ParamList<M, N, Space> params_;
   std::vector<FsdpEvent> events_;
   std::size_t peak_unsharded_ = 0;
 };

@@ -79,7 +79,7 @@ struct SequenceParallelOptions {
 /// These parameters are scattered through the flat groups, so a bucket packs them into one
 /// buffer (they are small: norms and biases). Returns the number of buckets.
 template <class T, MeshType Mesh>
-std::size_t sequence_parallel_grads(nn::ParamList<T, Mesh::ndim>& ps, const Mesh& mesh,
+std::size_t sequence_parallel_grads(nn::ParamList<T, Mesh::ndim, mesh_space_t<Mesh>>& ps, const Mesh& mesh,
                                     SequenceParallelOptions o = {}) {
   if (o.bucket_bytes == 0) throw Error("sequence_parallel_grads", "bucket_bytes must be > 0", mesh.rank());
   constexpr std::size_t tp = nn::tensor_dim<Mesh>;

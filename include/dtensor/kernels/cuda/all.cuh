@@ -14,5 +14,7 @@
 #include "dtensor/kernels/cuda/norm.cuh"
 #include "dtensor/kernels/cuda/optim.cuh"
 #include "dtensor/kernels/cuda/reduce.cuh"
+#include "dtensor/kernels/cuda/repeat.cuh"
+#include "dtensor/kernels/cuda/rotary.cuh"
 #include "dtensor/kernels/cuda/softmax.cuh"
 #include "dtensor/kernels/cuda/transpose.cuh"

@@ -14,5 +14,7 @@
 #include "dtensor/kernels/host/optim.hpp"
 #include "dtensor/kernels/host/norm.hpp"
 #include "dtensor/kernels/host/reduce.hpp"
+#include "dtensor/kernels/host/repeat.hpp"
+#include "dtensor/kernels/host/rotary.hpp"
 #include "dtensor/kernels/host/softmax.hpp"
 #include "dtensor/kernels/host/transpose.hpp"

@@ -13,5 +13,7 @@
 #include "dtensor/kernels/meta/norm.hpp"
 #include "dtensor/kernels/meta/optim.hpp"
 #include "dtensor/kernels/meta/reduce.hpp"
+#include "dtensor/kernels/meta/repeat.hpp"
+#include "dtensor/kernels/meta/rotary.hpp"
 #include "dtensor/kernels/meta/softmax.hpp"
 #include "dtensor/kernels/meta/transpose.hpp"

@@ -36,14 +36,14 @@ struct Bucket {
 };
 
 /// Whether gradient `next` (visited after `prev` in reverse order) ends where `prev` begins.
-template <class T, std::size_t N>
-bool adjacent(const nn::ParamRef<T, N>& next, const nn::ParamRef<T, N>& prev) {
-  return next.grad.data() + next.grad.size() == prev.grad.data();
+template <class T, std::size_t N, class Space>
+bool adjacent(const nn::ParamRef<T, N, Space>& next, const nn::ParamRef<T, N, Space>& prev) {
+  return next.precedes(prev);
 }
 
 /// Buckets over the parameters whose gradient is Partial on mesh dimension `dim`.
-template <class T, std::size_t N>
-std::vector<Bucket> plan_buckets(const nn::ParamList<T, N>& ps, std::size_t dim, BucketOptions o) {
+template <class T, std::size_t N, class Space>
+std::vector<Bucket> plan_buckets(const nn::ParamList<T, N, Space>& ps, std::size_t dim, BucketOptions o) {
   std::vector<Bucket> out;
   const std::size_t cap = std::max<std::size_t>(1, o.bucket_bytes / sizeof(T));
   for (std::size_t k = ps.size(); k-- > 0;) {
@@ -59,19 +59,22 @@ std::vector<Bucket> plan_buckets(const nn::ParamList<T, N>& ps, std::size_t dim,
   return out;
 }
 
-/// A bucket's all-reduce in flight: its handle and, for a packed bucket, the packed buffer.
-template <class T>
+/// A bucket's all-reduce in flight: its handle and, for a packed bucket, the packed buffer (in
+/// the gradients' memory space, counted as communication memory).
+template <class T, class Space = host_space>
 struct PendingBucket {
   Bucket bucket;
   Work work;
-  std::vector<T> packed;
+  Tensor<T, 1, Space> packed;
+  bool is_packed = false;
 };
 
 /// Issues the bucket's all-reduce on `group` (asynchronously): in place when its gradients are
 /// contiguous, else through a packed buffer. `copied_bytes` counts the bytes packed.
-template <class T, std::size_t N>
-PendingBucket<T> start_bucket(const nn::ParamList<T, N>& ps, Bucket b, Communicator& group, std::size_t& copied_bytes) {
-  PendingBucket<T> p{std::move(b), {}, {}};
+template <class T, std::size_t N, class Space>
+PendingBucket<T, Space> start_bucket(const nn::ParamList<T, N, Space>& ps, Bucket b, Communicator& group,
+                                     std::size_t& copied_bytes) {
+  PendingBucket<T, Space> p{std::move(b), {}, {}};
   const auto& idx = p.bucket.params;
   bool contiguous = true;
   for (std::size_t j = 1; j < idx.size(); ++j) contiguous = contiguous && adjacent(ps[idx[j]], ps[idx[j - 1]]);
@@ -80,25 +83,28 @@ PendingBucket<T> start_bucket(const nn::ParamList<T, N>& ps, Bucket b, Communica
     p.work = group.all_reduce_async(std::span<const T>(all), all, p.bucket.op);
     return p;
   }
-  p.packed.resize(p.bucket.numel);
+  {
+    MemoryTagScope tag(MemoryTag::communication);
+    p.packed = Tensor<T, 1, Space>::uninitialized(Shape<1>{Extent(p.bucket.numel)});
+  }
+  p.is_packed = true;
   std::size_t off = 0;
   for (std::size_t k : idx) {
-    std::copy(ps[k].grad.begin(), ps[k].grad.end(), p.packed.begin() + std::ptrdiff_t(off));
+    Space::copy(p.packed.data() + off, ps[k].grad.data(), ps[k].grad.size_bytes());
     off += ps[k].grad.size();
   }
   copied_bytes += 2 * p.bucket.numel * sizeof(T);  // packed and unpacked
-  p.work = group.all_reduce_async(std::span<const T>(p.packed), std::span<T>(p.packed), p.bucket.op);
+  p.work = group.all_reduce_async(std::span<const T>(p.packed.span()), p.packed.span(), p.bucket.op);
   return p;
 }
 
 /// Waits for the bucket, unpacks it if it was packed, and marks its gradients Replicate on `dim`.
-template <class T, std::size_t N>
-void finish_bucket(nn::ParamList<T, N>& ps, PendingBucket<T>& p, std::size_t dim) {
+template <class T, std::size_t N, class Space>
+void finish_bucket(nn::ParamList<T, N, Space>& ps, PendingBucket<T, Space>& p, std::size_t dim) {
   p.work.wait();
   std::size_t off = 0;
   for (std::size_t k : p.bucket.params) {
-    if (!p.packed.empty())
-      std::copy_n(p.packed.begin() + std::ptrdiff_t(off), ps[k].grad.size(), ps[k].grad.begin());
+    if (p.is_packed) Space::copy(ps[k].grad.data(), p.packed.data() + off, ps[k].grad.size_bytes());
     off += ps[k].grad.size();
     ps[k].grad_state->placements[dim] = PlacementDesc::replicate();
   }
@@ -106,8 +112,8 @@ void finish_bucket(nn::ParamList<T, N>& ps, PendingBucket<T>& p, std::size_t dim
 
 /// All-reduces every gradient Partial on mesh dimension `dim` (bucketed, one bucket at a time)
 /// and marks it Replicate there. Returns the number of buckets (= all-reduces issued).
-template <class T, std::size_t N, class Mesh>
-std::size_t bucketed_all_reduce(nn::ParamList<T, N>& ps, const Mesh& mesh, std::size_t dim, BucketOptions o,
+template <class T, std::size_t N, class Space, class Mesh>
+std::size_t bucketed_all_reduce(nn::ParamList<T, N, Space>& ps, const Mesh& mesh, std::size_t dim, BucketOptions o,
                                 std::size_t* copied_bytes = nullptr) {
   std::size_t copied = 0;
   const auto buckets = plan_buckets(ps, dim, o);

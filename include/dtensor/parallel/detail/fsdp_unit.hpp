@@ -24,59 +24,86 @@
 #include <vector>
 
 #include "dtensor/comm/work.hpp"
+#include "dtensor/core/memory_ledger.hpp"
+#include "dtensor/kernels/cast.hpp"
+#include "dtensor/kernels/elementwise.hpp"
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/placement/chunk.hpp"
 
 namespace dtensor::parallel::detail {
 
-/// Converts between element types (float, double, bfloat16) through double.
-template <class To, class From>
-To convert(From x) {
-  return static_cast<To>(static_cast<double>(x));
+/// dst = src element by element in memory space Space (converted when the types differ).
+template <MemorySpace Space, class To, class From>
+void convert_into(std::span<To> dst, std::span<const From> src) {
+  if constexpr (std::is_same_v<To, From>) {
+    Space::copy(dst.data(), src.data(), src.size_bytes());
+  } else {
+    auto out = nn::detail::flat_view<Space>(dst);
+    kernels::cast_into(out, nn::detail::flat_view<Space>(src));
+  }
+}
+
+/// dst += src element by element in memory space Space.
+template <MemorySpace Space, class E>
+void add_into(std::span<E> dst, std::span<const E> src) {
+  auto out = nn::detail::flat_view<Space>(dst);
+  kernels::add_(out, nn::detail::flat_view<Space>(src));
 }
 
 /// One unit's shard on this rank. T: the model's (compute) element type; M: the master
-/// values', the gradient shard's and the optimizer's.
-template <class T, class M, std::size_t N>
+/// values', the gradient shard's and the optimizer's. Every buffer lives in the group's memory
+/// space (the ledger counts master values as optimizer state, the gradient shard as gradients,
+/// the collectives' staging as communication).
+template <class T, class M, std::size_t N, MemorySpace Space = host_space>
 struct UnitShard {
+  template <class E>
+  using Buffer = Tensor<E, 1, Space>;
+
   std::string name;
-  std::shared_ptr<nn::FlatParams<T, N>> group;
+  std::shared_ptr<nn::FlatParams<T, N, Space>> group;
   std::size_t numel = 0;  // n: the unit's flat size on this rank's tensor-parallel piece
   std::size_t chunk = 0;  // c = ceil(n / S)
   std::size_t ranks = 1;  // S
   Range shard;            // [lo, hi) of the flat buffer
-  std::vector<M> master;  // this rank's values, hi - lo
-  std::vector<M> grad;    // this rank's reduced gradients, hi - lo (accumulated until zero_grad)
+  Buffer<M> master;       // this rank's values, hi - lo
+  Buffer<M> grad;         // this rank's reduced gradients, hi - lo (accumulated until zero_grad)
   std::vector<LayoutDesc<N>> grad_states;  // one per segment
   std::unique_ptr<bool[]> has_grad;        // one per segment (ParamRef points at them)
-  nn::ParamList<M, N> segments;            // views of master / grad, one per overlapping entry
+  nn::ParamList<M, N, Space> segments;     // views of master / grad, one per overlapping entry
 
   // In flight.
   Work gather;                  // all-gather of the values into the group's storage
-  std::vector<T> gather_send;   // this rank's c values in T (padded)
+  Buffer<T> gather_send;        // this rank's c values in T (padded)
   bool gathering = false;
   Work reduce;                  // reduce-scatter (all-reduce for ZeRO-1) of the gradients
-  std::vector<M> reduce_wide;   // the gradients widened to M when the reduction runs in M and T != M
-  std::vector<M> reduced_wide;  // the reduce-scatter's output in M
-  std::vector<T> reduced_narrow;  // ... or in T
-  bool reducing = false;         // a reduction was issued and not yet added to `grad`
-  bool reduce_waited = false;    // its collective has completed (the full gradients are free)
+  Buffer<M> reduce_wide;        // the gradients widened to M when the reduction runs in M and T != M
+  Buffer<M> reduced_wide;       // the reduce-scatter's output in M
+  Buffer<T> reduced_narrow;     // ... or in T
+  bool reducing = false;        // a reduction was issued and not yet added to `grad`
+  bool reduce_waited = false;   // its collective has completed (the full gradients are free)
   ReduceOp grad_op = ReduceOp::sum;
   std::vector<LayoutDesc<N>> pending_states;  // the segments' gradient states once reduced
 
   std::size_t padded() const { return chunk * ranks; }
   std::size_t shard_size() const { return std::size_t(shard.size()); }
 
-  UnitShard(std::string unit_name, std::shared_ptr<nn::FlatParams<T, N>> g, int size, int coord, std::size_t shard_dim)
+  /// A buffer of n elements of E, counted under `tag`; zero-filled when `zero`.
+  template <class E>
+  static Buffer<E> make_buffer(std::size_t n, MemoryTag tag, bool zero) {
+    MemoryTagScope scope(tag);
+    return zero ? Buffer<E>(Shape<1>{Extent(n)}) : Buffer<E>::uninitialized(Shape<1>{Extent(n)});
+  }
+
+  UnitShard(std::string unit_name, std::shared_ptr<nn::FlatParams<T, N, Space>> g, int size, int coord,
+            std::size_t shard_dim)
       : name(std::move(unit_name)), group(std::move(g)) {
     numel = group->size();
     ranks = std::size_t(size);
     chunk = std::size_t(chunk_size(Extent(numel), size));
     shard = chunk_range(Extent(numel), size, coord);
-    master.resize(shard_size());
-    grad.assign(shard_size(), M(0));
-    const auto values = group->values();
-    for (std::size_t i = 0; i < shard_size(); ++i) master[i] = convert<M>(values[std::size_t(shard.begin) + i]);
+    master = make_buffer<M>(shard_size(), MemoryTag::optimizer_state, false);
+    grad = make_buffer<M>(shard_size(), MemoryTag::gradients, true);
+    convert_into<Space>(master.span(), std::span<const T>(group->values().subspan(std::size_t(shard.begin), shard_size())));
     // Segments: the entries that overlap [lo, hi). Reserve first: the views point into these vectors.
     std::size_t count = 0;
     for (const auto& e : group->entries()) count += overlap(e).size() > 0;
@@ -89,9 +116,9 @@ struct UnitShard {
       layout.placements[shard_dim] = PlacementDesc::shard(0);
       grad_states.push_back(layout);
       const std::size_t at = std::size_t(r.begin - shard.begin), len = std::size_t(r.size());
-      segments.push_back(nn::ParamRef<M, N>{e.name, std::span<M>(master).subspan(at, len),
-                                            std::span<M>(grad).subspan(at, len), layout, &grad_states.back(),
-                                            &has_grad[grad_states.size() - 1], e.decay});
+      segments.push_back(nn::ParamRef<M, N, Space>{e.name, master.span().subspan(at, len), grad.span().subspan(at, len),
+                                                   layout, &grad_states.back(), &has_grad[grad_states.size() - 1],
+                                                   e.decay, this, at});
     }
   }
   UnitShard(const UnitShard&) = delete;  // the segments point into this object
@@ -105,7 +132,7 @@ struct UnitShard {
   }
 
   /// Bytes of the shard state this object holds (master values and gradient shard).
-  std::size_t shard_bytes() const { return (master.size() + grad.size()) * sizeof(M); }
+  std::size_t shard_bytes() const { return std::size_t(master.numel() + grad.numel()) * sizeof(M); }
 };
 
 }  // namespace dtensor::parallel::detail

@@ -6,7 +6,8 @@
 // `params`: every parameter of this rank's stages (all on the same stage mesh). The norm of the
 // stage mesh's share (optim::grad_norm: one all-reduce over the stage mesh), squared and summed
 // over the pipeline group (one all-reduce of one double), is the norm of the whole model's
-// gradients; every rank then scales its own gradients as optim::clip_grad_norm does.
+// gradients; every rank then scales its own gradients as optim::clip_grad_norm does. A second
+// list on a second mesh (MoE experts on the expert mesh) joins the same norm.
 #pragma once
 
 #include <cmath>
@@ -16,16 +17,40 @@
 
 namespace dtensor::parallel::pipeline {
 
-template <class T, std::size_t N, MeshType StageMesh>
-double clip_grad_norm(const nn::ParamList<T, N>& params, const StageMesh& stage_mesh, Communicator& pipeline_group,
-                      double max_norm) {
-  if (!(max_norm > 0))
-    throw Error("pipeline::clip_grad_norm", dtensor::detail::cat("max_norm = ", max_norm, " must be > 0"), stage_mesh.rank());
-  const double stage_norm = optim::grad_norm(params, stage_mesh);
-  double squares = stage_norm * stage_norm;
+namespace detail {
+/// The norm of the gradients of every stage from this stage's sum of squares (one all-reduce of
+/// one double over the pipeline group).
+inline double norm_over_stages(double squares, Communicator& pipeline_group) {
   pipeline_group.all_reduce(std::span<double>(&squares, 1), ReduceOp::sum);
-  const double norm = std::sqrt(squares);
+  return std::sqrt(squares);
+}
+inline void check_max_norm(double max_norm, int rank) {
+  if (!(max_norm > 0))
+    throw Error("pipeline::clip_grad_norm", dtensor::detail::cat("max_norm = ", max_norm, " must be > 0"), rank);
+}
+}  // namespace detail
+
+template <class T, std::size_t N, class Space, MeshType StageMesh>
+double clip_grad_norm(const nn::ParamList<T, N, Space>& params, const StageMesh& stage_mesh, Communicator& pipeline_group,
+                      double max_norm) {
+  detail::check_max_norm(max_norm, stage_mesh.rank());
+  const double stage_norm = optim::grad_norm(params, stage_mesh);
+  const double norm = detail::norm_over_stages(stage_norm * stage_norm, pipeline_group);
   optim::scale_grads_to(params, norm, max_norm);
+  return norm;
+}
+
+/// The same with a second list on a second mesh of the stage's ranks (MoE: the experts on the
+/// expert mesh): one norm over both lists and all stages, both scaled alike.
+template <class T, std::size_t N, class Space, MeshType StageMesh, std::size_t N2, MeshType ExpertMesh>
+double clip_grad_norm(const nn::ParamList<T, N, Space>& params, const StageMesh& stage_mesh,
+                      const nn::ParamList<T, N2, Space>& experts,
+                      const ExpertMesh& expert_mesh, Communicator& pipeline_group, double max_norm) {
+  detail::check_max_norm(max_norm, stage_mesh.rank());
+  const double stage_norm = optim::grad_norm(params, stage_mesh), expert_norm = optim::grad_norm(experts, expert_mesh);
+  const double norm = detail::norm_over_stages(stage_norm * stage_norm + expert_norm * expert_norm, pipeline_group);
+  optim::scale_grads_to(params, norm, max_norm);
+  optim::scale_grads_to(experts, norm, max_norm);
   return norm;
 }
 

@@ -25,6 +25,11 @@
 // data-parallel reduction, clipping and the optimizer are the caller's (clip.hpp for the norm
 // over all stages).
 //
+// StageHooks run a caller's function at the edges of each local stage's share of a step: before
+// its first forward and after its last backward (B or W) in this rank's list — where FSDP
+// inside a stage unshards, and reshards and reduces the gradients accumulated over the
+// micro-batches (the trainer's and tests' use: examples/train_gpt.cpp, docs/training.md).
+//
 // Measured per rank: the activations and weight contexts held after each action (to compare
 // with the validator's memory report), wall time and time spent waiting for messages, and —
 // with count_slots — the idle fraction in counted slots: every computation takes its cost in
@@ -40,6 +45,7 @@
 #include <chrono>
 #include <cstddef>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -59,17 +65,17 @@ namespace detail {
 /// The name of a mesh's first dimension, as a template argument.
 template <class Mesh>
 struct first_dimension;
-template <fixed_string First, fixed_string... Rest>
-struct first_dimension<DeviceMesh<First, Rest...>> {
+template <class Space, fixed_string First, fixed_string... Rest>
+struct first_dimension<BasicDeviceMesh<Space, First, Rest...>> {
   static constexpr auto name = First;
 };
 }  // namespace detail
 
 /// The mesh of this rank's pipeline stage: every dimension of `mesh` but its first (the
 /// pipeline dimension).
-template <fixed_string Pipeline, fixed_string... Rest>
-DeviceMesh<Rest...> stage_mesh_of(const DeviceMesh<Pipeline, Rest...>& mesh) {
-  static_assert(role_of<DeviceMesh<Pipeline, Rest...>>(0) == Role::pipeline,
+template <class Space, fixed_string Pipeline, fixed_string... Rest>
+BasicDeviceMesh<Space, Rest...> stage_mesh_of(const BasicDeviceMesh<Space, Pipeline, Rest...>& mesh) {
+  static_assert(role_of<BasicDeviceMesh<Space, Pipeline, Rest...>>(0) == Role::pipeline,
                 "the first mesh dimension must be the pipeline dimension (\"pp\", or one named so by mesh_roles)");
   return mesh.template sub<Rest...>();
 }
@@ -112,9 +118,19 @@ std::vector<std::pair<Ids, Ids>> split_microbatches(const Mesh& mesh, const Tens
   return result;
 }
 
+/// What runs at the edges of each local stage's share of a step, given the stage's index: FSDP
+/// inside a stage unshards its parameters before the stage's first forward and reshards them and
+/// reduces its gradients after its last backward (PyTorch's UNSHARD / RESHARD actions, placed
+/// where the schedule first and last touches the stage). Empty ones are skipped.
+struct StageHooks {
+  std::function<void(int)> before_first_forward;
+  std::function<void(int)> after_last_backward;  // after the stage's last B or W of the step
+};
+
 struct ExecutorOptions {
   bool count_slots = true;  // send the slot clock with every message, one all-reduce per step
   Costs costs{};            // slots per computation, for the counted idle fraction
+  StageHooks hooks{};
 };
 
 /// What one step measured on this rank.
@@ -156,6 +172,13 @@ class Executor {
       if (stages_[i].index() != mine[i])
         mesh.comm().fail(op, dtensor::detail::cat("pipeline rank ", pipeline_rank(), ": stage ", i, " is stage ",
                                                   stages_[i].index(), ", the layout puts stage ", mine[i], " here"));
+    // Where each local stage's share of a step begins (its first F) and ends (its last B or W).
+    const auto& list = schedule_.actions[std::size_t(pipeline_rank())];
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      const Action& a = list[i];
+      if (a.kind == ActionKind::forward && !first_forward_.contains(a.stage)) first_forward_[a.stage] = i;
+      if (a.kind == ActionKind::backward || a.kind == ActionKind::backward_weight) last_backward_[a.stage] = i;
+    }
   }
 
   int pipeline_rank() const { return mesh_.coordinate(0); }
@@ -173,8 +196,14 @@ class Executor {
       mesh_.comm().fail(op, dtensor::detail::cat("the schedule runs ", m, " micro-batches, got ", microbatches.size()));
     const auto start = std::chrono::steady_clock::now();
     Run run(*this, microbatches);
-    for (const Action& action : schedule_.actions[std::size_t(pipeline_rank())]) {
+    const auto& list = schedule_.actions[std::size_t(pipeline_rank())];
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      const Action& action = list[i];
+      if (options_.hooks.before_first_forward && is_at(first_forward_, action.stage, i))
+        options_.hooks.before_first_forward(action.stage);
       run.execute(action);
+      if (options_.hooks.after_last_backward && is_at(last_backward_, action.stage, i))
+        options_.hooks.after_last_backward(action.stage);
       run.drop_finished_sends();
       int saved = 0, pending = 0;
       for (const Stage& stage : stages_) saved += int(stage.saved_count()), pending += int(stage.weight_pending_count());
@@ -188,6 +217,8 @@ class Executor {
         for (int mb = 0; mb < m; ++mb) total += full_tensor(stage.take_loss(mb))[0];
         run.stats.loss = total / double(m);
       }
+    if constexpr (requires(Stage& s) { s.take_auxiliary_loss(0); })
+      if (schedule_.layout.stages() > 1) add_auxiliary_losses(run.stats);  // one stage: all in its loss
     if (options_.count_slots) {
       double end = run.clock;
       mesh_.group(0).all_reduce(std::span<double>(&end, 1), ReduceOp::max);
@@ -199,6 +230,27 @@ class Executor {
 
  private:
   using Clock = std::chrono::steady_clock;
+
+  /// MoE: the auxiliary losses of the stages other than the last, which their forwards kept, into
+  /// the step's loss: this rank's shares summed over the stage mesh's data dimensions (as
+  /// full_tensor sums the loss's), then over the pipeline ranks (one all-reduce of one double
+  /// on each; every rank takes part).
+  void add_auxiliary_losses(StepStats& stats) {
+    double extra = 0;
+    for (Stage& stage : stages_)
+      if (!stage.is_last())
+        for (int mb = 0; mb < schedule_.microbatches; ++mb) extra += stage.take_auxiliary_loss(mb);
+    const StageMesh& stage_mesh = stages_.front().mesh();
+    for (std::size_t dim = 0; dim < StageMesh::ndim; ++dim)
+      if (is_data_dim<StageMesh>(dim)) stage_mesh.group(dim).all_reduce(std::span<double>(&extra, 1), ReduceOp::sum);
+    mesh_.group(0).all_reduce(std::span<double>(&extra, 1), ReduceOp::sum);
+    if (stats.loss) *stats.loss += extra / double(schedule_.microbatches);
+  }
+
+  static bool is_at(const std::map<int, std::size_t>& positions, int stage, std::size_t i) {
+    auto found = positions.find(stage);
+    return found != positions.end() && found->second == i;
+  }
   static double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
   struct Incoming {
@@ -350,6 +402,7 @@ class Executor {
   std::vector<Stage> stages_;
   ExecutorOptions options_;
   MemoryReport memory_;
+  std::map<int, std::size_t> first_forward_, last_backward_;  // local stage -> position in this rank's list
 };
 
 }  // namespace dtensor::parallel::pipeline

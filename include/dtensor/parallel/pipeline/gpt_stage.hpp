@@ -16,11 +16,26 @@
 // micro-batches and run their backwards in any order. forward on the last stage returns no
 // activation: it keeps the micro-batch's loss (take_loss). No communication here but the
 // modules' own collectives on the stage mesh (the plan's, for tensor parallelism).
+//
+// MoE blocks (Layers = nn::MoELayers): the experts of the stage's MoE blocks are units on the
+// expert mesh (layers().expert_params()). The blocks' auxiliary losses: the last stage adds its
+// own to the micro-batch's loss, the others keep theirs (take_auxiliary_loss, which the executor
+// adds to the step's loss); their gradients are weighted with the backward's dloss, like the
+// loss's (nn::MoE::set_loss_scale).
+//
+// Units (FSDP inside a stage): like nn::GPT, the stage keeps its parameters in flat groups, one
+// per unit — "embed" (first stage), "h.l" for each of its blocks (the global layer index),
+// "head" (last stage) — listed by units() in forward order, and fires set_hooks' UnitHooks
+// around each: pre_forward / post_forward around a unit's forward, pre_backward before its
+// backward_input, grads_ready after its backward_weight, once per micro-batch. So
+// parallel::fully_shard(stage, stage_mesh, ...) shards a stage as it shards a whole GPT.
 #pragma once
 
 #include <cstddef>
 #include <map>
+#include <functional>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -46,15 +61,19 @@ inline std::vector<std::pair<Extent, Extent>> stage_layers(Extent layers, int st
   return result;
 }
 
-template <kernels::host::FloatElement T, MeshType Mesh, class Plan = nn::ReplicatedPlan, class Id = std::int32_t>
+template <kernels::host::FloatElement T, MeshType Mesh, class Plan = nn::ReplicatedPlan, class Id = std::int32_t,
+          class Layers = nn::DenseLayers>
 class GptStage {
-  using Model = nn::GPT<T, Mesh, Plan, Id>;
+  using Model = nn::GPT<T, Mesh, Plan, Id, Layers>;  // Layers: e.g. nn::LlamaLayers (nn/llama.hpp)
 
  public:
   using X = typename Model::X;  // the residual stream [B, T, C]: what crosses stages
   using Ids = typename Model::Ids;
   using Loss = typename Model::Loss;
   using Block = typename Model::Block;
+  using Unit = typename Model::Unit;
+  /// Whether the blocks add auxiliary losses to the loss (MoE).
+  static constexpr bool has_auxiliary_loss = requires(const Layers& l, const std::vector<Block>& b) { l.auxiliary_loss(b); };
 
   struct Saved {
     std::optional<typename Model::Wte::Saved> wte;
@@ -72,8 +91,9 @@ class GptStage {
     std::optional<typename Model::Head::WeightCtx> head;
   };
 
-  GptStage(const Mesh& mesh, const nn::GPTConfig& cfg, int stage, int stages)
-      : mesh_(mesh), cfg_(cfg), stage_(stage), stages_(stages) {
+  /// `layers`: nn::GPT's Layers policy (nn::MoELayers for MoE blocks; see the note on MoE below).
+  GptStage(const Mesh& mesh, const nn::GPTConfig& cfg, int stage, int stages, Layers layers = {})
+      : mesh_(mesh), cfg_(cfg), stage_(stage), stages_(stages), layers_(std::move(layers)) {
     constexpr const char* op = "pipeline::GptStage";
     Model::check_config(op, mesh, cfg);
     if (stage < 0 || stage >= stages)
@@ -82,13 +102,19 @@ class GptStage {
     first_layer_ = first;
     if (is_first()) {
       wte_ = Model::make_wte(mesh, cfg);
-      wpe_ = Model::make_wpe(mesh, cfg);
+      wpe_.emplace();  // an empty table unless the model has learned positions
+      if constexpr (Model::learned_positions) wpe_ = Model::make_wpe(mesh, cfg);
     }
-    for (Extent layer = first; layer < end; ++layer) blocks_.push_back(Model::make_block(mesh, cfg, layer));
+    for (Extent layer = first; layer < end; ++layer) blocks_.push_back(Model::make_block(mesh, cfg, layer, layers_));
     if (is_last()) {
       ln_f_ = Model::make_ln_f(mesh, cfg);
       head_ = Model::make_head(mesh, cfg);
     }
+    // The units, in forward order: embed, the blocks, head (as nn::GPT, with the global layer index).
+    if (is_first()) add_unit("embed", nn::modules(*wte_, *wpe_));
+    for (std::size_t l = 0; l < blocks_.size(); ++l) add_unit("h." + std::to_string(first + Extent(l)), blocks_[l]);
+    if (is_last()) add_unit("head", nn::modules(*ln_f_, *head_));
+    layers_.add_units(blocks_, first);  // MoE: the experts of each MoE block, a unit on the expert mesh
   }
   GptStage(GptStage&&) = default;
   GptStage& operator=(GptStage&&) = default;
@@ -112,27 +138,32 @@ class GptStage {
                                                                              : " needs the previous stage's activation"));
     Saved s;
     if (is_first()) {
-      auto [te, wte_s] = wte_->forward(ids);
-      auto [pe, wpe_s] = wpe_->forward(Model::positions(mesh_, ids, cfg_));
-      s.wte = std::move(wte_s);
-      s.wpe = std::move(wpe_s);
-      x = ops::add(te, pe);
+      fire(hooks_.pre_forward, embed_unit());
+      x = Model::embed(mesh_, cfg_, *wte_, *wpe_, ids, s.wte.emplace(), s.wpe.emplace());
+      fire(hooks_.post_forward, embed_unit());
     }
     s.blocks.reserve(blocks_.size());
-    for (const auto& block : blocks_) {
-      auto [y, block_s] = block.forward(*x);
+    for (std::size_t l = 0; l < blocks_.size(); ++l) {
+      fire(hooks_.pre_forward, block_unit(l));
+      auto [y, block_s] = blocks_[l].forward(*x);
+      fire(hooks_.post_forward, block_unit(l));
       x = std::move(y);
       s.blocks.push_back(std::move(block_s));
     }
     if (is_last()) {
+      fire(hooks_.pre_forward, head_unit());
       auto [h, ln_s] = ln_f_->forward(*x);
       auto [logits, head_s] = head_->forward(h);
+      fire(hooks_.post_forward, head_unit());
       auto [loss, loss_s] = loss_.forward(logits, targets);
+      layers_.add_losses(loss, blocks_);  // MoE: this stage's auxiliary losses
       s.ln_f = std::move(ln_s);
       s.head = std::move(head_s);
       s.loss = std::move(loss_s);
       losses_.emplace(mb, std::move(loss));
       x.reset();
+    } else if constexpr (has_auxiliary_loss) {
+      auxiliary_losses_[mb] = layers_.auxiliary_loss(blocks_);
     }
     saved_.emplace(mb, std::move(s));
     return x;
@@ -151,8 +182,10 @@ class GptStage {
                                                                             : " needs the next stage's input gradient"));
     Saved s = std::move(found->second);
     saved_.erase(found);
+    layers_.set_loss_scale(blocks_, dloss);  // MoE: the auxiliary losses weighted like the loss
     WeightCtx w;
     if (is_last()) {
+      fire(hooks_.pre_backward, head_unit());
       auto dlogits = loss_.backward(std::move(*s.loss), dloss);
       auto [dh, head_w] = head_->backward_input(std::move(*s.head), dlogits);
       auto [dx, ln_w] = ln_f_->backward_input(std::move(*s.ln_f), dh);
@@ -162,13 +195,15 @@ class GptStage {
     }
     w.blocks.resize(blocks_.size());
     for (std::size_t l = blocks_.size(); l-- > 0;) {
+      fire(hooks_.pre_backward, block_unit(l));
       auto [dx, block_w] = blocks_[l].backward_input(std::move(s.blocks[l]), *dy);
       dy = std::move(dx);
       w.blocks[l] = std::move(block_w);
     }
     if (is_first()) {
+      fire(hooks_.pre_backward, embed_unit());
       w.wte = wte_->backward_input(std::move(*s.wte), *dy).weight;
-      w.wpe = wpe_->backward_input(std::move(*s.wpe), *dy).weight;
+      if constexpr (Model::learned_positions) w.wpe = wpe_->backward_input(std::move(*s.wpe), *dy).weight;
       dy.reset();
     }
     weight_ctx_.emplace(mb, std::move(w));
@@ -187,11 +222,16 @@ class GptStage {
     if (is_last()) {
       head_->backward_weight(std::move(*w.head));
       ln_f_->backward_weight(std::move(*w.ln_f));
+      fire(hooks_.grads_ready, head_unit());
     }
-    for (std::size_t l = blocks_.size(); l-- > 0;) blocks_[l].backward_weight(std::move(w.blocks[l]));
+    for (std::size_t l = blocks_.size(); l-- > 0;) {
+      blocks_[l].backward_weight(std::move(w.blocks[l]));
+      fire(hooks_.grads_ready, block_unit(l));
+    }
     if (is_first()) {
       wte_->backward_weight(std::move(*w.wte));
-      wpe_->backward_weight(std::move(*w.wpe));
+      if constexpr (Model::learned_positions) wpe_->backward_weight(std::move(*w.wpe));
+      fire(hooks_.grads_ready, embed_unit());
     }
   }
 
@@ -214,6 +254,18 @@ class GptStage {
     return loss;
   }
 
+  /// MoE: the weighted auxiliary losses of micro-batch `mb`'s forward on a stage other than the
+  /// last (this rank's share; the last stage's are in its loss); removed from the stage.
+  double take_auxiliary_loss(int mb)
+    requires has_auxiliary_loss
+  {
+    auto found = auxiliary_losses_.find(mb);
+    if (found == auxiliary_losses_.end()) return 0;
+    const double value = found->second;
+    auxiliary_losses_.erase(found);
+    return value;
+  }
+
   /// The extents of the activation (and its gradient) that crosses stages for a micro-batch of these ids.
   Shape<3> activation_shape(const Ids& ids) const { return {ids.extent(0), ids.extent(1), cfg_.dim}; }
 
@@ -227,14 +279,37 @@ class GptStage {
     for (auto& block : blocks_) block.set_enabled(on);
   }
 
+  /// The parameter units in forward order: embed (first stage), h.l per block, head (last stage).
+  std::vector<Unit>& units() noexcept { return units_; }
+  /// Replaces the hooks run around each unit (see nn::UnitHooks; FSDP's, for one).
+  void set_hooks(nn::UnitHooks hooks) { hooks_ = std::move(hooks); }
+  const nn::UnitHooks& hooks() const noexcept { return hooks_; }
+
+  Layers& layers() noexcept { return layers_; }
+  const std::vector<Block>& blocks() const noexcept { return blocks_; }
   auto children() { return std::tie(wte_, wpe_, blocks_, ln_f_, head_); }
 
  private:
+  std::size_t embed_unit() const noexcept { return 0; }
+  std::size_t block_unit(std::size_t l) const noexcept { return l + (is_first() ? 1 : 0); }
+  std::size_t head_unit() const noexcept { return units_.size() - 1; }
+  static void fire(const std::function<void(std::size_t)>& hook, std::size_t unit) {
+    if (hook) hook(unit);
+  }
+  template <class M>
+  void add_unit(std::string name, M&& part) {
+    Unit u;
+    u.group = nn::flatten<T, Mesh::ndim, Mesh>(std::move(name), part);
+    nn::collect_on<Mesh>(part, u.params);
+    units_.push_back(std::move(u));
+  }
+
   Mesh mesh_;
   nn::GPTConfig cfg_;
   int stage_ = 0;
   int stages_ = 1;
   Extent first_layer_ = 0;
+  Layers layers_;
   std::optional<typename Model::Wte> wte_;
   std::optional<typename Model::Wpe> wpe_;
   std::vector<Block> blocks_;
@@ -244,6 +319,9 @@ class GptStage {
   std::map<int, Saved> saved_;
   std::map<int, WeightCtx> weight_ctx_;
   std::map<int, Loss> losses_;
+  std::map<int, double> auxiliary_losses_;  // MoE, stages other than the last
+  std::vector<Unit> units_;
+  nn::UnitHooks hooks_;
 };
 
 }  // namespace dtensor::parallel::pipeline

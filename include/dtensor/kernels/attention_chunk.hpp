@@ -1,5 +1,7 @@
-// dtensor/kernels/host/attention_chunk.hpp — attention of query pieces against key/value chunks
-// that arrive one at a time (ring attention's local part), merged by log-sum-exp.
+// dtensor/kernels/attention_chunk.hpp — attention of query pieces against key/value chunks
+// that arrive one at a time (ring attention's local part), merged by log-sum-exp, in any memory
+// space: built on the space-dispatched attention, attention_backward, merge_attention_blocks,
+// add_ and fill_ (kernels/attention.hpp, kernels/elementwise.hpp) and box copies.
 //
 //   ChunkedAttention<double> fwd(q, q_pieces, opts);      // q [B,H,Tq,D]; q_pieces: runs of its positions
 //   fwd.add_chunk(k1, v1, k1_pieces);  fwd.add_chunk(k2, v2, k2_pieces);   // any order
@@ -25,9 +27,13 @@
 #include <utility>
 #include <vector>
 
-#include "dtensor/kernels/host/attention.hpp"
+#include "dtensor/kernels/attention.hpp"
+#include "dtensor/kernels/elementwise.hpp"
 
-namespace dtensor::kernels::host {
+namespace dtensor::kernels {
+
+using host::AttentionOptions;
+using host::Stat;
 
 /// A run of positions: `size` positions from local index `local`, global position `global`.
 struct SeqPiece {
@@ -37,51 +43,46 @@ struct SeqPiece {
 };
 
 namespace detail {
-/// [A0, A1, S, inner...]: the product of the extents before and after the sequence dimension 2.
-template <class T, std::size_t R>
-std::pair<Extent, Extent> around_seq(const HostTensor<T, R>& x) {
+/// The box of positions [begin, begin + size) of dimension 2 of a tensor of extents `shape`.
+template <std::size_t R>
+std::pair<Shape<R>, Shape<R>> seq_box(const Shape<R>& shape, Extent begin, Extent size) {
   static_assert(R >= 3, "the sequence is dimension 2");
-  Extent inner = 1;
-  for (std::size_t d = 3; d < R; ++d) inner *= x.extent(d);
-  return {x.extent(0) * x.extent(1), inner};
+  Shape<R> offset{}, extent = shape;
+  offset[2] = begin;
+  extent[2] = size;
+  return {offset, extent};
 }
 }  // namespace detail
 
 /// Positions [begin, begin + size) of dimension 2, copied.
-template <class T, std::size_t R>
-HostTensor<T, R> slice_seq(const HostTensor<T, R>& x, Extent begin, Extent size) {
-  detail::check(begin >= 0 && size >= 0 && begin + size <= x.extent(2), "slice_seq", "positions [", begin, ", ",
-                begin + size, ") of ", to_string(x.shape()));
-  auto shape = x.shape();
-  shape[2] = size;
-  auto out = HostTensor<T, R>::uninitialized(shape);
-  const auto [outer, inner] = detail::around_seq(x);
-  const Extent seq = x.extent(2);
-  for (Extent o = 0; o < outer; ++o)
-    std::copy_n(x.data() + (o * seq + begin) * inner, size * inner, out.data() + o * size * inner);
+template <class T, std::size_t R, class Space>
+Tensor<T, R, Space> slice_seq(const Tensor<T, R, Space>& x, Extent begin, Extent size) {
+  host::detail::check(begin >= 0 && size >= 0 && begin + size <= x.extent(2), "slice_seq", "positions [", begin, ", ",
+                      begin + size, ") of ", to_string(x.shape()));
+  const auto [offset, extent] = detail::seq_box(x.shape(), begin, size);
+  auto out = Tensor<T, R, Space>::uninitialized(extent);
+  copy_box(x, offset, out, Shape<R>{}, extent);
   return out;
 }
 
 /// Writes (or, with add, adds) src into positions [begin, begin + src's length) of dimension 2 of dst.
-template <class T, std::size_t R>
-void put_seq(HostTensor<T, R>& dst, Extent begin, const HostTensor<T, R>& src, bool add = false) {
-  const Extent size = src.extent(2), seq = dst.extent(2);
-  detail::check(begin >= 0 && begin + size <= seq && detail::around_seq(dst) == detail::around_seq(src), "put_seq",
-                to_string(src.shape()), " at position ", begin, " of ", to_string(dst.shape()));
-  const auto [outer, inner] = detail::around_seq(dst);
-  for (Extent o = 0; o < outer; ++o) {
-    T* to = dst.data() + (o * seq + begin) * inner;
-    const T* from = src.data() + o * size * inner;
-    if (add)
-      for (Extent i = 0; i < size * inner; ++i) to[i] += from[i];
-    else std::copy_n(from, size * inner, to);
-  }
+template <class T, std::size_t R, class Space>
+void put_seq(Tensor<T, R, Space>& dst, Extent begin, const Tensor<T, R, Space>& src, bool add = false) {
+  const Extent size = src.extent(2);
+  bool fits = begin >= 0 && begin + size <= dst.extent(2);
+  for (std::size_t d = 0; d < R; ++d) fits = fits && (d == 2 || src.extent(d) == dst.extent(d));
+  host::detail::check(fits, "put_seq", to_string(src.shape()), " at position ", begin, " of ", to_string(dst.shape()));
+  const auto [offset, extent] = detail::seq_box(dst.shape(), begin, size);
+  if (!add) return copy_box(src, Shape<R>{}, dst, offset, extent);
+  auto sum = slice_seq(dst, begin, size);
+  add_(sum, src);
+  copy_box(sum, Shape<R>{}, dst, offset, extent);
 }
 
 /// How many (query, key) scores a block of tq queries and tk keys computes under the mask.
 inline Extent visible_pairs(const AttentionOptions& o, Extent tq, Extent tk) {
   Extent n = 0;
-  for (Extent i = 0; i < tq; ++i) n += detail::visible_keys(o, i, tk);
+  for (Extent i = 0; i < tq; ++i) n += host::detail::visible_keys(o, i, tk);
   return n;
 }
 
@@ -97,11 +98,11 @@ inline AttentionOptions pair_options(AttentionOptions o, const SeqPiece& q, cons
 }
 /// f(i, k_piece, k_block, v_block) for every query piece i that sees some key of a key piece,
 /// slicing each key piece (once) only when some query piece needs it.
-template <class T, class F>
-void for_each_interacting(const AttentionOptions& o, std::span<const SeqPiece> q_pieces, const HostTensor<T, 4>& k,
-                          const HostTensor<T, 4>& v, std::span<const SeqPiece> k_pieces, F&& f) {
+template <class T, class Space, class F>
+void for_each_interacting(const AttentionOptions& o, std::span<const SeqPiece> q_pieces, const Tensor<T, 4, Space>& k,
+                          const Tensor<T, 4, Space>& v, std::span<const SeqPiece> k_pieces, F&& f) {
   for (const auto& kp : k_pieces) {
-    HostTensor<T, 4> kb, vb;
+    Tensor<T, 4, Space> kb, vb;
     bool sliced = false;
     for (std::size_t i = 0; i < q_pieces.size(); ++i) {
       if (!pieces_interact(o, q_pieces[i], kp)) continue;
@@ -114,33 +115,36 @@ template <class T>
 void check_pieces(const char* op, std::span<const SeqPiece> pieces, Extent seq) {
   Extent covered = 0;
   for (const auto& p : pieces) {
-    check(p.size >= 0 && p.local >= 0 && p.local + p.size <= seq, op, "piece at local ", p.local, " of ", p.size,
-          " positions outside a sequence of ", seq);
+    host::detail::check(p.size >= 0 && p.local >= 0 && p.local + p.size <= seq, op, "piece at local ", p.local, " of ",
+                        p.size, " positions outside a sequence of ", seq);
     covered += p.size;
   }
-  check(covered == seq, op, "pieces cover ", covered, " of ", seq, " positions");
+  host::detail::check(covered == seq, op, "pieces cover ", covered, " of ", seq, " positions");
 }
 }  // namespace detail
 
 /// The forward over key/value chunks given one at a time; see the top of the file.
-template <AttentionElement T>
+template <class T, class Space = host_space>
 class ChunkedAttention {
+  using Local = Tensor<T, 4, Space>;
+  using Forward = decltype(attention(std::declval<const Local&>(), std::declval<const Local&>(),
+                                     std::declval<const Local&>(), std::declval<const AttentionOptions&>()));
+
  public:
-  ChunkedAttention(const HostTensor<T, 4>& q, std::vector<SeqPiece> q_pieces, Extent value_dim,
-                   const AttentionOptions& opts)
+  ChunkedAttention(const Local& q, std::vector<SeqPiece> q_pieces, Extent value_dim, const AttentionOptions& opts)
       : pieces_(std::move(q_pieces)), opts_(opts), shape_(q.shape()) {
     detail::check_pieces<T>("ChunkedAttention", pieces_, q.extent(2));
     shape_[3] = value_dim;
     for (const auto& p : pieces_) {
       q_.push_back(slice_seq(q, p.local, p.size));
-      HostTensor<Stat, 3> lse = HostTensor<Stat, 3>::uninitialized(Shape<3>{shape_[0], shape_[1], p.size});
-      std::fill_n(lse.data(), lse.numel(), detail::neg_inf);  // an empty block: merging ignores it
-      acc_.push_back({HostTensor<T, 4>(Shape<4>{shape_[0], shape_[1], p.size, value_dim}), std::move(lse)});
+      auto lse = Tensor<Stat, 3, Space>::uninitialized(Shape<3>{shape_[0], shape_[1], p.size});
+      fill_(lse, host::detail::neg_inf);  // an empty block: merging ignores it
+      acc_.push_back({Local(Shape<4>{shape_[0], shape_[1], p.size, value_dim}), std::move(lse)});
     }
   }
 
   /// Attends every query piece to the keys of one chunk (k, v [B,H,Tk,D]; k_pieces cover Tk).
-  void add_chunk(const HostTensor<T, 4>& k, const HostTensor<T, 4>& v, std::span<const SeqPiece> k_pieces) {
+  void add_chunk(const Local& k, const Local& v, std::span<const SeqPiece> k_pieces) {
     detail::check_pieces<T>("ChunkedAttention::add_chunk", k_pieces, k.extent(2));
     detail::for_each_interacting(opts_, std::span<const SeqPiece>(pieces_), k, v, k_pieces,
                                  [&](std::size_t i, const SeqPiece& kp, const auto& kb, const auto& vb) {
@@ -155,9 +159,8 @@ class ChunkedAttention {
   std::size_t pairs() const noexcept { return pairs_; }
 
   /// The merged output [B,H,Tq,Dv] and lse [B,H,Tq] in the local order of q.
-  AttentionForward<T> result() && {
-    AttentionForward<T> f{HostTensor<T, 4>::uninitialized(shape_),
-                          HostTensor<Stat, 3>::uninitialized(Shape<3>{shape_[0], shape_[1], shape_[2]})};
+  Forward result() && {
+    Forward f{Local::uninitialized(shape_), Tensor<Stat, 3, Space>::uninitialized(Shape<3>{shape_[0], shape_[1], shape_[2]})};
     for (std::size_t i = 0; i < pieces_.size(); ++i) {
       put_seq(f.out, pieces_[i].local, acc_[i].out);
       put_seq(f.lse, pieces_[i].local, acc_[i].lse);
@@ -169,17 +172,20 @@ class ChunkedAttention {
   std::vector<SeqPiece> pieces_;
   AttentionOptions opts_;
   Shape<4> shape_;
-  std::vector<HostTensor<T, 4>> q_;
-  std::vector<AttentionForward<T>> acc_;
+  std::vector<Local> q_;
+  std::vector<Forward> acc_;
   std::size_t pairs_ = 0;
 };
 
 /// The backward over key/value chunks given one at a time; see the top of the file.
-template <AttentionElement T>
+template <class T, class Space = host_space>
 class ChunkedAttentionBackward {
+  using Local = Tensor<T, 4, Space>;
+  using Lse = Tensor<Stat, 3, Space>;
+
  public:
-  ChunkedAttentionBackward(const HostTensor<T, 4>& q, const HostTensor<T, 4>& out, const HostTensor<Stat, 3>& lse,
-                           const HostTensor<T, 4>& dout, std::vector<SeqPiece> q_pieces, const AttentionOptions& opts)
+  ChunkedAttentionBackward(const Local& q, const Local& out, const Lse& lse, const Local& dout,
+                           std::vector<SeqPiece> q_pieces, const AttentionOptions& opts)
       : pieces_(std::move(q_pieces)), opts_(opts), dq_(q.shape()) {
     detail::check_pieces<T>("ChunkedAttentionBackward", pieces_, q.extent(2));
     for (const auto& p : pieces_) {
@@ -191,10 +197,9 @@ class ChunkedAttentionBackward {
   }
 
   /// {dk, dv} of one chunk (this rank's queries' share); adds the chunk's share of dq.
-  std::pair<HostTensor<T, 4>, HostTensor<T, 4>> chunk(const HostTensor<T, 4>& k, const HostTensor<T, 4>& v,
-                                                      std::span<const SeqPiece> k_pieces) {
+  std::pair<Local, Local> chunk(const Local& k, const Local& v, std::span<const SeqPiece> k_pieces) {
     detail::check_pieces<T>("ChunkedAttentionBackward::chunk", k_pieces, k.extent(2));
-    std::pair<HostTensor<T, 4>, HostTensor<T, 4>> g{HostTensor<T, 4>(k.shape()), HostTensor<T, 4>(v.shape())};
+    std::pair<Local, Local> g{Local(k.shape()), Local(v.shape())};
     detail::for_each_interacting(opts_, std::span<const SeqPiece>(pieces_), k, v, k_pieces,
                                  [&](std::size_t i, const SeqPiece& kp, const auto& kb, const auto& vb) {
                                    auto b = attention_backward(q_[i], kb, vb, out_[i], lse_[i], dout_[i],
@@ -206,14 +211,14 @@ class ChunkedAttentionBackward {
     return g;
   }
 
-  HostTensor<T, 4> dq() && { return std::move(dq_); }
+  Local dq() && { return std::move(dq_); }
 
  private:
   std::vector<SeqPiece> pieces_;
   AttentionOptions opts_;
-  HostTensor<T, 4> dq_;
-  std::vector<HostTensor<T, 4>> q_, out_, dout_;
-  std::vector<HostTensor<Stat, 3>> lse_;
+  Local dq_;
+  std::vector<Local> q_, out_, dout_;
+  std::vector<Lse> lse_;
 };
 
-}  // namespace dtensor::kernels::host
+}  // namespace dtensor::kernels

@@ -1,0 +1,29 @@
+// dtensor/checkpoint/gpt_config.hpp — a GPT's configuration as the key/value pairs a checkpoint
+// stores and compares on resume.
+//
+//   checkpoint::config_of(cfg)   // {"dim": "16", "heads": "4", "layers": "2", ...}
+//
+// Only what decides the parameters' names and extents and their values' meaning is listed
+// (not activation checkpointing, which changes neither): resuming with any of them different
+// is an error (checkpoint/load.hpp).
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "dtensor/nn/gpt.hpp"
+
+namespace dtensor::checkpoint {
+
+inline std::map<std::string, std::string> config_of(const nn::GPTConfig& c) {
+  return {{"model", "gpt"},
+          {"vocab", std::to_string(c.vocab)},
+          {"seq", std::to_string(c.seq)},
+          {"dim", std::to_string(c.dim)},
+          {"heads", std::to_string(c.heads)},
+          {"layers", std::to_string(c.layers)},
+          {"mlp_ratio", std::to_string(c.mlp_ratio)},
+          {"seed", std::to_string(c.seed)}};
+}
+
+}  // namespace dtensor::checkpoint

@@ -1,0 +1,79 @@
+// dtensor/kernels/host/rotary.hpp — rotary position embeddings (RoPE) of [B, T, H, D] pieces.
+//
+//   auto y  = rotary(x, positions, 500000.0);            // x [B, T, H, D], positions [B, T] (global indices)
+//   auto dx = rotary_backward(positions, dy, 500000.0);  // the adjoint: the rotation by minus the angle
+//
+// Pairs (i, i + D/2) of each head's features (GPT-NeoX / Hugging Face "rotate half" layout) turn
+// by the angle position * theta^(-2i/D), i in [0, D/2): y_i = x_i cos - x_{i+D/2} sin,
+// y_{i+D/2} = x_{i+D/2} cos + x_i sin. The positions are inputs, not the local row index, so a
+// piece of the sequence (sequence or context parallelism, load-balanced order) turns by its
+// global positions. The angle is computed in double from the integer position, so every rank
+// (and the CUDA twin) turns a position by the same angle wherever the position lies.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <vector>
+
+#include "dtensor/kernels/host/common.hpp"
+
+namespace dtensor::kernels::host {
+
+namespace detail {
+
+/// The angle of feature pair `pair` (of half_dim) at `position`: position * theta^(-pair/half_dim).
+DTENSOR_HOST_DEVICE inline double rotary_angle(double position, Extent pair, Extent half_dim, double theta) {
+  return position * ::pow(theta, -double(pair) / double(half_dim));
+}
+
+template <class T, class Id>
+void check_rotary(const char* op, const Shape<4>& x, const Shape<2>& positions, double theta) {
+  check(x[3] % 2 == 0 && positions[0] == x[0] && positions[1] == x[1] && theta > 0, op, "x ", to_string(x),
+        " must be [B, T, H, D] with D even, positions ", to_string(positions), " [B, T] of the same B and T, theta ",
+        theta, " > 0");
+}
+
+/// y = x turned by sign * angle (sign -1: the adjoint).
+template <class T, class Id>
+HostTensor<T, 4> rotate(const HostTensor<T, 4>& x, const HostTensor<Id, 2>& positions, double theta, double sign) {
+  using C = compute_t<T>;
+  const Extent batch = x.extent(0), len = x.extent(1), heads = x.extent(2), half = x.extent(3) / 2;
+  auto y = HostTensor<T, 4>::uninitialized(x.shape());
+  std::vector<C> cos_table(static_cast<std::size_t>(half)), sin_table(static_cast<std::size_t>(half));
+  for (Extent b = 0; b < batch; ++b)
+    for (Extent t = 0; t < len; ++t) {
+      const double position = double(positions(b, t));
+      for (Extent i = 0; i < half; ++i) {
+        const double angle = sign * rotary_angle(position, i, half, theta);
+        cos_table[std::size_t(i)] = C(std::cos(angle));
+        sin_table[std::size_t(i)] = C(std::sin(angle));
+      }
+      for (Extent h = 0; h < heads; ++h) {
+        const T* in = &x(b, t, h, 0);
+        T* out = &y(b, t, h, 0);
+        for (Extent i = 0; i < half; ++i) {
+          const C lo = C(in[i]), hi = C(in[i + half]), c = cos_table[std::size_t(i)], s = sin_table[std::size_t(i)];
+          out[i] = T(lo * c - hi * s);
+          out[i + half] = T(hi * c + lo * s);
+        }
+      }
+    }
+  return y;
+}
+
+}  // namespace detail
+
+template <FloatElement T, IndexElement Id>
+HostTensor<T, 4> rotary(const HostTensor<T, 4>& x, const HostTensor<Id, 2>& positions, double theta) {
+  detail::check_rotary<T, Id>("rotary", x.shape(), positions.shape(), theta);
+  return detail::rotate(x, positions, theta, 1.0);
+}
+
+/// dx of rotary given dy: the transpose of a rotation is the rotation by the opposite angle.
+template <FloatElement T, IndexElement Id>
+HostTensor<T, 4> rotary_backward(const HostTensor<Id, 2>& positions, const HostTensor<T, 4>& dy, double theta) {
+  detail::check_rotary<T, Id>("rotary_backward", dy.shape(), positions.shape(), theta);
+  return detail::rotate(dy, positions, theta, -1.0);
+}
+
+}  // namespace dtensor::kernels::host

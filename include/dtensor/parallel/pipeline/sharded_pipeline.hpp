@@ -1,0 +1,177 @@
+// dtensor/parallel/pipeline/sharded_pipeline.hpp — pipeline stages sharded with FSDP: the
+// schedule, the data-parallel, context-parallel and sequence-parallel gradient syncs of one step.
+//
+//   using Mesh = DeviceMesh<"pp", "dp", "fsdp", "cp", "tp">;      // size-1 dimensions where a parallelism is off
+//   auto stage_mesh = pipeline::stage_mesh_of(mesh);               // DeviceMesh<"dp", "fsdp", "cp", "tp">
+//   std::vector<pipeline::GptStage<float, decltype(stage_mesh), parallel::MegatronPlan<true>>> stages;  // this rank's
+//   pipeline::ShardedPipeline run(mesh, schedule, std::move(stages), {.stage = 3});
+//   optim::AdamW<float, 4> opt(run.params(), {...});               // over this rank's shards of its stages
+//   // each step:
+//   run.zero_grad();
+//   auto stats = run.step(microbatches);   // schedule + gradient syncs: the gradients are the batch mean's
+//   run.clip_grad_norm(1.0);               // the norm over all stages
+//   opt.step();
+//   run.sync_parameters();                 // ZeRO-1/2: all-gather the updated parameters
+//
+// Each of this rank's stages is wrapped by parallel::fully_shard over the stage mesh's data-shard
+// dimension ("fsdp"; HSDP with "dp" > 1; with "fsdp" of size 1 and ZeRO-1 that is plain DDP).
+// During a step the stage's micro-batches accumulate their gradients unreduced
+// (set_requires_gradient_sync(false)); the executor's StageHooks place FSDP's actions where the
+// schedule first and last touches the stage:
+//
+//   before the stage's first forward   unshard(): ZeRO-3 all-gathers every unit once for the
+//                                      whole step (PyTorch's UNSHARD), not once per micro-batch
+//   after the stage's last backward    reshard() (RESHARD) and reduce_gradients(): one
+//                                      reduce-scatter (ZeRO-1: all-reduce) per unit, issued
+//                                      while the rest of the schedule runs
+//
+// After the schedule, step() waits for those (HSDP: then one all-reduce per unit on "dp"), and
+// all-reduces what is still pending on the context dimension (parallel::context_parallel_grads)
+// and, under sequence parallelism, on the tensor dimension (parallel::sequence_parallel_grads).
+// Collectives beyond the stages' own and the messages between them: exactly these.
+//
+// MoE stages (GptStage with nn::MoELayers): the experts are not sharded: expert_params() are
+// this rank's experts of its stages on the expert mesh, all-reduced on its data dimension
+// ("edp", parallel::DataParallel) after the schedule, and clipped by one norm with params().
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "dtensor/parallel/context_grads.hpp"
+#include "dtensor/parallel/data_parallel.hpp"
+#include "dtensor/parallel/fully_shard.hpp"
+#include "dtensor/parallel/pipeline/clip.hpp"
+#include "dtensor/parallel/pipeline/executor.hpp"
+#include "dtensor/parallel/tensor_parallel.hpp"
+
+namespace dtensor::parallel::pipeline {
+
+namespace detail {
+/// The expert parameters of a stage's Layers (nn::MoELayers), or nothing (nn::DenseLayers).
+template <class Stage>
+concept HasExperts = requires(Stage& s) { s.layers().expert_params(); };
+
+template <class Stage>
+struct ExpertParts {
+  struct None {};
+  using Mesh = None;
+  using List = None;
+  using Sync = None;
+};
+template <HasExperts Stage>
+struct ExpertParts<Stage> {
+  using Mesh = std::remove_cvref_t<decltype(std::declval<Stage&>().layers().expert_mesh())>;
+  using List = std::remove_cvref_t<decltype(std::declval<Stage&>().layers().expert_params())>;
+  using Sync = std::optional<DataParallel<Mesh>>;
+};
+}  // namespace detail
+
+template <class Stage, MeshType Mesh>
+class ShardedPipeline {
+  using StageMesh = std::remove_cvref_t<decltype(std::declval<const Stage&>().mesh())>;
+  using Unit = std::remove_cvref_t<decltype(std::declval<Stage&>().units().front())>;
+  using T = typename decltype(Unit::group)::element_type::element_type;
+  using Fsdp = FullyShard<Stage, StageMesh, T>;
+  static constexpr bool moe = detail::HasExperts<Stage>;
+  using Experts = typename detail::ExpertParts<Stage>::List;
+
+ public:
+  /// `stages`: this rank's, in the order schedule.layout.stages_of(pipeline rank) names them.
+  ShardedPipeline(const Mesh& mesh, Schedule schedule, std::vector<Stage> stages, FsdpOptions fsdp = {},
+                  std::size_t bucket_bytes = std::size_t(1) << 20)
+      : mesh_(mesh), bucket_bytes_(bucket_bytes),
+        executor_(mesh, std::move(schedule), std::move(stages), ExecutorOptions{.hooks = stage_hooks()}) {
+    // The executor holds the stages from here on and does not move them: FSDP keeps references.
+    for (Stage& stage : executor_.stages()) {
+      shards_.push_back(std::make_unique<Fsdp>(stage, stage.mesh(), fsdp));
+      shards_.back()->set_requires_gradient_sync(false);
+      for (auto& p : shards_.back()->params()) params_.push_back(p);
+      if constexpr (moe) {
+        auto& mine = stage.layers().expert_params();
+        experts_.insert(experts_.end(), mine.begin(), mine.end());
+      }
+    }
+    if constexpr (moe)
+      expert_sync_.emplace(executor_.stages().front().layers().expert_mesh(), DataParallelOptions{.bucket_bytes = bucket_bytes});
+  }
+  ShardedPipeline(const ShardedPipeline&) = delete;  // the executor's hooks hold `this`
+  ShardedPipeline& operator=(const ShardedPipeline&) = delete;
+
+  /// This rank's shards of its stages' parameters, for the optimizer.
+  nn::ParamList<T, StageMesh::ndim>& params() noexcept { return params_; }
+  Executor<Stage, Mesh>& executor() noexcept { return executor_; }
+  const StageMesh& stage_mesh() { return executor_.stages().front().mesh(); }
+  Fsdp& fsdp(std::size_t local_stage) { return *shards_.at(local_stage); }
+  /// MoE: this rank's experts of its stages (on the expert mesh), for their own optimizer.
+  Experts& expert_params() noexcept
+    requires moe
+  {
+    return experts_;
+  }
+
+  void zero_grad() {
+    for (auto& shard : shards_) shard->zero_grad();
+    if constexpr (moe)
+      for (auto& p : experts_) p.zero_grad();
+  }
+
+  /// One schedule over the micro-batches, then every gradient sync: the gradients of params()
+  /// are the batch mean's, reduced on every data, context and tensor dimension.
+  StepStats step(const std::vector<std::pair<typename Stage::Ids, typename Stage::Ids>>& microbatches) {
+    StepStats stats = executor_.step(microbatches);
+    for (auto& shard : shards_) shard->finish_gradient_sync();
+    const StageMesh& stage_mesh = executor_.stages().front().mesh();
+    context_parallel_grads(params_, stage_mesh, {.bucket_bytes = bucket_bytes_});  // none without "cp"
+    sequence_parallel_grads(params_, stage_mesh, {.bucket_bytes = bucket_bytes_});  // none without SP
+    if constexpr (moe) expert_sync_->all_reduce_gradients(experts_);
+    return stats;
+  }
+
+  /// Clips the gradients (MoE: and the experts') to `max_norm` by their norm over all stages;
+  /// returns the norm.
+  double clip_grad_norm(double max_norm) {
+    const StageMesh& stage_mesh = executor_.stages().front().mesh();
+    if constexpr (moe)
+      return pipeline::clip_grad_norm(params_, stage_mesh, experts_, executor_.stages().front().layers().expert_mesh(),
+                                      mesh_.group(0), max_norm);
+    else
+      return pipeline::clip_grad_norm(params_, stage_mesh, mesh_.group(0), max_norm);
+  }
+
+  /// ZeRO-1/2: all-gathers the updated parameters into the stages (ZeRO-3: the next step does).
+  void sync_parameters() {
+    for (auto& shard : shards_) shard->sync_parameters();
+  }
+
+ private:
+  /// FSDP's UNSHARD before a stage's first forward, RESHARD and the gradient reduction after its last backward.
+  StageHooks stage_hooks() {
+    return {.before_first_forward = [this](int stage) { shard_of(stage).unshard(); },
+            .after_last_backward =
+                [this](int stage) {
+                  Fsdp& shard = shard_of(stage);
+                  shard.reshard();
+                  shard.reduce_gradients();
+                }};
+  }
+  Fsdp& shard_of(int stage) {
+    auto& stages = executor_.stages();
+    for (std::size_t i = 0; i < stages.size(); ++i)
+      if (stages[i].index() == stage) return *shards_[i];
+    mesh_.comm().fail("pipeline::ShardedPipeline", dtensor::detail::cat("stage ", stage, " is not on this rank"));
+  }
+
+  Mesh mesh_;
+  std::size_t bucket_bytes_;
+  Executor<Stage, Mesh> executor_;
+  std::vector<std::unique_ptr<Fsdp>> shards_;
+  nn::ParamList<T, StageMesh::ndim> params_;
+  [[no_unique_address]] Experts experts_{};
+  [[no_unique_address]] typename detail::ExpertParts<Stage>::Sync expert_sync_{};
+};
+
+}  // namespace dtensor::parallel::pipeline

@@ -1,0 +1,262 @@
+// dtensor/sim/training_plan.hpp — one training step of a GPT or Llama plan, dry: the real step
+// on meta tensors over the sim communicator, once per rank class (sim/dry_run.hpp).
+//
+//   sim::TrainingPlan plan{.model = {.vocab = 128256, .seq = 8192, .dim = 16384, .heads = 128,
+//                                    .layers = 126, .kv_heads = 8, .ffn = 53248},
+//                          .batch = 2048, .microbatches = 16, .dp = 128, .tp = 8, .pp = 16};
+//   auto classes = sim::dry_run_plan<bfloat16, nn::LlamaLayers, /*SP=*/true>(plan);
+//   classes[0].report.to_table();  classes[0].peak_in_flight;   // bytes with the schedule's micro-batches
+//
+// Two programs, the trainer's (examples/train_gpt.cpp):
+//
+//   zero == 0 (DDP, any pp)   mesh (pp, dp, tp). Each pipeline rank builds its stages
+//                             (parallel::pipeline::GptStage: embedding on the first, head on the
+//                             last, its share of the blocks, uneven splits as stage_layers gives)
+//                             and runs one micro-batch through them: receive the input from the
+//                             previous stage, forward, send; then backward the same way. Then
+//                             DDP's all-reduce on "dp", the sequence-parallel sync, clipping
+//                             across stages and AdamW in T.
+//   zero 1..3 (FSDP, pp == 1) mesh (dp, fsdp, tp) of shape (hsdp, dp / hsdp, tp): nn::GPT with
+//                             parallel::fully_shard<float> (fp32 master values, gradient shard
+//                             and AdamW state; the model computes in T), HSDP when hsdp > 1.
+//
+// Rank classes: pipeline ranks by what their stages hold (first / last, layers per stage), the
+// data dimensions by their chunk of the micro-batch, the tensor dimension by its heads. The
+// phases are those the cost model reads ("forward" and "backward" are one micro-batch of this
+// rank's stages); the last, "after step" (no work), starts with what the step leaves held. The activations of the micro-batches a schedule keeps in flight are not run:
+// peak_in_flight adds (in flight - 1) times one micro-batch's saved activations per stage to the
+// run's peak (the schedule's count for this pipeline rank, parallel/pipeline/validate.hpp).
+// Not here: FSDP across pipeline stages (GptStage has no FSDP units), the uneven flat-unit
+// shards of FSDP's tail ranks (the class is that of rank 0 of the shard dimension).
+#pragma once
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dtensor/comm/sim.hpp"
+#include "dtensor/nn/llama.hpp"
+#include "dtensor/parallel/pipeline/by_name.hpp"
+#include "dtensor/parallel/pipeline/clip.hpp"
+#include "dtensor/parallel/pipeline/executor.hpp"
+#include "dtensor/parallel/pipeline/gpt_stage.hpp"
+#include "dtensor/parallel/pipeline/validate.hpp"
+#include "dtensor/sim/cost_model.hpp"
+#include "dtensor/sim/dry_run.hpp"
+#include "dtensor/training.hpp"
+
+namespace dtensor::sim {
+
+/// A model and how it is split (see the top of this file).
+struct TrainingPlan {
+  nn::GPTConfig model;  // layers: the whole model's; checkpoint: activation checkpointing of every block
+  Extent batch = 1;     // sequences per step (all data ranks together)
+  int microbatches = 1;
+  int dp = 1, tp = 1, pp = 1;  // dp: every data rank (replicate x shard under HSDP)
+  std::string schedule = "1f1b";
+  int stages_per_rank = 0;  // 0: the schedule's default
+  int zero = 0;             // 0: DDP; 1, 2, 3: fully_shard's stage (needs pp == 1)
+  int hsdp = 1;             // FSDP: replicate groups the data ranks form (1: plain FSDP)
+
+  Extent micro_batch() const { return batch / microbatches; }
+  long long gpus() const { return 1LL * dp * tp * pp; }
+};
+
+/// One rank class's report and what the schedule adds to its memory.
+struct PlanClass {
+  RankReport report;
+  int pipeline_rank = 0;
+  int in_flight = 1;               // (stage, micro-batch) forwards this pipeline rank holds at most
+  std::int64_t saved_per_stage = 0;  // activations one micro-batch leaves saved on one stage
+  double peak_in_flight = 0;       // the run's peak plus the other in-flight micro-batches' activations
+};
+
+/// Throws naming the flag-level field when the plan cannot run.
+inline void check_plan(const TrainingPlan& p) {
+  constexpr const char* op = "sim::TrainingPlan";
+  auto fail = [&](auto&&... what) { throw Error(op, dtensor::detail::cat(what...)); };
+  if (p.dp < 1 || p.tp < 1 || p.pp < 1 || p.microbatches < 1 || p.batch < 1 || p.hsdp < 1)
+    fail("dp ", p.dp, ", tp ", p.tp, ", pp ", p.pp, ", microbatches ", p.microbatches, ", batch ", p.batch, ", hsdp ",
+         p.hsdp, ": all must be >= 1");
+  if (p.batch % p.microbatches != 0) fail("batch ", p.batch, " is not a multiple of microbatches ", p.microbatches);
+  if (p.zero < 0 || p.zero > 3) fail("zero ", p.zero, " is not 0 (DDP) or a ZeRO stage 1, 2, 3");
+  if (p.zero > 0 && p.pp > 1) fail("zero ", p.zero, " with pp ", p.pp, ": FSDP across pipeline stages is not built");
+  if (p.zero == 0 && p.hsdp > 1) fail("hsdp ", p.hsdp, " needs FSDP (zero 1, 2 or 3)");
+  if (p.dp % p.hsdp != 0) fail("hsdp ", p.hsdp, " does not divide dp ", p.dp);
+}
+
+namespace detail {
+
+inline parallel::pipeline::Schedule plan_schedule(const TrainingPlan& p) {
+  namespace pp = parallel::pipeline;
+  return pp::make_schedule(pp::parse_schedule_kind(p.schedule), p.pp, p.microbatches, p.stages_per_rank);
+}
+
+/// What pipeline rank r's stages hold: first/last and layers per stage ("F8 M8" ...).
+inline std::vector<std::string> pipeline_rank_keys(const TrainingPlan& p, const parallel::pipeline::Schedule& s) {
+  const auto layers = parallel::pipeline::stage_layers(p.model.layers, s.layout.stages());
+  std::vector<std::string> keys;
+  for (int r = 0; r < s.layout.ranks; ++r) {
+    std::string key;
+    for (int stage : s.layout.stages_of(r)) {
+      const auto [first, end] = layers[std::size_t(stage)];
+      key += dtensor::detail::cat(stage == 0 ? "F" : "", stage == s.layout.stages() - 1 ? "L" : "", end - first, " ");
+    }
+    keys.push_back(key);
+  }
+  return keys;
+}
+
+/// The last phase: it starts with what the step leaves held (model states), before the program's teardown.
+inline constexpr const char* after_step = "after step";
+
+inline constexpr std::size_t bucket_bytes = std::size_t(25) << 20;
+
+inline optim::AdamWOptions adamw_options() { return {.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1}; }
+
+/// Replicated meta ids of one micro-batch, in the layout the model reads.
+template <class Ids, class Mesh>
+Ids meta_ids(const Mesh& mesh, const TrainingPlan& p) {
+  return distribute_replicated<typename Ids::layout>(mesh, Tensor<std::int32_t, 2, meta_space>(Shape<2>{p.micro_batch(), p.model.seq}));
+}
+
+/// DDP, any pp: this pipeline rank's stages, one micro-batch (see the top of this file).
+template <class T, class Layers, bool SP>
+void pipeline_rank_step(CommPtr world, const TrainingPlan& p, const parallel::pipeline::Schedule& schedule, Recorder& rec) {
+  namespace pp = parallel::pipeline;
+  using Mesh = MetaMesh<"pp", "dp", "tp">;
+  using StageMesh = MetaMesh<"dp", "tp">;
+  using Stage = pp::GptStage<T, StageMesh, parallel::MegatronPlan<SP>, std::int32_t, Layers>;
+  using X = typename Stage::X;
+  Mesh mesh(world, {p.pp, p.dp, p.tp});
+  const StageMesh stage_mesh = pp::stage_mesh_of(mesh);
+  const auto& layout = schedule.layout;
+  const int me = mesh.coordinate()[0];
+  rec.phase("parameters");
+  std::vector<Stage> stages;
+  {
+    MemoryTagScope tag(MemoryTag::parameters);
+    for (int s : layout.stages_of(me)) stages.emplace_back(stage_mesh, p.model, s, layout.stages());
+  }
+  nn::ParamList<T, 2, meta_space> params;
+  for (Stage& stage : stages) nn::collect(stage, params);
+  parallel::DataParallel<StageMesh> ddp(stage_mesh, {.bucket_bytes = bucket_bytes});
+  optim::AdamW<T, 2, meta_space> opt(params, adamw_options());
+  const auto ids = meta_ids<typename Stage::Ids>(stage_mesh, p);
+  const auto neighbour = [&](int stage) { return mesh.template slice<"pp">(layout.rank_of(stage)); };
+  opt.zero_grad();
+  rec.phase("forward");
+  {
+    MemoryTagScope tag(MemoryTag::activations);
+    for (Stage& stage : stages) {
+      std::optional<X> x;
+      if (!stage.is_first())
+        x = recv_from<typename X::layout, T>(stage_mesh, neighbour(stage.index() - 1), stage.activation_shape(ids));
+      auto y = stage.forward(0, std::move(x), ids, ids);
+      if (y) send_to(*y, neighbour(stage.index() + 1)).wait();
+    }
+  }
+  rec.phase("backward", /*overlapped=*/true);
+  MemoryTagScope backward_tag(MemoryTag::activations);  // the activations' gradients and recomputed forwards
+  for (auto it = stages.rbegin(); it != stages.rend(); ++it) {
+    std::optional<X> dy;
+    if (!it->is_last())
+      dy = recv_from<typename X::layout, T>(stage_mesh, neighbour(it->index() + 1), it->activation_shape(ids));
+    auto dx = it->backward(0, std::move(dy), 1.0);
+    if (dx) send_to(*dx, neighbour(it->index() - 1)).wait();
+  }
+  rec.phase("optimizer");
+  MemoryTagScope optimizer_tag(MemoryTag::other);
+  ddp.all_reduce_gradients(params);
+  parallel::sequence_parallel_grads(params, stage_mesh, {.bucket_bytes = bucket_bytes});
+  pp::clip_grad_norm(params, stage_mesh, mesh.group(0), 1.0);
+  opt.step();
+  rec.phase(after_step);
+}
+
+/// FSDP / ZeRO-1, 2, 3 (HSDP when hsdp > 1), pp == 1: nn::GPT under fully_shard<float>.
+template <class T, class Layers, bool SP>
+void sharded_step(CommPtr world, const TrainingPlan& p, Recorder& rec) {
+  using Mesh = MetaMesh<"dp", "fsdp", "tp">;
+  using Model = nn::GPT<T, Mesh, parallel::MegatronPlan<SP>, std::int32_t, Layers>;
+  Mesh mesh(world, {p.hsdp, p.dp / p.hsdp, p.tp});
+  rec.phase("parameters");
+  std::optional<Model> model;
+  {
+    MemoryTagScope tag(MemoryTag::parameters);
+    model.emplace(mesh, p.model);
+  }
+  auto fsdp = parallel::fully_shard<float>(*model, mesh, {.stage = p.zero});
+  optim::AdamW<float, 3, meta_space> opt(fsdp.params(), adamw_options());
+  const auto ids = meta_ids<typename Model::Ids>(mesh, p);
+  opt.zero_grad();
+  rec.phase("forward");
+  auto [loss, saved] = [&] {
+    MemoryTagScope tag(MemoryTag::activations);
+    return model->forward(ids, ids);
+  }();
+  rec.phase("backward", /*overlapped=*/true);
+  {
+    MemoryTagScope tag(MemoryTag::activations);  // the activations' gradients and recomputed forwards
+    model->backward(std::move(saved));
+  }
+  rec.phase("optimizer");
+  fsdp.finish_gradient_sync();
+  parallel::sequence_parallel_grads(fsdp.params(), mesh, {.bucket_bytes = bucket_bytes});
+  optim::clip_grad_norm(fsdp.params(), mesh, 1.0);
+  opt.step();
+  fsdp.sync_parameters();
+  rec.phase(after_step);
+}
+
+}  // namespace detail
+
+/// The links of the plan's mesh: (pp, dp, tp) under DDP, (dp, fsdp, tp) under FSDP.
+inline Topology plan_topology(const TrainingPlan& p, const Hardware& hw) {
+  if (p.zero == 0) return Topology(std::array<std::string_view, 3>{"pp", "dp", "tp"}, std::array{p.pp, p.dp, p.tp}, hw);
+  return Topology(std::array<std::string_view, 3>{"dp", "fsdp", "tp"}, std::array{p.hsdp, p.dp / p.hsdp, p.tp}, hw);
+}
+
+/// The plan's step once per rank class (see the top of this file): T the model's element type,
+/// Layers nn::DenseLayers (GPT) or nn::LlamaLayers, SP sequence parallelism on "tp".
+template <class T, class Layers, bool SP>
+std::vector<PlanClass> dry_run_plan(const TrainingPlan& p) {
+  check_plan(p);
+  const auto schedule = detail::plan_schedule(p);
+  const int v = schedule.layout.stages_per_rank;
+  const DimensionWork tensor = DimensionWork::splitting({p.model.heads});
+  std::vector<PlanClass> result;
+  if (p.zero == 0) {
+    const std::array<int, 3> shape{p.pp, p.dp, p.tp};
+    const auto classes = rank_classes<3>(
+        shape, {DimensionWork::keyed(detail::pipeline_rank_keys(p, schedule)), DimensionWork::splitting({p.micro_batch()}), tensor});
+    auto reports = dry_run<3>(shape, classes, [&](CommPtr world, Recorder& rec) {
+      detail::pipeline_rank_step<T, Layers, SP>(std::move(world), p, schedule, rec);
+    });
+    const auto memory = parallel::pipeline::validate(schedule);
+    for (std::size_t i = 0; i < reports.size(); ++i) {
+      PlanClass c{std::move(reports[i]), classes[i].coordinate[0]};
+      c.in_flight = std::max(v, memory.peak_saved[std::size_t(c.pipeline_rank)]);
+      result.push_back(std::move(c));
+    }
+  } else {
+    const std::array<int, 3> shape{p.hsdp, p.dp / p.hsdp, p.tp};
+    const Extent per_replica = chunk_range(p.micro_batch(), p.hsdp, 0).size();
+    const auto classes = rank_classes<3>(
+        shape, {DimensionWork::splitting({p.micro_batch()}), DimensionWork::splitting({per_replica}), tensor});
+    auto reports = dry_run<3>(shape, classes, [&](CommPtr world, Recorder& rec) {
+      detail::sharded_step<T, Layers, SP>(std::move(world), p, rec);
+    });
+    for (auto& r : reports) result.push_back(PlanClass{std::move(r), 0, 1});
+  }
+  for (auto& c : result) {
+    const auto& fwd = c.report.phase("forward");
+    const auto tag = std::size_t(MemoryTag::activations);
+    c.saved_per_stage = (fwd.end[tag] - fwd.start[tag]) / v;
+    c.peak_in_flight = double(c.report.peak_total()) + double(c.in_flight - v) * double(c.saved_per_stage);
+  }
+  return result;
+}
+
+}  // namespace dtensor::sim

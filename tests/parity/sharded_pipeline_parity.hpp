@@ -1,0 +1,126 @@
+// tests/parity/sharded_pipeline_parity.hpp — one GPT training run on the trainer's mesh (pp, dp,
+// fsdp, cp, tp) through parallel::pipeline::ShardedPipeline, for the 5-D parity tests (threads
+// and MPI): the per-step losses and FSDP's collectives of one step.
+//
+// The oracles are the one-rank runs of gpt_parity.hpp (dense: 4 layers, 8 sequences a step) and
+// moe_parity.hpp (MoE: 2 layers, 4 sequences, aux and z losses on): the same model, data, AdamW
+// and clipping, so every combination must give their per-step losses.
+#pragma once
+
+#include <limits>
+#include <span>
+#include <string>
+
+#include "dtensor/parallel/pipeline/by_name.hpp"
+#include "dtensor/parallel/pipeline/gpt_stage.hpp"
+#include "dtensor/parallel/pipeline/sharded_pipeline.hpp"
+#include "gpt_parity.hpp"
+#include "moe_parity.hpp"
+
+namespace dtensor::testing {
+
+namespace pp = dtensor::parallel::pipeline;
+
+using Mesh5 = DeviceMesh<"pp", "dp", "fsdp", "cp", "tp">;
+using StageMesh = DeviceMesh<"dp", "fsdp", "cp", "tp">;
+
+// 4 layers split over 2 stages (or 4, 1 each, with interleaving or ZB-V); 8 sequences a step, in
+// micro-batches that give every data rank at least one sequence (the loss's reshape needs one).
+inline constexpr Extent batch_5d = 8;
+inline constexpr Extent layers_5d = 4;
+
+struct Combo {
+  int pp = 1, dp = 1, fsdp = 1, cp = 1, tp = 1;
+  int ep = 1;  // MoE runs: expert ranks over dp x fsdp (0 experts: a dense GPT)
+  int zero = 3;
+  std::string schedule = "1f1b";
+  int microbatches = 4;
+  parallel::ContextKind cp_kind = parallel::ContextKind::ring;
+  int ranks() const { return pp * dp * fsdp * cp * tp; }
+};
+
+inline std::string describe(const Combo& c) {
+  return "pp " + std::to_string(c.pp) + " dp " + std::to_string(c.dp) + " fsdp " + std::to_string(c.fsdp) + " cp " +
+         std::to_string(c.cp) + " (" + std::string(parallel::name_of(c.cp_kind)) + ") tp " + std::to_string(c.tp) +
+         ", ZeRO-" + std::to_string(c.zero) + ", " + c.schedule + " x " + std::to_string(c.microbatches);
+}
+
+/// The one-rank runs the dense and the MoE combinations must reproduce.
+inline std::vector<double> dense_reference(CommPtr one_rank) {
+  return run_parity<nn::ReplicatedPlan>(std::move(one_rank), {1, 1}, {.batch = batch_5d, .layers = layers_5d}).losses;
+}
+
+struct Run5d {
+  std::vector<double> losses;  // every step's mean loss, on every rank
+  std::size_t units = 0;       // FSDP units of this rank's stages
+  std::size_t fsdp_gathers = 0, fsdp_reductions = 0;  // all-gathers / reduce-scatters + all-reduces on "fsdp", step 2
+};
+
+// The MoE runs: the MoE parity suite's model (2 layers, batch 4), 4 experts, top-2, dropless.
+inline constexpr Extent moe_batch = parity_batch;
+inline nn::MoELayersConfig moe_config() { return moe_parity_config(4, 2, 1); }
+
+inline std::vector<double> moe_reference(CommPtr one_rank) {
+  return run_moe_parity<nn::ReplicatedPlan>(std::move(one_rank), {1, 1}, 1, moe_config()).losses;
+}
+
+/// The per-step losses of the combination, and FSDP's collectives of one step.
+template <class Plan, bool MoE = false>
+Run5d run_5d(CommPtr world, const Combo& c) {
+  Mesh5 mesh(world, {c.pp, c.dp, c.fsdp, c.cp, c.tp});
+  const StageMesh stage_mesh = pp::stage_mesh_of(mesh);
+  auto cfg = parity_config();
+  if (!MoE) cfg.layers = layers_5d;
+  const Extent batch = MoE ? moe_batch : batch_5d;
+  cfg.context = {.kind = c.cp_kind, .load_balanced = c.cp > 1 && c.cp_kind != parallel::ContextKind::ulysses};
+  using Layers = std::conditional_t<MoE, nn::MoELayers<double, ExpertMesh>, nn::DenseLayers>;
+  using Stage = pp::GptStage<double, StageMesh, Plan, std::int32_t, Layers>;
+  auto make_layers = [&] {
+    if constexpr (MoE) return Layers(parallel::make_expert_mesh<ExpertMesh>(stage_mesh, c.ep), moe_config());
+    else return Layers{};
+  };
+  const Layers layers = make_layers();
+  auto schedule = pp::make_schedule(pp::parse_schedule_kind(c.schedule), c.pp, c.microbatches);
+  std::vector<Stage> stages;
+  for (int s : schedule.layout.stages_of(mesh.coordinate(0)))
+    stages.emplace_back(stage_mesh, cfg, s, schedule.layout.stages(), layers);
+  pp::ShardedPipeline<Stage, Mesh5> run(mesh, schedule, std::move(stages), {.stage = c.zero}, 4096);
+  optim::AdamW<double, 4> opt(run.params(), parity_adamw());
+  struct NoExperts {
+    void step() {}
+  };
+  auto make_expert_opt = [&] {
+    if constexpr (MoE) return optim::AdamW<double, 3>(run.expert_params(), parity_adamw());
+    else return NoExperts{};
+  };
+  auto expert_opt = make_expert_opt();
+  Run5d out;
+  for (auto& stage : run.executor().stages()) out.units += stage.units().size();
+  for (int step = 0; step < parity_steps; ++step) {
+    CommLog log;
+    auto [ids, targets] = parity_tokens(step, cfg, batch);
+    if (cfg.context.load_balanced) {  // stored in the order ring / all-gather attention balance
+      ids = parallel::load_balance(ids, 1, c.cp);
+      targets = parallel::load_balance(targets, 1, c.cp);
+    }
+    run.zero_grad();
+    auto stats = run.step(pp::split_microbatches<typename Stage::Ids>(stage_mesh, ids, targets, c.microbatches));
+    run.clip_grad_norm(1.0);
+    opt.step();
+    expert_opt.step();
+    run.sync_parameters();
+    double loss = stats.loss.value_or(-std::numeric_limits<double>::infinity());  // on the last stage's ranks
+    if (step == 1) {
+      out.fsdp_gathers = log.count(CollectiveKind::all_gather, "fsdp");
+      // Gradient reductions: not the one-double all-reduce of MoE stages' auxiliary losses.
+      for (const auto& r : log.records())
+        out.fsdp_reductions += r.group == "fsdp" && (r.kind == CollectiveKind::reduce_scatter ||
+                                                     (r.kind == CollectiveKind::all_reduce && r.bytes > sizeof(double)));
+    }
+    mesh.group(0).all_reduce(std::span<double>(&loss, 1), ReduceOp::max);
+    out.losses.push_back(loss);
+  }
+  return out;
+}
+
+}  // namespace dtensor::testing

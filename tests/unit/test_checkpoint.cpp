@@ -1,0 +1,656 @@
+// Distributed checkpoints (checkpoint/): a GPT trained on dp 2 x tp 2 threads, saved and resumed
+// on the same mesh continues bit for bit as the straight run; loaded onto one rank, tp 4 and
+// FSDP (uneven flat shards, HSDP) every piece equals the saved full tensors, and training continues
+// within rounding of the straight run; corrupted, truncated and missing pieces, a different
+// configuration, an unwritable directory, a Partial tensor and a save that fails or is killed
+// mid-write are clear errors that leave the previous checkpoint loadable. The overlap plan and
+// the flat-range boxes are checked against brute force on random layouts and extents.
+#include <catch2/catch.hpp>
+
+#include <csignal>
+#include <fstream>
+#include <map>
+#include <random>
+#include <thread>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "dtensor/checkpoint/gpt_config.hpp"
+#include "dtensor/checkpoint/training_state.hpp"
+#include "dtensor/core/factories.hpp"
+#include "dtensor/optim/adamw.hpp"
+#include "dtensor/parallel/data_parallel.hpp"
+#include "dtensor/parallel/fully_shard.hpp"
+#include "dtensor/parallel/gpt_plan.hpp"
+#include "dtensor/parallel/tensor_parallel.hpp"
+#include "support/on_ranks.hpp"
+
+using namespace dtensor;
+using namespace dtensor::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+using Mesh2 = DeviceMesh<"dp", "tp">;
+using FsdpMesh = DeviceMesh<"dp", "fsdp", "tp">;
+using TpModel = nn::GPT<double, Mesh2, parallel::MegatronPlan<true>>;
+using OneModel = nn::GPT<double, Mesh2, nn::ReplicatedPlan>;
+using Full = std::map<std::string, std::pair<std::vector<Extent>, std::vector<double>>>;  // name -> (shape, values)
+
+constexpr Extent kBatch = 4, kPositions = 6;
+constexpr int kSaveAt = 3, kMore = 2;  // train 3 steps, save, 2 more
+
+// vocab 29 splits unevenly over tp 2 (15, 14) and tp 4 (8, 8, 8, 5).
+nn::GPTConfig config() {
+  return {.vocab = 29, .seq = 8, .dim = 16, .heads = 4, .layers = 2, .mlp_ratio = 2, .checkpoint = false, .seed = 5};
+}
+optim::AdamWOptions adam() { return {.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1}; }
+
+/// A model with its parameter views and AdamW, as a trainer holds them.
+template <class Model, class Mesh>
+struct Run {
+  static nn::ParamList<double, Mesh::ndim> views(Model& m) {
+    nn::ParamList<double, Mesh::ndim> ps;
+    m.collect(ps);
+    return ps;
+  }
+  explicit Run(const Mesh& mesh, const nn::GPTConfig& c = config()) : model(mesh, c), ps(views(model)), opt(ps, adam()) {}
+  Model model;
+  nn::ParamList<double, Mesh::ndim> ps;
+  optim::AdamW<double, Mesh::ndim> opt;
+};
+using TpRun = Run<TpModel, Mesh2>;
+using OneRun = Run<OneModel, Mesh2>;
+
+/// This process's directory for the tests' checkpoints, removed at exit.
+const fs::path& scratch_root() {
+  struct Root {
+    fs::path path = fs::temp_directory_path() / ("dtensor-ckpt-" + std::to_string(::getpid()));
+    ~Root() {
+      std::error_code ec;
+      fs::remove_all(path, ec);
+    }
+  };
+  static const Root root;
+  return root.path;
+}
+
+/// A fresh directory for one test (removed first, so a failed earlier run leaves nothing).
+fs::path scratch(const std::string& name) {
+  const auto dir = scratch_root() / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir.parent_path());
+  return dir;
+}
+
+template <class Model, class Mesh>
+auto batch(const Mesh& mesh, int step) {
+  using L = typename Model::Ids::layout;
+  const auto v = config().vocab;
+  return std::pair{distribute_replicated<L>(mesh, randint<std::int32_t>(Shape<2>{kBatch, kPositions}, 100 + std::uint64_t(step), 0, v)),
+                   distribute_replicated<L>(mesh, randint<std::int32_t>(Shape<2>{kBatch, kPositions}, 200 + std::uint64_t(step), 0, v))};
+}
+
+/// Steps [from, to) of AdamW on the model (DDP + sequence-parallel gradient syncs); the losses.
+template <class Model, class Mesh>
+std::vector<double> train(Run<Model, Mesh>& r, const Mesh& mesh, int from, int to) {
+  auto& [model, ps, opt] = r;
+  std::vector<double> losses;
+  for (int s = from; s < to; ++s) {
+    opt.zero_grad();
+    auto [ids, tgt] = batch<Model>(mesh, s);
+    auto [loss, saved] = model.forward(ids, tgt);
+    model.backward(std::move(saved));
+    parallel::sequence_parallel_grads(ps, mesh);
+    parallel::DataParallel<Mesh>(mesh).all_reduce_gradients(ps);
+    opt.step();
+    losses.push_back(full_tensor(loss)[0]);
+  }
+  return losses;
+}
+
+template <class Model>
+std::vector<double> unit_values(Model& model) {
+  std::vector<double> v;
+  for (auto& u : model.units()) v.insert(v.end(), u.group->values().begin(), u.group->values().end());
+  return v;
+}
+template <class Opt>
+std::vector<double> moments(const Opt& opt) {
+  std::vector<double> v;
+  for (std::size_t k = 0; k < opt.params().size(); ++k) {
+    v.insert(v.end(), opt.exp_avg(k).begin(), opt.exp_avg(k).end());
+    v.insert(v.end(), opt.exp_avg_sq(k).begin(), opt.exp_avg_sq(k).end());
+  }
+  return v;
+}
+
+checkpoint::TrainingMeta meta_at(int step) {
+  return {.step = step, .data_position = std::uint64_t(step) * kBatch, .rng_state = std::string("rng\0state\n", 10),
+          .config = checkpoint::config_of(config())};
+}
+
+/// Trains kSaveAt steps on dp 2 x tp 2 and saves at `dir`; returns the losses of kSaveAt + kMore
+/// straight steps (the oracle of every resume).
+std::vector<double> save_reference(const fs::path& dir) {
+  std::vector<double> straight;
+  threads::run(4, [&](CommPtr world) {
+    Mesh2 mesh(world, {2, 2});
+    TpRun model_run(mesh);
+
+    auto& [model, ps, opt] = model_run;
+    auto losses = train(model_run, mesh, 0, kSaveAt);
+    checkpoint::save_training_state(dir, mesh, model, opt, meta_at(kSaveAt));
+    auto more = train(model_run, mesh, kSaveAt, kSaveAt + kMore);
+    losses.insert(losses.end(), more.begin(), more.end());
+    if (world->rank() == 0) straight = losses;
+  });
+  return straight;
+}
+
+/// Every tensor of the checkpoint, whole: loaded on one rank.
+Full load_full(const fs::path& dir) {
+  Full full;
+  threads::run(1, [&](CommPtr world) {
+    Mesh2 mesh(world, {1, 1});
+    OneRun model_run(mesh);
+
+    auto& [model, ps, opt] = model_run;
+    checkpoint::load_training_state(dir, mesh, model, opt, checkpoint::config_of(config()));
+    for (const auto& s : checkpoint::detail::with_moments(checkpoint::parameter_slots(model.units(), mesh), opt))
+      full[s.name] = {s.shape, std::vector<double>(s.data, s.data + s.box.numel())};
+  });
+  return full;
+}
+
+/// "" or the first slot whose elements differ from its box of the full tensors.
+template <class T>
+std::string compare_slots(const checkpoint::Slots<T>& slots, const Full& full) {
+  for (const auto& s : slots) {
+    const auto it = full.find(s.name);
+    if (it == full.end()) return "no full tensor " + s.name;
+    const auto& [shape, values] = it->second;
+    std::vector<double> want(std::size_t(s.box.numel()));
+    checkpoint::copy_region(values.data(), checkpoint::Region{std::vector<Extent>(shape.size(), 0), shape}, want.data(), s.box,
+                            s.box, sizeof(double));
+    for (std::size_t i = 0; i < want.size(); ++i)
+      if (s.data[i] != want[i]) return detail::cat(s.name, " box ", checkpoint::to_string(s.box), " element ", i, ": ", s.data[i], " vs ", want[i]);
+  }
+  return {};
+}
+
+std::string compare_losses(const std::vector<double>& got, const std::vector<double>& want, double rtol) {
+  if (got.size() != want.size()) return detail::cat(got.size(), " losses, expected ", want.size());
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (!(std::abs(got[i] - want[i]) <= rtol * std::abs(want[i])))
+      return detail::cat("loss ", i, ": ", got[i], " vs ", want[i]);
+  return {};
+}
+
+const fs::path& reference_dir() {
+  static const fs::path dir = scratch("reference");
+  return dir;
+}
+const std::vector<double>& straight_losses() {
+  static const std::vector<double> losses = save_reference(reference_dir());
+  return losses;
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint: train 3, save, resume, train 2 == 5 straight, bit for bit (dp 2 x tp 2)", "[checkpoint]") {
+  const auto& straight = straight_losses();
+  auto f = on_ranks(4, [&](CommPtr world, auto report) {
+    Mesh2 mesh(world, {2, 2});
+    auto other = config();
+    other.seed = 99;  // other initial values, and another configuration
+    TpRun model_run(mesh, other);
+    auto& [model, ps, opt] = model_run;
+    auto before = unit_values(model);
+    // The seed differs, so the configuration does: refused, and nothing loaded.
+    try {
+      checkpoint::load_training_state(reference_dir(), mesh, model, opt, checkpoint::config_of(model.config()));
+      report("a checkpoint of another configuration loaded");
+    } catch (const Error& e) {
+      if (std::string(e.what()).find("seed: 5 in the checkpoint, 99 here") == std::string::npos) report(e.what());
+    }
+    const auto meta = checkpoint::load_training_state(reference_dir(), mesh, model, opt, {{"model", "gpt"}, {"vocab", "29"}, {"seq", "8"}, {"dim", "16"}, {"heads", "4"}, {"layers", "2"}, {"mlp_ratio", "2"}, {"seed", "5"}});
+    if (unit_values(model) == before) report("nothing loaded");
+    if (meta.step != kSaveAt || meta.data_position != std::uint64_t(kSaveAt) * kBatch || meta.rng_state != meta_at(0).rng_state ||
+        opt.steps() != kSaveAt)
+      report(detail::cat("metadata: step ", meta.step, ", data position ", meta.data_position, ", optimizer steps ", opt.steps()));
+    const auto losses = train(model_run, mesh, kSaveAt, kSaveAt + kMore);
+    const std::vector<double> want(straight.begin() + kSaveAt, straight.end());
+    if (losses != want) report("resumed losses differ: " + compare_losses(losses, want, 0));
+  });
+  INFO(summary(f));
+  REQUIRE(f.empty());
+}
+
+TEST_CASE("checkpoint: the same mesh restores parameters and AdamW moments bit for bit", "[checkpoint]") {
+  const auto dir = scratch("same-mesh");
+  auto f = on_ranks(4, [&](CommPtr world, auto report) {
+    Mesh2 mesh(world, {2, 2});
+    TpRun saved_run(mesh), loaded_run(mesh);
+    auto &saved = saved_run.model, &loaded = loaded_run.model;
+    auto &opt = saved_run.opt, &opt2 = loaded_run.opt;
+    train(saved_run, mesh, 0, 2);
+    checkpoint::save_training_state(dir, mesh, saved, opt, meta_at(2), {.max_piece_bytes = 512});  // many slabs
+    checkpoint::load_training_state(dir, mesh, loaded, opt2, checkpoint::config_of(config()));
+    if (unit_values(loaded) != unit_values(saved)) report("parameters differ");
+    if (moments(opt2) != moments(opt) || opt2.steps() != 2) report("optimizer state differs");
+    // Each saved box is written once: pieces tile every tensor (checked by save), no more.
+    const auto m = checkpoint::read_manifest(dir);
+    for (const auto& t : m.tensors) {
+      Extent held = 0, total = 1;
+      for (const auto& p : t.pieces) held += p.box.numel();
+      for (Extent e : t.shape) total *= e;
+      if (held != total) report(detail::cat(t.name, ": pieces hold ", held, " of ", total));
+    }
+    if (m.mesh_names != std::vector<std::string>{"dp", "tp"} || m.mesh_shape != std::vector<int>{2, 2}) report("mesh metadata");
+  });
+  INFO(summary(f));
+  REQUIRE(f.empty());
+}
+
+TEST_CASE("checkpoint: loaded on one rank, tp 4 and FSDP, every piece equals the saved full tensors", "[checkpoint]") {
+  const auto& straight = straight_losses();
+  const Full full = load_full(reference_dir());
+  // The one-rank load is the whole saved parameters: the training run's full tensors.
+  threads::run(4, [&](CommPtr world) {  // recompute them from a fresh dp 2 x tp 2 run of 3 steps
+    Mesh2 mesh(world, {2, 2});
+    TpRun model_run(mesh);
+
+    auto& [model, ps, opt] = model_run;
+    train(model_run, mesh, 0, kSaveAt);
+    std::string bad;
+    nn::for_each_parameter(model, [&](auto& p) {
+      if (!p.defined()) return;
+      const auto whole = full_tensor(p.value());
+      const auto& got = full.at(p.name()).second;
+      if (!std::equal(got.begin(), got.end(), whole.span().begin(), whole.span().end())) bad = p.name();
+    });
+    if (world->rank() == 0) {
+      INFO("parameter " << bad << " loaded on one rank differs from full_tensor of the saving run");
+      CHECK(bad.empty());
+    }
+  });
+  SECTION("one rank, then 2 more steps within rounding of the straight run") {
+    threads::run(1, [&](CommPtr world) {
+      Mesh2 mesh(world, {1, 1});
+      OneRun model_run(mesh);
+
+      auto& [model, ps, opt] = model_run;
+      checkpoint::load_training_state(reference_dir(), mesh, model, opt, checkpoint::config_of(config()));
+      const auto losses = train(model_run, mesh, kSaveAt, kSaveAt + kMore);
+      const auto msg = compare_losses(losses, {straight.begin() + kSaveAt, straight.end()}, 1e-10);
+      INFO(msg);
+      CHECK(msg.empty());
+    });
+  }
+  SECTION("tp 4 (vocab 29 as 8, 8, 8, 5), then 2 more steps") {
+    auto f = on_ranks(4, [&](CommPtr world, auto report) {
+      Mesh2 mesh(world, {1, 4});
+      TpRun model_run(mesh);
+
+      auto& [model, ps, opt] = model_run;
+      checkpoint::LoadStats stats;
+      auto slots = checkpoint::detail::with_moments(checkpoint::parameter_slots(model.units(), mesh), opt);
+      checkpoint::load(reference_dir(), mesh, slots, {}, &stats);
+      report(compare_slots(slots, full));
+      // Only overlapping pieces are read: at most the needed bytes plus one slab per slot edge.
+      if (stats.bytes_read < stats.bytes_needed || stats.bytes_read > 3 * stats.bytes_needed)
+        report(detail::cat("read ", stats.bytes_read, " bytes for ", stats.bytes_needed));
+      opt.set_steps(kSaveAt);
+      const auto losses = train(model_run, mesh, kSaveAt, kSaveAt + kMore);
+      report(compare_losses(losses, {straight.begin() + kSaveAt, straight.end()}, 1e-10));
+    });
+    INFO(summary(f));
+    REQUIRE(f.empty());
+  }
+  SECTION("FSDP x TP 2 x 2 (ZeRO-3), then 2 more steps; FSDP over 3 ranks (uneven) and HSDP 2 x 2, saved again, whole on one rank") {
+    auto f = on_ranks(4, [&](CommPtr world, auto report) {
+      FsdpMesh mesh(world, {1, 2, 2});
+      nn::GPT<double, FsdpMesh, parallel::MegatronPlan<true>> model(mesh, config());
+      auto fsdp = parallel::fully_shard(model, mesh, {.stage = 3});
+      optim::AdamW<double, 3> opt(fsdp.params(), adam());
+      checkpoint::load_training_state(reference_dir(), mesh, model, fsdp, opt, checkpoint::config_of(config()));
+      report(compare_slots(checkpoint::detail::with_moments(checkpoint::fsdp_parameter_slots(model.units(), fsdp, mesh), opt), full));
+      std::vector<double> losses;
+      for (int s = kSaveAt; s < kSaveAt + kMore; ++s) {
+        opt.zero_grad();
+        auto [ids, tgt] = batch<decltype(model)>(mesh, s);
+        auto [loss, saved] = model.forward(ids, tgt);
+        model.backward(std::move(saved));
+        fsdp.finish_gradient_sync();
+        parallel::sequence_parallel_grads(fsdp.params(), mesh);
+        opt.step();
+        fsdp.sync_parameters();
+        losses.push_back(full_tensor(loss)[0]);
+      }
+      report(compare_losses(losses, {straight.begin() + kSaveAt, straight.end()}, 1e-10));
+    });
+    INFO(summary(f));
+    REQUIRE(f.empty());
+    const auto dir = scratch("fsdp3");
+    f = on_ranks(3, [&](CommPtr world, auto report) {
+      FsdpMesh mesh(world, {1, 3, 1});
+      nn::GPT<double, FsdpMesh, nn::ReplicatedPlan> model(mesh, config());
+      auto fsdp = parallel::fully_shard(model, mesh, {.stage = 2});
+      optim::AdamW<double, 3> opt(fsdp.params(), adam());
+      checkpoint::load_training_state(reference_dir(), mesh, model, fsdp, opt, checkpoint::config_of(config()));
+      // ZeRO-2 keeps full values: sync_parameters (in load) made them the loaded ones.
+      report(compare_slots(checkpoint::parameter_slots(model.units(), mesh), full));
+      checkpoint::save_training_state(dir, mesh, model, fsdp, opt, meta_at(kSaveAt), {.max_piece_bytes = 256});
+    });
+    INFO(summary(f));
+    REQUIRE(f.empty());
+    const Full again = load_full(dir);
+    CHECK(again == full);
+    // HSDP 2 x 2: the replicas on "dp" are written once (save throws if a box is written twice).
+    const auto hsdp_dir = scratch("hsdp");
+    f = on_ranks(4, [&](CommPtr world, auto report) {
+      FsdpMesh mesh(world, {2, 2, 1});
+      nn::GPT<double, FsdpMesh, nn::ReplicatedPlan> model(mesh, config());
+      auto fsdp = parallel::fully_shard(model, mesh, {.stage = 3});
+      optim::AdamW<double, 3> opt(fsdp.params(), adam());
+      checkpoint::load_training_state(reference_dir(), mesh, model, fsdp, opt, checkpoint::config_of(config()));
+      checkpoint::save_training_state(hsdp_dir, mesh, model, fsdp, opt, meta_at(kSaveAt));
+      if (mesh.coordinate(0) == 1 && fs::file_size(hsdp_dir / ("rank-0000" + std::to_string(world->rank()) + ".bin")) != 0)
+        report("a replica on dp 1 wrote pieces");
+    });
+    INFO(summary(f));
+    REQUIRE(f.empty());
+    CHECK(load_full(hsdp_dir) == full);
+  }
+}
+
+namespace {
+
+/// Flips one byte (or cuts the file) and returns what loading on dp 2 x tp 2 says, "" if it loads.
+std::string load_error(const fs::path& dir) {
+  std::vector<std::string> errors(4);
+  threads::run(4, [&](CommPtr world) {
+    Mesh2 mesh(world, {2, 2});
+    TpRun model_run(mesh);
+
+    auto& [model, ps, opt] = model_run;
+    try {
+      checkpoint::load_training_state(dir, mesh, model, opt, checkpoint::config_of(config()));
+    } catch (const Error& e) {
+      errors[std::size_t(world->rank())] = e.what();
+    }
+  });
+  for (const auto& e : errors)
+    if (e.empty() != errors[0].empty()) return "only some ranks failed: " + errors[0];  // all ranks learn of it
+  return errors[0];
+}
+
+void copy_checkpoint(const fs::path& from, const fs::path& to) {
+  fs::remove_all(to);
+  fs::copy(from, to, fs::copy_options::recursive);
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint: corrupted, truncated and missing pieces are errors naming the tensor and file", "[checkpoint][errors]") {
+  straight_losses();
+  const auto dir = scratch("damaged");
+  SECTION("a flipped byte") {
+    copy_checkpoint(reference_dir(), dir);
+    std::fstream f(dir / "rank-00001.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    char c = 0;
+    f.read(&c, 1);
+    f.seekp(100);
+    c = char(c ^ 0x10);
+    f.write(&c, 1);
+    f.close();
+    const auto e = load_error(dir);
+    INFO(e);
+    CHECK(e.find("corrupted (checksum mismatch)") != std::string::npos);
+    CHECK(e.find("rank-00001.bin") != std::string::npos);
+    CHECK(e.find("tensor ") != std::string::npos);
+  }
+  SECTION("a truncated file") {
+    copy_checkpoint(reference_dir(), dir);
+    fs::resize_file(dir / "rank-00000.bin", fs::file_size(dir / "rank-00000.bin") - 24);
+    const auto e = load_error(dir);
+    INFO(e);
+    CHECK(e.find("is truncated") != std::string::npos);
+    CHECK(e.find("rank-00000.bin") != std::string::npos);
+  }
+  SECTION("a missing file") {
+    copy_checkpoint(reference_dir(), dir);
+    fs::remove(dir / "rank-00001.bin");  // rank 2 (dp 1) wrote nothing: rank 0 (dp 0) wrote the replicated pieces
+    const auto e = load_error(dir);
+    INFO(e);
+    CHECK(e.find("rank-00001.bin of piece") != std::string::npos);
+    CHECK(e.find("is missing") != std::string::npos);
+  }
+  SECTION("a piece missing from the manifest (resealed)") {
+    copy_checkpoint(reference_dir(), dir);
+    auto m = checkpoint::read_manifest(dir);
+    std::string name;
+    for (auto& t : m.tensors)
+      if (t.name == "h.0.attn.qkv.weight") t.pieces.pop_back(), name = t.name;
+    std::ofstream(dir / "MANIFEST", std::ios::trunc) << checkpoint::serialize(m);
+    const auto e = load_error(dir);
+    INFO(e);
+    CHECK(!name.empty());
+    CHECK(e.find("tensor h.0.attn.qkv.weight: the checkpoint's pieces cover") != std::string::npos);
+  }
+  SECTION("a damaged manifest, and none") {
+    copy_checkpoint(reference_dir(), dir);
+    fs::resize_file(dir / "MANIFEST", fs::file_size(dir / "MANIFEST") - 30);
+    CHECK(load_error(dir).find("MANIFEST") != std::string::npos);
+    fs::remove_all(dir);
+    CHECK(load_error(dir).find("no checkpoint at") != std::string::npos);
+  }
+}
+
+TEST_CASE("checkpoint: a failed or killed save leaves the previous checkpoint loadable", "[checkpoint][errors]") {
+  straight_losses();
+  const auto dir = scratch("crash");
+  copy_checkpoint(reference_dir(), dir);
+  const Full before = load_full(dir);
+  // Saves a model trained 1 step (different values) at dir, with a failure injected.
+  auto save_failing = [&](const std::string& stage, int failing_rank) {
+    std::vector<std::string> errors(4);
+    threads::run(4, [&](CommPtr world) {
+      Mesh2 mesh(world, {2, 2});
+      TpRun model_run(mesh);
+
+      auto& [model, ps, opt] = model_run;
+      train(model_run, mesh, 0, 1);
+      checkpoint::SaveOptions o;
+      o.before_stage = [&](std::string_view s) {
+        if (s == stage && world->rank() == failing_rank) throw Error("test", "simulated crash before " + stage);
+      };
+      try {
+        checkpoint::save_training_state(dir, mesh, model, opt, meta_at(1), o);
+      } catch (const Error& e) {
+        errors[std::size_t(world->rank())] = e.what();
+      }
+    });
+    return errors;
+  };
+  for (const auto& [stage, rank] : std::vector<std::pair<std::string, int>>{{"data", 2}, {"manifest", 1}, {"commit", 0}}) {
+    const auto errors = save_failing(stage, rank);
+    for (const auto& e : errors) {
+      INFO(stage << " on rank " << rank << ": " << e);
+      CHECK(e.find("simulated crash before " + stage) != std::string::npos);  // every rank learns of it
+    }
+    INFO("after a failure before " << stage);
+    CHECK(load_full(dir) == before);
+  }
+  SECTION("an unwritable directory") {
+    const auto file = scratch("a-file");
+    std::ofstream(file) << "not a directory";
+    std::vector<std::string> errors(2);
+    threads::run(2, [&](CommPtr world) {
+      Mesh2 mesh(world, {2, 1});
+      OneRun model_run(mesh);
+
+      auto& [model, ps, opt] = model_run;
+      try {
+        checkpoint::save_training_state(file / "ckpt", mesh, model, opt, meta_at(0));
+      } catch (const Error& e) {
+        errors[std::size_t(world->rank())] = e.what();
+      }
+    });
+    for (const auto& e : errors) {
+      INFO(e);
+      CHECK(e.find("cannot create " + (file / "ckpt.partial").string()) != std::string::npos);
+    }
+  }
+  SECTION("the writer process killed mid-write (SIGKILL), then a save that succeeds") {
+    const auto marker = scratch("marker");
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {  // the writer: pieces written, killed before its manifest
+      threads::run(2, [&](CommPtr world) {
+        Mesh2 mesh(world, {1, 2});
+        TpRun model_run(mesh);
+
+        auto& [model, ps, opt] = model_run;
+        checkpoint::SaveOptions o;
+        o.before_stage = [&](std::string_view s) {
+          if (s != "manifest") return;
+          if (world->rank() == 0) std::ofstream(marker) << "ready";
+          for (;;) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        };
+        checkpoint::save_training_state(dir, mesh, model, opt, meta_at(7), o);
+      });
+      ::_exit(0);
+    }
+    for (int i = 0; i < 6000 && !fs::exists(marker); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    const bool reached = fs::exists(marker);
+    ::kill(child, SIGKILL);
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    REQUIRE(reached);
+    CHECK(WIFSIGNALED(status));
+    CHECK(fs::exists(fs::path(dir.string() + ".partial") / "rank-00000.bin"));  // what the writer left
+    CHECK(load_full(dir) == before);
+    // The next save removes the stale staging directory and commits.
+    straight_losses();
+    threads::run(4, [&](CommPtr world) {
+      Mesh2 mesh(world, {2, 2});
+      TpRun model_run(mesh);
+
+      auto& [model, ps, opt] = model_run;
+      checkpoint::save_training_state(dir, mesh, model, opt, meta_at(0));
+    });
+    CHECK(!fs::exists(fs::path(dir.string() + ".partial")));
+    CHECK(checkpoint::read_manifest(dir).meta.step == 0);
+    CHECK(load_full(dir) != before);
+  }
+}
+
+TEST_CASE("checkpoint: a Partial tensor, a tensor of other extents or type, an unknown tensor are errors", "[checkpoint][errors]") {
+  straight_losses();
+  auto f = on_ranks(2, [&](CommPtr world, auto report) {
+    Mesh2 mesh(world, {2, 1});
+    std::vector<double> data(29 * 16, 1.0);
+    std::vector<float> narrow(29 * 16);
+    auto expect = [&](const std::string& what, auto&& fn) {
+      try {
+        fn();
+        report("accepted: " + what);
+      } catch (const Error& e) {
+        if (std::string(e.what()).find(what) == std::string::npos) report(e.what());
+      }
+    };
+    checkpoint::Slots<double> slots;
+    expect("tensor grad.w has layout (P(sum), R) on (dp, tp): a Partial value cannot be saved", [&] {
+      checkpoint::add_slot(slots, mesh, "grad.w", {2, 3}, checkpoint::Region{{0, 0}, {2, 3}}, data.data(),
+                           Layout<Partial<>, Replicate>::desc);
+    });
+    // The layout could place rows 0..14 of wte.weight on this rank, but the model is another.
+    const auto rows = chunk_range(29, 2, mesh.coordinate(0));
+    checkpoint::Slots<double> wider;
+    checkpoint::add_slot(wider, mesh, "wte.weight", {29, 32}, checkpoint::Region{{rows.begin, 0}, {rows.size(), 16}},
+                         data.data(), Layout<Shard<0>, Replicate>::desc);
+    expect("tensor wte.weight is float64 [29, 16] in the checkpoint, float64 [29, 32] here",
+           [&] { checkpoint::load(reference_dir(), mesh, wider); });
+    checkpoint::Slots<float> floats;
+    checkpoint::add_slot(floats, mesh, "wte.weight", {29, 16}, checkpoint::Region{{rows.begin, 0}, {rows.size(), 16}},
+                         narrow.data(), Layout<Shard<0>, Replicate>::desc);
+    expect("float64 [29, 16] in the checkpoint, float32 [29, 16] here", [&] { checkpoint::load(reference_dir(), mesh, floats); });
+    checkpoint::Slots<double> unknown;
+    checkpoint::add_slot(unknown, mesh, "wte.bias", {29}, checkpoint::Region{{rows.begin}, {rows.size()}}, data.data(),
+                         Layout<Shard<0>, Replicate>::desc);
+    expect("tensor wte.bias is not in the checkpoint", [&] { checkpoint::load(reference_dir(), mesh, unknown); });
+  });
+  INFO(summary(f));
+  REQUIRE(f.empty());
+}
+
+TEST_CASE("checkpoint regions: flat ranges as boxes, and the overlap plan, against brute force", "[checkpoint][plan]") {
+  std::mt19937_64 rng(11);
+  auto pick = [&](Extent lo, Extent hi) { return std::uniform_int_distribution<Extent>(lo, hi)(rng); };
+  for (int trial = 0; trial < 300; ++trial) {
+    const std::size_t rank = std::size_t(pick(1, 3));
+    std::vector<Extent> extent(rank);
+    for (auto& e : extent) e = pick(1, 7);
+    Extent n = 1;
+    for (Extent e : extent) n *= e;
+    const Extent b = pick(0, n), e = pick(b, n);
+    // Boxes in increasing order, each contiguous, covering [b, e) exactly.
+    Extent next = b;
+    std::size_t count = 0;
+    for (const auto& part : checkpoint::flat_range_boxes(extent, b, e)) {
+      const auto st = [&] {
+        std::vector<Extent> s(rank, 1);
+        for (std::size_t d = rank - 1; d-- > 0;) s[d] = s[d + 1] * extent[d + 1];
+        return s;
+      }();
+      Extent first = 0;
+      for (std::size_t d = 0; d < rank; ++d) first += part.box.offset[d] * st[d];
+      REQUIRE(first == next);
+      REQUIRE(part.at == first - b);
+      next += part.box.numel();
+      ++count;
+    }
+    REQUIRE(next == e);
+    REQUIRE(count <= 2 * rank - 1);
+  }
+  // The pieces of random layouts on random 2-D meshes, queried with another layout's boxes.
+  for (int trial = 0; trial < 200; ++trial) {
+    const std::array<int, 2> old_mesh{int(pick(1, 4)), int(pick(1, 4))}, new_mesh{int(pick(1, 4)), int(pick(1, 4))};
+    const Shape<2> global{pick(1, 13), pick(1, 13)};
+    auto layout = [&] {
+      LayoutDesc<2> l;
+      for (auto& p : l.placements) p = pick(0, 2) == 0 ? PlacementDesc::replicate() : PlacementDesc::shard(int(pick(0, 1)));
+      l.priority = pick(0, 1) ? std::array<int, 2>{0, 1} : std::array<int, 2>{1, 0};
+      return l;
+    };
+    const auto from = layout(), to = layout();
+    auto boxes = [&](const LayoutDesc<2>& l, std::array<int, 2> mesh) {
+      std::vector<checkpoint::Region> out;
+      for (int i = 0; i < mesh[0]; ++i)
+        for (int j = 0; j < mesh[1]; ++j) {
+          if ((l.placements[0].is_replicate() && i) || (l.placements[1].is_replicate() && j)) continue;  // written once
+          const auto bx = local_box(l, mesh, {i, j}, global);
+          out.push_back({{bx.offset[0], bx.offset[1]}, {bx.extent[0], bx.extent[1]}});
+        }
+      return out;
+    };
+    const auto saved = boxes(from, old_mesh);
+    const checkpoint::OverlapIndex index(saved);
+    for (const auto& q : boxes(to, new_mesh)) {
+      std::vector<std::size_t> got, want;
+      index.for_each_overlap(q, [&](std::size_t i, const checkpoint::Region& c) {
+        REQUIRE(c == checkpoint::intersect(saved[i], q));
+        got.push_back(i);
+      });
+      for (std::size_t i = 0; i < saved.size(); ++i)
+        if (!checkpoint::intersect(saved[i], q).empty()) want.push_back(i);
+      std::sort(got.begin(), got.end());
+      INFO("from " << to_string(from) << " on " << to_string(old_mesh) << " to " << to_string(to) << " on " << to_string(new_mesh));
+      REQUIRE(got == want);
+    }
+  }
+}

@@ -1,0 +1,225 @@
+// The Llama pieces: ops::rotary and ops::repeat_interleave against finite differences (double)
+// and their defining properties; grouped-query attention with rotary positions, SwiGLU and the
+// Llama block against finite differences; tensor-parallel GQA / SwiGLU / block (TP, TP + SP on
+// 1-D and 2-D meshes) equal to the one-rank modules; nn::Llama's parameters and units; the
+// errors for KV heads or ffn that do not split over tp. Training parity: tests/parity/test_llama_parity.cpp.
+#include <catch2/catch.hpp>
+
+#include "dtensor/comm/threads.hpp"
+#include "dtensor/nn/llama.hpp"
+#include "dtensor/ops/repeat.hpp"
+#include "dtensor/ops/rotary.hpp"
+#include "dtensor/parallel/gpt_plan.hpp"
+#include "test_nn_support.hpp"
+
+using namespace dtensor;
+using namespace dtensor::testing;
+
+namespace {
+
+constexpr Extent B = 2, T = 5, C = 16, H = 4, KV = 2, FFN = 12, SEQ = 8;
+const auto x_full = normal<double>(Shape<3>{B, T, C}, 61);
+const auto r_full = normal<double>(Shape<3>{B, T, C}, 62);
+const nn::AttentionConfig gqa{.dim = C, .heads = H, .seq = SEQ, .kv_heads = KV, .rope_theta = 100, .bias = false};
+const nn::BlockConfig llama_bc{.dim = C, .heads = H, .seq = SEQ, .init_std = 0.3, .out_std = 0.3, .kv_heads = KV,
+                               .ffn = FFN, .rope_theta = 100, .bias = false, .norm_eps = 1e-5};
+
+template <class Plan>
+using LlamaBlock = typename nn::LlamaLayers::template block<double, NnMesh, Plan>;
+
+/// Central differences of J(x) = sum(r * f(x)) at every entry of x, against `analytic`.
+template <std::size_t R, class F, class G>
+std::string fd_all(Tensor<double, R> x, const G& analytic, F f, const Tensor<double, R>& r) {
+  auto J = [&] {
+    const auto y = f(x);
+    double s = 0;
+    for (Extent i = 0; i < y.numel(); ++i) s += y[i] * r[i];
+    return s;
+  };
+  return fd_span("x", x.span(), analytic.span(), J, int(x.numel()));
+}
+
+template <class Plan>
+ModuleRun<3> block_run(const NnMesh& mesh) {
+  LlamaBlock<Plan> blk("h.0", mesh, llama_bc, 3);
+  auto x = distribute_replicated<typename decltype(blk)::In::layout>(mesh, x_full);
+  return run_module(blk, mesh, x, r_full);
+}
+template <class Plan>
+ModuleRun<3> attn_run(const NnMesh& mesh) {
+  nn::CausalSelfAttention<double, NnMesh, typename Plan::qkv, typename Plan::proj> a("attn", mesh, gqa, 3, 0.3, 0.3);
+  auto x = distribute_replicated<typename decltype(a)::In::layout>(mesh, x_full);
+  return run_module(a, mesh, x, r_full);
+}
+
+}  // namespace
+
+TEST_CASE("rotary: the backward is the adjoint (finite differences), position 0 is the identity, norms and "
+          "relative angles are kept", "[llama][ops]") {
+  const Shape<4> s{2, 3, 2, 6};
+  const auto x = normal<double>(s, 1), r = normal<double>(s, 2);
+  Tensor<std::int32_t, 2> pos(Shape<2>{2, 3});
+  for (Extent b = 0; b < 2; ++b)
+    for (Extent t = 0; t < 3; ++t) pos(b, t) = std::int32_t(b == 0 ? t : 7 - 2 * t);  // any global positions
+  const double theta = 50;
+  auto e = fd_all(x, kernels::host::rotary_backward(pos, r, theta),
+                  [&](const Tensor<double, 4>& v) { return kernels::host::rotary(v, pos, theta); }, r);
+  INFO(e);
+  REQUIRE(e.empty());
+  const auto y = kernels::host::rotary(x, pos, theta);
+  // Position 0 turns by nothing; every (b, t, h) row keeps its norm.
+  for (Extent i = 0; i < 6; ++i) REQUIRE(y(0, 0, 1, i) == x(0, 0, 1, i));
+  for (Extent b = 0; b < 2; ++b)
+    for (Extent t = 0; t < 3; ++t) {
+      double nx = 0, ny = 0;
+      for (Extent i = 0; i < 6; ++i) nx += x(b, t, 0, i) * x(b, t, 0, i), ny += y(b, t, 0, i) * y(b, t, 0, i);
+      REQUIRE(ny == Approx(nx).epsilon(1e-12));
+    }
+  // <rot(q, m), rot(k, n)> depends on m - n only: (m, n) = (3, 1) and (7, 5).
+  Tensor<double, 4> qk(Shape<4>{1, 4, 1, 6});
+  const auto q = normal<double>(Shape<1>{6}, 3), k = normal<double>(Shape<1>{6}, 4);
+  Tensor<std::int32_t, 2> p4(Shape<2>{1, 4});
+  const std::int32_t at[4] = {3, 1, 7, 5};
+  for (Extent t = 0; t < 4; ++t) {
+    p4(0, t) = at[t];
+    for (Extent i = 0; i < 6; ++i) qk(0, t, 0, i) = t % 2 == 0 ? q[i] : k[i];
+  }
+  const auto turned = kernels::host::rotary(qk, p4, theta);
+  auto dot = [&](Extent a, Extent b) {
+    double d = 0;
+    for (Extent i = 0; i < 6; ++i) d += turned(0, a, 0, i) * turned(0, b, 0, i);
+    return d;
+  };
+  REQUIRE(dot(0, 1) == Approx(dot(2, 3)).epsilon(1e-12));
+  REQUIRE_THROWS_AS(kernels::host::rotary(normal<double>(Shape<4>{2, 3, 2, 5}, 1), pos, theta), Error);  // D odd
+}
+
+TEST_CASE("repeat_interleave: values, and the backward sums the repeats (finite differences)", "[llama][ops]") {
+  const auto x = normal<double>(Shape<4>{2, 3, 2, 2}, 5);
+  const auto y = kernels::host::repeat_interleave(x, 1, 3);
+  REQUIRE(y.shape() == Shape<4>{2, 9, 2, 2});
+  for (Extent b = 0; b < 2; ++b)
+    for (Extent h = 0; h < 9; ++h) REQUIRE(y(b, h, 1, 0) == x(b, h / 3, 1, 0));
+  const auto r = normal<double>(y.shape(), 6);
+  auto e = fd_all(x, kernels::host::repeat_interleave_backward(r, 1, 3),
+                  [&](const Tensor<double, 4>& v) { return kernels::host::repeat_interleave(v, 1, 3); }, r);
+  INFO(e);
+  REQUIRE(e.empty());
+  REQUIRE_THROWS_AS(kernels::host::repeat_interleave_backward(r, 1, 2), Error);  // 9 is not a multiple of 2
+}
+
+TEST_CASE("ops::rotary and ops::repeat_interleave on a split mesh equal the one-rank ops", "[llama][ops]") {
+  const auto x = normal<double>(Shape<4>{3, 5, 4, 6}, 7);  // B = 3 over dp = 2 (uneven), heads over tp = 2
+  Tensor<double, 4> rot_ref, rep_ref;
+  auto positions_of = [](const NnMesh& mesh) { return nn::positions<nn::tokens<NnMesh>>(mesh, {3, 5}, false); };
+  using HeadsL = nn::tokens<NnMesh, Shard<2>>;
+  threads::run(1, [&](CommPtr w) {
+    NnMesh mesh(w, {1, 1});
+    auto xd = distribute_replicated<HeadsL>(mesh, x);
+    rot_ref = full_tensor(ops::rotary(xd, positions_of(mesh), 30.0));
+    rep_ref = full_tensor(ops::repeat_interleave_backward<2>(ops::repeat_interleave<2>(xd, 2), 2));
+  });
+  auto f = on_ranks(4, [&](CommPtr world, auto report) {
+    NnMesh mesh(world, {2, 2});
+    auto xd = distribute_replicated<HeadsL>(mesh, x);
+    if (auto c = compare(full_tensor(ops::rotary(xd, positions_of(mesh), 30.0)), rot_ref); !c) report(c.message);
+    if (auto c = compare(full_tensor(ops::repeat_interleave_backward<2>(ops::repeat_interleave<2>(xd, 2), 2)), rep_ref); !c)
+      report(c.message);
+    // 3 heads do not split evenly over tp = 2: the repeated pieces would not line up.
+    auto odd = distribute_replicated<HeadsL>(mesh, normal<double>(Shape<4>{3, 5, 3, 6}, 8));
+    try {
+      (void)ops::repeat_interleave<2>(odd, 2);
+      report("no error for 3 heads over tp = 2");
+    } catch (const Error& e) {
+      if (std::string(e.what()).find("repeat_interleave") == std::string::npos) report(e.what());
+    }
+  });
+  INFO(summary(f));
+  REQUIRE(f.empty());
+}
+
+TEST_CASE("GQA attention with rotary positions, SwiGLU and the Llama block match finite differences", "[llama][nn]") {
+  threads::run(1, [&](CommPtr w) {
+    NnMesh mesh(w, {1, 1});
+    auto x = distribute_replicated<nn::tokens<NnMesh>>(mesh, x_full);
+    nn::CausalSelfAttention<double, NnMesh> a("attn", mesh, gqa, 3, 0.3, 0.3);
+    auto e = fd_check(a, x, r_full);
+    INFO("attention: " << e);
+    REQUIRE(e.empty());
+    nn::SwiGLU<double, NnMesh> ff("mlp", mesh, C, FFN, 4, 0.3, 0.3);
+    e = fd_check(ff, x, r_full);
+    INFO("swiglu: " << e);
+    REQUIRE(e.empty());
+    LlamaBlock<nn::ReplicatedPlan> blk("h.0", mesh, llama_bc, 3);
+    e = fd_check(blk, x, r_full);
+    INFO("block: " << e);
+    REQUIRE(e.empty());
+    // The qkv projection holds H + 2 KV heads of D features, and no bias.
+    REQUIRE(a.qkv().weight().value().shape() == Shape<2>{(H + 2 * KV) * (C / H), C});
+    REQUIRE(!a.qkv().bias().defined());
+  });
+}
+
+TEST_CASE("tensor-parallel GQA and Llama block (TP, TP + SP) equal the one-rank modules", "[llama][nn][parallel]") {
+  ModuleRun<3> attn_ref, block_ref;
+  threads::run(1, [&](CommPtr w) {
+    NnMesh mesh(w, {1, 1});
+    attn_ref = attn_run<nn::ReplicatedPlan>(mesh);
+    block_ref = block_run<nn::ReplicatedPlan>(mesh);
+  });
+  for (std::array<int, 2> shape : {std::array{1, 2}, std::array{2, 2}}) {
+    auto f = on_ranks(shape[0] * shape[1], [&](CommPtr world, auto report) {
+      NnMesh mesh(world, shape);
+      report(compare_runs(attn_run<parallel::MegatronPlan<false>>(mesh), attn_ref));
+      report(compare_runs(attn_run<parallel::MegatronPlan<true>>(mesh), attn_ref));
+      report(compare_runs(block_run<parallel::MegatronPlan<false>>(mesh), block_ref));
+      report(compare_runs(block_run<parallel::MegatronPlan<true>>(mesh), block_ref));
+    });
+    INFO(to_string(shape) << ": " << summary(f));
+    REQUIRE(f.empty());
+  }
+}
+
+TEST_CASE("KV heads and the ffn width must split over tp", "[llama][nn]") {
+  auto f = on_ranks(4, [&](CommPtr w, auto report) {
+    NnMesh mesh(w, {1, 4});
+    using A = nn::CausalSelfAttention<double, NnMesh, parallel::ColwiseParallel<>, parallel::RowwiseParallel<>>;
+    try {
+      A("attn", mesh, gqa, 3);  // 2 KV heads over tp = 4
+      report("no error for 2 KV heads over tp = 4");
+    } catch (const Error& e) {
+      if (std::string(e.what()).find("KV heads") == std::string::npos) report(e.what());
+    }
+    using F = nn::SwiGLU<double, NnMesh, parallel::ColwiseParallel<>, parallel::RowwiseParallel<>>;
+    try {
+      F("mlp", mesh, C, 10, 3);  // ffn 10 over tp = 4
+      report("no error for ffn 10 over tp = 4");
+    } catch (const Error& e) {
+      if (std::string(e.what()).find("nn::SwiGLU") == std::string::npos) report(e.what());
+    }
+  });
+  INFO(summary(f));
+  REQUIRE(f.empty());
+}
+
+TEST_CASE("nn::Llama: parameters, units and no position table", "[llama][nn]") {
+  threads::run(1, [&](CommPtr w) {
+    NnMesh mesh(w, {1, 1});
+    const nn::GPTConfig cfg{.vocab = 29, .seq = SEQ, .dim = C, .heads = H, .layers = 3, .kv_heads = KV, .ffn = FFN};
+    nn::Llama<double, NnMesh> model(mesh, cfg);
+    nn::ParamList<double, 2> ps;
+    model.collect(ps);
+    Extent count = 0;
+    bool wpe = false;
+    for (const auto& p : ps) {
+      count += Extent(p.value.size());
+      wpe = wpe || p.name.find("wpe") != std::string::npos;
+    }
+    const Extent D = C / H;
+    const Extent per_block = 2 * C + C * (H + 2 * KV) * D + C * C + 3 * C * FFN;
+    REQUIRE(!wpe);
+    REQUIRE(count == 29 * C + 3 * per_block + C + C * 29);
+    REQUIRE(model.units().size() == 5);  // embed, h.0 .. h.2, head
+    REQUIRE(model.units().front().params.size() == 1);  // wte alone
+  });
+}

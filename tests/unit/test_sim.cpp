@@ -1,0 +1,548 @@
+// The dry run (DESIGN.md §7a, docs/dry-run.md): the sim communicator, meshes built on it, meta
+// DTensors redistributed on it (the same CommLog as real tensors on the threads backend), the
+// reports per rank class, the cost model and the published figures it must reproduce.
+#include <catch2/catch.hpp>
+
+#include <mutex>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "dtensor/comm/sim.hpp"
+#include "dtensor/core/meta_space.hpp"
+#include "dtensor/distributed/redistribute.hpp"
+#include "dtensor/mesh/device_mesh.hpp"
+#include "dtensor/ops/matmul.hpp"
+#include "dtensor/parallel/pipeline/by_name.hpp"
+#include "dtensor/sim/chrome_trace.hpp"
+#include "dtensor/sim/cost_model.hpp"
+#include "dtensor/sim/dry_run.hpp"
+#include "dtensor/sim/training_plan.hpp"
+#include "support/on_ranks.hpp"
+#include "support/redistribute_cases.hpp"
+
+using namespace dtensor;
+using namespace dtensor::testing;
+
+namespace {
+
+/// One line per record with every field the backends fill in, so that two logs compare as text.
+std::string log_lines(const std::vector<CommRecord>& records) {
+  std::string s;
+  for (const auto& r : records)
+    s += detail::cat(name_of(r.kind), " group=", r.group, " size=", r.group_size, " bytes=", r.bytes,
+                     " dtype=", name_of(r.dtype), " op=", name_of(r.op), " peer=", r.peer, "\n");
+  return s;
+}
+
+/// A redistribution known at run time: a tensor of rank 1-3, its extents and two layouts.
+template <std::size_t N>
+struct RedistributionCase {
+  int rank = 1;
+  Shape<3> global{};
+  LayoutDesc<N> from, to;
+};
+
+/// `count` valid random cases drawn from `seed`: extents 0..13 (uneven, smaller than the mesh).
+template <std::size_t N>
+std::vector<RedistributionCase<N>> random_redistributions(std::uint64_t seed, int count) {
+  std::mt19937_64 g(seed);
+  std::vector<RedistributionCase<N>> cases;
+  while (int(cases.size()) < count) {
+    RedistributionCase<N> c;
+    c.rank = 1 + int(g() % 3);
+    for (int d = 0; d < c.rank; ++d) c.global[std::size_t(d)] = Extent(g() % 14);
+    c.from = random_layout<N>(g, c.rank);
+    c.to = random_layout<N>(g, c.rank);
+    if (!redistribution_error(c.from, c.to)) cases.push_back(c);
+  }
+  return cases;
+}
+
+/// Runs every case on this rank's piece in memory space Space (zeros on the host: only the
+/// collectives matter here) and returns the CommLog of all of them.
+template <class Space, class Mesh, std::size_t N>
+std::vector<CommRecord> run_cases(const Mesh& mesh, const std::vector<RedistributionCase<N>>& cases) {
+  CommLog log;
+  auto one = [&]<std::size_t R>(const RedistributionCase<N>& c) {
+    Shape<R> global{};
+    for (std::size_t d = 0; d < R; ++d) global[d] = c.global[d];
+    const auto box = local_box(c.from, mesh.shape(), mesh.coordinate(), global);
+    (void)execute(plan_redistribution(c.from, c.to), Tensor<float, R, Space>(box.extent), mesh, global);
+  };
+  for (const auto& c : cases) {
+    if (c.rank == 1) one.template operator()<1>(c);
+    else if (c.rank == 2) one.template operator()<2>(c);
+    else one.template operator()<3>(c);
+  }
+  return log.records();
+}
+
+/// The cases on a threads mesh with host tensors and, rank by rank, on a sim mesh with meta
+/// tensors; "" when every rank's logs agree, else the first rank that differs and both logs.
+template <fixed_string... Names, std::size_t N = sizeof...(Names)>
+std::string compare_with_threads(const std::array<int, N>& shape, std::uint64_t seed, int count) {
+  const auto cases = random_redistributions<N>(seed, count);
+  int n = 1;
+  for (int s : shape) n *= s;
+  std::vector<std::vector<CommRecord>> real(std::size_t(n), std::vector<CommRecord>{});
+  std::mutex m;
+  threads::run(n, [&](CommPtr world) {
+    DeviceMesh<Names...> mesh(world, shape);
+    auto records = run_cases<host_space>(mesh, cases);
+    std::lock_guard lock(m);
+    real[std::size_t(world->rank())] = std::move(records);
+  });
+  for (int r = 0; r < n; ++r) {
+    const auto dry = run_cases<meta_space>(MetaMesh<Names...>(sim::world(r, n), shape), cases);
+    const auto a = log_lines(real[std::size_t(r)]), b = log_lines(dry);
+    if (a != b) return detail::cat("mesh ", to_string(shape), " rank ", r, ":\nthreads:\n", a, "sim:\n", b);
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("sim: a world of 16,384 ranks, and meshes on it, without peers", "[sim]") {
+  auto world = sim::world(12345, 16384);
+  CHECK(world->rank() == 12345);
+  CHECK(world->size() == 16384);
+  CHECK(world->backend() == "sim");
+  MetaMesh<"pp", "dp", "tp"> mesh(world, {16, 128, 8});
+  // 12345 = ((12 * 128) + 7) * 8 + 1
+  CHECK(mesh.coordinate() == std::array{12, 7, 1});
+  CHECK((mesh.group<"tp">().size() == 8 && mesh.group<"tp">().rank() == 1));
+  CHECK((mesh.group<"dp">().size() == 128 && mesh.group<"dp">().rank() == 7));
+  CHECK((mesh.group<"pp">().size() == 16 && mesh.group<"pp">().rank() == 12));
+  CHECK((mesh.group(1, 2).size() == 1024 && mesh.group(1, 2).rank() == 7 * 8 + 1));
+  CHECK(mesh.group(1, 2).label() == "dp*tp");
+  CHECK(mesh.group<"dp">().world_rank() == 12345);
+
+  // Every call returns at once and is logged as the real backends log it.
+  CommLog log;
+  std::vector<float> buf(4);
+  mesh.group<"tp">().all_reduce(std::span<float>(buf), ReduceOp::sum);
+  mesh.group<"pp">().send(std::span<const float>(buf), 13);
+  auto w = mesh.group<"dp">().all_gather_async(std::span<const float>(buf.data(), 1), std::span<float>(static_cast<float*>(nullptr), 128));
+  CHECK(w.done());
+  REQUIRE(log.size() == 3);
+  CHECK(log_lines(log.records()) ==
+        "all_reduce group=tp size=8 bytes=16 dtype=float32 op=sum peer=-1\n"
+        "send group=pp size=16 bytes=16 dtype=float32 op=sum peer=13\n"
+        "all_gather group=dp size=128 bytes=512 dtype=float32 op=sum peer=-1\n");
+  // The argument checks are the Communicator's, as on every backend.
+  CHECK_THROWS_WITH(mesh.group<"pp">().send(std::span<const float>(buf), 16),
+                    Catch::Contains("peer 16 is not a rank of this group of 16"));
+}
+
+TEST_CASE("sim: bad worlds and splits without a known group are errors", "[sim][errors]") {
+  CHECK_THROWS_WITH(sim::world(4, 4), Catch::Contains("rank 4 of a world of 4 ranks"));
+  CHECK_THROWS_WITH(sim::world(0, 0), Catch::Contains("rank 0 of a world of 0 ranks"));
+  auto world = sim::world(3, 8);
+  CHECK_THROWS_WITH(world->split(0, 3), Catch::Contains("no peers to learn the group from"));
+  CHECK_THROWS_WITH(world->split(0, 3, 2), Catch::Contains("key 3 in a group of 2"));
+  CHECK_THROWS_WITH((DeviceMesh<"a", "b">(world, {3, 3})), Catch::Contains("has 9 ranks but the communicator has 8"));
+  auto g = world->split(1, 1, 4);
+  CHECK((g->size() == 4 && g->rank() == 1 && g->world_rank() == 3));
+}
+
+TEST_CASE("split with a known group checks it on a real backend", "[sim][errors]") {
+  auto failures = on_ranks(4, [](CommPtr world, auto report) {
+    // Two groups of two, this rank at index rank % 2: what split(color, key) gives.
+    auto g = world->split(world->rank() / 2, world->rank() % 2, 2);
+    if (g->size() != 2 || g->rank() != world->rank() % 2) report("wrong group");
+    // Claiming a group of 4 where the split gives 2 fails on every rank.
+    try {
+      (void)world->split(world->rank() / 2, world->rank() % 2, 4);
+      report("a wrong group size did not throw");
+    } catch (const Error& e) {
+      if (std::string(e.what()).find("expected a group of 4 ranks") == std::string::npos) report(e.what());
+    }
+  });
+  INFO(summary(failures));
+  CHECK(failures.empty());
+}
+
+TEST_CASE("sim: meta redistributions log what real ones log on threads", "[sim][redistribute]") {
+  // Random layouts (every placement, Partial op and split order), extents 0..13: uneven and
+  // smaller than the mesh; the planner is shared, so every rank's log must be the same.
+  CHECK(compare_with_threads<"x">({4}, 1701, 60) == "");
+  CHECK(compare_with_threads<"x">({3}, 1702, 60) == "");
+  CHECK(compare_with_threads<"a", "b">({2, 3}, 1703, 60) == "");
+  CHECK(compare_with_threads<"a", "b">({4, 2}, 1704, 60) == "");
+  CHECK(compare_with_threads<"a", "b", "c">({2, 2, 2}, 1705, 40) == "");
+  CHECK(compare_with_threads<"a", "b", "c">({1, 2, 3}, 1706, 40) == "");
+}
+
+TEST_CASE("sim: a typed meta DTensor redistributes on a sim mesh of 16,384 ranks", "[sim][redistribute]") {
+  using Mesh = MetaMesh<"dp", "tp">;
+  using Sharded = Layout<Shard<0>, Shard<1>>;
+  Mesh mesh(sim::world(8 * 2047 + 7, 16384), {2048, 8});
+  // Uneven in both dimensions: 5000 rows over 2048 ranks (chunks of 3, the last ranks empty),
+  // 1001 columns over 8.
+  const Shape<2> global{5000, 1001};
+  const auto box = local_box(Sharded::desc, mesh.shape(), mesh.coordinate(), global);
+  CHECK(box.extent == Shape<2>{0, 1001 - 7 * 126});
+  DTensor<float, 2, Mesh, Sharded> x(mesh, global, Tensor<float, 2, meta_space>(box.extent));
+  CommLog log;
+  auto y = redistribute<Layout<Replicate, Replicate>>(x);
+  CHECK(y.to_local().shape() == global);
+  CHECK(y.to_local().data() == nullptr);
+  // One all-gather per mesh dimension, padded to the largest chunk: rows over "dp" (3 rows of
+  // this rank's 119 columns from each of 2048 ranks), then columns over "tp" (126 of 8).
+  REQUIRE(log.size() == 2);
+  CHECK(log.count(CollectiveKind::all_gather, "dp") == 1);
+  CHECK(log.count(CollectiveKind::all_gather, "tp") == 1);
+  CHECK(log.bytes() == sizeof(float) * (3 * 119 * 2048 + 5000 * 126 * 8));
+}
+
+// ---------------------------------------------------------------- reports and rank classes
+
+namespace {
+
+/// Extents of the small step below, uneven on both mesh dimensions of a (4, 2) mesh.
+constexpr Extent step_rows = 10, step_in = 8, step_out = 13;
+
+/// A small training-like step on any mesh whose tensors live in its space: tagged parameters,
+/// a forward matmul whose output is all-gathered over "tp", a gradient all-reduced over "dp"
+/// (overlapped), optimizer state. What a report must see is known in closed form.
+template <class Mesh>
+void small_step(const Mesh& mesh, sim::Recorder& rec) {
+  using Space = typename Mesh::space;
+  using WeightLayout = Layout<Replicate, Shard<0>>;  // [out, in], rows over tp
+  using InputLayout = Layout<Shard<0>, Replicate>;   // [rows, in], rows over dp
+  auto piece = [&](const LayoutDesc<2>& l, const Shape<2>& global) {
+    return Tensor<float, 2, Space>(local_box(l, mesh.shape(), mesh.coordinate(), global).extent);
+  };
+  const Shape<2> weight_shape{step_out, step_in}, input_shape{step_rows, step_in};
+  rec.phase("parameters");
+  MemoryTagScope parameters(MemoryTag::parameters);
+  DTensor<float, 2, Mesh, WeightLayout> w(mesh, weight_shape, piece(WeightLayout::desc, weight_shape));
+  rec.phase("forward");
+  MemoryTagScope activations(MemoryTag::activations);
+  DTensor<float, 2, Mesh, InputLayout> x(mesh, input_shape, piece(InputLayout::desc, input_shape));
+  const auto y = ops::matmul<false, true>(x, w);  // [rows, out]: Shard<0>, Shard<1>
+  const auto gathered = redistribute<Layout<Shard<0>, Replicate>>(y);
+  rec.phase("backward", /*overlapped=*/true);
+  MemoryTagScope gradients(MemoryTag::gradients);
+  using PartialGrad = Layout<Partial<>, Shard<0>>;
+  DTensor<float, 2, Mesh, PartialGrad> partial(mesh, weight_shape, piece(PartialGrad::desc, weight_shape));
+  const auto grad = redistribute<WeightLayout>(partial);  // all-reduce over dp
+  rec.phase("optimizer");
+  MemoryTagScope optimizer(MemoryTag::optimizer_state);
+  const auto moment1 = piece(WeightLayout::desc, weight_shape), moment2 = piece(WeightLayout::desc, weight_shape);
+}
+
+/// What must agree between a real run's report and a dry run's: phases, memory, collectives.
+std::string memory_and_traffic(const sim::RankReport& r) {
+  std::string s;
+  for (const auto& ph : r.phases) {
+    s += detail::cat("phase ", ph.name, " peak ", ph.peak_total, ":");
+    for (std::size_t t = 0; t < memory_tag_count; ++t) s += detail::cat(" ", ph.peak[t], "/", ph.end[t]);
+    s += "\n" + log_lines(ph.collectives);
+  }
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("sim: rank classes are the distinct positions, counted without visiting ranks", "[sim][classes]") {
+  // 16 stages x (125 dp ranks with 8 of 1000 rows, 3 with none) x tp all alike.
+  const auto classes = sim::rank_classes<3>(
+      {16, 128, 8}, {sim::DimensionWork::distinct(), sim::DimensionWork::splitting({1000}),
+                     sim::DimensionWork::splitting({64})});
+  REQUIRE(classes.size() == 32);
+  std::int64_t total = 0;
+  for (const auto& c : classes) total += c.ranks;
+  CHECK(total == 16384);
+  CHECK((classes[0].coordinate == std::array{0, 0, 0} && classes[0].ranks == 125 * 8));
+  CHECK((classes[1].coordinate == std::array{0, 125, 0} && classes[1].ranks == 3 * 8));
+  CHECK(classes[31].coordinate == std::array{15, 125, 0});
+
+  // Against brute force on a small mesh: two ranks are in one class iff their stage and the
+  // extents they hold of every split tensor are the same.
+  const std::array<int, 3> shape{3, 4, 3};
+  const std::array<sim::DimensionWork, 3> work{sim::DimensionWork::distinct(), sim::DimensionWork::splitting({13, 5}),
+                                               sim::DimensionWork::splitting({7})};
+  std::map<std::vector<Extent>, std::int64_t> brute;
+  for (int r = 0; r < 36; ++r) {
+    const auto c = detail::row_major_coordinate(shape, r);
+    brute[{c[0], chunk_range(13, 4, c[1]).size(), chunk_range(5, 4, c[1]).size(), chunk_range(7, 3, c[2]).size()}]++;
+  }
+  const auto small = sim::rank_classes<3>(shape, work);
+  REQUIRE(small.size() == brute.size());
+  for (const auto& c : small) {
+    const std::vector<Extent> key{c.coordinate[0], chunk_range(13, 4, c.coordinate[1]).size(),
+                                  chunk_range(5, 4, c.coordinate[1]).size(), chunk_range(7, 3, c.coordinate[2]).size()};
+    CHECK(brute[key] == c.ranks);
+  }
+  CHECK_THROWS_WITH(sim::rank_classes<1>({0}, {sim::DimensionWork{}}), Catch::Contains("mesh dimension 0 has size 0"));
+}
+
+TEST_CASE("sim: on 8 ranks the dry run's ledger peaks and CommLog equal a real threads run's", "[sim][report]") {
+  const std::array<int, 2> shape{4, 2};
+  std::vector<std::string> real(8);
+  std::mutex m;
+  threads::run(8, [&](CommPtr world) {
+    DeviceMesh<"dp", "tp"> mesh(world, shape);
+    sim::Recorder rec("host");
+    small_step(mesh, rec);
+    auto text = memory_and_traffic(rec.finish("real"));
+    std::lock_guard lock(m);
+    real[std::size_t(world->rank())] = std::move(text);
+  });
+  std::vector<sim::RankClass<2>> every_rank;
+  for (int r = 0; r < 8; ++r) every_rank.push_back({detail::row_major_coordinate(shape, r), 1});
+  const auto dry = sim::dry_run<2>(shape, every_rank, [&](CommPtr world, sim::Recorder& rec) {
+    small_step(MetaMesh<"dp", "tp">(world, shape), rec);
+  });
+  REQUIRE(dry.size() == 8);
+  for (int r = 0; r < 8; ++r) {
+    INFO("rank " << r);
+    CHECK(memory_and_traffic(dry[std::size_t(r)]) == real[std::size_t(r)]);
+  }
+  // The classes of this step (dp splits 10 rows: 3, 3, 3, 1; tp splits 13 rows: 7, 6) stand for
+  // ranks whose reports are the same.
+  const auto classes = sim::rank_classes<2>(
+      shape, {sim::DimensionWork::splitting({step_rows}), sim::DimensionWork::splitting({step_out})});
+  CHECK(classes.size() == 4);
+  for (int r = 0; r < 8; ++r) {
+    const auto c = detail::row_major_coordinate(shape, r);
+    const auto& rep = *std::find_if(classes.begin(), classes.end(), [&](const auto& k) {
+      return chunk_range(step_rows, 4, k.coordinate[0]) .size() == chunk_range(step_rows, 4, c[0]).size() &&
+             chunk_range(step_out, 2, k.coordinate[1]).size() == chunk_range(step_out, 2, c[1]).size();
+    });
+    const auto class_rank = detail::row_major_index(shape, rep.coordinate);
+    CHECK(memory_and_traffic(dry[std::size_t(class_rank)]) == memory_and_traffic(dry[std::size_t(r)]));
+  }
+}
+
+TEST_CASE("sim: a report counts tagged bytes, collectives by group and FLOPs per phase", "[sim][report]") {
+  const std::array<int, 2> shape{4, 2};
+  const auto reports = sim::dry_run<2>(shape, {sim::RankClass<2>{{3, 1}, 1}}, [&](CommPtr world, sim::Recorder& rec) {
+    small_step(MetaMesh<"dp", "tp">(world, shape), rec);
+  });
+  const auto& r = reports.at(0);
+  CHECK(r.name == "rank 7 [3, 1]");
+  // Rank (3, 1): 1 of the 10 input rows, 6 of the 13 weight rows.
+  // The gathered y keeps the padded capacity the gather received (2 blocks of 7 columns).
+  const std::int64_t weight = 6 * step_in * 4, input = 1 * step_in * 4, y = 1 * 6 * 4,
+                     gathered = 1 * 2 * chunk_size(step_out, 2) * 4;
+  CHECK(r.peak(MemoryTag::parameters) == weight);
+  // Held after the forward: x, y and the gathered y. The all-gather's staging buffers (a column
+  // gather packs and unpacks) count as communication.
+  CHECK(r.phase("forward").end[std::size_t(MemoryTag::activations)] == input + y + gathered);
+  CHECK(r.phase("forward").peak[std::size_t(MemoryTag::activations)] == input + y + gathered);
+  CHECK(r.phase("forward").peak[std::size_t(MemoryTag::communication)] > 0);
+  CHECK(r.peak(MemoryTag::gradients) == 2 * weight);
+  CHECK(r.peak(MemoryTag::optimizer_state) == 2 * weight);
+  // Everything is held during the optimizer phase; it is freed when the step returns.
+  CHECK(r.phase("optimizer").peak_total == weight + input + y + gathered + 2 * weight + 2 * weight);
+  CHECK(r.peak_total() == r.phase("optimizer").peak_total);
+  for (auto bytes : r.phases.back().end) CHECK(bytes == 0);
+  CHECK(r.phase("forward").flops() == 2 * 1 * 6 * step_in);
+  REQUIRE(r.phase("forward").collectives.size() == 1);
+  CHECK(r.phase("forward").collectives[0].group == "tp");
+  REQUIRE(r.phase("backward").collectives.size() == 1);
+  CHECK(r.phase("backward").collectives[0].kind == CollectiveKind::all_reduce);
+  CHECK(r.phase("backward").collectives[0].group_size == 4);
+  const auto table = r.to_table();
+  CHECK(table.find("backward | all_reduce | dp (4) | 192 B | 1 | 288 B | 288 B") != std::string::npos);
+  CHECK(table.find("forward | gemm | 1 | 9.600e+01") != std::string::npos);
+  CHECK_THROWS_WITH(r.phase("warmup"), Catch::Contains("no phase 'warmup'"));
+}
+
+// ---------------------------------------------------------------- the cost model
+
+TEST_CASE("sim: links by mesh dimension and the ring/tree formulas", "[sim][cost]") {
+  CHECK(sim::dims_inside_node<3>({16, 128, 8}, 8) == std::array{false, false, true});
+  CHECK(sim::dims_inside_node<3>({4, 2, 2}, 8) == std::array{false, true, true});
+  CHECK(sim::dims_inside_node<2>({2, 16}, 8) == std::array{false, false});
+  const sim::Hardware h100;
+  const std::array<std::string_view, 3> names{"pp", "dp", "tp"};
+  sim::Topology topo(names, std::array{16, 128, 8}, h100);
+  CHECK(topo.inside_node("tp"));
+  CHECK_FALSE(topo.inside_node("dp*tp"));
+  CHECK_FALSE(topo.inside_node("world"));
+  CHECK_THROWS_WITH(topo.link("ep"), Catch::Contains("names no mesh dimension 'ep'"));
+  const double S = 1e9, a_nv = h100.nvlink.latency_seconds, b_nv = h100.nvlink.bytes_per_second;
+  const double a_ib = h100.infiniband.latency_seconds, b_ib = h100.infiniband.bytes_per_second;
+  auto record = [](CollectiveKind k, int n, double bytes) {
+    CommRecord r{};
+    r.kind = k;
+    r.group_size = n;
+    r.bytes = std::size_t(bytes);
+    return r;
+  };
+  CHECK(sim::collective_seconds(record(CollectiveKind::all_gather, 8, S), topo.link("tp")) ==
+        Approx(7 * a_nv + 7.0 / 8 * S / b_nv));
+  // Ring all-reduce of 128 ranks: 2 (n-1)/n S / B, with the tree's 2 log2 n latencies.
+  CHECK(sim::collective_seconds(record(CollectiveKind::all_reduce, 128, S), topo.link("dp")) ==
+        Approx(14 * a_ib + 2 * 127.0 / 128 * S / b_ib));
+  CHECK(sim::collective_seconds(record(CollectiveKind::send, 16, S), topo.link("pp")) == Approx(a_ib + S / b_ib));
+  CHECK(sim::collective_seconds(record(CollectiveKind::all_reduce, 1, S), topo.link("pp")) == 0);
+  sim::Hardware bad;
+  bad.efficiency = 1.5;
+  CHECK_THROWS_WITH(sim::Topology(names, std::array{16, 128, 8}, bad), Catch::Contains("efficiency 1.5"));
+}
+
+TEST_CASE("sim: the estimated step's bubble equals each schedule's formula", "[sim][cost][pipeline]") {
+  namespace pp = dtensor::parallel::pipeline;
+  const sim::Hardware hw;
+  const double flop_per_second = hw.peak_flops * hw.efficiency;
+  // A stage whose forward takes 1 ms and backward 2 ms, no communication, and an optimizer step.
+  sim::RankReport report{"stage", 1, {}};
+  auto phase = [&](const char* name, double seconds) {
+    sim::PhaseReport p;
+    p.name = name;
+    p.ops.push_back({"gemm", std::int64_t(seconds * flop_per_second), 0, 0});
+    report.phases.push_back(p);
+  };
+  phase("forward", 1e-3);
+  phase("backward", 2e-3);
+  phase("optimizer", 0.5e-3);
+  const std::array<std::string_view, 1> names{"pp"};
+  for (int p : {2, 4, 8})
+    for (int m : {4, 8, 16}) {
+      CAPTURE(p, m);
+      const sim::Topology topo(names, std::array{p}, hw);
+      for (auto kind : {pp::ScheduleKind::gpipe, pp::ScheduleKind::one_f_one_b}) {
+        const auto est = sim::estimate_step(report, topo, pp::make_schedule(kind, p, m));
+        CHECK(est.bubble_fraction == Approx(double(p - 1) / (m + p - 1)).epsilon(1e-9));
+        CHECK(est.step_seconds == Approx((m + p - 1) * 3e-3 + 0.5e-3).epsilon(1e-9));
+        CHECK(est.compute_seconds == Approx(m * 3e-3 + 0.5e-3).epsilon(1e-9));
+      }
+      if (m % p == 0) {
+        const auto est = sim::estimate_step(report, topo, pp::make_schedule(pp::ScheduleKind::interleaved, p, m, 2), 2);
+        CHECK(est.bubble_fraction == Approx(double(p - 1) / (2 * m + p - 1)).epsilon(1e-9));
+        const auto trace = sim::chrome_trace(est, 0, "stage 0");
+        CHECK(trace.find("\"name\":\"0F0\"") != std::string::npos);
+        CHECK(trace.find("\"name\":\"optimizer\"") != std::string::npos);
+      }
+    }
+  // Overlap: communication in an overlapped phase is exposed only past its compute.
+  sim::PhaseReport overlapped;
+  overlapped.name = "backward";
+  overlapped.overlapped = true;
+  overlapped.ops.push_back({"gemm", std::int64_t(1e-3 * flop_per_second), 0, 0});
+  CommRecord big{};
+  big.kind = CollectiveKind::all_gather;
+  big.group = "pp";
+  big.group_size = 2;
+  const sim::Topology two(names, std::array{2}, hw);
+  big.bytes = std::size_t(2 * two.link("pp").bytes_per_second * 3e-3);  // half of it on the wire: 3 ms
+  overlapped.collectives.push_back(big);
+  const auto t = sim::phase_time(overlapped, two);
+  CHECK(t.communication == Approx(3e-3 + two.link("pp").latency_seconds));
+  CHECK(t.exposed == Approx(t.communication - 1e-3));
+  overlapped.overlapped = false;
+  CHECK(sim::phase_time(overlapped, two).exposed == Approx(t.communication));
+}
+
+// ---------------------------------------------------------------- published figures, from the real step on meta
+
+namespace {
+
+constexpr auto tag_index = [](MemoryTag t) { return std::size_t(t); };
+
+/// Model-state bytes (parameters, gradients, optimizer state) held after the step.
+struct ModelStates {
+  double params = 0, grads = 0, optimizer = 0;
+  double total() const { return params + grads + optimizer; }
+};
+
+ModelStates model_states_after_step(const sim::RankReport& r) {
+  const auto& end = r.phase(sim::detail::after_step).start;
+  return {double(end[tag_index(MemoryTag::parameters)]), double(end[tag_index(MemoryTag::gradients)]),
+          double(end[tag_index(MemoryTag::optimizer_state)])};
+}
+
+/// The model's element count Ψ: its bf16 values once built and sharded (ZeRO-1 and 2 keep them all).
+double model_elements(const sim::RankReport& r) {
+  return double(r.phase("parameters").end[tag_index(MemoryTag::parameters)]) / sizeof(dtensor::bfloat16);
+}
+
+sim::PlanClass first_class(std::vector<sim::PlanClass> classes) {
+  REQUIRE(!classes.empty());
+  return std::move(classes.front());
+}
+
+/// ZeRO's model (and Megatron's): a bf16 GPT under fully_shard<float> on N data ranks.
+sim::PlanClass zero_run(nn::GPTConfig model, int ranks, int stage) {
+  sim::TrainingPlan plan{.model = model, .batch = ranks, .microbatches = 1, .dp = ranks, .tp = 1, .pp = 1, .zero = stage};
+  return first_class(dtensor::sim::dry_run_plan<dtensor::bfloat16, nn::DenseLayers, true>(plan));
+}
+
+}  // namespace
+
+namespace {
+
+/// ZeRO Figure 1 (7.5B parameters, 64 ranks, K = 12).
+void check_zero_figure_1() {
+  // Rajbhandari et al. 2020, Figure 1: model states per rank for Ψ = 7.5B, N = 64, mixed
+  // precision (fp16 parameters and gradients, K = 12 bytes of fp32 master values and Adam
+  // moments per parameter). Our GPT of Ψ = 7.46B: 35 layers of width 4096 (biases, untied head).
+  const nn::GPTConfig model{.vocab = 50257, .seq = 64, .dim = 4096, .heads = 32, .layers = 35};
+  const int ranks = 64;
+  const double published[] = {120e9, 31.4e9, 16.6e9, 1.9e9};  // DP, ZeRO-1, ZeRO-2, ZeRO-3
+  // DP is fully_shard's stage 1 on one rank: full bf16 values and gradients, fp32 master values,
+  // moments and gradient shard (= the whole model).
+  const auto dp = zero_run(model, 1, 1);
+  const double psi = model_elements(dp.report);
+  CAPTURE(psi);
+  REQUIRE(psi == Approx(7.5e9).epsilon(0.01));
+  for (int stage = 0; stage <= 3; ++stage) {
+    CAPTURE(stage);
+    const auto run = stage == 0 ? dp : zero_run(model, ranks, stage);
+    const int n = stage == 0 ? 1 : ranks;
+    const auto m = model_states_after_step(run.report);
+    // Ours, term by term (docs/fsdp.md): bf16 full values unless ZeRO-3 (2Ψ); bf16 full gradients
+    // for stage 1 (2Ψ); fp32 gradient shard (4Ψ/N); fp32 master values + two moments (12Ψ/N).
+    const double values = stage == 3 ? 0 : 2 * psi, full_grads = stage <= 1 ? 2 * psi : 0;
+    const double grad_shard = 4 * psi / n, optimizer = 12 * psi / n;
+    CHECK(m.params == Approx(values).epsilon(1e-3));
+    CHECK(m.grads == Approx(full_grads + grad_shard).epsilon(1e-3));
+    CHECK(m.optimizer == Approx(optimizer).epsilon(1e-3));
+    // ZeRO's accounting of the same states: DP and ZeRO-1 reduce into the fp16 full gradients
+    // (no separate shard); ZeRO-2/3 keep an fp16 gradient shard (ours is fp32); ZeRO-3 keeps an
+    // fp16 parameter shard (ours gathers from the fp32 master shard).
+    const double measured_shard = stage <= 1 ? m.grads - full_grads : m.grads;
+    double zero_accounting = m.total() - measured_shard;
+    if (stage >= 2) zero_accounting += measured_shard / 2;
+    if (stage == 3) zero_accounting += 2 * psi / n;
+    CAPTURE(m.params, m.grads, m.optimizer, zero_accounting);
+    CHECK(zero_accounting == Approx(published[stage]).epsilon(0.02));
+  }
+}
+
+/// Megatron's distributed optimizer, 6 + 12/d bytes per parameter.
+void check_megatron_distributed_optimizer() {
+  // Megatron-LM's distributed optimizer with bf16 parameters and fp32 gradients: 18 bytes per
+  // parameter without sharding (d = 1), 6 + 12/d sharded over d data ranks (bf16 parameter 2, fp32
+  // gradient 4, fp32 master + moments 12/d). Ours (fully_shard stage 1 in bf16, fp32 master)
+  // holds bf16 full gradients and an fp32 gradient shard: 4 + 16/d. Megatron's figure is ours
+  // with the full gradients widened to fp32 and no separate shard; the shard's size is what a
+  // ZeRO-2 run holds as gradients.
+  const nn::GPTConfig model{.vocab = 4096, .seq = 64, .dim = 512, .heads = 8, .layers = 2};
+  for (int d : {2, 8, 64}) {
+    CAPTURE(d);
+    const auto z1 = zero_run(model, d, 1), z2 = zero_run(model, d, 2);
+    const double psi = model_elements(z1.report);
+    REQUIRE(psi > 0);
+    const auto m1 = model_states_after_step(z1.report), m2 = model_states_after_step(z2.report);
+    CHECK(m1.total() / psi == Approx(4 + 16.0 / d).epsilon(2e-3));
+    const double grad_shard = m2.grads, full_grads = m1.grads - grad_shard;
+    const double megatron = m1.params + 2 * full_grads + m1.optimizer;
+    CHECK(megatron / psi == Approx(6 + 12.0 / d).epsilon(2e-3));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("sim: ZeRO Figure 1 (7.5B parameters, 64 ranks, K = 12) from fully_shard on meta", "[sim][figures]") {
+  check_zero_figure_1();
+}
+
+TEST_CASE("sim: Megatron's distributed optimizer, 6 + 12/d bytes per parameter", "[sim][figures]") {
+  check_megatron_distributed_optimizer();
+}

@@ -1,0 +1,540 @@
+// Observability (include/dtensor/trace/): the Chrome trace of a GPT step on 4 ranks against the
+// CommLog of the same scope, its merge through a communicator, the progress bar and the SVG loss
+// plot. The trace is read back with a strict JSON parser and the plot with an XML
+// well-formedness check (both below), so a malformed file fails here, not in a viewer.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <variant>
+
+#include <unistd.h>  // getpid: a temporary directory of this run
+#include <vector>
+
+#include "dtensor/comm/comm_log.hpp"
+#include "dtensor/comm/threads.hpp"
+#include "dtensor/core/factories.hpp"
+#include "dtensor/parallel/data_parallel.hpp"
+#include "dtensor/parallel/gpt_plan.hpp"
+#include "dtensor/trace/all.hpp"
+#include "support/on_ranks.hpp"
+
+using namespace dtensor;
+
+namespace {
+
+// ---------------------------------------------------------------- a strict JSON reader
+
+struct Json;
+using JsonObject = std::map<std::string, Json>;
+using JsonArray = std::vector<Json>;
+struct Json {
+  std::variant<std::nullptr_t, bool, double, std::string, JsonArray, JsonObject> value;
+
+  const Json& operator[](const std::string& key) const { return std::get<JsonObject>(value).at(key); }
+  bool has(const std::string& key) const {
+    const auto* o = std::get_if<JsonObject>(&value);
+    return o && o->count(key);
+  }
+  const JsonArray& array() const { return std::get<JsonArray>(value); }
+  const std::string& text() const { return std::get<std::string>(value); }
+  double number() const { return std::get<double>(value); }
+  bool boolean() const { return std::get<bool>(value); }
+};
+
+/// RFC 8259 JSON (no extensions); throws std::runtime_error at the first error, with its offset.
+class JsonParser {
+ public:
+  explicit JsonParser(const std::string& s) : s_(s) {}
+  Json document() {
+    Json v = value();
+    space();
+    if (i_ != s_.size()) fail("text after the document");
+    return v;
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& what) const {
+    throw std::runtime_error("JSON: " + what + " at offset " + std::to_string(i_));
+  }
+  void space() {
+    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\n' || s_[i_] == '\r' || s_[i_] == '\t')) ++i_;
+  }
+  bool take(char c) {
+    space();
+    if (i_ < s_.size() && s_[i_] == c) return ++i_, true;
+    return false;
+  }
+  void expect(char c) {
+    if (!take(c)) fail(std::string("expected '") + c + "'");
+  }
+  void literal(const char* word) {
+    for (const char* p = word; *p; ++p, ++i_)
+      if (i_ >= s_.size() || s_[i_] != *p) fail(std::string("bad literal, expected ") + word);
+  }
+  Json value() {
+    space();
+    if (i_ >= s_.size()) fail("unexpected end");
+    const char c = s_[i_];
+    if (c == '{') return object();
+    if (c == '[') return array();
+    if (c == '"') return {string()};
+    if (c == 't') return literal("true"), Json{true};
+    if (c == 'f') return literal("false"), Json{false};
+    if (c == 'n') return literal("null"), Json{nullptr};
+    return {number()};
+  }
+  Json object() {
+    expect('{');
+    JsonObject o;
+    if (take('}')) return {o};
+    do {
+      space();
+      if (i_ >= s_.size() || s_[i_] != '"') fail("expected a key");
+      std::string key = string();
+      expect(':');
+      if (!o.emplace(key, value()).second) fail("duplicate key " + key);
+    } while (take(','));
+    expect('}');
+    return {o};
+  }
+  Json array() {
+    expect('[');
+    JsonArray a;
+    if (take(']')) return {a};
+    do a.push_back(value());
+    while (take(','));
+    expect(']');
+    return {a};
+  }
+  std::string string() {
+    ++i_;  // the opening quote
+    std::string out;
+    while (true) {
+      if (i_ >= s_.size()) fail("unterminated string");
+      const char c = s_[i_++];
+      if (c == '"') return out;
+      if (static_cast<unsigned char>(c) < 0x20) fail("control character in a string");
+      if (c != '\\') {
+        out += c;
+        continue;
+      }
+      if (i_ >= s_.size()) fail("unterminated escape");
+      const char e = s_[i_++];
+      if (e == 'u') {
+        for (int k = 0; k < 4; ++k, ++i_)
+          if (i_ >= s_.size() || !std::isxdigit(static_cast<unsigned char>(s_[i_]))) fail("bad \\u escape");
+        out += '?';
+      } else if (std::string("\"\\/bfnrt").find(e) != std::string::npos) {
+        out += e;
+      } else {
+        fail("bad escape");
+      }
+    }
+  }
+  double number() {
+    const std::size_t start = i_;
+    auto digits = [&] {
+      const std::size_t from = i_;
+      while (i_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[i_]))) ++i_;
+      if (i_ == from) fail("expected a digit");
+    };
+    if (s_[i_] == '-') ++i_;
+    if (i_ < s_.size() && s_[i_] == '0') ++i_;
+    else digits();
+    if (i_ < s_.size() && s_[i_] == '.') ++i_, digits();
+    if (i_ < s_.size() && (s_[i_] == 'e' || s_[i_] == 'E')) {
+      ++i_;
+      if (i_ < s_.size() && (s_[i_] == '+' || s_[i_] == '-')) ++i_;
+      digits();
+    }
+    return std::stod(s_.substr(start, i_ - start));
+  }
+
+  const std::string& s_;
+  std::size_t i_ = 0;
+};
+
+// ---------------------------------------------------------------- an XML well-formedness check
+
+/// "" when `xml` is well-formed (one root, tags nested and closed, attributes quoted, only the
+/// predefined entities), else what is wrong. Enough for the SVG writer: no DTD, no CDATA.
+std::string xml_problem(const std::string& xml) {
+  std::vector<std::string> open;
+  std::size_t i = 0, roots = 0;
+  auto name_at = [&](std::size_t& k) {
+    const std::size_t from = k;
+    while (k < xml.size() && (std::isalnum(static_cast<unsigned char>(xml[k])) || xml[k] == '-' || xml[k] == ':' ||
+                              xml[k] == '_' || xml[k] == '.'))
+      ++k;
+    return xml.substr(from, k - from);
+  };
+  auto entity_ok = [&](std::size_t k) {
+    for (const char* e : {"&amp;", "&lt;", "&gt;", "&quot;", "&apos;"})
+      if (xml.compare(k, std::strlen(e), e) == 0) return true;
+    return false;
+  };
+  if (xml.rfind("<?xml", 0) == 0) i = xml.find("?>") + 2;
+  while (i < xml.size()) {
+    if (xml[i] != '<') {
+      if (xml[i] == '&' && !entity_ok(i)) return "bad entity at " + std::to_string(i);
+      if (open.empty() && !std::isspace(static_cast<unsigned char>(xml[i]))) return "text outside the root";
+      ++i;
+      continue;
+    }
+    ++i;
+    if (i < xml.size() && xml[i] == '/') {
+      ++i;
+      const auto name = name_at(i);
+      if (open.empty() || open.back() != name) return "</" + name + "> closes nothing open";
+      open.pop_back();
+      if (i >= xml.size() || xml[i] != '>') return "bad end tag " + name;
+      ++i;
+      continue;
+    }
+    const auto name = name_at(i);
+    if (name.empty()) return "empty tag name at " + std::to_string(i);
+    if (open.empty() && ++roots > 1) return "a second root <" + name + ">";
+    std::set<std::string> attributes;
+    while (true) {
+      while (i < xml.size() && std::isspace(static_cast<unsigned char>(xml[i]))) ++i;
+      if (i >= xml.size()) return "unterminated <" + name + ">";
+      if (xml[i] == '>') {
+        open.push_back(name);
+        ++i;
+        break;
+      }
+      if (xml.compare(i, 2, "/>") == 0) {
+        i += 2;
+        break;
+      }
+      const auto attribute = name_at(i);
+      if (attribute.empty() || !attributes.insert(attribute).second) return "bad attribute in <" + name + ">";
+      if (i + 1 >= xml.size() || xml[i] != '=' || xml[i + 1] != '"') return "unquoted " + attribute + " in <" + name + ">";
+      i += 2;
+      for (; i < xml.size() && xml[i] != '"'; ++i) {
+        if (xml[i] == '<') return "'<' in attribute " + attribute;
+        if (xml[i] == '&' && !entity_ok(i)) return "bad entity in attribute " + attribute;
+      }
+      ++i;
+    }
+  }
+  if (!open.empty()) return "<" + open.back() + "> never closed";
+  return roots == 1 ? "" : "no root element";
+}
+
+// ---------------------------------------------------------------- reading a trace back
+
+/// What one rank's track of a Chrome trace holds.
+struct TrackContents {
+  std::map<std::string, std::size_t> collectives;  // kind/group -> spans
+  std::size_t waits = 0, unfinished = 0, lane_overlaps = 0;
+  std::size_t unmatched_waits = 0;  // waits that end other than when a collective of their name ends
+  std::set<std::string> compute;  // names
+  std::set<double> collective_tids;
+};
+
+std::map<int, TrackContents> read_tracks(const std::string& json) {
+  const Json doc = JsonParser(json).document();
+  std::map<int, TrackContents> tracks;
+  std::map<std::pair<int, double>, std::vector<std::pair<double, double>>> lanes;  // (pid, tid) -> [begin, end)
+  std::map<std::pair<int, std::string>, std::vector<std::pair<double, double>>> collectives, waits;  // by name
+  for (const auto& e : doc["traceEvents"].array()) {
+    const int pid = int(e["pid"].number());
+    auto& t = tracks[pid];
+    if (e["ph"].text() != "X") continue;
+    const auto& cat = e["cat"].text();
+    if (!e["args"]["finished"].boolean()) ++t.unfinished;
+    if (cat == "collective") {
+      ++t.collectives[e["args"]["kind"].text() + "/" + e["args"]["group"].text()];
+      t.collective_tids.insert(e["tid"].number());
+      lanes[{pid, e["tid"].number()}].push_back({e["ts"].number(), e["ts"].number() + e["dur"].number()});
+      collectives[{pid, e["name"].text()}].push_back({e["ts"].number(), e["ts"].number() + e["dur"].number()});
+    } else if (cat == "wait") {
+      ++t.waits;
+      const auto& name = e["name"].text();  // "wait all_reduce dp"
+      waits[{pid, name.substr(5)}].push_back({e["ts"].number(), e["ts"].number() + e["dur"].number()});
+    } else {
+      t.compute.insert(e["name"].text());
+    }
+  }
+  // A wait ends when its collective completes, inside the collective's span.
+  for (const auto& [key, list] : waits)
+    for (const auto& [begin, end] : list) {
+      bool matched = false;
+      for (const auto& c : collectives[key]) matched = matched || (c.first <= begin && std::abs(c.second - end) < 0.0025);
+      tracks[key.first].unmatched_waits += !matched;
+    }
+  for (auto& [key, spans] : lanes) {
+    std::sort(spans.begin(), spans.end());
+    for (std::size_t k = 1; k < spans.size(); ++k) tracks[key.first].lane_overlaps += spans[k].first < spans[k - 1].second;
+  }
+  return tracks;
+}
+
+std::map<std::string, std::size_t> counts_of(const CommLog& log) {
+  std::map<std::string, std::size_t> c;
+  for (const auto& r : log.records()) ++c[std::string(name_of(r.kind)) + "/" + r.group];
+  return c;
+}
+
+using Mesh = DeviceMesh<"dp", "tp">;
+using Model = nn::GPT<double, Mesh, parallel::MegatronPlan<true>>;
+
+nn::GPTConfig small_gpt() {
+  return {.vocab = 29, .seq = 8, .dim = 16, .heads = 4, .layers = 2, .mlp_ratio = 2, .checkpoint = false, .seed = 5};
+}
+
+/// One training step of a small GPT with DDP (dp 2 x tp 2 on 4 ranks), whose gradient
+/// all-reduces are asynchronous and waited on in finish_gradient_sync.
+void gpt_step(const Mesh& mesh) {
+  Model model(mesh, small_gpt());
+  parallel::DataParallel<Mesh> ddp(mesh, {.bucket_bytes = 2048});
+  ddp.attach(model);
+  trace::trace_units(model);  // after the wrappers: keeps their hooks
+  const auto v = small_gpt().vocab;
+  using Ids = Model::Ids;
+  auto ids = distribute_replicated<Ids::layout>(mesh, randint<std::int32_t>(Shape<2>{4, 8}, 11, 0, v));
+  auto targets = distribute_replicated<Ids::layout>(mesh, randint<std::int32_t>(Shape<2>{4, 8}, 12, 0, v));
+  trace::ComputeSpan step("step");
+  {
+    trace::ComputeSpan forward("forward");
+    auto [loss, saved] = model.forward(ids, targets);
+    forward.end();
+    trace::ComputeSpan backward("backward");
+    model.backward(std::move(saved));
+  }
+  ddp.finish_gradient_sync();
+}
+
+}  // namespace
+
+TEST_CASE("trace: a GPT step on 4 ranks gives one track per rank and one span per CommLog collective",
+          "[trace]") {
+  trace::Trace trace;
+  std::mutex m;
+  std::map<int, std::map<std::string, std::size_t>> logged;
+  threads::run(4, [&](CommPtr world) {
+    Mesh mesh(world, {2, 2});  // its splits happen outside the scope: not in the log, not in the trace
+    trace::TraceScope scope(trace, world->world_rank());
+    CommLog log;
+    gpt_step(mesh);
+    std::lock_guard lock(m);
+    logged[world->rank()] = counts_of(log);
+  });
+  const auto json = trace::chrome_trace_json(trace);
+  std::map<int, TrackContents> tracks;
+  REQUIRE_NOTHROW(tracks = read_tracks(json));
+  REQUIRE(tracks.size() == 4);
+  for (const auto& [rank, t] : tracks) {
+    INFO("rank " << rank);
+    REQUIRE(logged.count(rank));
+    CHECK(t.collectives == logged[rank]);
+    CHECK(logged[rank].size() >= 3);  // tp all-gathers and reduce-scatters, dp all-reduces
+    CHECK(t.waits >= 1);  // at least DDP's last bucket, issued just before finish_gradient_sync
+    CHECK(t.unmatched_waits == 0);
+    CHECK(t.unfinished == 0);
+    CHECK(t.lane_overlaps == 0);
+    for (const char* name : {"step", "forward", "backward", "forward embed", "forward h.0", "forward h.1",
+                             "forward head", "backward head", "backward h.1", "backward h.0", "backward embed"})
+      CHECK(t.compute.count(name) == 1);
+  }
+}
+
+TEST_CASE("trace: ranks that trace separately (as MPI processes do) merge on rank 0 through the communicator",
+          "[trace]") {
+  std::string merged;
+  std::mutex m;
+  std::map<int, std::map<std::string, std::size_t>> logged;
+  threads::run(4, [&](CommPtr world) {
+    trace::Trace own;  // one per rank, as one per process under MPI
+    CommLog log;
+    {
+      trace::TraceScope scope(own, world->rank());
+      std::vector<float> x(5, float(world->rank()));
+      world->all_reduce(std::span<float>(x), ReduceOp::sum);
+      auto row = world->split(world->rank() / 2, world->rank());
+      std::vector<float> gathered(10);
+      row->all_gather(std::span<const float>(x), std::span<float>(gathered));
+      Work w = row->all_reduce_async(std::span<const float>(x), std::span<float>(x), ReduceOp::max);
+      w.wait();
+    }
+    const auto in_scope = counts_of(log);
+    auto json = trace::gather_chrome_trace_json(own, *world);  // its collectives are not traced
+    std::lock_guard lock(m);
+    logged[world->rank()] = in_scope;
+    if (world->rank() == 0) merged = std::move(json);
+    else if (!json.empty()) merged = "rank " + std::to_string(world->rank()) + " got a document too";
+  });
+  std::map<int, TrackContents> tracks;
+  REQUIRE_NOTHROW(tracks = read_tracks(merged));
+  REQUIRE(tracks.size() == 4);
+  for (const auto& [rank, t] : tracks) {
+    INFO("rank " << rank);
+    CHECK(t.collectives == logged[rank]);
+    CHECK(t.collectives.size() == 3);  // all_reduce/world, split/world, all_gather/world (the row's label)
+    CHECK(t.waits == 1);
+    CHECK(t.unmatched_waits == 0);
+  }
+}
+
+TEST_CASE("trace: a Work dropped unfinished still closes its span, flagged; nothing is recorded outside a scope",
+          "[trace]") {
+  trace::Trace trace;
+  // The buffers outlive the run: the dropped all-reduce may still be running when its rank returns.
+  std::vector<std::vector<double>> sends(2, std::vector<double>(3, 1.0)), receives(2, std::vector<double>(3));
+  threads::run(2, [&](CommPtr world) {
+    auto& x = sends[std::size_t(world->rank())];
+    auto& y = receives[std::size_t(world->rank())];
+    {
+      trace::TraceScope scope(trace, world->rank());
+      Work w = world->all_reduce_async(std::span<const double>(x), std::span<double>(y), ReduceOp::sum);
+      while (!w.test()) {
+      }
+      // A second one whose Work goes out of scope unwaited: the barrier below orders it.
+      { Work dropped = world->all_reduce_async(std::span<const double>(x), std::span<double>(y), ReduceOp::sum); }
+    }
+    world->barrier();  // outside the scope
+    trace::ComputeSpan ignored("outside");
+  });
+  const Json doc = JsonParser(trace::chrome_trace_json(trace)).document();
+  std::size_t collectives = 0, awaited = 0, dropped = 0, other = 0;
+  for (const auto& e : doc["traceEvents"].array()) {
+    if (e["ph"].text() != "X") continue;
+    if (e["cat"].text() != "collective") {
+      ++other;
+      continue;
+    }
+    ++collectives;
+    CHECK(e["args"]["finished"].boolean());
+    if (e["args"].has("awaited")) ++dropped;
+    else ++awaited;
+  }
+  CHECK(collectives == 4);  // two per rank
+  CHECK(awaited == 2);      // completed through test()
+  CHECK(dropped == 2);      // the Work dropped unwaited (its span closed when it was destroyed)
+  CHECK(other == 0);        // test() records no wait; the barrier and the span outside the scope nothing
+}
+
+TEST_CASE("trace: bad input is a dtensor::Error", "[trace]") {
+  trace::Trace trace;
+  CHECK_THROWS_AS(trace.track(-1), Error);
+  CHECK_THROWS_WITH(trace::write_chrome_trace(trace, "/nonexistent-dir/trace.json"),
+                    Catch::Contains("/nonexistent-dir/trace.json"));
+}
+
+TEST_CASE("progress bar: a bar redrawn in place on a terminal, plain lines elsewhere", "[trace][progress]") {
+  using S = trace::ProgressBar::Seconds;
+  SECTION("not a terminal: the first step, every plain_every-th and the last, one line each") {
+    std::ostringstream out;
+    trace::ProgressBar bar(out, {.total_steps = 25, .tokens_per_step = 2000, .plain_every = 10}, false);
+    for (int step = 1; step <= 25; ++step) bar.update(step, 3.0 - 0.1 * step, S(0.5 * (step - 1)));
+    bar.finish();
+    const auto text = out.str();
+    CHECK(text.find('\r') == std::string::npos);
+    CHECK(std::count(text.begin(), text.end(), '\n') == 4);  // steps 1, 10, 20, 25
+    // 0.5 s per step: 4000 tokens/s; at step 10, 15 steps left: 7.5 s.
+    CHECK_THAT(text, Catch::Contains("step 10/25  loss 2.0000  4k tok/s  ETA 0:08"));
+    CHECK_THAT(text, Catch::Contains("step 25/25  loss 0.5000  4k tok/s  ETA 0:00"));
+  }
+  SECTION("a terminal: carriage returns, a bar, messages above it") {
+    std::ostringstream out;
+    trace::ProgressBar bar(out, {.total_steps = 300, .tokens_per_step = 0, .bar_width = 10}, true);
+    bar.update(1, 4.0, S(0));
+    bar.update(150, 2.0, S(149 * 2.0));
+    bar.message("validation loss 2.1");
+    bar.finish();
+    const auto text = out.str();
+    CHECK_THAT(text, Catch::Contains("\r[#####.....] 150/300  loss 2.0000  ETA 5:00"));
+    CHECK_THAT(text, Catch::Contains("\rvalidation loss 2.1\x1b[K\n[#####.....] 150/300"));
+    CHECK(text.find("tok/s") == std::string::npos);
+    CHECK(text.back() == '\n');
+  }
+  std::ostringstream out;
+  CHECK_THROWS_AS(trace::ProgressBar(out, {.total_steps = 0}), Error);
+  trace::ProgressBar bar(out, {.total_steps = 3}, false);
+  CHECK_THROWS_AS(bar.update(4, 1.0), Error);
+}
+
+TEST_CASE("loss plot: a well-formed SVG with both curves and a legend", "[trace][plot]") {
+  trace::LossCurve train{"train", {}, {}}, val{"validation <held out> & co", {}, {}};
+  for (int s = 1; s <= 200; ++s) {
+    train.steps.push_back(s);
+    train.losses.push_back(3.3 * std::exp(-s / 60.0) + 1.2);
+  }
+  for (int s = 50; s <= 200; s += 50) {
+    val.steps.push_back(s);
+    val.losses.push_back(3.3 * std::exp(-s / 60.0) + 1.35);
+  }
+  train.losses[7] = std::nan("");  // a diverged step is left out, not drawn at NaN
+  const auto svg = trace::loss_plot_svg({train, val}, {.title = "GPT dp 2 x tp 2"});
+  INFO(svg.substr(0, 400));
+  CHECK(xml_problem(svg).empty());
+  CHECK(xml_problem("<svg><g></svg>") != "");  // the checker itself can fail
+  // Both curves, each a polyline with one point per finite (step, loss).
+  std::vector<std::size_t> points;
+  for (std::size_t at = svg.find("<polyline"); at != std::string::npos; at = svg.find("<polyline", at + 1)) {
+    const auto begin = svg.find("points=\"", at) + 8, end = svg.find('"', begin);
+    const auto list = svg.substr(begin, end - begin);
+    points.push_back(list.empty() ? 0 : std::size_t(std::count(list.begin(), list.end(), ' ') + 1));
+  }
+  CHECK(points == std::vector<std::size_t>{train.steps.size() - 1, val.steps.size()});
+  CHECK_THAT(svg, Catch::Contains(">train</text>"));
+  CHECK_THAT(svg, Catch::Contains(">validation &lt;held out&gt; &amp; co</text>"));
+  CHECK(svg.find("nan") == std::string::npos);
+  // One curve, one point, or none at all: still a well-formed image.
+  CHECK(xml_problem(trace::loss_plot_svg({trace::LossCurve{"one", {5}, {2.5}}})).empty());
+  CHECK(xml_problem(trace::loss_plot_svg({})).empty());
+  CHECK_THROWS_AS(trace::loss_plot_svg({trace::LossCurve{"bad", {1, 2}, {1.0}}}), Error);
+  CHECK_THROWS_AS(trace::loss_plot_svg({train}, {.width = 10}), Error);
+}
+
+TEST_CASE("training monitor: traces the chosen steps on every rank, writes the trace and the plot from rank 0",
+          "[trace][monitor]") {
+  const auto dir = std::filesystem::temp_directory_path() / ("dtensor_test_trace_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto trace_path = (dir / "trace.json").string(), plot_path = (dir / "loss.svg").string();
+  std::ostringstream rank0_out;
+  threads::run(3, [&](CommPtr world) {
+    std::ostringstream others;
+    trace::TrainingMonitor monitor(world,
+                                   {.trace_path = trace_path, .plot_path = plot_path, .first_traced_step = 2,
+                                    .traced_steps = 2, .total_steps = 5, .tokens_per_step = 64},
+                                   world->rank() == 0 ? rank0_out : others);
+    for (int step = 1; step <= 5; ++step) {
+      double loss = 4.0 / step + world->rank();  // each rank its own; the mean is the global loss
+      {
+        auto traced = monitor.step(step);
+        world->all_reduce(std::span<double>(&loss, 1), ReduceOp::avg);
+      }
+      monitor.train_loss(step, loss);
+      if (step % 2 == 0) monitor.validation_loss(step, loss + 0.1);
+    }
+    monitor.finish();
+    if (world->rank() != 0 && !others.str().empty()) throw std::runtime_error("rank " + std::to_string(world->rank()) + " printed");
+  });
+  std::ifstream trace_file(trace_path), plot_file(plot_path);
+  const std::string json((std::istreambuf_iterator<char>(trace_file)), {}), svg((std::istreambuf_iterator<char>(plot_file)), {});
+  std::filesystem::remove_all(dir);
+  std::map<int, TrackContents> tracks;
+  REQUIRE_NOTHROW(tracks = read_tracks(json));
+  REQUIRE(tracks.size() == 3);
+  for (const auto& [rank, t] : tracks) {
+    INFO("rank " << rank);
+    CHECK(t.compute == std::set<std::string>{"step 2", "step 3"});
+    CHECK(t.collectives == std::map<std::string, std::size_t>{{"all_reduce/world", 2}});
+  }
+  CHECK(xml_problem(svg).empty());
+  CHECK_THAT(svg, Catch::Contains(">train</text>") && Catch::Contains(">validation</text>"));
+  CHECK_THAT(rank0_out.str(), Catch::Contains("validation loss 2.1000") && Catch::Contains("written to " + trace_path) &&
+                                  Catch::Contains("written to " + plot_path));
+}
