@@ -102,7 +102,7 @@ class ShardedPipeline {
   ShardedPipeline& operator=(const ShardedPipeline&) = delete;
 
   /// This rank's shards of its stages' parameters, for the optimizer.
-  nn::ParamList<T, StageMesh::ndim>& params() noexcept { return params_; }
+  nn::ParamList<T, StageMesh::ndim, mesh_space_t<StageMesh>>& params() noexcept { return params_; }
   Executor<Stage, Mesh>& executor() noexcept { return executor_; }
   const StageMesh& stage_mesh() { return executor_.stages().front().mesh(); }
   Fsdp& fsdp(std::size_t local_stage) { return *shards_.at(local_stage); }
@@ -169,7 +169,7 @@ class ShardedPipeline {
   std::size_t bucket_bytes_;
   Executor<Stage, Mesh> executor_;
   std::vector<std::unique_ptr<Fsdp>> shards_;
-  nn::ParamList<T, StageMesh::ndim> params_;
+  nn::ParamList<T, StageMesh::ndim, mesh_space_t<StageMesh>> params_;
   [[no_unique_address]] Experts experts_{};
   [[no_unique_address]] typename detail::ExpertParts<Stage>::Sync expert_sync_{};
 };
