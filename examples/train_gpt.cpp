@@ -76,6 +76,8 @@ using MeshIn = BasicDeviceMesh<Space, "pp", "dp", "fsdp", "cp", "tp">;  // every
 template <class Space>
 using StageMeshIn = BasicDeviceMesh<Space, "dp", "fsdp", "cp", "tp">;   // one pipeline stage's ranks
 using ExpertMesh = DeviceMesh<"edp", "ep", "tp">;                       // the MoE experts' (--experts; host only)
+// Its rank as a plain constant: nvcc's host-code pass mis-prints ExpertMesh inside the lambda of a template.
+constexpr std::size_t expert_mesh_dims = ExpertMesh::ndim;
 
 // ---------------------------------------------------------------- flags
 
@@ -372,7 +374,7 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
     void step() {}
   };
   auto make_expert_opt = [&] {
-    if constexpr (moe) return optim::AdamW<float, ExpertMesh::ndim>(model.expert_params(), adamw);
+    if constexpr (moe) return optim::AdamW<float, expert_mesh_dims>(model.expert_params(), adamw);
     else return NoExperts{};
   };
   auto expert_opt = make_expert_opt();
