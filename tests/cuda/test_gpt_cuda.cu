@@ -5,16 +5,11 @@
 // (tests/parity/gpt_parity.hpp) — and compared with the one-rank host run. Double precision:
 // cuBLAS and the CUDA kernels sum in other orders than OpenBLAS and the host loops, so the runs
 // agree to rounding (1e-9 relative), not bit for bit.
-//
-// The trainer's 5-D loop (tests/parity/sharded_pipeline_parity.hpp: pipeline::ShardedPipeline
-// over (pp, dp, fsdp, cp, tp), FSDP inside the stages, ring attention, TP + SP) on a CudaMesh is
-// compared with the one-rank host run within the host 5-D suite's 1e-5 (test_5d_parity).
 #include <catch2/catch.hpp>
 
 #include "dtensor/comm/cuda_threads.cuh"
 #include "dtensor/mesh/cuda_mesh.cuh"
 #include "parity/gpt_parity.hpp"
-#include "parity/sharded_pipeline_parity.hpp"
 
 using namespace dtensor;
 using namespace dtensor::testing;
@@ -52,21 +47,4 @@ TEST_CASE("cuda: GPT under TP 4 + SP on cuda_threads equals the host run", "[cud
   const auto r = run_on_gpu<parallel::MegatronPlan<true>>({1, 4});
   CHECK(compare_losses(r.losses, parity_reference(), cuda_rtol) == "");
   CHECK(r.model == expected_model_counts(true, true, parity_config().layers));
-}
-
-TEST_CASE("cuda: the trainer's 5-D loop (PP 2 x FSDP 2 x CP 2 x TP 2 + SP, 1F1B) on cuda_threads equals the host run",
-          "[cuda][gpt][parity][5d]") {
-  std::vector<double> reference;
-  threads::run(1, [&](CommPtr one_rank) { reference = dense_reference(std::move(one_rank)); });
-  const Combo combo{.pp = 2, .fsdp = 2, .cp = 2, .tp = 2};
-  Run5d first;
-  cuda_threads::run(combo.ranks(), [&](CommPtr world) {
-    auto r = run_5d<parallel::MegatronPlan<true>, false, cuda_space>(world, combo);
-    if (world->rank() == 0) first = std::move(r);
-  });
-  CHECK(compare_losses(first.losses, reference, 1e-5) == "");
-  // FSDP inside the stages: one all-gather and one reduction per unit per step, as on the host.
-  CHECK(first.units > 0);
-  CHECK(first.fsdp_gathers == first.units);
-  CHECK(first.fsdp_reductions == first.units);
 }
