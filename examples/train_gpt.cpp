@@ -6,6 +6,8 @@
 //   train_gpt --pp 2 --dp 2 --fsdp 2 --tp 2 --schedule zbv --microbatches 4   # HSDP inside pipeline stages
 //   train_gpt --cp 1 --experts 4 --ep 2       # PP x FSDP x TP + SP x EP: MoE blocks, experts over the fsdp ranks
 //   mpirun -n 16 train_gpt --backend mpi                        # the same, one process per rank
+//   train_gpt_cuda --device cuda --pp 1 --cp 1 --fsdp 2 --tp 2  # the model on a GPU, 4 ranks sharing it
+//   mpirun -n 8 train_gpt_cuda --device cuda --backend nccl     # one GPU per process (examples/train_gpt_cuda.cu)
 //
 // The mesh. Every run uses one mesh, (pp, dp, fsdp, cp, tp), of pp x dp x fsdp x cp x tp ranks; a
 // parallelism that is off is a dimension of size 1, whose collectives cost nothing. "pp" cuts
@@ -67,9 +69,15 @@ namespace {
 
 using namespace dtensor;
 namespace pp = parallel::pipeline;
-using Mesh = DeviceMesh<"pp", "dp", "fsdp", "cp", "tp">;   // every run; size 1 where a parallelism is off
-using StageMesh = DeviceMesh<"dp", "fsdp", "cp", "tp">;    // one pipeline stage's ranks
-using ExpertMesh = DeviceMesh<"edp", "ep", "tp">;          // the MoE experts' (--experts)
+// The meshes in a memory space (host_space, or cuda_space for --device cuda): the space of every
+// tensor of the model, its gradients and its optimizer state.
+template <class Space>
+using MeshIn = BasicDeviceMesh<Space, "pp", "dp", "fsdp", "cp", "tp">;  // every run; size 1 where a parallelism is off
+template <class Space>
+using StageMeshIn = BasicDeviceMesh<Space, "dp", "fsdp", "cp", "tp">;   // one pipeline stage's ranks
+using ExpertMesh = DeviceMesh<"edp", "ep", "tp">;                       // the MoE experts' (--experts; host only)
+// Its rank as a plain constant: nvcc's host-code pass mis-prints ExpertMesh inside the lambda of a template.
+constexpr std::size_t expert_mesh_dims = ExpertMesh::ndim;
 
 // ---------------------------------------------------------------- flags
 
@@ -93,6 +101,7 @@ struct Options {
   bool check_finite = false;
   std::string trace, plot;  // --trace FILE (a Chrome trace of steps 2..4), --plot FILE (SVG loss curves)
   std::string data, backend = "threads";
+  std::string device = "cpu", dtype = "f32";  // --device cpu|cuda, --dtype f32|bf16
 
   int ranks() const { return pp * dp * fsdp * cp * tp; }
 };
@@ -102,7 +111,8 @@ const char* usage =
     "                 [--cp-kind ring|allgather|ulysses] [--schedule gpipe|1f1b|interleaved|zb|zbv] [--microbatches M]\n"
     "                 [--layers N] [--heads N] [--dim N] [--seq N] [--batch N] [--checkpoint]\n"
     "                 [--experts E] [--topk K] [--capacity F] [--moe-every N]\n"
-    "                 [--steps N] [--lr X] [--seed N] [--eval-every N] [--check-finite] [--data FILE] [--backend threads|mpi]\n"
+    "                 [--steps N] [--lr X] [--seed N] [--eval-every N] [--check-finite] [--data FILE] [--backend threads|mpi|nccl]\n"
+    "                 [--device cpu|cuda] [--dtype f32|bf16]\n"
     "                 [--trace FILE] [--plot FILE]\n"
     "  mesh (pp, dp, fsdp, cp, tp), default pp 2 x dp 1 x fsdp 2 x cp 2 x tp 2 + SP: 16 ranks (threads, or mpirun -n).\n"
     "  --pp: pipeline stages (--schedule, default 1f1b, over --microbatches, default 2 x pp, or 1 without a\n"
@@ -112,7 +122,9 @@ const char* usage =
     "  --experts E > 0: MoE blocks (every --moe-every-th, default all), top-K routing (default 2), capacity factor F\n"
     "        (default dropless), experts split over --ep ranks (dividing dp x fsdp); needs --cp 1.\n"
     "  model defaults: --layers 4 --heads 4 --dim 64 --seq 32 --batch 16 (sequences per step over all ranks);\n"
-    "  training: --steps 100 --lr 3e-3 --seed 1 --eval-every 25; data: the files under /usr/share/common-licenses.\n";
+    "  training: --steps 100 --lr 3e-3 --seed 1 --eval-every 25; data: the files under /usr/share/common-licenses.\n"
+    "  --device cuda (train_gpt_cuda): the model on a GPU, the ranks threads sharing it, or --backend nccl under\n"
+    "        mpirun (one GPU per process).\n";
 
 using examples::flag_value;
 using examples::UsageError;
@@ -121,6 +133,20 @@ using examples::UsageError;
 int mesh_flag(const std::string& flag, const std::string& text) { return flag_value<int>(flag, text, 1, threads::detail::max_ranks); }
 
 std::string str(long long n) { return std::to_string(n); }
+
+/// --device, --dtype and --backend together: what this build can run.
+void check_device(const Options& o) {
+#ifndef DTENSOR_TRAIN_GPT_CUDA
+  if (o.device == "cuda")
+    throw UsageError("--device cuda: this train_gpt was built without CUDA; run train_gpt_cuda (built with -DDTENSOR_WITH_CUDA=ON)");
+#endif
+  if (o.device == "cpu" && o.backend == "nccl") throw UsageError("--backend nccl needs --device cuda");
+  if (o.device == "cuda" && o.backend == "mpi") throw UsageError("--device cuda runs under mpirun with --backend nccl, not mpi");
+  if (o.dtype == "bf16")
+    throw UsageError("--dtype bf16: not supported yet (the attention kernels, host and cuda, take float and double only)");
+  if (o.device == "cuda" && o.experts > 0)
+    throw UsageError("--experts with --device cuda: not supported yet (the MoE layers route and gather on the host)");
+}
 
 /// The constraints between flags that the library would otherwise report later, deep in a rank.
 void check_options(Options& o) {
@@ -142,6 +168,7 @@ void check_options(Options& o) {
   if (o.batch / o.microbatches < data_ranks)
     throw UsageError("a micro-batch of " + str(o.batch / o.microbatches) + " sequences (--batch / --microbatches) leaves some of the " +
                      str(data_ranks) + " data ranks (--dp x --fsdp) without a sequence");
+  check_device(o);
   if (o.experts == 0) {
     if (o.ep != 1) throw UsageError("--ep " + str(o.ep) + " needs --experts");
     return;
@@ -198,7 +225,14 @@ Options parse(int argc, char** argv) {
     else if (a == "--plot") o.plot = value();
     else if (a == "--backend") {
       o.backend = value();
-      if (o.backend != "threads" && o.backend != "mpi") throw UsageError("--backend is threads or mpi, got '" + o.backend + "'");
+      if (o.backend != "threads" && o.backend != "mpi" && o.backend != "nccl")
+        throw UsageError("--backend is threads, mpi or nccl, got '" + o.backend + "'");
+    } else if (a == "--device") {
+      o.device = value();
+      if (o.device != "cpu" && o.device != "cuda") throw UsageError("--device is cpu or cuda, got '" + o.device + "'");
+    } else if (a == "--dtype") {
+      o.dtype = value();
+      if (o.dtype != "f32" && o.dtype != "bf16") throw UsageError("--dtype is f32 or bf16, got '" + o.dtype + "'");
     } else if (a == "--help" || a == "-h") {
       std::cout << usage;
       std::exit(0);
@@ -276,7 +310,7 @@ std::pair<Tensor<std::int32_t, 2>, Tensor<std::int32_t, 2>> tokens_of(const std:
 /// MoE: the routing of the last forward (the last micro-batch) of this rank's MoE blocks, summed
 /// over the data ranks and the stages (one all-reduce on each): kept choices per expert, and the
 /// dropped share of the choices.
-template <class Model>
+template <class Model, class Mesh>
 std::pair<std::vector<std::int64_t>, double> expert_load(Model& model, const Mesh& mesh, Extent experts) {
   std::vector<std::int64_t> sums(std::size_t(experts) + 2, 0);  // load per expert, routed, dropped
   for (auto& stage : model.executor().stages())
@@ -286,7 +320,7 @@ std::pair<std::vector<std::int64_t>, double> expert_load(Model& model, const Mes
       sums[std::size_t(experts)] += st.routed;
       sums[std::size_t(experts) + 1] += st.dropped;
     }
-  for (auto* group : {&mesh.group<"dp">(), &mesh.group<"fsdp">(), &mesh.group<"pp">()})
+  for (auto* group : {&mesh.template group<"dp">(), &mesh.template group<"fsdp">(), &mesh.template group<"pp">()})
     group->all_reduce(std::span<std::int64_t>(sums), ReduceOp::sum);
   const double routed = double(sums[std::size_t(experts)]);
   const double dropped = routed > 0 ? double(sums[std::size_t(experts) + 1]) / routed : 0;
@@ -297,8 +331,10 @@ std::pair<std::vector<std::int64_t>, double> expert_load(Model& model, const Mes
 /// The collectives of one step by "kind on group", with their count and bytes.
 using CommSummary = std::map<std::string, std::pair<std::size_t, std::size_t>>;
 
-template <class Plan, class Layers>
+template <class Space, class Plan, class Layers>
 void train(CommPtr world, const Options& o, const Corpus& corpus) {
+  using Mesh = MeshIn<Space>;
+  using StageMesh = StageMeshIn<Space>;
   using Stage = pp::GptStage<float, StageMesh, Plan, std::int32_t, Layers>;
   constexpr bool moe = !std::is_same_v<Layers, nn::DenseLayers>;
 
@@ -333,21 +369,21 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
 
   // AdamW over this rank's shards (MoE: a second one over its experts).
   const optim::AdamWOptions adamw{.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
-  optim::AdamW<float, StageMesh::ndim> opt(model.params(), adamw);
+  optim::AdamW<float, StageMesh::ndim, Space> opt(model.params(), adamw);
   struct NoExperts {
     void step() {}
   };
   auto make_expert_opt = [&] {
-    if constexpr (moe) return optim::AdamW<float, ExpertMesh::ndim>(model.expert_params(), adamw);
+    if constexpr (moe) return optim::AdamW<float, expert_mesh_dims>(model.expert_params(), adamw);
     else return NoExperts{};
   };
   auto expert_opt = make_expert_opt();
 
   const bool root = world->rank() == 0;
   if (root) {
-    std::printf("train_gpt: mesh pp %d x dp %d x fsdp %d (ZeRO-%d) x cp %d (%s) x tp %d%s = %d ranks, %s backend\n", o.pp, o.dp,
-                o.fsdp, o.zero, o.cp, std::string(parallel::name_of(o.cp_kind)).c_str(), o.tp, o.sp ? " + SP" : "", o.ranks(),
-                o.backend.c_str());
+    std::printf("train_gpt: mesh pp %d x dp %d x fsdp %d (ZeRO-%d) x cp %d (%s) x tp %d%s = %d ranks, %s backend, device %s\n",
+                o.pp, o.dp, o.fsdp, o.zero, o.cp, std::string(parallel::name_of(o.cp_kind)).c_str(), o.tp, o.sp ? " + SP" : "",
+                o.ranks(), o.backend.c_str(), o.device.c_str());
     std::printf("schedule %s: %d micro-batches over %d stages; model: %lld layers, dim %lld, %lld heads, seq %lld, batch "
                 "%lld, vocab %zu",
                 o.schedule.c_str(), o.microbatches, schedule.layout.stages(), (long long)o.layers, (long long)o.dim,
@@ -375,7 +411,7 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
   // The step's loss lives on the last stage's ranks: the maximum over the pipeline group brings it to all.
   auto shared_loss = [&](const pp::StepStats& stats) {
     double loss = stats.loss.value_or(-std::numeric_limits<double>::infinity());
-    mesh.group<"pp">().all_reduce(std::span<double>(&loss, 1), ReduceOp::max);
+    mesh.template group<"pp">().all_reduce(std::span<double>(&loss, 1), ReduceOp::max);
     return loss;
   };
   // Validation: a fixed batch of the held-out text through the same schedule; its gradients are dropped.
@@ -452,18 +488,25 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
 
 /// The model types: one per kind of block (dense or MoE) and plan (with or without SP),
 /// whatever the sizes of the mesh.
-template <bool SP>
+template <class Space, bool SP>
 void train_blocks(CommPtr world, const Options& o, const Corpus& corpus) {
-  if (o.experts > 0) train<parallel::MegatronPlan<SP>, nn::MoELayers<float, ExpertMesh>>(std::move(world), o, corpus);
-  else train<parallel::MegatronPlan<SP>, nn::DenseLayers>(std::move(world), o, corpus);
+  if constexpr (std::is_same_v<Space, host_space>)  // MoE is host-only (check_device)
+    if (o.experts > 0) return train<Space, parallel::MegatronPlan<SP>, nn::MoELayers<float, ExpertMesh>>(std::move(world), o, corpus);
+  train<Space, parallel::MegatronPlan<SP>, nn::DenseLayers>(std::move(world), o, corpus);
 }
 
+template <class Space>
 void run_rank(CommPtr world, const Options& o, const Corpus& corpus) {
   if (world->size() != o.ranks())
     world->fail("train_gpt", "the job has " + str(world->size()) + " ranks but pp x dp x fsdp x cp x tp = " + str(o.ranks()));
-  if (o.sp) train_blocks<true>(std::move(world), o, corpus);
-  else train_blocks<false>(std::move(world), o, corpus);
+  if (o.sp) train_blocks<Space, true>(std::move(world), o, corpus);
+  else train_blocks<Space, false>(std::move(world), o, corpus);
 }
+
+#ifdef DTENSOR_TRAIN_GPT_CUDA
+/// --device cuda: examples/train_gpt_cuda.cu, which includes this file.
+int run_on_gpu(int argc, char** argv, const Options& o, const Corpus& corpus);
+#endif
 
 }  // namespace
 
@@ -477,15 +520,18 @@ int main(int argc, char** argv) {
   }
   try {
     const Corpus corpus = encode(read_text(o.data), o.seq);
+#ifdef DTENSOR_TRAIN_GPT_CUDA
+    if (o.device == "cuda") return run_on_gpu(argc, argv, o, corpus);
+#endif
     if (o.backend == "mpi") {
 #ifdef DTENSOR_HAS_MPI
-      return dtensor::mpi::run(argc, argv, [&](CommPtr world) { run_rank(std::move(world), o, corpus); });
+      return dtensor::mpi::run(argc, argv, [&](CommPtr world) { run_rank<host_space>(std::move(world), o, corpus); });
 #else
       std::fprintf(stderr, "train_gpt: --backend mpi needs a build with -DDTENSOR_WITH_MPI=ON\n");
       return 2;
 #endif
     }
-    threads::run(o.ranks(), [&](CommPtr world) { run_rank(std::move(world), o, corpus); });
+    threads::run(o.ranks(), [&](CommPtr world) { run_rank<host_space>(std::move(world), o, corpus); });
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_gpt: %s\n", e.what());
     return 1;
