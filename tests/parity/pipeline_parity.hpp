@@ -33,6 +33,7 @@ struct PipelineRun {
   parallel::pipeline::Schedule schedule;
   parallel::pipeline::MemoryReport memory;          // the validator's
   int pipeline_rank = 0;
+  std::int64_t activation_peak = 0;       // step 1's peak activation bytes on this rank (the ledger's)
 };
 
 struct PipelineShape {
@@ -41,7 +42,7 @@ struct PipelineShape {
 
 template <class Plan>
 PipelineRun run_pipeline_parity(CommPtr world, PipelineShape shape, parallel::pipeline::ScheduleKind kind, int microbatches,
-                                int stages_per_rank = 0, int steps = parity_steps) {
+                                int stages_per_rank = 0, int steps = parity_steps, Extent batch = pipeline_batch) {
   PipelineMesh mesh(world, {shape.pp, shape.dp, shape.tp});
   const GptMesh stage_mesh = parallel::pipeline::stage_mesh_of(mesh);
   auto cfg = parity_config();
@@ -61,9 +62,13 @@ PipelineRun run_pipeline_parity(CommPtr world, PipelineShape shape, parallel::pi
   out.memory = exec.memory();
   out.pipeline_rank = mesh.coordinate(0);
   for (int step = 0; step < steps; ++step) {
-    auto [ids, targets] = parity_tokens(step, cfg, pipeline_batch);
+    auto [ids, targets] = parity_tokens(step, cfg, batch);
     opt.zero_grad();
-    auto stats = exec.step(parallel::pipeline::split_microbatches<typename Stage::Ids>(stage_mesh, ids, targets, microbatches));
+    auto microbatch_list = parallel::pipeline::split_microbatches<typename Stage::Ids>(stage_mesh, ids, targets, microbatches);
+    MemoryLedger ledger;  // what the schedule allocates: saved activations, received ones, their gradients
+    MemoryTagScope activations(MemoryTag::activations);
+    auto stats = exec.step(microbatch_list);
+    if (step == 0) out.activation_peak = ledger.peak("host", MemoryTag::activations);
     ddp.all_reduce_gradients(ps);
     parallel::sequence_parallel_grads(ps, stage_mesh, {.bucket_bytes = 4096});
     parallel::pipeline::clip_grad_norm(ps, stage_mesh, mesh.group(0), 1.0);

@@ -3,11 +3,15 @@
 // PP = 2 x DP = 2 x TP = 2 (+SP) on 8 threads, trained 20 steps, give the per-step losses of the
 // one-rank run within 1e-5 relative (double). On the same runs: the activations each rank holds
 // after each action equal the validator's count, and the idle fraction the executor counts is
-// the simulator's and the formula's. Bad input is a clear error.
+// the simulator's and the formula's; the allocation ledger's activation peak per rank follows
+// the validator's count of micro-batches held. Bad input is a clear error.
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "pipeline_parity.hpp"
 #include "support/on_ranks.hpp"
@@ -88,6 +92,42 @@ TEST_CASE("pipeline parity: PP = 2 x DP = 2 x TP = 2 on 8 threads", "[parity][pi
   check_pipeline<parallel::MegatronPlan<true>>("zbv", {.pp = 2, .dp = 2, .tp = 2}, 4);
   // Micro-batches of one sequence: one data-parallel rank of each stage holds none.
   check_pipeline<parallel::MegatronPlan<true>>("interleaved", {.pp = 2, .dp = 2, .tp = 2}, 8);
+}
+
+TEST_CASE("pipeline memory: the ledger's activation peak is the validator's count of micro-batches held",
+          "[parity][pipeline][memory]") {
+  // On each pipeline rank, peak activation bytes = held x S + T, with S the bytes one micro-batch
+  // leaves saved on that rank's stage and T what one forward or backward allocates on top. GPipe
+  // holds all M micro-batches, so two GPipe runs (M = 4 and 8, one sequence per micro-batch, so
+  // that S is the same) give S and T; 1F1B, holding p - rank (the validator's peak_saved), must
+  // then land on the same line, up to the tensors in flight between the stages at the peak (a
+  // received activation, a gradient going back: 3 to 5 KB here, depending on the threads'
+  // timing) — within S / 2, so one micro-batch more or less held would show.
+  // (ZB-H1 also keeps weight contexts for its deferred W: another term, not on this line.)
+  const PipelineShape shape{.pp = 2};
+  const auto peaks = [&](const char* name, int m) {
+    std::vector<std::pair<int, std::int64_t>> held_and_peak(2);
+    threads::run(2, [&](CommPtr world) {
+      auto run = run_pipeline_parity<nn::ReplicatedPlan>(world, shape, pp::parse_schedule_kind(name), m, 0, 1, m);
+      const auto r = std::size_t(run.pipeline_rank);
+      held_and_peak[r] = {run.memory.peak_saved[r], run.activation_peak};
+    });
+    return held_and_peak;
+  };
+  const auto gpipe4 = peaks("gpipe", 4), gpipe8 = peaks("gpipe", 8), one_f_one_b = peaks("1f1b", 8);
+  const std::int64_t received = parity_config().seq * parity_config().dim * std::int64_t(sizeof(double));
+  for (std::size_t r = 0; r < 2; ++r) {
+    INFO("pipeline rank " << r);
+    REQUIRE(gpipe4[r].first == 4);
+    REQUIRE(gpipe8[r].first == 8);
+    REQUIRE(one_f_one_b[r].first == 2 - int(r));
+    const std::int64_t per_microbatch = (gpipe8[r].second - gpipe4[r].second) / 4;
+    const std::int64_t transient = gpipe4[r].second - 4 * per_microbatch;
+    CHECK(per_microbatch > 4 * received);
+    const std::int64_t predicted = one_f_one_b[r].first * per_microbatch + transient;
+    INFO("S = " << per_microbatch << " B, T = " << transient << " B");
+    CHECK(std::abs(one_f_one_b[r].second - predicted) < per_microbatch / 2);
+  }
 }
 
 TEST_CASE("pipeline: bad input is a clear error", "[pipeline]") {
