@@ -19,7 +19,11 @@ cmake --build "$build" -j"$(nproc)" --target train_gpt
 # (train_gpt --help lists them; e.g. no flags but --steps 100: the dense model on 16 threads,
 # pp 2 x fsdp 2 x cp 2 x tp 2 + SP).
 if [[ $# -eq 0 ]]; then
+  # A checkpoint every 100 steps into $build/train_gpt_ckpt (replaced atomically); continue the run
+  # on any mesh, e.g. one rank: scripts/run-main.sh --pp 1 --fsdp 1 --cp 1 --tp 1 --experts 4
+  # --resume build-main/train_gpt_ckpt --steps 400 (docs/training.md).
   set -- --pp 2 --fsdp 2 --cp 1 --tp 2 --experts 4 --ep 2 --steps 300 --eval-every 50 \
-         --trace "$build/train_gpt_trace.json" --plot "$build/train_gpt_loss.svg"  # where they went: printed at the end
+         --trace "$build/train_gpt_trace.json" --plot "$build/train_gpt_loss.svg" \
+         --save-every 100 --save-dir "$build/train_gpt_ckpt"  # where they went: printed at the end
 fi
 exec "$build/examples/train_gpt" "$@"
