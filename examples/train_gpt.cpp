@@ -6,6 +6,9 @@
 //   train_gpt --pp 2 --dp 2 --fsdp 2 --tp 2 --schedule zbv --microbatches 4   # HSDP inside pipeline stages
 //   train_gpt --cp 1 --experts 4 --ep 2       # PP x FSDP x TP + SP x EP: MoE blocks, experts over the fsdp ranks
 //   mpirun -n 16 train_gpt --backend mpi                        # the same, one process per rank
+//   train_gpt --save-every 50 --save-dir ckpt --steps 100       # a checkpoint every 50 steps (atomically replaced)
+//   train_gpt --pp 1 --fsdp 1 --cp 1 --tp 1 --resume ckpt --steps 200   # continue it on one rank (any mesh)
+//   train_gpt --arch llama --kv-heads 2                         # Llama blocks: RMSNorm, rotary GQA, SwiGLU
 //
 // The mesh. Every run uses one mesh, (pp, dp, fsdp, cp, tp), of pp x dp x fsdp x cp x tp ranks; a
 // parallelism that is off is a dimension of size 1, whose collectives cost nothing. "pp" cuts
