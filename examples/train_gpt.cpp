@@ -18,8 +18,8 @@
 //   "cp"    splits every sequence (ring, all-gather or Ulysses attention),
 //   "tp"    splits the heads, the MLP and the vocabulary (Megatron), and with SP the sequence
 //           between them;
-// and with --experts, the MoE blocks' experts live on a second factorization of the data ranks,
-// (edp, ep, tp) with ep x edp = dp x fsdp (parallel::make_expert_mesh).
+// and with --experts, the MoE blocks' experts live on a second factorization of the data and
+// context ranks, (edp, ep, tp) with ep x edp = dp x fsdp x cp (parallel::make_expert_mesh).
 //
 // A step. Every rank draws the same --batch sequences of --seq characters (from --seed), cuts
 // them into --microbatches, and keeps its piece of each (its data rank's sequences, its context
@@ -126,7 +126,7 @@ const char* usage =
     "        ZeRO --zero (default 3, or 1 when --fsdp 1: DDP); --cp: sequence split (--cp-kind, default ring; ulysses: --heads a multiple of\n"
     "        tp x cp); --tp: Megatron tensor parallelism, with sequence parallelism unless --no-sp.\n"
     "  --experts E > 0: MoE blocks (every --moe-every-th, default all), top-K routing (default 2), capacity factor F\n"
-    "        (default dropless), experts split over --ep ranks (dividing dp x fsdp); needs --cp 1.\n"
+    "        (default dropless; with --cp > 1 at least E / K), experts split over --ep ranks (dividing dp x fsdp x cp).\n"
     "  model defaults: --layers 4 --heads 4 --dim 64 --seq 32 --batch 16 (sequences per step over all ranks);\n"
     "  training: --steps 100 --lr 3e-3 --seed 1 --eval-every 25; data: the files under /usr/share/common-licenses.\n"
     "  --arch llama: RMSNorm, rotary grouped-query attention (--kv-heads, default --heads), SwiGLU (--ffn, default\n"
@@ -180,9 +180,14 @@ void check_options(Options& o) {
     return;
   }
   if (o.topk > o.experts) throw UsageError("--topk " + str(o.topk) + " exceeds --experts " + str(o.experts));
-  if (data_ranks % o.ep != 0) throw UsageError("--ep " + str(o.ep) + " does not divide the data ranks --dp x --fsdp = " + str(data_ranks));
+  // The experts' ranks factor the ranks that split the tokens: data x context.
+  if (data_ranks * o.cp % o.ep != 0)
+    throw UsageError("--ep " + str(o.ep) + " does not divide the token ranks --dp x --fsdp x --cp = " + str(data_ranks * o.cp));
   if (o.experts % o.ep != 0) throw UsageError("--experts " + str(o.experts) + " is not a multiple of --ep " + str(o.ep));
-  if (o.cp > 1) throw UsageError("--experts with --cp > 1: not supported yet (routing capacity and load balancing are per whole sequence)");
+  // Under CP a capacity that can drop a choice is refused (nn/router.hpp): it is per whole sequence.
+  if (o.cp > 1 && o.capacity > 0 && o.capacity * double(o.topk) / double(o.experts) < 1.0)
+    throw UsageError("--capacity with --cp > 1: capacity groups are whole sequences, split over the context ranks; "
+                     "use dropless routing (no --capacity) or a factor of at least --experts / --topk");
 }
 
 Options parse(int argc, char** argv) {
@@ -325,7 +330,7 @@ std::pair<Tensor<std::int32_t, 2>, Tensor<std::int32_t, 2>> tokens_of(const std:
 // ---------------------------------------------------------------- training
 
 /// MoE: the routing of the last forward (the last micro-batch) of this rank's MoE blocks, summed
-/// over the data ranks and the stages (one all-reduce on each): kept choices per expert, and the
+/// over the data and context ranks and the stages (one all-reduce on each): kept choices per expert, and the
 /// dropped share of the choices.
 template <class Model>
 std::pair<std::vector<std::int64_t>, double> expert_load(Model& model, const Mesh& mesh, Extent experts) {
@@ -337,7 +342,7 @@ std::pair<std::vector<std::int64_t>, double> expert_load(Model& model, const Mes
       sums[std::size_t(experts)] += st.routed;
       sums[std::size_t(experts) + 1] += st.dropped;
     }
-  for (auto* group : {&mesh.group<"dp">(), &mesh.group<"fsdp">(), &mesh.group<"pp">()})
+  for (auto* group : {&mesh.group<"dp">(), &mesh.group<"fsdp">(), &mesh.group<"cp">(), &mesh.group<"pp">()})
     group->all_reduce(std::span<std::int64_t>(sums), ReduceOp::sum);
   const double routed = double(sums[std::size_t(experts)]);
   const double dropped = routed > 0 ? double(sums[std::size_t(experts) + 1]) / routed : 0;
