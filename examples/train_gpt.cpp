@@ -5,6 +5,7 @@
 //   train_gpt --pp 1 --fsdp 1 --cp 1 --dp 2 --tp 4 --steps 200  # DDP x TP + SP on 8 threads
 //   train_gpt --pp 2 --dp 2 --fsdp 2 --tp 2 --schedule zbv --microbatches 4   # HSDP inside pipeline stages
 //   train_gpt --cp 1 --experts 4 --ep 2       # PP x FSDP x TP + SP x EP: MoE blocks, experts over the fsdp ranks
+//   train_gpt --experts 4 --ep 2              # all at once: PP x FSDP x CP x TP + SP x EP (dropless routing)
 //   mpirun -n 16 train_gpt --backend mpi                        # the same, one process per rank
 //   train_gpt --save-every 50 --save-dir ckpt --steps 100       # a checkpoint every 50 steps (atomically replaced)
 //   train_gpt --pp 1 --fsdp 1 --cp 1 --tp 1 --resume ckpt --steps 200   # continue it on one rank (any mesh)
@@ -482,8 +483,9 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
   double train_loss = 0, val_loss = 0, elapsed = 0;
   const double tokens_per_step = double(o.batch * o.seq);
   // --trace, --plot and the progress bar (a bar on a terminal, a line per step elsewhere).
-  trace::TrainingMonitor monitor(world, {.trace_path = o.trace, .plot_path = o.plot, .total_steps = o.steps,
-                                         .tokens_per_step = tokens_per_step});
+  trace::TrainingMonitor monitor(world, {.trace_path = o.trace, .plot_path = o.plot,
+                                         .first_traced_step = std::min(first_step + 1, o.steps),  // after a resume too
+                                         .total_steps = o.steps, .tokens_per_step = tokens_per_step});
   if (!o.trace.empty())  // a span per unit; after FSDP has set its hooks
     for (auto& stage : model.executor().stages()) trace::trace_units(stage);
   for (int step = first_step; step <= o.steps; ++step) {
