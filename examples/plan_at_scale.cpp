@@ -9,12 +9,15 @@
 //                 --vocab 128256 --seq 8192 --batch 2048 --dp 128 --tp 8 --pp 16 --microbatches 16
 //                 --dtype bf16 --trace step.json           # Llama-3-405B's plan
 //   plan_at_scale --zero 3 --dp 64 --tp 1 --pp 1 ...       # FSDP (ZeRO-3) on 64 GPUs; --hsdp R
+//   plan_at_scale ... --seq 131072 --dp 8 --cp 16 --zero 1 --checkpoint   # Llama 3's long-context plan
 //
 // What runs: one micro-batch through each pipeline rank's stages (first, middle and last stages,
-// uneven layer splits: one class each), or, under --zero, the whole model under fully_shard.
+// uneven layer splits: one class each; --zero 1|2|3: FSDP inside the stages, fp32 master), or,
+// under --zero with pp 1 and cp 1, nn::GPT / nn::Llama under fully_shard. --cp splits every
+// sequence (ring, all-gather-KV or Ulysses attention; load-balanced unless --no-cp-balance).
 // The pipeline schedule enters through the cost model (parallel/pipeline/simulate.hpp) and the
 // activations of the micro-batches in flight are the run's times the schedule's count. Not yet
-// here: FSDP across pipeline stages, context and expert parallelism (their kernels are host-only).
+// here: expert parallelism (MoE's host loops).
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -64,6 +67,9 @@ Options parse(int argc, char** argv) {
     else if (a == "--pp") o.plan.pp = flag_value<int>(a, value(), 1);
     else if (a == "--zero") o.plan.zero = flag_value<int>(a, value(), 1);
     else if (a == "--hsdp") o.plan.hsdp = flag_value<int>(a, value(), 1);
+    else if (a == "--cp") o.plan.cp = flag_value<int>(a, value(), 1);
+    else if (a == "--cp-kind") o.plan.cp_kind = parallel::parse_context_kind(value());
+    else if (a == "--no-cp-balance") o.plan.cp_balanced = false;
     else if (a == "--microbatches") o.plan.microbatches = flag_value<int>(a, value(), 1);
     else if (a == "--stages-per-rank") o.plan.stages_per_rank = flag_value<int>(a, value(), 1);
     else if (a == "--schedule") o.plan.schedule = value();
@@ -101,8 +107,11 @@ int run(const Options& o) {
   const auto& p = o.plan;
   const auto& m = p.model;
   const auto schedule = pp::make_schedule(pp::parse_schedule_kind(p.schedule), p.pp, p.microbatches, p.stages_per_rank);
-  std::printf("plan_at_scale: %lld GPUs = pp %d x dp %d x tp %d%s; %s; %s schedule, %d micro-batches; %s\n", p.gpus(),
-              p.pp, p.dp, p.tp, o.sp ? " + SP" : "",
+  const std::string context = p.cp > 1 ? " x cp " + std::to_string(p.cp) + " (" + std::string(parallel::name_of(p.cp_kind)) +
+                                              (p.cp_balanced ? ", load-balanced)" : ")")
+                                        : "";
+  std::printf("plan_at_scale: %lld GPUs = pp %d x dp %d%s x tp %d%s; %s; %s schedule, %d micro-batches; %s\n", p.gpus(),
+              p.pp, p.dp, context.c_str(), p.tp, o.sp ? " + SP" : "",
               p.zero == 0 ? "DDP" : (p.hsdp > 1 ? "HSDP " + std::to_string(p.hsdp) + " x " : std::string("")).append("ZeRO-" + std::to_string(p.zero)).c_str(),
               p.schedule.c_str(), p.microbatches, o.bf16 ? "bf16" : "fp32");
   std::printf("model: %s, %lld layers, dim %lld, %lld heads (%lld KV), ffn %lld, vocab %lld, seq %lld, global batch %lld%s\n",
@@ -143,7 +152,7 @@ int main(int argc, char** argv) {
   } catch (const UsageError& e) {
     std::fprintf(stderr, "plan_at_scale: %s\nusage: plan_at_scale [--arch gpt|llama --layers N --dim N --heads N --kv-heads N "
                          "--ffn N --vocab N --seq N --batch N --mlp-ratio N --dtype fp32|bf16 --checkpoint --dp N --tp N "
-                         "--pp N --zero 1|2|3 --hsdp R --microbatches N --schedule gpipe|1f1b|interleaved|zb|zbv "
+                         "--pp N --cp N --cp-kind ring|allgather|ulysses --no-cp-balance --zero 1|2|3 --hsdp R --microbatches N --schedule gpipe|1f1b|interleaved|zb|zbv "
                          "--stages-per-rank N --no-sp --trace FILE --efficiency X --peak-tflops X]\n",
                  e.what());
     return 2;

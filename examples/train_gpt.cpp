@@ -7,6 +7,8 @@
 //   train_gpt --cp 1 --experts 4 --ep 2       # PP x FSDP x TP + SP x EP: MoE blocks, experts over the fsdp ranks
 //   train_gpt --experts 4 --ep 2              # all at once: PP x FSDP x CP x TP + SP x EP (dropless routing)
 //   mpirun -n 16 train_gpt --backend mpi                        # the same, one process per rank
+//   train_gpt_cuda --device cuda --pp 1 --cp 1 --fsdp 2 --tp 2  # the model on a GPU, 4 ranks sharing it
+//   mpirun -n 8 train_gpt_cuda --device cuda --backend nccl     # one GPU per process (examples/train_gpt_cuda.cu)
 //   train_gpt --save-every 50 --save-dir ckpt --steps 100       # a checkpoint every 50 steps (atomically replaced)
 //   train_gpt --pp 1 --fsdp 1 --cp 1 --tp 1 --resume ckpt --steps 200   # continue it on one rank (any mesh)
 //   train_gpt --arch llama --kv-heads 2                         # Llama blocks: RMSNorm, rotary GQA, SwiGLU
@@ -76,9 +78,15 @@ namespace {
 
 using namespace dtensor;
 namespace pp = parallel::pipeline;
-using Mesh = DeviceMesh<"pp", "dp", "fsdp", "cp", "tp">;   // every run; size 1 where a parallelism is off
-using StageMesh = DeviceMesh<"dp", "fsdp", "cp", "tp">;    // one pipeline stage's ranks
-using ExpertMesh = DeviceMesh<"edp", "ep", "tp">;          // the MoE experts' (--experts)
+// The meshes in a memory space (host_space, or cuda_space for --device cuda): the space of every
+// tensor of the model, its gradients and its optimizer state.
+template <class Space>
+using MeshIn = BasicDeviceMesh<Space, "pp", "dp", "fsdp", "cp", "tp">;  // every run; size 1 where a parallelism is off
+template <class Space>
+using StageMeshIn = BasicDeviceMesh<Space, "dp", "fsdp", "cp", "tp">;   // one pipeline stage's ranks
+using ExpertMesh = DeviceMesh<"edp", "ep", "tp">;                       // the MoE experts' (--experts; host only)
+// Its rank as a plain constant: nvcc's host-code pass mis-prints ExpertMesh inside the lambda of a template.
+constexpr std::size_t expert_mesh_dims = ExpertMesh::ndim;
 
 // ---------------------------------------------------------------- flags
 
@@ -102,6 +110,7 @@ struct Options {
   bool check_finite = false;
   std::string trace, plot;  // --trace FILE (a Chrome trace of steps 2..4), --plot FILE (SVG loss curves)
   std::string data, backend = "threads";
+  std::string device = "cpu", dtype = "f32";  // --device cpu|cuda, --dtype f32|bf16
   // The architecture: nn::GPT's blocks, or Llama's (RMSNorm, rotary GQA attention, SwiGLU; nn/llama.hpp).
   std::string arch = "gpt";
   Extent kv_heads = 0, ffn = 0;  // llama: KV heads (0: --heads), SwiGLU width (0: 4 x --dim)
@@ -118,7 +127,8 @@ const char* usage =
     "                 [--cp-kind ring|allgather|ulysses] [--schedule gpipe|1f1b|interleaved|zb|zbv] [--microbatches M]\n"
     "                 [--layers N] [--heads N] [--dim N] [--seq N] [--batch N] [--checkpoint]\n"
     "                 [--experts E] [--topk K] [--capacity F] [--moe-every N]\n"
-    "                 [--steps N] [--lr X] [--seed N] [--eval-every N] [--check-finite] [--data FILE] [--backend threads|mpi]\n"
+    "                 [--steps N] [--lr X] [--seed N] [--eval-every N] [--check-finite] [--data FILE] [--backend threads|mpi|nccl]\n"
+    "                 [--device cpu|cuda] [--dtype f32|bf16]\n"
     "                 [--trace FILE] [--plot FILE] [--arch gpt|llama] [--kv-heads N] [--ffn N]\n"
     "                 [--save-every N --save-dir DIR] [--resume DIR]\n"
     "  mesh (pp, dp, fsdp, cp, tp), default pp 2 x dp 1 x fsdp 2 x cp 2 x tp 2 + SP: 16 ranks (threads, or mpirun -n).\n"
@@ -134,7 +144,9 @@ const char* usage =
     "        4 x --dim); not with --experts.\n"
     "  checkpoints: --save-every N --save-dir DIR saves parameters, AdamW state, step and data position into DIR\n"
     "        every N steps (atomically: DIR always holds a whole checkpoint); --resume DIR continues from one, saved\n"
-    "        on any mesh, up to --steps (the total).\n";
+    "        on any mesh, up to --steps (the total).\n"
+    "  --device cuda (train_gpt_cuda): the model on a GPU, the ranks threads sharing it, or --backend nccl under\n"
+    "        mpirun (one GPU per process).\n";
 
 using examples::flag_value;
 using examples::UsageError;
@@ -149,8 +161,31 @@ void check_architecture(const Options& o) {
   if (o.arch != "gpt" && o.arch != "llama") throw UsageError("--arch is gpt or llama, got '" + o.arch + "'");
   if (o.arch == "gpt" && (o.kv_heads != 0 || o.ffn != 0)) throw UsageError("--kv-heads and --ffn need --arch llama");
   if (o.arch == "llama" && o.experts > 0) throw UsageError("--arch llama with --experts: MoE blocks are GPT blocks");
+  if (o.arch == "llama" && o.device == "cuda") throw UsageError("--arch llama with --device cuda: not supported yet (host only here)");
   if (o.kv_heads > 0 && o.heads % o.kv_heads != 0)
     throw UsageError("--heads " + str(o.heads) + " is not a multiple of --kv-heads " + str(o.kv_heads));
+}
+
+/// --save-every, --save-dir and --resume: host memory only (the checkpoint library's buffers).
+void check_checkpoints(const Options& o) {
+  if (o.save_every > 0 && o.save_dir.empty()) throw UsageError("--save-every needs --save-dir DIR");
+  if (o.save_every == 0 && !o.save_dir.empty()) throw UsageError("--save-dir needs --save-every N");
+  if (o.device == "cuda" && (o.save_every > 0 || !o.resume.empty()))
+    throw UsageError("--save-every / --resume with --device cuda: not supported yet (checkpoints read and write host buffers)");
+}
+
+/// --device, --dtype and --backend together: what this build can run.
+void check_device(const Options& o) {
+#ifndef DTENSOR_TRAIN_GPT_CUDA
+  if (o.device == "cuda")
+    throw UsageError("--device cuda: this train_gpt was built without CUDA; run train_gpt_cuda (built with -DDTENSOR_WITH_CUDA=ON)");
+#endif
+  if (o.device == "cpu" && o.backend == "nccl") throw UsageError("--backend nccl needs --device cuda");
+  if (o.device == "cuda" && o.backend == "mpi") throw UsageError("--device cuda runs under mpirun with --backend nccl, not mpi");
+  if (o.dtype == "bf16")
+    throw UsageError("--dtype bf16: not supported yet (the attention kernels, host and cuda, take float and double only)");
+  if (o.device == "cuda" && o.experts > 0)
+    throw UsageError("--experts with --device cuda: not supported yet (the MoE layers route and gather on the host)");
 }
 
 /// The constraints between flags that the library would otherwise report later, deep in a rank.
@@ -174,8 +209,8 @@ void check_options(Options& o) {
     throw UsageError("a micro-batch of " + str(o.batch / o.microbatches) + " sequences (--batch / --microbatches) leaves some of the " +
                      str(data_ranks) + " data ranks (--dp x --fsdp) without a sequence");
   check_architecture(o);
-  if (o.save_every > 0 && o.save_dir.empty()) throw UsageError("--save-every needs --save-dir DIR");
-  if (o.save_every == 0 && !o.save_dir.empty()) throw UsageError("--save-dir needs --save-every N");
+  check_checkpoints(o);
+  check_device(o);
   if (o.experts == 0) {
     if (o.ep != 1) throw UsageError("--ep " + str(o.ep) + " needs --experts");
     return;
@@ -243,7 +278,14 @@ Options parse(int argc, char** argv) {
     else if (a == "--resume") o.resume = value();
     else if (a == "--backend") {
       o.backend = value();
-      if (o.backend != "threads" && o.backend != "mpi") throw UsageError("--backend is threads or mpi, got '" + o.backend + "'");
+      if (o.backend != "threads" && o.backend != "mpi" && o.backend != "nccl")
+        throw UsageError("--backend is threads, mpi or nccl, got '" + o.backend + "'");
+    } else if (a == "--device") {
+      o.device = value();
+      if (o.device != "cpu" && o.device != "cuda") throw UsageError("--device is cpu or cuda, got '" + o.device + "'");
+    } else if (a == "--dtype") {
+      o.dtype = value();
+      if (o.dtype != "f32" && o.dtype != "bf16") throw UsageError("--dtype is f32 or bf16, got '" + o.dtype + "'");
     } else if (a == "--help" || a == "-h") {
       std::cout << usage;
       std::exit(0);
@@ -333,7 +375,7 @@ std::pair<Tensor<std::int32_t, 2>, Tensor<std::int32_t, 2>> tokens_of(const std:
 /// MoE: the routing of the last forward (the last micro-batch) of this rank's MoE blocks, summed
 /// over the data and context ranks and the stages (one all-reduce on each): kept choices per expert, and the
 /// dropped share of the choices.
-template <class Model>
+template <class Model, class Mesh>
 std::pair<std::vector<std::int64_t>, double> expert_load(Model& model, const Mesh& mesh, Extent experts) {
   std::vector<std::int64_t> sums(std::size_t(experts) + 2, 0);  // load per expert, routed, dropped
   for (auto& stage : model.executor().stages())
@@ -343,7 +385,8 @@ std::pair<std::vector<std::int64_t>, double> expert_load(Model& model, const Mes
       sums[std::size_t(experts)] += st.routed;
       sums[std::size_t(experts) + 1] += st.dropped;
     }
-  for (auto* group : {&mesh.group<"dp">(), &mesh.group<"fsdp">(), &mesh.group<"cp">(), &mesh.group<"pp">()})
+  for (auto* group : {&mesh.template group<"dp">(), &mesh.template group<"fsdp">(), &mesh.template group<"cp">(),
+                      &mesh.template group<"pp">()})
     group->all_reduce(std::span<std::int64_t>(sums), ReduceOp::sum);
   const double routed = double(sums[std::size_t(experts)]);
   const double dropped = routed > 0 ? double(sums[std::size_t(experts) + 1]) / routed : 0;
@@ -354,8 +397,10 @@ std::pair<std::vector<std::int64_t>, double> expert_load(Model& model, const Mes
 /// The collectives of one step by "kind on group", with their count and bytes.
 using CommSummary = std::map<std::string, std::pair<std::size_t, std::size_t>>;
 
-template <class Plan, class Layers>
+template <class Space, class Plan, class Layers>
 void train(CommPtr world, const Options& o, const Corpus& corpus) {
+  using Mesh = MeshIn<Space>;
+  using StageMesh = StageMeshIn<Space>;
   using Stage = pp::GptStage<float, StageMesh, Plan, std::int32_t, Layers>;
   constexpr bool moe = requires(Layers& l) { l.expert_params(); };  // nn::MoELayers
 
@@ -391,21 +436,21 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
 
   // AdamW over this rank's shards (MoE: a second one over its experts).
   const optim::AdamWOptions adamw{.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
-  optim::AdamW<float, StageMesh::ndim> opt(model.params(), adamw);
+  optim::AdamW<float, StageMesh::ndim, Space> opt(model.params(), adamw);
   struct NoExperts {
     void step() {}
   };
   auto make_expert_opt = [&] {
-    if constexpr (moe) return optim::AdamW<float, ExpertMesh::ndim>(model.expert_params(), adamw);
+    if constexpr (moe) return optim::AdamW<float, expert_mesh_dims>(model.expert_params(), adamw);
     else return NoExperts{};
   };
   auto expert_opt = make_expert_opt();
 
   const bool root = world->rank() == 0;
   if (root) {
-    std::printf("train_gpt: mesh pp %d x dp %d x fsdp %d (ZeRO-%d) x cp %d (%s) x tp %d%s = %d ranks, %s backend\n", o.pp, o.dp,
-                o.fsdp, o.zero, o.cp, std::string(parallel::name_of(o.cp_kind)).c_str(), o.tp, o.sp ? " + SP" : "", o.ranks(),
-                o.backend.c_str());
+    std::printf("train_gpt: mesh pp %d x dp %d x fsdp %d (ZeRO-%d) x cp %d (%s) x tp %d%s = %d ranks, %s backend, device %s\n",
+                o.pp, o.dp, o.fsdp, o.zero, o.cp, std::string(parallel::name_of(o.cp_kind)).c_str(), o.tp, o.sp ? " + SP" : "",
+                o.ranks(), o.backend.c_str(), o.device.c_str());
     std::printf("schedule %s: %d micro-batches over %d stages; model: %lld layers, dim %lld, %lld heads, seq %lld, batch "
                 "%lld, vocab %zu",
                 o.schedule.c_str(), o.microbatches, schedule.layout.stages(), (long long)o.layers, (long long)o.dim,
@@ -434,7 +479,7 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
   // The step's loss lives on the last stage's ranks: the maximum over the pipeline group brings it to all.
   auto shared_loss = [&](const pp::StepStats& stats) {
     double loss = stats.loss.value_or(-std::numeric_limits<double>::infinity());
-    mesh.group<"pp">().all_reduce(std::span<double>(&loss, 1), ReduceOp::max);
+    mesh.template group<"pp">().all_reduce(std::span<double>(&loss, 1), ReduceOp::max);
     return loss;
   };
   // Validation: a fixed batch of the held-out text through the same schedule; its gradients are dropped.
@@ -451,13 +496,15 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
   // What is saved: this rank's FSDP shards of its stages, its experts, both AdamWs' moments and
   // step count; the step, the data position (batches drawn) and the batch generator's state.
   // Any mesh and schedule can resume it; the configuration that fixes the tensors must match.
+  constexpr bool host = std::is_same_v<Space, host_space>;
   auto model_config = checkpoint::config_of(cfg);
   model_config["model"] = o.arch;
   if constexpr (moe) model_config["experts"] = str(o.experts), model_config["moe_every"] = str(o.moe_every);
   int first_step = 1;
   if (!o.resume.empty()) {
     checkpoint::TrainingMeta meta;
-    if constexpr (moe) meta = checkpoint::load_pipeline_state(o.resume, model, opt, expert_opt, model_config);
+    if constexpr (!host) throw Error("train_gpt", "--resume: checkpoints are host memory only");  // check_checkpoints
+    else if constexpr (moe) meta = checkpoint::load_pipeline_state(o.resume, model, opt, expert_opt, model_config);
     else meta = checkpoint::load_pipeline_state(o.resume, model, opt, model_config);
     std::istringstream rng_state(meta.rng_state);
     if (!(rng_state >> rng) || meta.data_position != std::uint64_t(meta.step))
@@ -473,7 +520,8 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
     rng_state << rng;
     const checkpoint::TrainingMeta meta{.step = step, .data_position = std::uint64_t(step), .rng_state = rng_state.str(),
                                         .config = model_config};
-    if constexpr (moe) checkpoint::save_pipeline_state(o.save_dir, model, opt, expert_opt, meta);
+    if constexpr (!host) throw Error("train_gpt", "--save-every: checkpoints are host memory only");  // check_checkpoints
+    else if constexpr (moe) checkpoint::save_pipeline_state(o.save_dir, model, opt, expert_opt, meta);
     else checkpoint::save_pipeline_state(o.save_dir, model, opt, meta);
     if (root) std::printf("step %4d  checkpoint saved to %s\n", step, o.save_dir.c_str());
   };
@@ -548,19 +596,27 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
 
 /// The model types: one per kind of block (GPT, Llama or MoE) and plan (with or without SP),
 /// whatever the sizes of the mesh.
-template <bool SP>
+template <class Space, bool SP>
 void train_blocks(CommPtr world, const Options& o, const Corpus& corpus) {
-  if (o.experts > 0) train<parallel::MegatronPlan<SP>, nn::MoELayers<float, ExpertMesh>>(std::move(world), o, corpus);
-  else if (o.arch == "llama") train<parallel::MegatronPlan<SP>, nn::LlamaLayers>(std::move(world), o, corpus);
-  else train<parallel::MegatronPlan<SP>, nn::DenseLayers>(std::move(world), o, corpus);
+  if constexpr (std::is_same_v<Space, host_space>) {  // MoE and Llama are host-only (check_device)
+    if (o.experts > 0) return train<Space, parallel::MegatronPlan<SP>, nn::MoELayers<float, ExpertMesh>>(std::move(world), o, corpus);
+    if (o.arch == "llama") return train<Space, parallel::MegatronPlan<SP>, nn::LlamaLayers>(std::move(world), o, corpus);
+  }
+  train<Space, parallel::MegatronPlan<SP>, nn::DenseLayers>(std::move(world), o, corpus);
 }
 
+template <class Space>
 void run_rank(CommPtr world, const Options& o, const Corpus& corpus) {
   if (world->size() != o.ranks())
     world->fail("train_gpt", "the job has " + str(world->size()) + " ranks but pp x dp x fsdp x cp x tp = " + str(o.ranks()));
-  if (o.sp) train_blocks<true>(std::move(world), o, corpus);
-  else train_blocks<false>(std::move(world), o, corpus);
+  if (o.sp) train_blocks<Space, true>(std::move(world), o, corpus);
+  else train_blocks<Space, false>(std::move(world), o, corpus);
 }
+
+#ifdef DTENSOR_TRAIN_GPT_CUDA
+/// --device cuda: examples/train_gpt_cuda.cu, which includes this file.
+int run_on_gpu(int argc, char** argv, const Options& o, const Corpus& corpus);
+#endif
 
 }  // namespace
 
@@ -575,15 +631,18 @@ int main(int argc, char** argv) {
   try {
     const Corpus corpus = encode(read_text(o.data), o.seq);
     check_save_dir(o);
+#ifdef DTENSOR_TRAIN_GPT_CUDA
+    if (o.device == "cuda") return run_on_gpu(argc, argv, o, corpus);
+#endif
     if (o.backend == "mpi") {
 #ifdef DTENSOR_HAS_MPI
-      return dtensor::mpi::run(argc, argv, [&](CommPtr world) { run_rank(std::move(world), o, corpus); });
+      return dtensor::mpi::run(argc, argv, [&](CommPtr world) { run_rank<host_space>(std::move(world), o, corpus); });
 #else
       std::fprintf(stderr, "train_gpt: --backend mpi needs a build with -DDTENSOR_WITH_MPI=ON\n");
       return 2;
 #endif
     }
-    threads::run(o.ranks(), [&](CommPtr world) { run_rank(std::move(world), o, corpus); });
+    threads::run(o.ranks(), [&](CommPtr world) { run_rank<host_space>(std::move(world), o, corpus); });
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_gpt: %s\n", e.what());
     return 1;

@@ -21,8 +21,13 @@ namespace dtensor::testing {
 
 namespace pp = dtensor::parallel::pipeline;
 
-using Mesh5 = DeviceMesh<"pp", "dp", "fsdp", "cp", "tp">;
-using StageMesh = DeviceMesh<"dp", "fsdp", "cp", "tp">;
+// The meshes in a memory space: host, or cuda_space for the GPU run (tests/cuda/test_gpt_cuda.cu).
+template <class Space = host_space>
+using Mesh5In = BasicDeviceMesh<Space, "pp", "dp", "fsdp", "cp", "tp">;
+template <class Space = host_space>
+using StageMeshIn = BasicDeviceMesh<Space, "dp", "fsdp", "cp", "tp">;
+using Mesh5 = Mesh5In<>;
+using StageMesh = StageMeshIn<>;
 
 // 4 layers split over 2 stages (or 4, 1 each, with interleaving or ZB-V); 8 sequences a step, in
 // micro-batches that give every data rank at least one sequence (the loss's reshape needs one).
@@ -64,9 +69,12 @@ inline std::vector<double> moe_reference(CommPtr one_rank) {
   return run_moe_parity<nn::ReplicatedPlan>(std::move(one_rank), {1, 1}, 1, moe_config()).losses;
 }
 
-/// The per-step losses of the combination, and FSDP's collectives of one step.
-template <class Plan, bool MoE = false>
+/// The per-step losses of the combination, and FSDP's collectives of one step; the model in
+/// `Space` (MoE: host only).
+template <class Plan, bool MoE = false, class Space = host_space>
 Run5d run_5d(CommPtr world, const Combo& c) {
+  using Mesh5 = Mesh5In<Space>;
+  using StageMesh = StageMeshIn<Space>;
   Mesh5 mesh(world, {c.pp, c.dp, c.fsdp, c.cp, c.tp});
   const StageMesh stage_mesh = pp::stage_mesh_of(mesh);
   auto cfg = parity_config();
@@ -85,7 +93,7 @@ Run5d run_5d(CommPtr world, const Combo& c) {
   for (int s : schedule.layout.stages_of(mesh.coordinate(0)))
     stages.emplace_back(stage_mesh, cfg, s, schedule.layout.stages(), layers);
   pp::ShardedPipeline<Stage, Mesh5> run(mesh, schedule, std::move(stages), {.stage = c.zero}, 4096);
-  optim::AdamW<double, 4> opt(run.params(), parity_adamw());
+  optim::AdamW<double, 4, Space> opt(run.params(), parity_adamw());
   struct NoExperts {
     void step() {}
   };

@@ -3,7 +3,9 @@
 // reports per rank class, the cost model and the published figures it must reproduce.
 #include <catch2/catch.hpp>
 
+#include <map>
 #include <mutex>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -20,6 +22,7 @@
 #include "dtensor/sim/training_plan.hpp"
 #include "support/on_ranks.hpp"
 #include "support/redistribute_cases.hpp"
+#include "support/strict_json.hpp"
 
 using namespace dtensor;
 using namespace dtensor::testing;
@@ -545,4 +548,239 @@ TEST_CASE("sim: ZeRO Figure 1 (7.5B parameters, 64 ranks, K = 12) from fully_sha
 
 TEST_CASE("sim: Megatron's distributed optimizer, 6 + 12/d bytes per parameter", "[sim][figures]") {
   check_megatron_distributed_optimizer();
+}
+
+// ---------------------------------------------------------------- Korthikanti et al. 2022, Table 2
+
+namespace {
+
+/// The bytes one transformer block's forward leaves saved for its backward, measured from the
+/// ledger on meta (the output dropped), and its forward's collectives.
+struct BlockSaved {
+  std::int64_t bytes = 0;
+  std::vector<CommRecord> collectives;
+};
+
+template <class Plan>
+BlockSaved block_saved(const nn::BlockConfig& config, Extent batch, int tp) {
+  using Mesh = MetaMesh<"tp">;
+  using Block = nn::TransformerBlock<dtensor::bfloat16, Mesh, Plan>;
+  const Mesh mesh(sim::world(0, tp), {tp});
+  sim::Recorder rec;
+  rec.phase("build");
+  const Block block("h.0", mesh, config, 1);
+  const auto x = distribute_replicated<typename Block::X::layout>(
+      mesh, Tensor<dtensor::bfloat16, 3, meta_space>(Shape<3>{batch, config.seq, config.dim}));
+  rec.phase("forward");
+  auto saved = block.forward(x).saved;  // the output is dropped at once
+  rec.phase("saved");
+  const auto report = rec.finish("block", 1);
+  const auto total = [](const sim::TagBytes& bytes) { return std::accumulate(bytes.begin(), bytes.end(), std::int64_t(0)); };
+  return {total(report.phase("saved").start) - total(report.phase("forward").start), report.phase("forward").collectives};
+}
+
+/// Our saved bytes per block, term by term from what the modules save (bf16 values, e = 2 bytes;
+/// ops' statistics in double): norm input x (ln1, ln2); the qkv Linear's input (its compute
+/// layout: the gathered sequence under SP); q, k, v [B, H/t, T, D]; attention's output (heads);
+/// proj's input (the merged heads); the MLP's fc1 input (gathered under SP), fc1's output h (4h
+/// wide, for GELU's backward) and fc2's input GELU(h). Statistics: mean and rstd per row of each
+/// norm (2 x 2 x 8 bytes), the attention's log-sum-exp per (row, head) (8 bytes). Fused
+/// attention: no s x s scores or masks; no dropout.
+double our_block_bytes(double s, double b, double h, double a, double t, bool tp, bool sp) {
+  const double e = 2, sbh = s * b * h, rows = s * b;
+  // Values in units of s·b·h, whole on every tensor rank or split t ways:
+  //   no TP     ln1 1, qkv input 1, q k v 3, out 1, proj input 1, ln2 1, fc1 input 1, h 4, GELU(h) 4
+  //   TP        whole: ln1, qkv input, ln2, fc1 input; split: q k v, out, proj input, h, GELU(h)
+  //   TP + SP   whole: the gathered qkv and fc1 inputs; split: the rest (the norms' inputs too)
+  const double whole = !tp ? 17 : sp ? 2 : 4, split = !tp ? 0 : sp ? 15 : 13;
+  const double norm_rows = sp ? rows / t : rows, heads = tp ? a / t : a;
+  return e * sbh * (whole + split / t) + 2 * 2 * 8 * norm_rows + 8 * heads * rows;
+}
+
+/// Korthikanti et al. 2022, Table 2 (fp16 activations, 1-byte dropout masks, s x s scores kept).
+double korthikanti_block_bytes(double s, double b, double h, double a, double t, bool tp, bool sp) {
+  const double sbh = s * b * h, scores = 5 * a * s / h;
+  if (!tp) return sbh * (34 + scores);
+  if (!sp) return sbh * (10 + 24 / t + scores / t);
+  return sbh / t * (34 + scores);
+}
+
+}  // namespace
+
+TEST_CASE("sim: Korthikanti Table 2, a GPT-3 175B block's saved activations from the ledger", "[sim][figures]") {
+  // GPT-3 175B's shape (s 2048, h 12288, a 96), one sequence, t = 8.
+  const nn::BlockConfig config{.dim = 12288, .heads = 96, .seq = 2048};
+  const double s = double(config.seq), b = 1, h = double(config.dim), a = double(config.heads), t = 8;
+  struct Case {
+    const char* name;
+    bool tp, sp;
+    BlockSaved measured;
+  };
+  const Case cases[] = {{"no parallelism", false, false, block_saved<nn::ReplicatedPlan>(config, 1, 1)},
+                        {"TP", true, false, block_saved<parallel::MegatronPlan<false>>(config, 1, int(t))},
+                        {"TP + SP", true, true, block_saved<parallel::MegatronPlan<true>>(config, 1, int(t))}};
+  for (const auto& c : cases) {
+    const double ours = our_block_bytes(s, b, h, a, t, c.tp, c.sp), theirs = korthikanti_block_bytes(s, b, h, a, t, c.tp, c.sp);
+    CAPTURE(c.name, c.measured.bytes, ours, theirs, ours / theirs);
+    CHECK(double(c.measured.bytes) == ours);
+    // Fused attention keeps no s x s scores: below their figure, which keeps 5 a s / h of them.
+    CHECK(double(c.measured.bytes) < theirs);
+  }
+  // The collectives of the forward: none without TP; with TP, one all-reduce per region exit (2);
+  // with SP, an all-gather of the sequence at each entry and a reduce-scatter at each exit (2 + 2),
+  // each of the gathered s·b·h values (the larger of input and output) in bf16.
+  CHECK(cases[0].measured.collectives.empty());
+  const double gathered = s * b * h * 2;
+  for (const auto& c : {cases[1], cases[2]}) {
+    CAPTURE(c.name);
+    std::map<CollectiveKind, int> count;
+    for (const auto& r : c.measured.collectives) {
+      ++count[r.kind];
+      CHECK(r.group == "tp");
+      CHECK(double(r.bytes) == gathered);
+    }
+    if (c.sp) CHECK(count == std::map<CollectiveKind, int>{{CollectiveKind::all_gather, 2}, {CollectiveKind::reduce_scatter, 2}});
+    else CHECK(count == std::map<CollectiveKind, int>{{CollectiveKind::all_reduce, 2}});
+  }
+}
+
+// ---------------------------------------------------------------- the Llama-3-405B plans
+
+namespace {
+
+/// Llama 3 405B (Llama 3 report, Table 3): 126 layers, 16384 wide, 128 heads, 8 KV heads, ffn 53248.
+nn::GPTConfig llama_405b(Extent seq) {
+  return {.vocab = 128256, .seq = seq, .dim = 16384, .heads = 128, .layers = 126, .checkpoint = true, .kv_heads = 8,
+          .ffn = 53248, .rope_theta = 500000, .bias = false};
+}
+
+/// The classes of a plan whose pipeline ranks hold only blocks (no embedding, no head).
+std::vector<const sim::PlanClass*> middle_ranks(const std::vector<sim::PlanClass>& classes, int pp) {
+  std::vector<const sim::PlanClass*> middle;
+  for (const auto& c : classes)
+    if (c.pipeline_rank != 0 && c.pipeline_rank != pp - 1) middle.push_back(&c);
+  return middle;
+}
+
+/// ZeRO-1 over the data ranks inside the stages: bf16 values and full gradients (2 + 2 bytes per
+/// parameter), fp32 gradient shard (4 / d) and fp32 master values + AdamW moments (12 / d): the
+/// Llama 3 report's distributed optimizer.
+void check_zero1_states(const sim::RankReport& r, double data_ranks) {
+  const auto m = model_states_after_step(r);
+  const double psi = model_elements(r);
+  CAPTURE(r.name, psi, m.params, m.grads, m.optimizer);
+  CHECK(m.params == Approx(2 * psi).epsilon(1e-6));
+  CHECK(m.grads == Approx(2 * psi + 4 * psi / data_ranks).epsilon(1e-3));
+  CHECK(m.optimizer == Approx(12 * psi / data_ranks).epsilon(1e-3));
+}
+
+/// The plan's classes, after checking that they cover its 16,384 GPUs, that each fits in an
+/// H100's 80 GB with the schedule's micro-batches in flight, and holds ZeRO-1's model states.
+std::vector<sim::PlanClass> llama_plan_fits(const sim::TrainingPlan& plan) {
+  auto classes = sim::dry_run_plan<dtensor::bfloat16, nn::LlamaLayers, true>(plan);
+  REQUIRE(plan.gpus() == 16384);
+  std::int64_t ranks = 0;
+  for (const auto& c : classes) {
+    ranks += c.report.ranks;
+    CAPTURE(c.report.name, c.peak_in_flight);
+    CHECK(c.peak_in_flight < 80e9);
+    check_zero1_states(c.report, plan.dp);
+  }
+  CHECK(ranks == plan.gpus());
+  return classes;
+}
+
+}  // namespace
+
+TEST_CASE("sim: Llama-3-405B, TP 8 x PP 16 x DP 128 on 16,384 GPUs: memory and TP collectives", "[sim][figures][llama]") {
+  // Llama 3 report, Table 4: seq 8192, 16M tokens a step (2048 sequences), 16 micro-batches.
+  const sim::TrainingPlan plan{.model = llama_405b(8192), .batch = 2048, .microbatches = 16, .dp = 128, .tp = 8, .pp = 16,
+                               .zero = 1};
+  const auto classes = llama_plan_fits(plan);
+  // Per block, forward, on "tp": the sequence all-gathered at the entry of attention and of the
+  // feed-forward and reduce-scattered at their exits, each call of s·b·h bf16 values gathered
+  // (s·b·h/t per rank): s = 8192, b = 2048 / 16 / 128 = 1, h = 16384.
+  const auto stage_layers = parallel::pipeline::stage_layers(plan.model.layers, plan.pp);
+  const auto middle = middle_ranks(classes, plan.pp);
+  REQUIRE(!middle.empty());
+  const double gathered = double(plan.model.seq) * double(plan.micro_batch() / plan.dp) * double(plan.model.dim) * 2;
+  for (const auto* c : middle) {
+    const auto [first, end] = stage_layers[std::size_t(c->pipeline_rank)];
+    std::map<CollectiveKind, int> count;
+    for (const auto& r : c->report.phase("forward").collectives) {
+      if (r.group != "tp") continue;
+      ++count[r.kind];
+      CHECK(double(r.bytes) == gathered);
+    }
+    CAPTURE(c->report.name, end - first);
+    CHECK(count == std::map<CollectiveKind, int>{{CollectiveKind::all_gather, int(2 * (end - first))},
+                                                 {CollectiveKind::reduce_scatter, int(2 * (end - first))}});
+  }
+}
+
+TEST_CASE("sim: Llama-3-405B long context, TP 8 x CP 16 x PP 16 x DP 8 at seq 131072", "[sim][figures][llama]") {
+  // Llama 3 report, Table 4: the long-context stage, 16M tokens a step (128 sequences of 131072).
+  // Context parallelism as Llama 3's: K and V all-gathered over the context group (load-balanced).
+  const sim::TrainingPlan plan{.model = llama_405b(131072), .batch = 128, .microbatches = 16, .dp = 8, .tp = 8, .pp = 16,
+                               .zero = 1, .cp = 16, .cp_kind = parallel::ContextKind::allgather};
+  const auto classes = llama_plan_fits(plan);
+  // Per block, forward, on "cp": one all-gather of K and one of V, each of the whole sequence
+  // gathered: the KV heads, s·b·kv_heads/t·d bf16 values (s/cp of them per rank), as Llama 3
+  // gathers them — grouped-query K/V are repeated to the query heads after the exchange.
+  const auto stage_layers = parallel::pipeline::stage_layers(plan.model.layers, plan.pp);
+  const double head_dim = double(plan.model.dim / plan.model.heads), b = double(plan.micro_batch() / plan.dp);
+  const double llama3_kv = double(plan.model.seq) * b * double(plan.model.kv_heads / plan.tp) * head_dim * 2;
+  const auto middle = middle_ranks(classes, plan.pp);
+  REQUIRE(!middle.empty());
+  for (const auto* c : middle) {
+    const auto [first, end] = stage_layers[std::size_t(c->pipeline_rank)];
+    int gathers = 0;
+    for (const auto& r : c->report.phase("forward").collectives) {
+      if (r.group != "cp") continue;
+      CHECK(r.kind == CollectiveKind::all_gather);
+      CHECK(double(r.bytes) == llama3_kv);
+      ++gathers;
+    }
+    CAPTURE(c->report.name);
+    CHECK(gathers == 2 * int(end - first));
+  }
+}
+
+TEST_CASE("sim: the Chrome trace of an estimated step is strict JSON with its two tracks", "[sim][cost]") {
+  const sim::TrainingPlan plan{.model = {.vocab = 256, .seq = 32, .dim = 64, .heads = 4, .layers = 4},
+                               .batch = 8, .microbatches = 4, .dp = 2, .tp = 2, .pp = 2};
+  const auto classes = sim::dry_run_plan<float, nn::DenseLayers, true>(plan);
+  const auto schedule = parallel::pipeline::make_schedule(parallel::pipeline::parse_schedule_kind(plan.schedule), plan.pp,
+                                                           plan.microbatches);
+  const auto topology = sim::plan_topology(plan, sim::Hardware{});
+  for (const auto& c : classes) {
+    const auto est = sim::estimate_step(c.report, topology, schedule, 1);
+    const std::string text = sim::chrome_trace(est, c.pipeline_rank, c.report.name);
+    CAPTURE(c.report.name);
+    Json doc;
+    REQUIRE_NOTHROW(doc = JsonParser(text).document());
+    std::map<double, std::string> track_names;
+    int forwards = 0, backwards = 0, communication = 0;
+    for (const auto& event : doc["traceEvents"].array()) {
+      const std::string ph = event["ph"].text();
+      if (ph == "M") {
+        if (event["name"].text() == "thread_name") track_names[event["tid"].number()] = event["args"]["name"].text();
+        else CHECK(event["args"]["name"].text() == c.report.name);
+        continue;
+      }
+      REQUIRE(ph == "X");
+      CHECK(event["dur"].number() > 0);
+      CHECK(event["ts"].number() >= 0);
+      // Compute spans of the schedule are named like actions, "<stage>F<micro-batch>", "<stage>B<micro-batch>".
+      const std::string name = event["name"].text();
+      const char kind = name[name.find_first_not_of("0123456789")];
+      if (event["tid"].number() == 1) ++communication;
+      else if (kind == 'F') ++forwards;
+      else if (kind == 'B') ++backwards;
+    }
+    CHECK(track_names == std::map<double, std::string>{{0, "compute"}, {1, "communication"}});
+    CHECK(forwards == plan.microbatches);  // one span per micro-batch's forward and backward
+    CHECK(backwards == plan.microbatches);
+    CHECK(communication > 0);
+  }
 }

@@ -1,7 +1,7 @@
 // Observability (include/dtensor/trace/): the Chrome trace of a GPT step on 4 ranks against the
 // CommLog of the same scope, its merge through a communicator, the progress bar and the SVG loss
-// plot. The trace is read back with a strict JSON parser and the plot with an XML
-// well-formedness check (both below), so a malformed file fails here, not in a viewer.
+// plot. The trace is read back with a strict JSON parser (support/strict_json.hpp) and the plot
+// with an XML well-formedness check (below), so a malformed file fails here, not in a viewer.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -27,142 +27,13 @@
 #include "dtensor/parallel/gpt_plan.hpp"
 #include "dtensor/trace/all.hpp"
 #include "support/on_ranks.hpp"
+#include "support/strict_json.hpp"
 
 using namespace dtensor;
+using dtensor::testing::Json;
+using dtensor::testing::JsonParser;
 
 namespace {
-
-// ---------------------------------------------------------------- a strict JSON reader
-
-struct Json;
-using JsonObject = std::map<std::string, Json>;
-using JsonArray = std::vector<Json>;
-struct Json {
-  std::variant<std::nullptr_t, bool, double, std::string, JsonArray, JsonObject> value;
-
-  const Json& operator[](const std::string& key) const { return std::get<JsonObject>(value).at(key); }
-  bool has(const std::string& key) const {
-    const auto* o = std::get_if<JsonObject>(&value);
-    return o && o->count(key);
-  }
-  const JsonArray& array() const { return std::get<JsonArray>(value); }
-  const std::string& text() const { return std::get<std::string>(value); }
-  double number() const { return std::get<double>(value); }
-  bool boolean() const { return std::get<bool>(value); }
-};
-
-/// RFC 8259 JSON (no extensions); throws std::runtime_error at the first error, with its offset.
-class JsonParser {
- public:
-  explicit JsonParser(const std::string& s) : s_(s) {}
-  Json document() {
-    Json v = value();
-    space();
-    if (i_ != s_.size()) fail("text after the document");
-    return v;
-  }
-
- private:
-  [[noreturn]] void fail(const std::string& what) const {
-    throw std::runtime_error("JSON: " + what + " at offset " + std::to_string(i_));
-  }
-  void space() {
-    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\n' || s_[i_] == '\r' || s_[i_] == '\t')) ++i_;
-  }
-  bool take(char c) {
-    space();
-    if (i_ < s_.size() && s_[i_] == c) return ++i_, true;
-    return false;
-  }
-  void expect(char c) {
-    if (!take(c)) fail(std::string("expected '") + c + "'");
-  }
-  void literal(const char* word) {
-    for (const char* p = word; *p; ++p, ++i_)
-      if (i_ >= s_.size() || s_[i_] != *p) fail(std::string("bad literal, expected ") + word);
-  }
-  Json value() {
-    space();
-    if (i_ >= s_.size()) fail("unexpected end");
-    const char c = s_[i_];
-    if (c == '{') return object();
-    if (c == '[') return array();
-    if (c == '"') return {string()};
-    if (c == 't') return literal("true"), Json{true};
-    if (c == 'f') return literal("false"), Json{false};
-    if (c == 'n') return literal("null"), Json{nullptr};
-    return {number()};
-  }
-  Json object() {
-    expect('{');
-    JsonObject o;
-    if (take('}')) return {o};
-    do {
-      space();
-      if (i_ >= s_.size() || s_[i_] != '"') fail("expected a key");
-      std::string key = string();
-      expect(':');
-      if (!o.emplace(key, value()).second) fail("duplicate key " + key);
-    } while (take(','));
-    expect('}');
-    return {o};
-  }
-  Json array() {
-    expect('[');
-    JsonArray a;
-    if (take(']')) return {a};
-    do a.push_back(value());
-    while (take(','));
-    expect(']');
-    return {a};
-  }
-  std::string string() {
-    ++i_;  // the opening quote
-    std::string out;
-    while (true) {
-      if (i_ >= s_.size()) fail("unterminated string");
-      const char c = s_[i_++];
-      if (c == '"') return out;
-      if (static_cast<unsigned char>(c) < 0x20) fail("control character in a string");
-      if (c != '\\') {
-        out += c;
-        continue;
-      }
-      if (i_ >= s_.size()) fail("unterminated escape");
-      const char e = s_[i_++];
-      if (e == 'u') {
-        for (int k = 0; k < 4; ++k, ++i_)
-          if (i_ >= s_.size() || !std::isxdigit(static_cast<unsigned char>(s_[i_]))) fail("bad \\u escape");
-        out += '?';
-      } else if (std::string("\"\\/bfnrt").find(e) != std::string::npos) {
-        out += e;
-      } else {
-        fail("bad escape");
-      }
-    }
-  }
-  double number() {
-    const std::size_t start = i_;
-    auto digits = [&] {
-      const std::size_t from = i_;
-      while (i_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[i_]))) ++i_;
-      if (i_ == from) fail("expected a digit");
-    };
-    if (s_[i_] == '-') ++i_;
-    if (i_ < s_.size() && s_[i_] == '0') ++i_;
-    else digits();
-    if (i_ < s_.size() && s_[i_] == '.') ++i_, digits();
-    if (i_ < s_.size() && (s_[i_] == 'e' || s_[i_] == 'E')) {
-      ++i_;
-      if (i_ < s_.size() && (s_[i_] == '+' || s_[i_] == '-')) ++i_;
-      digits();
-    }
-    return std::stod(s_.substr(start, i_ - start));
-  }
-
-  const std::string& s_;
-  std::size_t i_ = 0;
-};
 
 // ---------------------------------------------------------------- an XML well-formedness check
 

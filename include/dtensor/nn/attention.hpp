@@ -27,7 +27,10 @@
 // Context parallelism: on a mesh with a context dimension the positions are split on it
 // (nn::tokens), q, k, v are Shard<2> there, and parallel::context_attention (ring, all-gather-KV
 // or Ulysses, config.context) replaces ops::attention, with its collectives on the context
-// group; the projections are row-wise and run on this rank's positions unchanged.
+// group; the projections are row-wise and run on this rank's positions unchanged. With
+// grouped-query attention K and V go to it unrepeated (kv_repeat = G): the ring and the
+// all-gather move the KV heads, as Llama 3's context parallelism does, and each rank repeats
+// them where its attention computes.
 #pragma once
 
 #include <cmath>
@@ -136,13 +139,12 @@ class CausalSelfAttention {
     s.q = ops::transpose<1, 2>(parts[0]);
     s.k = ops::transpose<1, 2>(parts[1]);
     s.v = ops::transpose<1, 2>(parts[2]);
-    auto repeated = [&](const Heads& kv_heads) { return ops::repeat_interleave<1>(kv_heads, group); };
-    if constexpr (context_split) {
-      auto r = group > 1 ? parallel::context_attention(s.q, repeated(s.k), repeated(s.v), c_.context)
-                         : parallel::context_attention(s.q, s.k, s.v, c_.context);
+    if constexpr (context_split) {  // K/V travel as KV heads and are repeated where attention computes
+      auto r = parallel::context_attention(s.q, s.k, s.v, context_options());
       s.out = std::move(r.out);
       s.context = std::move(r.saved);
     } else {
+      auto repeated = [&](const Heads& kv_heads) { return ops::repeat_interleave<1>(kv_heads, group); };
       auto r = group > 1 ? ops::attention(s.q, repeated(s.k), repeated(s.v)) : ops::attention(s.q, s.k, s.v);
       s.out = std::move(r.out);
       s.stats = std::move(r.stats);
@@ -160,18 +162,18 @@ class CausalSelfAttention {
     const Extent kv = c_.kv_heads, group = heads / kv;
     auto [dmerged, proj_w] = proj_.backward_input(std::move(s.proj), dy);
     auto dout = ops::transpose<1, 2>(ops::reshape<HeadsL>(dmerged, Shape<4>{batch, len, heads, head_dim}));
-    if (group > 1) {  // attention saw k and v repeated
-      s.k = ops::repeat_interleave<1>(s.k, group);
-      s.v = ops::repeat_interleave<1>(s.v, group);
-    }
     auto g = [&] {
-      if constexpr (context_split) return parallel::context_attention_backward(dout, s.q, s.k, s.v, s.out, s.context, c_.context);
-      else return ops::attention_backward(dout, s.q, s.k, s.v, s.out, s.stats);
+      if constexpr (context_split) {  // dk, dv come back in the KV heads
+        return parallel::context_attention_backward(dout, s.q, s.k, s.v, s.out, s.context, context_options());
+      } else {
+        if (group == 1) return ops::attention_backward(dout, s.q, s.k, s.v, s.out, s.stats);
+        auto r = ops::attention_backward(dout, s.q, ops::repeat_interleave<1>(s.k, group),
+                                         ops::repeat_interleave<1>(s.v, group), s.out, s.stats);  // attention saw them repeated
+        r.dk = ops::repeat_interleave_backward<1>(r.dk, group);
+        r.dv = ops::repeat_interleave_backward<1>(r.dv, group);
+        return r;
+      }
     }();
-    if (group > 1) {
-      g.dk = ops::repeat_interleave_backward<1>(g.dk, group);
-      g.dv = ops::repeat_interleave_backward<1>(g.dv, group);
-    }
     std::vector<decltype(ops::transpose<1, 2>(g.dq))> parts;
     parts.push_back(ops::transpose<1, 2>(g.dq));
     parts.push_back(ops::transpose<1, 2>(g.dk));
@@ -189,6 +191,16 @@ class CausalSelfAttention {
   }
 
   void backward_weight(WeightCtx w) { backward_weight_children(*this, std::move(w)); }
+
+ private:
+  /// The configured context attention, told how many query heads share each KV head.
+  parallel::ContextAttentionOptions context_options() const {
+    auto o = c_.context;
+    o.kv_repeat = int(c_.heads / c_.kv_heads);
+    return o;
+  }
+
+ public:
 
   auto children() { return std::tie(qkv_, proj_); }
   Qkv& qkv() noexcept { return qkv_; }

@@ -44,6 +44,7 @@
 
 #include "dtensor/distributed/redistribute.hpp"
 #include "dtensor/kernels/attention_chunk.hpp"
+#include "dtensor/kernels/repeat.hpp"
 #include "dtensor/mesh/roles.hpp"
 #include "dtensor/ops/attention.hpp"
 #include "dtensor/parallel/context_layout.hpp"
@@ -65,6 +66,10 @@ struct ContextAttentionOptions {
   bool causal = true;
   double scale = 0;                            // 0: 1 / sqrt(head dimension)
   std::vector<ContextEvent>* trace = nullptr;  // ring: append the forward's events here
+  // Grouped-query attention: k and v hold heads / kv_repeat heads, each serving kv_repeat query
+  // heads. They travel (ring, all-gather) as they are and are repeated where the attention
+  // computes, so the context collectives move the KV heads only; Ulysses repeats them first.
+  int kv_repeat = 1;
 };
 
 /// What the backward needs besides q, k, v and out. The log-sum-exp is this rank's [B, H, T/cp]
@@ -120,8 +125,21 @@ constexpr bool context_split_sequence() {
   }
 }
 
+inline Extent repeat_of(const ContextAttentionOptions& o) { return Extent(o.kv_repeat); }
+
+/// x [B, K, T, D] with every head repeated for the query heads it serves (o.kv_repeat > 1).
+template <class T, class Space>
+Tensor<T, 4, Space> repeated_heads(const Tensor<T, 4, Space>& x, const ContextAttentionOptions& o) {
+  return kernels::repeat_interleave(x, 1, repeat_of(o));
+}
+/// The gradient of repeated_heads: dx [B, H, T, D] summed over each KV head's query heads.
+template <class T, class Space>
+Tensor<T, 4, Space> summed_heads(const Tensor<T, 4, Space>& dx, const ContextAttentionOptions& o) {
+  return o.kv_repeat > 1 ? kernels::repeat_interleave_backward(dx, 1, repeat_of(o)) : dx;
+}
+
 template <class Q, class K, class V>
-void check_context_attention(const char* op, const Q& q, const K& k, const V& v) {
+void check_context_attention(const char* op, const Q& q, const K& k, const V& v, const ContextAttentionOptions& o) {
   static_assert(std::is_same_v<Q, K> && std::is_same_v<Q, V>, "context attention: q, k and v must have one type");
   static_assert(Q::rank == 4 && kernels::host::FloatElement<typename Q::value_type>,
                 "context attention: q, k, v are [B, H, T, D] of a floating-point type");
@@ -129,10 +147,13 @@ void check_context_attention(const char* op, const Q& q, const K& k, const V& v)
                 "context attention: the mesh needs a context dimension (Role::context, \"cp\") and q, k, v must be "
                 "Shard<2> (the sequence) on it and on no other mesh dimension, and not Partial");
   const auto &qs = q.shape(), &ks = k.shape(), &vs = v.shape();
-  if (!(qs[0] == ks[0] && qs[1] == ks[1] && qs[2] == ks[2] && qs[3] == ks[3] && vs[0] == ks[0] && vs[1] == ks[1] &&
-        vs[2] == ks[2]))
+  const Extent repeat = repeat_of(o);
+  if (!(repeat >= 1 && qs[0] == ks[0] && qs[1] == ks[1] * repeat && qs[2] == ks[2] && qs[3] == ks[3] &&
+        vs[0] == ks[0] && vs[1] == ks[1] && vs[2] == ks[2]))
     q.mesh().comm().fail(op, dtensor::detail::cat("q ", to_string(qs), ", k ", to_string(ks), ", v ", to_string(vs),
-                                                  ": expected q, k [B, H, T, D] and v [B, H, T, Dv]"));
+                                                  ", kv_repeat ", o.kv_repeat,
+                                                  ": expected q [B, H, T, D], k [B, H / kv_repeat, T, D] and v [B, H / "
+                                                  "kv_repeat, T, Dv]"));
 }
 
 inline kernels::host::AttentionOptions kernel_options(const ContextAttentionOptions& o, Extent head_dim) {
@@ -293,7 +314,7 @@ ContextCall context_call(const Q& q, const ContextAttentionOptions& o) {
 /// Attention over the whole sequence with q, k, v split on the context dimension; see the top.
 template <class Q, class K, class V>
 ContextAttentionResult<Q> context_attention(const Q& q, const K& k, const V& v, const ContextAttentionOptions& o = {}) {
-  detail::check_context_attention("context_attention", q, k, v);
+  detail::check_context_attention("context_attention", q, k, v, o);
   using T = typename Q::value_type;
   using Space = typename Q::space;
   constexpr std::size_t cp_dim = context_dim<typename Q::mesh_type>;
@@ -303,9 +324,13 @@ ContextAttentionResult<Q> context_attention(const Q& q, const K& k, const V& v, 
 
   if (o.kind == ContextKind::ulysses) {
     detail::check_ulysses_heads("context_attention", q, n);
-    saved.q = detail::to_original(detail::sequence_to_heads(q.to_local(), comm, seq), n, o.load_balanced);
-    saved.k = detail::to_original(detail::sequence_to_heads(k.to_local(), comm, seq), n, o.load_balanced);
-    saved.v = detail::to_original(detail::sequence_to_heads(v.to_local(), comm, seq), n, o.load_balanced);
+    // The heads are split over the context ranks: K/V repeated first, so each rank has its query heads' keys.
+    const auto heads_of = [&](const Tensor<T, 4, Space>& x) {
+      return detail::to_original(detail::sequence_to_heads(x, comm, seq), n, o.load_balanced);
+    };
+    saved.q = heads_of(q.to_local());
+    saved.k = heads_of(o.kv_repeat > 1 ? detail::repeated_heads(k.to_local(), o) : k.to_local());
+    saved.v = heads_of(o.kv_repeat > 1 ? detail::repeated_heads(v.to_local(), o) : v.to_local());
     auto f = kernels::attention(saved.q, saved.k, saved.v, opts);
     saved.pairs = std::size_t(kernels::visible_pairs(opts, seq, seq) * saved.q.extent(0) * saved.q.extent(1));
     auto out = detail::heads_to_sequence(detail::to_stored(f.out, n, o.load_balanced), comm, seq);
@@ -315,10 +340,14 @@ ContextAttentionResult<Q> context_attention(const Q& q, const K& k, const V& v, 
   }
 
   kernels::ChunkedAttention<T, Space> acc(q.to_local(), context_pieces(seq, n, r, o.load_balanced), v.extent(3), opts);
+  const auto add_chunk = [&](const Tensor<T, 4, Space>& kc, const Tensor<T, 4, Space>& vc, const auto& pieces) {
+    if (o.kv_repeat > 1) acc.add_chunk(detail::repeated_heads(kc, o), detail::repeated_heads(vc, o), pieces);
+    else acc.add_chunk(kc, vc, pieces);
+  };
   if (o.kind == ContextKind::allgather) {
     using Gathered = detail::replace_placement_t<typename Q::layout, cp_dim, Replicate>;
     const auto kg = redistribute<Gathered>(k), vg = redistribute<Gathered>(v);
-    acc.add_chunk(kg.to_local(), vg.to_local(), detail::gathered_pieces(seq, n, o.load_balanced));
+    add_chunk(kg.to_local(), vg.to_local(), detail::gathered_pieces(seq, n, o.load_balanced));
   } else {
     const auto pieces = detail::all_pieces(seq, n, o.load_balanced);
     detail::KvRing<T, Space> ring{comm, seq, k.to_local(), v.to_local(), {}, {}, {}, {}};
@@ -326,7 +355,7 @@ ContextAttentionResult<Q> context_attention(const Q& q, const K& k, const V& v, 
       const bool more = step + 1 < n;
       if (more && o.overlap) ring.issue(step + 1), detail::note(o, ContextEvent::issue, step + 1);
       detail::note(o, ContextEvent::compute, step);
-      acc.add_chunk(ring.k, ring.v, pieces[std::size_t(ring.owner(step))]);
+      add_chunk(ring.k, ring.v, pieces[std::size_t(ring.owner(step))]);
       if (!more) break;
       if (!o.overlap) ring.issue(step + 1), detail::note(o, ContextEvent::issue, step + 1);
       ring.advance();
@@ -345,7 +374,7 @@ template <class DO, class Q, class K, class V, class O>
 ops::AttentionGrads<Q> context_attention_backward(const DO& dout, const Q& q, const K& k, const V& v, const O& out,
                                                   const ContextAttentionSaved<typename Q::value_type, typename Q::space>& saved,
                                                   const ContextAttentionOptions& o = {}) {
-  detail::check_context_attention("context_attention_backward", q, k, v);
+  detail::check_context_attention("context_attention_backward", q, k, v, o);
   static_assert(std::is_same_v<DO, Q> && std::is_same_v<O, Q>, "context_attention_backward: dout and out are laid out like q");
   using T = typename Q::value_type;
   using Space = typename Q::space;
@@ -367,8 +396,8 @@ ops::AttentionGrads<Q> context_attention_backward(const DO& dout, const Q& q, co
       return detail::heads_to_sequence(detail::to_stored(std::move(x), n, o.load_balanced), comm, seq);
     };
     auto dq = back(std::move(g.dq));
-    auto dk = back(std::move(g.dk));
-    auto dv = back(std::move(g.dv));
+    auto dk = detail::summed_heads(back(std::move(g.dk)), o);
+    auto dv = detail::summed_heads(back(std::move(g.dv)), o);
     return {make(std::move(dq), q.shape()), make(std::move(dk), k.shape()), make(std::move(dv), v.shape())};
   }
 
@@ -377,11 +406,17 @@ ops::AttentionGrads<Q> context_attention_backward(const DO& dout, const Q& q, co
                                                                  ": not this forward's (options differ?)"));
   kernels::ChunkedAttentionBackward<T, Space> bwd(q.to_local(), out.to_local(), saved.lse, dout.to_local(),
                                                  context_pieces(seq, n, r, o.load_balanced), opts);
+  // One chunk's {dk, dv} in its KV heads (summed over the query heads each one served).
+  const auto chunk_grads = [&](const Tensor<T, 4, Space>& kc, const Tensor<T, 4, Space>& vc, const auto& pieces) {
+    if (o.kv_repeat == 1) return bwd.chunk(kc, vc, pieces);
+    auto [dk, dv] = bwd.chunk(detail::repeated_heads(kc, o), detail::repeated_heads(vc, o), pieces);
+    return std::pair{detail::summed_heads(dk, o), detail::summed_heads(dv, o)};
+  };
   if (o.kind == ContextKind::allgather) {
     using Gathered = detail::replace_placement_t<typename Q::layout, cp_dim, Replicate>;
     using Summed = detail::replace_placement_t<typename Q::layout, cp_dim, Partial<>>;
     const auto kg = redistribute<Gathered>(k), vg = redistribute<Gathered>(v);
-    auto [dk_all, dv_all] = bwd.chunk(kg.to_local(), vg.to_local(), detail::gathered_pieces(seq, n, o.load_balanced));
+    auto [dk_all, dv_all] = chunk_grads(kg.to_local(), vg.to_local(), detail::gathered_pieces(seq, n, o.load_balanced));
     auto dk = redistribute<typename Q::layout>(ops::detail::make<T, 4, Summed>(q.mesh(), k.shape(), std::move(dk_all)));
     auto dv = redistribute<typename Q::layout>(ops::detail::make<T, 4, Summed>(q.mesh(), v.shape(), std::move(dv_all)));
     return {make(std::move(bwd).dq(), q.shape()), std::move(dk), std::move(dv)};
@@ -396,7 +431,7 @@ ops::AttentionGrads<Q> context_attention_backward(const DO& dout, const Q& q, co
   for (int step = 0; step < n; ++step) {
     const bool more = step + 1 < n;
     if (more && o.overlap) ring.issue(step + 1);
-    auto [dk, dv] = bwd.chunk(ring.k, ring.v, pieces[std::size_t(ring.owner(step))]);
+    auto [dk, dv] = chunk_grads(ring.k, ring.v, pieces[std::size_t(ring.owner(step))]);
     if (step > 0) {  // the accumulator of this chunk, from the rank that held it last step
       acc_work_k.wait();
       acc_work_v.wait();

@@ -18,25 +18,12 @@
 #include <string_view>
 
 #include "dtensor/core/error.hpp"
+#include "dtensor/core/json.hpp"
 #include "dtensor/sim/cost_model.hpp"
 
 namespace dtensor::sim {
 
-namespace detail {
-/// `text` as a JSON string literal.
-inline std::string json_string(std::string_view text) {
-  std::string s = "\"";
-  for (char ch : text) {
-    if (ch == '"' || ch == '\\') s += '\\';
-    if (static_cast<unsigned char>(ch) < 0x20) {
-      s += ' ';
-      continue;
-    }
-    s += ch;
-  }
-  return s + "\"";
-}
-}  // namespace detail
+using dtensor::detail::json_string;
 
 /// The Chrome trace (JSON) of `est` on pipeline rank `pipeline_rank` (see the synopsis).
 inline std::string chrome_trace(const StepEstimate& est, int pipeline_rank, std::string_view name) {
@@ -47,7 +34,7 @@ inline std::string chrome_trace(const StepEstimate& est, int pipeline_rank, std:
   bool first = true;
   auto span = [&](std::string_view label, int track, double start, double seconds) {
     if (seconds <= 0) return;
-    s << (first ? "\n" : ",\n") << "{\"name\":" << detail::json_string(label) << ",\"ph\":\"X\",\"pid\":0,\"tid\":"
+    s << (first ? "\n" : ",\n") << "{\"name\":" << json_string(label) << ",\"ph\":\"X\",\"pid\":0,\"tid\":"
       << track << ",\"ts\":" << start * 1e6 << ",\"dur\":" << seconds * 1e6 << "}";
     first = false;
   };
@@ -57,7 +44,7 @@ inline std::string chrome_trace(const StepEstimate& est, int pipeline_rank, std:
     return nullptr;
   };
   s << std::setprecision(12) << "{\"traceEvents\":[";
-  s << "\n{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":0,\"args\":{\"name\":" << detail::json_string(name) << "}}";
+  s << "\n{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":0,\"args\":{\"name\":" << json_string(name) << "}}";
   s << ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":0,\"args\":{\"name\":\"compute\"}}";
   s << ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":1,\"args\":{\"name\":\"communication\"}}";
   first = false;

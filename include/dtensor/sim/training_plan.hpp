@@ -31,6 +31,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <optional>
 #include <string>
 #include <vector>
@@ -41,6 +42,7 @@
 #include "dtensor/parallel/pipeline/clip.hpp"
 #include "dtensor/parallel/pipeline/executor.hpp"
 #include "dtensor/parallel/pipeline/gpt_stage.hpp"
+#include "dtensor/parallel/pipeline/sharded_pipeline.hpp"
 #include "dtensor/parallel/pipeline/validate.hpp"
 #include "dtensor/sim/cost_model.hpp"
 #include "dtensor/sim/dry_run.hpp"
@@ -58,9 +60,14 @@ struct TrainingPlan {
   int stages_per_rank = 0;  // 0: the schedule's default
   int zero = 0;             // 0: DDP; 1, 2, 3: fully_shard's stage (needs pp == 1)
   int hsdp = 1;             // FSDP: replicate groups the data ranks form (1: plain FSDP)
+  int cp = 1;               // context parallelism: ranks splitting every sequence
+  parallel::ContextKind cp_kind = parallel::ContextKind::ring;
+  bool cp_balanced = true;  // the head-tail order (parallel/context_layout.hpp): equal causal work per rank
 
   Extent micro_batch() const { return batch / microbatches; }
-  long long gpus() const { return 1LL * dp * tp * pp; }
+  long long gpus() const { return 1LL * dp * tp * pp * cp; }
+  /// The pipeline program (any pp and cp; FSDP inside stages) or nn::GPT under fully_shard.
+  bool pipelined() const { return zero == 0 || pp > 1 || cp > 1; }
 };
 
 /// One rank class's report and what the schedule adds to its memory.
@@ -76,12 +83,15 @@ struct PlanClass {
 inline void check_plan(const TrainingPlan& p) {
   constexpr const char* op = "sim::TrainingPlan";
   auto fail = [&](auto&&... what) { throw Error(op, dtensor::detail::cat(what...)); };
-  if (p.dp < 1 || p.tp < 1 || p.pp < 1 || p.microbatches < 1 || p.batch < 1 || p.hsdp < 1)
-    fail("dp ", p.dp, ", tp ", p.tp, ", pp ", p.pp, ", microbatches ", p.microbatches, ", batch ", p.batch, ", hsdp ",
-         p.hsdp, ": all must be >= 1");
+  if (p.dp < 1 || p.tp < 1 || p.pp < 1 || p.cp < 1 || p.microbatches < 1 || p.batch < 1 || p.hsdp < 1)
+    fail("dp ", p.dp, ", tp ", p.tp, ", pp ", p.pp, ", cp ", p.cp, ", microbatches ", p.microbatches, ", batch ", p.batch,
+         ", hsdp ", p.hsdp, ": all must be >= 1");
   if (p.batch % p.microbatches != 0) fail("batch ", p.batch, " is not a multiple of microbatches ", p.microbatches);
   if (p.zero < 0 || p.zero > 3) fail("zero ", p.zero, " is not 0 (DDP) or a ZeRO stage 1, 2, 3");
-  if (p.zero > 0 && p.pp > 1) fail("zero ", p.zero, " with pp ", p.pp, ": FSDP across pipeline stages is not built");
+  if (p.cp > 1 && p.cp_balanced && p.model.seq % (2 * p.cp) != 0)
+    fail("seq ", p.model.seq, " is not a multiple of 2 x cp ", p.cp, " (load-balanced context parallelism)");
+  if (p.cp > 1 && p.cp_kind == parallel::ContextKind::ulysses && (p.model.heads / p.tp) % p.cp != 0)
+    fail("heads ", p.model.heads, " / tp ", p.tp, " is not a multiple of cp ", p.cp, " (Ulysses splits the heads)");
   if (p.zero == 0 && p.hsdp > 1) fail("hsdp ", p.hsdp, " needs FSDP (zero 1, 2 or 3)");
   if (p.dp % p.hsdp != 0) fail("hsdp ", p.hsdp, " does not divide dp ", p.dp);
 }
@@ -121,57 +131,116 @@ Ids meta_ids(const Mesh& mesh, const TrainingPlan& p) {
   return distribute_replicated<typename Ids::layout>(mesh, Tensor<std::int32_t, 2, meta_space>(Shape<2>{p.micro_batch(), p.model.seq}));
 }
 
-/// DDP, any pp: this pipeline rank's stages, one micro-batch (see the top of this file).
-template <class T, class Layers, bool SP>
-void pipeline_rank_step(CommPtr world, const TrainingPlan& p, const parallel::pipeline::Schedule& schedule, Recorder& rec) {
-  namespace pp = parallel::pipeline;
-  using Mesh = MetaMesh<"pp", "dp", "tp">;
-  using StageMesh = MetaMesh<"dp", "tp">;
-  using Stage = pp::GptStage<T, StageMesh, parallel::MegatronPlan<SP>, std::int32_t, Layers>;
+/// The pipeline program's mesh: (pp, dp, fsdp, cp, tp), size 1 where a parallelism is off.
+using PipelineMesh = MetaMesh<"pp", "dp", "fsdp", "cp", "tp">;
+
+/// Its shape: DDP (zero 0) replicates on "dp" (fsdp 1); ZeRO shards on "fsdp" = dp / hsdp.
+inline std::array<int, 5> pipeline_shape(const TrainingPlan& p) {
+  return p.zero == 0 ? std::array{p.pp, p.dp, 1, p.cp, p.tp} : std::array{p.pp, p.hsdp, p.dp / p.hsdp, p.cp, p.tp};
+}
+
+/// The model config the stages are built with: the plan's context attention.
+inline nn::GPTConfig stage_config(const TrainingPlan& p) {
+  nn::GPTConfig c = p.model;
+  c.context.kind = p.cp_kind;
+  c.context.load_balanced = p.cp_balanced;
+  return c;
+}
+
+/// One micro-batch through this pipeline rank's stages: receive, forward, send; backward the
+/// same way, in reverse. `before_forward(i)` / `after_backward(i)` run around local stage i
+/// (FSDP's unshard, reshard and gradient reduction).
+template <class Stage, class Mesh, class Ids, class BeforeForward, class AfterBackward>
+void run_one_microbatch(std::vector<Stage>& stages, const Mesh& mesh, const parallel::pipeline::StageLayout& layout,
+                        const Ids& ids, Recorder& rec, BeforeForward&& before_forward, AfterBackward&& after_backward) {
   using X = typename Stage::X;
-  Mesh mesh(world, {p.pp, p.dp, p.tp});
-  const StageMesh stage_mesh = pp::stage_mesh_of(mesh);
-  const auto& layout = schedule.layout;
-  const int me = mesh.coordinate()[0];
-  rec.phase("parameters");
-  std::vector<Stage> stages;
-  {
-    MemoryTagScope tag(MemoryTag::parameters);
-    for (int s : layout.stages_of(me)) stages.emplace_back(stage_mesh, p.model, s, layout.stages());
-  }
-  nn::ParamList<T, 2, meta_space> params;
-  for (Stage& stage : stages) nn::collect(stage, params);
-  parallel::DataParallel<StageMesh> ddp(stage_mesh, {.bucket_bytes = bucket_bytes});
-  optim::AdamW<T, 2, meta_space> opt(params, adamw_options());
-  const auto ids = meta_ids<typename Stage::Ids>(stage_mesh, p);
+  const auto& stage_mesh = stages.front().mesh();
   const auto neighbour = [&](int stage) { return mesh.template slice<"pp">(layout.rank_of(stage)); };
-  opt.zero_grad();
   rec.phase("forward");
   {
     MemoryTagScope tag(MemoryTag::activations);
-    for (Stage& stage : stages) {
+    for (std::size_t i = 0; i < stages.size(); ++i) {
+      Stage& stage = stages[i];
+      before_forward(i);
       std::optional<X> x;
       if (!stage.is_first())
-        x = recv_from<typename X::layout, T>(stage_mesh, neighbour(stage.index() - 1), stage.activation_shape(ids));
+        x = recv_from<typename X::layout, typename X::value_type>(stage_mesh, neighbour(stage.index() - 1),
+                                                                  stage.activation_shape(ids));
       auto y = stage.forward(0, std::move(x), ids, ids);
       if (y) send_to(*y, neighbour(stage.index() + 1)).wait();
     }
   }
   rec.phase("backward", /*overlapped=*/true);
-  MemoryTagScope backward_tag(MemoryTag::activations);  // the activations' gradients and recomputed forwards
-  for (auto it = stages.rbegin(); it != stages.rend(); ++it) {
+  MemoryTagScope tag(MemoryTag::activations);  // the activations' gradients and recomputed forwards
+  for (std::size_t i = stages.size(); i-- > 0;) {
+    Stage& stage = stages[i];
     std::optional<X> dy;
-    if (!it->is_last())
-      dy = recv_from<typename X::layout, T>(stage_mesh, neighbour(it->index() + 1), it->activation_shape(ids));
-    auto dx = it->backward(0, std::move(dy), 1.0);
-    if (dx) send_to(*dx, neighbour(it->index() - 1)).wait();
+    if (!stage.is_last())
+      dy = recv_from<typename X::layout, typename X::value_type>(stage_mesh, neighbour(stage.index() + 1),
+                                                                 stage.activation_shape(ids));
+    auto dx = stage.backward(0, std::move(dy), 1.0);
+    if (dx) send_to(*dx, neighbour(stage.index() - 1)).wait();
+    after_backward(i);
   }
+}
+
+/// Any pp and cp: this pipeline rank's stages, one micro-batch (see the top of this file); DDP
+/// (zero 0) or FSDP inside the stages (parallel::pipeline::ShardedPipeline, fp32 master).
+template <class T, class Layers, bool SP>
+void pipeline_rank_step(CommPtr world, const TrainingPlan& p, const parallel::pipeline::Schedule& schedule, Recorder& rec) {
+  namespace pp = parallel::pipeline;
+  using Mesh = PipelineMesh;
+  using StageMesh = MetaMesh<"dp", "fsdp", "cp", "tp">;
+  using Stage = pp::GptStage<T, StageMesh, parallel::MegatronPlan<SP>, std::int32_t, Layers>;
+  Mesh mesh(world, pipeline_shape(p));
+  const StageMesh stage_mesh = pp::stage_mesh_of(mesh);
+  const auto& layout = schedule.layout;
+  const int me = mesh.coordinate()[0];
+  const nn::GPTConfig config = stage_config(p);
+  rec.phase("parameters");
+  std::vector<Stage> stages;
+  {
+    MemoryTagScope tag(MemoryTag::parameters);
+    for (int s : layout.stages_of(me)) stages.emplace_back(stage_mesh, config, s, layout.stages());
+  }
+  const auto ids = meta_ids<typename Stage::Ids>(stage_mesh, p);
+  if (p.zero == 0) {
+    nn::ParamList<T, 4, meta_space> params;
+    for (Stage& stage : stages) nn::collect(stage, params);
+    parallel::DataParallel<StageMesh> ddp(stage_mesh, {.bucket_bytes = bucket_bytes});
+    optim::AdamW<T, 4, meta_space> opt(params, adamw_options());
+    opt.zero_grad();
+    run_one_microbatch(stages, mesh, layout, ids, rec, [](std::size_t) {}, [](std::size_t) {});
+    rec.phase("optimizer");
+    MemoryTagScope optimizer_tag(MemoryTag::other);
+    ddp.all_reduce_gradients(params);
+    // The batch is split on "fsdp" too (size 1 under DDP): its pending Partial<sum> resolves
+    // with a one-rank all-reduce (no bytes on the wire; listed in the report as "fsdp (1)").
+    parallel::detail::bucketed_all_reduce(params, stage_mesh, 1, {.bucket_bytes = bucket_bytes, .contiguous_only = false});
+    parallel::context_parallel_grads(params, stage_mesh, {.bucket_bytes = bucket_bytes});
+    parallel::sequence_parallel_grads(params, stage_mesh, {.bucket_bytes = bucket_bytes});
+    pp::clip_grad_norm(params, stage_mesh, mesh.group(0), 1.0);
+    opt.step();
+    rec.phase(after_step);
+    return;
+  }
+  // FSDP inside the stages: the pipeline wraps them (fp32 master values, gradient shards and
+  // AdamW state over "fsdp"); the executor only holds them here, this program drives them.
+  pp::ShardedPipeline<Stage, Mesh, float> run(mesh, schedule, std::move(stages), {.stage = p.zero}, bucket_bytes);
+  optim::AdamW<float, 4, meta_space> opt(run.params(), adamw_options());
+  run.zero_grad();
+  run_one_microbatch(
+      run.executor().stages(), mesh, layout, ids, rec, [&](std::size_t i) { run.fsdp(i).unshard(); },
+      [&](std::size_t i) {
+        run.fsdp(i).reshard();
+        run.fsdp(i).reduce_gradients();
+      });
   rec.phase("optimizer");
   MemoryTagScope optimizer_tag(MemoryTag::other);
-  ddp.all_reduce_gradients(params);
-  parallel::sequence_parallel_grads(params, stage_mesh, {.bucket_bytes = bucket_bytes});
-  pp::clip_grad_norm(params, stage_mesh, mesh.group(0), 1.0);
+  run.finish_gradient_syncs();
+  run.clip_grad_norm(1.0);
   opt.step();
+  run.sync_parameters();
   rec.phase(after_step);
 }
 
@@ -212,9 +281,10 @@ void sharded_step(CommPtr world, const TrainingPlan& p, Recorder& rec) {
 
 }  // namespace detail
 
-/// The links of the plan's mesh: (pp, dp, tp) under DDP, (dp, fsdp, tp) under FSDP.
+/// The links of the plan's mesh: (pp, dp, fsdp, cp, tp) for the pipeline program, (dp, fsdp, tp) for nn::GPT under FSDP.
 inline Topology plan_topology(const TrainingPlan& p, const Hardware& hw) {
-  if (p.zero == 0) return Topology(std::array<std::string_view, 3>{"pp", "dp", "tp"}, std::array{p.pp, p.dp, p.tp}, hw);
+  if (p.pipelined())
+    return Topology(std::array<std::string_view, 5>{"pp", "dp", "fsdp", "cp", "tp"}, detail::pipeline_shape(p), hw);
   return Topology(std::array<std::string_view, 3>{"dp", "fsdp", "tp"}, std::array{p.hsdp, p.dp / p.hsdp, p.tp}, hw);
 }
 
@@ -227,11 +297,17 @@ std::vector<PlanClass> dry_run_plan(const TrainingPlan& p) {
   const int v = schedule.layout.stages_per_rank;
   const DimensionWork tensor = DimensionWork::splitting({p.model.heads});
   std::vector<PlanClass> result;
-  if (p.zero == 0) {
-    const std::array<int, 3> shape{p.pp, p.dp, p.tp};
-    const auto classes = rank_classes<3>(
-        shape, {DimensionWork::keyed(detail::pipeline_rank_keys(p, schedule)), DimensionWork::splitting({p.micro_batch()}), tensor});
-    auto reports = dry_run<3>(shape, classes, [&](CommPtr world, Recorder& rec) {
+  if (p.pipelined()) {
+    const auto shape = detail::pipeline_shape(p);
+    const Extent per_replica = chunk_range(p.micro_batch(), shape[1], 0).size();
+    // Context ranks hold chunks of the sequence; their causal work is equal under load balancing
+    // and Ulysses (each rank attends the whole sequence for its heads), else it grows with the rank.
+    const bool equal_context_work = p.cp_balanced || p.cp_kind == parallel::ContextKind::ulysses;
+    const auto classes = rank_classes<5>(
+        shape, {DimensionWork::keyed(detail::pipeline_rank_keys(p, schedule)), DimensionWork::splitting({p.micro_batch()}),
+                DimensionWork::splitting({per_replica}),
+                equal_context_work ? DimensionWork::splitting({p.model.seq}) : DimensionWork::distinct(), tensor});
+    auto reports = dry_run<5>(shape, classes, [&](CommPtr world, Recorder& rec) {
       detail::pipeline_rank_step<T, Layers, SP>(std::move(world), p, schedule, rec);
     });
     const auto memory = parallel::pipeline::validate(schedule);

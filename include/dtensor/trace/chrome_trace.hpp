@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "dtensor/core/error.hpp"
+#include "dtensor/core/json.hpp"
 #include "dtensor/trace/rank_trace.hpp"
 #include "dtensor/trace/text_file.hpp"
 #include "dtensor/trace/trace_scope.hpp"
@@ -32,27 +33,7 @@ namespace dtensor::trace {
 
 namespace detail {
 
-/// `text` as a JSON string, quotes included.
-inline std::string json_string(std::string_view text) {
-  std::string out = "\"";
-  for (char c : text) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", unsigned(static_cast<unsigned char>(c)));
-          out += buf;
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
-}
+using dtensor::detail::json_string;
 
 /// Comma-separated event lists as one (empty ones skipped).
 inline std::string joined(const std::vector<std::string>& event_lists) {

@@ -19,7 +19,10 @@
 // of the block outputs zeros with lse = -inf, which merging treats as an empty block.
 // The backward recomputes the probabilities as exp(s - lse) from the saved lse (no T x T tensor
 // is kept), the recipe of FlashAttention, which is what makes the block decomposition exact.
-// Per (batch, head): GEMMs through gemm.hpp, rows through softmax.hpp's routines.
+// Per (batch, head), blocked: tiles of detail::attention_tile queries against tiles of as many
+// keys, an online softmax across the key tiles of the forward, no [Tq, Tk] matrix (the scratch
+// is two tiles); tiles wholly above the causal diagonal are skipped. The tiles' products go
+// through gemm.hpp, their rows through softmax.hpp's routines (vectorized for float, simd.hpp).
 #pragma once
 
 #include <algorithm>
@@ -30,6 +33,7 @@
 
 #include "dtensor/kernels/host/common.hpp"
 #include "dtensor/kernels/host/gemm.hpp"
+#include "dtensor/kernels/host/simd.hpp"
 #include "dtensor/kernels/host/softmax.hpp"
 
 namespace dtensor::kernels::host {
@@ -87,21 +91,124 @@ inline double attention_scale(const AttentionOptions& o, Extent d) {
   return o.scale != 0 ? o.scale : 1.0 / std::sqrt(double(std::max<Extent>(d, 1)));
 }
 
-/// P[tq, tk] = softmax rows of scale * q k^T under the mask, with lse either computed (and
-/// stored) or given. Rows past the visible keys are zero.
+/// Queries and keys per tile of the blocked attention: a [128, 128] float score tile is 64 KiB
+/// (L2-resident), and the trainer's sequences (64 to 256) take one to four tiles per side.
+inline constexpr Extent attention_tile = 128;
+
+/// Row i of a score tile whose first query is i0 and first key j0: its visible keys in the tile.
+inline Extent visible_in_tile(const AttentionOptions& o, Extent i0, Extent i, Extent j0, Extent bk, Extent tk) {
+  return std::clamp<Extent>(visible_keys(o, i0 + i, tk) - j0, 0, bk);
+}
+
+/// s[bq, bk] = scale * q[i0 .. i0 + bq) k[j0 .. j0 + bk)^T for one head.
 template <class T>
-void attention_probs(const T* q, const T* k, Extent tq, Extent tk, Extent d, const AttentionOptions& o, T* p,
-                     Stat* lse, bool compute_lse) {
-  gemm<T>(false, true, T(attention_scale(o, d)), q, k, T(0), p, tq, tk, d, std::max<Extent>(1, d),
-          std::max<Extent>(1, d), std::max<Extent>(1, tk));
-  for (Extent i = 0; i < tq; ++i) {
-    T* row = p + i * tk;
-    const Extent c = visible_keys(o, i, tk);
-    if (compute_lse) lse[i] = row_logsumexp(row, c);
-    if (lse[i] == neg_inf) std::fill_n(row, tk, T(0));
-    else {
-      row_softmax(row, row, c, lse[i]);
-      std::fill(row + c, row + tk, T(0));
+void score_tile(const T* q, const T* k, Extent d, T scale, Extent i0, Extent bq, Extent j0, Extent bk, T* s) {
+  const Extent ld = std::max<Extent>(1, d);
+  gemm<T>(false, true, scale, q + i0 * d, k + j0 * d, T(0), s, bq, bk, d, ld, ld, std::max<Extent>(1, bk));
+}
+
+/// The forward of one head, blocked (FlashAttention's recipe): for each query tile, the key
+/// tiles it sees in order, with a running row max m and sum l (online softmax) — the output
+/// accumulated unnormalised and rescaled by exp(m_old - m_new) when the max grows, divided by l
+/// at the end; lse = m + log l. No [Tq, Tk] matrix: two tiles of scores and one of outputs.
+template <class T>
+void attention_head(const T* q, const T* k, const T* v, T* out, Stat* lse, Extent tq, Extent tk, Extent d, Extent dv,
+                    const AttentionOptions& o, std::vector<T>& scores, std::vector<Stat>& row_max_sum) {
+  const T scale = T(attention_scale(o, d));
+  const Extent tile = attention_tile;
+  for (Extent i0 = 0; i0 < tq; i0 += tile) {
+    const Extent bq = std::min(tile, tq - i0);
+    Stat* m = row_max_sum.data();
+    Stat* l = m + bq;
+    std::fill_n(m, bq, neg_inf);
+    std::fill_n(l, bq, 0.0);
+    T* acc = out + i0 * dv;
+    std::fill_n(acc, bq * dv, T(0));
+    const Extent keys = visible_keys(o, i0 + bq - 1, tk);  // the tile's last row sees the most
+    for (Extent j0 = 0; j0 < keys; j0 += tile) {
+      const Extent bk = std::min(tile, keys - j0);
+      T* s = scores.data();
+      score_tile(q, k, d, scale, i0, bq, j0, bk, s);
+      for (Extent i = 0; i < bq; ++i) {
+        T* row = s + i * bk;
+        const Extent c = visible_in_tile(o, i0, i, j0, bk, tk);
+        const Stat tile_max = c > 0 ? row_max(row, c) : neg_inf;
+        const Stat new_max = std::max(m[i], tile_max);
+        if (new_max == neg_inf) {  // nothing visible yet
+          std::fill_n(row, bk, T(0));
+          continue;
+        }
+        const Stat rescale = m[i] == neg_inf ? 0.0 : std::exp(m[i] - new_max);
+        l[i] = l[i] * rescale + row_sum_exp(row, c, new_max);
+        row_softmax(row, row, c, new_max);  // exp(s - new_max)
+        std::fill(row + c, row + bk, T(0));
+        if (rescale != 1.0)
+          for (Extent j = 0; j < dv; ++j) acc[i * dv + j] = T(Stat(acc[i * dv + j]) * rescale);
+        m[i] = new_max;
+      }
+      gemm<T>(false, false, T(1), s, v + j0 * dv, T(1), acc, bq, dv, bk, std::max<Extent>(1, bk), std::max<Extent>(1, dv),
+              std::max<Extent>(1, dv));
+    }
+    for (Extent i = 0; i < bq; ++i) {
+      lse[i0 + i] = lse_of(m[i], l[i]);
+      const Stat inv = m[i] == neg_inf ? 0.0 : 1.0 / l[i];
+      for (Extent j = 0; j < dv; ++j) acc[i * dv + j] = T(Stat(acc[i * dv + j]) * inv);
+    }
+  }
+}
+
+/// The backward of one head, blocked: per (query tile, key tile) the probabilities recomputed as
+/// exp(s - lse), then dV += P^T dO, dP = dO V^T, dS = P (dP - delta), dQ += scale dS K,
+/// dK += scale dS^T Q (delta = rowsum(dO * O), once per query). dq, dk, dv start at zero.
+template <class T>
+void attention_head_backward(const T* q, const T* k, const T* v, const T* out, const Stat* lse, const T* dout, T* dq,
+                             T* dk, T* dv_out, Extent tq, Extent tk, Extent d, Extent dv, const AttentionOptions& o,
+                             std::vector<T>& tiles, std::vector<Stat>& delta) {
+  const T scale = T(attention_scale(o, d));
+  const Extent tile = attention_tile, ld = std::max<Extent>(1, d), ldv = std::max<Extent>(1, dv);
+  if constexpr (std::is_same_v<T, float>) {
+    with_isa([&](auto) DTENSOR_SIMD_BODY {
+      for (Extent i = 0; i < tq; ++i) delta[std::size_t(i)] = lane_dot(dout + i * dv, out + i * dv, dv);
+    });
+  } else {
+    for (Extent i = 0; i < tq; ++i) {
+      Stat sum = 0;
+      for (Extent j = 0; j < dv; ++j) sum += Stat(dout[i * dv + j]) * Stat(out[i * dv + j]);
+      delta[std::size_t(i)] = sum;
+    }
+  }
+  T* p = tiles.data();
+  T* ds = p + tile * tile;
+  for (Extent i0 = 0; i0 < tq; i0 += tile) {
+    const Extent bq = std::min(tile, tq - i0);
+    const Extent keys = visible_keys(o, i0 + bq - 1, tk);
+    for (Extent j0 = 0; j0 < keys; j0 += tile) {
+      const Extent bk = std::min(tile, keys - j0), ldk = std::max<Extent>(1, bk);
+      score_tile(q, k, d, scale, i0, bq, j0, bk, p);
+      for (Extent i = 0; i < bq; ++i) {
+        T* row = p + i * bk;
+        const Extent c = lse[i0 + i] == neg_inf ? 0 : visible_in_tile(o, i0, i, j0, bk, tk);
+        row_softmax(row, row, c, lse[i0 + i]);
+        std::fill(row + c, row + bk, T(0));
+      }
+      // dV += P^T dO;  dP = dO V^T (into ds)
+      gemm<T>(true, false, T(1), p, dout + i0 * dv, T(1), dv_out + j0 * dv, bk, dv, bq, ldk, ldv, ldv);
+      gemm<T>(false, true, T(1), dout + i0 * dv, v + j0 * dv, T(0), ds, bq, bk, dv, ldv, ldv, ldk);
+      // dS = P * (dP - delta)
+      if constexpr (std::is_same_v<T, float>) {
+        with_isa([&](auto) DTENSOR_SIMD_BODY {
+          for (Extent i = 0; i < bq; ++i)
+            for (Extent j = 0; j < bk; ++j)
+              ds[i * bk + j] = float(Stat(p[i * bk + j]) * (Stat(ds[i * bk + j]) - delta[std::size_t(i0 + i)]));
+        });
+      } else {
+        for (Extent i = 0; i < bq; ++i)
+          for (Extent j = 0; j < bk; ++j)
+            ds[i * bk + j] = T(Stat(p[i * bk + j]) * (Stat(ds[i * bk + j]) - delta[std::size_t(i0 + i)]));
+      }
+      // dQ += scale dS K;  dK += scale dS^T Q
+      gemm<T>(false, false, scale, ds, k + j0 * d, T(1), dq + i0 * d, bq, d, bk, ldk, ld, ld);
+      gemm<T>(true, false, scale, ds, q + i0 * d, T(1), dk + j0 * d, bk, d, bq, ldk, ld, ld);
     }
   }
 }
@@ -115,13 +222,12 @@ AttentionForward<T> attention(const HostTensor<T, 4>& q, const HostTensor<T, 4>&
   const Extent B = q.extent(0), H = q.extent(1), tq = q.extent(2), d = q.extent(3), tk = k.extent(2), dv = v.extent(3);
   AttentionForward<T> f{HostTensor<T, 4>::uninitialized(Shape<4>{B, H, tq, dv}),
                         HostTensor<Stat, 3>::uninitialized(Shape<3>{B, H, tq})};
-  std::vector<T> p(std::size_t(tq * tk));
-  for (Extent bh = 0; bh < B * H; ++bh) {
-    Stat* lse = f.lse.data() + bh * tq;
-    detail::attention_probs(q.data() + bh * tq * d, k.data() + bh * tk * d, tq, tk, d, opts, p.data(), lse, true);
-    gemm<T>(false, false, T(1), p.data(), v.data() + bh * tk * dv, T(0), f.out.data() + bh * tq * dv, tq, dv, tk,
-            std::max<Extent>(1, tk), std::max<Extent>(1, dv), std::max<Extent>(1, dv));
-  }
+  const Extent tile = detail::attention_tile;
+  std::vector<T> scores(std::size_t(tile * tile));
+  std::vector<Stat> row_max_sum(std::size_t(2 * tile));
+  for (Extent bh = 0; bh < B * H; ++bh)
+    detail::attention_head(q.data() + bh * tq * d, k.data() + bh * tk * d, v.data() + bh * tk * dv,
+                           f.out.data() + bh * tq * dv, f.lse.data() + bh * tq, tq, tk, d, dv, opts, scores, row_max_sum);
   return f;
 }
 
@@ -133,34 +239,15 @@ AttentionBackward<T> attention_backward(const HostTensor<T, 4>& q, const HostTen
   detail::check_attention("attention_backward", q, k, v);
   detail::check_attention_saved(q, v, out, lse, dout);
   const Extent B = q.extent(0), H = q.extent(1), tq = q.extent(2), d = q.extent(3), tk = k.extent(2), dv = v.extent(3);
-  AttentionBackward<T> g{HostTensor<T, 4>::uninitialized(q.shape()), HostTensor<T, 4>::uninitialized(k.shape()),
-                         HostTensor<T, 4>::uninitialized(v.shape())};
-  const T scale = T(detail::attention_scale(opts, d));
-  std::vector<T> p(std::size_t(tq * tk)), ds(std::size_t(tq * tk));
-  std::vector<Stat> lse_row(static_cast<std::size_t>(tq));
-  for (Extent bh = 0; bh < B * H; ++bh) {
-    const T *qb = q.data() + bh * tq * d, *kb = k.data() + bh * tk * d, *vb = v.data() + bh * tk * dv;
-    const T *ob = out.data() + bh * tq * dv, *gb = dout.data() + bh * tq * dv;
-    std::copy_n(lse.data() + bh * tq, tq, lse_row.begin());
-    detail::attention_probs(qb, kb, tq, tk, d, opts, p.data(), lse_row.data(), false);
-    // dV = P^T dO;  dP = dO V^T (into ds)
-    gemm<T>(true, false, T(1), p.data(), gb, T(0), g.dv.data() + bh * tk * dv, tk, dv, tq, std::max<Extent>(1, tk),
-            std::max<Extent>(1, dv), std::max<Extent>(1, dv));
-    gemm<T>(false, true, T(1), gb, vb, T(0), ds.data(), tq, tk, dv, std::max<Extent>(1, dv), std::max<Extent>(1, dv),
-            std::max<Extent>(1, tk));
-    // dS = P * (dP - rowsum(dO * O))
-    for (Extent i = 0; i < tq; ++i) {
-      Stat delta = 0;
-      for (Extent j = 0; j < dv; ++j) delta += Stat(gb[i * dv + j]) * Stat(ob[i * dv + j]);
-      for (Extent j = 0; j < tk; ++j) ds[std::size_t(i * tk + j)] = T(Stat(p[std::size_t(i * tk + j)]) *
-                                                                       (Stat(ds[std::size_t(i * tk + j)]) - delta));
-    }
-    // dQ = scale dS K;  dK = scale dS^T Q
-    gemm<T>(false, false, scale, ds.data(), kb, T(0), g.dq.data() + bh * tq * d, tq, d, tk, std::max<Extent>(1, tk),
-            std::max<Extent>(1, d), std::max<Extent>(1, d));
-    gemm<T>(true, false, scale, ds.data(), qb, T(0), g.dk.data() + bh * tk * d, tk, d, tq, std::max<Extent>(1, tk),
-            std::max<Extent>(1, d), std::max<Extent>(1, d));
-  }
+  AttentionBackward<T> g{HostTensor<T, 4>(q.shape()), HostTensor<T, 4>(k.shape()), HostTensor<T, 4>(v.shape())};
+  const Extent tile = detail::attention_tile;
+  std::vector<T> tiles(std::size_t(2 * tile * tile));
+  std::vector<Stat> delta(static_cast<std::size_t>(tq));
+  for (Extent bh = 0; bh < B * H; ++bh)
+    detail::attention_head_backward(q.data() + bh * tq * d, k.data() + bh * tk * d, v.data() + bh * tk * dv,
+                                    out.data() + bh * tq * dv, lse.data() + bh * tq, dout.data() + bh * tq * dv,
+                                    g.dq.data() + bh * tq * d, g.dk.data() + bh * tk * d, g.dv.data() + bh * tk * dv, tq,
+                                    tk, d, dv, opts, tiles, delta);
   return g;
 }
 

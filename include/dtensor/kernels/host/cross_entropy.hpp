@@ -22,6 +22,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <type_traits>
 
 #include "dtensor/kernels/host/common.hpp"
 #include "dtensor/kernels/host/softmax.hpp"
@@ -66,7 +67,14 @@ HostTensor<T, 2> ce_backward(const HostTensor<T, 2>& logits, const HostTensor<Id
     T* dr = d.data() + i * v;
     const Stat l = lse(i);
     const Extent t = Extent(targets[i]) - v0;
-    for (Extent j = 0; j < v; ++j) dr[j] = T((std::exp(Stat(x[j]) - l) - (j == t ? 1.0 : 0.0)) * scale);
+    if constexpr (std::is_same_v<T, float>) {  // the softmax row (vectorized), then the target's -1
+      row_softmax(x, dr, v, l);
+      with_isa([&](auto) DTENSOR_SIMD_BODY {
+        for (Extent j = 0; j < v; ++j) dr[j] = float((Stat(dr[j]) - (j == t ? 1.0 : 0.0)) * scale);
+      });
+    } else {
+      for (Extent j = 0; j < v; ++j) dr[j] = T((std::exp(Stat(x[j]) - l) - (j == t ? 1.0 : 0.0)) * scale);
+    }
   }
   return d;
 }

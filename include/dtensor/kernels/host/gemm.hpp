@@ -17,7 +17,7 @@
 // Threads: ranks of the threads backend are threads of one process, each calling GEMM on its
 // shard, so the BLAS library's own thread pool would oversubscribe the cores. The first CBLAS
 // call therefore sets the BLAS library to one thread, unless set_blas_threads() was called
-// before. set_blas_threads reaches OpenBLAS through openblas_set_num_threads, declared as a weak
+// before (or DTENSOR_BLAS_THREADS in the environment names another count). set_blas_threads reaches OpenBLAS through openblas_set_num_threads, declared as a weak
 // symbol (GCC/Clang on ELF): when the linked BLAS is not OpenBLAS the symbol is null and the call
 // reports false (set OPENBLAS_NUM_THREADS / MKL_NUM_THREADS in the environment instead).
 #pragma once
@@ -26,6 +26,7 @@
 #include <atomic>
 #include <climits>
 #include <cstddef>
+#include <cstdlib>
 #include <mutex>
 #include <type_traits>
 #include <vector>
@@ -64,7 +65,11 @@ inline bool set_blas_threads_raw(int n) {
 inline void blas_default_threads_once() {
   static std::once_flag once;
   std::call_once(once, [] {
-    if (!blas_threads_chosen().load()) set_blas_threads_raw(1);
+    if (blas_threads_chosen().load()) return;
+    // DTENSOR_BLAS_THREADS=n: a per-rank BLAS pool where cores outnumber ranks (docs/host-kernels.md).
+    const char* env = std::getenv("DTENSOR_BLAS_THREADS");
+    const int n = env ? std::atoi(env) : 1;
+    set_blas_threads_raw(n >= 1 ? n : 1);
   });
 }
 

@@ -8,7 +8,9 @@
 // rows = the product of x's leading extents; statistics are kept in double (Stat). The weight
 // and bias gradients are this shard's sums over its rows: under sequence or data parallelism the
 // caller all-reduces them. Moments use the two-pass formula (mean, then centred squares) for
-// accuracy; variance is the biased one, as in PyTorch.
+// accuracy; variance is the biased one, as in PyTorch. float LayerNorm runs vectorized
+// (simd.hpp): per-element math in float, row sums in double over fixed lanes (detail::lane_dot);
+// the plain loops stay for double, bfloat16 and RMSNorm (and are the tests' oracle).
 #pragma once
 
 #include <cmath>
@@ -17,6 +19,7 @@
 #include <vector>
 
 #include "dtensor/kernels/host/common.hpp"
+#include "dtensor/kernels/host/simd.hpp"
 
 namespace dtensor::kernels::host {
 
@@ -51,6 +54,74 @@ void check_norm_backward(const char* op, const Shape<R>& x, const Shape<R>& dy,
   const Extent rows = leading_rows(x);
   check(x == dy && rstd.extent(0) == rows && (!mean || mean->extent(0) == rows), op, "x ", to_string(x), ", dy ",
         to_string(dy), ", saved statistics ", to_string(rstd.shape()), " (expected [", rows, "])");
+}
+
+// The per-row loops of float LayerNorm, with restrict-qualified pointers: without them GCC needs
+// more run-time alias checks than it makes and leaves the loops scalar (seen in the profile).
+DTENSOR_SIMD_INLINE void centre_row(const float* __restrict x, float mu, float* __restrict c, Extent n) {
+  for (Extent j = 0; j < n; ++j) c[j] = x[j] - mu;
+}
+DTENSOR_SIMD_INLINE void affine_row(const float* __restrict c, float rs, const float* __restrict w,
+                                    const float* __restrict b, float* __restrict y, Extent n) {
+  for (Extent j = 0; j < n; ++j) y[j] = c[j] * rs * w[j] + b[j];
+}
+DTENSOR_SIMD_INLINE void norm_backward_row(const float* __restrict x, const float* __restrict dy,
+                                           const float* __restrict w, float mu, float rs, float* __restrict xhat,
+                                           float* __restrict g, Stat* __restrict dw, Stat* __restrict db, Extent n) {
+  for (Extent j = 0; j < n; ++j) {
+    xhat[j] = (x[j] - mu) * rs;
+    g[j] = dy[j] * w[j];
+  }
+  for (Extent j = 0; j < n; ++j) {
+    dw[j] += Stat(dy[j] * xhat[j]);
+    db[j] += Stat(dy[j]);
+  }
+}
+DTENSOR_SIMD_INLINE void norm_dx_row(const float* __restrict xhat, const float* __restrict g, float rs, float mg,
+                                     float mgx, float* __restrict dx, Extent n) {
+  for (Extent j = 0; j < n; ++j) dx[j] = rs * (g[j] - mg - xhat[j] * mgx);
+}
+
+/// LayerNorm forward of float rows, vectorized: per-element math in float (compute_t), the
+/// mean and the centred second moment summed in double over lanes (simd.hpp lane_dot).
+inline void layer_norm_float(const float* x, const float* w, const float* b, float* y, Stat* mean, Stat* rstd,
+                             Extent rows, Extent n, double eps) {
+  std::vector<float> centred(static_cast<std::size_t>(n));
+  float* c = centred.data();
+  with_isa([&](auto) DTENSOR_SIMD_BODY {
+    for (Extent r = 0; r < rows; ++r) {
+      const float* xr = x + r * n;
+      const Stat mu = lane_dot(xr, static_cast<const float*>(nullptr), n) / Stat(n);
+      centre_row(xr, float(mu), c, n);
+      const Stat rs = 1.0 / std::sqrt(lane_dot(c, c, n) / Stat(n) + eps);
+      mean[r] = mu;
+      rstd[r] = rs;
+      affine_row(c, float(rs), w, b, y + r * n, n);
+    }
+  });
+}
+
+/// LayerNorm backward of float rows, vectorized (the formulas of norm_backward below): per-element
+/// math in float; the row sums and the weight and bias gradients (sums over rows) in double.
+inline void layer_norm_backward_float(const float* x, const float* w, const Stat* mean, const Stat* rstd,
+                                      const float* dy, float* dx, float* dweight, float* dbias, Extent rows, Extent n) {
+  std::vector<Stat> sums(static_cast<std::size_t>(2 * n), 0.0);
+  std::vector<float> rows_buffer(static_cast<std::size_t>(2 * n));
+  Stat *dw = sums.data(), *db = dw + n;
+  float *xhat = rows_buffer.data(), *g = xhat + n;
+  with_isa([&](auto) DTENSOR_SIMD_BODY {
+    for (Extent r = 0; r < rows; ++r) {
+      const float rs = float(rstd[r]);
+      norm_backward_row(x + r * n, dy + r * n, w, float(mean[r]), rs, xhat, g, dw, db, n);
+      const float mg = float(lane_dot(g, static_cast<const float*>(nullptr), n) / Stat(n));
+      const float mgx = float(lane_dot(g, xhat, n) / Stat(n));
+      norm_dx_row(xhat, g, rs, mg, mgx, dx + r * n, n);
+    }
+    for (Extent j = 0; j < n; ++j) {
+      dweight[j] = float(dw[j]);
+      dbias[j] = float(db[j]);
+    }
+  });
 }
 
 /// The shared backward: xhat = (x - mean) * rstd (mean = 0 for RMSNorm), g = dy * w;
@@ -97,6 +168,10 @@ NormForward<T, R> layer_norm(const HostTensor<T, R>& x, const HostTensor<T, 1>& 
   const Extent n = x.extent(R - 1), rows = detail::leading_rows(x.shape());
   NormForward<T, R> f{HostTensor<T, R>::uninitialized(x.shape()), HostTensor<Stat, 1>::uninitialized(Shape<1>{rows}),
                       HostTensor<Stat, 1>::uninitialized(Shape<1>{rows})};
+  if constexpr (std::is_same_v<T, float>) {
+    detail::layer_norm_float(x.data(), weight.data(), bias.data(), f.y.data(), f.mean.data(), f.rstd.data(), rows, n, eps);
+    return f;
+  }
   for (Extent r = 0; r < rows; ++r) {
     const T* xr = x.data() + r * n;
     Stat mu = 0, var = 0;
@@ -117,7 +192,16 @@ NormBackward<T, R> layer_norm_backward(const HostTensor<T, R>& x, const HostTens
                                        const HostTensor<T, R>& dy) {
   detail::check_norm<T, R>("layer_norm_backward", x.shape(), weight, nullptr);
   detail::check_norm_backward("layer_norm_backward", x.shape(), dy.shape(), &mean, rstd);
-  return detail::norm_backward(x, weight, &mean, rstd, dy);
+  if constexpr (std::is_same_v<T, float>) {
+    const Extent n = x.extent(R - 1);
+    NormBackward<T, R> out{HostTensor<T, R>::uninitialized(x.shape()), HostTensor<T, 1>::uninitialized(Shape<1>{n}),
+                           HostTensor<T, 1>::uninitialized(Shape<1>{n})};
+    detail::layer_norm_backward_float(x.data(), weight.data(), mean.data(), rstd.data(), dy.data(), out.dx.data(),
+                                      out.dweight.data(), out.dbias.data(), detail::leading_rows(x.shape()), n);
+    return out;
+  } else {
+    return detail::norm_backward(x, weight, &mean, rstd, dy);
+  }
 }
 
 template <FloatElement T, std::size_t R>

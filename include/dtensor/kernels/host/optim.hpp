@@ -10,9 +10,15 @@
 // AdamW at step t >= 1: p *= 1 - lr wd; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
 // p -= lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps). SGD: g += wd p; with momentum,
 // b = g on the first step else mu b + (1 - dampening) g, and g = nesterov ? g + mu b : b; p -= lr g.
+// float AdamW runs in float (detail::adamw_float, as PyTorch's float AdamW), the bias corrections
+// folded into the step size and the denominator as torch does; double and bfloat16 keep the
+// double element function (the tests' oracle; the CUDA kernel shares it).
 #pragma once
 
 #include <cmath>
+#include <type_traits>
+
+#include "dtensor/kernels/host/simd.hpp"
 
 #include "dtensor/kernels/host/common.hpp"
 
@@ -54,6 +60,23 @@ DTENSOR_HOST_DEVICE inline void sgd_element(double& p, double& b, double g, cons
   p -= s.lr * g;
 }
 
+/// AdamW on float arrays in float, as torch.optim.AdamW computes float parameters (one fused pass,
+/// vectorized by simd.hpp except the square root, which stays scalar without -fno-math-errno).
+inline void adamw_float(float* p, const float* g, float* m, float* v, Extent n, const AdamWStep& s, double c1, double c2,
+                        double decay) {
+  const float b1 = float(s.beta1), b2 = float(s.beta2), step_size = float(s.lr / c1), eps = float(s.eps);
+  const float inv_sqrt_c2 = float(1.0 / std::sqrt(c2)), keep = float(decay);
+  with_isa([&](auto) DTENSOR_SIMD_BODY {
+    for (Extent i = 0; i < n; ++i) {
+      const float mi = b1 * m[i] + (1.0f - b1) * g[i];
+      const float vi = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
+      m[i] = mi;
+      v[i] = vi;
+      p[i] = p[i] * keep - step_size * mi / (std::sqrt(vi) * inv_sqrt_c2 + eps);
+    }
+  });
+}
+
 inline void check_adamw(const AdamWStep& s) {
   check(s.step >= 1 && s.beta1 >= 0 && s.beta1 < 1 && s.beta2 >= 0 && s.beta2 < 1 && s.eps >= 0, "adamw_update",
         "step ", s.step, " (from 1), beta1 ", s.beta1, ", beta2 ", s.beta2, " (in [0, 1)), eps ", s.eps);
@@ -71,6 +94,10 @@ void adamw_update(HostTensor<T, R>& param, const HostTensor<T, R>& grad, HostTen
   const double decay = 1 - s.lr * s.weight_decay;
   T *p = param.data(), *m = exp_avg.data(), *v = exp_avg_sq.data();
   const T* g = grad.data();
+  if constexpr (std::is_same_v<T, float>) {
+    detail::adamw_float(p, g, m, v, param.numel(), s, c1, c2, decay);
+    return;
+  }
   for (Extent i = 0, n = param.numel(); i < n; ++i) {
     double pi = double(p[i]), mi = double(m[i]), vi = double(v[i]);
     detail::adamw_element(pi, mi, vi, double(g[i]), s, c1, c2, decay);

@@ -13,15 +13,20 @@
 // vocabulary-parallel pieces, attention): shift by the row max, exps and sums in double, and
 // probabilities formed as exp(x - lse). A row split across ranks (vocabulary-parallel
 // cross-entropy, blocks of ring attention) then gives the same probabilities as the whole row up
-// to double rounding. Exps in double cost little next to the GEMMs around them.
+// to double rounding. For float rows the exps run vectorized in float (simd.hpp fast_exp, a few
+// ulp; the argument x - shift still formed in double) with the sums in double over fixed lanes,
+// so a position's probability does not depend on where the row was split; double and bfloat16
+// rows keep the plain double loops (the tests' oracle).
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <limits>
+#include <type_traits>
 
 #include "dtensor/kernels/host/common.hpp"
+#include "dtensor/kernels/host/simd.hpp"
 
 namespace dtensor::kernels::host {
 
@@ -31,18 +36,42 @@ inline constexpr Stat neg_inf = -std::numeric_limits<Stat>::infinity();
 
 template <class T>
 Stat row_max(const T* x, Extent n) {
-  Stat m = neg_inf;
-  for (Extent j = 0; j < n; ++j) m = std::max(m, Stat(x[j]));
-  return m;
+  if constexpr (std::is_same_v<T, float>) {
+    float m = 0;
+    with_isa([&](auto) DTENSOR_SIMD_BODY { m = lane_max(x, n); });
+    return Stat(m);
+  } else {
+    Stat m = neg_inf;
+    for (Extent j = 0; j < n; ++j) m = std::max(m, Stat(x[j]));
+    return m;
+  }
 }
 
-/// Sum of exp(x[j] - shift); 0 when shift is -inf (an empty or fully masked row).
+/// exp(x - shift) in float, the difference formed in double (shift may be an lse, not a float).
+DTENSOR_SIMD_INLINE float shifted_exp(float x, Stat shift) { return fast_exp(float(Stat(x) - shift)); }
+
+/// Sum of exp(x[j] - shift); 0 when shift is -inf (an empty or fully masked row). float rows:
+/// the exps of a chunk into a stack buffer (a plain vectorizable loop), then their lane sum.
 template <class T>
 Stat row_sum_exp(const T* x, Extent n, Stat shift) {
   if (shift == neg_inf) return 0;
-  Stat s = 0;
-  for (Extent j = 0; j < n; ++j) s += std::exp(Stat(x[j]) - shift);
-  return s;
+  if constexpr (std::is_same_v<T, float>) {
+    Stat s = 0;
+    with_isa([&](auto) DTENSOR_SIMD_BODY {
+      constexpr Extent chunk = 256;  // a multiple of kLanes: the lanes see the same elements for any n
+      alignas(64) float e[chunk];
+      for (Extent j0 = 0; j0 < n; j0 += chunk) {
+        const Extent c = std::min(chunk, n - j0);
+        for (Extent j = 0; j < c; ++j) e[j] = shifted_exp(x[j0 + j], shift);
+        s += lane_dot(e, static_cast<const float*>(nullptr), c);
+      }
+    });
+    return s;
+  } else {
+    Stat s = 0;
+    for (Extent j = 0; j < n; ++j) s += std::exp(Stat(x[j]) - shift);
+    return s;
+  }
 }
 
 inline Stat lse_of(Stat max, Stat sum) { return max == neg_inf ? neg_inf : max + std::log(sum); }
@@ -56,7 +85,13 @@ Stat row_logsumexp(const T* x, Extent n) {
 /// y[j] = exp(x[j] - lse).
 template <class T>
 void row_softmax(const T* x, T* y, Extent n, Stat lse) {
-  for (Extent j = 0; j < n; ++j) y[j] = T(std::exp(Stat(x[j]) - lse));
+  if constexpr (std::is_same_v<T, float>) {
+    with_isa([&](auto) DTENSOR_SIMD_BODY {
+      for (Extent j = 0; j < n; ++j) y[j] = shifted_exp(x[j], lse);
+    });
+  } else {
+    for (Extent j = 0; j < n; ++j) y[j] = T(std::exp(Stat(x[j]) - lse));
+  }
 }
 
 }  // namespace detail

@@ -62,22 +62,35 @@
 namespace dtensor::parallel::pipeline {
 
 namespace detail {
-/// The name of a mesh's first dimension, as a template argument.
-template <class Mesh>
-struct first_dimension;
-template <class Space, fixed_string First, fixed_string... Rest>
-struct first_dimension<BasicDeviceMesh<Space, First, Rest...>> {
-  static constexpr auto name = First;
+/// The name of dimension `I` of a mesh, as a template argument. Read from Mesh::names rather than
+/// deduced from BasicDeviceMesh<Space, Names...>: nvcc 13 does not deduce a pack of fixed_string
+/// arguments in a partial specialization or a function template (the pipeline compiles as .cu).
+template <class Mesh, std::size_t I>
+struct dimension_name {
+  static constexpr std::size_t size = Mesh::names[I].size() + 1;
+  static constexpr fixed_string<size> name = [] {
+    char text[size]{};
+    for (std::size_t k = 0; k + 1 < size; ++k) text[k] = Mesh::names[I][k];
+    return fixed_string<size>(text);
+  }();
 };
+template <class Mesh>
+using first_dimension = dimension_name<Mesh, 0>;
+
+template <class Mesh, std::size_t... Rest>
+auto sub_mesh_without_first(const Mesh& mesh, std::index_sequence<Rest...>) {
+  return mesh.template sub<dimension_name<Mesh, Rest + 1>::name...>();
+}
 }  // namespace detail
 
 /// The mesh of this rank's pipeline stage: every dimension of `mesh` but its first (the
 /// pipeline dimension).
-template <class Space, fixed_string Pipeline, fixed_string... Rest>
-BasicDeviceMesh<Space, Rest...> stage_mesh_of(const BasicDeviceMesh<Space, Pipeline, Rest...>& mesh) {
-  static_assert(role_of<BasicDeviceMesh<Space, Pipeline, Rest...>>(0) == Role::pipeline,
+template <MeshType Mesh>
+auto stage_mesh_of(const Mesh& mesh) {
+  static_assert(Mesh::ndim >= 2, "a pipeline mesh has a pipeline dimension and a stage mesh");
+  static_assert(role_of<Mesh>(0) == Role::pipeline,
                 "the first mesh dimension must be the pipeline dimension (\"pp\", or one named so by mesh_roles)");
-  return mesh.template sub<Rest...>();
+  return detail::sub_mesh_without_first(mesh, std::make_index_sequence<Mesh::ndim - 1>{});
 }
 
 /// The (pp, dp, tp) shape of a mesh of `ranks` ranks with `pipeline` stages and `tensor`-way
@@ -90,8 +103,9 @@ inline std::array<int, 3> pipeline_mesh_shape(int ranks, int pipeline, int tenso
   return {pipeline, ranks / (pipeline * tensor), tensor};
 }
 
-/// The M micro-batches of a batch every rank holds whole ([B, T] ids and targets): consecutive
-/// slices of B / M sequences, each distributed on `mesh` (no communication). M must divide B.
+/// The M micro-batches of a batch every rank holds whole ([B, T] ids and targets, on the host):
+/// consecutive slices of B / M sequences, each moved into the mesh's memory space (a copy to the
+/// GPU on a cuda mesh) and distributed on `mesh` (no communication). M must divide B.
 template <class Ids, MeshType Mesh, class Id>
 std::vector<std::pair<Ids, Ids>> split_microbatches(const Mesh& mesh, const Tensor<Id, 2>& ids, const Tensor<Id, 2>& targets,
                                                     int microbatches) {
@@ -113,7 +127,9 @@ std::vector<std::pair<Ids, Ids>> split_microbatches(const Mesh& mesh, const Tens
         piece_targets(b, t) = targets(mb * size + b, t);
       }
     using L = typename Ids::layout;
-    result.emplace_back(distribute_replicated<L>(mesh, piece_ids), distribute_replicated<L>(mesh, piece_targets));
+    using Space = mesh_space_t<Mesh>;
+    result.emplace_back(distribute_replicated<L>(mesh, into_space<Space>(std::move(piece_ids))),
+                        distribute_replicated<L>(mesh, into_space<Space>(std::move(piece_targets))));
   }
   return result;
 }
@@ -214,7 +230,8 @@ class Executor {
     for (Stage& stage : stages_)
       if (stage.is_last()) {
         double total = 0;
-        for (int mb = 0; mb < m; ++mb) total += full_tensor(stage.take_loss(mb))[0];
+        // The loss is one number in the mesh's space: read on the host (a copy from a GPU).
+        for (int mb = 0; mb < m; ++mb) total += to_space<host_space>(full_tensor(stage.take_loss(mb)))[0];
         run.stats.loss = total / double(m);
       }
     if constexpr (requires(Stage& s) { s.take_auxiliary_loss(0); })

@@ -38,6 +38,7 @@
 #include <cstddef>
 #include <memory>
 #include <optional>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -70,11 +71,14 @@ struct ExpertParts<Stage> {
 };
 }  // namespace detail
 
-template <class Stage, MeshType Mesh>
+/// Master: the element type of the master values, gradient shards and optimizer state (FSDP's
+/// mixed precision, parallel/fully_shard.hpp); void: the stages' own.
+template <class Stage, MeshType Mesh, class Master = void>
 class ShardedPipeline {
   using StageMesh = std::remove_cvref_t<decltype(std::declval<const Stage&>().mesh())>;
   using Unit = std::remove_cvref_t<decltype(std::declval<Stage&>().units().front())>;
-  using T = typename decltype(Unit::group)::element_type::element_type;
+  using T = std::conditional_t<std::is_void_v<Master>, typename decltype(Unit::group)::element_type::element_type, Master>;
+  using Params = nn::ParamList<T, StageMesh::ndim, mesh_space_t<StageMesh>>;
   using Fsdp = FullyShard<Stage, StageMesh, T>;
   static constexpr bool moe = detail::HasExperts<Stage>;
   using Experts = typename detail::ExpertParts<Stage>::List;
@@ -102,7 +106,7 @@ class ShardedPipeline {
   ShardedPipeline& operator=(const ShardedPipeline&) = delete;
 
   /// This rank's shards of its stages' parameters, for the optimizer.
-  nn::ParamList<T, StageMesh::ndim>& params() noexcept { return params_; }
+  Params& params() noexcept { return params_; }
   Executor<Stage, Mesh>& executor() noexcept { return executor_; }
   /// The whole mesh, "pp" included (checkpoint/pipeline_state.hpp saves over it).
   const Mesh& mesh() const noexcept { return mesh_; }
@@ -125,12 +129,20 @@ class ShardedPipeline {
   /// are the batch mean's, reduced on every data, context and tensor dimension.
   StepStats step(const std::vector<std::pair<typename Stage::Ids, typename Stage::Ids>>& microbatches) {
     StepStats stats = executor_.step(microbatches);
+    finish_gradient_syncs();
+    return stats;
+  }
+
+  /// The gradient syncs after the schedule (step() calls it): wait for FSDP's reductions (HSDP:
+  /// then "dp"), all-reduce on the context and, under SP, the tensor dimension. Public for a
+  /// caller that drives the stages itself (the dry run, sim/training_plan.hpp: FSDP's
+  /// unshard() before a stage's forward, reshard() and reduce_gradients() after its backward).
+  void finish_gradient_syncs() {
     for (auto& shard : shards_) shard->finish_gradient_sync();
     const StageMesh& stage_mesh = executor_.stages().front().mesh();
     context_parallel_grads(params_, stage_mesh, {.bucket_bytes = bucket_bytes_});  // none without "cp"
     sequence_parallel_grads(params_, stage_mesh, {.bucket_bytes = bucket_bytes_});  // none without SP
     if constexpr (moe) expert_sync_->all_reduce_gradients(experts_);
-    return stats;
   }
 
   /// Clips the gradients (MoE: and the experts') to `max_norm` by their norm over all stages;
@@ -171,7 +183,7 @@ class ShardedPipeline {
   std::size_t bucket_bytes_;
   Executor<Stage, Mesh> executor_;
   std::vector<std::unique_ptr<Fsdp>> shards_;
-  nn::ParamList<T, StageMesh::ndim> params_;
+  Params params_;
   [[no_unique_address]] Experts experts_{};
   [[no_unique_address]] typename detail::ExpertParts<Stage>::Sync expert_sync_{};
 };

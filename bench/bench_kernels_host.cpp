@@ -1,0 +1,107 @@
+// Host kernels of a GPT step (kernels/host/*) on the trainer's shapes, each on the dispatched
+// instruction set (simd.hpp) and on the x86-64 baseline in the same run; bench/bench_kernels_torch.py
+// times PyTorch's ops on the same shapes and bench/compare_kernels.py prints the ratios.
+//
+//   build-rel/bench/bench_kernels_host --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
+//
+// Names: BM_<kernel>/<isa>/<extents...>; isa 0 = baseline, 1 = the dispatched one. Shapes: the
+// default model (batch 16, seq 64, dim 128, 4 heads, MLP 512) and dim 384 (6 heads of 64).
+//   layer_norm     forward + backward of x [16, 64, dim]
+//   gelu           forward + backward of x [16, 64, 4 dim]
+//   softmax        forward of x [16 * heads * 64, 64] (attention-shaped rows)
+//   attention      forward + backward, causal, q/k/v [16, heads, 64, dim / heads]
+//   adamw          one update of a flat float buffer of n parameters
+#include <benchmark/benchmark.h>
+
+#include "dtensor/core/factories.hpp"
+#include "dtensor/kernels/host/activations.hpp"
+#include "dtensor/kernels/host/attention.hpp"
+#include "dtensor/kernels/host/norm.hpp"
+#include "dtensor/kernels/host/optim.hpp"
+#include "dtensor/kernels/host/simd.hpp"
+#include "dtensor/kernels/host/softmax.hpp"
+
+namespace kh = dtensor::kernels::host;
+using dtensor::Extent;
+using dtensor::Shape;
+
+namespace {
+
+/// Arguments start with the ISA flag: 0 caps at the baseline, 1 runs the detected ISA.
+void set_isa(benchmark::State& state) {
+  kh::set_host_isa_cap(state.range(0) == 0 ? kh::Isa::baseline : kh::Isa::avx512);
+  state.SetLabel(kh::isa_name(kh::host_isa()));
+}
+
+void BM_layer_norm(benchmark::State& state) {
+  set_isa(state);
+  const Shape<3> s{16, 64, state.range(1)};
+  const auto x = dtensor::uniform<float>(s, 1, -2, 2), dy = dtensor::uniform<float>(s, 2, -1, 1);
+  const auto w = dtensor::uniform<float>(Shape<1>{s[2]}, 3, 0.5, 1.5), b = dtensor::uniform<float>(Shape<1>{s[2]}, 4, -1, 1);
+  for (auto _ : state) {
+    auto f = kh::layer_norm(x, w, b, 1e-5);
+    auto g = kh::layer_norm_backward(x, w, f.mean, f.rstd, dy);
+    benchmark::DoNotOptimize(g.dx.data());
+  }
+  state.SetBytesProcessed(state.iterations() * s[0] * s[1] * s[2] * 4 * 5);  // x, y; x, dy, dx
+}
+
+void BM_gelu(benchmark::State& state) {
+  set_isa(state);
+  const Shape<3> s{16, 64, 4 * state.range(1)};
+  const auto x = dtensor::uniform<float>(s, 1, -4, 4), dy = dtensor::uniform<float>(s, 2, -1, 1);
+  for (auto _ : state) {
+    auto y = kh::gelu(x);
+    auto dx = kh::gelu_backward(x, dy);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::DoNotOptimize(dx.data());
+  }
+  state.SetBytesProcessed(state.iterations() * s[0] * s[1] * s[2] * 4 * 5);
+}
+
+void BM_softmax(benchmark::State& state) {
+  set_isa(state);
+  const Shape<2> s{16 * state.range(1) * 64, 64};
+  const auto x = dtensor::uniform<float>(s, 1, -8, 8);
+  for (auto _ : state) {
+    auto y = kh::softmax(x);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetBytesProcessed(state.iterations() * s[0] * s[1] * 4 * 2);
+}
+
+void BM_attention(benchmark::State& state) {
+  set_isa(state);
+  const Extent heads = state.range(1), dim = state.range(2);
+  const Shape<4> s{16, heads, 64, dim / heads};
+  const auto q = dtensor::uniform<float>(s, 1, -1, 1), k = dtensor::uniform<float>(s, 2, -1, 1),
+             v = dtensor::uniform<float>(s, 3, -1, 1), dout = dtensor::uniform<float>(s, 4, -1, 1);
+  for (auto _ : state) {
+    auto f = kh::attention(q, k, v);
+    auto g = kh::attention_backward(q, k, v, f.out, f.lse, dout);
+    benchmark::DoNotOptimize(g.dq.data());
+  }
+}
+
+void BM_adamw(benchmark::State& state) {
+  set_isa(state);
+  const Shape<1> s{state.range(1)};
+  auto p = dtensor::uniform<float>(s, 1, -1, 1), m = dtensor::Tensor<float, 1>(s), v = dtensor::Tensor<float, 1>(s);
+  const auto g = dtensor::uniform<float>(s, 2, -1, 1);
+  long step = 0;
+  for (auto _ : state) {
+    kh::adamw_update(p, g, m, v, {.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .step = ++step});
+    benchmark::DoNotOptimize(p.data());
+  }
+  state.SetBytesProcessed(state.iterations() * s[0] * 4 * 7);  // read p, g, m, v; write p, m, v
+}
+
+}  // namespace
+
+BENCHMARK(BM_layer_norm)->ArgsProduct({{0, 1}, {128, 384}});
+BENCHMARK(BM_gelu)->ArgsProduct({{0, 1}, {128, 384}});
+BENCHMARK(BM_softmax)->ArgsProduct({{0, 1}, {4}});
+BENCHMARK(BM_attention)->Args({0, 4, 128})->Args({1, 4, 128})->Args({0, 6, 384})->Args({1, 6, 384});
+BENCHMARK(BM_adamw)->ArgsProduct({{0, 1}, {427008}});
+
+BENCHMARK_MAIN();

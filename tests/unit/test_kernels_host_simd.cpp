@@ -1,0 +1,196 @@
+// The vectorized float host kernels (kernels/host/simd.hpp dispatch) against their plain double
+// loops — the oracle — on every instruction set this CPU has, with row lengths around the vector
+// widths (1, 7, 16, 37, 130, 300). Tolerances (float against double): GELU 1e-6 absolute
+// (fast_tanh); rows (softmax, log-softmax, cross-entropy, LayerNorm) 2e-6 relative to the largest
+// entry; LayerNorm's rstd 1e-6 (centred in float); AdamW 1e-6 after five steps.
+#include "test_kernels_host_util.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <tuple>
+#include <vector>
+
+#include "dtensor/kernels/host/activations.hpp"
+#include "dtensor/kernels/host/attention.hpp"
+#include "dtensor/kernels/host/cross_entropy.hpp"
+#include "dtensor/kernels/host/norm.hpp"
+#include "dtensor/kernels/host/optim.hpp"
+#include "dtensor/kernels/host/simd.hpp"
+#include "dtensor/kernels/host/softmax.hpp"
+
+using namespace dtensor;
+namespace kh = dtensor::kernels::host;
+
+namespace {
+
+/// The instruction sets up to the detected one; resets the cap when done.
+struct EveryIsa {
+  std::vector<kh::Isa> isas;
+  EveryIsa() {
+    for (auto isa : {kh::Isa::baseline, kh::Isa::avx2, kh::Isa::avx512})
+      if (int(isa) <= int(kh::detected_host_isa())) isas.push_back(isa);
+  }
+  ~EveryIsa() { kh::set_host_isa_cap(kh::Isa::avx512); }
+};
+
+/// body() once per instruction set up to the detected one, the kernels capped at it.
+template <class Body>
+void on_every_isa(Body body) {
+  EveryIsa all;
+  for (auto isa : all.isas) {
+    kh::set_host_isa_cap(isa);
+    INFO("instruction set " << kh::isa_name(isa));
+    body();
+  }
+}
+
+template <std::size_t R>
+Tensor<float, R> uniform_float(Shape<R> s, std::uint64_t seed, double lo, double hi) {
+  return kt::cast<float>(uniform<double>(s, seed, lo, hi));
+}
+
+/// max |a - b| <= atol + rtol * max |b|
+template <std::size_t R>
+void check_close(const Tensor<float, R>& a, const Tensor<double, R>& b, double atol, double rtol) {
+  REQUIRE(a.shape() == b.shape());
+  double worst = 0, scale = 0;
+  for (Extent i = 0; i < b.numel(); ++i) {
+    worst = std::max(worst, std::abs(double(a[i]) - b[i]));
+    scale = std::max(scale, std::abs(b[i]));
+  }
+  INFO("max error " << worst << " against max |value| " << scale << ", extents " << to_string(b.shape()));
+  CHECK(worst <= atol + rtol * scale);
+}
+
+/// Three results of a kernel (gradients, optimizer state) against the oracle's.
+template <class A, class B>
+void check_three(const A& got, const B& want, double atol, double rtol) {
+  check_close(std::get<0>(got), std::get<0>(want), atol, rtol);
+  check_close(std::get<1>(got), std::get<1>(want), atol, rtol);
+  check_close(std::get<2>(got), std::get<2>(want), atol, rtol);
+}
+
+}  // namespace
+
+TEST_CASE("the host kernels report the instruction set they run", "[kernels][host][simd]") {
+  const kh::Isa isa = kh::host_isa();
+  WARN("host kernels run " << kh::isa_name(isa) << " (detected " << kh::isa_name(kh::detected_host_isa()) << ")");
+  EveryIsa all;
+  kh::set_host_isa_cap(kh::Isa::baseline);
+  CHECK(kh::host_isa() == kh::Isa::baseline);
+  kh::set_host_isa_cap(kh::Isa::avx512);
+  CHECK(kh::host_isa() == kh::detected_host_isa());
+}
+
+TEST_CASE("fast_exp and fast_tanh against the standard library", "[kernels][host][simd]") {
+  double worst_exp = 0, worst_tanh = 0;
+  for (double x = -87.0; x <= 88.0; x += 0.01) {
+    const float e = kh::detail::fast_exp(float(x));
+    worst_exp = std::max(worst_exp, std::abs(double(e) - std::exp(double(float(x)))) / std::exp(double(float(x))));
+  }
+  for (double x = -12.0; x <= 12.0; x += 0.001)
+    worst_tanh = std::max(worst_tanh, std::abs(double(kh::detail::fast_tanh(float(x))) - std::tanh(double(float(x)))));
+  INFO("exp relative " << worst_exp << ", tanh absolute " << worst_tanh);
+  CHECK(worst_exp < 5e-7);
+  CHECK(worst_tanh < 3e-7);
+  CHECK(kh::detail::fast_exp(-std::numeric_limits<float>::infinity()) == 0.0f);
+  CHECK(std::isfinite(kh::detail::fast_exp(1000.0f)));
+}
+
+TEST_CASE("float GELU, its backward and bias+GELU against the double loops", "[kernels][host][simd]") {
+  on_every_isa([&] {
+    for (Extent n : {1, 7, 16, 37, 130, 300}) {
+      INFO("row length " << n);
+      const Shape<2> s{3, n};
+      auto x = uniform<double>(s, 11 + std::uint64_t(n), -6, 6), dy = uniform<double>(s, 12, -1, 1);
+      auto bias = uniform<double>(Shape<1>{n}, 13, -1, 1);
+      const auto xf = kt::cast<float>(x), dyf = kt::cast<float>(dy);
+      const auto bf = kt::cast<float>(bias);
+      // The oracle takes the float inputs' exact values.
+      const auto xd = kt::cast<double>(xf), dyd = kt::cast<double>(dyf);
+      const auto bd = kt::cast<double>(bf);
+      check_close(kh::gelu(xf), kh::gelu(xd), 1e-6, 1e-6);
+      check_close(kh::gelu_backward(xf, dyf), kh::gelu_backward(xd, dyd), 1e-6, 1e-6);
+      const auto fused = kh::bias_gelu(xf, bf);
+      const auto fused_ref = kh::bias_gelu(xd, bd);
+      check_close(fused.h, fused_ref.h, 0, 1e-7);
+      check_close(fused.y, fused_ref.y, 1e-6, 1e-6);
+    }
+  });
+}
+
+TEST_CASE("float softmax, log-softmax and cross-entropy against the double loops", "[kernels][host][simd]") {
+  on_every_isa([&] {
+    for (Extent n : {1, 7, 16, 37, 130, 300}) {
+      INFO("row length " << n);
+      const Shape<2> s{5, n};
+      const auto xf = uniform_float(s, 21 + std::uint64_t(n), -8, 8), dyf = uniform_float(s, 22, -1, 1);
+      const auto xd = kt::cast<double>(xf), dyd = kt::cast<double>(dyf);
+      check_close(kh::softmax(xf), kh::softmax(xd), 0, 2e-6);
+      check_close(kh::log_softmax(xf), kh::log_softmax(xd), 0, 2e-6);
+      Tensor<std::int32_t, 1> targets(Shape<1>{5});
+      for (Extent i = 0; i < 5; ++i) targets[i] = std::int32_t((i * 3) % n);
+      const auto f = kh::cross_entropy(xf, targets);
+      const auto fd = kh::cross_entropy(xd, targets);
+      CHECK(std::abs(f.loss - fd.loss) <= 1e-6 * std::abs(fd.loss) + 1e-9);
+      check_close(kh::cross_entropy_backward(xf, targets, f.lse, 0.5), kh::cross_entropy_backward(xd, targets, fd.lse, 0.5),
+                  0, 2e-6);
+    }
+  });
+}
+
+TEST_CASE("float LayerNorm forward and backward against the double loops", "[kernels][host][simd]") {
+  on_every_isa([&] {
+    for (Extent n : {1, 7, 16, 37, 130, 300}) {
+      INFO("row length " << n);
+      const Shape<3> s{2, 3, n};
+      const auto xf = uniform_float(s, 31 + std::uint64_t(n), -3, 5), dyf = uniform_float(s, 32, -1, 1);
+      const auto wf = uniform_float(Shape<1>{n}, 33, 0.5, 1.5), bf = uniform_float(Shape<1>{n}, 34, -1, 1);
+      const auto xd = kt::cast<double>(xf), dyd = kt::cast<double>(dyf);
+      const auto wd = kt::cast<double>(wf), bd = kt::cast<double>(bf);
+      const auto f = kh::layer_norm(xf, wf, bf, 1e-5);
+      const auto fd = kh::layer_norm(xd, wd, bd, 1e-5);
+      check_close(f.y, fd.y, 0, 2e-6);
+      for (Extent r = 0; r < 6; ++r) {
+        CHECK(std::abs(f.mean[r] - fd.mean[r]) <= 1e-12 * (1 + std::abs(fd.mean[r])));  // double sums of the same floats
+        CHECK(std::abs(f.rstd[r] - fd.rstd[r]) <= 1e-6 * fd.rstd[r]);  // centred in float
+      }
+      const auto g = kh::layer_norm_backward(xf, wf, f.mean, f.rstd, dyf);
+      const auto gd = kh::layer_norm_backward(xd, wd, fd.mean, fd.rstd, dyd);
+      check_three(std::tie(g.dx, g.dweight, g.dbias), std::tie(gd.dx, gd.dweight, gd.dbias), 1e-6, 2e-6);
+    }
+  });
+}
+
+TEST_CASE("float attention forward and backward against the double kernels", "[kernels][host][simd]") {
+  on_every_isa([&] {
+    for (Extent t : {1, 7, 37}) {
+      INFO("sequence " << t);
+      const Shape<4> s{2, 3, t, 8};
+      const auto q = uniform_float(s, 41, -1, 1), k = uniform_float(s, 42, -1, 1), v = uniform_float(s, 43, -1, 1),
+                 dout = uniform_float(s, 44, -1, 1);
+      const auto f = kh::attention(q, k, v);
+      const auto fd = kh::attention(kt::cast<double>(q), kt::cast<double>(k), kt::cast<double>(v));
+      check_close(f.out, fd.out, 1e-6, 2e-6);
+      const auto g = kh::attention_backward(q, k, v, f.out, f.lse, dout);
+      const auto gd = kh::attention_backward(kt::cast<double>(q), kt::cast<double>(k), kt::cast<double>(v), fd.out, fd.lse,
+                                             kt::cast<double>(dout));
+      check_three(std::tie(g.dq, g.dk, g.dv), std::tie(gd.dq, gd.dk, gd.dv), 1e-6, 1e-5);
+    }
+  });
+}
+
+TEST_CASE("float AdamW against the double element function over several steps", "[kernels][host][simd]") {
+  on_every_isa([&] {
+    const Shape<1> s{37};
+    auto pf = uniform_float(s, 51, -1, 1), mf = Tensor<float, 1>(s), vf = Tensor<float, 1>(s);
+    auto pd = kt::cast<double>(pf), md = Tensor<double, 1>(s), vd = Tensor<double, 1>(s);
+    for (long step = 1; step <= 5; ++step) {
+      const auto gf = uniform_float(s, 60 + std::uint64_t(step), -1, 1);
+      const kh::AdamWStep st{.lr = 0.01, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .step = step};
+      kh::adamw_update(pf, gf, mf, vf, st);
+      kh::adamw_update(pd, kt::cast<double>(gf), md, vd, st);
+    }
+    check_three(std::tie(pf, mf, vf), std::tie(pd, md, vd), 0, 1e-6);  // float rounding of five steps of size ~lr
+  });
+}
