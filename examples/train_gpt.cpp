@@ -5,9 +5,13 @@
 //   train_gpt --pp 1 --fsdp 1 --cp 1 --dp 2 --tp 4 --steps 200  # DDP x TP + SP on 8 threads
 //   train_gpt --pp 2 --dp 2 --fsdp 2 --tp 2 --schedule zbv --microbatches 4   # HSDP inside pipeline stages
 //   train_gpt --cp 1 --experts 4 --ep 2       # PP x FSDP x TP + SP x EP: MoE blocks, experts over the fsdp ranks
+//   train_gpt --experts 4 --ep 2              # all at once: PP x FSDP x CP x TP + SP x EP (dropless routing)
 //   mpirun -n 16 train_gpt --backend mpi                        # the same, one process per rank
 //   train_gpt_cuda --device cuda --pp 1 --cp 1 --fsdp 2 --tp 2  # the model on a GPU, 4 ranks sharing it
 //   mpirun -n 8 train_gpt_cuda --device cuda --backend nccl     # one GPU per process (examples/train_gpt_cuda.cu)
+//   train_gpt --save-every 50 --save-dir ckpt --steps 100       # a checkpoint every 50 steps (atomically replaced)
+//   train_gpt --pp 1 --fsdp 1 --cp 1 --tp 1 --resume ckpt --steps 200   # continue it on one rank (any mesh)
+//   train_gpt --arch llama --kv-heads 2                         # Llama blocks: RMSNorm, rotary GQA, SwiGLU
 //
 // The mesh. Every run uses one mesh, (pp, dp, fsdp, cp, tp), of pp x dp x fsdp x cp x tp ranks; a
 // parallelism that is off is a dimension of size 1, whose collectives cost nothing. "pp" cuts
@@ -17,8 +21,8 @@
 //   "cp"    splits every sequence (ring, all-gather or Ulysses attention),
 //   "tp"    splits the heads, the MLP and the vocabulary (Megatron), and with SP the sequence
 //           between them;
-// and with --experts, the MoE blocks' experts live on a second factorization of the data ranks,
-// (edp, ep, tp) with ep x edp = dp x fsdp (parallel::make_expert_mesh).
+// and with --experts, the MoE blocks' experts live on a second factorization of the data and
+// context ranks, (edp, ep, tp) with ep x edp = dp x fsdp x cp (parallel::make_expert_mesh).
 //
 // A step. Every rank draws the same --batch sequences of --seq characters (from --seed), cuts
 // them into --microbatches, and keeps its piece of each (its data rank's sequences, its context
@@ -53,6 +57,11 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>  // access
+
+#include "dtensor/checkpoint/gpt_config.hpp"
+#include "dtensor/checkpoint/pipeline_state.hpp"
+#include "dtensor/nn/llama.hpp"
 #include "dtensor/optim/check_finite.hpp"
 #include "dtensor/parallel/pipeline/by_name.hpp"
 #include "dtensor/parallel/pipeline/gpt_stage.hpp"
@@ -102,6 +111,13 @@ struct Options {
   std::string trace, plot;  // --trace FILE (a Chrome trace of steps 2..4), --plot FILE (SVG loss curves)
   std::string data, backend = "threads";
   std::string device = "cpu", dtype = "f32";  // --device cpu|cuda, --dtype f32|bf16
+  // The architecture: nn::GPT's blocks, or Llama's (RMSNorm, rotary GQA attention, SwiGLU; nn/llama.hpp).
+  std::string arch = "gpt";
+  Extent kv_heads = 0, ffn = 0;  // llama: KV heads (0: --heads), SwiGLU width (0: 4 x --dim)
+  // Checkpoints (checkpoint/pipeline_state.hpp): every --save-every steps into --save-dir (replaced
+  // atomically), and --resume DIR to continue from one saved on any mesh.
+  int save_every = 0;
+  std::string save_dir, resume;
 
   int ranks() const { return pp * dp * fsdp * cp * tp; }
 };
@@ -113,16 +129,22 @@ const char* usage =
     "                 [--experts E] [--topk K] [--capacity F] [--moe-every N]\n"
     "                 [--steps N] [--lr X] [--seed N] [--eval-every N] [--check-finite] [--data FILE] [--backend threads|mpi|nccl]\n"
     "                 [--device cpu|cuda] [--dtype f32|bf16]\n"
-    "                 [--trace FILE] [--plot FILE]\n"
+    "                 [--trace FILE] [--plot FILE] [--arch gpt|llama] [--kv-heads N] [--ffn N]\n"
+    "                 [--save-every N --save-dir DIR] [--resume DIR]\n"
     "  mesh (pp, dp, fsdp, cp, tp), default pp 2 x dp 1 x fsdp 2 x cp 2 x tp 2 + SP: 16 ranks (threads, or mpirun -n).\n"
     "  --pp: pipeline stages (--schedule, default 1f1b, over --microbatches, default 2 x pp, or 1 without a\n"
     "        pipeline; interleaved and zbv put 2 stages on each rank); --dp: replicas; --fsdp: parameter shards,\n"
     "        ZeRO --zero (default 3, or 1 when --fsdp 1: DDP); --cp: sequence split (--cp-kind, default ring; ulysses: --heads a multiple of\n"
     "        tp x cp); --tp: Megatron tensor parallelism, with sequence parallelism unless --no-sp.\n"
     "  --experts E > 0: MoE blocks (every --moe-every-th, default all), top-K routing (default 2), capacity factor F\n"
-    "        (default dropless), experts split over --ep ranks (dividing dp x fsdp); needs --cp 1.\n"
+    "        (default dropless; with --cp > 1 at least E / K), experts split over --ep ranks (dividing dp x fsdp x cp).\n"
     "  model defaults: --layers 4 --heads 4 --dim 64 --seq 32 --batch 16 (sequences per step over all ranks);\n"
     "  training: --steps 100 --lr 3e-3 --seed 1 --eval-every 25; data: the files under /usr/share/common-licenses.\n"
+    "  --arch llama: RMSNorm, rotary grouped-query attention (--kv-heads, default --heads), SwiGLU (--ffn, default\n"
+    "        4 x --dim); not with --experts.\n"
+    "  checkpoints: --save-every N --save-dir DIR saves parameters, AdamW state, step and data position into DIR\n"
+    "        every N steps (atomically: DIR always holds a whole checkpoint); --resume DIR continues from one, saved\n"
+    "        on any mesh, up to --steps (the total).\n"
     "  --device cuda (train_gpt_cuda): the model on a GPU, the ranks threads sharing it, or --backend nccl under\n"
     "        mpirun (one GPU per process).\n";
 
@@ -133,6 +155,24 @@ using examples::UsageError;
 int mesh_flag(const std::string& flag, const std::string& text) { return flag_value<int>(flag, text, 1, threads::detail::max_ranks); }
 
 std::string str(long long n) { return std::to_string(n); }
+
+/// --arch and its flags.
+void check_architecture(const Options& o) {
+  if (o.arch != "gpt" && o.arch != "llama") throw UsageError("--arch is gpt or llama, got '" + o.arch + "'");
+  if (o.arch == "gpt" && (o.kv_heads != 0 || o.ffn != 0)) throw UsageError("--kv-heads and --ffn need --arch llama");
+  if (o.arch == "llama" && o.experts > 0) throw UsageError("--arch llama with --experts: MoE blocks are GPT blocks");
+  if (o.arch == "llama" && o.device == "cuda") throw UsageError("--arch llama with --device cuda: not supported yet (host only here)");
+  if (o.kv_heads > 0 && o.heads % o.kv_heads != 0)
+    throw UsageError("--heads " + str(o.heads) + " is not a multiple of --kv-heads " + str(o.kv_heads));
+}
+
+/// --save-every, --save-dir and --resume: host memory only (the checkpoint library's buffers).
+void check_checkpoints(const Options& o) {
+  if (o.save_every > 0 && o.save_dir.empty()) throw UsageError("--save-every needs --save-dir DIR");
+  if (o.save_every == 0 && !o.save_dir.empty()) throw UsageError("--save-dir needs --save-every N");
+  if (o.device == "cuda" && (o.save_every > 0 || !o.resume.empty()))
+    throw UsageError("--save-every / --resume with --device cuda: not supported yet (checkpoints read and write host buffers)");
+}
 
 /// --device, --dtype and --backend together: what this build can run.
 void check_device(const Options& o) {
@@ -168,15 +208,22 @@ void check_options(Options& o) {
   if (o.batch / o.microbatches < data_ranks)
     throw UsageError("a micro-batch of " + str(o.batch / o.microbatches) + " sequences (--batch / --microbatches) leaves some of the " +
                      str(data_ranks) + " data ranks (--dp x --fsdp) without a sequence");
+  check_architecture(o);
+  check_checkpoints(o);
   check_device(o);
   if (o.experts == 0) {
     if (o.ep != 1) throw UsageError("--ep " + str(o.ep) + " needs --experts");
     return;
   }
   if (o.topk > o.experts) throw UsageError("--topk " + str(o.topk) + " exceeds --experts " + str(o.experts));
-  if (data_ranks % o.ep != 0) throw UsageError("--ep " + str(o.ep) + " does not divide the data ranks --dp x --fsdp = " + str(data_ranks));
+  // The experts' ranks factor the ranks that split the tokens: data x context.
+  if (data_ranks * o.cp % o.ep != 0)
+    throw UsageError("--ep " + str(o.ep) + " does not divide the token ranks --dp x --fsdp x --cp = " + str(data_ranks * o.cp));
   if (o.experts % o.ep != 0) throw UsageError("--experts " + str(o.experts) + " is not a multiple of --ep " + str(o.ep));
-  if (o.cp > 1) throw UsageError("--experts with --cp > 1: not supported yet (routing capacity and load balancing are per whole sequence)");
+  // Under CP a capacity that can drop a choice is refused (nn/router.hpp): it is per whole sequence.
+  if (o.cp > 1 && o.capacity > 0 && o.capacity * double(o.topk) / double(o.experts) < 1.0)
+    throw UsageError("--capacity with --cp > 1: capacity groups are whole sequences, split over the context ranks; "
+                     "use dropless routing (no --capacity) or a factor of at least --experts / --topk");
 }
 
 Options parse(int argc, char** argv) {
@@ -223,6 +270,12 @@ Options parse(int argc, char** argv) {
     else if (a == "--data") o.data = value();
     else if (a == "--trace") o.trace = value();
     else if (a == "--plot") o.plot = value();
+    else if (a == "--arch") o.arch = value();
+    else if (a == "--kv-heads") o.kv_heads = flag_value<Extent>(a, value(), 1);
+    else if (a == "--ffn") o.ffn = flag_value<Extent>(a, value(), 1);
+    else if (a == "--save-every") o.save_every = flag_value<int>(a, value(), 1);
+    else if (a == "--save-dir") o.save_dir = value();
+    else if (a == "--resume") o.resume = value();
     else if (a == "--backend") {
       o.backend = value();
       if (o.backend != "threads" && o.backend != "mpi" && o.backend != "nccl")
@@ -243,6 +296,18 @@ Options parse(int argc, char** argv) {
     throw UsageError("pp x dp x fsdp x cp x tp = " + str(o.ranks()) + " ranks, more than " + str(threads::detail::max_ranks));
   check_options(o);
   return o;
+}
+
+/// --save-dir: fail before training, not at the first save, when the checkpoint cannot be
+/// written (its parent is not a writable directory). The save checks again (checkpoint::save).
+void check_save_dir(const Options& o) {
+  if (o.save_dir.empty()) return;
+  const std::filesystem::path dir = std::filesystem::absolute(o.save_dir).lexically_normal();
+  const auto parent = (dir.has_filename() ? dir : dir.parent_path()).parent_path();
+  std::error_code ec;
+  if (!std::filesystem::is_directory(parent, ec) || ::access(parent.c_str(), W_OK) != 0)
+    throw std::runtime_error("--save-dir " + o.save_dir + ": cannot write into " + parent.string() +
+                             (std::filesystem::exists(parent, ec) ? "" : " (it does not exist)"));
 }
 
 // ---------------------------------------------------------------- data
@@ -308,7 +373,7 @@ std::pair<Tensor<std::int32_t, 2>, Tensor<std::int32_t, 2>> tokens_of(const std:
 // ---------------------------------------------------------------- training
 
 /// MoE: the routing of the last forward (the last micro-batch) of this rank's MoE blocks, summed
-/// over the data ranks and the stages (one all-reduce on each): kept choices per expert, and the
+/// over the data and context ranks and the stages (one all-reduce on each): kept choices per expert, and the
 /// dropped share of the choices.
 template <class Model, class Mesh>
 std::pair<std::vector<std::int64_t>, double> expert_load(Model& model, const Mesh& mesh, Extent experts) {
@@ -320,7 +385,8 @@ std::pair<std::vector<std::int64_t>, double> expert_load(Model& model, const Mes
       sums[std::size_t(experts)] += st.routed;
       sums[std::size_t(experts) + 1] += st.dropped;
     }
-  for (auto* group : {&mesh.template group<"dp">(), &mesh.template group<"fsdp">(), &mesh.template group<"pp">()})
+  for (auto* group : {&mesh.template group<"dp">(), &mesh.template group<"fsdp">(), &mesh.template group<"cp">(),
+                      &mesh.template group<"pp">()})
     group->all_reduce(std::span<std::int64_t>(sums), ReduceOp::sum);
   const double routed = double(sums[std::size_t(experts)]);
   const double dropped = routed > 0 ? double(sums[std::size_t(experts) + 1]) / routed : 0;
@@ -336,7 +402,7 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
   using Mesh = MeshIn<Space>;
   using StageMesh = StageMeshIn<Space>;
   using Stage = pp::GptStage<float, StageMesh, Plan, std::int32_t, Layers>;
-  constexpr bool moe = !std::is_same_v<Layers, nn::DenseLayers>;
+  constexpr bool moe = requires(Layers& l) { l.expert_params(); };  // nn::MoELayers
 
   // The mesh, the model config and the schedule.
   Mesh mesh(world, {o.pp, o.dp, o.fsdp, o.cp, o.tp});
@@ -344,7 +410,8 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
   const bool balanced = o.cp > 1 && o.cp_kind != parallel::ContextKind::ulysses;  // ring / all-gather: load-balanced order
   const nn::GPTConfig cfg{.vocab = Extent(corpus.chars.size()), .seq = o.seq, .dim = o.dim, .heads = o.heads,
                           .layers = o.layers, .mlp_ratio = 4, .checkpoint = o.checkpoint, .seed = o.seed,
-                          .context = {.kind = o.cp_kind, .load_balanced = balanced}};
+                          .context = {.kind = o.cp_kind, .load_balanced = balanced},
+                          .kv_heads = o.kv_heads, .ffn = o.ffn};
   const auto schedule = pp::make_schedule(pp::parse_schedule_kind(o.schedule), o.pp, o.microbatches);
 
   // This rank's stages (MoE: with their experts on the expert mesh), each FSDP-sharded.
@@ -388,6 +455,7 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
                 "%lld, vocab %zu",
                 o.schedule.c_str(), o.microbatches, schedule.layout.stages(), (long long)o.layers, (long long)o.dim,
                 (long long)o.heads, (long long)o.seq, (long long)o.batch, corpus.chars.size());
+    if (o.arch != "gpt") std::printf("; %s (kv heads %lld)", o.arch.c_str(), (long long)(o.kv_heads ? o.kv_heads : o.heads));
     if (moe) std::printf("; MoE: %lld experts, top-%lld, over ep %d", (long long)o.experts, (long long)o.topk, o.ep);
     std::printf("\n");
   }
@@ -424,15 +492,51 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
     return loss;
   };
 
+  // ---- checkpoints: --resume DIR, --save-every N --save-dir DIR (checkpoint/pipeline_state.hpp)
+  // What is saved: this rank's FSDP shards of its stages, its experts, both AdamWs' moments and
+  // step count; the step, the data position (batches drawn) and the batch generator's state.
+  // Any mesh and schedule can resume it; the configuration that fixes the tensors must match.
+  constexpr bool host = std::is_same_v<Space, host_space>;
+  auto model_config = checkpoint::config_of(cfg);
+  model_config["model"] = o.arch;
+  if constexpr (moe) model_config["experts"] = str(o.experts), model_config["moe_every"] = str(o.moe_every);
+  int first_step = 1;
+  if (!o.resume.empty()) {
+    checkpoint::TrainingMeta meta;
+    if constexpr (!host) throw Error("train_gpt", "--resume: checkpoints are host memory only");  // check_checkpoints
+    else if constexpr (moe) meta = checkpoint::load_pipeline_state(o.resume, model, opt, expert_opt, model_config);
+    else meta = checkpoint::load_pipeline_state(o.resume, model, opt, model_config);
+    std::istringstream rng_state(meta.rng_state);
+    if (!(rng_state >> rng) || meta.data_position != std::uint64_t(meta.step))
+      throw Error("train_gpt", "the checkpoint at " + o.resume + " has no valid data position or batch generator state");
+    first_step = int(meta.step) + 1;
+    if (first_step > o.steps)
+      throw Error("train_gpt", "the checkpoint at " + o.resume + " is at step " + str(meta.step) + ": nothing left to train up to --steps " +
+                                   str(o.steps) + " (the total)");
+    if (root) std::printf("resumed from %s at step %lld\n", o.resume.c_str(), (long long)meta.step);
+  }
+  auto save_checkpoint = [&](int step) {
+    std::ostringstream rng_state;
+    rng_state << rng;
+    const checkpoint::TrainingMeta meta{.step = step, .data_position = std::uint64_t(step), .rng_state = rng_state.str(),
+                                        .config = model_config};
+    if constexpr (!host) throw Error("train_gpt", "--save-every: checkpoints are host memory only");  // check_checkpoints
+    else if constexpr (moe) checkpoint::save_pipeline_state(o.save_dir, model, opt, expert_opt, meta);
+    else checkpoint::save_pipeline_state(o.save_dir, model, opt, meta);
+    if (root) std::printf("step %4d  checkpoint saved to %s\n", step, o.save_dir.c_str());
+  };
+  // ---- end checkpoints
+
   CommSummary per_step;  // the collectives of step 2 (step 1 warms up)
   double train_loss = 0, val_loss = 0, elapsed = 0;
   const double tokens_per_step = double(o.batch * o.seq);
   // --trace, --plot and the progress bar (a bar on a terminal, a line per step elsewhere).
-  trace::TrainingMonitor monitor(world, {.trace_path = o.trace, .plot_path = o.plot, .total_steps = o.steps,
-                                         .tokens_per_step = tokens_per_step});
+  trace::TrainingMonitor monitor(world, {.trace_path = o.trace, .plot_path = o.plot,
+                                         .first_traced_step = std::min(first_step + 1, o.steps),  // after a resume too
+                                         .total_steps = o.steps, .tokens_per_step = tokens_per_step});
   if (!o.trace.empty())  // a span per unit; after FSDP has set its hooks
     for (auto& stage : model.executor().stages()) trace::trace_units(stage);
-  for (int step = 1; step <= o.steps; ++step) {
+  for (int step = first_step; step <= o.steps; ++step) {
     const auto batch = microbatches_of(corpus.train, draw());
     world->barrier();  // time the step on all ranks together
     const auto t0 = std::chrono::steady_clock::now();
@@ -446,7 +550,7 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
       opt.step();
       expert_opt.step();
       model.sync_parameters();  // ZeRO-1/2: all-gather the updated shards
-      if (step == std::min(2, o.steps))
+      if (step == std::min(first_step + 1, o.steps))
         for (const auto& r : log.records()) {
           auto& e = per_step[std::string(name_of(r.kind)) + " on " + r.group];
           ++e.first;
@@ -476,22 +580,28 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
       if (root) std::printf("\n");
       std::fflush(stdout);
     }
+    if (o.save_every > 0 && step % o.save_every == 0) save_checkpoint(step);
   }
   monitor.finish();
   if (root) {
-    std::printf("\nsummary: %d steps in %.1f s; final train loss %.4f, validation loss %.4f; %.0f tokens/s\n", o.steps, elapsed,
-                train_loss, val_loss, tokens_per_step * o.steps / elapsed);
+    const int steps_run = o.steps - first_step + 1;
+    std::printf("\nsummary: %d steps in %.1f s; final train loss %.4f, validation loss %.4f; %.0f tokens/s\n", steps_run, elapsed,
+                train_loss, val_loss, tokens_per_step * steps_run / elapsed);
+    // All the digits: a resumed run is compared with a straight one by these (examples/CMakeLists.txt).
+    std::printf("final losses at step %d: train %.17g validation %.17g\n", o.steps, train_loss, val_loss);
     std::printf("collectives of one training step on rank 0 (schedule, gradient syncs, clipping, AdamW, ZeRO gathers):\n");
     for (const auto& [k, v] : per_step) std::printf("  %-32s x%-5zu %10zu bytes\n", k.c_str(), v.first, v.second);
   }
 }
 
-/// The model types: one per kind of block (dense or MoE) and plan (with or without SP),
+/// The model types: one per kind of block (GPT, Llama or MoE) and plan (with or without SP),
 /// whatever the sizes of the mesh.
 template <class Space, bool SP>
 void train_blocks(CommPtr world, const Options& o, const Corpus& corpus) {
-  if constexpr (std::is_same_v<Space, host_space>)  // MoE is host-only (check_device)
+  if constexpr (std::is_same_v<Space, host_space>) {  // MoE and Llama are host-only (check_device)
     if (o.experts > 0) return train<Space, parallel::MegatronPlan<SP>, nn::MoELayers<float, ExpertMesh>>(std::move(world), o, corpus);
+    if (o.arch == "llama") return train<Space, parallel::MegatronPlan<SP>, nn::LlamaLayers>(std::move(world), o, corpus);
+  }
   train<Space, parallel::MegatronPlan<SP>, nn::DenseLayers>(std::move(world), o, corpus);
 }
 
@@ -520,6 +630,7 @@ int main(int argc, char** argv) {
   }
   try {
     const Corpus corpus = encode(read_text(o.data), o.seq);
+    check_save_dir(o);
 #ifdef DTENSOR_TRAIN_GPT_CUDA
     if (o.device == "cuda") return run_on_gpu(argc, argv, o, corpus);
 #endif

@@ -36,7 +36,7 @@ inline constexpr Extent layers_5d = 4;
 
 struct Combo {
   int pp = 1, dp = 1, fsdp = 1, cp = 1, tp = 1;
-  int ep = 1;  // MoE runs: expert ranks over dp x fsdp (0 experts: a dense GPT)
+  int ep = 1;  // MoE runs: expert ranks over dp x fsdp x cp (0 experts: a dense GPT)
   int zero = 3;
   std::string schedule = "1f1b";
   int microbatches = 4;

@@ -3,7 +3,7 @@
 // parallel::pipeline::ShardedPipeline (pipeline stages, each FSDP-sharded, context and tensor +
 // sequence parallel inside, MoE blocks with expert parallelism) gives the per-step losses of the
 // one-rank run within 1e-5 relative (double): PP x FSDP x CP x TP + SP on 16 threads, PP x FSDP x
-// TP + SP x EP, and 3- and 4-D combinations with every ZeRO stage, HSDP, ring / all-gather /
+// TP + SP x EP, all of them — PP x FSDP x CP x TP + SP x EP — on 16 threads, and 3- and 4-D combinations with every ZeRO stage, HSDP, ring / all-gather /
 // Ulysses attention and several schedules (sharded_pipeline_parity.hpp).
 #include <catch2/catch.hpp>
 
@@ -78,6 +78,19 @@ TEST_CASE("MoE: expert parallelism with PP, FSDP and TP equals the one-rank MoE 
   // Pipelines: the auxiliary losses of both stages, over 2 micro-batches.
   check<TP, true>({.pp = 2, .fsdp = 2, .tp = 2, .ep = 2, .microbatches = 2});              // 4-D: PP x FSDP x TP x EP
   check<TP, true>({.pp = 2, .dp = 2, .ep = 2, .zero = 1, .schedule = "gpipe", .microbatches = 2});  // 3-D: PP x DP x EP
+}
+
+TEST_CASE("MoE x CP: dropless routing over context ranks equals the one-rank MoE run", "[parity][5d][moe]") {
+  // The capacity of the parity config is the sequence's length, which never binds: the routing is
+  // dropless, and the aux loss's per-sequence counts are summed over "cp" (nn/router.hpp). The
+  // experts' ranks factor data x context: ep 4 spans both.
+  check<TP, true>({.fsdp = 2, .cp = 2, .ep = 4, .microbatches = 1});                      // 3-D: FSDP x CP x EP
+  check<TP, true>({.dp = 2, .cp = 2, .tp = 2, .ep = 2, .zero = 1, .microbatches = 1,
+                   .cp_kind = parallel::ContextKind::allgather});                          // 4-D: DDP x CP x TP x EP
+}
+
+TEST_CASE("All five at once: PP x FSDP x CP x TP + SP x EP on 16 threads equals the one-rank MoE run", "[parity][5d][moe]") {
+  check<SP, true>({.pp = 2, .fsdp = 2, .cp = 2, .tp = 2, .ep = 2, .microbatches = 2});
 }
 
 TEST_CASE("The five: PP x FSDP x TP + SP x EP equals the one-rank MoE run", "[parity][5d][moe]") {

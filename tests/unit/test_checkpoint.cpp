@@ -215,7 +215,7 @@ TEST_CASE("checkpoint: train 3, save, resume, train 2 == 5 straight, bit for bit
     } catch (const Error& e) {
       if (std::string(e.what()).find("seed: 5 in the checkpoint, 99 here") == std::string::npos) report(e.what());
     }
-    const auto meta = checkpoint::load_training_state(reference_dir(), mesh, model, opt, {{"model", "gpt"}, {"vocab", "29"}, {"seq", "8"}, {"dim", "16"}, {"heads", "4"}, {"layers", "2"}, {"mlp_ratio", "2"}, {"seed", "5"}});
+    const auto meta = checkpoint::load_training_state(reference_dir(), mesh, model, opt, {{"model", "gpt"}, {"vocab", "29"}, {"seq", "8"}, {"dim", "16"}, {"heads", "4"}, {"layers", "2"}, {"mlp_ratio", "2"}, {"kv_heads", "0"}, {"ffn", "0"}, {"seed", "5"}});
     if (unit_values(model) == before) report("nothing loaded");
     if (meta.step != kSaveAt || meta.data_position != std::uint64_t(kSaveAt) * kBatch || meta.rng_state != meta_at(0).rng_state ||
         opt.steps() != kSaveAt)

@@ -364,10 +364,66 @@ TEST_CASE("MoE: bad input gives clear errors", "[moe][errors]") {
     CHECK_THAT(message_of([&] { Moe("moe", dense, ep4, config(4, 1, -1.0), 1); }),
                Catch::Contains("capacity factor -1 must be > 0"));
     CHECK_THAT(message_of([&] { parallel::make_expert_mesh<EMesh>(dense, 3); }),
-               Catch::Contains("expert size 3 must divide the dense mesh's data size 4"));
+               Catch::Contains("expert size 3 must divide the dense mesh's data x context size 4"));
     auto ep2 = parallel::make_expert_mesh<EMesh>(dense, 2);
     Moe moe("moe", dense, ep2, config(4, 1), 1);
     auto bad = distribute_replicated<nn::tokens<Dense>>(dense, normal<double>(Shape<3>{4, 2, C + 1}, 1));
     CHECK_THAT(message_of([&] { moe.forward(bad); }), Catch::Contains("does not have 6 features"));
   });
+}
+
+TEST_CASE("Routing a sequence split over context ranks equals routing it whole (dropless)", "[moe][context]") {
+  // 3 sequences of 8 tokens; each split over 2 context ranks (positions 0-3 and 4-7, as a
+  // context rank holds them): the same choices and gates per token, aux and z shares that add up
+  // to the whole's, and each token's logit gradient the whole's.
+  constexpr Extent batch = 3, seq = 8, experts = 4, parts = 2, part_seq = seq / parts;
+  const auto logits = normal<double>(Shape<2>{batch * seq, experts}, 31);
+  const auto dgate_all = normal<double>(Shape<2>{batch * seq, 2}, 32);
+  const nn::RouterConfig rc{.experts = experts, .topk = 2, .aux_loss_coeff = 0.1, .z_loss_coeff = 0.01};
+  const auto whole = nn::route<double>(logits.span(), batch, seq, batch, rc);
+  const auto whole_dlogits = nn::route_backward(whole, std::span<const double>(dgate_all.span()), rc);
+  auto token = [&](Extent b, Extent part, Extent t) { return b * seq + part * part_seq + t; };
+  std::vector<double> aux(parts), z(parts);
+  auto failures = on_ranks(int(parts), [&](CommPtr world, auto report) {
+    const Extent part = world->rank();
+    std::vector<double> mine, dgate;
+    for (Extent b = 0; b < batch; ++b)
+      for (Extent t = 0; t < part_seq; ++t) {
+        const Extent n = token(b, part, t);
+        mine.insert(mine.end(), logits.data() + n * experts, logits.data() + (n + 1) * experts);
+        dgate.insert(dgate.end(), dgate_all.data() + n * 2, dgate_all.data() + n * 2 + 2);
+      }
+    const nn::RouteContext context{.parts = parts, .sum_over_parts = [&](std::span<double> v) {
+                                     world->all_reduce(v, ReduceOp::sum);
+                                   }};
+    const auto r = nn::route<double>(std::span<const double>(mine), batch, part_seq, batch, rc, context);
+    const auto dlogits = nn::route_backward(r, std::span<const double>(dgate), rc);
+    aux[std::size_t(part)] = r.aux_loss, z[std::size_t(part)] = r.z_loss;
+    for (Extent b = 0; b < batch; ++b)
+      for (Extent t = 0; t < part_seq; ++t) {
+        const Extent n = token(b, part, t), local = b * part_seq + t;
+        for (Extent j = 0; j < 2; ++j)
+          if (r.expert[std::size_t(local * 2 + j)] != whole.expert[std::size_t(n * 2 + j)] ||
+              r.gate[std::size_t(local * 2 + j)] != whole.gate[std::size_t(n * 2 + j)])
+            report(detail::cat("token ", n, ": choice ", j, " differs"));
+        for (Extent e = 0; e < experts; ++e)
+          if (std::abs(dlogits[std::size_t(local * experts + e)] - whole_dlogits[std::size_t(n * experts + e)]) > 1e-14)
+            report(detail::cat("token ", n, ": dlogit ", e, " ", dlogits[std::size_t(local * experts + e)], " vs ",
+                               whole_dlogits[std::size_t(n * experts + e)]));
+      }
+    // A capacity below the whole sequence's length could drop: refused under context parallelism.
+    nn::RouterConfig capped = rc;
+    capped.capacity_factor = 1.0;  // 4 slots per expert for 8 tokens
+    try {
+      nn::route<double>(std::span<const double>(mine), batch, part_seq, batch, capped, context);
+      report("a binding capacity was accepted under context parallelism");
+    } catch (const Error& e) {
+      if (std::string(e.what()).find("capacity groups are whole sequences") == std::string::npos) report(e.what());
+    }
+  });
+  CHECK(failures.empty());
+  for (const auto& f : failures) UNSCOPED_INFO(f);
+  CHECK(aux[0] + aux[1] == Approx(whole.aux_loss).epsilon(1e-13));
+  CHECK(z[0] + z[1] == Approx(whole.z_loss).epsilon(1e-13));
+  CHECK(whole.aux_loss > 0);
 }

@@ -23,6 +23,8 @@ inline std::map<std::string, std::string> config_of(const nn::GPTConfig& c) {
           {"heads", std::to_string(c.heads)},
           {"layers", std::to_string(c.layers)},
           {"mlp_ratio", std::to_string(c.mlp_ratio)},
+          {"kv_heads", std::to_string(c.kv_heads)},  // grouped-query attention (nn::Llama)
+          {"ffn", std::to_string(c.ffn)},
           {"seed", std::to_string(c.seed)}};
 }
 

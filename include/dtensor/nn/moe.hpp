@@ -82,14 +82,16 @@ class MoE {
                        seed + 1);
   }
 
-  /// y = sum over kept choices of gate * expert(x). Collectives: 1 all_to_all + 2 all_to_all_v on "ep".
+  /// y = sum over kept choices of gate * expert(x). Collectives: 1 all_to_all + 2 all_to_all_v on "ep"
+  /// (and, under context parallelism, the aux loss's all-reduce on the context group).
   Fwd<X, Saved> forward(const X& x) const {
     detail::check(x.extent(2) == c_.dim, "nn::MoE::forward", x.mesh(), name_, ": input ", to_string(x.shape()),
                   " does not have ", c_.dim, " features");
     auto [logits, router_saved] = router_.forward(x);
     const auto& xl = x.to_local();
     const Extent batch = xl.shape()[0], seq = xl.shape()[1], C = c_.dim, K = c_.router.topk;
-    Saved s{std::move(router_saved), route(logits.to_local().span(), batch, seq, x.extent(0), c_.router), {}, {}, {}, {}};
+    Saved s{std::move(router_saved), route(logits.to_local().span(), batch, seq, x.extent(0), c_.router, route_context(x.mesh())),
+            {}, {}, {}, {}};
     s.order = parallel::order_by_expert(s.routing.expert, s.routing.kept, c_.router.experts);
     auto& ep = parallel::expert_group(emesh_);
     s.plan = parallel::exchange_counts(ep, s.order.rows_per_expert, experts_.local_experts(), C);
@@ -109,6 +111,18 @@ class MoE {
         for (Extent i = 0; i < C; ++i) y.data()[n * C + i] += g * e[i];
       }
     return {X(x.mesh(), x.shape(), std::move(y)), std::move(s)};
+  }
+
+  /// Context parallelism: each sequence split over the context ranks, whose choice counts the aux
+  /// loss sums (one all-reduce of batch x experts doubles on the context group; nn/router.hpp).
+  static RouteContext route_context(const Mesh& mesh) {
+    if constexpr (has_role<Mesh, Role::context>) {
+      constexpr std::size_t cp = role_dim<Mesh, Role::context>;
+      if (mesh.size(cp) > 1)
+        return {.parts = mesh.size(cp),
+                .sum_over_parts = [&mesh](std::span<double> v) { mesh.group(cp).all_reduce(v, ReduceOp::sum); }};
+    }
+    return {};
   }
 
   /// dx through the experts and the router (gates, aux and z losses). Collectives: 2 all_to_all_v on "ep".

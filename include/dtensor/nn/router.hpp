@@ -6,7 +6,8 @@
 //   r.expert[n * topk + j], r.gate[...], r.kept[...]                     // the j-th choice of token n
 //   auto dlogits = nn::route_backward(r, dgate, rc);                    // gates, aux and z losses
 //
-// Everything here is local to a rank (no communication): routing depends on a token's logits
+// Everything here is local to a rank (no communication; under context parallelism one sum the
+// caller provides, see below): routing depends on a token's logits
 // and, through the capacity, on the other tokens of its *sequence* only. Capacity groups are
 // sequences (GShard's groups): capacity = ceil(capacity_factor * seq * topk / experts) slots per
 // expert per sequence, so the tokens a rank drops do not depend on how the batch is split over
@@ -26,10 +27,20 @@
 //   z (ST-MoE router z-loss): logsumexp(logits)^2, averaged over the global batch's tokens.
 // route_backward returns d/dlogits of sum_j dgate_j * gate_j + aux_loss_coeff * aux +
 // z_loss_coeff * z, so a caller adds the auxiliary losses to its loss with these coefficients.
+//
+// Context parallelism (RouteContext): when each sequence is split over `parts` context ranks, a
+// rank routes seq = its share of every sequence. Top-k is per token, so dropless routing is
+// exact; the aux loss needs f_se over the whole sequence: the ranks' counts are summed by
+// `sum_over_parts` (the caller's all-reduce on the context group: nn::MoE's only extra
+// collective), and P_se and z, being sums over tokens, split into per-rank shares normalized by
+// the whole sequence length. A capacity that can drop (below the whole sequence's length; a
+// token picks an expert once, so that much never binds) is refused there: which of a sequence's
+// choices are dropped depends on the choices of all its tokens, on every context rank, in order.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <span>
@@ -67,6 +78,12 @@ inline void check_router_config(const RouterConfig& c, const char* op, int rank 
                 rank);
 }
 
+/// How a rank's sequences are split over context ranks (parts 1: whole sequences, no communication).
+struct RouteContext {
+  Extent parts = 1;
+  std::function<void(std::span<double>)> sum_over_parts{};  // sums a vector over the parts' ranks
+};
+
 /// Slots per expert per sequence of `seq` tokens; 0 means no limit (dropless).
 inline Extent expert_capacity(const RouterConfig& c, Extent seq) {
   if (!c.capacity_factor) return 0;
@@ -77,6 +94,7 @@ inline Extent expert_capacity(const RouterConfig& c, Extent seq) {
 template <class T>
 struct Routing {
   Extent tokens = 0, seq = 0, topk = 1, experts = 0;
+  Extent full_seq = 0;                 // the whole sequence's length (seq x the context parts)
   Extent global_batch = 0;             // sequences in the global batch (the losses' mean)
   Extent capacity = 0;                 // slots per expert per sequence (0: dropless)
   std::vector<std::int32_t> expert;    // [token * topk + j]: the j-th choice
@@ -93,17 +111,31 @@ struct Routing {
 };
 
 /// Routes batch * seq tokens (row-major logits [batch * seq, experts]) of a global batch of
-/// global_batch sequences.
+/// global_batch sequences; `context`: each sequence split over that many ranks (see the top).
 template <class T>
-Routing<T> route(std::span<const T> logits, Extent batch, Extent seq, Extent global_batch, const RouterConfig& c) {
+Routing<T> route(std::span<const T> logits, Extent batch, Extent seq, Extent global_batch, const RouterConfig& c,
+                 const RouteContext& context = {}) {
   check_router_config(c, "nn::route");
   const Extent n_tok = batch * seq, E = c.experts, K = c.topk;
   if (batch < 0 || seq < 0 || global_batch < batch || Extent(logits.size()) != n_tok * E)
     throw Error("nn::route", dtensor::detail::cat(logits.size(), " logits for ", batch, " x ", seq, " tokens of ", E,
                                                   " experts (global batch ", global_batch, ")"));
+  if (context.parts < 1 || (context.parts > 1 && !context.sum_over_parts))
+    throw Error("nn::route", dtensor::detail::cat("context parts ", context.parts, ": needs >= 1 and, above 1, a sum over them"));
   Routing<T> r;
   r.tokens = n_tok, r.seq = seq, r.topk = K, r.experts = E, r.global_batch = global_batch;
-  r.capacity = expert_capacity(c, seq);
+  r.full_seq = seq * context.parts;
+  r.capacity = expert_capacity(c, r.full_seq);
+  // A token picks an expert once, so a capacity of the whole sequence's length never binds.
+  if (context.parts > 1 && r.capacity > 0) {
+    if (r.capacity < r.full_seq)
+      throw Error("nn::route",
+                  dtensor::detail::cat("capacity factor ", *c.capacity_factor, " (", r.capacity, " slots per expert for ",
+                                       r.full_seq, " tokens) with each sequence split over ", context.parts,
+                                       " context ranks: capacity groups are whole sequences, and which choices are dropped "
+                                       "depends on every token of the sequence; use dropless routing (no capacity factor)"));
+    r.capacity = 0;
+  }
   r.expert.resize(std::size_t(n_tok * K));
   r.gate.resize(std::size_t(n_tok * K));
   r.kept.assign(std::size_t(n_tok * K), 1);
@@ -151,7 +183,7 @@ Routing<T> route(std::span<const T> logits, Extent batch, Extent seq, Extent glo
         const std::size_t slot = std::size_t((b * seq + t) * K + j);
         const auto e = std::size_t(r.expert[slot]);
         ++r.routed[e];
-        r.choice_fraction[std::size_t(b * E) + e] += 1.0 / double(seq * K);
+        r.choice_fraction[std::size_t(b * E) + e] += 1.0 / double(r.full_seq * K);
         if (r.capacity == 0 || used[e] < r.capacity) {
           ++used[e];
           ++r.load[e];
@@ -162,16 +194,18 @@ Routing<T> route(std::span<const T> logits, Extent batch, Extent seq, Extent glo
       }
   }
 
+  if (context.parts > 1) context.sum_over_parts(std::span<double>(r.choice_fraction));  // f_se of whole sequences
+
   // The losses' shares.
   for (Extent b = 0; b < batch; ++b)
     for (Extent e = 0; e < E; ++e) {
       double mean_score = 0;
       for (Extent t = 0; t < seq; ++t) mean_score += r.scores[std::size_t((b * seq + t) * E + e)];
-      r.aux_loss += double(E) * r.choice_fraction[std::size_t(b * E + e)] * (mean_score / double(seq)) /
+      r.aux_loss += double(E) * r.choice_fraction[std::size_t(b * E + e)] * (mean_score / double(r.full_seq)) /
                     double(global_batch);
     }
   for (Extent n = 0; n < n_tok; ++n) r.z_loss += r.lse[std::size_t(n)] * r.lse[std::size_t(n)];
-  if (n_tok > 0) r.z_loss /= double(global_batch * seq);
+  if (n_tok > 0) r.z_loss /= double(global_batch * r.full_seq);
   return r;
 }
 
@@ -202,7 +236,7 @@ std::vector<T> route_backward(const Routing<T>& r, std::span<const T> dgate, con
     const Extent b = n / r.seq;
     for (Extent e = 0; e < E; ++e)
       dscore[std::size_t(e)] += c.aux_loss_coeff * double(E) * r.choice_fraction[std::size_t(b * E + e)] /
-                                double(r.seq * r.global_batch);
+                                double(r.full_seq * r.global_batch);
     // Through the scores to the logits.
     if (c.score == RouterScore::softmax) {
       double s = 0;
@@ -212,7 +246,7 @@ std::vector<T> route_backward(const Routing<T>& r, std::span<const T> dgate, con
       for (Extent e = 0; e < E; ++e) dl[std::size_t(e)] = dscore[std::size_t(e)] * p[e] * (1 - p[e]);
     }
     // z: d/dl_te = coeff * 2 lse_t softmax(l_t)_e / (global_batch * seq).
-    const double lse = r.lse[std::size_t(n)], zscale = c.z_loss_coeff * 2 * lse / double(r.global_batch * r.seq);
+    const double lse = r.lse[std::size_t(n)], zscale = c.z_loss_coeff * 2 * lse / double(r.global_batch * r.full_seq);
     for (Extent e = 0; e < E; ++e) {
       dl[std::size_t(e)] += zscale * std::exp(r.logits[std::size_t(n * E + e)] - lse);
       out[std::size_t(n * E + e)] = T(dl[std::size_t(e)]);

@@ -14,10 +14,11 @@
 //
 // Meshes. The expert mesh is a second factorization of the dense mesh's ranks (torchtitan's
 // dp_shard * cp * tp = efsdp * ep): its data dimension ("edp", Role::data) times its expert
-// dimension ("ep", Role::expert) is the dense mesh's data size, and its tensor dimension (if any)
-// is the dense one, rank for rank. make_expert_mesh builds it (collective, like every mesh) on
-// a copy of the communicator of all the dense mesh's ranks, row-major, so a rank's dense data
-// coordinate is edp * ep_size + ep and each "ep" group holds ep consecutive batch chunks. Expert weights are
+// dimension ("ep", Role::expert) is the dense mesh's token size — its data dimensions times its
+// context dimension, which split the tokens alike — and its tensor dimension (if any) is the
+// dense one, rank for rank. make_expert_mesh builds it (collective, like every mesh) on a copy of
+// the communicator of all the dense mesh's ranks, row-major, so a rank's dense (data..., context)
+// index is edp * ep_size + ep and each "ep" group holds ep consecutive token chunks. Expert weights are
 // Shard<0> (the expert index) on "ep" and replicated on "edp" and "tp" (expert_params); their
 // gradients are Partial<sum> on "edp" (expert_grads), which DataParallel over the expert mesh
 // reduces. Expert tensor parallelism (ETP) is not implemented: inside a tp group every rank
@@ -84,6 +85,9 @@ int size_over(const Mesh& mesh, Keep keep) {
   return n;
 }
 inline bool is_data_role(Role r) { return r == Role::data || r == Role::data_shard; }
+/// The dense dimensions that split the tokens: data and context (torchtitan's dp_shard x cp =
+/// efsdp x ep), whose ranks the expert mesh's data and expert dimensions factor.
+inline bool is_token_role(Role r) { return is_data_role(r) || r == Role::context; }
 }  // namespace detail
 
 /// An expert mesh: one expert dimension, at most one data dimension, and a tensor dimension.
@@ -111,8 +115,8 @@ void check_expert_mesh(const DenseMesh& dense, const ExpertMesh& expert) {
   auto data_or_expert = [](Role r) { return detail::is_data_role(r) || r == Role::expert; };
   const bool ok = detail::index_over(dense, tensor_role) == detail::index_over(expert, tensor_role) &&
                   detail::size_over(dense, tensor_role) == detail::size_over(expert, tensor_role) &&
-                  detail::index_over(dense, detail::is_data_role) == detail::index_over(expert, data_or_expert) &&
-                  detail::size_over(dense, detail::is_data_role) == detail::size_over(expert, data_or_expert);
+                  detail::index_over(dense, detail::is_token_role) == detail::index_over(expert, data_or_expert) &&
+                  detail::size_over(dense, detail::is_token_role) == detail::size_over(expert, data_or_expert);
   if (!ok)
     throw Error("parallel::check_expert_mesh",
                 dtensor::detail::cat("expert mesh ", to_string(expert.shape()), " at ", to_string(expert.coordinate()),
@@ -126,16 +130,16 @@ void check_expert_mesh(const DenseMesh& dense, const ExpertMesh& expert) {
 /// Collective over all of dense's ranks.
 template <ExpertMeshType ExpertMesh, MeshType DenseMesh>
 ExpertMesh make_expert_mesh(const DenseMesh& dense, int ep) {
-  const int data = detail::size_over(dense, detail::is_data_role);
+  const int data = detail::size_over(dense, detail::is_token_role);
   const int tensor = detail::size_over(dense, [](Role r) { return r == Role::tensor; });
   constexpr bool has_edp = has_role<ExpertMesh, Role::data>;
   if (ep < 1 || data % ep != 0 || (!has_edp && data != ep))
     throw Error("parallel::make_expert_mesh",
-                dtensor::detail::cat("expert size ", ep, " must divide the dense mesh's data size ", data,
+                dtensor::detail::cat("expert size ", ep, " must divide the dense mesh's data x context size ", data,
                                      has_edp ? "" : " and equal it (the expert mesh has no data dimension)"),
                 dense.rank());
-  if (detail::size_over(dense, [](Role r) { return !detail::is_data_role(r) && r != Role::tensor; }) != 1)
-    throw Error("parallel::make_expert_mesh", "the dense mesh may have data and tensor dimensions only", dense.rank());
+  if (detail::size_over(dense, [](Role r) { return !detail::is_token_role(r) && r != Role::tensor; }) != 1)
+    throw Error("parallel::make_expert_mesh", "the dense mesh may have data, context and tensor dimensions only", dense.rank());
   std::array<int, ExpertMesh::ndim> shape{};
   for (std::size_t i = 0; i < ExpertMesh::ndim; ++i) {
     const Role r = role_of<ExpertMesh>(i);

@@ -249,7 +249,7 @@ class Executor {
   using Clock = std::chrono::steady_clock;
 
   /// MoE: the auxiliary losses of the stages other than the last, which their forwards kept, into
-  /// the step's loss: this rank's shares summed over the stage mesh's data dimensions (as
+  /// the step's loss: this rank's shares summed over the stage mesh's data and context dimensions (as
   /// full_tensor sums the loss's), then over the pipeline ranks (one all-reduce of one double
   /// on each; every rank takes part).
   void add_auxiliary_losses(StepStats& stats) {
@@ -259,7 +259,8 @@ class Executor {
         for (int mb = 0; mb < schedule_.microbatches; ++mb) extra += stage.take_auxiliary_loss(mb);
     const StageMesh& stage_mesh = stages_.front().mesh();
     for (std::size_t dim = 0; dim < StageMesh::ndim; ++dim)
-      if (is_data_dim<StageMesh>(dim)) stage_mesh.group(dim).all_reduce(std::span<double>(&extra, 1), ReduceOp::sum);
+      if (is_data_dim<StageMesh>(dim) || role_of<StageMesh>(dim) == Role::context)  // shares of the tokens
+        stage_mesh.group(dim).all_reduce(std::span<double>(&extra, 1), ReduceOp::sum);
     mesh_.group(0).all_reduce(std::span<double>(&extra, 1), ReduceOp::sum);
     if (stats.loss) *stats.loss += extra / double(schedule_.microbatches);
   }

@@ -108,6 +108,8 @@ class ShardedPipeline {
   /// This rank's shards of its stages' parameters, for the optimizer.
   Params& params() noexcept { return params_; }
   Executor<Stage, Mesh>& executor() noexcept { return executor_; }
+  /// The whole mesh, "pp" included (checkpoint/pipeline_state.hpp saves over it).
+  const Mesh& mesh() const noexcept { return mesh_; }
   const StageMesh& stage_mesh() { return executor_.stages().front().mesh(); }
   Fsdp& fsdp(std::size_t local_stage) { return *shards_.at(local_stage); }
   /// MoE: this rank's experts of its stages (on the expert mesh), for their own optimizer.

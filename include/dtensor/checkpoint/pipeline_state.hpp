@@ -1,0 +1,128 @@
+// dtensor/checkpoint/pipeline_state.hpp — the training state of a parallel::pipeline::ShardedPipeline
+// (pipeline stages sharded by FSDP, MoE experts on the expert mesh) and its AdamW optimizers.
+//
+//   pipeline::ShardedPipeline<Stage, Mesh> model(mesh, schedule, std::move(stages), {.stage = 3});
+//   optim::AdamW<float, 4> opt(model.params(), adamw);
+//   checkpoint::save_pipeline_state(dir, model, opt, {.step = s, .rng_state = ..., .config = ...});
+//   auto meta = checkpoint::load_pipeline_state(dir, model, opt, config);      // any saving mesh
+//   // MoE stages: the experts' own optimizer too
+//   optim::AdamW<float, 3> expert_opt(model.expert_params(), adamw);
+//   checkpoint::save_pipeline_state(dir, model, opt, expert_opt, meta);
+//   checkpoint::load_pipeline_state(dir, model, opt, expert_opt, config);
+//
+// What a rank saves: for each of its stages, its FSDP shards of the stage's units (the master
+// values, fsdp_parameter_slots) and, for MoE stages, its experts on the expert mesh
+// (parameter_slots of layers().expert_units()); and AdamW's moments over both. The slots and
+// their writers are worked out on the mesh the tensor lives on — the stage mesh (dp, fsdp, cp,
+// tp) or the expert mesh (edp, ep, tp) — because a stage's tensors exist on the ranks of one
+// pipeline coordinate only: among those, the rank at coordinate 0 of every Replicate dimension
+// writes. The save itself runs over the whole pipeline mesh (its communicator; its shape goes into
+// the manifest), so every rank of every stage takes part and rank 0 merges them all. Each
+// tensor's name is global (nn::GPT's: "h.3.attn.qkv.weight", "h.3.experts..."), so a checkpoint
+// saved with pp 2 loads with pp 1, other data, context or tensor sizes, or another schedule.
+//
+// Loading fills the same slots from the checkpoint (checkpoint/load.hpp: only the overlapping
+// pieces), sets the optimizers' step counts, then model.sync_parameters() (ZeRO-1/2: one
+// all-gather per unit so the stages' full values agree with the shards; ZeRO-3: nothing, the
+// next step gathers). Communication: save's and load's status all-gathers and that sync.
+#pragma once
+
+#include <filesystem>
+#include <iterator>
+#include <map>
+#include <string>
+#include <utility>
+
+#include "dtensor/checkpoint/training_state.hpp"
+
+namespace dtensor::checkpoint {
+
+namespace detail {
+
+template <class T>
+void append_slots(Slots<T>& to, Slots<T> from) {
+  to.insert(to.end(), std::make_move_iterator(from.begin()), std::make_move_iterator(from.end()));
+}
+
+/// This rank's FSDP shards of every one of its stages, with `opt`'s moments over them.
+template <class Pipeline, class Opt>
+auto stage_slots(Pipeline& model, Opt& opt) {
+  auto& stages = model.executor().stages();
+  using Slot0 = decltype(fsdp_parameter_slots(stages.front().units(), model.fsdp(0), stages.front().mesh()));
+  Slot0 params;
+  for (std::size_t i = 0; i < stages.size(); ++i)
+    append_slots(params, fsdp_parameter_slots(stages[i].units(), model.fsdp(i), stages[i].mesh()));
+  return with_moments(std::move(params), opt);
+}
+
+/// This rank's experts of its MoE stages (on the expert mesh), with `expert_opt`'s moments.
+template <class Pipeline, class Opt>
+auto expert_slots(Pipeline& model, Opt& expert_opt) {
+  auto& stages = model.executor().stages();
+  using Slot0 = decltype(parameter_slots(stages.front().layers().expert_units(), stages.front().layers().expert_mesh()));
+  Slot0 params;
+  for (auto& stage : stages) append_slots(params, parameter_slots(stage.layers().expert_units(), stage.layers().expert_mesh()));
+  return with_moments(std::move(params), expert_opt);
+}
+
+template <class Pipeline, class Opt, class... ExpertOpt>
+auto pipeline_slots(Pipeline& model, Opt& opt, ExpertOpt&... expert_opt) {
+  auto slots = stage_slots(model, opt);
+  (append_slots(slots, expert_slots(model, expert_opt)), ...);
+  return slots;
+}
+
+template <class Pipeline, class Opt, class... ExpertOpt>
+void save_pipeline(const std::filesystem::path& dir, Pipeline& model, Opt& opt, TrainingMeta meta, const SaveOptions& o,
+                   ExpertOpt&... expert_opt) {
+  const auto slots = pipeline_slots(model, opt, expert_opt...);
+  meta.optimizer_steps = opt.steps();
+  save(dir, model.mesh(), slots, meta, o);
+}
+
+template <class Pipeline, class Opt, class... ExpertOpt>
+TrainingMeta load_pipeline(const std::filesystem::path& dir, Pipeline& model, Opt& opt,
+                           std::map<std::string, std::string> config, ExpertOpt&... expert_opt) {
+  auto slots = pipeline_slots(model, opt, expert_opt...);
+  auto meta = load(dir, model.mesh(), slots, {.config = std::move(config)});
+  opt.set_steps(long(meta.optimizer_steps));
+  (expert_opt.set_steps(long(meta.optimizer_steps)), ...);  // steps with opt, once per training step
+  model.sync_parameters();
+  return meta;
+}
+
+}  // namespace detail
+
+/// Saves a dense pipeline's parameters (this rank's FSDP shards of its stages), opt's moments
+/// and step count, and `meta` at `dir`. Collective over model.mesh().
+template <class Pipeline, class Opt>
+void save_pipeline_state(const std::filesystem::path& dir, Pipeline& model, Opt& opt, TrainingMeta meta,
+                         const SaveOptions& o = {}) {
+  detail::save_pipeline(dir, model, opt, std::move(meta), o);
+}
+
+/// The same for MoE stages: also the experts and their optimizer's moments.
+template <class Pipeline, class Opt, class ExpertOpt>
+  requires requires(Pipeline& p) { p.expert_params(); }
+void save_pipeline_state(const std::filesystem::path& dir, Pipeline& model, Opt& opt, ExpertOpt& expert_opt,
+                         TrainingMeta meta, const SaveOptions& o = {}) {
+  detail::save_pipeline(dir, model, opt, std::move(meta), o, expert_opt);
+}
+
+/// Loads what save_pipeline_state saved (on any mesh and schedule) into a dense pipeline and
+/// opt; throws unless the checkpoint's configuration is `config`. Returns the trainer's metadata.
+template <class Pipeline, class Opt>
+TrainingMeta load_pipeline_state(const std::filesystem::path& dir, Pipeline& model, Opt& opt,
+                                 std::map<std::string, std::string> config) {
+  return detail::load_pipeline(dir, model, opt, std::move(config));
+}
+
+/// The same for MoE stages and their experts' optimizer.
+template <class Pipeline, class Opt, class ExpertOpt>
+  requires requires(Pipeline& p) { p.expert_params(); }
+TrainingMeta load_pipeline_state(const std::filesystem::path& dir, Pipeline& model, Opt& opt, ExpertOpt& expert_opt,
+                                 std::map<std::string, std::string> config) {
+  return detail::load_pipeline(dir, model, opt, std::move(config), expert_opt);
+}
+
+}  // namespace dtensor::checkpoint
