@@ -35,6 +35,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "dtensor/distributed/dtensor.hpp"
 #include "dtensor/mesh/fixed_string.hpp"
 #include "dtensor/mesh/roles.hpp"
 #include "dtensor/nn/flat_params.hpp"
