@@ -84,16 +84,7 @@ Verdict check_on_all_ranks(F&& cond, const char* expr, const char* file, int lin
   return agree(ok);
 }
 
-/// The message of the exception fn() throws, or "" if it throws none.
-template <class F>
-std::string error_of(F&& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return {};
-}
+using dtensor::detail::error_of;  // the message of the exception fn() throws, or ""
 
 /// Runs suite(report) on this rank and returns what it reported, each line prefixed with the
 /// rank; an exception ends the suite on this rank and is reported too. (Its peers then fail

@@ -86,6 +86,18 @@ inline void check(bool ok, const char* op, const Where& where, const Parts&... p
   if (!ok) [[unlikely]]
     throw Error(op, cat(parts...), where.rank());
 }
+
+/// The message of the exception fn() throws, or "" if it throws none (what a rank tells its
+/// peers before they agree on a failure: checkpoint/detail/agree.hpp, the MPI tests).
+template <class F>
+std::string error_of(F&& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return {};
+}
 }  // namespace detail
 
 }  // namespace dtensor

@@ -35,15 +35,6 @@ inline void agree(Communicator& comm, const char* op, const std::string& local_e
   if (!report.empty()) throw Error(op, report, comm.rank());
 }
 
-/// Runs fn, returning its exception's message ("" when it returned).
-template <class F>
-std::string error_of(F&& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return {};
-}
+using dtensor::detail::error_of;
 
 }  // namespace dtensor::checkpoint::detail
