@@ -379,7 +379,8 @@ TEST_CASE("Routing a sequence split over context ranks equals routing it whole (
   constexpr Extent batch = 3, seq = 8, experts = 4, parts = 2, part_seq = seq / parts;
   const auto logits = normal<double>(Shape<2>{batch * seq, experts}, 31);
   const auto dgate_all = normal<double>(Shape<2>{batch * seq, 2}, 32);
-  const nn::RouterConfig rc{.experts = experts, .topk = 2, .aux_loss_coeff = 0.1, .z_loss_coeff = 0.01};
+  const nn::RouterConfig rc{.experts = experts, .topk = 2, .score = nn::RouterScore::softmax, .capacity_factor = std::nullopt,
+                            .normalize_gates = true, .aux_loss_coeff = 0.1, .z_loss_coeff = 0.01};
   const auto whole = nn::route<double>(logits.span(), batch, seq, batch, rc);
   const auto whole_dlogits = nn::route_backward(whole, std::span<const double>(dgate_all.span()), rc);
   auto token = [&](Extent b, Extent part, Extent t) { return b * seq + part * part_seq + t; };
