@@ -17,7 +17,7 @@ namespace {
 
 // Mesh types named at namespace scope: nvcc 13's front end (cudafe++) emits undeclared names for
 // an alias template with string-literal arguments written inside a template argument list
-// (all_pairs<LineMesh, 1>), docs/gpu.md.
+// (all_pairs<1>), docs/gpu.md.
 using LineMesh = DeviceMesh<"x">;
 using GridMesh = DeviceMesh<"dp", "tp">;
 using CubeMesh = DeviceMesh<"pp", "dp", "tp">;
@@ -27,14 +27,14 @@ struct GpuRunner {
   void operator()(int n, F&& fn) const { cuda_threads::run(n, std::forward<F>(fn)); }
 };
 
-template <class Mesh, std::size_t N>
+template <std::size_t N>
 std::vector<std::string> all_pairs(const std::array<int, N>& shape, bool with_orders, std::uint64_t stride = 1) {
   int n = 1;
   for (int s : shape) n *= s;
   return on_ranks(
       n,
       [&](CommPtr world, auto report) {
-        check_all_pairs<cuda_space>(Mesh(world, shape), with_orders, report, stride);
+        check_all_pairs<cuda_space>(typename MeshOf<N>::type(world, shape), with_orders, report, stride);
       },
       GpuRunner{});
 }
@@ -42,13 +42,13 @@ std::vector<std::string> all_pairs(const std::array<int, N>& shape, bool with_or
 }  // namespace
 
 TEST_CASE("cuda: every layout pair on a 1-d mesh of 4", "[cuda][redistribute][oracle]") {
-  auto f = all_pairs<LineMesh, 1>({4}, false);
+  auto f = all_pairs<1>({4}, false);
   INFO(summary(f));
   CHECK(f.empty());
 }
 
 TEST_CASE("cuda: every layout pair on a (2, 2) mesh, with shard orders", "[cuda][redistribute][oracle]") {
-  auto f = all_pairs<GridMesh, 2>({2, 2}, true);
+  auto f = all_pairs<2>({2, 2}, true);
   INFO(summary(f));
   CHECK(f.empty());
 }
@@ -56,7 +56,7 @@ TEST_CASE("cuda: every layout pair on a (2, 2) mesh, with shard orders", "[cuda]
 TEST_CASE("cuda: every layout pair on a (2, 2, 2) mesh", "[cuda][redistribute][oracle]") {
   // Every 7th of the 62 500 cases by default (each collective synchronizes the ranks' streams);
   // DTENSOR_ORACLE_STRIDE=1 runs them all.
-  auto f = all_pairs<CubeMesh, 3>({2, 2, 2}, false, oracle_stride(7));
+  auto f = all_pairs<3>({2, 2, 2}, false, oracle_stride(7));
   INFO(summary(f));
   CHECK(f.empty());
 }
