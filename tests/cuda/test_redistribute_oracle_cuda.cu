@@ -34,7 +34,7 @@ std::vector<std::string> all_pairs(const std::array<int, N>& shape, bool with_or
   return on_ranks(
       n,
       [&](CommPtr world, auto report) {
-        check_all_pairs<cuda_space>(typename MeshOf<N>::type(world, shape), with_orders, report, stride);
+        check_all_pairs<cuda_space>(typename OracleMeshOf<N>::type(world, shape), with_orders, report, stride);
       },
       GpuRunner{});
 }
