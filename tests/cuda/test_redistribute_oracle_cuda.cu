@@ -15,12 +15,24 @@ using namespace dtensor::testing;
 
 namespace {
 
-// Mesh types named at namespace scope: nvcc 13's front end (cudafe++) emits undeclared names for
-// an alias template with string-literal arguments written inside a template argument list
-// (all_pairs<1>), docs/gpu.md.
-using LineMesh = DeviceMesh<"x">;
-using GridMesh = DeviceMesh<"dp", "tp">;
-using CubeMesh = DeviceMesh<"pp", "dp", "tp">;
+// The mesh type of each rank count, chosen inside the templates: nvcc 13's front end (cudafe++)
+// emits undeclared names for a mesh type (string-literal template arguments) given as an
+// explicit template argument in a non-template function (a test body), docs/gpu.md.
+template <std::size_t N>
+struct OracleMeshOf;
+template <>
+struct OracleMeshOf<1> {
+  using type = DeviceMesh<"x">;
+};
+template <>
+struct OracleMeshOf<2> {
+  using type = DeviceMesh<"dp", "tp">;
+};
+template <>
+struct OracleMeshOf<3> {
+  using type = DeviceMesh<"pp", "dp", "tp">;
+};
+using GridMesh = OracleMeshOf<2>::type;
 
 struct GpuRunner {
   template <class F>
