@@ -28,25 +28,27 @@ struct MoEParityRun {
 };
 
 /// Trains 20 steps (AdamW, one clipping norm over both meshes, DDP on "dp", the experts' sync
-/// on "edp") on a (dp, tp) mesh with `ep` expert ranks.
-template <class Plan>
+/// on "edp") on a (dp, tp) mesh with `ep` expert ranks; MeshT and EMeshT's memory space is where
+/// the model lives (host, or cuda on CudaMeshes).
+template <class Plan, class MeshT = GptMesh, class EMeshT = ExpertMesh>
 MoEParityRun run_moe_parity(CommPtr world, std::array<int, 2> shape, int ep, const nn::MoELayersConfig& mc) {
-  GptMesh mesh(world, shape);
-  auto emesh = parallel::make_expert_mesh<ExpertMesh>(mesh, ep);
+  using Space = mesh_space_t<MeshT>;
+  MeshT mesh(world, shape);
+  auto emesh = parallel::make_expert_mesh<EMeshT>(mesh, ep);
   const auto cfg = parity_config();
-  nn::MoEGPT<double, GptMesh, ExpertMesh, Plan> model(mesh, cfg, nn::MoELayers<double, ExpertMesh>(emesh, mc));
-  nn::ParamList<double, 2> ps;
+  nn::MoEGPT<double, MeshT, EMeshT, Plan> model(mesh, cfg, nn::MoELayers<double, EMeshT>(emesh, mc));
+  nn::ParamList<double, 2, Space> ps;
   model.collect(ps);
   auto& experts = model.layers().expert_params();
   const optim::AdamWOptions ao{.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
-  optim::AdamW<double, 2> opt(ps, ao);
-  optim::AdamW<double, 3> expert_opt(experts, ao);
-  parallel::DataParallel<GptMesh> ddp(mesh, {.bucket_bytes = 4096});
-  parallel::DataParallel<ExpertMesh> expert_ddp(emesh, {.bucket_bytes = 4096});
+  optim::AdamW<double, 2, Space> opt(ps, ao);
+  optim::AdamW<double, 3, Space> expert_opt(experts, ao);
+  parallel::DataParallel<MeshT> ddp(mesh, {.bucket_bytes = 4096});
+  parallel::DataParallel<EMeshT> expert_ddp(emesh, {.bucket_bytes = 4096});
   ddp.attach(model);
   MoEParityRun out;
   for (int s = 0; s < parity_steps; ++s) {
-    auto [ids, tgt] = parity_batch_of<typename decltype(model)::Ids>(mesh, s, cfg);
+    auto [ids, tgt] = parity_batch_of<typename decltype(model)::Ids, MeshT>(mesh, s, cfg);
     opt.zero_grad();
     expert_opt.zero_grad();
     Counts step_model;
@@ -62,7 +64,7 @@ MoEParityRun run_moe_parity(CommPtr world, std::array<int, 2> shape, int ep, con
       optim::clip_grad_norm(ps, mesh, experts, emesh, 1.0);
       opt.step();
       expert_opt.step();
-      out.losses.back() = full_tensor(loss)[0];
+      out.losses.back() = to_space<host_space>(full_tensor(loss))[0];
     }
     if (s == 0) {
       out.model = step_model;
