@@ -1,11 +1,12 @@
 // Causal multi-head attention on host: against a naive double loop, the backward against finite
-// differences, and the blockwise (context-parallel) form against the whole.
+// differences, and the blockwise (context-parallel) form against the whole; bf16 against float.
 #include "test_kernels_host_util.hpp"
 
 #include <array>
 #include <cmath>
 #include <vector>
 
+#include "dtensor/kernels/attention_chunk.hpp"
 #include "dtensor/kernels/host/attention.hpp"
 
 using namespace dtensor;
@@ -241,4 +242,40 @@ TEST_CASE("bfloat16 attention is the float kernel on the widened inputs, rounded
   auto mf = kh::merge_attention_blocks(kt::cast<float>(a.out), a.lse, kt::cast<float>(b.out), b.lse);
   rounded_equal(m.out, mf.out);
   near_oracle(m.out, naive_attention(kt::cast<double>(q), kt::cast<double>(k), kt::cast<double>(v), true, 270, 0));
+}
+
+TEST_CASE("bfloat16 chunked attention (ring attention's local part) against the double oracle", "[kernels][attention]") {
+  // 40 queries against keys arriving in 5 chunks of 8 (out of order): the merged output and the
+  // summed dq are kept in float and rounded once, so they stay within bf16's precision of the
+  // double oracle (2e-2 as above) however many chunks the sequence is cut into.
+  using bf16 = dtensor::bfloat16;
+  const Extent T = 40, chunk = 8;
+  auto q = kt::cast<bf16>(normal<double>(Shape<4>{1, 2, T, 8}, 41)), k = kt::cast<bf16>(normal<double>(Shape<4>{1, 2, T, 8}, 42));
+  auto v = kt::cast<bf16>(normal<double>(Shape<4>{1, 2, T, 4}, 43)), dout = kt::cast<bf16>(normal<double>(Shape<4>{1, 2, T, 4}, 44));
+  const auto qd = kt::cast<double>(q), kd = kt::cast<double>(k), vd = kt::cast<double>(v), doutd = kt::cast<double>(dout);
+  auto near_oracle = [](const auto& narrow, const T4& exact, const char* what) {
+    const auto c = compare(kt::cast<double>(narrow), exact, {.rtol = 2e-2, .atol = 2e-2});
+    INFO(what << ": " << c.message);
+    CHECK(c.ok);
+  };
+  const std::vector<dtensor::kernels::SeqPiece> q_pieces{{.local = 0, .global = 0, .size = T}};
+  const std::vector<dtensor::kernels::SeqPiece> k_pieces{{.local = 0, .global = 0, .size = chunk}};
+  const std::vector<Extent> order{3, 0, 4, 1, 2};
+  auto key_pieces = [&](Extent c) {
+    auto p = k_pieces;
+    p[0].global = c * chunk;
+    return p;
+  };
+  dtensor::kernels::ChunkedAttention<bf16> fwd(q, q_pieces, v.extent(3), {});
+  for (Extent c : order) fwd.add_chunk(k.slice(2, c * chunk, chunk), v.slice(2, c * chunk, chunk), key_pieces(c));
+  auto f = std::move(fwd).result();
+  near_oracle(f.out, naive_attention(qd, kd, vd, true), "chunked out");
+  dtensor::kernels::ChunkedAttentionBackward<bf16> bwd(q, f.out, f.lse, dout, q_pieces, {});
+  const auto [dq, dk, dv] = naive_attention_backward(qd, kd, vd, doutd, true, 0, 0);
+  for (Extent c : order) {
+    auto [dkc, dvc] = bwd.chunk(k.slice(2, c * chunk, chunk), v.slice(2, c * chunk, chunk), key_pieces(c));
+    near_oracle(dkc, dk.slice(2, c * chunk, chunk), "chunk dk");
+    near_oracle(dvc, dv.slice(2, c * chunk, chunk), "chunk dv");
+  }
+  near_oracle(std::move(bwd).dq(), dq, "summed dq");
 }
