@@ -12,6 +12,7 @@
 //   train_gpt --save-every 50 --save-dir ckpt --steps 100       # a checkpoint every 50 steps (atomically replaced)
 //   train_gpt --pp 1 --fsdp 1 --cp 1 --tp 1 --resume ckpt --steps 200   # continue it on one rank (any mesh)
 //   train_gpt --arch llama --kv-heads 2                         # Llama blocks: RMSNorm, rotary GQA, SwiGLU
+//   train_gpt --dtype bf16                                      # bf16 model, fp32 master weights (examples/train_gpt_bf16.cpp)
 //
 // The mesh. Every run uses one mesh, (pp, dp, fsdp, cp, tp), of pp x dp x fsdp x cp x tp ranks; a
 // parallelism that is off is a dimension of size 1, whose collectives cost nothing. "pp" cuts
@@ -146,7 +147,9 @@ const char* usage =
     "        every N steps (atomically: DIR always holds a whole checkpoint); --resume DIR continues from one, saved\n"
     "        on any mesh, up to --steps (the total).\n"
     "  --device cuda (train_gpt_cuda): the model on a GPU, the ranks threads sharing it, or --backend nccl under\n"
-    "        mpirun (one GPU per process).\n";
+    "        mpirun (one GPU per process).\n"
+    "  --dtype bf16: the model computes in bfloat16; master weights, gradient shards and AdamW state stay fp32\n"
+    "        (FSDP mixed precision, also without --fsdp: ZeRO-1 on one shard); not with --experts.\n";
 
 using examples::flag_value;
 using examples::UsageError;
