@@ -85,9 +85,10 @@ template <class Space>
 using MeshIn = BasicDeviceMesh<Space, "pp", "dp", "fsdp", "cp", "tp">;  // every run; size 1 where a parallelism is off
 template <class Space>
 using StageMeshIn = BasicDeviceMesh<Space, "dp", "fsdp", "cp", "tp">;   // one pipeline stage's ranks
-using ExpertMesh = DeviceMesh<"edp", "ep", "tp">;                       // the MoE experts' (--experts; host only)
-// Its rank as a plain constant: nvcc's host-code pass mis-prints ExpertMesh inside the lambda of a template.
-constexpr std::size_t expert_mesh_dims = ExpertMesh::ndim;
+template <class Space>
+using ExpertMeshIn = BasicDeviceMesh<Space, "edp", "ep", "tp">;        // the MoE experts' (--experts)
+// Its rank as a plain constant: nvcc's host-code pass mis-prints the mesh type inside the lambda of a template.
+constexpr std::size_t expert_mesh_dims = 3;
 
 // ---------------------------------------------------------------- flags
 
@@ -164,7 +165,6 @@ void check_architecture(const Options& o) {
   if (o.arch != "gpt" && o.arch != "llama") throw UsageError("--arch is gpt or llama, got '" + o.arch + "'");
   if (o.arch == "gpt" && (o.kv_heads != 0 || o.ffn != 0)) throw UsageError("--kv-heads and --ffn need --arch llama");
   if (o.arch == "llama" && o.experts > 0) throw UsageError("--arch llama with --experts: MoE blocks are GPT blocks");
-  if (o.arch == "llama" && o.device == "cuda") throw UsageError("--arch llama with --device cuda: not supported yet (host only here)");
   if (o.kv_heads > 0 && o.heads % o.kv_heads != 0)
     throw UsageError("--heads " + str(o.heads) + " is not a multiple of --kv-heads " + str(o.kv_heads));
 }
@@ -189,8 +189,6 @@ void check_device(const Options& o) {
   if (o.dtype == "bf16" && o.experts > 0)
     throw UsageError("--dtype bf16 with --experts: not supported yet (the experts are not FSDP-sharded, so they would "
                      "have no fp32 master copy)");
-  if (o.device == "cuda" && o.experts > 0)
-    throw UsageError("--experts with --device cuda: not supported yet (the MoE layers route and gather on the host)");
 }
 
 /// The constraints between flags that the library would otherwise report later, deep in a rank.
@@ -432,7 +430,7 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
       mc.router.z_loss_coeff = 1e-3;
       if (o.capacity > 0) mc.router.capacity_factor = o.capacity;
       mc.every = o.moe_every;
-      return Layers(parallel::make_expert_mesh<ExpertMesh>(stage_mesh, o.ep), mc);
+      return Layers(parallel::make_expert_mesh<typename Layers::ExpertMesh>(stage_mesh, o.ep), mc);
     } else {
       return Layers{};
     }
@@ -450,7 +448,7 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
     void step() {}
   };
   auto make_expert_opt = [&] {
-    if constexpr (moe) return optim::AdamW<float, expert_mesh_dims>(model.expert_params(), adamw);
+    if constexpr (moe) return optim::AdamW<float, expert_mesh_dims, Space>(model.expert_params(), adamw);
     else return NoExperts{};
   };
   auto expert_opt = make_expert_opt();
@@ -610,11 +608,9 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
 template <class Space, class Compute, bool SP>
 void train_blocks(CommPtr world, const Options& o, const Corpus& corpus) {
   using Plan = parallel::MegatronPlan<SP>;
-  if constexpr (std::is_same_v<Space, host_space>) {  // MoE and Llama are host-only (check_device)
-    if constexpr (std::is_same_v<Compute, float>)     // MoE is fp32-only (check_device)
-      if (o.experts > 0) return train<Space, Compute, Plan, nn::MoELayers<float, ExpertMesh>>(std::move(world), o, corpus);
-    if (o.arch == "llama") return train<Space, Compute, Plan, nn::LlamaLayers>(std::move(world), o, corpus);
-  }
+  if constexpr (std::is_same_v<Compute, float>)  // MoE is fp32-only (check_device)
+    if (o.experts > 0) return train<Space, Compute, Plan, nn::MoELayers<float, ExpertMeshIn<Space>>>(std::move(world), o, corpus);
+  if (o.arch == "llama") return train<Space, Compute, Plan, nn::LlamaLayers>(std::move(world), o, corpus);
   train<Space, Compute, Plan, nn::DenseLayers>(std::move(world), o, corpus);
 }
 

@@ -257,6 +257,18 @@ void copy_box(const Tensor<T, R, Space>& src, const Shape<R>& src_off, Tensor<T,
   detail::copy_box_raw<Space>(src.data(), src.shape(), src_off, dst.data(), dst.shape(), dst_off, ext, sizeof(T));
 }
 
+/// A view (no copy) of numel(shape) elements of t from element `offset` on, read row-major as
+/// `shape`: a window into t's storage (one expert's rows or weight). Writing through it writes t,
+/// also when t is const: the caller decides. A meta tensor's null stays null.
+template <std::size_t R2, Element T, std::size_t R, MemorySpace Space>
+Tensor<T, R2, Space> view_of(const Tensor<T, R, Space>& t, Extent offset, const Shape<R2>& shape) {
+  if (offset < 0 || offset + numel(shape) > t.numel())
+    throw Error("view_of", detail::cat(to_string(shape), " at element ", offset, " of ", to_string(t.shape()),
+                                       " is out of bounds"));
+  T* base = const_cast<T*>(t.data());
+  return Tensor<T, R2, Space>::view(base ? base + offset : nullptr, shape);
+}
+
 /// The same tensor in memory space To (a copy, also when To is the tensor's own space).
 /// Between two spaces the bytes move through the one that is not host-accessible: a device
 /// space's copy takes host pointers on either side (cuda_space does, through unified addressing).

@@ -8,10 +8,12 @@
 // Weights as in nn::Linear, one per expert: fc1 [E, hidden, dim] and bias [E, hidden], fc2
 // [E, dim, hidden] and bias [E, dim], each Shard<0> (the expert index) on the expert dimension
 // and replicated elsewhere (parallel::expert_params): a rank holds E / ep experts. Drawn whole
-// from the seed on every rank and then split, so every expert size starts from the same experts.
+// from the seed on every rank and then split (nn::Init), so every expert size starts from the
+// same experts.
 // Rows are local tensors (what dispatch delivered), not DTensors: their count depends on the
 // routing. backward_weight adds gradients that are Partial<sum> on the data dimension
-// (parallel::expert_grads). No communication here.
+// (parallel::expert_grads). No communication here. Any memory space (the expert mesh's): every
+// expert's rows and weights are views into the grouped tensors, run through the space's kernels.
 #pragma once
 
 #include <cstdint>
@@ -19,10 +21,9 @@
 #include <tuple>
 #include <vector>
 
-#include "dtensor/core/factories.hpp"
-#include "dtensor/distributed/distribute.hpp"
-#include "dtensor/kernels/host/activations.hpp"
-#include "dtensor/kernels/host/gemm.hpp"
+#include "dtensor/kernels/activations.hpp"
+#include "dtensor/kernels/elementwise.hpp"
+#include "dtensor/kernels/matmul.hpp"
 #include "dtensor/nn/module.hpp"
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/nn/style.hpp"
@@ -38,12 +39,13 @@ struct ExpertsConfig {
   double out_std = 0.02;  // fc2 (GPT-2 scales output projections by 1/sqrt(2 * layers))
 };
 
-template <std::floating_point T, parallel::ExpertMeshType EMesh>
+template <kernels::host::FloatElement T, parallel::ExpertMeshType EMesh>
 class GroupedExperts {
  public:
   using ParamL = parallel::expert_params<EMesh>;
   using GradL = parallel::expert_grads<EMesh>;
-  using Rows = Tensor<T, 2>;
+  using space = mesh_space_t<EMesh>;
+  using Rows = Tensor<T, 2, space>;
 
   struct Saved {
     Rows x, h;  // the input rows and fc1's output
@@ -63,11 +65,10 @@ class GroupedExperts {
                   " experts do not divide over the ", ep, " ranks of expert dimension \"",
                   EMesh::names[parallel::expert_dim<EMesh>], "\"");
     const Extent E = c.experts, H = c.hidden, C = c.dim;
-    w1_ = P3(name_ + ".fc1.weight", distribute_replicated<ParamL>(mesh, normal<T>(Shape<3>{E, H, C}, seed, 0, c.init_std)));
-    b1_ = P2(name_ + ".fc1.bias", distribute_replicated<ParamL>(mesh, zeros<T>(Shape<2>{E, H})), false);
-    w2_ = P3(name_ + ".fc2.weight",
-             distribute_replicated<ParamL>(mesh, normal<T>(Shape<3>{E, C, H}, seed + 1, 0, c.out_std)));
-    b2_ = P2(name_ + ".fc2.bias", distribute_replicated<ParamL>(mesh, zeros<T>(Shape<2>{E, C})), false);
+    w1_ = P3(name_ + ".fc1.weight", mesh, Shape<3>{E, H, C}, Init::normal(seed, 0, c.init_std));
+    b1_ = P2(name_ + ".fc1.bias", mesh, Shape<2>{E, H}, Init::zeros(), false);
+    w2_ = P3(name_ + ".fc2.weight", mesh, Shape<3>{E, C, H}, Init::normal(seed + 1, 0, c.out_std));
+    b2_ = P2(name_ + ".fc2.bias", mesh, Shape<2>{E, C}, Init::zeros(), false);
   }
 
   /// Experts held by this rank.
@@ -79,19 +80,17 @@ class GroupedExperts {
     check_rows("nn::GroupedExperts::forward", x, rows);
     const Extent C = c_.dim, H = c_.hidden;
     Saved s{std::move(x), Rows::uninitialized(Shape<2>{total(rows), H}), std::move(rows)};
-    auto a = Rows::uninitialized(s.h.shape());
+    each_expert(s.rows, [&](Extent le, Extent first, Extent m) {
+      auto h = rows_of(s.h, first, m);
+      kernels::matmul_rows_into(h, rows_of(s.x, first, m), w1(le), false, true);
+      kernels::add_bias_(h, b1(le));
+    });
+    const auto a = kernels::gelu(s.h);
     auto y = Rows::uninitialized(Shape<2>{s.x.shape()[0], C});
     each_expert(s.rows, [&](Extent le, Extent first, Extent m) {
-      const T* xs = s.x.data() + first * C;
-      T* hs = s.h.data() + first * H;
-      T* as = a.data() + first * H;
-      add_bias_rows(hs, b1(le), m, H, [&](T* out) {
-        kernels::host::gemm<T>(false, true, T(1), xs, w1(le), T(0), out, m, H, C, C, C, H);
-      });
-      for (Extent i = 0; i < m * H; ++i) as[i] = kernels::host::detail::gelu(hs[i]);
-      add_bias_rows(y.data() + first * C, b2(le), m, C, [&](T* out) {
-        kernels::host::gemm<T>(false, true, T(1), as, w2(le), T(0), out, m, C, H, H, H, C);
-      });
+      auto out = rows_of(y, first, m);
+      kernels::matmul_rows_into(out, rows_of(a, first, m), w2(le), false, true);
+      kernels::add_bias_(out, b2(le));
     });
     return {std::move(y), std::move(s)};
   }
@@ -99,18 +98,16 @@ class GroupedExperts {
   /// The input rows' gradient; the weight context keeps what the weight gradients need.
   Bwd<Rows, WeightCtx> backward_input(Saved s, const Rows& dy) const {
     check_rows("nn::GroupedExperts::backward_input", dy, s.rows);
-    const Extent C = c_.dim, H = c_.hidden;
-    WeightCtx w{std::move(s.x), Rows::uninitialized(s.h.shape()), dy, Rows::uninitialized(s.h.shape()), std::move(s.rows)};
+    auto da = Rows::uninitialized(s.h.shape());
+    each_expert(s.rows, [&](Extent le, Extent first, Extent m) {
+      auto out = rows_of(da, first, m);
+      kernels::matmul_rows_into(out, rows_of(dy, first, m), w2(le));  // dA = dY W2
+    });
+    WeightCtx w{std::move(s.x), kernels::gelu(s.h), dy, kernels::gelu_backward(s.h, da), std::move(s.rows)};
     auto dx = Rows::uninitialized(w.x.shape());
     each_expert(w.rows, [&](Extent le, Extent first, Extent m) {
-      T* dh = w.dh.data() + first * H;
-      const T* h = s.h.data() + first * H;
-      kernels::host::gemm<T>(false, false, T(1), dy.data() + first * C, w2(le), T(0), dh, m, H, C, C, H, H);  // dA
-      for (Extent i = 0; i < m * H; ++i) {
-        w.a.data()[first * H + i] = kernels::host::detail::gelu(h[i]);
-        dh[i] = dh[i] * kernels::host::detail::gelu_prime(h[i]);
-      }
-      kernels::host::gemm<T>(false, false, T(1), dh, w1(le), T(0), dx.data() + first * C, m, C, H, H, C, C);
+      auto out = rows_of(dx, first, m);
+      kernels::matmul_rows_into(out, rows_of(w.dh, first, m), w1(le));  // dX = dH W1
     });
     return {std::move(dx), std::move(w)};
   }
@@ -118,15 +115,15 @@ class GroupedExperts {
   /// Adds dW1 = dH^T X, dW2 = dY^T A and the biases' gradients (Partial<sum> on the data dimension).
   void backward_weight(WeightCtx w) {
     const Extent C = c_.dim, H = c_.hidden, L = local_experts();
-    Tensor<T, 3> dw1(Shape<3>{L, H, C}), dw2(Shape<3>{L, C, H});
-    Tensor<T, 2> db1(Shape<2>{L, H}), db2(Shape<2>{L, C});
+    Tensor<T, 3, space> dw1(Shape<3>{L, H, C}), dw2(Shape<3>{L, C, H});
+    Tensor<T, 2, space> db1(Shape<2>{L, H}), db2(Shape<2>{L, C});
     each_expert(w.rows, [&](Extent le, Extent first, Extent m) {
-      const T* dy = w.dy.data() + first * C;
-      const T* dh = w.dh.data() + first * H;
-      kernels::host::gemm<T>(true, false, T(1), dh, w.x.data() + first * C, T(0), dw1.data() + le * H * C, H, C, m, H, C, C);
-      kernels::host::gemm<T>(true, false, T(1), dy, w.a.data() + first * H, T(0), dw2.data() + le * C * H, C, H, m, C, H, H);
-      column_sums(dh, m, H, db1.data() + le * H);
-      column_sums(dy, m, C, db2.data() + le * C);
+      auto dw1_e = view_of(dw1, le * H * C, Shape<2>{H, C});
+      auto dw2_e = view_of(dw2, le * C * H, Shape<2>{C, H});
+      auto db1_e = view_of(db1, le * H, Shape<1>{H});
+      auto db2_e = view_of(db2, le * C, Shape<1>{C});
+      kernels::linear_backward_weight(rows_of(w.x, first, m), rows_of(w.dh, first, m), dw1_e, &db1_e);
+      kernels::linear_backward_weight(rows_of(w.a, first, m), rows_of(w.dy, first, m), dw2_e, &db2_e);
     });
     const auto& mesh = w1_.mesh();
     const Extent E = c_.experts;
@@ -142,10 +139,19 @@ class GroupedExperts {
   using P3 = Parameter<T, 3, EMesh, ParamL>;
   using P2 = Parameter<T, 2, EMesh, ParamL>;
 
-  const T* w1(Extent le) const { return w1_.value().to_local().data() + le * c_.hidden * c_.dim; }
-  const T* w2(Extent le) const { return w2_.value().to_local().data() + le * c_.dim * c_.hidden; }
-  const T* b1(Extent le) const { return b1_.value().to_local().data() + le * c_.hidden; }
-  const T* b2(Extent le) const { return b2_.value().to_local().data() + le * c_.dim; }
+  // Local expert le's weights and biases: views into the parameters' local pieces.
+  Tensor<T, 2, space> w1(Extent le) const {
+    return view_of(w1_.value().to_local(), le * c_.hidden * c_.dim, Shape<2>{c_.hidden, c_.dim});
+  }
+  Tensor<T, 2, space> w2(Extent le) const {
+    return view_of(w2_.value().to_local(), le * c_.dim * c_.hidden, Shape<2>{c_.dim, c_.hidden});
+  }
+  Tensor<T, 1, space> b1(Extent le) const { return view_of(b1_.value().to_local(), le * c_.hidden, Shape<1>{c_.hidden}); }
+  Tensor<T, 1, space> b2(Extent le) const { return view_of(b2_.value().to_local(), le * c_.dim, Shape<1>{c_.dim}); }
+  /// Rows [first, first + m) of a [rows, cols] tensor, as a view.
+  static Rows rows_of(const Rows& t, Extent first, Extent m) {
+    return view_of(t, first * t.extent(1), Shape<2>{m, t.extent(1)});
+  }
 
   static Extent total(const std::vector<std::int64_t>& rows) {
     Extent n = 0;
@@ -160,17 +166,6 @@ class GroupedExperts {
       if (rows[le] > 0) fn(Extent(le), first, rows[le]);
       first += rows[le];
     }
-  }
-  /// gemm_into(out) writes [m, n] at out; then the bias row is added to every row.
-  template <class Gemm>
-  static void add_bias_rows(T* out, const T* bias, Extent m, Extent n, Gemm gemm_into) {
-    gemm_into(out);
-    for (Extent i = 0; i < m; ++i)
-      for (Extent j = 0; j < n; ++j) out[i * n + j] += bias[j];
-  }
-  static void column_sums(const T* x, Extent m, Extent n, T* out) {
-    for (Extent i = 0; i < m; ++i)
-      for (Extent j = 0; j < n; ++j) out[j] += x[i * n + j];
   }
   void check_rows(const char* op, const Rows& x, const std::vector<std::int64_t>& rows) const {
     detail::check(Extent(rows.size()) == local_experts() && x.shape()[0] == total(rows) && x.shape()[1] == c_.dim, op,

@@ -14,9 +14,16 @@
 // ops of parallel/expert_parallel.hpp on the expert mesh's "ep" group: the count exchange (one
 // all_to_all), dispatch (one all_to_all_v of the kept (token, choice) rows), one GEMM pair per
 // local expert (nn::GroupedExperts), combine (one all_to_all_v back), and y[t] = sum_j gate_tj *
-// expert_j(x_t) over the kept choices, summed in choice order (so every expert size adds in the
-// same order). A token whose every choice was dropped gets y = 0: in a block, its residual
-// passes through. Backward: the combine's adjoint (one all_to_all_v), the experts, the
+// expert_j(x_t) over the kept choices, summed in send order (by expert, then choice: the same on
+// every expert size). A token whose every choice was dropped gets y = 0: in a block, its residual
+// passes through.
+//
+// Memory spaces: the MoE runs in its meshes' space. Routing decides sizes, so it runs on the host
+// (a device's logits, [tokens, experts], are copied there; so are the gates' gradients, [rows]);
+// the rows stay in the space: the send rows are a row gather of the tokens and the weighted sum
+// its adjoint, a scatter-add (the embedding kernels), and the gates a broadcast multiply. On meta
+// (a dry run) the routing is the balanced one nn::route_balanced assumes, and the auxiliary
+// losses are not computed (no scores). Backward: the combine's adjoint (one all_to_all_v), the experts, the
 // dispatch's adjoint (one all_to_all_v), the gates' and the auxiliary losses' gradient into the
 // router (nn::route_backward, with the config's coefficients), and the router's backward. So per
 // MoE layer: forward 1 all_to_all (counts, int64 x experts) + 2 all_to_all_v; backward 2
@@ -32,7 +39,13 @@
 
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
+
+#include "dtensor/core/meta_space.hpp"
+#include "dtensor/kernels/elementwise.hpp"
+#include "dtensor/kernels/embedding.hpp"
+#include "dtensor/kernels/reduce.hpp"
 
 #include "dtensor/nn/experts.hpp"
 #include "dtensor/nn/linear.hpp"
@@ -49,24 +62,30 @@ struct MoEConfig {
   double out_std = 0.02;
 };
 
-template <std::floating_point T, MeshType Mesh, parallel::ExpertMeshType EMesh>
+template <kernels::host::FloatElement T, MeshType Mesh, parallel::ExpertMeshType EMesh>
 class MoE {
   static_assert(require_dense_roles<"nn::MoE", Mesh>());
+  static_assert(std::is_same_v<mesh_space_t<Mesh>, mesh_space_t<EMesh>>,
+                "nn::MoE: the dense mesh and the expert mesh must be in the same memory space");
 
  public:
+  using space = mesh_space_t<Mesh>;
   using Router = Linear<T, Mesh, Replicated<>>;
   using Experts = GroupedExperts<T, EMesh>;
   using X = DTensor<T, 3, Mesh, tokens<Mesh>>;
   using In = X;
   using Out = X;
+  using Rows = Tensor<T, 2, space>;
 
   struct Saved {
     typename Router::Saved router;
     Routing<T> routing;
     parallel::ExpertOrder order;
     parallel::DispatchPlan plan;
+    Tensor<std::int64_t, 1, space> token_of_row;  // [rows sent]: the token each send row carries
+    Rows gate_of_row;                              // [rows sent, 1]: its gate
     typename Experts::Saved experts;
-    Tensor<T, 2> expert_out;  // the experts' rows back in send order (for the gates' gradient)
+    Rows expert_out;  // the experts' rows back in send order (for the gates' gradient)
   };
   using WeightCtx = std::tuple<typename Router::WeightCtx, typename Experts::WeightCtx>;  // children() order
 
@@ -89,28 +108,21 @@ class MoE {
                   " does not have ", c_.dim, " features");
     auto [logits, router_saved] = router_.forward(x);
     const auto& xl = x.to_local();
-    const Extent batch = xl.shape()[0], seq = xl.shape()[1], C = c_.dim, K = c_.router.topk;
-    Saved s{std::move(router_saved), route(logits.to_local().span(), batch, seq, x.extent(0), c_.router, route_context(x.mesh())),
-            {}, {}, {}, {}};
+    const Extent batch = xl.shape()[0], seq = xl.shape()[1], C = c_.dim;
+    Saved s{std::move(router_saved), route_tokens(logits, batch, seq, x.extent(0), x.mesh()), {}, {}, {}, {}, {}, {}};
     s.order = parallel::order_by_expert(s.routing.expert, s.routing.kept, c_.router.experts);
     auto& ep = parallel::expert_group(emesh_);
-    s.plan = parallel::exchange_counts(ep, s.order.rows_per_expert, experts_.local_experts(), C);
-    auto send = Tensor<T, 2>::uninitialized(Shape<2>{Extent(s.order.slot_of_row.size()), C});
-    for (std::size_t r = 0; r < s.order.slot_of_row.size(); ++r)
-      std::copy_n(xl.data() + s.order.slot_of_row[r] / K * C, C, send.data() + Extent(r) * C);
-    auto [rows, experts_saved] = experts_.forward(parallel::dispatch(ep, s.plan, send), s.plan.rows_per_local_expert());
+    s.plan = parallel::exchange_counts<space>(ep, s.order.rows_per_expert, experts_.local_experts(), C);
+    send_rows_of(s);
+    auto [rows, experts_saved] = experts_.forward(
+        parallel::dispatch(ep, s.plan, parallel::gather_rows(token_rows(xl), s.token_of_row)), s.plan.rows_per_local_expert());
     s.experts = std::move(experts_saved);
     s.expert_out = parallel::combine(ep, s.plan, rows);
-    Tensor<T, 3> y(xl.shape());
-    for (Extent n = 0; n < batch * seq; ++n)
-      for (Extent j = 0; j < K; ++j) {
-        const auto row = s.order.row_of_slot[std::size_t(n * K + j)];
-        if (row < 0) continue;
-        const T g = s.routing.gate[std::size_t(n * K + j)];
-        const T* e = s.expert_out.data() + row * C;
-        for (Extent i = 0; i < C; ++i) y.data()[n * C + i] += g * e[i];
-      }
-    return {X(x.mesh(), x.shape(), std::move(y)), std::move(s)};
+    // y[t] = sum of gate * row over token t's rows: the scatter-add that is the gather's adjoint,
+    // in send order (by expert, then choice), which is the same on every expert size.
+    Rows y(Shape<2>{batch * seq, C});
+    kernels::embedding_backward(y, s.token_of_row, kernels::mul_broadcast(s.expert_out, s.gate_of_row));
+    return {X(x.mesh(), x.shape(), std::move(y).template reshape<3>(xl.shape())), std::move(s)};
   }
 
   /// Context parallelism: each sequence split over the context ranks, whose choice counts the aux
@@ -128,46 +140,21 @@ class MoE {
   /// dx through the experts and the router (gates, aux and z losses). Collectives: 2 all_to_all_v on "ep".
   Bwd<X, WeightCtx> backward_input(Saved s, const X& dy) const {
     const auto& dyl = dy.to_local();
-    const Extent C = c_.dim, K = c_.router.topk, tokens = s.routing.tokens;
+    const Extent C = c_.dim, tokens = s.routing.tokens;
     detail::check(dyl.numel() == tokens * C && dy.extent(2) == C, "nn::MoE::backward_input", dy.mesh(), name_,
                   ": gradient ", to_string(dy.shape()), " for ", tokens, " tokens of ", C, " features");
-    // Adjoint of the weighted sum: each kept row's gradient is gate * dy, each gate's dy . row.
-    auto d_rows = Tensor<T, 2>::uninitialized(s.expert_out.shape());
-    std::vector<T> dgate(std::size_t(tokens * K), T(0));
-    for (std::size_t slot = 0; slot < s.order.row_of_slot.size(); ++slot) {
-      const auto row = s.order.row_of_slot[slot];
-      if (row < 0) continue;
-      const T g = s.routing.gate[slot];
-      const T* d = dyl.data() + Extent(slot) / K * C;
-      const T* e = s.expert_out.data() + row * C;
-      T dot = 0;
-      for (Extent i = 0; i < C; ++i) {
-        d_rows.data()[row * C + i] = g * d[i];
-        dot += d[i] * e[i];
-      }
-      dgate[slot] = dot;
-    }
+    // Adjoint of the weighted scatter-add: each row's gradient is gate * dy[its token], each
+    // gate's is dy[its token] . row.
+    const auto dy_of_row = parallel::gather_rows(token_rows(dyl), s.token_of_row);
+    const auto dgate = gate_gradients(s, kernels::sum(kernels::mul(dy_of_row, s.expert_out), 1));
     auto& ep = parallel::expert_group(emesh_);
-    auto [dgrouped, experts_w] = experts_.backward_input(std::move(s.experts), parallel::combine_backward(ep, s.plan, d_rows));
+    auto [dgrouped, experts_w] = experts_.backward_input(
+        std::move(s.experts), parallel::combine_backward(ep, s.plan, kernels::mul_broadcast(dy_of_row, s.gate_of_row)));
     const auto dsend = parallel::dispatch_backward(ep, s.plan, dgrouped);
-    // The router: gates and auxiliary losses.
-    RouterConfig weighted = c_.router;  // the auxiliary losses' gradients, weighted like the loss's (set_loss_scale)
-    weighted.aux_loss_coeff *= loss_scale_;
-    weighted.z_loss_coeff *= loss_scale_;
-    const auto dlogits_local = route_backward(s.routing, std::span<const T>(dgate), weighted);
-    Tensor<T, 3> dl(Shape<3>{dyl.shape()[0], dyl.shape()[1], c_.router.experts});
-    std::copy(dlogits_local.begin(), dlogits_local.end(), dl.data());
-    const Shape<3> logits_shape{dy.extent(0), dy.extent(1), c_.router.experts};
-    auto [dx, router_w] =
-        router_.backward_input(std::move(s.router), typename Router::Out(dy.mesh(), logits_shape, std::move(dl)));
-    // dx += the tokens' share of the experts' input gradient, in choice order.
-    auto& dxl = dx.local();
-    for (Extent n = 0; n < tokens; ++n)
-      for (Extent j = 0; j < K; ++j) {
-        const auto row = s.order.row_of_slot[std::size_t(n * K + j)];
-        if (row < 0) continue;
-        for (Extent i = 0; i < C; ++i) dxl.data()[n * C + i] += dsend.data()[row * C + i];
-      }
+    auto [dx, router_w] = router_.backward_input(std::move(s.router), router_gradient(s.routing, dgate, dy));
+    // dx += the tokens' share of the experts' input gradient (a scatter-add, in send order).
+    auto dx_rows = token_rows(dx.local());
+    kernels::embedding_backward(dx_rows, s.token_of_row, dsend);
     return {std::move(dx), WeightCtx{std::move(router_w), std::move(experts_w)}};
   }
 
@@ -185,6 +172,67 @@ class MoE {
   const EMesh& expert_mesh() const noexcept { return emesh_; }
 
  private:
+  /// The routing of this rank's tokens: nn::route on the logits (brought to the host: a
+  /// [tokens, experts] copy on a device), or on a space without data (a dry run) the balanced
+  /// routing it assumes (nn::route_balanced).
+  template <class Logits>
+  Routing<T> route_tokens(const Logits& logits, Extent batch, Extent seq, Extent global_batch, const Mesh& mesh) const {
+    if constexpr (!holds_data_v<space>) {
+      return route_balanced<T>(batch, seq, global_batch, c_.router, route_context(mesh));
+    } else if constexpr (std::is_same_v<space, host_space>) {
+      return route(logits.to_local().span(), batch, seq, global_batch, c_.router, route_context(mesh));
+    } else {
+      const auto host = to_space<host_space>(logits.to_local());
+      return route(host.span(), batch, seq, global_batch, c_.router, route_context(mesh));
+    }
+  }
+
+  /// The send rows' tokens and gates, as tensors of the space (the gathers' indices, the gates' weights).
+  void send_rows_of(Saved& s) const {
+    const auto rows = s.order.slot_of_row.size();
+    std::vector<std::int64_t> token(rows);
+    std::vector<T> gate(rows);
+    for (std::size_t r = 0; r < rows; ++r) {
+      const auto slot = std::size_t(s.order.slot_of_row[r]);
+      token[r] = std::int64_t(slot) / c_.router.topk;
+      gate[r] = s.routing.gate[slot];
+    }
+    s.token_of_row = to_space<space>(Tensor<std::int64_t, 1>::view(token.data(), Shape<1>{Extent(rows)}));
+    s.gate_of_row = to_space<space>(Tensor<T, 2>::view(gate.data(), Shape<2>{Extent(rows), 1}));
+  }
+
+  /// A [batch, seq, dim] tensor as its [tokens, dim] rows (a view).
+  static Rows token_rows(const Tensor<T, 3, space>& t) {
+    return view_of(t, 0, Shape<2>{t.extent(0) * t.extent(1), t.extent(2)});
+  }
+
+  /// Each slot's gate gradient (0 for a dropped one) from the send rows' [rows, 1], on the host.
+  std::vector<T> gate_gradients(const Saved& s, const Rows& per_row) const {
+    std::vector<T> dgate(s.routing.expert.size(), T(0));
+    if constexpr (holds_data_v<space>) {
+      const auto host = to_space<host_space>(per_row);
+      for (std::size_t r = 0; r < s.order.slot_of_row.size(); ++r)
+        dgate[std::size_t(s.order.slot_of_row[r])] = host.data()[r];
+    }
+    return dgate;
+  }
+
+  /// The router's output gradient: the gates' and the auxiliary losses' (nn::route_backward, on
+  /// the host), weighted by the loss scale; none to compute on a space without data.
+  typename Router::Out router_gradient(const Routing<T>& r, const std::vector<T>& dgate, const X& dy) const {
+    const Shape<3> global{dy.extent(0), dy.extent(1), c_.router.experts};
+    const Shape<3> local{dy.to_local().extent(0), dy.to_local().extent(1), c_.router.experts};
+    if constexpr (!holds_data_v<space>) {
+      return typename Router::Out(dy.mesh(), global, Tensor<T, 3, space>::uninitialized(local));
+    } else {
+      RouterConfig weighted = c_.router;  // the auxiliary losses' gradients, weighted like the loss's (set_loss_scale)
+      weighted.aux_loss_coeff *= loss_scale_;
+      weighted.z_loss_coeff *= loss_scale_;
+      auto d = route_backward(r, std::span<const T>(dgate), weighted);
+      return typename Router::Out(dy.mesh(), global, to_space<space>(Tensor<T, 3>::view(d.data(), local)));
+    }
+  }
+
   std::string name_;
   MoEConfig c_;
   EMesh emesh_;

@@ -141,6 +141,7 @@ struct MoELayersConfig {
 template <kernels::host::FloatElement T, parallel::ExpertMeshType EMesh>
 class MoELayers {
  public:
+  using ExpertMesh = EMesh;
   using ExpertUnit = ParamUnit<T, EMesh::ndim>;
   template <class, class Mesh, class Plan>
   using block = TransformerBlock<T, Mesh, Plan, DenseOrMoE<T, Mesh, EMesh, Plan>>;
@@ -199,7 +200,16 @@ class MoELayers {
   template <class Loss, class Blocks>
   void add_losses(Loss& loss, const Blocks& blocks) const {
     const double extra = auxiliary_loss(blocks);
-    if (extra != 0) loss.local().data()[0] += extra;
+    if (extra == 0) return;  // also on meta: no scores, no auxiliary losses
+    auto& value = loss.local();
+    using Space = typename std::remove_cvref_t<decltype(value)>::space;
+    if constexpr (Space::host_accessible) {
+      value.data()[0] += extra;
+    } else {  // a device: the one element goes through the host
+      auto host = to_space<host_space>(value);
+      host.data()[0] += extra;
+      value = to_space<Space>(host);
+    }
   }
 
   /// The weight of the MoE blocks' auxiliary-loss gradients in the next backward (the loss's dloss).

@@ -38,6 +38,7 @@
 // choices are dropped depends on the choices of all its tokens, on every context rank, in order.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -110,26 +111,26 @@ struct Routing {
   double aux_loss = 0, z_loss = 0;     // this rank's shares (see the top of this file)
 };
 
-/// Routes batch * seq tokens (row-major logits [batch * seq, experts]) of a global batch of
-/// global_batch sequences; `context`: each sequence split over that many ranks (see the top).
+namespace detail {
+/// A Routing of batch x seq tokens with its checks and sizes, before any choice is made.
 template <class T>
-Routing<T> route(std::span<const T> logits, Extent batch, Extent seq, Extent global_batch, const RouterConfig& c,
-                 const RouteContext& context = {}) {
-  check_router_config(c, "nn::route");
-  const Extent n_tok = batch * seq, E = c.experts, K = c.topk;
-  if (batch < 0 || seq < 0 || global_batch < batch || Extent(logits.size()) != n_tok * E)
-    throw Error("nn::route", dtensor::detail::cat(logits.size(), " logits for ", batch, " x ", seq, " tokens of ", E,
-                                                  " experts (global batch ", global_batch, ")"));
+Routing<T> start_routing(const char* op, Extent batch, Extent seq, Extent global_batch, const RouterConfig& c,
+                         const RouteContext& context) {
+  check_router_config(c, op);
+  if (batch < 0 || seq < 0 || global_batch < batch)
+    throw Error(op, dtensor::detail::cat(batch, " x ", seq, " tokens of ", c.experts, " experts (global batch ",
+                                         global_batch, ")"));
   if (context.parts < 1 || (context.parts > 1 && !context.sum_over_parts))
-    throw Error("nn::route", dtensor::detail::cat("context parts ", context.parts, ": needs >= 1 and, above 1, a sum over them"));
+    throw Error(op, dtensor::detail::cat("context parts ", context.parts, ": needs >= 1 and, above 1, a sum over them"));
+  const Extent n_tok = batch * seq, K = c.topk;
   Routing<T> r;
-  r.tokens = n_tok, r.seq = seq, r.topk = K, r.experts = E, r.global_batch = global_batch;
+  r.tokens = n_tok, r.seq = seq, r.topk = K, r.experts = c.experts, r.global_batch = global_batch;
   r.full_seq = seq * context.parts;
   r.capacity = expert_capacity(c, r.full_seq);
   // A token picks an expert once, so a capacity of the whole sequence's length never binds.
   if (context.parts > 1 && r.capacity > 0) {
     if (r.capacity < r.full_seq)
-      throw Error("nn::route",
+      throw Error(op,
                   dtensor::detail::cat("capacity factor ", *c.capacity_factor, " (", r.capacity, " slots per expert for ",
                                        r.full_seq, " tokens) with each sequence split over ", context.parts,
                                        " context ranks: capacity groups are whole sequences, and which choices are dropped "
@@ -139,12 +140,66 @@ Routing<T> route(std::span<const T> logits, Extent batch, Extent seq, Extent glo
   r.expert.resize(std::size_t(n_tok * K));
   r.gate.resize(std::size_t(n_tok * K));
   r.kept.assign(std::size_t(n_tok * K), 1);
+  r.choice_fraction.assign(std::size_t(batch * c.experts), 0.0);
+  r.routed.assign(std::size_t(c.experts), 0);
+  r.load.assign(std::size_t(c.experts), 0);
+  return r;
+}
+
+/// Capacity (per sequence: first choices by position, then second choices, ...), the choice
+/// fractions f_se (summed over the context parts: the one collective of routing) and, when the
+/// scores are known, the losses' shares.
+template <class T>
+void finish_routing(Routing<T>& r, const RouteContext& context) {
+  const Extent batch = r.seq > 0 ? r.tokens / r.seq : 0, E = r.experts, K = r.topk, seq = r.seq;
+  std::vector<Extent> used(static_cast<std::size_t>(E));
+  for (Extent b = 0; b < batch; ++b) {
+    std::fill(used.begin(), used.end(), 0);
+    for (Extent j = 0; j < K; ++j)
+      for (Extent t = 0; t < seq; ++t) {
+        const std::size_t slot = std::size_t((b * seq + t) * K + j);
+        const auto e = std::size_t(r.expert[slot]);
+        ++r.routed[e];
+        r.choice_fraction[std::size_t(b * E) + e] += 1.0 / double(r.full_seq * K);
+        if (r.capacity == 0 || used[e] < r.capacity) {
+          ++used[e];
+          ++r.load[e];
+        } else {
+          r.kept[slot] = 0;
+          ++r.dropped;
+        }
+      }
+  }
+
+  if (context.parts > 1) context.sum_over_parts(std::span<double>(r.choice_fraction));  // f_se of whole sequences
+  if (r.scores.empty()) return;  // balanced routing (a dry run): no scores, no losses
+
+  for (Extent b = 0; b < batch; ++b)
+    for (Extent e = 0; e < E; ++e) {
+      double mean_score = 0;
+      for (Extent t = 0; t < seq; ++t) mean_score += r.scores[std::size_t((b * seq + t) * E + e)];
+      r.aux_loss += double(E) * r.choice_fraction[std::size_t(b * E + e)] * (mean_score / double(r.full_seq)) /
+                    double(r.global_batch);
+    }
+  for (Extent n = 0; n < r.tokens; ++n) r.z_loss += r.lse[std::size_t(n)] * r.lse[std::size_t(n)];
+  if (r.tokens > 0) r.z_loss /= double(r.global_batch * r.full_seq);
+}
+}  // namespace detail
+
+/// Routes batch * seq tokens (row-major logits [batch * seq, experts]) of a global batch of
+/// global_batch sequences; `context`: each sequence split over that many ranks (see the top).
+template <class T>
+Routing<T> route(std::span<const T> logits, Extent batch, Extent seq, Extent global_batch, const RouterConfig& c,
+                 const RouteContext& context = {}) {
+  const Extent E = c.experts, K = c.topk;
+  if (Extent(logits.size()) != batch * seq * E)
+    throw Error("nn::route", dtensor::detail::cat(logits.size(), " logits for ", batch, " x ", seq, " tokens of ", E,
+                                                  " experts (global batch ", global_batch, ")"));
+  auto r = detail::start_routing<T>("nn::route", batch, seq, global_batch, c, context);
+  const Extent n_tok = r.tokens;
   r.logits.assign(logits.begin(), logits.end());
   r.scores.resize(std::size_t(n_tok * E));
   r.lse.resize(std::size_t(n_tok));
-  r.choice_fraction.assign(std::size_t(batch * E), 0.0);
-  r.routed.assign(std::size_t(E), 0);
-  r.load.assign(std::size_t(E), 0);
 
   std::vector<char> taken(static_cast<std::size_t>(E));
   for (Extent n = 0; n < n_tok; ++n) {
@@ -173,39 +228,24 @@ Routing<T> route(std::span<const T> logits, Extent batch, Extent seq, Extent glo
       r.gate[std::size_t(n * K + j)] = T(K > 1 && c.normalize_gates ? g / chosen_sum : g);
     }
   }
+  detail::finish_routing(r, context);
+  return r;
+}
 
-  // Capacity, per sequence: first choices by position, then second choices, ...
-  std::vector<Extent> used(static_cast<std::size_t>(E));
-  for (Extent b = 0; b < batch; ++b) {
-    std::fill(used.begin(), used.end(), 0);
-    for (Extent j = 0; j < K; ++j)
-      for (Extent t = 0; t < seq; ++t) {
-        const std::size_t slot = std::size_t((b * seq + t) * K + j);
-        const auto e = std::size_t(r.expert[slot]);
-        ++r.routed[e];
-        r.choice_fraction[std::size_t(b * E) + e] += 1.0 / double(r.full_seq * K);
-        if (r.capacity == 0 || used[e] < r.capacity) {
-          ++used[e];
-          ++r.load[e];
-        } else {
-          r.kept[slot] = 0;
-          ++r.dropped;
-        }
-      }
+/// The routing a dry run assumes (its logits have no values): perfectly balanced, the j-th
+/// choice of token n is expert (n * topk + j) mod experts, every gate 1 / topk. Every expert
+/// then gets the same share of a rank's choices, so every rank sends and receives the same rows
+/// (what parallel::exchange_counts assumes on a memory space without data). Capacity applies
+/// as in route(); the auxiliary losses are not computed (no scores).
+template <class T>
+Routing<T> route_balanced(Extent batch, Extent seq, Extent global_batch, const RouterConfig& c,
+                          const RouteContext& context = {}) {
+  auto r = detail::start_routing<T>("nn::route_balanced", batch, seq, global_batch, c, context);
+  for (std::size_t slot = 0; slot < r.expert.size(); ++slot) {
+    r.expert[slot] = std::int32_t(Extent(slot) % c.experts);
+    r.gate[slot] = T(1.0 / double(c.topk));
   }
-
-  if (context.parts > 1) context.sum_over_parts(std::span<double>(r.choice_fraction));  // f_se of whole sequences
-
-  // The losses' shares.
-  for (Extent b = 0; b < batch; ++b)
-    for (Extent e = 0; e < E; ++e) {
-      double mean_score = 0;
-      for (Extent t = 0; t < seq; ++t) mean_score += r.scores[std::size_t((b * seq + t) * E + e)];
-      r.aux_loss += double(E) * r.choice_fraction[std::size_t(b * E + e)] * (mean_score / double(r.full_seq)) /
-                    double(global_batch);
-    }
-  for (Extent n = 0; n < n_tok; ++n) r.z_loss += r.lse[std::size_t(n)] * r.lse[std::size_t(n)];
-  if (n_tok > 0) r.z_loss /= double(global_batch * r.full_seq);
+  detail::finish_routing(r, context);
   return r;
 }
 

@@ -29,20 +29,31 @@
 // choice. Because the sizes depend on the data, the per-(peer, local expert) row counts are
 // exchanged first (exchange_counts: one all_to_all of experts int64 counts), then dispatch is one
 // all_to_all_v of the rows, regrouped on arrival so that each local expert's rows (from every
-// source rank, in rank order) are contiguous: one GEMM per local expert. combine undoes the
+// source rank, in rank order) are contiguous: one GEMM per local expert. The regrouping is a row
+// gather (an embedding lookup, so it runs in every memory space's kernels) with an order planned
+// on the host from the counts. combine undoes the
 // regrouping and sends the rows back (one all_to_all_v) in the order they left. Both are
 // permutations of rows, so each one's adjoint is the other's data movement: combine_backward moves
 // gradients like dispatch (no count exchange: the plan is reused), dispatch_backward like combine.
 // All of them are recorded in the CommLog on the "ep" communicator.
+//
+// Memory spaces: rows are tensors of the model's space; the counts and row orders are small host
+// vectors (they decide sizes, which the host needs anyway), uploaded as index tensors where a
+// kernel needs them. The count exchange travels in the model's space (a device backend moves
+// device memory). A dry run (meta, the sim backend) has no peers' counts: it assumes every rank
+// routes like itself (detail::all_to_all_counts), which nn::route_balanced makes exact.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <span>
 #include <vector>
 
+#include "dtensor/core/meta_space.hpp"
 #include "dtensor/core/tensor.hpp"
 #include "dtensor/distributed/dtensor.hpp"
+#include "dtensor/kernels/embedding.hpp"
 #include "dtensor/mesh/roles.hpp"
 #include "dtensor/placement/layout.hpp"
 
@@ -203,6 +214,10 @@ struct DispatchPlan {
   std::vector<std::int64_t> recv_rows;  // [source * local_experts + le]: rows it receives
   // all_to_all_v's per-peer element counts and displacements, each way.
   std::vector<std::size_t> send_counts, send_displs, recv_counts, recv_displs;
+  // The received rows' order: arrival (source, local expert) and grouped (local expert, source).
+  // to_grouped[g]: the arrival row that grouped row g is; to_arrival is its inverse. Both empty
+  // when the two orders coincide (one local expert, or one rank).
+  std::vector<std::int64_t> to_grouped, to_arrival;
 
   std::int64_t rows_sent() const { return sum(send_rows); }
   std::int64_t rows_received() const { return sum(recv_rows); }
@@ -221,10 +236,55 @@ struct DispatchPlan {
   }
 };
 
+namespace detail {
+/// The count exchange's all_to_all, through a buffer of memory space Space (a device backend
+/// moves device memory only). A space without data (the dry run's meta) cannot learn its peers'
+/// counts: it assumes every rank of the group routes like this one (exact for nn::route_balanced,
+/// the routing a dry run uses), so each source sends this rank what this rank sends each peer.
+template <MemorySpace Space>
+void all_to_all_counts(Communicator& ep, const std::vector<std::int64_t>& send, std::vector<std::int64_t>& recv) {
+  if constexpr (std::is_same_v<Space, host_space>) {
+    ep.all_to_all(std::span<const std::int64_t>(send), std::span<std::int64_t>(recv));
+  } else {
+    const Shape<1> n{Extent(send.size())};
+    const auto send_here = to_space<Space>(Tensor<std::int64_t, 1>::view(const_cast<std::int64_t*>(send.data()), n));
+    auto recv_here = Tensor<std::int64_t, 1, Space>::uninitialized(n);
+    ep.all_to_all(send_here.span(), recv_here.span());
+    if constexpr (holds_data_v<Space>) {
+      const auto back = to_space<host_space>(recv_here);
+      std::copy_n(back.data(), recv.size(), recv.begin());
+    } else {
+      recv = send;
+    }
+  }
+}
+
+/// The row orders of the received rows (DispatchPlan::to_grouped, to_arrival).
+inline void plan_regrouping(DispatchPlan& p) {
+  const auto L = std::size_t(p.local_experts), R = std::size_t(p.ranks);
+  if (L == 1 || R == 1) return;  // arrival order is grouped order
+  std::vector<std::int64_t> arrival(R * L);  // first row of block (source, le) in arrival order
+  std::int64_t row = 0;
+  for (std::size_t s = 0; s < R; ++s)
+    for (std::size_t le = 0; le < L; ++le) arrival[s * L + le] = row, row += p.recv_rows[s * L + le];
+  p.to_grouped.resize(std::size_t(row));
+  p.to_arrival.resize(std::size_t(row));
+  std::int64_t grouped = 0;
+  for (std::size_t le = 0; le < L; ++le)
+    for (std::size_t s = 0; s < R; ++s)
+      for (std::int64_t i = 0; i < p.recv_rows[s * L + le]; ++i, ++grouped) {
+        p.to_grouped[std::size_t(grouped)] = arrival[s * L + le] + i;
+        p.to_arrival[std::size_t(arrival[s * L + le] + i)] = grouped;
+      }
+}
+}  // namespace detail
+
 /// The count exchange: one all_to_all of rows_per_expert (this rank's rows for every expert,
 /// experts = ranks * local_experts, expert e owned by rank e / local_experts). Collective over ep.
-inline DispatchPlan exchange_counts(Communicator& ep, std::span<const std::int64_t> rows_per_expert,
-                                    std::int64_t local_experts, std::int64_t dim) {
+/// Space: where the counts travel (the model's memory space; on meta see detail::all_to_all_counts).
+template <MemorySpace Space = host_space>
+DispatchPlan exchange_counts(Communicator& ep, std::span<const std::int64_t> rows_per_expert,
+                             std::int64_t local_experts, std::int64_t dim) {
   const auto ranks = std::size_t(ep.size());
   if (local_experts < 1 || rows_per_expert.size() != ranks * std::size_t(local_experts) || dim < 1)
     ep.fail("parallel::exchange_counts", dtensor::detail::cat(rows_per_expert.size(), " expert counts for ", ranks,
@@ -235,7 +295,7 @@ inline DispatchPlan exchange_counts(Communicator& ep, std::span<const std::int64
   p.dim = dim;
   p.send_rows.assign(rows_per_expert.begin(), rows_per_expert.end());
   p.recv_rows.resize(p.send_rows.size());
-  ep.all_to_all(std::span<const std::int64_t>(p.send_rows), std::span<std::int64_t>(p.recv_rows));
+  detail::all_to_all_counts<Space>(ep, p.send_rows, p.recv_rows);
   auto per_peer = [&](const std::vector<std::int64_t>& rows, std::vector<std::size_t>& counts,
                       std::vector<std::size_t>& displs) {
     counts.assign(ranks, 0);
@@ -248,77 +308,78 @@ inline DispatchPlan exchange_counts(Communicator& ep, std::span<const std::int64
   };
   per_peer(p.send_rows, p.send_counts, p.send_displs);
   per_peer(p.recv_rows, p.recv_counts, p.recv_displs);
+  detail::plan_regrouping(p);
   return p;
 }
 
-namespace detail {
-/// Moves the received rows between arrival order (source, local expert) and grouped order
-/// (local expert, source); to_grouped false is the inverse.
-template <class T>
-Tensor<T, 2> regroup(const DispatchPlan& p, const Tensor<T, 2>& in, bool to_grouped) {
-  const auto L = std::size_t(p.local_experts), R = std::size_t(p.ranks);
-  std::vector<std::int64_t> arrival(R * L), grouped(R * L);  // first row of block (source, le) in each order
-  std::int64_t row = 0;
-  for (std::size_t s = 0; s < R; ++s)
-    for (std::size_t le = 0; le < L; ++le) arrival[s * L + le] = row, row += p.recv_rows[s * L + le];
-  row = 0;
-  for (std::size_t le = 0; le < L; ++le)
-    for (std::size_t s = 0; s < R; ++s) grouped[s * L + le] = row, row += p.recv_rows[s * L + le];
-  auto out = Tensor<T, 2>::uninitialized(in.shape());
-  for (std::size_t b = 0; b < R * L; ++b) {
-    const auto from = to_grouped ? arrival[b] : grouped[b], to = to_grouped ? grouped[b] : arrival[b];
-    std::copy_n(in.data() + from * p.dim, p.recv_rows[b] * p.dim, out.data() + to * p.dim);
-  }
-  return out;
+/// Row indices kept on the host, as an index tensor of memory space Space (a view on the host,
+/// a copy elsewhere; nothing on meta): what the row gathers of the MoE take.
+template <MemorySpace Space>
+Tensor<std::int64_t, 1, Space> indices_in(const std::vector<std::int64_t>& index) {
+  const auto host = Tensor<std::int64_t, 1>::view(const_cast<std::int64_t*>(index.data()), Shape<1>{Extent(index.size())});
+  if constexpr (std::is_same_v<Space, host_space>) return host;
+  else return to_space<Space>(host);
 }
 
+/// out[i] = rows[index[i]]: a row gather, which is an embedding lookup (kernels/embedding.hpp).
+template <kernels::host::FloatElement T, MemorySpace Space>
+Tensor<T, 2, Space> gather_rows(const Tensor<T, 2, Space>& rows, const Tensor<std::int64_t, 1, Space>& index) {
+  return kernels::embedding(rows, index);
+}
+
+namespace detail {
 /// Rows out along the plan (forward: send counts out, receive counts in), regrouped by local expert.
-template <class T>
-Tensor<T, 2> exchange_out(Communicator& ep, const DispatchPlan& p, const Tensor<T, 2>& rows, const char* op) {
+template <class T, MemorySpace Space>
+Tensor<T, 2, Space> exchange_out(Communicator& ep, const DispatchPlan& p, const Tensor<T, 2, Space>& rows, const char* op) {
   if (rows.shape()[0] != p.rows_sent() || rows.shape()[1] != p.dim)
     ep.fail(op, dtensor::detail::cat("rows ", to_string(rows.shape()), ", the plan sends ", p.rows_sent(), " x ", p.dim));
-  auto arrived = Tensor<T, 2>::uninitialized(Shape<2>{p.rows_received(), p.dim});
+  auto arrived = Tensor<T, 2, Space>::uninitialized(Shape<2>{p.rows_received(), p.dim});
   ep.all_to_all_v(rows.span(), std::span<const std::size_t>(p.send_counts), std::span<const std::size_t>(p.send_displs),
                   arrived.span(), std::span<const std::size_t>(p.recv_counts),
                   std::span<const std::size_t>(p.recv_displs));
-  return regroup(p, arrived, true);
+  if (p.to_grouped.empty()) return arrived;
+  return gather_rows(arrived, indices_in<Space>(p.to_grouped));
 }
 
 /// The reverse: rows grouped by local expert back to the ranks (and order) they came from.
-template <class T>
-Tensor<T, 2> exchange_back(Communicator& ep, const DispatchPlan& p, const Tensor<T, 2>& grouped, const char* op) {
+template <class T, MemorySpace Space>
+Tensor<T, 2, Space> exchange_back(Communicator& ep, const DispatchPlan& p, const Tensor<T, 2, Space>& grouped,
+                                  const char* op) {
   if (grouped.shape()[0] != p.rows_received() || grouped.shape()[1] != p.dim)
     ep.fail(op, dtensor::detail::cat("rows ", to_string(grouped.shape()), ", the plan received ", p.rows_received(),
                                      " x ", p.dim));
-  const auto arrival = regroup(p, grouped, false);
-  auto back = Tensor<T, 2>::uninitialized(Shape<2>{p.rows_sent(), p.dim});
-  ep.all_to_all_v(arrival.span(), std::span<const std::size_t>(p.recv_counts),
-                  std::span<const std::size_t>(p.recv_displs), back.span(), std::span<const std::size_t>(p.send_counts),
-                  std::span<const std::size_t>(p.send_displs));
+  auto back = Tensor<T, 2, Space>::uninitialized(Shape<2>{p.rows_sent(), p.dim});
+  auto send = [&](const Tensor<T, 2, Space>& arrival) {
+    ep.all_to_all_v(arrival.span(), std::span<const std::size_t>(p.recv_counts),
+                    std::span<const std::size_t>(p.recv_displs), back.span(), std::span<const std::size_t>(p.send_counts),
+                    std::span<const std::size_t>(p.send_displs));
+  };
+  if (p.to_arrival.empty()) send(grouped);
+  else send(gather_rows(grouped, indices_in<Space>(p.to_arrival)));
   return back;
 }
 }  // namespace detail
 
 /// Sends rows [rows_sent, dim] (in send order) to their experts' ranks; returns the received rows
 /// [rows_received, dim], grouped by local expert. One all_to_all_v on ep.
-template <class T>
-Tensor<T, 2> dispatch(Communicator& ep, const DispatchPlan& p, const Tensor<T, 2>& rows) {
+template <class T, MemorySpace Space>
+Tensor<T, 2, Space> dispatch(Communicator& ep, const DispatchPlan& p, const Tensor<T, 2, Space>& rows) {
   return detail::exchange_out(ep, p, rows, "parallel::dispatch");
 }
 /// Sends the experts' rows [rows_received, dim] (grouped by local expert) back; returns them in
 /// this rank's send order [rows_sent, dim]. One all_to_all_v on ep.
-template <class T>
-Tensor<T, 2> combine(Communicator& ep, const DispatchPlan& p, const Tensor<T, 2>& grouped) {
+template <class T, MemorySpace Space>
+Tensor<T, 2, Space> combine(Communicator& ep, const DispatchPlan& p, const Tensor<T, 2, Space>& grouped) {
   return detail::exchange_back(ep, p, grouped, "parallel::combine");
 }
 /// The adjoint of combine: gradients in send order to the experts' ranks. One all_to_all_v.
-template <class T>
-Tensor<T, 2> combine_backward(Communicator& ep, const DispatchPlan& p, const Tensor<T, 2>& d_rows) {
+template <class T, MemorySpace Space>
+Tensor<T, 2, Space> combine_backward(Communicator& ep, const DispatchPlan& p, const Tensor<T, 2, Space>& d_rows) {
   return detail::exchange_out(ep, p, d_rows, "parallel::combine_backward");
 }
 /// The adjoint of dispatch: the experts' input gradients back to the tokens' ranks. One all_to_all_v.
-template <class T>
-Tensor<T, 2> dispatch_backward(Communicator& ep, const DispatchPlan& p, const Tensor<T, 2>& d_grouped) {
+template <class T, MemorySpace Space>
+Tensor<T, 2, Space> dispatch_backward(Communicator& ep, const DispatchPlan& p, const Tensor<T, 2, Space>& d_grouped) {
   return detail::exchange_back(ep, p, d_grouped, "parallel::dispatch_backward");
 }
 
