@@ -16,8 +16,13 @@
 // under --zero with pp 1 and cp 1, nn::GPT / nn::Llama under fully_shard. --cp splits every
 // sequence (ring, all-gather-KV or Ulysses attention; load-balanced unless --no-cp-balance).
 // The pipeline schedule enters through the cost model (parallel/pipeline/simulate.hpp) and the
-// activations of the micro-batches in flight are the run's times the schedule's count. Not yet
-// here: expert parallelism (MoE's host loops).
+// activations of the micro-batches in flight are the run's times the schedule's count.
+// --experts E (GPT blocks): MoE feed-forwards (every --moe-every-th block, top --topk routing,
+// --capacity factor), the experts split over --ep ranks of the data x context ranks, routed
+// evenly (the balanced routing a dry run assumes: nn::route_balanced).
+//
+//   plan_at_scale --layers 32 --dim 4096 --heads 32 --seq 4096 --batch 1024 --dp 64 --tp 8 --pp 4
+//                 --microbatches 16 --experts 64 --topk 2 --ep 8 --dtype bf16   # MoE on 2,048 GPUs
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -73,6 +78,11 @@ Options parse(int argc, char** argv) {
     else if (a == "--microbatches") o.plan.microbatches = flag_value<int>(a, value(), 1);
     else if (a == "--stages-per-rank") o.plan.stages_per_rank = flag_value<int>(a, value(), 1);
     else if (a == "--schedule") o.plan.schedule = value();
+    else if (a == "--experts") o.plan.moe.router.experts = flag_value<Extent>(a, value(), 1);
+    else if (a == "--topk") o.plan.moe.router.topk = flag_value<Extent>(a, value(), 1);
+    else if (a == "--ep") o.plan.ep = flag_value<int>(a, value(), 1);
+    else if (a == "--moe-every") o.plan.moe.every = flag_value<Extent>(a, value(), 1);
+    else if (a == "--capacity") o.plan.moe.router.capacity_factor = examples::positive_flag_value(a, value());
     else if (a == "--arch") {
       const auto arch = value();
       if (arch != "gpt" && arch != "llama") throw UsageError("--arch " + arch + ": gpt or llama");
@@ -93,6 +103,7 @@ Options parse(int argc, char** argv) {
   if (o.plan.batch % o.plan.microbatches != 0)
     throw UsageError("--batch " + number(o.plan.batch) + " is not a multiple of --microbatches " + number(o.plan.microbatches));
   if (!(o.hardware.efficiency <= 1)) throw UsageError("--efficiency must be in (0, 1]");
+  if (o.llama && o.plan.has_experts()) throw UsageError("--arch llama with --experts: MoE blocks are GPT blocks");
   return o;
 }
 
@@ -114,13 +125,19 @@ int run(const Options& o) {
               p.pp, p.dp, context.c_str(), p.tp, o.sp ? " + SP" : "",
               p.zero == 0 ? "DDP" : (p.hsdp > 1 ? "HSDP " + std::to_string(p.hsdp) + " x " : std::string("")).append("ZeRO-" + std::to_string(p.zero)).c_str(),
               p.schedule.c_str(), p.microbatches, o.bf16 ? "bf16" : "fp32");
+  if (p.has_experts())
+    std::printf("MoE: %lld experts, top-%lld, every %lld blocks, over ep %d (balanced routing)\n",
+                (long long)p.moe.router.experts, (long long)p.moe.router.topk, (long long)p.moe.every, p.ep);
   std::printf("model: %s, %lld layers, dim %lld, %lld heads (%lld KV), ffn %lld, vocab %lld, seq %lld, global batch %lld%s\n",
               o.llama ? "llama" : "gpt", (long long)m.layers, (long long)m.dim, (long long)m.heads,
               (long long)(m.kv_heads ? m.kv_heads : m.heads), (long long)(m.ffn ? m.ffn : m.mlp_ratio * m.dim),
               (long long)m.vocab, (long long)m.seq, (long long)p.batch, m.checkpoint ? ", activation checkpointing" : "");
   const auto started = std::chrono::steady_clock::now();
   std::vector<sim::PlanClass> classes;
+  using ExpertMesh = MetaMesh<"edp", "ep", "tp">;
   if (o.llama) classes = o.bf16 ? dry_run<bfloat16, nn::LlamaLayers>(o) : dry_run<float, nn::LlamaLayers>(o);
+  else if (p.has_experts())
+    classes = o.bf16 ? dry_run<bfloat16, nn::MoELayers<bfloat16, ExpertMesh>>(o) : dry_run<float, nn::MoELayers<float, ExpertMesh>>(o);
   else classes = o.bf16 ? dry_run<bfloat16, nn::DenseLayers>(o) : dry_run<float, nn::DenseLayers>(o);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   const sim::Topology topology = sim::plan_topology(p, o.hardware);
@@ -153,7 +170,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "plan_at_scale: %s\nusage: plan_at_scale [--arch gpt|llama --layers N --dim N --heads N --kv-heads N "
                          "--ffn N --vocab N --seq N --batch N --mlp-ratio N --dtype fp32|bf16 --checkpoint --dp N --tp N "
                          "--pp N --cp N --cp-kind ring|allgather|ulysses --no-cp-balance --zero 1|2|3 --hsdp R --microbatches N --schedule gpipe|1f1b|interleaved|zb|zbv "
-                         "--stages-per-rank N --no-sp --trace FILE --efficiency X --peak-tflops X]\n",
+                         "--stages-per-rank N --experts E --topk K --ep N --moe-every N --capacity F --no-sp --trace FILE --efficiency X --peak-tflops X]\n",
                  e.what());
     return 2;
   } catch (const std::exception& e) {

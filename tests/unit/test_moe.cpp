@@ -2,15 +2,18 @@
 // (parallel/expert_parallel.hpp): gradients against finite differences (one rank, double); EP = 2
 // and 4, EP x DP and EP x TP against the one-rank MoE (outputs, routing, gradients; 1e-10);
 // dropping exactly the one-rank run's tokens; the collectives and their bytes; every token to one
-// expert; the aux loss balancing the load; bad input.
+// expert; the aux loss balancing the load; bad input; and on meta tensors over the sim backend
+// (the dry run): balanced routing and the collectives, bytes and FLOPs it implies.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <cmath>
 
 #include "dtensor/comm/comm_log.hpp"
+#include "dtensor/comm/sim.hpp"
 #include "dtensor/core/compare.hpp"
 #include "dtensor/core/factories.hpp"
+#include "dtensor/kernels/meta/cost_log.hpp"
 #include "dtensor/nn/moe.hpp"
 #include "dtensor/parallel/data_parallel.hpp"
 #include "support/on_ranks.hpp"
@@ -289,6 +292,53 @@ TEST_CASE("MoE: collectives per layer and pass, with the routed rows' bytes", "[
       for (auto& e : f) WARN(e);
     }
   }
+}
+
+TEST_CASE("MoE on meta over the sim backend: balanced routing and the collectives, bytes and FLOPs it implies",
+          "[moe][meta]") {
+  // A dry run's MoE (nn::route_balanced): every expert gets rows / E of every rank's choices, so
+  // each rank sends and receives `rows` rows whatever the expert size. Analytic figures: the
+  // collectives of the threads run (the [commlog] case above) with those rows' bytes, and GEMM
+  // FLOPs 2 m n k: the router (tokens x C x E), the experts' fc1 and fc2 (rows x C x H each).
+  using MetaDense = MetaMesh<"dp", "tp">;
+  using MetaExperts = MetaMesh<"edp", "ep", "tp">;
+  using MetaMoe = nn::MoE<float, MetaDense, MetaExperts>;
+  constexpr Extent batch = 8, seq = 4, experts = 8, topk = 2;
+  constexpr std::int64_t tokens = batch / 4 * seq, rows = tokens * topk;
+  const nn::MoEConfig c{.dim = C, .hidden = H, .router = {.experts = experts, .topk = topk, .capacity_factor = 1.25}};
+  for (int ep : {1, 2, 4})
+    for (int rank : {0, 5}) {
+      INFO("ep " << ep << ", rank " << rank);
+      MetaDense dense(sim::world(rank, 8), {4, 2});
+      auto emesh = parallel::make_expert_mesh<MetaExperts>(dense, ep);
+      MetaMoe moe("moe", dense, emesh, c, 5);
+      auto x = distribute_replicated<nn::tokens<MetaDense>>(dense, Tensor<float, 3, meta_space>(Shape<3>{batch, seq, C}));
+      CommLog forward_log;
+      kernels::meta::CostLog forward_cost;
+      auto [y, saved] = moe.forward(x);
+      CHECK(y.shape() == x.shape());
+      CHECK(saved.routing.dropped == 0);
+      CHECK(saved.routing.load == std::vector<std::int64_t>(experts, rows / experts));
+      CHECK(saved.plan.rows_sent() == rows);
+      CHECK(saved.plan.rows_received() == rows);
+      CHECK(forward_log.size() == 3);
+      CHECK(forward_log.count(CollectiveKind::all_to_all, "ep") == 1);
+      CHECK(forward_log.count(CollectiveKind::all_to_all_v, "ep") == 2);
+      for (const auto& rec : forward_log.records())
+        CHECK(rec.bytes == (rec.kind == CollectiveKind::all_to_all ? std::size_t(experts) * sizeof(std::int64_t)
+                                                                    : std::size_t(rows * C) * sizeof(float)));
+      CHECK(forward_cost.flops("gemm") == 2 * tokens * C * experts + 2 * (2 * rows * C * H));
+      CommLog backward_log;
+      kernels::meta::CostLog backward_cost;
+      auto dy = distribute_replicated<nn::tokens<MetaDense>>(dense, Tensor<float, 3, meta_space>(Shape<3>{batch, seq, C}));
+      auto [dx, w] = moe.backward_input(std::move(saved), dy);
+      moe.backward_weight(std::move(w));
+      CHECK(dx.shape() == x.shape());
+      CHECK(backward_log.size() == 2);
+      CHECK(backward_log.count(CollectiveKind::all_to_all_v, "ep") == 2);
+      // dx and dW of the router; dA, dX, dW1 and dW2 of the experts.
+      CHECK(backward_cost.flops("gemm") == 2 * (2 * tokens * C * experts) + 4 * (2 * rows * C * H));
+    }
 }
 
 TEST_CASE("MoE: every token routed to one expert works (one rank receives them all)", "[moe][skew]") {

@@ -142,7 +142,7 @@ template <kernels::host::FloatElement T, parallel::ExpertMeshType EMesh>
 class MoELayers {
  public:
   using ExpertMesh = EMesh;
-  using ExpertUnit = ParamUnit<T, EMesh::ndim>;
+  using ExpertUnit = ParamUnit<T, EMesh::ndim, mesh_space_t<EMesh>>;
   template <class, class Mesh, class Plan>
   using block = TransformerBlock<T, Mesh, Plan, DenseOrMoE<T, Mesh, EMesh, Plan>>;
 
@@ -225,7 +225,7 @@ class MoELayers {
   }
 
   std::vector<ExpertUnit>& expert_units() noexcept { return units_; }
-  ParamList<T, EMesh::ndim>& expert_params() noexcept { return params_; }
+  ParamList<T, EMesh::ndim, mesh_space_t<EMesh>>& expert_params() noexcept { return params_; }
   const EMesh& expert_mesh() const noexcept { return emesh_; }
   const MoELayersConfig& config() const noexcept { return c_; }
 
@@ -233,7 +233,7 @@ class MoELayers {
   EMesh emesh_;
   MoELayersConfig c_;
   std::vector<ExpertUnit> units_;
-  ParamList<T, EMesh::ndim> params_;
+  ParamList<T, EMesh::ndim, mesh_space_t<EMesh>> params_;
 };
 
 /// A GPT with MoE blocks (nn::GPT with the MoELayers policy).

@@ -163,7 +163,8 @@ ExpertMesh make_expert_mesh(const DenseMesh& dense, int ep) {
                                        " ranks and the expert mesh none"),
                   dense.rank());
   // A communicator of all the dense mesh's ranks in their order (one split), for the new mesh's root.
-  ExpertMesh mesh(dense.comm().split(0, dense.comm().rank()), shape);
+  // The group is known (every rank, in order): a sim world can build it too (comm/sim.hpp).
+  ExpertMesh mesh(dense.comm().split(0, dense.comm().rank(), dense.comm().size()), shape);
   check_expert_mesh(dense, mesh);
   return mesh;
 }

@@ -92,8 +92,17 @@ class Topology {
   Topology(const std::array<std::string_view, N>& names, const std::array<int, N>& shape, const Hardware& hw)
       : hardware_(hw) {
     hw.check("sim::Topology");
-    const auto inside = dims_inside_node(shape, hw.gpus_per_node);
-    for (std::size_t d = 0; d < N; ++d) dims_.push_back({std::string(names[d]), inside[d]});
+    add_dims(names, shape);
+  }
+
+  /// The dimensions of a second factorization of the same ranks (an expert mesh: pp, edp, ep,
+  /// tp), row-major over the world as the first: those whose names are new join the lookup.
+  template <std::size_t N>
+  void add_dims(const std::array<std::string_view, N>& names, const std::array<int, N>& shape) {
+    const auto inside = dims_inside_node(shape, hardware_.gpus_per_node);
+    for (std::size_t d = 0; d < N; ++d)
+      if (std::none_of(dims_.begin(), dims_.end(), [&](const Dim& dim) { return dim.name == names[d]; }))
+        dims_.push_back({std::string(names[d]), inside[d]});
   }
 
   /// Whether every mesh dimension of the group `label` lies inside a node.

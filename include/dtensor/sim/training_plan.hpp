@@ -20,6 +20,12 @@
 //                             parallel::fully_shard<float> (fp32 master values, gradient shard
 //                             and AdamW state; the model computes in T), HSDP when hsdp > 1.
 //
+// MoE (plan.moe.router.experts > 0, Layers = nn::MoELayers over MetaMesh<"edp", "ep", "tp">): the
+// pipeline program, the experts on the expert mesh over each stage's ranks (ep of them splitting
+// the experts, as the trainer's), not sharded, all-reduced on "edp", with their own AdamW in T.
+// Routing is the balanced one a dry run assumes (nn::route_balanced): every expert gets its
+// share of every rank's tokens, so every rank of an "ep" group sends and receives alike.
+//
 // Rank classes: pipeline ranks by what their stages hold (first / last, layers per stage), the
 // data dimensions by their chunk of the micro-batch, the tensor dimension by its heads. The
 // phases are those the cost model reads ("forward" and "backward" are one micro-batch of this
@@ -38,6 +44,7 @@
 
 #include "dtensor/comm/sim.hpp"
 #include "dtensor/nn/llama.hpp"
+#include "dtensor/nn/moe_gpt.hpp"
 #include "dtensor/parallel/pipeline/by_name.hpp"
 #include "dtensor/parallel/pipeline/clip.hpp"
 #include "dtensor/parallel/pipeline/executor.hpp"
@@ -63,11 +70,14 @@ struct TrainingPlan {
   int cp = 1;               // context parallelism: ranks splitting every sequence
   parallel::ContextKind cp_kind = parallel::ContextKind::ring;
   bool cp_balanced = true;  // the head-tail order (parallel/context_layout.hpp): equal causal work per rank
+  nn::MoELayersConfig moe{};  // router.experts > 0: MoE blocks (Layers = nn::MoELayers), balanced routing
+  int ep = 1;               // expert parallelism: ranks splitting the experts (dividing dp x cp)
 
   Extent micro_batch() const { return batch / microbatches; }
   long long gpus() const { return 1LL * dp * tp * pp * cp; }
-  /// The pipeline program (any pp and cp; FSDP inside stages) or nn::GPT under fully_shard.
-  bool pipelined() const { return zero == 0 || pp > 1 || cp > 1; }
+  bool has_experts() const { return moe.router.experts > 0; }
+  /// The pipeline program (any pp and cp; FSDP inside stages; MoE) or nn::GPT under fully_shard.
+  bool pipelined() const { return zero == 0 || pp > 1 || cp > 1 || has_experts(); }
 };
 
 /// One rank class's report and what the schedule adds to its memory.
@@ -94,6 +104,13 @@ inline void check_plan(const TrainingPlan& p) {
     fail("heads ", p.model.heads, " / tp ", p.tp, " is not a multiple of cp ", p.cp, " (Ulysses splits the heads)");
   if (p.zero == 0 && p.hsdp > 1) fail("hsdp ", p.hsdp, " needs FSDP (zero 1, 2 or 3)");
   if (p.dp % p.hsdp != 0) fail("hsdp ", p.hsdp, " does not divide dp ", p.dp);
+  if (!p.has_experts() && p.ep != 1) fail("ep ", p.ep, " needs experts (moe.router.experts > 0)");
+  if (p.has_experts()) {
+    nn::check_router_config(p.moe.router, op);
+    if (p.ep < 1 || (p.dp * p.cp) % p.ep != 0 || p.moe.router.experts % p.ep != 0)
+      fail("ep ", p.ep, " must divide dp x cp = ", p.dp * p.cp, " (the ranks that split the tokens) and the ",
+           p.moe.router.experts, " experts");
+  }
 }
 
 namespace detail {
@@ -147,6 +164,15 @@ inline nn::GPTConfig stage_config(const TrainingPlan& p) {
   return c;
 }
 
+/// The stages' Layers policy: nn::MoELayers on the expert mesh over the stage's ranks, or a dense one.
+template <class Layers, class StageMesh>
+Layers plan_layers(const StageMesh& stage_mesh, const TrainingPlan& p) {
+  if constexpr (requires { typename Layers::ExpertMesh; })
+    return Layers(parallel::make_expert_mesh<typename Layers::ExpertMesh>(stage_mesh, p.ep), p.moe);
+  else
+    return Layers{};
+}
+
 /// One micro-batch through this pipeline rank's stages: receive, forward, send; backward the
 /// same way, in reverse. `before_forward(i)` / `after_backward(i)` run around local stage i
 /// (FSDP's unshard, reshard and gradient reduction).
@@ -197,18 +223,33 @@ void pipeline_rank_step(CommPtr world, const TrainingPlan& p, const parallel::pi
   const auto& layout = schedule.layout;
   const int me = mesh.coordinate()[0];
   const nn::GPTConfig config = stage_config(p);
+  constexpr bool moe = requires { typename Layers::ExpertMesh; };
   rec.phase("parameters");
   std::vector<Stage> stages;
   {
     MemoryTagScope tag(MemoryTag::parameters);
-    for (int s : layout.stages_of(me)) stages.emplace_back(stage_mesh, config, s, layout.stages());
+    const Layers layers = plan_layers<Layers>(stage_mesh, p);
+    for (int s : layout.stages_of(me)) stages.emplace_back(stage_mesh, config, s, layout.stages(), layers);
   }
   const auto ids = meta_ids<typename Stage::Ids>(stage_mesh, p);
+  // MoE: the experts' own optimizer (they are not sharded; all-reduced on "edp").
+  auto make_expert_optimizer = [](auto& experts) {
+    if constexpr (moe) return optim::AdamW<T, 3, meta_space>(experts, adamw_options());
+    else return 0;
+  };
   if (p.zero == 0) {
-    nn::ParamList<T, 4, meta_space> params;
-    for (Stage& stage : stages) nn::collect(stage, params);
+    nn::ParamList<T, 4, meta_space> params;  // the stage mesh's (MoE: the experts are on theirs)
+    for (Stage& stage : stages) nn::collect_on<StageMesh>(stage, params);
     parallel::DataParallel<StageMesh> ddp(stage_mesh, {.bucket_bytes = bucket_bytes});
     optim::AdamW<T, 4, meta_space> opt(params, adamw_options());
+    typename pp::detail::ExpertParts<Stage>::List experts;  // MoE: this rank's experts of its stages
+    if constexpr (moe) {
+      for (Stage& stage : stages) {
+        auto& mine = stage.layers().expert_params();
+        experts.insert(experts.end(), mine.begin(), mine.end());
+      }
+    }
+    auto expert_opt = make_expert_optimizer(experts);
     opt.zero_grad();
     run_one_microbatch(stages, mesh, layout, ids, rec, [](std::size_t) {}, [](std::size_t) {});
     rec.phase("optimizer");
@@ -219,7 +260,15 @@ void pipeline_rank_step(CommPtr world, const TrainingPlan& p, const parallel::pi
     parallel::detail::bucketed_all_reduce(params, stage_mesh, 1, {.bucket_bytes = bucket_bytes, .contiguous_only = false});
     parallel::context_parallel_grads(params, stage_mesh, {.bucket_bytes = bucket_bytes});
     parallel::sequence_parallel_grads(params, stage_mesh, {.bucket_bytes = bucket_bytes});
-    pp::clip_grad_norm(params, stage_mesh, mesh.group(0), 1.0);
+    if constexpr (moe) {
+      const auto& expert_mesh = stages.front().layers().expert_mesh();
+      parallel::DataParallel<typename Layers::ExpertMesh>(expert_mesh, {.bucket_bytes = bucket_bytes})
+          .all_reduce_gradients(experts);
+      pp::clip_grad_norm(params, stage_mesh, experts, expert_mesh, mesh.group(0), 1.0);
+      expert_opt.step();
+    } else {
+      pp::clip_grad_norm(params, stage_mesh, mesh.group(0), 1.0);
+    }
     opt.step();
     rec.phase(after_step);
     return;
@@ -228,6 +277,10 @@ void pipeline_rank_step(CommPtr world, const TrainingPlan& p, const parallel::pi
   // AdamW state over "fsdp"); the executor only holds them here, this program drives them.
   pp::ShardedPipeline<Stage, Mesh, float> run(mesh, schedule, std::move(stages), {.stage = p.zero}, bucket_bytes);
   optim::AdamW<float, 4, meta_space> opt(run.params(), adamw_options());
+  auto expert_opt = [&] {
+    if constexpr (moe) return make_expert_optimizer(run.expert_params());
+    else return 0;
+  }();
   run.zero_grad();
   run_one_microbatch(
       run.executor().stages(), mesh, layout, ids, rec, [&](std::size_t i) { run.fsdp(i).unshard(); },
@@ -240,6 +293,7 @@ void pipeline_rank_step(CommPtr world, const TrainingPlan& p, const parallel::pi
   run.finish_gradient_syncs();
   run.clip_grad_norm(1.0);
   opt.step();
+  if constexpr (moe) expert_opt.step();
   run.sync_parameters();
   rec.phase(after_step);
 }
@@ -281,10 +335,16 @@ void sharded_step(CommPtr world, const TrainingPlan& p, Recorder& rec) {
 
 }  // namespace detail
 
-/// The links of the plan's mesh: (pp, dp, fsdp, cp, tp) for the pipeline program, (dp, fsdp, tp) for nn::GPT under FSDP.
+/// The links of the plan's mesh: (pp, dp, fsdp, cp, tp) for the pipeline program (and its expert
+/// mesh's edp, ep under MoE), (dp, fsdp, tp) for nn::GPT under FSDP.
 inline Topology plan_topology(const TrainingPlan& p, const Hardware& hw) {
-  if (p.pipelined())
-    return Topology(std::array<std::string_view, 5>{"pp", "dp", "fsdp", "cp", "tp"}, detail::pipeline_shape(p), hw);
+  if (p.pipelined()) {
+    Topology t(std::array<std::string_view, 5>{"pp", "dp", "fsdp", "cp", "tp"}, detail::pipeline_shape(p), hw);
+    // The experts' mesh factors each stage's token ranks (dp x cp of them) as edp x ep.
+    if (p.has_experts())
+      t.add_dims(std::array<std::string_view, 4>{"pp", "edp", "ep", "tp"}, std::array{p.pp, p.dp * p.cp / p.ep, p.ep, p.tp});
+    return t;
+  }
   return Topology(std::array<std::string_view, 3>{"dp", "fsdp", "tp"}, std::array{p.hsdp, p.dp / p.hsdp, p.tp}, hw);
 }
 

@@ -41,10 +41,11 @@ double clip_grad_norm(const nn::ParamList<T, N, Space>& params, const StageMesh&
 }
 
 /// The same with a second list on a second mesh of the stage's ranks (MoE: the experts on the
-/// expert mesh): one norm over both lists and all stages, both scaled alike.
-template <class T, std::size_t N, class Space, MeshType StageMesh, std::size_t N2, MeshType ExpertMesh>
+/// expert mesh): one norm over both lists and all stages, both scaled alike. The lists' element
+/// types may differ (FSDP's fp32 master values beside bf16 experts).
+template <class T, std::size_t N, class Space, MeshType StageMesh, class T2, std::size_t N2, MeshType ExpertMesh>
 double clip_grad_norm(const nn::ParamList<T, N, Space>& params, const StageMesh& stage_mesh,
-                      const nn::ParamList<T, N2, Space>& experts,
+                      const nn::ParamList<T2, N2, Space>& experts,
                       const ExpertMesh& expert_mesh, Communicator& pipeline_group, double max_norm) {
   detail::check_max_norm(max_norm, stage_mesh.rank());
   const double stage_norm = optim::grad_norm(params, stage_mesh), expert_norm = optim::grad_norm(experts, expert_mesh);
