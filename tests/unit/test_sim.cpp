@@ -14,6 +14,7 @@
 #include "dtensor/core/meta_space.hpp"
 #include "dtensor/distributed/redistribute.hpp"
 #include "dtensor/mesh/device_mesh.hpp"
+#include "dtensor/nn/moe_gpt.hpp"
 #include "dtensor/ops/matmul.hpp"
 #include "dtensor/parallel/pipeline/by_name.hpp"
 #include "dtensor/sim/chrome_trace.hpp"
@@ -744,6 +745,67 @@ TEST_CASE("sim: Llama-3-405B long context, TP 8 x CP 16 x PP 16 x DP 8 at seq 13
     CAPTURE(c->report.name);
     CHECK(gathers == 2 * int(end - first));
   }
+}
+
+TEST_CASE("sim: expert parallelism, dry: the routed rows' all-to-alls and the experts' parameter bytes", "[sim][moe]") {
+  // A small GPT, PP 2 x DP 4 x TP 2 + SP in bf16 (DDP), with MoE in blocks 1 and 3: 8 experts,
+  // top-2, over EP 4. A rank's micro-batch is 16 / 4 / 4 = 1 sequence of 64 tokens; the MoE
+  // routes whole tokens (SP gathers them), so every rank sends 64 x 2 rows of dim values per
+  // all_to_all_v (balanced routing: it also receives as many).
+  constexpr Extent dim = 64, hidden = 4 * dim, experts = 8, topk = 2, tokens = 64;
+  constexpr int ep = 4, tp = 2;
+  const sim::TrainingPlan dense{.model = {.vocab = 512, .seq = tokens, .dim = dim, .heads = 4, .layers = 4, .mlp_ratio = 4},
+                                .batch = 16, .microbatches = 4, .dp = 4, .tp = tp, .pp = 2};
+  sim::TrainingPlan moe = dense;
+  moe.moe.router.experts = experts;
+  moe.moe.router.topk = topk;
+  moe.moe.every = 2;
+  moe.ep = ep;
+  const auto dense_classes = sim::dry_run_plan<dtensor::bfloat16, nn::DenseLayers, true>(dense);
+  const auto moe_classes = sim::dry_run_plan<dtensor::bfloat16, nn::MoELayers<dtensor::bfloat16, MetaMesh<"edp", "ep", "tp">>, true>(moe);
+  REQUIRE(moe_classes.size() == dense_classes.size());
+  const auto rows_bytes = std::size_t(tokens * topk * dim) * sizeof(dtensor::bfloat16);
+  // Parameters per rank of one MoE block minus its dense MLP: the router [E, C] (replicated) and
+  // E / ep experts (fc1, fc2 and their biases, replicated on "tp") replace the MLP, whose fc1 and
+  // its bias are split on "tp" (column-parallel), fc2 split and its bias replicated (row-parallel).
+  const Extent moe_block = experts * dim + experts / ep * (2 * hidden * dim + hidden + dim);
+  const Extent mlp_block = 2 * hidden * dim / tp + hidden / tp + dim;
+  const auto tag = std::size_t(MemoryTag::parameters);
+  for (std::size_t i = 0; i < moe_classes.size(); ++i) {
+    const auto& report = moe_classes[i].report;
+    CAPTURE(report.name);
+    REQUIRE(report.name == dense_classes[i].report.name);
+    const int moe_blocks = 1;  // blocks 0, 1 on pipeline rank 0 and 2, 3 on rank 1: one MoE block each
+    for (const char* phase : {"forward", "backward"}) {
+      std::map<CollectiveKind, int> count;
+      for (const auto& r : report.phase(phase).collectives) {
+        if (r.group != "ep") continue;
+        ++count[r.kind];
+        CHECK(r.group_size == ep);
+        CHECK(r.bytes == (r.kind == CollectiveKind::all_to_all ? std::size_t(experts) * sizeof(std::int64_t) : rows_bytes));
+      }
+      const bool forward = std::string(phase) == "forward";
+      auto expected = std::map<CollectiveKind, int>{{CollectiveKind::all_to_all_v, 2 * moe_blocks}};
+      if (forward) expected[CollectiveKind::all_to_all] = moe_blocks;
+      CHECK(count == expected);
+    }
+    const auto moe_params = report.phase("parameters").end[tag], dense_params = dense_classes[i].report.phase("parameters").end[tag];
+    CHECK(moe_params - dense_params == std::int64_t(moe_blocks * (moe_block - mlp_block)) * std::int64_t(sizeof(dtensor::bfloat16)));
+    // The experts' gradients are all-reduced on "edp" (size dp x cp / ep = 1 here: no bytes on the wire).
+    bool edp = false;
+    for (const auto& r : report.phase("optimizer").collectives) edp = edp || (r.group == "edp" && r.kind == CollectiveKind::all_reduce);
+    CHECK(edp);
+  }
+  // The estimate reads the expert mesh's links (an "ep" group of 4 x tp 2 ranks lies inside a node of 8).
+  const sim::Topology topology = sim::plan_topology(moe, sim::Hardware{});
+  CHECK(topology.inside_node("ep"));
+  CHECK_FALSE(topology.inside_node("pp"));
+  CHECK_THROWS_WITH(sim::check_plan([&] {
+                      auto bad = moe;
+                      bad.ep = 3;
+                      return bad;
+                    }()),
+                    Catch::Contains("ep 3 must divide dp x cp = 4"));
 }
 
 TEST_CASE("sim: the Chrome trace of an estimated step is strict JSON with its two tracks", "[sim][cost]") {
