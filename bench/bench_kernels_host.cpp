@@ -9,7 +9,9 @@
 //   layer_norm     forward + backward of x [16, 64, dim]
 //   gelu           forward + backward of x [16, 64, 4 dim]
 //   softmax        forward of x [16 * heads * 64, 64] (attention-shaped rows)
-//   attention      forward + backward, causal, q/k/v [16, heads, 64, dim / heads]
+//   attention      forward + backward, causal, q/k/v [16, heads, 64, dim / heads]; BM_attention_bf16:
+//                  the same in bfloat16 (each head widened to float, outputs rounded once), against
+//                  the float one in the same run: the cost of the widening
 //   adamw          one update of a flat float buffer of n parameters
 #include <benchmark/benchmark.h>
 
@@ -70,12 +72,13 @@ void BM_softmax(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * s[0] * s[1] * 4 * 2);
 }
 
+template <class T>
 void BM_attention(benchmark::State& state) {
   set_isa(state);
   const Extent heads = state.range(1), dim = state.range(2);
   const Shape<4> s{16, heads, 64, dim / heads};
-  const auto q = dtensor::uniform<float>(s, 1, -1, 1), k = dtensor::uniform<float>(s, 2, -1, 1),
-             v = dtensor::uniform<float>(s, 3, -1, 1), dout = dtensor::uniform<float>(s, 4, -1, 1);
+  const auto q = dtensor::uniform<T>(s, 1, -1, 1), k = dtensor::uniform<T>(s, 2, -1, 1),
+             v = dtensor::uniform<T>(s, 3, -1, 1), dout = dtensor::uniform<T>(s, 4, -1, 1);
   for (auto _ : state) {
     auto f = kh::attention(q, k, v);
     auto g = kh::attention_backward(q, k, v, f.out, f.lse, dout);
@@ -101,7 +104,8 @@ void BM_adamw(benchmark::State& state) {
 BENCHMARK(BM_layer_norm)->ArgsProduct({{0, 1}, {128, 384}});
 BENCHMARK(BM_gelu)->ArgsProduct({{0, 1}, {128, 384}});
 BENCHMARK(BM_softmax)->ArgsProduct({{0, 1}, {4}});
-BENCHMARK(BM_attention)->Args({0, 4, 128})->Args({1, 4, 128})->Args({0, 6, 384})->Args({1, 6, 384});
+BENCHMARK(BM_attention<float>)->Name("BM_attention")->Args({0, 4, 128})->Args({1, 4, 128})->Args({0, 6, 384})->Args({1, 6, 384});
+BENCHMARK(BM_attention<dtensor::bfloat16>)->Name("BM_attention_bf16")->Args({1, 4, 128})->Args({1, 6, 384});
 BENCHMARK(BM_adamw)->ArgsProduct({{0, 1}, {427008}});
 
 BENCHMARK_MAIN();

@@ -12,6 +12,7 @@
 //   train_gpt --save-every 50 --save-dir ckpt --steps 100       # a checkpoint every 50 steps (atomically replaced)
 //   train_gpt --pp 1 --fsdp 1 --cp 1 --tp 1 --resume ckpt --steps 200   # continue it on one rank (any mesh)
 //   train_gpt --arch llama --kv-heads 2                         # Llama blocks: RMSNorm, rotary GQA, SwiGLU
+//   train_gpt --dtype bf16                                      # bf16 model, fp32 master weights (examples/train_gpt_bf16.cpp)
 //
 // The mesh. Every run uses one mesh, (pp, dp, fsdp, cp, tp), of pp x dp x fsdp x cp x tp ranks; a
 // parallelism that is off is a dimension of size 1, whose collectives cost nothing. "pp" cuts
@@ -147,7 +148,9 @@ const char* usage =
     "        every N steps (atomically: DIR always holds a whole checkpoint); --resume DIR continues from one, saved\n"
     "        on any mesh, up to --steps (the total).\n"
     "  --device cuda (train_gpt_cuda): the model on a GPU, the ranks threads sharing it, or --backend nccl under\n"
-    "        mpirun (one GPU per process).\n";
+    "        mpirun (one GPU per process).\n"
+    "  --dtype bf16: the model computes in bfloat16; master weights, gradient shards and AdamW state stay fp32\n"
+    "        (FSDP mixed precision, also without --fsdp: ZeRO-1 on one shard); not with --experts.\n";
 
 using examples::flag_value;
 using examples::UsageError;
@@ -182,8 +185,10 @@ void check_device(const Options& o) {
 #endif
   if (o.device == "cpu" && o.backend == "nccl") throw UsageError("--backend nccl needs --device cuda");
   if (o.device == "cuda" && o.backend == "mpi") throw UsageError("--device cuda runs under mpirun with --backend nccl, not mpi");
-  if (o.dtype == "bf16")
-    throw UsageError("--dtype bf16: not supported yet (the attention kernels, host and cuda, take float and double only)");
+  // bf16 keeps fp32 master values only for what FSDP shards; the MoE experts are outside it.
+  if (o.dtype == "bf16" && o.experts > 0)
+    throw UsageError("--dtype bf16 with --experts: not supported yet (the experts are not FSDP-sharded, so they would "
+                     "have no fp32 master copy)");
 }
 
 /// The constraints between flags that the library would otherwise report later, deep in a rank.
@@ -395,11 +400,15 @@ std::pair<std::vector<std::int64_t>, double> expert_load(Model& model, const Mes
 /// The collectives of one step by "kind on group", with their count and bytes.
 using CommSummary = std::map<std::string, std::pair<std::size_t, std::size_t>>;
 
-template <class Space, class Plan, class Layers>
+/// Compute: the model's element type (--dtype: float, or bfloat16). The master values, gradient
+/// shards and AdamW state are float either way: every stage is FSDP-sharded (ZeRO-1 over a size-1
+/// "fsdp" dimension when --fsdp 1), and fully_shard<float> keeps them in fp32 (FSDP2's mixed
+/// precision: parameters all-gathered in bf16, gradients reduced in fp32).
+template <class Space, class Compute, class Plan, class Layers>
 void train(CommPtr world, const Options& o, const Corpus& corpus) {
   using Mesh = MeshIn<Space>;
   using StageMesh = StageMeshIn<Space>;
-  using Stage = pp::GptStage<float, StageMesh, Plan, std::int32_t, Layers>;
+  using Stage = pp::GptStage<Compute, StageMesh, Plan, std::int32_t, Layers>;
   constexpr bool moe = requires(Layers& l) { l.expert_params(); };  // nn::MoELayers
 
   // The mesh, the model config and the schedule.
@@ -430,7 +439,7 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
   std::vector<Stage> stages;
   for (int s : schedule.layout.stages_of(mesh.coordinate(0)))
     stages.emplace_back(stage_mesh, cfg, s, schedule.layout.stages(), layers);
-  pp::ShardedPipeline<Stage, Mesh> model(mesh, schedule, std::move(stages), {.stage = o.zero});
+  pp::ShardedPipeline<Stage, Mesh, float> model(mesh, schedule, std::move(stages), {.stage = o.zero});
 
   // AdamW over this rank's shards (MoE: a second one over its experts).
   const optim::AdamWOptions adamw{.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
@@ -446,9 +455,11 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
 
   const bool root = world->rank() == 0;
   if (root) {
-    std::printf("train_gpt: mesh pp %d x dp %d x fsdp %d (ZeRO-%d) x cp %d (%s) x tp %d%s = %d ranks, %s backend, device %s\n",
+    std::printf("train_gpt: mesh pp %d x dp %d x fsdp %d (ZeRO-%d) x cp %d (%s) x tp %d%s = %d ranks, %s backend, device %s, "
+                "dtype %s\n",
                 o.pp, o.dp, o.fsdp, o.zero, o.cp, std::string(parallel::name_of(o.cp_kind)).c_str(), o.tp, o.sp ? " + SP" : "",
-                o.ranks(), o.backend.c_str(), o.device.c_str());
+                o.ranks(), o.backend.c_str(), o.device.c_str(),
+                std::is_same_v<Compute, float> ? "f32" : "bf16 (fp32 master weights and AdamW state)");
     std::printf("schedule %s: %d micro-batches over %d stages; model: %lld layers, dim %lld, %lld heads, seq %lld, batch "
                 "%lld, vocab %zu",
                 o.schedule.c_str(), o.microbatches, schedule.layout.stages(), (long long)o.layers, (long long)o.dim,
@@ -594,29 +605,67 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
 
 /// The model types: one per kind of block (GPT, Llama or MoE) and plan (with or without SP),
 /// whatever the sizes of the mesh.
-template <class Space, bool SP>
+template <class Space, class Compute, bool SP>
 void train_blocks(CommPtr world, const Options& o, const Corpus& corpus) {
-  if (o.experts > 0)
-    return train<Space, parallel::MegatronPlan<SP>, nn::MoELayers<float, ExpertMeshIn<Space>>>(std::move(world), o, corpus);
-  if (o.arch == "llama") return train<Space, parallel::MegatronPlan<SP>, nn::LlamaLayers>(std::move(world), o, corpus);
-  train<Space, parallel::MegatronPlan<SP>, nn::DenseLayers>(std::move(world), o, corpus);
+  using Plan = parallel::MegatronPlan<SP>;
+  if constexpr (std::is_same_v<Compute, float>)  // MoE is fp32-only (check_device)
+    if (o.experts > 0) return train<Space, Compute, Plan, nn::MoELayers<float, ExpertMeshIn<Space>>>(std::move(world), o, corpus);
+  if (o.arch == "llama") return train<Space, Compute, Plan, nn::LlamaLayers>(std::move(world), o, corpus);
+  train<Space, Compute, Plan, nn::DenseLayers>(std::move(world), o, corpus);
 }
 
-template <class Space>
+template <class Space, class Compute>
 void run_rank(CommPtr world, const Options& o, const Corpus& corpus) {
   if (world->size() != o.ranks())
     world->fail("train_gpt", "the job has " + str(world->size()) + " ranks but pp x dp x fsdp x cp x tp = " + str(o.ranks()));
-  if (o.sp) train_blocks<Space, true>(std::move(world), o, corpus);
-  else train_blocks<Space, false>(std::move(world), o, corpus);
+  if (o.sp) train_blocks<Space, Compute, true>(std::move(world), o, corpus);
+  else train_blocks<Space, Compute, false>(std::move(world), o, corpus);
 }
 
 #ifdef DTENSOR_TRAIN_GPT_CUDA
 /// --device cuda: examples/train_gpt_cuda.cu, which includes this file.
+template <class Compute>
 int run_on_gpu(int argc, char** argv, const Options& o, const Corpus& corpus);
 #endif
 
+/// The run after parsing, with the model in Compute (float, or bfloat16 for --dtype bf16).
+template <class Compute>
+int run(int argc, char** argv, const Options& o) {
+  try {
+    const Corpus corpus = encode(read_text(o.data), o.seq);
+    check_save_dir(o);
+#ifdef DTENSOR_TRAIN_GPT_CUDA
+    if (o.device == "cuda") return run_on_gpu<Compute>(argc, argv, o, corpus);
+#endif
+    if (o.backend == "mpi") {
+#ifdef DTENSOR_HAS_MPI
+      return dtensor::mpi::run(argc, argv, [&](CommPtr world) { run_rank<host_space, Compute>(std::move(world), o, corpus); });
+#else
+      (void)argc, (void)argv;
+      std::fprintf(stderr, "train_gpt: --backend mpi needs a build with -DDTENSOR_WITH_MPI=ON\n");
+      return 2;
+#endif
+    }
+    threads::run(o.ranks(), [&](CommPtr world) { run_rank<host_space, Compute>(std::move(world), o, corpus); });
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train_gpt: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
+
 }  // namespace
 
+// --dtype bf16 is the same program with the model in bfloat16, instantiated in a translation unit
+// of its own (examples/train_gpt_bf16.cpp, or train_gpt_cuda_bf16.cu for train_gpt_cuda) that
+// includes this file with DTENSOR_TRAIN_GPT_BF16_PART: the two halves build in parallel.
+int train_gpt_bf16(int argc, char** argv);
+
+#ifdef DTENSOR_TRAIN_GPT_BF16_PART
+int train_gpt_bf16(int argc, char** argv) {
+  return run<dtensor::bfloat16>(argc, argv, parse(argc, argv));  // main parsed them already: no usage error
+}
+#else
 int main(int argc, char** argv) {
   Options o;
   try {
@@ -625,24 +674,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "train_gpt: %s\n%s", e.what(), usage);
     return 2;
   }
-  try {
-    const Corpus corpus = encode(read_text(o.data), o.seq);
-    check_save_dir(o);
-#ifdef DTENSOR_TRAIN_GPT_CUDA
-    if (o.device == "cuda") return run_on_gpu(argc, argv, o, corpus);
-#endif
-    if (o.backend == "mpi") {
-#ifdef DTENSOR_HAS_MPI
-      return dtensor::mpi::run(argc, argv, [&](CommPtr world) { run_rank<host_space>(std::move(world), o, corpus); });
-#else
-      std::fprintf(stderr, "train_gpt: --backend mpi needs a build with -DDTENSOR_WITH_MPI=ON\n");
-      return 2;
-#endif
-    }
-    threads::run(o.ranks(), [&](CommPtr world) { run_rank<host_space>(std::move(world), o, corpus); });
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "train_gpt: %s\n", e.what());
-    return 1;
-  }
-  return 0;
+  if (o.dtype == "bf16") return train_gpt_bf16(argc, argv);
+  return run<float>(argc, argv, o);
 }
+#endif

@@ -34,6 +34,7 @@ int visible_gpus() {
   return devices;
 }
 
+template <class Compute>
 int run_on_gpu(int argc, char** argv, const Options& o, const Corpus& corpus) {
   try {
     visible_gpus();
@@ -44,14 +45,14 @@ int run_on_gpu(int argc, char** argv, const Options& o, const Corpus& corpus) {
   if (o.backend == "nccl") {
 #ifdef DTENSOR_HAS_NCCL
     // nccl::world(): this process's GPU is its local rank % the visible GPUs.
-    return mpi::run(argc, argv, [&](CommPtr) { run_rank<cuda_space>(nccl::world(), o, corpus); });
+    return mpi::run(argc, argv, [&](CommPtr) { run_rank<cuda_space, Compute>(nccl::world(), o, corpus); });
 #else
     (void)argc, (void)argv;
     std::fprintf(stderr, "train_gpt_cuda: --backend nccl needs a build with -DDTENSOR_WITH_NCCL=ON\n");
     return 2;
 #endif
   }
-  cuda_threads::run(o.ranks(), [&](CommPtr world) { run_rank<cuda_space>(std::move(world), o, corpus); });
+  cuda_threads::run(o.ranks(), [&](CommPtr world) { run_rank<cuda_space, Compute>(std::move(world), o, corpus); });
   return 0;
 }
 

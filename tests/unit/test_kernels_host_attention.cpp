@@ -1,11 +1,12 @@
 // Causal multi-head attention on host: against a naive double loop, the backward against finite
-// differences, and the blockwise (context-parallel) form against the whole.
+// differences, and the blockwise (context-parallel) form against the whole; bf16 against float.
 #include "test_kernels_host_util.hpp"
 
 #include <array>
 #include <cmath>
 #include <vector>
 
+#include "dtensor/kernels/attention_chunk.hpp"
 #include "dtensor/kernels/host/attention.hpp"
 
 using namespace dtensor;
@@ -187,4 +188,94 @@ TEST_CASE("blocked attention over several tiles against the untiled oracle", "[k
       const auto ff = kh::attention(kt::cast<float>(q), kt::cast<float>(k), kt::cast<float>(v), o);
       for (Extent i = 0; i < f.out.numel(); ++i) CHECK(double(ff.out[i]) == Approx(f.out[i]).margin(2e-5));
     }
+}
+
+TEST_CASE("bfloat16 attention is the float kernel on the widened inputs, rounded once", "[kernels][attention]") {
+  // bf16 q, k, v: the kernel widens each head to float, runs the float kernel and rounds out
+  // (dq, dk, dv) to bf16 once, keeping the lse of the float run. So it equals, bit for bit, the
+  // float kernel on the same values rounded to bf16 — over several tiles, with ring offsets and
+  // through the block merge — and it follows the double oracle within bf16's precision.
+  using bf16 = dtensor::bfloat16;
+  auto q = kt::cast<bf16>(normal<double>(Shape<4>{1, 2, 300, 5}, 31)), k = kt::cast<bf16>(normal<double>(Shape<4>{1, 2, 270, 5}, 32));
+  auto v = kt::cast<bf16>(normal<double>(Shape<4>{1, 2, 270, 3}, 33));
+  auto dout = kt::cast<bf16>(normal<double>(Shape<4>{1, 2, 300, 3}, 34));
+  auto qf = kt::cast<float>(q), kf = kt::cast<float>(k), vf = kt::cast<float>(v), doutf = kt::cast<float>(dout);
+  auto rounded_equal = [](const auto& narrow, const auto& wide) {
+    REQUIRE(narrow.shape() == wide.shape());
+    Extent differ = 0;
+    for (Extent i = 0; i < wide.numel(); ++i) differ += narrow[i].bits != bf16(wide[i]).bits;
+    CHECK(differ == 0);
+  };
+  // bf16's unit roundoff is 2^-9 = 2e-3: the output's own rounding plus the rounding of out and
+  // dout that the backward reads stay within 2e-2 of the double oracle for these O(1) values.
+  auto near_oracle = [](const auto& narrow, const T4& exact) {
+    const auto c = compare(kt::cast<double>(narrow), exact, {.rtol = 2e-2, .atol = 2e-2});
+    INFO(c.message);
+    CHECK(c.ok);
+  };
+  for (bool causal : {true, false})
+    for (Extent k0 : {Extent(0), Extent(150), Extent(-40)}) {
+      INFO("causal " << causal << ", key offset " << k0);
+      const kh::AttentionOptions o{.causal = causal, .q_offset = 100, .k_offset = 100 + k0};
+      const auto f = kh::attention(q, k, v, o);
+      const auto ff = kh::attention(qf, kf, vf, o);
+      rounded_equal(f.out, ff.out);
+      for (Extent i = 0; i < f.lse.numel(); ++i) CHECK(f.lse[i] == ff.lse[i]);
+      near_oracle(f.out, naive_attention(kt::cast<double>(q), kt::cast<double>(k), kt::cast<double>(v), causal, 100,
+                                         100 + k0));
+      const auto g = kh::attention_backward(q, k, v, f.out, f.lse, dout, o);
+      const auto gf = kh::attention_backward(qf, kf, vf, kt::cast<float>(f.out), ff.lse, doutf, o);
+      rounded_equal(g.dq, gf.dq);
+      rounded_equal(g.dk, gf.dk);
+      rounded_equal(g.dv, gf.dv);
+      const auto [dq, dk, dv] = naive_attention_backward(kt::cast<double>(q), kt::cast<double>(k), kt::cast<double>(v),
+                                                         kt::cast<double>(dout), causal, 100, 100 + k0);
+      near_oracle(g.dq, dq);
+      near_oracle(g.dk, dk);
+      near_oracle(g.dv, dv);
+    }
+  // Ring attention's merge of two key blocks, in bf16: rounded once from the float merge.
+  const kh::AttentionOptions o1{.q_offset = 270, .k_offset = 0}, o2{.q_offset = 270, .k_offset = 135};
+  auto k1 = k.slice(2, 0, 135), v1 = v.slice(2, 0, 135), k2 = k.slice(2, 135, 135), v2 = v.slice(2, 135, 135);
+  auto a = kh::attention(q, k1, v1, o1), b = kh::attention(q, k2, v2, o2);
+  auto m = kh::merge_attention_blocks(a.out, a.lse, b.out, b.lse);
+  auto mf = kh::merge_attention_blocks(kt::cast<float>(a.out), a.lse, kt::cast<float>(b.out), b.lse);
+  rounded_equal(m.out, mf.out);
+  near_oracle(m.out, naive_attention(kt::cast<double>(q), kt::cast<double>(k), kt::cast<double>(v), true, 270, 0));
+}
+
+TEST_CASE("bfloat16 chunked attention (ring attention's local part) against the double oracle", "[kernels][attention]") {
+  // 40 queries against keys arriving in 5 chunks of 8 (out of order): the merged output and the
+  // summed dq are kept in float and rounded once, so they stay within bf16's precision of the
+  // double oracle (2e-2 as above) however many chunks the sequence is cut into.
+  using bf16 = dtensor::bfloat16;
+  const Extent T = 40, chunk = 8;
+  auto q = kt::cast<bf16>(normal<double>(Shape<4>{1, 2, T, 8}, 41)), k = kt::cast<bf16>(normal<double>(Shape<4>{1, 2, T, 8}, 42));
+  auto v = kt::cast<bf16>(normal<double>(Shape<4>{1, 2, T, 4}, 43)), dout = kt::cast<bf16>(normal<double>(Shape<4>{1, 2, T, 4}, 44));
+  const auto qd = kt::cast<double>(q), kd = kt::cast<double>(k), vd = kt::cast<double>(v), doutd = kt::cast<double>(dout);
+  auto near_oracle = [](const auto& narrow, const T4& exact, const char* what) {
+    const auto c = compare(kt::cast<double>(narrow), exact, {.rtol = 2e-2, .atol = 2e-2});
+    INFO(what << ": " << c.message);
+    CHECK(c.ok);
+  };
+  const std::vector<dtensor::kernels::SeqPiece> q_pieces{{.local = 0, .global = 0, .size = T}};
+  const std::vector<dtensor::kernels::SeqPiece> k_pieces{{.local = 0, .global = 0, .size = chunk}};
+  const std::vector<Extent> order{3, 0, 4, 1, 2};
+  auto key_pieces = [&](Extent c) {
+    auto p = k_pieces;
+    p[0].global = c * chunk;
+    return p;
+  };
+  dtensor::kernels::ChunkedAttention<bf16> fwd(q, q_pieces, v.extent(3), {});
+  for (Extent c : order) fwd.add_chunk(k.slice(2, c * chunk, chunk), v.slice(2, c * chunk, chunk), key_pieces(c));
+  auto f = std::move(fwd).result();
+  near_oracle(f.out, naive_attention(qd, kd, vd, true), "chunked out");
+  dtensor::kernels::ChunkedAttentionBackward<bf16> bwd(q, f.out, f.lse, dout, q_pieces, {});
+  const auto [dq, dk, dv] = naive_attention_backward(qd, kd, vd, doutd, true, 0, 0);
+  for (Extent c : order) {
+    auto [dkc, dvc] = bwd.chunk(k.slice(2, c * chunk, chunk), v.slice(2, c * chunk, chunk), key_pieces(c));
+    near_oracle(dkc, dk.slice(2, c * chunk, chunk), "chunk dk");
+    near_oracle(dvc, dv.slice(2, c * chunk, chunk), "chunk dv");
+  }
+  near_oracle(std::move(bwd).dq(), dq, "summed dq");
 }

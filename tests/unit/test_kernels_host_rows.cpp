@@ -1,5 +1,6 @@
 // Row kernels on host: softmax, log-softmax, cross-entropy (whole and vocabulary-parallel),
-// LayerNorm, RMSNorm and embedding, against naive loops and finite differences.
+// LayerNorm, RMSNorm and embedding, against naive loops and finite differences; the bf16 twins of
+// the row kernels a bf16 GPT / Llama step runs, against the double kernels.
 #include "test_kernels_host_util.hpp"
 
 #include <cmath>
@@ -9,6 +10,8 @@
 #include "dtensor/kernels/host/cross_entropy.hpp"
 #include "dtensor/kernels/host/embedding.hpp"
 #include "dtensor/kernels/host/norm.hpp"
+#include "dtensor/kernels/host/repeat.hpp"
+#include "dtensor/kernels/host/rotary.hpp"
 #include "dtensor/kernels/host/softmax.hpp"
 
 using namespace dtensor;
@@ -177,4 +180,76 @@ TEST_CASE("embedding lookup, vocabulary shards and the scatter-add backward", "[
   kt::require_error([&] { kh::embedding(table, ids); }, {"embedding", "id 9", "[0, 9)"});
   kt::require_error([&] { kh::embedding_backward(dtable, ids, Tensor<double, 3>(Shape<3>{3, 4, D + 1})); },
                     {"embedding_backward", "[3, 4, 6]", "[3, 4]"});
+}
+
+TEST_CASE("bfloat16 row kernels of a GPT / Llama step follow the double kernels on the same values", "[kernels][bf16]") {
+  // bf16 in, per-element math in float, row statistics in double, one rounding to bf16 on store:
+  // against the double kernel on the bf16 values widened, an output is one bf16 rounding away
+  // (relative 2^-8 = 3.9e-3; 1e-2 with an absolute floor for values near zero), and what stays
+  // in double (losses, lse, norm statistics) agrees to double rounding of the double kernels.
+  using bf16 = dtensor::bfloat16;
+  const Tolerance one_rounding{.rtol = 1e-2, .atol = 1e-2};
+  auto close = [&](const auto& narrow, const auto& exact, const char* what) {
+    const auto c = compare(kt::cast<double>(narrow), exact, one_rounding);
+    INFO(what << ": " << c.message);
+    CHECK(c.ok);
+  };
+  auto widened = [](const auto& x) { return kt::cast<double>(kt::cast<bf16>(x)); };  // the bf16 values, exactly
+  // Cross-entropy, whole and vocabulary-parallel (columns [4, 11) of 11).
+  const auto logits = widened(normal<double>(Shape<2>{6, 11}, 31, 0, 2));
+  Tensor<std::int32_t, 1> targets(Shape<1>{6});
+  for (Extent i = 0; i < 6; ++i) targets[i] = std::int32_t((5 * i + 2) % 11);
+  const auto lb = kt::cast<bf16>(logits);
+  const auto fb = kh::cross_entropy(lb, targets), fd = kh::cross_entropy(logits, targets);
+  CHECK(fb.loss == Approx(fd.loss).epsilon(1e-12));
+  for (Extent i = 0; i < 6; ++i) CHECK(fb.lse[i] == Approx(fd.lse[i]).epsilon(1e-12));
+  close(kh::cross_entropy_backward(lb, targets, fb.lse), kh::cross_entropy_backward(logits, targets, fd.lse), "ce backward");
+  const auto part = logits.slice(1, 4, 7);
+  const auto mb = kh::vocab_parallel_ce_max(kt::cast<bf16>(part)), md = kh::vocab_parallel_ce_max(part);
+  const auto sb = kh::vocab_parallel_ce_sum_exp(kt::cast<bf16>(part), mb), sd = kh::vocab_parallel_ce_sum_exp(part, md);
+  for (Extent i = 0; i < 6; ++i) CHECK(sb[i] == Approx(sd[i]).epsilon(1e-12));
+  close(kh::vocab_parallel_ce_backward(kt::cast<bf16>(part), targets, 4, mb, sb),
+        kh::vocab_parallel_ce_backward(part, targets, 4, md, sd), "vocab-parallel ce backward");
+  // LayerNorm and RMSNorm, forward and backward.
+  const auto x = widened(normal<double>(Shape<3>{2, 5, 24}, 32, 1, 2));
+  const auto w = widened(normal<double>(Shape<1>{24}, 33, 1, 0.5)), b = widened(normal<double>(Shape<1>{24}, 34));
+  const auto dy = widened(normal<double>(x.shape(), 35));
+  const auto xb = kt::cast<bf16>(x), dyb = kt::cast<bf16>(dy);
+  const auto wb = kt::cast<bf16>(w);
+  const auto lnb = kh::layer_norm(xb, wb, kt::cast<bf16>(b), 1e-5);
+  const auto lnd = kh::layer_norm(x, w, b, 1e-5);
+  close(lnb.y, lnd.y, "layer_norm");
+  for (Extent i = 0; i < 10; ++i) CHECK(lnb.rstd[i] == Approx(lnd.rstd[i]).epsilon(1e-6));  // float per-element math
+  const auto lgb = kh::layer_norm_backward(xb, wb, lnb.mean, lnb.rstd, dyb);
+  const auto lgd = kh::layer_norm_backward(x, w, lnd.mean, lnd.rstd, dy);
+  close(lgb.dx, lgd.dx, "layer_norm dx");
+  close(lgb.dweight, lgd.dweight, "layer_norm dweight");
+  close(lgb.dbias, lgd.dbias, "layer_norm dbias");
+  const auto rnb = kh::rms_norm(xb, wb);
+  const auto rnd = kh::rms_norm(x, w);
+  close(rnb.y, rnd.y, "rms_norm");
+  const auto rgb = kh::rms_norm_backward(xb, wb, rnb.rstd, dyb);
+  const auto rgd = kh::rms_norm_backward(x, w, rnd.rstd, dy);
+  close(rgb.dx, rgd.dx, "rms_norm dx");
+  close(rgb.dweight, rgd.dweight, "rms_norm dweight");
+  // Rotary positions and repeat_interleave (GQA: over the heads) on [B, T, H, D].
+  const auto q = widened(normal<double>(Shape<4>{2, 3, 5, 8}, 36));
+  Tensor<std::int32_t, 2> pos(Shape<2>{2, 3});
+  for (Extent i = 0; i < pos.numel(); ++i) pos[i] = std::int32_t(3 * i + 1);
+  close(kh::rotary(kt::cast<bf16>(q), pos, 10000.0), kh::rotary(q, pos, 10000.0), "rotary");
+  close(kh::rotary_backward(pos, kt::cast<bf16>(q), 10000.0), kh::rotary_backward(pos, q, 10000.0), "rotary_backward");
+  CHECK(equal(kt::cast<double>(kh::repeat_interleave(kt::cast<bf16>(q), 2, 2)), kh::repeat_interleave(q, 2, 2)));  // a copy
+  close(kh::repeat_interleave_backward(kt::cast<bf16>(q), 2, 5), kh::repeat_interleave_backward(q, 2, 5), "repeat backward");
+  // Embedding: the lookup copies rows; the backward adds a repeated id's rows.
+  const auto table = widened(normal<double>(Shape<2>{9, 6}, 37));
+  Tensor<std::int64_t, 2> ids(Shape<2>{3, 4});
+  for (Extent i = 0; i < 12; ++i) ids[i] = (7 * i + 3) % 9;
+  ids[5] = ids[2];
+  CHECK(equal(kt::cast<double>(kh::embedding(kt::cast<bf16>(table), ids)), kh::embedding(table, ids)));
+  const auto demb = widened(normal<double>(Shape<3>{3, 4, 6}, 38));
+  Tensor<bf16, 2> dtb(table.shape());
+  Tensor<double, 2> dtd(table.shape());
+  kh::embedding_backward(dtb, ids, kt::cast<bf16>(demb));
+  kh::embedding_backward(dtd, ids, demb);
+  close(dtb, dtd, "embedding_backward");
 }

@@ -20,14 +20,19 @@
 // (query, key) score entries actually computed under the mask: the attention FLOPs up to a factor.
 // The backward needs the merged out and lse of the forward, which makes each pair's gradient
 // exact on its own (kernels/host/attention.hpp).
+// bfloat16: each pair's attention rounds its output (dq) to bf16 once; what is summed over the
+// pairs — the merged output and dq — is kept in float (compute_t<T>) and rounded once at the end,
+// so a sequence split over many chunks is not rounded once per chunk.
 #pragma once
 
 #include <cstddef>
 #include <span>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "dtensor/kernels/attention.hpp"
+#include "dtensor/kernels/cast.hpp"
 #include "dtensor/kernels/elementwise.hpp"
 
 namespace dtensor::kernels {
@@ -111,6 +116,16 @@ void for_each_interacting(const AttentionOptions& o, std::span<const SeqPiece> q
     }
   }
 }
+/// x converted to element type To (x itself when it has that type already).
+template <class To, class T, std::size_t R, class Space>
+Tensor<To, R, Space> converted(Tensor<T, R, Space> x) {
+  if constexpr (std::is_same_v<To, T>) return x;
+  else {
+    auto y = Tensor<To, R, Space>::uninitialized(x.shape());
+    cast_into(y, x);
+    return y;
+  }
+}
 template <class T>
 void check_pieces(const char* op, std::span<const SeqPiece> pieces, Extent seq) {
   Extent covered = 0;
@@ -127,8 +142,12 @@ void check_pieces(const char* op, std::span<const SeqPiece> pieces, Extent seq) 
 template <class T, class Space = host_space>
 class ChunkedAttention {
   using Local = Tensor<T, 4, Space>;
+  using Acc = host::compute_t<T>;  // the merged output's type (float for bf16)
+  using AccLocal = Tensor<Acc, 4, Space>;
   using Forward = decltype(attention(std::declval<const Local&>(), std::declval<const Local&>(),
                                      std::declval<const Local&>(), std::declval<const AttentionOptions&>()));
+  using Merged = decltype(merge_attention_blocks(std::declval<const AccLocal&>(), std::declval<const Tensor<Stat, 3, Space>&>(),
+                                                 std::declval<const AccLocal&>(), std::declval<const Tensor<Stat, 3, Space>&>()));
 
  public:
   ChunkedAttention(const Local& q, std::vector<SeqPiece> q_pieces, Extent value_dim, const AttentionOptions& opts)
@@ -139,7 +158,7 @@ class ChunkedAttention {
       q_.push_back(slice_seq(q, p.local, p.size));
       auto lse = Tensor<Stat, 3, Space>::uninitialized(Shape<3>{shape_[0], shape_[1], p.size});
       fill_(lse, host::detail::neg_inf);  // an empty block: merging ignores it
-      acc_.push_back({Local(Shape<4>{shape_[0], shape_[1], p.size, value_dim}), std::move(lse)});
+      acc_.push_back({AccLocal(Shape<4>{shape_[0], shape_[1], p.size, value_dim}), std::move(lse)});
     }
   }
 
@@ -150,7 +169,8 @@ class ChunkedAttention {
                                  [&](std::size_t i, const SeqPiece& kp, const auto& kb, const auto& vb) {
                                    const auto o = detail::pair_options(opts_, pieces_[i], kp);
                                    auto f = attention(q_[i], kb, vb, o);
-                                   acc_[i] = merge_attention_blocks(acc_[i].out, acc_[i].lse, f.out, f.lse);
+                                   acc_[i] = merge_attention_blocks(acc_[i].out, acc_[i].lse,
+                                                                    detail::converted<Acc>(std::move(f.out)), f.lse);
                                    pairs_ += std::size_t(visible_pairs(o, pieces_[i].size, kp.size) * shape_[0] * shape_[1]);
                                  });
   }
@@ -162,7 +182,7 @@ class ChunkedAttention {
   Forward result() && {
     Forward f{Local::uninitialized(shape_), Tensor<Stat, 3, Space>::uninitialized(Shape<3>{shape_[0], shape_[1], shape_[2]})};
     for (std::size_t i = 0; i < pieces_.size(); ++i) {
-      put_seq(f.out, pieces_[i].local, acc_[i].out);
+      put_seq(f.out, pieces_[i].local, detail::converted<T>(std::move(acc_[i].out)));
       put_seq(f.lse, pieces_[i].local, acc_[i].lse);
     }
     return f;
@@ -173,7 +193,7 @@ class ChunkedAttention {
   AttentionOptions opts_;
   Shape<4> shape_;
   std::vector<Local> q_;
-  std::vector<Forward> acc_;
+  std::vector<Merged> acc_;
   std::size_t pairs_ = 0;
 };
 
@@ -182,6 +202,7 @@ template <class T, class Space = host_space>
 class ChunkedAttentionBackward {
   using Local = Tensor<T, 4, Space>;
   using Lse = Tensor<Stat, 3, Space>;
+  using AccLocal = Tensor<host::compute_t<T>, 4, Space>;  // dq summed over the chunks (float for bf16)
 
  public:
   ChunkedAttentionBackward(const Local& q, const Local& out, const Lse& lse, const Local& dout,
@@ -204,19 +225,19 @@ class ChunkedAttentionBackward {
                                  [&](std::size_t i, const SeqPiece& kp, const auto& kb, const auto& vb) {
                                    auto b = attention_backward(q_[i], kb, vb, out_[i], lse_[i], dout_[i],
                                                                detail::pair_options(opts_, pieces_[i], kp));
-                                   put_seq(dq_, pieces_[i].local, b.dq, true);
+                                   put_seq(dq_, pieces_[i].local, detail::converted<host::compute_t<T>>(std::move(b.dq)), true);
                                    put_seq(g.first, kp.local, b.dk, true);
                                    put_seq(g.second, kp.local, b.dv, true);
                                  });
     return g;
   }
 
-  Local dq() && { return std::move(dq_); }
+  Local dq() && { return detail::converted<T>(std::move(dq_)); }
 
  private:
   std::vector<SeqPiece> pieces_;
   AttentionOptions opts_;
-  Local dq_;
+  AccLocal dq_;
   std::vector<Local> q_, out_, dout_;
   std::vector<Lse> lse_;
 };

@@ -14,7 +14,8 @@
 //
 // The forward is fused and memory-efficient on every space (host: per-head GEMMs; cuda: one
 // kernel streaming key blocks with an online softmax; neither keeps a T x T matrix beyond a
-// head's scratch). Element types: float and double. No communication.
+// head's scratch). Element types: float, double and bfloat16 (computed in float, rounded once).
+// No communication.
 #pragma once
 
 #include <algorithm>
@@ -49,13 +50,9 @@ struct AttentionGrads {
   DQ dq, dk, dv;
 };
 
-/// fp32/fp64 on every space; bf16 on meta too (shapes and costs for a dry run: the host and cuda
-/// kernels have no bf16 attention yet).
+/// float, double and bfloat16 on every space (bf16 computes in float, kernels/host/attention.hpp).
 template <class X>
-concept AttentionDTensor =
-    AnyDTensor<X> && X::rank == 4 &&
-    (kernels::host::AttentionElement<typename X::value_type> ||
-     (std::is_same_v<typename X::space, meta_space> && kernels::host::FloatElement<typename X::value_type>));
+concept AttentionDTensor = AnyDTensor<X> && X::rank == 4 && kernels::host::FloatElement<typename X::value_type>;
 
 namespace detail {
 template <fixed_string Op, class Q, class K, class V>

@@ -9,7 +9,10 @@
 // split, without atomics, so deterministic): delta_i = dout_i . out_i; one warp per query row
 // accumulates dq_i = scale sum_j p_ij (dp_ij - delta_i) k_j; one warp per key row accumulates
 // dv_j = sum_i p_ij dout_i and dk_j = scale sum_i ds_ij q_i, recomputing p_ij = exp(s_ij - lse_i).
-// Scores and statistics are in double (the host's Stat); head dimensions up to 256.
+// Scores, accumulators and statistics are in double (the host's Stat); head dimensions up to 256.
+// bfloat16 inputs are widened on load and the outputs rounded once on store (the same contract as
+// the host kernel and cuBLAS's bf16 GEMM), and the lse stays double: a bf16 model's ring
+// attention merges blocks with the statistics of an fp32 run.
 // These kernels do not yet tile K/V through shared memory (every warp reads its keys from
 // global memory / L2); docs/gpu.md says so and bench/bench_attention_cuda.cu measures them.
 #pragma once
@@ -18,11 +21,10 @@
 
 #include "dtensor/kernels/cuda/common.cuh"
 #include "dtensor/kernels/cuda/softmax.cuh"      // neg_inf
-#include "dtensor/kernels/host/attention.hpp"    // AttentionOptions, AttentionElement, attention_scale
+#include "dtensor/kernels/host/attention.hpp"    // AttentionOptions, attention_scale
 
 namespace dtensor::kernels::cuda {
 
-using host::AttentionElement;
 using host::AttentionOptions;
 
 template <class T>
@@ -218,7 +220,7 @@ inline dim3 attention_grid(Extent rows, Extent bh) {
 
 }  // namespace detail
 
-template <AttentionElement T>
+template <FloatElement T>
 AttentionForward<T> attention(const CudaTensor<T, 4>& q, const CudaTensor<T, 4>& k, const CudaTensor<T, 4>& v,
                               const AttentionOptions& opts = {}) {
   const auto s = detail::attention_shape("attention", q, k, v, opts);
@@ -231,7 +233,7 @@ AttentionForward<T> attention(const CudaTensor<T, 4>& q, const CudaTensor<T, 4>&
   return f;
 }
 
-template <AttentionElement T>
+template <FloatElement T>
 AttentionBackward<T> attention_backward(const CudaTensor<T, 4>& q, const CudaTensor<T, 4>& k, const CudaTensor<T, 4>& v,
                                         const CudaTensor<T, 4>& out, const CudaTensor<Stat, 3>& lse,
                                         const CudaTensor<T, 4>& dout, const AttentionOptions& opts = {}) {
@@ -260,7 +262,7 @@ AttentionBackward<T> attention_backward(const CudaTensor<T, 4>& q, const CudaTen
   return g;
 }
 
-template <AttentionElement T>
+template <FloatElement T>
 AttentionForward<T> merge_attention_blocks(const CudaTensor<T, 4>& out_a, const CudaTensor<Stat, 3>& lse_a,
                                            const CudaTensor<T, 4>& out_b, const CudaTensor<Stat, 3>& lse_b) {
   const auto& s = out_a.shape();

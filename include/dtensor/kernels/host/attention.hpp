@@ -23,6 +23,10 @@
 // keys, an online softmax across the key tiles of the forward, no [Tq, Tk] matrix (the scratch
 // is two tiles); tiles wholly above the causal diagonal are skipped. The tiles' products go
 // through gemm.hpp, their rows through softmax.hpp's routines (vectorized for float, simd.hpp).
+// bfloat16 (the element type of a bf16 model): each head's q, k, v (and out, dout) are widened
+// to float, the head runs the float kernel (float GEMMs and tiles, double statistics: the lse is
+// the float run's, not a rounded bf16 one), and out (dq, dk, dv) is rounded to bf16 once — the
+// contract of gemm.hpp. The scratch is a head's rows in float, not a tensor-sized copy.
 #pragma once
 
 #include <algorithm>
@@ -55,9 +59,6 @@ template <class T>
 struct AttentionBackward {
   HostTensor<T, 4> dq, dk, dv;
 };
-
-template <class T>
-concept AttentionElement = std::is_same_v<T, float> || std::is_same_v<T, double>;
 
 namespace detail {
 
@@ -213,9 +214,43 @@ void attention_head_backward(const T* q, const T* k, const T* v, const T* out, c
   }
 }
 
+/// One head's block of a tensor in the compute type (compute_t<T>): the tensor's own memory for
+/// float and double; for bfloat16 a float copy, widened on read() and rounded once by store().
+template <class T>
+class HeadRows {
+  using C = compute_t<T>;
+  static constexpr bool widened = !std::is_same_v<T, C>;
+
+ public:
+  const C* read(const T* src, Extent n) {
+    if constexpr (!widened) return src;
+    else {
+      buffer_.assign(src, src + n);
+      return buffer_.data();
+    }
+  }
+  /// n elements to write (zeros for the widened copy: the backward accumulates into them).
+  C* write(T* dst, Extent n) {
+    if constexpr (!widened) return dst;
+    else {
+      target_ = dst;
+      buffer_.assign(std::size_t(n), C(0));
+      return buffer_.data();
+    }
+  }
+  /// Rounds what write() handed out into its destination.
+  void store() {
+    if constexpr (widened) std::copy(buffer_.begin(), buffer_.end(), target_);
+  }
+
+ private:
+  std::vector<C> buffer_;
+  T* target_ = nullptr;
+};
+
 }  // namespace detail
 
-template <AttentionElement T>
+template <FloatElement T>
 AttentionForward<T> attention(const HostTensor<T, 4>& q, const HostTensor<T, 4>& k, const HostTensor<T, 4>& v,
                               const AttentionOptions& opts = {}) {
   detail::check_attention("attention", q, k, v);
@@ -223,16 +258,20 @@ AttentionForward<T> attention(const HostTensor<T, 4>& q, const HostTensor<T, 4>&
   AttentionForward<T> f{HostTensor<T, 4>::uninitialized(Shape<4>{B, H, tq, dv}),
                         HostTensor<Stat, 3>::uninitialized(Shape<3>{B, H, tq})};
   const Extent tile = detail::attention_tile;
-  std::vector<T> scores(std::size_t(tile * tile));
+  std::vector<compute_t<T>> scores(std::size_t(tile * tile));
   std::vector<Stat> row_max_sum(std::size_t(2 * tile));
-  for (Extent bh = 0; bh < B * H; ++bh)
-    detail::attention_head(q.data() + bh * tq * d, k.data() + bh * tk * d, v.data() + bh * tk * dv,
-                           f.out.data() + bh * tq * dv, f.lse.data() + bh * tq, tq, tk, d, dv, opts, scores, row_max_sum);
+  detail::HeadRows<T> qh, kh, vh, oh;
+  for (Extent bh = 0; bh < B * H; ++bh) {
+    detail::attention_head(qh.read(q.data() + bh * tq * d, tq * d), kh.read(k.data() + bh * tk * d, tk * d),
+                           vh.read(v.data() + bh * tk * dv, tk * dv), oh.write(f.out.data() + bh * tq * dv, tq * dv),
+                           f.lse.data() + bh * tq, tq, tk, d, dv, opts, scores, row_max_sum);
+    oh.store();
+  }
   return f;
 }
 
 /// Gradients given the (merged, for a block) output and lse of the forward and dout.
-template <AttentionElement T>
+template <FloatElement T>
 AttentionBackward<T> attention_backward(const HostTensor<T, 4>& q, const HostTensor<T, 4>& k, const HostTensor<T, 4>& v,
                                         const HostTensor<T, 4>& out, const HostTensor<Stat, 3>& lse,
                                         const HostTensor<T, 4>& dout, const AttentionOptions& opts = {}) {
@@ -241,18 +280,23 @@ AttentionBackward<T> attention_backward(const HostTensor<T, 4>& q, const HostTen
   const Extent B = q.extent(0), H = q.extent(1), tq = q.extent(2), d = q.extent(3), tk = k.extent(2), dv = v.extent(3);
   AttentionBackward<T> g{HostTensor<T, 4>(q.shape()), HostTensor<T, 4>(k.shape()), HostTensor<T, 4>(v.shape())};
   const Extent tile = detail::attention_tile;
-  std::vector<T> tiles(std::size_t(2 * tile * tile));
+  std::vector<compute_t<T>> tiles(std::size_t(2 * tile * tile));
   std::vector<Stat> delta(static_cast<std::size_t>(tq));
-  for (Extent bh = 0; bh < B * H; ++bh)
-    detail::attention_head_backward(q.data() + bh * tq * d, k.data() + bh * tk * d, v.data() + bh * tk * dv,
-                                    out.data() + bh * tq * dv, lse.data() + bh * tq, dout.data() + bh * tq * dv,
-                                    g.dq.data() + bh * tq * d, g.dk.data() + bh * tk * d, g.dv.data() + bh * tk * dv, tq,
-                                    tk, d, dv, opts, tiles, delta);
+  detail::HeadRows<T> qh, kh, vh, oh, douth, dqh, dkh, dvh;
+  for (Extent bh = 0; bh < B * H; ++bh) {
+    detail::attention_head_backward(
+        qh.read(q.data() + bh * tq * d, tq * d), kh.read(k.data() + bh * tk * d, tk * d),
+        vh.read(v.data() + bh * tk * dv, tk * dv), oh.read(out.data() + bh * tq * dv, tq * dv), lse.data() + bh * tq,
+        douth.read(dout.data() + bh * tq * dv, tq * dv), dqh.write(g.dq.data() + bh * tq * d, tq * d),
+        dkh.write(g.dk.data() + bh * tk * d, tk * d), dvh.write(g.dv.data() + bh * tk * dv, tk * dv), tq, tk, d, dv,
+        opts, tiles, delta);
+    dqh.store(), dkh.store(), dvh.store();
+  }
   return g;
 }
 
 /// Attention over the union of two key blocks from the attention over each (log-sum-exp merge).
-template <AttentionElement T>
+template <FloatElement T>
 AttentionForward<T> merge_attention_blocks(const HostTensor<T, 4>& out_a, const HostTensor<Stat, 3>& lse_a,
                                            const HostTensor<T, 4>& out_b, const HostTensor<Stat, 3>& lse_b) {
   const auto& s = out_a.shape();

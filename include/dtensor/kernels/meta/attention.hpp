@@ -14,7 +14,6 @@
 
 namespace dtensor::kernels::meta {
 
-using host::AttentionElement;
 using host::AttentionOptions;
 
 template <class T>
@@ -36,7 +35,7 @@ inline std::int64_t attention_pairs(const AttentionOptions& o, Extent tq, Extent
 }
 
 
-template <host::FloatElement T>  // bf16 too: a dry run's shapes and costs
+template <host::FloatElement T>
 AttentionForward<T> attention(const MetaTensor<T, 4>& q, const MetaTensor<T, 4>& k, const MetaTensor<T, 4>& v,
                               const AttentionOptions& opts = {}) {
   host::detail::check_attention("attention", q, k, v);
@@ -48,7 +47,7 @@ AttentionForward<T> attention(const MetaTensor<T, 4>& q, const MetaTensor<T, 4>&
   return {detail::result<T>(os), detail::result<Stat>(Shape<3>{q.extent(0), q.extent(1), tq})};
 }
 
-template <host::FloatElement T>  // bf16 too: a dry run's shapes and costs
+template <host::FloatElement T>
 AttentionBackward<T> attention_backward(const MetaTensor<T, 4>& q, const MetaTensor<T, 4>& k, const MetaTensor<T, 4>& v,
                                         const MetaTensor<T, 4>& out, const MetaTensor<Stat, 3>& lse,
                                         const MetaTensor<T, 4>& dout, const AttentionOptions& opts = {}) {
@@ -63,7 +62,7 @@ AttentionBackward<T> attention_backward(const MetaTensor<T, 4>& q, const MetaTen
   return {detail::result<T>(q.shape()), detail::result<T>(k.shape()), detail::result<T>(v.shape())};
 }
 
-template <host::FloatElement T>  // bf16 too: a dry run's shapes and costs
+template <host::FloatElement T>
 AttentionForward<T> merge_attention_blocks(const MetaTensor<T, 4>& out_a, const MetaTensor<Stat, 3>& lse_a,
                                            const MetaTensor<T, 4>& out_b, const MetaTensor<Stat, 3>& lse_b) {
   const auto& s = out_a.shape();
