@@ -15,6 +15,7 @@
 #include "dtensor/distributed/redistribute.hpp"
 #include "dtensor/mesh/device_mesh.hpp"
 #include "dtensor/nn/moe_gpt.hpp"
+#include "dtensor/parallel/fully_shard.hpp"
 #include "dtensor/ops/matmul.hpp"
 #include "dtensor/parallel/pipeline/by_name.hpp"
 #include "dtensor/sim/chrome_trace.hpp"
@@ -549,6 +550,76 @@ TEST_CASE("sim: ZeRO Figure 1 (7.5B parameters, 64 ranks, K = 12) from fully_sha
 
 TEST_CASE("sim: Megatron's distributed optimizer, 6 + 12/d bytes per parameter", "[sim][figures]") {
   check_megatron_distributed_optimizer();
+}
+
+namespace {
+
+/// What one ZeRO-3 step left held, by space, and its collectives.
+struct OffloadStep {
+  std::vector<std::pair<CollectiveKind, std::size_t>> collectives;
+  std::int64_t host_states = 0, host_grads = 0, meta_states = 0, meta_grads = 0;  // bytes held after the step
+  double psi = 0;  // the model's elements
+};
+
+/// One ZeRO-3 step of a bf16 GPT on a meta "fsdp" mesh of `ranks` (rank 0 of a sim world) with
+/// fully_shard<float, StateSpace>.
+template <class StateSpace>
+OffloadStep offload_step(const nn::GPTConfig& config, int ranks) {
+  using Mesh = MetaMesh<"fsdp">;
+  using Model = nn::GPT<dtensor::bfloat16, Mesh>;
+  OffloadStep out;
+  MemoryLedger ledger;
+  Mesh mesh(sim::world(0, ranks), {ranks});
+  Model model(mesh, config);
+  for (auto& u : model.units()) out.psi += double(u.group->size());
+  CommLog log;
+  auto fsdp = parallel::fully_shard<float, StateSpace>(model, mesh, {.stage = 3});
+  optim::AdamW<float, 1, StateSpace> opt(fsdp.params(), {});
+  const auto ids = distribute_replicated<typename Model::Ids::layout>(
+      mesh, Tensor<std::int32_t, 2, meta_space>(Shape<2>{Extent(ranks), config.seq}));
+  auto [loss, saved] = model.forward(ids, ids);
+  model.backward(std::move(saved));
+  fsdp.finish_gradient_sync();
+  optim::clip_grad_norm(fsdp.params(), mesh, 1.0);
+  opt.step();
+  fsdp.sync_parameters();
+  for (const auto& r : log.records()) out.collectives.emplace_back(r.kind, r.bytes);
+  out.host_states = ledger.current("host", MemoryTag::optimizer_state);
+  out.host_grads = ledger.current("host", MemoryTag::gradients);
+  out.meta_states = ledger.current("meta", MemoryTag::optimizer_state);
+  out.meta_grads = ledger.current("meta", MemoryTag::gradients);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("sim: CPU offload, fully_shard<float, host_space>: master values, gradient shards and moments on the host",
+          "[sim][fsdp][offload]") {
+  // ZeRO-Offload's split, on a meta model: the bf16 values and full gradients stay in the model's
+  // space (meta here, a GPU in a real run), the fp32 master values and Adam moments (12 bytes
+  // per parameter / N) and the fp32 gradient shard (4 / N) live on the host, and the collectives
+  // are the same as without offload. Each rank's shards hold ceil(n / N) of every unit's n
+  // elements: within 1 % of Psi / N here.
+  const nn::GPTConfig config{.vocab = 256, .seq = 16, .dim = 64, .heads = 4, .layers = 2};
+  constexpr int ranks = 4;
+  const auto device = offload_step<meta_space>(config, ranks);
+  const auto offloaded = offload_step<host_space>(config, ranks);
+  const double psi = device.psi;
+  REQUIRE(psi > 0);
+  CHECK(offloaded.collectives == device.collectives);
+  CHECK(double(device.meta_states) == Approx(12 * psi / ranks).epsilon(0.01));
+  CHECK(double(device.meta_grads) == Approx(4 * psi / ranks).epsilon(0.01));
+  CHECK(device.host_states == 0);
+  CHECK(offloaded.meta_states == 0);
+  CHECK(offloaded.meta_grads == 0);
+  CHECK(offloaded.host_states == device.meta_states);
+  CHECK(offloaded.host_grads == device.meta_grads);
+  // Asking for offload without giving the space is an error naming the call.
+  using Mesh = MetaMesh<"fsdp">;
+  Mesh mesh(sim::world(0, ranks), {ranks});
+  nn::GPT<dtensor::bfloat16, Mesh> model(mesh, config);
+  CHECK_THROWS_WITH(parallel::fully_shard<float>(model, mesh, {.stage = 3, .offload_optimizer = true}),
+                    Catch::Contains("fully_shard<M, host_space>"));
 }
 
 // ---------------------------------------------------------------- Korthikanti et al. 2022, Table 2

@@ -53,10 +53,16 @@
 // after a stage's last backward instead, and unshard() / reshard() around the stage's part of
 // the schedule (ZeRO-3: one all-gather per unit per step, whatever the micro-batches).
 //
-// CPU offload (offload_optimizer): master values, gradient shards and optimizer state live in
-// the model's memory space. For a host model that is the CPU already and the option changes
-// nothing; keeping a cuda model's shards on the host (gathering through it) is not built yet,
-// so the option throws there rather than silently doing nothing.
+// CPU offload (FSDP2's CPUOffloadPolicy, ZeRO-Offload): fully_shard<M, host_space>(model, ...)
+// keeps the master values, gradient shards and so the optimizer state on the host while the
+// model computes on the GPU. The collectives still run on the model's buffers (device memory);
+// each reduced gradient shard is copied to the host and added there, the optimizer steps on the
+// host, and each all-gather sends the updated shard copied (and narrowed to T) back from the
+// host: per unit and step, one device-to-host copy of the gradient shard and one host-to-device
+// copy of the value shard, c elements each. params() is then a host list (the optimizer is a
+// host optimizer). The space is a type because the optimizer's list is: the offload_optimizer
+// option only asks for it (true with a device model's own space is an error naming the call;
+// for a host model both are the host and nothing changes).
 //
 // Communication is only what the table above says; every collective is recorded by CommLog.
 // The model's own ParamRefs (model.collect, units()[u].params) do not survive a release: use
@@ -102,14 +108,23 @@ struct FsdpMemory {
   std::size_t total() const { return params + grads + master + grad_shards; }
 };
 
-template <class Model, MeshType Mesh, class M>
+namespace detail {
+/// The memory space of a model's parameters (its units' flat groups).
+template <class Model>
+using model_space_t =
+    typename std::remove_cvref_t<decltype(*std::declval<Model&>().units().front().group)>::space;
+}  // namespace detail
+
+/// StateSpace: where the master values, gradient shards and optimizer state live (the model's
+/// space, or host_space for CPU offload).
+template <class Model, MeshType Mesh, class M, MemorySpace StateSpace = detail::model_space_t<Model>>
 class FullyShard {
   using Unit = std::remove_cvref_t<decltype(std::declval<Model&>().units().front())>;
   using Group = typename decltype(Unit::group)::element_type;
   using T = typename Group::element_type;
   using Space = typename Group::space;
   static constexpr std::size_t N = Mesh::ndim;
-  using Shard = detail::UnitShard<T, M, N, Space>;
+  using Shard = detail::UnitShard<T, M, N, Space, StateSpace>;
   template <class E>
   using Buffer = Tensor<E, 1, Space>;
 
@@ -129,9 +144,10 @@ class FullyShard {
                   mesh_.rank());
     if (o.reshard_after_forward.value_or(false) && o.stage != 3)
       throw Error("fully_shard", dtensor::detail::cat("reshard_after_forward needs stage 3, not ", o.stage), mesh_.rank());
-    if (o.offload_optimizer && !std::is_same_v<Space, host_space>)
-      throw Error("fully_shard", dtensor::detail::cat("offload_optimizer is not supported for a model in ", Space::name,
-                                                      " memory yet (only host models, where it is a no-op)"),
+    if (o.offload_optimizer && !std::is_same_v<StateSpace, host_space>)
+      throw Error("fully_shard", dtensor::detail::cat("offload_optimizer for a model in ", Space::name,
+                                                      " memory: the shards' memory space is a type, call "
+                                                      "fully_shard<M, host_space>(model, mesh, options)"),
                   mesh_.rank());
     reshard_after_forward_ = o.stage == 3 && o.reshard_after_forward.value_or(true);
     check_units();
@@ -159,7 +175,7 @@ class FullyShard {
 
   /// This rank's shards of every unit's parameters (master values and gradient shards), for the
   /// optimizer, gradient clipping and the sequence-parallel gradient sync.
-  nn::ParamList<M, N, Space>& params() noexcept { return params_; }
+  nn::ParamList<M, N, StateSpace>& params() noexcept { return params_; }
 
   /// Off: the backward's gradients accumulate in the units' full buffers, unreduced (no_sync).
   void set_requires_gradient_sync(bool on) { sync_ = on; }
@@ -330,7 +346,7 @@ class FullyShard {
     if (s.gathering || (s.group->values_resident() && o_.stage == 3)) return;
     s.group->materialize_values(s.padded());
     s.gather_send = Shard::template make_buffer<T>(s.chunk, MemoryTag::communication, true);  // padding stays 0
-    detail::convert_into<Space>(s.gather_send.span().first(s.shard_size()), std::span<const M>(s.master.span()));
+    detail::convert_across<Space, StateSpace>(s.gather_send.span().first(s.shard_size()), std::span<const M>(s.master.span()));
     s.gather = mesh_.group(shard_dim).all_gather_async(std::span<const T>(s.gather_send.span()), s.group->values_storage());
     s.gathering = true;
     events_.push_back({FsdpEvent::gather_issued, u, backward});
@@ -447,17 +463,20 @@ class FullyShard {
     if (!accumulate) return true;
     const std::size_t n = s.shard_size();
     // The reduced part holds at least this rank's n elements (c >= n after a reduce-scatter).
-    if (reduce_in_m()) {
-      const auto reduced = s.reduced_wide.span().first(n);
+    // The reduced part in M in the shards' space: as it is, or widened and/or moved (CPU offload).
+    auto add_to_shard = [&](auto reduced) {
+      using E = typename decltype(reduced)::element_type;
       replicate_reduce(reduced, s.grad_op);
-      detail::add_into<Space>(s.grad.span(), std::span<const M>(reduced));
-    } else {
-      const auto reduced = s.reduced_narrow.span().first(n);
-      replicate_reduce(reduced, s.grad_op);
-      auto widened = Shard::template make_buffer<M>(n, MemoryTag::communication, false);
-      detail::convert_into<Space>(widened.span(), std::span<const T>(reduced));
-      detail::add_into<Space>(s.grad.span(), std::span<const M>(widened.span()));
-    }
+      if constexpr (std::is_same_v<E, M> && std::is_same_v<Space, StateSpace>) {
+        detail::add_into<StateSpace>(s.grad.span(), std::span<const M>(reduced));
+      } else {
+        auto incoming = Shard::template make_buffer<M, StateSpace>(n, MemoryTag::communication, false);
+        detail::convert_across<StateSpace, Space>(incoming.span(), std::span<const E>(reduced));
+        detail::add_into<StateSpace>(s.grad.span(), std::span<const M>(incoming.span()));
+      }
+    };
+    if (reduce_in_m()) add_to_shard(s.reduced_wide.span().first(n));
+    else add_to_shard(s.reduced_narrow.span().first(n));
     s.reduced_wide = {};
     s.reduced_narrow = {};
     for (std::size_t k = 0; k < s.segments.size(); ++k) {
@@ -511,20 +530,22 @@ class FullyShard {
   bool sync_ = true;
   bool held_ = false;  // unshard() called: the hooks leave the full values in place
   std::vector<std::unique_ptr<Shard>> units_;
-  nn::ParamList<M, N, Space> params_;
+  nn::ParamList<M, N, StateSpace> params_;
   std::vector<FsdpEvent> events_;
   std::size_t peak_unsharded_ = 0;
 };
 
 /// Shards `model`'s units over the mesh's data-shard dimension (see the top of this file).
-/// M: the master values' and optimizer state's element type (default: the model's). The model
-/// must outlive the result and stay where it is.
-template <class M = void, class Model, MeshType Mesh>
+/// M: the master values' and optimizer state's element type (default: the model's).
+/// StateSpace: where they and the gradient shards live (default: the model's memory space;
+/// host_space offloads them to the CPU). The model must outlive the result and stay where it is.
+template <class M = void, class StateSpace = void, class Model, MeshType Mesh>
 auto fully_shard(Model& model, const Mesh& mesh, FsdpOptions o = {}) {
   using Unit = std::remove_cvref_t<decltype(model.units().front())>;
   using T = typename decltype(Unit::group)::element_type::element_type;
   using Master = std::conditional_t<std::is_void_v<M>, T, M>;
-  return FullyShard<Model, Mesh, Master>(model, mesh, o);
+  using State = std::conditional_t<std::is_void_v<StateSpace>, detail::model_space_t<Model>, StateSpace>;
+  return FullyShard<Model, Mesh, Master, State>(model, mesh, o);
 }
 
 /// The (replicate, shard) sizes of the data ranks for HSDP: `data_ranks` split into `replicate`

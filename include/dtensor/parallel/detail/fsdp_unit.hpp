@@ -25,6 +25,8 @@
 
 #include "dtensor/comm/work.hpp"
 #include "dtensor/core/memory_ledger.hpp"
+#include "dtensor/core/meta_space.hpp"
+#include "dtensor/core/tensor.hpp"
 #include "dtensor/kernels/cast.hpp"
 #include "dtensor/kernels/elementwise.hpp"
 #include "dtensor/nn/parameter.hpp"
@@ -43,6 +45,29 @@ void convert_into(std::span<To> dst, std::span<const From> src) {
   }
 }
 
+/// dst = src from memory space From into memory space To (converted when the types differ). The
+/// conversion runs on the host side: a device's values are copied out first, or converted on the
+/// host and then copied in (CPU offload: the master values live on the host, the model on the GPU).
+template <MemorySpace To, MemorySpace From, class ToE, class FromE>
+void convert_across(std::span<ToE> dst, std::span<const FromE> src) {
+  if constexpr (std::is_same_v<To, From>) {
+    convert_into<To>(dst, src);
+  } else if constexpr (!holds_data_v<From>) {
+    To::zero(dst.data(), dst.size_bytes());  // a dry run's meta values: none to copy
+  } else if constexpr (std::is_same_v<ToE, FromE>) {
+    using Mover = std::conditional_t<!To::host_accessible, To, From>;  // a device space's copy takes host pointers
+    Mover::copy(dst.data(), src.data(), src.size_bytes());
+  } else if constexpr (To::host_accessible) {
+    const auto staged = to_space<To>(nn::detail::flat_view<From>(src));
+    convert_into<To>(dst, std::span<const FromE>(staged.span()));
+  } else {
+    static_assert(From::host_accessible, "convert_across: one of the two spaces must be the host's");
+    auto staged = Tensor<ToE, 1, From>::uninitialized(Shape<1>{Extent(dst.size())});
+    convert_into<From>(staged.span(), src);
+    To::copy(dst.data(), staged.data(), staged.bytes());
+  }
+}
+
 /// dst += src element by element in memory space Space.
 template <MemorySpace Space, class E>
 void add_into(std::span<E> dst, std::span<const E> src) {
@@ -51,13 +76,16 @@ void add_into(std::span<E> dst, std::span<const E> src) {
 }
 
 /// One unit's shard on this rank. T: the model's (compute) element type; M: the master
-/// values', the gradient shard's and the optimizer's. Every buffer lives in the group's memory
-/// space (the ledger counts master values as optimizer state, the gradient shard as gradients,
-/// the collectives' staging as communication).
-template <class T, class M, std::size_t N, MemorySpace Space = host_space>
+/// values', the gradient shard's and the optimizer's. The collectives' buffers live in the
+/// group's memory space, the master values and gradient shard in StateSpace (the group's, or the
+/// host's under CPU offload). The ledger counts master values as optimizer state, the gradient
+/// shard as gradients, the collectives' staging as communication.
+template <class T, class M, std::size_t N, MemorySpace Space = host_space, MemorySpace StateSpace = Space>
 struct UnitShard {
   template <class E>
   using Buffer = Tensor<E, 1, Space>;
+  template <class E>
+  using StateBuffer = Tensor<E, 1, StateSpace>;
 
   std::string name;
   std::shared_ptr<nn::FlatParams<T, N, Space>> group;
@@ -65,11 +93,11 @@ struct UnitShard {
   std::size_t chunk = 0;  // c = ceil(n / S)
   std::size_t ranks = 1;  // S
   Range shard;            // [lo, hi) of the flat buffer
-  Buffer<M> master;       // this rank's values, hi - lo
-  Buffer<M> grad;         // this rank's reduced gradients, hi - lo (accumulated until zero_grad)
+  StateBuffer<M> master;  // this rank's values, hi - lo
+  StateBuffer<M> grad;    // this rank's reduced gradients, hi - lo (accumulated until zero_grad)
   std::vector<LayoutDesc<N>> grad_states;  // one per segment
   std::unique_ptr<bool[]> has_grad;        // one per segment (ParamRef points at them)
-  nn::ParamList<M, N, Space> segments;     // views of master / grad, one per overlapping entry
+  nn::ParamList<M, N, StateSpace> segments;  // views of master / grad, one per overlapping entry
 
   // In flight.
   Work gather;                  // all-gather of the values into the group's storage
@@ -87,11 +115,13 @@ struct UnitShard {
   std::size_t padded() const { return chunk * ranks; }
   std::size_t shard_size() const { return std::size_t(shard.size()); }
 
-  /// A buffer of n elements of E, counted under `tag`; zero-filled when `zero`.
-  template <class E>
-  static Buffer<E> make_buffer(std::size_t n, MemoryTag tag, bool zero) {
+  /// A buffer of n elements of E in memory space S (the group's by default), counted under
+  /// `tag`; zero-filled when `zero`.
+  template <class E, MemorySpace S = Space>
+  static Tensor<E, 1, S> make_buffer(std::size_t n, MemoryTag tag, bool zero) {
     MemoryTagScope scope(tag);
-    return zero ? Buffer<E>(Shape<1>{Extent(n)}) : Buffer<E>::uninitialized(Shape<1>{Extent(n)});
+    using B = Tensor<E, 1, S>;
+    return zero ? B(Shape<1>{Extent(n)}) : B::uninitialized(Shape<1>{Extent(n)});
   }
 
   UnitShard(std::string unit_name, std::shared_ptr<nn::FlatParams<T, N, Space>> g, int size, int coord,
@@ -101,9 +131,10 @@ struct UnitShard {
     ranks = std::size_t(size);
     chunk = std::size_t(chunk_size(Extent(numel), size));
     shard = chunk_range(Extent(numel), size, coord);
-    master = make_buffer<M>(shard_size(), MemoryTag::optimizer_state, false);
-    grad = make_buffer<M>(shard_size(), MemoryTag::gradients, true);
-    convert_into<Space>(master.span(), std::span<const T>(group->values().subspan(std::size_t(shard.begin), shard_size())));
+    master = make_buffer<M, StateSpace>(shard_size(), MemoryTag::optimizer_state, false);
+    grad = make_buffer<M, StateSpace>(shard_size(), MemoryTag::gradients, true);
+    convert_across<StateSpace, Space>(master.span(),
+                                      std::span<const T>(group->values().subspan(std::size_t(shard.begin), shard_size())));
     // Segments: the entries that overlap [lo, hi). Reserve first: the views point into these vectors.
     std::size_t count = 0;
     for (const auto& e : group->entries()) count += overlap(e).size() > 0;
@@ -116,7 +147,7 @@ struct UnitShard {
       layout.placements[shard_dim] = PlacementDesc::shard(0);
       grad_states.push_back(layout);
       const std::size_t at = std::size_t(r.begin - shard.begin), len = std::size_t(r.size());
-      segments.push_back(nn::ParamRef<M, N, Space>{e.name, master.span().subspan(at, len), grad.span().subspan(at, len),
+      segments.push_back(nn::ParamRef<M, N, StateSpace>{e.name, master.span().subspan(at, len), grad.span().subspan(at, len),
                                                    layout, &grad_states.back(), &has_grad[grad_states.size() - 1],
                                                    e.decay, this, at});
     }
