@@ -173,8 +173,6 @@ void check_architecture(const Options& o) {
 void check_checkpoints(const Options& o) {
   if (o.save_every > 0 && o.save_dir.empty()) throw UsageError("--save-every needs --save-dir DIR");
   if (o.save_every == 0 && !o.save_dir.empty()) throw UsageError("--save-dir needs --save-every N");
-  if (o.device == "cuda" && (o.save_every > 0 || !o.resume.empty()))
-    throw UsageError("--save-every / --resume with --device cuda: not supported yet (checkpoints read and write host buffers)");
 }
 
 /// --device, --dtype and --backend together: what this build can run.

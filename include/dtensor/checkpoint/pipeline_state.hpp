@@ -24,7 +24,8 @@
 // Loading fills the same slots from the checkpoint (checkpoint/load.hpp: only the overlapping
 // pieces), sets the optimizers' step counts, then model.sync_parameters() (ZeRO-1/2: one
 // all-gather per unit so the stages' full values agree with the shards; ZeRO-3: nothing, the
-// next step gathers). Communication: save's and load's status all-gathers and that sync.
+// next step gathers). Communication: save's and load's status all-gathers and that sync. A
+// device model's slots go through host copies (HostStaging, checkpoint/slots.hpp).
 #pragma once
 
 #include <filesystem>
@@ -75,7 +76,9 @@ auto pipeline_slots(Pipeline& model, Opt& opt, ExpertOpt&... expert_opt) {
 template <class Pipeline, class Opt, class... ExpertOpt>
 void save_pipeline(const std::filesystem::path& dir, Pipeline& model, Opt& opt, TrainingMeta meta, const SaveOptions& o,
                    ExpertOpt&... expert_opt) {
-  const auto slots = pipeline_slots(model, opt, expert_opt...);
+  auto slots = pipeline_slots(model, opt, expert_opt...);
+  const HostStaging<mesh_space_t<std::remove_cvref_t<decltype(model.mesh())>>, typename decltype(slots)::value_type::value_type>
+      staged(slots, true);
   meta.optimizer_steps = opt.steps();
   save(dir, model.mesh(), slots, meta, o);
 }
@@ -84,7 +87,10 @@ template <class Pipeline, class Opt, class... ExpertOpt>
 TrainingMeta load_pipeline(const std::filesystem::path& dir, Pipeline& model, Opt& opt,
                            std::map<std::string, std::string> config, ExpertOpt&... expert_opt) {
   auto slots = pipeline_slots(model, opt, expert_opt...);
+  const HostStaging<mesh_space_t<std::remove_cvref_t<decltype(model.mesh())>>, typename decltype(slots)::value_type::value_type>
+      staged(slots, false);
   auto meta = load(dir, model.mesh(), slots, {.config = std::move(config)});
+  staged.copy_back();
   opt.set_steps(long(meta.optimizer_steps));
   (expert_opt.set_steps(long(meta.optimizer_steps)), ...);  // steps with opt, once per training step
   model.sync_parameters();

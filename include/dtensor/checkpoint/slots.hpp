@@ -4,6 +4,7 @@
 //   auto params = checkpoint::parameter_slots(model.units(), mesh);          // every parameter's local piece
 //   auto params = checkpoint::fsdp_parameter_slots(model.units(), fsdp, mesh);  // FSDP: this rank's shards
 //   auto moments = checkpoint::adamw_slots(params, opt);                     // "adamw.exp_avg/<name>", "adamw.exp_avg_sq/<name>"
+//   checkpoint::HostStaging<cuda_space, float> staged(params, /*copy_in=*/true);   // a device model's slots, through the host
 //
 // A slot is one box of a global tensor that this rank holds as row-major elements at `data`.
 // A parameter of a flat group (nn/flat_params.hpp) is one slot: its local piece, the box
@@ -36,6 +37,7 @@ namespace dtensor::checkpoint {
 
 template <class T>
 struct Slot {
+  using value_type = T;
   std::string name;
   std::vector<Extent> shape;  // the global tensor's extents
   Region box;                 // the part held at `data`, row-major
@@ -185,5 +187,32 @@ Slots<T> adamw_slots(const Slots<T>& params, Opt& opt) {
   }
   return out;
 }
+
+/// Slots held in the memory of space Space, pointed at host copies for the file I/O (save and
+/// load read and write host memory): with `copy_in` the copies start as the slots' values (to
+/// save them); copy_back() writes the copies to the slots' memory (after a load). In a
+/// host-accessible space nothing is copied. A device model's checkpoint moves through here.
+template <MemorySpace Space, class T>
+class HostStaging {
+ public:
+  HostStaging(Slots<T>& slots, bool copy_in) {
+    if constexpr (!Space::host_accessible) {
+      staged_.reserve(slots.size());
+      for (auto& s : slots) {
+        staged_.emplace_back(std::size_t(s.box.numel()));
+        held_.push_back(s.data);
+        if (copy_in) Space::copy(staged_.back().data(), s.data, staged_.back().size() * sizeof(T));
+        s.data = staged_.back().data();
+      }
+    }
+  }
+  void copy_back() const {
+    for (std::size_t i = 0; i < staged_.size(); ++i) Space::copy(held_[i], staged_[i].data(), staged_[i].size() * sizeof(T));
+  }
+
+ private:
+  std::vector<std::vector<T>> staged_;
+  std::vector<T*> held_;  // where each slot's values live (device memory)
+};
 
 }  // namespace dtensor::checkpoint
