@@ -135,10 +135,10 @@ int run(const Options& o) {
   const auto started = std::chrono::steady_clock::now();
   std::vector<sim::PlanClass> classes;
   using ExpertMesh = MetaMesh<"edp", "ep", "tp">;
-  if (o.llama) classes = o.bf16 ? dry_run<bfloat16, nn::LlamaLayers>(o) : dry_run<float, nn::LlamaLayers>(o);
+  if (o.llama) classes = o.bf16 ? dry_run<dtensor::bfloat16, nn::LlamaLayers>(o) : dry_run<float, nn::LlamaLayers>(o);
   else if (p.has_experts())
-    classes = o.bf16 ? dry_run<bfloat16, nn::MoELayers<bfloat16, ExpertMesh>>(o) : dry_run<float, nn::MoELayers<float, ExpertMesh>>(o);
-  else classes = o.bf16 ? dry_run<bfloat16, nn::DenseLayers>(o) : dry_run<float, nn::DenseLayers>(o);
+    classes = o.bf16 ? dry_run<dtensor::bfloat16, nn::MoELayers<dtensor::bfloat16, ExpertMesh>>(o) : dry_run<float, nn::MoELayers<float, ExpertMesh>>(o);
+  else classes = o.bf16 ? dry_run<dtensor::bfloat16, nn::DenseLayers>(o) : dry_run<float, nn::DenseLayers>(o);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   const sim::Topology topology = sim::plan_topology(p, o.hardware);
   double worst = 0;

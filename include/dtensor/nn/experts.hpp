@@ -57,19 +57,13 @@ class GroupedExperts {
   };
 
   GroupedExperts() = default;
-  GroupedExperts(std::string name, const EMesh& mesh, ExpertsConfig c, std::uint64_t seed) : name_(std::move(name)), c_(c) {
-    const int ep = mesh.size(parallel::expert_dim<EMesh>);
-    detail::check(c.experts > 0 && c.dim > 0 && c.hidden > 0, "nn::GroupedExperts", mesh, name_, ": experts ",
-                  c.experts, ", dim ", c.dim, ", hidden ", c.hidden, " must be > 0");
-    detail::check(c.experts % ep == 0, "nn::GroupedExperts", mesh, name_, ": ", c.experts,
-                  " experts do not divide over the ", ep, " ranks of expert dimension \"",
-                  EMesh::names[parallel::expert_dim<EMesh>], "\"");
-    const Extent E = c.experts, H = c.hidden, C = c.dim;
-    w1_ = P3(name_ + ".fc1.weight", mesh, Shape<3>{E, H, C}, Init::normal(seed, 0, c.init_std));
-    b1_ = P2(name_ + ".fc1.bias", mesh, Shape<2>{E, H}, Init::zeros(), false);
-    w2_ = P3(name_ + ".fc2.weight", mesh, Shape<3>{E, C, H}, Init::normal(seed + 1, 0, c.out_std));
-    b2_ = P2(name_ + ".fc2.bias", mesh, Shape<2>{E, C}, Init::zeros(), false);
-  }
+  GroupedExperts(std::string name, const EMesh& mesh, ExpertsConfig c, std::uint64_t seed)
+      : name_(std::move(name)),
+        c_(checked(name_, mesh, c)),
+        w1_(name_ + ".fc1.weight", mesh, Shape<3>{c.experts, c.hidden, c.dim}, Init::normal(seed, 0, c.init_std)),
+        w2_(name_ + ".fc2.weight", mesh, Shape<3>{c.experts, c.dim, c.hidden}, Init::normal(seed + 1, 0, c.out_std)),
+        b1_(name_ + ".fc1.bias", mesh, Shape<2>{c.experts, c.hidden}, Init::zeros(), false),
+        b2_(name_ + ".fc2.bias", mesh, Shape<2>{c.experts, c.dim}, Init::zeros(), false) {}
 
   /// Experts held by this rank.
   Extent local_experts() const { return w1_.value().to_local().shape()[0]; }
@@ -151,6 +145,17 @@ class GroupedExperts {
   /// Rows [first, first + m) of a [rows, cols] tensor, as a view.
   static Rows rows_of(const Rows& t, Extent first, Extent m) {
     return view_of(t, first * t.extent(1), Shape<2>{m, t.extent(1)});
+  }
+
+  /// c, once its extents are checked against the expert mesh.
+  static const ExpertsConfig& checked(const std::string& name, const EMesh& mesh, const ExpertsConfig& c) {
+    detail::check(c.experts > 0 && c.dim > 0 && c.hidden > 0, "nn::GroupedExperts", mesh, name, ": experts ",
+                  c.experts, ", dim ", c.dim, ", hidden ", c.hidden, " must be > 0");
+    const int ep = mesh.size(parallel::expert_dim<EMesh>);
+    detail::check(c.experts % ep == 0, "nn::GroupedExperts", mesh, name, ": ", c.experts,
+                  " experts do not divide over the ", ep, " ranks of expert dimension \"",
+                  EMesh::names[parallel::expert_dim<EMesh>], "\"");
+    return c;
   }
 
   static Extent total(const std::vector<std::int64_t>& rows) {

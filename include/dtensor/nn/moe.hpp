@@ -91,15 +91,14 @@ class MoE {
 
   MoE() = default;
   MoE(std::string name, const Mesh& mesh, const EMesh& emesh, MoEConfig c, std::uint64_t seed)
-      : name_(std::move(name)), c_(c), emesh_(emesh) {
-    check_router_config(c.router, "nn::MoE", mesh.rank());
-    parallel::check_expert_mesh(mesh, emesh);
-    router_ = Router(name_ + ".router", mesh, c.dim, c.router.experts, seed, {.bias = false, .init_std = c.init_std});
-    experts_ = Experts(name_ + ".experts", emesh,
-                       {.experts = c.router.experts, .dim = c.dim, .hidden = c.hidden, .init_std = c.init_std,
-                        .out_std = c.out_std},
-                       seed + 1);
-  }
+      : name_(std::move(name)),
+        c_(checked(c, mesh, emesh)),
+        emesh_(emesh),
+        router_(name_ + ".router", mesh, c.dim, c.router.experts, seed, {.bias = false, .init_std = c.init_std}),
+        experts_(name_ + ".experts", emesh,
+                 {.experts = c.router.experts, .dim = c.dim, .hidden = c.hidden, .init_std = c.init_std,
+                  .out_std = c.out_std},
+                 seed + 1) {}
 
   /// y = sum over kept choices of gate * expert(x). Collectives: 1 all_to_all + 2 all_to_all_v on "ep"
   /// (and, under context parallelism, the aux loss's all-reduce on the context group).
@@ -231,6 +230,13 @@ class MoE {
       auto d = route_backward(r, std::span<const T>(dgate), weighted);
       return typename Router::Out(dy.mesh(), global, to_space<space>(Tensor<T, 3>::view(d.data(), local)));
     }
+  }
+
+  /// c, once the router's configuration and the expert mesh are checked.
+  static const MoEConfig& checked(const MoEConfig& c, const Mesh& mesh, const EMesh& emesh) {
+    check_router_config(c.router, "nn::MoE", mesh.rank());
+    parallel::check_expert_mesh(mesh, emesh);
+    return c;
   }
 
   std::string name_;
