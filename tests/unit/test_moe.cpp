@@ -11,6 +11,7 @@
 
 #include "dtensor/comm/comm_log.hpp"
 #include "dtensor/comm/sim.hpp"
+#include "dtensor/comm/threads.hpp"
 #include "dtensor/core/compare.hpp"
 #include "dtensor/core/factories.hpp"
 #include "dtensor/kernels/meta/cost_log.hpp"
@@ -339,6 +340,51 @@ TEST_CASE("MoE on meta over the sim backend: balanced routing and the collective
       // dx and dW of the router; dA, dX, dW1 and dW2 of the experts.
       CHECK(backward_cost.flops("gemm") == 2 * (2 * tokens * C * experts) + 4 * (2 * rows * C * H));
     }
+}
+
+TEST_CASE("MoE with forced balanced routing: the threads run issues, rank by rank, what the dry run predicts",
+          "[moe][meta]") {
+  // RouterConfig::force_balanced routes as the dry run assumes (nn::route_balanced), so the real
+  // run's collectives (kind, group, bytes; forward and backward) are the meta run's over sim.
+  using MetaDense = MetaMesh<"dp", "tp">;
+  using MetaExperts = MetaMesh<"edp", "ep", "tp">;
+  using Record = std::tuple<CollectiveKind, std::string, std::size_t>;
+  constexpr Extent batch = 8, seq = 4;
+  nn::MoEConfig c{.dim = C, .hidden = H, .router = {.experts = 8, .topk = 2, .capacity_factor = 1.25}};
+  c.router.force_balanced = true;
+  auto records = [](const CommLog& log) {
+    std::vector<Record> out;
+    for (const auto& r : log.records()) out.emplace_back(r.kind, r.group, r.bytes);
+    return out;
+  };
+  // One forward and backward_input (dy = x) on `dense` and its expert mesh; the collectives.
+  auto step = [&](const auto& dense, const auto& emesh, const auto& x) {
+    nn::MoE<float, std::remove_cvref_t<decltype(dense)>, std::remove_cvref_t<decltype(emesh)>> moe("moe", dense, emesh, c, 5);
+    CommLog log;
+    auto [y, saved] = moe.forward(x);
+    auto [dx, w] = moe.backward_input(std::move(saved), x);
+    return records(log);
+  };
+  for (int ep : {2, 4}) {
+    INFO("ep " << ep);
+    std::vector<std::vector<Record>> real(8);
+    threads::run(8, [&](CommPtr world) {
+      Dense dense(world, {4, 2});
+      const auto emesh = parallel::make_expert_mesh<EMesh>(dense, ep);
+      const auto x = distribute_replicated<nn::tokens<Dense>>(dense, normal<float>(Shape<3>{batch, seq, C}, 3));
+      real[std::size_t(world->rank())] = step(dense, emesh, x);
+    });
+    for (int rank = 0; rank < 8; ++rank) {
+      INFO("rank " << rank);
+      MetaDense dense(sim::world(rank, 8), {4, 2});
+      const auto emesh = parallel::make_expert_mesh<MetaExperts>(dense, ep);
+      const auto x =
+          distribute_replicated<nn::tokens<MetaDense>>(dense, Tensor<float, 3, meta_space>(Shape<3>{batch, seq, C}));
+      const auto dry = step(dense, emesh, x);
+      CHECK(dry.size() == 5);
+      CHECK(dry == real[std::size_t(rank)]);
+    }
+  }
 }
 
 TEST_CASE("MoE: every token routed to one expert works (one rank receives them all)", "[moe][skew]") {

@@ -176,7 +176,7 @@ class MoE {
   /// routing it assumes (nn::route_balanced).
   template <class Logits>
   Routing<T> route_tokens(const Logits& logits, Extent batch, Extent seq, Extent global_batch, const Mesh& mesh) const {
-    if constexpr (!holds_data_v<space>) {
+    if (!holds_data_v<space> || c_.router.force_balanced) {
       return route_balanced<T>(batch, seq, global_batch, c_.router, route_context(mesh));
     } else if constexpr (std::is_same_v<space, host_space>) {
       return route(logits.to_local().span(), batch, seq, global_batch, c_.router, route_context(mesh));
@@ -223,6 +223,8 @@ class MoE {
     const Shape<3> local{dy.to_local().extent(0), dy.to_local().extent(1), c_.router.experts};
     if constexpr (!holds_data_v<space>) {
       return typename Router::Out(dy.mesh(), global, Tensor<T, 3, space>::uninitialized(local));
+    } else if (r.scores.empty()) {  // balanced routing: the gates do not depend on the logits
+      return typename Router::Out(dy.mesh(), global, Tensor<T, 3, space>(local));
     } else {
       RouterConfig weighted = c_.router;  // the auxiliary losses' gradients, weighted like the loss's (set_loss_scale)
       weighted.aux_loss_coeff *= loss_scale_;

@@ -62,6 +62,10 @@ struct RouterConfig {
   bool normalize_gates = true;            // with topk > 1: gates divided by their sum
   double aux_loss_coeff = 0.01;
   double z_loss_coeff = 0.0;
+  // Route by route_balanced whatever the logits (Megatron's moe_router_force_load_balancing):
+  // every expert gets its share of every rank's choices, the router gets no gradient. For
+  // benchmarks, and what a dry run assumes (so a real run can be checked against one).
+  bool force_balanced = false;
 };
 
 /// Throws an Error for `op` unless the configuration is usable.
