@@ -188,16 +188,16 @@ class MoE {
 
   /// The send rows' tokens and gates, as tensors of the space (the gathers' indices, the gates' weights).
   void send_rows_of(Saved& s) const {
-    const auto rows = s.order.slot_of_row.size();
-    std::vector<std::int64_t> token(rows);
-    std::vector<T> gate(rows);
-    for (std::size_t r = 0; r < rows; ++r) {
-      const auto slot = std::size_t(s.order.slot_of_row[r]);
+    const auto rows = Extent(s.order.slot_of_row.size());
+    auto token = Tensor<std::int64_t, 1>::uninitialized(Shape<1>{rows});
+    auto gate = Tensor<T, 2>::uninitialized(Shape<2>{rows, 1});
+    for (Extent r = 0; r < rows; ++r) {
+      const auto slot = std::size_t(s.order.slot_of_row[std::size_t(r)]);
       token[r] = std::int64_t(slot) / c_.router.topk;
-      gate[r] = s.routing.gate[slot];
+      gate(r, 0) = s.routing.gate[slot];
     }
-    s.token_of_row = to_space<space>(Tensor<std::int64_t, 1>::view(token.data(), Shape<1>{Extent(rows)}));
-    s.gate_of_row = to_space<space>(Tensor<T, 2>::view(gate.data(), Shape<2>{Extent(rows), 1}));
+    s.token_of_row = into_space<space>(std::move(token));  // no copy on the host
+    s.gate_of_row = into_space<space>(std::move(gate));
   }
 
   /// A [batch, seq, dim] tensor as its [tokens, dim] rows (a view).
@@ -208,11 +208,12 @@ class MoE {
   /// Each slot's gate gradient (0 for a dropped one) from the send rows' [rows, 1], on the host.
   std::vector<T> gate_gradients(const Saved& s, const Rows& per_row) const {
     std::vector<T> dgate(s.routing.expert.size(), T(0));
-    if constexpr (holds_data_v<space>) {
-      const auto host = to_space<host_space>(per_row);
+    auto scatter = [&](const Tensor<T, 2>& host) {
       for (std::size_t r = 0; r < s.order.slot_of_row.size(); ++r)
         dgate[std::size_t(s.order.slot_of_row[r])] = host.data()[r];
-    }
+    };
+    if constexpr (std::is_same_v<space, host_space>) scatter(per_row);
+    else if constexpr (holds_data_v<space>) scatter(to_space<host_space>(per_row));
     return dgate;
   }
 
