@@ -510,8 +510,8 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
   int first_step = 1;
   if (!o.resume.empty()) {
     checkpoint::TrainingMeta meta;
-    if constexpr (!host) throw Error("train_gpt", "--resume: checkpoints are host memory only");  // check_checkpoints
-    else if constexpr (moe) meta = checkpoint::load_pipeline_state(o.resume, model, opt, expert_opt, model_config);
+    // A device model's slots travel through host copies (checkpoint::HostStaging).
+    if constexpr (moe) meta = checkpoint::load_pipeline_state(o.resume, model, opt, expert_opt, model_config);
     else meta = checkpoint::load_pipeline_state(o.resume, model, opt, model_config);
     std::istringstream rng_state(meta.rng_state);
     if (!(rng_state >> rng) || meta.data_position != std::uint64_t(meta.step))
@@ -527,8 +527,7 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
     rng_state << rng;
     const checkpoint::TrainingMeta meta{.step = step, .data_position = std::uint64_t(step), .rng_state = rng_state.str(),
                                         .config = model_config};
-    if constexpr (!host) throw Error("train_gpt", "--save-every: checkpoints are host memory only");  // check_checkpoints
-    else if constexpr (moe) checkpoint::save_pipeline_state(o.save_dir, model, opt, expert_opt, meta);
+    if constexpr (moe) checkpoint::save_pipeline_state(o.save_dir, model, opt, expert_opt, meta);
     else checkpoint::save_pipeline_state(o.save_dir, model, opt, meta);
     if (root) std::printf("step %4d  checkpoint saved to %s\n", step, o.save_dir.c_str());
   };
@@ -596,6 +595,14 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
                 train_loss, val_loss, tokens_per_step * steps_run / elapsed);
     // All the digits: a resumed run is compared with a straight one by these (examples/CMakeLists.txt).
     std::printf("final losses at step %d: train %.17g validation %.17g\n", o.steps, train_loss, val_loss);
+    // The ledger's process-wide peaks (every rank thread of this process), by what the bytes hold:
+    // scripts/gpu-check.sh reads this line for the GPU's memory use.
+    std::printf("memory peaks in %s space (this process):", host ? "host" : "cuda");
+    for (std::size_t t = 0; t < memory_tag_count; ++t) {
+      const auto peak = memory_totals().peak(host ? "host" : "cuda", MemoryTag(t));
+      if (peak > 0) std::printf(" %s %.1f MiB", std::string(name_of(MemoryTag(t))).c_str(), double(peak) / (1 << 20));
+    }
+    std::printf("\n");
     std::printf("collectives of one training step on rank 0 (schedule, gradient syncs, clipping, AdamW, ZeRO gathers):\n");
     for (const auto& [k, v] : per_step) std::printf("  %-32s x%-5zu %10zu bytes\n", k.c_str(), v.first, v.second);
   }

@@ -3,6 +3,7 @@
 // cuda_threads against the host threads backend (bit for bit: reductions are in rank order).
 #include <catch2/catch.hpp>
 
+#include <thread>
 #include <vector>
 
 #include "dtensor/comm/cuda_threads.cuh"
@@ -188,10 +189,27 @@ TEST_CASE("cuda_threads: a failing rank releases the others, a timeout names the
   });
   REQUIRE(errs.size() == 3);
   for (auto& e : errs) CHECK(e);
+  // Rank 1 returns without the collective: rank 0 is released at once (the departure is seen,
+  // as on the host threads backend), not after its timeout, and the message names rank 1.
+  errs = cuda_threads::run_collect(2, [](CommPtr world) {
+    world->set_timeout(std::chrono::milliseconds(20000));
+    Tensor<float, 1, cuda_space> x(Shape<1>{64});
+    if (world->rank() == 0) world->all_reduce(x.span(), ReduceOp::sum);
+  });
+  REQUIRE(errs[0]);
+  try {
+    std::rethrow_exception(errs[0]);
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    CHECK(m.find("rank 1") != std::string::npos);
+    CHECK(m.find("can never complete") != std::string::npos);
+  }
+  // A rank that is merely late: the timeout names the rank that did not arrive.
   errs = cuda_threads::run_collect(2, [](CommPtr world) {
     world->set_timeout(std::chrono::milliseconds(200));
     Tensor<float, 1, cuda_space> x(Shape<1>{64});
-    if (world->rank() == 0) world->all_reduce(x.span(), ReduceOp::sum);
+    if (world->rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    world->all_reduce(x.span(), ReduceOp::sum);
   });
   REQUIRE(errs[0]);
   try {
@@ -212,5 +230,17 @@ TEST_CASE("cuda_threads: a mesh's sub-groups and collective checks work with dev
     row->all_reduce(d.span(), ReduceOp::sum);
     const float want = world->rank() < 2 ? 1.f : 5.f;
     CHECK(equal(to_space<host_space>(d), full<float>(Shape<1>{300}, want)));
+  });
+}
+
+TEST_CASE("cuda_threads: an in-place all-reduce of host memory (a gradient norm) reduces on the host", "[cuda][comm]") {
+  // The first GPU run found this: the in-place temporary was device memory while the reduction of
+  // host buffers runs on the host (segfault in every trainer step that clips gradients).
+  cuda_threads::run(3, [](CommPtr world) {
+    for (std::size_t n : {std::size_t(1), std::size_t(5000)}) {  // small and large sends
+      std::vector<double> v(n, double(world->rank() + 1));
+      world->all_reduce(std::span<double>(v), ReduceOp::sum);
+      for (double x : v) REQUIRE(x == 6.0);
+    }
   });
 }

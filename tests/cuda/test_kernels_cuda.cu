@@ -24,6 +24,15 @@ Tolerance tol(bool gemm = false) {
   else if constexpr (std::is_same_v<T, bfloat16>) return {1e-2, 1e-2};
   else return gemm ? Tolerance{1e-4, 1e-5} : Tolerance{1e-5, 1e-6};
 }
+/// Row statistics kept in double (mean, rstd, log-sum-exp, sums of exponentials, the loss) of
+/// per-element math done in compute_t<T>: for float and bf16 inputs the device's expf/rsqrtf and
+/// nvcc's fused multiply-adds differ from the host's by an ulp of float (seen on an H100: 1e-8
+/// relative), so they agree to float's precision; for double to double's.
+template <class T>
+Tolerance stat_tol(Tolerance for_double) {
+  if constexpr (std::is_same_v<T, double>) return for_double;
+  else return {1e-6, 1e-7};
+}
 template <class T, std::size_t R>
 Tensor<T, R, cuda_space> dev(const Tensor<T, R>& h) { return to_space<cuda_space>(h); }
 template <class T, std::size_t R>
@@ -121,8 +130,8 @@ TEMPLATE_TEST_CASE("cuda softmax and norms match the host", "[cuda][kernels]", f
     const auto hf = hk::layer_norm(x, w, b);
     const auto df = ck::layer_norm(dx, dev(w), dev(b));
     CHECK_CLOSE(df.y, hf.y, tol<T>());
-    CHECK_CLOSE(df.mean, hf.mean, tol<double>(true));
-    CHECK_CLOSE(df.rstd, hf.rstd, (Tolerance{1e-10, 1e-12}));
+    CHECK_CLOSE(df.mean, hf.mean, stat_tol<T>(tol<double>(true)));
+    CHECK_CLOSE(df.rstd, hf.rstd, stat_tol<T>({1e-10, 1e-12}));
     const auto hb = hk::layer_norm_backward(x, w, hf.mean, hf.rstd, g);
     const auto dbw = ck::layer_norm_backward(dx, dev(w), df.mean, df.rstd, dg);
     CHECK_CLOSE(dbw.dx, hb.dx, tol<T>(true));
@@ -210,8 +219,8 @@ TEMPLATE_TEST_CASE("cuda embedding and cross-entropy match the host", "[cuda][ke
   for (Extent i = 0; i < 6; ++i) targets[i] = (i * 11) % V;
   const auto hf = hk::cross_entropy(logits, targets, 10);
   const auto cf = ck::cross_entropy(dev(logits), dev(targets), 10);
-  CHECK(cf.loss == Approx(hf.loss).epsilon(1e-12));
-  CHECK_CLOSE(cf.lse, hf.lse, (Tolerance{1e-12, 1e-13}));
+  CHECK(cf.loss == Approx(hf.loss).epsilon(stat_tol<T>({1e-12, 0}).rtol));
+  CHECK_CLOSE(cf.lse, hf.lse, stat_tol<T>({1e-12, 1e-13}));
   CHECK_CLOSE(ck::cross_entropy_backward(dev(logits), dev(targets), cf.lse, 0.5, 10),
               hk::cross_entropy_backward(logits, targets, hf.lse, 0.5, 10), tol<T>());
   // The vocabulary-parallel pieces of the columns [8, 8 + 20).
@@ -219,7 +228,7 @@ TEMPLATE_TEST_CASE("cuda embedding and cross-entropy match the host", "[cuda][ke
   const auto hm = hk::vocab_parallel_ce_max(part);
   CHECK_CLOSE(ck::vocab_parallel_ce_max(dev(part)), hm, (Tolerance{0, 0}));
   const auto hs = hk::vocab_parallel_ce_sum_exp(part, hm);
-  CHECK_CLOSE(ck::vocab_parallel_ce_sum_exp(dev(part), dev(hm)), hs, (Tolerance{1e-12, 1e-13}));
+  CHECK_CLOSE(ck::vocab_parallel_ce_sum_exp(dev(part), dev(hm)), hs, stat_tol<T>({1e-12, 1e-13}));
   const auto ht = hk::vocab_parallel_ce_target_logit(part, targets, 8);
   CHECK_CLOSE(ck::vocab_parallel_ce_target_logit(dev(part), dev(targets), 8), ht, (Tolerance{0, 0}));
   CHECK(ck::vocab_parallel_ce_loss(dev(hm), dev(hs), dev(ht), 6) == hk::vocab_parallel_ce_loss(hm, hs, ht, 6));

@@ -68,7 +68,7 @@ TEST_CASE("ops on cuda DTensors match the host ops, piece by piece", "[cuda][ops
     for (Extent i = 0; i < 5; ++i) tv[i] = (3 * i) % 12;
     const auto targetsh = distribute_replicated<Layout<Shard<0>>>(mesh, tv);
     report(close("cross_entropy", ops::cross_entropy(to_cuda(logitsh), to_cuda(targetsh)).loss,
-                 ops::cross_entropy(logitsh, targetsh).loss, 1e-10));
+                 ops::cross_entropy(logitsh, targetsh).loss, 1e-6));  // float math: expf differs by an ulp
   });
   for (const auto& f : failures) FAIL_CHECK(f);
 }

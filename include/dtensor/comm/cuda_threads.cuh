@@ -121,7 +121,9 @@ class CudaMemOps final : public threads::detail::MemOps {
     }
   }
 
-  std::shared_ptr<std::byte> allocate(std::size_t bytes) const override {
+  std::shared_ptr<std::byte> allocate(std::size_t bytes, const void* like) const override {
+    if (!cuda::is_device_pointer(like))
+      return std::shared_ptr<std::byte>(new std::byte[bytes], std::default_delete<std::byte[]>());
     here();
     void* p = nullptr;
     check(cudaMallocAsync(&p, bytes, stream_), "cudaMallocAsync");

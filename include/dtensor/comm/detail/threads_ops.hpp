@@ -253,7 +253,7 @@ inline const void* stable_send(const Ctx& c, const void* send, std::size_t bytes
   const bool overlap = bytes && out_bytes && a < b + out_bytes && b < a + bytes;
   if (!overlap || (!c.mem && eager && bytes <= eager_limit)) return send;
   if (c.mem) {
-    hold = c.mem->allocate(bytes);
+    hold = c.mem->allocate(bytes, send);
     c.mem->copy(hold.get(), send, bytes);
   } else {
     hold = std::shared_ptr<std::byte>(new std::byte[bytes], std::default_delete<std::byte[]>());
@@ -326,7 +326,7 @@ inline void all_reduce(const Ctx& c, const void* send, void* recv, std::size_t c
     const auto* b = bytes_of(recv);
     std::shared_ptr<std::byte> tmp;
     void* out = recv;
-    if (bytes && a < b + bytes && b < a + bytes) out = (tmp = c.mem->allocate(bytes)).get();
+    if (bytes && a < b + bytes && b < a + bytes) out = (tmp = c.mem->allocate(bytes, recv)).get();
     c.mem->reduce(t, op, out, peer_sends(s, 0), n, count);
     c.mem->fence();
     sync(*c.group, s.mid);

@@ -206,8 +206,10 @@ struct MemOps {
   virtual void copy(void* dst, const void* src, std::size_t bytes) const = 0;
   /// dst[i] = srcs[0][i] op ... op srcs[n-1][i] in rank order (as threads_reduce.hpp's reduce).
   virtual void reduce(DType t, ReduceOp op, void* dst, const void* const* srcs, int n, std::size_t count) const = 0;
-  /// Scratch memory of the same kind as the rank's buffers.
-  virtual std::shared_ptr<std::byte> allocate(std::size_t bytes) const = 0;
+  /// Scratch memory of the same kind as `like`, a buffer of the collective: device memory for a
+  /// device buffer, host memory for a host one (a user's all-reduce of a std::vector, which is
+  /// reduced on the host and must not land in device memory).
+  virtual std::shared_ptr<std::byte> allocate(std::size_t bytes, const void* like) const = 0;
   virtual void fence() const = 0;
 };
 

@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# scripts/gpu-check.sh — prove the GPU half of dtensor on a bare GPU machine, in one call.
+#
+#   scripts/gpu-check.sh [--out DIR] [--build DIR] [--prebuilt] [--jobs N] [--no-bench] [--no-train]
+#
+# On a machine with a GPU (one H100/H200 is what it was written for), within about 8 minutes:
+#   1. deps   : Catch2 and Google Benchmark from the Debian packages that scripts/gpu-kit.sh put in
+#               .gpu-kit/debs (unpacked with dpkg -x into a private prefix), unless CMake finds them
+#   2. build  : configure the CUDA component, its tests, train_gpt(_cuda) and the CUDA benchmarks
+#               with ninja -j16 for the GPU's own architecture (--prebuilt: use DIR as it is)
+#   3. tests  : ctest -L cuda (every CUDA test and the train_gpt_cuda examples)
+#   4. bench  : GEMM through the op vs cuBLAS, attention forward+backward TFLOP/s and fraction of
+#               peak, the cuda_threads collectives vs raw cudaMemcpy (Google Benchmark, JSON)
+#   5. train  : train_gpt_cuda --device cuda against the same program's host run, a few steps each
+#               (final losses compared), and one GPT-2-124M-shaped step (dim 768, 12 layers, 12
+#               heads, seq 1024): tokens/s and the ledger's memory peaks
+# and writes DIR/summary.txt (figures and failures; read it first) beside each step's full log.
+# Exit status: 0 when everything that ran passed, 1 otherwise.
+#
+# Without a GPU (e.g. on the CI machine) the same script builds everything, every CUDA test
+# reports "skipped", and the benchmark and training steps say they were skipped: the kit is
+# known to work except for the GPU itself (CTest case gpu_check_kit, label cuda).
+#
+# Not covered here: NCCL (it is bootstrapped through MPI, which the bare machine lacks, and needs
+# one GPU per rank; on one GPU the cuda_threads mode runs the same collectives' callers).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+
+out=${OUT:-gpu-check-out}
+build=build-gpu
+prebuilt=0
+jobs=$(nproc)
+bench=1
+train=1
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --out) out=$2; shift 2 ;;
+    --build) build=$2; shift 2 ;;
+    --prebuilt) prebuilt=1; shift ;;
+    --jobs) jobs=$2; shift 2 ;;
+    --no-bench) bench=0; shift ;;
+    --no-train) train=0; shift ;;
+    -h|--help) sed -n 2,26p "$0"; exit 0 ;;
+    *) echo "gpu-check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+summary=$out/summary.txt
+: >"$summary"
+failures=()
+note() { echo "$*" | tee -a "$summary"; }
+fail() { failures+=("$*"); note "FAIL: $*"; }
+start=$(date +%s)
+elapsed() { echo $(( $(date +%s) - start ))s; }
+
+# ---- the machine ----
+nvcc=$(command -v nvcc || true)
+[[ -z $nvcc && -x /usr/local/cuda/bin/nvcc ]] && nvcc=/usr/local/cuda/bin/nvcc
+gpu=0
+arch=90
+if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+  gpu=1
+  note "gpu: $(nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader | head -1)"
+  cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d ' .')
+  [[ -n $cap ]] && arch=$cap
+else
+  note "gpu: none (no usable nvidia-smi): the GPU steps will report skipped"
+fi
+note "nvcc: ${nvcc:-not found} $( [[ -n $nvcc ]] && "$nvcc" --version | tail -1)"
+note "host: $(nproc) cores, $(uname -r)"
+[[ -z $nvcc ]] && { fail "no nvcc: cannot build the CUDA component"; exit 1; }
+# The CUDA runtime libraries: the toolkit's, then pip's (the image's PyTorch brings cuBLAS too).
+for d in "$(dirname "$(dirname "$nvcc")")/lib64" $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, q, "lib") for p in nvidia.__path__ for q in os.listdir(p)))' 2>/dev/null); do
+  [[ -d $d ]] && export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d
+done
+
+# ---- 1. the carried dependencies ----
+kitroot=/tmp/dtensor-gpu-kit
+prefix=()
+if compgen -G ".gpu-kit/debs/*.deb" >/dev/null; then
+  mkdir -p "$kitroot"
+  for f in .gpu-kit/debs/*.deb; do dpkg -x "$f" "$kitroot" || fail "dpkg -x $f"; done
+  prefix=(-DCMAKE_PREFIX_PATH="$kitroot/usr" -DCatch2_DIR="$kitroot/usr/lib/cmake/Catch2"
+          -Dbenchmark_DIR="$kitroot/usr/lib/x86_64-linux-gnu/cmake/benchmark")
+  export LD_LIBRARY_PATH=$kitroot/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  note "deps: unpacked $(ls .gpu-kit/debs | tr '\n' ' ')"
+else
+  note "deps: no .gpu-kit/debs (scripts/gpu-kit.sh makes it): using what CMake finds"
+fi
+
+# ---- 2. the build ----
+targets=(train_gpt train_gpt_cuda)
+for f in tests/cuda/test_*.cu; do
+  n=$(basename "$f" .cu)
+  [[ $n == *_nccl ]] || targets+=("$n")
+done
+benches=()
+for f in bench/bench_*_cuda.cu; do benches+=("$(basename "$f" .cu)"); done
+if [[ $prebuilt == 1 ]]; then
+  [[ -f $build/CMakeCache.txt ]] || { fail "--prebuilt: $build holds no configured build"; exit 1; }
+  # CTest's files name the folder the build was configured in; make that path reach this checkout.
+  # CTest's files name the folders the build was configured in (source and build); where this
+  # machine lacks them, links make them reach this checkout and the build as carried.
+  home=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$build/CMakeCache.txt")
+  bdir=$(sed -n 's/^CMAKE_CACHEFILE_DIR:INTERNAL=//p' "$build/CMakeCache.txt")
+  if [[ $home != "$root" && ! -e $home ]]; then mkdir -p "$(dirname "$home")" && ln -s "$root" "$home"; fi
+  if [[ ! -e $bdir ]]; then ln -s "$(cd "$build" && pwd)" "$bdir"; fi
+  note "build: prebuilt $build (configured in $home) [$(elapsed)]"
+else
+  gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
+  if ! cmake -S . -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
+       -DDTENSOR_BUILD_TESTS=ON -DDTENSOR_BUILD_EXAMPLES=ON -DDTENSOR_BUILD_BENCHMARKS=ON \
+       -DDTENSOR_WITH_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES="$arch" \
+       "${prefix[@]}" >"$out/configure.log" 2>&1; then
+    fail "configure (tail of configure.log):"; tail -20 "$out/configure.log" | tee -a "$summary"; exit 1
+  fi
+  if ! cmake --build "$build" -j"$jobs" --target "${targets[@]}" "${benches[@]}" >"$out/build.log" 2>&1; then
+    fail "build (errors from build.log):"; grep -E "error|Error" "$out/build.log" | head -30 | tee -a "$summary"; exit 1
+  fi
+  note "build: sm_$arch, ${#targets[@]} targets and ${#benches[@]} benchmarks [$(elapsed)]"
+fi
+
+# ---- 3. the tests ----
+(cd "$build" && timeout 300 ctest -L cuda -E "^gpu_" --output-on-failure --timeout 240 -j4) >"$out/ctest.log" 2>&1
+rc=$?
+note "ctest -L cuda (rc $rc) [$(elapsed)]: $(grep -E "tests passed|tests failed" "$out/ctest.log" | tail -1)"
+grep -E "^ *[0-9]+/[0-9]+ Test" "$out/ctest.log" | sed 's/^ */  /' | tee -a "$summary" >/dev/null
+grep -q "\*\*\*Failed\|\*\*\*Timeout\|\*\*\*Exception\|Not Run" "$out/ctest.log" && fail "ctest: failed tests listed above (ctest.log has their output)"
+[[ $rc -ne 0 && $rc -ne 8 ]] && ! grep -q "tests failed" "$out/ctest.log" && fail "ctest ended with $rc"
+if [[ $gpu == 1 ]] && grep -q "Skipped" "$out/ctest.log"; then fail "a CUDA test skipped on a machine with a GPU"; fi
+
+# ---- 4. the benchmarks ----
+if [[ $bench == 1 && $gpu == 1 ]]; then
+  for b in "${benches[@]}"; do
+    exe=$build/bench/$b
+    [[ -x $exe ]] || { fail "benchmark $b was not built"; continue; }
+    timeout 150 "$exe" --benchmark_min_time=0.05 --benchmark_out="$out/$b.json" --benchmark_out_format=json \
+      >"$out/$b.log" 2>&1 || fail "benchmark $b exited with $? (see $b.log)"
+  done
+  python3 scripts/gpu_bench_summary.py "$out" "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" \
+    >>"$summary" 2>&1 || fail "gpu_bench_summary.py could not read the benchmarks"
+  note "benchmarks done [$(elapsed)]"
+else
+  note "benchmarks: skipped ($([[ $gpu == 0 ]] && echo no GPU || echo --no-bench))"
+fi
+
+# ---- 5. training on the GPU against the host ----
+if [[ $train == 1 && $gpu == 1 ]]; then
+  t=$build/examples/train_gpt_cuda
+  small=(--pp 2 --fsdp 2 --cp 1 --tp 2 --steps 4 --seq 32 --dim 64 --layers 2 --heads 4 --batch 8 --seed 7)
+  timeout 120 "$t" --device cuda "${small[@]}" >"$out/train_cuda.log" 2>&1 || fail "train_gpt_cuda --device cuda exited with $?"
+  timeout 120 "$t" "${small[@]}" >"$out/train_host.log" 2>&1 || fail "train_gpt_cuda (host run) exited with $?"
+  g=$(sed -n 's/^final losses at step [0-9]*: train \([^ ]*\) .*/\1/p' "$out/train_cuda.log")
+  h=$(sed -n 's/^final losses at step [0-9]*: train \([^ ]*\) .*/\1/p' "$out/train_host.log")
+  if [[ -n $g && -n $h ]]; then
+    verdict=$(python3 -c "g,h=$g,$h; d=abs(g-h)/abs(h); print(f'relative difference {d:.2e}', 'ok' if d < 1e-3 else 'TOO FAR (> 1e-3)')")
+    note "train 4 steps, pp 2 x fsdp 2 x tp 2 (8 ranks on one GPU) vs host: cuda $g, host $h: $verdict"
+    [[ $verdict == *"TOO FAR"* ]] && fail "train_gpt_cuda's loss differs from the host run's"
+  else
+    fail "train_gpt_cuda: no final-loss line (train_cuda.log, train_host.log)"
+  fi
+  big=(--pp 1 --fsdp 1 --cp 1 --tp 1 --dp 1 --steps 3 --seq 1024 --dim 768 --layers 12 --heads 12 --batch 8 --seed 7 --lr 6e-4 --eval-every 1000)
+  timeout 240 "$t" --device cuda "${big[@]}" >"$out/train_gpt2.log" 2>&1 || fail "GPT-2-124M-shaped step exited with $?"
+  note "GPT-2-124M-shaped (dim 768, 12 layers, 12 heads, seq 1024, batch 8, lr 6e-4, char vocabulary), 1 rank, 3 steps:"
+  grep -E "^summary:|^memory peaks" "$out/train_gpt2.log" | sed 's/^/  /' | tee -a "$summary" >/dev/null
+  note "training done [$(elapsed)]"
+else
+  note "training: skipped ($([[ $gpu == 0 ]] && echo no GPU || echo --no-train))"
+fi
+
+note "total $(elapsed); ${#failures[@]} failure(s)"
+for f in "${failures[@]}"; do echo "  - $f" >>"$summary"; done
+[[ ${#failures[@]} -eq 0 ]]

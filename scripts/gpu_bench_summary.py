@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""Summarise the CUDA benchmarks' JSON (scripts/gpu-check.sh) as ratios against the raw backend.
+
+    gpu_bench_summary.py OUT_DIR "GPU NAME"
+
+Reads OUT_DIR/bench_gemm_cuda.json, bench_attention_cuda.json, bench_comm_cuda.json (Google
+Benchmark's --benchmark_out) and prints, per size, both sides' figure and their ratio:
+  GEMM       op / cuBLAS and kernel / cuBLAS (TFLOP/s; goal >= 0.95), float and bf16
+  attention  fused forward+backward TFLOP/s, fraction of the GPU's FP32 peak, fused / naive cuBLAS
+  gather     redistribute Shard -> Replicate on cuda_threads vs one cudaMemcpy of the same bytes
+A pair whose two sides are not both present is an error (exit 1): a comparison with one side
+missing must not read as a result.
+"""
+import json
+import os
+import sys
+
+# Dense FP32 (non-tensor-core) peaks, TFLOP/s, from NVIDIA's data sheets (SXM parts).
+FP32_PEAK = {"H100": 67.0, "H200": 67.0, "A100": 19.5}
+
+
+def load(out, name):
+    path = os.path.join(out, name + ".json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        rows = json.load(f)["benchmarks"]
+    table = {}
+    for r in rows:
+        if r.get("run_type") == "aggregate":
+            continue
+        parts = r["name"].split("/")  # family/variant/size/manual_time
+        table[(parts[0], parts[1], int(parts[2]))] = r
+    return table
+
+
+def tflops(r):
+    return r["flops"] / 1e12
+
+
+def main():
+    out, gpu = sys.argv[1], sys.argv[2]
+    peak = next((v for k, v in FP32_PEAK.items() if k in gpu), None)
+    bad = []
+
+    gemm = load(out, "bench_gemm_cuda")
+    if gemm is not None:
+        print("GEMM n x n x n, TFLOP/s (op = ops::matmul on a 1-rank DTensor; kernel = kernels::cuda::matmul_into):")
+        for prec in ("f32", "bf16"):
+            for n in sorted({k[2] for k in gemm if k[0] == prec}):
+                sides = {v: gemm.get((prec, v, n)) for v in ("op", "dtensor", "cublas")}
+                if any(s is None for s in sides.values()):
+                    bad.append(f"GEMM {prec} n={n}: a side is missing")
+                    continue
+                c = tflops(sides["cublas"])
+                print(f"  {prec:4} n={n:5}: op {tflops(sides['op']):7.1f}  kernel {tflops(sides['dtensor']):7.1f}"
+                      f"  cuBLAS {c:7.1f}  op/cuBLAS {tflops(sides['op']) / c:.3f}"
+                      f"  kernel/cuBLAS {tflops(sides['dtensor']) / c:.3f}")
+    att = load(out, "bench_attention_cuda")
+    if att is not None:
+        print(f"attention fwd+bwd, batch 4 x 12 heads x head dim 64, float; TFLOP/s"
+              f" (fraction of the {gpu} FP32 peak {peak} TFLOP/s):")
+        for n in sorted({k[2] for k in att}):
+            fc, ff, nv = att.get(("f32", "fused_causal", n)), att.get(("f32", "fused_full", n)), att.get(("f32", "naive_full", n))
+            if fc is None or ff is None or nv is None:
+                bad.append(f"attention T={n}: a side is missing")
+                continue
+            frac = lambda r: f" ({tflops(r) / peak:.3f})" if peak else ""
+            print(f"  T={n:5}: fused causal {tflops(fc):6.2f}{frac(fc)}  fused full {tflops(ff):6.2f}{frac(ff)}"
+                  f"  naive cuBLAS full {tflops(nv):6.2f}  fused/naive {tflops(ff) / tflops(nv):.3f}")
+    comm = load(out, "bench_comm_cuda")
+    if comm is not None:
+        print("all-gather on cuda_threads (rows x 1024 floats), GB/s: redistribute vs one cudaMemcpy of the same bytes:")
+        for n in sorted({k[2] for k in comm if k[0] == "gather"}):
+            d, m = comm.get(("gather", "dtensor", n)), comm.get(("gather", "memcpy", n))
+            if d is None or m is None:
+                bad.append(f"gather rows={n}: a side is missing")
+                continue
+            print(f"  rows={n:6}: dtensor {d['bytes_per_second'] / 1e9:8.1f}  memcpy {m['bytes_per_second'] / 1e9:8.1f}"
+                  f"  ratio {d['bytes_per_second'] / m['bytes_per_second']:.3f}")
+    for b in bad:
+        print("FAIL:", b)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
