@@ -205,7 +205,8 @@ def main():
                     help="the Python that runs the twin, one with torch (default: $DTENSOR_TORCH_PYTHON, else this one)")
     ap.add_argument("--twin", default=os.path.join(HERE, "train_gpt_torch.py"))
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--steps", type=int, help="timed steps of every configuration (default: its own)")
+    ap.add_argument("--steps", type=int, help="steps of every configuration's timed run "
+                    "(default: its own; the 2-step run's are subtracted)")
     ap.add_argument("--only", nargs="+", choices=list(CONFIGS), default=DEFAULT_ONLY)
     ap.add_argument("--smoke", action="store_true", help="2 steps, one run per side, the checks only (no timing)")
     ap.add_argument("--dtensor-only", action="store_true", help="run the trainer only (its format and parameter count)")
@@ -220,8 +221,8 @@ def main():
     use_torch = not a.dtensor_only
     if use_torch and not has_torch(a.python):
         if not a.smoke:
-            fail(f"{a.python} cannot import torch: install it (python3 -m pip install torch --index-url "
-                 "https://download.pytorch.org/whl/cpu) and pass --python, or run --dtensor-only / --smoke")
+            fail(f"{a.python} cannot import torch: install it (a venv with pip install torch) and pass its Python as "
+                 "--python or DTENSOR_TORCH_PYTHON, or run --dtensor-only / --smoke")
         print(f"compare_torch: NOTE: {a.python} has no torch: the PyTorch side is skipped; the trainer's parameter "
               "count is checked against the twin's model computed from the sizes (twin_parameters)")
         use_torch = False
