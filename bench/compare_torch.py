@@ -1,106 +1,323 @@
 #!/usr/bin/env python3
-"""bench/compare_torch.py — train_gpt against its PyTorch eager twin, interleaved, as a ratio.
+"""bench/compare_torch.py — train_gpt against its PyTorch eager twin, the same model, interleaved, as ratios.
 
-    python3 bench/compare_torch.py --trainer build-rel/examples/train_gpt            # all four configurations
-    python3 bench/compare_torch.py --trainer build-rel/examples/train_gpt --rounds 3 --only default-1
+    python3 bench/compare_torch.py --trainer build/examples/train_gpt                       # 1-thread configurations
+    python3 bench/compare_torch.py --trainer build/examples/train_gpt --only default-2 l4d384-2 --rounds 3
+    python3 bench/compare_torch.py --trainer build/examples/train_gpt --smoke               # CTest bench_compare_torch
 
-Each round runs every configuration once with dtensor and once with PyTorch (alternating which
-goes first), so load from other users of the machine hits both alike. A run's figure is the
-median of its per-step tokens/s after --skip warm-up steps; a configuration's figure is the median
-over rounds. Prints one table (markdown) with the ratio dtensor / PyTorch and the load average.
-On a loaded machine wall-clock tokens/s mostly measures the load, so each run also reports
-tokens per CPU-second: the CPU time (user + system, getrusage of the child) of the run minus
-that of a 2-step run of the same configuration (start-up, data loading, first steps), over the
-extra steps' tokens.
-Configurations: the default model (2 layers, dim 128) and the GEMM-heavy one (4 layers, dim 384),
-each as 1 rank vs 1 torch thread and 2 data-parallel ranks (threads backend) vs 2 torch threads.
+Both sides get every model flag explicitly (--layers --dim --heads --seq --batch --steps --lr --seed;
+the trainer also its mesh: --pp 1 --dp R --fsdp 1 --cp 1 --tp 1, no experts), so a change of either
+side's defaults cannot change what is compared. Each run's header is parsed back and checked: both
+sides must report the sizes they were given, the same vocabulary, and the same parameter count
+(train_gpt's `parameters: N` line, the twin's `N parameters`), which must also equal the count of the
+twin's model computed here from the sizes (twin_parameters). Both must print a `summary:` line with
+the steps asked for and a finite loss. Anything missing, unparsable or different exits non-zero with
+a message that names both numbers — a format or default change fails, it is not measured.
+
+Timing is taken from outside and the same way for both sides: each configuration runs --steps steps
+and 2 steps; the difference (wall-clock, and CPU time = user + system of the child from getrusage)
+over the extra steps is the per-step cost, so start-up (torch's import, reading the text, building
+the model) and the final validation cancel out. Each round runs dtensor and PyTorch alternately
+(dtensor first in odd rounds, PyTorch first in even ones: dtensor, torch, torch, dtensor, ...), so
+load from other users hits both alike; the ratio dtensor / PyTorch is taken per round and the
+median over rounds reported, with its range. On a loaded machine wall-clock time mostly measures
+the load: the CPU-time ratio is then the figure to read. The output names the CPU (lscpu), the
+load average at the start and the end, and the sizes of both sides.
+
+Threads: dtensor runs R ranks (threads backend) with DTENSOR_BLAS_THREADS=OPENBLAS_NUM_THREADS=b per
+rank; PyTorch runs with torch.set_num_threads(t) and OMP_NUM_THREADS=MKL_NUM_THREADS=t.
+
+--smoke: 2 steps of every selected configuration, one run per side, no timing: the format and
+parameter-count checks only. Without torch for --python (CI installs only Debian packages) the
+PyTorch side is skipped, saying so, and the trainer's count is checked against twin_parameters.
+--dtensor-only does that on purpose. --twin runs another twin (same flags, same output lines).
 """
 import argparse
+import math
 import os
-import resource
 import re
+import resource
+import shlex
 import statistics
 import subprocess
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-STEP = re.compile(r"^step\s+(\d+)/\d+\s+loss\s+\S+\s+(\d+)\s+tokens/s")
 
-CONFIGS = {  # name: (model flags, ranks, steps)
-    "default-1": ([], 1, 60),
-    "default-2": ([], 2, 60),
-    "l4d384-1": (["--layers", "4", "--dim", "384"], 1, 12),
-    "l4d384-2": (["--layers", "4", "--dim", "384"], 2, 12),
+MODELS = {  # the sizes, passed to both sides
+    "default": {"layers": 2, "dim": 128, "heads": 4, "seq": 64, "batch": 16},
+    "l4d384": {"layers": 4, "dim": 384, "heads": 6, "seq": 64, "batch": 16},  # GEMM-heavy
 }
+TRAINING = {"lr": "3e-3", "seed": "1"}
+SHORT_STEPS = 2  # the run subtracted from each timed one
+
+# name: (model, dtensor ranks, BLAS threads per rank, torch threads, timed steps)
+CONFIGS = {
+    "default-1": ("default", 1, 1, 1, 200),
+    "l4d384-1": ("l4d384", 1, 1, 1, 24),
+    "default-2": ("default", 2, 1, 2, 200),
+    "l4d384-2": ("l4d384", 2, 1, 2, 24),
+    "default-1x2": ("default", 1, 2, 2, 200),  # one rank, two BLAS threads
+    "l4d384-1x2": ("l4d384", 1, 2, 2, 24),
+}
+DEFAULT_ONLY = ["default-1", "l4d384-1"]
+
+# What is read back. train_gpt (examples/train_gpt.cpp):
+#   train_gpt: mesh pp 1 x dp 1 x ... = 1 ranks, threads backend, ...
+#   schedule 1f1b: ...; model: 2 layers, dim 128, 4 heads, seq 64, batch 16, vocab 86
+#   parameters: 427008
+#   summary: 200 steps in 8.1 s; final train loss 2.4012, validation loss 2.4567; 25301 tokens/s
+# the twin (bench/train_gpt_torch.py):
+#   train_gpt_torch: torch 2.5.1+cpu, 1 thread(s); vocab 86, 2 layers, dim 128, 4 heads, seq 64, batch 16; 427008 parameters
+#   summary: 200 steps; final train loss 2.4012; 26000 tokens/s
+DT_RANKS = re.compile(r"^train_gpt: mesh .*= (\d+) ranks", re.M)
+DT_MODEL = re.compile(r"model: (\d+) layers, dim (\d+), (\d+) heads, seq (\d+), batch (\d+), vocab (\d+)")
+DT_PARAMS = re.compile(r"^parameters: (\d+)$", re.M)
+PT_HEADER = re.compile(r"^train_gpt_torch: torch (\S+), (\d+) thread\(s\); vocab (\d+), (\d+) layers, dim (\d+), "
+                       r"(\d+) heads, seq (\d+), batch (\d+); (\d+) parameters$", re.M)
+SUMMARY = re.compile(r"^summary: (\d+) steps\b.*?final train loss ([^,;\s]+).*\s(\d+) tokens/s$", re.M)
 
 
-def per_step_median(out, skip):
-    rates = [int(m.group(2)) for line in out.splitlines() if (m := STEP.match(line)) and int(m.group(1)) > skip]
-    if not rates:
-        sys.exit("no step lines in:\n" + out[-2000:])
-    return statistics.median(rates)
+def fail(msg):
+    print(f"compare_torch: FAILED: {msg}", file=sys.stderr)
+    sys.exit(1)
 
 
-def run(cmd, env=None):
-    """(stdout, CPU seconds of the child)"""
+def twin_parameters(m, vocab):
+    """The parameter count of train_gpt_torch.py's GPT (and nn::GPT's): token and position
+    embeddings, per block two LayerNorms, qkv, proj, fc1 and fc2 with biases, the final LayerNorm,
+    lm_head without bias and not tied."""
+    d = m["dim"]
+    block = 2 * 2 * d + (3 * d * d + 3 * d) + (d * d + d) + (4 * d * d + 4 * d) + (4 * d * d + d)
+    return vocab * d + m["seq"] * d + m["layers"] * block + 2 * d + vocab * d
+
+
+def model_flags(m, steps):
+    flags = []
+    for k in ("layers", "dim", "heads", "seq", "batch"):
+        flags += [f"--{k}", str(m[k])]
+    return flags + ["--steps", str(steps), "--lr", TRAINING["lr"], "--seed", TRAINING["seed"]]
+
+
+def tail(text, n=3000):
+    return text[-n:] if text else "(nothing)"
+
+
+def run(cmd, env):
+    """(stdout, wall seconds, CPU seconds of the child)"""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if r.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+        fail(f"{' '.join(cmd)} exited with {r.returncode}:\n{tail(r.stdout)}\n{tail(r.stderr)}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return r.stdout, cpu
+    return r.stdout, wall, cpu
 
 
-def with_steps(cmd, steps):
-    i = cmd.index("--steps")
-    return cmd[:i + 1] + [str(steps)] + cmd[i + 2:]
+def need(regex, out, who, what, cmd):
+    m = regex.search(out)
+    if not m:
+        fail(f"{who}: no {what} in the output of {' '.join(cmd)} (has its format changed?):\n{tail(out)}")
+    return m
+
+
+def parse(who, out, cmd):
+    """The sizes, parameter count and summary a side reports, as a dict."""
+    if who == "dtensor":
+        ranks = need(DT_RANKS, out, who, "'train_gpt: mesh ... = N ranks' header", cmd)
+        model = need(DT_MODEL, out, who, "'model: L layers, dim D, H heads, seq S, batch B, vocab V' header", cmd)
+        params = need(DT_PARAMS, out, who, "'parameters: N' line", cmd)
+        r = {"threads": int(ranks.group(1)), "version": None, "params": int(params.group(1))}
+        r.update(zip(("layers", "dim", "heads", "seq", "batch", "vocab"), map(int, model.groups())))
+    else:
+        h = need(PT_HEADER, out, who, "'train_gpt_torch: torch V, T thread(s); vocab ...; N parameters' header", cmd)
+        r = {"version": h.group(1), "threads": int(h.group(2))}
+        r.update(zip(("vocab", "layers", "dim", "heads", "seq", "batch", "params"), map(int, h.groups()[2:])))
+    s = need(SUMMARY, out, who, "'summary: N steps ... final train loss X ...; R tokens/s' line", cmd)
+    r["steps"], r["tokens_per_s"] = int(s.group(1)), int(s.group(3))
+    try:
+        r["loss"] = float(s.group(2))
+    except ValueError:
+        fail(f"{who}: final train loss '{s.group(2)}' is not a number:\n{tail(out)}")
+    return r
+
+
+def check(name, m, steps, threads, sides):
+    """Both sides report what they were given, and the same parameter count; fails loudly otherwise."""
+    for who, r in sides.items():
+        for k, v in m.items():
+            if r[k] != v:
+                fail(f"{name}: {who} reports {k} {r[k]}, it was given {v}")
+        if r["steps"] != steps:
+            fail(f"{name}: {who}'s summary counts {r['steps']} steps, it was given {steps}")
+        if r["threads"] != threads[who]:
+            fail(f"{name}: {who} reports {r['threads']} ranks/threads, it was given {threads[who]}")
+        if not math.isfinite(r["loss"]):
+            fail(f"{name}: {who}'s final train loss is {r['loss']}")
+    if "torch" in sides and "dtensor" in sides:
+        d, p = sides["dtensor"], sides["torch"]
+        if d["vocab"] != p["vocab"]:
+            fail(f"{name}: the vocabularies differ: dtensor {d['vocab']}, PyTorch {p['vocab']}")
+        if d["params"] != p["params"]:
+            fail(f"{name}: the parameter counts differ: dtensor {d['params']}, PyTorch {p['params']} — not the same model")
+    for who, r in sides.items():
+        expected = twin_parameters(m, r["vocab"])
+        if r["params"] != expected:
+            fail(f"{name}: {who} has {r['params']} parameters, the twin's model of these sizes has {expected} "
+                 "(twin_parameters in bench/compare_torch.py)")
+
+
+def describe(who, r, ranks=None, blas=None):
+    sizes = (f"{r['layers']} layers, dim {r['dim']}, {r['heads']} heads, seq {r['seq']}, batch {r['batch']}, "
+             f"vocab {r['vocab']}; {r['params']:,} parameters")
+    if who == "dtensor":
+        return f"dtensor: {ranks} rank(s) x {blas} BLAS thread(s); {sizes}"
+    return f"PyTorch {r['version']}: {r['threads']} thread(s); {sizes}"
+
+
+def cpu_model():
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        m = re.search(r"^Model name:\s*(.+)$", out, re.M)
+        fam = re.search(r"^CPU family:\s*(\d+)\s*^Model:\s*(\d+)", out, re.M)
+        if m:  # a VM's name can be as short as "AMD EPYC": the family and model tell the generation
+            return m.group(1).strip() + (f" (family {fam.group(1)}, model {fam.group(2)})" if fam else "")
+    except OSError:
+        pass
+    try:
+        m = re.search(r"^model name\s*:\s*(.+)$", open("/proc/cpuinfo").read(), re.M)
+        return m.group(1).strip() if m else "unknown"
+    except OSError:
+        return "unknown"
+
+
+def has_torch(python):
+    return subprocess.run([python, "-c", "import torch"], capture_output=True).returncode == 0
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--trainer", default="build-rel/examples/train_gpt")
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--skip", type=int, default=3)
-    ap.add_argument("--only", nargs="*", default=list(CONFIGS))
+    ap.add_argument("--trainer", default="build/examples/train_gpt")
+    ap.add_argument("--python", default=os.environ.get("DTENSOR_TORCH_PYTHON", sys.executable),
+                    help="the Python that runs the twin, one with torch (default: $DTENSOR_TORCH_PYTHON, else this one)")
+    ap.add_argument("--twin", default=os.path.join(HERE, "train_gpt_torch.py"))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, help="steps of every configuration's timed run "
+                    "(default: its own; the 2-step run's are subtracted)")
+    ap.add_argument("--only", nargs="+", choices=list(CONFIGS), default=DEFAULT_ONLY)
+    ap.add_argument("--smoke", action="store_true", help="2 steps, one run per side, the checks only (no timing)")
+    ap.add_argument("--dtensor-only", action="store_true", help="run the trainer only (its format and parameter count)")
+    ap.add_argument("--trainer-flags", default="", help="more flags for train_gpt, after the explicit ones "
+                    "(--trainer-flags='--arch llama' must fail: another model)")
     ap.add_argument("--omp-passive", action="store_true",
                     help="run PyTorch with OMP_WAIT_POLICY=PASSIVE: on a machine loaded beyond its cores, OpenMP's "
                          "spinning threads otherwise collapse PyTorch's 2-thread runs")
     a = ap.parse_args()
-    results = {name: ([], []) for name in a.only}
-    cpu_results = {name: ([], []) for name in a.only}
-    tokens_per_step = 16 * 64
+    if not os.access(a.trainer, os.X_OK):
+        fail(f"no trainer at {a.trainer} (build the train_gpt target; --trainer PATH)")
+    use_torch = not a.dtensor_only
+    if use_torch and not has_torch(a.python):
+        if not a.smoke:
+            fail(f"{a.python} cannot import torch: install it (a venv with pip install torch) and pass its Python as "
+                 "--python or DTENSOR_TORCH_PYTHON, or run --dtensor-only / --smoke")
+        print(f"compare_torch: NOTE: {a.python} has no torch: the PyTorch side is skipped; the trainer's parameter "
+              "count is checked against the twin's model computed from the sizes (twin_parameters)")
+        use_torch = False
+    if use_torch:  # the twin at least compiles
+        subprocess.run([a.python, "-m", "py_compile", a.twin], check=True)
+
     load_at_start = os.getloadavg()
-    for rnd in range(a.rounds):
-        for name in a.only:
-            flags, ranks, steps = CONFIGS[name]
-            dt_cmd = [a.trainer, "--dp", str(ranks), "--tp", "1", "--no-sp", "--steps", str(steps),
-                      "--eval-every", "100000"] + flags
-            pt_cmd = [sys.executable, os.path.join(HERE, "train_gpt_torch.py"), "--threads", str(ranks),
-                      "--steps", str(steps)] + flags
-            order = [("dtensor", dt_cmd), ("torch", pt_cmd)]
-            if rnd % 2:
-                order.reverse()
-            for who, cmd in order:
-                env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE") if who == "torch" and a.omp_passive else None
-                out, cpu = run(cmd, env)
-                _, cpu_start = run(with_steps(cmd, 2), env)
-                rate = per_step_median(out, a.skip)
-                cpu_rate = tokens_per_step * (steps - 2) / max(cpu - cpu_start, 1e-9)
-                side = 0 if who == "dtensor" else 1
-                results[name][side].append(rate)
-                cpu_results[name][side].append(cpu_rate)
-                print(f"round {rnd + 1} {name:10s} {who:8s} {rate:8.0f} tokens/s (wall), {cpu_rate:8.0f} tokens/CPU-s",
-                      file=sys.stderr)
-    print("load average (1, 5, 15 min) at the start: %.2f %.2f %.2f, at the end: %.2f %.2f %.2f"
-          % (load_at_start + os.getloadavg()))
-    print("| configuration | PyTorch tokens/s | dtensor tokens/s | ratio (wall) | PyTorch tokens/CPU-s | "
-          "dtensor tokens/CPU-s | ratio (CPU) |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print(f"compare_torch: CPU {cpu_model()}, {os.cpu_count()} logical CPUs; load average (1, 5, 15 min) "
+          f"%.2f %.2f %.2f; trainer {a.trainer}; twin {a.twin}" % load_at_start)
+    rounds = 1 if a.smoke else a.rounds
+    results = {}
     for name in a.only:
-        d, p = statistics.median(results[name][0]), statistics.median(results[name][1])
-        dc, pc = statistics.median(cpu_results[name][0]), statistics.median(cpu_results[name][1])
-        print(f"| {name} | {p:,.0f} | {d:,.0f} | {d / p:.2f} | {pc:,.0f} | {dc:,.0f} | {dc / pc:.2f} |")
+        model, ranks, blas, tthreads, steps = CONFIGS[name]
+        m = MODELS[model]
+        steps = SHORT_STEPS if a.smoke else (a.steps or steps)
+        if not a.smoke and steps <= SHORT_STEPS:
+            fail(f"--steps {steps}: the timed run needs more than {SHORT_STEPS} steps")
+        threads = {"dtensor": ranks, "torch": tthreads}
+
+        def commands(n):
+            dt = [a.trainer, "--pp", "1", "--dp", str(ranks), "--fsdp", "1", "--cp", "1", "--tp", "1",
+                  "--eval-every", str(n)] + model_flags(m, n) + shlex.split(a.trainer_flags)
+            pt = [a.python, a.twin, "--threads", str(tthreads)] + model_flags(m, n)
+            return {"dtensor": dt, "torch": pt}
+
+        envs = {"dtensor": dict(os.environ, DTENSOR_BLAS_THREADS=str(blas), OPENBLAS_NUM_THREADS=str(blas),
+                                OMP_NUM_THREADS=str(blas)),
+                "torch": dict(os.environ, OMP_NUM_THREADS=str(tthreads), MKL_NUM_THREADS=str(tthreads))}
+        if a.omp_passive:
+            envs["torch"]["OMP_WAIT_POLICY"] = "PASSIVE"
+        sides = ["dtensor", "torch"] if use_torch else ["dtensor"]
+        full, short = commands(steps), commands(SHORT_STEPS)
+        per_round = []
+        for rnd in range(rounds):
+            order = sides if rnd % 2 == 0 else sides[::-1]
+            timed = {}
+            reports = {}
+            for who in order:
+                out, wall, cpu = run(full[who], envs[who])
+                reports[who] = parse(who, out, full[who])
+                timed[who] = (wall, cpu)
+            check(name, m, steps, threads, reports)
+            if a.smoke:
+                for who in sides:
+                    print(f"{name}: {describe(who, reports[who], ranks, blas)}; {steps} steps, final train loss "
+                          f"{reports[who]['loss']:.4f}")
+                continue
+            fig = {}
+            for who in order:  # the 2-step runs, interleaved too
+                out, wall, cpu = run(short[who], envs[who])
+                check(name, m, SHORT_STEPS, threads, {who: parse(who, out, short[who])})
+                dw, dc = timed[who][0] - wall, timed[who][1] - cpu
+                if dw <= 0 or dc <= 0:
+                    fail(f"{name}: {who}'s {steps}-step run took no longer than its {SHORT_STEPS}-step run "
+                         f"(wall {timed[who][0]:.2f} vs {wall:.2f} s, CPU {timed[who][1]:.2f} vs {cpu:.2f} s): more --steps")
+                tokens = m["batch"] * m["seq"] * (steps - SHORT_STEPS)
+                fig[who] = (tokens / dw, tokens / dc)
+                print(f"round {rnd + 1} {name:11s} {who:8s} {fig[who][0]:8.0f} tokens/s (wall), {fig[who][1]:8.0f} "
+                      f"tokens/CPU-s; self-reported {reports[who]['tokens_per_s']} tokens/s", file=sys.stderr)
+            per_round.append(fig)
+        results[name] = (reports, per_round)
+
+    load_at_end = os.getloadavg()
+    if a.smoke:
+        print("compare_torch: smoke OK (formats, sizes and parameter counts checked; nothing timed)")
+        return
+    print("load average (1, 5, 15 min) at the start: %.2f %.2f %.2f, at the end: %.2f %.2f %.2f"
+          % (load_at_start + load_at_end))
+    for name, (reports, _) in results.items():
+        _, ranks, blas, _, _ = CONFIGS[name]
+        for who in reports:
+            print(f"{name}: {describe(who, reports[who], ranks, blas)}")
+    if not use_torch:
+        print("| configuration | dtensor tokens/s (wall) | dtensor tokens/CPU-s |")
+        print("|---|---:|---:|")
+        for name, (_, per_round) in results.items():
+            print(f"| {name} | {statistics.median(f['dtensor'][0] for f in per_round):,.0f} | "
+                  f"{statistics.median(f['dtensor'][1] for f in per_round):,.0f} |")
+        return
+    print(f"dtensor / PyTorch over {rounds} interleaved rounds (median of the per-round ratios, range in brackets); "
+          "timed steps = the run's steps minus a 2-step run's")
+    print("| configuration | timed steps | PyTorch tokens/s | dtensor tokens/s | ratio (wall) | PyTorch tokens/CPU-s | "
+          "dtensor tokens/CPU-s | ratio (CPU) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name, (reports, per_round) in results.items():
+        def med(who, i):
+            return statistics.median(f[who][i] for f in per_round)
+
+        def ratio(i):
+            rs = [f["dtensor"][i] / f["torch"][i] for f in per_round]
+            return f"{statistics.median(rs):.2f} ({min(rs):.2f}–{max(rs):.2f})"
+
+        steps = reports["dtensor"]["steps"] - SHORT_STEPS
+        print(f"| {name} | {steps} | {med('torch', 0):,.0f} | {med('dtensor', 0):,.0f} | {ratio(0)} | "
+              f"{med('torch', 1):,.0f} | {med('dtensor', 1):,.0f} | {ratio(1)} |")
 
 
 if __name__ == "__main__":

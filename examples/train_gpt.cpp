@@ -451,6 +451,17 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
   };
   auto expert_opt = make_expert_opt();
 
+  // The model's parameter count (global extents, every stage's, the experts included), for
+  // bench/compare_torch.py, which checks it against PyTorch's twin: from the entries, which FSDP keeps.
+  std::int64_t parameters = 0;
+  for (auto& stage : model.executor().stages())
+    nn::for_each_parameter(stage, [&](auto& p) {
+      std::int64_t n = p.defined() ? 1 : 0;
+      if (p.defined())
+        for (Extent e : p.group()->entries()[p.index()].global_shape) n *= std::int64_t(e);
+      parameters += n;
+    });
+  mesh.template group<"pp">().all_reduce(std::span<std::int64_t>(&parameters, 1), ReduceOp::sum);
   const bool root = world->rank() == 0;
   if (root) {
     std::printf("train_gpt: mesh pp %d x dp %d x fsdp %d (ZeRO-%d) x cp %d (%s) x tp %d%s = %d ranks, %s backend, device %s, "
@@ -464,7 +475,7 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
                 (long long)o.heads, (long long)o.seq, (long long)o.batch, corpus.chars.size());
     if (o.arch != "gpt") std::printf("; %s (kv heads %lld)", o.arch.c_str(), (long long)(o.kv_heads ? o.kv_heads : o.heads));
     if (moe) std::printf("; MoE: %lld experts, top-%lld, over ep %d", (long long)o.experts, (long long)o.topk, o.ep);
-    std::printf("\n");
+    std::printf("\nparameters: %lld\n", (long long)parameters);
   }
 
   // The batches: every rank draws the same sequences (same seed), in the order the model stores
