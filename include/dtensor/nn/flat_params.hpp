@@ -24,8 +24,8 @@
 // FSDP (parallel/fully_shard.hpp) frees a unit's full buffers while the unit is sharded:
 // release_values() / release_grads() drop the storage, materialize_values(capacity) /
 // materialize_grads(capacity) allocate it again with room for `capacity` >= size() elements
-// (the padded all-gather / reduce-scatter size, so the collectives run in place). The storage
-// may move: parameters re-point their views on their next value() (nn/parameter.hpp), and a
+// (the padded all-gather / reduce-scatter size, so the collectives run in place); on a resident
+// buffer with less room they grow it and keep its elements. The storage may move: parameters re-point their views on their next value() (nn/parameter.hpp), and a
 // ParamRef taken before a release dangles. value(i) / grad(i) throw while released.
 #pragma once
 
@@ -122,9 +122,11 @@ class FlatParams {
   void release_values() { values_ = Buffer(); }
   void release_grads() { grads_ = Buffer(); }
   /// Allocates uninitialized values with room for `capacity` elements (the padding past size()
-  /// belongs to no entry); no-op when already resident with that room.
+  /// belongs to no entry); no-op when already resident with that room, and a resident buffer
+  /// with less room keeps its values (the padding uninitialized).
   void materialize_values(std::size_t capacity) { materialize(values_, capacity, false, MemoryTag::parameters); }
-  /// Allocates zero gradients with room for `capacity` elements (padding zero too).
+  /// Allocates zero gradients with room for `capacity` elements (padding zero too); a resident
+  /// buffer with less room keeps its gradients (the new padding zero).
   void materialize_grads(std::size_t capacity) { materialize(grads_, capacity, true, MemoryTag::gradients); }
   /// The whole allocation behind values() / grads(), padding included (empty while released).
   std::span<T> values_storage() noexcept { return {values_.data(), std::size_t(values_.capacity())}; }
@@ -149,10 +151,20 @@ class FlatParams {
   void materialize(Buffer& t, std::size_t capacity, bool zero, MemoryTag what) {
     if (capacity < size_)
       throw Error("FlatParams::materialize", dtensor::detail::cat("group ", name_, ": capacity ", capacity, " < size ", size_));
-    if (std::size_t(t.numel()) == size_ && std::size_t(t.capacity()) >= capacity) return;
+    const bool resident = std::size_t(t.numel()) == size_;
+    if (resident && std::size_t(t.capacity()) >= capacity) return;
     MemoryTagScope tag(what);
-    t = Buffer::with_capacity(Shape<1>{Extent(size_)}, Extent(capacity));
-    if (zero) Space::zero(t.data(), capacity * sizeof(T));
+    Buffer grown = Buffer::with_capacity(Shape<1>{Extent(size_)}, Extent(capacity));
+    if (resident) {
+      // Growing a resident buffer (ZeRO-1/2 make room for the padded all-gather of a unit whose
+      // size the shard count does not divide) keeps its contents: the values or accumulated
+      // gradients are the model's, not scratch.
+      Space::copy(grown.data(), t.data(), size_ * sizeof(T));
+      if (zero && grown.data()) Space::zero(grown.data() + size_, (capacity - size_) * sizeof(T));  // meta: null
+    } else if (zero) {
+      Space::zero(grown.data(), capacity * sizeof(T));
+    }
+    t = std::move(grown);
   }
 
   std::string name_;
