@@ -91,11 +91,13 @@ FsdpRun run_fsdp(CommPtr world, std::array<int, 3> shape, FsdpRunOptions o) {
   return out;
 }
 
-const std::vector<double>& reference(Extent batch = parity_batch) {
-  static std::map<Extent, std::vector<double>> refs;
-  auto& ref = refs[batch];
+const std::vector<double>& reference(Extent batch = parity_batch, const nn::GPTConfig& cfg = parity_config()) {
+  static std::map<std::array<Extent, 3>, std::vector<double>> refs;
+  auto& ref = refs[{batch, cfg.vocab, cfg.seq}];
   if (ref.empty())
-    threads::run(1, [&](CommPtr w) { ref = run_parity<nn::ReplicatedPlan>(w, {1, 1}, {.batch = batch}).losses; });
+    threads::run(1, [&](CommPtr w) {
+      ref = run_parity<nn::ReplicatedPlan>(w, {1, 1}, {.batch = batch, .config = cfg}).losses;
+    });
   return ref;
 }
 
@@ -116,7 +118,7 @@ template <class Plan>
 void check_fsdp(std::array<int, 3> shape, FsdpRunOptions o) {
   constexpr bool tp_plan = !std::is_same_v<Plan, nn::ReplicatedPlan>;
   constexpr bool sp = std::is_same_v<Plan, parallel::MegatronPlan<true>>;
-  const auto& ref = reference(o.batch);
+  const auto& ref = reference(o.batch, o.config);
   const int world = shape[0] * shape[1] * shape[2];
   auto f = on_ranks(world, [&](CommPtr w, auto report) {
     auto r = run_fsdp<Plan>(w, shape, o);
@@ -160,6 +162,26 @@ TEST_CASE("FSDP parity: FSDP x TP 2 x 2", "[parity][fsdp]") {
 }
 TEST_CASE("FSDP parity: FSDP x TP + SP 2 x 2", "[parity][fsdp]") {
   check_fsdp<parallel::MegatronPlan<true>>({1, 2, 2}, {.fsdp = {.stage = 3}});
+}
+TEST_CASE("FSDP parity: FSDP x TP + SP with vocabularies not divisible by tp, ZeRO-1/2/3", "[parity][fsdp]") {
+  // Regression: a vocabulary of 27 over tp 2 gives embedding and head pieces of 14 and 13 rows,
+  // so the two tp ranks' flat buffers had different sizes, FSDP cut them at different places
+  // and the sequence-parallel all-reduce of the position table's gradient got 96 elements on
+  // one tp rank and 104 on the other. With seq 16 the table straddles the FSDP shard boundary.
+  for (Extent vocab : {27, 29, 30}) {
+    auto cfg = parity_config();
+    cfg.vocab = vocab;
+    cfg.seq = 16;
+    for (int stage = 1; stage <= 3; ++stage) {
+      INFO("vocab " << vocab << " seq " << cfg.seq);
+      check_fsdp<parallel::MegatronPlan<true>>({1, 2, 2}, {.fsdp = {.stage = stage}, .config = cfg});
+    }
+  }
+  auto cfg = parity_config();
+  cfg.vocab = 27;
+  cfg.seq = 12;
+  check_fsdp<parallel::MegatronPlan<true>>({1, 3, 2}, {.fsdp = {.stage = 3}, .batch = 6, .config = cfg});
+  check_fsdp<parallel::MegatronPlan<false>>({1, 2, 4}, {.fsdp = {.stage = 2}, .config = cfg});
 }
 TEST_CASE("FSDP parity: gradient accumulation over 4 micro-batches (one reduction)", "[parity][fsdp]") {
   check_fsdp<nn::ReplicatedPlan>({1, 2, 1}, {.fsdp = {.stage = 3}, .micro_batches = 4, .batch = 8});

@@ -1,7 +1,8 @@
 // dtensor/nn/flat_params.hpp — the parameters of a module group in one flat buffer.
 //
 //   auto group = nn::flatten<float, Mesh::ndim>("h.0", block);   // block's parameters now live in group
-//   group->values()                 // every local piece, one after the other (registration order)
+//   group->values()                 // every local piece, one after the other (registration order; a
+//                                   // piece smaller than the parameter's largest is followed by zeros)
 //   group->grads()                  // their gradients, the same structure
 //   for (auto& e : group->entries())  e.name, e.global_shape, e.layout, e.local_offset, e.offset, e.numel
 //
@@ -56,6 +57,15 @@ struct FlatEntry {
   bool decay = true;                 // weight decay applies (not to biases and norm weights)
   std::size_t offset = 0;            // first element in values() / grads()
   std::size_t numel = 0;             // elements of the local piece
+  // Elements reserved for the piece in the flat buffer: the largest piece of the parameter on
+  // any rank (the one at mesh coordinate 0), or numel when unset. Where the parameter is split
+  // unevenly (a vocabulary of 27 over 2 tensor-parallel ranks: 14 and 13 rows) the smaller
+  // pieces leave a gap of zeros after them, so that every rank's flat buffer has the same size
+  // and each parameter the same offset: FSDP then cuts the same ranges of a tensor-replicated
+  // parameter on every tensor-parallel rank, which the reduction of its gradient over them
+  // (sequence parallelism) and a consistent shard layout need.
+  std::size_t slot = 0;
+  std::size_t reserved() const noexcept { return slot > numel ? slot : numel; }
 };
 
 namespace detail {
@@ -84,7 +94,7 @@ class FlatParams {
     std::size_t total = 0;
     for (auto& e : entries_) {
       e.offset = total;
-      total += e.numel;
+      total += e.reserved();
     }
     size_ = total;
     {
