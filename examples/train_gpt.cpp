@@ -300,7 +300,8 @@ Options parse(int argc, char** argv) {
 }
 
 /// --save-dir: fail before training, not at the first save, when the checkpoint cannot be
-/// written (its parent is not a writable directory). The save checks again (checkpoint::save).
+/// written (its parent is not a writable directory) or would replace what is not a checkpoint (a
+/// regular file, a directory of other files). The save checks again (checkpoint::save).
 void check_save_dir(const Options& o) {
   if (o.save_dir.empty()) return;
   const std::filesystem::path dir = std::filesystem::absolute(o.save_dir).lexically_normal();
@@ -309,6 +310,7 @@ void check_save_dir(const Options& o) {
   if (!std::filesystem::is_directory(parent, ec) || ::access(parent.c_str(), W_OK) != 0)
     throw std::runtime_error("--save-dir " + o.save_dir + ": cannot write into " + parent.string() +
                              (std::filesystem::exists(parent, ec) ? "" : " (it does not exist)"));
+  checkpoint::check_save_target(o.save_dir, "train_gpt --save-dir");  // not a file or another directory
 }
 
 // ---------------------------------------------------------------- data
