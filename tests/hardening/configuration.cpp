@@ -7,9 +7,12 @@
 #include <cstdlib>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "dtensor/comm/threads.hpp"
 #include "dtensor/core/parse.hpp"
+#include "dtensor/kernels/host/gemm.hpp"
+#include "dtensor/kernels/host/simd.hpp"
 #include "flags.hpp"
 #include "hardening/hardening.hpp"
 
@@ -63,6 +66,41 @@ TEST_CASE("DTENSOR_CHECK_COLLECTIVES is 0 or 1", "[hardening][config]") {
     const auto o = outcome_of_call([] { (void)detail::check_from_env(false); });
     CHECK(o.is_error);
     CHECK_THAT(o.message, Contains("DTENSOR_CHECK_COLLECTIVES") && Contains(std::string("'") + bad + "'"));
+  }
+}
+
+TEST_CASE("DTENSOR_HOST_ISA is baseline, avx2 or avx512", "[hardening][config]") {
+  using kernels::host::Isa;
+  using kernels::host::detail::isa_cap_from_env;
+  CHECK(isa_cap_from_env() == Isa::avx512);  // unset: no cap
+  for (auto [text, isa] : {std::pair{"baseline", Isa::baseline}, {"avx2", Isa::avx2}, {"avx512", Isa::avx512}}) {
+    ScopedEnv e("DTENSOR_HOST_ISA", text);
+    CHECK(isa_cap_from_env() == isa);
+  }
+  // Regression: anything else was read as avx512 (no cap), so a typo silently ran the fastest path.
+  for (const char* bad : {"AVX2", "sse", "", "avx2 ", "avx", "baseline,avx2"}) {
+    ScopedEnv e("DTENSOR_HOST_ISA", bad);
+    const auto o = outcome_of_call([] { (void)isa_cap_from_env(); });
+    INFO(bad << " -> " << o.message);
+    CHECK(o.is_error);
+    CHECK_THAT(o.message, Contains("DTENSOR_HOST_ISA") && Contains(std::string("'") + bad + "'"));
+  }
+}
+
+TEST_CASE("DTENSOR_BLAS_THREADS is a whole number of threads in range", "[hardening][config]") {
+  using kernels::host::detail::blas_threads_from_env;
+  CHECK(blas_threads_from_env() == 1);  // unset: one thread per rank
+  {
+    ScopedEnv e("DTENSOR_BLAS_THREADS", "4");
+    CHECK(blas_threads_from_env() == 4);
+  }
+  // Regression: atoi read "4x" as 4, and "abc", "0" and "-2" as the default of 1, without a word.
+  for (const char* bad : {"4x", "abc", "", "0", "-2", "1e3", " 2", "99999999999", "4097"}) {
+    ScopedEnv e("DTENSOR_BLAS_THREADS", bad);
+    const auto o = outcome_of_call([] { (void)blas_threads_from_env(); });
+    INFO(bad << " -> " << o.message);
+    CHECK(o.is_error);
+    CHECK_THAT(o.message, Contains("DTENSOR_BLAS_THREADS") && Contains(std::string("'") + bad + "'"));
   }
 }
 
