@@ -25,6 +25,7 @@
 //                 --microbatches 16 --experts 64 --topk 2 --ep 8 --dtype bf16   # MoE on 2,048 GPUs
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -32,6 +33,7 @@
 #include "dtensor/sim/chrome_trace.hpp"
 #include "dtensor/sim/cost_model.hpp"
 #include "dtensor/sim/training_plan.hpp"
+#include "dtensor/trace/text_file.hpp"
 #include "flags.hpp"
 
 namespace {
@@ -104,6 +106,15 @@ Options parse(int argc, char** argv) {
     throw UsageError("--batch " + number(o.plan.batch) + " is not a multiple of --microbatches " + number(o.plan.microbatches));
   if (!(o.hardware.efficiency <= 1)) throw UsageError("--efficiency must be in (0, 1]");
   if (o.llama && o.plan.has_experts()) throw UsageError("--arch llama with --experts: MoE blocks are GPT blocks");
+  // Before the dry run (which may take a while): the trace's directory must exist (the trace is
+  // written after it, checked again then), and the plan must be one (the GPU count fits an int).
+  if (!o.trace.empty()) {
+    std::error_code ec;
+    const auto dir = std::filesystem::absolute(o.trace).parent_path();
+    if (!std::filesystem::is_directory(dir, ec))
+      throw UsageError("--trace " + o.trace + ": the directory " + dir.string() + " does not exist");
+  }
+  sim::check_plan(o.plan);
   return o;
 }
 
@@ -152,7 +163,7 @@ int run(const Options& o) {
                 est.compute_seconds, est.communication_seconds, est.exposed_communication_seconds, c.in_flight,
                 sim::detail::human_bytes(c.peak_in_flight).c_str());
     if (!o.trace.empty() && &c == &classes.front()) {
-      std::ofstream(o.trace) << sim::chrome_trace(est, c.pipeline_rank, c.report.name);
+      trace::detail::write_text_file(o.trace, sim::chrome_trace(est, c.pipeline_rank, c.report.name), "plan_at_scale --trace");
       std::printf("trace of %s (pipeline rank %d): %s\n", c.report.name.c_str(), c.pipeline_rank, o.trace.c_str());
     }
   }

@@ -44,6 +44,7 @@
 // (compute, collective and wait spans per rank; docs/observability.md), --plot FILE the train and
 // validation loss curves as an SVG.
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -62,6 +63,7 @@
 
 #include "dtensor/checkpoint/gpt_config.hpp"
 #include "dtensor/checkpoint/pipeline_state.hpp"
+#include "dtensor/distributed/settings_agreement.hpp"
 #include "dtensor/nn/llama.hpp"
 #include "dtensor/optim/check_finite.hpp"
 #include "dtensor/parallel/pipeline/by_name.hpp"
@@ -300,7 +302,8 @@ Options parse(int argc, char** argv) {
 }
 
 /// --save-dir: fail before training, not at the first save, when the checkpoint cannot be
-/// written (its parent is not a writable directory). The save checks again (checkpoint::save).
+/// written (its parent is not a writable directory) or would replace what is not a checkpoint (a
+/// regular file, a directory of other files). The save checks again (checkpoint::save).
 void check_save_dir(const Options& o) {
   if (o.save_dir.empty()) return;
   const std::filesystem::path dir = std::filesystem::absolute(o.save_dir).lexically_normal();
@@ -309,6 +312,7 @@ void check_save_dir(const Options& o) {
   if (!std::filesystem::is_directory(parent, ec) || ::access(parent.c_str(), W_OK) != 0)
     throw std::runtime_error("--save-dir " + o.save_dir + ": cannot write into " + parent.string() +
                              (std::filesystem::exists(parent, ec) ? "" : " (it does not exist)"));
+  checkpoint::check_save_target(o.save_dir, "train_gpt --save-dir");  // not a file or another directory
 }
 
 // ---------------------------------------------------------------- data
@@ -630,8 +634,42 @@ void train_blocks(CommPtr world, const Options& o, const Corpus& corpus) {
   train<Space, Compute, Plan, nn::DenseLayers>(std::move(world), o, corpus);
 }
 
+/// Every flag's value (and the data's size and hash), for the ranks' agreement at setup.
+std::vector<Setting> settings_of(const Options& o, const Corpus& corpus) {
+  auto num = [](double v) {  // the shortest text that reads back as v: 3e-3 and 0.003 agree, 0.0030001 does not
+    char b[32];
+    const auto r = std::to_chars(b, b + sizeof b, v);
+    return std::string(b, r.ptr);
+  };
+  auto n = [](auto v) { return std::to_string(v); };
+  auto flag = [](bool v) { return std::string(v ? "on" : "off"); };
+  std::uint64_t data_hash = 14695981039346656037ull;  // FNV-1a over the vocabulary and the tokens
+  for (char c : corpus.chars) data_hash = (data_hash ^ std::uint8_t(c)) * 1099511628211ull;
+  for (const auto* part : {&corpus.train, &corpus.val})
+    for (auto t : *part) data_hash = (data_hash ^ std::uint32_t(t)) * 1099511628211ull;
+  return {{"--pp", n(o.pp)}, {"--dp", n(o.dp)}, {"--fsdp", n(o.fsdp)}, {"--cp", n(o.cp)}, {"--tp", n(o.tp)},
+          {"--ep", n(o.ep)}, {"--zero", n(o.zero)}, {"--sp", flag(o.sp)},
+          {"--cp-kind", std::string(parallel::name_of(o.cp_kind))}, {"--schedule", o.schedule},
+          {"--microbatches", n(o.microbatches)}, {"--layers", n(o.layers)}, {"--heads", n(o.heads)},
+          {"--dim", n(o.dim)}, {"--seq", n(o.seq)}, {"--batch", n(o.batch)}, {"--checkpoint", flag(o.checkpoint)},
+          {"--experts", n(o.experts)}, {"--topk", n(o.topk)}, {"--moe-every", n(o.moe_every)},
+          {"--capacity", num(o.capacity)}, {"--steps", n(o.steps)}, {"--eval-every", n(o.eval_every)},
+          {"--lr", num(o.lr)}, {"--seed", n(o.seed)}, {"--check-finite", flag(o.check_finite)}, {"--trace", o.trace},
+          {"--plot", o.plot}, {"--data", o.data},
+          {"--data (contents)", n(corpus.chars.size()) + " characters, " + n(corpus.train.size() + corpus.val.size()) +
+                                    " tokens, hash " + n(data_hash)},
+          {"--backend", o.backend}, {"--device", o.device}, {"--dtype", o.dtype}, {"--arch", o.arch},
+          {"--kv-heads", n(o.kv_heads)}, {"--ffn", n(o.ffn)}, {"--save-every", n(o.save_every)},
+          {"--save-dir", o.save_dir}, {"--resume", o.resume}};
+}
+
 template <class Space, class Compute>
 void run_rank(CommPtr world, const Options& o, const Corpus& corpus) {
+  // First, before anything sized by the flags (the mesh, a collective): one all-gather that
+  // finds ranks given different flags, in every build (distributed/settings_agreement.hpp).
+  // On the host's communicators; a GPU job agrees over MPI before NCCL starts (train_gpt_cuda.cu),
+  // and threads sharing one GPU share one Options.
+  if constexpr (std::is_same_v<Space, host_space>) require_same_settings(*world, "train_gpt", settings_of(o, corpus));
   if (world->size() != o.ranks())
     world->fail("train_gpt", "the job has " + str(world->size()) + " ranks but pp x dp x fsdp x cp x tp = " + str(o.ranks()));
   if (o.sp) train_blocks<Space, Compute, true>(std::move(world), o, corpus);

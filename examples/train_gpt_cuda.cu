@@ -45,7 +45,11 @@ int run_on_gpu(int argc, char** argv, const Options& o, const Corpus& corpus) {
   if (o.backend == "nccl") {
 #ifdef DTENSOR_HAS_NCCL
     // nccl::world(): this process's GPU is its local rank % the visible GPUs.
-    return mpi::run(argc, argv, [&](CommPtr) { run_rank<cuda_space, Compute>(nccl::world(), o, corpus); });
+    // The settings' agreement runs over MPI (host buffers), before NCCL is set up.
+    return mpi::run(argc, argv, [&](CommPtr host_world) {
+      require_same_settings(*host_world, "train_gpt", settings_of(o, corpus));
+      run_rank<cuda_space, Compute>(nccl::world(), o, corpus);
+    });
 #else
     (void)argc, (void)argv;
     std::fprintf(stderr, "train_gpt_cuda: --backend nccl needs a build with -DDTENSOR_WITH_NCCL=ON\n");

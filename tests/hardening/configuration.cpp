@@ -7,9 +7,15 @@
 #include <cstdlib>
 #include <limits>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "dtensor/comm/threads.hpp"
+#include "dtensor/comm/comm_log.hpp"
 #include "dtensor/core/parse.hpp"
+#include "dtensor/distributed/settings_agreement.hpp"
+#include "dtensor/kernels/host/gemm.hpp"
+#include "dtensor/kernels/host/simd.hpp"
 #include "flags.hpp"
 #include "hardening/hardening.hpp"
 
@@ -64,6 +70,92 @@ TEST_CASE("DTENSOR_CHECK_COLLECTIVES is 0 or 1", "[hardening][config]") {
     CHECK(o.is_error);
     CHECK_THAT(o.message, Contains("DTENSOR_CHECK_COLLECTIVES") && Contains(std::string("'") + bad + "'"));
   }
+}
+
+TEST_CASE("DTENSOR_HOST_ISA is baseline, avx2 or avx512", "[hardening][config]") {
+  using kernels::host::Isa;
+  using kernels::host::detail::isa_cap_from_env;
+  CHECK(isa_cap_from_env() == Isa::avx512);  // unset: no cap
+  for (auto [text, isa] : {std::pair{"baseline", Isa::baseline}, {"avx2", Isa::avx2}, {"avx512", Isa::avx512}}) {
+    ScopedEnv e("DTENSOR_HOST_ISA", text);
+    CHECK(isa_cap_from_env() == isa);
+  }
+  // Regression: anything else was read as avx512 (no cap), so a typo silently ran the fastest path.
+  for (const char* bad : {"AVX2", "sse", "", "avx2 ", "avx", "baseline,avx2"}) {
+    ScopedEnv e("DTENSOR_HOST_ISA", bad);
+    const auto o = outcome_of_call([] { (void)isa_cap_from_env(); });
+    INFO(bad << " -> " << o.message);
+    CHECK(o.is_error);
+    CHECK_THAT(o.message, Contains("DTENSOR_HOST_ISA") && Contains(std::string("'") + bad + "'"));
+  }
+}
+
+TEST_CASE("DTENSOR_BLAS_THREADS is a whole number of threads in range", "[hardening][config]") {
+  using kernels::host::detail::blas_threads_from_env;
+  CHECK(blas_threads_from_env() == 1);  // unset: one thread per rank
+  {
+    ScopedEnv e("DTENSOR_BLAS_THREADS", "4");
+    CHECK(blas_threads_from_env() == 4);
+  }
+  // Regression: atoi read "4x" as 4, and "abc", "0" and "-2" as the default of 1, without a word.
+  for (const char* bad : {"4x", "abc", "", "0", "-2", "1e3", " 2", "99999999999", "4097"}) {
+    ScopedEnv e("DTENSOR_BLAS_THREADS", bad);
+    const auto o = outcome_of_call([] { (void)blas_threads_from_env(); });
+    INFO(bad << " -> " << o.message);
+    CHECK(o.is_error);
+    CHECK_THAT(o.message, Contains("DTENSOR_BLAS_THREADS") && Contains(std::string("'") + bad + "'"));
+  }
+}
+
+TEST_CASE("ranks given different settings are found at setup, naming the setting and the ranks", "[hardening][config]") {
+  // What train_gpt passes (a few of its flags): every rank parses its own command line.
+  auto settings = [](int rank) {
+    std::vector<Setting> s{{"--seed", "1"}, {"--lr", "0.003"}, {"--dim", "64"}, {"--steps", "100"},
+                           {"--schedule", "1f1b"}, {"--microbatches", "4"}, {"--data", "corpus.txt"},
+                           {"--save-dir", "ckpt"}};
+    if (rank == 2) s[1].value = "0.01";
+    if (rank == 3) s[4].value = "gpipe", s[5].value = "8";
+    return s;
+  };
+  for (bool check : {true, false}) {  // in every build: whatever the collective check's switch
+    Stopwatch clock;
+    const auto out = outcomes(4, [&](CommPtr w) {
+      w->set_check_collectives(check);
+      w->set_timeout(long_timeout);
+      require_same_settings(*w, "train_gpt", settings(w->rank()));
+    });
+    CHECK(clock.elapsed() < prompt);
+    for (const auto& o : out) {
+      INFO("check " << check << ": " << o.message);
+      CHECK(o.is_error);
+      CHECK_THAT(o.message, Contains("train_gpt") && Contains("ranks were given different settings"));
+      CHECK_THAT(o.message, Contains("--lr: ranks 0, 1, 3 '0.003'; rank 2 '0.01';"));
+      CHECK_THAT(o.message, Contains("--schedule: ranks 0, 1, 2 '1f1b'; rank 3 'gpipe';"));
+      CHECK_THAT(o.message, Contains("--microbatches: ranks 0, 1, 2 '4'; rank 3 '8';"));
+      CHECK_THAT(o.message, !Contains("--seed") && !Contains("--dim") && !Contains("--save-dir"));
+    }
+  }
+  // Agreeing ranks pass, with one all-gather (the check's only communication).
+  std::vector<std::size_t> gathers(2);
+  const auto fine = outcomes(2, [&](CommPtr w) {
+    CommLog log;
+    require_same_settings(*w, "train_gpt", settings(0));
+    gathers[std::size_t(w->rank())] = log.records().size();
+  });
+  for (const auto& o : fine) CHECK_FALSE(o.threw);
+  CHECK(gathers == std::vector<std::size_t>{1, 1});
+  // A rank with another number of settings (another program) and a long value, shown cut.
+  const auto odd = outcomes(3, [&](CommPtr w) {
+    auto s = settings(0);
+    if (w->rank() == 1) s.pop_back();
+    require_same_settings(*w, "setup", s);
+  });
+  for (const auto& o : odd) CHECK_THAT(o.message, Contains("the number of settings: rank 0: 8; rank 1: 7; rank 2: 8;"));
+  const std::string long_path(100, 'x');
+  const auto cut = outcomes(2, [&](CommPtr w) {
+    require_same_settings(*w, "setup", {{"--data", w->rank() == 0 ? long_path : long_path + "y"}});
+  });
+  for (const auto& o : cut) CHECK_THAT(o.message, Contains("--data: rank 0 '" + std::string(40, 'x') + "…'; rank 1"));
 }
 
 TEST_CASE("set_timeout rejects zero, negative and absurd timeouts, naming the group", "[hardening][config]") {

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,7 @@ struct ParityOptions {
   bool ddp_overlap = true;  // DDP attached to the backward (else one all_reduce_gradients after it)
   Extent batch = parity_batch;  // sequences per step
   Extent layers = 0;            // 0: parity_config's
+  std::optional<nn::GPTConfig> config{};  // parity_config() unless given
 };
 
 /// The tokens of step s: `batch` sequences of a fixed rule x' = (5 x + 3) mod V from random
@@ -110,7 +112,7 @@ template <class Plan, class MeshT = GptMesh>
 ParityRun run_parity(CommPtr world, std::array<int, 2> shape, ParityOptions o = {}) {
   using Space = mesh_space_t<MeshT>;
   MeshT mesh(world, shape);
-  auto cfg = parity_config();
+  auto cfg = o.config.value_or(parity_config());
   cfg.checkpoint = o.checkpoint;
   if (o.layers > 0) cfg.layers = o.layers;
   nn::GPT<double, MeshT, Plan> model(mesh, cfg);

@@ -66,6 +66,14 @@ TEST_CASE("4-D combinations equal the one-rank run", "[parity][5d]") {
   check<TP>({.pp = 2, .dp = 2, .cp = 2, .zero = 1, .schedule = "interleaved", .cp_kind = parallel::ContextKind::ulysses});
 }
 
+TEST_CASE("ZeRO-1 and ZeRO-2 inside pipeline stages, units that fsdp 3 does not divide, equal the one-rank run",
+          "[parity][5d]") {
+  // Regression: a ZeRO-1/2 unit whose flat size is not a multiple of the shard count (the
+  // embedding's 29 x 32 + 8 x 32 = 1184 elements over 3 ranks) lost its values when fully_shard
+  // grew its buffer for the padded all-gather; inside ShardedPipeline ZeRO-1 gave NaN.
+  for (int zero : {1, 2}) check<TP>({.pp = 2, .fsdp = 3, .zero = zero, .schedule = "gpipe", .microbatches = 1});
+}
+
 TEST_CASE("3-D combinations equal the one-rank run", "[parity][5d]") {
   check<SP>({.pp = 2, .fsdp = 2, .tp = 2, .schedule = "zbv"});          // FSDP inside zero-bubble V stages
   check<TP>({.pp = 2, .fsdp = 2, .cp = 2, .schedule = "zb"});           // ZB-H1 (split backward) with FSDP and CP

@@ -9,6 +9,7 @@
 
 #include <csignal>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <random>
 #include <thread>
@@ -504,6 +505,39 @@ TEST_CASE("checkpoint: a failed or killed save leaves the previous checkpoint lo
       INFO(e);
       CHECK(e.find("cannot create " + (file / "ckpt.partial").string()) != std::string::npos);
     }
+  }
+  SECTION("a directory that names a regular file or a directory of other files: refused, left as it was") {
+    // Regression: the commit's rename replaced a regular file given as the directory (data loss).
+    const auto file = scratch("user-file");
+    std::ofstream(file) << "the user's data";
+    const auto other = scratch("user-dir");
+    fs::create_directories(other);
+    std::ofstream(other / "notes.txt") << "more of the user's data";
+    for (const auto& [target, words] : std::vector<std::pair<fs::path, std::string>>{
+             {file, "exists and is not a directory (a regular file)"}, {other, "holds files but no checkpoint"}}) {
+      std::vector<std::string> errors(2);
+      threads::run(2, [&](CommPtr world) {
+        Mesh2 mesh(world, {2, 1});
+        OneRun model_run(mesh);
+        auto& [model, ps, opt] = model_run;
+        try {
+          checkpoint::save_training_state(target, mesh, model, opt, meta_at(0));
+        } catch (const Error& e) {
+          errors[std::size_t(world->rank())] = e.what();
+        }
+      });
+      for (const auto& e : errors) {
+        INFO(e);
+        CHECK(e.find("checkpoint::save") != std::string::npos);
+        CHECK(e.find(target.string()) != std::string::npos);
+        CHECK(e.find(words) != std::string::npos);  // every rank learns of it
+      }
+      CHECK_FALSE(fs::exists(checkpoint::detail::staging_path(target)));
+    }
+    std::ifstream in(file);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    CHECK(text == "the user's data");
+    CHECK(fs::exists(other / "notes.txt"));
   }
   SECTION("the writer process killed mid-write (SIGKILL), then a save that succeeds") {
     const auto marker = scratch("marker");

@@ -1,13 +1,16 @@
 // Mixture of experts (nn/router.hpp, nn/experts.hpp, nn/moe.hpp) and expert parallelism
 // (parallel/expert_parallel.hpp): gradients against finite differences (one rank, double); EP = 2
 // and 4, EP x DP and EP x TP against the one-rank MoE (outputs, routing, gradients; 1e-10);
-// dropping exactly the one-rank run's tokens; the collectives and their bytes; every token to one
-// expert; the aux loss balancing the load; bad input; and on meta tensors over the sim backend
-// (the dry run): balanced routing and the collectives, bytes and FLOPs it implies.
+// dropping exactly the one-rank run's tokens; a capacity factor too large for int64 (dropless);
+// the collectives and their bytes; every token to one expert; the aux loss balancing the load;
+// bad input; and on meta tensors over the sim backend (the dry run): balanced routing and the
+// collectives, bytes and FLOPs it implies.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <limits>
 
 #include "dtensor/comm/comm_log.hpp"
 #include "dtensor/comm/sim.hpp"
@@ -191,6 +194,24 @@ TEST_CASE("MoE: EP=2 and EP=4 (and with DP, TP) match the one-rank MoE when noth
   CHECK(reference(big).routing.dropped == 0);
   check_parity(big);
   check_parity(config(8, 2, {}, nn::RouterScore::sigmoid));
+}
+
+TEST_CASE("MoE: a capacity factor too large for int64 (1e300, inf) is dropless, not an overflow", "[moe][drop]") {
+  // Regression: ceil(1e300 * seq * topk / experts) converted to int64 overflowed to a negative
+  // capacity and every choice was dropped (output all zeros). The capacity saturates at the
+  // sequence's length (a token picks an expert once), which is the dropless run.
+  const auto dropless = reference(config(4, 2));
+  for (double factor : {1e300, std::numeric_limits<double>::infinity(), 1e18, double(std::numeric_limits<std::int64_t>::max())}) {
+    INFO("capacity factor " << factor);
+    const auto c = config(4, 2, factor);
+    CHECK(nn::expert_capacity(c.router, T) == T);
+    CHECK(nn::expert_capacity(c.router, Extent(1) << 40) == Extent(1) << 40);
+    const auto r = reference(c);
+    CHECK(r.routing.dropped == 0);
+    CHECK(compare_moe(r, dropless).empty());
+  }
+  // A factor that binds is unchanged: ceil(0.5 * 4 * 2 / 4) = 1 slot.
+  CHECK(nn::expert_capacity(config(4, 2, 0.5).router, T) == 1);
 }
 
 TEST_CASE("MoE: a batch smaller than the mesh (a rank without tokens)", "[moe][parity]") {

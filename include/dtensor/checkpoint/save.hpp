@@ -7,7 +7,9 @@
 // once) to its own file, and the pieces' metadata to its own index; rank 0 merges the indexes
 // into MANIFEST (format.hpp) once every rank's files are durable. The stages:
 //
-//   1. rank 0 removes a stale DIR.partial (a save that crashed) and creates it    — agree
+//   1. rank 0 checks that DIR is new, empty or a checkpoint (never a regular file or another
+//      directory, which the commit would destroy), removes a stale DIR.partial (a save that
+//      crashed) and creates it                                                     — agree
 //   2. every rank writes DIR.partial/rank-R.bin and rank-R.idx, fsyncs both        — agree
 //   3. rank 0 merges the indexes (checking that the pieces tile every tensor), writes MANIFEST,
 //      fsyncs it and the directory                                                 — agree
@@ -151,6 +153,25 @@ inline void merge_indexes(Manifest& m, const std::filesystem::path& staging, int
 
 }  // namespace detail
 
+/// Throws unless `dir` may receive a checkpoint (it is new, an empty directory or a checkpoint).
+/// The commit replaces `dir` whole, so a regular file, or a directory that holds files but no
+/// manifest (--save-dir $HOME), would be silently destroyed. save checks it on rank 0 before
+/// writing anything; a trainer may call it at start-up to fail before training.
+inline void check_save_target(const std::filesystem::path& dir, const char* op = "checkpoint::save") {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto st = fs::status(dir, ec);
+  if (!fs::exists(st)) return;
+  if (!fs::is_directory(st))
+    throw Error(op, dtensor::detail::cat("'", dir.string(), "' exists and is not a directory (",
+                                         fs::is_regular_file(st) ? "a regular file" : "not a regular file either",
+                                         "): a checkpoint would replace it; name a new or checkpoint directory"));
+  if (fs::exists(dir / manifest_name, ec) || fs::is_empty(dir, ec)) return;
+  throw Error(op, dtensor::detail::cat("'", dir.string(), "' is a directory that holds files but no checkpoint (no ",
+                                       manifest_name, "): a checkpoint would replace it; name a new or checkpoint "
+                                       "directory"));
+}
+
 /// Saves `slots` of every rank and `meta` into directory `dir` (see the top of this file).
 template <class T, MeshType Mesh>
 void save(const std::filesystem::path& dir, const Mesh& mesh, const Slots<T>& slots, const TrainingMeta& meta,
@@ -171,6 +192,7 @@ void save(const std::filesystem::path& dir, const Mesh& mesh, const Slots<T>& sl
     detail::check_meta(meta);
     if (o.max_piece_bytes < sizeof(T)) throw Error(op, dtensor::detail::cat("max_piece_bytes ", o.max_piece_bytes, " < one element"));
     if (rank != 0) return;
+    check_save_target(dir, op);
     detail::remove_tree(staging, op);
     std::error_code ec;
     std::filesystem::create_directories(staging, ec);

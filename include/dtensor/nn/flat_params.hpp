@@ -1,7 +1,8 @@
 // dtensor/nn/flat_params.hpp — the parameters of a module group in one flat buffer.
 //
 //   auto group = nn::flatten<float, Mesh::ndim>("h.0", block);   // block's parameters now live in group
-//   group->values()                 // every local piece, one after the other (registration order)
+//   group->values()                 // every local piece, one after the other (registration order; a
+//                                   // piece smaller than the parameter's largest is followed by zeros)
 //   group->grads()                  // their gradients, the same structure
 //   for (auto& e : group->entries())  e.name, e.global_shape, e.layout, e.local_offset, e.offset, e.numel
 //
@@ -24,8 +25,8 @@
 // FSDP (parallel/fully_shard.hpp) frees a unit's full buffers while the unit is sharded:
 // release_values() / release_grads() drop the storage, materialize_values(capacity) /
 // materialize_grads(capacity) allocate it again with room for `capacity` >= size() elements
-// (the padded all-gather / reduce-scatter size, so the collectives run in place). The storage
-// may move: parameters re-point their views on their next value() (nn/parameter.hpp), and a
+// (the padded all-gather / reduce-scatter size, so the collectives run in place); on a resident
+// buffer with less room they grow it and keep its elements. The storage may move: parameters re-point their views on their next value() (nn/parameter.hpp), and a
 // ParamRef taken before a release dangles. value(i) / grad(i) throw while released.
 #pragma once
 
@@ -56,6 +57,15 @@ struct FlatEntry {
   bool decay = true;                 // weight decay applies (not to biases and norm weights)
   std::size_t offset = 0;            // first element in values() / grads()
   std::size_t numel = 0;             // elements of the local piece
+  // Elements reserved for the piece in the flat buffer: the largest piece of the parameter on
+  // any rank (the one at mesh coordinate 0), or numel when unset. Where the parameter is split
+  // unevenly (a vocabulary of 27 over 2 tensor-parallel ranks: 14 and 13 rows) the smaller
+  // pieces leave a gap of zeros after them, so that every rank's flat buffer has the same size
+  // and each parameter the same offset: FSDP then cuts the same ranges of a tensor-replicated
+  // parameter on every tensor-parallel rank, which the reduction of its gradient over them
+  // (sequence parallelism) and a consistent shard layout need.
+  std::size_t slot = 0;
+  std::size_t reserved() const noexcept { return slot > numel ? slot : numel; }
 };
 
 namespace detail {
@@ -84,7 +94,7 @@ class FlatParams {
     std::size_t total = 0;
     for (auto& e : entries_) {
       e.offset = total;
-      total += e.numel;
+      total += e.reserved();
     }
     size_ = total;
     {
@@ -122,9 +132,11 @@ class FlatParams {
   void release_values() { values_ = Buffer(); }
   void release_grads() { grads_ = Buffer(); }
   /// Allocates uninitialized values with room for `capacity` elements (the padding past size()
-  /// belongs to no entry); no-op when already resident with that room.
+  /// belongs to no entry); no-op when already resident with that room, and a resident buffer
+  /// with less room keeps its values (the padding uninitialized).
   void materialize_values(std::size_t capacity) { materialize(values_, capacity, false, MemoryTag::parameters); }
-  /// Allocates zero gradients with room for `capacity` elements (padding zero too).
+  /// Allocates zero gradients with room for `capacity` elements (padding zero too); a resident
+  /// buffer with less room keeps its gradients (the new padding zero).
   void materialize_grads(std::size_t capacity) { materialize(grads_, capacity, true, MemoryTag::gradients); }
   /// The whole allocation behind values() / grads(), padding included (empty while released).
   std::span<T> values_storage() noexcept { return {values_.data(), std::size_t(values_.capacity())}; }
@@ -149,10 +161,20 @@ class FlatParams {
   void materialize(Buffer& t, std::size_t capacity, bool zero, MemoryTag what) {
     if (capacity < size_)
       throw Error("FlatParams::materialize", dtensor::detail::cat("group ", name_, ": capacity ", capacity, " < size ", size_));
-    if (std::size_t(t.numel()) == size_ && std::size_t(t.capacity()) >= capacity) return;
+    const bool resident = std::size_t(t.numel()) == size_;
+    if (resident && std::size_t(t.capacity()) >= capacity) return;
     MemoryTagScope tag(what);
-    t = Buffer::with_capacity(Shape<1>{Extent(size_)}, Extent(capacity));
-    if (zero) Space::zero(t.data(), capacity * sizeof(T));
+    Buffer grown = Buffer::with_capacity(Shape<1>{Extent(size_)}, Extent(capacity));
+    if (resident) {
+      // Growing a resident buffer (ZeRO-1/2 make room for the padded all-gather of a unit whose
+      // size the shard count does not divide) keeps its contents: the values or accumulated
+      // gradients are the model's, not scratch.
+      Space::copy(grown.data(), t.data(), size_ * sizeof(T));
+      if (zero && grown.data()) Space::zero(grown.data() + size_, (capacity - size_) * sizeof(T));  // meta: null
+    } else if (zero) {
+      Space::zero(grown.data(), capacity * sizeof(T));
+    }
+    t = std::move(grown);
   }
 
   std::string name_;

@@ -194,6 +194,9 @@ class Parameter {
     e.layout = e.grad_state = L::desc;
     e.decay = decay;
     e.numel = std::size_t(dtensor::numel(box.extent));
+    // The largest piece is the one at mesh coordinate 0 (torch.chunk puts the short chunks last).
+    e.slot = std::size_t(dtensor::numel(
+        dtensor::local_box(L::desc, value.mesh().shape(), std::array<int, Mesh::ndim>{}, value.shape()).extent));
     std::vector<typename Group::Entry> entries;
     entries.push_back(std::move(e));
     auto group = std::make_shared<Group>(entries.front().name, std::move(entries));

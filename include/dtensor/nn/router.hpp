@@ -89,10 +89,15 @@ struct RouteContext {
   std::function<void(std::span<double>)> sum_over_parts{};  // sums a vector over the parts' ranks
 };
 
-/// Slots per expert per sequence of `seq` tokens; 0 means no limit (dropless).
+/// Slots per expert per sequence of `seq` tokens; 0 means no limit (dropless). At most `seq`:
+/// a token picks an expert once, so more slots never bind, and a huge factor (1e300, inf) must
+/// mean dropless, not an int64 overflow that drops every choice. Saturating: the product is
+/// compared in double before it is converted.
 inline Extent expert_capacity(const RouterConfig& c, Extent seq) {
   if (!c.capacity_factor) return 0;
-  return Extent(std::ceil(*c.capacity_factor * double(seq) * double(c.topk) / double(c.experts)));
+  const double slots = std::ceil(*c.capacity_factor * double(seq) * double(c.topk) / double(c.experts));
+  if (!(slots < double(seq))) return seq;  // also inf (and NaN, which check_router_config refuses)
+  return slots < 0 ? 0 : Extent(slots);
 }
 
 /// What routing decided for this rank's tokens, and its statistics.

@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "dtensor/comm/sim.hpp"
+#include "dtensor/core/checked.hpp"
 #include "dtensor/nn/llama.hpp"
 #include "dtensor/nn/moe_gpt.hpp"
 #include "dtensor/parallel/pipeline/by_name.hpp"
@@ -74,7 +75,11 @@ struct TrainingPlan {
   int ep = 1;               // expert parallelism: ranks splitting the experts (dividing dp x cp)
 
   Extent micro_batch() const { return batch / microbatches; }
-  long long gpus() const { return 1LL * dp * tp * pp * cp; }
+  /// pp x dp x cp x tp, checked: a mesh's ranks are ints, so a product past 2^31 - 1 throws
+  /// (naming the factors) instead of wrapping to a negative count or an endless dry run.
+  long long gpus() const {
+    return checked_product<int>(std::array<int, 4>{pp, dp, cp, tp}, "sim::TrainingPlan", "number of GPUs pp x dp x cp x tp");
+  }
   bool has_experts() const { return moe.router.experts > 0; }
   /// The pipeline program (any pp and cp; FSDP inside stages; MoE) or nn::GPT under fully_shard.
   bool pipelined() const { return zero == 0 || pp > 1 || cp > 1 || has_experts(); }
@@ -96,6 +101,7 @@ inline void check_plan(const TrainingPlan& p) {
   if (p.dp < 1 || p.tp < 1 || p.pp < 1 || p.cp < 1 || p.microbatches < 1 || p.batch < 1 || p.hsdp < 1)
     fail("dp ", p.dp, ", tp ", p.tp, ", pp ", p.pp, ", cp ", p.cp, ", microbatches ", p.microbatches, ", batch ", p.batch,
          ", hsdp ", p.hsdp, ": all must be >= 1");
+  (void)p.gpus();  // throws when pp x dp x cp x tp overflows a mesh's int ranks
   if (p.batch % p.microbatches != 0) fail("batch ", p.batch, " is not a multiple of microbatches ", p.microbatches);
   if (p.zero < 0 || p.zero > 3) fail("zero ", p.zero, " is not 0 (DDP) or a ZeRO stage 1, 2, 3");
   if (p.cp > 1 && p.cp_balanced && p.model.seq % (2 * p.cp) != 0)
@@ -107,8 +113,9 @@ inline void check_plan(const TrainingPlan& p) {
   if (!p.has_experts() && p.ep != 1) fail("ep ", p.ep, " needs experts (moe.router.experts > 0)");
   if (p.has_experts()) {
     nn::check_router_config(p.moe.router, op);
-    if (p.ep < 1 || (p.dp * p.cp) % p.ep != 0 || p.moe.router.experts % p.ep != 0)
-      fail("ep ", p.ep, " must divide dp x cp = ", p.dp * p.cp, " (the ranks that split the tokens) and the ",
+    const long long tokens_ranks = 1LL * p.dp * p.cp;  // fits: the GPU count did
+    if (p.ep < 1 || tokens_ranks % p.ep != 0 || p.moe.router.experts % p.ep != 0)
+      fail("ep ", p.ep, " must divide dp x cp = ", tokens_ranks, " (the ranks that split the tokens) and the ",
            p.moe.router.experts, " experts");
   }
 }

@@ -31,6 +31,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "dtensor/core/parse.hpp"
 #include "dtensor/kernels/host/common.hpp"
 
 #ifdef DTENSOR_HAS_CBLAS
@@ -61,15 +62,28 @@ inline bool set_blas_threads_raw(int n) {
   return false;
 }
 
-/// The one-thread default, applied once before the first CBLAS call.
+/// The most BLAS threads DTENSOR_BLAS_THREADS may ask for (per rank).
+inline constexpr int max_blas_threads = 4096;
+
+/// DTENSOR_BLAS_THREADS=n: a per-rank BLAS pool where cores outnumber ranks (docs/host-kernels.md);
+/// 1 when unset. A value that is not a whole number in 1 .. max_blas_threads ("4x", "0", "1e3",
+/// "") is an Error naming the variable: atoi read "4x" as 4 and "abc" as 1 without a word.
+inline int blas_threads_from_env() {
+  const char* text = std::getenv("DTENSOR_BLAS_THREADS");
+  if (!text) return 1;
+  const auto n = parse_integer<int>(text);
+  if (!n || *n < 1 || *n > max_blas_threads)
+    throw Error("DTENSOR_BLAS_THREADS", dtensor::detail::cat("'", text, "' is not a whole number of threads in 1 .. ",
+                                                             max_blas_threads));
+  return *n;
+}
+
+/// The one-thread default (or DTENSOR_BLAS_THREADS), applied once before the first CBLAS call.
 inline void blas_default_threads_once() {
   static std::once_flag once;
   std::call_once(once, [] {
     if (blas_threads_chosen().load()) return;
-    // DTENSOR_BLAS_THREADS=n: a per-rank BLAS pool where cores outnumber ranks (docs/host-kernels.md).
-    const char* env = std::getenv("DTENSOR_BLAS_THREADS");
-    const int n = env ? std::atoi(env) : 1;
-    set_blas_threads_raw(n >= 1 ? n : 1);
+    set_blas_threads_raw(blas_threads_from_env());
   });
 }
 

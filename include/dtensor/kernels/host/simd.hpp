@@ -28,6 +28,8 @@
 #include <string_view>
 #include <type_traits>
 
+#include "dtensor/core/error.hpp"
+
 namespace dtensor::kernels::host {
 
 enum class Isa { baseline, avx2, avx512 };
@@ -52,8 +54,21 @@ inline const char* isa_name(Isa isa) {
 
 namespace detail {
 
+/// DTENSOR_HOST_ISA's cap: baseline, avx2 or avx512 (no cap), the last also when it is unset.
+/// Any other spelling ("AVX2", "sse", "") is an Error naming the variable, not silently no cap.
+inline Isa isa_cap_from_env() {
+  const char* text = std::getenv("DTENSOR_HOST_ISA");
+  if (!text) return Isa::avx512;
+  const std::string_view c(text);
+  if (c == "baseline") return Isa::baseline;
+  if (c == "avx2") return Isa::avx2;
+  if (c == "avx512") return Isa::avx512;
+  throw Error("DTENSOR_HOST_ISA", dtensor::detail::cat("'", c, "' is not baseline, avx2 or avx512"));
+}
+
 /// The best instruction set of this CPU, capped by DTENSOR_HOST_ISA when set.
 inline Isa detect_isa() {
+  const Isa cap = isa_cap_from_env();  // checked on every platform, used where there is a choice
 #if DTENSOR_HOST_MULTI_ISA
   __builtin_cpu_init();
   Isa best = Isa::baseline;
@@ -61,13 +76,10 @@ inline Isa detect_isa() {
   if (best == Isa::avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
       __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq"))
     best = Isa::avx512;
-  if (const char* cap = std::getenv("DTENSOR_HOST_ISA")) {
-    const std::string_view c(cap);
-    const Isa want = c == "baseline" ? Isa::baseline : c == "avx2" ? Isa::avx2 : Isa::avx512;
-    if (int(want) < int(best)) best = want;
-  }
+  if (int(cap) < int(best)) best = cap;
   return best;
 #else
+  (void)cap;
   return Isa::baseline;
 #endif
 }
