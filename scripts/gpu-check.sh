@@ -2,6 +2,7 @@
 # scripts/gpu-check.sh — prove the GPU half of dtensor on a bare GPU machine, in one call.
 #
 #   scripts/gpu-check.sh [--out DIR] [--build DIR] [--prebuilt] [--jobs N] [--no-bench] [--no-train]
+#                        [--targets "T1 T2 ..."]   # build and test only these (e.g. "test_cuda_space")
 #
 # On a machine with a GPU (one H100/H200 is what it was written for), within about 8 minutes:
 #   1. deps   : Catch2 and Google Benchmark from the Debian packages that scripts/gpu-kit.sh put in
@@ -33,6 +34,7 @@ prebuilt=0
 jobs=$(nproc)
 bench=1
 train=1
+only=""
 while [[ $# -gt 0 ]]; do
   case $1 in
     --out) out=$2; shift 2 ;;
@@ -41,7 +43,8 @@ while [[ $# -gt 0 ]]; do
     --jobs) jobs=$2; shift 2 ;;
     --no-bench) bench=0; shift ;;
     --no-train) train=0; shift ;;
-    -h|--help) sed -n 2,26p "$0"; exit 0 ;;
+    --targets) only=$2; shift 2 ;;
+    -h|--help) sed -n 2,27p "$0"; exit 0 ;;
     *) echo "gpu-check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -98,6 +101,12 @@ for f in tests/cuda/test_*.cu; do
 done
 benches=()
 for f in bench/bench_*_cuda.cu; do benches+=("$(basename "$f" .cu)"); done
+tests_regex="."
+if [[ -n $only ]]; then
+  read -r -a targets <<<"$only"
+  benches=()
+  tests_regex="^($(echo "$only" | tr ' ' '|'))\$"
+fi
 if [[ $prebuilt == 1 ]]; then
   [[ -f $build/CMakeCache.txt ]] || { fail "--prebuilt: $build holds no configured build"; exit 1; }
   # CTest's files name the folder the build was configured in; make that path reach this checkout.
@@ -123,7 +132,7 @@ else
 fi
 
 # ---- 3. the tests ----
-(cd "$build" && timeout 300 ctest -L cuda -E "^gpu_" --output-on-failure --timeout 240 -j4) >"$out/ctest.log" 2>&1
+(cd "$build" && timeout 300 ctest -L cuda -E "^gpu_" -R "$tests_regex" --output-on-failure --timeout 240 -j4) >"$out/ctest.log" 2>&1
 rc=$?
 note "ctest -L cuda (rc $rc) [$(elapsed)]: $(grep -E "tests passed|tests failed" "$out/ctest.log" | tail -1)"
 grep -E "^ *[0-9]+/[0-9]+ Test" "$out/ctest.log" | sed 's/^ */  /' | tee -a "$summary" >/dev/null

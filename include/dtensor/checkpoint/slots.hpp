@@ -28,6 +28,7 @@
 
 #include "dtensor/checkpoint/region.hpp"
 #include "dtensor/core/error.hpp"
+#include "dtensor/core/meta_space.hpp"
 #include "dtensor/distributed/dtensor.hpp"
 #include "dtensor/nn/flat_params.hpp"
 #include "dtensor/nn/parameter.hpp"
@@ -88,9 +89,9 @@ template <class Units, MeshType Mesh>
 auto parameter_slots(Units& units, const Mesh& mesh) {
   using Group = typename std::remove_cvref_t<decltype(*units.begin()->group)>;
   using T = typename Group::element_type;
-  static_assert(Group::space::host_accessible,
-                "checkpoint::parameter_slots: the units' buffers are not in host memory (cuda, meta); checkpoints "
-                "read and write host buffers");
+  // Slots only point at the buffers; a device model's (cuda) go through host copies (HostStaging).
+  static_assert(holds_data_v<typename Group::space>,
+                "checkpoint::parameter_slots: the units of a meta-space model hold no values to save or load");
   Slots<T> out;
   for (auto& u : units) {
     auto& g = *u.group;
@@ -115,9 +116,9 @@ auto fsdp_parameter_slots(Units& units, Fsdp& fsdp, const Mesh& mesh) {
   auto& segments = fsdp.params();
   using M = typename std::remove_cvref_t<decltype(segments.front().value)>::value_type;
   using Group = typename std::remove_cvref_t<decltype(*units.begin()->group)>;
-  static_assert(Group::space::host_accessible,
-                "checkpoint::fsdp_parameter_slots: the shards are not in host memory (cuda, meta); checkpoints read "
-                "and write host buffers");
+  // Slots only point at the shards; a device model's (cuda) go through host copies (HostStaging).
+  static_assert(holds_data_v<typename Group::space>,
+                "checkpoint::fsdp_parameter_slots: the shards of a meta-space model hold no values to save or load");
   const char* op = "checkpoint::fsdp_parameter_slots";
   Slots<M> out;
   std::size_t next = 0;  // fsdp.params() lists the segments unit by unit, entry by entry

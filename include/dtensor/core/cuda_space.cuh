@@ -109,17 +109,19 @@ inline unsigned grid_for(std::size_t n, unsigned block = 256) {
 /// threshold (0) the pool hands its free memory back to the driver at every synchronization, and
 /// the next cudaMallocAsync maps it again: on an H100 that made ops::matmul, which allocates its
 /// output, up to a third slower than cuBLAS alone at n = 4096 (bench_gemm_cuda). PyTorch's caching
-/// allocator keeps memory for the same reason. Set once per thread and device.
-inline void retain_pool_memory() {
+/// allocator keeps memory for the same reason. Set once per thread and device. It never throws:
+/// without a usable device the allocation that follows fails and names itself (cudaMallocAsync).
+inline void retain_pool_memory() noexcept {
   thread_local int done_for = -1;
   int device = 0;
-  DTENSOR_CUDA_CHECK(cudaGetDevice(&device));
-  if (device == done_for) return;
   cudaMemPool_t pool = nullptr;
-  DTENSOR_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
   std::uint64_t keep = ~std::uint64_t(0);
-  DTENSOR_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
-  done_for = device;
+  if (cudaGetDevice(&device) != cudaSuccess || device == done_for) return;
+  if (cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess &&
+      cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep) == cudaSuccess)
+    done_for = device;
+  else
+    (void)cudaGetLastError();  // not sticky: leave no error behind for the next call to report
 }
 }  // namespace detail
 
