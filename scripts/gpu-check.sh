@@ -173,7 +173,7 @@ if [[ $train == 1 && $gpu == 1 ]]; then
   big=(--pp 1 --fsdp 1 --cp 1 --tp 1 --dp 1 --steps 3 --seq 1024 --dim 768 --layers 12 --heads 12 --batch 8 --seed 7 --lr 6e-4 --eval-every 1000)
   timeout 240 "$t" --device cuda "${big[@]}" >"$out/train_gpt2.log" 2>&1 || fail "GPT-2-124M-shaped step exited with $?"
   note "GPT-2-124M-shaped (dim 768, 12 layers, 12 heads, seq 1024, batch 8, lr 6e-4, char vocabulary), 1 rank, 3 steps:"
-  grep -E "^summary:|^memory peaks" "$out/train_gpt2.log" | sed 's/^/  /' | tee -a "$summary" >/dev/null
+  grep -aE "summary:|memory peaks" "$out/train_gpt2.log" | sed 's/^/  /' | tee -a "$summary" >/dev/null
   note "training done [$(elapsed)]"
 else
   note "training: skipped ($([[ $gpu == 0 ]] && echo no GPU || echo --no-train))"
