@@ -91,7 +91,8 @@ class TransformerBlock {
                          Mlp(name + ".mlp", mesh, c.dim, mlp_hidden(name, mesh, c), seed + 2, c.init_std, c.out_std)) {}
   /// With a feed-forward the caller built (mlp_ratio unused).
   TransformerBlock(std::string name, const Mesh& mesh, BlockConfig c, std::uint64_t seed, Mlp feed_forward)
-      : ln1_(name + ".ln1", mesh, c.dim, c.norm_eps),
+      : name_(name),
+        ln1_(name + ".ln1", mesh, c.dim, c.norm_eps),
         attn_(name + ".attn", mesh, {c.dim, c.heads, c.seq, c.context, c.kv_heads, c.rope_theta, c.bias}, seed,
               c.init_std, c.out_std),
         ln2_(name + ".ln2", mesh, c.dim, c.norm_eps),
@@ -119,6 +120,8 @@ class TransformerBlock {
   void backward_weight(WeightCtx w) { backward_weight_children(*this, std::move(w)); }
 
   auto children() { return std::tie(ln1_, attn_, ln2_, mlp_); }
+  /// The block's name (a model's unit of it is named so: nn/units.hpp).
+  const std::string& name() const noexcept { return name_; }
   Attn& attn() noexcept { return attn_; }
   Mlp& mlp() noexcept { return mlp_; }
   const Mlp& mlp() const noexcept { return mlp_; }
@@ -132,6 +135,7 @@ class TransformerBlock {
     return c.ffn > 0 ? c.ffn : c.mlp_ratio * c.dim;
   }
 
+  std::string name_;
   Norm ln1_;
   Attn attn_;
   Norm ln2_;

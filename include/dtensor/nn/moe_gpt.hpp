@@ -176,11 +176,8 @@ class MoELayers {
   void add_units(Blocks& blocks, Extent first_layer = 0) {
     for (std::size_t l = 0; l < blocks.size(); ++l) {
       if (!blocks[l].inner().mlp().is_moe()) continue;
-      ExpertUnit u;
-      u.group = flatten<T, EMesh::ndim, EMesh>("h." + std::to_string(first_layer + Extent(l)) + ".experts", blocks[l]);
-      collect_on<EMesh>(blocks[l], u.params);
-      params_.insert(params_.end(), u.params.begin(), u.params.end());
-      units_.push_back(std::move(u));
+      add_unit<T, EMesh>(units_, "h." + std::to_string(first_layer + Extent(l)) + ".experts", blocks[l]);
+      params_.insert(params_.end(), units_.back().params.begin(), units_.back().params.end());
     }
   }
 

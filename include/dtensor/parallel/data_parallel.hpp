@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "dtensor/mesh/roles.hpp"
+#include "dtensor/nn/units.hpp"
 #include "dtensor/parallel/detail/buckets.hpp"
 
 namespace dtensor::parallel {
@@ -65,6 +66,9 @@ class DataParallel {
   /// gradients are complete. The model must outlive this object's use, and stay where it is.
   template <class Model>
   void attach(Model& model) {
+    static_assert(nn::require_units<Model>());
+    static_assert(requires(std::function<void(std::size_t)> fn) { model.set_grads_ready(std::move(fn)); },
+                  "DataParallel::attach needs `set_grads_ready(fn)` on the model (nn::WithUnits gives it)");
     model.set_grads_ready([this, &model](std::size_t unit) { issue(model.units().at(unit).params); });
   }
 
