@@ -270,7 +270,9 @@ template <class Plan, class Mesh>
 ModuleRun<3> cp_block_run(const Mesh& mesh, parallel::ContextAttentionOptions o) {
   nn::BlockConfig cfg{block_dim, block_heads, block_seq, 4, 0.3, 0.3};
   cfg.context = o;
-  nn::TransformerBlock<double, Mesh, Plan> blk("h.0", mesh, cfg, 3);
+  nn::TransformerBlock<double, Mesh, Plan, nn::MLP<double, Mesh, typename Plan::fc1, typename Plan::fc2>,
+                       nn::LayerNorm<double, Mesh, typename Plan::between>, parallel::PlanAttention<double, Mesh, Plan>>
+      blk("h.0", mesh, cfg, 3);
   using X = typename decltype(blk)::X;
   const int cp = parallel::context_size(mesh);
   const bool balanced = o.load_balanced && cp > 1;
@@ -330,7 +332,7 @@ std::size_t attention_saved_bytes(const Saved& s) {
   std::size_t n = 0;
   const auto add = [&](const auto&... t) { ((n += std::size_t(t.numel()) * sizeof(*t.data())), ...); };
   add(s.qkv.x.to_local(), s.q.to_local(), s.k.to_local(), s.v.to_local(), s.out.to_local(), s.proj.x.to_local());
-  add(s.stats.lse, s.context.lse, s.context.q, s.context.k, s.context.v, s.context.out);
+  add(s.core.lse, s.core.q, s.core.k, s.core.v, s.core.out);
   return n;
 }
 
@@ -342,7 +344,7 @@ TEST_CASE("attention activation memory per rank falls as 1/cp", "[cp][memory]") 
   constexpr Extent batch = 1, seq = 256, dim = 16, heads = 4;
   const auto x = normal<double>(Shape<3>{batch, seq, dim}, 71);
   using Mesh = DeviceMesh<"cp">;
-  using Attention = nn::CausalSelfAttention<double, Mesh, nn::ReplicatedPlan::qkv, nn::ReplicatedPlan::proj>;
+  using Attention = parallel::PlanAttention<double, Mesh, nn::ReplicatedPlan>;
   for (const auto& o : every_option) {
     std::map<int, std::vector<std::size_t>> bytes;  // cp -> per rank
     for (int cp : {1, 2, 4}) {

@@ -7,7 +7,7 @@
 //   nn::Checkpointed<decltype(blk)> ...                      // activation checkpointing (nn/checkpoint.hpp)
 //
 // y = h + mlp(ln2(h)), h = x + attn(ln1(x)); "mlp" is the FeedForward template parameter, the
-// plan's MLP unless the caller builds another (nn::MoE, nn/moe_gpt.hpp). A plan (a type) names
+// plan's MLP unless the caller builds another (nn::MoE, models/moe_gpt.hpp). A plan (a type) names
 // the style of every Linear and the tensor-dimension placement of the residual stream between the tensor-parallel regions
 // (`between`: Replicate, or SeqSplit under sequence parallelism, where the norms and residual
 // adds run on this rank's positions). The residual adds are ops::add (no communication); all
@@ -48,7 +48,7 @@ struct BlockConfig {
   Extent mlp_ratio = 4;
   double init_std = 0.02;
   double out_std = 0.02;  // the output projections (GPT-2 scales them by 1/sqrt(2 * layers))
-  parallel::ContextAttentionOptions context{};  // attention's, on a mesh with a context dimension
+  ContextAttentionOptions context{};  // attention's, on a mesh with a context dimension
   Extent kv_heads = 0;     // attention's KV heads (0: heads; fewer: grouped-query, nn/attention.hpp)
   Extent ffn = 0;          // the feed-forward's width (0: mlp_ratio * dim)
   double rope_theta = 0;   // > 0: rotary positions in attention with this base
@@ -57,16 +57,21 @@ struct BlockConfig {
 };
 
 /// FeedForward: the plan's MLP by default; any module from and to the residual stream's layout
-/// otherwise (nn/moe_gpt.hpp: a mixture of experts, built by the caller; nn/llama.hpp: SwiGLU).
-/// NormType: LayerNorm by default (nn/llama.hpp: RMSNorm); built as (name, mesh, dim, eps).
+/// otherwise (models/moe_gpt.hpp: a mixture of experts, built by the caller; models/llama.hpp: SwiGLU).
+/// NormType: LayerNorm by default (models/llama.hpp: RMSNorm); built as (name, mesh, dim, eps).
+/// Attention: nn::SelfAttention with the plan's projections and the local core by default; any
+/// attention built as (name, mesh, AttentionConfig, seed, init_std, out_std) otherwise — on a
+/// mesh with a context dimension the context-parallel core (parallel::attention_core_for<Mesh>,
+/// which the models pass).
 template <kernels::host::FloatElement T, MeshType Mesh, class Plan = ReplicatedPlan,
           class FeedForward = MLP<T, Mesh, typename Plan::fc1, typename Plan::fc2>,
-          class NormType = LayerNorm<T, Mesh, typename Plan::between>>
+          class NormType = LayerNorm<T, Mesh, typename Plan::between>,
+          class Attention = SelfAttention<T, Mesh, typename Plan::qkv, typename Plan::proj>>
 class TransformerBlock {
  public:
   using between = typename Plan::between;
   using Norm = NormType;
-  using Attn = CausalSelfAttention<T, Mesh, typename Plan::qkv, typename Plan::proj>;
+  using Attn = Attention;
   using Mlp = FeedForward;
   using X = typename Norm::X;
   using In = X;

@@ -542,6 +542,7 @@ class FullyShard {
 /// host_space offloads them to the CPU). The model must outlive the result and stay where it is.
 template <class M = void, class StateSpace = void, class Model, MeshType Mesh>
 auto fully_shard(Model& model, const Mesh& mesh, FsdpOptions o = {}) {
+  static_assert(nn::require_units<Model>());  // before anything reads model.units(): a readable error
   using Unit = std::remove_cvref_t<decltype(model.units().front())>;
   using T = typename decltype(Unit::group)::element_type::element_type;
   using Master = std::conditional_t<std::is_void_v<M>, T, M>;

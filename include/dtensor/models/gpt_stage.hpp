@@ -1,4 +1,4 @@
-// dtensor/parallel/pipeline/gpt_stage.hpp — one pipeline stage of a GPT: a run of its blocks,
+// dtensor/models/gpt_stage.hpp — one pipeline stage of a GPT: a run of its blocks,
 // with the embeddings on the first stage and the final norm, head and loss on the last.
 //
 //   auto layers = pipeline::stage_layers(cfg.layers, /*stages=*/4);    // [first, end) per stage
@@ -39,7 +39,7 @@
 #include <utility>
 #include <vector>
 
-#include "dtensor/nn/gpt.hpp"
+#include "dtensor/models/gpt.hpp"
 
 namespace dtensor::parallel::pipeline {
 
@@ -64,7 +64,7 @@ inline std::vector<std::pair<Extent, Extent>> stage_layers(Extent layers, int st
 template <kernels::host::FloatElement T, MeshType Mesh, class Plan = nn::ReplicatedPlan, class Id = std::int32_t,
           class Layers = nn::DenseLayers>
 class GptStage : public nn::WithUnits<T, Mesh> {
-  using Model = nn::GPT<T, Mesh, Plan, Id, Layers>;  // Layers: e.g. nn::LlamaLayers (nn/llama.hpp)
+  using Model = nn::GPT<T, Mesh, Plan, Id, Layers>;  // Layers: e.g. nn::LlamaLayers (models/llama.hpp)
 
  public:
   using X = typename Model::X;  // the residual stream [B, T, C]: what crosses stages

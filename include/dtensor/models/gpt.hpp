@@ -1,4 +1,4 @@
-// dtensor/nn/gpt.hpp — a GPT language model: token + position embedding, pre-norm blocks, final
+// dtensor/models/gpt.hpp — a GPT language model: token + position embedding, pre-norm blocks, final
 // norm, LM head, mean cross-entropy.
 //
 //   nn::GPTConfig cfg{.vocab = 96, .seq = 64, .dim = 128, .heads = 4, .layers = 2};
@@ -44,6 +44,8 @@
 #include "dtensor/nn/embedding.hpp"
 #include "dtensor/nn/positions.hpp"
 #include "dtensor/nn/units.hpp"
+#include "dtensor/parallel/context_layout.hpp"
+#include "dtensor/parallel/context_parallel.hpp"
 
 namespace dtensor::nn {
 
@@ -59,7 +61,7 @@ struct GPTConfig {
   // Attention on a mesh with a context dimension (docs/context-parallel.md). With load_balanced,
   // ids and targets must be given in parallel::load_balanced_order (parallel::load_balance).
   parallel::ContextAttentionOptions context{};
-  // Architecture variants (nn::GPT uses the defaults; nn::Llama, nn/llama.hpp, sets them).
+  // Architecture variants (nn::GPT uses the defaults; nn::Llama, models/llama.hpp, sets them).
   Extent kv_heads = 0;     // KV heads of grouped-query attention (0: heads)
   Extent ffn = 0;          // feed-forward width (0: mlp_ratio * dim)
   double rope_theta = 0;   // > 0: rotary positions in attention with this base (Llama 3: 500000)
@@ -71,10 +73,11 @@ struct GPTConfig {
 /// A Layers type names the block type, builds block `layer`, adds the units of parameters that
 /// are not on the model's mesh (add_units: none here) and its auxiliary losses to the loss
 /// (add_losses: none here), weighting their gradients like the loss's (set_loss_scale).
-/// nn/moe_gpt.hpp's MoELayers puts a mixture of experts in some blocks.
+/// models/moe_gpt.hpp's MoELayers puts a mixture of experts in some blocks.
 struct DenseLayers {
   template <class T, class Mesh, class Plan>
-  using block = TransformerBlock<T, Mesh, Plan>;
+  using block = TransformerBlock<T, Mesh, Plan, MLP<T, Mesh, typename Plan::fc1, typename Plan::fc2>,
+                                 LayerNorm<T, Mesh, typename Plan::between>, parallel::PlanAttention<T, Mesh, Plan>>;
   template <class Block, class Mesh>
   Block make_block(Extent /*layer*/, std::string name, const Mesh& mesh, const BlockConfig& c, std::uint64_t seed) const {
     return Block(std::move(name), mesh, c, seed);
@@ -161,7 +164,7 @@ class GPT : public WithUnits<T, Mesh> {
   GPT& operator=(GPT&&) = default;
 
   // The modules, each built exactly as the constructor builds it (same name, seed and init): a
-  // pipeline stage (parallel/pipeline/gpt_stage.hpp) builds its share with these, so that it
+  // pipeline stage (models/gpt_stage.hpp) builds its share with these, so that it
   // starts from the parameters of the whole model.
   static void check_config(const char* op, const Mesh& mesh, const GPTConfig& c) {
     detail::check(c.vocab > 0 && c.seq > 0 && c.dim > 0 && c.heads > 0 && c.layers > 0 && c.dim % c.heads == 0, op,
@@ -184,7 +187,8 @@ class GPT : public WithUnits<T, Mesh> {
   /// The global position of each of this rank's tokens in its sequence, laid out like the residual
   /// stream (nn/positions.hpp: under context parallelism with load balancing, the original index).
   static DTensor<Id, 2, Mesh, tokens<Mesh, between>> positions(const Mesh& mesh, const Ids& ids, const GPTConfig& c) {
-    return nn::positions<tokens<Mesh, between>, Id>(mesh, ids.shape(), c.context.load_balanced);
+    return nn::positions<tokens<Mesh, between>, Id>(
+        mesh, ids.shape(), parallel::original_positions(mesh, ids.extent(1), c.context.load_balanced));
   }
 
   /// The residual stream's input: the token embedding, plus the position embedding where the

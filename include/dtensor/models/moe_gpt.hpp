@@ -1,4 +1,4 @@
-// dtensor/nn/moe_gpt.hpp — a GPT whose blocks have mixture-of-experts feed-forwards (all of
+// dtensor/models/moe_gpt.hpp — a GPT whose blocks have mixture-of-experts feed-forwards (all of
 // them, or every other one), expert parallel over an expert mesh.
 //
 //   using Dense = DeviceMesh<"dp", "tp">;  using EMesh = DeviceMesh<"edp", "ep", "tp">;
@@ -41,8 +41,8 @@
 #include <variant>
 #include <vector>
 
-#include "dtensor/nn/gpt.hpp"
-#include "dtensor/nn/moe.hpp"
+#include "dtensor/models/gpt.hpp"
+#include "dtensor/parallel/moe.hpp"
 
 namespace dtensor::nn {
 
@@ -144,7 +144,8 @@ class MoELayers {
   using ExpertMesh = EMesh;
   using ExpertUnit = ParamUnit<T, EMesh::ndim, mesh_space_t<EMesh>>;
   template <class, class Mesh, class Plan>
-  using block = TransformerBlock<T, Mesh, Plan, DenseOrMoE<T, Mesh, EMesh, Plan>>;
+  using block = TransformerBlock<T, Mesh, Plan, DenseOrMoE<T, Mesh, EMesh, Plan>,
+                                 LayerNorm<T, Mesh, typename Plan::between>, parallel::PlanAttention<T, Mesh, Plan>>;
 
   MoELayers() = default;
   MoELayers(EMesh emesh, MoELayersConfig c) : emesh_(std::move(emesh)), c_(c) {
