@@ -267,9 +267,10 @@ const auto block_r = normal<double>(Shape<3>{block_batch, block_seq, block_dim},
 /// The block's forward and backward of J = sum(y * r) on `mesh`, the gradient syncs (context,
 /// sequence parallel, data), and the output, input gradient and whole gradients, in original order.
 template <class Plan, class Mesh>
-ModuleRun<3> cp_block_run(const Mesh& mesh, parallel::ContextAttentionOptions o) {
+ModuleRun<3> cp_block_run(const Mesh& mesh, parallel::ContextAttentionOptions o, bool causal = true) {
   nn::BlockConfig cfg{block_dim, block_heads, block_seq, 4, 0.3, 0.3};
   cfg.context = o;
+  cfg.causal = causal;
   nn::TransformerBlock<double, Mesh, Plan, nn::MLP<double, Mesh, typename Plan::fc1, typename Plan::fc2>,
                        nn::LayerNorm<double, Mesh, typename Plan::between>, parallel::PlanAttention<double, Mesh, Plan>>
       blk("h.0", mesh, cfg, 3);
@@ -316,6 +317,32 @@ TEST_CASE("transformer block with a context dimension equals the one-rank block"
       DeviceMesh<"cp", "tp"> mesh(world, {2, 2});
       report(compare_runs(cp_block_run<parallel::MegatronPlan<false>>(mesh, o), ref, 1e-10));
       report(compare_runs(cp_block_run<parallel::MegatronPlan<true>>(mesh, o), ref, 1e-10));
+    });
+    INFO((f.empty() ? "" : f.front()));
+    REQUIRE(f.empty());
+  }
+}
+
+TEST_CASE("non-causal attention (an encoder block) on one rank equals cp = 2: ring, all-gather, Ulysses", "[cp][nn]") {
+  // The mask is the attention module's parameter (AttentionConfig::causal, BlockConfig::causal),
+  // honoured by the local core and the context-parallel core alike, so an encoder block gives the
+  // same output and gradients on every mesh (double: 1e-12).
+  ModuleRun<3> ref, causal_ref;
+  threads::run(1, [&](CommPtr w) {
+    ref = cp_block_run<nn::ReplicatedPlan>(NnMesh(w, {1, 1}), {}, /*causal=*/false);
+    causal_ref = cp_block_run<nn::ReplicatedPlan>(NnMesh(w, {1, 1}), {}, /*causal=*/true);
+  });
+  REQUIRE_FALSE(compare_runs(ref, causal_ref, 1e-6).empty());  // the flag is honoured on one rank too
+  for (const auto& o : every_option) {
+    INFO(name_of(o.kind) << (o.load_balanced ? " balanced" : ""));
+    auto f = on_ranks(2, [&](CommPtr world, auto report) {  // CP = 2
+      report(compare_runs(cp_block_run<nn::ReplicatedPlan>(DeviceMesh<"cp">(world, {2}), o, false), ref, 1e-12));
+    });
+    INFO((f.empty() ? "" : f.front()));
+    REQUIRE(f.empty());
+    f = on_ranks(4, [&](CommPtr world, auto report) {  // CP = 2 x TP = 2 with SP
+      report(compare_runs(cp_block_run<parallel::MegatronPlan<true>>(DeviceMesh<"cp", "tp">(world, {2, 2}), o, false), ref,
+                          1e-12));
     });
     INFO((f.empty() ? "" : f.front()));
     REQUIRE(f.empty());

@@ -62,6 +62,8 @@ struct AttentionConfig {
   Extent kv_heads = 0;    // K: 0 or H multi-head; fewer (dividing H): grouped-query attention
   double rope_theta = 0;  // > 0: rotary position embedding of q and k with this base; 0: none
   bool bias = true;       // biases in the qkv and out projections
+  bool causal = true;     // a causal mask (decoder); false: every position sees every other (encoder).
+                          // Honoured on every mesh: the core is told (the module does not read context.causal)
 };
 
 template <kernels::host::FloatElement T, MeshType Mesh, class QkvStyle = Replicated<>, class OutStyle = Replicated<>,
@@ -190,7 +192,7 @@ class SelfAttention {
  private:
   /// What the core is told: the mask, how many query heads share each KV head, the context options.
   AttentionCoreOptions core_options() const {
-    return {.causal = c_.context.causal, .kv_repeat = int(c_.heads / c_.kv_heads), .context = c_.context};
+    return {.causal = c_.causal, .kv_repeat = int(c_.heads / c_.kv_heads), .context = c_.context};
   }
 
  public:

@@ -54,6 +54,7 @@ struct BlockConfig {
   double rope_theta = 0;   // > 0: rotary positions in attention with this base
   bool bias = true;        // biases in the attention projections (GPT's MLP always has them, SwiGLU none)
   double norm_eps = 1e-5;  // the norms' epsilon
+  bool causal = true;      // attention's mask: causal (decoder) or none (an encoder block)
 };
 
 /// FeedForward: the plan's MLP by default; any module from and to the residual stream's layout
@@ -98,8 +99,8 @@ class TransformerBlock {
   TransformerBlock(std::string name, const Mesh& mesh, BlockConfig c, std::uint64_t seed, Mlp feed_forward)
       : name_(name),
         ln1_(name + ".ln1", mesh, c.dim, c.norm_eps),
-        attn_(name + ".attn", mesh, {c.dim, c.heads, c.seq, c.context, c.kv_heads, c.rope_theta, c.bias}, seed,
-              c.init_std, c.out_std),
+        attn_(name + ".attn", mesh, {c.dim, c.heads, c.seq, c.context, c.kv_heads, c.rope_theta, c.bias, c.causal},
+              seed, c.init_std, c.out_std),
         ln2_(name + ".ln2", mesh, c.dim, c.norm_eps),
         mlp_(std::move(feed_forward)) {}
 
