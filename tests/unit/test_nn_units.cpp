@@ -27,6 +27,7 @@ namespace {
 
 using DpMesh = DeviceMesh<"dp", "tp">;             // one rank and DDP
 using Mesh = DeviceMesh<"dp", "fsdp", "tp">;       // FSDP and HSDP
+using NoDpMesh = DeviceMesh<"fsdp", "tp">;         // DDP over a dimension that is not "dp" (named, no Role::data)
 template <class M>
 using Lin = nn::Linear<double, M, nn::Replicated<>>;
 template <class M>
@@ -57,7 +58,7 @@ std::pair<typename Net<M>::In, typename CE<M>::Targets> batch(const M& mesh, int
 enum class Wrap { none, ddp, fsdp };
 
 /// Losses of 3 SGD steps on a mesh of shape `shape`.
-template <class M, std::size_t R>
+template <class M, fixed_string Dim = "", std::size_t R>
 std::vector<double> train(CommPtr world, std::array<int, R> shape, Wrap wrap) {
   M mesh(world, shape);
   auto net = make_net(mesh);
@@ -83,7 +84,7 @@ std::vector<double> train(CommPtr world, std::array<int, R> shape, Wrap wrap) {
   } else {
     nn::ParamList<double, R> params;
     nn::collect(net, params);
-    parallel::DataParallel<M> ddp(mesh);
+    parallel::DataParallel<M, Dim> ddp(mesh);
     if (wrap == Wrap::ddp) ddp.attach(net);
     run(params, [&] { wrap == Wrap::ddp ? ddp.finish_gradient_sync() : ddp.all_reduce_gradients(params); }, [] {});
   }
@@ -136,4 +137,12 @@ TEST_CASE("a model that only declares its children trains under DDP and FSDP lik
     INFO(what);
     CHECK(failures.empty());
   }
+  auto failures = on_ranks(2, [&](CommPtr w, auto report) {  // DataParallel<Mesh, "fsdp">: no "dp" dimension needed
+    const auto losses = train<NoDpMesh, "fsdp">(w, std::array{2, 1}, Wrap::ddp);
+    for (std::size_t s = 0; s < ref.size(); ++s)
+      if (std::abs(losses[s] - ref[s]) > 1e-12 * std::max(1.0, std::abs(ref[s])))
+        report("DDP over \"fsdp\": step " + std::to_string(s) + " loss " + std::to_string(losses[s]));
+  });
+  INFO((failures.empty() ? "" : failures.front()));
+  CHECK(failures.empty());
 }
