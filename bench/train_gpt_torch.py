@@ -6,7 +6,7 @@
 
 Same text (the files under /usr/share/common-licenses, sorted, characters as the vocabulary, 90%
 train), same batches (std::mt19937_64 from --seed, reimplemented below, start = rng() % (n - seq - 1)),
-same model (nn/gpt.hpp: token + position embeddings, pre-norm blocks with a fused qkv Linear and a
+same model (models/gpt.hpp: token + position embeddings, pre-norm blocks with a fused qkv Linear and a
 4x GELU-tanh MLP, final LayerNorm, lm_head without bias, no weight tying), same init law (N(0, 0.02),
 block output projections N(0, 0.02 / sqrt(2 layers)), biases 0, norms 1 / 0), AdamW (lr 3e-3,
 betas 0.9 / 0.95, eps 1e-8, weight decay 0.1 on weights and embeddings, not on biases and norms),

@@ -1,7 +1,7 @@
 // examples/plan_at_scale.cpp — a training plan for thousands of GPUs, run dry on this machine:
 // the real training step (nn::GPT or nn::Llama with parallel::MegatronPlan; pipeline stages with
 // DDP, or FSDP / ZeRO-1/2/3 / HSDP; clipping; AdamW) on meta tensors over the sim communicator,
-// once per rank class (sim/training_plan.hpp), then the report per class and the estimated step
+// once per rank class (models/training_plan.hpp), then the report per class and the estimated step
 // time on H100s (docs/dry-run.md).
 //
 //   plan_at_scale                                          # GPT-3 175B-like on 16,384 GPUs
@@ -32,7 +32,7 @@
 
 #include "dtensor/sim/chrome_trace.hpp"
 #include "dtensor/sim/cost_model.hpp"
-#include "dtensor/sim/training_plan.hpp"
+#include "dtensor/models/training_plan.hpp"
 #include "dtensor/trace/text_file.hpp"
 #include "flags.hpp"
 

@@ -61,13 +61,13 @@
 
 #include <unistd.h>  // access
 
-#include "dtensor/checkpoint/gpt_config.hpp"
+#include "dtensor/models/gpt_config.hpp"
 #include "dtensor/checkpoint/pipeline_state.hpp"
 #include "dtensor/distributed/settings_agreement.hpp"
-#include "dtensor/nn/llama.hpp"
+#include "dtensor/models/llama.hpp"
 #include "dtensor/optim/check_finite.hpp"
 #include "dtensor/parallel/pipeline/by_name.hpp"
-#include "dtensor/parallel/pipeline/gpt_stage.hpp"
+#include "dtensor/models/gpt_stage.hpp"
 #include "dtensor/parallel/pipeline/sharded_pipeline.hpp"
 #include "dtensor/trace/training_monitor.hpp"
 #include "dtensor/trace/unit_spans.hpp"
@@ -115,7 +115,7 @@ struct Options {
   std::string trace, plot;  // --trace FILE (a Chrome trace of steps 2..4), --plot FILE (SVG loss curves)
   std::string data, backend = "threads";
   std::string device = "cpu", dtype = "f32";  // --device cpu|cuda, --dtype f32|bf16
-  // The architecture: nn::GPT's blocks, or Llama's (RMSNorm, rotary GQA attention, SwiGLU; nn/llama.hpp).
+  // The architecture: nn::GPT's blocks, or Llama's (RMSNorm, rotary GQA attention, SwiGLU; models/llama.hpp).
   std::string arch = "gpt";
   Extent kv_heads = 0, ffn = 0;  // llama: KV heads (0: --heads), SwiGLU width (0: 4 x --dim)
   // Checkpoints (checkpoint/pipeline_state.hpp): every --save-every steps into --save-dir (replaced

@@ -8,12 +8,12 @@
 // A separate umbrella so that code which only redistributes does not compile the modules.
 #pragma once
 
-#include "dtensor/checkpoint/gpt_config.hpp"
 #include "dtensor/checkpoint/training_state.hpp"
 #include "dtensor/dtensor.hpp"
+#include "dtensor/models/gpt.hpp"
+#include "dtensor/models/gpt_config.hpp"
+#include "dtensor/models/moe_gpt.hpp"
 #include "dtensor/ops/all.hpp"
-#include "dtensor/nn/gpt.hpp"
-#include "dtensor/nn/moe_gpt.hpp"
 #include "dtensor/optim/adamw.hpp"
 #include "dtensor/optim/clip_grad.hpp"
 #include "dtensor/optim/sgd.hpp"

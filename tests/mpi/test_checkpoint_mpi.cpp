@@ -7,10 +7,11 @@
 
 #include <unistd.h>
 
-#include "dtensor/checkpoint/gpt_config.hpp"
+#include "dtensor/models/gpt_config.hpp"
 #include "dtensor/checkpoint/training_state.hpp"
 #include "dtensor/comm/mpi.hpp"
 #include "dtensor/optim/adamw.hpp"
+#include "dtensor/models/gpt.hpp"
 #include "dtensor/parallel/gpt_plan.hpp"
 #include "mpi_check.hpp"
 

@@ -23,6 +23,7 @@
 #include "dtensor/optim/adamw.hpp"
 #include "dtensor/optim/clip_grad.hpp"
 #include "dtensor/parallel/data_parallel.hpp"
+#include "dtensor/models/gpt.hpp"
 #include "dtensor/parallel/gpt_plan.hpp"
 
 namespace dtensor::testing {

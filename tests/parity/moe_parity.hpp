@@ -1,4 +1,4 @@
-// tests/parity/moe_parity.hpp — the MoE GPT (nn/moe_gpt.hpp) trained on a dense mesh and its
+// tests/parity/moe_parity.hpp — the MoE GPT (models/moe_gpt.hpp) trained on a dense mesh and its
 // expert mesh, for the parity tests (threads and MPI): per-step losses and the expert
 // collectives of step 1.
 //
@@ -7,7 +7,7 @@
 // aux and z losses) must agree within 1e-5 relative over 20 AdamW steps in double.
 #pragma once
 
-#include "dtensor/nn/moe_gpt.hpp"
+#include "dtensor/models/moe_gpt.hpp"
 #include "gpt_parity.hpp"
 
 namespace dtensor::testing {

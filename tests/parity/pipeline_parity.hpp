@@ -14,7 +14,7 @@
 #include "dtensor/parallel/pipeline/by_name.hpp"
 #include "dtensor/parallel/pipeline/clip.hpp"
 #include "dtensor/parallel/pipeline/executor.hpp"
-#include "dtensor/parallel/pipeline/gpt_stage.hpp"
+#include "dtensor/models/gpt_stage.hpp"
 #include "gpt_parity.hpp"
 
 namespace dtensor::testing {

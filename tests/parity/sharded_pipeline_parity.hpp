@@ -12,7 +12,7 @@
 #include <string>
 
 #include "dtensor/parallel/pipeline/by_name.hpp"
-#include "dtensor/parallel/pipeline/gpt_stage.hpp"
+#include "dtensor/models/gpt_stage.hpp"
 #include "dtensor/parallel/pipeline/sharded_pipeline.hpp"
 #include "gpt_parity.hpp"
 #include "moe_parity.hpp"

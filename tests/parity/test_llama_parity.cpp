@@ -9,7 +9,7 @@
 
 #include "cp_parity.hpp"
 #include "dtensor/comm/threads.hpp"
-#include "dtensor/nn/llama.hpp"
+#include "dtensor/models/llama.hpp"
 #include "support/on_ranks.hpp"
 
 using namespace dtensor;

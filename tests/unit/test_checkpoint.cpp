@@ -17,12 +17,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "dtensor/checkpoint/gpt_config.hpp"
+#include "dtensor/models/gpt_config.hpp"
 #include "dtensor/checkpoint/training_state.hpp"
 #include "dtensor/core/factories.hpp"
 #include "dtensor/optim/adamw.hpp"
 #include "dtensor/parallel/data_parallel.hpp"
 #include "dtensor/parallel/fully_shard.hpp"
+#include "dtensor/models/gpt.hpp"
 #include "dtensor/parallel/gpt_plan.hpp"
 #include "dtensor/parallel/tensor_parallel.hpp"
 #include "support/on_ranks.hpp"

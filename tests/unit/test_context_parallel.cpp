@@ -267,10 +267,13 @@ const auto block_r = normal<double>(Shape<3>{block_batch, block_seq, block_dim},
 /// The block's forward and backward of J = sum(y * r) on `mesh`, the gradient syncs (context,
 /// sequence parallel, data), and the output, input gradient and whole gradients, in original order.
 template <class Plan, class Mesh>
-ModuleRun<3> cp_block_run(const Mesh& mesh, parallel::ContextAttentionOptions o) {
+ModuleRun<3> cp_block_run(const Mesh& mesh, parallel::ContextAttentionOptions o, bool causal = true) {
   nn::BlockConfig cfg{block_dim, block_heads, block_seq, 4, 0.3, 0.3};
   cfg.context = o;
-  nn::TransformerBlock<double, Mesh, Plan> blk("h.0", mesh, cfg, 3);
+  cfg.causal = causal;
+  nn::TransformerBlock<double, Mesh, Plan, nn::MLP<double, Mesh, typename Plan::fc1, typename Plan::fc2>,
+                       nn::LayerNorm<double, Mesh, typename Plan::between>, parallel::PlanAttention<double, Mesh, Plan>>
+      blk("h.0", mesh, cfg, 3);
   using X = typename decltype(blk)::X;
   const int cp = parallel::context_size(mesh);
   const bool balanced = o.load_balanced && cp > 1;
@@ -320,6 +323,32 @@ TEST_CASE("transformer block with a context dimension equals the one-rank block"
   }
 }
 
+TEST_CASE("non-causal attention (an encoder block) on one rank equals cp = 2: ring, all-gather, Ulysses", "[cp][nn]") {
+  // The mask is the attention module's parameter (AttentionConfig::causal, BlockConfig::causal),
+  // honoured by the local core and the context-parallel core alike, so an encoder block gives the
+  // same output and gradients on every mesh (double: 1e-12).
+  ModuleRun<3> ref, causal_ref;
+  threads::run(1, [&](CommPtr w) {
+    ref = cp_block_run<nn::ReplicatedPlan>(NnMesh(w, {1, 1}), {}, /*causal=*/false);
+    causal_ref = cp_block_run<nn::ReplicatedPlan>(NnMesh(w, {1, 1}), {}, /*causal=*/true);
+  });
+  REQUIRE_FALSE(compare_runs(ref, causal_ref, 1e-6).empty());  // the flag is honoured on one rank too
+  for (const auto& o : every_option) {
+    INFO(name_of(o.kind) << (o.load_balanced ? " balanced" : ""));
+    auto f = on_ranks(2, [&](CommPtr world, auto report) {  // CP = 2
+      report(compare_runs(cp_block_run<nn::ReplicatedPlan>(DeviceMesh<"cp">(world, {2}), o, false), ref, 1e-12));
+    });
+    INFO((f.empty() ? "" : f.front()));
+    REQUIRE(f.empty());
+    f = on_ranks(4, [&](CommPtr world, auto report) {  // CP = 2 x TP = 2 with SP
+      report(compare_runs(cp_block_run<parallel::MegatronPlan<true>>(DeviceMesh<"cp", "tp">(world, {2, 2}), o, false), ref,
+                          1e-12));
+    });
+    INFO((f.empty() ? "" : f.front()));
+    REQUIRE(f.empty());
+  }
+}
+
 namespace {
 
 /// The bytes this rank's attention saved state refers to between forward and backward (its
@@ -330,7 +359,7 @@ std::size_t attention_saved_bytes(const Saved& s) {
   std::size_t n = 0;
   const auto add = [&](const auto&... t) { ((n += std::size_t(t.numel()) * sizeof(*t.data())), ...); };
   add(s.qkv.x.to_local(), s.q.to_local(), s.k.to_local(), s.v.to_local(), s.out.to_local(), s.proj.x.to_local());
-  add(s.stats.lse, s.context.lse, s.context.q, s.context.k, s.context.v, s.context.out);
+  add(s.core.lse, s.core.q, s.core.k, s.core.v, s.core.out);
   return n;
 }
 
@@ -342,7 +371,7 @@ TEST_CASE("attention activation memory per rank falls as 1/cp", "[cp][memory]") 
   constexpr Extent batch = 1, seq = 256, dim = 16, heads = 4;
   const auto x = normal<double>(Shape<3>{batch, seq, dim}, 71);
   using Mesh = DeviceMesh<"cp">;
-  using Attention = nn::CausalSelfAttention<double, Mesh, nn::ReplicatedPlan::qkv, nn::ReplicatedPlan::proj>;
+  using Attention = parallel::PlanAttention<double, Mesh, nn::ReplicatedPlan>;
   for (const auto& o : every_option) {
     std::map<int, std::vector<std::size_t>> bytes;  // cp -> per rank
     for (int cp : {1, 2, 4}) {

@@ -6,7 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include "dtensor/comm/threads.hpp"
-#include "dtensor/nn/llama.hpp"
+#include "dtensor/models/llama.hpp"
 #include "dtensor/ops/repeat.hpp"
 #include "dtensor/ops/rotary.hpp"
 #include "dtensor/parallel/gpt_plan.hpp"
@@ -111,7 +111,7 @@ TEST_CASE("repeat_interleave: values, and the backward sums the repeats (finite 
 TEST_CASE("ops::rotary and ops::repeat_interleave on a split mesh equal the one-rank ops", "[llama][ops]") {
   const auto x = normal<double>(Shape<4>{3, 5, 4, 6}, 7);  // B = 3 over dp = 2 (uneven), heads over tp = 2
   Tensor<double, 4> rot_ref, rep_ref;
-  auto positions_of = [](const NnMesh& mesh) { return nn::positions<nn::tokens<NnMesh>>(mesh, {3, 5}, false); };
+  auto positions_of = [](const NnMesh& mesh) { return nn::positions<nn::tokens<NnMesh>>(mesh, {3, 5}); };
   using HeadsL = nn::tokens<NnMesh, Shard<2>>;
   threads::run(1, [&](CommPtr w) {
     NnMesh mesh(w, {1, 1});

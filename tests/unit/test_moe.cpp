@@ -1,4 +1,4 @@
-// Mixture of experts (nn/router.hpp, nn/experts.hpp, nn/moe.hpp) and expert parallelism
+// Mixture of experts (nn/router.hpp, parallel/experts.hpp, parallel/moe.hpp) and expert parallelism
 // (parallel/expert_parallel.hpp): gradients against finite differences (one rank, double); EP = 2
 // and 4, EP x DP and EP x TP against the one-rank MoE (outputs, routing, gradients; 1e-10);
 // dropping exactly the one-rank run's tokens; a capacity factor too large for int64 (dropless);
@@ -18,7 +18,7 @@
 #include "dtensor/core/compare.hpp"
 #include "dtensor/core/factories.hpp"
 #include "dtensor/kernels/meta/cost_log.hpp"
-#include "dtensor/nn/moe.hpp"
+#include "dtensor/parallel/moe.hpp"
 #include "dtensor/parallel/data_parallel.hpp"
 #include "support/on_ranks.hpp"
 #include "test_nn_support.hpp"

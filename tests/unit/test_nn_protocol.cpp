@@ -21,6 +21,7 @@
 #include "dtensor/optim/clip_grad.hpp"
 #include "dtensor/parallel/data_parallel.hpp"
 #include "dtensor/parallel/fully_shard.hpp"
+#include "dtensor/models/gpt.hpp"
 #include "dtensor/parallel/gpt_plan.hpp"
 #include "test_nn_support.hpp"
 

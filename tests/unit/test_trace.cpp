@@ -24,6 +24,7 @@
 #include "dtensor/comm/threads.hpp"
 #include "dtensor/core/factories.hpp"
 #include "dtensor/parallel/data_parallel.hpp"
+#include "dtensor/models/gpt.hpp"
 #include "dtensor/parallel/gpt_plan.hpp"
 #include "dtensor/trace/all.hpp"
 #include "support/on_ranks.hpp"

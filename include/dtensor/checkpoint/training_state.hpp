@@ -2,7 +2,7 @@
 // parameters, AdamW's moments and step count, and the trainer's own position.
 //
 //   checkpoint::TrainingMeta meta{.step = step, .data_position = next_batch, .rng_state = rng_bytes,
-//                                 .config = checkpoint::config_of(cfg)};        // checkpoint/gpt_config.hpp
+//                                 .config = checkpoint::config_of(cfg)};        // models/gpt_config.hpp
 //   checkpoint::save_training_state(dir, mesh, model, opt, meta);               // replicated / TP / DDP
 //   checkpoint::save_training_state(dir, mesh, model, fsdp, opt, meta);         // FSDP: the shards
 //   auto resumed = checkpoint::load_training_state(dir, mesh, model, opt, checkpoint::config_of(cfg));

@@ -11,7 +11,8 @@
 // enclosing CommLog, optionally check that every rank issued the same collective (see
 // set_check_collectives), and then call the backend's protected do_* function. Backends see
 // untyped buffers, element counts and a DType. Inside a trace scope each call is also timed,
-// from issue to completion (trace/collective_span.hpp).
+// from issue to completion, through the observer hook comm owns (comm/observer.hpp; trace/
+// installs one: trace/collective_span.hpp).
 //
 // Buffer conventions (counts are in elements of T):
 //   all_gather      send: n            recv: n * size()   (rank r's block at r * n)
@@ -35,10 +36,10 @@
 
 #include "dtensor/comm/comm_log.hpp"
 #include "dtensor/comm/config.hpp"
+#include "dtensor/comm/observer.hpp"
 #include "dtensor/comm/work.hpp"
 #include "dtensor/core/dtype.hpp"
 #include "dtensor/core/error.hpp"
-#include "dtensor/trace/collective_span.hpp"
 
 namespace dtensor {
 
@@ -170,7 +171,7 @@ class Communicator {
   CommPtr split(int color, int key) {
     const auto span = record(CollectiveKind::split, 0, DType::uint8, ReduceOp::sum, -1);
     auto c = do_split(color, key);
-    trace::detail::collective_finished(span);
+    detail::collective_finished(span);
     if (c) {
       c->timeout_ = timeout_;
       c->check_ = check_;
@@ -253,7 +254,7 @@ class Communicator {
   void barrier() {
     const auto span = pre(CollectiveKind::barrier, 0, DType::uint8, ReduceOp::sum, 0, -1);
     do_barrier();
-    trace::detail::collective_finished(span);
+    detail::collective_finished(span);
   }
 
   /// Throws a dtensor::Error for `op` on this rank (used by the layers above for bad input):
@@ -409,19 +410,19 @@ class Communicator {
     const auto span = record(CollectiveKind::recv, buf.size() * sizeof(T), dtype_of<T>, ReduceOp::sum, peer);
     return traced(span, do_recv(buf.data(), buf.size(), dtype_of<T>, peer, tag, async), async);
   }
-  // Logs a call in the enclosing CommLogs and opens its span in the active trace, if any
-  // (trace/collective_span.hpp): traced() closes it when the backend's Work completes.
-  trace::detail::CollectiveSpan record(CollectiveKind k, std::size_t bytes, DType t, ReduceOp op, int peer) const {
+  // Logs a call in the enclosing CommLogs and reports it to this thread's observer, if any
+  // (comm/observer.hpp): traced() hands it the backend's Work, to see it complete.
+  detail::ObservedCollective record(CollectiveKind k, std::size_t bytes, DType t, ReduceOp op, int peer) const {
     const CommRecord r{k, label_, size_, bytes, t, op, peer};
     CommLog::record(r);
-    return trace::detail::collective_issued(r);
+    return detail::collective_issued(r);
   }
-  static Work traced(const trace::detail::CollectiveSpan& span, Work w, bool async) {
-    return trace::detail::collective_started(span, std::move(w), async);
+  static Work traced(const detail::ObservedCollective& span, Work w, bool async) {
+    return detail::collective_started(span, std::move(w), async);
   }
   // Before every collective: log it, and compare fingerprints across ranks when asked to.
-  trace::detail::CollectiveSpan pre(CollectiveKind k, std::size_t bytes, DType t, ReduceOp op, std::size_t count,
-                                    int root) {
+  detail::ObservedCollective pre(CollectiveKind k, std::size_t bytes, DType t, ReduceOp op, std::size_t count,
+                                 int root) {
     const auto span = record(k, bytes, t, op, -1);
     if (check_)
       check_fingerprints(detail::Fingerprint::of_collective(k, t, op, count, root), name_of(k),

@@ -1,7 +1,9 @@
-// dtensor/nn/attention.hpp — causal self-attention: fused qkv projection, exact attention, output
+// dtensor/nn/attention.hpp — self-attention: fused qkv projection, exact attention, output
 // projection; multi-head (GPT) or grouped-query with rotary positions (Llama).
 //
-//   nn::CausalSelfAttention<float, Mesh> attn("attn", mesh, {.dim = 64, .heads = 4, .seq = 32}, /*seed=*/7);
+//   nn::SelfAttention<float, Mesh> attn("attn", mesh, {.dim = 64, .heads = 4, .seq = 32}, /*seed=*/7);
+//   nn::SelfAttention<float, CpMesh, Qkv, Out, parallel::ContextAttention> cp(...);   // a context dimension
+//   nn::CausalSelfAttention<...>                                        // the same class (its former name)
 //   nn::CausalSelfAttention<float, Mesh, parallel::ColwiseParallel<>, parallel::RowwiseParallel<>> tp(...);
 //   nn::CausalSelfAttention<float, Mesh> gqa("attn", mesh, {.dim = 64, .heads = 8, .seq = 32, .kv_heads = 2,
 //                                                           .rope_theta = 500000, .bias = false}, 7);   // Llama
@@ -24,13 +26,16 @@
 // less memory; repeated again in backward), the positions, the attention output and statistics.
 // Collectives: those of the qkv and out styles only (Megatron's pair: one all-reduce each way;
 // all-gather + reduce-scatter each way under sequence parallelism).
-// Context parallelism: on a mesh with a context dimension the positions are split on it
-// (nn::tokens), q, k, v are Shard<2> there, and parallel::context_attention (ring, all-gather-KV
-// or Ulysses, config.context) replaces ops::attention, with its collectives on the context
-// group; the projections are row-wise and run on this rank's positions unchanged. With
-// grouped-query attention K and V go to it unrepeated (kv_repeat = G): the ring and the
-// all-gather move the KV heads, as Llama 3's context parallelism does, and each rank repeats
-// them where its attention computes.
+// The attention itself is the Core's (nn/attention_core.hpp), a type chosen from outside:
+// nn::LocalAttention (ops::attention over the whole sequence) by default. Context parallelism:
+// on a mesh with a context dimension the positions are split on it (nn::tokens), q, k, v are
+// Shard<2> there, and the core must be parallel::ContextAttention (parallel/context_parallel.hpp;
+// parallel::attention_core_for<Mesh> picks it, and the models do), which runs ring,
+// all-gather-KV or Ulysses attention (config.context) with its collectives on the context group;
+// the projections are row-wise and run on this rank's positions unchanged. With grouped-query
+// attention K and V go to the core unrepeated (kv_repeat = G): the ring and the all-gather move
+// the KV heads, as Llama 3's context parallelism does, and each rank repeats them where its
+// attention computes.
 #pragma once
 
 #include <cmath>
@@ -38,13 +43,14 @@
 #include <tuple>
 #include <vector>
 
+#include "dtensor/nn/attention_core.hpp"
+#include "dtensor/nn/context_options.hpp"
 #include "dtensor/nn/linear.hpp"
 #include "dtensor/nn/positions.hpp"
 #include "dtensor/ops/attention.hpp"
 #include "dtensor/ops/repeat.hpp"
 #include "dtensor/ops/rotary.hpp"
 #include "dtensor/ops/shape.hpp"
-#include "dtensor/parallel/context_parallel.hpp"
 
 namespace dtensor::nn {
 
@@ -52,14 +58,22 @@ struct AttentionConfig {
   Extent dim = 0;    // C
   Extent heads = 1;  // H; D = C / H
   Extent seq = 0;    // T: the longest sequence the module takes
-  parallel::ContextAttentionOptions context{};  // used on a mesh with a context dimension
+  ContextAttentionOptions context{};  // a context core's (parallel::ContextAttention), on a mesh with a context dimension
   Extent kv_heads = 0;    // K: 0 or H multi-head; fewer (dividing H): grouped-query attention
   double rope_theta = 0;  // > 0: rotary position embedding of q and k with this base; 0: none
   bool bias = true;       // biases in the qkv and out projections
+  bool causal = true;     // a causal mask (decoder); false: every position sees every other (encoder).
+                          // Honoured on every mesh: the core is told (the module does not read context.causal)
 };
 
-template <kernels::host::FloatElement T, MeshType Mesh, class QkvStyle = Replicated<>, class OutStyle = Replicated<>>
-class CausalSelfAttention {
+template <kernels::host::FloatElement T, MeshType Mesh, class QkvStyle = Replicated<>, class OutStyle = Replicated<>,
+          AttentionCore Core = LocalAttention>
+class SelfAttention {
+  static_assert(Core::splits_sequence || !has_role<Mesh, Role::context>,
+                "nn::SelfAttention on a mesh with a context dimension needs a context-parallel core: "
+                "nn::SelfAttention<T, Mesh, QkvStyle, OutStyle, parallel::ContextAttention> "
+                "(parallel/context_parallel.hpp; parallel::attention_core_for<Mesh> picks the core a mesh needs)");
+
  public:
   using Qkv = Linear<T, Mesh, QkvStyle>;
   using Proj = Linear<T, Mesh, OutStyle>;
@@ -82,7 +96,6 @@ class CausalSelfAttention {
   // [B, T, H, 3D] and [B, T, H, D]: the batch split stays, the features' split moves to the heads.
   using HeadsL = tokens<Mesh, std::conditional_t<heads_split, Shard<2>, Replicate>>;
   using Heads = decltype(ops::transpose<1, 2>(std::declval<DTensor<T, 4, Mesh, HeadsL>>()));  // [B, H, T, D]
-  static constexpr bool context_split = has_role<Mesh, Role::context>;  // positions split: context attention
   // The rotary positions [B, T]: split like the tokens, Replicate over the heads' split.
   using Positions = DTensor<std::int32_t, 2, Mesh, tokens<Mesh>>;
 
@@ -91,14 +104,13 @@ class CausalSelfAttention {
     typename Qkv::Saved qkv;
     Heads q, k, v, out;  // k, v: [B, K, T, D], not repeated
     Positions positions;  // with rope_theta > 0
-    ops::BasicAttentionStats<mesh_space_t<Mesh>> stats;  // without a context dimension
-    parallel::ContextAttentionSaved<T, mesh_space_t<Mesh>> context;  // with one
+    typename Core::template Saved<T, mesh_space_t<Mesh>> core;  // what the core's backward needs
     typename Proj::Saved proj;
   };
   using WeightCtx = std::tuple<typename Qkv::WeightCtx, typename Proj::WeightCtx>;  // children() order
 
-  CausalSelfAttention() = default;
-  CausalSelfAttention(std::string name, const Mesh& mesh, AttentionConfig c, std::uint64_t seed, double init_std = 0.02,
+  SelfAttention() = default;
+  SelfAttention(std::string name, const Mesh& mesh, AttentionConfig c, std::uint64_t seed, double init_std = 0.02,
                       double out_std = 0.02)
       : name_(std::move(name)), c_(c) {
     if (c_.kv_heads == 0) c_.kv_heads = c.heads;
@@ -132,22 +144,18 @@ class CausalSelfAttention {
                                {group * head_dim, head_dim, head_dim});
     if (group > 1) parts[0] = ops::reshape<HeadsL>(parts[0], Shape<4>{batch, len, heads, head_dim});
     if (c_.rope_theta > 0) {
-      s.positions = nn::positions<tokens<Mesh>, std::int32_t>(x.mesh(), {batch, len}, c_.context.load_balanced);
+      s.positions = nn::positions<tokens<Mesh>, std::int32_t>(x.mesh(), {batch, len},
+                                                             Core::original_order(x.mesh(), len, core_options()));
       parts[0] = ops::rotary(parts[0], s.positions, c_.rope_theta);
       parts[1] = ops::rotary(parts[1], s.positions, c_.rope_theta);
     }
     s.q = ops::transpose<1, 2>(parts[0]);
     s.k = ops::transpose<1, 2>(parts[1]);
     s.v = ops::transpose<1, 2>(parts[2]);
-    if constexpr (context_split) {  // K/V travel as KV heads and are repeated where attention computes
-      auto r = parallel::context_attention(s.q, s.k, s.v, context_options());
+    {  // K/V go as KV heads; the core repeats them where attention computes
+      auto r = Core::forward(s.q, s.k, s.v, core_options());
       s.out = std::move(r.out);
-      s.context = std::move(r.saved);
-    } else {
-      auto repeated = [&](const Heads& kv_heads) { return ops::repeat_interleave<1>(kv_heads, group); };
-      auto r = group > 1 ? ops::attention(s.q, repeated(s.k), repeated(s.v)) : ops::attention(s.q, s.k, s.v);
-      s.out = std::move(r.out);
-      s.stats = std::move(r.stats);
+      s.core = std::move(r.saved);
     }
     // [B, H, T, D] -> [B, T, H, D] -> [B, T, C]
     auto merged = ops::reshape<typename Proj::InL>(ops::transpose<1, 2>(s.out), Shape<3>{batch, len, c_.dim});
@@ -162,18 +170,7 @@ class CausalSelfAttention {
     const Extent kv = c_.kv_heads, group = heads / kv;
     auto [dmerged, proj_w] = proj_.backward_input(std::move(s.proj), dy);
     auto dout = ops::transpose<1, 2>(ops::reshape<HeadsL>(dmerged, Shape<4>{batch, len, heads, head_dim}));
-    auto g = [&] {
-      if constexpr (context_split) {  // dk, dv come back in the KV heads
-        return parallel::context_attention_backward(dout, s.q, s.k, s.v, s.out, s.context, context_options());
-      } else {
-        if (group == 1) return ops::attention_backward(dout, s.q, s.k, s.v, s.out, s.stats);
-        auto r = ops::attention_backward(dout, s.q, ops::repeat_interleave<1>(s.k, group),
-                                         ops::repeat_interleave<1>(s.v, group), s.out, s.stats);  // attention saw them repeated
-        r.dk = ops::repeat_interleave_backward<1>(r.dk, group);
-        r.dv = ops::repeat_interleave_backward<1>(r.dv, group);
-        return r;
-      }
-    }();
+    auto g = Core::backward(dout, s.q, s.k, s.v, s.out, s.core, core_options());  // dk, dv in the KV heads
     std::vector<decltype(ops::transpose<1, 2>(g.dq))> parts;
     parts.push_back(ops::transpose<1, 2>(g.dq));
     parts.push_back(ops::transpose<1, 2>(g.dk));
@@ -193,11 +190,9 @@ class CausalSelfAttention {
   void backward_weight(WeightCtx w) { backward_weight_children(*this, std::move(w)); }
 
  private:
-  /// The configured context attention, told how many query heads share each KV head.
-  parallel::ContextAttentionOptions context_options() const {
-    auto o = c_.context;
-    o.kv_repeat = int(c_.heads / c_.kv_heads);
-    return o;
+  /// What the core is told: the mask, how many query heads share each KV head, the context options.
+  AttentionCoreOptions core_options() const {
+    return {.causal = c_.causal, .kv_repeat = int(c_.heads / c_.kv_heads), .context = c_.context};
   }
 
  public:
@@ -212,5 +207,10 @@ class CausalSelfAttention {
   Qkv qkv_;
   Proj proj_;
 };
+
+/// The former name of nn::SelfAttention (causal by default, as before).
+template <kernels::host::FloatElement T, MeshType Mesh, class QkvStyle = Replicated<>, class OutStyle = Replicated<>,
+          AttentionCore Core = LocalAttention>
+using CausalSelfAttention = SelfAttention<T, Mesh, QkvStyle, OutStyle, Core>;
 
 }  // namespace dtensor::nn

@@ -7,7 +7,7 @@
 //   nn::Checkpointed<decltype(blk)> ...                      // activation checkpointing (nn/checkpoint.hpp)
 //
 // y = h + mlp(ln2(h)), h = x + attn(ln1(x)); "mlp" is the FeedForward template parameter, the
-// plan's MLP unless the caller builds another (nn::MoE, nn/moe_gpt.hpp). A plan (a type) names
+// plan's MLP unless the caller builds another (nn::MoE, models/moe_gpt.hpp). A plan (a type) names
 // the style of every Linear and the tensor-dimension placement of the residual stream between the tensor-parallel regions
 // (`between`: Replicate, or SeqSplit under sequence parallelism, where the norms and residual
 // adds run on this rank's positions). The residual adds are ops::add (no communication); all
@@ -48,25 +48,31 @@ struct BlockConfig {
   Extent mlp_ratio = 4;
   double init_std = 0.02;
   double out_std = 0.02;  // the output projections (GPT-2 scales them by 1/sqrt(2 * layers))
-  parallel::ContextAttentionOptions context{};  // attention's, on a mesh with a context dimension
+  ContextAttentionOptions context{};  // attention's, on a mesh with a context dimension
   Extent kv_heads = 0;     // attention's KV heads (0: heads; fewer: grouped-query, nn/attention.hpp)
   Extent ffn = 0;          // the feed-forward's width (0: mlp_ratio * dim)
   double rope_theta = 0;   // > 0: rotary positions in attention with this base
   bool bias = true;        // biases in the attention projections (GPT's MLP always has them, SwiGLU none)
   double norm_eps = 1e-5;  // the norms' epsilon
+  bool causal = true;      // attention's mask: causal (decoder) or none (an encoder block)
 };
 
 /// FeedForward: the plan's MLP by default; any module from and to the residual stream's layout
-/// otherwise (nn/moe_gpt.hpp: a mixture of experts, built by the caller; nn/llama.hpp: SwiGLU).
-/// NormType: LayerNorm by default (nn/llama.hpp: RMSNorm); built as (name, mesh, dim, eps).
+/// otherwise (models/moe_gpt.hpp: a mixture of experts, built by the caller; models/llama.hpp: SwiGLU).
+/// NormType: LayerNorm by default (models/llama.hpp: RMSNorm); built as (name, mesh, dim, eps).
+/// Attention: nn::SelfAttention with the plan's projections and the local core by default; any
+/// attention built as (name, mesh, AttentionConfig, seed, init_std, out_std) otherwise — on a
+/// mesh with a context dimension the context-parallel core (parallel::attention_core_for<Mesh>,
+/// which the models pass).
 template <kernels::host::FloatElement T, MeshType Mesh, class Plan = ReplicatedPlan,
           class FeedForward = MLP<T, Mesh, typename Plan::fc1, typename Plan::fc2>,
-          class NormType = LayerNorm<T, Mesh, typename Plan::between>>
+          class NormType = LayerNorm<T, Mesh, typename Plan::between>,
+          class Attention = SelfAttention<T, Mesh, typename Plan::qkv, typename Plan::proj>>
 class TransformerBlock {
  public:
   using between = typename Plan::between;
   using Norm = NormType;
-  using Attn = CausalSelfAttention<T, Mesh, typename Plan::qkv, typename Plan::proj>;
+  using Attn = Attention;
   using Mlp = FeedForward;
   using X = typename Norm::X;
   using In = X;
@@ -91,9 +97,10 @@ class TransformerBlock {
                          Mlp(name + ".mlp", mesh, c.dim, mlp_hidden(name, mesh, c), seed + 2, c.init_std, c.out_std)) {}
   /// With a feed-forward the caller built (mlp_ratio unused).
   TransformerBlock(std::string name, const Mesh& mesh, BlockConfig c, std::uint64_t seed, Mlp feed_forward)
-      : ln1_(name + ".ln1", mesh, c.dim, c.norm_eps),
-        attn_(name + ".attn", mesh, {c.dim, c.heads, c.seq, c.context, c.kv_heads, c.rope_theta, c.bias}, seed,
-              c.init_std, c.out_std),
+      : name_(name),
+        ln1_(name + ".ln1", mesh, c.dim, c.norm_eps),
+        attn_(name + ".attn", mesh, {c.dim, c.heads, c.seq, c.context, c.kv_heads, c.rope_theta, c.bias, c.causal},
+              seed, c.init_std, c.out_std),
         ln2_(name + ".ln2", mesh, c.dim, c.norm_eps),
         mlp_(std::move(feed_forward)) {}
 
@@ -119,6 +126,8 @@ class TransformerBlock {
   void backward_weight(WeightCtx w) { backward_weight_children(*this, std::move(w)); }
 
   auto children() { return std::tie(ln1_, attn_, ln2_, mlp_); }
+  /// The block's name (a model's unit of it is named so: nn/units.hpp).
+  const std::string& name() const noexcept { return name_; }
   Attn& attn() noexcept { return attn_; }
   Mlp& mlp() noexcept { return mlp_; }
   const Mlp& mlp() const noexcept { return mlp_; }
@@ -132,6 +141,7 @@ class TransformerBlock {
     return c.ffn > 0 ? c.ffn : c.mlp_ratio * c.dim;
   }
 
+  std::string name_;
   Norm ln1_;
   Attn attn_;
   Norm ln2_;

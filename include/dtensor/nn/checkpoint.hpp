@@ -52,6 +52,12 @@ class Checkpointed {
   void backward_weight(WeightCtx w) { inner_.backward_weight(std::move(w)); }
 
   auto children() { return std::tie(inner_); }
+  /// The inner module's name, where it has one (what names a model's unit of it).
+  decltype(auto) name() const
+    requires requires(const M& m) { m.name(); }
+  {
+    return inner_.name();
+  }
   M& inner() noexcept { return inner_; }
   const M& inner() const noexcept { return inner_; }
 

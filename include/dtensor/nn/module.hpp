@@ -95,8 +95,10 @@ template <class X, class F>
 void visit_parameters(X& x, F& f) {
   if constexpr (LeafModule<X>)
     std::apply([&](auto&... p) { (f(p), ...); }, x.parameters());
-  if constexpr (CompositeModule<X>)
-    std::apply([&](auto&... c) { (visit_child(c, f), ...); }, x.children());
+  if constexpr (CompositeModule<X>) {
+    auto kids = x.children();  // a tuple of references, or of unit groups by value (nn::unit)
+    std::apply([&](auto&... c) { (visit_child(c, f), ...); }, kids);
+  }
 }
 }  // namespace detail
 

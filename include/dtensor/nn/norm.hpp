@@ -38,6 +38,8 @@ class Norm {
  public:
   using XL = tokens<Mesh, TensorP>;
   using X = DTensor<T, 3, Mesh, XL>;
+  using In = X;  // the module protocol's names (nn::Sequential chains by them)
+  using Out = X;
   using PL = params<Mesh>;
   struct Saved {
     X x;
@@ -90,6 +92,7 @@ class Norm {
   }
 
   auto parameters() { return std::tie(weight_, bias_); }
+  const std::string& name() const noexcept { return name_; }
   Parameter<T, 1, Mesh, PL>& weight() noexcept { return weight_; }
   Parameter<T, 1, Mesh, PL>& bias() noexcept { return bias_; }
 

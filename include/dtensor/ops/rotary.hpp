@@ -1,6 +1,6 @@
 // dtensor/ops/rotary.hpp — rotary position embeddings (RoPE) of a DTensor [B, T, H, D].
 //
-//   auto pos = nn::positions<tokens<Mesh>>(mesh, {B, T}, context);   // global positions [B, T] (nn/positions.hpp)
+//   auto pos = nn::positions<tokens<Mesh>>(mesh, {B, T});   // global positions [B, T] (nn/positions.hpp)
 //   auto qr  = ops::rotary(q, pos, 500000.0);                         // q [B, T, H, D]
 //   auto dq  = ops::rotary_backward(pos, dqr, 500000.0);
 //

@@ -30,34 +30,19 @@
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/tensor.hpp"
 #include "dtensor/kernels/attention_chunk.hpp"
+#include "dtensor/mesh/roles.hpp"
+#include "dtensor/nn/context_options.hpp"
 #include "dtensor/placement/chunk.hpp"
 
 namespace dtensor::parallel {
 
 using kernels::SeqPiece;
 
-/// How attention reaches the keys of the other ranks of the context dimension.
-enum class ContextKind {
-  ring,       // K/V chunks rotate with send/recv, overlapped with the current chunk's attention
-  allgather,  // K and V all-gathered once (PyTorch's default rotate method)
-  ulysses,    // all-to-all: sequence-split to head-split and back (DeepSpeed-Ulysses)
-};
-
-constexpr std::string_view name_of(ContextKind k) {
-  switch (k) {
-    case ContextKind::ring: return "ring";
-    case ContextKind::allgather: return "allgather";
-    case ContextKind::ulysses: return "ulysses";
-  }
-  return "?";
-}
-
-/// "ring", "allgather" or "ulysses"; throws otherwise.
-inline ContextKind parse_context_kind(std::string_view s) {
-  for (auto k : {ContextKind::ring, ContextKind::allgather, ContextKind::ulysses})
-    if (s == name_of(k)) return k;
-  throw Error("parse_context_kind", dtensor::detail::cat("unknown context-parallel kind \"", s, "\": ring, allgather or ulysses"));
-}
+// ContextKind, name_of and parse_context_kind: nn/context_options.hpp (the attention module's
+// configuration names them; the implementations are here and in context_parallel.hpp).
+using nn::ContextKind;
+using nn::name_of;
+using nn::parse_context_kind;
 
 /// The runs of the original sequence that context rank `rank` of `cp` stores, in stored order.
 inline std::vector<SeqPiece> context_pieces(Extent seq, int cp, int rank, bool balanced) {
@@ -85,6 +70,15 @@ inline std::vector<Extent> load_balanced_order(Extent seq, int cp) {
     for (const auto& p : context_pieces(seq, cp, r, true))
       for (Extent i = 0; i < p.size; ++i) order.push_back(p.global + i);
   return order;
+}
+
+/// The original index of each stored position of a sequence of `seq` on `mesh` (what
+/// nn::positions takes): load_balanced_order on a mesh with a context dimension and load
+/// balancing, else empty (stored order is the original order).
+template <class Mesh>
+std::vector<Extent> original_positions(const Mesh& mesh, Extent seq, bool load_balanced) {
+  if (!has_role<Mesh, Role::context> || !load_balanced) return {};
+  return load_balanced_order(seq, role_size<Role::context>(mesh));
 }
 
 namespace detail {

@@ -46,31 +46,16 @@
 #include "dtensor/kernels/attention_chunk.hpp"
 #include "dtensor/kernels/repeat.hpp"
 #include "dtensor/mesh/roles.hpp"
+#include "dtensor/nn/attention.hpp"
+#include "dtensor/nn/attention_core.hpp"
 #include "dtensor/ops/attention.hpp"
 #include "dtensor/parallel/context_layout.hpp"
 
 namespace dtensor::parallel {
 
-/// One event of a ring pass, for showing the overlap: the transfer of the chunk for `step` is
-/// issued, the attention of `step`'s chunk computes, or the transfer for `step` is waited on.
-struct ContextEvent {
-  enum Kind { issue, compute, wait } kind;
-  int step;
-  friend bool operator==(const ContextEvent&, const ContextEvent&) = default;
-};
-
-struct ContextAttentionOptions {
-  ContextKind kind = ContextKind::ring;
-  bool load_balanced = false;  // the sequence is stored in load_balanced_order (context_layout.hpp)
-  bool overlap = true;         // ring: issue the next chunk's transfer before this chunk's attention
-  bool causal = true;
-  double scale = 0;                            // 0: 1 / sqrt(head dimension)
-  std::vector<ContextEvent>* trace = nullptr;  // ring: append the forward's events here
-  // Grouped-query attention: k and v hold heads / kv_repeat heads, each serving kv_repeat query
-  // heads. They travel (ring, all-gather) as they are and are repeated where the attention
-  // computes, so the context collectives move the KV heads only; Ulysses repeats them first.
-  int kv_repeat = 1;
-};
+// The options (what the attention module's configuration carries): nn/context_options.hpp.
+using nn::ContextAttentionOptions;
+using nn::ContextEvent;
 
 /// What the backward needs besides q, k, v and out. The log-sum-exp is this rank's [B, H, T/cp]
 /// in stored order (ring, allgather); under Ulysses the head-split tensors in original order.
@@ -461,5 +446,45 @@ ops::AttentionGrads<Q> context_attention_backward(const DO& dout, const Q& q, co
   acc_work_v.wait();
   return {make(std::move(bwd).dq(), q.shape()), make(std::move(in_k), k.shape()), make(std::move(in_v), v.shape())};
 }
+
+/// The attention core (nn/attention_core.hpp) of a mesh with a context dimension: ring,
+/// all-gather-KV or Ulysses attention (options.context.kind) with the module's mask and KV-head
+/// sharing. What nn::SelfAttention is given on such a mesh — by the models, or by whoever builds
+/// the attention (attention_core_for below) — so that nn/ never names this file.
+struct ContextAttention {
+  static constexpr bool splits_sequence = true;
+  template <class T, class Space>
+  using Saved = ContextAttentionSaved<T, Space>;
+
+  static ContextAttentionOptions options(const nn::AttentionCoreOptions& o) {
+    auto c = o.context;
+    c.causal = o.causal;
+    c.kv_repeat = o.kv_repeat;
+    return c;
+  }
+  template <class H>
+  static auto forward(const H& q, const H& k, const H& v, const nn::AttentionCoreOptions& o) {
+    auto r = context_attention(q, k, v, options(o));
+    return nn::AttentionCoreResult<decltype(r.out), decltype(r.saved)>{std::move(r.out), std::move(r.saved)};
+  }
+  template <class H, class S>
+  static auto backward(const H& dout, const H& q, const H& k, const H& v, const H& out, const S& saved,
+                       const nn::AttentionCoreOptions& o) {
+    return context_attention_backward(dout, q, k, v, out, saved, options(o));
+  }
+  template <class Mesh>
+  static std::vector<Extent> original_order(const Mesh& mesh, Extent seq, const nn::AttentionCoreOptions& o) {
+    return original_positions(mesh, seq, o.context.load_balanced);
+  }
+};
+
+/// The attention core a mesh needs: ContextAttention with a context dimension, else nn::LocalAttention.
+template <class Mesh>
+using attention_core_for = std::conditional_t<has_role<Mesh, Role::context>, ContextAttention, nn::LocalAttention>;
+
+/// Self-attention with a plan's projections (Plan::qkv, Plan::proj) and the core the mesh needs:
+/// what the models give their blocks (nn::TransformerBlock's Attention).
+template <class T, class Mesh, class Plan>
+using PlanAttention = nn::SelfAttention<T, Mesh, typename Plan::qkv, typename Plan::proj, attention_core_for<Mesh>>;
 
 }  // namespace dtensor::parallel

@@ -9,7 +9,9 @@
 //
 //   ddp.all_reduce_gradients(params);         // or: all at once after the backward (no overlap)
 //
-// The data dimension is the mesh's dimension with Role::data (mesh/roles.hpp; "dp" by default).
+// The data dimension is the mesh's dimension with Role::data (mesh/roles.hpp; "dp" by default),
+// or the one named by the second template argument: DataParallel<DeviceMesh<"replica", "tp">,
+// "replica">, with no role to declare.
 // Every rank along it holds the same parameters and differentiates its share of the global mean
 // loss, so each gradient arrives Partial<sum> there (a Partial<avg> one is averaged instead); one
 // that is already Replicate means a second sync or a missing backward, and is an error.
@@ -29,7 +31,9 @@
 #include <memory>
 #include <vector>
 
+#include "dtensor/mesh/fixed_string.hpp"
 #include "dtensor/mesh/roles.hpp"
+#include "dtensor/nn/units.hpp"
 #include "dtensor/parallel/detail/buckets.hpp"
 
 namespace dtensor::parallel {
@@ -38,14 +42,27 @@ struct DataParallelOptions {
   std::size_t bucket_bytes = std::size_t(25) << 20;  // PyTorch's default: 25 MiB
 };
 
-template <MeshType Mesh>
+namespace detail {
+/// The dimension DataParallel reduces over: the one named Dim, or (Dim empty) the data dimension.
+template <class Mesh, fixed_string Dim>
+constexpr std::size_t data_parallel_dim() {
+  if constexpr (Dim.view().empty()) {
+    static_assert(has_role<Mesh, Role::data>,
+                  "DataParallel needs a mesh dimension with Role::data (\"dp\", or one named by mesh_roles), or "
+                  "the dimension's name as its second template argument: DataParallel<Mesh, \"replica\">");
+    static_assert(count_role<Mesh, Role::data>() == 1,
+                  "DataParallel reduces over one data dimension; this mesh has several (HSDP is fully_shard's business)");
+    return role_dim<Mesh, Role::data>;
+  } else {
+    return Mesh::template index_of<Dim>();
+  }
+}
+}  // namespace detail
+
+template <MeshType Mesh, fixed_string Dim = "">
 class DataParallel {
  public:
-  static_assert(has_role<Mesh, Role::data>,
-                "DataParallel needs a mesh dimension with Role::data (\"dp\", or one named by mesh_roles)");
-  static_assert(count_role<Mesh, Role::data>() == 1,
-                "DataParallel reduces over one data dimension; this mesh has several (HSDP is fully_shard's business)");
-  static constexpr std::size_t dim = role_dim<Mesh, Role::data>;
+  static constexpr std::size_t dim = detail::data_parallel_dim<Mesh, Dim>();
 
   explicit DataParallel(Mesh mesh, DataParallelOptions o = {}) : mesh_(std::move(mesh)), o_(o) {
     if (o.bucket_bytes == 0) throw Error("DataParallel", "bucket_bytes must be > 0", mesh_.rank());
@@ -65,6 +82,9 @@ class DataParallel {
   /// gradients are complete. The model must outlive this object's use, and stay where it is.
   template <class Model>
   void attach(Model& model) {
+    static_assert(nn::require_units<Model>());
+    static_assert(requires(std::function<void(std::size_t)> fn) { model.set_grads_ready(std::move(fn)); },
+                  "DataParallel::attach needs `set_grads_ready(fn)` on the model (nn::WithUnits gives it)");
     model.set_grads_ready([this, &model](std::size_t unit) { issue(model.units().at(unit).params); });
   }
 

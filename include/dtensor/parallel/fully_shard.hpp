@@ -15,7 +15,7 @@
 //     fsdp.sync_parameters();                            // ZeRO-1/2: all-gather the updated parameters
 //   }
 //
-// The model (nn::GPT, or anything with units() -> vector<nn::ParamUnit> and set_hooks(nn::UnitHooks))
+// The model (nn::GPT, nn::Sequential, any nn::WithUnits model: units() and set_hooks(nn::UnitHooks), nn/units.hpp)
 // keeps one flat group per unit (embed, blocks, head). Each unit's flat buffer is Shard<0> over
 // the mesh dimension with Role::data_shard (torch.chunk, uneven sizes allowed; see
 // detail/fsdp_unit.hpp); this rank keeps its shard of the values (the master copy, in M), of
@@ -78,7 +78,7 @@
 #include <vector>
 
 #include "dtensor/mesh/roles.hpp"
-#include "dtensor/nn/gpt.hpp"
+#include "dtensor/nn/units.hpp"
 #include "dtensor/parallel/detail/fsdp_unit.hpp"
 
 namespace dtensor::parallel {
@@ -119,6 +119,7 @@ using model_space_t =
 /// space, or host_space for CPU offload).
 template <class Model, MeshType Mesh, class M, MemorySpace StateSpace = detail::model_space_t<Model>>
 class FullyShard {
+  static_assert(nn::require_units<Model>());
   using Unit = std::remove_cvref_t<decltype(std::declval<Model&>().units().front())>;
   using Group = typename decltype(Unit::group)::element_type;
   using T = typename Group::element_type;
@@ -541,6 +542,7 @@ class FullyShard {
 /// host_space offloads them to the CPU). The model must outlive the result and stay where it is.
 template <class M = void, class StateSpace = void, class Model, MeshType Mesh>
 auto fully_shard(Model& model, const Mesh& mesh, FsdpOptions o = {}) {
+  static_assert(nn::require_units<Model>());  // before anything reads model.units(): a readable error
   using Unit = std::remove_cvref_t<decltype(model.units().front())>;
   using T = typename decltype(Unit::group)::element_type::element_type;
   using Master = std::conditional_t<std::is_void_v<M>, T, M>;

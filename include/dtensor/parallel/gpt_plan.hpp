@@ -24,7 +24,6 @@
 // all-reduce on "dp". Activation checkpointing repeats a block's forward collectives in backward.
 #pragma once
 
-#include "dtensor/nn/gpt.hpp"
 #include "dtensor/parallel/tensor_parallel.hpp"
 #include "dtensor/parallel/vocab_parallel.hpp"
 

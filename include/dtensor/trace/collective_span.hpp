@@ -1,10 +1,8 @@
-// dtensor/trace/collective_span.hpp — how the communicator times its collectives for a trace.
+// dtensor/trace/collective_span.hpp — the collective observer (comm/observer.hpp) that times a
+// rank's collectives for its trace: installed by TraceScope (trace/trace_scope.hpp) while the
+// scope is alive, so comm never includes trace/.
 //
-//   auto span = trace::detail::collective_issued(record);            // in Communicator, with the CommLog entry
-//   return trace::detail::collective_started(span, do_all_reduce(...), async);
-//
-// collective_issued opens a span on the calling thread's active trace (nothing when there is
-// none: one thread-local load and one branch). collective_started closes it when the Work
+// issued() opens a span on the rank's trace. started() closes it when the Work
 // completes: at once for a Work that is already done (a blocking call the backend ran inline),
 // otherwise when wait() returns or test() first says done — the returned Work wraps the
 // backend's to see that. Waiting on an asynchronous collective also records a wait span (the
@@ -17,23 +15,11 @@
 #include <utility>
 
 #include "dtensor/comm/comm_log.hpp"
+#include "dtensor/comm/observer.hpp"
 #include "dtensor/comm/work.hpp"
 #include "dtensor/trace/rank_trace.hpp"
 
 namespace dtensor::trace::detail {
-
-/// An open collective span: where it is recorded (nullptr: no trace was active) and its id.
-struct CollectiveSpan {
-  RankTrace* trace = nullptr;
-  std::size_t id = 0;
-};
-
-inline CollectiveSpan collective_issued(const CommRecord& r) {
-  RankTrace* t = active_trace();
-  if (t == nullptr) [[likely]]
-    return {};
-  return {t, t->issue(r)};
-}
 
 /// The backend's Work, seen to completion for the span.
 class TracedWork final : public dtensor::detail::WorkState {
@@ -85,21 +71,25 @@ class TracedWork final : public dtensor::detail::WorkState {
   bool closed_ = false;
 };
 
-/// Returns `w`, or a Work that closes `span` when `w` completes.
-inline Work collective_started(const CollectiveSpan& span, Work w, bool async) {
-  if (span.trace == nullptr) [[likely]]
-    return w;
-  if (w.done()) {
-    span.trace->complete(span.id, Clock::now());
-    return w;
-  }
-  return Work(std::make_shared<TracedWork>(span.trace->shared_from_this(), span.id, std::move(w), async));
-}
+/// The observer of one rank's collectives: a span per collective on `trace`.
+class CollectiveSpans final : public CollectiveObserver {
+ public:
+  explicit CollectiveSpans(RankTrace* trace) : trace_(trace) {}
 
-/// Closes `span` now: a collective that returns no Work (split, barrier).
-inline void collective_finished(const CollectiveSpan& span) {
-  if (span.trace != nullptr) [[unlikely]]
-    span.trace->complete(span.id, Clock::now());
-}
+  std::size_t issued(const CommRecord& r) override { return trace_->issue(r); }
+  /// Returns `w`, or a Work that closes the span when `w` completes.
+  Work started(std::size_t id, Work w, bool async) override {
+    if (w.done()) {
+      trace_->complete(id, Clock::now());
+      return w;
+    }
+    return Work(std::make_shared<TracedWork>(trace_->shared_from_this(), id, std::move(w), async));
+  }
+  /// Closes the span now: a collective that returns no Work (split, barrier).
+  void finished(std::size_t id) override { trace_->complete(id, Clock::now()); }
+
+ private:
+  RankTrace* trace_;
+};
 
 }  // namespace dtensor::trace::detail

@@ -27,13 +27,20 @@ namespace detail {
 /// No active trace while alive: the merge's own collectives stay out of the trace.
 class TracingPaused {
  public:
-  TracingPaused() : paused_(active_trace()) { active_trace_slot() = nullptr; }
-  ~TracingPaused() { active_trace_slot() = paused_; }
+  TracingPaused() : paused_(active_trace()), paused_observer_(dtensor::detail::collective_observer_slot()) {
+    active_trace_slot() = nullptr;
+    dtensor::detail::collective_observer_slot() = nullptr;
+  }
+  ~TracingPaused() {
+    active_trace_slot() = paused_;
+    dtensor::detail::collective_observer_slot() = paused_observer_;
+  }
   TracingPaused(const TracingPaused&) = delete;
   TracingPaused& operator=(const TracingPaused&) = delete;
 
  private:
   RankTrace* paused_;
+  CollectiveObserver* paused_observer_;
 };
 }  // namespace detail
 

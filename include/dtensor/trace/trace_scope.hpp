@@ -26,6 +26,8 @@
 #include <vector>
 
 #include "dtensor/core/error.hpp"
+#include "dtensor/comm/observer.hpp"
+#include "dtensor/trace/collective_span.hpp"
 #include "dtensor/trace/rank_trace.hpp"
 
 namespace dtensor::trace {
@@ -67,16 +69,24 @@ class Trace {
 /// Makes rank `rank`'s track of `trace` the calling thread's active trace while alive.
 class TraceScope {
  public:
-  TraceScope(Trace& trace, int rank) : track_(trace.track(rank)), enclosing_(detail::active_trace()) {
+  TraceScope(Trace& trace, int rank)
+      : track_(trace.track(rank)), spans_(track_.get()), enclosing_(detail::active_trace()),
+        enclosing_observer_(dtensor::detail::collective_observer_slot()) {
     detail::active_trace_slot() = track_.get();
+    dtensor::detail::collective_observer_slot() = &spans_;  // the communicator reports to it
   }
-  ~TraceScope() { detail::active_trace_slot() = enclosing_; }
+  ~TraceScope() {
+    detail::active_trace_slot() = enclosing_;
+    dtensor::detail::collective_observer_slot() = enclosing_observer_;
+  }
   TraceScope(const TraceScope&) = delete;
   TraceScope& operator=(const TraceScope&) = delete;
 
  private:
   std::shared_ptr<RankTrace> track_;
+  detail::CollectiveSpans spans_;
   RankTrace* enclosing_;
+  CollectiveObserver* enclosing_observer_;
 };
 
 /// A compute span on the active trace's track, from construction to end() or destruction;

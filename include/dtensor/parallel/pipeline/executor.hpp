@@ -56,6 +56,7 @@
 #include "dtensor/core/factories.hpp"
 #include "dtensor/distributed/transfer.hpp"
 #include "dtensor/mesh/roles.hpp"
+#include "dtensor/parallel/pipeline/stage.hpp"
 #include "dtensor/parallel/pipeline/simulate.hpp"
 #include "dtensor/parallel/pipeline/validate.hpp"
 
@@ -164,6 +165,8 @@ struct StepStats {
 
 template <class Stage, MeshType Mesh>
 class Executor {
+  static_assert(require_stage<Stage>());  // the stage protocol: parallel/pipeline/stage.hpp
+
  public:
   using X = typename Stage::X;
   using Ids = typename Stage::Ids;

@@ -135,7 +135,7 @@ class ShardedPipeline {
 
   /// The gradient syncs after the schedule (step() calls it): wait for FSDP's reductions (HSDP:
   /// then "dp"), all-reduce on the context and, under SP, the tensor dimension. Public for a
-  /// caller that drives the stages itself (the dry run, sim/training_plan.hpp: FSDP's
+  /// caller that drives the stages itself (the dry run, models/training_plan.hpp: FSDP's
   /// unshard() before a stage's forward, reshard() and reduce_gradients() after its backward).
   void finish_gradient_syncs() {
     for (auto& shard : shards_) shard->finish_gradient_sync();

@@ -1,4 +1,4 @@
-// dtensor/sim/training_plan.hpp — one training step of a GPT or Llama plan, dry: the real step
+// dtensor/models/training_plan.hpp — one training step of a GPT or Llama plan, dry: the real step
 // on meta tensors over the sim communicator, once per rank class (sim/dry_run.hpp).
 //
 //   sim::TrainingPlan plan{.model = {.vocab = 128256, .seq = 8192, .dim = 16384, .heads = 128,
@@ -42,19 +42,34 @@
 #include <string>
 #include <vector>
 
+#include "dtensor/checkpoint/training_state.hpp"
 #include "dtensor/comm/sim.hpp"
+#include "dtensor/comm/threads.hpp"
 #include "dtensor/core/checked.hpp"
-#include "dtensor/nn/llama.hpp"
-#include "dtensor/nn/moe_gpt.hpp"
+#include "dtensor/distributed/distribute.hpp"
+#include "dtensor/distributed/redistribute.hpp"
+#include "dtensor/models/gpt.hpp"
+#include "dtensor/models/gpt_config.hpp"
+#include "dtensor/models/gpt_stage.hpp"
+#include "dtensor/models/llama.hpp"
+#include "dtensor/models/moe_gpt.hpp"
+#include "dtensor/ops/all.hpp"
+#include "dtensor/optim/adamw.hpp"
+#include "dtensor/optim/clip_grad.hpp"
+#include "dtensor/optim/sgd.hpp"
+#include "dtensor/parallel/context_grads.hpp"
+#include "dtensor/parallel/data_parallel.hpp"
+#include "dtensor/parallel/fully_shard.hpp"
+#include "dtensor/parallel/gpt_plan.hpp"
 #include "dtensor/parallel/pipeline/by_name.hpp"
 #include "dtensor/parallel/pipeline/clip.hpp"
 #include "dtensor/parallel/pipeline/executor.hpp"
-#include "dtensor/parallel/pipeline/gpt_stage.hpp"
 #include "dtensor/parallel/pipeline/sharded_pipeline.hpp"
 #include "dtensor/parallel/pipeline/validate.hpp"
+#include "dtensor/parallel/tensor_parallel.hpp"
+#include "dtensor/parallel/vocab_parallel.hpp"
 #include "dtensor/sim/cost_model.hpp"
 #include "dtensor/sim/dry_run.hpp"
-#include "dtensor/training.hpp"
 
 namespace dtensor::sim {
 

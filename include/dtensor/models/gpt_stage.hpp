@@ -1,4 +1,4 @@
-// dtensor/parallel/pipeline/gpt_stage.hpp — one pipeline stage of a GPT: a run of its blocks,
+// dtensor/models/gpt_stage.hpp — one pipeline stage of a GPT: a run of its blocks,
 // with the embeddings on the first stage and the final norm, head and loss on the last.
 //
 //   auto layers = pipeline::stage_layers(cfg.layers, /*stages=*/4);    // [first, end) per stage
@@ -39,7 +39,7 @@
 #include <utility>
 #include <vector>
 
-#include "dtensor/nn/gpt.hpp"
+#include "dtensor/models/gpt.hpp"
 
 namespace dtensor::parallel::pipeline {
 
@@ -63,15 +63,15 @@ inline std::vector<std::pair<Extent, Extent>> stage_layers(Extent layers, int st
 
 template <kernels::host::FloatElement T, MeshType Mesh, class Plan = nn::ReplicatedPlan, class Id = std::int32_t,
           class Layers = nn::DenseLayers>
-class GptStage {
-  using Model = nn::GPT<T, Mesh, Plan, Id, Layers>;  // Layers: e.g. nn::LlamaLayers (nn/llama.hpp)
+class GptStage : public nn::WithUnits<T, Mesh> {
+  using Model = nn::GPT<T, Mesh, Plan, Id, Layers>;  // Layers: e.g. nn::LlamaLayers (models/llama.hpp)
 
  public:
   using X = typename Model::X;  // the residual stream [B, T, C]: what crosses stages
   using Ids = typename Model::Ids;
   using Loss = typename Model::Loss;
   using Block = typename Model::Block;
-  using Unit = typename Model::Unit;
+  using Unit = typename nn::WithUnits<T, Mesh>::Unit;
   /// Whether the blocks add auxiliary losses to the loss (MoE).
   static constexpr bool has_auxiliary_loss = requires(const Layers& l, const std::vector<Block>& b) { l.auxiliary_loss(b); };
 
@@ -110,10 +110,7 @@ class GptStage {
       ln_f_ = Model::make_ln_f(mesh, cfg);
       head_ = Model::make_head(mesh, cfg);
     }
-    // The units, in forward order: embed, the blocks, head (as nn::GPT, with the global layer index).
-    if (is_first()) add_unit("embed", nn::modules(*wte_, *wpe_));
-    for (std::size_t l = 0; l < blocks_.size(); ++l) add_unit("h." + std::to_string(first + Extent(l)), blocks_[l]);
-    if (is_last()) add_unit("head", nn::modules(*ln_f_, *head_));
+    this->make_units(*this);  // embed, the blocks, head (as nn::GPT, with the global layer index)
     layers_.add_units(blocks_, first);  // MoE: the experts of each MoE block, a unit on the expert mesh
   }
   GptStage(GptStage&&) = default;
@@ -138,23 +135,22 @@ class GptStage {
                                                                              : " needs the previous stage's activation"));
     Saved s;
     if (is_first()) {
-      fire(hooks_.pre_forward, embed_unit());
-      x = Model::embed(mesh_, cfg_, *wte_, *wpe_, ids, s.wte.emplace(), s.wpe.emplace());
-      fire(hooks_.post_forward, embed_unit());
+      x = this->forward_unit(embed_unit(), [&] {
+        return Model::embed(mesh_, cfg_, *wte_, *wpe_, ids, s.wte.emplace(), s.wpe.emplace());
+      });
     }
     s.blocks.reserve(blocks_.size());
     for (std::size_t l = 0; l < blocks_.size(); ++l) {
-      fire(hooks_.pre_forward, block_unit(l));
-      auto [y, block_s] = blocks_[l].forward(*x);
-      fire(hooks_.post_forward, block_unit(l));
+      auto [y, block_s] = this->forward_unit(block_unit(l), [&] { return blocks_[l].forward(*x); });
       x = std::move(y);
       s.blocks.push_back(std::move(block_s));
     }
     if (is_last()) {
-      fire(hooks_.pre_forward, head_unit());
-      auto [h, ln_s] = ln_f_->forward(*x);
-      auto [logits, head_s] = head_->forward(h);
-      fire(hooks_.post_forward, head_unit());
+      auto [ln_s, logits, head_s] = this->forward_unit(head_unit(), [&] {
+        auto [normed, ln_saved] = ln_f_->forward(*x);
+        auto [out, head_saved] = head_->forward(normed);
+        return std::tuple(std::move(ln_saved), std::move(out), std::move(head_saved));
+      });
       auto [loss, loss_s] = loss_.forward(logits, targets);
       layers_.add_losses(loss, blocks_);  // MoE: this stage's auxiliary losses
       s.ln_f = std::move(ln_s);
@@ -185,25 +181,26 @@ class GptStage {
     layers_.set_loss_scale(blocks_, dloss);  // MoE: the auxiliary losses weighted like the loss
     WeightCtx w;
     if (is_last()) {
-      fire(hooks_.pre_backward, head_unit());
-      auto dlogits = loss_.backward(std::move(*s.loss), dloss);
-      auto [dh, head_w] = head_->backward_input(std::move(*s.head), dlogits);
-      auto [dx, ln_w] = ln_f_->backward_input(std::move(*s.ln_f), dh);
-      w.head = std::move(head_w);
-      w.ln_f = std::move(ln_w);
-      dy = std::move(dx);
+      dy = this->backward_unit(head_unit(), [&] {
+        auto dlogits = loss_.backward(std::move(*s.loss), dloss);
+        auto [dh, head_w] = head_->backward_input(std::move(*s.head), dlogits);
+        auto [dx, ln_w] = ln_f_->backward_input(std::move(*s.ln_f), dh);
+        w.head = std::move(head_w);
+        w.ln_f = std::move(ln_w);
+        return std::move(dx);
+      });
     }
     w.blocks.resize(blocks_.size());
     for (std::size_t l = blocks_.size(); l-- > 0;) {
-      fire(hooks_.pre_backward, block_unit(l));
-      auto [dx, block_w] = blocks_[l].backward_input(std::move(s.blocks[l]), *dy);
+      auto [dx, block_w] = this->backward_unit(block_unit(l), [&] { return blocks_[l].backward_input(std::move(s.blocks[l]), *dy); });
       dy = std::move(dx);
       w.blocks[l] = std::move(block_w);
     }
     if (is_first()) {
-      fire(hooks_.pre_backward, embed_unit());
-      w.wte = wte_->backward_input(std::move(*s.wte), *dy).weight;
-      if constexpr (Model::learned_positions) w.wpe = wpe_->backward_input(std::move(*s.wpe), *dy).weight;
+      this->backward_unit(embed_unit(), [&] {
+        w.wte = wte_->backward_input(std::move(*s.wte), *dy).weight;
+        if constexpr (Model::learned_positions) w.wpe = wpe_->backward_input(std::move(*s.wpe), *dy).weight;
+      });
       dy.reset();
     }
     weight_ctx_.emplace(mb, std::move(w));
@@ -222,16 +219,16 @@ class GptStage {
     if (is_last()) {
       head_->backward_weight(std::move(*w.head));
       ln_f_->backward_weight(std::move(*w.ln_f));
-      fire(hooks_.grads_ready, head_unit());
+      this->grads_ready(head_unit());
     }
     for (std::size_t l = blocks_.size(); l-- > 0;) {
       blocks_[l].backward_weight(std::move(w.blocks[l]));
-      fire(hooks_.grads_ready, block_unit(l));
+      this->grads_ready(block_unit(l));
     }
     if (is_first()) {
       wte_->backward_weight(std::move(*w.wte));
       if constexpr (Model::learned_positions) wpe_->backward_weight(std::move(*w.wpe));
-      fire(hooks_.grads_ready, embed_unit());
+      this->grads_ready(embed_unit());
     }
   }
 
@@ -279,30 +276,25 @@ class GptStage {
     for (auto& block : blocks_) block.set_enabled(on);
   }
 
-  /// The parameter units in forward order: embed (first stage), h.l per block, head (last stage).
-  std::vector<Unit>& units() noexcept { return units_; }
-  /// Replaces the hooks run around each unit (see nn::UnitHooks; FSDP's, for one).
-  void set_hooks(nn::UnitHooks hooks) { hooks_ = std::move(hooks); }
-  const nn::UnitHooks& hooks() const noexcept { return hooks_; }
+  // units(), set_hooks, hooks() (nn::WithUnits): embed (first stage), h.l per block, head (last stage).
 
   Layers& layers() noexcept { return layers_; }
   const std::vector<Block>& blocks() const noexcept { return blocks_; }
-  auto children() { return std::tie(wte_, wpe_, blocks_, ln_f_, head_); }
+  /// The parameters in order, grouped into the units (an absent optional forms none).
+  auto children() {
+    using Embed = nn::UnitOf<typename Model::Wte, typename Model::Wpe>;
+    using Head = nn::UnitOf<typename Model::Norm, typename Model::Head>;
+    std::optional<Embed> embed;
+    if (is_first()) embed.emplace(nn::unit("embed", *wte_, *wpe_));
+    std::optional<Head> head;
+    if (is_last()) head.emplace(nn::unit("head", *ln_f_, *head_));
+    return nn::children(std::move(embed), blocks_, std::move(head));
+  }
 
  private:
   std::size_t embed_unit() const noexcept { return 0; }
   std::size_t block_unit(std::size_t l) const noexcept { return l + (is_first() ? 1 : 0); }
-  std::size_t head_unit() const noexcept { return units_.size() - 1; }
-  static void fire(const std::function<void(std::size_t)>& hook, std::size_t unit) {
-    if (hook) hook(unit);
-  }
-  template <class M>
-  void add_unit(std::string name, M&& part) {
-    Unit u;
-    u.group = nn::flatten<T, Mesh::ndim, Mesh>(std::move(name), part);
-    nn::collect_on<Mesh>(part, u.params);
-    units_.push_back(std::move(u));
-  }
+  std::size_t head_unit() const noexcept { return this->units().size() - 1; }
 
   Mesh mesh_;
   nn::GPTConfig cfg_;
@@ -320,8 +312,6 @@ class GptStage {
   std::map<int, WeightCtx> weight_ctx_;
   std::map<int, Loss> losses_;
   std::map<int, double> auxiliary_losses_;  // MoE, stages other than the last
-  std::vector<Unit> units_;
-  nn::UnitHooks hooks_;
 };
 
 }  // namespace dtensor::parallel::pipeline

@@ -1,4 +1,4 @@
-// dtensor/nn/experts.hpp — a group of expert MLPs (fc1 -> GELU -> fc2 each) on the expert mesh,
+// dtensor/parallel/experts.hpp — a group of expert MLPs (fc1 -> GELU -> fc2 each) on the expert mesh,
 // run as one GEMM per local expert over all the rows routed to it.
 //
 //   nn::GroupedExperts<float, EMesh> ex("h.0.moe.experts", emesh, {.experts = 8, .dim = 64, .hidden = 256}, seed);

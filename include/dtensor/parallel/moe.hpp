@@ -1,4 +1,4 @@
-// dtensor/nn/moe.hpp — the mixture-of-experts feed-forward: a router, top-k token-choice routing
+// dtensor/parallel/moe.hpp — the mixture-of-experts feed-forward: a router, top-k token-choice routing
 // and E expert MLPs, expert parallel over the expert mesh.
 //
 //   using Dense = DeviceMesh<"dp", "tp">;  using EMesh = DeviceMesh<"edp", "ep", "tp">;
@@ -47,7 +47,7 @@
 #include "dtensor/kernels/embedding.hpp"
 #include "dtensor/kernels/reduce.hpp"
 
-#include "dtensor/nn/experts.hpp"
+#include "dtensor/parallel/experts.hpp"
 #include "dtensor/nn/linear.hpp"
 #include "dtensor/nn/router.hpp"
 #include "dtensor/parallel/expert_parallel.hpp"

@@ -1,4 +1,4 @@
-// dtensor/nn/gpt.hpp — a GPT language model: token + position embedding, pre-norm blocks, final
+// dtensor/models/gpt.hpp — a GPT language model: token + position embedding, pre-norm blocks, final
 // norm, LM head, mean cross-entropy.
 //
 //   nn::GPTConfig cfg{.vocab = 96, .seq = 64, .dim = 128, .heads = 4, .layers = 2};
@@ -10,13 +10,13 @@
 //   double value = full_tensor(loss)[0];                // the global mean loss (an all-reduce on the data dims)
 //
 // The model's parameters live in flat groups, one per unit (FSDP's units; what DDP reduces as
-// soon as backward has finished them): "embed" (wte, wpe), one per block ("h.0", ...), "head"
-// (ln_f, lm_head). units() lists them. set_hooks(UnitHooks) registers what a parallel wrapper
-// runs around each unit, given the unit's index: pre_forward / post_forward around its forward
-// (FSDP: all-gather, reshard), pre_backward before its backward (FSDP: all-gather again), and
-// grads_ready as soon as its gradients are complete (head first, embed last; DDP and FSDP reduce
-// them). set_grads_ready(fn) sets that last one alone. The split backward (backward_input, then
-// backward_weight) runs pre_backward in backward_input and grads_ready in backward_weight.
+// soon as backward has finished them), derived by nn::WithUnits (nn/units.hpp) from children():
+// "embed" (wte, wpe), one per block ("h.0", ...), "head" (ln_f, lm_head). units(), set_hooks,
+// hooks() and set_grads_ready are nn::WithUnits'; the model only marks where each unit's work
+// runs: pre_forward / post_forward around its forward, pre_backward before its backward, and
+// grads_ready as soon as its gradients are complete (head first, embed last). The split backward
+// (backward_input, then backward_weight) runs pre_backward in backward_input and grads_ready in
+// backward_weight.
 //
 // The batch may split unevenly over the data dimensions (torch.chunk: some ranks may hold fewer
 // sequences, or none); sequences have at most cfg.seq positions, each position's embedding taken
@@ -43,6 +43,9 @@
 #include "dtensor/nn/checkpoint.hpp"
 #include "dtensor/nn/embedding.hpp"
 #include "dtensor/nn/positions.hpp"
+#include "dtensor/nn/units.hpp"
+#include "dtensor/parallel/context_layout.hpp"
+#include "dtensor/parallel/context_parallel.hpp"
 
 namespace dtensor::nn {
 
@@ -58,7 +61,7 @@ struct GPTConfig {
   // Attention on a mesh with a context dimension (docs/context-parallel.md). With load_balanced,
   // ids and targets must be given in parallel::load_balanced_order (parallel::load_balance).
   parallel::ContextAttentionOptions context{};
-  // Architecture variants (nn::GPT uses the defaults; nn::Llama, nn/llama.hpp, sets them).
+  // Architecture variants (nn::GPT uses the defaults; nn::Llama, models/llama.hpp, sets them).
   Extent kv_heads = 0;     // KV heads of grouped-query attention (0: heads)
   Extent ffn = 0;          // feed-forward width (0: mlp_ratio * dim)
   double rope_theta = 0;   // > 0: rotary positions in attention with this base (Llama 3: 500000)
@@ -66,22 +69,15 @@ struct GPTConfig {
   double norm_eps = 1e-5;  // the norms' epsilon
 };
 
-/// What runs around each unit of a model (each given the unit's index); empty ones are skipped.
-struct UnitHooks {
-  std::function<void(std::size_t)> pre_forward;   // before the unit's forward
-  std::function<void(std::size_t)> post_forward;  // after it
-  std::function<void(std::size_t)> pre_backward;  // before the unit's backward (input gradients)
-  std::function<void(std::size_t)> grads_ready;   // once the unit's weight gradients are complete
-};
-
 /// The blocks of nn::GPT (its Layers parameter): each a TransformerBlock with the plan's MLP.
 /// A Layers type names the block type, builds block `layer`, adds the units of parameters that
 /// are not on the model's mesh (add_units: none here) and its auxiliary losses to the loss
 /// (add_losses: none here), weighting their gradients like the loss's (set_loss_scale).
-/// nn/moe_gpt.hpp's MoELayers puts a mixture of experts in some blocks.
+/// models/moe_gpt.hpp's MoELayers puts a mixture of experts in some blocks.
 struct DenseLayers {
   template <class T, class Mesh, class Plan>
-  using block = TransformerBlock<T, Mesh, Plan>;
+  using block = TransformerBlock<T, Mesh, Plan, MLP<T, Mesh, typename Plan::fc1, typename Plan::fc2>,
+                                 LayerNorm<T, Mesh, typename Plan::between>, parallel::PlanAttention<T, Mesh, Plan>>;
   template <class Block, class Mesh>
   Block make_block(Extent /*layer*/, std::string name, const Mesh& mesh, const BlockConfig& c, std::uint64_t seed) const {
     return Block(std::move(name), mesh, c, seed);
@@ -115,16 +111,9 @@ constexpr bool layers_learned_positions() {
 }
 }  // namespace detail
 
-/// A unit of parameters: one flat group and its type-erased views.
-template <class T, std::size_t N, MemorySpace Space = host_space>
-struct ParamUnit {
-  std::shared_ptr<FlatParams<T, N, Space>> group;
-  ParamList<T, N, Space> params;
-};
-
 template <kernels::host::FloatElement T, MeshType Mesh, class Plan = ReplicatedPlan, class Id = std::int32_t,
           class Layers = DenseLayers>
-class GPT {
+class GPT : public WithUnits<T, Mesh> {
   static_assert(require_dense_roles<"nn::GPT", Mesh>());
 
  public:
@@ -139,7 +128,7 @@ class GPT {
   using LossFn = typename Plan::template loss<T, Mesh, typename Head::OutL>;
   using Ids = DTensor<Id, 2, Mesh, tokens<Mesh>>;
   using Loss = typename LossFn::Loss;
-  using Unit = ParamUnit<T, Mesh::ndim, mesh_space_t<Mesh>>;
+  using Unit = typename WithUnits<T, Mesh>::Unit;
   static_assert(std::is_same_v<typename Wte::Out, X> && std::is_same_v<typename Wpe::Out, X> &&
                     std::is_same_v<typename Head::In, X>,
                 "GPT: the plan's embedding and head styles must give and take the residual stream's layout");
@@ -168,17 +157,14 @@ class GPT {
     for (Extent l = 0; l < c.layers; ++l) blocks_.push_back(make_block(mesh, c, l, layers_));
     ln_f_ = make_ln_f(mesh, c);
     head_ = make_head(mesh, c);
-    // One flat group per unit: embed, the blocks, head.
-    add_unit("embed", modules(wte_, wpe_));
-    for (Extent l = 0; l < c.layers; ++l) add_unit("h." + std::to_string(l), blocks_[std::size_t(l)]);
-    add_unit("head", modules(ln_f_, head_));
+    this->make_units(*this);  // embed, the blocks, head: from children()
     layers_.add_units(blocks_);
   }
   GPT(GPT&&) = default;
   GPT& operator=(GPT&&) = default;
 
   // The modules, each built exactly as the constructor builds it (same name, seed and init): a
-  // pipeline stage (parallel/pipeline/gpt_stage.hpp) builds its share with these, so that it
+  // pipeline stage (models/gpt_stage.hpp) builds its share with these, so that it
   // starts from the parameters of the whole model.
   static void check_config(const char* op, const Mesh& mesh, const GPTConfig& c) {
     detail::check(c.vocab > 0 && c.seq > 0 && c.dim > 0 && c.heads > 0 && c.layers > 0 && c.dim % c.heads == 0, op,
@@ -201,7 +187,8 @@ class GPT {
   /// The global position of each of this rank's tokens in its sequence, laid out like the residual
   /// stream (nn/positions.hpp: under context parallelism with load balancing, the original index).
   static DTensor<Id, 2, Mesh, tokens<Mesh, between>> positions(const Mesh& mesh, const Ids& ids, const GPTConfig& c) {
-    return nn::positions<tokens<Mesh, between>, Id>(mesh, ids.shape(), c.context.load_balanced);
+    return nn::positions<tokens<Mesh, between>, Id>(
+        mesh, ids.shape(), parallel::original_positions(mesh, ids.extent(1), c.context.load_balanced));
   }
 
   /// The residual stream's input: the token embedding, plus the position embedding where the
@@ -224,21 +211,18 @@ class GPT {
   Fwd<Loss, Saved> forward(const Ids& ids, const Ids& targets) const {
     check_batch("nn::GPT::forward", ids, targets);
     Saved s;
-    fire(hooks_.pre_forward, 0);
-    auto x = embed(mesh_, c_, wte_, wpe_, ids, s.wte, s.wpe);
-    fire(hooks_.post_forward, 0);
+    auto x = this->forward_unit(0, [&] { return embed(mesh_, c_, wte_, wpe_, ids, s.wte, s.wpe); });
     s.blocks.reserve(blocks_.size());
     for (std::size_t l = 0; l < blocks_.size(); ++l) {
-      fire(hooks_.pre_forward, l + 1);
-      auto [y, bs] = blocks_[l].forward(x);
-      fire(hooks_.post_forward, l + 1);
+      auto [y, bs] = this->forward_unit(l + 1, [&] { return blocks_[l].forward(x); });
       x = std::move(y);
       s.blocks.push_back(std::move(bs));
     }
-    fire(hooks_.pre_forward, units_.size() - 1);
-    auto [h, ln_s] = ln_f_.forward(x);
-    auto [logits, head_s] = head_.forward(h);
-    fire(hooks_.post_forward, units_.size() - 1);
+    auto [ln_s, logits, head_s] = this->forward_unit(head_unit(), [&] {
+      auto [normed, ln_saved] = ln_f_.forward(x);
+      auto [out, head_saved] = head_.forward(normed);
+      return std::tuple(std::move(ln_saved), std::move(out), std::move(head_saved));
+    });
     auto [loss, loss_s] = loss_.forward(logits, targets);
     layers_.add_losses(loss, blocks_);
     s.ln_f = std::move(ln_s);
@@ -260,8 +244,7 @@ class GPT {
     w.head = std::move(pending.head);
     w.blocks.resize(blocks_.size());
     for (std::size_t l = blocks_.size(); l-- > 0;) {
-      fire(hooks_.pre_backward, l + 1);
-      auto [d, bw] = blocks_[l].backward_input(std::move(s.blocks[l]), dx);
+      auto [d, bw] = this->backward_unit(l + 1, [&] { return blocks_[l].backward_input(std::move(s.blocks[l]), dx); });
       dx = std::move(d);
       w.blocks[l] = std::move(bw);
     }
@@ -273,13 +256,13 @@ class GPT {
   void backward_weight(WeightCtx w) {
     head_.backward_weight(std::move(w.head));
     ln_f_.backward_weight(std::move(w.ln_f));
-    ready(units_.size() - 1);
+    this->grads_ready(head_unit());
     for (std::size_t l = blocks_.size(); l-- > 0;) {
       blocks_[l].backward_weight(std::move(w.blocks[l]));
-      ready(l + 1);
+      this->grads_ready(l + 1);
     }
     backward_embed_weight(std::move(w));
-    ready(0);
+    this->grads_ready(0);
   }
 
   /// The whole backward, unit by unit: each unit's weight gradients right after its input
@@ -290,34 +273,28 @@ class GPT {
     auto [dx, pending] = backward_head(s, dloss);
     head_.backward_weight(std::move(pending.head));
     ln_f_.backward_weight(std::move(pending.ln_f));
-    ready(units_.size() - 1);
+    this->grads_ready(head_unit());
     for (std::size_t l = blocks_.size(); l-- > 0;) {
-      fire(hooks_.pre_backward, l + 1);
-      auto [d, bw] = blocks_[l].backward_input(std::move(s.blocks[l]), dx);
+      auto [d, bw] = this->backward_unit(l + 1, [&] { return blocks_[l].backward_input(std::move(s.blocks[l]), dx); });
       dx = std::move(d);
       blocks_[l].backward_weight(std::move(bw));
-      ready(l + 1);
+      this->grads_ready(l + 1);
     }
     WeightCtx w;
     backward_embed_input(std::move(s), dx, w);
     backward_embed_weight(std::move(w));
-    ready(0);
+    this->grads_ready(0);
   }
 
-  /// Called with a unit's index as soon as backward has completed its gradients.
-  void set_grads_ready(std::function<void(std::size_t)> fn) { hooks_.grads_ready = std::move(fn); }
-  /// Replaces every unit hook (see UnitHooks).
-  void set_hooks(UnitHooks h) { hooks_ = std::move(h); }
-  const UnitHooks& hooks() const noexcept { return hooks_; }
-  /// The parameter units: embed, h.0 .. h.{L-1}, head (on the model's mesh; the Layers may
+  /// units() (nn::WithUnits): embed, h.0 .. h.{L-1}, head (on the model's mesh; the Layers may
   /// keep more, e.g. MoELayers::expert_units()).
-  std::vector<Unit>& units() noexcept { return units_; }
   Layers& layers() noexcept { return layers_; }
 
   /// Activation checkpointing of block l (all blocks: cfg.checkpoint).
   void set_checkpoint(std::size_t l, bool on) { blocks_.at(l).set_enabled(on); }
 
-  auto children() { return std::tie(wte_, wpe_, blocks_, ln_f_, head_); }
+  /// The parameters in order, grouped into the units: embed, one per block, head.
+  auto children() { return nn::children(unit("embed", wte_, wpe_), blocks_, unit("head", ln_f_, head_)); }
   template <class List>
   void collect(List& out) { nn::collect_on<Mesh>(*this, out); }  // the parameters on the model's mesh
 
@@ -331,33 +308,25 @@ class GPT {
     typename Head::WeightCtx head;
   };
 
+  std::size_t head_unit() const noexcept { return this->units().size() - 1; }
+
   std::pair<X, HeadCtx> backward_head(Saved& s, double dloss) const {
-    fire(hooks_.pre_backward, units_.size() - 1);
-    auto dlogits = loss_.backward(std::move(s.loss), dloss);
-    auto [dh, head_w] = head_.backward_input(std::move(s.head), dlogits);
-    auto [dx, ln_w] = ln_f_.backward_input(std::move(s.ln_f), dh);
-    return {std::move(dx), HeadCtx{std::move(ln_w), std::move(head_w)}};
+    return this->backward_unit(head_unit(), [&] {
+      auto dlogits = loss_.backward(std::move(s.loss), dloss);
+      auto [dh, head_w] = head_.backward_input(std::move(s.head), dlogits);
+      auto [dx, ln_w] = ln_f_.backward_input(std::move(s.ln_f), dh);
+      return std::pair<X, HeadCtx>{std::move(dx), HeadCtx{std::move(ln_w), std::move(head_w)}};
+    });
   }
   void backward_embed_input(Saved&& s, const X& dx, WeightCtx& w) const {
-    fire(hooks_.pre_backward, 0);
-    w.wte = wte_.backward_input(std::move(s.wte), dx).weight;
-    if constexpr (learned_positions) w.wpe = wpe_.backward_input(std::move(s.wpe), dx).weight;
+    this->backward_unit(0, [&] {
+      w.wte = wte_.backward_input(std::move(s.wte), dx).weight;
+      if constexpr (learned_positions) w.wpe = wpe_.backward_input(std::move(s.wpe), dx).weight;
+    });
   }
   void backward_embed_weight(WeightCtx&& w) {
     wte_.backward_weight(std::move(w.wte));
     if constexpr (learned_positions) wpe_.backward_weight(std::move(w.wpe));
-  }
-
-  template <class M>
-  void add_unit(std::string name, M&& m) {
-    Unit u;
-    u.group = flatten<T, Mesh::ndim, Mesh>(std::move(name), m);
-    nn::collect_on<Mesh>(m, u.params);
-    units_.push_back(std::move(u));
-  }
-  void ready(std::size_t unit) const { fire(hooks_.grads_ready, unit); }
-  static void fire(const std::function<void(std::size_t)>& hook, std::size_t unit) {
-    if (hook) hook(unit);
   }
 
   void check_batch(const char* op, const Ids& ids, const Ids& targets) const {
@@ -377,8 +346,6 @@ class GPT {
   Norm ln_f_;
   Head head_;
   LossFn loss_;
-  std::vector<Unit> units_;
-  UnitHooks hooks_;
 };
 
 }  // namespace dtensor::nn

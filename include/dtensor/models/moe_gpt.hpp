@@ -1,4 +1,4 @@
-// dtensor/nn/moe_gpt.hpp — a GPT whose blocks have mixture-of-experts feed-forwards (all of
+// dtensor/models/moe_gpt.hpp — a GPT whose blocks have mixture-of-experts feed-forwards (all of
 // them, or every other one), expert parallel over an expert mesh.
 //
 //   using Dense = DeviceMesh<"dp", "tp">;  using EMesh = DeviceMesh<"edp", "ep", "tp">;
@@ -41,8 +41,8 @@
 #include <variant>
 #include <vector>
 
-#include "dtensor/nn/gpt.hpp"
-#include "dtensor/nn/moe.hpp"
+#include "dtensor/models/gpt.hpp"
+#include "dtensor/parallel/moe.hpp"
 
 namespace dtensor::nn {
 
@@ -144,7 +144,8 @@ class MoELayers {
   using ExpertMesh = EMesh;
   using ExpertUnit = ParamUnit<T, EMesh::ndim, mesh_space_t<EMesh>>;
   template <class, class Mesh, class Plan>
-  using block = TransformerBlock<T, Mesh, Plan, DenseOrMoE<T, Mesh, EMesh, Plan>>;
+  using block = TransformerBlock<T, Mesh, Plan, DenseOrMoE<T, Mesh, EMesh, Plan>,
+                                 LayerNorm<T, Mesh, typename Plan::between>, parallel::PlanAttention<T, Mesh, Plan>>;
 
   MoELayers() = default;
   MoELayers(EMesh emesh, MoELayersConfig c) : emesh_(std::move(emesh)), c_(c) {
@@ -176,11 +177,8 @@ class MoELayers {
   void add_units(Blocks& blocks, Extent first_layer = 0) {
     for (std::size_t l = 0; l < blocks.size(); ++l) {
       if (!blocks[l].inner().mlp().is_moe()) continue;
-      ExpertUnit u;
-      u.group = flatten<T, EMesh::ndim, EMesh>("h." + std::to_string(first_layer + Extent(l)) + ".experts", blocks[l]);
-      collect_on<EMesh>(blocks[l], u.params);
-      params_.insert(params_.end(), u.params.begin(), u.params.end());
-      units_.push_back(std::move(u));
+      add_unit<T, EMesh>(units_, "h." + std::to_string(first_layer + Extent(l)) + ".experts", blocks[l]);
+      params_.insert(params_.end(), units_.back().params.begin(), units_.back().params.end());
     }
   }
 

@@ -1,4 +1,4 @@
-// dtensor/nn/llama.hpp — a Llama-style language model: nn::GPT with the LlamaLayers policy.
+// dtensor/models/llama.hpp — a Llama-style language model: nn::GPT with the LlamaLayers policy.
 //
 //   nn::GPTConfig cfg{.vocab = 96, .seq = 64, .dim = 128, .heads = 8, .layers = 2,
 //                     .kv_heads = 2, .ffn = 344, .rope_theta = 500000};
@@ -27,7 +27,7 @@
 #include <string>
 #include <utility>
 
-#include "dtensor/nn/gpt.hpp"
+#include "dtensor/models/gpt.hpp"
 #include "dtensor/nn/swiglu.hpp"
 
 namespace dtensor::nn {
@@ -40,7 +40,7 @@ struct LlamaLayers : DenseLayers {
   using norm = RMSNorm<T, Mesh, P>;
   template <class T, class Mesh, class Plan>
   using block = TransformerBlock<T, Mesh, Plan, SwiGLU<T, Mesh, typename Plan::fc1, typename Plan::fc2>,
-                                 norm<T, Mesh, typename Plan::between>>;
+                                 norm<T, Mesh, typename Plan::between>, parallel::PlanAttention<T, Mesh, Plan>>;
 
   template <class Block, class Mesh>
   Block make_block(Extent /*layer*/, std::string name, const Mesh& mesh, const BlockConfig& c, std::uint64_t seed) const {

@@ -1,4 +1,4 @@
-// dtensor/checkpoint/gpt_config.hpp — a GPT's configuration as the key/value pairs a checkpoint
+// dtensor/models/gpt_config.hpp — a GPT's configuration as the key/value pairs a checkpoint
 // stores and compares on resume.
 //
 //   checkpoint::config_of(cfg)   // {"dim": "16", "heads": "4", "layers": "2", ...}
@@ -11,7 +11,7 @@
 #include <map>
 #include <string>
 
-#include "dtensor/nn/gpt.hpp"
+#include "dtensor/models/gpt.hpp"
 
 namespace dtensor::checkpoint {
 
