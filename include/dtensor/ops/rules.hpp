@@ -412,8 +412,12 @@ constexpr Outcome<N> apply_rule(const Rule& rule, const std::array<LayoutDesc<N>
   return o;
 }
 
+/// The mesh rank of the first of an op's layouts (an op's layouts share one mesh).
+template <LayoutType L0, LayoutType...>
+inline constexpr std::size_t first_mesh_ndim = L0::mesh_ndim;
+
 template <auto Rule, LayoutType... L>
-inline constexpr auto outcome = apply_rule(Rule, std::array<LayoutDesc<(L::mesh_ndim, ...)>, sizeof...(L)>{L::desc...});
+inline constexpr auto outcome = apply_rule(Rule, std::array<LayoutDesc<first_mesh_ndim<L...>>, sizeof...(L)>{L::desc...});
 
 // ---------------------------------------------------------------- values back to types
 
@@ -473,7 +477,7 @@ using layout_t = typename detail::layout_of<Desc, std::make_index_sequence<Desc.
 /// that an op whose rule failed reports that one error and no follow-on ones).
 template <auto Rule, LayoutType... L>
 using result_t = std::conditional_t<outcome<Rule, L...>.ok, layout_t<outcome<Rule, L...>.out>,
-                                    replicated_layout<(L::mesh_ndim, ...)>>;
+                                    replicated_layout<first_mesh_ndim<L...>>>;
 
 // ---------------------------------------------------------------- the rule metafunctions of each op
 

@@ -310,7 +310,9 @@ ContextAttentionResult<Q> context_attention(const Q& q, const K& k, const V& v, 
   if (o.kind == ContextKind::ulysses) {
     detail::check_ulysses_heads("context_attention", q, n);
     // The heads are split over the context ranks: K/V repeated first, so each rank has its query heads' keys.
-    const auto heads_of = [&](const Tensor<T, 4, Space>& x) {
+    // Structured bindings are captured through init-captures: clang before 16 cannot name them
+    // in a lambda (C++20's P1091 came later there).
+    const auto heads_of = [&, &comm = comm, seq = seq, n = n](const Tensor<T, 4, Space>& x) {
       return detail::to_original(detail::sequence_to_heads(x, comm, seq), n, o.load_balanced);
     };
     saved.q = heads_of(q.to_local());
@@ -377,7 +379,7 @@ ops::AttentionGrads<Q> context_attention_backward(const DO& dout, const Q& q, co
       comm.fail("context_attention_backward", "the saved state is not a Ulysses forward's (options differ?)");
     auto dh = detail::to_original(detail::sequence_to_heads(dout.to_local(), comm, seq), n, o.load_balanced);
     auto g = kernels::attention_backward(saved.q, saved.k, saved.v, saved.out, saved.lse, dh, opts);
-    const auto back = [&](Tensor<T, 4, Space> x) {
+    const auto back = [&, &comm = comm, seq = seq, n = n](Tensor<T, 4, Space> x) {  // init-captures: see above
       return detail::heads_to_sequence(detail::to_stored(std::move(x), n, o.load_balanced), comm, seq);
     };
     auto dq = back(std::move(g.dq));
