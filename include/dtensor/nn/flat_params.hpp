@@ -26,8 +26,9 @@
 // release_values() / release_grads() drop the storage, materialize_values(capacity) /
 // materialize_grads(capacity) allocate it again with room for `capacity` >= size() elements
 // (the padded all-gather / reduce-scatter size, so the collectives run in place); on a resident
-// buffer with less room they grow it and keep its elements. The storage may move: parameters re-point their views on their next value() (nn/parameter.hpp), and a
-// ParamRef taken before a release dangles. value(i) / grad(i) throw while released.
+// buffer with less room they grow it and keep its elements. The storage may move: parameters
+// re-point their views on their next value() (nn/parameter.hpp), and a ParamRef taken before a
+// release dangles. value(i) / grad(i) throw while released.
 #pragma once
 
 #include <algorithm>
