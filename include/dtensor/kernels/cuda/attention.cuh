@@ -4,20 +4,26 @@
 // for ring attention).
 //
 // No T x T matrix exists at any point. Forward: one warp per query row streams the keys it may
-// see with an online softmax (running max and sum, FlashAttention's recurrence), each lane
-// holding D / 32 elements of q and of the output accumulator. Backward (FlashAttention-2's
-// split, without atomics, so deterministic): delta_i = dout_i . out_i; one warp per query row
-// accumulates dq_i = scale sum_j p_ij (dp_ij - delta_i) k_j; one warp per key row accumulates
-// dv_j = sum_i p_ij dout_i and dk_j = scale sum_i ds_ij q_i, recomputing p_ij = exp(s_ij - lse_i).
+// see in tiles of 32 through shared memory (shared by the block's 8 rows), each lane scoring one
+// key of the tile, with an online softmax over tiles (running max and sum, FlashAttention's
+// recurrence); each lane holds D / 32 elements of the output accumulator. Backward
+// (FlashAttention-2's split, without atomics, so deterministic): delta_i = dout_i . out_i; one
+// warp per query row accumulates dq_i = scale sum_j p_ij (dp_ij - delta_i) k_j over key tiles;
+// one warp per key row accumulates dv_j = sum_i p_ij dout_i and dk_j = scale sum_i ds_ij q_i over
+// query tiles, recomputing p_ij = exp(s_ij - lse_i).
 // Scores, accumulators and statistics are in double (the host's Stat); head dimensions up to 256.
 // bfloat16 inputs are widened on load and the outputs rounded once on store (the same contract as
 // the host kernel and cuBLAS's bf16 GEMM), and the lse stays double: a bf16 model's ring
 // attention merges blocks with the statistics of an fp32 run.
-// These kernels do not yet tile K/V through shared memory (every warp reads its keys from
-// global memory / L2); docs/gpu.md says so and bench/bench_attention_cuda.cu measures them.
+// The scores are CUDA-core double FMAs, not tensor-core MMAs: exact to the host's statistics, and
+// slower than a materialised cuBLAS version at large T (bench/bench_attention_cuda.cu measures it;
+// docs/gpu.md has the figures).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <type_traits>
 
 #include "dtensor/kernels/cuda/common.cuh"
 #include "dtensor/kernels/cuda/softmax.cuh"      // neg_inf
@@ -44,8 +50,6 @@ inline constexpr Extent attention_max_head_dim = 256;
 namespace detail {
 
 inline constexpr int warp = 32;
-inline constexpr int attention_warps = 4;  // rows per block
-inline constexpr int per_lane = int(attention_max_head_dim) / warp;
 
 struct AttentionShape {
   Extent bh = 0, tq = 0, tk = 0, d = 0, dv = 0;
@@ -72,50 +76,104 @@ __device__ inline Extent first_query(const AttentionShape& s, Extent j) {
   return i < 0 ? 0 : i;
 }
 
-/// Loads row[0, n) into per-lane registers (element lane + warp * c).
-template <class T>
-__device__ void load_row(double (&r)[per_lane], const T* row, Extent n, int lane) {
-  for (int c = 0; c < per_lane; ++c) {
-    const Extent e = lane + Extent(c) * warp;
-    r[c] = e < n ? double(row[e]) : 0.0;
-  }
-}
-template <class T>
-__device__ double dot_row(const double (&r)[per_lane], const T* row, Extent n, int lane) {
-  double s = 0;
-  for (int c = 0; c < per_lane; ++c) {
-    const Extent e = lane + Extent(c) * warp;
-    if (e < n) s += r[c] * double(row[e]);
-  }
-  return warp_sum(s);
-}
+/// Shared-memory tiles: `tile` keys (forward, dq) or query rows (dk/dv) at a time, one per lane,
+/// so a lane forms a whole score by itself and a warp needs two shuffle reductions per tile
+/// rather than one per key; the block's `tile_rows` warps (one row each) share every tile read
+/// from global memory. float and bf16 tiles are held in float (bf16 widens exactly), double in
+/// double; a warp's own q (or k) and dout (or v) rows sit in shared memory in double.
+inline constexpr int tile = warp;
+inline constexpr int tile_rows = 8;  // warps, hence rows, per block
 
 template <class T>
-__global__ void attention_forward_kernel(T* out, Stat* lse, const T* q, const T* k, const T* v, AttentionShape s) {
-  const int lane = threadIdx.x % warp;
-  const Extent i = Extent(blockIdx.x) * attention_warps + threadIdx.x / warp, bh = blockIdx.y;
-  if (i >= s.tq) return;  // a whole warp leaves together
-  const T* kb = k + bh * s.tk * s.d;
-  const T* vb = v + bh * s.tk * s.dv;
-  double qr[per_lane], acc[per_lane] = {};
-  load_row(qr, q + (bh * s.tq + i) * s.d, s.d, lane);
-  double m = neg_inf, l = 0;
-  const Extent n = visible_keys(s, i);
-  for (Extent j = 0; j < n; ++j) {
-    const double score = s.scale * dot_row(qr, kb + j * s.d, s.d, lane);
-    const double m_new = fmax(m, score), corr = ::exp(m - m_new), p = ::exp(score - m_new);
-    l = l * corr + p;
-    for (int c = 0; c < per_lane; ++c) {
+using TileElement = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+__device__ inline double warp_max(double v) {
+  for (int o = warp / 2; o > 0; o /= 2) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+/// Rows [r0, r0 + tile) of a [rows, width] matrix into `dst` with row stride width + 1 (an odd
+/// stride, so lanes reading one column of different rows hit different banks); rows past the end
+/// read as zeros.
+template <class S, class T>
+__device__ void load_tile(S* dst, const T* src, Extent r0, Extent rows, Extent width) {
+  const Extent stride = width + 1;
+  for (Extent e = threadIdx.x; e < tile * width; e += blockDim.x) {
+    const Extent r = e / width, c = e - r * width;
+    dst[r * stride + c] = r0 + r < rows ? S(src[(r0 + r) * width + c]) : S(0);
+  }
+}
+/// A warp's own row [0, n) into shared memory, in double.
+template <class T>
+__device__ void load_own_row(double* dst, const T* row, Extent n, int lane) {
+  for (Extent e = lane; e < n; e += warp) dst[e] = double(row[e]);
+}
+template <class S>
+__device__ double dot_shared(const double* x, const S* row, Extent n) {
+  double s = 0;
+  for (Extent e = 0; e < n; ++e) s += x[e] * double(row[e]);
+  return s;
+}
+/// acc[c] (element lane + warp * c) += sum over t < count of w_t * tile[t][element], where lane t holds w_t.
+template <int PL, class S>
+__device__ void accumulate_tile(double (&acc)[PL], double w, const S* tile_rows_, Extent width, int count, int lane) {
+  const Extent stride = width + 1;
+  for (int t = 0; t < count; ++t) {
+    const double wt = __shfl_sync(0xffffffffu, w, t);
+    const S* r = tile_rows_ + t * stride;
+    for (int c = 0; c < PL; ++c) {
       const Extent e = lane + Extent(c) * warp;
-      acc[c] = acc[c] * corr + (e < s.dv ? p * double(vb[j * s.dv + e]) : 0.0);
+      if (e < width) acc[c] += wt * double(r[e]);
     }
+  }
+}
+template <int PL, class T>
+__device__ void store_row(T* row, const double (&acc)[PL], double factor, Extent n, int lane) {
+  for (int c = 0; c < PL; ++c) {
+    const Extent e = lane + Extent(c) * warp;
+    if (e < n) row[e] = T(factor * acc[c]);
+  }
+}
+
+/// Shared memory of a kernel: `own` double rows of `own_width` per warp, then tiles of the given widths.
+template <class T>
+std::size_t tile_bytes(Extent own_width, Extent tile_width_a, Extent tile_width_b, bool stats) {
+  return std::size_t(tile_rows * own_width) * sizeof(double) +
+         std::size_t(tile * (tile_width_a + 1 + tile_width_b + 1)) * sizeof(TileElement<T>) +
+         (stats ? std::size_t(2 * tile) * sizeof(double) : 0);
+}
+
+template <class T, int PL>
+__global__ void attention_forward_kernel(T* out, Stat* lse, const T* q, const T* k, const T* v, AttentionShape s) {
+  using S = TileElement<T>;
+  extern __shared__ double attention_smem[];
+  const int lane = threadIdx.x % warp, w = threadIdx.x / warp;
+  const Extent i0 = Extent(blockIdx.x) * tile_rows, i = i0 + w, bh = blockIdx.y;
+  const bool active = i < s.tq;
+  double* qw = attention_smem + w * s.d;
+  S* kt = reinterpret_cast<S*>(attention_smem + tile_rows * s.d);
+  S* vt = kt + tile * (s.d + 1);
+  if (active) load_own_row(qw, q + (bh * s.tq + i) * s.d, s.d, lane);
+  const Extent n = active ? visible_keys(s, i) : 0;
+  const Extent n_block = visible_keys(s, (i0 + tile_rows < s.tq ? i0 + tile_rows : s.tq) - 1);  // grows with i
+  double acc[PL] = {}, m = neg_inf, l = 0;
+  for (Extent j0 = 0; j0 < n_block; j0 += tile) {
+    __syncthreads();  // the previous tile is consumed (and qw written)
+    load_tile(kt, k + bh * s.tk * s.d, j0, s.tk, s.d);
+    load_tile(vt, v + bh * s.tk * s.dv, j0, s.tk, s.dv);
+    __syncthreads();
+    if (j0 >= n) continue;  // uniform in the warp
+    const bool valid = j0 + lane < n;
+    const double score = valid ? s.scale * dot_shared(qw, kt + lane * (s.d + 1), s.d) : neg_inf;
+    const double m_new = fmax(m, warp_max(score)), corr = ::exp(m - m_new);
+    const double p = valid ? ::exp(score - m_new) : 0.0;
+    l = l * corr + warp_sum(p);
+    for (int c = 0; c < PL; ++c) acc[c] *= corr;
+    accumulate_tile(acc, p, vt, s.dv, int(n - j0 < tile ? n - j0 : tile), lane);
     m = m_new;
   }
-  T* o = out + (bh * s.tq + i) * s.dv;
-  for (int c = 0; c < per_lane; ++c) {
-    const Extent e = lane + Extent(c) * warp;
-    if (e < s.dv) o[e] = T(n > 0 ? acc[c] / l : 0.0);
-  }
+  if (!active) return;
+  store_row(out + (bh * s.tq + i) * s.dv, acc, n > 0 ? 1.0 / l : 0.0, s.dv, lane);
   if (lane == 0) lse[bh * s.tq + i] = n > 0 ? m + ::log(l) : neg_inf;
 }
 
@@ -123,70 +181,89 @@ __global__ void attention_forward_kernel(T* out, Stat* lse, const T* q, const T*
 template <class T>
 __global__ void attention_delta_kernel(Stat* delta, const T* out, const T* dout, Extent rows, Extent dv) {
   const int lane = threadIdx.x % warp;
-  const Extent r = Extent(blockIdx.x) * attention_warps + threadIdx.x / warp;
+  const Extent r = Extent(blockIdx.x) * tile_rows + threadIdx.x / warp;
   if (r >= rows) return;
-  double g[per_lane];
-  load_row(g, dout + r * dv, dv, lane);
-  const double d = dot_row(g, out + r * dv, dv, lane);
-  if (lane == 0) delta[r] = d;
+  double s = 0;
+  for (Extent e = lane; e < dv; e += warp) s += double(dout[r * dv + e]) * double(out[r * dv + e]);
+  s = warp_sum(s);
+  if (lane == 0) delta[r] = s;
 }
 
-template <class T>
+template <class T, int PL>
 __global__ void attention_dq_kernel(T* dq, const T* q, const T* k, const T* v, const Stat* lse, const Stat* delta,
                                     const T* dout, AttentionShape s) {
-  const int lane = threadIdx.x % warp;
-  const Extent i = Extent(blockIdx.x) * attention_warps + threadIdx.x / warp, bh = blockIdx.y;
-  if (i >= s.tq) return;
-  const Extent row = bh * s.tq + i;
-  const T* kb = k + bh * s.tk * s.d;
-  const T* vb = v + bh * s.tk * s.dv;
-  double qr[per_lane], gr[per_lane], acc[per_lane] = {};
-  load_row(qr, q + row * s.d, s.d, lane);
-  load_row(gr, dout + row * s.dv, s.dv, lane);
-  const double l = lse[row], dl = delta[row];
+  using S = TileElement<T>;
+  extern __shared__ double attention_smem[];
+  const int lane = threadIdx.x % warp, w = threadIdx.x / warp;
+  const Extent i0 = Extent(blockIdx.x) * tile_rows, i = i0 + w, bh = blockIdx.y, row = bh * s.tq + i;
+  const bool active = i < s.tq;
+  double* qw = attention_smem + w * (s.d + s.dv);
+  double* gw = qw + s.d;
+  S* kt = reinterpret_cast<S*>(attention_smem + tile_rows * (s.d + s.dv));
+  S* vt = kt + tile * (s.d + 1);
+  if (active) {
+    load_own_row(qw, q + row * s.d, s.d, lane);
+    load_own_row(gw, dout + row * s.dv, s.dv, lane);
+  }
+  const double l = active ? lse[row] : neg_inf, dl = active ? delta[row] : 0.0;
   const Extent n = l == neg_inf ? 0 : visible_keys(s, i);
-  for (Extent j = 0; j < n; ++j) {
-    const double p = ::exp(s.scale * dot_row(qr, kb + j * s.d, s.d, lane) - l);
-    const double ds = p * (dot_row(gr, vb + j * s.dv, s.dv, lane) - dl);
-    for (int c = 0; c < per_lane; ++c) {
-      const Extent e = lane + Extent(c) * warp;
-      if (e < s.d) acc[c] += ds * double(kb[j * s.d + e]);
-    }
+  const Extent n_block = visible_keys(s, (i0 + tile_rows < s.tq ? i0 + tile_rows : s.tq) - 1);
+  double acc[PL] = {};
+  for (Extent j0 = 0; j0 < n_block; j0 += tile) {
+    __syncthreads();
+    load_tile(kt, k + bh * s.tk * s.d, j0, s.tk, s.d);
+    load_tile(vt, v + bh * s.tk * s.dv, j0, s.tk, s.dv);
+    __syncthreads();
+    if (j0 >= n) continue;
+    const bool valid = j0 + lane < n;
+    const double p = valid ? ::exp(s.scale * dot_shared(qw, kt + lane * (s.d + 1), s.d) - l) : 0.0;
+    const double ds = valid ? p * (dot_shared(gw, vt + lane * (s.dv + 1), s.dv) - dl) : 0.0;
+    accumulate_tile(acc, ds, kt, s.d, int(n - j0 < tile ? n - j0 : tile), lane);
   }
-  for (int c = 0; c < per_lane; ++c) {
-    const Extent e = lane + Extent(c) * warp;
-    if (e < s.d) dq[row * s.d + e] = T(s.scale * acc[c]);
-  }
+  if (active) store_row(dq + row * s.d, acc, s.scale, s.d, lane);
 }
 
-template <class T>
+template <class T, int PL>
 __global__ void attention_dkdv_kernel(T* dk, T* dv, const T* q, const T* k, const T* v, const Stat* lse,
                                       const Stat* delta, const T* dout, AttentionShape s) {
-  const int lane = threadIdx.x % warp;
-  const Extent j = Extent(blockIdx.x) * attention_warps + threadIdx.x / warp, bh = blockIdx.y;
-  if (j >= s.tk) return;
-  const Extent key = bh * s.tk + j;
-  const T* qb = q + bh * s.tq * s.d;
-  const T* gb = dout + bh * s.tq * s.dv;
-  double kr[per_lane], vr[per_lane], dk_acc[per_lane] = {}, dv_acc[per_lane] = {};
-  load_row(kr, k + key * s.d, s.d, lane);
-  load_row(vr, v + key * s.dv, s.dv, lane);
-  for (Extent i = first_query(s, j); i < s.tq; ++i) {
-    const double l = lse[bh * s.tq + i];
-    if (l == neg_inf) continue;
-    const double p = ::exp(s.scale * dot_row(kr, qb + i * s.d, s.d, lane) - l);
-    const double ds = p * (dot_row(vr, gb + i * s.dv, s.dv, lane) - delta[bh * s.tq + i]);
-    for (int c = 0; c < per_lane; ++c) {
-      const Extent e = lane + Extent(c) * warp;
-      if (e < s.dv) dv_acc[c] += p * double(gb[i * s.dv + e]);
-      if (e < s.d) dk_acc[c] += ds * double(qb[i * s.d + e]);
+  using S = TileElement<T>;
+  extern __shared__ double attention_smem[];
+  const int lane = threadIdx.x % warp, w = threadIdx.x / warp;
+  const Extent j0 = Extent(blockIdx.x) * tile_rows, j = j0 + w, bh = blockIdx.y, key = bh * s.tk + j;
+  const bool active = j < s.tk;
+  double* kw = attention_smem + w * (s.d + s.dv);
+  double* vw = kw + s.d;
+  double* lt = attention_smem + tile_rows * (s.d + s.dv);  // the tile's lse and delta
+  double* dt = lt + tile;
+  S* qt = reinterpret_cast<S*>(dt + tile);
+  S* gt = qt + tile * (s.d + 1);
+  if (active) {
+    load_own_row(kw, k + key * s.d, s.d, lane);
+    load_own_row(vw, v + key * s.dv, s.dv, lane);
+  }
+  const Extent first = active ? first_query(s, j) : s.tq;
+  double dk_acc[PL] = {}, dv_acc[PL] = {};
+  for (Extent i0 = first_query(s, j0) / tile * tile; i0 < s.tq; i0 += tile) {  // first_query grows with j
+    __syncthreads();
+    load_tile(qt, q + bh * s.tq * s.d, i0, s.tq, s.d);
+    load_tile(gt, dout + bh * s.tq * s.dv, i0, s.tq, s.dv);
+    for (Extent t = threadIdx.x; t < tile; t += blockDim.x) {
+      lt[t] = i0 + t < s.tq ? lse[bh * s.tq + i0 + t] : neg_inf;
+      dt[t] = i0 + t < s.tq ? delta[bh * s.tq + i0 + t] : 0.0;
     }
+    __syncthreads();
+    if (i0 + tile <= first) continue;  // uniform in the warp
+    const Extent i = i0 + lane;
+    const bool valid = i >= first && i < s.tq && lt[lane] != neg_inf;
+    const double p = valid ? ::exp(s.scale * dot_shared(kw, qt + lane * (s.d + 1), s.d) - lt[lane]) : 0.0;
+    const double ds = valid ? p * (dot_shared(vw, gt + lane * (s.dv + 1), s.dv) - dt[lane]) : 0.0;
+    const int count = int(s.tq - i0 < tile ? s.tq - i0 : tile);
+    accumulate_tile(dv_acc, p, gt, s.dv, count, lane);
+    accumulate_tile(dk_acc, ds, qt, s.d, count, lane);
   }
-  for (int c = 0; c < per_lane; ++c) {
-    const Extent e = lane + Extent(c) * warp;
-    if (e < s.dv) dv[key * s.dv + e] = T(dv_acc[c]);
-    if (e < s.d) dk[key * s.d + e] = T(s.scale * dk_acc[c]);
-  }
+  if (!active) return;
+  store_row(dv + key * s.dv, dv_acc, 1.0, s.dv, lane);
+  store_row(dk + key * s.d, dk_acc, s.scale, s.d, lane);
 }
 
 template <class T>
@@ -215,7 +292,29 @@ AttentionShape attention_shape(const char* op, const CudaTensor<T, 4>& q, const 
 }
 
 inline dim3 attention_grid(Extent rows, Extent bh) {
-  return dim3(unsigned((rows + attention_warps - 1) / attention_warps), unsigned(bh));
+  return dim3(unsigned((rows + tile_rows - 1) / tile_rows), unsigned(bh));
+}
+inline constexpr unsigned attention_threads = tile_rows * warp;
+
+/// Calls f(std::integral_constant<int, PL>{}) with PL = the elements per lane that cover `width`
+/// (the accumulators live in registers, so their count is a template parameter).
+template <class F>
+void with_per_lane(Extent width, F&& f) {
+  if (width <= warp) f(std::integral_constant<int, 1>{});
+  else if (width <= 2 * warp) f(std::integral_constant<int, 2>{});
+  else if (width <= 4 * warp) f(std::integral_constant<int, 4>{});
+  else f(std::integral_constant<int, 8>{});
+}
+
+/// Above 48 KiB a kernel's dynamic shared memory must be asked for; a GPU that cannot grant it
+/// (double at head dimensions past ~200 before Hopper) is a clear error, not a failed launch.
+template <class Kernel>
+void reserve_shared(Kernel* kernel, std::size_t bytes, const char* op, const AttentionShape& s) {
+  if (bytes <= 48 * 1024) return;
+  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+  if (e != cudaSuccess) (void)cudaGetLastError();
+  check(e == cudaSuccess, op, "head dimensions ", s.d, " and ", s.dv, " need ", bytes,
+        " bytes of shared memory per block, which this GPU does not grant (", cudaGetErrorString(e), ")");
 }
 
 }  // namespace detail
@@ -227,8 +326,13 @@ AttentionForward<T> attention(const CudaTensor<T, 4>& q, const CudaTensor<T, 4>&
   AttentionForward<T> f{CudaTensor<T, 4>::uninitialized(Shape<4>{q.extent(0), q.extent(1), s.tq, s.dv}),
                         CudaTensor<Stat, 3>::uninitialized(Shape<3>{q.extent(0), q.extent(1), s.tq})};
   if (s.bh * s.tq == 0) return f;
-  detail::attention_forward_kernel<<<detail::attention_grid(s.tq, s.bh), detail::attention_warps * detail::warp, 0,
-                                     detail::stream()>>>(f.out.data(), f.lse.data(), q.data(), k.data(), v.data(), s);
+  detail::with_per_lane(std::max(s.d, s.dv), [&](auto per_lane) {
+    auto* kernel = detail::attention_forward_kernel<T, decltype(per_lane)::value>;
+    const std::size_t bytes = detail::tile_bytes<T>(s.d, s.d, s.dv, false);
+    detail::reserve_shared(kernel, bytes, "attention", s);
+    kernel<<<detail::attention_grid(s.tq, s.bh), detail::attention_threads, bytes, detail::stream()>>>(
+        f.out.data(), f.lse.data(), q.data(), k.data(), v.data(), s);
+  });
   detail::launched("attention_forward_kernel");
   return f;
 }
@@ -245,20 +349,27 @@ AttentionBackward<T> attention_backward(const CudaTensor<T, 4>& q, const CudaTen
     g.dq = CudaTensor<T, 4>(q.shape());
     return g;
   }
-  const unsigned threads = detail::attention_warps * detail::warp;
   auto delta = CudaTensor<Stat, 1>::uninitialized(Shape<1>{s.bh * s.tq});
-  detail::attention_delta_kernel<<<unsigned((s.bh * s.tq + detail::attention_warps - 1) / detail::attention_warps),
-                                   threads, 0, detail::stream()>>>(delta.data(), out.data(), dout.data(), s.bh * s.tq,
-                                                                   s.dv);
+  detail::attention_delta_kernel<<<unsigned((s.bh * s.tq + detail::tile_rows - 1) / detail::tile_rows),
+                                   detail::attention_threads, 0, detail::stream()>>>(delta.data(), out.data(),
+                                                                                     dout.data(), s.bh * s.tq, s.dv);
   detail::launched("attention_delta_kernel");
-  detail::attention_dq_kernel<<<detail::attention_grid(s.tq, s.bh), threads, 0, detail::stream()>>>(
-      g.dq.data(), q.data(), k.data(), v.data(), lse.data(), delta.data(), dout.data(), s);
-  detail::launched("attention_dq_kernel");
-  if (s.tk > 0) {
-    detail::attention_dkdv_kernel<<<detail::attention_grid(s.tk, s.bh), threads, 0, detail::stream()>>>(
+  detail::with_per_lane(std::max(s.d, s.dv), [&](auto per_lane) {
+    constexpr int PL = decltype(per_lane)::value;
+    auto* dq_kernel = detail::attention_dq_kernel<T, PL>;
+    const std::size_t dq_bytes = detail::tile_bytes<T>(s.d + s.dv, s.d, s.dv, false);
+    detail::reserve_shared(dq_kernel, dq_bytes, "attention_backward", s);
+    dq_kernel<<<detail::attention_grid(s.tq, s.bh), detail::attention_threads, dq_bytes, detail::stream()>>>(
+        g.dq.data(), q.data(), k.data(), v.data(), lse.data(), delta.data(), dout.data(), s);
+    detail::launched("attention_dq_kernel");
+    if (s.tk == 0) return;
+    auto* dkdv_kernel = detail::attention_dkdv_kernel<T, PL>;
+    const std::size_t dkdv_bytes = detail::tile_bytes<T>(s.d + s.dv, s.d, s.dv, true);
+    detail::reserve_shared(dkdv_kernel, dkdv_bytes, "attention_backward", s);
+    dkdv_kernel<<<detail::attention_grid(s.tk, s.bh), detail::attention_threads, dkdv_bytes, detail::stream()>>>(
         g.dk.data(), g.dv.data(), q.data(), k.data(), v.data(), lse.data(), delta.data(), dout.data(), s);
     detail::launched("attention_dkdv_kernel");
-  }
+  });
   return g;
 }
 
