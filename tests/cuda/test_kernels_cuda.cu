@@ -155,8 +155,8 @@ TEST_CASE("cuda kernels reject mismatched shapes with the op's name", "[cuda][ke
 
 // Tolerances of the kernels added with the dispatch by memory space: reductions, broadcasting
 // and the cross-entropy pieces sum in double in the host's order (float/double: as above);
-// attention computes scores in double where the host's GEMMs run in T, so float differs by
-// float rounding of the scores: rtol 1e-4.
+// attention forms scores and sums in another order than the host's GEMMs (lane-wise over key
+// tiles), so float differs by float rounding of the scores: rtol 1e-4.
 TEMPLATE_TEST_CASE("cuda reductions, broadcasting and data movement match the host", "[cuda][kernels]", float, double,
                    bfloat16) {
   using T = TestType;
@@ -236,10 +236,10 @@ TEMPLATE_TEST_CASE("cuda embedding and cross-entropy match the host", "[cuda][ke
               hk::vocab_parallel_ce_backward(part, targets, 8, hm, hs), tol<T>());
 }
 
-// bf16 attention: both kernels widen the same bf16 inputs; the host forms the scores in float and
-// the cuda kernel in double, each rounds its outputs to bf16 once: one bf16 rounding apart, the
-// bf16 tolerance (rtol 1e-2). Their lse (never rounded to bf16) differ by the float rounding of
-// the scores, as for float: 1e-5.
+// bf16 attention: both kernels widen the same bf16 inputs and form the scores in float (in
+// different orders), each rounds its outputs to bf16 once: one bf16 rounding apart, the bf16
+// tolerance (rtol 1e-2). Their lse (never rounded to bf16) differ by the float rounding of the
+// scores, as for float: 1e-5.
 TEMPLATE_TEST_CASE("cuda fused attention matches the host: causal, offsets, backward, block merge", "[cuda][kernels]",
                    float, double, bfloat16) {
   using T = TestType;

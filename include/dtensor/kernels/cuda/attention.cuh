@@ -11,12 +11,13 @@
 // warp per query row accumulates dq_i = scale sum_j p_ij (dp_ij - delta_i) k_j over key tiles;
 // one warp per key row accumulates dv_j = sum_i p_ij dout_i and dk_j = scale sum_i ds_ij q_i over
 // query tiles, recomputing p_ij = exp(s_ij - lse_i).
-// Scores, accumulators and statistics are in double (the host's Stat); head dimensions up to 256.
+// Statistics (running max and sum, lse, delta) are in double (the host's Stat); scores and
+// accumulators in float for float and bf16, double for double; head dimensions up to 256.
 // bfloat16 inputs are widened on load and the outputs rounded once on store (the same contract as
 // the host kernel and cuBLAS's bf16 GEMM), and the lse stays double: a bf16 model's ring
 // attention merges blocks with the statistics of an fp32 run.
-// The scores are CUDA-core double FMAs, not tensor-core MMAs: exact to the host's statistics, and
-// slower than a materialised cuBLAS version at large T (bench/bench_attention_cuda.cu measures it;
+// The scores are CUDA-core FMAs, not tensor-core MMAs: slower than a materialised cuBLAS
+// version at large T (bench/bench_attention_cuda.cu measures it;
 // docs/gpu.md has the figures).
 #pragma once
 
@@ -79,13 +80,18 @@ __device__ inline Extent first_query(const AttentionShape& s, Extent j) {
 /// Shared-memory tiles: `tile` keys (forward, dq) or query rows (dk/dv) at a time, one per lane,
 /// so a lane forms a whole score by itself and a warp needs two shuffle reductions per tile
 /// rather than one per key; the block's `tile_rows` warps (one row each) share every tile read
-/// from global memory. float and bf16 tiles are held in float (bf16 widens exactly), double in
-/// double; a warp's own q (or k) and dout (or v) rows sit in shared memory in double.
+/// from global memory. The per-element math (scores, p, ds, the accumulators) runs in the compute
+/// type C: float for float and bf16 (bf16 widens exactly; the host forms these in float GEMMs too),
+/// double for double; the softmax statistics (running max and sum, lse) stay double. Tiles and a
+/// warp's own q (or k) and dout (or v) rows sit in shared memory in C.
 inline constexpr int tile = warp;
 inline constexpr int tile_rows = 8;  // warps, hence rows, per block
 
 template <class T>
-using TileElement = std::conditional_t<std::is_same_v<T, double>, double, float>;
+using Compute = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+__device__ inline float exp_c(float x) { return ::expf(x); }
+__device__ inline double exp_c(double x) { return ::exp(x); }
 
 __device__ inline double warp_max(double v) {
   for (int o = warp / 2; o > 0; o /= 2) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -103,60 +109,62 @@ __device__ void load_tile(S* dst, const T* src, Extent r0, Extent rows, Extent w
     dst[r * stride + c] = r0 + r < rows ? S(src[(r0 + r) * width + c]) : S(0);
   }
 }
-/// A warp's own row [0, n) into shared memory, in double.
-template <class T>
-__device__ void load_own_row(double* dst, const T* row, Extent n, int lane) {
-  for (Extent e = lane; e < n; e += warp) dst[e] = double(row[e]);
+/// A warp's own row [0, n) into shared memory.
+template <class C, class T>
+__device__ void load_own_row(C* dst, const T* row, Extent n, int lane) {
+  for (Extent e = lane; e < n; e += warp) dst[e] = C(row[e]);
 }
-template <class S>
-__device__ double dot_shared(const double* x, const S* row, Extent n) {
-  double s = 0;
-  for (Extent e = 0; e < n; ++e) s += x[e] * double(row[e]);
+template <class C>
+__device__ C dot_shared(const C* x, const C* row, Extent n) {
+  C s = 0;
+  for (Extent e = 0; e < n; ++e) s += x[e] * row[e];
   return s;
 }
 /// acc[c] (element lane + warp * c) += sum over t < count of w_t * tile[t][element], where lane t holds w_t.
-template <int PL, class S>
-__device__ void accumulate_tile(double (&acc)[PL], double w, const S* tile_rows_, Extent width, int count, int lane) {
+template <int PL, class C>
+__device__ void accumulate_tile(C (&acc)[PL], C w, const C* tile_rows_, Extent width, int count, int lane) {
   const Extent stride = width + 1;
   for (int t = 0; t < count; ++t) {
-    const double wt = __shfl_sync(0xffffffffu, w, t);
-    const S* r = tile_rows_ + t * stride;
+    const C wt = __shfl_sync(0xffffffffu, w, t);
+    const C* r = tile_rows_ + t * stride;
     for (int c = 0; c < PL; ++c) {
       const Extent e = lane + Extent(c) * warp;
-      if (e < width) acc[c] += wt * double(r[e]);
+      if (e < width) acc[c] += wt * r[e];
     }
   }
 }
-template <int PL, class T>
-__device__ void store_row(T* row, const double (&acc)[PL], double factor, Extent n, int lane) {
+template <int PL, class T, class C>
+__device__ void store_row(T* row, const C (&acc)[PL], double factor, Extent n, int lane) {
   for (int c = 0; c < PL; ++c) {
     const Extent e = lane + Extent(c) * warp;
     if (e < n) row[e] = T(factor * acc[c]);
   }
 }
 
-/// Shared memory of a kernel: `own` double rows of `own_width` per warp, then tiles of the given widths.
+/// Shared memory of a kernel: the tile's statistics (lse and delta, if any), own rows of
+/// `own_width` per warp, then two tiles of the given widths.
 template <class T>
 std::size_t tile_bytes(Extent own_width, Extent tile_width_a, Extent tile_width_b, bool stats) {
-  return std::size_t(tile_rows * own_width) * sizeof(double) +
-         std::size_t(tile * (tile_width_a + 1 + tile_width_b + 1)) * sizeof(TileElement<T>) +
-         (stats ? std::size_t(2 * tile) * sizeof(double) : 0);
+  return (stats ? std::size_t(2 * tile) * sizeof(double) : 0) +
+         std::size_t(tile_rows * own_width + tile * (tile_width_a + 1 + tile_width_b + 1)) * sizeof(Compute<T>);
 }
 
 template <class T, int PL>
 __global__ void attention_forward_kernel(T* out, Stat* lse, const T* q, const T* k, const T* v, AttentionShape s) {
-  using S = TileElement<T>;
+  using C = Compute<T>;
   extern __shared__ double attention_smem[];
   const int lane = threadIdx.x % warp, w = threadIdx.x / warp;
   const Extent i0 = Extent(blockIdx.x) * tile_rows, i = i0 + w, bh = blockIdx.y;
   const bool active = i < s.tq;
-  double* qw = attention_smem + w * s.d;
-  S* kt = reinterpret_cast<S*>(attention_smem + tile_rows * s.d);
-  S* vt = kt + tile * (s.d + 1);
+  C* qw = reinterpret_cast<C*>(attention_smem) + w * s.d;
+  C* kt = reinterpret_cast<C*>(attention_smem) + tile_rows * s.d;
+  C* vt = kt + tile * (s.d + 1);
   if (active) load_own_row(qw, q + (bh * s.tq + i) * s.d, s.d, lane);
   const Extent n = active ? visible_keys(s, i) : 0;
   const Extent n_block = visible_keys(s, (i0 + tile_rows < s.tq ? i0 + tile_rows : s.tq) - 1);  // grows with i
-  double acc[PL] = {}, m = neg_inf, l = 0;
+  const C scale = C(s.scale);
+  C acc[PL] = {};
+  double m = neg_inf, l = 0;
   for (Extent j0 = 0; j0 < n_block; j0 += tile) {
     __syncthreads();  // the previous tile is consumed (and qw written)
     load_tile(kt, k + bh * s.tk * s.d, j0, s.tk, s.d);
@@ -164,11 +172,11 @@ __global__ void attention_forward_kernel(T* out, Stat* lse, const T* q, const T*
     __syncthreads();
     if (j0 >= n) continue;  // uniform in the warp
     const bool valid = j0 + lane < n;
-    const double score = valid ? s.scale * dot_shared(qw, kt + lane * (s.d + 1), s.d) : neg_inf;
-    const double m_new = fmax(m, warp_max(score)), corr = ::exp(m - m_new);
-    const double p = valid ? ::exp(score - m_new) : 0.0;
-    l = l * corr + warp_sum(p);
-    for (int c = 0; c < PL; ++c) acc[c] *= corr;
+    const C score = valid ? scale * dot_shared(qw, kt + lane * (s.d + 1), s.d) : C(neg_inf);
+    const double m_new = fmax(m, warp_max(double(score))), corr = ::exp(m - m_new);
+    const C p = valid ? exp_c(C(score - m_new)) : C(0);
+    l = l * corr + warp_sum(double(p));
+    for (int c = 0; c < PL; ++c) acc[c] *= C(corr);
     accumulate_tile(acc, p, vt, s.dv, int(n - j0 < tile ? n - j0 : tile), lane);
     m = m_new;
   }
@@ -192,23 +200,24 @@ __global__ void attention_delta_kernel(Stat* delta, const T* out, const T* dout,
 template <class T, int PL>
 __global__ void attention_dq_kernel(T* dq, const T* q, const T* k, const T* v, const Stat* lse, const Stat* delta,
                                     const T* dout, AttentionShape s) {
-  using S = TileElement<T>;
+  using C = Compute<T>;
   extern __shared__ double attention_smem[];
   const int lane = threadIdx.x % warp, w = threadIdx.x / warp;
   const Extent i0 = Extent(blockIdx.x) * tile_rows, i = i0 + w, bh = blockIdx.y, row = bh * s.tq + i;
   const bool active = i < s.tq;
-  double* qw = attention_smem + w * (s.d + s.dv);
-  double* gw = qw + s.d;
-  S* kt = reinterpret_cast<S*>(attention_smem + tile_rows * (s.d + s.dv));
-  S* vt = kt + tile * (s.d + 1);
+  C* qw = reinterpret_cast<C*>(attention_smem) + w * (s.d + s.dv);
+  C* gw = qw + s.d;
+  C* kt = reinterpret_cast<C*>(attention_smem) + tile_rows * (s.d + s.dv);
+  C* vt = kt + tile * (s.d + 1);
   if (active) {
     load_own_row(qw, q + row * s.d, s.d, lane);
     load_own_row(gw, dout + row * s.dv, s.dv, lane);
   }
-  const double l = active ? lse[row] : neg_inf, dl = active ? delta[row] : 0.0;
+  const double l = active ? lse[row] : neg_inf;
+  const C lc = C(l), dl = C(active ? delta[row] : 0.0), scale = C(s.scale);
   const Extent n = l == neg_inf ? 0 : visible_keys(s, i);
   const Extent n_block = visible_keys(s, (i0 + tile_rows < s.tq ? i0 + tile_rows : s.tq) - 1);
-  double acc[PL] = {};
+  C acc[PL] = {};
   for (Extent j0 = 0; j0 < n_block; j0 += tile) {
     __syncthreads();
     load_tile(kt, k + bh * s.tk * s.d, j0, s.tk, s.d);
@@ -216,8 +225,8 @@ __global__ void attention_dq_kernel(T* dq, const T* q, const T* k, const T* v, c
     __syncthreads();
     if (j0 >= n) continue;
     const bool valid = j0 + lane < n;
-    const double p = valid ? ::exp(s.scale * dot_shared(qw, kt + lane * (s.d + 1), s.d) - l) : 0.0;
-    const double ds = valid ? p * (dot_shared(gw, vt + lane * (s.dv + 1), s.dv) - dl) : 0.0;
+    const C p = valid ? exp_c(scale * dot_shared(qw, kt + lane * (s.d + 1), s.d) - lc) : C(0);
+    const C ds = valid ? p * (dot_shared(gw, vt + lane * (s.dv + 1), s.dv) - dl) : C(0);
     accumulate_tile(acc, ds, kt, s.d, int(n - j0 < tile ? n - j0 : tile), lane);
   }
   if (active) store_row(dq + row * s.d, acc, s.scale, s.d, lane);
@@ -226,23 +235,24 @@ __global__ void attention_dq_kernel(T* dq, const T* q, const T* k, const T* v, c
 template <class T, int PL>
 __global__ void attention_dkdv_kernel(T* dk, T* dv, const T* q, const T* k, const T* v, const Stat* lse,
                                       const Stat* delta, const T* dout, AttentionShape s) {
-  using S = TileElement<T>;
+  using C = Compute<T>;
   extern __shared__ double attention_smem[];
   const int lane = threadIdx.x % warp, w = threadIdx.x / warp;
   const Extent j0 = Extent(blockIdx.x) * tile_rows, j = j0 + w, bh = blockIdx.y, key = bh * s.tk + j;
   const bool active = j < s.tk;
-  double* kw = attention_smem + w * (s.d + s.dv);
-  double* vw = kw + s.d;
-  double* lt = attention_smem + tile_rows * (s.d + s.dv);  // the tile's lse and delta
+  double* lt = attention_smem;  // the tile's lse and delta
   double* dt = lt + tile;
-  S* qt = reinterpret_cast<S*>(dt + tile);
-  S* gt = qt + tile * (s.d + 1);
+  C* kw = reinterpret_cast<C*>(dt + tile) + w * (s.d + s.dv);
+  C* vw = kw + s.d;
+  C* qt = reinterpret_cast<C*>(dt + tile) + tile_rows * (s.d + s.dv);
+  C* gt = qt + tile * (s.d + 1);
   if (active) {
     load_own_row(kw, k + key * s.d, s.d, lane);
     load_own_row(vw, v + key * s.dv, s.dv, lane);
   }
   const Extent first = active ? first_query(s, j) : s.tq;
-  double dk_acc[PL] = {}, dv_acc[PL] = {};
+  const C scale = C(s.scale);
+  C dk_acc[PL] = {}, dv_acc[PL] = {};
   for (Extent i0 = first_query(s, j0) / tile * tile; i0 < s.tq; i0 += tile) {  // first_query grows with j
     __syncthreads();
     load_tile(qt, q + bh * s.tq * s.d, i0, s.tq, s.d);
@@ -255,8 +265,8 @@ __global__ void attention_dkdv_kernel(T* dk, T* dv, const T* q, const T* k, cons
     if (i0 + tile <= first) continue;  // uniform in the warp
     const Extent i = i0 + lane;
     const bool valid = i >= first && i < s.tq && lt[lane] != neg_inf;
-    const double p = valid ? ::exp(s.scale * dot_shared(kw, qt + lane * (s.d + 1), s.d) - lt[lane]) : 0.0;
-    const double ds = valid ? p * (dot_shared(vw, gt + lane * (s.dv + 1), s.dv) - dt[lane]) : 0.0;
+    const C p = valid ? exp_c(scale * dot_shared(kw, qt + lane * (s.d + 1), s.d) - C(lt[lane])) : C(0);
+    const C ds = valid ? p * (dot_shared(vw, gt + lane * (s.dv + 1), s.dv) - C(dt[lane])) : C(0);
     const int count = int(s.tq - i0 < tile ? s.tq - i0 : tile);
     accumulate_tile(dv_acc, p, gt, s.dv, count, lane);
     accumulate_tile(dk_acc, ds, qt, s.d, count, lane);
