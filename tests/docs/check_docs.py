@@ -164,6 +164,11 @@ def make_wrappers(dirpath, bindir, source):
                'exec {s}/scripts/run-main.sh "$@"\n'.format(w=dirpath, s=source))
 
 
+def clip(text, keep=4000):
+    """The start (where an error is named) and the end (where it stopped) of a long output."""
+    return text if len(text) <= 2 * keep else text[:keep] + "\n[...]\n" + text[-keep:]
+
+
 def write_exec(path, text):
     with open(path, "w") as f:
         f.write(text)
@@ -202,7 +207,7 @@ def main():
                 compiled += 1
                 print(f"{name}:{line_no}: compile the complete snippet: {'ok' if r.returncode == 0 else 'FAILED'}")
                 if r.returncode != 0:
-                    failures.append(f"{name}:{line_no}: the snippet marked complete does not compile:\n{r.stderr[-3000:]}")
+                    failures.append(f"{name}:{line_no}: the snippet marked complete does not compile:\n{clip(r.stderr)}")
                 continue
             if lang not in SHELL_TAGS or "no-run" in markers:
                 continue
@@ -224,7 +229,7 @@ def main():
                 ran += 1
                 print(f"{where}: {line.strip()}\n  {'ok' if status == 0 else 'FAILED (' + str(status) + ')'}")
                 if status != 0:
-                    failures.append(f"{where}: `{line.strip()}` exited with {status}:\n{output[-3000:]}")
+                    failures.append(f"{where}: `{line.strip()}` exited with {status}:\n{clip(output)}")
     print(f"\ndocs test: {ran} commands run, {skipped} skipped (not built here), {compiled} snippets compiled, "
           f"{len(failures)} failed")
     for f in failures:
