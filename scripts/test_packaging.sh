@@ -243,6 +243,7 @@ if [[ $HAVE_MPI == 1 ]]; then
   # It must be the same target as the one the config defines from the core port: compare both
   # trees (and the cmake --install prefix) as a consumer sees them.
   features="core;mpi" comps="mpi"
+  if [[ $HAVE_BLAS == 1 ]]; then features+=";blas" comps+=";blas"; fi
   if [[ $HAVE_GPU == 1 ]]; then features+=";cuda;nccl" comps+=";cuda;nccl"; fi
   run_port "$features" "$V-features"
   ok "vcpkg port ($features): configured, installed, fixed up and checked"
