@@ -1,16 +1,19 @@
 """Conan 2 recipe for dtensor, a header-only C++20 distributed-tensor library.
 
-    conan create . -s compiler.cppstd=20                         # core + threads backend
-    conan create . -s compiler.cppstd=20 -o "&:with_mpi=True"    # + the MPI backend
+    conan create .                                # core + threads backend (any profile)
+    conan create . -o "&:with_mpi=True"           # + the MPI backend
 
 Consumers: `find_package(dtensor REQUIRED)` (CMakeDeps) and link `dtensor::dtensor`; the backends
-are the components dtensor::mpi, dtensor::cuda and dtensor::nccl, which exist when their option
-is on. find_package's COMPONENTS / OPTIONAL_COMPONENTS behave as with the package's own CMake
+are the components dtensor::mpi, dtensor::blas, dtensor::cuda and dtensor::nccl, which exist when
+their option is on. find_package's COMPONENTS / OPTIONAL_COMPONENTS behave as with the package's own CMake
 config: dtensor_<c>_FOUND for each one asked for; a REQUIRED one whose option is off fails.
-C++20 is required: the profile must say compiler.cppstd=20 (or gnu20, or later).
+C++20 is required, and the package brings it: its CMake targets carry cxx_std_20, so a consumer
+configured from Conan's default profile (compiler.cppstd=gnu17) compiles dtensor's headers as
+C++20 all the same; without CMake, compile with -std=c++20. The profile's cppstd does not change
+the package (headers only), so it is not checked; the compiler must have C++20 (below).
 
 The backends' dependencies come from the system, not from Conan: Boost.MPI and MPI
-(with_mpi), the CUDA toolkit (with_cuda) and NCCL (with_nccl) are found by CMake when the
+(with_mpi), a BLAS with cblas.h (with_blas), the CUDA toolkit (with_cuda) and NCCL (with_nccl) are found by CMake when the
 consumer configures (packaging/conan/dtensor-conan-components.cmake, a build module that
 CMakeDeps includes), so the package itself works offline and needs no remote. The package is
 the same for every option and setting (headers only).
@@ -20,7 +23,6 @@ import re
 
 from conan import ConanFile
 from conan.errors import ConanInvalidConfiguration
-from conan.tools.build import check_min_cppstd
 from conan.tools.files import copy, load
 from conan.tools.scm import Version
 
@@ -35,8 +37,9 @@ class DtensorConan(ConanFile):
     topics = ("tensor", "distributed", "mpi", "nccl", "cuda", "header-only")
     package_type = "header-library"
     settings = "os", "arch", "compiler", "build_type"
-    options = {"with_mpi": [True, False], "with_cuda": [True, False], "with_nccl": [True, False]}
-    default_options = {"with_mpi": False, "with_cuda": False, "with_nccl": False}
+    options = {"with_mpi": [True, False], "with_blas": [True, False], "with_cuda": [True, False],
+               "with_nccl": [True, False]}
+    default_options = {"with_mpi": False, "with_blas": False, "with_cuda": False, "with_nccl": False}
     # Headers only: package() copies include/; the version comes from CMakeLists.txt at export.
     exports_sources = "include/*", "LICENSE*", "packaging/conan/*"
     no_copy_source = True
@@ -62,8 +65,6 @@ class DtensorConan(ConanFile):
                                             "(the NCCL backend is bootstrapped through MPI)")
         if self.options.with_nccl and self.settings.get_safe("os") != "Linux":
             raise ConanInvalidConfiguration("dtensor: with_nccl=True is supported on Linux only")
-        if self.settings.get_safe("compiler.cppstd"):
-            check_min_cppstd(self, 20)
         compiler = str(self.settings.get_safe("compiler"))
         version = self.settings.get_safe("compiler.version")
         minimum = self._min_compiler.get(compiler)
@@ -115,6 +116,8 @@ class DtensorConan(ConanFile):
 
         if self.options.with_mpi:
             component("mpi", ["DTENSOR_HAS_MPI=1"], ["core"])
+        if self.options.with_blas:
+            component("blas", ["DTENSOR_HAS_CBLAS=1"], ["core"])
         if self.options.with_cuda:
             component("cuda", ["DTENSOR_HAS_CUDA=1"], ["core"])
         if self.options.with_nccl:

@@ -91,7 +91,8 @@ Options parse(int argc, char** argv) {
       o.llama = arch == "llama";
     } else if (a == "--dtype") {
       const auto dtype = value();
-      if (dtype != "fp32" && dtype != "bf16") throw UsageError("--dtype " + dtype + ": fp32 or bf16");
+      // f32 as train_gpt spells it; fp32 too (what this tool printed and accepted first).
+      if (dtype != "f32" && dtype != "fp32" && dtype != "bf16") throw UsageError("--dtype " + dtype + ": f32 (or fp32) or bf16");
       o.bf16 = dtype == "bf16";
     } else if (a == "--no-sp") o.sp = false;
     else if (a == "--trace") o.trace = value();
@@ -174,15 +175,22 @@ int run(const Options& o) {
 
 }  // namespace
 
+const char* usage =
+    "usage: plan_at_scale [--arch gpt|llama --layers N --dim N --heads N --kv-heads N "
+    "--ffn N --vocab N --seq N --batch N --mlp-ratio N --dtype f32|bf16 --checkpoint --dp N --tp N "
+    "--pp N --cp N --cp-kind ring|allgather|ulysses --no-cp-balance --zero 1|2|3 --hsdp R --microbatches N --schedule gpipe|1f1b|interleaved|zb|zbv "
+    "--stages-per-rank N --experts E --topk K --ep N --moe-every N --capacity F --no-sp --trace FILE --efficiency X --peak-tflops X]\n";
+
 int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)  // --help anywhere, before any flag is checked or any work
+    if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
+      std::fputs(usage, stdout);
+      return 0;
+    }
   try {
     return run(parse(argc, argv));
   } catch (const UsageError& e) {
-    std::fprintf(stderr, "plan_at_scale: %s\nusage: plan_at_scale [--arch gpt|llama --layers N --dim N --heads N --kv-heads N "
-                         "--ffn N --vocab N --seq N --batch N --mlp-ratio N --dtype fp32|bf16 --checkpoint --dp N --tp N "
-                         "--pp N --cp N --cp-kind ring|allgather|ulysses --no-cp-balance --zero 1|2|3 --hsdp R --microbatches N --schedule gpipe|1f1b|interleaved|zb|zbv "
-                         "--stages-per-rank N --experts E --topk K --ep N --moe-every N --capacity F --no-sp --trace FILE --efficiency X --peak-tflops X]\n",
-                 e.what());
+    std::fprintf(stderr, "plan_at_scale: %s\n%s", e.what(), usage);
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "plan_at_scale: %s\n", e.what());

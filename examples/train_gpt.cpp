@@ -57,6 +57,7 @@
 #include <span>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <unistd.h>  // access
@@ -231,6 +232,12 @@ void check_options(Options& o) {
 
 Options parse(int argc, char** argv) {
   Options o;
+  // --help anywhere wins, before any flag is checked: `train_gpt --pp 0 --help` prints the usage.
+  for (int i = 1; i < argc; ++i)
+    if (std::string_view(argv[i]) == "--help" || std::string_view(argv[i]) == "-h") {
+      std::cout << usage;
+      std::exit(0);
+    }
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -289,9 +296,6 @@ Options parse(int argc, char** argv) {
     } else if (a == "--dtype") {
       o.dtype = value();
       if (o.dtype != "f32" && o.dtype != "bf16") throw UsageError("--dtype is f32 or bf16, got '" + o.dtype + "'");
-    } else if (a == "--help" || a == "-h") {
-      std::cout << usage;
-      std::exit(0);
     } else
       throw UsageError("unknown flag '" + a + "'");
   }
@@ -537,17 +541,6 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
                                    str(o.steps) + " (the total)");
     if (root) std::printf("resumed from %s at step %lld\n", o.resume.c_str(), (long long)meta.step);
   }
-  auto save_checkpoint = [&](int step) {
-    std::ostringstream rng_state;
-    rng_state << rng;
-    const checkpoint::TrainingMeta meta{.step = step, .data_position = std::uint64_t(step), .rng_state = rng_state.str(),
-                                        .config = model_config};
-    if constexpr (moe) checkpoint::save_pipeline_state(o.save_dir, model, opt, expert_opt, meta);
-    else checkpoint::save_pipeline_state(o.save_dir, model, opt, meta);
-    if (root) std::printf("step %4d  checkpoint saved to %s\n", step, o.save_dir.c_str());
-  };
-  // ---- end checkpoints
-
   CommSummary per_step;  // the collectives of step 2 (step 1 warms up)
   double train_loss = 0, val_loss = 0, elapsed = 0;
   const double tokens_per_step = double(o.batch * o.seq);
@@ -555,6 +548,19 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
   trace::TrainingMonitor monitor(world, {.trace_path = o.trace, .plot_path = o.plot,
                                          .first_traced_step = std::min(first_step + 1, o.steps),  // after a resume too
                                          .total_steps = o.steps, .tokens_per_step = tokens_per_step});
+  auto save_checkpoint = [&](int step) {
+    std::ostringstream rng_state;
+    rng_state << rng;
+    const checkpoint::TrainingMeta meta{.step = step, .data_position = std::uint64_t(step), .rng_state = rng_state.str(),
+                                        .config = model_config};
+    if constexpr (moe) checkpoint::save_pipeline_state(o.save_dir, model, opt, expert_opt, meta);
+    else checkpoint::save_pipeline_state(o.save_dir, model, opt, meta);
+    char saved[32];
+    std::snprintf(saved, sizeof saved, "step %4d", step);
+    monitor.message(std::string(saved) + "  checkpoint saved to " + o.save_dir);  // rank 0, above the bar
+  };
+  // ---- end checkpoints
+
   if (!o.trace.empty())  // a span per unit; after FSDP has set its hooks
     for (auto& stage : model.executor().stages()) trace::trace_units(stage);
   for (int step = first_step; step <= o.steps; ++step) {
@@ -588,18 +594,19 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
     monitor.train_loss(step, train_loss);
     if (step % o.eval_every == 0 || step == o.steps) {
       val_loss = validate();
-      monitor.validation_loss(step, val_loss);
-      if (root) std::printf("step %4d  pipeline idle %.3f (counted slots, rank 0)", step, stats.idle_fraction());
+      // One line, through the monitor: on a terminal it goes above the bar, not onto it.
+      char idle[64];
+      std::snprintf(idle, sizeof idle, "  pipeline idle %.3f (counted slots, rank 0)", stats.idle_fraction());
+      std::string more = idle;
       if constexpr (moe) {
         const auto [load, dropped] = expert_load(model, mesh, o.experts);  // the validation batch's routing
-        if (root) {
-          std::printf("  expert load");
-          for (auto n : load) std::printf(" %lld", (long long)n);
-          std::printf("  dropped %.3f", dropped);
-        }
+        more += "  expert load";
+        for (auto n : load) more += " " + str(n);
+        char drop[32];
+        std::snprintf(drop, sizeof drop, "  dropped %.3f", dropped);
+        more += drop;
       }
-      if (root) std::printf("\n");
-      std::fflush(stdout);
+      monitor.validation_loss(step, val_loss, more);
     }
     if (o.save_every > 0 && step % o.save_every == 0) save_checkpoint(step);
   }

@@ -8,11 +8,28 @@
 # examples/train_gpt.cpp on the files under /usr/share/common-licenses.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup-deps.sh
 build=${DTENSOR_MAIN_BUILD:-build-main}
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDTENSOR_WITH_BLAS=ON -DDTENSOR_BUILD_TESTS=OFF \
-      -DDTENSOR_BUILD_BENCHMARKS=OFF >/dev/null
-cmake --build "$build" -j"$(nproc)" --target train_gpt
+# --help (or -h) anywhere: the usage, before installing or building anything. From the built
+# trainer when there is one, else from its source (the same text: examples/train_gpt.cpp's usage).
+for a in "$@"; do
+  if [[ $a == --help || $a == -h ]]; then
+    sed -n '2,5p' "$0" | sed 's/^# \{0,1\}//'
+    echo
+    if [[ -x $build/examples/train_gpt ]]; then exec "$build/examples/train_gpt" --help; fi
+    sed -n '/^const char\* usage =/,/;$/p' examples/train_gpt.cpp | sed -e '1d' -e 's/^ *"//' -e 's/\\n";\{0,1\}$//'
+    exit 0
+  fi
+done
+# DTENSOR_MAIN_TRAINER=PROGRAM: run that trainer (one built elsewhere; the docs test's) with the
+# arguments below, no set-up and no build.
+trainer=${DTENSOR_MAIN_TRAINER:-}
+if [[ -z $trainer ]]; then
+  scripts/setup-deps.sh
+  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDTENSOR_WITH_BLAS=ON -DDTENSOR_BUILD_TESTS=OFF \
+        -DDTENSOR_BUILD_BENCHMARKS=OFF >/dev/null
+  cmake --build "$build" -j"$(nproc)" --target train_gpt
+  trainer=$build/examples/train_gpt
+fi
 # Without flags: all the parallelisms at once on 16 threads: pipeline (2 stages, 1F1B over 4
 # micro-batches) x FSDP (2 shards, ZeRO-3) x context (2, ring attention) x tensor (2) with
 # sequence parallelism, and MoE blocks (4 experts, top-2, dropless) split over 2 expert ranks (of
@@ -26,4 +43,4 @@ if [[ $# -eq 0 ]]; then
          --trace "$build/train_gpt_trace.json" --plot "$build/train_gpt_loss.svg" \
          --save-every 100 --save-dir "$build/train_gpt_ckpt"  # where they went: printed at the end
 fi
-exec "$build/examples/train_gpt" "$@"
+exec "$trainer" "$@"

@@ -1,6 +1,7 @@
 """Conan test_package of dtensor: a CMake project that finds the package (CMakeDeps) and runs
-the consumer programs of tests/packaging as CTest tests: a 4-rank DTensor redistribution on the
-threads backend, and with -o "&:with_mpi=True" the same on MPI under mpiexec -n 4."""
+its consumer programs (copies of tests/packaging's) as CTest tests: a 4-rank DTensor
+redistribution on the threads backend; with -o "&:with_mpi=True" the same on MPI under
+mpiexec -n 4; with -o "&:with_blas=True" a GEMM through dtensor::blas."""
 from conan import ConanFile
 from conan.tools.build import can_run
 from conan.tools.cmake import CMake, CMakeToolchain, cmake_layout
@@ -21,7 +22,9 @@ class DtensorTestPackage(ConanFile):
         tc = CMakeToolchain(self)
         # Tell the project which components the package must have, so that one lost by
         # package_info() is an error rather than a skipped test.
-        tc.cache_variables["DTENSOR_EXPECT_MPI"] = bool(self.dependencies["dtensor"].options.with_mpi)
+        options = self.dependencies["dtensor"].options
+        tc.cache_variables["DTENSOR_EXPECT_MPI"] = bool(options.with_mpi)
+        tc.cache_variables["DTENSOR_EXPECT_BLAS"] = bool(options.with_blas)
         tc.generate()
 
     def build(self):

@@ -324,6 +324,48 @@ TEST_CASE("CSV round-trips and rejects unknown actions", "[pipeline]") {
   CHECK_THROWS_WITH(read_csv("0F0\n", StageLayout::looped(1), 0), Contains("at least one micro-batch"));
 }
 
+TEST_CASE("CSV: PyTorch's compute-only and OVERLAP_F_B cells", "[pipeline]") {
+  for (ScheduleKind kind : all_kinds) {
+    CAPTURE(name_of(kind));
+    const Schedule s = make_schedule(kind, 4, 8);
+    // The computations alone, as PyTorch's compute CSVs list them; every F directly followed by
+    // a B (or I) written as one overlapped cell, as its DualPipeV CSVs do.
+    std::string text;
+    std::size_t overlapped = 0;
+    for (const auto& list : s.actions) {
+      std::vector<Action> compute;
+      for (const Action& a : list)
+        if (is_compute(a.kind)) compute.push_back(a);
+      for (std::size_t i = 0; i < compute.size(); ++i) {
+        text += i ? "," : "";
+        if (i + 1 < compute.size() && compute[i].kind == ActionKind::forward && makes_input_gradient(compute[i + 1].kind)) {
+          text += "(" + to_string(compute[i]) + ";" + to_string(compute[i + 1]) + ")OVERLAP_F_B";
+          ++overlapped, ++i;
+        } else {
+          text += to_string(compute[i]);
+        }
+      }
+      text += "\n";
+    }
+    CHECK(overlapped > 0);
+    const Schedule as_written = read_csv(text, s.layout, s.microbatches);
+    CHECK(is_compute_only(as_written));  // not runnable as it is: says so
+    CHECK_FALSE(is_compute_only(s));
+    // The communication added on request: the generator's schedule (its sends and receives come
+    // from the same add_send_recv), valid.
+    const Schedule runnable = read_csv(text, s.layout, s.microbatches, {.add_send_recv = true});
+    CHECK(runnable == s);
+    CHECK_NOTHROW(validate(runnable));
+  }
+  const auto two = StageLayout::looped(2);
+  CHECK_FALSE(is_compute_only(read_csv("0F0,0B0\n", StageLayout::looped(1), 1)));  // one rank needs none
+  CHECK_THROWS_WITH(read_csv("(0F0;0B0)OVERLAP_B_F\n1F0\n", two, 1),
+                    Contains("row 1 (rank 0), column 1") && Contains("the action kind OVERLAP_B_F is not supported"));
+  CHECK_THROWS_WITH(read_csv("(0F0;0X0)OVERLAP_F_B\n1F0\n", two, 1), Contains("'(0F0;0X0)OVERLAP_F_B' is not an action"));
+  CHECK_THROWS_WITH(read_csv("0F0,0SEND_F0,0RECV_B0,0B0\n1RECV_F0,1F0,1B0,1SEND_B0\n", two, 1, {.add_send_recv = true}),
+                    Contains("has its own communication (0SEND_F0 on rank 0)"));
+}
+
 TEST_CASE("tables by step and by simulated time", "[pipeline]") {
   const Schedule s = gpipe(2, 2);
   const std::string steps = format_table(s);

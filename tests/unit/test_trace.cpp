@@ -7,11 +7,13 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdlib>  // setenv: DTENSOR_PROGRESS and a launcher's variables
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -315,8 +317,8 @@ TEST_CASE("progress bar: a bar redrawn in place on a terminal, plain lines elsew
     CHECK(text.find('\r') == std::string::npos);
     CHECK(std::count(text.begin(), text.end(), '\n') == 4);  // steps 1, 10, 20, 25
     // 0.5 s per step: 4000 tokens/s; at step 10, 15 steps left: 7.5 s.
-    CHECK_THAT(text, Catch::Contains("step 10/25  loss 2.0000  4k tok/s  ETA 0:08"));
-    CHECK_THAT(text, Catch::Contains("step 25/25  loss 0.5000  4k tok/s  ETA 0:00"));
+    CHECK_THAT(text, Catch::Contains("step 10/25  loss 2.0000  4.00k tok/s  ETA 0:08"));
+    CHECK_THAT(text, Catch::Contains("step 25/25  loss 0.5000  4.00k tok/s  ETA 0:00"));
   }
   SECTION("a terminal: carriage returns, a bar, messages above it") {
     std::ostringstream out;
@@ -335,6 +337,82 @@ TEST_CASE("progress bar: a bar redrawn in place on a terminal, plain lines elsew
   CHECK_THROWS_AS(trace::ProgressBar(out, {.total_steps = 0}), Error);
   trace::ProgressBar bar(out, {.total_steps = 3}, false);
   CHECK_THROWS_AS(bar.update(4, 1.0), Error);
+}
+
+TEST_CASE("progress bar: rates readable at any size, three significant digits", "[trace][progress]") {
+  using trace::detail::short_rate;
+  CHECK(short_rate(0) == "0.00");
+  CHECK(short_rate(9.5) == "9.50");
+  CHECK(short_rate(950) == "950");
+  CHECK(short_rate(999.4) == "999");
+  CHECK(short_rate(999.6) == "1.00k");      // rounds up into the next prefix, not "1000"
+  CHECK(short_rate(41234) == "41.2k");
+  CHECK(short_rate(3.1e6) == "3.10M");
+  CHECK(short_rate(1.17e9) == "1.17G");     // was "1.17e+03M"
+  CHECK(short_rate(999.96e6) == "1.00G");
+  CHECK(short_rate(2.5e15) == "2.50P");
+  CHECK(short_rate(3e21) == "3000E");       // past the last prefix: the digits, never an exponent
+}
+
+namespace {
+/// Sets (or, with nullptr, unsets) an environment variable for one scope, then restores it.
+struct ScopedEnv {
+  std::string name;
+  std::optional<std::string> old;
+  ScopedEnv(std::string n, const char* value) : name(std::move(n)) {
+    if (const char* o = std::getenv(name.c_str())) old = o;
+    if (value) ::setenv(name.c_str(), value, 1);
+    else ::unsetenv(name.c_str());
+  }
+  ~ScopedEnv() {
+    if (old) ::setenv(name.c_str(), old->c_str(), 1);
+    else ::unsetenv(name.c_str());
+  }
+};
+}  // namespace
+
+TEST_CASE("progress bar: no bar under an MPI launcher's forwarding; DTENSOR_PROGRESS decides", "[trace][progress]") {
+  ScopedEnv no_force("DTENSOR_PROGRESS", nullptr);
+  SECTION("an MPI launcher's rank: plain lines even where isatty says yes") {
+    for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"}) {
+      ScopedEnv launcher(v, "0");
+      CHECK_FALSE(trace::stdout_is_terminal());
+    }
+  }
+  SECTION("DTENSOR_PROGRESS=bar and =lines win over the launcher and isatty") {
+    ScopedEnv launcher("OMPI_COMM_WORLD_RANK", "0");
+    {
+      ScopedEnv force("DTENSOR_PROGRESS", "bar");
+      CHECK(trace::stdout_is_terminal());
+    }
+    ScopedEnv force("DTENSOR_PROGRESS", "lines");
+    CHECK_FALSE(trace::stdout_is_terminal());
+  }
+  SECTION("a bad DTENSOR_PROGRESS is an error naming it") {
+    ScopedEnv force("DTENSOR_PROGRESS", "yes");
+    CHECK_THROWS_WITH(trace::stdout_is_terminal(), Catch::Contains("DTENSOR_PROGRESS") && Catch::Contains("'yes'"));
+  }
+}
+
+TEST_CASE("training monitor: every line while the bar is up goes above it", "[trace][progress]") {
+  ScopedEnv force("DTENSOR_PROGRESS", "bar");
+  std::ostringstream out;
+  threads::run(1, [&](CommPtr world) {
+    trace::MonitorOptions options;
+    options.total_steps = 4;
+    trace::TrainingMonitor monitor(world, options, out);
+    monitor.train_loss(1, 3.0);
+    monitor.train_loss(2, 2.5);
+    monitor.validation_loss(2, 2.7, "  pipeline idle 0.250");
+    monitor.message("step    2  checkpoint saved to ckpt");
+    monitor.train_loss(3, 2.0);
+    monitor.finish();
+  });
+  const auto text = out.str();
+  // Each line starts after a carriage return and clears the bar's rest; the bar comes back below.
+  CHECK_THAT(text, Catch::Contains("\rstep    2  validation loss 2.7000  pipeline idle 0.250\x1b[K\n["));
+  CHECK_THAT(text, Catch::Contains("\rstep    2  checkpoint saved to ckpt\x1b[K\n["));
+  CHECK(text.back() == '\n');
 }
 
 TEST_CASE("loss plot: a well-formed SVG with both curves and a legend", "[trace][plot]") {

@@ -70,6 +70,17 @@ constexpr std::array<int, N> row_major_coordinate(const std::array<int, N>& shap
   }
   return c;
 }
+/// Instantiated only when a mesh is asked for a dimension it does not have (`mesh.size<"pp">()`
+/// on a ("dp", "tp") mesh): the compiler prints the name asked for and then the mesh's names, as
+/// PyTorch's error lists the valid ones; a type rather than a message string, because clang cuts
+/// a static_assert message built at compile time and g++ < 14 cannot print one.
+template <fixed_string Name, fixed_string... ValidNames>
+struct mesh_has_no_dimension_named {
+  static_assert(Name.view().empty(),
+                "this DeviceMesh has no dimension of that name: mesh_has_no_dimension_named<name, valid names...> "
+                "above names it, then the mesh's dimensions");
+  static constexpr bool value = false;
+};
 /// Consecutive increasing indices (a run of adjacent mesh dimensions).
 template <std::size_t K>
 constexpr bool is_run(const std::array<std::size_t, K>& idx) {
@@ -104,7 +115,7 @@ class BasicDeviceMesh {
         if (names[k] == Name.view()) return k;
       return ndim;
     }();
-    static_assert(i < ndim, "this DeviceMesh has no dimension of that name");
+    if constexpr (i == ndim) static_assert(detail::mesh_has_no_dimension_named<Name, Names...>::value);
     return i;
   }
 

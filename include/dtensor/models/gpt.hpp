@@ -244,7 +244,8 @@ class GPT : public WithUnits<T, Mesh> {
     w.head = std::move(pending.head);
     w.blocks.resize(blocks_.size());
     for (std::size_t l = blocks_.size(); l-- > 0;) {
-      auto [d, bw] = this->backward_unit(l + 1, [&] { return blocks_[l].backward_input(std::move(s.blocks[l]), dx); });
+      // dx by an init-capture: clang before 16 cannot capture a structured binding.
+      auto [d, bw] = this->backward_unit(l + 1, [&, &dx = dx] { return blocks_[l].backward_input(std::move(s.blocks[l]), dx); });
       dx = std::move(d);
       w.blocks[l] = std::move(bw);
     }
@@ -275,7 +276,8 @@ class GPT : public WithUnits<T, Mesh> {
     ln_f_.backward_weight(std::move(pending.ln_f));
     this->grads_ready(head_unit());
     for (std::size_t l = blocks_.size(); l-- > 0;) {
-      auto [d, bw] = this->backward_unit(l + 1, [&] { return blocks_[l].backward_input(std::move(s.blocks[l]), dx); });
+      // dx by an init-capture: clang before 16 cannot capture a structured binding.
+      auto [d, bw] = this->backward_unit(l + 1, [&, &dx = dx] { return blocks_[l].backward_input(std::move(s.blocks[l]), dx); });
       dx = std::move(d);
       blocks_[l].backward_weight(std::move(bw));
       this->grads_ready(l + 1);

@@ -5,10 +5,15 @@
 //   bar.message("step 50: validation loss 2.31");   // a line that does not break the bar
 //   bar.finish();
 //
-// On a terminal (trace::stdout_is_terminal(), or `terminal` given) update() redraws one line in
-// place:  [########............] 120/300  loss 2.3456  41.2k tok/s  ETA 0:43
+// On a terminal of this process (trace::stdout_is_terminal(), or `terminal` given) update()
+// redraws one line in place:  [########............] 120/300  loss 2.3456  41.2k tok/s  ETA 0:43
 // Elsewhere (a file, a pipe, CI logs) it prints a plain line every `plain_every` steps and at
 // the last step:  step 120/300  loss 2.3456  41.2k tok/s  ETA 0:43
+// Under an MPI launcher (mpirun, srun --mpi) standard output is often a pseudo-terminal the
+// launcher forwards into whatever its own output is, a log file as often as a screen: isatty()
+// says yes there, and carriage returns and escape codes would end up in the log. So under a
+// launcher's environment (OMPI_COMM_WORLD_RANK, PMI_RANK, PMIX_RANK, ...) the bar is off;
+// DTENSOR_PROGRESS=bar or =lines decides explicitly, everywhere.
 // Tokens per second and the ETA count from the first update (so the set-up before the first
 // step does not count) and extrapolate the average step time so far.
 #pragma once
@@ -17,6 +22,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <iterator>
 #include <ostream>
 #include <optional>
 #include <string>
@@ -30,8 +37,27 @@
 
 namespace dtensor::trace {
 
-/// Whether standard output is a terminal (false where the platform cannot tell).
+namespace detail {
+/// Whether this process was started by an MPI launcher that forwards its output (the variables
+/// Open MPI, MPICH/Hydra, PMIx and MVAPICH set in every rank they start).
+inline bool under_mpi_launcher() {
+  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK", "MPI_LOCALRANKID"})
+    if (std::getenv(v) != nullptr) return true;
+  return false;
+}
+}  // namespace detail
+
+/// Whether standard output is a terminal of this process, where a bar redrawn in place belongs:
+/// DTENSOR_PROGRESS=bar says yes and =lines no; otherwise isatty(stdout), except under an MPI
+/// launcher's forwarding (false where the platform cannot tell).
 inline bool stdout_is_terminal() {
+  if (const char* force = std::getenv("DTENSOR_PROGRESS")) {
+    const std::string f = force;
+    if (f == "bar") return true;
+    if (f == "lines") return false;
+    throw Error("trace::stdout_is_terminal", "DTENSOR_PROGRESS is bar or lines, got '" + f + "'");
+  }
+  if (detail::under_mpi_launcher()) return false;
 #ifdef DTENSOR_TRACE_HAS_ISATTY
   return ::isatty(STDOUT_FILENO) == 1;
 #else
@@ -47,12 +73,25 @@ struct ProgressOptions {
 };
 
 namespace detail {
-/// "41.2k", "3.10M", "950": a rate with three significant digits.
+/// "41.2k", "3.10M", "950", "1.17G": a rate with three significant digits and an SI prefix, at
+/// any rate (no "1.17e+03M"): the prefix is chosen after rounding, so 999.96k reads "1.00M".
 inline std::string short_rate(double per_second) {
-  char buf[32];
-  if (per_second >= 1e6) std::snprintf(buf, sizeof buf, "%.3gM", per_second / 1e6);
-  else if (per_second >= 1e3) std::snprintf(buf, sizeof buf, "%.3gk", per_second / 1e3);
-  else std::snprintf(buf, sizeof buf, "%.3g", per_second);
+  static constexpr const char* prefixes[] = {"", "k", "M", "G", "T", "P", "E"};
+  char buf[48];
+  if (!std::isfinite(per_second) || per_second < 0) {
+    std::snprintf(buf, sizeof buf, "%g", per_second);
+    return buf;
+  }
+  std::size_t p = 0;
+  double v = per_second;
+  // Three significant digits of v, rounded as printed: 999.96 prints as 1000, so promote it.
+  auto rounded = [](double x) { return x >= 100 ? std::round(x) : x >= 10 ? std::round(x * 10) / 10 : std::round(x * 100) / 100; };
+  while (p + 1 < std::size(prefixes) && rounded(v) >= 1000) {
+    v /= 1000;
+    ++p;
+  }
+  const double r = rounded(v);
+  std::snprintf(buf, sizeof buf, r >= 100 ? "%.0f%s" : r >= 10 ? "%.1f%s" : "%.2f%s", r, prefixes[p]);
   return buf;
 }
 /// "1:02:03", "4:05": hours only when there are some.

@@ -7,6 +7,7 @@
 //     { auto traced = monitor.step(step); ...forward, backward, optimizer... }
 //     monitor.train_loss(step, loss);                   // the bar (rank 0) and the train curve
 //     if (eval) monitor.validation_loss(step, val);     // a line (rank 0) and the validation curve
+//     monitor.message("checkpoint saved");              // any other line (rank 0): above the bar
 //   }
 //   monitor.finish();                                   // collective: writes the trace and the plot
 //
@@ -14,7 +15,9 @@
 // (the first step, with its warm-up allocations, is left out by default); finish() merges the
 // ranks' tracks on rank 0 through the communicator (trace/gather_trace.hpp), which works alike on
 // the threads and MPI backends, and rank 0 writes the Chrome trace and the SVG plot and says
-// where they went. Rank 0 alone prints: a bar on a terminal, plain lines elsewhere.
+// where they went. Rank 0 alone prints: a bar on a terminal, plain lines elsewhere. Every line a
+// trainer prints while the bar is up goes through message() (or validation_loss()), which puts it
+// on a line of its own above the bar: a printf would run onto the bar's line.
 #pragma once
 
 #include <algorithm>
@@ -90,12 +93,16 @@ class TrainingMonitor {
     curves_[0].losses.push_back(loss);
     if (bar_) bar_->update(step, loss);
   }
-  /// The validation loss measured after step `step`.
-  void validation_loss(int step, double loss) {
+  /// The validation loss measured after step `step`; `more` is added to the same line (rank 0).
+  void validation_loss(int step, double loss, const std::string& more = {}) {
     curves_[1].steps.push_back(step);
     curves_[1].losses.push_back(loss);
     char text[96];
     std::snprintf(text, sizeof text, "step %4d  validation loss %.4f", step, loss);
+    message(text + more);
+  }
+  /// A line of its own (rank 0; the other ranks print nothing), above the bar on a terminal.
+  void message(const std::string& text) {
     if (bar_) bar_->message(text);
   }
   /// Ends the bar; writes the trace (collective over the world) and the plot; rank 0 says where.

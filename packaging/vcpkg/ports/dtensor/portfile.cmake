@@ -18,6 +18,7 @@ endif()
 vcpkg_check_features(OUT_FEATURE_OPTIONS FEATURE_OPTIONS
   FEATURES
     mpi   DTENSOR_WITH_MPI
+    blas  DTENSOR_WITH_BLAS
     cuda  DTENSOR_WITH_CUDA
     nccl  DTENSOR_WITH_NCCL
 )
