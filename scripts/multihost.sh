@@ -10,7 +10,7 @@
 #   -n RANKS             processes in all, default 2 per host; rank r runs on host r / (RANKS/N)
 #                        (ranks of one host adjacent, as `--map-by slot` places them)
 #   --min-bytes B        each host's link must carry at least B bytes each way (default 65536)
-#   --no-forward         do not forward DTENSOR_* settings with -x (shows what happens without)
+#   --no-forward         do not forward DTENSOR_*, OPENBLAS_* with -x (shows what happens without)
 #   --fault-after S      fault mode: inject the fault S seconds after the launch (default 4)
 #   --expect REGEX       the job's output must match REGEX (run mode; grep -E)
 #
@@ -31,7 +31,8 @@
 #   --mca oob_tcp_keepalive_time 1 --mca oob_tcp_keepalive_intvl 1 --mca oob_tcp_keepalive_probes 3
 #       (mpirun and the daemons notice a lost host in seconds; by default they take minutes, and
 #        mpirun hung after a host's link went down)
-#   -x DTENSOR_TIMEOUT_MS -x DTENSOR_CHECK_COLLECTIVES ...  (every DTENSOR_* variable set)
+#   -x DTENSOR_TIMEOUT_MS -x DTENSOR_CHECK_COLLECTIVES ...  (every DTENSOR_* variable set, and
+#       OPENBLAS_* / OMP_NUM_THREADS, which choose the BLAS kernels and so the rounding)
 #
 # Fault mode (DTENSOR_TIMEOUT_MS defaults to 4000 there) runs the program, then
 #   kill     kills (SIGKILL) the first rank process on the last host,
@@ -132,6 +133,10 @@ cat >"${work}/agent" <<EOF
 #!/bin/sh
 # multihost.sh's launch agent: into host \$1's namespace, with a fresh environment, as ssh would.
 host="\$1"; shift
+# As ssh: a host whose link is down cannot be reached (ssh exits 255).
+if ! ip -n "${tag}-\${host}" link show eth0 2>/dev/null | grep -q 'state UP'; then
+  echo "multihost agent: connect to host \${host}: No route to host (its link is down)" >&2; exit 255
+fi
 exec ip netns exec "${tag}-\${host}" env -i PATH="${PATH}" HOME="\${HOME:-/root}" \\
   unshare --uts sh -c "hostname \${host} && exec \$*"
 EOF
@@ -149,7 +154,10 @@ trap 'teardown_etc; teardown' EXIT
 # ---- the mpirun command ----
 forwarded=()
 if [[ ${forward} -eq 1 ]]; then
-  for v in $(compgen -e | grep '^DTENSOR_' || true); do forwarded+=(-x "${v}"); done
+  # DTENSOR_* (the library's settings) and what picks the BLAS kernels: OpenBLAS chooses its
+  # kernels by CPU unless OPENBLAS_CORETYPE names them, and ranks on different kernels sum in
+  # different orders (the losses then differ from the threads run's in the 9th digit).
+  for v in $(compgen -e | grep -E '^(DTENSOR_|OPENBLAS_|OMP_NUM_THREADS$)' || true); do forwarded+=(-x "${v}"); done
 fi
 mca=(--mca plm_rsh_agent "${work}/agent" --mca plm_rsh_no_tree_spawn 1
      --mca btl tcp,self --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0
