@@ -5,6 +5,7 @@
 #   scripts/multihost.sh run    [opts] -- PROGRAM [ARGS...]    # across --hosts namespaces
 #   scripts/multihost.sh parity [opts] -- TRAIN_GPT [ARGS...]  # losses equal the threads run's
 #   scripts/multihost.sh fault KIND [opts] -- PROGRAM [ARGS...] # KIND: kill | link | nostart
+#   scripts/multihost.sh restart [opts] --first "MESH" --then "MESH" -- TRAIN_GPT [ARGS...]
 #
 #   --hosts N            namespaces ("hosts"), default 2
 #   -n RANKS             processes in all, default 2 per host; rank r runs on host r / (RANKS/N)
@@ -14,6 +15,8 @@
 #   --no-keepalive       leave OpenMPI's TCP keepalive at its defaults (shows the hang they cause)
 #   --fault-after S      fault mode: inject the fault S seconds after the launch (default 4)
 #   --expect REGEX       the job's output must match REGEX (run mode; grep -E)
+#   restart mode: --first/--then MESH FLAGS, --then-hosts M, --then-n R (default 2 per host),
+#                 --save-at S (3), --total T (8), --tolerance REL (1e-4)
 #
 # Each run builds its own network: a "switch" namespace holding a bridge, and per host a
 # namespace with one veth (eth0, 10.77.0.(i+1)/24) whose peer is on the bridge. Nothing is
@@ -44,6 +47,12 @@
 # namespace ends by itself within 10 s of mpirun's return. It prints
 # "fault KIND: mpirun returned RC after S s ...; every process gone MS ms later".
 #
+# Restart mode trains --total steps with --save-every --save-at on the first mesh across --hosts,
+# kills a rank on the last host once a checkpoint is saved, resumes from it on the --then mesh
+# across --then-hosts (the checkpoint reshards; the namespaces share this machine's files as
+# hosts share a network file system), and requires the final losses within --tolerance of a
+# straight one-process (threads) run of the first mesh: the loss curve goes on.
+#
 # Exit status: 0 passed, 1 failed, 2 usage, 77 skipped (not root, no `ip`, no OpenMPI, or
 # namespaces cannot be made here); CTest's label `multihost` (tests/multihost) runs it.
 set -uo pipefail
@@ -55,7 +64,7 @@ skip() { echo "SKIP multihost: $*"; exit 77; }
 mode="$1"; shift
 fault=""
 case "${mode}" in
-  run|parity) ;;
+  run|parity|restart) ;;
   fault) [[ $# -ge 1 ]] || die_usage; fault="$1"; shift
          [[ "${fault}" =~ ^(kill|link|nostart)$ ]] || { echo "$0: fault kind '${fault}' is not kill, link or nostart" >&2; exit 2; } ;;
   -h|--help) sed -n '2,47p' "$0"; exit 0 ;;
@@ -63,6 +72,7 @@ case "${mode}" in
 esac
 
 hosts=2; ranks=""; min_bytes=65536; forward=1; keepalive=1; fault_after=4; expect=""
+then_hosts=""; then_ranks=""; first=""; then_mesh=""; save_at=3; total=8; tolerance=1e-4
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --hosts) hosts="$2"; shift 2 ;;
@@ -72,6 +82,13 @@ while [[ $# -gt 0 ]]; do
     --no-keepalive) keepalive=0; shift ;;
     --fault-after) fault_after="$2"; shift 2 ;;
     --expect) expect="$2"; shift 2 ;;
+    --then-hosts) then_hosts="$2"; shift 2 ;;
+    --then-n) then_ranks="$2"; shift 2 ;;
+    --first) first="$2"; shift 2 ;;
+    --then) then_mesh="$2"; shift 2 ;;
+    --save-at) save_at="$2"; shift 2 ;;
+    --total) total="$2"; shift 2 ;;
+    --tolerance) tolerance="$2"; shift 2 ;;
     --) shift; break ;;
     *) echo "$0: unknown option '$1' (the program goes after --)" >&2; exit 2 ;;
   esac
@@ -82,12 +99,16 @@ ranks="${ranks:-$((2 * hosts))}"
 [[ "${ranks}" =~ ^[0-9]+$ && $((ranks % hosts)) -eq 0 && ${ranks} -ge ${hosts} ]] ||
   { echo "$0: -n ${ranks} is not a positive multiple of --hosts ${hosts}" >&2; exit 2; }
 per_host=$((ranks / hosts))
+then_hosts="${then_hosts:-${hosts}}"; then_ranks="${then_ranks:-$((2 * then_hosts))}"
+[[ "${then_hosts}" =~ ^[0-9]+$ && ${then_hosts} -ge 1 && $((then_ranks % then_hosts)) -eq 0 ]] ||
+  { echo "$0: --then-n ${then_ranks} is not a multiple of --then-hosts ${then_hosts}" >&2; exit 2; }
+nets=$(( hosts > then_hosts ? hosts : then_hosts ))  # namespaces to make
 prog=("$@")
 [[ -x "${prog[0]}" ]] || { echo "$0: ${prog[0]} is not an executable (build it first)" >&2; exit 2; }
 prog[0]="$(cd "$(dirname "${prog[0]}")" && pwd)/$(basename "${prog[0]}")"
 
 # Faults are found by the timeout: a short one, so that the bound below is seconds.
-[[ "${mode}" == "fault" ]] && export DTENSOR_TIMEOUT_MS="${DTENSOR_TIMEOUT_MS:-4000}"
+[[ "${mode}" == "fault" || "${mode}" == "restart" ]] && export DTENSOR_TIMEOUT_MS="${DTENSOR_TIMEOUT_MS:-4000}"
 
 # ---- can this machine do it? ----
 [[ "$(id -u)" -eq 0 ]] || skip "needs root to create network namespaces (run as root, or in CI)"
@@ -123,7 +144,7 @@ mkns() {
 }
 mkns "${sw}" || skip "cannot create a network namespace here (ip netns add: $(cat "${work}/err"))"
 ip -n "${sw}" link add br0 type bridge && ip -n "${sw}" link set br0 up || { echo "multihost: cannot make a bridge" >&2; exit 1; }
-for ((h = 0; h < hosts; ++h)); do
+for ((h = 0; h < nets; ++h)); do
   mkns "$(ns ${h})" || exit 1
   # The veth is made inside the host's namespace, its peer inside the switch's: nothing in ours.
   ip -n "$(ns ${h})" link add eth0 type veth peer name p${h} netns "${sw}" || exit 1
@@ -146,12 +167,12 @@ EOF
 chmod +x "${work}/agent"
 for ((h = 0; h < hosts; ++h)); do echo "h${h} slots=${per_host}"; done >"${work}/hostfile"
 # Host names resolve inside every namespace (ip netns exec binds /etc/netns/NS/hosts).
-for ((h = 0; h < hosts; ++h)); do
+for ((h = 0; h < nets; ++h)); do
   mkdir -p "/etc/netns/$(ns ${h})"
-  { echo "127.0.0.1 localhost"; for ((k = 0; k < hosts; ++k)); do echo "10.77.0.$((k + 1)) h${k}"; done; } \
+  { echo "127.0.0.1 localhost"; for ((k = 0; k < nets; ++k)); do echo "10.77.0.$((k + 1)) h${k}"; done; } \
     >"/etc/netns/$(ns ${h})/hosts"
 done
-teardown_etc() { for ((h = 0; h < hosts; ++h)); do rm -rf "/etc/netns/$(ns ${h})"; done; }
+teardown_etc() { for ((h = 0; h < nets; ++h)); do rm -rf "/etc/netns/$(ns ${h})"; done; }
 trap 'teardown_etc; teardown' EXIT
 
 # ---- the mpirun command ----
@@ -168,8 +189,13 @@ mca=(--mca plm_rsh_agent "${work}/agent" --mca plm_rsh_no_tree_spawn 1
 if [[ ${keepalive} -eq 1 ]]; then
   mca+=(--mca oob_tcp_keepalive_time 1 --mca oob_tcp_keepalive_intvl 1 --mca oob_tcp_keepalive_probes 3)
 fi
-launch=(mpirun --allow-run-as-root --oversubscribe --hostfile "${work}/hostfile" -n "${ranks}" --map-by slot
-        "${mca[@]}" "${forwarded[@]}" "${prog[@]}")
+# launch_on HOSTFILE RANKS ARGS...: sets `launch`, the mpirun command line.
+launch_on() {
+  local hf="$1" n="$2"; shift 2
+  launch=(mpirun --allow-run-as-root --oversubscribe --hostfile "${hf}" -n "${n}" --map-by slot
+          "${mca[@]}" "${forwarded[@]}" "$@")
+}
+launch_on "${work}/hostfile" "${ranks}" "${prog[@]}"
 
 # Runs `launch` inside host 0 (as host h0), output to $1; returns mpirun's status.
 run_job() {
@@ -180,7 +206,7 @@ link_bytes() {  # "rx tx" of host $1's eth0
 }
 left_running() {  # processes still in any host namespace
   local h out=""
-  for ((h = 0; h < hosts; ++h)); do
+  for ((h = 0; h < nets; ++h)); do
     local p; p="$(ip netns pids "$(ns ${h})" 2>/dev/null | tr '\n' ' ')"
     for pid in ${p}; do out+=" h${h}:${pid}($(cat /proc/${pid}/comm 2>/dev/null))"; done
   done
@@ -189,6 +215,51 @@ left_running() {  # processes still in any host namespace
 
 echo "== ${hosts} hosts x ${per_host} ranks over TCP (btl tcp,self); ${forwarded[*]:-no DTENSOR_* forwarded}"
 echo "== ${launch[*]}"
+
+if [[ "${mode}" == "restart" ]]; then
+  [[ -n "${first}" && -n "${then_mesh}" ]] || { echo "$0: restart needs --first MESH and --then MESH" >&2; exit 2; }
+  ckpt="${work}/ckpt"
+  # shellcheck disable=SC2086  # the mesh flags are words
+  launch_on "${work}/hostfile" "${ranks}" "${prog[@]}" ${first} --steps "${total}" --save-every "${save_at}" --save-dir "${ckpt}"
+  echo "== 1. ${hosts} hosts: ${first}, --save-every ${save_at}; a rank on h$((hosts - 1)) killed after the first checkpoint"
+  run_job "${work}/first" & job=$!
+  deadline=$(( $(date +%s) + 120 ))
+  until grep -aq "checkpoint saved to ${ckpt}" "${work}/first" 2>/dev/null; do
+    kill -0 "${job}" 2>/dev/null && [[ $(date +%s) -lt ${deadline} ]] ||
+      { tr '\r' '\n' <"${work}/first" | tail -20; echo "FAIL: no checkpoint saved before the job ended"; exit 1; }
+    sleep 0.1
+  done
+  for p in $(ip netns pids "$(ns $((hosts - 1)))"); do
+    [[ "$(cat /proc/${p}/comm 2>/dev/null)" == "$(basename "${prog[0]}" | cut -c1-15)" ]] && { kill -9 "${p}"; break; }
+  done
+  wait "${job}"; rc=$?
+  tr '\r' '\n' <"${work}/first" | grep -aE "checkpoint saved|mpirun noticed" | sed 's/^/  | /'
+  [[ ${rc} -ne 0 ]] || { echo "FAIL: the first run ended normally: it was not killed (raise --total)"; exit 1; }
+  then_per_host=$((then_ranks / then_hosts))
+  for ((h = 0; h < then_hosts; ++h)); do echo "h${h} slots=${then_per_host}"; done >"${work}/hostfile2"
+  # shellcheck disable=SC2086
+  launch_on "${work}/hostfile2" "${then_ranks}" "${prog[@]}" ${then_mesh} --steps "${total}" --resume "${ckpt}"
+  echo "== 2. ${then_hosts} hosts: ${then_mesh}, --resume"
+  run_job "${work}/then"; rc=$?
+  tr '\r' '\n' <"${work}/then" | grep -aE "resumed from|final losses|mesh" | sed 's/^/  | /'
+  [[ ${rc} -eq 0 ]] || { tr '\r' '\n' <"${work}/then" | tail -20; echo "FAIL: the resumed run failed (${rc})"; exit 1; }
+  at="$(grep -aoE "resumed from ${ckpt} at step [0-9]+" "${work}/then" | grep -oE '[0-9]+$')"
+  [[ -n "${at}" && ${at} -ge ${save_at} && ${at} -lt ${total} ]] || { echo "FAIL: not resumed from a step in [${save_at}, ${total})"; exit 1; }
+  threads=("${prog[@]}")
+  for ((i = 1; i < ${#threads[@]}; ++i)); do [[ "${threads[i]}" == "--backend" ]] && threads[i + 1]=threads; done
+  # shellcheck disable=SC2086
+  "${threads[@]}" ${first} --steps "${total}" >"${work}/ref" 2>&1 || { tail -5 "${work}/ref"; echo "FAIL: the threads reference failed"; exit 1; }
+  final() { grep -aoE 'final losses at step [0-9]+: train [^ ]+ validation [^ ]+' "$1"; }
+  want="$(final "${work}/ref")"; got="$(final "${work}/then")"
+  echo "   straight (threads, first mesh): ${want}"
+  echo "   killed at step >= ${at}, resumed on ${then_hosts} hosts: ${got}"
+  awk -v a="${want}" -v b="${got}" -v tol="${tolerance}" 'BEGIN {
+    n = split(a, x, " "); m = split(b, y, " "); if (n != m || n < 9) { print "FAIL: no final losses"; exit 1 }
+    for (i = 7; i <= n; i += 2) { d = x[i] - y[i]; if (d < 0) d = -d; s = x[i] < 0 ? -x[i] : x[i];
+      if (d > tol * s) { print "FAIL: " x[i] " vs " y[i] " beyond relative " tol; exit 1 } } }' || exit 1
+  echo "PASS restart: killed on ${hosts} hosts, resumed on ${then_hosts} from step ${at}, losses within ${tolerance}"
+  exit 0
+fi
 
 if [[ "${mode}" == "fault" ]]; then
   last=$((hosts - 1))
