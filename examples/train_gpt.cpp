@@ -65,6 +65,8 @@
 #include "dtensor/models/gpt_config.hpp"
 #include "dtensor/checkpoint/pipeline_state.hpp"
 #include "dtensor/distributed/settings_agreement.hpp"
+#include "dtensor/comm/hosts.hpp"
+#include "dtensor/mesh/hosts.hpp"
 #include "dtensor/models/llama.hpp"
 #include "dtensor/optim/check_finite.hpp"
 #include "dtensor/parallel/pipeline/by_name.hpp"
@@ -485,6 +487,22 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
     if (moe) std::printf("; MoE: %lld experts, top-%lld, over ep %d", (long long)o.experts, (long long)o.topk, o.ep);
     std::printf("\nparameters: %lld\n", (long long)parameters);
   }
+  // Across machines: which dimensions cross hosts (docs/multinode.md). The threads backend's
+  // ranks share one host, so only the process backends exchange their host names.
+  const std::vector<std::string> hosts = o.backend == "threads" ? std::vector<std::string>{} : host_names(mesh.root());
+  const auto placed = mesh_hosts(mesh, hosts.empty() ? std::vector<std::string>(std::size_t(world->size()), "") : hosts);
+  if (root && placed.count > 1) {
+    std::string across, inside;
+    for (std::size_t d = 0; d < Mesh::ndim; ++d)
+      if (mesh.size(d) > 1) {
+        auto& to = placed.crosses[d] ? across : inside;
+        to += (to.empty() ? "" : ", ") + std::string(Mesh::names[d]);
+      }
+    std::printf("hosts: %d, %s; across hosts: %s; inside a host: %s\n", placed.count,
+                placed.adjacent ? "each host's ranks adjacent"
+                                : "a host's ranks NOT adjacent (launch with mpirun --map-by slot, srun --distribution=block)",
+                across.empty() ? "none" : across.c_str(), inside.empty() ? "none" : inside.c_str());
+  }
 
   // The batches: every rank draws the same sequences (same seed), in the order the model stores
   // them (load-balanced for ring and all-gather attention), cut into micro-batches.
@@ -626,7 +644,18 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
     }
     std::printf("\n");
     std::printf("collectives of one training step on rank 0 (schedule, gradient syncs, clipping, AdamW, ZeRO gathers):\n");
-    for (const auto& [k, v] : per_step) std::printf("  %-32s x%-5zu %10zu bytes\n", k.c_str(), v.first, v.second);
+    std::size_t inside_bytes = 0, across_bytes = 0;
+    for (const auto& [k, v] : per_step) {
+      std::printf("  %-32s x%-5zu %10zu bytes", k.c_str(), v.first, v.second);
+      if (placed.count > 1) {  // "all_gather on fsdp": the group's label follows " on "
+        const auto crosses = crosses_hosts(mesh, hosts, std::string_view(k).substr(k.find(" on ") + 4));
+        std::printf("  %s", !crosses ? "" : *crosses ? "across hosts" : "inside a host");
+        if (crosses) (*crosses ? across_bytes : inside_bytes) += v.second;
+      }
+      std::printf("\n");
+    }
+    if (placed.count > 1)
+      std::printf("bytes of one step on rank 0: %zu inside a host, %zu across hosts\n", inside_bytes, across_bytes);
   }
 }
 
