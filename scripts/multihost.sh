@@ -10,6 +10,7 @@
 #   --hosts N            namespaces ("hosts"), default 2
 #   -n RANKS             processes in all, default 2 per host; rank r runs on host r / (RANKS/N)
 #                        (ranks of one host adjacent, as `--map-by slot` places them)
+#   --limit S            mpirun is stopped after S seconds (default 100; a hang fails, not stalls)
 #   --min-bytes B        each host's link must carry at least B bytes each way (default 65536)
 #   --no-forward         do not forward DTENSOR_*, OPENBLAS_* with -x (shows what happens without)
 #   --no-keepalive       leave OpenMPI's TCP keepalive at its defaults (shows the hang they cause)
@@ -71,13 +72,14 @@ case "${mode}" in
   *) die_usage ;;
 esac
 
-hosts=2; ranks=""; min_bytes=65536; forward=1; keepalive=1; fault_after=4; expect=""
+hosts=2; ranks=""; limit=100; min_bytes=65536; forward=1; keepalive=1; fault_after=4; expect=""
 then_hosts=""; then_ranks=""; first=""; then_mesh=""; save_at=3; total=8; tolerance=1e-4
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --hosts) hosts="$2"; shift 2 ;;
     -n) ranks="$2"; shift 2 ;;
     --min-bytes) min_bytes="$2"; shift 2 ;;
+    --limit) limit="$2"; shift 2 ;;
     --no-forward) forward=0; shift ;;
     --no-keepalive) keepalive=0; shift ;;
     --fault-after) fault_after="$2"; shift 2 ;;
@@ -116,6 +118,16 @@ command -v ip >/dev/null || skip "no 'ip' command (iproute2)"
 command -v unshare >/dev/null || skip "no 'unshare' command (util-linux)"
 command -v mpirun >/dev/null || skip "no mpirun"
 [[ "$(mpirun --version 2>/dev/null)" == *"Open MPI"* ]] || skip "the launch agent is OpenMPI's (plm_rsh_agent); mpirun is not OpenMPI"
+
+# Namespaces left by an earlier run of this script that was killed outright (SIGKILL skips its
+# trap): their names carry the pid of a run that no longer exists.
+for n in $(ip netns list 2>/dev/null | grep -oE '^dtmh[0-9]+-[a-z0-9]+'); do
+  pid="${n#dtmh}"; pid="${pid%%-*}"
+  if [[ ! -d /proc/${pid} ]]; then
+    for p in $(ip netns pids "${n}" 2>/dev/null); do kill -9 "${p}" 2>/dev/null; done
+    ip netns delete "${n}" 2>/dev/null && rm -rf "/etc/netns/${n}" && echo "== removed ${n}, left by a killed run"
+  fi
+done
 
 tag="dtmh$$"
 work="$(mktemp -d "/tmp/${tag}.XXXX")"
@@ -167,13 +179,17 @@ EOF
 chmod +x "${work}/agent"
 for ((h = 0; h < hosts; ++h)); do echo "h${h} slots=${per_host}"; done >"${work}/hostfile"
 # Host names resolve inside every namespace (ip netns exec binds /etc/netns/NS/hosts).
+[[ -d /etc/netns ]] && etc_netns_was_there=1 || etc_netns_was_there=0
+teardown_etc() {
+  for ((h = 0; h < nets; ++h)); do rm -rf "/etc/netns/$(ns ${h})"; done
+  [[ ${etc_netns_was_there} -eq 1 ]] || rmdir /etc/netns 2>/dev/null
+}
+trap 'teardown_etc; teardown' EXIT
 for ((h = 0; h < nets; ++h)); do
   mkdir -p "/etc/netns/$(ns ${h})"
   { echo "127.0.0.1 localhost"; for ((k = 0; k < nets; ++k)); do echo "10.77.0.$((k + 1)) h${k}"; done; } \
     >"/etc/netns/$(ns ${h})/hosts"
 done
-teardown_etc() { for ((h = 0; h < nets; ++h)); do rm -rf "/etc/netns/$(ns ${h})"; done; }
-trap 'teardown_etc; teardown' EXIT
 
 # ---- the mpirun command ----
 forwarded=()
@@ -198,8 +214,11 @@ launch_on() {
 launch_on "${work}/hostfile" "${ranks}" "${prog[@]}"
 
 # Runs `launch` inside host 0 (as host h0), output to $1; returns mpirun's status.
+# Never longer than --limit seconds (default 100, below CTest's 120): CTest kills a test that
+# runs past its TIMEOUT outright, and the trap would not run.
 run_job() {
-  ip netns exec "$(ns 0)" unshare --uts sh -c 'hostname h0 && exec "$@"' sh "${launch[@]}" >"$1" 2>&1
+  ip netns exec "$(ns 0)" unshare --uts sh -c 'hostname h0 && exec "$@"' sh \
+    timeout -k 5 "${limit}" "${launch[@]}" >"$1" 2>&1
 }
 link_bytes() {  # "rx tx" of host $1's eth0
   ip netns exec "$(ns $1)" sh -c 'cat /sys/class/net/eth0/statistics/rx_bytes /sys/class/net/eth0/statistics/tx_bytes' | tr '\n' ' '
