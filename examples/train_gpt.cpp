@@ -560,6 +560,7 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
     if (root) std::printf("resumed from %s at step %lld\n", o.resume.c_str(), (long long)meta.step);
   }
   CommSummary per_step;  // the collectives of step 2 (step 1 warms up)
+  CommSummary host_split;  // across hosts: per line of per_step, its bytes inside a host and across hosts
   double train_loss = 0, val_loss = 0, elapsed = 0;
   const double tokens_per_step = double(o.batch * o.seq);
   // --trace, --plot and the progress bar (a bar on a terminal, a line per step elsewhere).
@@ -597,9 +598,18 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
       model.sync_parameters();  // ZeRO-1/2: all-gather the updated shards
       if (step == std::min(first_step + 1, o.steps))
         for (const auto& r : log.records()) {
-          auto& e = per_step[std::string(name_of(r.kind)) + " on " + r.group];
+          const auto key = std::string(name_of(r.kind)) + " on " + r.group;
+          auto& e = per_step[key];
           ++e.first;
           e.second += r.bytes;
+          if (placed.count > 1) {
+            // A mesh group's label names its dimensions; the pipeline's sends and receives go to
+            // a peer on the world communicator, whose host is known directly.
+            std::optional<bool> crosses = crosses_hosts(mesh, hosts, r.group);
+            if (!crosses && r.group == "world" && r.peer >= 0 && std::size_t(r.peer) < hosts.size())
+              crosses = hosts[std::size_t(r.peer)] != hosts[std::size_t(world->rank())];
+            if (crosses) (*crosses ? host_split[key].second : host_split[key].first) += r.bytes;
+          }
         }
     }
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -647,10 +657,14 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
     std::size_t inside_bytes = 0, across_bytes = 0;
     for (const auto& [k, v] : per_step) {
       std::printf("  %-32s x%-5zu %10zu bytes", k.c_str(), v.first, v.second);
-      if (placed.count > 1) {  // "all_gather on fsdp": the group's label follows " on "
-        const auto crosses = crosses_hosts(mesh, hosts, std::string_view(k).substr(k.find(" on ") + 4));
-        std::printf("  %s", !crosses ? "" : *crosses ? "across hosts" : "inside a host");
-        if (crosses) (*crosses ? across_bytes : inside_bytes) += v.second;
+      if (const auto it = host_split.find(k); it != host_split.end()) {
+        const auto [inside, across] = it->second;
+        if (inside > 0 && across > 0)
+          std::printf("  %zu inside a host, %zu across hosts", inside, across);
+        else
+          std::printf("  %s", across > 0 ? "across hosts" : "inside a host");
+        inside_bytes += inside;
+        across_bytes += across;
       }
       std::printf("\n");
     }

@@ -147,7 +147,10 @@ teardown() {
   rm -rf "${work}"
 }
 trap teardown EXIT
-trap 'echo "multihost: interrupted" >&2; exit 130' INT TERM HUP
+# Jobs run in the background and are waited for, so that a signal reaches this trap at once
+# (bash defers traps while a foreground child runs); the EXIT trap then cleans up.
+job=""
+trap 'echo "multihost: interrupted" >&2; [[ -n "${job}" ]] && kill "${job}" 2>/dev/null; exit 130' INT TERM HUP
 
 mkns() {
   ip netns add "$1" 2>"${work}/err" || { cat "${work}/err" >&2; return 1; }
@@ -259,7 +262,7 @@ if [[ "${mode}" == "restart" ]]; then
   # shellcheck disable=SC2086
   launch_on "${work}/hostfile2" "${then_ranks}" "${prog[@]}" ${then_mesh} --steps "${total}" --resume "${ckpt}"
   echo "== 2. ${then_hosts} hosts: ${then_mesh}, --resume"
-  run_job "${work}/then"; rc=$?
+  run_job "${work}/then" & job=$!; wait "${job}"; rc=$?
   tr '\r' '\n' <"${work}/then" | grep -aE "resumed from|final losses|mesh" | sed 's/^/  | /'
   [[ ${rc} -eq 0 ]] || { tr '\r' '\n' <"${work}/then" | tail -20; echo "FAIL: the resumed run failed (${rc})"; exit 1; }
   at="$(grep -aoE "resumed from ${ckpt} at step [0-9]+" "${work}/then" | grep -oE '[0-9]+$')"
@@ -331,7 +334,7 @@ fi
 declare -A before
 for ((h = 0; h < hosts; ++h)); do before[${h}]="$(link_bytes ${h})"; done
 t0=$(date +%s%N)
-run_job "${work}/out"; rc=$?
+run_job "${work}/out" & job=$!; wait "${job}"; rc=$?
 ms=$(( ($(date +%s%N) - t0) / 1000000 ))
 cat "${work}/out"
 fail=0
