@@ -37,6 +37,8 @@
 #   --mca oob_tcp_keepalive_time 1 --mca oob_tcp_keepalive_intvl 1 --mca oob_tcp_keepalive_probes 3
 #       (mpirun and the daemons notice a lost host in seconds; by default they take minutes, and
 #        mpirun hung after a host's link went down)
+#   sysctl net.ipv4.tcp_retries2=4 on the hosts (a daemon with unacknowledged data is not
+#       probed by keepalive; it retries for ~15 minutes by default and outlives the job)
 #   -x DTENSOR_TIMEOUT_MS -x DTENSOR_CHECK_COLLECTIVES ...  (every DTENSOR_* variable set, and
 #       OPENBLAS_* / OMP_NUM_THREADS, which choose the BLAS kernels and so the rounding)
 #
