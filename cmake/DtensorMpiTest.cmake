@@ -36,7 +36,9 @@ function(dtensor_add_mpi_test)
 
   set(launcher_flags "")
   if(DTENSOR_MPIEXEC_IS_OPENMPI)
-    set(launcher_flags --allow-run-as-root --oversubscribe)
+    # -x: the settings reach ranks that mpirun starts on other hosts too (an environment
+    # reaches only this host's); the ranks check that they agree (comm/env_agreement.hpp).
+    set(launcher_flags --allow-run-as-root --oversubscribe -x DTENSOR_TIMEOUT_MS)
   endif()
   # A collective that hangs becomes a dtensor timeout Error (30 s) well before CTest's TIMEOUT.
   set(env

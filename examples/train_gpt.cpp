@@ -65,6 +65,8 @@
 #include "dtensor/models/gpt_config.hpp"
 #include "dtensor/checkpoint/pipeline_state.hpp"
 #include "dtensor/distributed/settings_agreement.hpp"
+#include "dtensor/comm/hosts.hpp"
+#include "dtensor/mesh/hosts.hpp"
 #include "dtensor/models/llama.hpp"
 #include "dtensor/optim/check_finite.hpp"
 #include "dtensor/parallel/pipeline/by_name.hpp"
@@ -485,6 +487,22 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
     if (moe) std::printf("; MoE: %lld experts, top-%lld, over ep %d", (long long)o.experts, (long long)o.topk, o.ep);
     std::printf("\nparameters: %lld\n", (long long)parameters);
   }
+  // Across machines: which dimensions cross hosts (docs/multinode.md). The threads backend's
+  // ranks share one host, so only the process backends exchange their host names.
+  const std::vector<std::string> hosts = o.backend == "threads" ? std::vector<std::string>{} : host_names(mesh.root());
+  const auto placed = mesh_hosts(mesh, hosts.empty() ? std::vector<std::string>(std::size_t(world->size()), "") : hosts);
+  if (root && placed.count > 1) {
+    std::string across, inside;
+    for (std::size_t d = 0; d < Mesh::ndim; ++d)
+      if (mesh.size(d) > 1) {
+        auto& to = placed.crosses[d] ? across : inside;
+        to += (to.empty() ? "" : ", ") + std::string(Mesh::names[d]);
+      }
+    std::printf("hosts: %d, %s; across hosts: %s; inside a host: %s\n", placed.count,
+                placed.adjacent ? "each host's ranks adjacent"
+                                : "a host's ranks NOT adjacent (launch with mpirun --map-by slot, srun --distribution=block)",
+                across.empty() ? "none" : across.c_str(), inside.empty() ? "none" : inside.c_str());
+  }
 
   // The batches: every rank draws the same sequences (same seed), in the order the model stores
   // them (load-balanced for ring and all-gather attention), cut into micro-batches.
@@ -542,6 +560,7 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
     if (root) std::printf("resumed from %s at step %lld\n", o.resume.c_str(), (long long)meta.step);
   }
   CommSummary per_step;  // the collectives of step 2 (step 1 warms up)
+  CommSummary host_split;  // across hosts: per line of per_step, its bytes inside a host and across hosts
   double train_loss = 0, val_loss = 0, elapsed = 0;
   const double tokens_per_step = double(o.batch * o.seq);
   // --trace, --plot and the progress bar (a bar on a terminal, a line per step elsewhere).
@@ -579,9 +598,18 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
       model.sync_parameters();  // ZeRO-1/2: all-gather the updated shards
       if (step == std::min(first_step + 1, o.steps))
         for (const auto& r : log.records()) {
-          auto& e = per_step[std::string(name_of(r.kind)) + " on " + r.group];
+          const auto key = std::string(name_of(r.kind)) + " on " + r.group;
+          auto& e = per_step[key];
           ++e.first;
           e.second += r.bytes;
+          if (placed.count > 1) {
+            // A mesh group's label names its dimensions; the pipeline's sends and receives go to
+            // a peer on the world communicator, whose host is known directly.
+            std::optional<bool> crosses = crosses_hosts(mesh, hosts, r.group);
+            if (!crosses && r.group == "world" && r.peer >= 0 && std::size_t(r.peer) < hosts.size())
+              crosses = hosts[std::size_t(r.peer)] != hosts[std::size_t(world->rank())];
+            if (crosses) (*crosses ? host_split[key].second : host_split[key].first) += r.bytes;
+          }
         }
     }
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -626,7 +654,22 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
     }
     std::printf("\n");
     std::printf("collectives of one training step on rank 0 (schedule, gradient syncs, clipping, AdamW, ZeRO gathers):\n");
-    for (const auto& [k, v] : per_step) std::printf("  %-32s x%-5zu %10zu bytes\n", k.c_str(), v.first, v.second);
+    std::size_t inside_bytes = 0, across_bytes = 0;
+    for (const auto& [k, v] : per_step) {
+      std::printf("  %-32s x%-5zu %10zu bytes", k.c_str(), v.first, v.second);
+      if (const auto it = host_split.find(k); it != host_split.end()) {
+        const auto [inside, across] = it->second;
+        if (inside > 0 && across > 0)
+          std::printf("  %zu inside a host, %zu across hosts", inside, across);
+        else
+          std::printf("  %s", across > 0 ? "across hosts" : "inside a host");
+        inside_bytes += inside;
+        across_bytes += across;
+      }
+      std::printf("\n");
+    }
+    if (placed.count > 1)
+      std::printf("bytes of one step on rank 0: %zu inside a host, %zu across hosts\n", inside_bytes, across_bytes);
   }
 }
 

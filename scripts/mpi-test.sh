@@ -4,24 +4,32 @@
 #   scripts/mpi-test.sh build-mpi/tests/mpi/test_comm_mpi              # 4 ranks, all tests
 #   scripts/mpi-test.sh -n 8 build-mpi/tests/mpi/test_comm_mpi "[mpi]"  # 8 ranks, Catch2 filter
 #   scripts/mpi-test.sh --list build-mpi/tests/mpi/test_comm_mpi       # list only (no mpirun)
+#   scripts/mpi-test.sh -n 8 --mpirun "--hostfile hosts --mca btl tcp,self" PROG "[mpi]"  # mpirun args
 #
 # Listing needs no MPI (the test main skips MPI_Init for --list-*). Running sets what OpenMPI
 # needs in a container: running as root, more ranks than cores, idle ranks that yield the CPU,
-# no single-copy (CMA) transport; and a 30 s dtensor timeout. Extra arguments go to the test
-# program (Catch2 options).
+# no single-copy (CMA) transport; and a 30 s dtensor timeout. Arguments after PROGRAM go to the
+# test program (Catch2 options); each --mpirun ARGS before it goes to mpirun (split at spaces).
+# Every DTENSOR_* variable set here (and OPENBLAS_*, which picks the BLAS kernels) is forwarded
+# with -x, so that ranks mpirun starts on other hosts run with the same settings (the ranks
+# check that they agree at start-up: include/dtensor/comm/env_agreement.hpp).
 set -euo pipefail
 
 ranks=4
 list_only=0
+extra=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     -n|--ranks) ranks="$2"; shift 2 ;;
     --list) list_only=1; shift ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    --mpirun) read -r -a words <<<"$2"; extra+=("${words[@]}"); shift 2 ;;
+    --) shift; break ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -*) echo "$0: unknown option '$1' (mpirun's options go with --mpirun '...'; the program's after it)" >&2; exit 2 ;;
     *) break ;;
   esac
 done
-[[ $# -ge 1 ]] || { echo "usage: $0 [-n RANKS] [--list] PROGRAM [catch2 args...]" >&2; exit 2; }
+[[ $# -ge 1 ]] || { echo "usage: $0 [-n RANKS] [--list] [--mpirun ARGS]... [--] PROGRAM [catch2 args...]" >&2; exit 2; }
 prog="$1"; shift
 
 echo "== tests in ${prog}:"
@@ -36,6 +44,8 @@ export DTENSOR_TIMEOUT_MS="${DTENSOR_TIMEOUT_MS:-30000}"
 mpirun_flags=()
 if [[ "$(mpirun --version 2>/dev/null)" == *"Open MPI"* ]]; then
   mpirun_flags=(--allow-run-as-root --oversubscribe)
+  for v in $(compgen -e | grep -E '^(DTENSOR_|OPENBLAS_)' || true); do mpirun_flags+=(-x "${v}"); done
 fi
+mpirun_flags+=("${extra[@]}")
 echo "== mpirun ${mpirun_flags[*]} -n ${ranks} ${prog} $*"
 exec mpirun "${mpirun_flags[@]}" -n "${ranks}" "${prog}" "$@"

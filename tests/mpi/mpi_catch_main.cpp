@@ -8,11 +8,23 @@
 #include "support/catch_args.hpp"
 #include "support/test_defaults.hpp"
 
+#include <cstdio>
+
+#include "dtensor/comm/env_agreement.hpp"
 #include "dtensor/comm/mpi.hpp"
 
 int main(int argc, char** argv) {
   if (dtensor::testing::only_lists(argc, argv)) return Catch::Session().run(argc, argv);
   dtensor::mpi::Environment env(argc, argv);
   dtensor::testing::use_test_defaults();
+  // As dtensor::mpi::run does: ranks on other hosts get DTENSOR_TIMEOUT_MS only if mpirun
+  // forwards it (-x); a rank running with another timeout is reported before any test.
+  try {
+    dtensor::require_same_environment(*dtensor::mpi::world(), "mpi test main (start-up)");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
   return Catch::Session().run(argc, argv);
 }

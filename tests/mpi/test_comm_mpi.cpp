@@ -383,6 +383,10 @@ TEST_CASE("with check_collectives on, mismatched collectives throw on every rank
 TEST_CASE("a rank that does not arrive makes the others time out", "[mpi]") {
   auto w = mpi::world();
   CommPtr g = w->split(0, w->rank());
+  // Start together (with the default timeout): ranks reach this line up to seconds apart on a
+  // loaded machine or across hosts (TCP connections are made on first use), and a peer arriving
+  // after the late rank's 600 ms would see the all_reduce complete instead of time out.
+  g->barrier();
   g->set_label("late");
   g->set_timeout(std::chrono::milliseconds(200));
   // The all_reduce itself is what times out here, not the check's fingerprint exchange before it.
@@ -391,7 +395,6 @@ TEST_CASE("a rank that does not arrive makes the others time out", "[mpi]") {
   // (MPI cannot cancel it) and completes once it does, so its buffers must outlive the test.
   static std::vector<float> buf;
   buf.assign(64, 1.0f);
-
   const auto t0 = std::chrono::steady_clock::now();
   std::string msg;
   if (g->rank() == 0) {

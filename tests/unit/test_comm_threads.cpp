@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdint>
 #include <numeric>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -19,7 +20,10 @@
 #include <type_traits>
 #include <vector>
 
+#include "dtensor/comm/hosts.hpp"
 #include "dtensor/comm/threads.hpp"
+#include "dtensor/mesh/device_mesh.hpp"
+#include "dtensor/mesh/hosts.hpp"
 
 using namespace dtensor;
 using namespace std::chrono_literals;
@@ -679,4 +683,60 @@ TEST_CASE("a rank that is alive but never arrives times out, naming it", "[comm]
     CHECK(contains(m, "rank 1 did not send"));
     CHECK(errors[1] == nullptr);
   }
+}
+
+// Hosts (comm/hosts.hpp, mesh/hosts.hpp): the threads ranks share one host; the mesh's crossing
+// dimensions are checked against host layouts given by hand (what ranks on 2 or 4 machines
+// would have exchanged), each answer worked out from the row-major mesh pp 2 x dp 2 x tp 2.
+TEST_CASE("host_names and the mesh dimensions that cross hosts", "[comm][threads][hosts]") {
+  using Mesh = DeviceMesh<"pp", "dp", "tp">;
+  const std::vector<std::string> two{"a", "a", "a", "a", "b", "b", "b", "b"};  // mpirun --map-by slot
+  const std::vector<std::string> four{"a", "a", "b", "b", "c", "c", "d", "d"};
+  const std::vector<std::string> rr{"a", "b", "a", "b", "a", "b", "a", "b"};   // mpirun --map-by node
+  std::vector<std::string> names;
+  MeshHosts<3> one, h2, h4, hr;
+  std::optional<bool> two_dp_tp, two_all, four_dp_tp, four_tp, two_pp_tp, two_ep, two_empty;
+  std::string wrong_size;
+  // Assertions stay on the main thread (Catch is not thread-safe): rank 0 keeps the answers.
+  threads::run(8, [&](CommPtr w) {
+    auto mine = host_names(*w);
+    Mesh mesh(w, {2, 2, 2});
+    if (w->rank() != 0) return;
+    names = std::move(mine);
+    one = mesh_hosts(mesh, names);
+    h2 = mesh_hosts(mesh, two);
+    h4 = mesh_hosts(mesh, four);
+    hr = mesh_hosts(mesh, rr);
+    two_dp_tp = crosses_hosts(mesh, two, "dp*tp");
+    two_all = crosses_hosts(mesh, two, "pp*dp*tp");
+    four_dp_tp = crosses_hosts(mesh, four, "dp*tp");
+    four_tp = crosses_hosts(mesh, four, "tp");
+    two_pp_tp = crosses_hosts(mesh, two, "pp*tp");
+    two_ep = crosses_hosts(mesh, two, "ep");
+    two_empty = crosses_hosts(mesh, two, "");
+    try {
+      mesh_hosts(mesh, std::vector<std::string>(3, "a"));
+    } catch (const Error& e) {
+      wrong_size = e.what();
+    }
+  });
+  // The threads ranks share this process's host.
+  REQUIRE(names == std::vector<std::string>(8, this_host()));
+  CHECK((one.count == 1 && one.adjacent && !one.crosses[0] && !one.crosses[1] && !one.crosses[2]));
+  // 2 hosts in blocks of 4: only pp crosses.
+  CHECK((h2.count == 2 && h2.adjacent && h2.crosses[0] && !h2.crosses[1] && !h2.crosses[2]));
+  CHECK(two_dp_tp == std::optional<bool>(false));
+  CHECK(two_all == std::optional<bool>(true));
+  // 4 hosts in blocks of 2: pp and dp cross, tp stays inside.
+  CHECK((h4.count == 4 && h4.adjacent && h4.crosses[0] && h4.crosses[1] && !h4.crosses[2]));
+  CHECK(four_dp_tp == std::optional<bool>(true));
+  CHECK(four_tp == std::optional<bool>(false));
+  // Round robin: tp crosses, the others stay; a host's ranks are not adjacent.
+  CHECK((hr.count == 2 && !hr.adjacent && !hr.crosses[0] && !hr.crosses[1] && hr.crosses[2]));
+  // Labels that are not a run of this mesh's adjacent dimensions (another mesh's group) say nothing.
+  CHECK(!two_pp_tp.has_value());
+  CHECK(!two_ep.has_value());
+  CHECK(!two_empty.has_value());
+  // A host list of the wrong size is an error naming both sizes.
+  CHECK_THAT(wrong_size, Catch::Contains("mesh_hosts") && Catch::Contains("3 host names") && Catch::Contains("8 ranks"));
 }

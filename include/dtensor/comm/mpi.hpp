@@ -5,7 +5,7 @@
 //       std::vector<float> x(1024, float(world->rank()));
 //       world->all_reduce(std::span<float>(x), dtensor::ReduceOp::sum);
 //     });   // an exception on any rank prints it with the rank and MPI_Aborts the job
-//   }
+//   }           // (the ranks first agree on DTENSOR_TIMEOUT_MS etc.: comm/env_agreement.hpp)
 //
 //   dtensor::mpi::Environment env(argc, argv);   // or by hand: MPI_Init_thread .. MPI_Finalize
 //   dtensor::CommPtr world = dtensor::mpi::world();
@@ -41,6 +41,7 @@
 #include <exception>
 #include <memory>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
@@ -48,6 +49,7 @@
 #include "dtensor/comm/communicator.hpp"
 #include "dtensor/comm/detail/mpi_request.hpp"
 #include "dtensor/comm/detail/mpi_types.hpp"
+#include "dtensor/comm/env_agreement.hpp"
 
 namespace dtensor::mpi {
 
@@ -260,14 +262,25 @@ inline CommPtr world() {
 }
 
 namespace detail {
-/// Runs fn(world); an exception escaping it is printed with the rank and ends the whole job
-/// with MPI_Abort, because the other ranks may be waiting in a collective for this one.
+/// This process's host as MPI names it (MPI_Get_processor_name), for messages.
+inline std::string processor_name() {
+  char name[MPI_MAX_PROCESSOR_NAME] = {};
+  int n = 0;
+  if (MPI_Get_processor_name(name, &n) != MPI_SUCCESS) return "?";
+  return std::string(name, std::size_t(n));
+}
+
+/// Runs fn(world); an exception escaping it is printed with the rank and host and ends the
+/// whole job with MPI_Abort, because the other ranks may be waiting in a collective for this
+/// one. Before fn, the ranks agree on the DTENSOR_* settings (comm/env_agreement.hpp): across
+/// hosts they travel only if the launcher forwards them.
 template <class F>
 int run_or_abort(F&& fn) {
   int rank = -1;
   try {
     CommPtr w = world();
     rank = w->rank();
+    require_same_environment(*w, "mpi::run (start-up)");
     if constexpr (std::is_convertible_v<std::invoke_result_t<F&, CommPtr>, int>)
       return int(fn(std::move(w)));
     else {
@@ -275,9 +288,11 @@ int run_or_abort(F&& fn) {
       return 0;
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "dtensor: rank %d failed, aborting the MPI job: %s\n", rank, e.what());
+    std::fprintf(stderr, "dtensor: rank %d failed, aborting the MPI job (host %s): %s\n", rank, processor_name().c_str(),
+                 e.what());
   } catch (...) {
-    std::fprintf(stderr, "dtensor: rank %d failed with an unknown exception, aborting the MPI job\n", rank);
+    std::fprintf(stderr, "dtensor: rank %d failed with an unknown exception, aborting the MPI job (host %s)\n", rank,
+                 processor_name().c_str());
   }
   std::fflush(stderr);
   MPI_Abort(MPI_COMM_WORLD, 1);
@@ -285,8 +300,9 @@ int run_or_abort(F&& fn) {
 }
 }  // namespace detail
 
-/// Initializes MPI, runs fn(world) and finalizes. If fn throws on any rank, that rank prints
-/// the error and calls MPI_Abort, which kills its peers instead of leaving them to hang.
+/// Initializes MPI, checks that every rank runs with the same DTENSOR_* settings, runs
+/// fn(world) and finalizes. If fn (or that check) throws on any rank, that rank prints the
+/// error and calls MPI_Abort, which kills its peers instead of leaving them to hang.
 /// Returns fn's result if it returns an int, else 0.
 template <class F>
 int run(int& argc, char**& argv, F&& fn) {
