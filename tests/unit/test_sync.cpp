@@ -1,0 +1,576 @@
+// Beyond lock-step data parallelism (parallel/sync/): local SGD and DiLoCo, delayed gradients,
+// federated averaging and the data splits, each against a one-rank oracle in double.
+//
+// The model: one weight [6, 5] sharded on "tp" rows (uneven over tp = 2... and 4), replicated on
+// "dp" (the replica / client dimension); the loss of sample s is ½‖θ − x_s‖², so a batch's
+// gradient is θ − mean(x_s): it depends on the parameters (staleness and drift matter) and the
+// oracle is a few lines on whole tensors.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <set>
+#include <vector>
+
+#include "dtensor/core/compare.hpp"
+#include "dtensor/core/factories.hpp"
+#include "dtensor/distributed/distribute.hpp"
+#include "dtensor/nn/module.hpp"
+#include "dtensor/optim/sgd.hpp"
+#include "dtensor/parallel/data_parallel.hpp"
+#include "dtensor/parallel/sync/data_split.hpp"
+#include "dtensor/parallel/sync/delayed_gradients.hpp"
+#include "dtensor/parallel/sync/diloco.hpp"
+#include "dtensor/parallel/sync/fed_avg.hpp"
+#include "dtensor/parallel/sync/traffic.hpp"
+#include "support/on_ranks.hpp"
+
+using namespace dtensor;
+using Mesh = DeviceMesh<"dp", "tp">;
+using testing::on_ranks;
+using testing::summary;
+
+namespace {
+
+using WL = nn::layout_on<Mesh, Replicate, nn::On<"tp", Shard<0>>>;
+using PW = nn::layout_on<Mesh, Partial<ReduceOp::avg>, nn::On<"tp", Shard<0>>>;
+using W = nn::Parameter<double, 2, Mesh, WL>;
+using Full = Tensor<double, 2>;
+
+const Shape<2> wshape{6, 5};
+Full theta0() { return normal<double>(wshape, 1); }
+Full sample(std::size_t s) { return normal<double>(wshape, 1000 + s, 0.5, 1); }
+
+struct Model {
+  W w;
+  explicit Model(const Mesh& m) : w("w", distribute_replicated<WL>(m, theta0())) {}
+  auto parameters() { return std::tie(w); }
+  nn::ParamList<double, 2> params() {
+    nn::ParamList<double, 2> ps;
+    nn::collect(*this, ps);
+    return ps;
+  }
+  /// This rank's gradient of its samples' mean loss: Partial<avg> on "dp" (a share of the
+  /// global batch, for DDP) or marked Replicate (the replica's own gradient, never reduced).
+  void backward(const Mesh& m, const std::vector<std::size_t>& samples, bool partial) {
+    Full g = w.value().to_local();  // a copy of the local piece
+    const double inv = 1.0 / double(samples.size());
+    Full local = g;
+    for (Extent i = 0; i < g.numel(); ++i) g[i] = 0;
+    for (std::size_t s : samples) {
+      const auto x = distribute_replicated<WL>(m, sample(s)).to_local();
+      for (Extent i = 0; i < g.numel(); ++i) g[i] += (local[i] - x[i]) * inv;
+    }
+    w.zero_grad();
+    if (partial) w.accumulate_grad(from_local<PW>(m, g, wshape));
+    else w.accumulate_grad(from_local<WL>(m, g, wshape));
+  }
+};
+
+/// The oracle's gradient on whole tensors.
+Full grad(const Full& theta, const std::vector<std::size_t>& samples) {
+  Full g(wshape);
+  for (std::size_t s : samples) {
+    const Full x = sample(s);
+    for (Extent i = 0; i < g.numel(); ++i) g[i] += (theta[i] - x[i]) / double(samples.size());
+  }
+  return g;
+}
+
+/// Samples of replica r (of n) at step t, `per` each: disjoint across replicas and steps.
+std::vector<std::size_t> batch(int r, int n, long t, int per = 2) {
+  std::vector<std::size_t> out;
+  for (int j = 0; j < per; ++j) out.push_back(std::size_t((t * n + r) * per + j));
+  return out;
+}
+std::vector<std::size_t> global_batch(int n, long t, int per = 2) {
+  std::vector<std::size_t> out;
+  for (int r = 0; r < n; ++r)
+    for (auto s : batch(r, n, t, per)) out.push_back(s);
+  return out;
+}
+
+/// One-rank SGD with momentum / Nesterov on a whole tensor (PyTorch's rule; b = g at first).
+struct OracleSGD {
+  double lr, mu;
+  bool nesterov;
+  Full buf;
+  bool first = true;
+  void step(Full& p, const Full& g) {
+    if (mu > 0) {
+      if (first) buf = g;
+      else
+        for (Extent i = 0; i < g.numel(); ++i) buf[i] = mu * buf[i] + g[i];
+      first = false;
+    }
+    for (Extent i = 0; i < g.numel(); ++i) {
+      const double d = mu > 0 ? (nesterov ? g[i] + mu * buf[i] : buf[i]) : g[i];
+      p[i] -= lr * d;
+    }
+  }
+};
+
+/// What a run's CommLog saw: all-reduces on "dp" and all bytes.
+struct Logged {
+  std::size_t all_reduces = 0, bytes = 0;
+};
+
+/// DDP with SGD for `steps` steps on this rank's mesh: the reference of the exactness cases.
+Full run_ddp(const Mesh& m, long steps, optim::SGDOptions o, Logged* logged = nullptr) {
+  Model model(m);
+  auto ps = model.params();
+  optim::SGD<double, 2> opt(ps, o);
+  parallel::DataParallel<Mesh> ddp(m);
+  const int dp = m.coordinate(0), n = m.size(0);
+  CommLog log;
+  for (long t = 0; t < steps; ++t) {
+    model.backward(m, batch(dp, n, t), true);
+    ddp.all_reduce_gradients(ps);
+    opt.step();
+  }
+  if (logged) *logged = {log.count(CollectiveKind::all_reduce, "dp"), log.bytes()};
+  return full_tensor(model.w.value());
+}
+
+std::string diff(const Full& a, const Full& b) {
+  double worst = 0;
+  for (Extent i = 0; i < a.numel(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
+  return detail::cat("max |difference| ", worst);
+}
+
+}  // namespace
+
+TEST_CASE("local SGD with H = 1 and an outer SGD step of rate 1 equals DDP (TP inside each replica)") {
+  const optim::SGDOptions inner{.lr = 0.3, .momentum = 0.9};
+  for (std::array<int, 2> shape : {std::array{2, 2}, std::array{4, 1}}) {
+    auto f = on_ranks(4, [&](CommPtr world, auto report) {
+      Mesh m(world, shape);
+      const Full want = run_ddp(m, 6, inner);
+      Model model(m);
+      auto ps = model.params();
+      optim::SGD<double, 2> opt(ps, inner);
+      parallel::sync::DiLoCo<double, Mesh> local(m, ps, parallel::sync::DiLoCoOptions::local_sgd(1));
+      for (long t = 0; t < 6; ++t) {
+        model.backward(m, batch(m.coordinate(0), m.size(0), t), false);
+        opt.step();
+        if (local.step() != 1) report("no sync at H = 1");
+      }
+      const Full got = full_tensor(model.w.value());
+      if (!compare(got, want, {.rtol = 1e-12, .atol = 1e-12})) report("local SGD H=1 differs from DDP: " + diff(got, want));
+    });
+    INFO(shape[0] << " x " << shape[1] << ": " << summary(f));
+    REQUIRE(f.empty());
+  }
+}
+
+TEST_CASE("DiLoCo matches its one-rank oracle: H inner steps per replica, Nesterov outer step on the mean pseudo-gradient") {
+  const int H = 3, rounds = 3;
+  const parallel::sync::DiLoCoOptions o{.inner_steps = H, .outer_lr = 0.7, .outer_momentum = 0.9, .nesterov = true};
+  const double lr = 0.2;
+  // The oracle: R replicas on whole tensors.
+  const int R = 2;
+  Full anchor = theta0();
+  OracleSGD outer{o.outer_lr, o.outer_momentum, true, {}};
+  std::vector<Full> reps(R, anchor);
+  for (long t = 1; t <= H * rounds; ++t) {
+    for (int r = 0; r < R; ++r) {
+      const Full g = grad(reps[std::size_t(r)], batch(r, R, t - 1));
+      for (Extent i = 0; i < g.numel(); ++i) reps[std::size_t(r)][i] -= lr * g[i];
+    }
+    if (t % H == 0) {
+      Full delta(wshape);
+      for (int r = 0; r < R; ++r)
+        for (Extent i = 0; i < delta.numel(); ++i) delta[i] += (anchor[i] - reps[std::size_t(r)][i]) / R;
+      outer.step(anchor, delta);
+      for (auto& rep : reps) rep = anchor;
+    }
+  }
+  for (bool bf16 : {false, true}) {
+    auto f = on_ranks(4, [&](CommPtr world, auto report) {
+      Mesh m(world, {R, 2});
+      Model model(m);
+      auto ps = model.params();
+      optim::SGD<double, 2> opt(ps, {.lr = lr});
+      auto oo = o;
+      oo.bf16_reduce = bf16;
+      parallel::sync::DiLoCo<double, Mesh> diloco(m, ps, oo);
+      CommLog log;
+      for (long t = 0; t < H * rounds; ++t) {
+        model.backward(m, batch(m.coordinate(0), R, t), false);
+        opt.step();
+        diloco.step();
+      }
+      // One all-reduce on "dp" per round, of this rank's 3 x 5 elements (in double, or bf16).
+      const std::size_t bytes = 3 * 5 * (bf16 ? 2 : 8);
+      if (log.count(CollectiveKind::all_reduce, "dp") != std::size_t(rounds) || log.bytes() != rounds * bytes)
+        report("collectives:\n" + log.to_string());
+      const Full got = full_tensor(model.w.value());
+      // bf16: Δ rounded to 8 bits of mantissa, relative to |Δ| ~ 1.
+      const double tol = bf16 ? 2e-2 : 1e-12;
+      if (!compare(got, anchor, {.rtol = tol, .atol = tol})) report("DiLoCo differs from the oracle: " + diff(got, anchor));
+      if (diloco.rounds() != rounds || diloco.inner_step() != H * rounds) report("counters");
+    });
+    INFO((bf16 ? "bf16: " : "f64: ") << summary(f));
+    REQUIRE(f.empty());
+  }
+}
+
+TEST_CASE("DiLoCo with H = 50 issues H times fewer all-reduce bytes than DDP, and streams in fragments") {
+  const int H = 50;
+  auto f = on_ranks(2, [&](CommPtr world, auto report) {
+    Mesh m(world, {2, 1});
+    Logged ddp;
+    run_ddp(m, 2 * H, {.lr = 0.1}, &ddp);
+    Model model(m);
+    auto ps = model.params();
+    optim::SGD<double, 2> opt(ps, {.lr = 0.1});
+    parallel::sync::DiLoCo<double, Mesh> diloco(m, ps, {.inner_steps = H});
+    CommLog log;
+    for (long t = 0; t < 2 * H; ++t) {
+      model.backward(m, batch(m.coordinate(0), 2, t), false);
+      opt.step();
+      diloco.step();
+    }
+    const auto ar = log.count(CollectiveKind::all_reduce, "dp");
+    if (ar != 2 || ddp.all_reduces != std::size_t(2 * H) || ddp.bytes != std::size_t(H) * log.bytes())
+      report(detail::cat("DiLoCo ", ar, " all-reduces, ", log.bytes(), " B; DDP ", ddp.all_reduces, ", ", ddp.bytes, " B"));
+    const double modelled = parallel::sync::payload_bytes_per_step(parallel::sync::SyncKind::diloco, 30, 8, {.inner_steps = H});
+    if (std::abs(modelled * 2 * H - double(log.bytes())) > 1e-9 || diloco.payload_bytes_per_step() != modelled)
+      report(detail::cat("modelled ", modelled, " B/step, logged ", log.bytes(), " B in ", 2 * H, " steps"));
+    // Fragments need a parameter each: one parameter, two fragments is an error.
+    try {
+      parallel::sync::DiLoCo<double, Mesh> bad(m, ps, {.inner_steps = H, .fragments = 2});
+      report("fragments > parameters accepted");
+    } catch (const Error&) {
+    }
+  });
+  INFO(summary(f));
+  REQUIRE(f.empty());
+}
+
+TEST_CASE("Streaming DiLoCo: fragments sync staggered, each with its own outer step, one all-reduce each") {
+  // Two parameters (w and a bias-like v), F = 2, H = 4: fragment 0 syncs at t = 2, 6, ...,
+  // fragment 1 at t = 4, 8, ...; the oracle runs the same schedule on whole tensors.
+  using VL = replicated_layout<2>;
+  struct Two {
+    W w;
+    nn::Parameter<double, 1, Mesh, VL> v;
+    explicit Two(const Mesh& m)
+        : w("w", distribute_replicated<WL>(m, theta0())), v("v", distribute_replicated<VL>(m, normal<double>(Shape<1>{7}, 3))) {}
+    auto parameters() { return std::tie(w, v); }
+  };
+  const int H = 4, steps = 8, R = 2;
+  const double lr = 0.1;
+  // Oracle: replica r's parameters decay towards r-dependent targets (gradient θ − c_r).
+  auto target = [](int r, long t, Extent i) { return double(r + 1) * 0.5 + 0.01 * double(t) + 0.001 * double(i); };
+  Full aw = theta0();
+  Tensor<double, 1> av = normal<double>(Shape<1>{7}, 3);
+  std::vector<Full> rw(R, aw);
+  std::vector<Tensor<double, 1>> rv(R, av);
+  OracleSGD ow{0.7, 0.9, true, {}};
+  OracleSGD ov{0.7, 0.9, true, {}};
+  auto step_oracle = [&](auto& reps, auto& anchor, OracleSGD& outer) {
+    Full d(Shape<2>{1, anchor.numel()});
+    for (int r = 0; r < R; ++r)
+      for (Extent i = 0; i < anchor.numel(); ++i) d[i] += (anchor[i] - reps[std::size_t(r)][i]) / R;
+    Full a(Shape<2>{1, anchor.numel()});
+    for (Extent i = 0; i < anchor.numel(); ++i) a[i] = anchor[i];
+    outer.step(a, d);
+    for (Extent i = 0; i < anchor.numel(); ++i) anchor[i] = a[i];
+    for (auto& rep : reps)
+      for (Extent i = 0; i < anchor.numel(); ++i) rep[i] = anchor[i];
+  };
+  for (long t = 1; t <= steps; ++t) {
+    for (int r = 0; r < R; ++r) {
+      for (Extent i = 0; i < aw.numel(); ++i) rw[std::size_t(r)][i] -= lr * (rw[std::size_t(r)][i] - target(r, t, i));
+      for (Extent i = 0; i < av.numel(); ++i) rv[std::size_t(r)][i] -= lr * (rv[std::size_t(r)][i] - target(r, t, i));
+    }
+    if (t % H == 2) step_oracle(rw, aw, ow);  // fragment 0 (w) at (0 + 1)·4/2 = 2
+    if (t % H == 0) step_oracle(rv, av, ov);  // fragment 1 (v) at 4
+  }
+  auto f = on_ranks(4, [&](CommPtr world, auto report) {
+    Mesh m(world, {R, 2});
+    Two model(m);
+    nn::ParamList<double, 2> ps;
+    nn::collect(model, ps);
+    const int r = m.coordinate(0);
+    optim::SGD<double, 2> opt(ps, {.lr = lr});
+    parallel::sync::DiLoCo<double, Mesh> diloco(m, ps, {.inner_steps = H, .fragments = 2});
+    if (diloco.fragment(0) != std::pair<std::size_t, std::size_t>{0, 1}) report("fragment 0 is not {w}");
+    CommLog log;
+    int synced = 0;
+    for (long t = 1; t <= steps; ++t) {
+      // The gradient θ − c_r on the local pieces (w sharded on tp rows: global element index).
+      for (auto& p : ps) {
+        const bool is_w = p.name == "w";
+        const Extent base = is_w ? Extent(m.coordinate(1)) * 3 * 5 : 0;
+        for (std::size_t i = 0; i < p.value.size(); ++i) p.grad[i] = p.value[i] - target(r, t, base + Extent(i));
+        *p.has_grad = true;
+      }
+      opt.step();
+      synced += diloco.step();
+    }
+    if (synced != 4 || log.count(CollectiveKind::all_reduce, "dp") != 4) report("syncs:\n" + log.to_string());
+    // w last synced at t = 6 and drifted for two steps since (each replica its own way); v synced at t = 8.
+    const Full w = full_tensor(model.w.value()), &want_w = rw[std::size_t(r)];
+    if (!compare(w, want_w, {.rtol = 1e-12, .atol = 1e-12})) report("w differs from the oracle: " + diff(w, want_w));
+    if (!compare(full_tensor(model.v.value()), av, {.rtol = 1e-12, .atol = 1e-12})) report("v differs from the oracle");
+    if (!compare(rv[std::size_t(r)], av, {.rtol = 0, .atol = 0})) report("the oracle's v replicas are not the anchor");
+  });
+  INFO(summary(f));
+  REQUIRE(f.empty());
+}
+
+TEST_CASE("delayed gradients: staleness 0 is DDP; staleness s applies step t's reduced gradient at t + s") {
+  const double lr = 0.3;
+  for (int s : {0, 1, 3}) {
+    // Oracle: the gradient of the global batch at step t, at the parameters of step t, applied at t + s.
+    const long steps = 8;
+    Full theta = theta0();
+    std::vector<Full> queue;
+    for (long t = 0; t < steps; ++t) {
+      queue.push_back(grad(theta, global_batch(2, t)));
+      if (long(queue.size()) > s) {
+        const Full g = queue.front();
+        queue.erase(queue.begin());
+        for (Extent i = 0; i < g.numel(); ++i) theta[i] -= lr * g[i];
+      }
+    }
+    auto f = on_ranks(4, [&](CommPtr world, auto report) {
+      Mesh m(world, {2, 2});
+      Model model(m);
+      auto ps = model.params();
+      optim::SGD<double, 2> opt(ps, {.lr = lr});
+      parallel::sync::DelayedGradients<double, Mesh> delayed(m, ps, s);
+      CommLog log;
+      long applied = 0;
+      for (long t = 0; t < steps; ++t) {
+        model.backward(m, batch(m.coordinate(0), 2, t), true);
+        if (delayed.exchange()) {
+          opt.step();
+          ++applied;
+        }
+      }
+      if (applied != steps - s || delayed.in_flight() != std::size_t(s)) report(detail::cat(applied, " updates"));
+      if (delayed.drain() != std::size_t(s)) report("drain");
+      if (log.count(CollectiveKind::all_reduce, "dp") != std::size_t(steps)) report("one all-reduce per step:\n" + log.to_string());
+      const Full got = full_tensor(model.w.value());
+      if (!compare(got, theta, {.rtol = 1e-12, .atol = 1e-12})) report("differs from the oracle: " + diff(got, theta));
+      if (s == 0) {
+        const Full ddp = run_ddp(m, steps, {.lr = lr});
+        if (!compare(got, ddp, {.rtol = 1e-12, .atol = 1e-12})) report("staleness 0 differs from DDP: " + diff(got, ddp));
+      }
+    });
+    INFO("staleness " << s << ": " << summary(f));
+    REQUIRE(f.empty());
+  }
+}
+
+TEST_CASE("FedAvg: one local SGD step, every client, equal IID shards equals DDP with SGD") {
+  auto f = on_ranks(4, [&](CommPtr world, auto report) {
+    Mesh m(world, {2, 2});
+    const Full want = run_ddp(m, 5, {.lr = 0.3});
+    Model model(m);
+    auto ps = model.params();
+    parallel::sync::FedAvg<double, Mesh> fed(m, ps, {.seed = 7});
+    CommLog log;
+    for (long round = 0; round < 5; ++round) {
+      optim::SGD<double, 2> opt(ps, {.lr = 0.3});  // a fresh client optimizer each round
+      if (!fed.begin_round()) report("a client left out at full participation");
+      model.backward(m, batch(m.coordinate(0), 2, round), false);
+      opt.step();
+      fed.end_round(2.0);
+    }
+    if (log.count(CollectiveKind::all_reduce, "dp") != 5) report("one all-reduce per round:\n" + log.to_string());
+    const Full got = full_tensor(model.w.value());
+    if (!compare(got, want, {.rtol = 1e-12, .atol = 1e-12})) report("FedAvg differs from DDP: " + diff(got, want));
+  });
+  INFO(summary(f));
+  REQUIRE(f.empty());
+}
+
+TEST_CASE("FedAvg: sampled clients, E local epochs on non-IID shards, weighted by sample count, vs the oracle") {
+  // 4 clients (dp = 4), 2 sampled per round, Dirichlet shards of 40 labelled samples.
+  const int clients = 4, per_round = 2, epochs = 2, rounds = 3;
+  std::vector<int> labels;
+  for (int i = 0; i < 40; ++i) labels.push_back(i % 5);
+  const auto shards = parallel::sync::dirichlet_shards(labels, clients, 0.5, 11);
+  const double lr = 0.05;
+  // The sampled sets are drawn on a one-rank FedAvg (the same seed) for the oracle.
+  // FedAvg's documented sampling: the first per_round of a permutation drawn from (seed, round).
+  auto oracle_sampled = [&](long r) {
+    const auto p = parallel::sync::permutation(clients, 5 * 0x9E3779B97F4A7C15ull + std::uint64_t(r));
+    std::vector<int> out(p.begin(), p.begin() + per_round);
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  Full global = theta0();
+  for (long r = 0; r < rounds; ++r) {
+    Full sum(wshape);
+    double wsum = 0;
+    for (int c : oracle_sampled(r)) {
+      Full local = global;
+      for (int e = 0; e < epochs; ++e)
+        for (std::size_t s : shards[std::size_t(c)]) {  // one sample per local step
+          const Full g = grad(local, {s});
+          for (Extent i = 0; i < g.numel(); ++i) local[i] -= lr * g[i];
+        }
+      const double w = double(shards[std::size_t(c)].size());
+      for (Extent i = 0; i < sum.numel(); ++i) sum[i] += w * local[i];
+      wsum += w;
+    }
+    for (Extent i = 0; i < sum.numel(); ++i) global[i] = sum[i] / wsum;
+  }
+  auto f = on_ranks(4, [&](CommPtr world, auto report) {
+    Mesh m(world, {clients, 1});
+    Model model(m);
+    auto ps = model.params();
+    parallel::sync::FedAvg<double, Mesh> fed(m, ps, {.clients_per_round = per_round, .seed = 5});
+    const auto& mine = shards[std::size_t(fed.client())];
+    for (long r = 0; r < rounds; ++r) {
+      if (fed.sampled(r) != oracle_sampled(r)) report("sampling differs");
+      if (fed.begin_round()) {
+        optim::SGD<double, 2> opt(ps, {.lr = lr});
+        for (int e = 0; e < epochs; ++e)
+          for (std::size_t s : mine) {
+            model.backward(m, {s}, false);
+            opt.step();
+          }
+      }
+      fed.end_round(double(mine.size()));
+    }
+    const Full got = full_tensor(model.w.value());
+    if (!compare(got, global, {.rtol = 1e-12, .atol = 1e-12})) report("FedAvg differs from the oracle: " + diff(got, global));
+  });
+  INFO(summary(f));
+  REQUIRE(f.empty());
+}
+
+TEST_CASE("data splits: k-fold folds partition the indices exactly; stratified, IID and Dirichlet splits; deterministic") {
+  for (std::size_t n : {2u, 7u, 10u, 101u})
+    for (std::size_t k : {2u, 3u, 5u}) {
+      if (k > n) continue;
+      const auto folds = parallel::sync::kfold(n, k, 42);
+      REQUIRE(folds.size() == k);
+      std::vector<int> seen(n, 0);
+      for (const auto& s : folds) {
+        REQUIRE(s.val.size() + s.train.size() == n);
+        REQUIRE((s.val.size() == n / k || s.val.size() == n / k + 1));
+        std::set<std::size_t> v(s.val.begin(), s.val.end()), tr(s.train.begin(), s.train.end());
+        REQUIRE(v.size() == s.val.size());
+        for (auto i : s.val) {
+          REQUIRE(i < n);
+          REQUIRE(!tr.count(i));
+          ++seen[i];
+        }
+      }
+      for (int c : seen) REQUIRE(c == 1);  // every index validates exactly once
+      REQUIRE(parallel::sync::kfold(n, k, 42)[0].val == folds[0].val);
+    }
+  REQUIRE(parallel::sync::kfold(100, 5, 1)[0].val != parallel::sync::kfold(100, 5, 2)[0].val);
+
+  std::vector<int> labels;
+  for (int i = 0; i < 97; ++i) labels.push_back(i % 7 == 0 ? 1 : (i % 3 == 0 ? 2 : 0));
+  const auto strat = parallel::sync::stratified_kfold(labels, 4, 3);
+  std::vector<int> seen(labels.size(), 0);
+  for (int c = 0; c <= 2; ++c) {
+    const auto total = std::count(labels.begin(), labels.end(), c);
+    for (const auto& s : strat) {
+      const auto in = std::count_if(s.val.begin(), s.val.end(), [&](std::size_t i) { return labels[i] == c; });
+      REQUIRE(std::abs(double(in) - double(total) / 4) <= 1.0);
+    }
+  }
+  for (const auto& s : strat)
+    for (auto i : s.val) ++seen[i];
+  for (int c : seen) REQUIRE(c == 1);
+
+  const auto iid = parallel::sync::iid_shards(10, 3, 1);
+  REQUIRE(iid[0].size() == 4);
+  REQUIRE(iid[2].size() == 3);
+  for (double alpha : {0.1, 1.0, 100.0}) {
+    const auto shards = parallel::sync::dirichlet_shards(labels, 5, alpha, 9);
+    std::vector<int> cover(labels.size(), 0);
+    for (const auto& s : shards)
+      for (auto i : s) ++cover[i];
+    for (int c : cover) REQUIRE(c == 1);
+    REQUIRE(parallel::sync::dirichlet_shards(labels, 5, alpha, 9) == shards);
+  }
+  // Small alpha skews: some client's label mix is far from the whole's.
+  {
+    std::vector<int> many;
+    for (int i = 0; i < 1000; ++i) many.push_back(i % 4);
+    auto skew = [&](double alpha) {
+      double worst = 0;
+      for (const auto& s : parallel::sync::dirichlet_shards(many, 4, alpha, 2)) {
+        if (s.empty()) continue;
+        const double share = double(std::count_if(s.begin(), s.end(), [&](std::size_t i) { return many[i] == 0; })) / double(s.size());
+        worst = std::max(worst, std::abs(share - 0.25));
+      }
+      return worst;
+    };
+    REQUIRE(skew(0.1) > 0.2);
+    REQUIRE(skew(1000) < 0.1);
+  }
+  const auto h = parallel::sync::holdout(100, 0.1, 4);
+  REQUIRE(h.val.size() == 10);
+  REQUIRE(h.train.size() == 90);
+
+  const parallel::sync::SplitSpec spec{.kind = "kfold", .seed = 3, .k = 5, .fold = 2};
+  REQUIRE(spec.to_string() == "kfold seed=3 k=5 fold=2");
+  REQUIRE(parallel::sync::SplitSpec::parse(spec.to_string()) == spec);
+  const parallel::sync::SplitSpec dir{.kind = "dirichlet", .seed = 1, .clients = 8, .alpha = 0.5};
+  REQUIRE(parallel::sync::SplitSpec::parse(dir.to_string()) == dir);
+  const auto [mean, sd] = parallel::sync::mean_std({1.0, 2.0, 3.0});
+  REQUIRE(mean == 2.0);
+  REQUIRE(sd == 1.0);
+}
+
+TEST_CASE("bad input: H = 0, staleness < 0, more clients than ranks, k < 2 or k > samples, a replica-sharded parameter") {
+  // The error's message, or "" when there was none.
+  auto error_of = [](auto fn) -> std::string {
+    try {
+      fn();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  auto f = on_ranks(2, [&](CommPtr world, auto report) {
+    auto expect = [&](auto fn, const std::string& word) {
+      const std::string e = error_of(fn);
+      if (e.find(word) == std::string::npos) report("expected an error naming \"" + word + "\", got \"" + e + "\"");
+    };
+    Mesh m(world, {2, 1});
+    Model model(m);
+    auto ps = model.params();
+    expect([&] { parallel::sync::DiLoCo<double, Mesh>(m, ps, {.inner_steps = 0}); }, "inner_steps H = 0");
+    expect([&] { parallel::sync::DelayedGradients<double, Mesh>(m, ps, -1); }, "staleness s = -1");
+    expect([&] { parallel::sync::FedAvg<double, Mesh>(m, ps, {.clients_per_round = 3}); }, "has 2 clients");
+    // A weight sharded on "dp" has no twin on the other replica.
+    using SL = nn::layout_on<Mesh, Shard<0>, nn::On<"tp", Replicate>>;
+    nn::Parameter<double, 2, Mesh, SL> sharded("s", distribute_replicated<SL>(m, theta0()));
+    struct One {
+      nn::Parameter<double, 2, Mesh, SL>& p;
+      auto parameters() { return std::tie(p); }
+    } one{sharded};
+    nn::ParamList<double, 2> sp;
+    nn::collect(one, sp);
+    expect([&] { parallel::sync::DiLoCo<double, Mesh>(m, sp, {}); }, "not Replicate on the replica dimension");
+    // exchange() on a gradient that is not Partial on "dp".
+    parallel::sync::DelayedGradients<double, Mesh> delayed(m, ps, 1);
+    model.backward(m, {0}, false);
+    expect([&] { delayed.exchange(); }, "not Partial on the data dimension");
+  });
+  INFO(summary(f));
+  REQUIRE(f.empty());
+  auto expect = [&](auto fn, const std::string& word) {
+    const std::string e = error_of(fn);
+    INFO(e);
+    REQUIRE(e.find(word) != std::string::npos);
+  };
+  expect([] { parallel::sync::kfold(10, 1, 0); }, "k = 1 folds for 10 samples");
+  expect([] { parallel::sync::kfold(10, 11, 0); }, "k = 11 folds for 10 samples");
+  expect([] { parallel::sync::stratified_kfold({0, 1}, 3, 0); }, "k = 3");
+  expect([] { parallel::sync::iid_shards(3, 4, 0); }, "4 clients for 3 samples");
+  expect([] { parallel::sync::dirichlet_shards({0, 1}, 2, 0.0, 0); }, "alpha = 0");
+  expect([] { parallel::sync::parse_sync("lockstep"); }, "unknown synchronization");
+  expect([] { parallel::sync::SplitSpec::parse("kfold k=x"); }, "bad value");
+}
