@@ -21,6 +21,8 @@
 #include "dtensor/parallel/sync/diloco.hpp"
 #include "dtensor/parallel/sync/fed_avg.hpp"
 #include "dtensor/parallel/sync/traffic.hpp"
+#include "dtensor/parallel/sync/local_gradients.hpp"
+#include "parity/gpt_parity.hpp"
 #include "support/on_ranks.hpp"
 
 using namespace dtensor;
@@ -244,6 +246,67 @@ TEST_CASE("DiLoCo with H = 50 issues H times fewer all-reduce bytes than DDP, an
   });
   INFO(summary(f));
   REQUIRE(f.empty());
+}
+
+namespace {
+struct GptRun {
+  double val_loss = 0;
+  std::size_t dp_all_reduces = 0, dp_bytes = 0;
+};
+
+/// The parity GPT (tests/parity/gpt_parity.hpp) on dp = 2, 8 sequences per step (4 per
+/// replica), AdamW: DDP (H = 0) or DiLoCo with H inner steps; the validation loss is the mean
+/// over 4 held-out batches after the last step.
+GptRun train_gpt(int steps, int H) {
+  GptRun out;
+  threads::run(2, [&](CommPtr world) {
+    testing::GptMesh mesh(world, {2, 1});
+    const auto cfg = testing::parity_config();
+    nn::GPT<double, testing::GptMesh, nn::ReplicatedPlan> model(mesh, cfg);
+    using Ids = decltype(model)::Ids;
+    nn::ParamList<double, 2> ps;
+    model.collect(ps);
+    optim::AdamW<double, 2> opt(ps, testing::parity_adamw());
+    parallel::DataParallel<testing::GptMesh> ddp(mesh);
+    std::optional<parallel::sync::DiLoCo<double, testing::GptMesh>> diloco;
+    if (H > 0) diloco.emplace(mesh, ps, parallel::sync::DiLoCoOptions{.inner_steps = H});
+    CommLog log;
+    for (int s = 0; s < steps; ++s) {
+      auto [ids, tgt] = testing::parity_batch_of<Ids>(mesh, s, cfg, 8);
+      opt.zero_grad();
+      auto [loss, saved] = model.forward(ids, tgt);
+      model.backward(std::move(saved));
+      if (diloco) parallel::sync::keep_local_gradients(ps, mesh);
+      else ddp.all_reduce_gradients(ps);
+      opt.step();
+      if (diloco) diloco->step();
+    }
+    const std::size_t ar = log.count(CollectiveKind::all_reduce, "dp"), bytes = log.bytes();
+    double val = 0;
+    for (int b = 0; b < 4; ++b) {
+      auto [ids, tgt] = testing::parity_batch_of<Ids>(mesh, 100000 + b, cfg, 8);
+      val += full_tensor(model.evaluate(ids, tgt))[0] / 4;
+    }
+    if (world->rank() == 0) out = {val, ar, bytes};
+  });
+  return out;
+}
+}  // namespace
+
+TEST_CASE("DiLoCo with H = 50 on the small GPT: close to DDP's validation loss at equal tokens, with H times fewer all-reduce bytes") {
+  // 100 steps = 2 DiLoCo rounds (measured at 21:20 UTC, 2026-11-25: untrained 3.39, DDP 0.043, DiLoCo 0.0073;
+  // at 50 steps 0.47 and 0.43; at 200 steps 0.0021 and 1.7e-6). The stated margin: DiLoCo's
+  // validation loss at most DDP's + 0.1 nats at equal tokens (the paper's claim is "close to",
+  // on this easy rule DiLoCo's outer Nesterov step even helps).
+  const int steps = 100, H = 50;
+  const GptRun ddp = train_gpt(steps, 0), diloco = train_gpt(steps, H);
+  const GptRun untrained = train_gpt(0, 0);
+  INFO("validation loss: untrained " << untrained.val_loss << ", DDP " << ddp.val_loss << ", DiLoCo H = 50 " << diloco.val_loss
+                                     << "; all-reduce bytes on dp: DDP " << ddp.dp_bytes << ", DiLoCo " << diloco.dp_bytes);
+  REQUIRE(diloco.dp_all_reduces == std::size_t(steps / H));
+  REQUIRE(ddp.dp_bytes == std::size_t(H) * diloco.dp_bytes);
+  REQUIRE(ddp.val_loss < 0.5 * untrained.val_loss);  // DDP learned something ...
+  REQUIRE(diloco.val_loss <= ddp.val_loss + 0.1);     // ... and DiLoCo as much, within the margin
 }
 
 TEST_CASE("Streaming DiLoCo: fragments sync staggered, each with its own outer step, one all-reduce each") {
