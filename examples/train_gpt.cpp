@@ -72,6 +72,12 @@
 #include "dtensor/parallel/pipeline/by_name.hpp"
 #include "dtensor/models/gpt_stage.hpp"
 #include "dtensor/parallel/pipeline/sharded_pipeline.hpp"
+#include "dtensor/parallel/sync/data_split.hpp"
+#include "dtensor/parallel/sync/delayed_gradients.hpp"
+#include "dtensor/parallel/sync/diloco.hpp"
+#include "dtensor/parallel/sync/fed_avg.hpp"
+#include "dtensor/parallel/sync/local_gradients.hpp"
+#include "dtensor/parallel/sync/traffic.hpp"
 #include "dtensor/trace/training_monitor.hpp"
 #include "dtensor/trace/unit_spans.hpp"
 #include "dtensor/training.hpp"
@@ -125,6 +131,11 @@ struct Options {
   // atomically), and --resume DIR to continue from one saved on any mesh.
   int save_every = 0;
   std::string save_dir, resume;
+  // Beyond lock-step DP on "dp" (parallel/sync/, docs/beyond-sync.md): --sync ddp|local-sgd|diloco|async|fedavg,
+  // --inner-steps H (local SGD, DiLoCo; FedAvg: local steps per round), --staleness s (async), --clients K
+  // (FedAvg: clients sampled per round, 0 = every dp rank), --kfold k (k runs, mean and std of the validation loss).
+  std::string sync = "ddp";
+  int inner_steps = 50, staleness = 1, clients = 0, kfold = 0;
 
   int ranks() const { return pp * dp * fsdp * cp * tp; }
 };
@@ -138,6 +149,7 @@ const char* usage =
     "                 [--device cpu|cuda] [--dtype f32|bf16]\n"
     "                 [--trace FILE] [--plot FILE] [--arch gpt|llama] [--kv-heads N] [--ffn N]\n"
     "                 [--save-every N --save-dir DIR] [--resume DIR]\n"
+    "                 [--sync ddp|local-sgd|diloco|async|fedavg] [--inner-steps H] [--staleness s] [--clients K] [--kfold k]\n"
     "  mesh (pp, dp, fsdp, cp, tp), default pp 2 x dp 1 x fsdp 2 x cp 2 x tp 2 + SP: 16 ranks (threads, or mpirun -n).\n"
     "  --pp: pipeline stages (--schedule, default 1f1b, over --microbatches, default 2 x pp, or 1 without a\n"
     "        pipeline; interleaved and zbv put 2 stages on each rank); --dp: replicas; --fsdp: parameter shards,\n"
@@ -155,7 +167,11 @@ const char* usage =
     "  --device cuda (train_gpt_cuda): the model on a GPU, the ranks threads sharing it, or --backend nccl under\n"
     "        mpirun (one GPU per process).\n"
     "  --dtype bf16: the model computes in bfloat16; master weights, gradient shards and AdamW state stay fp32\n"
-    "        (FSDP mixed precision, also without --fsdp: ZeRO-1 on one shard); not with --experts.\n";
+    "        (FSDP mixed precision, also without --fsdp: ZeRO-1 on one shard); not with --experts.\n"
+    "  --sync (on \"dp\", docs/beyond-sync.md): ddp (default); local-sgd / diloco: average / DiLoCo outer step every\n"
+    "        --inner-steps H (50); async: the all-reduce of step t applied at t + --staleness s (1); fedavg: each dp\n"
+    "        rank a client on its own slice of the text, --clients K sampled per round of H steps (0: all).\n"
+    "        --kfold k: k runs over k folds of the text's blocks, then the validation loss's mean and std.\n";
 
 using examples::flag_value;
 using examples::UsageError;
@@ -194,6 +210,22 @@ void check_device(const Options& o) {
                      "have no fp32 master copy)");
 }
 
+/// --sync, --inner-steps, --staleness, --clients, --kfold (parallel/sync/).
+void check_sync(const Options& o) {
+  try {
+    parallel::sync::parse_sync(o.sync);
+  } catch (const Error& e) {
+    throw UsageError("--sync is ddp, local-sgd, diloco, async or fedavg, got '" + o.sync + "'");
+  }
+  if (o.clients > o.dp)
+    throw UsageError("--clients " + str(o.clients) + ": more clients than the " + str(o.dp) + " dp ranks (--dp)");
+  if (o.clients > 0 && o.sync != "fedavg") throw UsageError("--clients needs --sync fedavg");
+  if (o.sync == "ddp") return;
+  if (o.experts > 0) throw UsageError("--sync " + o.sync + " with --experts: the experts' all-reduce on \"edp\" spans replicas");
+  if (o.save_every > 0 || !o.resume.empty())
+    throw UsageError("--sync " + o.sync + " with checkpoints: the sync state (inner step, outer momentum) is not saved yet");
+}
+
 /// The constraints between flags that the library would otherwise report later, deep in a rank.
 void check_options(Options& o) {
   if (o.zero == 0) o.zero = o.fsdp > 1 ? 3 : 1;
@@ -216,6 +248,8 @@ void check_options(Options& o) {
                      str(data_ranks) + " data ranks (--dp x --fsdp) without a sequence");
   check_architecture(o);
   check_checkpoints(o);
+  check_sync(o);
+  if (o.kfold > 0 && (o.save_every > 0 || !o.resume.empty())) throw UsageError("--kfold with checkpoints: k runs, one directory");
   check_device(o);
   if (o.experts == 0) {
     if (o.ep != 1) throw UsageError("--ep " + str(o.ep) + " needs --experts");
@@ -288,6 +322,11 @@ Options parse(int argc, char** argv) {
     else if (a == "--save-every") o.save_every = flag_value<int>(a, value(), 1);
     else if (a == "--save-dir") o.save_dir = value();
     else if (a == "--resume") o.resume = value();
+    else if (a == "--sync") o.sync = value();
+    else if (a == "--inner-steps") o.inner_steps = flag_value<int>(a, value(), 1);
+    else if (a == "--staleness") o.staleness = flag_value<int>(a, value(), 0);
+    else if (a == "--clients") o.clients = flag_value<int>(a, value(), 0);
+    else if (a == "--kfold") o.kfold = flag_value<int>(a, value(), 2);
     else if (a == "--backend") {
       o.backend = value();
       if (o.backend != "threads" && o.backend != "mpi" && o.backend != "nccl")
@@ -368,6 +407,24 @@ Corpus encode(const std::string& text, Extent seq) {
   return c;
 }
 
+/// --kfold: fold f of k over the text's blocks (parallel::sync::kfold from --seed, about 200
+/// blocks): the other folds' blocks train, fold f's validate, each joined in order.
+Corpus fold_of(const Corpus& whole, int k, int f, std::uint64_t seed, Extent seq) {
+  std::vector<std::int32_t> all(whole.train);
+  all.insert(all.end(), whole.val.begin(), whole.val.end());
+  const std::size_t block = std::max<std::size_t>(4 * (std::size_t(seq) + 1), all.size() / 200);
+  const std::size_t blocks = all.size() / block;  // the tail joins the last block
+  const auto split = parallel::sync::kfold(blocks, std::size_t(k), seed).at(std::size_t(f));
+  Corpus c{whole.chars, {}, {}};
+  auto add = [&](std::vector<std::int32_t>& to, std::size_t b) {
+    const std::size_t lo = b * block, hi = b + 1 == blocks ? all.size() : lo + block;
+    to.insert(to.end(), all.begin() + std::ptrdiff_t(lo), all.begin() + std::ptrdiff_t(hi));
+  };
+  for (std::size_t b : split.train) add(c.train, b);
+  for (std::size_t b : split.val) add(c.val, b);
+  return c;
+}
+
 /// The [batch, seq] ids and targets (the next characters) of the sequences starting at `starts`.
 std::pair<Tensor<std::int32_t, 2>, Tensor<std::int32_t, 2>> tokens_of(const std::vector<std::int32_t>& data,
                                                                       const std::vector<std::size_t>& starts, Extent seq) {
@@ -413,7 +470,7 @@ using CommSummary = std::map<std::string, std::pair<std::size_t, std::size_t>>;
 /// "fsdp" dimension when --fsdp 1), and fully_shard<float> keeps them in fp32 (FSDP2's mixed
 /// precision: parameters all-gathered in bf16, gradients reduced in fp32).
 template <class Space, class Compute, class Plan, class Layers>
-void train(CommPtr world, const Options& o, const Corpus& corpus) {
+double train(CommPtr world, const Options& o, const Corpus& corpus) {
   using Mesh = MeshIn<Space>;
   using StageMesh = StageMeshIn<Space>;
   using Stage = pp::GptStage<Compute, StageMesh, Plan, std::int32_t, Layers>;
@@ -447,7 +504,9 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
   std::vector<Stage> stages;
   for (int s : schedule.layout.stages_of(mesh.coordinate(0)))
     stages.emplace_back(stage_mesh, cfg, s, schedule.layout.stages(), layers);
-  pp::ShardedPipeline<Stage, Mesh, float> model(mesh, schedule, std::move(stages), {.stage = o.zero});
+  const auto sync_kind = parallel::sync::parse_sync(o.sync);  // --sync: with any but ddp, "dp" is not all-reduced by FSDP
+  pp::ShardedPipeline<Stage, Mesh, float> model(mesh, schedule, std::move(stages),
+                                                {.stage = o.zero, .reduce_replicas = sync_kind == parallel::sync::SyncKind::ddp});
 
   // AdamW over this rank's shards (MoE: a second one over its experts).
   const optim::AdamWOptions adamw{.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
@@ -460,6 +519,33 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
     else return NoExperts{};
   };
   auto expert_opt = make_expert_opt();
+
+  // ---- --sync (parallel/sync/, docs/beyond-sync.md): what runs on "dp" instead of DDP's all-reduce.
+  using SyncKind = parallel::sync::SyncKind;
+  std::optional<parallel::sync::DiLoCo<float, StageMesh, "dp">> diloco;  // local-sgd, diloco
+  std::optional<parallel::sync::DelayedGradients<float, StageMesh, "dp">> delayed;  // async
+  std::optional<parallel::sync::FedAvg<float, StageMesh, "dp">> fed;  // fedavg
+  if (sync_kind == SyncKind::local_sgd)
+    diloco.emplace(stage_mesh, model.params(), parallel::sync::DiLoCoOptions::local_sgd(o.inner_steps));
+  if (sync_kind == SyncKind::diloco) diloco.emplace(stage_mesh, model.params(), parallel::sync::DiLoCoOptions{.inner_steps = o.inner_steps});
+  if (sync_kind == SyncKind::async) delayed.emplace(stage_mesh, model.params(), o.staleness);
+  if (sync_kind == SyncKind::fedavg) fed.emplace(stage_mesh, model.params(), parallel::sync::FedAvgOptions{.clients_per_round = o.clients, .seed = o.seed});
+  bool participating = !fed || fed->begin_round();
+  // After the step's gradient syncs inside each replica: whether the optimizer steps now.
+  auto sync_gradients = [&] {
+    if (sync_kind == SyncKind::ddp) return true;
+    if (delayed) return delayed->exchange();  // the reduced gradients of step t - s, or none yet
+    parallel::sync::keep_local_gradients<StageMesh, "dp">(model.params(), stage_mesh);  // each replica its own
+    return participating;
+  };
+  // After the optimizer step: the outer sync of local SGD / DiLoCo, FedAvg's round.
+  auto sync_replicas = [&](int step) {
+    if (diloco) diloco->step();
+    if (fed && step % o.inner_steps == 0) {
+      fed->end_round(double(o.batch / o.dp) * o.inner_steps);  // equal slices: equal weights
+      participating = fed->begin_round();
+    }
+  };
 
   // The model's parameter count (global extents, every stage's, the experts included), for
   // bench/compare_torch.py, which checks it against PyTorch's twin: from the entries, which FSDP keeps.
@@ -509,7 +595,18 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
   std::mt19937_64 rng(o.seed);
   auto draw = [&] {
     std::vector<std::size_t> starts(static_cast<std::size_t>(o.batch));
-    for (auto& s : starts) s = std::size_t(rng() % (corpus.train.size() - std::size_t(o.seq) - 1));
+    const std::size_t span = corpus.train.size() - std::size_t(o.seq) - 1;
+    for (std::size_t b = 0; b < starts.size(); ++b) {
+      if (!fed) {
+        starts[b] = std::size_t(rng() % span);
+        continue;
+      }
+      // FedAvg: sequence b belongs to client c (its micro-batch's rows split over "dp" first, as
+      // torch.chunk), which reads only its own contiguous slice of the text: local, non-IID data.
+      const std::size_t mb = std::size_t(o.batch / o.microbatches), chunk = (mb + std::size_t(o.dp) - 1) / std::size_t(o.dp);
+      const std::size_t c = (b % mb) / chunk, lo = span * c / std::size_t(o.dp), hi = span * (c + 1) / std::size_t(o.dp);
+      starts[b] = lo + std::size_t(rng() % std::max<std::size_t>(1, hi - lo));
+    }
     return starts;
   };
   auto microbatches_of = [&](const std::vector<std::int32_t>& data, const std::vector<std::size_t>& starts) {
@@ -592,9 +689,12 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
       CommLog log;
       model.zero_grad();
       stats = model.step(batch);  // the schedule, then the gradient syncs over dp, fsdp, cp, tp (and edp)
-      model.clip_grad_norm(1.0);
-      opt.step();
-      expert_opt.step();
+      if (sync_gradients()) {     // --sync: DDP's all-reduce on "dp" above, or none, or a delayed one
+        model.clip_grad_norm(1.0);
+        opt.step();
+        expert_opt.step();
+      }
+      sync_replicas(step);      // --sync local-sgd, diloco, fedavg: the outer sync when due
       model.sync_parameters();  // ZeRO-1/2: all-gather the updated shards
       if (step == std::min(first_step + 1, o.steps))
         for (const auto& r : log.records()) {
@@ -671,17 +771,28 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
     if (placed.count > 1)
       std::printf("bytes of one step on rank 0: %zu inside a host, %zu across hosts\n", inside_bytes, across_bytes);
   }
+  if (sync_kind != SyncKind::ddp) {  // the dry-run figure of docs/beyond-sync.md, for this rank's shards
+    std::size_t elements = 0;
+    for (const auto& p : model.params()) elements += p.value.size();
+    const parallel::sync::SyncCost cost{.inner_steps = o.inner_steps};
+    const double bytes = parallel::sync::payload_bytes_per_step(sync_kind, elements, sizeof(float), cost);
+    const double ddp = parallel::sync::payload_bytes_per_step(SyncKind::ddp, elements, sizeof(float));
+    if (root)
+      std::printf("sync %s on dp: %.0f all-reduce payload bytes per step on rank 0 (DDP: %.0f, %.1fx)\n", o.sync.c_str(), bytes, ddp,
+                  ddp / bytes);
+  }
+  return val_loss;
 }
 
 /// The model types: one per kind of block (GPT, Llama or MoE) and plan (with or without SP),
 /// whatever the sizes of the mesh.
 template <class Space, class Compute, bool SP>
-void train_blocks(CommPtr world, const Options& o, const Corpus& corpus) {
+double train_blocks(CommPtr world, const Options& o, const Corpus& corpus) {
   using Plan = parallel::MegatronPlan<SP>;
   if constexpr (std::is_same_v<Compute, float>)  // MoE is fp32-only (check_device)
     if (o.experts > 0) return train<Space, Compute, Plan, nn::MoELayers<float, ExpertMeshIn<Space>>>(std::move(world), o, corpus);
   if (o.arch == "llama") return train<Space, Compute, Plan, nn::LlamaLayers>(std::move(world), o, corpus);
-  train<Space, Compute, Plan, nn::DenseLayers>(std::move(world), o, corpus);
+  return train<Space, Compute, Plan, nn::DenseLayers>(std::move(world), o, corpus);
 }
 
 /// Every flag's value (and the data's size and hash), for the ranks' agreement at setup.
@@ -710,7 +821,8 @@ std::vector<Setting> settings_of(const Options& o, const Corpus& corpus) {
                                     " tokens, hash " + n(data_hash)},
           {"--backend", o.backend}, {"--device", o.device}, {"--dtype", o.dtype}, {"--arch", o.arch},
           {"--kv-heads", n(o.kv_heads)}, {"--ffn", n(o.ffn)}, {"--save-every", n(o.save_every)},
-          {"--save-dir", o.save_dir}, {"--resume", o.resume}};
+          {"--save-dir", o.save_dir}, {"--resume", o.resume}, {"--sync", o.sync}, {"--inner-steps", n(o.inner_steps)},
+          {"--staleness", n(o.staleness)}, {"--clients", n(o.clients)}, {"--kfold", n(o.kfold)}};
 }
 
 template <class Space, class Compute>
@@ -722,8 +834,21 @@ void run_rank(CommPtr world, const Options& o, const Corpus& corpus) {
   if constexpr (std::is_same_v<Space, host_space>) require_same_settings(*world, "train_gpt", settings_of(o, corpus));
   if (world->size() != o.ranks())
     world->fail("train_gpt", "the job has " + str(world->size()) + " ranks but pp x dp x fsdp x cp x tp = " + str(o.ranks()));
-  if (o.sp) train_blocks<Space, Compute, true>(std::move(world), o, corpus);
-  else train_blocks<Space, Compute, false>(std::move(world), o, corpus);
+  auto train_on = [&](const Corpus& c) {
+    return o.sp ? train_blocks<Space, Compute, true>(world, o, c) : train_blocks<Space, Compute, false>(world, o, c);
+  };
+  if (o.kfold == 0) {
+    train_on(corpus);
+    return;
+  }
+  // --kfold k: k runs, one per fold, then the validation loss's mean and (sample) std.
+  std::vector<double> val;
+  for (int f = 0; f < o.kfold; ++f) {
+    if (world->rank() == 0) std::printf("--kfold %d: fold %d\n", o.kfold, f);
+    val.push_back(train_on(fold_of(corpus, o.kfold, f, o.seed, o.seq)));
+  }
+  const auto [mean, sd] = parallel::sync::mean_std(val);
+  if (world->rank() == 0) std::printf("k-fold (k = %d): validation loss %.4f +- %.4f (mean +- std over folds)\n", o.kfold, mean, sd);
 }
 
 #ifdef DTENSOR_TRAIN_GPT_CUDA

@@ -89,6 +89,8 @@ struct FsdpOptions {
   int prefetch = 2;                             // units unsharded at once (>= 1; 1 = no prefetch)
   bool reduce_in_compute_dtype = false;         // reduce gradients in T (bf16) instead of M (fp32)
   bool offload_optimizer = false;               // CPU offload of master values and optimizer state
+  bool reduce_replicas = true;                  // HSDP: all-reduce on the replicate dimension; off: each
+                                                // replica keeps its gradient (still Partial there), for parallel/sync/
 };
 
 /// What fully_shard did, in order (unit indices), for tests and traces.
@@ -493,7 +495,7 @@ class FullyShard {
   template <class E>
   void replicate_reduce(std::span<E> shard, ReduceOp op) {
     if constexpr (replicate_dim < N) {
-      if (mesh_.size(replicate_dim) > 1) mesh_.group(replicate_dim).all_reduce(shard, op);
+      if (o_.reduce_replicas && mesh_.size(replicate_dim) > 1) mesh_.group(replicate_dim).all_reduce(shard, op);
     }
   }
 
@@ -506,7 +508,8 @@ class FullyShard {
       if (s.overlap(e).size() == 0) continue;
       auto st = e.grad_state;
       st.placements[shard_dim] = PlacementDesc::shard(0);
-      if constexpr (replicate_dim < N) st.placements[replicate_dim] = PlacementDesc::replicate();
+      if constexpr (replicate_dim < N)
+        if (o_.reduce_replicas) st.placements[replicate_dim] = PlacementDesc::replicate();
       s.pending_states.push_back(st);
     }
   }
