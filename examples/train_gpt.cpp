@@ -689,8 +689,9 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
       CommLog log;
       model.zero_grad();
       stats = model.step(batch);  // the schedule, then the gradient syncs over dp, fsdp, cp, tp (and edp)
-      if (sync_gradients()) {     // --sync: DDP's all-reduce on "dp" above, or none, or a delayed one
-        model.clip_grad_norm(1.0);
+      const bool update = sync_gradients();  // --sync: DDP's all-reduce on "dp" above, or none, or a delayed one
+      if (update || fed) model.clip_grad_norm(1.0);  // its norm's all-reduce spans "dp": FedAvg's idle clients join
+      if (update) {
         opt.step();
         expert_opt.step();
       }

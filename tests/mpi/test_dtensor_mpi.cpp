@@ -3,13 +3,15 @@
 // make sense across processes. Each fault must end in a dtensor::Error with a clear message on
 // every rank that should see it, and must not hang. (A rank that throws mid-collective ends
 // the job through mpi::run — mpi_abort_on_exception; a rank that never arrives makes the
-// others time out — test_comm_mpi.)
+// others time out — test_comm_mpi.) And parallel/sync/'s DiLoCo and FedAvg, the same cases as
+// tests/unit/test_sync.cpp on threads (support/sync_cases.hpp).
 #include "dtensor/comm/mpi.hpp"
 #include "dtensor/dtensor.hpp"
 #include "mpi_check.hpp"
 #include "mpi_meshes.hpp"
 #include "support/commlog_cases.hpp"
 #include "support/fault_cases.hpp"
+#include "support/sync_cases.hpp"
 
 using namespace dtensor;
 using namespace dtensor::testing;
@@ -50,4 +52,14 @@ TEST_CASE("ranks issuing different collectives throw on every rank with the chec
   const auto msg = error_of([&] { mismatched_collectives(world); });
   INFO(msg);
   DTENSOR_MPI_REQUIRE(mismatched_collectives_problem(msg).empty());
+}
+
+TEST_CASE("DiLoCo and FedAvg over MPI match their one-rank oracles (the threads cases)", "[mpi][sync]") {
+  auto world = mpi::world();
+  auto f = collect([&](auto& report) {
+    if (world->size() % 2 != 0) return;  // the cases want an even number of ranks
+    sync_cases::diloco_case(world, false, report);
+    sync_cases::fedavg_case(world, report);
+  });
+  DTENSOR_MPI_REQUIRE_NO_FAILURES(f);
 }

@@ -1,10 +1,7 @@
 // Beyond lock-step data parallelism (parallel/sync/): local SGD and DiLoCo, delayed gradients,
-// federated averaging and the data splits, each against a one-rank oracle in double.
-//
-// The model: one weight [6, 5] sharded on "tp" rows (uneven over tp = 2... and 4), replicated on
-// "dp" (the replica / client dimension); the loss of sample s is ½‖θ − x_s‖², so a batch's
-// gradient is θ − mean(x_s): it depends on the parameters (staleness and drift matter) and the
-// oracle is a few lines on whole tensors.
+// federated averaging and the data splits, each against a one-rank oracle in double, on the
+// threads backend. The model and the cases shared with MPI: tests/support/sync_cases.hpp; the
+// GPT cases use the parity GPT of tests/parity/gpt_parity.hpp.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <set>
@@ -16,6 +13,7 @@
 #include "dtensor/nn/module.hpp"
 #include "dtensor/optim/sgd.hpp"
 #include "dtensor/parallel/data_parallel.hpp"
+#include "dtensor/parallel/fully_shard.hpp"
 #include "dtensor/parallel/sync/data_split.hpp"
 #include "dtensor/parallel/sync/delayed_gradients.hpp"
 #include "dtensor/parallel/sync/diloco.hpp"
@@ -24,121 +22,12 @@
 #include "dtensor/parallel/sync/local_gradients.hpp"
 #include "parity/gpt_parity.hpp"
 #include "support/on_ranks.hpp"
+#include "support/sync_cases.hpp"
 
 using namespace dtensor;
-using Mesh = DeviceMesh<"dp", "tp">;
+using namespace dtensor::testing::sync_cases;
 using testing::on_ranks;
 using testing::summary;
-
-namespace {
-
-using WL = nn::layout_on<Mesh, Replicate, nn::On<"tp", Shard<0>>>;
-using PW = nn::layout_on<Mesh, Partial<ReduceOp::avg>, nn::On<"tp", Shard<0>>>;
-using W = nn::Parameter<double, 2, Mesh, WL>;
-using Full = Tensor<double, 2>;
-
-const Shape<2> wshape{6, 5};
-Full theta0() { return normal<double>(wshape, 1); }
-Full sample(std::size_t s) { return normal<double>(wshape, 1000 + s, 0.5, 1); }
-
-struct Model {
-  W w;
-  explicit Model(const Mesh& m) : w("w", distribute_replicated<WL>(m, theta0())) {}
-  auto parameters() { return std::tie(w); }
-  nn::ParamList<double, 2> params() {
-    nn::ParamList<double, 2> ps;
-    nn::collect(*this, ps);
-    return ps;
-  }
-  /// This rank's gradient of its samples' mean loss: Partial<avg> on "dp" (a share of the
-  /// global batch, for DDP) or marked Replicate (the replica's own gradient, never reduced).
-  void backward(const Mesh& m, const std::vector<std::size_t>& samples, bool partial) {
-    Full g = w.value().to_local();  // a copy of the local piece
-    const double inv = 1.0 / double(samples.size());
-    Full local = g;
-    for (Extent i = 0; i < g.numel(); ++i) g[i] = 0;
-    for (std::size_t s : samples) {
-      const auto x = distribute_replicated<WL>(m, sample(s)).to_local();
-      for (Extent i = 0; i < g.numel(); ++i) g[i] += (local[i] - x[i]) * inv;
-    }
-    w.zero_grad();
-    if (partial) w.accumulate_grad(from_local<PW>(m, g, wshape));
-    else w.accumulate_grad(from_local<WL>(m, g, wshape));
-  }
-};
-
-/// The oracle's gradient on whole tensors.
-Full grad(const Full& theta, const std::vector<std::size_t>& samples) {
-  Full g(wshape);
-  for (std::size_t s : samples) {
-    const Full x = sample(s);
-    for (Extent i = 0; i < g.numel(); ++i) g[i] += (theta[i] - x[i]) / double(samples.size());
-  }
-  return g;
-}
-
-/// Samples of replica r (of n) at step t, `per` each: disjoint across replicas and steps.
-std::vector<std::size_t> batch(int r, int n, long t, int per = 2) {
-  std::vector<std::size_t> out;
-  for (int j = 0; j < per; ++j) out.push_back(std::size_t((t * n + r) * per + j));
-  return out;
-}
-std::vector<std::size_t> global_batch(int n, long t, int per = 2) {
-  std::vector<std::size_t> out;
-  for (int r = 0; r < n; ++r)
-    for (auto s : batch(r, n, t, per)) out.push_back(s);
-  return out;
-}
-
-/// One-rank SGD with momentum / Nesterov on a whole tensor (PyTorch's rule; b = g at first).
-struct OracleSGD {
-  double lr, mu;
-  bool nesterov;
-  Full buf;
-  bool first = true;
-  void step(Full& p, const Full& g) {
-    if (mu > 0) {
-      if (first) buf = g;
-      else
-        for (Extent i = 0; i < g.numel(); ++i) buf[i] = mu * buf[i] + g[i];
-      first = false;
-    }
-    for (Extent i = 0; i < g.numel(); ++i) {
-      const double d = mu > 0 ? (nesterov ? g[i] + mu * buf[i] : buf[i]) : g[i];
-      p[i] -= lr * d;
-    }
-  }
-};
-
-/// What a run's CommLog saw: all-reduces on "dp" and all bytes.
-struct Logged {
-  std::size_t all_reduces = 0, bytes = 0;
-};
-
-/// DDP with SGD for `steps` steps on this rank's mesh: the reference of the exactness cases.
-Full run_ddp(const Mesh& m, long steps, optim::SGDOptions o, Logged* logged = nullptr) {
-  Model model(m);
-  auto ps = model.params();
-  optim::SGD<double, 2> opt(ps, o);
-  parallel::DataParallel<Mesh> ddp(m);
-  const int dp = m.coordinate(0), n = m.size(0);
-  CommLog log;
-  for (long t = 0; t < steps; ++t) {
-    model.backward(m, batch(dp, n, t), true);
-    ddp.all_reduce_gradients(ps);
-    opt.step();
-  }
-  if (logged) *logged = {log.count(CollectiveKind::all_reduce, "dp"), log.bytes()};
-  return full_tensor(model.w.value());
-}
-
-std::string diff(const Full& a, const Full& b) {
-  double worst = 0;
-  for (Extent i = 0; i < a.numel(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
-  return detail::cat("max |difference| ", worst);
-}
-
-}  // namespace
 
 TEST_CASE("local SGD with H = 1 and an outer SGD step of rate 1 equals DDP (TP inside each replica)") {
   const optim::SGDOptions inner{.lr = 0.3, .momentum = 0.9};
@@ -164,52 +53,8 @@ TEST_CASE("local SGD with H = 1 and an outer SGD step of rate 1 equals DDP (TP i
 }
 
 TEST_CASE("DiLoCo matches its one-rank oracle: H inner steps per replica, Nesterov outer step on the mean pseudo-gradient") {
-  const int H = 3, rounds = 3;
-  const parallel::sync::DiLoCoOptions o{.inner_steps = H, .outer_lr = 0.7, .outer_momentum = 0.9, .nesterov = true};
-  const double lr = 0.2;
-  // The oracle: R replicas on whole tensors.
-  const int R = 2;
-  Full anchor = theta0();
-  OracleSGD outer{o.outer_lr, o.outer_momentum, true, {}};
-  std::vector<Full> reps(R, anchor);
-  for (long t = 1; t <= H * rounds; ++t) {
-    for (int r = 0; r < R; ++r) {
-      const Full g = grad(reps[std::size_t(r)], batch(r, R, t - 1));
-      for (Extent i = 0; i < g.numel(); ++i) reps[std::size_t(r)][i] -= lr * g[i];
-    }
-    if (t % H == 0) {
-      Full delta(wshape);
-      for (int r = 0; r < R; ++r)
-        for (Extent i = 0; i < delta.numel(); ++i) delta[i] += (anchor[i] - reps[std::size_t(r)][i]) / R;
-      outer.step(anchor, delta);
-      for (auto& rep : reps) rep = anchor;
-    }
-  }
   for (bool bf16 : {false, true}) {
-    auto f = on_ranks(4, [&](CommPtr world, auto report) {
-      Mesh m(world, {R, 2});
-      Model model(m);
-      auto ps = model.params();
-      optim::SGD<double, 2> opt(ps, {.lr = lr});
-      auto oo = o;
-      oo.bf16_reduce = bf16;
-      parallel::sync::DiLoCo<double, Mesh> diloco(m, ps, oo);
-      CommLog log;
-      for (long t = 0; t < H * rounds; ++t) {
-        model.backward(m, batch(m.coordinate(0), R, t), false);
-        opt.step();
-        diloco.step();
-      }
-      // One all-reduce on "dp" per round, of this rank's 3 x 5 elements (in double, or bf16).
-      const std::size_t bytes = 3 * 5 * (bf16 ? 2 : 8);
-      if (log.count(CollectiveKind::all_reduce, "dp") != std::size_t(rounds) || log.bytes() != rounds * bytes)
-        report("collectives:\n" + log.to_string());
-      const Full got = full_tensor(model.w.value());
-      // bf16: Δ rounded to 8 bits of mantissa, relative to |Δ| ~ 1.
-      const double tol = bf16 ? 2e-2 : 1e-12;
-      if (!compare(got, anchor, {.rtol = tol, .atol = tol})) report("DiLoCo differs from the oracle: " + diff(got, anchor));
-      if (diloco.rounds() != rounds || diloco.inner_step() != H * rounds) report("counters");
-    });
+    auto f = on_ranks(4, [&](CommPtr world, auto report) { diloco_case(world, bf16, report); });
     INFO((bf16 ? "bf16: " : "f64: ") << summary(f));
     REQUIRE(f.empty());
   }
@@ -307,6 +152,49 @@ TEST_CASE("DiLoCo with H = 50 on the small GPT: close to DDP's validation loss a
   REQUIRE(ddp.dp_bytes == std::size_t(H) * diloco.dp_bytes);
   REQUIRE(ddp.val_loss < 0.5 * untrained.val_loss);  // DDP learned something ...
   REQUIRE(diloco.val_loss <= ddp.val_loss + 0.1);     // ... and DiLoCo as much, within the margin
+}
+
+TEST_CASE("local SGD with H = 1 over FSDP inside each replica (reduce_replicas = false) equals HSDP") {
+  // The parity GPT on dp 2 x fsdp 2, ZeRO-3, SGD with momentum (linear in the gradient, so
+  // averaging after the step equals stepping on the average): the master shards after 4 steps.
+  using FMesh = DeviceMesh<"dp", "fsdp", "tp">;
+  auto run = [](CommPtr world, bool local, std::vector<double>& shards, std::size_t& dp_all_reduces) {
+    FMesh mesh(world, {2, 2, 1});
+    const auto cfg = testing::parity_config();
+    nn::GPT<double, FMesh, nn::ReplicatedPlan> model(mesh, cfg);
+    auto fsdp = parallel::fully_shard(model, mesh, {.stage = 3, .reduce_replicas = !local});
+    optim::SGD<double, 3> opt(fsdp.params(), {.lr = 0.05, .momentum = 0.9});
+    std::optional<parallel::sync::DiLoCo<double, FMesh, "dp">> outer;
+    if (local) outer.emplace(mesh, fsdp.params(), parallel::sync::DiLoCoOptions::local_sgd(1));
+    CommLog log;
+    for (int s = 0; s < 4; ++s) {
+      auto [ids, tgt] = testing::parity_batch_of<decltype(model)::Ids>(mesh, s, cfg, 8);
+      opt.zero_grad();
+      auto [loss, saved] = model.forward(ids, tgt);
+      model.backward(std::move(saved));
+      fsdp.finish_gradient_sync();
+      if (local) parallel::sync::keep_local_gradients<FMesh, "dp">(fsdp.params(), mesh);
+      opt.step();
+      if (outer) outer->step();
+    }
+    dp_all_reduces = log.count(CollectiveKind::all_reduce, "dp");
+    shards.clear();
+    for (const auto& p : fsdp.params()) shards.insert(shards.end(), p.value.begin(), p.value.end());
+  };
+  auto f = on_ranks(4, [&](CommPtr world, auto report) {
+    std::vector<double> hsdp, local;
+    std::size_t hsdp_ar = 0, local_ar = 0;
+    run(world, false, hsdp, hsdp_ar);
+    run(world, true, local, local_ar);
+    if (local_ar != 4 || hsdp_ar <= 4) report(detail::cat("all-reduces on dp: HSDP ", hsdp_ar, ", local SGD ", local_ar));
+    if (hsdp.size() != local.size() || hsdp.empty()) report("different shards");
+    double worst = 0;
+    for (std::size_t i = 0; i < std::min(hsdp.size(), local.size()); ++i)
+      worst = std::max(worst, std::abs(hsdp[i] - local[i]) / std::max(1.0, std::abs(hsdp[i])));
+    if (worst > 1e-12) report(detail::cat("local SGD differs from HSDP by ", worst));
+  });
+  INFO(summary(f));
+  REQUIRE(f.empty());
 }
 
 TEST_CASE("Streaming DiLoCo: fragments sync staggered, each with its own outer step, one all-reduce each") {
@@ -451,58 +339,7 @@ TEST_CASE("FedAvg: one local SGD step, every client, equal IID shards equals DDP
 }
 
 TEST_CASE("FedAvg: sampled clients, E local epochs on non-IID shards, weighted by sample count, vs the oracle") {
-  // 4 clients (dp = 4), 2 sampled per round, Dirichlet shards of 40 labelled samples.
-  const int clients = 4, per_round = 2, epochs = 2, rounds = 3;
-  std::vector<int> labels;
-  for (int i = 0; i < 40; ++i) labels.push_back(i % 5);
-  const auto shards = parallel::sync::dirichlet_shards(labels, clients, 0.5, 11);
-  const double lr = 0.05;
-  // The sampled sets are drawn on a one-rank FedAvg (the same seed) for the oracle.
-  // FedAvg's documented sampling: the first per_round of a permutation drawn from (seed, round).
-  auto oracle_sampled = [&](long r) {
-    const auto p = parallel::sync::permutation(clients, 5 * 0x9E3779B97F4A7C15ull + std::uint64_t(r));
-    std::vector<int> out(p.begin(), p.begin() + per_round);
-    std::sort(out.begin(), out.end());
-    return out;
-  };
-  Full global = theta0();
-  for (long r = 0; r < rounds; ++r) {
-    Full sum(wshape);
-    double wsum = 0;
-    for (int c : oracle_sampled(r)) {
-      Full local = global;
-      for (int e = 0; e < epochs; ++e)
-        for (std::size_t s : shards[std::size_t(c)]) {  // one sample per local step
-          const Full g = grad(local, {s});
-          for (Extent i = 0; i < g.numel(); ++i) local[i] -= lr * g[i];
-        }
-      const double w = double(shards[std::size_t(c)].size());
-      for (Extent i = 0; i < sum.numel(); ++i) sum[i] += w * local[i];
-      wsum += w;
-    }
-    for (Extent i = 0; i < sum.numel(); ++i) global[i] = sum[i] / wsum;
-  }
-  auto f = on_ranks(4, [&](CommPtr world, auto report) {
-    Mesh m(world, {clients, 1});
-    Model model(m);
-    auto ps = model.params();
-    parallel::sync::FedAvg<double, Mesh> fed(m, ps, {.clients_per_round = per_round, .seed = 5});
-    const auto& mine = shards[std::size_t(fed.client())];
-    for (long r = 0; r < rounds; ++r) {
-      if (fed.sampled(r) != oracle_sampled(r)) report("sampling differs");
-      if (fed.begin_round()) {
-        optim::SGD<double, 2> opt(ps, {.lr = lr});
-        for (int e = 0; e < epochs; ++e)
-          for (std::size_t s : mine) {
-            model.backward(m, {s}, false);
-            opt.step();
-          }
-      }
-      fed.end_round(double(mine.size()));
-    }
-    const Full got = full_tensor(model.w.value());
-    if (!compare(got, global, {.rtol = 1e-12, .atol = 1e-12})) report("FedAvg differs from the oracle: " + diff(got, global));
-  });
+  auto f = on_ranks(4, [&](CommPtr world, auto report) { fedavg_case(world, report); });
   INFO(summary(f));
   REQUIRE(f.empty());
 }
