@@ -22,10 +22,13 @@
 // the gradients (in M) and, through params(), of the optimizer state. The stages:
 //
 //   stage 1 (ZeRO-1)  full parameters and gradients stay; per unit, as backward completes it,
-//                     one all-reduce of its gradients on the shard dimension; this rank's shard
-//                     of them feeds the optimizer; sync_parameters: one all-gather per unit.
-//   stage 2 (ZeRO-2)  as 1, but one reduce-scatter per unit, and the unit's full gradients are
-//                     freed once it has run.
+//                     one reduce-scatter of its gradients on the shard dimension (the optimizer
+//                     needs only this rank's shard); sync_parameters: one all-gather per unit.
+//                     With T == M the master values are this rank's slice of the full values and
+//                     the gradient shard its slice of the full gradients (no state held twice:
+//                     4Ψ + 4Ψ + 8Ψ/N bytes in fp32 with AdamW; DDP is this over one shard rank).
+//   stage 2 (ZeRO-2)  as 1, but the unit's full gradients exist only from its backward to its
+//                     reduction; the gradient shard is its own buffer (T == M: 4Ψ + 12Ψ/N).
 //   stage 3 (ZeRO-3)  as 2, and the unit's full parameters exist only around its forward and
 //                     its backward: one all-gather before each (2 per unit per step), freed
 //                     after the forward (reshard_after_forward) and after the backward.
@@ -154,10 +157,11 @@ class FullyShard {
     check_units();
     const int size = mesh_.size(shard_dim), coord = mesh_.coordinate()[shard_dim];
     for (auto& u : model_.units()) {
-      units_.push_back(std::make_unique<Shard>(u.group->name(), u.group, size, coord, shard_dim));
+      // Stages 1/2: the shard makes room for the in-place all-gather (values kept) and, where it
+      // can, keeps its master values and gradient shard in the full buffers (fsdp_unit.hpp).
+      units_.push_back(std::make_unique<Shard>(u.group->name(), u.group, size, coord, shard_dim, o.stage));
       auto& s = *units_.back();
       if (o.stage == 3) s.group->release_values();
-      else s.group->materialize_values(s.padded());  // room for the in-place all-gather (values kept)
       if (o.stage >= 2) s.group->release_grads();
       for (auto& p : s.segments) params_.push_back(p);
     }
@@ -235,6 +239,10 @@ class FullyShard {
   /// Zeroes the gradient shards (and ZeRO-1's full gradients), nothing pending.
   void zero_grad() {
     for (auto& p : params_) p.zero_grad();
+    for (auto& u : units_) {
+      u->grad_reduced = false;
+      u->carried = {};
+    }
     for (auto& u : units_)
       if (u->group->grads_resident()) {
         nn::detail::zero_flat<Space>(u->group->grads());
@@ -248,8 +256,8 @@ class FullyShard {
     for (const auto& u : units_) {
       m.params += u->group->values_storage().size() * sizeof(T);
       m.grads += u->group->grads_storage().size() * sizeof(T);
-      m.master += std::size_t(u->master.numel()) * sizeof(M);
-      m.grad_shards += std::size_t(u->grad.numel()) * sizeof(M);
+      m.master += u->master_bytes();     // 0 where they are the full values' slice
+      m.grad_shards += u->grad_bytes();  // 0 where the shard lives in the full gradients
     }
     return m;
   }
@@ -304,6 +312,8 @@ class FullyShard {
         auto& s = *units_[u];
         if (!s.group->grads_resident()) s.group->materialize_grads(s.padded());
       };
+    } else {
+      h.pre_backward = [this](std::size_t u) { carry_reduced_grad(*units_[u]); };
     }
     h.grads_ready = [this](std::size_t u) { grads_ready(u); };
     model_.set_hooks(std::move(h));
@@ -386,11 +396,27 @@ class FullyShard {
                                                "\": reduced twice?"));
   }
 
-  /// Issues the unit's reduction on the shard dimension: ZeRO-1 an all-reduce of the full
-  /// gradients, ZeRO-2/3 a reduce-scatter, in M or T, in place where the types allow.
+  /// ZeRO-1 with the gradient shard in the full gradient buffer: a reduced gradient still there
+  /// when the next backward starts (no zero_grad in between: accumulation over steps) is moved
+  /// aside and the buffer zeroed, so that the backward accumulates this rank's local gradient
+  /// from 0 and the next finish_reduce adds the moved one back.
+  void carry_reduced_grad(Shard& s) {
+    if (!s.grad_in_full || !s.grad_reduced) return;
+    s.grad_reduced = false;
+    bool held = false;
+    for (const auto& seg : s.segments) held = held || *seg.has_grad;
+    if (held) {
+      s.carried = Shard::template make_buffer<M, StateSpace>(s.shard_size(), MemoryTag::gradients, false);
+      detail::convert_into<StateSpace>(s.carried.span(), std::span<const M>(s.grad.span()));
+    }
+    nn::detail::zero_flat<Space>(s.group->grads_storage());
+  }
+
+  /// Issues the unit's reduction on the shard dimension: a reduce-scatter of the full gradients
+  /// (every stage: ZeRO-1 too needs only its shard), in M or T.
   void issue_reduce(Shard& s) {
     auto& group = mesh_.group(shard_dim);
-    const auto full = s.group->grads_storage().first(o_.stage == 1 ? s.numel : s.padded());
+    const auto full = s.group->grads_storage().first(s.padded());
     s.grad_op = pending_op(s);
     if (reduce_in_m()) {
       std::span<M> send;
@@ -400,17 +426,11 @@ class FullyShard {
         detail::convert_into<Space>(s.reduce_wide.span(), std::span<const T>(full));
         send = s.reduce_wide.span();
       }
-      if (o_.stage == 1) s.reduce = group.all_reduce_async(std::span<const M>(send), send, s.grad_op);
-      else {
-        s.reduced_wide = Shard::template make_buffer<M>(s.chunk, MemoryTag::communication, false);
-        s.reduce = group.reduce_scatter_async(std::span<const M>(send), s.reduced_wide.span(), s.grad_op);
-      }
+      s.reduced_wide = Shard::template make_buffer<M>(s.chunk, MemoryTag::communication, false);
+      s.reduce = group.reduce_scatter_async(std::span<const M>(send), s.reduced_wide.span(), s.grad_op);
     } else {
-      if (o_.stage == 1) s.reduce = group.all_reduce_async(std::span<const T>(full), full, s.grad_op);
-      else {
-        s.reduced_narrow = Shard::template make_buffer<T>(s.chunk, MemoryTag::communication, false);
-        s.reduce = group.reduce_scatter_async(std::span<const T>(full), s.reduced_narrow.span(), s.grad_op);
-      }
+      s.reduced_narrow = Shard::template make_buffer<T>(s.chunk, MemoryTag::communication, false);
+      s.reduce = group.reduce_scatter_async(std::span<const T>(full), s.reduced_narrow.span(), s.grad_op);
     }
     s.reducing = true;
     events_.push_back({FsdpEvent::reduce_issued, index_of(s), true});
@@ -425,30 +445,15 @@ class FullyShard {
 
   bool reduce_in_m() const { return std::is_same_v<T, M> || !o_.reduce_in_compute_dtype; }
 
-  /// Waits for the unit's collective on the shard dimension and copies this rank's part into
-  /// the staging buffer it will be added from; ZeRO-2/3 free the full gradients then.
+  /// Waits for the unit's collective on the shard dimension (this rank's part is then in
+  /// reduced_*); ZeRO-2/3 free the full gradients, ZeRO-1 zeroes them (consumed: the next step
+  /// starts from 0) unless the gradient shard lives in them (then finish_reduce does).
   void finish_collective(Shard& s) {
     if (!s.reducing || s.reduce_waited) return;
     s.reduce.wait();
     s.reduce_waited = true;
-    // This rank's reduced part, in the reduction's type, into reduced_* (ZeRO-1: out of the full buffer).
-    if (o_.stage == 1) {
-      const auto lo = std::size_t(s.shard.begin), n = s.shard_size();
-      const auto mine = std::span<const T>(s.group->grads().subspan(lo, n));
-      if (reduce_in_m() && !std::is_same_v<T, M>) {
-        s.reduced_wide = Shard::template make_buffer<M>(n, MemoryTag::communication, false);
-        detail::convert_into<Space>(s.reduced_wide.span(), std::span<const M>(s.reduce_wide.span().subspan(lo, n)));
-      } else if (reduce_in_m()) {
-        s.reduced_wide = Shard::template make_buffer<M>(n, MemoryTag::communication, false);
-        detail::convert_into<Space>(s.reduced_wide.span(), mine);
-      } else {
-        s.reduced_narrow = Shard::template make_buffer<T>(n, MemoryTag::communication, false);
-        detail::convert_into<Space>(s.reduced_narrow.span(), mine);
-      }
-      nn::detail::zero_flat<Space>(s.group->grads());  // consumed: the next step starts from 0
-    } else {
-      s.group->release_grads();
-    }
+    if (o_.stage != 1) s.group->release_grads();
+    else if (!s.grad_in_full) nn::detail::zero_flat<Space>(s.group->grads_storage());
     s.reduce_wide = {};
     remember_grad_states(s);
     reset_grad_states(s);
@@ -468,7 +473,18 @@ class FullyShard {
     auto add_to_shard = [&](auto reduced) {
       using E = typename decltype(reduced)::element_type;
       replicate_reduce(reduced, s.grad_op);
-      if constexpr (std::is_same_v<E, M> && std::is_same_v<Space, StateSpace>) {
+      if (s.grad_in_full) {
+        if constexpr (std::is_same_v<Space, StateSpace>) {
+          // The shard is (a part of) the full gradient buffer: the buffer to 0 but for the shard,
+          // which becomes the reduced gradient, plus one carried over from before this backward
+          // (carry_reduced_grad): the same sum as adding this one to that.
+          nn::detail::zero_flat<Space>(s.group->grads_storage());
+          detail::convert_into<Space>(s.grad.span(), std::span<const E>(reduced));
+          if (s.carried.numel() > 0) detail::add_into<Space>(s.grad.span(), std::span<const M>(s.carried.span()));
+          s.carried = {};
+          s.grad_reduced = true;
+        }
+      } else if constexpr (std::is_same_v<E, M> && std::is_same_v<Space, StateSpace>) {
         detail::add_into<StateSpace>(s.grad.span(), std::span<const M>(reduced));
       } else {
         auto incoming = Shard::template make_buffer<M, StateSpace>(n, MemoryTag::communication, false);
