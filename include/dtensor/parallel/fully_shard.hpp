@@ -92,6 +92,10 @@ struct FsdpOptions {
   int prefetch = 2;                             // units unsharded at once (>= 1; 1 = no prefetch)
   bool reduce_in_compute_dtype = false;         // reduce gradients in T (bf16) instead of M (fp32)
   bool offload_optimizer = false;               // CPU offload of master values and optimizer state
+  // ZeRO-1 with T != M: accumulate the gradients in a full buffer of M per unit (Megatron's
+  // distributed optimizer with fp32 gradient accumulation, 6 + 12/N bytes per parameter in bf16
+  // with fp32 master values and AdamW); the model's T gradients exist only around a unit's backward.
+  bool accumulate_grads_in_master = false;
 };
 
 /// What fully_shard did, in order (unit indices), for tests and traces.
@@ -153,16 +157,23 @@ class FullyShard {
                                                       " memory: the shards' memory space is a type, call "
                                                       "fully_shard<M, host_space>(model, mesh, options)"),
                   mesh_.rank());
+    if (o.accumulate_grads_in_master && (o.stage != 1 || o.reduce_in_compute_dtype || !std::is_same_v<StateSpace, Space>))
+      throw Error("fully_shard",
+                  dtensor::detail::cat("accumulate_grads_in_master needs stage 1 (not ", o.stage,
+                                       "), reductions in the master type (reduce_in_compute_dtype ", o.reduce_in_compute_dtype,
+                                       ") and no offload (the state space is ", StateSpace::name, ", the model's ", Space::name, ")"),
+                  mesh_.rank());
     reshard_after_forward_ = o.stage == 3 && o.reshard_after_forward.value_or(true);
     check_units();
     const int size = mesh_.size(shard_dim), coord = mesh_.coordinate()[shard_dim];
     for (auto& u : model_.units()) {
       // Stages 1/2: the shard makes room for the in-place all-gather (values kept) and, where it
       // can, keeps its master values and gradient shard in the full buffers (fsdp_unit.hpp).
-      units_.push_back(std::make_unique<Shard>(u.group->name(), u.group, size, coord, shard_dim, o.stage));
+      units_.push_back(std::make_unique<Shard>(u.group->name(), u.group, size, coord, shard_dim, o.stage,
+                                               o.accumulate_grads_in_master));
       auto& s = *units_.back();
       if (o.stage == 3) s.group->release_values();
-      if (o.stage >= 2) s.group->release_grads();
+      if (o.stage >= 2 || s.main_grad.numel() > 0) s.group->release_grads();
       for (auto& p : s.segments) params_.push_back(p);
     }
     install_hooks();
@@ -203,7 +214,7 @@ class FullyShard {
     std::size_t n = 0;
     for (auto& unit : units_) {
       auto& s = *unit;
-      if (s.reducing || !s.group->grads_resident()) continue;
+      if (s.reducing || (!s.group->grads_resident() && s.main_grad.numel() == 0)) continue;
       check_pending(s);
       issue_reduce(s);
       ++n;
@@ -242,6 +253,7 @@ class FullyShard {
     for (auto& u : units_) {
       u->grad_reduced = false;
       u->carried = {};
+      if (u->main_grad.numel() > 0) u->zero_full_grads();
     }
     for (auto& u : units_)
       if (u->group->grads_resident()) {
@@ -255,7 +267,7 @@ class FullyShard {
     FsdpMemory m;
     for (const auto& u : units_) {
       m.params += u->group->values_storage().size() * sizeof(T);
-      m.grads += u->group->grads_storage().size() * sizeof(T);
+      m.grads += u->group->grads_storage().size() * sizeof(T) + std::size_t(u->main_grad.numel()) * sizeof(M);
       m.master += u->master_bytes();     // 0 where they are the full values' slice
       m.grad_shards += u->grad_bytes();  // 0 where the shard lives in the full gradients
     }
@@ -313,7 +325,11 @@ class FullyShard {
         if (!s.group->grads_resident()) s.group->materialize_grads(s.padded());
       };
     } else {
-      h.pre_backward = [this](std::size_t u) { carry_reduced_grad(*units_[u]); };
+      h.pre_backward = [this](std::size_t u) {
+        auto& s = *units_[u];
+        carry_reduced_grad(s);
+        if (!s.group->grads_resident()) s.group->materialize_grads(s.padded());  // main_grad: around the backward
+      };
     }
     h.grads_ready = [this](std::size_t u) { grads_ready(u); };
     model_.set_hooks(std::move(h));
@@ -338,6 +354,13 @@ class FullyShard {
 
   void grads_ready(std::size_t u) {
     auto& s = *units_[u];
+    if (s.main_grad.numel() > 0 && s.group->grads_resident()) {
+      // Megatron's fp32 accumulation: this backward's T gradients added into main_grad, then freed.
+      auto wide = Shard::template make_buffer<M>(s.padded(), MemoryTag::communication, false);
+      detail::convert_into<Space>(wide.span(), std::span<const T>(s.group->grads_storage().first(s.padded())));
+      detail::add_into<Space>(s.main_grad.span(), std::span<const M>(wide.span()));
+      s.group->release_grads();
+    }
     if (o_.stage == 3) {
       if (!held_) reshard_unit(u);
       if (!s.group->grads_resident()) return;  // no gradient came (cannot happen for a model's own unit)
@@ -409,18 +432,20 @@ class FullyShard {
       s.carried = Shard::template make_buffer<M, StateSpace>(s.shard_size(), MemoryTag::gradients, false);
       detail::convert_into<StateSpace>(s.carried.span(), std::span<const M>(s.grad.span()));
     }
-    nn::detail::zero_flat<Space>(s.group->grads_storage());
+    s.zero_full_grads();
   }
 
   /// Issues the unit's reduction on the shard dimension: a reduce-scatter of the full gradients
   /// (every stage: ZeRO-1 too needs only its shard), in M or T.
   void issue_reduce(Shard& s) {
     auto& group = mesh_.group(shard_dim);
-    const auto full = s.group->grads_storage().first(s.padded());
+    // The full gradients of T (main_grad: released; the reduction reads main_grad in M).
+    const auto full = s.group->grads_resident() ? s.group->grads_storage().first(s.padded()) : std::span<T>();
     s.grad_op = pending_op(s);
     if (reduce_in_m()) {
       std::span<M> send;
       if constexpr (std::is_same_v<T, M>) send = full;
+      else if (s.main_grad.numel() > 0) send = s.main_grad.span();
       else {
         s.reduce_wide = Shard::template make_buffer<M>(full.size(), MemoryTag::communication, false);
         detail::convert_into<Space>(s.reduce_wide.span(), std::span<const T>(full));
@@ -478,7 +503,7 @@ class FullyShard {
           // The shard is (a part of) the full gradient buffer: the buffer to 0 but for the shard,
           // which becomes the reduced gradient, plus one carried over from before this backward
           // (carry_reduced_grad): the same sum as adding this one to that.
-          nn::detail::zero_flat<Space>(s.group->grads_storage());
+          s.zero_full_grads();
           detail::convert_into<Space>(s.grad.span(), std::span<const E>(reduced));
           if (s.carried.numel() > 0) detail::add_into<Space>(s.grad.span(), std::span<const M>(s.carried.span()));
           s.carried = {};

@@ -107,8 +107,13 @@ struct UnitShard {
   //                    the reduction the rest of the buffer is zero, so the optimizer's zero_grad
   //                    leaves the whole buffer zero for the next backward; a reduced gradient not
   //                    zeroed before the next backward is moved aside first (`carried`).
+  //  main_grad         ZeRO-1 with T != M and FsdpOptions::accumulate_grads_in_master (Megatron's
+  //                    distributed optimizer with fp32 gradient accumulation): a full gradient
+  //                    buffer in M per unit that the backward's T gradients are added into (they
+  //                    exist only around the unit's backward); the gradient shard is its slice.
   bool master_in_values = false;
   bool grad_in_full = false;
+  Buffer<M> main_grad;
   bool grad_reduced = false;  // grad_in_full: the shard holds a reduced gradient (since finish_reduce)
   StateBuffer<M> carried;     // grad_in_full: that gradient, moved aside for the next reduction to add
   std::vector<LayoutDesc<N>> grad_states;  // one per segment
@@ -143,7 +148,7 @@ struct UnitShard {
   /// stage: the ZeRO stage (1 and 2 keep the full values, 1 the full gradients, which the
   /// shard's states may then live in; see master_in_values / grad_in_full).
   UnitShard(std::string unit_name, std::shared_ptr<nn::FlatParams<T, N, Space>> g, int size, int coord,
-            std::size_t shard_dim, int stage = 3)
+            std::size_t shard_dim, int stage = 3, bool accumulate_in_master = false)
       : name(std::move(unit_name)), group(std::move(g)) {
     numel = group->size();
     ranks = std::size_t(size);
@@ -159,15 +164,19 @@ struct UnitShard {
       master_in_values = stage <= 2;
       grad_in_full = stage == 1;
     } else if constexpr (one_space) {
-      grad_in_full = stage == 1 && padded() * sizeof(T) >= shard_size() * sizeof(M) &&
-                     alignof(M) <= alignof(std::max_align_t);  // the storage is allocated max-aligned
+      grad_in_full = stage == 1 && (accumulate_in_master || (padded() * sizeof(T) >= shard_size() * sizeof(M) &&
+                                                             alignof(M) <= alignof(std::max_align_t)));  // max-aligned storage
     }
     if constexpr (one_space && std::is_same_v<T, M>) {
       auto at = [lo](T* base) { return base ? base + lo : base; };  // meta: no elements, null
       if (master_in_values) master = StateBuffer<M>::view(at(group->values_storage().data()), Shape<1>{Extent(shard_size())});
       if (grad_in_full) grad = StateBuffer<M>::view(at(group->grads_storage().data()), Shape<1>{Extent(shard_size())});
     } else if constexpr (one_space) {
-      if (grad_in_full) {
+      if (grad_in_full && accumulate_in_master) {
+        main_grad = make_buffer<M>(padded(), MemoryTag::gradients, true);
+        M* base = main_grad.data();
+        grad = StateBuffer<M>::view(base ? base + lo : base, Shape<1>{Extent(shard_size())});
+      } else if (grad_in_full) {
         M* wide = reinterpret_cast<M*>(static_cast<void*>(group->grads_storage().data()));
         grad = StateBuffer<M>::view(wide, Shape<1>{Extent(shard_size())});
         if (wide) Space::zero(group->grads_storage().data(), group->grads_storage().size_bytes());
@@ -209,6 +218,12 @@ struct UnitShard {
   /// none where they live in the group's full buffers).
   std::size_t master_bytes() const { return master_in_values ? 0 : std::size_t(master.numel()) * sizeof(M); }
   std::size_t grad_bytes() const { return grad_in_full ? 0 : std::size_t(grad.numel()) * sizeof(M); }
+
+  /// Zeroes the full gradient buffer the shard lives in (grad_in_full): main_grad, or the group's.
+  void zero_full_grads() {
+    if (main_grad.numel() > 0) nn::detail::zero_flat<Space>(main_grad.span());
+    else nn::detail::zero_flat<Space>(group->grads_storage());
+  }
   std::size_t shard_bytes() const { return master_bytes() + grad_bytes(); }
 };
 
