@@ -421,6 +421,13 @@ TEST_CASE("FSDP bad input: stage, prefetch, empty and shared units, HSDP sizes",
     expect_error([&] { parallel::fully_shard(ok, mesh, {.stage = 3, .prefetch = 0}); }, "prefetch 0");
     expect_error([&] { parallel::fully_shard(ok, mesh, {.stage = 2, .reshard_after_forward = true}); },
                  "reshard_after_forward");
+    expect_error([&] { parallel::fully_shard<double>(ok, mesh, {.stage = 2, .accumulate_grads_in_master = true}); },
+                 "accumulate_grads_in_master needs stage 1 (not 2)");
+    expect_error(
+        [&] {
+          parallel::fully_shard<double>(ok, mesh, {.stage = 1, .reduce_in_compute_dtype = true, .accumulate_grads_in_master = true});
+        },
+        "reduce_in_compute_dtype is true");
     UnitsModel empty;
     empty.units_.push_back({nn::flatten<double, 3>("u0", a), {}});
     empty.units_.push_back({std::make_shared<nn::FlatParams<double, 3>>("nothing", std::vector<nn::FlatEntry<3>>{}), {}});

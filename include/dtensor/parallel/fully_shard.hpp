@@ -160,7 +160,8 @@ class FullyShard {
     if (o.accumulate_grads_in_master && (o.stage != 1 || o.reduce_in_compute_dtype || !std::is_same_v<StateSpace, Space>))
       throw Error("fully_shard",
                   dtensor::detail::cat("accumulate_grads_in_master needs stage 1 (not ", o.stage,
-                                       "), reductions in the master type (reduce_in_compute_dtype ", o.reduce_in_compute_dtype,
+                                       "), reductions in the master type (reduce_in_compute_dtype is ",
+                                       o.reduce_in_compute_dtype ? "true" : "false",
                                        ") and no offload (the state space is ", StateSpace::name, ", the model's ", Space::name, ")"),
                   mesh_.rank());
     reshard_after_forward_ = o.stage == 3 && o.reshard_after_forward.value_or(true);
