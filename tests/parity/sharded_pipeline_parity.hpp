@@ -59,6 +59,9 @@ struct Run5d {
   std::vector<double> losses;  // every step's mean loss, on every rank
   std::size_t units = 0;       // FSDP units of this rank's stages
   std::size_t fsdp_gathers = 0, fsdp_reductions = 0;  // all-gathers / reduce-scatters + all-reduces on "fsdp", step 2
+  // Model states held after the last step on this rank, on the allocation ledger (host
+  // parameters + gradients + optimizer state), and the elements of its stages' flat buffers.
+  double state_bytes = 0, psi = 0;
 };
 
 // The MoE runs: the MoE parity suite's model (2 layers, batch 4), 4 experts, top-2, dropless.
@@ -75,6 +78,7 @@ template <class Plan, bool MoE = false, class Space = host_space>
 Run5d run_5d(CommPtr world, const Combo& c) {
   using Mesh5 = Mesh5In<Space>;
   using StageMesh = StageMeshIn<Space>;
+  MemoryLedger ledger;  // everything the run allocates on this rank's thread
   Mesh5 mesh(world, {c.pp, c.dp, c.fsdp, c.cp, c.tp});
   const StageMesh stage_mesh = pp::stage_mesh_of(mesh);
   auto cfg = parity_config();
@@ -103,7 +107,10 @@ Run5d run_5d(CommPtr world, const Combo& c) {
   };
   auto expert_opt = make_expert_opt();
   Run5d out;
-  for (auto& stage : run.executor().stages()) out.units += stage.units().size();
+  for (auto& stage : run.executor().stages()) {
+    out.units += stage.units().size();
+    for (auto& u : stage.units()) out.psi += double(u.group->size());
+  }
   for (int step = 0; step < parity_steps; ++step) {
     CommLog log;
     auto [ids, targets] = parity_tokens(step, cfg, batch);
@@ -128,6 +135,8 @@ Run5d run_5d(CommPtr world, const Combo& c) {
     mesh.group(0).all_reduce(std::span<double>(&loss, 1), ReduceOp::max);
     out.losses.push_back(loss);
   }
+  out.state_bytes = double(ledger.current(Space::name, MemoryTag::parameters) + ledger.current(Space::name, MemoryTag::gradients) +
+                           ledger.current(Space::name, MemoryTag::optimizer_state));
   return out;
 }
 

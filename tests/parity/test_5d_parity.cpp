@@ -105,3 +105,23 @@ TEST_CASE("The five: PP x FSDP x TP + SP x EP equals the one-rank MoE run", "[pa
   check<SP, true>({.pp = 2, .fsdp = 2, .tp = 2, .ep = 2, .microbatches = 2});
   check<SP, true>({.pp = 2, .dp = 2, .fsdp = 2, .tp = 2, .ep = 4, .zero = 2, .schedule = "gpipe", .microbatches = 1});
 }
+
+TEST_CASE("5-D: the trainer's DDP path (ZeRO-1 over fsdp 1) holds what DataParallel holds", "[parity][5d]") {
+  // Issue 27: train_gpt --fsdp 1 --dp N goes through ShardedPipeline's ZeRO-1 over a size-1
+  // "fsdp" dimension; with the model's type the master type its master values are the model's
+  // values and its gradient shard the model's gradients, so it holds DataParallel's model states:
+  // values, gradients and AdamW's two moments, 4 x 8 bytes per parameter in double (measured
+  // for DataParallel itself on the ledger in test_fsdp_parity, "FSDP memory on the ledger").
+  for (const Combo& c : {Combo{.dp = 2, .zero = 1, .microbatches = 2}, Combo{.pp = 2, .dp = 2, .zero = 1, .microbatches = 2}}) {
+    INFO(describe(c));
+    auto failures = on_ranks(c.ranks(), [&](CommPtr world, auto report) {
+      const Run5d run = run_5d<TP>(world, c);
+      const double want = 4 * sizeof(double) * run.psi;
+      if (run.psi == 0 || std::abs(run.state_bytes - want) > 1e-3 * want)
+        report(std::to_string(run.state_bytes) + " bytes of model states for " + std::to_string(run.psi) +
+               " parameters; DataParallel holds " + std::to_string(want));
+    });
+    CHECK(failures.empty());
+    for (const auto& f : failures) UNSCOPED_INFO(f);
+  }
+}

@@ -502,15 +502,17 @@ void check_zero_figure_1() {
     const int n = stage == 0 ? 1 : ranks;
     const auto m = model_states_after_step(run.report);
     // Ours, term by term (docs/fsdp.md): bf16 full values unless ZeRO-3 (2Ψ); bf16 full gradients
-    // for stage 1 (2Ψ); fp32 gradient shard (4Ψ/N); fp32 master values + two moments (12Ψ/N).
+    // for stage 1 (2Ψ); fp32 gradient shard (4Ψ/N), which ZeRO-1 over N >= 2 ranks keeps inside
+    // the full gradients' storage (none of its own); fp32 master values + two moments (12Ψ/N).
     const double values = stage == 3 ? 0 : 2 * psi, full_grads = stage <= 1 ? 2 * psi : 0;
-    const double grad_shard = 4 * psi / n, optimizer = 12 * psi / n;
+    const double grad_shard = stage <= 1 && n > 1 ? 0 : 4 * psi / n, optimizer = 12 * psi / n;
     CHECK(m.params == Approx(values).epsilon(1e-3));
     CHECK(m.grads == Approx(full_grads + grad_shard).epsilon(1e-3));
     CHECK(m.optimizer == Approx(optimizer).epsilon(1e-3));
     // ZeRO's accounting of the same states: DP and ZeRO-1 reduce into the fp16 full gradients
-    // (no separate shard); ZeRO-2/3 keep an fp16 gradient shard (ours is fp32); ZeRO-3 keeps an
-    // fp16 parameter shard (ours gathers from the fp32 master shard).
+    // (no separate shard: ours neither for ZeRO-1, an fp32 one for DP); ZeRO-2/3 keep an fp16
+    // gradient shard (ours is fp32); ZeRO-3 keeps an fp16 parameter shard (ours gathers from the
+    // fp32 master shard).
     const double measured_shard = stage <= 1 ? m.grads - full_grads : m.grads;
     double zero_accounting = m.total() - measured_shard;
     if (stage >= 2) zero_accounting += measured_shard / 2;
@@ -525,9 +527,9 @@ void check_megatron_distributed_optimizer() {
   // Megatron-LM's distributed optimizer with bf16 parameters and fp32 gradients: 18 bytes per
   // parameter without sharding (d = 1), 6 + 12/d sharded over d data ranks (bf16 parameter 2, fp32
   // gradient 4, fp32 master + moments 12/d). Ours (fully_shard stage 1 in bf16, fp32 master)
-  // holds bf16 full gradients and an fp32 gradient shard: 4 + 16/d. Megatron's figure is ours
-  // with the full gradients widened to fp32 and no separate shard; the shard's size is what a
-  // ZeRO-2 run holds as gradients.
+  // holds bf16 full gradients with the fp32 gradient shard inside them: ZeRO's 4 + 12/d.
+  // Megatron's figure is ours with the full gradients widened to fp32 (FsdpOptions::
+  // accumulate_grads_in_master; tests/parity/test_fsdp_parity.cpp measures it on the ledger).
   const nn::GPTConfig model{.vocab = 4096, .seq = 64, .dim = 512, .heads = 8, .layers = 2};
   for (int d : {2, 8, 64}) {
     CAPTURE(d);
@@ -535,8 +537,9 @@ void check_megatron_distributed_optimizer() {
     const double psi = model_elements(z1.report);
     REQUIRE(psi > 0);
     const auto m1 = model_states_after_step(z1.report), m2 = model_states_after_step(z2.report);
-    CHECK(m1.total() / psi == Approx(4 + 16.0 / d).epsilon(2e-3));
-    const double grad_shard = m2.grads, full_grads = m1.grads - grad_shard;
+    CHECK(m1.total() / psi == Approx(4 + 12.0 / d).epsilon(2e-3));
+    CHECK(m2.total() / psi == Approx(2 + 16.0 / d).epsilon(2e-3));  // ZeRO-2: an fp32 gradient shard
+    const double full_grads = m1.grads;
     const double megatron = m1.params + 2 * full_grads + m1.optimizer;
     CHECK(megatron / psi == Approx(6 + 12.0 / d).epsilon(2e-3));
   }
@@ -742,7 +745,7 @@ void check_zero1_states(const sim::RankReport& r, double data_ranks) {
   const double psi = model_elements(r);
   CAPTURE(r.name, psi, m.params, m.grads, m.optimizer);
   CHECK(m.params == Approx(2 * psi).epsilon(1e-6));
-  CHECK(m.grads == Approx(2 * psi + 4 * psi / data_ranks).epsilon(1e-3));
+  CHECK(m.grads == Approx(2 * psi).epsilon(1e-3));  // the fp32 gradient shard lives inside them
   CHECK(m.optimizer == Approx(12 * psi / data_ranks).epsilon(1e-3));
 }
 

@@ -22,10 +22,13 @@
 // the gradients (in M) and, through params(), of the optimizer state. The stages:
 //
 //   stage 1 (ZeRO-1)  full parameters and gradients stay; per unit, as backward completes it,
-//                     one all-reduce of its gradients on the shard dimension; this rank's shard
-//                     of them feeds the optimizer; sync_parameters: one all-gather per unit.
-//   stage 2 (ZeRO-2)  as 1, but one reduce-scatter per unit, and the unit's full gradients are
-//                     freed once it has run.
+//                     one reduce-scatter of its gradients on the shard dimension (the optimizer
+//                     needs only this rank's shard); sync_parameters: one all-gather per unit.
+//                     With T == M the master values are this rank's slice of the full values and
+//                     the gradient shard its slice of the full gradients (no state held twice:
+//                     4Ψ + 4Ψ + 8Ψ/N bytes in fp32 with AdamW; DDP is this over one shard rank).
+//   stage 2 (ZeRO-2)  as 1, but the unit's full gradients exist only from its backward to its
+//                     reduction; the gradient shard is its own buffer (T == M: 4Ψ + 12Ψ/N).
 //   stage 3 (ZeRO-3)  as 2, and the unit's full parameters exist only around its forward and
 //                     its backward: one all-gather before each (2 per unit per step), freed
 //                     after the forward (reshard_after_forward) and after the backward.
@@ -91,6 +94,10 @@ struct FsdpOptions {
   bool offload_optimizer = false;               // CPU offload of master values and optimizer state
   bool reduce_replicas = true;                  // HSDP: all-reduce on the replicate dimension; off: each
                                                 // replica keeps its gradient (still Partial there), for parallel/sync/
+  // ZeRO-1 with T != M: accumulate the gradients in a full buffer of M per unit (Megatron's
+  // distributed optimizer with fp32 gradient accumulation, 6 + 12/N bytes per parameter in bf16
+  // with fp32 master values and AdamW); the model's T gradients exist only around a unit's backward.
+  bool accumulate_grads_in_master = false;
 };
 
 /// What fully_shard did, in order (unit indices), for tests and traces.
@@ -152,15 +159,24 @@ class FullyShard {
                                                       " memory: the shards' memory space is a type, call "
                                                       "fully_shard<M, host_space>(model, mesh, options)"),
                   mesh_.rank());
+    if (o.accumulate_grads_in_master && (o.stage != 1 || o.reduce_in_compute_dtype || !std::is_same_v<StateSpace, Space>))
+      throw Error("fully_shard",
+                  dtensor::detail::cat("accumulate_grads_in_master needs stage 1 (not ", o.stage,
+                                       "), reductions in the master type (reduce_in_compute_dtype is ",
+                                       o.reduce_in_compute_dtype ? "true" : "false",
+                                       ") and no offload (the state space is ", StateSpace::name, ", the model's ", Space::name, ")"),
+                  mesh_.rank());
     reshard_after_forward_ = o.stage == 3 && o.reshard_after_forward.value_or(true);
     check_units();
     const int size = mesh_.size(shard_dim), coord = mesh_.coordinate()[shard_dim];
     for (auto& u : model_.units()) {
-      units_.push_back(std::make_unique<Shard>(u.group->name(), u.group, size, coord, shard_dim));
+      // Stages 1/2: the shard makes room for the in-place all-gather (values kept) and, where it
+      // can, keeps its master values and gradient shard in the full buffers (fsdp_unit.hpp).
+      units_.push_back(std::make_unique<Shard>(u.group->name(), u.group, size, coord, shard_dim, o.stage,
+                                               o.accumulate_grads_in_master));
       auto& s = *units_.back();
       if (o.stage == 3) s.group->release_values();
-      else s.group->materialize_values(s.padded());  // room for the in-place all-gather (values kept)
-      if (o.stage >= 2) s.group->release_grads();
+      if (o.stage >= 2 || s.main_grad.numel() > 0) s.group->release_grads();
       for (auto& p : s.segments) params_.push_back(p);
     }
     install_hooks();
@@ -201,7 +217,7 @@ class FullyShard {
     std::size_t n = 0;
     for (auto& unit : units_) {
       auto& s = *unit;
-      if (s.reducing || !s.group->grads_resident()) continue;
+      if (s.reducing || (!s.group->grads_resident() && s.main_grad.numel() == 0)) continue;
       check_pending(s);
       issue_reduce(s);
       ++n;
@@ -237,6 +253,11 @@ class FullyShard {
   /// Zeroes the gradient shards (and ZeRO-1's full gradients), nothing pending.
   void zero_grad() {
     for (auto& p : params_) p.zero_grad();
+    for (auto& u : units_) {
+      u->grad_reduced = false;
+      u->carried = {};
+      if (u->main_grad.numel() > 0) u->zero_full_grads();
+    }
     for (auto& u : units_)
       if (u->group->grads_resident()) {
         nn::detail::zero_flat<Space>(u->group->grads());
@@ -249,9 +270,9 @@ class FullyShard {
     FsdpMemory m;
     for (const auto& u : units_) {
       m.params += u->group->values_storage().size() * sizeof(T);
-      m.grads += u->group->grads_storage().size() * sizeof(T);
-      m.master += std::size_t(u->master.numel()) * sizeof(M);
-      m.grad_shards += std::size_t(u->grad.numel()) * sizeof(M);
+      m.grads += u->group->grads_storage().size() * sizeof(T) + std::size_t(u->main_grad.numel()) * sizeof(M);
+      m.master += u->master_bytes();     // 0 where they are the full values' slice
+      m.grad_shards += u->grad_bytes();  // 0 where the shard lives in the full gradients
     }
     return m;
   }
@@ -306,6 +327,12 @@ class FullyShard {
         auto& s = *units_[u];
         if (!s.group->grads_resident()) s.group->materialize_grads(s.padded());
       };
+    } else {
+      h.pre_backward = [this](std::size_t u) {
+        auto& s = *units_[u];
+        carry_reduced_grad(s);
+        if (!s.group->grads_resident()) s.group->materialize_grads(s.padded());  // main_grad: around the backward
+      };
     }
     h.grads_ready = [this](std::size_t u) { grads_ready(u); };
     model_.set_hooks(std::move(h));
@@ -330,6 +357,13 @@ class FullyShard {
 
   void grads_ready(std::size_t u) {
     auto& s = *units_[u];
+    if (s.main_grad.numel() > 0 && s.group->grads_resident()) {
+      // Megatron's fp32 accumulation: this backward's T gradients added into main_grad, then freed.
+      auto wide = Shard::template make_buffer<M>(s.padded(), MemoryTag::communication, false);
+      detail::convert_into<Space>(wide.span(), std::span<const T>(s.group->grads_storage().first(s.padded())));
+      detail::add_into<Space>(s.main_grad.span(), std::span<const M>(wide.span()));
+      s.group->release_grads();
+    }
     if (o_.stage == 3) {
       if (!held_) reshard_unit(u);
       if (!s.group->grads_resident()) return;  // no gradient came (cannot happen for a model's own unit)
@@ -388,31 +422,43 @@ class FullyShard {
                                                "\": reduced twice?"));
   }
 
-  /// Issues the unit's reduction on the shard dimension: ZeRO-1 an all-reduce of the full
-  /// gradients, ZeRO-2/3 a reduce-scatter, in M or T, in place where the types allow.
+  /// ZeRO-1 with the gradient shard in the full gradient buffer: a reduced gradient still there
+  /// when the next backward starts (no zero_grad in between: accumulation over steps) is moved
+  /// aside and the buffer zeroed, so that the backward accumulates this rank's local gradient
+  /// from 0 and the next finish_reduce adds the moved one back.
+  void carry_reduced_grad(Shard& s) {
+    if (!s.grad_in_full || !s.grad_reduced) return;
+    s.grad_reduced = false;
+    bool held = false;
+    for (const auto& seg : s.segments) held = held || *seg.has_grad;
+    if (held) {
+      s.carried = Shard::template make_buffer<M, StateSpace>(s.shard_size(), MemoryTag::gradients, false);
+      detail::convert_into<StateSpace>(s.carried.span(), std::span<const M>(s.grad.span()));
+    }
+    s.zero_full_grads();
+  }
+
+  /// Issues the unit's reduction on the shard dimension: a reduce-scatter of the full gradients
+  /// (every stage: ZeRO-1 too needs only its shard), in M or T.
   void issue_reduce(Shard& s) {
     auto& group = mesh_.group(shard_dim);
-    const auto full = s.group->grads_storage().first(o_.stage == 1 ? s.numel : s.padded());
+    // The full gradients of T (main_grad: released; the reduction reads main_grad in M).
+    const auto full = s.group->grads_resident() ? s.group->grads_storage().first(s.padded()) : std::span<T>();
     s.grad_op = pending_op(s);
     if (reduce_in_m()) {
       std::span<M> send;
       if constexpr (std::is_same_v<T, M>) send = full;
+      else if (s.main_grad.numel() > 0) send = s.main_grad.span();
       else {
         s.reduce_wide = Shard::template make_buffer<M>(full.size(), MemoryTag::communication, false);
         detail::convert_into<Space>(s.reduce_wide.span(), std::span<const T>(full));
         send = s.reduce_wide.span();
       }
-      if (o_.stage == 1) s.reduce = group.all_reduce_async(std::span<const M>(send), send, s.grad_op);
-      else {
-        s.reduced_wide = Shard::template make_buffer<M>(s.chunk, MemoryTag::communication, false);
-        s.reduce = group.reduce_scatter_async(std::span<const M>(send), s.reduced_wide.span(), s.grad_op);
-      }
+      s.reduced_wide = Shard::template make_buffer<M>(s.chunk, MemoryTag::communication, false);
+      s.reduce = group.reduce_scatter_async(std::span<const M>(send), s.reduced_wide.span(), s.grad_op);
     } else {
-      if (o_.stage == 1) s.reduce = group.all_reduce_async(std::span<const T>(full), full, s.grad_op);
-      else {
-        s.reduced_narrow = Shard::template make_buffer<T>(s.chunk, MemoryTag::communication, false);
-        s.reduce = group.reduce_scatter_async(std::span<const T>(full), s.reduced_narrow.span(), s.grad_op);
-      }
+      s.reduced_narrow = Shard::template make_buffer<T>(s.chunk, MemoryTag::communication, false);
+      s.reduce = group.reduce_scatter_async(std::span<const T>(full), s.reduced_narrow.span(), s.grad_op);
     }
     s.reducing = true;
     events_.push_back({FsdpEvent::reduce_issued, index_of(s), true});
@@ -427,30 +473,15 @@ class FullyShard {
 
   bool reduce_in_m() const { return std::is_same_v<T, M> || !o_.reduce_in_compute_dtype; }
 
-  /// Waits for the unit's collective on the shard dimension and copies this rank's part into
-  /// the staging buffer it will be added from; ZeRO-2/3 free the full gradients then.
+  /// Waits for the unit's collective on the shard dimension (this rank's part is then in
+  /// reduced_*); ZeRO-2/3 free the full gradients, ZeRO-1 zeroes them (consumed: the next step
+  /// starts from 0) unless the gradient shard lives in them (then finish_reduce does).
   void finish_collective(Shard& s) {
     if (!s.reducing || s.reduce_waited) return;
     s.reduce.wait();
     s.reduce_waited = true;
-    // This rank's reduced part, in the reduction's type, into reduced_* (ZeRO-1: out of the full buffer).
-    if (o_.stage == 1) {
-      const auto lo = std::size_t(s.shard.begin), n = s.shard_size();
-      const auto mine = std::span<const T>(s.group->grads().subspan(lo, n));
-      if (reduce_in_m() && !std::is_same_v<T, M>) {
-        s.reduced_wide = Shard::template make_buffer<M>(n, MemoryTag::communication, false);
-        detail::convert_into<Space>(s.reduced_wide.span(), std::span<const M>(s.reduce_wide.span().subspan(lo, n)));
-      } else if (reduce_in_m()) {
-        s.reduced_wide = Shard::template make_buffer<M>(n, MemoryTag::communication, false);
-        detail::convert_into<Space>(s.reduced_wide.span(), mine);
-      } else {
-        s.reduced_narrow = Shard::template make_buffer<T>(n, MemoryTag::communication, false);
-        detail::convert_into<Space>(s.reduced_narrow.span(), mine);
-      }
-      nn::detail::zero_flat<Space>(s.group->grads());  // consumed: the next step starts from 0
-    } else {
-      s.group->release_grads();
-    }
+    if (o_.stage != 1) s.group->release_grads();
+    else if (!s.grad_in_full) nn::detail::zero_flat<Space>(s.group->grads_storage());
     s.reduce_wide = {};
     remember_grad_states(s);
     reset_grad_states(s);
@@ -470,7 +501,18 @@ class FullyShard {
     auto add_to_shard = [&](auto reduced) {
       using E = typename decltype(reduced)::element_type;
       replicate_reduce(reduced, s.grad_op);
-      if constexpr (std::is_same_v<E, M> && std::is_same_v<Space, StateSpace>) {
+      if (s.grad_in_full) {
+        if constexpr (std::is_same_v<Space, StateSpace>) {
+          // The shard is (a part of) the full gradient buffer: the buffer to 0 but for the shard,
+          // which becomes the reduced gradient, plus one carried over from before this backward
+          // (carry_reduced_grad): the same sum as adding this one to that.
+          s.zero_full_grads();
+          detail::convert_into<Space>(s.grad.span(), std::span<const E>(reduced));
+          if (s.carried.numel() > 0) detail::add_into<Space>(s.grad.span(), std::span<const M>(s.carried.span()));
+          s.carried = {};
+          s.grad_reduced = true;
+        }
+      } else if constexpr (std::is_same_v<E, M> && std::is_same_v<Space, StateSpace>) {
         detail::add_into<StateSpace>(s.grad.span(), std::span<const M>(reduced));
       } else {
         auto incoming = Shard::template make_buffer<M, StateSpace>(n, MemoryTag::communication, false);

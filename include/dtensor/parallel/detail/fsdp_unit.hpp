@@ -93,8 +93,29 @@ struct UnitShard {
   std::size_t chunk = 0;  // c = ceil(n / S)
   std::size_t ranks = 1;  // S
   Range shard;            // [lo, hi) of the flat buffer
-  StateBuffer<M> master;  // this rank's values, hi - lo
+  StateBuffer<M> master;  // this rank's values, hi - lo (a view of the group's values: see master_in_values)
   StateBuffer<M> grad;    // this rank's reduced gradients, hi - lo (accumulated until zero_grad)
+  // Where the states live (ZeRO's memory formulas: no state held twice).
+  //  master_in_values  ZeRO-1/2 with T == M in one space: the master values are this rank's slice
+  //                    of the group's full values, which the stage keeps anyway (no second copy);
+  //                    the optimizer updates them in place and the all-gather sends them.
+  //  grad_in_full      ZeRO-1 in one space: the gradient shard lives in the group's full gradient
+  //                    buffer, which ZeRO-1 keeps anyway: T == M, this rank's slice [lo, hi) of
+  //                    it (Megatron's distributed optimizer: main_grad is a view of the grad
+  //                    buffer); T != M, the first (hi - lo) * sizeof(M) bytes of its storage,
+  //                    which holds c * S * sizeof(T) >= that (S >= 2 for bf16 -> fp32). After
+  //                    the reduction the rest of the buffer is zero, so the optimizer's zero_grad
+  //                    leaves the whole buffer zero for the next backward; a reduced gradient not
+  //                    zeroed before the next backward is moved aside first (`carried`).
+  //  main_grad         ZeRO-1 with T != M and FsdpOptions::accumulate_grads_in_master (Megatron's
+  //                    distributed optimizer with fp32 gradient accumulation): a full gradient
+  //                    buffer in M per unit that the backward's T gradients are added into (they
+  //                    exist only around the unit's backward); the gradient shard is its slice.
+  bool master_in_values = false;
+  bool grad_in_full = false;
+  Buffer<M> main_grad;
+  bool grad_reduced = false;  // grad_in_full: the shard holds a reduced gradient (since finish_reduce)
+  StateBuffer<M> carried;     // grad_in_full: that gradient, moved aside for the next reduction to add
   std::vector<LayoutDesc<N>> grad_states;  // one per segment
   std::unique_ptr<bool[]> has_grad;        // one per segment (ParamRef points at them)
   nn::ParamList<M, N, StateSpace> segments;  // views of master / grad, one per overlapping entry
@@ -124,17 +145,48 @@ struct UnitShard {
     return zero ? B(Shape<1>{Extent(n)}) : B::uninitialized(Shape<1>{Extent(n)});
   }
 
+  /// stage: the ZeRO stage (1 and 2 keep the full values, 1 the full gradients, which the
+  /// shard's states may then live in; see master_in_values / grad_in_full).
   UnitShard(std::string unit_name, std::shared_ptr<nn::FlatParams<T, N, Space>> g, int size, int coord,
-            std::size_t shard_dim)
+            std::size_t shard_dim, int stage = 3, bool accumulate_in_master = false)
       : name(std::move(unit_name)), group(std::move(g)) {
     numel = group->size();
     ranks = std::size_t(size);
     chunk = std::size_t(chunk_size(Extent(numel), size));
     shard = chunk_range(Extent(numel), size, coord);
-    master = make_buffer<M, StateSpace>(shard_size(), MemoryTag::optimizer_state, false);
-    grad = make_buffer<M, StateSpace>(shard_size(), MemoryTag::gradients, true);
-    convert_across<StateSpace, Space>(master.span(),
-                                      std::span<const T>(group->values().subspan(std::size_t(shard.begin), shard_size())));
+    constexpr bool one_space = std::is_same_v<Space, StateSpace>;
+    // The full buffers the collectives run on, with their padding (they never move after this:
+    // stages 1/2 never release their values, stage 1 never its gradients).
+    if (stage <= 2) group->materialize_values(padded());
+    if (stage == 1) group->materialize_grads(padded());
+    const auto lo = std::size_t(shard.begin);
+    if constexpr (one_space && std::is_same_v<T, M>) {
+      master_in_values = stage <= 2;
+      grad_in_full = stage == 1;
+    } else if constexpr (one_space) {
+      grad_in_full = stage == 1 && (accumulate_in_master || (padded() * sizeof(T) >= shard_size() * sizeof(M) &&
+                                                             alignof(M) <= alignof(std::max_align_t)));  // max-aligned storage
+    }
+    if constexpr (one_space && std::is_same_v<T, M>) {
+      auto at = [lo](T* base) { return base ? base + lo : base; };  // meta: no elements, null
+      if (master_in_values) master = StateBuffer<M>::view(at(group->values_storage().data()), Shape<1>{Extent(shard_size())});
+      if (grad_in_full) grad = StateBuffer<M>::view(at(group->grads_storage().data()), Shape<1>{Extent(shard_size())});
+    } else if constexpr (one_space) {
+      if (grad_in_full && accumulate_in_master) {
+        main_grad = make_buffer<M>(padded(), MemoryTag::gradients, true);
+        M* base = main_grad.data();
+        grad = StateBuffer<M>::view(base ? base + lo : base, Shape<1>{Extent(shard_size())});
+      } else if (grad_in_full) {
+        M* wide = reinterpret_cast<M*>(static_cast<void*>(group->grads_storage().data()));
+        grad = StateBuffer<M>::view(wide, Shape<1>{Extent(shard_size())});
+        if (wide) Space::zero(group->grads_storage().data(), group->grads_storage().size_bytes());
+      }
+    }
+    if (!master_in_values) {
+      master = make_buffer<M, StateSpace>(shard_size(), MemoryTag::optimizer_state, false);
+      convert_across<StateSpace, Space>(master.span(), std::span<const T>(group->values().subspan(lo, shard_size())));
+    }
+    if (!grad_in_full) grad = make_buffer<M, StateSpace>(shard_size(), MemoryTag::gradients, true);
     // Segments: the entries that overlap [lo, hi). Reserve first: the views point into these vectors.
     std::size_t count = 0;
     for (const auto& e : group->entries()) count += overlap(e).size() > 0;
@@ -162,8 +214,17 @@ struct UnitShard {
     return b < en ? Range{b, en} : Range{shard.begin, shard.begin};
   }
 
-  /// Bytes of the shard state this object holds (master values and gradient shard).
-  std::size_t shard_bytes() const { return std::size_t(master.numel() + grad.numel()) * sizeof(M); }
+  /// Bytes of the shard state this object holds (master values and gradient shard it owns:
+  /// none where they live in the group's full buffers).
+  std::size_t master_bytes() const { return master_in_values ? 0 : std::size_t(master.numel()) * sizeof(M); }
+  std::size_t grad_bytes() const { return grad_in_full ? 0 : std::size_t(grad.numel()) * sizeof(M); }
+
+  /// Zeroes the full gradient buffer the shard lives in (grad_in_full): main_grad, or the group's.
+  void zero_full_grads() {
+    if (main_grad.numel() > 0) nn::detail::zero_flat<Space>(main_grad.span());
+    else nn::detail::zero_flat<Space>(group->grads_storage());
+  }
+  std::size_t shard_bytes() const { return master_bytes() + grad_bytes(); }
 };
 
 }  // namespace dtensor::parallel::detail

@@ -22,7 +22,7 @@
 //   before the stage's first forward   unshard(): ZeRO-3 all-gathers every unit once for the
 //                                      whole step (PyTorch's UNSHARD), not once per micro-batch
 //   after the stage's last backward    reshard() (RESHARD) and reduce_gradients(): one
-//                                      reduce-scatter (ZeRO-1: all-reduce) per unit, issued
+//                                      reduce-scatter per unit (every ZeRO stage), issued
 //                                      while the rest of the schedule runs
 //
 // After the schedule, step() waits for those (HSDP: then one all-reduce per unit on "dp"), and
