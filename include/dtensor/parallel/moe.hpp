@@ -47,6 +47,7 @@
 #include "dtensor/kernels/embedding.hpp"
 #include "dtensor/kernels/reduce.hpp"
 
+#include "dtensor/distributed/settings_agreement.hpp"
 #include "dtensor/parallel/experts.hpp"
 #include "dtensor/nn/linear.hpp"
 #include "dtensor/nn/router.hpp"
@@ -239,6 +240,19 @@ class MoE {
   static const MoEConfig& checked(const MoEConfig& c, const Mesh& mesh, const EMesh& emesh) {
     check_router_config(c.router, "nn::MoE", mesh.rank());
     parallel::check_expert_mesh(mesh, emesh);
+    // Ranks that route differently (another top-k, capacity or expert count) exchange counts
+    // and rows that do not match: a truncation, a hang or silently wrong outputs. One
+    // all-gather per layer at setup, in every build (distributed/settings_agreement.hpp).
+    const auto& r = c.router;
+    require_same_settings(mesh.comm(), "nn::MoE",
+                          {{"experts", dtensor::detail::cat(r.experts)},
+                           {"top-k", dtensor::detail::cat(r.topk)},
+                           {"capacity factor", r.capacity_factor ? dtensor::detail::cat(*r.capacity_factor) : "none"},
+                           {"score", dtensor::detail::cat(int(r.score))},
+                           {"normalize gates", r.normalize_gates ? "true" : "false"},
+                           {"force balanced", r.force_balanced ? "true" : "false"},
+                           {"dim", dtensor::detail::cat(c.dim)},
+                           {"hidden", dtensor::detail::cat(c.hidden)}});
     return c;
   }
 
