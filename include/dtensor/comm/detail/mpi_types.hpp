@@ -8,6 +8,7 @@
 #include <chrono>
 #include <climits>
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <mutex>
@@ -31,6 +32,11 @@ struct OpInfo {
   std::string label;
   int rank = 0, size = 0, world_rank = 0;
   std::chrono::milliseconds timeout{0};
+  // For departure notices (mpi_departure.hpp): a collective is number `seq` on the
+  // communicator of id `comm_id` (0: untracked); a send or recv goes to group rank `peer`.
+  MPI_Comm comm = MPI_COMM_NULL;
+  std::uint64_t comm_id = 0, seq = 0;
+  int peer = -1;
 };
 
 inline std::string error_string(int code) {
