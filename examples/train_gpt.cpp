@@ -326,6 +326,8 @@ void check_save_dir(const Options& o) {
 std::string read_text(const std::string& file) {
   std::string text;
   auto add = [&](const std::filesystem::path& p) {
+    // An ifstream opens a directory and reads nothing: say so instead of training on no text.
+    if (std::filesystem::is_directory(p)) throw std::runtime_error("--data " + p.string() + " is a directory, not a text file");
     std::ifstream in(p, std::ios::binary);
     if (!in) throw std::runtime_error("cannot read " + p.string());
     std::ostringstream s;
@@ -553,10 +555,13 @@ void train(CommPtr world, const Options& o, const Corpus& corpus) {
     std::istringstream rng_state(meta.rng_state);
     if (!(rng_state >> rng) || meta.data_position != std::uint64_t(meta.step))
       throw Error("train_gpt", "the checkpoint at " + o.resume + " has no valid data position or batch generator state");
-    first_step = int(meta.step) + 1;
-    if (first_step > o.steps)
+    // Compared as saved (int64), before narrowing: a step past int's range must not wrap.
+    if (meta.step < 0)
+      throw Error("train_gpt", "the checkpoint at " + o.resume + " records step " + str(meta.step) + ": a step count is never negative");
+    if (meta.step >= o.steps)
       throw Error("train_gpt", "the checkpoint at " + o.resume + " is at step " + str(meta.step) + ": nothing left to train up to --steps " +
                                    str(o.steps) + " (the total)");
+    first_step = int(meta.step) + 1;
     if (root) std::printf("resumed from %s at step %lld\n", o.resume.c_str(), (long long)meta.step);
   }
   CommSummary per_step;  // the collectives of step 2 (step 1 warms up)

@@ -110,3 +110,21 @@ TEST_CASE("MoE ranks given a different top-k or capacity fail at setup", "[harde
     CHECK_FALSE(o.threw);
   }
 }
+
+TEST_CASE("ranks building meshes of different shapes are told that the mesh differs", "[hardening][agreement]") {
+  const Stopwatch clock;
+  auto out = outcomes(4, [](CommPtr world) {
+    world->set_timeout(long_timeout);
+    world->set_check_collectives(false);
+    StageMesh mesh(world, world->rank() == 3 ? std::array<int, 2>{4, 1} : std::array<int, 2>{2, 2});
+  });
+  CHECK(clock.elapsed() < prompt);
+  int named = 0;
+  for (const auto& o : out) {
+    INFO(o.message);
+    CHECK(o.is_error);
+    named += o.message.find("expected a group of") != std::string::npos &&
+             o.message.find("the ranks disagree about the mesh") != std::string::npos;
+  }
+  CHECK(named >= 1);  // the rank that found it; the others are released naming it
+}
