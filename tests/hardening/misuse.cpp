@@ -78,13 +78,13 @@ TEST_CASE("an optimizer over parameters collected from the model around fully_sh
       Net net = make_net(mesh);
       auto fsdp = parallel::fully_shard(net, mesh, {.stage = stage});
       nn::ParamList<double, 3> after;
-      nn::collect(net, after);  // ZeRO-3 has released the values: collect itself throws
+      nn::collect(net, after);  // ZeRO-2/3 have released the gradients / values: collect itself throws
       optim::SGD<double, 3> opt(after, {.lr = 0.1});
     });
     for (const auto& o : out) {
       INFO(o.message);
       CHECK(o.is_error);
-      if (stage == 3) CHECK_THAT(o.message, Contains("fc1") && Contains("released (sharded by FSDP)"));
+      if (stage >= 2) CHECK_THAT(o.message, Contains("fc1") && Contains("released (sharded by FSDP)"));
       else CHECK_THAT(o.message, Contains("SGD") && Contains("parameter fc1.weight") && Contains("fully_shard has sharded"));
     }
   }
