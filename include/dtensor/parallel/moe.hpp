@@ -37,6 +37,7 @@
 // each with DataParallel over its mesh. for_each_parameter / zero_grad walk both.
 #pragma once
 
+#include <charconv>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -237,6 +238,12 @@ class MoE {
   }
 
   /// c, once the router's configuration and the expert mesh are checked.
+  /// The shortest text that reads back as `v`: values that differ never print alike.
+  static std::string shortest(double v) {
+    char buf[40];
+    const auto end = std::to_chars(buf, buf + sizeof buf, v).ptr;
+    return std::string(buf, end);
+  }
   static const MoEConfig& checked(const MoEConfig& c, const Mesh& mesh, const EMesh& emesh) {
     check_router_config(c.router, "nn::MoE", mesh.rank());
     parallel::check_expert_mesh(mesh, emesh);
@@ -247,7 +254,7 @@ class MoE {
     require_same_settings(mesh.comm(), "nn::MoE",
                           {{"experts", dtensor::detail::cat(r.experts)},
                            {"top-k", dtensor::detail::cat(r.topk)},
-                           {"capacity factor", r.capacity_factor ? dtensor::detail::cat(*r.capacity_factor) : "none"},
+                           {"capacity factor", r.capacity_factor ? shortest(*r.capacity_factor) : "none"},
                            {"score", dtensor::detail::cat(int(r.score))},
                            {"normalize gates", r.normalize_gates ? "true" : "false"},
                            {"force balanced", r.force_balanced ? "true" : "false"},
