@@ -2,7 +2,7 @@
 // all-reduce, while every other rank waits for it in a second one with the default timeout
 // (5 minutes). Its departure notice must release them at once: they fail with an Error naming
 // world rank 2 and the collective it never called, and mpi::run aborts the job. CTest checks
-// the message, and its TIMEOUT (30 s, far below the 300 s timeout) that it came promptly.
+// the message, and its TIMEOUT (100 s, far below the 300 s timeout) that it came promptly.
 #include <span>
 #include <vector>
 
