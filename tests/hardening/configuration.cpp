@@ -210,3 +210,18 @@ TEST_CASE("trainer flags: integers in the type they are used as, naming flag and
   CHECK_THAT(message([&] { examples::positive_flag_value("--lr", "nan"); }), Contains("--lr expects a positive number"));
   CHECK_THAT(message([&] { examples::positive_flag_value("--lr", "-1"); }), Contains("--lr expects a positive number"));
 }
+
+TEST_CASE("DTENSOR_VERIFY_EVERY is a whole number of calls in 0 .. 16", "[hardening][config]") {
+  CHECK(detail::verify_every_from_env(16) == 16);  // unset: the fallback
+  {
+    ScopedEnv e("DTENSOR_VERIFY_EVERY", "0");
+    CHECK(detail::verify_every_from_env(16) == 0);
+  }
+  for (const char* bad : {"17", "-1", "4x", "", "1e1", "on"}) {
+    ScopedEnv e("DTENSOR_VERIFY_EVERY", bad);
+    const auto o = outcome_of_call([] { (void)detail::verify_every_from_env(16); });
+    INFO(bad << " -> " << o.message);
+    CHECK(o.is_error);
+    CHECK_THAT(o.message, Contains("DTENSOR_VERIFY_EVERY") && Contains(std::string("'") + bad + "'"));
+  }
+}

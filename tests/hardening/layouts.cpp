@@ -90,3 +90,68 @@ TEST_CASE("ranks that agree redistribute correctly with the check on (uneven, sm
     CHECK_FALSE(r.threw);
   }
 }
+
+// The always-on check (Communicator::set_verify_every; on in every build, here with the full
+// check off as in a Release build): the same disagreements become an Error on every rank
+// within 16 calls, naming the first call that differed — they computed on silently before.
+namespace {
+template <class Mesh>
+void full_check_off(const Mesh& mesh) {
+  for (std::size_t lo = 0; lo < Mesh::ndim; ++lo)
+    for (std::size_t hi = lo; hi < Mesh::ndim; ++hi) mesh.group(lo, hi).set_check_collectives(false);
+}
+}  // namespace
+
+TEST_CASE("with the full check off, the always-on check catches layouts and extents within 16 calls",
+          "[hardening][layouts][always-on]") {
+  const Stopwatch clock;
+  auto out = outcomes(2, [](CommPtr w) {
+    w->set_timeout(long_timeout);
+    DeviceMesh<"tp"> mesh(w, {2});
+    full_check_off(mesh);
+    REQUIRE(mesh.comm().verify_every() == 16);  // the default, in every build type
+    const auto full = arange<float>(Shape<2>{4, 4});
+    for (int i = 0; i < 16; ++i) {  // one call of rank 1 differs; it is found within 16
+      if (w->rank() == 1 && i == 5) (void)full_tensor(distribute_replicated<Layout<Shard<1>>>(mesh, full));
+      else (void)full_tensor(distribute_replicated<Layout<Shard<0>>>(mesh, full));
+    }
+  });
+  CHECK(clock.elapsed() < prompt);
+  for (const auto& r : out) {
+    INFO(r.message);
+    CHECK(r.is_error);
+    CHECK_THAT(r.message, Contains("[tp]") && Contains("always-on check") && Contains("call #11 of group 'tp'") &&
+                              Contains("rank 0: float32 [4, 4] on mesh [2]: (S(0)) -> (R)") &&
+                              Contains("rank 1: float32 [4, 4] on mesh [2]: (S(1)) -> (R)"));
+  }
+  // Same byte count, different extents; found at the next barrier.
+  out = outcomes(2, [](CommPtr w) {
+    w->set_timeout(long_timeout);
+    DeviceMesh<"tp"> mesh(w, {2});
+    full_check_off(mesh);
+    const Shape<2> global = w->rank() == 0 ? Shape<2>{4, 4} : Shape<2>{2, 8};
+    (void)full_tensor(distribute_replicated<Layout<Shard<0>>>(mesh, arange<float>(global)));
+    mesh.comm().barrier();
+  });
+  for (const auto& r : out) {
+    INFO(r.message);
+    CHECK(r.is_error);
+    CHECK_THAT(r.message, Contains("barrier[tp]") && Contains("rank 0: float32 [4, 4]") && Contains("rank 1: float32 [2, 8]"));
+  }
+  // Ranks in step: no error, whatever the number of calls; 0 turns it off; out of range is an Error.
+  for (const auto& r : outcomes(2, [](CommPtr w) {
+         DeviceMesh<"tp"> mesh(w, {2});
+         full_check_off(mesh);
+         const auto full = arange<float>(Shape<2>{3, 5});
+         for (int i = 0; i < 40; ++i)
+           if (i % 2) (void)full_tensor(distribute_replicated<Layout<Shard<1>>>(mesh, full));
+           else (void)full_tensor(distribute_replicated<Layout<Shard<0>>>(mesh, full));
+         mesh.comm().barrier();
+         mesh.comm().set_verify_every(0);
+         mesh.comm().set_verify_every(16);
+         mesh.comm().set_verify_every(17);
+       })) {
+    INFO(r.message);
+    CHECK_THAT(r.message, Contains("set_verify_every[tp]") && Contains("17 is not in 0 .. 16"));
+  }
+}

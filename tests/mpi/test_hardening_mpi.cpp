@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "dtensor/comm/mpi.hpp"
+#include "dtensor/distributed/settings_agreement.hpp"
 #include "dtensor/dtensor.hpp"
 #include "mpi_check.hpp"
 
@@ -91,4 +92,51 @@ TEST_CASE("errors on a sub-group name the group and the world rank", "[mpi][hard
   const bool named = w->rank() == sub->rank() ? contains(msg, "all_gather[dp] on rank 0:")
                                                : contains(msg, "(world rank " + std::to_string(w->rank()) + ")");
   DTENSOR_MPI_REQUIRE(named && contains(msg, "recv has 3 elements"));
+}
+
+TEST_CASE("ranks given another --seed fail at setup with the collective check off", "[mpi][hardening]") {
+  // The agreement of settings is its own all-gather: it works whatever the check's switch, in
+  // every build (a Release build has the check off).
+  CommPtr g = mpi::world()->split(0, mpi::world()->rank());
+  g->set_label("unchecked");
+  g->set_check_collectives(false);
+  const int odd = g->size() - 1;
+  const auto msg = error_of([&] {
+    require_same_settings(*g, "train_gpt",
+                          {{"--lr", "0.003"}, {"--seed", g->rank() == odd ? "7" : "1234"}, {"--steps", "10"}});
+  });
+  std::string ranks;
+  for (int r = 0; r < odd; ++r) ranks += (r ? ", " : "") + std::to_string(r);
+  DTENSOR_MPI_REQUIRE(contains(msg, {"train_gpt", "before any step", "--seed: ranks " + ranks + " '1234'; rank " +
+                                                                         std::to_string(odd) + " '7';"}));
+  DTENSOR_MPI_REQUIRE(!contains(msg, "--lr") && !contains(msg, "--steps"));
+  // The same settings pass.
+  require_same_settings(*g, "train_gpt", {{"--lr", "0.003"}, {"--seed", "1234"}});
+}
+
+TEST_CASE("with the full check off, the always-on check catches ops and layouts within 16 calls", "[mpi][hardening]") {
+  // As in a Release build: MPI reduces with each rank's own op, or moves unrelated elements of
+  // equal byte counts, silently; the running hash compared every 16 calls turns that into an
+  // Error on every rank naming the first call that differed.
+  CommPtr g = mpi::world()->split(0, mpi::world()->rank());
+  g->set_label("release");
+  g->set_check_collectives(false);
+  REQUIRE(g->verify_every() == 16);
+  auto msg = error_of([&] {
+    std::vector<float> x(4, 1.0f);
+    for (int i = 0; i < 16; ++i) g->all_reduce(std::span<float>(x), g->rank() == 1 && i == 3 ? ReduceOp::max : ReduceOp::sum);
+  });
+  DTENSOR_MPI_REQUIRE(contains(msg, {"all_reduce[release]", "always-on check", "call #4 of group 'release'",
+                                     "rank 0: all_reduce(4 x float32, sum)", "rank 1: all_reduce(4 x float32, max)"}));
+
+  DeviceMesh<"tp"> mesh(g, {g->size()});
+  mesh.comm().set_check_collectives(false);
+  const int n = mesh.size(0);
+  const auto full = arange<float>(Shape<2>{Extent(2 * n), Extent(2 * n)});
+  msg = error_of([&] {
+    if (mesh.comm().rank() == 0) (void)full_tensor(distribute_replicated<Layout<Shard<0>>>(mesh, full));
+    else (void)full_tensor(distribute_replicated<Layout<Shard<1>>>(mesh, full));
+    mesh.comm().barrier();
+  });
+  DTENSOR_MPI_REQUIRE(contains(msg, {"always-on check", "(S(0)) -> (R)", "(S(1)) -> (R)"}));
 }

@@ -208,7 +208,10 @@ inline Manifest parse(const std::string& text, const std::filesystem::path& file
     const std::string kind = r.word();
     if (kind == "dtensor-checkpoint") {
       if (const int v = r.integer<int>(); v != format_version) r.fail(dtensor::detail::cat("format version ", v, ", this library reads ", format_version));
-    } else if (kind == "step") m.meta.step = r.integer<std::int64_t>();
+    } else if (kind == "step") {
+      m.meta.step = r.integer<std::int64_t>();
+      if (m.meta.step < 0) r.fail(dtensor::detail::cat("step ", m.meta.step, " is negative"));
+    }
     else if (kind == "data_position") m.meta.data_position = r.integer<std::uint64_t>();
     else if (kind == "optimizer_steps") m.meta.optimizer_steps = r.integer<std::int64_t>();
     else if (kind == "rng") m.meta.rng_state = detail::unhex(r, r.word());

@@ -59,6 +59,10 @@ inline std::string rank_file(int rank, const char* ext) {
 }
 
 inline void check_meta(const TrainingMeta& meta) {
+  // A step count read back negative is refused at load (format.hpp): refuse to write one.
+  if (meta.step < 0 || meta.optimizer_steps < 0)
+    throw Error("checkpoint::save", dtensor::detail::cat("step ", meta.step, ", optimizer steps ", meta.optimizer_steps,
+                                                         ": step counts are never negative"));
   for (const auto& [k, v] : meta.config) {
     check_token("checkpoint::save", "config key", k);
     if (v.find_first_of("\r\n") != std::string::npos)

@@ -97,6 +97,32 @@ struct Fingerprint {
     if (root >= 0) s += cat(", root ", root);
     return s + ")";
   }
+  /// Folds this record into a running hash of a communicator's calls (the always-on check).
+  std::uint64_t folded_into(std::uint64_t h) const {
+    for (std::uint64_t v : {std::uint64_t(kind) | std::uint64_t(dtype) << 8 | std::uint64_t(op) << 16 |
+                                std::uint64_t(std::uint32_t(root)) << 32,
+                            std::uint64_t(count), hash})
+      h = (h ^ v) * 1099511628211ull + 0x9e3779b97f4a7c15ull;
+    return h;
+  }
+};
+
+/// The always-on form of the collective check (Communicator::set_verify_every). Each rank folds
+/// every collective's fingerprint (and every check_agreement's: a redistribution's layouts and
+/// extents) into a running hash and keeps the last `verify_window` fingerprints; every
+/// verify_every-th call, and at every barrier, the ranks all-gather that record and compare. The
+/// full check costs one small all-gather per collective (about 10% of the README's main job in
+/// Release, docs/errors.md); this costs one per 16 and a few nanoseconds per call, and still
+/// turns every disagreement about an op, an element type, a count, a root, a layout or a global
+/// extent into an Error on every rank, naming the first call that differed, within 16 calls —
+/// after the data of those calls has moved, where the full check stops before.
+inline constexpr int verify_window = 16;
+struct VerifyRecord {
+  std::uint64_t calls = 0;  // fingerprints folded so far
+  std::uint64_t hash = 14695981039346656037ull;
+  std::int32_t world_rank = -1;
+  std::uint32_t pad = 0;
+  Fingerprint last[verify_window];  // call n at last[n % verify_window]
 };
 }  // namespace detail
 
@@ -157,13 +183,28 @@ class Communicator {
   bool check_collectives() const noexcept { return check_; }
   void set_check_collectives(bool on) noexcept { check_ = on; }
 
+  /// The always-on form of the check, for when check_collectives() is off (every build type):
+  /// every `n` calls (collectives and check_agreement) and at every barrier, ranks compare a
+  /// running hash of their calls, and all throw, naming the first call that differed, if any
+  /// did (detail::VerifyRecord). 1 .. 16, or 0 to turn it off; 16 by default (CommDefaults).
+  /// Like every setting of a group, all its ranks must use the same.
+  int verify_every() const noexcept { return verify_every_; }
+  void set_verify_every(int n) {
+    if (n < 0 || n > detail::verify_window)
+      fail("set_verify_every", detail::cat(n, " is not in 0 .. ", detail::verify_window, " (0: off)"));
+    verify_every_ = n;
+  }
+
   /// With the check on, throws on every rank unless all ranks of this group passed the same
   /// `what` — the layers above describe an operation that is collective over the group (a
   /// redistribution: its layouts, global extents and element type). Does nothing with the
   /// check off. Not recorded in the CommLog: it is a check, not part of the operation.
   void check_agreement(std::string_view op, std::string_view what) {
     if (check_) check_fingerprints(detail::Fingerprint::of_agreement(what), op, "ranks disagree (collective check):");
+    else if (verifying()) fold(detail::Fingerprint::of_agreement(what), op);
   }
+  /// Whether check_agreement looks at its description (callers skip building it otherwise).
+  bool checks_agreement() const noexcept { return check_ || verify_every_ > 0; }
 
   // ---------------------------------------------------------------- group management
   /// Ranks with the same color form a new communicator, ordered by key (then by rank).
@@ -175,6 +216,7 @@ class Communicator {
     if (c) {
       c->timeout_ = timeout_;
       c->check_ = check_;
+      c->verify_every_ = verify_every_;
     }
     return c;
   }
@@ -192,9 +234,13 @@ class Communicator {
     if (!c || c->size() != group_size || c->rank() != key)
       fail("split", detail::cat("color ", color, ", key ", key, ": expected a group of ", group_size,
                                 " ranks with this rank at ", key, ", got ",
-                                c ? detail::cat(c->size(), " ranks with this rank at ", c->rank()) : "no group"));
+                                c ? detail::cat(c->size(), " ranks with this rank at ", c->rank()) : "no group",
+                                ": the ranks disagree about the mesh (its shape, or which dimensions a group spans); "
+                                "were they given different settings? (agree on them first: require_same_settings, "
+                                "distributed/settings_agreement.hpp)"));
     c->timeout_ = timeout_;
     c->check_ = check_;
+    c->verify_every_ = verify_every_;
     return c;
   }
 
@@ -253,6 +299,8 @@ class Communicator {
   }
   void barrier() {
     const auto span = pre(CollectiveKind::barrier, 0, DType::uint8, ReduceOp::sum, 0, -1);
+    // A barrier is where ranks are known to be in step: compare what is pending (the always-on check).
+    if (!check_ && verifying() && verified_ != verify_->calls) verify("barrier");
     do_barrier();
     detail::collective_finished(span);
   }
@@ -267,6 +315,7 @@ class Communicator {
   Communicator(int rank, int size, int world_rank) : rank_(rank), size_(size), world_rank_(world_rank) {
     timeout_ = comm_defaults().timeout;
     check_ = comm_defaults().check_collectives;
+    verify_every_ = comm_defaults().verify_every;
   }
 
   // The backend's part. `async` false means the caller will wait at once (a backend may then
@@ -427,7 +476,68 @@ class Communicator {
     if (check_)
       check_fingerprints(detail::Fingerprint::of_collective(k, t, op, count, root), name_of(k),
                          "ranks issued different collectives (collective check):");
+    else if (verifying())
+      fold(detail::Fingerprint::of_collective(k, t, op, count, root), name_of(k));
     return span;
+  }
+
+  // ---------------------------------------------------------------- the always-on check
+  /// Whether this group verifies: on, more than one rank, and peers to meet (the sim backend
+  /// has none: its all-gather moves nothing).
+  bool verifying() {
+    if (verify_every_ == 0 || size_ == 1) return false;
+    if (!verify_) {
+      if (backend() == "sim") return false;
+      verify_ = std::make_unique<detail::VerifyRecord>();
+    }
+    return true;
+  }
+  /// Adds one call's fingerprint; every verify_every-th, compares with the other ranks.
+  void fold(const detail::Fingerprint& f, std::string_view op) {
+    auto& v = *verify_;
+    v.last[v.calls % detail::verify_window] = f;
+    v.hash = f.folded_into(v.hash);
+    if (++v.calls % std::uint64_t(verify_every_) == 0) verify(op);
+  }
+  /// All-gathers the record and throws on every rank, naming the first differing call, unless
+  /// all ranks made the same calls. Errors name `op`, the operation this rank was about to run.
+  void verify(std::string_view op) {
+    detail::VerifyRecord& mine = *verify_;
+    mine.world_rank = world_rank_;
+    verified_ = mine.calls;
+    std::vector<detail::VerifyRecord> all(static_cast<std::size_t>(size_));
+    try {
+      do_all_gather(&mine, all.data(), sizeof mine, DType::uint8, false).wait();
+    } catch (const Error& e) {
+      throw Error(named(op), e.message(), rank_, e.backend_code(), world_rank_);
+    }
+    bool same = true;
+    for (const auto& r : all) same = same && r.calls == mine.calls && r.hash == all[0].hash;
+    if (same) return;
+    // The previous comparison passed, so the first difference is among the calls since then,
+    // all still in the window (verify_every <= verify_window).
+    std::uint64_t first = mine.calls;
+    const std::uint64_t oldest = mine.calls > std::uint64_t(detail::verify_window) ? mine.calls - detail::verify_window : 0;
+    for (std::uint64_t n = oldest; n < mine.calls && first == mine.calls; ++n)
+      for (const auto& r : all)
+        if (!r.last[n % detail::verify_window].same_call(all[0].last[n % detail::verify_window])) first = n;
+    std::string table = detail::cat(
+        "ranks issued different collectives (the always-on check, which compares every ", verify_every_,
+        " calls: the data of the calls since the last comparison has moved; set_check_collectives(true) or "
+        "DTENSOR_CHECK_COLLECTIVES=1 stops before it does):");
+    if (first == mine.calls) {
+      table += "\n  different numbers of calls or an earlier difference:";
+      for (int r = 0; r < size_; ++r) table += detail::cat(" rank ", r, ": ", all[std::size_t(r)].calls, " calls;");
+    } else {
+      table += detail::cat("\n  call #", first + 1, " of group '", label_, "':");
+      for (int r = 0; r < size_; ++r) {
+        const auto& f = all[std::size_t(r)].last[first % detail::verify_window];
+        table += detail::cat("\n  rank ", r);
+        if (all[std::size_t(r)].world_rank != r) table += detail::cat(" (world rank ", all[std::size_t(r)].world_rank, ")");
+        table += ": " + f.describe();
+      }
+    }
+    fail(op, table);
   }
   /// All-gathers this rank's fingerprint and throws on every rank, one line per rank, unless
   /// every rank's is the same call. Errors name `op`, the operation this rank was about to run
@@ -478,6 +588,9 @@ class Communicator {
   std::string label_ = "world";
   std::chrono::milliseconds timeout_;
   bool check_ = false;
+  int verify_every_ = 0;
+  std::unique_ptr<detail::VerifyRecord> verify_;  // the always-on check's state, made at first use
+  std::uint64_t verified_ = 0;                    // calls compared by the last verify
 };
 
 }  // namespace dtensor

@@ -56,6 +56,16 @@ inline bool check_from_env(bool fallback) {
   throw Error("DTENSOR_CHECK_COLLECTIVES", cat("'", v, "' is neither 0 nor 1"));
 }
 
+/// DTENSOR_VERIFY_EVERY (0 .. 16: the always-on check's period, 0 off), or `fallback` when unset.
+inline int verify_every_from_env(int fallback) {
+  const char* text = std::getenv("DTENSOR_VERIFY_EVERY");
+  if (!text) return fallback;
+  const auto n = parse_integer<int>(text);
+  if (!n || *n < 0 || *n > 16)
+    throw Error("DTENSOR_VERIFY_EVERY", cat("'", text, "' is not a whole number of calls in 0 .. 16 (0: off)"));
+  return *n;
+}
+
 #ifdef NDEBUG
 inline constexpr bool debug_build = false;
 #else
@@ -68,6 +78,9 @@ inline constexpr bool debug_build = true;
 struct CommDefaults {
   std::chrono::milliseconds timeout = detail::timeout_from_env(std::chrono::milliseconds(300'000));
   bool check_collectives = detail::check_from_env(detail::debug_build);
+  /// The always-on check (Communicator::set_verify_every): compare every this many collectives
+  /// (1 .. 16), 0 for never. On in every build type.
+  int verify_every = detail::verify_every_from_env(16);
 };
 inline CommDefaults& comm_defaults() {
   static CommDefaults defaults;

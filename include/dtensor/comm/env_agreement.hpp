@@ -32,7 +32,10 @@ namespace dtensor {
 inline std::vector<Setting> environment_settings() {
   const CommDefaults& d = comm_defaults();
   return {{"DTENSOR_TIMEOUT_MS", detail::cat(d.timeout.count())},
-          {"DTENSOR_CHECK_COLLECTIVES", d.check_collectives ? "1" : "0"}};
+          {"DTENSOR_CHECK_COLLECTIVES", d.check_collectives ? "1" : "0"},
+          // ranks comparing at different periods would pair the always-on check's all-gathers
+          // with other collectives (comm/communicator.hpp, set_verify_every)
+          {"DTENSOR_VERIFY_EVERY", detail::cat(d.verify_every)}};
 }
 
 /// Throws on every rank of `comm` unless all of them run with the same environment_settings()

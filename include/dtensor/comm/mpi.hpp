@@ -36,6 +36,7 @@
 #include <boost/mpi/communicator.hpp>
 #include <boost/mpi/environment.hpp>
 #include <boost/mpi/exception.hpp>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -93,6 +94,7 @@ class MpiCommunicator final : public Communicator {
         comm_(std::move(comm)),
         owner_(std::make_shared<const boost::mpi::communicator>(comm_)) {
     detail::State::get();  // creates the bfloat16 type/ops and the MPI_Finalize hook
+    comm_id_ = detail::Tally::get().id_of(native());  // departure notices (detail/mpi_departure.hpp)
     // Errors come back as codes that we turn into dtensor::Errors, instead of aborting.
     if (const int rc = MPI_Comm_set_errhandler(native(), MPI_ERRORS_RETURN); rc != MPI_SUCCESS)
       throw detail::mpi_error(info("mpi::MpiCommunicator", "MPI_Comm_set_errhandler"), "MPI_Comm_set_errhandler", rc);
@@ -104,10 +106,15 @@ class MpiCommunicator final : public Communicator {
 
  protected:
   CommPtr do_split(int color, int key) override {
+    // MPI_Comm_split blocks without a timeout: meet in a barrier first, which times out and
+    // fails at once if a rank has left (mpi::run's departure notices), instead of hanging.
+    start("split", "MPI_Ibarrier", false, [&](detail::Request& r) { return MPI_Ibarrier(native(), &r.req); });
     try {
       // MPI's "not in any group" is MPI_UNDEFINED; other negative colors would be erroneous.
       boost::mpi::communicator sub = comm_.split(color < 0 ? MPI_UNDEFINED : color, key);
       if (!sub) return nullptr;
+      if (comm_id_ != 0)  // every member computes the same id: the barrier above is counted alike
+        detail::Tally::get().name(MPI_Comm(sub), detail::Tally::child_id(comm_id_, detail::Tally::get().issued(comm_id_), color));
       auto c = std::make_shared<MpiCommunicator>(std::move(sub), world_rank());
       c->set_label(label());  // as on the threads backend; a mesh names its groups itself
       return c;
@@ -197,14 +204,14 @@ class MpiCommunicator final : public Communicator {
   }
 
   Work do_send(const void* buf, std::size_t count, DType t, int peer, int tag, bool async) override {
-    return start("send", "MPI_Isend", async, [&](detail::Request& r) {
+    return start("send", "MPI_Isend", async, peer, [&](detail::Request& r) {
       return MPI_Isend(buf, detail::to_int(r_info(r), count, "count"), detail::datatype(t), peer, tag, native(),
                        &r.req);
     });
   }
 
   Work do_recv(void* buf, std::size_t count, DType t, int peer, int tag, bool async) override {
-    return start("recv", "MPI_Irecv", async, [&](detail::Request& r) {
+    return start("recv", "MPI_Irecv", async, peer, [&](detail::Request& r) {
       r.recv_count = count;  // a shorter message is an error too, not only a longer one
       r.dtype = t;
       return MPI_Irecv(buf, detail::to_int(r_info(r), count, "count"), detail::datatype(t), peer, tag, native(),
@@ -234,19 +241,33 @@ class MpiCommunicator final : public Communicator {
   /// returns it as a Work or, for a blocking call, waits on it here without allocating.
   template <class Issue>
   Work start(const char* op, const char* call, bool async, Issue&& issue) {
+    return start(op, call, async, -1, std::forward<Issue>(issue));
+  }
+  /// `peer` >= 0: a send or recv with that group rank; otherwise a collective, counted for the
+  /// departure notices (detail/mpi_departure.hpp).
+  template <class Issue>
+  Work start(const char* op, const char* call, bool async, int peer, Issue&& issue) {
+    detail::OpInfo i = info(op, call);
+    i.comm = native();
+    i.peer = peer;
+    if (peer < 0 && comm_id_ != 0) {
+      i.comm_id = comm_id_;
+      i.seq = detail::Tally::get().issue(comm_id_);
+    }
     if (async) {
-      auto r = std::make_shared<detail::Request>(info(op, call), owner_);
+      auto r = std::make_shared<detail::Request>(std::move(i), owner_);
       r->check_issue(issue(*r));
       return Work(std::move(r));
     }
-    detail::Request r(info(op, call), owner_);
+    detail::Request r(std::move(i), owner_);
     r.check_issue(issue(r));
     r.wait();
     return {};
   }
 
   boost::mpi::communicator comm_;
-  std::shared_ptr<const void> owner_;  // a second owner of comm_, handed to requests that outlive us
+  std::shared_ptr<const void> owner_;
+  std::uint64_t comm_id_ = 0;  // detail::Tally's id of comm_ (0: untracked)  // a second owner of comm_, handed to requests that outlive us
 };
 
 /// MPI_COMM_WORLD as a dtensor communicator (label "world"). MPI must be initialized
@@ -274,6 +295,8 @@ inline std::string processor_name() {
 /// whole job with MPI_Abort, because the other ranks may be waiting in a collective for this
 /// one. Before fn, the ranks agree on the DTENSOR_* settings (comm/env_agreement.hpp): across
 /// hosts they travel only if the launcher forwards them.
+/// A rank whose fn returns sends the others a departure notice and waits for theirs: a rank still
+/// waiting in a collective that the departed one never called fails at once, naming it.
 template <class F>
 int run_or_abort(F&& fn) {
   int rank = -1;
@@ -281,12 +304,16 @@ int run_or_abort(F&& fn) {
     CommPtr w = world();
     rank = w->rank();
     require_same_environment(*w, "mpi::run (start-up)");
+    // From here a rank that returns tells the others (detail/mpi_departure.hpp), so that one
+    // waiting for it in an operation it will never join fails at once instead of at the timeout.
+    Departures::get().open();
+    int result = 0;
     if constexpr (std::is_convertible_v<std::invoke_result_t<F&, CommPtr>, int>)
-      return int(fn(std::move(w)));
-    else {
+      result = int(fn(std::move(w)));
+    else
       fn(std::move(w));
-      return 0;
-    }
+    Departures::get().leave();
+    return result;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dtensor: rank %d failed, aborting the MPI job (host %s): %s\n", rank, processor_name().c_str(),
                  e.what());

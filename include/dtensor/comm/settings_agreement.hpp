@@ -13,7 +13,9 @@
 // and which ranks hold which value.
 //
 // Collective over `comm`: every rank must call it, once, with the same number of settings in
-// the same order (a different number is itself reported).
+// the same order (a different number is itself reported). The layers above agree on their own
+// setup this way too: a pipeline executor on its schedule (parallel/pipeline/executor.hpp), a
+// MoE layer on its routing (parallel/moe.hpp). On the sim backend (no peers) it does nothing.
 //
 // It lives in comm/ (it needs nothing but a Communicator) so that the backends can use it at
 // start-up: dtensor::mpi::run agrees on the DTENSOR_* settings with it (comm/env_agreement.hpp).
@@ -74,6 +76,8 @@ inline void require_same_settings(Communicator& comm, std::string_view op, const
   using detail::SettingsRecord;
   if (settings.size() > detail::max_settings)
     comm.fail(std::string(op), detail::cat(settings.size(), " settings to agree on; at most ", detail::max_settings));
+  // The sim backend (a dry run) has no peers to compare with: its all-gather moves nothing.
+  if (comm.backend() == "sim") return;
   SettingsRecord mine;
   mine.count = std::uint32_t(settings.size());
   for (std::size_t i = 0; i < settings.size(); ++i) {

@@ -36,7 +36,7 @@ template <LayoutType To, Element T, std::size_t R, class Mesh, class From, class
 void check_redistribution_agreement(const DTensor<T, R, Mesh, From, Space>& x) {
   if constexpr (plan_redistribution(From::desc, To::desc).collectives() > 0) {
     Communicator& comm = x.mesh().comm();
-    if (comm.check_collectives())
+    if (comm.checks_agreement())
       comm.check_agreement("redistribute", describe_redistribution<From, To, T>(x.shape(), x.mesh().shape()));
   }
 }

@@ -127,6 +127,11 @@ class FlatParams {
   }
 
   // ---------------------------------------------------------------- storage (FSDP)
+  /// fully_shard has taken this group over: its parameters' ParamRefs (model.collect) are no
+  /// longer what an optimizer may step (fully_shard(...).params() are). Never cleared.
+  void set_sharded() noexcept { sharded_ = true; }
+  bool sharded() const noexcept { return sharded_; }
+  const bool* sharded_flag() const noexcept { return &sharded_; }
   bool values_resident() const noexcept { return std::size_t(values_.numel()) == size_; }
   bool grads_resident() const noexcept { return std::size_t(grads_.numel()) == size_; }
   /// Frees the values / gradients (the group keeps its entries).
@@ -182,6 +187,7 @@ class FlatParams {
   std::vector<Entry> entries_;
   std::size_t size_ = 0;
   Buffer values_, grads_;
+  bool sharded_ = false;
 };
 
 }  // namespace dtensor::nn

@@ -95,6 +95,10 @@ struct ParamRef {
   bool decay = true;              // whether weight decay applies (not to biases and norm weights)
   const void* buffer = nullptr;   // the flat buffer value/grad are windows of (null: none) ...
   std::size_t offset = 0;         // ... and where in it (adjacency without pointer arithmetic)
+  // Set (by FlatParams::set_sharded) when fully_shard has taken the group over: the views may
+  // dangle and the values are no longer what the model computes with. Optimizers refuse such
+  // a parameter (a list collected before fully_shard); null: never taken over.
+  const bool* sharded = nullptr;
 
   /// Whether this gradient ends where `next`'s begins, in the same flat buffer.
   bool precedes(const ParamRef& next) const noexcept {
@@ -290,7 +294,8 @@ class Parameter {
   void collect(List& out) {
     auto& e = entry();
     out.push_back(ParamRef<T, mesh_ndim, space>{e.name, group_->value(index_), group_->grad(index_), e.layout,
-                                                &e.grad_state, &e.has_grad, e.decay, group_.get(), e.offset});
+                                                &e.grad_state, &e.has_grad, e.decay, group_.get(), e.offset,
+                                                group_->sharded_flag()});
   }
 
  private:

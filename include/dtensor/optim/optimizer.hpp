@@ -33,9 +33,21 @@ using nn::ParamRef;
 
 namespace detail {
 
+/// A parameter whose group fully_shard has taken over (a list collected from the model, not
+/// from fully_shard(...).params()): its views may dangle, and a step would update values that
+/// the next all-gather overwrites.
+template <class T, std::size_t N, class Space>
+void check_not_sharded(const char* op, const ParamRef<T, N, Space>& p) {
+  if (p.sharded && *p.sharded)
+    throw Error(op, dtensor::detail::cat("parameter ", p.name, " belongs to a unit that fully_shard has sharded: ",
+                                         "this list was collected from the model, whose views FSDP replaced. Build the "
+                                         "optimizer over fully_shard(...).params() (collect after fully_shard, from it)"));
+}
+
 template <class T, std::size_t N, class Space>
 void check_params(const char* op, const ParamList<T, N, Space>& ps) {
   for (const auto& p : ps) {
+    check_not_sharded(op, p);
     if (!p.grad_state || !p.has_grad)
       throw Error(op, dtensor::detail::cat("parameter ", p.name, ": no gradient state (a ParamRef not made by collect)"));
     if (p.value.size() != p.grad.size())
@@ -47,11 +59,13 @@ void check_params(const char* op, const ParamList<T, N, Space>& ps) {
 /// Throws unless every gradient is fully reduced.
 template <class T, std::size_t N, class Space>
 void check_reduced(const char* op, const ParamList<T, N, Space>& ps) {
-  for (const auto& p : ps)
+  for (const auto& p : ps) {
+    check_not_sharded(op, p);  // fully_shard may have come after the optimizer was built
     if (!nn::is_reduced(*p.grad_state))
       throw Error(op, dtensor::detail::cat("parameter ", p.name, ": gradient is ", to_string(*p.grad_state),
-                                           ", still Partial; reduce it (DataParallel / sequence-parallel sync) "
-                                           "before the optimizer step"));
+                                           ", still Partial; reduce it (DataParallel, fully_shard's "
+                                           "finish_gradient_sync, sequence-parallel sync) before the optimizer step"));
+  }
 }
 
 inline void check_hyper(const char* op, const char* name, double v, double lo, double hi) {

@@ -175,6 +175,7 @@ class FullyShard {
       units_.push_back(std::make_unique<Shard>(u.group->name(), u.group, size, coord, shard_dim, o.stage,
                                                o.accumulate_grads_in_master));
       auto& s = *units_.back();
+      s.group->set_sharded();  // an optimizer over the model's own ParamRefs now fails (optim/optimizer.hpp)
       if (o.stage == 3) s.group->release_values();
       if (o.stage >= 2 || s.main_grad.numel() > 0) s.group->release_grads();
       for (auto& p : s.segments) params_.push_back(p);
@@ -485,6 +486,14 @@ class FullyShard {
     s.reduce_wide = {};
     remember_grad_states(s);
     reset_grad_states(s);
+    // Until finish_gradient_sync adds the reduction into the shard, the shard's gradient is
+    // not this step's: Partial on the shard dimension, so that an optimizer step taken before
+    // it fails (optim::detail::check_reduced) instead of stepping on a stale gradient.
+    for (std::size_t k = 0; k < s.segments.size(); ++k) {
+      auto pending = s.pending_states[k];
+      pending.placements[shard_dim] = PlacementDesc::partial(s.grad_op);
+      *s.segments[k].grad_state = pending;
+    }
   }
 
   /// Finishes the unit's reduction (HSDP: then the all-reduce on the replicate dimension) and

@@ -37,6 +37,7 @@
 // each with DataParallel over its mesh. for_each_parameter / zero_grad walk both.
 #pragma once
 
+#include <charconv>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -47,6 +48,7 @@
 #include "dtensor/kernels/embedding.hpp"
 #include "dtensor/kernels/reduce.hpp"
 
+#include "dtensor/distributed/settings_agreement.hpp"
 #include "dtensor/parallel/experts.hpp"
 #include "dtensor/nn/linear.hpp"
 #include "dtensor/nn/router.hpp"
@@ -236,9 +238,28 @@ class MoE {
   }
 
   /// c, once the router's configuration and the expert mesh are checked.
+  /// The shortest text that reads back as `v`: values that differ never print alike.
+  static std::string shortest(double v) {
+    char buf[40];
+    const auto end = std::to_chars(buf, buf + sizeof buf, v).ptr;
+    return std::string(buf, end);
+  }
   static const MoEConfig& checked(const MoEConfig& c, const Mesh& mesh, const EMesh& emesh) {
     check_router_config(c.router, "nn::MoE", mesh.rank());
     parallel::check_expert_mesh(mesh, emesh);
+    // Ranks that route differently (another top-k, capacity or expert count) exchange counts
+    // and rows that do not match: a truncation, a hang or silently wrong outputs. One
+    // all-gather per layer at setup, in every build (distributed/settings_agreement.hpp).
+    const auto& r = c.router;
+    require_same_settings(mesh.comm(), "nn::MoE",
+                          {{"experts", dtensor::detail::cat(r.experts)},
+                           {"top-k", dtensor::detail::cat(r.topk)},
+                           {"capacity factor", r.capacity_factor ? shortest(*r.capacity_factor) : "none"},
+                           {"score", dtensor::detail::cat(int(r.score))},
+                           {"normalize gates", r.normalize_gates ? "true" : "false"},
+                           {"force balanced", r.force_balanced ? "true" : "false"},
+                           {"dim", dtensor::detail::cat(c.dim)},
+                           {"hidden", dtensor::detail::cat(c.hidden)}});
     return c;
   }
 

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <climits>
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <mutex>
@@ -31,6 +32,11 @@ struct OpInfo {
   std::string label;
   int rank = 0, size = 0, world_rank = 0;
   std::chrono::milliseconds timeout{0};
+  // For departure notices (mpi_departure.hpp): a collective is number `seq` on the
+  // communicator of id `comm_id` (0: untracked); a send or recv goes to group rank `peer`.
+  MPI_Comm comm = MPI_COMM_NULL;
+  std::uint64_t comm_id = 0, seq = 0;
+  int peer = -1;
 };
 
 inline std::string error_string(int code) {
@@ -50,9 +56,18 @@ inline std::string where(const OpInfo& i) {
 inline std::string op_name(const OpInfo& i) { return i.label.empty() ? i.op : std::string(i.op) + "[" + i.label + "]"; }
 
 /// The Error for an MPI routine that returned `code` (the routine, MPI's own text, the code).
+/// A truncation is how ranks that disagree (about a setting, a layout, a count) show under MPI
+/// with the full collective check off: the message says so and how to see each rank's call.
 inline Error mpi_error(const OpInfo& i, const char* call, int code) {
-  return Error(op_name(i), dtensor::detail::cat(call, " failed: ", error_string(code), " (", where(i), ")"), i.rank,
-               code);
+  int cls = 0;
+  const bool truncated = MPI_Error_class(code, &cls) == MPI_SUCCESS && cls == MPI_ERR_TRUNCATE;
+  return Error(op_name(i),
+               dtensor::detail::cat(call, " failed: ", error_string(code), " (", where(i), ")",
+                                    truncated ? ": the ranks passed different sizes to this operation, so they "
+                                                "disagree about what to exchange (a setting, a layout, a count). "
+                                                "Rerun with DTENSOR_CHECK_COLLECTIVES=1 to see each rank's call"
+                                              : ""),
+               i.rank, code);
 }
 
 /// MPI counts are ints; dtensor's are size_t. Larger counts fail here, before any MPI call.

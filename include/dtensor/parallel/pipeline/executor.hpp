@@ -54,6 +54,7 @@
 #include <vector>
 
 #include "dtensor/core/factories.hpp"
+#include "dtensor/distributed/settings_agreement.hpp"
 #include "dtensor/distributed/transfer.hpp"
 #include "dtensor/mesh/roles.hpp"
 #include "dtensor/parallel/pipeline/stage.hpp"
@@ -179,6 +180,7 @@ class Executor {
       : mesh_(mesh), schedule_(std::move(schedule)), stages_(std::move(stages)), options_(options) {
     constexpr const char* op = "pipeline::Executor";
     static_assert(role_of<Mesh>(0) == Role::pipeline, "the first mesh dimension must be the pipeline dimension");
+    agree_on_schedule(op);  // first: the checks below would fail on some ranks only
     if (schedule_.ranks() != mesh.size(0))
       mesh.comm().fail(op, dtensor::detail::cat("the schedule is for ", schedule_.ranks(), " pipeline ranks, the mesh's \"",
                                                 Mesh::names[0], "\" dimension has ", mesh.size(0)));
@@ -250,6 +252,28 @@ class Executor {
 
  private:
   using Clock = std::chrono::steady_clock;
+
+  /// Every rank of the mesh must run the same schedule: ranks built with another schedule or
+  /// micro-batch count would pair sends with the wrong receives (a hang, a truncation, or a
+  /// silently wrong gradient). One all-gather at setup, in every build
+  /// (distributed/settings_agreement.hpp), names what differs and which ranks hold what.
+  void agree_on_schedule(const char* op) {
+    std::uint64_t h = 14695981039346656037ull;  // FNV-1a over every rank's action list
+    std::size_t count = 0;
+    for (const auto& list : schedule_.actions) {
+      for (const Action& a : list) {
+        for (int v : {a.stage, int(a.kind), a.microbatch}) h = (h ^ std::uint64_t(std::uint32_t(v))) * 1099511628211ull;
+        ++count;
+      }
+      h = (h ^ 0xffu) * 1099511628211ull;  // end of a rank's list
+    }
+    const auto& l = schedule_.layout;
+    require_same_settings(mesh_.comm(), op,
+                          {{"pipeline ranks", dtensor::detail::cat(l.ranks)},
+                           {"stages", dtensor::detail::cat(l.stages())},
+                           {"micro-batches", dtensor::detail::cat(schedule_.microbatches)},
+                           {"schedule (actions)", dtensor::detail::cat(count, " actions, hash ", h)}});
+  }
 
   /// MoE: the auxiliary losses of the stages other than the last, which their forwards kept, into
   /// the step's loss: this rank's shares summed over the stage mesh's data and context dimensions (as
