@@ -106,7 +106,7 @@ struct PlanClass {
   int pipeline_rank = 0;
   int in_flight = 1;               // (stage, micro-batch) forwards this pipeline rank holds at most
   std::int64_t saved_per_stage = 0;  // activations one micro-batch leaves saved on one stage
-  double peak_in_flight = 0;       // the run's peak plus the other in-flight micro-batches' activations
+  double peak_in_flight = 0;       // the step's peak (construction excluded) plus the other in-flight micro-batches' activations
 };
 
 /// Throws naming the flag-level field when the plan cannot run.
@@ -412,7 +412,8 @@ std::vector<PlanClass> dry_run_plan(const TrainingPlan& p) {
     const auto& fwd = c.report.phase("forward");
     const auto tag = std::size_t(MemoryTag::activations);
     c.saved_per_stage = (fwd.end[tag] - fwd.start[tag]) / v;
-    c.peak_in_flight = double(c.report.peak_total()) + double(c.in_flight - v) * double(c.saved_per_stage);
+    // The step's own peak: building the unsharded model before sharding is not part of a step.
+    c.peak_in_flight = double(c.report.step_peak_total()) + double(c.in_flight - v) * double(c.saved_per_stage);
   }
   return result;
 }
