@@ -46,6 +46,7 @@
 #include "dtensor/sim/chrome_trace.hpp"
 #include "dtensor/sim/cost_model.hpp"
 #include "dtensor/sim/device.hpp"
+#include "dtensor/sim/published_runs.hpp"
 #include "dtensor/sim/search.hpp"
 #include "dtensor/models/training_plan.hpp"
 #include "dtensor/trace/text_file.hpp"
@@ -63,7 +64,7 @@ struct Options {
   bool sp = true, llama = false, bf16 = false;
   std::string trace;
   sim::Hardware hardware;
-  bool json = false, search = false;
+  bool json = false, search = false, published = false;
   long long search_gpus = 0;
   int top = 5, finalists = 12;
 };
@@ -74,9 +75,15 @@ constexpr const char* usage =
     "--no-cp-balance --zero 0|1|2|3 --hsdp R --microbatches N --schedule gpipe|1f1b|interleaved|zb|zbv --stages-per-rank N "
     "--experts E --topk K --ep N --moe-every N --capacity F --no-sp --trace FILE --json "
     "--device h100|h200|a100 --device-file F --device-field NAME=VALUE --peak-tflops X "
-    "--search --gpus N --top K --finalists N]\n"
+    "--search --gpus N --top K --finalists N --published]\n"
     "device fields: name peak_bf16_tflops peak_fp32_tflops hbm_gbytes_per_s memory_gbytes nvlink_domain "
     "nvlink_gbytes_per_s nvlink_latency_us network_gbps network_latency_us\n";
+
+sim::ModelShape model_shape(const Options& o) {
+  const auto& m = o.plan.model;
+  return {.layers = m.layers, .dim = m.dim, .heads = m.heads, .kv_heads = m.kv_heads,
+          .ffn = m.ffn ? m.ffn : m.mlp_ratio * m.dim, .vocab = m.vocab, .seq = m.seq, .llama = o.llama};
+}
 
 Options parse(int argc, char** argv) {
   Options o;
@@ -102,7 +109,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--dp") o.plan.dp = flag_value<int>(a, value(), 1);
     else if (a == "--tp") o.plan.tp = flag_value<int>(a, value(), 1);
     else if (a == "--pp") o.plan.pp = flag_value<int>(a, value(), 1);
-    else if (a == "--zero") o.plan.zero = flag_value<int>(a, value(), 1);
+    else if (a == "--zero") o.plan.zero = flag_value<int>(a, value(), 0, 3);
     else if (a == "--hsdp") o.plan.hsdp = flag_value<int>(a, value(), 1);
     else if (a == "--cp") o.plan.cp = flag_value<int>(a, value(), 1);
     else if (a == "--cp-kind") o.plan.cp_kind = parallel::parse_context_kind(value());
@@ -138,6 +145,7 @@ Options parse(int argc, char** argv) {
       fields.emplace_back(f.substr(0, eq), f.substr(eq + 1));
     } else if (a == "--json") o.json = true;
     else if (a == "--search") o.search = true;
+    else if (a == "--published") o.published = true;
     else if (a == "--gpus") o.search_gpus = flag_value<long long>(a, value(), 1, 1LL << 31);
     else if (a == "--top") o.top = flag_value<int>(a, value(), 1, 1000);
     else if (a == "--finalists") o.finalists = flag_value<int>(a, value(), 1, 1000);
@@ -146,6 +154,9 @@ Options parse(int argc, char** argv) {
   for (const auto& [name, text] : fields) sim::set_device_field(o.hardware, name, text);
   o.hardware.fp32 = !o.bf16;
   o.hardware.check("plan_at_scale --device");
+  if (o.published) return o;
+  // Sizes whose element counts overflow int64 end here, before any work (plan or search).
+  sim::check_model_sizes(model_shape(o), o.plan.batch, "plan_at_scale");
   if (o.search) {
     if (o.search_gpus == 0) throw UsageError("--search needs --gpus N");
     if (o.plan.has_experts()) throw UsageError("--search does not enumerate expert plans (--experts)");
@@ -184,12 +195,6 @@ std::vector<sim::PlanClass> dry_run_any(const Options& o) {
   return o.bf16 ? dry_run<dtensor::bfloat16, nn::DenseLayers>(o) : dry_run<float, nn::DenseLayers>(o);
 }
 
-sim::ModelShape model_shape(const Options& o) {
-  const auto& m = o.plan.model;
-  return {.layers = m.layers, .dim = m.dim, .heads = m.heads, .kv_heads = m.kv_heads,
-          .ffn = m.ffn ? m.ffn : m.mlp_ratio * m.dim, .vocab = m.vocab, .seq = m.seq, .llama = o.llama};
-}
-
 /// What the report says about a whole plan.
 struct PlanSummary {
   sim::PlanEstimate estimate;
@@ -203,7 +208,7 @@ PlanSummary summarize(const Options& o, const std::vector<sim::PlanClass>& class
   const auto& p = o.plan;
   const auto schedule = sim::detail::plan_schedule(p);
   std::vector<sim::ClassInput> inputs;
-  for (const auto& c : classes) inputs.push_back({&c.report, c.pipeline_rank});
+  for (const auto& c : classes) inputs.push_back({&c.report, c.pipeline_ranks});
   PlanSummary r;
   r.estimate = sim::estimate_plan(inputs, sim::plan_topology(p, o.hardware), schedule, {.zero = p.zero});
   r.step = r.estimate.step_seconds;
@@ -387,7 +392,23 @@ int run_search(const Options& o) {
   return 0;
 }
 
-int run(const Options& o) { return o.search ? run_search(o) : run_plan(o); }
+/// --published: the published runs of sim/published_runs.hpp against the cost model (one calibration).
+int run_published() {
+  std::printf("run | device | published | predicted | error | memory (analytic)\n");
+  for (const auto& run : sim::published_runs()) {
+    const auto p = sim::predict(run);
+    const char* unit = run.iteration_seconds ? " s" : " TFLOP/s";
+    std::printf("%s | %s | %.2f%s | %.2f%s | %+.1f %% | %s\n", run.name.c_str(), run.device.c_str(), p.published, unit,
+                p.predicted, unit, 100 * (p.ratio() - 1), sim::detail::human_bytes(p.estimate.memory_bytes).c_str());
+  }
+  const auto& c = sim::calibration;
+  std::printf("calibration: gemm_max_fraction %.2f, gemm_half_intensity %.0f FLOP/B, attention_fraction %.2f, "
+              "hbm_fraction %.2f, link_fraction %.2f\n", c.gemm_max_fraction, c.gemm_half_intensity, c.attention_fraction,
+              c.hbm_fraction, c.link_fraction);
+  return 0;
+}
+
+int run(const Options& o) { return o.published ? run_published() : o.search ? run_search(o) : run_plan(o); }
 
 }  // namespace
 

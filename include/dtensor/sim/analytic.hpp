@@ -111,6 +111,14 @@ struct AnalyticEstimate {
 /// our modules (test_sim "the analytic estimate follows the dry run"); backward moves twice.
 inline constexpr double pointwise_bytes_per_token_dim = 40;
 
+/// Throws when a model's element counts (a step's activations, its weights, its embedding)
+/// overflow int64: a dry run's tensors count elements in int64.
+inline void check_model_sizes(const ModelShape& m, std::int64_t batch, const char* op) {
+  (void)checked_product<std::int64_t>(std::array<std::int64_t, 3>{batch, m.seq, m.dim}, op, "batch x seq x dim");
+  (void)checked_product<std::int64_t>(std::array<std::int64_t, 4>{m.layers, m.dim, m.width(), 4}, op, "layers x dim x ffn x 4");
+  (void)checked_product<std::int64_t>(std::array<std::int64_t, 3>{batch, m.seq, m.vocab}, op, "batch x seq x vocab");
+}
+
 /// Throws naming the field when the plan cannot be one for this model.
 inline void check_plan_shape(const ModelShape& m, const PlanShape& p) {
   const char* op = "sim::analytic_estimate";
@@ -124,10 +132,7 @@ inline void check_plan_shape(const ModelShape& m, const PlanShape& p) {
   if (p.stages_per_rank < 1 || m.layers < std::int64_t(p.pp) * p.stages_per_rank)
     throw Error(op, dtensor::detail::cat(m.layers, " layers over pp ", p.pp, " x ", p.stages_per_rank, " stages"));
   if (p.zero < 0 || p.zero > 3) throw Error(op, dtensor::detail::cat("zero ", p.zero));
-  // Every count below is a double from here on; int64 products that would overflow are caught here.
-  (void)checked_product<std::int64_t>(std::array<std::int64_t, 3>{p.batch, m.seq, m.dim}, op, "batch x seq x dim");
-  (void)checked_product<std::int64_t>(std::array<std::int64_t, 3>{m.layers, m.dim, m.dim}, op, "layers x dim x dim");
-  (void)checked_product<std::int64_t>(std::array<std::int64_t, 2>{m.vocab, m.dim}, op, "vocab x dim");
+  check_model_sizes(m, p.batch, op);
 }
 
 /// The plan's step and memory from formulas (see the synopsis).

@@ -4,7 +4,7 @@
 //   sim::Topology topo(Mesh::names, mesh_shape, h100);      // which mesh dims are inside a node
 //   sim::collective_seconds(record, topo.link(record.group));
 //   auto est = sim::estimate_step(report, topo, pipeline::one_f_one_b(pp, m), /*stages_per_rank=*/1);
-//   auto plan = sim::estimate_plan({{&report0, 0}, {&report1, 1}}, topo, schedule);  // all classes
+//   auto plan = sim::estimate_plan({{&report0, {0}}, {&report1, {1, 2}}}, topo, schedule);  // all classes
 //   plan.step_seconds;  plan.slowest;  est.bubble_fraction;  est.exposed_communication_seconds;
 //
 // Compute, per op of the meta kernels' CostLog (a roofline):
@@ -73,7 +73,7 @@ namespace dtensor::sim {
 /// How well kernels and collectives reach a device's figures: the one fitted input of the cost
 /// model (see the synopsis; fitted once against the published rows in docs/dry-run.md).
 struct Calibration {
-  double gemm_max_fraction = 0.75;    // of peak, for the largest GEMMs
+  double gemm_max_fraction = 0.80;    // of peak, for the largest GEMMs
   double gemm_half_intensity = 50;    // FLOP per byte at which a GEMM reaches half of that
   double attention_fraction = 0.40;   // fused attention, forward and backward, of peak
   double hbm_fraction = 0.90;         // of HBM bandwidth, for memory-bound kernels
@@ -329,10 +329,11 @@ inline StepEstimate estimate_step(const RankReport& report, const Topology& topo
   return est;
 }
 
-/// A rank class of a plan: its report and the pipeline rank it stands on.
+/// A rank class of a plan: its report and the pipeline ranks it stands for (the first is its
+/// representative; more when pipeline ranks whose stages hold the same layers share a class).
 struct ClassInput {
   const RankReport* report = nullptr;
-  int pipeline_rank = 0;
+  std::vector<int> pipeline_ranks{0};
 };
 
 /// The step of a whole plan: every class's estimate and the critical path across them.
@@ -355,17 +356,22 @@ inline PlanEstimate estimate_plan(const std::vector<ClassInput>& inputs, const T
   const int v = schedule.layout.stages_per_rank;
   std::vector<parallel::pipeline::Costs> per_rank(std::size_t(schedule.ranks()), parallel::pipeline::Costs{0, 0, 0});
   std::vector<bool> covered(per_rank.size(), false);
+  std::vector<std::vector<int>> ranks_of;  // per class
   for (const auto& in : inputs) {
     if (in.report == nullptr) throw Error(op, "a class without a report");
-    detail::check_schedule_ranks(schedule, in.pipeline_rank, in.report->name);
+    if (in.pipeline_ranks.empty()) throw Error(op, dtensor::detail::cat("class ", in.report->name, " on no pipeline rank"));
     auto est = detail::class_estimate(*in.report, topology, schedule.microbatches, v, o);
-    est.pipeline_rank = in.pipeline_rank;
-    auto& c = per_rank[std::size_t(in.pipeline_rank)];
-    c.forward = std::max(c.forward, est.stage_costs.forward);
-    c.backward_input = std::max(c.backward_input, est.stage_costs.backward_input);
-    c.backward_weight = std::max(c.backward_weight, est.stage_costs.backward_weight);
-    covered[std::size_t(in.pipeline_rank)] = true;
+    est.pipeline_rank = in.pipeline_ranks.front();
+    for (const int r : in.pipeline_ranks) {
+      detail::check_schedule_ranks(schedule, r, in.report->name);
+      auto& c = per_rank[std::size_t(r)];
+      c.forward = std::max(c.forward, est.stage_costs.forward);
+      c.backward_input = std::max(c.backward_input, est.stage_costs.backward_input);
+      c.backward_weight = std::max(c.backward_weight, est.stage_costs.backward_weight);
+      covered[std::size_t(r)] = true;
+    }
     plan.classes.push_back(std::move(est));
+    ranks_of.push_back(in.pipeline_ranks);
   }
   for (std::size_t r = 0; r < covered.size(); ++r)
     if (!covered[r]) throw Error(op, dtensor::detail::cat("no rank class on pipeline rank ", r, " of ", covered.size()));
@@ -376,8 +382,10 @@ inline PlanEstimate estimate_plan(const std::vector<ClassInput>& inputs, const T
   plan.bubble_fraction = plan.timeline.bubble();
   for (std::size_t i = 0; i < plan.classes.size(); ++i) {
     auto& est = plan.classes[i];
-    double end = 0;
-    for (const auto& a : plan.timeline.actions[std::size_t(est.pipeline_rank)]) end = std::max(end, a.end);
+    double end = 0;  // the latest of the class's pipeline ranks
+    for (const int r : ranks_of[i])
+      for (const auto& a : plan.timeline.actions[std::size_t(r)])
+        if (a.end > end) end = a.end, est.pipeline_rank = r;
     est.timeline = plan.timeline;
     est.pipeline_seconds = plan.pipeline_seconds;
     est.bubble_fraction = plan.timeline.idle_fraction(est.pipeline_rank);

@@ -9,8 +9,8 @@
 // Enumerated: tp in powers of two up to the NVLink domain dividing the heads; cp in powers of
 // two dividing seq / 2 (1 unless the sequence is long: up to 32); pp in powers of two and the
 // divisors of the layers; dp = gpus / (tp cp pp), dividing the batch; micro-batch sizes 1, 2,
-// 4, 8; schedules 1F1B and interleaved (v = 2, 4 where the layers split evenly and m is a
-// multiple of pp); ZeRO 0 (DDP), 1, 3; full recompute or none; SP whenever tp > 1. `plan_at_scale
+// 4, 8; schedules 1F1B and interleaved (v = 2, 4 where m is a multiple of pp; layers split
+// unevenly as the dry run's stages do); ZeRO 0 (DDP), 1, 3; full recompute or none; SP whenever tp > 1. `plan_at_scale
 // --search` dry-runs the `finalists` best of this ranking and ranks those by the dry run's
 // estimate (sim/cost_model.hpp). Not enumerated: HSDP, Ulysses, zero-bubble schedules, experts.
 #pragma once
@@ -71,7 +71,7 @@ inline std::vector<RankedPlan> search_plans(const ModelShape& m, const SearchSpa
           if ((space.batch / dp) % b != 0) continue;
           const int mb = int(space.batch / dp / b);
           for (int v : {1, 2, 4}) {
-            if (v > 1 && (pp == 1 || mb % pp != 0 || m.layers % (std::int64_t(pp) * v) != 0)) continue;
+            if (v > 1 && (pp == 1 || mb % pp != 0)) continue;  // interleaved: m a multiple of pp
             if (std::int64_t(pp) * v > m.layers) continue;
             for (int zero : {0, 1, 3}) {
               if (zero > 0 && dp == 1) continue;
