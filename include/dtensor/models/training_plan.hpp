@@ -205,7 +205,7 @@ void run_one_microbatch(std::vector<Stage>& stages, const Mesh& mesh, const para
   using X = typename Stage::X;
   const auto& stage_mesh = stages.front().mesh();
   const auto neighbour = [&](int stage) { return mesh.template slice<"pp">(layout.rank_of(stage)); };
-  rec.phase("forward");
+  rec.phase("forward", /*overlapped=*/true);
   {
     MemoryTagScope tag(MemoryTag::activations);
     for (std::size_t i = 0; i < stages.size(); ++i) {
@@ -337,7 +337,7 @@ void sharded_step(CommPtr world, const TrainingPlan& p, Recorder& rec) {
   optim::AdamW<float, 3, meta_space> opt(fsdp.params(), adamw_options());
   const auto ids = meta_ids<typename Model::Ids>(mesh, p);
   opt.zero_grad();
-  rec.phase("forward");
+  rec.phase("forward", /*overlapped=*/true);
   auto [loss, saved] = [&] {
     MemoryTagScope tag(MemoryTag::activations);
     return model->forward(ids, ids);

@@ -37,6 +37,8 @@
 //                       FSDP unshard, per unit as the schedule issues it): every micro-batch,
 //                       prefetched behind that phase's compute (exposed past it).
 //   context ring        a send/recv on "cp" (ring attention): behind the phase's compute.
+//                       (These two hide only in a phase the program marked overlapped; the
+//                       training plans mark forward and backward.)
 //   everything else     exposed in full: tensor-parallel all-gathers / reduce-scatters (Megatron's
 //                       TP+SP is not overlapped), context all-gathers and Ulysses all-to-alls,
 //                       expert all-to-alls, pipeline sends, and every collective of a phase run
@@ -249,7 +251,9 @@ inline PhaseTime phase_time(const PhaseReport& phase, const Topology& topology, 
       continue;
     }
     t.communication += seconds;
-    if (role == CommRole::exposed) t.exposed += seconds;
+    // Prefetched gathers and ring steps hide only where the program marked the phase's compute
+    // as able to run beside communication (Recorder::phase(name, overlapped)).
+    if (role == CommRole::exposed || !phase.overlapped) t.exposed += seconds;
     else hidden += seconds;
   }
   t.exposed += std::max(0.0, hidden - t.compute);

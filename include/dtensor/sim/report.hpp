@@ -41,7 +41,7 @@ using TagBytes = std::array<std::int64_t, memory_tag_count>;
 /// One phase of a rank's step.
 struct PhaseReport {
   std::string name;
-  bool overlapped = false;  // its communication may run behind its compute (sim/cost_model.hpp)
+  bool overlapped = false;  // prefetched gathers and ring steps may run behind its compute (sim/cost_model.hpp)
   TagBytes start{}, peak{}, end{};  // bytes held per tag: when it began, at most, when it ended
   std::int64_t peak_total = 0;      // the most bytes held at once, all tags together
   std::vector<CommRecord> collectives;
