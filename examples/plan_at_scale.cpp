@@ -22,7 +22,7 @@
 // evenly (the balanced routing a dry run assumes: nn::route_balanced).
 //
 //   plan_at_scale --layers 32 --dim 4096 --heads 32 --seq 4096 --batch 1024 --dp 64 --tp 8 --pp 4
-//                 --microbatches 16 --experts 64 --topk 2 --ep 8 --dtype bf16   # MoE on 2,048 GPUs
+//                 --microbatches 16 --experts 64 --topk 2 --ep 8 --dtype bf16 --device h200   # MoE on 2,048 GPUs
 //
 // The device: --device h100|h200|a100 (sim/device.hpp), --device-file F (every field), and
 // --device-field name=value for one field. The report: per class its tables, then the plan's step
