@@ -239,8 +239,9 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   // Memory of the first pipeline rank (the most micro-batches in flight) and the last's logits.
   if (p.zero == 0) a.model_states = rank_params * (e + e + 2 * e);  // values, gradients, AdamW moments in T
   else {
-    const double values = p.zero == 3 ? 0 : 2, full_grads = p.zero == 1 ? 2 : 0;
-    a.model_states = rank_params * (values + full_grads + 16 / d) + (p.zero >= 2 ? 2 * rank_params / layers_per_rank : 0);
+    // ZeRO-1 keeps its fp32 gradient shard inside the full gradients' storage (issue 27).
+    const double values = p.zero == 3 ? 0 : 2, full_grads = p.zero == 1 ? 2 : 0, shard = p.zero == 1 ? 12 : 16;
+    a.model_states = rank_params * (values + full_grads + shard / d) + (p.zero >= 2 ? 2 * rank_params / layers_per_rank : 0);
   }
   const double saved_layer = p.recompute ? e * n * h / (p.sp ? t : 1)
                                          : (p.sp ? n * h * (4 + 30 / t) : n * h * (8 + 26 / t)) * (e / 2);  // GPT's terms (Llama's too)
