@@ -22,7 +22,20 @@
 // evenly (the balanced routing a dry run assumes: nn::route_balanced).
 //
 //   plan_at_scale --layers 32 --dim 4096 --heads 32 --seq 4096 --batch 1024 --dp 64 --tp 8 --pp 4
-//                 --microbatches 16 --experts 64 --topk 2 --ep 8 --dtype bf16   # MoE on 2,048 GPUs
+//                 --microbatches 16 --experts 64 --topk 2 --ep 8 --dtype bf16 --device h200   # MoE on 2,048 GPUs
+//
+// The device: --device h100|h200|a100 (sim/device.hpp), --device-file F (every field), and
+// --device-field name=value for one field. The report: per class its tables, then the plan's step
+// (the critical path across classes and pipeline stages, sim::estimate_plan), tokens/s, MFU,
+// TFLOP/s per GPU, the slowest class and the memory verdict (in-step peak against the device's
+// memory less the reserve); --json prints the same as one JSON object instead of text. A plan
+// that does not fit exits with status 3 after its report.
+//
+//   plan_at_scale --search --gpus 16384 --arch llama ... --seq 8192 --batch 2048 [--top 5 --finalists 12]
+//
+// --search: every plan of the model on --gpus GPUs (sim/search.hpp), ranked by the analytic
+// estimate (sim/analytic.hpp); the best --finalists are dry-run and ranked by the dry run's
+// estimate; the top --top printed with why each lost to the first.
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -32,6 +45,9 @@
 
 #include "dtensor/sim/chrome_trace.hpp"
 #include "dtensor/sim/cost_model.hpp"
+#include "dtensor/sim/device.hpp"
+#include "dtensor/sim/published_runs.hpp"
+#include "dtensor/sim/search.hpp"
 #include "dtensor/models/training_plan.hpp"
 #include "dtensor/trace/text_file.hpp"
 #include "flags.hpp"
@@ -48,11 +64,32 @@ struct Options {
   bool sp = true, llama = false, bf16 = false;
   std::string trace;
   sim::Hardware hardware;
+  bool json = false, search = false, published = false;
+  long long search_gpus = 0;
+  int top = 5, finalists = 12;
 };
+
+constexpr const char* usage =
+    "usage: plan_at_scale [--help] [--arch gpt|llama --layers N --dim N --heads N --kv-heads N --ffn N --vocab N --seq N "
+    "--batch N --mlp-ratio N --dtype f32|bf16 --checkpoint --dp N --tp N --pp N --cp N --cp-kind ring|allgather|ulysses "
+    "--no-cp-balance --zero 0|1|2|3 --hsdp R --microbatches N --schedule gpipe|1f1b|interleaved|zb|zbv --stages-per-rank N "
+    "--experts E --topk K --ep N --moe-every N --capacity F --no-sp --trace FILE --json "
+    "--device h100|h200|a100 --device-file F --device-field NAME=VALUE --peak-tflops X "
+    "--search --gpus N --top K --finalists N --published]\n"
+    "device fields: name peak_bf16_tflops peak_fp32_tflops hbm_gbytes_per_s memory_gbytes nvlink_domain "
+    "nvlink_gbytes_per_s nvlink_latency_us network_gbps network_latency_us\n";
+
+sim::ModelShape model_shape(const Options& o) {
+  const auto& m = o.plan.model;
+  return {.layers = m.layers, .dim = m.dim, .heads = m.heads, .kv_heads = m.kv_heads,
+          .ffn = m.ffn ? m.ffn : m.mlp_ratio * m.dim, .vocab = m.vocab, .seq = m.seq, .llama = o.llama};
+}
 
 Options parse(int argc, char** argv) {
   Options o;
   auto& m = o.plan.model;
+  bool device_given = false;
+  std::vector<std::pair<std::string, std::string>> fields;  // --device-field, applied after --device(-file)
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -72,7 +109,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--dp") o.plan.dp = flag_value<int>(a, value(), 1);
     else if (a == "--tp") o.plan.tp = flag_value<int>(a, value(), 1);
     else if (a == "--pp") o.plan.pp = flag_value<int>(a, value(), 1);
-    else if (a == "--zero") o.plan.zero = flag_value<int>(a, value(), 1);
+    else if (a == "--zero") o.plan.zero = flag_value<int>(a, value(), 0, 3);
     else if (a == "--hsdp") o.plan.hsdp = flag_value<int>(a, value(), 1);
     else if (a == "--cp") o.plan.cp = flag_value<int>(a, value(), 1);
     else if (a == "--cp-kind") o.plan.cp_kind = parallel::parse_context_kind(value());
@@ -96,16 +133,40 @@ Options parse(int argc, char** argv) {
       o.bf16 = dtype == "bf16";
     } else if (a == "--no-sp") o.sp = false;
     else if (a == "--trace") o.trace = value();
-    else if (a == "--efficiency") o.hardware.efficiency = examples::positive_flag_value(a, value());
-    else if (a == "--peak-tflops") o.hardware.peak_flops = examples::positive_flag_value(a, value()) * 1e12;
+    else if (a == "--peak-tflops") fields.emplace_back("peak_bf16_tflops", std::to_string(examples::positive_flag_value(a, value())));
+    else if (a == "--device" || a == "--device-file") {
+      if (device_given) throw UsageError("give one of --device and --device-file, once");
+      device_given = true;
+      o.hardware = a == "--device" ? sim::device(value()) : sim::read_device_file(value());
+    } else if (a == "--device-field") {
+      const auto f = value();
+      const auto eq = f.find('=');
+      if (eq == std::string::npos) throw UsageError("--device-field " + f + ": expected NAME=VALUE");
+      fields.emplace_back(f.substr(0, eq), f.substr(eq + 1));
+    } else if (a == "--json") o.json = true;
+    else if (a == "--search") o.search = true;
+    else if (a == "--published") o.published = true;
+    else if (a == "--gpus") o.search_gpus = flag_value<long long>(a, value(), 1, 1LL << 31);
+    else if (a == "--top") o.top = flag_value<int>(a, value(), 1, 1000);
+    else if (a == "--finalists") o.finalists = flag_value<int>(a, value(), 1, 1000);
     else throw UsageError("unknown flag " + a);
+  }
+  for (const auto& [name, text] : fields) sim::set_device_field(o.hardware, name, text);
+  o.hardware.fp32 = !o.bf16;
+  o.hardware.check("plan_at_scale --device");
+  if (o.published) return o;
+  // Sizes whose element counts overflow int64 end here, before any work (plan or search).
+  sim::check_model_sizes(model_shape(o), o.plan.batch, "plan_at_scale");
+  if (o.search) {
+    if (o.search_gpus == 0) throw UsageError("--search needs --gpus N");
+    if (o.plan.has_experts()) throw UsageError("--search does not enumerate expert plans (--experts)");
+    return o;
   }
   const auto number = [](auto n) { return std::to_string(n); };
   if (m.heads % o.plan.tp != 0) throw UsageError("--heads " + number(m.heads) + " is not a multiple of --tp " + number(o.plan.tp));
   if (m.dim % m.heads != 0) throw UsageError("--dim " + number(m.dim) + " is not a multiple of --heads " + number(m.heads));
   if (o.plan.batch % o.plan.microbatches != 0)
     throw UsageError("--batch " + number(o.plan.batch) + " is not a multiple of --microbatches " + number(o.plan.microbatches));
-  if (!(o.hardware.efficiency <= 1)) throw UsageError("--efficiency must be in (0, 1]");
   if (o.llama && o.plan.has_experts()) throw UsageError("--arch llama with --experts: MoE blocks are GPT blocks");
   // Before the dry run (which may take a while): the trace's directory must exist (the trace is
   // written after it, checked again then), and the plan must be one (the GPU count fits an int).
@@ -125,18 +186,105 @@ std::vector<sim::PlanClass> dry_run(const Options& o) {
   return sim::dry_run_plan<T, Layers, false>(o.plan);
 }
 
-int run(const Options& o) {
-  namespace pp = parallel::pipeline;
+std::vector<sim::PlanClass> dry_run_any(const Options& o) {
+  using ExpertMesh = MetaMesh<"edp", "ep", "tp">;
+  if (o.llama) return o.bf16 ? dry_run<dtensor::bfloat16, nn::LlamaLayers>(o) : dry_run<float, nn::LlamaLayers>(o);
+  if (o.plan.has_experts())
+    return o.bf16 ? dry_run<dtensor::bfloat16, nn::MoELayers<dtensor::bfloat16, ExpertMesh>>(o)
+                  : dry_run<float, nn::MoELayers<float, ExpertMesh>>(o);
+  return o.bf16 ? dry_run<dtensor::bfloat16, nn::DenseLayers>(o) : dry_run<float, nn::DenseLayers>(o);
+}
+
+/// What the report says about a whole plan.
+struct PlanSummary {
+  sim::PlanEstimate estimate;
+  double step = 0, tokens_per_second = 0, mfu = 0, model_tflops_per_gpu = 0, hardware_tflops_per_gpu = 0;
+  double memory = 0;           // the most any rank holds in the step, in-flight micro-batches included
+  std::size_t memory_class = 0;
+  bool fits = false;
+};
+
+PlanSummary summarize(const Options& o, const std::vector<sim::PlanClass>& classes) {
+  const auto& p = o.plan;
+  const auto schedule = sim::detail::plan_schedule(p);
+  std::vector<sim::ClassInput> inputs;
+  for (const auto& c : classes) inputs.push_back({&c.report, c.pipeline_ranks});
+  PlanSummary r;
+  r.estimate = sim::estimate_plan(inputs, sim::plan_topology(p, o.hardware), schedule, {.zero = p.zero});
+  r.step = r.estimate.step_seconds;
+  const double gpus = double(p.gpus()), tokens = double(p.batch) * double(p.model.seq);
+  r.tokens_per_second = tokens / r.step;
+  double executed = 0;  // FLOPs all ranks run in a step (recomputation included)
+  for (const auto& c : classes)
+    for (const auto& ph : c.report.phases)
+      executed += double(ph.flops()) * double(c.report.ranks) *
+                  (sim::detail::is_microbatch_phase(ph.name) ? double(p.microbatches) : 1.0);
+  r.hardware_tflops_per_gpu = executed / gpus / r.step / 1e12;
+  if (!p.has_experts()) {
+    const double model_flops = model_shape(o).model_flops_per_token() * tokens;
+    r.model_tflops_per_gpu = model_flops / gpus / r.step / 1e12;
+    r.mfu = model_flops / (gpus * o.hardware.peak_flops() * r.step);
+  }
+  for (std::size_t i = 0; i < classes.size(); ++i)
+    if (classes[i].peak_in_flight > r.memory) r.memory = classes[i].peak_in_flight, r.memory_class = i;
+  r.fits = sim::fits(r.memory, o.hardware);
+  return r;
+}
+
+std::string json_string(const std::string& v) {
+  std::string out = "\"";
+  for (char c : v) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+void print_json(const Options& o, const std::vector<sim::PlanClass>& classes, const PlanSummary& r, double seconds) {
+  const auto& p = o.plan;
+  std::printf("{\"gpus\":%lld,\"pp\":%d,\"dp\":%d,\"cp\":%d,\"tp\":%d,\"zero\":%d,\"microbatches\":%d,\"schedule\":%s,"
+              "\"device\":%s,\"step_seconds\":%.6g,\"pipeline_seconds\":%.6g,\"bubble_fraction\":%.6g,"
+              "\"tokens_per_second\":%.6g,\"mfu\":%.6g,\"model_tflops_per_gpu\":%.6g,\"hardware_tflops_per_gpu\":%.6g,"
+              "\"memory_bytes\":%.6g,\"device_memory_bytes\":%.6g,\"memory_reserve_fraction\":%g,\"fits\":%s,"
+              "\"slowest_class\":%s,\"dry_run_seconds\":%.3g,\"classes\":[",
+              p.gpus(), p.pp, p.dp, p.cp, p.tp, p.zero, p.microbatches, json_string(p.schedule).c_str(),
+              json_string(o.hardware.name).c_str(), r.step, r.estimate.pipeline_seconds, r.estimate.bubble_fraction,
+              r.tokens_per_second, r.mfu, r.model_tflops_per_gpu, r.hardware_tflops_per_gpu, r.memory,
+              o.hardware.memory_bytes, sim::memory_reserve_fraction, r.fits ? "true" : "false",
+              json_string(classes[r.estimate.slowest].report.name).c_str(), seconds);
+  for (std::size_t i = 0; i < classes.size(); ++i) {
+    const auto& c = classes[i];
+    const auto& e = r.estimate.classes[i];
+    std::printf("%s{\"name\":%s,\"ranks\":%lld,\"pipeline_rank\":%d,\"step_seconds\":%.6g,\"once_per_step_seconds\":%.6g,"
+                "\"compute_seconds\":%.6g,\"communication_seconds\":%.6g,\"exposed_communication_seconds\":%.6g,"
+                "\"memory_bytes\":%.6g,\"construction_bytes\":%lld,\"memory_by_tag\":{",
+                i ? "," : "", json_string(c.report.name).c_str(), (long long)c.report.ranks, c.pipeline_rank, e.step_seconds,
+                e.once_per_step_seconds, e.compute_seconds, e.communication_seconds, e.exposed_communication_seconds,
+                c.peak_in_flight, (long long)c.report.construction_peak_total());
+    bool first = true;
+    for (std::size_t t = 0; t < memory_tag_count; ++t) {
+      std::int64_t peak = 0;
+      for (const auto& ph : c.report.phases)
+        if (ph.name != sim::RankReport::construction_phase) peak = std::max(peak, ph.peak[t]);
+      if (peak == 0) continue;
+      std::printf("%s%s:%lld", first ? "" : ",", json_string(std::string(name_of(MemoryTag(t)))).c_str(), (long long)peak);
+      first = false;
+    }
+    std::printf("}}");
+  }
+  std::printf("]}\n");
+}
+
+void print_header(const Options& o) {
   const auto& p = o.plan;
   const auto& m = p.model;
-  const auto schedule = pp::make_schedule(pp::parse_schedule_kind(p.schedule), p.pp, p.microbatches, p.stages_per_rank);
   const std::string context = p.cp > 1 ? " x cp " + std::to_string(p.cp) + " (" + std::string(parallel::name_of(p.cp_kind)) +
                                               (p.cp_balanced ? ", load-balanced)" : ")")
                                         : "";
-  std::printf("plan_at_scale: %lld GPUs = pp %d x dp %d%s x tp %d%s; %s; %s schedule, %d micro-batches; %s\n", p.gpus(),
-              p.pp, p.dp, context.c_str(), p.tp, o.sp ? " + SP" : "",
+  std::printf("plan_at_scale: %lld GPUs = pp %d x dp %d%s x tp %d%s; %s; %s schedule, %d micro-batches; %s; device %s\n",
+              p.gpus(), p.pp, p.dp, context.c_str(), p.tp, o.sp ? " + SP" : "",
               p.zero == 0 ? "DDP" : (p.hsdp > 1 ? "HSDP " + std::to_string(p.hsdp) + " x " : std::string("")).append("ZeRO-" + std::to_string(p.zero)).c_str(),
-              p.schedule.c_str(), p.microbatches, o.bf16 ? "bf16" : "fp32");
+              p.schedule.c_str(), p.microbatches, o.bf16 ? "bf16" : "fp32", o.hardware.name.c_str());
   if (p.has_experts())
     std::printf("MoE: %lld experts, top-%lld, every %lld blocks, over ep %d (balanced routing)\n",
                 (long long)p.moe.router.experts, (long long)p.moe.router.topk, (long long)p.moe.every, p.ep);
@@ -144,47 +292,131 @@ int run(const Options& o) {
               o.llama ? "llama" : "gpt", (long long)m.layers, (long long)m.dim, (long long)m.heads,
               (long long)(m.kv_heads ? m.kv_heads : m.heads), (long long)(m.ffn ? m.ffn : m.mlp_ratio * m.dim),
               (long long)m.vocab, (long long)m.seq, (long long)p.batch, m.checkpoint ? ", activation checkpointing" : "");
+}
+
+int run_plan(const Options& o) {
+  const auto& p = o.plan;
+  if (!o.json) print_header(o);
   const auto started = std::chrono::steady_clock::now();
-  std::vector<sim::PlanClass> classes;
-  using ExpertMesh = MetaMesh<"edp", "ep", "tp">;
-  if (o.llama) classes = o.bf16 ? dry_run<dtensor::bfloat16, nn::LlamaLayers>(o) : dry_run<float, nn::LlamaLayers>(o);
-  else if (p.has_experts())
-    classes = o.bf16 ? dry_run<dtensor::bfloat16, nn::MoELayers<dtensor::bfloat16, ExpertMesh>>(o) : dry_run<float, nn::MoELayers<float, ExpertMesh>>(o);
-  else classes = o.bf16 ? dry_run<dtensor::bfloat16, nn::DenseLayers>(o) : dry_run<float, nn::DenseLayers>(o);
+  const std::vector<sim::PlanClass> classes = dry_run_any(o);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  const sim::Topology topology = sim::plan_topology(p, o.hardware);
-  double worst = 0;
-  for (auto& c : classes) {
-    std::cout << '\n' << c.report.to_table();
-    const auto est = sim::estimate_step(c.report, topology, schedule, schedule.layout.stages_per_rank);
-    worst = std::max(worst, c.peak_in_flight);
-    std::printf("estimate: step %.3f s (pipeline %.3f s, bubble %.1f %%, once per step %.3f s); compute %.3f s, "
-                "communication %.3f s of which exposed %.3f s; peak memory with %d micro-batch stages in flight %s\n",
-                est.step_seconds, est.pipeline_seconds, 100 * est.bubble_fraction, est.once_per_step_seconds,
-                est.compute_seconds, est.communication_seconds, est.exposed_communication_seconds, c.in_flight,
-                sim::detail::human_bytes(c.peak_in_flight).c_str());
-    if (!o.trace.empty() && &c == &classes.front()) {
-      trace::detail::write_text_file(o.trace, sim::chrome_trace(est, c.pipeline_rank, c.report.name), "plan_at_scale --trace");
-      std::printf("trace of %s (pipeline rank %d): %s\n", c.report.name.c_str(), c.pipeline_rank, o.trace.c_str());
+  const PlanSummary r = summarize(o, classes);
+  if (o.json) print_json(o, classes, r, seconds);
+  else {
+    for (std::size_t i = 0; i < classes.size(); ++i) {
+      const auto& c = classes[i];
+      const auto& est = r.estimate.classes[i];
+      std::cout << '\n' << c.report.to_table();
+      std::printf("estimate: ends at %.3f s (pipeline rank %d idle %.1f %%, once per step %.3f s of which gradient "
+                  "reduction %.3f s before overlap); compute %.3f s, communication %.3f s of which exposed %.3f s; "
+                  "memory with %d micro-batch stages in flight %s\n",
+                  est.step_seconds, c.pipeline_rank, 100 * est.bubble_fraction, est.once_per_step_seconds,
+                  est.gradient_reduction_seconds, est.compute_seconds, est.communication_seconds,
+                  est.exposed_communication_seconds, c.in_flight, sim::detail::human_bytes(c.peak_in_flight).c_str());
     }
+    std::printf("\ndry run: %zu rank classes for %lld GPUs in %.2f s; the most memory any rank holds in the step: %s "
+                "(%s)\n", classes.size(), p.gpus(), seconds, sim::detail::human_bytes(r.memory).c_str(),
+                classes[r.memory_class].report.name.c_str());
+    std::printf("step: %.3f s on %s (pipeline %.3f s, bubble %.1f %%; slowest class %s); %.4g tokens/s; ",
+                r.step, o.hardware.name.c_str(), r.estimate.pipeline_seconds, 100 * r.estimate.bubble_fraction,
+                classes[r.estimate.slowest].report.name.c_str(), r.tokens_per_second);
+    if (p.has_experts()) std::printf("MFU n/a (MoE); ");
+    else std::printf("MFU %.1f %% (%.0f model TFLOP/s per GPU); ", 100 * r.mfu, r.model_tflops_per_gpu);
+    std::printf("%.0f TFLOP/s per GPU executed (recomputation included)\n", r.hardware_tflops_per_gpu);
+    std::printf("memory: %s %s of %s per GPU less the %.0f %% reserve (%s)\n", r.fits ? "fits," : "DOES NOT FIT:",
+                sim::detail::human_bytes(r.memory).c_str(), sim::detail::human_bytes(o.hardware.memory_bytes).c_str(),
+                100 * sim::memory_reserve_fraction,
+                sim::detail::human_bytes(o.hardware.memory_bytes * (1 - sim::memory_reserve_fraction)).c_str());
   }
-  std::printf("\ndry run: %zu rank classes for %lld GPUs in %.2f s; the most memory any rank holds: %s\n", classes.size(),
-              p.gpus(), seconds, sim::detail::human_bytes(worst).c_str());
+  if (!o.trace.empty()) {
+    const auto& c = classes.front();
+    trace::detail::write_text_file(o.trace, sim::chrome_trace(r.estimate.classes.front(), c.pipeline_rank, c.report.name),
+                                   "plan_at_scale --trace");
+    if (!o.json) std::printf("trace of %s (pipeline rank %d): %s\n", c.report.name.c_str(), c.pipeline_rank, o.trace.c_str());
+  }
+  if (!r.fits) {
+    std::fprintf(stderr, "plan_at_scale: the plan does not fit: %s per GPU (%s) > %s of %s less the %.0f %% reserve\n",
+                 sim::detail::human_bytes(r.memory).c_str(), classes[r.memory_class].report.name.c_str(),
+                 sim::detail::human_bytes(o.hardware.memory_bytes * (1 - sim::memory_reserve_fraction)).c_str(),
+                 o.hardware.name.c_str(), 100 * sim::memory_reserve_fraction);
+    return 3;
+  }
   return 0;
 }
 
+/// --search: analytic ranking, the finalists dry-run (see the top of this file).
+int run_search(const Options& o) {
+  const auto started = std::chrono::steady_clock::now();
+  const sim::ModelShape model = model_shape(o);
+  const auto ranked = sim::search_plans(model, {.gpus = o.search_gpus, .batch = o.plan.batch, .bf16 = o.bf16}, o.hardware);
+  const double analytic_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  struct Finalist {
+    sim::RankedPlan ranked;
+    PlanSummary dry;
+    std::size_t analytic_rank = 0;
+  };
+  std::vector<Finalist> finalists;
+  for (std::size_t i = 0; i < ranked.size() && finalists.size() < std::size_t(o.finalists); ++i) {
+    const auto& sp = ranked[i].plan;
+    Options f = o;
+    f.plan.model.checkpoint = sp.recompute;
+    f.plan.batch = sp.batch;
+    f.plan.microbatches = sp.microbatches();
+    f.plan.dp = sp.dp, f.plan.tp = sp.tp, f.plan.pp = sp.pp, f.plan.cp = sp.cp, f.plan.zero = sp.zero, f.plan.hsdp = 1;
+    f.plan.schedule = sp.schedule;
+    f.plan.stages_per_rank = sp.stages_per_rank > 1 ? sp.stages_per_rank : 0;
+    f.plan.cp_kind = parallel::ContextKind::ring;
+    f.sp = sp.sp;
+    sim::check_plan(f.plan);
+    finalists.push_back({ranked[i], summarize(f, dry_run_any(f)), i});
+  }
+  std::stable_sort(finalists.begin(), finalists.end(), [](const Finalist& a, const Finalist& b) {
+    return a.dry.fits != b.dry.fits ? a.dry.fits : a.dry.step < b.dry.step;
+  });
+  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  std::printf("search: %s %.1fB parameters, seq %lld, batch %lld on %lld x %s: %zu plans fit (analytic, %.2f s); "
+              "%zu finalists dry-run; %.2f s in all\n",
+              o.llama ? "llama" : "gpt", model.params() / 1e9, (long long)model.seq, (long long)o.plan.batch,
+              o.search_gpus, o.hardware.name.c_str(), ranked.size(), analytic_seconds, finalists.size(), total);
+  const auto& best = finalists.front();
+  for (std::size_t i = 0; i < finalists.size() && i < std::size_t(o.top); ++i) {
+    const auto& f = finalists[i];
+    std::printf("%zu. %s: step %.3f s (analytic %.3f s, #%zu), MFU %.1f %%, %.4g tokens/s, memory %s%s\n", i + 1,
+                sim::describe(f.ranked.plan).c_str(), f.dry.step, f.ranked.estimate.step_seconds, f.analytic_rank + 1,
+                100 * f.dry.mfu, f.dry.tokens_per_second, sim::detail::human_bytes(f.dry.memory).c_str(),
+                f.dry.fits ? "" : " (does not fit in the dry run)");
+    if (i > 0)
+      std::printf("   loses by %.3f s in the dry run; analytic: %s\n", f.dry.step - best.dry.step,
+                  sim::why_slower(f.ranked, best.ranked).c_str());
+  }
+  return 0;
+}
+
+/// --published: the published runs of sim/published_runs.hpp against the cost model (one calibration).
+int run_published() {
+  std::printf("run | device | published | predicted | error | memory (analytic)\n");
+  for (const auto& run : sim::published_runs()) {
+    const auto p = sim::predict(run);
+    const char* unit = run.iteration_seconds ? " s" : " TFLOP/s";
+    std::printf("%s | %s | %.2f%s | %.2f%s | %+.1f %% | %s\n", run.name.c_str(), run.device.c_str(), p.published, unit,
+                p.predicted, unit, 100 * (p.ratio() - 1), sim::detail::human_bytes(p.estimate.memory_bytes).c_str());
+  }
+  const auto& c = sim::calibration;
+  std::printf("calibration: gemm_max_fraction %.2f, gemm_half_intensity %.0f FLOP/B, attention_fraction %.2f, "
+              "hbm_fraction %.2f, link_fraction %.2f\n", c.gemm_max_fraction, c.gemm_half_intensity, c.attention_fraction,
+              c.hbm_fraction, c.link_fraction);
+  return 0;
+}
+
+int run(const Options& o) { return o.published ? run_published() : o.search ? run_search(o) : run_plan(o); }
+
 }  // namespace
 
-const char* usage =
-    "usage: plan_at_scale [--arch gpt|llama --layers N --dim N --heads N --kv-heads N "
-    "--ffn N --vocab N --seq N --batch N --mlp-ratio N --dtype f32|bf16 --checkpoint --dp N --tp N "
-    "--pp N --cp N --cp-kind ring|allgather|ulysses --no-cp-balance --zero 1|2|3 --hsdp R --microbatches N --schedule gpipe|1f1b|interleaved|zb|zbv "
-    "--stages-per-rank N --experts E --topk K --ep N --moe-every N --capacity F --no-sp --trace FILE --efficiency X --peak-tflops X]\n";
-
 int main(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i)  // --help anywhere, before any flag is checked or any work
+  // --help anywhere on the line, before anything else is parsed or run.
+  for (int i = 1; i < argc; ++i)
     if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
-      std::fputs(usage, stdout);
+      std::printf("plan_at_scale: a training plan for thousands of GPUs, run dry (docs/dry-run.md)\n%s", usage);
       return 0;
     }
   try {

@@ -104,9 +104,10 @@ struct TrainingPlan {
 struct PlanClass {
   RankReport report;
   int pipeline_rank = 0;
+  std::vector<int> pipeline_ranks{};  // every pipeline rank whose stages do this class's work (pipeline_rank first)
   int in_flight = 1;               // (stage, micro-batch) forwards this pipeline rank holds at most
   std::int64_t saved_per_stage = 0;  // activations one micro-batch leaves saved on one stage
-  double peak_in_flight = 0;       // the run's peak plus the other in-flight micro-batches' activations
+  double peak_in_flight = 0;       // the step's peak (construction excluded) plus the other in-flight micro-batches' activations
 };
 
 /// Throws naming the flag-level field when the plan cannot run.
@@ -204,7 +205,7 @@ void run_one_microbatch(std::vector<Stage>& stages, const Mesh& mesh, const para
   using X = typename Stage::X;
   const auto& stage_mesh = stages.front().mesh();
   const auto neighbour = [&](int stage) { return mesh.template slice<"pp">(layout.rank_of(stage)); };
-  rec.phase("forward");
+  rec.phase("forward", /*overlapped=*/true);
   {
     MemoryTagScope tag(MemoryTag::activations);
     for (std::size_t i = 0; i < stages.size(); ++i) {
@@ -336,7 +337,7 @@ void sharded_step(CommPtr world, const TrainingPlan& p, Recorder& rec) {
   optim::AdamW<float, 3, meta_space> opt(fsdp.params(), adamw_options());
   const auto ids = meta_ids<typename Model::Ids>(mesh, p);
   opt.zero_grad();
-  rec.phase("forward");
+  rec.phase("forward", /*overlapped=*/true);
   auto [loss, saved] = [&] {
     MemoryTagScope tag(MemoryTag::activations);
     return model->forward(ids, ids);
@@ -393,8 +394,12 @@ std::vector<PlanClass> dry_run_plan(const TrainingPlan& p) {
       detail::pipeline_rank_step<T, Layers, SP>(std::move(world), p, schedule, rec);
     });
     const auto memory = parallel::pipeline::validate(schedule);
+    const auto keys = detail::pipeline_rank_keys(p, schedule);
     for (std::size_t i = 0; i < reports.size(); ++i) {
       PlanClass c{std::move(reports[i]), classes[i].coordinate[0]};
+      c.pipeline_ranks.push_back(c.pipeline_rank);
+      for (int r = 0; r < p.pp; ++r)
+        if (r != c.pipeline_rank && keys[std::size_t(r)] == keys[std::size_t(c.pipeline_rank)]) c.pipeline_ranks.push_back(r);
       c.in_flight = std::max(v, memory.peak_saved[std::size_t(c.pipeline_rank)]);
       result.push_back(std::move(c));
     }
@@ -406,13 +411,14 @@ std::vector<PlanClass> dry_run_plan(const TrainingPlan& p) {
     auto reports = dry_run<3>(shape, classes, [&](CommPtr world, Recorder& rec) {
       detail::sharded_step<T, Layers, SP>(std::move(world), p, rec);
     });
-    for (auto& r : reports) result.push_back(PlanClass{std::move(r), 0, 1});
+    for (auto& r : reports) result.push_back(PlanClass{std::move(r), 0, {0}, 1});
   }
   for (auto& c : result) {
     const auto& fwd = c.report.phase("forward");
     const auto tag = std::size_t(MemoryTag::activations);
     c.saved_per_stage = (fwd.end[tag] - fwd.start[tag]) / v;
-    c.peak_in_flight = double(c.report.peak_total()) + double(c.in_flight - v) * double(c.saved_per_stage);
+    // The step's own peak: building the unsharded model before sharding is not part of a step.
+    c.peak_in_flight = double(c.report.step_peak_total()) + double(c.in_flight - v) * double(c.saved_per_stage);
   }
   return result;
 }

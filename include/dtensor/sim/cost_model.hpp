@@ -1,42 +1,65 @@
-// dtensor/sim/cost_model.hpp — a step's time estimated from a rank report.
+// dtensor/sim/cost_model.hpp — a step's time estimated from the rank reports of a dry run.
 //
-//   sim::Hardware h100;                                   // defaults: H100 SXM, see below
-//   sim::Topology topo(Mesh::names, mesh_shape, h100);    // which mesh dims are inside a node
+//   sim::Hardware h100 = sim::device("h100");              // sim/device.hpp: per-GPU figures
+//   sim::Topology topo(Mesh::names, mesh_shape, h100);      // which mesh dims are inside a node
 //   sim::collective_seconds(record, topo.link(record.group));
-//   auto est = sim::estimate_step(report, topo, h100, pipeline::one_f_one_b(pp, m), /*stages_per_rank=*/1);
-//   est.step_seconds;  est.bubble_fraction;  est.exposed_communication_seconds;
+//   auto est = sim::estimate_step(report, topo, pipeline::one_f_one_b(pp, m), /*stages_per_rank=*/1);
+//   auto plan = sim::estimate_plan({{&report0, {0}}, {&report1, {1, 2}}}, topo, schedule);  // all classes
+//   plan.step_seconds;  plan.slowest;  est.bubble_fraction;  est.exposed_communication_seconds;
 //
-// Compute: a phase's FLOPs (kernels/meta CostLog) over peak FLOP/s times an efficiency.
-// Communication: every collective costs steps x latency + bytes on the wire / bandwidth of its
-// link, with the ring algorithms' figures (comm_log.hpp wire_bytes): for a group of n ranks and a
-// buffer of S bytes (the larger of input and output),
+// Compute, per op of the meta kernels' CostLog (a roofline):
+//   time = max(FLOPs / (peak x efficiency), bytes moved / (HBM bandwidth x hbm_fraction))
+// where a GEMM's efficiency depends on its shape through its arithmetic intensity I = FLOPs per
+// byte moved: gemm_max_fraction x I / (I + gemm_half_intensity) (small or skinny GEMMs reach
+// less of the peak than large square ones); fused attention runs at attention_fraction; every
+// other op (pointwise, norms, the optimizer) at the fp32 vector peak, in practice bound by bytes.
+// Communication: every collective costs steps x latency + bytes on the wire / (bandwidth of its
+// link x link_fraction), with the ring algorithms' figures (comm_log.hpp wire_bytes): for a group
+// of n ranks and a buffer of S bytes (the larger of input and output),
 //   all-gather, reduce-scatter, all-to-all:  (n-1) latencies + (n-1)/n S / B
 //   all-reduce:   the cheaper of ring 2(n-1) latencies + 2(n-1)/n S / B
 //                 and tree (NCCL's double binary tree) 2 log2(n) latencies + 2(n-1)/n S / B
 //   broadcast:    (n-1) latencies + S / B  (pipelined ring)
 //   send, recv, send/recv: 1 latency + S / B
-// A group's link is NVLink when all its mesh dimensions lie inside a node, InfiniBand otherwise;
-// the dimensions inside a node are the innermost ones while their product is at most
+// A group's link is NVLink when all its mesh dimensions lie inside a node, the network
+// otherwise; the dimensions inside a node are the innermost ones while their product is at most
 // gpus_per_node (a mesh is laid out row-major over the ranks, nodes holding consecutive ranks).
-// Overlap: the communication of a phase the program marked overlapped (Recorder::phase) hides
-// behind that phase's compute, so only max(0, communication - compute) is exposed; in other
-// phases all of it is.
-// Schedule: the phases named "forward", "backward" (or "backward_input" and "backward_weight")
-// are one micro-batch on this rank's stages; their times, divided by the stages per rank, are
-// the costs of the pipeline simulator (parallel/pipeline/simulate.hpp), whose makespan over the
-// schedule is the pipeline's time (bubbles included). Every other phase runs once per step,
-// after it (the optimizer step, a gradient reduction that is not overlapped).
 //
-// Defaults (H100 SXM, documented in docs/dry-run.md): 989e12 dense bf16 FLOP/s; efficiency 0.4
-// (the 38-43 % MFU the Llama 3 report gives for its 16K-GPU runs); nodes of 8 GPUs; NVLink 4
-// 450e9 B/s per direction per GPU; InfiniBand 400 Gb/s per GPU = 50e9 B/s; latencies 3 us
-// (NVLink) and 6 us (InfiniBand), the order nccl-tests shows for small messages. All are inputs.
+// What each collective is, and when it is paid (the overlap of each kind, stated once here):
+//   gradient reduction  an all-reduce or reduce-scatter over data dimensions only (dp, fsdp,
+//                       edp) in any phase: once per step, after the last micro-batch (DDP's
+//                       buckets, FSDP's reduce-scatter and ZeRO-1/2 all reduce the accumulated
+//                       gradients then). It overlaps the last micro-batch's backward on this
+//                       rank: exposed = max(0, time - that backward's compute). Under ZeRO
+//                       (options.zero >= 1) an all-reduce is charged as the reduce-scatter it
+//                       needs (a ZeRO rank keeps only its shard).
+//   parameter gather    an all-gather over data dimensions in a micro-batch phase (ZeRO-3 /
+//                       FSDP unshard, per unit as the schedule issues it): every micro-batch,
+//                       prefetched behind that phase's compute (exposed past it).
+//   context ring        a send/recv on "cp" (ring attention): behind the phase's compute.
+//                       (These two hide only in a phase the program marked overlapped; the
+//                       training plans mark forward and backward.)
+//   everything else     exposed in full: tensor-parallel all-gathers / reduce-scatters (Megatron's
+//                       TP+SP is not overlapped), context all-gathers and Ulysses all-to-alls,
+//                       expert all-to-alls, pipeline sends, and every collective of a phase run
+//                       once per step (the optimizer's, ZeRO's parameter sync).
+// Schedule: the phases named "forward", "backward" (or "backward_input" and "backward_weight")
+// are one micro-batch on this rank's stages; their times less the once-per-step collectives,
+// divided by the stages per rank, are the costs of the pipeline simulator
+// (parallel/pipeline/simulate.hpp), per pipeline rank: estimate_plan takes the slowest class of
+// every pipeline rank, so the makespan is the critical path across stages. A rank's step ends
+// when its last action ends plus its once-per-step work; the step is the latest rank's.
+//
+// The calibration (struct Calibration, `calibration` below) is the only fitted input: five
+// numbers, the same for every model, plan and device, documented with their fit in
+// docs/dry-run.md. Device figures are the vendor's (sim/device.hpp).
 #pragma once
 
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstddef>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -44,33 +67,21 @@
 #include "dtensor/comm/comm_log.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/parallel/pipeline/simulate.hpp"
+#include "dtensor/sim/device.hpp"
 #include "dtensor/sim/report.hpp"
 
 namespace dtensor::sim {
 
-/// One class of link, per GPU and direction.
-struct Link {
-  double latency_seconds = 0;
-  double bytes_per_second = 1;
+/// How well kernels and collectives reach a device's figures: the one fitted input of the cost
+/// model (see the synopsis; fitted once against the published rows in docs/dry-run.md).
+struct Calibration {
+  double gemm_max_fraction = 0.80;    // of peak, for the largest GEMMs
+  double gemm_half_intensity = 50;    // FLOP per byte at which a GEMM reaches half of that
+  double attention_fraction = 0.40;   // fused attention, forward and backward, of peak
+  double hbm_fraction = 0.90;         // of HBM bandwidth, for memory-bound kernels
+  double link_fraction = 0.80;        // of a link's bandwidth, for a collective's bus bandwidth
 };
-
-struct Hardware {
-  double peak_flops = 989e12;  // H100 SXM, dense bf16
-  double efficiency = 0.4;     // achieved / peak for the model's compute
-  int gpus_per_node = 8;
-  Link nvlink{3e-6, 450e9};
-  Link infiniband{6e-6, 50e9};
-
-  void check(const char* op) const {
-    if (!(peak_flops > 0) || !(efficiency > 0 && efficiency <= 1) || gpus_per_node < 1 ||
-        !(nvlink.bytes_per_second > 0) || !(infiniband.bytes_per_second > 0) || nvlink.latency_seconds < 0 ||
-        infiniband.latency_seconds < 0)
-      throw Error(op, dtensor::detail::cat("hardware: peak ", peak_flops, " FLOP/s, efficiency ", efficiency, ", ",
-                                  gpus_per_node, " GPUs per node, bandwidths ", nvlink.bytes_per_second, " / ",
-                                  infiniband.bytes_per_second,
-                                  " B/s: need positive figures, efficiency in (0, 1], latencies >= 0"));
-  }
-};
+inline constexpr Calibration calibration{};
 
 /// Which mesh dimensions lie inside a node (see the synopsis).
 template <std::size_t N>
@@ -84,6 +95,20 @@ std::array<bool, N> dims_inside_node(const std::array<int, N>& shape, int gpus_p
   }
   return inside;
 }
+
+namespace detail {
+/// The dimension names of a group label ("dp*tp" -> dp, tp).
+inline std::vector<std::string_view> label_dims(std::string_view label) {
+  std::vector<std::string_view> dims;
+  std::size_t begin = 0;
+  while (begin <= label.size()) {
+    const std::size_t end = std::min(label.find('*', begin), label.size());
+    dims.push_back(label.substr(begin, end - begin));
+    begin = end + 1;
+  }
+  return dims;
+}
+}  // namespace detail
 
 /// The link each group of a mesh uses, by the group's label ("tp", "dp*tp"; "world" is all).
 class Topology {
@@ -112,15 +137,11 @@ class Topology {
         if (!d.inside) return false;
       return true;
     }
-    std::size_t begin = 0;
-    while (begin <= label.size()) {
-      const std::size_t end = std::min(label.find('*', begin), label.size());
-      const std::string_view name = label.substr(begin, end - begin);
+    for (const auto name : detail::label_dims(label)) {
       const auto it = std::find_if(dims_.begin(), dims_.end(), [&](const Dim& d) { return d.name == name; });
       if (it == dims_.end())
         throw Error("sim::Topology", dtensor::detail::cat("group '", label, "' names no mesh dimension '", name, "'"));
       if (!it->inside) return false;
-      begin = end + 1;
     }
     return true;
   }
@@ -139,11 +160,11 @@ class Topology {
 };
 
 /// Seconds one collective takes on `link` (the formulas of the synopsis).
-inline double collective_seconds(const CommRecord& r, const Link& link) {
+inline double collective_seconds(const CommRecord& r, const Link& link, const Calibration& cal = calibration) {
   const double n = r.group_size;
   if (r.group_size <= 1 || r.kind == CollectiveKind::split) return 0;
   const auto w = r.wire();
-  const double bandwidth_term = double(std::max(w.sent, w.received)) / link.bytes_per_second;
+  const double bandwidth_term = double(std::max(w.sent, w.received)) / (link.bytes_per_second * cal.link_fraction);
   const double alpha = link.latency_seconds;
   switch (r.kind) {
     case CollectiveKind::all_reduce:
@@ -156,71 +177,229 @@ inline double collective_seconds(const CommRecord& r, const Link& link) {
   }
 }
 
-/// A phase's compute, communication and the part of that communication not hidden.
-struct PhaseTime {
-  std::string name;
-  double compute = 0, communication = 0, exposed = 0;
-  double total() const { return compute + exposed; }
-};
-
-inline PhaseTime phase_time(const PhaseReport& phase, const Topology& topology) {
-  PhaseTime t;
-  t.name = phase.name;
-  const Hardware& hw = topology.hardware();
-  t.compute = double(phase.flops()) / (hw.peak_flops * hw.efficiency);
-  for (const auto& r : phase.collectives) t.communication += collective_seconds(r, topology.link(r.group));
-  t.exposed = phase.overlapped ? std::max(0.0, t.communication - t.compute) : t.communication;
-  return t;
+/// A GEMM's fraction of peak from its arithmetic intensity (FLOP per byte moved).
+inline double gemm_efficiency(double flops_per_byte, const Calibration& cal = calibration) {
+  if (!(flops_per_byte < std::numeric_limits<double>::infinity())) return cal.gemm_max_fraction;
+  return cal.gemm_max_fraction * flops_per_byte / (flops_per_byte + cal.gemm_half_intensity);
 }
 
-struct StepEstimate {
-  std::vector<PhaseTime> phases;
-  parallel::pipeline::Costs stage_costs;  // seconds per micro-batch per stage
-  parallel::pipeline::Timeline timeline;  // the schedule with those costs
-  int stages_per_rank = 1;                // pipeline stages on each rank (interleaved: v)
-  double pipeline_seconds = 0;            // the schedule's makespan
-  double bubble_fraction = 0;             // the schedule's mean idle share
-  double once_per_step_seconds = 0;       // the phases outside the schedule
-  double step_seconds = 0;
-  double compute_seconds = 0, communication_seconds = 0, exposed_communication_seconds = 0;  // per step
-};
+/// Seconds one meta kernel takes (the roofline of the synopsis).
+inline double op_seconds(const kernels::meta::CostRecord& op, const Hardware& hw, const Calibration& cal = calibration) {
+  const double flops = double(op.flops), bytes = double(op.bytes_read) + double(op.bytes_written);
+  double flop_rate = hw.peak_fp32_flops;  // vector units: pointwise maps, reductions, the optimizer
+  if (op.op == "gemm")
+    flop_rate = hw.peak_flops() * gemm_efficiency(bytes > 0 ? flops / bytes : std::numeric_limits<double>::infinity(), cal);
+  else if (op.op == "attention" || op.op == "attention_backward")
+    flop_rate = hw.peak_flops() * cal.attention_fraction;
+  return std::max(flops / flop_rate, bytes / (hw.hbm_bytes_per_second * cal.hbm_fraction));
+}
+
+/// What a collective is, for when it is paid (see the synopsis).
+enum class CommRole { gradient_reduction, parameter_gather, context_ring, exposed };
 
 namespace detail {
 inline bool is_microbatch_phase(std::string_view name) {
   return name == "forward" || name == "backward" || name == "backward_input" || name == "backward_weight";
 }
+inline bool is_data_dim(std::string_view d) { return d == "dp" || d == "fsdp" || d == "edp"; }
 }  // namespace detail
 
-/// The step time of the rank class `report` under `schedule` (see the synopsis).
-inline StepEstimate estimate_step(const RankReport& report, const Topology& topology,
-                                  const parallel::pipeline::Schedule& schedule, int stages_per_rank = 1) {
+inline CommRole comm_role(const CommRecord& r, std::string_view phase) {
+  const auto dims = detail::label_dims(r.group);
+  const bool data_only = r.group != "world" && std::all_of(dims.begin(), dims.end(), detail::is_data_dim);
+  if (data_only && (r.kind == CollectiveKind::all_reduce || r.kind == CollectiveKind::reduce_scatter))
+    return CommRole::gradient_reduction;
+  if (detail::is_microbatch_phase(phase)) {
+    if (data_only && r.kind == CollectiveKind::all_gather) return CommRole::parameter_gather;
+    if (r.group == "cp" && (r.kind == CollectiveKind::send_recv || r.kind == CollectiveKind::send ||
+                            r.kind == CollectiveKind::recv))
+      return CommRole::context_ring;
+  }
+  return CommRole::exposed;
+}
+
+/// Settings of an estimate that are not the device's.
+struct EstimateOptions {
+  int zero = 0;  // >= 1: a gradient all-reduce is charged as a reduce-scatter (the rank needs its shard)
+  Calibration calibration = sim::calibration;
+};
+
+/// A phase's compute, communication and the part of that communication not hidden. For a
+/// micro-batch phase, `communication` and `exposed` are per micro-batch; the gradient
+/// reduction it issued is `gradient_reduction` (paid once per step).
+struct PhaseTime {
+  std::string name;
+  double compute = 0, communication = 0, exposed = 0;
+  double gradient_reduction = 0;
+  double total() const { return compute + exposed; }
+};
+
+inline PhaseTime phase_time(const PhaseReport& phase, const Topology& topology, const EstimateOptions& o = {}) {
+  PhaseTime t;
+  t.name = phase.name;
+  const Hardware& hw = topology.hardware();
+  for (const auto& op : phase.ops) t.compute += op_seconds(op, hw, o.calibration);
+  double hidden = 0;  // communication that runs behind this phase's compute
+  for (const auto& r : phase.collectives) {
+    const CommRole role = comm_role(r, phase.name);
+    CommRecord charged = r;
+    if (role == CommRole::gradient_reduction && o.zero >= 1 && r.kind == CollectiveKind::all_reduce)
+      charged.kind = CollectiveKind::reduce_scatter;
+    const double seconds = collective_seconds(charged, topology.link(r.group), o.calibration);
+    if (role == CommRole::gradient_reduction) {
+      t.gradient_reduction += seconds;
+      continue;
+    }
+    t.communication += seconds;
+    // Prefetched gathers and ring steps hide only where the program marked the phase's compute
+    // as able to run beside communication (Recorder::phase(name, overlapped)).
+    if (role == CommRole::exposed || !phase.overlapped) t.exposed += seconds;
+    else hidden += seconds;
+  }
+  t.exposed += std::max(0.0, hidden - t.compute);
+  return t;
+}
+
+struct StepEstimate {
+  std::string name;
+  std::vector<PhaseTime> phases;
+  parallel::pipeline::Costs stage_costs;  // seconds per micro-batch per stage
+  parallel::pipeline::Timeline timeline;  // the schedule with those costs (all pipeline ranks)
+  int stages_per_rank = 1;                // pipeline stages on each rank (interleaved: v)
+  int pipeline_rank = 0;
+  double pipeline_seconds = 0;            // the schedule's makespan
+  double bubble_fraction = 0;             // the schedule's mean idle share
+  double gradient_reduction_seconds = 0;  // once per step, before overlap
+  double once_per_step_seconds = 0;       // exposed after the schedule: gradient reduction + other phases
+  double step_seconds = 0;                // this rank class's: its schedule end + once per step
+  double compute_seconds = 0, communication_seconds = 0, exposed_communication_seconds = 0;  // per step
+};
+
+namespace detail {
+/// One class's phases, stage costs and once-per-step figures (no schedule run yet).
+inline StepEstimate class_estimate(const RankReport& report, const Topology& topology, int microbatches,
+                                   int stages_per_rank, const EstimateOptions& o) {
   if (stages_per_rank < 1)
     throw Error("sim::estimate_step", dtensor::detail::cat("stages_per_rank ", stages_per_rank, " of ", report.name));
   StepEstimate est;
+  est.name = report.name;
   est.stages_per_rank = stages_per_rank;
   auto& costs = est.stage_costs;
   costs = {0, 0, 0};
+  double last_backward_compute = 0, other_phases = 0;
   for (const auto& ph : report.phases) {
-    const PhaseTime t = phase_time(ph, topology);
+    const PhaseTime t = phase_time(ph, topology, o);
     est.phases.push_back(t);
+    const bool per_microbatch = is_microbatch_phase(ph.name);
+    const double times = per_microbatch ? microbatches : 1;
+    est.compute_seconds += t.compute * times;
+    est.communication_seconds += t.communication * times + t.gradient_reduction;
+    est.exposed_communication_seconds += t.exposed * times;
+    est.gradient_reduction_seconds += t.gradient_reduction;
     const double per_stage = t.total() / stages_per_rank;
-    const double microbatches = detail::is_microbatch_phase(ph.name) ? schedule.microbatches : 1;
-    est.compute_seconds += t.compute * microbatches;
-    est.communication_seconds += t.communication * microbatches;
-    est.exposed_communication_seconds += t.exposed * microbatches;
     if (ph.name == "forward") costs.forward += per_stage;
     else if (ph.name == "backward" || ph.name == "backward_input") costs.backward_input += per_stage;
     else if (ph.name == "backward_weight") costs.backward_weight += per_stage;
-    else est.once_per_step_seconds += t.total();
+    else other_phases += t.total();
+    if (ph.name == "backward" || ph.name == "backward_input" || ph.name == "backward_weight")
+      last_backward_compute += t.compute / stages_per_rank;  // the last micro-batch's last stage
   }
-  est.timeline = parallel::pipeline::simulate(schedule, costs);
+  // The gradient reduction runs behind the last micro-batch's backward (DDP buckets, FSDP).
+  const double exposed_reduction = std::max(0.0, est.gradient_reduction_seconds - last_backward_compute);
+  est.exposed_communication_seconds += exposed_reduction;
+  est.once_per_step_seconds = other_phases + exposed_reduction;
+  return est;
+}
+
+inline void check_schedule_ranks(const parallel::pipeline::Schedule& schedule, int pipeline_rank, const std::string& name) {
+  if (pipeline_rank < 0 || pipeline_rank >= schedule.ranks())
+    throw Error("sim::estimate_plan", dtensor::detail::cat("class ", name, " is on pipeline rank ", pipeline_rank,
+                                                           " of a schedule of ", schedule.ranks(), " ranks"));
+}
+}  // namespace detail
+
+/// The step time of the rank class `report` under `schedule`, every pipeline rank as this one.
+inline StepEstimate estimate_step(const RankReport& report, const Topology& topology,
+                                  const parallel::pipeline::Schedule& schedule, int stages_per_rank = 1,
+                                  const EstimateOptions& o = {}) {
+  StepEstimate est = detail::class_estimate(report, topology, schedule.microbatches, stages_per_rank, o);
+  est.timeline = parallel::pipeline::simulate(schedule, est.stage_costs);
   if (!est.timeline.deadlock.empty())
     throw Error("sim::estimate_step", dtensor::detail::cat("the schedule deadlocks (", est.timeline.deadlock.size(),
-                                                  " ranks stuck) for ", report.name));
+                                                           " ranks stuck) for ", report.name));
   est.pipeline_seconds = est.timeline.makespan;
   est.bubble_fraction = est.timeline.bubble();
   est.step_seconds = est.pipeline_seconds + est.once_per_step_seconds;
   return est;
+}
+
+/// A rank class of a plan: its report and the pipeline ranks it stands for (the first is its
+/// representative; more when pipeline ranks whose stages hold the same layers share a class).
+struct ClassInput {
+  const RankReport* report = nullptr;
+  std::vector<int> pipeline_ranks{0};
+};
+
+/// The step of a whole plan: every class's estimate and the critical path across them.
+struct PlanEstimate {
+  std::vector<StepEstimate> classes;      // in input order; each with the plan's timeline
+  parallel::pipeline::Timeline timeline;  // the schedule, each pipeline rank at its slowest class's costs
+  double pipeline_seconds = 0, bubble_fraction = 0;
+  double step_seconds = 0;                // the latest rank's end: the step
+  std::size_t slowest = 0;                // the class that ends last
+};
+
+/// The plan's step (see the synopsis): per pipeline rank the slowest class's stage costs, the
+/// schedule simulated with them, each class's end = its pipeline rank's last action + its
+/// once-per-step work; the step is the latest end.
+inline PlanEstimate estimate_plan(const std::vector<ClassInput>& inputs, const Topology& topology,
+                                  const parallel::pipeline::Schedule& schedule, const EstimateOptions& o = {}) {
+  constexpr const char* op = "sim::estimate_plan";
+  if (inputs.empty()) throw Error(op, "no rank classes");
+  PlanEstimate plan;
+  const int v = schedule.layout.stages_per_rank;
+  std::vector<parallel::pipeline::Costs> per_rank(std::size_t(schedule.ranks()), parallel::pipeline::Costs{0, 0, 0});
+  std::vector<bool> covered(per_rank.size(), false);
+  std::vector<std::vector<int>> ranks_of;  // per class
+  for (const auto& in : inputs) {
+    if (in.report == nullptr) throw Error(op, "a class without a report");
+    if (in.pipeline_ranks.empty()) throw Error(op, dtensor::detail::cat("class ", in.report->name, " on no pipeline rank"));
+    auto est = detail::class_estimate(*in.report, topology, schedule.microbatches, v, o);
+    est.pipeline_rank = in.pipeline_ranks.front();
+    for (const int r : in.pipeline_ranks) {
+      detail::check_schedule_ranks(schedule, r, in.report->name);
+      auto& c = per_rank[std::size_t(r)];
+      c.forward = std::max(c.forward, est.stage_costs.forward);
+      c.backward_input = std::max(c.backward_input, est.stage_costs.backward_input);
+      c.backward_weight = std::max(c.backward_weight, est.stage_costs.backward_weight);
+      covered[std::size_t(r)] = true;
+    }
+    plan.classes.push_back(std::move(est));
+    ranks_of.push_back(in.pipeline_ranks);
+  }
+  for (std::size_t r = 0; r < covered.size(); ++r)
+    if (!covered[r]) throw Error(op, dtensor::detail::cat("no rank class on pipeline rank ", r, " of ", covered.size()));
+  plan.timeline = parallel::pipeline::simulate(schedule, per_rank);
+  if (!plan.timeline.deadlock.empty())
+    throw Error(op, dtensor::detail::cat("the schedule deadlocks (", plan.timeline.deadlock.size(), " ranks stuck)"));
+  plan.pipeline_seconds = plan.timeline.makespan;
+  plan.bubble_fraction = plan.timeline.bubble();
+  for (std::size_t i = 0; i < plan.classes.size(); ++i) {
+    auto& est = plan.classes[i];
+    double end = 0;  // the latest of the class's pipeline ranks
+    for (const int r : ranks_of[i])
+      for (const auto& a : plan.timeline.actions[std::size_t(r)])
+        if (a.end > end) end = a.end, est.pipeline_rank = r;
+    est.timeline = plan.timeline;
+    est.pipeline_seconds = plan.pipeline_seconds;
+    est.bubble_fraction = plan.timeline.idle_fraction(est.pipeline_rank);
+    est.step_seconds = end + est.once_per_step_seconds;
+    if (est.step_seconds > plan.step_seconds) {
+      plan.step_seconds = est.step_seconds;
+      plan.slowest = i;
+    }
+  }
+  return plan;
 }
 
 }  // namespace dtensor::sim

@@ -41,7 +41,7 @@ using TagBytes = std::array<std::int64_t, memory_tag_count>;
 /// One phase of a rank's step.
 struct PhaseReport {
   std::string name;
-  bool overlapped = false;  // its communication may run behind its compute (sim/cost_model.hpp)
+  bool overlapped = false;  // prefetched gathers and ring steps may run behind its compute (sim/cost_model.hpp)
   TagBytes start{}, peak{}, end{};  // bytes held per tag: when it began, at most, when it ended
   std::int64_t peak_total = 0;      // the most bytes held at once, all tags together
   std::vector<CommRecord> collectives;
@@ -103,6 +103,22 @@ struct RankReport {
     for (const auto& ph : phases) p = std::max(p, ph.peak_total);
     return p;
   }
+  /// The most bytes held at once during the step itself: every phase but the construction
+  /// phase "parameters" (building a model before it is sharded holds more than any step does).
+  std::int64_t step_peak_total() const {
+    std::int64_t p = 0;
+    for (const auto& ph : phases)
+      if (ph.name != construction_phase) p = std::max(p, ph.peak_total);
+    return p;
+  }
+  /// The most bytes held while the model was built ("parameters"; 0 without that phase).
+  std::int64_t construction_peak_total() const {
+    std::int64_t p = 0;
+    for (const auto& ph : phases)
+      if (ph.name == construction_phase) p = std::max(p, ph.peak_total);
+    return p;
+  }
+  static constexpr std::string_view construction_phase = "parameters";
   std::int64_t flops() const {
     std::int64_t n = 0;
     for (const auto& ph : phases) n += ph.flops();
@@ -175,7 +191,8 @@ struct RankReport {
     const auto w = wire();
     s << "step: " << detail::scientific(double(flops())) << " FLOP, " << collectives() << " collectives, sent "
       << detail::human_bytes(double(w.sent)) << ", received " << detail::human_bytes(double(w.received))
-      << ", peak memory " << detail::human_bytes(double(peak_total())) << "\n";
+      << ", peak memory in the step " << detail::human_bytes(double(step_peak_total())) << " (building the model "
+      << detail::human_bytes(double(construction_peak_total())) << ")\n";
     return s.str();
   }
 };

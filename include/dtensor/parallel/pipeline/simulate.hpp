@@ -84,10 +84,15 @@ struct Timeline {
   }
 };
 
-inline Timeline simulate(const Schedule& schedule, const Costs& costs = {}, SendMode mode = SendMode::asynchronous) {
+/// The schedule with costs per rank (`per_rank[r]` for every stage rank r holds): uneven stages,
+/// a first stage with the embedding, a last with the head.
+inline Timeline simulate(const Schedule& schedule, const std::vector<Costs>& per_rank,
+                         SendMode mode = SendMode::asynchronous) {
   constexpr const char* op = "pipeline::simulate";
   schedule.layout.check(op);
   const auto ranks = std::size_t(schedule.ranks());
+  if (per_rank.size() != ranks)
+    throw Error(op, dtensor::detail::cat(per_rank.size(), " cost entries for a schedule of ", ranks, " ranks"));
   if (schedule.actions.size() != ranks)
     throw Error(op, dtensor::detail::cat("the schedule has action lists for ", schedule.actions.size(),
                                          " ranks, its layout ", ranks));
@@ -134,7 +139,7 @@ inline Timeline simulate(const Schedule& schedule, const Costs& costs = {}, Send
     if (action == nullptr) return false;
     double start = 0;
     if (ready(rank, *action, start)) return false;
-    const double end = start + costs.of(action->kind);
+    const double end = start + per_rank[rank].of(action->kind);
     if (is_send(action->kind)) sent.emplace(*action, end);
     if (is_recv(action->kind)) posted.emplace(*action, end);
     run(rank, start, end);
@@ -155,6 +160,11 @@ inline Timeline simulate(const Schedule& schedule, const Costs& costs = {}, Send
     }
   }
   return timeline;
+}
+
+/// Every rank at the same costs.
+inline Timeline simulate(const Schedule& schedule, const Costs& costs = {}, SendMode mode = SendMode::asynchronous) {
+  return simulate(schedule, std::vector<Costs>(std::size_t(std::max(schedule.ranks(), 0)), costs), mode);
 }
 
 }  // namespace dtensor::parallel::pipeline

@@ -1,0 +1,210 @@
+// dtensor/sim/device.hpp — what one GPU of a cluster can do, as the cost model reads it.
+//
+//   sim::Hardware h = sim::device("h100");            // built in: h100, h200, a100
+//   sim::Hardware f = sim::read_device_file("my.gpu"); // every field, "name = value" per line
+//   sim::set_device_field(h, "network_gbps", "200");  // one field, as --device-field does
+//   h.peak_flops();                                    // the peak of the dtype the model computes in
+//
+// A device description holds per-GPU figures only; how well kernels and collectives reach them
+// is the calibration's (sim/cost_model.hpp), the same for every device. Fields (units in the
+// names; a file must give every one, in any order; '#' starts a comment):
+//
+//   name                 a label for reports
+//   peak_bf16_tflops     dense bf16 tensor-core peak          (H100 SXM 989, A100 312)
+//   peak_fp32_tflops     fp32 peak for an fp32 model           (H100 67 non-tensor; A100 19.5)
+//   hbm_gbytes_per_s     memory bandwidth                      (H100 3350, H200 4800, A100 2039)
+//   memory_gbytes        device memory, decimal GB              (80, 141, 80)
+//   nvlink_domain        GPUs joined by NVLink (a node)         (8)
+//   nvlink_gbytes_per_s  NVLink per GPU and direction           (450 NVLink 4, 300 NVLink 3)
+//   nvlink_latency_us    one NVLink message's latency           (3)
+//   network_gbps         network per GPU, gigabits per second   (400 NDR; 200 HDR on Selene)
+//   network_latency_us   one network message's latency          (6)
+#pragma once
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dtensor/core/error.hpp"
+
+namespace dtensor::sim {
+
+/// One class of link, per GPU and direction.
+struct Link {
+  double latency_seconds = 0;
+  double bytes_per_second = 1;
+};
+
+/// One GPU of the cluster (see the synopsis). Defaults: H100 SXM.
+struct Hardware {
+  std::string name = "h100";
+  double peak_bf16_flops = 989e12;
+  double peak_fp32_flops = 67e12;
+  double hbm_bytes_per_second = 3.35e12;
+  double memory_bytes = 80e9;
+  int gpus_per_node = 8;  // the NVLink domain
+  Link nvlink{3e-6, 450e9};
+  Link infiniband{6e-6, 50e9};  // the network, per GPU
+  bool fp32 = false;            // the model computes in fp32 (its GEMMs run at peak_fp32_flops)
+
+  double peak_flops() const { return fp32 ? peak_fp32_flops : peak_bf16_flops; }
+
+  void check(const char* op) const {
+    if (!(peak_bf16_flops > 0) || !(peak_fp32_flops > 0) || !(hbm_bytes_per_second > 0) || !(memory_bytes > 0) ||
+        gpus_per_node < 1 || !(nvlink.bytes_per_second > 0) || !(infiniband.bytes_per_second > 0) ||
+        !(nvlink.latency_seconds >= 0) || !(infiniband.latency_seconds >= 0))
+      throw Error(op, dtensor::detail::cat("device '", name, "': peak ", peak_bf16_flops, " / ", peak_fp32_flops,
+                                           " FLOP/s, HBM ", hbm_bytes_per_second, " B/s, memory ", memory_bytes, " B, ",
+                                           gpus_per_node, " GPUs per NVLink domain, bandwidths ", nvlink.bytes_per_second,
+                                           " / ", infiniband.bytes_per_second,
+                                           " B/s: need positive figures and latencies >= 0"));
+  }
+};
+
+namespace detail {
+struct DeviceField {
+  const char* key;
+  double scale;  // file units -> the struct's
+  double Hardware::*number;
+  int Hardware::*integer;
+  double Link::*link_member;
+  Link Hardware::*link;
+};
+inline const std::vector<DeviceField>& device_fields() {
+  static const std::vector<DeviceField> fields{
+      {"peak_bf16_tflops", 1e12, &Hardware::peak_bf16_flops, nullptr, nullptr, nullptr},
+      {"peak_fp32_tflops", 1e12, &Hardware::peak_fp32_flops, nullptr, nullptr, nullptr},
+      {"hbm_gbytes_per_s", 1e9, &Hardware::hbm_bytes_per_second, nullptr, nullptr, nullptr},
+      {"memory_gbytes", 1e9, &Hardware::memory_bytes, nullptr, nullptr, nullptr},
+      {"nvlink_domain", 1, nullptr, &Hardware::gpus_per_node, nullptr, nullptr},
+      {"nvlink_gbytes_per_s", 1e9, nullptr, nullptr, &Link::bytes_per_second, &Hardware::nvlink},
+      {"nvlink_latency_us", 1e-6, nullptr, nullptr, &Link::latency_seconds, &Hardware::nvlink},
+      {"network_gbps", 1e9 / 8, nullptr, nullptr, &Link::bytes_per_second, &Hardware::infiniband},
+      {"network_latency_us", 1e-6, nullptr, nullptr, &Link::latency_seconds, &Hardware::infiniband},
+  };
+  return fields;
+}
+}  // namespace detail
+
+/// The names of a device description's fields (name first), as files and overrides spell them.
+inline std::vector<std::string> device_field_names() {
+  std::vector<std::string> names{"name"};
+  for (const auto& f : detail::device_fields()) names.emplace_back(f.key);
+  return names;
+}
+
+/// Sets one field from its text (see the synopsis for names and units); throws naming both.
+inline void set_device_field(Hardware& h, std::string_view key, const std::string& text) {
+  constexpr const char* op = "sim::set_device_field";
+  if (key == "name") {
+    if (text.empty()) throw Error(op, "device field name: empty");
+    h.name = text;
+    return;
+  }
+  for (const auto& f : detail::device_fields()) {
+    if (key != f.key) continue;
+    char* end = nullptr;
+    const double v = std::strtod(text.c_str(), &end);
+    if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v) || v < 0 ||
+        (f.integer && (v < 1 || v != std::floor(v) || v > 1e6)))
+      throw Error(op, dtensor::detail::cat("device field ", key, " = '", text, "': need a finite number >= 0",
+                                           f.integer ? " (a whole number >= 1)" : ""));
+    if (f.number) h.*(f.number) = v * f.scale;
+    else if (f.integer) h.*(f.integer) = int(v);
+    else (h.*(f.link)).*(f.link_member) = v * f.scale;
+    return;
+  }
+  std::string known;
+  for (const auto& n : device_field_names()) known += " " + n;
+  throw Error(op, dtensor::detail::cat("unknown device field '", key, "'; fields:", known));
+}
+
+/// A built-in device: "h100" (SXM), "h200" (SXM), "a100" (SXM 80 GB, HDR 200 Gb/s per GPU as
+/// on Selene, where Megatron's published runs were measured).
+inline Hardware device(std::string_view name) {
+  Hardware h;  // H100 SXM
+  if (name == "h100") return h;
+  if (name == "h200") {
+    h.name = "h200";
+    h.hbm_bytes_per_second = 4.8e12;
+    h.memory_bytes = 141e9;
+    return h;
+  }
+  if (name == "a100") {
+    h.name = "a100";
+    h.peak_bf16_flops = 312e12;
+    h.peak_fp32_flops = 19.5e12;
+    h.hbm_bytes_per_second = 2.039e12;
+    h.memory_bytes = 80e9;
+    h.nvlink = {3e-6, 300e9};
+    h.infiniband = {6e-6, 25e9};
+    return h;
+  }
+  throw Error("sim::device", dtensor::detail::cat("unknown device '", name, "': h100, h200 or a100 (or --device-file)"));
+}
+
+/// A device description from text: every field once (see the synopsis); `source` names it in errors.
+inline Hardware parse_device(const std::string& text, std::string_view source) {
+  constexpr const char* op = "sim::parse_device";
+  Hardware h;
+  std::vector<std::string> seen;
+  std::istringstream lines(text);
+  std::string line;
+  for (int number = 1; std::getline(lines, line); ++number) {
+    if (const auto hash = line.find('#'); hash != std::string::npos) line.resize(hash);
+    const auto trim = [](std::string s) {
+      const auto b = s.find_first_not_of(" \t\r"), e = s.find_last_not_of(" \t\r");
+      return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
+    };
+    line = trim(line);
+    if (line.empty()) continue;
+    const auto eq = line.find('=');
+    if (eq == std::string::npos)
+      throw Error(op, dtensor::detail::cat(source, ":", number, ": '", line, "' is not 'field = value'"));
+    const std::string key = trim(line.substr(0, eq)), value = trim(line.substr(eq + 1));
+    for (const auto& s : seen)
+      if (s == key) throw Error(op, dtensor::detail::cat(source, ":", number, ": field ", key, " given twice"));
+    try {
+      set_device_field(h, key, value);
+    } catch (const Error& e) {
+      throw Error(op, dtensor::detail::cat(source, ":", number, ": ", e.what()));
+    }
+    seen.push_back(key);
+  }
+  std::string missing;
+  for (const auto& n : device_field_names()) {
+    bool found = false;
+    for (const auto& s : seen) found = found || s == n;
+    if (!found) missing += " " + n;
+  }
+  if (!missing.empty()) throw Error(op, dtensor::detail::cat(source, ": missing device field(s):", missing));
+  h.check(op);
+  return h;
+}
+
+inline Hardware read_device_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw Error("sim::read_device_file", dtensor::detail::cat("cannot read device file '", path, "'"));
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse_device(text.str(), path);
+}
+
+/// The description as a file (parse_device reads it back).
+inline std::string to_device_file(const Hardware& h) {
+  std::ostringstream s;
+  s << "name = " << h.name << "\npeak_bf16_tflops = " << h.peak_bf16_flops / 1e12
+    << "\npeak_fp32_tflops = " << h.peak_fp32_flops / 1e12 << "\nhbm_gbytes_per_s = " << h.hbm_bytes_per_second / 1e9
+    << "\nmemory_gbytes = " << h.memory_bytes / 1e9 << "\nnvlink_domain = " << h.gpus_per_node
+    << "\nnvlink_gbytes_per_s = " << h.nvlink.bytes_per_second / 1e9
+    << "\nnvlink_latency_us = " << h.nvlink.latency_seconds / 1e-6
+    << "\nnetwork_gbps = " << h.infiniband.bytes_per_second * 8 / 1e9
+    << "\nnetwork_latency_us = " << h.infiniband.latency_seconds / 1e-6 << "\n";
+  return s.str();
+}
+
+}  // namespace dtensor::sim

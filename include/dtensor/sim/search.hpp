@@ -1,0 +1,141 @@
+// dtensor/sim/search.hpp — every plan of a model on a number of GPUs, ranked by the analytic
+// estimate (sim/analytic.hpp), those that do not fit the device's memory left out.
+//
+//   sim::SearchSpace space{.gpus = 16384, .batch = 2048};
+//   auto ranked = sim::search_plans(model, space, sim::device("h100"));  // fastest first
+//   ranked[0].plan;  ranked[0].estimate.step_seconds;  ranked.size();
+//   sim::why_slower(ranked[3], ranked[0]);   // "bubble +1.2 s (pp 32 ...)"
+//
+// Enumerated: tp in powers of two up to the NVLink domain dividing the heads; cp in powers of
+// two dividing seq / 2 (1 unless the sequence is long: up to 32); pp in powers of two and the
+// divisors of the layers; dp = gpus / (tp cp pp), dividing the batch; micro-batch sizes 1, 2,
+// 4, 8; schedules 1F1B and interleaved (v = 2, 4 where m is a multiple of pp; layers split
+// unevenly as the dry run's stages do); ZeRO 0 (DDP), 1, 3; full recompute or none; SP whenever tp > 1. `plan_at_scale
+// --search` dry-runs the `finalists` best of this ranking and ranks those by the dry run's
+// estimate (sim/cost_model.hpp). Not enumerated: HSDP, Ulysses, zero-bubble schedules, experts.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "dtensor/sim/analytic.hpp"
+
+namespace dtensor::sim {
+
+struct SearchSpace {
+  std::int64_t gpus = 1;
+  std::int64_t batch = 1;  // global batch, sequences
+  bool bf16 = true;
+  int max_cp = 32;
+};
+
+struct RankedPlan {
+  PlanShape plan;
+  AnalyticEstimate estimate;
+};
+
+namespace detail {
+inline std::vector<int> powers_of_two_upto(std::int64_t limit) {
+  std::vector<int> v;
+  for (std::int64_t x = 1; x <= limit && x <= (1 << 30); x *= 2) v.push_back(int(x));
+  return v;
+}
+}  // namespace detail
+
+/// Every plan of the space that fits, fastest first (see the synopsis). Throws when none fits.
+inline std::vector<RankedPlan> search_plans(const ModelShape& m, const SearchSpace& space, const Hardware& hw,
+                                            const Calibration& cal = calibration) {
+  constexpr const char* op = "sim::search_plans";
+  if (space.gpus < 1 || space.batch < 1)
+    throw Error(op, dtensor::detail::cat("gpus ", space.gpus, ", batch ", space.batch, ": need >= 1"));
+  std::vector<int> pps = detail::powers_of_two_upto(m.layers);
+  for (std::int64_t d = 1; d <= m.layers; ++d)
+    if (m.layers % d == 0) pps.push_back(int(d));
+  std::sort(pps.begin(), pps.end());
+  pps.erase(std::unique(pps.begin(), pps.end()), pps.end());
+  std::vector<RankedPlan> out;
+  std::size_t considered = 0;
+  for (int tp : detail::powers_of_two_upto(std::min<std::int64_t>(hw.gpus_per_node, m.heads))) {
+    if (m.heads % tp != 0) continue;
+    for (int cp : detail::powers_of_two_upto(space.max_cp)) {
+      if (cp > 1 && m.seq % (2 * cp) != 0) continue;
+      for (int pp : pps) {
+        const std::int64_t model_ranks = std::int64_t(tp) * cp * pp;
+        if (space.gpus % model_ranks != 0) continue;
+        const std::int64_t dp = space.gpus / model_ranks;
+        if (dp > (1 << 30) || space.batch % dp != 0) continue;
+        for (std::int64_t b : {1, 2, 4, 8}) {
+          if ((space.batch / dp) % b != 0) continue;
+          const int mb = int(space.batch / dp / b);
+          for (int v : {1, 2, 4}) {
+            if (v > 1 && (pp == 1 || mb % pp != 0)) continue;  // interleaved: m a multiple of pp
+            if (std::int64_t(pp) * v > m.layers) continue;
+            for (int zero : {0, 1, 3}) {
+              if (zero > 0 && dp == 1) continue;
+              for (bool recompute : {false, true}) {
+                PlanShape p{.batch = space.batch, .microbatch = b, .dp = int(dp), .tp = tp, .pp = pp, .cp = cp, .zero = zero,
+                            .sp = tp > 1, .recompute = recompute, .schedule = v > 1 ? "interleaved" : "1f1b",
+                            .stages_per_rank = v, .cp_kind = "ring", .bf16 = space.bf16};
+                ++considered;
+                auto est = analytic_estimate(m, p, hw, cal);
+                if (est.fits) out.push_back({std::move(p), est});
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  if (out.empty())
+    throw Error(op, dtensor::detail::cat("no plan of ", considered, " for ", m.params() / 1e9, "B parameters on ",
+                                         space.gpus, " x ", hw.name, " (", hw.memory_bytes / 1e9,
+                                         " GB each, less the reserve) with batch ", space.batch, " fits"));
+  std::stable_sort(out.begin(), out.end(), [](const RankedPlan& a, const RankedPlan& b) {
+    return a.estimate.step_seconds < b.estimate.step_seconds;
+  });
+  return out;
+}
+
+/// "tp 8 cp 1 pp 16 dp 128, mb 1 x 16, interleaved v2, ZeRO-1, recompute".
+inline std::string describe(const PlanShape& p) {
+  std::ostringstream s;
+  s << "tp " << p.tp << (p.sp ? "+sp" : "") << " cp " << p.cp << " pp " << p.pp << " dp " << p.dp << ", micro-batch "
+    << p.microbatch << " x " << p.microbatches() << ", " << p.schedule;
+  if (p.stages_per_rank > 1) s << " v" << p.stages_per_rank;
+  s << ", " << (p.zero == 0 ? std::string("DDP") : "ZeRO-" + std::to_string(p.zero)) << (p.recompute ? ", recompute" : "");
+  return s.str();
+}
+
+/// Why `slower` loses to `best`: the term of the analytic estimate that grew most, with both values.
+inline std::string why_slower(const RankedPlan& slower, const RankedPlan& best) {
+  const auto& a = slower.estimate;
+  const auto& b = best.estimate;
+  const auto compute = [](const AnalyticEstimate& x, const PlanShape& p) { return x.compute_per_microbatch * p.microbatches(); };
+  struct Term {
+    const char* name;
+    double mine, theirs;
+  };
+  const Term terms[] = {
+      {"compute", compute(a, slower.plan), compute(b, best.plan)},
+      {"pipeline bubble", a.bubble_seconds, b.bubble_seconds},
+      {"tensor-parallel communication", a.tp_seconds, b.tp_seconds},
+      {"context-parallel communication", a.cp_seconds, b.cp_seconds},
+      {"pipeline sends", a.pp_seconds, b.pp_seconds},
+      {"ZeRO-3 gathers", a.gather_seconds, b.gather_seconds},
+      {"gradient reduction", a.gradient_reduction, b.gradient_reduction},
+      {"optimizer + parameter sync", a.optimizer + a.parameter_sync, b.optimizer + b.parameter_sync},
+  };
+  const Term* worst = &terms[0];
+  for (const auto& t : terms)
+    if (t.mine - t.theirs > worst->mine - worst->theirs) worst = &t;
+  std::ostringstream s;
+  s.precision(3);
+  s << "+" << (a.step_seconds - b.step_seconds) << " s; most from " << worst->name << " (" << worst->mine << " s vs "
+    << worst->theirs << " s)";
+  return s.str();
+}
+
+}  // namespace dtensor::sim
