@@ -10,8 +10,13 @@
 // the computation) and the per-position cross-entropy of nn/loss.hpp runs on them, so the loss is
 // this rank's share of the global mean (Partial<sum> on the data dimensions, whatever the split:
 // uneven or empty pieces included) and its gradients come out like the language model's. The
-// classes are whole on every rank (no communication). Meshes: data and tensor dimensions (the
-// logits replicated on the tensor dimension); a sample has no sequence to split on a context one.
+// classes are whole on every rank (no communication). The samples (nn::samples<Mesh>) are split
+// over the data dimensions and, on a mesh with a context dimension, over it too: an encoder whose
+// positions were split there pools them into features that are Partial<sum> on it, and one
+// reduce-scatter leaves each context rank its share of the samples (models/vit.hpp), so the
+// classifier's gradients come out Partial<sum> there like every other parameter's
+// (parallel::context_parallel_grads). The logits are replicated on the tensor dimension.
+// nn::PerSample is the Linear style of such a classifier head ([B, 1, C] in and out).
 #pragma once
 
 #include <cstdint>
@@ -20,15 +25,33 @@
 
 namespace dtensor::nn {
 
+/// A classifier's layout of per-sample tensors ([B, C] logits, [B] labels, [B, 1, C] pooled
+/// features): the samples split over the data and context dimensions, Replicate on the tensor one.
+template <class Mesh>
+using samples = layout_by_role<Mesh, Shard<0>, Replicate, Shard<0>>;
+
+/// The Linear style of a classifier head on per-sample features [B, 1, C]: weights replicated,
+/// each rank its samples (nn::samples). No collectives.
+struct PerSample {
+  static constexpr std::string_view name = "PerSample";
+  template <class Mesh> using weight_layout = params<Mesh>;
+  template <class Mesh> using bias_layout = params<Mesh>;
+  template <class Mesh> using input_layout = samples<Mesh>;
+  template <class Mesh> using compute_layout = samples<Mesh>;
+  template <class Mesh> using output_layout = samples<Mesh>;
+  static constexpr bool bias_after_exit = false;
+};
+
 template <kernels::host::FloatElement T, MeshType Mesh, class Id = std::int32_t>
 class ClassificationCrossEntropy {
-  static_assert(require_roles<"nn::ClassificationCrossEntropy", Mesh, Role::data, Role::data_shard, Role::tensor>());
-  using Impl = detail::PositionCrossEntropy<T, Mesh, tokens<Mesh>, Id>;
+  static_assert(require_roles<"nn::ClassificationCrossEntropy", Mesh, Role::data, Role::data_shard, Role::tensor,
+                              Role::context>());
+  using Impl = detail::PositionCrossEntropy<T, Mesh, samples<Mesh>, Id, samples<Mesh>>;
   using Space = mesh_space_t<Mesh>;
 
  public:
-  using LogitsL = layout_by_role<Mesh, Shard<0>, Replicate>;  // [B, C]: samples split over the data dimensions
-  using LabelsL = layout_by_role<Mesh, Shard<0>, Replicate>;  // [B]
+  using LogitsL = samples<Mesh>;  // [B, C]: samples split over the data (and context) dimensions
+  using LabelsL = samples<Mesh>;  // [B]
   using Logits = DTensor<T, 2, Mesh, LogitsL>;
   using Labels = DTensor<Id, 1, Mesh, LabelsL>;
   using Loss = typename Impl::Loss;

@@ -35,13 +35,13 @@ constexpr std::size_t vocab_split_dim() {
   return Mesh::ndim;
 }
 
-template <class T, class Mesh, LayoutType LogitsL, class Id>
+template <class T, class Mesh, LayoutType LogitsL, class Id, LayoutType TargetsL = tokens<Mesh>>
 class PositionCrossEntropy {
   static constexpr std::size_t vocab_dim = vocab_split_dim<Mesh, LogitsL>();
 
  public:
   using Logits = DTensor<T, 3, Mesh, LogitsL>;
-  using Targets = DTensor<Id, 2, Mesh, tokens<Mesh>>;
+  using Targets = DTensor<Id, 2, Mesh, TargetsL>;
   // Partial<sum> wherever positions are split (data, and context dimensions), Replicate elsewhere.
   using LossL = nn::layout_by_role<Mesh, Partial<ReduceOp::sum>, Replicate, Partial<ReduceOp::sum>>;
   using Loss = DTensor<double, 1, Mesh, LossL>;

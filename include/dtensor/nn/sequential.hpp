@@ -10,6 +10,9 @@
 //   auto dx = net.backward(std::move(saved), dy);         // unit by unit: grads_ready as each finishes
 //   // or split: auto [dx, wctx] = net.backward_input(std::move(saved), dy); net.backward_weight(std::move(wctx));
 //
+//   nn::Sequential<Embed, nn::Repeated<Block>, Head> model(embed, nn::Repeated<Block>(std::move(blocks)), head);
+//   // a run-time number of blocks: each element of an nn::Repeated is a unit of its own (models/vit.hpp)
+//
 // forward runs the modules in order, each between its unit's pre_forward and post_forward hooks;
 // backward_input runs them last first, each after its pre_backward hook; backward_weight adds the
 // weight gradients last first, announcing each unit (grads_ready); backward does both unit by unit,
@@ -17,11 +20,16 @@
 // without parameters on the chain's mesh forms no unit and fires no hook. The saved state and
 // the weight context are tuples of the modules'. No collectives but the modules' own.
 //
+// nn::Repeated<M> is a run-time chain of modules of one type (a model's blocks): a module on its
+// own, and inside a Sequential a range whose every element is one unit with its own hooks, as
+// the blocks of nn::GPT are.
+//
 // The parameters' element type and the mesh are the last module's output's (a chain ends in
 // floating-point activations on one mesh); every module's Out must be the next one's In, or the
 // chain does not compile and says which link breaks.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <tuple>
 #include <type_traits>
@@ -47,7 +55,65 @@ concept ChainModule = requires {
   m.backward_weight(std::move(w));
 };
 
+/// A run-time chain of modules of one type whose output is its input (a model's blocks): each
+/// element's output feeds the next. A range of its modules (so that a parent's units() gives one
+/// unit per element, nn/units.hpp); Saved and WeightCtx hold one entry per element.
+template <ChainModule M>
+class Repeated {
+  static_assert(std::is_same_v<typename M::In, typename M::Out>, "nn::Repeated: a repeated module's Out must be its In");
+
+ public:
+  using Module = M;
+  using In = typename M::In;
+  using Out = typename M::Out;
+  using Saved = std::vector<typename M::Saved>;
+  using WeightCtx = std::vector<typename M::WeightCtx>;
+
+  Repeated() = default;
+  explicit Repeated(std::vector<M> modules) : mods_(std::move(modules)) {}
+
+  Fwd<Out, Saved> forward(const In& x) const {
+    Saved s;
+    Out y = x;
+    for (const auto& m : mods_) {
+      auto [next, saved] = m.forward(y);
+      y = std::move(next);
+      s.push_back(std::move(saved));
+    }
+    return {std::move(y), std::move(s)};
+  }
+  Bwd<In, WeightCtx> backward_input(Saved s, const Out& dy) const {
+    WeightCtx w(mods_.size());
+    In dx = dy;
+    for (std::size_t k = mods_.size(); k-- > 0;) {
+      auto [d, wk] = mods_[k].backward_input(std::move(s[k]), dx);
+      dx = std::move(d);
+      w[k] = std::move(wk);
+    }
+    return {std::move(dx), std::move(w)};
+  }
+  void backward_weight(WeightCtx w) {
+    for (std::size_t k = mods_.size(); k-- > 0;) mods_[k].backward_weight(std::move(w[k]));
+  }
+
+  std::size_t size() const noexcept { return mods_.size(); }
+  M& operator[](std::size_t k) noexcept { return mods_[k]; }
+  const M& operator[](std::size_t k) const noexcept { return mods_[k]; }
+  auto begin() noexcept { return mods_.begin(); }
+  auto end() noexcept { return mods_.end(); }
+  auto begin() const noexcept { return mods_.begin(); }
+  auto end() const noexcept { return mods_.end(); }
+
+ private:
+  std::vector<M> mods_;
+};
+
 namespace detail {
+template <class M>
+struct is_repeated : std::false_type {};
+template <class M>
+struct is_repeated<Repeated<M>> : std::true_type {};
+
 template <class... M>
 using last_t = std::tuple_element_t<sizeof...(M) - 1, std::tuple<M...>>;
 
@@ -91,7 +157,13 @@ class Sequential : public WithUnits<typename detail::last_t<M...>::Out::value_ty
   using Saved = std::tuple<typename M::Saved...>;
   using WeightCtx = std::tuple<typename M::WeightCtx...>;  // children() order
 
-  explicit Sequential(M... modules) : mods_(std::move(modules)...) { unit_of_ = this->make_units(*this); }
+  explicit Sequential(M... modules) : mods_(std::move(modules)...) {
+    unit_of_ = this->make_units(*this);  // one entry per part: a module, or each element of an nn::Repeated
+    std::size_t part = 0;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((first_part_[I] = part, part += parts_of(std::get<I>(mods_))), ...);
+    }(std::make_index_sequence<n>{});
+  }
   Sequential(Sequential&&) = default;
   Sequential& operator=(Sequential&&) = default;
 
@@ -117,7 +189,10 @@ class Sequential : public WithUnits<typename detail::last_t<M...>::Out::value_ty
 
   /// The whole backward unit by unit (each module's weight gradients right after its input
   /// gradient); returns the input gradient.
-  auto backward(Saved s, const Out& dy) { return backward_from<n - 1>(s, dy); }
+  auto backward(Saved s, const Out& dy) {
+    WeightCtx w;
+    return backward_from<n - 1>(s, dy, w);
+  }
 
   auto children() {
     return std::apply([](auto&... m) { return std::tie(m...); }, mods_);
@@ -128,37 +203,97 @@ class Sequential : public WithUnits<typename detail::last_t<M...>::Out::value_ty
   }
 
  private:
+  template <class Mod>
+  static std::size_t parts_of(const Mod& m) {
+    if constexpr (detail::is_repeated<Mod>::value) return m.size();
+    else return 1;
+  }
+  /// The unit of part k of module I (k > 0 only inside an nn::Repeated).
+  template <std::size_t I>
+  std::size_t unit(std::size_t k = 0) const { return unit_of_[first_part_[I] + k]; }
+
   template <std::size_t I, class X>
   auto forward_from(const X& x, Saved& s) const {
-    auto [y, saved] = this->forward_unit(unit_of_[I], [&] { return std::get<I>(mods_).forward(x); });
-    std::get<I>(s) = std::move(saved);
-    if constexpr (I + 1 == n) return std::move(y);
+    using Mod = std::tuple_element_t<I, Mods>;
+    auto y = [&] {
+      const auto& m = std::get<I>(mods_);
+      if constexpr (detail::is_repeated<Mod>::value) {  // each element between its own unit's hooks
+        auto& saved = std::get<I>(s);
+        typename Mod::Out h = x;
+        for (std::size_t k = 0; k < m.size(); ++k) {
+          auto [next, sk] = this->forward_unit(unit<I>(k), [&] { return m[k].forward(h); });
+          h = std::move(next);
+          saved.push_back(std::move(sk));
+        }
+        return h;
+      } else {
+        auto [out, saved] = this->forward_unit(unit<I>(), [&] { return m.forward(x); });
+        std::get<I>(s) = std::move(saved);
+        return std::move(out);
+      }
+    }();
+    if constexpr (I + 1 == n) return y;
     else return forward_from<I + 1>(y, s);
+  }
+  /// Module I's input gradient; with Weights its weight gradients right after each unit's input
+  /// gradients (each unit announced), else its weight context kept in w. Self: a const
+  /// Sequential for the input gradients alone, a mutable one with the weights.
+  template <bool Weights, std::size_t I, class Self, class DY>
+  static auto backward_of(Self& self, Saved& s, const DY& dy, WeightCtx& w) {
+    using Mod = std::tuple_element_t<I, Mods>;
+    auto& m = std::get<I>(self.mods_);
+    if constexpr (detail::is_repeated<Mod>::value) {
+      auto& saved = std::get<I>(s);
+      auto& wctx = std::get<I>(w);
+      wctx.resize(m.size());
+      typename Mod::In d = dy;
+      for (std::size_t k = m.size(); k-- > 0;) {
+        auto [dk, wk] = self.backward_unit(self.template unit<I>(k), [&] { return m[k].backward_input(std::move(saved[k]), d); });
+        d = std::move(dk);
+        wctx[k] = std::move(wk);
+        if constexpr (Weights) {
+          m[k].backward_weight(std::move(wctx[k]));
+          self.grads_ready(self.template unit<I>(k));
+        }
+      }
+      return d;
+    } else {
+      auto [dx, wctx] =
+          self.backward_unit(self.template unit<I>(), [&] { return m.backward_input(std::move(std::get<I>(s)), dy); });
+      std::get<I>(w) = std::move(wctx);
+      if constexpr (Weights) self.template weight_of<I>(std::get<I>(w));
+      return std::move(dx);
+    }
   }
   template <std::size_t I, class DY>
   auto backward_input_from(Saved& s, const DY& dy, WeightCtx& w) const {
-    auto [dx, wctx] =
-        this->backward_unit(unit_of_[I], [&] { return std::get<I>(mods_).backward_input(std::move(std::get<I>(s)), dy); });
-    std::get<I>(w) = std::move(wctx);
-    if constexpr (I == 0) return std::move(dx);
+    auto dx = backward_of<false, I>(*this, s, dy, w);
+    if constexpr (I == 0) return dx;
     else return backward_input_from<I - 1>(s, dx, w);
   }
   template <std::size_t I, class DY>
-  auto backward_from(Saved& s, const DY& dy) {
-    auto [dx, wctx] =
-        this->backward_unit(unit_of_[I], [&] { return std::get<I>(mods_).backward_input(std::move(std::get<I>(s)), dy); });
-    weight_of<I>(wctx);
-    if constexpr (I == 0) return std::move(dx);
-    else return backward_from<I - 1>(s, dx);
+  auto backward_from(Saved& s, const DY& dy, WeightCtx& w) {
+    auto dx = backward_of<true, I>(*this, s, dy, w);
+    if constexpr (I == 0) return dx;
+    else return backward_from<I - 1>(s, dx, w);
   }
   template <std::size_t I, class W>
   void weight_of(W& wctx) {
-    std::get<I>(mods_).backward_weight(std::move(wctx));
-    this->grads_ready(unit_of_[I]);
+    auto& m = std::get<I>(mods_);
+    if constexpr (detail::is_repeated<std::tuple_element_t<I, Mods>>::value) {
+      for (std::size_t k = m.size(); k-- > 0;) {
+        m[k].backward_weight(std::move(wctx[k]));
+        this->grads_ready(unit<I>(k));
+      }
+    } else {
+      m.backward_weight(std::move(wctx));
+      this->grads_ready(unit<I>());
+    }
   }
 
   Mods mods_;
-  std::vector<std::size_t> unit_of_;  // module -> unit index (WithUnits::no_unit: no parameters)
+  std::vector<std::size_t> unit_of_;       // part -> unit index (WithUnits::no_unit: no parameters)
+  std::array<std::size_t, n> first_part_{};  // module -> its first part (an nn::Repeated has one per element)
 };
 
 }  // namespace dtensor::nn
