@@ -1,7 +1,10 @@
-// examples/flags.hpp — command-line flags parsed strictly into the type they are used as.
+// examples/flags.hpp — command-line flags parsed strictly into the type they are used as, and the
+// parallelism flags every trainer shares (train_gpt, train_vit).
 //
 //   o.steps = flag_value<int>("--steps", "2147483648", 1);   // UsageError: out of range
 //   o.lr = positive_flag_value("--lr", "3e-3");
+//   struct Options : examples::MeshFlags { ... };            // --pp --dp --fsdp --cp --tp --ep --zero --sp ...
+//   if (parse_mesh_flag(o, a, value)) continue;               // in the trainer's flag loop
 //
 // "--steps 4294967298" must not train 2 steps (a long narrowed to int) nor "--steps 12x" 12:
 // every integer flag is one whole decimal number within [lo, hi] of its own type, else a
@@ -13,7 +16,9 @@
 #include <stdexcept>
 #include <string>
 
+#include "dtensor/comm/threads.hpp"
 #include "dtensor/core/parse.hpp"
+#include "dtensor/nn/context_options.hpp"
 
 namespace examples {
 
@@ -43,6 +48,54 @@ inline double positive_flag_value(const std::string& flag, const std::string& te
   const auto v = dtensor::parse_number(text);
   if (!v || !(*v > 0)) throw UsageError(flag + " expects a positive number, got '" + text + "'");
   return *v;
+}
+
+/// A mesh dimension's size: 1 to the most ranks the threads backend runs.
+inline int mesh_flag(const std::string& flag, const std::string& text) {
+  return flag_value<int>(flag, text, 1, dtensor::threads::detail::max_ranks);
+}
+
+/// The parallelism flags: the mesh (pp, dp, fsdp, cp, tp; ep for the experts) and how each
+/// dimension runs. The defaults are train_gpt's (every parallelism on, 16 ranks).
+struct MeshFlags {
+  int pp = 2, dp = 1, fsdp = 2, cp = 2, tp = 2, ep = 1;
+  int zero = 0;  // ZeRO stage over "fsdp"; 0: 3 when --fsdp > 1, else 1 (= DDP)
+  bool sp = true;
+  dtensor::parallel::ContextKind cp_kind = dtensor::parallel::ContextKind::ring;
+  std::string schedule = "1f1b";
+  int microbatches = 0;  // 0: 2 x pp with a pipeline, else 1
+
+  int ranks() const { return pp * dp * fsdp * cp * tp; }
+};
+
+/// The usage lines of the flags parse_mesh_flag reads.
+inline const char* const mesh_flags_usage =
+    "[--pp N] [--dp N] [--fsdp N] [--cp N] [--tp N] [--ep N] [--zero 1|2|3] [--sp | --no-sp]\n"
+    "  [--cp-kind ring|allgather|ulysses] [--schedule gpipe|1f1b|interleaved|zb|zbv] [--microbatches M]";
+
+/// Reads flag `a` into o if it is a parallelism flag (value() gives its value); false otherwise.
+template <class Value>
+bool parse_mesh_flag(MeshFlags& o, const std::string& a, Value&& value) {
+  if (a == "--pp") o.pp = mesh_flag(a, value());
+  else if (a == "--dp") o.dp = mesh_flag(a, value());
+  else if (a == "--fsdp") o.fsdp = mesh_flag(a, value());
+  else if (a == "--cp") o.cp = mesh_flag(a, value());
+  else if (a == "--tp") o.tp = mesh_flag(a, value());
+  else if (a == "--ep") o.ep = mesh_flag(a, value());
+  else if (a == "--zero") o.zero = flag_value<int>(a, value(), 1, 3);
+  else if (a == "--sp") o.sp = true;
+  else if (a == "--no-sp") o.sp = false;
+  else if (a == "--cp-kind") {
+    const std::string k = value();
+    try {
+      o.cp_kind = dtensor::parallel::parse_context_kind(k);
+    } catch (const dtensor::Error&) {
+      throw UsageError("--cp-kind is ring, allgather or ulysses, got '" + k + "'");
+    }
+  } else if (a == "--schedule") o.schedule = value();
+  else if (a == "--microbatches") o.microbatches = flag_value<int>(a, value(), 1);
+  else return false;
+  return true;
 }
 
 }  // namespace examples

@@ -1,63 +1,17 @@
-// examples/train_gpt_cuda.cu — train_gpt with --device cuda: the same program (train_gpt.cpp,
-// included here) whose loop is also instantiated on a CudaMesh, so every parameter, activation,
-// gradient and optimizer state lives in GPU memory and the kernels are cuBLAS and kernels/cuda.
+// examples/train_gpt_cuda.cu — train_gpt with --device cuda: main and the f32 run of the trainer
+// (train_gpt.hpp) with the GPU runner (train_gpt_cuda.cuh); --dtype bf16 in train_gpt_cuda_bf16.cu.
 //
 //   train_gpt_cuda --device cuda --pp 1 --cp 1 --fsdp 2 --tp 2    # 4 ranks, threads sharing one GPU
 //   mpirun -n 8 train_gpt_cuda --device cuda --backend nccl         # one process per GPU
 //   train_gpt_cuda ...                                              # without --device cuda: the host run
-//
-// The ranks: with --backend threads (the default) they are threads sharing GPU 0
-// (cuda_threads::run: one stream per rank, collectives are device copies); with --backend nccl
-// under mpirun, one process per rank, each on GPU (local rank % visible GPUs) (nccl::world).
-// The batches are drawn on the host and copied to the GPU per micro-batch
-// (pipeline::split_microbatches); the losses come back as one number each.
-//
-// Without a usable GPU the run stops before any rank starts, with the CUDA error that said so
-// (e.g. "cudaGetDeviceCount(&devices): cudaErrorNoDevice ...") and exit code 1.
-#include "dtensor/comm/cuda_threads.cuh"
-#include "dtensor/mesh/cuda_mesh.cuh"
-#ifdef DTENSOR_HAS_NCCL
-#include "dtensor/comm/nccl.cuh"
-#endif
+#include "train_gpt_cuda.cuh"
 
-#define DTENSOR_TRAIN_GPT_CUDA 1
-#include "train_gpt.cpp"
+namespace examples::gpt {
+int run_cuda_bf16(int argc, char** argv, const Options& o);  // train_gpt_cuda_bf16.cu
+}  // namespace examples::gpt
 
-namespace {
-
-/// The number of visible GPUs; a CUDA error (no driver, no device) is thrown as a dtensor::Error
-/// naming it, and zero devices without an error is one too.
-int visible_gpus() {
-  int devices = 0;
-  DTENSOR_CUDA_CHECK(cudaGetDeviceCount(&devices));
-  if (devices == 0) throw Error("train_gpt_cuda", "--device cuda: cudaGetDeviceCount reports no CUDA device");
-  return devices;
+int main(int argc, char** argv) {
+  using namespace examples::gpt;
+  return examples::gpt::main(argc, argv, /*cuda_build=*/true,
+                             [](int c, char** v, const Options& o) { return run<float>(c, v, o, CudaGpu{}); }, run_cuda_bf16);
 }
-
-template <class Compute>
-int run_on_gpu(int argc, char** argv, const Options& o, const Corpus& corpus) {
-  try {
-    visible_gpus();
-  } catch (const Error& e) {
-    std::fprintf(stderr, "train_gpt_cuda: --device cuda needs a usable GPU: %s\n", e.what());
-    return 1;
-  }
-  if (o.backend == "nccl") {
-#ifdef DTENSOR_HAS_NCCL
-    // nccl::world(): this process's GPU is its local rank % the visible GPUs.
-    // The settings' agreement runs over MPI (host buffers), before NCCL is set up.
-    return mpi::run(argc, argv, [&](CommPtr host_world) {
-      require_same_settings(*host_world, "train_gpt", settings_of(o, corpus));
-      run_rank<cuda_space, Compute>(nccl::world(), o, corpus);
-    });
-#else
-    (void)argc, (void)argv;
-    std::fprintf(stderr, "train_gpt_cuda: --backend nccl needs a build with -DDTENSOR_WITH_NCCL=ON\n");
-    return 2;
-#endif
-  }
-  cuda_threads::run(o.ranks(), [&](CommPtr world) { run_rank<cuda_space, Compute>(std::move(world), o, corpus); });
-  return 0;
-}
-
-}  // namespace

@@ -1,4 +1,7 @@
-// examples/train_gpt_cuda_bf16.cu — train_gpt_cuda's --dtype bf16 half (see train_gpt_bf16.cpp):
-// train_gpt_cuda.cu with the model in bfloat16, on the host or, with --device cuda, on the GPU.
-#define DTENSOR_TRAIN_GPT_BF16_PART 1
-#include "train_gpt_cuda.cu"
+// examples/train_gpt_cuda_bf16.cu — train_gpt_cuda's --dtype bf16 run: the trainer (train_gpt.hpp)
+// with the model in bfloat16 and the GPU runner (train_gpt_cuda.cuh), apart from main's f32 one.
+#include "train_gpt_cuda.cuh"
+
+namespace examples::gpt {
+int run_cuda_bf16(int argc, char** argv, const Options& o) { return run<dtensor::bfloat16>(argc, argv, o, CudaGpu{}); }
+}  // namespace examples::gpt

@@ -22,6 +22,7 @@
 #include "dtensor/parallel/fully_shard.hpp"
 #include "dtensor/parallel/gpt_plan.hpp"
 #include "dtensor/parallel/tensor_parallel.hpp"
+#include "dtensor/sim/dry_run.hpp"
 #include "support/on_ranks.hpp"
 
 using namespace dtensor;
@@ -29,7 +30,8 @@ using namespace dtensor::testing;
 
 namespace {
 
-using Mesh = DeviceMesh<"dp", "fsdp", "cp", "tp">;
+using DdpMesh = DeviceMesh<"dp", "cp", "tp">;           // DDP over "dp" (a size-1 "fsdp" would leave its Partial)
+using FsdpMesh = DeviceMesh<"dp", "fsdp", "cp", "tp">;  // fully_shard over "fsdp", HSDP's replicas over "dp"
 constexpr int steps = 6;
 constexpr Extent batch = 7;
 
@@ -40,7 +42,7 @@ nn::ViTConfig config(parallel::ContextAttentionOptions ctx = {}) {
 
 struct Setup {
   std::array<int, 4> shape{1, 1, 1, 1};  // dp, fsdp, cp, tp
-  int zero = 0;                          // 0: DDP over "dp"; 1..3: fully_shard over "fsdp" (HSDP with dp > 1)
+  int zero = 0;                          // 0: DDP over "dp" (fsdp 1); 1..3: fully_shard over "fsdp" (HSDP with dp > 1)
   parallel::ContextAttentionOptions ctx{.kind = parallel::ContextKind::ring, .load_balanced = false};
 };
 
@@ -50,47 +52,54 @@ struct Run {
 };
 
 /// Trains `steps` AdamW steps (clipped at norm 1) of the ViT on `s.shape`.
-template <class Plan>
-Run train(CommPtr world, const Setup& s) {
-  Mesh mesh(world, s.shape);
+template <class Plan, class Mesh>
+Run train_on(const Setup& s, const Mesh& mesh) {
   const auto cfg = config(s.ctx);
   nn::ViT<double, Mesh, Plan> model(mesh, cfg);
   using Model = decltype(model);
-  nn::ParamList<double, 4> all;
-  nn::collect(model, all);
-  std::optional<parallel::DataParallel<Mesh>> ddp;
-  std::optional<decltype(parallel::fully_shard(model, mesh))> fsdp;
-  if (s.zero == 0) {
-    ddp.emplace(mesh, parallel::DataParallelOptions{.bucket_bytes = 2048});
-    ddp->attach(model);
-  } else {
-    fsdp.emplace(parallel::fully_shard(model, mesh, {.stage = s.zero}));
-  }
-  auto& ps = fsdp ? fsdp->params() : all;
-  optim::AdamW<double, 4> opt(ps, {.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1});
-  Run out;
-  for (int step = 0; step < steps; ++step) {
-    auto [x, y] = nn::synthetic_images<double>(cfg, batch, std::uint64_t(step));
-    auto images = distribute_replicated<typename Model::Images::layout>(mesh, x);
-    auto labels = distribute_replicated<typename Model::Labels::layout>(mesh, y);
-    opt.zero_grad();
-    CommLog log;
-    auto [loss, saved] = model.forward(images, labels);
-    model.backward(std::move(saved));
-    if (step == 0) {
-      out.cp_reduce_scatters = log.count(CollectiveKind::reduce_scatter, "cp");
-      out.cp_all_gathers = log.count(CollectiveKind::all_gather, "cp");
+  // One step loop for both: ps are the optimizer's parameters, finish the gradient sync of the
+  // data dimensions, after_step ZeRO-1/2's all-gather.
+  auto loop = [&](nn::ParamList<double, Mesh::ndim>& ps, auto finish, auto after_step) {
+    optim::AdamW<double, Mesh::ndim> opt(ps, {.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1});
+    Run out;
+    for (int step = 0; step < steps; ++step) {
+      auto [x, y] = nn::synthetic_images<double>(cfg, batch, std::uint64_t(step));
+      auto images = distribute_replicated<typename Model::Images::layout>(mesh, x);
+      auto labels = distribute_replicated<typename Model::Labels::layout>(mesh, y);
+      opt.zero_grad();
+      CommLog log;
+      auto [loss, saved] = model.forward(images, labels);
+      model.backward(std::move(saved));
+      if (step == 0) {
+        out.cp_reduce_scatters = log.count(CollectiveKind::reduce_scatter, "cp");
+        out.cp_all_gathers = log.count(CollectiveKind::all_gather, "cp");
+      }
+      finish();
+      parallel::context_parallel_grads(ps, mesh, {.bucket_bytes = 2048});
+      parallel::sequence_parallel_grads(ps, mesh, {.bucket_bytes = 2048});
+      optim::clip_grad_norm(ps, mesh, 1.0);
+      opt.step();
+      after_step();
+      out.losses.push_back(full_tensor(loss)[0]);
     }
-    if (fsdp) fsdp->finish_gradient_sync();
-    else ddp->finish_gradient_sync();
-    parallel::context_parallel_grads(ps, mesh, {.bucket_bytes = 2048});
-    parallel::sequence_parallel_grads(ps, mesh, {.bucket_bytes = 2048});
-    optim::clip_grad_norm(ps, mesh, 1.0);
-    opt.step();
-    if (fsdp) fsdp->sync_parameters();
-    out.losses.push_back(full_tensor(loss)[0]);
+    return out;
+  };
+  if constexpr (Mesh::ndim == 3) {
+    nn::ParamList<double, 3> ps;
+    nn::collect(model, ps);
+    parallel::DataParallel<Mesh> ddp(mesh, {.bucket_bytes = 2048});
+    ddp.attach(model);
+    return loop(ps, [&] { ddp.finish_gradient_sync(); }, [] {});
+  } else {
+    auto fsdp = parallel::fully_shard(model, mesh, {.stage = s.zero});
+    return loop(fsdp.params(), [&] { fsdp.finish_gradient_sync(); }, [&] { fsdp.sync_parameters(); });
   }
-  return out;
+}
+
+template <class Plan>
+Run train(CommPtr world, const Setup& s) {
+  if (s.zero == 0) return train_on<Plan>(s, DdpMesh(world, {s.shape[0], s.shape[2], s.shape[3]}));
+  return train_on<Plan>(s, FsdpMesh(world, s.shape));
 }
 
 const std::vector<double>& reference() {
@@ -160,4 +169,72 @@ TEST_CASE("ViT parity: CP 2, ring, all-gather and Ulysses", "[parity][vit]") {
 
 TEST_CASE("ViT parity: all at once, dp 2 x fsdp 2 (ZeRO-3) x cp 2 (ring) x tp 2 + SP", "[parity][vit]") {
   check<parallel::MegatronPlan<true>>("all", {.shape = {2, 2, 2, 2}, .zero = 3});
+}
+
+// The dry run (sim/dry_run.hpp): a ViT-B/16-sized model (196 patches, dim 768, 12 heads, 12
+// layers, 1000 classes) on meta tensors over a 512-rank mesh dp 4 x fsdp 8 x cp 4 x tp 4 + SP,
+// ZeRO-3, once for rank 0's class: the step runs with no data, its parameters are this rank's
+// shards (under a 64th of the model's fp32 bytes plus one unit) and on "cp" the pooled features
+// cost exactly one reduce-scatter forward and one all-gather backward besides ring attention's
+// send/recv.
+TEST_CASE("ViT dry run on meta: ViT-B/16 on 512 ranks, ZeRO-3 x CP x TP + SP", "[vit][sim]") {
+  using MetaM = MetaMesh<"dp", "fsdp", "cp", "tp">;
+  const std::array<int, 4> shape{4, 8, 4, 4};
+  const nn::ViTConfig cfg{.patches = 196, .patch_dim = 768, .classes = 1000, .dim = 768, .heads = 12, .layers = 12,
+                          .context = {.kind = parallel::ContextKind::ring, .load_balanced = false}};
+  const Extent images = 256;
+  std::int64_t full_params = 0;
+  const auto reports = sim::dry_run<4>(shape, {sim::RankClass<4>{{0, 0, 0, 0}, 1}}, [&](CommPtr world, sim::Recorder& rec) {
+    MetaM mesh(world, shape);
+    rec.phase("parameters");
+    std::optional<nn::ViT<float, MetaM, parallel::MegatronPlan<true>>> model;
+    {
+      MemoryTagScope tag(MemoryTag::parameters);
+      model.emplace(mesh, cfg);
+    }
+    for (auto& u : model->units())
+      for (const auto& e : u.group->entries()) {
+        std::int64_t n = 1;
+        for (Extent x : e.global_shape) n *= std::int64_t(x);
+        full_params += n;
+      }
+    auto fsdp = parallel::fully_shard(*model, mesh, {.stage = 3});
+    optim::AdamW<float, 4, meta_space> opt(fsdp.params(), {});
+    using M = std::remove_cvref_t<decltype(*model)>;
+    auto x = distribute_replicated<typename M::Images::layout>(mesh, Tensor<float, 3, meta_space>(Shape<3>{images, 196, 768}));
+    auto y = distribute_replicated<typename M::Labels::layout>(mesh, Tensor<std::int32_t, 1, meta_space>(Shape<1>{images}));
+    rec.phase("forward");
+    auto [loss, saved] = [&] {
+      MemoryTagScope tag(MemoryTag::activations);
+      return model->forward(x, y);
+    }();
+    rec.phase("backward");
+    {
+      MemoryTagScope tag(MemoryTag::activations);
+      model->backward(std::move(saved));
+    }
+    rec.phase("optimizer");
+    fsdp.finish_gradient_sync();
+    parallel::context_parallel_grads(fsdp.params(), mesh);
+    parallel::sequence_parallel_grads(fsdp.params(), mesh);
+    optim::clip_grad_norm(fsdp.params(), mesh, 1.0);
+    opt.step();
+  });
+  REQUIRE(reports.size() == 1);
+  const auto& r = reports[0];
+  auto count = [&](const char* phase, CollectiveKind kind, const char* group) {
+    std::size_t n = 0;
+    for (const auto& ph : r.phases)
+      if (ph.name == phase)
+        for (const auto& c : ph.collectives) n += c.kind == kind && c.group == group ? 1 : 0;
+    return n;
+  };
+  // 86.6M parameters, the ViT-B/16's (with a 1000-class head), whatever the mesh.
+  CHECK(full_params == 768 * 768 + 768 + 196 * 768 + 12 * (12 * 768 * 768 + 13 * 768) + 2 * 768 + 768 * 1000 + 1000);
+  CHECK(count("forward", CollectiveKind::reduce_scatter, "cp") == 1);
+  CHECK(count("backward", CollectiveKind::all_gather, "cp") == 1);
+  CHECK(count("forward", CollectiveKind::send_recv, "cp") > 0);
+  const std::int64_t sharded = r.peak(MemoryTag::parameters);
+  CHECK(sharded > 0);
+  CHECK(sharded < full_params * 4 / 64 + 12 * 768 * 768 * 4);  // a shard of each unit, one block's worth of slack
 }

@@ -1,0 +1,872 @@
+// examples/train_gpt.hpp — a character-level GPT trained with any combination of pipeline, data
+// (DDP, FSDP / ZeRO, HSDP), context, tensor + sequence and expert parallelism, in one loop.
+//
+//   train_gpt                                                   # pp 2 x fsdp 2 x cp 2 x tp 2 + SP, 16 threads
+//   train_gpt --pp 1 --fsdp 1 --cp 1 --dp 2 --tp 4 --steps 200  # DDP x TP + SP on 8 threads
+//   train_gpt --pp 2 --dp 2 --fsdp 2 --tp 2 --schedule zbv --microbatches 4   # HSDP inside pipeline stages
+//   train_gpt --cp 1 --experts 4 --ep 2       # PP x FSDP x TP + SP x EP: MoE blocks, experts over the fsdp ranks
+//   train_gpt --experts 4 --ep 2              # all at once: PP x FSDP x CP x TP + SP x EP (dropless routing)
+//   mpirun -n 16 train_gpt --backend mpi                        # the same, one process per rank
+//   train_gpt_cuda --device cuda --pp 1 --cp 1 --fsdp 2 --tp 2  # the model on a GPU, 4 ranks sharing it
+//   mpirun -n 8 train_gpt_cuda --device cuda --backend nccl     # one GPU per process (examples/train_gpt_cuda.cu)
+//   train_gpt --save-every 50 --save-dir ckpt --steps 100       # a checkpoint every 50 steps (atomically replaced)
+//   train_gpt --pp 1 --fsdp 1 --cp 1 --tp 1 --resume ckpt --steps 200   # continue it on one rank (any mesh)
+//   train_gpt --arch llama --kv-heads 2                         # Llama blocks: RMSNorm, rotary GQA, SwiGLU
+//   train_gpt --dtype bf16                                      # bf16 model, fp32 master weights (examples/train_gpt_bf16.cpp)
+//
+// The mesh. Every run uses one mesh, (pp, dp, fsdp, cp, tp), of pp x dp x fsdp x cp x tp ranks; a
+// parallelism that is off is a dimension of size 1, whose collectives cost nothing. "pp" cuts
+// the model into pipeline stages; the rest of the mesh (the stage mesh) runs a stage:
+//   "dp"    replicates parameters (DDP; with "fsdp" > 1, HSDP's replicas),
+//   "fsdp"  shards parameters, gradients and optimizer state (ZeRO --zero 1, 2 or 3),
+//   "cp"    splits every sequence (ring, all-gather or Ulysses attention),
+//   "tp"    splits the heads, the MLP and the vocabulary (Megatron), and with SP the sequence
+//           between them;
+// and with --experts, the MoE blocks' experts live on a second factorization of the data and
+// context ranks, (edp, ep, tp) with ep x edp = dp x fsdp x cp (parallel::make_expert_mesh).
+//
+// A step. Every rank draws the same --batch sequences of --seq characters (from --seed), cuts
+// them into --microbatches, and keeps its piece of each (its data rank's sequences, its context
+// rank's positions). The pipeline schedule (--schedule) runs this rank's stages over the
+// micro-batches (parallel::pipeline::Executor): activations and their gradients go between
+// stages by send/recv; inside a stage each module's collectives are the tensor plan's and
+// context attention's. Each stage is FSDP-sharded (parallel::fully_shard): its parameters are
+// all-gathered before its first forward of the step and freed after its last backward, when its
+// gradients, accumulated over the micro-batches, are reduce-scattered — while the schedule goes
+// on. Then (parallel::pipeline::ShardedPipeline::step) the gradients are reduced over "dp",
+// "cp" and, under SP, "tp"; the experts' over "edp"; they are clipped to norm 1 over all stages,
+// and AdamW steps over this rank's shards.
+//
+// Rank 0 prints the loss of every step (the mean over the batch, from the last stage; a progress
+// bar on a terminal), the validation loss every --eval-every steps with the pipeline's idle
+// fraction (and the MoE's load per expert), and at the end a summary with the collectives of one
+// step (from a CommLog) by kind and group. --trace FILE writes a Chrome trace of steps 2..4
+// (compute, collective and wait spans per rank; docs/observability.md), --plot FILE the train and
+// validation loss curves as an SVG.
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <limits>
+#include <map>
+#include <random>
+#include <span>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <unistd.h>  // access
+
+#include "dtensor/models/gpt_config.hpp"
+#include "dtensor/checkpoint/pipeline_state.hpp"
+#include "dtensor/distributed/settings_agreement.hpp"
+#include "dtensor/comm/hosts.hpp"
+#include "dtensor/mesh/hosts.hpp"
+#include "dtensor/models/llama.hpp"
+#include "dtensor/optim/check_finite.hpp"
+#include "dtensor/parallel/pipeline/by_name.hpp"
+#include "dtensor/models/gpt_stage.hpp"
+#include "dtensor/parallel/pipeline/sharded_pipeline.hpp"
+#include "dtensor/parallel/sync/data_split.hpp"
+#include "dtensor/parallel/sync/delayed_gradients.hpp"
+#include "dtensor/parallel/sync/diloco.hpp"
+#include "dtensor/parallel/sync/fed_avg.hpp"
+#include "dtensor/parallel/sync/local_gradients.hpp"
+#include "dtensor/parallel/sync/traffic.hpp"
+#include "dtensor/trace/training_monitor.hpp"
+#include "dtensor/trace/unit_spans.hpp"
+#include "dtensor/training.hpp"
+#include "flags.hpp"
+#ifdef DTENSOR_HAS_MPI
+#include "dtensor/comm/mpi.hpp"
+#endif
+
+namespace examples::gpt {
+
+using namespace dtensor;
+namespace pp = parallel::pipeline;
+// The meshes in a memory space (host_space, or cuda_space for --device cuda): the space of every
+// tensor of the model, its gradients and its optimizer state.
+template <class Space>
+using MeshIn = BasicDeviceMesh<Space, "pp", "dp", "fsdp", "cp", "tp">;  // every run; size 1 where a parallelism is off
+template <class Space>
+using StageMeshIn = BasicDeviceMesh<Space, "dp", "fsdp", "cp", "tp">;   // one pipeline stage's ranks
+template <class Space>
+using ExpertMeshIn = BasicDeviceMesh<Space, "edp", "ep", "tp">;        // the MoE experts' (--experts)
+// Its rank as a plain constant: nvcc's host-code pass mis-prints the mesh type inside the lambda of a template.
+inline constexpr std::size_t expert_mesh_dims = 3;
+
+// ---------------------------------------------------------------- flags
+
+struct Options : examples::MeshFlags {  // the mesh: --pp --dp --fsdp --cp --tp --ep --zero --sp --cp-kind ...
+  // The model.
+  Extent layers = 4, heads = 4, dim = 64, seq = 32, batch = 16;
+  bool checkpoint = false;
+  Extent experts = 0, topk = 2, moe_every = 1;  // 0 experts: dense MLPs
+  double capacity = 0;                          // 0: dropless
+  // Training.
+  int steps = 100, eval_every = 25;
+  double lr = 3e-3;
+  std::uint64_t seed = 1;
+  bool check_finite = false;
+  std::string trace, plot;  // --trace FILE (a Chrome trace of steps 2..4), --plot FILE (SVG loss curves)
+  std::string data, backend = "threads";
+  std::string device = "cpu", dtype = "f32";  // --device cpu|cuda, --dtype f32|bf16
+  // The architecture: nn::GPT's blocks, or Llama's (RMSNorm, rotary GQA attention, SwiGLU; models/llama.hpp).
+  std::string arch = "gpt";
+  Extent kv_heads = 0, ffn = 0;  // llama: KV heads (0: --heads), SwiGLU width (0: 4 x --dim)
+  // Checkpoints (checkpoint/pipeline_state.hpp): every --save-every steps into --save-dir (replaced
+  // atomically), and --resume DIR to continue from one saved on any mesh.
+  int save_every = 0;
+  std::string save_dir, resume;
+  // Beyond lock-step DP on "dp" (parallel/sync/, docs/beyond-sync.md): --sync ddp|local-sgd|diloco|async|fedavg,
+  // --inner-steps H (local SGD, DiLoCo; FedAvg: local steps per round), --staleness s (async), --clients K
+  // (FedAvg: clients sampled per round, 0 = every dp rank), --kfold k (k runs, mean and std of the validation loss).
+  std::string sync = "ddp";
+  int inner_steps = 50, staleness = 1, clients = 0, kfold = 0;
+};
+
+inline const char* const usage =
+    "usage: train_gpt [--pp N] [--dp N] [--fsdp N] [--cp N] [--tp N] [--ep N] [--zero 1|2|3] [--sp | --no-sp]\n"
+    "                 [--cp-kind ring|allgather|ulysses] [--schedule gpipe|1f1b|interleaved|zb|zbv] [--microbatches M]\n"
+    "                 [--layers N] [--heads N] [--dim N] [--seq N] [--batch N] [--checkpoint]\n"
+    "                 [--experts E] [--topk K] [--capacity F] [--moe-every N]\n"
+    "                 [--steps N] [--lr X] [--seed N] [--eval-every N] [--check-finite] [--data FILE] [--backend threads|mpi|nccl]\n"
+    "                 [--device cpu|cuda] [--dtype f32|bf16]\n"
+    "                 [--trace FILE] [--plot FILE] [--arch gpt|llama] [--kv-heads N] [--ffn N]\n"
+    "                 [--save-every N --save-dir DIR] [--resume DIR]\n"
+    "                 [--sync ddp|local-sgd|diloco|async|fedavg] [--inner-steps H] [--staleness s] [--clients K] [--kfold k]\n"
+    "  mesh (pp, dp, fsdp, cp, tp), default pp 2 x dp 1 x fsdp 2 x cp 2 x tp 2 + SP: 16 ranks (threads, or mpirun -n).\n"
+    "  --pp: pipeline stages (--schedule, default 1f1b, over --microbatches, default 2 x pp, or 1 without a\n"
+    "        pipeline; interleaved and zbv put 2 stages on each rank); --dp: replicas; --fsdp: parameter shards,\n"
+    "        ZeRO --zero (default 3, or 1 when --fsdp 1: DDP); --cp: sequence split (--cp-kind, default ring; ulysses: --heads a multiple of\n"
+    "        tp x cp); --tp: Megatron tensor parallelism, with sequence parallelism unless --no-sp.\n"
+    "  --experts E > 0: MoE blocks (every --moe-every-th, default all), top-K routing (default 2), capacity factor F\n"
+    "        (default dropless; with --cp > 1 at least E / K), experts split over --ep ranks (dividing dp x fsdp x cp).\n"
+    "  model defaults: --layers 4 --heads 4 --dim 64 --seq 32 --batch 16 (sequences per step over all ranks);\n"
+    "  training: --steps 100 --lr 3e-3 --seed 1 --eval-every 25; data: the files under /usr/share/common-licenses.\n"
+    "  --arch llama: RMSNorm, rotary grouped-query attention (--kv-heads, default --heads), SwiGLU (--ffn, default\n"
+    "        4 x --dim); not with --experts.\n"
+    "  checkpoints: --save-every N --save-dir DIR saves parameters, AdamW state, step and data position into DIR\n"
+    "        every N steps (atomically: DIR always holds a whole checkpoint); --resume DIR continues from one, saved\n"
+    "        on any mesh, up to --steps (the total).\n"
+    "  --device cuda (train_gpt_cuda): the model on a GPU, the ranks threads sharing it, or --backend nccl under\n"
+    "        mpirun (one GPU per process).\n"
+    "  --dtype bf16: the model computes in bfloat16; master weights, gradient shards and AdamW state stay fp32\n"
+    "        (FSDP mixed precision, also without --fsdp: ZeRO-1 on one shard); not with --experts.\n"
+    "  --sync (on \"dp\", docs/beyond-sync.md): ddp (default); local-sgd / diloco: average / DiLoCo outer step every\n"
+    "        --inner-steps H (50); async: the all-reduce of step t applied at t + --staleness s (1); fedavg: each dp\n"
+    "        rank a client on its own slice of the text, --clients K sampled per round of H steps (0: all).\n"
+    "        --kfold k: k runs over k folds of the text's blocks, then the validation loss's mean and std.\n";
+
+using examples::flag_value;
+using examples::UsageError;
+
+inline std::string str(long long n) { return std::to_string(n); }
+
+/// --arch and its flags.
+inline void check_architecture(const Options& o) {
+  if (o.arch != "gpt" && o.arch != "llama") throw UsageError("--arch is gpt or llama, got '" + o.arch + "'");
+  if (o.arch == "gpt" && (o.kv_heads != 0 || o.ffn != 0)) throw UsageError("--kv-heads and --ffn need --arch llama");
+  if (o.arch == "llama" && o.experts > 0) throw UsageError("--arch llama with --experts: MoE blocks are GPT blocks");
+  if (o.kv_heads > 0 && o.heads % o.kv_heads != 0)
+    throw UsageError("--heads " + str(o.heads) + " is not a multiple of --kv-heads " + str(o.kv_heads));
+}
+
+/// --save-every, --save-dir and --resume: host memory only (the checkpoint library's buffers).
+inline void check_checkpoints(const Options& o) {
+  if (o.save_every > 0 && o.save_dir.empty()) throw UsageError("--save-every needs --save-dir DIR");
+  if (o.save_every == 0 && !o.save_dir.empty()) throw UsageError("--save-dir needs --save-every N");
+}
+
+/// --device, --dtype and --backend together: what this build can run (cuda_build: train_gpt_cuda).
+inline void check_device(const Options& o, bool cuda_build) {
+  if (o.device == "cuda" && !cuda_build)
+    throw UsageError("--device cuda: this train_gpt was built without CUDA; run train_gpt_cuda (built with -DDTENSOR_WITH_CUDA=ON)");
+  if (o.device == "cpu" && o.backend == "nccl") throw UsageError("--backend nccl needs --device cuda");
+  if (o.device == "cuda" && o.backend == "mpi") throw UsageError("--device cuda runs under mpirun with --backend nccl, not mpi");
+  // bf16 keeps fp32 master values only for what FSDP shards; the MoE experts are outside it.
+  if (o.dtype == "bf16" && o.experts > 0)
+    throw UsageError("--dtype bf16 with --experts: not supported yet (the experts are not FSDP-sharded, so they would "
+                     "have no fp32 master copy)");
+}
+
+/// --sync, --inner-steps, --staleness, --clients, --kfold (parallel/sync/).
+inline void check_sync(const Options& o) {
+  try {
+    parallel::sync::parse_sync(o.sync);
+  } catch (const Error& e) {
+    throw UsageError("--sync is ddp, local-sgd, diloco, async or fedavg, got '" + o.sync + "'");
+  }
+  if (o.clients > o.dp)
+    throw UsageError("--clients " + str(o.clients) + ": more clients than the " + str(o.dp) + " dp ranks (--dp)");
+  if (o.clients > 0 && o.sync != "fedavg") throw UsageError("--clients needs --sync fedavg");
+  if (o.sync == "ddp") return;
+  if (o.experts > 0) throw UsageError("--sync " + o.sync + " with --experts: the experts' all-reduce on \"edp\" spans replicas");
+  if (o.save_every > 0 || !o.resume.empty())
+    throw UsageError("--sync " + o.sync + " with checkpoints: the sync state (inner step, outer momentum) is not saved yet");
+}
+
+/// The constraints between flags that the library would otherwise report later, deep in a rank.
+inline void check_options(Options& o, bool cuda_build) {
+  if (o.zero == 0) o.zero = o.fsdp > 1 ? 3 : 1;
+  if (o.microbatches == 0) o.microbatches = o.pp > 1 ? 2 * o.pp : 1;
+  try {
+    pp::parse_schedule_kind(o.schedule);
+  } catch (const Error& e) {
+    throw UsageError("--schedule: " + std::string(e.what()));
+  }
+  if (o.dim % o.heads != 0) throw UsageError("--dim " + str(o.dim) + " is not a multiple of --heads " + str(o.heads));
+  if (o.heads % o.tp != 0) throw UsageError("--heads " + str(o.heads) + " is not a multiple of --tp " + str(o.tp));
+  if (o.cp_kind == parallel::ContextKind::ulysses && o.heads % (o.tp * o.cp) != 0)
+    throw UsageError("--cp-kind ulysses splits the heads over tp x cp: --heads " + str(o.heads) + " is not a multiple of " +
+                     str(o.tp * o.cp));
+  if (o.batch % o.microbatches != 0)
+    throw UsageError("--microbatches " + str(o.microbatches) + " does not divide --batch " + str(o.batch));
+  const int data_ranks = o.dp * o.fsdp;
+  if (o.batch / o.microbatches < data_ranks)
+    throw UsageError("a micro-batch of " + str(o.batch / o.microbatches) + " sequences (--batch / --microbatches) leaves some of the " +
+                     str(data_ranks) + " data ranks (--dp x --fsdp) without a sequence");
+  check_architecture(o);
+  check_checkpoints(o);
+  check_sync(o);
+  if (o.kfold > 0 && (o.save_every > 0 || !o.resume.empty())) throw UsageError("--kfold with checkpoints: k runs, one directory");
+  check_device(o, cuda_build);
+  if (o.experts == 0) {
+    if (o.ep != 1) throw UsageError("--ep " + str(o.ep) + " needs --experts");
+    return;
+  }
+  if (o.topk > o.experts) throw UsageError("--topk " + str(o.topk) + " exceeds --experts " + str(o.experts));
+  // The experts' ranks factor the ranks that split the tokens: data x context.
+  if (data_ranks * o.cp % o.ep != 0)
+    throw UsageError("--ep " + str(o.ep) + " does not divide the token ranks --dp x --fsdp x --cp = " + str(data_ranks * o.cp));
+  if (o.experts % o.ep != 0) throw UsageError("--experts " + str(o.experts) + " is not a multiple of --ep " + str(o.ep));
+  // Under CP a capacity that can drop a choice is refused (nn/router.hpp): it is per whole sequence.
+  if (o.cp > 1 && o.capacity > 0 && o.capacity * double(o.topk) / double(o.experts) < 1.0)
+    throw UsageError("--capacity with --cp > 1: capacity groups are whole sequences, split over the context ranks; "
+                     "use dropless routing (no --capacity) or a factor of at least --experts / --topk");
+}
+
+inline Options parse(int argc, char** argv, bool cuda_build) {
+  Options o;
+  // --help anywhere wins, before any flag is checked: `train_gpt --pp 0 --help` prints the usage.
+  for (int i = 1; i < argc; ++i)
+    if (std::string_view(argv[i]) == "--help" || std::string_view(argv[i]) == "-h") {
+      std::cout << usage;
+      std::exit(0);
+    }
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw UsageError(a + " needs a value");
+      return argv[++i];
+    };
+    if (examples::parse_mesh_flag(o, a, value)) continue;  // examples/flags.hpp
+    if (a == "--layers") o.layers = flag_value<Extent>(a, value(), 1);
+    else if (a == "--heads") o.heads = flag_value<Extent>(a, value(), 1);
+    else if (a == "--dim") o.dim = flag_value<Extent>(a, value(), 1);
+    else if (a == "--seq") o.seq = flag_value<Extent>(a, value(), 2);
+    else if (a == "--batch") o.batch = flag_value<Extent>(a, value(), 1);
+    else if (a == "--checkpoint") o.checkpoint = true;
+    else if (a == "--experts") o.experts = flag_value<Extent>(a, value(), 0);
+    else if (a == "--topk") o.topk = flag_value<Extent>(a, value(), 1);
+    else if (a == "--capacity") o.capacity = examples::positive_flag_value(a, value());
+    else if (a == "--moe-every") o.moe_every = flag_value<Extent>(a, value(), 1);
+    else if (a == "--steps") o.steps = flag_value<int>(a, value(), 1);
+    else if (a == "--eval-every") o.eval_every = flag_value<int>(a, value(), 1);
+    else if (a == "--lr") o.lr = examples::positive_flag_value(a, value());
+    else if (a == "--seed") o.seed = flag_value<std::uint64_t>(a, value(), 0);
+    else if (a == "--check-finite") o.check_finite = true;
+    else if (a == "--data") o.data = value();
+    else if (a == "--trace") o.trace = value();
+    else if (a == "--plot") o.plot = value();
+    else if (a == "--arch") o.arch = value();
+    else if (a == "--kv-heads") o.kv_heads = flag_value<Extent>(a, value(), 1);
+    else if (a == "--ffn") o.ffn = flag_value<Extent>(a, value(), 1);
+    else if (a == "--save-every") o.save_every = flag_value<int>(a, value(), 1);
+    else if (a == "--save-dir") o.save_dir = value();
+    else if (a == "--resume") o.resume = value();
+    else if (a == "--sync") o.sync = value();
+    else if (a == "--inner-steps") o.inner_steps = flag_value<int>(a, value(), 1);
+    else if (a == "--staleness") o.staleness = flag_value<int>(a, value(), 0);
+    else if (a == "--clients") o.clients = flag_value<int>(a, value(), 0);
+    else if (a == "--kfold") o.kfold = flag_value<int>(a, value(), 2);
+    else if (a == "--backend") {
+      o.backend = value();
+      if (o.backend != "threads" && o.backend != "mpi" && o.backend != "nccl")
+        throw UsageError("--backend is threads, mpi or nccl, got '" + o.backend + "'");
+    } else if (a == "--device") {
+      o.device = value();
+      if (o.device != "cpu" && o.device != "cuda") throw UsageError("--device is cpu or cuda, got '" + o.device + "'");
+    } else if (a == "--dtype") {
+      o.dtype = value();
+      if (o.dtype != "f32" && o.dtype != "bf16") throw UsageError("--dtype is f32 or bf16, got '" + o.dtype + "'");
+    } else
+      throw UsageError("unknown flag '" + a + "'");
+  }
+  if (o.ranks() > threads::detail::max_ranks)
+    throw UsageError("pp x dp x fsdp x cp x tp = " + str(o.ranks()) + " ranks, more than " + str(threads::detail::max_ranks));
+  check_options(o, cuda_build);
+  return o;
+}
+
+/// --save-dir: fail before training, not at the first save, when the checkpoint cannot be
+/// written (its parent is not a writable directory) or would replace what is not a checkpoint (a
+/// regular file, a directory of other files). The save checks again (checkpoint::save).
+inline void check_save_dir(const Options& o) {
+  if (o.save_dir.empty()) return;
+  const std::filesystem::path dir = std::filesystem::absolute(o.save_dir).lexically_normal();
+  const auto parent = (dir.has_filename() ? dir : dir.parent_path()).parent_path();
+  std::error_code ec;
+  if (!std::filesystem::is_directory(parent, ec) || ::access(parent.c_str(), W_OK) != 0)
+    throw std::runtime_error("--save-dir " + o.save_dir + ": cannot write into " + parent.string() +
+                             (std::filesystem::exists(parent, ec) ? "" : " (it does not exist)"));
+  checkpoint::check_save_target(o.save_dir, "train_gpt --save-dir");  // not a file or another directory
+}
+
+// ---------------------------------------------------------------- data
+
+inline std::string read_text(const std::string& file) {
+  std::string text;
+  auto add = [&](const std::filesystem::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    if (!in) throw std::runtime_error("cannot read " + p.string());
+    std::ostringstream s;
+    s << in.rdbuf();
+    text += s.str();
+  };
+  if (!file.empty()) add(file);
+  else {
+    const std::filesystem::path dir = "/usr/share/common-licenses";
+    if (!std::filesystem::is_directory(dir)) throw std::runtime_error(dir.string() + " not found: pass --data FILE");
+    std::vector<std::filesystem::path> files;
+    for (const auto& e : std::filesystem::directory_iterator(dir))
+      if (e.is_regular_file()) files.push_back(e.path());
+    std::sort(files.begin(), files.end());  // the same text on every machine and rank
+    for (const auto& f : files) add(f);
+  }
+  return text;
+}
+
+/// The characters of the text as ids 0..V-1 (sorted); the first 90% trains, the rest validates.
+struct Corpus {
+  std::vector<char> chars;
+  std::vector<std::int32_t> train, val;
+};
+
+inline Corpus encode(const std::string& text, Extent seq) {
+  Corpus c;
+  std::vector<int> id(256, -1);
+  for (unsigned char ch : text) id[ch] = 0;
+  for (int ch = 0; ch < 256; ++ch)
+    if (id[std::size_t(ch)] == 0) {
+      id[std::size_t(ch)] = int(c.chars.size());
+      c.chars.push_back(char(ch));
+    }
+  const std::size_t split = text.size() * 9 / 10;
+  for (std::size_t i = 0; i < text.size(); ++i)
+    (i < split ? c.train : c.val).push_back(std::int32_t(id[static_cast<unsigned char>(text[i])]));
+  if (c.train.size() <= std::size_t(seq) + 1 || c.val.size() <= std::size_t(seq) + 1)
+    throw std::runtime_error("the text (" + str((long long)text.size()) + " characters) is too short for --seq " + str(seq));
+  return c;
+}
+
+/// --kfold: fold f of k over the text's blocks (parallel::sync::kfold from --seed, about 200
+/// blocks): the other folds' blocks train, fold f's validate, each joined in order.
+inline Corpus fold_of(const Corpus& whole, int k, int f, std::uint64_t seed, Extent seq) {
+  std::vector<std::int32_t> all(whole.train);
+  all.insert(all.end(), whole.val.begin(), whole.val.end());
+  const std::size_t block = std::max<std::size_t>(4 * (std::size_t(seq) + 1), all.size() / 200);
+  const std::size_t blocks = all.size() / block;  // the tail joins the last block
+  const auto split = parallel::sync::kfold(blocks, std::size_t(k), seed).at(std::size_t(f));
+  Corpus c{whole.chars, {}, {}};
+  auto add = [&](std::vector<std::int32_t>& to, std::size_t b) {
+    const std::size_t lo = b * block, hi = b + 1 == blocks ? all.size() : lo + block;
+    to.insert(to.end(), all.begin() + std::ptrdiff_t(lo), all.begin() + std::ptrdiff_t(hi));
+  };
+  for (std::size_t b : split.train) add(c.train, b);
+  for (std::size_t b : split.val) add(c.val, b);
+  return c;
+}
+
+/// The [batch, seq] ids and targets (the next characters) of the sequences starting at `starts`.
+inline std::pair<Tensor<std::int32_t, 2>, Tensor<std::int32_t, 2>> tokens_of(const std::vector<std::int32_t>& data,
+                                                                      const std::vector<std::size_t>& starts, Extent seq) {
+  const Shape<2> shape{Extent(starts.size()), seq};
+  Tensor<std::int32_t, 2> ids(shape), tgt(shape);
+  for (std::size_t b = 0; b < starts.size(); ++b)
+    for (Extent t = 0; t < seq; ++t) {
+      ids(Extent(b), t) = data[starts[b] + std::size_t(t)];
+      tgt(Extent(b), t) = data[starts[b] + std::size_t(t) + 1];
+    }
+  return {std::move(ids), std::move(tgt)};
+}
+
+// ---------------------------------------------------------------- training
+
+/// MoE: the routing of the last forward (the last micro-batch) of this rank's MoE blocks, summed
+/// over the data and context ranks and the stages (one all-reduce on each): kept choices per expert, and the
+/// dropped share of the choices.
+template <class Model, class Mesh>
+std::pair<std::vector<std::int64_t>, double> expert_load(Model& model, const Mesh& mesh, Extent experts) {
+  std::vector<std::int64_t> sums(std::size_t(experts) + 2, 0);  // load per expert, routed, dropped
+  for (auto& stage : model.executor().stages())
+    for (const auto& block : stage.blocks()) {
+      const auto& st = stage.layers().stats(block);
+      for (std::size_t e = 0; e < st.load.size(); ++e) sums[e] += st.load[e];
+      sums[std::size_t(experts)] += st.routed;
+      sums[std::size_t(experts) + 1] += st.dropped;
+    }
+  for (auto* group : {&mesh.template group<"dp">(), &mesh.template group<"fsdp">(), &mesh.template group<"cp">(),
+                      &mesh.template group<"pp">()})
+    group->all_reduce(std::span<std::int64_t>(sums), ReduceOp::sum);
+  const double routed = double(sums[std::size_t(experts)]);
+  const double dropped = routed > 0 ? double(sums[std::size_t(experts) + 1]) / routed : 0;
+  sums.resize(std::size_t(experts));
+  return {sums, dropped};
+}
+
+/// The collectives of one step by "kind on group", with their count and bytes.
+using CommSummary = std::map<std::string, std::pair<std::size_t, std::size_t>>;
+
+/// Compute: the model's element type (--dtype: float, or bfloat16). The master values, gradient
+/// shards and AdamW state are float either way: every stage is FSDP-sharded (ZeRO-1 over a size-1
+/// "fsdp" dimension when --fsdp 1), and fully_shard<float> keeps them in fp32 (FSDP2's mixed
+/// precision: parameters all-gathered in bf16, gradients reduced in fp32).
+template <class Space, class Compute, class Plan, class Layers>
+double train(CommPtr world, const Options& o, const Corpus& corpus) {
+  using Mesh = MeshIn<Space>;
+  using StageMesh = StageMeshIn<Space>;
+  using Stage = pp::GptStage<Compute, StageMesh, Plan, std::int32_t, Layers>;
+  constexpr bool moe = requires(Layers& l) { l.expert_params(); };  // nn::MoELayers
+
+  // The mesh, the model config and the schedule.
+  Mesh mesh(world, {o.pp, o.dp, o.fsdp, o.cp, o.tp});
+  const StageMesh stage_mesh = pp::stage_mesh_of(mesh);
+  const bool balanced = o.cp > 1 && o.cp_kind != parallel::ContextKind::ulysses;  // ring / all-gather: load-balanced order
+  const nn::GPTConfig cfg{.vocab = Extent(corpus.chars.size()), .seq = o.seq, .dim = o.dim, .heads = o.heads,
+                          .layers = o.layers, .mlp_ratio = 4, .checkpoint = o.checkpoint, .seed = o.seed,
+                          .context = {.kind = o.cp_kind, .load_balanced = balanced},
+                          .kv_heads = o.kv_heads, .ffn = o.ffn};
+  const auto schedule = pp::make_schedule(pp::parse_schedule_kind(o.schedule), o.pp, o.microbatches);
+
+  // This rank's stages (MoE: with their experts on the expert mesh), each FSDP-sharded.
+  auto make_layers = [&] {
+    if constexpr (moe) {
+      nn::MoELayersConfig mc;
+      mc.router.experts = o.experts;
+      mc.router.topk = o.topk;
+      mc.router.z_loss_coeff = 1e-3;
+      if (o.capacity > 0) mc.router.capacity_factor = o.capacity;
+      mc.every = o.moe_every;
+      return Layers(parallel::make_expert_mesh<typename Layers::ExpertMesh>(stage_mesh, o.ep), mc);
+    } else {
+      return Layers{};
+    }
+  };
+  const Layers layers = make_layers();
+  std::vector<Stage> stages;
+  for (int s : schedule.layout.stages_of(mesh.coordinate(0)))
+    stages.emplace_back(stage_mesh, cfg, s, schedule.layout.stages(), layers);
+  const auto sync_kind = parallel::sync::parse_sync(o.sync);  // --sync: with any but ddp, "dp" is not all-reduced by FSDP
+  pp::ShardedPipeline<Stage, Mesh, float> model(mesh, schedule, std::move(stages),
+                                                {.stage = o.zero, .reduce_replicas = sync_kind == parallel::sync::SyncKind::ddp});
+
+  // AdamW over this rank's shards (MoE: a second one over its experts).
+  const optim::AdamWOptions adamw{.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+  optim::AdamW<float, StageMesh::ndim, Space> opt(model.params(), adamw);
+  struct NoExperts {
+    void step() {}
+  };
+  auto make_expert_opt = [&] {
+    if constexpr (moe) return optim::AdamW<float, expert_mesh_dims, Space>(model.expert_params(), adamw);
+    else return NoExperts{};
+  };
+  auto expert_opt = make_expert_opt();
+
+  // ---- --sync (parallel/sync/, docs/beyond-sync.md): what runs on "dp" instead of DDP's all-reduce.
+  using SyncKind = parallel::sync::SyncKind;
+  std::optional<parallel::sync::DiLoCo<float, StageMesh, "dp">> diloco;  // local-sgd, diloco
+  std::optional<parallel::sync::DelayedGradients<float, StageMesh, "dp">> delayed;  // async
+  std::optional<parallel::sync::FedAvg<float, StageMesh, "dp">> fed;  // fedavg
+  if (sync_kind == SyncKind::local_sgd)
+    diloco.emplace(stage_mesh, model.params(), parallel::sync::DiLoCoOptions::local_sgd(o.inner_steps));
+  if (sync_kind == SyncKind::diloco) diloco.emplace(stage_mesh, model.params(), parallel::sync::DiLoCoOptions{.inner_steps = o.inner_steps});
+  if (sync_kind == SyncKind::async) delayed.emplace(stage_mesh, model.params(), o.staleness);
+  if (sync_kind == SyncKind::fedavg) fed.emplace(stage_mesh, model.params(), parallel::sync::FedAvgOptions{.clients_per_round = o.clients, .seed = o.seed});
+  bool participating = !fed || fed->begin_round();
+  // After the step's gradient syncs inside each replica: whether the optimizer steps now.
+  auto sync_gradients = [&] {
+    if (sync_kind == SyncKind::ddp) return true;
+    if (delayed) return delayed->exchange();  // the reduced gradients of step t - s, or none yet
+    parallel::sync::keep_local_gradients<StageMesh, "dp">(model.params(), stage_mesh);  // each replica its own
+    return participating;
+  };
+  // After the optimizer step: the outer sync of local SGD / DiLoCo, FedAvg's round.
+  auto sync_replicas = [&](int step) {
+    if (diloco) diloco->step();
+    if (fed && step % o.inner_steps == 0) {
+      fed->end_round(double(o.batch / o.dp) * o.inner_steps);  // equal slices: equal weights
+      participating = fed->begin_round();
+    }
+  };
+
+  // The model's parameter count (global extents, every stage's, the experts included), for
+  // bench/compare_torch.py, which checks it against PyTorch's twin: from the entries, which FSDP keeps.
+  std::int64_t parameters = 0;
+  for (auto& stage : model.executor().stages())
+    nn::for_each_parameter(stage, [&](auto& p) {
+      std::int64_t n = p.defined() ? 1 : 0;
+      if (p.defined())
+        for (Extent e : p.group()->entries()[p.index()].global_shape) n *= std::int64_t(e);
+      parameters += n;
+    });
+  mesh.template group<"pp">().all_reduce(std::span<std::int64_t>(&parameters, 1), ReduceOp::sum);
+  const bool root = world->rank() == 0;
+  if (root) {
+    std::printf("train_gpt: mesh pp %d x dp %d x fsdp %d (ZeRO-%d) x cp %d (%s) x tp %d%s = %d ranks, %s backend, device %s, "
+                "dtype %s\n",
+                o.pp, o.dp, o.fsdp, o.zero, o.cp, std::string(parallel::name_of(o.cp_kind)).c_str(), o.tp, o.sp ? " + SP" : "",
+                o.ranks(), o.backend.c_str(), o.device.c_str(),
+                std::is_same_v<Compute, float> ? "f32" : "bf16 (fp32 master weights and AdamW state)");
+    std::printf("schedule %s: %d micro-batches over %d stages; model: %lld layers, dim %lld, %lld heads, seq %lld, batch "
+                "%lld, vocab %zu",
+                o.schedule.c_str(), o.microbatches, schedule.layout.stages(), (long long)o.layers, (long long)o.dim,
+                (long long)o.heads, (long long)o.seq, (long long)o.batch, corpus.chars.size());
+    if (o.arch != "gpt") std::printf("; %s (kv heads %lld)", o.arch.c_str(), (long long)(o.kv_heads ? o.kv_heads : o.heads));
+    if (moe) std::printf("; MoE: %lld experts, top-%lld, over ep %d", (long long)o.experts, (long long)o.topk, o.ep);
+    std::printf("\nparameters: %lld\n", (long long)parameters);
+  }
+  // Across machines: which dimensions cross hosts (docs/multinode.md). The threads backend's
+  // ranks share one host, so only the process backends exchange their host names.
+  const std::vector<std::string> hosts = o.backend == "threads" ? std::vector<std::string>{} : host_names(mesh.root());
+  const auto placed = mesh_hosts(mesh, hosts.empty() ? std::vector<std::string>(std::size_t(world->size()), "") : hosts);
+  if (root && placed.count > 1) {
+    std::string across, inside;
+    for (std::size_t d = 0; d < Mesh::ndim; ++d)
+      if (mesh.size(d) > 1) {
+        auto& to = placed.crosses[d] ? across : inside;
+        to += (to.empty() ? "" : ", ") + std::string(Mesh::names[d]);
+      }
+    std::printf("hosts: %d, %s; across hosts: %s; inside a host: %s\n", placed.count,
+                placed.adjacent ? "each host's ranks adjacent"
+                                : "a host's ranks NOT adjacent (launch with mpirun --map-by slot, srun --distribution=block)",
+                across.empty() ? "none" : across.c_str(), inside.empty() ? "none" : inside.c_str());
+  }
+
+  // The batches: every rank draws the same sequences (same seed), in the order the model stores
+  // them (load-balanced for ring and all-gather attention), cut into micro-batches.
+  std::mt19937_64 rng(o.seed);
+  auto draw = [&] {
+    std::vector<std::size_t> starts(static_cast<std::size_t>(o.batch));
+    const std::size_t span = corpus.train.size() - std::size_t(o.seq) - 1;
+    for (std::size_t b = 0; b < starts.size(); ++b) {
+      if (!fed) {
+        starts[b] = std::size_t(rng() % span);
+        continue;
+      }
+      // FedAvg: sequence b belongs to client c (its micro-batch's rows split over "dp" first, as
+      // torch.chunk), which reads only its own contiguous slice of the text: local, non-IID data.
+      const std::size_t mb = std::size_t(o.batch / o.microbatches), chunk = (mb + std::size_t(o.dp) - 1) / std::size_t(o.dp);
+      const std::size_t c = (b % mb) / chunk, lo = span * c / std::size_t(o.dp), hi = span * (c + 1) / std::size_t(o.dp);
+      starts[b] = lo + std::size_t(rng() % std::max<std::size_t>(1, hi - lo));
+    }
+    return starts;
+  };
+  auto microbatches_of = [&](const std::vector<std::int32_t>& data, const std::vector<std::size_t>& starts) {
+    auto [ids, targets] = tokens_of(data, starts, o.seq);
+    if (balanced) {
+      ids = parallel::load_balance(ids, 1, o.cp);
+      targets = parallel::load_balance(targets, 1, o.cp);
+    }
+    return pp::split_microbatches<typename Stage::Ids>(stage_mesh, ids, targets, o.microbatches);
+  };
+  // The step's loss lives on the last stage's ranks: the maximum over the pipeline group brings it to all.
+  auto shared_loss = [&](const pp::StepStats& stats) {
+    double loss = stats.loss.value_or(-std::numeric_limits<double>::infinity());
+    mesh.template group<"pp">().all_reduce(std::span<double>(&loss, 1), ReduceOp::max);
+    return loss;
+  };
+  // Validation: a fixed batch of the held-out text through the same schedule; its gradients are dropped.
+  auto validate = [&] {
+    std::vector<std::size_t> starts(static_cast<std::size_t>(o.batch));
+    for (std::size_t b = 0; b < starts.size(); ++b) starts[b] = (b * 7919u) % (corpus.val.size() - std::size_t(o.seq) - 1);
+    model.zero_grad();
+    const double loss = shared_loss(model.step(microbatches_of(corpus.val, starts)));
+    model.zero_grad();
+    return loss;
+  };
+
+  // ---- checkpoints: --resume DIR, --save-every N --save-dir DIR (checkpoint/pipeline_state.hpp)
+  // What is saved: this rank's FSDP shards of its stages, its experts, both AdamWs' moments and
+  // step count; the step, the data position (batches drawn) and the batch generator's state.
+  // Any mesh and schedule can resume it; the configuration that fixes the tensors must match.
+  constexpr bool host = std::is_same_v<Space, host_space>;
+  auto model_config = checkpoint::config_of(cfg);
+  model_config["model"] = o.arch;
+  if constexpr (moe) model_config["experts"] = str(o.experts), model_config["moe_every"] = str(o.moe_every);
+  int first_step = 1;
+  if (!o.resume.empty()) {
+    checkpoint::TrainingMeta meta;
+    // A device model's slots travel through host copies (checkpoint::HostStaging).
+    if constexpr (moe) meta = checkpoint::load_pipeline_state(o.resume, model, opt, expert_opt, model_config);
+    else meta = checkpoint::load_pipeline_state(o.resume, model, opt, model_config);
+    std::istringstream rng_state(meta.rng_state);
+    if (!(rng_state >> rng) || meta.data_position != std::uint64_t(meta.step))
+      throw Error("train_gpt", "the checkpoint at " + o.resume + " has no valid data position or batch generator state");
+    first_step = int(meta.step) + 1;
+    if (first_step > o.steps)
+      throw Error("train_gpt", "the checkpoint at " + o.resume + " is at step " + str(meta.step) + ": nothing left to train up to --steps " +
+                                   str(o.steps) + " (the total)");
+    if (root) std::printf("resumed from %s at step %lld\n", o.resume.c_str(), (long long)meta.step);
+  }
+  CommSummary per_step;  // the collectives of step 2 (step 1 warms up)
+  CommSummary host_split;  // across hosts: per line of per_step, its bytes inside a host and across hosts
+  double train_loss = 0, val_loss = 0, elapsed = 0;
+  const double tokens_per_step = double(o.batch * o.seq);
+  // --trace, --plot and the progress bar (a bar on a terminal, a line per step elsewhere).
+  trace::TrainingMonitor monitor(world, {.trace_path = o.trace, .plot_path = o.plot,
+                                         .first_traced_step = std::min(first_step + 1, o.steps),  // after a resume too
+                                         .total_steps = o.steps, .tokens_per_step = tokens_per_step});
+  auto save_checkpoint = [&](int step) {
+    std::ostringstream rng_state;
+    rng_state << rng;
+    const checkpoint::TrainingMeta meta{.step = step, .data_position = std::uint64_t(step), .rng_state = rng_state.str(),
+                                        .config = model_config};
+    if constexpr (moe) checkpoint::save_pipeline_state(o.save_dir, model, opt, expert_opt, meta);
+    else checkpoint::save_pipeline_state(o.save_dir, model, opt, meta);
+    char saved[32];
+    std::snprintf(saved, sizeof saved, "step %4d", step);
+    monitor.message(std::string(saved) + "  checkpoint saved to " + o.save_dir);  // rank 0, above the bar
+  };
+  // ---- end checkpoints
+
+  if (!o.trace.empty())  // a span per unit; after FSDP has set its hooks
+    for (auto& stage : model.executor().stages()) trace::trace_units(stage);
+  for (int step = first_step; step <= o.steps; ++step) {
+    const auto batch = microbatches_of(corpus.train, draw());
+    world->barrier();  // time the step on all ranks together
+    const auto t0 = std::chrono::steady_clock::now();
+    pp::StepStats stats;
+    {
+      auto traced = monitor.step(step);
+      CommLog log;
+      model.zero_grad();
+      stats = model.step(batch);  // the schedule, then the gradient syncs over dp, fsdp, cp, tp (and edp)
+      const bool update = sync_gradients();  // --sync: DDP's all-reduce on "dp" above, or none, or a delayed one
+      if (update || fed) model.clip_grad_norm(1.0);  // its norm's all-reduce spans "dp": FedAvg's idle clients join
+      if (update) {
+        opt.step();
+        expert_opt.step();
+      }
+      sync_replicas(step);      // --sync local-sgd, diloco, fedavg: the outer sync when due
+      model.sync_parameters();  // ZeRO-1/2: all-gather the updated shards
+      if (step == std::min(first_step + 1, o.steps))
+        for (const auto& r : log.records()) {
+          const auto key = std::string(name_of(r.kind)) + " on " + r.group;
+          auto& e = per_step[key];
+          ++e.first;
+          e.second += r.bytes;
+          if (placed.count > 1) {
+            // A mesh group's label names its dimensions; the pipeline's sends and receives go to
+            // a peer on the world communicator, whose host is known directly.
+            std::optional<bool> crosses = crosses_hosts(mesh, hosts, r.group);
+            if (!crosses && r.group == "world" && r.peer >= 0 && std::size_t(r.peer) < hosts.size())
+              crosses = hosts[std::size_t(r.peer)] != hosts[std::size_t(world->rank())];
+            if (crosses) (*crosses ? host_split[key].second : host_split[key].first) += r.bytes;
+          }
+        }
+    }
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    elapsed += dt;
+    train_loss = shared_loss(stats);  // not timed
+    if (o.check_finite) {
+      optim::check_finite_loss(train_loss, step);
+      optim::check_finite(model.params(), step, "parameter", world->rank());
+    }
+    monitor.train_loss(step, train_loss);
+    if (step % o.eval_every == 0 || step == o.steps) {
+      val_loss = validate();
+      // One line, through the monitor: on a terminal it goes above the bar, not onto it.
+      char idle[64];
+      std::snprintf(idle, sizeof idle, "  pipeline idle %.3f (counted slots, rank 0)", stats.idle_fraction());
+      std::string more = idle;
+      if constexpr (moe) {
+        const auto [load, dropped] = expert_load(model, mesh, o.experts);  // the validation batch's routing
+        more += "  expert load";
+        for (auto n : load) more += " " + str(n);
+        char drop[32];
+        std::snprintf(drop, sizeof drop, "  dropped %.3f", dropped);
+        more += drop;
+      }
+      monitor.validation_loss(step, val_loss, more);
+    }
+    if (o.save_every > 0 && step % o.save_every == 0) save_checkpoint(step);
+  }
+  monitor.finish();
+  if (root) {
+    const int steps_run = o.steps - first_step + 1;
+    std::printf("\nsummary: %d steps in %.1f s; final train loss %.4f, validation loss %.4f; %.0f tokens/s\n", steps_run, elapsed,
+                train_loss, val_loss, tokens_per_step * steps_run / elapsed);
+    // All the digits: a resumed run is compared with a straight one by these (examples/CMakeLists.txt).
+    std::printf("final losses at step %d: train %.17g validation %.17g\n", o.steps, train_loss, val_loss);
+    // The ledger's process-wide peaks (every rank thread of this process), by what the bytes hold:
+    // scripts/gpu-check.sh reads this line for the GPU's memory use.
+    std::printf("memory peaks in %s space (this process):", host ? "host" : "cuda");
+    for (std::size_t t = 0; t < memory_tag_count; ++t) {
+      const auto peak = memory_totals().peak(host ? "host" : "cuda", MemoryTag(t));
+      if (peak > 0) std::printf(" %s %.1f MiB", std::string(name_of(MemoryTag(t))).c_str(), double(peak) / (1 << 20));
+    }
+    std::printf("\n");
+    std::printf("collectives of one training step on rank 0 (schedule, gradient syncs, clipping, AdamW, ZeRO gathers):\n");
+    std::size_t inside_bytes = 0, across_bytes = 0;
+    for (const auto& [k, v] : per_step) {
+      std::printf("  %-32s x%-5zu %10zu bytes", k.c_str(), v.first, v.second);
+      if (const auto it = host_split.find(k); it != host_split.end()) {
+        const auto [inside, across] = it->second;
+        if (inside > 0 && across > 0)
+          std::printf("  %zu inside a host, %zu across hosts", inside, across);
+        else
+          std::printf("  %s", across > 0 ? "across hosts" : "inside a host");
+        inside_bytes += inside;
+        across_bytes += across;
+      }
+      std::printf("\n");
+    }
+    if (placed.count > 1)
+      std::printf("bytes of one step on rank 0: %zu inside a host, %zu across hosts\n", inside_bytes, across_bytes);
+  }
+  if (sync_kind != SyncKind::ddp) {  // the dry-run figure of docs/beyond-sync.md, for this rank's shards
+    std::size_t elements = 0;
+    for (const auto& p : model.params()) elements += p.value.size();
+    const parallel::sync::SyncCost cost{.inner_steps = o.inner_steps};
+    const double bytes = parallel::sync::payload_bytes_per_step(sync_kind, elements, sizeof(float), cost);
+    const double ddp = parallel::sync::payload_bytes_per_step(SyncKind::ddp, elements, sizeof(float));
+    if (root)
+      std::printf("sync %s on dp: %.0f all-reduce payload bytes per step on rank 0 (DDP: %.0f, %.1fx)\n", o.sync.c_str(), bytes, ddp,
+                  ddp / bytes);
+  }
+  return val_loss;
+}
+
+/// The model types: one per kind of block (GPT, Llama or MoE) and plan (with or without SP),
+/// whatever the sizes of the mesh.
+template <class Space, class Compute, bool SP>
+double train_blocks(CommPtr world, const Options& o, const Corpus& corpus) {
+  using Plan = parallel::MegatronPlan<SP>;
+  if constexpr (std::is_same_v<Compute, float>)  // MoE is fp32-only (check_device)
+    if (o.experts > 0) return train<Space, Compute, Plan, nn::MoELayers<float, ExpertMeshIn<Space>>>(std::move(world), o, corpus);
+  if (o.arch == "llama") return train<Space, Compute, Plan, nn::LlamaLayers>(std::move(world), o, corpus);
+  return train<Space, Compute, Plan, nn::DenseLayers>(std::move(world), o, corpus);
+}
+
+/// Every flag's value (and the data's size and hash), for the ranks' agreement at setup.
+inline std::vector<Setting> settings_of(const Options& o, const Corpus& corpus) {
+  auto num = [](double v) {  // the shortest text that reads back as v: 3e-3 and 0.003 agree, 0.0030001 does not
+    char b[32];
+    const auto r = std::to_chars(b, b + sizeof b, v);
+    return std::string(b, r.ptr);
+  };
+  auto n = [](auto v) { return std::to_string(v); };
+  auto flag = [](bool v) { return std::string(v ? "on" : "off"); };
+  std::uint64_t data_hash = 14695981039346656037ull;  // FNV-1a over the vocabulary and the tokens
+  for (char c : corpus.chars) data_hash = (data_hash ^ std::uint8_t(c)) * 1099511628211ull;
+  for (const auto* part : {&corpus.train, &corpus.val})
+    for (auto t : *part) data_hash = (data_hash ^ std::uint32_t(t)) * 1099511628211ull;
+  return {{"--pp", n(o.pp)}, {"--dp", n(o.dp)}, {"--fsdp", n(o.fsdp)}, {"--cp", n(o.cp)}, {"--tp", n(o.tp)},
+          {"--ep", n(o.ep)}, {"--zero", n(o.zero)}, {"--sp", flag(o.sp)},
+          {"--cp-kind", std::string(parallel::name_of(o.cp_kind))}, {"--schedule", o.schedule},
+          {"--microbatches", n(o.microbatches)}, {"--layers", n(o.layers)}, {"--heads", n(o.heads)},
+          {"--dim", n(o.dim)}, {"--seq", n(o.seq)}, {"--batch", n(o.batch)}, {"--checkpoint", flag(o.checkpoint)},
+          {"--experts", n(o.experts)}, {"--topk", n(o.topk)}, {"--moe-every", n(o.moe_every)},
+          {"--capacity", num(o.capacity)}, {"--steps", n(o.steps)}, {"--eval-every", n(o.eval_every)},
+          {"--lr", num(o.lr)}, {"--seed", n(o.seed)}, {"--check-finite", flag(o.check_finite)}, {"--trace", o.trace},
+          {"--plot", o.plot}, {"--data", o.data},
+          {"--data (contents)", n(corpus.chars.size()) + " characters, " + n(corpus.train.size() + corpus.val.size()) +
+                                    " tokens, hash " + n(data_hash)},
+          {"--backend", o.backend}, {"--device", o.device}, {"--dtype", o.dtype}, {"--arch", o.arch},
+          {"--kv-heads", n(o.kv_heads)}, {"--ffn", n(o.ffn)}, {"--save-every", n(o.save_every)},
+          {"--save-dir", o.save_dir}, {"--resume", o.resume}, {"--sync", o.sync}, {"--inner-steps", n(o.inner_steps)},
+          {"--staleness", n(o.staleness)}, {"--clients", n(o.clients)}, {"--kfold", n(o.kfold)}};
+}
+
+template <class Space, class Compute>
+void run_rank(CommPtr world, const Options& o, const Corpus& corpus) {
+  // First, before anything sized by the flags (the mesh, a collective): one all-gather that
+  // finds ranks given different flags, in every build (distributed/settings_agreement.hpp).
+  // On the host's communicators; a GPU job agrees over MPI before NCCL starts (train_gpt_cuda.cu),
+  // and threads sharing one GPU share one Options.
+  if constexpr (std::is_same_v<Space, host_space>) require_same_settings(*world, "train_gpt", settings_of(o, corpus));
+  if (world->size() != o.ranks())
+    world->fail("train_gpt", "the job has " + str(world->size()) + " ranks but pp x dp x fsdp x cp x tp = " + str(o.ranks()));
+  auto train_on = [&](const Corpus& c) {
+    return o.sp ? train_blocks<Space, Compute, true>(world, o, c) : train_blocks<Space, Compute, false>(world, o, c);
+  };
+  if (o.kfold == 0) {
+    train_on(corpus);
+    return;
+  }
+  // --kfold k: k runs, one per fold, then the validation loss's mean and (sample) std.
+  std::vector<double> val;
+  for (int f = 0; f < o.kfold; ++f) {
+    if (world->rank() == 0) std::printf("--kfold %d: fold %d\n", o.kfold, f);
+    val.push_back(train_on(fold_of(corpus, o.kfold, f, o.seed, o.seq)));
+  }
+  const auto [mean, sd] = parallel::sync::mean_std(val);
+  if (world->rank() == 0) std::printf("k-fold (k = %d): validation loss %.4f +- %.4f (mean +- std over folds)\n", o.kfold, mean, sd);
+}
+
+/// The run without a GPU (train_gpt): --device cuda is refused by parse already.
+struct NoGpu {
+  static constexpr bool available = false;
+  template <class Compute>
+  int run(int, char**, const Options&, const Corpus&) const { return 2; }
+};
+
+/// The run after parsing, with the model in Compute (float, or bfloat16 for --dtype bf16); Gpu
+/// runs --device cuda (train_gpt_cuda.cuh's CudaGpu) or nothing (NoGpu).
+template <class Compute, class Gpu = NoGpu>
+int run(int argc, char** argv, const Options& o, const Gpu& gpu = {}) {
+  try {
+    const Corpus corpus = encode(read_text(o.data), o.seq);
+    check_save_dir(o);
+    if constexpr (Gpu::available)
+      if (o.device == "cuda") return gpu.template run<Compute>(argc, argv, o, corpus);
+    if (o.backend == "mpi") {
+#ifdef DTENSOR_HAS_MPI
+      return dtensor::mpi::run(argc, argv, [&](CommPtr world) { run_rank<host_space, Compute>(std::move(world), o, corpus); });
+#else
+      (void)argc, (void)argv;
+      std::fprintf(stderr, "train_gpt: --backend mpi needs a build with -DDTENSOR_WITH_MPI=ON\n");
+      return 2;
+#endif
+    }
+    threads::run(o.ranks(), [&](CommPtr world) { run_rank<host_space, Compute>(std::move(world), o, corpus); });
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train_gpt: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
+
+/// One variant's run (f32 or bf16), each instantiated in its own translation unit.
+using RunFn = int (*)(int argc, char** argv, const Options& o);
+
+/// main: the flags (a usage error exits 2), then the f32 or bf16 run.
+inline int main(int argc, char** argv, bool cuda_build, RunFn f32, RunFn bf16) {
+  Options o;
+  try {
+    o = parse(argc, argv, cuda_build);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "train_gpt: %s\n%s", e.what(), usage);
+    return 2;
+  }
+  return o.dtype == "bf16" ? bf16(argc, argv, o) : f32(argc, argv, o);
+}
+
+}  // namespace examples::gpt
