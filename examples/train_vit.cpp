@@ -143,7 +143,7 @@ void train(CommPtr world, const Options& o, const Mesh& mesh) {
     std::printf("train_vit: mesh dp %d x fsdp %d (%s) x cp %d (%s) x tp %d%s = %d ranks; model: %lld layers, dim %lld, "
                 "%lld heads, %lld patches of %lld, %lld classes, batch %lld\n",
                 o.dp, o.fsdp, o.fsdp > 1 ? ("ZeRO-" + str(o.zero)).c_str() : "DDP", o.cp,
-                std::string(parallel::name_of(o.cp_kind)).c_str(), o.tp, o.sp ? " + SP" : "", o.ranks(), (long long)o.layers,
+                std::string(parallel::name_of(o.cp_kind)).c_str(), o.tp, o.sp && o.tp > 1 ? " + SP" : "", o.ranks(), (long long)o.layers,
                 (long long)o.dim, (long long)o.heads, (long long)o.patches, (long long)o.patch_dim, (long long)o.classes,
                 (long long)o.batch);
 

@@ -19,8 +19,8 @@
 // the Plan gives the styles of the blocks' Linears and the residual stream's placement on the
 // tensor dimension (`between`; sequence parallelism splits the patches there); on a mesh with a
 // context dimension the patches are split on it and parallel::PlanAttention picks the context
-// attention core (ring, all-gather or Ulysses: cfg.context). The lines that exist only for
-// parallelism are marked "// parallel:" (docs/modules.md counts them).
+// attention core (ring, all-gather or Ulysses: cfg.context). docs/modules.md counts the lines
+// that exist only for parallelism (10; "// parallel:" marks some) and walks through this file.
 //
 // Under context (and sequence) parallelism the mean over the patches is Partial<sum> over the
 // ranks that split them; one redistribution (a reduce-scatter over the context dimension; an
