@@ -29,6 +29,7 @@
 #include <cstdio>
 #include <iostream>
 #include <string>
+#include <string_view>
 
 #include "dtensor/comm/threads.hpp"
 #include "dtensor/models/vit.hpp"
@@ -97,6 +98,11 @@ void check_options(Options& o) {
 
 Options parse(int argc, char** argv) {
   Options o;
+  for (int i = 1; i < argc; ++i)  // --help anywhere wins, before any flag is checked (as train_gpt's)
+    if (std::string_view(argv[i]) == "--help" || std::string_view(argv[i]) == "-h") {
+      std::cout << "usage: train_vit " << examples::mesh_flags_usage << usage_tail;
+      std::exit(0);
+    }
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -118,9 +124,6 @@ Options parse(int argc, char** argv) {
     else if (a == "--backend") {
       o.backend = value();
       if (o.backend != "threads" && o.backend != "mpi") throw UsageError("--backend is threads or mpi, got '" + o.backend + "'");
-    } else if (a == "--help" || a == "-h") {
-      std::cout << "usage: train_vit " << examples::mesh_flags_usage << usage_tail;
-      std::exit(0);
     } else
       throw UsageError("unknown flag '" + a + "'");
   }

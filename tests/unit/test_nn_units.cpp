@@ -118,6 +118,35 @@ TEST_CASE("nn::Sequential: units from its modules, hooks in forward and backward
   });
 }
 
+// nn::Repeated inside a Sequential: each element is a unit of its own, named after it, with its
+// own hooks in order (the ViT's blocks, models/vit.hpp), and the chain computes what the modules
+// chained by hand compute.
+TEST_CASE("nn::Repeated: one unit per element, hooks per element, the same output", "[nn][units]") {
+  threads::run(1, [](CommPtr w) {
+    DpMesh mesh(w, {1, 1});
+    using Sq = Lin<DpMesh>;
+    std::vector<Sq> blocks;
+    for (int k = 0; k < 3; ++k) blocks.emplace_back("h." + std::to_string(k), mesh, kDim, kDim, 20 + k);
+    nn::Sequential<Norm<DpMesh>, nn::Repeated<Sq>, Sq> net(Norm<DpMesh>("ln", mesh, kDim), nn::Repeated<Sq>(std::move(blocks)),
+                                                            Sq("out", mesh, kDim, kDim, 30));
+    REQUIRE(net.units().size() == 5);
+    CHECK(net.units()[1].group->name() == "h.0");
+    CHECK(net.units()[3].group->name() == "h.2");
+    std::vector<std::string> order;
+    auto note = [&](const char* what) { return [&order, what](std::size_t u) { order.push_back(what + std::to_string(u)); }; };
+    net.set_hooks({note("f"), nullptr, note("b"), note("g")});
+    auto [x, targets] = batch(mesh, 0);
+    auto [y, saved] = net.forward(x);
+    net.backward(std::move(saved), y);
+    CHECK(order == std::vector<std::string>{"f0", "f1", "f2", "f3", "f4", "b4", "g4", "b3", "g3", "b2", "g2", "b1", "g1", "b0", "g0"});
+    // The same output as the modules run one after another.
+    auto h = net.get<0>().forward(x).y;
+    for (auto& b : net.get<1>()) h = b.forward(h).y;
+    const auto want = full_tensor(net.get<2>().forward(h).y), got = full_tensor(y);
+    for (Extent i = 0; i < got.numel(); ++i) CHECK(got.data()[i] == want.data()[i]);
+  });
+}
+
 TEST_CASE("a model that only declares its children trains under DDP and FSDP like on one rank", "[nn][units]") {
   std::vector<double> ref;
   threads::run(1, [&](CommPtr w) { ref = train<DpMesh>(w, std::array{1, 1}, Wrap::none); });
