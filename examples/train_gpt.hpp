@@ -60,7 +60,8 @@
 #include <string_view>
 #include <vector>
 
-#include <unistd.h>  // access
+#include <sys/resource.h>  // getrlimit: the memory estimate
+#include <unistd.h>  // access, sysconf
 
 #include "dtensor/models/gpt_config.hpp"
 #include "dtensor/checkpoint/pipeline_state.hpp"
@@ -334,6 +335,8 @@ inline void check_save_dir(const Options& o) {
 inline std::string read_text(const std::string& file) {
   std::string text;
   auto add = [&](const std::filesystem::path& p) {
+    // An ifstream opens a directory and reads nothing: say so instead of training on no text.
+    if (std::filesystem::is_directory(p)) throw std::runtime_error("--data " + p.string() + " is a directory, not a text file");
     std::ifstream in(p, std::ios::binary);
     if (!in) throw std::runtime_error("cannot read " + p.string());
     std::ostringstream s;
@@ -619,10 +622,13 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
     std::istringstream rng_state(meta.rng_state);
     if (!(rng_state >> rng) || meta.data_position != std::uint64_t(meta.step))
       throw Error("train_gpt", "the checkpoint at " + o.resume + " has no valid data position or batch generator state");
-    first_step = int(meta.step) + 1;
-    if (first_step > o.steps)
+    // Compared as saved (int64), before narrowing: a step past int's range must not wrap.
+    if (meta.step < 0)
+      throw Error("train_gpt", "the checkpoint at " + o.resume + " records step " + str(meta.step) + ": a step count is never negative");
+    if (meta.step >= o.steps)
       throw Error("train_gpt", "the checkpoint at " + o.resume + " is at step " + str(meta.step) + ": nothing left to train up to --steps " +
                                    str(o.steps) + " (the total)");
+    first_step = int(meta.step) + 1;
     if (root) std::printf("resumed from %s at step %lld\n", o.resume.c_str(), (long long)meta.step);
   }
   CommSummary per_step;  // the collectives of step 2 (step 1 warms up)
@@ -821,6 +827,33 @@ void run_rank(CommPtr world, const Options& o, const Corpus& corpus) {
   if (world->rank() == 0) std::printf("k-fold (k = %d): validation loss %.4f +- %.4f (mean +- std over folds)\n", o.kfold, mean, sd);
 }
 
+/// Fails at once when the model cannot fit (issue 25): every parameter's value, gradient and two
+/// AdamW moments exist at least once over the ranks (16 bytes in float), so more than this
+/// process may hold (ulimit -v, else the machine's memory) is an error naming the sizes, before
+/// minutes of allocating ended in a bare std::bad_alloc. A lower bound: it never refuses a job
+/// that fits. MPI ranks are processes: each needs at least its share.
+inline void check_memory_estimate(const Options& o, const Corpus& corpus) {
+  const long double d = (long double)o.dim, ffn = o.ffn > 0 ? (long double)o.ffn : 4.0L * d;
+  const long double experts = o.experts > 0 ? (long double)o.experts : 1.0L;
+  const long double moe_layers = o.experts > 0 ? (long double)(o.layers / o.moe_every) : 0.0L;
+  const long double params = (long double)o.layers * 4.0L * d * d + ((long double)o.layers - moe_layers) * 2.0L * d * ffn +
+                             moe_layers * experts * 2.0L * d * ffn + ((long double)corpus.chars.size() + (long double)o.seq) * d;
+  const long double bytes = params * 16.0L / (o.backend == "mpi" ? (long double)o.ranks() : 1.0L);
+  long double limit = (long double)sysconf(_SC_PHYS_PAGES) * (long double)sysconf(_SC_PAGESIZE);
+  const char* what = "the machine's memory";
+  if (rlimit r{}; getrlimit(RLIMIT_AS, &r) == 0 && r.rlim_cur != RLIM_INFINITY && (long double)r.rlim_cur < limit)
+    limit = (long double)r.rlim_cur, what = "this process's address-space limit (ulimit -v)";
+  if (limit <= 0 || bytes <= limit) return;
+  char text[320];
+  std::snprintf(text, sizeof text,
+                "the model has about %.3Lg parameters (--layers %lld, --dim %lld%s): their values, gradients and AdamW "
+                "moments need at least %.3Lg GiB %s, more than %s (%.3Lg GiB); nothing was allocated",
+                params, (long long)o.layers, (long long)o.dim, o.experts > 0 ? ", --experts" : "",
+                bytes / (1024.0L * 1024 * 1024), o.backend == "mpi" ? "per process" : "in this process", what,
+                limit / (1024.0L * 1024 * 1024));
+  throw std::runtime_error(text);
+}
+
 /// The run without a GPU (train_gpt): --device cuda is refused by parse already.
 struct NoGpu {
   static constexpr bool available = false;
@@ -834,6 +867,7 @@ template <class Compute, class Gpu = NoGpu>
 int run(int argc, char** argv, const Options& o, const Gpu& gpu = {}) {
   try {
     const Corpus corpus = encode(read_text(o.data), o.seq);
+    check_memory_estimate(o, corpus);
     check_save_dir(o);
     if constexpr (Gpu::available)
       if (o.device == "cuda") return gpu.template run<Compute>(argc, argv, o, corpus);
