@@ -3,7 +3,8 @@
 //
 //   using Mesh = DeviceMesh<"pp", "dp", "fsdp", "cp", "tp">;      // size-1 dimensions where a parallelism is off
 //   auto stage_mesh = pipeline::stage_mesh_of(mesh);               // DeviceMesh<"dp", "fsdp", "cp", "tp">
-//   std::vector<pipeline::GptStage<float, decltype(stage_mesh), parallel::MegatronPlan<true>>> stages;  // this rank's
+//   auto stages = pipeline::split(nn::GptParts<float, decltype(stage_mesh), parallel::MegatronPlan<true>>(stage_mesh, cfg),
+//                                 schedule.layout, mesh.coordinate(0));   // this rank's (split.hpp)
 //   pipeline::ShardedPipeline run(mesh, schedule, std::move(stages), {.stage = 3});
 //   optim::AdamW<float, 4> opt(run.params(), {...});               // over this rank's shards of its stages
 //   // each step:
@@ -30,7 +31,7 @@
 // and, under sequence parallelism, on the tensor dimension (parallel::sequence_parallel_grads).
 // Collectives beyond the stages' own and the messages between them: exactly these.
 //
-// MoE stages (GptStage with nn::MoELayers): the experts are not sharded: expert_params() are
+// MoE stages (stages of a GPT with nn::MoELayers): the experts are not sharded: expert_params() are
 // this rank's experts of its stages on the expert mesh, all-reduced on its data dimension
 // ("edp", parallel::DataParallel) after the schedule, and clipped by one norm with params().
 #pragma once
@@ -127,7 +128,7 @@ class ShardedPipeline {
 
   /// One schedule over the micro-batches, then every gradient sync: the gradients of params()
   /// are the batch mean's, reduced on every data, context and tensor dimension.
-  StepStats step(const std::vector<std::pair<typename Stage::Ids, typename Stage::Ids>>& microbatches) {
+  StepStats step(const typename Executor<Stage, Mesh>::Microbatches& microbatches) {
     StepStats stats = executor_.step(microbatches);
     finish_gradient_syncs();
     return stats;
