@@ -70,8 +70,8 @@
 #include "dtensor/models/llama.hpp"
 #include "dtensor/optim/check_finite.hpp"
 #include "dtensor/parallel/pipeline/by_name.hpp"
-#include "dtensor/models/gpt_stage.hpp"
 #include "dtensor/parallel/pipeline/sharded_pipeline.hpp"
+#include "dtensor/parallel/pipeline/split.hpp"
 #include "dtensor/parallel/sync/data_split.hpp"
 #include "dtensor/parallel/sync/delayed_gradients.hpp"
 #include "dtensor/parallel/sync/diloco.hpp"
@@ -473,7 +473,8 @@ template <class Space, class Compute, class Plan, class Layers>
 double train(CommPtr world, const Options& o, const Corpus& corpus) {
   using Mesh = MeshIn<Space>;
   using StageMesh = StageMeshIn<Space>;
-  using Stage = pp::GptStage<Compute, StageMesh, Plan, std::int32_t, Layers>;
+  using Model = nn::GptParts<Compute, StageMesh, Plan, std::int32_t, Layers>;
+  using Stage = pp::Stage<Model>;
   constexpr bool moe = requires(Layers& l) { l.expert_params(); };  // nn::MoELayers
 
   // The mesh, the model config and the schedule.
@@ -500,10 +501,7 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
       return Layers{};
     }
   };
-  const Layers layers = make_layers();
-  std::vector<Stage> stages;
-  for (int s : schedule.layout.stages_of(mesh.coordinate(0)))
-    stages.emplace_back(stage_mesh, cfg, s, schedule.layout.stages(), layers);
+  auto stages = pp::split(Model(stage_mesh, cfg, make_layers()), schedule.layout, mesh.coordinate(0));
   const auto sync_kind = parallel::sync::parse_sync(o.sync);  // --sync: with any but ddp, "dp" is not all-reduced by FSDP
   pp::ShardedPipeline<Stage, Mesh, float> model(mesh, schedule, std::move(stages),
                                                 {.stage = o.zero, .reduce_replicas = sync_kind == parallel::sync::SyncKind::ddp});
@@ -615,7 +613,7 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
       ids = parallel::load_balance(ids, 1, o.cp);
       targets = parallel::load_balance(targets, 1, o.cp);
     }
-    return pp::split_microbatches<typename Stage::Ids>(stage_mesh, ids, targets, o.microbatches);
+    return pp::split_microbatches<typename Stage::Input>(stage_mesh, ids, targets, o.microbatches);
   };
   // The step's loss lives on the last stage's ranks: the maximum over the pipeline group brings it to all.
   auto shared_loss = [&](const pp::StepStats& stats) {

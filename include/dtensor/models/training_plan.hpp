@@ -10,8 +10,8 @@
 // Two programs, the trainer's (examples/train_gpt.cpp):
 //
 //   zero == 0 (DDP, any pp)   mesh (pp, dp, tp). Each pipeline rank builds its stages
-//                             (parallel::pipeline::GptStage: embedding on the first, head on the
-//                             last, its share of the blocks, uneven splits as stage_layers gives)
+//                             (parallel::pipeline::split of nn::GptParts: embedding on the first,
+//                             head on the last, its share of the blocks, uneven splits as stage_layers gives)
 //                             and runs one micro-batch through them: receive the input from the
 //                             previous stage, forward, send; then backward the same way. Then
 //                             DDP's all-reduce on "dp", the sequence-parallel sync, clipping
@@ -32,7 +32,7 @@
 // rank's stages); the last, "after step" (no work), starts with what the step leaves held. The activations of the micro-batches a schedule keeps in flight are not run:
 // peak_in_flight adds (in flight - 1) times one micro-batch's saved activations per stage to the
 // run's peak (the schedule's count for this pipeline rank, parallel/pipeline/validate.hpp).
-// Not here: FSDP across pipeline stages (GptStage has no FSDP units), the uneven flat-unit
+// Not here: FSDP across pipeline stages (a stage is sharded on its own stage mesh only), the uneven flat-unit
 // shards of FSDP's tail ranks (the class is that of rank 0 of the shard dimension).
 #pragma once
 
@@ -50,7 +50,6 @@
 #include "dtensor/distributed/redistribute.hpp"
 #include "dtensor/models/gpt.hpp"
 #include "dtensor/models/gpt_config.hpp"
-#include "dtensor/models/gpt_stage.hpp"
 #include "dtensor/models/llama.hpp"
 #include "dtensor/models/moe_gpt.hpp"
 #include "dtensor/ops/all.hpp"
@@ -65,6 +64,7 @@
 #include "dtensor/parallel/pipeline/clip.hpp"
 #include "dtensor/parallel/pipeline/executor.hpp"
 #include "dtensor/parallel/pipeline/sharded_pipeline.hpp"
+#include "dtensor/parallel/pipeline/split.hpp"
 #include "dtensor/parallel/pipeline/validate.hpp"
 #include "dtensor/parallel/tensor_parallel.hpp"
 #include "dtensor/parallel/vocab_parallel.hpp"
@@ -239,7 +239,8 @@ void pipeline_rank_step(CommPtr world, const TrainingPlan& p, const parallel::pi
   namespace pp = parallel::pipeline;
   using Mesh = PipelineMesh;
   using StageMesh = MetaMesh<"dp", "fsdp", "cp", "tp">;
-  using Stage = pp::GptStage<T, StageMesh, parallel::MegatronPlan<SP>, std::int32_t, Layers>;
+  using Model = nn::GptParts<T, StageMesh, parallel::MegatronPlan<SP>, std::int32_t, Layers>;
+  using Stage = pp::Stage<Model>;
   Mesh mesh(world, pipeline_shape(p));
   const StageMesh stage_mesh = pp::stage_mesh_of(mesh);
   const auto& layout = schedule.layout;
@@ -250,10 +251,9 @@ void pipeline_rank_step(CommPtr world, const TrainingPlan& p, const parallel::pi
   std::vector<Stage> stages;
   {
     MemoryTagScope tag(MemoryTag::parameters);
-    const Layers layers = plan_layers<Layers>(stage_mesh, p);
-    for (int s : layout.stages_of(me)) stages.emplace_back(stage_mesh, config, s, layout.stages(), layers);
+    stages = pp::split(Model(stage_mesh, config, plan_layers<Layers>(stage_mesh, p)), layout, me);
   }
-  const auto ids = meta_ids<typename Stage::Ids>(stage_mesh, p);
+  const auto ids = meta_ids<typename Stage::Input>(stage_mesh, p);
   // MoE: the experts' own optimizer (they are not sharded; all-reduced on "edp").
   auto make_expert_optimizer = [](auto& experts) {
     if constexpr (moe) return optim::AdamW<T, 3, meta_space>(experts, adamw_options());
