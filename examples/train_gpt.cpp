@@ -98,8 +98,6 @@ template <class Space>
 using StageMeshIn = BasicDeviceMesh<Space, "dp", "fsdp", "cp", "tp">;   // one pipeline stage's ranks
 template <class Space>
 using ExpertMeshIn = BasicDeviceMesh<Space, "edp", "ep", "tp">;        // the MoE experts' (--experts)
-// Its rank as a plain constant: nvcc's host-code pass mis-prints the mesh type inside the lambda of a template.
-constexpr std::size_t expert_mesh_dims = 3;
 
 // ---------------------------------------------------------------- flags
 
@@ -506,17 +504,9 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
   pp::ShardedPipeline<Stage, Mesh, float> model(mesh, schedule, std::move(stages),
                                                 {.stage = o.zero, .reduce_replicas = sync_kind == parallel::sync::SyncKind::ddp});
 
-  // AdamW over this rank's shards (MoE: a second one over its experts).
+  // One AdamW over every parameter of this rank: its shards of its stages (MoE: and its experts).
   const optim::AdamWOptions adamw{.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
-  optim::AdamW<float, StageMesh::ndim, Space> opt(model.params(), adamw);
-  struct NoExperts {
-    void step() {}
-  };
-  auto make_expert_opt = [&] {
-    if constexpr (moe) return optim::AdamW<float, expert_mesh_dims, Space>(model.expert_params(), adamw);
-    else return NoExperts{};
-  };
-  auto expert_opt = make_expert_opt();
+  auto opt = optim::make_adamw(model.params(), adamw);
 
   // ---- --sync (parallel/sync/, docs/beyond-sync.md): what runs on "dp" instead of DDP's all-reduce.
   using SyncKind = parallel::sync::SyncKind;
@@ -524,16 +514,16 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
   std::optional<parallel::sync::DelayedGradients<float, StageMesh, "dp">> delayed;  // async
   std::optional<parallel::sync::FedAvg<float, StageMesh, "dp">> fed;  // fedavg
   if (sync_kind == SyncKind::local_sgd)
-    diloco.emplace(stage_mesh, model.params(), parallel::sync::DiLoCoOptions::local_sgd(o.inner_steps));
-  if (sync_kind == SyncKind::diloco) diloco.emplace(stage_mesh, model.params(), parallel::sync::DiLoCoOptions{.inner_steps = o.inner_steps});
-  if (sync_kind == SyncKind::async) delayed.emplace(stage_mesh, model.params(), o.staleness);
-  if (sync_kind == SyncKind::fedavg) fed.emplace(stage_mesh, model.params(), parallel::sync::FedAvgOptions{.clients_per_round = o.clients, .seed = o.seed});
+    diloco.emplace(stage_mesh, model.params().template list<0>(), parallel::sync::DiLoCoOptions::local_sgd(o.inner_steps));
+  if (sync_kind == SyncKind::diloco) diloco.emplace(stage_mesh, model.params().template list<0>(), parallel::sync::DiLoCoOptions{.inner_steps = o.inner_steps});
+  if (sync_kind == SyncKind::async) delayed.emplace(stage_mesh, model.params().template list<0>(), o.staleness);
+  if (sync_kind == SyncKind::fedavg) fed.emplace(stage_mesh, model.params().template list<0>(), parallel::sync::FedAvgOptions{.clients_per_round = o.clients, .seed = o.seed});
   bool participating = !fed || fed->begin_round();
   // After the step's gradient syncs inside each replica: whether the optimizer steps now.
   auto sync_gradients = [&] {
     if (sync_kind == SyncKind::ddp) return true;
     if (delayed) return delayed->exchange();  // the reduced gradients of step t - s, or none yet
-    parallel::sync::keep_local_gradients<StageMesh, "dp">(model.params(), stage_mesh);  // each replica its own
+    parallel::sync::keep_local_gradients<StageMesh, "dp">(model.params().template list<0>(), stage_mesh);  // each replica its own
     return participating;
   };
   // After the optimizer step: the outer sync of local SGD / DiLoCo, FedAvg's round.
@@ -643,8 +633,7 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
   if (!o.resume.empty()) {
     checkpoint::TrainingMeta meta;
     // A device model's slots travel through host copies (checkpoint::HostStaging).
-    if constexpr (moe) meta = checkpoint::load_pipeline_state(o.resume, model, opt, expert_opt, model_config);
-    else meta = checkpoint::load_pipeline_state(o.resume, model, opt, model_config);
+    meta = checkpoint::load_pipeline_state(o.resume, model, opt, model_config);
     std::istringstream rng_state(meta.rng_state);
     if (!(rng_state >> rng) || meta.data_position != std::uint64_t(meta.step))
       throw Error("train_gpt", "the checkpoint at " + o.resume + " has no valid data position or batch generator state");
@@ -667,8 +656,7 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
     rng_state << rng;
     const checkpoint::TrainingMeta meta{.step = step, .data_position = std::uint64_t(step), .rng_state = rng_state.str(),
                                         .config = model_config};
-    if constexpr (moe) checkpoint::save_pipeline_state(o.save_dir, model, opt, expert_opt, meta);
-    else checkpoint::save_pipeline_state(o.save_dir, model, opt, meta);
+    checkpoint::save_pipeline_state(o.save_dir, model, opt, meta);
     char saved[32];
     std::snprintf(saved, sizeof saved, "step %4d", step);
     monitor.message(std::string(saved) + "  checkpoint saved to " + o.save_dir);  // rank 0, above the bar
@@ -689,10 +677,7 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
       stats = model.step(batch);  // the schedule, then the gradient syncs over dp, fsdp, cp, tp (and edp)
       const bool update = sync_gradients();  // --sync: DDP's all-reduce on "dp" above, or none, or a delayed one
       if (update || fed) model.clip_grad_norm(1.0);  // its norm's all-reduce spans "dp": FedAvg's idle clients join
-      if (update) {
-        opt.step();
-        expert_opt.step();
-      }
+      if (update) opt.step();
       sync_replicas(step);      // --sync local-sgd, diloco, fedavg: the outer sync when due
       model.sync_parameters();  // ZeRO-1/2: all-gather the updated shards
       if (step == std::min(first_step + 1, o.steps))
@@ -772,7 +757,7 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
   }
   if (sync_kind != SyncKind::ddp) {  // the dry-run figure of docs/beyond-sync.md, for this rank's shards
     std::size_t elements = 0;
-    for (const auto& p : model.params()) elements += p.value.size();
+    for (const auto& p : model.params().template list<0>()) elements += p.value.size();
     const parallel::sync::SyncCost cost{.inner_steps = o.inner_steps};
     const double bytes = parallel::sync::payload_bytes_per_step(sync_kind, elements, sizeof(float), cost);
     const double ddp = parallel::sync::payload_bytes_per_step(SyncKind::ddp, elements, sizeof(float));

@@ -11,6 +11,7 @@
 #include <span>
 #include <string>
 
+#include "dtensor/optim/param_set.hpp"
 #include "dtensor/parallel/pipeline/by_name.hpp"
 #include "dtensor/parallel/pipeline/split.hpp"
 #include "dtensor/parallel/pipeline/sharded_pipeline.hpp"
@@ -96,15 +97,7 @@ Run5d run_5d(CommPtr world, const Combo& c) {
   auto schedule = pp::make_schedule(pp::parse_schedule_kind(c.schedule), c.pp, c.microbatches);
   auto stages = pp::split(Model(stage_mesh, cfg, layers), schedule.layout, mesh.coordinate(0));
   pp::ShardedPipeline<Stage, Mesh5> run(mesh, schedule, std::move(stages), {.stage = c.zero}, 4096);
-  optim::AdamW<double, 4, Space> opt(run.params(), parity_adamw());
-  struct NoExperts {
-    void step() {}
-  };
-  auto make_expert_opt = [&] {
-    if constexpr (MoE) return optim::AdamW<double, 3>(run.expert_params(), parity_adamw());
-    else return NoExperts{};
-  };
-  auto expert_opt = make_expert_opt();
+  auto opt = optim::make_adamw(run.params(), parity_adamw());  // every parameter: the shards and (MoE) the experts
   Run5d out;
   for (auto& stage : run.executor().stages()) {
     out.units += stage.units().size();
@@ -121,7 +114,6 @@ Run5d run_5d(CommPtr world, const Combo& c) {
     auto stats = run.step(pp::split_microbatches<typename Stage::Input>(stage_mesh, ids, targets, c.microbatches));
     run.clip_grad_norm(1.0);
     opt.step();
-    expert_opt.step();
     run.sync_parameters();
     double loss = stats.loss.value_or(-std::numeric_limits<double>::infinity());  // on the last stage's ranks
     if (step == 1) {

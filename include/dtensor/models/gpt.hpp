@@ -9,12 +9,14 @@
 //   // or, split: auto wctx = model.backward_input(std::move(saved)); model.backward_weight(std::move(wctx));
 //   double value = full_tensor(loss)[0];                // the global mean loss (an all-reduce on the data dims)
 //
-// The model's parameters live in flat groups, one per unit (FSDP's units; what DDP reduces as
-// soon as backward has finished them), derived by nn::WithUnits (nn/units.hpp) from children():
-// "embed" (wte, wpe), one per block ("h.0", ...), "head" (ln_f, lm_head). units(), set_hooks,
-// hooks() and set_grads_ready are nn::WithUnits'; the model only marks where each unit's work
-// runs: pre_forward / post_forward around its forward, pre_backward before its backward, and
-// grads_ready as soon as its gradients are complete (head first, embed last). The split backward
+// The model is its parts (nn::GptParts, an nn::LayeredModel: the prologue GptEmbedding "embed" =
+// wte + wpe, the blocks "h.0", ..., the epilogue GptHead "head" = ln_f + lm_head, the plan's
+// loss), run by nn::Stack (nn/stack.hpp), the one forward/backward loop that a pipeline stage
+// cut from the same parts runs too (parallel/pipeline/split.hpp: pipeline::split(GptParts(...),
+// layout, rank)). The parameters live in flat groups, one per part (FSDP's units; what DDP
+// reduces as soon as backward has finished them); the Stack fires the unit hooks around each:
+// pre_forward / post_forward around its forward, pre_backward before its backward, grads_ready
+// as soon as its gradients are complete (head first, embed last). The split backward
 // (backward_input, then backward_weight) runs pre_backward in backward_input and grads_ready in
 // backward_weight.
 //

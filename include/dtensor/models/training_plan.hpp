@@ -22,7 +22,7 @@
 //
 // MoE (plan.moe.router.experts > 0, Layers = nn::MoELayers over MetaMesh<"edp", "ep", "tp">): the
 // pipeline program, the experts on the expert mesh over each stage's ranks (ep of them splitting
-// the experts, as the trainer's), not sharded, all-reduced on "edp", with their own AdamW in T.
+// the experts, as the trainer's), not sharded, all-reduced on "edp", in the one AdamW (their state in T).
 // Routing is the balanced one a dry run assumes (nn::route_balanced): every expert gets its
 // share of every rank's tokens, so every rank of an "ep" group sends and receives alike.
 //
@@ -55,6 +55,7 @@
 #include "dtensor/ops/all.hpp"
 #include "dtensor/optim/adamw.hpp"
 #include "dtensor/optim/clip_grad.hpp"
+#include "dtensor/optim/param_set.hpp"
 #include "dtensor/optim/sgd.hpp"
 #include "dtensor/parallel/context_grads.hpp"
 #include "dtensor/parallel/data_parallel.hpp"
@@ -254,24 +255,25 @@ void pipeline_rank_step(CommPtr world, const TrainingPlan& p, const parallel::pi
     stages = pp::split(Model(stage_mesh, config, plan_layers<Layers>(stage_mesh, p)), layout, me);
   }
   const auto ids = meta_ids<typename Stage::Input>(stage_mesh, p);
-  // MoE: the experts' own optimizer (they are not sharded; all-reduced on "edp").
-  auto make_expert_optimizer = [](auto& experts) {
-    if constexpr (moe) return optim::AdamW<T, 3, meta_space>(experts, adamw_options());
-    else return 0;
-  };
   if (p.zero == 0) {
     nn::ParamList<T, 4, meta_space> params;  // the stage mesh's (MoE: the experts are on theirs)
     for (Stage& stage : stages) nn::collect_on<StageMesh>(stage, params);
     parallel::DataParallel<StageMesh> ddp(stage_mesh, {.bucket_bytes = bucket_bytes});
-    optim::AdamW<T, 4, meta_space> opt(params, adamw_options());
-    typename pp::detail::ExpertParts<Stage>::List experts;  // MoE: this rank's experts of its stages
-    if constexpr (moe) {
-      for (Stage& stage : stages) {
-        auto& mine = stage.layers().expert_params();
-        experts.insert(experts.end(), mine.begin(), mine.end());
+    // Every parameter as one set (MoE: the experts on their mesh too, not sharded, all-reduced
+    // on "edp"): one AdamW in T and one clip over all.
+    auto all = [&] {
+      if constexpr (moe) {
+        nn::ParamList<T, 3, meta_space> experts;  // this rank's experts of its stages
+        for (Stage& stage : stages) {
+          auto& mine = stage.layers().expert_params();
+          experts.insert(experts.end(), mine.begin(), mine.end());
+        }
+        return nn::param_set(nn::on(stage_mesh, params), nn::on(stages.front().layers().expert_mesh(), std::move(experts)));
+      } else {
+        return nn::param_set(nn::on(stage_mesh, params));
       }
-    }
-    auto expert_opt = make_expert_optimizer(experts);
+    }();
+    auto opt = optim::make_adamw(all, adamw_options());
     opt.zero_grad();
     run_one_microbatch(stages, mesh, layout, ids, rec, [](std::size_t) {}, [](std::size_t) {});
     rec.phase("optimizer");
@@ -282,15 +284,10 @@ void pipeline_rank_step(CommPtr world, const TrainingPlan& p, const parallel::pi
     parallel::detail::bucketed_all_reduce(params, stage_mesh, 1, {.bucket_bytes = bucket_bytes, .contiguous_only = false});
     parallel::context_parallel_grads(params, stage_mesh, {.bucket_bytes = bucket_bytes});
     parallel::sequence_parallel_grads(params, stage_mesh, {.bucket_bytes = bucket_bytes});
-    if constexpr (moe) {
-      const auto& expert_mesh = stages.front().layers().expert_mesh();
-      parallel::DataParallel<typename Layers::ExpertMesh>(expert_mesh, {.bucket_bytes = bucket_bytes})
-          .all_reduce_gradients(experts);
-      pp::clip_grad_norm(params, stage_mesh, experts, expert_mesh, mesh.group(0), 1.0);
-      expert_opt.step();
-    } else {
-      pp::clip_grad_norm(params, stage_mesh, mesh.group(0), 1.0);
-    }
+    if constexpr (moe)
+      parallel::DataParallel<typename Layers::ExpertMesh>(all.template mesh<1>(), {.bucket_bytes = bucket_bytes})
+          .all_reduce_gradients(all.template list<1>());
+    pp::clip_grad_norm(all, mesh.group(0), 1.0);
     opt.step();
     rec.phase(after_step);
     return;
@@ -298,11 +295,7 @@ void pipeline_rank_step(CommPtr world, const TrainingPlan& p, const parallel::pi
   // FSDP inside the stages: the pipeline wraps them (fp32 master values, gradient shards and
   // AdamW state over "fsdp"); the executor only holds them here, this program drives them.
   pp::ShardedPipeline<Stage, Mesh, float> run(mesh, schedule, std::move(stages), {.stage = p.zero}, bucket_bytes);
-  optim::AdamW<float, 4, meta_space> opt(run.params(), adamw_options());
-  auto expert_opt = [&] {
-    if constexpr (moe) return make_expert_optimizer(run.expert_params());
-    else return 0;
-  }();
+  auto opt = optim::make_adamw(run.params(), adamw_options());  // the fp32 shards (MoE: and the experts in T)
   run.zero_grad();
   run_one_microbatch(
       run.executor().stages(), mesh, layout, ids, rec, [&](std::size_t i) { run.fsdp(i).unshard(); },
@@ -315,7 +308,6 @@ void pipeline_rank_step(CommPtr world, const TrainingPlan& p, const parallel::pi
   run.finish_gradient_syncs();
   run.clip_grad_norm(1.0);
   opt.step();
-  if constexpr (moe) expert_opt.step();
   run.sync_parameters();
   rec.phase(after_step);
 }
