@@ -115,9 +115,9 @@ class Stage : public nn::Stack<M> {
   int index() const noexcept { return stage_; }
   bool is_first() const noexcept { return stage_ == 0; }
   bool is_last() const noexcept { return stage_ == stages_ - 1; }
-  /// The model's index of this stage's first block, and how many it holds.
+  /// The model's index of this stage's first block (blocks().size(): how many it holds; layers():
+  /// the model's blocks policy, nn::Stack's).
   Extent first_layer() const noexcept { return this->first_block(); }
-  std::size_t layers() const noexcept { return this->blocks().size(); }
 
   /// The forward of micro-batch `mb`: from `input` on the first stage, else from `x` (the
   /// previous stage's output); returns the output, or nothing on the last stage, which keeps the
