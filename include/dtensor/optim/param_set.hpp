@@ -21,6 +21,7 @@
 
 #include "dtensor/nn/param_set.hpp"
 #include "dtensor/optim/adamw.hpp"
+#include "dtensor/optim/check_finite.hpp"
 #include "dtensor/optim/clip_grad.hpp"
 #include "dtensor/optim/sgd.hpp"
 
@@ -115,6 +116,14 @@ double clip_grad_norm(nn::ParamSet<Parts...>& set, double max_norm) {
   const double norm = std::sqrt(grad_squares(set));
   scale_grads_to(set, norm, max_norm);
   return norm;
+}
+
+/// Throws unless every parameter (or, with grads, every gradient) of the set is finite
+/// (check_finite.hpp, list by list).
+template <class... Parts>
+void check_finite(const nn::ParamSet<Parts...>& set, long long step, const char* what, int rank = Error::no_rank,
+                  bool grads = false) {
+  set.for_each([&](const auto& list, const auto&) { optim::check_finite(list, step, what, rank, grads); });
 }
 
 }  // namespace dtensor::optim
