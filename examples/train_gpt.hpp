@@ -71,8 +71,8 @@
 #include "dtensor/models/llama.hpp"
 #include "dtensor/optim/check_finite.hpp"
 #include "dtensor/parallel/pipeline/by_name.hpp"
-#include "dtensor/models/gpt_stage.hpp"
 #include "dtensor/parallel/pipeline/sharded_pipeline.hpp"
+#include "dtensor/parallel/pipeline/split.hpp"
 #include "dtensor/parallel/sync/data_split.hpp"
 #include "dtensor/parallel/sync/delayed_gradients.hpp"
 #include "dtensor/parallel/sync/diloco.hpp"
@@ -99,8 +99,6 @@ template <class Space>
 using StageMeshIn = BasicDeviceMesh<Space, "dp", "fsdp", "cp", "tp">;   // one pipeline stage's ranks
 template <class Space>
 using ExpertMeshIn = BasicDeviceMesh<Space, "edp", "ep", "tp">;        // the MoE experts' (--experts)
-// Its rank as a plain constant: nvcc's host-code pass mis-prints the mesh type inside the lambda of a template.
-inline constexpr std::size_t expert_mesh_dims = 3;
 
 // ---------------------------------------------------------------- flags
 
@@ -445,7 +443,8 @@ template <class Space, class Compute, class Plan, class Layers>
 double train(CommPtr world, const Options& o, const Corpus& corpus) {
   using Mesh = MeshIn<Space>;
   using StageMesh = StageMeshIn<Space>;
-  using Stage = pp::GptStage<Compute, StageMesh, Plan, std::int32_t, Layers>;
+  using Model = nn::GptParts<Compute, StageMesh, Plan, std::int32_t, Layers>;
+  using Stage = pp::Stage<Model>;
   constexpr bool moe = requires(Layers& l) { l.expert_params(); };  // nn::MoELayers
 
   // The mesh, the model config and the schedule.
@@ -472,25 +471,14 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
       return Layers{};
     }
   };
-  const Layers layers = make_layers();
-  std::vector<Stage> stages;
-  for (int s : schedule.layout.stages_of(mesh.coordinate(0)))
-    stages.emplace_back(stage_mesh, cfg, s, schedule.layout.stages(), layers);
+  auto stages = pp::split(Model(stage_mesh, cfg, make_layers()), schedule.layout, mesh.coordinate(0));
   const auto sync_kind = parallel::sync::parse_sync(o.sync);  // --sync: with any but ddp, "dp" is not all-reduced by FSDP
   pp::ShardedPipeline<Stage, Mesh, float> model(mesh, schedule, std::move(stages),
                                                 {.stage = o.zero, .reduce_replicas = sync_kind == parallel::sync::SyncKind::ddp});
 
-  // AdamW over this rank's shards (MoE: a second one over its experts).
+  // One AdamW over every parameter of this rank: its shards of its stages (MoE: and its experts).
   const optim::AdamWOptions adamw{.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
-  optim::AdamW<float, StageMesh::ndim, Space> opt(model.params(), adamw);
-  struct NoExperts {
-    void step() {}
-  };
-  auto make_expert_opt = [&] {
-    if constexpr (moe) return optim::AdamW<float, expert_mesh_dims, Space>(model.expert_params(), adamw);
-    else return NoExperts{};
-  };
-  auto expert_opt = make_expert_opt();
+  auto opt = optim::make_adamw(model.params(), adamw);
 
   // ---- --sync (parallel/sync/, docs/beyond-sync.md): what runs on "dp" instead of DDP's all-reduce.
   using SyncKind = parallel::sync::SyncKind;
@@ -498,16 +486,16 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
   std::optional<parallel::sync::DelayedGradients<float, StageMesh, "dp">> delayed;  // async
   std::optional<parallel::sync::FedAvg<float, StageMesh, "dp">> fed;  // fedavg
   if (sync_kind == SyncKind::local_sgd)
-    diloco.emplace(stage_mesh, model.params(), parallel::sync::DiLoCoOptions::local_sgd(o.inner_steps));
-  if (sync_kind == SyncKind::diloco) diloco.emplace(stage_mesh, model.params(), parallel::sync::DiLoCoOptions{.inner_steps = o.inner_steps});
-  if (sync_kind == SyncKind::async) delayed.emplace(stage_mesh, model.params(), o.staleness);
-  if (sync_kind == SyncKind::fedavg) fed.emplace(stage_mesh, model.params(), parallel::sync::FedAvgOptions{.clients_per_round = o.clients, .seed = o.seed});
+    diloco.emplace(stage_mesh, model.params().template list<0>(), parallel::sync::DiLoCoOptions::local_sgd(o.inner_steps));
+  if (sync_kind == SyncKind::diloco) diloco.emplace(stage_mesh, model.params().template list<0>(), parallel::sync::DiLoCoOptions{.inner_steps = o.inner_steps});
+  if (sync_kind == SyncKind::async) delayed.emplace(stage_mesh, model.params().template list<0>(), o.staleness);
+  if (sync_kind == SyncKind::fedavg) fed.emplace(stage_mesh, model.params().template list<0>(), parallel::sync::FedAvgOptions{.clients_per_round = o.clients, .seed = o.seed});
   bool participating = !fed || fed->begin_round();
   // After the step's gradient syncs inside each replica: whether the optimizer steps now.
   auto sync_gradients = [&] {
     if (sync_kind == SyncKind::ddp) return true;
     if (delayed) return delayed->exchange();  // the reduced gradients of step t - s, or none yet
-    parallel::sync::keep_local_gradients<StageMesh, "dp">(model.params(), stage_mesh);  // each replica its own
+    parallel::sync::keep_local_gradients<StageMesh, "dp">(model.params().template list<0>(), stage_mesh);  // each replica its own
     return participating;
   };
   // After the optimizer step: the outer sync of local SGD / DiLoCo, FedAvg's round.
@@ -587,7 +575,7 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
       ids = parallel::load_balance(ids, 1, o.cp);
       targets = parallel::load_balance(targets, 1, o.cp);
     }
-    return pp::split_microbatches<typename Stage::Ids>(stage_mesh, ids, targets, o.microbatches);
+    return pp::split_microbatches<typename Stage::Input>(stage_mesh, ids, targets, o.microbatches);
   };
   // The step's loss lives on the last stage's ranks: the maximum over the pipeline group brings it to all.
   auto shared_loss = [&](const pp::StepStats& stats) {
@@ -617,8 +605,7 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
   if (!o.resume.empty()) {
     checkpoint::TrainingMeta meta;
     // A device model's slots travel through host copies (checkpoint::HostStaging).
-    if constexpr (moe) meta = checkpoint::load_pipeline_state(o.resume, model, opt, expert_opt, model_config);
-    else meta = checkpoint::load_pipeline_state(o.resume, model, opt, model_config);
+    meta = checkpoint::load_pipeline_state(o.resume, model, opt, model_config);
     std::istringstream rng_state(meta.rng_state);
     if (!(rng_state >> rng) || meta.data_position != std::uint64_t(meta.step))
       throw Error("train_gpt", "the checkpoint at " + o.resume + " has no valid data position or batch generator state");
@@ -644,8 +631,7 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
     rng_state << rng;
     const checkpoint::TrainingMeta meta{.step = step, .data_position = std::uint64_t(step), .rng_state = rng_state.str(),
                                         .config = model_config};
-    if constexpr (moe) checkpoint::save_pipeline_state(o.save_dir, model, opt, expert_opt, meta);
-    else checkpoint::save_pipeline_state(o.save_dir, model, opt, meta);
+    checkpoint::save_pipeline_state(o.save_dir, model, opt, meta);
     char saved[32];
     std::snprintf(saved, sizeof saved, "step %4d", step);
     monitor.message(std::string(saved) + "  checkpoint saved to " + o.save_dir);  // rank 0, above the bar
@@ -666,10 +652,7 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
       stats = model.step(batch);  // the schedule, then the gradient syncs over dp, fsdp, cp, tp (and edp)
       const bool update = sync_gradients();  // --sync: DDP's all-reduce on "dp" above, or none, or a delayed one
       if (update || fed) model.clip_grad_norm(1.0);  // its norm's all-reduce spans "dp": FedAvg's idle clients join
-      if (update) {
-        opt.step();
-        expert_opt.step();
-      }
+      if (update) opt.step();
       sync_replicas(step);      // --sync local-sgd, diloco, fedavg: the outer sync when due
       model.sync_parameters();  // ZeRO-1/2: all-gather the updated shards
       if (step == std::min(first_step + 1, o.steps))
@@ -749,7 +732,7 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
   }
   if (sync_kind != SyncKind::ddp) {  // the dry-run figure of docs/beyond-sync.md, for this rank's shards
     std::size_t elements = 0;
-    for (const auto& p : model.params()) elements += p.value.size();
+    for (const auto& p : model.params().template list<0>()) elements += p.value.size();
     const parallel::sync::SyncCost cost{.inner_steps = o.inner_steps};
     const double bytes = parallel::sync::payload_bytes_per_step(sync_kind, elements, sizeof(float), cost);
     const double ddp = parallel::sync::payload_bytes_per_step(SyncKind::ddp, elements, sizeof(float));

@@ -1,6 +1,6 @@
 // A model, stage or attention that misses part of its protocol must NOT compile, and the
 // diagnostic must say what is missing (nn/units.hpp require_units, nn/sequential.hpp,
-// parallel/pipeline/stage.hpp require_stage, nn/attention.hpp's core check; see CMakeLists.txt).
+// parallel/pipeline/stage.hpp require_stage, nn/stack.hpp require_layered_model, nn/attention.hpp's core check; see CMakeLists.txt).
 // Case 0 is the control: the same uses with complete types compile.
 #include "dtensor/comm/threads.hpp"
 #include "dtensor/nn/attention.hpp"
@@ -8,6 +8,7 @@
 #include "dtensor/nn/sequential.hpp"
 #include "dtensor/parallel/data_parallel.hpp"
 #include "dtensor/parallel/fully_shard.hpp"
+#include "dtensor/parallel/pipeline/split.hpp"
 #include "dtensor/parallel/pipeline/stage.hpp"
 
 using namespace dtensor;
@@ -25,8 +26,17 @@ struct NoUnits {  // a model that never said what its units are
 struct NotAModule {};
 struct NotAStage {
   using X = int;
-  using Ids = int;
+  using Input = int;
+  using Target = int;
   using Loss = int;
+};
+struct HalfAModel {  // parts for nn::Stack / pipeline::split, but no epilogue
+  using Target = int;
+  const Mesh* mesh_ = nullptr;
+  const Mesh& mesh() const { return *mesh_; }
+  Extent block_count() const { return 1; }
+  Lin make_prologue() const { return Lin("in", *mesh_, 4, 4, 1); }
+  Lin make_block(Extent) const { return Lin("b", *mesh_, 4, 4, 2); }
 };
 }  // namespace
 
@@ -51,6 +61,8 @@ int main() {
     CpMesh cp(world, {1});
     nn::SelfAttention<float, CpMesh> attn("attn", cp, {.dim = 8, .heads = 2, .seq = 4}, 1);  // the local core
     (void)attn;
+#elif DTENSOR_COMPILE_FAIL_CASE == 5
+    static_assert(parallel::pipeline::require_splittable_model<HalfAModel>());
 #endif
     (void)mesh;
   });

@@ -8,6 +8,7 @@
 #pragma once
 
 #include "dtensor/models/moe_gpt.hpp"
+#include "dtensor/optim/param_set.hpp"
 #include "gpt_parity.hpp"
 
 namespace dtensor::testing {
@@ -39,10 +40,10 @@ MoEParityRun run_moe_parity(CommPtr world, std::array<int, 2> shape, int ep, con
   nn::MoEGPT<double, MeshT, EMeshT, Plan> model(mesh, cfg, nn::MoELayers<double, EMeshT>(emesh, mc));
   nn::ParamList<double, 2, Space> ps;
   model.collect(ps);
-  auto& experts = model.layers().expert_params();
+  // Every parameter, dense and expert, as one set: one optimizer and one clip over both meshes.
+  auto all = nn::param_set(nn::on(mesh, ps), nn::on(emesh, model.layers().expert_params()));
   const optim::AdamWOptions ao{.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
-  optim::AdamW<double, 2, Space> opt(ps, ao);
-  optim::AdamW<double, 3, Space> expert_opt(experts, ao);
+  auto opt = optim::make_adamw(all, ao);
   parallel::DataParallel<MeshT> ddp(mesh, {.bucket_bytes = 4096});
   parallel::DataParallel<EMeshT> expert_ddp(emesh, {.bucket_bytes = 4096});
   ddp.attach(model);
@@ -50,7 +51,6 @@ MoEParityRun run_moe_parity(CommPtr world, std::array<int, 2> shape, int ep, con
   for (int s = 0; s < parity_steps; ++s) {
     auto [ids, tgt] = parity_batch_of<typename decltype(model)::Ids, MeshT>(mesh, s, cfg);
     opt.zero_grad();
-    expert_opt.zero_grad();
     Counts step_model;
     {
       CommLog log;
@@ -59,11 +59,10 @@ MoEParityRun run_moe_parity(CommPtr world, std::array<int, 2> shape, int ep, con
       step_model = counts_of(log);
       out.losses.push_back(0);
       ddp.finish_gradient_sync();
-      expert_ddp.all_reduce_gradients(experts);
+      expert_ddp.all_reduce_gradients(all.template list<1>());
       parallel::sequence_parallel_grads(ps, mesh, {.bucket_bytes = 4096});
-      optim::clip_grad_norm(ps, mesh, experts, emesh, 1.0);
+      optim::clip_grad_norm(all, 1.0);
       opt.step();
-      expert_opt.step();
       out.losses.back() = to_space<host_space>(full_tensor(loss))[0];
     }
     if (s == 0) {

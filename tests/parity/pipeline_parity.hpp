@@ -14,7 +14,7 @@
 #include "dtensor/parallel/pipeline/by_name.hpp"
 #include "dtensor/parallel/pipeline/clip.hpp"
 #include "dtensor/parallel/pipeline/executor.hpp"
-#include "dtensor/models/gpt_stage.hpp"
+#include "dtensor/parallel/pipeline/split.hpp"
 #include "gpt_parity.hpp"
 
 namespace dtensor::testing {
@@ -47,10 +47,10 @@ PipelineRun run_pipeline_parity(CommPtr world, PipelineShape shape, parallel::pi
   const GptMesh stage_mesh = parallel::pipeline::stage_mesh_of(mesh);
   auto cfg = parity_config();
   cfg.layers = pipeline_layers;
-  using Stage = parallel::pipeline::GptStage<double, GptMesh, Plan>;
+  using Model = nn::GptParts<double, GptMesh, Plan>;
+  using Stage = parallel::pipeline::Stage<Model>;
   auto schedule = parallel::pipeline::make_schedule(kind, shape.pp, microbatches, stages_per_rank);
-  std::vector<Stage> stages;
-  for (int s : schedule.layout.stages_of(mesh.coordinate(0))) stages.emplace_back(stage_mesh, cfg, s, schedule.layout.stages());
+  auto stages = parallel::pipeline::split(Model(stage_mesh, cfg), schedule.layout, mesh.coordinate(0));
   parallel::pipeline::Executor<Stage, PipelineMesh> exec(mesh, schedule, std::move(stages));
   nn::ParamList<double, 2> ps;
   for (Stage& stage : exec.stages()) nn::collect(stage, ps);
@@ -64,7 +64,7 @@ PipelineRun run_pipeline_parity(CommPtr world, PipelineShape shape, parallel::pi
   for (int step = 0; step < steps; ++step) {
     auto [ids, targets] = parity_tokens(step, cfg, batch);
     opt.zero_grad();
-    auto microbatch_list = parallel::pipeline::split_microbatches<typename Stage::Ids>(stage_mesh, ids, targets, microbatches);
+    auto microbatch_list = parallel::pipeline::split_microbatches<typename Stage::Input>(stage_mesh, ids, targets, microbatches);
     MemoryLedger ledger;  // what the schedule allocates: saved activations, received ones, their gradients
     MemoryTagScope activations(MemoryTag::activations);
     auto stats = exec.step(microbatch_list);

@@ -11,8 +11,9 @@
 #include <span>
 #include <string>
 
+#include "dtensor/optim/param_set.hpp"
 #include "dtensor/parallel/pipeline/by_name.hpp"
-#include "dtensor/models/gpt_stage.hpp"
+#include "dtensor/parallel/pipeline/split.hpp"
 #include "dtensor/parallel/pipeline/sharded_pipeline.hpp"
 #include "gpt_parity.hpp"
 #include "moe_parity.hpp"
@@ -86,26 +87,17 @@ Run5d run_5d(CommPtr world, const Combo& c) {
   const Extent batch = MoE ? moe_batch : batch_5d;
   cfg.context = {.kind = c.cp_kind, .load_balanced = c.cp > 1 && c.cp_kind != parallel::ContextKind::ulysses};
   using Layers = std::conditional_t<MoE, nn::MoELayers<double, ExpertMesh>, nn::DenseLayers>;
-  using Stage = pp::GptStage<double, StageMesh, Plan, std::int32_t, Layers>;
+  using Model = nn::GptParts<double, StageMesh, Plan, std::int32_t, Layers>;
+  using Stage = pp::Stage<Model>;
   auto make_layers = [&] {
     if constexpr (MoE) return Layers(parallel::make_expert_mesh<ExpertMesh>(stage_mesh, c.ep), moe_config());
     else return Layers{};
   };
   const Layers layers = make_layers();
   auto schedule = pp::make_schedule(pp::parse_schedule_kind(c.schedule), c.pp, c.microbatches);
-  std::vector<Stage> stages;
-  for (int s : schedule.layout.stages_of(mesh.coordinate(0)))
-    stages.emplace_back(stage_mesh, cfg, s, schedule.layout.stages(), layers);
+  auto stages = pp::split(Model(stage_mesh, cfg, layers), schedule.layout, mesh.coordinate(0));
   pp::ShardedPipeline<Stage, Mesh5> run(mesh, schedule, std::move(stages), {.stage = c.zero}, 4096);
-  optim::AdamW<double, 4, Space> opt(run.params(), parity_adamw());
-  struct NoExperts {
-    void step() {}
-  };
-  auto make_expert_opt = [&] {
-    if constexpr (MoE) return optim::AdamW<double, 3>(run.expert_params(), parity_adamw());
-    else return NoExperts{};
-  };
-  auto expert_opt = make_expert_opt();
+  auto opt = optim::make_adamw(run.params(), parity_adamw());  // every parameter: the shards and (MoE) the experts
   Run5d out;
   for (auto& stage : run.executor().stages()) {
     out.units += stage.units().size();
@@ -119,10 +111,9 @@ Run5d run_5d(CommPtr world, const Combo& c) {
       targets = parallel::load_balance(targets, 1, c.cp);
     }
     run.zero_grad();
-    auto stats = run.step(pp::split_microbatches<typename Stage::Ids>(stage_mesh, ids, targets, c.microbatches));
+    auto stats = run.step(pp::split_microbatches<typename Stage::Input>(stage_mesh, ids, targets, c.microbatches));
     run.clip_grad_norm(1.0);
     opt.step();
-    expert_opt.step();
     run.sync_parameters();
     double loss = stats.loss.value_or(-std::numeric_limits<double>::infinity());  // on the last stage's ranks
     if (step == 1) {

@@ -7,13 +7,21 @@
 // the validator's count of micro-batches held. Bad input is a clear error.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
+#include <optional>
 #include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "pipeline_parity.hpp"
+#include "dtensor/nn/classification_loss.hpp"
+#include "dtensor/nn/mlp.hpp"
+#include "dtensor/ops/reduce.hpp"
+#include "dtensor/ops/shape.hpp"
+#include "dtensor/nn/stack.hpp"
 #include "support/on_ranks.hpp"
 
 using namespace dtensor;
@@ -131,13 +139,15 @@ TEST_CASE("pipeline memory: the ledger's activation peak is the validator's coun
 }
 
 TEST_CASE("pipeline: bad input is a clear error", "[pipeline]") {
-  using Stage = pp::GptStage<double, GptMesh>;
+  using Model = nn::GptParts<double, GptMesh>;
+  using Stage = pp::Stage<Model>;
   SECTION("more stages than layers") {
     REQUIRE_THROWS_WITH(pp::stage_layers(2, 4), Catch::Contains("cannot split 2 layers into 4 pipeline stages"));
     threads::run(1, [](CommPtr w) {
       GptMesh mesh(w, {1, 1});
       auto cfg = parity_config();  // 2 layers
-      REQUIRE_THROWS_WITH(Stage(mesh, cfg, 0, 3), Catch::Contains("cannot split 2 layers into 3"));
+      REQUIRE_THROWS_WITH(pp::split(Model(mesh, cfg), pp::StageLayout::looped(3), 0),
+                          Catch::Contains("cannot split 2 layers into 3"));
     });
   }
   SECTION("uneven layer counts") {
@@ -148,8 +158,8 @@ TEST_CASE("pipeline: bad input is a clear error", "[pipeline]") {
     threads::run(1, [](CommPtr w) {
       GptMesh mesh(w, {1, 1});
       auto [ids, targets] = parity_tokens(0, parity_config(), 6);
-      REQUIRE_THROWS_WITH(pp::split_microbatches<Stage::Ids>(mesh, ids, targets, 4),
-                          Catch::Contains("4 micro-batches do not divide the batch of 6"));
+      REQUIRE_THROWS_WITH(pp::split_microbatches<Stage::Input>(mesh, ids, targets, 4),
+                          Catch::Contains("4 micro-batches do not divide the batch [6, "));
     });
   }
   SECTION("a pipeline size that does not divide the ranks") {
@@ -160,8 +170,7 @@ TEST_CASE("pipeline: bad input is a clear error", "[pipeline]") {
   SECTION("a schedule for another number of pipeline ranks") {
     threads::run(2, [](CommPtr w) {
       PipelineMesh mesh(w, {2, 1, 1});
-      std::vector<Stage> stages;
-      stages.emplace_back(pp::stage_mesh_of(mesh), parity_config(), mesh.coordinate(0), 2);
+      auto stages = pp::split(Model(pp::stage_mesh_of(mesh), parity_config()), pp::StageLayout::looped(2), mesh.coordinate(0));
       REQUIRE_THROWS_WITH((pp::Executor<Stage, PipelineMesh>(mesh, pp::one_f_one_b(4, 4), std::move(stages))),
                           Catch::Contains("the schedule is for 4 pipeline ranks"));
     });
@@ -169,12 +178,200 @@ TEST_CASE("pipeline: bad input is a clear error", "[pipeline]") {
   SECTION("a broken schedule is rejected before it runs") {
     threads::run(2, [](CommPtr w) {
       PipelineMesh mesh(w, {2, 1, 1});
-      std::vector<Stage> stages;
-      stages.emplace_back(pp::stage_mesh_of(mesh), parity_config(), mesh.coordinate(0), 2);
+      auto stages = pp::split(Model(pp::stage_mesh_of(mesh), parity_config()), pp::StageLayout::looped(2), mesh.coordinate(0));
       auto broken = pp::one_f_one_b(2, 2);
       std::erase(broken.actions[0], pp::parse_action("0SEND_F1"));
       REQUIRE_THROWS_WITH((pp::Executor<Stage, PipelineMesh>(mesh, broken, std::move(stages))),
                           Catch::Contains("1RECV_F1"));
     });
   }
+}
+
+// ---------------------------------------------------------------- a model that is not a GPT
+
+namespace {
+
+/// A toy classifier, written only against the public API as a user would: features [B, S, F]
+/// -> Linear -> MLP blocks -> mean over S -> Linear -> logits [B, C], cross-entropy against
+/// labels [B]. Its parts (nn::LayeredModel) are all pipeline::split needs; no stage code.
+template <MeshType Mesh>
+class ToyHead {  // the epilogue: mean-pool over the set, then the classifier
+ public:
+  using Fc = nn::Linear<double, Mesh>;
+  using In = typename Fc::In;
+  using Out = typename nn::ClassificationCrossEntropy<double, Mesh>::Logits;
+  struct Saved {
+    In x;
+    typename Fc::Saved fc;
+    typename Fc::Out y;
+  };
+  using WeightCtx = typename Fc::WeightCtx;
+
+  explicit ToyHead(Fc fc) : fc_(std::move(fc)) {}
+  nn::Fwd<Out, Saved> forward(const In& x) const {
+    auto [y, fs] = fc_.forward(ops::mean<1>(x));  // [B, 1, C]
+    auto logits = ops::reshape<typename Out::layout>(y, Shape<2>{y.extent(0), y.extent(2)});
+    return {std::move(logits), Saved{x, std::move(fs), std::move(y)}};
+  }
+  nn::Bwd<In, WeightCtx> backward_input(Saved s, const Out& dlogits) const {
+    auto [dpooled, w] = fc_.backward_input(std::move(s.fc), ops::reshape_backward(dlogits, s.y));
+    return {ops::mean_backward<1>(dpooled, s.x), std::move(w)};
+  }
+  void backward_weight(WeightCtx w) { fc_.backward_weight(std::move(w)); }
+  auto children() { return std::tie(fc_); }
+
+ private:
+  Fc fc_;
+};
+
+template <MeshType Mesh>
+class ToyClassifier {
+ public:
+  using Input = typename nn::Linear<double, Mesh>::In;  // [B, S, F]
+  using Target = typename nn::ClassificationCrossEntropy<double, Mesh>::Labels;
+  static constexpr Extent features = 5, dim = 6, classes = 7, blocks = 5;
+
+  explicit ToyClassifier(const Mesh& mesh) : mesh_(mesh) {}
+  const Mesh& mesh() const { return mesh_; }
+  Extent block_count() const { return blocks; }
+  nn::Linear<double, Mesh> make_prologue() const { return {"in", mesh_, features, dim, 1, {.init_std = 0.4}}; }
+  nn::MLP<double, Mesh> make_block(Extent i) const {
+    return {"block" + std::to_string(i), mesh_, dim, 2 * dim, 10 + 2 * std::uint64_t(i), 0.4, 0.4};
+  }
+  ToyHead<Mesh> make_epilogue() const { return ToyHead<Mesh>({"out", mesh_, dim, classes, 3, {.init_std = 0.4}}); }
+  nn::ClassificationCrossEntropy<double, Mesh> make_loss() const { return {}; }
+  Shape<3> activation_shape(const Input& x) const { return {x.extent(0), x.extent(1), dim}; }
+
+ private:
+  Mesh mesh_;
+};
+
+constexpr Extent toy_batch = 12, toy_set = 3;
+constexpr int toy_steps = 3;
+
+std::pair<Tensor<double, 3>, Tensor<std::int32_t, 1>> toy_batch_of(int step) {
+  using Toy = ToyClassifier<GptMesh>;
+  return {normal<double>(Shape<3>{toy_batch, toy_set, Toy::features}, 500 + std::uint64_t(step)),
+          randint<std::int32_t>(Shape<1>{toy_batch}, 600 + std::uint64_t(step), 0, Toy::classes)};
+}
+
+struct ToyRun {
+  std::vector<double> losses;
+  std::map<std::string, std::vector<double>> params;  // this rank's parameters after the run, by name
+};
+
+template <class Model>
+void record_params(Model& m, ToyRun& run) {
+  nn::for_each_parameter(m, [&](auto& p) {
+    if (!p.defined()) return;
+    const auto whole = full_tensor(p.value());
+    run.params[p.name()] = std::vector<double>(whole.data(), whole.data() + whole.numel());
+  });
+}
+
+/// The one-rank oracle: the whole model (nn::Stack over every part), the whole batch.
+const ToyRun& toy_reference() {
+  static const ToyRun ref = [] {
+    ToyRun run;
+    threads::run(1, [&](CommPtr w) {
+      GptMesh mesh(w, {1, 1});
+      using Toy = ToyClassifier<GptMesh>;
+      Toy toy(mesh);
+      nn::Stack<Toy> model(toy, nn::Stack<Toy>::all(toy));
+      nn::ParamList<double, 2> ps;
+      nn::collect(model, ps);
+      optim::AdamW<double, 2> opt(ps, parity_adamw());
+      for (int step = 0; step < toy_steps; ++step) {
+        auto [x, labels] = toy_batch_of(step);
+        opt.zero_grad();
+        auto [out, saved] = model.forward(std::nullopt, distribute_replicated<Toy::Input::layout>(mesh, x),
+                                          distribute_replicated<Toy::Target::layout>(mesh, labels));
+        run.losses.push_back(full_tensor(*out.loss)[0]);
+        model.backward(std::move(saved), std::nullopt, 1.0);
+        parallel::DataParallel<GptMesh>(mesh).all_reduce_gradients(ps);  // the one-rank "dp"'s pending Partial
+        optim::clip_grad_norm(ps, mesh, 1.0);
+        opt.step();
+      }
+      record_params(model, run);
+    });
+    return run;
+  }();
+  return ref;
+}
+
+/// The toy classifier split into stages and run by a schedule on (pp = 2, dp = 2): 12 samples in
+/// 4 micro-batches of 3, each split 2 + 1 over "dp"; 5 blocks over 2 or 4 stages (uneven).
+void check_toy_pipeline(const std::string& name, std::vector<Extent> blocks_per_stage = {}) {
+  const ToyRun& ref = toy_reference();
+  auto failures = on_ranks(4, [&](CommPtr world, auto report) {
+    PipelineMesh mesh(world, {2, 2, 1});
+    const GptMesh stage_mesh = pp::stage_mesh_of(mesh);
+    using Toy = ToyClassifier<GptMesh>;
+    auto schedule = pp::make_schedule(pp::parse_schedule_kind(name), 2, 4);
+    auto stages = blocks_per_stage.empty()
+                      ? pp::split(Toy(stage_mesh), schedule.layout, mesh.coordinate(0))
+                      : pp::split(Toy(stage_mesh), schedule.layout, mesh.coordinate(0),
+                                  pp::stage_layers(Toy::blocks, blocks_per_stage));
+    pp::Executor exec(mesh, schedule, std::move(stages));
+    nn::ParamList<double, 2> ps;
+    for (auto& stage : exec.stages()) nn::collect(stage, ps);
+    optim::AdamW<double, 2> opt(ps, parity_adamw());
+    parallel::DataParallel<GptMesh> ddp(stage_mesh);
+    ToyRun run;
+    for (int step = 0; step < toy_steps; ++step) {
+      auto [x, labels] = toy_batch_of(step);
+      opt.zero_grad();
+      auto stats = exec.step(pp::split_microbatches<Toy::Input, Toy::Target>(stage_mesh, x, labels, 4));
+      ddp.all_reduce_gradients(ps);
+      pp::clip_grad_norm(ps, stage_mesh, mesh.group(0), 1.0);
+      opt.step();
+      double loss = stats.loss.value_or(-1e300);
+      mesh.group(0).all_reduce(std::span<double>(&loss, 1), ReduceOp::max);
+      run.losses.push_back(loss);
+    }
+    for (auto& stage : exec.stages()) record_params(stage, run);
+    report(compare_losses(run.losses, ref.losses, 1e-12));
+    std::size_t compared = 0;
+    for (const auto& [param, values] : run.params) {
+      const auto& expected = ref.params.at(param);
+      double worst = 0;
+      for (std::size_t i = 0; i < values.size(); ++i) worst = std::max(worst, std::abs(values[i] - expected[i]));
+      if (values.size() != expected.size() || worst > 1e-12) report(param + " differs from the one-rank run by " + std::to_string(worst));
+      ++compared;
+    }
+    if (compared == 0) report("this rank holds no parameters");
+  });
+  REQUIRE(failures.empty());
+}
+
+}  // namespace
+
+TEST_CASE("pipeline split of a non-GPT model: 1F1B, interleaved, ZB-H1, ZB-V against one rank", "[pipeline][split]") {
+  SECTION("1F1B, blocks 3 + 2") { check_toy_pipeline("1f1b"); }
+  SECTION("1F1B, blocks 1 + 4 given") { check_toy_pipeline("1f1b", {1, 4}); }
+  SECTION("interleaved, 4 stages, the first holding the input layer alone") { check_toy_pipeline("interleaved", {0, 2, 2, 1}); }
+  SECTION("ZB-H1") { check_toy_pipeline("zb"); }
+  SECTION("ZB-V, 4 stages (2 + 1 + 1 + 1)") { check_toy_pipeline("zbv"); }
+}
+
+TEST_CASE("pipeline split: bad input is a clear error", "[pipeline][split]") {
+  REQUIRE_THROWS_WITH(pp::stage_layers(5, std::vector<Extent>{2, 0, 3}), Catch::Contains("stage 1 of 3 holds 0 blocks"));
+  REQUIRE_THROWS_WITH(pp::stage_layers(5, std::vector<Extent>{2, 2}), Catch::Contains("sum to 4 over 2 stages; the model has 5"));
+  threads::run(1, [](CommPtr w) {
+    GptMesh mesh(w, {1, 1});
+    using Toy = ToyClassifier<GptMesh>;
+    REQUIRE_THROWS_WITH(pp::split(Toy(mesh), pp::StageLayout::looped(1, 2), 0, pp::stage_layers(5, std::vector<Extent>{5})),
+                        Catch::Contains("1 block ranges for the layout's 2 stages"));
+    Tensor<double, 3> x(Shape<3>{6, 2, 5});
+    Tensor<std::int32_t, 1> labels(Shape<1>{5});
+    REQUIRE_THROWS_WITH((pp::split_microbatches<Toy::Input, Toy::Target>(mesh, x, labels, 2)),
+                        Catch::Contains("differ in their first extent"));
+    REQUIRE_THROWS_WITH((pp::split_microbatches<Toy::Input>(mesh, x, 4)), Catch::Contains("4 micro-batches do not divide the batch [6, 2, 5]"));
+    // A stage's protocol is checked: a forward twice, a backward without a forward.
+    auto stages = pp::split(Toy(mesh), pp::StageLayout::looped(1), 0);
+    auto mb = pp::split_microbatches<Toy::Input, Toy::Target>(mesh, x, Tensor<std::int32_t, 1>(Shape<1>{6}), 1);
+    REQUIRE_FALSE(stages[0].forward(0, std::nullopt, mb[0].first, mb[0].second).has_value());  // one stage: the loss
+    REQUIRE_THROWS_WITH(stages[0].forward(0, std::nullopt, mb[0].first, mb[0].second), Catch::Contains("already holds micro-batch 0"));
+    REQUIRE_THROWS_WITH(stages[0].backward_input(1, std::nullopt, 1.0), Catch::Contains("holds no forward of micro-batch 1"));
+  });
 }

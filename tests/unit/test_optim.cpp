@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <vector>
+#include <tuple>
 
 #include "dtensor/core/compare.hpp"
 #include "dtensor/core/factories.hpp"
@@ -10,6 +11,7 @@
 #include "dtensor/nn/module.hpp"
 #include "dtensor/optim/adamw.hpp"
 #include "dtensor/optim/clip_grad.hpp"
+#include "dtensor/optim/param_set.hpp"
 #include "dtensor/optim/sgd.hpp"
 #include "dtensor/parallel/data_parallel.hpp"
 #include "support/on_ranks.hpp"
@@ -286,4 +288,54 @@ TEST_CASE("DataParallel: bucketed all-reduce on dp averages the gradients in pla
       INFO((flat ? "flat, " : "") << bucket_bytes << " bytes: " << summary(f));
       REQUIRE(f.empty());
     }
+}
+
+TEST_CASE("one optimizer and one clip over parameters on two meshes (nn::ParamSet)") {
+  // The same model twice: on the (dp, tp) mesh, and on a 3-D mesh of the same ranks (as an MoE's
+  // experts live on (edp, ep, tp)). One clip over both must give the norm of all gradients; one
+  // AdamW over both must update each as its own AdamW would.
+  using Mesh3 = DeviceMesh<"edp", "ep", "tp">;
+  using W3L = nn::layout_on<Mesh3, Replicate, nn::On<"ep", Shard<0>>>;
+  double want = 0;
+  for (double v : gw(3).span()) want += 2 * v * v;
+  for (double v : gb(3).span()) want += v * v;
+  want = std::sqrt(want);
+  auto f = on_ranks(4, [&](CommPtr world, auto report) {
+    Mesh m(world, {2, 2});
+    Mesh3 m3(world, {1, 2, 2});
+    Model model(m), twin(m);
+    struct Expert {
+      nn::Parameter<double, 2, Mesh3, W3L> w;
+      auto parameters() { return std::tie(w); }
+    } expert{{"w3", distribute_replicated<W3L>(m3, w0())}};
+    auto& w3 = expert.w;
+    nn::ParamList<double, 3> ps3;
+    nn::collect(expert, ps3);
+    auto all = nn::param_set(nn::on(m, model.params()), nn::on(m3, ps3));
+    auto opt = optim::make_adamw(all, {.lr = 0.01});
+    optim::AdamW<double, 2> single(twin.params(), {.lr = 0.01});
+    for (int s = 0; s < 3; ++s) {
+      model.set_grads(m, s);
+      twin.set_grads(m, s);
+      w3.zero_grad();
+      w3.accumulate_grad(distribute_replicated<W3L>(m3, gw(s)));
+      opt.step();
+      single.step();
+    }
+    if (auto c = compare(full_tensor(model.w.value()), full_tensor(twin.w.value()), {.rtol = 0}); !c)
+      report("the set's AdamW differs from one AdamW over the list: " + c.message);
+    if (auto c = compare(full_tensor(w3.value()), full_tensor(twin.w.value()), {.rtol = 0}); !c)
+      report("the set's AdamW on the second mesh differs: " + c.message);
+    model.set_grads(m, 3);
+    w3.zero_grad();
+    w3.accumulate_grad(distribute_replicated<W3L>(m3, gw(3)));
+    CommLog log;
+    const double norm = optim::clip_grad_norm(all, want / 2);
+    if (std::abs(norm - want) > 1e-12 * want) report(detail::cat("norm ", norm, ", expected ", want));
+    if (log.count(CollectiveKind::all_reduce) != 2 || log.size() != 2) report("expected one all-reduce per mesh:\n" + log.to_string());
+    const double after = std::hypot(optim::grad_norm(all.list<0>(), m), optim::grad_norm(all.list<1>(), m3));
+    if (std::abs(after - want / 2) > 1e-6 * want) report(detail::cat("norm after clipping ", after));
+  });
+  INFO(summary(f));
+  REQUIRE(f.empty());
 }

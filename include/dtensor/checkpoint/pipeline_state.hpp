@@ -1,18 +1,15 @@
 // dtensor/checkpoint/pipeline_state.hpp — the training state of a parallel::pipeline::ShardedPipeline
-// (pipeline stages sharded by FSDP, MoE experts on the expert mesh) and its AdamW optimizers.
+// (pipeline stages sharded by FSDP, MoE experts on the expert mesh) and its one AdamW.
 //
 //   pipeline::ShardedPipeline<Stage, Mesh> model(mesh, schedule, std::move(stages), {.stage = 3});
-//   optim::AdamW<float, 4> opt(model.params(), adamw);
+//   auto opt = optim::make_adamw(model.params(), adamw);   // every parameter, the experts included
 //   checkpoint::save_pipeline_state(dir, model, opt, {.step = s, .rng_state = ..., .config = ...});
 //   auto meta = checkpoint::load_pipeline_state(dir, model, opt, config);      // any saving mesh
-//   // MoE stages: the experts' own optimizer too
-//   optim::AdamW<float, 3> expert_opt(model.expert_params(), adamw);
-//   checkpoint::save_pipeline_state(dir, model, opt, expert_opt, meta);
-//   checkpoint::load_pipeline_state(dir, model, opt, expert_opt, config);
 //
 // What a rank saves: for each of its stages, its FSDP shards of the stage's units (the master
 // values, fsdp_parameter_slots) and, for MoE stages, its experts on the expert mesh
-// (parameter_slots of layers().expert_units()); and AdamW's moments over both. The slots and
+// (parameter_slots of layers().expert_units()); and AdamW's moments over both (the optimizer's
+// part over each list of model.params(): optim::Joint::part<I>). The slots and
 // their writers are worked out on the mesh the tensor lives on — the stage mesh (dp, fsdp, cp,
 // tp) or the expert mesh (edp, ep, tp) — because a stage's tensors exist on the ranks of one
 // pipeline coordinate only: among those, the rank at coordinate 0 of every Replicate dimension
@@ -66,69 +63,53 @@ auto expert_slots(Pipeline& model, Opt& expert_opt) {
   return with_moments(std::move(params), expert_opt);
 }
 
-template <class Pipeline, class Opt, class... ExpertOpt>
-auto pipeline_slots(Pipeline& model, Opt& opt, ExpertOpt&... expert_opt) {
-  auto slots = stage_slots(model, opt);
-  (append_slots(slots, expert_slots(model, expert_opt)), ...);
+/// The slots of every list of model.params(), each with its part of the optimizer.
+template <class Pipeline, class Opt>
+auto pipeline_slots(Pipeline& model, Opt& opt) {
+  auto slots = stage_slots(model, opt.template part<0>());
+  if constexpr (Opt::parts > 1) append_slots(slots, expert_slots(model, opt.template part<1>()));
   return slots;
 }
 
-template <class Pipeline, class Opt, class... ExpertOpt>
-void save_pipeline(const std::filesystem::path& dir, Pipeline& model, Opt& opt, TrainingMeta meta, const SaveOptions& o,
-                   ExpertOpt&... expert_opt) {
-  auto slots = pipeline_slots(model, opt, expert_opt...);
+template <class Pipeline, class Opt>
+void save_pipeline(const std::filesystem::path& dir, Pipeline& model, Opt& opt, TrainingMeta meta, const SaveOptions& o) {
+  auto slots = pipeline_slots(model, opt);
   const HostStaging<mesh_space_t<std::remove_cvref_t<decltype(model.mesh())>>, typename decltype(slots)::value_type::value_type>
       staged(slots, true);
   meta.optimizer_steps = opt.steps();
   save(dir, model.mesh(), slots, meta, o);
 }
 
-template <class Pipeline, class Opt, class... ExpertOpt>
+template <class Pipeline, class Opt>
 TrainingMeta load_pipeline(const std::filesystem::path& dir, Pipeline& model, Opt& opt,
-                           std::map<std::string, std::string> config, ExpertOpt&... expert_opt) {
-  auto slots = pipeline_slots(model, opt, expert_opt...);
+                           std::map<std::string, std::string> config) {
+  auto slots = pipeline_slots(model, opt);
   const HostStaging<mesh_space_t<std::remove_cvref_t<decltype(model.mesh())>>, typename decltype(slots)::value_type::value_type>
       staged(slots, false);
   auto meta = load(dir, model.mesh(), slots, {.config = std::move(config)});
   staged.copy_back();
-  opt.set_steps(long(meta.optimizer_steps));
-  (expert_opt.set_steps(long(meta.optimizer_steps)), ...);  // steps with opt, once per training step
+  opt.set_steps(long(meta.optimizer_steps));  // every part's
   model.sync_parameters();
   return meta;
 }
 
 }  // namespace detail
 
-/// Saves a dense pipeline's parameters (this rank's FSDP shards of its stages), opt's moments
-/// and step count, and `meta` at `dir`. Collective over model.mesh().
+/// Saves a pipeline's parameters (this rank's FSDP shards of its stages; MoE: its experts), the
+/// moments and step count of `opt` (one optimizer over model.params(): optim::make_adamw), and
+/// `meta` at `dir`. Collective over model.mesh().
 template <class Pipeline, class Opt>
 void save_pipeline_state(const std::filesystem::path& dir, Pipeline& model, Opt& opt, TrainingMeta meta,
                          const SaveOptions& o = {}) {
   detail::save_pipeline(dir, model, opt, std::move(meta), o);
 }
 
-/// The same for MoE stages: also the experts and their optimizer's moments.
-template <class Pipeline, class Opt, class ExpertOpt>
-  requires requires(Pipeline& p) { p.expert_params(); }
-void save_pipeline_state(const std::filesystem::path& dir, Pipeline& model, Opt& opt, ExpertOpt& expert_opt,
-                         TrainingMeta meta, const SaveOptions& o = {}) {
-  detail::save_pipeline(dir, model, opt, std::move(meta), o, expert_opt);
-}
-
-/// Loads what save_pipeline_state saved (on any mesh and schedule) into a dense pipeline and
-/// opt; throws unless the checkpoint's configuration is `config`. Returns the trainer's metadata.
+/// Loads what save_pipeline_state saved (on any mesh and schedule) into the pipeline and opt;
+/// throws unless the checkpoint's configuration is `config`. Returns the trainer's metadata.
 template <class Pipeline, class Opt>
 TrainingMeta load_pipeline_state(const std::filesystem::path& dir, Pipeline& model, Opt& opt,
                                  std::map<std::string, std::string> config) {
   return detail::load_pipeline(dir, model, opt, std::move(config));
-}
-
-/// The same for MoE stages and their experts' optimizer.
-template <class Pipeline, class Opt, class ExpertOpt>
-  requires requires(Pipeline& p) { p.expert_params(); }
-TrainingMeta load_pipeline_state(const std::filesystem::path& dir, Pipeline& model, Opt& opt, ExpertOpt& expert_opt,
-                                 std::map<std::string, std::string> config) {
-  return detail::load_pipeline(dir, model, opt, std::move(config), expert_opt);
 }
 
 }  // namespace dtensor::checkpoint

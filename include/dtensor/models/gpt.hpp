@@ -9,12 +9,14 @@
 //   // or, split: auto wctx = model.backward_input(std::move(saved)); model.backward_weight(std::move(wctx));
 //   double value = full_tensor(loss)[0];                // the global mean loss (an all-reduce on the data dims)
 //
-// The model's parameters live in flat groups, one per unit (FSDP's units; what DDP reduces as
-// soon as backward has finished them), derived by nn::WithUnits (nn/units.hpp) from children():
-// "embed" (wte, wpe), one per block ("h.0", ...), "head" (ln_f, lm_head). units(), set_hooks,
-// hooks() and set_grads_ready are nn::WithUnits'; the model only marks where each unit's work
-// runs: pre_forward / post_forward around its forward, pre_backward before its backward, and
-// grads_ready as soon as its gradients are complete (head first, embed last). The split backward
+// The model is its parts (nn::GptParts, an nn::LayeredModel: the prologue GptEmbedding "embed" =
+// wte + wpe, the blocks "h.0", ..., the epilogue GptHead "head" = ln_f + lm_head, the plan's
+// loss), run by nn::Stack (nn/stack.hpp), the one forward/backward loop that a pipeline stage
+// cut from the same parts runs too (parallel/pipeline/split.hpp: pipeline::split(GptParts(...),
+// layout, rank)). The parameters live in flat groups, one per part (FSDP's units; what DDP
+// reduces as soon as backward has finished them); the Stack fires the unit hooks around each:
+// pre_forward / post_forward around its forward, pre_backward before its backward, grads_ready
+// as soon as its gradients are complete (head first, embed last). The split backward
 // (backward_input, then backward_weight) runs pre_backward in backward_input and grads_ready in
 // backward_weight.
 //
@@ -36,6 +38,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -43,6 +47,7 @@
 #include "dtensor/nn/checkpoint.hpp"
 #include "dtensor/nn/embedding.hpp"
 #include "dtensor/nn/positions.hpp"
+#include "dtensor/nn/stack.hpp"
 #include "dtensor/nn/units.hpp"
 #include "dtensor/parallel/context_layout.hpp"
 #include "dtensor/parallel/context_parallel.hpp"
@@ -111,243 +116,214 @@ constexpr bool layers_learned_positions() {
 }
 }  // namespace detail
 
+/// The token embedding plus, where the model has a learned table, the position embedding: the
+/// GPT's prologue (one unit, "embed").
+template <class T, MeshType Mesh, class Plan, class Id, bool LearnedPositions>
+class GptEmbedding {
+ public:
+  using between = typename Plan::between;
+  using Wte = Embedding<T, Mesh, typename Plan::wte, Id>;
+  using Wpe = Embedding<T, Mesh, Replicated<between>, Id>;
+  using In = DTensor<Id, 2, Mesh, tokens<Mesh>>;
+  using Out = typename Wte::Out;
+  static_assert(std::is_same_v<typename Wpe::Out, Out>, "GPT: the plan's embedding must give the residual stream's layout");
+  struct Saved {
+    typename Wte::Saved wte;
+    typename Wpe::Saved wpe;
+  };
+  using WeightCtx = std::tuple<typename Wte::WeightCtx, typename Wpe::WeightCtx>;  // children() order
+
+  GptEmbedding(const Mesh& mesh, const GPTConfig& c, std::uint64_t seed_base) : mesh_(mesh), c_(c) {
+    wte_ = Wte("wte", mesh, c.vocab, c.dim, seed_base + 1);
+    if constexpr (LearnedPositions) wpe_ = Wpe("wpe", mesh, c.seq, c.dim, seed_base + 2);
+  }
+
+  Fwd<Out, Saved> forward(const In& ids) const {
+    Saved s;
+    auto [te, wte_s] = wte_.forward(ids);
+    s.wte = std::move(wte_s);
+    if constexpr (!LearnedPositions) return {std::move(te), std::move(s)};
+    else {
+      auto [pe, wpe_s] = wpe_.forward(positions(ids));
+      s.wpe = std::move(wpe_s);
+      return {ops::add(te, pe), std::move(s)};
+    }
+  }
+  Bwd<Nothing, WeightCtx> backward_input(Saved s, const Out& dx) const {
+    WeightCtx w;
+    std::get<0>(w) = wte_.backward_input(std::move(s.wte), dx).weight;
+    if constexpr (LearnedPositions) std::get<1>(w) = wpe_.backward_input(std::move(s.wpe), dx).weight;
+    return {Nothing{}, std::move(w)};
+  }
+  void backward_weight(WeightCtx w) {  // wte, then wpe
+    wte_.backward_weight(std::move(std::get<0>(w)));
+    if constexpr (LearnedPositions) wpe_.backward_weight(std::move(std::get<1>(w)));
+  }
+
+  auto children() { return std::tie(wte_, wpe_); }
+  std::string name() const { return "embed"; }
+
+ private:
+  /// The global position of each of this rank's tokens in its sequence, laid out like the residual
+  /// stream (nn/positions.hpp: under context parallelism with load balancing, the original index).
+  DTensor<Id, 2, Mesh, tokens<Mesh, between>> positions(const In& ids) const {
+    return nn::positions<tokens<Mesh, between>, Id>(
+        mesh_, ids.shape(), parallel::original_positions(mesh_, ids.extent(1), c_.context.load_balanced));
+  }
+
+  Mesh mesh_;
+  GPTConfig c_;
+  Wte wte_;
+  Wpe wpe_;  // an empty table without learned positions (no parameter, no unit member)
+};
+
+/// The final norm and the LM head: the GPT's epilogue (one unit, "head").
+template <class Norm, class Head>
+class GptHead {
+ public:
+  using In = typename Norm::X;
+  using Out = typename Head::Out;
+  static_assert(std::is_same_v<typename Head::In, In>, "GPT: the plan's head must take the residual stream's layout");
+  struct Saved {
+    typename Norm::Saved ln_f;
+    typename Head::Saved head;
+  };
+  using WeightCtx = std::tuple<typename Norm::WeightCtx, typename Head::WeightCtx>;  // children() order
+
+  GptHead(Norm ln_f, Head head) : ln_f_(std::move(ln_f)), head_(std::move(head)) {}
+
+  Fwd<Out, Saved> forward(const In& x) const {
+    auto [normed, ln_s] = ln_f_.forward(x);
+    auto [logits, head_s] = head_.forward(normed);
+    return {std::move(logits), Saved{std::move(ln_s), std::move(head_s)}};
+  }
+  Bwd<In, WeightCtx> backward_input(Saved s, const Out& dlogits) const {
+    auto [dh, head_w] = head_.backward_input(std::move(s.head), dlogits);
+    auto [dx, ln_w] = ln_f_.backward_input(std::move(s.ln_f), dh);
+    return {std::move(dx), WeightCtx{std::move(ln_w), std::move(head_w)}};
+  }
+  void backward_weight(WeightCtx w) { backward_weight_children(*this, std::move(w)); }  // head, then ln_f
+
+  auto children() { return std::tie(ln_f_, head_); }
+  std::string name() const { return "head"; }
+
+ private:
+  Norm ln_f_;
+  Head head_;
+};
+
+/// A GPT as ordered parts (nn/stack.hpp's LayeredModel): embedding, blocks, final norm and head,
+/// cross-entropy. nn::GPT is all of them; a pipeline stage (parallel/pipeline/split.hpp) a run.
 template <kernels::host::FloatElement T, MeshType Mesh, class Plan = ReplicatedPlan, class Id = std::int32_t,
           class Layers = DenseLayers>
-class GPT : public WithUnits<T, Mesh> {
+class GptParts {
   static_assert(require_dense_roles<"nn::GPT", Mesh>());
 
  public:
   using between = typename Plan::between;
-  using Block = Checkpointed<typename Layers::template block<T, Mesh, Plan>>;
-  using X = typename Block::In;
-  using Wte = Embedding<T, Mesh, typename Plan::wte, Id>;
-  using Wpe = Embedding<T, Mesh, Replicated<between>, Id>;
-  using Norm = typename detail::layers_norm<Layers, T, Mesh, between>::type;
-  static constexpr bool learned_positions = detail::layers_learned_positions<Layers>();
-  using Head = Linear<T, Mesh, typename Plan::head>;
-  using LossFn = typename Plan::template loss<T, Mesh, typename Head::OutL>;
   using Ids = DTensor<Id, 2, Mesh, tokens<Mesh>>;
-  using Loss = typename LossFn::Loss;
-  using Unit = typename WithUnits<T, Mesh>::Unit;
-  static_assert(std::is_same_v<typename Wte::Out, X> && std::is_same_v<typename Wpe::Out, X> &&
-                    std::is_same_v<typename Head::In, X>,
-                "GPT: the plan's embedding and head styles must give and take the residual stream's layout");
+  using Target = Ids;
+  using Block = Checkpointed<typename Layers::template block<T, Mesh, Plan>>;
+  using Norm = typename detail::layers_norm<Layers, T, Mesh, between>::type;
+  using Head = Linear<T, Mesh, typename Plan::head>;
+  using Embed = GptEmbedding<T, Mesh, Plan, Id, detail::layers_learned_positions<Layers>()>;
+  using LossFn = typename Plan::template loss<T, Mesh, typename Head::OutL>;
 
-  struct Saved {
-    typename Wte::Saved wte;
-    typename Wpe::Saved wpe;
-    std::vector<typename Block::Saved> blocks;
-    typename Norm::Saved ln_f;
-    typename Head::Saved head;
-    typename LossFn::Saved loss;
-  };
-  struct WeightCtx {
-    typename Wte::WeightCtx wte;
-    typename Wpe::WeightCtx wpe;
-    std::vector<typename Block::WeightCtx> blocks;
-    typename Norm::WeightCtx ln_f;
-    typename Head::WeightCtx head;
-  };
-
-  GPT(const Mesh& mesh, GPTConfig c, Layers layers = {}) : mesh_(mesh), c_(c), layers_(std::move(layers)) {
-    check_config("nn::GPT", mesh, c);
-    wte_ = make_wte(mesh, c);
-    if constexpr (learned_positions) wpe_ = make_wpe(mesh, c);
-    blocks_.reserve(std::size_t(c.layers));
-    for (Extent l = 0; l < c.layers; ++l) blocks_.push_back(make_block(mesh, c, l, layers_));
-    ln_f_ = make_ln_f(mesh, c);
-    head_ = make_head(mesh, c);
-    this->make_units(*this);  // embed, the blocks, head: from children()
-    layers_.add_units(blocks_);
+  GptParts(const Mesh& mesh, GPTConfig c, Layers layers = {}) : mesh_(mesh), c_(c), layers_(std::move(layers)) {
+    detail::check(c.vocab > 0 && c.seq > 0 && c.dim > 0 && c.heads > 0 && c.layers > 0 && c.dim % c.heads == 0,
+                  "nn::GPT", mesh, "config vocab ", c.vocab, ", seq ", c.seq, ", dim ", c.dim, ", heads ", c.heads,
+                  ", layers ", c.layers, ": all must be > 0 and dim a multiple of heads");
   }
+
+  const Mesh& mesh() const noexcept { return mesh_; }
+  const GPTConfig& config() const noexcept { return c_; }
+  Layers& layers() noexcept { return layers_; }
+  const Layers& layers() const noexcept { return layers_; }
+  Extent block_count() const noexcept { return c_.layers; }
+
+  // Each part built whole from cfg.seed and its own offset, so any range of them starts from the
+  // parameters of the whole model.
+  Embed make_prologue() const { return Embed(mesh_, c_, seed_base()); }
+  Block make_block(Extent layer) const {
+    const BlockConfig bc{c_.dim,     c_.heads,    c_.seq, c_.mlp_ratio,  0.02,    0.02 / std::sqrt(2.0 * double(c_.layers)),
+                         c_.context, c_.kv_heads, c_.ffn, c_.rope_theta, c_.bias, c_.norm_eps};
+    return Block(c_.checkpoint, layers_.template make_block<typename Block::Inner>(
+                                    layer, "h." + std::to_string(layer), mesh_, bc, seed_base() + 10 * std::uint64_t(layer + 1)));
+  }
+  GptHead<Norm, Head> make_epilogue() const {
+    return {Norm("ln_f", mesh_, c_.dim, c_.norm_eps),
+            Head("lm_head", mesh_, c_.dim, c_.vocab, seed_base() + 3, {.bias = false, .init_std = 0.02})};
+  }
+  LossFn make_loss() const { return LossFn{}; }
+  /// The residual stream [B, T, C] of a micro-batch of these ids (what crosses pipeline stages).
+  Shape<3> activation_shape(const Ids& ids) const { return {ids.extent(0), ids.extent(1), c_.dim}; }
+
+ private:
+  std::uint64_t seed_base() const { return c_.seed * 1000; }
+
+  Mesh mesh_;
+  GPTConfig c_;
+  Layers layers_;
+};
+
+template <kernels::host::FloatElement T, MeshType Mesh, class Plan = ReplicatedPlan, class Id = std::int32_t,
+          class Layers = DenseLayers>
+class GPT : public Stack<GptParts<T, Mesh, Plan, Id, Layers>> {
+  using Base = Stack<GptParts<T, Mesh, Plan, Id, Layers>>;
+
+ public:
+  using Parts = GptParts<T, Mesh, Plan, Id, Layers>;
+  using Block = typename Parts::Block;
+  using X = typename Base::X;
+  using Ids = typename Parts::Ids;
+  using Loss = typename Base::Loss;
+  using Saved = typename Base::Saved;
+  using WeightCtx = typename Base::WeightCtx;
+  using Unit = typename WithUnits<T, Mesh>::Unit;
+
+  GPT(const Mesh& mesh, GPTConfig c, Layers layers = {})
+      : Base(Parts(mesh, c, std::move(layers)), {true, 0, c.layers, true}) {}
   GPT(GPT&&) = default;
   GPT& operator=(GPT&&) = default;
-
-  // The modules, each built exactly as the constructor builds it (same name, seed and init): a
-  // pipeline stage (models/gpt_stage.hpp) builds its share with these, so that it
-  // starts from the parameters of the whole model.
-  static void check_config(const char* op, const Mesh& mesh, const GPTConfig& c) {
-    detail::check(c.vocab > 0 && c.seq > 0 && c.dim > 0 && c.heads > 0 && c.layers > 0 && c.dim % c.heads == 0, op,
-                  mesh, "config vocab ", c.vocab, ", seq ", c.seq, ", dim ", c.dim, ", heads ", c.heads, ", layers ",
-                  c.layers, ": all must be > 0 and dim a multiple of heads");
-  }
-  static Wte make_wte(const Mesh& mesh, const GPTConfig& c) { return Wte("wte", mesh, c.vocab, c.dim, seed_base(c) + 1); }
-  static Wpe make_wpe(const Mesh& mesh, const GPTConfig& c) { return Wpe("wpe", mesh, c.seq, c.dim, seed_base(c) + 2); }
-  static Block make_block(const Mesh& mesh, const GPTConfig& c, Extent layer, const Layers& layers = {}) {
-    const BlockConfig bc{c.dim,     c.heads,    c.seq,        c.mlp_ratio, 0.02, 0.02 / std::sqrt(2.0 * double(c.layers)),
-                         c.context, c.kv_heads, c.ffn,        c.rope_theta, c.bias, c.norm_eps};
-    return Block(c.checkpoint, layers.template make_block<typename Block::Inner>(
-                                   layer, "h." + std::to_string(layer), mesh, bc, seed_base(c) + 10 * std::uint64_t(layer + 1)));
-  }
-  static Norm make_ln_f(const Mesh& mesh, const GPTConfig& c) { return Norm("ln_f", mesh, c.dim, c.norm_eps); }
-  static Head make_head(const Mesh& mesh, const GPTConfig& c) {
-    return Head("lm_head", mesh, c.dim, c.vocab, seed_base(c) + 3, {.bias = false, .init_std = 0.02});
-  }
-
-  /// The global position of each of this rank's tokens in its sequence, laid out like the residual
-  /// stream (nn/positions.hpp: under context parallelism with load balancing, the original index).
-  static DTensor<Id, 2, Mesh, tokens<Mesh, between>> positions(const Mesh& mesh, const Ids& ids, const GPTConfig& c) {
-    return nn::positions<tokens<Mesh, between>, Id>(
-        mesh, ids.shape(), parallel::original_positions(mesh, ids.extent(1), c.context.load_balanced));
-  }
-
-  /// The residual stream's input: the token embedding, plus the position embedding where the
-  /// model has a learned table (wpe unused otherwise). Saves what the embeddings' backward needs.
-  /// Static, with the modules as arguments, so that a pipeline stage embeds as the model does.
-  static X embed(const Mesh& mesh, const GPTConfig& c, const Wte& wte, const Wpe& wpe, const Ids& ids,
-                 typename Wte::Saved& wte_saved, typename Wpe::Saved& wpe_saved) {
-    auto [te, wte_s] = wte.forward(ids);
-    wte_saved = std::move(wte_s);
-    if constexpr (!learned_positions) return std::move(te);
-    else {
-      auto [pe, wpe_s] = wpe.forward(positions(mesh, ids, c));
-      wpe_saved = std::move(wpe_s);
-      return ops::add(te, pe);
-    }
-  }
 
   /// The mean loss over all B*T targets, as this rank's share (see LossFn), and the saved state.
   /// Collectives: the plan's.
   Fwd<Loss, Saved> forward(const Ids& ids, const Ids& targets) const {
     check_batch("nn::GPT::forward", ids, targets);
-    Saved s;
-    auto x = this->forward_unit(0, [&] { return embed(mesh_, c_, wte_, wpe_, ids, s.wte, s.wpe); });
-    s.blocks.reserve(blocks_.size());
-    for (std::size_t l = 0; l < blocks_.size(); ++l) {
-      auto [y, bs] = this->forward_unit(l + 1, [&] { return blocks_[l].forward(x); });
-      x = std::move(y);
-      s.blocks.push_back(std::move(bs));
-    }
-    auto [ln_s, logits, head_s] = this->forward_unit(head_unit(), [&] {
-      auto [normed, ln_saved] = ln_f_.forward(x);
-      auto [out, head_saved] = head_.forward(normed);
-      return std::tuple(std::move(ln_saved), std::move(out), std::move(head_saved));
-    });
-    auto [loss, loss_s] = loss_.forward(logits, targets);
-    layers_.add_losses(loss, blocks_);
-    s.ln_f = std::move(ln_s);
-    s.head = std::move(head_s);
-    s.loss = std::move(loss_s);
-    return {std::move(loss), std::move(s)};
+    auto [out, s] = Base::forward(std::nullopt, ids, targets);
+    return {std::move(*out.loss), std::move(s)};
   }
 
   /// The loss alone (validation): the saved state is dropped at once.
   Loss evaluate(const Ids& ids, const Ids& targets) const { return forward(ids, targets).y; }
 
   /// The input gradients of dloss * loss through every module, last first; returns the weight
-  /// context (no parameter gradient is touched yet). Collectives: the adjoints of the plan's.
+  /// context (no parameter gradient is touched yet; backward_weight adds them: head, blocks
+  /// last first, embed). Collectives: the adjoints of the plan's.
   WeightCtx backward_input(Saved s, double dloss = 1.0) const {
-    layers_.set_loss_scale(blocks_, dloss);
-    WeightCtx w;
-    auto [dx, pending] = backward_head(s, dloss);
-    w.ln_f = std::move(pending.ln_f);
-    w.head = std::move(pending.head);
-    w.blocks.resize(blocks_.size());
-    for (std::size_t l = blocks_.size(); l-- > 0;) {
-      // dx by an init-capture: clang before 16 cannot capture a structured binding.
-      auto [d, bw] = this->backward_unit(l + 1, [&, &dx = dx] { return blocks_[l].backward_input(std::move(s.blocks[l]), dx); });
-      dx = std::move(d);
-      w.blocks[l] = std::move(bw);
-    }
-    backward_embed_input(std::move(s), dx, w);
-    return w;
-  }
-
-  /// Adds every weight gradient (head, blocks last first, embed), announcing each unit.
-  void backward_weight(WeightCtx w) {
-    head_.backward_weight(std::move(w.head));
-    ln_f_.backward_weight(std::move(w.ln_f));
-    this->grads_ready(head_unit());
-    for (std::size_t l = blocks_.size(); l-- > 0;) {
-      blocks_[l].backward_weight(std::move(w.blocks[l]));
-      this->grads_ready(l + 1);
-    }
-    backward_embed_weight(std::move(w));
-    this->grads_ready(0);
+    return Base::backward_input(std::move(s), std::nullopt, dloss).weight;
   }
 
   /// The whole backward, unit by unit: each unit's weight gradients right after its input
   /// gradient, so the grads-ready callback (DDP's bucket all-reduce) fires while the earlier
   /// units still compute. Collectives: the adjoints of the plan's.
-  void backward(Saved s, double dloss = 1.0) {
-    layers_.set_loss_scale(blocks_, dloss);
-    auto [dx, pending] = backward_head(s, dloss);
-    head_.backward_weight(std::move(pending.head));
-    ln_f_.backward_weight(std::move(pending.ln_f));
-    this->grads_ready(head_unit());
-    for (std::size_t l = blocks_.size(); l-- > 0;) {
-      // dx by an init-capture: clang before 16 cannot capture a structured binding.
-      auto [d, bw] = this->backward_unit(l + 1, [&, &dx = dx] { return blocks_[l].backward_input(std::move(s.blocks[l]), dx); });
-      dx = std::move(d);
-      blocks_[l].backward_weight(std::move(bw));
-      this->grads_ready(l + 1);
-    }
-    WeightCtx w;
-    backward_embed_input(std::move(s), dx, w);
-    backward_embed_weight(std::move(w));
-    this->grads_ready(0);
-  }
-
-  /// units() (nn::WithUnits): embed, h.0 .. h.{L-1}, head (on the model's mesh; the Layers may
-  /// keep more, e.g. MoELayers::expert_units()).
-  Layers& layers() noexcept { return layers_; }
+  void backward(Saved s, double dloss = 1.0) { Base::backward(std::move(s), std::nullopt, dloss); }
 
   /// Activation checkpointing of block l (all blocks: cfg.checkpoint).
-  void set_checkpoint(std::size_t l, bool on) { blocks_.at(l).set_enabled(on); }
+  void set_checkpoint(std::size_t l, bool on) { this->blocks().at(l).set_enabled(on); }
 
-  /// The parameters in order, grouped into the units: embed, one per block, head.
-  auto children() { return nn::children(unit("embed", wte_, wpe_), blocks_, unit("head", ln_f_, head_)); }
   template <class List>
   void collect(List& out) { nn::collect_on<Mesh>(*this, out); }  // the parameters on the model's mesh
 
-  const GPTConfig& config() const noexcept { return c_; }
-  const Mesh& mesh() const noexcept { return mesh_; }
-  std::vector<Block>& blocks() noexcept { return blocks_; }
+  const GPTConfig& config() const noexcept { return this->model().config(); }
 
  private:
-  struct HeadCtx {
-    typename Norm::WeightCtx ln_f;
-    typename Head::WeightCtx head;
-  };
-
-  std::size_t head_unit() const noexcept { return this->units().size() - 1; }
-
-  std::pair<X, HeadCtx> backward_head(Saved& s, double dloss) const {
-    return this->backward_unit(head_unit(), [&] {
-      auto dlogits = loss_.backward(std::move(s.loss), dloss);
-      auto [dh, head_w] = head_.backward_input(std::move(s.head), dlogits);
-      auto [dx, ln_w] = ln_f_.backward_input(std::move(s.ln_f), dh);
-      return std::pair<X, HeadCtx>{std::move(dx), HeadCtx{std::move(ln_w), std::move(head_w)}};
-    });
-  }
-  void backward_embed_input(Saved&& s, const X& dx, WeightCtx& w) const {
-    this->backward_unit(0, [&] {
-      w.wte = wte_.backward_input(std::move(s.wte), dx).weight;
-      if constexpr (learned_positions) w.wpe = wpe_.backward_input(std::move(s.wpe), dx).weight;
-    });
-  }
-  void backward_embed_weight(WeightCtx&& w) {
-    wte_.backward_weight(std::move(w.wte));
-    if constexpr (learned_positions) wpe_.backward_weight(std::move(w.wpe));
-  }
-
   void check_batch(const char* op, const Ids& ids, const Ids& targets) const {
-    detail::check(ids.shape() == targets.shape() && ids.extent(0) > 0 && ids.extent(1) > 0 && ids.extent(1) <= c_.seq,
-                  op, mesh_, "ids ", to_string(ids.shape()), " and targets ", to_string(targets.shape()),
-                  " must both be [batch, positions] with 1 to ", c_.seq, " positions");
+    const Extent seq = config().seq;
+    detail::check(ids.shape() == targets.shape() && ids.extent(0) > 0 && ids.extent(1) > 0 && ids.extent(1) <= seq, op,
+                  this->mesh(), "ids ", to_string(ids.shape()), " and targets ", to_string(targets.shape()),
+                  " must both be [batch, positions] with 1 to ", seq, " positions");
   }
-
-  static std::uint64_t seed_base(const GPTConfig& c) { return c.seed * 1000; }
-
-  Mesh mesh_;
-  GPTConfig c_;
-  Layers layers_;
-  Wte wte_;
-  Wpe wpe_;
-  std::vector<Block> blocks_;
-  Norm ln_f_;
-  Head head_;
-  LossFn loss_;
 };
 
 }  // namespace dtensor::nn

@@ -14,8 +14,8 @@
 // norms' epsilon is cfg.norm_eps.
 //
 // Everything else is nn::GPT's: the parameter units ("embed" holds wte alone), the unit hooks
-// that DDP and FSDP use, activation checkpointing, the static factories a pipeline stage builds
-// its share with (pipeline::GptStage<T, Mesh, Plan, Id, nn::LlamaLayers>), context parallelism
+// that DDP and FSDP use, activation checkpointing, the parts a pipeline stage is cut from
+// (pipeline::split of nn::GptParts<T, Mesh, Plan, Id, nn::LlamaLayers>), context parallelism
 // (the rotary positions are nn::positions, the original indices under load balancing), and the
 // plans: MegatronPlan<SP> splits the fused qkv and w13 column-wise and the out projection and w2
 // row-wise, so its collectives are GPT's (parallel::megatron_tp_collectives); it needs

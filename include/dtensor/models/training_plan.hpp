@@ -10,8 +10,8 @@
 // Two programs, the trainer's (examples/train_gpt.cpp):
 //
 //   zero == 0 (DDP, any pp)   mesh (pp, dp, tp). Each pipeline rank builds its stages
-//                             (parallel::pipeline::GptStage: embedding on the first, head on the
-//                             last, its share of the blocks, uneven splits as stage_layers gives)
+//                             (parallel::pipeline::split of nn::GptParts: embedding on the first,
+//                             head on the last, its share of the blocks, uneven splits as stage_layers gives)
 //                             and runs one micro-batch through them: receive the input from the
 //                             previous stage, forward, send; then backward the same way. Then
 //                             DDP's all-reduce on "dp", the sequence-parallel sync, clipping
@@ -22,7 +22,7 @@
 //
 // MoE (plan.moe.router.experts > 0, Layers = nn::MoELayers over MetaMesh<"edp", "ep", "tp">): the
 // pipeline program, the experts on the expert mesh over each stage's ranks (ep of them splitting
-// the experts, as the trainer's), not sharded, all-reduced on "edp", with their own AdamW in T.
+// the experts, as the trainer's), not sharded, all-reduced on "edp", in the one AdamW (their state in T).
 // Routing is the balanced one a dry run assumes (nn::route_balanced): every expert gets its
 // share of every rank's tokens, so every rank of an "ep" group sends and receives alike.
 //
@@ -32,7 +32,7 @@
 // rank's stages); the last, "after step" (no work), starts with what the step leaves held. The activations of the micro-batches a schedule keeps in flight are not run:
 // peak_in_flight adds (in flight - 1) times one micro-batch's saved activations per stage to the
 // run's peak (the schedule's count for this pipeline rank, parallel/pipeline/validate.hpp).
-// Not here: FSDP across pipeline stages (GptStage has no FSDP units), the uneven flat-unit
+// Not here: FSDP across pipeline stages (a stage is sharded on its own stage mesh only), the uneven flat-unit
 // shards of FSDP's tail ranks (the class is that of rank 0 of the shard dimension).
 #pragma once
 
@@ -50,12 +50,12 @@
 #include "dtensor/distributed/redistribute.hpp"
 #include "dtensor/models/gpt.hpp"
 #include "dtensor/models/gpt_config.hpp"
-#include "dtensor/models/gpt_stage.hpp"
 #include "dtensor/models/llama.hpp"
 #include "dtensor/models/moe_gpt.hpp"
 #include "dtensor/ops/all.hpp"
 #include "dtensor/optim/adamw.hpp"
 #include "dtensor/optim/clip_grad.hpp"
+#include "dtensor/optim/param_set.hpp"
 #include "dtensor/optim/sgd.hpp"
 #include "dtensor/parallel/context_grads.hpp"
 #include "dtensor/parallel/data_parallel.hpp"
@@ -65,6 +65,7 @@
 #include "dtensor/parallel/pipeline/clip.hpp"
 #include "dtensor/parallel/pipeline/executor.hpp"
 #include "dtensor/parallel/pipeline/sharded_pipeline.hpp"
+#include "dtensor/parallel/pipeline/split.hpp"
 #include "dtensor/parallel/pipeline/validate.hpp"
 #include "dtensor/parallel/tensor_parallel.hpp"
 #include "dtensor/parallel/vocab_parallel.hpp"
@@ -240,7 +241,8 @@ void pipeline_rank_step(CommPtr world, const TrainingPlan& p, const parallel::pi
   namespace pp = parallel::pipeline;
   using Mesh = PipelineMesh;
   using StageMesh = MetaMesh<"dp", "fsdp", "cp", "tp">;
-  using Stage = pp::GptStage<T, StageMesh, parallel::MegatronPlan<SP>, std::int32_t, Layers>;
+  using Model = nn::GptParts<T, StageMesh, parallel::MegatronPlan<SP>, std::int32_t, Layers>;
+  using Stage = pp::Stage<Model>;
   Mesh mesh(world, pipeline_shape(p));
   const StageMesh stage_mesh = pp::stage_mesh_of(mesh);
   const auto& layout = schedule.layout;
@@ -251,28 +253,28 @@ void pipeline_rank_step(CommPtr world, const TrainingPlan& p, const parallel::pi
   std::vector<Stage> stages;
   {
     MemoryTagScope tag(MemoryTag::parameters);
-    const Layers layers = plan_layers<Layers>(stage_mesh, p);
-    for (int s : layout.stages_of(me)) stages.emplace_back(stage_mesh, config, s, layout.stages(), layers);
+    stages = pp::split(Model(stage_mesh, config, plan_layers<Layers>(stage_mesh, p)), layout, me);
   }
-  const auto ids = meta_ids<typename Stage::Ids>(stage_mesh, p);
-  // MoE: the experts' own optimizer (they are not sharded; all-reduced on "edp").
-  auto make_expert_optimizer = [](auto& experts) {
-    if constexpr (moe) return optim::AdamW<T, 3, meta_space>(experts, adamw_options());
-    else return 0;
-  };
+  const auto ids = meta_ids<typename Stage::Input>(stage_mesh, p);
   if (p.zero == 0) {
     nn::ParamList<T, 4, meta_space> params;  // the stage mesh's (MoE: the experts are on theirs)
     for (Stage& stage : stages) nn::collect_on<StageMesh>(stage, params);
     parallel::DataParallel<StageMesh> ddp(stage_mesh, {.bucket_bytes = bucket_bytes});
-    optim::AdamW<T, 4, meta_space> opt(params, adamw_options());
-    typename pp::detail::ExpertParts<Stage>::List experts;  // MoE: this rank's experts of its stages
-    if constexpr (moe) {
-      for (Stage& stage : stages) {
-        auto& mine = stage.layers().expert_params();
-        experts.insert(experts.end(), mine.begin(), mine.end());
+    // Every parameter as one set (MoE: the experts on their mesh too, not sharded, all-reduced
+    // on "edp"): one AdamW in T and one clip over all.
+    auto all = [&] {
+      if constexpr (moe) {
+        nn::ParamList<T, 3, meta_space> experts;  // this rank's experts of its stages
+        for (Stage& stage : stages) {
+          auto& mine = stage.layers().expert_params();
+          experts.insert(experts.end(), mine.begin(), mine.end());
+        }
+        return nn::param_set(nn::on(stage_mesh, params), nn::on(stages.front().layers().expert_mesh(), std::move(experts)));
+      } else {
+        return nn::param_set(nn::on(stage_mesh, params));
       }
-    }
-    auto expert_opt = make_expert_optimizer(experts);
+    }();
+    auto opt = optim::make_adamw(all, adamw_options());
     opt.zero_grad();
     run_one_microbatch(stages, mesh, layout, ids, rec, [](std::size_t) {}, [](std::size_t) {});
     rec.phase("optimizer");
@@ -283,15 +285,10 @@ void pipeline_rank_step(CommPtr world, const TrainingPlan& p, const parallel::pi
     parallel::detail::bucketed_all_reduce(params, stage_mesh, 1, {.bucket_bytes = bucket_bytes, .contiguous_only = false});
     parallel::context_parallel_grads(params, stage_mesh, {.bucket_bytes = bucket_bytes});
     parallel::sequence_parallel_grads(params, stage_mesh, {.bucket_bytes = bucket_bytes});
-    if constexpr (moe) {
-      const auto& expert_mesh = stages.front().layers().expert_mesh();
-      parallel::DataParallel<typename Layers::ExpertMesh>(expert_mesh, {.bucket_bytes = bucket_bytes})
-          .all_reduce_gradients(experts);
-      pp::clip_grad_norm(params, stage_mesh, experts, expert_mesh, mesh.group(0), 1.0);
-      expert_opt.step();
-    } else {
-      pp::clip_grad_norm(params, stage_mesh, mesh.group(0), 1.0);
-    }
+    if constexpr (moe)
+      parallel::DataParallel<typename Layers::ExpertMesh>(all.template mesh<1>(), {.bucket_bytes = bucket_bytes})
+          .all_reduce_gradients(all.template list<1>());
+    pp::clip_grad_norm(all, mesh.group(0), 1.0);
     opt.step();
     rec.phase(after_step);
     return;
@@ -299,11 +296,7 @@ void pipeline_rank_step(CommPtr world, const TrainingPlan& p, const parallel::pi
   // FSDP inside the stages: the pipeline wraps them (fp32 master values, gradient shards and
   // AdamW state over "fsdp"); the executor only holds them here, this program drives them.
   pp::ShardedPipeline<Stage, Mesh, float> run(mesh, schedule, std::move(stages), {.stage = p.zero}, bucket_bytes);
-  optim::AdamW<float, 4, meta_space> opt(run.params(), adamw_options());
-  auto expert_opt = [&] {
-    if constexpr (moe) return make_expert_optimizer(run.expert_params());
-    else return 0;
-  }();
+  auto opt = optim::make_adamw(run.params(), adamw_options());  // the fp32 shards (MoE: and the experts in T)
   run.zero_grad();
   run_one_microbatch(
       run.executor().stages(), mesh, layout, ids, rec, [&](std::size_t i) { run.fsdp(i).unshard(); },
@@ -316,7 +309,6 @@ void pipeline_rank_step(CommPtr world, const TrainingPlan& p, const parallel::pi
   run.finish_gradient_syncs();
   run.clip_grad_norm(1.0);
   opt.step();
-  if constexpr (moe) expert_opt.step();
   run.sync_parameters();
   rec.phase(after_step);
 }

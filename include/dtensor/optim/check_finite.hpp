@@ -34,7 +34,7 @@ std::optional<std::size_t> first_non_finite(std::span<const T> values) {
 /// Throws an Error naming the step unless `loss` is finite.
 inline void check_finite_loss(double loss, long long step) {
   if (!std::isfinite(loss))
-    throw Error("check_finite", detail::cat("step ", step, ": the loss is ", loss,
+    throw Error("check_finite", dtensor::detail::cat("step ", step, ": the loss is ", loss,
                                             " (training diverged: lower the learning rate, clip gradients)"));
 }
 
@@ -53,7 +53,7 @@ void check_finite(const nn::ParamList<T, N, Space>& params, long long step, cons
     const std::span<const T> values = Space::host_accessible ? std::span<const T>(piece) : std::span<const T>(host_copy.span());
     if (const auto i = first_non_finite(values))
       throw Error("check_finite",
-                  detail::cat("step ", step, ": ", what, " '", p.name, "' holds ", double(values[*i]),
+                  dtensor::detail::cat("step ", step, ": ", what, " '", p.name, "' holds ", double(values[*i]),
                               " at local element ", *i, " of ", values.size()),
                   rank);
   }

@@ -6,14 +6,15 @@
 // `params`: every parameter of this rank's stages (all on the same stage mesh). The norm of the
 // stage mesh's share (optim::grad_norm: one all-reduce over the stage mesh), squared and summed
 // over the pipeline group (one all-reduce of one double), is the norm of the whole model's
-// gradients; every rank then scales its own gradients as optim::clip_grad_norm does. A second
-// list on a second mesh (MoE experts on the expert mesh) joins the same norm.
+// gradients; every rank then scales its own gradients as optim::clip_grad_norm does. An
+// nn::ParamSet (lists on several meshes: MoE experts on the expert mesh) takes one norm over all.
 #pragma once
 
 #include <cmath>
 #include <span>
 
 #include "dtensor/optim/clip_grad.hpp"
+#include "dtensor/optim/param_set.hpp"
 
 namespace dtensor::parallel::pipeline {
 
@@ -40,18 +41,14 @@ double clip_grad_norm(const nn::ParamList<T, N, Space>& params, const StageMesh&
   return norm;
 }
 
-/// The same with a second list on a second mesh of the stage's ranks (MoE: the experts on the
-/// expert mesh): one norm over both lists and all stages, both scaled alike. The lists' element
-/// types may differ (FSDP's fp32 master values beside bf16 experts).
-template <class T, std::size_t N, class Space, MeshType StageMesh, class T2, std::size_t N2, MeshType ExpertMesh>
-double clip_grad_norm(const nn::ParamList<T, N, Space>& params, const StageMesh& stage_mesh,
-                      const nn::ParamList<T2, N2, Space>& experts,
-                      const ExpertMesh& expert_mesh, Communicator& pipeline_group, double max_norm) {
-  detail::check_max_norm(max_norm, stage_mesh.rank());
-  const double stage_norm = optim::grad_norm(params, stage_mesh), expert_norm = optim::grad_norm(experts, expert_mesh);
-  const double norm = detail::norm_over_stages(stage_norm * stage_norm + expert_norm * expert_norm, pipeline_group);
+/// The same over every parameter of this rank's stages, whatever mesh each lives on (an
+/// nn::ParamSet: the stages' parameters on the stage mesh, MoE experts on the expert mesh): one
+/// norm over every list and all stages, every list scaled alike.
+template <class... Parts>
+double clip_grad_norm(nn::ParamSet<Parts...>& params, Communicator& pipeline_group, double max_norm) {
+  detail::check_max_norm(max_norm, params.template mesh<0>().rank());
+  const double norm = detail::norm_over_stages(optim::grad_squares(params), pipeline_group);
   optim::scale_grads_to(params, norm, max_norm);
-  optim::scale_grads_to(experts, norm, max_norm);
   return norm;
 }
 

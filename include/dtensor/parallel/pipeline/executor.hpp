@@ -3,9 +3,10 @@
 //   DeviceMesh<"pp", "dp", "tp"> mesh(world, {pp, dp, tp});
 //   auto stage_mesh = pipeline::stage_mesh_of(mesh);                      // DeviceMesh<"dp", "tp">
 //   auto schedule = pipeline::make_schedule(pipeline::ScheduleKind::one_f_one_b, pp, M);
-//   std::vector<pipeline::GptStage<double, decltype(stage_mesh)>> stages;   // layout.stages_of(rank), in order
+//   auto stages = pipeline::split(nn::GptParts<double, decltype(stage_mesh)>(stage_mesh, cfg),
+//                                 schedule.layout, mesh.coordinate(0));   // this rank's, in order (split.hpp)
 //   pipeline::Executor exec(mesh, schedule, std::move(stages));           // validates the schedule
-//   auto stats = exec.step(pipeline::split_microbatches(stage_mesh, ids, targets, M));
+//   auto stats = exec.step(pipeline::split_microbatches<Ids>(stage_mesh, ids, targets, M));
 //   if (stats.loss) ...                                                   // on the ranks of the last stage
 //
 // Each pipeline rank (coordinate of the mesh's first dimension, whose role must be
@@ -14,7 +15,7 @@
 // returns; the F, B or I that uses the data waits for it just before it computes; SEND starts an
 // asynchronous send (send_to) and returns, so it overlaps the computations after it; sends are
 // waited for at the end of the step (finished ones are dropped as the step goes on). Activations
-// [B_mb, T, C] go forward and their gradients backward only by these messages between the stage
+// (the stage's activation_shape) go forward and their gradients backward only by these messages between the stage
 // meshes of two pipeline coordinates, each rank to the rank at its own coordinate of the other
 // stage mesh (distributed/transfer.hpp): with data and tensor parallelism inside the stages
 // (pp x dp x tp), every (dp, tp) rank has its own message. Stages on the same rank hand over
@@ -50,6 +51,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -105,34 +107,46 @@ inline std::array<int, 3> pipeline_mesh_shape(int ranks, int pipeline, int tenso
   return {pipeline, ranks / (pipeline * tensor), tensor};
 }
 
-/// The M micro-batches of a batch every rank holds whole ([B, T] ids and targets, on the host):
-/// consecutive slices of B / M sequences, each moved into the mesh's memory space (a copy to the
-/// GPU on a cuda mesh) and distributed on `mesh` (no communication). M must divide B.
-template <class Ids, MeshType Mesh, class Id>
-std::vector<std::pair<Ids, Ids>> split_microbatches(const Mesh& mesh, const Tensor<Id, 2>& ids, const Tensor<Id, 2>& targets,
-                                                    int microbatches) {
+/// The M micro-batches of one batch tensor every rank holds whole (any element type and rank,
+/// on the host): consecutive slices of B / M along its first dimension, each moved into the
+/// mesh's memory space (a copy to the GPU on a cuda mesh) and distributed on `mesh` in D's
+/// layout (no communication). M must divide B: the executor weights every micro-batch's loss
+/// 1/M, which is the batch mean only when they are the same size (an error otherwise; a batch
+/// that does not divide is the caller's to trim or pad).
+template <class D, MeshType Mesh, class E, std::size_t N>
+std::vector<D> split_microbatches(const Mesh& mesh, const Tensor<E, N>& batch, int microbatches) {
   constexpr const char* op = "pipeline::split_microbatches";
-  if (ids.shape() != targets.shape())
-    mesh.comm().fail(op, "ids " + dtensor::to_string(ids.shape()) + " and targets " + dtensor::to_string(targets.shape()) +
-                             " differ");
-  const Extent batch = ids.shape()[0], seq = ids.shape()[1];
-  if (microbatches < 1 || batch % microbatches != 0)
-    mesh.comm().fail(op, dtensor::detail::cat(microbatches, " micro-batches do not divide the batch of ", batch,
-                                              " sequences: the batch must be a multiple of the micro-batches"));
-  const Extent size = batch / microbatches;
-  std::vector<std::pair<Ids, Ids>> result;
+  static_assert(std::is_same_v<typename D::value_type, E> && D::rank == N,
+                "pipeline::split_microbatches: the batch tensor's element type and rank must be the DTensor's");
+  const Extent rows = batch.shape()[0];
+  if (microbatches < 1 || rows % microbatches != 0)
+    mesh.comm().fail(op, dtensor::detail::cat(microbatches, " micro-batches do not divide the batch ", dtensor::to_string(batch.shape()),
+                                              ": its first extent must be a multiple of the micro-batches"));
+  Shape<N> piece = batch.shape();
+  piece[0] = rows / microbatches;
+  const Extent step = numel(piece);
+  std::vector<D> result;
+  result.reserve(std::size_t(microbatches));
   for (int mb = 0; mb < microbatches; ++mb) {
-    Tensor<Id, 2> piece_ids(Shape<2>{size, seq}), piece_targets(Shape<2>{size, seq});
-    for (Extent b = 0; b < size; ++b)
-      for (Extent t = 0; t < seq; ++t) {
-        piece_ids(b, t) = ids(mb * size + b, t);
-        piece_targets(b, t) = targets(mb * size + b, t);
-      }
-    using L = typename Ids::layout;
-    using Space = mesh_space_t<Mesh>;
-    result.emplace_back(distribute_replicated<L>(mesh, into_space<Space>(std::move(piece_ids))),
-                        distribute_replicated<L>(mesh, into_space<Space>(std::move(piece_targets))));
+    Tensor<E, N> slice(view_of<N>(batch, mb * step, piece));  // a copy of the rows
+    result.push_back(distribute_replicated<typename D::layout>(mesh, into_space<mesh_space_t<Mesh>>(std::move(slice))));
   }
+  return result;
+}
+
+/// The M micro-batches of a batch of inputs and targets (each any element type and rank, the
+/// same first extent): pairs of the two splits above. Input [B, T] token ids with targets
+/// [B, T] (a language model), or [B, ...] samples with [B] labels (a classifier).
+template <class Input, class Target = Input, MeshType Mesh, class E1, std::size_t N1, class E2, std::size_t N2>
+std::vector<std::pair<Input, Target>> split_microbatches(const Mesh& mesh, const Tensor<E1, N1>& inputs,
+                                                         const Tensor<E2, N2>& targets, int microbatches) {
+  if (inputs.shape()[0] != targets.shape()[0])
+    mesh.comm().fail("pipeline::split_microbatches", "inputs " + dtensor::to_string(inputs.shape()) + " and targets " +
+                                                         dtensor::to_string(targets.shape()) + " differ in their first extent");
+  auto in = split_microbatches<Input>(mesh, inputs, microbatches);
+  auto out = split_microbatches<Target>(mesh, targets, microbatches);
+  std::vector<std::pair<Input, Target>> result;
+  for (std::size_t i = 0; i < in.size(); ++i) result.emplace_back(std::move(in[i]), std::move(out[i]));
   return result;
 }
 
@@ -170,7 +184,9 @@ class Executor {
 
  public:
   using X = typename Stage::X;
-  using Ids = typename Stage::Ids;
+  using Input = typename Stage::Input;
+  using Target = typename Stage::Target;
+  using Microbatches = std::vector<std::pair<Input, Target>>;  // each micro-batch's input and target
   using StageMesh = std::remove_cvref_t<decltype(std::declval<const Stage&>().mesh())>;
 
   /// `stages`: this rank's stages, those schedule.layout.stages_of(pipeline coordinate) names,
@@ -208,9 +224,9 @@ class Executor {
   const MemoryReport& memory() const noexcept { return memory_; }
   std::vector<Stage>& stages() noexcept { return stages_; }
 
-  /// Runs this rank's list once over the M micro-batches (each [B/M, T] ids and targets on the
-  /// stage mesh): forwards, backwards, messages; weight gradients added to the parameters.
-  StepStats step(const std::vector<std::pair<Ids, Ids>>& microbatches) {
+  /// Runs this rank's list once over the M micro-batches (each an input and a target on the
+  /// stage mesh, e.g. from split_microbatches): forwards, backwards, messages; weight gradients added to the parameters.
+  StepStats step(const Microbatches& microbatches) {
     constexpr const char* op = "pipeline::Executor::step";
     const int m = schedule_.microbatches;
     if (int(microbatches.size()) != m)
@@ -313,10 +329,10 @@ class Executor {
 
   /// The state of one step.
   struct Run {
-    Run(Executor& executor, const std::vector<std::pair<Ids, Ids>>& batches) : exec(executor), microbatches(batches) {}
+    Run(Executor& executor, const Microbatches& batches) : exec(executor), microbatches(batches) {}
 
     Executor& exec;
-    const std::vector<std::pair<Ids, Ids>>& microbatches;
+    const Microbatches& microbatches;
     StepStats stats{};
     double clock = 0;                          // slots, count_slots
     std::map<Action, Incoming> incoming;       // keyed by the RECV
@@ -380,8 +396,8 @@ class Executor {
       switch (action.kind) {
         case ActionKind::forward: {
           auto x = forward_input(action);
-          const auto& [ids, targets] = microbatches[std::size_t(mb)];
-          auto y = stage(action.stage).forward(mb, std::move(x), ids, targets);
+          const auto& [input, target] = microbatches[std::size_t(mb)];
+          auto y = stage(action.stage).forward(mb, std::move(x), input, target);
           if (y) outputs.emplace(std::pair{action.stage, mb}, std::move(*y));
           compute(action);
           break;

@@ -3,9 +3,11 @@
 //
 //   using Mesh = DeviceMesh<"pp", "dp", "fsdp", "cp", "tp">;      // size-1 dimensions where a parallelism is off
 //   auto stage_mesh = pipeline::stage_mesh_of(mesh);               // DeviceMesh<"dp", "fsdp", "cp", "tp">
-//   std::vector<pipeline::GptStage<float, decltype(stage_mesh), parallel::MegatronPlan<true>>> stages;  // this rank's
+//   auto stages = pipeline::split(nn::GptParts<float, decltype(stage_mesh), parallel::MegatronPlan<true>>(stage_mesh, cfg),
+//                                 schedule.layout, mesh.coordinate(0));   // this rank's (split.hpp)
 //   pipeline::ShardedPipeline run(mesh, schedule, std::move(stages), {.stage = 3});
-//   optim::AdamW<float, 4> opt(run.params(), {...});               // over this rank's shards of its stages
+//   auto opt = optim::make_adamw(run.params(), {...});             // one AdamW over every parameter of this rank
+//                                                                  // (its shards of its stages; MoE: its experts too)
 //   // each step:
 //   run.zero_grad();
 //   auto stats = run.step(microbatches);   // schedule + gradient syncs: the gradients are the batch mean's
@@ -30,9 +32,12 @@
 // and, under sequence parallelism, on the tensor dimension (parallel::sequence_parallel_grads).
 // Collectives beyond the stages' own and the messages between them: exactly these.
 //
-// MoE stages (GptStage with nn::MoELayers): the experts are not sharded: expert_params() are
-// this rank's experts of its stages on the expert mesh, all-reduced on its data dimension
-// ("edp", parallel::DataParallel) after the schedule, and clipped by one norm with params().
+// params() is every parameter of this rank's stages as one nn::ParamSet: the FSDP shards on the
+// stage mesh and, for stages whose model keeps units on a second mesh (a GPT with
+// nn::MoELayers: layers().expert_params() on layers().expert_mesh()), those too — not sharded,
+// all-reduced on that mesh's data dimension ("edp", parallel::DataParallel) after the schedule.
+// One optimizer (optim::make_adamw) and one clip (clip_grad_norm) take them all: no caller has a
+// case for the experts.
 #pragma once
 
 #include <cstddef>
@@ -56,18 +61,22 @@ namespace detail {
 template <class Stage>
 concept HasExperts = requires(Stage& s) { s.layers().expert_params(); };
 
-template <class Stage>
-struct ExpertParts {
+/// The parameter set of a pipeline's stages: the FSDP shards on the stage mesh, and the
+/// experts on their mesh where the stages have some.
+template <class Stage, class Params, class StageMesh>
+struct ParamParts {
   struct None {};
   using Mesh = None;
   using List = None;
   using Sync = None;
+  using Set = nn::ParamSet<nn::MeshParams<Params, StageMesh>>;
 };
-template <HasExperts Stage>
-struct ExpertParts<Stage> {
+template <HasExperts Stage, class Params, class StageMesh>
+struct ParamParts<Stage, Params, StageMesh> {
   using Mesh = std::remove_cvref_t<decltype(std::declval<Stage&>().layers().expert_mesh())>;
   using List = std::remove_cvref_t<decltype(std::declval<Stage&>().layers().expert_params())>;
   using Sync = std::optional<DataParallel<Mesh>>;
+  using Set = nn::ParamSet<nn::MeshParams<Params, StageMesh>, nn::MeshParams<List, Mesh>>;
 };
 }  // namespace detail
 
@@ -81,53 +90,39 @@ class ShardedPipeline {
   using Params = nn::ParamList<T, StageMesh::ndim, mesh_space_t<StageMesh>>;
   using Fsdp = FullyShard<Stage, StageMesh, T>;
   static constexpr bool moe = detail::HasExperts<Stage>;
-  using Experts = typename detail::ExpertParts<Stage>::List;
+  using Parts = detail::ParamParts<Stage, Params, StageMesh>;
+  using Set = typename Parts::Set;
 
  public:
   /// `stages`: this rank's, in the order schedule.layout.stages_of(pipeline rank) names them.
   ShardedPipeline(const Mesh& mesh, Schedule schedule, std::vector<Stage> stages, FsdpOptions fsdp = {},
                   std::size_t bucket_bytes = std::size_t(1) << 20)
       : mesh_(mesh), bucket_bytes_(bucket_bytes),
-        executor_(mesh, std::move(schedule), std::move(stages), ExecutorOptions{.hooks = stage_hooks()}) {
-    // The executor holds the stages from here on and does not move them: FSDP keeps references.
-    for (Stage& stage : executor_.stages()) {
-      shards_.push_back(std::make_unique<Fsdp>(stage, stage.mesh(), fsdp));
-      shards_.back()->set_requires_gradient_sync(false);
-      for (auto& p : shards_.back()->params()) params_.push_back(p);
-      if constexpr (moe) {
-        auto& mine = stage.layers().expert_params();
-        experts_.insert(experts_.end(), mine.begin(), mine.end());
-      }
-    }
+        executor_(mesh, std::move(schedule), std::move(stages), ExecutorOptions{.hooks = stage_hooks()}),
+        params_(shard_stages(fsdp)) {
     if constexpr (moe)
-      expert_sync_.emplace(executor_.stages().front().layers().expert_mesh(), DataParallelOptions{.bucket_bytes = bucket_bytes});
+      expert_sync_.emplace(params_.template mesh<1>(), DataParallelOptions{.bucket_bytes = bucket_bytes});
   }
   ShardedPipeline(const ShardedPipeline&) = delete;  // the executor's hooks hold `this`
   ShardedPipeline& operator=(const ShardedPipeline&) = delete;
 
-  /// This rank's shards of its stages' parameters, for the optimizer.
-  Params& params() noexcept { return params_; }
+  /// Every parameter of this rank's stages (its FSDP shards; MoE: its experts on their mesh), for
+  /// one optimizer (optim::make_adamw) over all.
+  Set& params() noexcept { return params_; }
   Executor<Stage, Mesh>& executor() noexcept { return executor_; }
   /// The whole mesh, "pp" included (checkpoint/pipeline_state.hpp saves over it).
   const Mesh& mesh() const noexcept { return mesh_; }
   const StageMesh& stage_mesh() { return executor_.stages().front().mesh(); }
   Fsdp& fsdp(std::size_t local_stage) { return *shards_.at(local_stage); }
-  /// MoE: this rank's experts of its stages (on the expert mesh), for their own optimizer.
-  Experts& expert_params() noexcept
-    requires moe
-  {
-    return experts_;
-  }
-
   void zero_grad() {
     for (auto& shard : shards_) shard->zero_grad();
     if constexpr (moe)
-      for (auto& p : experts_) p.zero_grad();
+      for (auto& p : params_.template list<1>()) p.zero_grad();
   }
 
   /// One schedule over the micro-batches, then every gradient sync: the gradients of params()
   /// are the batch mean's, reduced on every data, context and tensor dimension.
-  StepStats step(const std::vector<std::pair<typename Stage::Ids, typename Stage::Ids>>& microbatches) {
+  StepStats step(const typename Executor<Stage, Mesh>::Microbatches& microbatches) {
     StepStats stats = executor_.step(microbatches);
     finish_gradient_syncs();
     return stats;
@@ -140,21 +135,15 @@ class ShardedPipeline {
   void finish_gradient_syncs() {
     for (auto& shard : shards_) shard->finish_gradient_sync();
     const StageMesh& stage_mesh = executor_.stages().front().mesh();
-    context_parallel_grads(params_, stage_mesh, {.bucket_bytes = bucket_bytes_});  // none without "cp"
-    sequence_parallel_grads(params_, stage_mesh, {.bucket_bytes = bucket_bytes_});  // none without SP
-    if constexpr (moe) expert_sync_->all_reduce_gradients(experts_);
+    auto& shards = params_.template list<0>();
+    context_parallel_grads(shards, stage_mesh, {.bucket_bytes = bucket_bytes_});  // none without "cp"
+    sequence_parallel_grads(shards, stage_mesh, {.bucket_bytes = bucket_bytes_});  // none without SP
+    if constexpr (moe) expert_sync_->all_reduce_gradients(params_.template list<1>());
   }
 
-  /// Clips the gradients (MoE: and the experts') to `max_norm` by their norm over all stages;
-  /// returns the norm.
-  double clip_grad_norm(double max_norm) {
-    const StageMesh& stage_mesh = executor_.stages().front().mesh();
-    if constexpr (moe)
-      return pipeline::clip_grad_norm(params_, stage_mesh, experts_, executor_.stages().front().layers().expert_mesh(),
-                                      mesh_.group(0), max_norm);
-    else
-      return pipeline::clip_grad_norm(params_, stage_mesh, mesh_.group(0), max_norm);
-  }
+  /// Clips every gradient of params() to `max_norm` by their one norm over all stages (and
+  /// meshes); returns the norm.
+  double clip_grad_norm(double max_norm) { return pipeline::clip_grad_norm(params_, mesh_.group(0), max_norm); }
 
   /// ZeRO-1/2: all-gathers the updated parameters into the stages (ZeRO-3: the next step does).
   void sync_parameters() {
@@ -162,6 +151,28 @@ class ShardedPipeline {
   }
 
  private:
+  /// Wraps each of the executor's stages with FSDP (the executor holds them from here on and
+  /// does not move them: FSDP keeps references); returns every parameter of this rank's stages.
+  Set shard_stages(const FsdpOptions& fsdp) {
+    Params shards;
+    [[maybe_unused]] typename Parts::List experts{};
+    for (Stage& stage : executor_.stages()) {
+      shards_.push_back(std::make_unique<Fsdp>(stage, stage.mesh(), fsdp));
+      shards_.back()->set_requires_gradient_sync(false);
+      for (auto& p : shards_.back()->params()) shards.push_back(p);
+      if constexpr (moe) {
+        auto& mine = stage.layers().expert_params();
+        experts.insert(experts.end(), mine.begin(), mine.end());
+      }
+    }
+    const StageMesh& stage_mesh = executor_.stages().front().mesh();
+    if constexpr (moe)
+      return nn::param_set(nn::on(stage_mesh, std::move(shards)),
+                           nn::on(executor_.stages().front().layers().expert_mesh(), std::move(experts)));
+    else
+      return nn::param_set(nn::on(stage_mesh, std::move(shards)));
+  }
+
   /// FSDP's UNSHARD before a stage's first forward, RESHARD and the gradient reduction after its last backward.
   StageHooks stage_hooks() {
     return {.before_first_forward = [this](int stage) { shard_of(stage).unshard(); },
@@ -183,9 +194,8 @@ class ShardedPipeline {
   std::size_t bucket_bytes_;
   Executor<Stage, Mesh> executor_;
   std::vector<std::unique_ptr<Fsdp>> shards_;
-  Params params_;
-  [[no_unique_address]] Experts experts_{};
-  [[no_unique_address]] typename detail::ExpertParts<Stage>::Sync expert_sync_{};
+  Set params_;
+  [[no_unique_address]] typename Parts::Sync expert_sync_{};
 };
 
 }  // namespace dtensor::parallel::pipeline

@@ -1,0 +1,301 @@
+// dtensor/nn/stack.hpp — a model as ordered parts (prologue, blocks, epilogue and loss), and the
+// one forward / backward loop over any contiguous run of them: a whole model (nn::GPT) or one
+// pipeline stage (parallel/pipeline/split.hpp) runs the same code.
+//
+//   struct MyModel {                                   // the parts protocol (nn::LayeredModel)
+//     using Target = Labels;                           // what the loss compares the logits with
+//     const Mesh& mesh() const;
+//     Extent block_count() const;                      // how many blocks
+//     Embed make_prologue() const;                     // Input -> X        (In, Out, Saved, WeightCtx)
+//     Block make_block(Extent i) const;                // X -> X            (every block the same type)
+//     Head make_epilogue() const;                      // X -> Logits
+//     LossFn make_loss() const;                        // forward(logits, target) -> {Loss, Saved}; backward(saved, dloss) -> dlogits
+//     Shape<3> activation_shape(const Input&) const;   // X's extents for this input (what a pipeline stage receives)
+//     // optional: Policy& layers();  see "The blocks' policy" below
+//   };
+//   nn::Stack<MyModel> whole(model, nn::Stack<MyModel>::all(model));      // every part
+//   auto [out, saved] = whole.forward(std::nullopt, x, labels);           // out.loss: the loss
+//   whole.backward(std::move(saved), std::nullopt, 1.0);                  // gradients into the parameters
+//
+// A Stack holds a part range: the prologue (or not), blocks [first, end), the epilogue and loss
+// (or not). forward takes the model's input when it holds the prologue, else `x` (the previous
+// part's activation), and returns the activation after its last block — or, holding the
+// epilogue, the loss (the output's y then empty). backward_input goes the other way, from
+// dloss * loss or from `dy`, and returns the gradient of the stack's input activation (none when
+// it holds the prologue: a model's input has no gradient here) and the weight context;
+// backward_weight adds the weight gradients (epilogue, blocks last first, prologue); backward does
+// both unit by unit, so grads_ready fires as each unit is finished (DDP's overlap).
+//
+// Units (nn/units.hpp): the prologue, each block and the epilogue are one unit each (named by
+// their name(): a GPT's "embed", "h.l", "head"), fired like nn::Sequential's: pre_forward /
+// post_forward around a part's forward, pre_backward before its input gradient (the loss's
+// backward runs inside the epilogue's), grads_ready after its weight gradients. A part without
+// parameters on the model's mesh forms no unit and fires nothing.
+//
+// The blocks' policy (optional `layers()` on the model, e.g. nn::GPT's Layers): add_units(blocks,
+// first_layer) adds units of parameters on other meshes (MoE experts); auxiliary_loss(blocks) is
+// what the blocks' last forward adds to the loss (MoE load balancing): a stack with the epilogue
+// adds it to its loss (add_losses), one without returns it in Output::auxiliary; set_loss_scale
+// (blocks, dloss) weights those losses' gradients like the loss's. Missing members do nothing.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "dtensor/nn/units.hpp"
+
+namespace dtensor::nn {
+
+/// What nn::Stack (and pipeline::split) need of a model: its parts, built one at a time.
+template <class M>
+concept LayeredModel = requires { typename M::Target; } && requires(const M& m, Extent i) {
+  m.mesh();
+  { m.block_count() } -> std::convertible_to<Extent>;
+  m.make_prologue();
+  m.make_block(i);
+  m.make_epilogue();
+  m.make_loss();
+};
+
+/// Checked one member at a time, so that the error names what a model lacks.
+template <class M>
+constexpr bool require_layered_model() {
+  static_assert(requires { typename M::Target; }, "a layered model needs `Target`: the type its loss compares with");
+  static_assert(requires(const M& m) { m.mesh(); }, "a layered model needs `mesh()` const");
+  static_assert(requires(const M& m) { { m.block_count() } -> std::convertible_to<Extent>; },
+                "a layered model needs `block_count()` const: how many blocks it has");
+  static_assert(requires(const M& m) { m.make_prologue(); },
+                "a layered model needs `make_prologue()` const: the module from its input to the blocks' activation");
+  static_assert(requires(const M& m, Extent i) { m.make_block(i); },
+                "a layered model needs `make_block(Extent i)` const: block i, activation to activation");
+  static_assert(requires(const M& m) { m.make_epilogue(); },
+                "a layered model needs `make_epilogue()` const: the module from the activation to the logits");
+  static_assert(requires(const M& m) { m.make_loss(); },
+                "a layered model needs `make_loss()` const: forward(logits, target) -> {loss, saved}, backward(saved, dloss)");
+  return LayeredModel<M>;
+}
+
+namespace detail {
+template <class M>
+using prologue_t = decltype(std::declval<const M&>().make_prologue());
+template <class M>
+using block_t = decltype(std::declval<const M&>().make_block(Extent{}));
+template <class M>
+using epilogue_t = decltype(std::declval<const M&>().make_epilogue());
+template <class M>
+using loss_fn_t = decltype(std::declval<const M&>().make_loss());
+template <class M>
+using stack_x_t = typename prologue_t<M>::Out;
+
+template <class M, class Blocks>
+constexpr bool has_auxiliary_loss = requires(M& m, const Blocks& b) { m.layers().auxiliary_loss(b); };
+}  // namespace detail
+
+template <class M>
+class Stack : public WithUnits<typename detail::stack_x_t<M>::value_type, typename detail::stack_x_t<M>::mesh_type> {
+  static_assert(require_layered_model<M>());
+  using Base = WithUnits<typename detail::stack_x_t<M>::value_type, typename detail::stack_x_t<M>::mesh_type>;
+
+ public:
+  using Model = M;
+  using Prologue = detail::prologue_t<M>;
+  using Block = detail::block_t<M>;
+  using Epilogue = detail::epilogue_t<M>;
+  using LossFn = detail::loss_fn_t<M>;
+  using Input = typename Prologue::In;
+  using X = typename Prologue::Out;
+  using Logits = typename Epilogue::Out;
+  using Target = typename M::Target;
+  using Loss = typename LossFn::Loss;
+  using Mesh = typename X::mesh_type;
+  static_assert(std::is_same_v<typename Block::In, X> && std::is_same_v<typename Block::Out, X>,
+                "a layered model's blocks must take and give the prologue's output type (the activation X)");
+  static_assert(std::is_same_v<typename Epilogue::In, X>,
+                "a layered model's epilogue must take the blocks' activation X");
+  static constexpr bool has_auxiliary_loss = detail::has_auxiliary_loss<M, std::vector<Block>>;
+
+  /// Which parts a stack holds.
+  struct Range {
+    bool prologue = true;
+    Extent first = 0, end = 0;  // blocks [first, end)
+    bool epilogue = true;
+  };
+  static Range all(const M& model) { return {true, 0, model.block_count(), true}; }
+
+  struct Saved {
+    std::optional<typename Prologue::Saved> prologue;
+    std::vector<typename Block::Saved> blocks;
+    std::optional<typename Epilogue::Saved> epilogue;
+    std::optional<typename LossFn::Saved> loss;
+  };
+  struct WeightCtx {
+    std::optional<typename Prologue::WeightCtx> prologue;
+    std::vector<typename Block::WeightCtx> blocks;  // in block order
+    std::optional<typename Epilogue::WeightCtx> epilogue;
+  };
+  /// What forward gives: the activation (no epilogue) or the loss (epilogue), and the blocks'
+  /// auxiliary losses of a stack without the epilogue (this rank's shares; the loss holds the others').
+  struct Output {
+    std::optional<X> y;
+    std::optional<Loss> loss;
+    double auxiliary = 0;
+  };
+
+  /// Builds the parts of `range` with the model's factories (the same names, seeds and
+  /// initialisation whatever the range, so stages together start from the whole model).
+  Stack(M model, Range range) : model_(std::move(model)), range_(range) {
+    if (range.first < 0 || range.first > range.end || range.end > model_.block_count())
+      model_.mesh().comm().fail("nn::Stack", dtensor::detail::cat("blocks [", range.first, ", ", range.end,
+                                                                   ") are not a range of the model's ", model_.block_count()));
+    if (range.prologue) prologue_.emplace(model_.make_prologue());
+    blocks_.reserve(std::size_t(range.end - range.first));
+    for (Extent l = range.first; l < range.end; ++l) blocks_.push_back(model_.make_block(l));
+    if (range.epilogue) {
+      epilogue_.emplace(model_.make_epilogue());
+      loss_.emplace(model_.make_loss());
+    }
+    unit_of_ = this->make_units(*this);
+    if constexpr (requires { model_.layers().add_units(blocks_, range.first); }) model_.layers().add_units(blocks_, range.first);
+  }
+  Stack(Stack&&) = default;
+  Stack& operator=(Stack&&) = default;
+
+  bool has_prologue() const noexcept { return prologue_.has_value(); }
+  bool has_epilogue() const noexcept { return epilogue_.has_value(); }
+  Extent first_block() const noexcept { return range_.first; }
+
+  /// From the model's input (with the prologue) or from x (without): the activation after the
+  /// last block, or the loss (with the epilogue; `target` is read then only).
+  Fwd<Output, Saved> forward(std::optional<X> x, const Input& input, const Target& target) const {
+    Saved s;
+    Output out;
+    if (prologue_) {
+      auto [y, ps] = this->forward_unit(prologue_unit(), [&] { return prologue_->forward(input); });
+      x = std::move(y);
+      s.prologue = std::move(ps);
+    }
+    s.blocks.reserve(blocks_.size());
+    for (std::size_t l = 0; l < blocks_.size(); ++l) {
+      auto [y, bs] = this->forward_unit(block_unit(l), [&] { return blocks_[l].forward(*x); });
+      x = std::move(y);
+      s.blocks.push_back(std::move(bs));
+    }
+    if (epilogue_) {
+      auto [logits, es] = this->forward_unit(epilogue_unit(), [&] { return epilogue_->forward(*x); });
+      auto [loss, ls] = loss_->forward(logits, target);
+      if constexpr (requires { model_.layers().add_losses(loss, blocks_); }) model_.layers().add_losses(loss, blocks_);
+      s.epilogue = std::move(es);
+      s.loss = std::move(ls);
+      out.loss = std::move(loss);
+    } else {
+      if constexpr (has_auxiliary_loss) out.auxiliary = model_.layers().auxiliary_loss(blocks_);
+      out.y = std::move(x);
+    }
+    return {std::move(out), std::move(s)};
+  }
+
+  /// The input gradients of dloss * loss (with the epilogue) or of dy (without), last part
+  /// first; returns the input activation's gradient (none with the prologue) and the weight
+  /// context. No parameter gradient is touched.
+  Bwd<std::optional<X>, WeightCtx> backward_input(Saved s, std::optional<X> dy, double dloss) const {
+    WeightCtx w;
+    dy = backward_epilogue(s, std::move(dy), dloss, w);
+    w.blocks.resize(blocks_.size());
+    for (std::size_t l = blocks_.size(); l-- > 0;) {
+      auto [dx, bw] = this->backward_unit(block_unit(l), [&] { return blocks_[l].backward_input(std::move(s.blocks[l]), *dy); });
+      dy = std::move(dx);
+      w.blocks[l] = std::move(bw);
+    }
+    if (prologue_) {
+      backward_prologue_input(s, *dy, w);
+      dy.reset();
+    }
+    return {std::move(dy), std::move(w)};
+  }
+
+  /// Adds the weight gradients: epilogue, blocks last first, prologue, each unit announced.
+  void backward_weight(WeightCtx w) {
+    if (epilogue_) weight_of(*epilogue_, std::move(*w.epilogue), epilogue_unit());
+    for (std::size_t l = blocks_.size(); l-- > 0;) weight_of(blocks_[l], std::move(w.blocks[l]), block_unit(l));
+    if (prologue_) weight_of(*prologue_, std::move(*w.prologue), prologue_unit());
+  }
+
+  /// The whole backward unit by unit: each unit's weight gradients right after its input
+  /// gradient (grads_ready while the earlier units still compute). Returns as backward_input.
+  std::optional<X> backward(Saved s, std::optional<X> dy, double dloss) {
+    WeightCtx w;
+    dy = backward_epilogue(s, std::move(dy), dloss, w);
+    if (epilogue_) weight_of(*epilogue_, std::move(*w.epilogue), epilogue_unit());
+    for (std::size_t l = blocks_.size(); l-- > 0;) {
+      auto [dx, bw] = this->backward_unit(block_unit(l), [&] { return blocks_[l].backward_input(std::move(s.blocks[l]), *dy); });
+      dy = std::move(dx);
+      weight_of(blocks_[l], std::move(bw), block_unit(l));
+    }
+    if (prologue_) {
+      backward_prologue_input(s, *dy, w);
+      weight_of(*prologue_, std::move(*w.prologue), prologue_unit());
+      dy.reset();
+    }
+    return dy;
+  }
+
+  /// The parts, in order: each one unit (nn/units.hpp); absent ones form none.
+  auto children() { return nn::children(prologue_, blocks_, epilogue_); }
+
+  const Mesh& mesh() const noexcept { return model_.mesh(); }
+  const M& model() const noexcept { return model_; }
+  /// The blocks' policy (the model's layers(): MoE's experts and statistics).
+  decltype(auto) layers() noexcept
+    requires requires(M& m) { m.layers(); }
+  {
+    return model_.layers();
+  }
+  std::vector<Block>& blocks() noexcept { return blocks_; }
+  const std::vector<Block>& blocks() const noexcept { return blocks_; }
+  Prologue& prologue() { return prologue_.value(); }
+  Epilogue& epilogue() { return epilogue_.value(); }
+
+ private:
+  std::size_t part_unit(std::size_t part) const noexcept { return unit_of_[part]; }
+  std::size_t prologue_unit() const noexcept { return part_unit(0); }
+  std::size_t block_unit(std::size_t l) const noexcept { return part_unit(l + (prologue_ ? 1 : 0)); }
+  std::size_t epilogue_unit() const noexcept { return part_unit(unit_of_.size() - 1); }
+
+  template <class Part, class W>
+  void weight_of(Part& part, W&& w, std::size_t unit) {
+    part.backward_weight(std::forward<W>(w));
+    this->grads_ready(unit);
+  }
+
+  void set_loss_scale(double dloss) const {
+    if constexpr (requires { model_.layers().set_loss_scale(blocks_, dloss); }) model_.layers().set_loss_scale(blocks_, dloss);
+  }
+
+  /// The loss's and the epilogue's input gradients (with the epilogue), else dy as given.
+  std::optional<X> backward_epilogue(Saved& s, std::optional<X> dy, double dloss, WeightCtx& w) const {
+    set_loss_scale(dloss);  // the blocks' auxiliary losses weighted like the loss
+    if (!epilogue_) return dy;
+    return this->backward_unit(epilogue_unit(), [&] {
+      auto dlogits = loss_->backward(std::move(*s.loss), dloss);
+      auto [dx, ew] = epilogue_->backward_input(std::move(*s.epilogue), dlogits);
+      w.epilogue = std::move(ew);
+      return std::optional<X>(std::move(dx));
+    });
+  }
+  void backward_prologue_input(Saved& s, const X& dx, WeightCtx& w) const {
+    this->backward_unit(prologue_unit(), [&] { w.prologue = prologue_->backward_input(std::move(*s.prologue), dx).weight; });
+  }
+
+  mutable M model_;  // the layers() policy keeps per-forward state (MoE statistics, loss scale)
+  Range range_;
+  std::optional<Prologue> prologue_;
+  std::vector<Block> blocks_;
+  std::optional<Epilogue> epilogue_;
+  std::optional<LossFn> loss_;
+  std::vector<std::size_t> unit_of_;  // part -> unit index (WithUnits::no_unit: no parameters)
+};
+
+}  // namespace dtensor::nn
