@@ -9,10 +9,11 @@
 #include <vector>
 
 #include "dtensor/comm/threads.hpp"
-#include "dtensor/models/gpt_stage.hpp"
+#include "dtensor/models/gpt.hpp"
 #include "dtensor/parallel/moe.hpp"
 #include "dtensor/parallel/pipeline/by_name.hpp"
 #include "dtensor/parallel/pipeline/executor.hpp"
+#include "dtensor/parallel/pipeline/split.hpp"
 #include "hardening/hardening.hpp"
 
 using namespace dtensor;
@@ -23,7 +24,8 @@ namespace pp = dtensor::parallel::pipeline;
 namespace {
 using PipelineMesh = DeviceMesh<"pp", "dp", "tp">;
 using StageMesh = DeviceMesh<"dp", "tp">;
-using Stage = pp::GptStage<float, StageMesh, nn::ReplicatedPlan>;
+using Model = nn::GptParts<float, StageMesh, nn::ReplicatedPlan>;
+using Stage = pp::Stage<Model>;
 
 /// Builds an executor on 4 ranks (pp 2 x dp 2), each rank with the schedule `schedule_of(rank)`,
 /// under the collective check `check`; each rank's outcome.
@@ -36,9 +38,7 @@ std::vector<Outcome> build_pipelines(bool check, ScheduleOf schedule_of) {
     const StageMesh stage_mesh = pp::stage_mesh_of(mesh);
     const nn::GPTConfig cfg{.vocab = 11, .seq = 4, .dim = 8, .heads = 2, .layers = 2, .mlp_ratio = 2, .seed = 3};
     const pp::Schedule schedule = schedule_of(world->rank());
-    std::vector<Stage> stages;
-    for (int s : schedule.layout.stages_of(mesh.coordinate(0)))
-      stages.emplace_back(stage_mesh, cfg, s, schedule.layout.stages());
+    std::vector<Stage> stages = pp::split(Model(stage_mesh, cfg), schedule.layout, mesh.coordinate(0));
     pp::Executor<Stage, PipelineMesh> exec(mesh, schedule, std::move(stages));
   });
 }
