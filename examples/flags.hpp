@@ -61,7 +61,7 @@ struct MeshFlags {
   int pp = 2, dp = 1, fsdp = 2, cp = 2, tp = 2, ep = 1;
   int zero = 0;  // ZeRO stage over "fsdp"; 0: 3 when --fsdp > 1, else 1 (= DDP)
   bool sp = true;
-  dtensor::parallel::ContextKind cp_kind = dtensor::parallel::ContextKind::ring;
+  dtensor::nn::ContextKind cp_kind = dtensor::nn::ContextKind::ring;
   std::string schedule = "1f1b";
   int microbatches = 0;  // 0: 2 x pp with a pipeline, else 1
 
@@ -88,7 +88,7 @@ bool parse_mesh_flag(MeshFlags& o, const std::string& a, Value&& value) {
   else if (a == "--cp-kind") {
     const std::string k = value();
     try {
-      o.cp_kind = dtensor::parallel::parse_context_kind(k);
+      o.cp_kind = dtensor::nn::parse_context_kind(k);
     } catch (const dtensor::Error&) {
       throw UsageError("--cp-kind is ring, allgather or ulysses, got '" + k + "'");
     }
