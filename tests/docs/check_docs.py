@@ -15,7 +15,8 @@ Reads every fenced block of docs/*.md and README.md (or the FILEs given) and:
   program on the threads backend (--backend mpi dropped), so the flags are checked without an
   MPI launcher; scripts/run-main.sh runs the script itself with the built trainer
   (DTENSOR_MAIN_TRAINER), so its own defaults are checked too. A program that was not built
-  (train_gpt_cuda without CUDA) is reported as skipped;
+  (train_gpt_cuda without CUDA), train_gpt_cuda where no GPU is usable, and NCCL commands (a GPU
+  per rank) are reported as skipped;
 * compiles every C++ block tagged `cpp complete` (a whole translation unit) with
   `COMPILER -std=c++20 -fsyntax-only -I include`.
 
@@ -146,12 +147,28 @@ echo "docs test: {prog} was not built here (skipped)"
 exit 77
 '''
 
+NO_GPU_WRAPPER = '''#!/bin/sh
+echo "docs test: {prog} needs a GPU and this machine has none (skipped)"
+exit 77
+'''
+
+
+def has_gpu():
+    """Whether a GPU is usable here (nvidia-smi lists one): train_gpt_cuda's commands need it."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return False
+    r = subprocess.run([smi, "-L"], capture_output=True, text=True)
+    return r.returncode == 0 and "GPU" in r.stdout
+
 
 def make_wrappers(dirpath, bindir, source):
     for prog in PROGRAMS:
         built = os.path.join(bindir, prog)
         if not os.path.exists(built):
             text = SKIP_WRAPPER.format(prog=prog)
+        elif prog == "train_gpt_cuda" and not has_gpu():
+            text = NO_GPU_WRAPPER.format(prog=prog)
         elif prog.startswith("train_gpt"):
             text = TRAIN_WRAPPER.format(prog=prog, path=built)
         else:
@@ -216,6 +233,10 @@ def main():
                     continue
                 cmd = rewrite(line)
                 where = f"{name}:{line_no + 1 + k}"
+                if "--backend nccl" in line:  # a GPU per process under an MPI launcher: a GPU cluster's
+                    skipped += 1
+                    print(f"{where}: {line.strip()}\n  skipped: needs one GPU per rank (NCCL)")
+                    continue
                 try:
                     r = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], cwd=cwd, env=env, capture_output=True,
                                        text=True, timeout=a.timeout)
@@ -230,7 +251,7 @@ def main():
                 print(f"{where}: {line.strip()}\n  {'ok' if status == 0 else 'FAILED (' + str(status) + ')'}")
                 if status != 0:
                     failures.append(f"{where}: `{line.strip()}` exited with {status}:\n{clip(output)}")
-    print(f"\ndocs test: {ran} commands run, {skipped} skipped (not built here), {compiled} snippets compiled, "
+    print(f"\ndocs test: {ran} commands run, {skipped} skipped (not built or no GPU here), {compiled} snippets compiled, "
           f"{len(failures)} failed")
     for f in failures:
         print("\nFAILED " + f)
