@@ -15,6 +15,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 #include "dtensor/comm/threads.hpp"
 #include "dtensor/core/parse.hpp"
@@ -53,6 +54,14 @@ inline double positive_flag_value(const std::string& flag, const std::string& te
 /// A mesh dimension's size: 1 to the most ranks the threads backend runs.
 inline int mesh_flag(const std::string& flag, const std::string& text) {
   return flag_value<int>(flag, text, 1, dtensor::threads::detail::max_ranks);
+}
+
+/// Whether --help (or -h) stands anywhere on the command line: it wins before any flag is
+/// checked, so `train_gpt --pp 0 --help` prints the usage.
+inline bool help_requested(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::string_view(argv[i]) == "--help" || std::string_view(argv[i]) == "-h") return true;
+  return false;
 }
 
 /// The parallelism flags: the mesh (pp, dp, fsdp, cp, tp; ep for the experts) and how each

@@ -253,12 +253,10 @@ inline void check_options(Options& o, bool cuda_build) {
 
 inline Options parse(int argc, char** argv, bool cuda_build) {
   Options o;
-  // --help anywhere wins, before any flag is checked: `train_gpt --pp 0 --help` prints the usage.
-  for (int i = 1; i < argc; ++i)
-    if (std::string_view(argv[i]) == "--help" || std::string_view(argv[i]) == "-h") {
-      std::cout << usage;
-      std::exit(0);
-    }
+  if (examples::help_requested(argc, argv)) {  // examples/flags.hpp
+    std::cout << usage;
+    std::exit(0);
+  }
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {

@@ -98,11 +98,10 @@ void check_options(Options& o) {
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i)  // --help anywhere wins, before any flag is checked (as train_gpt's)
-    if (std::string_view(argv[i]) == "--help" || std::string_view(argv[i]) == "-h") {
-      std::cout << "usage: train_vit " << examples::mesh_flags_usage << usage_tail;
-      std::exit(0);
-    }
+  if (examples::help_requested(argc, argv)) {  // examples/flags.hpp
+    std::cout << "usage: train_vit " << examples::mesh_flags_usage << usage_tail;
+    std::exit(0);
+  }
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
