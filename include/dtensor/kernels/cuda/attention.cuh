@@ -3,14 +3,15 @@
 // from the saved lse, and merge_attention_blocks; the host's options (causal, scale, q/k offsets
 // for ring attention).
 //
-// No T x T matrix exists at any point. Forward: one warp per query row streams the keys it may
-// see in tiles of 32 through shared memory (shared by the block's 8 rows), each lane scoring one
-// key of the tile, with an online softmax over tiles (running max and sum, FlashAttention's
-// recurrence); each lane holds D / 32 elements of the output accumulator. Backward
-// (FlashAttention-2's split, without atomics, so deterministic): delta_i = dout_i . out_i; one
-// warp per query row accumulates dq_i = scale sum_j p_ij (dp_ij - delta_i) k_j over key tiles;
-// one warp per key row accumulates dv_j = sum_i p_ij dout_i and dk_j = scale sum_i ds_ij q_i over
-// query tiles, recomputing p_ij = exp(s_ij - lse_i).
+// No T x T matrix exists at any point. Forward: each warp owns R query rows (4, or 1 at large
+// head dimensions) and streams the keys they may see in tiles of 32 through shared memory (shared
+// by the block's 8 warps), each lane scoring one key of the tile for all R rows, with an online
+// softmax over tiles (running max and sum, FlashAttention's recurrence); each lane holds D / 32
+// elements of each row's output accumulator. Backward (FlashAttention-2's split, without atomics,
+// so deterministic): delta_i = dout_i . out_i; a warp per R query rows accumulates
+// dq_i = scale sum_j p_ij (dp_ij - delta_i) k_j over key tiles; a warp per R key rows accumulates
+// dv_j = sum_i p_ij dout_i and dk_j = scale sum_i ds_ij q_i over query tiles, recomputing
+// p_ij = exp(s_ij - lse_i).
 // Statistics (running max and sum, lse, delta) are in double (the host's Stat); scores and
 // accumulators in float for float and bf16, double for double; head dimensions up to 256.
 // bfloat16 inputs are widened on load and the outputs rounded once on store (the same contract as
@@ -79,16 +80,25 @@ __device__ inline Extent first_query(const AttentionShape& s, Extent j) {
 
 /// Shared-memory tiles: `tile` keys (forward, dq) or query rows (dk/dv) at a time, one per lane,
 /// so a lane forms a whole score by itself and a warp needs two shuffle reductions per tile
-/// rather than one per key; the block's `tile_rows` warps (one row each) share every tile read
-/// from global memory. The per-element math (scores, p, ds, the accumulators) runs in the compute
-/// type C: float for float and bf16 (bf16 widens exactly; the host forms these in float GEMMs too),
-/// double for double; the softmax statistics (running max and sum, lse) stay double. Tiles and a
-/// warp's own q (or k) and dout (or v) rows sit in shared memory in C.
+/// rather than one per key; the block's `tile_rows` warps share every tile read from global
+/// memory. Each warp owns R rows (register blocking): their own q (or k) and dout (or v) rows sit
+/// in shared memory as Packs, the R rows' values of one element side by side, so one wide load
+/// feeds R FMAs; the tile's p (and ds) values are passed the same way. R = 4 where the Packs fit
+/// (head dimensions up to 128 in float, 64 in double), 1 above. The per-element math (scores, p,
+/// ds, the accumulators) runs in the compute type C: float for float and bf16 (bf16 widens
+/// exactly; the host forms these in float GEMMs too), double for double; the softmax statistics
+/// (running max and sum, lse) stay double.
 inline constexpr int tile = warp;
-inline constexpr int tile_rows = 8;  // warps, hence rows, per block
+inline constexpr int tile_rows = 8;  // warps per block
 
 template <class T>
 using Compute = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+/// One element of a warp's R rows, side by side (at most 16-byte aligned: the widest shared load).
+template <class C, int R>
+struct alignas(sizeof(C) * R < 16 ? sizeof(C) * R : 16) Pack {
+  C v[R];
+};
 
 __device__ inline float exp_c(float x) { return ::expf(x); }
 __device__ inline double exp_c(double x) { return ::exp(x); }
@@ -109,27 +119,39 @@ __device__ void load_tile(S* dst, const T* src, Extent r0, Extent rows, Extent w
     dst[r * stride + c] = r0 + r < rows ? S(src[(r0 + r) * width + c]) : S(0);
   }
 }
-/// A warp's own row [0, n) into shared memory.
-template <class C, class T>
-__device__ void load_own_row(C* dst, const T* row, Extent n, int lane) {
-  for (Extent e = lane; e < n; e += warp) dst[e] = C(row[e]);
+/// A warp's own rows [r0, r0 + R) of a [rows, width] matrix as Packs; rows past the end are zeros.
+template <class C, int R, class T>
+__device__ void load_own_rows(Pack<C, R>* dst, const T* src, Extent r0, Extent rows, Extent width, int lane) {
+  for (Extent e = lane; e < width; e += warp) {
+    Pack<C, R> p;
+    for (int r = 0; r < R; ++r) p.v[r] = r0 + r < rows ? C(src[(r0 + r) * width + e]) : C(0);
+    dst[e] = p;
+  }
 }
-template <class C>
-__device__ C dot_shared(const C* x, const C* row, Extent n) {
-  C s = 0;
-  for (Extent e = 0; e < n; ++e) s += x[e] * row[e];
-  return s;
+/// out[r] = rows[.][r] . x over [0, n): the R rows' dot products with one shared row.
+template <class C, int R>
+__device__ void dot_rows(C (&out)[R], const Pack<C, R>* rows, const C* x, Extent n) {
+  for (int r = 0; r < R; ++r) out[r] = 0;
+  for (Extent e = 0; e < n; ++e) {
+    const Pack<C, R> a = rows[e];
+    const C b = x[e];
+    for (int r = 0; r < R; ++r) out[r] += a.v[r] * b;
+  }
 }
-/// acc[c] (element lane + warp * c) += sum over t < count of w_t * tile[t][element], where lane t holds w_t.
-template <int PL, class C>
-__device__ void accumulate_tile(C (&acc)[PL], C w, const C* tile_rows_, Extent width, int count, int lane) {
+/// acc[r][c] (element lane + warp * c) += sum over t < count of w[t][r] * tile[t][element].
+template <int R, int PL, class C>
+__device__ void accumulate_rows(C (&acc)[R][PL], const Pack<C, R>* w, const C* tile_, Extent width, int count,
+                                int lane) {
   const Extent stride = width + 1;
   for (int t = 0; t < count; ++t) {
-    const C wt = __shfl_sync(0xffffffffu, w, t);
-    const C* r = tile_rows_ + t * stride;
+    const Pack<C, R> wt = w[t];
+    const C* row = tile_ + t * stride;
     for (int c = 0; c < PL; ++c) {
       const Extent e = lane + Extent(c) * warp;
-      if (e < width) acc[c] += wt * r[e];
+      if (e < width) {
+        const C x = row[e];
+        for (int r = 0; r < R; ++r) acc[r][c] += wt.v[r] * x;
+      }
     }
   }
 }
@@ -141,48 +163,79 @@ __device__ void store_row(T* row, const C (&acc)[PL], double factor, Extent n, i
   }
 }
 
-/// Shared memory of a kernel: the tile's statistics (lse and delta, if any), own rows of
-/// `own_width` per warp, then two tiles of the given widths.
-template <class T>
-std::size_t tile_bytes(Extent own_width, Extent tile_width_a, Extent tile_width_b, bool stats) {
+/// Shared memory of a kernel, in this order: the tile's statistics (lse and delta, if any), each
+/// warp's own rows (`own_width` Packs) and `pack_buffers` tiles of Packs (p, ds), then two tiles of
+/// the given widths.
+template <class T, int R>
+std::size_t tile_bytes(Extent own_width, int pack_buffers, Extent tile_width_a, Extent tile_width_b, bool stats) {
   return (stats ? std::size_t(2 * tile) * sizeof(double) : 0) +
-         std::size_t(tile_rows * own_width + tile * (tile_width_a + 1 + tile_width_b + 1)) * sizeof(Compute<T>);
+         std::size_t(tile_rows) * std::size_t(own_width + pack_buffers * tile) * sizeof(Pack<Compute<T>, R>) +
+         std::size_t(tile * (tile_width_a + 1 + tile_width_b + 1)) * sizeof(Compute<T>);
 }
+/// Carves a kernel's shared memory as tile_bytes lays it out.
+template <class C, int R>
+struct SharedLayout {
+  Pack<C, R>* own;     // this warp's own rows
+  Pack<C, R>* packs;   // this warp's pack buffers, `tile` each
+  C* tile_a;
+  C* tile_b;
+  __device__ SharedLayout(unsigned char* base, int w, Extent own_width, int pack_buffers, Extent width_a) {
+    auto* all = reinterpret_cast<Pack<C, R>*>(base);
+    own = all + w * own_width;
+    packs = all + tile_rows * own_width + w * pack_buffers * tile;
+    tile_a = reinterpret_cast<C*>(all + tile_rows * (own_width + pack_buffers * tile));
+    tile_b = tile_a + tile * (width_a + 1);
+  }
+};
 
-template <class T, int PL>
+template <class T, int PL, int R>
 __global__ void attention_forward_kernel(T* out, Stat* lse, const T* q, const T* k, const T* v, AttentionShape s) {
   using C = Compute<T>;
-  extern __shared__ double attention_smem[];
+  extern __shared__ __align__(16) unsigned char attention_smem[];
   const int lane = threadIdx.x % warp, w = threadIdx.x / warp;
-  const Extent i0 = Extent(blockIdx.x) * tile_rows, i = i0 + w, bh = blockIdx.y;
-  const bool active = i < s.tq;
-  C* qw = reinterpret_cast<C*>(attention_smem) + w * s.d;
-  C* kt = reinterpret_cast<C*>(attention_smem) + tile_rows * s.d;
-  C* vt = kt + tile * (s.d + 1);
-  if (active) load_own_row(qw, q + (bh * s.tq + i) * s.d, s.d, lane);
-  const Extent n = active ? visible_keys(s, i) : 0;
-  const Extent n_block = visible_keys(s, (i0 + tile_rows < s.tq ? i0 + tile_rows : s.tq) - 1);  // grows with i
-  const C scale = C(s.scale);
-  C acc[PL] = {};
-  double m = neg_inf, l = 0;
-  for (Extent j0 = 0; j0 < n_block; j0 += tile) {
-    __syncthreads();  // the previous tile is consumed (and qw written)
-    load_tile(kt, k + bh * s.tk * s.d, j0, s.tk, s.d);
-    load_tile(vt, v + bh * s.tk * s.dv, j0, s.tk, s.dv);
-    __syncthreads();
-    if (j0 >= n) continue;  // uniform in the warp
-    const bool valid = j0 + lane < n;
-    const C score = valid ? scale * dot_shared(qw, kt + lane * (s.d + 1), s.d) : C(neg_inf);
-    const double m_new = fmax(m, warp_max(double(score))), corr = ::exp(m - m_new);
-    const C p = valid ? exp_c(C(score - m_new)) : C(0);
-    l = l * corr + warp_sum(double(p));
-    for (int c = 0; c < PL; ++c) acc[c] *= C(corr);
-    accumulate_tile(acc, p, vt, s.dv, int(n - j0 < tile ? n - j0 : tile), lane);
-    m = m_new;
+  const Extent block0 = Extent(blockIdx.x) * tile_rows * R, i0 = block0 + Extent(w) * R, bh = blockIdx.y;
+  const SharedLayout<C, R> sm(attention_smem, w, s.d, 1, s.d);
+  load_own_rows(sm.own, q + bh * s.tq * s.d, i0, s.tq, s.d, lane);
+  Extent n[R], n_warp = 0;  // keys each row sees; the most any row of the warp sees
+  for (int r = 0; r < R; ++r) {
+    n[r] = i0 + r < s.tq ? visible_keys(s, i0 + r) : 0;
+    n_warp = n[r] > n_warp ? n[r] : n_warp;
   }
-  if (!active) return;
-  store_row(out + (bh * s.tq + i) * s.dv, acc, n > 0 ? 1.0 / l : 0.0, s.dv, lane);
-  if (lane == 0) lse[bh * s.tq + i] = n > 0 ? m + ::log(l) : neg_inf;
+  const Extent n_block = visible_keys(s, (block0 + tile_rows * R < s.tq ? block0 + tile_rows * R : s.tq) - 1);
+  const C scale = C(s.scale);
+  C acc[R][PL] = {};
+  double m[R], l[R];
+  for (int r = 0; r < R; ++r) m[r] = neg_inf, l[r] = 0;
+  for (Extent j0 = 0; j0 < n_block; j0 += tile) {
+    __syncthreads();  // the previous tile is consumed (and the own rows written)
+    load_tile(sm.tile_a, k + bh * s.tk * s.d, j0, s.tk, s.d);
+    load_tile(sm.tile_b, v + bh * s.tk * s.dv, j0, s.tk, s.dv);
+    __syncthreads();
+    if (j0 >= n_warp) continue;  // uniform in the warp
+    C score[R];
+    dot_rows(score, sm.own, sm.tile_a + lane * (s.d + 1), s.d);
+    Pack<C, R> p;
+    for (int r = 0; r < R; ++r) {
+      p.v[r] = 0;
+      if (j0 >= n[r]) continue;  // uniform in the warp: this row sees none of the tile
+      const bool valid = j0 + lane < n[r];
+      const C sc = valid ? scale * score[r] : C(neg_inf);
+      const double m_new = fmax(m[r], warp_max(double(sc))), corr = ::exp(m[r] - m_new);
+      p.v[r] = valid ? exp_c(C(sc - m_new)) : C(0);
+      l[r] = l[r] * corr + warp_sum(double(p.v[r]));
+      for (int c = 0; c < PL; ++c) acc[r][c] *= C(corr);
+      m[r] = m_new;
+    }
+    sm.packs[lane] = p;
+    __syncwarp();
+    accumulate_rows(acc, sm.packs, sm.tile_b, s.dv, int(n_warp - j0 < tile ? n_warp - j0 : tile), lane);
+  }
+  for (int r = 0; r < R; ++r) {
+    if (i0 + r >= s.tq) break;
+    const Extent row = bh * s.tq + i0 + r;
+    store_row(out + row * s.dv, acc[r], n[r] > 0 ? 1.0 / l[r] : 0.0, s.dv, lane);
+    if (lane == 0) lse[row] = n[r] > 0 ? m[r] + ::log(l[r]) : neg_inf;
+  }
 }
 
 /// delta_i = dout_i . out_i (one warp per row).
@@ -197,83 +250,106 @@ __global__ void attention_delta_kernel(Stat* delta, const T* out, const T* dout,
   if (lane == 0) delta[r] = s;
 }
 
-template <class T, int PL>
+template <class T, int PL, int R>
 __global__ void attention_dq_kernel(T* dq, const T* q, const T* k, const T* v, const Stat* lse, const Stat* delta,
                                     const T* dout, AttentionShape s) {
   using C = Compute<T>;
-  extern __shared__ double attention_smem[];
+  extern __shared__ __align__(16) unsigned char attention_smem[];
   const int lane = threadIdx.x % warp, w = threadIdx.x / warp;
-  const Extent i0 = Extent(blockIdx.x) * tile_rows, i = i0 + w, bh = blockIdx.y, row = bh * s.tq + i;
-  const bool active = i < s.tq;
-  C* qw = reinterpret_cast<C*>(attention_smem) + w * (s.d + s.dv);
-  C* gw = qw + s.d;
-  C* kt = reinterpret_cast<C*>(attention_smem) + tile_rows * (s.d + s.dv);
-  C* vt = kt + tile * (s.d + 1);
-  if (active) {
-    load_own_row(qw, q + row * s.d, s.d, lane);
-    load_own_row(gw, dout + row * s.dv, s.dv, lane);
+  const Extent block0 = Extent(blockIdx.x) * tile_rows * R, i0 = block0 + Extent(w) * R, bh = blockIdx.y;
+  const SharedLayout<C, R> sm(attention_smem, w, s.d + s.dv, 1, s.d);
+  Pack<C, R>* qw = sm.own;
+  Pack<C, R>* gw = sm.own + s.d;
+  load_own_rows(qw, q + bh * s.tq * s.d, i0, s.tq, s.d, lane);
+  load_own_rows(gw, dout + bh * s.tq * s.dv, i0, s.tq, s.dv, lane);
+  C lc[R], dl[R];
+  Extent n[R], n_warp = 0;
+  for (int r = 0; r < R; ++r) {
+    const bool active = i0 + r < s.tq;
+    const double l = active ? lse[bh * s.tq + i0 + r] : neg_inf;
+    lc[r] = C(l);
+    dl[r] = C(active ? delta[bh * s.tq + i0 + r] : 0.0);
+    n[r] = l == neg_inf ? 0 : visible_keys(s, i0 + r);
+    n_warp = n[r] > n_warp ? n[r] : n_warp;
   }
-  const double l = active ? lse[row] : neg_inf;
-  const C lc = C(l), dl = C(active ? delta[row] : 0.0), scale = C(s.scale);
-  const Extent n = l == neg_inf ? 0 : visible_keys(s, i);
-  const Extent n_block = visible_keys(s, (i0 + tile_rows < s.tq ? i0 + tile_rows : s.tq) - 1);
-  C acc[PL] = {};
+  const Extent n_block = visible_keys(s, (block0 + tile_rows * R < s.tq ? block0 + tile_rows * R : s.tq) - 1);
+  const C scale = C(s.scale);
+  C acc[R][PL] = {};
   for (Extent j0 = 0; j0 < n_block; j0 += tile) {
     __syncthreads();
-    load_tile(kt, k + bh * s.tk * s.d, j0, s.tk, s.d);
-    load_tile(vt, v + bh * s.tk * s.dv, j0, s.tk, s.dv);
+    load_tile(sm.tile_a, k + bh * s.tk * s.d, j0, s.tk, s.d);
+    load_tile(sm.tile_b, v + bh * s.tk * s.dv, j0, s.tk, s.dv);
     __syncthreads();
-    if (j0 >= n) continue;
-    const bool valid = j0 + lane < n;
-    const C p = valid ? exp_c(scale * dot_shared(qw, kt + lane * (s.d + 1), s.d) - lc) : C(0);
-    const C ds = valid ? p * (dot_shared(gw, vt + lane * (s.dv + 1), s.dv) - dl) : C(0);
-    accumulate_tile(acc, ds, kt, s.d, int(n - j0 < tile ? n - j0 : tile), lane);
+    if (j0 >= n_warp) continue;
+    C qk[R], gv[R];
+    dot_rows(qk, qw, sm.tile_a + lane * (s.d + 1), s.d);
+    dot_rows(gv, gw, sm.tile_b + lane * (s.dv + 1), s.dv);
+    Pack<C, R> ds;
+    for (int r = 0; r < R; ++r) {
+      const bool valid = j0 + lane < n[r];
+      const C p = valid ? exp_c(scale * qk[r] - lc[r]) : C(0);
+      ds.v[r] = valid ? p * (gv[r] - dl[r]) : C(0);
+    }
+    sm.packs[lane] = ds;
+    __syncwarp();
+    accumulate_rows(acc, sm.packs, sm.tile_a, s.d, int(n_warp - j0 < tile ? n_warp - j0 : tile), lane);
   }
-  if (active) store_row(dq + row * s.d, acc, s.scale, s.d, lane);
+  for (int r = 0; r < R; ++r)
+    if (i0 + r < s.tq) store_row(dq + (bh * s.tq + i0 + r) * s.d, acc[r], s.scale, s.d, lane);
 }
 
-template <class T, int PL>
+template <class T, int PL, int R>
 __global__ void attention_dkdv_kernel(T* dk, T* dv, const T* q, const T* k, const T* v, const Stat* lse,
                                       const Stat* delta, const T* dout, AttentionShape s) {
   using C = Compute<T>;
-  extern __shared__ double attention_smem[];
+  extern __shared__ __align__(16) unsigned char attention_smem[];
   const int lane = threadIdx.x % warp, w = threadIdx.x / warp;
-  const Extent j0 = Extent(blockIdx.x) * tile_rows, j = j0 + w, bh = blockIdx.y, key = bh * s.tk + j;
-  const bool active = j < s.tk;
-  double* lt = attention_smem;  // the tile's lse and delta
+  const Extent block0 = Extent(blockIdx.x) * tile_rows * R, j0 = block0 + Extent(w) * R, bh = blockIdx.y;
+  auto* lt = reinterpret_cast<double*>(attention_smem);  // the tile's lse and delta
   double* dt = lt + tile;
-  C* kw = reinterpret_cast<C*>(dt + tile) + w * (s.d + s.dv);
-  C* vw = kw + s.d;
-  C* qt = reinterpret_cast<C*>(dt + tile) + tile_rows * (s.d + s.dv);
-  C* gt = qt + tile * (s.d + 1);
-  if (active) {
-    load_own_row(kw, k + key * s.d, s.d, lane);
-    load_own_row(vw, v + key * s.dv, s.dv, lane);
-  }
-  const Extent first = active ? first_query(s, j) : s.tq;
+  const SharedLayout<C, R> sm(reinterpret_cast<unsigned char*>(dt + tile), w, s.d + s.dv, 2, s.d);
+  Pack<C, R>* kw = sm.own;
+  Pack<C, R>* vw = sm.own + s.d;
+  load_own_rows(kw, k + bh * s.tk * s.d, j0, s.tk, s.d, lane);
+  load_own_rows(vw, v + bh * s.tk * s.dv, j0, s.tk, s.dv, lane);
+  Extent first[R];  // the first query row each key meets (s.tq: none)
+  for (int r = 0; r < R; ++r) first[r] = j0 + r < s.tk ? first_query(s, j0 + r) : s.tq;
   const C scale = C(s.scale);
-  C dk_acc[PL] = {}, dv_acc[PL] = {};
-  for (Extent i0 = first_query(s, j0) / tile * tile; i0 < s.tq; i0 += tile) {  // first_query grows with j
+  C dk_acc[R][PL] = {}, dv_acc[R][PL] = {};
+  for (Extent i0 = first_query(s, block0) / tile * tile; i0 < s.tq; i0 += tile) {  // first_query grows with j
     __syncthreads();
-    load_tile(qt, q + bh * s.tq * s.d, i0, s.tq, s.d);
-    load_tile(gt, dout + bh * s.tq * s.dv, i0, s.tq, s.dv);
+    load_tile(sm.tile_a, q + bh * s.tq * s.d, i0, s.tq, s.d);
+    load_tile(sm.tile_b, dout + bh * s.tq * s.dv, i0, s.tq, s.dv);
     for (Extent t = threadIdx.x; t < tile; t += blockDim.x) {
       lt[t] = i0 + t < s.tq ? lse[bh * s.tq + i0 + t] : neg_inf;
       dt[t] = i0 + t < s.tq ? delta[bh * s.tq + i0 + t] : 0.0;
     }
     __syncthreads();
-    if (i0 + tile <= first) continue;  // uniform in the warp
+    if (i0 + tile <= first[0]) continue;  // uniform in the warp; first[0] is the warp's least
     const Extent i = i0 + lane;
-    const bool valid = i >= first && i < s.tq && lt[lane] != neg_inf;
-    const C p = valid ? exp_c(scale * dot_shared(kw, qt + lane * (s.d + 1), s.d) - C(lt[lane])) : C(0);
-    const C ds = valid ? p * (dot_shared(vw, gt + lane * (s.dv + 1), s.dv) - C(dt[lane])) : C(0);
+    const bool seen = i < s.tq && lt[lane] != neg_inf;
+    C kq[R], vg[R];
+    dot_rows(kq, kw, sm.tile_a + lane * (s.d + 1), s.d);
+    dot_rows(vg, vw, sm.tile_b + lane * (s.dv + 1), s.dv);
+    Pack<C, R> p, ds;
+    for (int r = 0; r < R; ++r) {
+      const bool valid = seen && i >= first[r];
+      p.v[r] = valid ? exp_c(scale * kq[r] - C(lt[lane])) : C(0);
+      ds.v[r] = valid ? p.v[r] * (vg[r] - C(dt[lane])) : C(0);
+    }
+    sm.packs[lane] = p;
+    sm.packs[tile + lane] = ds;
+    __syncwarp();
     const int count = int(s.tq - i0 < tile ? s.tq - i0 : tile);
-    accumulate_tile(dv_acc, p, gt, s.dv, count, lane);
-    accumulate_tile(dk_acc, ds, qt, s.d, count, lane);
+    accumulate_rows(dv_acc, sm.packs, sm.tile_b, s.dv, count, lane);
+    accumulate_rows(dk_acc, sm.packs + tile, sm.tile_a, s.d, count, lane);
   }
-  if (!active) return;
-  store_row(dv + key * s.dv, dv_acc, 1.0, s.dv, lane);
-  store_row(dk + key * s.d, dk_acc, s.scale, s.d, lane);
+  for (int r = 0; r < R; ++r) {
+    if (j0 + r >= s.tk) break;
+    const Extent key = bh * s.tk + j0 + r;
+    store_row(dv + key * s.dv, dv_acc[r], 1.0, s.dv, lane);
+    store_row(dk + key * s.d, dk_acc[r], s.scale, s.d, lane);
+  }
 }
 
 template <class T>
@@ -301,19 +377,32 @@ AttentionShape attention_shape(const char* op, const CudaTensor<T, 4>& q, const 
           host::detail::attention_scale(o, qs[3])};
 }
 
-inline dim3 attention_grid(Extent rows, Extent bh) {
-  return dim3(unsigned((rows + tile_rows - 1) / tile_rows), unsigned(bh));
+/// Blocks of tile_rows warps, R rows each, over `rows` rows of each of bh heads.
+inline dim3 attention_grid(Extent rows, Extent bh, int rows_per_warp) {
+  const Extent per_block = Extent(tile_rows) * rows_per_warp;
+  return dim3(unsigned((rows + per_block - 1) / per_block), unsigned(bh));
 }
 inline constexpr unsigned attention_threads = tile_rows * warp;
 
-/// Calls f(std::integral_constant<int, PL>{}) with PL = the elements per lane that cover `width`
-/// (the accumulators live in registers, so their count is a template parameter).
-template <class F>
-void with_per_lane(Extent width, F&& f) {
-  if (width <= warp) f(std::integral_constant<int, 1>{});
-  else if (width <= 2 * warp) f(std::integral_constant<int, 2>{});
-  else if (width <= 4 * warp) f(std::integral_constant<int, 4>{});
-  else f(std::integral_constant<int, 8>{});
+/// Calls f(std::integral_constant<int, PL>{}, std::integral_constant<int, R>{}) with PL the
+/// elements per lane that cover `width` (the accumulators live in registers, so their count is a
+/// template parameter) and R the rows per warp: 4 while a warp's Packs of its own rows stay small
+/// (width x 4 x sizeof(C) <= 2 KiB: head dimensions up to 128 in float, 64 in double), else 1.
+template <class T, class F>
+void with_blocking(Extent width, F&& f) {
+  using I1 = std::integral_constant<int, 1>;
+  using I2 = std::integral_constant<int, 2>;
+  using I4 = std::integral_constant<int, 4>;
+  using I8 = std::integral_constant<int, 8>;
+  if (width * Extent(sizeof(Compute<T>)) <= 512) {
+    if (width <= warp) f(I1{}, I4{});
+    else if (width <= 2 * warp) f(I2{}, I4{});
+    else f(I4{}, I4{});
+  } else if (width <= 4 * warp) {
+    f(I4{}, I1{});
+  } else {
+    f(I8{}, I1{});
+  }
 }
 
 /// Above 48 KiB a kernel's dynamic shared memory must be asked for; a GPU that cannot grant it
@@ -336,11 +425,12 @@ AttentionForward<T> attention(const CudaTensor<T, 4>& q, const CudaTensor<T, 4>&
   AttentionForward<T> f{CudaTensor<T, 4>::uninitialized(Shape<4>{q.extent(0), q.extent(1), s.tq, s.dv}),
                         CudaTensor<Stat, 3>::uninitialized(Shape<3>{q.extent(0), q.extent(1), s.tq})};
   if (s.bh * s.tq == 0) return f;
-  detail::with_per_lane(std::max(s.d, s.dv), [&](auto per_lane) {
-    auto* kernel = detail::attention_forward_kernel<T, decltype(per_lane)::value>;
-    const std::size_t bytes = detail::tile_bytes<T>(s.d, s.d, s.dv, false);
+  detail::with_blocking<T>(std::max(s.d, s.dv), [&](auto per_lane, auto rows) {
+    constexpr int PL = decltype(per_lane)::value, R = decltype(rows)::value;
+    auto* kernel = detail::attention_forward_kernel<T, PL, R>;
+    const std::size_t bytes = detail::tile_bytes<T, R>(s.d, 1, s.d, s.dv, false);
     detail::reserve_shared(kernel, bytes, "attention", s);
-    kernel<<<detail::attention_grid(s.tq, s.bh), detail::attention_threads, bytes, detail::stream()>>>(
+    kernel<<<detail::attention_grid(s.tq, s.bh, R), detail::attention_threads, bytes, detail::stream()>>>(
         f.out.data(), f.lse.data(), q.data(), k.data(), v.data(), s);
   });
   detail::launched("attention_forward_kernel");
@@ -364,19 +454,19 @@ AttentionBackward<T> attention_backward(const CudaTensor<T, 4>& q, const CudaTen
                                    detail::attention_threads, 0, detail::stream()>>>(delta.data(), out.data(),
                                                                                      dout.data(), s.bh * s.tq, s.dv);
   detail::launched("attention_delta_kernel");
-  detail::with_per_lane(std::max(s.d, s.dv), [&](auto per_lane) {
-    constexpr int PL = decltype(per_lane)::value;
-    auto* dq_kernel = detail::attention_dq_kernel<T, PL>;
-    const std::size_t dq_bytes = detail::tile_bytes<T>(s.d + s.dv, s.d, s.dv, false);
+  detail::with_blocking<T>(std::max(s.d, s.dv), [&](auto per_lane, auto rows) {
+    constexpr int PL = decltype(per_lane)::value, R = decltype(rows)::value;
+    auto* dq_kernel = detail::attention_dq_kernel<T, PL, R>;
+    const std::size_t dq_bytes = detail::tile_bytes<T, R>(s.d + s.dv, 1, s.d, s.dv, false);
     detail::reserve_shared(dq_kernel, dq_bytes, "attention_backward", s);
-    dq_kernel<<<detail::attention_grid(s.tq, s.bh), detail::attention_threads, dq_bytes, detail::stream()>>>(
+    dq_kernel<<<detail::attention_grid(s.tq, s.bh, R), detail::attention_threads, dq_bytes, detail::stream()>>>(
         g.dq.data(), q.data(), k.data(), v.data(), lse.data(), delta.data(), dout.data(), s);
     detail::launched("attention_dq_kernel");
     if (s.tk == 0) return;
-    auto* dkdv_kernel = detail::attention_dkdv_kernel<T, PL>;
-    const std::size_t dkdv_bytes = detail::tile_bytes<T>(s.d + s.dv, s.d, s.dv, true);
+    auto* dkdv_kernel = detail::attention_dkdv_kernel<T, PL, R>;
+    const std::size_t dkdv_bytes = detail::tile_bytes<T, R>(s.d + s.dv, 2, s.d, s.dv, true);
     detail::reserve_shared(dkdv_kernel, dkdv_bytes, "attention_backward", s);
-    dkdv_kernel<<<detail::attention_grid(s.tk, s.bh), detail::attention_threads, dkdv_bytes, detail::stream()>>>(
+    dkdv_kernel<<<detail::attention_grid(s.tk, s.bh, R), detail::attention_threads, dkdv_bytes, detail::stream()>>>(
         g.dk.data(), g.dv.data(), q.data(), k.data(), v.data(), lse.data(), delta.data(), dout.data(), s);
     detail::launched("attention_dkdv_kernel");
   });
