@@ -11,6 +11,7 @@
 #include "dtensor/parallel/pipeline/by_name.hpp"
 #include "dtensor/parallel/pipeline/csv.hpp"
 #include "dtensor/parallel/pipeline/table.hpp"
+#include "dtensor/parallel/pipeline/simulate.hpp"
 #include "dtensor/parallel/pipeline/validate.hpp"
 
 using namespace dtensor;
@@ -22,7 +23,8 @@ namespace {
 const std::vector<int> rank_counts{2, 4, 8};
 const std::vector<int> microbatch_counts{4, 8, 16};
 const std::vector<ScheduleKind> all_kinds{ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::interleaved,
-                                          ScheduleKind::zero_bubble_h1, ScheduleKind::zero_bubble_v};
+                                          ScheduleKind::zero_bubble_h1, ScheduleKind::zero_bubble_v,
+                                          ScheduleKind::dual_pipe_v};
 
 const char* name_of(ScheduleKind kind) {
   switch (kind) {
@@ -31,13 +33,19 @@ const char* name_of(ScheduleKind kind) {
     case ScheduleKind::interleaved: return "interleaved";
     case ScheduleKind::zero_bubble_h1: return "zb";
     case ScheduleKind::zero_bubble_v: return "zbv";
+    case ScheduleKind::dual_pipe_v: return "dualpipev";
   }
   return "?";
 }
 
-/// Interleaved 1F1B needs m to be a multiple of p; every other generator takes any m.
+/// Interleaved 1F1B needs m to be a multiple of p, DualPipeV m >= 2p (as PyTorch's); every other
+/// generator takes any m.
 bool generator_accepts(ScheduleKind kind, int ranks, int microbatches) {
+  if (kind == ScheduleKind::dual_pipe_v) return microbatches >= 2 * ranks;
   return kind != ScheduleKind::interleaved || microbatches % ranks == 0;
+}
+const char* refusal_of(ScheduleKind kind) {
+  return kind == ScheduleKind::dual_pipe_v ? "at least as many micro-batches as stages" : "multiple of p";
 }
 
 Schedule from_rows(const StageLayout& layout, int microbatches, const std::string& csv) {
@@ -94,7 +102,7 @@ TEST_CASE("every generator validates with blocking and asynchronous sends", "[pi
       for (int microbatches : microbatch_counts) {
         CAPTURE(name_of(kind), ranks, microbatches);
         if (!generator_accepts(kind, ranks, microbatches)) {
-          CHECK_THROWS_WITH(make_schedule(kind, ranks, microbatches), Contains("multiple of p"));
+          CHECK_THROWS_WITH(make_schedule(kind, ranks, microbatches), Contains(refusal_of(kind)));
           continue;
         }
         const Schedule schedule = make_schedule(kind, ranks, microbatches);
@@ -400,4 +408,61 @@ TEST_CASE("schedules by name and bad input", "[pipeline]") {
   Schedule wrong_ranks = gpipe(2, 2);
   wrong_ranks.actions.pop_back();
   CHECK_THROWS_WITH(validate(wrong_ranks), Contains("action lists for 1 ranks"));
+}
+
+namespace {
+// PyTorch's golden DualPipeV order, 4 ranks x 10 micro-batches, as ScheduleDualPipeV writes it
+// (test/distributed/pipelining/artifacts/dualpipev_4rank_10mb.csv): computations only, each
+// forward overlapped with another micro-batch's backward as one OVERLAP_F_B cell.
+constexpr const char* pytorch_dualpipev_4rank_10mb =
+    "0F0,0F1,0F2,0F3,0F4,0F5,0F6,7F0,7I0,7W0,7F1,7I1,7W1,7F2,7I2,7W2,7F3,(0F7;7B3)OVERLAP_F_B,(7F4;0B0)OVERLAP_F_B,"
+    "(0F8;7B4)OVERLAP_F_B,(7F5;0B1)OVERLAP_F_B,(0F9;7B5)OVERLAP_F_B,(7F6;0B2)OVERLAP_F_B,7B6,(7F7;0B3)OVERLAP_F_B,7B7,"
+    "(7F8;0B4)OVERLAP_F_B,7B8,(7F9;0B5)OVERLAP_F_B,7B9,0I6,0W6,0I7,0W7,0I8,0W8,0I9,0W9\n"
+    "1F0,1F1,1F2,1F3,1F4,6F0,1F5,6F1,6I0,6W0,6F2,6I1,6W1,6F3,(1F6;6B2)OVERLAP_F_B,(6F4;1B0)OVERLAP_F_B,"
+    "(1F7;6B3)OVERLAP_F_B,(6F5;1B1)OVERLAP_F_B,(1F8;6B4)OVERLAP_F_B,(6F6;1B2)OVERLAP_F_B,(1F9;6B5)OVERLAP_F_B,"
+    "(6F7;1B3)OVERLAP_F_B,6B6,(6F8;1B4)OVERLAP_F_B,6B7,(6F9;1B5)OVERLAP_F_B,6B8,1B6,6I9,1I7,6W9,1I8,1W7,1I9,1W8,1W9\n"
+    "2F0,2F1,2F2,5F0,2F3,5F1,2F4,5F2,5I0,5W0,5F3,(2F5;5B1)OVERLAP_F_B,(5F4;2B0)OVERLAP_F_B,(2F6;5B2)OVERLAP_F_B,"
+    "(5F5;2B1)OVERLAP_F_B,(2F7;5B3)OVERLAP_F_B,(5F6;2B2)OVERLAP_F_B,(2F8;5B4)OVERLAP_F_B,(5F7;2B3)OVERLAP_F_B,"
+    "(2F9;5B5)OVERLAP_F_B,(5F8;2B4)OVERLAP_F_B,5B6,(5F9;2B5)OVERLAP_F_B,5B7,2B6,5B8,2I7,5I9,2I8,2W7,2I9,5W9,2W8,2W9\n"
+    "3F0,4F0,3F1,4F1,3F2,4F2,3F3,4F3,3F4,4B0,(4F4;3B0)OVERLAP_F_B,(3F5;4B1)OVERLAP_F_B,(4F5;3B1)OVERLAP_F_B,"
+    "(3F6;4B2)OVERLAP_F_B,(4F6;3B2)OVERLAP_F_B,(3F7;4B3)OVERLAP_F_B,(4F7;3B3)OVERLAP_F_B,(3F8;4B4)OVERLAP_F_B,"
+    "(4F8;3B4)OVERLAP_F_B,(3F9;4B5)OVERLAP_F_B,(4F9;3B5)OVERLAP_F_B,4B6,3B6,4B7,3B7,4I8,3I8,4I9,3I9,4W8,3W8,4W9,3W9\n";
+}  // namespace
+
+TEST_CASE("DualPipeV: PyTorch's golden order, its bubble and activation peak", "[pipeline]") {
+  const StageLayout v4 = StageLayout::v_shape(4);
+  const Schedule ours = dual_pipe_v(4, 10);
+  CHECK(ours.layout == v4);
+  // The same computations in the same order on every rank, and, with the communication added
+  // by the same pass, the same runnable schedule.
+  CHECK(ours.compute_only() == read_csv(pytorch_dualpipev_4rank_10mb, v4, 10));
+  const Schedule theirs = read_csv(pytorch_dualpipev_4rank_10mb, v4, 10, {.add_send_recv = true});
+  CHECK(ours == theirs);
+  CHECK_NOTHROW(validate(theirs));
+  // Its bubble is PyTorch's (same order), for equal and unequal costs alike.
+  for (const Costs& costs : {Costs{1, 1, 1}, Costs{1, 1.5, 0.5}, Costs{2, 1, 1}})
+    CHECK(simulate(ours, costs).makespan == simulate(theirs, costs).makespan);
+  for (int ranks : {2, 3, 4, 8})
+    for (int microbatches : {2 * ranks, 2 * ranks + 1, 16, 32}) {
+      CAPTURE(ranks, microbatches);
+      const Schedule s = dual_pipe_v(ranks, microbatches);
+      const double p = ranks, m = microbatches;
+      // With F = I = W = 1 every rank idles p - 1 units of 6m + p - 1 (worked out on the phases:
+      // only the fill of the V), a third of ZB-H1's (p - 1) / (3m + p - 1)...
+      const Timeline t = simulate(s, {1, 1, 1});
+      CHECK(t.makespan == Approx(6 * m + p - 1).epsilon(1e-12));
+      for (int rank = 0; rank < ranks; ++rank) CHECK(t.idle_fraction(rank) == Approx((p - 1) / (6 * m + p - 1)).epsilon(1e-12));
+      CHECK(t.bubble() < simulate(zero_bubble_h1(ranks, microbatches), {1, 1, 1}).bubble());
+      // ... with the activations of 2p + 1 chunk micro-batches per rank (DualPipe's "PP + 1" for
+      // PP = 2p stages): one more than ZB-V's 2p.
+      const MemoryReport memory = validate(s);
+      for (int rank = 0; rank < ranks; ++rank) CHECK(memory.peak_saved[std::size_t(rank)] == 2 * ranks + 1);
+      for (SendMode sends : {SendMode::blocking, SendMode::asynchronous})
+        CHECK_FALSE(inspect(s, {sends}).violation.has_value());
+    }
+  CHECK(parse_schedule_kind("dualpipev") == ScheduleKind::dual_pipe_v);
+  CHECK(make_schedule(ScheduleKind::dual_pipe_v, 2, 4) == dual_pipe_v(2, 4));
+  CHECK_THROWS_WITH(make_schedule(ScheduleKind::dual_pipe_v, 2, 4, 1), Contains("2 stage(s) on each rank"));
+  CHECK_THROWS_WITH(dual_pipe_v(4, 7), Contains("pipeline::dual_pipe_v") && Contains("m = 7 < 2p = 8"));
+  CHECK_THROWS_WITH(dual_pipe_v(0, 4), Contains("at least one rank"));
 }
