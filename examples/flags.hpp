@@ -80,7 +80,7 @@ struct MeshFlags {
 /// The usage lines of the flags parse_mesh_flag reads.
 inline const char* const mesh_flags_usage =
     "[--pp N] [--dp N] [--fsdp N] [--cp N] [--tp N] [--ep N] [--zero 1|2|3] [--sp | --no-sp]\n"
-    "  [--cp-kind ring|allgather|ulysses] [--schedule gpipe|1f1b|interleaved|zb|zbv] [--microbatches M]";
+    "  [--cp-kind ring|allgather|ulysses] [--schedule gpipe|1f1b|interleaved|zb|zbv|dualpipev] [--microbatches M]";
 
 /// Reads flag `a` into o if it is a parallelism flag (value() gives its value); false otherwise.
 template <class Value>

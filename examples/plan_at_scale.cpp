@@ -72,7 +72,7 @@ struct Options {
 constexpr const char* usage =
     "usage: plan_at_scale [--help] [--arch gpt|llama --layers N --dim N --heads N --kv-heads N --ffn N --vocab N --seq N "
     "--batch N --mlp-ratio N --dtype f32|bf16 --checkpoint --dp N --tp N --pp N --cp N --cp-kind ring|allgather|ulysses "
-    "--no-cp-balance --zero 0|1|2|3 --hsdp R --microbatches N --schedule gpipe|1f1b|interleaved|zb|zbv --stages-per-rank N "
+    "--no-cp-balance --zero 0|1|2|3 --hsdp R --microbatches N --schedule gpipe|1f1b|interleaved|zb|zbv|dualpipev --stages-per-rank N "
     "--experts E --topk K --ep N --moe-every N --capacity F --no-sp --trace FILE --json "
     "--device h100|h200|a100 --device-file F --device-field NAME=VALUE --peak-tflops X "
     "--search --gpus N --top K --finalists N --published]\n"

@@ -132,7 +132,7 @@ struct Options : examples::MeshFlags {  // the mesh: --pp --dp --fsdp --cp --tp 
 
 inline const char* const usage =
     "usage: train_gpt [--pp N] [--dp N] [--fsdp N] [--cp N] [--tp N] [--ep N] [--zero 1|2|3] [--sp | --no-sp]\n"
-    "                 [--cp-kind ring|allgather|ulysses] [--schedule gpipe|1f1b|interleaved|zb|zbv] [--microbatches M]\n"
+    "                 [--cp-kind ring|allgather|ulysses] [--schedule gpipe|1f1b|interleaved|zb|zbv|dualpipev] [--microbatches M]\n"
     "                 [--layers N] [--heads N] [--dim N] [--seq N] [--batch N] [--checkpoint]\n"
     "                 [--experts E] [--topk K] [--capacity F] [--moe-every N]\n"
     "                 [--steps N] [--lr X] [--seed N] [--eval-every N] [--check-finite] [--data FILE] [--backend threads|mpi|nccl]\n"
@@ -142,7 +142,8 @@ inline const char* const usage =
     "                 [--sync ddp|local-sgd|diloco|async|fedavg] [--inner-steps H] [--staleness s] [--clients K] [--kfold k]\n"
     "  mesh (pp, dp, fsdp, cp, tp), default pp 2 x dp 1 x fsdp 2 x cp 2 x tp 2 + SP: 16 ranks (threads, or mpirun -n).\n"
     "  --pp: pipeline stages (--schedule, default 1f1b, over --microbatches, default 2 x pp, or 1 without a\n"
-    "        pipeline; interleaved and zbv put 2 stages on each rank); --dp: replicas; --fsdp: parameter shards,\n"
+    "        pipeline; interleaved, zbv and dualpipev put 2 stages on each rank;\n"
+    "        dualpipev needs M >= 2 x pp); --dp: replicas; --fsdp: parameter shards,\n"
     "        ZeRO --zero (default 3, or 1 when --fsdp 1: DDP); --cp: sequence split (--cp-kind, default ring; ulysses: --heads a multiple of\n"
     "        tp x cp); --tp: Megatron tensor parallelism, with sequence parallelism unless --no-sp.\n"
     "  --experts E > 0: MoE blocks (every --moe-every-th, default all), top-K routing (default 2), capacity factor F\n"

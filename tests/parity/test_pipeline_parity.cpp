@@ -1,5 +1,5 @@
 // Pipeline training parity on the threads backend: every schedule (GPipe, 1F1B, interleaved 1F1B
-// with 2 stages per rank, ZB-H1, ZB-V) on PP = 2 and PP = 4 with M = 4 and 8 micro-batches, and
+// with 2 stages per rank, ZB-H1, ZB-V; DualPipeV within 1e-12) on PP = 2 and PP = 4 with M = 4 and 8 micro-batches, and
 // PP = 2 x DP = 2 x TP = 2 (+SP) on 8 threads, trained 20 steps, give the per-step losses of the
 // one-rank run within 1e-5 relative (double). On the same runs: the activations each rank holds
 // after each action equal the validator's count, and the idle fraction the executor counts is
@@ -49,6 +49,7 @@ std::optional<double> formula(pp::ScheduleKind kind, int p, int m) {
       if (m >= p) return double(p - 1) / double(3 * m + p - 1);
       return std::nullopt;
     case pp::ScheduleKind::zero_bubble_v:
+    case pp::ScheduleKind::dual_pipe_v:  // DualPipeV refuses m < 2p
       if (m >= 2 * p) return double(p - 1) / double(6 * m + p - 1);
       return std::nullopt;
   }
@@ -56,12 +57,12 @@ std::optional<double> formula(pp::ScheduleKind kind, int p, int m) {
 }
 
 template <class Plan = nn::ReplicatedPlan>
-void check_pipeline(const std::string& name, PipelineShape shape, int microbatches) {
+void check_pipeline(const std::string& name, PipelineShape shape, int microbatches, double rtol = 1e-5) {
   const auto& ref = reference();
   const auto kind = pp::parse_schedule_kind(name);
   auto failures = on_ranks(shape.pp * shape.dp * shape.tp, [&](CommPtr world, auto report) {
     auto run = run_pipeline_parity<Plan>(world, shape, kind, microbatches);
-    report(compare_losses(run.losses, ref, 1e-5));
+    report(compare_losses(run.losses, ref, rtol));
     // Memory: what the stages hold after every action is the validator's count.
     const auto rank = std::size_t(run.pipeline_rank);
     if (run.first.saved_after != run.memory.saved[rank])
@@ -93,6 +94,14 @@ TEST_CASE("pipeline parity: every schedule, PP = 2 and 4, M = 4 and 8", "[parity
   for (const char* name : {"gpipe", "1f1b", "interleaved", "zb", "zbv"})
     for (int p : {2, 4})
       for (int m : {4, 8}) check_pipeline(name, {.pp = p}, m);
+}
+
+TEST_CASE("pipeline parity: DualPipeV, PP = 2 and 4, and inside TP, losses within 1e-12", "[parity][pipeline]") {
+  // PyTorch's ScheduleDualPipeV order (m >= 2p), its overlapped F;B pairs run one after the other.
+  check_pipeline("dualpipev", {.pp = 2}, 4, 1e-12);
+  check_pipeline("dualpipev", {.pp = 2}, 8, 1e-12);
+  check_pipeline("dualpipev", {.pp = 4}, 8, 1e-12);
+  check_pipeline<parallel::MegatronPlan<true>>("dualpipev", {.pp = 2, .dp = 1, .tp = 2}, 4, 1e-12);
 }
 
 TEST_CASE("pipeline parity: PP = 2 x DP = 2 x TP = 2 on 8 threads", "[parity][pipeline]") {
@@ -346,12 +355,13 @@ void check_toy_pipeline(const std::string& name, std::vector<Extent> blocks_per_
 
 }  // namespace
 
-TEST_CASE("pipeline split of a non-GPT model: 1F1B, interleaved, ZB-H1, ZB-V against one rank", "[pipeline][split]") {
+TEST_CASE("pipeline split of a non-GPT model: 1F1B, interleaved, ZB-H1, ZB-V, DualPipeV against one rank", "[pipeline][split]") {
   SECTION("1F1B, blocks 3 + 2") { check_toy_pipeline("1f1b"); }
   SECTION("1F1B, blocks 1 + 4 given") { check_toy_pipeline("1f1b", {1, 4}); }
   SECTION("interleaved, 4 stages, the first holding the input layer alone") { check_toy_pipeline("interleaved", {0, 2, 2, 1}); }
   SECTION("ZB-H1") { check_toy_pipeline("zb"); }
   SECTION("ZB-V, 4 stages (2 + 1 + 1 + 1)") { check_toy_pipeline("zbv"); }
+  SECTION("DualPipeV, 4 stages (1 + 2 + 1 + 1)") { check_toy_pipeline("dualpipev", {1, 2, 1, 1}); }
 }
 
 TEST_CASE("pipeline split: bad input is a clear error", "[pipeline][split]") {
