@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "dtensor/models/gpt_config.hpp"
+#include "dtensor/checkpoint/safetensors.hpp"
 #include "dtensor/checkpoint/training_state.hpp"
 #include "dtensor/core/factories.hpp"
 #include "dtensor/optim/adamw.hpp"
@@ -687,5 +688,196 @@ TEST_CASE("checkpoint regions: flat ranges as boxes, and the overlap plan, again
       INFO("from " << to_string(from) << " on " << to_string(old_mesh) << " to " << to_string(to) << " on " << to_string(new_mesh));
       REQUIRE(got == want);
     }
+  }
+}
+
+// ---- safetensors (checkpoint/safetensors_format.hpp, checkpoint/safetensors.hpp) ----------------
+
+namespace {
+
+void write_bytes(const fs::path& file, const std::string& bytes) {
+  fs::create_directories(file.parent_path());
+  std::ofstream(file, std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
+}
+/// A safetensors file byte for byte as the Python package lays it out: the length, the header
+/// padded with spaces to a multiple of 8, the data.
+std::string st_file(std::string header, const std::string& data) {
+  while (header.size() % 8) header += ' ';
+  const std::uint64_t n = header.size();
+  return std::string(reinterpret_cast<const char*>(&n), 8) + header + data;
+}
+template <class T>
+std::string raw(std::initializer_list<T> values) {
+  std::string out;
+  for (T v : values) out.append(reinterpret_cast<const char*>(&v), sizeof v);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("safetensors: a file laid out as Python's package writes it reads back by boxes", "[checkpoint][safetensors]") {
+  namespace st = checkpoint::safetensors;
+  const fs::path file = scratch("st-format") / "python.safetensors";
+  const std::string header =
+      R"({"__metadata__":{"format":"pt"},"a":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},)"
+      R"("b":{"dtype":"BF16","shape":[2],"data_offsets":[24,28]},"c":{"dtype":"F64","shape":[],"data_offsets":[28,36]}})";
+  write_bytes(file, st_file(header, raw<float>({0, 0.5f, 1, 1.5f, 2, 2.5f}) + raw<std::uint16_t>({0x3F80, 0xC000}) + raw<double>({3.25})));
+  const st::FileInfo info = st::read_header(file);
+  CHECK(info.metadata.at("format") == "pt");
+  REQUIRE(info.tensors.size() == 3);
+  CHECK(info.tensors.at("a").shape == std::vector<Extent>{2, 3});
+  CHECK(info.tensors.at("b").dtype == "BF16");
+  std::vector<double> part(2);
+  st::read_box(info, "a", checkpoint::Region{{1, 1}, {1, 2}}, part.data());  // a[1, 1:3]
+  CHECK(part == std::vector<double>{2, 2.5});
+  std::vector<double> column(2);
+  st::read_box(info, "a", checkpoint::Region{{0, 2}, {2, 1}}, column.data());  // a[:, 2]: two runs
+  CHECK(column == std::vector<double>{1, 2.5});
+  std::vector<float> b(2);
+  st::read_box(info, "b", checkpoint::Region{{0}, {2}}, b.data());
+  CHECK(b == std::vector<float>{1, -2});
+  double c = 0;
+  st::read_box(info, "c", checkpoint::Region{{}, {}}, &c);
+  CHECK(c == 3.25);
+  // What this writer writes reads back the same, header padded to 8 bytes, offsets packed.
+  const fs::path mine = file.parent_path() / "mine.safetensors";
+  const std::vector<double> values{1, 2, 3, 4, 5, 6};
+  st::write<double>(mine, {{"x", {3, 2}, values.data()}, {"y", {1}, values.data() + 5}});
+  const st::FileInfo back = st::read_header(mine);
+  CHECK((back.data_start - 8) % 8 == 0);
+  CHECK(back.file_size == back.data_start + 7 * 8);
+  std::vector<double> x(6);
+  st::read_box(back, "x", checkpoint::Region{{0, 0}, {3, 2}}, x.data());
+  CHECK(x == values);
+}
+
+TEST_CASE("safetensors: bad files are errors naming the file and tensor", "[checkpoint][safetensors][errors]") {
+  namespace st = checkpoint::safetensors;
+  using Catch::Contains;
+  const fs::path dir = scratch("st-bad");
+  auto bad = [&](const std::string& name, const std::string& bytes) {
+    write_bytes(dir / name, bytes);
+    return dir / name;
+  };
+  CHECK_THROWS_WITH(st::read_header(bad("short", "abcd")), Contains("short") && Contains("shorter than the 8-byte header length"));
+  CHECK_THROWS_WITH(st::read_header(bad("long", raw<std::uint64_t>({1000000}) + "{}")), Contains("header length 1000000 does not fit"));
+  CHECK_THROWS_WITH(st::read_header(bad("json", st_file(R"({"a":{"dtype":"F32",)", ""))), Contains("invalid JSON"));
+  CHECK_THROWS_WITH(st::read_header(bad("size", st_file(R"({"a":{"dtype":"F32","shape":[2,4],"data_offsets":[0,24]}})", std::string(24, '\0')))),
+                    Contains("tensor 'a'") && Contains("F32 of shape [2, 4] is 32 bytes, data_offsets give 24"));
+  CHECK_THROWS_WITH(st::read_header(bad("beyond", st_file(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", std::string(8, '\0')))),
+                    Contains("are not inside the 8 data bytes"));
+  CHECK_THROWS_WITH(st::read_header(bad("overlap", st_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                                                            R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", std::string(12, '\0')))),
+                    Contains("'a' and 'b' overlap"));
+  CHECK_THROWS_WITH(st::read_header(bad("fields", st_file(R"({"a":{"dtype":"F32","shape":[2]}})", ""))), Contains("needs \"dtype\""));
+  const auto ints = st::read_header(bad("ints", st_file(R"({"i":{"dtype":"I8","shape":[2],"data_offsets":[0,2]}})", "ab")));
+  std::vector<double> out(2);
+  CHECK_THROWS_WITH(st::read_box(ints, "i", checkpoint::Region{{0}, {2}}, out.data()), Contains("is I8; readable dtypes are F64, F32 and BF16"));
+  CHECK_THROWS_WITH(st::read_box(ints, "j", checkpoint::Region{{0}, {2}}, out.data()), Contains("has no tensor 'j'"));
+  CHECK_THROWS_WITH(st::read_header(dir / "absent"), Contains("cannot read") && Contains("absent"));
+}
+
+TEST_CASE("safetensors: a GPT exported from dp 2 x tp 2 holds the full tensors; imported on one rank, tp 4 and "
+          "from a sharded index it equals them", "[checkpoint][safetensors]") {
+  const fs::path dir = scratch("st-gpt");
+  fs::create_directories(dir);
+  const fs::path file = dir / "model.safetensors";
+  Full want;
+  threads::run(4, [&](CommPtr world) {
+    Mesh2 mesh(world, {2, 2});
+    TpRun model_run(mesh);
+    train(model_run, mesh, 0, 2);
+    checkpoint::export_safetensors(file, mesh, checkpoint::parameter_slots(model_run.model.units(), mesh));
+    Full full;
+    nn::for_each_parameter(model_run.model, [&](auto& p) {
+      if (!p.defined()) return;
+      const auto whole = full_tensor(p.value());
+      full[p.name()] = {std::vector<Extent>(whole.shape().begin(), whole.shape().end()),
+                        std::vector<double>(whole.span().begin(), whole.span().end())};
+    });
+    if (world->rank() == 0) want = full;
+  });
+  // The file on its own: every parameter whole, F64, equal to full_tensor of the training run.
+  const auto info = checkpoint::safetensors::read_header(file);
+  REQUIRE(info.tensors.size() == want.size());
+  for (const auto& [name, tensor] : want) {
+    const auto& [shape, values] = tensor;
+    CAPTURE(name);
+    REQUIRE(info.tensors.count(name) == 1);
+    CHECK(info.tensors.at(name).dtype == "F64");
+    CHECK(info.tensors.at(name).shape == shape);
+    std::vector<double> got(values.size());
+    checkpoint::safetensors::read_box(info, name, checkpoint::Region{std::vector<Extent>(shape.size(), 0), shape}, got.data());
+    CHECK(got == values);
+  }
+  SECTION("one rank") {
+    threads::run(1, [&](CommPtr world) {
+      Mesh2 mesh(world, {1, 1});
+      OneRun model_run(mesh);
+      auto slots = checkpoint::parameter_slots(model_run.model.units(), mesh);
+      checkpoint::import_safetensors(file, mesh, slots);
+      const auto msg = compare_slots(slots, want);
+      INFO(msg);
+      CHECK(msg.empty());
+    });
+  }
+  SECTION("tp 4: each rank reads its own boxes (vocab 29 as 8, 8, 8, 5)") {
+    auto f = on_ranks(4, [&](CommPtr world, auto report) {
+      Mesh2 mesh(world, {1, 4});
+      TpRun model_run(mesh);
+      auto slots = checkpoint::parameter_slots(model_run.model.units(), mesh);
+      checkpoint::import_safetensors(file, mesh, slots);
+      report(compare_slots(slots, want));
+    });
+    INFO(summary(f));
+    CHECK(f.empty());
+  }
+  SECTION("sharded in two files with an index, as Hugging Face lays out large models") {
+    std::vector<checkpoint::safetensors::Named<double>> first, second;
+    std::string weight_map;
+    int i = 0;
+    for (const auto& [name, tensor] : want) {
+      (i % 2 ? second : first).push_back({name, tensor.first, tensor.second.data()});
+      weight_map += detail::cat(i ? "," : "", "\"", name, "\":\"model-0000", i % 2 + 1, "-of-00002.safetensors\"");
+      ++i;
+    }
+    checkpoint::safetensors::write(dir / "model-00001-of-00002.safetensors", first);
+    checkpoint::safetensors::write(dir / "model-00002-of-00002.safetensors", second);
+    write_bytes(dir / "model.safetensors.index.json", "{\"metadata\": {\"total_size\": 0}, \"weight_map\": {" + weight_map + "}}");
+    auto f = on_ranks(2, [&](CommPtr world, auto report) {
+      Mesh2 mesh(world, {1, 2});
+      TpRun model_run(mesh);
+      auto slots = checkpoint::parameter_slots(model_run.model.units(), mesh);
+      checkpoint::import_safetensors(dir / "model.safetensors.index.json", mesh, slots);
+      report(compare_slots(slots, want));
+    });
+    INFO(summary(f));
+    CHECK(f.empty());
+  }
+  SECTION("a missing tensor or another shape is an error on every rank") {
+    const fs::path small = dir / "small.safetensors";
+    const std::vector<double> zeros(29 * 16, 0.0);
+    checkpoint::safetensors::write<double>(small, {{want.begin()->first, {3}, zeros.data()}});
+    auto f = on_ranks(2, [&](CommPtr world, auto report) {
+      Mesh2 mesh(world, {1, 2});
+      TpRun model_run(mesh);
+      auto slots = checkpoint::parameter_slots(model_run.model.units(), mesh);
+      try {
+        checkpoint::import_safetensors(small, mesh, slots);
+        report("no error");
+      } catch (const Error& e) {
+        const std::string what = e.what();
+        if (what.find("is [3], the model's is") == std::string::npos) report(what);
+      }
+      try {
+        checkpoint::import_safetensors(small, mesh, slots, {.rename = [](const std::string& n) { return "x." + n; }});
+        report("no error for missing tensors");
+      } catch (const Error& e) {
+        const std::string what = e.what();
+        if (what.find("lacks") == std::string::npos || what.find("'x.") == std::string::npos) report(what);
+      }
+    });
+    INFO(summary(f));
+    CHECK(f.empty());
   }
 }
