@@ -3,9 +3,12 @@
 // Llama block against finite differences; tensor-parallel GQA / SwiGLU / block (TP, TP + SP on
 // 1-D and 2-D meshes) equal to the one-rank modules; nn::Llama's parameters and units; the
 // errors for KV heads or ffn that do not split over tp. Training parity: tests/parity/test_llama_parity.cpp.
+// models::generate: greedy tokens of nn::GPT and nn::Llama equal on one rank and TP = 2 (+SP), sampling
+// deterministic and following softmax(logits / temperature) over the top k.
 #include <catch2/catch.hpp>
 
 #include "dtensor/comm/threads.hpp"
+#include "dtensor/models/generate.hpp"
 #include "dtensor/models/llama.hpp"
 #include "dtensor/ops/repeat.hpp"
 #include "dtensor/ops/rotary.hpp"
@@ -221,5 +224,86 @@ TEST_CASE("nn::Llama: parameters, units and no position table", "[llama][nn]") {
     REQUIRE(count == 29 * C + 3 * per_block + C + C * 29);
     REQUIRE(model.units().size() == 5);  // embed, h.0 .. h.2, head
     REQUIRE(model.units().front().params.size() == 1);  // wte alone
+  });
+}
+
+// ---- models::generate ---------------------------------------------------------------------------
+
+namespace {
+
+template <class Model>
+std::vector<std::int32_t> generate_on(const NnMesh& mesh, const nn::GPTConfig& cfg, std::vector<std::int32_t> prompt,
+                                      const models::GenerateOptions& o) {
+  Model model(mesh, cfg);
+  return models::generate(model, std::move(prompt), o);
+}
+
+template <template <class, class, class> class Arch>
+void check_generate_tp(const nn::GPTConfig& cfg) {
+  using One = Arch<double, NnMesh, nn::ReplicatedPlan>;
+  using Tp = Arch<double, NnMesh, parallel::MegatronPlan<true>>;
+  const std::vector<std::int32_t> prompt{1, 2, 3};
+  const models::GenerateOptions greedy{.new_tokens = 12}, sampled{.new_tokens = 12, .temperature = 0.9, .top_k = 6, .seed = 7};
+  std::vector<std::int32_t> ref_greedy, ref_sampled;
+  threads::run(1, [&](CommPtr w) {
+    NnMesh mesh(w, {1, 1});
+    ref_greedy = generate_on<One>(mesh, cfg, prompt, greedy);
+    ref_sampled = generate_on<One>(mesh, cfg, prompt, sampled);
+    // 15 tokens > seq 8: the context slides; a prompt of more than seq tokens keeps its last seq.
+    std::vector<std::int32_t> long_prompt(ref_greedy.begin(), ref_greedy.begin() + 10);
+    const auto from_long = generate_on<One>(mesh, cfg, long_prompt, {.new_tokens = 5});
+    CHECK(std::vector<std::int32_t>(from_long.begin() + 10, from_long.end()) ==
+          std::vector<std::int32_t>(ref_greedy.begin() + 10, ref_greedy.end()));
+  });
+  REQUIRE(ref_greedy.size() == 15);
+  CHECK(std::vector<std::int32_t>(ref_greedy.begin(), ref_greedy.begin() + 3) == prompt);
+  CHECK(ref_sampled != ref_greedy);  // sampling at temperature 0.9 departs from the argmax
+  auto f = on_ranks(2, [&](CommPtr world, auto report) {
+    NnMesh mesh(world, {1, 2});
+    if (generate_on<Tp>(mesh, cfg, prompt, greedy) != ref_greedy) report("greedy tokens under TP 2 differ from one rank's");
+    if (generate_on<Tp>(mesh, cfg, prompt, sampled) != ref_sampled) report("sampled tokens under TP 2 differ from one rank's");
+  });
+  INFO(summary(f));
+  CHECK(f.empty());
+}
+
+template <class T, class Mesh, class Plan>
+using GptArch = nn::GPT<T, Mesh, Plan>;
+template <class T, class Mesh, class Plan>
+using LlamaArch = nn::Llama<T, Mesh, Plan>;
+
+}  // namespace
+
+TEST_CASE("generate: GPT and Llama give the same tokens on one rank and under TP 2 + SP", "[models][generate]") {
+  // vocab 23 splits unevenly over tp 2 (12, 11).
+  check_generate_tp<GptArch>({.vocab = 23, .seq = 8, .dim = 16, .heads = 4, .layers = 2, .seed = 3});
+  check_generate_tp<LlamaArch>({.vocab = 23, .seq = 8, .dim = 16, .heads = 4, .layers = 2, .seed = 4, .kv_heads = 2,
+                                .ffn = 24, .rope_theta = 100, .bias = false});
+}
+
+TEST_CASE("generate: the choice of a token, and bad input", "[models][generate]") {
+  const std::vector<double> logits{0.5, 2.0, -1.0, 2.0, 1.5};
+  CHECK(models::choose_token(logits, {}, 0) == 1);  // greedy: the first largest
+  for (std::uint64_t step = 0; step < 50; ++step) {
+    CHECK(models::choose_token(logits, {.temperature = 3, .top_k = 1, .seed = 9}, step) == 1);  // top-1 is greedy
+    const auto t = models::choose_token(logits, {.temperature = 100, .top_k = 3, .seed = 9}, step);
+    CHECK((t == 1 || t == 3 || t == 4));  // the three largest only
+  }
+  // Temperature 1 over all: frequencies of 20000 draws within 0.015 of softmax(logits).
+  std::vector<double> count(logits.size()), p(logits.size());
+  double z = 0;
+  for (std::size_t i = 0; i < logits.size(); ++i) z += p[i] = std::exp(logits[i]);
+  for (std::uint64_t step = 0; step < 20000; ++step) count[std::size_t(models::choose_token(logits, {.temperature = 1, .seed = 5}, step))] += 1;
+  for (std::size_t i = 0; i < logits.size(); ++i) {
+    CAPTURE(i);
+    CHECK(std::abs(count[i] / 20000 - p[i] / z) < 0.015);
+  }
+  threads::run(1, [&](CommPtr w) {
+    NnMesh mesh(w, {1, 1});
+    nn::GPT<double, NnMesh> model(mesh, {.vocab = 5, .seq = 4, .dim = 8, .heads = 2, .layers = 1});
+    using Catch::Contains;
+    CHECK_THROWS_WITH(models::generate(model, {}, {}), Contains("models::generate") && Contains("prompt is empty"));
+    CHECK_THROWS_WITH(models::generate(model, {1, 5}, {}), Contains("prompt token 5 is not in the vocabulary [0, 5)"));
+    CHECK_THROWS_WITH(models::generate(model, {1}, {.temperature = -1}), Contains("none may be negative"));
   });
 }
