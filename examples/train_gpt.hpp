@@ -64,10 +64,12 @@
 #include <unistd.h>  // access, sysconf
 
 #include "dtensor/models/gpt_config.hpp"
+#include "dtensor/checkpoint/pipeline_safetensors.hpp"
 #include "dtensor/checkpoint/pipeline_state.hpp"
 #include "dtensor/distributed/settings_agreement.hpp"
 #include "dtensor/comm/hosts.hpp"
 #include "dtensor/mesh/hosts.hpp"
+#include "dtensor/models/generate.hpp"
 #include "dtensor/models/llama.hpp"
 #include "dtensor/optim/check_finite.hpp"
 #include "dtensor/parallel/pipeline/by_name.hpp"
@@ -128,6 +130,13 @@ struct Options : examples::MeshFlags {  // the mesh: --pp --dp --fsdp --cp --tp 
   // (FedAvg: clients sampled per round, 0 = every dp rank), --kfold k (k runs, mean and std of the validation loss).
   std::string sync = "ddp";
   int inner_steps = 50, staleness = 1, clients = 0, kfold = 0;
+  // Weights in and out, and text (checkpoint/safetensors.hpp, models/generate.hpp): --init-from FILE
+  // starts from a safetensors file's weights, --export FILE writes the trained ones (whole tensors,
+  // any mesh), --generate N prints N characters after --prompt TEXT from the trained model (greedy,
+  // or sampled with --temperature T and --top-k K).
+  std::string export_path, init_from, prompt = "The ";
+  int generate = 0, top_k = 0;
+  double temperature = 0;
 };
 
 inline const char* const usage =
@@ -140,6 +149,7 @@ inline const char* const usage =
     "                 [--trace FILE] [--plot FILE] [--arch gpt|llama] [--kv-heads N] [--ffn N]\n"
     "                 [--save-every N --save-dir DIR] [--resume DIR]\n"
     "                 [--sync ddp|local-sgd|diloco|async|fedavg] [--inner-steps H] [--staleness s] [--clients K] [--kfold k]\n"
+    "                 [--init-from FILE] [--export FILE.safetensors] [--generate N [--prompt TEXT] [--temperature T] [--top-k K]]\n"
     "  mesh (pp, dp, fsdp, cp, tp), default pp 2 x dp 1 x fsdp 2 x cp 2 x tp 2 + SP: 16 ranks (threads, or mpirun -n).\n"
     "  --pp: pipeline stages (--schedule, default 1f1b, over --microbatches, default 2 x pp, or 1 without a\n"
     "        pipeline; interleaved, zbv and dualpipev put 2 stages on each rank;\n"
@@ -162,7 +172,11 @@ inline const char* const usage =
     "  --sync (on \"dp\", docs/beyond-sync.md): ddp (default); local-sgd / diloco: average / DiLoCo outer step every\n"
     "        --inner-steps H (50); async: the all-reduce of step t applied at t + --staleness s (1); fedavg: each dp\n"
     "        rank a client on its own slice of the text, --clients K sampled per round of H steps (0: all).\n"
-    "        --kfold k: k runs over k folds of the text's blocks, then the validation loss's mean and std.\n";
+    "        --kfold k: k runs over k folds of the text's blocks, then the validation loss's mean and std.\n"
+    "  --init-from FILE: the weights of a safetensors file (or a sharded *.index.json), any mesh's, instead of the\n"
+    "        random init; --export FILE.safetensors: the trained weights, whole, readable by Python's safetensors;\n"
+    "        --generate N: N characters after --prompt TEXT (default \"The \") from the trained model, greedy or\n"
+    "        sampled (--temperature T > 0, --top-k K); no KV cache. CPU, without --experts.\n";
 
 using examples::flag_value;
 using examples::UsageError;
@@ -182,6 +196,22 @@ inline void check_architecture(const Options& o) {
 inline void check_checkpoints(const Options& o) {
   if (o.save_every > 0 && o.save_dir.empty()) throw UsageError("--save-every needs --save-dir DIR");
   if (o.save_every == 0 && !o.save_dir.empty()) throw UsageError("--save-dir needs --save-every N");
+}
+
+/// --init-from, --export, --generate and its sampling flags.
+inline void check_interop(const Options& o) {
+  if (!o.export_path.empty() && !o.export_path.ends_with(".safetensors"))
+    throw UsageError("--export " + o.export_path + ": the file name must end in .safetensors");
+  if (!o.init_from.empty() && !o.resume.empty()) throw UsageError("--init-from with --resume: one starting point, not two");
+  if (!o.init_from.empty() && !std::filesystem::is_regular_file(o.init_from))
+    throw UsageError("--init-from " + o.init_from + ": no such file (a .safetensors file or a *.index.json)");
+  if (o.generate == 0 && (o.temperature > 0 || o.top_k > 0))
+    throw UsageError("--temperature and --top-k need --generate N");
+  if (o.top_k > 0 && o.temperature == 0) throw UsageError("--top-k needs --temperature T (without it generation is greedy)");
+  const bool any = !o.export_path.empty() || !o.init_from.empty() || o.generate > 0;
+  if (any && o.experts > 0) throw UsageError("--init-from, --export and --generate with --experts: not supported yet");
+  if (any && o.device == "cuda") throw UsageError("--init-from, --export and --generate with --device cuda: not supported yet");
+  if (o.generate > 0 && o.kfold > 0) throw UsageError("--generate with --kfold: k models, no one to generate from");
 }
 
 /// --device, --dtype and --backend together: what this build can run (cuda_build: train_gpt_cuda).
@@ -235,6 +265,7 @@ inline void check_options(Options& o, bool cuda_build) {
   check_architecture(o);
   check_checkpoints(o);
   check_sync(o);
+  check_interop(o);
   if (o.kfold > 0 && (o.save_every > 0 || !o.resume.empty())) throw UsageError("--kfold with checkpoints: k runs, one directory");
   check_device(o, cuda_build);
   if (o.experts == 0) {
@@ -294,6 +325,12 @@ inline Options parse(int argc, char** argv, bool cuda_build) {
     else if (a == "--staleness") o.staleness = flag_value<int>(a, value(), 0);
     else if (a == "--clients") o.clients = flag_value<int>(a, value(), 0);
     else if (a == "--kfold") o.kfold = flag_value<int>(a, value(), 2);
+    else if (a == "--init-from") o.init_from = value();
+    else if (a == "--export") o.export_path = value();
+    else if (a == "--generate") o.generate = flag_value<int>(a, value(), 1);
+    else if (a == "--prompt") o.prompt = value();
+    else if (a == "--temperature") o.temperature = examples::positive_flag_value(a, value());
+    else if (a == "--top-k") o.top_k = flag_value<int>(a, value(), 1);
     else if (a == "--backend") {
       o.backend = value();
       if (o.backend != "threads" && o.backend != "mpi" && o.backend != "nccl")
@@ -429,6 +466,51 @@ std::pair<std::vector<std::int64_t>, double> expert_load(Model& model, const Mes
   const double dropped = routed > 0 ? double(sums[std::size_t(experts) + 1]) / routed : 0;
   sums.resize(std::size_t(experts));
   return {sums, dropped};
+}
+
+/// --export FILE and --generate N after training: the weights gathered into one safetensors file
+/// (FILE, or a temporary one), then rank 0 loads them into a one-rank nn::GPT / nn::Llama and
+/// generates (models/generate.hpp), while the other ranks wait. Any training mesh works, PP and
+/// FSDP included, since the file holds whole tensors.
+template <class Plan, class Layers, class Pipeline>
+void export_and_generate(const CommPtr& world, const Options& o, const Corpus& corpus, nn::GPTConfig cfg, Pipeline& model) {
+  if (o.export_path.empty() && o.generate == 0) return;
+  const bool root = world->rank() == 0;
+  std::int64_t tag = ::getpid();  // rank 0's, so that every rank names the same temporary file
+  world->broadcast(std::span<std::int64_t>(&tag, 1), 0);
+  const std::filesystem::path file =
+      o.export_path.empty() ? std::filesystem::temp_directory_path() / ("train_gpt-" + str(tag) + ".safetensors")
+                            : std::filesystem::path(o.export_path);
+  checkpoint::export_pipeline_safetensors(file, model);
+  if (root && !o.export_path.empty()) std::printf("weights exported to %s\n", o.export_path.c_str());
+  if (o.generate == 0) return;
+  CommPtr alone = world->split(world->rank(), 0);  // a one-rank communicator per rank
+  if (root) {
+    using OneMesh = StageMeshIn<host_space>;
+    OneMesh one(alone, {1, 1, 1, 1});
+    cfg.context = {};
+    cfg.checkpoint = false;
+    nn::GPT<float, OneMesh, Plan, std::int32_t, Layers> gen(one, cfg);
+    auto slots = checkpoint::parameter_slots(gen.units(), one);
+    checkpoint::import_safetensors(file, one, slots);
+    std::vector<std::int32_t> prompt;
+    for (char ch : o.prompt) {
+      const auto at = std::find(corpus.chars.begin(), corpus.chars.end(), ch);
+      if (at == corpus.chars.end())
+        throw std::runtime_error("--prompt: the character '" + std::string(1, ch) + "' is not in the training text's " +
+                                 str((long long)corpus.chars.size()) + " characters");
+      prompt.push_back(std::int32_t(at - corpus.chars.begin()));
+    }
+    const auto ids = models::generate(gen, prompt, {.new_tokens = o.generate, .temperature = o.temperature, .top_k = o.top_k,
+                                                    .seed = o.seed});
+    std::string text;
+    for (std::int32_t id : ids) text += corpus.chars[std::size_t(id)];
+    char how[64] = "greedy";
+    if (o.temperature > 0) std::snprintf(how, sizeof how, "temperature %g, top-k %d", o.temperature, o.top_k);
+    std::printf("generated (%s, %d characters, no KV cache):\n%s\n", how, o.generate, text.c_str());
+    if (o.export_path.empty()) std::filesystem::remove(file);
+  }
+  world->barrier();
 }
 
 /// The collectives of one step by "kind on group", with their count and bytes.
@@ -601,6 +683,11 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
   model_config["model"] = o.arch;
   if constexpr (moe) model_config["experts"] = str(o.experts), model_config["moe_every"] = str(o.moe_every);
   int first_step = 1;
+  if constexpr (host && !moe)
+    if (!o.init_from.empty()) {
+      checkpoint::import_pipeline_safetensors(o.init_from, model);
+      if (root) std::printf("weights from %s\n", o.init_from.c_str());
+    }
   if (!o.resume.empty()) {
     checkpoint::TrainingMeta meta;
     // A device model's slots travel through host copies (checkpoint::HostStaging).
@@ -739,6 +826,7 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
       std::printf("sync %s on dp: %.0f all-reduce payload bytes per step on rank 0 (DDP: %.0f, %.1fx)\n", o.sync.c_str(), bytes, ddp,
                   ddp / bytes);
   }
+  if constexpr (host && !moe) export_and_generate<Plan, Layers>(world, o, corpus, cfg, model);
   return val_loss;
 }
 
@@ -780,7 +868,11 @@ inline std::vector<Setting> settings_of(const Options& o, const Corpus& corpus) 
           {"--backend", o.backend}, {"--device", o.device}, {"--dtype", o.dtype}, {"--arch", o.arch},
           {"--kv-heads", n(o.kv_heads)}, {"--ffn", n(o.ffn)}, {"--save-every", n(o.save_every)},
           {"--save-dir", o.save_dir}, {"--resume", o.resume}, {"--sync", o.sync}, {"--inner-steps", n(o.inner_steps)},
-          {"--staleness", n(o.staleness)}, {"--clients", n(o.clients)}, {"--kfold", n(o.kfold)}};
+          {"--staleness", n(o.staleness)}, {"--clients", n(o.clients)}, {"--kfold", n(o.kfold)},
+          // One setting for the six weights-and-text flags (the agreement takes at most 48).
+          {"--init-from --export --generate --prompt --temperature --top-k",
+           o.init_from + " | " + o.export_path + " | " + n(o.generate) + " | " + o.prompt + " | " + num(o.temperature) + " | " +
+               n(o.top_k)}};
 }
 
 template <class Space, class Compute>

@@ -238,6 +238,24 @@ grep -q "from $V/installed/x64-linux/share/dtensor" "$T/consumer-vcpkg.configure
   || fail "the vcpkg consumer did not find the vcpkg tree"
 # The core port exported no component: dtensor::mpi here is the one the config defines.
 build_and_test "$T/consumer-vcpkg" "vcpkg consumer"
+# The port stamped at a commit (packaging/vcpkg/make-port.sh): its source is that commit, fetched
+# by vcpkg_from_git, so the installed headers are the commit's and the port's files (vcpkg's
+# binary-cache key) name it.
+if git -C "$ROOT" rev-parse --git-dir >/dev/null 2>&1; then
+  sha=$(git -C "$ROOT" rev-parse HEAD)
+  logged "$T/make-port.log" "$ROOT/packaging/vcpkg/make-port.sh" "$T/stamped" --ref "$sha" --url "file://$ROOT"
+  grep -q "set(DTENSOR_GIT_REF \"$sha\")" "$T/stamped/dtensor/source.cmake" || fail "the stamped port does not name $sha"
+  grep -q '"homepage": ' "$T/stamped/dtensor/vcpkg.json" || fail "the stamped port has no homepage"
+  logged "$T/vcpkg-stamped.log" cmake -DPORT_DIR="$T/stamped/dtensor" -DWORK_DIR="$V-stamped" -DFEATURES=core \
+    -P "$PKG/vcpkg/run_portfile.cmake"
+  mkdir -p "$T/at-commit"
+  git -C "$ROOT" archive "$sha" include | tar -x -C "$T/at-commit"
+  diff -r "$T/at-commit/include" "$V-stamped/packages/dtensor_x64-linux/include" \
+    || fail "the stamped port's headers are not those of commit $sha"
+  ok "vcpkg port stamped at $sha: fetched with vcpkg_from_git, headers of that commit"
+else
+  echo "skipped: the stamped vcpkg port needs a git checkout"
+fi
 if [[ $HAVE_MPI == 1 ]]; then
   # The port with its backend features: each component is then exported by the port's build.
   # It must be the same target as the one the config defines from the core port: compare both

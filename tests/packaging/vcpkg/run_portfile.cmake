@@ -56,6 +56,28 @@ function(vcpkg_from_github)
   message(FATAL_ERROR "run_portfile: vcpkg_from_github needs the network; the port must use the local tree")
 endfunction()
 
+# vcpkg_from_git: the commit REF of URL, checked out into the build trees (a local file:// URL
+# needs no network). vcpkg requires REF to be a full commit SHA; so does the stand-in.
+find_package(Git QUIET)
+function(vcpkg_from_git)
+  cmake_parse_arguments(PARSE_ARGV 0 arg "" "OUT_SOURCE_PATH;URL;REF;HEAD_REF" "PATCHES")
+  if(NOT arg_REF MATCHES "^[0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f]+$")
+    message(FATAL_ERROR "vcpkg_from_git: REF '${arg_REF}' is not a commit SHA")
+  endif()
+  string(LENGTH "${arg_REF}" n)
+  if(NOT n EQUAL 40)
+    message(FATAL_ERROR "vcpkg_from_git: REF '${arg_REF}' is not a full 40-hex commit SHA")
+  endif()
+  if(NOT GIT_EXECUTABLE)
+    message(FATAL_ERROR "run_portfile: vcpkg_from_git needs git")
+  endif()
+  set(src "${CURRENT_BUILDTREES_DIR}/src/${arg_REF}")
+  file(REMOVE_RECURSE "${src}")
+  _run("${GIT_EXECUTABLE}" clone --quiet --no-checkout "${arg_URL}" "${src}")
+  _run("${GIT_EXECUTABLE}" -C "${src}" checkout --quiet "${arg_REF}")
+  set(${arg_OUT_SOURCE_PATH} "${src}" PARENT_SCOPE)
+endfunction()
+
 # vcpkg_check_features: -D<var>=ON for each feature asked for, OFF for the others.
 function(vcpkg_check_features)
   cmake_parse_arguments(PARSE_ARGV 0 arg "" "OUT_FEATURE_OPTIONS;PREFIX" "FEATURES;INVERTED_FEATURES")

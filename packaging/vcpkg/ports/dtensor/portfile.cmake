@@ -5,14 +5,24 @@
 # package config, which vcpkg_cmake_config_fixup then checks and relocates.
 set(VCPKG_BUILD_TYPE release)   # header-only: one configuration is all there is
 
-# The source: the dtensor tree that holds this overlay port (ports/dtensor -> 4 levels up).
-# When dtensor is published, replace this with
-#   vcpkg_from_github(OUT_SOURCE_PATH SOURCE_PATH REPO <owner>/dtensor REF "v${VERSION}"
-#                     SHA512 <sha512 of the archive> HEAD_REF main)
-get_filename_component(SOURCE_PATH "${CMAKE_CURRENT_LIST_DIR}/../../../.." ABSOLUTE)
-if(NOT EXISTS "${SOURCE_PATH}/include/dtensor" OR NOT EXISTS "${SOURCE_PATH}/cmake/dtensorConfig.cmake.in")
-  message(FATAL_ERROR "dtensor port: ${SOURCE_PATH} is not a dtensor source tree; use this port "
-                      "from packaging/vcpkg/ports of a dtensor checkout (--overlay-ports)")
+# The source. A port stamped by packaging/vcpkg/make-port.sh has a source.cmake naming a git URL
+# and a commit: vcpkg fetches that commit (vcpkg_from_git), and since the commit is part of the
+# port's files, vcpkg's ABI hash — the binary cache key — changes with every change of the
+# headers. Without it (this folder used as an overlay port straight from a checkout) the port
+# packages the tree around it: right for development, but the cache key then follows only the
+# port's own files, so a stale binary package can be reused after the headers changed.
+if(EXISTS "${CMAKE_CURRENT_LIST_DIR}/source.cmake")
+  include("${CMAKE_CURRENT_LIST_DIR}/source.cmake")  # DTENSOR_GIT_URL, DTENSOR_GIT_REF
+  vcpkg_from_git(OUT_SOURCE_PATH SOURCE_PATH URL "${DTENSOR_GIT_URL}" REF "${DTENSOR_GIT_REF}" HEAD_REF main)
+else()
+  get_filename_component(SOURCE_PATH "${CMAKE_CURRENT_LIST_DIR}/../../../.." ABSOLUTE)
+  if(NOT EXISTS "${SOURCE_PATH}/include/dtensor" OR NOT EXISTS "${SOURCE_PATH}/cmake/dtensorConfig.cmake.in")
+    message(FATAL_ERROR "dtensor port: ${SOURCE_PATH} is not a dtensor source tree; use this port from "
+                        "packaging/vcpkg/ports of a dtensor checkout (--overlay-ports), or stamp one at a commit "
+                        "with packaging/vcpkg/make-port.sh")
+  endif()
+  message(STATUS "dtensor port: packaging the checkout at ${SOURCE_PATH} (unversioned: the binary cache key does "
+                 "not follow its headers; packaging/vcpkg/make-port.sh stamps a port at a commit)")
 endif()
 
 vcpkg_check_features(OUT_FEATURE_OPTIONS FEATURE_OPTIONS
