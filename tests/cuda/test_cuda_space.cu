@@ -76,6 +76,30 @@ TEST_CASE("slices and boxes of device tensors match the host's", "[cuda]") {
   CHECK(equal(to_space<host_space>(out), host_out));
 }
 
+// Boxes of many slabs go to one slab_copy_kernel launch (core/box.hpp's copy_slabs), with the
+// widest word every address, run and stride allows (2-byte words for bf16 at odd offsets, 16-byte
+// words for double boxes whose runs and strides are even).
+TEMPLATE_TEST_CASE("boxes of many slabs in device memory match the host's, every word width", "[cuda]",
+                   bfloat16, std::int32_t, double) {
+  using T = TestType;
+  const auto h = arange<T>(Shape<4>{3, 5, 6, 8}, -100, 0.25);
+  const auto d = to_space<cuda_space>(h);
+  struct Box {
+    Shape<4> from, to, ext;
+  };
+  for (const Box& b : {Box{{0, 0, 1, 0}, {0, 0, 0, 0}, {3, 5, 2, 8}},    // a head slice: 15 slabs of 2 x 8
+                       Box{{1, 1, 0, 2}, {1, 0, 2, 1}, {2, 3, 4, 5}},    // odd runs and offsets
+                       Box{{0, 2, 3, 4}, {2, 1, 0, 0}, {1, 3, 3, 4}}}) {  // 4-element runs
+    Tensor<T, 4, cuda_space> out(Shape<4>{4, 6, 7, 9});
+    Tensor<T, 4> host_out(Shape<4>{4, 6, 7, 9});
+    copy_box(d, b.from, out, b.to, b.ext);
+    copy_box(h, b.from, host_out, b.to, b.ext);
+    CHECK(equal(to_space<host_space>(out), host_out));
+  }
+  for (std::size_t dim = 0; dim < 4; ++dim)
+    CHECK(equal(to_space<host_space>(d.slice(dim, 1, h.extent(dim) - 1)), h.slice(dim, 1, h.extent(dim) - 1)));
+}
+
 namespace {
 /// Runs the same collectives on the host threads backend and on cuda_threads; returns every
 /// rank's outputs of each, to compare.

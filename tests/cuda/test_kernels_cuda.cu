@@ -102,6 +102,10 @@ TEMPLATE_TEST_CASE("cuda elementwise and activations match the host", "[cuda][ke
   const auto bias = normal<T>(Shape<1>{31}, 3);
   CHECK_CLOSE(ck::add_bias(da, dev(bias)), hk::add_bias(a, bias), tol<T>());
   CHECK_CLOSE(ck::bias_grad(da), hk::bias_grad(a), tol<T>());
+  {  // 12,003 leading rows: summed over runs of rows in parallel (column_sums.cuh)
+    const auto tall = normal<T>(Shape<3>{4001, 3, 70}, 5);
+    CHECK_CLOSE(ck::bias_grad(dev(tall)), hk::bias_grad(tall), tol<T>(true));
+  }
   CHECK_CLOSE(ck::gelu(da), hk::gelu(a), tol<T>());
   CHECK_CLOSE(ck::gelu_backward(da, db), hk::gelu_backward(a, b), tol<T>());
   CHECK_CLOSE(ck::relu(da), hk::relu(a), tol<T>());
@@ -117,8 +121,9 @@ TEMPLATE_TEST_CASE("cuda elementwise and activations match the host", "[cuda][ke
 
 TEMPLATE_TEST_CASE("cuda softmax and norms match the host", "[cuda][kernels]", float, double, bfloat16) {
   using T = TestType;
-  // rows longer than a block, and empty rows' neighbours
-  for (Shape<2> s : {Shape<2>{7, 13}, Shape<2>{3, 1000}}) {
+  // rows longer than a block, and empty rows' neighbours; 2,500 rows: the weight gradients sum
+  // over runs of rows in parallel (column_sums.cuh), a run count that does not divide the rows
+  for (Shape<2> s : {Shape<2>{7, 13}, Shape<2>{3, 1000}, Shape<2>{2500, 300}}) {
     const auto x = normal<T>(s, 1, 0, 3), g = normal<T>(s, 2);
     const auto dx = dev(x), dg = dev(g);
     const auto y = hk::softmax(x), l = hk::log_softmax(x);

@@ -25,6 +25,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
@@ -93,6 +94,42 @@ inline bool is_device_only(const void* p) {
 }
 
 namespace detail {
+
+/// Every word of a box of slabs (core/box.hpp), one thread per word in a grid-stride loop; W is
+/// the widest word that every address, run, pitch and stride is a multiple of.
+template <class W, std::size_t R>
+__global__ void slab_copy_kernel(char* dst, const char* src, dtensor::detail::BoxSlabs<R> b, std::size_t run_words,
+                                 std::size_t total) {
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    std::size_t rest = i / run_words;
+    const std::size_t word = i - rest * run_words;
+    const std::size_t row = rest % b.rows;
+    rest /= b.rows;
+    std::size_t so = row * b.src_pitch + word * sizeof(W), dof = row * b.dst_pitch + word * sizeof(W);
+    for (std::size_t k = b.outer; k-- > 0;) {
+      const std::size_t e = std::size_t(b.ext[k]), at = rest % e;
+      rest /= e;
+      so += at * std::size_t(b.src_stride[k]);
+      dof += at * std::size_t(b.dst_stride[k]);
+    }
+    *reinterpret_cast<W*>(dst + dof) = *reinterpret_cast<const W*>(src + so);
+  }
+}
+
+template <class W, std::size_t R>
+void launch_slab_copy(void* dst, const void* src, const dtensor::detail::BoxSlabs<R>& b) {
+  std::size_t slabs = 1;
+  for (std::size_t k = 0; k < b.outer; ++k) slabs *= std::size_t(b.ext[k]);
+  const std::size_t run_words = b.run_bytes / sizeof(W), total = slabs * b.rows * run_words;
+  if (total == 0) return;
+  const std::size_t blocks = std::min<std::size_t>((total + 255) / 256, 65535);
+  slab_copy_kernel<W, R><<<unsigned(blocks), 256, 0, current_stream()>>>(static_cast<char*>(dst),
+                                                                        static_cast<const char*>(src), b, run_words,
+                                                                        total);
+  DTENSOR_CUDA_CHECK_LAUNCH("cuda_space::copy_slabs (slab_copy_kernel launch)");
+}
+
 template <class T>
 __global__ void fill_kernel(T* dst, std::size_t n, T value) {
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x)
@@ -158,6 +195,22 @@ struct cuda_space {
     DTENSOR_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, height, cudaMemcpyDefault, s));
     settle_if_host(dst, src, s);
   }
+  /// A box of slabs (core/box.hpp) between device buffers: one kernel launch in place of a
+  /// cudaMemcpy2DAsync per slab. False (the caller copies slab by slab) where a pointer is host
+  /// memory.
+  template <std::size_t R>
+  static bool copy_slabs(void* dst, const void* src, const detail::BoxSlabs<R>& b) {
+    if (!cuda::is_device_only(dst) || !cuda::is_device_only(src)) return false;
+    std::size_t align = reinterpret_cast<std::uintptr_t>(dst) | reinterpret_cast<std::uintptr_t>(src) | b.run_bytes |
+                        b.src_pitch | b.dst_pitch;
+    for (std::size_t k = 0; k < b.outer; ++k) align |= std::size_t(b.src_stride[k]) | std::size_t(b.dst_stride[k]);
+    if (align % 16 == 0) cuda::detail::launch_slab_copy<uint4>(dst, src, b);
+    else if (align % 8 == 0) cuda::detail::launch_slab_copy<std::uint64_t>(dst, src, b);
+    else if (align % 4 == 0) cuda::detail::launch_slab_copy<std::uint32_t>(dst, src, b);
+    else if (align % 2 == 0) cuda::detail::launch_slab_copy<std::uint16_t>(dst, src, b);
+    else cuda::detail::launch_slab_copy<std::uint8_t>(dst, src, b);
+    return true;
+  }
   static void zero(void* dst, std::size_t bytes) {
     if (bytes) DTENSOR_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, cuda::current_stream()));
   }
@@ -175,5 +228,6 @@ struct cuda_space {
 };
 
 static_assert(MemorySpace<cuda_space>);
+static_assert(detail::SlabCopySpace<cuda_space, 4>, "cuda_space copies boxes of slabs in one launch (core/box.hpp)");
 
 }  // namespace dtensor

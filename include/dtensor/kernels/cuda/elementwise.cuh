@@ -5,6 +5,7 @@
 // as the host does, so it is deterministic).
 #pragma once
 
+#include "dtensor/kernels/cuda/column_sums.cuh"
 #include "dtensor/kernels/cuda/common.cuh"
 #include "dtensor/kernels/host/elementwise.hpp"  // broadcast_shape, broadcast_strides (extents only)
 
@@ -59,15 +60,21 @@ __global__ void add_bias_kernel(T* x, const T* b, Extent n, Extent total) {
   for (Extent i = gidx(); i < total; i += gstride()) x[i] = T(C(x[i]) + C(b[i % n]));
 }
 
-/// db[j] (+)= sum over rows of dy[r, j], in double, rows in order (one thread per column).
+/// The terms and the store of a bias gradient (column_sums.cuh): db[j] (+)= sum over rows of dy[r, j].
 template <class T>
-__global__ void bias_grad_kernel(T* db, const T* dy, Extent rows, Extent n, bool accumulate) {
-  for (Extent j = gidx(); j < n; j += gstride()) {
-    Stat acc = 0;
-    for (Extent r = 0; r < rows; ++r) acc += Stat(dy[r * n + j]);
-    db[j] = T(accumulate ? Stat(db[j]) + acc : acc);
+struct BiasGradTerm {
+  const T* dy;
+  Extent n;
+  __device__ ColumnSums<1> operator()(Extent r, Extent j) const { return {{Stat(dy[r * n + j])}}; }
+};
+template <class T>
+struct BiasGradStore {
+  T* db;
+  bool accumulate;
+  __device__ void operator()(Extent j, const ColumnSums<1>& s) const {
+    db[j] = T(accumulate ? Stat(db[j]) + s.v[0] : s.v[0]);
   }
-}
+};
 
 template <class T, std::size_t R>
 void check_bias(const char* op, const Shape<R>& x, const Shape<1>& b) {
@@ -144,9 +151,8 @@ void bias_grad_into(CudaTensor<T, 1>& db, const CudaTensor<T, R>& dy, bool accum
   detail::check_bias<T, R>("bias_grad", dy.shape(), db.shape());
   const Extent n = db.extent(0);
   if (n == 0) return;
-  detail::bias_grad_kernel<<<detail::grid_for(n), detail::block, 0, detail::stream()>>>(
-      db.data(), dy.data(), detail::leading_rows(dy.shape()), n, accumulate);
-  detail::launched("bias_grad_kernel");
+  detail::column_sums<1>(detail::leading_rows(dy.shape()), n, detail::BiasGradTerm<T>{dy.data(), n},
+                         detail::BiasGradStore<T>{db.data(), accumulate}, "bias_grad (column_sums)");
 }
 template <FloatElement T, std::size_t R>
 CudaTensor<T, 1> bias_grad(const CudaTensor<T, R>& dy) {

@@ -4,6 +4,7 @@
 // in row order by one thread per column (deterministic).
 #pragma once
 
+#include "dtensor/kernels/cuda/column_sums.cuh"
 #include "dtensor/kernels/cuda/common.cuh"
 #include "dtensor/kernels/host/norm.hpp"  // the shape checks
 
@@ -71,21 +72,29 @@ __global__ void norm_dx_kernel(T* dx, const T* x, const T* w, const Stat* mean, 
   }
 }
 
+/// The terms and the store of a norm's weight (and bias) gradient (column_sums.cuh):
 /// dw[j] = sum_r dy[r, j] xhat[r, j]; db[j] = sum_r dy[r, j] (when db).
 template <class T>
-__global__ void norm_dw_kernel(T* dw, T* db, const T* x, const Stat* mean, const Stat* rstd, const T* dy, Extent rows,
-                               Extent n) {
-  for (Extent j = gidx(); j < n; j += gstride()) {
-    double a = 0, c = 0;
-    for (Extent r = 0; r < rows; ++r) {
-      const double g = double(dy[r * n + j]);
-      a += g * (double(x[r * n + j]) - (mean ? mean[r] : 0.0)) * rstd[r];
-      c += g;
-    }
-    dw[j] = T(a);
-    if (db) db[j] = T(c);
+struct NormGradTerm {
+  const T* x;
+  const Stat* mean;  // null for RMSNorm
+  const Stat* rstd;
+  const T* dy;
+  Extent n;
+  __device__ ColumnSums<2> operator()(Extent r, Extent j) const {
+    const double g = double(dy[r * n + j]);
+    return {{g * (double(x[r * n + j]) - (mean ? mean[r] : 0.0)) * rstd[r], g}};
   }
-}
+};
+template <class T>
+struct NormGradStore {
+  T* dw;
+  T* db;  // null for RMSNorm
+  __device__ void operator()(Extent j, const ColumnSums<2>& s) const {
+    dw[j] = T(s.v[0]);
+    if (db) db[j] = T(s.v[1]);
+  }
+};
 
 using host::detail::check_norm;
 using host::detail::check_norm_backward;
@@ -119,9 +128,8 @@ NormBackward<T, R> norm_backward(const char* op, const CudaTensor<T, R>& x, cons
   norm_dx_kernel<<<rows_grid(rows), block, 0, stream()>>>(g.dx.data(), x.data(), w.data(), mp, rstd.data(), dy.data(),
                                                           rows, n);
   launched("norm_dx_kernel");
-  norm_dw_kernel<<<grid_for(n), block, 0, stream()>>>(g.dweight.data(), mean ? g.dbias.data() : nullptr, x.data(), mp,
-                                                      rstd.data(), dy.data(), rows, n);
-  launched("norm_dw_kernel");
+  column_sums<2>(rows, n, NormGradTerm<T>{x.data(), mp, rstd.data(), dy.data(), n},
+                 NormGradStore<T>{g.dweight.data(), mean ? g.dbias.data() : nullptr}, "norm_backward (column_sums)");
   return g;
 }
 
