@@ -10,7 +10,10 @@
 
 #include <array>
 #include <cmath>
+#include <limits>
 #include <optional>
+#include <span>
+#include <string>
 
 #include "dtensor/comm/comm_log.hpp"
 #include "dtensor/models/vit.hpp"
@@ -22,6 +25,11 @@
 #include "dtensor/parallel/fully_shard.hpp"
 #include "dtensor/parallel/gpt_plan.hpp"
 #include "dtensor/parallel/tensor_parallel.hpp"
+#include "dtensor/models/moe_gpt.hpp"  // nn::MoELayers: the blocks' MoE policy the ViT shares with the GPT
+#include "dtensor/optim/param_set.hpp"
+#include "dtensor/parallel/pipeline/by_name.hpp"
+#include "dtensor/parallel/pipeline/sharded_pipeline.hpp"
+#include "dtensor/parallel/pipeline/split.hpp"
 #include "cp_parity.hpp"  // expected_cp_counts, Counts
 #include "dtensor/sim/dry_run.hpp"
 #include "support/on_ranks.hpp"
@@ -209,6 +217,156 @@ TEST_CASE("ViT parity: CP 2, ring, all-gather and Ulysses", "[parity][vit]") {
 
 TEST_CASE("ViT parity: all at once, dp 2 x fsdp 2 (ZeRO-3) x cp 2 (ring) x tp 2 + SP", "[parity][vit]") {
   check<parallel::MegatronPlan<true>>("all", {.shape = {2, 2, 2, 2}, .zero = 3});
+}
+
+// ---------------------------------------------------------------- pipeline stages and experts
+//
+// The ViT cut into pipeline stages by pipeline::split (nn::ViTParts: patch embedding, encoder
+// blocks, pooled head, classification loss), each stage FSDP-sharded inside
+// pipeline::ShardedPipeline, under every schedule; and with nn::MoELayers (every other block a
+// mixture of 4 experts, top-2, dropless) expert-parallel over an "ep" dimension. The oracle is the
+// whole model on one rank (nn::ViT, no pipeline code), with one AdamW and one clip over every
+// parameter, dense and expert. Uneven: 5 blocks over 2 or 4 stages (3/2, 2/1/1/1), micro-batches
+// of 3 or 6 images over 2 or 4 data ranks, 7 patches over cp and SP ranks, 5 classes.
+
+namespace {
+
+namespace pp = dtensor::parallel::pipeline;
+using PipeMesh = DeviceMesh<"pp", "dp", "fsdp", "cp", "tp">;
+using StageM = DeviceMesh<"dp", "fsdp", "cp", "tp">;
+using EMesh = DeviceMesh<"edp", "ep", "tp">;
+constexpr Extent pipe_batch = 12;
+
+nn::ViTConfig pipe_config(parallel::ContextAttentionOptions ctx = {}) {
+  auto c = config(ctx);
+  c.layers = 5;
+  return c;
+}
+nn::MoELayersConfig vit_moe() {  // a capacity factor of experts / topk: no expert can overflow
+  return {.router = {.experts = 4, .topk = 2, .capacity_factor = 2.0, .aux_loss_coeff = 0.01, .z_loss_coeff = 1e-3},
+          .hidden = 16, .every = 2};
+}
+template <bool MoE>
+using LayersOf = std::conditional_t<MoE, nn::MoELayers<double, EMesh>, nn::DenseLayers>;
+template <bool MoE, class DenseMesh>
+LayersOf<MoE> layers_on(const DenseMesh& mesh, int ep) {
+  if constexpr (MoE) return LayersOf<MoE>(parallel::make_expert_mesh<EMesh>(mesh, ep), vit_moe());
+  else return {};
+}
+const optim::AdamWOptions pipe_adamw{.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+
+/// The oracle: the whole ViT (dense or MoE) on one rank, the batch in one piece.
+template <bool MoE>
+const std::vector<double>& whole_reference() {
+  static const std::vector<double> ref = [] {
+    std::vector<double> losses;
+    threads::run(1, [&](CommPtr w) {
+      DdpMesh mesh(w, {1, 1, 1});
+      const auto cfg = pipe_config();
+      nn::ViT<double, DdpMesh, nn::ReplicatedPlan, LayersOf<MoE>> model(mesh, cfg, layers_on<MoE>(mesh, 1));
+      using Model = decltype(model);
+      nn::ParamList<double, 3> dense;
+      nn::collect_on<DdpMesh>(model, dense);
+      parallel::DataParallel<DdpMesh> ddp(mesh);  // one rank: marks the gradients reduced
+      ddp.attach(model);
+      auto run = [&](auto all, auto sync_experts) {
+        auto opt = optim::make_adamw(all, pipe_adamw);
+        for (int step = 0; step < steps; ++step) {
+          auto [x, y] = nn::synthetic_images<double>(cfg, pipe_batch, std::uint64_t(step));
+          opt.zero_grad();
+          auto [loss, saved] = model.forward(distribute_replicated<typename Model::Images::layout>(mesh, x),
+                                             distribute_replicated<typename Model::Labels::layout>(mesh, y));
+          model.backward(std::move(saved));
+          ddp.finish_gradient_sync();
+          parallel::context_parallel_grads(dense, mesh);  // one rank: marks them reduced
+          sync_experts(all);
+          optim::clip_grad_norm(all, 1.0);
+          opt.step();
+          losses.push_back(full_tensor(loss)[0]);
+        }
+      };
+      if constexpr (MoE) {
+        auto& layers = model.layers();
+        parallel::DataParallel<EMesh> expert_ddp(layers.expert_mesh());
+        run(nn::param_set(nn::on(mesh, dense), nn::on(layers.expert_mesh(), layers.expert_params())),
+            [&](auto& all) { expert_ddp.all_reduce_gradients(all.template list<1>()); });
+      } else {
+        run(nn::param_set(nn::on(mesh, dense)), [](auto&) {});
+      }
+    });
+    return losses;
+  }();
+  return ref;
+}
+
+struct PipeSetup {
+  std::array<int, 5> shape{2, 1, 1, 1, 1};  // pp, dp, fsdp, cp, tp
+  int ep = 1;                               // MoE runs: expert ranks over dp x fsdp x cp
+  int zero = 3;
+  std::string schedule = "1f1b";
+  int microbatches = 4;
+  parallel::ContextKind kind = parallel::ContextKind::ring;
+};
+
+/// The per-step losses of the pipelined (and sharded, and expert-parallel) ViT, on every rank.
+template <class Plan, bool MoE>
+std::vector<double> train_pipeline(CommPtr world, const PipeSetup& s) {
+  PipeMesh mesh(world, s.shape);
+  const StageM stage_mesh = pp::stage_mesh_of(mesh);
+  const auto cfg = pipe_config({.kind = s.kind, .load_balanced = false});
+  using Parts = nn::ViTParts<double, StageM, Plan, LayersOf<MoE>>;
+  using Stage = pp::Stage<Parts>;
+  auto schedule = pp::make_schedule(pp::parse_schedule_kind(s.schedule), s.shape[0], s.microbatches);
+  pp::ShardedPipeline<Stage, PipeMesh> run(
+      mesh, schedule, pp::split(Parts(stage_mesh, cfg, layers_on<MoE>(stage_mesh, s.ep)), schedule.layout, mesh.coordinate(0)),
+      {.stage = s.zero}, 2048);
+  auto opt = optim::make_adamw(run.params(), pipe_adamw);  // every parameter: the shards and (MoE) the experts
+  std::vector<double> losses;
+  for (int step = 0; step < steps; ++step) {
+    auto [x, y] = nn::synthetic_images<double>(cfg, pipe_batch, std::uint64_t(step));
+    run.zero_grad();
+    auto stats = run.step(pp::split_microbatches<typename Stage::Input, typename Stage::Target>(stage_mesh, x, y, s.microbatches));
+    run.clip_grad_norm(1.0);
+    opt.step();
+    run.sync_parameters();
+    double loss = stats.loss.value_or(-std::numeric_limits<double>::infinity());  // on the last stage's ranks
+    mesh.group(0).all_reduce(std::span<double>(&loss, 1), ReduceOp::max);
+    losses.push_back(loss);
+  }
+  return losses;
+}
+
+template <class Plan, bool MoE = false>
+void check_pipeline(const char* what, const PipeSetup& s) {
+  const auto& ref = whole_reference<MoE>();
+  const int n = s.shape[0] * s.shape[1] * s.shape[2] * s.shape[3] * s.shape[4];
+  auto f = on_ranks(n, [&](CommPtr world, auto report) { report(compare(train_pipeline<Plan, MoE>(world, s), ref)); });
+  INFO(what << " (" << s.schedule << " x " << s.microbatches << "): " << summary(f));
+  REQUIRE(f.empty());
+}
+
+}  // namespace
+
+TEST_CASE("ViT pipeline: every schedule (GPipe, 1F1B, interleaved, ZB-H1, ZB-V) over 2 ranks", "[parity][vit][pipeline]") {
+  for (const char* schedule : {"gpipe", "1f1b", "interleaved", "zb", "zbv"})
+    check_pipeline<nn::ReplicatedPlan>("pp 2", {.schedule = schedule});
+}
+
+TEST_CASE("ViT pipeline x FSDP x TP + SP x CP", "[parity][vit][pipeline]") {
+  check_pipeline<parallel::MegatronPlan<true>>("pp 2 x dp 2 x tp 2 + SP, 1F1B", {.shape = {2, 2, 1, 1, 2}, .zero = 1});
+  check_pipeline<nn::ReplicatedPlan>("pp 2 x fsdp 2 (ZeRO-3) x cp 2 (Ulysses), ZB-V",
+                                     {.shape = {2, 1, 2, 2, 1}, .schedule = "zbv", .microbatches = 2,
+                                      .kind = parallel::ContextKind::ulysses});
+}
+
+TEST_CASE("ViT with experts: EP 2 over dp 2, and EP x PP x TP + SP", "[parity][vit][moe]") {
+  check_pipeline<nn::ReplicatedPlan, true>("dp 2 x ep 2", {.shape = {1, 2, 1, 1, 1}, .ep = 2, .zero = 1, .microbatches = 1});
+  check_pipeline<parallel::MegatronPlan<true>, true>("pp 2 x fsdp 2 x tp 2 + SP x ep 2",
+                                                     {.shape = {2, 1, 2, 1, 2}, .ep = 2, .schedule = "gpipe", .microbatches = 2});
+}
+
+TEST_CASE("ViT all at once: pp 2 x dp 2 x fsdp 2 (ZeRO-3) x cp 2 (ring) x tp 2 + SP x ep 4", "[parity][vit][moe][pipeline]") {
+  check_pipeline<parallel::MegatronPlan<true>, true>("all", {.shape = {2, 2, 2, 2, 2}, .ep = 4, .microbatches = 2});
 }
 
 // The dry run (sim/dry_run.hpp): a ViT-B/16-sized model (196 patches, dim 768, 12 heads, 12

@@ -42,11 +42,13 @@
 #include <vector>
 
 #include "dtensor/distributed/redistribute.hpp"
+#include "dtensor/models/gpt.hpp"  // nn::DenseLayers: the blocks policy the GPT and the ViT share
 #include "dtensor/nn/block.hpp"
+#include "dtensor/nn/checkpoint.hpp"
 #include "dtensor/nn/classification_loss.hpp"
 #include "dtensor/nn/embedding.hpp"
 #include "dtensor/nn/positions.hpp"
-#include "dtensor/nn/sequential.hpp"
+#include "dtensor/nn/stack.hpp"
 #include "dtensor/ops/reduce.hpp"
 #include "dtensor/ops/shape.hpp"
 #include "dtensor/parallel/context_layout.hpp"
@@ -64,6 +66,7 @@ struct ViTConfig {
   Extent mlp_ratio = 4;
   std::uint64_t seed = 1234;
   parallel::ContextAttentionOptions context{};  // attention on a mesh with a context dimension
+  bool checkpoint = false;                       // activation checkpointing of every block
 };
 
 /// Patch embedding: a Linear over each flattened patch plus a learned position table.
@@ -153,60 +156,79 @@ class PoolHead {
   Head head_;
 };
 
-/// The blocks: pre-norm encoder blocks, the plan's MLP and attention (non-causal).
-template <kernels::host::FloatElement T, MeshType Mesh, class Plan>
-using EncoderBlock = TransformerBlock<T, Mesh, Plan, MLP<T, Mesh, typename Plan::fc1, typename Plan::fc2>,
-                                      LayerNorm<T, Mesh, typename Plan::between>,
-                                      parallel::PlanAttention<T, Mesh, Plan>>;  // parallel: the mesh's attention core
-
-template <kernels::host::FloatElement T, MeshType Mesh, class Plan = ReplicatedPlan>
-class ViT : public Sequential<PatchEmbedding<T, Mesh, typename Plan::between>, Repeated<EncoderBlock<T, Mesh, Plan>>,
-                              PoolHead<T, Mesh, typename Plan::between>> {
+/// The ViT as ordered parts (nn/stack.hpp's LayeredModel): patch embedding, encoder blocks, pooled
+/// head, classification loss. nn::ViT is all of them; a pipeline stage (parallel/pipeline/split.hpp:
+/// pipeline::split(ViTParts(...), layout, rank)) a run of them. Layers chooses the blocks' MLP:
+/// nn::DenseLayers (the plan's MLP) or nn::MoELayers (models/moe_gpt.hpp: mixtures of experts on an
+/// expert mesh); the blocks' attention is the plan's, non-causal.
+template <kernels::host::FloatElement T, MeshType Mesh, class Plan = ReplicatedPlan, class Layers = DenseLayers>
+class ViTParts {
  public:
   using Embed = PatchEmbedding<T, Mesh, typename Plan::between>;
-  using Block = EncoderBlock<T, Mesh, Plan>;
+  using Block = Checkpointed<typename Layers::template block<T, Mesh, Plan>>;  // cfg.checkpoint: recompute in backward
   using Head = PoolHead<T, Mesh, typename Plan::between>;
-  using Net = Sequential<Embed, Repeated<Block>, Head>;
   using LossFn = ClassificationCrossEntropy<T, Mesh>;
-  using Images = typename Net::In;  // [B, P, patch_dim]
-  using Labels = typename LossFn::Labels;
-  using Loss = typename LossFn::Loss;
-  struct Saved {
-    typename Net::Saved net;
-    typename LossFn::Saved loss;
-  };
+  using Images = typename Embed::In;  // [B, P, patch_dim]
+  using Target = typename LossFn::Labels;
 
-  ViT(const Mesh& mesh, const ViTConfig& c) : Net(Embed(mesh, c, c.seed * 1000), blocks(mesh, c), Head(mesh, c, c.seed * 1000)), c_(c) {}
-
-  /// The mean loss over the batch (this rank's share) and the saved state.
-  Fwd<Loss, Saved> forward(const Images& x, const Labels& labels) const {
-    auto [logits, s] = Net::forward(x);
-    auto [loss, loss_s] = loss_.forward(logits, labels);
-    return {std::move(loss), Saved{std::move(s), std::move(loss_s)}};
-  }
-  /// The gradients of dloss * loss, unit by unit (head first).
-  void backward(Saved s, double dloss = 1.0) { Net::backward(std::move(s.net), loss_.backward(std::move(s.loss), dloss)); }
-  /// The loss alone (validation).
-  Loss evaluate(const Images& x, const Labels& labels) const { return forward(x, labels).y; }
-  const ViTConfig& config() const noexcept { return c_; }
-
- private:
-  static Repeated<Block> blocks(const Mesh& mesh, const ViTConfig& c) {
+  ViTParts(const Mesh& mesh, const ViTConfig& c, Layers layers = {}) : mesh_(mesh), c_(c), layers_(std::move(layers)) {
     detail::check(c.patches > 0 && c.patch_dim > 0 && c.classes > 0 && c.dim > 0 && c.heads > 0 && c.layers > 0 &&
                       c.dim % c.heads == 0,
                   "nn::ViT", mesh, "config patches ", c.patches, ", patch_dim ", c.patch_dim, ", classes ", c.classes,
                   ", dim ", c.dim, ", heads ", c.heads, ", layers ", c.layers, ": all must be > 0 and dim a multiple of heads");
-    std::vector<Block> bs;
-    for (Extent l = 0; l < c.layers; ++l)
-      bs.emplace_back("h." + std::to_string(l), mesh,
-                      BlockConfig{.dim = c.dim, .heads = c.heads, .seq = c.patches, .mlp_ratio = c.mlp_ratio,
-                                  .out_std = 0.02 / std::sqrt(2.0 * double(c.layers)), .context = c.context, .causal = false},
-                      c.seed * 1000 + 10 * std::uint64_t(l + 1));
-    return Repeated<Block>(std::move(bs));
   }
 
+  const Mesh& mesh() const noexcept { return mesh_; }
+  const ViTConfig& config() const noexcept { return c_; }
+  Layers& layers() noexcept { return layers_; }
+  const Layers& layers() const noexcept { return layers_; }
+  Extent block_count() const noexcept { return c_.layers; }
+
+  // Each part drawn whole from cfg.seed and its own offset: any run of them starts from the whole model's parameters.
+  Embed make_prologue() const { return Embed(mesh_, c_, c_.seed * 1000); }
+  Block make_block(Extent l) const {
+    return Block(c_.checkpoint,
+                 layers_.template make_block<typename Block::Inner>(
+                     l, "h." + std::to_string(l), mesh_,
+                     BlockConfig{.dim = c_.dim, .heads = c_.heads, .seq = c_.patches, .mlp_ratio = c_.mlp_ratio,
+                                 .out_std = 0.02 / std::sqrt(2.0 * double(c_.layers)), .context = c_.context, .causal = false},
+                     c_.seed * 1000 + 10 * std::uint64_t(l + 1)));
+  }
+  Head make_epilogue() const { return Head(mesh_, c_, c_.seed * 1000); }
+  LossFn make_loss() const { return LossFn{}; }
+  /// The residual stream [B, P, C] of a micro-batch of these images (what crosses pipeline stages).
+  Shape<3> activation_shape(const Images& x) const { return {x.extent(0), x.extent(1), c_.dim}; }
+
+ private:
+  Mesh mesh_;
   ViTConfig c_;
-  LossFn loss_;
+  Layers layers_;
+};
+
+/// The whole ViT: its parts run by nn::Stack (units embed, h.0 .., head and their hooks).
+template <kernels::host::FloatElement T, MeshType Mesh, class Plan = ReplicatedPlan, class Layers = DenseLayers>
+class ViT : public Stack<ViTParts<T, Mesh, Plan, Layers>> {
+  using Base = Stack<ViTParts<T, Mesh, Plan, Layers>>;
+
+ public:
+  using Parts = ViTParts<T, Mesh, Plan, Layers>;
+  using Images = typename Parts::Images;
+  using Labels = typename Parts::Target;
+  using Loss = typename Base::Loss;
+  using Saved = typename Base::Saved;
+
+  ViT(const Mesh& mesh, const ViTConfig& c, Layers layers = {}) : Base(Parts(mesh, c, std::move(layers)), {true, 0, c.layers, true}) {}
+
+  /// The mean loss over the batch (this rank's share; MoE: plus the auxiliary losses) and the saved state.
+  Fwd<Loss, Saved> forward(const Images& x, const Labels& labels) const {
+    auto [out, s] = Base::forward(std::nullopt, x, labels);
+    return {std::move(*out.loss), std::move(s)};
+  }
+  /// The gradients of dloss * loss, unit by unit (head first).
+  void backward(Saved s, double dloss = 1.0) { Base::backward(std::move(s), std::nullopt, dloss); }
+  /// The loss alone (validation).
+  Loss evaluate(const Images& x, const Labels& labels) const { return forward(x, labels).y; }
+  const ViTConfig& config() const noexcept { return this->model().config(); }
 };
 
 }  // namespace dtensor::nn

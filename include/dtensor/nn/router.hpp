@@ -87,6 +87,9 @@ inline void check_router_config(const RouterConfig& c, const char* op, int rank 
 struct RouteContext {
   Extent parts = 1;
   std::function<void(std::span<double>)> sum_over_parts{};  // sums a vector over the parts' ranks
+  // The whole sequence's length; 0: seq x parts. A sequence that the parts do not divide (7
+  // patches over 2 context ranks: 4 and 3) must give it, or f_se and the means are off.
+  Extent full_seq = 0;
 };
 
 /// Slots per expert per sequence of `seq` tokens; 0 means no limit (dropless). At most `seq`:
@@ -104,7 +107,7 @@ inline Extent expert_capacity(const RouterConfig& c, Extent seq) {
 template <class T>
 struct Routing {
   Extent tokens = 0, seq = 0, topk = 1, experts = 0;
-  Extent full_seq = 0;                 // the whole sequence's length (seq x the context parts)
+  Extent full_seq = 0;                 // the whole sequence's length (RouteContext::full_seq, else seq x the context parts)
   Extent global_batch = 0;             // sequences in the global batch (the losses' mean)
   Extent capacity = 0;                 // slots per expert per sequence (0: dropless)
   std::vector<std::int32_t> expert;    // [token * topk + j]: the j-th choice
@@ -134,7 +137,7 @@ Routing<T> start_routing(const char* op, Extent batch, Extent seq, Extent global
   const Extent n_tok = batch * seq, K = c.topk;
   Routing<T> r;
   r.tokens = n_tok, r.seq = seq, r.topk = K, r.experts = c.experts, r.global_batch = global_batch;
-  r.full_seq = seq * context.parts;
+  r.full_seq = context.full_seq > 0 ? context.full_seq : seq * context.parts;
   r.capacity = expert_capacity(c, r.full_seq);
   // A token picks an expert once, so a capacity of the whole sequence's length never binds.
   if (context.parts > 1 && r.capacity > 0) {

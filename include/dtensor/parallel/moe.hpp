@@ -110,7 +110,7 @@ class MoE {
     auto [logits, router_saved] = router_.forward(x);
     const auto& xl = x.to_local();
     const Extent batch = xl.shape()[0], seq = xl.shape()[1], C = c_.dim;
-    Saved s{std::move(router_saved), route_tokens(logits, batch, seq, x.extent(0), x.mesh()), {}, {}, {}, {}, {}, {}};
+    Saved s{std::move(router_saved), route_tokens(logits, batch, seq, x.extent(0), x.extent(1), x.mesh()), {}, {}, {}, {}, {}, {}};
     s.order = parallel::order_by_expert(s.routing.expert, s.routing.kept, c_.router.experts);
     auto& ep = parallel::expert_group(emesh_);
     s.plan = parallel::exchange_counts<space>(ep, s.order.rows_per_expert, experts_.local_experts(), C);
@@ -128,12 +128,14 @@ class MoE {
 
   /// Context parallelism: each sequence split over the context ranks, whose choice counts the aux
   /// loss sums (one all-reduce of batch x experts doubles on the context group; nn/router.hpp).
-  static RouteContext route_context(const Mesh& mesh) {
+  /// `full_seq`: the global sequence length (the context ranks' parts may differ by one token).
+  static RouteContext route_context(const Mesh& mesh, Extent full_seq) {
     if constexpr (has_role<Mesh, Role::context>) {
       constexpr std::size_t cp = role_dim<Mesh, Role::context>;
       if (mesh.size(cp) > 1)
         return {.parts = mesh.size(cp),
-                .sum_over_parts = [&mesh](std::span<double> v) { mesh.group(cp).all_reduce(v, ReduceOp::sum); }};
+                .sum_over_parts = [&mesh](std::span<double> v) { mesh.group(cp).all_reduce(v, ReduceOp::sum); },
+                .full_seq = full_seq};
     }
     return {};
   }
@@ -177,14 +179,15 @@ class MoE {
   /// [tokens, experts] copy on a device), or on a space without data (a dry run) the balanced
   /// routing it assumes (nn::route_balanced).
   template <class Logits>
-  Routing<T> route_tokens(const Logits& logits, Extent batch, Extent seq, Extent global_batch, const Mesh& mesh) const {
+  Routing<T> route_tokens(const Logits& logits, Extent batch, Extent seq, Extent global_batch, Extent full_seq,
+                          const Mesh& mesh) const {
     if (!holds_data_v<space> || c_.router.force_balanced) {
-      return route_balanced<T>(batch, seq, global_batch, c_.router, route_context(mesh));
+      return route_balanced<T>(batch, seq, global_batch, c_.router, route_context(mesh, full_seq));
     } else if constexpr (std::is_same_v<space, host_space>) {
-      return route(logits.to_local().span(), batch, seq, global_batch, c_.router, route_context(mesh));
+      return route(logits.to_local().span(), batch, seq, global_batch, c_.router, route_context(mesh, full_seq));
     } else {
       const auto host = to_space<host_space>(logits.to_local());
-      return route(host.span(), batch, seq, global_batch, c_.router, route_context(mesh));
+      return route(host.span(), batch, seq, global_batch, c_.router, route_context(mesh, full_seq));
     }
   }
 
