@@ -6,15 +6,19 @@
 //   train_vit --fsdp 1 --cp 1 --tp 1 --dp 4                 # DDP on 4 threads
 //   train_vit --dp 2 --fsdp 2 --cp 1 --tp 1 --zero 2        # HSDP with ZeRO-2 shards
 //   train_vit --fsdp 1 --cp 2 --tp 2 --cp-kind ulysses      # CP (Ulysses) x TP + SP
+//   train_vit --pp 2 --schedule zbv --layers 4              # ZB-V stages x FSDP x CP x TP + SP: 16 threads
+//   train_vit --pp 2 --cp 1 --experts 4 --ep 2              # PP x FSDP x TP + SP x EP: MoE MLPs, experts over fsdp
 //   mpirun -n 8 train_vit --backend mpi                     # the same, one process per rank
 //
-// The flags are train_gpt's for every parallelism it shares (examples/flags.hpp: --dp --fsdp
-// --zero --cp --cp-kind --tp --sp/--no-sp, and --pp --schedule --microbatches --ep). Not yet for
-// the ViT: --pp > 1 (pipeline stages are cut from a model generically by pipeline::split, which is
-// not in this tree yet) and --ep > 1 (the ViT has no mixture-of-experts MLP); both are refused
-// with a usage error.
+// The flags are train_gpt's for every parallelism (examples/flags.hpp: --pp --dp --fsdp --zero
+// --cp --cp-kind --tp --sp/--no-sp --schedule --microbatches --ep, and --experts --topk
+// --moe-every).
 //
-// The mesh is (dp, fsdp, cp, tp) ((dp, cp, tp) with --fsdp 1). "dp" replicates (DDP, with the all-reduce of each unit overlapped
+// With --pp > 1 or --experts the mesh is (pp, dp, fsdp, cp, tp): the model's parts
+// (nn::ViTParts) are cut into pipeline stages by pipeline::split, each FSDP-sharded inside
+// parallel::pipeline::ShardedPipeline, which runs the --schedule over --microbatches and every
+// gradient sync (the experts' over "edp": the expert mesh (edp, ep, tp) factors dp x fsdp x cp).
+// Otherwise the mesh is (dp, fsdp, cp, tp) ((dp, cp, tp) with --fsdp 1). "dp" replicates (DDP, with the all-reduce of each unit overlapped
 // with the backward; with "fsdp" > 1, HSDP's replicas); "fsdp" shards parameters, gradients and
 // AdamW state (parallel::fully_shard, ZeRO --zero 1, 2 or 3); "cp" splits every image's patches
 // (attention: ring, all-gather or Ulysses, non-causal); "tp" splits the heads and the MLP
@@ -28,10 +32,14 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <limits>
+#include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include "dtensor/comm/threads.hpp"
+#include "dtensor/models/moe_gpt.hpp"  // nn::MoELayers: --experts
 #include "dtensor/models/vit.hpp"
 #include "dtensor/models/vit_data.hpp"
 #include "dtensor/optim/adamw.hpp"
@@ -40,6 +48,9 @@
 #include "dtensor/parallel/data_parallel.hpp"
 #include "dtensor/parallel/fully_shard.hpp"
 #include "dtensor/parallel/gpt_plan.hpp"
+#include "dtensor/parallel/pipeline/by_name.hpp"
+#include "dtensor/parallel/pipeline/sharded_pipeline.hpp"
+#include "dtensor/parallel/pipeline/split.hpp"
 #include "dtensor/parallel/tensor_parallel.hpp"
 #include "flags.hpp"
 #ifdef DTENSOR_HAS_MPI
@@ -54,12 +65,16 @@ using examples::UsageError;
 // The meshes: DDP's (--fsdp 1) and FSDP's, whose "dp" holds HSDP's replicas.
 using DdpMesh = DeviceMesh<"dp", "cp", "tp">;
 using FsdpMesh = DeviceMesh<"dp", "fsdp", "cp", "tp">;
+// With pipeline stages or experts: the whole mesh, a stage's, and the experts' (--experts).
+using PipeMesh = DeviceMesh<"pp", "dp", "fsdp", "cp", "tp">;
+using ExpertMesh = DeviceMesh<"edp", "ep", "tp">;
 
 // ---------------------------------------------------------------- flags
 
 struct Options : examples::MeshFlags {
   // The model and the task.
   Extent layers = 2, heads = 4, dim = 64, patches = 16, patch_dim = 48, classes = 10, batch = 32;
+  Extent experts = 0, topk = 2, moe_every = 1;  // 0 experts: dense MLPs; else dropless MoE MLPs
   // Training.
   int steps = 60, eval_every = 20;
   double lr = 3e-3;
@@ -71,21 +86,40 @@ struct Options : examples::MeshFlags {
 
 const char* const usage_tail =
     "\n  [--layers N] [--heads N] [--dim N] [--patches N] [--patch-dim N] [--classes N] [--batch N]\n"
+    "  [--experts E] [--topk K] [--moe-every N]\n"
     "  [--steps N] [--lr X] [--seed N] [--eval-every N] [--backend threads|mpi]\n"
-    "  mesh (dp, fsdp, cp, tp), default dp 1 x fsdp 2 (ZeRO-3) x cp 2 (ring) x tp 2 + SP: 8 ranks.\n"
+    "  mesh (pp, dp, fsdp, cp, tp), default pp 1 x dp 1 x fsdp 2 (ZeRO-3) x cp 2 (ring) x tp 2 + SP: 8 ranks.\n"
     "  --fsdp 1: DDP over --dp; --fsdp > 1: ZeRO --zero (default 3), HSDP with --dp > 1.\n"
-    "  not for the ViT yet: --pp > 1 (no generic pipeline split), --ep > 1 (no MoE MLP).\n"
+    "  --pp > 1: pipeline stages (--schedule, --microbatches M, default 2 x pp; M divides --batch, --layers >= the stages).\n"
+    "  --experts E > 0: MoE MLPs (every --moe-every-th block, default all), top-K (default 2), dropless,\n"
+    "        experts over --ep ranks (dividing dp x fsdp x cp; E a multiple of ep).\n"
     "  defaults: --layers 2 --heads 4 --dim 64 --patches 16 --patch-dim 48 --classes 10 --batch 32\n"
     "            --steps 60 --lr 3e-3 --seed 1 --eval-every 20\n";
 
 std::string str(long long n) { return std::to_string(n); }
 
 void check_options(Options& o) {
-  if (o.pp != 1)
-    throw UsageError("--pp " + str(o.pp) + ": pipeline stages of the ViT need a generic pipeline split (not in this "
-                     "build); use --pp 1");
-  if (o.ep != 1) throw UsageError("--ep " + str(o.ep) + ": the ViT has no mixture-of-experts MLP");
-  if (o.microbatches > 1) throw UsageError("--microbatches " + str(o.microbatches) + " needs --pp > 1");
+  if (o.microbatches == 0) o.microbatches = o.pp > 1 ? 2 * o.pp : 1;
+  if (o.microbatches > 1 && o.pp == 1) throw UsageError("--microbatches " + str(o.microbatches) + " needs --pp > 1");
+  if (o.batch % o.microbatches != 0)
+    throw UsageError("--microbatches " + str(o.microbatches) + " does not divide --batch " + str(o.batch));
+  try {
+    const auto kind = parallel::pipeline::parse_schedule_kind(o.schedule);
+    const int per_rank = parallel::pipeline::fixed_stages_per_rank(kind);
+    const int stages = o.pp * (per_rank == 0 ? 2 : per_rank);
+    if (o.pp > 1 && o.layers < stages)
+      throw UsageError("--schedule " + o.schedule + " with --pp " + str(o.pp) + " has " + str(stages) +
+                       " stages: --layers " + str(o.layers) + " must be at least that");
+  } catch (const Error&) {
+    throw UsageError("--schedule is gpipe, 1f1b, interleaved, zb or zbv, got '" + o.schedule + "'");
+  }
+  if (o.experts == 0 && o.ep != 1) throw UsageError("--ep " + str(o.ep) + " needs --experts");
+  if (o.experts > 0) {
+    if (o.topk > o.experts) throw UsageError("--topk " + str(o.topk) + " exceeds --experts " + str(o.experts));
+    if ((o.dp * o.fsdp * o.cp) % o.ep != 0)
+      throw UsageError("--ep " + str(o.ep) + " does not divide dp x fsdp x cp = " + str(o.dp * o.fsdp * o.cp));
+    if (o.experts % o.ep != 0) throw UsageError("--experts " + str(o.experts) + " is not a multiple of --ep " + str(o.ep));
+  }
   if (o.zero == 0) o.zero = o.fsdp > 1 ? 3 : 1;
   if (o.dim % o.heads != 0) throw UsageError("--dim " + str(o.dim) + " is not a multiple of --heads " + str(o.heads));
   if (o.heads % o.tp != 0) throw UsageError("--heads " + str(o.heads) + " is not a multiple of --tp " + str(o.tp));
@@ -93,7 +127,7 @@ void check_options(Options& o) {
     throw UsageError("--cp-kind ulysses splits the heads over tp x cp: --heads " + str(o.heads) +
                      " is not a multiple of " + str(o.tp * o.cp));
   if (o.ranks() > threads::detail::max_ranks)
-    throw UsageError("dp x fsdp x cp x tp = " + str(o.ranks()) + " ranks, more than " + str(threads::detail::max_ranks));
+    throw UsageError("pp x dp x fsdp x cp x tp = " + str(o.ranks()) + " ranks, more than " + str(threads::detail::max_ranks));
 }
 
 Options parse(int argc, char** argv) {
@@ -116,6 +150,9 @@ Options parse(int argc, char** argv) {
     else if (a == "--patch-dim") o.patch_dim = flag_value<Extent>(a, value(), 1);
     else if (a == "--classes") o.classes = flag_value<Extent>(a, value(), 2);
     else if (a == "--batch") o.batch = flag_value<Extent>(a, value(), 1);
+    else if (a == "--experts") o.experts = flag_value<Extent>(a, value(), 0);
+    else if (a == "--topk") o.topk = flag_value<Extent>(a, value(), 1);
+    else if (a == "--moe-every") o.moe_every = flag_value<Extent>(a, value(), 1);
     else if (a == "--steps") o.steps = flag_value<int>(a, value(), 1);
     else if (a == "--eval-every") o.eval_every = flag_value<int>(a, value(), 1);
     else if (a == "--lr") o.lr = examples::positive_flag_value(a, value());
@@ -132,12 +169,95 @@ Options parse(int argc, char** argv) {
 
 // ---------------------------------------------------------------- training
 
+nn::ViTConfig config_of(const Options& o) {
+  // Non-causal attention has no imbalance over the context ranks: the patches stay in order.
+  return {.patches = o.patches, .patch_dim = o.patch_dim, .classes = o.classes, .dim = o.dim, .heads = o.heads,
+          .layers = o.layers, .seed = o.seed, .context = {.kind = o.cp_kind, .load_balanced = false}};
+}
+optim::AdamWOptions adamw_of(const Options& o) {
+  return {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+}
+void print_summary(const Options& o, double elapsed, double train_loss, double first_val, double val_loss) {
+  std::printf("\nsummary: %d steps in %.1f s; final train loss %.4f; validation loss %.4f at step 0, %.4f at step %d\n",
+              o.steps, elapsed, train_loss, first_val, val_loss, o.steps);
+  std::printf(val_loss < first_val ? "validation loss fell\n" : "validation loss did not fall\n");
+}
+
+/// Pipeline stages (and experts): the ViT's parts cut by pipeline::split, each stage FSDP-sharded,
+/// one step = the schedule over the micro-batches and every gradient sync (ShardedPipeline).
+template <class Plan, bool MoE>
+void train_pipeline(CommPtr world, const Options& o) {
+  namespace pp = parallel::pipeline;
+  PipeMesh mesh(world, {o.pp, o.dp, o.fsdp, o.cp, o.tp});
+  const auto stage_mesh = pp::stage_mesh_of(mesh);
+  using StageMesh = std::remove_cvref_t<decltype(stage_mesh)>;
+  const nn::ViTConfig cfg = config_of(o);
+  using Layers = std::conditional_t<MoE, nn::MoELayers<float, ExpertMesh>, nn::DenseLayers>;
+  auto layers = [&] {
+    if constexpr (MoE) {
+      nn::MoELayersConfig mc;  // dropless top-k routing, the default loss coefficients
+      mc.router.experts = o.experts, mc.router.topk = o.topk, mc.every = o.moe_every;
+      return Layers(parallel::make_expert_mesh<ExpertMesh>(stage_mesh, o.ep), mc);
+    } else {
+      return Layers{};
+    }
+  };
+  using Parts = nn::ViTParts<float, StageMesh, Plan, Layers>;
+  using Stage = pp::Stage<Parts>;
+  auto schedule = pp::make_schedule(pp::parse_schedule_kind(o.schedule), o.pp, o.microbatches);
+  pp::ShardedPipeline<Stage, PipeMesh> run(mesh, schedule, pp::split(Parts(stage_mesh, cfg, layers()), schedule.layout, mesh.coordinate(0)),
+                                           {.stage = o.zero});
+  auto opt = optim::make_adamw(run.params(), adamw_of(o));  // every parameter of this rank: shards and experts
+  const bool root = world->rank() == 0;
+  if (root)
+    std::printf("train_vit: mesh pp %d (%s x %d) x dp %d x fsdp %d (ZeRO-%d) x cp %d (%s) x tp %d%s = %d ranks%s; model: "
+                "%lld layers, dim %lld, %lld heads, %lld patches of %lld, %lld classes, batch %lld\n",
+                o.pp, o.schedule.c_str(), o.microbatches, o.dp, o.fsdp, o.zero, o.cp,
+                std::string(parallel::name_of(o.cp_kind)).c_str(), o.tp, o.sp && o.tp > 1 ? " + SP" : "", o.ranks(),
+                MoE ? (", " + str(o.experts) + " experts over ep " + str(o.ep)).c_str() : "", (long long)o.layers,
+                (long long)o.dim, (long long)o.heads, (long long)o.patches, (long long)o.patch_dim, (long long)o.classes,
+                (long long)o.batch);
+  auto batch_of = [&](std::uint64_t seed) {
+    auto [x, y] = nn::synthetic_images<float>(cfg, o.batch, seed);
+    return pp::split_microbatches<typename Stage::Input, typename Stage::Target>(stage_mesh, x, y, o.microbatches);
+  };
+  // The step's loss is on the last stage's ranks: the max over "pp" gives it to every rank.
+  auto shared_loss = [&](const pp::StepStats& stats) {
+    double loss = stats.loss.value_or(-std::numeric_limits<double>::infinity());
+    mesh.template group<"pp">().all_reduce(std::span<double>(&loss, 1), ReduceOp::max);
+    return loss;
+  };
+  const auto val = batch_of(1'000'000 + o.seed);
+  auto validate = [&] {  // the held-out batch through the same schedule; its gradients are dropped
+    run.zero_grad();
+    const double loss = shared_loss(run.step(val));
+    run.zero_grad();
+    return loss;
+  };
+  double first_val = validate(), val_loss = 0, train_loss = 0, elapsed = 0;
+  for (int step = 1; step <= o.steps; ++step) {
+    const auto microbatches = batch_of(o.seed * 100'003 + std::uint64_t(step));
+    world->barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    run.zero_grad();
+    const auto stats = run.step(microbatches);
+    run.clip_grad_norm(1.0);
+    opt.step();
+    run.sync_parameters();
+    elapsed += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    train_loss = shared_loss(stats);
+    if (root) std::printf("step %4d  loss %.4f\n", step, train_loss);
+    if (step % o.eval_every == 0 || step == o.steps) {
+      val_loss = validate();
+      if (root) std::printf("step %4d  validation loss %.4f\n", step, val_loss);
+    }
+  }
+  if (root) print_summary(o, elapsed, train_loss, first_val, val_loss);
+}
+
 template <class Plan, class Mesh>
 void train(CommPtr world, const Options& o, const Mesh& mesh) {
-  // Non-causal attention has no imbalance over the context ranks: the patches stay in order.
-  const nn::ViTConfig cfg{.patches = o.patches, .patch_dim = o.patch_dim, .classes = o.classes, .dim = o.dim,
-                          .heads = o.heads, .layers = o.layers, .seed = o.seed,
-                          .context = {.kind = o.cp_kind, .load_balanced = false}};
+  const nn::ViTConfig cfg = config_of(o);
   nn::ViT<float, Mesh, Plan> model(mesh, cfg);
   using Model = decltype(model);
   const bool root = world->rank() == 0;
@@ -159,7 +279,7 @@ void train(CommPtr world, const Options& o, const Mesh& mesh) {
   // The loop, for DDP and for FSDP alike: ps the optimizer's parameters, finish the data
   // dimensions' gradient sync, after_step ZeRO-1/2's all-gather of the updated shards.
   auto loop = [&](nn::ParamList<float, Mesh::ndim>& ps, auto finish, auto after_step) {
-    optim::AdamW<float, Mesh::ndim> opt(ps, {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1});
+    optim::AdamW<float, Mesh::ndim> opt(ps, adamw_of(o));
     double first_val = 0, val_loss = 0, train_loss = 0, elapsed = 0;
     for (int step = 1; step <= o.steps; ++step) {
       if (step == 1) first_val = full_tensor(model.evaluate(val.first, val.second))[0];
@@ -183,11 +303,7 @@ void train(CommPtr world, const Options& o, const Mesh& mesh) {
         if (root) std::printf("step %4d  validation loss %.4f\n", step, val_loss);
       }
     }
-    if (root) {
-      std::printf("\nsummary: %d steps in %.1f s; final train loss %.4f; validation loss %.4f at step 0, %.4f at step %d\n",
-                  o.steps, elapsed, train_loss, first_val, val_loss, o.steps);
-      std::printf(val_loss < first_val ? "validation loss fell\n" : "validation loss did not fall\n");
-    }
+    if (root) print_summary(o, elapsed, train_loss, first_val, val_loss);
   };
   if constexpr (Mesh::ndim == 3) {  // DDP over "dp", the all-reduce of each unit as the backward finishes it
     nn::ParamList<float, 3> ps;
@@ -203,9 +319,11 @@ void train(CommPtr world, const Options& o, const Mesh& mesh) {
 
 void run_rank(CommPtr world, const Options& o) {
   if (world->size() != o.ranks())
-    world->fail("train_vit", "the job has " + str(world->size()) + " ranks but dp x fsdp x cp x tp = " + str(o.ranks()));
+    world->fail("train_vit", "the job has " + str(world->size()) + " ranks but pp x dp x fsdp x cp x tp = " + str(o.ranks()));
   auto on = [&]<class Plan>() {
-    if (o.fsdp == 1) train<Plan>(world, o, DdpMesh(world, {o.dp, o.cp, o.tp}));
+    if (o.experts > 0) train_pipeline<Plan, true>(world, o);
+    else if (o.pp > 1) train_pipeline<Plan, false>(world, o);
+    else if (o.fsdp == 1) train<Plan>(world, o, DdpMesh(world, {o.dp, o.cp, o.tp}));
     else train<Plan>(world, o, FsdpMesh(world, {o.dp, o.fsdp, o.cp, o.tp}));
   };
   if (o.sp) on.template operator()<parallel::MegatronPlan<true>>();
