@@ -31,6 +31,7 @@
 #include "dtensor/parallel/pipeline/sharded_pipeline.hpp"
 #include "dtensor/parallel/pipeline/split.hpp"
 #include "cp_parity.hpp"  // expected_cp_counts, Counts
+#include "dtensor/models/training_plan.hpp"  // sim::detail::run_one_microbatch: one micro-batch through the stages, dry
 #include "dtensor/sim/dry_run.hpp"
 #include "support/on_ranks.hpp"
 
@@ -438,4 +439,93 @@ TEST_CASE("ViT dry run on meta: ViT-B/16 on 512 ranks, ZeRO-3 x CP x TP + SP", "
   CHECK(count("forward", CollectiveKind::send_recv, "cp") == 12 * 2 * (4 - 1));  // ring: 2 (cp - 1) per block
   // ZeRO-3 keeps rank 0 the first chunk (torch.chunk: ceil) of each unit's tensor-parallel piece, in fp32.
   CHECK(master_bytes == shard_bytes);
+}
+
+// The dry run of the pipelined MoE ViT on meta: ViT-B/16 with every other block a mixture of 8
+// experts (top-2), 4 pipeline stages of 3 blocks x fsdp 8 (ZeRO-3) x cp 2 (ring) x tp 4 + SP,
+// the experts over ep 8 (edp 2): 256 ranks, run once for the first and once for the last pipeline
+// rank (sim::detail::run_one_microbatch: one micro-batch through this rank's stages, the
+// neighbours' activations received on the sim communicator). Each holds exactly its stage's
+// units (embed or head, its 3 blocks) and the expert units of its MoE blocks (h.1 on the first;
+// h.9 and h.11 on the last), of each expert unit its one expert of 8; the experts' all-to-alls
+// on "ep" scale with the MoE blocks a stage holds (1 : 2).
+TEST_CASE("ViT dry run on meta: MoE ViT-B/16, pp 4 x fsdp 8 x cp 2 x tp 4 + SP x ep 8 (256 ranks)", "[vit][sim][pipeline][moe]") {
+  using Mesh5 = MetaMesh<"pp", "dp", "fsdp", "cp", "tp">;
+  using MStage = MetaMesh<"dp", "fsdp", "cp", "tp">;
+  using MExperts = MetaMesh<"edp", "ep", "tp">;
+  using Layers = nn::MoELayers<float, MExperts>;
+  using Parts = nn::ViTParts<float, MStage, parallel::MegatronPlan<true>, Layers>;
+  using Stage = pp::Stage<Parts>;
+  const std::array<int, 5> shape{4, 1, 8, 2, 4};
+  const nn::ViTConfig cfg{.patches = 196, .patch_dim = 768, .classes = 1000, .dim = 768, .heads = 12, .layers = 12,
+                          .context = {.kind = parallel::ContextKind::ring, .load_balanced = false}};
+  nn::MoELayersConfig mc;
+  mc.router.experts = 8, mc.router.topk = 2, mc.every = 2;
+  const Extent images = 64;
+  struct Seen {
+    std::vector<std::string> units, expert_units;
+    std::int64_t expert_global = 0, expert_local = 0;
+  };
+  std::vector<Seen> seen;
+  const auto reports = sim::dry_run<5>(
+      shape, {sim::RankClass<5>{{0, 0, 0, 0, 0}, 64}, sim::RankClass<5>{{3, 0, 0, 0, 0}, 64}},
+      [&](CommPtr world, sim::Recorder& rec) {
+        Mesh5 mesh(world, shape);
+        const MStage stage_mesh = pp::stage_mesh_of(mesh);
+        auto schedule = pp::make_schedule(pp::ScheduleKind::one_f_one_b, 4, 1);
+        rec.phase("parameters");
+        std::vector<Stage> stages;
+        {
+          MemoryTagScope tag(MemoryTag::parameters);
+          stages = pp::split(Parts(stage_mesh, cfg, Layers(parallel::make_expert_mesh<MExperts>(stage_mesh, 8), mc)),
+                             schedule.layout, mesh.coordinate(0));
+        }
+        Seen s;
+        for (auto& u : stages.front().units()) s.units.push_back(u.group->name());
+        for (auto& u : stages.front().layers().expert_units()) {
+          s.expert_units.push_back(u.group->name());
+          for (const auto& e : u.group->entries()) {
+            std::int64_t n = 1;
+            for (Extent x : e.global_shape) n *= std::int64_t(x);
+            s.expert_global += n;
+          }
+          s.expert_local += std::int64_t(u.group->size());
+        }
+        seen.push_back(s);
+        pp::ShardedPipeline<Stage, Mesh5> run(mesh, schedule, std::move(stages), {.stage = 3});
+        auto opt = optim::make_adamw(run.params(), {});
+        run.zero_grad();
+        auto x = distribute_replicated<typename Stage::Input::layout>(
+            stage_mesh, Tensor<float, 3, meta_space>(Shape<3>{images, 196, 768}));
+        auto y = distribute_replicated<typename Stage::Target::layout>(stage_mesh,
+                                                                       Tensor<std::int32_t, 1, meta_space>(Shape<1>{images}));
+        sim::detail::run_one_microbatch(
+            run.executor().stages(), mesh, schedule.layout, x, y, rec, [&](std::size_t i) { run.fsdp(i).unshard(); },
+            [&](std::size_t i) {
+              run.fsdp(i).reshard();
+              run.fsdp(i).reduce_gradients();
+            });
+        rec.phase("optimizer");
+        run.finish_gradient_syncs();
+        run.clip_grad_norm(1.0);
+        opt.step();
+        run.sync_parameters();
+      });
+  REQUIRE(reports.size() == 2);
+  REQUIRE(seen.size() == 2);
+  CHECK(seen[0].units == std::vector<std::string>{"embed", "h.0", "h.1", "h.2"});
+  CHECK(seen[1].units == std::vector<std::string>{"h.9", "h.10", "h.11", "head"});
+  CHECK(seen[0].expert_units == std::vector<std::string>{"h.1.experts"});
+  CHECK(seen[1].expert_units == std::vector<std::string>{"h.9.experts", "h.11.experts"});
+  // 1 / ep of each expert unit: 1 of its 8 experts (not split on "tp": every tensor rank runs the MoE alike).
+  for (const auto& s : seen) CHECK(s.expert_local * 8 == s.expert_global);
+  auto all_to_alls = [](const sim::RankReport& r) {
+    std::size_t n = 0;
+    for (const auto& ph : r.phases)
+      for (const auto& c : ph.collectives) n += c.kind == CollectiveKind::all_to_all && c.group.find("ep") != std::string::npos;
+    return n;
+  };
+  INFO("all-to-alls on ep: first " << all_to_alls(reports[0]) << ", last " << all_to_alls(reports[1]));
+  CHECK(all_to_alls(reports[0]) > 0);
+  CHECK(2 * all_to_alls(reports[0]) == all_to_alls(reports[1]));
 }

@@ -197,12 +197,14 @@ Layers plan_layers(const StageMesh& stage_mesh, const TrainingPlan& p) {
     return Layers{};
 }
 
-/// One micro-batch through this pipeline rank's stages: receive, forward, send; backward the
-/// same way, in reverse. `before_forward(i)` / `after_backward(i)` run around local stage i
-/// (FSDP's unshard, reshard and gradient reduction).
-template <class Stage, class Mesh, class Ids, class BeforeForward, class AfterBackward>
+/// One micro-batch (`input`, and `target` for the last stage's loss) through this pipeline
+/// rank's stages of any layered model: receive, forward, send; backward the same way, in
+/// reverse. `before_forward(i)` / `after_backward(i)` run around local stage i (FSDP's unshard,
+/// reshard and gradient reduction). A GPT's target is its ids again; a classifier's its labels.
+template <class Stage, class Mesh, class BeforeForward, class AfterBackward>
 void run_one_microbatch(std::vector<Stage>& stages, const Mesh& mesh, const parallel::pipeline::StageLayout& layout,
-                        const Ids& ids, Recorder& rec, BeforeForward&& before_forward, AfterBackward&& after_backward) {
+                        const typename Stage::Input& ids, const typename Stage::Target& target, Recorder& rec,
+                        BeforeForward&& before_forward, AfterBackward&& after_backward) {
   using X = typename Stage::X;
   const auto& stage_mesh = stages.front().mesh();
   const auto neighbour = [&](int stage) { return mesh.template slice<"pp">(layout.rank_of(stage)); };
@@ -216,7 +218,7 @@ void run_one_microbatch(std::vector<Stage>& stages, const Mesh& mesh, const para
       if (!stage.is_first())
         x = recv_from<typename X::layout, typename X::value_type>(stage_mesh, neighbour(stage.index() - 1),
                                                                   stage.activation_shape(ids));
-      auto y = stage.forward(0, std::move(x), ids, ids);
+      auto y = stage.forward(0, std::move(x), ids, target);
       if (y) send_to(*y, neighbour(stage.index() + 1)).wait();
     }
   }
@@ -276,7 +278,7 @@ void pipeline_rank_step(CommPtr world, const TrainingPlan& p, const parallel::pi
     }();
     auto opt = optim::make_adamw(all, adamw_options());
     opt.zero_grad();
-    run_one_microbatch(stages, mesh, layout, ids, rec, [](std::size_t) {}, [](std::size_t) {});
+    run_one_microbatch(stages, mesh, layout, ids, ids, rec, [](std::size_t) {}, [](std::size_t) {});
     rec.phase("optimizer");
     MemoryTagScope optimizer_tag(MemoryTag::other);
     ddp.all_reduce_gradients(params);
@@ -299,7 +301,7 @@ void pipeline_rank_step(CommPtr world, const TrainingPlan& p, const parallel::pi
   auto opt = optim::make_adamw(run.params(), adamw_options());  // the fp32 shards (MoE: and the experts in T)
   run.zero_grad();
   run_one_microbatch(
-      run.executor().stages(), mesh, layout, ids, rec, [&](std::size_t i) { run.fsdp(i).unshard(); },
+      run.executor().stages(), mesh, layout, ids, ids, rec, [&](std::size_t i) { run.fsdp(i).unshard(); },
       [&](std::size_t i) {
         run.fsdp(i).reshard();
         run.fsdp(i).reduce_gradients();
