@@ -1,9 +1,9 @@
-// The ViT classifier (models/vit.hpp: an nn::Sequential of patch embedding, non-causal encoder
-// blocks and a pooled head, with no unit or hook code of its own) trained under every
-// parallelism that needs no pipeline: DDP (overlapped), ZeRO-1/2/3, HSDP, TP + SP, CP (ring,
-// all-gather, Ulysses) and all at once, each against its one-rank run in double, within 1e-12
-// per step. Uneven on purpose: 7 patches over cp and SP ranks, a batch of 7 over the data and
-// context ranks, 5 classes, ZeRO units that 3 shards do not divide. Exact collectives are
+// The ViT classifier (models/vit.hpp: its parts — patch embedding, non-causal encoder blocks, a
+// pooled head — run by nn::Stack, with no unit, hook or stage code of its own) trained under
+// DDP (overlapped), ZeRO-1/2/3, HSDP, TP + SP, CP (ring, all-gather, Ulysses) and all at once,
+// each against its one-rank run in double, within 1e-12 per step; then cut into pipeline stages
+// under every schedule, with MoE experts over "ep", and all of it at once (below). Uneven on
+// purpose: 7 patches over cp and SP ranks, a batch of 7 over the data and context ranks, 5 classes, ZeRO units that 3 shards do not divide. Exact collectives are
 // asserted where the model adds its own: the pooled features' one reduce-scatter on "cp" per
 // forward (all-gather back in backward), on top of context attention's.
 #include <catch2/catch.hpp>

@@ -119,7 +119,7 @@ TEST_CASE("nn::Sequential: units from its modules, hooks in forward and backward
 }
 
 // nn::Repeated inside a Sequential: each element is a unit of its own, named after it, with its
-// own hooks in order (the ViT's blocks, models/vit.hpp), and the chain computes what the modules
+// own hooks in order (a model's run-time number of blocks), and the chain computes what the modules
 // chained by hand compute.
 TEST_CASE("nn::Repeated: one unit per element, hooks per element, the same output", "[nn][units]") {
   threads::run(1, [](CommPtr w) {

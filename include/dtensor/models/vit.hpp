@@ -4,6 +4,7 @@
 //   nn::ViTConfig cfg{.patches = 16, .patch_dim = 48, .classes = 10, .dim = 64, .heads = 4, .layers = 2};
 //   nn::ViT<float, Mesh> model(mesh, cfg);                              // no tensor parallelism
 //   nn::ViT<float, Mesh, parallel::MegatronPlan<true>> tp(mesh, cfg);   // TP + SP (parallel/gpt_plan.hpp)
+//   auto stages = pipeline::split(nn::ViTParts<float, StageMesh>(stage_mesh, cfg), layout, pipeline_rank);
 //   auto [loss, saved] = model.forward(patches, labels);  // patches [B, P, patch_dim], labels [B]
 //   model.backward(std::move(saved));                     // gradients into the parameters
 //   double value = full_tensor(loss)[0];                  // the global mean loss
@@ -13,14 +14,16 @@
 // attention: every patch sees every other) follow, then a final LayerNorm, the mean over the
 // patches and a Linear classifier head; the loss is nn::ClassificationCrossEntropy.
 //
-// It is an nn::Sequential of three parts, embed -> blocks (nn::Repeated) -> head, so its units
-// (embed, h.0 .., head), hooks and their firing are the library's: DDP overlap, fully_shard and
-// ZeRO / HSDP need nothing from it. Everything else about parallelism is chosen from outside:
+// It is its parts (nn::ViTParts, an nn::LayeredModel: embed, blocks, head, loss) run by nn::Stack,
+// so its units (embed, h.0 .., head), hooks and their firing are the library's: DDP overlap,
+// fully_shard and ZeRO / HSDP need nothing from it, and pipeline::split cuts the same parts into
+// pipeline stages (parallel/pipeline/split.hpp). The blocks come from a Layers policy, the GPT's:
+// nn::DenseLayers, or nn::MoELayers (models/moe_gpt.hpp: mixtures of experts on an expert mesh). Everything else about parallelism is chosen from outside:
 // the Plan gives the styles of the blocks' Linears and the residual stream's placement on the
 // tensor dimension (`between`; sequence parallelism splits the patches there); on a mesh with a
 // context dimension the patches are split on it and parallel::PlanAttention picks the context
 // attention core (ring, all-gather or Ulysses: cfg.context). docs/modules.md counts the lines
-// that exist only for parallelism (10; "// parallel:" marks some) and walks through this file.
+// that exist only for parallelism (9; "// parallel:" marks some) and walks through this file.
 //
 // Under context (and sequence) parallelism the mean over the patches is Partial<sum> over the
 // ranks that split them; one redistribution (a reduce-scatter over the context dimension; an

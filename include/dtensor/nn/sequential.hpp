@@ -11,7 +11,7 @@
 //   // or split: auto [dx, wctx] = net.backward_input(std::move(saved), dy); net.backward_weight(std::move(wctx));
 //
 //   nn::Sequential<Embed, nn::Repeated<Block>, Head> model(embed, nn::Repeated<Block>(std::move(blocks)), head);
-//   // a run-time number of blocks: each element of an nn::Repeated is a unit of its own (models/vit.hpp)
+//   // a run-time number of blocks: each element of an nn::Repeated is a unit of its own
 //
 // forward runs the modules in order, each between its unit's pre_forward and post_forward hooks;
 // backward_input runs them last first, each after its pre_backward hook; backward_weight adds the
