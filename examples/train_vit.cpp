@@ -111,7 +111,7 @@ void check_options(Options& o) {
       throw UsageError("--schedule " + o.schedule + " with --pp " + str(o.pp) + " has " + str(stages) +
                        " stages: --layers " + str(o.layers) + " must be at least that");
   } catch (const Error&) {
-    throw UsageError("--schedule is gpipe, 1f1b, interleaved, zb or zbv, got '" + o.schedule + "'");
+    throw UsageError("--schedule is gpipe, 1f1b, interleaved, zb, zbv or dualpipev, got '" + o.schedule + "'");
   }
   if (o.experts == 0 && o.ep != 1) throw UsageError("--ep " + str(o.ep) + " needs --experts");
   if (o.experts > 0) {

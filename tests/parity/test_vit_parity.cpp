@@ -348,8 +348,9 @@ void check_pipeline(const char* what, const PipeSetup& s) {
 
 }  // namespace
 
-TEST_CASE("ViT pipeline: every schedule (GPipe, 1F1B, interleaved, ZB-H1, ZB-V) over 2 ranks", "[parity][vit][pipeline]") {
-  for (const char* schedule : {"gpipe", "1f1b", "interleaved", "zb", "zbv"})
+TEST_CASE("ViT pipeline: every schedule (GPipe, 1F1B, interleaved, ZB-H1, ZB-V, DualPipeV) over 2 ranks",
+          "[parity][vit][pipeline]") {
+  for (const char* schedule : {"gpipe", "1f1b", "interleaved", "zb", "zbv", "dualpipev"})
     check_pipeline<nn::ReplicatedPlan>("pp 2", {.schedule = schedule});
 }
 
