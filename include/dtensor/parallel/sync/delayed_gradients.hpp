@@ -47,6 +47,13 @@ class DelayedGradients {
     if (staleness < 0)
       throw Error("DelayedGradients", detail::cat("staleness s = ", staleness, ": must be >= 0 (0 is DDP)"), mesh_.rank());
     detail::check_replicated("DelayedGradients", mesh_, dim, params_);
+    for (const auto& p : params_)  // its slots are raw copies of the gradients in T
+      if (p.grad_is_narrow())
+        throw Error("DelayedGradients",
+                    detail::cat("gradient of ", p.name, " is held as ", name_of(p.narrow_dtype),
+                                ", narrower than the parameters (a ZeRO-1/2 shard of a bf16 model): use fully_shard "
+                                "stage 3, or fp32 gradient accumulation (accumulate_grads_in_master)"),
+                    mesh_.rank());
     elements_ = detail::local_elements(params_);
   }
   DelayedGradients(const DelayedGradients&) = delete;
