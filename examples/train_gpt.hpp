@@ -72,6 +72,7 @@
 #include "dtensor/models/generate.hpp"
 #include "dtensor/models/llama.hpp"
 #include "dtensor/optim/check_finite.hpp"
+#include "dtensor/optim/offload_adamw.hpp"
 #include "dtensor/parallel/pipeline/by_name.hpp"
 #include "dtensor/parallel/pipeline/sharded_pipeline.hpp"
 #include "dtensor/parallel/pipeline/split.hpp"
@@ -137,6 +138,14 @@ struct Options : examples::MeshFlags {  // the mesh: --pp --dp --fsdp --cp --tp 
   std::string export_path, init_from, prompt = "The ";
   int generate = 0, top_k = 0;
   double temperature = 0;
+  // ---- offload (issue 27; docs/offload.md): --offload optimizer (a comma list; params and
+  // activations are refused until built) puts AdamW's moments in files under --offload-dir
+  // (optim::OffloadedAdamW), staged through --offload-buffer-kib KiB of host memory.
+  std::vector<std::string> offload;
+  std::string offload_dir;
+  std::size_t offload_buffer_kib = 64 << 10;
+  bool offloads(std::string_view what) const { return std::find(offload.begin(), offload.end(), what) != offload.end(); }
+  // ---- end offload
 };
 
 inline const char* const usage =
@@ -150,6 +159,7 @@ inline const char* const usage =
     "                 [--save-every N --save-dir DIR] [--resume DIR]\n"
     "                 [--sync ddp|local-sgd|diloco|async|fedavg] [--inner-steps H] [--staleness s] [--clients K] [--kfold k]\n"
     "                 [--init-from FILE] [--export FILE.safetensors] [--generate N [--prompt TEXT] [--temperature T] [--top-k K]]\n"
+    "                 [--offload optimizer --offload-dir DIR [--offload-buffer-kib N]]\n"
     "  mesh (pp, dp, fsdp, cp, tp), default pp 2 x dp 1 x fsdp 2 x cp 2 x tp 2 + SP: 16 ranks (threads, or mpirun -n).\n"
     "  --pp: pipeline stages (--schedule, default 1f1b, over --microbatches, default 2 x pp, or 1 without a\n"
     "        pipeline; interleaved, zbv and dualpipev put 2 stages on each rank;\n"
@@ -176,7 +186,11 @@ inline const char* const usage =
     "  --init-from FILE: the weights of a safetensors file (or a sharded *.index.json), any mesh's, instead of the\n"
     "        random init; --export FILE.safetensors: the trained weights, whole, readable by Python's safetensors;\n"
     "        --generate N: N characters after --prompt TEXT (default \"The \") from the trained model, greedy or\n"
-    "        sampled (--temperature T > 0, --top-k K); no KV cache. CPU, without --experts.\n";
+    "        sampled (--temperature T > 0, --top-k K); no KV cache. CPU, without --experts.\n"
+    "  --offload optimizer (docs/offload.md): AdamW's moments in a file per rank under --offload-dir (an existing,\n"
+    "        writable local directory with room for them), staged through --offload-buffer-kib KiB of host memory\n"
+    "        (default 65536); the same update bit for bit. Host memory only; not with checkpoints (the moments are\n"
+    "        not saved). params and activations offload are not built yet.\n";
 
 using examples::flag_value;
 using examples::UsageError;
@@ -242,6 +256,26 @@ inline void check_sync(const Options& o) {
     throw UsageError("--sync " + o.sync + " with checkpoints: the sync state (inner step, outer momentum) is not saved yet");
 }
 
+/// --offload, --offload-dir, --offload-buffer-kib (optim/offload_adamw.hpp). The directory itself is
+/// checked by every rank when the optimizer makes its file (missing, read-only, full: all fail).
+inline void check_offload(const Options& o) {
+  for (const auto& w : o.offload)
+    if (w != "optimizer")
+      throw UsageError("--offload " + w + ": " +
+                       (w == "params" || w == "activations" ? std::string("not built yet (issue 27); ")
+                                                            : std::string("unknown; ")) +
+                       "what is offloaded now: optimizer");
+  if (o.offload.empty()) {
+    if (!o.offload_dir.empty()) throw UsageError("--offload-dir needs --offload optimizer");
+    return;
+  }
+  if (o.offload_dir.empty()) throw UsageError("--offload optimizer needs --offload-dir DIR (a local directory)");
+  if (o.device != "cpu") throw UsageError("--offload optimizer with --device " + o.device + ": the offloaded AdamW runs on the host");
+  if (o.save_every > 0 || !o.resume.empty())
+    throw UsageError("--offload optimizer with checkpoints: the moments in the offload files are not saved yet");
+  if (o.sync != "ddp") throw UsageError("--offload optimizer with --sync " + o.sync + ": only with ddp");
+}
+
 /// The constraints between flags that the library would otherwise report later, deep in a rank.
 inline void check_options(Options& o, bool cuda_build) {
   if (o.zero == 0) o.zero = o.fsdp > 1 ? 3 : 1;
@@ -266,6 +300,7 @@ inline void check_options(Options& o, bool cuda_build) {
   check_checkpoints(o);
   check_sync(o);
   check_interop(o);
+  check_offload(o);
   if (o.kfold > 0 && (o.save_every > 0 || !o.resume.empty())) throw UsageError("--kfold with checkpoints: k runs, one directory");
   check_device(o, cuda_build);
   if (o.experts == 0) {
@@ -331,6 +366,13 @@ inline Options parse(int argc, char** argv, bool cuda_build) {
     else if (a == "--prompt") o.prompt = value();
     else if (a == "--temperature") o.temperature = examples::positive_flag_value(a, value());
     else if (a == "--top-k") o.top_k = flag_value<int>(a, value(), 1);
+    else if (a == "--offload") {  // a comma list
+      std::stringstream list(value());
+      for (std::string w; std::getline(list, w, ',');)
+        if (!w.empty() && !o.offloads(w)) o.offload.push_back(w);
+      if (o.offload.empty()) throw UsageError("--offload needs optimizer (a comma list)");
+    } else if (a == "--offload-dir") o.offload_dir = value();
+    else if (a == "--offload-buffer-kib") o.offload_buffer_kib = flag_value<std::size_t>(a, value(), 1);
     else if (a == "--backend") {
       o.backend = value();
       if (o.backend != "threads" && o.backend != "mpi" && o.backend != "nccl")
@@ -513,6 +555,56 @@ void export_and_generate(const CommPtr& world, const Options& o, const Corpus& c
   world->barrier();
 }
 
+/// The mesh rank N of a parameter list (nn::ParamList<T, N, Space>).
+template <class List>
+struct list_rank;
+template <class T, std::size_t N, class S>
+struct list_rank<nn::ParamList<T, N, S>> : std::integral_constant<std::size_t, N> {};
+
+/// --offload optimizer: one optim::OffloadedAdamW per parameter list of the set (this rank's
+/// shards; MoE: and its experts), or none (null pointers) when `make` is false or the memory
+/// space is not the host's. Every rank of `world` constructs together: a bad directory fails on all.
+template <bool Host, class Set>
+auto offloaded_adamw(bool make, Set& set, const optim::AdamWOptions& o, const optim::OffloadOptions& off, Communicator& world) {
+  if constexpr (Host) {
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      auto one = [&]<std::size_t J>(std::integral_constant<std::size_t, J>) {
+        using List = std::remove_cvref_t<decltype(set.template list<J>())>;
+        using Opt = optim::OffloadedAdamW<float, list_rank<List>::value>;
+        return make ? std::make_unique<Opt>(set.template list<J>(), o, off, &world) : std::unique_ptr<Opt>();
+      };
+      return std::make_tuple(one(std::integral_constant<std::size_t, I>{})...);
+    }(std::make_index_sequence<Set::lists>{});
+  } else {
+    return std::tuple<>{};
+  }
+}
+
+template <class Tuple>
+void step_offloaded(Tuple& t) {
+  std::apply([](auto&... opt) { (opt->step(), ...); }, t);
+}
+
+/// The offloaded optimizers' disk traffic summed (rank 0 prints it): bytes, the I/O's own time,
+/// the time the steps waited for it.
+template <class Tuple>
+optim::OffloadStats offload_totals(const Tuple& t) {
+  optim::OffloadStats sum;
+  std::apply(
+      [&](const auto&... opt) {
+        auto add = [&](const auto& p) {
+          if (!p) return;
+          const auto& s = p->stats();
+          sum.bytes_read += s.bytes_read, sum.bytes_written += s.bytes_written, sum.io_seconds += s.io_seconds;
+          sum.wait_seconds += s.wait_seconds, sum.step_seconds += s.step_seconds, sum.file_bytes += s.file_bytes;
+          sum.chunks += s.chunks;
+        };
+        (add(opt), ...);
+      },
+      t);
+  return sum;
+}
+
 /// The collectives of one step by "kind on group", with their count and bytes.
 using CommSummary = std::map<std::string, std::pair<std::size_t, std::size_t>>;
 
@@ -525,6 +617,7 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
   using Mesh = MeshIn<Space>;
   using StageMesh = StageMeshIn<Space>;
   using Model = nn::GptParts<Compute, StageMesh, Plan, std::int32_t, Layers>;
+  constexpr bool host = std::is_same_v<Space, host_space>;
   using Stage = pp::Stage<Model>;
   constexpr bool moe = requires(Layers& l) { l.expert_params(); };  // nn::MoELayers
 
@@ -557,9 +650,14 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
   pp::ShardedPipeline<Stage, Mesh, float> model(mesh, schedule, std::move(stages),
                                                 {.stage = o.zero, .reduce_replicas = sync_kind == parallel::sync::SyncKind::ddp});
 
-  // One AdamW over every parameter of this rank: its shards of its stages (MoE: and its experts).
+  // One AdamW over every parameter of this rank: its shards of its stages (MoE: and its experts);
+  // with --offload optimizer, one OffloadedAdamW per list instead, its moments on disk.
   const optim::AdamWOptions adamw{.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
-  auto opt = optim::make_adamw(model.params(), adamw);
+  const bool offload_optimizer = o.offloads("optimizer");
+  std::optional<decltype(optim::make_adamw(model.params(), adamw))> adam;
+  if (!offload_optimizer) adam.emplace(optim::make_adamw(model.params(), adamw));
+  auto offloaded = offloaded_adamw<host>(offload_optimizer, model.params(), adamw,
+                                         {.dir = o.offload_dir, .host_buffer_bytes = o.offload_buffer_kib << 10}, *world);
 
   // ---- --sync (parallel/sync/, docs/beyond-sync.md): what runs on "dp" instead of DDP's all-reduce.
   using SyncKind = parallel::sync::SyncKind;
@@ -678,7 +776,6 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
   // What is saved: this rank's FSDP shards of its stages, its experts, both AdamWs' moments and
   // step count; the step, the data position (batches drawn) and the batch generator's state.
   // Any mesh and schedule can resume it; the configuration that fixes the tensors must match.
-  constexpr bool host = std::is_same_v<Space, host_space>;
   auto model_config = checkpoint::config_of(cfg);
   model_config["model"] = o.arch;
   if constexpr (moe) model_config["experts"] = str(o.experts), model_config["moe_every"] = str(o.moe_every);
@@ -691,7 +788,7 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
   if (!o.resume.empty()) {
     checkpoint::TrainingMeta meta;
     // A device model's slots travel through host copies (checkpoint::HostStaging).
-    meta = checkpoint::load_pipeline_state(o.resume, model, opt, model_config);
+    meta = checkpoint::load_pipeline_state(o.resume, model, *adam, model_config);  // --offload: refused with checkpoints
     std::istringstream rng_state(meta.rng_state);
     if (!(rng_state >> rng) || meta.data_position != std::uint64_t(meta.step))
       throw Error("train_gpt", "the checkpoint at " + o.resume + " has no valid data position or batch generator state");
@@ -717,7 +814,7 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
     rng_state << rng;
     const checkpoint::TrainingMeta meta{.step = step, .data_position = std::uint64_t(step), .rng_state = rng_state.str(),
                                         .config = model_config};
-    checkpoint::save_pipeline_state(o.save_dir, model, opt, meta);
+    checkpoint::save_pipeline_state(o.save_dir, model, *adam, meta);
     char saved[32];
     std::snprintf(saved, sizeof saved, "step %4d", step);
     monitor.message(std::string(saved) + "  checkpoint saved to " + o.save_dir);  // rank 0, above the bar
@@ -738,7 +835,10 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
       stats = model.step(batch);  // the schedule, then the gradient syncs over dp, fsdp, cp, tp (and edp)
       const bool update = sync_gradients();  // --sync: DDP's all-reduce on "dp" above, or none, or a delayed one
       if (update || fed) model.clip_grad_norm(1.0);  // its norm's all-reduce spans "dp": FedAvg's idle clients join
-      if (update) opt.step();
+      if (update) {
+        if (adam) adam->step();
+        else step_offloaded(offloaded);
+      }
       sync_replicas(step);      // --sync local-sgd, diloco, fedavg: the outer sync when due
       model.sync_parameters();  // ZeRO-1/2: all-gather the updated shards
       if (step == std::min(first_step + 1, o.steps))
@@ -788,6 +888,15 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
     const int steps_run = o.steps - first_step + 1;
     std::printf("\nsummary: %d steps in %.1f s; final train loss %.4f, validation loss %.4f; %.0f tokens/s\n", steps_run, elapsed,
                 train_loss, val_loss, tokens_per_step * steps_run / elapsed);
+    if (offload_optimizer) {
+      const auto s = offload_totals(offloaded);
+      std::printf("offload (rank 0): AdamW moments %.2f MiB in %s, %zu chunks a step through %zu KiB of host buffer; "
+                  "read %.2f MiB, wrote %.2f MiB in %.3f s of I/O (%.0f MiB/s), %.0f%% of it hidden behind the update\n",
+                  double(s.file_bytes) / (1 << 20), o.offload_dir.c_str(), s.chunks, o.offload_buffer_kib,
+                  double(s.bytes_read) / (1 << 20), double(s.bytes_written) / (1 << 20), s.io_seconds,
+                  s.io_seconds > 0 ? double(s.bytes_read + s.bytes_written) / (1 << 20) / s.io_seconds : 0.0,
+                  100 * s.overlap());
+    }
     // All the digits: a resumed run is compared with a straight one by these (examples/CMakeLists.txt).
     std::printf("final losses at step %d: train %.17g validation %.17g\n", o.steps, train_loss, val_loss);
     // The ledger's process-wide peaks (every rank thread of this process), by what the bytes hold:
@@ -872,7 +981,13 @@ inline std::vector<Setting> settings_of(const Options& o, const Corpus& corpus) 
           // One setting for the six weights-and-text flags (the agreement takes at most 48).
           {"--init-from --export --generate --prompt --temperature --top-k",
            o.init_from + " | " + o.export_path + " | " + n(o.generate) + " | " + o.prompt + " | " + num(o.temperature) + " | " +
-               n(o.top_k)}};
+               n(o.top_k)},
+          // One setting for the three offload flags (the agreement takes at most 48).
+          {"--offload --offload-dir --offload-buffer-kib", [&] {
+             std::string l;
+             for (const auto& w : o.offload) l += (l.empty() ? "" : ",") + w;
+             return l + " | " + o.offload_dir + " | " + n(o.offload_buffer_kib);
+           }()}};
 }
 
 template <class Space, class Compute>

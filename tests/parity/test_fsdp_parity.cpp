@@ -299,10 +299,9 @@ TEST_CASE("FSDP memory on the ledger: DDP, ZeRO-1/2/3 and HSDP at N = 2, 4, 8, f
   // ZeRO-1 4 + 4 + 8/N, ZeRO-2 4 + 12/N, ZeRO-3 16/N, HSDP (R x S) 16/S. bf16 with fp32 master
   // (ZeRO's mixed precision, K = 12): ZeRO-1 2 + 2 + 12/N, ZeRO-3 16/N, HSDP 16/S; Megatron's
   // distributed optimizer (fp32 gradient accumulation) 6 + 12/N. Every one within 5%.
-  // Two are above the papers' forms by a stated amount (docs/fsdp.md): bf16 ZeRO-2 keeps its
-  // gradient shard in fp32 (2 + 16/N, not 2 + 14/N) and bf16 data parallelism over one shard rank
-  // (the trainer's --dtype bf16 --fsdp 1) an fp32 gradient copy (20, not 16): the optimizer reads
-  // M gradients. They are checked at those values, so that a change shows.
+  // bf16 ZeRO-2 is 2 + (2 + 12)/N and bf16 data parallelism over one shard rank (the trainer's
+  // --dtype bf16 --fsdp 1) 2 + 2 + 12 = 16: their gradient shard is held in bf16 and the
+  // optimizer widens it per element (ParamRef::narrow_grad), no fp32 gradient copy.
   using bf16 = dtensor::bfloat16;
   struct Case {
     std::string name;
@@ -329,14 +328,14 @@ TEST_CASE("FSDP memory on the ledger: DDP, ZeRO-1/2/3 and HSDP at N = 2, 4, 8, f
          return fsdp_ledger<bf16, float>(w, {1, n, 1}, {.stage = 1, .accumulate_grads_in_master = true});
        },
        [](double n) { return 6 + 12 / n; }},
-      {"bf16 ZeRO-2 (fp32 gradient shard)", [](CommPtr w, int n) { return fsdp_ledger<bf16, float>(w, {1, n, 1}, {.stage = 2}); },
-       [](double n) { return 2 + 16 / n; }},
+      {"bf16 ZeRO-2 (bf16 gradient shard)", [](CommPtr w, int n) { return fsdp_ledger<bf16, float>(w, {1, n, 1}, {.stage = 2}); },
+       [](double n) { return 2 + 14 / n; }},
       {"bf16 ZeRO-3", [](CommPtr w, int n) { return fsdp_ledger<bf16, float>(w, {1, n, 1}, {.stage = 3}); },
        [](double n) { return 16 / n; }},
       {"bf16 HSDP 2 x N/2", [](CommPtr w, int n) { return fsdp_ledger<bf16, float>(w, {2, n / 2, 1}, {.stage = 3}); },
        [](double n) { return 16 / (n / 2); }, 4},
-      {"bf16 DDP (trainer: ZeRO-1 over fsdp 1, dp N; fp32 gradient copy)",
-       [](CommPtr w, int n) { return fsdp_ledger<bf16, float>(w, {n, 1, 1}, {.stage = 1}); }, [](double) { return 20.0; }},
+      {"bf16 DDP (trainer: ZeRO-1 over fsdp 1, dp N; bf16 gradients read by AdamW)",
+       [](CommPtr w, int n) { return fsdp_ledger<bf16, float>(w, {n, 1, 1}, {.stage = 1}); }, [](double) { return 16.0; }},
   };
   for (const auto& c : cases)
     for (int n : {2, 4, 8}) {
@@ -674,6 +673,10 @@ TEST_CASE("FSDP stages agree bit for bit: ZeRO-1's states inside the full buffer
   // its master values in the full values and its gradient shard in the full gradients (fp32, and
   // bf16 with the fp32 shard inside the bf16 buffer), Megatron's fp32 accumulation (one
   // micro-batch: the same widen-then-reduce), ZeRO-2 and ZeRO-3 give the same losses exactly.
+  // bf16 ZeRO-2 holds its gradient shard in bf16 (2 + 14/N bytes per parameter): the fp32
+  // reduction is rounded to bf16 once, and clipping scales it in bf16, so it follows ZeRO-3
+  // within that rounding (unit roundoff 2^-9 ~ 2e-3 of each gradient element; measured: 8e-5
+  // relative on the losses).
   using bf16 = dtensor::bfloat16;
   constexpr int steps = 6;
   for (int ranks : {2, 3}) {
@@ -685,7 +688,9 @@ TEST_CASE("FSDP stages agree bit for bit: ZeRO-1's states inside the full buffer
     CHECK(run_mixed<bf16, float>({1, ranks, 1}, steps, false, {.stage = 1}).losses == b3.losses);
     CHECK(run_mixed<bf16, float>({1, ranks, 1}, steps, false, {.stage = 1, .accumulate_grads_in_master = true}).losses ==
           b3.losses);
-    CHECK(run_mixed<bf16, float>({1, ranks, 1}, steps, false, {.stage = 2}).losses == b3.losses);
+    const auto b2 = run_mixed<bf16, float>({1, ranks, 1}, steps, false, {.stage = 2});
+    for (int s = 0; s < steps; ++s) CHECK(std::abs(b2.losses[s] - b3.losses[s]) <= 1e-3 * std::abs(b3.losses[s]));
+    CHECK(b2.losses != b3.losses);  // the bf16 gradient shard really was rounded
     CHECK(run_mixed<bf16, float>({1, ranks, 1}, steps, true, {.stage = 1}).losses ==
           run_mixed<bf16, float>({1, ranks, 1}, steps, true, {.stage = 3}).losses);
     CHECK(b3.losses != f3.losses);
@@ -715,8 +720,11 @@ std::vector<float> accumulated_shards(CommPtr w, parallel::FsdpOptions o) {
   fsdp.set_requires_gradient_sync(true);
   pass(1, parity_batch / 2, parity_batch / 2);
   fsdp.finish_gradient_sync();
-  std::vector<float> out;
-  for (const auto& p : fsdp.params()) out.insert(out.end(), p.grad.begin(), p.grad.end());
+  std::vector<float> out;  // in the type each shard is held in, widened (bf16 ZeRO-2: bf16)
+  for (const auto& p : fsdp.params())
+    p.visit_grad([&](auto g) {
+      for (auto x : g) out.push_back(float(x));
+    });
   return out;
 }
 
@@ -729,20 +737,31 @@ TEST_CASE("FSDP ZeRO-1: gradients accumulate over steps without zero_grad as in 
   // the bf16 buffer).
   for (int ranks : {2, 3}) {
     INFO(ranks << " ranks");
-    std::vector<float> z1, z3, b1, b3;
+    std::vector<float> z1, z3, b1, b3, b2;
     threads::run(ranks, [&](CommPtr w) {
       auto a = accumulated_shards<float>(w, {.stage = 1});
       auto b = accumulated_shards<float>(w, {.stage = 3});
       auto c = accumulated_shards<dtensor::bfloat16>(w, {.stage = 1});
       auto d = accumulated_shards<dtensor::bfloat16>(w, {.stage = 3});
+      auto e = accumulated_shards<dtensor::bfloat16>(w, {.stage = 2});  // a bf16 shard: held + reduced, rounded
       if (w->rank() == ranks - 1) {
-        z1 = a, z3 = b, b1 = c, b3 = d;
+        z1 = a, z3 = b, b1 = c, b3 = d, b2 = e;
       }
     });
     REQUIRE(!z3.empty());
     CHECK(z1 == z3);
     CHECK(b1 == b3);
     CHECK(z1 != b1);
+    // bf16 ZeRO-2 rounds each reduction into its bf16 shard (two here, each off by at most 2^-9
+    // of the larger of the two addends, so 2^-8 of the largest element bounds both).
+    REQUIRE(b2.size() == b3.size());
+    double worst = 0, largest = 0;
+    for (std::size_t i = 0; i < b2.size(); ++i) {
+      worst = std::max(worst, std::abs(double(b2[i]) - b3[i]));
+      largest = std::max(largest, std::abs(double(b3[i])));
+    }
+    CHECK(worst <= largest / 256);
+    CHECK(b2 != b3);
   }
 }
 
@@ -775,17 +794,18 @@ struct OffloadRun {
   double psi = 0;
 };
 
-/// 5 AdamW steps of the parity GPT in fp32 under ZeRO-3 on 2 ranks, the moments in memory
-/// (dir empty) or in a file in dir through a host buffer of `budget` bytes.
-OffloadRun offload_run(const std::string& dir, std::size_t budget) {
+/// 5 AdamW steps of the parity GPT computing in T (fp32 master values) under ZeRO `stage` on 2
+/// ranks, the moments in memory (dir empty) or in a file in dir through a host buffer of `budget` bytes.
+template <class T = float>
+OffloadRun offload_run(const std::string& dir, std::size_t budget, int stage = 3) {
   OffloadRun out;
   threads::run(2, [&](CommPtr w) {
     FsdpMesh mesh(w, {1, 2, 1});
     const auto cfg = parity_config();
-    nn::GPT<float, FsdpMesh> model(mesh, cfg);
+    nn::GPT<T, FsdpMesh> model(mesh, cfg);
     double psi = 0;
     for (auto& u : model.units()) psi += double(u.group->size());
-    auto fsdp = parallel::fully_shard(model, mesh, {.stage = 3});
+    auto fsdp = parallel::fully_shard<float>(model, mesh, {.stage = stage});
     MemoryLedger ledger;  // from here: the optimizer's state
     auto train = [&](auto& opt, const optim::OffloadStats* stats) {
       std::vector<double> losses;
@@ -844,6 +864,19 @@ TEST_CASE("NVMe offload: AdamW's moments in a file through a host buffer smaller
   CHECK(disk.stats.bytes_read == 5 * std::size_t(disk.disk_bytes));
   CHECK(disk.stats.bytes_written == 5 * std::size_t(disk.disk_bytes));
   CHECK(disk.stats.overlap() >= 0);
+  CHECK(dir.files() == 0);
+}
+
+TEST_CASE("NVMe offload of a bf16 ZeRO-2 run: the bf16 gradient shard read widened, bit for bit", "[fsdp][offload]") {
+  // bf16 ZeRO-2 holds its gradient shard in bf16 (ParamRef::narrow_grad); OffloadedAdamW reads
+  // it per chunk through the same widening kernel as AdamW, so the runs agree exactly.
+  ScratchDir dir("offload-bf16");
+  const auto memory = offload_run<dtensor::bfloat16>("", 0, 2);
+  const auto disk = offload_run<dtensor::bfloat16>(dir.path.string(), 4096, 2);
+  REQUIRE(disk.losses.size() == 5);
+  CHECK(disk.losses == memory.losses);
+  CHECK(disk.losses != offload_run("", 0, 2).losses);  // the bf16 model really ran
+  CHECK(disk.stats.chunks > 10);
   CHECK(dir.files() == 0);
 }
 

@@ -194,3 +194,28 @@ TEST_CASE("float AdamW against the double element function over several steps", 
     check_three(std::tie(pf, mf, vf), std::tie(pd, md, vd), 0, 1e-6);  // float rounding of five steps of size ~lr
   });
 }
+
+TEST_CASE("AdamW and SGD reading a bf16 gradient equal the float update on the widened gradient", "[kernels][host][simd]") {
+  // FSDP's bf16 gradient shards (ParamRef::narrow_grad) are read by the float kernels widened
+  // per element: exactly the update of the fp32 copy of the same gradient, on every ISA, across
+  // the vector body and the tail (37 elements).
+  on_every_isa([&] {
+    const Shape<1> s{37};
+    auto p1 = uniform_float(s, 71, -1, 1), m1 = Tensor<float, 1>(s), v1 = Tensor<float, 1>(s);
+    auto p2 = kt::cast<float>(p1), m2 = Tensor<float, 1>(s), v2 = Tensor<float, 1>(s);
+    auto q1 = kt::cast<float>(p1), q2 = kt::cast<float>(p1), b1 = Tensor<float, 1>(s), b2 = Tensor<float, 1>(s);
+    for (long step = 1; step <= 3; ++step) {
+      const auto g16 = kt::cast<dtensor::bfloat16>(uniform_float(s, 80 + std::uint64_t(step), -1, 1));
+      const auto g32 = kt::cast<float>(g16);  // exact
+      const kh::AdamWStep st{.lr = 0.01, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .step = step};
+      kh::adamw_update(p1, g16, m1, v1, st);
+      kh::adamw_update(p2, g32, m2, v2, st);
+      const kh::SgdStep sg{.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01, .first_step = step == 1};
+      kh::sgd_update(q1, g16, b1, sg);
+      kh::sgd_update(q2, g32, b2, sg);
+    }
+    auto d = [](const Tensor<float, 1>& t) { return kt::cast<double>(t); };  // exact: the oracle's type
+    check_three(std::tie(p1, m1, v1), std::make_tuple(d(p2), d(m2), d(v2)), 0, 0);
+    check_three(std::tie(q1, b1, q1), std::make_tuple(d(q2), d(b2), d(q2)), 0, 0);
+  });
+}

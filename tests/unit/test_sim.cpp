@@ -606,8 +606,8 @@ void check_zero_figure_1() {
   const nn::GPTConfig model{.vocab = 50257, .seq = 64, .dim = 4096, .heads = 32, .layers = 35};
   const int ranks = 64;
   const double published[] = {120e9, 31.4e9, 16.6e9, 1.9e9};  // DP, ZeRO-1, ZeRO-2, ZeRO-3
-  // DP is fully_shard's stage 1 on one rank: full bf16 values and gradients, fp32 master values,
-  // moments and gradient shard (= the whole model).
+  // DP is fully_shard's stage 1 on one rank: full bf16 values and gradients (the gradient shard:
+  // all of them, read widened by AdamW), fp32 master values and moments (= the whole model).
   const auto dp = zero_run(model, 1, 1);
   const double psi = model_elements(dp.report);
   CAPTURE(psi);
@@ -618,20 +618,22 @@ void check_zero_figure_1() {
     const int n = stage == 0 ? 1 : ranks;
     const auto m = model_states_after_step(run.report);
     // Ours, term by term (docs/fsdp.md): bf16 full values unless ZeRO-3 (2Ψ); bf16 full gradients
-    // for stage 1 (2Ψ); fp32 gradient shard (4Ψ/N), which ZeRO-1 over N >= 2 ranks keeps inside
-    // the full gradients' storage (none of its own); fp32 master values + two moments (12Ψ/N).
+    // for stage 1 (2Ψ), which hold the gradient shard (fp32 inside their storage over N >= 2
+    // ranks, their bf16 selves over one); ZeRO-2's bf16 gradient shard (2Ψ/N), ZeRO-3's fp32 one
+    // (4Ψ/N); fp32 master values + two moments (12Ψ/N).
     const double values = stage == 3 ? 0 : 2 * psi, full_grads = stage <= 1 ? 2 * psi : 0;
-    const double grad_shard = stage <= 1 && n > 1 ? 0 : 4 * psi / n, optimizer = 12 * psi / n;
+    const double grad_shard = stage <= 1 ? 0 : stage == 2 ? 2 * psi / n : 4 * psi / n, optimizer = 12 * psi / n;
     CHECK(m.params == Approx(values).epsilon(1e-3));
     CHECK(m.grads == Approx(full_grads + grad_shard).epsilon(1e-3));
     CHECK(m.optimizer == Approx(optimizer).epsilon(1e-3));
     // ZeRO's accounting of the same states: DP and ZeRO-1 reduce into the fp16 full gradients
-    // (no separate shard: ours neither for ZeRO-1, an fp32 one for DP); ZeRO-2/3 keep an fp16
-    // gradient shard (ours is fp32); ZeRO-3 keeps an fp16 parameter shard (ours gathers from the
-    // fp32 master shard).
+    // (no separate shard: ours neither); ZeRO-2/3 keep an fp16 gradient shard (ours: bf16 for
+    // ZeRO-2, fp32 for ZeRO-3); ZeRO-3 keeps an fp16 parameter shard (ours gathers from the fp32
+    // master shard).
     const double measured_shard = stage <= 1 ? m.grads - full_grads : m.grads;
     double zero_accounting = m.total() - measured_shard;
-    if (stage >= 2) zero_accounting += measured_shard / 2;
+    if (stage == 2) zero_accounting += measured_shard;
+    if (stage == 3) zero_accounting += measured_shard / 2;
     if (stage == 3) zero_accounting += 2 * psi / n;
     CAPTURE(m.params, m.grads, m.optimizer, zero_accounting);
     CHECK(zero_accounting == Approx(published[stage]).epsilon(0.02));
@@ -654,7 +656,7 @@ void check_megatron_distributed_optimizer() {
     REQUIRE(psi > 0);
     const auto m1 = model_states_after_step(z1.report), m2 = model_states_after_step(z2.report);
     CHECK(m1.total() / psi == Approx(4 + 12.0 / d).epsilon(2e-3));
-    CHECK(m2.total() / psi == Approx(2 + 16.0 / d).epsilon(2e-3));  // ZeRO-2: an fp32 gradient shard
+    CHECK(m2.total() / psi == Approx(2 + 14.0 / d).epsilon(2e-3));  // ZeRO-2: a bf16 gradient shard (ZeRO's own)
     const double full_grads = m1.grads;
     const double megatron = m1.params + 2 * full_grads + m1.optimizer;
     CHECK(megatron / psi == Approx(6 + 12.0 / d).epsilon(2e-3));

@@ -33,7 +33,9 @@
 #include <utility>
 #include <vector>
 
+#include "dtensor/core/dtype.hpp"
 #include "dtensor/core/factories.hpp"
+#include "dtensor/core/meta_space.hpp"
 #include "dtensor/distributed/distribute.hpp"
 #include "dtensor/distributed/redistribute.hpp"
 #include "dtensor/kernels/elementwise.hpp"
@@ -80,6 +82,13 @@ using layout_on = decltype(detail::layout_on<Mesh, Default, Ons...>(std::make_in
 
 // ---------------------------------------------------------------- type-erased parameter views
 
+namespace detail {
+/// The memory spaces whose optimizer kernels read a gradient narrower than the value (widened
+/// per element): the host's, and meta for dry runs. A device space keeps gradients in T.
+template <class Space>
+inline constexpr bool narrow_grads_supported = std::is_same_v<Space, host_space> || std::is_same_v<Space, meta_space>;
+}  // namespace detail
+
 /// What optimizers and gradient syncs see of one parameter: this rank's pieces and placements.
 /// The spans point into memory space Space (nn/flat_params.hpp: read on the host only when it
 /// is host memory).
@@ -99,15 +108,45 @@ struct ParamRef {
   // dangle and the values are no longer what the model computes with. Optimizers refuse such
   // a parameter (a list collected before fully_shard); null: never taken over.
   const bool* sharded = nullptr;
+  // The gradient held in a narrower floating type than the value (FSDP's mixed precision: a
+  // bf16 gradient shard beside fp32 master values, ZeRO's 2 + 14/N, instead of an fp32 copy):
+  // narrow_dtype differs from T's, value.size() elements of it at narrow_grad (null on meta),
+  // and `grad` is empty. Readers go through grad_size() / visit_grad, which hand them a span of
+  // the type it is held in; the kernels widen per element. Only where narrow_grads_supported<Space>.
+  void* narrow_grad = nullptr;
+  DType narrow_dtype = dtype_of<T>;
+
+  bool grad_is_narrow() const noexcept { return narrow_dtype != dtype_of<T>; }
+  /// Elements of the gradient (whichever type holds it).
+  std::size_t grad_size() const noexcept { return grad_is_narrow() ? value.size() : grad.size(); }
+
+  /// Calls f(std::span<G>) with the gradient in the type G it is held in: T, or a narrower
+  /// floating type (bfloat16; float when T is double).
+  template <class F>
+  decltype(auto) visit_grad(F&& f) const {
+    if constexpr (detail::narrow_grads_supported<Space>) {
+      if (grad_is_narrow()) {
+        if constexpr (sizeof(T) > sizeof(float))
+          if (narrow_dtype == DType::float32) return f(std::span<float>(static_cast<float*>(narrow_grad), value.size()));
+        if constexpr (sizeof(T) > sizeof(bfloat16) && !std::is_same_v<T, bfloat16>)
+          if (narrow_dtype == DType::bfloat16)
+            return f(std::span<bfloat16>(static_cast<bfloat16*>(narrow_grad), value.size()));
+        throw Error("ParamRef", dtensor::detail::cat(name, ": gradient held as ", name_of(narrow_dtype),
+                                                     ", not narrower than the value's type"));
+      }
+    }
+    return f(grad);
+  }
 
   /// Whether this gradient ends where `next`'s begins, in the same flat buffer.
   bool precedes(const ParamRef& next) const noexcept {
-    return buffer != nullptr && buffer == next.buffer && offset + grad.size() == next.offset;
+    return buffer != nullptr && buffer == next.buffer && offset + grad.size() == next.offset && !grad_is_narrow() &&
+           !next.grad_is_narrow();
   }
 
   /// Zero gradient, nothing pending.
   void zero_grad() const {
-    detail::zero_flat<Space>(grad);
+    visit_grad([](auto g) { detail::zero_flat<Space>(g); });
     *grad_state = layout;
     *has_grad = false;
   }

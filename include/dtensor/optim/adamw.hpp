@@ -7,7 +7,8 @@
 // parameter decays); m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
 // p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps). The moments are flat buffers with
 // the parameter list's structure (optim/optimizer.hpp FlatState); the update is the space's
-// kernels::adamw_update, one call per parameter. No communication.
+// kernels::adamw_update, one call per parameter, reading the gradient in the type it is held
+// in (a bf16 gradient shard beside fp32 values is widened per element). No communication.
 #pragma once
 
 #include "dtensor/optim/optimizer.hpp"
@@ -41,9 +42,11 @@ class AdamW : public Optimizer<T, N, Space> {
     ++t_;
     for (std::size_t k = 0; k < this->params_.size(); ++k) {
       auto value = this->value_view(k), m = m_.view(k), v = v_.view(k);
-      kernels::adamw_update(value, this->grad_view(k), m, v,
-                            {.lr = this->lr_, .beta1 = o_.beta1, .beta2 = o_.beta2, .eps = o_.eps,
-                             .weight_decay = this->params_[k].decay ? o_.weight_decay : 0.0, .step = t_});
+      this->with_grad_view(k, [&](const auto& grad) {
+        kernels::adamw_update(value, grad, m, v,
+                              {.lr = this->lr_, .beta1 = o_.beta1, .beta2 = o_.beta2, .eps = o_.eps,
+                               .weight_decay = this->params_[k].decay ? o_.weight_decay : 0.0, .step = t_});
+      });
     }
   }
 

@@ -46,16 +46,20 @@ template <class T, std::size_t N, class Space>
 void check_finite(const nn::ParamList<T, N, Space>& params, long long step, const char* what, int rank = Error::no_rank,
                   bool grads = false) {
   if constexpr (!holds_data_v<Space>) return;
-  for (const auto& p : params) {
-    const std::span<T> piece = grads ? p.grad : p.value;
-    Tensor<T, 1> host_copy;
+  auto check = [&](const auto& p, auto piece) {  // piece: a span of T, or of a narrow gradient's type
+    using E = typename decltype(piece)::element_type;
+    Tensor<E, 1> host_copy;
     if constexpr (!Space::host_accessible) host_copy = to_space<host_space>(nn::detail::flat_view<Space>(piece));
-    const std::span<const T> values = Space::host_accessible ? std::span<const T>(piece) : std::span<const T>(host_copy.span());
+    const std::span<const E> values = Space::host_accessible ? std::span<const E>(piece) : std::span<const E>(host_copy.span());
     if (const auto i = first_non_finite(values))
       throw Error("check_finite",
                   dtensor::detail::cat("step ", step, ": ", what, " '", p.name, "' holds ", double(values[*i]),
                               " at local element ", *i, " of ", values.size()),
                   rank);
+  };
+  for (const auto& p : params) {
+    if (grads) p.visit_grad([&](auto g) { check(p, g); });
+    else check(p, p.value);
   }
 }
 

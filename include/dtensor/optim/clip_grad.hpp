@@ -41,7 +41,7 @@ double grad_norm(const ParamList<T, N, Space>& params, const Mesh& mesh) {
       if (g.placements[i].is_replicate() && coord[i] != 0) first_copy = false;
     }
     if (!first_copy) continue;
-    sq += kernels::sum_squares(nn::detail::flat_view<Space>(p.grad));
+    sq += p.visit_grad([](auto g) { return kernels::sum_squares(nn::detail::flat_view<Space>(g)); });
   }
   mesh.comm().all_reduce(std::span<double>(&sq, 1), ReduceOp::sum);
   return std::sqrt(sq);
@@ -54,8 +54,10 @@ void scale_grads_to(const ParamList<T, N, Space>& params, double norm, double ma
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1)
     for (const auto& p : params) {
-      auto g = nn::detail::flat_view<Space>(p.grad);
-      kernels::scale_(g, coef);
+      p.visit_grad([&](auto span) {  // a narrow (bf16) gradient is scaled in its own type
+        auto g = nn::detail::flat_view<Space>(span);
+        kernels::scale_(g, coef);
+      });
     }
 }
 

@@ -287,12 +287,15 @@ class OffloadedAdamW : public Optimizer<T, N, host_space> {
     for (const auto& p : ch.pieces) {
       const auto& ref = this->params_[p.k];
       auto value = nn::detail::flat_view<host_space>(ref.value.subspan(p.begin, p.count));
-      auto grad = nn::detail::flat_view<host_space>(std::span<const T>(ref.grad.subspan(p.begin, p.count)));
       auto mv = nn::detail::flat_view<host_space>(std::span<T>(m + at, p.count));
       auto vv = nn::detail::flat_view<host_space>(std::span<T>(v + at, p.count));
-      kernels::adamw_update(value, grad, mv, vv,
-                            {.lr = this->lr_, .beta1 = o_.beta1, .beta2 = o_.beta2, .eps = o_.eps,
-                             .weight_decay = ref.decay ? o_.weight_decay : 0.0, .step = t_});
+      ref.visit_grad([&](auto g) {  // in T, or a narrower type widened per element
+        using G = typename decltype(g)::element_type;
+        auto grad = nn::detail::flat_view<host_space>(std::span<const G>(g.subspan(p.begin, p.count)));
+        kernels::adamw_update(value, grad, mv, vv,
+                              {.lr = this->lr_, .beta1 = o_.beta1, .beta2 = o_.beta2, .eps = o_.eps,
+                               .weight_decay = ref.decay ? o_.weight_decay : 0.0, .step = t_});
+      });
       at += p.count;
     }
   }

@@ -50,9 +50,9 @@ void check_params(const char* op, const ParamList<T, N, Space>& ps) {
     check_not_sharded(op, p);
     if (!p.grad_state || !p.has_grad)
       throw Error(op, dtensor::detail::cat("parameter ", p.name, ": no gradient state (a ParamRef not made by collect)"));
-    if (p.value.size() != p.grad.size())
+    if (p.value.size() != p.grad_size())
       throw Error(op, dtensor::detail::cat("parameter ", p.name, ": local value has ", p.value.size(),
-                                           " elements, gradient ", p.grad.size()));
+                                           " elements, gradient ", p.grad_size()));
   }
 }
 
@@ -129,7 +129,12 @@ class Optimizer {
  protected:
   /// Parameter k's value and gradient as tensors of the space (views), for the kernels.
   Tensor<T, 1, Space> value_view(std::size_t k) const { return nn::detail::flat_view<Space>(params_[k].value); }
-  Tensor<T, 1, Space> grad_view(std::size_t k) const { return nn::detail::flat_view<Space>(params_[k].grad); }
+  /// Calls f with parameter k's gradient as a tensor of the space (a view) in the type it is
+  /// held in: T, or a narrower one (ParamRef::narrow_grad), which the kernels widen per element.
+  template <class F>
+  void with_grad_view(std::size_t k, F&& f) const {
+    params_[k].visit_grad([&](auto g) { f(nn::detail::flat_view<Space>(std::span<const typename decltype(g)::element_type>(g))); });
+  }
 
   const char* name_;
   ParamList<T, N, Space> params_;

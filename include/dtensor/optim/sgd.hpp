@@ -39,10 +39,12 @@ class SGD : public Optimizer<T, N, Space> {
     for (std::size_t k = 0; k < this->params_.size(); ++k) {
       auto value = this->value_view(k);
       auto momentum = o_.momentum > 0 ? buf_.view(k) : Tensor<T, 1, Space>();
-      kernels::sgd_update(value, this->grad_view(k), momentum,
-                          {.lr = this->lr_, .momentum = o_.momentum, .dampening = o_.dampening,
-                           .weight_decay = this->params_[k].decay ? o_.weight_decay : 0.0,
-                           .nesterov = o_.nesterov, .first_step = steps_ == 0});
+      this->with_grad_view(k, [&](const auto& grad) {
+        kernels::sgd_update(value, grad, momentum,
+                            {.lr = this->lr_, .momentum = o_.momentum, .dampening = o_.dampening,
+                             .weight_decay = this->params_[k].decay ? o_.weight_decay : 0.0,
+                             .nesterov = o_.nesterov, .first_step = steps_ == 0});
+      });
     }
     ++steps_;
   }

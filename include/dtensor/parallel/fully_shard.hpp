@@ -434,7 +434,8 @@ class FullyShard {
     for (const auto& seg : s.segments) held = held || *seg.has_grad;
     if (held) {
       s.carried = Shard::template make_buffer<M, StateSpace>(s.shard_size(), MemoryTag::gradients, false);
-      detail::convert_into<StateSpace>(s.carried.span(), std::span<const M>(s.grad.span()));
+      if (s.grad_narrow) detail::convert_into<Space>(s.carried.span(), std::span<const T>(s.grad_low.span()));  // exact
+      else detail::convert_into<StateSpace>(s.carried.span(), std::span<const M>(s.grad.span()));
     }
     s.zero_full_grads();
   }
@@ -510,7 +511,25 @@ class FullyShard {
     auto add_to_shard = [&](auto reduced) {
       using E = typename decltype(reduced)::element_type;
       replicate_reduce(reduced, s.grad_op);
-      if (s.grad_in_full) {
+      if (s.grad_narrow) {
+        if constexpr (std::is_same_v<Space, StateSpace>) {
+          // The T shard += the reduction, summed in M and rounded to T once (the held part and a
+          // carried one widen exactly).
+          auto sum = Shard::template make_buffer<M>(n, MemoryTag::communication, false);
+          detail::convert_into<Space>(sum.span(), std::span<const E>(reduced));
+          if (s.grad_in_full) {
+            s.zero_full_grads();
+            if (s.carried.numel() > 0) detail::add_into<Space>(sum.span(), std::span<const M>(s.carried.span()));
+            s.carried = {};
+            s.grad_reduced = true;
+          } else {
+            auto held = Shard::template make_buffer<M>(n, MemoryTag::communication, false);
+            detail::convert_into<Space>(held.span(), std::span<const T>(s.grad_low.span()));
+            detail::add_into<Space>(sum.span(), std::span<const M>(held.span()));
+          }
+          detail::convert_into<Space>(s.grad_low.span(), std::span<const M>(sum.span()));
+        }
+      } else if (s.grad_in_full) {
         if constexpr (std::is_same_v<Space, StateSpace>) {
           // The shard is (a part of) the full gradient buffer: the buffer to 0 but for the shard,
           // which becomes the reduced gradient, plus one carried over from before this backward

@@ -62,14 +62,18 @@ DTENSOR_HOST_DEVICE inline void sgd_element(double& p, double& b, double g, cons
 
 /// AdamW on float arrays in float, as torch.optim.AdamW computes float parameters (one fused pass,
 /// vectorized by simd.hpp except the square root, which stays scalar without -fno-math-errno).
-inline void adamw_float(float* p, const float* g, float* m, float* v, Extent n, const AdamWStep& s, double c1, double c2,
-                        double decay) {
+/// G: the gradient's type, float or a narrower one (bf16 gradient shards beside fp32 master
+/// values), widened per element — exact, so the update is the one of the widened gradient.
+template <class G>
+void adamw_float(float* p, const G* g, float* m, float* v, Extent n, const AdamWStep& s, double c1, double c2,
+                 double decay) {
   const float b1 = float(s.beta1), b2 = float(s.beta2), step_size = float(s.lr / c1), eps = float(s.eps);
   const float inv_sqrt_c2 = float(1.0 / std::sqrt(c2)), keep = float(decay);
   with_isa([&](auto) DTENSOR_SIMD_BODY {
     for (Extent i = 0; i < n; ++i) {
-      const float mi = b1 * m[i] + (1.0f - b1) * g[i];
-      const float vi = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
+      const float gi = float(g[i]);
+      const float mi = b1 * m[i] + (1.0f - b1) * gi;
+      const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
       m[i] = mi;
       v[i] = vi;
       p[i] = p[i] * keep - step_size * mi / (std::sqrt(vi) * inv_sqrt_c2 + eps);
@@ -83,8 +87,9 @@ inline void check_adamw(const AdamWStep& s) {
 }
 }  // namespace detail
 
-template <FloatElement T, std::size_t R>
-void adamw_update(HostTensor<T, R>& param, const HostTensor<T, R>& grad, HostTensor<T, R>& exp_avg,
+/// grad: in T, or in a narrower floating type G (widened per element, no buffer).
+template <FloatElement T, FloatElement G, std::size_t R>
+void adamw_update(HostTensor<T, R>& param, const HostTensor<G, R>& grad, HostTensor<T, R>& exp_avg,
                   HostTensor<T, R>& exp_avg_sq, const AdamWStep& s) {
   detail::check_update("adamw_update", param, grad, "gradient");
   detail::check_update("adamw_update", param, exp_avg, "exp_avg");
@@ -93,7 +98,7 @@ void adamw_update(HostTensor<T, R>& param, const HostTensor<T, R>& grad, HostTen
   const double c1 = 1 - std::pow(s.beta1, double(s.step)), c2 = 1 - std::pow(s.beta2, double(s.step));
   const double decay = 1 - s.lr * s.weight_decay;
   T *p = param.data(), *m = exp_avg.data(), *v = exp_avg_sq.data();
-  const T* g = grad.data();
+  const G* g = grad.data();
   if constexpr (std::is_same_v<T, float>) {
     detail::adamw_float(p, g, m, v, param.numel(), s, c1, c2, decay);
     return;
@@ -108,14 +113,15 @@ void adamw_update(HostTensor<T, R>& param, const HostTensor<T, R>& grad, HostTen
 }
 
 /// momentum_buffer is read and written only when s.momentum > 0 (it may be empty otherwise).
-template <FloatElement T, std::size_t R>
-void sgd_update(HostTensor<T, R>& param, const HostTensor<T, R>& grad, HostTensor<T, R>& momentum_buffer,
+/// grad: in T or a narrower floating type (widened per element).
+template <FloatElement T, FloatElement G, std::size_t R>
+void sgd_update(HostTensor<T, R>& param, const HostTensor<G, R>& grad, HostTensor<T, R>& momentum_buffer,
                 const SgdStep& s) {
   detail::check_update("sgd_update", param, grad, "gradient");
   if (s.momentum > 0) detail::check_update("sgd_update", param, momentum_buffer, "momentum buffer");
   T* p = param.data();
   T* b = momentum_buffer.data();
-  const T* g = grad.data();
+  const G* g = grad.data();
   const bool momentum = s.momentum > 0;
   for (Extent i = 0, n = param.numel(); i < n; ++i) {
     double pi = double(p[i]), bi = momentum ? double(b[i]) : 0.0;

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "dtensor/comm/work.hpp"
+#include "dtensor/kernels/cast.hpp"
 #include "dtensor/nn/parameter.hpp"
 
 namespace dtensor::parallel::detail {
@@ -35,6 +36,18 @@ struct Bucket {
   std::size_t numel = 0;
 };
 
+/// dst = src in memory space Space: a copy, or a conversion where a gradient is held in a
+/// narrower type than the bucket's (ParamRef::narrow_grad: widened to pack, rounded back after).
+template <MemorySpace Space, class To, class From>
+void convert_flat(std::span<To> dst, std::span<From> src) {
+  if constexpr (std::is_same_v<To, std::remove_const_t<From>>) {
+    Space::copy(dst.data(), src.data(), src.size_bytes());
+  } else {
+    auto out = nn::detail::flat_view<Space>(dst);
+    kernels::cast_into(out, nn::detail::flat_view<Space>(src));
+  }
+}
+
 /// Whether gradient `next` (visited after `prev` in reverse order) ends where `prev` begins.
 template <class T, std::size_t N, class Space>
 bool adjacent(const nn::ParamRef<T, N, Space>& next, const nn::ParamRef<T, N, Space>& prev) {
@@ -49,7 +62,7 @@ std::vector<Bucket> plan_buckets(const nn::ParamList<T, N, Space>& ps, std::size
   for (std::size_t k = ps.size(); k-- > 0;) {
     const auto& pl = ps[k].grad_state->placements[dim];
     if (!pl.is_partial()) continue;
-    const std::size_t n = ps[k].grad.size();
+    const std::size_t n = ps[k].grad_size();
     const bool gap = !out.empty() && o.contiguous_only && !adjacent(ps[k], ps[out.back().params.back()]);
     if (out.empty() || out.back().op != pl.op || gap || (out.back().numel > 0 && out.back().numel + n > cap))
       out.push_back(Bucket{{}, pl.op, 0});
@@ -76,7 +89,7 @@ PendingBucket<T, Space> start_bucket(const nn::ParamList<T, N, Space>& ps, Bucke
                                      std::size_t& copied_bytes) {
   PendingBucket<T, Space> p{std::move(b), {}, {}};
   const auto& idx = p.bucket.params;
-  bool contiguous = true;
+  bool contiguous = !ps[idx.front()].grad_is_narrow();  // a narrow (bf16) gradient is widened into the packed buffer
   for (std::size_t j = 1; j < idx.size(); ++j) contiguous = contiguous && adjacent(ps[idx[j]], ps[idx[j - 1]]);
   if (contiguous) {
     std::span<T> all(ps[idx.back()].grad.data(), p.bucket.numel);  // the last visited starts lowest
@@ -90,8 +103,8 @@ PendingBucket<T, Space> start_bucket(const nn::ParamList<T, N, Space>& ps, Bucke
   p.is_packed = true;
   std::size_t off = 0;
   for (std::size_t k : idx) {
-    Space::copy(p.packed.data() + off, ps[k].grad.data(), ps[k].grad.size_bytes());
-    off += ps[k].grad.size();
+    ps[k].visit_grad([&](auto g) { convert_flat<Space>(std::span<T>(p.packed.data() + off, g.size()), g); });
+    off += ps[k].grad_size();
   }
   copied_bytes += 2 * p.bucket.numel * sizeof(T);  // packed and unpacked
   p.work = group.all_reduce_async(std::span<const T>(p.packed.span()), p.packed.span(), p.bucket.op);
@@ -104,8 +117,9 @@ void finish_bucket(nn::ParamList<T, N, Space>& ps, PendingBucket<T, Space>& p, s
   p.work.wait();
   std::size_t off = 0;
   for (std::size_t k : p.bucket.params) {
-    if (p.is_packed) Space::copy(ps[k].grad.data(), p.packed.data() + off, ps[k].grad.size_bytes());
-    off += ps[k].grad.size();
+    if (p.is_packed)
+      ps[k].visit_grad([&](auto g) { convert_flat<Space>(g, std::span<T>(p.packed.data() + off, g.size())); });
+    off += ps[k].grad_size();
     ps[k].grad_state->placements[dim] = PlacementDesc::replicate();
   }
 }

@@ -111,8 +111,19 @@ struct UnitShard {
   //                    distributed optimizer with fp32 gradient accumulation): a full gradient
   //                    buffer in M per unit that the backward's T gradients are added into (they
   //                    exist only around the unit's backward); the gradient shard is its slice.
+  //  grad_narrow       T != M in one space where the kernels widen per element
+  //                    (nn::detail::narrow_grads_supported) and an M gradient shard would cost
+  //                    memory that nothing else holds (ZeRO-2; ZeRO-1 over one shard rank, where
+  //                    c * S * sizeof(T) < (hi - lo) * sizeof(M)): the gradient shard is held in
+  //                    T — `grad_low`, or ZeRO-1's slice [lo, hi) of the full T buffer — and the
+  //                    segments' ParamRefs point at it (ParamRef::narrow_grad); the optimizer,
+  //                    clipping and the finite check read it widened. The reduction still runs
+  //                    in M (or T by option) and is rounded to T once, when added into the shard:
+  //                    ZeRO's 2 + (2 + 12)/N and DDP's 16 bytes per parameter.
   bool master_in_values = false;
   bool grad_in_full = false;
+  bool grad_narrow = false;
+  Buffer<T> grad_low;  // grad_narrow: the T gradient shard, hi - lo (a view of the full gradients when grad_in_full)
   Buffer<M> main_grad;
   bool grad_reduced = false;  // grad_in_full: the shard holds a reduced gradient (since finish_reduce)
   StateBuffer<M> carried;     // grad_in_full: that gradient, moved aside for the next reduction to add
@@ -166,13 +177,26 @@ struct UnitShard {
     } else if constexpr (one_space) {
       grad_in_full = stage == 1 && (accumulate_in_master || (padded() * sizeof(T) >= shard_size() * sizeof(M) &&
                                                              alignof(M) <= alignof(std::max_align_t)));  // max-aligned storage
+      if constexpr (nn::detail::narrow_grads_supported<Space> && sizeof(T) < sizeof(M)) {
+        if (!accumulate_in_master && (stage == 2 || (stage == 1 && !grad_in_full))) {
+          grad_narrow = true;
+          grad_in_full = stage == 1;
+        }
+      }
     }
     if constexpr (one_space && std::is_same_v<T, M>) {
       auto at = [lo](T* base) { return base ? base + lo : base; };  // meta: no elements, null
       if (master_in_values) master = StateBuffer<M>::view(at(group->values_storage().data()), Shape<1>{Extent(shard_size())});
       if (grad_in_full) grad = StateBuffer<M>::view(at(group->grads_storage().data()), Shape<1>{Extent(shard_size())});
     } else if constexpr (one_space) {
-      if (grad_in_full && accumulate_in_master) {
+      if (grad_narrow) {
+        if (grad_in_full) {
+          T* base = group->grads_storage().data();
+          grad_low = Buffer<T>::view(base ? base + lo : base, Shape<1>{Extent(shard_size())});
+        } else {
+          grad_low = make_buffer<T>(shard_size(), MemoryTag::gradients, true);
+        }
+      } else if (grad_in_full && accumulate_in_master) {
         main_grad = make_buffer<M>(padded(), MemoryTag::gradients, true);
         M* base = main_grad.data();
         grad = StateBuffer<M>::view(base ? base + lo : base, Shape<1>{Extent(shard_size())});
@@ -186,7 +210,7 @@ struct UnitShard {
       master = make_buffer<M, StateSpace>(shard_size(), MemoryTag::optimizer_state, false);
       convert_across<StateSpace, Space>(master.span(), std::span<const T>(group->values().subspan(lo, shard_size())));
     }
-    if (!grad_in_full) grad = make_buffer<M, StateSpace>(shard_size(), MemoryTag::gradients, true);
+    if (!grad_in_full && !grad_narrow) grad = make_buffer<M, StateSpace>(shard_size(), MemoryTag::gradients, true);
     // Segments: the entries that overlap [lo, hi). Reserve first: the views point into these vectors.
     std::size_t count = 0;
     for (const auto& e : group->entries()) count += overlap(e).size() > 0;
@@ -199,9 +223,15 @@ struct UnitShard {
       layout.placements[shard_dim] = PlacementDesc::shard(0);
       grad_states.push_back(layout);
       const std::size_t at = std::size_t(r.begin - shard.begin), len = std::size_t(r.size());
-      segments.push_back(nn::ParamRef<M, N, StateSpace>{e.name, master.span().subspan(at, len), grad.span().subspan(at, len),
-                                                   layout, &grad_states.back(), &has_grad[grad_states.size() - 1],
-                                                   e.decay, this, at});
+      const auto grad_part = grad_narrow ? std::span<M>() : grad.span().subspan(at, len);
+      segments.push_back(nn::ParamRef<M, N, StateSpace>{e.name, master.span().subspan(at, len), grad_part, layout,
+                                                   &grad_states.back(), &has_grad[grad_states.size() - 1], e.decay,
+                                                   this, at});
+      if (grad_narrow) {
+        T* low = grad_low.data();  // null on meta: nothing is read
+        segments.back().narrow_grad = low ? low + at : low;
+        segments.back().narrow_dtype = dtype_of<T>;
+      }
     }
   }
   UnitShard(const UnitShard&) = delete;  // the segments point into this object
@@ -217,7 +247,10 @@ struct UnitShard {
   /// Bytes of the shard state this object holds (master values and gradient shard it owns:
   /// none where they live in the group's full buffers).
   std::size_t master_bytes() const { return master_in_values ? 0 : std::size_t(master.numel()) * sizeof(M); }
-  std::size_t grad_bytes() const { return grad_in_full ? 0 : std::size_t(grad.numel()) * sizeof(M); }
+  std::size_t grad_bytes() const {
+    if (grad_in_full) return 0;
+    return grad_narrow ? std::size_t(grad_low.numel()) * sizeof(T) : std::size_t(grad.numel()) * sizeof(M);
+  }
 
   /// Zeroes the full gradient buffer the shard lives in (grad_in_full): main_grad, or the group's.
   void zero_full_grads() {

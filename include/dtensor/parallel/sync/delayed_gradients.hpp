@@ -68,9 +68,9 @@ class DelayedGradients {
       slot.buf = Tensor<T, 1, Space>::uninitialized(Shape<1>{Extent(elements_)});
     }
     std::size_t off = 0;
-    for (const auto& p : params_) {
-      Space::copy(slot.buf.data() + off, p.grad.data(), p.grad.size_bytes());
-      off += p.grad.size();
+    for (const auto& p : params_) {  // a bf16 gradient shard (ParamRef::narrow_grad) widens into the slot
+      p.visit_grad([&](auto g) { parallel::detail::convert_flat<Space>(std::span<T>(slot.buf.data() + off, g.size()), g); });
+      off += p.grad_size();
     }
     slot.work = mesh_.group(dim).all_reduce_async(std::span<const T>(slot.buf.span()), slot.buf.span(), op);
     slots_.push_back(std::move(slot));
@@ -81,8 +81,8 @@ class DelayedGradients {
     oldest.work.wait();
     off = 0;
     for (auto& p : params_) {
-      Space::copy(p.grad.data(), oldest.buf.data() + off, p.grad.size_bytes());
-      off += p.grad.size();
+      p.visit_grad([&](auto g) { parallel::detail::convert_flat<Space>(g, std::span<T>(oldest.buf.data() + off, g.size())); });
+      off += p.grad_size();
       p.grad_state->placements[dim] = PlacementDesc::replicate();
       *p.has_grad = true;
     }

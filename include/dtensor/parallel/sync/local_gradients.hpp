@@ -30,7 +30,7 @@ std::size_t keep_local_gradients(nn::ParamList<T, N, Space>& ps, const Mesh& mes
     if (pl.op != ReduceOp::sum && pl.op != ReduceOp::avg)
       mesh.comm().fail("keep_local_gradients", detail::cat("gradient of ", p.name, " is ", to_string(*p.grad_state),
                                                            ": only Partial<sum> or Partial<avg> is a share of a mean"));
-    if (pl.op == ReduceOp::sum && n > 1) detail::scale<Space>(p.grad, double(n));
+    if (pl.op == ReduceOp::sum && n > 1) p.visit_grad([&](auto g) { detail::scale<Space>(g, double(n)); });
     pl = PlacementDesc::replicate();
     ++changed;
   }
