@@ -27,6 +27,13 @@ load average at the start and the end, and the sizes of both sides.
 Threads: dtensor runs R ranks (threads backend) with DTENSOR_BLAS_THREADS=OPENBLAS_NUM_THREADS=b per
 rank; PyTorch runs with torch.set_num_threads(t) and OMP_NUM_THREADS=MKL_NUM_THREADS=t.
 
+GEMM kernels: PyTorch's MKL/oneDNN pick their kernels for the CPU (AVX-512 where it has it). So that
+dtensor's OpenBLAS does the same, --blas-core auto (the default) removes an inherited
+OPENBLAS_CORETYPE from the trainer's environment (a machine that exports OPENBLAS_CORETYPE=Haswell
+runs the AVX2 kernels on an AVX-512 CPU: 30-38 % more CPU time per step, docs/benchmarks.md);
+--blas-core NAME sets it, --blas-core inherit keeps the environment's. The output names the kernel
+family OpenBLAS runs (openblas_get_corename of the trainer's libopenblas, in the trainer's environment).
+
 --smoke: 2 steps of every selected configuration, one run per side, no timing: the format and
 parameter-count checks only. Without torch for --python (CI installs only Debian packages) the
 PyTorch side is skipped, saying so, and the trainer's count is checked against twin_parameters.
@@ -194,6 +201,31 @@ def cpu_model():
         return "unknown"
 
 
+def trainer_env(base, blas_core):
+    """base with the trainer's OPENBLAS_CORETYPE as --blas-core asks."""
+    env = dict(base)
+    if blas_core == "auto":
+        env.pop("OPENBLAS_CORETYPE", None)
+    elif blas_core != "inherit":
+        env["OPENBLAS_CORETYPE"] = blas_core
+    return env
+
+
+def openblas_core(trainer, env):
+    """The kernel family the trainer's OpenBLAS runs in env ('?' when not found: not OpenBLAS, no ldd)."""
+    try:
+        libs = subprocess.run(["ldd", trainer], capture_output=True, text=True).stdout
+    except OSError:
+        return "?"
+    m = re.search(r"=>\s*(\S*openblas\S*)", libs)
+    if not m:
+        return "?"
+    probe = ("import ctypes, sys; l = ctypes.CDLL(sys.argv[1]); l.openblas_get_corename.restype = ctypes.c_char_p; "
+             "print(l.openblas_get_corename().decode())")
+    r = subprocess.run([sys.executable, "-c", probe, m.group(1)], capture_output=True, text=True, env=env)
+    return r.stdout.strip() or "?"
+
+
 def has_torch(python):
     return subprocess.run([python, "-c", "import torch"], capture_output=True).returncode == 0
 
@@ -212,6 +244,9 @@ def main():
     ap.add_argument("--dtensor-only", action="store_true", help="run the trainer only (its format and parameter count)")
     ap.add_argument("--trainer-flags", default="", help="more flags for train_gpt, after the explicit ones "
                     "(--trainer-flags='--arch llama' must fail: another model)")
+    ap.add_argument("--blas-core", default="auto",
+                    help="OPENBLAS_CORETYPE for the trainer: auto (default: unset, OpenBLAS picks for this CPU as MKL "
+                         "does for PyTorch), inherit (the environment's), or a name (Haswell, SkylakeX, ...)")
     ap.add_argument("--omp-passive", action="store_true",
                     help="run PyTorch with OMP_WAIT_POLICY=PASSIVE: on a machine loaded beyond its cores, OpenMP's "
                          "spinning threads otherwise collapse PyTorch's 2-thread runs")
@@ -232,6 +267,9 @@ def main():
     load_at_start = os.getloadavg()
     print(f"compare_torch: CPU {cpu_model()}, {os.cpu_count()} logical CPUs; load average (1, 5, 15 min) "
           f"%.2f %.2f %.2f; trainer {a.trainer}; twin {a.twin}" % load_at_start)
+    inherited = os.environ.get("OPENBLAS_CORETYPE")
+    print(f"compare_torch: dtensor's OpenBLAS runs its {openblas_core(a.trainer, trainer_env(os.environ, a.blas_core))} "
+          f"kernels (--blas-core {a.blas_core}; OPENBLAS_CORETYPE in this environment: {inherited or 'unset'})")
     rounds = 1 if a.smoke else a.rounds
     results = {}
     for name in a.only:
@@ -248,7 +286,7 @@ def main():
             pt = [a.python, a.twin, "--threads", str(tthreads)] + model_flags(m, n)
             return {"dtensor": dt, "torch": pt}
 
-        envs = {"dtensor": dict(os.environ, DTENSOR_BLAS_THREADS=str(blas), OPENBLAS_NUM_THREADS=str(blas),
+        envs = {"dtensor": dict(trainer_env(os.environ, a.blas_core), DTENSOR_BLAS_THREADS=str(blas), OPENBLAS_NUM_THREADS=str(blas),
                                 OMP_NUM_THREADS=str(blas)),
                 "torch": dict(os.environ, OMP_NUM_THREADS=str(tthreads), MKL_NUM_THREADS=str(tthreads))}
         if a.omp_passive:

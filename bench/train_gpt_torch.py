@@ -61,6 +61,8 @@ def main():
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--skip", type=int, default=3, help="warm-up steps left out of the summary's tokens/s")
+    ap.add_argument("--profile", action="store_true", help="torch.profiler over the steps after --skip: the per-op "
+                    "table (self CPU time, sorted) on stdout after the summary (docs/benchmarks.md's per-op breakdown)")
     a = ap.parse_args()
 
     import torch
@@ -127,7 +129,11 @@ def main():
     rng = MT19937_64(a.seed)
     offsets = torch.arange(a.seq)
     elapsed, counted = 0.0, 0
+    prof = None
     for step in range(1, a.steps + 1):
+        if a.profile and step == a.skip + 1:
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            prof.__enter__()
         starts = torch.tensor([rng() % (len(train) - a.seq - 1) for _ in range(a.batch)])
         ids = train[starts[:, None] + offsets]
         tgt = train[starts[:, None] + offsets + 1]
@@ -143,8 +149,13 @@ def main():
             counted += 1
         print(f"step {step:4d}/{a.steps}  loss {loss.item():.4f}  {a.batch * a.seq / dt:8.0f} tokens/s")
         sys.stdout.flush()
+    if prof is not None:
+        prof.__exit__(None, None, None)
     print(f"\nsummary: {a.steps} steps; final train loss {loss.item():.4f}; "
           f"{a.batch * a.seq * counted / max(elapsed, 1e-9):.0f} tokens/s")
+    if prof is not None:  # per step: divide the totals by the profiled steps
+        print(f"profiled steps: {counted}")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
 
 
 if __name__ == "__main__":

@@ -172,6 +172,58 @@ TEST_CASE("context attention (ring, all-gather, Ulysses) equals one-rank attenti
   }
 }
 
+TEST_CASE("one context rank: one kernel call, bit for bit the one-rank attention, no collective", "[cp]") {
+  // issue 32: with cp = 1 the pieces' slices, the merge with an empty block and the copies back
+  // are skipped; the result must be exactly kernels::attention's (the reference here)
+  using Mesh = DeviceMesh<"cp">;
+  for (Extent seq : {Extent(16), Extent(13), Extent(3)}) {
+    const auto ref = reference(seq, 300 + std::uint64_t(seq));
+    for (const auto& o : every_option) {
+      if (o.kind == ContextKind::ulysses) continue;  // its own path (heads over ranks), not the chunked one
+      INFO("T " << seq << ", " << name_of(o.kind) << (o.load_balanced ? " balanced" : ""));
+      auto f = on_ranks(1, [&](CommPtr world, auto report) {
+        Mesh mesh(world, {1});
+        const auto st = run_case<Layout<Shard<2>>>(mesh, ref, o, report);
+        if (st.fwd_send_recv + st.bwd_send_recv + st.fwd_a2a + st.bwd_a2a + st.fwd_ag + st.bwd_ag + st.bwd_rs + st.other)
+          report("a collective on a context group of one rank");
+        if (st.pairs != std::size_t(B * H * seq * (seq + 1) / 2)) report("pairs " + std::to_string(st.pairs));
+        const auto x = [&](const HostTensor<double, 4>& t) { return distribute_replicated<Layout<Shard<2>>>(mesh, t); };
+        auto [out, saved] = parallel::context_attention(x(ref.q), x(ref.k), x(ref.v), o);
+        auto g = parallel::context_attention_backward(x(ref.dout), x(ref.q), x(ref.k), x(ref.v), out, saved, o);
+        if (!equal(out.to_local(), ref.out) || !equal(g.dq.to_local(), ref.dq) || !equal(g.dk.to_local(), ref.dk) ||
+            !equal(g.dv.to_local(), ref.dv))
+          report("not bit for bit the one-rank kernel's out / dq / dk / dv");
+      });
+      INFO((f.empty() ? "" : f.front()));
+      REQUIRE(f.empty());
+    }
+  }
+  // shared KV heads (kv_repeat 2): one rank against the chunked ring of cp = 2
+  const auto ref = reference(13, 400);
+  const auto kv = [](const HostTensor<double, 4>& t) {  // the first H / 2 heads
+    auto h = HostTensor<double, 4>::uninitialized(Shape<4>{B, H / 2, t.extent(2), D});
+    copy_box(t, Shape<4>{}, h, Shape<4>{}, h.shape());
+    return h;
+  };
+  const auto k = kv(ref.k), v = kv(ref.v);
+  const auto run = [&](int cp) {
+    std::array<HostTensor<double, 4>, 4> r;
+    threads::run(cp, [&](CommPtr w) {
+      Mesh mesh(w, {cp});
+      const parallel::ContextAttentionOptions o{.kind = ContextKind::ring, .kv_repeat = 2};
+      const auto x = [&](const HostTensor<double, 4>& t) { return distribute_replicated<Layout<Shard<2>>>(mesh, t); };
+      auto [out, saved] = parallel::context_attention(x(ref.q), x(k), x(v), o);
+      auto g = parallel::context_attention_backward(x(ref.dout), x(ref.q), x(k), x(v), out, saved, o);
+      std::array<HostTensor<double, 4>, 4> mine{full_tensor(out), full_tensor(g.dq), full_tensor(g.dk), full_tensor(g.dv)};
+      if (w->rank() == 0) r = std::move(mine);
+    });
+    return r;
+  };
+  const auto one = run(1), two = run(2);
+  const char* names[] = {"kv_repeat 2: out", "kv_repeat 2: dq", "kv_repeat 2: dk", "kv_repeat 2: dv"};
+  for (std::size_t i = 0; i < 4; ++i) CHECK(differs(names[i], one[i], two[i]).empty());
+}
+
 TEST_CASE("context attention composes with data and tensor parallelism (2-D and 3-D meshes)", "[cp]") {
   const auto ref = reference(11, 7);
   for (const auto& o : every_option) {

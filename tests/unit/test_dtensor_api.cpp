@@ -124,3 +124,39 @@ TEST_CASE("run-time layouts use the same planner", "[plan]") {
   CHECK_THROWS_WITH(plan_redistribution(Layout<Shard<0>>::desc, Layout<Partial<ReduceOp::avg>>::desc),
                     Catch::Contains("Shard to Partial<avg>"));
 }
+
+TEST_CASE("redistribute of a temporary reuses its storage where no step runs, else equals redistribute(const&)",
+          "[redistribute][move]") {
+  // issue 32: a Linear's exit redistributed its output to the layout it already had, a copy per call
+  auto f = on_ranks(4, [](CommPtr world, auto report) {
+    Mesh2 mesh(world, {1, 4});  // dp has one rank: a step on it runs nothing
+    const auto full = arange<double>(Shape<2>{7, 5});  // 5 columns over 4 ranks: uneven
+    using S = Layout<Shard<0>, Shard<1>>;
+    auto x = distribute<S>(mesh, full);
+    // the same layout: the plan is empty
+    auto a = x;
+    const double* storage = a.to_local().data();
+    auto same = redistribute<S>(std::move(a));
+    if (same.to_local().data() != storage) report("same layout: the result is a copy, not the temporary's storage");
+    if (!equal(same.to_local(), x.to_local())) report("same layout: values changed");
+    // Shard -> Replicate on the one-rank dimension: a plan step that runs nothing
+    auto b = x;
+    storage = b.to_local().data();
+    CommLog log;
+    auto dp_replicated = redistribute<Layout<Replicate, Shard<1>>>(std::move(b));
+    if (dp_replicated.to_local().data() != storage) report("one-rank step: the result is a copy");
+    if (log.count(K::all_gather) != 0) report("one-rank step issued an all-gather");
+    if (!equal(full_tensor(dp_replicated), full)) report("one-rank step: full_tensor differs");
+    // a step that runs (all-gather on tp): the same result and collectives as from a const&
+    auto c = x;
+    log.clear();
+    auto moved = redistribute<Layout<Shard<0>, Replicate>>(std::move(c));  // dp's Shard<0> of one rank: all rows
+    const auto n_moved = log.count(K::all_gather);
+    log.clear();
+    auto copied = redistribute<Layout<Shard<0>, Replicate>>(x);
+    if (n_moved != 1 || log.count(K::all_gather) != 1) report("all_gather count " + std::to_string(n_moved));
+    if (!equal(moved.to_local(), full) || !equal(copied.to_local(), full)) report("all-gathered values differ");
+  });
+  INFO(summary(f));
+  CHECK(f.empty());
+}

@@ -87,12 +87,12 @@ class Linear {
     Saved s{redistribute<ComputeL>(x)};  // entry
     auto y = ops::matmul<false, true>(s.x, weight_.value());
     if constexpr (Style::bias_after_exit) {
-      auto z = redistribute<OutL>(y);  // exit
+      auto z = redistribute<OutL>(std::move(y));  // exit: y's storage where no step runs
       if (!bias_.defined()) return {std::move(z), std::move(s)};
       return {same_layout(ops::bias_add(z, bias_.value())), std::move(s)};
     } else {
       if (bias_.defined()) return {redistribute<OutL>(same_layout(ops::bias_add(y, bias_.value()))), std::move(s)};
-      return {redistribute<OutL>(y), std::move(s)};  // exit
+      return {redistribute<OutL>(std::move(y)), std::move(s)};  // exit
     }
   }
 

@@ -326,6 +326,16 @@ ContextAttentionResult<Q> context_attention(const Q& q, const K& k, const V& v, 
     return {ops::detail::make<T, 4, typename Q::layout>(q.mesh(), global, std::move(out)), std::move(saved)};
   }
 
+  if (n == 1) {  // one context rank holds the whole sequence in original order: one kernel call, no pieces
+    // (the chunked path would copy q into a piece, merge the result with an empty block and copy it
+    // back: the same values, bit for bit, at the cost of three copies of the output; issue 32)
+    auto f = o.kv_repeat > 1 ? kernels::attention(q.to_local(), detail::repeated_heads(k.to_local(), o),
+                                                  detail::repeated_heads(v.to_local(), o), opts)
+                             : kernels::attention(q.to_local(), k.to_local(), v.to_local(), opts);  // no copy of k, v
+    saved.pairs = std::size_t(kernels::visible_pairs(opts, seq, seq) * q.to_local().extent(0) * q.to_local().extent(1));
+    saved.lse = std::move(f.lse);
+    return {ops::detail::make<T, 4, typename Q::layout>(q.mesh(), global, std::move(f.out)), std::move(saved)};
+  }
   kernels::ChunkedAttention<T, Space> acc(q.to_local(), context_pieces(seq, n, r, o.load_balanced), v.extent(3), opts);
   const auto add_chunk = [&](const Tensor<T, 4, Space>& kc, const Tensor<T, 4, Space>& vc, const auto& pieces) {
     if (o.kv_repeat > 1) acc.add_chunk(detail::repeated_heads(kc, o), detail::repeated_heads(vc, o), pieces);
@@ -391,6 +401,18 @@ ops::AttentionGrads<Q> context_attention_backward(const DO& dout, const Q& q, co
   if (saved.lse.shape() != Shape<3>{q.to_local().extent(0), q.to_local().extent(1), q.to_local().extent(2)})
     comm.fail("context_attention_backward", dtensor::detail::cat("saved lse ", to_string(saved.lse.shape()),
                                                                  ": not this forward's (options differ?)"));
+  if (n == 1) {  // one context rank: one kernel call, as in the forward
+    if (o.kv_repeat == 1) {
+      auto g = kernels::attention_backward(q.to_local(), k.to_local(), v.to_local(), out.to_local(), saved.lse,
+                                           dout.to_local(), opts);
+      return {make(std::move(g.dq), q.shape()), make(std::move(g.dk), k.shape()), make(std::move(g.dv), v.shape())};
+    }
+    auto g = kernels::attention_backward(q.to_local(), detail::repeated_heads(k.to_local(), o),
+                                         detail::repeated_heads(v.to_local(), o), out.to_local(), saved.lse,
+                                         dout.to_local(), opts);
+    return {make(std::move(g.dq), q.shape()), make(detail::summed_heads(g.dk, o), k.shape()),
+            make(detail::summed_heads(g.dv, o), v.shape())};
+  }
   kernels::ChunkedAttentionBackward<T, Space> bwd(q.to_local(), out.to_local(), saved.lse, dout.to_local(),
                                                  context_pieces(seq, n, r, o.load_balanced), opts);
   // One chunk's {dk, dv} in its KV heads (summed over the query heads each one served).
