@@ -79,7 +79,8 @@ def cases(build, tmp):
                 # such a run must still end well (ok or clear), never silent/hang/crash.
                 # In range: 0 for a few flags, 2^31 for the 64-bit seed. Such a run must end well (ok).
                 in_range = (v == "0" and f in ("--seed", "--staleness", "--clients", "--experts")) or \
-                    (v == "0" and p == "plan_at_scale" and f == "--zero") or (v == "2147483648" and f == "--seed")
+                    (v == "0" and p == "plan_at_scale" and f == "--zero") or (v == "2147483648" and f == "--seed") or \
+                    (f == "--capacity" and v in ("2147483648", "1e300", "99999999999999999999999"))  # = dropless
                 # The MoE flags act only with experts: give them some, so that the value is used.
                 moe = ["--experts", "4"] if p == "train_gpt" and f in ("--topk", "--capacity", "--moe-every") else []
                 out.append(Case(f"{p} {f} '{v}'", [prog] + base + moe + [f, v], re.escape(f), valid=in_range))
