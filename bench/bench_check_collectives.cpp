@@ -8,7 +8,7 @@
 //   1  the always-on check alone, every build's default (a running hash compared every 16 calls)
 //   2  the full check (debug builds and tests: one fingerprint all-gather before every call)
 //   all_reduce    world->all_reduce of 16 floats (latency-bound: the worst case, the check is
-//                 one more all-gather of a 128-byte record per rank)
+//                 one more all-gather of a 152-byte record per rank)
 //   redistribute  full_tensor of a Shard<0> 64 x 16 float tensor (4 KiB) on a 1-D mesh: the
 //                 check adds the redistribution's fingerprint and the all_gather's
 // Each benchmark runs one threads::run; rank 0's wall time over the loop (between barriers)

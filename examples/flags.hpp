@@ -11,13 +11,17 @@
 // UsageError that names the flag and quotes the value.
 #pragma once
 
+#include <unistd.h>
+
 #include <concepts>
+#include <filesystem>
 #include <limits>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 
 #include "dtensor/comm/threads.hpp"
+#include "dtensor/core/error.hpp"
 #include "dtensor/core/parse.hpp"
 #include "dtensor/nn/context_options.hpp"
 
@@ -44,11 +48,35 @@ T flag_value(const std::string& flag, const std::string& text, T lo, T hi = std:
   return *v;
 }
 
-/// The value of a flag that must be a finite number > 0.
-inline double positive_flag_value(const std::string& flag, const std::string& text) {
+/// The value of a flag that must be a finite number > 0 and at most `hi` (a bound the flag's
+/// user enforces anyway, checked here so that the error names the flag, not the library call).
+inline double positive_flag_value(const std::string& flag, const std::string& text,
+                                  double hi = std::numeric_limits<double>::max()) {
   const auto v = dtensor::parse_number(text);
   if (!v || !(*v > 0)) throw UsageError(flag + " expects a positive number, got '" + text + "'");
+  if (*v > hi) throw UsageError(flag + " " + text + " is out of range (0, " + dtensor::detail::cat(hi) + "]");
   return *v;
+}
+
+/// The value of a flag, which must not be empty: `--trace ""` (an unset shell variable) would
+/// otherwise mean "no trace" and the run would silently skip what was asked for.
+inline std::string nonempty_flag_value(const std::string& flag, const std::string& text) {
+  if (text.empty()) throw UsageError(flag + " needs a value, got ''");
+  return text;
+}
+
+/// A file the program writes after its run (a trace, a plot): checked before the run, so that
+/// a bad path fails at once naming the flag instead of after minutes of work (or, written by one
+/// rank at the end, as an error that names neither the flag nor the file's problem).
+inline void check_output_file(const std::string& flag, const std::string& file) {
+  if (file.empty()) return;
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(file, ec)) throw UsageError(flag + " " + file + " is a directory, not a file");
+  const fs::path dir = fs::absolute(file, ec).parent_path();
+  if (!fs::is_directory(dir, ec))
+    throw UsageError(flag + " " + file + ": the directory " + dir.string() + " does not exist");
+  if (::access(dir.c_str(), W_OK) != 0) throw UsageError(flag + " " + file + ": cannot write into " + dir.string());
 }
 
 /// A mesh dimension's size: 1 to the most ranks the threads backend runs.

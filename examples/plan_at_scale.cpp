@@ -94,7 +94,7 @@ Options parse(int argc, char** argv) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
       if (i + 1 >= argc) throw UsageError(a + " needs a value");
-      return argv[++i];
+      return examples::nonempty_flag_value(a, argv[++i]);  // "" is no value (flags.hpp)
     };
     if (a == "--layers") m.layers = flag_value<Extent>(a, value(), 1);
     else if (a == "--dim") m.dim = flag_value<Extent>(a, value(), 1);
@@ -170,12 +170,7 @@ Options parse(int argc, char** argv) {
   if (o.llama && o.plan.has_experts()) throw UsageError("--arch llama with --experts: MoE blocks are GPT blocks");
   // Before the dry run (which may take a while): the trace's directory must exist (the trace is
   // written after it, checked again then), and the plan must be one (the GPU count fits an int).
-  if (!o.trace.empty()) {
-    std::error_code ec;
-    const auto dir = std::filesystem::absolute(o.trace).parent_path();
-    if (!std::filesystem::is_directory(dir, ec))
-      throw UsageError("--trace " + o.trace + ": the directory " + dir.string() + " does not exist");
-  }
+  examples::check_output_file("--trace", o.trace);  // a directory, a missing or unwritable one (flags.hpp)
   sim::check_plan(o.plan);
   return o;
 }

@@ -298,6 +298,8 @@ inline void check_options(Options& o, bool cuda_build) {
                      str(data_ranks) + " data ranks (--dp x --fsdp) without a sequence");
   check_architecture(o);
   check_checkpoints(o);
+  examples::check_output_file("--trace", o.trace);  // before training, not after it
+  examples::check_output_file("--plot", o.plot);
   check_sync(o);
   check_interop(o);
   check_offload(o);
@@ -308,6 +310,8 @@ inline void check_options(Options& o, bool cuda_build) {
     return;
   }
   if (o.topk > o.experts) throw UsageError("--topk " + str(o.topk) + " exceeds --experts " + str(o.experts));
+  if (o.moe_every > o.layers)  // no block would be a MoE: a dense model under a MoE banner
+    throw UsageError("--moe-every " + str(o.moe_every) + " exceeds --layers " + str(o.layers) + ": no block would have experts");
   // The experts' ranks factor the ranks that split the tokens: data x context.
   if (data_ranks * o.cp % o.ep != 0)
     throw UsageError("--ep " + str(o.ep) + " does not divide the token ranks --dp x --fsdp x --cp = " + str(data_ranks * o.cp));
@@ -328,7 +332,7 @@ inline Options parse(int argc, char** argv, bool cuda_build) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
       if (i + 1 >= argc) throw UsageError(a + " needs a value");
-      return argv[++i];
+      return examples::nonempty_flag_value(a, argv[++i]);  // "" is no value (flags.hpp)
     };
     if (examples::parse_mesh_flag(o, a, value)) continue;  // examples/flags.hpp
     if (a == "--layers") o.layers = flag_value<Extent>(a, value(), 1);
@@ -343,7 +347,7 @@ inline Options parse(int argc, char** argv, bool cuda_build) {
     else if (a == "--moe-every") o.moe_every = flag_value<Extent>(a, value(), 1);
     else if (a == "--steps") o.steps = flag_value<int>(a, value(), 1);
     else if (a == "--eval-every") o.eval_every = flag_value<int>(a, value(), 1);
-    else if (a == "--lr") o.lr = examples::positive_flag_value(a, value());
+    else if (a == "--lr") o.lr = examples::positive_flag_value(a, value(), 1e6);  // AdamW's bound
     else if (a == "--seed") o.seed = flag_value<std::uint64_t>(a, value(), 0);
     else if (a == "--check-finite") o.check_finite = true;
     else if (a == "--data") o.data = value();
@@ -414,7 +418,7 @@ inline std::string read_text(const std::string& file) {
     // An ifstream opens a directory and reads nothing: say so instead of training on no text.
     if (std::filesystem::is_directory(p)) throw std::runtime_error("--data " + p.string() + " is a directory, not a text file");
     std::ifstream in(p, std::ios::binary);
-    if (!in) throw std::runtime_error("cannot read " + p.string());
+    if (!in) throw std::runtime_error("--data: cannot read " + p.string());
     std::ostringstream s;
     s << in.rdbuf();
     text += s.str();
@@ -451,7 +455,7 @@ inline Corpus encode(const std::string& text, Extent seq) {
   for (std::size_t i = 0; i < text.size(); ++i)
     (i < split ? c.train : c.val).push_back(std::int32_t(id[static_cast<unsigned char>(text[i])]));
   if (c.train.size() <= std::size_t(seq) + 1 || c.val.size() <= std::size_t(seq) + 1)
-    throw std::runtime_error("the text (" + str((long long)text.size()) + " characters) is too short for --seq " + str(seq));
+    throw std::runtime_error("the text (--data, " + str((long long)text.size()) + " characters) is too short for --seq " + str(seq));
   return c;
 }
 
@@ -1027,17 +1031,22 @@ inline void check_memory_estimate(const Options& o, const Corpus& corpus) {
   const long double moe_layers = o.experts > 0 ? (long double)(o.layers / o.moe_every) : 0.0L;
   const long double params = (long double)o.layers * 4.0L * d * d + ((long double)o.layers - moe_layers) * 2.0L * d * ffn +
                              moe_layers * experts * 2.0L * d * ffn + ((long double)corpus.chars.size() + (long double)o.seq) * d;
-  const long double bytes = params * 16.0L / (o.backend == "mpi" ? (long double)o.ranks() : 1.0L);
+  // And one step's activations: at least one float per token and model dimension, for the whole
+  // batch (--batch 2147483648 allocated for minutes before this was counted).
+  const long double activations = (long double)o.batch * (long double)o.seq * d;
+  const long double bytes = (params * 16.0L + activations * 4.0L) / (o.backend == "mpi" ? (long double)o.ranks() : 1.0L);
   long double limit = (long double)sysconf(_SC_PHYS_PAGES) * (long double)sysconf(_SC_PAGESIZE);
   const char* what = "the machine's memory";
   if (rlimit r{}; getrlimit(RLIMIT_AS, &r) == 0 && r.rlim_cur != RLIM_INFINITY && (long double)r.rlim_cur < limit)
     limit = (long double)r.rlim_cur, what = "this process's address-space limit (ulimit -v)";
   if (limit <= 0 || bytes <= limit) return;
-  char text[320];
+  char text[512];
   std::snprintf(text, sizeof text,
-                "the model has about %.3Lg parameters (--layers %lld, --dim %lld%s): their values, gradients and AdamW "
-                "moments need at least %.3Lg GiB %s, more than %s (%.3Lg GiB); nothing was allocated",
-                params, (long long)o.layers, (long long)o.dim, o.experts > 0 ? ", --experts" : "",
+                "the model has about %.3Lg parameters (--layers %lld, --dim %lld%s) and a step %.3Lg activations (--batch "
+                "%lld x --seq %lld x --dim): their values, gradients, AdamW moments and one activation per token "
+                "need at least %.3Lg GiB %s, more than %s (%.3Lg GiB); nothing was allocated",
+                params, (long long)o.layers, (long long)o.dim, o.experts > 0 ? ", --experts" : "", activations,
+                (long long)o.batch, (long long)o.seq,
                 bytes / (1024.0L * 1024 * 1024), o.backend == "mpi" ? "per process" : "in this process", what,
                 limit / (1024.0L * 1024 * 1024));
   throw std::runtime_error(text);

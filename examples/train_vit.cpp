@@ -140,7 +140,7 @@ Options parse(int argc, char** argv) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
       if (i + 1 >= argc) throw UsageError(a + " needs a value");
-      return argv[++i];
+      return examples::nonempty_flag_value(a, argv[++i]);  // "" is no value (flags.hpp)
     };
     if (examples::parse_mesh_flag(o, a, value)) continue;
     if (a == "--layers") o.layers = flag_value<Extent>(a, value(), 1);
@@ -155,7 +155,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--moe-every") o.moe_every = flag_value<Extent>(a, value(), 1);
     else if (a == "--steps") o.steps = flag_value<int>(a, value(), 1);
     else if (a == "--eval-every") o.eval_every = flag_value<int>(a, value(), 1);
-    else if (a == "--lr") o.lr = examples::positive_flag_value(a, value());
+    else if (a == "--lr") o.lr = examples::positive_flag_value(a, value(), 1e6);  // AdamW's bound
     else if (a == "--seed") o.seed = flag_value<std::uint64_t>(a, value(), 0);
     else if (a == "--backend") {
       o.backend = value();

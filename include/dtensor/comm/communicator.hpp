@@ -40,6 +40,8 @@
 #include "dtensor/comm/work.hpp"
 #include "dtensor/core/dtype.hpp"
 #include "dtensor/core/error.hpp"
+#include "dtensor/core/shape.hpp"
+#include "dtensor/placement/layout.hpp"
 
 namespace dtensor {
 
@@ -49,12 +51,15 @@ using CommPtr = std::shared_ptr<Communicator>;
 namespace detail {
 /// What ranks compare when set_check_collectives(true) is on. Before a collective: the op, the
 /// element type and count (hence the bytes), the reduction and the root. Before an operation
-/// of the layers above (check_agreement: a redistribution's layouts, global extents and element
-/// type): a hash of its description, whose first characters show in the message. One record
-/// type for both, of one size, so that a rank in one check and a rank in the other still
-/// exchange equal byte counts (what MPI needs) and see that they differ.
+/// of the layers above (check_agreement): for a redistribution, its element type, global
+/// extents, mesh shape and layouts as numbers (of_redistribution: packed into `text`, hashed
+/// word by word, formatted only when a comparison fails); for anything else, a hash of its
+/// description, whose first characters show in the message. One record type for all, of one
+/// size, so that a rank in one check and a rank in the other still exchange equal byte counts
+/// (what MPI needs) and see that they differ.
 struct Fingerprint {
-  static constexpr std::uint8_t agreement = 0xff;  // `kind` of a check_agreement record
+  static constexpr std::uint8_t agreement = 0xff;       // `kind` of a check_agreement record (text)
+  static constexpr std::uint8_t redistribution = 0xfe;  // `kind` of a redistribution's (numbers)
 
   std::uint8_t kind = 0;
   std::uint8_t dtype = 0;
@@ -65,7 +70,7 @@ struct Fingerprint {
   std::uint64_t hash = 0;
   std::int32_t world_rank = -1;  // who sent it, for the message only
   std::uint32_t length = 0;
-  char text[96] = {};
+  char text[120] = {};
 
   static Fingerprint of_collective(CollectiveKind k, DType t, ReduceOp op, std::size_t count, int root) {
     Fingerprint f;
@@ -85,17 +90,95 @@ struct Fingerprint {
     std::memcpy(f.text, what.data(), f.length);
     return f;
   }
+  /// A redistribution's fingerprint, built from numbers alone: the always-on check makes one
+  /// per redistribution that communicates, so no text is formatted here (formatting the
+  /// description was most of the check's own cost, docs/errors.md). `text` holds the element
+  /// type, rank R, mesh rank N, the R extents (int64), the N mesh extents (int32), then per mesh
+  /// dimension of the source and then the target layout: placement kind, tensor dimension,
+  /// reduction, split priority (a byte each). The hash covers all of it, fitting or not.
+  template <std::size_t R, std::size_t N>
+  static Fingerprint of_redistribution(DType t, const Shape<R>& global, const std::array<int, N>& mesh,
+                                       const LayoutDesc<N>& from, const LayoutDesc<N>& to) {
+    std::array<std::uint8_t, redistribution_bytes(R, N)> b{};
+    b[0] = std::uint8_t(t);
+    b[1] = std::uint8_t(R);
+    b[2] = std::uint8_t(N);
+    std::size_t at = 3;
+    for (Extent e : global) at = put(b.data(), at, e);
+    for (int m : mesh) at = put(b.data(), at, std::int32_t(m));
+    for (const LayoutDesc<N>* l : {&from, &to})
+      for (std::size_t i = 0; i < N; ++i) {
+        const PlacementDesc& p = l->placements[i];
+        b[at++] = std::uint8_t(p.kind);
+        b[at++] = std::uint8_t(std::int8_t(p.dim));
+        b[at++] = std::uint8_t(p.op);
+        b[at++] = std::uint8_t(std::int8_t(l->priority[i]));
+      }
+    Fingerprint f;
+    f.kind = redistribution;
+    f.dtype = std::uint8_t(t);
+    f.count = R;
+    f.hash = 14695981039346656037ull;
+    for (std::size_t i = 0; i < b.size(); i += 8) {  // eight bytes a step
+      std::uint64_t w = 0;
+      std::memcpy(&w, b.data() + i, std::min<std::size_t>(8, b.size() - i));
+      f.hash = (f.hash ^ w) * 1099511628211ull + 0x9e3779b97f4a7c15ull;
+    }
+    f.length = std::uint32_t(b.size());
+    std::memcpy(f.text, b.data(), std::min(b.size(), sizeof f.text));
+    return f;
+  }
+  static constexpr std::size_t redistribution_bytes(std::size_t r, std::size_t n) { return 3 + 8 * r + 4 * n + 8 * n; }
+  template <class V>
+  static std::size_t put(std::uint8_t* b, std::size_t at, V v) {
+    std::memcpy(b + at, &v, sizeof v);
+    return at + sizeof v;
+  }
+
   bool same_call(const Fingerprint& o) const {
     return kind == o.kind && dtype == o.dtype && op == o.op && root == o.root && count == o.count && hash == o.hash;
   }
   /// "all_reduce(16 x float32, sum)", or the agreement's description.
   std::string describe() const {
     if (kind == agreement) return std::string(text, length) + (length == sizeof text ? "..." : "");
+    if (kind == redistribution) return describe_redistribution();
     std::string s = cat(name_of(CollectiveKind(kind)), "(", count, " x ", name_of(DType(dtype)));
     if (CollectiveKind(kind) == CollectiveKind::all_reduce || CollectiveKind(kind) == CollectiveKind::reduce_scatter)
       s += cat(", ", name_of(ReduceOp(op)));
     if (root >= 0) s += cat(", root ", root);
     return s + ")";
+  }
+  /// "float32 [4, 4] on mesh [2, 2]: (S(0), R) -> (R, R)" from of_redistribution's numbers.
+  std::string describe_redistribution() const {
+    const auto* b = reinterpret_cast<const std::uint8_t*>(text);
+    const std::size_t r = b[1], n = b[2];
+    if (length != redistribution_bytes(r, n) || length > sizeof text)
+      return cat("a redistribution of ", name_of(DType(dtype)), " (", length,
+                 " bytes of description, more than a fingerprint holds; compared in full)");
+    std::size_t at = 3;
+    std::string s = cat(name_of(DType(b[0])), " [");
+    for (std::size_t i = 0; i < r; ++i, at += 8) {
+      Extent e;
+      std::memcpy(&e, b + at, 8);
+      s += cat(i ? ", " : "", e);
+    }
+    s += "] on mesh [";
+    for (std::size_t i = 0; i < n; ++i, at += 4) {
+      std::int32_t m;
+      std::memcpy(&m, b + at, 4);
+      s += cat(i ? ", " : "", m);
+    }
+    s += "]: ";
+    std::vector<PlacementDesc> p(n);
+    std::vector<int> priority(n);
+    for (int side = 0; side < 2; ++side) {
+      for (std::size_t i = 0; i < n; ++i, at += 4) {
+        p[i] = {PlacementKind(b[at]), int(std::int8_t(b[at + 1])), ReduceOp(b[at + 2])};
+        priority[i] = int(std::int8_t(b[at + 3]));
+      }
+      s += layout_string(p, priority) + (side == 0 ? " -> " : "");
+    }
+    return s;
   }
   /// Folds this record into a running hash of a communicator's calls (the always-on check).
   std::uint64_t folded_into(std::uint64_t h) const {
@@ -205,6 +288,12 @@ class Communicator {
   }
   /// Whether check_agreement looks at its description (callers skip building it otherwise).
   bool checks_agreement() const noexcept { return check_ || verify_every_ > 0; }
+  /// check_agreement with a fingerprint built from numbers (Fingerprint::of_redistribution):
+  /// nothing is formatted unless the ranks differ.
+  void check_agreement(std::string_view op, const detail::Fingerprint& f) {
+    if (check_) check_fingerprints(f, op, "ranks disagree (collective check):");
+    else if (verifying()) fold(f, op);
+  }
 
   // ---------------------------------------------------------------- group management
   /// Ranks with the same color form a new communicator, ordered by key (then by rank).

@@ -8,7 +8,7 @@
 // size that silently mix unrelated elements. With the communicator's check switch on
 // (Communicator::check_collectives: on in debug builds and in the test suite), every rank of
 // the mesh compares a fingerprint of (element type, global extents, mesh shape, source layout,
-// target layout) first, and all of them throw, one line per rank, if any differs.
+// target layout; numbers, Fingerprint::of_redistribution) first, and all of them throw, one line per rank, if any differs.
 //
 // Only a redistribution that communicates is checked: one that needs no collective stays free
 // of communication (a rank may call it alone). A rank that skips such a check while the others
@@ -36,8 +36,11 @@ template <LayoutType To, Element T, std::size_t R, class Mesh, class From, class
 void check_redistribution_agreement(const DTensor<T, R, Mesh, From, Space>& x) {
   if constexpr (plan_redistribution(From::desc, To::desc).collectives() > 0) {
     Communicator& comm = x.mesh().comm();
+    // Numbers, not describe_redistribution's text: formatting it on every redistribution was
+    // most of the always-on check's own cost (docs/errors.md); it is formatted on a mismatch.
     if (comm.checks_agreement())
-      comm.check_agreement("redistribute", describe_redistribution<From, To, T>(x.shape(), x.mesh().shape()));
+      comm.check_agreement("redistribute", detail::Fingerprint::of_redistribution(dtype_of<T>, x.shape(), x.mesh().shape(),
+                                                                                 From::desc, To::desc));
   }
 }
 

@@ -14,6 +14,7 @@
 
 #include <array>
 #include <cstddef>
+#include <span>
 #include <string>
 
 #include "dtensor/core/shape.hpp"
@@ -73,22 +74,32 @@ struct LayoutDesc {
   }
 };
 
-template <std::size_t N>
-std::string to_string(const LayoutDesc<N>& l) {
+namespace detail {
+/// to_string of a layout held as spans: the one formatting for a LayoutDesc<N> and for a layout
+/// whose mesh rank is known only at run time (the collective check decodes fingerprints with it).
+inline std::string layout_string(std::span<const PlacementDesc> placements, std::span<const int> priority) {
+  const std::size_t n = placements.size();
   std::string s = "(";
-  for (std::size_t i = 0; i < N; ++i) {
+  for (std::size_t i = 0; i < n; ++i) {
     if (i) s += ", ";
-    s += to_string(l.placements[i]);
+    s += to_string(placements[i]);
   }
-  // Say the split order only where it differs from left to right.
-  for (std::size_t i = 0; i < N; ++i)
-    for (std::size_t j = i + 1; j < N; ++j)
-      if (l.placements[i].is_shard() && l.placements[i] == l.placements[j] && l.splits_before(j, i)) {
+  // Say the split order only where it differs from left to right (LayoutDesc::splits_before(j, i)).
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::size_t j = i + 1; j < n; ++j)
+      if (placements[i].is_shard() && placements[i] == placements[j] &&
+          (priority[j] < priority[i] || (priority[j] == priority[i] && j < i))) {
         s += " order [";
-        for (std::size_t k = 0; k < N; ++k) s += (k ? ", " : "") + std::to_string(l.priority[k]);
+        for (std::size_t k = 0; k < n; ++k) s += (k ? ", " : "") + std::to_string(priority[k]);
         return s + "])";
       }
   return s + ")";
+}
+}  // namespace detail
+
+template <std::size_t N>
+std::string to_string(const LayoutDesc<N>& l) {
+  return detail::layout_string(l.placements, l.priority);
 }
 
 /// Mesh dimensions in the order they split a tensor dimension they share.
