@@ -243,10 +243,12 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
     const double values = p.zero == 3 ? 0 : 2, full_grads = p.zero == 1 ? 2 : 0, shard = p.zero == 1 ? 12 : 16;
     a.model_states = rank_params * (values + full_grads + shard / d) + (p.zero >= 2 ? 2 * rank_params / layers_per_rank : 0);
   }
-  const double saved_layer = p.recompute ? e * n * h / (p.sp ? t : 1)
-                                         : (p.sp ? n * h * (4 + 30 / t) : n * h * (8 + 26 / t)) * (e / 2);  // GPT's terms (Llama's too)
+  // GPT's terms (Llama's too; docs/dry-run.md, Korthikanti Table 2): under SP every saved value is
+  // this rank's 1/t, the column-wise Linears' inputs included (nn/linear.hpp).
+  const double block_saved = (p.sp ? n * h * 34 / t : n * h * (8 + 26 / t)) * (e / 2);
+  const double saved_layer = p.recompute ? e * n * h / (p.sp ? t : 1) : block_saved;
   const double in_flight = p.pp == 1 ? 1 : std::min(double(mb) * v, double(p.pp) * v + (v > 1 ? p.pp : 0));
-  const double recompute_peak = p.recompute ? n * h * (4 + 30 / t) * (e / 2) : 0;
+  const double recompute_peak = p.recompute ? block_saved : 0;
   a.activations = saved_layer * layers_per_rank * in_flight / v + recompute_peak;
   a.logits = 4 * n * double(m.vocab) / t;
   a.memory_bytes = a.model_states + a.activations + a.logits;
