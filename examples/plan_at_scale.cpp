@@ -10,6 +10,7 @@
 //                 --dtype bf16 --trace step.json           # Llama-3-405B's plan
 //   plan_at_scale --zero 3 --dp 64 --tp 1 --pp 1 ...       # FSDP (ZeRO-3) on 64 GPUs; --hsdp R
 //   plan_at_scale ... --seq 131072 --dp 8 --cp 16 --zero 1 --checkpoint   # Llama 3's long-context plan
+//   plan_at_scale ... --recompute selective        # or full (= --checkpoint), or a list: core_attn,norm,act,mlp
 //
 // What runs: one micro-batch through each pipeline rank's stages (first, middle and last stages,
 // uneven layer splits: one class each; --zero 1|2|3: FSDP inside the stages, fp32 master), or,

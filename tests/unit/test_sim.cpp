@@ -326,6 +326,50 @@ TEST_CASE("sim: on 8 ranks the dry run's ledger peaks and CommLog equal a real t
   }
 }
 
+TEST_CASE("sim: a TP + SP block, with each recomputation, holds and sends on threads what its dry run says",
+          "[sim][report][recompute]") {
+  // The activation accounting of nn/linear.hpp (the saved SP shard, re-gathered) and of per-module
+  // recomputation is the real modules' own: the host run's ledger and CommLog per phase equal
+  // the meta run's on every rank. 11 positions over tp 2 (6, 5): uneven.
+  constexpr int tp = 2;
+  for (const char* list : {"none", "selective", "norm", "act", "mlp", "norm,act", "full"}) {
+    const auto r = nn::Recompute::parse(list);
+    auto step = [&]<class Mesh>(const Mesh& mesh, sim::Recorder& rec) {
+      using Block = nn::Checkpointed<nn::TransformerBlock<float, Mesh, parallel::MegatronPlan<true>>>;
+      nn::BlockConfig c{.dim = 16, .heads = 4, .seq = 11};
+      c.recompute = r;
+      rec.phase("build");
+      Block blk(r.full, "h.0", mesh, c, 1);
+      const auto x = distribute_replicated<typename Block::In::layout>(
+          mesh, Tensor<float, 3, mesh_space_t<Mesh>>(Shape<3>{3, 11, 16}));
+      rec.phase("forward");
+      auto [y, saved] = blk.forward(x);
+      rec.phase("backward");
+      auto [dx, w] = blk.backward_input(std::move(saved), y);
+      blk.backward_weight(std::move(w));
+    };
+    std::vector<std::string> real(tp);
+    std::mutex m;
+    threads::run(tp, [&](CommPtr world) {
+      DeviceMesh<"tp"> mesh(world, {tp});
+      sim::Recorder rec("host");
+      step(mesh, rec);
+      auto text = memory_and_traffic(rec.finish("real"));
+      std::lock_guard lock(m);
+      real[std::size_t(world->rank())] = std::move(text);
+    });
+    std::vector<sim::RankClass<1>> every_rank{{{0}, 1}, {{1}, 1}};
+    const auto dry = sim::dry_run<1>({tp}, every_rank, [&](CommPtr world, sim::Recorder& rec) {
+      step(MetaMesh<"tp">(world, {tp}), rec);
+    });
+    REQUIRE(dry.size() == std::size_t(tp));
+    for (int k = 0; k < tp; ++k) {
+      INFO(list << ", rank " << k);
+      CHECK(memory_and_traffic(dry[std::size_t(k)]) == real[std::size_t(k)]);
+    }
+  }
+}
+
 TEST_CASE("sim: a report counts tagged bytes, collectives by group and FLOPs per phase", "[sim][report]") {
   const std::array<int, 2> shape{4, 2};
   const auto reports = sim::dry_run<2>(shape, {sim::RankClass<2>{{3, 1}, 1}}, [&](CommPtr world, sim::Recorder& rec) {
