@@ -804,7 +804,7 @@ BlockSaved block_saved(const nn::BlockConfig& config, Extent batch, int tp, bool
   sim::Recorder rec;
   rec.phase("build");
   const Block block(full_recompute, "h.0", mesh, config, 1);
-  const auto x = distribute_replicated<typename Block::X::layout>(
+  const auto x = distribute_replicated<typename Block::In::layout>(
       mesh, Tensor<dtensor::bfloat16, 3, meta_space>(Shape<3>{batch, config.seq, config.dim}));
   rec.phase("forward");
   auto saved = block.forward(x).saved;  // the output is dropped at once
@@ -956,6 +956,42 @@ TEST_CASE("sim: Korthikanti's formulas under recomputation: full, selective, and
   // selective + norms + activation: 34 → 20 s·b·h / t (attention output 2, norms' outputs 4, GELU(h) 8).
   CHECK(double(measure(true, true, nn::Recompute::parse("core_attn,norm,act")).bytes) ==
         Approx(s * b * h / t * (34 - 2 - 4 - 8)).epsilon(0.01));
+}
+
+TEST_CASE("sim: a plan's dry run honours GPTConfig::recompute (plan_at_scale --recompute)", "[sim][recompute]") {
+  // PP 2 x DP 4 x TP 2 + SP, bf16: the activations each class holds after its forward shrink with
+  // each recomputation, in the order of the per-layer table (docs/dry-run.md); an MoE model
+  // refuses recomputing norms (its feed-forward exposes no saved input) by name.
+  const sim::TrainingPlan base{.model = {.vocab = 512, .seq = 64, .dim = 64, .heads = 4, .layers = 4, .mlp_ratio = 4},
+                               .batch = 16, .microbatches = 4, .dp = 4, .tp = 2, .pp = 2};
+  auto held = [&](const char* list) {
+    auto p = base;
+    p.model.recompute = nn::Recompute::parse(list);
+    std::vector<std::int64_t> out;
+    for (const auto& c : sim::dry_run_plan<dtensor::bfloat16, nn::DenseLayers, true>(p))
+      out.push_back(c.report.phase("forward").end[std::size_t(MemoryTag::activations)]);
+    return out;
+  };
+  const auto none = held("none"), selective = held("selective"), norm_act = held("norm,act"), mlp = held("mlp"),
+             full = held("full");
+  REQUIRE(none.size() == 2);
+  for (std::size_t i = 0; i < none.size(); ++i) {
+    CAPTURE(i, none[i], selective[i], norm_act[i], mlp[i], full[i]);
+    CHECK(none[i] > selective[i]);
+    CHECK(selective[i] > norm_act[i]);
+    CHECK(norm_act[i] > mlp[i]);
+    CHECK(mlp[i] > full[i]);
+  }
+  auto moe = base;
+  moe.moe.router.experts = 8;
+  moe.moe.router.topk = 2;
+  moe.moe.every = 2;
+  moe.ep = 4;
+  moe.model.recompute = nn::Recompute::parse("norm");
+  CHECK_THROWS_WITH((sim::dry_run_plan<dtensor::bfloat16, nn::MoELayers<dtensor::bfloat16, MetaMesh<"edp", "ep", "tp">>, true>(moe)),
+                    Catch::Contains("recompute norm"));
+  moe.model.recompute = nn::Recompute::parse("act,mlp");
+  CHECK_NOTHROW(sim::dry_run_plan<dtensor::bfloat16, nn::MoELayers<dtensor::bfloat16, MetaMesh<"edp", "ep", "tp">>, true>(moe));
 }
 
 // ---------------------------------------------------------------- the Llama-3-405B plans

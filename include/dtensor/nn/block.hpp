@@ -126,7 +126,7 @@ class TransformerBlock {
     if constexpr (requires(Attn& a) { a.set_recompute_core(true); }) attn_.set_recompute_core(r.core_attn);
     else if (r.core_attn) refuse("core_attn", "this attention module has no separable core");
     if constexpr (requires(Mlp& m) { m.set_recompute_activation(true); }) mlp_.set_recompute_activation(r.act && !r.mlp);
-    else if (r.act && !r.mlp) refuse("act", "this feed-forward has no activation kept apart (an MoE's experts recompute theirs always)");
+    else if (r.act && !r.mlp) refuse("act", "this feed-forward has no activation kept apart");
     if (r.norm && !(has_saved_input<Attn> && (r.mlp || has_saved_input<Mlp>)))
       refuse("norm", "the module after a norm does not expose the input it saves (saved_input)");
     recompute_ = r;
