@@ -363,9 +363,12 @@ TEST_CASE("sim: a TP + SP block, with each recomputation, holds and sends on thr
       step(MetaMesh<"tp">(world, {tp}), rec);
     });
     REQUIRE(dry.size() == std::size_t(tp));
+    // From the forward on: building differs by the transient full draw of each parameter on the
+    // host (drawn whole from its seed, then split; meta draws nothing), tagged "other".
+    auto step_lines = [](const std::string& text) { return text.substr(text.find("\nphase forward") + 1); };
     for (int k = 0; k < tp; ++k) {
       INFO(list << ", rank " << k);
-      CHECK(memory_and_traffic(dry[std::size_t(k)]) == real[std::size_t(k)]);
+      CHECK(step_lines(memory_and_traffic(dry[std::size_t(k)])) == step_lines(real[std::size_t(k)]));
     }
   }
 }

@@ -15,7 +15,8 @@
 // and gate, fc2/down) forward, twice each backward, once more forward under full recompute;
 // attention over the causal pairs; memory-bound ops as `pointwise_bytes_per_token_dim` bytes per
 // token and width (fitted to the dry run's meta records); TP+SP 2 all-gathers and 2
-// reduce-scatters per layer and direction (all-reduces without SP); context ring / all-gather;
+// reduce-scatters per layer and direction, and in backward 2 more all-gathers (the column-wise
+// Linears' saved input shards; all-reduces without SP); context ring / all-gather;
 // pipeline sends. The pipeline's time is (m + (p - 1) / v) (F + B) (1F1B, interleaved), plus
 // once per step the gradient reduction (behind the last backward), the optimizer and ZeRO's
 // parameter sync. Memory: model states per ZeRO stage (fully_shard's bytes per parameter, as the
@@ -202,7 +203,11 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   const double fwd_compute = gemms + attn_fwd + pointwise;
   const double bwd_compute = 2 * gemms + attn_bwd + 2 * pointwise + (p.recompute ? fwd_compute : 0);
   const double fwd_layer = fwd_compute + tp_layer + cp_layer + std::max(0.0, cp_hidden - attn_fwd);
-  const double bwd_layer = bwd_compute + (p.recompute ? 2 : 1) * (tp_layer + cp_layer) + std::max(0.0, 2 * cp_hidden - attn_bwd);
+  // Under SP the column-wise Linears (qkv, fc1) gather their saved input shard again in backward
+  // (nn/linear.hpp): two more all-gathers, exposed like every TP collective here.
+  const double tp_regather = p.tp > 1 && p.sp ? 2 * coll(CollectiveKind::all_gather, "tp", p.tp, act) : 0;
+  const double bwd_layer =
+      bwd_compute + (p.recompute ? 2 : 1) * (tp_layer + cp_layer) + tp_regather + std::max(0.0, 2 * cp_hidden - attn_bwd);
   // The head (logits GEMM, vocab-parallel over tp) and the pipeline sends, per micro-batch.
   const double head = gemm(n, h, double(m.vocab) / t);
   const double send = p.pp == 1 ? 0 : coll(CollectiveKind::send, "pp", p.pp, act / (p.sp ? t : 1));
@@ -217,7 +222,7 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   a.forward = layers_max * per_layer_f + head + send * v;
   a.backward = layers_max * per_layer_b + 2 * head + send * v;
   a.compute_per_microbatch = layers_max * (fwd_compute + bwd_compute) + 3 * head;
-  a.tp_seconds = mb * layers_max * (tp_layer * (p.recompute ? 3 : 2));
+  a.tp_seconds = mb * layers_max * (tp_layer * (p.recompute ? 3 : 2) + tp_regather);
   a.cp_seconds = mb * layers_max * (2 * cp_layer + std::max(0.0, cp_hidden - attn_fwd) + std::max(0.0, 2 * cp_hidden - attn_bwd));
   a.pp_seconds = mb * 2 * send * v;
   a.gather_seconds = mb * layers_max * (std::max(0.0, gather - fwd_compute) + std::max(0.0, gather - bwd_compute));
