@@ -25,7 +25,9 @@
 // Saved: the two projections' saved states, q, k and v (rotated, k and v not repeated: G times
 // less memory; repeated again in backward), the positions, the attention output and statistics.
 // Collectives: those of the qkv and out styles only (Megatron's pair: one all-reduce each way;
-// all-gather + reduce-scatter each way under sequence parallelism).
+// all-gather + reduce-scatter each way under sequence parallelism, and backward's re-gather of
+// qkv's saved input shard). set_recompute_core(true): the core's output and statistics are not
+// kept; backward runs the core again from q, k, v (Korthikanti's selective recomputation).
 // The attention itself is the Core's (nn/attention_core.hpp), a type chosen from outside:
 // nn::LocalAttention (ops::attention over the whole sequence) by default. Context parallelism:
 // on a mesh with a context dimension the positions are split on it (nn::tokens), q, k, v are

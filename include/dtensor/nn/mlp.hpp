@@ -8,7 +8,9 @@
 // fc1 [hidden, dim] and fc2 [dim, hidden] are Linears in the given styles; fc1's output layout
 // must be fc2's input layout (checked at compile time). Collectives: those of the two styles
 // (Megatron's pair: one all-reduce forward and one backward, or an all-gather and a
-// reduce-scatter each way under sequence parallelism). GELU is ops::gelu (no communication).
+// reduce-scatter each way under sequence parallelism, and backward's re-gather of fc1's saved
+// input shard). GELU is ops::gelu (no communication); with set_recompute_activation(true) GELU(h)
+// is not kept but computed again from h in backward (nn/recompute.hpp: act).
 #pragma once
 
 #include <string>

@@ -235,7 +235,10 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   if (p.dp > 1) {
     const double reduction = p.zero >= 1 ? coll(CollectiveKind::reduce_scatter, "dp", p.dp, 4 * rank_params)
                                          : coll(CollectiveKind::all_reduce, "dp", p.dp, e * rank_params);
-    a.gradient_reduction = p.overlap_gradient_reduction ? std::max(0.0, reduction - a.backward / v) : reduction;
+    // Behind the last micro-batch's backward *compute*, as the dry run's estimate hides it
+    // (sim::comm_role): its exposed TP collectives do not hide the reduction.
+    const double backward_compute = (layers_max * bwd_compute + 2 * head) / v;
+    a.gradient_reduction = p.overlap_gradient_reduction ? std::max(0.0, reduction - backward_compute) : reduction;
     if (p.zero == 1 || p.zero == 2) a.parameter_sync = coll(CollectiveKind::all_gather, "dp", p.dp, e * rank_params);
   }
   const double shard = p.zero >= 1 ? rank_params / d : rank_params;
