@@ -10,6 +10,7 @@
 //                 --dtype bf16 --trace step.json           # Llama-3-405B's plan
 //   plan_at_scale --zero 3 --dp 64 --tp 1 --pp 1 ...       # FSDP (ZeRO-3) on 64 GPUs; --hsdp R
 //   plan_at_scale ... --seq 131072 --dp 8 --cp 16 --zero 1 --checkpoint   # Llama 3's long-context plan
+//   plan_at_scale ... --recompute selective        # or full (= --checkpoint), or a list: core_attn,norm,act,mlp
 //
 // What runs: one micro-batch through each pipeline rank's stages (first, middle and last stages,
 // uneven layer splits: one class each; --zero 1|2|3: FSDP inside the stages, fp32 master), or,
@@ -71,7 +72,7 @@ struct Options {
 
 constexpr const char* usage =
     "usage: plan_at_scale [--help] [--arch gpt|llama --layers N --dim N --heads N --kv-heads N --ffn N --vocab N --seq N "
-    "--batch N --mlp-ratio N --dtype f32|bf16 --checkpoint --dp N --tp N --pp N --cp N --cp-kind ring|allgather|ulysses "
+    "--batch N --mlp-ratio N --dtype f32|bf16 --checkpoint --recompute none|full|selective|LIST --dp N --tp N --pp N --cp N --cp-kind ring|allgather|ulysses "
     "--no-cp-balance --zero 0|1|2|3 --hsdp R --microbatches N --schedule gpipe|1f1b|interleaved|zb|zbv|dualpipev --stages-per-rank N "
     "--experts E --topk K --ep N --moe-every N --capacity F --no-sp --trace FILE --json "
     "--device h100|h200|a100 --device-file F --device-field NAME=VALUE --peak-tflops X "
@@ -105,6 +106,14 @@ Options parse(int argc, char** argv) {
     else if (a == "--seq") m.seq = flag_value<Extent>(a, value(), 1);
     else if (a == "--mlp-ratio") m.mlp_ratio = flag_value<Extent>(a, value(), 1);
     else if (a == "--checkpoint") m.checkpoint = true;
+    else if (a == "--recompute") {  // none|full|selective|core_attn,norm,act,mlp (nn/recompute.hpp)
+      const std::string text = value();
+      try {
+        m.recompute = nn::Recompute::parse(text);
+      } catch (const Error& e) {
+        throw UsageError("--recompute " + text + ": " + e.what());
+      }
+    }
     else if (a == "--batch") o.plan.batch = flag_value<Extent>(a, value(), 1);
     else if (a == "--dp") o.plan.dp = flag_value<int>(a, value(), 1);
     else if (a == "--tp") o.plan.tp = flag_value<int>(a, value(), 1);
@@ -286,7 +295,10 @@ void print_header(const Options& o) {
   std::printf("model: %s, %lld layers, dim %lld, %lld heads (%lld KV), ffn %lld, vocab %lld, seq %lld, global batch %lld%s\n",
               o.llama ? "llama" : "gpt", (long long)m.layers, (long long)m.dim, (long long)m.heads,
               (long long)(m.kv_heads ? m.kv_heads : m.heads), (long long)(m.ffn ? m.ffn : m.mlp_ratio * m.dim),
-              (long long)m.vocab, (long long)m.seq, (long long)p.batch, m.checkpoint ? ", activation checkpointing" : "");
+              (long long)m.vocab, (long long)m.seq, (long long)p.batch,
+              m.checkpoint || m.recompute.full ? ", activation checkpointing"
+              : m.recompute.modules()           ? (", recompute " + m.recompute.to_string()).c_str()
+                                                : "");
 }
 
 int run_plan(const Options& o) {

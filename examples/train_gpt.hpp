@@ -109,6 +109,7 @@ struct Options : examples::MeshFlags {  // the mesh: --pp --dp --fsdp --cp --tp 
   // The model.
   Extent layers = 4, heads = 4, dim = 64, seq = 32, batch = 16;
   bool checkpoint = false;
+  nn::Recompute recompute{};  // --recompute none|full|selective|LIST (nn/recompute.hpp); full = --checkpoint
   Extent experts = 0, topk = 2, moe_every = 1;  // 0 experts: dense MLPs
   double capacity = 0;                          // 0: dropless
   // Training.
@@ -152,6 +153,7 @@ inline const char* const usage =
     "usage: train_gpt [--pp N] [--dp N] [--fsdp N] [--cp N] [--tp N] [--ep N] [--zero 1|2|3] [--sp | --no-sp]\n"
     "                 [--cp-kind ring|allgather|ulysses] [--schedule gpipe|1f1b|interleaved|zb|zbv|dualpipev] [--microbatches M]\n"
     "                 [--layers N] [--heads N] [--dim N] [--seq N] [--batch N] [--checkpoint]\n"
+    "                 [--recompute none|full|selective|core_attn,norm,act,mlp]\n"
     "                 [--experts E] [--topk K] [--capacity F] [--moe-every N]\n"
     "                 [--steps N] [--lr X] [--seed N] [--eval-every N] [--check-finite] [--data FILE] [--backend threads|mpi|nccl]\n"
     "                 [--device cpu|cuda] [--dtype f32|bf16]\n"
@@ -341,6 +343,14 @@ inline Options parse(int argc, char** argv, bool cuda_build) {
     else if (a == "--seq") o.seq = flag_value<Extent>(a, value(), 2);
     else if (a == "--batch") o.batch = flag_value<Extent>(a, value(), 1);
     else if (a == "--checkpoint") o.checkpoint = true;
+    else if (a == "--recompute") {
+      const std::string text = value();
+      try {
+        o.recompute = nn::Recompute::parse(text);
+      } catch (const Error& e) {
+        throw UsageError("--recompute " + text + ": " + e.what());
+      }
+    }
     else if (a == "--experts") o.experts = flag_value<Extent>(a, value(), 0);
     else if (a == "--topk") o.topk = flag_value<Extent>(a, value(), 1);
     else if (a == "--capacity") o.capacity = examples::positive_flag_value(a, value());
@@ -632,7 +642,7 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
   const nn::GPTConfig cfg{.vocab = Extent(corpus.chars.size()), .seq = o.seq, .dim = o.dim, .heads = o.heads,
                           .layers = o.layers, .mlp_ratio = 4, .checkpoint = o.checkpoint, .seed = o.seed,
                           .context = {.kind = o.cp_kind, .load_balanced = balanced},
-                          .kv_heads = o.kv_heads, .ffn = o.ffn};
+                          .kv_heads = o.kv_heads, .ffn = o.ffn, .recompute = o.recompute};
   const auto schedule = pp::make_schedule(pp::parse_schedule_kind(o.schedule), o.pp, o.microbatches);
 
   // This rank's stages (MoE: with their experts on the expert mesh), each FSDP-sharded.

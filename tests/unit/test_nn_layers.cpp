@@ -57,6 +57,11 @@ void check_linear_style(std::array<int, 2> shape, std::size_t fwd_ag, std::size_
     CommLog fl;
     auto [y, saved] = lin.forward(x);
     if (auto e = tp_collectives(fl, fwd_ag, fwd_rs, fwd_ar); !e.empty()) report(std::string(Style::name) + " forward: " + e);
+    // What a Linear saves is its input as given (under SP this rank's positions), never the
+    // gathered copy the matmul used (Megatron's saving; nn/linear.hpp).
+    if (saved.x.to_local().shape() != x.to_local().shape())
+      report(std::string(Style::name) + " saved " + to_string(saved.x.to_local().shape()) + " for an input of " +
+             to_string(x.to_local().shape()));
     auto dy = distribute_replicated<typename decltype(y)::layout>(mesh, r_out);
     CommLog bl;
     auto [dx, wctx] = lin.backward_input(std::move(saved), dy);
@@ -89,7 +94,7 @@ TEST_CASE("nn::Linear in every tensor-parallel style equals the one-rank Linear"
   // (forward AG, RS, AR; backward AG, RS, AR) on "tp", as parallel/tensor_parallel.hpp documents.
   for (std::array<int, 2> shape : {std::array{1, 4}, std::array{2, 2}}) {
     check_linear_style<ColwiseParallel<>>(shape, 0, 0, 0, 0, 0, 1);
-    check_linear_style<ColwiseParallel<nn::SeqSplit>>(shape, 1, 0, 0, 0, 1, 0);
+    check_linear_style<ColwiseParallel<nn::SeqSplit>>(shape, 1, 0, 0, 1, 1, 0);  // backward: the saved shard re-gathered
     check_linear_style<RowwiseParallel<>>(shape, 0, 0, 1, 0, 0, 0);
     check_linear_style<RowwiseParallel<nn::SeqSplit>>(shape, 0, 1, 0, 1, 0, 0);
     check_linear_style<nn::Replicated<>>(shape, 0, 0, 0, 0, 0, 0);

@@ -12,11 +12,13 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "dtensor/comm/sim.hpp"
 #include "dtensor/nn/block.hpp"
 #include "dtensor/nn/checkpoint.hpp"
+#include "dtensor/nn/swiglu.hpp"
 #include "dtensor/optim/adamw.hpp"
 #include "dtensor/optim/clip_grad.hpp"
 #include "dtensor/parallel/data_parallel.hpp"
@@ -227,12 +229,14 @@ TEST_CASE("nn::Checkpointed: the same dx and gradients bit for bit, the forward'
       if (!equal(on_y.to_local(), off_y.to_local())) report("outputs differ");
       log.clear();
       auto [on_dx, on_w] = on.backward_input(std::move(on_saved), dy);
-      if (log.size() != 8 || log.count(CollectiveKind::all_gather, "tp") != 4 ||
+      // The forward's 2 AG + 2 RS again, then backward's own: 2 AG + 2 RS (the adjoints) and the
+      // re-gather of qkv's and fc1's saved input shards (2 AG).
+      if (log.size() != 10 || log.count(CollectiveKind::all_gather, "tp") != 6 ||
           log.count(CollectiveKind::reduce_scatter, "tp") != 4)
         report("checkpointed backward did not repeat the forward's collectives:\n" + log.to_string());
       log.clear();
       auto [off_dx, off_w] = off.backward_input(std::move(off_saved), dy);
-      if (log.size() != 4) report("backward issued:\n" + log.to_string());
+      if (log.size() != 6) report("backward issued:\n" + log.to_string());
       on.backward_weight(std::move(on_w));
       off.backward_weight(std::move(off_w));
       if (!equal(on_dx.to_local(), off_dx.to_local())) report("input gradients differ");
@@ -245,6 +249,63 @@ TEST_CASE("nn::Checkpointed: the same dx and gradients bit for bit, the forward'
     INFO(to_string(shape) << ": " << summary(f));
     REQUIRE(f.empty());
   }
+}
+
+TEST_CASE("nn::Recompute: per-module recomputation gives the same dx and gradients bit for bit", "[nn][protocol]") {
+  using Plan = parallel::MegatronPlan<true>;
+  using Gelu = nn::TransformerBlock<double, NnMesh, Plan>;
+  using Swi = nn::TransformerBlock<double, NnMesh, Plan, nn::SwiGLU<double, NnMesh, Plan::fc1, Plan::fc2>>;
+  // (list, backward collectives beyond the 4 AG + 2 RS of a block without recomputation): only
+  // the whole feed-forward's recomputation issues collectives again (fc1's AG, fc2's RS).
+  const std::pair<const char*, std::size_t> lists[] = {
+      {"core_attn", 0}, {"norm", 0}, {"act", 0}, {"mlp", 2}, {"core_attn,norm,act", 0}, {"norm,mlp", 2}};
+  auto run = [&]<class Block>(std::type_identity<Block>, const NnMesh& mesh, auto report) {
+    auto make = [&](nn::Recompute r) {
+      nn::BlockConfig c = bc;
+      c.recompute = r;
+      if constexpr (std::is_same_v<Block, Swi>)
+        return Block("h.0", mesh, c, 3, typename Block::Mlp("h.0.mlp", mesh, C, 4 * C, 5, 0.3, 0.3));
+      else return Block("h.0", mesh, c, 3);
+    };
+    const auto x = distribute_replicated<typename Block::In::layout>(mesh, micro_x(0));
+    const auto dy = distribute_replicated<typename Block::In::layout>(mesh, micro_dy(0));
+    auto ref = make({});
+    auto ref_group = nn::flatten<double, 2>("h.0", ref);
+    auto [ref_y, ref_saved] = ref.forward(x);
+    auto [ref_dx, ref_w] = ref.backward_input(std::move(ref_saved), dy);
+    ref.backward_weight(std::move(ref_w));
+    for (const auto& [list, extra] : lists) {
+      auto blk = make(nn::Recompute::parse(list));
+      auto group = nn::flatten<double, 2>("h.0", blk);
+      CommLog log;
+      auto [y, saved] = blk.forward(x);
+      if (log.size() != 4) report(detail::cat(list, ": forward issued:\n", log.to_string()));
+      log.clear();
+      auto [dx, w] = blk.backward_input(std::move(saved), dy);
+      if (log.size() != 6 + extra) report(detail::cat(list, ": backward issued:\n", log.to_string()));
+      blk.backward_weight(std::move(w));
+      if (!equal(y.to_local(), ref_y.to_local())) report(detail::cat(list, ": outputs differ"));
+      if (!equal(dx.to_local(), ref_dx.to_local())) report(detail::cat(list, ": input gradients differ"));
+      if (!std::ranges::equal(group->grads(), ref_group->grads())) report(detail::cat(list, ": weight gradients differ"));
+    }
+  };
+  for (std::array<int, 2> shape : {std::array{1, 2}, std::array{2, 2}}) {
+    auto f = on_ranks(shape[0] * shape[1], [&](CommPtr world, auto report) {
+      NnMesh mesh(world, shape);
+      run(std::type_identity<Gelu>{}, mesh, report);
+      run(std::type_identity<Swi>{}, mesh, report);
+    });
+    INFO(to_string(shape) << ": " << summary(f));
+    REQUIRE(f.empty());
+  }
+  // The flag's spellings, and bad ones named.
+  CHECK(nn::Recompute::parse("selective") == nn::Recompute{.core_attn = true});
+  CHECK(nn::Recompute::parse("layernorm,moe") == nn::Recompute{.norm = true, .mlp = true});
+  for (const char* text : {"none", "full", "selective", "norm,act", "core_attn,norm,act,mlp"})
+    CHECK(nn::Recompute::parse(nn::Recompute::parse(text).to_string()) == nn::Recompute::parse(text));
+  CHECK_THROWS_WITH(nn::Recompute::parse("norm,attn"), Catch::Contains("unknown module \"attn\""));
+  CHECK_THROWS_WITH(nn::Recompute::parse("norm,"), Catch::Contains("trailing comma"));
+  CHECK_THROWS_WITH(nn::Recompute::parse(""), Catch::Contains("empty"));
 }
 
 TEST_CASE("mesh roles: DeviceMesh<\"data\", \"model\"> with given roles computes what (\"dp\", \"tp\") computes",

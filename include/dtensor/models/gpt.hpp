@@ -72,6 +72,8 @@ struct GPTConfig {
   double rope_theta = 0;   // > 0: rotary positions in attention with this base (Llama 3: 500000)
   bool bias = true;        // biases in the attention projections
   double norm_eps = 1e-5;  // the norms' epsilon
+  // Per-module activation recomputation of every block (nn/recompute.hpp); full = checkpoint.
+  Recompute recompute{};
 };
 
 /// The blocks of nn::GPT (its Layers parameter): each a TransformerBlock with the plan's MLP.
@@ -245,9 +247,10 @@ class GptParts {
   // parameters of the whole model.
   Embed make_prologue() const { return Embed(mesh_, c_, seed_base()); }
   Block make_block(Extent layer) const {
-    const BlockConfig bc{c_.dim,     c_.heads,    c_.seq, c_.mlp_ratio,  0.02,    0.02 / std::sqrt(2.0 * double(c_.layers)),
-                         c_.context, c_.kv_heads, c_.ffn, c_.rope_theta, c_.bias, c_.norm_eps};
-    return Block(c_.checkpoint, layers_.template make_block<typename Block::Inner>(
+    BlockConfig bc{c_.dim,     c_.heads,    c_.seq, c_.mlp_ratio,  0.02,    0.02 / std::sqrt(2.0 * double(c_.layers)),
+                   c_.context, c_.kv_heads, c_.ffn, c_.rope_theta, c_.bias, c_.norm_eps};
+    bc.recompute = c_.recompute;
+    return Block(c_.checkpoint || c_.recompute.full, layers_.template make_block<typename Block::Inner>(
                                     layer, "h." + std::to_string(layer), mesh_, bc, seed_base() + 10 * std::uint64_t(layer + 1)));
   }
   GptHead<Norm, Head> make_epilogue() const {

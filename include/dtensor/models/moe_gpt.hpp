@@ -111,6 +111,13 @@ class DenseOrMoE {
     else moe_[0].backward_weight(std::get<1>(std::move(w)));
   }
 
+  /// Recompute the activation (nn/recompute.hpp: act): the dense MLP's GELU(h) is dropped and
+  /// recomputed; an MoE's experts keep no GELU output in any case (parallel/experts.hpp recomputes
+  /// it from h in backward), so there it is already so.
+  void set_recompute_activation(bool on) {
+    if (!is_moe()) mlp_.at(0).set_recompute_activation(on);
+  }
+
   auto children() { return std::tie(mlp_, moe_); }  // one of the two holds the module
 
  private:

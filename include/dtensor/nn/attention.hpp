@@ -25,7 +25,9 @@
 // Saved: the two projections' saved states, q, k and v (rotated, k and v not repeated: G times
 // less memory; repeated again in backward), the positions, the attention output and statistics.
 // Collectives: those of the qkv and out styles only (Megatron's pair: one all-reduce each way;
-// all-gather + reduce-scatter each way under sequence parallelism).
+// all-gather + reduce-scatter each way under sequence parallelism, and backward's re-gather of
+// qkv's saved input shard). set_recompute_core(true): the core's output and statistics are not
+// kept; backward runs the core again from q, k, v (Korthikanti's selective recomputation).
 // The attention itself is the Core's (nn/attention_core.hpp), a type chosen from outside:
 // nn::LocalAttention (ops::attention over the whole sequence) by default. Context parallelism:
 // on a mesh with a context dimension the positions are split on it (nn::tokens), q, k, v are
@@ -106,6 +108,7 @@ class SelfAttention {
     Positions positions;  // with rope_theta > 0
     typename Core::template Saved<T, mesh_space_t<Mesh>> core;  // what the core's backward needs
     typename Proj::Saved proj;
+    bool core_recomputed = false;  // out and core dropped: the core runs again in backward (nn/recompute.hpp)
   };
   using WeightCtx = std::tuple<typename Qkv::WeightCtx, typename Proj::WeightCtx>;  // children() order
 
@@ -161,6 +164,11 @@ class SelfAttention {
     auto merged = ops::reshape<typename Proj::InL>(ops::transpose<1, 2>(s.out), Shape<3>{batch, len, c_.dim});
     auto [y, proj_saved] = proj_.forward(merged);
     s.proj = std::move(proj_saved);
+    if (recompute_core_) {  // selective recomputation: keep q, k, v only (proj keeps the merged heads)
+      s.out = Heads{};
+      s.core = {};
+      s.core_recomputed = true;
+    }
     return {std::move(y), std::move(s)};
   }
 
@@ -169,6 +177,11 @@ class SelfAttention {
     const Extent batch = dy.extent(0), len = dy.extent(1), heads = c_.heads, head_dim = c_.dim / c_.heads;
     const Extent kv = c_.kv_heads, group = heads / kv;
     auto [dmerged, proj_w] = proj_.backward_input(std::move(s.proj), dy);
+    if (s.core_recomputed) {  // the core's forward again, from the saved q, k, v (bit for bit the same)
+      auto r = Core::forward(s.q, s.k, s.v, core_options());
+      s.out = std::move(r.out);
+      s.core = std::move(r.saved);
+    }
     auto dout = ops::transpose<1, 2>(ops::reshape<HeadsL>(dmerged, Shape<4>{batch, len, heads, head_dim}));
     auto g = Core::backward(dout, s.q, s.k, s.v, s.out, s.core, core_options());  // dk, dv in the KV heads
     std::vector<decltype(ops::transpose<1, 2>(g.dq))> parts;
@@ -189,6 +202,14 @@ class SelfAttention {
 
   void backward_weight(WeightCtx w) { backward_weight_children(*this, std::move(w)); }
 
+  /// Selective recomputation (Korthikanti et al. 2022): forward keeps q, k, v but not the core's
+  /// output and statistics; backward runs the core again first.
+  void set_recompute_core(bool on) noexcept { recompute_core_ = on; }
+  bool recompute_core() const noexcept { return recompute_core_; }
+  /// The saved input (qkv's: the norm's output in a block), which a block recomputing its norms
+  /// drops after forward and restores before backward (nn/block.hpp).
+  static In& saved_input(Saved& s) noexcept { return s.qkv.x; }
+
  private:
   /// What the core is told: the mask, how many query heads share each KV head, the context options.
   AttentionCoreOptions core_options() const {
@@ -206,6 +227,7 @@ class SelfAttention {
   AttentionConfig c_;
   Qkv qkv_;
   Proj proj_;
+  bool recompute_core_ = false;
 };
 
 /// The former name of nn::SelfAttention (causal by default, as before).

@@ -12,8 +12,14 @@
 // (`between`: Replicate, or SeqSplit under sequence parallelism, where the norms and residual
 // adds run on this rank's positions). The residual adds are ops::add (no communication); all
 // collectives are the styles' (two entries, two exits per pass: see parallel/gpt_plan.hpp).
+// Per-module recomputation (BlockConfig::recompute, set_recompute; nn/recompute.hpp): the block
+// drops what the named modules saved after its forward and recomputes it at the start of the
+// matching backward — the attention core and the MLP activation inside those modules, the
+// norms' outputs (the inputs the Linears after them keep: SelfAttention/MLP/SwiGLU::saved_input)
+// and the whole feed-forward here. Full recomputation is nn::Checkpointed around the block.
 #pragma once
 
+#include <concepts>
 #include <string>
 #include <tuple>
 
@@ -21,6 +27,7 @@
 #include "dtensor/nn/loss.hpp"
 #include "dtensor/nn/mlp.hpp"
 #include "dtensor/nn/norm.hpp"
+#include "dtensor/nn/recompute.hpp"
 #include "dtensor/ops/pointwise.hpp"
 
 namespace dtensor::nn {
@@ -55,6 +62,7 @@ struct BlockConfig {
   bool bias = true;        // biases in the attention projections (GPT's MLP always has them, SwiGLU none)
   double norm_eps = 1e-5;  // the norms' epsilon
   bool causal = true;      // attention's mask: causal (decoder) or none (an encoder block)
+  Recompute recompute{};   // per-module recomputation (full is nn::Checkpointed's, not the block's)
 };
 
 /// FeedForward: the plan's MLP by default; any module from and to the residual stream's layout
@@ -87,6 +95,7 @@ class TransformerBlock {
     typename Attn::Saved attn;
     typename Norm::Saved ln2;
     typename Mlp::Saved mlp;
+    bool norms_dropped = false, mlp_dropped = false;  // recomputed in backward (set_recompute)
   };
   using WeightCtx = std::tuple<typename Norm::WeightCtx, typename Attn::WeightCtx, typename Norm::WeightCtx,
                                typename Mlp::WeightCtx>;  // children() order
@@ -102,22 +111,55 @@ class TransformerBlock {
         attn_(name + ".attn", mesh, {c.dim, c.heads, c.seq, c.context, c.kv_heads, c.rope_theta, c.bias, c.causal},
               seed, c.init_std, c.out_std),
         ln2_(name + ".ln2", mesh, c.dim, c.norm_eps),
-        mlp_(std::move(feed_forward)) {}
+        mlp_(std::move(feed_forward)) {
+    set_recompute(c.recompute);
+  }
+
+  /// Which modules' saved activations this block recomputes in backward (nn/recompute.hpp;
+  /// `full` is ignored here: it is nn::Checkpointed's). A module that cannot (an MoE has no
+  /// separate activation or saved input to drop) is an error naming it; `mlp` covers experts.
+  void set_recompute(const Recompute& r) {
+    auto refuse = [&](const char* what, const char* why) {
+      throw Error("nn::TransformerBlock::set_recompute",
+                  name_ + ": recompute " + what + ": " + why + " (recompute mlp recomputes the whole feed-forward)");
+    };
+    if constexpr (requires(Attn& a) { a.set_recompute_core(true); }) attn_.set_recompute_core(r.core_attn);
+    else if (r.core_attn) refuse("core_attn", "this attention module has no separable core");
+    if constexpr (requires(Mlp& m) { m.set_recompute_activation(true); }) mlp_.set_recompute_activation(r.act && !r.mlp);
+    else if (r.act && !r.mlp) refuse("act", "this feed-forward has no activation kept apart");
+    if (r.norm && !(has_saved_input<Attn> && (r.mlp || has_saved_input<Mlp>)))
+      refuse("norm", "the module after a norm does not expose the input it saves (saved_input)");
+    recompute_ = r;
+    recompute_.full = false;
+  }
+  const Recompute& recompute() const noexcept { return recompute_; }
 
   Fwd<X, Saved> forward(const X& x) const {
-    Saved s;
     auto [a, s1] = ln1_.forward(x);
     auto [b, s2] = attn_.forward(a);
     auto h = ops::add(x, b);
     auto [c, s3] = ln2_.forward(h);
     auto [d, s4] = mlp_.forward(c);
-    return {ops::add(h, d), Saved{std::move(s1), std::move(s2), std::move(s3), std::move(s4)}};
+    Saved s{std::move(s1), std::move(s2), std::move(s3), std::move(s4), false, false};
+    if constexpr (has_saved_input<Attn>)
+      if (recompute_.norm) Attn::saved_input(s.attn) = {}, s.norms_dropped = true;
+    if constexpr (has_saved_input<Mlp>)
+      if (recompute_.norm && !recompute_.mlp) Mlp::saved_input(s.mlp) = {};
+    if (recompute_.mlp) s.mlp = {}, s.mlp_dropped = true;
+    return {ops::add(h, d), std::move(s)};
   }
 
   Bwd<X, WeightCtx> backward_input(Saved s, const X& dy) const {
+    // Recompute what forward dropped, in the order backward needs it: ln2's output (and the
+    // feed-forward from it), then ln1's.
+    if (s.mlp_dropped) s.mlp = mlp_.forward(ln2_.forward(s.ln2.x).y).saved;
+    if constexpr (has_saved_input<Mlp>)
+      if (s.norms_dropped && !s.mlp_dropped) Mlp::saved_input(s.mlp) = ln2_.forward(s.ln2.x).y;
     auto [dc, w4] = mlp_.backward_input(std::move(s.mlp), dy);
     auto [dh2, w3] = ln2_.backward_input(std::move(s.ln2), dc);
     auto dh = ops::add(dy, dh2);
+    if constexpr (has_saved_input<Attn>)
+      if (s.norms_dropped) Attn::saved_input(s.attn) = ln1_.forward(s.ln1.x).y;
     auto [db, w2] = attn_.backward_input(std::move(s.attn), dh);
     auto [dx2, w1] = ln1_.backward_input(std::move(s.ln1), db);
     return {ops::add(dh, dx2), WeightCtx{std::move(w1), std::move(w2), std::move(w3), std::move(w4)}};
@@ -141,11 +183,17 @@ class TransformerBlock {
     return c.ffn > 0 ? c.ffn : c.mlp_ratio * c.dim;
   }
 
+  template <class M>
+  static constexpr bool has_saved_input = requires(typename M::Saved& s) {
+    { M::saved_input(s) } -> std::same_as<X&>;
+  };
+
   std::string name_;
   Norm ln1_;
   Attn attn_;
   Norm ln2_;
   Mlp mlp_;
+  Recompute recompute_{};
 };
 
 }  // namespace dtensor::nn

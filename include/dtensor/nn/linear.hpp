@@ -8,10 +8,14 @@
 //
 // Forward: entry redistribution of x to Style::compute_layout, ops::matmul<false, true>(x, W),
 // bias (before the exit, or after it for row-wise styles whose matmul output is Partial), exit
-// redistribution to Style::output_layout. Saved: the matmul's input. Backward: the adjoints in
-// reverse (redistribute_backward), ops::matmul_backward_a for dx; the weight context keeps the
-// matmul's input and output gradient for ops::matmul_backward_b (dW) and the bias gradient. The
-// only collectives are the style's entry and exit and their adjoints (parallel/tensor_parallel.hpp).
+// redistribution to Style::output_layout. Saved: the Linear's input *in its input layout* (before
+// the entry), as Megatron saves it: under sequence parallelism a column-wise Linear keeps this
+// rank's 1/t of the sequence, not the gathered input the matmul used (t times less activation
+// memory), and backward_input gathers it again for the weight gradient. Backward: the adjoints
+// in reverse (redistribute_backward), ops::matmul_backward_a for dx; the weight context keeps the
+// matmul's input (re-gathered) and output gradient for ops::matmul_backward_b (dW) and the bias
+// gradient. The collectives are the style's entry and exit, their adjoints, and in backward the
+// entry once more where it moves data (the SP all-gather: parallel/tensor_parallel.hpp).
 //
 // Initialisation: W ~ N(0, init_std) and b = 0, drawn as the full tensor from the seed on every
 // rank and then split (no communication), so every layout and mesh starts from the same values.
@@ -20,6 +24,7 @@
 #include <cstdint>
 #include <string>
 #include <tuple>
+#include <type_traits>
 
 #include "dtensor/core/factories.hpp"
 #include "dtensor/distributed/distribute.hpp"
@@ -57,9 +62,10 @@ class Linear {
   using OutBiasGradL = ops::rules::sum_rows_t<OutL, 3>;
 
  public:
-  /// What backward_input needs: the matmul's input.
+  /// What backward_input needs: the Linear's input, in the input layout (the entry is redone in
+  /// backward where it moves data: the sequence-parallel all-gather).
   struct Saved {
-    DTensor<T, 3, Mesh, ComputeL> x;
+    In x;
   };
   /// What backward_weight needs: the matmul's input and output gradient (and a row-wise style's
   /// bias gradient, taken before the exit's adjoint).
@@ -84,8 +90,8 @@ class Linear {
   Fwd<Out, Saved> forward(const In& x) const {
     detail::check(x.extent(2) == in_, "nn::Linear::forward", x.mesh(), name_, ": input ", to_string(x.shape()),
                   " does not have ", in_, " features");
-    Saved s{redistribute<ComputeL>(x)};  // entry
-    auto y = ops::matmul<false, true>(s.x, weight_.value());
+    Saved s{x};  // the input's bytes (1/t of the sequence under SP), not the gathered copy's
+    auto y = ops::matmul<false, true>(entry(s.x), weight_.value());
     if constexpr (Style::bias_after_exit) {
       auto z = redistribute<OutL>(std::move(y));  // exit: y's storage where no step runs
       if (!bias_.defined()) return {std::move(z), std::move(s)};
@@ -96,7 +102,9 @@ class Linear {
     }
   }
 
-  /// dx for dy = dL/dy. Collectives: the adjoints of the exit and the entry.
+  /// dx for dy = dL/dy. Collectives: the entry again where it moves data (SP: the all-gather of
+  /// the saved shard, issued before the dx GEMM as Megatron issues it to overlap), the adjoints
+  /// of the exit and the entry.
   Bwd<In, WeightCtx> backward_input(Saved s, const Out& dy) const {
     detail::check(dy.extent(0) == s.x.extent(0) && dy.extent(1) == s.x.extent(1) && dy.extent(2) == out_,
                   "nn::Linear::backward_input", dy.mesh(), name_, ": gradient ", to_string(dy.shape()),
@@ -105,8 +113,9 @@ class Linear {
     if constexpr (Style::bias_after_exit)
       if (bias_.defined()) w.dbias = ops::bias_grad(dy);
     w.dy = redistribute_backward<MatmulOutL>(dy);  // adjoint of the exit
+    if constexpr (std::is_same_v<InL, ComputeL>) w.x = std::move(s.x);
+    else w.x = redistribute<ComputeL>(s.x);        // re-gathered for dW (SP)
     auto dx = redistribute_backward<InL>(ops::matmul_backward_a<false, true>(w.dy, weight_.value()));  // of the entry
-    w.x = std::move(s.x);
     return {std::move(dx), std::move(w)};
   }
 
@@ -127,6 +136,12 @@ class Linear {
   const std::string& name() const noexcept { return name_; }
 
  private:
+  /// The entry redistribution (input layout -> the matmul's); no copy where they are the same.
+  static decltype(auto) entry(const In& x) {
+    if constexpr (std::is_same_v<InL, ComputeL>) return (x);
+    else return redistribute<ComputeL>(x);
+  }
+
   /// bias_add keeps the layout in every style (checked here, at compile time).
   template <class Y>
   static auto same_layout(Y y) {

@@ -8,7 +8,9 @@
 // fc1 [hidden, dim] and fc2 [dim, hidden] are Linears in the given styles; fc1's output layout
 // must be fc2's input layout (checked at compile time). Collectives: those of the two styles
 // (Megatron's pair: one all-reduce forward and one backward, or an all-gather and a
-// reduce-scatter each way under sequence parallelism). GELU is ops::gelu (no communication).
+// reduce-scatter each way under sequence parallelism, and backward's re-gather of fc1's saved
+// input shard). GELU is ops::gelu (no communication); with set_recompute_activation(true) GELU(h)
+// is not kept but computed again from h in backward (nn/recompute.hpp: act).
 #pragma once
 
 #include <string>
@@ -32,6 +34,7 @@ class MLP {
     typename Fc1::Saved fc1;
     typename Fc1::Out h;  // fc1's output, for GELU's backward
     typename Fc2::Saved fc2;
+    bool act_recomputed = false;  // fc2's input GELU(h) dropped: computed again from h in backward
   };
   using WeightCtx = std::tuple<typename Fc1::WeightCtx, typename Fc2::WeightCtx>;  // children() order
 
@@ -45,15 +48,22 @@ class MLP {
   Fwd<Out, Saved> forward(const In& x) const {
     auto [h, s1] = fc1_.forward(x);
     auto [y, s2] = fc2_.forward(ops::gelu(h));
-    return {std::move(y), Saved{std::move(s1), std::move(h), std::move(s2)}};
+    if (recompute_act_) s2.x = {};
+    return {std::move(y), Saved{std::move(s1), std::move(h), std::move(s2), recompute_act_}};
   }
   Bwd<In, WeightCtx> backward_input(Saved s, const Out& dy) const {
+    if (s.act_recomputed) s.fc2.x = ops::gelu(s.h);
     auto [da, w2] = fc2_.backward_input(std::move(s.fc2), dy);
     auto dh = ops::gelu_backward(da, s.h);
     auto [dx, w1] = fc1_.backward_input(std::move(s.fc1), dh);
     return {std::move(dx), WeightCtx{std::move(w1), std::move(w2)}};
   }
   void backward_weight(WeightCtx w) { backward_weight_children(*this, std::move(w)); }
+
+  /// Recompute GELU(h) in backward instead of keeping it (nn/recompute.hpp: act).
+  void set_recompute_activation(bool on) noexcept { recompute_act_ = on; }
+  /// fc1's saved input (a block's ln2 output), dropped and restored by a block recomputing norms.
+  static In& saved_input(Saved& s) noexcept { return s.fc1.x; }
 
   auto children() { return std::tie(fc1_, fc2_); }
   Fc1& fc1() noexcept { return fc1_; }
@@ -62,6 +72,7 @@ class MLP {
  private:
   Fc1 fc1_;
   Fc2 fc2_;
+  bool recompute_act_ = false;
 };
 
 }  // namespace dtensor::nn

@@ -50,6 +50,7 @@ class SwiGLU {
     typename W13::Saved w13;
     Hidden gate, up;  // x w1, x w3
     typename W2::Saved w2;
+    bool act_recomputed = false;  // w2's input silu(gate)·up dropped: computed again in backward
   };
   using WeightCtx = std::tuple<typename W13::WeightCtx, typename W2::WeightCtx>;  // children() order
 
@@ -77,11 +78,13 @@ class SwiGLU {
     s.up = ops::reshape<typename W2::InL>(parts[1], Shape<3>{batch, len, hidden_});
     auto [y, w2_saved] = w2_.forward(ops::mul(ops::silu(s.gate), s.up));
     s.w2 = std::move(w2_saved);
+    if (recompute_act_) s.w2.x = {}, s.act_recomputed = true;
     return {std::move(y), std::move(s)};
   }
 
   /// Collectives: the adjoints of w2's exit and of w13's entry.
   Bwd<In, WeightCtx> backward_input(Saved s, const Out& dy) const {
+    if (s.act_recomputed) s.w2.x = ops::mul(ops::silu(s.gate), s.up);
     auto [dprod, w2_w] = w2_.backward_input(std::move(s.w2), dy);
     const Extent batch = dprod.extent(0), len = dprod.extent(1);
     std::vector<decltype(ops::reshape<PairsL>(dprod, Shape<4>{}))> parts;
@@ -95,6 +98,11 @@ class SwiGLU {
 
   void backward_weight(WeightCtx w) { backward_weight_children(*this, std::move(w)); }
 
+  /// Recompute silu(gate)·up in backward instead of keeping it (nn/recompute.hpp: act).
+  void set_recompute_activation(bool on) noexcept { recompute_act_ = on; }
+  /// w13's saved input (a block's ln2 output), dropped and restored by a block recomputing norms.
+  static In& saved_input(Saved& s) noexcept { return s.w13.x; }
+
   auto children() { return std::tie(w13_, w2_); }
   W13& w13() noexcept { return w13_; }
   W2& w2() noexcept { return w2_; }
@@ -103,6 +111,7 @@ class SwiGLU {
   Extent hidden_ = 0;
   W13 w13_;
   W2 w2_;
+  bool recompute_act_ = false;
 };
 
 }  // namespace dtensor::nn

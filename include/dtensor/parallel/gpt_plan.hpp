@@ -13,14 +13,16 @@
 // Collectives per training step, with L blocks (each on the "tp" group unless said):
 //                        forward                      backward
 //   token embedding      AR (SP: RS)                  -   (SP: AG)
-//   per block            2 AR (SP: 2 AG + 2 RS)       2 AR (SP: 2 AG + 2 RS)
-//   LM head entry        -   (SP: AG)                 AR  (SP: RS)
+//   per block            2 AR (SP: 2 AG + 2 RS)       2 AR (SP: 4 AG + 2 RS)
+//   LM head entry        -   (SP: AG)                 AR  (SP: AG + RS)
 //   loss                 3 AR of one double per position   -
 //   after backward       SP: sequence_parallel_grads, one AR per bucket (norms, row-wise biases, wpe)
 //                        DataParallel: one AR on "dp" per bucket
 //   clip_grad_norm       one AR of one double over "dp*tp"
-// That is 4L + 5 all-reduces on "tp" without SP; 4L + 2 all-gathers, 4L + 2 reduce-scatters and
-// 3 all-reduces (+ the SP buckets) with it. Reporting the global loss (full_tensor) is one more
+// That is 4L + 5 all-reduces on "tp" without SP; 6L + 3 all-gathers, 4L + 2 reduce-scatters and
+// 3 all-reduces (+ the SP buckets) with it. Under SP the column-wise Linears (qkv, fc1, LM head)
+// save their input's sequence shard and gather it again in backward for the weight gradient
+// (Megatron's trade: t times less saved input, one all-gather more each: nn/linear.hpp). Reporting the global loss (full_tensor) is one more
 // all-reduce on "dp". Activation checkpointing repeats a block's forward collectives in backward.
 #pragma once
 
@@ -50,7 +52,7 @@ struct TpCollectives {
   std::size_t all_reduce = 0, all_gather = 0, reduce_scatter = 0;
 };
 constexpr TpCollectives megatron_tp_collectives(bool sp, std::size_t layers) {
-  if (sp) return {3, 4 * layers + 2, 4 * layers + 2};
+  if (sp) return {3, 6 * layers + 3, 4 * layers + 2};
   return {4 * layers + 5, 0, 0};
 }
 

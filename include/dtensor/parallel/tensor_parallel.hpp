@@ -12,7 +12,8 @@
 //   ColwiseParallel<In = Replicate>: weight Shard<0> (output features), bias Shard<0>.
 //     input tokens<In> -> entry -> tokens<Replicate> -> matmul -> tokens<FeatureSplit> (no exit).
 //     entry: In = Replicate: none (backward: all-reduce of dx, the Partial<sum> of the shards);
-//            In = SeqSplit (sequence parallel): all-gather of the sequence (backward: reduce-scatter).
+//            In = SeqSplit (sequence parallel): all-gather of the sequence (backward: the saved
+//            shard all-gathered again for the weight gradient, and a reduce-scatter of dx).
 //   RowwiseParallel<Out = Replicate>: weight Shard<1> (input features), bias Replicate (added
 //     after the exit, once). input tokens<FeatureSplit> -> matmul -> tokens<Partial<sum>> -> exit.
 //     exit: Out = Replicate: all-reduce (backward: none);
@@ -21,7 +22,8 @@
 // The bytes: an all-reduce or all-gather or reduce-scatter of [B, T, features] per rank of the
 // tensor dimension (this rank's batch shard). Column-wise then row-wise (Megatron's MLP and
 // attention) has one collective forward and one backward without sequence parallelism, or an
-// all-gather and a reduce-scatter each way with it. Under sequence parallelism the norms,
+// all-gather and a reduce-scatter each way with it, plus the column-wise Linear's re-gather in
+// backward (it saves its input's shard, as Megatron does: nn/linear.hpp). Under sequence parallelism the norms,
 // residuals and dropout between the TP regions run on tokens<SeqSplit>: see
 // sequence_parallel_grads below for their weights.
 #pragma once

@@ -15,7 +15,8 @@
 // and gate, fc2/down) forward, twice each backward, once more forward under full recompute;
 // attention over the causal pairs; memory-bound ops as `pointwise_bytes_per_token_dim` bytes per
 // token and width (fitted to the dry run's meta records); TP+SP 2 all-gathers and 2
-// reduce-scatters per layer and direction (all-reduces without SP); context ring / all-gather;
+// reduce-scatters per layer and direction, and in backward 2 more all-gathers (the column-wise
+// Linears' saved input shards; all-reduces without SP); context ring / all-gather;
 // pipeline sends. The pipeline's time is (m + (p - 1) / v) (F + B) (1F1B, interleaved), plus
 // once per step the gradient reduction (behind the last backward), the optimizer and ZeRO's
 // parameter sync. Memory: model states per ZeRO stage (fully_shard's bytes per parameter, as the
@@ -202,7 +203,11 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   const double fwd_compute = gemms + attn_fwd + pointwise;
   const double bwd_compute = 2 * gemms + attn_bwd + 2 * pointwise + (p.recompute ? fwd_compute : 0);
   const double fwd_layer = fwd_compute + tp_layer + cp_layer + std::max(0.0, cp_hidden - attn_fwd);
-  const double bwd_layer = bwd_compute + (p.recompute ? 2 : 1) * (tp_layer + cp_layer) + std::max(0.0, 2 * cp_hidden - attn_bwd);
+  // Under SP the column-wise Linears (qkv, fc1) gather their saved input shard again in backward
+  // (nn/linear.hpp): two more all-gathers, exposed like every TP collective here.
+  const double tp_regather = p.tp > 1 && p.sp ? 2 * coll(CollectiveKind::all_gather, "tp", p.tp, act) : 0;
+  const double bwd_layer =
+      bwd_compute + (p.recompute ? 2 : 1) * (tp_layer + cp_layer) + tp_regather + std::max(0.0, 2 * cp_hidden - attn_bwd);
   // The head (logits GEMM, vocab-parallel over tp) and the pipeline sends, per micro-batch.
   const double head = gemm(n, h, double(m.vocab) / t);
   const double send = p.pp == 1 ? 0 : coll(CollectiveKind::send, "pp", p.pp, act / (p.sp ? t : 1));
@@ -217,7 +222,7 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   a.forward = layers_max * per_layer_f + head + send * v;
   a.backward = layers_max * per_layer_b + 2 * head + send * v;
   a.compute_per_microbatch = layers_max * (fwd_compute + bwd_compute) + 3 * head;
-  a.tp_seconds = mb * layers_max * (tp_layer * (p.recompute ? 3 : 2));
+  a.tp_seconds = mb * layers_max * (tp_layer * (p.recompute ? 3 : 2) + tp_regather);
   a.cp_seconds = mb * layers_max * (2 * cp_layer + std::max(0.0, cp_hidden - attn_fwd) + std::max(0.0, 2 * cp_hidden - attn_bwd));
   a.pp_seconds = mb * 2 * send * v;
   a.gather_seconds = mb * layers_max * (std::max(0.0, gather - fwd_compute) + std::max(0.0, gather - bwd_compute));
@@ -230,7 +235,10 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   if (p.dp > 1) {
     const double reduction = p.zero >= 1 ? coll(CollectiveKind::reduce_scatter, "dp", p.dp, 4 * rank_params)
                                          : coll(CollectiveKind::all_reduce, "dp", p.dp, e * rank_params);
-    a.gradient_reduction = p.overlap_gradient_reduction ? std::max(0.0, reduction - a.backward / v) : reduction;
+    // Behind the last micro-batch's backward *compute*, as the dry run's estimate hides it
+    // (sim::comm_role): its exposed TP collectives do not hide the reduction.
+    const double backward_compute = (layers_max * bwd_compute + 2 * head) / v;
+    a.gradient_reduction = p.overlap_gradient_reduction ? std::max(0.0, reduction - backward_compute) : reduction;
     if (p.zero == 1 || p.zero == 2) a.parameter_sync = coll(CollectiveKind::all_gather, "dp", p.dp, e * rank_params);
   }
   const double shard = p.zero >= 1 ? rank_params / d : rank_params;
@@ -243,10 +251,12 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
     const double values = p.zero == 3 ? 0 : 2, full_grads = p.zero == 1 ? 2 : 0, shard = p.zero == 1 ? 12 : 16;
     a.model_states = rank_params * (values + full_grads + shard / d) + (p.zero >= 2 ? 2 * rank_params / layers_per_rank : 0);
   }
-  const double saved_layer = p.recompute ? e * n * h / (p.sp ? t : 1)
-                                         : (p.sp ? n * h * (4 + 30 / t) : n * h * (8 + 26 / t)) * (e / 2);  // GPT's terms (Llama's too)
+  // GPT's terms (Llama's too; docs/dry-run.md, Korthikanti Table 2): under SP every saved value is
+  // this rank's 1/t, the column-wise Linears' inputs included (nn/linear.hpp).
+  const double block_saved = (p.sp ? n * h * 34 / t : n * h * (8 + 26 / t)) * (e / 2);
+  const double saved_layer = p.recompute ? e * n * h / (p.sp ? t : 1) : block_saved;
   const double in_flight = p.pp == 1 ? 1 : std::min(double(mb) * v, double(p.pp) * v + (v > 1 ? p.pp : 0));
-  const double recompute_peak = p.recompute ? n * h * (4 + 30 / t) * (e / 2) : 0;
+  const double recompute_peak = p.recompute ? block_saved : 0;
   a.activations = saved_layer * layers_per_rank * in_flight / v + recompute_peak;
   a.logits = 4 * n * double(m.vocab) / t;
   a.memory_bytes = a.model_states + a.activations + a.logits;
