@@ -91,22 +91,22 @@ inline std::vector<PublishedRun> published_runs() {
                      .schedule = "interleaved", .stages_per_rank = 2, .cp_kind = "allgather"};
   };
   std::vector<PublishedRun> runs{
-      {"Korthikanti T5 22B", "a100", gpt(48, 6144, 64), korthikanti(4, 1, 1), true, 1.10, ""},
-      {"Korthikanti T5 175B", "a100", gpt(96, 12288, 96), korthikanti(64, 1, 8), true, 13.75, ""},
-      {"Korthikanti T5 530B", "a100", gpt(105, 20480, 128), korthikanti(280, 1, 35), true, 37.83, ""},
-      {"Korthikanti T5 1T", "a100", gpt(128, 25600, 160), korthikanti(512, 1, 64), true, 71.49, ""},
-      {"Narayanan T1 1.7B", "a100", gpt(24, 2304, 24), narayanan(512, 16, 32, 1, 1, 1), false, 137, "narayanan"},
-      {"Narayanan T1 3.6B", "a100", gpt(30, 3072, 32), narayanan(512, 16, 32, 2, 1, 1), false, 138, "narayanan"},
-      {"Narayanan T1 7.5B", "a100", gpt(36, 4096, 32), narayanan(512, 16, 32, 4, 1, 1), false, 142, "narayanan"},
-      {"Narayanan T1 18B", "a100", gpt(40, 6144, 48), narayanan(1024, 8, 32, 8, 1, 1), false, 135, "narayanan"},
-      {"Narayanan T1 39B", "a100", gpt(48, 8192, 64), narayanan(1536, 4, 32, 8, 2, 2), false, 138, "narayanan"},
-      {"Narayanan T1 145B", "a100", gpt(80, 12288, 96), narayanan(2304, 2, 24, 8, 8, 2), false, 148, "narayanan"},
-      {"Narayanan T1 310B", "a100", gpt(96, 16384, 128), narayanan(2160, 1, 15, 8, 16, 2), false, 155, "narayanan"},
-      {"Narayanan T1 530B", "a100", gpt(105, 20480, 128), narayanan(2520, 1, 9, 8, 35, 3), false, 163, "narayanan"},
-      {"Narayanan T1 1T", "a100", gpt(128, 25600, 160), narayanan(3072, 1, 6, 8, 64, 2), false, 163, "narayanan"},
-      {"Llama 3 T4 8K, 8,192 GPUs", "h100", llama405, llama(64, 1, 2048), false, 430, "palm"},
-      {"Llama 3 T4 8K, 16,384 GPUs", "h100", llama405, llama(128, 1, 2048), false, 400, "palm"},
-      {"Llama 3 T4 131K, 16,384 GPUs", "h100", llama405_long, llama(8, 16, 128), false, 380, "palm"},
+      {"Korthikanti T5 22B", "a100", gpt(48, 6144, 64), korthikanti(4, 1, 1), true, 1.10, "", false, "", {}},
+      {"Korthikanti T5 175B", "a100", gpt(96, 12288, 96), korthikanti(64, 1, 8), true, 13.75, "", false, "", {}},
+      {"Korthikanti T5 530B", "a100", gpt(105, 20480, 128), korthikanti(280, 1, 35), true, 37.83, "", false, "", {}},
+      {"Korthikanti T5 1T", "a100", gpt(128, 25600, 160), korthikanti(512, 1, 64), true, 71.49, "", false, "", {}},
+      {"Narayanan T1 1.7B", "a100", gpt(24, 2304, 24), narayanan(512, 16, 32, 1, 1, 1), false, 137, "narayanan", false, "", {}},
+      {"Narayanan T1 3.6B", "a100", gpt(30, 3072, 32), narayanan(512, 16, 32, 2, 1, 1), false, 138, "narayanan", false, "", {}},
+      {"Narayanan T1 7.5B", "a100", gpt(36, 4096, 32), narayanan(512, 16, 32, 4, 1, 1), false, 142, "narayanan", false, "", {}},
+      {"Narayanan T1 18B", "a100", gpt(40, 6144, 48), narayanan(1024, 8, 32, 8, 1, 1), false, 135, "narayanan", false, "", {}},
+      {"Narayanan T1 39B", "a100", gpt(48, 8192, 64), narayanan(1536, 4, 32, 8, 2, 2), false, 138, "narayanan", false, "", {}},
+      {"Narayanan T1 145B", "a100", gpt(80, 12288, 96), narayanan(2304, 2, 24, 8, 8, 2), false, 148, "narayanan", false, "", {}},
+      {"Narayanan T1 310B", "a100", gpt(96, 16384, 128), narayanan(2160, 1, 15, 8, 16, 2), false, 155, "narayanan", false, "", {}},
+      {"Narayanan T1 530B", "a100", gpt(105, 20480, 128), narayanan(2520, 1, 9, 8, 35, 3), false, 163, "narayanan", false, "", {}},
+      {"Narayanan T1 1T", "a100", gpt(128, 25600, 160), narayanan(3072, 1, 6, 8, 64, 2), false, 163, "narayanan", false, "", {}},
+      {"Llama 3 T4 8K, 8,192 GPUs", "h100", llama405, llama(64, 1, 2048), false, 430, "palm", false, "", {}},
+      {"Llama 3 T4 8K, 16,384 GPUs", "h100", llama405, llama(128, 1, 2048), false, 400, "palm", false, "", {}},
+      {"Llama 3 T4 131K, 16,384 GPUs", "h100", llama405_long, llama(8, 16, 128), false, 380, "palm", false, "", {}},
   };
   // The fit set: Korthikanti's four iteration times and every other Narayanan row from the
   // smallest (sizes 1.7B to 1T, pipelines 1 to 64 ranks); everything else is held out.
