@@ -37,7 +37,9 @@
 // --search: every plan of the model on --gpus GPUs (sim/search.hpp), ranked by the analytic
 // estimate (sim/analytic.hpp); the best --finalists are dry-run and ranked by the dry run's
 // estimate; the top --top printed with why each lost to the first.
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -68,6 +70,7 @@ struct Options {
   bool json = false, search = false, published = false;
   long long search_gpus = 0;
   int top = 5, finalists = 12;
+  std::vector<std::pair<std::string, long long>> rank_of;  // --rank-of tp=8,pp=16,dp=128: where that plan ranks, and why
 };
 
 constexpr const char* usage =
@@ -76,7 +79,7 @@ constexpr const char* usage =
     "--no-cp-balance --zero 0|1|2|3 --hsdp R --microbatches N --schedule gpipe|1f1b|interleaved|zb|zbv|dualpipev --stages-per-rank N "
     "--experts E --topk K --ep N --moe-every N --capacity F --no-sp --trace FILE --json "
     "--device h100|h200|a100 --device-file F --device-field NAME=VALUE --peak-tflops X "
-    "--search --gpus N --top K --finalists N --published]\n"
+    "--search --gpus N --top K --finalists N --rank-of tp=T,pp=P,dp=D[,cp=C,v=V,zero=Z,micro=B] --published]\n"
     "device fields: name peak_bf16_tflops peak_fp32_tflops hbm_gbytes_per_s memory_gbytes nvlink_domain "
     "nvlink_gbytes_per_s nvlink_latency_us network_gbps network_latency_us\n";
 
@@ -158,6 +161,21 @@ Options parse(int argc, char** argv) {
     else if (a == "--gpus") o.search_gpus = flag_value<long long>(a, value(), 1, 1LL << 31);
     else if (a == "--top") o.top = flag_value<int>(a, value(), 1, 1000);
     else if (a == "--finalists") o.finalists = flag_value<int>(a, value(), 1, 1000);
+    else if (a == "--rank-of") {
+      const std::string spec = value();
+      std::size_t begin = 0;
+      while (begin < spec.size()) {
+        const std::size_t end = std::min(spec.find(',', begin), spec.size());
+        const std::string item = spec.substr(begin, end - begin);
+        const auto eq = item.find('=');
+        const std::string key = item.substr(0, eq);
+        if (eq == std::string::npos || (key != "tp" && key != "pp" && key != "dp" && key != "cp" && key != "v" &&
+                                         key != "zero" && key != "micro"))
+          throw UsageError("--rank-of " + spec + ": expected KEY=N items, KEY one of tp pp dp cp v zero micro");
+        o.rank_of.emplace_back(key, flag_value<long long>("--rank-of " + key, item.substr(eq + 1), 0, 1LL << 31));
+        begin = end + 1;
+      }
+    }
     else throw UsageError("unknown flag " + a);
   }
   for (const auto& [name, text] : fields) sim::set_device_field(o.hardware, name, text);
@@ -351,6 +369,35 @@ int run_plan(const Options& o) {
   return 0;
 }
 
+/// Whether an analytic plan has every field --rank-of names.
+bool matches(const sim::PlanShape& p, const std::vector<std::pair<std::string, long long>>& want) {
+  for (const auto& [k, v] : want) {
+    const long long have = k == "tp" ? p.tp : k == "pp" ? p.pp : k == "dp" ? p.dp : k == "cp" ? p.cp
+                         : k == "v"  ? p.stages_per_rank : k == "zero" ? p.zero : p.microbatch;
+    if (have != v) return false;
+  }
+  return true;
+}
+
+/// --rank-of: the best-ranked variant of the named plan among the fitting ones, term by term
+/// against the first; and, when a faster variant of it does not fit, that one with its memory.
+void print_rank_of(const Options& o, const sim::ModelShape& model, const std::vector<sim::RankedPlan>& ranked) {
+  const auto it = std::find_if(ranked.begin(), ranked.end(), [&](const sim::RankedPlan& r) { return matches(r.plan, o.rank_of); });
+  if (it == ranked.end()) std::printf("--rank-of: no fitting plan of the search has those fields\n");
+  else
+    std::printf("--rank-of: its fastest fitting variant is #%zu of %zu (analytic): %s\n  term | this plan | #1 | difference\n%s",
+                std::size_t(it - ranked.begin()) + 1, ranked.size(), sim::describe(it->plan).c_str(),
+                sim::compare_plans(*it, ranked.front()).c_str());
+  const auto all = sim::search_plans(model, {.gpus = o.search_gpus, .batch = o.plan.batch, .bf16 = o.bf16, .keep_unfit = true},
+                                     o.hardware);
+  const auto any = std::find_if(all.begin(), all.end(), [&](const sim::RankedPlan& r) { return matches(r.plan, o.rank_of); });
+  if (any != all.end() && !any->estimate.fits)
+    std::printf("  faster, but does not fit (%s of %s less the %.0f %% reserve): %s\n%s",
+                sim::detail::human_bytes(any->estimate.memory_bytes).c_str(),
+                sim::detail::human_bytes(o.hardware.memory_bytes).c_str(), 100 * sim::memory_reserve_fraction,
+                sim::describe(any->plan).c_str(), sim::compare_plans(*any, ranked.front()).c_str());
+}
+
 /// --search: analytic ranking, the finalists dry-run (see the top of this file).
 int run_search(const Options& o) {
   const auto started = std::chrono::steady_clock::now();
@@ -396,22 +443,33 @@ int run_search(const Options& o) {
       std::printf("   loses by %.3f s in the dry run; analytic: %s\n", f.dry.step - best.dry.step,
                   sim::why_slower(f.ranked, best.ranked).c_str());
   }
+  if (!o.rank_of.empty()) print_rank_of(o, model, ranked);
   return 0;
 }
 
-/// --published: the published runs of sim/published_runs.hpp against the cost model (one calibration).
+/// --published: the published runs of sim/published_runs.hpp against the cost model (one
+/// calibration): each row's error, whether it was in the fit set, its leave-one-out error.
 int run_published() {
-  std::printf("run | device | published | predicted | error | memory (analytic)\n");
-  for (const auto& run : sim::published_runs()) {
+  const auto runs = sim::published_runs();
+  const auto fitted = sim::fit_calibration(sim::fit_rows(runs));
+  const auto loo = sim::leave_one_out(runs);
+  std::printf("run | set | device | published | predicted | error | leave-one-out | memory (analytic)\n");
+  double worst_fit = 0, worst_held = 0;
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    const auto& run = runs[i];
     const auto p = sim::predict(run);
     const char* unit = run.iteration_seconds ? " s" : " TFLOP/s";
-    std::printf("%s | %s | %.2f%s | %.2f%s | %+.1f %% | %s\n", run.name.c_str(), run.device.c_str(), p.published, unit,
-                p.predicted, unit, 100 * (p.ratio() - 1), sim::detail::human_bytes(p.estimate.memory_bytes).c_str());
+    std::printf("%s | %s | %s | %.2f%s | %.2f%s | %+.1f %% | %+.1f %% | %s\n", run.name.c_str(), run.fit ? "fit" : "held out",
+                run.device.c_str(), p.published, unit, p.predicted, unit, 100 * (p.ratio() - 1), 100 * (loo[i] - 1),
+                sim::detail::human_bytes(p.estimate.memory_bytes).c_str());
+    (run.fit ? worst_fit : worst_held) = std::max(run.fit ? worst_fit : worst_held, std::abs(p.ratio() - 1));
   }
   const auto& c = sim::calibration;
-  std::printf("calibration: gemm_max_fraction %.2f, gemm_half_intensity %.0f FLOP/B, attention_fraction %.2f, "
-              "hbm_fraction %.2f, link_fraction %.2f\n", c.gemm_max_fraction, c.gemm_half_intensity, c.attention_fraction,
-              c.hbm_fraction, c.link_fraction);
+  std::printf("calibration: gemm_max_fraction %.2f, gemm_half_intensity %.0f FLOP/B (fitted on the %zu fit rows: %.2f, %.0f), "
+              "attention_fraction %.2f, hbm_fraction %.2f, link_fraction %.2f (measured, not fitted)\n",
+              c.gemm_max_fraction, c.gemm_half_intensity, sim::fit_rows(runs).size(), fitted.gemm_max_fraction,
+              fitted.gemm_half_intensity, c.attention_fraction, c.hbm_fraction, c.link_fraction);
+  std::printf("largest error: fit rows %.1f %%, held-out rows %.1f %%\n", 100 * worst_fit, 100 * worst_held);
   return 0;
 }
 

@@ -86,6 +86,7 @@
 #include "dtensor/trace/unit_spans.hpp"
 #include "dtensor/training.hpp"
 #include "flags.hpp"
+#include "plan_auto.hpp"
 #ifdef DTENSOR_HAS_MPI
 #include "dtensor/comm/mpi.hpp"
 #endif
@@ -147,6 +148,10 @@ struct Options : examples::MeshFlags {  // the mesh: --pp --dp --fsdp --cp --tp 
   std::size_t offload_buffer_kib = 64 << 10;
   bool offloads(std::string_view what) const { return std::find(offload.begin(), offload.end(), what) != offload.end(); }
   // ---- end offload
+  // --plan auto --ranks N [--plan-device h100|h200|a100]: the mesh flags chosen by the cost model
+  // (examples/plan_auto.hpp); plan_report is what rank 0 prints about the choice.
+  std::string plan, plan_device = "h100", plan_report;
+  int plan_ranks = 0;
 };
 
 inline const char* const usage =
@@ -192,7 +197,9 @@ inline const char* const usage =
     "  --offload optimizer (docs/offload.md): AdamW's moments in a file per rank under --offload-dir (an existing,\n"
     "        writable local directory with room for them), staged through --offload-buffer-kib KiB of host memory\n"
     "        (default 65536); the same update bit for bit. Host memory only; not with checkpoints (the moments are\n"
-    "        not saved). params and activations offload are not built yet.\n";
+    "        not saved). params and activations offload are not built yet.\n"
+    "  --plan auto --ranks N [--plan-device h100|h200|a100]: the mesh flags (not given) chosen for N ranks by the\n"
+    "        dry run's cost model (examples/plan_auto.hpp, docs/dry-run.md), printed with why, then trained.\n";
 
 using examples::flag_value;
 using examples::UsageError;
@@ -326,6 +333,7 @@ inline void check_options(Options& o, bool cuda_build) {
 
 inline Options parse(int argc, char** argv, bool cuda_build) {
   Options o;
+  std::string mesh_flag;  // the first mesh flag given (--plan auto chooses them)
   if (examples::help_requested(argc, argv)) {  // examples/flags.hpp
     std::cout << usage;
     std::exit(0);
@@ -336,7 +344,10 @@ inline Options parse(int argc, char** argv, bool cuda_build) {
       if (i + 1 >= argc) throw UsageError(a + " needs a value");
       return examples::nonempty_flag_value(a, argv[++i]);  // "" is no value (flags.hpp)
     };
-    if (examples::parse_mesh_flag(o, a, value)) continue;  // examples/flags.hpp
+    if (examples::parse_mesh_flag(o, a, value)) {  // examples/flags.hpp
+      if (a != "--ep" && mesh_flag.empty()) mesh_flag = a;
+      continue;
+    }
     if (a == "--layers") o.layers = flag_value<Extent>(a, value(), 1);
     else if (a == "--heads") o.heads = flag_value<Extent>(a, value(), 1);
     else if (a == "--dim") o.dim = flag_value<Extent>(a, value(), 1);
@@ -387,6 +398,9 @@ inline Options parse(int argc, char** argv, bool cuda_build) {
       if (o.offload.empty()) throw UsageError("--offload needs optimizer (a comma list)");
     } else if (a == "--offload-dir") o.offload_dir = value();
     else if (a == "--offload-buffer-kib") o.offload_buffer_kib = flag_value<std::size_t>(a, value(), 1);
+    else if (a == "--plan") o.plan = value();
+    else if (a == "--ranks") o.plan_ranks = examples::mesh_flag(a, value());
+    else if (a == "--plan-device") o.plan_device = value();
     else if (a == "--backend") {
       o.backend = value();
       if (o.backend != "threads" && o.backend != "mpi" && o.backend != "nccl")
@@ -400,6 +414,7 @@ inline Options parse(int argc, char** argv, bool cuda_build) {
     } else
       throw UsageError("unknown flag '" + a + "'");
   }
+  examples::apply_plan_auto(o, mesh_flag);  // --plan auto: the mesh flags from the cost model
   if (o.ranks() > threads::detail::max_ranks)
     throw UsageError("pp x dp x fsdp x cp x tp = " + str(o.ranks()) + " ranks, more than " + str(threads::detail::max_ranks));
   check_options(o, cuda_build);
@@ -817,7 +832,7 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
   }
   CommSummary per_step;  // the collectives of step 2 (step 1 warms up)
   CommSummary host_split;  // across hosts: per line of per_step, its bytes inside a host and across hosts
-  double train_loss = 0, val_loss = 0, elapsed = 0;
+  double train_loss = 0, val_loss = 0, elapsed = 0, first_train_loss = 0;
   const double tokens_per_step = double(o.batch * o.seq);
   // --trace, --plot and the progress bar (a bar on a terminal, a line per step elsewhere).
   trace::TrainingMonitor monitor(world, {.trace_path = o.trace, .plot_path = o.plot,
@@ -874,6 +889,7 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     elapsed += dt;
     train_loss = shared_loss(stats);  // not timed
+    if (step == first_step) first_train_loss = train_loss;
     if (o.check_finite) {
       optim::check_finite_loss(train_loss, step);
       optim::check_finite(model.params(), step, "parameter", world->rank());
@@ -913,6 +929,8 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
     }
     // All the digits: a resumed run is compared with a straight one by these (examples/CMakeLists.txt).
     std::printf("final losses at step %d: train %.17g validation %.17g\n", o.steps, train_loss, val_loss);
+    std::printf("train loss %s from %.4f (step %d) to %.4f\n", train_loss < first_train_loss ? "fell" : "did not fall",
+                first_train_loss, first_step, train_loss);
     // The ledger's process-wide peaks (every rank thread of this process), by what the bytes hold:
     // scripts/gpu-check.sh reads this line for the GPU's memory use.
     std::printf("memory peaks in %s space (this process):", host ? "host" : "cuda");
@@ -1013,6 +1031,7 @@ void run_rank(CommPtr world, const Options& o, const Corpus& corpus) {
   if constexpr (std::is_same_v<Space, host_space>) require_same_settings(*world, "train_gpt", settings_of(o, corpus));
   if (world->size() != o.ranks())
     world->fail("train_gpt", "the job has " + str(world->size()) + " ranks but pp x dp x fsdp x cp x tp = " + str(o.ranks()));
+  if (world->rank() == 0 && !o.plan_report.empty()) std::fputs(o.plan_report.c_str(), stdout);
   auto train_on = [&](const Corpus& c) {
     return o.sp ? train_blocks<Space, Compute, true>(world, o, c) : train_blocks<Space, Compute, false>(world, o, c);
   };

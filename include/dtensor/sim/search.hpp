@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dtensor/sim/analytic.hpp"
@@ -30,6 +31,7 @@ struct SearchSpace {
   std::int64_t batch = 1;  // global batch, sequences
   bool bf16 = true;
   int max_cp = 32;
+  bool keep_unfit = false;  // also return the plans that do not fit (estimate.fits false), ranked with the rest
 };
 
 struct RankedPlan {
@@ -81,7 +83,7 @@ inline std::vector<RankedPlan> search_plans(const ModelShape& m, const SearchSpa
                             .stages_per_rank = v, .cp_kind = "ring", .bf16 = space.bf16};
                 ++considered;
                 auto est = analytic_estimate(m, p, hw, cal);
-                if (est.fits) out.push_back({std::move(p), est});
+                if (est.fits || space.keep_unfit) out.push_back({std::move(p), est});
               }
             }
           }
@@ -89,7 +91,7 @@ inline std::vector<RankedPlan> search_plans(const ModelShape& m, const SearchSpa
       }
     }
   }
-  if (out.empty())
+  if (std::none_of(out.begin(), out.end(), [](const RankedPlan& r) { return r.estimate.fits; }))
     throw Error(op, dtensor::detail::cat("no plan of ", considered, " for ", m.params() / 1e9, "B parameters on ",
                                          space.gpus, " x ", hw.name, " (", hw.memory_bytes / 1e9,
                                          " GB each, less the reserve) with batch ", space.batch, " fits"));
@@ -135,6 +137,41 @@ inline std::string why_slower(const RankedPlan& slower, const RankedPlan& best) 
   s.precision(3);
   s << "+" << (a.step_seconds - b.step_seconds) << " s; most from " << worst->name << " (" << worst->mine << " s vs "
     << worst->theirs << " s)";
+  return s.str();
+}
+
+/// Every term of `a`'s analytic step beside `b`'s, and the memory of both: the per-phase account of
+/// why `a` ranks where it does (`plan_at_scale --search --rank-of`). One line per term:
+/// "  pipeline bubble          1.460 s   0.282 s   +1.178 s".
+inline std::string compare_plans(const RankedPlan& a, const RankedPlan& b) {
+  const auto& x = a.estimate;
+  const auto& y = b.estimate;
+  struct Term {
+    const char* name;
+    double mine, theirs;
+  };
+  const Term terms[] = {
+      {"compute (all micro-batches)", x.compute_per_microbatch * a.plan.microbatches(), y.compute_per_microbatch * b.plan.microbatches()},
+      {"pipeline bubble", x.bubble_seconds, y.bubble_seconds},
+      {"tensor-parallel communication", x.tp_seconds, y.tp_seconds},
+      {"context-parallel communication", x.cp_seconds, y.cp_seconds},
+      {"pipeline sends", x.pp_seconds, y.pp_seconds},
+      {"ZeRO-3 gathers", x.gather_seconds, y.gather_seconds},
+      {"gradient reduction (exposed)", x.gradient_reduction, y.gradient_reduction},
+      {"optimizer + parameter sync", x.optimizer + x.parameter_sync, y.optimizer + y.parameter_sync},
+      {"step", x.step_seconds, y.step_seconds},
+  };
+  std::ostringstream s;
+  s.setf(std::ios::fixed);
+  s.precision(3);
+  for (const auto& t : terms) {
+    s << "  " << t.name << std::string(32 - std::min<std::size_t>(31, std::string_view(t.name).size()), ' ') << t.mine
+      << " s  " << t.theirs << " s  " << (t.mine >= t.theirs ? "+" : "") << t.mine - t.theirs << " s\n";
+  }
+  s.precision(2);
+  s << "  memory (states + activations + logits)  " << x.memory_bytes / 1e9 << " GB (" << x.model_states / 1e9 << " + "
+    << x.activations / 1e9 << " + " << x.logits / 1e9 << ")  " << y.memory_bytes / 1e9 << " GB (" << y.model_states / 1e9
+    << " + " << y.activations / 1e9 << " + " << y.logits / 1e9 << ")\n";
   return s.str();
 }
 
