@@ -9,7 +9,7 @@
 #endif
 
 namespace dtensor::kernels {
-DTENSOR_KERNELS_USE(attention)
-DTENSOR_KERNELS_USE(attention_backward)
-DTENSOR_KERNELS_USE(merge_attention_blocks)
+DTENSOR_KERNEL(attention)
+DTENSOR_KERNEL(attention_backward)
+DTENSOR_KERNEL(merge_attention_blocks)
 }  // namespace dtensor::kernels

@@ -9,11 +9,11 @@
 #endif
 
 namespace dtensor::kernels {
-DTENSOR_KERNELS_USE(cross_entropy)
-DTENSOR_KERNELS_USE(cross_entropy_backward)
-DTENSOR_KERNELS_USE(vocab_parallel_ce_max)
-DTENSOR_KERNELS_USE(vocab_parallel_ce_sum_exp)
-DTENSOR_KERNELS_USE(vocab_parallel_ce_target_logit)
-DTENSOR_KERNELS_USE(vocab_parallel_ce_loss)
-DTENSOR_KERNELS_USE(vocab_parallel_ce_backward)
+DTENSOR_KERNEL(cross_entropy)
+DTENSOR_KERNEL(cross_entropy_backward)
+DTENSOR_KERNEL(vocab_parallel_ce_max)
+DTENSOR_KERNEL(vocab_parallel_ce_sum_exp)
+DTENSOR_KERNEL(vocab_parallel_ce_target_logit)
+DTENSOR_KERNEL(vocab_parallel_ce_loss)
+DTENSOR_KERNEL(vocab_parallel_ce_backward)
 }  // namespace dtensor::kernels

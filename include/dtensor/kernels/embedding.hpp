@@ -9,8 +9,8 @@
 #endif
 
 namespace dtensor::kernels {
-DTENSOR_KERNELS_USE(embedding)
-DTENSOR_KERNELS_USE(embedding_shard)
-DTENSOR_KERNELS_USE(embedding_backward)
-DTENSOR_KERNELS_USE(embedding_shard_backward)
+DTENSOR_KERNEL(embedding)
+DTENSOR_KERNEL(embedding_shard)
+DTENSOR_KERNEL(embedding_backward)
+DTENSOR_KERNEL(embedding_shard_backward)
 }  // namespace dtensor::kernels

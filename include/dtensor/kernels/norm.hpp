@@ -9,8 +9,8 @@
 #endif
 
 namespace dtensor::kernels {
-DTENSOR_KERNELS_USE(layer_norm)
-DTENSOR_KERNELS_USE(layer_norm_backward)
-DTENSOR_KERNELS_USE(rms_norm)
-DTENSOR_KERNELS_USE(rms_norm_backward)
+DTENSOR_KERNEL(layer_norm)
+DTENSOR_KERNEL(layer_norm_backward)
+DTENSOR_KERNEL(rms_norm)
+DTENSOR_KERNEL(rms_norm_backward)
 }  // namespace dtensor::kernels

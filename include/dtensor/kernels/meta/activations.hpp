@@ -15,7 +15,6 @@ MetaTensor<T, R> map(const char* op, const MetaTensor<T, R>& x) {
 }
 template <class T, std::size_t R>
 MetaTensor<T, R> map_backward(const char* op, const MetaTensor<T, R>& x, const MetaTensor<T, R>& dy) {
-  check_same_shape(op, "x", x.shape(), "dy", dy.shape());
   pointwise_cost<T>(op, x.numel(), 2, 2);
   return result<T>(x.shape());
 }

@@ -17,7 +17,6 @@ MetaTensor<T, R> rowwise(const char* op, const MetaTensor<T, R>& x) {
 }
 template <class T, std::size_t R>
 MetaTensor<T, R> rowwise_backward(const char* op, const MetaTensor<T, R>& y, const MetaTensor<T, R>& dy) {
-  check_same_shape(op, "y", y.shape(), "dy", dy.shape());
   pointwise_cost<T>(op, y.numel(), 2, softmax_flops_per_element);
   return result<T>(y.shape());
 }
