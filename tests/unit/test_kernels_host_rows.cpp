@@ -13,7 +13,9 @@
 #include "dtensor/kernels/host/repeat.hpp"
 #include "dtensor/kernels/host/rotary.hpp"
 #include "dtensor/kernels/host/softmax.hpp"
-#include "dtensor/kernels/softmax.hpp"  // kernels::softmax_backward: the checked front (kernels/generic/)
+// kernels::name: the checked fronts (kernels/generic/), where bad extents are caught for every space.
+#include "dtensor/kernels/norm.hpp"
+#include "dtensor/kernels/softmax.hpp"
 
 using namespace dtensor;
 namespace kh = dtensor::kernels::host;
@@ -145,8 +147,8 @@ TEST_CASE("LayerNorm and RMSNorm forward and backward", "[kernels][norm]") {
   auto ff = kh::layer_norm(kt::cast<float>(x), kt::cast<float>(w), kt::cast<float>(b), eps);
   for (Extent i = 0; i < x.numel(); ++i) CHECK(double(ff.y[i]) == Approx(f.y[i]).margin(2e-6));
 
-  kt::require_error([&] { kh::layer_norm(x, normal<double>(Shape<1>{6}, 1), b); }, {"layer_norm", "[3, 5, 7]", "[6]"});
-  kt::require_error([&] { kh::rms_norm_backward(x, w, Tensor<double, 1>(Shape<1>{14}), dy); }, {"rms_norm_backward", "[14]", "15"});
+  kt::require_error([&] { kernels::layer_norm(x, normal<double>(Shape<1>{6}, 1), b); }, {"layer_norm", "[3, 5, 7]", "[6]"});
+  kt::require_error([&] { kernels::rms_norm_backward(x, w, Tensor<double, 1>(Shape<1>{14}), dy); }, {"rms_norm_backward", "[14]", "15"});
 }
 
 TEST_CASE("embedding lookup, vocabulary shards and the scatter-add backward", "[kernels][embedding]") {
