@@ -71,7 +71,7 @@ __global__ void max_scatter_kernel(T* dx, const T* dy, const std::int64_t* idx, 
   }
 }
 
-using host::detail::reduced_shape;
+using generic::reduced_shape;
 
 template <class T, std::size_t R>
 CudaTensor<T, R> sum_scaled(const char* op, const CudaTensor<T, R>& x, std::size_t dim, double scale) {

@@ -1,5 +1,5 @@
-// dtensor/kernels/meta/cast.hpp — the meta twin of kernels/host/cast.hpp: checks the extents and
-// counts the bytes read and written (no FLOPs).
+// dtensor/kernels/meta/cast.hpp — the meta twin of kernels/host/cast.hpp: counts the bytes read and
+// written (no FLOPs); kernels::cast_into checked the extents (kernels/generic/cast.hpp).
 #pragma once
 
 #include "dtensor/kernels/meta/common.hpp"

@@ -13,7 +13,7 @@ using generic::broadcast_shape;
 
 namespace detail {
 template <class T, std::size_t R>
-MetaTensor<T, R> zip(const char* op, const MetaTensor<T, R>& a, const MetaTensor<T, R>& b) {
+MetaTensor<T, R> zip(const char* op, const MetaTensor<T, R>& a, const MetaTensor<T, R>& /*b*/) {
   pointwise_cost<T>(op, a.numel(), 2);
   return result<T>(a.shape());
 }
@@ -37,11 +37,11 @@ MetaTensor<T, R> scale(const MetaTensor<T, R>& a, compute_t<T>) {
   return detail::result<T>(a.shape());
 }
 template <Element T, std::size_t R>
-void add_(MetaTensor<T, R>& y, const MetaTensor<T, R>& x, compute_t<T> = compute_t<T>(1)) {
+void add_(MetaTensor<T, R>& y, const MetaTensor<T, R>& /*x*/, compute_t<T> = compute_t<T>(1)) {
   detail::pointwise_cost<T>("add_", y.numel(), 2, 2);
 }
 template <Element T, std::size_t R>
-void mul_(MetaTensor<T, R>& y, const MetaTensor<T, R>& x) {
+void mul_(MetaTensor<T, R>& y, const MetaTensor<T, R>& /*x*/) {
   detail::pointwise_cost<T>("mul_", y.numel(), 2);
 }
 template <Element T, std::size_t R>

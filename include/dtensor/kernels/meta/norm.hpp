@@ -27,7 +27,7 @@ struct NormBackward {
 namespace detail {
 
 template <class T, std::size_t R>
-NormForward<T, R> norm_forward(const char* op, const MetaTensor<T, R>& x, const MetaTensor<T, 1>& w,
+NormForward<T, R> norm_forward(const char* op, const MetaTensor<T, R>& x, const MetaTensor<T, 1>& /*w*/,
                                const MetaTensor<T, 1>* b, std::int64_t flops_per_element) {
   const Extent rows = leading_rows(x.shape()), n = x.extent(R - 1);
   cost(op, flops_per_element * x.numel(), bytes<T>(x.numel() + (b ? 2 : 1) * n),
@@ -36,9 +36,9 @@ NormForward<T, R> norm_forward(const char* op, const MetaTensor<T, R>& x, const 
           result<Stat>(Shape<1>{rows})};
 }
 template <class T, std::size_t R>
-NormBackward<T, R> norm_backward(const char* op, const MetaTensor<T, R>& x, const MetaTensor<T, 1>& w,
-                                 const MetaTensor<Stat, 1>* mean, const MetaTensor<Stat, 1>& rstd,
-                                 const MetaTensor<T, R>& dy, std::int64_t flops_per_element) {
+NormBackward<T, R> norm_backward(const char* op, const MetaTensor<T, R>& x, const MetaTensor<T, 1>& /*w*/,
+                                 const MetaTensor<Stat, 1>* mean, const MetaTensor<Stat, 1>& /*rstd*/,
+                                 const MetaTensor<T, R>& /*dy*/, std::int64_t flops_per_element) {
   const Extent rows = leading_rows(x.shape()), n = x.extent(R - 1);
   cost(op, flops_per_element * x.numel(), bytes<T>(2 * x.numel() + n) + (mean ? 2 : 1) * bytes<Stat>(rows),
        bytes<T>(x.numel() + (mean ? 2 : 1) * n));

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "dtensor/kernels/host/reduce.hpp"  // reduced_shape
+#include "dtensor/kernels/generic/reduce.hpp"  // reduced_shape
 #include "dtensor/kernels/meta/common.hpp"
 
 namespace dtensor::kernels::meta {
@@ -19,7 +19,7 @@ struct MaxResult {
 namespace detail {
 template <class T, std::size_t R>
 MetaTensor<T, R> reduce(const char* op, const MetaTensor<T, R>& x, std::size_t dim) {
-  const auto s = host::detail::reduced_shape(op, x.shape(), dim);
+  const auto s = generic::reduced_shape(op, x.shape(), dim);
   cost(op, x.numel(), bytes<T>(x.numel()), bytes<T>(numel(s)));
   return result<T>(s);
 }

@@ -3,7 +3,6 @@
 // element).
 #pragma once
 
-#include "dtensor/kernels/host/repeat.hpp"
 #include "dtensor/kernels/meta/common.hpp"
 
 namespace dtensor::kernels::meta {
