@@ -1,7 +1,8 @@
 // The ops on every memory space that runs here: host and meta. On meta tensors (shapes, no
 // data) every op must give the host op's extents and layouts, issue no collective, and record
 // the analytic FLOP counts (docs/ops.md "Cost on meta tensors"). Also: the allocation ledger,
-// the host block cache, and the optimizer-update kernels on host and meta.
+// the host block cache, the optimizer-update kernels on host and meta, and a memory space declared
+// outside the library (tests/support/counting_space.hpp) running an op chain as host does.
 #include <catch2/catch.hpp>
 
 #include <cmath>
