@@ -204,6 +204,7 @@ CudaTensor<T, R> mul_broadcast(const CudaTensor<T, R>& a, const CudaTensor<T, R>
 /// The adjoint of broadcasting to dz's extents: sums dz over the dimensions where `shape` is 1.
 template <FloatElement T, std::size_t R>
 CudaTensor<T, R> sum_to(const CudaTensor<T, R>& dz, const Shape<R>& shape) {
+  auto out = CudaTensor<T, R>::uninitialized(shape);
   if (out.numel() == 0) return out;
   const Shape<R> dz_strides = row_major_strides(dz.shape());
   Shape<R> summed{}, out_in_dz{};
