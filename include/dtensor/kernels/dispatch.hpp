@@ -18,9 +18,13 @@
 // computation (meta: the result's extents and its cost record) and trusts its arguments. A new
 // memory space is therefore one header declaring the space type plus its kernels, in the space's
 // own namespace; nothing here or in the family headers changes (docs/design.md, "Adding a memory
-// space"; tests/unit/test_memory_space_extension.cpp). Operands of different spaces match no
-// kernel; the ops say so first with a diagnostic naming both spaces (ops/common.hpp,
-// mixed_memory_spaces).
+// space"; tests/support/counting_space.hpp, run in tests/unit/test_ops_spaces.cpp). Operands of
+// different spaces match no kernel; the ops say so first with a diagnostic naming both spaces
+// (ops/common.hpp, mixed_memory_spaces).
+//
+// The lookup of step 2 also sees functions of namespace dtensor (the namespace of the built-in
+// space types): a function there of a kernel's name must not accept local Tensors, or the call
+// becomes ambiguous (the ops there take DTensors).
 //
 // DTENSOR_KERNEL(name) is the same front for a kernel that has nothing to check (any extents
 // are valid: gelu, scale, ...). Calling kernels::host::name directly skips the checks: the
