@@ -24,7 +24,7 @@
 //
 // The lookup of step 2 also sees functions of namespace dtensor (the namespace of the built-in
 // space types): a function there of a kernel's name must not accept local Tensors, or the call
-// becomes ambiguous (the ops there take DTensors).
+// becomes ambiguous (none does: the ops live in dtensor::ops, which the lookup does not search).
 //
 // DTENSOR_KERNEL(name) is the same front for a kernel that has nothing to check (any extents
 // are valid: gelu, scale, ...). Calling kernels::host::name directly skips the checks: the
