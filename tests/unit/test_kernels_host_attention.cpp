@@ -8,6 +8,7 @@
 
 #include "dtensor/kernels/attention_chunk.hpp"
 #include "dtensor/kernels/host/attention.hpp"
+#include "dtensor/kernels/attention.hpp"  // kernels::attention: the checked front (kernels/generic/)
 
 using namespace dtensor;
 namespace kh = dtensor::kernels::host;
@@ -60,7 +61,7 @@ TEST_CASE("attention forward matches a naive loop, causal or not", "[kernels][at
   auto ff = kh::attention(kt::cast<float>(q), kt::cast<float>(k), kt::cast<float>(v));
   auto fd = kh::attention(q, k, v);
   for (Extent i = 0; i < fd.out.numel(); ++i) CHECK(double(ff.out[i]) == Approx(fd.out[i]).margin(1e-5));
-  kt::require_error([&] { kh::attention(q, normal<double>(Shape<4>{2, 3, 5, 5}, 1), v); },
+  kt::require_error([&] { kernels::attention(q, normal<double>(Shape<4>{2, 3, 5, 5}, 1), v); },
                     {"attention", "[2, 3, 5, 4]", "[2, 3, 5, 5]"});
 }
 
@@ -76,7 +77,7 @@ TEST_CASE("attention backward against finite differences", "[kernels][attention]
     kt::check_grad(g.dv, kt::fd_grad(v, [&](const T4& x) { return kt::dot(kh::attention(q, k, x, o).out, dout); }));
   }
   auto f = kh::attention(q, k, v);
-  kt::require_error([&] { kh::attention_backward(q, k, v, f.out, f.lse, q); }, {"attention_backward", "[1, 2, 5, 3]"});
+  kt::require_error([&] { kernels::attention_backward(q, k, v, f.out, f.lse, q); }, {"attention_backward", "[1, 2, 5, 3]"});
 }
 
 TEST_CASE("blockwise attention with offsets merges to the whole (ring attention)", "[kernels][attention]") {

@@ -9,6 +9,10 @@
 #include "dtensor/kernels/host/elementwise.hpp"
 #include "dtensor/kernels/host/reduce.hpp"
 #include "dtensor/kernels/host/transpose.hpp"
+// Bad extents are checked by the kernels::name front (kernels/generic/), the API every space shares.
+#include "dtensor/kernels/activations.hpp"
+#include "dtensor/kernels/elementwise.hpp"
+#include "dtensor/kernels/reduce.hpp"
 
 using namespace dtensor;
 namespace kh = dtensor::kernels::host;
@@ -34,8 +38,8 @@ TEST_CASE("elementwise arithmetic and in-place forms", "[kernels][elementwise]")
   auto bb = kt::cast<dtensor::bfloat16>(normal<double>(Shape<1>{9}, 4));
   auto sb = kh::add(ab, bb);
   for (Extent i = 0; i < 9; ++i) CHECK(sb[i] == dtensor::bfloat16(float(ab[i]) + float(bb[i])));
-  kt::require_error([&] { kh::add(a, normal<float>(Shape<3>{3, 5, 6}, 1)); }, {"add", "[3, 5, 7]", "[3, 5, 6]"});
-  kt::require_error([&] { kh::add_(y, normal<float>(Shape<3>{3, 1, 7}, 1)); }, {"add_", "[3, 1, 7]"});
+  kt::require_error([&] { kernels::add(a, normal<float>(Shape<3>{3, 5, 6}, 1)); }, {"add", "[3, 5, 7]", "[3, 5, 6]"});
+  kt::require_error([&] { kernels::add_(y, normal<float>(Shape<3>{3, 1, 7}, 1)); }, {"add_", "[3, 1, 7]"});
 }
 
 TEST_CASE("bias add, its gradient, and general broadcasting", "[kernels][elementwise]") {
@@ -74,8 +78,8 @@ TEST_CASE("bias add, its gradient, and general broadcasting", "[kernels][element
         CHECK(z2(i, t, j) == g(i, 0, j) * g2(0, t, 0));
         CHECK(z3(i, t, j) == g2(0, t, 0) - g(i, 0, j));
       }
-  kt::require_error([&] { kh::add_bias(x, normal<double>(Shape<1>{5}, 1)); }, {"add_bias", "[5]", "[3, 5, 7]"});
-  kt::require_error([&] { kh::add_broadcast(x, normal<double>(Shape<3>{3, 2, 7}, 1)); }, {"add_broadcast", "[3, 2, 7]", "[3, 5, 7]"});
+  kt::require_error([&] { kernels::add_bias(x, normal<double>(Shape<1>{5}, 1)); }, {"add_bias", "[5]", "[3, 5, 7]"});
+  kt::require_error([&] { kernels::add_broadcast(x, normal<double>(Shape<3>{3, 2, 7}, 1)); }, {"add_broadcast", "[3, 2, 7]", "[3, 5, 7]"});
 }
 
 namespace {
@@ -103,7 +107,7 @@ TEST_CASE("activations and their backwards", "[kernels][activations]") {
   auto xf = kt::cast<float>(x);
   auto gf = kh::gelu(xf);
   for (Extent i = 0; i < x.numel(); ++i) CHECK(double(gf[i]) == Approx(gelu_ref(double(xf[i]))).margin(1e-6));
-  kt::require_error([&] { kh::gelu_backward(x, normal<double>(Shape<3>{3, 5, 1}, 1)); }, {"gelu_backward", "[3, 5, 1]"});
+  kt::require_error([&] { kernels::gelu_backward(x, normal<double>(Shape<3>{3, 5, 1}, 1)); }, {"gelu_backward", "[3, 5, 1]"});
 }
 
 TEST_CASE("sum, mean and max over any dimension, and their backwards", "[kernels][reduce]") {
@@ -145,8 +149,8 @@ TEST_CASE("sum, mean and max over any dimension, and their backwards", "[kernels
   // ties go to the first index
   auto t = ones<float>(Shape<2>{2, 4});
   CHECK(kh::max(t, 1).indices(1, 0) == 0);
-  kt::require_error([&] { kh::sum(x, 3); }, {"sum", "dimension 3", "[3, 5, 7]"});
-  kt::require_error([&] { kh::sum_backward(x, x.shape(), 1); }, {"sum_backward", "[3, 5, 7]"});
+  kt::require_error([&] { kernels::sum(x, 3); }, {"sum", "dimension 3", "[3, 5, 7]"});
+  kt::require_error([&] { kernels::sum_backward(x, x.shape(), 1); }, {"sum_backward", "[3, 5, 7]"});
 }
 
 TEST_CASE("permute, transpose, split and concat", "[kernels][transpose]") {

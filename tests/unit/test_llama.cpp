@@ -65,11 +65,11 @@ TEST_CASE("rotary: the backward is the adjoint (finite differences), position 0 
   for (Extent b = 0; b < 2; ++b)
     for (Extent t = 0; t < 3; ++t) pos(b, t) = std::int32_t(b == 0 ? t : 7 - 2 * t);  // any global positions
   const double theta = 50;
-  auto e = fd_all(x, kernels::host::rotary_backward(pos, r, theta),
-                  [&](const Tensor<double, 4>& v) { return kernels::host::rotary(v, pos, theta); }, r);
+  auto e = fd_all(x, kernels::rotary_backward(pos, r, theta),
+                  [&](const Tensor<double, 4>& v) { return kernels::rotary(v, pos, theta); }, r);
   INFO(e);
   REQUIRE(e.empty());
-  const auto y = kernels::host::rotary(x, pos, theta);
+  const auto y = kernels::rotary(x, pos, theta);
   // Position 0 turns by nothing; every (b, t, h) row keeps its norm.
   for (Extent i = 0; i < 6; ++i) REQUIRE(y(0, 0, 1, i) == x(0, 0, 1, i));
   for (Extent b = 0; b < 2; ++b)
@@ -87,28 +87,28 @@ TEST_CASE("rotary: the backward is the adjoint (finite differences), position 0 
     p4(0, t) = at[t];
     for (Extent i = 0; i < 6; ++i) qk(0, t, 0, i) = t % 2 == 0 ? q[i] : k[i];
   }
-  const auto turned = kernels::host::rotary(qk, p4, theta);
+  const auto turned = kernels::rotary(qk, p4, theta);
   auto dot = [&](Extent a, Extent b) {
     double d = 0;
     for (Extent i = 0; i < 6; ++i) d += turned(0, a, 0, i) * turned(0, b, 0, i);
     return d;
   };
   REQUIRE(dot(0, 1) == Approx(dot(2, 3)).epsilon(1e-12));
-  REQUIRE_THROWS_AS(kernels::host::rotary(normal<double>(Shape<4>{2, 3, 2, 5}, 1), pos, theta), Error);  // D odd
+  REQUIRE_THROWS_AS(kernels::rotary(normal<double>(Shape<4>{2, 3, 2, 5}, 1), pos, theta), Error);  // D odd
 }
 
 TEST_CASE("repeat_interleave: values, and the backward sums the repeats (finite differences)", "[llama][ops]") {
   const auto x = normal<double>(Shape<4>{2, 3, 2, 2}, 5);
-  const auto y = kernels::host::repeat_interleave(x, 1, 3);
+  const auto y = kernels::repeat_interleave(x, 1, 3);
   REQUIRE(y.shape() == Shape<4>{2, 9, 2, 2});
   for (Extent b = 0; b < 2; ++b)
     for (Extent h = 0; h < 9; ++h) REQUIRE(y(b, h, 1, 0) == x(b, h / 3, 1, 0));
   const auto r = normal<double>(y.shape(), 6);
-  auto e = fd_all(x, kernels::host::repeat_interleave_backward(r, 1, 3),
-                  [&](const Tensor<double, 4>& v) { return kernels::host::repeat_interleave(v, 1, 3); }, r);
+  auto e = fd_all(x, kernels::repeat_interleave_backward(r, 1, 3),
+                  [&](const Tensor<double, 4>& v) { return kernels::repeat_interleave(v, 1, 3); }, r);
   INFO(e);
   REQUIRE(e.empty());
-  REQUIRE_THROWS_AS(kernels::host::repeat_interleave_backward(r, 1, 2), Error);  // 9 is not a multiple of 2
+  REQUIRE_THROWS_AS(kernels::repeat_interleave_backward(r, 1, 2), Error);  // 9 is not a multiple of 2
 }
 
 TEST_CASE("ops::rotary and ops::repeat_interleave on a split mesh equal the one-rank ops", "[llama][ops]") {

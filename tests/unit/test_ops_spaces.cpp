@@ -1,7 +1,8 @@
 // The ops on every memory space that runs here: host and meta. On meta tensors (shapes, no
 // data) every op must give the host op's extents and layouts, issue no collective, and record
 // the analytic FLOP counts (docs/ops.md "Cost on meta tensors"). Also: the allocation ledger,
-// the host block cache, and the optimizer-update kernels on host and meta.
+// the host block cache, the optimizer-update kernels on host and meta, and a memory space declared
+// outside the library (tests/support/counting_space.hpp) running an op chain as host does.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -13,6 +14,7 @@
 #include "dtensor/dtensor.hpp"
 #include "dtensor/kernels/optim.hpp"
 #include "dtensor/ops/all.hpp"
+#include "support/counting_space.hpp"
 #include "support/on_ranks.hpp"
 
 using namespace dtensor;
@@ -275,4 +277,58 @@ TEST_CASE("optimizer-update kernels: one step from zero moments, host; costs on 
   CHECK(cost.flops("adamw_update") == meta::adamw_flops_per_element * 1000);
   CHECK(cost.flops("sum_squares") == 2000);
   CHECK(cost.bytes_read() == 5 * 4000);
+}
+
+// A memory space from outside the library (tests/support/counting_space.hpp: one header, the
+// space and its kernels, as docs/design.md "Adding a memory space" lists) runs a DTensor chain
+// — matmul, add, softmax and its backward, a redistribution over two thread ranks — and gives
+// the host chain's bits; its bad arguments meet the generic checks (kernels/generic/) it never
+// wrote.
+TEST_CASE("a memory space added with one header runs the op chain as host does", "[ops][spaces][extension]") {
+  const auto failures = on_ranks(2, [](CommPtr world, auto report) {
+    Mesh1 mesh(world, {2});
+    const Extent B = 5, C = 6, O = 7;  // 5 rows over 2 ranks: 3 + 2
+    const auto xf = normal<double>(Shape<2>{B, C}, 11), wf = normal<double>(Shape<2>{C, O}, 12);
+    const auto bf = normal<double>(Shape<2>{B, O}, 13), gf = normal<double>(Shape<2>{B, O}, 14);
+    const auto to_counting = [](const Tensor<double, 2>& h) { return counting::detail::adopt(h); };
+
+    const auto chain = [&](const auto& x, const auto& w, const auto& b, const auto& g) {
+      const auto y = ops::softmax(ops::add(ops::matmul(x, w), b));  // Shard<0> throughout
+      const auto dx = ops::softmax_backward(g, y);
+      return std::pair{full_tensor(redistribute<Layout<Replicate>>(y)), full_tensor(redistribute<Layout<Shard<1>>>(dx))};
+    };
+    const auto [yh, dxh] = chain(distribute_replicated<Layout<Shard<0>>>(mesh, xf),
+                                 distribute_replicated<Layout<Replicate>>(mesh, wf),
+                                 distribute_replicated<Layout<Shard<0>>>(mesh, bf),
+                                 distribute_replicated<Layout<Shard<0>>>(mesh, gf));
+    const long allocations = counting::space::allocations, calls = counting::space::kernel_calls;
+    const auto [yc, dxc] = chain(distribute_replicated<Layout<Shard<0>>>(mesh, to_counting(xf)),
+                                 distribute_replicated<Layout<Replicate>>(mesh, to_counting(wf)),
+                                 distribute_replicated<Layout<Shard<0>>>(mesh, to_counting(bf)),
+                                 distribute_replicated<Layout<Shard<0>>>(mesh, to_counting(gf)));
+    static_assert(std::is_same_v<std::decay_t<decltype(yc)>, counting::Tensor<double, 2>>);
+    if (counting::space::allocations == allocations) report("nothing was allocated in the counting space");
+    if (counting::space::kernel_calls < calls + 4) report("the counting space's kernels did not run");
+    // Exact: the same host kernels on the same elements, and data movement.
+    const auto same = [&](const char* what, const counting::Tensor<double, 2>& c, const Tensor<double, 2>& h) {
+      if (c.shape() != h.shape()) return report(std::string(what) + ": extents " + to_string(c.shape()));
+      for (Extent i = 0; i < h.numel(); ++i)
+        if (c.data()[i] != h[i]) return report(std::string(what) + " differs from host at " + std::to_string(i));
+    };
+    same("y", yc, yh);
+    same("dx", dxc, dxh);
+
+    // The checks it did not write: extents that differ, through the generic front.
+    const auto y3 = to_counting(normal<double>(Shape<2>{3, O}, 15));
+    try {
+      (void)kernels::softmax_backward(y3, to_counting(gf));
+      report("softmax_backward accepted dy of other extents in the counting space");
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      if (what.find("softmax_backward") == std::string::npos || what.find("[3, 7]") == std::string::npos ||
+          what.find("[5, 7]") == std::string::npos)
+        report("the error does not name the op and both extents: " + what);
+    }
+  });
+  for (const auto& f : failures) FAIL(f);
 }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "dtensor/kernels/dispatch.hpp"
+#include "dtensor/kernels/generic/activations.hpp"
 #include "dtensor/kernels/host/activations.hpp"
 #include "dtensor/kernels/meta/activations.hpp"
 #if defined(__CUDACC__)
@@ -9,12 +10,12 @@
 #endif
 
 namespace dtensor::kernels {
-DTENSOR_KERNELS_USE(gelu)
-DTENSOR_KERNELS_USE(gelu_backward)
-DTENSOR_KERNELS_USE(relu)
-DTENSOR_KERNELS_USE(relu_backward)
-DTENSOR_KERNELS_USE(silu)
-DTENSOR_KERNELS_USE(silu_backward)
-DTENSOR_KERNELS_USE(exp)
-DTENSOR_KERNELS_USE(exp_backward)
+DTENSOR_KERNEL(gelu)
+DTENSOR_KERNEL_CHECKED(gelu_backward)
+DTENSOR_KERNEL(relu)
+DTENSOR_KERNEL_CHECKED(relu_backward)
+DTENSOR_KERNEL(silu)
+DTENSOR_KERNEL_CHECKED(silu_backward)
+DTENSOR_KERNEL(exp)
+DTENSOR_KERNEL_CHECKED(exp_backward)
 }  // namespace dtensor::kernels

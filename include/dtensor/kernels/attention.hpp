@@ -2,6 +2,7 @@
 #pragma once
 
 #include "dtensor/kernels/dispatch.hpp"
+#include "dtensor/kernels/generic/attention.hpp"
 #include "dtensor/kernels/host/attention.hpp"
 #include "dtensor/kernels/meta/attention.hpp"
 #if defined(__CUDACC__)
@@ -9,7 +10,7 @@
 #endif
 
 namespace dtensor::kernels {
-DTENSOR_KERNELS_USE(attention)
-DTENSOR_KERNELS_USE(attention_backward)
-DTENSOR_KERNELS_USE(merge_attention_blocks)
+DTENSOR_KERNEL_CHECKED(attention)
+DTENSOR_KERNEL_CHECKED(attention_backward)
+DTENSOR_KERNEL_CHECKED(merge_attention_blocks)
 }  // namespace dtensor::kernels

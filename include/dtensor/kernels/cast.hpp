@@ -2,6 +2,7 @@
 #pragma once
 
 #include "dtensor/kernels/dispatch.hpp"
+#include "dtensor/kernels/generic/cast.hpp"
 #include "dtensor/kernels/host/cast.hpp"
 #include "dtensor/kernels/meta/cast.hpp"
 #if defined(__CUDACC__)
@@ -9,5 +10,5 @@
 #endif
 
 namespace dtensor::kernels {
-DTENSOR_KERNELS_USE(cast_into)
+DTENSOR_KERNEL_CHECKED(cast_into)
 }  // namespace dtensor::kernels

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "dtensor/kernels/dispatch.hpp"
+#include "dtensor/kernels/generic/cross_entropy.hpp"
 #include "dtensor/kernels/host/cross_entropy.hpp"
 #include "dtensor/kernels/meta/cross_entropy.hpp"
 #if defined(__CUDACC__)
@@ -9,11 +10,11 @@
 #endif
 
 namespace dtensor::kernels {
-DTENSOR_KERNELS_USE(cross_entropy)
-DTENSOR_KERNELS_USE(cross_entropy_backward)
-DTENSOR_KERNELS_USE(vocab_parallel_ce_max)
-DTENSOR_KERNELS_USE(vocab_parallel_ce_sum_exp)
-DTENSOR_KERNELS_USE(vocab_parallel_ce_target_logit)
-DTENSOR_KERNELS_USE(vocab_parallel_ce_loss)
-DTENSOR_KERNELS_USE(vocab_parallel_ce_backward)
+DTENSOR_KERNEL_CHECKED(cross_entropy)
+DTENSOR_KERNEL_CHECKED(cross_entropy_backward)
+DTENSOR_KERNEL(vocab_parallel_ce_max)
+DTENSOR_KERNEL_CHECKED(vocab_parallel_ce_sum_exp)
+DTENSOR_KERNEL_CHECKED(vocab_parallel_ce_target_logit)
+DTENSOR_KERNEL_CHECKED(vocab_parallel_ce_loss)
+DTENSOR_KERNEL_CHECKED(vocab_parallel_ce_backward)
 }  // namespace dtensor::kernels

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "dtensor/kernels/dispatch.hpp"
+#include "dtensor/kernels/generic/elementwise.hpp"
 #include "dtensor/kernels/host/elementwise.hpp"
 #include "dtensor/kernels/meta/elementwise.hpp"
 #if defined(__CUDACC__)
@@ -9,20 +10,20 @@
 #endif
 
 namespace dtensor::kernels {
-DTENSOR_KERNELS_USE(add)
-DTENSOR_KERNELS_USE(sub)
-DTENSOR_KERNELS_USE(mul)
-DTENSOR_KERNELS_USE(scale)
-DTENSOR_KERNELS_USE(add_)
-DTENSOR_KERNELS_USE(mul_)
-DTENSOR_KERNELS_USE(scale_)
-DTENSOR_KERNELS_USE(fill_)
-DTENSOR_KERNELS_USE(add_bias_)
-DTENSOR_KERNELS_USE(add_bias)
-DTENSOR_KERNELS_USE(bias_grad_into)
-DTENSOR_KERNELS_USE(bias_grad)
-DTENSOR_KERNELS_USE(add_broadcast)
-DTENSOR_KERNELS_USE(sub_broadcast)
-DTENSOR_KERNELS_USE(mul_broadcast)
-DTENSOR_KERNELS_USE(sum_to)
+DTENSOR_KERNEL_CHECKED(add)
+DTENSOR_KERNEL_CHECKED(sub)
+DTENSOR_KERNEL_CHECKED(mul)
+DTENSOR_KERNEL(scale)
+DTENSOR_KERNEL_CHECKED(add_)
+DTENSOR_KERNEL_CHECKED(mul_)
+DTENSOR_KERNEL(scale_)
+DTENSOR_KERNEL(fill_)
+DTENSOR_KERNEL_CHECKED(add_bias_)
+DTENSOR_KERNEL_CHECKED(add_bias)
+DTENSOR_KERNEL_CHECKED(bias_grad_into)
+DTENSOR_KERNEL(bias_grad)
+DTENSOR_KERNEL_CHECKED(add_broadcast)
+DTENSOR_KERNEL_CHECKED(sub_broadcast)
+DTENSOR_KERNEL_CHECKED(mul_broadcast)
+DTENSOR_KERNEL_CHECKED(sum_to)
 }  // namespace dtensor::kernels

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "dtensor/kernels/dispatch.hpp"
+#include "dtensor/kernels/generic/embedding.hpp"
 #include "dtensor/kernels/host/embedding.hpp"
 #include "dtensor/kernels/meta/embedding.hpp"
 #if defined(__CUDACC__)
@@ -9,8 +10,8 @@
 #endif
 
 namespace dtensor::kernels {
-DTENSOR_KERNELS_USE(embedding)
-DTENSOR_KERNELS_USE(embedding_shard)
-DTENSOR_KERNELS_USE(embedding_backward)
-DTENSOR_KERNELS_USE(embedding_shard_backward)
+DTENSOR_KERNEL(embedding)
+DTENSOR_KERNEL(embedding_shard)
+DTENSOR_KERNEL_CHECKED(embedding_backward)
+DTENSOR_KERNEL_CHECKED(embedding_shard_backward)
 }  // namespace dtensor::kernels

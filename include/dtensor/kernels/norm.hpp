@@ -2,6 +2,7 @@
 #pragma once
 
 #include "dtensor/kernels/dispatch.hpp"
+#include "dtensor/kernels/generic/norm.hpp"
 #include "dtensor/kernels/host/norm.hpp"
 #include "dtensor/kernels/meta/norm.hpp"
 #if defined(__CUDACC__)
@@ -9,8 +10,8 @@
 #endif
 
 namespace dtensor::kernels {
-DTENSOR_KERNELS_USE(layer_norm)
-DTENSOR_KERNELS_USE(layer_norm_backward)
-DTENSOR_KERNELS_USE(rms_norm)
-DTENSOR_KERNELS_USE(rms_norm_backward)
+DTENSOR_KERNEL_CHECKED(layer_norm)
+DTENSOR_KERNEL_CHECKED(layer_norm_backward)
+DTENSOR_KERNEL_CHECKED(rms_norm)
+DTENSOR_KERNEL_CHECKED(rms_norm_backward)
 }  // namespace dtensor::kernels

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "dtensor/kernels/dispatch.hpp"
+#include "dtensor/kernels/generic/reduce.hpp"
 #include "dtensor/kernels/host/reduce.hpp"
 #include "dtensor/kernels/meta/reduce.hpp"
 #if defined(__CUDACC__)
@@ -9,11 +10,11 @@
 #endif
 
 namespace dtensor::kernels {
-DTENSOR_KERNELS_USE(sum)
-DTENSOR_KERNELS_USE(mean)
-DTENSOR_KERNELS_USE(max)
-DTENSOR_KERNELS_USE(sum_backward)
-DTENSOR_KERNELS_USE(mean_backward)
-DTENSOR_KERNELS_USE(max_backward)
-DTENSOR_KERNELS_USE(max_backward_split)
+DTENSOR_KERNEL_CHECKED(sum)
+DTENSOR_KERNEL_CHECKED(mean)
+DTENSOR_KERNEL_CHECKED(max)
+DTENSOR_KERNEL_CHECKED(sum_backward)
+DTENSOR_KERNEL_CHECKED(mean_backward)
+DTENSOR_KERNEL_CHECKED(max_backward)
+DTENSOR_KERNEL_CHECKED(max_backward_split)
 }  // namespace dtensor::kernels

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "dtensor/kernels/dispatch.hpp"
+#include "dtensor/kernels/generic/repeat.hpp"
 #include "dtensor/kernels/host/repeat.hpp"
 #include "dtensor/kernels/meta/repeat.hpp"
 #if defined(__CUDACC__)
@@ -9,6 +10,6 @@
 #endif
 
 namespace dtensor::kernels {
-DTENSOR_KERNELS_USE(repeat_interleave)
-DTENSOR_KERNELS_USE(repeat_interleave_backward)
+DTENSOR_KERNEL_CHECKED(repeat_interleave)
+DTENSOR_KERNEL_CHECKED(repeat_interleave_backward)
 }  // namespace dtensor::kernels

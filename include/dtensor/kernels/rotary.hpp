@@ -2,6 +2,7 @@
 #pragma once
 
 #include "dtensor/kernels/dispatch.hpp"
+#include "dtensor/kernels/generic/rotary.hpp"
 #include "dtensor/kernels/host/rotary.hpp"
 #include "dtensor/kernels/meta/rotary.hpp"
 #if defined(__CUDACC__)
@@ -9,6 +10,6 @@
 #endif
 
 namespace dtensor::kernels {
-DTENSOR_KERNELS_USE(rotary)
-DTENSOR_KERNELS_USE(rotary_backward)
+DTENSOR_KERNEL_CHECKED(rotary)
+DTENSOR_KERNEL_CHECKED(rotary_backward)
 }  // namespace dtensor::kernels

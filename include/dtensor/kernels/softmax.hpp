@@ -2,6 +2,7 @@
 #pragma once
 
 #include "dtensor/kernels/dispatch.hpp"
+#include "dtensor/kernels/generic/softmax.hpp"
 #include "dtensor/kernels/host/softmax.hpp"
 #include "dtensor/kernels/meta/softmax.hpp"
 #if defined(__CUDACC__)
@@ -9,8 +10,8 @@
 #endif
 
 namespace dtensor::kernels {
-DTENSOR_KERNELS_USE(softmax)
-DTENSOR_KERNELS_USE(softmax_backward)
-DTENSOR_KERNELS_USE(log_softmax)
-DTENSOR_KERNELS_USE(log_softmax_backward)
+DTENSOR_KERNEL(softmax)
+DTENSOR_KERNEL_CHECKED(softmax_backward)
+DTENSOR_KERNEL(log_softmax)
+DTENSOR_KERNEL_CHECKED(log_softmax_backward)
 }  // namespace dtensor::kernels

@@ -9,8 +9,8 @@
 #endif
 
 namespace dtensor::kernels {
-DTENSOR_KERNELS_USE(permute)
-DTENSOR_KERNELS_USE(transpose)
-DTENSOR_KERNELS_USE(split)
-DTENSOR_KERNELS_USE(concat)
+DTENSOR_KERNEL(permute)
+DTENSOR_KERNEL(transpose)
+DTENSOR_KERNEL(split)
+DTENSOR_KERNEL(concat)
 }  // namespace dtensor::kernels

@@ -50,8 +50,7 @@ CudaTensor<T, R> map_new(const CudaTensor<T, R>& x, F f) {
   return y;
 }
 template <class T, std::size_t R, class F>
-CudaTensor<T, R> map_backward(const char* op, const CudaTensor<T, R>& x, const CudaTensor<T, R>& dy, F fprime) {
-  check_same_shape(op, "x", x.shape(), "dy", dy.shape());
+CudaTensor<T, R> map_backward(const char* /*op*/, const CudaTensor<T, R>& x, const CudaTensor<T, R>& dy, F fprime) {
   auto dx = CudaTensor<T, R>::uninitialized(x.shape());
   if (x.numel() == 0) return dx;
   backward_kernel<<<grid_for(x.numel()), block, 0, stream()>>>(dx.data(), x.data(), dy.data(), x.numel(), fprime);

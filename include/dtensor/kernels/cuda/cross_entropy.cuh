@@ -70,13 +70,9 @@ __global__ void ce_backward_kernel(T* d, const T* x, const Id* targets, const St
   }
 }
 
-using host::detail::check_ce;
-using host::detail::check_row_stats;
-
 template <class T, class Id>
 CudaTensor<Stat, 1> target_logit(const char* op, const CudaTensor<T, 2>& logits, const CudaTensor<Id, 1>& targets,
                                  Extent v0, bool strict) {
-  check_ce(op, logits, targets);
   const Extent n = logits.extent(0), v = logits.extent(1);
   auto t = CudaTensor<Stat, 1>::uninitialized(Shape<1>{n});
   if (n == 0) return t;
@@ -115,7 +111,6 @@ CudaTensor<Stat, 1> vocab_parallel_ce_max(const CudaTensor<T, 2>& logits) {
 
 template <FloatElement T>
 CudaTensor<Stat, 1> vocab_parallel_ce_sum_exp(const CudaTensor<T, 2>& logits, const CudaTensor<Stat, 1>& global_max) {
-  detail::check_row_stats("vocab_parallel_ce_sum_exp", logits, global_max, "global max");
   const Extent n = logits.extent(0);
   auto s = CudaTensor<Stat, 1>::uninitialized(Shape<1>{n});
   if (n == 0) return s;
@@ -143,9 +138,6 @@ CudaTensor<T, 2> vocab_parallel_ce_backward(const CudaTensor<T, 2>& logits, cons
                                             const CudaTensor<Stat, 1>& global_max,
                                             const CudaTensor<Stat, 1>& global_sum, double dloss = 1.0,
                                             Extent mean_over = -1) {
-  detail::check_ce("vocab_parallel_ce_backward", logits, targets);
-  detail::check_row_stats("vocab_parallel_ce_backward", logits, global_max, "global max");
-  detail::check_row_stats("vocab_parallel_ce_backward", logits, global_sum, "global sum");
   const Extent d = host::detail::mean_divisor(logits.extent(0), mean_over);
   return detail::ce_backward(logits, targets, v0, nullptr, global_max.data(), global_sum.data(),
                              d > 0 ? dloss / double(d) : 0.0);
@@ -169,8 +161,6 @@ CrossEntropyForward cross_entropy(const CudaTensor<T, 2>& logits, const CudaTens
 template <FloatElement T, IndexElement Id>
 CudaTensor<T, 2> cross_entropy_backward(const CudaTensor<T, 2>& logits, const CudaTensor<Id, 1>& targets,
                                         const CudaTensor<Stat, 1>& lse, double dloss = 1.0, Extent mean_over = -1) {
-  detail::check_ce("cross_entropy_backward", logits, targets);
-  detail::check_row_stats("cross_entropy_backward", logits, lse, "lse");
   const Extent d = host::detail::mean_divisor(logits.extent(0), mean_over);
   return detail::ce_backward(logits, targets, 0, lse.data(), nullptr, nullptr, d > 0 ? dloss / double(d) : 0.0);
 }

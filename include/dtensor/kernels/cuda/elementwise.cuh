@@ -76,30 +76,22 @@ struct BiasGradStore {
   }
 };
 
-template <class T, std::size_t R>
-void check_bias(const char* op, const Shape<R>& x, const Shape<1>& b) {
-  check(b[0] == x[R - 1], op, "bias ", to_string(b), " does not match the last dimension of ", to_string(x));
-}
-
 }  // namespace detail
 
 template <Element T, std::size_t R>
 CudaTensor<T, R> add(const CudaTensor<T, R>& a, const CudaTensor<T, R>& b) {
-  detail::check_same_shape("add", "a", a.shape(), "b", b.shape());
   auto out = CudaTensor<T, R>::uninitialized(a.shape());
   detail::zip(out.data(), a.data(), b.data(), a.numel(), detail::Add{});
   return out;
 }
 template <Element T, std::size_t R>
 CudaTensor<T, R> sub(const CudaTensor<T, R>& a, const CudaTensor<T, R>& b) {
-  detail::check_same_shape("sub", "a", a.shape(), "b", b.shape());
   auto out = CudaTensor<T, R>::uninitialized(a.shape());
   detail::zip(out.data(), a.data(), b.data(), a.numel(), detail::Sub{});
   return out;
 }
 template <Element T, std::size_t R>
 CudaTensor<T, R> mul(const CudaTensor<T, R>& a, const CudaTensor<T, R>& b) {
-  detail::check_same_shape("mul", "a", a.shape(), "b", b.shape());
   auto out = CudaTensor<T, R>::uninitialized(a.shape());
   detail::zip(out.data(), a.data(), b.data(), a.numel(), detail::Mul{});
   return out;
@@ -113,12 +105,10 @@ CudaTensor<T, R> scale(const CudaTensor<T, R>& a, compute_t<T> alpha) {
 /// y += alpha * x.
 template <Element T, std::size_t R>
 void add_(CudaTensor<T, R>& y, const CudaTensor<T, R>& x, compute_t<T> alpha = compute_t<T>(1)) {
-  detail::check_same_shape("add_", "y", y.shape(), "x", x.shape());
   detail::zip(y.data(), y.data(), x.data(), y.numel(), detail::Axpy<compute_t<T>>{alpha});
 }
 template <Element T, std::size_t R>
 void mul_(CudaTensor<T, R>& y, const CudaTensor<T, R>& x) {
-  detail::check_same_shape("mul_", "y", y.shape(), "x", x.shape());
   detail::zip(y.data(), y.data(), x.data(), y.numel(), detail::Mul{});
 }
 template <Element T, std::size_t R>
@@ -133,7 +123,6 @@ void fill_(CudaTensor<T, R>& y, T value) {
 /// x[..., n] += b[n] in place.
 template <Element T, std::size_t R>
 void add_bias_(CudaTensor<T, R>& x, const CudaTensor<T, 1>& b) {
-  detail::check_bias<T, R>("add_bias", x.shape(), b.shape());
   if (x.numel() == 0) return;
   detail::add_bias_kernel<<<detail::grid_for(x.numel()), detail::block, 0, detail::stream()>>>(x.data(), b.data(),
                                                                                              b.extent(0), x.numel());
@@ -148,7 +137,6 @@ CudaTensor<T, R> add_bias(CudaTensor<T, R> x, const CudaTensor<T, 1>& b) {
 /// db (+)= sum of dy[..., n] over every leading index.
 template <FloatElement T, std::size_t R>
 void bias_grad_into(CudaTensor<T, 1>& db, const CudaTensor<T, R>& dy, bool accumulate = false) {
-  detail::check_bias<T, R>("bias_grad", dy.shape(), db.shape());
   const Extent n = db.extent(0);
   if (n == 0) return;
   detail::column_sums<1>(detail::leading_rows(dy.shape()), n, detail::BiasGradTerm<T>{dy.data(), n},
@@ -216,7 +204,6 @@ CudaTensor<T, R> mul_broadcast(const CudaTensor<T, R>& a, const CudaTensor<T, R>
 /// The adjoint of broadcasting to dz's extents: sums dz over the dimensions where `shape` is 1.
 template <FloatElement T, std::size_t R>
 CudaTensor<T, R> sum_to(const CudaTensor<T, R>& dz, const Shape<R>& shape) {
-  (void)host::detail::broadcast_strides("sum_to", dz.shape(), shape);  // checks that shape broadcasts to dz
   auto out = CudaTensor<T, R>::uninitialized(shape);
   if (out.numel() == 0) return out;
   const Shape<R> dz_strides = row_major_strides(dz.shape());

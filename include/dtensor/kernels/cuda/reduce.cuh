@@ -71,7 +71,7 @@ __global__ void max_scatter_kernel(T* dx, const T* dy, const std::int64_t* idx, 
   }
 }
 
-using host::detail::reduced_shape;
+using generic::reduced_shape;
 
 template <class T, std::size_t R>
 CudaTensor<T, R> sum_scaled(const char* op, const CudaTensor<T, R>& x, std::size_t dim, double scale) {
@@ -84,10 +84,8 @@ CudaTensor<T, R> sum_scaled(const char* op, const CudaTensor<T, R>& x, std::size
 }
 
 template <class T, std::size_t R>
-CudaTensor<T, R> broadcast_back(const char* op, const CudaTensor<T, R>& dy, const Shape<R>& x_shape, std::size_t dim,
+CudaTensor<T, R> broadcast_back(const char* /*op*/, const CudaTensor<T, R>& dy, const Shape<R>& x_shape, std::size_t dim,
                                 double scale) {
-  check(dy.shape() == reduced_shape(op, x_shape, dim), op, "gradient ", to_string(dy.shape()),
-        " is not the reduction over dimension ", dim, " of ", to_string(x_shape));
   auto dx = CudaTensor<T, R>::uninitialized(x_shape);
   const auto a = around(x_shape, dim);
   if (dx.numel() == 0) return dx;
@@ -123,7 +121,6 @@ CudaTensor<T, R> sum(const CudaTensor<T, R>& x, std::size_t dim) {
 }
 template <FloatElement T, std::size_t R>
 CudaTensor<T, R> mean(const CudaTensor<T, R>& x, std::size_t dim, Extent divisor = -1) {
-  detail::check_dim("mean", dim, x.shape());
   const Extent n = divisor < 0 ? x.extent(dim) : divisor;
   return detail::sum_scaled("mean", x, dim, n > 0 ? 1.0 / double(n) : double(NAN));
 }
@@ -131,7 +128,6 @@ template <FloatElement T, std::size_t R>
 MaxResult<T, R> max(const CudaTensor<T, R>& x, std::size_t dim) {
   const Shape<R> rs = detail::reduced_shape("max", x.shape(), dim);
   const auto a = detail::around(x.shape(), dim);
-  detail::check(a.n > 0, "max", "cannot reduce over an empty dimension ", dim, " of ", to_string(x.shape()));
   MaxResult<T, R> r{CudaTensor<T, R>::uninitialized(rs), CudaTensor<std::int64_t, R>::uninitialized(rs)};
   if (r.values.numel() == 0) return r;
   detail::max_dim_kernel<<<detail::grid_for(r.values.numel()), detail::block, 0, detail::stream()>>>(
@@ -146,27 +142,17 @@ CudaTensor<T, R> sum_backward(const CudaTensor<T, R>& dy, const Shape<R>& x_shap
 template <FloatElement T, std::size_t R>
 CudaTensor<T, R> mean_backward(const CudaTensor<T, R>& dy, const Shape<R>& x_shape, std::size_t dim,
                                Extent divisor = -1) {
-  detail::check_dim("mean_backward", dim, x_shape);
   return detail::broadcast_back("mean_backward", dy, x_shape, dim, 1.0 / double(divisor < 0 ? x_shape[dim] : divisor));
 }
 template <FloatElement T, std::size_t R>
 CudaTensor<T, R> max_backward(const CudaTensor<T, R>& dy, const CudaTensor<std::int64_t, R>& indices,
                               const Shape<R>& x_shape, std::size_t dim) {
-  const Shape<R> rs = detail::reduced_shape("max_backward", x_shape, dim);
-  detail::check(dy.shape() == rs && indices.shape() == rs, "max_backward", "gradient ", to_string(dy.shape()),
-                " and indices ", to_string(indices.shape()), " must be ", to_string(rs), " for input ",
-                to_string(x_shape));
   return detail::max_scatter<T, R>(dy, indices, nullptr, nullptr, x_shape, dim);
 }
 template <FloatElement T, std::size_t R>
 CudaTensor<T, R> max_backward_split(const CudaTensor<T, R>& dy, const CudaTensor<std::int64_t, R>& indices,
                                     const CudaTensor<T, R>& local_max, const CudaTensor<T, R>& global_max,
                                     const Shape<R>& x_shape, std::size_t dim) {
-  const Shape<R> rs = detail::reduced_shape("max_backward", x_shape, dim);
-  detail::check(dy.shape() == rs && indices.shape() == rs && local_max.shape() == rs && global_max.shape() == rs,
-                "max_backward", "gradient ", to_string(dy.shape()), ", indices ", to_string(indices.shape()),
-                " and maxima ", to_string(local_max.shape()), ", ", to_string(global_max.shape()), " must be ",
-                to_string(rs), " for input ", to_string(x_shape));
   return detail::max_scatter(dy, indices, &local_max, &global_max, x_shape, dim);
 }
 

@@ -57,8 +57,7 @@ CudaTensor<T, R> softmax_impl(const CudaTensor<T, R>& x, bool log) {
   return y;
 }
 template <class T, std::size_t R>
-CudaTensor<T, R> softmax_backward_impl(const char* op, const CudaTensor<T, R>& y, const CudaTensor<T, R>& dy, bool log) {
-  check_same_shape(op, "y", y.shape(), "dy", dy.shape());
+CudaTensor<T, R> softmax_backward_impl(const char* /*op*/, const CudaTensor<T, R>& y, const CudaTensor<T, R>& dy, bool log) {
   auto dx = CudaTensor<T, R>::uninitialized(y.shape());
   const Extent rows = leading_rows(y.shape()), n = y.extent(R - 1);
   if (rows * n == 0) return dx;

@@ -62,26 +62,6 @@ struct AttentionBackward {
 
 namespace detail {
 
-// (Shape checks only: meta and cuda kernels use them too.)
-template <class T, class S>
-void check_attention(const char* op, const Tensor<T, 4, S>& q, const Tensor<T, 4, S>& k, const Tensor<T, 4, S>& v) {
-  const auto &qs = q.shape(), &ks = k.shape(), &vs = v.shape();
-  check(qs[0] == ks[0] && qs[1] == ks[1] && qs[3] == ks[3] && vs[0] == ks[0] && vs[1] == ks[1] && vs[2] == ks[2], op,
-        "q ", to_string(qs), ", k ", to_string(ks), ", v ", to_string(vs),
-        ": expected q[B,H,Tq,D], k[B,H,Tk,D], v[B,H,Tk,Dv]");
-}
-
-/// The backward's saved output, lse and dout against q [B, H, Tq, D] and v [B, H, Tk, Dv].
-template <class T, class S>
-void check_attention_saved(const Tensor<T, 4, S>& q, const Tensor<T, 4, S>& v, const Tensor<T, 4, S>& out,
-                           const Tensor<Stat, 3, S>& lse, const Tensor<T, 4, S>& dout) {
-  const Shape<4> os{q.extent(0), q.extent(1), q.extent(2), v.extent(3)};
-  const Shape<3> ls{q.extent(0), q.extent(1), q.extent(2)};
-  check(out.shape() == os && dout.shape() == os && lse.shape() == ls, "attention_backward", "out ",
-        to_string(out.shape()), ", dout ", to_string(dout.shape()), ", lse ", to_string(lse.shape()), ": expected ",
-        to_string(os), " and ", to_string(ls));
-}
-
 /// Number of keys of the block that query row i may see.
 inline Extent visible_keys(const AttentionOptions& o, Extent i, Extent tk) {
   if (!o.causal) return tk;
@@ -253,7 +233,6 @@ class HeadRows {
 template <FloatElement T>
 AttentionForward<T> attention(const HostTensor<T, 4>& q, const HostTensor<T, 4>& k, const HostTensor<T, 4>& v,
                               const AttentionOptions& opts = {}) {
-  detail::check_attention("attention", q, k, v);
   const Extent B = q.extent(0), H = q.extent(1), tq = q.extent(2), d = q.extent(3), tk = k.extent(2), dv = v.extent(3);
   AttentionForward<T> f{HostTensor<T, 4>::uninitialized(Shape<4>{B, H, tq, dv}),
                         HostTensor<Stat, 3>::uninitialized(Shape<3>{B, H, tq})};
@@ -275,8 +254,6 @@ template <FloatElement T>
 AttentionBackward<T> attention_backward(const HostTensor<T, 4>& q, const HostTensor<T, 4>& k, const HostTensor<T, 4>& v,
                                         const HostTensor<T, 4>& out, const HostTensor<Stat, 3>& lse,
                                         const HostTensor<T, 4>& dout, const AttentionOptions& opts = {}) {
-  detail::check_attention("attention_backward", q, k, v);
-  detail::check_attention_saved(q, v, out, lse, dout);
   const Extent B = q.extent(0), H = q.extent(1), tq = q.extent(2), d = q.extent(3), tk = k.extent(2), dv = v.extent(3);
   AttentionBackward<T> g{HostTensor<T, 4>(q.shape()), HostTensor<T, 4>(k.shape()), HostTensor<T, 4>(v.shape())};
   const Extent tile = detail::attention_tile;
@@ -301,9 +278,6 @@ AttentionForward<T> merge_attention_blocks(const HostTensor<T, 4>& out_a, const 
                                            const HostTensor<T, 4>& out_b, const HostTensor<Stat, 3>& lse_b) {
   const auto& s = out_a.shape();
   const Shape<3> ls{s[0], s[1], s[2]};
-  detail::check(out_b.shape() == s && lse_a.shape() == ls && lse_b.shape() == ls, "merge_attention_blocks", "out_a ",
-                to_string(s), ", lse_a ", to_string(lse_a.shape()), ", out_b ", to_string(out_b.shape()), ", lse_b ",
-                to_string(lse_b.shape()), ": blocks must have the same extents");
   AttentionForward<T> m{HostTensor<T, 4>::uninitialized(s), HostTensor<Stat, 3>::uninitialized(ls)};
   const Extent dv = s[3];
   for (Extent r = 0; r < lse_a.numel(); ++r) {

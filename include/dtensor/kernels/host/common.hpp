@@ -21,6 +21,7 @@
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/shape.hpp"
 #include "dtensor/core/tensor.hpp"
+#include "dtensor/kernels/generic/checks.hpp"
 
 /// Marks a per-element formula that the CUDA kernels share with the host kernels (a plain
 /// inline function when nvcc is not compiling).
@@ -53,42 +54,13 @@ using HostTensor = Tensor<T, R, host_space>;
 
 namespace detail {
 
-using dtensor::detail::check;
-
-/// Product of the extents before the last one (the "rows" of a last-dimension kernel).
-template <std::size_t R>
-constexpr Extent leading_rows(const Shape<R>& s) {
-  Extent n = 1;
-  for (std::size_t i = 0; i + 1 < R; ++i) n *= s[i];
-  return n;
-}
-
-/// Extents as [outer, n, inner] around dimension dim.
-template <std::size_t R>
-struct Around {
-  Extent outer = 1, n = 1, inner = 1;
-};
-template <std::size_t R>
-constexpr Around<R> around(const Shape<R>& s, std::size_t dim) {
-  Around<R> a;
-  for (std::size_t i = 0; i < R; ++i) {
-    if (i < dim) a.outer *= s[i];
-    else if (i == dim) a.n = s[i];
-    else a.inner *= s[i];
-  }
-  return a;
-}
-
-template <std::size_t R>
-inline void check_same_shape(const char* op, const char* a_name, const Shape<R>& a, const char* b_name,
-                             const Shape<R>& b) {
-  check(a == b, op, a_name, " ", to_string(a), " and ", b_name, " ", to_string(b), " must have the same extents");
-}
-
-template <std::size_t R>
-inline void check_dim(const char* op, std::size_t dim, const Shape<R>& s) {
-  check(dim < R, op, "dimension ", dim, " out of range for a tensor of extents ", to_string(s));
-}
+// The checks and extent arithmetic every space shares live in kernels/generic/checks.hpp.
+using generic::around;
+using generic::Around;
+using generic::check;
+using generic::check_dim;
+using generic::check_same_shape;
+using generic::leading_rows;
 
 }  // namespace detail
 }  // namespace dtensor::kernels::host

@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <type_traits>
 
+#include "dtensor/kernels/generic/cross_entropy.hpp"
 #include "dtensor/kernels/host/common.hpp"
 #include "dtensor/kernels/host/softmax.hpp"
 
@@ -36,25 +37,7 @@ struct CrossEntropyForward {
 
 namespace detail {
 
-// (Shape checks only: meta and cuda kernels use them too.)
-template <class T, class Id, class S>
-void check_ce(const char* op, const Tensor<T, 2, S>& logits, const Tensor<Id, 1, S>& targets) {
-  check(targets.extent(0) == logits.extent(0), op, "logits ", to_string(logits.shape()), " and targets ",
-        to_string(targets.shape()), ": one target per row");
-}
-
-template <class T, class S>
-void check_row_stats(const char* op, const Tensor<T, 2, S>& logits, const Tensor<Stat, 1, S>& s, const char* name) {
-  check(s.extent(0) == logits.extent(0), op, name, " ", to_string(s.shape()), " does not match logits ",
-        to_string(logits.shape()));
-}
-
-/// The N of the mean: the local row count unless the caller gives the global one.
-inline Extent mean_divisor(Extent rows, Extent mean_over) {
-  check(mean_over < 0 || mean_over >= rows, "cross_entropy", "mean over ", mean_over, " rows, fewer than the ", rows,
-        " rows of this shard");
-  return mean_over < 0 ? rows : mean_over;
-}
+using generic::mean_divisor;  // kernels/generic/cross_entropy.hpp
 
 /// dlogits[i, j] = (exp(x - lse_i) - [v0 + j == target_i]) * scale.
 template <class T, class Id, class Lse>
@@ -93,7 +76,6 @@ HostTensor<Stat, 1> vocab_parallel_ce_max(const HostTensor<T, 2>& logits) {
 /// Per-row sum of exp(x - global_max) over the local columns.
 template <FloatElement T>
 HostTensor<Stat, 1> vocab_parallel_ce_sum_exp(const HostTensor<T, 2>& logits, const HostTensor<Stat, 1>& global_max) {
-  detail::check_row_stats("vocab_parallel_ce_sum_exp", logits, global_max, "global max");
   const Extent n = logits.extent(0), v = logits.extent(1);
   auto s = HostTensor<Stat, 1>::uninitialized(Shape<1>{n});
   for (Extent i = 0; i < n; ++i) s[i] = detail::row_sum_exp(logits.data() + i * v, v, global_max[i]);
@@ -104,7 +86,6 @@ HostTensor<Stat, 1> vocab_parallel_ce_sum_exp(const HostTensor<T, 2>& logits, co
 template <FloatElement T, IndexElement Id>
 HostTensor<Stat, 1> vocab_parallel_ce_target_logit(const HostTensor<T, 2>& logits, const HostTensor<Id, 1>& targets,
                                                    Extent v0) {
-  detail::check_ce("vocab_parallel_ce_target_logit", logits, targets);
   const Extent n = logits.extent(0), v = logits.extent(1);
   auto t = HostTensor<Stat, 1>::uninitialized(Shape<1>{n});
   for (Extent i = 0; i < n; ++i) {
@@ -120,9 +101,6 @@ HostTensor<Stat, 1> vocab_parallel_ce_target_logit(const HostTensor<T, 2>& logit
 inline double vocab_parallel_ce_loss(const HostTensor<Stat, 1>& global_max, const HostTensor<Stat, 1>& global_sum,
                                      const HostTensor<Stat, 1>& target_logit, Extent mean_over = -1) {
   const Extent n = global_max.extent(0);
-  detail::check(global_sum.extent(0) == n && target_logit.extent(0) == n, "vocab_parallel_ce_loss",
-                "max ", to_string(global_max.shape()), ", sum ", to_string(global_sum.shape()), " and target logit ",
-                to_string(target_logit.shape()), " must have one entry per row");
   double loss = 0;
   for (Extent i = 0; i < n; ++i) loss += detail::lse_of(global_max[i], global_sum[i]) - target_logit[i];
   const Extent d = detail::mean_divisor(n, mean_over);
@@ -134,9 +112,6 @@ template <FloatElement T, IndexElement Id>
 HostTensor<T, 2> vocab_parallel_ce_backward(const HostTensor<T, 2>& logits, const HostTensor<Id, 1>& targets, Extent v0,
                                             const HostTensor<Stat, 1>& global_max, const HostTensor<Stat, 1>& global_sum,
                                             double dloss = 1.0, Extent mean_over = -1) {
-  detail::check_ce("vocab_parallel_ce_backward", logits, targets);
-  detail::check_row_stats("vocab_parallel_ce_backward", logits, global_max, "global max");
-  detail::check_row_stats("vocab_parallel_ce_backward", logits, global_sum, "global sum");
   const Extent d = detail::mean_divisor(logits.extent(0), mean_over);
   return detail::ce_backward(logits, targets, v0, [&](Extent i) { return detail::lse_of(global_max[i], global_sum[i]); },
                              d > 0 ? dloss / double(d) : 0.0);
@@ -145,7 +120,6 @@ HostTensor<T, 2> vocab_parallel_ce_backward(const HostTensor<T, 2>& logits, cons
 template <FloatElement T, IndexElement Id>
 CrossEntropyForward cross_entropy(const HostTensor<T, 2>& logits, const HostTensor<Id, 1>& targets,
                                   Extent mean_over = -1) {
-  detail::check_ce("cross_entropy", logits, targets);
   for (Extent i = 0; i < targets.extent(0); ++i)
     detail::check(targets[i] >= 0 && Extent(targets[i]) < logits.extent(1), "cross_entropy", "target ",
                   Extent(targets[i]), " in row ", i, " out of range [0, ", logits.extent(1), ")");
@@ -160,8 +134,6 @@ CrossEntropyForward cross_entropy(const HostTensor<T, 2>& logits, const HostTens
 template <FloatElement T, IndexElement Id>
 HostTensor<T, 2> cross_entropy_backward(const HostTensor<T, 2>& logits, const HostTensor<Id, 1>& targets,
                                         const HostTensor<Stat, 1>& lse, double dloss = 1.0, Extent mean_over = -1) {
-  detail::check_ce("cross_entropy_backward", logits, targets);
-  detail::check_row_stats("cross_entropy_backward", logits, lse, "lse");
   const Extent d = detail::mean_divisor(logits.extent(0), mean_over);
   return detail::ce_backward(logits, targets, 0, [&](Extent i) { return lse[i]; }, d > 0 ? dloss / double(d) : 0.0);
 }

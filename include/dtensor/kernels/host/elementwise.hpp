@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "dtensor/kernels/generic/elementwise.hpp"
 #include "dtensor/kernels/host/common.hpp"
 
 namespace dtensor::kernels::host {
@@ -26,8 +27,7 @@ namespace detail {
 
 /// out[i] = f(a[i], b[i]) in compute_t<T>.
 template <class T, std::size_t R, class F>
-HostTensor<T, R> zip(const char* op, const HostTensor<T, R>& a, const HostTensor<T, R>& b, F f) {
-  check_same_shape(op, "a", a.shape(), "b", b.shape());
+HostTensor<T, R> zip(const char* /*op*/, const HostTensor<T, R>& a, const HostTensor<T, R>& b, F f) {
   auto out = HostTensor<T, R>::uninitialized(a.shape());
   const T* pa = a.data();
   const T* pb = b.data();
@@ -38,28 +38,13 @@ HostTensor<T, R> zip(const char* op, const HostTensor<T, R>& a, const HostTensor
 
 /// y[i] = f(y[i], x[i]) in compute_t<T>.
 template <class T, std::size_t R, class F>
-void zip_(const char* op, HostTensor<T, R>& y, const HostTensor<T, R>& x, F f) {
-  check_same_shape(op, "y", y.shape(), "x", x.shape());
+void zip_(const char* /*op*/, HostTensor<T, R>& y, const HostTensor<T, R>& x, F f) {
   T* py = y.data();
   const T* px = x.data();
   for (Extent i = 0, n = y.numel(); i < n; ++i) py[i] = T(f(compute_t<T>(py[i]), compute_t<T>(px[i])));
 }
 
-template <class T, std::size_t R>
-void check_bias(const char* op, const Shape<R>& x, const Shape<1>& b) {
-  check(b[0] == x[R - 1], op, "bias ", to_string(b), " does not match the last dimension of ", to_string(x));
-}
-
-/// For a broadcast operand of extents b against full extents x: b's strides with 0 where b is 1.
-template <std::size_t R>
-Shape<R> broadcast_strides(const char* op, const Shape<R>& x, const Shape<R>& b) {
-  for (std::size_t i = 0; i < R; ++i)
-    check(b[i] == x[i] || b[i] == 1, op, "extents ", to_string(b), " do not broadcast to ", to_string(x));
-  Shape<R> st = row_major_strides(b);
-  for (std::size_t i = 0; i < R; ++i)
-    if (b[i] == 1 && x[i] != 1) st[i] = 0;
-  return st;
-}
+using generic::broadcast_strides;  // kernels/generic/elementwise.hpp: shared by every space
 
 /// Calls f(flat index in x, flat index in b) for every element of x in row-major order.
 template <std::size_t R, class F>
@@ -123,7 +108,6 @@ void fill_(HostTensor<T, R>& y, T value) {
 /// x[..., n] += b[n] in place.
 template <Element T, std::size_t R>
 void add_bias_(HostTensor<T, R>& x, const HostTensor<T, 1>& b) {
-  detail::check_bias<T, R>("add_bias", x.shape(), b.shape());
   const Extent n = b.extent(0), rows = detail::leading_rows(x.shape());
   for (Extent r = 0; r < rows; ++r) {
     T* row = x.data() + r * n;
@@ -140,7 +124,6 @@ HostTensor<T, R> add_bias(HostTensor<T, R> x, const HostTensor<T, 1>& b) {
 /// db (+)= sum of dy[..., n] over every leading index: the gradient of a last-dim bias.
 template <FloatElement T, std::size_t R>
 void bias_grad_into(HostTensor<T, 1>& db, const HostTensor<T, R>& dy, bool accumulate = false) {
-  detail::check_bias<T, R>("bias_grad", dy.shape(), db.shape());
   const Extent n = db.extent(0), rows = detail::leading_rows(dy.shape());
   std::vector<Stat> acc(std::size_t(n), 0.0);
   for (Extent r = 0; r < rows; ++r) {
@@ -156,18 +139,8 @@ HostTensor<T, 1> bias_grad(const HostTensor<T, R>& dy) {
   return db;
 }
 
-/// The extents of a (op) b under broadcasting: same rank, each pair equal or one of them 1
-/// (numpy broadcasting without rank promotion; reshape first to add leading 1s).
-template <std::size_t R>
-Shape<R> broadcast_shape(const char* op, const Shape<R>& a, const Shape<R>& b) {
-  Shape<R> s{};
-  for (std::size_t i = 0; i < R; ++i) {
-    detail::check(a[i] == b[i] || a[i] == 1 || b[i] == 1, op, "extents ", to_string(a), " and ", to_string(b),
-                  " do not broadcast");
-    s[i] = a[i] == 1 ? b[i] : a[i];
-  }
-  return s;
-}
+/// The extents of a (op) b under broadcasting (kernels/generic/elementwise.hpp).
+using generic::broadcast_shape;
 
 namespace detail {
 /// out = f(a, b) over the broadcast extents; arithmetic in compute_t<T>.

@@ -39,23 +39,6 @@ struct NormBackward {
 
 namespace detail {
 
-/// (Shape checks only: meta and cuda kernels use them too.)
-template <class T, std::size_t R, class S>
-void check_norm(const char* op, const Shape<R>& x, const Tensor<T, 1, S>& w,
-                std::type_identity_t<const Tensor<T, 1, S>*> b) {
-  check(w.extent(0) == x[R - 1] && (!b || b->extent(0) == x[R - 1]), op, "x ", to_string(x), ", weight ",
-        to_string(w.shape()), b ? ", bias " + to_string(b->shape()) : std::string(),
-        ": parameters must match the last dimension");
-}
-
-template <std::size_t R, class S>
-void check_norm_backward(const char* op, const Shape<R>& x, const Shape<R>& dy,
-                         std::type_identity_t<const Tensor<Stat, 1, S>*> mean, const Tensor<Stat, 1, S>& rstd) {
-  const Extent rows = leading_rows(x);
-  check(x == dy && rstd.extent(0) == rows && (!mean || mean->extent(0) == rows), op, "x ", to_string(x), ", dy ",
-        to_string(dy), ", saved statistics ", to_string(rstd.shape()), " (expected [", rows, "])");
-}
-
 // The per-row loops of float LayerNorm, with restrict-qualified pointers: without them GCC needs
 // more run-time alias checks than it makes and leaves the loops scalar (seen in the profile).
 DTENSOR_SIMD_INLINE void centre_row(const float* __restrict x, float mu, float* __restrict c, Extent n) {
@@ -164,7 +147,6 @@ NormBackward<T, R> norm_backward(const HostTensor<T, R>& x, const HostTensor<T, 
 template <FloatElement T, std::size_t R>
 NormForward<T, R> layer_norm(const HostTensor<T, R>& x, const HostTensor<T, 1>& weight, const HostTensor<T, 1>& bias,
                              double eps = 1e-5) {
-  detail::check_norm("layer_norm", x.shape(), weight, &bias);
   const Extent n = x.extent(R - 1), rows = detail::leading_rows(x.shape());
   NormForward<T, R> f{HostTensor<T, R>::uninitialized(x.shape()), HostTensor<Stat, 1>::uninitialized(Shape<1>{rows}),
                       HostTensor<Stat, 1>::uninitialized(Shape<1>{rows})};
@@ -190,8 +172,6 @@ template <FloatElement T, std::size_t R>
 NormBackward<T, R> layer_norm_backward(const HostTensor<T, R>& x, const HostTensor<T, 1>& weight,
                                        const HostTensor<Stat, 1>& mean, const HostTensor<Stat, 1>& rstd,
                                        const HostTensor<T, R>& dy) {
-  detail::check_norm<T, R>("layer_norm_backward", x.shape(), weight, nullptr);
-  detail::check_norm_backward("layer_norm_backward", x.shape(), dy.shape(), &mean, rstd);
   if constexpr (std::is_same_v<T, float>) {
     const Extent n = x.extent(R - 1);
     NormBackward<T, R> out{HostTensor<T, R>::uninitialized(x.shape()), HostTensor<T, 1>::uninitialized(Shape<1>{n}),
@@ -206,7 +186,6 @@ NormBackward<T, R> layer_norm_backward(const HostTensor<T, R>& x, const HostTens
 
 template <FloatElement T, std::size_t R>
 NormForward<T, R> rms_norm(const HostTensor<T, R>& x, const HostTensor<T, 1>& weight, double eps = 1e-6) {
-  detail::check_norm<T, R>("rms_norm", x.shape(), weight, nullptr);
   const Extent n = x.extent(R - 1), rows = detail::leading_rows(x.shape());
   NormForward<T, R> f{HostTensor<T, R>::uninitialized(x.shape()), {}, HostTensor<Stat, 1>::uninitialized(Shape<1>{rows})};
   for (Extent r = 0; r < rows; ++r) {
@@ -223,8 +202,6 @@ NormForward<T, R> rms_norm(const HostTensor<T, R>& x, const HostTensor<T, 1>& we
 template <FloatElement T, std::size_t R>
 NormBackward<T, R> rms_norm_backward(const HostTensor<T, R>& x, const HostTensor<T, 1>& weight,
                                      const HostTensor<Stat, 1>& rstd, const HostTensor<T, R>& dy) {
-  detail::check_norm<T, R>("rms_norm_backward", x.shape(), weight, nullptr);
-  detail::check_norm_backward("rms_norm_backward", x.shape(), dy.shape(), nullptr, rstd);
   return detail::norm_backward(x, weight, nullptr, rstd, dy);
 }
 

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "dtensor/kernels/generic/reduce.hpp"
 #include "dtensor/kernels/host/common.hpp"
 
 namespace dtensor::kernels::host {
@@ -32,13 +33,7 @@ struct MaxResult {
 
 namespace detail {
 
-template <std::size_t R>
-Shape<R> reduced_shape(const char* op, const Shape<R>& s, std::size_t dim) {
-  check_dim(op, dim, s);
-  Shape<R> r = s;
-  r[dim] = 1;
-  return r;
-}
+using generic::reduced_shape;  // kernels/generic/reduce.hpp
 
 /// out[o, i] = s * sum_j x[o, j, i].
 template <class T, std::size_t R>
@@ -59,10 +54,8 @@ HostTensor<T, R> sum_scaled(const char* op, const HostTensor<T, R>& x, std::size
 
 /// dx[o, j, i] = scale * dy[o, i].
 template <class T, std::size_t R>
-HostTensor<T, R> broadcast_back(const char* op, const HostTensor<T, R>& dy, const Shape<R>& x_shape,
+HostTensor<T, R> broadcast_back(const char* /*op*/, const HostTensor<T, R>& dy, const Shape<R>& x_shape,
                                 std::size_t dim, Stat scale) {
-  check(dy.shape() == reduced_shape(op, x_shape, dim), op, "gradient ", to_string(dy.shape()),
-        " is not the reduction over dimension ", dim, " of ", to_string(x_shape));
   auto dx = HostTensor<T, R>::uninitialized(x_shape);
   const auto a = around(x_shape, dim);
   for (Extent o = 0; o < a.outer; ++o)
@@ -82,7 +75,6 @@ HostTensor<T, R> sum(const HostTensor<T, R>& x, std::size_t dim) {
 /// dimension passes the global extent, so that the shards' results add up to the mean).
 template <FloatElement T, std::size_t R>
 HostTensor<T, R> mean(const HostTensor<T, R>& x, std::size_t dim, Extent divisor = -1) {
-  detail::check_dim("mean", dim, x.shape());
   const Extent n = divisor < 0 ? x.extent(dim) : divisor;
   return detail::sum_scaled("mean", x, dim, n > 0 ? 1.0 / Stat(n) : Stat(NAN));
 }
@@ -91,7 +83,6 @@ template <FloatElement T, std::size_t R>
 MaxResult<T, R> max(const HostTensor<T, R>& x, std::size_t dim) {
   const Shape<R> rs = detail::reduced_shape("max", x.shape(), dim);
   const auto a = detail::around(x.shape(), dim);
-  detail::check(a.n > 0, "max", "cannot reduce over an empty dimension ", dim, " of ", to_string(x.shape()));
   MaxResult<T, R> r{HostTensor<T, R>::uninitialized(rs), HostTensor<std::int64_t, R>::uninitialized(rs)};
   for (Extent o = 0; o < a.outer; ++o)
     for (Extent i = 0; i < a.inner; ++i) {
@@ -115,16 +106,11 @@ HostTensor<T, R> sum_backward(const HostTensor<T, R>& dy, const Shape<R>& x_shap
 template <FloatElement T, std::size_t R>
 HostTensor<T, R> mean_backward(const HostTensor<T, R>& dy, const Shape<R>& x_shape, std::size_t dim,
                                Extent divisor = -1) {
-  detail::check_dim("mean_backward", dim, x_shape);
   return detail::broadcast_back("mean_backward", dy, x_shape, dim, 1.0 / Stat(divisor < 0 ? x_shape[dim] : divisor));
 }
 template <FloatElement T, std::size_t R>
 HostTensor<T, R> max_backward(const HostTensor<T, R>& dy, const HostTensor<std::int64_t, R>& indices,
                               const Shape<R>& x_shape, std::size_t dim) {
-  const Shape<R> rs = detail::reduced_shape("max_backward", x_shape, dim);
-  detail::check(dy.shape() == rs && indices.shape() == rs, "max_backward", "gradient ", to_string(dy.shape()),
-                " and indices ", to_string(indices.shape()), " must be ", to_string(rs), " for input ",
-                to_string(x_shape));
   HostTensor<T, R> dx(x_shape);
   const auto a = detail::around(x_shape, dim);
   for (Extent o = 0; o < a.outer; ++o)
@@ -143,11 +129,6 @@ template <FloatElement T, std::size_t R>
 HostTensor<T, R> max_backward_split(const HostTensor<T, R>& dy, const HostTensor<std::int64_t, R>& indices,
                                     const HostTensor<T, R>& local_max, const HostTensor<T, R>& global_max,
                                     const Shape<R>& x_shape, std::size_t dim) {
-  const Shape<R> rs = detail::reduced_shape("max_backward", x_shape, dim);
-  detail::check(dy.shape() == rs && indices.shape() == rs && local_max.shape() == rs && global_max.shape() == rs,
-                "max_backward", "gradient ", to_string(dy.shape()), ", indices ", to_string(indices.shape()),
-                " and maxima ", to_string(local_max.shape()), ", ", to_string(global_max.shape()), " must be ",
-                to_string(rs), " for input ", to_string(x_shape));
   HostTensor<T, R> dx(x_shape);
   const auto a = detail::around(x_shape, dim);
   if (a.n == 0) return dx;

@@ -14,18 +14,8 @@
 
 namespace dtensor::kernels::host {
 
-namespace detail {
-template <std::size_t R>
-void check_repeat(const char* op, const Shape<R>& s, std::size_t dim, Extent repeats, bool backward) {
-  check_dim(op, dim, s);
-  check(repeats > 0 && (!backward || s[dim] % repeats == 0), op, "tensor ", to_string(s), ", dimension ", dim,
-        ", repeats ", repeats, ": repeats must be > 0", backward ? " and divide the extent of the dimension" : "");
-}
-}  // namespace detail
-
 template <FloatElement T, std::size_t R>
 HostTensor<T, R> repeat_interleave(const HostTensor<T, R>& x, std::size_t dim, Extent repeats) {
-  detail::check_repeat("repeat_interleave", x.shape(), dim, repeats, false);
   const auto a = detail::around(x.shape(), dim);
   Shape<R> out = x.shape();
   out[dim] *= repeats;
@@ -44,7 +34,6 @@ HostTensor<T, R> repeat_interleave(const HostTensor<T, R>& x, std::size_t dim, E
 
 template <FloatElement T, std::size_t R>
 HostTensor<T, R> repeat_interleave_backward(const HostTensor<T, R>& dy, std::size_t dim, Extent repeats) {
-  detail::check_repeat("repeat_interleave_backward", dy.shape(), dim, repeats, true);
   using C = compute_t<T>;
   Shape<R> out = dy.shape();
   out[dim] /= repeats;

@@ -26,13 +26,6 @@ DTENSOR_HOST_DEVICE inline double rotary_angle(double position, Extent pair, Ext
   return position * ::pow(theta, -double(pair) / double(half_dim));
 }
 
-template <class T, class Id>
-void check_rotary(const char* op, const Shape<4>& x, const Shape<2>& positions, double theta) {
-  check(x[3] % 2 == 0 && positions[0] == x[0] && positions[1] == x[1] && theta > 0, op, "x ", to_string(x),
-        " must be [B, T, H, D] with D even, positions ", to_string(positions), " [B, T] of the same B and T, theta ",
-        theta, " > 0");
-}
-
 /// y = x turned by sign * angle (sign -1: the adjoint).
 template <class T, class Id>
 HostTensor<T, 4> rotate(const HostTensor<T, 4>& x, const HostTensor<Id, 2>& positions, double theta, double sign) {
@@ -65,14 +58,12 @@ HostTensor<T, 4> rotate(const HostTensor<T, 4>& x, const HostTensor<Id, 2>& posi
 
 template <FloatElement T, IndexElement Id>
 HostTensor<T, 4> rotary(const HostTensor<T, 4>& x, const HostTensor<Id, 2>& positions, double theta) {
-  detail::check_rotary<T, Id>("rotary", x.shape(), positions.shape(), theta);
   return detail::rotate(x, positions, theta, 1.0);
 }
 
 /// dx of rotary given dy: the transpose of a rotation is the rotation by the opposite angle.
 template <FloatElement T, IndexElement Id>
 HostTensor<T, 4> rotary_backward(const HostTensor<Id, 2>& positions, const HostTensor<T, 4>& dy, double theta) {
-  detail::check_rotary<T, Id>("rotary_backward", dy.shape(), positions.shape(), theta);
   return detail::rotate(dy, positions, theta, -1.0);
 }
 

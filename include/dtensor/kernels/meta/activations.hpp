@@ -14,8 +14,7 @@ MetaTensor<T, R> map(const char* op, const MetaTensor<T, R>& x) {
   return result<T>(x.shape());
 }
 template <class T, std::size_t R>
-MetaTensor<T, R> map_backward(const char* op, const MetaTensor<T, R>& x, const MetaTensor<T, R>& dy) {
-  check_same_shape(op, "x", x.shape(), "dy", dy.shape());
+MetaTensor<T, R> map_backward(const char* op, const MetaTensor<T, R>& x, const MetaTensor<T, R>& /*dy*/) {
   pointwise_cost<T>(op, x.numel(), 2, 2);
   return result<T>(x.shape());
 }

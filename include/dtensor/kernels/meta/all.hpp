@@ -1,6 +1,6 @@
 // dtensor/kernels/meta/all.hpp — every meta kernel (namespace dtensor::kernels::meta): the twins of
-// kernels/host on Tensor<T, R, meta_space>, which check extents, return results of the right
-// extents and record FLOPs and bytes in a CostLog (cost_log.hpp).
+// kernels/host on Tensor<T, R, meta_space>, which return results of the right extents (checked by
+// kernels::name, kernels/generic/) and record FLOPs and bytes in a CostLog (cost_log.hpp).
 #pragma once
 
 #include "dtensor/kernels/meta/activations.hpp"

@@ -1,13 +1,14 @@
-// dtensor/kernels/meta/common.hpp — what every meta kernel shares: the tensor alias, the argument
-// checks of the host kernels (the same errors for the same bad extents), and the cost record.
+// dtensor/kernels/meta/common.hpp — what every meta kernel shares: the tensor alias, the extent
+// helpers of kernels/generic, and the cost record.
 //
 //   kernels::meta::MetaTensor<float, 2>           // Tensor<float, 2, meta_space>
 //   detail::result<T>(shape)                      // an output tensor (no elements)
 //   detail::cost("gelu", flops, bytes_read, bytes_written);
 //
-// A meta kernel checks what its host twin checks about extents, returns tensors of the extents
-// the host twin returns, and records its cost (kernels/meta/cost_log.hpp). It cannot check
-// values (ids in range, targets in range): meta tensors have none.
+// A meta kernel returns tensors of the extents the host twin returns and records its cost
+// (kernels/meta/cost_log.hpp). Its arguments were checked by kernels::name (kernels/generic/, the
+// same errors as on host for the same bad extents); values (ids, targets in range) are not
+// checked: meta tensors have none.
 #pragma once
 
 #include <cstddef>

@@ -4,7 +4,6 @@
 // meta tensor has no value: cross_entropy returns 0.
 #pragma once
 
-#include "dtensor/kernels/host/cross_entropy.hpp"  // the shape checks
 #include "dtensor/kernels/meta/common.hpp"
 
 namespace dtensor::kernels::meta {
@@ -15,8 +14,6 @@ struct CrossEntropyForward {
 };
 
 namespace detail {
-using host::detail::check_ce;
-using host::detail::check_row_stats;
 template <class T>
 MetaTensor<Stat, 1> row_stat(const char* op, const MetaTensor<T, 2>& logits, std::int64_t flops_per_logit,
                              std::int64_t extra_read = 0) {
@@ -32,41 +29,32 @@ MetaTensor<Stat, 1> vocab_parallel_ce_max(const MetaTensor<T, 2>& logits) {
 }
 template <FloatElement T>
 MetaTensor<Stat, 1> vocab_parallel_ce_sum_exp(const MetaTensor<T, 2>& logits, const MetaTensor<Stat, 1>& global_max) {
-  detail::check_row_stats("vocab_parallel_ce_sum_exp", logits, global_max, "global max");
   return detail::row_stat("vocab_parallel_ce_sum_exp", logits, 2, detail::bytes<Stat>(global_max.numel()));
 }
 template <FloatElement T, IndexElement Id>
-MetaTensor<Stat, 1> vocab_parallel_ce_target_logit(const MetaTensor<T, 2>& logits, const MetaTensor<Id, 1>& targets,
+MetaTensor<Stat, 1> vocab_parallel_ce_target_logit(const MetaTensor<T, 2>& logits, const MetaTensor<Id, 1>& /*targets*/,
                                                    Extent) {
-  detail::check_ce("vocab_parallel_ce_target_logit", logits, targets);
   const Extent n = logits.extent(0);
   detail::cost("vocab_parallel_ce_target_logit", 0, detail::bytes<Id>(n) + detail::bytes<T>(n), detail::bytes<Stat>(n));
   return detail::result<Stat>(Shape<1>{n});
 }
-inline double vocab_parallel_ce_loss(const MetaTensor<Stat, 1>& global_max, const MetaTensor<Stat, 1>& global_sum,
-                                     const MetaTensor<Stat, 1>& target_logit, Extent = -1) {
+inline double vocab_parallel_ce_loss(const MetaTensor<Stat, 1>& global_max, const MetaTensor<Stat, 1>& /*global_sum*/,
+                                     const MetaTensor<Stat, 1>& /*target_logit*/, Extent = -1) {
   const Extent n = global_max.extent(0);
-  detail::check(global_sum.extent(0) == n && target_logit.extent(0) == n, "vocab_parallel_ce_loss", "max ",
-                to_string(global_max.shape()), ", sum ", to_string(global_sum.shape()), " and target logit ",
-                to_string(target_logit.shape()), " must have one entry per row");
   detail::cost("vocab_parallel_ce_loss", 3 * n, 3 * detail::bytes<Stat>(n), 0);
   return 0.0;
 }
 template <FloatElement T, IndexElement Id>
 MetaTensor<T, 2> vocab_parallel_ce_backward(const MetaTensor<T, 2>& logits, const MetaTensor<Id, 1>& targets, Extent,
-                                            const MetaTensor<Stat, 1>& global_max,
-                                            const MetaTensor<Stat, 1>& global_sum, double = 1.0, Extent = -1) {
-  detail::check_ce("vocab_parallel_ce_backward", logits, targets);
-  detail::check_row_stats("vocab_parallel_ce_backward", logits, global_max, "global max");
-  detail::check_row_stats("vocab_parallel_ce_backward", logits, global_sum, "global sum");
+                                            const MetaTensor<Stat, 1>& /*global_max*/,
+                                            const MetaTensor<Stat, 1>& /*global_sum*/, double = 1.0, Extent = -1) {
   detail::cost("vocab_parallel_ce_backward", 3 * logits.numel(),
                detail::bytes<T>(logits.numel()) + detail::bytes<Id>(targets.numel()) + 2 * detail::bytes<Stat>(logits.extent(0)),
                detail::bytes<T>(logits.numel()));
   return detail::result<T>(logits.shape());
 }
 template <FloatElement T, IndexElement Id>
-CrossEntropyForward cross_entropy(const MetaTensor<T, 2>& logits, const MetaTensor<Id, 1>& targets, Extent = -1) {
-  detail::check_ce("cross_entropy", logits, targets);
+CrossEntropyForward cross_entropy(const MetaTensor<T, 2>& logits, const MetaTensor<Id, 1>& /*targets*/, Extent = -1) {
   const Extent n = logits.extent(0);
   detail::cost("cross_entropy", 3 * logits.numel(), detail::bytes<T>(logits.numel() + n) + detail::bytes<Id>(n),
                detail::bytes<Stat>(n));
@@ -75,8 +63,6 @@ CrossEntropyForward cross_entropy(const MetaTensor<T, 2>& logits, const MetaTens
 template <FloatElement T, IndexElement Id>
 MetaTensor<T, 2> cross_entropy_backward(const MetaTensor<T, 2>& logits, const MetaTensor<Id, 1>& targets,
                                         const MetaTensor<Stat, 1>& lse, double = 1.0, Extent = -1) {
-  detail::check_ce("cross_entropy_backward", logits, targets);
-  detail::check_row_stats("cross_entropy_backward", logits, lse, "lse");
   detail::cost("cross_entropy_backward", 3 * logits.numel(),
                detail::bytes<T>(logits.numel()) + detail::bytes<Id>(targets.numel()) + detail::bytes<Stat>(lse.numel()),
                detail::bytes<T>(logits.numel()));

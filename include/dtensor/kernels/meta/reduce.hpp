@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "dtensor/kernels/host/reduce.hpp"  // reduced_shape
+#include "dtensor/kernels/generic/reduce.hpp"  // reduced_shape
 #include "dtensor/kernels/meta/common.hpp"
 
 namespace dtensor::kernels::meta {
@@ -19,16 +19,13 @@ struct MaxResult {
 namespace detail {
 template <class T, std::size_t R>
 MetaTensor<T, R> reduce(const char* op, const MetaTensor<T, R>& x, std::size_t dim) {
-  const auto s = host::detail::reduced_shape(op, x.shape(), dim);
+  const auto s = generic::reduced_shape(op, x.shape(), dim);
   cost(op, x.numel(), bytes<T>(x.numel()), bytes<T>(numel(s)));
   return result<T>(s);
 }
 template <class T, std::size_t R>
-MetaTensor<T, R> broadcast_back(const char* op, const MetaTensor<T, R>& dy, const Shape<R>& x_shape, std::size_t dim,
+MetaTensor<T, R> broadcast_back(const char* op, const MetaTensor<T, R>& dy, const Shape<R>& x_shape, std::size_t /*dim*/,
                                 std::int64_t extra_read = 0) {
-  const auto s = host::detail::reduced_shape(op, x_shape, dim);
-  check(dy.shape() == s, op, "gradient ", to_string(dy.shape()), " is not the reduction over dimension ", dim, " of ",
-        to_string(x_shape));
   cost(op, numel(x_shape), bytes<T>(dy.numel()) + extra_read, bytes<T>(numel(x_shape)));
   return result<T>(x_shape);
 }
@@ -40,8 +37,6 @@ template <FloatElement T, std::size_t R>
 MetaTensor<T, R> mean(const MetaTensor<T, R>& x, std::size_t dim, Extent = -1) { return detail::reduce("mean", x, dim); }
 template <FloatElement T, std::size_t R>
 MaxResult<T, R> max(const MetaTensor<T, R>& x, std::size_t dim) {
-  detail::check_dim("max", dim, x.shape());
-  detail::check(x.extent(dim) > 0, "max", "cannot reduce over an empty dimension ", dim, " of ", to_string(x.shape()));
   auto v = detail::reduce("max", x, dim);
   auto idx = MetaTensor<std::int64_t, R>::uninitialized(v.shape());
   return {std::move(v), std::move(idx)};
@@ -57,18 +52,13 @@ MetaTensor<T, R> mean_backward(const MetaTensor<T, R>& dy, const Shape<R>& x_sha
 template <FloatElement T, std::size_t R>
 MetaTensor<T, R> max_backward(const MetaTensor<T, R>& dy, const MetaTensor<std::int64_t, R>& indices,
                               const Shape<R>& x_shape, std::size_t dim) {
-  detail::check(indices.shape() == dy.shape(), "max_backward", "indices ", to_string(indices.shape()),
-                " and gradient ", to_string(dy.shape()), " differ");
   return detail::broadcast_back("max_backward", dy, x_shape, dim, detail::bytes<std::int64_t>(indices.numel()));
 }
 /// See host::max_backward_split.
 template <FloatElement T, std::size_t R>
 MetaTensor<T, R> max_backward_split(const MetaTensor<T, R>& dy, const MetaTensor<std::int64_t, R>& indices,
-                                    const MetaTensor<T, R>& local_max, const MetaTensor<T, R>& global_max,
+                                    const MetaTensor<T, R>& /*local_max*/, const MetaTensor<T, R>& /*global_max*/,
                                     const Shape<R>& x_shape, std::size_t dim) {
-  detail::check(indices.shape() == dy.shape() && local_max.shape() == dy.shape() && global_max.shape() == dy.shape(),
-                "max_backward", "indices ", to_string(indices.shape()), ", maxima ", to_string(local_max.shape()), " and ",
-                to_string(global_max.shape()), " must have the gradient's extents ", to_string(dy.shape()));
   return detail::broadcast_back("max_backward", dy, x_shape, dim,
                                 detail::bytes<std::int64_t>(indices.numel()) + 2 * detail::bytes<T>(dy.numel()));
 }

@@ -3,14 +3,12 @@
 // element).
 #pragma once
 
-#include "dtensor/kernels/host/repeat.hpp"
 #include "dtensor/kernels/meta/common.hpp"
 
 namespace dtensor::kernels::meta {
 
 template <FloatElement T, std::size_t R>
 MetaTensor<T, R> repeat_interleave(const MetaTensor<T, R>& x, std::size_t dim, Extent repeats) {
-  host::detail::check_repeat("repeat_interleave", x.shape(), dim, repeats, false);
   Shape<R> out = x.shape();
   out[dim] *= repeats;
   detail::cost("repeat_interleave", 0, detail::bytes<T>(x.numel()), detail::bytes<T>(x.numel() * repeats));
@@ -19,7 +17,6 @@ MetaTensor<T, R> repeat_interleave(const MetaTensor<T, R>& x, std::size_t dim, E
 
 template <FloatElement T, std::size_t R>
 MetaTensor<T, R> repeat_interleave_backward(const MetaTensor<T, R>& dy, std::size_t dim, Extent repeats) {
-  host::detail::check_repeat("repeat_interleave_backward", dy.shape(), dim, repeats, true);
   Shape<R> out = dy.shape();
   out[dim] /= repeats;
   const Extent n = dy.numel() / repeats;

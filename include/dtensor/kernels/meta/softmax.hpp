@@ -16,8 +16,7 @@ MetaTensor<T, R> rowwise(const char* op, const MetaTensor<T, R>& x) {
   return result<T>(x.shape());
 }
 template <class T, std::size_t R>
-MetaTensor<T, R> rowwise_backward(const char* op, const MetaTensor<T, R>& y, const MetaTensor<T, R>& dy) {
-  check_same_shape(op, "y", y.shape(), "dy", dy.shape());
+MetaTensor<T, R> rowwise_backward(const char* op, const MetaTensor<T, R>& y, const MetaTensor<T, R>& /*dy*/) {
   pointwise_cost<T>(op, y.numel(), 2, softmax_flops_per_element);
   return result<T>(y.shape());
 }
