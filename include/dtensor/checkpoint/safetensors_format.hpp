@@ -435,7 +435,14 @@ inline std::string make_header(const std::vector<std::pair<std::string, std::vec
   if (!metadata.empty()) {
     h += "\"__metadata__\":{";
     bool first = true;
-    for (const auto& [k, v] : metadata) h += (first ? "" : ",") + dtensor::detail::json_string(k) + ":" + dtensor::detail::json_string(v), first = false;
+    // Appends only: g++ 12 at -O2 warns (-Wrestrict, a false positive) on `"," + std::string`.
+    for (const auto& [k, v] : metadata) {
+      if (!first) h += ',';
+      first = false;
+      h += dtensor::detail::json_string(k);
+      h += ':';
+      h += dtensor::detail::json_string(v);
+    }
     h += "}";
   }
   std::uint64_t offset = 0;
@@ -443,10 +450,16 @@ inline std::string make_header(const std::vector<std::pair<std::string, std::vec
     const auto& [name, shape] = tensors[i];
     std::uint64_t numel = 1;
     std::string dims;
-    for (std::size_t d = 0; d < shape.size(); ++d) numel *= std::uint64_t(shape[d]), dims += (d ? "," : "") + std::to_string(shape[d]);
+    for (std::size_t d = 0; d < shape.size(); ++d) {
+      numel *= std::uint64_t(shape[d]);
+      if (d) dims += ',';
+      dims += std::to_string(shape[d]);
+    }
     if (begins) begins->push_back(offset);
-    h += (h.size() > 1 ? "," : "") + dtensor::detail::json_string(name) + ":{\"dtype\":\"" + dtype + "\",\"shape\":[" + dims +
-         "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + numel * b) + "]}";
+    if (h.size() > 1) h += ',';
+    h += dtensor::detail::json_string(name);
+    h += ":{\"dtype\":\"" + dtype + "\",\"shape\":[" + dims + "],\"data_offsets\":[" + std::to_string(offset) + "," +
+         std::to_string(offset + numel * b) + "]}";
     offset += numel * b;
   }
   h += "}";
