@@ -33,5 +33,6 @@ __attribute__((destructor)) static void report(void){
   fprintf(stderr,"shim: CUDA runtime calls (count, host seconds):\n");
   for(int i=0;i<N;i++) fprintf(stderr,"  %-24s %10ld %8.3f s\n",names[i],cnt[i],tim[i]);
   fprintf(stderr,"  memcpy2D under 4 KiB: %ld; bytes histogram by 16x: ",small2d);
-  for(int b=0;b<8;b++) fprintf(stderr,"%ld ",rows2d_hist[b]); fprintf(stderr,"\n");
+  for(int b=0;b<8;b++) fprintf(stderr,"%ld ",rows2d_hist[b]);
+  fprintf(stderr,"\n");
 }
