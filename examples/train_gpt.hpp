@@ -66,6 +66,7 @@
 #include "dtensor/models/gpt_config.hpp"
 #include "dtensor/checkpoint/pipeline_safetensors.hpp"
 #include "dtensor/checkpoint/pipeline_state.hpp"
+#include "dtensor/checkpoint/sync_state.hpp"
 #include "dtensor/distributed/settings_agreement.hpp"
 #include "dtensor/comm/hosts.hpp"
 #include "dtensor/mesh/hosts.hpp"
@@ -261,8 +262,6 @@ inline void check_sync(const Options& o) {
   if (o.clients > 0 && o.sync != "fedavg") throw UsageError("--clients needs --sync fedavg");
   if (o.sync == "ddp") return;
   if (o.experts > 0) throw UsageError("--sync " + o.sync + " with --experts: the experts' all-reduce on \"edp\" spans replicas");
-  if (o.save_every > 0 || !o.resume.empty())
-    throw UsageError("--sync " + o.sync + " with checkpoints: the sync state (inner step, outer momentum) is not saved yet");
 }
 
 /// --offload, --offload-dir, --offload-buffer-kib (optim/offload_adamw.hpp). The directory itself is
@@ -808,6 +807,24 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
   auto model_config = checkpoint::config_of(cfg);
   model_config["model"] = o.arch;
   if constexpr (moe) model_config["experts"] = str(o.experts), model_config["moe_every"] = str(o.moe_every);
+  // --sync: its settings must match, and the sync state travels as each rank's own tensors.
+  if (sync_kind != SyncKind::ddp) {
+    model_config["sync"] = o.sync;
+    model_config["sync_inner_steps"] = str(o.inner_steps);
+    if (delayed) model_config["sync_staleness"] = str(o.staleness);
+    if (fed) model_config["sync_clients"] = str(o.clients);
+  }
+  float adamw_steps = 0;  // this rank's AdamW step count (FedAvg: only sampled clients step)
+  auto sync_slots = [&](const std::vector<std::span<float>>& pending) {
+    checkpoint::Slots<float> slots;
+    if constexpr (!moe) {
+      slots = checkpoint::per_rank(checkpoint::detail::pipeline_slots(model, *adam), model.mesh());
+      slots.push_back(checkpoint::count_slot("adamw.steps", adamw_steps, adam->steps(), model.mesh()));
+      if (diloco) checkpoint::append(slots, checkpoint::diloco_slots(*diloco, model.mesh()));
+      if (delayed) checkpoint::append(slots, checkpoint::delayed_slots(*delayed, pending, model.mesh()));
+    }
+    return slots;
+  };
   int first_step = 1;
   if constexpr (host && !moe)
     if (!o.init_from.empty()) {
@@ -828,6 +845,18 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
       throw Error("train_gpt", "the checkpoint at " + o.resume + " is at step " + str(meta.step) + ": nothing left to train up to --steps " +
                                    str(o.steps) + " (the total)");
     first_step = int(meta.step) + 1;
+    if (sync_kind != SyncKind::ddp) {  // mid-round: each replica its own parameters and moments
+      if (diloco) diloco->set_inner_step(meta.step);
+      if (fed) fed->set_round(meta.step / o.inner_steps), participating = fed->begin_round();
+      std::vector<std::span<float>> pending;
+      if (delayed) pending = delayed->restore(meta.step);
+      auto slots = sync_slots(pending);
+      const checkpoint::HostStaging<Space, float> staged(slots, false);
+      checkpoint::load_same_mesh(o.resume, model.mesh(), slots, {.config = model_config});
+      staged.copy_back();
+      adam->set_steps(long(adamw_steps));
+      model.sync_parameters();
+    }
     if (root) std::printf("resumed from %s at step %lld\n", o.resume.c_str(), (long long)meta.step);
   }
   CommSummary per_step;  // the collectives of step 2 (step 1 warms up)
@@ -843,7 +872,16 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
     rng_state << rng;
     const checkpoint::TrainingMeta meta{.step = step, .data_position = std::uint64_t(step), .rng_state = rng_state.str(),
                                         .config = model_config};
-    checkpoint::save_pipeline_state(o.save_dir, model, *adam, meta);
+    if (sync_kind == SyncKind::ddp) {
+      checkpoint::save_pipeline_state(o.save_dir, model, *adam, meta);  // --offload: refused with checkpoints
+    } else if constexpr (!moe) {  // the global tensors (rank 0's replica) and every rank's own sync state
+      auto slots = checkpoint::detail::pipeline_slots(model, *adam);  // --offload: only with ddp
+      checkpoint::append(slots, sync_slots(delayed ? delayed->settle() : std::vector<std::span<float>>{}));
+      const checkpoint::HostStaging<Space, float> staged(slots, true);
+      auto m = meta;
+      m.optimizer_steps = adam->steps();
+      checkpoint::save(o.save_dir, model.mesh(), slots, m);
+    }
     char saved[32];
     std::snprintf(saved, sizeof saved, "step %4d", step);
     monitor.message(std::string(saved) + "  checkpoint saved to " + o.save_dir);  // rank 0, above the bar

@@ -4,6 +4,8 @@
 // GPT cases use the parity GPT of tests/parity/gpt_parity.hpp.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <filesystem>
+#include <unistd.h>
 #include <set>
 #include <vector>
 
@@ -342,6 +344,17 @@ TEST_CASE("FedAvg: sampled clients, E local epochs on non-IID shards, weighted b
   auto f = on_ranks(4, [&](CommPtr world, auto report) { fedavg_case(world, report); });
   INFO(summary(f));
   REQUIRE(f.empty());
+}
+
+TEST_CASE("checkpoints resume mid-round: DiLoCo, delayed gradients, FedAvg equal the uninterrupted run exactly") {
+  for (int kind : {0, 1, 2}) {
+    const auto dir = std::filesystem::temp_directory_path() /
+                     ("dtensor-sync-resume-" + std::to_string(::getpid()) + "-" + std::to_string(kind));
+    auto f = on_ranks(4, [&](CommPtr world, auto report) { resume_case(world, kind, dir, report); });
+    std::filesystem::remove_all(dir);
+    INFO("strategy " << kind << ": " << summary(f));
+    REQUIRE(f.empty());
+  }
 }
 
 TEST_CASE("data splits: k-fold folds partition the indices exactly; stratified, IID and Dirichlet splits; deterministic") {

@@ -49,6 +49,15 @@ class SGD : public Optimizer<T, N, Space> {
     ++steps_;
   }
 
+  /// The momentum buffers, flat like the parameter list (empty without momentum): a checkpoint's
+  /// optimizer state, with steps() (the first step sets b = g instead of decaying it).
+  FlatState<T, Space>& momentum_buffer() noexcept { return buf_; }
+  long steps() const noexcept { return steps_; }
+  void set_steps(long s) {
+    if (s < 0) throw Error("SGD", dtensor::detail::cat("step count ", s, " < 0"));
+    steps_ = s;
+  }
+
  private:
   SGDOptions o_;
   FlatState<T, Space> buf_;  // momentum, flat like the parameter list

@@ -24,8 +24,10 @@
 // (counted as communication memory).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <deque>
+#include <span>
 #include <optional>
 #include <vector>
 
@@ -97,6 +99,38 @@ class DelayedGradients {
       slots_.pop_front();
     }
     return n;
+  }
+
+  /// For a checkpoint: waits for every all-reduce in flight and returns their reduced buffers,
+  /// oldest first (still queued: exchange() applies them as before). A resumed run refills them
+  /// through restore().
+  std::vector<std::span<T>> settle() {
+    std::vector<std::span<T>> out;
+    for (auto& slot : slots_) {
+      slot.work.wait();
+      out.push_back(slot.buf.span());
+    }
+    return out;
+  }
+
+  /// After a resume: `issued` steps were exchanged before the checkpoint, so min(s, issued)
+  /// reduced gradients are pending; returns their buffers (oldest first) to load into. Only on
+  /// a fresh object.
+  std::vector<std::span<T>> restore(long issued) {
+    if (issued < 0 || issued_ != 0 || !slots_.empty())
+      mesh_.comm().fail("DelayedGradients::restore", detail::cat("issued = ", issued, " on an object that issued ", issued_,
+                                                                 " (", slots_.size(), " in flight): restore a fresh one"));
+    const std::size_t n = std::size_t(std::min<long>(s_, issued));
+    std::vector<std::span<T>> out;
+    for (std::size_t i = 0; i < n; ++i) {
+      Slot slot;
+      MemoryTagScope tag(MemoryTag::communication);
+      slot.buf = Tensor<T, 1, Space>::uninitialized(Shape<1>{Extent(elements_)});
+      slots_.push_back(std::move(slot));  // its Work is default: already complete
+      out.push_back(slots_.back().buf.span());
+    }
+    issued_ = issued;
+    return out;
   }
 
   int staleness() const noexcept { return s_; }

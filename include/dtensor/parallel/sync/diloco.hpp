@@ -31,7 +31,8 @@
 // (FSDP's shards, TP's pieces); every parameter must be Replicate on the replica dimension
 // (detail/replicas.hpp). The gradients there must not be reduced (no DataParallel / HSDP
 // all-reduce on it): each replica follows its own data. The state for a checkpoint: inner_step(),
-// anchor() (θ_sync) and outer(f) (the outer optimizers' momentum, optim::SGD::momentum_buffer).
+// anchor() (θ_sync) and outer(f) (the outer optimizers' momentum, optim::SGD::momentum_buffer);
+// checkpoint/sync_state.hpp saves it with each replica's own parameters (they differ mid-round).
 #pragma once
 
 #include <algorithm>
@@ -144,10 +145,18 @@ class DiLoCo {
 
   /// Inner steps taken (all of them, across rounds; the checkpoint's counter).
   long inner_step() const noexcept { return inner_; }
-  /// Restores the counter from a checkpoint (with anchor() and the outer momentum).
+  /// Restores the counter from a checkpoint (with anchor() and the outer momentum): the rounds,
+  /// the syncs and each outer optimizer's step count follow from it (the schedule is fixed).
   void set_inner_step(long s) {
     if (s < 0) throw Error("DiLoCo", detail::cat("inner step ", s, " < 0"), mesh_.rank());
     inner_ = s;
+    rounds_ = s / o_.inner_steps;
+    syncs_ = 0;
+    for (std::size_t f = 0; f < fragments_.size(); ++f) {
+      const long n = syncs_before(f, s);
+      fragments_[f].outer->set_steps(n);
+      syncs_ += n;
+    }
   }
   long rounds() const noexcept { return rounds_; }
   long syncs() const noexcept { return syncs_; }
@@ -176,6 +185,11 @@ class DiLoCo {
     const long h = o_.inner_steps, nf = long(fragments_.size());
     const long at = (long(f) + 1) * h / nf;  // in [1, H]
     return (t - at) % h == 0 && t >= at;
+  }
+  /// How many times fragment f synced in inner steps 1..t.
+  long syncs_before(std::size_t f, long t) const {
+    const long h = o_.inner_steps, at = (long(f) + 1) * h / long(fragments_.size());
+    return t >= at ? (t - at) / h + 1 : 0;
   }
   std::size_t offset(std::size_t k) const {
     std::size_t o = 0;
