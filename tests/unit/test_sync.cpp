@@ -4,6 +4,7 @@
 // GPT cases use the parity GPT of tests/parity/gpt_parity.hpp.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <optional>
 #include <filesystem>
 #include <unistd.h>
 #include <set>
@@ -270,6 +271,66 @@ TEST_CASE("Streaming DiLoCo: fragments sync staggered, each with its own outer s
   });
   INFO(summary(f));
   REQUIRE(f.empty());
+}
+
+TEST_CASE("overlapped Streaming DiLoCo: tau = 0 is the blocking form exactly; tau > 0 applies the outer update tau steps late") {
+  const int H = 3, steps = 9, R = 2;
+  const double lr = 0.2;
+  for (int tau : {0, 1, 2}) {
+    // Oracle (alpha = 0): at t ≡ 0 (mod H) the mean Δ is taken; at t + tau the outer Nesterov
+    // step moves θ_sync and every replica restarts from it.
+    Full anchor = theta0();
+    OracleSGD outer{0.7, 0.9, true, {}};
+    std::vector<Full> reps(R, anchor);
+    std::optional<std::pair<long, Full>> in_flight;
+    for (long t = 1; t <= steps; ++t) {
+      for (int r = 0; r < R; ++r) {
+        const Full g = grad(reps[std::size_t(r)], batch(r, R, t - 1));
+        for (Extent i = 0; i < g.numel(); ++i) reps[std::size_t(r)][i] -= lr * g[i];
+      }
+      if (t % H == 0) {
+        Full d(wshape);
+        for (int r = 0; r < R; ++r)
+          for (Extent i = 0; i < d.numel(); ++i) d[i] += (anchor[i] - reps[std::size_t(r)][i]) / R;
+        in_flight.emplace(t + tau, d);
+      }
+      if (in_flight && in_flight->first == t) {
+        outer.step(anchor, in_flight->second);
+        for (auto& rep : reps) rep = anchor;
+        in_flight.reset();
+      }
+    }
+    auto f = on_ranks(4, [&](CommPtr world, auto report) {
+      Mesh m(world, {R, 2});
+      auto run = [&](int overlap, Logged& logged) {
+        Model model(m);
+        auto ps = model.params();
+        optim::SGD<double, 2> opt(ps, {.lr = lr});
+        parallel::sync::DiLoCo<double, Mesh> diloco(m, ps, {.inner_steps = H, .overlap_steps = overlap});
+        CommLog log;
+        for (long t = 0; t < steps; ++t) {
+          model.backward(m, batch(m.coordinate(0), R, t), false);
+          opt.step();
+          diloco.step();
+          const long done = t + 1;  // an all-reduce issued at a multiple of H stays in flight for tau steps
+          if (diloco.in_flight() != (overlap > 0 && done >= H && done % H < overlap ? 1u : 0u))
+            report(detail::cat("tau ", overlap, " step ", t + 1, ": ", diloco.in_flight(), " in flight"));
+        }
+        logged = {log.count(CollectiveKind::all_reduce, "dp"), log.bytes()};
+        return full_tensor(model.w.value());
+      };
+      Logged blocking, overlapped;
+      const Full want = run(0, blocking), got = run(tau, overlapped);
+      if (tau == 0 && !compare(got, want, {.rtol = 0, .atol = 0})) report("tau = 0 differs from the blocking form: " + diff(got, want));
+      const Full& oracle = reps[std::size_t(m.coordinate(0))];  // the anchor after a completed sync
+      if (!compare(got, oracle, {.rtol = 1e-12, .atol = 1e-12})) report(detail::cat("tau ", tau, " differs from the oracle: ", diff(got, oracle)));
+      if (overlapped.all_reduces != blocking.all_reduces || overlapped.bytes != blocking.bytes)
+        report(detail::cat("tau ", tau, ": ", overlapped.all_reduces, " all-reduces, ", overlapped.bytes, " B; blocking ",
+                           blocking.all_reduces, ", ", blocking.bytes, " B"));
+    });
+    INFO("tau " << tau << ": " << summary(f));
+    REQUIRE(f.empty());
+  }
 }
 
 TEST_CASE("delayed gradients: staleness 0 is DDP; staleness s applies step t's reduced gradient at t + s") {

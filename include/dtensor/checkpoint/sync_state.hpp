@@ -116,6 +116,10 @@ Slot<T> count_slot(const std::string& name, T& cell, long count, const Mesh& mes
 /// when DiLoCo runs on a sub-mesh: a pipeline stage's). The inner step: set_inner_step on resume.
 template <class T, MeshType SyncMesh, fixed_string Dim, MeshType Mesh>
 Slots<T> diloco_slots(parallel::sync::DiLoCo<T, SyncMesh, Dim>& d, const Mesh& mesh) {
+  if (d.in_flight() > 0)
+    throw Error("checkpoint::diloco_slots", dtensor::detail::cat(d.in_flight(), " overlapped outer all-reduce(s) in flight at "
+                                                                 "inner step ", d.inner_step(), ": save between overlaps"),
+                mesh.rank());
   Slots<T> out;
   auto& anchor = d.anchor();
   const auto [first, last] = d.fragment(d.num_fragments() - 1);

@@ -25,7 +25,13 @@
 // Streaming DiLoCo (Douillard et al. 2025) in its simple form: `fragments` F > 1 cuts the
 // parameter list into F contiguous pieces of about equal size; fragment f syncs at the inner
 // steps t with t ≡ (f + 1)·H / F (mod H), each with its own outer momentum, so the peak bytes
-// of one sync drop F times (the syncs are blocking here, not overlapped with the next steps).
+// of one sync drop F times. overlap_steps τ > 0 overlaps a fragment's outer all-reduce with the
+// next τ inner steps (the paper's overlap): at its due step the fragment's Δ is computed and its
+// all-reduce issued asynchronously (comm/work.hpp), the replicas keep training, and τ steps later
+// the all-reduce is waited for, the outer step applied to θ_sync, and the fragment's parameters
+// set to (1 − α)·θ_sync + α·θ_local (α = overlap_alpha; 0 drops the τ local steps of that
+// fragment, the paper mixes 0.5): the fragment's update lands with delay τ. τ = 0 is the blocking
+// form exactly; the bytes are the same. τ < H (a fragment's next sync comes after its last).
 //
 // Composes with FSDP and TP inside a replica: the list is whatever the inner optimizer steps
 // (FSDP's shards, TP's pieces); every parameter must be Replicate on the replica dimension
@@ -37,9 +43,11 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <deque>
 #include <memory>
 #include <vector>
 
+#include "dtensor/comm/work.hpp"
 #include "dtensor/core/bfloat16.hpp"
 #include "dtensor/optim/sgd.hpp"
 #include "dtensor/parallel/detail/fsdp_unit.hpp"
@@ -54,6 +62,8 @@ struct DiLoCoOptions {
   bool nesterov = true;
   bool bf16_reduce = false;     // the outer all-reduce in bfloat16 (half the bytes)
   int fragments = 1;            // Streaming DiLoCo: staggered syncs of F pieces of the parameters
+  int overlap_steps = 0;        // τ: a fragment's outer all-reduce completes τ inner steps after issue
+  double overlap_alpha = 0;     // α: the merge θ ← (1 − α)·θ_sync + α·θ_local when it completes
 
   /// Local SGD: average the replicas every H steps (outer SGD of rate 1, no momentum).
   static DiLoCoOptions local_sgd(int h) {
@@ -78,6 +88,9 @@ class DiLoCo {
     if (o.fragments < 1 || o.fragments > o.inner_steps || std::size_t(o.fragments) > std::max<std::size_t>(1, params_.size()))
       throw Error("DiLoCo", detail::cat("fragments = ", o.fragments, " must be in [1, min(H = ", o.inner_steps,
                                         ", parameters = ", params_.size(), ")]"), rank);
+    if (o.overlap_steps < 0 || o.overlap_steps >= o.inner_steps || !(o.overlap_alpha >= 0 && o.overlap_alpha <= 1))
+      throw Error("DiLoCo", detail::cat("overlap_steps tau = ", o.overlap_steps, ", overlap_alpha = ", o.overlap_alpha,
+                                        ": tau must be in [0, H = ", o.inner_steps, ") and alpha in [0, 1]"), rank);
     detail::check_replicated("DiLoCo", mesh_, dim, params_);
     anchor_ = optim::FlatState<T, Space>(params_);
     delta_ = optim::FlatState<T, Space>(params_);
@@ -119,29 +132,25 @@ class DiLoCo {
     int synced = 0;
     for (std::size_t f = 0; f < fragments_.size(); ++f)
       if (due(f, inner_)) {
-        sync(f);
+        issue(f);
         ++synced;
       }
+    // Overlap: the all-reduces issued τ steps ago complete now (τ = 0: the ones just issued).
+    while (!pending_.empty() && pending_.front().at <= inner_) complete();
     if (inner_ % o_.inner_steps == 0) ++rounds_;
     return synced;
   }
 
-  /// Syncs fragment f now (what step() does when it is due).
+  /// Syncs fragment f now, blocking (what step() does when it is due and τ = 0).
   void sync(std::size_t f) {
-    Fragment& fr = fragments_.at(f);
-    const std::size_t lo = offset(fr.begin), hi = offset(fr.end);
-    std::span<T> delta = delta_.all().subspan(lo, hi - lo);
-    // Δ = θ_sync − θ, then θ = θ_sync: the outer step starts from the last synced parameters.
-    for (std::size_t k = fr.begin; k < fr.end; ++k) {
-      Space::copy(delta_.of(k).data(), anchor_.of(k).data(), anchor_.of(k).size_bytes());
-      detail::axpy<Space>(delta_.of(k), std::span<const T>(params_[k].value), -1.0);
-    }
-    reduce(delta);
-    fr.outer->step();  // θ_sync ← outer(θ_sync, avg Δ)
-    for (std::size_t k = fr.begin; k < fr.end; ++k)
-      Space::copy(params_[k].value.data(), anchor_.of(k).data(), anchor_.of(k).size_bytes());
-    ++syncs_;
+    const long at = inner_;
+    issue(f);
+    pending_.back().at = at;
+    while (!pending_.empty()) complete();
   }
+
+  /// Outer all-reduces issued and not yet applied (overlap_steps > 0).
+  std::size_t in_flight() const noexcept { return pending_.size(); }
 
   /// Inner steps taken (all of them, across rounds; the checkpoint's counter).
   long inner_step() const noexcept { return inner_; }
@@ -197,22 +206,60 @@ class DiLoCo {
     return o;
   }
 
-  /// Averages Δ over the replica dimension (in T, or through bfloat16).
-  void reduce(std::span<T> delta) {
-    Communicator& group = mesh_.group(dim);
-    if (group.size() == 1) return;
-    if (!o_.bf16_reduce || std::is_same_v<T, bfloat16>) {
-      group.all_reduce(delta, ReduceOp::avg);
-      return;
-    }
+  /// An outer all-reduce in flight: fragment f's Δ (in delta_, or through `wire` in bfloat16),
+  /// applied at inner step `at`.
+  struct Pending {
+    std::size_t f;
+    long at;
+    Work work;
     Tensor<bfloat16, 1, Space> wire;
-    {
-      MemoryTagScope tag(MemoryTag::communication);
-      wire = Tensor<bfloat16, 1, Space>::uninitialized(Shape<1>{Extent(delta.size())});
+  };
+
+  /// Δ = θ_sync − θ for fragment f, and its average over the replica dimension started.
+  void issue(std::size_t f) {
+    Fragment& fr = fragments_.at(f);
+    for (std::size_t k = fr.begin; k < fr.end; ++k) {
+      Space::copy(delta_.of(k).data(), anchor_.of(k).data(), anchor_.of(k).size_bytes());
+      detail::axpy<Space>(delta_.of(k), std::span<const T>(params_[k].value), -1.0);
     }
-    parallel::detail::convert_into<Space>(wire.span(), std::span<const T>(delta));
-    group.all_reduce(wire.span(), ReduceOp::avg);
-    parallel::detail::convert_into<Space>(delta, std::span<const bfloat16>(wire.span()));
+    const std::size_t lo = offset(fr.begin), hi = offset(fr.end);
+    std::span<T> delta = delta_.all().subspan(lo, hi - lo);
+    Pending p{f, inner_ + o_.overlap_steps, Work{}, {}};
+    Communicator& group = mesh_.group(dim);
+    if (group.size() > 1) {
+      if (!o_.bf16_reduce || std::is_same_v<T, bfloat16>) {
+        p.work = group.all_reduce_async(std::span<const T>(delta), delta, ReduceOp::avg);
+      } else {
+        {
+          MemoryTagScope tag(MemoryTag::communication);
+          p.wire = Tensor<bfloat16, 1, Space>::uninitialized(Shape<1>{Extent(delta.size())});
+        }
+        parallel::detail::convert_into<Space>(p.wire.span(), std::span<const T>(delta));
+        p.work = group.all_reduce_async(std::span<const bfloat16>(p.wire.span()), p.wire.span(), ReduceOp::avg);
+      }
+    }
+    pending_.push_back(std::move(p));
+  }
+
+  /// The oldest all-reduce in flight: waited for, the outer step on θ_sync, the merge into θ.
+  void complete() {
+    Pending p = std::move(pending_.front());
+    pending_.pop_front();
+    p.work.wait();
+    Fragment& fr = fragments_.at(p.f);
+    const std::size_t lo = offset(fr.begin), hi = offset(fr.end);
+    if (p.wire.numel() > 0)
+      parallel::detail::convert_into<Space>(delta_.all().subspan(lo, hi - lo), std::span<const bfloat16>(p.wire.span()));
+    fr.outer->step();  // θ_sync ← outer(θ_sync, avg Δ)
+    for (std::size_t k = fr.begin; k < fr.end; ++k) {
+      if (o_.overlap_alpha == 0) {
+        Space::copy(params_[k].value.data(), anchor_.of(k).data(), anchor_.of(k).size_bytes());
+      } else {  // θ ← α·θ_local + (1 − α)·θ_sync
+        detail::scale<Space>(params_[k].value, o_.overlap_alpha);
+        detail::axpy<Space>(params_[k].value, std::span<const T>(anchor_.of(k)), 1.0 - o_.overlap_alpha);
+      }
+    }
+    ++syncs_;
   }
 
   Mesh mesh_;
@@ -222,6 +269,7 @@ class DiLoCo {
   std::vector<LayoutDesc<N>> states_;
   std::unique_ptr<bool[]> has_grad_;
   std::vector<Fragment> fragments_;
+  std::deque<Pending> pending_;  // overlap: oldest first
   long inner_ = 0, rounds_ = 0, syncs_ = 0;
 };
 
