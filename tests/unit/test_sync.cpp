@@ -21,6 +21,7 @@
 #include "dtensor/parallel/sync/delayed_gradients.hpp"
 #include "dtensor/parallel/sync/diloco.hpp"
 #include "dtensor/parallel/sync/fed_avg.hpp"
+#include "dtensor/parallel/sync/kfold_parallel.hpp"
 #include "dtensor/parallel/sync/traffic.hpp"
 #include "dtensor/parallel/sync/local_gradients.hpp"
 #include "parity/gpt_parity.hpp"
@@ -495,6 +496,72 @@ TEST_CASE("data splits: k-fold folds partition the indices exactly; stratified, 
   const auto [mean, sd] = parallel::sync::mean_std({1.0, 2.0, 3.0});
   REQUIRE(mean == 2.0);
   REQUIRE(sd == 1.0);
+}
+
+TEST_CASE("k-fold with the k models at once on a mesh dimension equals k sequential runs; mean and std over one all-gather") {
+  const std::size_t n = 18;  // 4 folds of 5, 5, 4, 4 samples: uneven
+  const int k = 4, epochs = 2;
+  const double lr = 0.1;
+  auto val_loss = [&](const Full& theta, const parallel::sync::Indices& val) {
+    double l = 0;
+    for (std::size_t s : val) {
+      const Full x = sample(s);
+      for (Extent i = 0; i < x.numel(); ++i) l += 0.5 * (theta[i] - x[i]) * (theta[i] - x[i]) / double(val.size());
+    }
+    return l;
+  };
+  // k sequential runs on whole tensors: one-sample SGD steps over each fold's training indices.
+  const auto splits = parallel::sync::kfold(n, k, 9);
+  std::vector<double> want;
+  for (const auto& sp : splits) {
+    Full theta = theta0();
+    for (int e = 0; e < epochs; ++e)
+      for (std::size_t s : sp.train) {
+        const Full g = grad(theta, {s});
+        for (Extent i = 0; i < g.numel(); ++i) theta[i] -= lr * g[i];
+      }
+    want.push_back(val_loss(theta, sp.val));
+  }
+  const auto [want_mean, want_sd] = parallel::sync::mean_std(want);
+  auto f = on_ranks(k * 2, [&](CommPtr world, auto report) {
+    Mesh m(world, {k, 2});  // folds on "dp", TP 2 inside each model
+    parallel::sync::KFoldParallel<Mesh> cv(m, n, 9);
+    if (cv.split().val != splits[std::size_t(cv.fold())].val) report("the fold's split is not kfold's");
+    Model model(m);
+    auto ps = model.params();
+    optim::SGD<double, 2> opt(ps, {.lr = lr});
+    for (int e = 0; e < epochs; ++e)
+      for (std::size_t s : cv.split().train) {
+        model.backward(m, {s}, false);  // the fold's own gradient: never reduced on "dp"
+        opt.step();
+      }
+    CommLog log;
+    const double mine = val_loss(full_tensor(model.w.value()), cv.split().val);
+    const auto losses = cv.losses(mine);
+    const auto [mean, sd] = parallel::sync::mean_std(losses);
+    for (int fo = 0; fo < k; ++fo)
+      if (std::abs(losses[std::size_t(fo)] - want[std::size_t(fo)]) > 1e-12 * want[std::size_t(fo)])
+        report(detail::cat("fold ", fo, ": ", losses[std::size_t(fo)], " vs its sequential run ", want[std::size_t(fo)]));
+    if (std::abs(mean - want_mean) > 1e-12 * want_mean || std::abs(sd - want_sd) > 1e-12 * want_mean)
+      report(detail::cat("mean ", mean, " +- ", sd, " vs ", want_mean, " +- ", want_sd));
+    if (log.count(CollectiveKind::all_gather, "dp") != 1 || log.count(CollectiveKind::all_reduce, "dp") != 0)
+      report("one all-gather on dp:\n" + log.to_string());
+  });
+  INFO(summary(f));
+  REQUIRE(f.empty());
+  // k < 2 (a fold dimension of size 1) or k > samples: kfold's errors, named.
+  auto bad = on_ranks(2, [&](CommPtr world, auto report) {
+    for (auto [shape, samples] : {std::pair{std::array{1, 2}, std::size_t(10)}, std::pair{std::array{2, 1}, std::size_t(1)}}) {
+      Mesh m(world, shape);
+      try {
+        parallel::sync::KFoldParallel<Mesh> cv(m, samples, 1);
+        report("accepted");
+      } catch (const Error& e) {
+        if (std::string(e.what()).find("KFoldParallel") == std::string::npos) report(e.what());
+      }
+    }
+  });
+  REQUIRE(bad.empty());
 }
 
 TEST_CASE("bad input: H = 0, staleness < 0, more clients than ranks, k < 2 or k > samples, a replica-sharded parameter") {
