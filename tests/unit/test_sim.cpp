@@ -1325,8 +1325,10 @@ TEST_CASE("sim: --search ranks fitting plans by the analytic estimate, fast", "[
   REQUIRE(published != ranked.end());
   CHECK_THAT(sim::why_slower(*published, ranked.front()), Catch::Contains("most from"));
   // Why it is not in the top 5 (docs/dry-run.md, "Search"): only its recomputing variants fit;
-  // without recomputation it is faster but its activations overflow 80 GB, and even then the
-  // pipeline bubble of 16 micro-batches (dp 128) is the term that loses most to the first.
+  // without recomputation it is faster but does not fit: with sequence-parallel saved
+  // activations (34/t per layer) they alone nearly fill the 72 GB budget (80 GB less the
+  // reserve), and with the model states the total overflows it. Even then the pipeline bubble
+  // of 16 micro-batches (dp 128) is the term that loses most to the first.
   CHECK(published->plan.recompute);
   CHECK(published - ranked.begin() >= 5);
   const auto all = sim::search_plans(llama, {.gpus = 16384, .batch = 2048, .keep_unfit = true}, h100);
@@ -1338,7 +1340,9 @@ TEST_CASE("sim: --search ranks fitting plans by the analytic estimate, fast", "[
   CHECK_FALSE(unfit->plan.recompute);
   CHECK_FALSE(unfit->estimate.fits);
   CHECK(unfit->estimate.step_seconds < published->estimate.step_seconds);
-  CHECK(unfit->estimate.activations > h100.memory_bytes);
+  const double budget = h100.memory_bytes * (1 - sim::memory_reserve_fraction);
+  CHECK(unfit->estimate.activations > 0.9 * budget);
+  CHECK(unfit->estimate.memory_bytes > budget);
   CHECK_THAT(sim::why_slower(*unfit, ranked.front()), Catch::Contains("most from pipeline bubble"));
   const auto table = sim::compare_plans(*unfit, ranked.front());
   CHECK_THAT(table, Catch::Contains("pipeline bubble") && Catch::Contains("step") && Catch::Contains("memory"));
