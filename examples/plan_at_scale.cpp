@@ -46,6 +46,7 @@
 #include <iostream>
 #include <string>
 
+#include "dtensor/parallel/pipeline/by_name.hpp"
 #include "dtensor/sim/chrome_trace.hpp"
 #include "dtensor/sim/cost_model.hpp"
 #include "dtensor/sim/device.hpp"
@@ -94,8 +95,10 @@ Options parse(int argc, char** argv) {
   auto& m = o.plan.model;
   bool device_given = false;
   std::vector<std::pair<std::string, std::string>> fields;  // --device-field, applied after --device(-file)
+  std::vector<std::string> given;                             // the flags on the command line
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    given.push_back(a);
     auto value = [&]() -> std::string {
       if (i + 1 >= argc) throw UsageError(a + " needs a value");
       return examples::nonempty_flag_value(a, argv[++i]);  // "" is no value (flags.hpp)
@@ -124,11 +127,24 @@ Options parse(int argc, char** argv) {
     else if (a == "--zero") o.plan.zero = flag_value<int>(a, value(), 0, 3);
     else if (a == "--hsdp") o.plan.hsdp = flag_value<int>(a, value(), 1);
     else if (a == "--cp") o.plan.cp = flag_value<int>(a, value(), 1);
-    else if (a == "--cp-kind") o.plan.cp_kind = parallel::parse_context_kind(value());
+    else if (a == "--cp-kind") {
+      try {
+        o.plan.cp_kind = parallel::parse_context_kind(value());
+      } catch (const Error& e) {
+        throw UsageError("--cp-kind: " + std::string(e.what()));
+      }
+    }
     else if (a == "--no-cp-balance") o.plan.cp_balanced = false;
     else if (a == "--microbatches") o.plan.microbatches = flag_value<int>(a, value(), 1);
     else if (a == "--stages-per-rank") o.plan.stages_per_rank = flag_value<int>(a, value(), 1);
-    else if (a == "--schedule") o.plan.schedule = value();
+    else if (a == "--schedule") {
+      o.plan.schedule = value();
+      try {
+        (void)parallel::pipeline::parse_schedule_kind(o.plan.schedule);
+      } catch (const Error& e) {
+        throw UsageError("--schedule: " + std::string(e.what()));
+      }
+    }
     else if (a == "--experts") o.plan.moe.router.experts = flag_value<Extent>(a, value(), 1);
     else if (a == "--topk") o.plan.moe.router.topk = flag_value<Extent>(a, value(), 1);
     else if (a == "--ep") o.plan.ep = flag_value<int>(a, value(), 1);
@@ -145,7 +161,13 @@ Options parse(int argc, char** argv) {
       o.bf16 = dtype == "bf16";
     } else if (a == "--no-sp") o.sp = false;
     else if (a == "--trace") o.trace = value();
-    else if (a == "--peak-tflops") fields.emplace_back("peak_bf16_tflops", std::to_string(examples::positive_flag_value(a, value())));
+    else if (a == "--peak-tflops") {
+      // A bound well past any GPU (an H200 is ~1e3 bf16): 1e300 was accepted and made the MFU 0.
+      const std::string text = value();
+      const double peak = examples::positive_flag_value(a, text);
+      if (peak > 1e6) throw UsageError("--peak-tflops " + text + " exceeds 1e6 TFLOP/s per GPU");
+      fields.emplace_back("peak_bf16_tflops", std::to_string(peak));
+    }
     else if (a == "--device" || a == "--device-file") {
       if (device_given) throw UsageError("give one of --device and --device-file, once");
       device_given = true;
@@ -181,9 +203,29 @@ Options parse(int argc, char** argv) {
   for (const auto& [name, text] : fields) sim::set_device_field(o.hardware, name, text);
   o.hardware.fp32 = !o.bf16;
   o.hardware.check("plan_at_scale --device");
+  const auto was_given = [&](const char* flag) { return std::find(given.begin(), given.end(), flag) != given.end(); };
+  // Flags that only mean something beside another one are errors alone, not silently ignored.
+  for (const char* f : {"--topk", "--moe-every", "--ep", "--capacity"})
+    if (was_given(f) && !o.plan.has_experts()) throw UsageError(std::string(f) + " has no effect without --experts E");
+  for (const char* f : {"--gpus", "--top", "--finalists", "--rank-of"})
+    if (was_given(f) && !o.search) throw UsageError(std::string(f) + " has no effect without --search");
   if (o.published) return o;
+  // The dry run builds every block and expert as a module and walks the sequence's positions (the
+  // context layout, the pipeline's per-token work): sizes past these bounds would exhaust memory
+  // (std::bad_alloc) or run for minutes before any report. Far above published models (Llama 3:
+  // 126 layers, 131,072 positions; DeepSeek-V3: 256 experts).
+  if (m.layers > 100'000) throw UsageError("--layers " + std::to_string(m.layers) + " exceeds the dry run's 100000");
+  if (o.plan.moe.router.experts > 100'000)
+    throw UsageError("--experts " + std::to_string(o.plan.moe.router.experts) + " exceeds the dry run's 100000");
+  if (m.seq > (Extent(1) << 24)) throw UsageError("--seq " + std::to_string(m.seq) + " exceeds the dry run's 16777216");
+  if (m.kv_heads > 0 && (m.kv_heads > m.heads || m.heads % m.kv_heads != 0))
+    throw UsageError("--kv-heads " + std::to_string(m.kv_heads) + " must divide --heads " + std::to_string(m.heads));
   // Sizes whose element counts overflow int64 end here, before any work (plan or search).
-  sim::check_model_sizes(model_shape(o), o.plan.batch, "plan_at_scale");
+  try {
+    sim::check_model_sizes(model_shape(o), o.plan.batch, "plan_at_scale");
+  } catch (const Error& e) {
+    throw UsageError("the model flags (--layers, --dim, --ffn, --vocab, --seq, --batch): " + std::string(e.what()));
+  }
   if (o.search) {
     if (o.search_gpus == 0) throw UsageError("--search needs --gpus N");
     if (o.plan.has_experts()) throw UsageError("--search does not enumerate expert plans (--experts)");

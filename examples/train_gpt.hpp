@@ -262,6 +262,9 @@ inline void check_sync(const Options& o) {
   if (o.clients > 0 && o.sync != "fedavg") throw UsageError("--clients needs --sync fedavg");
   if (o.sync == "ddp") return;
   if (o.experts > 0) throw UsageError("--sync " + o.sync + " with --experts: the experts' all-reduce on \"edp\" spans replicas");
+  // The per-rank sync state (checkpoint/sync_state.hpp) is written from host memory.
+  if (o.device == "cuda" && (o.save_every > 0 || !o.resume.empty()))
+    throw UsageError("--sync " + o.sync + " with checkpoints and --device cuda: not supported yet (host only)");
 }
 
 /// --offload, --offload-dir, --offload-buffer-kib (optim/offload_adamw.hpp). The directory itself is
@@ -817,7 +820,7 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
   float adamw_steps = 0;  // this rank's AdamW step count (FedAvg: only sampled clients step)
   auto sync_slots = [&](const std::vector<std::span<float>>& pending) {
     checkpoint::Slots<float> slots;
-    if constexpr (!moe) {
+    if constexpr (host && !moe) {  // host memory only: check_sync refuses the rest
       slots = checkpoint::per_rank(checkpoint::detail::pipeline_slots(model, *adam), model.mesh());
       slots.push_back(checkpoint::count_slot("adamw.steps", adamw_steps, adam->steps(), model.mesh()));
       if (diloco) checkpoint::append(slots, checkpoint::diloco_slots(*diloco, model.mesh()));
