@@ -643,6 +643,26 @@ using CommSummary = std::map<std::string, std::pair<std::size_t, std::size_t>>;
 /// shards and AdamW state are float either way: every stage is FSDP-sharded (ZeRO-1 over a size-1
 /// "fsdp" dimension when --fsdp 1), and fully_shard<float> keeps them in fp32 (FSDP2's mixed
 /// precision: parameters all-gathered in bf16, gradients reduced in fp32).
+/// --sync checkpoints: this rank's own parameters, AdamW moments and step count, and the sync
+/// state (checkpoint/sync_state.hpp), read from host memory: HostDense is false for device and
+/// MoE models (check_sync refuses those), and the body is then not instantiated. A function
+/// template rather than an `if constexpr` inside train()'s lambda: nvcc's front end instantiated
+/// the discarded branch there for cuda_space.
+template <bool HostDense, class Model, class Adam, class DiLoCo, class Delayed>
+checkpoint::Slots<float> sync_state_slots(Model& model, Adam& adam, DiLoCo& diloco, Delayed& delayed,
+                                          const std::vector<std::span<float>>& pending, float& adamw_steps) {
+  checkpoint::Slots<float> slots;
+  if constexpr (HostDense) {
+    slots = checkpoint::per_rank(checkpoint::detail::pipeline_slots(model, *adam), model.mesh());
+    slots.push_back(checkpoint::count_slot("adamw.steps", adamw_steps, adam->steps(), model.mesh()));
+    if (diloco) checkpoint::append(slots, checkpoint::diloco_slots(*diloco, model.mesh()));
+    if (delayed) checkpoint::append(slots, checkpoint::delayed_slots(*delayed, pending, model.mesh()));
+  } else {
+    (void)model, (void)adam, (void)diloco, (void)delayed, (void)pending, (void)adamw_steps;
+  }
+  return slots;
+}
+
 template <class Space, class Compute, class Plan, class Layers>
 double train(CommPtr world, const Options& o, const Corpus& corpus) {
   using Mesh = MeshIn<Space>;
@@ -819,14 +839,7 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
   }
   float adamw_steps = 0;  // this rank's AdamW step count (FedAvg: only sampled clients step)
   auto sync_slots = [&](const std::vector<std::span<float>>& pending) {
-    checkpoint::Slots<float> slots;
-    if constexpr (host && !moe) {  // host memory only: check_sync refuses the rest
-      slots = checkpoint::per_rank(checkpoint::detail::pipeline_slots(model, *adam), model.mesh());
-      slots.push_back(checkpoint::count_slot("adamw.steps", adamw_steps, adam->steps(), model.mesh()));
-      if (diloco) checkpoint::append(slots, checkpoint::diloco_slots(*diloco, model.mesh()));
-      if (delayed) checkpoint::append(slots, checkpoint::delayed_slots(*delayed, pending, model.mesh()));
-    }
-    return slots;
+    return sync_state_slots<host && !moe>(model, adam, diloco, delayed, pending, adamw_steps);
   };
   int first_step = 1;
   if constexpr (host && !moe)
