@@ -645,9 +645,7 @@ using CommSummary = std::map<std::string, std::pair<std::size_t, std::size_t>>;
 /// precision: parameters all-gathered in bf16, gradients reduced in fp32).
 /// --sync checkpoints: this rank's own parameters, AdamW moments and step count, and the sync
 /// state (checkpoint/sync_state.hpp), read from host memory: HostDense is false for device and
-/// MoE models (check_sync refuses those), and the body is then not instantiated. A function
-/// template rather than an `if constexpr` inside train()'s lambda: nvcc's front end instantiated
-/// the discarded branch there for cuda_space.
+/// MoE models (check_sync refuses those), and the body is then not instantiated.
 template <bool HostDense, class Model, class Adam, class DiLoCo, class Delayed>
 checkpoint::Slots<float> sync_state_slots(Model& model, Adam& adam, DiLoCo& diloco, Delayed& delayed,
                                           const std::vector<std::span<float>>& pending, float& adamw_steps) {

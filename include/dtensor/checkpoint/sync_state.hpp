@@ -114,8 +114,12 @@ Slot<T> count_slot(const std::string& name, T& cell, long count, const Mesh& mes
 /// DiLoCo's state: θ_sync ("diloco.anchor/<k>") and each fragment's outer momentum
 /// ("diloco.outer<f>.momentum/<k>"), this rank's; named by its rank in `mesh` (the whole mesh,
 /// when DiLoCo runs on a sub-mesh: a pipeline stage's). The inner step: set_inner_step on resume.
-template <class T, MeshType SyncMesh, fixed_string Dim, MeshType Mesh>
-Slots<T> diloco_slots(parallel::sync::DiLoCo<T, SyncMesh, Dim>& d, const Mesh& mesh) {
+// D is a parallel::sync::DiLoCo, taken whole: nvcc's front end fails to deduce DiLoCo<T, M, Dim>
+// through the fixed_string Dim (g++ and clang do), so T is D::value_type.
+template <class D, MeshType Mesh>
+  requires requires(D& d) { d.anchor(); d.outer(0); d.num_fragments(); }
+Slots<typename D::value_type> diloco_slots(D& d, const Mesh& mesh) {
+  using T = typename D::value_type;
   if (d.in_flight() > 0)
     throw Error("checkpoint::diloco_slots", dtensor::detail::cat(d.in_flight(), " overlapped outer all-reduce(s) in flight at "
                                                                  "inner step ", d.inner_step(), ": save between overlaps"),
@@ -138,9 +142,12 @@ Slots<T> diloco_slots(parallel::sync::DiLoCo<T, SyncMesh, Dim>& d, const Mesh& m
 
 /// The delayed gradients' pending reduced gradients ("delayed.pending<i>", oldest first): for a
 /// save, `pending` = d.settle() (waits for what is in flight); for a load, d.restore(issued).
-template <class T, MeshType SyncMesh, fixed_string Dim, MeshType Mesh>
-Slots<T> delayed_slots(const parallel::sync::DelayedGradients<T, SyncMesh, Dim>&, const std::vector<std::span<T>>& pending,
-                       const Mesh& mesh) {
+// D is a parallel::sync::DelayedGradients (taken whole, as diloco_slots takes its DiLoCo).
+template <class D, MeshType Mesh>
+  requires requires(D& d) { d.settle(); }
+Slots<typename D::value_type> delayed_slots(const D&, const std::vector<std::span<typename D::value_type>>& pending,
+                                            const Mesh& mesh) {
+  using T = typename D::value_type;
   Slots<T> out;
   for (std::size_t i = 0; i < pending.size(); ++i)
     out.push_back(detail::rank_slot(mesh.rank(), "delayed.pending" + std::to_string(i), pending[i]));

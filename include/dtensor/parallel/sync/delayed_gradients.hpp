@@ -40,6 +40,7 @@ namespace dtensor::parallel::sync {
 template <class T, MeshType Mesh, fixed_string Dim = "">
 class DelayedGradients {
  public:
+  using value_type = T;  // what checkpoint/sync_state.hpp reads (no deduction through Dim)
   static constexpr std::size_t dim = parallel::detail::data_parallel_dim<Mesh, Dim>();
   static constexpr std::size_t N = Mesh::ndim;
   using Space = mesh_space_t<Mesh>;

@@ -74,6 +74,7 @@ struct DiLoCoOptions {
 template <class T, MeshType Mesh, fixed_string Dim = "">
 class DiLoCo {
  public:
+  using value_type = T;  // what checkpoint/sync_state.hpp reads (no deduction through Dim)
   static constexpr std::size_t dim = parallel::detail::data_parallel_dim<Mesh, Dim>();
   static constexpr std::size_t N = Mesh::ndim;
   using Space = mesh_space_t<Mesh>;
