@@ -80,6 +80,13 @@ inline void check_output_file(const std::string& flag, const std::string& file) 
 }
 
 /// A mesh dimension's size: 1 to the most ranks the threads backend runs.
+/// --kv-heads (grouped-query attention; 0: --heads) must divide --heads: both trainers' and the
+/// dry run's check, named by the flags.
+inline void check_kv_heads(long long heads, long long kv_heads) {
+  if (kv_heads > 0 && heads % kv_heads != 0)
+    throw UsageError("--heads " + std::to_string(heads) + " is not a multiple of --kv-heads " + std::to_string(kv_heads));
+}
+
 inline int mesh_flag(const std::string& flag, const std::string& text) {
   return flag_value<int>(flag, text, 1, dtensor::threads::detail::max_ranks);
 }

@@ -218,8 +218,7 @@ Options parse(int argc, char** argv) {
   if (o.plan.moe.router.experts > 100'000)
     throw UsageError("--experts " + std::to_string(o.plan.moe.router.experts) + " exceeds the dry run's 100000");
   if (m.seq > (Extent(1) << 24)) throw UsageError("--seq " + std::to_string(m.seq) + " exceeds the dry run's 16777216");
-  if (m.kv_heads > 0 && (m.kv_heads > m.heads || m.heads % m.kv_heads != 0))
-    throw UsageError("--kv-heads " + std::to_string(m.kv_heads) + " must divide --heads " + std::to_string(m.heads));
+  examples::check_kv_heads(m.heads, m.kv_heads);
   // Sizes whose element counts overflow int64 end here, before any work (plan or search).
   try {
     sim::check_model_sizes(model_shape(o), o.plan.batch, "plan_at_scale");

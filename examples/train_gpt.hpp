@@ -212,8 +212,7 @@ inline void check_architecture(const Options& o) {
   if (o.arch != "gpt" && o.arch != "llama") throw UsageError("--arch is gpt or llama, got '" + o.arch + "'");
   if (o.arch == "gpt" && (o.kv_heads != 0 || o.ffn != 0)) throw UsageError("--kv-heads and --ffn need --arch llama");
   if (o.arch == "llama" && o.experts > 0) throw UsageError("--arch llama with --experts: MoE blocks are GPT blocks");
-  if (o.kv_heads > 0 && o.heads % o.kv_heads != 0)
-    throw UsageError("--heads " + str(o.heads) + " is not a multiple of --kv-heads " + str(o.kv_heads));
+  examples::check_kv_heads(o.heads, o.kv_heads);
 }
 
 /// --save-every, --save-dir and --resume: host memory only (the checkpoint library's buffers).

@@ -112,31 +112,39 @@ inline std::string describe(const PlanShape& p) {
 }
 
 /// Why `slower` loses to `best`: the term of the analytic estimate that grew most, with both values.
+namespace detail {
+/// One term of an analytic step, for two plans side by side.
+struct StepTerm {
+  const char* name;
+  double mine, theirs;
+};
+/// The terms of `a`'s analytic step beside `b`'s (what why_slower and compare_plans report).
+inline std::vector<StepTerm> step_terms(const RankedPlan& a, const RankedPlan& b) {
+  const auto& x = a.estimate;
+  const auto& y = b.estimate;
+  return {
+      {"compute (all micro-batches)", x.compute_per_microbatch * a.plan.microbatches(),
+       y.compute_per_microbatch * b.plan.microbatches()},
+      {"pipeline bubble", x.bubble_seconds, y.bubble_seconds},
+      {"tensor-parallel communication", x.tp_seconds, y.tp_seconds},
+      {"context-parallel communication", x.cp_seconds, y.cp_seconds},
+      {"pipeline sends", x.pp_seconds, y.pp_seconds},
+      {"ZeRO-3 gathers", x.gather_seconds, y.gather_seconds},
+      {"gradient reduction (exposed)", x.gradient_reduction, y.gradient_reduction},
+      {"optimizer + parameter sync", x.optimizer + x.parameter_sync, y.optimizer + y.parameter_sync},
+  };
+}
+}  // namespace detail
+
 inline std::string why_slower(const RankedPlan& slower, const RankedPlan& best) {
-  const auto& a = slower.estimate;
-  const auto& b = best.estimate;
-  const auto compute = [](const AnalyticEstimate& x, const PlanShape& p) { return x.compute_per_microbatch * p.microbatches(); };
-  struct Term {
-    const char* name;
-    double mine, theirs;
-  };
-  const Term terms[] = {
-      {"compute", compute(a, slower.plan), compute(b, best.plan)},
-      {"pipeline bubble", a.bubble_seconds, b.bubble_seconds},
-      {"tensor-parallel communication", a.tp_seconds, b.tp_seconds},
-      {"context-parallel communication", a.cp_seconds, b.cp_seconds},
-      {"pipeline sends", a.pp_seconds, b.pp_seconds},
-      {"ZeRO-3 gathers", a.gather_seconds, b.gather_seconds},
-      {"gradient reduction", a.gradient_reduction, b.gradient_reduction},
-      {"optimizer + parameter sync", a.optimizer + a.parameter_sync, b.optimizer + b.parameter_sync},
-  };
-  const Term* worst = &terms[0];
+  const auto terms = detail::step_terms(slower, best);
+  const detail::StepTerm* worst = &terms[0];
   for (const auto& t : terms)
     if (t.mine - t.theirs > worst->mine - worst->theirs) worst = &t;
   std::ostringstream s;
   s.precision(3);
-  s << "+" << (a.step_seconds - b.step_seconds) << " s; most from " << worst->name << " (" << worst->mine << " s vs "
-    << worst->theirs << " s)";
+  s << "+" << (slower.estimate.step_seconds - best.estimate.step_seconds) << " s; most from " << worst->name << " ("
+    << worst->mine << " s vs " << worst->theirs << " s)";
   return s.str();
 }
 
@@ -146,21 +154,8 @@ inline std::string why_slower(const RankedPlan& slower, const RankedPlan& best) 
 inline std::string compare_plans(const RankedPlan& a, const RankedPlan& b) {
   const auto& x = a.estimate;
   const auto& y = b.estimate;
-  struct Term {
-    const char* name;
-    double mine, theirs;
-  };
-  const Term terms[] = {
-      {"compute (all micro-batches)", x.compute_per_microbatch * a.plan.microbatches(), y.compute_per_microbatch * b.plan.microbatches()},
-      {"pipeline bubble", x.bubble_seconds, y.bubble_seconds},
-      {"tensor-parallel communication", x.tp_seconds, y.tp_seconds},
-      {"context-parallel communication", x.cp_seconds, y.cp_seconds},
-      {"pipeline sends", x.pp_seconds, y.pp_seconds},
-      {"ZeRO-3 gathers", x.gather_seconds, y.gather_seconds},
-      {"gradient reduction (exposed)", x.gradient_reduction, y.gradient_reduction},
-      {"optimizer + parameter sync", x.optimizer + x.parameter_sync, y.optimizer + y.parameter_sync},
-      {"step", x.step_seconds, y.step_seconds},
-  };
+  auto terms = detail::step_terms(a, b);
+  terms.push_back({"step", x.step_seconds, y.step_seconds});
   std::ostringstream s;
   s.setf(std::ios::fixed);
   s.precision(3);
