@@ -4,7 +4,8 @@
 #
 #   scripts/multihost.sh run    [opts] -- PROGRAM [ARGS...]    # across --hosts namespaces
 #   scripts/multihost.sh parity [opts] -- TRAIN_GPT [ARGS...]  # losses equal the threads run's
-#   scripts/multihost.sh fault KIND [opts] -- PROGRAM [ARGS...] # KIND: kill | link | nostart
+#   scripts/multihost.sh fault KIND [opts] -- PROGRAM [ARGS...]
+#                        # KIND: kill | link | nostart | noroute | firewall
 #   scripts/multihost.sh restart [opts] --first "MESH" --then "MESH" -- TRAIN_GPT [ARGS...]
 #
 #   --hosts N            namespaces ("hosts"), default 2
@@ -14,6 +15,8 @@
 #   --min-bytes B        each host's link must carry at least B bytes each way (default 65536)
 #   --no-forward         do not forward DTENSOR_*, OPENBLAS_* with -x (shows what happens without)
 #   --no-keepalive       leave OpenMPI's TCP keepalive at its defaults (shows the hang they cause)
+#   --no-attach          let the daemons detach (OpenMPI's default; shows the hang when one
+#                        cannot call mpirun home)
 #   --gone-within S      fault mode: every process must have ended S s after mpirun (default 10)
 #   --fault-after S      fault mode: inject the fault S seconds after the launch (default 4)
 #   --expect REGEX       the job's output must match REGEX (run mode; grep -E)
@@ -37,18 +40,29 @@
 #   --mca oob_tcp_keepalive_time 1 --mca oob_tcp_keepalive_intvl 1 --mca oob_tcp_keepalive_probes 3
 #       (mpirun and the daemons notice a lost host in seconds; by default they take minutes, and
 #        mpirun hung after a host's link went down)
+#   --mca orte_leave_session_attached 1 (mpirun's --leave-session-attached): each daemon stays
+#       the child of its ssh instead of detaching, so a daemon that cannot call mpirun home and
+#       exits ends its ssh, which mpirun sees; detached, mpirun waits for it forever (and
+#       orte_startup_timeout does not end that wait in OpenMPI 4.1)
 #   sysctl net.ipv4.tcp_retries2=4 on the hosts (a daemon with unacknowledged data is not
 #       probed by keepalive; it retries for ~15 minutes by default and outlives the job)
+#   sysctl net.ipv4.tcp_syn_retries=2 on the hosts (a daemon whose connection to mpirun is
+#       silently dropped gives up after 7 s instead of 127 s)
 #   -x DTENSOR_TIMEOUT_MS -x DTENSOR_CHECK_COLLECTIVES ...  (every DTENSOR_* variable set, and
 #       OPENBLAS_* / OMP_NUM_THREADS, which choose the BLAS kernels and so the rounding)
 #
 # Fault mode (DTENSOR_TIMEOUT_MS defaults to 4000 there) runs the program, then
 #   kill     kills (SIGKILL) the first rank process on the last host,
 #   link     takes the last host's link down (ip link set eth0 down),
-#   nostart  takes the last host's link down before the launch (its daemon cannot call home),
-# and requires: mpirun returns non-zero within 2 x DTENSOR_TIMEOUT_MS + 2 s of the fault (of the
-# launch for nostart), the output names a rank or the host, and every process in every
-# namespace ends by itself within 10 s of mpirun's return. It prints
+# and three hosts that never start, set up before the launch:
+#   nostart  the last host's link is down: the launch agent cannot reach it (as ssh: 255),
+#   noroute  the last host has no route back: its daemon starts, its call home fails at once,
+#   firewall the last host's packets to host 0 are dropped (a one-way firewall: its neighbour
+#            entry for h0 names a MAC no one has): its daemon starts and its call home times out,
+# and requires: mpirun returns non-zero within 2 x DTENSOR_TIMEOUT_MS + 2 s of the fault (for the
+# hosts that never start: within --startup-bound S, default 15, of the launch, and the output
+# names the host), the output names a rank or the host, and every process in every namespace
+# ends by itself within 10 s of mpirun's return. It prints
 # "fault KIND: mpirun returned RC after S s ...; every process gone MS ms later".
 #
 # Restart mode trains --total steps with --save-every --save-at on the first mesh across --hosts,
@@ -70,12 +84,13 @@ fault=""
 case "${mode}" in
   run|parity|restart) ;;
   fault) [[ $# -ge 1 ]] || die_usage; fault="$1"; shift
-         [[ "${fault}" =~ ^(kill|link|nostart)$ ]] || { echo "$0: fault kind '${fault}' is not kill, link or nostart" >&2; exit 2; } ;;
-  -h|--help) sed -n '2,47p' "$0"; exit 0 ;;
+         [[ "${fault}" =~ ^(kill|link|nostart|noroute|firewall)$ ]] || { echo "$0: fault kind '${fault}' is not kill, link, nostart, noroute or firewall" >&2; exit 2; } ;;
+  -h|--help) sed -n '2,/^set -uo pipefail/p' "$0" | sed '$d'; exit 0 ;;
   *) die_usage ;;
 esac
 
-hosts=2; ranks=""; limit=100; min_bytes=65536; forward=1; keepalive=1; fault_after=4; gone_within=10; expect=""
+hosts=2; ranks=""; limit=100; min_bytes=65536; forward=1; keepalive=1; attach=1; fault_after=4; gone_within=10; expect=""
+startup_bound=15
 then_hosts=""; then_ranks=""; first=""; then_mesh=""; save_at=3; total=8; tolerance=1e-4
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -85,6 +100,8 @@ while [[ $# -gt 0 ]]; do
     --limit) limit="$2"; shift 2 ;;
     --no-forward) forward=0; shift ;;
     --no-keepalive) keepalive=0; shift ;;
+    --no-attach) attach=0; shift ;;
+    --startup-bound) startup_bound="$2"; shift 2 ;;
     --fault-after) fault_after="$2"; shift 2 ;;
     --gone-within) gone_within="$2"; shift 2 ;;
     --expect) expect="$2"; shift 2 ;;
@@ -173,6 +190,10 @@ for ((h = 0; h < nets; ++h)); do
   # tcp_retries2 tries (default 15: about 15 minutes) before the socket fails. A daemon that was
   # sending when its link went down then outlived the job (1 run in 6). 4 tries: about 6 s.
   ip netns exec "$(ns ${h})" sysctl -qw net.ipv4.tcp_retries2=4 || exit 1
+  # A connection whose SYNs go unanswered (a firewall that drops) is retried tcp_syn_retries
+  # times, 1 + 2 + 4 + ... s apart: 6 by default, 127 s. A daemon that cannot call mpirun home
+  # keeps trying that long before it fails. 2 tries: it fails after 7 s.
+  ip netns exec "$(ns ${h})" sysctl -qw net.ipv4.tcp_syn_retries=2 || exit 1
 done
 
 # The launch agent: OpenMPI calls `agent HOST COMMAND...` as it would call ssh.
@@ -216,6 +237,10 @@ mca=(--mca plm_rsh_agent "${work}/agent" --mca plm_rsh_no_tree_spawn 1
 if [[ ${keepalive} -eq 1 ]]; then
   mca+=(--mca oob_tcp_keepalive_time 1 --mca oob_tcp_keepalive_intvl 1 --mca oob_tcp_keepalive_probes 3)
 fi
+# A daemon that starts but cannot reach mpirun exits; attached, its exit ends the agent (ssh)
+# that mpirun waits on, which then reports the host. Detached (--daemonize, the default), mpirun
+# only waits for a call home that never comes.
+[[ ${attach} -eq 1 ]] && mca+=(--mca orte_leave_session_attached 1)
 # launch_on HOSTFILE RANKS ARGS...: sets `launch`, the mpirun command line.
 launch_on() {
   local hf="$1" n="$2"; shift 2
@@ -293,11 +318,19 @@ fi
 
 if [[ "${mode}" == "fault" ]]; then
   last=$((hosts - 1))
-  bound_ms=$((2 * DTENSOR_TIMEOUT_MS + 2000))
-  [[ "${fault}" == "nostart" ]] && ip -n "$(ns ${last})" link set eth0 down
+  bound_ms=$((2 * DTENSOR_TIMEOUT_MS + 2000)); bound_what="2 x DTENSOR_TIMEOUT_MS + 2 s"
+  startup=0
+  if [[ "${fault}" =~ ^(nostart|noroute|firewall)$ ]]; then
+    startup=1; bound_ms=$((startup_bound * 1000)); bound_what="--startup-bound, from the launch"
+  fi
+  case "${fault}" in
+    nostart) ip -n "$(ns ${last})" link set eth0 down ;;
+    noroute) ip -n "$(ns ${last})" route del 10.77.0.0/24 dev eth0 ;;
+    firewall) ip -n "$(ns ${last})" neigh replace 10.77.0.1 lladdr 02:00:00:00:00:77 dev eth0 nud permanent ;;
+  esac
   t0=$(date +%s%N)
   run_job "${work}/out" & job=$!
-  if [[ "${fault}" != "nostart" ]]; then
+  if [[ ${startup} -eq 0 ]]; then
     sleep "${fault_after}"
     if ! kill -0 "${job}" 2>/dev/null; then cat "${work}/out"; echo "FAIL: the job ended before the fault was injected (raise --fault-after or the steps)"; exit 1; fi
     case "${fault}" in
@@ -326,14 +359,16 @@ if [[ "${mode}" == "fault" ]]; then
   # 10 s of mpirun's return; the teardown would kill them, but that is not what a cluster has.
   left="$(left_running)"; gone_ms=0
   while [[ -n "${left}" && ${gone_ms} -lt $((gone_within * 1000)) ]]; do sleep 0.2; gone_ms=$((gone_ms + 200)); left="$(left_running)"; done
-  printf 'fault %s: mpirun returned %d after %d.%01d s (bound %d ms = 2 x DTENSOR_TIMEOUT_MS + 2 s); %s\n' \
-    "${fault}" "${rc}" $((ms / 1000)) $((ms % 1000 / 100)) "${bound_ms}" \
+  printf 'fault %s: mpirun returned %d after %d.%01d s (bound %d ms = %s); %s\n' \
+    "${fault}" "${rc}" $((ms / 1000)) $((ms % 1000 / 100)) "${bound_ms}" "${bound_what}" \
     "$([[ -z "${left}" ]] && echo "every process gone ${gone_ms} ms later" || echo "left running ${gone_within} s later:${left}")"
   fail=0
   [[ ${rc} -ne 0 ]] || { echo "FAIL: mpirun returned 0 after a fault"; fail=1; }
   [[ ${ms} -le ${bound_ms} ]] || { echo "FAIL: ${ms} ms > bound ${bound_ms} ms"; fail=1; }
   [[ -z "${left}" ]] || { echo "FAIL: processes left running after mpirun returned:${left}"; fail=1; }
   grep -Eq "rank [0-9]+|h${last}|10\.77\.0\.${hosts}" "${work}/out" || { echo "FAIL: no message names a rank or host h${last}"; fail=1; }
+  # A host that never started has no rank: the message must name the host.
+  [[ ${startup} -eq 0 ]] || grep -Eq "(host|node):? +h${last}\b" "${work}/out" || { echo "FAIL: no message names host h${last}"; fail=1; }
   [[ ${fail} -eq 0 ]] && echo "PASS fault ${fault}"
   exit ${fail}
 fi
