@@ -19,6 +19,8 @@
 #                        cannot call mpirun home)
 #   --gone-within S      fault mode: every process must have ended S s after mpirun (default 10)
 #   --fault-after S      fault mode: inject the fault S seconds after the launch (default 4)
+#   --startup-bound S    fault mode, a host that never starts: mpirun must return within S s of
+#                        the launch (default 15)
 #   --expect REGEX       the job's output must match REGEX (run mode; grep -E)
 #   restart mode: --first/--then MESH FLAGS, --then-hosts M, --then-n R (default 2 per host),
 #                 --save-at S (3), --total T (8), --tolerance REL (1e-4)
