@@ -43,6 +43,7 @@ struct CudaGpu {
       std::fprintf(stderr, "train_gpt_cuda: --device cuda needs a usable GPU: %s\n", e.what());
       return 1;
     }
+    kernels::cuda::allow_tf32(o.tf32);
     if (o.backend == "nccl") {
 #ifdef DTENSOR_HAS_NCCL
       // nccl::world(): this process's GPU is its local rank % the visible GPUs.

@@ -88,6 +88,22 @@ TEMPLATE_TEST_CASE("cuda gemm, matmul, bmm, linear match the host", "[cuda][kern
   CHECK_CLOSE(ddb, db, tol<T>());
 }
 
+TEST_CASE("cuda float GEMMs on TF32 tensor cores only when allowed", "[cuda][kernels]") {
+  // k = 512 so that TF32's input rounding (10 mantissa bits) shows: the fp32 product is within
+  // 1e-4 of the host's, the TF32 one only within 1e-2, and never bit-equal to the fp32 one.
+  const auto a = normal<float>(Shape<2>{64, 512}, 1), b = normal<float>(Shape<2>{512, 48}, 2);
+  const auto host = hk::matmul(a, b);
+  REQUIRE_FALSE(ck::tf32_allowed());
+  const auto fp32 = ck::matmul(dev(a), dev(b));
+  CHECK_CLOSE(fp32, host, (Tolerance{1e-4, 1e-4}));
+  ck::allow_tf32(true);
+  const auto tf32 = ck::matmul(dev(a), dev(b));
+  ck::allow_tf32(false);
+  CHECK_CLOSE(tf32, host, (Tolerance{1e-2, 1e-1}));
+  CHECK_FALSE(equal(hst(tf32), hst(fp32)));
+  CHECK(equal(hst(ck::matmul(dev(a), dev(b))), hst(fp32)));  // off again: the fp32 path, deterministic
+}
+
 TEMPLATE_TEST_CASE("cuda elementwise and activations match the host", "[cuda][kernels]", float, double, bfloat16) {
   using T = TestType;
   const auto a = normal<T>(Shape<2>{17, 31}, 1), b = normal<T>(Shape<2>{17, 31}, 2);
@@ -217,7 +233,25 @@ TEMPLATE_TEST_CASE("cuda embedding and cross-entropy match the host", "[cuda][ke
   auto ddt = dev(dt);
   hk::embedding_backward(dt, ids, dy);
   ck::embedding_backward(ddt, dev(ids), dev(dy));
-  CHECK_CLOSE(ddt, dt, tol<T>());
+  CHECK(equal(hst(ddt), dt));  // the same additions in the same (token) order as the host
+  {
+    // Many tokens over few rows (long runs of one id), a width past one block, a shard that
+    // skips the ids outside it, and a gradient that already holds values (accumulation).
+    const Extent N = 3001, W = 300, Vb = 23;
+    Tensor<std::int64_t, 1> many(Shape<1>{N});
+    for (Extent i = 0; i < N; ++i) many[i] = (i * i * 13 + 5) % Vb;
+    const auto dyb = normal<T>(Shape<2>{N, W}, 4);
+    auto hb = normal<T>(Shape<2>{Vb, W}, 5);
+    auto cb = dev(hb);
+    hk::embedding_backward(hb, many, dyb);
+    ck::embedding_backward(cb, dev(many), dev(dyb));
+    CHECK(equal(hst(cb), hb));
+    auto hs = normal<T>(Shape<2>{7, W}, 6);
+    auto cs = dev(hs);
+    hk::embedding_shard_backward(hs, many, dyb, 9);
+    ck::embedding_shard_backward(cs, dev(many), dev(dyb), 9);
+    CHECK(equal(hst(cs), hs));
+  }
   auto bad = ids;
   bad[6] = std::int32_t(V);
   CHECK_THROWS_WITH(ck::embedding(dev(table), dev(bad)), Catch::Contains("embedding") && Catch::Contains("out of range"));

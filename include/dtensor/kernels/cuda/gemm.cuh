@@ -10,10 +10,13 @@
 // so the call swaps the operands (and m, n) and keeps the transpose flags. float uses
 // CUBLAS_COMPUTE_32F, double CUBLAS_COMPUTE_64F, bfloat16 bf16 inputs and output with fp32
 // accumulation (cublasGemmEx, CUBLAS_COMPUTE_32F), alpha and beta in float — the host twin
-// widens bf16 to float, multiplies in float and rounds once, the same contract. TF32 is not
-// enabled (the default math mode), so float GEMMs are full fp32 like the host's.
+// widens bf16 to float, multiplies in float and rounds once, the same contract. TF32 is off by
+// default, so float GEMMs are full fp32 like the host's; allow_tf32(true) (PyTorch's
+// torch.backends.cuda.matmul.allow_tf32) runs them on tensor cores with inputs rounded to TF32's
+// 10-bit mantissa and fp32 accumulation — about 1e-3 relative per product, not the host's result.
 #pragma once
 
+#include <atomic>
 #include <climits>
 #include <type_traits>
 
@@ -46,11 +49,20 @@ struct GemmTypes<bfloat16> {
   using scalar = float;
 };
 
+inline std::atomic<bool>& tf32_switch() {
+  static std::atomic<bool> on{false};
+  return on;
+}
+
 inline void check_int_sizes(const char* op, Extent m, Extent n, Extent k, Extent lda, Extent ldb, Extent ldc) {
   check(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX, op,
         "sizes exceed cuBLAS's 32-bit interface: m=", m, " n=", n, " k=", k);
 }
 }  // namespace detail
+
+/// Whether float GEMMs may use TF32 tensor cores (process-wide; off by default).
+inline void allow_tf32(bool on) { detail::tf32_switch().store(on, std::memory_order_relaxed); }
+inline bool tf32_allowed() { return detail::tf32_switch().load(std::memory_order_relaxed); }
 
 /// Strided batched form: `batch` products, operand i at A + i * stride_a (likewise B, C).
 template <FloatElement T>
@@ -62,10 +74,12 @@ void gemm_batched(bool trans_a, bool trans_b, T alpha, const T* A, Extent stride
   using G = detail::GemmTypes<T>;
   const typename G::scalar a = typename G::scalar(alpha), b = typename G::scalar(beta);
   const auto ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasComputeType_t compute =
+      std::is_same_v<T, float> && tf32_allowed() ? CUBLAS_COMPUTE_32F_FAST_TF32 : G::compute;
   // k == 0: cuBLAS scales C by beta (beta == 0 writes zeros), as the host twin does.
   DTENSOR_CUBLAS_CHECK(cublasGemmStridedBatchedEx(detail::blas(), tb, ta, int(n), int(m), int(k), &a, B, G::data,
                                                   int(ldb), stride_b, A, G::data, int(lda), stride_a, &b, C, G::data,
-                                                  int(ldc), stride_c, int(batch), G::compute, CUBLAS_GEMM_DEFAULT));
+                                                  int(ldc), stride_c, int(batch), compute, CUBLAS_GEMM_DEFAULT));
 }
 
 /// C[m,n] = alpha * op(A)[m,k] * op(B)[k,n] + beta * C, row-major, device pointers.
