@@ -2,7 +2,8 @@
 # examples/test_offload.sh TRAINER DIR — train_gpt --offload optimizer (docs/offload.md): the same
 # final losses, every digit, as the run with AdamW's moments in memory, through a 4 KiB host buffer
 # (the moments are ~50 times that); no file left in DIR after; a missing --offload-dir fails on
-# both ranks (each names the failed ranks) and leaves nothing.
+# both ranks (each names the failed ranks) and leaves nothing; a run whose AdamW state does not fit
+# a --host-budget-mib fails clearly, and trains with --offload optimizer.
 set -eu
 trainer=$1
 dir=$2
@@ -21,6 +22,27 @@ if [ -n "$(ls -A "$dir")" ]; then
   echo "FAILED: files left in $dir: $(ls -A "$dir")"
   exit 1
 fi
+# --host-budget-mib (docs/offload.md): DDP over 2 ranks, 1.6 M parameters. With AdamW's moments in
+# memory the process holds 49 MiB after building, over a 45 MiB budget: an error on both ranks
+# before training, naming the budget and the way out. With them on disk (the budget sizing the
+# buffer) it holds 25 MiB plus the buffer, its first step stays within the budget, and the losses
+# are the unbudgeted run's, every digit.
+big="--pp 1 --dp 2 --fsdp 1 --cp 1 --tp 1 --steps 2 --eval-every 2 --seq 8 --batch 2 --dim 128 --layers 8"
+free=$("$trainer" $big | grep '^final losses')
+if err=$("$trainer" $big --host-budget-mib 45 2>&1); then
+  echo "FAILED: a run over --host-budget-mib 45 trained"
+  exit 1
+fi
+echo "$err" | grep -q 'after building the model and optimizer: .* over the budget of 45.000 MiB .* on rank(s) 0, 1 of 2.*--offload optimizer' ||
+  { echo "FAILED: budget error was: $err"; exit 1; }
+out=$("$trainer" $big --host-budget-mib 45 --offload optimizer --offload-dir "$dir")
+budgeted=$(echo "$out" | grep '^final losses')
+if [ "$free" != "$budgeted" ]; then
+  echo "FAILED: --host-budget-mib 45 --offload optimizer changed the run: '$free' vs '$budgeted'"
+  exit 1
+fi
+echo "$out" | grep '^host memory budget: 45.000 MiB' || { echo "FAILED: no budget line"; exit 1; }
+[ -z "$(ls -A "$dir")" ] || { echo "FAILED: files left in $dir after the budgeted run"; exit 1; }
 if err=$("$trainer" $flags --offload optimizer --offload-dir "$dir/missing" 2>&1); then
   echo "FAILED: a missing --offload-dir trained"
   exit 1

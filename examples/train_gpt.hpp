@@ -73,6 +73,7 @@
 #include "dtensor/models/generate.hpp"
 #include "dtensor/models/llama.hpp"
 #include "dtensor/optim/check_finite.hpp"
+#include "dtensor/optim/memory_budget.hpp"
 #include "dtensor/optim/offload_adamw.hpp"
 #include "dtensor/parallel/pipeline/by_name.hpp"
 #include "dtensor/parallel/pipeline/sharded_pipeline.hpp"
@@ -148,6 +149,10 @@ struct Options : examples::MeshFlags {  // the mesh: --pp --dp --fsdp --cp --tp 
   std::vector<std::string> offload;
   std::string offload_dir;
   std::size_t offload_buffer_kib = 64 << 10;
+  bool offload_buffer_given = false;  // else, under --host-budget-mib, the budget sizes it
+  // --host-budget-mib / --device-budget-mib (optim/memory_budget.hpp): the host (cuda) bytes this
+  // process's tensors may hold, checked on the ledger before training and over the first step.
+  double host_budget_mib = 0, device_budget_mib = 0;
   bool offloads(std::string_view what) const { return std::find(offload.begin(), offload.end(), what) != offload.end(); }
   // ---- end offload
   // --plan auto --ranks N [--plan-device h100|h200|a100]: the mesh flags chosen by the cost model
@@ -168,7 +173,7 @@ inline const char* const usage =
     "                 [--save-every N --save-dir DIR] [--resume DIR]\n"
     "                 [--sync ddp|local-sgd|diloco|async|fedavg] [--inner-steps H] [--staleness s] [--clients K] [--kfold k]\n"
     "                 [--init-from FILE] [--export FILE.safetensors] [--generate N [--prompt TEXT] [--temperature T] [--top-k K]]\n"
-    "                 [--offload optimizer --offload-dir DIR [--offload-buffer-kib N]]\n"
+    "                 [--offload optimizer --offload-dir DIR [--offload-buffer-kib N]] [--host-budget-mib X] [--device-budget-mib X]\n"
     "  mesh (pp, dp, fsdp, cp, tp), default pp 2 x dp 1 x fsdp 2 x cp 2 x tp 2 + SP: 16 ranks (threads, or mpirun -n).\n"
     "  --pp: pipeline stages (--schedule, default 1f1b, over --microbatches, default 2 x pp, or 1 without a\n"
     "        pipeline; interleaved, zbv and dualpipev put 2 stages on each rank;\n"
@@ -201,6 +206,9 @@ inline const char* const usage =
     "        writable local directory with room for them), staged through --offload-buffer-kib KiB of host memory\n"
     "        (default 65536); the same update bit for bit. Host memory only; not with checkpoints (the moments are\n"
     "        not saved). params and activations offload are not built yet.\n"
+    "  --host-budget-mib X / --device-budget-mib X (docs/offload.md): the host (GPU) memory this process's tensors may\n"
+    "        hold, in MiB (decimals allowed); over it after building the model and optimizer, or in the first step, is an\n"
+    "        error on every rank. With --offload optimizer and no --offload-buffer-kib, the budget sizes the buffer.\n"
     "  --plan auto --ranks N [--plan-device h100|h200|a100]: the mesh flags (not given) chosen for N ranks by the\n"
     "        dry run's cost model (examples/plan_auto.hpp, docs/dry-run.md), printed with why, then trained.\n";
 
@@ -272,6 +280,8 @@ inline void check_sync(const Options& o) {
 /// --offload, --offload-dir, --offload-buffer-kib (optim/offload_adamw.hpp). The directory itself is
 /// checked by every rank when the optimizer makes its file (missing, read-only, full: all fail).
 inline void check_offload(const Options& o) {
+  if (o.device_budget_mib > 0 && o.device != "cuda")
+    throw UsageError("--device-budget-mib with --device " + o.device + ": the model is in host memory (--host-budget-mib)");
   for (const auto& w : o.offload)
     if (w != "optimizer")
       throw UsageError("--offload " + w + ": " +
@@ -401,7 +411,11 @@ inline Options parse(int argc, char** argv, bool cuda_build) {
         if (!w.empty() && !o.offloads(w)) o.offload.push_back(w);
       if (o.offload.empty()) throw UsageError("--offload needs optimizer (a comma list)");
     } else if (a == "--offload-dir") o.offload_dir = value();
-    else if (a == "--offload-buffer-kib") o.offload_buffer_kib = flag_value<std::size_t>(a, value(), 1);
+    else if (a == "--offload-buffer-kib") {
+      o.offload_buffer_kib = flag_value<std::size_t>(a, value(), 1);
+      o.offload_buffer_given = true;
+    } else if (a == "--host-budget-mib") o.host_budget_mib = examples::positive_flag_value(a, value());
+    else if (a == "--device-budget-mib") o.device_budget_mib = examples::positive_flag_value(a, value());
     else if (a == "--plan") o.plan = value();
     else if (a == "--ranks") o.plan_ranks = examples::mesh_flag(a, value());
     else if (a == "--plan-device") o.plan_device = value();
@@ -706,10 +720,30 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
   // with --offload optimizer, one OffloadedAdamW per list instead, its moments on disk.
   const optim::AdamWOptions adamw{.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
   const bool offload_optimizer = o.offloads("optimizer");
+  // --host-budget-mib / --device-budget-mib: per process, its ranks sharing it (docs/offload.md).
+  const int ranks_here = o.backend == "threads" ? world->size() : 1;
+  const optim::MemoryBudget host_budget{.space = "host", .bytes = std::int64_t(o.host_budget_mib * (1 << 20)),
+                                        .ranks_sharing = ranks_here};
+  const optim::MemoryBudget device_budget{.space = "cuda", .bytes = std::int64_t(o.device_budget_mib * (1 << 20)),
+                                          .ranks_sharing = ranks_here};
+  world->barrier();  // every rank's model built: the process's ledger holds them all
+  // The staging buffer: as given, or a quarter of what the host budget leaves (at least one chunk pair).
+  const std::size_t buffer_bytes = o.offload_buffer_given || !offload_optimizer
+                                       ? o.offload_buffer_kib << 10
+                                       : host_budget.buffer_for_offload(o.offload_buffer_kib << 10, 4 * sizeof(float) * 64);
+  world->barrier();  // every rank sized its buffer before any allocates one
   std::optional<decltype(optim::make_adamw(model.params(), adamw))> adam;
   if (!offload_optimizer) adam.emplace(optim::make_adamw(model.params(), adamw));
   auto offloaded = offloaded_adamw<host>(offload_optimizer, model.params(), adamw,
-                                         {.dir = o.offload_dir, .host_buffer_bytes = o.offload_buffer_kib << 10}, *world);
+                                         {.dir = o.offload_dir, .host_buffer_bytes = buffer_bytes}, *world);
+  world->barrier();  // every rank's optimizer built
+  {
+    const std::string hint = offload_optimizer ? "a larger budget, or a smaller --offload-buffer-kib"
+                                               : "--offload optimizer --offload-dir DIR moves AdamW's moments to disk";
+    host_budget.check(*world, "after building the model and optimizer", hint);
+    device_budget.check(*world, "after building the model and optimizer", "a larger budget or more ranks");
+  }
+  const std::int64_t host_held_built = host_budget.held();
 
   // ---- --sync (parallel/sync/, docs/beyond-sync.md): what runs on "dp" instead of DDP's all-reduce.
   using SyncKind = parallel::sync::SyncKind;
@@ -912,6 +946,11 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
     world->barrier();  // time the step on all ranks together
     const auto t0 = std::chrono::steady_clock::now();
     pp::StepStats stats;
+    // --host/device-budget-mib: this rank's allocations over the first step (steps are alike).
+    const bool budget_step = step == first_step && (host_budget.active() || device_budget.active());
+    const std::int64_t host_before = host_budget.held(), device_before = device_budget.held();
+    std::optional<MemoryLedger> step_ledger;
+    if (budget_step) step_ledger.emplace();
     {
       auto traced = monitor.step(step);
       CommLog log;
@@ -943,6 +982,10 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
     }
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     elapsed += dt;
+    if (budget_step) {  // not timed
+      host_budget.check_step(*world, *step_ledger, host_before, "a larger budget, or less held in the step");
+      device_budget.check_step(*world, *step_ledger, device_before, "a larger budget, or less held in the step");
+    }
     train_loss = shared_loss(stats);  // not timed
     if (step == first_step) first_train_loss = train_loss;
     if (o.check_finite) {
@@ -973,11 +1016,14 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
     const int steps_run = o.steps - first_step + 1;
     std::printf("\nsummary: %d steps in %.1f s; final train loss %.4f, validation loss %.4f; %.0f tokens/s\n", steps_run, elapsed,
                 train_loss, val_loss, tokens_per_step * steps_run / elapsed);
+    if (host_budget.active())
+      std::printf("host memory budget: %.3f MiB per process, %d rank(s) sharing it; held after building %.3f MiB\n",
+                  o.host_budget_mib, ranks_here, double(host_held_built) / (1 << 20));
     if (offload_optimizer) {
       const auto s = offload_totals(offloaded);
       std::printf("offload (rank 0): AdamW moments %.2f MiB in %s, %zu chunks a step through %zu KiB of host buffer; "
                   "read %.2f MiB, wrote %.2f MiB in %.3f s of I/O (%.0f MiB/s), %.0f%% of it hidden behind the update\n",
-                  double(s.file_bytes) / (1 << 20), o.offload_dir.c_str(), s.chunks, o.offload_buffer_kib,
+                  double(s.file_bytes) / (1 << 20), o.offload_dir.c_str(), s.chunks, buffer_bytes >> 10,
                   double(s.bytes_read) / (1 << 20), double(s.bytes_written) / (1 << 20), s.io_seconds,
                   s.io_seconds > 0 ? double(s.bytes_read + s.bytes_written) / (1 << 20) / s.io_seconds : 0.0,
                   100 * s.overlap());
@@ -1070,10 +1116,11 @@ inline std::vector<Setting> settings_of(const Options& o, const Corpus& corpus) 
            o.init_from + " | " + o.export_path + " | " + n(o.generate) + " | " + o.prompt + " | " + num(o.temperature) + " | " +
                n(o.top_k)},
           // One setting for the three offload flags (the agreement takes at most 48).
-          {"--offload --offload-dir --offload-buffer-kib", [&] {
+          {"--offload --offload-dir --offload-buffer-kib --host-budget-mib --device-budget-mib", [&] {
              std::string l;
              for (const auto& w : o.offload) l += (l.empty() ? "" : ",") + w;
-             return l + " | " + o.offload_dir + " | " + n(o.offload_buffer_kib);
+             return l + " | " + o.offload_dir + " | " + n(o.offload_buffer_kib) + " | " + num(o.host_budget_mib) + " | " +
+                    num(o.device_budget_mib);
            }()}};
 }
 

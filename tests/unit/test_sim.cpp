@@ -23,6 +23,7 @@
 #include "dtensor/sim/chrome_trace.hpp"
 #include "dtensor/sim/cost_model.hpp"
 #include "dtensor/sim/dry_run.hpp"
+#include "dtensor/sim/offload_tiers.hpp"
 #include "dtensor/sim/published_runs.hpp"
 #include "dtensor/sim/search.hpp"
 #include "dtensor/models/training_plan.hpp"
@@ -727,6 +728,7 @@ struct OffloadStep {
   std::vector<std::pair<CollectiveKind, std::size_t>> collectives;
   std::int64_t host_states = 0, host_grads = 0, meta_states = 0, meta_grads = 0;  // bytes held after the step
   double psi = 0;  // the model's elements
+  sim::ModelStateBytes states;  // in the model's space, as the ledger read them (sim::from_ledger)
 };
 
 /// One ZeRO-3 step of a bf16 GPT on a meta "fsdp" mesh of `ranks` (rank 0 of a sim world) with
@@ -756,6 +758,7 @@ OffloadStep offload_step(const nn::GPTConfig& config, int ranks) {
   out.host_grads = ledger.current("host", MemoryTag::gradients);
   out.meta_states = ledger.current("meta", MemoryTag::optimizer_state);
   out.meta_grads = ledger.current("meta", MemoryTag::gradients);
+  out.states = sim::from_ledger(ledger, StateSpace::name, true);
   return out;
 }
 
@@ -788,6 +791,109 @@ TEST_CASE("sim: CPU offload, fully_shard<float, host_space>: master values, grad
   nn::GPT<dtensor::bfloat16, Mesh> model(mesh, config);
   CHECK_THROWS_WITH(parallel::fully_shard<float>(model, mesh, {.stage = 3, .offload_optimizer = true}),
                     Catch::Contains("fully_shard<M, host_space>"));
+}
+
+TEST_CASE("sim: the papers' model-state bytes per parameter, every stage, fp32 and bf16", "[sim][offload]") {
+  // docs/fsdp.md's table ("Memory per rank"): what zero_state_bytes() splits into four parts.
+  constexpr double psi = 1e6;
+  for (const int n : {2, 4, 8}) {
+    CAPTURE(n);
+    auto per = [&](int stage, int bytes) { return sim::zero_state_bytes(psi, n, stage, bytes).total() / psi; };
+    CHECK(per(0, 4) == Approx(16));
+    CHECK(per(1, 4) == Approx(8 + 8.0 / n));
+    CHECK(per(2, 4) == Approx(4 + 12.0 / n));
+    CHECK(per(3, 4) == Approx(16.0 / n));
+    CHECK(per(0, 2) == Approx(16));
+    CHECK(per(1, 2) == Approx(4 + 12.0 / n));
+    CHECK(per(2, 2) == Approx(2 + 14.0 / n));
+    CHECK(per(3, 2) == Approx(16.0 / n));
+  }
+  CHECK_THROWS_WITH(sim::zero_state_bytes(psi, 4, 4, 2), Catch::Contains("stage 4"));
+  CHECK_THROWS_WITH(sim::zero_state_bytes(psi, 0, 3, 2), Catch::Contains("shards 0"));
+  CHECK_THROWS_WITH(sim::parse_offload("optimizer,gpu"), Catch::Contains("'gpu'"));
+  CHECK_THROWS_WITH(sim::parse_offload(""), Catch::Contains("not one of"));
+  const auto all = sim::parse_offload("activations,optimizer,params");
+  CHECK((all.optimizer && all.params && all.activations));
+  CHECK(all.to_string() == "optimizer,params,activations");
+}
+
+TEST_CASE("sim: offload tiers (ZeRO-Infinity) from the dry run's ledger: device, host and NVMe bytes per rank",
+          "[sim][offload]") {
+  // A bf16 ZeRO-3 step on meta (4 ranks): the ledger's states are the papers' (fp32 master 4/N,
+  // fp32 gradient shard 4/N, moments 8/N, within 1 %: ceil(n / N) shards). Then each offload
+  // moves its bytes to its tier; no byte is lost or counted twice.
+  const nn::GPTConfig config{.vocab = 256, .seq = 16, .dim = 64, .heads = 4, .layers = 2};
+  constexpr int ranks = 4;
+  const auto run = offload_step<meta_space>(config, ranks);
+  const double psi = run.psi;
+  REQUIRE(psi > 0);
+  const auto formula = sim::zero_state_bytes(psi, ranks, 3, 2);
+  CHECK(run.states.params == 0);
+  CHECK(run.states.master == Approx(formula.master).epsilon(0.01));
+  CHECK(run.states.moments == Approx(formula.moments).epsilon(0.01));
+  CHECK(run.states.grads == Approx(formula.grads).epsilon(0.01));
+
+  const sim::TierInput in{.states = run.states, .activations_peak = 5e6, .saved_activations = 4e6, .blocks = 8, .other = 1e5};
+  const double buffer = 1 << 20;
+  auto tiers = [&](std::string_view what) {
+    return sim::offload_tiers(in, {.offload = sim::parse_offload(what), .buffer_bytes = buffer,
+                                   .disk_bytes_per_second = 2e9, .pcie_bytes_per_second = 20e9});
+  };
+  const auto none = sim::offload_tiers(in, {});
+  const double states = run.states.total();
+  CHECK(none.bytes.device == Approx(states + 5e6 + 1e5));
+  CHECK(none.bytes.host == 0);
+  CHECK(none.bytes.disk == 0);
+  CHECK(none.disk_bytes_per_step == 0);
+  CHECK(none.pcie_bytes_per_step == 0);
+
+  // --offload optimizer: the moments on disk (8/N), master and gradient shard on the host.
+  const auto opt = tiers("optimizer");
+  CHECK(opt.bytes.disk == Approx(run.states.moments));
+  CHECK(opt.bytes.host == Approx(run.states.master + run.states.grads + buffer));
+  CHECK(opt.bytes.device == Approx(5e6 + 1e5));
+  CHECK(opt.disk_bytes_per_step == Approx(2 * run.states.moments));
+  CHECK(opt.disk_seconds == Approx(2 * run.states.moments / 2e9));
+  CHECK(opt.pcie_bytes_per_step == Approx(run.states.grads + run.states.moments / 2));
+
+  // optimizer,params: ZeRO-Infinity's NVMe tier holds K = 12 bytes per parameter / N.
+  const auto both = tiers("optimizer,params");
+  CHECK(both.bytes.disk == Approx(12 * psi / ranks).epsilon(0.01));
+  CHECK(both.bytes.host == Approx(run.states.grads + buffer));
+  CHECK(both.disk_bytes_per_step == Approx(2 * run.states.moments + 4 * run.states.master));
+
+  // activations: 6 of the 8 blocks' saved bytes leave the device (two stay: in use, prefetched).
+  const auto act = tiers("activations");
+  CHECK(act.bytes.device == Approx(none.bytes.device - 3e6));
+  CHECK(act.bytes.host == Approx(3e6));
+  CHECK(act.pcie_bytes_per_step == Approx(6e6));
+  CHECK(act.disk_bytes_per_step == 0);
+
+  for (const auto* what : {"optimizer", "params", "optimizer,params", "optimizer,params,activations", "activations"}) {
+    CAPTURE(what);
+    const auto r = tiers(what);
+    const double staged = r.offload.disk() ? buffer : 0;
+    CHECK(r.bytes.total() == Approx(none.bytes.total() + staged));
+    CHECK(r.bytes.device < none.bytes.device);
+  }
+  CHECK_THROWS_WITH(sim::offload_tiers({.states = {}, .activations_peak = 1, .saved_activations = 2, .blocks = 1, .other = 0}, {}), Catch::Contains("saved"));
+
+  // ZeRO-Infinity's headline (Rajbhandari et al. 2021): a trillion parameters' model states are
+  // 16 TB in mixed precision; on one DGX-2 node (16 GPUs) with optimizer state and parameters
+  // on NVMe each GPU keeps no model state, and the node's NVMe holds 12 TB of them (its 28 TB
+  // suffice) while the host keeps the fp32 gradient shards (4 TB: the paper's NVMe-offloaded
+  // gradients are not modelled here; see docs/offload.md).
+  const auto trillion = sim::zero_state_bytes(1e12, 16, 3, 2);
+  CHECK(16 * trillion.total() == Approx(16e12));
+  sim::TierOptions full;
+  full.offload = sim::parse_offload("optimizer,params");
+  full.buffer_bytes = 0;
+  sim::TierInput states_only;
+  states_only.states = trillion;
+  const auto node = sim::offload_tiers(states_only, full);
+  CHECK(node.bytes.device == 0);
+  CHECK(16 * node.bytes.disk == Approx(12e12));
+  CHECK(16 * node.bytes.disk < 28e12);
 }
 
 // ---------------------------------------------------------------- Korthikanti et al. 2022, Table 2

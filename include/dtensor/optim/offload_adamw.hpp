@@ -12,8 +12,9 @@
 // chunks that fit half of the host buffer: while chunk i is updated, chunk i+1 is read into the
 // other half (prefetch) and chunk i-1 is still being written from it until the read needs it
 // (write-behind), so the disk's time hides behind the update's as far as the two overlap. Host
-// memory for the state is host_buffer_bytes whatever the model's size (the ledger: host
-// optimizer_state); the file's bytes are on the ledger under the space "disk".
+// memory for the state is host_buffer_bytes whatever the model's size, or less when the whole
+// state is smaller (the ledger: host optimizer_state); the file's bytes are on the ledger under
+// the space "disk".
 //
 // Chunks split a parameter only at multiples of 64 elements from its start: the host kernel
 // vectorizes its loop, and those splits keep every element in the same part of the loop (vector
@@ -173,7 +174,10 @@ class OffloadedAdamW : public Optimizer<T, N, host_space> {
     }
     agree(comm, error);
     MemoryTagScope tag(MemoryTag::optimizer_state);
-    for (auto& b : half_) b = Tensor<T, 1, host_space>::uninitialized(Shape<1>{Extent(2 * capacity_)});
+    // No more than the largest chunk needs: a state smaller than the buffer holds only its own bytes.
+    std::size_t largest = 0;
+    for (const auto& ch : chunks_) largest = std::max(largest, ch.elements);
+    for (auto& b : half_) b = Tensor<T, 1, host_space>::uninitialized(Shape<1>{Extent(2 * largest)});
     dtensor::detail::ledger_record<disk_ledger>(MemoryTag::optimizer_state, std::int64_t(file_->bytes()));
     stats_.chunks = chunks_.size();
     stats_.file_bytes = file_->bytes();
