@@ -6,6 +6,7 @@
 // models::generate: greedy tokens of nn::GPT and nn::Llama equal on one rank and TP = 2 (+SP), sampling
 // deterministic and following softmax(logits / temperature) over the top k.
 #include <catch2/catch.hpp>
+#include <set>
 
 #include "dtensor/comm/threads.hpp"
 #include "dtensor/models/generate.hpp"
@@ -243,7 +244,8 @@ void check_generate_tp(const nn::GPTConfig& cfg) {
   using One = Arch<double, NnMesh, nn::ReplicatedPlan>;
   using Tp = Arch<double, NnMesh, parallel::MegatronPlan<true>>;
   const std::vector<std::int32_t> prompt{1, 2, 3};
-  const models::GenerateOptions greedy{.new_tokens = 12}, sampled{.new_tokens = 12, .temperature = 0.9, .top_k = 6, .seed = 7};
+  const models::GenerateOptions greedy{.new_tokens = 12},
+      sampled{.new_tokens = 12, .temperature = 0.9, .top_k = 6, .top_p = 0.8, .seed = 7};
   std::vector<std::int32_t> ref_greedy, ref_sampled;
   threads::run(1, [&](CommPtr w) {
     NnMesh mesh(w, {1, 1});
@@ -255,6 +257,32 @@ void check_generate_tp(const nn::GPTConfig& cfg) {
     CHECK(std::vector<std::int32_t>(from_long.begin() + 10, from_long.end()) ==
           std::vector<std::int32_t>(ref_greedy.begin() + 10, ref_greedy.end()));
   });
+  // The KV cache (the default) against recomputing every window: the same tokens, logits to 1e-12,
+  // on one rank and under TP 2 + SP; 12 new tokens after 3 pass seq 8, so the last steps slide.
+  const auto cached_vs_full = [&](const NnMesh& mesh, auto model_tag, auto report) {
+    using Model = typename decltype(model_tag)::type;
+    for (const auto& o : {greedy, sampled}) {
+      Model model(mesh, cfg);
+      auto no_cache = o;
+      no_cache.kv_cache = false;
+      const auto a = models::generate_logits(model, prompt, o), b = models::generate_logits(model, prompt, no_cache);
+      if (a.tokens != b.tokens) report("KV-cached tokens differ from recomputed ones");
+      double worst = 0;
+      for (std::size_t s = 0; s < a.logits.size(); ++s)
+        for (std::size_t i = 0; i < a.logits[s].size(); ++i) worst = std::max(worst, std::abs(a.logits[s][i] - b.logits[s][i]));
+      if (!(worst < 1e-12)) report(dtensor::detail::cat("KV-cached logits differ from recomputed ones by ", worst));
+      if (a.logits.size() != 12 || a.logits[0].size() != std::size_t(cfg.vocab)) report("12 rows of vocab logits expected");
+    }
+  };
+  auto fc = on_ranks(1, [&](CommPtr world, auto report) {
+    cached_vs_full(NnMesh(world, {1, 1}), std::type_identity<One>{}, report);
+  });
+  auto fc2 = on_ranks(2, [&](CommPtr world, auto report) {
+    cached_vs_full(NnMesh(world, {1, 2}), std::type_identity<Tp>{}, report);
+  });
+  INFO(summary(fc) << summary(fc2));
+  CHECK(fc.empty());
+  CHECK(fc2.empty());
   REQUIRE(ref_greedy.size() == 15);
   CHECK(std::vector<std::int32_t>(ref_greedy.begin(), ref_greedy.begin() + 3) == prompt);
   CHECK(ref_sampled != ref_greedy);  // sampling at temperature 0.9 departs from the argmax
@@ -289,6 +317,16 @@ TEST_CASE("generate: the choice of a token, and bad input", "[models][generate]"
     const auto t = models::choose_token(logits, {.temperature = 100, .top_k = 3, .seed = 9}, step);
     CHECK((t == 1 || t == 3 || t == 4));  // the three largest only
   }
+  // Top-p: softmax(logits) is about (0.09, 0.40, 0.02, 0.40, 0.24)/1.15 sorted 1, 3, 4, 0, 2; a
+  // nucleus of 0.5 takes 1 and 3, of 0.8 adds 4, of 1e-9 is the argmax alone.
+  std::set<std::int32_t> seen_half, seen_most;
+  for (std::uint64_t step = 0; step < 200; ++step) {
+    CHECK(models::choose_token(logits, {.temperature = 1, .top_p = 1e-9, .seed = 3}, step) == 1);
+    seen_half.insert(models::choose_token(logits, {.temperature = 1, .top_p = 0.5, .seed = 3}, step));
+    seen_most.insert(models::choose_token(logits, {.temperature = 1, .top_p = 0.8, .seed = 3}, step));
+  }
+  CHECK(seen_half == std::set<std::int32_t>{1, 3});
+  CHECK(seen_most == std::set<std::int32_t>{1, 3, 4});
   // Temperature 1 over all: frequencies of 20000 draws within 0.015 of softmax(logits).
   std::vector<double> count(logits.size()), p(logits.size());
   double z = 0;
@@ -305,5 +343,17 @@ TEST_CASE("generate: the choice of a token, and bad input", "[models][generate]"
     CHECK_THROWS_WITH(models::generate(model, {}, {}), Contains("models::generate") && Contains("prompt is empty"));
     CHECK_THROWS_WITH(models::generate(model, {1, 5}, {}), Contains("prompt token 5 is not in the vocabulary [0, 5)"));
     CHECK_THROWS_WITH(models::generate(model, {1}, {.temperature = -1}), Contains("none may be negative"));
+    CHECK_THROWS_WITH(models::generate(model, {1}, {.temperature = 1, .top_p = 0}), Contains("top_p 0 must be in (0, 1]"));
+    // The cache refuses a second multi-position input and positions beyond seq.
+    using Attn = std::remove_cvref_t<decltype(model.blocks().front().inner())>::Attn;
+    Attn attn("a", mesh, {.dim = 8, .heads = 2, .seq = 4}, 1);
+    Attn::KvCache cache;
+    auto x = distribute_replicated<Attn::In::layout>(mesh, Tensor<double, 3>(Shape<3>{1, 3, 8}));
+    (void)attn.forward_cached(x, cache);
+    CHECK(cache.length == 3);
+    CHECK_THROWS_WITH(attn.forward_cached(x, cache), Contains("then one position at a time"));
+    auto one = distribute_replicated<Attn::In::layout>(mesh, Tensor<double, 3>(Shape<3>{1, 1, 8}));
+    (void)attn.forward_cached(one, cache);
+    CHECK_THROWS_WITH(attn.forward_cached(one, cache), Contains("exceed the configured sequence length 4"));
   });
 }
