@@ -10,6 +10,7 @@
 
 #include "dtensor/comm/threads.hpp"
 #include "dtensor/models/generate.hpp"
+#include "dtensor/models/hf_checkpoint.hpp"
 #include "dtensor/models/llama.hpp"
 #include "dtensor/ops/repeat.hpp"
 #include "dtensor/ops/rotary.hpp"
@@ -356,4 +357,120 @@ TEST_CASE("generate: the choice of a token, and bad input", "[models][generate]"
     (void)attn.forward_cached(one, cache);
     CHECK_THROWS_WITH(attn.forward_cached(one, cache), Contains("exceed the configured sequence length 4"));
   });
+}
+
+// ---- Hugging Face checkpoints (models/hf_checkpoint.hpp) ----------------------------------------
+// tests/data/hf: tiny GPT-2 (one file, Conv1D weights, a 16-row position table for a 12-position
+// model, lm_head tied) and Llama (two shards and an index) checkpoints in HF's names, and the
+// logits of 10 tokens from an independent float64 twin of HF's forward (scripts/hf_fixtures.py).
+
+namespace {
+
+const std::filesystem::path hf_dir = std::filesystem::path(DTENSOR_TEST_DATA) / "hf";
+
+std::vector<double> hf_tensor(const std::filesystem::path& file, const std::string& name) {
+  const auto info = checkpoint::safetensors::read_header(file);
+  const auto& shape = info.tensors.at(name).shape;
+  Extent n = 1;
+  for (Extent d : shape) n *= d;
+  std::vector<double> v(static_cast<std::size_t>(n));
+  checkpoint::safetensors::read_box(info, name, checkpoint::Region{std::vector<Extent>(shape.size(), 0), shape}, v.data());
+  return v;
+}
+
+/// Every position's logits [T * vocab] of one sequence, gathered whole.
+template <class Model>
+std::vector<double> all_logits(Model& model, const std::vector<std::int32_t>& tokens) {
+  Tensor<std::int32_t, 2> ids(Shape<2>{1, Extent(tokens.size())});
+  std::copy(tokens.begin(), tokens.end(), ids.span().begin());
+  auto x = model.prologue().forward(distribute_replicated<typename Model::Ids::layout>(model.mesh(), ids)).y;
+  for (auto& block : model.blocks()) x = block.forward(x).y;
+  const auto logits = full_tensor(model.epilogue().forward(x).y);
+  return {logits.span().begin(), logits.span().end()};
+}
+
+double worst_gap(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size()) return 1e300;
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
+  return worst;
+}
+
+const nn::GPTConfig hf_gpt2{.vocab = 29, .seq = 12, .dim = 16, .heads = 4, .layers = 2, .norm_eps = 1e-5};
+const nn::GPTConfig hf_llama{.vocab = 31, .seq = 12, .dim = 16, .heads = 4, .layers = 2, .kv_heads = 2, .ffn = 24,
+                             .rope_theta = 10000, .bias = false, .norm_eps = 1e-6};
+
+}  // namespace
+
+TEST_CASE("Hugging Face checkpoints: GPT-2 and Llama logits equal the reference on 1, 2 and 4 ranks", "[models][hf]") {
+  const auto golden = hf_dir / "logits.safetensors";
+  std::vector<std::int32_t> tokens;
+  for (double t : hf_tensor(golden, "tokens")) tokens.push_back(std::int32_t(t));
+  const auto gpt2_ref = hf_tensor(golden, "gpt2"), llama_ref = hf_tensor(golden, "llama");
+  REQUIRE(tokens.size() == 10);
+  // Both sides compute in double from the same F32 weights: only the order of sums differs.
+  constexpr double tol = 1e-9;
+  auto check_on = [&](auto tag, const NnMesh& mesh, auto report) {
+    using Plan = typename decltype(tag)::type;
+    nn::GPT<double, NnMesh, Plan> gpt(mesh, hf_gpt2);
+    models::import_hf_safetensors(hf_dir / "gpt2_tiny.safetensors", gpt, models::HfArch::gpt2);
+    if (double g = worst_gap(all_logits(gpt, tokens), gpt2_ref); !(g < tol)) report(dtensor::detail::cat("GPT-2 logits off by ", g));
+    nn::Llama<double, NnMesh, Plan> llama(mesh, hf_llama);
+    models::import_hf_safetensors(hf_dir / "llama_tiny.safetensors.index.json", llama, models::HfArch::llama);
+    if (double g = worst_gap(all_logits(llama, tokens), llama_ref); !(g < tol)) report(dtensor::detail::cat("Llama logits off by ", g));
+  };
+  auto f1 = on_ranks(1, [&](CommPtr w, auto report) { check_on(std::type_identity<nn::ReplicatedPlan>{}, NnMesh(w, {1, 1}), report); });
+  auto f2 = on_ranks(2, [&](CommPtr w, auto report) { check_on(std::type_identity<parallel::MegatronPlan<true>>{}, NnMesh(w, {1, 2}), report); });
+  auto f4 = on_ranks(4, [&](CommPtr w, auto report) { check_on(std::type_identity<parallel::MegatronPlan<false>>{}, NnMesh(w, {2, 2}), report); });
+  INFO(summary(f1) << summary(f2) << summary(f4));
+  CHECK(f1.empty());
+  CHECK(f2.empty());
+  CHECK(f4.empty());
+}
+
+TEST_CASE("Hugging Face checkpoints: export from TP 2 gives HF's tensors back; bad input", "[models][hf]") {
+  const auto dir = std::filesystem::temp_directory_path() / ("dtensor_hf_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  auto f = on_ranks(2, [&](CommPtr w, auto report) {
+    NnMesh mesh(w, {1, 2});
+    nn::Llama<double, NnMesh, parallel::MegatronPlan<true>> llama(mesh, hf_llama);
+    models::import_hf_safetensors(hf_dir / "llama_tiny.safetensors.index.json", llama, models::HfArch::llama);
+    models::export_hf_safetensors(dir / "llama.safetensors", llama, models::HfArch::llama);
+    nn::GPT<double, NnMesh, parallel::MegatronPlan<true>> gpt(mesh, hf_gpt2);
+    models::import_hf_safetensors(hf_dir / "gpt2_tiny.safetensors", gpt, models::HfArch::gpt2);
+    models::export_hf_safetensors(dir / "gpt2.safetensors", gpt, models::HfArch::gpt2);
+    if (w->rank() == 0 && std::filesystem::exists(dir / "llama.safetensors.dtensor-names")) report("staging file left behind");
+  });
+  INFO(summary(f));
+  REQUIRE(f.empty());
+  // Llama: every tensor of the sharded original, exactly (F32 values held in double).
+  const auto index = checkpoint::safetensors::read_index(hf_dir / "llama_tiny.safetensors.index.json");
+  const auto exported = checkpoint::safetensors::read_header(dir / "llama.safetensors");
+  CHECK(exported.tensors.size() == index.size());
+  for (const auto& [name, file] : index) {
+    CAPTURE(name);
+    CHECK(hf_tensor(dir / "llama.safetensors", name) == hf_tensor(file, name));
+  }
+  // GPT-2: the same tensors (wpe: the model's 12 of the file's 16 rows; lm_head written, = wte).
+  const auto original = checkpoint::safetensors::read_header(hf_dir / "gpt2_tiny.safetensors");
+  for (const auto& [name, e] : original.tensors) {
+    CAPTURE(name);
+    auto mine = hf_tensor(dir / "gpt2.safetensors", name), theirs = hf_tensor(hf_dir / "gpt2_tiny.safetensors", name);
+    if (name == "transformer.wpe.weight") theirs.resize(mine.size());
+    CHECK(mine == theirs);
+  }
+  CHECK(hf_tensor(dir / "gpt2.safetensors", "lm_head.weight") == hf_tensor(hf_dir / "gpt2_tiny.safetensors", "transformer.wte.weight"));
+  threads::run(1, [&](CommPtr w) {
+    NnMesh mesh(w, {1, 1});
+    using Catch::Contains;
+    nn::Llama<double, NnMesh> llama(mesh, hf_llama);
+    CHECK_THROWS_WITH(models::import_hf_safetensors(hf_dir / "gpt2_tiny.safetensors", llama, models::HfArch::llama),
+                      Contains("models::import_hf_safetensors") && Contains("has no tensor 'model.embed_tokens.weight'"));
+    nn::GPTConfig wide = hf_gpt2;
+    wide.dim = 32;
+    nn::GPT<double, NnMesh> gpt(mesh, wide);
+    CHECK_THROWS_WITH(models::import_hf_safetensors(hf_dir / "gpt2_tiny.safetensors", gpt, models::HfArch::gpt2),
+                      Contains("tensor 'transformer.wte.weight' is [29, 16], wte.weight needs [29, 32]"));
+  });
+  std::filesystem::remove_all(dir);
 }
