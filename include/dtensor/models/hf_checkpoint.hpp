@@ -35,7 +35,9 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <map>
+#include <numeric>
 #include <string>
 #include <utility>
 #include <vector>
