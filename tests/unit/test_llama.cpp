@@ -15,6 +15,7 @@
 #include "dtensor/ops/repeat.hpp"
 #include "dtensor/ops/rotary.hpp"
 #include "dtensor/parallel/gpt_plan.hpp"
+#include "dtensor/sim/serving.hpp"
 #include "test_nn_support.hpp"
 
 using namespace dtensor;
@@ -473,4 +474,64 @@ TEST_CASE("Hugging Face checkpoints: export from TP 2 gives HF's tensors back; b
                       Contains("tensor 'transformer.wte.weight' is [29, 16], wte.weight needs [29, 32]"));
   });
   std::filesystem::remove_all(dir);
+}
+
+// ---- serving memory (sim/serving.hpp) against a real model --------------------------------------
+
+namespace {
+
+/// This rank's parameter elements and KV-cache elements after a prefill of batch x context.
+template <class Model>
+std::pair<double, double> held_elements(Model& model, Extent batch, Extent context) {
+  double params = 0, cache = 0;
+  for (const auto& s : checkpoint::parameter_slots(model.units(), model.mesh())) params += double(s.box.numel());
+  Tensor<std::int32_t, 2> ids(Shape<2>{batch, context});
+  for (Extent i = 0; i < ids.numel(); ++i) ids.span()[std::size_t(i)] = std::int32_t(i % 7);
+  using Cache = typename std::remove_cvref_t<decltype(model.blocks().front().inner())>::Attn::KvCache;
+  std::vector<Cache> caches(model.blocks().size());
+  auto x = model.prologue().forward_at(distribute_replicated<typename Model::Ids::layout>(model.mesh(), ids), 0);
+  for (std::size_t l = 0; l < caches.size(); ++l) {
+    x = model.blocks()[l].inner().forward_cached(x, caches[l]);
+    cache += double(caches[l].k.to_local().numel() + caches[l].v.to_local().numel());
+  }
+  return {params, cache};
+}
+
+}  // namespace
+
+TEST_CASE("serving memory: weights and KV cache per rank equal a real GPT's and Llama's on one rank and TP 2", "[models][serving]") {
+  const nn::GPTConfig gpt{.vocab = 24, .seq = 8, .dim = 16, .heads = 4, .layers = 3, .seed = 2};
+  const nn::GPTConfig llama{.vocab = 24, .seq = 8, .dim = 16, .heads = 4, .layers = 3, .seed = 2, .kv_heads = 2,
+                            .ffn = 24, .rope_theta = 100, .bias = false};
+  auto shape = [](const nn::GPTConfig& c, bool is_llama) {
+    return sim::ModelShape{.layers = c.layers, .dim = c.dim, .heads = c.heads, .kv_heads = c.kv_heads, .ffn = c.ffn,
+                           .vocab = c.vocab, .seq = c.seq, .llama = is_llama};
+  };
+  const Extent batch = 2, context = 5;
+  auto check_on = [&](auto tag, int tp, const NnMesh& mesh, auto report) {
+    using Plan = typename decltype(tag)::type;
+    const sim::ServingShape serve{.batch = batch, .context = context, .tp = tp, .pp = 1, .bytes = sizeof(double)};
+    nn::GPT<double, NnMesh, Plan> g(mesh, gpt);
+    nn::Llama<double, NnMesh, Plan> l(mesh, llama);
+    const auto [gp, gc] = held_elements(g, batch, context);
+    const auto [lp, lc] = held_elements(l, batch, context);
+    const auto gs = sim::serving_memory(shape(gpt, false), serve), ls = sim::serving_memory(shape(llama, true), serve);
+    if (gs.weights != gp * 8 || gs.kv_cache != gc * 8)
+      report(dtensor::detail::cat("GPT tp ", tp, ": predicted ", gs.weights, " + ", gs.kv_cache, " bytes, held ", gp * 8, " + ", gc * 8));
+    if (ls.weights != lp * 8 || ls.kv_cache != lc * 8)
+      report(dtensor::detail::cat("Llama tp ", tp, ": predicted ", ls.weights, " + ", ls.kv_cache, " bytes, held ", lp * 8, " + ", lc * 8));
+  };
+  auto f1 = on_ranks(1, [&](CommPtr w, auto report) { check_on(std::type_identity<nn::ReplicatedPlan>{}, 1, NnMesh(w, {1, 1}), report); });
+  auto f2 = on_ranks(2, [&](CommPtr w, auto report) { check_on(std::type_identity<parallel::MegatronPlan<true>>{}, 2, NnMesh(w, {1, 2}), report); });
+  INFO(summary(f1) << summary(f2));
+  CHECK(f1.empty());
+  CHECK(f2.empty());
+  // pp 2 over 3 layers: the first stage's 2 blocks and the larger end (here the head: vocab x dim + norm).
+  const auto p = sim::serving_memory(shape(llama, true), {.batch = 1, .context = 8, .tp = 1, .pp = 2, .bytes = 2});
+  CHECK(p.layers == 2);
+  CHECK(p.kv_per_token == 2.0 * 2 * (2 * 4) * 2);  // k and v, 2 layers, 2 KV heads x head_dim 4, bf16
+  CHECK(p.kv_cache == p.kv_per_token * 8);
+  using Catch::Contains;
+  CHECK_THROWS_WITH(sim::serving_memory(shape(llama, true), {.context = 9}), Contains("context 9 is beyond the model's 8 positions"));
+  CHECK_THROWS_WITH(sim::serving_memory(shape(llama, true), {.tp = 4}), Contains("2 KV heads over tp 4"));
 }
