@@ -24,7 +24,9 @@
 // rank and TP = 2 give the same tokens where their logits agree to the last bit of the choice,
 // and the cached and uncached paths agree to rounding (tests/unit/test_llama.cpp checks both;
 // logits to 1e-12 in double). A prompt longer than seq keeps its last seq tokens as context.
-// Not under context parallelism (the cache would be split on the context dimension).
+// Not under context parallelism: a model whose attention has a context-parallel core (any mesh
+// with a context dimension, even of size 1, as examples/train_gpt's one-rank generator) recomputes
+// each window.
 #pragma once
 
 #include <algorithm>
@@ -115,6 +117,7 @@ std::vector<double> last_row(const Logits& logits_dt) {
 template <class Model>
 concept KvCacheable = requires(Model& m, const typename Model::Ids& ids) {
   typename std::remove_cvref_t<decltype(m.blocks().front().inner())>::Attn::KvCache;
+  requires std::remove_cvref_t<decltype(m.blocks().front().inner())>::Attn::kv_cacheable;
   m.prologue().forward_at(ids, Extent(0));
 };
 

@@ -178,6 +178,9 @@ class SelfAttention {
     Heads k, v;
     Extent length = 0;  // positions held; the next input's first position
   };
+  /// Whether forward_cached exists for this core: not for a context-parallel one (the cache would
+  /// be split on the context dimension), even where that dimension has size 1.
+  static constexpr bool kv_cacheable = !Core::splits_sequence;
 
   /// Inference with a KV cache: x [B, t, C] holds positions cache.length .. cache.length + t - 1;
   /// their keys and values are appended to the cache, and their queries attend to every cached
