@@ -32,6 +32,12 @@
 // memory less the reserve); --json prints the same as one JSON object instead of text. A plan
 // that does not fit exits with status 3 after its report.
 //
+//   plan_at_scale --arch llama ... --tp 8 --pp 2 --dtype bf16 --serve 8,8192
+//
+// --serve BATCH,CONTEXT: serving instead of training: per rank of the busiest pipeline stage the
+// weights and the KV cache of BATCH sequences of CONTEXT positions (sim/serving.hpp: what
+// models::generate with its cache holds), KV cache per token, and whether it fits the device.
+//
 //   plan_at_scale --search --gpus 16384 --arch llama ... --seq 8192 --batch 2048 [--top 5 --finalists 12]
 //
 // --search: every plan of the model on --gpus GPUs (sim/search.hpp), ranked by the analytic
@@ -52,6 +58,7 @@
 #include "dtensor/sim/device.hpp"
 #include "dtensor/sim/published_runs.hpp"
 #include "dtensor/sim/search.hpp"
+#include "dtensor/sim/serving.hpp"
 #include "dtensor/models/training_plan.hpp"
 #include "dtensor/trace/text_file.hpp"
 #include "flags.hpp"
@@ -71,7 +78,8 @@ struct Options {
   bool json = false, search = false, published = false;
   long long search_gpus = 0;
   int top = 5, finalists = 12;
-  std::vector<std::pair<std::string, long long>> rank_of;  // --rank-of tp=8,pp=16,dp=128: where that plan ranks, and why
+  std::vector<std::pair<std::string, long long>> rank_of;
+  long long serve_batch = 0, serve_context = 0;  // --serve BATCH,CONTEXT  // --rank-of tp=8,pp=16,dp=128: where that plan ranks, and why
 };
 
 constexpr const char* usage =
@@ -80,7 +88,8 @@ constexpr const char* usage =
     "--no-cp-balance --zero 0|1|2|3 --hsdp R --microbatches N --schedule gpipe|1f1b|interleaved|zb|zbv|dualpipev --stages-per-rank N "
     "--experts E --topk K --ep N --moe-every N --capacity F --no-sp --trace FILE --json "
     "--device h100|h200|a100 --device-file F --device-field NAME=VALUE --peak-tflops X "
-    "--search --gpus N --top K --finalists N --rank-of tp=T,pp=P,dp=D[,cp=C,v=V,zero=Z,micro=B] --published]\n"
+    "--search --gpus N --top K --finalists N --rank-of tp=T,pp=P,dp=D[,cp=C,v=V,zero=Z,micro=B] --published "
+    "--serve BATCH,CONTEXT]\n"
     "device fields: name peak_bf16_tflops peak_fp32_tflops hbm_gbytes_per_s memory_gbytes nvlink_domain "
     "nvlink_gbytes_per_s nvlink_latency_us network_gbps network_latency_us\n";
 
@@ -197,6 +206,13 @@ Options parse(int argc, char** argv) {
         o.rank_of.emplace_back(key, flag_value<long long>("--rank-of " + key, item.substr(eq + 1), 0, 1LL << 31));
         begin = end + 1;
       }
+    }
+    else if (a == "--serve") {
+      const std::string spec = value();
+      const auto comma = spec.find(',');
+      if (comma == std::string::npos) throw UsageError("--serve " + spec + ": expected BATCH,CONTEXT");
+      o.serve_batch = flag_value<long long>("--serve batch", spec.substr(0, comma), 1, 1LL << 31);
+      o.serve_context = flag_value<long long>("--serve context", spec.substr(comma + 1), 1, 1LL << 31);
     }
     else throw UsageError("unknown flag " + a);
   }
@@ -514,7 +530,24 @@ int run_published() {
   return 0;
 }
 
-int run(const Options& o) { return o.published ? run_published() : o.search ? run_search(o) : run_plan(o); }
+/// --serve: weights and KV cache per rank (sim/serving.hpp).
+int run_serve(const Options& o) {
+  const auto m = model_shape(o);
+  const auto s = sim::serving_memory(m, {.batch = o.serve_batch, .context = o.serve_context, .tp = o.plan.tp,
+                                         .pp = o.plan.pp, .bytes = o.bf16 ? 2.0 : 4.0});
+  const bool fits = sim::fits(s.total, o.hardware);
+  std::printf("serving %s %.2fB parameters, tp %d x pp %d, %s: %lld sequences x %lld positions\n"
+              "per rank (%lld layers): weights %s, KV cache %s (%s per token), total %s: %s on %s\n",
+              o.llama ? "llama" : "gpt", m.params() / 1e9, o.plan.tp, o.plan.pp, o.bf16 ? "bf16" : "f32", o.serve_batch,
+              o.serve_context, (long long)s.layers, sim::detail::human_bytes(s.weights).c_str(),
+              sim::detail::human_bytes(s.kv_cache).c_str(), sim::detail::human_bytes(s.kv_per_token).c_str(),
+              sim::detail::human_bytes(s.total).c_str(), fits ? "fits" : "does not fit", o.hardware.name.c_str());
+  return fits ? 0 : 3;
+}
+
+int run(const Options& o) {
+  return o.published ? run_published() : o.serve_batch ? run_serve(o) : o.search ? run_search(o) : run_plan(o);
+}
 
 }  // namespace
 

@@ -6,6 +6,7 @@
 // mid-write are clear errors that leave the previous checkpoint loadable. The overlap plan and
 // the flat-range boxes are checked against brute force on random layouts and extents.
 #include <catch2/catch.hpp>
+#include <set>
 
 #include <csignal>
 #include <fstream>
@@ -853,6 +854,50 @@ TEST_CASE("safetensors: a GPT exported from dp 2 x tp 2 holds the full tensors; 
     });
     INFO(summary(f));
     CHECK(f.empty());
+  }
+  SECTION("written sharded from dp 2 x tp 2 (3 files and an index, each rank its own boxes), read on tp 4 and one rank") {
+    const fs::path sharded = dir / "sharded";
+    fs::path index;
+    threads::run(4, [&](CommPtr world) {
+      Mesh2 mesh(world, {2, 2});
+      TpRun model_run(mesh);
+      train(model_run, mesh, 0, 2);
+      const auto at = checkpoint::export_safetensors_sharded(sharded, mesh, checkpoint::parameter_slots(model_run.model.units(), mesh), 3);
+      if (world->rank() == 0) index = at;
+    });
+    CHECK(index == sharded / "model.safetensors.index.json");
+    const auto map = checkpoint::safetensors::read_index(index);
+    std::set<std::string> names;
+    for (const auto& [name, file] : map) names.insert(file.filename().string());
+    CHECK(names == std::set<std::string>{"model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
+                                         "model-00003-of-00003.safetensors"});
+    CHECK(map.size() == want.size());
+    for (const auto& [name, tensor] : want) {  // every tensor whole in the file the index names
+      CAPTURE(name);
+      const auto info = checkpoint::safetensors::read_header(map.at(name));
+      std::vector<double> got(tensor.second.size());
+      checkpoint::safetensors::read_box(info, name, checkpoint::Region{std::vector<Extent>(tensor.first.size(), 0), tensor.first},
+                                        got.data());
+      CHECK(got == tensor.second);
+    }
+    auto f = on_ranks(4, [&](CommPtr world, auto report) {
+      Mesh2 mesh(world, {1, 4});
+      TpRun model_run(mesh);
+      auto slots = checkpoint::parameter_slots(model_run.model.units(), mesh);
+      checkpoint::import_safetensors(index, mesh, slots);
+      report(compare_slots(slots, want));
+    });
+    INFO(summary(f));
+    CHECK(f.empty());
+    threads::run(1, [&](CommPtr world) {
+      Mesh2 mesh(world, {1, 1});
+      OneRun model_run(mesh);
+      auto slots = checkpoint::parameter_slots(model_run.model.units(), mesh);
+      checkpoint::import_safetensors(index, mesh, slots);
+      const auto msg = compare_slots(slots, want);
+      INFO(msg);
+      CHECK(msg.empty());
+    });
   }
   SECTION("a missing tensor or another shape is an error on every rank") {
     const fs::path small = dir / "small.safetensors";

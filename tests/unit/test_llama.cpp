@@ -6,13 +6,16 @@
 // models::generate: greedy tokens of nn::GPT and nn::Llama equal on one rank and TP = 2 (+SP), sampling
 // deterministic and following softmax(logits / temperature) over the top k.
 #include <catch2/catch.hpp>
+#include <set>
 
 #include "dtensor/comm/threads.hpp"
 #include "dtensor/models/generate.hpp"
+#include "dtensor/models/hf_checkpoint.hpp"
 #include "dtensor/models/llama.hpp"
 #include "dtensor/ops/repeat.hpp"
 #include "dtensor/ops/rotary.hpp"
 #include "dtensor/parallel/gpt_plan.hpp"
+#include "dtensor/sim/serving.hpp"
 #include "test_nn_support.hpp"
 
 using namespace dtensor;
@@ -243,7 +246,8 @@ void check_generate_tp(const nn::GPTConfig& cfg) {
   using One = Arch<double, NnMesh, nn::ReplicatedPlan>;
   using Tp = Arch<double, NnMesh, parallel::MegatronPlan<true>>;
   const std::vector<std::int32_t> prompt{1, 2, 3};
-  const models::GenerateOptions greedy{.new_tokens = 12}, sampled{.new_tokens = 12, .temperature = 0.9, .top_k = 6, .seed = 7};
+  const models::GenerateOptions greedy{.new_tokens = 12},
+      sampled{.new_tokens = 12, .temperature = 0.9, .top_k = 6, .top_p = 0.8, .seed = 7};
   std::vector<std::int32_t> ref_greedy, ref_sampled;
   threads::run(1, [&](CommPtr w) {
     NnMesh mesh(w, {1, 1});
@@ -255,6 +259,32 @@ void check_generate_tp(const nn::GPTConfig& cfg) {
     CHECK(std::vector<std::int32_t>(from_long.begin() + 10, from_long.end()) ==
           std::vector<std::int32_t>(ref_greedy.begin() + 10, ref_greedy.end()));
   });
+  // The KV cache (the default) against recomputing every window: the same tokens, logits to 1e-12,
+  // on one rank and under TP 2 + SP; 12 new tokens after 3 pass seq 8, so the last steps slide.
+  const auto cached_vs_full = [&](const NnMesh& mesh, auto model_tag, auto report) {
+    using Model = typename decltype(model_tag)::type;
+    for (const auto& o : {greedy, sampled}) {
+      Model model(mesh, cfg);
+      auto no_cache = o;
+      no_cache.kv_cache = false;
+      const auto a = models::generate_logits(model, prompt, o), b = models::generate_logits(model, prompt, no_cache);
+      if (a.tokens != b.tokens) report("KV-cached tokens differ from recomputed ones");
+      double worst = 0;
+      for (std::size_t s = 0; s < a.logits.size(); ++s)
+        for (std::size_t i = 0; i < a.logits[s].size(); ++i) worst = std::max(worst, std::abs(a.logits[s][i] - b.logits[s][i]));
+      if (!(worst < 1e-12)) report(dtensor::detail::cat("KV-cached logits differ from recomputed ones by ", worst));
+      if (a.logits.size() != 12 || a.logits[0].size() != std::size_t(cfg.vocab)) report("12 rows of vocab logits expected");
+    }
+  };
+  auto fc = on_ranks(1, [&](CommPtr world, auto report) {
+    cached_vs_full(NnMesh(world, {1, 1}), std::type_identity<One>{}, report);
+  });
+  auto fc2 = on_ranks(2, [&](CommPtr world, auto report) {
+    cached_vs_full(NnMesh(world, {1, 2}), std::type_identity<Tp>{}, report);
+  });
+  INFO(summary(fc) << summary(fc2));
+  CHECK(fc.empty());
+  CHECK(fc2.empty());
   REQUIRE(ref_greedy.size() == 15);
   CHECK(std::vector<std::int32_t>(ref_greedy.begin(), ref_greedy.begin() + 3) == prompt);
   CHECK(ref_sampled != ref_greedy);  // sampling at temperature 0.9 departs from the argmax
@@ -289,6 +319,16 @@ TEST_CASE("generate: the choice of a token, and bad input", "[models][generate]"
     const auto t = models::choose_token(logits, {.temperature = 100, .top_k = 3, .seed = 9}, step);
     CHECK((t == 1 || t == 3 || t == 4));  // the three largest only
   }
+  // Top-p: softmax(logits) is about (0.09, 0.40, 0.02, 0.40, 0.24)/1.15 sorted 1, 3, 4, 0, 2; a
+  // nucleus of 0.5 takes 1 and 3, of 0.8 adds 4, of 1e-9 is the argmax alone.
+  std::set<std::int32_t> seen_half, seen_most;
+  for (std::uint64_t step = 0; step < 200; ++step) {
+    CHECK(models::choose_token(logits, {.temperature = 1, .top_p = 1e-9, .seed = 3}, step) == 1);
+    seen_half.insert(models::choose_token(logits, {.temperature = 1, .top_p = 0.5, .seed = 3}, step));
+    seen_most.insert(models::choose_token(logits, {.temperature = 1, .top_p = 0.8, .seed = 3}, step));
+  }
+  CHECK(seen_half == std::set<std::int32_t>{1, 3});
+  CHECK(seen_most == std::set<std::int32_t>{1, 3, 4});
   // Temperature 1 over all: frequencies of 20000 draws within 0.015 of softmax(logits).
   std::vector<double> count(logits.size()), p(logits.size());
   double z = 0;
@@ -305,5 +345,193 @@ TEST_CASE("generate: the choice of a token, and bad input", "[models][generate]"
     CHECK_THROWS_WITH(models::generate(model, {}, {}), Contains("models::generate") && Contains("prompt is empty"));
     CHECK_THROWS_WITH(models::generate(model, {1, 5}, {}), Contains("prompt token 5 is not in the vocabulary [0, 5)"));
     CHECK_THROWS_WITH(models::generate(model, {1}, {.temperature = -1}), Contains("none may be negative"));
+    CHECK_THROWS_WITH(models::generate(model, {1}, {.temperature = 1, .top_p = 0}), Contains("top_p 0 must be in (0, 1]"));
+    // The cache refuses a second multi-position input and positions beyond seq.
+    using Attn = std::remove_cvref_t<decltype(model.blocks().front().inner())>::Attn;
+    Attn attn("a", mesh, {.dim = 8, .heads = 2, .seq = 4}, 1);
+    Attn::KvCache cache;
+    auto x = distribute_replicated<Attn::In::layout>(mesh, Tensor<double, 3>(Shape<3>{1, 3, 8}));
+    (void)attn.forward_cached(x, cache);
+    CHECK(cache.length == 3);
+    CHECK_THROWS_WITH(attn.forward_cached(x, cache), Contains("then one position at a time"));
+    auto one = distribute_replicated<Attn::In::layout>(mesh, Tensor<double, 3>(Shape<3>{1, 1, 8}));
+    (void)attn.forward_cached(one, cache);
+    CHECK_THROWS_WITH(attn.forward_cached(one, cache), Contains("exceed the configured sequence length 4"));
   });
+}
+
+// ---- Hugging Face checkpoints (models/hf_checkpoint.hpp) ----------------------------------------
+// tests/data/hf: tiny GPT-2 (one file, Conv1D weights, a 16-row position table for a 12-position
+// model, lm_head tied) and Llama (two shards and an index) checkpoints in HF's names, and the
+// logits of 10 tokens from an independent float64 twin of HF's forward (scripts/hf_fixtures.py).
+
+namespace {
+
+const std::filesystem::path hf_dir = std::filesystem::path(DTENSOR_TEST_DATA) / "hf";
+
+std::vector<double> hf_tensor(const std::filesystem::path& file, const std::string& name) {
+  const auto info = checkpoint::safetensors::read_header(file);
+  const auto& shape = info.tensors.at(name).shape;
+  Extent n = 1;
+  for (Extent d : shape) n *= d;
+  std::vector<double> v(static_cast<std::size_t>(n));
+  checkpoint::safetensors::read_box(info, name, checkpoint::Region{std::vector<Extent>(shape.size(), 0), shape}, v.data());
+  return v;
+}
+
+/// Every position's logits [T * vocab] of one sequence, gathered whole.
+template <class Model>
+std::vector<double> all_logits(Model& model, const std::vector<std::int32_t>& tokens) {
+  Tensor<std::int32_t, 2> ids(Shape<2>{1, Extent(tokens.size())});
+  std::copy(tokens.begin(), tokens.end(), ids.span().begin());
+  auto x = model.prologue().forward(distribute_replicated<typename Model::Ids::layout>(model.mesh(), ids)).y;
+  for (auto& block : model.blocks()) x = block.forward(x).y;
+  const auto logits = full_tensor(model.epilogue().forward(x).y);
+  return {logits.span().begin(), logits.span().end()};
+}
+
+double worst_gap(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size()) return 1e300;
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
+  return worst;
+}
+
+const nn::GPTConfig hf_gpt2{.vocab = 29, .seq = 12, .dim = 16, .heads = 4, .layers = 2, .norm_eps = 1e-5};
+const nn::GPTConfig hf_llama{.vocab = 31, .seq = 12, .dim = 16, .heads = 4, .layers = 2, .kv_heads = 2, .ffn = 24,
+                             .rope_theta = 10000, .bias = false, .norm_eps = 1e-6};
+
+}  // namespace
+
+TEST_CASE("Hugging Face checkpoints: GPT-2 and Llama logits equal the reference on 1, 2 and 4 ranks", "[models][hf]") {
+  const auto golden = hf_dir / "logits.safetensors";
+  std::vector<std::int32_t> tokens;
+  for (double t : hf_tensor(golden, "tokens")) tokens.push_back(std::int32_t(t));
+  const auto gpt2_ref = hf_tensor(golden, "gpt2"), llama_ref = hf_tensor(golden, "llama");
+  REQUIRE(tokens.size() == 10);
+  // Both sides compute in double from the same F32 weights: only the order of sums differs.
+  constexpr double tol = 1e-9;
+  auto check_on = [&](auto tag, const NnMesh& mesh, auto report) {
+    using Plan = typename decltype(tag)::type;
+    nn::GPT<double, NnMesh, Plan> gpt(mesh, hf_gpt2);
+    models::import_hf_safetensors(hf_dir / "gpt2_tiny.safetensors", gpt, models::HfArch::gpt2);
+    if (double g = worst_gap(all_logits(gpt, tokens), gpt2_ref); !(g < tol)) report(dtensor::detail::cat("GPT-2 logits off by ", g));
+    nn::Llama<double, NnMesh, Plan> llama(mesh, hf_llama);
+    models::import_hf_safetensors(hf_dir / "llama_tiny.safetensors.index.json", llama, models::HfArch::llama);
+    if (double g = worst_gap(all_logits(llama, tokens), llama_ref); !(g < tol)) report(dtensor::detail::cat("Llama logits off by ", g));
+  };
+  auto f1 = on_ranks(1, [&](CommPtr w, auto report) { check_on(std::type_identity<nn::ReplicatedPlan>{}, NnMesh(w, {1, 1}), report); });
+  auto f2 = on_ranks(2, [&](CommPtr w, auto report) { check_on(std::type_identity<parallel::MegatronPlan<true>>{}, NnMesh(w, {1, 2}), report); });
+  auto f4 = on_ranks(4, [&](CommPtr w, auto report) { check_on(std::type_identity<parallel::MegatronPlan<false>>{}, NnMesh(w, {2, 2}), report); });
+  INFO(summary(f1) << summary(f2) << summary(f4));
+  CHECK(f1.empty());
+  CHECK(f2.empty());
+  CHECK(f4.empty());
+}
+
+TEST_CASE("Hugging Face checkpoints: export from TP 2 gives HF's tensors back; bad input", "[models][hf]") {
+  const auto dir = std::filesystem::temp_directory_path() / ("dtensor_hf_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  auto f = on_ranks(2, [&](CommPtr w, auto report) {
+    NnMesh mesh(w, {1, 2});
+    nn::Llama<double, NnMesh, parallel::MegatronPlan<true>> llama(mesh, hf_llama);
+    models::import_hf_safetensors(hf_dir / "llama_tiny.safetensors.index.json", llama, models::HfArch::llama);
+    models::export_hf_safetensors(dir / "llama.safetensors", llama, models::HfArch::llama);
+    nn::GPT<double, NnMesh, parallel::MegatronPlan<true>> gpt(mesh, hf_gpt2);
+    models::import_hf_safetensors(hf_dir / "gpt2_tiny.safetensors", gpt, models::HfArch::gpt2);
+    models::export_hf_safetensors(dir / "gpt2.safetensors", gpt, models::HfArch::gpt2);
+    if (w->rank() == 0 && std::filesystem::exists(dir / "llama.safetensors.dtensor-names")) report("staging file left behind");
+  });
+  INFO(summary(f));
+  REQUIRE(f.empty());
+  // Llama: every tensor of the sharded original, exactly (F32 values held in double).
+  const auto index = checkpoint::safetensors::read_index(hf_dir / "llama_tiny.safetensors.index.json");
+  const auto exported = checkpoint::safetensors::read_header(dir / "llama.safetensors");
+  CHECK(exported.tensors.size() == index.size());
+  for (const auto& [name, file] : index) {
+    CAPTURE(name);
+    CHECK(hf_tensor(dir / "llama.safetensors", name) == hf_tensor(file, name));
+  }
+  // GPT-2: the same tensors (wpe: the model's 12 of the file's 16 rows; lm_head written, = wte).
+  const auto original = checkpoint::safetensors::read_header(hf_dir / "gpt2_tiny.safetensors");
+  for (const auto& [name, e] : original.tensors) {
+    CAPTURE(name);
+    auto mine = hf_tensor(dir / "gpt2.safetensors", name), theirs = hf_tensor(hf_dir / "gpt2_tiny.safetensors", name);
+    if (name == "transformer.wpe.weight") theirs.resize(mine.size());
+    CHECK(mine == theirs);
+  }
+  CHECK(hf_tensor(dir / "gpt2.safetensors", "lm_head.weight") == hf_tensor(hf_dir / "gpt2_tiny.safetensors", "transformer.wte.weight"));
+  threads::run(1, [&](CommPtr w) {
+    NnMesh mesh(w, {1, 1});
+    using Catch::Contains;
+    nn::Llama<double, NnMesh> llama(mesh, hf_llama);
+    CHECK_THROWS_WITH(models::import_hf_safetensors(hf_dir / "gpt2_tiny.safetensors", llama, models::HfArch::llama),
+                      Contains("models::import_hf_safetensors") && Contains("has no tensor 'model.embed_tokens.weight'"));
+    nn::GPTConfig wide = hf_gpt2;
+    wide.dim = 32;
+    nn::GPT<double, NnMesh> gpt(mesh, wide);
+    CHECK_THROWS_WITH(models::import_hf_safetensors(hf_dir / "gpt2_tiny.safetensors", gpt, models::HfArch::gpt2),
+                      Contains("tensor 'transformer.wte.weight' is [29, 16], wte.weight needs [29, 32]"));
+  });
+  std::filesystem::remove_all(dir);
+}
+
+// ---- serving memory (sim/serving.hpp) against a real model --------------------------------------
+
+namespace {
+
+/// This rank's parameter elements and KV-cache elements after a prefill of batch x context.
+template <class Model>
+std::pair<double, double> held_elements(Model& model, Extent batch, Extent context) {
+  double params = 0, cache = 0;
+  for (const auto& s : checkpoint::parameter_slots(model.units(), model.mesh())) params += double(s.box.numel());
+  Tensor<std::int32_t, 2> ids(Shape<2>{batch, context});
+  for (Extent i = 0; i < ids.numel(); ++i) ids.span()[std::size_t(i)] = std::int32_t(i % 7);
+  using Cache = typename std::remove_cvref_t<decltype(model.blocks().front().inner())>::Attn::KvCache;
+  std::vector<Cache> caches(model.blocks().size());
+  auto x = model.prologue().forward_at(distribute_replicated<typename Model::Ids::layout>(model.mesh(), ids), 0);
+  for (std::size_t l = 0; l < caches.size(); ++l) {
+    x = model.blocks()[l].inner().forward_cached(x, caches[l]);
+    cache += double(caches[l].k.to_local().numel() + caches[l].v.to_local().numel());
+  }
+  return {params, cache};
+}
+
+}  // namespace
+
+TEST_CASE("serving memory: weights and KV cache per rank equal a real GPT's and Llama's on one rank and TP 2", "[models][serving]") {
+  const nn::GPTConfig gpt{.vocab = 24, .seq = 8, .dim = 16, .heads = 4, .layers = 3, .seed = 2};
+  const nn::GPTConfig llama{.vocab = 24, .seq = 8, .dim = 16, .heads = 4, .layers = 3, .seed = 2, .kv_heads = 2,
+                            .ffn = 24, .rope_theta = 100, .bias = false};
+  auto shape = [](const nn::GPTConfig& c, bool is_llama) {
+    return sim::ModelShape{.layers = c.layers, .dim = c.dim, .heads = c.heads, .kv_heads = c.kv_heads, .ffn = c.ffn,
+                           .vocab = c.vocab, .seq = c.seq, .llama = is_llama};
+  };
+  const Extent batch = 2, context = 5;
+  auto check_on = [&](auto tag, int tp, const NnMesh& mesh, auto report) {
+    using Plan = typename decltype(tag)::type;
+    const sim::ServingShape serve{.batch = batch, .context = context, .tp = tp, .pp = 1, .bytes = sizeof(double)};
+    nn::GPT<double, NnMesh, Plan> g(mesh, gpt);
+    nn::Llama<double, NnMesh, Plan> l(mesh, llama);
+    const auto [gp, gc] = held_elements(g, batch, context);
+    const auto [lp, lc] = held_elements(l, batch, context);
+    const auto gs = sim::serving_memory(shape(gpt, false), serve), ls = sim::serving_memory(shape(llama, true), serve);
+    if (gs.weights != gp * 8 || gs.kv_cache != gc * 8)
+      report(dtensor::detail::cat("GPT tp ", tp, ": predicted ", gs.weights, " + ", gs.kv_cache, " bytes, held ", gp * 8, " + ", gc * 8));
+    if (ls.weights != lp * 8 || ls.kv_cache != lc * 8)
+      report(dtensor::detail::cat("Llama tp ", tp, ": predicted ", ls.weights, " + ", ls.kv_cache, " bytes, held ", lp * 8, " + ", lc * 8));
+  };
+  auto f1 = on_ranks(1, [&](CommPtr w, auto report) { check_on(std::type_identity<nn::ReplicatedPlan>{}, 1, NnMesh(w, {1, 1}), report); });
+  auto f2 = on_ranks(2, [&](CommPtr w, auto report) { check_on(std::type_identity<parallel::MegatronPlan<true>>{}, 2, NnMesh(w, {1, 2}), report); });
+  INFO(summary(f1) << summary(f2));
+  CHECK(f1.empty());
+  CHECK(f2.empty());
+  // pp 2 over 3 layers: the first stage's 2 blocks and the larger end (here the head: vocab x dim + norm).
+  const auto p = sim::serving_memory(shape(llama, true), {.batch = 1, .context = 8, .tp = 1, .pp = 2, .bytes = 2});
+  CHECK(p.layers == 2);
+  CHECK(p.kv_per_token == 2.0 * 2 * (2 * 4) * 2);  // k and v, 2 layers, 2 KV heads x head_dim 4, bf16
+  CHECK(p.kv_cache == p.kv_per_token * 8);
+  using Catch::Contains;
+  CHECK_THROWS_WITH(sim::serving_memory(shape(llama, true), {.context = 9}), Contains("context 9 is beyond the model's 8 positions"));
+  CHECK_THROWS_WITH(sim::serving_memory(shape(llama, true), {.tp = 4}), Contains("2 KV heads over tp 4"));
 }

@@ -22,9 +22,11 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -60,23 +62,23 @@ inline std::vector<std::string> all_gather_text(Communicator& comm, const std::s
 
 }  // namespace detail
 
-/// Writes the slots' tensors (every rank's) as one safetensors file. Collective over the mesh.
-template <class T, MeshType Mesh>
-void export_safetensors(const std::filesystem::path& path, const Mesh& mesh, const Slots<T>& slots,
-                        const SafetensorsOptions& o = {}) {
-  constexpr const char* op = "checkpoint::export_safetensors";
-  Communicator& comm = mesh.comm();
-  comm.check_agreement(op, path.string());
+namespace detail {
+
+/// Every rank's slots' tensors (name in the file, shape), gathered and checked: one shape per
+/// name, and the ranks' writers covering each tensor's elements exactly. In name order.
+template <class T>
+std::vector<std::pair<std::string, std::vector<Extent>>> gathered_tensors(Communicator& comm, const char* op,
+                                                                         const Slots<T>& slots, const SafetensorsOptions& o) {
   // "name \t e0,e1,.. \t elements this rank writes \n" per slot.
   std::string mine;
   for (const auto& s : slots) {
     std::string dims;
     for (std::size_t d = 0; d < s.shape.size(); ++d) dims += (d ? "," : "") + std::to_string(s.shape[d]);
-    mine += dtensor::detail::cat(detail::mapped(o, s.name), "\t", dims, "\t", s.writer ? s.box.numel() : 0, "\n");
+    mine += dtensor::detail::cat(mapped(o, s.name), "\t", dims, "\t", s.writer ? s.box.numel() : 0, "\n");
   }
   std::map<std::string, std::pair<std::vector<Extent>, Extent>> tensors;  // name -> shape, elements written
   std::string problem;
-  for (const std::string& text : detail::all_gather_text(comm, mine)) {
+  for (const std::string& text : all_gather_text(comm, mine)) {
     std::size_t at = 0;
     while (at < text.size()) {
       const std::size_t end = text.find('\n', at), t1 = text.find('\t', at), t2 = text.find('\t', t1 + 1);
@@ -106,41 +108,131 @@ void export_safetensors(const std::filesystem::path& path, const Mesh& mesh, con
     list.emplace_back(name, info.first);
   }
   if (!problem.empty()) throw Error(op, problem, comm.rank());
-  std::vector<std::uint64_t> begins;
-  const std::string header = safetensors::make_header(list, safetensors::dtype_name<T>(), o.metadata, &begins);
-  std::map<std::string, std::uint64_t> begin_of;
-  for (std::size_t i = 0; i < list.size(); ++i) begin_of[list[i].first] = begins[i];
-  const std::uint64_t data_start = 8 + header.size();
-  // Rank 0 creates the file at its final size; then every rank writes its boxes into it.
-  detail::agree(comm, op, dtensor::detail::error_of([&] {
-    if (comm.rank() != 0) return;
-    std::uint64_t total = 0;
-    for (const auto& [name, shape] : list) {
+  return list;
+}
+
+/// Writes files[i] holding the tensors groups[i] (each group's data packed in its order): rank 0
+/// creates every file at its final size, then every rank writes its writer boxes at their byte
+/// ranges in the file of their tensor. Collective.
+template <class T>
+void write_groups(Communicator& comm, const char* op, const std::vector<std::filesystem::path>& files,
+                  const std::vector<std::vector<std::pair<std::string, std::vector<Extent>>>>& groups, const Slots<T>& slots,
+                  const SafetensorsOptions& o) {
+  struct Place {
+    std::size_t file;
+    std::uint64_t begin;  // absolute byte offset of the tensor's data
+  };
+  std::map<std::string, Place> place;
+  std::vector<std::string> headers;
+  std::vector<std::uint64_t> sizes;
+  for (std::size_t f = 0; f < groups.size(); ++f) {
+    std::vector<std::uint64_t> begins;
+    headers.push_back(safetensors::make_header(groups[f], safetensors::dtype_name<T>(), o.metadata, &begins));
+    std::uint64_t total = 8 + headers.back().size();
+    for (std::size_t i = 0; i < groups[f].size(); ++i) {
+      place[groups[f][i].first] = {f, 8 + headers.back().size() + begins[i]};
       std::uint64_t numel = 1;
-      for (Extent d : shape) numel *= std::uint64_t(d);
+      for (Extent d : groups[f][i].second) numel *= std::uint64_t(d);
       total += numel * sizeof(T);
     }
-    safetensors::detail::Fd fd(path, O_WRONLY | O_CREAT | O_TRUNC, op);
-    const std::uint64_t n = header.size();
-    fd.write_at(&n, 8, 0, op);
-    fd.write_at(header.data(), header.size(), 8, op);
-    fd.resize(data_start + total, op);
-    fd.sync(op);
+    sizes.push_back(total);
+  }
+  agree(comm, op, dtensor::detail::error_of([&] {
+    if (comm.rank() != 0) return;
+    for (std::size_t f = 0; f < files.size(); ++f) {
+      safetensors::detail::Fd fd(files[f], O_WRONLY | O_CREAT | O_TRUNC, op);
+      const std::uint64_t n = headers[f].size();
+      fd.write_at(&n, 8, 0, op);
+      fd.write_at(headers[f].data(), headers[f].size(), 8, op);
+      fd.resize(sizes[f], op);
+      fd.sync(op);
+    }
   }));
-  detail::agree(comm, op, dtensor::detail::error_of([&] {
-    bool any = false;
-    for (const auto& s : slots) any = any || (s.writer && !s.box.empty());
-    if (!any) return;
-    safetensors::detail::Fd fd(path, O_WRONLY, op);
+  agree(comm, op, dtensor::detail::error_of([&] {
+    std::map<std::size_t, std::unique_ptr<safetensors::detail::Fd>> open;  // only the files this rank writes
     for (const auto& s : slots) {
       if (!s.writer || s.box.empty()) continue;
-      const std::uint64_t base = data_start + begin_of.at(detail::mapped(o, s.name));
+      const Place at = place.at(mapped(o, s.name));
+      auto& fd = open[at.file];
+      if (!fd) fd = std::make_unique<safetensors::detail::Fd>(files[at.file], O_WRONLY, op);
       safetensors::detail::for_each_run(s.shape, s.box, [&](Extent flat, Extent in_box, Extent count) {
-        fd.write_at(s.data + in_box, std::size_t(count) * sizeof(T), base + std::uint64_t(flat) * sizeof(T), op);
+        fd->write_at(s.data + in_box, std::size_t(count) * sizeof(T), at.begin + std::uint64_t(flat) * sizeof(T), op);
       });
     }
+    for (auto& [f, fd] : open) fd->sync(op);
+  }));
+}
+
+}  // namespace detail
+
+/// Writes the slots' tensors (every rank's) as one safetensors file. Collective over the mesh.
+template <class T, MeshType Mesh>
+void export_safetensors(const std::filesystem::path& path, const Mesh& mesh, const Slots<T>& slots,
+                        const SafetensorsOptions& o = {}) {
+  constexpr const char* op = "checkpoint::export_safetensors";
+  Communicator& comm = mesh.comm();
+  comm.check_agreement(op, path.string());
+  detail::write_groups(comm, op, {path}, {detail::gathered_tensors(comm, op, slots, o)}, slots, o);
+}
+
+/// Writes the slots' tensors as `files` safetensors files in `dir`, Hugging Face's sharded
+/// layout: model-00001-of-0000M.safetensors ... (tensors in name order, cut where the bytes so
+/// far reach i/M of the total, so the files are of about equal size; a tensor is never split)
+/// and model.safetensors.index.json (weight_map: name -> file; metadata.total_size). Every rank
+/// writes its own boxes into the files of their tensors. Returns the index's path, which
+/// import_safetensors reads on any mesh. Collective over the mesh.
+template <class T, MeshType Mesh>
+std::filesystem::path export_safetensors_sharded(const std::filesystem::path& dir, const Mesh& mesh, const Slots<T>& slots,
+                                                 int files, const SafetensorsOptions& o = {}) {
+  constexpr const char* op = "checkpoint::export_safetensors_sharded";
+  Communicator& comm = mesh.comm();
+  comm.check_agreement(op, dir.string() + " " + std::to_string(files));
+  if (files < 1 || files > 99999) throw Error(op, dtensor::detail::cat("files ", files, ": 1 to 99999"), comm.rank());
+  const auto list = detail::gathered_tensors(comm, op, slots, o);
+  std::uint64_t total = 0;
+  std::vector<std::uint64_t> bytes;
+  for (const auto& [name, shape] : list) {
+    std::uint64_t numel = sizeof(T);
+    for (Extent d : shape) numel *= std::uint64_t(d);
+    bytes.push_back(numel);
+    total += numel;
+  }
+  const int m = std::max(1, std::min<int>(files, int(list.size())));
+  auto file_name = [&](int i) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "model-%05d-of-%05d.safetensors", i + 1, m);
+    return std::string(buf);
+  };
+  std::vector<std::filesystem::path> paths;
+  std::vector<std::vector<std::pair<std::string, std::vector<Extent>>>> groups(static_cast<std::size_t>(m));
+  std::string weight_map;
+  std::uint64_t so_far = 0;
+  for (std::size_t i = 0, g = 0; i < list.size(); ++i) {
+    // Move to the next file once this one holds its share, keeping one tensor for each file left.
+    while (g + 1 < std::size_t(m) && !groups[g].empty() &&
+           (so_far * std::uint64_t(m) >= total * (g + 1) || list.size() - i <= std::size_t(m) - g - 1))
+      ++g;
+    groups[g].push_back(list[i]);
+    so_far += bytes[i];
+    weight_map += dtensor::detail::cat(weight_map.empty() ? "" : ",\n  ", dtensor::detail::json_string(list[i].first), ": \"",
+                                       file_name(int(g)), "\"");
+  }
+  for (int i = 0; i < m; ++i) paths.push_back(dir / file_name(i));
+  detail::agree(comm, op, dtensor::detail::error_of([&] {
+    if (comm.rank() == 0) std::filesystem::create_directories(dir);
+  }));
+  detail::write_groups(comm, op, paths, groups, slots, o);
+  const std::filesystem::path index = dir / "model.safetensors.index.json";
+  detail::agree(comm, op, dtensor::detail::error_of([&] {
+    if (comm.rank() != 0) return;
+    const std::string text = dtensor::detail::cat("{\"metadata\": {\"total_size\": ", total, "},\n \"weight_map\": {\n  ",
+                                                  weight_map, "\n }\n}\n");
+    safetensors::detail::Fd fd(index, O_WRONLY | O_CREAT | O_TRUNC, op);
+    fd.write_at(text.data(), text.size(), 0, op);
+    fd.resize(text.size(), op);
     fd.sync(op);
   }));
+  return index;
 }
 
 /// Fills the slots from a safetensors file or an index of several (`*.index.json`). Collective

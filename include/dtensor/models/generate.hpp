@@ -1,19 +1,32 @@
-// dtensor/models/generate.hpp — text from a trained GPT or Llama: greedy, temperature and top-k
-// sampling, on any mesh the model's forward runs on (one rank, TP with or without SP, ...).
+// dtensor/models/generate.hpp — text from a trained GPT or Llama: greedy, temperature, top-k and
+// top-p (nucleus) sampling, with a KV cache, on any mesh the model's forward runs on (one rank,
+// TP with or without SP, ...).
 //
-//   auto ids = models::generate(model, prompt_ids, {.new_tokens = 100, .temperature = 0.8, .top_k = 20, .seed = 1});
+//   auto ids = models::generate(model, prompt_ids, {.new_tokens = 100, .temperature = 0.8, .top_k = 20,
+//                                                   .top_p = 0.9, .seed = 1});
+//   auto r = models::generate_logits(model, prompt_ids, o);   // r.tokens, r.logits (each step's row, double)
 //
-// Each new token is one forward of the last (at most seq) tokens as a batch of one sequence:
-// the model's embedding, blocks and head (nn::Stack's parts, without the loss), the logits of
-// the last position gathered whole (full_tensor: every rank holds the same values), then the
-// next token chosen from them identically on every rank: the first largest logit (greedy,
-// temperature 0), or a draw from softmax(logits / temperature) over the top_k largest (all when
-// 0), with a counter-based generator seeded by `seed`, the same on every rank. So one rank and
-// TP = 2 give the same tokens where their logits agree to the last bit of the choice (greedy:
-// the same argmax; tests/unit/test_llama.cpp checks it).
-// No KV cache: every step recomputes the whole window, O(seq^2) per token instead of O(seq) —
-// fine for the short samples a trainer prints, not for serving. A prompt longer than seq keeps
-// its last seq tokens as context.
+// With the KV cache (o.kv_cache, the default, where the blocks offer forward_cached:
+// nn::TransformerBlock over nn::SelfAttention), the prompt is run once (the prefill, causal over
+// its positions, keys and values kept per layer: nn::SelfAttention::KvCache), then each new
+// token is one forward of that single position at its global position (the embedding's
+// forward_at, the rotary angles of that position) whose query attends to every cached key —
+// O(context) per token instead of O(context^2). The cache holds at most cfg.seq positions (the
+// position table's rows); once the context would exceed them, each step recomputes the last
+// seq tokens as a window (the no-cache path), which is what the model can see. Without the cache
+// every step recomputes the window: the embedding, blocks and head (nn::Stack's parts, without
+// the loss) of the last (at most seq) tokens as a batch of one sequence. Either way the logits
+// of the last position are gathered whole (full_tensor: every rank holds the same values) and
+// the next token is chosen from them identically on every rank: the first largest logit
+// (greedy, temperature 0), or a draw from softmax(logits / temperature) restricted to the top_k
+// largest (all when 0) and then to the smallest set of largest ones whose probability reaches
+// top_p (1: all), with a counter-based generator seeded by `seed`, the same on every rank. So one
+// rank and TP = 2 give the same tokens where their logits agree to the last bit of the choice,
+// and the cached and uncached paths agree to rounding (tests/unit/test_llama.cpp checks both;
+// logits to 1e-12 in double). A prompt longer than seq keeps its last seq tokens as context.
+// Not under context parallelism: a model whose attention has a context-parallel core (any mesh
+// with a context dimension, even of size 1, as examples/train_gpt's one-rank generator) recomputes
+// each window.
 #pragma once
 
 #include <algorithm>
@@ -31,7 +44,16 @@ struct GenerateOptions {
   int new_tokens = 1;
   double temperature = 0;  // 0: greedy (the first largest logit)
   int top_k = 0;           // sample among the k largest logits; 0: all
+  double top_p = 1;        // nucleus: the fewest largest logits whose probability reaches top_p; 1: all
   std::uint64_t seed = 0;
+  bool kv_cache = true;    // keep keys and values (where the model's blocks can); false: recompute each step
+};
+
+/// The prompt and the generated tokens, and the logits (the whole vocabulary, as double) each
+/// generated token was chosen from.
+struct GenerateResult {
+  std::vector<std::int32_t> tokens;
+  std::vector<std::vector<double>> logits;
 };
 
 namespace detail {
@@ -58,11 +80,17 @@ std::int32_t choose_token(const std::vector<T>& logits, const GenerateOptions& o
   std::iota(order.begin(), order.end(), 0);
   // Largest first; equal logits by index, so the order is the same everywhere.
   std::stable_sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) { return logits[std::size_t(a)] > logits[std::size_t(b)]; });
-  const std::size_t k = o.top_k > 0 ? std::min(order.size(), std::size_t(o.top_k)) : order.size();
+  std::size_t k = o.top_k > 0 ? std::min(order.size(), std::size_t(o.top_k)) : order.size();
   std::vector<double> weight(k);
   const double top = double(logits[std::size_t(order[0])]);
   for (std::size_t i = 0; i < k; ++i) weight[i] = std::exp((double(logits[std::size_t(order[i])]) - top) / o.temperature);
-  const double total = std::accumulate(weight.begin(), weight.end(), 0.0);
+  double total = std::accumulate(weight.begin(), weight.end(), 0.0);
+  if (o.top_p < 1) {  // nucleus: keep the largest until their share reaches top_p (at least one)
+    double kept = 0;
+    std::size_t n = 0;
+    while (n < k && (n == 0 || kept < o.top_p * total)) kept += weight[n++];
+    k = n, total = kept;
+  }
   double u = detail::uniform01(o.seed, step) * total;
   for (std::size_t i = 0; i < k; ++i) {
     if (u < weight[i]) return order[i];
@@ -71,35 +99,84 @@ std::int32_t choose_token(const std::vector<T>& logits, const GenerateOptions& o
   return order[k - 1];  // rounding at the very end of the range
 }
 
-/// The prompt followed by o.new_tokens generated ones. Collective over the model's mesh: every
-/// rank calls it with the same prompt and options and gets the same tokens.
+namespace detail {
+
+/// The last row of logits [1, t, vocab] (gathered whole on every rank) as double.
+template <class Logits>
+std::vector<double> last_row(const Logits& logits_dt) {
+  const auto logits = full_tensor(logits_dt);
+  const Extent vocab = logits.extent(2), t = logits.extent(1);
+  const auto* last = logits.span().data() + (t - 1) * vocab;
+  std::vector<double> row(static_cast<std::size_t>(vocab));
+  for (Extent i = 0; i < vocab; ++i) row[std::size_t(i)] = double(last[i]);
+  return row;
+}
+
+/// Whether the model's blocks take a KV cache (nn::TransformerBlock over nn::SelfAttention) and
+/// its embedding a first position.
 template <class Model>
-std::vector<std::int32_t> generate(Model& model, std::vector<std::int32_t> tokens, const GenerateOptions& o) {
+concept KvCacheable = requires(Model& m, const typename Model::Ids& ids) {
+  typename std::remove_cvref_t<decltype(m.blocks().front().inner())>::Attn::KvCache;
+  requires std::remove_cvref_t<decltype(m.blocks().front().inner())>::Attn::kv_cacheable;
+  m.prologue().forward_at(ids, Extent(0));
+};
+
+}  // namespace detail
+
+/// The prompt followed by o.new_tokens generated ones, and each step's logits. Collective over
+/// the model's mesh: every rank calls it with the same prompt and options and gets the same.
+template <class Model>
+GenerateResult generate_logits(Model& model, std::vector<std::int32_t> tokens, const GenerateOptions& o) {
   constexpr const char* op = "models::generate";
   const auto& cfg = model.config();
   if (tokens.empty()) throw Error(op, "the prompt is empty: give at least one token");
   if (o.new_tokens < 0 || o.temperature < 0 || !std::isfinite(o.temperature) || o.top_k < 0)
     throw Error(op, dtensor::detail::cat("new_tokens ", o.new_tokens, ", temperature ", o.temperature, ", top_k ", o.top_k,
                                          ": none may be negative"));
+  if (!(o.top_p > 0 && o.top_p <= 1)) throw Error(op, dtensor::detail::cat("top_p ", o.top_p, " must be in (0, 1]"));
   for (std::int32_t t : tokens)
     if (t < 0 || t >= cfg.vocab)
       throw Error(op, dtensor::detail::cat("prompt token ", t, " is not in the vocabulary [0, ", cfg.vocab, ")"));
   using Ids = typename Model::Ids;
-  using Logit = std::remove_cvref_t<decltype(full_tensor(model.epilogue().forward(model.prologue().forward(std::declval<const Ids&>()).y).y))>;
-  for (int step = 0; step < o.new_tokens; ++step) {
-    const std::size_t window = std::min(tokens.size(), std::size_t(cfg.seq));
-    Tensor<std::int32_t, 2> ids(Shape<2>{1, Extent(window)});
-    std::copy(tokens.end() - std::ptrdiff_t(window), tokens.end(), ids.span().begin());
-    const Ids x_ids = distribute_replicated<typename Ids::layout>(model.mesh(), ids);
-    auto x = model.prologue().forward(x_ids).y;
-    for (auto& block : model.blocks()) x = block.forward(x).y;
-    const Logit logits = full_tensor(model.epilogue().forward(x).y);  // [1, window, vocab]
-    const Extent vocab = logits.extent(2);
-    const auto* last = logits.span().data() + (Extent(window) - 1) * vocab;
-    const std::vector<typename Logit::value_type> row(last, last + vocab);
+  auto ids_of = [&](std::size_t first, std::size_t count) {
+    Tensor<std::int32_t, 2> ids(Shape<2>{1, Extent(count)});
+    std::copy(tokens.begin() + std::ptrdiff_t(first), tokens.begin() + std::ptrdiff_t(first + count), ids.span().begin());
+    return distribute_replicated<typename Ids::layout>(model.mesh(), ids);
+  };
+  GenerateResult r;
+  auto choose = [&](std::vector<double> row, int step) {
     tokens.push_back(choose_token(row, o, std::uint64_t(step)));
+    r.logits.push_back(std::move(row));
+  };
+  int step = 0;
+  if constexpr (detail::KvCacheable<Model>) {
+    using Cache = typename std::remove_cvref_t<decltype(model.blocks().front().inner())>::Attn::KvCache;
+    if (o.kv_cache && tokens.size() <= std::size_t(cfg.seq)) {
+      std::vector<Cache> caches(model.blocks().size());
+      std::size_t cached = 0;  // positions in the caches
+      for (; step < o.new_tokens && tokens.size() <= std::size_t(cfg.seq); ++step) {
+        const std::size_t fresh = tokens.size() - cached;  // the whole prompt, then one token
+        auto x = model.prologue().forward_at(ids_of(cached, fresh), Extent(cached));
+        for (std::size_t l = 0; l < caches.size(); ++l) x = model.blocks()[l].inner().forward_cached(x, caches[l]);
+        cached += fresh;
+        choose(detail::last_row(model.epilogue().forward(x).y), step);
+      }
+    }
   }
-  return tokens;
+  for (; step < o.new_tokens; ++step) {  // no cache, or the context beyond seq: the window recomputed
+    const std::size_t window = std::min(tokens.size(), std::size_t(cfg.seq));
+    auto x = model.prologue().forward(ids_of(tokens.size() - window, window)).y;
+    for (auto& block : model.blocks()) x = block.forward(x).y;
+    choose(detail::last_row(model.epilogue().forward(x).y), step);
+  }
+  r.tokens = std::move(tokens);
+  return r;
+}
+
+/// The prompt followed by o.new_tokens generated ones (generate_logits without the logits).
+template <class Model>
+std::vector<std::int32_t> generate(Model& model, std::vector<std::int32_t> tokens, const GenerateOptions& o) {
+  return generate_logits(model, std::move(tokens), o).tokens;
 }
 
 }  // namespace dtensor::models

@@ -151,6 +151,18 @@ class GptEmbedding {
       return {ops::add(te, pe), std::move(s)};
     }
   }
+  /// Inference: the embeddings of ids whose first position is `first` (a KV-cached decode step,
+  /// models/generate.hpp). Nothing is saved. Not under context parallelism.
+  Out forward_at(const In& ids, Extent first) const {
+    auto te = wte_.forward(ids).y;
+    if constexpr (!LearnedPositions) return te;
+    else {
+      std::vector<Extent> at(std::size_t(ids.extent(1)));
+      for (std::size_t i = 0; i < at.size(); ++i) at[i] = first + Extent(i);
+      return ops::add(te, wpe_.forward(nn::positions<tokens<Mesh, between>, Id>(mesh_, ids.shape(), at)).y);
+    }
+  }
+
   Bwd<Nothing, WeightCtx> backward_input(Saved s, const Out& dx) const {
     WeightCtx w;
     std::get<0>(w) = wte_.backward_input(std::move(s.wte), dx).weight;

@@ -172,6 +172,60 @@ class SelfAttention {
     return {std::move(y), std::move(s)};
   }
 
+  /// The keys and values (rotated; the KV heads, not repeated) of the positions decoded so far:
+  /// inference's KV cache (models/generate.hpp). k, v [B, K, length, D], split like the heads.
+  struct KvCache {
+    Heads k, v;
+    Extent length = 0;  // positions held; the next input's first position
+  };
+  /// Whether forward_cached exists for this core: not for a context-parallel one (the cache would
+  /// be split on the context dimension), even where that dimension has size 1.
+  static constexpr bool kv_cacheable = !Core::splits_sequence;
+
+  /// Inference with a KV cache: x [B, t, C] holds positions cache.length .. cache.length + t - 1;
+  /// their keys and values are appended to the cache, and their queries attend to every cached
+  /// position. Either the first call (cache empty: causal over the t positions, the prefill) or
+  /// one position at a time (t = 1: it sees every cached key, all of them earlier or itself).
+  /// The same arithmetic as forward's on the whole prefix, row for row, so logits agree with a
+  /// full recomputation to rounding. Nothing is saved (no backward). Collectives: forward's.
+  Out forward_cached(const In& x, KvCache& cache) const {
+    static_assert(!Core::splits_sequence, "nn::SelfAttention::forward_cached: no KV cache under context parallelism");
+    constexpr const char* op = "nn::SelfAttention::forward_cached";
+    const Extent batch = x.extent(0), len = x.extent(1), heads = c_.heads, head_dim = c_.dim / c_.heads;
+    const Extent kv = c_.kv_heads, group = heads / kv;
+    detail::check(cache.length == 0 || len == 1, op, x.mesh(), name_, ": ", len, " positions after ", cache.length,
+                  " cached ones; give the prompt first (an empty cache), then one position at a time");
+    detail::check(cache.length + len <= c_.seq, op, x.mesh(), name_, ": ", cache.length, " cached + ", len,
+                  " new positions exceed the configured sequence length ", c_.seq);
+    detail::check(cache.length == 0 || cache.k.extent(0) == batch, op, x.mesh(), name_, ": batch ", batch,
+                  ", the cache's is ", cache.k.extent(0));
+    auto qkv_out = qkv_.forward(x).y;
+    auto parts = ops::split<3>(ops::reshape<HeadsL>(qkv_out, Shape<4>{batch, len, kv, (group + 2) * head_dim}),
+                               {group * head_dim, head_dim, head_dim});
+    if (group > 1) parts[0] = ops::reshape<HeadsL>(parts[0], Shape<4>{batch, len, heads, head_dim});
+    if (c_.rope_theta > 0) {
+      std::vector<Extent> at(static_cast<std::size_t>(len));
+      for (Extent i = 0; i < len; ++i) at[std::size_t(i)] = cache.length + i;  // global positions of these rows
+      const auto positions = nn::positions<tokens<Mesh>, std::int32_t>(x.mesh(), {batch, len}, at);
+      parts[0] = ops::rotary(parts[0], positions, c_.rope_theta);
+      parts[1] = ops::rotary(parts[1], positions, c_.rope_theta);
+    }
+    Heads q = ops::transpose<1, 2>(parts[0]), k = ops::transpose<1, 2>(parts[1]), v = ops::transpose<1, 2>(parts[2]);
+    if (cache.length == 0) {
+      cache.k = std::move(k), cache.v = std::move(v);
+    } else {
+      cache.k = ops::concat<2>(std::vector<Heads>{std::move(cache.k), std::move(k)});
+      cache.v = ops::concat<2>(std::vector<Heads>{std::move(cache.v), std::move(v)});
+    }
+    cache.length += len;
+    // The prefill is causal among its own positions; a single new query sees the whole cache.
+    AttentionCoreOptions o = core_options();
+    o.causal = c_.causal && len > 1;
+    auto out = Core::forward(q, cache.k, cache.v, o).out;
+    auto merged = ops::reshape<typename Proj::InL>(ops::transpose<1, 2>(out), Shape<3>{batch, len, c_.dim});
+    return proj_.forward(merged).y;
+  }
+
   /// Collectives: the adjoints of the out style's exit and of the qkv style's entry.
   Bwd<In, WeightCtx> backward_input(Saved s, const Out& dy) const {
     const Extent batch = dy.extent(0), len = dy.extent(1), heads = c_.heads, head_dim = c_.dim / c_.heads;

@@ -134,6 +134,14 @@ class TransformerBlock {
   }
   const Recompute& recompute() const noexcept { return recompute_; }
 
+  /// Inference with the attention's KV cache (nn::SelfAttention::forward_cached; Cache is the
+  /// attention's KvCache): x holds the positions after the cached ones. Nothing is saved.
+  template <class Cache>
+  X forward_cached(const X& x, Cache& cache) const {
+    auto h = ops::add(x, attn_.forward_cached(ln1_.forward(x).y, cache));
+    return ops::add(h, mlp_.forward(ln2_.forward(h).y).y);
+  }
+
   Fwd<X, Saved> forward(const X& x) const {
     auto [a, s1] = ln1_.forward(x);
     auto [b, s2] = attn_.forward(a);

@@ -1,0 +1,300 @@
+// dtensor/models/hf_checkpoint.hpp — Hugging Face GPT-2 and Llama checkpoints (safetensors, by
+// their HF tensor names) into nn::GPT / nn::Llama, and back.
+//
+//   nn::GPT<float, Mesh> model(mesh, {.vocab = 50257, .seq = 1024, .dim = 768, .heads = 12, .layers = 12});
+//   models::import_hf_safetensors("gpt2/model.safetensors", model, models::HfArch::gpt2);
+//   models::export_hf_safetensors("out/model.safetensors", model, models::HfArch::llama);   // a Llama
+//
+// The name map (hf_name_map): for every dtensor parameter, the HF tensors it is made of and which
+// row of which one each of its rows is (weights as [out, in] rows; vectors as rows of one):
+//   GPT-2 ("transformer." prefix optional on import): wte, wpe (the first cfg.seq rows of a
+//   longer table), h.N.ln_1/ln_2 -> h.N.ln1/ln2, ln_f; attn.c_attn [C, 3C] is a Conv1D (x W + b:
+//   [in, out], transposed here) whose columns are all q heads, all k, all v: dtensor's qkv rows
+//   are per head (q, k, v of head h at rows [3hD, 3(h+1)D), nn/attention.hpp), so its rows are
+//   c_attn's columns regrouped; attn.c_proj, mlp.c_fc, mlp.c_proj are Conv1Ds (transposed) to
+//   attn.proj, mlp.fc1, mlp.fc2. lm_head.weight if the file has it, else wte (GPT-2 ties them).
+//   Llama ("model." prefix): embed_tokens -> wte; input_layernorm / post_attention_layernorm ->
+//   ln1 / ln2; self_attn.q_proj [HD, C], k_proj, v_proj [KD, C] -> qkv, grouped by KV head g:
+//   its G = H/K query heads, then k head g, then v head g; o_proj -> attn.proj; mlp.gate_proj and
+//   up_proj [F, C] -> mlp.w13 with alternating rows (2j gate j, 2j+1 up j, nn/swiglu.hpp);
+//   down_proj -> w2; model.norm -> ln_f; lm_head (else embed_tokens: tie_word_embeddings). The
+//   rotary layout needs no permutation: ops::rotary pairs features (i, i + D/2) as HF's
+//   rotate_half does. The user sets what HF's config.json says: rope_theta, norm_eps
+//   (rms_norm_eps / layer_norm_epsilon), kv_heads, ffn; GPT-2's activation is gelu_new, which
+//   ops::gelu is.
+// Import: every rank reads the whole HF tensors it needs (the regrouping and transposes take
+// whole rows and columns; memory: one copy of the model in double per rank, so for models that
+// fit a host, not for 70B ones), builds the dtensor tensors and copies its own boxes of them into
+// its parameters (checkpoint::parameter_slots: any mesh, any layout). F32/F64/BF16 files, one file
+// or an index (*.index.json). A tensor missing or of other extents is an error naming it, the HF
+// name and both shapes, agreed on by every rank.
+// Export: checkpoint::export_safetensors (collective, every rank writing its boxes) into a file in
+// dtensor's names next to the target, which rank 0 converts to the HF names and layout (the
+// parameters' element type), then removes. scripts/hf_fixtures.py writes HF-layout files with
+// numpy, and the reference logits tests/unit/test_llama.cpp compares with.
+#pragma once
+
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <numeric>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dtensor/checkpoint/detail/agree.hpp"
+#include "dtensor/checkpoint/safetensors.hpp"
+#include "dtensor/models/gpt.hpp"
+
+namespace dtensor::models {
+
+enum class HfArch { gpt2, llama };
+
+/// One dtensor parameter from HF tensors: its rows, each a row of one source (sources as
+/// [out, in] matrices: a Conv1D source is transposed; a vector is a column of rows of one).
+struct HfPiece {
+  std::string name;                       // dtensor's
+  std::vector<Extent> shape;              // dtensor's
+  struct Source {
+    std::string name;                     // HF's
+    std::vector<Extent> shape;            // HF's, as stored
+    bool transposed = false;              // Conv1D: stored [in, out]
+    bool prefix_rows = false;             // import may find more rows (a longer position table)
+  };
+  std::vector<Source> sources;
+  std::vector<std::pair<int, Extent>> rows;  // dtensor row r = row rows[r].second of sources[rows[r].first]
+};
+
+/// The name map of a model of configuration c (see the top of this file).
+inline std::vector<HfPiece> hf_name_map(const nn::GPTConfig& c, HfArch arch) {
+  const Extent C = c.dim, H = c.heads, D = c.dim / c.heads, K = c.kv_heads > 0 ? c.kv_heads : c.heads;
+  const Extent F = c.ffn > 0 ? c.ffn : c.mlp_ratio * c.dim, V = c.vocab;
+  std::vector<HfPiece> out;
+  using S = HfPiece::Source;
+  auto identity = [](Extent n) {
+    std::vector<std::pair<int, Extent>> r;
+    for (Extent i = 0; i < n; ++i) r.emplace_back(0, i);
+    return r;
+  };
+  // A matrix [rows, cols] (or a vector [rows]) taken whole from one source.
+  auto whole = [&](std::string name, std::vector<Extent> shape, S src) {
+    const Extent rows = shape[0];
+    out.push_back({std::move(name), std::move(shape), {std::move(src)}, identity(rows)});
+  };
+  if (arch == HfArch::gpt2) {
+    const std::string p = "transformer.";
+    whole("wte.weight", {V, C}, {p + "wte.weight", {V, C}});
+    whole("wpe.weight", {c.seq, C}, {p + "wpe.weight", {c.seq, C}, false, true});
+    for (Extent l = 0; l < c.layers; ++l) {
+      const std::string d = "h." + std::to_string(l) + ".", h = p + d;
+      for (const char* wb : {"weight", "bias"}) {
+        whole(d + "ln1." + wb, {C}, {h + "ln_1." + wb, {C}});
+        whole(d + "ln2." + wb, {C}, {h + "ln_2." + wb, {C}});
+      }
+      // c_attn columns [part * C + head * D + i] -> qkv rows [head * 3D + part * D + i].
+      std::vector<std::pair<int, Extent>> qkv;
+      for (Extent head = 0; head < H; ++head)
+        for (Extent part = 0; part < 3; ++part)
+          for (Extent i = 0; i < D; ++i) qkv.emplace_back(0, part * C + head * D + i);
+      out.push_back({d + "attn.qkv.weight", {3 * C, C}, {{h + "attn.c_attn.weight", {C, 3 * C}, true}}, qkv});
+      out.push_back({d + "attn.qkv.bias", {3 * C}, {{h + "attn.c_attn.bias", {3 * C}}}, qkv});
+      whole(d + "attn.proj.weight", {C, C}, {h + "attn.c_proj.weight", {C, C}, true});
+      whole(d + "attn.proj.bias", {C}, {h + "attn.c_proj.bias", {C}});
+      whole(d + "mlp.fc1.weight", {F, C}, {h + "mlp.c_fc.weight", {C, F}, true});
+      whole(d + "mlp.fc1.bias", {F}, {h + "mlp.c_fc.bias", {F}});
+      whole(d + "mlp.fc2.weight", {C, F}, {h + "mlp.c_proj.weight", {F, C}, true});
+      whole(d + "mlp.fc2.bias", {C}, {h + "mlp.c_proj.bias", {C}});
+    }
+    for (const char* wb : {"weight", "bias"}) whole(std::string("ln_f.") + wb, {C}, {p + "ln_f." + wb, {C}});
+    whole("lm_head.weight", {V, C}, {"lm_head.weight", {V, C}});
+  } else {
+    const std::string p = "model.";
+    const Extent G = H / K;
+    whole("wte.weight", {V, C}, {p + "embed_tokens.weight", {V, C}});
+    for (Extent l = 0; l < c.layers; ++l) {
+      const std::string d = "h." + std::to_string(l) + ".", h = p + "layers." + std::to_string(l) + ".";
+      whole(d + "ln1.weight", {C}, {h + "input_layernorm.weight", {C}});
+      whole(d + "ln2.weight", {C}, {h + "post_attention_layernorm.weight", {C}});
+      std::vector<std::pair<int, Extent>> qkv;  // per KV group: G query heads, its k head, its v head
+      for (Extent g = 0; g < K; ++g) {
+        for (Extent i = 0; i < G * D; ++i) qkv.emplace_back(0, g * G * D + i);
+        for (int kv = 1; kv <= 2; ++kv)
+          for (Extent i = 0; i < D; ++i) qkv.emplace_back(kv, g * D + i);
+      }
+      out.push_back({d + "attn.qkv.weight",
+                     {(H + 2 * K) * D, C},
+                     {{h + "self_attn.q_proj.weight", {H * D, C}},
+                      {h + "self_attn.k_proj.weight", {K * D, C}},
+                      {h + "self_attn.v_proj.weight", {K * D, C}}},
+                     qkv});
+      whole(d + "attn.proj.weight", {C, C}, {h + "self_attn.o_proj.weight", {C, C}});
+      std::vector<std::pair<int, Extent>> w13;
+      for (Extent j = 0; j < F; ++j) w13.emplace_back(0, j), w13.emplace_back(1, j);
+      out.push_back({d + "mlp.w13.weight",
+                     {2 * F, C},
+                     {{h + "mlp.gate_proj.weight", {F, C}}, {h + "mlp.up_proj.weight", {F, C}}},
+                     w13});
+      whole(d + "mlp.w2.weight", {C, F}, {h + "mlp.down_proj.weight", {C, F}});
+    }
+    whole("ln_f.weight", {C}, {p + "norm.weight", {C}});
+    whole("lm_head.weight", {V, C}, {"lm_head.weight", {V, C}});
+  }
+  return out;
+}
+
+namespace detail {
+
+/// Reads HF tensors whole (as double) from one file or an index; names resolved with or
+/// without GPT-2's "transformer." prefix, lm_head falling back to the tied embedding.
+class HfReader {
+ public:
+  explicit HfReader(const std::filesystem::path& path) : path_(path) {
+    if (path.string().ends_with(".index.json")) file_of_ = checkpoint::safetensors::read_index(path);
+  }
+  /// The stored name of `name`, or "" when the file has none.
+  std::string resolve(const std::string& name, HfArch arch) {
+    std::vector<std::string> tries{name};
+    if (name.starts_with("transformer.")) tries.push_back(name.substr(12));
+    if (name == "lm_head.weight")
+      for (const char* tied : {"transformer.wte.weight", "wte.weight", "model.embed_tokens.weight"})
+        if ((arch == HfArch::gpt2) == !std::string(tied).starts_with("model.")) tries.push_back(tied);
+    for (const auto& t : tries)
+      if (info(t)) return t;
+    return {};
+  }
+  const checkpoint::safetensors::TensorEntry* info(const std::string& name) {
+    const auto* f = file(name);
+    if (!f) return nullptr;
+    auto it = f->tensors.find(name);
+    return it == f->tensors.end() ? nullptr : &it->second;
+  }
+  std::vector<double> read(const std::string& name) {
+    const auto* f = file(name);
+    const auto& e = f->tensors.at(name);
+    Extent n = 1;
+    for (Extent d : e.shape) n *= d;
+    std::vector<double> v(static_cast<std::size_t>(n));
+    checkpoint::safetensors::read_box(*f, name, checkpoint::Region{std::vector<Extent>(e.shape.size(), 0), e.shape}, v.data());
+    return v;
+  }
+
+ private:
+  const checkpoint::safetensors::FileInfo* file(const std::string& name) {
+    std::filesystem::path p = path_;
+    if (!file_of_.empty()) {
+      auto it = file_of_.find(name);
+      if (it == file_of_.end()) return nullptr;
+      p = it->second;
+    }
+    auto it = files_.find(p);
+    if (it == files_.end()) it = files_.emplace(p, checkpoint::safetensors::read_header(p)).first;
+    return &it->second;
+  }
+  std::filesystem::path path_;
+  std::map<std::string, std::filesystem::path> file_of_;
+  std::map<std::filesystem::path, checkpoint::safetensors::FileInfo> files_;
+};
+
+inline Extent cols_of(const std::vector<Extent>& shape) { return shape.size() == 2 ? shape[1] : 1; }
+
+/// Element (r, c) of a source as an [out, in] matrix (a vector: [n, 1]).
+inline double at(const std::vector<double>& v, const HfPiece::Source& s, Extent r, Extent c) {
+  if (s.transposed) return v[std::size_t(c * s.shape[1] + r)];
+  return v[std::size_t(r * cols_of(s.shape) + c)];
+}
+
+}  // namespace detail
+
+/// Fills the model's parameters from a Hugging Face checkpoint (one .safetensors file or an
+/// *.index.json). Collective over the model's mesh only in agreeing on errors.
+template <class Model>
+void import_hf_safetensors(const std::filesystem::path& path, Model& model, HfArch arch) {
+  constexpr const char* op = "models::import_hf_safetensors";
+  const nn::GPTConfig& cfg = model.config();
+  auto slots = checkpoint::parameter_slots(model.units(), model.mesh());
+  using T = typename decltype(slots)::value_type::value_type;
+  checkpoint::detail::agree(model.mesh().comm(), op, dtensor::detail::error_of([&] {
+    detail::HfReader reader(path);
+    std::map<std::string, const HfPiece*> piece_of;
+    const auto map = hf_name_map(cfg, arch);
+    for (const auto& p : map) piece_of[p.name] = &p;
+    for (auto& slot : slots) {
+      auto it = piece_of.find(slot.name);
+      if (it == piece_of.end())
+        throw Error(op, dtensor::detail::cat("parameter '", slot.name, "' has no Hugging Face name (not a ",
+                                             arch == HfArch::gpt2 ? "GPT-2" : "Llama", " model of this configuration?)"));
+      const HfPiece& piece = *it->second;
+      if (piece.shape != slot.shape)
+        throw Error(op, dtensor::detail::cat("parameter '", slot.name, "' is ", to_string(slot.shape), ", the map's ",
+                                             to_string(piece.shape)));
+      std::vector<std::vector<double>> data;
+      for (const auto& src : piece.sources) {
+        const std::string stored = reader.resolve(src.name, arch);
+        if (stored.empty())
+          throw Error(op, dtensor::detail::cat(path.string(), " has no tensor '", src.name, "' (for '", slot.name, "')"));
+        const auto& shape = reader.info(stored)->shape;
+        const bool ok = shape.size() == src.shape.size() &&
+                        (src.prefix_rows ? shape[0] >= src.shape[0] && shape.back() == src.shape.back() : shape == src.shape);
+        if (!ok)
+          throw Error(op, dtensor::detail::cat(path.string(), ": tensor '", stored, "' is ", to_string(shape), ", ",
+                                               slot.name, " needs ", to_string(src.shape),
+                                               src.prefix_rows ? " (or more rows)" : ""));
+        data.push_back(reader.read(stored));
+        data.back().resize(std::size_t(std::accumulate(src.shape.begin(), src.shape.end(), Extent(1), std::multiplies<>())));
+      }
+      // This rank's box of the dtensor tensor, row by row of the map.
+      const Extent cols = detail::cols_of(piece.shape);
+      checkpoint::safetensors::detail::for_each_run(slot.shape, slot.box, [&](Extent flat, Extent in_box, Extent count) {
+        for (Extent e = 0; e < count; ++e) {
+          const Extent r = (flat + e) / cols, col = (flat + e) % cols;
+          const auto [s, row] = piece.rows[std::size_t(r)];
+          slot.data[in_box + e] = T(detail::at(data[std::size_t(s)], piece.sources[std::size_t(s)], row, col));
+        }
+      });
+    }
+  }));
+}
+
+/// Writes the model's parameters as a Hugging Face checkpoint (one .safetensors file, HF names
+/// and layouts, the parameters' element type). Collective over the model's mesh.
+template <class Model>
+void export_hf_safetensors(const std::filesystem::path& path, Model& model, HfArch arch) {
+  constexpr const char* op = "models::export_hf_safetensors";
+  auto slots = checkpoint::parameter_slots(model.units(), model.mesh());
+  using T = typename decltype(slots)::value_type::value_type;
+  const std::filesystem::path staging = path.string() + ".dtensor-names";
+  checkpoint::export_safetensors(staging, model.mesh(), slots);
+  checkpoint::detail::agree(model.mesh().comm(), op, dtensor::detail::error_of([&] {
+    if (model.mesh().comm().rank() != 0) return;
+    const auto file = checkpoint::safetensors::read_header(staging);
+    std::map<std::string, std::vector<T>> hf;  // HF name -> values as stored
+    std::map<std::string, std::vector<Extent>> shapes;
+    for (const auto& piece : hf_name_map(model.config(), arch)) {
+      Extent n = 1;
+      for (Extent d : piece.shape) n *= d;
+      std::vector<double> v(static_cast<std::size_t>(n));
+      checkpoint::safetensors::read_box(file, piece.name, checkpoint::Region{std::vector<Extent>(piece.shape.size(), 0), piece.shape},
+                                        v.data());
+      const Extent cols = detail::cols_of(piece.shape);
+      for (const auto& src : piece.sources) {
+        shapes[src.name] = src.shape;
+        hf[src.name].resize(std::size_t(std::accumulate(src.shape.begin(), src.shape.end(), Extent(1), std::multiplies<>())));
+      }
+      for (std::size_t r = 0; r < piece.rows.size(); ++r) {
+        const auto [s, row] = piece.rows[r];
+        const auto& src = piece.sources[std::size_t(s)];
+        auto& dst = hf[src.name];
+        for (Extent c = 0; c < cols; ++c) {
+          const std::size_t at = src.transposed ? std::size_t(c * src.shape[1] + row) : std::size_t(row * detail::cols_of(src.shape) + c);
+          dst[at] = T(v[r * std::size_t(cols) + std::size_t(c)]);
+        }
+      }
+    }
+    std::vector<checkpoint::safetensors::Named<T>> named;
+    for (const auto& [name, values] : hf) named.push_back({name, shapes[name], values.data()});
+    checkpoint::safetensors::write(path, named);
+    std::filesystem::remove(staging);
+  }));
+}
+
+}  // namespace dtensor::models
