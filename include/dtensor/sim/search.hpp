@@ -213,7 +213,8 @@ inline std::string why_slower(const RankedPlan& slower, const RankedPlan& best) 
     if (t.mine - t.theirs > worst->mine - worst->theirs) worst = &t;
   std::ostringstream s;
   s.precision(3);
-  s << "+" << (slower.estimate.step_seconds - best.estimate.step_seconds) << " s; most from " << worst->name << " ("
+  const double gap = slower.estimate.step_seconds - best.estimate.step_seconds;  // < 0 where a dry run reordered them
+  s << (gap >= 0 ? "+" : "") << gap << " s; most from " << worst->name << " ("
     << worst->mine << " s vs " << worst->theirs << " s)";
   return s.str();
 }
