@@ -40,9 +40,11 @@
 //
 //   plan_at_scale --search --gpus 16384 --arch llama ... --seq 8192 --batch 2048 [--top 5 --finalists 12]
 //
-// --search: every plan of the model on --gpus GPUs (sim/search.hpp), ranked by the analytic
-// estimate (sim/analytic.hpp); the best --finalists are dry-run and ranked by the dry run's
-// estimate; the top --top printed with why each lost to the first.
+// --search: every plan of the model on --gpus GPUs (sim/search.hpp: tp, cp and its kind, pp with
+// its schedule, dp with DDP / ZeRO / HSDP, recomputation), ranked by the analytic estimate
+// (sim/analytic.hpp); the best --finalists are dry-run and ranked by the dry run's estimate (0:
+// the analytic ranking alone; the output's "ranked by" line says which); the top --top printed
+// with why each lost to the first.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -191,7 +193,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--published") o.published = true;
     else if (a == "--gpus") o.search_gpus = flag_value<long long>(a, value(), 1, 1LL << 31);
     else if (a == "--top") o.top = flag_value<int>(a, value(), 1, 1000);
-    else if (a == "--finalists") o.finalists = flag_value<int>(a, value(), 1, 1000);
+    else if (a == "--finalists") o.finalists = flag_value<int>(a, value(), 0, 1000);
     else if (a == "--rank-of") {
       const std::string spec = value();
       std::size_t begin = 0;
@@ -470,13 +472,15 @@ int run_search(const Options& o) {
   for (std::size_t i = 0; i < ranked.size() && finalists.size() < std::size_t(o.finalists); ++i) {
     const auto& sp = ranked[i].plan;
     Options f = o;
-    f.plan.model.checkpoint = sp.recompute;
+    const nn::Recompute rc = sp.recomputes();
+    f.plan.model.checkpoint = rc.full;
+    f.plan.model.recompute = rc.full ? nn::Recompute{} : rc;
     f.plan.batch = sp.batch;
     f.plan.microbatches = sp.microbatches();
-    f.plan.dp = sp.dp, f.plan.tp = sp.tp, f.plan.pp = sp.pp, f.plan.cp = sp.cp, f.plan.zero = sp.zero, f.plan.hsdp = 1;
+    f.plan.dp = sp.dp, f.plan.tp = sp.tp, f.plan.pp = sp.pp, f.plan.cp = sp.cp, f.plan.zero = sp.zero, f.plan.hsdp = sp.hsdp;
     f.plan.schedule = sp.schedule;
     f.plan.stages_per_rank = sp.stages_per_rank > 1 ? sp.stages_per_rank : 0;
-    f.plan.cp_kind = parallel::ContextKind::ring;
+    f.plan.cp_kind = parallel::parse_context_kind(sp.cp_kind);
     f.sp = sp.sp;
     sim::check_plan(f.plan);
     finalists.push_back({ranked[i], summarize(f, dry_run_any(f)), i});
@@ -489,6 +493,19 @@ int run_search(const Options& o) {
               "%zu finalists dry-run; %.2f s in all\n",
               o.llama ? "llama" : "gpt", model.params() / 1e9, (long long)model.seq, (long long)o.plan.batch,
               o.search_gpus, o.hardware.name.c_str(), ranked.size(), analytic_seconds, finalists.size(), total);
+  if (finalists.empty()) {  // --finalists 0: the analytic ranking alone
+    std::printf("ranked by: the analytic estimate (sim/analytic.hpp; no plan dry-run: --finalists 0)\n");
+    for (std::size_t i = 0; i < ranked.size() && i < std::size_t(o.top); ++i) {
+      std::printf("%zu. %s: step %.3f s (analytic), MFU %.1f %%, memory %s\n", i + 1, sim::describe(ranked[i].plan).c_str(),
+                  ranked[i].estimate.step_seconds, 100 * ranked[i].estimate.mfu,
+                  sim::detail::human_bytes(ranked[i].estimate.memory_bytes).c_str());
+      if (i > 0) std::printf("   analytic: %s\n", sim::why_slower(ranked[i], ranked.front()).c_str());
+    }
+    if (!o.rank_of.empty()) print_rank_of(o, model, ranked);
+    return 0;
+  }
+  std::printf("ranked by: the simulated step (the real step on meta space, sim::estimate_plan) of the %zu analytic "
+              "best; below them the analytic estimate alone decides\n", finalists.size());
   const auto& best = finalists.front();
   for (std::size_t i = 0; i < finalists.size() && i < std::size_t(o.top); ++i) {
     const auto& f = finalists[i];

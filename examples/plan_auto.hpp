@@ -8,14 +8,17 @@
 //   choice.report;   // the chosen plan and the runners-up, each with why it lost to the first
 //
 // Enumerated: every factorization ranks = pp x data x cp x tp with tp dividing the heads (and a
-// Llama's KV heads), cp splitting the sequence in 2 cp load-balanced chunks, pp at most the
-// layers; the data ranks either DDP (--dp) or ZeRO-1/2/3 (--fsdp; HSDP is not modelled by the
-// estimate, so not chosen); micro-batches M dividing the batch with each micro-batch split evenly
-// over the data ranks; 1F1B, and interleaved (2 stages per rank, as the trainer runs it) where
-// M is a multiple of pp; SP whenever tp > 1; the ring for cp. Kept as given: --checkpoint
-// (recompute), --dtype, --ep (the estimate has no experts: the token ranks must be a multiple of
-// it). The times are those of the device the estimate is for (H100 unless --plan-device), not of
-// this machine's threads: the choice is what the plan would be on that hardware.
+// Llama's KV heads), cp splitting the sequence in 2 cp load-balanced chunks as a ring, an
+// all-gather of KV, or Ulysses (the heads a multiple of tp x cp), pp at most the layers; the
+// data ranks either DDP (--dp) or ZeRO-1/2/3 (--fsdp), or HSDP (ZeRO over --fsdp shards, --dp
+// replicas); micro-batches M dividing the batch with each micro-batch split evenly over the data
+// ranks; 1F1B, interleaved (2 stages per rank, as the trainer runs it) where M is a multiple of
+// pp, ZB-H1 (M >= pp), ZB-V and DualPipeV (M >= 2 pp); SP whenever tp > 1; recomputation none,
+// selective, act, core_attn,norm,act, core_attn,norm,mlp or full unless --checkpoint or
+// --recompute is given. Kept as given: --dtype, --ep (the estimate has no experts: the token
+// ranks must be a multiple of it). The times are those of the device the estimate is for (H100
+// unless --plan-device; --plan-device-field NAME=VALUE sets one of its fields, sim/device.hpp),
+// not of this machine's threads: the choice is what the plan would be on that hardware.
 #pragma once
 
 #include <algorithm>
@@ -34,11 +37,13 @@ namespace examples {
 struct PlanModel {
   std::int64_t layers = 1, heads = 1, kv_heads = 0, dim = 1, ffn = 0, vocab = 256, seq = 2, batch = 1;
   bool llama = false, bf16 = false, checkpoint = false;
+  dtensor::nn::Recompute recompute{};  // --recompute; with --checkpoint: kept as given, else chosen
   int ep = 1;  // kept: the token ranks (data x cp) must be a multiple of it
 };
 
 struct PlanChoice {
   MeshFlags mesh;
+  dtensor::nn::Recompute recompute;  // what the blocks recompute (full: --checkpoint)
   dtensor::sim::RankedPlan best;
   std::size_t considered = 0, fitting = 0;
   std::string report;  // printed by rank 0 before training
@@ -52,26 +57,29 @@ inline std::vector<int> divisors(int n) {
   return d;
 }
 
-/// The trainer's flags for an analytic plan (data ranks on --dp under DDP, on --fsdp under ZeRO).
+/// The trainer's flags for an analytic plan (data ranks on --dp under DDP, on --fsdp under ZeRO,
+/// split --dp replicas x --fsdp shards under HSDP).
 inline MeshFlags mesh_of(const dtensor::sim::PlanShape& p, int ep) {
   MeshFlags f;
   f.pp = p.pp, f.cp = p.cp, f.tp = p.tp, f.ep = ep;
-  f.dp = p.zero == 0 ? p.dp : 1;
-  f.fsdp = p.zero == 0 ? 1 : p.dp;
+  f.dp = p.zero == 0 ? p.dp : p.hsdp;
+  f.fsdp = p.zero == 0 ? 1 : p.dp / p.hsdp;
   f.zero = p.zero == 0 ? 1 : p.zero;  // the trainer's ZeRO-1 on one fsdp rank is DDP
   f.sp = p.tp > 1;
-  f.cp_kind = dtensor::nn::ContextKind::ring;
-  f.schedule = p.stages_per_rank > 1 ? "interleaved" : "1f1b";
+  f.cp_kind = dtensor::nn::parse_context_kind(p.cp_kind);
+  f.schedule = p.schedule;
   f.microbatches = p.microbatches();
   return f;
 }
 
-inline std::string flags_of(const MeshFlags& f) {
+inline std::string flags_of(const MeshFlags& f, const dtensor::nn::Recompute& rc = {}) {
   std::ostringstream s;
   s << "--pp " << f.pp << " --dp " << f.dp << " --fsdp " << f.fsdp << " --cp " << f.cp << " --tp " << f.tp;
   if (f.fsdp > 1) s << " --zero " << f.zero;
+  if (f.cp > 1) s << " --cp-kind " << dtensor::nn::name_of(f.cp_kind);
   s << (f.sp ? " --sp" : " --no-sp") << " --schedule " << f.schedule << " --microbatches " << f.microbatches;
   if (f.ep > 1) s << " --ep " << f.ep;
+  if (!rc.none()) s << " --recompute " << rc.to_string();
   return s.str();
 }
 }  // namespace detail
@@ -87,6 +95,11 @@ inline PlanChoice choose_plan(const PlanModel& m, int ranks, const dtensor::sim:
   const std::int64_t kv = m.kv_heads > 0 ? m.kv_heads : m.heads;
   PlanChoice out;
   std::vector<sim::RankedPlan> ranked;
+  // Recomputation: as given (--checkpoint, --recompute), else each of the search's choices.
+  const bool given = m.checkpoint || !m.recompute.none();
+  std::vector<dtensor::nn::Recompute> recomputes{m.recompute};
+  if (m.checkpoint) recomputes.front().full = true;
+  if (!given) recomputes = sim::detail::recompute_choices(true);
   for (const int tp : detail::divisors(ranks)) {
     if (m.heads % tp != 0 || (m.llama && kv % tp != 0)) continue;
     for (const int cp : detail::divisors(ranks / tp)) {
@@ -97,19 +110,38 @@ inline PlanChoice choose_plan(const PlanModel& m, int ranks, const dtensor::sim:
         if ((std::int64_t(data) * cp) % m.ep != 0) continue;
         for (std::int64_t mb = 1; mb <= m.batch; ++mb) {
           if (m.batch % mb != 0 || (m.batch / mb) % data != 0) continue;
-          for (const int v : {1, 2}) {
-            if (v == 2 && (pp == 1 || mb % pp != 0 || m.layers < 2 * std::int64_t(pp))) continue;
-            for (const int zero : {0, 1, 2, 3}) {
-              if (zero > 0 && data == 1) continue;
-              sim::PlanShape p{.batch = m.batch, .microbatch = m.batch / mb / data, .dp = data, .tp = tp, .pp = pp,
-                               .cp = cp, .zero = zero, .sp = tp > 1, .recompute = m.checkpoint,
-                               .schedule = v > 1 ? "interleaved" : "1f1b", .stages_per_rank = v, .cp_kind = "ring",
-                               .bf16 = m.bf16};
-              ++out.considered;
-              auto est = sim::analytic_estimate(shape, p, hw);
-              if (est.fits) ranked.push_back({std::move(p), est});
-            }
+          std::vector<std::pair<const char*, int>> schedules{{"1f1b", 1}};
+          if (pp > 1) {
+            if (mb % pp == 0 && m.layers >= 2 * std::int64_t(pp)) schedules.push_back({"interleaved", 2});
+            if (mb >= pp) schedules.push_back({"zb", 1});
+            if (mb >= 2 * pp && m.layers >= 2 * std::int64_t(pp)) schedules.push_back({"zbv", 2}), schedules.push_back({"dualpipev", 2});
           }
+          std::vector<const char*> cp_kinds{"ring"};
+          if (cp > 1) {
+            cp_kinds.push_back("allgather");
+            if (m.heads % (std::int64_t(tp) * cp) == 0) cp_kinds.push_back("ulysses");
+          }
+          for (const auto& [schedule, v] : schedules)
+            for (const char* cp_kind : cp_kinds)
+              for (const int zero : {0, 1, 2, 3}) {
+                if (zero > 0 && data == 1) continue;
+                for (const int hsdp : detail::divisors(data)) {
+                  if (hsdp > 1 && (zero == 0 || hsdp == data)) continue;  // HSDP: replicas of ZeRO shards
+                  std::vector<dtensor::nn::Recompute> fitting;  // recomputing more than one of them only costs time
+                  for (const auto& rc : recomputes) {
+                    if (std::any_of(fitting.begin(), fitting.end(),
+                                    [&](const dtensor::nn::Recompute& f) { return sim::detail::repeats_no_more(f, rc); }))
+                      continue;
+                    sim::PlanShape p{.batch = m.batch, .microbatch = m.batch / mb / data, .dp = data, .tp = tp, .pp = pp,
+                                     .cp = cp, .zero = zero, .sp = tp > 1, .recompute = rc.full, .recompute_modules = rc,
+                                     .hsdp = hsdp, .schedule = schedule, .stages_per_rank = v, .cp_kind = cp_kind,
+                                     .bf16 = m.bf16};
+                    ++out.considered;
+                    auto est = sim::analytic_estimate(shape, p, hw);
+                    if (est.fits) fitting.push_back(rc), ranked.push_back({std::move(p), est});
+                  }
+                }
+              }
         }
       }
     }
@@ -129,14 +161,16 @@ inline PlanChoice choose_plan(const PlanModel& m, int ranks, const dtensor::sim:
   out.fitting = ranked.size();
   out.best = ranked.front();
   out.mesh = detail::mesh_of(out.best.plan, m.ep);
+  out.recompute = out.best.plan.recomputes();
   std::ostringstream s;
   s.precision(4);
   s << "plan auto: " << out.fitting << " of " << out.considered << " plans for " << ranks << " ranks fit " << hw.name
-    << " (sim::analytic_estimate, docs/dry-run.md); the fastest:\n  " << detail::flags_of(out.mesh) << "  ("
+    << " (ranked by sim::analytic_estimate, not dry-run; docs/dry-run.md); the fastest:\n  "
+    << detail::flags_of(out.mesh, out.recompute) << "  ("
     << sim::describe(out.best.plan) << "): step " << out.best.estimate.step_seconds << " s on " << hw.name
     << ", MFU " << 100 * out.best.estimate.mfu << " %, memory " << out.best.estimate.memory_bytes / 1e9 << " GB\n";
   for (std::size_t i = 1; i < ranked.size() && i <= runners_up; ++i)
-    s << "  #" << i + 1 << " " << detail::flags_of(detail::mesh_of(ranked[i].plan, m.ep)) << ": "
+    s << "  #" << i + 1 << " " << detail::flags_of(detail::mesh_of(ranked[i].plan, m.ep), ranked[i].plan.recomputes()) << ": "
       << sim::why_slower(ranked[i], ranked.front()) << "\n";
   out.report = s.str();
   return out;
@@ -150,6 +184,7 @@ template <class Options>
 void apply_plan_auto(Options& o, const std::string& mesh_flag) {
   if (o.plan.empty()) {
     if (o.plan_ranks != 0) throw UsageError("--ranks is for --plan auto (otherwise the mesh flags give the ranks)");
+    if (!o.plan_device_fields.empty()) throw UsageError("--plan-device-field is for --plan auto");
     return;
   }
   if (o.plan != "auto") throw UsageError("--plan is auto (the only plan it chooses), got '" + o.plan + "'");
@@ -166,12 +201,24 @@ void apply_plan_auto(Options& o, const std::string& mesh_flag) {
   } catch (const dtensor::Error& e) {
     throw UsageError(std::string("--plan-device: ") + e.what());
   }
+  for (const auto& field : o.plan_device_fields) {  // --plan-device-field NAME=VALUE (sim/device.hpp's fields)
+    const auto eq = field.find('=');
+    if (eq == std::string::npos) throw UsageError("--plan-device-field " + field + ": expected NAME=VALUE");
+    try {
+      dtensor::sim::set_device_field(hw, field.substr(0, eq), field.substr(eq + 1));
+      hw.check("--plan-device-field");
+    } catch (const dtensor::Error& e) {
+      throw UsageError(std::string("--plan-device-field: ") + e.what());
+    }
+  }
   const PlanModel m{.layers = o.layers, .heads = o.heads, .kv_heads = o.kv_heads, .dim = o.dim, .ffn = o.ffn,
                     .vocab = 256, .seq = o.seq, .batch = o.batch, .llama = o.arch == "llama", .bf16 = o.dtype == "bf16",
-                    .checkpoint = o.checkpoint, .ep = o.ep};
+                    .checkpoint = o.checkpoint, .recompute = o.recompute, .ep = o.ep};
   try {
     const PlanChoice choice = choose_plan(m, ranks, hw);
     static_cast<MeshFlags&>(o) = choice.mesh;
+    if (choice.recompute.full) o.checkpoint = true;
+    else o.recompute = choice.recompute;
     o.plan_report = choice.report;
   } catch (const dtensor::Error& e) {
     throw UsageError(e.what());

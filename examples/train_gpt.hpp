@@ -158,6 +158,7 @@ struct Options : examples::MeshFlags {  // the mesh: --pp --dp --fsdp --cp --tp 
   // --plan auto --ranks N [--plan-device h100|h200|a100]: the mesh flags chosen by the cost model
   // (examples/plan_auto.hpp); plan_report is what rank 0 prints about the choice.
   std::string plan, plan_device = "h100", plan_report;
+  std::vector<std::string> plan_device_fields;  // --plan-device-field NAME=VALUE, in order
   int plan_ranks = 0;
 };
 
@@ -209,8 +210,9 @@ inline const char* const usage =
     "  --host-budget-mib X / --device-budget-mib X (docs/offload.md): the host (GPU) memory this process's tensors may\n"
     "        hold, in MiB (decimals allowed); over it after building the model and optimizer, or in the first step, is an\n"
     "        error on every rank. With --offload optimizer and no --offload-buffer-kib, the budget sizes the buffer.\n"
-    "  --plan auto --ranks N [--plan-device h100|h200|a100]: the mesh flags (not given) chosen for N ranks by the\n"
-    "        dry run's cost model (examples/plan_auto.hpp, docs/dry-run.md), printed with why, then trained.\n";
+    "  --plan auto --ranks N [--plan-device h100|h200|a100] [--plan-device-field NAME=VALUE]: the mesh flags (not\n"
+    "        given) and the recomputation (unless --checkpoint/--recompute) chosen for N ranks by the dry run's cost\n"
+    "        model for that device (examples/plan_auto.hpp, docs/dry-run.md), printed with why, then trained.\n";
 
 using examples::flag_value;
 using examples::UsageError;
@@ -419,6 +421,7 @@ inline Options parse(int argc, char** argv, bool cuda_build) {
     else if (a == "--plan") o.plan = value();
     else if (a == "--ranks") o.plan_ranks = examples::mesh_flag(a, value());
     else if (a == "--plan-device") o.plan_device = value();
+    else if (a == "--plan-device-field") o.plan_device_fields.push_back(value());
     else if (a == "--backend") {
       o.backend = value();
       if (o.backend != "threads" && o.backend != "mpi" && o.backend != "nccl")

@@ -1416,7 +1416,9 @@ TEST_CASE("sim: --search ranks fitting plans by the analytic estimate, fast", "[
   const auto h100 = sim::device("h100");
   const auto started = std::chrono::steady_clock::now();
   const auto ranked = sim::search_plans(llama, {.gpus = 16384, .batch = 2048}, h100);
-  CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count() < 10);
+  // HSDP, three context kinds, zero-bubble schedules and six recomputation choices: ~20,000 fitting
+  // plans of ~10^5 considered, in seconds (the issue's bound is a minute on two cores).
+  CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count() < 40);
   REQUIRE(ranked.size() > 5);
   for (std::size_t i = 0; i < ranked.size(); ++i) {
     CHECK(ranked[i].plan.gpus() == 16384);
@@ -1425,9 +1427,10 @@ TEST_CASE("sim: --search ranks fitting plans by the analytic estimate, fast", "[
   }
   // The published plan's shape (TP 8, PP 16, DP 128) is among them; its gap to the best is
   // explained by a term of the estimate.
-  const auto published = std::find_if(ranked.begin(), ranked.end(), [](const sim::RankedPlan& r) {
-    return r.plan.tp == 8 && r.plan.pp == 16 && r.plan.dp == 128 && r.plan.cp == 1;
-  });
+  const auto is_published = [](const sim::RankedPlan& r) {
+    return r.plan.tp == 8 && r.plan.pp == 16 && r.plan.dp == 128 && r.plan.cp == 1 && r.plan.schedule == "interleaved";
+  };
+  const auto published = std::find_if(ranked.begin(), ranked.end(), is_published);
   REQUIRE(published != ranked.end());
   CHECK_THAT(sim::why_slower(*published, ranked.front()), Catch::Contains("most from"));
   // Why it is not in the top 5 (docs/dry-run.md, "Search"): only its recomputing variants fit;
@@ -1435,13 +1438,14 @@ TEST_CASE("sim: --search ranks fitting plans by the analytic estimate, fast", "[
   // activations (34/t per layer) they alone nearly fill the 72 GB budget (80 GB less the
   // reserve), and with the model states the total overflows it. Even then the pipeline bubble
   // of 16 micro-batches (dp 128) is the term that loses most to the first.
-  CHECK(published->plan.recompute);
+  // Per-module recomputation: the fastest variant that fits recomputes a module list, not the block.
+  CHECK_FALSE(published->plan.recomputes().none());
+  CHECK_FALSE(published->plan.recomputes().full);
   CHECK(published - ranked.begin() >= 5);
+  CHECK(ranked.front().plan.recomputes().none());  // the first fits without recomputing
   const auto all = sim::search_plans(llama, {.gpus = 16384, .batch = 2048, .keep_unfit = true}, h100);
   CHECK(all.size() > ranked.size());
-  const auto unfit = std::find_if(all.begin(), all.end(), [](const sim::RankedPlan& r) {
-    return r.plan.tp == 8 && r.plan.pp == 16 && r.plan.dp == 128 && r.plan.cp == 1;
-  });
+  const auto unfit = std::find_if(all.begin(), all.end(), is_published);
   REQUIRE(unfit != all.end());
   CHECK_FALSE(unfit->plan.recompute);
   CHECK_FALSE(unfit->estimate.fits);
@@ -1459,6 +1463,139 @@ TEST_CASE("sim: --search ranks fitting plans by the analytic estimate, fast", "[
   huge.dim = std::int64_t(1) << 40;
   huge.heads = 1;
   CHECK_THROWS_WITH(sim::analytic_estimate(huge, {.batch = 1 << 20}, h100), Catch::Contains("overflows"));
+}
+
+TEST_CASE("sim: the search recomputes per module where memory forces it, and not otherwise", "[sim][search][recompute]") {
+  // GPT-3 175B on 256 GPUs, batch 1024: on H100s (72 GB usable) the fastest plan fits only by
+  // recomputing a module (its variant without recomputation does not fit); on H200s (127 GB) the
+  // fastest recomputes nothing. Without per-module choices (none or full only) H100s get a
+  // slower plan: what selective recomputation buys.
+  const sim::ModelShape gpt{.layers = 96, .dim = 12288, .heads = 96, .vocab = 51200, .seq = 2048};
+  const auto h100 = sim::device("h100"), h200 = sim::device("h200");
+  const auto tight = sim::search_plans(gpt, {.gpus = 256, .batch = 1024}, h100);
+  const auto& best = tight.front();
+  INFO(sim::describe(best.plan));
+  CHECK_FALSE(best.plan.recomputes().none());
+  CHECK_FALSE(best.plan.recomputes().full);
+  CHECK_THAT(sim::describe(best.plan), Catch::Contains("recompute "));
+  sim::PlanShape bare = best.plan;
+  bare.recompute_modules = {};
+  const auto without = sim::analytic_estimate(gpt, bare, h100);
+  CHECK_FALSE(without.fits);
+  CHECK(without.step_seconds <= best.estimate.step_seconds);  // recomputation costs time, never saves it
+  CHECK(best.estimate.recompute_seconds > 0);
+  CHECK(best.estimate.memory_bytes < without.memory_bytes);
+  const auto coarse = sim::search_plans(gpt, {.gpus = 256, .batch = 1024, .recompute_modules = false}, h100);
+  CHECK(coarse.front().estimate.step_seconds > best.estimate.step_seconds);
+  const auto roomy = sim::search_plans(gpt, {.gpus = 256, .batch = 1024}, h200);
+  INFO(sim::describe(roomy.front().plan));
+  CHECK(roomy.front().plan.recomputes().none());
+  // Each module's memory and time in the estimate, one plan (TP 8 + SP): the saved units per layer
+  // of docs/dry-run.md's table (34, 32, 26, 20, 12, 2 of s b h / t bytes); recomputation never
+  // makes the step faster than none, and full is the slowest.
+  const sim::PlanShape base{.batch = 64, .microbatch = 1, .dp = 8, .tp = 8, .pp = 8, .schedule = "1f1b"};
+  double none_step = 0, slowest = 0;
+  for (const auto& [spec, units] : std::vector<std::pair<const char*, double>>{
+           {"none", 34}, {"selective", 32}, {"act", 26}, {"core_attn,norm,act", 20}, {"core_attn,norm,mlp", 12}, {"full", 2}}) {
+    sim::PlanShape p = base;
+    p.recompute_modules = nn::Recompute::parse(spec);
+    const auto e = sim::analytic_estimate(gpt, p, h100);
+    INFO(spec);
+    // activations = units x layers x in-flight micro-batches (+ one layer's recomputed state).
+    const double per_unit = 2048.0 * 12288 / 8 * 12 * 8;
+    const double recompute_peak = std::string(spec) == "none" ? 0 : std::string(spec) == "full" ? 34 * 2048.0 * 12288 / 8
+                                                                                                 : (34 - units) * 2048.0 * 12288 / 8;
+    CHECK(e.activations == Approx(units * per_unit + recompute_peak).epsilon(1e-9));
+    if (none_step == 0) none_step = e.step_seconds;
+    CHECK(e.step_seconds >= none_step);
+    if (std::string(spec) == "full") CHECK(e.step_seconds > slowest);
+    slowest = std::max(slowest, e.step_seconds);
+  }
+}
+
+TEST_CASE("sim: zero-bubble schedules in the analytic estimate are the executor's, simulated", "[sim][search][pipeline]") {
+  namespace pl = parallel::pipeline;
+  // The search stands a small simulation in for a large one (sim/analytic.hpp): check it against
+  // the full simulation of the schedule the executor runs, for several costs and sizes.
+  for (const char* kind : {"zb", "zbv", "dualpipev"})
+    for (const auto& [F, I, W] : std::vector<std::array<double, 3>>{{1, 1, 1}, {1, 1.6, 0.4}, {0.7, 1.2, 1.1}, {1, 3, 0.9}})
+      for (const auto& [p, m] : std::vector<std::pair<int, int>>{{4, 8}, {8, 24}, {16, 32}, {24, 48}}) {
+        INFO(kind << " p " << p << " m " << m << " F " << F << " I " << I << " W " << W);
+        const auto k = pl::parse_schedule_kind(kind);
+        const int v = pl::fixed_stages_per_rank(k);
+        const auto s = pl::make_schedule(k, p, m, v);
+        const auto t = pl::simulate(s, pl::Costs{.forward = F / v, .backward_input = I / v, .backward_weight = W / v});
+        const auto held = pl::detail::count_memory(s).peak_saved;
+        const auto est = sim::detail::zero_bubble_pipeline(kind, p, m, F, I, W);
+        const double idle = t.makespan - m * (F + I + W);
+        // Exact for ZB-H1 and ZB-V (the cost shares rounded to 1e-3); DualPipeV's grows slowly with p.
+        CHECK(est.idle == Approx(idle).epsilon(std::string(kind) == "dualpipev" && p > 16 ? 0.03 : 0.005));
+        CHECK(est.held == *std::max_element(held.begin(), held.end()));
+        // Fewer idle units than 1F1B's (p - 1)(F + I + W).
+        CHECK(idle < (p - 1) * (F + I + W));
+      }
+  // In a plan: the same shape under 1F1B, ZB-H1 and ZB-V: the same work, less bubble, 1F1B's memory.
+  const sim::ModelShape gpt{.layers = 96, .dim = 12288, .heads = 96, .vocab = 51200, .seq = 2048};
+  const auto h100 = sim::device("h100");
+  sim::PlanShape p{.batch = 256, .microbatch = 1, .dp = 8, .tp = 8, .pp = 8, .schedule = "1f1b"};
+  const auto one = sim::analytic_estimate(gpt, p, h100);
+  p.schedule = "zb";
+  const auto h1 = sim::analytic_estimate(gpt, p, h100);
+  p.schedule = "zbv", p.stages_per_rank = 2;
+  const auto zbv = sim::analytic_estimate(gpt, p, h100);
+  CHECK(h1.bubble_seconds < 0.7 * one.bubble_seconds);
+  CHECK(zbv.bubble_seconds < h1.bubble_seconds);
+  CHECK(h1.activations == Approx(one.activations));
+  CHECK(zbv.activations == Approx(one.activations));
+  CHECK(h1.compute_per_microbatch == Approx(one.compute_per_microbatch));
+  p.schedule = "dualpipev";
+  p.batch = 8 * 8;  // m = 8 < 2 pp
+  CHECK_THROWS_WITH(sim::analytic_estimate(gpt, p, h100), Catch::Contains("dualpipev needs m >= 2 pp"));
+  p.schedule = "zbv", p.stages_per_rank = 1;
+  CHECK_THROWS_WITH(sim::analytic_estimate(gpt, p, h100), Catch::Contains("puts 2 stage(s) on each rank"));
+}
+
+TEST_CASE("sim: HSDP and Ulysses in the analytic estimate and the search", "[sim][search]") {
+  const auto h100 = sim::device("h100");
+  // HSDP: ZeRO-3 over the 8 GPUs of a node, replicated 8 times, against ZeRO-3 over all 64: its
+  // per-micro-batch gathers ride NVLink (less exposed), its model states are sharded 8x less.
+  const sim::ModelShape gpt13{.layers = 40, .dim = 5120, .heads = 40, .vocab = 51200, .seq = 2048};
+  sim::PlanShape flat{.batch = 512, .microbatch = 1, .dp = 64, .zero = 3};
+  sim::PlanShape hsdp = flat;
+  hsdp.hsdp = 8;
+  const auto f = sim::analytic_estimate(gpt13, flat, h100), h = sim::analytic_estimate(gpt13, hsdp, h100);
+  CHECK(h.gather_seconds < f.gather_seconds);
+  CHECK(h.model_states > f.model_states);
+  CHECK(h.step_seconds < f.step_seconds);
+  CHECK_THROWS_WITH(sim::analytic_estimate(gpt13, {.batch = 512, .dp = 64, .hsdp = 8}, h100), Catch::Contains("under ZeRO 1..3"));
+  CHECK_THROWS_WITH(sim::analytic_estimate(gpt13, {.batch = 512, .dp = 64, .zero = 3, .hsdp = 3}, h100),
+                    Catch::Contains("hsdp 3 with dp 64"));
+  // Ulysses: all-to-alls exposed where the ring hides behind attention; the heads must split over tp x cp.
+  const sim::ModelShape llama{.layers = 32, .dim = 4096, .heads = 32, .kv_heads = 8, .ffn = 14336, .vocab = 128256,
+                              .seq = 32768, .llama = true};
+  sim::PlanShape ring{.batch = 64, .microbatch = 1, .dp = 8, .tp = 2, .cp = 4, .zero = 1, .cp_kind = "ring"};
+  sim::PlanShape ulysses = ring;
+  ulysses.cp_kind = "ulysses";
+  const auto r = sim::analytic_estimate(llama, ring, h100), u = sim::analytic_estimate(llama, ulysses, h100);
+  CHECK(u.cp_seconds > 0);
+  CHECK(u.compute_per_microbatch == Approx(r.compute_per_microbatch));  // the same attention pairs
+  ulysses.tp = 8, ulysses.cp = 8, ulysses.dp = 1;
+  CHECK_THROWS_WITH(sim::analytic_estimate(llama, ulysses, h100), Catch::Contains("ulysses splits the heads over tp x cp"));
+  // The search enumerates each new dimension, and a space without it has none of it.
+  const auto all = sim::search_plans(llama, {.gpus = 64, .batch = 64, .keep_unfit = true}, h100);
+  const auto count = [&](const std::vector<sim::RankedPlan>& v, auto pred) { return std::count_if(v.begin(), v.end(), pred); };
+  const auto is_hsdp = [](const sim::RankedPlan& x) { return x.plan.hsdp > 1; };
+  const auto is_ulysses = [](const sim::RankedPlan& x) { return x.plan.cp_kind == "ulysses"; };
+  const auto is_zb = [](const sim::RankedPlan& x) { return x.plan.zero_bubble(); };
+  const auto is_module = [](const sim::RankedPlan& x) { return x.plan.recomputes().modules() && !x.plan.recomputes().full; };
+  CHECK(count(all, is_hsdp) > 0);
+  CHECK(count(all, is_ulysses) > 0);
+  CHECK(count(all, is_zb) > 0);
+  CHECK(count(all, is_module) > 0);
+  const auto basic = sim::search_plans(llama, {.gpus = 64, .batch = 64, .keep_unfit = true, .hsdp = false, .cp_kinds = false,
+                                               .zero_bubble = false, .recompute_modules = false}, h100);
+  CHECK(count(basic, is_hsdp) + count(basic, is_ulysses) + count(basic, is_zb) + count(basic, is_module) == 0);
+  CHECK(basic.size() < all.size());
 }
 
 TEST_CASE("sim: once-per-step collectives are charged once, ZeRO-1 as a reduce-scatter", "[sim][cost][zero]") {

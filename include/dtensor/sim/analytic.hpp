@@ -27,11 +27,17 @@
 
 #include <algorithm>
 #include <cmath>
+#include <array>
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "dtensor/core/checked.hpp"
 #include "dtensor/core/error.hpp"
+#include "dtensor/nn/recompute.hpp"
+#include "dtensor/parallel/pipeline/by_name.hpp"
+#include "dtensor/parallel/pipeline/simulate.hpp"
+#include "dtensor/parallel/pipeline/validate.hpp"
 #include "dtensor/sim/cost_model.hpp"
 
 namespace dtensor::sim {
@@ -72,19 +78,30 @@ struct PlanShape {
   bool sp = true;               // sequence parallelism with tp
   bool recompute = false;       // full activation recomputation of every block
   bool selective = false;       // Korthikanti's selective recomputation: the attention core only
+  nn::Recompute recompute_modules{};  // per-module recomputation (nn/recompute.hpp; full = recompute)
+  int hsdp = 1;                 // ZeRO over dp / hsdp ranks, replicated hsdp times (HSDP; 1: plain)
   // The software the plan runs on (dtensor's own: fused attention, overlapped gradient
   // reduction; the Megatron-LM of Narayanan 2021 / Korthikanti 2022: neither).
   bool fused_attention = true;  // false: scores in HBM (QK^T, softmax, dropout, AV as separate kernels)
   bool overlap_gradient_reduction = true;
-  std::string schedule = "1f1b";
-  int stages_per_rank = 1;      // interleaved: v
-  std::string cp_kind = "ring"; // ring or allgather
+  std::string schedule = "1f1b"; // gpipe, 1f1b, interleaved, zb, zbv, dualpipev (parallel/pipeline/by_name.hpp)
+  int stages_per_rank = 1;      // interleaved: v; zbv and dualpipev: 2
+  std::string cp_kind = "ring"; // ring, allgather or ulysses
   bool bf16 = true;
 
   std::int64_t gpus() const {
     return checked_product<std::int64_t>(std::array<std::int64_t, 4>{dp, tp, pp, cp}, "sim::PlanShape", "GPUs");
   }
   int microbatches() const { return int(batch / (std::int64_t(dp) * microbatch)); }
+  /// What the blocks recompute: `recompute` (full) and `selective` (core_attn) folded in.
+  nn::Recompute recomputes() const {
+    nn::Recompute r = recompute_modules;
+    r.full = r.full || recompute;
+    r.core_attn = r.core_attn || selective;
+    return r;
+  }
+  /// The pipeline's time beyond m (F + B) is its schedule's: the zero-bubble ones split B.
+  bool zero_bubble() const { return schedule == "zb" || schedule == "zbh1" || schedule == "zbv" || schedule == "dualpipev"; }
 };
 
 /// The memory reserve a plan must leave free of the device's memory: allocator fragmentation,
@@ -99,6 +116,7 @@ struct AnalyticEstimate {
   double compute_per_microbatch = 0;       // of which compute
   double tp_seconds = 0, cp_seconds = 0, pp_seconds = 0, gather_seconds = 0;  // exposed, per step
   double pipeline_seconds = 0, bubble_seconds = 0;
+  double recompute_seconds = 0;            // per step: the recomputed forward work (and its collectives)
   double gradient_reduction = 0, optimizer = 0, parameter_sync = 0;  // once per step, exposed
   double step_seconds = 0;
   double model_states = 0, activations = 0, logits = 0, memory_bytes = 0;
@@ -133,20 +151,96 @@ inline void check_plan_shape(const ModelShape& m, const PlanShape& p) {
   if (p.stages_per_rank < 1 || m.layers < std::int64_t(p.pp) * p.stages_per_rank)
     throw Error(op, dtensor::detail::cat(m.layers, " layers over pp ", p.pp, " x ", p.stages_per_rank, " stages"));
   if (p.zero < 0 || p.zero > 3) throw Error(op, dtensor::detail::cat("zero ", p.zero));
+  if (p.hsdp < 1 || p.dp % p.hsdp != 0 || (p.hsdp > 1 && p.zero == 0))
+    throw Error(op, dtensor::detail::cat("hsdp ", p.hsdp, " with dp ", p.dp, ", zero ", p.zero,
+                                         ": replicas dividing dp, under ZeRO 1..3"));
+  if (p.cp_kind != "ring" && p.cp_kind != "allgather" && p.cp_kind != "ulysses")
+    throw Error(op, "cp_kind '" + p.cp_kind + "': ring, allgather or ulysses");
+  if (p.cp_kind == "ulysses" && m.heads % (std::int64_t(p.tp) * p.cp) != 0)
+    throw Error(op, dtensor::detail::cat("ulysses splits the heads over tp x cp: heads ", m.heads, " over ", p.tp, " x ", p.cp));
+  // The schedule as the executor builds it (its own checks: DualPipeV's m >= 2 pp, v fixed).
+  namespace pl = parallel::pipeline;
+  const auto kind = pl::parse_schedule_kind(p.schedule);
+  const int fixed = pl::fixed_stages_per_rank(kind);
+  if (fixed != 0 && p.stages_per_rank != fixed)
+    throw Error(op, dtensor::detail::cat("schedule ", p.schedule, " puts ", fixed, " stage(s) on each rank, not ", p.stages_per_rank));
+  if (kind == pl::ScheduleKind::dual_pipe_v && p.microbatches() < 2 * p.pp)
+    throw Error(op, dtensor::detail::cat("dualpipev needs m >= 2 pp: m ", p.microbatches(), ", pp ", p.pp));
   check_model_sizes(m, p.batch, op);
 }
+
+namespace detail {
+/// A zero-bubble schedule's idle time on its busiest rank and the stage-micro-batches a rank
+/// holds at most, with F, I (the backward less its weight gradients) and W per micro-batch over a
+/// rank's stages: the executor's schedule (parallel/pipeline/generate_zero_bubble.hpp,
+/// generate_dualpipe.hpp) run on paper (pipeline::simulate) and counted (pipeline::validate's
+/// count_memory). Simulating 16,384-GPU plans one by one costs up to a second each, so where the
+/// schedule is in its steady regime (m >= p for ZB-H1, m >= 2p for ZB-V and DualPipeV) a small
+/// one stands in: their idle time is (p - 1) g(F, I, W), independent of m and, for ZB-H1 and
+/// ZB-V, of p (test_sim "zero-bubble schedules in the analytic estimate" checks both against
+/// the full simulation); DualPipeV's g grows slowly with p (1.37 at p 16, 1.38 at 32 for F 1,
+/// I 1.6, W 0.4), so it is simulated at min(p, 16) ranks.
+struct PipelineIdle {
+  double idle = 0;
+  double held = 1;
+};
+inline PipelineIdle zero_bubble_pipeline(const std::string& schedule, int pp, int mb, double F, double I, double W) {
+  namespace pl = parallel::pipeline;
+  const auto kind = pl::parse_schedule_kind(schedule);
+  const int v = pl::fixed_stages_per_rank(kind);
+  const bool h1 = kind == pl::ScheduleKind::zero_bubble_h1;
+  const bool steady = mb >= (h1 ? pp : 2 * pp);
+  const int ref_p = !steady ? pp : kind == pl::ScheduleKind::dual_pipe_v ? std::min(pp, 16) : std::min(pp, 4);
+  const int ref_m = !steady ? mb : 2 * ref_p;
+  PipelineIdle out;
+  if (!steady) {
+    const auto s = pl::make_schedule(kind, ref_p, ref_m, v);
+    const auto timeline = pl::simulate(s, pl::Costs{.forward = F / v, .backward_input = I / v, .backward_weight = W / v});
+    out.idle = std::max(0.0, timeline.makespan - ref_m * (F + I + W));
+    const auto held = pl::detail::count_memory(s).peak_saved;
+    out.held = *std::max_element(held.begin(), held.end());
+    return out;
+  }
+  // The idle time is homogeneous in (F, I, W): simulated once per schedule, size and cost shares
+  // rounded to 1e-3 (the search meets the same shares many times), scaled back by F + I + W.
+  const double total = F + I + W;
+  if (!(total > 0)) return out;
+  const auto key = std::array<long, 4>{long(kind) * 1000 + ref_p, std::lround(1000 * F / total), std::lround(1000 * I / total), 0};
+  thread_local std::map<std::array<long, 4>, double> idle_per_unit;
+  auto it = idle_per_unit.find(key);
+  if (it == idle_per_unit.end()) {
+    const double f = double(key[1]) / 1000, i = double(key[2]) / 1000, w = std::max(0.0, 1 - f - i);
+    const auto s = pl::make_schedule(kind, ref_p, ref_m, v);
+    const auto timeline = pl::simulate(s, pl::Costs{.forward = f / v, .backward_input = i / v, .backward_weight = w / v});
+    it = idle_per_unit.emplace(key, std::max(0.0, timeline.makespan - ref_m * (f + i + w)) / (ref_p - 1)).first;
+  }
+  out.idle = total * it->second * double(pp - 1);
+  // As count_memory gives them in the steady regime (tested): 1F1B's p; the V's 2p (+1).
+  out.held = h1 ? pp : kind == pl::ScheduleKind::dual_pipe_v ? 2 * pp + 1 : 2 * pp;
+  return out;
+}
+}  // namespace detail
 
 /// The plan's step and memory from formulas (see the synopsis).
 inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& p, const Hardware& hw_in,
                                           const Calibration& cal = calibration) {
   check_plan_shape(m, p);
+  namespace pl = parallel::pipeline;
   Hardware hw = hw_in;
   hw.fp32 = !p.bf16;
-  const Topology topo(std::array<std::string_view, 4>{"pp", "dp", "cp", "tp"}, std::array{p.pp, p.dp, p.cp, p.tp}, hw);
+  const nn::Recompute rc = p.recomputes();
+  const bool full = rc.full;
+  // The data ranks as (replicas, shards), shards inner (models/training_plan.hpp's HSDP mesh):
+  // ZeRO shards, gathers and reduce-scatters over "dp" = dp / hsdp; the replicas all-reduce the
+  // shard over "rep". Without HSDP "rep" has size 1 and "dp" is every data rank.
+  const int shards = p.dp / p.hsdp;
+  const Topology topo(std::array<std::string_view, 5>{"pp", "rep", "dp", "cp", "tp"},
+                      std::array{p.pp, p.hsdp, shards, p.cp, p.tp}, hw);
   const double e = p.bf16 ? 2 : 4;
   const double t = p.tp, h = double(m.dim), f = double(m.width()), hd = double(m.head_dim());
   const double kvd = double(m.kv()) * hd, b = double(p.microbatch), s = double(m.seq);
   const double n = b * s / p.cp;  // tokens of a micro-batch on a rank
+  const double split = p.sp ? t : 1;  // what divides a block input's tokens on a rank (SP)
   const int mb = p.microbatches(), v = p.stages_per_rank;
   const double layers_per_rank = double(m.layers) / p.pp;
   auto gemm = [&](double rows, double k, double cols) {
@@ -154,11 +248,13 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
                                 std::int64_t(e * rows * cols)};
     return op_seconds(r, hw, cal);
   };
+  auto memory_bound = [&](double bytes) { return op_seconds({"add_", 0, std::int64_t(bytes), 0}, hw, cal); };
   // One block's forward GEMMs on a rank (the dW and dX GEMMs of backward have the same sizes).
   const double mlp = m.llama ? gemm(n, h, 2 * f / t) + gemm(n, f / t, h) : gemm(n, h, f / t) + gemm(n, f / t, h);
   const double gemms = gemm(n, h, (h + 2 * kvd) / t) + gemm(n, h / t, h) + mlp;
   // Attention over the causal (query, key) pairs of this rank's queries: a rank holds n / b
-  // queries of each sequence, and under load balancing each sees half the keys on average.
+  // queries of each sequence, and under load balancing each sees half the keys on average
+  // (Ulysses: the whole sequence for heads / cp, the same pairs).
   const double bh = b * double(m.heads) / t, pairs = (s / p.cp) * s / 2;
   const double qkv_bytes = e * n * (h + 2 * kvd) / t;
   double attn_fwd = 0, attn_bwd = 0;
@@ -178,9 +274,9 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
     const double core_gemms = batched(sq, hd, s) + batched(sq, s, hd);
     const double core_bytes = op_seconds({"softmax", 0, std::int64_t(13 * scores), 0}, hw, cal);
     attn_fwd = core_gemms + core_bytes;
-    attn_bwd = 2 * core_gemms + 2 * core_bytes + (p.selective ? attn_fwd : 0);
+    attn_bwd = 2 * core_gemms + 2 * core_bytes;
   }
-  const double pointwise = op_seconds({"add_", 0, std::int64_t(pointwise_bytes_per_token_dim * n * h / (p.sp ? t : 1)), 0}, hw, cal);
+  const double pointwise = memory_bound(pointwise_bytes_per_token_dim * n * h / split);
   // Tensor and context communication per layer, one direction.
   auto coll = [&](CollectiveKind k, const char* group, int size, double bytes) {
     CommRecord r{};
@@ -198,22 +294,40 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   if (p.cp > 1) {
     const double kv_chunk = e * n * kvd / std::max(1.0, std::min(t, double(m.kv())));
     if (p.cp_kind == "allgather") cp_layer = 2 * coll(CollectiveKind::all_gather, "cp", p.cp, kv_chunk * p.cp);
+    else if (p.cp_kind == "ulysses")  // q, k, v to head shards and the output back (nn/attention.hpp), exposed
+      cp_layer = 2 * coll(CollectiveKind::all_to_all, "cp", p.cp, e * n * h / t) + 2 * coll(CollectiveKind::all_to_all, "cp", p.cp, kv_chunk);
     else cp_hidden = 2 * (p.cp - 1) * coll(CollectiveKind::send_recv, "cp", p.cp, kv_chunk);
   }
   const double fwd_compute = gemms + attn_fwd + pointwise;
-  const double bwd_compute = 2 * gemms + attn_bwd + 2 * pointwise + (p.recompute ? fwd_compute : 0);
+  // Recomputation in backward (nn/recompute.hpp): full runs the block's forward again with its
+  // collectives; per module, what each recomputes: core_attn the attention core (and its context
+  // collectives), norm both norms (read and write of a block input each), act the MLP's
+  // activation, mlp ln2 and the whole feed-forward with its tensor-parallel all-gather and
+  // reduce-scatter (one of the block's two; all-reduce without SP).
+  const double norms = memory_bound(2 * 2 * e * n * h / split);
+  const double activation = memory_bound((m.llama ? 3 : 2) * e * n * f / t);
+  double recompute_compute = 0, recompute_comm = 0;
+  if (full) recompute_compute = fwd_compute, recompute_comm = tp_layer + cp_layer;
+  else {
+    if (rc.core_attn) recompute_compute += attn_fwd, recompute_comm += cp_layer + std::max(0.0, cp_hidden - attn_fwd);
+    if (rc.norm) recompute_compute += norms;
+    if (rc.mlp) recompute_compute += mlp + activation + (rc.norm ? 0 : norms / 2), recompute_comm += tp_layer / 2;
+    else if (rc.act) recompute_compute += activation;
+  }
+  const double bwd_compute = 2 * gemms + attn_bwd + 2 * pointwise + recompute_compute;
   const double fwd_layer = fwd_compute + tp_layer + cp_layer + std::max(0.0, cp_hidden - attn_fwd);
   // Under SP the column-wise Linears (qkv, fc1) gather their saved input shard again in backward
-  // (nn/linear.hpp): two more all-gathers, exposed like every TP collective here.
+  // (nn/linear.hpp): two more all-gathers, exposed like every TP collective here (the backward
+  // issues the gather before the GEMMs that need it, on the same stream: no overlap).
   const double tp_regather = p.tp > 1 && p.sp ? 2 * coll(CollectiveKind::all_gather, "tp", p.tp, act) : 0;
   const double bwd_layer =
-      bwd_compute + (p.recompute ? 2 : 1) * (tp_layer + cp_layer) + tp_regather + std::max(0.0, 2 * cp_hidden - attn_bwd);
+      bwd_compute + tp_layer + cp_layer + recompute_comm + tp_regather + std::max(0.0, 2 * cp_hidden - attn_bwd);
   // The head (logits GEMM, vocab-parallel over tp) and the pipeline sends, per micro-batch.
   const double head = gemm(n, h, double(m.vocab) / t);
-  const double send = p.pp == 1 ? 0 : coll(CollectiveKind::send, "pp", p.pp, act / (p.sp ? t : 1));
+  const double send = p.pp == 1 ? 0 : coll(CollectiveKind::send, "pp", p.pp, act / split);
   // ZeRO-3: every unit gathered each micro-batch forward and backward, prefetched behind compute.
   const double rank_params = m.params() / (double(p.pp) * t);
-  const double gather = p.zero == 3 && p.dp > 1 ? coll(CollectiveKind::all_gather, "dp", p.dp, 4 * rank_params) / layers_per_rank : 0;
+  const double gather = p.zero == 3 && shards > 1 ? coll(CollectiveKind::all_gather, "dp", shards, 4 * rank_params) / layers_per_rank : 0;
   AnalyticEstimate a;
   const double per_layer_f = fwd_layer + std::max(0.0, gather - fwd_compute);
   const double per_layer_b = bwd_layer + std::max(0.0, gather - bwd_compute);
@@ -222,41 +336,63 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   a.forward = layers_max * per_layer_f + head + send * v;
   a.backward = layers_max * per_layer_b + 2 * head + send * v;
   a.compute_per_microbatch = layers_max * (fwd_compute + bwd_compute) + 3 * head;
-  a.tp_seconds = mb * layers_max * (tp_layer * (p.recompute ? 3 : 2) + tp_regather);
-  a.cp_seconds = mb * layers_max * (2 * cp_layer + std::max(0.0, cp_hidden - attn_fwd) + std::max(0.0, 2 * cp_hidden - attn_bwd));
+  a.recompute_seconds = mb * layers_max * recompute_compute;
+  a.tp_seconds = mb * layers_max * (2 * tp_layer + tp_regather + (full ? tp_layer : rc.mlp ? tp_layer / 2 : 0));
+  a.cp_seconds = mb * layers_max * (2 * cp_layer + (recompute_comm - (full ? tp_layer : rc.mlp ? tp_layer / 2 : 0)) +
+                                    std::max(0.0, cp_hidden - attn_fwd) + std::max(0.0, 2 * cp_hidden - attn_bwd));
   a.pp_seconds = mb * 2 * send * v;
   a.gather_seconds = mb * layers_max * (std::max(0.0, gather - fwd_compute) + std::max(0.0, gather - bwd_compute));
   const double per_microbatch = a.forward + a.backward;
-  a.pipeline_seconds = (mb + double(p.pp - 1) / v) * per_microbatch;
-  a.bubble_seconds = double(p.pp - 1) / v * per_microbatch;
+  double in_flight = 1;  // stage-micro-batches of activations the first pipeline rank holds at most
+  if (p.zero_bubble() && p.pp > 1) {
+    const double w = std::min(a.backward, layers_max * gemms + head);
+    const auto bubble = detail::zero_bubble_pipeline(p.schedule, p.pp, mb, a.forward, a.backward - w, w);
+    a.bubble_seconds = bubble.idle;
+    a.pipeline_seconds = mb * per_microbatch + bubble.idle;
+    in_flight = bubble.held;
+  } else {
+    a.pipeline_seconds = (mb + double(p.pp - 1) / v) * per_microbatch;
+    a.bubble_seconds = double(p.pp - 1) / v * per_microbatch;
+    in_flight = p.pp == 1 ? 1 : std::min(double(mb) * v, double(p.pp) * v + (v > 1 ? p.pp : 0));
+  }
   // Once per step: the gradient reduction (fp32 reduce-scatter under ZeRO, bf16 all-reduce
-  // under DDP) behind the last backward, the optimizer (memory-bound), ZeRO's parameter sync.
-  const double d = p.dp;
+  // under DDP; HSDP: then an all-reduce of the shard over the replicas) behind the last
+  // backward, the optimizer (memory-bound), ZeRO's parameter sync.
   if (p.dp > 1) {
-    const double reduction = p.zero >= 1 ? coll(CollectiveKind::reduce_scatter, "dp", p.dp, 4 * rank_params)
-                                         : coll(CollectiveKind::all_reduce, "dp", p.dp, e * rank_params);
+    double reduction = p.zero >= 1 ? coll(CollectiveKind::reduce_scatter, "dp", shards, 4 * rank_params)
+                                   : coll(CollectiveKind::all_reduce, "dp", p.dp, e * rank_params);
+    if (p.hsdp > 1) reduction += coll(CollectiveKind::all_reduce, "rep", p.hsdp, 4 * rank_params / shards);
     // Behind the last micro-batch's backward *compute*, as the dry run's estimate hides it
     // (sim::comm_role): its exposed TP collectives do not hide the reduction.
     const double backward_compute = (layers_max * bwd_compute + 2 * head) / v;
     a.gradient_reduction = p.overlap_gradient_reduction ? std::max(0.0, reduction - backward_compute) : reduction;
-    if (p.zero == 1 || p.zero == 2) a.parameter_sync = coll(CollectiveKind::all_gather, "dp", p.dp, e * rank_params);
+    if ((p.zero == 1 || p.zero == 2) && shards > 1) a.parameter_sync = coll(CollectiveKind::all_gather, "dp", shards, e * rank_params);
   }
-  const double shard = p.zero >= 1 ? rank_params / d : rank_params;
+  const double shard = p.zero >= 1 ? rank_params / shards : rank_params;
   a.optimizer = op_seconds({"adamw_update", std::int64_t(12 * shard), std::int64_t((p.zero >= 1 ? 36 : 5 * e) * shard), 0}, hw, cal);
   a.step_seconds = a.pipeline_seconds + a.gradient_reduction + a.optimizer + a.parameter_sync;
   // Memory of the first pipeline rank (the most micro-batches in flight) and the last's logits.
   if (p.zero == 0) a.model_states = rank_params * (e + e + 2 * e);  // values, gradients, AdamW moments in T
   else {
     // ZeRO-1 keeps its fp32 gradient shard inside the full gradients' storage (issue 27).
-    const double values = p.zero == 3 ? 0 : 2, full_grads = p.zero == 1 ? 2 : 0, shard = p.zero == 1 ? 12 : 16;
-    a.model_states = rank_params * (values + full_grads + shard / d) + (p.zero >= 2 ? 2 * rank_params / layers_per_rank : 0);
+    const double values = p.zero == 3 ? 0 : 2, full_grads = p.zero == 1 ? 2 : 0, state = p.zero == 1 ? 12 : 16;
+    a.model_states = rank_params * (values + full_grads + state / shards) + (p.zero >= 2 ? 2 * rank_params / layers_per_rank : 0);
   }
-  // GPT's terms (Llama's too; docs/dry-run.md, Korthikanti Table 2): under SP every saved value is
-  // this rank's 1/t, the column-wise Linears' inputs included (nn/linear.hpp).
-  const double block_saved = (p.sp ? n * h * 34 / t : n * h * (8 + 26 / t)) * (e / 2);
-  const double saved_layer = p.recompute ? e * n * h / (p.sp ? t : 1) : block_saved;
-  const double in_flight = p.pp == 1 ? 1 : std::min(double(mb) * v, double(p.pp) * v + (v > 1 ? p.pp : 0));
-  const double recompute_peak = p.recompute ? block_saved : 0;
+  // Saved bytes per layer, in units of n h bytes at bf16 (docs/dry-run.md's tables: GPT's terms,
+  // Llama's too; under SP every saved value is this rank's 1/t, the column-wise Linears' inputs
+  // included, nn/linear.hpp), less what the recomputed modules drop.
+  double units = 2 / split;  // full: the block input
+  if (!full) {
+    double ln_in = 4 / split, qkv_in = 2 / split, attention = 10 / t, fc1_in = 2 / split, hidden = 8 / t, gelu = 8 / t;
+    if (rc.core_attn) attention -= 2 / t;           // the core's output heads
+    if (rc.norm) qkv_in = fc1_in = 0;               // the norms' outputs
+    if (rc.mlp) fc1_in = hidden = gelu = 0;         // ln2's input stays
+    else if (rc.act) gelu = 0;
+    units = ln_in + qkv_in + attention + fc1_in + hidden + gelu;
+  }
+  const double block_saved = n * h * (p.sp ? 34 / t : 8 + 26 / t) * (e / 2);
+  const double saved_layer = n * h * units * (e / 2);
+  const double recompute_peak = rc.none() ? 0 : full ? block_saved : block_saved - saved_layer;
   a.activations = saved_layer * layers_per_rank * in_flight / v + recompute_peak;
   a.logits = 4 * n * double(m.vocab) / t;
   a.memory_bytes = a.model_states + a.activations + a.logits;

@@ -7,12 +7,16 @@
 //   sim::why_slower(ranked[3], ranked[0]);   // "bubble +1.2 s (pp 32 ...)"
 //
 // Enumerated: tp in powers of two up to the NVLink domain dividing the heads; cp in powers of
-// two dividing seq / 2 (1 unless the sequence is long: up to 32); pp in powers of two and the
-// divisors of the layers; dp = gpus / (tp cp pp), dividing the batch; micro-batch sizes 1, 2,
-// 4, 8; schedules 1F1B and interleaved (v = 2, 4 where m is a multiple of pp; layers split
-// unevenly as the dry run's stages do); ZeRO 0 (DDP), 1, 3; full recompute or none; SP whenever tp > 1. `plan_at_scale
-// --search` dry-runs the `finalists` best of this ranking and ranks those by the dry run's
-// estimate (sim/cost_model.hpp). Not enumerated: HSDP, Ulysses, zero-bubble schedules, experts.
+// two dividing seq / 2 (1 unless the sequence is long: up to 32) as a ring, all-gather of KV or
+// Ulysses (heads a multiple of tp x cp); pp in powers of two and the divisors of the layers;
+// dp = gpus / (tp cp pp), dividing the batch; micro-batch sizes 1, 2, 4, 8; schedules 1F1B,
+// interleaved (v = 2, 4 where m is a multiple of pp; layers split unevenly as the dry run's
+// stages do), ZB-H1 (m >= pp), ZB-V and DualPipeV (m >= 2 pp); DDP, ZeRO-1, ZeRO-3, and
+// ZeRO-1/3 as HSDP (shards filling a node with the cp x tp ranks, or 2x, 4x that); recompute
+// none, selective, act, core_attn,norm,act, core_attn,norm,mlp or full; SP whenever tp > 1.
+// `plan_at_scale --search` dry-runs the `finalists` best of this ranking and ranks those by
+// the dry run's estimate (sim/cost_model.hpp). Not enumerated: experts (the analytic estimate
+// has no MoE blocks), ZeRO-2 (ZeRO-1's time, more memory than ZeRO-3 saves), GPipe.
 #pragma once
 
 #include <algorithm>
@@ -32,6 +36,11 @@ struct SearchSpace {
   bool bf16 = true;
   int max_cp = 32;
   bool keep_unfit = false;  // also return the plans that do not fit (estimate.fits false), ranked with the rest
+  // The dimensions beyond the basic ones, each on unless turned off (test_sim compares with and without):
+  bool hsdp = true;               // ZeRO inside the data ranks of a node, replicated across (HSDP)
+  bool cp_kinds = true;           // the all-gather and Ulysses context kinds beside the ring
+  bool zero_bubble = true;        // ZB-H1, ZB-V and DualPipeV beside 1F1B and interleaved
+  bool recompute_modules = true;  // selective and per-module recomputation beside none and full
 };
 
 struct RankedPlan {
@@ -45,6 +54,32 @@ inline std::vector<int> powers_of_two_upto(std::int64_t limit) {
   for (std::int64_t x = 1; x <= limit && x <= (1 << 30); x *= 2) v.push_back(int(x));
   return v;
 }
+
+/// The recomputation choices, least first: none; Korthikanti's selective (the attention core);
+/// the MLP activation; core_attn,norm,act; core_attn,norm,mlp; full (nn/recompute.hpp's table:
+/// 34, 32, 26, 20, 12 and 2 units of s b h / t bytes per layer under SP). Each trades memory for
+/// the forward work it repeats; the search keeps every choice that fits, so a plan recomputes
+/// only where a faster variant does not fit.
+inline std::vector<nn::Recompute> recompute_choices(bool modules) {
+  std::vector<nn::Recompute> out{nn::Recompute{}};
+  if (modules)
+    for (const char* spec : {"selective", "act", "core_attn,norm,act", "core_attn,norm,mlp"}) out.push_back(nn::Recompute::parse(spec));
+  out.push_back(nn::Recompute::parse("full"));
+  return out;
+}
+
+/// Whether `a` recomputes nothing that `b` does not (full recomputes everything; mlp the act).
+inline bool repeats_no_more(const nn::Recompute& a, const nn::Recompute& b) {
+  if (b.full) return true;
+  if (a.full) return false;
+  return (!a.core_attn || b.core_attn) && (!a.norm || b.norm) && (!a.mlp || b.mlp) && (!a.act || b.act || b.mlp);
+}
+
+/// A pipeline schedule and its stages per rank.
+struct ScheduleChoice {
+  const char* name;
+  int v;
+};
 }  // namespace detail
 
 /// Every plan of the space that fits, fastest first (see the synopsis). Throws when none fits.
@@ -58,35 +93,64 @@ inline std::vector<RankedPlan> search_plans(const ModelShape& m, const SearchSpa
     if (m.layers % d == 0) pps.push_back(int(d));
   std::sort(pps.begin(), pps.end());
   pps.erase(std::unique(pps.begin(), pps.end()), pps.end());
+  const auto recomputes = detail::recompute_choices(space.recompute_modules);
   std::vector<RankedPlan> out;
   std::size_t considered = 0;
   for (int tp : detail::powers_of_two_upto(std::min<std::int64_t>(hw.gpus_per_node, m.heads))) {
     if (m.heads % tp != 0) continue;
     for (int cp : detail::powers_of_two_upto(space.max_cp)) {
       if (cp > 1 && m.seq % (2 * cp) != 0) continue;
+      std::vector<const char*> cp_kinds{"ring"};
+      if (cp > 1 && space.cp_kinds) {
+        cp_kinds.push_back("allgather");
+        if (m.heads % (std::int64_t(tp) * cp) == 0) cp_kinds.push_back("ulysses");
+      }
       for (int pp : pps) {
         const std::int64_t model_ranks = std::int64_t(tp) * cp * pp;
         if (space.gpus % model_ranks != 0) continue;
         const std::int64_t dp = space.gpus / model_ranks;
         if (dp > (1 << 30) || space.batch % dp != 0) continue;
+        // HSDP replicas: the shards fill a node with the cp x tp ranks (then 2x, 4x that), short of dp.
+        std::vector<int> replicas{1};
+        if (space.hsdp)
+          for (std::int64_t shards = std::max<std::int64_t>(2, hw.gpus_per_node / (std::int64_t(tp) * cp)), k = 0;
+               k < 3 && shards < dp; shards *= 2, ++k)
+            if (dp % shards == 0) replicas.push_back(int(dp / shards));
         for (std::int64_t b : {1, 2, 4, 8}) {
           if ((space.batch / dp) % b != 0) continue;
           const int mb = int(space.batch / dp / b);
-          for (int v : {1, 2, 4}) {
-            if (v > 1 && (pp == 1 || mb % pp != 0)) continue;  // interleaved: m a multiple of pp
-            if (std::int64_t(pp) * v > m.layers) continue;
-            for (int zero : {0, 1, 3}) {
-              if (zero > 0 && dp == 1) continue;
-              for (bool recompute : {false, true}) {
-                PlanShape p{.batch = space.batch, .microbatch = b, .dp = int(dp), .tp = tp, .pp = pp, .cp = cp, .zero = zero,
-                            .sp = tp > 1, .recompute = recompute, .schedule = v > 1 ? "interleaved" : "1f1b",
-                            .stages_per_rank = v, .cp_kind = "ring", .bf16 = space.bf16};
-                ++considered;
-                auto est = analytic_estimate(m, p, hw, cal);
-                if (est.fits || space.keep_unfit) out.push_back({std::move(p), est});
-              }
+          std::vector<detail::ScheduleChoice> schedules{{"1f1b", 1}};
+          if (pp > 1) {
+            for (int v : {2, 4})
+              if (mb % pp == 0 && std::int64_t(pp) * v <= m.layers) schedules.push_back({"interleaved", v});
+            if (space.zero_bubble) {
+              if (mb >= pp) schedules.push_back({"zb", 1});
+              if (mb >= 2 * pp && 2 * std::int64_t(pp) <= m.layers) schedules.push_back({"zbv", 2}), schedules.push_back({"dualpipev", 2});
             }
           }
+          for (const auto& sched : schedules)
+            for (const char* cp_kind : cp_kinds)
+              for (int zero : {0, 1, 3}) {
+                if (zero > 0 && dp == 1) continue;
+                for (int hsdp : replicas) {
+                  if (hsdp > 1 && zero == 0) continue;
+                  std::vector<nn::Recompute> fitting;  // of this plan, so far
+                  for (const auto& rc : recomputes) {
+                    // A choice that repeats all the work of one that fits (and more) is slower: left out.
+                    if (!space.keep_unfit && std::any_of(fitting.begin(), fitting.end(), [&](const nn::Recompute& f) {
+                          return detail::repeats_no_more(f, rc);
+                        }))
+                      continue;
+                    PlanShape p{.batch = space.batch, .microbatch = b, .dp = int(dp), .tp = tp, .pp = pp, .cp = cp,
+                                .zero = zero, .sp = tp > 1, .recompute = rc.full, .recompute_modules = rc, .hsdp = hsdp,
+                                .schedule = sched.name, .stages_per_rank = sched.v, .cp_kind = cp_kind, .bf16 = space.bf16};
+                    ++considered;
+                    auto est = analytic_estimate(m, p, hw, cal);
+                    if (est.fits) fitting.push_back(rc);
+                    if (est.fits || space.keep_unfit) out.push_back({std::move(p), est});
+                  }
+                }
+              }
         }
       }
     }
@@ -101,13 +165,18 @@ inline std::vector<RankedPlan> search_plans(const ModelShape& m, const SearchSpa
   return out;
 }
 
-/// "tp 8 cp 1 pp 16 dp 128, mb 1 x 16, interleaved v2, ZeRO-1, recompute".
+/// "tp 8+sp cp 4 (ulysses) pp 16 dp 128, micro-batch 1 x 16, interleaved v2, HSDP 16 x ZeRO-3, recompute selective".
 inline std::string describe(const PlanShape& p) {
   std::ostringstream s;
-  s << "tp " << p.tp << (p.sp ? "+sp" : "") << " cp " << p.cp << " pp " << p.pp << " dp " << p.dp << ", micro-batch "
-    << p.microbatch << " x " << p.microbatches() << ", " << p.schedule;
-  if (p.stages_per_rank > 1) s << " v" << p.stages_per_rank;
-  s << ", " << (p.zero == 0 ? std::string("DDP") : "ZeRO-" + std::to_string(p.zero)) << (p.recompute ? ", recompute" : "");
+  s << "tp " << p.tp << (p.sp ? "+sp" : "") << " cp " << p.cp;
+  if (p.cp > 1 && p.cp_kind != "ring") s << " (" << p.cp_kind << ")";
+  s << " pp " << p.pp << " dp " << p.dp << ", micro-batch " << p.microbatch << " x " << p.microbatches() << ", " << p.schedule;
+  if (p.schedule == "interleaved") s << " v" << p.stages_per_rank;
+  s << ", " << (p.hsdp > 1 ? "HSDP " + std::to_string(p.hsdp) + " x " : std::string())
+    << (p.zero == 0 ? std::string("DDP") : "ZeRO-" + std::to_string(p.zero));
+  const auto rc = p.recomputes();
+  if (rc.full && !rc.modules()) s << ", recompute";
+  else if (!rc.none()) s << ", recompute " << rc.to_string();
   return s.str();
 }
 
@@ -123,8 +192,9 @@ inline std::vector<StepTerm> step_terms(const RankedPlan& a, const RankedPlan& b
   const auto& x = a.estimate;
   const auto& y = b.estimate;
   return {
-      {"compute (all micro-batches)", x.compute_per_microbatch * a.plan.microbatches(),
-       y.compute_per_microbatch * b.plan.microbatches()},
+      {"compute (all micro-batches)", x.compute_per_microbatch * a.plan.microbatches() - x.recompute_seconds,
+       y.compute_per_microbatch * b.plan.microbatches() - y.recompute_seconds},
+      {"recomputation", x.recompute_seconds, y.recompute_seconds},
       {"pipeline bubble", x.bubble_seconds, y.bubble_seconds},
       {"tensor-parallel communication", x.tp_seconds, y.tp_seconds},
       {"context-parallel communication", x.cp_seconds, y.cp_seconds},
@@ -143,7 +213,8 @@ inline std::string why_slower(const RankedPlan& slower, const RankedPlan& best) 
     if (t.mine - t.theirs > worst->mine - worst->theirs) worst = &t;
   std::ostringstream s;
   s.precision(3);
-  s << "+" << (slower.estimate.step_seconds - best.estimate.step_seconds) << " s; most from " << worst->name << " ("
+  const double gap = slower.estimate.step_seconds - best.estimate.step_seconds;  // < 0 where a dry run reordered them
+  s << (gap >= 0 ? "+" : "") << gap << " s; most from " << worst->name << " ("
     << worst->mine << " s vs " << worst->theirs << " s)";
   return s.str();
 }
