@@ -33,8 +33,9 @@ __global__ void embedding_lookup_kernel(T* y, const T* table, const Id* ids, Ext
   }
 }
 
-__global__ void iota_kernel(Extent* p, Extent n) {
-  for (Extent i = gidx(); i < n; i += gstride()) p[i] = i;
+template <class I>  // a template: a plain __global__ in a header is defined again in every .cu that includes it
+__global__ void iota_kernel(I* p, Extent n) {
+  for (Extent i = gidx(); i < n; i += gstride()) p[i] = I(i);
 }
 
 // One block per run of equal ids in the sorted order (the other blocks skip): its threads take the
