@@ -6,8 +6,9 @@
 //   nn::MoEGPT<float, Dense, EMesh> model(dense, gpt_config,
 //       nn::MoELayers<float, EMesh>(emesh, {.router = {.experts = 4, .topk = 2, .capacity_factor = 1.25},
 //                                           .every = 2}));   // blocks 1, 3, ... are MoE
-//   nn::ParamList<float, 2> dense;  model.collect(dense);                // the units(): attention, norms, routers, ...
-//   auto& experts = model.layers().expert_params();                    // ParamList<float, 3>: the expert units
+//   auto groups = nn::parameter_groups(model);                         // nn/param_groups.hpp
+//   auto dense = std::get<0>(groups).params();                         // the units(): attention, norms, routers, ...
+//   auto experts = std::get<1>(groups).params();                       // ParamList<float, 3>: the expert units
 //   auto [loss, saved] = model.forward(ids, targets);                  // cross-entropy + the MoE blocks' aux losses
 //   model.backward(std::move(saved));
 //   parallel::DataParallel<Dense>(dense).all_reduce_gradients(dense);      // over "dp"
@@ -18,8 +19,8 @@
 // feed-forward is a DenseOrMoE — the plan's MLP, or an nn::MoE (router on the model's mesh,
 // experts on the expert mesh). Parameters on the model's mesh stay in the GPT's units (one per
 // block: its norms, attention and router or MLP), so DDP over the dense mesh reduces them as
-// before; the experts of block l are an extra unit "h.l.experts" on the expert mesh
-// (expert_units(), expert_params()), whose gradients are Partial<sum> on "edp" (DataParallel
+// before; the experts of block l are an extra unit "h.l.experts" on the expert mesh (the
+// policy declares that mesh, parameter_meshes(); nn::parameter_groups gives the units), whose gradients are Partial<sum> on "edp" (DataParallel
 // over the expert mesh reduces them, after the backward).
 //
 // The loss: forward adds each MoE block's auxiliary losses — aux_loss_coeff * load balancing +
@@ -38,10 +39,12 @@
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <tuple>
 #include <variant>
 #include <vector>
 
 #include "dtensor/models/gpt.hpp"
+#include "dtensor/nn/param_groups.hpp"
 #include "dtensor/parallel/moe.hpp"
 
 namespace dtensor::nn {
@@ -149,7 +152,6 @@ template <kernels::host::FloatElement T, parallel::ExpertMeshType EMesh>
 class MoELayers {
  public:
   using ExpertMesh = EMesh;
-  using ExpertUnit = ParamUnit<T, EMesh::ndim, mesh_space_t<EMesh>>;
   template <class, class Mesh, class Plan>
   using block = TransformerBlock<T, Mesh, Plan, DenseOrMoE<T, Mesh, EMesh, Plan>,
                                  LayerNorm<T, Mesh, typename Plan::between>, parallel::PlanAttention<T, Mesh, Plan>>;
@@ -178,16 +180,9 @@ class MoELayers {
     return Block(name, mesh, c, seed, FF(typename FF::Moe(name + ".moe", mesh, emesh_, mc, seed + 2)));
   }
 
-  /// One unit per MoE block: its experts, flattened on the expert mesh. `first_layer`: the
-  /// model's index of blocks[0] (a pipeline stage holds blocks from the middle).
-  template <class Blocks>
-  void add_units(Blocks& blocks, Extent first_layer = 0) {
-    for (std::size_t l = 0; l < blocks.size(); ++l) {
-      if (!blocks[l].inner().mlp().is_moe()) continue;
-      add_unit<T, EMesh>(units_, "h." + std::to_string(first_layer + Extent(l)) + ".experts", blocks[l]);
-      params_.insert(params_.end(), units_.back().params.begin(), units_.back().params.end());
-    }
-  }
+  /// The mesh the experts live on, declared (nn/param_groups.hpp): nn::Stack makes each MoE
+  /// block's experts a unit "h.l.experts" on it, found by their mesh type.
+  std::tuple<OnMesh<EMesh>> parameter_meshes() const { return {on_mesh("experts", emesh_)}; }
 
   /// The MoE blocks' weighted auxiliary losses of their last forward (this rank's shares).
   template <class Blocks>
@@ -229,16 +224,12 @@ class MoELayers {
     return block.inner().mlp().stats();
   }
 
-  std::vector<ExpertUnit>& expert_units() noexcept { return units_; }
-  ParamList<T, EMesh::ndim, mesh_space_t<EMesh>>& expert_params() noexcept { return params_; }
   const EMesh& expert_mesh() const noexcept { return emesh_; }
   const MoELayersConfig& config() const noexcept { return c_; }
 
  private:
   EMesh emesh_;
   MoELayersConfig c_;
-  std::vector<ExpertUnit> units_;
-  ParamList<T, EMesh::ndim, mesh_space_t<EMesh>> params_;
 };
 
 /// A GPT with MoE blocks (nn::GPT with the MoELayers policy).
