@@ -411,8 +411,8 @@ class ToySwitch {
   Mixture mixture_;
 };
 
-/// The toy classifier with a ToySwitch in every block: 3 blocks, 5 experts top-2 (dropless, no
-/// auxiliary losses), the experts on `emesh`. `seed` moves every initial value (a wrong start
+/// The toy classifier with a ToySwitch in every block: 3 blocks, 4 experts top-2 (dropless; the
+/// load-balancing and z losses on, collected by the library, not the model), the experts on `emesh`. `seed` moves every initial value (a wrong start
 /// for the checkpoint round trip to overwrite).
 template <MeshType Mesh, MeshType EMesh>
 class ToyMixtureClassifier {
@@ -430,7 +430,7 @@ class ToyMixtureClassifier {
     nn::MoEConfig c;
     c.dim = dim, c.hidden = 2 * dim;
     c.router.experts = experts, c.router.topk = 2, c.router.capacity_factor = std::nullopt;
-    c.router.aux_loss_coeff = 0, c.router.z_loss_coeff = 0;
+    c.router.aux_loss_coeff = 0.01, c.router.z_loss_coeff = 1e-3;  // collected by the library (nn/aux_losses.hpp)
     c.init_std = 0.4, c.out_std = 0.4;
     const std::string name = "mix" + std::to_string(i);
     return {name, typename ToySwitch<Mesh, EMesh>::Mixture(name, mesh_, emesh_, c, 10 + 2 * std::uint64_t(i) + seed_)};

@@ -23,11 +23,11 @@
 // policy declares that mesh, parameter_meshes(); nn::parameter_groups gives the units), whose gradients are Partial<sum> on "edp" (DataParallel
 // over the expert mesh reduces them, after the backward).
 //
-// The loss: forward adds each MoE block's auxiliary losses — aux_loss_coeff * load balancing +
-// z_loss_coeff * z, this rank's shares (nn/router.hpp) — to this rank's share of the
-// cross-entropy, so the loss printed is the loss trained; their gradients are added by the
-// MoE's backward_input with the weight the loss is differentiated with (backward's dloss,
-// passed on by set_loss_scale). The MoE routes whole tokens: under sequence parallelism its input
+// The loss: each MoE block's auxiliary losses — aux_loss_coeff * load balancing + z_loss_coeff *
+// z, this rank's shares (nn/router.hpp) — are added by its forward to the library's collector
+// (nn/aux_losses.hpp), which nn::Stack adds to this rank's share of the cross-entropy, so the
+// loss printed is the loss trained; their gradients are added by the MoE's backward_input with
+// the weight the loss is differentiated with (backward's dloss, nn::auxiliary_loss_scale). The MoE routes whole tokens: under sequence parallelism its input
 // is all-gathered on the tensor dimension first (and its output gradient in backward), every
 // tensor rank runs it alike and keeps its own slice of the result.
 //
@@ -84,10 +84,6 @@ class DenseOrMoE {
   const Moe& moe() const { return moe_.at(0); }
   /// The last forward's routing on this rank (empty for a dense MLP).
   const MoEStats& stats() const noexcept { return stats_; }
-  /// The weight of the auxiliary losses' gradients (nn::MoE::set_loss_scale; nothing for a dense MLP).
-  void set_loss_scale(double scale) const noexcept {
-    if (is_moe()) moe_[0].set_loss_scale(scale);
-  }
 
   Fwd<Out, Saved> forward(const In& x) const {
     if (!is_moe()) {
@@ -183,40 +179,6 @@ class MoELayers {
   /// The mesh the experts live on, declared (nn/param_groups.hpp): nn::Stack makes each MoE
   /// block's experts a unit "h.l.experts" on it, found by their mesh type.
   std::tuple<OnMesh<EMesh>> parameter_meshes() const { return {on_mesh("experts", emesh_)}; }
-
-  /// The MoE blocks' weighted auxiliary losses of their last forward (this rank's shares).
-  template <class Blocks>
-  double auxiliary_loss(const Blocks& blocks) const {
-    double extra = 0;
-    for (const auto& b : blocks)
-      if (b.inner().mlp().is_moe()) {
-        const auto& s = b.inner().mlp().stats();
-        extra += c_.router.aux_loss_coeff * s.aux_loss + c_.router.z_loss_coeff * s.z_loss;
-      }
-    return extra;
-  }
-
-  /// Adds each MoE block's weighted auxiliary losses (this rank's shares) to the loss's local value.
-  template <class Loss, class Blocks>
-  void add_losses(Loss& loss, const Blocks& blocks) const {
-    const double extra = auxiliary_loss(blocks);
-    if (extra == 0) return;  // also on meta: no scores, no auxiliary losses
-    auto& value = loss.local();
-    using Space = typename std::remove_cvref_t<decltype(value)>::space;
-    if constexpr (Space::host_accessible) {
-      value.data()[0] += extra;
-    } else {  // a device: the one element goes through the host
-      auto host = to_space<host_space>(value);
-      host.data()[0] += extra;
-      value = to_space<Space>(host);
-    }
-  }
-
-  /// The weight of the MoE blocks' auxiliary-loss gradients in the next backward (the loss's dloss).
-  template <class Blocks>
-  void set_loss_scale(const Blocks& blocks, double scale) const {
-    for (const auto& b : blocks) b.inner().mlp().set_loss_scale(scale);
-  }
 
   /// The last forward's routing statistics of a block (empty for a dense one).
   template <class Block>

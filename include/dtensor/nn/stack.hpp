@@ -39,10 +39,11 @@
 // its mesh: what pipeline FSDP, the optimizer, clip and checkpoints take. A part with a
 // parameter on a mesh neither the model's nor declared is an error at construction.
 //
-// The blocks' policy (optional `layers()` on the model, e.g. nn::GPT's Layers): auxiliary_loss(blocks) is
-// what the blocks' last forward adds to the loss (MoE load balancing): a stack with the epilogue
-// adds it to its loss (add_losses), one without returns it in Output::auxiliary; set_loss_scale
-// (blocks, dloss) weights those losses' gradients like the loss's. Missing members do nothing.
+// Auxiliary losses (nn/aux_losses.hpp): what the parts add during a forward
+// (nn::add_auxiliary_loss: MoE load balancing, any module's) is collected per forward: a stack
+// with the epilogue adds it to its loss, one without returns it in Output::auxiliary; backward
+// weights their gradients like the loss's (nn::auxiliary_loss_scale() = dloss). The model has
+// no code for it.
 #pragma once
 
 #include <cstddef>
@@ -51,6 +52,7 @@
 #include <utility>
 #include <vector>
 
+#include "dtensor/nn/aux_losses.hpp"
 #include "dtensor/nn/param_groups.hpp"
 #include "dtensor/nn/units.hpp"
 
@@ -106,8 +108,19 @@ auto declared_meshes(M& m) {
   else return std::tuple<>{};
 }
 
-template <class M, class Blocks>
-constexpr bool has_auxiliary_loss = requires(M& m, const Blocks& b) { m.layers().auxiliary_loss(b); };
+/// Adds `extra` to a loss's local value (this rank's share), on the host or through it.
+template <class Loss>
+void add_to_loss(Loss& loss, double extra) {
+  auto& value = loss.local();
+  using Space = typename std::remove_cvref_t<decltype(value)>::space;
+  if constexpr (Space::host_accessible) {
+    value.data()[0] += extra;
+  } else {  // a device: the one element goes through the host
+    auto host = to_space<host_space>(value);
+    host.data()[0] += extra;
+    value = to_space<Space>(host);
+  }
+}
 }  // namespace detail
 
 template <class M>
@@ -131,7 +144,10 @@ class Stack : public WithUnits<typename detail::stack_x_t<M>::value_type, typena
                 "a layered model's blocks must take and give the prologue's output type (the activation X)");
   static_assert(std::is_same_v<typename Epilogue::In, X>,
                 "a layered model's epilogue must take the blocks' activation X");
-  static constexpr bool has_auxiliary_loss = detail::has_auxiliary_loss<M, std::vector<Block>>;
+  /// Whether a part may add auxiliary losses (nn::has_auxiliary_losses): a pipeline then sums
+  /// them over its stages.
+  static constexpr bool has_auxiliary_loss =
+      has_auxiliary_losses<Prologue> || has_auxiliary_losses<Block> || has_auxiliary_losses<Epilogue>;
 
   /// Which parts a stack holds.
   struct Range {
@@ -188,6 +204,7 @@ class Stack : public WithUnits<typename detail::stack_x_t<M>::value_type, typena
   Fwd<Output, Saved> forward(std::optional<X> x, const Input& input, const Target& target) const {
     Saved s;
     Output out;
+    CollectAuxLosses aux;  // what the parts add (nn/aux_losses.hpp)
     if (prologue_) {
       auto [y, ps] = this->forward_unit(prologue_unit(), [&] { return prologue_->forward(input); });
       x = std::move(y);
@@ -202,12 +219,12 @@ class Stack : public WithUnits<typename detail::stack_x_t<M>::value_type, typena
     if (epilogue_) {
       auto [logits, es] = this->forward_unit(epilogue_unit(), [&] { return epilogue_->forward(*x); });
       auto [loss, ls] = loss_->forward(logits, target);
-      if constexpr (requires { model_.layers().add_losses(loss, blocks_); }) model_.layers().add_losses(loss, blocks_);
+      if (aux.total() != 0) detail::add_to_loss(loss, aux.total());  // none also on meta (no scores)
       s.epilogue = std::move(es);
       s.loss = std::move(ls);
       out.loss = std::move(loss);
     } else {
-      if constexpr (has_auxiliary_loss) out.auxiliary = model_.layers().auxiliary_loss(blocks_);
+      out.auxiliary = aux.total();
       out.y = std::move(x);
     }
     return {std::move(out), std::move(s)};
@@ -217,6 +234,7 @@ class Stack : public WithUnits<typename detail::stack_x_t<M>::value_type, typena
   /// first; returns the input activation's gradient (none with the prologue) and the weight
   /// context. No parameter gradient is touched.
   Bwd<std::optional<X>, WeightCtx> backward_input(Saved s, std::optional<X> dy, double dloss) const {
+    AuxLossScale scale(dloss);  // the auxiliary losses' gradients weighted like the loss
     WeightCtx w;
     dy = backward_epilogue(s, std::move(dy), dloss, w);
     w.blocks.resize(blocks_.size());
@@ -242,6 +260,7 @@ class Stack : public WithUnits<typename detail::stack_x_t<M>::value_type, typena
   /// The whole backward unit by unit: each unit's weight gradients right after its input
   /// gradient (grads_ready while the earlier units still compute). Returns as backward_input.
   std::optional<X> backward(Saved s, std::optional<X> dy, double dloss) {
+    AuxLossScale scale(dloss);  // the auxiliary losses' gradients weighted like the loss
     WeightCtx w;
     dy = backward_epilogue(s, std::move(dy), dloss, w);
     if (epilogue_) weight_of(*epilogue_, std::move(*w.epilogue), epilogue_unit());
@@ -274,7 +293,7 @@ class Stack : public WithUnits<typename detail::stack_x_t<M>::value_type, typena
           {&std::get<I>(declared_).name, &std::get<I>(declared_).mesh, &std::get<I>(other_units_)}...};
     }(std::make_index_sequence<std::tuple_size_v<Declared>>{});
   }
-  /// The blocks' policy (the model's layers(): MoE's experts and statistics).
+  /// The blocks' policy (the model's layers(), e.g. MoE's routing statistics).
   decltype(auto) layers() noexcept
     requires requires(M& m) { m.layers(); }
   {
@@ -340,13 +359,8 @@ class Stack : public WithUnits<typename detail::stack_x_t<M>::value_type, typena
     this->grads_ready(unit);
   }
 
-  void set_loss_scale(double dloss) const {
-    if constexpr (requires { model_.layers().set_loss_scale(blocks_, dloss); }) model_.layers().set_loss_scale(blocks_, dloss);
-  }
-
   /// The loss's and the epilogue's input gradients (with the epilogue), else dy as given.
   std::optional<X> backward_epilogue(Saved& s, std::optional<X> dy, double dloss, WeightCtx& w) const {
-    set_loss_scale(dloss);  // the blocks' auxiliary losses weighted like the loss
     if (!epilogue_) return dy;
     return this->backward_unit(epilogue_unit(), [&] {
       auto dlogits = loss_->backward(std::move(*s.loss), dloss);
@@ -359,7 +373,7 @@ class Stack : public WithUnits<typename detail::stack_x_t<M>::value_type, typena
     this->backward_unit(prologue_unit(), [&] { w.prologue = prologue_->backward_input(std::move(*s.prologue), dx).weight; });
   }
 
-  mutable M model_;  // the layers() policy keeps per-forward state (MoE statistics, loss scale)
+  mutable M model_;
   Range range_;
   std::optional<Prologue> prologue_;
   std::vector<Block> blocks_;
