@@ -688,7 +688,7 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
   using Model = nn::GptParts<Compute, StageMesh, Plan, std::int32_t, Layers>;
   constexpr bool host = std::is_same_v<Space, host_space>;
   using Stage = pp::Stage<Model>;
-  constexpr bool moe = requires(Layers& l) { l.expert_params(); };  // nn::MoELayers
+  constexpr bool moe = requires { typename Layers::ExpertMesh; };  // nn::MoELayers
 
   // The mesh, the model config and the schedule.
   Mesh mesh(world, {o.pp, o.dp, o.fsdp, o.cp, o.tp});

@@ -40,8 +40,10 @@ MoEParityRun run_moe_parity(CommPtr world, std::array<int, 2> shape, int ep, con
   nn::MoEGPT<double, MeshT, EMeshT, Plan> model(mesh, cfg, nn::MoELayers<double, EMeshT>(emesh, mc));
   nn::ParamList<double, 2, Space> ps;
   model.collect(ps);
-  // Every parameter, dense and expert, as one set: one optimizer and one clip over both meshes.
-  auto all = nn::param_set(nn::on(mesh, ps), nn::on(emesh, model.layers().expert_params()));
+  // Every parameter, dense and expert, as one set (the model's parameter groups: the experts on
+  // the mesh their policy declares): one optimizer and one clip over both meshes.
+  auto all = nn::parameter_set(model);
+  REQUIRE(all.template list<0>().size() == ps.size());
   const optim::AdamWOptions ao{.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
   auto opt = optim::make_adamw(all, ao);
   parallel::DataParallel<MeshT> ddp(mesh, {.bucket_bytes = 4096});

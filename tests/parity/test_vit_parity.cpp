@@ -287,10 +287,8 @@ const std::vector<double>& whole_reference() {
         }
       };
       if constexpr (MoE) {
-        auto& layers = model.layers();
-        parallel::DataParallel<EMesh> expert_ddp(layers.expert_mesh());
-        run(nn::param_set(nn::on(mesh, dense), nn::on(layers.expert_mesh(), layers.expert_params())),
-            [&](auto& all) { expert_ddp.all_reduce_gradients(all.template list<1>()); });
+        parallel::DataParallel<EMesh> expert_ddp(model.layers().expert_mesh());
+        run(nn::parameter_set(model), [&](auto& all) { expert_ddp.all_reduce_gradients(all.template list<1>()); });
       } else {
         run(nn::param_set(nn::on(mesh, dense)), [](auto&) {});
       }
@@ -483,7 +481,7 @@ TEST_CASE("ViT dry run on meta: MoE ViT-B/16, pp 4 x fsdp 8 x cp 2 x tp 4 + SP x
         }
         Seen s;
         for (auto& u : stages.front().units()) s.units.push_back(u.group->name());
-        for (auto& u : stages.front().layers().expert_units()) {
+        for (auto& u : *std::get<1>(nn::parameter_groups(stages.front())).units) {
           s.expert_units.push_back(u.group->name());
           for (const auto& e : u.group->entries()) {
             std::int64_t n = 1;

@@ -14,7 +14,9 @@
 #pragma once
 
 #include <filesystem>
+#include <tuple>
 #include <type_traits>
+#include <utility>
 
 #include "dtensor/checkpoint/pipeline_state.hpp"
 #include "dtensor/checkpoint/safetensors.hpp"
@@ -30,8 +32,10 @@ auto pipeline_parameter_slots(Pipeline& model) {
   Slot0 params;
   for (std::size_t i = 0; i < stages.size(); ++i)
     append_slots(params, fsdp_parameter_slots(stages[i].units(), model.fsdp(i), stages[i].mesh()));
-  if constexpr (requires { stages.front().layers().expert_units(); })
-    for (auto& stage : stages) append_slots(params, parameter_slots(stage.layers().expert_units(), stage.layers().expert_mesh()));
+  using Stage = std::remove_cvref_t<decltype(stages.front())>;
+  [&]<std::size_t... I>(std::index_sequence<I...>) {  // the other parameter groups (MoE: the experts)
+    (append_slots(params, group_slots<I + 1>(model)), ...);
+  }(std::make_index_sequence<std::tuple_size_v<nn::parameter_groups_t<Stage>> - 1>{});
   return params;
 }
 

@@ -7,8 +7,8 @@
 //   auto meta = checkpoint::load_pipeline_state(dir, model, opt, config);      // any saving mesh
 //
 // What a rank saves: for each of its stages, its FSDP shards of the stage's units (the master
-// values, fsdp_parameter_slots) and, for MoE stages, its experts on the expert mesh
-// (parameter_slots of layers().expert_units()); and AdamW's moments over both (the optimizer's
+// values, fsdp_parameter_slots) and the units of every other parameter group (MoE: its experts on
+// the expert mesh; nn::parameter_groups, parameter_slots); and AdamW's moments over all (the optimizer's
 // part over each list of model.params(): optim::Joint::part<I>). The slots and
 // their writers are worked out on the mesh the tensor lives on — the stage mesh (dp, fsdp, cp,
 // tp) or the expert mesh (edp, ep, tp) — because a stage's tensors exist on the ranks of one
@@ -28,10 +28,13 @@
 #include <filesystem>
 #include <iterator>
 #include <map>
+#include <tuple>
+#include <type_traits>
 #include <string>
 #include <utility>
 
 #include "dtensor/checkpoint/training_state.hpp"
+#include "dtensor/nn/param_groups.hpp"
 
 namespace dtensor::checkpoint {
 
@@ -53,21 +56,32 @@ auto stage_slots(Pipeline& model, Opt& opt) {
   return with_moments(std::move(params), opt);
 }
 
-/// This rank's experts of its MoE stages (on the expert mesh), with `expert_opt`'s moments.
-template <class Pipeline, class Opt>
-auto expert_slots(Pipeline& model, Opt& expert_opt) {
+/// This rank's parameters of group I >= 1 of its stages (a mesh beyond the stage mesh, e.g. the
+/// experts on the expert mesh: nn::parameter_groups), on that group's mesh.
+template <std::size_t I, class Pipeline>
+auto group_slots(Pipeline& model) {
   auto& stages = model.executor().stages();
-  using Slot0 = decltype(parameter_slots(stages.front().layers().expert_units(), stages.front().layers().expert_mesh()));
-  Slot0 params;
-  for (auto& stage : stages) append_slots(params, parameter_slots(stage.layers().expert_units(), stage.layers().expert_mesh()));
-  return with_moments(std::move(params), expert_opt);
+  auto front = std::get<I>(nn::parameter_groups(stages.front()));
+  decltype(parameter_slots(*front.units, *front.mesh)) params;
+  for (auto& stage : stages) {
+    auto group = std::get<I>(nn::parameter_groups(stage));
+    append_slots(params, parameter_slots(*group.units, *group.mesh));
+  }
+  return params;
 }
 
 /// The slots of every list of model.params(), each with its part of the optimizer.
 template <class Pipeline, class Opt>
 auto pipeline_slots(Pipeline& model, Opt& opt) {
   auto slots = stage_slots(model, opt.template part<0>());
-  if constexpr (Opt::parts > 1) append_slots(slots, expert_slots(model, opt.template part<1>()));
+  if constexpr (Opt::parts > 1) {
+    using Stage = std::remove_cvref_t<decltype(model.executor().stages().front())>;
+    static_assert(std::tuple_size_v<nn::parameter_groups_t<Stage>> == Opt::parts,
+                  "checkpoint::save_pipeline_state: the optimizer must be over model.params() (one part per parameter group)");
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (append_slots(slots, with_moments(group_slots<I + 1>(model), opt.template part<I + 1>())), ...);
+    }(std::make_index_sequence<Opt::parts - 1>{});
+  }
   return slots;
 }
 

@@ -77,9 +77,9 @@ struct GPTConfig {
 };
 
 /// The blocks of nn::GPT (its Layers parameter): each a TransformerBlock with the plan's MLP.
-/// A Layers type names the block type, builds block `layer`, adds the units of parameters that
-/// are not on the model's mesh (add_units: none here) and its auxiliary losses to the loss
-/// (add_losses: none here), weighting their gradients like the loss's (set_loss_scale).
+/// A Layers type names the block type, builds block `layer`, declares the meshes of parameters
+/// not on the model's (parameter_meshes(), nn/param_groups.hpp: none here); auxiliary losses
+/// are the modules' own (nn/aux_losses.hpp).
 /// models/moe_gpt.hpp's MoELayers puts a mixture of experts in some blocks.
 struct DenseLayers {
   template <class T, class Mesh, class Plan>
@@ -89,12 +89,6 @@ struct DenseLayers {
   Block make_block(Extent /*layer*/, std::string name, const Mesh& mesh, const BlockConfig& c, std::uint64_t seed) const {
     return Block(std::move(name), mesh, c, seed);
   }
-  template <class Blocks>
-  void add_units(Blocks&, Extent /*first_layer*/ = 0) {}
-  template <class Loss, class Blocks>
-  void add_losses(Loss&, const Blocks&) const {}
-  template <class Blocks>
-  void set_loss_scale(const Blocks&, double /*scale*/) const {}
 };
 
 namespace detail {

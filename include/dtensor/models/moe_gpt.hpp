@@ -6,8 +6,9 @@
 //   nn::MoEGPT<float, Dense, EMesh> model(dense, gpt_config,
 //       nn::MoELayers<float, EMesh>(emesh, {.router = {.experts = 4, .topk = 2, .capacity_factor = 1.25},
 //                                           .every = 2}));   // blocks 1, 3, ... are MoE
-//   nn::ParamList<float, 2> dense;  model.collect(dense);                // the units(): attention, norms, routers, ...
-//   auto& experts = model.layers().expert_params();                    // ParamList<float, 3>: the expert units
+//   auto groups = nn::parameter_groups(model);                         // nn/param_groups.hpp
+//   auto dense = std::get<0>(groups).params();                         // the units(): attention, norms, routers, ...
+//   auto experts = std::get<1>(groups).params();                       // ParamList<float, 3>: the expert units
 //   auto [loss, saved] = model.forward(ids, targets);                  // cross-entropy + the MoE blocks' aux losses
 //   model.backward(std::move(saved));
 //   parallel::DataParallel<Dense>(dense).all_reduce_gradients(dense);      // over "dp"
@@ -18,15 +19,15 @@
 // feed-forward is a DenseOrMoE — the plan's MLP, or an nn::MoE (router on the model's mesh,
 // experts on the expert mesh). Parameters on the model's mesh stay in the GPT's units (one per
 // block: its norms, attention and router or MLP), so DDP over the dense mesh reduces them as
-// before; the experts of block l are an extra unit "h.l.experts" on the expert mesh
-// (expert_units(), expert_params()), whose gradients are Partial<sum> on "edp" (DataParallel
+// before; the experts of block l are an extra unit "h.l.experts" on the expert mesh (the
+// policy declares that mesh, parameter_meshes(); nn::parameter_groups gives the units), whose gradients are Partial<sum> on "edp" (DataParallel
 // over the expert mesh reduces them, after the backward).
 //
-// The loss: forward adds each MoE block's auxiliary losses — aux_loss_coeff * load balancing +
-// z_loss_coeff * z, this rank's shares (nn/router.hpp) — to this rank's share of the
-// cross-entropy, so the loss printed is the loss trained; their gradients are added by the
-// MoE's backward_input with the weight the loss is differentiated with (backward's dloss,
-// passed on by set_loss_scale). The MoE routes whole tokens: under sequence parallelism its input
+// The loss: each MoE block's auxiliary losses — aux_loss_coeff * load balancing + z_loss_coeff *
+// z, this rank's shares (nn/router.hpp) — are added by its forward to the library's collector
+// (nn/aux_losses.hpp), which nn::Stack adds to this rank's share of the cross-entropy, so the
+// loss printed is the loss trained; their gradients are added by the MoE's backward_input with
+// the weight the loss is differentiated with (backward's dloss, nn::auxiliary_loss_scale). The MoE routes whole tokens: under sequence parallelism its input
 // is all-gathered on the tensor dimension first (and its output gradient in backward), every
 // tensor rank runs it alike and keeps its own slice of the result.
 //
@@ -38,10 +39,12 @@
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <tuple>
 #include <variant>
 #include <vector>
 
 #include "dtensor/models/gpt.hpp"
+#include "dtensor/nn/param_groups.hpp"
 #include "dtensor/parallel/moe.hpp"
 
 namespace dtensor::nn {
@@ -81,10 +84,6 @@ class DenseOrMoE {
   const Moe& moe() const { return moe_.at(0); }
   /// The last forward's routing on this rank (empty for a dense MLP).
   const MoEStats& stats() const noexcept { return stats_; }
-  /// The weight of the auxiliary losses' gradients (nn::MoE::set_loss_scale; nothing for a dense MLP).
-  void set_loss_scale(double scale) const noexcept {
-    if (is_moe()) moe_[0].set_loss_scale(scale);
-  }
 
   Fwd<Out, Saved> forward(const In& x) const {
     if (!is_moe()) {
@@ -149,7 +148,6 @@ template <kernels::host::FloatElement T, parallel::ExpertMeshType EMesh>
 class MoELayers {
  public:
   using ExpertMesh = EMesh;
-  using ExpertUnit = ParamUnit<T, EMesh::ndim, mesh_space_t<EMesh>>;
   template <class, class Mesh, class Plan>
   using block = TransformerBlock<T, Mesh, Plan, DenseOrMoE<T, Mesh, EMesh, Plan>,
                                  LayerNorm<T, Mesh, typename Plan::between>, parallel::PlanAttention<T, Mesh, Plan>>;
@@ -178,50 +176,9 @@ class MoELayers {
     return Block(name, mesh, c, seed, FF(typename FF::Moe(name + ".moe", mesh, emesh_, mc, seed + 2)));
   }
 
-  /// One unit per MoE block: its experts, flattened on the expert mesh. `first_layer`: the
-  /// model's index of blocks[0] (a pipeline stage holds blocks from the middle).
-  template <class Blocks>
-  void add_units(Blocks& blocks, Extent first_layer = 0) {
-    for (std::size_t l = 0; l < blocks.size(); ++l) {
-      if (!blocks[l].inner().mlp().is_moe()) continue;
-      add_unit<T, EMesh>(units_, "h." + std::to_string(first_layer + Extent(l)) + ".experts", blocks[l]);
-      params_.insert(params_.end(), units_.back().params.begin(), units_.back().params.end());
-    }
-  }
-
-  /// The MoE blocks' weighted auxiliary losses of their last forward (this rank's shares).
-  template <class Blocks>
-  double auxiliary_loss(const Blocks& blocks) const {
-    double extra = 0;
-    for (const auto& b : blocks)
-      if (b.inner().mlp().is_moe()) {
-        const auto& s = b.inner().mlp().stats();
-        extra += c_.router.aux_loss_coeff * s.aux_loss + c_.router.z_loss_coeff * s.z_loss;
-      }
-    return extra;
-  }
-
-  /// Adds each MoE block's weighted auxiliary losses (this rank's shares) to the loss's local value.
-  template <class Loss, class Blocks>
-  void add_losses(Loss& loss, const Blocks& blocks) const {
-    const double extra = auxiliary_loss(blocks);
-    if (extra == 0) return;  // also on meta: no scores, no auxiliary losses
-    auto& value = loss.local();
-    using Space = typename std::remove_cvref_t<decltype(value)>::space;
-    if constexpr (Space::host_accessible) {
-      value.data()[0] += extra;
-    } else {  // a device: the one element goes through the host
-      auto host = to_space<host_space>(value);
-      host.data()[0] += extra;
-      value = to_space<Space>(host);
-    }
-  }
-
-  /// The weight of the MoE blocks' auxiliary-loss gradients in the next backward (the loss's dloss).
-  template <class Blocks>
-  void set_loss_scale(const Blocks& blocks, double scale) const {
-    for (const auto& b : blocks) b.inner().mlp().set_loss_scale(scale);
-  }
+  /// The mesh the experts live on, declared (nn/param_groups.hpp): nn::Stack makes each MoE
+  /// block's experts a unit "h.l.experts" on it, found by their mesh type.
+  std::tuple<OnMesh<EMesh>> parameter_meshes() const { return {on_mesh("experts", emesh_)}; }
 
   /// The last forward's routing statistics of a block (empty for a dense one).
   template <class Block>
@@ -229,16 +186,12 @@ class MoELayers {
     return block.inner().mlp().stats();
   }
 
-  std::vector<ExpertUnit>& expert_units() noexcept { return units_; }
-  ParamList<T, EMesh::ndim, mesh_space_t<EMesh>>& expert_params() noexcept { return params_; }
   const EMesh& expert_mesh() const noexcept { return emesh_; }
   const MoELayersConfig& config() const noexcept { return c_; }
 
  private:
   EMesh emesh_;
   MoELayersConfig c_;
-  std::vector<ExpertUnit> units_;
-  ParamList<T, EMesh::ndim, mesh_space_t<EMesh>> params_;
 };
 
 /// A GPT with MoE blocks (nn::GPT with the MoELayers policy).

@@ -40,6 +40,8 @@
 #include <array>
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "dtensor/checkpoint/training_state.hpp"
@@ -52,6 +54,7 @@
 #include "dtensor/models/gpt_config.hpp"
 #include "dtensor/models/llama.hpp"
 #include "dtensor/models/moe_gpt.hpp"
+#include "dtensor/nn/param_groups.hpp"
 #include "dtensor/ops/all.hpp"
 #include "dtensor/optim/adamw.hpp"
 #include "dtensor/optim/clip_grad.hpp"
@@ -250,7 +253,6 @@ void pipeline_rank_step(CommPtr world, const TrainingPlan& p, const parallel::pi
   const auto& layout = schedule.layout;
   const int me = mesh.coordinate()[0];
   const nn::GPTConfig config = stage_config(p);
-  constexpr bool moe = requires { typename Layers::ExpertMesh; };
   rec.phase("parameters");
   std::vector<Stage> stages;
   {
@@ -262,20 +264,9 @@ void pipeline_rank_step(CommPtr world, const TrainingPlan& p, const parallel::pi
     nn::ParamList<T, 4, meta_space> params;  // the stage mesh's (MoE: the experts are on theirs)
     for (Stage& stage : stages) nn::collect_on<StageMesh>(stage, params);
     parallel::DataParallel<StageMesh> ddp(stage_mesh, {.bucket_bytes = bucket_bytes});
-    // Every parameter as one set (MoE: the experts on their mesh too, not sharded, all-reduced
-    // on "edp"): one AdamW in T and one clip over all.
-    auto all = [&] {
-      if constexpr (moe) {
-        nn::ParamList<T, 3, meta_space> experts;  // this rank's experts of its stages
-        for (Stage& stage : stages) {
-          auto& mine = stage.layers().expert_params();
-          experts.insert(experts.end(), mine.begin(), mine.end());
-        }
-        return nn::param_set(nn::on(stage_mesh, params), nn::on(stages.front().layers().expert_mesh(), std::move(experts)));
-      } else {
-        return nn::param_set(nn::on(stage_mesh, params));
-      }
-    }();
+    // Every parameter as one set (nn::parameter_groups; MoE: the experts on their mesh too, not
+    // sharded, all-reduced on "edp"): one AdamW in T and one clip over all.
+    auto all = nn::parameter_set_with(stages, nn::on(stage_mesh, params));
     auto opt = optim::make_adamw(all, adamw_options());
     opt.zero_grad();
     run_one_microbatch(stages, mesh, layout, ids, ids, rec, [](std::size_t) {}, [](std::size_t) {});
@@ -287,9 +278,12 @@ void pipeline_rank_step(CommPtr world, const TrainingPlan& p, const parallel::pi
     parallel::detail::bucketed_all_reduce(params, stage_mesh, 1, {.bucket_bytes = bucket_bytes, .contiguous_only = false});
     parallel::context_parallel_grads(params, stage_mesh, {.bucket_bytes = bucket_bytes});
     parallel::sequence_parallel_grads(params, stage_mesh, {.bucket_bytes = bucket_bytes});
-    if constexpr (moe)
-      parallel::DataParallel<typename Layers::ExpertMesh>(all.template mesh<1>(), {.bucket_bytes = bucket_bytes})
-          .all_reduce_gradients(all.template list<1>());
+    [&]<std::size_t... I>(std::index_sequence<I...>) {  // the other groups' data-parallel sync (MoE: on "edp")
+      (parallel::DataParallel<std::remove_cvref_t<decltype(all.template mesh<I + 1>())>>(all.template mesh<I + 1>(),
+                                                                                     {.bucket_bytes = bucket_bytes})
+           .all_reduce_gradients(all.template list<I + 1>()),
+       ...);
+    }(std::make_index_sequence<decltype(all)::lists - 1>{});
     pp::clip_grad_norm(all, mesh.group(0), 1.0);
     opt.step();
     rec.phase(after_step);

@@ -2,7 +2,7 @@
 // per mesh, each with its mesh, as one object.
 //
 //   nn::ParamList<float, 2> dense;  model.collect(dense);                   // on the model's mesh
-//   auto all = nn::param_set(nn::on(mesh, dense), nn::on(emesh, model.layers().expert_params()));
+//   auto all = nn::param_set(nn::on(mesh, dense), nn::on(emesh, experts));  // or nn::parameter_set(model): nn/param_groups.hpp
 //   auto opt = optim::make_adamw(all, {...});          // one optimizer (optim/param_set.hpp)
 //   optim::clip_grad_norm(all, 1.0);                   // one norm over every list
 //   all.zero_grad();

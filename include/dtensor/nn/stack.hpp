@@ -32,11 +32,18 @@
 // backward runs inside the epilogue's), grads_ready after its weight gradients. A part without
 // parameters on the model's mesh forms no unit and fires nothing.
 //
-// The blocks' policy (optional `layers()` on the model, e.g. nn::GPT's Layers): add_units(blocks,
-// first_layer) adds units of parameters on other meshes (MoE experts); auxiliary_loss(blocks) is
-// what the blocks' last forward adds to the loss (MoE load balancing): a stack with the epilogue
-// adds it to its loss (add_losses), one without returns it in Output::auxiliary; set_loss_scale
-// (blocks, dloss) weights those losses' gradients like the loss's. Missing members do nothing.
+// Parameters on other meshes (nn/param_groups.hpp): the model (or its blocks' policy, layers())
+// declares the other meshes its parameters live on, parameter_meshes() -> a tuple of
+// nn::on_mesh(name, mesh); the stack makes one unit per part with parameters there
+// ("<part>.<name>"), whatever members hold them, and parameter_groups() gives every group with
+// its mesh: what pipeline FSDP, the optimizer, clip and checkpoints take. A part with a
+// parameter on a mesh neither the model's nor declared is an error at construction.
+//
+// Auxiliary losses (nn/aux_losses.hpp): what the parts add during a forward
+// (nn::add_auxiliary_loss: MoE load balancing, any module's) is collected per forward: a stack
+// with the epilogue adds it to its loss, one without returns it in Output::auxiliary; backward
+// weights their gradients like the loss's (nn::auxiliary_loss_scale() = dloss). The model has
+// no code for it.
 #pragma once
 
 #include <cstddef>
@@ -45,6 +52,8 @@
 #include <utility>
 #include <vector>
 
+#include "dtensor/nn/aux_losses.hpp"
+#include "dtensor/nn/param_groups.hpp"
 #include "dtensor/nn/units.hpp"
 
 namespace dtensor::nn {
@@ -90,8 +99,28 @@ using loss_fn_t = decltype(std::declval<const M&>().make_loss());
 template <class M>
 using stack_x_t = typename prologue_t<M>::Out;
 
-template <class M, class Blocks>
-constexpr bool has_auxiliary_loss = requires(M& m, const Blocks& b) { m.layers().auxiliary_loss(b); };
+/// The other meshes a model's parameters live on: model.parameter_meshes(), else its blocks'
+/// policy's (layers().parameter_meshes()), else none.
+template <class M>
+auto declared_meshes(M& m) {
+  if constexpr (requires { m.parameter_meshes(); }) return m.parameter_meshes();
+  else if constexpr (requires { m.layers().parameter_meshes(); }) return m.layers().parameter_meshes();
+  else return std::tuple<>{};
+}
+
+/// Adds `extra` to a loss's local value (this rank's share), on the host or through it.
+template <class Loss>
+void add_to_loss(Loss& loss, double extra) {
+  auto& value = loss.local();
+  using Space = typename std::remove_cvref_t<decltype(value)>::space;
+  if constexpr (Space::host_accessible) {
+    value.data()[0] += extra;
+  } else {  // a device: the one element goes through the host
+    auto host = to_space<host_space>(value);
+    host.data()[0] += extra;
+    value = to_space<Space>(host);
+  }
+}
 }  // namespace detail
 
 template <class M>
@@ -115,7 +144,10 @@ class Stack : public WithUnits<typename detail::stack_x_t<M>::value_type, typena
                 "a layered model's blocks must take and give the prologue's output type (the activation X)");
   static_assert(std::is_same_v<typename Epilogue::In, X>,
                 "a layered model's epilogue must take the blocks' activation X");
-  static constexpr bool has_auxiliary_loss = detail::has_auxiliary_loss<M, std::vector<Block>>;
+  /// Whether a part may add auxiliary losses (nn::has_auxiliary_losses): a pipeline then sums
+  /// them over its stages.
+  static constexpr bool has_auxiliary_loss =
+      has_auxiliary_losses<Prologue> || has_auxiliary_losses<Block> || has_auxiliary_losses<Epilogue>;
 
   /// Which parts a stack holds.
   struct Range {
@@ -158,7 +190,7 @@ class Stack : public WithUnits<typename detail::stack_x_t<M>::value_type, typena
       loss_.emplace(model_.make_loss());
     }
     unit_of_ = this->make_units(*this);
-    if constexpr (requires { model_.layers().add_units(blocks_, range.first); }) model_.layers().add_units(blocks_, range.first);
+    make_groups();
   }
   Stack(Stack&&) = default;
   Stack& operator=(Stack&&) = default;
@@ -172,6 +204,7 @@ class Stack : public WithUnits<typename detail::stack_x_t<M>::value_type, typena
   Fwd<Output, Saved> forward(std::optional<X> x, const Input& input, const Target& target) const {
     Saved s;
     Output out;
+    CollectAuxLosses aux;  // what the parts add (nn/aux_losses.hpp)
     if (prologue_) {
       auto [y, ps] = this->forward_unit(prologue_unit(), [&] { return prologue_->forward(input); });
       x = std::move(y);
@@ -186,12 +219,12 @@ class Stack : public WithUnits<typename detail::stack_x_t<M>::value_type, typena
     if (epilogue_) {
       auto [logits, es] = this->forward_unit(epilogue_unit(), [&] { return epilogue_->forward(*x); });
       auto [loss, ls] = loss_->forward(logits, target);
-      if constexpr (requires { model_.layers().add_losses(loss, blocks_); }) model_.layers().add_losses(loss, blocks_);
+      if (aux.total() != 0) detail::add_to_loss(loss, aux.total());  // none also on meta (no scores)
       s.epilogue = std::move(es);
       s.loss = std::move(ls);
       out.loss = std::move(loss);
     } else {
-      if constexpr (has_auxiliary_loss) out.auxiliary = model_.layers().auxiliary_loss(blocks_);
+      out.auxiliary = aux.total();
       out.y = std::move(x);
     }
     return {std::move(out), std::move(s)};
@@ -201,6 +234,7 @@ class Stack : public WithUnits<typename detail::stack_x_t<M>::value_type, typena
   /// first; returns the input activation's gradient (none with the prologue) and the weight
   /// context. No parameter gradient is touched.
   Bwd<std::optional<X>, WeightCtx> backward_input(Saved s, std::optional<X> dy, double dloss) const {
+    AuxLossScale scale(dloss);  // the auxiliary losses' gradients weighted like the loss
     WeightCtx w;
     dy = backward_epilogue(s, std::move(dy), dloss, w);
     w.blocks.resize(blocks_.size());
@@ -226,6 +260,7 @@ class Stack : public WithUnits<typename detail::stack_x_t<M>::value_type, typena
   /// The whole backward unit by unit: each unit's weight gradients right after its input
   /// gradient (grads_ready while the earlier units still compute). Returns as backward_input.
   std::optional<X> backward(Saved s, std::optional<X> dy, double dloss) {
+    AuxLossScale scale(dloss);  // the auxiliary losses' gradients weighted like the loss
     WeightCtx w;
     dy = backward_epilogue(s, std::move(dy), dloss, w);
     if (epilogue_) weight_of(*epilogue_, std::move(*w.epilogue), epilogue_unit());
@@ -247,7 +282,18 @@ class Stack : public WithUnits<typename detail::stack_x_t<M>::value_type, typena
 
   const Mesh& mesh() const noexcept { return model_.mesh(); }
   const M& model() const noexcept { return model_; }
-  /// The blocks' policy (the model's layers(): MoE's experts and statistics).
+
+  /// Every parameter group (nn/param_groups.hpp): units() on mesh(), then one per declared mesh.
+  auto parameter_groups() {
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      using Own = ParamGroup<typename Base::Unit, Mesh>;
+      return std::tuple<Own, ParamGroup<unit_on<std::tuple_element_t<I, Declared>>,
+                                        typename std::tuple_element_t<I, Declared>::mesh_type>...>{
+          Own{&detail::own_group_name(), &mesh(), &this->units()},
+          {&std::get<I>(declared_).name, &std::get<I>(declared_).mesh, &std::get<I>(other_units_)}...};
+    }(std::make_index_sequence<std::tuple_size_v<Declared>>{});
+  }
+  /// The blocks' policy (the model's layers(), e.g. MoE's routing statistics).
   decltype(auto) layers() noexcept
     requires requires(M& m) { m.layers(); }
   {
@@ -259,6 +305,49 @@ class Stack : public WithUnits<typename detail::stack_x_t<M>::value_type, typena
   Epilogue& epilogue() { return epilogue_.value(); }
 
  private:
+  using T = typename X::value_type;
+  using Declared = decltype(detail::declared_meshes(std::declval<M&>()));
+  template <class Decl>
+  using unit_on = ParamUnit<T, Decl::mesh_type::ndim, mesh_space_t<typename Decl::mesh_type>>;
+  template <class Tuple>
+  struct units_of;
+  template <class... D>
+  struct units_of<std::tuple<D...>> {
+    using type = std::tuple<std::vector<unit_on<D>>...>;
+  };
+
+  /// The units of the declared meshes (one per part with parameters there), and the check that
+  /// every parameter is on the model's mesh or a declared one.
+  void make_groups() {
+    declared_ = detail::declared_meshes(model_);
+    std::size_t index = 0;
+    auto add = [&](std::string name, auto& part) {
+      std::size_t all = 0, placed = 0;
+      for_each_parameter(part, [&](auto& p) { all += p.defined() ? 1 : 0; });
+      for_each_parameter_on<Mesh>(part, [&](auto& p) { placed += p.defined() ? 1 : 0; });
+      [&]<std::size_t... I>(std::index_sequence<I...>) {
+        (add_group_unit<I>(name, part, placed), ...);
+      }(std::make_index_sequence<std::tuple_size_v<Declared>>{});
+      if (placed != all)
+        model_.mesh().comm().fail("nn::Stack",
+                                  dtensor::detail::cat("part ", name, " has ", all - placed,
+                                                       " parameters on a mesh that is neither the model's nor one it "
+                                                       "declares: list it in parameter_meshes() (nn/param_groups.hpp)"));
+    };
+    auto kids = children();
+    std::apply([&](auto&... c) { (nn::detail::for_each_unit_part(c, index, add), ...); }, kids);
+  }
+  template <std::size_t I, class Part>
+  void add_group_unit(const std::string& name, Part& part, std::size_t& placed) {
+    using E = typename std::tuple_element_t<I, Declared>::mesh_type;
+    static_assert(!std::is_same_v<E, Mesh>, "nn::Stack: parameter_meshes() lists the model's own mesh type");
+    std::size_t count = 0;
+    for_each_parameter_on<E>(part, [&](auto& p) { count += p.defined() ? 1 : 0; });
+    if (count == 0) return;
+    placed += count;
+    add_unit<T, E>(std::get<I>(other_units_), name + "." + std::get<I>(declared_).name, part);
+  }
+
   std::size_t part_unit(std::size_t part) const noexcept { return unit_of_[part]; }
   std::size_t prologue_unit() const noexcept { return part_unit(0); }
   std::size_t block_unit(std::size_t l) const noexcept { return part_unit(l + (prologue_ ? 1 : 0)); }
@@ -270,13 +359,8 @@ class Stack : public WithUnits<typename detail::stack_x_t<M>::value_type, typena
     this->grads_ready(unit);
   }
 
-  void set_loss_scale(double dloss) const {
-    if constexpr (requires { model_.layers().set_loss_scale(blocks_, dloss); }) model_.layers().set_loss_scale(blocks_, dloss);
-  }
-
   /// The loss's and the epilogue's input gradients (with the epilogue), else dy as given.
   std::optional<X> backward_epilogue(Saved& s, std::optional<X> dy, double dloss, WeightCtx& w) const {
-    set_loss_scale(dloss);  // the blocks' auxiliary losses weighted like the loss
     if (!epilogue_) return dy;
     return this->backward_unit(epilogue_unit(), [&] {
       auto dlogits = loss_->backward(std::move(*s.loss), dloss);
@@ -289,13 +373,15 @@ class Stack : public WithUnits<typename detail::stack_x_t<M>::value_type, typena
     this->backward_unit(prologue_unit(), [&] { w.prologue = prologue_->backward_input(std::move(*s.prologue), dx).weight; });
   }
 
-  mutable M model_;  // the layers() policy keeps per-forward state (MoE statistics, loss scale)
+  mutable M model_;
   Range range_;
   std::optional<Prologue> prologue_;
   std::vector<Block> blocks_;
   std::optional<Epilogue> epilogue_;
   std::optional<LossFn> loss_;
   std::vector<std::size_t> unit_of_;  // part -> unit index (WithUnits::no_unit: no parameters)
+  Declared declared_{};                                // the other meshes, named
+  typename units_of<Declared>::type other_units_{};    // their units, one vector per declared mesh
 };
 
 }  // namespace dtensor::nn

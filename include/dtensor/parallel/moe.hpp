@@ -50,6 +50,7 @@
 
 #include "dtensor/distributed/settings_agreement.hpp"
 #include "dtensor/parallel/experts.hpp"
+#include "dtensor/nn/aux_losses.hpp"
 #include "dtensor/nn/linear.hpp"
 #include "dtensor/nn/router.hpp"
 #include "dtensor/parallel/expert_parallel.hpp"
@@ -78,6 +79,7 @@ class MoE {
   using In = X;
   using Out = X;
   using Rows = Tensor<T, 2, space>;
+  static constexpr bool auxiliary_losses = true;  // load balancing and z-loss (nn/aux_losses.hpp)
 
   struct Saved {
     typename Router::Saved router;
@@ -111,6 +113,8 @@ class MoE {
     const auto& xl = x.to_local();
     const Extent batch = xl.shape()[0], seq = xl.shape()[1], C = c_.dim;
     Saved s{std::move(router_saved), route_tokens(logits, batch, seq, x.extent(0), x.extent(1), x.mesh()), {}, {}, {}, {}, {}, {}};
+    // The weighted auxiliary losses (this rank's shares) into the enclosing forward's loss (nn/aux_losses.hpp).
+    add_auxiliary_loss(c_.router.aux_loss_coeff * s.routing.aux_loss + c_.router.z_loss_coeff * s.routing.z_loss);
     s.order = parallel::order_by_expert(s.routing.expert, s.routing.kept, c_.router.experts);
     auto& ep = parallel::expert_group(emesh_);
     s.plan = parallel::exchange_counts<space>(ep, s.order.rows_per_expert, experts_.local_experts(), C);
@@ -162,11 +166,6 @@ class MoE {
   }
 
   void backward_weight(WeightCtx w) { backward_weight_children(*this, std::move(w)); }
-
-  /// The weight of the auxiliary losses in the next backward_input: the dloss the caller's loss
-  /// is differentiated with (a pipeline's 1/M per micro-batch), 1 by default. The gates'
-  /// gradient comes through dy and is weighted already; the auxiliary losses enter here.
-  void set_loss_scale(double scale) const noexcept { loss_scale_ = scale; }
 
   auto children() { return std::tie(router_, experts_); }
   Router& router() noexcept { return router_; }
@@ -232,9 +231,12 @@ class MoE {
     } else if (r.scores.empty()) {  // balanced routing: the gates do not depend on the logits
       return typename Router::Out(dy.mesh(), global, Tensor<T, 3, space>(local));
     } else {
-      RouterConfig weighted = c_.router;  // the auxiliary losses' gradients, weighted like the loss's (set_loss_scale)
-      weighted.aux_loss_coeff *= loss_scale_;
-      weighted.z_loss_coeff *= loss_scale_;
+      // The auxiliary losses' gradients, weighted like the loss's: the dloss of the enclosing
+      // backward (nn::auxiliary_loss_scale; a pipeline's 1/M per micro-batch, 1 by default). The
+      // gates' gradient comes through dy and is weighted already.
+      RouterConfig weighted = c_.router;
+      weighted.aux_loss_coeff *= auxiliary_loss_scale();
+      weighted.z_loss_coeff *= auxiliary_loss_scale();
       auto d = route_backward(r, std::span<const T>(dgate), weighted);
       return typename Router::Out(dy.mesh(), global, to_space<space>(Tensor<T, 3>::view(d.data(), local)));
     }
@@ -271,7 +273,6 @@ class MoE {
   EMesh emesh_;
   Router router_;
   Experts experts_;
-  mutable double loss_scale_ = 1;  // set_loss_scale: a weight, not state of the model
 };
 
 }  // namespace dtensor::nn

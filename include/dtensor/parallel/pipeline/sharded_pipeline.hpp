@@ -33,9 +33,10 @@
 // Collectives beyond the stages' own and the messages between them: exactly these.
 //
 // params() is every parameter of this rank's stages as one nn::ParamSet: the FSDP shards on the
-// stage mesh and, for stages whose model keeps units on a second mesh (a GPT with
-// nn::MoELayers: layers().expert_params() on layers().expert_mesh()), those too — not sharded,
-// all-reduced on that mesh's data dimension ("edp", parallel::DataParallel) after the schedule.
+// stage mesh and, for each other mesh a stage's parameters live on (nn::parameter_groups: a
+// GPT with nn::MoELayers has its experts on the expert mesh; a user's module declares its own),
+// that group too — not sharded, all-reduced on that mesh's data dimension ("edp",
+// parallel::DataParallel) after the schedule.
 // One optimizer (optim::make_adamw) and one clip (clip_grad_norm) take them all: no caller has a
 // case for the experts.
 #pragma once
@@ -43,10 +44,12 @@
 #include <cstddef>
 #include <memory>
 #include <optional>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "dtensor/nn/param_groups.hpp"
 #include "dtensor/parallel/context_grads.hpp"
 #include "dtensor/parallel/data_parallel.hpp"
 #include "dtensor/parallel/fully_shard.hpp"
@@ -57,26 +60,13 @@
 namespace dtensor::parallel::pipeline {
 
 namespace detail {
-/// The expert parameters of a stage's Layers (nn::MoELayers), or nothing (nn::DenseLayers).
-template <class Stage>
-concept HasExperts = requires(Stage& s) { s.layers().expert_params(); };
-
-/// The parameter set of a pipeline's stages: the FSDP shards on the stage mesh, and the
-/// experts on their mesh where the stages have some.
-template <class Stage, class Params, class StageMesh>
-struct ParamParts {
-  struct None {};
-  using Mesh = None;
-  using List = None;
-  using Sync = None;
-  using Set = nn::ParamSet<nn::MeshParams<Params, StageMesh>>;
-};
-template <HasExperts Stage, class Params, class StageMesh>
-struct ParamParts<Stage, Params, StageMesh> {
-  using Mesh = std::remove_cvref_t<decltype(std::declval<Stage&>().layers().expert_mesh())>;
-  using List = std::remove_cvref_t<decltype(std::declval<Stage&>().layers().expert_params())>;
-  using Sync = std::optional<DataParallel<Mesh>>;
-  using Set = nn::ParamSet<nn::MeshParams<Params, StageMesh>, nn::MeshParams<List, Mesh>>;
+/// The data-parallel gradient sync of each parameter group beyond the stage mesh's (one per
+/// other mesh a stage's parameters live on: nn::parameter_groups).
+template <class Groups, class Seq>
+struct GroupSyncs;
+template <class Groups, std::size_t... I>
+struct GroupSyncs<Groups, std::index_sequence<0, I...>> {
+  using type = std::tuple<std::optional<DataParallel<typename std::tuple_element_t<I, Groups>::mesh_type>>...>;
 };
 }  // namespace detail
 
@@ -89,9 +79,10 @@ class ShardedPipeline {
   using T = std::conditional_t<std::is_void_v<Master>, typename decltype(Unit::group)::element_type::element_type, Master>;
   using Params = nn::ParamList<T, StageMesh::ndim, mesh_space_t<StageMesh>>;
   using Fsdp = FullyShard<Stage, StageMesh, T>;
-  static constexpr bool moe = detail::HasExperts<Stage>;
-  using Parts = detail::ParamParts<Stage, Params, StageMesh>;
-  using Set = typename Parts::Set;
+  using Groups = nn::parameter_groups_t<Stage>;
+  static constexpr std::size_t groups = std::tuple_size_v<Groups>;  // 1: every parameter on the stage mesh
+  using Set = decltype(nn::parameter_set_with(std::declval<std::vector<Stage>&>(), nn::on(std::declval<StageMesh>(), Params{})));
+  using Syncs = typename detail::GroupSyncs<Groups, std::make_index_sequence<groups>>::type;
 
  public:
   /// `stages`: this rank's, in the order schedule.layout.stages_of(pipeline rank) names them.
@@ -100,8 +91,9 @@ class ShardedPipeline {
       : mesh_(mesh), bucket_bytes_(bucket_bytes),
         executor_(mesh, std::move(schedule), std::move(stages), ExecutorOptions{.hooks = stage_hooks()}),
         params_(shard_stages(fsdp)) {
-    if constexpr (moe)
-      expert_sync_.emplace(params_.template mesh<1>(), DataParallelOptions{.bucket_bytes = bucket_bytes});
+    for_other_groups([&]<std::size_t I>(std::integral_constant<std::size_t, I>) {
+      std::get<I - 1>(group_syncs_).emplace(params_.template mesh<I>(), DataParallelOptions{.bucket_bytes = bucket_bytes});
+    });
   }
   ShardedPipeline(const ShardedPipeline&) = delete;  // the executor's hooks hold `this`
   ShardedPipeline& operator=(const ShardedPipeline&) = delete;
@@ -116,8 +108,9 @@ class ShardedPipeline {
   Fsdp& fsdp(std::size_t local_stage) { return *shards_.at(local_stage); }
   void zero_grad() {
     for (auto& shard : shards_) shard->zero_grad();
-    if constexpr (moe)
-      for (auto& p : params_.template list<1>()) p.zero_grad();
+    for_other_groups([&]<std::size_t I>(std::integral_constant<std::size_t, I>) {
+      for (auto& p : params_.template list<I>()) p.zero_grad();
+    });
   }
 
   /// One schedule over the micro-batches, then every gradient sync: the gradients of params()
@@ -138,7 +131,9 @@ class ShardedPipeline {
     auto& shards = params_.template list<0>();
     context_parallel_grads(shards, stage_mesh, {.bucket_bytes = bucket_bytes_});  // none without "cp"
     sequence_parallel_grads(shards, stage_mesh, {.bucket_bytes = bucket_bytes_});  // none without SP
-    if constexpr (moe) expert_sync_->all_reduce_gradients(params_.template list<1>());
+    for_other_groups([&]<std::size_t I>(std::integral_constant<std::size_t, I>) {
+      std::get<I - 1>(group_syncs_)->all_reduce_gradients(params_.template list<I>());
+    });
   }
 
   /// Clips every gradient of params() to `max_norm` by their one norm over all stages (and
@@ -155,22 +150,21 @@ class ShardedPipeline {
   /// does not move them: FSDP keeps references); returns every parameter of this rank's stages.
   Set shard_stages(const FsdpOptions& fsdp) {
     Params shards;
-    [[maybe_unused]] typename Parts::List experts{};
     for (Stage& stage : executor_.stages()) {
       shards_.push_back(std::make_unique<Fsdp>(stage, stage.mesh(), fsdp));
       shards_.back()->set_requires_gradient_sync(false);
       for (auto& p : shards_.back()->params()) shards.push_back(p);
-      if constexpr (moe) {
-        auto& mine = stage.layers().expert_params();
-        experts.insert(experts.end(), mine.begin(), mine.end());
-      }
     }
-    const StageMesh& stage_mesh = executor_.stages().front().mesh();
-    if constexpr (moe)
-      return nn::param_set(nn::on(stage_mesh, std::move(shards)),
-                           nn::on(executor_.stages().front().layers().expert_mesh(), std::move(experts)));
-    else
-      return nn::param_set(nn::on(stage_mesh, std::move(shards)));
+    // The other groups (e.g. experts on their mesh): every stage's, not sharded.
+    return nn::parameter_set_with(executor_.stages(), nn::on(executor_.stages().front().mesh(), std::move(shards)));
+  }
+
+  /// f(integral_constant<I>) for each parameter group I >= 1 (beyond the stage mesh's).
+  template <class F>
+  static void for_other_groups(F&& f) {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (f(std::integral_constant<std::size_t, I + 1>{}), ...);
+    }(std::make_index_sequence<groups - 1>{});
   }
 
   /// FSDP's UNSHARD before a stage's first forward, RESHARD and the gradient reduction after its last backward.
@@ -195,7 +189,7 @@ class ShardedPipeline {
   Executor<Stage, Mesh> executor_;
   std::vector<std::unique_ptr<Fsdp>> shards_;
   Set params_;
-  [[no_unique_address]] typename Parts::Sync expert_sync_{};
+  Syncs group_syncs_{};
 };
 
 }  // namespace dtensor::parallel::pipeline

@@ -19,8 +19,8 @@
 // zero-bubble schedules; the last stage keeps each micro-batch's loss (take_loss). It is the stage
 // protocol of stage.hpp. Its units are the Stack's (prologue, each block, epilogue), so
 // parallel::fully_shard(stage, stage_mesh, ...) shards a stage as it shards a whole model; the
-// model's layers() policy adds its units on other meshes (MoE experts). Auxiliary losses of a
-// stage other than the last are kept per micro-batch (take_auxiliary_loss: the executor adds them
+// parameters on other meshes form groups of their own (nn::parameter_groups: MoE experts). The
+// auxiliary losses (nn/aux_losses.hpp) of a stage other than the last are kept per micro-batch (take_auxiliary_loss: the executor adds them
 // to the step's loss); the last stage's are in its loss.
 #pragma once
 
@@ -131,8 +131,12 @@ class Stage : public nn::Stack<M> {
     auto [out, s] = Base::forward(std::move(x), input, target);
     saved_.emplace(mb, std::move(s));
     if (out.loss) losses_.emplace(mb, std::move(*out.loss));
-    if constexpr (Base::has_auxiliary_loss)
+    if constexpr (Base::has_auxiliary_loss) {
       if (!is_last()) auxiliary_losses_[mb] = out.auxiliary;
+    } else if (out.auxiliary != 0 && !is_last()) {
+      fail(op, " has a part that added an auxiliary loss (nn::add_auxiliary_loss) without declaring it: give the module "
+               "`static constexpr bool auxiliary_losses = true` so that the pipeline sums it over the stages");
+    }
     return std::move(out.y);
   }
 
