@@ -11,9 +11,11 @@
 // UsageError that names the flag and quotes the value.
 #pragma once
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <concepts>
+#include <cstdio>
 #include <filesystem>
 #include <limits>
 #include <stdexcept>
@@ -79,7 +81,23 @@ inline void check_output_file(const std::string& flag, const std::string& file) 
   if (::access(dir.c_str(), W_OK) != 0) throw UsageError(flag + " " + file + ": cannot write into " + dir.string());
 }
 
-/// A mesh dimension's size: 1 to the most ranks the threads backend runs.
+/// Fails at once when a run needs more than this process may hold (ulimit -v, else the
+/// machine's memory): `bytes` is a lower bound of what the flags ask for (`sizes` says from
+/// which flags), so that a huge size is an error naming the flags before anything is
+/// allocated, not minutes of allocating, a bare std::bad_alloc or a tensor's "cannot
+/// allocate" that names no flag. A lower bound never refuses a run that fits.
+inline void check_fits_memory(long double bytes, const std::string& sizes) {
+  long double limit = (long double)sysconf(_SC_PHYS_PAGES) * (long double)sysconf(_SC_PAGESIZE);
+  const char* what = "the machine's memory";
+  if (rlimit r{}; getrlimit(RLIMIT_AS, &r) == 0 && r.rlim_cur != RLIM_INFINITY && (long double)r.rlim_cur < limit)
+    limit = (long double)r.rlim_cur, what = "this process's address-space limit (ulimit -v)";
+  if (limit <= 0 || bytes <= limit) return;
+  char text[160];
+  std::snprintf(text, sizeof text, " need at least %.3Lg GiB, more than %s (%.3Lg GiB); nothing was allocated",
+                bytes / (1024.0L * 1024 * 1024), what, limit / (1024.0L * 1024 * 1024));
+  throw UsageError(sizes + text);
+}
+
 /// --kv-heads (grouped-query attention; 0: --heads) must divide --heads: both trainers' and the
 /// dry run's check, named by the flags.
 inline void check_kv_heads(long long heads, long long kv_heads) {
@@ -87,6 +105,7 @@ inline void check_kv_heads(long long heads, long long kv_heads) {
     throw UsageError("--heads " + std::to_string(heads) + " is not a multiple of --kv-heads " + std::to_string(kv_heads));
 }
 
+/// A mesh dimension's size: 1 to the most ranks the threads backend runs.
 inline int mesh_flag(const std::string& flag, const std::string& text) {
   return flag_value<int>(flag, text, 1, dtensor::threads::detail::max_ranks);
 }

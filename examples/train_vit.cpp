@@ -29,6 +29,7 @@
 // pattern plus noise; every rank draws the same --batch images per step (from --seed and the
 // step) and keeps its piece. Rank 0 prints the training loss of each step, the validation loss
 // (a fixed held-out batch) every --eval-every steps, and at the end whether it fell.
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -37,8 +38,10 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include "dtensor/comm/threads.hpp"
+#include "dtensor/distributed/settings_agreement.hpp"
 #include "dtensor/models/moe_gpt.hpp"  // nn::MoELayers: --experts
 #include "dtensor/models/vit.hpp"
 #include "dtensor/models/vit_data.hpp"
@@ -75,6 +78,7 @@ struct Options : examples::MeshFlags {
   // The model and the task.
   Extent layers = 2, heads = 4, dim = 64, patches = 16, patch_dim = 48, classes = 10, batch = 32;
   Extent experts = 0, topk = 2, moe_every = 1;  // 0 experts: dense MLPs; else dropless MoE MLPs
+  bool moe_flag_given = false;                   // --topk or --moe-every: an error without --experts
   // Training.
   int steps = 60, eval_every = 20;
   double lr = 3e-3;
@@ -98,6 +102,42 @@ const char* const usage_tail =
 
 std::string str(long long n) { return std::to_string(n); }
 
+/// A huge size (--dim 2^20, --layers 100000, --batch 2^30, ...) allocated for minutes or ended in
+/// a tensor's "cannot allocate" naming no flag: a lower bound of the memory the flags ask for, in
+/// long double (no overflow), checked before anything runs. Every parameter's value, gradient
+/// and two AdamW moments (16 bytes), one activation per patch and model dimension for the batch
+/// (4 bytes), and the images; MPI ranks are processes, each holding at least its share.
+void check_memory(const Options& o) {
+  using L = long double;
+  const L d = L(o.dim), mlp = 4 * d;  // ViTConfig's mlp_ratio
+  const L moe_layers = o.experts > 0 ? L(o.layers / o.moe_every) : 0;
+  const L params = L(o.layers) * 4 * d * d + (L(o.layers) - moe_layers) * 2 * d * mlp +
+                   moe_layers * L(o.experts) * 2 * d * mlp + (L(o.patch_dim) + L(o.patches) + L(o.classes)) * d;
+  const L activations = L(o.batch) * L(o.patches) * (d + L(o.patch_dim));
+  examples::check_fits_memory((params * 16 + activations * 4) / (o.backend == "mpi" ? L(o.ranks()) : 1),
+                              "the model's parameters (--layers " + str(o.layers) + ", --dim " + str(o.dim) +
+                                  ", --patch-dim " + str(o.patch_dim) + ", --patches " + str(o.patches) + ", --classes " +
+                                  str(o.classes) + (o.experts > 0 ? ", --experts " + str(o.experts) : "") +
+                                  ") with their gradients and AdamW moments, and a step's activations (--batch " +
+                                  str(o.batch) + " x --patches x --dim)");
+}
+
+/// Every flag's value, for the ranks' agreement at setup (a rank given another --seed trained
+/// another model; another --layers or --batch ended in MPI_ERR_TRUNCATE naming no flag).
+std::vector<Setting> settings_of(const Options& o) {
+  auto n = [](auto v) { return std::to_string(v); };
+  char lr[32];
+  const auto r = std::to_chars(lr, lr + sizeof lr, o.lr);  // the shortest text that reads back as lr
+  return {{"--pp", n(o.pp)}, {"--dp", n(o.dp)}, {"--fsdp", n(o.fsdp)}, {"--cp", n(o.cp)}, {"--tp", n(o.tp)},
+          {"--ep", n(o.ep)}, {"--zero", n(o.zero)}, {"--sp", o.sp ? "on" : "off"},
+          {"--cp-kind", std::string(parallel::name_of(o.cp_kind))}, {"--schedule", o.schedule},
+          {"--microbatches", n(o.microbatches)}, {"--layers", n(o.layers)}, {"--heads", n(o.heads)},
+          {"--dim", n(o.dim)}, {"--patches", n(o.patches)}, {"--patch-dim", n(o.patch_dim)}, {"--classes", n(o.classes)},
+          {"--batch", n(o.batch)}, {"--experts", n(o.experts)}, {"--topk", n(o.topk)}, {"--moe-every", n(o.moe_every)},
+          {"--steps", n(o.steps)}, {"--eval-every", n(o.eval_every)}, {"--lr", std::string(lr, r.ptr)},
+          {"--seed", n(o.seed)}, {"--backend", o.backend}};
+}
+
 void check_options(Options& o) {
   if (o.microbatches == 0) o.microbatches = o.pp > 1 ? 2 * o.pp : 1;
   if (o.microbatches > 1 && o.pp == 1) throw UsageError("--microbatches " + str(o.microbatches) + " needs --pp > 1");
@@ -114,8 +154,12 @@ void check_options(Options& o) {
     throw UsageError("--schedule is gpipe, 1f1b, interleaved, zb, zbv or dualpipev, got '" + o.schedule + "'");
   }
   if (o.experts == 0 && o.ep != 1) throw UsageError("--ep " + str(o.ep) + " needs --experts");
+  // A MoE flag without experts would be ignored: the user meant a MoE model and trains a dense one.
+  if (o.experts == 0 && o.moe_flag_given) throw UsageError("--topk and --moe-every have no effect without --experts E");
   if (o.experts > 0) {
     if (o.topk > o.experts) throw UsageError("--topk " + str(o.topk) + " exceeds --experts " + str(o.experts));
+    if (o.moe_every > o.layers)  // no block would be a MoE: a dense model under a MoE banner
+      throw UsageError("--moe-every " + str(o.moe_every) + " exceeds --layers " + str(o.layers) + ": no block would have experts");
     if ((o.dp * o.fsdp * o.cp) % o.ep != 0)
       throw UsageError("--ep " + str(o.ep) + " does not divide dp x fsdp x cp = " + str(o.dp * o.fsdp * o.cp));
     if (o.experts % o.ep != 0) throw UsageError("--experts " + str(o.experts) + " is not a multiple of --ep " + str(o.ep));
@@ -128,6 +172,7 @@ void check_options(Options& o) {
                      " is not a multiple of " + str(o.tp * o.cp));
   if (o.ranks() > threads::detail::max_ranks)
     throw UsageError("pp x dp x fsdp x cp x tp = " + str(o.ranks()) + " ranks, more than " + str(threads::detail::max_ranks));
+  check_memory(o);
 }
 
 Options parse(int argc, char** argv) {
@@ -151,8 +196,8 @@ Options parse(int argc, char** argv) {
     else if (a == "--classes") o.classes = flag_value<Extent>(a, value(), 2);
     else if (a == "--batch") o.batch = flag_value<Extent>(a, value(), 1);
     else if (a == "--experts") o.experts = flag_value<Extent>(a, value(), 0);
-    else if (a == "--topk") o.topk = flag_value<Extent>(a, value(), 1);
-    else if (a == "--moe-every") o.moe_every = flag_value<Extent>(a, value(), 1);
+    else if (a == "--topk") o.topk = flag_value<Extent>(a, value(), 1), o.moe_flag_given = true;
+    else if (a == "--moe-every") o.moe_every = flag_value<Extent>(a, value(), 1), o.moe_flag_given = true;
     else if (a == "--steps") o.steps = flag_value<int>(a, value(), 1);
     else if (a == "--eval-every") o.eval_every = flag_value<int>(a, value(), 1);
     else if (a == "--lr") o.lr = examples::positive_flag_value(a, value(), 1e6);  // AdamW's bound
@@ -318,6 +363,9 @@ void train(CommPtr world, const Options& o, const Mesh& mesh) {
 }
 
 void run_rank(CommPtr world, const Options& o) {
+  // First, before the mesh or any collective: one all-gather that finds ranks given different
+  // flags, in every build, naming the flag and the ranks (comm/settings_agreement.hpp).
+  require_same_settings(*world, "train_vit", settings_of(o));
   if (world->size() != o.ranks())
     world->fail("train_vit", "the job has " + str(world->size()) + " ranks but pp x dp x fsdp x cp x tp = " + str(o.ranks()));
   auto on = [&]<class Plan>() {

@@ -3,6 +3,7 @@
 
     scripts/bad_input_catalogue.py --build build-rel            # every case, a tally at the end
     scripts/bad_input_catalogue.py --build build-rel --only mpi # the cases whose name has "mpi"
+    scripts/bad_input_catalogue.py --build build-rel --skip mpi # all but those
     scripts/bad_input_catalogue.py --build build-rel --list     # the cases, not run
 
 Runs train_gpt, train_vit, plan_at_scale and the MPI trainer (train_gpt --backend mpi, 4
@@ -65,7 +66,7 @@ def cases(build, tmp):
                     "--ep", "--zero", "--microbatches"]),
         vit: (VIT, ["--layers", "--heads", "--dim", "--patches", "--patch-dim", "--classes", "--batch", "--steps",
                     "--eval-every", "--lr", "--seed", "--pp", "--dp", "--fsdp", "--cp", "--tp", "--zero",
-                    "--microbatches"]),
+                    "--microbatches", "--experts", "--topk", "--moe-every", "--ep"]),
         plan: (PLAN, ["--layers", "--dim", "--heads", "--kv-heads", "--ffn", "--vocab", "--seq", "--mlp-ratio",
                       "--batch", "--dp", "--tp", "--pp", "--zero", "--hsdp", "--cp", "--microbatches",
                       "--stages-per-rank", "--experts", "--topk", "--ep", "--moe-every", "--capacity",
@@ -83,15 +84,18 @@ def cases(build, tmp):
                     (f == "--capacity" and v in ("2147483648", "1e300", "99999999999999999999999"))  # = dropless
                 # The MoE flags act only with experts: give them some, so that the value is used.
                 moe = ["--experts", "4"] if p == "train_gpt" and f in ("--topk", "--capacity", "--moe-every") else []
+                if p == "train_vit" and f in ("--topk", "--moe-every", "--ep"):
+                    moe = ["--experts", "4", "--cp", "1"]
                 out.append(Case(f"{p} {f} '{v}'", [prog] + base + moe + [f, v], re.escape(f), valid=in_range))
     # Strings with a fixed set of values.
     for prog, base, f in [(gpt, GPT, "--schedule"), (gpt, GPT, "--cp-kind"), (gpt, GPT, "--arch"), (gpt, GPT, "--dtype"),
                           (gpt, GPT, "--backend"), (gpt, GPT, "--device"), (gpt, GPT, "--sync"),
-                          (vit, VIT, "--backend"), (vit, VIT, "--cp-kind"), (plan, PLAN, "--arch"),
+                          (vit, VIT, "--backend"), (vit, VIT, "--cp-kind"), (vit, VIT, "--schedule"), (plan, PLAN, "--arch"),
                           (plan, PLAN, "--dtype"), (plan, PLAN, "--device"), (plan, PLAN, "--cp-kind"),
                           (plan, PLAN, "--schedule"), (plan, PLAN, "--device-field")]:
         for v in ["", "bogus", "-1"]:
             out.append(Case(f"{os.path.basename(prog)} {f} '{v}'", [prog] + base + [f, v], re.escape(f)))
+    out += vit_cases(vit)
     # Files and directories.
     d = tmp
     ro = os.path.join(d, "readonly")
@@ -156,6 +160,78 @@ def cases(build, tmp):
     longer[longer.index("--steps") + 1] = "400"
     out.append(Case("mpi rank killed mid-run", launcher + ["-np", "4", gpt] + longer, "", env=MPI_ENV,
                     kill_after=4.0))
+    # train_vit under MPI (8 ranks by default; 4 here): one rank given another value of a flag,
+    # 3 ranks for a 4-rank mesh, and a rank killed mid-run.
+    vsmall = ["--backend", "mpi", "--fsdp", "2", "--cp", "1", "--tp", "2", "--steps", "2", "--eval-every", "2"]
+    vdiffer = [["--seed", "7"], ["--lr", "0.01"], ["--dim", "32"], ["--steps", "3"], ["--layers", "3"],
+               ["--heads", "2"], ["--patches", "8"], ["--patch-dim", "24"], ["--classes", "5"], ["--batch", "16"],
+               ["--eval-every", "1"], ["--zero", "2"], ["--no-sp"], ["--tp", "1", "--fsdp", "4"],
+               ["--cp", "2", "--fsdp", "1"], ["--cp-kind", "ulysses"], ["--experts", "4"],
+               ["--pp", "2", "--fsdp", "1"]]
+    for extra in vdiffer:
+        argv = launcher + ["-np", "3", vit] + vsmall + [":", "-np", "1", vit] + vsmall + extra
+        flag = "--sp" if extra[0] == "--no-sp" else extra[0]
+        out.append(Case(f"mpi train_vit rank 3 given {' '.join(extra[:2])}", argv, re.escape(flag), env=MPI_ENV))
+    # Pipeline ranks given different schedules or micro-batch counts.
+    vpipe = vsmall[:] + ["--pp", "2", "--fsdp", "1", "--layers", "4"]
+    for extra in [["--schedule", "gpipe"], ["--microbatches", "2"]]:
+        argv = launcher + ["-np", "3", vit] + vpipe + [":", "-np", "1", vit] + vpipe + extra
+        out.append(Case(f"mpi train_vit pp rank 3 given {' '.join(extra)}", argv, re.escape(extra[0]), env=MPI_ENV))
+    out.append(Case("mpi train_vit 3 ranks for a 4-rank mesh", launcher + ["-np", "3", vit] + vsmall, "ranks",
+                    env=MPI_ENV))
+    vlonger = vsmall[:]
+    vlonger[vlonger.index("--steps") + 1] = "4000"
+    out.append(Case("mpi train_vit rank killed mid-run", launcher + ["-np", "4", vit] + vlonger, "", env=MPI_ENV,
+                    kill_after=4.0))
+    return out
+
+
+def vit_cases(vit):
+    """train_vit's sizes that do not divide, stages against layers, huge sizes: each a clear error
+    (or ok where the size is in range: uneven shards are the normal case)."""
+    out = []
+    def case(what, extra, names, valid=False):
+        out.append(Case(f"train_vit {what}", [vit] + VIT + extra, names, valid=valid))
+    # Divisibility: the heads over tp (and tp x cp for Ulysses), dim over heads.
+    case("--heads 3 (--dim 64)", ["--heads", "3"], "--heads")
+    case("--heads 6 --dim 66 over --tp 4", ["--heads", "6", "--dim", "66", "--tp", "4", "--cp", "1"], "--heads|--tp")
+    case("--tp 3", ["--tp", "3"], "--tp|--heads")
+    case("ulysses --heads 2 over cp x tp 4", ["--cp-kind", "ulysses", "--heads", "2", "--dim", "64"], "--heads|ulysses")
+    case("--dim 8 --heads 8", ["--dim", "8", "--heads", "8", "--tp", "1"], "", valid=True)
+    # Uneven sizes are the normal case: they train.
+    case("--patches 15 over --cp 2", ["--patches", "15"], "", valid=True)
+    case("--patches 1 over --cp 2", ["--patches", "1"], "", valid=True)  # the losses of --cp 1
+    case("--classes 7 over --tp 2", ["--classes", "7"], "", valid=True)
+    case("--batch 3 over fsdp 2", ["--batch", "3"], "", valid=True)
+    case("--batch 1 over dp 4", ["--batch", "1", "--dp", "4", "--fsdp", "1", "--cp", "1", "--tp", "1"], "",
+         valid=True)  # ranks without an image: the losses of --dp 1
+    case("--patch-dim 1", ["--patch-dim", "1"], "", valid=True)
+    # Pipeline stages against layers and micro-batches.
+    case("--pp 2 --layers 1", ["--pp", "2", "--layers", "1"], "--layers")
+    case("--pp 4 --layers 3", ["--pp", "4", "--layers", "3", "--cp", "1", "--fsdp", "1"], "--layers")
+    case("zbv --pp 2 --layers 3", ["--pp", "2", "--schedule", "zbv", "--layers", "3", "--cp", "1"], "--layers")
+    case("--pp 2 --microbatches 3 (batch 32)", ["--pp", "2", "--microbatches", "3"], "--microbatches")
+    case("--pp 2 --microbatches 64 (batch 32)", ["--pp", "2", "--microbatches", "64"], "--microbatches|--batch")
+    case("--pp 2 --microbatches 32 --batch 32 over fsdp 2", ["--pp", "2", "--microbatches", "32", "--cp", "1"],
+         "", valid=True)
+    case("--microbatches 2 without --pp", ["--microbatches", "2"], "--microbatches")
+    case("--schedule without --pp", ["--schedule", "zbv"], "--schedule|--pp", valid=True)
+    # Experts over ep.
+    case("--experts 3 --ep 2", ["--experts", "3", "--ep", "2", "--cp", "1"], "--experts|--ep")
+    case("--experts 4 --ep 3", ["--experts", "4", "--ep", "3", "--cp", "1"], "--ep")
+    case("--topk 5 --experts 4", ["--experts", "4", "--topk", "5", "--cp", "1"], "--topk")
+    case("--topk without --experts", ["--topk", "1"], "--topk")
+    case("--moe-every without --experts", ["--moe-every", "2"], "--moe-every")
+    case("--moe-every 3 beyond --layers 2", ["--experts", "4", "--moe-every", "3", "--cp", "1"], "--moe-every")
+    case("--ep without --experts", ["--ep", "2"], "--ep")
+    case("--zero 2 with --fsdp 1", ["--zero", "2", "--fsdp", "1"], "", valid=True)  # ZeRO over one rank: DDP
+    case("--cp-kind without --cp", ["--cp-kind", "ulysses", "--cp", "1"], "", valid=True)
+    # Huge sizes: an error naming the sizes promptly, not minutes of allocating or bad_alloc.
+    for f, v in [("--dim", "1048576"), ("--layers", "100000"), ("--patches", "16777216"), ("--patch-dim", "1073741824"),
+                 ("--classes", "1073741824"), ("--batch", "1073741824"), ("--experts", "100000"),
+                 ("--heads", "1048576")]:
+        extra = ["--cp", "1"] if f == "--experts" else []
+        case(f"{f} huge {v}", extra + [f, v] + (["--dim", "1048576"] if f == "--heads" else []), re.escape(f))
     return out
 
 
@@ -212,6 +288,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", required=True)
     ap.add_argument("--only", default="")
+    ap.add_argument("--skip", default=None, help="leave out the cases whose name has this text")
     ap.add_argument("--timeout", type=float, default=30)
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--verbose", action="store_true")
@@ -219,7 +296,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="dtensor-catalogue-")
     try:
         # Programs not built are skipped (say which), so that one trainer can be checked alone.
-        todo = [c for c in cases(a.build, tmp) if a.only in c.name]
+        todo = [c for c in cases(a.build, tmp) if a.only in c.name and (a.skip is None or a.skip not in c.name)]
         have = [c for c in todo if os.path.exists(next(x for x in c.argv if "/examples/" in x))]
         for prog in sorted({next(x for x in c.argv if "/examples/" in x) for c in todo} -
                            {next(x for x in c.argv if "/examples/" in x) for c in have}):

@@ -22,6 +22,10 @@ namespace dtensor::nn {
 
 template <kernels::host::FloatElement T>
 std::pair<Tensor<T, 3>, Tensor<std::int32_t, 1>> synthetic_images(const ViTConfig& c, Extent batch, std::uint64_t seed) {
+  // Each label is drawn modulo the classes: 0 classes was a division by zero (SIGFPE) in every build.
+  dtensor::detail::check(c.classes > 0 && c.patches >= 0 && c.patch_dim >= 0 && batch >= 0, "nn::synthetic_images",
+                         "batch ", batch, " of ", c.patches, " patches of ", c.patch_dim, " values, ", c.classes,
+                         " classes: the classes must be > 0 and no size negative");
   Tensor<T, 3> x(Shape<3>{batch, c.patches, c.patch_dim});
   Tensor<std::int32_t, 1> y(Shape<1>{batch});
   std::mt19937_64 g(seed * 0x9E3779B97F4A7C15ull + 17);
