@@ -377,57 +377,6 @@ void print_header(const Options& o) {
                                                 : "");
 }
 
-int run_plan(const Options& o) {
-  const auto& p = o.plan;
-  if (!o.json) print_header(o);
-  const auto started = std::chrono::steady_clock::now();
-  const std::vector<sim::PlanClass> classes = dry_run_any(o);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  const PlanSummary r = summarize(o, classes);
-  if (o.json) print_json(o, classes, r, seconds);
-  else {
-    for (std::size_t i = 0; i < classes.size(); ++i) {
-      const auto& c = classes[i];
-      const auto& est = r.estimate.classes[i];
-      std::cout << '\n' << c.report.to_table();
-      std::printf("estimate: ends at %.3f s (pipeline rank %d idle %.1f %%, once per step %.3f s of which gradient "
-                  "reduction %.3f s before overlap); compute %.3f s, communication %.3f s of which exposed %.3f s; "
-                  "memory with %d micro-batch stages in flight %s\n",
-                  est.step_seconds, c.pipeline_rank, 100 * est.bubble_fraction, est.once_per_step_seconds,
-                  est.gradient_reduction_seconds, est.compute_seconds, est.communication_seconds,
-                  est.exposed_communication_seconds, c.in_flight, sim::detail::human_bytes(c.peak_in_flight).c_str());
-    }
-    std::printf("\ndry run: %zu rank classes for %lld GPUs in %.2f s; the most memory any rank holds in the step: %s "
-                "(%s)\n", classes.size(), p.gpus(), seconds, sim::detail::human_bytes(r.memory).c_str(),
-                classes[r.memory_class].report.name.c_str());
-    std::printf("step: %.3f s on %s (pipeline %.3f s, bubble %.1f %%; slowest class %s); %.4g tokens/s; ",
-                r.step, o.hardware.name.c_str(), r.estimate.pipeline_seconds, 100 * r.estimate.bubble_fraction,
-                classes[r.estimate.slowest].report.name.c_str(), r.tokens_per_second);
-    if (p.has_experts()) std::printf("MFU n/a (MoE); ");
-    else std::printf("MFU %.1f %% (%.0f model TFLOP/s per GPU); ", 100 * r.mfu, r.model_tflops_per_gpu);
-    std::printf("%.0f TFLOP/s per GPU executed (recomputation included)\n", r.hardware_tflops_per_gpu);
-    std::printf("memory: %s %s of %s per GPU less the %.0f %% reserve (%s)\n", r.fits ? "fits," : "DOES NOT FIT:",
-                sim::detail::human_bytes(r.memory).c_str(), sim::detail::human_bytes(o.hardware.memory_bytes).c_str(),
-                100 * sim::memory_reserve_fraction,
-                sim::detail::human_bytes(o.hardware.memory_bytes * (1 - sim::memory_reserve_fraction)).c_str());
-  }
-  if (o.sync_table) print_sync_table(o, classes, r);
-  if (!o.trace.empty()) {
-    const auto& c = classes.front();
-    trace::detail::write_text_file(o.trace, sim::chrome_trace(r.estimate.classes.front(), c.pipeline_rank, c.report.name),
-                                   "plan_at_scale --trace");
-    if (!o.json) std::printf("trace of %s (pipeline rank %d): %s\n", c.report.name.c_str(), c.pipeline_rank, o.trace.c_str());
-  }
-  if (!r.fits) {
-    std::fprintf(stderr, "plan_at_scale: the plan does not fit: %s per GPU (%s) > %s of %s less the %.0f %% reserve\n",
-                 sim::detail::human_bytes(r.memory).c_str(), classes[r.memory_class].report.name.c_str(),
-                 sim::detail::human_bytes(o.hardware.memory_bytes * (1 - sim::memory_reserve_fraction)).c_str(),
-                 o.hardware.name.c_str(), 100 * sim::memory_reserve_fraction);
-    return 3;
-  }
-  return 0;
-}
-
 /// --sync-table: the slowest class's gradient reduction (what DDP all-reduces on the data
 /// dimension, E elements) priced per strategy by parallel::sync::sync_step_cost from DDP's times
 /// in this dry run: the step is the plan's, less DDP's exposed reduction, plus the strategy's.
@@ -481,6 +430,57 @@ void print_sync_table(const Options& o, const std::vector<sim::PlanClass>& class
     std::printf("  %-28s %14.0f %14.0f %12.4f %12.4f %10.4f %8.3fx\n", row.name.c_str(), c.payload_bytes, c.peak_payload_bytes,
                 c.comm_seconds, c.exposed_seconds, c.step_seconds, ddp_step / c.step_seconds);
   }
+}
+
+int run_plan(const Options& o) {
+  const auto& p = o.plan;
+  if (!o.json) print_header(o);
+  const auto started = std::chrono::steady_clock::now();
+  const std::vector<sim::PlanClass> classes = dry_run_any(o);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  const PlanSummary r = summarize(o, classes);
+  if (o.json) print_json(o, classes, r, seconds);
+  else {
+    for (std::size_t i = 0; i < classes.size(); ++i) {
+      const auto& c = classes[i];
+      const auto& est = r.estimate.classes[i];
+      std::cout << '\n' << c.report.to_table();
+      std::printf("estimate: ends at %.3f s (pipeline rank %d idle %.1f %%, once per step %.3f s of which gradient "
+                  "reduction %.3f s before overlap); compute %.3f s, communication %.3f s of which exposed %.3f s; "
+                  "memory with %d micro-batch stages in flight %s\n",
+                  est.step_seconds, c.pipeline_rank, 100 * est.bubble_fraction, est.once_per_step_seconds,
+                  est.gradient_reduction_seconds, est.compute_seconds, est.communication_seconds,
+                  est.exposed_communication_seconds, c.in_flight, sim::detail::human_bytes(c.peak_in_flight).c_str());
+    }
+    std::printf("\ndry run: %zu rank classes for %lld GPUs in %.2f s; the most memory any rank holds in the step: %s "
+                "(%s)\n", classes.size(), p.gpus(), seconds, sim::detail::human_bytes(r.memory).c_str(),
+                classes[r.memory_class].report.name.c_str());
+    std::printf("step: %.3f s on %s (pipeline %.3f s, bubble %.1f %%; slowest class %s); %.4g tokens/s; ",
+                r.step, o.hardware.name.c_str(), r.estimate.pipeline_seconds, 100 * r.estimate.bubble_fraction,
+                classes[r.estimate.slowest].report.name.c_str(), r.tokens_per_second);
+    if (p.has_experts()) std::printf("MFU n/a (MoE); ");
+    else std::printf("MFU %.1f %% (%.0f model TFLOP/s per GPU); ", 100 * r.mfu, r.model_tflops_per_gpu);
+    std::printf("%.0f TFLOP/s per GPU executed (recomputation included)\n", r.hardware_tflops_per_gpu);
+    std::printf("memory: %s %s of %s per GPU less the %.0f %% reserve (%s)\n", r.fits ? "fits," : "DOES NOT FIT:",
+                sim::detail::human_bytes(r.memory).c_str(), sim::detail::human_bytes(o.hardware.memory_bytes).c_str(),
+                100 * sim::memory_reserve_fraction,
+                sim::detail::human_bytes(o.hardware.memory_bytes * (1 - sim::memory_reserve_fraction)).c_str());
+  }
+  if (o.sync_table) print_sync_table(o, classes, r);
+  if (!o.trace.empty()) {
+    const auto& c = classes.front();
+    trace::detail::write_text_file(o.trace, sim::chrome_trace(r.estimate.classes.front(), c.pipeline_rank, c.report.name),
+                                   "plan_at_scale --trace");
+    if (!o.json) std::printf("trace of %s (pipeline rank %d): %s\n", c.report.name.c_str(), c.pipeline_rank, o.trace.c_str());
+  }
+  if (!r.fits) {
+    std::fprintf(stderr, "plan_at_scale: the plan does not fit: %s per GPU (%s) > %s of %s less the %.0f %% reserve\n",
+                 sim::detail::human_bytes(r.memory).c_str(), classes[r.memory_class].report.name.c_str(),
+                 sim::detail::human_bytes(o.hardware.memory_bytes * (1 - sim::memory_reserve_fraction)).c_str(),
+                 o.hardware.name.c_str(), 100 * sim::memory_reserve_fraction);
+    return 3;
+  }
+  return 0;
 }
 
 /// Whether an analytic plan has every field --rank-of names.

@@ -103,7 +103,7 @@ inline SyncStepCost sync_step_cost(const SyncSetting& k, std::size_t elements, s
   const double full = double(elements) * double(element_bytes), h = double(k.inner_steps);
   auto seconds = [&](double bytes) { return t.reduce_seconds * bytes / full; };  // linear in the payload
   const double c = t.compute_seconds;
-  auto hidden = [](double seconds, double behind) { return seconds > behind ? seconds - behind : 0.0; };
+  auto hidden = [](double busy, double behind) { return busy > behind ? busy - behind : 0.0; };
   SyncStepCost r;
   switch (k.kind) {
     case SyncKind::ddp:
