@@ -55,6 +55,7 @@
 #include <string>
 
 #include "dtensor/parallel/pipeline/by_name.hpp"
+#include "dtensor/parallel/sync/traffic.hpp"
 #include "dtensor/sim/chrome_trace.hpp"
 #include "dtensor/sim/cost_model.hpp"
 #include "dtensor/sim/device.hpp"
@@ -80,8 +81,12 @@ struct Options {
   bool json = false, search = false, published = false;
   long long search_gpus = 0;
   int top = 5, finalists = 12;
-  std::vector<std::pair<std::string, long long>> rank_of;
-  long long serve_batch = 0, serve_context = 0;  // --serve BATCH,CONTEXT  // --rank-of tp=8,pp=16,dp=128: where that plan ranks, and why
+  std::vector<std::pair<std::string, long long>> rank_of;  // --rank-of tp=8,pp=16,dp=128: where that plan ranks, and why
+  long long serve_batch = 0, serve_context = 0;            // --serve BATCH,CONTEXT
+  // --sync-table: the strategies of parallel/sync/ on the data dimension against DDP (docs/beyond-sync.md),
+  // with --inner-steps H, --fragments F, --overlap tau and --staleness s.
+  bool sync_table = false;
+  int inner_steps = 100, fragments = 4, overlap = 1, staleness = 1;
 };
 
 constexpr const char* usage =
@@ -91,7 +96,7 @@ constexpr const char* usage =
     "--experts E --topk K --ep N --moe-every N --capacity F --no-sp --trace FILE --json "
     "--device h100|h200|a100 --device-file F --device-field NAME=VALUE --peak-tflops X "
     "--search --gpus N --top K --finalists N --rank-of tp=T,pp=P,dp=D[,cp=C,v=V,zero=Z,micro=B] --published "
-    "--serve BATCH,CONTEXT]\n"
+    "--serve BATCH,CONTEXT --sync-table [--inner-steps H --fragments F --overlap T --staleness S]]\n"
     "device fields: name peak_bf16_tflops peak_fp32_tflops hbm_gbytes_per_s memory_gbytes nvlink_domain "
     "nvlink_gbytes_per_s nvlink_latency_us network_gbps network_latency_us\n";
 
@@ -189,6 +194,11 @@ Options parse(int argc, char** argv) {
       if (eq == std::string::npos) throw UsageError("--device-field " + f + ": expected NAME=VALUE");
       fields.emplace_back(f.substr(0, eq), f.substr(eq + 1));
     } else if (a == "--json") o.json = true;
+    else if (a == "--sync-table") o.sync_table = true;
+    else if (a == "--inner-steps") o.inner_steps = flag_value<int>(a, value(), 1, 1 << 20);
+    else if (a == "--fragments") o.fragments = flag_value<int>(a, value(), 1, 1 << 20);
+    else if (a == "--overlap") o.overlap = flag_value<int>(a, value(), 0, 1 << 20);
+    else if (a == "--staleness") o.staleness = flag_value<int>(a, value(), 0, 1 << 20);
     else if (a == "--search") o.search = true;
     else if (a == "--published") o.published = true;
     else if (a == "--gpus") o.search_gpus = flag_value<long long>(a, value(), 1, 1LL << 31);
@@ -227,6 +237,12 @@ Options parse(int argc, char** argv) {
     if (was_given(f) && !o.plan.has_experts()) throw UsageError(std::string(f) + " has no effect without --experts E");
   for (const char* f : {"--gpus", "--top", "--finalists", "--rank-of"})
     if (was_given(f) && !o.search) throw UsageError(std::string(f) + " has no effect without --search");
+  for (const char* f : {"--inner-steps", "--fragments", "--overlap", "--staleness"})
+    if (was_given(f) && !o.sync_table) throw UsageError(std::string(f) + " has no effect without --sync-table");
+  if (o.sync_table && (o.fragments > o.inner_steps || o.overlap >= o.inner_steps))
+    throw UsageError("--sync-table: --fragments " + std::to_string(o.fragments) + " and --overlap " + std::to_string(o.overlap) +
+                     " must be at most and below --inner-steps " + std::to_string(o.inner_steps));
+  if (o.sync_table && (o.search || o.published || o.json)) throw UsageError("--sync-table is for one plan's text report");
   if (o.published) return o;
   // The dry run builds every block and expert as a module and walks the sequence's positions (the
   // context layout, the pipeline's per-token work): sizes past these bounds would exhaust memory
@@ -378,6 +394,61 @@ void print_header(const Options& o) {
                                                 : "");
 }
 
+/// --sync-table: the slowest class's gradient reduction (what DDP all-reduces on the data
+/// dimension, E elements) priced per strategy by parallel::sync::sync_step_cost from DDP's times
+/// in this dry run: the step is the plan's, less DDP's exposed reduction, plus the strategy's.
+void print_sync_table(const Options& o, const std::vector<sim::PlanClass>& classes, const PlanSummary& r) {
+  using parallel::sync::SyncKind;
+  const std::size_t slowest = r.estimate.slowest;
+  const auto& report = classes[slowest].report;
+  const auto& est = r.estimate.classes[slowest];
+  double payload = 0, element_bytes = 0, other_phases = 0;
+  for (std::size_t i = 0; i < report.phases.size(); ++i) {
+    const auto& ph = report.phases[i];
+    for (const auto& c : ph.collectives)
+      if (sim::comm_role(c, ph.name) == sim::CommRole::gradient_reduction) {
+        payload += double(c.bytes);
+        element_bytes = double(size_of(c.dtype));
+      }
+    if (!sim::detail::is_microbatch_phase(ph.name)) other_phases += est.phases[i].total();
+  }
+  if (payload == 0) {
+    std::printf("\n--sync-table: no gradient reduction on a data dimension in this plan (dp 1)\n");
+    return;
+  }
+  const double exposed = std::max(0.0, est.once_per_step_seconds - other_phases);
+  const parallel::sync::SyncTiming timing{.reduce_seconds = est.gradient_reduction_seconds, .exposed_seconds = exposed,
+                                          .compute_seconds = r.step - exposed};
+  const std::size_t elements = std::size_t(payload / element_bytes);
+  const int h = o.inner_steps, f = o.fragments, tau = o.overlap;
+  struct Row {
+    std::string name;
+    parallel::sync::SyncSetting setting;
+  };
+  const std::vector<Row> rows = {
+      {"ddp", {.kind = SyncKind::ddp}},
+      {"async s=" + std::to_string(o.staleness), {.kind = SyncKind::async, .staleness = o.staleness}},
+      {"local-sgd H=" + std::to_string(h), {.kind = SyncKind::local_sgd, .inner_steps = h}},
+      {"diloco H=" + std::to_string(h), {.kind = SyncKind::diloco, .inner_steps = h}},
+      {"diloco H=" + std::to_string(h) + " bf16", {.kind = SyncKind::diloco, .inner_steps = h, .bf16_reduce = true}},
+      {"streaming H=" + std::to_string(h) + " F=" + std::to_string(f), {.kind = SyncKind::diloco, .inner_steps = h, .fragments = f}},
+      {"streaming H=" + std::to_string(h) + " F=" + std::to_string(f) + " tau=" + std::to_string(tau),
+       {.kind = SyncKind::diloco, .inner_steps = h, .fragments = f, .overlap_steps = tau}},
+      {"fedavg L=" + std::to_string(h), {.kind = SyncKind::fedavg, .inner_steps = h}},
+  };
+  std::printf("\nsync strategies on the data dimension (%s, %s of gradients of %.0f-byte elements per rank; DDP's reduction "
+              "%.3f s, %.3f s of it exposed; docs/beyond-sync.md):\n",
+              report.name.c_str(), sim::detail::human_bytes(payload).c_str(), element_bytes, est.gradient_reduction_seconds, exposed);
+  std::printf("  %-28s %14s %14s %12s %12s %10s %9s\n", "strategy", "bytes/step", "peak bytes", "comm s/step", "exposed s",
+              "step s", "vs DDP");
+  const double ddp_step = r.step;
+  for (const auto& row : rows) {
+    const auto c = parallel::sync::sync_step_cost(row.setting, elements, std::size_t(element_bytes), timing);
+    std::printf("  %-28s %14.0f %14.0f %12.4f %12.4f %10.4f %8.3fx\n", row.name.c_str(), c.payload_bytes, c.peak_payload_bytes,
+                c.comm_seconds, c.exposed_seconds, c.step_seconds, ddp_step / c.step_seconds);
+  }
+}
+
 int run_plan(const Options& o) {
   const auto& p = o.plan;
   if (!o.json) print_header(o);
@@ -412,6 +483,7 @@ int run_plan(const Options& o) {
                 100 * sim::memory_reserve_fraction,
                 sim::detail::human_bytes(o.hardware.memory_bytes * (1 - sim::memory_reserve_fraction)).c_str());
   }
+  if (o.sync_table) print_sync_table(o, classes, r);
   if (!o.trace.empty()) {
     const auto& c = classes.front();
     trace::detail::write_text_file(o.trace, sim::chrome_trace(r.estimate.classes.front(), c.pipeline_rank, c.report.name),

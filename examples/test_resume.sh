@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # examples/test_resume.sh — train_gpt's checkpoints end to end (a CTest case, examples/CMakeLists.txt).
 #
-#   test_resume.sh TRAINER WORKDIR TOLERANCE SAVE_AT TOTAL "SAVE_MESH_FLAGS" "RESUME_MESH_FLAGS" [--bad-input] -- MODEL_FLAGS...
+#   [DTENSOR_LAUNCH="mpiexec -n 4"] test_resume.sh TRAINER WORKDIR TOLERANCE SAVE_AT TOTAL "SAVE_MESH_FLAGS" "RESUME_MESH_FLAGS" [--bad-input] -- MODEL_FLAGS...
 #
 # 1. straight: TOTAL steps on the saving mesh;
 # 2. SAVE_AT steps on the saving mesh with --save-every SAVE_AT;
@@ -20,7 +20,9 @@ if [[ ${1:-} == --bad-input ]]; then bad_input=1; shift; fi
 model=("$@")
 rm -rf "$work" && mkdir -p "$work"
 # shellcheck disable=SC2086  # the mesh flags are words
-run() { "$trainer" "${model[@]}" --eval-every 1000 "$@"; }
+# DTENSOR_LAUNCH: a launcher's words before the trainer ("mpiexec -n 4" for the MPI cases).
+read -r -a launch <<<"${DTENSOR_LAUNCH:-}"
+run() { "${launch[@]}" "$trainer" "${model[@]}" --eval-every 1000 "$@"; }
 final() { grep -o 'final losses at step [0-9]*: train [^ ]* validation [^ ]*' "$1"; }
 
 run $save_mesh --steps "$total" >"$work/straight.log"

@@ -136,6 +136,14 @@ struct Options : examples::MeshFlags {  // the mesh: --pp --dp --fsdp --cp --tp 
   // (FedAvg: clients sampled per round, 0 = every dp rank), --kfold k (k runs, mean and std of the validation loss).
   std::string sync = "ddp";
   int inner_steps = 50, staleness = 1, clients = 0, kfold = 0;
+  // DiLoCo's options (parallel::sync::DiLoCoOptions): --fragments F and --overlap tau (Streaming DiLoCo),
+  // --overlap-alpha, --bf16-reduce, --outer-lr and --outer-momentum (0: the library's defaults 0.7 and 0.9).
+  int fragments = 1, overlap = 0;
+  double overlap_alpha = 0, outer_lr = 0, outer_momentum = -1;
+  bool bf16_reduce = false;
+  bool diloco_options_given() const {
+    return fragments != 1 || overlap != 0 || overlap_alpha != 0 || bf16_reduce || outer_lr != 0 || outer_momentum >= 0;
+  }
   // Weights in and out, and text (checkpoint/safetensors.hpp, models/generate.hpp): --init-from FILE
   // starts from a safetensors file's weights, --export FILE writes the trained ones (whole tensors,
   // any mesh), --generate N prints N characters after --prompt TEXT from the trained model (greedy,
@@ -173,6 +181,7 @@ inline const char* const usage =
     "                 [--trace FILE] [--plot FILE] [--arch gpt|llama] [--kv-heads N] [--ffn N]\n"
     "                 [--save-every N --save-dir DIR] [--resume DIR]\n"
     "                 [--sync ddp|local-sgd|diloco|async|fedavg] [--inner-steps H] [--staleness s] [--clients K] [--kfold k]\n"
+    "                 [--fragments F] [--overlap T] [--overlap-alpha A] [--bf16-reduce] [--outer-lr X] [--outer-momentum M]\n"
     "                 [--init-from FILE] [--export FILE.safetensors] [--generate N [--prompt TEXT] [--temperature T] [--top-k K]]\n"
     "                 [--offload optimizer --offload-dir DIR [--offload-buffer-kib N]] [--host-budget-mib X] [--device-budget-mib X]\n"
     "  mesh (pp, dp, fsdp, cp, tp), default pp 2 x dp 1 x fsdp 2 x cp 2 x tp 2 + SP: 16 ranks (threads, or mpirun -n).\n"
@@ -199,6 +208,9 @@ inline const char* const usage =
     "        --inner-steps H (50); async: the all-reduce of step t applied at t + --staleness s (1); fedavg: each dp\n"
     "        rank a client on its own slice of the text, --clients K sampled per round of H steps (0: all).\n"
     "        --kfold k: k runs over k folds of the text's blocks, then the validation loss's mean and std.\n"
+    "        diloco: --fragments F (Streaming DiLoCo: F staggered pieces), --overlap T (a piece's all-reduce waited\n"
+    "        for T < H steps after issue; its local steps merged with --overlap-alpha A, default 0), --bf16-reduce,\n"
+    "        --outer-lr X (0.7), --outer-momentum M (Nesterov, 0.9).\n"
     "  --init-from FILE: the weights of a safetensors file (or a sharded *.index.json), any mesh's, instead of the\n"
     "        random init; --export FILE.safetensors: the trained weights, whole, readable by Python's safetensors;\n"
     "        --generate N: N characters after --prompt TEXT (default \"The \") from the trained model, greedy or\n"
@@ -272,6 +284,17 @@ inline void check_sync(const Options& o) {
   if (o.clients > o.dp)
     throw UsageError("--clients " + str(o.clients) + ": more clients than the " + str(o.dp) + " dp ranks (--dp)");
   if (o.clients > 0 && o.sync != "fedavg") throw UsageError("--clients needs --sync fedavg");
+  if (o.diloco_options_given() && o.sync != "diloco")
+    throw UsageError("--fragments, --overlap, --overlap-alpha, --bf16-reduce, --outer-lr and --outer-momentum need --sync diloco");
+  if (o.fragments > o.inner_steps)
+    throw UsageError("--fragments " + str(o.fragments) + " exceeds --inner-steps " + str(o.inner_steps) + " (a piece syncs once per H steps)");
+  if (o.overlap >= o.inner_steps)
+    throw UsageError("--overlap " + str(o.overlap) + ": must be below --inner-steps " + str(o.inner_steps) +
+                     " (an all-reduce completes before its fragment is due again)");
+  if (o.overlap_alpha != 0 && o.overlap == 0) throw UsageError("--overlap-alpha needs --overlap T > 0");
+  // An overlapped all-reduce may be in flight at any step: its state is not a tensor to save.
+  if (o.overlap > 0 && (o.save_every > 0 || !o.resume.empty()))
+    throw UsageError("--overlap with checkpoints: an outer all-reduce may be in flight at the save");
   if (o.sync == "ddp") return;
   if (o.experts > 0) throw UsageError("--sync " + o.sync + " with --experts: the experts' all-reduce on \"edp\" spans replicas");
   // The per-rank sync state (checkpoint/sync_state.hpp) is written from host memory.
@@ -401,6 +424,17 @@ inline Options parse(int argc, char** argv, bool cuda_build) {
     else if (a == "--staleness") o.staleness = flag_value<int>(a, value(), 0);
     else if (a == "--clients") o.clients = flag_value<int>(a, value(), 0);
     else if (a == "--kfold") o.kfold = flag_value<int>(a, value(), 2);
+    else if (a == "--fragments") o.fragments = flag_value<int>(a, value(), 1);
+    else if (a == "--overlap") o.overlap = flag_value<int>(a, value(), 0);
+    else if (a == "--overlap-alpha") o.overlap_alpha = examples::positive_flag_value(a, value(), 1);
+    else if (a == "--bf16-reduce") o.bf16_reduce = true;
+    else if (a == "--outer-lr") o.outer_lr = examples::positive_flag_value(a, value());
+    else if (a == "--outer-momentum") {
+      const std::string text = value();
+      const auto v = parse_number(text);
+      if (!v || !(*v >= 0 && *v < 1)) throw UsageError("--outer-momentum expects a number in [0, 1), got '" + text + "'");
+      o.outer_momentum = *v;
+    }
     else if (a == "--init-from") o.init_from = value();
     else if (a == "--export") o.export_path = value();
     else if (a == "--generate") o.generate = flag_value<int>(a, value(), 1);
@@ -663,6 +697,15 @@ using CommSummary = std::map<std::string, std::pair<std::size_t, std::size_t>>;
 /// shards and AdamW state are float either way: every stage is FSDP-sharded (ZeRO-1 over a size-1
 /// "fsdp" dimension when --fsdp 1), and fully_shard<float> keeps them in fp32 (FSDP2's mixed
 /// precision: parameters all-gathered in bf16, gradients reduced in fp32).
+/// --sync diloco's options from the flags (the library's defaults where a flag is not given).
+inline parallel::sync::DiLoCoOptions diloco_options(const Options& o) {
+  parallel::sync::DiLoCoOptions d{.inner_steps = o.inner_steps, .bf16_reduce = o.bf16_reduce, .fragments = o.fragments,
+                                  .overlap_steps = o.overlap, .overlap_alpha = o.overlap_alpha};
+  if (o.outer_lr > 0) d.outer_lr = o.outer_lr;
+  if (o.outer_momentum >= 0) d.outer_momentum = o.outer_momentum, d.nesterov = o.outer_momentum > 0;  // 0: plain outer SGD
+  return d;
+}
+
 /// --sync checkpoints: this rank's own parameters, AdamW moments and step count, and the sync
 /// state (checkpoint/sync_state.hpp), read from host memory: HostDense is false for device and
 /// MoE models (check_sync refuses those), and the body is then not instantiated.
@@ -755,7 +798,7 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
   std::optional<parallel::sync::FedAvg<float, StageMesh, "dp">> fed;  // fedavg
   if (sync_kind == SyncKind::local_sgd)
     diloco.emplace(stage_mesh, model.params().template list<0>(), parallel::sync::DiLoCoOptions::local_sgd(o.inner_steps));
-  if (sync_kind == SyncKind::diloco) diloco.emplace(stage_mesh, model.params().template list<0>(), parallel::sync::DiLoCoOptions{.inner_steps = o.inner_steps});
+  if (sync_kind == SyncKind::diloco) diloco.emplace(stage_mesh, model.params().template list<0>(), diloco_options(o));
   if (sync_kind == SyncKind::async) delayed.emplace(stage_mesh, model.params().template list<0>(), o.staleness);
   if (sync_kind == SyncKind::fedavg) fed.emplace(stage_mesh, model.params().template list<0>(), parallel::sync::FedAvgOptions{.clients_per_round = o.clients, .seed = o.seed});
   bool participating = !fed || fed->begin_round();
@@ -1014,6 +1057,7 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
     }
     if (o.save_every > 0 && step % o.save_every == 0) save_checkpoint(step);
   }
+  if (diloco) diloco->finish();  // --overlap: the outer all-reduces still in flight land before the end
   monitor.finish();
   if (root) {
     const int steps_run = o.steps - first_step + 1;
@@ -1061,12 +1105,14 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
     if (placed.count > 1)
       std::printf("bytes of one step on rank 0: %zu inside a host, %zu across hosts\n", inside_bytes, across_bytes);
   }
-  if (sync_kind != SyncKind::ddp) {  // the dry-run figure of docs/beyond-sync.md, for this rank's shards
+  if (o.dp > 1) {  // the dry-run figure of docs/beyond-sync.md, for this rank's shards (bench/plot_sync.py reads it)
     std::size_t elements = 0;
     for (const auto& p : model.params().template list<0>()) elements += p.value.size();
-    const parallel::sync::SyncCost cost{.inner_steps = o.inner_steps};
+    const parallel::sync::SyncCost cost{.inner_steps = o.inner_steps, .bf16_reduce = o.bf16_reduce};
     const double bytes = parallel::sync::payload_bytes_per_step(sync_kind, elements, sizeof(float), cost);
     const double ddp = parallel::sync::payload_bytes_per_step(SyncKind::ddp, elements, sizeof(float));
+    if (diloco && diloco->payload_bytes_per_step() != bytes)  // the library's own count and the formula agree
+      throw Error("train_gpt", "DiLoCo's payload " + std::to_string(diloco->payload_bytes_per_step()) + " B/step != the formula's " + std::to_string(bytes));
     if (root)
       std::printf("sync %s on dp: %.0f all-reduce payload bytes per step on rank 0 (DDP: %.0f, %.1fx)\n", o.sync.c_str(), bytes, ddp,
                   ddp / bytes);
@@ -1113,6 +1159,10 @@ inline std::vector<Setting> settings_of(const Options& o, const Corpus& corpus) 
           {"--backend", o.backend}, {"--device", o.device}, {"--dtype --tf32", o.dtype + (o.tf32 ? " tf32" : "")}, {"--arch", o.arch},
           {"--kv-heads", n(o.kv_heads)}, {"--ffn", n(o.ffn)}, {"--save-every", n(o.save_every)},
           {"--save-dir", o.save_dir}, {"--resume", o.resume}, {"--sync", o.sync}, {"--inner-steps", n(o.inner_steps)},
+          // One setting for DiLoCo's six option flags (the agreement takes at most 48).
+          {"--fragments --overlap --overlap-alpha --bf16-reduce --outer-lr --outer-momentum",
+           n(o.fragments) + " | " + n(o.overlap) + " | " + num(o.overlap_alpha) + " | " + flag(o.bf16_reduce) + " | " +
+               num(o.outer_lr) + " | " + num(o.outer_momentum)},
           {"--staleness", n(o.staleness)}, {"--clients", n(o.clients)}, {"--kfold", n(o.kfold)},
           // One setting for the six weights-and-text flags (the agreement takes at most 48).
           {"--init-from --export --generate --prompt --temperature --top-k",

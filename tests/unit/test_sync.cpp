@@ -97,6 +97,105 @@ TEST_CASE("DiLoCo with H = 50 issues H times fewer all-reduce bytes than DDP, an
   REQUIRE(f.empty());
 }
 
+TEST_CASE("the dry run's figure per strategy: mean and peak all-reduce bytes per step equal the CommLog's; the time model") {
+  // Each strategy runs 8 steps on dp = 2 with a CommLog read after every step; the mean of the
+  // per-step bytes and their maximum must be traffic.hpp's payload_bytes and peak_payload_bytes
+  // (E local elements of 8 bytes; Streaming DiLoCo on two parameters of equal size, so the two
+  // fragments are exact halves).
+  using parallel::sync::SyncKind;
+  using VL = replicated_layout<2>;
+  struct Two {
+    W w;
+    nn::Parameter<double, 1, Mesh, VL> v;
+    explicit Two(const Mesh& m)
+        : w("w", distribute_replicated<WL>(m, theta0())), v("v", distribute_replicated<VL>(m, normal<double>(Shape<1>{30}, 3))) {}
+    auto parameters() { return std::tie(w, v); }
+  };
+  const long steps = 8;
+  const std::vector<parallel::sync::SyncSetting> settings = {
+      {.kind = SyncKind::ddp},
+      {.kind = SyncKind::async, .staleness = 2},
+      {.kind = SyncKind::local_sgd, .inner_steps = 4},
+      {.kind = SyncKind::diloco, .inner_steps = 4, .bf16_reduce = true},
+      {.kind = SyncKind::diloco, .inner_steps = 4, .fragments = 2, .overlap_steps = 1},
+      {.kind = SyncKind::fedavg, .inner_steps = 2},
+  };
+  for (const auto& k : settings) {
+    const bool two = k.fragments > 1;
+    const std::size_t elements = two ? 60 : 30;
+    const auto want = parallel::sync::sync_step_cost(k, elements, sizeof(double), {.reduce_seconds = 1});
+    auto f = on_ranks(2, [&](CommPtr world, auto report) {
+      Mesh m(world, {2, 1});
+      Model model(m);
+      Two both(m);
+      nn::ParamList<double, 2> ps;
+      if (two) nn::collect(both, ps);
+      else nn::collect(model, ps);
+      optim::SGD<double, 2> opt(ps, {.lr = 0.1});
+      parallel::DataParallel<Mesh> ddp(m);
+      std::optional<parallel::sync::DiLoCo<double, Mesh>> diloco;
+      std::optional<parallel::sync::DelayedGradients<double, Mesh>> delayed;
+      std::optional<parallel::sync::FedAvg<double, Mesh>> fed;
+      if (k.kind == SyncKind::local_sgd) diloco.emplace(m, ps, parallel::sync::DiLoCoOptions::local_sgd(k.inner_steps));
+      if (k.kind == SyncKind::diloco)
+        diloco.emplace(m, ps, parallel::sync::DiLoCoOptions{.inner_steps = k.inner_steps, .bf16_reduce = k.bf16_reduce,
+                                                            .fragments = k.fragments, .overlap_steps = k.overlap_steps});
+      if (k.kind == SyncKind::async) delayed.emplace(m, ps, k.staleness);
+      if (k.kind == SyncKind::fedavg) fed.emplace(m, ps, parallel::sync::FedAvgOptions{});
+      if (fed) fed->begin_round();
+      CommLog log;
+      std::size_t total = 0, peak = 0;
+      for (long t = 1; t <= steps; ++t) {
+        const std::size_t before = log.bytes();
+        const bool partial = k.kind == SyncKind::ddp || k.kind == SyncKind::async;
+        if (two) {
+          for (auto& p : ps) {
+            for (std::size_t i = 0; i < p.value.size(); ++i) p.grad[i] = p.value[i] - double(m.coordinate(0) + 1);
+            *p.has_grad = true;
+          }
+        } else {
+          model.backward(m, batch(m.coordinate(0), 2, t), partial);
+        }
+        bool update = true;
+        if (k.kind == SyncKind::ddp) ddp.all_reduce_gradients(ps);
+        if (delayed) update = delayed->exchange();
+        if (update) opt.step();
+        if (diloco) diloco->step();
+        if (fed && t % k.inner_steps == 0) fed->end_round(2.0), fed->begin_round();
+        const std::size_t now = log.bytes() - before;
+        total += now;
+        peak = std::max(peak, now);
+      }
+      if (delayed) delayed->drain();
+      if (diloco) diloco->finish();
+      if (log.count(CollectiveKind::all_reduce) != log.records().size()) report("collectives other than all-reduce:\n" + log.to_string());
+      if (double(total) / double(steps) != want.payload_bytes || double(peak) != want.peak_payload_bytes)
+        report(detail::cat(parallel::sync::to_string(k.kind), ": logged ", total, " B in ", steps, " steps, peak ", peak,
+                           " B; modelled ", want.payload_bytes, " B/step, peak ", want.peak_payload_bytes));
+    });
+    INFO(parallel::sync::to_string(k.kind) << " H " << k.inner_steps << " F " << k.fragments << ": " << summary(f));
+    REQUIRE(f.empty());
+  }
+
+  // The time model (E = 100 floats): DDP's all-reduce takes 1 s, 0.25 s of it exposed; 0.5 s of
+  // compute per step.
+  const parallel::sync::SyncTiming t{.reduce_seconds = 1, .exposed_seconds = 0.25, .compute_seconds = 0.5};
+  auto cost = [&](parallel::sync::SyncSetting k) { return parallel::sync::sync_step_cost(k, 100, 4, t); };
+  CHECK(cost({.kind = SyncKind::ddp}).step_seconds == 0.75);
+  CHECK(cost({.kind = SyncKind::async, .staleness = 0}).exposed_seconds == 0.25);  // s = 0 is DDP
+  CHECK(cost({.kind = SyncKind::async, .staleness = 1}).exposed_seconds == 0.5);   // 1 s behind one 0.5 s step
+  CHECK(cost({.kind = SyncKind::async, .staleness = 2}).exposed_seconds == 0);     // behind two: hidden
+  CHECK(cost({.kind = SyncKind::local_sgd, .inner_steps = 100}).comm_seconds == 0.01);  // H = 100: 1/100 of the time
+  CHECK(cost({.kind = SyncKind::local_sgd, .inner_steps = 100}).payload_bytes == 4);    // ... and of the bytes
+  const auto stream = cost({.kind = SyncKind::diloco, .inner_steps = 4, .fragments = 2});
+  CHECK(stream.peak_payload_bytes == 200);  // two halves of 400 B
+  CHECK(stream.exposed_seconds == 0.25);    // two blocking 0.5 s syncs per 4 steps
+  CHECK(cost({.kind = SyncKind::diloco, .inner_steps = 4, .fragments = 2, .overlap_steps = 1}).exposed_seconds == 0);
+  CHECK(cost({.kind = SyncKind::diloco, .inner_steps = 4, .bf16_reduce = true}).comm_seconds == 0.125);  // half of 1 s / 4
+  CHECK_THROWS_AS(cost({.kind = SyncKind::diloco, .inner_steps = 2, .fragments = 3}), Error);
+  CHECK_THROWS_AS(cost({.kind = SyncKind::diloco, .inner_steps = 2, .overlap_steps = 2}), Error);
+}
+
 namespace {
 struct GptRun {
   double val_loss = 0;

@@ -150,6 +150,14 @@ class DiLoCo {
     while (!pending_.empty()) complete();
   }
 
+  /// The end of training with overlap_steps > 0: waits for every outer all-reduce still in flight
+  /// and applies it now (outer step, merge), instead of τ steps after its issue; returns how many.
+  /// Collective like step(): every replica calls it (each issued the same all-reduces).
+  std::size_t finish() {
+    const std::size_t n = pending_.size();
+    while (!pending_.empty()) complete();
+    return n;
+  }
   /// Outer all-reduces issued and not yet applied (overlap_steps > 0).
   std::size_t in_flight() const noexcept { return pending_.size(); }
 

@@ -11,6 +11,10 @@
 //   local-sgd     E·S / H        one parameter average every H steps
 //   diloco        E·S' / H       S' = 2 with bf16_reduce, else S; fragments change the peak, not the mean
 //   fedavg        (E + 1)·S / L  one weighted average (values and weight) per round of L local steps
+//
+// sync_step_cost adds time: per strategy (SyncSetting: H, fragments F, overlap τ, staleness s,
+// bf16) the mean and peak payload per step, the all-reduce seconds and the exposed seconds, from
+// DDP's timing in the dry run (SyncTiming); plan_at_scale --sync-table prints it per strategy.
 #pragma once
 
 #include <cstddef>
@@ -57,6 +61,74 @@ inline double payload_bytes_per_step(SyncKind k, std::size_t elements, std::size
     case SyncKind::fedavg: return (e + 1) * s / h;
   }
   return 0;
+}
+
+/// One strategy with its settings, for the dry run's per-strategy comparison (plan_at_scale
+/// --sync-table, docs/beyond-sync.md).
+struct SyncSetting {
+  SyncKind kind = SyncKind::ddp;
+  int inner_steps = 1;      // H (local-sgd, diloco) or L local steps per round (fedavg)
+  int fragments = 1;        // Streaming DiLoCo: F staggered pieces
+  int overlap_steps = 0;    // Streaming DiLoCo: τ, the steps a piece's all-reduce hides behind
+  int staleness = 0;        // async: s
+  bool bf16_reduce = false; // diloco: the outer all-reduce in bfloat16
+};
+
+/// DDP's step on the replica dimension, from the dry run: its gradient all-reduce of E·S bytes
+/// takes `reduce_seconds`, of which `exposed_seconds` are not hidden behind the backward pass;
+/// `compute_seconds` is the rest of the step (what a later-waited all-reduce can hide behind).
+struct SyncTiming {
+  double reduce_seconds = 0, exposed_seconds = 0, compute_seconds = 0;
+};
+
+/// Per rank and step, averaged over a round: the all-reduce payload (mean, and the most one step
+/// carries), the all-reduce time and the part of it the step waits for.
+struct SyncStepCost {
+  double payload_bytes = 0, peak_payload_bytes = 0;
+  double comm_seconds = 0, exposed_seconds = 0;
+  double step_seconds = 0;  // compute + exposed
+};
+
+/// The model: an all-reduce's time is linear in its bytes (DDP's E·S in reduce_seconds; the
+/// latency of the smaller messages is not modelled). The outer syncs of local SGD, DiLoCo and
+/// FedAvg run after the optimizer step, blocking; Streaming DiLoCo's τ and async's s let a sync
+/// be waited for τ (s) steps after its issue, hiding behind that much compute.
+inline SyncStepCost sync_step_cost(const SyncSetting& k, std::size_t elements, std::size_t element_bytes, SyncTiming t) {
+  if (k.inner_steps < 1 || k.fragments < 1 || k.fragments > k.inner_steps || k.overlap_steps < 0 ||
+      k.overlap_steps >= k.inner_steps || k.staleness < 0 || elements == 0 || element_bytes == 0)
+    throw Error("sync_step_cost", "needs H >= 1, 1 <= F <= H, 0 <= tau < H, s >= 0 and elements; got H = " +
+                                      std::to_string(k.inner_steps) + ", F = " + std::to_string(k.fragments) + ", tau = " +
+                                      std::to_string(k.overlap_steps) + ", s = " + std::to_string(k.staleness) +
+                                      ", elements = " + std::to_string(elements));
+  const double full = double(elements) * double(element_bytes), h = double(k.inner_steps);
+  auto seconds = [&](double bytes) { return t.reduce_seconds * bytes / full; };  // linear in the payload
+  const double c = t.compute_seconds;
+  auto hidden = [](double busy, double behind) { return busy > behind ? busy - behind : 0.0; };
+  SyncStepCost r;
+  switch (k.kind) {
+    case SyncKind::ddp:
+      r = {full, full, t.reduce_seconds, t.exposed_seconds};
+      break;
+    case SyncKind::async:  // issued at t, waited for at t + s: s whole steps of compute in front
+      r = {full, full, t.reduce_seconds, k.staleness == 0 ? t.exposed_seconds : hidden(t.reduce_seconds, k.staleness * c)};
+      break;
+    case SyncKind::local_sgd:
+      r = {full / h, full, t.reduce_seconds / h, t.reduce_seconds / h};
+      break;
+    case SyncKind::diloco: {
+      const double sync = double(elements) * (k.bf16_reduce ? 2.0 : double(element_bytes));  // all F pieces
+      const double piece = sync / double(k.fragments);
+      r = {sync / h, piece, seconds(sync) / h, double(k.fragments) * hidden(seconds(piece), k.overlap_steps * c) / h};
+      break;
+    }
+    case SyncKind::fedavg: {  // values and the weight, once per round of L local steps
+      const double round = (double(elements) + 1) * double(element_bytes);
+      r = {round / h, round, seconds(round) / h, seconds(round) / h};
+      break;
+    }
+  }
+  r.step_seconds = c + r.exposed_seconds;
+  return r;
 }
 
 /// The bytes one rank sends in a ring all-reduce of `payload` bytes over n ranks.
