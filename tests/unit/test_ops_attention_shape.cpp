@@ -116,6 +116,15 @@ TEST_CASE("reshape: whole heads split, merged leading dimensions, and the run-ti
       auto y = distribute_replicated<Layout<Shard<0>>>(mesh, Y);
       auto y2 = ops::reshape<Layout<Shard<0>>>(y, Shape<2>{12, 2});
       report(diff("reshape merge", full_tensor(y2), Y.reshape(Shape<2>{12, 2}), 0));
+      // A temporary gives its storage to the result (attention's head split and merge): same
+      // values, same bytes, no copy; y itself (an lvalue above) kept its own.
+      auto moved = y;
+      const double* storage = moved.to_local().data();
+      auto y3 = no_comm("reshape of a temporary", report,
+                        [&] { return ops::reshape<Layout<Shard<0>>>(std::move(moved), Shape<2>{12, 2}); });
+      report(diff("reshape of a temporary", full_tensor(y3), Y.reshape(Shape<2>{12, 2}), 0));
+      if (y3.to_local().data() != storage) report("reshape of a temporary copied its storage");
+      if (y2.to_local().data() == y.to_local().data()) report("reshape of an lvalue shares its storage");
       // Partial stays Partial
       auto p = make_input<Layout<Partial<>>>(mesh, X, 13);
       auto p3 = ops::reshape<Layout<Partial<>>>(p, Shape<3>{3, 4, 2});

@@ -153,6 +153,16 @@ TEST_CASE("scale and bias_add: every layout with a rule", "[ops][pointwise]") {
           const auto xf = full_tensor(x), bf = full_tensor(b);
           auto y = no_comm(where.c_str(), report, [&] { return ops::bias_add(x, b); });
           report(diff(where.c_str(), full_tensor(y), ops::bias_add(rep(mesh, xf), rep(mesh, bf)).to_local(), tol));
+          {  // a temporary x (nn::Linear's matmul output) is added to in place: same values, its storage
+            auto moved = x;
+            const double* storage = moved.to_local().data();
+            auto ym = no_comm(where.c_str(), report, [&] { return ops::bias_add(std::move(moved), b); });
+            report(diff((where + " of a temporary").c_str(), full_tensor(ym), full_tensor(y), 0));
+            if (ym.to_local().numel() > 0 && ym.to_local().data() != storage)
+              report(where + ": the temporary's storage was copied");
+            if (x.to_local().numel() > 0 && y.to_local().data() == x.to_local().data())
+              report(where + ": an lvalue x shares its storage with the result");
+          }
           using LG = typename grad_layout<typename decltype(y)::layout>::type;
           const auto dyf = normal<double>(y.shape(), 11);
           auto g = no_comm(where.c_str(), report, [&] { return ops::bias_add_backward(make_input<LG>(mesh, dyf, 11)); });

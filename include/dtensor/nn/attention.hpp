@@ -43,6 +43,7 @@
 #include <cmath>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "dtensor/nn/attention_core.hpp"
@@ -143,9 +144,9 @@ class SelfAttention {
     auto [qkv_out, qkv_saved] = qkv_.forward(x);
     s.qkv = std::move(qkv_saved);
     // [B, T, (H+2K) D] -> [B, T, K, (G+2) D] -> q [B, T, H, D], k, v [B, T, K, D] -> [B, *, T, D]
-    auto parts = ops::split<3>(ops::reshape<HeadsL>(qkv_out, Shape<4>{batch, len, kv, (group + 2) * head_dim}),
+    auto parts = ops::split<3>(ops::reshape<HeadsL>(std::move(qkv_out), Shape<4>{batch, len, kv, (group + 2) * head_dim}),
                                {group * head_dim, head_dim, head_dim});
-    if (group > 1) parts[0] = ops::reshape<HeadsL>(parts[0], Shape<4>{batch, len, heads, head_dim});
+    if (group > 1) parts[0] = ops::reshape<HeadsL>(std::move(parts[0]), Shape<4>{batch, len, heads, head_dim});
     if (c_.rope_theta > 0) {
       s.positions = nn::positions<tokens<Mesh>, std::int32_t>(x.mesh(), {batch, len},
                                                              Core::original_order(x.mesh(), len, core_options()));
@@ -162,7 +163,7 @@ class SelfAttention {
     }
     // [B, H, T, D] -> [B, T, H, D] -> [B, T, C]
     auto merged = ops::reshape<typename Proj::InL>(ops::transpose<1, 2>(s.out), Shape<3>{batch, len, c_.dim});
-    auto [y, proj_saved] = proj_.forward(merged);
+    auto [y, proj_saved] = proj_.forward(std::move(merged));  // saved without a copy
     s.proj = std::move(proj_saved);
     if (recompute_core_) {  // selective recomputation: keep q, k, v only (proj keeps the merged heads)
       s.out = Heads{};
@@ -236,7 +237,7 @@ class SelfAttention {
       s.out = std::move(r.out);
       s.core = std::move(r.saved);
     }
-    auto dout = ops::transpose<1, 2>(ops::reshape<HeadsL>(dmerged, Shape<4>{batch, len, heads, head_dim}));
+    auto dout = ops::transpose<1, 2>(ops::reshape<HeadsL>(std::move(dmerged), Shape<4>{batch, len, heads, head_dim}));
     auto g = Core::backward(dout, s.q, s.k, s.v, s.out, s.core, core_options());  // dk, dv in the KV heads
     std::vector<decltype(ops::transpose<1, 2>(g.dq))> parts;
     parts.push_back(ops::transpose<1, 2>(g.dq));
@@ -247,7 +248,7 @@ class SelfAttention {
       parts[1] = ops::rotary_backward(s.positions, parts[1], c_.rope_theta);
     }
     if (group > 1) parts[0] = ops::reshape<typename decltype(parts)::value_type::layout>(
-                       parts[0], Shape<4>{batch, len, kv, group * head_dim});
+                       std::move(parts[0]), Shape<4>{batch, len, kv, group * head_dim});
     auto dqkv = ops::reshape<typename Qkv::OutL>(ops::concat<3>(parts),
                                                  Shape<3>{batch, len, (heads + 2 * kv) * head_dim});
     auto [dx, qkv_w] = qkv_.backward_input(std::move(s.qkv), dqkv);

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <type_traits>
 
 #include "dtensor/core/factories.hpp"
@@ -88,20 +89,36 @@ class Linear {
 
   /// y = x W^T + b. Collectives: the style's entry and exit.
   Fwd<Out, Saved> forward(const In& x) const {
+    check_input(x);
+    return forward_saved(Saved{x});  // the input's bytes (1/t of the sequence under SP), not the gathered copy's
+  }
+  /// The same for a temporary input, which becomes the saved one without a copy (the MLP's
+  /// GELU output, attention's merged heads: a copy of the activation per Linear and step).
+  Fwd<Out, Saved> forward(In&& x) const {
+    check_input(x);
+    return forward_saved(Saved{std::move(x)});
+  }
+
+ private:
+  void check_input(const In& x) const {
     detail::check(x.extent(2) == in_, "nn::Linear::forward", x.mesh(), name_, ": input ", to_string(x.shape()),
                   " does not have ", in_, " features");
-    Saved s{x};  // the input's bytes (1/t of the sequence under SP), not the gathered copy's
+  }
+  // The bias is added in place into the matmul's output (a temporary), not into a copy of it.
+  Fwd<Out, Saved> forward_saved(Saved s) const {
     auto y = ops::matmul<false, true>(entry(s.x), weight_.value());
     if constexpr (Style::bias_after_exit) {
       auto z = redistribute<OutL>(std::move(y));  // exit: y's storage where no step runs
       if (!bias_.defined()) return {std::move(z), std::move(s)};
-      return {same_layout(ops::bias_add(z, bias_.value())), std::move(s)};
+      return {same_layout(ops::bias_add(std::move(z), bias_.value())), std::move(s)};
     } else {
-      if (bias_.defined()) return {redistribute<OutL>(same_layout(ops::bias_add(y, bias_.value()))), std::move(s)};
+      if (bias_.defined())
+        return {redistribute<OutL>(same_layout(ops::bias_add(std::move(y), bias_.value()))), std::move(s)};
       return {redistribute<OutL>(std::move(y)), std::move(s)};  // exit
     }
   }
 
+ public:
   /// dx for dy = dL/dy. Collectives: the entry again where it moves data (SP: the all-gather of
   /// the saved shard, issued before the dx GEMM as Megatron issues it to overlap), the adjoints
   /// of the exit and the entry.

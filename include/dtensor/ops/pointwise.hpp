@@ -25,6 +25,8 @@
 #pragma once
 
 #include <cstddef>
+#include <type_traits>
+#include <utility>
 
 #include "dtensor/kernels/elementwise.hpp"
 #include "dtensor/ops/common.hpp"
@@ -168,9 +170,12 @@ auto scale_backward(const DY& dy, double alpha) {
   return scale(dy, alpha);
 }
 
-/// x[..., C] + bias[C]. No communication.
-template <FloatDTensor X, FloatDTensor B>
-auto bias_add(const X& x, const B& bias) {
+/// x[..., C] + bias[C]. No communication. A temporary x is added to in place (its storage is
+/// the result's), an lvalue is copied.
+template <class XRef, FloatDTensor B>
+  requires FloatDTensor<std::remove_cvref_t<XRef>>
+auto bias_add(XRef&& x, const B& bias) {
+  using X = std::remove_cvref_t<XRef>;
   using T = typename X::value_type;
   constexpr std::size_t R = X::rank;
   static_assert(B::rank == 1 && std::is_same_v<T, typename B::value_type>,
@@ -183,7 +188,9 @@ auto bias_add(const X& x, const B& bias) {
   detail::check_same_mesh("bias_add", x, bias);
   detail::check(bias.extent(0) == x.extent(R - 1), "bias_add", x.mesh(), "bias ", to_string(bias.shape()),
                 " does not match the last dimension of x ", to_string(x.shape()));
-  return detail::make<T, R, L>(x.mesh(), x.shape(), kernels::add_bias(x.to_local(), bias.to_local()));
+  const auto global = x.shape();
+  auto local = kernels::add_bias(std::forward<XRef>(x).to_local(), bias.to_local());
+  return detail::make<T, R, L>(bias.mesh(), global, std::move(local));
 }
 
 /// The gradient of bias_add's bias alone: dy summed over every dimension but the last.

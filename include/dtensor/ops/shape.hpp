@@ -22,6 +22,8 @@
 #pragma once
 
 #include <initializer_list>
+#include <type_traits>
+#include <utility>
 #include <span>
 #include <vector>
 
@@ -102,9 +104,11 @@ void check_reshape(const char* op, const Mesh& mesh, const Shape<RX>& from, cons
 }  // namespace detail
 
 /// The same elements with extents `shape`, in the output layout To (see the synopsis).
-/// No communication.
-template <LayoutType To, AnyDTensor X, std::size_t R2>
-auto reshape(const X& x, const Shape<R2>& shape) {
+/// No communication. A temporary x gives its storage to the result (no copy).
+template <LayoutType To, class XRef, std::size_t R2>
+  requires AnyDTensor<std::remove_cvref_t<XRef>>
+auto reshape(XRef&& x, const Shape<R2>& shape) {
+  using X = std::remove_cvref_t<XRef>;
   static_assert(To::mesh_ndim == X::mesh_type::ndim, "reshape: the layout needs one placement per mesh dimension");
   static_assert(To::desc.max_shard_dim() < int(R2), "reshape: the layout shards a dimension the result does not have");
   detail::require_rule_hint<"reshape", "Replicate and Partial must stay as they are; only a Shard may move", rules::Reshape{},
@@ -112,7 +116,9 @@ auto reshape(const X& x, const Shape<R2>& shape) {
   using L = rules::reshape_t<typename X::layout, To>;
   detail::check_reshape<typename X::layout, L>("reshape", x.mesh(), x.shape(), shape);
   const auto box = local_box(L::desc, x.mesh().shape(), x.mesh().coordinate(), shape);
-  return detail::make<typename X::value_type, R2, L>(x.mesh(), shape, x.to_local().template reshape<R2>(box.extent));
+  const auto& mesh = x.mesh();  // not moved from: only the local part goes
+  auto local = std::forward<XRef>(x).to_local().template reshape<R2>(box.extent);
+  return detail::make<typename X::value_type, R2, L>(mesh, shape, std::move(local));
 }
 
 /// The gradient of reshape: dy back to x's extents, x's shards, dy's Replicate / Partial.
