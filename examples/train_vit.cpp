@@ -9,6 +9,8 @@
 //   train_vit --pp 2 --schedule zbv --layers 4              # ZB-V stages x FSDP x CP x TP + SP: 16 threads
 //   train_vit --pp 2 --cp 1 --experts 4 --ep 2              # PP x FSDP x TP + SP x EP: MoE MLPs, experts over fsdp
 //   mpirun -n 8 train_vit --backend mpi                     # the same, one process per rank
+//   train_vit --dry-run --pp 4 --fsdp 8 --tp 4 --experts 8 --ep 8 --dim 2048 --heads 16 --layers 12
+//                                                           # the step on meta tensors, 128 ranks: memory and bytes
 //
 // The flags are train_gpt's for every parallelism (examples/flags.hpp: --pp --dp --fsdp --zero
 // --cp --cp-kind --tp --sp/--no-sp --schedule --microbatches --ep, and --experts --topk
@@ -33,6 +35,7 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <limits>
 #include <span>
 #include <string>
@@ -43,6 +46,7 @@
 #include "dtensor/comm/threads.hpp"
 #include "dtensor/distributed/settings_agreement.hpp"
 #include "dtensor/models/moe_gpt.hpp"  // nn::MoELayers: --experts
+#include "dtensor/models/training_plan.hpp"  // sim::detail::run_one_microbatch: --dry-run
 #include "dtensor/models/vit.hpp"
 #include "dtensor/models/vit_data.hpp"
 #include "dtensor/optim/adamw.hpp"
@@ -55,6 +59,9 @@
 #include "dtensor/parallel/pipeline/sharded_pipeline.hpp"
 #include "dtensor/parallel/pipeline/split.hpp"
 #include "dtensor/parallel/tensor_parallel.hpp"
+#include "dtensor/placement/chunk.hpp"
+#include "dtensor/sim/dry_run.hpp"
+#include "dtensor/sim/rank_classes.hpp"
 #include "flags.hpp"
 #ifdef DTENSOR_HAS_MPI
 #include "dtensor/comm/mpi.hpp"
@@ -84,6 +91,7 @@ struct Options : examples::MeshFlags {
   double lr = 3e-3;
   std::uint64_t seed = 1;
   std::string backend = "threads";
+  bool dry_run = false;  // --dry-run: the step on meta tensors, once per rank class
 
   Options() { pp = 1, dp = 1, fsdp = 2, cp = 2, tp = 2; }  // every parallelism but the pipeline
 };
@@ -91,12 +99,13 @@ struct Options : examples::MeshFlags {
 const char* const usage_tail =
     "\n  [--layers N] [--heads N] [--dim N] [--patches N] [--patch-dim N] [--classes N] [--batch N]\n"
     "  [--experts E] [--topk K] [--moe-every N]\n"
-    "  [--steps N] [--lr X] [--seed N] [--eval-every N] [--backend threads|mpi]\n"
+    "  [--steps N] [--lr X] [--seed N] [--eval-every N] [--backend threads|mpi] [--dry-run]\n"
     "  mesh (pp, dp, fsdp, cp, tp), default pp 1 x dp 1 x fsdp 2 (ZeRO-3) x cp 2 (ring) x tp 2 + SP: 8 ranks.\n"
     "  --fsdp 1: DDP over --dp; --fsdp > 1: ZeRO --zero (default 3), HSDP with --dp > 1.\n"
     "  --pp > 1: pipeline stages (--schedule, --microbatches M, default 2 x pp; M divides --batch, --layers >= the stages).\n"
     "  --experts E > 0: MoE MLPs (every --moe-every-th block, default all), top-K (default 2), dropless,\n"
     "        experts over --ep ranks (dividing dp x fsdp x cp; E a multiple of ep).\n"
+    "  --dry-run: one step on meta tensors (any size, any rank count; docs/dry-run.md): memory and bytes per rank class.\n"
     "  defaults: --layers 2 --heads 4 --dim 64 --patches 16 --patch-dim 48 --classes 10 --batch 32\n"
     "            --steps 60 --lr 3e-3 --seed 1 --eval-every 20\n";
 
@@ -139,6 +148,11 @@ std::vector<Setting> settings_of(const Options& o) {
 }
 
 void check_options(Options& o) {
+  // In long long: five dimensions of up to 4096 overflow an int. A dry run runs one rank per class,
+  // not per rank: its bound is the sim world's (an int), its sizes are never allocated.
+  const long long ranks = (long long)o.pp * o.dp * o.fsdp * o.cp * o.tp;
+  const long long max_ranks = o.dry_run ? std::numeric_limits<int>::max() : threads::detail::max_ranks;
+  if (ranks > max_ranks) throw UsageError("pp x dp x fsdp x cp x tp = " + str(ranks) + " ranks, more than " + str(max_ranks));
   if (o.microbatches == 0) o.microbatches = o.pp > 1 ? 2 * o.pp : 1;
   if (o.microbatches > 1 && o.pp == 1) throw UsageError("--microbatches " + str(o.microbatches) + " needs --pp > 1");
   if (o.batch % o.microbatches != 0)
@@ -170,9 +184,14 @@ void check_options(Options& o) {
   if (o.cp_kind == parallel::ContextKind::ulysses && o.heads % (o.tp * o.cp) != 0)
     throw UsageError("--cp-kind ulysses splits the heads over tp x cp: --heads " + str(o.heads) +
                      " is not a multiple of " + str(o.tp * o.cp));
-  if (o.ranks() > threads::detail::max_ranks)
-    throw UsageError("pp x dp x fsdp x cp x tp = " + str(o.ranks()) + " ranks, more than " + str(threads::detail::max_ranks));
-  check_memory(o);
+  if (o.dry_run) {
+    if (o.backend != "threads") throw UsageError("--dry-run runs on the sim communicator: --backend mpi has no effect");
+    // A dry run builds every block and expert as a module: bounded like plan_at_scale's.
+    if (o.layers > 100'000) throw UsageError("--layers " + str(o.layers) + " exceeds the dry run's 100000");
+    if (o.experts > 100'000) throw UsageError("--experts " + str(o.experts) + " exceeds the dry run's 100000");
+  } else {
+    check_memory(o);
+  }
 }
 
 Options parse(int argc, char** argv) {
@@ -201,6 +220,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--steps") o.steps = flag_value<int>(a, value(), 1);
     else if (a == "--eval-every") o.eval_every = flag_value<int>(a, value(), 1);
     else if (a == "--lr") o.lr = examples::positive_flag_value(a, value(), 1e6);  // AdamW's bound
+    else if (a == "--dry-run") o.dry_run = true;
     else if (a == "--seed") o.seed = flag_value<std::uint64_t>(a, value(), 0);
     else if (a == "--backend") {
       o.backend = value();
@@ -362,6 +382,178 @@ void train(CommPtr world, const Options& o, const Mesh& mesh) {
   }
 }
 
+// ---------------------------------------------------------------- --dry-run
+
+/// The step of train_pipeline on meta tensors, as the rank of `world` (one rank class): this
+/// pipeline rank's stages cut from the same parts, FSDP-sharded by ShardedPipeline, one
+/// micro-batch through them (sim::detail::run_one_microbatch), every gradient sync, clip and AdamW.
+template <class Plan, bool MoE>
+void dry_pipeline_step(CommPtr world, const Options& o, sim::Recorder& rec) {
+  namespace pp = parallel::pipeline;
+  using Mesh = MetaMesh<"pp", "dp", "fsdp", "cp", "tp">;
+  using StageMesh = MetaMesh<"dp", "fsdp", "cp", "tp">;
+  using MetaExperts = MetaMesh<"edp", "ep", "tp">;
+  using Layers = std::conditional_t<MoE, nn::MoELayers<float, MetaExperts>, nn::DenseLayers>;
+  using Parts = nn::ViTParts<float, StageMesh, Plan, Layers>;
+  using Stage = pp::Stage<Parts>;
+  Mesh mesh(world, {o.pp, o.dp, o.fsdp, o.cp, o.tp});
+  const StageMesh stage_mesh = pp::stage_mesh_of(mesh);
+  auto layers = [&] {
+    if constexpr (MoE) {
+      nn::MoELayersConfig mc;
+      mc.router.experts = o.experts, mc.router.topk = o.topk, mc.every = o.moe_every;
+      return Layers(parallel::make_expert_mesh<MetaExperts>(stage_mesh, o.ep), mc);
+    } else {
+      return Layers{};
+    }
+  };
+  auto schedule = pp::make_schedule(pp::parse_schedule_kind(o.schedule), o.pp, o.microbatches);
+  rec.phase("parameters");
+  std::vector<Stage> stages;
+  {
+    MemoryTagScope tag(MemoryTag::parameters);
+    stages = pp::split(Parts(stage_mesh, config_of(o), layers()), schedule.layout, mesh.coordinate(0));
+  }
+  pp::ShardedPipeline<Stage, Mesh> run(mesh, schedule, std::move(stages), {.stage = o.zero});
+  auto opt = optim::make_adamw(run.params(), adamw_of(o));
+  run.zero_grad();
+  const Extent micro = o.batch / o.microbatches;
+  const auto x = distribute_replicated<typename Stage::Input::layout>(
+      stage_mesh, Tensor<float, 3, meta_space>(Shape<3>{micro, o.patches, o.patch_dim}));
+  const auto y = distribute_replicated<typename Stage::Target::layout>(stage_mesh, Tensor<std::int32_t, 1, meta_space>(Shape<1>{micro}));
+  sim::detail::run_one_microbatch(
+      run.executor().stages(), mesh, schedule.layout, x, y, rec, [&](std::size_t i) { run.fsdp(i).unshard(); },
+      [&](std::size_t i) {
+        run.fsdp(i).reshard();
+        run.fsdp(i).reduce_gradients();
+      });
+  rec.phase("optimizer");
+  MemoryTagScope optimizer_tag(MemoryTag::other);
+  run.finish_gradient_syncs();
+  run.clip_grad_norm(1.0);
+  opt.step();
+  run.sync_parameters();
+  rec.phase(sim::detail::after_step);
+}
+
+/// The step of train on meta tensors: nn::ViT under DDP (--fsdp 1) or fully_shard, the whole batch.
+template <class Plan, class Mesh>
+void dry_step(CommPtr world, const Options& o, sim::Recorder& rec, const std::array<int, Mesh::ndim>& shape) {
+  Mesh mesh(world, shape);
+  using Model = nn::ViT<float, Mesh, Plan>;
+  rec.phase("parameters");
+  std::optional<Model> model;
+  {
+    MemoryTagScope tag(MemoryTag::parameters);
+    model.emplace(mesh, config_of(o));
+  }
+  auto step = [&](nn::ParamList<float, Mesh::ndim, meta_space>& ps, auto finish, auto after_step) {
+    optim::AdamW<float, Mesh::ndim, meta_space> opt(ps, adamw_of(o));
+    opt.zero_grad();
+    const auto x = distribute_replicated<typename Model::Images::layout>(
+        mesh, Tensor<float, 3, meta_space>(Shape<3>{o.batch, o.patches, o.patch_dim}));
+    const auto y = distribute_replicated<typename Model::Labels::layout>(mesh, Tensor<std::int32_t, 1, meta_space>(Shape<1>{o.batch}));
+    rec.phase("forward", /*overlapped=*/true);
+    auto [loss, saved] = [&] {
+      MemoryTagScope tag(MemoryTag::activations);
+      return model->forward(x, y);
+    }();
+    rec.phase("backward", /*overlapped=*/true);
+    {
+      MemoryTagScope tag(MemoryTag::activations);
+      model->backward(std::move(saved));
+    }
+    rec.phase("optimizer");
+    MemoryTagScope optimizer_tag(MemoryTag::other);
+    finish();
+    parallel::context_parallel_grads(ps, mesh);
+    parallel::sequence_parallel_grads(ps, mesh);
+    optim::clip_grad_norm(ps, mesh, 1.0);
+    opt.step();
+    after_step();
+    rec.phase(sim::detail::after_step);
+  };
+  if constexpr (Mesh::ndim == 3) {
+    nn::ParamList<float, 3, meta_space> ps;
+    nn::collect(*model, ps);
+    parallel::DataParallel<Mesh> ddp(mesh);
+    ddp.attach(*model);
+    step(ps, [&] { ddp.finish_gradient_sync(); }, [] {});
+  } else {
+    auto fsdp = parallel::fully_shard(*model, mesh, {.stage = o.zero});
+    step(fsdp.params(), [&] { fsdp.finish_gradient_sync(); }, [&] { fsdp.sync_parameters(); });
+  }
+}
+
+/// The rank classes of a mesh whose last four dimensions are (dp, fsdp, cp, tp) ((dp, cp, tp)
+/// without fsdp), the first "pp" if pipelined: every pipeline rank its own class (its stages);
+/// the data dimensions by their chunk of the (micro-)batch, "cp" by its patches (non-causal: equal
+/// work per patch), "tp" by its heads and (SP) patches. The uneven flat-unit shards of FSDP's tail
+/// ranks are not a class of their own (as in sim::dry_run_plan).
+template <std::size_t N>
+std::vector<sim::RankClass<N>> dry_run_classes(const Options& o, const std::array<int, N>& shape) {
+  using W = sim::DimensionWork;
+  const Extent micro = o.batch / o.microbatches;
+  const Extent per_replica = chunk_range(micro, o.dp, 0).size();
+  const W context = W::splitting({o.patches});
+  const W tensor = W::splitting({o.heads, o.sp ? chunk_range(o.patches, o.cp, 0).size() : o.heads});
+  if constexpr (N == 5)
+    return sim::rank_classes<5>(shape, {W::distinct(), W::splitting({micro}), W::splitting({per_replica}), context, tensor});
+  else if constexpr (N == 4)
+    return sim::rank_classes<4>(shape, {W::splitting({micro}), W::splitting({per_replica}), context, tensor});
+  else
+    return sim::rank_classes<3>(shape, {W::splitting({micro}), context, tensor});
+}
+
+/// --dry-run: the step once per rank class; each class's report, then the largest per-rank figures.
+int dry_run(const Options& o) {
+  const auto started = std::chrono::steady_clock::now();
+  std::vector<sim::RankReport> reports;
+  auto go = [&]<class Plan>() {
+    if (o.experts > 0 || o.pp > 1) {
+      const std::array<int, 5> shape{o.pp, o.dp, o.fsdp, o.cp, o.tp};
+      reports = sim::dry_run<5>(shape, dry_run_classes(o, shape), [&](CommPtr world, sim::Recorder& rec) {
+        if (o.experts > 0) dry_pipeline_step<Plan, true>(std::move(world), o, rec);
+        else dry_pipeline_step<Plan, false>(std::move(world), o, rec);
+      });
+    } else if (o.fsdp == 1) {
+      const std::array<int, 3> shape{o.dp, o.cp, o.tp};
+      reports = sim::dry_run<3>(shape, dry_run_classes(o, shape), [&](CommPtr world, sim::Recorder& rec) {
+        dry_step<Plan, MetaMesh<"dp", "cp", "tp">>(std::move(world), o, rec, shape);
+      });
+    } else {
+      const std::array<int, 4> shape{o.dp, o.fsdp, o.cp, o.tp};
+      reports = sim::dry_run<4>(shape, dry_run_classes(o, shape), [&](CommPtr world, sim::Recorder& rec) {
+        dry_step<Plan, MetaMesh<"dp", "fsdp", "cp", "tp">>(std::move(world), o, rec, shape);
+      });
+    }
+  };
+  if (o.sp) go.template operator()<parallel::MegatronPlan<true>>();
+  else go.template operator()<parallel::MegatronPlan<false>>();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  std::printf("train_vit --dry-run: mesh pp %d x dp %d x fsdp %d (ZeRO-%d) x cp %d (%s) x tp %d%s = %d ranks%s; model: "
+              "%lld layers, dim %lld, %lld heads, %lld patches of %lld, %lld classes, batch %lld%s\n",
+              o.pp, o.dp, o.fsdp, o.zero, o.cp, std::string(parallel::name_of(o.cp_kind)).c_str(), o.tp,
+              o.sp && o.tp > 1 ? " + SP" : "", o.ranks(),
+              o.experts > 0 ? (", " + str(o.experts) + " experts over ep " + str(o.ep)).c_str() : "", (long long)o.layers,
+              (long long)o.dim, (long long)o.heads, (long long)o.patches, (long long)o.patch_dim, (long long)o.classes,
+              (long long)o.batch,
+              o.pp > 1 || o.experts > 0 ? (" (" + o.schedule + "; one of " + str(o.microbatches) + " micro-batches per pipeline rank)").c_str() : "");
+  std::size_t most_memory = 0, most_sent = 0;
+  for (std::size_t i = 0; i < reports.size(); ++i) {
+    std::cout << '\n' << reports[i].to_table();
+    if (reports[i].step_peak_total() > reports[most_memory].step_peak_total()) most_memory = i;
+    if (reports[i].wire().sent > reports[most_sent].wire().sent) most_sent = i;
+  }
+  // The line a script (and CTest) reads: the largest figures any rank has in the step.
+  std::printf("\ndry run: %zu rank classes for %d ranks in %.2f s; per rank at most: peak memory in the step %s (%s), "
+              "collective bytes sent %s (%s)\n",
+              reports.size(), o.ranks(), seconds, sim::detail::human_bytes(double(reports[most_memory].step_peak_total())).c_str(),
+              reports[most_memory].name.c_str(), sim::detail::human_bytes(double(reports[most_sent].wire().sent)).c_str(),
+              reports[most_sent].name.c_str());
+  return 0;
+}
+
 void run_rank(CommPtr world, const Options& o) {
   // First, before the mesh or any collective: one all-gather that finds ranks given different
   // flags, in every build, naming the flag and the ranks (comm/settings_agreement.hpp).
@@ -389,6 +581,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
+    if (o.dry_run) return dry_run(o);
     if (o.backend == "mpi") {
 #ifdef DTENSOR_HAS_MPI
       return dtensor::mpi::run(argc, argv, [&](CommPtr world) { run_rank(std::move(world), o); });
