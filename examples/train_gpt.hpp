@@ -147,10 +147,10 @@ struct Options : examples::MeshFlags {  // the mesh: --pp --dp --fsdp --cp --tp 
   // Weights in and out, and text (checkpoint/safetensors.hpp, models/generate.hpp): --init-from FILE
   // starts from a safetensors file's weights, --export FILE writes the trained ones (whole tensors,
   // any mesh), --generate N prints N characters after --prompt TEXT from the trained model (greedy,
-  // or sampled with --temperature T and --top-k K).
+  // or sampled with --temperature T, --top-k K and --top-p P: the nucleus, 0 < P <= 1, 1 = all).
   std::string export_path, init_from, prompt = "The ";
   int generate = 0, top_k = 0;
-  double temperature = 0;
+  double temperature = 0, top_p = 1;
   // ---- offload (issue 27; docs/offload.md): --offload optimizer (a comma list; params and
   // activations are refused until built) puts AdamW's moments in files under --offload-dir
   // (optim::OffloadedAdamW), staged through --offload-buffer-kib KiB of host memory.
@@ -182,7 +182,7 @@ inline const char* const usage =
     "                 [--save-every N --save-dir DIR] [--resume DIR]\n"
     "                 [--sync ddp|local-sgd|diloco|async|fedavg] [--inner-steps H] [--staleness s] [--clients K] [--kfold k]\n"
     "                 [--fragments F] [--overlap T] [--overlap-alpha A] [--bf16-reduce] [--outer-lr X] [--outer-momentum M]\n"
-    "                 [--init-from FILE] [--export FILE.safetensors] [--generate N [--prompt TEXT] [--temperature T] [--top-k K]]\n"
+    "                 [--init-from FILE] [--export FILE.safetensors] [--generate N [--prompt TEXT] [--temperature T] [--top-k K] [--top-p P]]\n"
     "                 [--offload optimizer --offload-dir DIR [--offload-buffer-kib N]] [--host-budget-mib X] [--device-budget-mib X]\n"
     "  mesh (pp, dp, fsdp, cp, tp), default pp 2 x dp 1 x fsdp 2 x cp 2 x tp 2 + SP: 16 ranks (threads, or mpirun -n).\n"
     "  --pp: pipeline stages (--schedule, default 1f1b, over --microbatches, default 2 x pp, or 1 without a\n"
@@ -214,7 +214,7 @@ inline const char* const usage =
     "  --init-from FILE: the weights of a safetensors file (or a sharded *.index.json), any mesh's, instead of the\n"
     "        random init; --export FILE.safetensors: the trained weights, whole, readable by Python's safetensors;\n"
     "        --generate N: N characters after --prompt TEXT (default \"The \") from the trained model, greedy or\n"
-    "        sampled (--temperature T > 0, --top-k K); no KV cache. CPU, without --experts.\n"
+    "        sampled (--temperature T > 0, --top-k K, --top-p P in (0, 1]); no KV cache. CPU, without --experts.\n"
     "  --offload optimizer (docs/offload.md): AdamW's moments in a file per rank under --offload-dir (an existing,\n"
     "        writable local directory with room for them), staged through --offload-buffer-kib KiB of host memory\n"
     "        (default 65536); the same update bit for bit. Host memory only; not with checkpoints (the moments are\n"
@@ -252,9 +252,11 @@ inline void check_interop(const Options& o) {
   if (!o.init_from.empty() && !o.resume.empty()) throw UsageError("--init-from with --resume: one starting point, not two");
   if (!o.init_from.empty() && !std::filesystem::is_regular_file(o.init_from))
     throw UsageError("--init-from " + o.init_from + ": no such file (a .safetensors file or a *.index.json)");
-  if (o.generate == 0 && (o.temperature > 0 || o.top_k > 0))
-    throw UsageError("--temperature and --top-k need --generate N");
+  if (o.generate == 0 && (o.temperature > 0 || o.top_k > 0 || o.top_p < 1))
+    throw UsageError("--temperature, --top-k and --top-p need --generate N");
   if (o.top_k > 0 && o.temperature == 0) throw UsageError("--top-k needs --temperature T (without it generation is greedy)");
+  if (o.top_p < 1 && o.temperature == 0)
+    throw UsageError("--top-p " + dtensor::detail::cat(o.top_p) + " needs --temperature T (without it generation is greedy)");
   const bool any = !o.export_path.empty() || !o.init_from.empty() || o.generate > 0;
   if (any && o.experts > 0) throw UsageError("--init-from, --export and --generate with --experts: not supported yet");
   if (any && o.device == "cuda") throw UsageError("--init-from, --export and --generate with --device cuda: not supported yet");
@@ -441,6 +443,7 @@ inline Options parse(int argc, char** argv, bool cuda_build) {
     else if (a == "--prompt") o.prompt = value();
     else if (a == "--temperature") o.temperature = examples::positive_flag_value(a, value());
     else if (a == "--top-k") o.top_k = flag_value<int>(a, value(), 1);
+    else if (a == "--top-p") o.top_p = examples::positive_flag_value(a, value(), 1);  // (0, 1], the nucleus share
     else if (a == "--offload") {  // a comma list
       std::stringstream list(value());
       for (std::string w; std::getline(list, w, ',');)
@@ -629,11 +632,12 @@ void export_and_generate(const CommPtr& world, const Options& o, const Corpus& c
       prompt.push_back(std::int32_t(at - corpus.chars.begin()));
     }
     const auto ids = models::generate(gen, prompt, {.new_tokens = o.generate, .temperature = o.temperature, .top_k = o.top_k,
-                                                    .seed = o.seed});
+                                                    .top_p = o.top_p, .seed = o.seed});
     std::string text;
     for (std::int32_t id : ids) text += corpus.chars[std::size_t(id)];
-    char how[64] = "greedy";
-    if (o.temperature > 0) std::snprintf(how, sizeof how, "temperature %g, top-k %d", o.temperature, o.top_k);
+    char how[96] = "greedy";
+    if (o.temperature > 0)
+      std::snprintf(how, sizeof how, "temperature %g, top-k %d, top-p %g", o.temperature, o.top_k, o.top_p);
     std::printf("generated (%s, %d characters, no KV cache):\n%s\n", how, o.generate, text.c_str());
     if (o.export_path.empty()) std::filesystem::remove(file);
   }
@@ -1164,10 +1168,10 @@ inline std::vector<Setting> settings_of(const Options& o, const Corpus& corpus) 
            n(o.fragments) + " | " + n(o.overlap) + " | " + num(o.overlap_alpha) + " | " + flag(o.bf16_reduce) + " | " +
                num(o.outer_lr) + " | " + num(o.outer_momentum)},
           {"--staleness", n(o.staleness)}, {"--clients", n(o.clients)}, {"--kfold", n(o.kfold)},
-          // One setting for the six weights-and-text flags (the agreement takes at most 48).
-          {"--init-from --export --generate --prompt --temperature --top-k",
+          // One setting for the seven weights-and-text flags (the agreement takes at most 48).
+          {"--init-from --export --generate --prompt --temperature --top-k --top-p",
            o.init_from + " | " + o.export_path + " | " + n(o.generate) + " | " + o.prompt + " | " + num(o.temperature) + " | " +
-               n(o.top_k)},
+               n(o.top_k) + " | " + num(o.top_p)},
           // One setting for the three offload flags (the agreement takes at most 48).
           {"--offload --offload-dir --offload-buffer-kib --host-budget-mib --device-budget-mib", [&] {
              std::string l;

@@ -11,7 +11,8 @@ models::import_hf_safetensors and compares dtensor's logits with these (toleranc
 
 numpy, not torch: torch's wheels (download.pytorch.org) were not reachable where this was
 written; the twin follows transformers' code line by line (Conv1D as x W + b, rotate_half,
-repeat_kv, gelu_new, RMSNorm in the order HF computes it).
+repeat_kv, gelu_new, RMSNorm in the order HF computes it). scripts/hf_torch_check.py checks the
+written logits against a torch.nn.functional twin (agreement 4.3e-15; docs/checkpoint.md).
 Weights are stored as F32 (as HF stores them), the logits as F64; the twin computes in float64
 from the F32 values. The GPT-2 file has a longer position table (16 rows) than the model's
 context (12) and no lm_head (tied to wte); the Llama checkpoint is sharded in two files with
