@@ -57,12 +57,25 @@ struct MoeRun {
   Extent first_token = 0;
   nn::Routing<double> routing;
   std::int64_t rows_sent = 0, rows_received = 0;
+  // With `step`: the collectives of the forward and of backward_input + backward_weight, and
+  // after one SGD step (lr 0.5 on every parameter) the parameters and a second forward's output.
+  std::vector<std::tuple<CollectiveKind, std::string, std::size_t>> forward_log, backward_log;
+  Extent local_experts = 0;
+  Tensor<double, 3> y_after, w1_after, w2_after;
 };
+
+std::vector<std::tuple<CollectiveKind, std::string, std::size_t>> records_of(const CommLog& log) {
+  std::vector<std::tuple<CollectiveKind, std::string, std::size_t>> out;
+  for (const auto& r : log.records()) out.emplace_back(r.kind, r.group, r.bytes);
+  return out;
+}
 
 /// Forward, backward of sum(y * dy_full) + the aux losses, and the gradient syncs.
 MoeRun run_moe(const Dense& dense, const EMesh& emesh, const nn::MoEConfig& c, bool zero_router = false,
-               const Tensor<double, 3>& xs = x_full, const Tensor<double, 3>& dys = dy_full) {
+               const Tensor<double, 3>& xs = x_full, const Tensor<double, 3>& dys = dy_full, bool step = false) {
   Moe moe("moe", dense, emesh, c, 5);
+  std::optional<CommLog> log;
+  if (step) log.emplace();
   if (zero_router) {
     auto& w = moe.router().weight().value().local();
     std::fill_n(w.data(), w.numel(), 0.0);
@@ -70,12 +83,21 @@ MoeRun run_moe(const Dense& dense, const EMesh& emesh, const nn::MoEConfig& c, b
   auto x = distribute_replicated<nn::tokens<Dense>>(dense, xs);
   auto [y, saved] = moe.forward(x);
   MoeRun out;
+  if (step) {
+    out.forward_log = records_of(*log);
+    log.emplace();
+  }
+  out.local_experts = moe.experts().local_experts();
   out.routing = saved.routing;
   out.first_token = x.local_box().offset[0] * T;
   out.rows_sent = saved.plan.rows_sent();
   out.rows_received = saved.plan.rows_received();
   auto [dx, w] = moe.backward_input(std::move(saved), distribute_replicated<nn::tokens<Dense>>(dense, dys));
   moe.backward_weight(std::move(w));
+  if (step) {
+    out.backward_log = records_of(*log);
+    log.reset();
+  }
   nn::ParamList<double, 2> dense_ps;
   nn::ParamList<double, 3> expert_ps;
   nn::collect(moe.router(), dense_ps);
@@ -90,15 +112,26 @@ MoeRun run_moe(const Dense& dense, const EMesh& emesh, const nn::MoEConfig& c, b
   out.grads2.push_back(full_tensor(b1.grad()));
   out.grads3.push_back(full_tensor(w2.grad()));
   out.grads2.push_back(full_tensor(b2.grad()));
+  if (step) {
+    nn::for_each_parameter(moe, [](auto& p) {
+      if (!p.defined()) return;  // the router has no bias
+      auto& v = p.value().local();
+      const auto g = p.grad_local();
+      for (Extent i = 0; i < v.numel(); ++i) v[i] -= 0.5 * g[i];
+    });
+    out.w1_after = full_tensor(w1.value());
+    out.w2_after = full_tensor(w2.value());
+    out.y_after = full_tensor(moe.forward(x).y);
+  }
   return out;
 }
 
 MoeRun reference(const nn::MoEConfig& c, bool zero_router = false, const Tensor<double, 3>& xs = x_full,
-                 const Tensor<double, 3>& dys = dy_full) {
+                 const Tensor<double, 3>& dys = dy_full, bool step = false) {
   MoeRun ref;
   threads::run(1, [&](CommPtr w) {
     Dense dense(w, {1, 1});
-    ref = run_moe(dense, parallel::make_expert_mesh<EMesh>(dense, 1), c, zero_router, xs, dys);
+    ref = run_moe(dense, parallel::make_expert_mesh<EMesh>(dense, 1), c, zero_router, xs, dys, step);
   });
   return ref;
 }
@@ -225,6 +258,100 @@ TEST_CASE("MoE: a batch smaller than the mesh (a rank without tokens)", "[moe][p
     });
     CHECK(f.empty());
     for (auto& e : f) WARN(e);
+  }
+}
+
+TEST_CASE("MoE: expert counts that do not divide over ep (5 over 2, 7 over 4, 3 over 4) match the one-rank MoE",
+          "[moe][parity][uneven]") {
+  // The experts split like any uneven Shard<0> (chunk_range): 5 over 2 is 3 + 2, 7 over 4 is
+  // 2 + 2 + 2 + 1, 3 over 4 is 1 + 1 + 1 + 0 (the last rank owns no expert but routes its tokens).
+  // Forward, backward, the gradient syncs and one SGD step against one rank (double, 1e-12), the
+  // same collectives as an even split (1 all_to_all + 2 all_to_all_v forward, 2 backward), the
+  // count exchange's all_to_all moving ceil(E / ep) counts per peer, and the rows each rank
+  // receives those of its own experts.
+  struct Case {
+    Extent experts;
+    std::array<int, 2> dense;
+    int ep;
+  };
+  for (const Case m : {Case{5, {2, 1}, 2}, Case{5, {4, 1}, 2}, Case{7, {4, 1}, 4}, Case{3, {4, 1}, 4},
+                       Case{5, {2, 2}, 2}})
+    for (Extent k : {1, 2}) {
+      INFO(m.experts << " experts over ep " << m.ep << ", dense " << m.dense[0] << " x " << m.dense[1] << ", top-" << k);
+      const auto c = config(m.experts, k);
+      const auto ref = reference(c, false, x_full, dy_full, true);
+      auto f = on_ranks(m.dense[0] * m.dense[1], [&](CommPtr world, auto report) {
+        Dense dense(world, m.dense);
+        const auto emesh = parallel::make_expert_mesh<EMesh>(dense, m.ep);
+        const auto run = run_moe(dense, emesh, c, false, x_full, dy_full, true);
+        report(compare_moe(run, ref, 1e-12));
+        auto close = [](const auto& a, const auto& b) { return compare(a, b, {.rtol = 1e-12, .atol = 1e-12}); };
+        if (auto d = close(run.y_after, ref.y_after); !d) report("output after a step: " + d.message);
+        if (auto d = close(run.w1_after, ref.w1_after); !d) report("fc1 after a step: " + d.message);
+        if (auto d = close(run.w2_after, ref.w2_after); !d) report("fc2 after a step: " + d.message);
+        const auto mine = chunk_range(m.experts, m.ep, emesh.coordinate<"ep">());
+        if (run.local_experts != mine.size())
+          report(detail::cat("holds ", run.local_experts, " experts, expected ", mine.size()));
+        // Rows received: the one-rank run's kept choices, for this rank's experts, of its ep group's tokens.
+        std::int64_t received = 0;
+        for (int peer = 0; peer < m.ep; ++peer) {
+          const int data_rank = emesh.coordinate<"edp">() * m.ep + peer;
+          const auto box = local_box(nn::tokens<Dense>::desc, dense.shape(), {data_rank, 0}, x_full.shape());
+          for (Extent sl = box.offset[0] * T * k; sl < (box.offset[0] + box.extent[0]) * T * k; ++sl) {
+            const auto e = ref.routing.expert[std::size_t(sl)];
+            if (ref.routing.kept[std::size_t(sl)] && e >= mine.begin && e < mine.end) ++received;
+          }
+        }
+        if (run.rows_received != received)
+          report(detail::cat("received ", run.rows_received, " rows, expected ", received));
+        using R = std::tuple<CollectiveKind, std::string, std::size_t>;
+        const std::size_t counts_bytes = std::size_t(m.ep * chunk_size(m.experts, m.ep)) * sizeof(std::int64_t);
+        const std::size_t rows_bytes = std::size_t(std::max(run.rows_sent, run.rows_received) * C) * sizeof(double);
+        const std::vector<R> forward{R{CollectiveKind::all_to_all, "ep", counts_bytes},
+                                     R{CollectiveKind::all_to_all_v, "ep", rows_bytes},
+                                     R{CollectiveKind::all_to_all_v, "ep", rows_bytes}};
+        const std::vector<R> backward(2, R{CollectiveKind::all_to_all_v, "ep", rows_bytes});
+        if (run.forward_log != forward || run.backward_log != backward)
+          report(detail::cat("collectives: ", run.forward_log.size(), " forward, ", run.backward_log.size(),
+                             " backward, not 1 all_to_all of ", counts_bytes, " bytes + 2 all_to_all_v of ", rows_bytes,
+                             " bytes, and 2 all_to_all_v"));
+      });
+      CHECK(f.empty());
+      for (auto& e : f) WARN(e);
+    }
+}
+
+TEST_CASE("parallel::exchange_counts: uneven expert ownership, and on meta every rank routing alike", "[moe][uneven]") {
+  // 7 experts over 4 ranks own 2, 2, 2, 1; each rank sends expert e (10 * rank + e) rows.
+  auto f = on_ranks(4, [&](CommPtr world, auto report) {
+    const int me = world->rank();
+    std::vector<std::int64_t> rows(7);
+    for (std::size_t e = 0; e < 7; ++e) rows[e] = 10 * me + std::int64_t(e);
+    const auto p = parallel::exchange_counts(*world, rows, 3);
+    const std::vector<std::int64_t> offsets{0, 2, 4, 6, 7};
+    if (p.expert_offsets != offsets) report("expert offsets differ");
+    const Extent L = me < 3 ? 2 : 1;
+    std::vector<std::int64_t> recv;
+    for (int s = 0; s < 4; ++s)
+      for (Extent le = 0; le < L; ++le) recv.push_back(10 * s + offsets[std::size_t(me)] + le);
+    if (p.local_experts != L || p.recv_rows != recv) report(detail::cat("rank ", me, ": received counts differ"));
+    for (int r = 0; r < 4; ++r) {
+      std::size_t sent = 0;
+      for (auto e = offsets[std::size_t(r)]; e < offsets[std::size_t(r) + 1]; ++e) sent += std::size_t(rows[std::size_t(e)] * 3);
+      if (p.send_counts[std::size_t(r)] != sent) report(detail::cat("rank ", me, ": send count to ", r));
+    }
+    if (p.rows_per_local_expert().size() != std::size_t(L)) report("rows per local expert");
+  });
+  CHECK(f.empty());
+  for (auto& e : f) WARN(e);
+  // On meta (no peers' counts): every source sends this rank what it sends itself.
+  for (int rank : {0, 3}) {
+    auto world = sim::world(rank, 4);
+    const std::vector<std::int64_t> rows{1, 2, 3, 4, 5, 6, 7};
+    const auto p = parallel::exchange_counts<meta_space>(*world, rows, 3);
+    const std::vector<std::int64_t> expect = rank == 0 ? std::vector<std::int64_t>{1, 2, 1, 2, 1, 2, 1, 2}
+                                                       : std::vector<std::int64_t>{7, 7, 7, 7};
+    CHECK(p.recv_rows == expect);
   }
 }
 
@@ -473,8 +600,8 @@ TEST_CASE("MoE: bad input gives clear errors", "[moe][errors]") {
   threads::run(4, [&](CommPtr world) {
     Dense dense(world, {4, 1});
     auto ep4 = parallel::make_expert_mesh<EMesh>(dense, 4);
-    CHECK_THAT(message_of([&] { Moe("moe", dense, ep4, config(6, 1), 1); }),
-               Catch::Contains("6 experts do not divide over the 4 ranks") && Catch::Contains("ep"));
+    CHECK_THAT(message_of([&] { parallel::exchange_counts(ep4.group<"ep">(), {}, C); }),
+               Catch::Contains("0 expert counts over 4 ranks"));
     CHECK_THAT(message_of([&] { Moe("moe", dense, ep4, config(4, 5), 1); }), Catch::Contains("topk 5 of 4 experts"));
     CHECK_THAT(message_of([&] { Moe("moe", dense, ep4, config(4, 1, 0.0), 1); }),
                Catch::Contains("capacity factor 0 must be > 0"));

@@ -7,7 +7,7 @@
 //   auto emesh = parallel::make_expert_mesh<Experts>(dense, /*ep=*/2);   // {2, 2, 2}
 //
 //   auto order = parallel::order_by_expert(expert_of_slot, kept, experts, ep);  // send order, rows per expert
-//   auto plan = parallel::exchange_counts<T>(ep_comm, order.rows_per_expert, local_experts, dim);  // all_to_all
+//   auto plan = parallel::exchange_counts(ep_comm, order.rows_per_expert, dim);  // all_to_all
 //   auto grouped = parallel::dispatch(ep_comm, plan, send_rows);     // all_to_all_v; rows by local expert
 //   auto back = parallel::combine(ep_comm, plan, expert_out);        // all_to_all_v, reverse; send order
 //   combine_backward / dispatch_backward: the adjoints (the same permutations, the other way)
@@ -19,7 +19,10 @@
 // dense one, rank for rank. make_expert_mesh builds it (collective, like every mesh) on a copy of
 // the communicator of all the dense mesh's ranks, row-major, so a rank's dense (data..., context)
 // index is edp * ep_size + ep and each "ep" group holds ep consecutive token chunks. Expert weights are
-// Shard<0> (the expert index) on "ep" and replicated on "edp" and "tp" (expert_params); their
+// Shard<0> (the expert index) on "ep" and replicated on "edp" and "tp" (expert_params); E experts
+// over ep ranks split like any uneven Shard (chunk_range, placement/chunk.hpp): ceil(E / ep) per
+// rank with the remainder at the tail, so 5 over 2 is 3, 2 and 5 over 4 is 2, 2, 1, 0 — a rank may
+// own no expert (it still routes and sends its tokens, and receives nothing). Their
 // gradients are Partial<sum> on "edp" (expert_grads), which DataParallel over the expert mesh
 // reduces. Expert tensor parallelism (ETP) is not implemented: inside a tp group every rank
 // routes the same tokens and runs the same experts.
@@ -27,7 +30,9 @@
 // Dispatch and combine. A rank sends each kept (token, choice) to the rank owning its expert:
 // rows ordered by expert (so by destination rank, then by its local expert), then by token and
 // choice. Because the sizes depend on the data, the per-(peer, local expert) row counts are
-// exchanged first (exchange_counts: one all_to_all of experts int64 counts), then dispatch is one
+// exchanged first (exchange_counts: one all_to_all of int64 counts, ceil(E / ep) per peer: each
+// peer's experts' counts padded to the largest share, since all_to_all moves equal blocks; that is
+// E counts when ep divides E), then dispatch is one
 // all_to_all_v of the rows, regrouped on arrival so that each local expert's rows (from every
 // source rank, in rank order) are contiguous: one GEMM per local expert. The regrouping is a row
 // gather (an embedding lookup, so it runs in every memory space's kernels) with an order planned
@@ -55,6 +60,7 @@
 #include "dtensor/distributed/dtensor.hpp"
 #include "dtensor/kernels/embedding.hpp"
 #include "dtensor/mesh/roles.hpp"
+#include "dtensor/placement/chunk.hpp"
 #include "dtensor/placement/layout.hpp"
 
 namespace dtensor::parallel {
@@ -208,10 +214,12 @@ inline ExpertOrder order_by_expert(std::span<const std::int32_t> expert_of_slot,
 // ---------------------------------------------------------------- the plan: counts exchanged
 
 /// The sizes of one dispatch, from the count exchange: rows per (peer, local expert) each way.
+/// Ranks may own different numbers of experts (chunk_range's uneven split; some none).
 struct DispatchPlan {
   int ranks = 1;
-  std::int64_t local_experts = 0, dim = 0;
-  std::vector<std::int64_t> send_rows;  // [peer * local_experts + le]: rows this rank sends
+  std::int64_t local_experts = 0, dim = 0;  // local_experts: this rank's (it may be 0)
+  std::vector<std::int64_t> expert_offsets;  // [ranks + 1]: rank r owns experts [offsets[r], offsets[r + 1])
+  std::vector<std::int64_t> send_rows;  // [expert]: rows this rank sends (by peer, then its local expert)
   std::vector<std::int64_t> recv_rows;  // [source * local_experts + le]: rows it receives
   // all_to_all_v's per-peer element counts and displacements, each way.
   std::vector<std::size_t> send_counts, send_displs, recv_counts, recv_displs;
@@ -221,6 +229,8 @@ struct DispatchPlan {
   std::vector<std::int64_t> to_grouped, to_arrival;
 
   std::int64_t rows_sent() const { return sum(send_rows); }
+  /// The experts rank r owns.
+  Range experts_of(int r) const { return {expert_offsets[std::size_t(r)], expert_offsets[std::size_t(r) + 1]}; }
   std::int64_t rows_received() const { return sum(recv_rows); }
   /// Rows of each local expert after dispatch (from every source).
   std::vector<std::int64_t> rows_per_local_expert() const {
@@ -238,12 +248,14 @@ struct DispatchPlan {
 };
 
 namespace detail {
-/// The count exchange's all_to_all, through a buffer of memory space Space (a device backend
-/// moves device memory only). A space without data (the dry run's meta) cannot learn its peers'
-/// counts: it assumes every rank of the group routes like this one (exact for nn::route_balanced,
-/// the routing a dry run uses), so each source sends this rank what this rank sends each peer.
+/// The count exchange's all_to_all (blocks of `block` counts per peer), through a buffer of memory
+/// space Space (a device backend moves device memory only). A space without data (the dry run's
+/// meta) cannot learn its peers' counts: it assumes every rank of the group routes like this one
+/// (exact for nn::route_balanced, the routing a dry run uses), so every source sends this rank
+/// what this rank sends itself: its own block, from each.
 template <MemorySpace Space>
-void all_to_all_counts(Communicator& ep, const std::vector<std::int64_t>& send, std::vector<std::int64_t>& recv) {
+void all_to_all_counts(Communicator& ep, const std::vector<std::int64_t>& send, std::vector<std::int64_t>& recv,
+                       std::size_t block) {
   if constexpr (std::is_same_v<Space, host_space>) {
     ep.all_to_all(std::span<const std::int64_t>(send), std::span<std::int64_t>(recv));
   } else {
@@ -255,7 +267,9 @@ void all_to_all_counts(Communicator& ep, const std::vector<std::int64_t>& send, 
       const auto back = to_space<host_space>(recv_here);
       std::copy_n(back.data(), recv.size(), recv.begin());
     } else {
-      recv = send;
+      const auto own = send.begin() + std::ptrdiff_t(std::size_t(ep.rank()) * block);
+      for (std::size_t s = 0; s < recv.size() / block; ++s)
+        std::copy_n(own, block, recv.begin() + std::ptrdiff_t(s * block));
     }
   }
 }
@@ -263,7 +277,7 @@ void all_to_all_counts(Communicator& ep, const std::vector<std::int64_t>& send, 
 /// The row orders of the received rows (DispatchPlan::to_grouped, to_arrival).
 inline void plan_regrouping(DispatchPlan& p) {
   const auto L = std::size_t(p.local_experts), R = std::size_t(p.ranks);
-  if (L == 1 || R == 1) return;  // arrival order is grouped order
+  if (L <= 1 || R == 1) return;  // arrival order is grouped order (or nothing arrives)
   std::vector<std::int64_t> arrival(R * L);  // first row of block (source, le) in arrival order
   std::int64_t row = 0;
   for (std::size_t s = 0; s < R; ++s)
@@ -280,35 +294,54 @@ inline void plan_regrouping(DispatchPlan& p) {
 }
 }  // namespace detail
 
-/// The count exchange: one all_to_all of rows_per_expert (this rank's rows for every expert,
-/// experts = ranks * local_experts, expert e owned by rank e / local_experts). Collective over ep.
+/// The count exchange: one all_to_all of rows_per_expert (this rank's rows for every expert;
+/// E = rows_per_expert.size() experts, rank r owning chunk_range(E, ranks, r) of them, as the
+/// experts' Shard<0> weights hold them). Each peer gets a block of chunk_size(E, ranks) counts,
+/// its experts' and zeros after them (all_to_all moves equal blocks). Collective over ep.
 /// Space: where the counts travel (the model's memory space; on meta see detail::all_to_all_counts).
 template <MemorySpace Space = host_space>
-DispatchPlan exchange_counts(Communicator& ep, std::span<const std::int64_t> rows_per_expert,
-                             std::int64_t local_experts, std::int64_t dim) {
+DispatchPlan exchange_counts(Communicator& ep, std::span<const std::int64_t> rows_per_expert, std::int64_t dim) {
   const auto ranks = std::size_t(ep.size());
-  if (local_experts < 1 || rows_per_expert.size() != ranks * std::size_t(local_experts) || dim < 1)
-    ep.fail("parallel::exchange_counts", dtensor::detail::cat(rows_per_expert.size(), " expert counts for ", ranks,
-                                                              " ranks x ", local_experts, " local experts, dim ", dim));
+  const auto experts = Extent(rows_per_expert.size());
+  if (experts < 1 || dim < 1)
+    ep.fail("parallel::exchange_counts",
+            dtensor::detail::cat(experts, " expert counts over ", ranks, " ranks, dim ", dim, " (both must be > 0)"));
   DispatchPlan p;
   p.ranks = ep.size();
-  p.local_experts = local_experts;
   p.dim = dim;
+  p.expert_offsets.resize(ranks + 1);
+  for (std::size_t r = 0; r < ranks; ++r) p.expert_offsets[r] = chunk_range(experts, p.ranks, int(r)).begin;
+  p.expert_offsets[ranks] = experts;
+  p.local_experts = p.experts_of(ep.rank()).size();
   p.send_rows.assign(rows_per_expert.begin(), rows_per_expert.end());
-  p.recv_rows.resize(p.send_rows.size());
-  detail::all_to_all_counts<Space>(ep, p.send_rows, p.recv_rows);
-  auto per_peer = [&](const std::vector<std::int64_t>& rows, std::vector<std::size_t>& counts,
-                      std::vector<std::size_t>& displs) {
-    counts.assign(ranks, 0);
-    displs.assign(ranks, 0);
-    for (std::size_t r = 0; r < ranks; ++r) {
-      for (std::int64_t le = 0; le < local_experts; ++le)
-        counts[r] += std::size_t(rows[r * std::size_t(local_experts) + std::size_t(le)] * dim);
-      if (r > 0) displs[r] = displs[r - 1] + counts[r - 1];
-    }
+  const auto block = std::size_t(chunk_size(experts, p.ranks)), L = std::size_t(p.local_experts);
+  std::vector<std::int64_t> send(ranks * block, 0), recv(ranks * block, 0);
+  for (std::size_t r = 0; r < ranks; ++r) {
+    const auto mine = p.experts_of(int(r));
+    std::copy(p.send_rows.begin() + mine.begin, p.send_rows.begin() + mine.end, send.begin() + std::ptrdiff_t(r * block));
+  }
+  detail::all_to_all_counts<Space>(ep, send, recv, block);
+  p.recv_rows.resize(ranks * L);
+  for (std::size_t s = 0; s < ranks; ++s)
+    std::copy_n(recv.begin() + std::ptrdiff_t(s * block), L, p.recv_rows.begin() + std::ptrdiff_t(s * L));
+  auto sum_dim = [&](auto first, auto last) {
+    std::size_t n = 0;
+    for (; first != last; ++first) n += std::size_t(*first * dim);
+    return n;
   };
-  per_peer(p.send_rows, p.send_counts, p.send_displs);
-  per_peer(p.recv_rows, p.recv_counts, p.recv_displs);
+  p.send_counts.assign(ranks, 0);
+  p.recv_counts.assign(ranks, 0);
+  p.send_displs.assign(ranks, 0);
+  p.recv_displs.assign(ranks, 0);
+  for (std::size_t r = 0; r < ranks; ++r) {
+    const auto mine = p.experts_of(int(r));
+    p.send_counts[r] = sum_dim(p.send_rows.begin() + mine.begin, p.send_rows.begin() + mine.end);
+    p.recv_counts[r] = sum_dim(p.recv_rows.begin() + std::ptrdiff_t(r * L), p.recv_rows.begin() + std::ptrdiff_t((r + 1) * L));
+    if (r > 0) {
+      p.send_displs[r] = p.send_displs[r - 1] + p.send_counts[r - 1];
+      p.recv_displs[r] = p.recv_displs[r - 1] + p.recv_counts[r - 1];
+    }
+  }
   detail::plan_regrouping(p);
   return p;
 }

@@ -7,7 +7,9 @@
 //
 // Weights as in nn::Linear, one per expert: fc1 [E, hidden, dim] and bias [E, hidden], fc2
 // [E, dim, hidden] and bias [E, dim], each Shard<0> (the expert index) on the expert dimension
-// and replicated elsewhere (parallel::expert_params): a rank holds E / ep experts. Drawn whole
+// and replicated elsewhere (parallel::expert_params): a rank holds its chunk_range of the E
+// experts, any E over any ep (5 over 2: 3 and 2; 3 over 4: 1, 1, 1, 0 — a rank with no expert
+// runs no GEMM and has empty [0, ...] pieces), as exchange_counts assumes. Drawn whole
 // from the seed on every rank and then split (nn::Init), so every expert size starts from the
 // same experts.
 // Rows are local tensors (what dispatch delivered), not DTensors: their count depends on the
@@ -151,10 +153,6 @@ class GroupedExperts {
   static const ExpertsConfig& checked(const std::string& name, const EMesh& mesh, const ExpertsConfig& c) {
     detail::check(c.experts > 0 && c.dim > 0 && c.hidden > 0, "nn::GroupedExperts", mesh, name, ": experts ",
                   c.experts, ", dim ", c.dim, ", hidden ", c.hidden, " must be > 0");
-    const int ep = mesh.size(parallel::expert_dim<EMesh>);
-    detail::check(c.experts % ep == 0, "nn::GroupedExperts", mesh, name, ": ", c.experts,
-                  " experts do not divide over the ", ep, " ranks of expert dimension \"",
-                  EMesh::names[parallel::expert_dim<EMesh>], "\"");
     return c;
   }
 

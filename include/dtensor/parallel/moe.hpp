@@ -26,7 +26,7 @@
 // losses are not computed (no scores). Backward: the combine's adjoint (one all_to_all_v), the experts, the
 // dispatch's adjoint (one all_to_all_v), the gates' and the auxiliary losses' gradient into the
 // router (nn::route_backward, with the config's coefficients), and the router's backward. So per
-// MoE layer: forward 1 all_to_all (counts, int64 x experts) + 2 all_to_all_v; backward 2
+// MoE layer: forward 1 all_to_all (counts, int64 x ep x ceil(experts / ep)) + 2 all_to_all_v; backward 2
 // all_to_all_v (the forward's counts are reused); each all_to_all_v moves max(rows sent, rows
 // received) x C elements on a rank.
 //
@@ -117,7 +117,7 @@ class MoE {
     add_auxiliary_loss(c_.router.aux_loss_coeff * s.routing.aux_loss + c_.router.z_loss_coeff * s.routing.z_loss);
     s.order = parallel::order_by_expert(s.routing.expert, s.routing.kept, c_.router.experts);
     auto& ep = parallel::expert_group(emesh_);
-    s.plan = parallel::exchange_counts<space>(ep, s.order.rows_per_expert, experts_.local_experts(), C);
+    s.plan = parallel::exchange_counts<space>(ep, s.order.rows_per_expert, C);
     send_rows_of(s);
     auto [rows, experts_saved] = experts_.forward(
         parallel::dispatch(ep, s.plan, parallel::gather_rows(token_rows(xl), s.token_of_row)), s.plan.rows_per_local_expert());
