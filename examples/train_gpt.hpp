@@ -191,7 +191,8 @@ inline const char* const usage =
     "        ZeRO --zero (default 3, or 1 when --fsdp 1: DDP); --cp: sequence split (--cp-kind, default ring; ulysses: --heads a multiple of\n"
     "        tp x cp); --tp: Megatron tensor parallelism, with sequence parallelism unless --no-sp.\n"
     "  --experts E > 0: MoE blocks (every --moe-every-th, default all), top-K routing (default 2), capacity factor F\n"
-    "        (default dropless; with --cp > 1 at least E / K), experts split over --ep ranks (dividing dp x fsdp x cp).\n"
+    "        (default dropless; with --cp > 1 at least E / K), experts split over --ep ranks (dividing dp x fsdp x cp;\n"
+    "        any E: 5 over 2 is 3 + 2).\n"
     "  model defaults: --layers 4 --heads 4 --dim 64 --seq 32 --batch 16 (sequences per step over all ranks);\n"
     "  training: --steps 100 --lr 3e-3 --seed 1 --eval-every 25; data: the files under /usr/share/common-licenses.\n"
     "  --arch llama: RMSNorm, rotary grouped-query attention (--kv-heads, default --heads), SwiGLU (--ffn, default\n"
@@ -365,7 +366,7 @@ inline void check_options(Options& o, bool cuda_build) {
   // The experts' ranks factor the ranks that split the tokens: data x context.
   if (data_ranks * o.cp % o.ep != 0)
     throw UsageError("--ep " + str(o.ep) + " does not divide the token ranks --dp x --fsdp x --cp = " + str(data_ranks * o.cp));
-  if (o.experts % o.ep != 0) throw UsageError("--experts " + str(o.experts) + " is not a multiple of --ep " + str(o.ep));
+  // Any --experts over --ep: they split like an uneven Shard (5 over 2: 3 + 2; parallel/experts.hpp).
   // Under CP a capacity that can drop a choice is refused (nn/router.hpp): it is per whole sequence.
   if (o.cp > 1 && o.capacity > 0 && o.capacity * double(o.topk) / double(o.experts) < 1.0)
     throw UsageError("--capacity with --cp > 1: capacity groups are whole sequences, split over the context ranks; "
