@@ -48,7 +48,7 @@ void run(benchmark::State& st, Variant v, std::int64_t tokens) {
   const std::size_t bytes = std::size_t(tokens * topk * dim) * sizeof(float) * 2;
   auto times = dtensor::bench::times_on_ranks(ranks, iters, [&](const dtensor::CommPtr& w) {
     const auto counts = rows_per_expert(w->rank(), tokens);
-    auto plan = dtensor::parallel::exchange_counts(*w, counts, experts / ranks, dim);
+    auto plan = dtensor::parallel::exchange_counts(*w, counts, dim);
     dtensor::Tensor<float, 2> rows(dtensor::Shape<2>{plan.rows_sent(), dim});
     return [w, v, counts, plan, rows, arrived = std::vector<float>(std::size_t(plan.rows_received() * dim)),
             back = std::vector<float>(std::size_t(plan.rows_sent() * dim))]() mutable {
@@ -60,7 +60,7 @@ void run(benchmark::State& st, Variant v, std::int64_t tokens) {
                         std::span<float>(back), Counts(plan.send_counts), Counts(plan.send_displs));
         benchmark::DoNotOptimize(back.data());
       } else {
-        const auto p = dtensor::parallel::exchange_counts(*w, counts, experts / ranks, dim);
+        const auto p = dtensor::parallel::exchange_counts(*w, counts, dim);
         const auto grouped = dtensor::parallel::dispatch(*w, p, rows);
         const auto out = dtensor::parallel::combine(*w, p, grouped);
         benchmark::DoNotOptimize(out.data());
