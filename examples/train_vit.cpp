@@ -46,7 +46,7 @@
 #include "dtensor/comm/threads.hpp"
 #include "dtensor/distributed/settings_agreement.hpp"
 #include "dtensor/models/moe_gpt.hpp"  // nn::MoELayers: --experts
-#include "dtensor/models/training_plan.hpp"  // sim::detail::run_one_microbatch: --dry-run
+#include "dtensor/models/training_plan.hpp"  // sim::detail::sharded_pipeline_step: --dry-run
 #include "dtensor/models/vit.hpp"
 #include "dtensor/models/vit_data.hpp"
 #include "dtensor/optim/adamw.hpp"
@@ -385,7 +385,7 @@ void train(CommPtr world, const Options& o, const Mesh& mesh) {
 
 /// The step of train_pipeline on meta tensors, as the rank of `world` (one rank class): this
 /// pipeline rank's stages cut from the same parts, FSDP-sharded by ShardedPipeline, one
-/// micro-batch through them (sim::detail::run_one_microbatch), every gradient sync, clip and AdamW.
+/// micro-batch through them, every gradient sync, clip and AdamW (sim::detail::sharded_pipeline_step).
 template <class Plan, bool MoE>
 void dry_pipeline_step(CommPtr world, const Options& o, sim::Recorder& rec) {
   namespace pp = parallel::pipeline;
@@ -420,19 +420,7 @@ void dry_pipeline_step(CommPtr world, const Options& o, sim::Recorder& rec) {
   const auto x = distribute_replicated<typename Stage::Input::layout>(
       stage_mesh, Tensor<float, 3, meta_space>(Shape<3>{micro, o.patches, o.patch_dim}));
   const auto y = distribute_replicated<typename Stage::Target::layout>(stage_mesh, Tensor<std::int32_t, 1, meta_space>(Shape<1>{micro}));
-  sim::detail::run_one_microbatch(
-      run.executor().stages(), mesh, schedule.layout, x, y, rec, [&](std::size_t i) { run.fsdp(i).unshard(); },
-      [&](std::size_t i) {
-        run.fsdp(i).reshard();
-        run.fsdp(i).reduce_gradients();
-      });
-  rec.phase("optimizer");
-  MemoryTagScope optimizer_tag(MemoryTag::other);
-  run.finish_gradient_syncs();
-  run.clip_grad_norm(1.0);
-  opt.step();
-  run.sync_parameters();
-  rec.phase(sim::detail::after_step);
+  sim::detail::sharded_pipeline_step(run, opt, mesh, schedule.layout, x, y, rec);
 }
 
 /// The step of train on meta tensors: nn::ViT under DDP (--fsdp 1) or fully_shard, the whole batch.

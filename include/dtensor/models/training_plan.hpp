@@ -239,6 +239,28 @@ void run_one_microbatch(std::vector<Stage>& stages, const Mesh& mesh, const para
   }
 }
 
+/// One micro-batch through a ShardedPipeline's stages (FSDP unshard before each stage's forward,
+/// reshard and gradient reduction after its backward), then the step's gradient syncs, clip,
+/// optimizer step and parameter sync: the dry run of a pipeline with FSDP inside its stages, for
+/// any model that pipeline::split cut (the GPT here, train_vit --dry-run).
+template <class Run, class Opt, class Mesh, class Input, class Target>
+void sharded_pipeline_step(Run& run, Opt& opt, const Mesh& mesh, const parallel::pipeline::StageLayout& layout,
+                           const Input& x, const Target& y, Recorder& rec) {
+  run_one_microbatch(
+      run.executor().stages(), mesh, layout, x, y, rec, [&](std::size_t i) { run.fsdp(i).unshard(); },
+      [&](std::size_t i) {
+        run.fsdp(i).reshard();
+        run.fsdp(i).reduce_gradients();
+      });
+  rec.phase("optimizer");
+  MemoryTagScope optimizer_tag(MemoryTag::other);
+  run.finish_gradient_syncs();
+  run.clip_grad_norm(1.0);
+  opt.step();
+  run.sync_parameters();
+  rec.phase(after_step);
+}
+
 /// Any pp and cp: this pipeline rank's stages, one micro-batch (see the top of this file); DDP
 /// (zero 0) or FSDP inside the stages (parallel::pipeline::ShardedPipeline, fp32 master).
 template <class T, class Layers, bool SP>
@@ -294,19 +316,7 @@ void pipeline_rank_step(CommPtr world, const TrainingPlan& p, const parallel::pi
   pp::ShardedPipeline<Stage, Mesh, float> run(mesh, schedule, std::move(stages), {.stage = p.zero}, bucket_bytes);
   auto opt = optim::make_adamw(run.params(), adamw_options());  // the fp32 shards (MoE: and the experts in T)
   run.zero_grad();
-  run_one_microbatch(
-      run.executor().stages(), mesh, layout, ids, ids, rec, [&](std::size_t i) { run.fsdp(i).unshard(); },
-      [&](std::size_t i) {
-        run.fsdp(i).reshard();
-        run.fsdp(i).reduce_gradients();
-      });
-  rec.phase("optimizer");
-  MemoryTagScope optimizer_tag(MemoryTag::other);
-  run.finish_gradient_syncs();
-  run.clip_grad_norm(1.0);
-  opt.step();
-  run.sync_parameters();
-  rec.phase(after_step);
+  sharded_pipeline_step(run, opt, mesh, layout, ids, ids, rec);
 }
 
 /// FSDP / ZeRO-1, 2, 3 (HSDP when hsdp > 1), pp == 1: nn::GPT under fully_shard<float>.
