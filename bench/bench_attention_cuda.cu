@@ -32,9 +32,9 @@ void timed(benchmark::State& st, double flops_per_iteration, Op op) {
   DTENSOR_CUDA_CHECK(cudaEventCreate(&b));
   op();  // warm-up
   for (auto _ : st) {
-    DTENSOR_CUDA_CHECK(cudaEventRecord(a, cuda::current_stream()));
+    DTENSOR_CUDA_CHECK(cudaEventRecord(a, dtensor::cuda::current_stream()));
     op();
-    DTENSOR_CUDA_CHECK(cudaEventRecord(b, cuda::current_stream()));
+    DTENSOR_CUDA_CHECK(cudaEventRecord(b, dtensor::cuda::current_stream()));
     DTENSOR_CUDA_CHECK(cudaEventSynchronize(b));
     float ms = 0;
     DTENSOR_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
@@ -100,7 +100,7 @@ BENCHMARK(BM_naive)->Name("f32/naive_full")->RangeMultiplier(2)->Range(256, 2048
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (cuda::device_count() == 0) {
+  if (dtensor::cuda::device_count() == 0) {
     std::printf("SKIPPED: no CUDA device\n");
     return 0;
   }

@@ -40,7 +40,7 @@ double per_op(CommPtr world, Op op) {
   world->barrier();
   const auto t0 = Clock::now();
   for (int i = 0; i < inner; ++i) op();
-  DTENSOR_CUDA_CHECK(cudaStreamSynchronize(cuda::current_stream()));
+  DTENSOR_CUDA_CHECK(cudaStreamSynchronize(dtensor::cuda::current_stream()));
   world->barrier();
   return std::chrono::duration<double>(Clock::now() - t0).count() / inner;
 }
@@ -69,7 +69,7 @@ void BM_gather_memcpy(benchmark::State& st) {
       Tensor<float, 2, cuda_space> src(Shape<2>{rows, cols}), dst(Shape<2>{rows, cols});
       const double s = per_op(world, [&] {
         DTENSOR_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), dst.bytes(), cudaMemcpyDeviceToDevice,
-                                           cuda::current_stream()));
+                                           dtensor::cuda::current_stream()));
       });
       if (world->rank() == 0) t = s;
     });
@@ -105,7 +105,7 @@ void BM_nccl_raw(benchmark::State& st) {
   for (auto _ : st)
     st.SetIterationTime(per_op(world, [&] {
       const ncclResult_t r = ncclAllGather(send.data(), recv.data(), std::size_t(block), ncclFloat32, nc.native(),
-                                           cuda::current_stream());
+                                           dtensor::cuda::current_stream());
       if (r != ncclSuccess && r != ncclInProgress) throw Error("ncclAllGather", ncclGetErrorString(r));
     }));
   st.SetBytesProcessed(st.iterations() * rows * cols * Extent(sizeof(float)));
@@ -120,7 +120,7 @@ int main(int argc, char** argv) {
 #if defined(DTENSOR_HAS_NCCL)
   dtensor::mpi::Environment env(argc, argv);
 #endif
-  if (cuda::device_count() == 0) {
+  if (dtensor::cuda::device_count() == 0) {
     std::printf("SKIPPED: no CUDA device\n");
     return 0;
   }

@@ -27,9 +27,9 @@ void timed(benchmark::State& st, Extent n, Op op) {
   DTENSOR_CUDA_CHECK(cudaEventCreate(&b));
   op();  // warm-up (handle creation, heuristics)
   for (auto _ : st) {
-    DTENSOR_CUDA_CHECK(cudaEventRecord(a, cuda::current_stream()));
+    DTENSOR_CUDA_CHECK(cudaEventRecord(a, dtensor::cuda::current_stream()));
     op();
-    DTENSOR_CUDA_CHECK(cudaEventRecord(b, cuda::current_stream()));
+    DTENSOR_CUDA_CHECK(cudaEventRecord(b, dtensor::cuda::current_stream()));
     DTENSOR_CUDA_CHECK(cudaEventSynchronize(b));
     float ms = 0;
     DTENSOR_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
@@ -73,7 +73,7 @@ void BM_cublas_gemm_ex(benchmark::State& st) {
   using G = ck::detail::GemmTypes<T>;
   cublasHandle_t h = nullptr;
   DTENSOR_CUBLAS_CHECK(cublasCreate(&h));
-  DTENSOR_CUBLAS_CHECK(cublasSetStream(h, cuda::current_stream()));
+  DTENSOR_CUBLAS_CHECK(cublasSetStream(h, dtensor::cuda::current_stream()));
   const typename G::scalar one = 1, zero = 0;
   timed(st, n, [&] {
     DTENSOR_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, int(n), int(n), int(n), &one, b.data(), G::data,
@@ -92,7 +92,7 @@ BENCHMARK(BM_cublas_gemm_ex<bfloat16>)->Name("bf16/cublas")->RangeMultiplier(2)-
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (cuda::device_count() == 0) {
+  if (dtensor::cuda::device_count() == 0) {
     std::printf("SKIPPED: no CUDA device\n");
     return 0;
   }

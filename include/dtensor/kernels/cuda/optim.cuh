@@ -3,6 +3,8 @@
 // per-block tree sums over a fixed grid, then one block adds the partial sums; deterministic,
 // not the host's bits). Not Thrust/CUB here: their kernels name ::cuda::std, which a translation
 // unit with `using namespace dtensor;` (namespace dtensor::cuda) makes ambiguous in nvcc's stub.
+// (kernels/cuda/embedding.cuh does include CUB's radix sort, which declares ::cuda: code that says
+// `using namespace dtensor;` names dtensor's as `dtensor::cuda::`, as the benchmarks do.)
 #pragma once
 
 #include <cmath>
