@@ -1,13 +1,13 @@
-// bench_attention_cuda — attention forward + backward on one GPU: the fused, memory-efficient
-// kernels (kernels/cuda/attention.cuh: no T x T matrix) against a naive materialised
-// implementation built from cuBLAS batched GEMMs and the softmax kernels (S = scale Q K^T,
-// P = softmax(S), O = P V and the matching backward GEMMs), same run, float, non-causal (the
-// naive path has no mask), and the fused causal kernels alone. Counter "flops" is the analytic
-// count of kernels/meta/attention.hpp (forward 2 P (D + Dv), backward P (6 D + 4 Dv), P the
-// unmasked pairs), so flops / peak is the fraction of the GPU's peak (docs/benchmarks.md).
-// Without a GPU it prints the skip line and exits 0.
+// bench_attention_cuda — attention forward + backward on one GPU, same run, float: the fused,
+// memory-efficient kernels (kernels/cuda/attention_fused.cuh: no T x T matrix), the cuBLAS chunks
+// (kernels/cuda/attention_gemm.cuh: masked, exact, a bounded workspace; also with TF32 allowed),
+// causal and full, against a naive materialised baseline built from the public bmm and softmax
+// kernels (S = scale Q K^T, P = softmax(S), O = P V and the matching backward GEMMs; full only:
+// it has no mask). Counter "flops" is the analytic count of kernels/meta/attention.hpp (forward
+// 2 P (D + Dv), backward P (6 D + 4 Dv), P the unmasked pairs), so flops / peak is the fraction
+// of the GPU's peak (docs/benchmarks.md). Without a GPU it prints the skip line and exits 0.
 //
-//   bench_attention_cuda [--benchmark_filter=fused]
+//   bench_attention_cuda [--benchmark_filter=gemm]
 #include <benchmark/benchmark.h>
 
 #include <cmath>
@@ -64,10 +64,23 @@ void BM_fused(benchmark::State& st, bool causal) {
   Inputs in(t);
   const ck::AttentionOptions o{.causal = causal};
   timed(st, attention_flops(t, causal), [&] {
-    auto f = ck::attention(in.q, in.k, in.v, o);
-    auto g = ck::attention_backward(in.q, in.k, in.v, f.out, f.lse, in.dout, o);
+    auto f = ck::attention_fused(in.q, in.k, in.v, o);
+    auto g = ck::attention_fused_backward(in.q, in.k, in.v, f.out, f.lse, in.dout, o);
     benchmark::DoNotOptimize(g.dq.data());
   });
+}
+
+void BM_gemm(benchmark::State& st, bool causal, bool tf32) {
+  const Extent t = st.range(0);
+  Inputs in(t);
+  const ck::AttentionOptions o{.causal = causal};
+  ck::allow_tf32(tf32);
+  timed(st, attention_flops(t, causal), [&] {
+    auto f = ck::attention_gemm(in.q, in.k, in.v, o);
+    auto g = ck::attention_gemm_backward(in.q, in.k, in.v, f.out, f.lse, in.dout, o);
+    benchmark::DoNotOptimize(g.dq.data());
+  });
+  ck::allow_tf32(false);
 }
 
 /// The materialised baseline on [B*H, T, D] views (non-causal).
@@ -94,9 +107,12 @@ void BM_naive(benchmark::State& st) {
   });
 }
 
-BENCHMARK_CAPTURE(BM_fused, causal, true)->Name("f32/fused_causal")->RangeMultiplier(2)->Range(256, 2048)->UseManualTime();
+BENCHMARK_CAPTURE(BM_fused, causal, true)->Name("f32/fused_causal")->RangeMultiplier(2)->Range(64, 2048)->UseManualTime();
 BENCHMARK_CAPTURE(BM_fused, full, false)->Name("f32/fused_full")->RangeMultiplier(2)->Range(256, 2048)->UseManualTime();
 BENCHMARK(BM_naive)->Name("f32/naive_full")->RangeMultiplier(2)->Range(256, 2048)->UseManualTime();
+BENCHMARK_CAPTURE(BM_gemm, causal, true, false)->Name("f32/gemm_causal")->RangeMultiplier(2)->Range(64, 2048)->UseManualTime();
+BENCHMARK_CAPTURE(BM_gemm, full, false, false)->Name("f32/gemm_full")->RangeMultiplier(2)->Range(256, 2048)->UseManualTime();
+BENCHMARK_CAPTURE(BM_gemm, causal_tf32, true, true)->Name("tf32/gemm_causal")->RangeMultiplier(2)->Range(256, 2048)->UseManualTime();
 }  // namespace
 
 int main(int argc, char** argv) {

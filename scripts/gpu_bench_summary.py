@@ -6,7 +6,8 @@
 Reads OUT_DIR/bench_gemm_cuda.json, bench_attention_cuda.json, bench_comm_cuda.json (Google
 Benchmark's --benchmark_out) and prints, per size, both sides' figure and their ratio:
   GEMM       op / cuBLAS and kernel / cuBLAS (TFLOP/s; goal >= 0.95), float and bf16
-  attention  fused forward+backward TFLOP/s, fraction of the GPU's FP32 peak, fused / naive cuBLAS
+  attention  forward+backward TFLOP/s, fraction of the GPU's FP32 peak: the cuBLAS chunks / the fused
+             kernels (causal), and both / a naive unmasked cuBLAS version (full)
   gather     redistribute Shard -> Replicate on cuda_threads vs one cudaMemcpy of the same bytes
 A pair whose two sides are not both present is an error (exit 1): a comparison with one side
 missing must not read as a result.
@@ -59,15 +60,28 @@ def main():
     att = load(out, "bench_attention_cuda")
     if att is not None:
         print(f"attention fwd+bwd, batch 4 x 12 heads x head dim 64, float; TFLOP/s"
-              f" (fraction of the {gpu} FP32 peak {peak} TFLOP/s):")
+              f" (fraction of the {gpu} FP32 peak {peak} TFLOP/s); fused = attention_fused.cuh,"
+              f" gemm = attention_gemm.cuh (tf32: TF32 allowed), naive = unmasked bmm + softmax:")
+        frac = lambda r: f" ({tflops(r) / peak:.3f})" if peak else ""
         for n in sorted({k[2] for k in att}):
-            fc, ff, nv = att.get(("f32", "fused_causal", n)), att.get(("f32", "fused_full", n)), att.get(("f32", "naive_full", n))
-            if fc is None or ff is None or nv is None:
-                bad.append(f"attention T={n}: a side is missing")
-                continue
-            frac = lambda r: f" ({tflops(r) / peak:.3f})" if peak else ""
-            print(f"  T={n:5}: fused causal {tflops(fc):6.2f}{frac(fc)}  fused full {tflops(ff):6.2f}{frac(ff)}"
-                  f"  naive cuBLAS full {tflops(nv):6.2f}  fused/naive {tflops(ff) / tflops(nv):.3f}")
+            get = lambda v: att.get(("f32", v, n))
+            fc, gc, tc = get("fused_causal"), get("gemm_causal"), att.get(("tf32", "gemm_causal", n))
+            ff, gf, nv = get("fused_full"), get("gemm_full"), get("naive_full")
+            line = f"  T={n:5}:"
+            if fc is not None or gc is not None:
+                if fc is None or gc is None:
+                    bad.append(f"attention causal T={n}: a side is missing")
+                    continue
+                line += (f" causal fused {tflops(fc):6.2f}{frac(fc)} gemm {tflops(gc):6.2f}{frac(gc)}"
+                         f"{f' tf32 {tflops(tc):6.2f}' if tc is not None else ''}"
+                         f" gemm/fused {tflops(gc) / tflops(fc):.3f}")
+            if nv is not None or ff is not None or gf is not None:
+                if nv is None or ff is None or gf is None:
+                    bad.append(f"attention full T={n}: a side is missing")
+                    continue
+                line += (f" | full fused {tflops(ff):6.2f} gemm {tflops(gf):6.2f} naive cuBLAS {tflops(nv):6.2f}"
+                         f" fused/naive {tflops(ff) / tflops(nv):.3f} gemm/naive {tflops(gf) / tflops(nv):.3f}")
+            print(line)
     comm = load(out, "bench_comm_cuda")
     if comm is not None:
         print("all-gather on cuda_threads (rows x 1024 floats), GB/s: redistribute vs one cudaMemcpy of the same bytes:")

@@ -282,8 +282,24 @@ TEMPLATE_TEST_CASE("cuda embedding and cross-entropy match the host", "[cuda][ke
 // different orders), each rounds its outputs to bf16 once: one bf16 rounding apart, the bf16
 // tolerance (rtol 1e-2). Their lse (never rounded to bf16) differ by the float rounding of the
 // scores, as for float: 1e-5.
-TEMPLATE_TEST_CASE("cuda fused attention matches the host: causal, offsets, backward, block merge", "[cuda][kernels]",
-                   float, double, bfloat16) {
+// Both implementations (kernels/cuda/attention.cuh): 0 the fused kernels, 1 the cuBLAS chunks sized
+// by the workspace (one chunk here), 2 the cuBLAS chunks of 4 query rows (several, the last short,
+// and under causal offsets chunks that see no key at all).
+template <class T>
+ck::AttentionForward<T> attention_by(int impl, const ck::CudaTensor<T, 4>& q, const ck::CudaTensor<T, 4>& k,
+                                     const ck::CudaTensor<T, 4>& v, const hk::AttentionOptions& o) {
+  return impl == 0 ? ck::attention_fused(q, k, v, o) : ck::attention_gemm(q, k, v, o, impl == 1 ? 0 : 4);
+}
+template <class T>
+ck::AttentionBackward<T> attention_backward_by(int impl, const ck::CudaTensor<T, 4>& q, const ck::CudaTensor<T, 4>& k,
+                                               const ck::CudaTensor<T, 4>& v, const ck::AttentionForward<T>& f,
+                                               const ck::CudaTensor<T, 4>& dout, const hk::AttentionOptions& o) {
+  return impl == 0 ? ck::attention_fused_backward(q, k, v, f.out, f.lse, dout, o)
+                   : ck::attention_gemm_backward(q, k, v, f.out, f.lse, dout, o, impl == 1 ? 0 : 4);
+}
+
+TEMPLATE_TEST_CASE("cuda attention (fused and cuBLAS) matches the host: causal, offsets, backward, block merge",
+                   "[cuda][kernels]", float, double, bfloat16) {
   using T = TestType;
   const Tolerance t = std::is_same_v<T, double>     ? Tolerance{1e-11, 1e-12}
                       : std::is_same_v<T, bfloat16> ? tol<T>()
@@ -292,11 +308,13 @@ TEMPLATE_TEST_CASE("cuda fused attention matches the host: causal, offsets, back
   // Head dimensions that do not fill a warp's lanes evenly, more keys than queries.
   const auto q = normal<T>(Shape<4>{2, 3, 9, 40}, 1), k = normal<T>(Shape<4>{2, 3, 13, 40}, 2);
   const auto v = normal<T>(Shape<4>{2, 3, 13, 24}, 3), dout = normal<T>(Shape<4>{2, 3, 9, 24}, 4);
+  for (const int impl : {0, 1, 2})
   for (hk::AttentionOptions o : {hk::AttentionOptions{}, hk::AttentionOptions{.causal = false, .scale = 0.3},
                                  hk::AttentionOptions{.q_offset = 4, .k_offset = 0},
                                  hk::AttentionOptions{.q_offset = 0, .k_offset = 5}}) {
+    INFO("implementation " << impl << " causal " << o.causal << " q_offset " << o.q_offset << " k_offset " << o.k_offset);
     const auto hf = hk::attention(q, k, v, o);
-    const auto cf = ck::attention(dev(q), dev(k), dev(v), o);
+    const auto cf = attention_by(impl, dev(q), dev(k), dev(v), o);
     CHECK_CLOSE(cf.out, hf.out, t);
     // Rows that see no key have lse = -inf on both sides (compare reads -inf - -inf as a difference).
     auto clse = hst(cf.lse), hlse = hf.lse;
@@ -306,10 +324,19 @@ TEMPLATE_TEST_CASE("cuda fused attention matches the host: causal, offsets, back
     INFO("lse: " << lse_cmp.message);
     CHECK(lse_cmp.ok);
     const auto hb = hk::attention_backward(q, k, v, hf.out, hf.lse, dout, o);
-    const auto cb = ck::attention_backward(dev(q), dev(k), dev(v), cf.out, cf.lse, dev(dout), o);
+    const auto cb = attention_backward_by(impl, dev(q), dev(k), dev(v), cf, dev(dout), o);
     CHECK_CLOSE(cb.dq, hb.dq, t);
     CHECK_CLOSE(cb.dk, hb.dk, t);
     CHECK_CLOSE(cb.dv, hb.dv, t);
+  }
+  {
+    // The front chooses by the process-wide setting: each forced choice is that implementation.
+    const auto dq = dev(q), dk = dev(k), dv = dev(v);
+    ck::set_attention_algorithm(ck::AttentionAlgorithm::gemm);
+    CHECK(equal(hst(ck::attention(dq, dk, dv).out), hst(ck::attention_gemm(dq, dk, dv).out)));
+    ck::set_attention_algorithm(ck::AttentionAlgorithm::fused);
+    CHECK(equal(hst(ck::attention(dq, dk, dv).out), hst(ck::attention_fused(dq, dk, dv).out)));
+    ck::set_attention_algorithm(ck::AttentionAlgorithm::automatic);
   }
   const auto a = hk::attention(q, k, v), b = hk::attention(q, k, v, {.causal = false});
   const auto hm = hk::merge_attention_blocks(a.out, a.lse, b.out, b.lse);
@@ -321,7 +348,7 @@ TEMPLATE_TEST_CASE("cuda fused attention matches the host: causal, offsets, back
 // Several key tiles and blocks of query rows, and every register blocking the kernels choose
 // (4 rows per warp up to head dimension 128 in float / 64 in double, 1 row above): rows past the
 // end inside a warp, causal offsets that leave some rows of a warp seeing keys others do not.
-TEMPLATE_TEST_CASE("cuda fused attention over many tiles and every register blocking matches the host",
+TEMPLATE_TEST_CASE("cuda attention over many tiles, chunks and every register blocking matches the host",
                    "[cuda][kernels]", float, double) {
   using T = TestType;
   const Tolerance t = std::is_same_v<T, double> ? Tolerance{1e-11, 1e-12} : Tolerance{2e-4, 2e-5};
@@ -329,15 +356,17 @@ TEMPLATE_TEST_CASE("cuda fused attention over many tiles and every register bloc
     INFO("head dimension " << d);
     const auto q = normal<T>(Shape<4>{1, 2, 75, d}, 11), k = normal<T>(Shape<4>{1, 2, 90, d}, 12);
     const auto v = normal<T>(Shape<4>{1, 2, 90, d - 5}, 13), dout = normal<T>(Shape<4>{1, 2, 75, d - 5}, 14);
+    for (const int impl : {0, 1, 2})
     for (hk::AttentionOptions o : {hk::AttentionOptions{}, hk::AttentionOptions{.causal = false},
                                    hk::AttentionOptions{.q_offset = 21, .k_offset = 0},
                                    hk::AttentionOptions{.q_offset = 0, .k_offset = 37}}) {
-      INFO("causal " << o.causal << " q_offset " << o.q_offset << " k_offset " << o.k_offset);
+      INFO("implementation " << impl << " causal " << o.causal << " q_offset " << o.q_offset << " k_offset "
+                             << o.k_offset);
       const auto hf = hk::attention(q, k, v, o);
-      const auto cf = ck::attention(dev(q), dev(k), dev(v), o);
+      const auto cf = attention_by(impl, dev(q), dev(k), dev(v), o);
       CHECK_CLOSE(cf.out, hf.out, t);
       const auto hb = hk::attention_backward(q, k, v, hf.out, hf.lse, dout, o);
-      const auto cb = ck::attention_backward(dev(q), dev(k), dev(v), cf.out, cf.lse, dev(dout), o);
+      const auto cb = attention_backward_by(impl, dev(q), dev(k), dev(v), cf, dev(dout), o);
       CHECK_CLOSE(cb.dq, hb.dq, t);
       CHECK_CLOSE(cb.dk, hb.dk, t);
       CHECK_CLOSE(cb.dv, hb.dv, t);
