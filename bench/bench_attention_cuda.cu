@@ -83,6 +83,20 @@ void BM_gemm(benchmark::State& st, bool causal, bool tf32) {
   ck::allow_tf32(false);
 }
 
+/// The cuBLAS chunks, causal, at a given number of query rows per chunk (range 1): what the
+/// automatic chunk size (attention_gemm.cuh's attention_chunk_rows) trades, launches against the
+/// keys above the diagonal that a larger chunk multiplies.
+void BM_gemm_rows(benchmark::State& st) {
+  const Extent t = st.range(0), rows = st.range(1);
+  Inputs in(t);
+  const ck::AttentionOptions o{};
+  timed(st, attention_flops(t, true), [&] {
+    auto f = ck::attention_gemm(in.q, in.k, in.v, o, rows);
+    auto g = ck::attention_gemm_backward(in.q, in.k, in.v, f.out, f.lse, in.dout, o, rows);
+    benchmark::DoNotOptimize(g.dq.data());
+  });
+}
+
 /// The materialised baseline on [B*H, T, D] views (non-causal).
 void BM_naive(benchmark::State& st) {
   const Extent t = st.range(0);
@@ -112,6 +126,7 @@ BENCHMARK_CAPTURE(BM_fused, full, false)->Name("f32/fused_full")->RangeMultiplie
 BENCHMARK(BM_naive)->Name("f32/naive_full")->RangeMultiplier(2)->Range(256, 2048)->UseManualTime();
 BENCHMARK_CAPTURE(BM_gemm, causal, true, false)->Name("f32/gemm_causal")->RangeMultiplier(2)->Range(64, 2048)->UseManualTime();
 BENCHMARK_CAPTURE(BM_gemm, full, false, false)->Name("f32/gemm_full")->RangeMultiplier(2)->Range(256, 2048)->UseManualTime();
+BENCHMARK(BM_gemm_rows)->Name("f32/gemm_causal_rows")->ArgsProduct({{512, 1024, 2048}, {128, 256, 512, 2048}})->UseManualTime();
 BENCHMARK_CAPTURE(BM_gemm, causal_tf32, true, true)->Name("tf32/gemm_causal")->RangeMultiplier(2)->Range(256, 2048)->UseManualTime();
 }  // namespace
 

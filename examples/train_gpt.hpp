@@ -124,6 +124,7 @@ struct Options : examples::MeshFlags {  // the mesh: --pp --dp --fsdp --cp --tp 
   std::string data, backend = "threads";
   std::string device = "cpu", dtype = "f32";  // --device cpu|cuda, --dtype f32|bf16
   bool tf32 = false;                          // --tf32: float GEMMs on TF32 tensor cores (--device cuda)
+  std::string attention = "auto";             // --attention auto|fused|gemm: the CUDA attention kernels
   // The architecture: nn::GPT's blocks, or Llama's (RMSNorm, rotary GQA attention, SwiGLU; models/llama.hpp).
   std::string arch = "gpt";
   Extent kv_heads = 0, ffn = 0;  // llama: KV heads (0: --heads), SwiGLU width (0: 4 x --dim)
@@ -177,7 +178,7 @@ inline const char* const usage =
     "                 [--recompute none|full|selective|core_attn,norm,act,mlp]\n"
     "                 [--experts E] [--topk K] [--capacity F] [--moe-every N]\n"
     "                 [--steps N] [--lr X] [--seed N] [--eval-every N] [--check-finite] [--data FILE] [--backend threads|mpi|nccl]\n"
-    "                 [--device cpu|cuda] [--dtype f32|bf16] [--tf32]\n"
+    "                 [--device cpu|cuda] [--dtype f32|bf16] [--tf32] [--attention auto|fused|gemm]\n"
     "                 [--trace FILE] [--plot FILE] [--arch gpt|llama] [--kv-heads N] [--ffn N]\n"
     "                 [--save-every N --save-dir DIR] [--resume DIR]\n"
     "                 [--sync ddp|local-sgd|diloco|async|fedavg] [--inner-steps H] [--staleness s] [--clients K] [--kfold k]\n"
@@ -202,7 +203,8 @@ inline const char* const usage =
     "        on any mesh, up to --steps (the total).\n"
     "  --device cuda (train_gpt_cuda): the model on a GPU, the ranks threads sharing it, or --backend nccl under\n"
     "        mpirun (one GPU per process). --tf32: its float GEMMs on TF32 tensor cores (fp32 accumulation,\n"
-    "        inputs rounded to 10 mantissa bits; PyTorch's allow_tf32).\n"
+    "        inputs rounded to 10 mantissa bits; PyTorch's allow_tf32). --attention fused|gemm: the fused attention\n"
+    "        kernels or the cuBLAS chunks (docs/gpu.md); auto (the default) takes the chunks from 128 keys on.\n"
     "  --dtype bf16: the model computes in bfloat16; master weights, gradient shards and AdamW state stay fp32\n"
     "        (FSDP mixed precision, also without --fsdp: ZeRO-1 on one shard); not with --experts.\n"
     "  --sync (on \"dp\", docs/beyond-sync.md): ddp (default); local-sgd / diloco: average / DiLoCo outer step every\n"
@@ -270,6 +272,8 @@ inline void check_device(const Options& o, bool cuda_build) {
     throw UsageError("--device cuda: this train_gpt was built without CUDA; run train_gpt_cuda (built with -DDTENSOR_WITH_CUDA=ON)");
   if (o.device == "cpu" && o.backend == "nccl") throw UsageError("--backend nccl needs --device cuda");
   if (o.tf32 && o.device != "cuda") throw UsageError("--tf32 needs --device cuda (the host's float GEMMs are fp32)");
+  if (o.attention != "auto" && o.device != "cuda")
+    throw UsageError("--attention " + o.attention + " needs --device cuda (the host has one attention kernel)");
   if (o.device == "cuda" && o.backend == "mpi") throw UsageError("--device cuda runs under mpirun with --backend nccl, not mpi");
   // bf16 keeps fp32 master values only for what FSDP shards; the MoE experts are outside it.
   if (o.dtype == "bf16" && o.experts > 0)
@@ -468,7 +472,11 @@ inline Options parse(int argc, char** argv, bool cuda_build) {
       o.device = value();
       if (o.device != "cpu" && o.device != "cuda") throw UsageError("--device is cpu or cuda, got '" + o.device + "'");
     } else if (a == "--tf32") o.tf32 = true;
-    else if (a == "--dtype") {
+    else if (a == "--attention") {
+      o.attention = value();
+      if (o.attention != "auto" && o.attention != "fused" && o.attention != "gemm")
+        throw UsageError("--attention is auto, fused or gemm, got '" + o.attention + "'");
+    } else if (a == "--dtype") {
       o.dtype = value();
       if (o.dtype != "f32" && o.dtype != "bf16") throw UsageError("--dtype is f32 or bf16, got '" + o.dtype + "'");
     } else
@@ -1161,7 +1169,7 @@ inline std::vector<Setting> settings_of(const Options& o, const Corpus& corpus) 
           {"--plot", o.plot}, {"--data", o.data},
           {"--data (contents)", n(corpus.chars.size()) + " characters, " + n(corpus.train.size() + corpus.val.size()) +
                                     " tokens, hash " + n(data_hash)},
-          {"--backend", o.backend}, {"--device", o.device}, {"--dtype --tf32", o.dtype + (o.tf32 ? " tf32" : "")}, {"--arch", o.arch},
+          {"--backend", o.backend}, {"--device", o.device}, {"--dtype --tf32 --attention", o.dtype + (o.tf32 ? " tf32" : "") + " " + o.attention}, {"--arch", o.arch},
           {"--kv-heads", n(o.kv_heads)}, {"--ffn", n(o.ffn)}, {"--save-every", n(o.save_every)},
           {"--save-dir", o.save_dir}, {"--resume", o.resume}, {"--sync", o.sync}, {"--inner-steps", n(o.inner_steps)},
           // One setting for DiLoCo's six option flags (the agreement takes at most 48).

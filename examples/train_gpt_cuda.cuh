@@ -44,6 +44,9 @@ struct CudaGpu {
       return 1;
     }
     kernels::cuda::allow_tf32(o.tf32);
+    kernels::cuda::set_attention_algorithm(o.attention == "fused" ? kernels::cuda::AttentionAlgorithm::fused
+                                           : o.attention == "gemm" ? kernels::cuda::AttentionAlgorithm::gemm
+                                                                   : kernels::cuda::AttentionAlgorithm::automatic);
     if (o.backend == "nccl") {
 #ifdef DTENSOR_HAS_NCCL
       // nccl::world(): this process's GPU is its local rank % the visible GPUs.

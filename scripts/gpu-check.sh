@@ -174,8 +174,9 @@ if [[ $train == 1 && $gpu == 1 ]]; then
   timeout 240 "$t" --device cuda "${big[@]}" >"$out/train_gpt2.log" 2>&1 || fail "GPT-2-124M-shaped step exited with $?"
   note "GPT-2-124M-shaped (dim 768, 12 layers, 12 heads, seq 1024, batch 8, lr 6e-4, char vocabulary), 1 rank, 3 steps:"
   grep -aE "summary:|memory peaks" "$out/train_gpt2.log" | sed 's/^/  /' | tee -a "$summary" >/dev/null
-  # The same step with its float GEMMs on TF32 tensor cores, and in bf16 (fp32 master and AdamW).
-  for variant in "--tf32" "--dtype bf16"; do
+  # The same step with its float GEMMs on TF32 tensor cores, and in bf16 (fp32 master and AdamW);
+  # then with the fused attention kernels instead of the cuBLAS chunks (the same card's baseline).
+  for variant in "--tf32" "--dtype bf16" "--attention fused" "--tf32 --attention fused"; do
     log=$out/train_gpt2${variant//[ -]/_}.log
     if timeout 240 "$t" --device cuda "${big[@]}" $variant >"$log" 2>&1; then
       note "  the same with $variant:"
