@@ -36,7 +36,9 @@
 //
 // --serve BATCH,CONTEXT: serving instead of training: per rank of the busiest pipeline stage the
 // weights and the KV cache of BATCH sequences of CONTEXT positions (sim/serving.hpp: what
-// models::generate with its cache holds), KV cache per token, and whether it fits the device.
+// models::generate with its cache holds), KV cache per token, and whether it fits the device;
+// then the prefill time and the decode latency per token (sim::serving_latency: memory-bound
+// decode, TP all-reduces and PP sends on the link model).
 //
 //   plan_at_scale --search --gpus 16384 --arch llama ... --seq 8192 --batch 2048 [--top 5 --finalists 12]
 //
@@ -631,6 +633,13 @@ int run_serve(const Options& o) {
               o.serve_context, (long long)s.layers, sim::detail::human_bytes(s.weights).c_str(),
               sim::detail::human_bytes(s.kv_cache).c_str(), sim::detail::human_bytes(s.kv_per_token).c_str(),
               sim::detail::human_bytes(s.total).c_str(), fits ? "fits" : "does not fit", o.hardware.name.c_str());
+  const auto t = sim::serving_latency(m, {.batch = o.serve_batch, .context = o.serve_context, .tp = o.plan.tp,
+                                          .pp = o.plan.pp, .bytes = o.bf16 ? 2.0 : 4.0},
+                                      o.hardware);
+  std::printf("latency (one batch in flight): prefill %.4g ms; decode %.4g ms per token (weights + KV cache at HBM "
+              "bandwidth %.4g ms, FLOPs %.4g ms, TP all-reduces %.4g ms, PP sends %.4g ms), %.4g tokens/s over the batch\n",
+              1e3 * t.prefill, 1e3 * t.decode, 1e3 * t.decode_memory, 1e3 * t.decode_compute, 1e3 * t.decode_tp,
+              1e3 * t.decode_pp, double(o.serve_batch) / t.decode);
   return fits ? 0 : 3;
 }
 

@@ -6,6 +6,8 @@
 // models::generate: greedy tokens of nn::GPT and nn::Llama equal on one rank and TP = 2 (+SP), sampling
 // deterministic and following softmax(logits / temperature) over the top k.
 #include <catch2/catch.hpp>
+#include <cstdlib>
+#include <fstream>
 #include <set>
 
 #include "dtensor/comm/threads.hpp"
@@ -476,6 +478,98 @@ TEST_CASE("Hugging Face checkpoints: export from TP 2 gives HF's tensors back; b
   std::filesystem::remove_all(dir);
 }
 
+// ---- checkpoints written by transformers itself (scripts/hf_transformers_fixtures.py) ------------
+// tests/data/hf/gpt2_hf and llama_hf: GPT2LMHeadModel / LlamaForCausalLM saved by save_pretrained
+// (sharded, with model.safetensors.index.json; GPT-2 tied, Llama grouped-query 8 heads over 4 KV
+// heads), and transformers' own float32 logits of 12 tokens (transformers_logits.safetensors).
+
+namespace {
+
+const nn::GPTConfig tf_gpt2{.vocab = 29, .seq = 16, .dim = 16, .heads = 4, .layers = 2, .norm_eps = 1e-5};
+const nn::GPTConfig tf_llama{.vocab = 31, .seq = 16, .dim = 32, .heads = 8, .layers = 2, .kv_heads = 4, .ffn = 40,
+                             .rope_theta = 10000, .bias = false, .norm_eps = 1e-6};
+
+/// What an import reads besides the elements of its boxes: the index and each shard's 8-byte
+/// length and header (read here with std::ifstream, which the counter does not see).
+std::uint64_t index_and_headers(const std::filesystem::path& index) {
+  std::uint64_t n = std::filesystem::file_size(index);
+  std::set<std::filesystem::path> files;
+  for (const auto& [name, file] : checkpoint::safetensors::read_index(index)) files.insert(file);
+  REQUIRE(files.size() >= 2);  // sharded, as large models are
+  for (const auto& f : files) {
+    std::ifstream in(f, std::ios::binary);
+    std::uint64_t len = 0;
+    in.read(reinterpret_cast<char*>(&len), 8);
+    n += 8 + len;
+  }
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("transformers' save_pretrained checkpoints: logits equal transformers' on 1, 4 and 8 ranks, each rank "
+          "reading only its own bytes; the export loads back", "[models][hf]") {
+  const auto golden = hf_dir / "transformers_logits.safetensors";
+  std::vector<std::int32_t> tokens;
+  for (double t : hf_tensor(golden, "tokens")) tokens.push_back(std::int32_t(t));
+  REQUIRE(tokens.size() == 12);
+  const auto gpt2_ref = hf_tensor(golden, "gpt2"), llama_ref = hf_tensor(golden, "llama");
+  const auto gpt2_index = hf_dir / "gpt2_hf" / "model.safetensors.index.json";
+  const auto llama_index = hf_dir / "llama_hf" / "model.safetensors.index.json";
+  const std::uint64_t gpt2_extra = index_and_headers(gpt2_index), llama_extra = index_and_headers(llama_index);
+  // dtensor in double from the F32 weights against transformers' float32 forward: float32's
+  // rounding (the script prints it: about 1e-6 here) is the whole gap.
+  constexpr double tol = 1e-5;
+  // DTENSOR_HF_EXPORT=DIR keeps the TP 4 export for scripts/hf_transformers_fixtures.py --check-export DIR.
+  const char* keep = std::getenv("DTENSOR_HF_EXPORT");
+  const auto out = keep ? std::filesystem::path(keep) : std::filesystem::temp_directory_path() / ("dtensor_tf_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(out / "gpt2");
+  std::filesystem::create_directories(out / "llama");
+  auto check_on = [&](auto tag, const NnMesh& mesh, bool save, auto report) {
+    using Plan = typename decltype(tag)::type;
+    auto one = [&](auto& model, const std::filesystem::path& index, std::uint64_t extra, const std::vector<double>& ref,
+                   models::HfArch arch, const char* what) {
+      std::uint64_t own = 0;  // the elements of this rank's boxes, F32
+      for (const auto& s : checkpoint::parameter_slots(model.units(), mesh)) own += std::uint64_t(s.box.numel()) * 4;
+      const std::uint64_t before = checkpoint::safetensors::bytes_read();
+      models::import_hf_safetensors(index, model, arch);
+      const std::uint64_t read = checkpoint::safetensors::bytes_read() - before;
+      if (read != own + extra)
+        report(dtensor::detail::cat(what, " on ", mesh.comm().size(), " ranks, rank ", mesh.comm().rank(), ": read ", read,
+                                    " bytes, its boxes' are ", own, " + ", extra, " of index and headers"));
+      if (double g = worst_gap(all_logits(model, tokens), ref); !(g < tol))
+        report(dtensor::detail::cat(what, " logits on ", mesh.comm().size(), " ranks off transformers' by ", g));
+      if (save) models::export_hf_safetensors(out / what / "model.safetensors", model, arch);
+    };
+    nn::GPT<double, NnMesh, Plan> gpt(mesh, tf_gpt2);
+    one(gpt, gpt2_index, gpt2_extra, gpt2_ref, models::HfArch::gpt2, "gpt2");
+    nn::Llama<double, NnMesh, Plan> llama(mesh, tf_llama);
+    one(llama, llama_index, llama_extra, llama_ref, models::HfArch::llama, "llama");
+  };
+  // tp 4: vocab 29 / 31 in rows of 8, 7, 7, 7 (Shard<0>, one range per rank; GPT-2's Conv1D
+  // stored transposed, so strided), the row-parallel weights Shard<1> (a range per row).
+  auto f1 = on_ranks(1, [&](CommPtr w, auto report) { check_on(std::type_identity<nn::ReplicatedPlan>{}, NnMesh(w, {1, 1}), false, report); });
+  auto f4 = on_ranks(4, [&](CommPtr w, auto report) { check_on(std::type_identity<parallel::MegatronPlan<true>>{}, NnMesh(w, {1, 4}), true, report); });
+  auto f8 = on_ranks(8, [&](CommPtr w, auto report) { check_on(std::type_identity<parallel::MegatronPlan<false>>{}, NnMesh(w, {2, 4}), false, report); });
+  INFO(summary(f1) << summary(f4) << summary(f8));
+  CHECK(f1.empty());
+  CHECK(f4.empty());
+  CHECK(f8.empty());
+  // The export (one file each, HF names) imported on one rank gives transformers' logits again.
+  auto fe = on_ranks(1, [&](CommPtr w, auto report) {
+    NnMesh mesh(w, {1, 1});
+    nn::GPT<double, NnMesh> gpt(mesh, tf_gpt2);
+    models::import_hf_safetensors(out / "gpt2" / "model.safetensors", gpt, models::HfArch::gpt2);
+    if (double g = worst_gap(all_logits(gpt, tokens), gpt2_ref); !(g < tol)) report(dtensor::detail::cat("exported GPT-2 off by ", g));
+    nn::Llama<double, NnMesh> llama(mesh, tf_llama);
+    models::import_hf_safetensors(out / "llama" / "model.safetensors", llama, models::HfArch::llama);
+    if (double g = worst_gap(all_logits(llama, tokens), llama_ref); !(g < tol)) report(dtensor::detail::cat("exported Llama off by ", g));
+  });
+  INFO(summary(fe));
+  CHECK(fe.empty());
+  if (!keep) std::filesystem::remove_all(out);
+}
+
 // ---- serving memory (sim/serving.hpp) against a real model --------------------------------------
 
 namespace {
@@ -534,4 +628,42 @@ TEST_CASE("serving memory: weights and KV cache per rank equal a real GPT's and 
   using Catch::Contains;
   CHECK_THROWS_WITH(sim::serving_memory(shape(llama, true), {.context = 9}), Contains("context 9 is beyond the model's 8 positions"));
   CHECK_THROWS_WITH(sim::serving_memory(shape(llama, true), {.tp = 4}), Contains("2 KV heads over tp 4"));
+}
+
+TEST_CASE("serving latency: memory-bound decode, TP all-reduces and PP sends on the link model", "[models][serving]") {
+  // Llama 3 70B in bf16 on H100s (sim::Hardware's defaults: 3.35 TB/s HBM, NVLink 450 GB/s + 3 us
+  // in nodes of 8, the network 50 GB/s + 6 us), one sequence of 128 positions.
+  const sim::ModelShape l70{.layers = 80, .dim = 8192, .heads = 64, .kv_heads = 8, .ffn = 28672, .vocab = 128256,
+                            .seq = 8192, .llama = true};
+  sim::Hardware hw;
+  hw.fp32 = false;
+  const double hbm = hw.hbm_bytes_per_second * sim::calibration.hbm_fraction, link = sim::calibration.link_fraction;
+  auto shape = [](int tp, int pp, std::int64_t batch = 1) { return sim::ServingShape{.batch = batch, .context = 128, .tp = tp, .pp = pp, .bytes = 2}; };
+  // One rank: every weight and cached key and value read once per token; its FLOPs far below.
+  const auto one = sim::serving_latency(l70, shape(1, 1), hw);
+  const auto m1 = sim::serving_memory(l70, shape(1, 1));
+  CHECK(one.decode == Approx((m1.weights + m1.kv_cache) / hbm).epsilon(1e-12));
+  CHECK(one.decode_compute < one.decode_memory / 5);
+  CHECK(one.decode_tp == 0);
+  CHECK(one.decode_pp == 0);
+  // tp 8 (a node): a rank's weights and cache at its HBM, plus 2 x 80 + 1 all-reduces of 8192 bf16
+  // values (ring: 2 x 7/8 of 16384 bytes; 2 log2(8) = 6 latencies) and the logits' all-gather.
+  const auto t8 = sim::serving_latency(l70, shape(8, 1), hw);
+  const auto m8 = sim::serving_memory(l70, shape(8, 1));
+  CHECK(t8.decode_memory == Approx((m8.weights + m8.kv_cache) / hbm).epsilon(1e-12));
+  const double all_reduce = 6 * 3e-6 + 2 * 14336.0 / (450e9 * link), all_gather = 7 * 3e-6 + 224448.0 / (450e9 * link);
+  CHECK(t8.decode_tp == Approx(161 * all_reduce + all_gather).epsilon(1e-12));
+  CHECK(t8.decode == Approx(t8.decode_memory + t8.decode_tp).epsilon(1e-12));
+  CHECK(t8.decode < one.decode / 4);  // 8 HBMs, less the all-reduces
+  // pp 2 over two nodes: the stages in turn read the same bytes, and one send of 16384 bytes
+  // crosses the network.
+  const auto p2 = sim::serving_latency(l70, shape(8, 2), hw);
+  CHECK(p2.decode_memory == Approx(t8.decode_memory).epsilon(1e-12));
+  CHECK(p2.decode_tp == Approx(t8.decode_tp).epsilon(1e-12));
+  CHECK(p2.decode_pp == Approx(6e-6 + 16384.0 / (50e9 * link)).epsilon(1e-12));
+  // The prefill of 64 x 128 positions is compute-bound: at least its GEMM FLOPs at the best GEMM rate.
+  const auto big = sim::serving_latency(l70, shape(8, 1, 64), hw);
+  CHECK(big.prefill > 64 * 128 * 2 * l70.params() / 8 / (hw.peak_bf16_flops * sim::calibration.gemm_max_fraction) * 0.9);
+  CHECK(big.prefill > big.decode);
+  CHECK(big.decode > t8.decode);  // 64 sequences' caches
 }

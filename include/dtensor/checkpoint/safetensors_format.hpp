@@ -83,6 +83,14 @@ constexpr const char* dtype_name() {
   }
 }
 
+/// Bytes this thread has read from safetensors files and indexes (every pread, headers included):
+/// a rank of the threads backend is a thread, so a test can check that each rank reads the byte
+/// ranges of its own shards and nothing more (tests/unit/test_llama.cpp, [hf]).
+inline std::uint64_t& bytes_read() {
+  thread_local std::uint64_t n = 0;
+  return n;
+}
+
 namespace detail {
 
 // ---- a small JSON reader: what safetensors headers and index files use ----------------------
@@ -240,6 +248,7 @@ class Fd {
         throw Error(op, dtensor::detail::cat(path_.string(), ": cannot read ", n, " bytes at ", offset,
                                              got == 0 ? ": the file ends there" : std::string(": ") + std::strerror(errno)));
       p += got, n -= std::size_t(got), offset += std::uint64_t(got);
+      safetensors::bytes_read() += std::uint64_t(got);
     }
   }
   void write_at(const void* data, std::size_t n, std::uint64_t offset, const char* op) const {

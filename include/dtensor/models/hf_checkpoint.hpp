@@ -22,12 +22,15 @@
 //   rotate_half does. The user sets what HF's config.json says: rope_theta, norm_eps
 //   (rms_norm_eps / layer_norm_epsilon), kv_heads, ffn; GPT-2's activation is gelu_new, which
 //   ops::gelu is.
-// Import: every rank reads the whole HF tensors it needs (the regrouping and transposes take
-// whole rows and columns; memory: one copy of the model in double per rank, so for models that
-// fit a host, not for 70B ones), builds the dtensor tensors and copies its own boxes of them into
-// its parameters (checkpoint::parameter_slots: any mesh, any layout). F32/F64/BF16 files, one file
-// or an index (*.index.json). A tensor missing or of other extents is an error naming it, the HF
-// name and both shapes, agreed on by every rank.
+// Import: every rank reads only the byte ranges of its own boxes (checkpoint::parameter_slots:
+// any mesh, any layout). A box's rows are cut into runs whose map rows are consecutive rows of
+// one source; each run is one box of that source ([rows, the box's columns], or for a Conv1D
+// source [the box's columns, rows]: a Shard<0> run of a row-major tensor is one contiguous range,
+// a Shard<1> or transposed run a strided set, read by safetensors::read_box run by run), so a
+// rank reads its parameters' elements once each, plus the headers and index it needs
+// (safetensors::bytes_read counts them; test_llama checks the count on 4 and 8 ranks). F32/F64/
+// BF16 files, one file or an index (*.index.json). A tensor missing or of other extents is an
+// error naming it, the HF name and both shapes, agreed on by every rank.
 // Export: checkpoint::export_safetensors (collective, every rank writing its boxes) into a file in
 // dtensor's names next to the target, which rank 0 converts to the HF names and layout (the
 // parameters' element type), then removes. scripts/hf_fixtures.py writes HF-layout files with
@@ -144,8 +147,8 @@ inline std::vector<HfPiece> hf_name_map(const nn::GPTConfig& c, HfArch arch) {
 
 namespace detail {
 
-/// Reads HF tensors whole (as double) from one file or an index; names resolved with or
-/// without GPT-2's "transformer." prefix, lm_head falling back to the tied embedding.
+/// The headers of one HF file or of an index's files (each read once, when first needed); names
+/// resolved with or without GPT-2's "transformer." prefix, lm_head falling back to the tied embedding.
 class HfReader {
  public:
   explicit HfReader(const std::filesystem::path& path) : path_(path) {
@@ -168,15 +171,8 @@ class HfReader {
     auto it = f->tensors.find(name);
     return it == f->tensors.end() ? nullptr : &it->second;
   }
-  std::vector<double> read(const std::string& name) {
-    const auto* f = file(name);
-    const auto& e = f->tensors.at(name);
-    Extent n = 1;
-    for (Extent d : e.shape) n *= d;
-    std::vector<double> v(static_cast<std::size_t>(n));
-    checkpoint::safetensors::read_box(*f, name, checkpoint::Region{std::vector<Extent>(e.shape.size(), 0), e.shape}, v.data());
-    return v;
-  }
+  /// The header of the file holding `name` (a stored name, from resolve).
+  const checkpoint::safetensors::FileInfo& file_of(const std::string& name) { return *file(name); }
 
  private:
   const checkpoint::safetensors::FileInfo* file(const std::string& name) {
@@ -197,10 +193,35 @@ class HfReader {
 
 inline Extent cols_of(const std::vector<Extent>& shape) { return shape.size() == 2 ? shape[1] : 1; }
 
-/// Element (r, c) of a source as an [out, in] matrix (a vector: [n, 1]).
-inline double at(const std::vector<double>& v, const HfPiece::Source& s, Extent r, Extent c) {
-  if (s.transposed) return v[std::size_t(c * s.shape[1] + r)];
-  return v[std::size_t(r * cols_of(s.shape) + c)];
+/// Fills `out` (the box `box` of piece p, row-major over the box) from the HF sources, reading
+/// only the sources' elements the box is made of: consecutive box rows that are consecutive rows
+/// of one source are one read of a box of that source (see the top of this file).
+template <class T>
+void read_piece_box(HfReader& reader, const HfPiece& p, const std::vector<std::string>& stored, const checkpoint::Region& box,
+                    T* out) {
+  if (box.empty()) return;
+  const bool matrix = p.shape.size() == 2;
+  const Extent r0 = box.offset[0], rows = box.extent[0];
+  const Extent c0 = matrix ? box.offset[1] : 0, cols = matrix ? box.extent[1] : 1;
+  std::vector<double> buf;
+  for (Extent r = r0; r < r0 + rows;) {
+    const auto [s, first] = p.rows[std::size_t(r)];
+    Extent n = 1;
+    while (r + n < r0 + rows && p.rows[std::size_t(r + n)] == std::pair<int, Extent>{s, first + n}) ++n;
+    const auto& src = p.sources[std::size_t(s)];
+    const auto& file = reader.file_of(stored[std::size_t(s)]);
+    const Extent stored_rank = Extent(file.tensors.at(stored[std::size_t(s)]).shape.size());
+    // The source's box: its rows [first, first + n) of the [out, in] view and the box's columns.
+    checkpoint::Region sb = stored_rank == 1 ? checkpoint::Region{{first}, {n}}
+                            : src.transposed ? checkpoint::Region{{c0, first}, {cols, n}}
+                                             : checkpoint::Region{{first, c0}, {n, cols}};
+    buf.resize(std::size_t(n * cols));
+    checkpoint::safetensors::read_box(file, stored[std::size_t(s)], sb, buf.data());
+    for (Extent i = 0; i < n; ++i)
+      for (Extent j = 0; j < cols; ++j)
+        out[std::size_t((r - r0 + i) * cols + j)] = T(src.transposed ? buf[std::size_t(j * n + i)] : buf[std::size_t(i * cols + j)]);
+    r += n;
+  }
 }
 
 }  // namespace detail
@@ -212,7 +233,6 @@ void import_hf_safetensors(const std::filesystem::path& path, Model& model, HfAr
   constexpr const char* op = "models::import_hf_safetensors";
   const nn::GPTConfig& cfg = model.config();
   auto slots = checkpoint::parameter_slots(model.units(), model.mesh());
-  using T = typename decltype(slots)::value_type::value_type;
   checkpoint::detail::agree(model.mesh().comm(), op, dtensor::detail::error_of([&] {
     detail::HfReader reader(path);
     std::map<std::string, const HfPiece*> piece_of;
@@ -227,30 +247,23 @@ void import_hf_safetensors(const std::filesystem::path& path, Model& model, HfAr
       if (piece.shape != slot.shape)
         throw Error(op, dtensor::detail::cat("parameter '", slot.name, "' is ", to_string(slot.shape), ", the map's ",
                                              to_string(piece.shape)));
-      std::vector<std::vector<double>> data;
+      if (piece.shape.size() > 2)
+        throw Error(op, dtensor::detail::cat("parameter '", slot.name, "' is ", to_string(piece.shape),
+                                             ": the map takes vectors and matrices"));
+      std::vector<std::string> stored;
       for (const auto& src : piece.sources) {
-        const std::string stored = reader.resolve(src.name, arch);
-        if (stored.empty())
+        stored.push_back(reader.resolve(src.name, arch));
+        if (stored.back().empty())
           throw Error(op, dtensor::detail::cat(path.string(), " has no tensor '", src.name, "' (for '", slot.name, "')"));
-        const auto& shape = reader.info(stored)->shape;
+        const auto& shape = reader.info(stored.back())->shape;
         const bool ok = shape.size() == src.shape.size() &&
                         (src.prefix_rows ? shape[0] >= src.shape[0] && shape.back() == src.shape.back() : shape == src.shape);
         if (!ok)
-          throw Error(op, dtensor::detail::cat(path.string(), ": tensor '", stored, "' is ", to_string(shape), ", ",
+          throw Error(op, dtensor::detail::cat(path.string(), ": tensor '", stored.back(), "' is ", to_string(shape), ", ",
                                                slot.name, " needs ", to_string(src.shape),
                                                src.prefix_rows ? " (or more rows)" : ""));
-        data.push_back(reader.read(stored));
-        data.back().resize(std::size_t(std::accumulate(src.shape.begin(), src.shape.end(), Extent(1), std::multiplies<>())));
       }
-      // This rank's box of the dtensor tensor, row by row of the map.
-      const Extent cols = detail::cols_of(piece.shape);
-      checkpoint::safetensors::detail::for_each_run(slot.shape, slot.box, [&](Extent flat, Extent in_box, Extent count) {
-        for (Extent e = 0; e < count; ++e) {
-          const Extent r = (flat + e) / cols, col = (flat + e) % cols;
-          const auto [s, row] = piece.rows[std::size_t(r)];
-          slot.data[in_box + e] = T(detail::at(data[std::size_t(s)], piece.sources[std::size_t(s)], row, col));
-        }
-      });
+      detail::read_piece_box(reader, piece, stored, slot.box, slot.data);
     }
   }));
 }

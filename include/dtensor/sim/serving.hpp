@@ -20,6 +20,31 @@
 // are a forward's (the training dry run's forward peak). test_llama checks weights and KV cache
 // against a real nn::GPT / nn::Llama under TP 2: its local parameters and its caches after a
 // generation.
+//
+//   auto t = sim::serving_latency(m, {.batch = 8, .context = 8192, .tp = 8, .pp = 2, .bytes = 2}, hardware);
+//   t.prefill; t.decode;   // seconds: the prompts; one generated token of every sequence
+//
+// Latency, from the dry run's cost model (sim/cost_model.hpp: the roofline of op_seconds, the
+// link model of collective_seconds, its Calibration). One batch in flight, so the pipeline's
+// stages run in turn (a server overlapping batches across stages raises throughput, not one
+// token's latency); per stage (its blocks; the embedding on the first, the head on the last):
+//   decode step: max(FLOPs / (peak x gemm_efficiency), bytes / (HBM x hbm_fraction)) with bytes =
+//                the stage's weights per rank + its KV cache of batch x context (every weight and
+//                cached key and value is read once per token: memory-bound at small batch), FLOPs =
+//                2 x batch x the stage's matrix parameters / tp + 4 x batch x context x the query
+//                width / tp per block (scores and values against the cache);
+//   prefill:     FLOPs = 2 x batch x context x matrices / tp + causal attention (2 x batch x context^2
+//                x query width / tp per block) at attention_fraction of peak, against the weights
+//                and the cache written;
+//   TP (tp > 1): per block 2 all-reduces of the positions' activations (after the attention and
+//                the MLP; with SP a reduce-scatter + all-gather, the same bytes), 1 for the
+//                vocab-parallel embedding, and an all-gather of the logits (batch x vocab) for the
+//                sampler, on NVLink when tp fits a node, else the network;
+//   PP (pp > 1): pp - 1 sends of the positions' activations (batch x positions x dim).
+// Not modelled: kernel launch overheads (real decode at batch 1 is often launch-bound on small
+// models: CUDA graphs hide them), speculative decoding, paged-cache fragmentation. No published
+// serving latency was checked against (none was at hand with its exact setup); test_llama checks
+// the parts against hand-computed roofline and link figures.
 #pragma once
 
 #include <algorithm>
@@ -27,6 +52,8 @@
 
 #include "dtensor/core/error.hpp"
 #include "dtensor/sim/analytic.hpp"
+#include "dtensor/sim/cost_model.hpp"
+#include "dtensor/sim/device.hpp"
 
 namespace dtensor::sim {
 
@@ -68,6 +95,72 @@ inline ServingMemory serving_memory(const ModelShape& m, const ServingShape& s) 
   r.kv_per_token = 2.0 * double(r.layers) * (kvd / s.tp) * s.bytes;
   r.kv_cache = r.kv_per_token * double(s.batch) * double(s.context);
   r.total = r.weights + r.kv_cache;
+  return r;
+}
+
+struct ServingLatency {
+  double prefill = 0;        // seconds: the batch's prompts of `context` positions, every stage in turn
+  double decode = 0;         // seconds per decode step: one new token for each of the batch's sequences
+  double decode_memory = 0;  // of decode: the stages' weights and KV cache at HBM bandwidth
+  double decode_compute = 0; // of decode: the stages' FLOPs (the larger of the two per stage is paid)
+  double decode_tp = 0;      // of decode: the TP all-reduces and the logits' all-gather
+  double decode_pp = 0;      // of decode: the sends between stages
+};
+
+inline ServingLatency serving_latency(const ModelShape& m, const ServingShape& s, const Hardware& hw,
+                                      const Calibration& cal = calibration) {
+  serving_memory(m, s);  // the same checks
+  const double h = double(m.dim), kvd = double(m.kv() * m.head_dim()), f = double(m.width()), v = double(m.vocab);
+  const double q = double(m.heads * m.head_dim()), b = s.bytes, batch = double(s.batch), ctx = double(s.context);
+  const double matrices = m.llama ? h * (h + 2 * kvd) + h * h + 3 * h * f : h * (h + 2 * kvd) + h * h + 2 * h * f;
+  const double vectors = m.llama ? 2 * h : (h + 2 * kvd + f) / s.tp + 6 * h;
+  const double hbm = hw.hbm_bytes_per_second * cal.hbm_fraction;
+  const Link& tp_link = s.tp <= hw.gpus_per_node ? hw.nvlink : hw.infiniband;
+  const Link& pp_link = std::int64_t(s.tp) * s.pp <= hw.gpus_per_node ? hw.nvlink : hw.infiniband;
+  auto collective = [&](CollectiveKind kind, int n, double bytes, const Link& link) {
+    return collective_seconds(CommRecord{kind, "", n, std::size_t(bytes)}, link, cal);
+  };
+  ServingLatency r;
+  for (int stage = 0; stage < s.pp; ++stage) {
+    // Blocks split as evenly as they go, the first stages taking one more.
+    const double blocks = double(m.layers / s.pp + (stage < m.layers % s.pp ? 1 : 0));
+    const bool first = stage == 0, last = stage == s.pp - 1;
+    const double ends = (first ? v * h / s.tp + (m.llama ? 0 : double(m.seq) * h) : 0) +
+                        (last ? v * h / s.tp + (m.llama ? h : 2 * h) : 0);
+    const double weights = (blocks * (matrices / s.tp + vectors) + ends) * b;
+    const double kv_per_position = 2 * blocks * kvd / s.tp * b;
+    const double head_flops = last ? 2 * v * h / s.tp : 0;  // the logits; the embedding is a gather
+    // Decode: one position per sequence against `context` cached ones.
+    const double d_flops = batch * (2 * blocks * matrices / s.tp + head_flops + 4 * blocks * ctx * q / s.tp);
+    const double d_bytes = weights + kv_per_position * batch * ctx;
+    const double d_compute = d_flops / (hw.peak_flops() * gemm_efficiency(d_bytes > 0 ? d_flops / d_bytes : 0, cal));
+    r.decode_memory += d_bytes / hbm;
+    r.decode_compute += d_compute;
+    r.decode += std::max(d_compute, d_bytes / hbm);
+    // Prefill: the prompts' positions at once, causal attention among them.
+    const double tokens = batch * ctx;
+    const double p_gemm = tokens * (2 * blocks * matrices / s.tp + head_flops);
+    const double p_bytes = weights + kv_per_position * tokens;
+    const double p_attn = blocks * 2 * batch * ctx * ctx * q / s.tp;
+    r.prefill += std::max(p_gemm / (hw.peak_flops() * gemm_efficiency(p_gemm / p_bytes, cal)) +
+                              p_attn / (hw.peak_flops() * cal.attention_fraction),
+                          p_bytes / hbm);
+    if (s.tp > 1) {
+      const double all_reduces = 2 * blocks + (first ? 1 : 0);
+      const double d_tp = all_reduces * collective(CollectiveKind::all_reduce, s.tp, batch * h * b, tp_link) +
+                          (last ? collective(CollectiveKind::all_gather, s.tp, batch * v * b, tp_link) : 0);
+      r.decode_tp += d_tp;
+      r.decode += d_tp;
+      r.prefill += all_reduces * collective(CollectiveKind::all_reduce, s.tp, tokens * h * b, tp_link) +
+                   (last ? collective(CollectiveKind::all_gather, s.tp, batch * v * b, tp_link) : 0);
+    }
+    if (!last) {
+      const double d_pp = collective(CollectiveKind::send, 2, batch * h * b, pp_link);
+      r.decode_pp += d_pp;
+      r.decode += d_pp;
+      r.prefill += collective(CollectiveKind::send, 2, tokens * h * b, pp_link);
+    }
+  }
   return r;
 }
 
