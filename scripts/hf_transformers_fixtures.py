@@ -33,7 +33,7 @@ TOKENS = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8]
 TOL = 1e-5
 # Tiny, and uneven where dtensor shards: vocab 29 and 31 over tp 4 (8, 7, 7, 7 rows); heads and
 # KV heads divide tp 4 as the models require; 8 Llama heads share 4 KV heads (grouped-query).
-GPT2 = GPT2Config(vocab_size=29, n_positions=16, n_embd=16, n_layer=2, n_head=4, n_inner=None,
+GPT2 = GPT2Config(vocab_size=29, bos_token_id=0, eos_token_id=0, n_positions=16, n_embd=16, n_layer=2, n_head=4, n_inner=None,
                   activation_function="gelu_new", layer_norm_epsilon=1e-5, resid_pdrop=0.0, embd_pdrop=0.0,
                   attn_pdrop=0.0)
 LLAMA = LlamaConfig(vocab_size=31, hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=8,
@@ -84,7 +84,12 @@ def check_export(root):
     for name, cls, _ in MODELS:
         d = os.path.join(root, name)
         shutil.copy(os.path.join(HF, name + "_hf", "config.json"), d)
-        model = cls.from_pretrained(d, attn_implementation="eager").eval()
+        model, info = cls.from_pretrained(d, attn_implementation="eager", output_loading_info=True)
+        model.eval()
+        missing = list(info["missing_keys"]) + list(info.get("mismatched_keys", []))
+        if missing:  # a weight left at its random init would be a silent failure
+            print(f"{name}: FAIL: not loaded from {d}: {sorted(map(str, missing))}")
+            ok = False
         got = logits_of(model)
         diff = (got - gold[name]).abs().max().item()
         print(f"{name}: from_pretrained({d}): max |logits - transformers' own| = {diff:.3g} (tolerance {TOL:g})")
