@@ -16,8 +16,8 @@
 // or from the files an index (`*.index.json`, Hugging Face's sharded layout) maps each name to,
 // converting F64/F32/BF16 to the slots' type. A tensor missing or of another shape is an error
 // naming it and both shapes. `rename` maps a slot's name to the file's (e.g. to another
-// library's names); no name map for Hugging Face's GPT-2 or Llama is built in (their layouts
-// differ too: GPT-2's Conv1D weights are transposed, its q, k, v fused).
+// library's names); Hugging Face's GPT-2 and Llama need more than renaming (GPT-2's Conv1D
+// weights are transposed, q, k, v fused or split): models/hf_checkpoint.hpp maps them.
 // Errors on any rank are agreed on (checkpoint/detail/agree.hpp): every rank throws the same.
 #pragma once
 
