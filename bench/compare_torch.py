@@ -25,7 +25,8 @@ the load: the CPU-time ratio is then the figure to read. The output names the CP
 load average at the start and the end, and the sizes of both sides.
 
 Threads: dtensor runs R ranks (threads backend) with DTENSOR_BLAS_THREADS=OPENBLAS_NUM_THREADS=b per
-rank; PyTorch runs with torch.set_num_threads(t) and OMP_NUM_THREADS=MKL_NUM_THREADS=t.
+rank, and for b > 1 --intra-op-threads b (the other host kernels on b threads too, kernels/host/parallel.hpp);
+PyTorch runs with torch.set_num_threads(t) and OMP_NUM_THREADS=MKL_NUM_THREADS=t.
 
 GEMM kernels: PyTorch's MKL/oneDNN pick their kernels for the CPU (AVX-512 where it has it). So that
 dtensor's OpenBLAS does the same, --blas-core auto (the default) removes an inherited
@@ -282,7 +283,8 @@ def main():
 
         def commands(n):
             dt = [a.trainer, "--pp", "1", "--dp", str(ranks), "--fsdp", "1", "--cp", "1", "--tp", "1",
-                  "--eval-every", str(n)] + model_flags(m, n) + shlex.split(a.trainer_flags)
+                  "--eval-every", str(n)] + model_flags(m, n) + \
+                 (["--intra-op-threads", str(blas)] if blas > 1 else []) + shlex.split(a.trainer_flags)
             pt = [a.python, a.twin, "--threads", str(tthreads)] + model_flags(m, n)
             return {"dtensor": dt, "torch": pt}
 

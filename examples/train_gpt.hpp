@@ -87,6 +87,7 @@
 #include "dtensor/trace/training_monitor.hpp"
 #include "dtensor/trace/unit_spans.hpp"
 #include "dtensor/training.hpp"
+#include "dtensor/kernels/host/parallel.hpp"
 #include "flags.hpp"
 #include "plan_auto.hpp"
 #ifdef DTENSOR_HAS_MPI
@@ -123,6 +124,7 @@ struct Options : examples::MeshFlags {  // the mesh: --pp --dp --fsdp --cp --tp 
   std::string trace, plot;  // --trace FILE (a Chrome trace of steps 2..4), --plot FILE (SVG loss curves)
   std::string data, backend = "threads";
   std::string device = "cpu", dtype = "f32";  // --device cpu|cuda, --dtype f32|bf16
+  int intra_op_threads = 1;  // --intra-op-threads N: each rank's host kernels on N threads (kernels/host/parallel.hpp)
   bool tf32 = false;                          // --tf32: float GEMMs on TF32 tensor cores (--device cuda)
   std::string attention = "auto";             // --attention auto|fused|gemm: the CUDA attention kernels
   // The architecture: nn::GPT's blocks, or Llama's (RMSNorm, rotary GQA attention, SwiGLU; models/llama.hpp).
@@ -178,7 +180,7 @@ inline const char* const usage =
     "                 [--recompute none|full|selective|core_attn,norm,act,mlp]\n"
     "                 [--experts E] [--topk K] [--capacity F] [--moe-every N]\n"
     "                 [--steps N] [--lr X] [--seed N] [--eval-every N] [--check-finite] [--data FILE] [--backend threads|mpi|nccl]\n"
-    "                 [--device cpu|cuda] [--dtype f32|bf16] [--tf32] [--attention auto|fused|gemm]\n"
+    "                 [--device cpu|cuda] [--dtype f32|bf16] [--tf32] [--attention auto|fused|gemm] [--intra-op-threads N]\n"
     "                 [--trace FILE] [--plot FILE] [--arch gpt|llama] [--kv-heads N] [--ffn N]\n"
     "                 [--save-every N --save-dir DIR] [--resume DIR]\n"
     "                 [--sync ddp|local-sgd|diloco|async|fedavg] [--inner-steps H] [--staleness s] [--clients K] [--kfold k]\n"
@@ -205,6 +207,9 @@ inline const char* const usage =
     "        mpirun (one GPU per process). --tf32: its float GEMMs on TF32 tensor cores (fp32 accumulation,\n"
     "        inputs rounded to 10 mantissa bits; PyTorch's allow_tf32). --attention fused|gemm: the fused attention\n"
     "        kernels or the cuBLAS chunks (docs/gpu.md); auto (the default) takes the chunks from 128 keys on.\n"
+    "  --intra-op-threads N: each rank's host kernels (attention, norms, GELU, AdamW, cross entropy, elementwise,\n"
+    "        permutes) on N threads: a pool of N - 1 workers per rank; the same bits as 1 (docs/host-kernels.md).\n"
+    "        The GEMMs' threads are OpenBLAS's: DTENSOR_BLAS_THREADS.\n"
     "  --dtype bf16: the model computes in bfloat16; master weights, gradient shards and AdamW state stay fp32\n"
     "        (FSDP mixed precision, also without --fsdp: ZeRO-1 on one shard); not with --experts.\n"
     "  --sync (on \"dp\", docs/beyond-sync.md): ddp (default); local-sgd / diloco: average / DiLoCo outer step every\n"
@@ -472,6 +477,8 @@ inline Options parse(int argc, char** argv, bool cuda_build) {
       o.device = value();
       if (o.device != "cpu" && o.device != "cuda") throw UsageError("--device is cpu or cuda, got '" + o.device + "'");
     } else if (a == "--tf32") o.tf32 = true;
+    else if (a == "--intra-op-threads")
+      o.intra_op_threads = flag_value<int>(a, value(), 1, kernels::host::IntraOpThreads::max_threads);
     else if (a == "--attention") {
       o.attention = value();
       if (o.attention != "auto" && o.attention != "fused" && o.attention != "gemm")
@@ -1192,6 +1199,8 @@ inline std::vector<Setting> settings_of(const Options& o, const Corpus& corpus) 
 
 template <class Space, class Compute>
 void run_rank(CommPtr world, const Options& o, const Corpus& corpus) {
+  // This rank's intra-op pool (--intra-op-threads), started once, for the rank's lifetime.
+  const kernels::host::IntraOpThreads intra_op(o.intra_op_threads);
   // First, before anything sized by the flags (the mesh, a collective): one all-gather that
   // finds ranks given different flags, in every build (distributed/settings_agreement.hpp).
   // On the host's communicators; a GPU job agrees over MPI before NCCL starts (train_gpt_cuda.cu),

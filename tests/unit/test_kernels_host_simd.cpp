@@ -3,20 +3,31 @@
 // widths (1, 7, 16, 37, 130, 300). Tolerances (float against double): GELU 1e-6 absolute
 // (fast_tanh); rows (softmax, log-softmax, cross-entropy, LayerNorm) 2e-6 relative to the largest
 // entry; LayerNorm's rstd 1e-6 (centred in float); AdamW 1e-6 after five steps.
+// Intra-op threads (kernels/host/parallel.hpp): every kernel that splits its rows gives the same
+// bits with 2 and 3 threads as serially, at sizes where it does split.
 #include "test_kernels_host_util.hpp"
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "dtensor/kernels/host/activations.hpp"
 #include "dtensor/kernels/host/attention.hpp"
 #include "dtensor/kernels/host/cross_entropy.hpp"
+#include "dtensor/kernels/host/elementwise.hpp"
 #include "dtensor/kernels/host/norm.hpp"
 #include "dtensor/kernels/host/optim.hpp"
+#include "dtensor/kernels/host/parallel.hpp"
 #include "dtensor/kernels/host/simd.hpp"
 #include "dtensor/kernels/host/softmax.hpp"
+#include "dtensor/kernels/host/transpose.hpp"
 
 using namespace dtensor;
 namespace kh = dtensor::kernels::host;
@@ -217,5 +228,177 @@ TEST_CASE("AdamW and SGD reading a bf16 gradient equal the float update on the w
     auto d = [](const Tensor<float, 1>& t) { return kt::cast<double>(t); };  // exact: the oracle's type
     check_three(std::tie(p1, m1, v1), std::make_tuple(d(p2), d(m2), d(v2)), 0, 0);
     check_three(std::tie(q1, b1, q1), std::make_tuple(d(q2), d(b2), d(q2)), 0, 0);
+  });
+}
+
+// ---------------------------------------------------------------- intra-op threads
+
+namespace {
+
+/// The bytes of a tensor (or of a double): "the same bits" is equality of these.
+template <class T, std::size_t R>
+std::vector<unsigned char> bytes(const Tensor<T, R>& t) {
+  std::vector<unsigned char> b(sizeof(T) * std::size_t(t.numel()));
+  if (!b.empty()) std::memcpy(b.data(), t.data(), b.size());
+  return b;
+}
+std::vector<unsigned char> bytes(double v) {
+  std::vector<unsigned char> b(sizeof v);
+  std::memcpy(b.data(), &v, sizeof v);
+  return b;
+}
+
+/// run() serially and with 2 and 3 intra-op threads (3: blocks that do not divide the rows):
+/// each result's bytes must equal the serial run's.
+template <class Run>
+void same_bits_on_every_thread_count(const char* kernel, Run run) {
+  INFO("kernel " << kernel);
+  REQUIRE(kh::intra_op_threads() == 1);
+  const std::vector<std::vector<unsigned char>> serial = run();
+  for (int threads : {2, 3}) {
+    const kh::IntraOpThreads scope(threads);
+    REQUIRE(kh::intra_op_threads() == threads);
+    INFO(threads << " intra-op threads");
+    const auto got = run();
+    REQUIRE(got.size() == serial.size());
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      INFO("result " << i);
+      CHECK(got[i] == serial[i]);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("parallel_for: contiguous blocks on the pool's threads, serial when nested, errors rethrown",
+          "[kernels][host][parallel]") {
+  std::mutex mu;
+  std::vector<std::pair<Extent, Extent>> blocks;
+  std::set<std::thread::id> ids;
+  auto record = [&](Extent r0, Extent r1) {
+    std::lock_guard lock(mu);
+    blocks.emplace_back(r0, r1);
+    ids.insert(std::this_thread::get_id());
+  };
+  kh::detail::parallel_for(1000, 1, record);  // no pool: one block, here
+  REQUIRE(blocks == std::vector<std::pair<Extent, Extent>>{{0, 1000}});
+  {
+    const kh::IntraOpThreads scope(3);
+    blocks.clear(), ids.clear();
+    kh::detail::parallel_for(1000, 1, record, 64);
+    std::sort(blocks.begin(), blocks.end());
+    // 1000 / 3 rounded up to multiples of 64: 384, 704
+    CHECK(blocks == std::vector<std::pair<Extent, Extent>>{{0, 384}, {384, 704}, {704, 1000}});
+    CHECK(ids.size() == 3);
+    CHECK(ids.count(std::this_thread::get_id()) == 1);  // block 0 on the caller
+    blocks.clear();
+    kh::detail::parallel_for(1000, 400, record);  // two grains of 400 fit: 2 blocks
+    CHECK(blocks.size() == 2);
+    blocks.clear();
+    kh::detail::parallel_for(700, 400, record);  // under two grains: serial
+    CHECK(blocks == std::vector<std::pair<Extent, Extent>>{{0, 700}});
+    // Nested: the inner loop runs whole on the thread of its outer block.
+    std::vector<int> inner_blocks(3, 0);
+    kh::detail::parallel_for(3, 1, [&](Extent r0, Extent r1) {
+      for (Extent r = r0; r < r1; ++r)
+        kh::detail::parallel_for(100, 1, [&](Extent, Extent) { ++inner_blocks[std::size_t(r)]; });
+    });
+    CHECK(inner_blocks == std::vector<int>{1, 1, 1});
+    // An error in a worker's block reaches the caller; the pool runs the next loop.
+    kh::detail::parallel_for(0, 1, [&](Extent, Extent) { FAIL("no rows, no call"); });
+    kt::require_error([&] {
+      kh::detail::parallel_for(900, 1, [&](Extent r0, Extent) {
+        if (r0 > 0) throw dtensor::Error("test_block", "rows from " + std::to_string(r0));
+      });
+    }, {"test_block", "rows from"});
+    blocks.clear();
+    kh::detail::parallel_for(90, 1, record);
+    CHECK(blocks.size() == 3);
+    {
+      const kh::IntraOpThreads one(1);  // scopes nest: 1 is serial
+      CHECK(kh::intra_op_threads() == 1);
+    }
+    CHECK(kh::intra_op_threads() == 3);
+  }
+  CHECK(kh::intra_op_threads() == 1);
+  kt::require_error([] { kh::IntraOpThreads bad(0); }, {"IntraOpThreads", "0"});
+}
+
+TEST_CASE("intra-op threads: norms, attention, cross-entropy, AdamW, GELU, elementwise and permute give the same bits",
+          "[kernels][host][parallel]") {
+  on_every_isa([&] {
+    // LayerNorm (float: vectorized; double: the plain loops) and RMSNorm: 1050 rows of 130.
+    const Shape<3> ns{3, 350, 130};
+    const auto xf = uniform_float(ns, 91, -3, 5), dyf = uniform_float(ns, 92, -1, 1);
+    const auto wf = uniform_float(Shape<1>{130}, 93, 0.5, 1.5), bf = uniform_float(Shape<1>{130}, 94, -1, 1);
+    same_bits_on_every_thread_count("layer_norm float", [&] {
+      const auto f = kh::layer_norm(xf, wf, bf, 1e-5);
+      const auto g = kh::layer_norm_backward(xf, wf, f.mean, f.rstd, dyf);
+      return std::vector{bytes(f.y), bytes(f.mean), bytes(f.rstd), bytes(g.dx), bytes(g.dweight), bytes(g.dbias)};
+    });
+    const auto xd = kt::cast<double>(xf), dyd = kt::cast<double>(dyf), wd = kt::cast<double>(wf), bd = kt::cast<double>(bf);
+    same_bits_on_every_thread_count("layer_norm double", [&] {
+      const auto f = kh::layer_norm(xd, wd, bd, 1e-5);
+      const auto g = kh::layer_norm_backward(xd, wd, f.mean, f.rstd, dyd);
+      return std::vector{bytes(f.y), bytes(f.mean), bytes(f.rstd), bytes(g.dx), bytes(g.dweight), bytes(g.dbias)};
+    });
+    same_bits_on_every_thread_count("rms_norm float", [&] {
+      const auto f = kh::rms_norm(xf, wf, 1e-6);
+      const auto g = kh::rms_norm_backward(xf, wf, f.rstd, dyf);
+      return std::vector{bytes(f.y), bytes(f.rstd), bytes(g.dx), bytes(g.dweight)};
+    });
+    // Attention: 6 heads of 67 queries (causal, and a non-causal block with offsets), float and bf16.
+    const Shape<4> as{2, 3, 67, 16};
+    const auto q = uniform_float(as, 95, -1, 1), k = uniform_float(as, 96, -1, 1), v = uniform_float(as, 97, -1, 1),
+               dout = uniform_float(as, 98, -1, 1);
+    for (const kh::AttentionOptions o : {kh::AttentionOptions{}, kh::AttentionOptions{.causal = false, .q_offset = 5}}) {
+      same_bits_on_every_thread_count("attention float", [&] {
+        const auto f = kh::attention(q, k, v, o);
+        const auto g = kh::attention_backward(q, k, v, f.out, f.lse, dout, o);
+        return std::vector{bytes(f.out), bytes(f.lse), bytes(g.dq), bytes(g.dk), bytes(g.dv)};
+      });
+    }
+    const auto qb = kt::cast<dtensor::bfloat16>(q), kb = kt::cast<dtensor::bfloat16>(k), vb = kt::cast<dtensor::bfloat16>(v),
+               doutb = kt::cast<dtensor::bfloat16>(dout);
+    same_bits_on_every_thread_count("attention bf16", [&] {
+      const auto f = kh::attention(qb, kb, vb);
+      const auto g = kh::attention_backward(qb, kb, vb, f.out, f.lse, doutb);
+      return std::vector{bytes(f.out), bytes(f.lse), bytes(g.dq), bytes(g.dk), bytes(g.dv)};
+    });
+    // Cross-entropy: 700 rows of 91 logits.
+    const auto logits = uniform_float(Shape<2>{700, 91}, 99, -6, 6);
+    Tensor<std::int32_t, 1> targets(Shape<1>{700});
+    for (Extent i = 0; i < 700; ++i) targets[i] = std::int32_t((i * 37) % 91);
+    same_bits_on_every_thread_count("cross_entropy", [&] {
+      const auto f = kh::cross_entropy(logits, targets);
+      return std::vector{bytes(f.loss), bytes(f.lse), bytes(kh::cross_entropy_backward(logits, targets, f.lse, 0.5))};
+    });
+    // AdamW: 50001 floats over 3 steps (chunks of 64 and a tail), and 20001 doubles.
+    same_bits_on_every_thread_count("adamw_update", [&] {
+      const Shape<1> s{50001};
+      auto p = uniform_float(s, 100, -1, 1), m = Tensor<float, 1>(s), vv = Tensor<float, 1>(s);
+      auto pd = uniform<double>(Shape<1>{20001}, 101, -1, 1), md = Tensor<double, 1>(Shape<1>{20001}),
+           vd = Tensor<double, 1>(Shape<1>{20001});
+      for (long step = 1; step <= 3; ++step) {
+        const kh::AdamWStep st{.lr = 0.01, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .step = step};
+        kh::adamw_update(p, uniform_float(s, 110 + std::uint64_t(step), -1, 1), m, vv, st);
+        kh::adamw_update(pd, uniform<double>(Shape<1>{20001}, 120 + std::uint64_t(step), -1, 1), md, vd, st);
+      }
+      return std::vector{bytes(p), bytes(m), bytes(vv), bytes(pd), bytes(md), bytes(vd)};
+    });
+    // GELU (100003 elements; bias + GELU over 300 rows of 257), elementwise, bias, permute.
+    const auto big = uniform_float(Shape<2>{389, 257}, 102, -4, 4), big2 = uniform_float(Shape<2>{389, 257}, 103, -1, 1);
+    const auto bias = uniform_float(Shape<1>{257}, 104, -1, 1);
+    same_bits_on_every_thread_count("gelu, elementwise, bias", [&] {
+      const auto bg = kh::bias_gelu(big, bias);
+      auto acc = kh::add(big, big2);
+      kh::add_(acc, big2, 0.25f);
+      return std::vector{bytes(kh::gelu(big)), bytes(kh::gelu_backward(big, big2)), bytes(bg.h), bytes(bg.y), bytes(acc),
+                         bytes(kh::add_bias(big, bias)), bytes(kh::bias_grad(big2))};
+    });
+    const auto x4 = uniform_float(Shape<4>{4, 70, 6, 33}, 105, -1, 1);
+    same_bits_on_every_thread_count("permute", [&] {
+      return std::vector{bytes(kh::permute(x4, {0, 2, 1, 3})), bytes(kh::permute(x4, {3, 1, 0, 2}))};
+    });
   });
 }

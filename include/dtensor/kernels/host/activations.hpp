@@ -11,6 +11,8 @@
 // float GELU (the MLP's activation, the trainer's hottest non-GEMM kernel) runs vectorized for
 // the CPU's instruction set (simd.hpp) with a polynomial exp for tanh: within 2e-7 absolute of
 // std::tanh's result. double and bfloat16 keep the plain loops (std::tanh) — the tests' oracle.
+// float GELU (forward, backward, bias + GELU) runs in chunks on a rank's intra-op threads
+// (parallel.hpp; chunks of 64 elements or whole rows): per element, the same bits for any count.
 #pragma once
 
 #include <cmath>
@@ -19,6 +21,7 @@
 #include <type_traits>
 
 #include "dtensor/kernels/host/common.hpp"
+#include "dtensor/kernels/host/parallel.hpp"
 #include "dtensor/kernels/host/simd.hpp"
 
 namespace dtensor::kernels::host {
@@ -68,25 +71,33 @@ DTENSOR_SIMD_INLINE float gelu_prime_fast(float x) {
   const float x2 = x * x, t = fast_tanh(k * (x + 0.044715f * x2 * x));
   return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * k * (1.0f + float(3 * 0.044715) * x2);
 }
+/// Elements per chunk's worth of work of the vectorized GELU (a polynomial exp: ~30 operations).
+inline constexpr Extent gelu_work = 32;
 inline void gelu_float(const float* x, float* y, Extent n) {
-  with_isa([&](auto) DTENSOR_SIMD_BODY {
-    for (Extent i = 0; i < n; ++i) y[i] = gelu_fast(x[i]);
-  });
+  parallel_for(n, grain_for(gelu_work), [&](Extent i0, Extent i1) {
+    with_isa([&](auto) DTENSOR_SIMD_BODY {
+      for (Extent i = i0; i < i1; ++i) y[i] = gelu_fast(x[i]);
+    });
+  }, 64);
 }
 inline void gelu_backward_float(const float* x, const float* dy, float* dx, Extent n) {
-  with_isa([&](auto) DTENSOR_SIMD_BODY {
-    for (Extent i = 0; i < n; ++i) dx[i] = dy[i] * gelu_prime_fast(x[i]);
-  });
+  parallel_for(n, grain_for(gelu_work), [&](Extent i0, Extent i1) {
+    with_isa([&](auto) DTENSOR_SIMD_BODY {
+      for (Extent i = i0; i < i1; ++i) dx[i] = dy[i] * gelu_prime_fast(x[i]);
+    });
+  }, 64);
 }
 /// y[r, j] = gelu(x[r, j] + bias[j]) and h = x + bias (the saved pre-activation), fused.
 inline void bias_gelu_float(const float* x, const float* bias, float* h, float* y, Extent rows, Extent n) {
-  with_isa([&](auto) DTENSOR_SIMD_BODY {
-    for (Extent r = 0; r < rows; ++r)
-      for (Extent j = 0; j < n; ++j) {
-        const float v = x[r * n + j] + bias[j];
-        h[r * n + j] = v;
-        y[r * n + j] = gelu_fast(v);
-      }
+  parallel_for(rows, grain_for(gelu_work * n), [&](Extent r0, Extent r1) {
+    with_isa([&](auto) DTENSOR_SIMD_BODY {
+      for (Extent r = r0; r < r1; ++r)
+        for (Extent j = 0; j < n; ++j) {
+          const float v = x[r * n + j] + bias[j];
+          h[r * n + j] = v;
+          y[r * n + j] = gelu_fast(v);
+        }
+    });
   });
 }
 

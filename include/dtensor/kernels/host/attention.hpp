@@ -27,6 +27,8 @@
 // to float, the head runs the float kernel (float GEMMs and tiles, double statistics: the lse is
 // the float run's, not a rounded bf16 one), and out (dq, dk, dv) is rounded to bf16 once — the
 // contract of gemm.hpp. The scratch is a head's rows in float, not a tensor-sized copy.
+// With a rank's intra-op threads (parallel.hpp), blocks of (batch, head) pairs run in parallel:
+// the same bits for any thread count.
 #pragma once
 
 #include <algorithm>
@@ -37,6 +39,7 @@
 
 #include "dtensor/kernels/host/common.hpp"
 #include "dtensor/kernels/host/gemm.hpp"
+#include "dtensor/kernels/host/parallel.hpp"
 #include "dtensor/kernels/host/simd.hpp"
 #include "dtensor/kernels/host/softmax.hpp"
 
@@ -237,15 +240,19 @@ AttentionForward<T> attention(const HostTensor<T, 4>& q, const HostTensor<T, 4>&
   AttentionForward<T> f{HostTensor<T, 4>::uninitialized(Shape<4>{B, H, tq, dv}),
                         HostTensor<Stat, 3>::uninitialized(Shape<3>{B, H, tq})};
   const Extent tile = detail::attention_tile;
-  std::vector<compute_t<T>> scores(std::size_t(tile * tile));
-  std::vector<Stat> row_max_sum(std::size_t(2 * tile));
-  detail::HeadRows<T> qh, kh, vh, oh;
-  for (Extent bh = 0; bh < B * H; ++bh) {
-    detail::attention_head(qh.read(q.data() + bh * tq * d, tq * d), kh.read(k.data() + bh * tk * d, tk * d),
-                           vh.read(v.data() + bh * tk * dv, tk * dv), oh.write(f.out.data() + bh * tq * dv, tq * dv),
-                           f.lse.data() + bh * tq, tq, tk, d, dv, opts, scores, row_max_sum);
-    oh.store();
-  }
+  // Heads are independent: blocks of (batch, head) pairs run on the rank's intra-op threads
+  // (parallel.hpp), each with its own scratch; a head's arithmetic is the same on any thread.
+  detail::parallel_for(B * H, detail::grain_for(tq * std::min(tk, tq) * (d + dv)), [&](Extent bh0, Extent bh1) {
+    std::vector<compute_t<T>> scores(std::size_t(tile * tile));
+    std::vector<Stat> row_max_sum(std::size_t(2 * tile));
+    detail::HeadRows<T> qh, kh, vh, oh;
+    for (Extent bh = bh0; bh < bh1; ++bh) {
+      detail::attention_head(qh.read(q.data() + bh * tq * d, tq * d), kh.read(k.data() + bh * tk * d, tk * d),
+                             vh.read(v.data() + bh * tk * dv, tk * dv), oh.write(f.out.data() + bh * tq * dv, tq * dv),
+                             f.lse.data() + bh * tq, tq, tk, d, dv, opts, scores, row_max_sum);
+      oh.store();
+    }
+  });
   return f;
 }
 
@@ -257,18 +264,21 @@ AttentionBackward<T> attention_backward(const HostTensor<T, 4>& q, const HostTen
   const Extent B = q.extent(0), H = q.extent(1), tq = q.extent(2), d = q.extent(3), tk = k.extent(2), dv = v.extent(3);
   AttentionBackward<T> g{HostTensor<T, 4>(q.shape()), HostTensor<T, 4>(k.shape()), HostTensor<T, 4>(v.shape())};
   const Extent tile = detail::attention_tile;
-  std::vector<compute_t<T>> tiles(std::size_t(2 * tile * tile));
-  std::vector<Stat> delta(static_cast<std::size_t>(tq));
-  detail::HeadRows<T> qh, kh, vh, oh, douth, dqh, dkh, dvh;
-  for (Extent bh = 0; bh < B * H; ++bh) {
-    detail::attention_head_backward(
-        qh.read(q.data() + bh * tq * d, tq * d), kh.read(k.data() + bh * tk * d, tk * d),
-        vh.read(v.data() + bh * tk * dv, tk * dv), oh.read(out.data() + bh * tq * dv, tq * dv), lse.data() + bh * tq,
-        douth.read(dout.data() + bh * tq * dv, tq * dv), dqh.write(g.dq.data() + bh * tq * d, tq * d),
-        dkh.write(g.dk.data() + bh * tk * d, tk * d), dvh.write(g.dv.data() + bh * tk * dv, tk * dv), tq, tk, d, dv,
-        opts, tiles, delta);
-    dqh.store(), dkh.store(), dvh.store();
-  }
+  // As the forward: blocks of heads on the intra-op threads, scratch per block.
+  detail::parallel_for(B * H, detail::grain_for(2 * tq * std::min(tk, tq) * (d + dv)), [&](Extent bh0, Extent bh1) {
+    std::vector<compute_t<T>> tiles(std::size_t(2 * tile * tile));
+    std::vector<Stat> delta(static_cast<std::size_t>(tq));
+    detail::HeadRows<T> qh, kh, vh, oh, douth, dqh, dkh, dvh;
+    for (Extent bh = bh0; bh < bh1; ++bh) {
+      detail::attention_head_backward(
+          qh.read(q.data() + bh * tq * d, tq * d), kh.read(k.data() + bh * tk * d, tk * d),
+          vh.read(v.data() + bh * tk * dv, tk * dv), oh.read(out.data() + bh * tq * dv, tq * dv), lse.data() + bh * tq,
+          douth.read(dout.data() + bh * tq * dv, tq * dv), dqh.write(g.dq.data() + bh * tq * d, tq * d),
+          dkh.write(g.dk.data() + bh * tk * d, tk * d), dvh.write(g.dv.data() + bh * tk * dv, tk * dv), tq, tk, d, dv,
+          opts, tiles, delta);
+      dqh.store(), dkh.store(), dvh.store();
+    }
+  });
   return g;
 }
 

@@ -14,6 +14,8 @@
 //
 // cross_entropy is exactly these pieces on one rank (v0 = 0), so a split run differs from a whole
 // one only by the order in which the double sums of exps are added. Statistics are Stat (double).
+// The per-row pieces and the backward run in blocks of rows on a rank's intra-op threads
+// (parallel.hpp); the loss, a sum over rows, stays serial: the same bits for any thread count.
 //
 // Rows split across ranks (data parallel): pass mean_over = the global row count to
 // cross_entropy / cross_entropy_backward / vocab_parallel_ce_loss / vocab_parallel_ce_backward;
@@ -26,6 +28,7 @@
 
 #include "dtensor/kernels/generic/cross_entropy.hpp"
 #include "dtensor/kernels/host/common.hpp"
+#include "dtensor/kernels/host/parallel.hpp"
 #include "dtensor/kernels/host/softmax.hpp"
 
 namespace dtensor::kernels::host {
@@ -45,7 +48,8 @@ HostTensor<T, 2> ce_backward(const HostTensor<T, 2>& logits, const HostTensor<Id
                              Stat scale) {
   const Extent n = logits.extent(0), v = logits.extent(1);
   auto d = HostTensor<T, 2>::uninitialized(logits.shape());
-  for (Extent i = 0; i < n; ++i) {
+  parallel_for(n, grain_for(4 * v), [&](Extent i0, Extent i1) {
+  for (Extent i = i0; i < i1; ++i) {
     const T* x = logits.data() + i * v;
     T* dr = d.data() + i * v;
     const Stat l = lse(i);
@@ -59,6 +63,7 @@ HostTensor<T, 2> ce_backward(const HostTensor<T, 2>& logits, const HostTensor<Id
       for (Extent j = 0; j < v; ++j) dr[j] = T((std::exp(Stat(x[j]) - l) - (j == t ? 1.0 : 0.0)) * scale);
     }
   }
+  });
   return d;
 }
 
@@ -69,7 +74,9 @@ template <FloatElement T>
 HostTensor<Stat, 1> vocab_parallel_ce_max(const HostTensor<T, 2>& logits) {
   const Extent n = logits.extent(0), v = logits.extent(1);
   auto m = HostTensor<Stat, 1>::uninitialized(Shape<1>{n});
-  for (Extent i = 0; i < n; ++i) m[i] = detail::row_max(logits.data() + i * v, v);
+  detail::parallel_for(n, detail::grain_for(v), [&](Extent i0, Extent i1) {
+    for (Extent i = i0; i < i1; ++i) m[i] = detail::row_max(logits.data() + i * v, v);
+  });
   return m;
 }
 
@@ -78,7 +85,9 @@ template <FloatElement T>
 HostTensor<Stat, 1> vocab_parallel_ce_sum_exp(const HostTensor<T, 2>& logits, const HostTensor<Stat, 1>& global_max) {
   const Extent n = logits.extent(0), v = logits.extent(1);
   auto s = HostTensor<Stat, 1>::uninitialized(Shape<1>{n});
-  for (Extent i = 0; i < n; ++i) s[i] = detail::row_sum_exp(logits.data() + i * v, v, global_max[i]);
+  detail::parallel_for(n, detail::grain_for(3 * v), [&](Extent i0, Extent i1) {
+    for (Extent i = i0; i < i1; ++i) s[i] = detail::row_sum_exp(logits.data() + i * v, v, global_max[i]);
+  });
   return s;
 }
 

@@ -11,7 +11,9 @@
 //   auto g = sum_to(dz, b.shape()); // the adjoint: sums dz over the broadcast dimensions
 //
 // Arithmetic runs in compute_t<T> (bfloat16 rounds once per element); the sums of bias_grad and
-// sum_to accumulate in double in a fixed order.
+// sum_to accumulate in double in a fixed order. On a rank's intra-op threads (parallel.hpp) the
+// same-shape ops and the bias add run in chunks of elements (rows), bias_grad in blocks of
+// columns, each column summed over the rows in order: the same bits for any thread count.
 #pragma once
 
 #include <algorithm>
@@ -20,6 +22,7 @@
 
 #include "dtensor/kernels/generic/elementwise.hpp"
 #include "dtensor/kernels/host/common.hpp"
+#include "dtensor/kernels/host/parallel.hpp"
 
 namespace dtensor::kernels::host {
 
@@ -32,7 +35,9 @@ HostTensor<T, R> zip(const char* /*op*/, const HostTensor<T, R>& a, const HostTe
   const T* pa = a.data();
   const T* pb = b.data();
   T* po = out.data();
-  for (Extent i = 0, n = a.numel(); i < n; ++i) po[i] = T(f(compute_t<T>(pa[i]), compute_t<T>(pb[i])));
+  parallel_for(a.numel(), grain_for(1), [&](Extent i0, Extent i1) {
+    for (Extent i = i0; i < i1; ++i) po[i] = T(f(compute_t<T>(pa[i]), compute_t<T>(pb[i])));
+  }, 64);
   return out;
 }
 
@@ -41,7 +46,9 @@ template <class T, std::size_t R, class F>
 void zip_(const char* /*op*/, HostTensor<T, R>& y, const HostTensor<T, R>& x, F f) {
   T* py = y.data();
   const T* px = x.data();
-  for (Extent i = 0, n = y.numel(); i < n; ++i) py[i] = T(f(compute_t<T>(py[i]), compute_t<T>(px[i])));
+  parallel_for(y.numel(), grain_for(1), [&](Extent i0, Extent i1) {
+    for (Extent i = i0; i < i1; ++i) py[i] = T(f(compute_t<T>(py[i]), compute_t<T>(px[i])));
+  }, 64);
 }
 
 using generic::broadcast_strides;  // kernels/generic/elementwise.hpp: shared by every space
@@ -109,10 +116,12 @@ void fill_(HostTensor<T, R>& y, T value) {
 template <Element T, std::size_t R>
 void add_bias_(HostTensor<T, R>& x, const HostTensor<T, 1>& b) {
   const Extent n = b.extent(0), rows = detail::leading_rows(x.shape());
-  for (Extent r = 0; r < rows; ++r) {
-    T* row = x.data() + r * n;
-    for (Extent j = 0; j < n; ++j) row[j] = T(compute_t<T>(row[j]) + compute_t<T>(b[j]));
-  }
+  detail::parallel_for(rows, detail::grain_for(n), [&](Extent r0, Extent r1) {
+    for (Extent r = r0; r < r1; ++r) {
+      T* row = x.data() + r * n;
+      for (Extent j = 0; j < n; ++j) row[j] = T(compute_t<T>(row[j]) + compute_t<T>(b[j]));
+    }
+  });
 }
 /// x[..., n] + b[n].
 template <Element T, std::size_t R>
@@ -126,10 +135,12 @@ template <FloatElement T, std::size_t R>
 void bias_grad_into(HostTensor<T, 1>& db, const HostTensor<T, R>& dy, bool accumulate = false) {
   const Extent n = db.extent(0), rows = detail::leading_rows(dy.shape());
   std::vector<Stat> acc(std::size_t(n), 0.0);
-  for (Extent r = 0; r < rows; ++r) {
-    const T* row = dy.data() + r * n;
-    for (Extent j = 0; j < n; ++j) acc[std::size_t(j)] += Stat(row[j]);
-  }
+  detail::parallel_for(n, std::max<Extent>(16, detail::grain_for(rows)), [&](Extent c0, Extent c1) {
+    for (Extent r = 0; r < rows; ++r) {
+      const T* row = dy.data() + r * n;
+      for (Extent j = c0; j < c1; ++j) acc[std::size_t(j)] += Stat(row[j]);
+    }
+  }, 16);
   for (Extent j = 0; j < n; ++j) db[j] = T(accumulate ? Stat(db[j]) + acc[std::size_t(j)] : acc[std::size_t(j)]);
 }
 template <FloatElement T, std::size_t R>

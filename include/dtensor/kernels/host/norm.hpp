@@ -11,6 +11,9 @@
 // accuracy; variance is the biased one, as in PyTorch. float LayerNorm runs vectorized
 // (simd.hpp): per-element math in float, row sums in double over fixed lanes (detail::lane_dot);
 // the plain loops stay for double, bfloat16 and RMSNorm (and are the tests' oracle).
+// Intra-op threads (parallel.hpp): the forwards and dx run in blocks of rows; the weight and bias
+// gradients, sums over rows, are split over columns instead, each column summed over all rows in
+// row order — the serial sum, so the same bits for any thread count.
 #pragma once
 
 #include <cmath>
@@ -19,6 +22,7 @@
 #include <vector>
 
 #include "dtensor/kernels/host/common.hpp"
+#include "dtensor/kernels/host/parallel.hpp"
 #include "dtensor/kernels/host/simd.hpp"
 
 namespace dtensor::kernels::host {
@@ -48,13 +52,18 @@ DTENSOR_SIMD_INLINE void affine_row(const float* __restrict c, float rs, const f
                                     const float* __restrict b, float* __restrict y, Extent n) {
   for (Extent j = 0; j < n; ++j) y[j] = c[j] * rs * w[j] + b[j];
 }
-DTENSOR_SIMD_INLINE void norm_backward_row(const float* __restrict x, const float* __restrict dy,
-                                           const float* __restrict w, float mu, float rs, float* __restrict xhat,
-                                           float* __restrict g, Stat* __restrict dw, Stat* __restrict db, Extent n) {
+DTENSOR_SIMD_INLINE void norm_xhat_g_row(const float* __restrict x, const float* __restrict dy, const float* __restrict w,
+                                         float mu, float rs, float* __restrict xhat, float* __restrict g, Extent n) {
   for (Extent j = 0; j < n; ++j) {
     xhat[j] = (x[j] - mu) * rs;
     g[j] = dy[j] * w[j];
   }
+}
+DTENSOR_SIMD_INLINE void norm_xhat_row(const float* __restrict x, float mu, float rs, float* __restrict xhat, Extent n) {
+  for (Extent j = 0; j < n; ++j) xhat[j] = (x[j] - mu) * rs;
+}
+DTENSOR_SIMD_INLINE void norm_dw_db_row(const float* __restrict dy, const float* __restrict xhat, Stat* __restrict dw,
+                                        Stat* __restrict db, Extent n) {
   for (Extent j = 0; j < n; ++j) {
     dw[j] += Stat(dy[j] * xhat[j]);
     db[j] += Stat(dy[j]);
@@ -69,42 +78,61 @@ DTENSOR_SIMD_INLINE void norm_dx_row(const float* __restrict xhat, const float* 
 /// mean and the centred second moment summed in double over lanes (simd.hpp lane_dot).
 inline void layer_norm_float(const float* x, const float* w, const float* b, float* y, Stat* mean, Stat* rstd,
                              Extent rows, Extent n, double eps) {
-  std::vector<float> centred(static_cast<std::size_t>(n));
-  float* c = centred.data();
-  with_isa([&](auto) DTENSOR_SIMD_BODY {
-    for (Extent r = 0; r < rows; ++r) {
-      const float* xr = x + r * n;
-      const Stat mu = lane_dot(xr, static_cast<const float*>(nullptr), n) / Stat(n);
-      centre_row(xr, float(mu), c, n);
-      const Stat rs = 1.0 / std::sqrt(lane_dot(c, c, n) / Stat(n) + eps);
-      mean[r] = mu;
-      rstd[r] = rs;
-      affine_row(c, float(rs), w, b, y + r * n, n);
-    }
+  parallel_for(rows, grain_for(4 * n), [&](Extent r0, Extent r1) {
+    std::vector<float> centred(static_cast<std::size_t>(n));
+    float* c = centred.data();
+    with_isa([&](auto) DTENSOR_SIMD_BODY {
+      for (Extent r = r0; r < r1; ++r) {
+        const float* xr = x + r * n;
+        const Stat mu = lane_dot(xr, static_cast<const float*>(nullptr), n) / Stat(n);
+        centre_row(xr, float(mu), c, n);
+        const Stat rs = 1.0 / std::sqrt(lane_dot(c, c, n) / Stat(n) + eps);
+        mean[r] = mu;
+        rstd[r] = rs;
+        affine_row(c, float(rs), w, b, y + r * n, n);
+      }
+    });
   });
 }
 
 /// LayerNorm backward of float rows, vectorized (the formulas of norm_backward below): per-element
 /// math in float; the row sums and the weight and bias gradients (sums over rows) in double.
+/// On intra-op threads (parallel.hpp) dx runs in blocks of rows and the weight and bias gradients
+/// in blocks of columns (xhat recomputed: the same float expression), each column's sum over the
+/// rows in row order as in the one-pass serial loop — so the bits do not depend on the threads.
 inline void layer_norm_backward_float(const float* x, const float* w, const Stat* mean, const Stat* rstd,
                                       const float* dy, float* dx, float* dweight, float* dbias, Extent rows, Extent n) {
   std::vector<Stat> sums(static_cast<std::size_t>(2 * n), 0.0);
-  std::vector<float> rows_buffer(static_cast<std::size_t>(2 * n));
   Stat *dw = sums.data(), *db = dw + n;
-  float *xhat = rows_buffer.data(), *g = xhat + n;
-  with_isa([&](auto) DTENSOR_SIMD_BODY {
-    for (Extent r = 0; r < rows; ++r) {
-      const float rs = float(rstd[r]);
-      norm_backward_row(x + r * n, dy + r * n, w, float(mean[r]), rs, xhat, g, dw, db, n);
-      const float mg = float(lane_dot(g, static_cast<const float*>(nullptr), n) / Stat(n));
-      const float mgx = float(lane_dot(g, xhat, n) / Stat(n));
-      norm_dx_row(xhat, g, rs, mg, mgx, dx + r * n, n);
-    }
-    for (Extent j = 0; j < n; ++j) {
-      dweight[j] = float(dw[j]);
-      dbias[j] = float(db[j]);
-    }
+  const bool split = intra_op_threads() > 1 && rows >= 2 * grain_for(6 * n);
+  parallel_for(rows, grain_for(6 * n), [&](Extent r0, Extent r1) {
+    std::vector<float> rows_buffer(static_cast<std::size_t>(2 * n));
+    float *xhat = rows_buffer.data(), *g = xhat + n;
+    with_isa([&](auto) DTENSOR_SIMD_BODY {
+      for (Extent r = r0; r < r1; ++r) {
+        const float rs = float(rstd[r]);
+        norm_xhat_g_row(x + r * n, dy + r * n, w, float(mean[r]), rs, xhat, g, n);
+        if (!split) norm_dw_db_row(dy + r * n, xhat, dw, db, n);
+        const float mg = float(lane_dot(g, static_cast<const float*>(nullptr), n) / Stat(n));
+        const float mgx = float(lane_dot(g, xhat, n) / Stat(n));
+        norm_dx_row(xhat, g, rs, mg, mgx, dx + r * n, n);
+      }
+    });
   });
+  if (split)  // columns in blocks of 16 (a cache line of floats), every row in order
+    parallel_for(n, std::max<Extent>(16, grain_for(2 * rows)), [&](Extent c0, Extent c1) {
+      std::vector<float> xhat(static_cast<std::size_t>(c1 - c0));
+      with_isa([&](auto) DTENSOR_SIMD_BODY {
+        for (Extent r = 0; r < rows; ++r) {
+          norm_xhat_row(x + r * n + c0, float(mean[r]), float(rstd[r]), xhat.data(), c1 - c0);
+          norm_dw_db_row(dy + r * n + c0, xhat.data(), dw + c0, db + c0, c1 - c0);
+        }
+      });
+    }, 16);
+  for (Extent j = 0; j < n; ++j) {
+    dweight[j] = float(dw[j]);
+    dbias[j] = float(db[j]);
+  }
 }
 
 /// The shared backward: xhat = (x - mean) * rstd (mean = 0 for RMSNorm), g = dy * w;
@@ -114,26 +142,45 @@ NormBackward<T, R> norm_backward(const HostTensor<T, R>& x, const HostTensor<T, 
                                  const HostTensor<Stat, 1>& rstd, const HostTensor<T, R>& dy) {
   const Extent n = x.extent(R - 1), rows = leading_rows(x.shape());
   NormBackward<T, R> out{HostTensor<T, R>::uninitialized(x.shape()), HostTensor<T, 1>(Shape<1>{n}), {}};
-  std::vector<Stat> dw(std::size_t(n), 0.0), db(mean ? std::size_t(n) : 0, 0.0), xhat(static_cast<std::size_t>(n));
-  for (Extent r = 0; r < rows; ++r) {
-    const T* xr = x.data() + r * n;
-    const T* gr = dy.data() + r * n;
-    const Stat mu = mean ? (*mean)[r] : 0.0, rs = rstd[r];
-    Stat sum_g = 0, sum_gx = 0;
-    for (Extent j = 0; j < n; ++j) {
-      const Stat xh = (Stat(xr[j]) - mu) * rs, g = Stat(gr[j]) * Stat(w[j]);
-      xhat[std::size_t(j)] = xh;
-      sum_g += g;
-      sum_gx += g * xh;
-      dw[std::size_t(j)] += Stat(gr[j]) * xh;
-      if (mean) db[std::size_t(j)] += Stat(gr[j]);
+  std::vector<Stat> dw(std::size_t(n), 0.0), db(mean ? std::size_t(n) : 0, 0.0);
+  // As layer_norm_backward_float: on intra-op threads dx by rows, dw and db by columns.
+  const Extent grain = grain_for(6 * n);
+  const bool split = intra_op_threads() > 1 && rows >= 2 * grain;
+  parallel_for(rows, grain, [&](Extent r0, Extent r1) {
+    std::vector<Stat> xhat(static_cast<std::size_t>(n));
+    for (Extent r = r0; r < r1; ++r) {
+      const T* xr = x.data() + r * n;
+      const T* gr = dy.data() + r * n;
+      const Stat mu = mean ? (*mean)[r] : 0.0, rs = rstd[r];
+      Stat sum_g = 0, sum_gx = 0;
+      for (Extent j = 0; j < n; ++j) {
+        const Stat xh = (Stat(xr[j]) - mu) * rs, g = Stat(gr[j]) * Stat(w[j]);
+        xhat[std::size_t(j)] = xh;
+        sum_g += g;
+        sum_gx += g * xh;
+        if (split) continue;
+        dw[std::size_t(j)] += Stat(gr[j]) * xh;
+        if (mean) db[std::size_t(j)] += Stat(gr[j]);
+      }
+      const Stat mg = mean ? sum_g / Stat(n) : 0.0, mgx = sum_gx / Stat(n);
+      for (Extent j = 0; j < n; ++j) {
+        const Stat g = Stat(gr[j]) * Stat(w[j]);
+        out.dx[r * n + j] = T(rs * (g - mg - xhat[std::size_t(j)] * mgx));
+      }
     }
-    const Stat mg = mean ? sum_g / Stat(n) : 0.0, mgx = sum_gx / Stat(n);
-    for (Extent j = 0; j < n; ++j) {
-      const Stat g = Stat(gr[j]) * Stat(w[j]);
-      out.dx[r * n + j] = T(rs * (g - mg - xhat[std::size_t(j)] * mgx));
-    }
-  }
+  });
+  if (split)
+    parallel_for(n, std::max<Extent>(16, grain_for(2 * rows)), [&](Extent c0, Extent c1) {
+      for (Extent r = 0; r < rows; ++r) {
+        const T* xr = x.data() + r * n;
+        const T* gr = dy.data() + r * n;
+        const Stat mu = mean ? (*mean)[r] : 0.0, rs = rstd[r];
+        for (Extent j = c0; j < c1; ++j) {
+          dw[std::size_t(j)] += Stat(gr[j]) * ((Stat(xr[j]) - mu) * rs);
+          if (mean) db[std::size_t(j)] += Stat(gr[j]);
+        }
+      }
+    }, 16);
   for (Extent j = 0; j < n; ++j) out.dweight[j] = T(dw[std::size_t(j)]);
   if (mean) {
     out.dbias = HostTensor<T, 1>::uninitialized(Shape<1>{n});
@@ -154,7 +201,8 @@ NormForward<T, R> layer_norm(const HostTensor<T, R>& x, const HostTensor<T, 1>& 
     detail::layer_norm_float(x.data(), weight.data(), bias.data(), f.y.data(), f.mean.data(), f.rstd.data(), rows, n, eps);
     return f;
   }
-  for (Extent r = 0; r < rows; ++r) {
+  detail::parallel_for(rows, detail::grain_for(4 * n), [&](Extent r0, Extent r1) {
+  for (Extent r = r0; r < r1; ++r) {
     const T* xr = x.data() + r * n;
     Stat mu = 0, var = 0;
     for (Extent j = 0; j < n; ++j) mu += Stat(xr[j]);
@@ -165,6 +213,7 @@ NormForward<T, R> layer_norm(const HostTensor<T, R>& x, const HostTensor<T, 1>& 
     f.rstd[r] = rs;
     for (Extent j = 0; j < n; ++j) f.y[r * n + j] = T((Stat(xr[j]) - mu) * rs * Stat(weight[j]) + Stat(bias[j]));
   }
+  });
   return f;
 }
 
@@ -188,14 +237,16 @@ template <FloatElement T, std::size_t R>
 NormForward<T, R> rms_norm(const HostTensor<T, R>& x, const HostTensor<T, 1>& weight, double eps = 1e-6) {
   const Extent n = x.extent(R - 1), rows = detail::leading_rows(x.shape());
   NormForward<T, R> f{HostTensor<T, R>::uninitialized(x.shape()), {}, HostTensor<Stat, 1>::uninitialized(Shape<1>{rows})};
-  for (Extent r = 0; r < rows; ++r) {
-    const T* xr = x.data() + r * n;
-    Stat ms = 0;
-    for (Extent j = 0; j < n; ++j) ms += Stat(xr[j]) * Stat(xr[j]);
-    const Stat rs = 1.0 / std::sqrt(ms / Stat(n) + eps);
-    f.rstd[r] = rs;
-    for (Extent j = 0; j < n; ++j) f.y[r * n + j] = T(Stat(xr[j]) * rs * Stat(weight[j]));
-  }
+  detail::parallel_for(rows, detail::grain_for(3 * n), [&](Extent r0, Extent r1) {
+    for (Extent r = r0; r < r1; ++r) {
+      const T* xr = x.data() + r * n;
+      Stat ms = 0;
+      for (Extent j = 0; j < n; ++j) ms += Stat(xr[j]) * Stat(xr[j]);
+      const Stat rs = 1.0 / std::sqrt(ms / Stat(n) + eps);
+      f.rstd[r] = rs;
+      for (Extent j = 0; j < n; ++j) f.y[r * n + j] = T(Stat(xr[j]) * rs * Stat(weight[j]));
+    }
+  });
   return f;
 }
 

@@ -12,7 +12,9 @@
 // b = g on the first step else mu b + (1 - dampening) g, and g = nesterov ? g + mu b : b; p -= lr g.
 // float AdamW runs in float (detail::adamw_float, as PyTorch's float AdamW), the bias corrections
 // folded into the step size and the denominator as torch does; double and bfloat16 keep the
-// double element function (the tests' oracle; the CUDA kernel shares it).
+// double element function (the tests' oracle; the CUDA kernel shares it). AdamW runs in chunks
+// (multiples of 64 elements) on a rank's intra-op threads (parallel.hpp): per element, so the
+// same bits for any thread count; sum_squares, a sum, stays serial.
 #pragma once
 
 #include <cmath>
@@ -22,6 +24,7 @@
 
 #include "dtensor/kernels/generic/optim.hpp"
 #include "dtensor/kernels/host/common.hpp"
+#include "dtensor/kernels/host/parallel.hpp"
 
 namespace dtensor::kernels::host {
 
@@ -79,17 +82,19 @@ void adamw_update(HostTensor<T, R>& param, const HostTensor<G, R>& grad, HostTen
   const double decay = 1 - s.lr * s.weight_decay;
   T *p = param.data(), *m = exp_avg.data(), *v = exp_avg_sq.data();
   const G* g = grad.data();
-  if constexpr (std::is_same_v<T, float>) {
-    detail::adamw_float(p, g, m, v, param.numel(), s, c1, c2, decay);
-    return;
-  }
-  for (Extent i = 0, n = param.numel(); i < n; ++i) {
-    double pi = double(p[i]), mi = double(m[i]), vi = double(v[i]);
-    detail::adamw_element(pi, mi, vi, double(g[i]), s, c1, c2, decay);
-    m[i] = T(mi);
-    v[i] = T(vi);
-    p[i] = T(pi);
-  }
+  detail::parallel_for(param.numel(), detail::grain_for(8), [&](Extent i0, Extent i1) {
+    if constexpr (std::is_same_v<T, float>) {
+      detail::adamw_float(p + i0, g + i0, m + i0, v + i0, i1 - i0, s, c1, c2, decay);
+    } else {
+      for (Extent i = i0; i < i1; ++i) {
+        double pi = double(p[i]), mi = double(m[i]), vi = double(v[i]);
+        detail::adamw_element(pi, mi, vi, double(g[i]), s, c1, c2, decay);
+        m[i] = T(mi);
+        v[i] = T(vi);
+        p[i] = T(pi);
+      }
+    }
+  }, 64);
 }
 
 /// momentum_buffer is read and written only when s.momentum > 0 (it may be empty otherwise).

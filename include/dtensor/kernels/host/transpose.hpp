@@ -19,6 +19,7 @@
 
 #include "dtensor/kernels/detail/split_concat.hpp"
 #include "dtensor/kernels/host/common.hpp"
+#include "dtensor/kernels/host/parallel.hpp"
 
 namespace dtensor::kernels::host {
 
@@ -55,21 +56,30 @@ HostTensor<T, R> permute(const HostTensor<T, R>& x, const std::array<std::size_t
   auto y = HostTensor<T, R>::uninitialized(ys);
   const Extent n = y.numel();
   if (n == 0) return y;
-  // Walk y in row-major order; the inner dimension is a strided read of x.
+  // Walk y in row-major order; the inner dimension is a strided read of x. Blocks of y's rows
+  // run on a rank's intra-op threads (parallel.hpp): pure data movement, exact on any count.
   const Extent inner = ys[R - 1], inner_st = st[R - 1];
-  Shape<R> idx{};
-  Extent off = 0;
   T* out = y.data();
   const T* in = x.data();
-  for (Extent base = 0; base < n; base += inner) {
-    for (Extent j = 0; j < inner; ++j) out[base + j] = in[off + j * inner_st];
+  detail::parallel_for(n / inner, detail::grain_for(2 * inner), [&](Extent row0, Extent row1) {
+    Shape<R> idx{};  // y's index of row row0, and its offset in x
+    Extent off = 0;
+    Extent rest = row0;
     for (std::size_t dd = R - 1; dd-- > 0;) {
-      off += st[dd];
-      if (++idx[dd] < ys[dd]) break;
-      off -= st[dd] * ys[dd];
-      idx[dd] = 0;
+      idx[dd] = rest % ys[dd];
+      rest /= ys[dd];
+      off += idx[dd] * st[dd];
     }
-  }
+    for (Extent base = row0 * inner; base < row1 * inner; base += inner) {
+      for (Extent j = 0; j < inner; ++j) out[base + j] = in[off + j * inner_st];
+      for (std::size_t dd = R - 1; dd-- > 0;) {
+        off += st[dd];
+        if (++idx[dd] < ys[dd]) break;
+        off -= st[dd] * ys[dd];
+        idx[dd] = 0;
+      }
+    }
+  });
   return y;
 }
 
