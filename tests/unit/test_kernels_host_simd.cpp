@@ -8,6 +8,7 @@
 #include "test_kernels_host_util.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <mutex>
@@ -284,13 +285,23 @@ TEST_CASE("parallel_for: contiguous blocks on the pool's threads, serial when ne
   REQUIRE(blocks == std::vector<std::pair<Extent, Extent>>{{0, 1000}});
   {
     const kh::IntraOpThreads scope(3);
-    blocks.clear(), ids.clear();
+    blocks.clear();
     kh::detail::parallel_for(1000, 1, record, 64);
     std::sort(blocks.begin(), blocks.end());
-    // 1000 / 3 rounded up to multiples of 64: 384, 704
-    CHECK(blocks == std::vector<std::pair<Extent, Extent>>{{0, 384}, {384, 704}, {704, 1000}});
-    CHECK(ids.size() == 3);
-    CHECK(ids.count(std::this_thread::get_id()) == 1);  // block 0 on the caller
+    REQUIRE(blocks.size() == 12);  // 4 parts per thread, every row once, boundaries multiples of 64
+    CHECK(blocks.front().first == 0);
+    CHECK(blocks.back().second == 1000);
+    for (std::size_t i = 1; i < blocks.size(); ++i) {
+      CHECK(blocks[i].first == blocks[i - 1].second);
+      CHECK(blocks[i].first % 64 == 0);
+    }
+    // The workers take part: blocks that last long enough for them to wake.
+    ids.clear();
+    kh::detail::parallel_for(12, 1, [&](Extent r0, Extent r1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      record(r0, r1);
+    });
+    CHECK(ids.size() >= 2);
     blocks.clear();
     kh::detail::parallel_for(1000, 400, record);  // two grains of 400 fit: 2 blocks
     CHECK(blocks.size() == 2);
@@ -304,7 +315,7 @@ TEST_CASE("parallel_for: contiguous blocks on the pool's threads, serial when ne
         kh::detail::parallel_for(100, 1, [&](Extent, Extent) { ++inner_blocks[std::size_t(r)]; });
     });
     CHECK(inner_blocks == std::vector<int>{1, 1, 1});
-    // An error in a worker's block reaches the caller; the pool runs the next loop.
+    // An error in a block reaches the caller; the pool runs the next loop.
     kh::detail::parallel_for(0, 1, [&](Extent, Extent) { FAIL("no rows, no call"); });
     kt::require_error([&] {
       kh::detail::parallel_for(900, 1, [&](Extent r0, Extent) {
@@ -313,7 +324,7 @@ TEST_CASE("parallel_for: contiguous blocks on the pool's threads, serial when ne
     }, {"test_block", "rows from"});
     blocks.clear();
     kh::detail::parallel_for(90, 1, record);
-    CHECK(blocks.size() == 3);
+    CHECK(blocks.size() == 12);
     {
       const kh::IntraOpThreads one(1);  // scopes nest: 1 is serial
       CHECK(kh::intra_op_threads() == 1);

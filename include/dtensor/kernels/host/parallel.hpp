@@ -11,7 +11,8 @@
 // no pool, on a worker, inside another parallel_for, or for less than two grains of work, the
 // body runs once over all rows on the calling thread — the serial kernel, unchanged.
 //
-// Determinism: parallel_for only partitions the rows (contiguous blocks, part 0 on the caller);
+// Determinism: parallel_for only partitions the rows (contiguous blocks, up to 4 per thread,
+// claimed by whichever thread is free: a worker the scheduler wakes late costs no waiting);
 // a kernel parallelizes only work whose rows are independent, and keeps every sum over rows (a
 // bias or norm weight gradient, a loss) in its serial order — or splits it over columns, each
 // column summed over all rows in row order. So a kernel gives the same bits for any thread count
@@ -42,7 +43,7 @@ namespace detail {
 
 /// Polls of an atomic before a thread sleeps on it (each a pause instruction, tens of cycles):
 /// a few microseconds, the gap between two kernels of one step, without burning a loaded CPU.
-inline constexpr int pool_spins = 2000;
+inline constexpr int pool_spins = 1000;
 
 inline void cpu_relax() {
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
@@ -71,13 +72,21 @@ inline thread_local bool in_parallel_region = false;
 }  // namespace detail
 
 /// threads - 1 worker threads that run the parts of one job at a time with the owning thread.
-/// Only the thread that created it may call run() (one job at a time, no locks on the fast path).
+/// Only the thread that created it may call run() (one job at a time).
+///
+/// Parts are claimed, not assigned: the caller takes part 0 and then, like each worker that wakes,
+/// claims the next unclaimed part (one compare-exchange on a word holding the job, its part count
+/// and the next part), until none is left; it then waits only for parts a worker has claimed and
+/// not finished. So a worker that a loaded machine does not schedule in time costs no waiting: the
+/// caller runs its parts. Which thread runs a part does not change the result (the parts' rows are
+/// independent, parallel_for below), so the bits are the same however the claims fall.
 class IntraOpPool {
  public:
   explicit IntraOpPool(int threads) {
-    detail::check(threads >= 1, "IntraOpPool", "thread count must be >= 1, got ", threads);
+    detail::check(threads >= 1 && threads <= max_parts, "IntraOpPool", "thread count must be in 1 .. ", max_parts,
+                  ", got ", threads);
     workers_.reserve(std::size_t(threads - 1));
-    for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { work(i); });
+    for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { work(); });
   }
   IntraOpPool(const IntraOpPool&) = delete;
   IntraOpPool& operator=(const IntraOpPool&) = delete;
@@ -90,54 +99,75 @@ class IntraOpPool {
 
   int threads() const { return int(workers_.size()) + 1; }
 
-  /// body(p) for p in [0, parts) (parts <= threads()): part 0 here, part p on worker p. Returns
-  /// when all are done; the first exception a part threw is rethrown here.
+  /// The most parts one job may have.
+  static constexpr int max_parts = 0xffff;
+
+  /// body(p) once for each p in [0, parts), on this thread and the workers; returns when all are
+  /// done. The first exception a part threw is rethrown here (the other parts still run).
   template <class Body>
   void run(int parts, Body& body) {
-    parts_ = std::min(parts, threads());
+    detail::check(parts >= 1 && parts <= max_parts, "IntraOpPool::run", "part count must be in 1 .. ", max_parts,
+                  ", got ", parts);
     ctx_ = &body;
     call_ = [](void* ctx, int p) { (*static_cast<Body*>(ctx))(p); };
     error_ = nullptr;
-    pending_.store(int(workers_.size()), std::memory_order_relaxed);
-    epoch_.fetch_add(1, std::memory_order_release);  // publishes the job to the workers
+    done_.store(0, std::memory_order_relaxed);
+    const std::uint32_t job = epoch_.load(std::memory_order_relaxed) + 1;
+    // The job, its part count, and part 0 already claimed (by this thread).
+    state_.store(std::uint64_t(job) << 32 | std::uint64_t(parts) << 16 | 1u, std::memory_order_release);
+    epoch_.store(job, std::memory_order_release);
     epoch_.notify_all();
-    try {
-      body(0);
-    } catch (...) {
-      keep_error(std::current_exception());
+    run_part(0);
+    int mine = 1;
+    while (const int p = claim(job)) {
+      run_part(p);
+      ++mine;
     }
-    for (int left = pending_.load(std::memory_order_acquire); left != 0;)
-      left = detail::wait_change(pending_, left);
+    int done = done_.fetch_add(mine, std::memory_order_acq_rel) + mine;
+    while (done != parts) done = detail::wait_change(done_, done);
     if (error_) std::rethrow_exception(error_);
   }
 
  private:
-  void work(int index) {
+  /// The next unclaimed part of `job`, claimed; 0 when none is left (part 0 is always the caller's).
+  int claim(std::uint32_t job) {
+    std::uint64_t s = state_.load(std::memory_order_acquire);
+    for (;;) {
+      if (std::uint32_t(s >> 32) != job) return 0;
+      const auto parts = int((s >> 16) & 0xffff), next = int(s & 0xffff);
+      if (next >= parts) return 0;
+      if (state_.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel, std::memory_order_acquire)) return next;
+    }
+  }
+  void run_part(int p) {
+    try {
+      call_(ctx_, p);
+    } catch (...) {
+      std::lock_guard lock(error_mutex_);
+      if (!error_) error_ = std::current_exception();
+    }
+  }
+  void work() {
     detail::in_parallel_region = true;
     std::uint32_t seen = 0;
     for (;;) {
       seen = detail::wait_change(epoch_, seen);
       if (stop_) return;
-      if (index < parts_) {
-        try {
-          call_(ctx_, index);
-        } catch (...) {
-          keep_error(std::current_exception());
-        }
+      // A claimed part keeps the job alive (the caller waits for it), so ctx_ and call_ stay
+      // valid until done_ counts it.
+      while (const int p = claim(seen)) {
+        run_part(p);
+        const int parts = int((state_.load(std::memory_order_relaxed) >> 16) & 0xffff);
+        if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == parts) done_.notify_one();
       }
-      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) pending_.notify_one();
     }
-  }
-  void keep_error(std::exception_ptr e) {
-    std::lock_guard lock(error_mutex_);
-    if (!error_) error_ = e;
   }
 
   std::vector<std::thread> workers_;
-  std::atomic<std::uint32_t> epoch_{0};  // one more per job (and at the stop)
-  std::atomic<int> pending_{0};          // workers that have not finished the current job
+  std::atomic<std::uint32_t> epoch_{0};  // the current job's number (one more at the stop)
+  std::atomic<std::uint64_t> state_{0};  // job << 32 | parts << 16 | next unclaimed part
+  std::atomic<int> done_{0};             // parts finished
   bool stop_ = false;                    // written before the epoch's release, read after its acquire
-  int parts_ = 0;
   void* ctx_ = nullptr;
   void (*call_)(void*, int) = nullptr;
   std::mutex error_mutex_;
@@ -177,13 +207,15 @@ namespace detail {
 
 /// body(r0, r1) over contiguous blocks of [0, rows), in parallel on the calling thread's pool
 /// when there is one and the rows make at least two blocks of `grain` rows (the smallest block
-/// worth a wake-up); block boundaries are multiples of `align` rows (except the end). With one
+/// worth a wake-up): up to 4 blocks per thread, claimed by the threads as they come free (the
+/// caller first). Block boundaries are multiples of `align` rows (except the end). With one
 /// block, body(0, rows) runs here: the serial kernel.
 template <class Body>
 void parallel_for(Extent rows, Extent grain, Body&& body, Extent align = 1) {
   IntraOpPool* pool = current_pool;
   grain = std::max<Extent>(grain, 1);
-  const Extent most = pool && !in_parallel_region ? std::min<Extent>(pool->threads(), rows / grain) : 1;
+  // Up to 4 parts per thread: a worker that wakes late still finds parts to claim.
+  const Extent most = pool && !in_parallel_region ? std::min<Extent>(4 * pool->threads(), rows / grain) : 1;
   if (most <= 1) {
     if (rows > 0) body(Extent(0), rows);
     return;
