@@ -13,13 +13,20 @@
 //                  the same in bfloat16 (each head widened to float, outputs rounded once), against
 //                  the float one in the same run: the cost of the widening
 //   adamw          one update of a flat float buffer of n parameters
+//
+// DTENSOR_INTRA_OP_THREADS=N runs every kernel on N intra-op threads (kernels/host/parallel.hpp,
+// train_gpt --intra-op-threads N); the CPU column is the process's CPU time (all threads), the
+// real-time column the wall clock: run with 1 and 2 for the per-op figures of docs/benchmarks.md.
 #include <benchmark/benchmark.h>
+
+#include <cstdlib>
 
 #include "dtensor/core/factories.hpp"
 #include "dtensor/kernels/host/activations.hpp"
 #include "dtensor/kernels/host/attention.hpp"
 #include "dtensor/kernels/host/norm.hpp"
 #include "dtensor/kernels/host/optim.hpp"
+#include "dtensor/kernels/host/parallel.hpp"
 #include "dtensor/kernels/host/simd.hpp"
 #include "dtensor/kernels/host/softmax.hpp"
 
@@ -28,6 +35,13 @@ using dtensor::Extent;
 using dtensor::Shape;
 
 namespace {
+
+/// DTENSOR_INTRA_OP_THREADS (1 when unset): the main thread's pool, for the whole run.
+int intra_op_threads_of_run() {
+  const char* text = std::getenv("DTENSOR_INTRA_OP_THREADS");
+  return text ? std::atoi(text) : 1;
+}
+const kh::IntraOpThreads intra_op_scope(intra_op_threads_of_run());
 
 /// Arguments start with the ISA flag: 0 caps at the baseline, 1 runs the detected ISA.
 void set_isa(benchmark::State& state) {
@@ -101,11 +115,11 @@ void BM_adamw(benchmark::State& state) {
 
 }  // namespace
 
-BENCHMARK(BM_layer_norm)->ArgsProduct({{0, 1}, {128, 384}});
-BENCHMARK(BM_gelu)->ArgsProduct({{0, 1}, {128, 384}});
-BENCHMARK(BM_softmax)->ArgsProduct({{0, 1}, {4}});
-BENCHMARK(BM_attention<float>)->Name("BM_attention")->Args({0, 4, 128})->Args({1, 4, 128})->Args({0, 6, 384})->Args({1, 6, 384});
-BENCHMARK(BM_attention<dtensor::bfloat16>)->Name("BM_attention_bf16")->Args({1, 4, 128})->Args({1, 6, 384});
-BENCHMARK(BM_adamw)->ArgsProduct({{0, 1}, {427008}});
+BENCHMARK(BM_layer_norm)->ArgsProduct({{0, 1}, {128, 384}})->MeasureProcessCPUTime();
+BENCHMARK(BM_gelu)->ArgsProduct({{0, 1}, {128, 384}})->MeasureProcessCPUTime();
+BENCHMARK(BM_softmax)->ArgsProduct({{0, 1}, {4}})->MeasureProcessCPUTime();
+BENCHMARK(BM_attention<float>)->Name("BM_attention")->Args({0, 4, 128})->Args({1, 4, 128})->Args({0, 6, 384})->Args({1, 6, 384})->MeasureProcessCPUTime();
+BENCHMARK(BM_attention<dtensor::bfloat16>)->Name("BM_attention_bf16")->Args({1, 4, 128})->Args({1, 6, 384})->MeasureProcessCPUTime();
+BENCHMARK(BM_adamw)->ArgsProduct({{0, 1}, {427008}})->MeasureProcessCPUTime();
 
 BENCHMARK_MAIN();
