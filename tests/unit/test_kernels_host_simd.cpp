@@ -347,7 +347,8 @@ TEST_CASE("intra-op threads: norms, attention, cross-entropy, AdamW, GELU, eleme
       const auto g = kh::layer_norm_backward(xf, wf, f.mean, f.rstd, dyf);
       return std::vector{bytes(f.y), bytes(f.mean), bytes(f.rstd), bytes(g.dx), bytes(g.dweight), bytes(g.dbias)};
     });
-    const auto xd = kt::cast<double>(xf), dyd = kt::cast<double>(dyf), wd = kt::cast<double>(wf), bd = kt::cast<double>(bf);
+    const auto xd = kt::cast<double>(xf), dyd = kt::cast<double>(dyf);
+    const auto wd = kt::cast<double>(wf), bd = kt::cast<double>(bf);
     same_bits_on_every_thread_count("layer_norm double", [&] {
       const auto f = kh::layer_norm(xd, wd, bd, 1e-5);
       const auto g = kh::layer_norm_backward(xd, wd, f.mean, f.rstd, dyd);
