@@ -10,17 +10,22 @@
 // fused CUDA-core kernels at a small one (docs/benchmarks.md, bench_attention_cuda). The price is
 // a workspace of one chunk's scores ([B*H, rows, keys] in the compute type; two in the backward),
 // bounded by attention_workspace_bytes(): the chunk's rows are as many as fit it, and under a
-// causal mask at most about an eighth of the queries, so that each chunk multiplies only the
-// keys its last row sees (a causal pass costs about (n + 1) / 2n of the full square over n chunks).
+// causal mask at most a quarter of the queries (256 rows at least), so that each chunk multiplies
+// only the keys its last row sees (a causal pass costs about (n + 1) / 2n of the full square over
+// n chunks; more chunks cost launches: bench_attention_cuda's gemm_causal_rows measured 128, 256,
+// 512 and T rows, docs/benchmarks.md).
 //
 // Per chunk of query rows [i0, i0 + rows), keys [0, n) with n what its last row sees:
 //   forward:  S = scale Q K^T;  lse_i, P = exp(S - lse) (masked: 0 where j >= visible(i));  O = P V
 //   backward: S, P again from the saved lse;  dV += P^T dO;  dP = dO V^T;  dS = P (dP - delta);
 //             dQ = scale dS K;  dK += scale dS^T Q        (delta_i = dout_i . out_i, in double)
-// Types as the fused kernels and the host: float and double compute in themselves; bfloat16 is
-// widened to float once (q, k, v, dout: copies of O(T D)), computes in float and rounds the
-// results once. The statistics (lse, delta) are double. TF32 applies to the float GEMMs when
-// allow_tf32(true) — the caller's opt-in, as for every float GEMM.
+// Types as the fused kernels and the host: float and double compute in themselves; bfloat16
+// computes in float and rounds the results once: the GEMMs of two bf16 operands (S = Q K^T and
+// dP = dO V^T) run on bf16 tensor cores with fp32 accumulation and a float result
+// (gemm_batched_widening: each product exact in float), the others multiply a float P or dS by a
+// widened copy (of v in the forward; of q, k and dout in the backward: O(T D) each). The
+// statistics (lse, delta) are double. TF32 applies to the float GEMMs when allow_tf32(true) —
+// the caller's opt-in, as for every float GEMM.
 #pragma once
 
 #include <algorithm>
@@ -128,13 +133,13 @@ class ComputeOut {
 
 /// Query rows per chunk: `requested` if given, else as many as `buffers` score chunks of `elem`
 /// bytes fit the workspace (a multiple of 64 past 64, for the GEMMs' tiles); causal: at most
-/// max(128, tq / 8 rounded up to 64), so that chunks skip the keys above the diagonal.
+/// max(256, tq / 4 rounded up to 64), so that chunks skip the keys above the diagonal.
 inline Extent attention_chunk_rows(const AttentionShape& s, Extent requested, int buffers, std::size_t elem) {
   const Extent tq = std::max<Extent>(s.tq, 1);
   if (requested > 0) return std::min(requested, tq);
   const std::size_t per_row = std::size_t(s.bh) * std::size_t(std::max<Extent>(s.tk, 1)) * elem * std::size_t(buffers);
   Extent rows = Extent(std::max<std::size_t>(1, attention_workspace_switch().load() / per_row));
-  if (s.causal) rows = std::min(rows, std::max<Extent>(128, (tq / 8 + 63) / 64 * 64));
+  if (s.causal) rows = std::min(rows, std::max<Extent>(256, (tq / 4 + 63) / 64 * 64));
   if (rows >= tq) return tq;
   return rows > 64 ? rows / 64 * 64 : rows;
 }
@@ -179,7 +184,7 @@ AttentionForward<T> attention_gemm(const CudaTensor<T, 4>& q, const CudaTensor<T
   AttentionForward<T> f{CudaTensor<T, 4>::uninitialized(Shape<4>{q.extent(0), q.extent(1), s.tq, s.dv}),
                         CudaTensor<Stat, 3>::uninitialized(Shape<3>{q.extent(0), q.extent(1), s.tq})};
   if (s.bh * s.tq == 0) return f;
-  const detail::Widened<T> qc(q), kc(k), vc(v);
+  const detail::Widened<T> vc(v);
   detail::ComputeOut<T> out(f.out);
   const Extent chunk = detail::attention_chunk_rows(s, rows_per_chunk, 1, sizeof(C));
   auto scores = CudaTensor<C, 1>::uninitialized(Shape<1>{s.bh * chunk * std::max<Extent>(s.tk, 1)});
@@ -187,8 +192,8 @@ AttentionForward<T> attention_gemm(const CudaTensor<T, 4>& q, const CudaTensor<T
   for (Extent i0 = 0; i0 < s.tq; i0 += chunk) {
     const Extent rows = std::min(chunk, s.tq - i0), keys = detail::chunk_keys(s, i0, rows), ldk = std::max<Extent>(keys, 1);
     if (keys > 0)
-      gemm_batched<C>(false, true, C(s.scale), qc.data() + i0 * s.d, s.tq * s.d, kc.data(), s.tk * s.d, C(0),
-                      scores.data(), rows * keys, s.bh, rows, keys, s.d, d, d, ldk);
+      gemm_batched_widening<T>(false, true, C(s.scale), q.data() + i0 * s.d, s.tq * s.d, k.data(), s.tk * s.d, C(0),
+                               scores.data(), rows * keys, s.bh, rows, keys, s.d, d, d, ldk);
     detail::launch_probs<C>(scores.data(), f.lse.data(), nullptr, s, i0, rows, keys);
     if (keys == 0)
       detail::zero_rows(out.data(), s, i0, rows, s.dv);
@@ -214,7 +219,7 @@ AttentionBackward<T> attention_gemm_backward(const CudaTensor<T, 4>& q, const Cu
                                    detail::attention_threads, 0, detail::stream()>>>(delta.data(), out.data(),
                                                                                      dout.data(), s.bh * s.tq, s.dv);
   detail::launched("attention_delta_kernel");
-  const detail::Widened<T> qc(q), kc(k), vc(v), doc(dout);
+  const detail::Widened<T> qc(q), kc(k), doc(dout);
   detail::ComputeOut<T> dq(g.dq), dk(g.dk), dv(g.dv);
   const Extent chunk = detail::attention_chunk_rows(s, rows_per_chunk, 2, sizeof(C));
   const Extent cap = s.bh * chunk * std::max<Extent>(s.tk, 1);
@@ -227,14 +232,14 @@ AttentionBackward<T> attention_gemm_backward(const CudaTensor<T, 4>& q, const Cu
     const Extent ldk = keys, n = s.bh * rows * keys;
     const C* q0 = qc.data() + i0 * s.d;
     const C* do0 = doc.data() + i0 * s.dv;
-    gemm_batched<C>(false, true, scale, q0, s.tq * s.d, kc.data(), s.tk * s.d, C(0), p.data(), rows * keys, s.bh, rows,
-                    keys, s.d, d, d, ldk);
+    gemm_batched_widening<T>(false, true, scale, q.data() + i0 * s.d, s.tq * s.d, k.data(), s.tk * s.d, C(0), p.data(),
+                             rows * keys, s.bh, rows, keys, s.d, d, d, ldk);
     detail::launch_probs<C>(p.data(), nullptr, lse.data(), s, i0, rows, keys);
     // dV[:keys] += P^T dO;  dP = dO V^T (into ds)
     gemm_batched<C>(true, false, C(1), p.data(), rows * keys, do0, s.tq * s.dv, C(1), dv.data(), s.tk * s.dv, s.bh,
                     keys, s.dv, rows, ldk, ldv, ldv);
-    gemm_batched<C>(false, true, C(1), do0, s.tq * s.dv, vc.data(), s.tk * s.dv, C(0), ds.data(), rows * keys, s.bh,
-                    rows, keys, s.dv, ldv, ldv, ldk);
+    gemm_batched_widening<T>(false, true, C(1), dout.data() + i0 * s.dv, s.tq * s.dv, v.data(), s.tk * s.dv, C(0),
+                             ds.data(), rows * keys, s.bh, rows, keys, s.dv, ldv, ldv, ldk);
     detail::attention_ds_kernel<<<detail::grid_for(n), detail::block, 0, detail::stream()>>>(
         ds.data(), p.data(), delta.data(), s.tq, i0, rows, keys, n);
     detail::launched("attention_ds_kernel");

@@ -64,22 +64,61 @@ inline void check_int_sizes(const char* op, Extent m, Extent n, Extent k, Extent
 inline void allow_tf32(bool on) { detail::tf32_switch().store(on, std::memory_order_relaxed); }
 inline bool tf32_allowed() { return detail::tf32_switch().load(std::memory_order_relaxed); }
 
+namespace detail {
+/// The one cuBLAS call of the GEMMs below: row-major C = op(A) op(B) as column-major
+/// C^T = op(B)^T op(A)^T (operands and m, n swapped). alpha and beta point to the scalar type.
+inline void cublas_gemm_batched(bool trans_a, bool trans_b, Extent m, Extent n, Extent k, const void* alpha,
+                                const void* A, cudaDataType_t a_type, Extent lda, Extent stride_a, const void* B,
+                                cudaDataType_t b_type, Extent ldb, Extent stride_b, const void* beta, void* C,
+                                cudaDataType_t c_type, Extent ldc, Extent stride_c, Extent batch,
+                                cublasComputeType_t compute) {
+  check_int_sizes("gemm", m, n, k, lda, ldb, ldc);
+  const auto ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  // k == 0: cuBLAS scales C by beta (beta == 0 writes zeros), as the host twin does.
+  DTENSOR_CUBLAS_CHECK(cublasGemmStridedBatchedEx(blas(), tb, ta, int(n), int(m), int(k), alpha, B, b_type, int(ldb),
+                                                  stride_b, A, a_type, int(lda), stride_a, beta, C, c_type, int(ldc),
+                                                  stride_c, int(batch), compute, CUBLAS_GEMM_DEFAULT));
+}
+}  // namespace detail
+
 /// Strided batched form: `batch` products, operand i at A + i * stride_a (likewise B, C).
 template <FloatElement T>
 void gemm_batched(bool trans_a, bool trans_b, T alpha, const T* A, Extent stride_a, const T* B, Extent stride_b, T beta,
                   T* C, Extent stride_c, Extent batch, Extent m, Extent n, Extent k, Extent lda, Extent ldb, Extent ldc) {
   host::detail::check_gemm_args(trans_a, trans_b, A, B, C, m, n, k, lda, ldb, ldc);
   if (m == 0 || n == 0 || batch == 0) return;
-  detail::check_int_sizes("gemm", m, n, k, lda, ldb, ldc);
   using G = detail::GemmTypes<T>;
   const typename G::scalar a = typename G::scalar(alpha), b = typename G::scalar(beta);
-  const auto ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasComputeType_t compute =
       std::is_same_v<T, float> && tf32_allowed() ? CUBLAS_COMPUTE_32F_FAST_TF32 : G::compute;
-  // k == 0: cuBLAS scales C by beta (beta == 0 writes zeros), as the host twin does.
-  DTENSOR_CUBLAS_CHECK(cublasGemmStridedBatchedEx(detail::blas(), tb, ta, int(n), int(m), int(k), &a, B, G::data,
-                                                  int(ldb), stride_b, A, G::data, int(lda), stride_a, &b, C, G::data,
-                                                  int(ldc), stride_c, int(batch), compute, CUBLAS_GEMM_DEFAULT));
+  detail::cublas_gemm_batched(trans_a, trans_b, m, n, k, &a, A, G::data, lda, stride_a, B, G::data, ldb, stride_b, &b,
+                              C, G::data, ldc, stride_c, batch, compute);
+}
+
+/// The scalar type a GEMM of T accumulates in: float for float and bfloat16, double for double.
+template <FloatElement T>
+using gemm_scalar_t = typename detail::GemmTypes<T>::scalar;
+
+/// gemm_batched with the result in the scalar type: operands in T, C in gemm_scalar_t<T>. For
+/// bfloat16 the product of the widened operands without widening them — each product of two bf16
+/// values is exact in float and cuBLAS accumulates in fp32 on bf16 tensor cores, so this is what
+/// a float GEMM of widened copies gives, up to the order of the sums; float and double are
+/// gemm_batched itself.
+template <FloatElement T>
+void gemm_batched_widening(bool trans_a, bool trans_b, gemm_scalar_t<T> alpha, const T* A, Extent stride_a, const T* B,
+                           Extent stride_b, gemm_scalar_t<T> beta, gemm_scalar_t<T>* C, Extent stride_c, Extent batch,
+                           Extent m, Extent n, Extent k, Extent lda, Extent ldb, Extent ldc) {
+  if constexpr (std::is_same_v<T, gemm_scalar_t<T>>) {
+    gemm_batched<T>(trans_a, trans_b, alpha, A, stride_a, B, stride_b, beta, C, stride_c, batch, m, n, k, lda, ldb, ldc);
+  } else {
+    // The checks read C only for null: seen as a T* for the one-type signature.
+    host::detail::check_gemm_args(trans_a, trans_b, A, B, static_cast<const T*>(static_cast<const void*>(C)), m, n, k,
+                                  lda, ldb, ldc);
+    if (m == 0 || n == 0 || batch == 0) return;
+    using G = detail::GemmTypes<T>;
+    detail::cublas_gemm_batched(trans_a, trans_b, m, n, k, &alpha, A, G::data, lda, stride_a, B, G::data, ldb, stride_b,
+                                &beta, C, detail::GemmTypes<gemm_scalar_t<T>>::data, ldc, stride_c, batch, G::compute);
+  }
 }
 
 /// C[m,n] = alpha * op(A)[m,k] * op(B)[k,n] + beta * C, row-major, device pointers.
