@@ -24,10 +24,15 @@
 // pipeline program, the experts on the expert mesh over each stage's ranks (ep of them splitting
 // the experts, as the trainer's), not sharded, all-reduced on "edp", in the one AdamW (their state in T).
 // Routing is the balanced one a dry run assumes (nn::route_balanced): every expert gets its
-// share of every rank's tokens, so every rank of an "ep" group sends and receives alike.
+// share of every rank's tokens. Any number of experts over any ep dividing dp x cp, as the
+// runtime (parallel/experts.hpp: chunk_range, 5 over 2 is 3 + 2; fewer experts than ep leaves
+// ranks without one): an expert rank holds, computes and receives for its share, so uneven shares
+// are rank classes of their own (below) and the plan's per-rank figures are the largest share's.
 //
 // Rank classes: pipeline ranks by what their stages hold (first / last, layers per stage), the
-// data dimensions by their chunk of the micro-batch, the tensor dimension by its heads. The
+// data dimensions by their chunk of the micro-batch, the tensor dimension by its heads; with
+// experts that do not divide over ep, also by the expert rank's share (its ep coordinate is its
+// position among the stage's data x context ranks modulo ep: parallel::make_expert_mesh). The
 // phases are those the cost model reads ("forward" and "backward" are one micro-batch of this
 // rank's stages); the last, "after step" (no work), starts with what the step leaves held. The activations of the micro-batches a schedule keeps in flight are not run:
 // peak_in_flight adds (in flight - 1) times one micro-batch's saved activations per stage to the
@@ -134,9 +139,9 @@ inline void check_plan(const TrainingPlan& p) {
   if (p.has_experts()) {
     nn::check_router_config(p.moe.router, op);
     const long long tokens_ranks = 1LL * p.dp * p.cp;  // fits: the GPU count did
-    if (p.ep < 1 || tokens_ranks % p.ep != 0 || p.moe.router.experts % p.ep != 0)
-      fail("ep ", p.ep, " must divide dp x cp = ", tokens_ranks, " (the ranks that split the tokens) and the ",
-           p.moe.router.experts, " experts");
+    // Any expert count over ep, as the runtime splits them (parallel/experts.hpp: chunk_range).
+    if (p.ep < 1 || tokens_ranks % p.ep != 0)
+      fail("ep ", p.ep, " must divide dp x cp = ", tokens_ranks, " (the ranks that split the tokens)");
   }
 }
 
@@ -384,10 +389,19 @@ std::vector<PlanClass> dry_run_plan(const TrainingPlan& p) {
     // Context ranks hold chunks of the sequence; their causal work is equal under load balancing
     // and Ulysses (each rank attends the whole sequence for its heads), else it grows with the rank.
     const bool equal_context_work = p.cp_balanced || p.cp_kind == parallel::ContextKind::ulysses;
-    const auto classes = rank_classes<5>(
-        shape, {DimensionWork::keyed(detail::pipeline_rank_keys(p, schedule)), DimensionWork::splitting({p.micro_batch()}),
-                DimensionWork::splitting({per_replica}),
-                equal_context_work ? DimensionWork::splitting({p.model.seq}) : DimensionWork::distinct(), tensor});
+    const std::array<DimensionWork, 5> work{
+        DimensionWork::keyed(detail::pipeline_rank_keys(p, schedule)), DimensionWork::splitting({p.micro_batch()}),
+        DimensionWork::splitting({per_replica}),
+        equal_context_work ? DimensionWork::splitting({p.model.seq}) : DimensionWork::distinct(), tensor};
+    const Extent experts = p.moe.router.experts;
+    // Experts that do not divide over ep: the share of the expert rank (its token-rank index modulo ep).
+    const auto classes = p.has_experts() && experts % p.ep != 0
+                             ? rank_classes<5>(shape, work, {false, true, true, true, false},
+                                               [&](const std::array<int, 5>& c) {
+                                                 const int t = (c[1] * shape[2] + c[2]) * shape[3] + c[3];
+                                                 return chunk_range(experts, p.ep, t % p.ep).size();
+                                               })
+                             : rank_classes<5>(shape, work);
     auto reports = dry_run<5>(shape, classes, [&](CommPtr world, Recorder& rec) {
       detail::pipeline_rank_step<T, Layers, SP>(std::move(world), p, schedule, rec);
     });
