@@ -122,8 +122,13 @@ MoEGroupsRun run_moe_ddp_groups(CommPtr world, std::array<int, 2> shape, int ep,
   ddp.attach(model);
   MoEGroupsRun out;
   parallel::DataParallel<ExpertMesh> count(emesh, {.bucket_bytes = 4096});
-  for (auto& u : *std::get<1>(nn::parameter_groups(model)).units) out.expected_edp_buckets += count.num_buckets(u.params);
-  train_moe_groups(model, mesh, all, [&] { ddp.finish_gradient_sync(); }, [] {}, out);
+  auto sync = [&] {
+    // The expert units' buckets, planned while their gradients are still pending (Partial on "edp").
+    if (out.expected_edp_buckets == 0)
+      for (auto& u : *std::get<1>(nn::parameter_groups(model)).units) out.expected_edp_buckets += count.num_buckets(u.params);
+    ddp.finish_gradient_sync();
+  };
+  train_moe_groups(model, mesh, all, sync, [] {}, out);
   return out;
 }
 
