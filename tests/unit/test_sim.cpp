@@ -1302,6 +1302,10 @@ TEST_CASE("sim: experts that do not divide over ep (5 over 2): the plan runs, an
   for (int r = 0; r < p.gpus(); ++r) {
     INFO("rank " << r << " at " << to_string(every_rank[std::size_t(r)].coordinate));
     CHECK(of_classes.count(memory_and_traffic(each[std::size_t(r)])) == 1);
+    if (r == 4 || r == 1) {
+      std::printf("=== rank %d\n%s\n=== rank 0\n%s\n", r, memory_and_traffic(each[std::size_t(r)]).c_str(),
+                  memory_and_traffic(each[0]).c_str());
+    }
     params_by_stage[every_rank[std::size_t(r)].coordinate[0]].insert(each[std::size_t(r)].phase("parameters").end[tag]);
   }
   // Per pipeline rank two figures: 3 experts or 2 in its one MoE block, one expert's fc1, fc2

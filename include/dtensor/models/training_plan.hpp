@@ -337,7 +337,17 @@ void sharded_step(CommPtr world, const TrainingPlan& p, Recorder& rec) {
     model.emplace(mesh, p.model);
   }
   auto fsdp = parallel::fully_shard<float>(*model, mesh, {.stage = p.zero});
-  optim::AdamW<float, 3, meta_space> opt(fsdp.params(), adamw_options());
+  // A model with parameters on several meshes (MoE: a FullyShardGroups) gives every group's
+  // shards as one set: one optimizer, one clip; the sequence-parallel sync is the dense list's.
+  constexpr bool groups = requires { fsdp.params().template list<0>(); };
+  auto opt = [&] {
+    if constexpr (groups) return optim::make_adamw(fsdp.params(), adamw_options());
+    else return optim::AdamW<float, 3, meta_space>(fsdp.params(), adamw_options());
+  }();
+  auto& dense = [&]() -> auto& {
+    if constexpr (groups) return fsdp.params().template list<0>();
+    else return fsdp.params();
+  }();
   const auto ids = meta_ids<typename Model::Ids>(mesh, p);
   opt.zero_grad();
   rec.phase("forward", /*overlapped=*/true);
@@ -352,8 +362,9 @@ void sharded_step(CommPtr world, const TrainingPlan& p, Recorder& rec) {
   }
   rec.phase("optimizer");
   fsdp.finish_gradient_sync();
-  parallel::sequence_parallel_grads(fsdp.params(), mesh, {.bucket_bytes = bucket_bytes});
-  optim::clip_grad_norm(fsdp.params(), mesh, 1.0);
+  parallel::sequence_parallel_grads(dense, mesh, {.bucket_bytes = bucket_bytes});
+  if constexpr (groups) optim::clip_grad_norm(fsdp.params(), 1.0);
+  else optim::clip_grad_norm(dense, mesh, 1.0);
   opt.step();
   fsdp.sync_parameters();
   rec.phase(after_step);
