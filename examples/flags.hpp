@@ -85,16 +85,18 @@ inline void check_output_file(const std::string& flag, const std::string& file) 
 /// machine's memory): `bytes` is a lower bound of what the flags ask for (`sizes` says from
 /// which flags), so that a huge size is an error naming the flags before anything is
 /// allocated, not minutes of allocating, a bare std::bad_alloc or a tensor's "cannot
-/// allocate" that names no flag. A lower bound never refuses a run that fits.
-inline void check_fits_memory(long double bytes, const std::string& sizes) {
+/// allocate" that names no flag. A lower bound never refuses a run that fits. `per_process`:
+/// MPI ranks are processes, `bytes` is one's share (the message says so). Both trainers' check.
+inline void check_fits_memory(long double bytes, const std::string& sizes, bool per_process = false) {
   long double limit = (long double)sysconf(_SC_PHYS_PAGES) * (long double)sysconf(_SC_PAGESIZE);
   const char* what = "the machine's memory";
   if (rlimit r{}; getrlimit(RLIMIT_AS, &r) == 0 && r.rlim_cur != RLIM_INFINITY && (long double)r.rlim_cur < limit)
     limit = (long double)r.rlim_cur, what = "this process's address-space limit (ulimit -v)";
   if (limit <= 0 || bytes <= limit) return;
-  char text[160];
-  std::snprintf(text, sizeof text, " need at least %.3Lg GiB, more than %s (%.3Lg GiB); nothing was allocated",
-                bytes / (1024.0L * 1024 * 1024), what, limit / (1024.0L * 1024 * 1024));
+  char text[192];
+  std::snprintf(text, sizeof text, " need at least %.3Lg GiB %s, more than %s (%.3Lg GiB); nothing was allocated",
+                bytes / (1024.0L * 1024 * 1024), per_process ? "per process" : "in this process", what,
+                limit / (1024.0L * 1024 * 1024));
   throw UsageError(sizes + text);
 }
 

@@ -60,7 +60,6 @@
 #include <string_view>
 #include <vector>
 
-#include <sys/resource.h>  // getrlimit: the memory estimate
 #include <unistd.h>  // access, sysconf
 
 #include "dtensor/models/gpt_config.hpp"
@@ -1240,22 +1239,14 @@ inline void check_memory_estimate(const Options& o, const Corpus& corpus) {
   // And one step's activations: at least one float per token and model dimension, for the whole
   // batch (--batch 2147483648 allocated for minutes before this was counted).
   const long double activations = (long double)o.batch * (long double)o.seq * d;
-  const long double bytes = (params * 16.0L + activations * 4.0L) / (o.backend == "mpi" ? (long double)o.ranks() : 1.0L);
-  long double limit = (long double)sysconf(_SC_PHYS_PAGES) * (long double)sysconf(_SC_PAGESIZE);
-  const char* what = "the machine's memory";
-  if (rlimit r{}; getrlimit(RLIMIT_AS, &r) == 0 && r.rlim_cur != RLIM_INFINITY && (long double)r.rlim_cur < limit)
-    limit = (long double)r.rlim_cur, what = "this process's address-space limit (ulimit -v)";
-  if (limit <= 0 || bytes <= limit) return;
-  char text[512];
-  std::snprintf(text, sizeof text,
+  const bool mpi = o.backend == "mpi";
+  char sizes[512];
+  std::snprintf(sizes, sizeof sizes,
                 "the model has about %.3Lg parameters (--layers %lld, --dim %lld%s) and a step %.3Lg activations (--batch "
-                "%lld x --seq %lld x --dim): their values, gradients, AdamW moments and one activation per token "
-                "need at least %.3Lg GiB %s, more than %s (%.3Lg GiB); nothing was allocated",
+                "%lld x --seq %lld x --dim): their values, gradients, AdamW moments and one activation per token",
                 params, (long long)o.layers, (long long)o.dim, o.experts > 0 ? ", --experts" : "", activations,
-                (long long)o.batch, (long long)o.seq,
-                bytes / (1024.0L * 1024 * 1024), o.backend == "mpi" ? "per process" : "in this process", what,
-                limit / (1024.0L * 1024 * 1024));
-  throw std::runtime_error(text);
+                (long long)o.batch, (long long)o.seq);
+  examples::check_fits_memory((params * 16.0L + activations * 4.0L) / (mpi ? (long double)o.ranks() : 1.0L), sizes, mpi);
 }
 
 /// The run without a GPU (train_gpt): --device cuda is refused by parse already.

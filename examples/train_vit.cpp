@@ -123,12 +123,14 @@ void check_memory(const Options& o) {
   const L params = L(o.layers) * 4 * d * d + (L(o.layers) - moe_layers) * 2 * d * mlp +
                    moe_layers * L(o.experts) * 2 * d * mlp + (L(o.patch_dim) + L(o.patches) + L(o.classes)) * d;
   const L activations = L(o.batch) * L(o.patches) * (d + L(o.patch_dim));
-  examples::check_fits_memory((params * 16 + activations * 4) / (o.backend == "mpi" ? L(o.ranks()) : 1),
+  const bool mpi = o.backend == "mpi";
+  examples::check_fits_memory((params * 16 + activations * 4) / (mpi ? L(o.ranks()) : 1),
                               "the model's parameters (--layers " + str(o.layers) + ", --dim " + str(o.dim) +
                                   ", --patch-dim " + str(o.patch_dim) + ", --patches " + str(o.patches) + ", --classes " +
                                   str(o.classes) + (o.experts > 0 ? ", --experts " + str(o.experts) : "") +
                                   ") with their gradients and AdamW moments, and a step's activations (--batch " +
-                                  str(o.batch) + " x --patches x --dim)");
+                                  str(o.batch) + " x --patches x --dim)",
+                              mpi);
 }
 
 /// Every flag's value, for the ranks' agreement at setup (a rank given another --seed trained
@@ -319,6 +321,36 @@ void train_pipeline(CommPtr world, const Options& o) {
   if (root) print_summary(o, elapsed, train_loss, first_val, val_loss);
 }
 
+/// The whole model's data parallelism, for the run and its dry run alike: DDP over "dp" (a 3-D
+/// mesh, no "fsdp"), each unit's all-reduce as the backward finishes it, or fully_shard over
+/// "fsdp" (HSDP: replicas over "dp"). Calls body(ps, finish, after_step): ps the optimizer's
+/// parameters, finish the data dimensions' gradient sync, after_step ZeRO-1/2's all-gather.
+template <class Model, class Mesh, class Body>
+void with_data_parallel(Model& model, const Mesh& mesh, const Options& o, Body&& body) {
+  if constexpr (Mesh::ndim == 3) {
+    nn::ParamList<float, 3, mesh_space_t<Mesh>> ps;
+    nn::collect(model, ps);
+    parallel::DataParallel<Mesh> ddp(mesh);
+    ddp.attach(model);
+    body(ps, [&] { ddp.finish_gradient_sync(); }, [] {});
+  } else {
+    auto fsdp = parallel::fully_shard(model, mesh, {.stage = o.zero});
+    body(fsdp.params(), [&] { fsdp.finish_gradient_sync(); }, [&] { fsdp.sync_parameters(); });
+  }
+}
+
+/// A step's tail after the backward, for the run and its dry run alike: the data dimensions'
+/// gradient sync, the context and (SP) tensor dimensions', the clip at norm 1, AdamW, after_step.
+template <class Params, class Mesh, class Opt, class Finish, class AfterStep>
+void step_tail(Params& ps, const Mesh& mesh, Opt& opt, Finish& finish, AfterStep& after_step) {
+  finish();
+  parallel::context_parallel_grads(ps, mesh);
+  parallel::sequence_parallel_grads(ps, mesh);
+  optim::clip_grad_norm(ps, mesh, 1.0);
+  opt.step();
+  after_step();
+}
+
 template <class Plan, class Mesh>
 void train(CommPtr world, const Options& o, const Mesh& mesh) {
   const nn::ViTConfig cfg = config_of(o);
@@ -340,9 +372,7 @@ void train(CommPtr world, const Options& o, const Mesh& mesh) {
   };
   const auto val = batch_of(1'000'000 + o.seed);  // held out: no training step draws this seed
 
-  // The loop, for DDP and for FSDP alike: ps the optimizer's parameters, finish the data
-  // dimensions' gradient sync, after_step ZeRO-1/2's all-gather of the updated shards.
-  auto loop = [&](nn::ParamList<float, Mesh::ndim>& ps, auto finish, auto after_step) {
+  with_data_parallel(model, mesh, o, [&](auto& ps, auto finish, auto after_step) {
     optim::AdamW<float, Mesh::ndim> opt(ps, adamw_of(o));
     double first_val = 0, val_loss = 0, train_loss = 0, elapsed = 0;
     for (int step = 1; step <= o.steps; ++step) {
@@ -353,12 +383,7 @@ void train(CommPtr world, const Options& o, const Mesh& mesh) {
       opt.zero_grad();
       auto [loss, saved] = model.forward(images, labels);
       model.backward(std::move(saved));
-      finish();
-      parallel::context_parallel_grads(ps, mesh);
-      parallel::sequence_parallel_grads(ps, mesh);
-      optim::clip_grad_norm(ps, mesh, 1.0);
-      opt.step();
-      after_step();
+      step_tail(ps, mesh, opt, finish, after_step);
       elapsed += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       train_loss = full_tensor(loss)[0];
       if (root) std::printf("step %4d  loss %.4f\n", step, train_loss);
@@ -368,17 +393,7 @@ void train(CommPtr world, const Options& o, const Mesh& mesh) {
       }
     }
     if (root) print_summary(o, elapsed, train_loss, first_val, val_loss);
-  };
-  if constexpr (Mesh::ndim == 3) {  // DDP over "dp", the all-reduce of each unit as the backward finishes it
-    nn::ParamList<float, 3> ps;
-    nn::collect(model, ps);
-    parallel::DataParallel<Mesh> ddp(mesh);
-    ddp.attach(model);
-    loop(ps, [&] { ddp.finish_gradient_sync(); }, [] {});
-  } else {  // FSDP / ZeRO over "fsdp" (HSDP: replicas over "dp")
-    auto fsdp = parallel::fully_shard(model, mesh, {.stage = o.zero});
-    loop(fsdp.params(), [&] { fsdp.finish_gradient_sync(); }, [&] { fsdp.sync_parameters(); });
-  }
+  });
 }
 
 // ---------------------------------------------------------------- --dry-run
@@ -434,7 +449,7 @@ void dry_step(CommPtr world, const Options& o, sim::Recorder& rec, const std::ar
     MemoryTagScope tag(MemoryTag::parameters);
     model.emplace(mesh, config_of(o));
   }
-  auto step = [&](nn::ParamList<float, Mesh::ndim, meta_space>& ps, auto finish, auto after_step) {
+  with_data_parallel(*model, mesh, o, [&](auto& ps, auto finish, auto after_step) {
     optim::AdamW<float, Mesh::ndim, meta_space> opt(ps, adamw_of(o));
     opt.zero_grad();
     const auto x = distribute_replicated<typename Model::Images::layout>(
@@ -452,24 +467,9 @@ void dry_step(CommPtr world, const Options& o, sim::Recorder& rec, const std::ar
     }
     rec.phase("optimizer");
     MemoryTagScope optimizer_tag(MemoryTag::other);
-    finish();
-    parallel::context_parallel_grads(ps, mesh);
-    parallel::sequence_parallel_grads(ps, mesh);
-    optim::clip_grad_norm(ps, mesh, 1.0);
-    opt.step();
-    after_step();
+    step_tail(ps, mesh, opt, finish, after_step);
     rec.phase(sim::detail::after_step);
-  };
-  if constexpr (Mesh::ndim == 3) {
-    nn::ParamList<float, 3, meta_space> ps;
-    nn::collect(*model, ps);
-    parallel::DataParallel<Mesh> ddp(mesh);
-    ddp.attach(*model);
-    step(ps, [&] { ddp.finish_gradient_sync(); }, [] {});
-  } else {
-    auto fsdp = parallel::fully_shard(*model, mesh, {.stage = o.zero});
-    step(fsdp.params(), [&] { fsdp.finish_gradient_sync(); }, [&] { fsdp.sync_parameters(); });
-  }
+  });
 }
 
 /// The rank classes of a mesh whose last four dimensions are (dp, fsdp, cp, tp) ((dp, cp, tp)

@@ -102,6 +102,67 @@ TEST_CASE("MoE GPT parity: a capacity that drops drops the same tokens on every 
   check_moe<nn::ReplicatedPlan>(4, 1, 2, mc, ref);
 }
 
+namespace {
+/// Runs f(world) -> MoEGroupsRun on n threads; the errors `check(run)` finds, per rank.
+template <class F, class C>
+std::string on_threads(int n, F f, C check) {
+  std::mutex m;
+  std::string errors;
+  threads::run(n, [&](CommPtr world) {
+    auto r = f(world);
+    std::string e = check(r);
+    if (!e.empty()) {
+      std::lock_guard lock(m);
+      errors += "rank " + std::to_string(world->rank()) + ": " + e + "\n";
+    }
+  });
+  return errors;
+}
+}  // namespace
+
+TEST_CASE("MoE GPT: DataParallel and fully_shard take every parameter group, the experts over \"edp\" (E=5 over ep 2)",
+          "[parity][moe][groups]") {
+  // 5 experts over 2 expert ranks (3 + 2), edp 2 x ep 2 on 4 ranks; no caller code for the experts.
+  const auto mc = moe_parity_config(5, 2, 1);
+  const auto ref = reference(mc);
+  const std::size_t moe_blocks = std::size_t(parity_config().layers / mc.every);
+
+  SECTION("DataParallel::attach: the experts' buckets all-reduced on edp, the dense ones on dp") {
+    const auto errors = on_threads(
+        4, [&](CommPtr w) { return run_moe_ddp_groups<nn::ReplicatedPlan>(w, {4, 1}, 2, mc); },
+        [&](const MoEGroupsRun& r) {
+          std::string e = compare_losses(r.losses, ref, 1e-12);
+          const Counts expected{{"all_reduce/edp", r.expected_edp_buckets}};
+          if (r.expected_edp_buckets < moe_blocks || r.expert_sync != expected)
+            e += " edp collectives " + to_string(r.expert_sync) + " expected " + to_string(expected);
+          if (r.dense_sync.count("all_reduce/dp") == 0) e += " no all-reduce on dp";
+          return e;
+        });
+    INFO(errors);
+    CHECK(errors.empty());
+  }
+  for (int zero : {1, 2, 3}) {
+    DYNAMIC_SECTION("fully_shard ZeRO-" << zero << ": the experts sharded over edp, the dense units over fsdp") {
+      const auto errors = on_threads(
+          4, [&](CommPtr w) { return run_moe_fsdp<nn::ReplicatedPlan>(w, {1, 4, 1}, 2, mc, zero); },
+          [&](const MoEGroupsRun& r) {
+            std::string e = compare_losses(r.losses, ref, 1e-12);
+            // Per expert unit: one reduce-scatter of its gradients; its values all-gathered once
+            // after the step (ZeRO-1/2) or before its forward and its backward (ZeRO-3).
+            const std::size_t u = r.expert_units;
+            const Counts expected{{"all_gather/edp", zero == 3 ? 2 * u : u}, {"reduce_scatter/edp", u}};
+            if (u != moe_blocks || r.expert_sync != expected)
+              e += " edp collectives " + to_string(r.expert_sync) + " (" + std::to_string(u) + " expert units) expected " +
+                   to_string(expected);
+            if (r.dense_sync.count("reduce_scatter/fsdp") == 0) e += " no reduce-scatter on fsdp";
+            return e;
+          });
+      INFO(errors);
+      CHECK(errors.empty());
+    }
+  }
+}
+
 TEST_CASE("MoE GPT: bad configurations are errors", "[moe]") {
   threads::run(2, [&](CommPtr world) {
     GptMesh mesh(world, {2, 1});

@@ -463,6 +463,8 @@ const std::vector<double>& toy_mixture_reference() {
       if (all.list<1>().size() != 4 * std::size_t(Toy::blocks))  // every block's expert fc1/fc2 weights and biases
         throw std::runtime_error("nn::parameter_set: the experts are not a group of their own");
       auto opt = optim::make_adamw(all, parity_adamw());
+      parallel::DataParallel<GptMesh> ddp(mesh);  // one rank: marks every group's gradients reduced
+      ddp.attach(model);
       for (int step = 0; step < mixture_steps; ++step) {
         auto [x, labels] = toy_batch_of(step);
         opt.zero_grad();
@@ -470,8 +472,7 @@ const std::vector<double>& toy_mixture_reference() {
                                           distribute_replicated<Toy::Target::layout>(mesh, labels));
         losses.push_back(full_tensor(*out.loss)[0]);
         model.backward(std::move(saved), std::nullopt, 1.0);
-        parallel::DataParallel<GptMesh>(mesh).all_reduce_gradients(all.list<0>());
-        parallel::DataParallel<ToyExperts>(emesh).all_reduce_gradients(all.list<1>());
+        ddp.finish_gradient_sync();
         optim::clip_grad_norm(all, 1.0);
         opt.step();
       }
@@ -482,6 +483,24 @@ const std::vector<double>& toy_mixture_reference() {
 }
 
 }  // namespace
+
+/// The toy without its declaration: its experts' mesh is neither the model's nor declared.
+template <MeshType Mesh, MeshType EMesh>
+struct UndeclaredToy : ToyMixtureClassifier<Mesh, EMesh> {
+  using ToyMixtureClassifier<Mesh, EMesh>::ToyMixtureClassifier;
+  void parameter_meshes() const = delete;
+};
+
+TEST_CASE("pipeline: a parameter on a mesh the model does not declare is a clear error", "[pipeline][split][moe]") {
+  threads::run(1, [&](CommPtr w) {
+    GptMesh mesh(w, {1, 1});
+    auto emesh = parallel::make_expert_mesh<ToyExperts>(mesh, 1);
+    using U = UndeclaredToy<GptMesh, ToyExperts>;
+    U toy(mesh, emesh);
+    CHECK_THROWS_WITH(nn::Stack<U>(toy, nn::Stack<U>::all(toy)),
+                      Catch::Contains("part mix0 has 4 parameters on a mesh that is neither the model's nor one it declares"));
+  });
+}
 
 TEST_CASE("pipeline: a user's MoE layer (experts on a second mesh) through ShardedPipeline, one AdamW, one clip and a "
           "checkpoint round trip, against one rank",

@@ -268,9 +268,9 @@ const std::vector<double>& whole_reference() {
       using Model = decltype(model);
       nn::ParamList<double, 3> dense;
       nn::collect_on<DdpMesh>(model, dense);
-      parallel::DataParallel<DdpMesh> ddp(mesh);  // one rank: marks the gradients reduced
+      parallel::DataParallel<DdpMesh> ddp(mesh);  // one rank: marks the gradients reduced (MoE: the experts' too)
       ddp.attach(model);
-      auto run = [&](auto all, auto sync_experts) {
+      auto run = [&](auto all) {
         auto opt = optim::make_adamw(all, pipe_adamw);
         for (int step = 0; step < steps; ++step) {
           auto [x, y] = nn::synthetic_images<double>(cfg, pipe_batch, std::uint64_t(step));
@@ -280,18 +280,13 @@ const std::vector<double>& whole_reference() {
           model.backward(std::move(saved));
           ddp.finish_gradient_sync();
           parallel::context_parallel_grads(dense, mesh);  // one rank: marks them reduced
-          sync_experts(all);
           optim::clip_grad_norm(all, 1.0);
           opt.step();
           losses.push_back(full_tensor(loss)[0]);
         }
       };
-      if constexpr (MoE) {
-        parallel::DataParallel<EMesh> expert_ddp(model.layers().expert_mesh());
-        run(nn::parameter_set(model), [&](auto& all) { expert_ddp.all_reduce_gradients(all.template list<1>()); });
-      } else {
-        run(nn::param_set(nn::on(mesh, dense)), [](auto&) {});
-      }
+      if constexpr (MoE) run(nn::parameter_set(model));
+      else run(nn::param_set(nn::on(mesh, dense)));
     });
     return losses;
   }();

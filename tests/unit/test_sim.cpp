@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <set>
 #include <mutex>
 #include <numeric>
 #include <random>
@@ -1266,6 +1267,59 @@ TEST_CASE("sim: expert parallelism, dry: the routed rows' all-to-alls and the ex
                       return bad;
                     }()),
                     Catch::Contains("ep 3 must divide dp x cp = 4"));
+}
+
+TEST_CASE("sim: experts that do not divide over ep (5 over 2): the plan runs, and its classes are every rank's work",
+          "[sim][moe]") {
+  // The GPT of the test above, PP 2 x DP 4 x TP 2, MoE in blocks 1 and 3 with 5 experts over ep 2:
+  // the expert ranks hold 3 and 2 experts (chunk_range), alternating over the data ranks.
+  constexpr Extent dim = 64, hidden = 4 * dim, experts = 5;
+  using Layers = nn::MoELayers<dtensor::bfloat16, MetaMesh<"edp", "ep", "tp">>;
+  sim::TrainingPlan p{.model = {.vocab = 512, .seq = 64, .dim = dim, .heads = 4, .layers = 4, .mlp_ratio = 4},
+                      .batch = 16, .microbatches = 4, .dp = 4, .tp = 2, .pp = 2};
+  p.moe.router.experts = experts;
+  p.moe.router.topk = 2;
+  p.moe.every = 2;
+  p.ep = 2;
+  REQUIRE_NOTHROW(sim::check_plan(p));
+  const auto classes = sim::dry_run_plan<dtensor::bfloat16, Layers, true>(p);
+  std::int64_t covered = 0;
+  for (const auto& c : classes) covered += c.report.ranks;
+  CHECK(covered == p.gpus());
+  // The step of every rank on its own (the same program, one class per rank): each rank's memory
+  // and traffic is its class's, so the classes' largest figures are the ranks' largest.
+  const auto shape = sim::detail::pipeline_shape(p);
+  const auto schedule = sim::detail::plan_schedule(p);
+  std::vector<sim::RankClass<5>> every_rank;
+  for (int r = 0; r < p.gpus(); ++r) every_rank.push_back({detail::row_major_coordinate(shape, r), 1});
+  const auto each = sim::dry_run<5>(shape, every_rank, [&](CommPtr world, sim::Recorder& rec) {
+    sim::detail::pipeline_rank_step<dtensor::bfloat16, Layers, true>(std::move(world), p, schedule, rec);
+  });
+  // A pipeline send's peer is a rank of the whole world: the one thing ranks of a class do not share.
+  auto without_peers = [](std::string s) {
+    for (std::size_t at = s.find(" peer="); at != std::string::npos; at = s.find(" peer=", at)) {
+      const std::size_t end = s.find('\n', at);
+      s.erase(at, end - at);
+    }
+    return s;
+  };
+  std::set<std::string> of_classes;
+  for (const auto& c : classes) of_classes.insert(without_peers(memory_and_traffic(c.report)));
+  const auto tag = std::size_t(MemoryTag::optimizer_state);
+  std::map<int, std::set<std::int64_t>> state_by_stage;  // pipeline rank -> AdamW state bytes of its ranks
+  for (int r = 0; r < p.gpus(); ++r) {
+    INFO("rank " << r << " at " << to_string(every_rank[std::size_t(r)].coordinate));
+    CHECK(of_classes.count(without_peers(memory_and_traffic(each[std::size_t(r)]))) == 1);
+    state_by_stage[every_rank[std::size_t(r)].coordinate[0]].insert(each[std::size_t(r)].phase("optimizer").end[tag]);
+  }
+  // Per pipeline rank two figures: 3 experts or 2 in its one MoE block, AdamW's two moments (in
+  // T) of one expert's fc1, fc2 and biases (replicated on "tp") apart.
+  const std::int64_t one_expert = (2 * hidden * dim + hidden + dim) * std::int64_t(sizeof(dtensor::bfloat16));
+  for (const auto& [stage, bytes] : state_by_stage) {
+    INFO("pipeline rank " << stage);
+    REQUIRE(bytes.size() == 2);
+    CHECK(*bytes.rbegin() - *bytes.begin() == 2 * one_expert);
+  }
 }
 
 TEST_CASE("sim: the Chrome trace of an estimated step is strict JSON with its two tracks", "[sim][cost]") {

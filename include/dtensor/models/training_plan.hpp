@@ -24,10 +24,15 @@
 // pipeline program, the experts on the expert mesh over each stage's ranks (ep of them splitting
 // the experts, as the trainer's), not sharded, all-reduced on "edp", in the one AdamW (their state in T).
 // Routing is the balanced one a dry run assumes (nn::route_balanced): every expert gets its
-// share of every rank's tokens, so every rank of an "ep" group sends and receives alike.
+// share of every rank's tokens. Any number of experts over any ep dividing dp x cp, as the
+// runtime (parallel/experts.hpp: chunk_range, 5 over 2 is 3 + 2; fewer experts than ep leaves
+// ranks without one): an expert rank holds, computes and receives for its share, so uneven shares
+// are rank classes of their own (below) and the plan's per-rank figures are the largest share's.
 //
 // Rank classes: pipeline ranks by what their stages hold (first / last, layers per stage), the
-// data dimensions by their chunk of the micro-batch, the tensor dimension by its heads. The
+// data dimensions by their chunk of the micro-batch, the tensor dimension by its heads; with
+// experts that do not divide over ep, also by the expert rank's share (its ep coordinate is its
+// position among the stage's data x context ranks modulo ep: parallel::make_expert_mesh). The
 // phases are those the cost model reads ("forward" and "backward" are one micro-batch of this
 // rank's stages); the last, "after step" (no work), starts with what the step leaves held. The activations of the micro-batches a schedule keeps in flight are not run:
 // peak_in_flight adds (in flight - 1) times one micro-batch's saved activations per stage to the
@@ -134,9 +139,9 @@ inline void check_plan(const TrainingPlan& p) {
   if (p.has_experts()) {
     nn::check_router_config(p.moe.router, op);
     const long long tokens_ranks = 1LL * p.dp * p.cp;  // fits: the GPU count did
-    if (p.ep < 1 || tokens_ranks % p.ep != 0 || p.moe.router.experts % p.ep != 0)
-      fail("ep ", p.ep, " must divide dp x cp = ", tokens_ranks, " (the ranks that split the tokens) and the ",
-           p.moe.router.experts, " experts");
+    // Any expert count over ep, as the runtime splits them (parallel/experts.hpp: chunk_range).
+    if (p.ep < 1 || tokens_ranks % p.ep != 0)
+      fail("ep ", p.ep, " must divide dp x cp = ", tokens_ranks, " (the ranks that split the tokens)");
   }
 }
 
@@ -332,7 +337,17 @@ void sharded_step(CommPtr world, const TrainingPlan& p, Recorder& rec) {
     model.emplace(mesh, p.model);
   }
   auto fsdp = parallel::fully_shard<float>(*model, mesh, {.stage = p.zero});
-  optim::AdamW<float, 3, meta_space> opt(fsdp.params(), adamw_options());
+  // A model with parameters on several meshes (MoE: a FullyShardGroups) gives every group's
+  // shards as one set: one optimizer, one clip; the sequence-parallel sync is the dense list's.
+  constexpr bool groups = requires { fsdp.params().template list<0>(); };
+  auto opt = [&] {
+    if constexpr (groups) return optim::make_adamw(fsdp.params(), adamw_options());
+    else return optim::AdamW<float, 3, meta_space>(fsdp.params(), adamw_options());
+  }();
+  auto& dense = [&]() -> auto& {
+    if constexpr (groups) return fsdp.params().template list<0>();
+    else return fsdp.params();
+  }();
   const auto ids = meta_ids<typename Model::Ids>(mesh, p);
   opt.zero_grad();
   rec.phase("forward", /*overlapped=*/true);
@@ -347,8 +362,9 @@ void sharded_step(CommPtr world, const TrainingPlan& p, Recorder& rec) {
   }
   rec.phase("optimizer");
   fsdp.finish_gradient_sync();
-  parallel::sequence_parallel_grads(fsdp.params(), mesh, {.bucket_bytes = bucket_bytes});
-  optim::clip_grad_norm(fsdp.params(), mesh, 1.0);
+  parallel::sequence_parallel_grads(dense, mesh, {.bucket_bytes = bucket_bytes});
+  if constexpr (groups) optim::clip_grad_norm(fsdp.params(), 1.0);
+  else optim::clip_grad_norm(dense, mesh, 1.0);
   opt.step();
   fsdp.sync_parameters();
   rec.phase(after_step);
@@ -384,10 +400,19 @@ std::vector<PlanClass> dry_run_plan(const TrainingPlan& p) {
     // Context ranks hold chunks of the sequence; their causal work is equal under load balancing
     // and Ulysses (each rank attends the whole sequence for its heads), else it grows with the rank.
     const bool equal_context_work = p.cp_balanced || p.cp_kind == parallel::ContextKind::ulysses;
-    const auto classes = rank_classes<5>(
-        shape, {DimensionWork::keyed(detail::pipeline_rank_keys(p, schedule)), DimensionWork::splitting({p.micro_batch()}),
-                DimensionWork::splitting({per_replica}),
-                equal_context_work ? DimensionWork::splitting({p.model.seq}) : DimensionWork::distinct(), tensor});
+    const std::array<DimensionWork, 5> work{
+        DimensionWork::keyed(detail::pipeline_rank_keys(p, schedule)), DimensionWork::splitting({p.micro_batch()}),
+        DimensionWork::splitting({per_replica}),
+        equal_context_work ? DimensionWork::splitting({p.model.seq}) : DimensionWork::distinct(), tensor};
+    const Extent experts = p.moe.router.experts;
+    // Experts that do not divide over ep: the share of the expert rank (its token-rank index modulo ep).
+    const auto classes = p.has_experts() && experts % p.ep != 0
+                             ? rank_classes<5>(shape, work, {false, true, true, true, false},
+                                               [&](const std::array<int, 5>& c) {
+                                                 const int t = (c[1] * shape[2] + c[2]) * shape[3] + c[3];
+                                                 return chunk_range(experts, p.ep, t % p.ep).size();
+                                               })
+                             : rank_classes<5>(shape, work);
     auto reports = dry_run<5>(shape, classes, [&](CommPtr world, Recorder& rec) {
       detail::pipeline_rank_step<T, Layers, SP>(std::move(world), p, schedule, rec);
     });

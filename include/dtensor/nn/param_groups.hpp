@@ -85,6 +85,28 @@ auto parameter_groups(M& m) {
 template <class M>
 using parameter_groups_t = decltype(parameter_groups(std::declval<M&>()));
 
+/// Which unit on the model's own mesh each unit of `group` follows: group unit k, named
+/// "<part>.<group name>" (nn::Stack), follows the own unit named "<part>" — the model fires that
+/// unit's hooks around the part, so a wrapper of the other groups (parallel::DataParallel,
+/// parallel::fully_shard) acts on unit k when the model fires its own unit. npos where the part
+/// has no unit on the model's mesh (a part whose parameters all live elsewhere fires no hook).
+template <class OwnUnits, class Group>
+std::vector<std::size_t> followed_units(const OwnUnits& own, const Group& group) {
+  std::vector<std::size_t> out;
+  const std::string suffix = "." + *group.name;
+  for (const auto& u : *group.units) {
+    const std::string& name = u.group->name();
+    std::size_t found = std::size_t(-1);
+    if (name.size() > suffix.size() && name.ends_with(suffix)) {
+      const std::string part = name.substr(0, name.size() - suffix.size());
+      for (std::size_t i = 0; i < own.size(); ++i)
+        if (own[i].group->name() == part) found = i;
+    }
+    out.push_back(found);
+  }
+  return out;
+}
+
 namespace detail {
 template <class First, class Groups, class Seq>
 struct set_with;

@@ -24,15 +24,28 @@
 // set_grads_ready): when the backward finishes a unit, that unit's buckets are issued
 // asynchronously (PyTorch DDP's overlap of communication with the rest of the backward).
 // Parameters sharded on the data dimension (FSDP) are not this class's business.
+//
+// Parameter groups (nn/param_groups.hpp): attach() takes every group of the model, not only its
+// units on Mesh. A group on another mesh (a MoE's experts on (edp, ep, tp)) is reduced over that
+// mesh's data dimension (Role::data: "edp"), one DataParallel of its own per group, with the same
+// bucket size; each of its units ("h.1.experts") is issued when the model fires grads_ready for
+// the unit of its part ("h.1"), so it overlaps the backward like the model's own, and
+// finish_gradient_sync waits for all (issuing first any unit no hook announced). A group whose
+// mesh has no data dimension needs no reduction (every data rank's tokens reached its experts).
+// The caller writes no code for the experts.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "dtensor/mesh/fixed_string.hpp"
 #include "dtensor/mesh/roles.hpp"
+#include "dtensor/nn/param_groups.hpp"
 #include "dtensor/nn/units.hpp"
 #include "dtensor/parallel/detail/buckets.hpp"
 
@@ -79,23 +92,38 @@ class DataParallel {
   }
 
   /// From now on, the model's backward issues each unit's buckets as soon as that unit's
-  /// gradients are complete. The model must outlive this object's use, and stay where it is.
+  /// gradients are complete — those of every parameter group (see the top of this file). The
+  /// model must outlive this object's use, and stay where it is.
   template <class Model>
   void attach(Model& model) {
     static_assert(nn::require_units<Model>());
     static_assert(requires(std::function<void(std::size_t)> fn) { model.set_grads_ready(std::move(fn)); },
                   "DataParallel::attach needs `set_grads_ready(fn)` on the model (nn::WithUnits gives it)");
-    model.set_grads_ready([this, &model](std::size_t unit) { issue(model.units().at(unit).params); });
+    others_.clear();
+    if constexpr (requires { model.parameter_groups(); }) {
+      auto groups = model.parameter_groups();
+      [&]<std::size_t... I>(std::index_sequence<I...>) {
+        (attach_group(model, std::get<I + 1>(groups)), ...);
+      }(std::make_index_sequence<std::tuple_size_v<decltype(groups)> - 1>{});
+    }
+    model.set_grads_ready([this, &model](std::size_t unit) {
+      issue(model.units().at(unit).params);
+      for (auto& g : others_) g.unit_ready(unit);
+    });
   }
 
   /// Waits for every bucket issued since the last call and marks those gradients Replicate on
-  /// the data dimension. Returns the number of buckets.
+  /// the data dimension (the other groups': on theirs). Returns the number of buckets.
   std::size_t finish_gradient_sync() {
-    const std::size_t n = pending_.size();
+    std::size_t n = pending_.size();
     for (auto& p : pending_) p.finish();
     pending_.clear();
+    for (auto& g : others_) n += g.finish();
     return n;
   }
+
+  /// How many parameter groups beyond Mesh's attach() found that need a reduction.
+  std::size_t other_groups() const noexcept { return others_.size(); }
 
   /// Issues the buckets of one list of gradients asynchronously (what attach's callback does).
   template <class T>
@@ -112,11 +140,47 @@ class DataParallel {
   }
 
   /// Gradient bytes copied into and out of packed buckets so far (0 when every bucket was contiguous).
-  std::size_t copied_bytes() const noexcept { return copied_bytes_; }
+  std::size_t copied_bytes() const {
+    std::size_t n = copied_bytes_;
+    for (const auto& g : others_) n += g.copied();
+    return n;
+  }
   const DataParallelOptions& options_given() const noexcept { return o_; }
 
  private:
   detail::BucketOptions options() const { return {.bucket_bytes = o_.bucket_bytes, .contiguous_only = true}; }
+
+  /// Another parameter group's reduction, type-erased over its mesh (see the top of this file).
+  struct OtherGroup {
+    std::function<void(std::size_t)> unit_ready;  // the model's unit u is finished: issue the units following it
+    std::function<std::size_t()> finish;         // issue what no hook issued, then wait for all
+    std::function<std::size_t()> copied;
+  };
+
+  template <class Model, class Group>
+  void attach_group(Model& model, const Group& g) {
+    using GMesh = typename Group::mesh_type;
+    if constexpr (has_role<GMesh, Role::data>) {
+      auto sync = std::make_shared<DataParallel<GMesh>>(*g.mesh, o_);
+      auto issued = std::make_shared<std::vector<bool>>(g.units->size(), false);
+      auto* units = g.units;
+      others_.push_back(
+          {[sync, units, issued, follows = nn::followed_units(model.units(), g)](std::size_t u) {
+             for (std::size_t k = 0; k < follows.size(); ++k)
+               if (follows[k] == u && !(*issued)[k]) {
+                 sync->issue((*units)[k].params);
+                 (*issued)[k] = true;
+               }
+           },
+           [sync, units, issued] {
+             for (std::size_t k = 0; k < units->size(); ++k)
+               if (!(*issued)[k]) sync->issue((*units)[k].params);
+             std::fill(issued->begin(), issued->end(), false);
+             return sync->finish_gradient_sync();
+           },
+           [sync] { return sync->copied_bytes(); }});
+    }
+  }
 
   template <class T>
   void check_pending(const nn::ParamList<T, Mesh::ndim, mesh_space_t<Mesh>>& ps) const {
@@ -143,6 +207,7 @@ class DataParallel {
   Mesh mesh_;
   DataParallelOptions o_;
   std::vector<Pending> pending_;
+  std::vector<OtherGroup> others_;
   std::size_t copied_bytes_ = 0;
 };
 

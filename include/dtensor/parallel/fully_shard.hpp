@@ -74,13 +74,18 @@
 
 #include <cstddef>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "dtensor/mesh/roles.hpp"
+#include "dtensor/nn/param_groups.hpp"
 #include "dtensor/nn/units.hpp"
 #include "dtensor/parallel/detail/fsdp_unit.hpp"
 
@@ -125,8 +130,10 @@ using model_space_t =
 }  // namespace detail
 
 /// StateSpace: where the master values, gradient shards and optimizer state live (the model's
-/// space, or host_space for CPU offload).
-template <class Model, MeshType Mesh, class M, MemorySpace StateSpace = detail::model_space_t<Model>>
+/// space, or host_space for CPU offload). OverData: shard over the mesh's one Role::data
+/// dimension, no replicate dimension (a parameter group on a mesh without a data-shard
+/// dimension: the experts over "edp"; FullyShardGroups below).
+template <class Model, MeshType Mesh, class M, MemorySpace StateSpace = detail::model_space_t<Model>, bool OverData = false>
 class FullyShard {
   static_assert(nn::require_units<Model>());
   using Unit = std::remove_cvref_t<decltype(std::declval<Model&>().units().front())>;
@@ -139,12 +146,15 @@ class FullyShard {
   using Buffer = Tensor<E, 1, Space>;
 
  public:
-  static_assert(count_role<Mesh, Role::data_shard>() == 1,
+  static_assert(OverData || count_role<Mesh, Role::data_shard>() == 1,
                 "fully_shard needs exactly one mesh dimension with Role::data_shard (\"fsdp\", \"dp_shard\", \"zero\")");
-  static_assert(count_role<Mesh, Role::data>() <= 1,
+  static_assert(OverData || count_role<Mesh, Role::data>() <= 1,
                 "fully_shard: at most one replicate (Role::data) dimension, for HSDP");
-  static constexpr std::size_t shard_dim = role_dim<Mesh, Role::data_shard>;
-  static constexpr std::size_t replicate_dim = role_dim<Mesh, Role::data>;  // N when there is none
+  static_assert(!OverData || count_role<Mesh, Role::data>() == 1,
+                "fully_shard: a parameter group's mesh without a data-shard dimension needs exactly one data "
+                "dimension (Role::data, e.g. the experts' \"edp\") to shard over");
+  static constexpr std::size_t shard_dim = OverData ? role_dim<Mesh, Role::data> : role_dim<Mesh, Role::data_shard>;
+  static constexpr std::size_t replicate_dim = OverData ? N : role_dim<Mesh, Role::data>;  // N when there is none
 
   FullyShard(Model& model, Mesh mesh, FsdpOptions o) : model_(model), mesh_(std::move(mesh)), o_(o) {
     if (o.stage < 1 || o.stage > 3)
@@ -609,10 +619,209 @@ class FullyShard {
   std::size_t peak_unsharded_ = 0;
 };
 
+namespace detail {
+/// One parameter group's units as a model FullyShard can wrap: units() and the hooks, which
+/// FullyShardGroups fires when the model fires the unit each group unit follows.
+template <class Unit>
+class GroupUnits {
+ public:
+  explicit GroupUnits(std::vector<Unit>& units) : units_(&units) {}
+  std::vector<Unit>& units() noexcept { return *units_; }
+  void set_hooks(nn::UnitHooks h) { hooks_ = std::move(h); }
+  const nn::UnitHooks& hooks() const noexcept { return hooks_; }
+
+ private:
+  std::vector<Unit>* units_;
+  nn::UnitHooks hooks_;
+};
+
+/// The FSDP of one parameter group beyond the model's mesh: over the group mesh's data-shard
+/// dimension (and data, HSDP) where it has one, else over its one data dimension ("edp").
+template <class Group, class M, MemorySpace StateSpace>
+struct GroupShard {
+  using Unit = typename Group::unit_type;
+  using GMesh = typename Group::mesh_type;
+  static constexpr bool over_data = count_role<GMesh, Role::data_shard>() == 0;
+  using Fsdp = FullyShard<GroupUnits<Unit>, GMesh, M, StateSpace, over_data>;
+  std::unique_ptr<GroupUnits<Unit>> view;
+  std::unique_ptr<Fsdp> fsdp;
+  std::vector<std::vector<std::size_t>> following;  // the model's unit u -> this group's units that follow it
+};
+
+template <class Model>
+constexpr std::size_t parameter_group_count() {
+  if constexpr (requires(Model& m) { m.parameter_groups(); })
+    return std::tuple_size_v<decltype(std::declval<Model&>().parameter_groups())>;
+  else return 1;
+}
+
+template <class Model, class M, MemorySpace StateSpace, class Seq>
+struct group_shards;
+template <class Model, class M, MemorySpace StateSpace, std::size_t... I>
+struct group_shards<Model, M, StateSpace, std::index_sequence<0, I...>> {
+  using Groups = nn::parameter_groups_t<Model>;
+  using type = std::tuple<GroupShard<std::tuple_element_t<I, Groups>, M, StateSpace>...>;
+};
+}  // namespace detail
+
+/// FSDP over every parameter group of a model (nn/param_groups.hpp): the model's units on its
+/// mesh as FullyShard, and each other group (a MoE's experts on (edp, ep, tp)) sharded over its
+/// own mesh's data dimension(s) by a FullyShard of its own, whose hooks run when the model runs
+/// the unit each of its units follows (nn::followed_units: "h.1.experts" with "h.1"). So ZeRO-3
+/// all-gathers a block's experts with the block, every stage reduce-scatters their gradients as
+/// the block's backward ends, and params() is one nn::ParamSet (one optimizer, one clip) over
+/// all groups' shards. fully_shard(model, ...) returns this for a model with several groups.
+template <class Model, MeshType Mesh, class M, MemorySpace StateSpace>
+class FullyShardGroups {
+  using Own = FullyShard<Model, Mesh, M, StateSpace>;
+  static constexpr std::size_t groups = detail::parameter_group_count<Model>();
+  using Shards = typename detail::group_shards<Model, M, StateSpace, std::make_index_sequence<groups>>::type;
+  static_assert(std::is_same_v<StateSpace, detail::model_space_t<Model>>,
+                "fully_shard: CPU offload of a model with parameters on several meshes is not supported (the "
+                "parameter set's lists live on their meshes' memory space)");
+  template <class S>
+  using list_of = nn::MeshParams<nn::ParamList<M, S::GMesh::ndim, StateSpace>, typename S::GMesh>;
+  template <class Tuple>
+  struct set_of;
+  template <class... S>
+  struct set_of<std::tuple<S...>> {
+    using type = nn::ParamSet<nn::MeshParams<nn::ParamList<M, Mesh::ndim, StateSpace>, Mesh>, list_of<S>...>;
+  };
+
+ public:
+  using Set = typename set_of<Shards>::type;
+
+  FullyShardGroups(Model& model, const Mesh& mesh, FsdpOptions o)
+      : model_(model), own_(model, mesh, o), shards_(make_shards(model, mesh, o)), params_(make_set(model, mesh)) {
+    static_assert(requires { model.hooks(); }, "fully_shard over parameter groups needs `hooks()` on the model (nn::WithUnits)");
+    // The model's hooks: its own units' FSDP, then the units of each group that follow the unit.
+    const nn::UnitHooks own_hooks = model.hooks();
+    auto chain = [this](std::function<void(std::size_t)> first, auto pick) -> std::function<void(std::size_t)> {
+      return [this, first = std::move(first), pick](std::size_t u) {
+        if (first) first(u);
+        for_groups([&]<std::size_t I>(std::integral_constant<std::size_t, I>, auto& g) {
+          const auto& hook = pick(g.view->hooks());
+          if (hook)
+            for (std::size_t k : g.following[u]) hook(k);
+        });
+      };
+    };
+    model.set_hooks({.pre_forward = chain(own_hooks.pre_forward, [](const nn::UnitHooks& h) -> auto& { return h.pre_forward; }),
+                     .post_forward = chain(own_hooks.post_forward, [](const nn::UnitHooks& h) -> auto& { return h.post_forward; }),
+                     .pre_backward = chain(own_hooks.pre_backward, [](const nn::UnitHooks& h) -> auto& { return h.pre_backward; }),
+                     .grads_ready = chain(own_hooks.grads_ready, [](const nn::UnitHooks& h) -> auto& { return h.grads_ready; })});
+  }
+  FullyShardGroups(const FullyShardGroups&) = delete;  // the model's hooks hold `this`
+  FullyShardGroups& operator=(const FullyShardGroups&) = delete;
+  ~FullyShardGroups() { model_.set_hooks({}); }
+
+  /// This rank's shards of every group's parameters: list<0> the model's mesh's, then one per group.
+  Set& params() noexcept { return params_; }
+  /// The FSDP of the model's own units, and of group I (>= 1).
+  Own& own() noexcept { return own_; }
+  template <std::size_t I>
+  auto& group() noexcept {
+    static_assert(I >= 1 && I < groups, "FullyShardGroups::group<I>: I names a group beyond the model's own (1, ...)");
+    return *std::get<I - 1>(shards_).fsdp;
+  }
+
+  void set_requires_gradient_sync(bool on) {
+    each([&](auto& f) { f.set_requires_gradient_sync(on); });
+  }
+  bool requires_gradient_sync() const noexcept { return own_.requires_gradient_sync(); }
+  std::size_t finish_gradient_sync() {
+    std::size_t n = 0;
+    each([&](auto& f) { n += f.finish_gradient_sync(); });
+    return n;
+  }
+  std::size_t reduce_gradients() {
+    std::size_t n = 0;
+    each([&](auto& f) { n += f.reduce_gradients(); });
+    return n;
+  }
+  void unshard() {
+    each([](auto& f) { f.unshard(); });
+  }
+  void reshard() {
+    each([](auto& f) { f.reshard(); });
+  }
+  void sync_parameters() {
+    each([](auto& f) { f.sync_parameters(); });
+  }
+  void zero_grad() {
+    each([](auto& f) { f.zero_grad(); });
+  }
+  FsdpMemory memory() const {
+    FsdpMemory m;
+    const_cast<FullyShardGroups*>(this)->each([&](auto& f) {
+      const auto x = f.memory();
+      m.params += x.params, m.grads += x.grads, m.master += x.master, m.grad_shards += x.grad_shards;
+    });
+    return m;
+  }
+  std::size_t num_units() const {
+    std::size_t n = 0;
+    const_cast<FullyShardGroups*>(this)->each([&](auto& f) { n += f.num_units(); });
+    return n;
+  }
+  const FsdpOptions& options() const noexcept { return own_.options(); }
+
+ private:
+  template <class F>
+  void for_groups(F&& f) {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (f(std::integral_constant<std::size_t, I>{}, std::get<I>(shards_)), ...);
+    }(std::make_index_sequence<groups - 1>{});
+  }
+  template <class F>
+  void each(F&& f) {
+    f(own_);
+    for_groups([&]<std::size_t I>(std::integral_constant<std::size_t, I>, auto& g) { f(*g.fsdp); });
+  }
+  /// Each other group's FSDP, and which of its units follow each of the model's units.
+  static Shards make_shards(Model& model, const Mesh& mesh, const FsdpOptions& o) {
+    Shards shards;
+    auto all = model.parameter_groups();
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (make_shard(model, mesh, o, std::get<I + 1>(all), std::get<I>(shards)), ...);
+    }(std::make_index_sequence<groups - 1>{});
+    return shards;
+  }
+  template <class Group, class S>
+  static void make_shard(Model& model, const Mesh& mesh, const FsdpOptions& o, const Group& group, S& g) {
+    g.view = std::make_unique<typename decltype(g.view)::element_type>(*group.units);
+    g.fsdp = std::make_unique<typename S::Fsdp>(*g.view, *group.mesh, o);
+    g.following.assign(model.units().size(), {});
+    const auto follows = nn::followed_units(model.units(), group);
+    for (std::size_t k = 0; k < follows.size(); ++k) {
+      if (follows[k] >= model.units().size())
+        throw Error("fully_shard",
+                    dtensor::detail::cat("unit ", (*group.units)[k].group->name(), " of parameter group \"", *group.name,
+                                         "\" follows no unit on the model's mesh (its part has no parameter there): "
+                                         "nothing would fire its hooks"),
+                    mesh.rank());
+      g.following[follows[k]].push_back(k);
+    }
+  }
+  Set make_set(Model& model, const Mesh& mesh) {
+    auto all = model.parameter_groups();
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return Set(nn::on(mesh, own_.params()), nn::on(*std::get<I + 1>(all).mesh, std::get<I>(shards_).fsdp->params())...);
+    }(std::make_index_sequence<groups - 1>{});
+  }
+
+  Model& model_;
+  Own own_;
+  Shards shards_;
+  Set params_;
+};
+
 /// Shards `model`'s units over the mesh's data-shard dimension (see the top of this file).
 /// M: the master values' and optimizer state's element type (default: the model's).
 /// StateSpace: where they and the gradient shards live (default: the model's memory space;
 /// host_space offloads them to the CPU). The model must outlive the result and stay where it is.
+/// A model with parameters on more meshes than its own (nn::parameter_groups: a MoE's experts)
+/// gets a FullyShardGroups: every group sharded over its own mesh's data dimension(s).
 template <class M = void, class StateSpace = void, class Model, MeshType Mesh>
 auto fully_shard(Model& model, const Mesh& mesh, FsdpOptions o = {}) {
   static_assert(nn::require_units<Model>());  // before anything reads model.units(): a readable error
@@ -620,7 +829,8 @@ auto fully_shard(Model& model, const Mesh& mesh, FsdpOptions o = {}) {
   using T = typename decltype(Unit::group)::element_type::element_type;
   using Master = std::conditional_t<std::is_void_v<M>, T, M>;
   using State = std::conditional_t<std::is_void_v<StateSpace>, detail::model_space_t<Model>, StateSpace>;
-  return FullyShard<Model, Mesh, Master, State>(model, mesh, o);
+  if constexpr (detail::parameter_group_count<Model>() > 1) return FullyShardGroups<Model, Mesh, Master, State>(model, mesh, o);
+  else return FullyShard<Model, Mesh, Master, State>(model, mesh, o);
 }
 
 /// The (replicate, shard) sizes of the data ranks for HSDP: `data_ranks` split into `replicate`
