@@ -1693,18 +1693,21 @@ TEST_CASE("sim: expert parallelism in the search: ep > 1 first where the experts
   struct Case {
     int dp, tp, pp, ep;
   };
+  // A wider model than above (dim 1024, seq 1024), so that the step is the GEMMs' and the
+  // collectives', not microseconds of latency, as in the dense comparison above.
+  const sim::ModelShape wide{.layers = 4, .dim = 1024, .heads = 8, .vocab = 512, .seq = 1024, .experts = 16, .topk = 2};
   for (const Case c : {Case{8, 1, 1, 1}, Case{8, 1, 1, 2}, Case{8, 1, 1, 8}, Case{2, 2, 2, 2}, Case{4, 1, 2, 4}}) {
     CAPTURE(c.dp, c.tp, c.pp, c.ep);
     const int microbatches = 2;
-    sim::TrainingPlan plan{.model = {.vocab = 512, .seq = 256, .dim = 256, .heads = 4, .layers = 4, .mlp_ratio = 4},
+    sim::TrainingPlan plan{.model = {.vocab = 512, .seq = 1024, .dim = 1024, .heads = 8, .layers = 4, .mlp_ratio = 4},
                            .batch = c.dp * microbatches, .microbatches = microbatches, .dp = c.dp, .tp = c.tp, .pp = c.pp};
     plan.moe.router.experts = 16;
     plan.moe.router.topk = 2;
     plan.ep = c.ep;
     const auto classes = sim::dry_run_plan<dtensor::bfloat16, nn::MoELayers<dtensor::bfloat16, MetaMesh<"edp", "ep", "tp">>, true>(plan);
     const sim::PlanShape p{.batch = plan.batch, .microbatch = 1, .dp = c.dp, .tp = c.tp, .pp = c.pp, .ep = c.ep};
-    const auto a = sim::analytic_estimate(shape, p, sim::Hardware{});
-    const double bytes = sim::moe_all_to_all_bytes(shape, p);
+    const auto a = sim::analytic_estimate(wide, p, sim::Hardware{});
+    const double bytes = sim::moe_all_to_all_bytes(wide, p);
     for (const auto& k : classes) {
       CAPTURE(k.report.name);
       int dispatch = 0, counts = 0;
@@ -1716,7 +1719,7 @@ TEST_CASE("sim: expert parallelism in the search: ep > 1 first where the experts
             CHECK(double(r.bytes) == bytes);
           } else if (r.kind == CollectiveKind::all_to_all) ++counts;
         }
-      const int blocks = int(shape.layers / c.pp);  // every block is a MoE; one micro-batch dry-run
+      const int blocks = int(wide.layers / c.pp);  // every block is a MoE; one micro-batch dry-run
       if (c.ep > 1) {  // forward 2, backward 2 per block, and the count exchange
         CHECK(dispatch == 4 * blocks);
         CHECK(counts == blocks);
@@ -1727,7 +1730,10 @@ TEST_CASE("sim: expert parallelism in the search: ep > 1 first where the experts
     double memory = 0;
     for (const auto& k : classes) inputs.push_back({&k.report, k.pipeline_ranks}), memory = std::max(memory, k.peak_in_flight);
     const auto dry = sim::estimate_plan(inputs, sim::plan_topology(plan, sim::Hardware{}), sim::detail::plan_schedule(plan));
-    CAPTURE(dry.step_seconds, a.step_seconds, memory, a.memory_bytes, a.expert_states, a.activations, a.ep_seconds);
+    const auto& slow = dry.classes[dry.slowest];
+    CAPTURE(dry.step_seconds, a.step_seconds, memory, a.memory_bytes, a.expert_states, a.activations, a.ep_seconds,
+            slow.compute_seconds, slow.exposed_communication_seconds, slow.once_per_step_seconds, a.forward, a.backward,
+            a.compute_per_microbatch, a.gradient_reduction, a.optimizer, a.tp_seconds);
     CHECK(a.step_seconds == Approx(dry.step_seconds).epsilon(0.25));
     CHECK(a.memory_bytes == Approx(memory).epsilon(0.25));
   }

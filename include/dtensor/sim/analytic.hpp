@@ -450,8 +450,14 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
     const double per_expert = moe.received / std::max(1.0, moe.local);
     const double router = gemm(n, h, E);
     const double experts = moe.local * (gemm(per_expert, h, fe) + gemm(per_expert, fe, h));
+    // Memory-bound passes (the meta kernels' records of parallel/moe.hpp and experts.hpp): GELU
+    // (read h, write a), the biases added to fc1's and fc2's rows, the rows' gather, gate and
+    // weighted scatter-add; backward: GELU again and its gradient, the bias gradients, and each
+    // local expert's weight gradients accumulated (read the gradient, the new dW, write: 3 e per
+    // parameter; large next to the tokens, unlike a dense block's).
     const double gelu = memory_bound(2 * e * moe.received * fe);
-    const double rows = memory_bound(4 * e * moe.sent * h);  // gather rows, gate, weighted scatter-add
+    const double rows = memory_bound(4 * e * moe.sent * h) + memory_bound(2 * e * moe.received * (fe + h));
+    const double grads = memory_bound(e * moe.received * (fe + h) + 3 * e * moe.local * m.expert_params());
     const double a2a_v = coll(CollectiveKind::all_to_all_v, "ep", p.ep, moe_all_to_all_bytes(m, p));
     const double counts = coll(CollectiveKind::all_to_all, "ep", p.ep, 8 * double(p.ep) * moe.local);
     const double gather = p.tp > 1 && p.sp ? coll(CollectiveKind::all_gather, "tp", p.tp, act) : 0;
@@ -464,7 +470,7 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
     if (full) moe.recompute = moe.fwd_compute, moe.recompute_tp = tp_half + gather, moe.recompute_cp = cp_layer;
     else if (rc.core_attn) moe.recompute = attn_fwd, moe.recompute_cp = cp_layer + std::max(0.0, cp_hidden - attn_fwd);
     const double recompute_a2a = full ? moe.a2a_f : 0;
-    moe.bwd_compute = 2 * attn_gemms + attn_bwd + 2 * pointwise + 2 * (router + experts) + 2.5 * gelu + 2 * rows + moe.recompute;
+    moe.bwd_compute = 2 * attn_gemms + attn_bwd + 2 * pointwise + 2 * (router + experts) + 2.5 * gelu + rows + grads + moe.recompute;
     moe.tp = 2 * tp_half + 2 * gather + regather_one + moe.recompute_tp;
     moe.fwd = moe.fwd_compute + tp_half + gather + cp_layer + std::max(0.0, cp_hidden - attn_fwd) + moe.a2a_f;
     moe.bwd = moe.bwd_compute + tp_half + gather + regather_one + cp_layer + moe.recompute_tp + moe.recompute_cp +
@@ -574,7 +580,9 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   }
   const double shard = p.zero >= 1 ? rank_params / shards : rank_params;
   a.optimizer = op_seconds({"adamw_update", std::int64_t(12 * shard), std::int64_t((p.zero >= 1 ? 36 : 5 * e) * shard), 0}, hw, cal);
-  if (is_moe) a.optimizer += op_seconds({"adamw_update", std::int64_t(12 * expert_params), std::int64_t(5 * e * expert_params), 0}, hw, cal);
+  // The experts' AdamW in T (the meta record: read value, gradient and moments, write three: 7 e
+  // per parameter) and the clip's sum of squares over their gradients (e).
+  if (is_moe) a.optimizer += op_seconds({"adamw_update", std::int64_t(12 * expert_params), std::int64_t(8 * e * expert_params), 0}, hw, cal);
   a.step_seconds = a.pipeline_seconds + a.gradient_reduction + a.optimizer + a.parameter_sync;
   // Memory of the first pipeline rank (the most micro-batches in flight) and the last's logits.
   if (p.zero == 0) a.model_states = rank_params * (e + e + 2 * e);  // values, gradients, AdamW moments in T
