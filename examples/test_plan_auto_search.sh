@@ -14,7 +14,7 @@ check() {
   local s t
   s=$("$plan" --search --gpus "$ranks" --vocab 256 --mlp-ratio 4 --dtype f32 --top 1 "$@" | sed -n 's/^1\. \(.*\): step .*/\1/p')
   t=$("$train" --plan auto --ranks "$ranks" --steps 1 --eval-every 1 "$@" | tee /dev/stderr |
-      sed -n 's/^  --.*  (\(.*\)): step .* analytic .*/\1/p' | head -1)
+      sed -n "s/^  --.*  (\(.*\)): step .*(analytic .*/\1/p" | head -1)
   echo "ranks $ranks $*: search '$s', plan auto '$t'"
   if [[ -z $s || $s != "$t" ]]; then
     echo "FAIL: the two choose differently"
