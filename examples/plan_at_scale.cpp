@@ -67,6 +67,7 @@
 #include "dtensor/models/training_plan.hpp"
 #include "dtensor/trace/text_file.hpp"
 #include "flags.hpp"
+#include "plan_rescore.hpp"
 
 namespace {
 
@@ -83,6 +84,7 @@ struct Options {
   bool json = false, search = false, published = false;
   long long search_gpus = 0;
   int top = 5, finalists = 12;
+  int search_ep = 0;  // --ep with --search: only that expert parallelism
   std::vector<std::pair<std::string, long long>> rank_of;  // --rank-of tp=8,pp=16,dp=128: where that plan ranks, and why
   long long serve_batch = 0, serve_context = 0;            // --serve BATCH,CONTEXT
   // --sync-table: the strategies of parallel/sync/ on the data dimension against DDP (docs/beyond-sync.md),
@@ -95,17 +97,21 @@ constexpr const char* usage =
     "usage: plan_at_scale [--help] [--arch gpt|llama --layers N --dim N --heads N --kv-heads N --ffn N --vocab N --seq N "
     "--batch N --mlp-ratio N --dtype f32|bf16 --checkpoint --recompute none|full|selective|LIST --dp N --tp N --pp N --cp N --cp-kind ring|allgather|ulysses "
     "--no-cp-balance --zero 0|1|2|3 --hsdp R --microbatches N --schedule gpipe|1f1b|interleaved|zb|zbv|dualpipev --stages-per-rank N "
-    "--experts E --topk K --ep N --moe-every N --capacity F --no-sp --trace FILE --json "
+    "--experts E --topk K --ep N --moe-every N --capacity F --expert-ffn N --no-sp --trace FILE --json "
     "--device h100|h200|a100 --device-file F --device-field NAME=VALUE --peak-tflops X "
-    "--search --gpus N --top K --finalists N --rank-of tp=T,pp=P,dp=D[,cp=C,v=V,zero=Z,micro=B] --published "
+    "--search --gpus N --top K --finalists N --rank-of tp=T,pp=P,dp=D[,cp=C,v=V,zero=Z,micro=B,ep=E] --published "
     "--serve BATCH,CONTEXT --sync-table [--inner-steps H --fragments F --overlap T --staleness S]]\n"
     "device fields: name peak_bf16_tflops peak_fp32_tflops hbm_gbytes_per_s memory_gbytes nvlink_domain "
     "nvlink_gbytes_per_s nvlink_latency_us network_gbps network_latency_us\n";
 
 sim::ModelShape model_shape(const Options& o) {
   const auto& m = o.plan.model;
+  const auto& moe = o.plan.moe;
   return {.layers = m.layers, .dim = m.dim, .heads = m.heads, .kv_heads = m.kv_heads,
-          .ffn = m.ffn ? m.ffn : m.mlp_ratio * m.dim, .vocab = m.vocab, .seq = m.seq, .llama = o.llama};
+          .ffn = m.ffn ? m.ffn : m.mlp_ratio * m.dim, .vocab = m.vocab, .seq = m.seq, .llama = o.llama,
+          .experts = moe.router.experts, .topk = moe.router.topk, .moe_every = moe.every,
+          // The experts' width as nn::MoELayers builds them: --expert-ffn, else mlp_ratio x dim.
+          .expert_ffn = moe.router.experts == 0 ? 0 : moe.hidden ? moe.hidden : m.mlp_ratio * m.dim};
 }
 
 Options parse(int argc, char** argv) {
@@ -167,6 +173,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--topk") o.plan.moe.router.topk = flag_value<Extent>(a, value(), 1);
     else if (a == "--ep") o.plan.ep = flag_value<int>(a, value(), 1);
     else if (a == "--moe-every") o.plan.moe.every = flag_value<Extent>(a, value(), 1);
+    else if (a == "--expert-ffn") o.plan.moe.hidden = flag_value<Extent>(a, value(), 1);
     else if (a == "--capacity") o.plan.moe.router.capacity_factor = examples::positive_flag_value(a, value());
     else if (a == "--arch") {
       const auto arch = value();
@@ -215,8 +222,8 @@ Options parse(int argc, char** argv) {
         const auto eq = item.find('=');
         const std::string key = item.substr(0, eq);
         if (eq == std::string::npos || (key != "tp" && key != "pp" && key != "dp" && key != "cp" && key != "v" &&
-                                         key != "zero" && key != "micro"))
-          throw UsageError("--rank-of " + spec + ": expected KEY=N items, KEY one of tp pp dp cp v zero micro");
+                                         key != "zero" && key != "micro" && key != "ep"))
+          throw UsageError("--rank-of " + spec + ": expected KEY=N items, KEY one of tp pp dp cp v zero micro ep");
         o.rank_of.emplace_back(key, flag_value<long long>("--rank-of " + key, item.substr(eq + 1), 0, 1LL << 31));
         begin = end + 1;
       }
@@ -235,7 +242,7 @@ Options parse(int argc, char** argv) {
   o.hardware.check("plan_at_scale --device");
   const auto was_given = [&](const char* flag) { return std::find(given.begin(), given.end(), flag) != given.end(); };
   // Flags that only mean something beside another one are errors alone, not silently ignored.
-  for (const char* f : {"--topk", "--moe-every", "--ep", "--capacity"})
+  for (const char* f : {"--topk", "--moe-every", "--ep", "--capacity", "--expert-ffn"})
     if (was_given(f) && !o.plan.has_experts()) throw UsageError(std::string(f) + " has no effect without --experts E");
   for (const char* f : {"--gpus", "--top", "--finalists", "--rank-of"})
     if (was_given(f) && !o.search) throw UsageError(std::string(f) + " has no effect without --search");
@@ -263,7 +270,8 @@ Options parse(int argc, char** argv) {
   }
   if (o.search) {
     if (o.search_gpus == 0) throw UsageError("--search needs --gpus N");
-    if (o.plan.has_experts()) throw UsageError("--search does not enumerate expert plans (--experts)");
+    if (o.llama && o.plan.has_experts()) throw UsageError("--arch llama with --experts: MoE blocks are GPT blocks");
+    o.search_ep = was_given("--ep") ? o.plan.ep : 0;  // given: only that ep; else every one the search allows
     return o;
   }
   const auto number = [](auto n) { return std::to_string(n); };
@@ -279,20 +287,7 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-template <class T, class Layers>
-std::vector<sim::PlanClass> dry_run(const Options& o) {
-  if (o.sp) return sim::dry_run_plan<T, Layers, true>(o.plan);
-  return sim::dry_run_plan<T, Layers, false>(o.plan);
-}
-
-std::vector<sim::PlanClass> dry_run_any(const Options& o) {
-  using ExpertMesh = MetaMesh<"edp", "ep", "tp">;
-  if (o.llama) return o.bf16 ? dry_run<dtensor::bfloat16, nn::LlamaLayers>(o) : dry_run<float, nn::LlamaLayers>(o);
-  if (o.plan.has_experts())
-    return o.bf16 ? dry_run<dtensor::bfloat16, nn::MoELayers<dtensor::bfloat16, ExpertMesh>>(o)
-                  : dry_run<float, nn::MoELayers<float, ExpertMesh>>(o);
-  return o.bf16 ? dry_run<dtensor::bfloat16, nn::DenseLayers>(o) : dry_run<float, nn::DenseLayers>(o);
-}
+std::vector<sim::PlanClass> dry_run_any(const Options& o) { return examples::dry_run_any(o.plan, o.llama, o.bf16, o.sp); }
 
 /// What the report says about a whole plan.
 struct PlanSummary {
@@ -305,12 +300,10 @@ struct PlanSummary {
 
 PlanSummary summarize(const Options& o, const std::vector<sim::PlanClass>& classes) {
   const auto& p = o.plan;
-  const auto schedule = sim::detail::plan_schedule(p);
-  std::vector<sim::ClassInput> inputs;
-  for (const auto& c : classes) inputs.push_back({&c.report, c.pipeline_ranks});
   PlanSummary r;
-  r.estimate = sim::estimate_plan(inputs, sim::plan_topology(p, o.hardware), schedule, {.zero = p.zero});
-  r.step = r.estimate.step_seconds;
+  const auto score = examples::dry_score(p, classes, o.hardware);  // what --search ranks by (plan_rescore.hpp)
+  r.estimate = score.estimate;
+  r.step = score.step;
   const double gpus = double(p.gpus()), tokens = double(p.batch) * double(p.model.seq);
   r.tokens_per_second = tokens / r.step;
   double executed = 0;  // FLOPs all ranks run in a step (recomputation included)
@@ -324,9 +317,7 @@ PlanSummary summarize(const Options& o, const std::vector<sim::PlanClass>& class
     r.model_tflops_per_gpu = model_flops / gpus / r.step / 1e12;
     r.mfu = model_flops / (gpus * o.hardware.peak_flops() * r.step);
   }
-  for (std::size_t i = 0; i < classes.size(); ++i)
-    if (classes[i].peak_in_flight > r.memory) r.memory = classes[i].peak_in_flight, r.memory_class = i;
-  r.fits = sim::fits(r.memory, o.hardware);
+  r.memory = score.memory, r.memory_class = score.memory_class, r.fits = score.fits;
   return r;
 }
 
@@ -502,11 +493,18 @@ int run_plan(const Options& o) {
   return 0;
 }
 
+/// The space --search enumerates: every factorization up to sim::exhaustive_gpus GPUs (the
+/// trainer's --plan auto space, so both choose alike), else sim/search.hpp's powers of two.
+sim::SearchSpace search_space(const Options& o) {
+  return {.gpus = o.search_gpus, .batch = o.plan.batch, .bf16 = o.bf16, .exhaustive = o.search_gpus <= sim::exhaustive_gpus,
+          .ep = o.search_ep};
+}
+
 /// Whether an analytic plan has every field --rank-of names.
 bool matches(const sim::PlanShape& p, const std::vector<std::pair<std::string, long long>>& want) {
   for (const auto& [k, v] : want) {
     const long long have = k == "tp" ? p.tp : k == "pp" ? p.pp : k == "dp" ? p.dp : k == "cp" ? p.cp
-                         : k == "v"  ? p.stages_per_rank : k == "zero" ? p.zero : p.microbatch;
+                         : k == "v"  ? p.stages_per_rank : k == "zero" ? p.zero : k == "ep" ? p.ep : p.microbatch;
     if (have != v) return false;
   }
   return true;
@@ -521,8 +519,9 @@ void print_rank_of(const Options& o, const sim::ModelShape& model, const std::ve
     std::printf("--rank-of: its fastest fitting variant is #%zu of %zu (analytic): %s\n  term | this plan | #1 | difference\n%s",
                 std::size_t(it - ranked.begin()) + 1, ranked.size(), sim::describe(it->plan).c_str(),
                 sim::compare_plans(*it, ranked.front()).c_str());
-  const auto all = sim::search_plans(model, {.gpus = o.search_gpus, .batch = o.plan.batch, .bf16 = o.bf16, .keep_unfit = true},
-                                     o.hardware);
+  auto space = search_space(o);
+  space.keep_unfit = true;
+  const auto all = sim::search_plans(model, space, o.hardware);
   const auto any = std::find_if(all.begin(), all.end(), [&](const sim::RankedPlan& r) { return matches(r.plan, o.rank_of); });
   if (any != all.end() && !any->estimate.fits)
     std::printf("  faster, but does not fit (%s of %s less the %.0f %% reserve): %s\n%s",
@@ -535,38 +534,17 @@ void print_rank_of(const Options& o, const sim::ModelShape& model, const std::ve
 int run_search(const Options& o) {
   const auto started = std::chrono::steady_clock::now();
   const sim::ModelShape model = model_shape(o);
-  const auto ranked = sim::search_plans(model, {.gpus = o.search_gpus, .batch = o.plan.batch, .bf16 = o.bf16}, o.hardware);
+  const auto ranked = sim::search_plans(model, search_space(o), o.hardware);
   const double analytic_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  struct Finalist {
-    sim::RankedPlan ranked;
-    PlanSummary dry;
-    std::size_t analytic_rank = 0;
-  };
-  std::vector<Finalist> finalists;
-  for (std::size_t i = 0; i < ranked.size() && finalists.size() < std::size_t(o.finalists); ++i) {
-    const auto& sp = ranked[i].plan;
-    Options f = o;
-    const nn::Recompute rc = sp.recomputes();
-    f.plan.model.checkpoint = rc.full;
-    f.plan.model.recompute = rc.full ? nn::Recompute{} : rc;
-    f.plan.batch = sp.batch;
-    f.plan.microbatches = sp.microbatches();
-    f.plan.dp = sp.dp, f.plan.tp = sp.tp, f.plan.pp = sp.pp, f.plan.cp = sp.cp, f.plan.zero = sp.zero, f.plan.hsdp = sp.hsdp;
-    f.plan.schedule = sp.schedule;
-    f.plan.stages_per_rank = sp.stages_per_rank > 1 ? sp.stages_per_rank : 0;
-    f.plan.cp_kind = parallel::parse_context_kind(sp.cp_kind);
-    f.sp = sp.sp;
-    sim::check_plan(f.plan);
-    finalists.push_back({ranked[i], summarize(f, dry_run_any(f)), i});
-  }
-  std::stable_sort(finalists.begin(), finalists.end(), [](const Finalist& a, const Finalist& b) {
-    return a.dry.fits != b.dry.fits ? a.dry.fits : a.dry.step < b.dry.step;
-  });
+  // The same ranking train_gpt --plan auto makes (examples/plan_rescore.hpp).
+  const auto finalists = examples::rescore(o.plan, o.llama, o.bf16, ranked, std::size_t(o.finalists), o.hardware);
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  std::printf("search: %s %.1fB parameters, seq %lld, batch %lld on %lld x %s: %zu plans fit (analytic, %.2f s); "
+  std::printf("search: %s %.1fB parameters%s, seq %lld, batch %lld on %lld x %s: %zu plans fit (analytic%s, %.2f s); "
               "%zu finalists dry-run; %.2f s in all\n",
-              o.llama ? "llama" : "gpt", model.params() / 1e9, (long long)model.seq, (long long)o.plan.batch,
-              o.search_gpus, o.hardware.name.c_str(), ranked.size(), analytic_seconds, finalists.size(), total);
+              o.llama ? "llama" : "gpt", model.params() / 1e9,
+              model.moe() ? (", " + std::to_string(model.experts) + " experts top-" + std::to_string(model.topk)).c_str() : "",
+              (long long)model.seq, (long long)o.plan.batch, o.search_gpus, o.hardware.name.c_str(), ranked.size(),
+              o.search_gpus <= sim::exhaustive_gpus ? ", every factorization" : "", analytic_seconds, finalists.size(), total);
   if (finalists.empty()) {  // --finalists 0: the analytic ranking alone
     std::printf("ranked by: the analytic estimate (sim/analytic.hpp; no plan dry-run: --finalists 0)\n");
     for (std::size_t i = 0; i < ranked.size() && i < std::size_t(o.top); ++i) {
@@ -581,11 +559,18 @@ int run_search(const Options& o) {
   std::printf("ranked by: the simulated step (the real step on meta space, sim::estimate_plan) of the %zu analytic "
               "best; below them the analytic estimate alone decides\n", finalists.size());
   const auto& best = finalists.front();
+  const double tokens = double(o.plan.batch) * double(model.seq);
   for (std::size_t i = 0; i < finalists.size() && i < std::size_t(o.top); ++i) {
     const auto& f = finalists[i];
+    if (!f.error.empty()) {
+      std::printf("%zu. %s: not dry-run (%s); analytic %.3f s, #%zu\n", i + 1, sim::describe(f.ranked.plan).c_str(),
+                  f.error.c_str(), f.ranked.estimate.step_seconds, f.analytic_rank + 1);
+      continue;
+    }
+    const double mfu = f.ranked.estimate.model_flops / (double(f.ranked.plan.gpus()) * o.hardware.peak_flops() * f.dry.step);
     std::printf("%zu. %s: step %.3f s (analytic %.3f s, #%zu), MFU %.1f %%, %.4g tokens/s, memory %s%s\n", i + 1,
                 sim::describe(f.ranked.plan).c_str(), f.dry.step, f.ranked.estimate.step_seconds, f.analytic_rank + 1,
-                100 * f.dry.mfu, f.dry.tokens_per_second, sim::detail::human_bytes(f.dry.memory).c_str(),
+                100 * mfu, tokens / f.dry.step, sim::detail::human_bytes(f.dry.memory).c_str(),
                 f.dry.fits ? "" : " (does not fit in the dry run)");
     if (i > 0)
       std::printf("   loses by %.3f s in the dry run; analytic: %s\n", f.dry.step - best.dry.step,

@@ -384,6 +384,7 @@ inline void check_options(Options& o, bool cuda_build) {
 inline Options parse(int argc, char** argv, bool cuda_build) {
   Options o;
   std::string mesh_flag;  // the first mesh flag given (--plan auto chooses them)
+  bool ep_given = false;  // --ep: --plan auto keeps it (else chooses it with --experts)
   if (examples::help_requested(argc, argv)) {  // examples/flags.hpp
     std::cout << usage;
     std::exit(0);
@@ -395,7 +396,8 @@ inline Options parse(int argc, char** argv, bool cuda_build) {
       return examples::nonempty_flag_value(a, argv[++i]);  // "" is no value (flags.hpp)
     };
     if (examples::parse_mesh_flag(o, a, value)) {  // examples/flags.hpp
-      if (a != "--ep" && mesh_flag.empty()) mesh_flag = a;
+      if (a == "--ep") ep_given = true;
+      else if (mesh_flag.empty()) mesh_flag = a;
       continue;
     }
     if (a == "--layers") o.layers = flag_value<Extent>(a, value(), 1);
@@ -488,7 +490,7 @@ inline Options parse(int argc, char** argv, bool cuda_build) {
     } else
       throw UsageError("unknown flag '" + a + "'");
   }
-  examples::apply_plan_auto(o, mesh_flag);  // --plan auto: the mesh flags from the cost model
+  examples::apply_plan_auto(o, mesh_flag, ep_given);  // --plan auto: the mesh flags from the cost model
   if (o.ranks() > threads::detail::max_ranks)
     throw UsageError("pp x dp x fsdp x cp x tp = " + str(o.ranks()) + " ranks, more than " + str(threads::detail::max_ranks));
   check_options(o, cuda_build);

@@ -37,6 +37,10 @@
 // rank's stages); the last, "after step" (no work), starts with what the step leaves held. The activations of the micro-batches a schedule keeps in flight are not run:
 // peak_in_flight adds (in flight - 1) times one micro-batch's saved activations per stage to the
 // run's peak (the schedule's count for this pipeline rank, parallel/pipeline/validate.hpp).
+// Zero-bubble schedules (ZB-H1, ZB-V, DualPipeV): the one micro-batch's backward runs as the
+// schedule runs it, every stage's input gradient ("backward_input") then every weight gradient
+// ("backward_weight"); what W frees is the weight-gradient contexts, and the peak weighs the
+// schedule's forwards held and contexts pending step by step (sim::detail::held_at_peak).
 // Not here: FSDP across pipeline stages (a stage is sharded on its own stage mesh only), the uneven flat-unit
 // shards of FSDP's tail ranks (the class is that of rank 0 of the shard dimension).
 #pragma once
@@ -77,6 +81,7 @@
 #include "dtensor/parallel/pipeline/validate.hpp"
 #include "dtensor/parallel/tensor_parallel.hpp"
 #include "dtensor/parallel/vocab_parallel.hpp"
+#include "dtensor/sim/analytic.hpp"
 #include "dtensor/sim/cost_model.hpp"
 #include "dtensor/sim/dry_run.hpp"
 
@@ -116,6 +121,9 @@ struct PlanClass {
   std::vector<int> pipeline_ranks{};  // every pipeline rank whose stages do this class's work (pipeline_rank first)
   int in_flight = 1;               // (stage, micro-batch) forwards this pipeline rank holds at most
   std::int64_t saved_per_stage = 0;  // activations one micro-batch leaves saved on one stage
+  std::int64_t contexts_per_stage = 0;  // zero-bubble: weight-gradient contexts one micro-batch's I leaves on one stage until its W
+  double held_at_peak = 0, contexts_at_peak = 0;  // the schedule's counts at this rank's peak (sim::detail::held_at_peak)
+  double in_flight_bytes = 0;      // the schedule's activations and contexts at that peak: held x saved + contexts x context bytes
   double peak_in_flight = 0;       // the step's peak (construction excluded) plus the other in-flight micro-batches' activations
 };
 
@@ -174,6 +182,15 @@ inline constexpr std::size_t bucket_bytes = std::size_t(25) << 20;
 
 inline optim::AdamWOptions adamw_options() { return {.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1}; }
 
+/// Whether the schedule splits backwards into I and W (zero-bubble schedules): then the dry run
+/// does too (run_one_microbatch's split_backward), and counts the weight-gradient contexts.
+inline bool split_backward(const parallel::pipeline::Schedule& s) {
+  for (const auto& list : s.actions)
+    for (const auto& a : list)
+      if (a.kind == parallel::pipeline::ActionKind::backward_weight) return true;
+  return false;
+}
+
 /// Replicated meta ids of one micro-batch, in the layout the model reads.
 template <class Ids, class Mesh>
 Ids meta_ids(const Mesh& mesh, const TrainingPlan& p) {
@@ -209,10 +226,14 @@ Layers plan_layers(const StageMesh& stage_mesh, const TrainingPlan& p) {
 /// rank's stages of any layered model: receive, forward, send; backward the same way, in
 /// reverse. `before_forward(i)` / `after_backward(i)` run around local stage i (FSDP's unshard,
 /// reshard and gradient reduction). A GPT's target is its ids again; a classifier's its labels.
+/// `split_backward` (zero-bubble schedules): the backward as the schedule runs it, input
+/// gradients first ("backward_input": every stage's I, the weight-gradient contexts left held)
+/// then the weight gradients ("backward_weight": every stage's W, which frees them), so the
+/// report shows the contexts' bytes and the cost model the I / W split.
 template <class Stage, class Mesh, class BeforeForward, class AfterBackward>
 void run_one_microbatch(std::vector<Stage>& stages, const Mesh& mesh, const parallel::pipeline::StageLayout& layout,
                         const typename Stage::Input& ids, const typename Stage::Target& target, Recorder& rec,
-                        BeforeForward&& before_forward, AfterBackward&& after_backward) {
+                        BeforeForward&& before_forward, AfterBackward&& after_backward, bool split_backward = false) {
   using X = typename Stage::X;
   const auto& stage_mesh = stages.front().mesh();
   const auto neighbour = [&](int stage) { return mesh.template slice<"pp">(layout.rank_of(stage)); };
@@ -230,7 +251,7 @@ void run_one_microbatch(std::vector<Stage>& stages, const Mesh& mesh, const para
       if (y) send_to(*y, neighbour(stage.index() + 1)).wait();
     }
   }
-  rec.phase("backward", /*overlapped=*/true);
+  rec.phase(split_backward ? "backward_input" : "backward", /*overlapped=*/true);
   MemoryTagScope tag(MemoryTag::activations);  // the activations' gradients and recomputed forwards
   for (std::size_t i = stages.size(); i-- > 0;) {
     Stage& stage = stages[i];
@@ -238,8 +259,14 @@ void run_one_microbatch(std::vector<Stage>& stages, const Mesh& mesh, const para
     if (!stage.is_last())
       dy = recv_from<typename X::layout, typename X::value_type>(stage_mesh, neighbour(stage.index() + 1),
                                                                  stage.activation_shape(ids));
-    auto dx = stage.backward(0, std::move(dy), 1.0);
+    auto dx = split_backward ? stage.backward_input(0, std::move(dy), 1.0) : stage.backward(0, std::move(dy), 1.0);
     if (dx) send_to(*dx, neighbour(stage.index() - 1)).wait();
+    if (!split_backward) after_backward(i);
+  }
+  if (!split_backward) return;
+  rec.phase("backward_weight", /*overlapped=*/true);
+  for (std::size_t i = stages.size(); i-- > 0;) {
+    stages[i].backward_weight(0);
     after_backward(i);
   }
 }
@@ -250,13 +277,14 @@ void run_one_microbatch(std::vector<Stage>& stages, const Mesh& mesh, const para
 /// any model that pipeline::split cut (the GPT here, train_vit --dry-run).
 template <class Run, class Opt, class Mesh, class Input, class Target>
 void sharded_pipeline_step(Run& run, Opt& opt, const Mesh& mesh, const parallel::pipeline::StageLayout& layout,
-                           const Input& x, const Target& y, Recorder& rec) {
+                           const Input& x, const Target& y, Recorder& rec, bool split_backward = false) {
   run_one_microbatch(
       run.executor().stages(), mesh, layout, x, y, rec, [&](std::size_t i) { run.fsdp(i).unshard(); },
       [&](std::size_t i) {
         run.fsdp(i).reshard();
         run.fsdp(i).reduce_gradients();
-      });
+      },
+      split_backward);
   rec.phase("optimizer");
   MemoryTagScope optimizer_tag(MemoryTag::other);
   run.finish_gradient_syncs();
@@ -296,7 +324,7 @@ void pipeline_rank_step(CommPtr world, const TrainingPlan& p, const parallel::pi
     auto all = nn::parameter_set_with(stages, nn::on(stage_mesh, params));
     auto opt = optim::make_adamw(all, adamw_options());
     opt.zero_grad();
-    run_one_microbatch(stages, mesh, layout, ids, ids, rec, [](std::size_t) {}, [](std::size_t) {});
+    run_one_microbatch(stages, mesh, layout, ids, ids, rec, [](std::size_t) {}, [](std::size_t) {}, split_backward(schedule));
     rec.phase("optimizer");
     MemoryTagScope optimizer_tag(MemoryTag::other);
     ddp.all_reduce_gradients(params);
@@ -321,7 +349,7 @@ void pipeline_rank_step(CommPtr world, const TrainingPlan& p, const parallel::pi
   pp::ShardedPipeline<Stage, Mesh, float> run(mesh, schedule, std::move(stages), {.stage = p.zero}, bucket_bytes);
   auto opt = optim::make_adamw(run.params(), adamw_options());  // the fp32 shards (MoE: and the experts in T)
   run.zero_grad();
-  sharded_pipeline_step(run, opt, mesh, layout, ids, ids, rec);
+  sharded_pipeline_step(run, opt, mesh, layout, ids, ids, rec, split_backward(schedule));
 }
 
 /// FSDP / ZeRO-1, 2, 3 (HSDP when hsdp > 1), pp == 1: nn::GPT under fully_shard<float>.
@@ -424,6 +452,7 @@ std::vector<PlanClass> dry_run_plan(const TrainingPlan& p) {
       for (int r = 0; r < p.pp; ++r)
         if (r != c.pipeline_rank && keys[std::size_t(r)] == keys[std::size_t(c.pipeline_rank)]) c.pipeline_ranks.push_back(r);
       c.in_flight = std::max(v, memory.peak_saved[std::size_t(c.pipeline_rank)]);
+      c.held_at_peak = c.in_flight;
       result.push_back(std::move(c));
     }
   } else {
@@ -440,8 +469,22 @@ std::vector<PlanClass> dry_run_plan(const TrainingPlan& p) {
     const auto& fwd = c.report.phase("forward");
     const auto tag = std::size_t(MemoryTag::activations);
     c.saved_per_stage = (fwd.end[tag] - fwd.start[tag]) / v;
-    // The step's own peak: building the unsharded model before sharding is not part of a step.
-    c.peak_in_flight = double(c.report.step_peak_total()) + double(c.in_flight - v) * double(c.saved_per_stage);
+    if (p.pipelined() && detail::split_backward(schedule)) {
+      // Zero-bubble: what W frees is the contexts I left; the rank's peak weighs both counts
+      // step by step (a W context is smaller than a forward's saved state).
+      const auto& input = c.report.phase("backward_input");
+      const auto& weight = c.report.phase("backward_weight");
+      c.contexts_per_stage = std::max<std::int64_t>(0, input.end[tag] - weight.end[tag]) / v;
+      const double ratio = c.saved_per_stage > 0 ? double(c.contexts_per_stage) / double(c.saved_per_stage) : 0;
+      const auto at = detail::held_at_peak(parallel::pipeline::validate(schedule), ratio, c.pipeline_rank);
+      c.held_at_peak = at.held, c.contexts_at_peak = at.contexts;
+      c.in_flight = std::max(v, int(at.held));
+    }
+    c.in_flight_bytes = c.held_at_peak * double(c.saved_per_stage) + c.contexts_at_peak * double(c.contexts_per_stage);
+    // The step's own peak: building the unsharded model before sharding is not part of a step;
+    // the one micro-batch run holds v stages' saved activations of the schedule's in flight.
+    c.peak_in_flight = double(c.report.step_peak_total()) +
+                       std::max(0.0, c.in_flight_bytes - double(v) * double(c.saved_per_stage));
   }
   return result;
 }

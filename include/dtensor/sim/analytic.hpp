@@ -23,6 +23,13 @@
 // ledger shows them), saved activations per layer (Korthikanti's terms for our modules, or one
 // block input under recompute) times the micro-batches the first pipeline rank holds, plus the
 // last stage's logits. test_sim checks these against the dry run for several plans.
+// MoE models (ModelShape::experts, GPT blocks): per MoE block the router GEMM, the busiest
+// rank's ceil(E / ep) experts' GEMMs on the rows balanced routing sends it, the count exchange
+// and two all_to_all_v of the routed rows each way on "ep" (exposed; moe_all_to_all_bytes is
+// the CommLog's figure), the SP gather of whole tokens; the experts' states in T (not ZeRO-
+// sharded) and their all-reduce on "edp" once per step. Zero-bubble schedules: the pending
+// weight-gradient contexts (each Linear's input and output gradient between its I and its W)
+// weighed with the forwards in flight at the rank's peak, as the dry run counts them.
 #pragma once
 
 #include <algorithm>
@@ -43,29 +50,48 @@
 namespace dtensor::sim {
 
 /// A GPT (LayerNorm, GELU MLP, biases, learned positions) or Llama (RMSNorm, SwiGLU, GQA, no
-/// biases) model's shape.
+/// biases) model's shape. `experts` > 0: the feed-forward of every `moe_every`-th block is a
+/// mixture of `experts` GELU MLPs of width `expert_ffn` (0: the dense width), top-`topk` routed,
+/// with a router [experts, dim] (models/moe_gpt.hpp; GPT blocks only, as the trainer's).
 struct ModelShape {
   std::int64_t layers = 1, dim = 1, heads = 1, kv_heads = 0, ffn = 0, vocab = 1, seq = 1;
   bool llama = false;
+  std::int64_t experts = 0, topk = 1, moe_every = 1, expert_ffn = 0;
   std::int64_t kv() const { return kv_heads ? kv_heads : heads; }
   std::int64_t width() const { return ffn ? ffn : 4 * dim; }
   std::int64_t head_dim() const { return dim / heads; }
-  /// Parameters of one block.
+  bool moe() const { return experts > 0; }
+  /// Blocks whose feed-forward is a MoE: block l when (l + 1) % moe_every == 0.
+  std::int64_t moe_layers() const { return moe() && moe_every > 0 ? layers / moe_every : 0; }
+  std::int64_t expert_width() const { return expert_ffn ? expert_ffn : width(); }
+  /// One expert's parameters (fc1, fc2 and their biases: parallel/experts.hpp).
+  double expert_params() const { return 2 * double(dim) * double(expert_width()) + double(expert_width()) + double(dim); }
+  /// The dense feed-forward's parameters, which a MoE block replaces by its router and experts.
+  double mlp_params() const {
+    const double h = double(dim), f = double(width());
+    return llama ? 3 * h * f : 2 * h * f + f + h;
+  }
+  /// Parameters of one block (a dense one).
   double block_params() const {
     const double h = double(dim), kvd = double(kv() * head_dim()), f = double(width());
     if (llama) return h * (h + 2 * kvd) + h * h + 3 * h * f + 2 * h;
     return h * (h + 2 * kvd) + (h + 2 * kvd) + h * h + h + 2 * h * f + f + h + 4 * h;
   }
+  /// What a MoE block has beyond a dense one: the router and the experts, less the dense MLP.
+  double moe_extra_params() const { return double(dim) * double(experts) + double(experts) * expert_params() - mlp_params(); }
   /// All parameters: blocks, embedding (and learned positions), final norm, untied head.
   double params() const {
     const double h = double(dim), v = double(vocab);
-    return double(layers) * block_params() + v * h + (llama ? 0 : double(seq) * h) + (llama ? h : 2 * h) + v * h;
+    return double(layers) * block_params() + double(moe_layers()) * moe_extra_params() + v * h +
+           (llama ? 0 : double(seq) * h) + (llama ? h : 2 * h) + v * h;
   }
   /// The model FLOPs of one token (PaLM's count, as MFU is quoted): 6 x the parameters a token
-  /// multiplies (no embedding lookup) + 12 L h s for attention.
+  /// multiplies (no embedding lookup; in a MoE block the router and its top-k experts) + 12 L h s
+  /// for attention.
   double model_flops_per_token() const {
     const double h = double(dim), v = double(vocab);
-    return 6 * (double(layers) * block_params() + v * h) + 12 * double(layers) * h * double(seq);
+    const double active_moe = double(moe_layers()) * (h * double(experts) + double(topk) * expert_params() - mlp_params());
+    return 6 * (double(layers) * block_params() + active_moe + v * h) + 12 * double(layers) * h * double(seq);
   }
 };
 
@@ -74,6 +100,7 @@ struct PlanShape {
   std::int64_t batch = 1;       // sequences per step
   std::int64_t microbatch = 1;  // sequences per micro-batch per data rank
   int dp = 1, tp = 1, pp = 1, cp = 1;
+  int ep = 1;                   // expert parallelism: ranks of dp x cp splitting a MoE model's experts
   int zero = 0;                 // 0 DDP (AdamW in the model's dtype), 1..3 fully_shard (fp32 master)
   bool sp = true;               // sequence parallelism with tp
   bool recompute = false;       // full activation recomputation of every block
@@ -115,11 +142,15 @@ struct AnalyticEstimate {
   double forward = 0, backward = 0;        // one micro-batch on one rank's stages, exposed communication included
   double compute_per_microbatch = 0;       // of which compute
   double tp_seconds = 0, cp_seconds = 0, pp_seconds = 0, gather_seconds = 0;  // exposed, per step
+  double ep_seconds = 0;                   // a MoE plan's expert all-to-alls (counts, dispatch, combine), exposed, per step
   double pipeline_seconds = 0, bubble_seconds = 0;
   double recompute_seconds = 0;            // per step: the recomputed forward work (and its collectives)
   double gradient_reduction = 0, optimizer = 0, parameter_sync = 0;  // once per step, exposed
   double step_seconds = 0;
   double model_states = 0, activations = 0, logits = 0, memory_bytes = 0;
+  double expert_states = 0;          // of model_states: a MoE plan's experts (values, gradients, moments in T)
+  double activations_in_flight = 0;  // of activations: the micro-batches the schedule holds (W contexts included)
+  double weight_contexts = 0;        // of those: zero-bubble schedules' pending weight-gradient contexts
   bool fits = false;
   double model_flops = 0;  // per step, all GPUs (PaLM's count)
   double mfu = 0, tokens_per_second = 0;
@@ -158,6 +189,21 @@ inline void check_plan_shape(const ModelShape& m, const PlanShape& p) {
     throw Error(op, "cp_kind '" + p.cp_kind + "': ring, allgather or ulysses");
   if (p.cp_kind == "ulysses" && m.heads % (std::int64_t(p.tp) * p.cp) != 0)
     throw Error(op, dtensor::detail::cat("ulysses splits the heads over tp x cp: heads ", m.heads, " over ", p.tp, " x ", p.cp));
+  if (m.moe()) {
+    if (m.llama) throw Error(op, "MoE blocks are GPT blocks (models/moe_gpt.hpp): not with a Llama shape");
+    if (m.topk < 1 || m.topk > m.experts || m.moe_every < 1 || m.expert_ffn < 0)
+      throw Error(op, dtensor::detail::cat("experts ", m.experts, ", topk ", m.topk, ", moe_every ", m.moe_every,
+                                           ", expert_ffn ", m.expert_ffn, ": 1 <= topk <= experts, moe_every >= 1"));
+    const nn::Recompute r = p.recomputes();
+    if (!r.full && (r.norm || r.mlp))
+      throw Error(op, "MoE blocks: the estimate recomputes none, selective (core_attn), act or full, not " + r.to_string());
+  }
+  // Any number of experts at least ep over ep ranks of the token ranks (dp x cp): the ranks hold
+  // ceil(E / ep) or fewer (parallel/experts.hpp).
+  const std::int64_t token_ranks = std::int64_t(p.dp) * p.cp;
+  if (p.ep < 1 || token_ranks % p.ep != 0 || (m.moe() ? p.ep > m.experts : p.ep != 1))
+    throw Error(op, dtensor::detail::cat("ep ", p.ep, " must divide dp x cp = ", token_ranks, " and be at most the ",
+                                         m.experts, " experts (1 without experts)"));
   // The schedule as the executor builds it (its own checks: DualPipeV's m >= 2 pp, v fixed).
   namespace pl = parallel::pipeline;
   const auto kind = pl::parse_schedule_kind(p.schedule);
@@ -219,7 +265,59 @@ inline PipelineIdle zero_bubble_pipeline(const std::string& schedule, int pp, in
   out.held = h1 ? pp : kind == pl::ScheduleKind::dual_pipe_v ? 2 * pp + 1 : 2 * pp;
   return out;
 }
+
+/// The stage-micro-batches a rank holds at its memory peak: `held` forwards whose input gradient
+/// has not run and `contexts` weight-gradient contexts whose W has not (pipeline::validate's
+/// count_memory, step by step), at the step where held + ratio x contexts is largest, over every
+/// rank (ratio: a context's bytes over a stage-micro-batch's saved activations). The dry run
+/// (models/training_plan.hpp) and the analytic estimate weigh the same counts with their bytes.
+struct HeldAtPeak {
+  double held = 0, contexts = 0;
+};
+inline HeldAtPeak held_at_peak(const parallel::pipeline::MemoryReport& memory, double ratio, int only_rank = -1) {
+  HeldAtPeak best;
+  double peak = -1;
+  for (std::size_t r = 0; r < memory.saved.size(); ++r) {
+    if (only_rank >= 0 && int(r) != only_rank) continue;
+    for (std::size_t i = 0; i < memory.saved[r].size(); ++i) {
+      const double held = memory.saved[r][i], contexts = memory.weight_pending[r][i];
+      if (held + ratio * contexts > peak) peak = held + ratio * contexts, best = {held, contexts};
+    }
+  }
+  return best;
+}
+
+/// held_at_peak of a zero-bubble schedule of pp ranks and mb micro-batches. Its counts settle
+/// within the first few rounds, so long schedules are counted at min(mb, 4 pp) micro-batches
+/// (at least what the schedule needs); cached per (schedule, pp, m, ratio to 1e-3): the search
+/// meets the same ones many times.
+inline HeldAtPeak zero_bubble_held(const std::string& schedule, int pp, int mb, double ratio) {
+  namespace pl = parallel::pipeline;
+  const auto kind = pl::parse_schedule_kind(schedule);
+  const int m = std::min(mb, 4 * pp);
+  const auto key = std::array<long, 4>{long(kind), long(pp), long(m), std::lround(1000 * ratio)};
+  thread_local std::map<std::array<long, 4>, HeldAtPeak> cache;
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    const auto s = pl::make_schedule(kind, pp, m, pl::fixed_stages_per_rank(kind));
+    it = cache.emplace(key, held_at_peak(pl::detail::count_memory(s), double(key[3]) / 1000)).first;
+  }
+  return it->second;
+}
 }  // namespace detail
+
+/// The bytes of one expert all_to_all_v on a rank of a MoE plan (dispatch or combine, forward or
+/// backward): max(rows sent, rows received) x dim elements, the CommLog's figure. Balanced
+/// routing (what a dry run assumes, nn::route_balanced): a rank sends its n k choices (n tokens
+/// of a micro-batch on the rank, whole under SP: the MoE gathers them), n k / E to each expert;
+/// the rank holding the most experts, ceil(E / ep) of them, receives that from each of the ep
+/// ranks of its group.
+inline double moe_all_to_all_bytes(const ModelShape& m, const PlanShape& p) {
+  if (!m.moe()) return 0;
+  const double n = double(p.microbatch) * double(m.seq) / p.cp, sent = n * double(m.topk);
+  const double local = std::ceil(double(m.experts) / p.ep), received = sent / double(m.experts) * p.ep * local;
+  return std::max(sent, received) * double(m.dim) * (p.bf16 ? 2 : 4);
+}
 
 /// The plan's step and memory from formulas (see the synopsis).
 inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& p, const Hardware& hw_in,
@@ -234,8 +332,12 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   // ZeRO shards, gathers and reduce-scatters over "dp" = dp / hsdp; the replicas all-reduce the
   // shard over "rep". Without HSDP "rep" has size 1 and "dp" is every data rank.
   const int shards = p.dp / p.hsdp;
-  const Topology topo(std::array<std::string_view, 5>{"pp", "rep", "dp", "cp", "tp"},
-                      std::array{p.pp, p.hsdp, shards, p.cp, p.tp}, hw);
+  Topology topo(std::array<std::string_view, 5>{"pp", "rep", "dp", "cp", "tp"},
+                std::array{p.pp, p.hsdp, shards, p.cp, p.tp}, hw);
+  // A MoE plan's experts live on a second factorization of the same ranks, (pp, edp, ep, tp)
+  // (models/training_plan.hpp's plan_topology): "ep" inside a node when ep x tp ranks fit one.
+  const int edp = p.dp * p.cp / p.ep;
+  topo.add_dims(std::array<std::string_view, 4>{"pp", "edp", "ep", "tp"}, std::array{p.pp, edp, p.ep, p.tp});
   const double e = p.bf16 ? 2 : 4;
   const double t = p.tp, h = double(m.dim), f = double(m.width()), hd = double(m.head_dim());
   const double kvd = double(m.kv()) * hd, b = double(p.microbatch), s = double(m.seq);
@@ -251,7 +353,8 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   auto memory_bound = [&](double bytes) { return op_seconds({"add_", 0, std::int64_t(bytes), 0}, hw, cal); };
   // One block's forward GEMMs on a rank (the dW and dX GEMMs of backward have the same sizes).
   const double mlp = m.llama ? gemm(n, h, 2 * f / t) + gemm(n, f / t, h) : gemm(n, h, f / t) + gemm(n, f / t, h);
-  const double gemms = gemm(n, h, (h + 2 * kvd) / t) + gemm(n, h / t, h) + mlp;
+  const double attn_gemms = gemm(n, h, (h + 2 * kvd) / t) + gemm(n, h / t, h);
+  const double gemms = attn_gemms + mlp;
   // Attention over the causal (query, key) pairs of this rank's queries: a rank holds n / b
   // queries of each sequence, and under load balancing each sees half the keys on average
   // (Ulysses: the whole sequence for heads / cp, the same pairs).
@@ -287,9 +390,12 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
     return collective_seconds(r, topo.link(group), cal);
   };
   const double act = e * n * h;  // a block input, gathered
-  const double tp_layer = p.tp == 1 ? 0
-                          : p.sp  ? 2 * coll(CollectiveKind::all_gather, "tp", p.tp, act) + 2 * coll(CollectiveKind::reduce_scatter, "tp", p.tp, act)
-                                  : 2 * coll(CollectiveKind::all_reduce, "tp", p.tp, act);
+  // Per block and direction: attention's and the MLP's halves (SP: an all-gather and a
+  // reduce-scatter each; without SP an all-reduce each).
+  const double tp_half = p.tp == 1 ? 0
+                         : p.sp  ? coll(CollectiveKind::all_gather, "tp", p.tp, act) + coll(CollectiveKind::reduce_scatter, "tp", p.tp, act)
+                                 : coll(CollectiveKind::all_reduce, "tp", p.tp, act);
+  const double tp_layer = 2 * tp_half;
   double cp_layer = 0, cp_hidden = 0;
   if (p.cp > 1) {
     const double kv_chunk = e * n * kvd / std::max(1.0, std::min(t, double(m.kv())));
@@ -319,57 +425,164 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   // Under SP the column-wise Linears (qkv, fc1) gather their saved input shard again in backward
   // (nn/linear.hpp): two more all-gathers, exposed like every TP collective here (the backward
   // issues the gather before the GEMMs that need it, on the same stream: no overlap).
-  const double tp_regather = p.tp > 1 && p.sp ? 2 * coll(CollectiveKind::all_gather, "tp", p.tp, act) : 0;
+  const double regather_one = p.tp > 1 && p.sp ? coll(CollectiveKind::all_gather, "tp", p.tp, act) : 0;
+  const double tp_regather = 2 * regather_one;
   const double bwd_layer =
       bwd_compute + tp_layer + cp_layer + recompute_comm + tp_regather + std::max(0.0, 2 * cp_hidden - attn_bwd);
+  // A MoE block (parallel/moe.hpp, models/moe_gpt.hpp): attention as above; its feed-forward
+  // gathers the whole tokens under SP (one all-gather forward, one of the output gradient
+  // backward; no collective without SP), runs the router GEMM [n, E], exchanges counts (one
+  // all_to_all), dispatches and combines the n k routed rows (two all_to_all_v each way, exposed:
+  // sim::comm_role), and runs ceil(E / ep) experts' GEMM pairs on the rows the busiest rank
+  // receives; backward twice the GEMMs, GELU again from fc1's output (the experts keep no GELU
+  // output), and the two all_to_all_v adjoints. Routing is balanced (a dry run's assumption).
+  struct MoeLayer {
+    double fwd_compute = 0, bwd_compute = 0, fwd = 0, bwd = 0, w_gemms = 0, recompute = 0;
+    double a2a_f = 0, a2a_b = 0, tp = 0, recompute_tp = 0, recompute_cp = 0;
+    double local = 0, received = 0, sent = 0;
+  } moe;
+  const bool is_moe = m.moe();
+  if (is_moe) {
+    const double E = double(m.experts), fe = double(m.expert_width());
+    moe.local = std::ceil(E / p.ep);
+    moe.sent = n * double(m.topk);
+    moe.received = moe.sent / E * p.ep * moe.local;
+    const double per_expert = moe.received / std::max(1.0, moe.local);
+    const double router = gemm(n, h, E);
+    const double experts = moe.local * (gemm(per_expert, h, fe) + gemm(per_expert, fe, h));
+    // Memory-bound passes (the meta kernels' records of parallel/moe.hpp and experts.hpp): GELU
+    // (read h, write a), the biases added to fc1's and fc2's rows, the rows' gather, gate and
+    // weighted scatter-add; backward: GELU again and its gradient, the bias gradients, and each
+    // local expert's weight gradients accumulated (read the gradient, the new dW, write: 3 e per
+    // parameter; large next to the tokens, unlike a dense block's).
+    const double gelu = memory_bound(2 * e * moe.received * fe);
+    const double rows = memory_bound(4 * e * moe.sent * h) + memory_bound(2 * e * moe.received * (fe + h));
+    const double grads = memory_bound(e * moe.received * (fe + h) + 3 * e * moe.local * m.expert_params());
+    const double a2a_v = coll(CollectiveKind::all_to_all_v, "ep", p.ep, moe_all_to_all_bytes(m, p));
+    const double counts = coll(CollectiveKind::all_to_all, "ep", p.ep, 8 * double(p.ep) * moe.local);
+    const double gather = p.tp > 1 && p.sp ? coll(CollectiveKind::all_gather, "tp", p.tp, act) : 0;
+    const double moe_f = router + experts + gelu + rows;
+    moe.fwd_compute = attn_gemms + attn_fwd + pointwise + moe_f;
+    moe.a2a_f = counts + 2 * a2a_v;
+    moe.a2a_b = 2 * a2a_v;
+    // Full recomputation runs the block's forward again, its collectives included; selective the
+    // attention core (the MoE blocks recompute nothing else in the search: nn/recompute.hpp).
+    if (full) moe.recompute = moe.fwd_compute, moe.recompute_tp = tp_half + gather, moe.recompute_cp = cp_layer;
+    else if (rc.core_attn) moe.recompute = attn_fwd, moe.recompute_cp = cp_layer + std::max(0.0, cp_hidden - attn_fwd);
+    const double recompute_a2a = full ? moe.a2a_f : 0;
+    moe.bwd_compute = 2 * attn_gemms + attn_bwd + 2 * pointwise + 2 * (router + experts) + 2.5 * gelu + rows + grads + moe.recompute;
+    moe.tp = 2 * tp_half + 2 * gather + regather_one + moe.recompute_tp;
+    moe.fwd = moe.fwd_compute + tp_half + gather + cp_layer + std::max(0.0, cp_hidden - attn_fwd) + moe.a2a_f;
+    moe.bwd = moe.bwd_compute + tp_half + gather + regather_one + cp_layer + moe.recompute_tp + moe.recompute_cp +
+              recompute_a2a + std::max(0.0, 2 * cp_hidden - attn_bwd) + moe.a2a_b;
+    moe.w_gemms = attn_gemms + router + experts;
+  }
   // The head (logits GEMM, vocab-parallel over tp) and the pipeline sends, per micro-batch.
   const double head = gemm(n, h, double(m.vocab) / t);
   const double send = p.pp == 1 ? 0 : coll(CollectiveKind::send, "pp", p.pp, act / split);
+  // Parameters a rank holds: the dense ones (routers included) split over pp and tp; a MoE
+  // model's experts on top (ceil(E / ep) per MoE block, replicated over tp, not ZeRO-sharded).
+  const double moe_share = m.layers > 0 ? double(m.moe_layers()) / double(m.layers) : 0;
+  const double dense_params = m.params() - double(m.moe_layers()) * double(m.experts) * m.expert_params();
+  const double rank_params = dense_params / (double(p.pp) * t);
+  const double expert_params = is_moe ? moe_share * layers_per_rank * moe.local * m.expert_params() : 0;
   // ZeRO-3: every unit gathered each micro-batch forward and backward, prefetched behind compute.
-  const double rank_params = m.params() / (double(p.pp) * t);
   const double gather = p.zero == 3 && shards > 1 ? coll(CollectiveKind::all_gather, "dp", shards, 4 * rank_params) / layers_per_rank : 0;
   AnalyticEstimate a;
   const double per_layer_f = fwd_layer + std::max(0.0, gather - fwd_compute);
   const double per_layer_b = bwd_layer + std::max(0.0, gather - bwd_compute);
-  // The slowest pipeline rank: the last (its layers and the head; uneven splits round up).
+  // The slowest pipeline rank: the last (its layers and the head; uneven splits round up); of
+  // its layers, a MoE model's share are MoE blocks (rounded up).
   const double layers_max = std::ceil(layers_per_rank);
-  a.forward = layers_max * per_layer_f + head + send * v;
-  a.backward = layers_max * per_layer_b + 2 * head + send * v;
-  a.compute_per_microbatch = layers_max * (fwd_compute + bwd_compute) + 3 * head;
-  a.recompute_seconds = mb * layers_max * recompute_compute;
-  a.tp_seconds = mb * layers_max * (2 * tp_layer + tp_regather + (full ? tp_layer : rc.mlp ? tp_layer / 2 : 0));
-  a.cp_seconds = mb * layers_max * (2 * cp_layer + (recompute_comm - (full ? tp_layer : rc.mlp ? tp_layer / 2 : 0)) +
-                                    std::max(0.0, cp_hidden - attn_fwd) + std::max(0.0, 2 * cp_hidden - attn_bwd));
+  const double moe_max = is_moe ? std::min(layers_max, std::ceil(layers_max * moe_share)) : 0, dense_max = layers_max - moe_max;
+  const double moe_f = moe.fwd + std::max(0.0, gather - moe.fwd_compute), moe_b = moe.bwd + std::max(0.0, gather - moe.bwd_compute);
+  a.forward = dense_max * per_layer_f + moe_max * moe_f + head + send * v;
+  a.backward = dense_max * per_layer_b + moe_max * moe_b + 2 * head + send * v;
+  a.compute_per_microbatch = dense_max * (fwd_compute + bwd_compute) + moe_max * (moe.fwd_compute + moe.bwd_compute) + 3 * head;
+  a.recompute_seconds = mb * (dense_max * recompute_compute + moe_max * moe.recompute);
+  const double tp_recompute = full ? tp_layer : rc.mlp ? tp_layer / 2 : 0;
+  a.tp_seconds = mb * (dense_max * (2 * tp_layer + tp_regather + tp_recompute) + moe_max * moe.tp);
+  a.ep_seconds = mb * moe_max * (moe.a2a_f + moe.a2a_b + (full ? moe.a2a_f : 0));
+  a.cp_seconds = mb * layers_max * (2 * cp_layer + std::max(0.0, cp_hidden - attn_fwd) + std::max(0.0, 2 * cp_hidden - attn_bwd)) +
+                 mb * (dense_max * (recompute_comm - tp_recompute) + moe_max * moe.recompute_cp);
   a.pp_seconds = mb * 2 * send * v;
-  a.gather_seconds = mb * layers_max * (std::max(0.0, gather - fwd_compute) + std::max(0.0, gather - bwd_compute));
+  a.gather_seconds = mb * (dense_max * (std::max(0.0, gather - fwd_compute) + std::max(0.0, gather - bwd_compute)) +
+                           moe_max * (std::max(0.0, gather - moe.fwd_compute) + std::max(0.0, gather - moe.bwd_compute)));
   const double per_microbatch = a.forward + a.backward;
-  double in_flight = 1;  // stage-micro-batches of activations the first pipeline rank holds at most
+  // Saved bytes per layer, in units of n h bytes at bf16 (docs/dry-run.md's tables: GPT's terms,
+  // Llama's too; under SP every saved value is this rank's 1/t, the column-wise Linears' inputs
+  // included, nn/linear.hpp), less what the recomputed modules drop.
+  double units = 2 / split;  // full: the block input
+  double moe_units = 2 / split;
+  if (!full) {
+    double ln_in = 4 / split, qkv_in = 2 / split, attention = 10 / t, fc1_in = 2 / split, hidden = 8 / t, gelu = 8 / t;
+    if (rc.core_attn) attention -= 2 / t;           // the core's output heads
+    if (rc.norm) qkv_in = fc1_in = 0;               // the norms' outputs
+    if (rc.mlp) fc1_in = hidden = gelu = 0;         // ln2's input stays
+    else if (rc.act) gelu = 0;
+    units = ln_in + qkv_in + attention + fc1_in + hidden + gelu;
+    // A MoE feed-forward keeps (parallel/moe.hpp, parallel/experts.hpp): the router's whole
+    // input, the experts' input rows and fc1 outputs, the combined rows, each routed row's token
+    // index (int64) and gate, and the routing (expert index, gate, kept flag per choice).
+    if (is_moe) {
+      const double fe = double(m.expert_width()), k = double(m.topk);
+      const double moe_bytes = e * (n * h + moe.received * (h + fe) + moe.sent * h) + moe.sent * (8 + e) + n * k * (8 + e + 1);
+      moe_units = ln_in + qkv_in + attention + moe_bytes / (n * h) * 2 / e;
+    }
+  }
+  const double block_saved = n * h * (p.sp ? 34 / t : 8 + 26 / t) * (e / 2);
+  const double saved_layer = n * h * units * (e / 2);
+  const double saved_moe = n * h * moe_units * (e / 2);
+  // What a rank's stages of one micro-batch keep saved, on average per stage.
+  const double saved_stage = (layers_per_rank * ((1 - moe_share) * saved_layer + moe_share * saved_moe)) / v;
+  // The weight-gradient contexts of one micro-batch's stage between its I and its W (zero-bubble
+  // schedules): each Linear's matmul input (gathered under SP) and output gradient
+  // (nn/linear.hpp WeightCtx): qkv x h + dy (h + 2 kvd) / t, proj x h / t + dy h, fc1 (SwiGLU's
+  // fused w13) x h + dy f / t (2 f / t), fc2 x f / t + dy h; a MoE block's router x h + dy E and
+  // experts x, dy (h each) and a, dh (their width each) per received row.
+  const double wctx_dense = e * n * (4 * h + (h + 2 * kvd) / t + h / t + (m.llama ? 3 : 2) * f / t);
+  const double wctx_moe = is_moe ? e * n * (2 * h + (h + 2 * kvd) / t + h / t + h + double(m.experts)) +
+                                       e * moe.received * 2 * (h + double(m.expert_width()))
+                                 : 0;
+  const double wctx_stage = layers_per_rank * ((1 - moe_share) * wctx_dense + moe_share * wctx_moe) / v;
   if (p.zero_bubble() && p.pp > 1) {
-    const double w = std::min(a.backward, layers_max * gemms + head);
+    const double w = std::min(a.backward, dense_max * gemms + moe_max * moe.w_gemms + head);
     const auto bubble = detail::zero_bubble_pipeline(p.schedule, p.pp, mb, a.forward, a.backward - w, w);
     a.bubble_seconds = bubble.idle;
     a.pipeline_seconds = mb * per_microbatch + bubble.idle;
-    in_flight = bubble.held;
+    const auto ctx = detail::zero_bubble_held(p.schedule, p.pp, mb, saved_stage > 0 ? wctx_stage / saved_stage : 0);
+    a.weight_contexts = ctx.contexts * wctx_stage;
+    a.activations_in_flight = ctx.held * saved_stage + a.weight_contexts;
   } else {
     a.pipeline_seconds = (mb + double(p.pp - 1) / v) * per_microbatch;
     a.bubble_seconds = double(p.pp - 1) / v * per_microbatch;
-    in_flight = p.pp == 1 ? 1 : std::min(double(mb) * v, double(p.pp) * v + (v > 1 ? p.pp : 0));
+    // Stage-micro-batches the first pipeline rank holds at most (pipeline::validate's count).
+    const double held = p.pp == 1 ? v : std::min(double(mb) * v, double(p.pp) * v + (v > 1 ? p.pp : 0));
+    a.activations_in_flight = held * saved_stage;
   }
   // Once per step: the gradient reduction (fp32 reduce-scatter under ZeRO, bf16 all-reduce
-  // under DDP; HSDP: then an all-reduce of the shard over the replicas) behind the last
-  // backward, the optimizer (memory-bound), ZeRO's parameter sync.
+  // under DDP; HSDP: then an all-reduce of the shard over the replicas; a MoE model's experts:
+  // an all-reduce in T on "edp", under ZeRO too) behind the last backward, the optimizer
+  // (memory-bound), ZeRO's parameter sync.
+  double reduction = 0;
   if (p.dp > 1) {
-    double reduction = p.zero >= 1 ? coll(CollectiveKind::reduce_scatter, "dp", shards, 4 * rank_params)
-                                   : coll(CollectiveKind::all_reduce, "dp", p.dp, e * rank_params);
+    reduction = p.zero >= 1 ? coll(CollectiveKind::reduce_scatter, "dp", shards, 4 * rank_params)
+                            : coll(CollectiveKind::all_reduce, "dp", p.dp, e * rank_params);
     if (p.hsdp > 1) reduction += coll(CollectiveKind::all_reduce, "rep", p.hsdp, 4 * rank_params / shards);
+    if ((p.zero == 1 || p.zero == 2) && shards > 1) a.parameter_sync = coll(CollectiveKind::all_gather, "dp", shards, e * rank_params);
+  }
+  if (is_moe && edp > 1) reduction += coll(CollectiveKind::all_reduce, "edp", edp, e * expert_params);
+  if (reduction > 0) {
     // Behind the last micro-batch's backward *compute*, as the dry run's estimate hides it
     // (sim::comm_role): its exposed TP collectives do not hide the reduction.
-    const double backward_compute = (layers_max * bwd_compute + 2 * head) / v;
+    const double backward_compute = (dense_max * bwd_compute + moe_max * moe.bwd_compute + 2 * head) / v;
     a.gradient_reduction = p.overlap_gradient_reduction ? std::max(0.0, reduction - backward_compute) : reduction;
-    if ((p.zero == 1 || p.zero == 2) && shards > 1) a.parameter_sync = coll(CollectiveKind::all_gather, "dp", shards, e * rank_params);
   }
   const double shard = p.zero >= 1 ? rank_params / shards : rank_params;
   a.optimizer = op_seconds({"adamw_update", std::int64_t(12 * shard), std::int64_t((p.zero >= 1 ? 36 : 5 * e) * shard), 0}, hw, cal);
+  // The experts' AdamW in T (the meta record: read value, gradient and moments, write three: 7 e
+  // per parameter) and the clip's sum of squares over their gradients (e).
+  if (is_moe) a.optimizer += op_seconds({"adamw_update", std::int64_t(12 * expert_params), std::int64_t(8 * e * expert_params), 0}, hw, cal);
   a.step_seconds = a.pipeline_seconds + a.gradient_reduction + a.optimizer + a.parameter_sync;
   // Memory of the first pipeline rank (the most micro-batches in flight) and the last's logits.
   if (p.zero == 0) a.model_states = rank_params * (e + e + 2 * e);  // values, gradients, AdamW moments in T
@@ -378,22 +591,10 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
     const double values = p.zero == 3 ? 0 : 2, full_grads = p.zero == 1 ? 2 : 0, state = p.zero == 1 ? 12 : 16;
     a.model_states = rank_params * (values + full_grads + state / shards) + (p.zero >= 2 ? 2 * rank_params / layers_per_rank : 0);
   }
-  // Saved bytes per layer, in units of n h bytes at bf16 (docs/dry-run.md's tables: GPT's terms,
-  // Llama's too; under SP every saved value is this rank's 1/t, the column-wise Linears' inputs
-  // included, nn/linear.hpp), less what the recomputed modules drop.
-  double units = 2 / split;  // full: the block input
-  if (!full) {
-    double ln_in = 4 / split, qkv_in = 2 / split, attention = 10 / t, fc1_in = 2 / split, hidden = 8 / t, gelu = 8 / t;
-    if (rc.core_attn) attention -= 2 / t;           // the core's output heads
-    if (rc.norm) qkv_in = fc1_in = 0;               // the norms' outputs
-    if (rc.mlp) fc1_in = hidden = gelu = 0;         // ln2's input stays
-    else if (rc.act) gelu = 0;
-    units = ln_in + qkv_in + attention + fc1_in + hidden + gelu;
-  }
-  const double block_saved = n * h * (p.sp ? 34 / t : 8 + 26 / t) * (e / 2);
-  const double saved_layer = n * h * units * (e / 2);
+  a.expert_states = expert_params * 4 * e;  // values, gradients and AdamW moments in T (DDP on "edp")
+  a.model_states += a.expert_states;
   const double recompute_peak = rc.none() ? 0 : full ? block_saved : block_saved - saved_layer;
-  a.activations = saved_layer * layers_per_rank * in_flight / v + recompute_peak;
+  a.activations = a.activations_in_flight + recompute_peak;
   a.logits = 4 * n * double(m.vocab) / t;
   a.memory_bytes = a.model_states + a.activations + a.logits;
   a.fits = fits(a.memory_bytes, hw);

@@ -6,21 +6,27 @@
 //   ranked[0].plan;  ranked[0].estimate.step_seconds;  ranked.size();
 //   sim::why_slower(ranked[3], ranked[0]);   // "bubble +1.2 s (pp 32 ...)"
 //
-// Enumerated: tp in powers of two up to the NVLink domain dividing the heads; cp in powers of
-// two dividing seq / 2 (1 unless the sequence is long: up to 32) as a ring, all-gather of KV or
-// Ulysses (heads a multiple of tp x cp); pp in powers of two and the divisors of the layers;
-// dp = gpus / (tp cp pp), dividing the batch; micro-batch sizes 1, 2, 4, 8; schedules 1F1B,
-// interleaved (v = 2, 4 where m is a multiple of pp; layers split unevenly as the dry run's
-// stages do), ZB-H1 (m >= pp), ZB-V and DualPipeV (m >= 2 pp); DDP, ZeRO-1, ZeRO-3, and
-// ZeRO-1/3 as HSDP (shards filling a node with the cp x tp ranks, or 2x, 4x that); recompute
-// none, selective, act, core_attn,norm,act, core_attn,norm,mlp or full; SP whenever tp > 1.
-// `plan_at_scale --search` dry-runs the `finalists` best of this ranking and ranks those by
-// the dry run's estimate (sim/cost_model.hpp). Not enumerated: experts (the analytic estimate
-// has no MoE blocks), ZeRO-2 (ZeRO-1's time, more memory than ZeRO-3 saves), GPipe.
+// Enumerated: tp in powers of two up to the NVLink domain dividing the heads (and a Llama's KV
+// heads); cp in powers of two dividing seq / 2 (1 unless the sequence is long: up to 32) as a
+// ring, all-gather of KV or Ulysses (heads a multiple of tp x cp); pp in powers of two and the
+// divisors of the layers; dp = gpus / (tp cp pp), dividing the batch; micro-batch sizes 1, 2, 4,
+// 8; schedules 1F1B, interleaved (v = 2, 4 where m is a multiple of pp; layers split unevenly
+// as the dry run's stages do), ZB-H1 (m >= pp), ZB-V and DualPipeV (m >= 2 pp); DDP, ZeRO-1,
+// ZeRO-3, and ZeRO-1/3 as HSDP (shards filling a node with the cp x tp ranks, or 2x, 4x that);
+// for a MoE model (ModelShape::experts) every ep up to the experts dividing dp x cp (uneven
+// experts over ep allowed: the busiest rank holds ceil(E / ep)); recompute none, selective,
+// act, core_attn,norm,act, core_attn,norm,mlp or full (MoE: none, selective or full); SP
+// whenever tp > 1. SearchSpace::exhaustive (the trainer's --plan auto, and plan_at_scale
+// --search up to exhaustive_gpus GPUs) widens this to every divisor and micro-batch size,
+// ZeRO-2 and every HSDP split, interleaved v = 2 only. `plan_at_scale --search` and
+// `train_gpt --plan auto` dry-run the `finalists` best of this ranking and rank those by the dry
+// run's estimate (examples/plan_rescore.hpp). Not enumerated: GPipe; ZeRO-2 outside the
+// exhaustive space (ZeRO-1's time, more memory than ZeRO-3 saves).
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -41,7 +47,17 @@ struct SearchSpace {
   bool cp_kinds = true;           // the all-gather and Ulysses context kinds beside the ring
   bool zero_bubble = true;        // ZB-H1, ZB-V and DualPipeV beside 1F1B and interleaved
   bool recompute_modules = true;  // selective and per-module recomputation beside none and full
+  // The trainer's space (examples/plan_auto.hpp; plan_at_scale --search on up to
+  // exhaustive_gpus GPUs): every divisor of the GPUs for tp, cp and pp (not only powers of two),
+  // every micro-batch size dividing a data rank's sequences, ZeRO-2 beside 0, 1, 3, and every
+  // HSDP split; interleaved with 2 stages per rank only (what the trainer runs).
+  bool exhaustive = false;
+  std::optional<nn::Recompute> recompute{};  // given (train_gpt --checkpoint / --recompute): only this one
+  int ep = 0;                                // a MoE model's expert parallelism: 0 every ep, else only this one
 };
+
+/// plan_at_scale --search and train_gpt --plan auto enumerate the exhaustive space up to this many GPUs.
+inline constexpr std::int64_t exhaustive_gpus = 16;
 
 struct RankedPlan {
   PlanShape plan;
@@ -75,6 +91,13 @@ inline bool repeats_no_more(const nn::Recompute& a, const nn::Recompute& b) {
   return (!a.core_attn || b.core_attn) && (!a.norm || b.norm) && (!a.mlp || b.mlp) && (!a.act || b.act || b.mlp);
 }
 
+inline std::vector<int> divisors_of(std::int64_t n) {
+  std::vector<int> v;
+  for (std::int64_t d = 1; d <= n && d <= (1 << 30); ++d)
+    if (n % d == 0) v.push_back(int(d));
+  return v;
+}
+
 /// A pipeline schedule and its stages per rank.
 struct ScheduleChoice {
   const char* name;
@@ -82,23 +105,48 @@ struct ScheduleChoice {
 };
 }  // namespace detail
 
-/// Every plan of the space that fits, fastest first (see the synopsis). Throws when none fits.
-inline std::vector<RankedPlan> search_plans(const ModelShape& m, const SearchSpace& space, const Hardware& hw,
-                                            const Calibration& cal = calibration) {
+/// The plans of a search, fastest first, and how many were estimated.
+struct SearchResult {
+  std::vector<RankedPlan> ranked;
+  std::size_t considered = 0;
+};
+
+/// Every plan of the space and its estimate, fitting ones (all with keep_unfit) fastest first;
+/// no error when none fits (search_plans throws then).
+inline SearchResult search_space(const ModelShape& m, const SearchSpace& space, const Hardware& hw,
+                                 const Calibration& cal = calibration) {
   constexpr const char* op = "sim::search_plans";
   if (space.gpus < 1 || space.batch < 1)
     throw Error(op, dtensor::detail::cat("gpus ", space.gpus, ", batch ", space.batch, ": need >= 1"));
-  std::vector<int> pps = detail::powers_of_two_upto(m.layers);
-  for (std::int64_t d = 1; d <= m.layers; ++d)
-    if (m.layers % d == 0) pps.push_back(int(d));
+  check_model_sizes(m, space.batch, op);
+  const bool all = space.exhaustive;
+  std::vector<int> pps;
+  if (all) {
+    for (int d : detail::divisors_of(space.gpus))
+      if (d <= m.layers) pps.push_back(d);
+  } else {
+    pps = detail::powers_of_two_upto(m.layers);
+    for (std::int64_t d = 1; d <= m.layers; ++d)
+      if (m.layers % d == 0) pps.push_back(int(d));
+  }
   std::sort(pps.begin(), pps.end());
   pps.erase(std::unique(pps.begin(), pps.end()), pps.end());
-  const auto recomputes = detail::recompute_choices(space.recompute_modules);
-  std::vector<RankedPlan> out;
-  std::size_t considered = 0;
-  for (int tp : detail::powers_of_two_upto(std::min<std::int64_t>(hw.gpus_per_node, m.heads))) {
-    if (m.heads % tp != 0) continue;
-    for (int cp : detail::powers_of_two_upto(space.max_cp)) {
+  // MoE blocks recompute none, selective or full here (nn/recompute.hpp: norm is refused on them,
+  // act changes nothing in them).
+  std::vector<nn::Recompute> recomputes;
+  if (space.recompute) recomputes = {*space.recompute};
+  else if (m.moe()) recomputes = {nn::Recompute{}, nn::Recompute::parse("selective"), nn::Recompute::parse("full")};
+  else recomputes = detail::recompute_choices(space.recompute_modules);
+  const std::int64_t kv = m.kv();
+  const std::vector<int> tps = all ? detail::divisors_of(std::min<std::int64_t>(space.gpus, m.heads))
+                                   : detail::powers_of_two_upto(std::min<std::int64_t>(hw.gpus_per_node, m.heads));
+  const std::vector<int> cps = all ? detail::divisors_of(space.gpus) : detail::powers_of_two_upto(space.max_cp);
+  SearchResult result;
+  auto& out = result.ranked;
+  std::size_t& considered = result.considered;
+  for (int tp : tps) {
+    if (m.heads % tp != 0 || (m.llama && kv % tp != 0) || space.gpus % tp != 0) continue;
+    for (int cp : cps) {
       if (cp > 1 && m.seq % (2 * cp) != 0) continue;
       std::vector<const char*> cp_kinds{"ring"};
       if (cp > 1 && space.cp_kinds) {
@@ -110,19 +158,34 @@ inline std::vector<RankedPlan> search_plans(const ModelShape& m, const SearchSpa
         if (space.gpus % model_ranks != 0) continue;
         const std::int64_t dp = space.gpus / model_ranks;
         if (dp > (1 << 30) || space.batch % dp != 0) continue;
-        // HSDP replicas: the shards fill a node with the cp x tp ranks (then 2x, 4x that), short of dp.
+        // HSDP replicas: the shards fill a node with the cp x tp ranks (then 2x, 4x that), short
+        // of dp; exhaustive: every split of dp into replicas x shards (shards >= 2).
         std::vector<int> replicas{1};
-        if (space.hsdp)
+        if (all) {
+          for (int r : detail::divisors_of(dp))
+            if (r > 1 && r < dp) replicas.push_back(r);
+        } else if (space.hsdp)
           for (std::int64_t shards = std::max<std::int64_t>(2, hw.gpus_per_node / (std::int64_t(tp) * cp)), k = 0;
                k < 3 && shards < dp; shards *= 2, ++k)
             if (dp % shards == 0) replicas.push_back(int(dp / shards));
-        for (std::int64_t b : {1, 2, 4, 8}) {
+        // A MoE model's expert parallelism: any ep up to the experts dividing the token ranks.
+        std::vector<int> eps{1};
+        if (m.moe()) {
+          eps.clear();
+          for (int e : detail::divisors_of(dp * cp))
+            if (e <= m.experts && (space.ep == 0 || e == space.ep)) eps.push_back(e);
+        } else if (space.ep > 1) continue;
+        std::vector<std::int64_t> sizes{1, 2, 4, 8};
+        if (all) sizes.clear();
+        if (all)
+          for (std::int64_t b = 1; b <= space.batch / dp; ++b) sizes.push_back(b);
+        for (std::int64_t b : sizes) {
           if ((space.batch / dp) % b != 0) continue;
           const int mb = int(space.batch / dp / b);
           std::vector<detail::ScheduleChoice> schedules{{"1f1b", 1}};
           if (pp > 1) {
             for (int v : {2, 4})
-              if (mb % pp == 0 && std::int64_t(pp) * v <= m.layers) schedules.push_back({"interleaved", v});
+              if (mb % pp == 0 && std::int64_t(pp) * v <= m.layers && (v == 2 || !all)) schedules.push_back({"interleaved", v});
             if (space.zero_bubble) {
               if (mb >= pp) schedules.push_back({"zb", 1});
               if (mb >= 2 * pp && 2 * std::int64_t(pp) <= m.layers) schedules.push_back({"zbv", 2}), schedules.push_back({"dualpipev", 2});
@@ -130,24 +193,27 @@ inline std::vector<RankedPlan> search_plans(const ModelShape& m, const SearchSpa
           }
           for (const auto& sched : schedules)
             for (const char* cp_kind : cp_kinds)
-              for (int zero : {0, 1, 3}) {
-                if (zero > 0 && dp == 1) continue;
+              for (int zero : {0, 1, 2, 3}) {
+                if ((zero > 0 && dp == 1) || (zero == 2 && !all)) continue;
                 for (int hsdp : replicas) {
                   if (hsdp > 1 && zero == 0) continue;
-                  std::vector<nn::Recompute> fitting;  // of this plan, so far
-                  for (const auto& rc : recomputes) {
-                    // A choice that repeats all the work of one that fits (and more) is slower: left out.
-                    if (!space.keep_unfit && std::any_of(fitting.begin(), fitting.end(), [&](const nn::Recompute& f) {
-                          return detail::repeats_no_more(f, rc);
-                        }))
-                      continue;
-                    PlanShape p{.batch = space.batch, .microbatch = b, .dp = int(dp), .tp = tp, .pp = pp, .cp = cp,
-                                .zero = zero, .sp = tp > 1, .recompute = rc.full, .recompute_modules = rc, .hsdp = hsdp,
-                                .schedule = sched.name, .stages_per_rank = sched.v, .cp_kind = cp_kind, .bf16 = space.bf16};
-                    ++considered;
-                    auto est = analytic_estimate(m, p, hw, cal);
-                    if (est.fits) fitting.push_back(rc);
-                    if (est.fits || space.keep_unfit) out.push_back({std::move(p), est});
+                  for (int ep : eps) {
+                    std::vector<nn::Recompute> fitting;  // of this plan, so far
+                    for (const auto& rc : recomputes) {
+                      // A choice that repeats all the work of one that fits (and more) is slower: left out.
+                      if (!space.keep_unfit && std::any_of(fitting.begin(), fitting.end(), [&](const nn::Recompute& f) {
+                            return detail::repeats_no_more(f, rc);
+                          }))
+                        continue;
+                      PlanShape p{.batch = space.batch, .microbatch = b, .dp = int(dp), .tp = tp, .pp = pp, .cp = cp,
+                                  .ep = ep, .zero = zero, .sp = tp > 1, .recompute = rc.full, .recompute_modules = rc,
+                                  .hsdp = hsdp, .schedule = sched.name, .stages_per_rank = sched.v, .cp_kind = cp_kind,
+                                  .bf16 = space.bf16};
+                      ++considered;
+                      auto est = analytic_estimate(m, p, hw, cal);
+                      if (est.fits) fitting.push_back(rc);
+                      if (est.fits || space.keep_unfit) out.push_back({std::move(p), est});
+                    }
                   }
                 }
               }
@@ -155,14 +221,22 @@ inline std::vector<RankedPlan> search_plans(const ModelShape& m, const SearchSpa
       }
     }
   }
-  if (std::none_of(out.begin(), out.end(), [](const RankedPlan& r) { return r.estimate.fits; }))
-    throw Error(op, dtensor::detail::cat("no plan of ", considered, " for ", m.params() / 1e9, "B parameters on ",
-                                         space.gpus, " x ", hw.name, " (", hw.memory_bytes / 1e9,
-                                         " GB each, less the reserve) with batch ", space.batch, " fits"));
   std::stable_sort(out.begin(), out.end(), [](const RankedPlan& a, const RankedPlan& b) {
     return a.estimate.step_seconds < b.estimate.step_seconds;
   });
-  return out;
+  return result;
+}
+
+/// Every plan of the space that fits, fastest first (see the synopsis). Throws when none fits.
+inline std::vector<RankedPlan> search_plans(const ModelShape& m, const SearchSpace& space, const Hardware& hw,
+                                            const Calibration& cal = calibration) {
+  auto result = search_space(m, space, hw, cal);
+  if (std::none_of(result.ranked.begin(), result.ranked.end(), [](const RankedPlan& r) { return r.estimate.fits; }))
+    throw Error("sim::search_plans",
+                dtensor::detail::cat("no plan of ", result.considered, " for ", m.params() / 1e9, "B parameters on ",
+                                     space.gpus, " x ", hw.name, " (", hw.memory_bytes / 1e9,
+                                     " GB each, less the reserve) with batch ", space.batch, " fits"));
+  return std::move(result.ranked);
 }
 
 /// "tp 8+sp cp 4 (ulysses) pp 16 dp 128, micro-batch 1 x 16, interleaved v2, HSDP 16 x ZeRO-3, recompute selective".
@@ -170,7 +244,9 @@ inline std::string describe(const PlanShape& p) {
   std::ostringstream s;
   s << "tp " << p.tp << (p.sp ? "+sp" : "") << " cp " << p.cp;
   if (p.cp > 1 && p.cp_kind != "ring") s << " (" << p.cp_kind << ")";
-  s << " pp " << p.pp << " dp " << p.dp << ", micro-batch " << p.microbatch << " x " << p.microbatches() << ", " << p.schedule;
+  s << " pp " << p.pp << " dp " << p.dp;
+  if (p.ep > 1) s << " ep " << p.ep;
+  s << ", micro-batch " << p.microbatch << " x " << p.microbatches() << ", " << p.schedule;
   if (p.schedule == "interleaved") s << " v" << p.stages_per_rank;
   s << ", " << (p.hsdp > 1 ? "HSDP " + std::to_string(p.hsdp) + " x " : std::string())
     << (p.zero == 0 ? std::string("DDP") : "ZeRO-" + std::to_string(p.zero));
@@ -200,6 +276,7 @@ inline std::vector<StepTerm> step_terms(const RankedPlan& a, const RankedPlan& b
       {"context-parallel communication", x.cp_seconds, y.cp_seconds},
       {"pipeline sends", x.pp_seconds, y.pp_seconds},
       {"ZeRO-3 gathers", x.gather_seconds, y.gather_seconds},
+      {"expert all-to-alls", x.ep_seconds, y.ep_seconds},
       {"gradient reduction (exposed)", x.gradient_reduction, y.gradient_reduction},
       {"optimizer + parameter sync", x.optimizer + x.parameter_sync, y.optimizer + y.parameter_sync},
   };
