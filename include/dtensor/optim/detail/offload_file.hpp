@@ -5,6 +5,7 @@
 //   detail::OffloadFile file(dir, bytes, comm.rank(), "adamw-state");  // reserved up front, removed with it
 //   detail::agree_on_offload(&comm, file.error(), {&file}, "OffloadedAdamW", dir, "8192 bytes of AdamW moments");
 //   detail::stream_chunks(chunks, read, update, write, stats);          // prefetch c+1, write c-1 behind
+//   detail::FileMapping map(file);  // or the file's bytes as memory: map.data(), prefetch / release / write_behind
 //
 // OffloadFile: one scratch file per rank and state, all its bytes reserved at creation
 // (posix_fallocate: a full disk is found there, not in the middle of a step), closed and deleted
@@ -22,11 +23,21 @@
 // (write-behind), so the disk's time hides behind the processing as far as the two overlap. Pass
 // no_write for a read-only pass. No I/O outlives the call, even when one throws.
 //
+// FileMapping: the file's bytes mapped into memory (MAP_SHARED), for state that other code reads
+// and writes in place through pointers it keeps (FSDP's master shards: the optimizer's views
+// point at them). The kernel's page cache is then the staging buffer: prefetch(at, n) starts
+// reading a range ahead of its use (MADV_WILLNEED), release(at, n) drops it from this process's
+// memory after use (MADV_DONTNEED: the pages stay the file's; the next touch reads them back) and
+// write_behind() starts writing the dirty pages to the disk without waiting (sync_file_range).
+// Pages the file holds are clean or written back, so the kernel can evict them under pressure:
+// the state does not need to fit in the host's memory.
+//
 // The API is deliberately small and stable (another area builds on it): change it only together
 // with every user.
 #pragma once
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -37,11 +48,11 @@
 #include <cstddef>
 #include <cstring>
 #include <future>
-#include <initializer_list>
 #include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "dtensor/comm/communicator.hpp"
@@ -108,6 +119,7 @@ class OffloadFile {
   const std::string& error() const noexcept { return error_; }
   const std::string& path() const noexcept { return path_; }
   std::size_t bytes() const noexcept { return bytes_; }
+  int fd() const noexcept { return fd_; }
 
   void read(void* dst, std::size_t n, std::size_t at) const { io(true, dst, n, at); }
   void write(const void* src, std::size_t n, std::size_t at) const { io(false, const_cast<void*>(src), n, at); }
@@ -144,11 +156,68 @@ class OffloadFile {
   int fd_ = -1;
 };
 
+/// An OffloadFile's bytes as memory (see the top of this file). Unmapped with the object, which
+/// must go before the file.
+class FileMapping {
+ public:
+  FileMapping() = default;
+  explicit FileMapping(const OffloadFile& file) : fd_(file.fd()), bytes_(file.bytes()) {
+    if (bytes_ == 0) return;
+    void* p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+    if (p == MAP_FAILED)
+      throw Error("offload file", dtensor::detail::cat("mapping the ", bytes_, " bytes of ", file.path(), " failed: ",
+                                                       std::strerror(errno)));
+    data_ = p;
+  }
+  FileMapping(FileMapping&& o) noexcept : data_(std::exchange(o.data_, nullptr)), fd_(o.fd_), bytes_(o.bytes_) {}
+  FileMapping& operator=(FileMapping&& o) noexcept {
+    if (this != &o) {
+      unmap();
+      data_ = std::exchange(o.data_, nullptr), fd_ = o.fd_, bytes_ = o.bytes_;
+    }
+    return *this;
+  }
+  ~FileMapping() { unmap(); }
+
+  void* data() const noexcept { return data_; }
+  std::size_t bytes() const noexcept { return bytes_; }
+  /// Starts reading bytes [at, at + n) ahead of their use (advice: never fails the caller).
+  void prefetch(std::size_t at, std::size_t n) const noexcept { advise(at, n, MADV_WILLNEED); }
+  /// Drops bytes [at, at + n) from this process's memory; their values stay in the file.
+  void release(std::size_t at, std::size_t n) const noexcept { advise(at, n, MADV_DONTNEED); }
+  /// Starts writing the dirty pages to the disk (returns at once).
+  void write_behind() const noexcept {
+#ifdef __linux__
+    if (data_) (void)::sync_file_range(fd_, 0, off_t(bytes_), SYNC_FILE_RANGE_WRITE);
+#else
+    if (data_) (void)::msync(data_, bytes_, MS_ASYNC);
+#endif
+  }
+
+ private:
+  void advise(std::size_t at, std::size_t n, int how) const noexcept {
+    if (!data_ || n == 0) return;
+    // Whole pages only: a page is shared with the neighbouring range at the ends.
+    const std::size_t page = std::size_t(::sysconf(_SC_PAGESIZE));
+    std::size_t lo = (at + page - 1) / page * page, hi = std::min(bytes_, at + n) / page * page;
+    if (how == MADV_WILLNEED) lo = at / page * page, hi = std::min(bytes_, (at + n + page - 1) / page * page);
+    if (hi > lo) (void)::madvise(static_cast<char*>(data_) + lo, hi - lo, how);
+  }
+  void unmap() noexcept {
+    if (data_) ::munmap(data_, bytes_);
+    data_ = nullptr;
+  }
+
+  void* data_ = nullptr;
+  int fd_ = -1;
+  std::size_t bytes_ = 0;
+};
+
 /// Every rank of `comm` (null: this rank alone) learns whether any failed (a non-empty `error`
 /// on it); when one did, every rank removes `files` and throws, from `op`, an Error naming the
 /// directory, this rank's reason, the failed ranks and `what` (the state's bytes on this rank).
 /// Collective: one all-reduce of one int per rank.
-inline void agree_on_offload(Communicator* comm, const std::string& error, std::initializer_list<OffloadFile*> files,
+inline void agree_on_offload(Communicator* comm, const std::string& error, const std::vector<OffloadFile*>& files,
                              std::string_view op, std::string_view dir, std::string_view what) {
   std::vector<int> failed(comm ? std::size_t(comm->size()) : 1, 0);
   const int rank = comm ? comm->rank() : 0;
