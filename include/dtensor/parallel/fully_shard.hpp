@@ -207,11 +207,12 @@ class FullyShard {
     if (!o.offload_params_dir.empty()) {
       std::vector<optim::detail::OffloadFile*> files;
       for (auto& f : offloaded_) files.push_back(f.file.get());
-      std::size_t bytes = 0;
+      std::size_t bytes = 0, planned = 0;  // made; meant (every separate master shard)
       for (auto& f : offloaded_) bytes += f.file ? f.file->bytes() : 0;
+      for (auto& u : units_) planned += u->master_in_values ? 0 : u->shard_size() * sizeof(M);
       // A failure anywhere: every rank throws, its files removed (the mappings go with this object).
       optim::detail::agree_on_offload(&mesh_.comm(), error, files, "fully_shard", o.offload_params_dir,
-                                       dtensor::detail::cat(bytes, " bytes of master values on this rank"));
+                                       dtensor::detail::cat(planned, " bytes of master values on this rank"));
       disk_bytes_ = bytes;
       dtensor::detail::ledger_record<disk_ledger>(MemoryTag::optimizer_state, std::int64_t(disk_bytes_));
       for (auto& f : offloaded_) f.map.release(0, f.map.bytes());  // written: the file holds them now
