@@ -832,7 +832,8 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
   world->barrier();  // every rank's optimizer built
   {
     const std::string hint = offload_optimizer ? "a larger budget, or a smaller --offload-buffer-kib"
-                                               : "--offload optimizer --offload-dir DIR moves AdamW's moments to disk";
+                                               : "--offload optimizer --offload-dir DIR moves AdamW's moments to disk "
+                                                 "(--offload optimizer,params the master shards too)";
     host_budget.check(*world, "after building the model and optimizer", hint);
     device_budget.check(*world, "after building the model and optimizer", "a larger budget or more ranks");
   }
