@@ -13,6 +13,14 @@
 //                           hid: OffloadStats::overlap), wait_ms (per step, the I/O not hidden)
 //   file_rw/n               pwrite then pread of the 8n bytes in one call each, no update: the
 //                           bandwidth the file system gives this size (MBps)
+//   params/ranks            a ZeRO-3 GPT step (forward, backward, reduce-scatter, clipping, AdamW,
+//                           the write-behind) over `ranks` threads with the master shards in memory
+//                           and in mapped files (FsdpOptions::offload_params_dir), in the same run.
+//                           Counters: memory_ms and offload_ms (per step, rank 0), io_ms (pwrite +
+//                           pread of what a step moves: the rank's master bytes 4 times, ZeRO-
+//                           Infinity's update read and write, forward and backward reads), hidden
+//                           (1 - (offload_ms - memory_ms) / io_ms, clamped to [0, 1]: the share of
+//                           that I/O the step did not pay for)
 // The file is rewritten every step, so unless the moments exceed the free RAM the page cache
 // holds it: on a small model this measures the kernel's copy, not the disk (docs/offload.md).
 #include <benchmark/benchmark.h>
@@ -20,6 +28,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -29,6 +38,7 @@
 #include "dtensor/comm/threads.hpp"
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/optim/offload_adamw.hpp"
+#include "dtensor/training.hpp"
 
 namespace {
 
@@ -108,10 +118,85 @@ void file_rw(benchmark::State& st) {
   st.counters["MBps"] = seconds > 0 ? 2.0 * double(bytes) * double(st.iterations()) / seconds / 1e6 : 0;
 }
 
+/// Seconds per step of a ZeRO-3 GPT over this rank's mesh, the master shards in `dir` (empty: in
+/// memory), after one untimed step; `master_bytes`: this rank's master shard bytes.
+double zero3_step_seconds(CommPtr world, int ranks, const std::string& dir, std::size_t& master_bytes) {
+  using ShardedMesh = DeviceMesh<"dp", "fsdp", "tp">;
+  using Model = nn::GPT<float, ShardedMesh>;
+  ShardedMesh mesh(world, {1, ranks, 1});
+  constexpr Extent vocab = 96, seq = 64, batch = 8;
+  Model model(mesh, {.vocab = vocab, .seq = seq, .dim = 256, .heads = 4, .layers = 4, .seed = 7});
+  auto fsdp = parallel::fully_shard(model, mesh, {.stage = 3, .offload_params_dir = dir});
+  master_bytes = 0;
+  for (const auto& p : fsdp.params()) master_bytes += p.value.size() * sizeof(float);
+  optim::AdamW<float, 3> opt(fsdp.params(), adamw);
+  Tensor<std::int32_t, 2> ids(Shape<2>{batch, seq}), tgt(Shape<2>{batch, seq});
+  for (Extent i = 0; i < ids.numel(); ++i) ids[i] = std::int32_t(i % vocab), tgt[i] = std::int32_t((i * 7) % vocab);
+  using L = typename Model::Ids::layout;
+  auto x = distribute_replicated<L>(mesh, ids), y = distribute_replicated<L>(mesh, tgt);
+  auto step = [&] {
+    opt.zero_grad();
+    auto [loss, saved] = model.forward(x, y);
+    model.backward(std::move(saved));
+    fsdp.finish_gradient_sync();
+    optim::clip_grad_norm(fsdp.params(), mesh, 1.0);
+    opt.step();
+    fsdp.sync_parameters();  // the write-behind (and nothing else at ZeRO-3)
+    benchmark::DoNotOptimize(loss);
+  };
+  constexpr int steps = 4;
+  step();
+  world->barrier();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int s = 0; s < steps; ++s) step();
+  world->barrier();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / steps;
+}
+
+/// pwrite + pread of `bytes`, `passes` / 2 times each, in seconds (the file system's own time).
+double file_seconds(std::size_t bytes, int passes) {
+  const std::string path = offload_dir() + "/dtensor-bench-params." + std::to_string(::getpid()) + ".tmp";
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return 0;
+  std::vector<char> buf(bytes, 1);
+  const auto t0 = std::chrono::steady_clock::now();
+  bool ok = true;
+  for (int p = 0; p < passes / 2; ++p) {
+    ok = ok && ::pwrite(fd, buf.data(), bytes, 0) == ssize_t(bytes);
+    ok = ok && ::pread(fd, buf.data(), bytes, 0) == ssize_t(bytes);
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ::close(fd);
+  ::unlink(path.c_str());
+  return ok ? s : 0;
+}
+
+void params(benchmark::State& st) {
+  const int ranks = int(st.range(0));
+  double memory = 0, offload = 0;
+  std::size_t bytes = 0;
+  for (auto _ : st) {
+    threads::run(ranks, [&](CommPtr w) {
+      std::size_t b = 0;
+      const double m = zero3_step_seconds(w, ranks, "", b);
+      const double d = zero3_step_seconds(w, ranks, offload_dir(), b);
+      if (w->rank() == 0) memory += m, offload += d, bytes = b;
+    });
+  }
+  const double n = double(st.iterations());
+  const double io = file_seconds(bytes, 4);  // update read + write, forward and backward reads
+  st.counters["memory_ms"] = 1e3 * memory / n;
+  st.counters["offload_ms"] = 1e3 * offload / n;
+  st.counters["io_ms"] = 1e3 * io;
+  st.counters["hidden"] = io > 0 ? std::clamp(1 - (offload - memory) / n / io, 0.0, 1.0) : 1;
+  st.counters["master_MiB"] = double(bytes) / (1 << 20);
+}
+
 // n = 4 M elements: 32 MiB of moments; buffers of 1 and 8 MiB (chunks of 64 K and 512 K elements).
 BENCHMARK(in_memory)->Arg(4 << 20)->Unit(benchmark::kMillisecond)->MinTime(0.5);
 BENCHMARK(offloaded)->Args({4 << 20, 1 << 10})->Args({4 << 20, 8 << 10})->Unit(benchmark::kMillisecond)->MinTime(0.5);
 BENCHMARK(file_rw)->Arg(4 << 20)->Unit(benchmark::kMillisecond)->MinTime(0.5);
+BENCHMARK(params)->ArgName("ranks")->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->Iterations(3);
 
 }  // namespace
 

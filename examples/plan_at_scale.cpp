@@ -61,6 +61,7 @@
 #include "dtensor/sim/chrome_trace.hpp"
 #include "dtensor/sim/cost_model.hpp"
 #include "dtensor/sim/device.hpp"
+#include "dtensor/sim/offload_tiers.hpp"
 #include "dtensor/sim/published_runs.hpp"
 #include "dtensor/sim/search.hpp"
 #include "dtensor/sim/serving.hpp"
@@ -91,6 +92,11 @@ struct Options {
   // with --inner-steps H, --fragments F, --overlap tau and --staleness s.
   bool sync_table = false;
   int inner_steps = 100, fragments = 4, overlap = 1, staleness = 1;
+  // --offload optimizer|params|optimizer,params (docs/dry-run.md, sim/offload_tiers.hpp): every
+  // rank class's bytes per tier (device, host, disk) and the step's transfers at --disk-gbps and
+  // --pcie-gbps (GB/s per rank) through --offload-buffer-mib of host staging; the fit is then the
+  // device tier's. A flag of one plan, not a dimension of --search.
+  sim::TierOptions tiers;
 };
 
 constexpr const char* usage =
@@ -100,7 +106,8 @@ constexpr const char* usage =
     "--experts E --topk K --ep N --moe-every N --capacity F --expert-ffn N --no-sp --trace FILE --json "
     "--device h100|h200|a100 --device-file F --device-field NAME=VALUE --peak-tflops X "
     "--search --gpus N --top K --finalists N --rank-of tp=T,pp=P,dp=D[,cp=C,v=V,zero=Z,micro=B,ep=E] --published "
-    "--serve BATCH,CONTEXT --sync-table [--inner-steps H --fragments F --overlap T --staleness S]]\n"
+    "--serve BATCH,CONTEXT --sync-table [--inner-steps H --fragments F --overlap T --staleness S] "
+    "--offload optimizer|params|optimizer,params [--disk-gbps X --pcie-gbps X --offload-buffer-mib X]]\n"
     "device fields: name peak_bf16_tflops peak_fp32_tflops hbm_gbytes_per_s memory_gbytes nvlink_domain "
     "nvlink_gbytes_per_s nvlink_latency_us network_gbps network_latency_us\n";
 
@@ -203,6 +210,18 @@ Options parse(int argc, char** argv) {
       if (eq == std::string::npos) throw UsageError("--device-field " + f + ": expected NAME=VALUE");
       fields.emplace_back(f.substr(0, eq), f.substr(eq + 1));
     } else if (a == "--json") o.json = true;
+    else if (a == "--offload") {
+      const std::string list = value();
+      try {
+        o.tiers.offload = sim::parse_offload(list);
+      } catch (const Error& e) {
+        throw UsageError("--offload: " + std::string(e.what()));
+      }
+      if (o.tiers.offload.activations)
+        throw UsageError("--offload " + list + ": activations are not modelled by plan_at_scale yet (optimizer, params)");
+    } else if (a == "--disk-gbps") o.tiers.disk_bytes_per_second = 1e9 * examples::positive_flag_value(a, value());
+    else if (a == "--pcie-gbps") o.tiers.pcie_bytes_per_second = 1e9 * examples::positive_flag_value(a, value());
+    else if (a == "--offload-buffer-mib") o.tiers.buffer_bytes = double(1 << 20) * examples::positive_flag_value(a, value());
     else if (a == "--sync-table") o.sync_table = true;
     else if (a == "--inner-steps") o.inner_steps = flag_value<int>(a, value(), 1, 1 << 20);
     else if (a == "--fragments") o.fragments = flag_value<int>(a, value(), 1, 1 << 20);
@@ -248,6 +267,10 @@ Options parse(int argc, char** argv) {
     if (was_given(f) && !o.search) throw UsageError(std::string(f) + " has no effect without --search");
   for (const char* f : {"--inner-steps", "--fragments", "--overlap", "--staleness"})
     if (was_given(f) && !o.sync_table) throw UsageError(std::string(f) + " has no effect without --sync-table");
+  for (const char* f : {"--disk-gbps", "--pcie-gbps", "--offload-buffer-mib"})
+    if (was_given(f) && !o.tiers.offload.any()) throw UsageError(std::string(f) + " has no effect without --offload");
+  if (o.tiers.offload.any() && (o.search || o.published || o.json || was_given("--serve")))
+    throw UsageError("--offload is for one plan's text report (not --search, --published, --serve or --json)");
   if (o.sync_table && (o.fragments > o.inner_steps || o.overlap >= o.inner_steps))
     throw UsageError("--sync-table: --fragments " + std::to_string(o.fragments) + " and --overlap " + std::to_string(o.overlap) +
                      " must be at most and below --inner-steps " + std::to_string(o.inner_steps));
@@ -293,10 +316,19 @@ std::vector<sim::PlanClass> dry_run_any(const Options& o) { return examples::dry
 struct PlanSummary {
   sim::PlanEstimate estimate;
   double step = 0, tokens_per_second = 0, mfu = 0, model_tflops_per_gpu = 0, hardware_tflops_per_gpu = 0;
-  double memory = 0;           // the most any rank holds in the step, in-flight micro-batches included
+  double memory = 0;           // the most any rank holds in the step, in-flight micro-batches included (--offload: on the device)
+  std::vector<sim::TierReport> tiers;  // --offload: per class
   std::size_t memory_class = 0;
   bool fits = false;
 };
+
+/// A rank class's tiers' input (sim::tier_input_of): the master apart from the values where the
+/// dry run's optimizer holds one (fully_shard<float>: ZeRO-3, or a bf16 model under ZeRO-1/2;
+/// zero 0 is AdamW straight on the parameters).
+sim::TierInput tier_input(const Options& o, const sim::PlanClass& c) {
+  const bool separate_master = o.plan.zero == 3 || (o.plan.zero > 0 && o.bf16);
+  return sim::tier_input_of(c.report, c.peak_in_flight, separate_master);
+}
 
 PlanSummary summarize(const Options& o, const std::vector<sim::PlanClass>& classes) {
   const auto& p = o.plan;
@@ -318,6 +350,15 @@ PlanSummary summarize(const Options& o, const std::vector<sim::PlanClass>& class
     r.mfu = model_flops / (gpus * o.hardware.peak_flops() * r.step);
   }
   r.memory = score.memory, r.memory_class = score.memory_class, r.fits = score.fits;
+  if (o.tiers.offload.any()) {  // --offload: what stays on the device
+    r.memory = 0;
+    for (std::size_t i = 0; i < classes.size(); ++i) {
+      r.tiers.push_back(sim::offload_tiers(tier_input(o, classes[i]), o.tiers));
+      const double device = r.tiers.back().bytes.device;
+      if (device > r.memory) r.memory = device, r.memory_class = i;
+    }
+    r.fits = sim::fits(r.memory, o.hardware);
+  }
   return r;
 }
 
@@ -442,6 +483,28 @@ void print_sync_table(const Options& o, const std::vector<sim::PlanClass>& class
   }
 }
 
+/// --offload: each rank class's tiers and transfers, and how much of them the step's compute hides.
+void print_offload(const Options& o, const std::vector<sim::PlanClass>& classes, const PlanSummary& r) {
+  const auto& t = o.tiers;
+  std::printf("\noffload %s (sim/offload_tiers.hpp; disk %.3g GB/s and PCIe %.3g GB/s per rank, %s host staging buffer):\n",
+              t.offload.to_string().c_str(), t.disk_bytes_per_second / 1e9, t.pcie_bytes_per_second / 1e9,
+              sim::detail::human_bytes(t.buffer_bytes).c_str());
+  std::printf("  %-24s %12s %12s %12s %14s %10s %14s %10s %12s %10s\n", "class", "device", "host", "disk", "disk/step",
+              "disk s", "PCIe/step", "PCIe s", "compute s", "exposed s");
+  for (std::size_t i = 0; i < classes.size(); ++i) {
+    const auto& x = r.tiers[i];
+    const double compute = r.estimate.classes[i].compute_seconds;
+    std::printf("  %-24s %12s %12s %12s %14s %10.4f %14s %10.4f %12.4f %10.4f\n", classes[i].report.name.c_str(),
+                sim::detail::human_bytes(x.bytes.device).c_str(), sim::detail::human_bytes(x.bytes.host).c_str(),
+                sim::detail::human_bytes(x.bytes.disk).c_str(), sim::detail::human_bytes(x.disk_bytes_per_step).c_str(),
+                x.disk_seconds, sim::detail::human_bytes(x.pcie_bytes_per_step).c_str(), x.pcie_seconds, compute,
+                sim::exposed_transfer_seconds(x, compute));
+  }
+  std::printf("  overlap: the reads are prefetched a unit (a chunk) ahead and the writes go behind, beside the step's "
+              "compute; 'exposed' is what the longer of the disk and PCIe transfers exceeds that compute by (an upper "
+              "bound on hiding: the update waits for its first chunk). The fit above is the device tier's.\n");
+}
+
 int run_plan(const Options& o) {
   const auto& p = o.plan;
   if (!o.json) print_header(o);
@@ -475,6 +538,7 @@ int run_plan(const Options& o) {
                 sim::detail::human_bytes(r.memory).c_str(), sim::detail::human_bytes(o.hardware.memory_bytes).c_str(),
                 100 * sim::memory_reserve_fraction,
                 sim::detail::human_bytes(o.hardware.memory_bytes * (1 - sim::memory_reserve_fraction)).c_str());
+    if (!r.tiers.empty()) print_offload(o, classes, r);
   }
   if (o.sync_table) print_sync_table(o, classes, r);
   if (!o.trace.empty()) {

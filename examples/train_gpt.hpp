@@ -153,9 +153,10 @@ struct Options : examples::MeshFlags {  // the mesh: --pp --dp --fsdp --cp --tp 
   std::string export_path, init_from, prompt = "The ";
   int generate = 0, top_k = 0;
   double temperature = 0, top_p = 1;
-  // ---- offload (issue 27; docs/offload.md): --offload optimizer (a comma list; params and
-  // activations are refused until built) puts AdamW's moments in files under --offload-dir
-  // (optim::OffloadedAdamW), staged through --offload-buffer-kib KiB of host memory.
+  // ---- offload (issue 27; docs/offload.md): --offload optimizer,params (a comma list;
+  // activations are refused until built): optimizer puts AdamW's moments in files under
+  // --offload-dir (optim::OffloadedAdamW), staged through --offload-buffer-kib KiB of host memory;
+  // params the FSDP master shards (FsdpOptions::offload_params_dir, mapped files).
   std::vector<std::string> offload;
   std::string offload_dir;
   std::size_t offload_buffer_kib = 64 << 10;
@@ -185,7 +186,7 @@ inline const char* const usage =
     "                 [--sync ddp|local-sgd|diloco|async|fedavg] [--inner-steps H] [--staleness s] [--clients K] [--kfold k]\n"
     "                 [--fragments F] [--overlap T] [--overlap-alpha A] [--bf16-reduce] [--outer-lr X] [--outer-momentum M]\n"
     "                 [--init-from FILE] [--export FILE.safetensors] [--generate N [--prompt TEXT] [--temperature T] [--top-k K] [--top-p P]]\n"
-    "                 [--offload optimizer --offload-dir DIR [--offload-buffer-kib N]] [--host-budget-mib X] [--device-budget-mib X]\n"
+    "                 [--offload optimizer,params --offload-dir DIR [--offload-buffer-kib N]] [--host-budget-mib X] [--device-budget-mib X]\n"
     "  mesh (pp, dp, fsdp, cp, tp), default pp 2 x dp 1 x fsdp 2 x cp 2 x tp 2 + SP: 16 ranks (threads, or mpirun -n).\n"
     "  --pp: pipeline stages (--schedule, default 1f1b, over --microbatches, default 2 x pp, or 1 without a\n"
     "        pipeline; interleaved, zbv and dualpipev put 2 stages on each rank;\n"
@@ -224,8 +225,10 @@ inline const char* const usage =
     "        sampled (--temperature T > 0, --top-k K, --top-p P in (0, 1]); no KV cache. CPU, without --experts.\n"
     "  --offload optimizer (docs/offload.md): AdamW's moments in a file per rank under --offload-dir (an existing,\n"
     "        writable local directory with room for them), staged through --offload-buffer-kib KiB of host memory\n"
-    "        (default 65536); the same update bit for bit. Host memory only; not with checkpoints (the moments are\n"
-    "        not saved). params and activations offload are not built yet.\n"
+    "        (default 65536); the same update bit for bit. Host memory only; checkpoints save the moments.\n"
+    "  --offload params: the FSDP master shards (ZeRO-3's parameter shards, a bf16 model's fp32 master) in files\n"
+    "        under --offload-dir, mapped, prefetched a unit ahead and written behind; not for an f32 model at ZeRO-1/2\n"
+    "        (its master is its own values). Combine: --offload optimizer,params. activations is not built yet.\n"
     "  --host-budget-mib X / --device-budget-mib X (docs/offload.md): the host (GPU) memory this process's tensors may\n"
     "        hold, in MiB (decimals allowed); over it after building the model and optimizer, or in the first step, is an\n"
     "        error on every rank. With --offload optimizer and no --offload-buffer-kib, the budget sizes the buffer.\n"
@@ -319,20 +322,28 @@ inline void check_offload(const Options& o) {
   if (o.device_budget_mib > 0 && o.device != "cuda")
     throw UsageError("--device-budget-mib with --device " + o.device + ": the model is in host memory (--host-budget-mib)");
   for (const auto& w : o.offload)
-    if (w != "optimizer")
+    if (w != "optimizer" && w != "params")
       throw UsageError("--offload " + w + ": " +
-                       (w == "params" || w == "activations" ? std::string("not built yet (issue 27); ")
-                                                            : std::string("unknown; ")) +
-                       "what is offloaded now: optimizer");
+                       (w == "activations" ? std::string("not built yet (issue 27); ") : std::string("unknown; ")) +
+                       "what is offloaded now: optimizer, params");
   if (o.offload.empty()) {
-    if (!o.offload_dir.empty()) throw UsageError("--offload-dir needs --offload optimizer");
+    if (!o.offload_dir.empty()) throw UsageError("--offload-dir needs --offload optimizer or params");
     return;
   }
-  if (o.offload_dir.empty()) throw UsageError("--offload optimizer needs --offload-dir DIR (a local directory)");
-  if (o.device != "cpu") throw UsageError("--offload optimizer with --device " + o.device + ": the offloaded AdamW runs on the host");
-  if (o.save_every > 0 || !o.resume.empty())
-    throw UsageError("--offload optimizer with checkpoints: the moments in the offload files are not saved yet");
-  if (o.sync != "ddp") throw UsageError("--offload optimizer with --sync " + o.sync + ": only with ddp");
+  const std::string what = o.offloads("optimizer") ? "optimizer" : "params";
+  if (o.offload_dir.empty()) throw UsageError("--offload " + what + " needs --offload-dir DIR (a local directory)");
+  if (o.device != "cpu") throw UsageError("--offload " + what + " with --device " + o.device + ": the offloaded state is updated on the host");
+  // An fp32 model's ZeRO-1/2 master values are the model's own full values (no second copy,
+  // fsdp_unit.hpp master_in_values): nothing separate to put on disk.
+  if (o.offloads("params") && o.zero <= 2 && o.dtype == "f32")
+    throw UsageError("--offload params with --dtype f32 at ZeRO-" + str(o.zero) +
+                     ": the master values are the model's own (nothing separate to offload); use --zero 3 (--fsdp > 1) or --dtype bf16");
+  if (o.offloads("params") && o.pp > 1)
+    throw UsageError("--offload params with --pp " + str(o.pp) + ": a bad directory is agreed on within a stage's ranks only; use --pp 1");
+  // Checkpoints save the offloaded moments (OffloadedAdamW::held_moments) through the pipeline's
+  // format; --sync's per-rank state is saved through an AdamW in memory (sync_state_slots).
+  if (o.sync != "ddp" && (o.save_every > 0 || !o.resume.empty()))
+    throw UsageError("--offload optimizer with --sync " + o.sync + " and checkpoints: the per-rank sync state is saved with an AdamW in memory only");
 }
 
 /// The constraints between flags that the library would otherwise report later, deep in a rank.
@@ -459,7 +470,7 @@ inline Options parse(int argc, char** argv, bool cuda_build) {
       std::stringstream list(value());
       for (std::string w; std::getline(list, w, ',');)
         if (!w.empty() && !o.offloads(w)) o.offload.push_back(w);
-      if (o.offload.empty()) throw UsageError("--offload needs optimizer (a comma list)");
+      if (o.offload.empty()) throw UsageError("--offload needs optimizer, params or both (a comma list)");
     } else if (a == "--offload-dir") o.offload_dir = value();
     else if (a == "--offload-buffer-kib") {
       o.offload_buffer_kib = flag_value<std::size_t>(a, value(), 1);
@@ -691,6 +702,21 @@ void step_offloaded(Tuple& t) {
   std::apply([](auto&... opt) { (opt->step(), ...); }, t);
 }
 
+/// --offload optimizer with checkpoints: every offloaded optimizer's moments read into host memory
+/// (OffloadedAdamW::held_moments), joined as make_adamw's optimizer is, so the pipeline's
+/// checkpoint saves and loads them under AdamW's names (a checkpoint of either kind resumes either).
+template <class Tuple>
+auto held_moments(Tuple& t) {
+  return std::apply([](auto&... opt) { return optim::Joint<std::remove_cvref_t<decltype(opt->held_moments())>...>(opt->held_moments()...); },
+                    t);
+}
+
+/// After a load: the held moments written back to each optimizer's file.
+template <class Joint>
+void store_moments(Joint& held) {
+  [&]<std::size_t... I>(std::index_sequence<I...>) { (held.template part<I>().store(), ...); }(std::make_index_sequence<Joint::parts>{});
+}
+
 /// The offloaded optimizers' disk traffic summed (rank 0 prints it): bytes, the I/O's own time,
 /// the time the steps waited for it.
 template <class Tuple>
@@ -781,7 +807,8 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
   auto stages = pp::split(Model(stage_mesh, cfg, make_layers()), schedule.layout, mesh.coordinate(0));
   const auto sync_kind = parallel::sync::parse_sync(o.sync);  // --sync: with any but ddp, "dp" is not all-reduced by FSDP
   pp::ShardedPipeline<Stage, Mesh, float> model(mesh, schedule, std::move(stages),
-                                                {.stage = o.zero, .reduce_replicas = sync_kind == parallel::sync::SyncKind::ddp});
+                                                {.stage = o.zero, .reduce_replicas = sync_kind == parallel::sync::SyncKind::ddp,
+                                                 .offload_params_dir = o.offloads("params") ? o.offload_dir : std::string()});
 
   // One AdamW over every parameter of this rank: its shards of its stages (MoE: and its experts);
   // with --offload optimizer, one OffloadedAdamW per list instead, its moments on disk.
@@ -806,7 +833,8 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
   world->barrier();  // every rank's optimizer built
   {
     const std::string hint = offload_optimizer ? "a larger budget, or a smaller --offload-buffer-kib"
-                                               : "--offload optimizer --offload-dir DIR moves AdamW's moments to disk";
+                                               : "--offload optimizer --offload-dir DIR moves AdamW's moments to disk "
+                                                 "(--offload optimizer,params the master shards too)";
     host_budget.check(*world, "after building the model and optimizer", hint);
     device_budget.check(*world, "after building the model and optimizer", "a larger budget or more ranks");
   }
@@ -952,7 +980,12 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
   if (!o.resume.empty()) {
     checkpoint::TrainingMeta meta;
     // A device model's slots travel through host copies (checkpoint::HostStaging).
-    meta = checkpoint::load_pipeline_state(o.resume, model, *adam, model_config);  // --offload: refused with checkpoints
+    if (adam) meta = checkpoint::load_pipeline_state(o.resume, model, *adam, model_config);
+    else if constexpr (host) {  // --offload optimizer: the moments through host memory, then back to the files
+      auto held = held_moments(offloaded);
+      meta = checkpoint::load_pipeline_state(o.resume, model, held, model_config);
+      store_moments(held);
+    }
     std::istringstream rng_state(meta.rng_state);
     if (!(rng_state >> rng) || meta.data_position != std::uint64_t(meta.step))
       throw Error("train_gpt", "the checkpoint at " + o.resume + " has no valid data position or batch generator state");
@@ -991,9 +1024,13 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
     const checkpoint::TrainingMeta meta{.step = step, .data_position = std::uint64_t(step), .rng_state = rng_state.str(),
                                         .config = model_config};
     if (sync_kind == SyncKind::ddp) {
-      checkpoint::save_pipeline_state(o.save_dir, model, *adam, meta);  // --offload: refused with checkpoints
+      if (adam) checkpoint::save_pipeline_state(o.save_dir, model, *adam, meta);
+      else if constexpr (host) {  // --offload optimizer: the moments read from the files for the save
+        auto held = held_moments(offloaded);
+        checkpoint::save_pipeline_state(o.save_dir, model, held, meta);
+      }
     } else if constexpr (!moe) {  // the global tensors (rank 0's replica) and every rank's own sync state
-      auto slots = checkpoint::detail::pipeline_slots(model, *adam);  // --offload: only with ddp
+      auto slots = checkpoint::detail::pipeline_slots(model, *adam);  // --offload: refused with --sync and checkpoints
       checkpoint::append(slots, sync_slots(delayed ? delayed->settle() : std::vector<std::span<float>>{}));
       const checkpoint::HostStaging<Space, float> staged(slots, true);
       auto m = meta;
@@ -1095,6 +1132,13 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
                   double(s.bytes_read) / (1 << 20), double(s.bytes_written) / (1 << 20), s.io_seconds,
                   s.io_seconds > 0 ? double(s.bytes_read + s.bytes_written) / (1 << 20) / s.io_seconds : 0.0,
                   100 * s.overlap());
+    }
+    if (o.offloads("params")) {  // the FSDP master shards in mapped files (parallel/fully_shard.hpp)
+      std::size_t disk = 0;
+      for (std::size_t i = 0; i < model.executor().stages().size(); ++i) disk += model.fsdp(i).memory().disk;
+      std::printf("offload (rank 0): master values %.4f MiB (%zu bytes) in files in %s, prefetched a unit ahead, written behind "
+                  "after each step\n",
+                  double(disk) / (1 << 20), disk, o.offload_dir.c_str());
     }
     // All the digits: a resumed run is compared with a straight one by these (examples/CMakeLists.txt).
     std::printf("final losses at step %d: train %.17g validation %.17g\n", o.steps, train_loss, val_loss);

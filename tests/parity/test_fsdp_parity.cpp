@@ -920,3 +920,200 @@ TEST_CASE("NVMe offload bad input: a missing or read-only directory fails on eve
     CHECK(good.files() == 0);
   }
 }
+
+TEST_CASE("NVMe offload resumed: the moments read out and stored into a new file continue bit for bit, 3 ranks", "[fsdp][offload]") {
+  // What a checkpoint does with an offloaded optimizer (examples/train_gpt.hpp --offload with
+  // --save-every / --resume): held_moments() reads the moments out of the file, a new optimizer
+  // (a new file) gets them back with store() and the step count with set_steps. Under ZeRO-3 over
+  // 3 ranks (uneven shards), through a 4 KiB buffer: the moments read out after 2 steps equal the
+  // in-memory AdamW's exactly, and 2 steps on the new optimizer give the losses of 4 straight
+  // in-memory steps, bit for bit. No file is left.
+  ScratchDir dir("offload-resume");
+  constexpr int ranks = 3, steps = 4, cut = 2;
+  struct Out {
+    std::vector<double> losses;
+    std::vector<std::vector<float>> moments;  // rank 0's after `cut` steps: m then v of every parameter
+  };
+  auto run = [&](bool offload) {
+    Out out;
+    threads::run(ranks, [&](CommPtr w) {
+      FsdpMesh mesh(w, {1, ranks, 1});
+      const auto cfg = parity_config();
+      nn::GPT<float, FsdpMesh> model(mesh, cfg);
+      auto fsdp = parallel::fully_shard<float>(model, mesh, {.stage = 3});
+      std::vector<double> losses;
+      auto one_step = [&](auto& opt, int s) {
+        auto [ids, tgt] = parity_batch_of<typename decltype(model)::Ids>(mesh, s, cfg);
+        opt.zero_grad();
+        auto [loss, saved] = model.forward(ids, tgt);
+        model.backward(std::move(saved));
+        fsdp.finish_gradient_sync();
+        optim::clip_grad_norm(fsdp.params(), mesh, 1.0);
+        opt.step();
+        losses.push_back(double(full_tensor(loss)[0]));
+      };
+      std::vector<std::vector<float>> moments;
+      auto keep = [&](auto& held) {
+        for (std::size_t k = 0; k < held.params().size(); ++k) {
+          moments.emplace_back(held.exp_avg(k).begin(), held.exp_avg(k).end());
+          moments.emplace_back(held.exp_avg_sq(k).begin(), held.exp_avg_sq(k).end());
+        }
+      };
+      if (!offload) {
+        optim::AdamW<float, 3> opt(fsdp.params(), parity_adamw());
+        for (int s = 0; s < steps; ++s) {
+          one_step(opt, s);
+          if (s + 1 == cut) keep(opt);
+        }
+      } else {
+        const optim::OffloadOptions off{.dir = dir.path.string(), .host_buffer_bytes = 4096};
+        long saved_steps = 0;
+        {
+          optim::OffloadedAdamW<float, 3> opt(fsdp.params(), parity_adamw(), off, &mesh.comm());
+          for (int s = 0; s < cut; ++s) one_step(opt, s);
+          auto held = opt.held_moments();
+          keep(held);
+          saved_steps = held.steps();
+        }  // the first optimizer and its file are gone: only `moments` carries its state
+        optim::OffloadedAdamW<float, 3> opt(fsdp.params(), parity_adamw(), off, &mesh.comm());
+        {
+          auto held = opt.held_moments();
+          std::size_t i = 0;
+          for (std::size_t k = 0; k < held.params().size(); ++k) {
+            std::copy(moments[i].begin(), moments[i].end(), held.exp_avg(k).begin()), ++i;
+            std::copy(moments[i].begin(), moments[i].end(), held.exp_avg_sq(k).begin()), ++i;
+          }
+          held.set_steps(saved_steps);
+          held.store();
+        }
+        CHECK(opt.steps() == cut);
+        for (int s = cut; s < steps; ++s) one_step(opt, s);
+      }
+      if (w->rank() == 0) out.losses = losses, out.moments = moments;
+    });
+    return out;
+  };
+  const auto memory = run(false);
+  const auto disk = run(true);
+  REQUIRE(memory.losses.size() == std::size_t(steps));
+  CHECK(disk.losses == memory.losses);
+  REQUIRE(!memory.moments.empty());
+  CHECK(disk.moments == memory.moments);
+  CHECK(dir.files() == 0);
+}
+
+namespace {
+
+struct ParamOffloadRun {
+  std::vector<double> losses;  // rank 0's
+  std::int64_t disk_bytes = 0;  // every rank's ledger "disk" after sharding, summed
+  std::size_t fsdp_disk = 0, fsdp_master = 0;  // FsdpMemory over the ranks, summed
+  double psi = 0;
+};
+
+/// 4 AdamW steps of the parity GPT in T (fp32 master values) under ZeRO `stage` over `ranks`
+/// ranks, the master shards in memory (dir empty) or in files in dir (FsdpOptions::offload_params_dir).
+template <class T = float>
+ParamOffloadRun param_offload_run(const std::string& dir, int ranks, int stage) {
+  ParamOffloadRun out;
+  std::vector<std::int64_t> disk(std::size_t(ranks), 0);
+  std::vector<std::size_t> fsdp_disk(std::size_t(ranks), 0), fsdp_master(std::size_t(ranks), 0);
+  threads::run(ranks, [&](CommPtr w) {
+    FsdpMesh mesh(w, {1, ranks, 1});
+    const auto cfg = parity_config();
+    nn::GPT<T, FsdpMesh> model(mesh, cfg);
+    double psi = 0;
+    for (auto& u : model.units()) psi += double(u.group->size());
+    MemoryLedger ledger;
+    auto fsdp = parallel::fully_shard<float>(model, mesh, {.stage = stage, .offload_params_dir = dir});
+    const auto r = std::size_t(w->rank());
+    disk[r] = ledger.current("disk", MemoryTag::optimizer_state);
+    fsdp_disk[r] = fsdp.memory().disk;
+    fsdp_master[r] = fsdp.memory().master;
+    optim::AdamW<float, 3> opt(fsdp.params(), parity_adamw());
+    std::vector<double> losses;
+    for (int s = 0; s < 4; ++s) {
+      auto [ids, tgt] = parity_batch_of<typename decltype(model)::Ids>(mesh, s, cfg);
+      opt.zero_grad();
+      auto [loss, saved] = model.forward(ids, tgt);
+      model.backward(std::move(saved));
+      fsdp.finish_gradient_sync();
+      optim::clip_grad_norm(fsdp.params(), mesh, 1.0);
+      opt.step();
+      fsdp.sync_parameters();  // ZeRO-1/2: the all-gather; offload: the write-behind
+      losses.push_back(double(full_tensor(loss)[0]));
+    }
+    if (r == 0) out.losses = losses, out.psi = psi;
+  });
+  for (int r = 0; r < ranks; ++r) {
+    out.disk_bytes += disk[std::size_t(r)];
+    out.fsdp_disk += fsdp_disk[std::size_t(r)];
+    out.fsdp_master += fsdp_master[std::size_t(r)];
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("Parameter offload: FSDP's master shards in files, bit for bit, disk bytes = 4 Psi over the ranks", "[fsdp][offload]") {
+  // ZeRO-Infinity's parameter offload (FsdpOptions::offload_params_dir): every unit's separate
+  // master shard lives in a file mapped into memory. The losses equal the in-memory run's exactly;
+  // the files hold 4 bytes per parameter over the ranks together (each rank its shard: uneven over
+  // 3 ranks), nothing of it is master memory any more, and no file is left after.
+  ScratchDir dir("param-offload");
+  SECTION("ZeRO-3 fp32 over 2 and 3 ranks") {
+    for (const int ranks : {2, 3}) {
+      CAPTURE(ranks);
+      const auto memory = param_offload_run("", ranks, 3);
+      const auto disk = param_offload_run(dir.path.string(), ranks, 3);
+      REQUIRE(disk.losses.size() == 4);
+      CHECK(disk.losses == memory.losses);
+      CHECK(memory.disk_bytes == 0);
+      CHECK(double(disk.disk_bytes) == 4 * disk.psi);  // the formula: 4 Psi / N per rank
+      CHECK(disk.fsdp_disk == std::size_t(disk.disk_bytes));
+      CHECK(disk.fsdp_master == 0);
+      CHECK(double(memory.fsdp_master) == 4 * memory.psi);
+      CHECK(dir.files() == 0);
+    }
+  }
+  SECTION("bf16 ZeRO-1 (the trainer's DDP over a shard dimension) over 2 ranks: the fp32 master on disk") {
+    const auto memory = param_offload_run<dtensor::bfloat16>("", 2, 1);
+    const auto disk = param_offload_run<dtensor::bfloat16>(dir.path.string(), 2, 1);
+    REQUIRE(disk.losses.size() == 4);
+    CHECK(disk.losses == memory.losses);
+    CHECK(double(disk.disk_bytes) == 4 * disk.psi);
+    CHECK(disk.fsdp_master == 0);
+    CHECK(dir.files() == 0);
+  }
+  SECTION("fp32 ZeRO-1: the master is the model's values, nothing goes to disk") {
+    const auto disk = param_offload_run(dir.path.string(), 2, 1);
+    CHECK(disk.disk_bytes == 0);
+    CHECK(disk.losses == param_offload_run("", 2, 1).losses);
+    CHECK(dir.files() == 0);
+  }
+}
+
+TEST_CASE("Parameter offload bad input: a missing directory fails on every rank, leaving no file", "[fsdp][offload]") {
+  ScratchDir good("param-offload-good");
+  std::vector<std::string> errors(2);
+  const std::string missing = (good.path / "missing").string();
+  threads::run(2, [&](CommPtr w) {
+    FsdpMesh mesh(w, {1, 2, 1});
+    nn::GPT<float, FsdpMesh> model(mesh, parity_config());
+    const std::string dir = w->rank() == 1 ? missing : good.path.string();
+    try {
+      auto fsdp = parallel::fully_shard(model, mesh, {.stage = 3, .offload_params_dir = dir});
+    } catch (const Error& e) {
+      errors[std::size_t(w->rank())] = e.what();
+    }
+  });
+  for (const auto& msg : errors) {
+    INFO(msg);
+    CHECK(msg.find("fully_shard") != std::string::npos);
+    CHECK(msg.find("rank(s) 1 of 2") != std::string::npos);
+    CHECK(msg.find("master values") != std::string::npos);
+  }
+  CHECK(errors[1].find("does not exist") != std::string::npos);
+  CHECK(good.files() == 0);  // rank 0 had made its files: removed
+  CHECK(!std::filesystem::exists(missing));
+}

@@ -1803,3 +1803,41 @@ TEST_CASE("sim: expert parallelism in the search: ep > 1 first where the experts
   CHECK_THROWS_WITH(sim::analytic_estimate(dense, {.batch = 16, .microbatch = 1, .dp = 8, .ep = 2}, sim::Hardware{}),
                     Catch::Contains("1 without experts"));
 }
+
+TEST_CASE("sim: a dry run's rank class as the tiers' input; the transfers compute cannot hide", "[sim][offload]") {
+  // plan_at_scale --offload (docs/dry-run.md): tier_input_of reads the states between steps from
+  // a class's report (the optimizer_state tag split 4 : 8 into master and moments under
+  // fully_shard<float>, the parameters and gradients the optimizer phase holds), and the rest of
+  // the peak is activations; the tiers then lose no byte, and the disk holds master + moments
+  // under optimizer,params.
+  sim::RankReport report;
+  report.phases.resize(2);
+  report.phases[0].name = "forward";
+  report.phases[0].peak[std::size_t(MemoryTag::optimizer_state)] = 1200;
+  report.phases[0].peak[std::size_t(MemoryTag::parameters)] = 900;  // a unit gathered: not between steps
+  report.phases[1].name = "optimizer";
+  report.phases[1].peak[std::size_t(MemoryTag::optimizer_state)] = 1200;
+  report.phases[1].peak[std::size_t(MemoryTag::parameters)] = 100;
+  report.phases[1].peak[std::size_t(MemoryTag::gradients)] = 50;
+  const auto in = sim::tier_input_of(report, 5000, true);
+  CHECK(in.states.master == 400);
+  CHECK(in.states.moments == 800);
+  CHECK(in.states.params == 100);
+  CHECK(in.states.grads == 50);
+  CHECK(in.activations_peak == 5000 - 1350);
+  CHECK(in.saved_activations == 0);
+  const auto moments_only = sim::tier_input_of(report, 5000, false);
+  CHECK(moments_only.states.master == 0);
+  CHECK(moments_only.states.moments == 1200);
+  const sim::TierOptions both{.offload = sim::parse_offload("optimizer,params"), .buffer_bytes = 64,
+                              .disk_bytes_per_second = 100, .pcie_bytes_per_second = 1000};
+  const auto r = sim::offload_tiers(in, both);
+  CHECK(r.bytes.disk == 1200);
+  CHECK(r.bytes.total() == 5000 + 64);
+  CHECK(r.bytes.device == 5000 - 1200 - 50);  // the gradient shard to the host with the update
+  CHECK(r.disk_seconds == Approx((2 * 800 + 4 * 400) / 100.0));
+  // Exposed: what the longer link's time exceeds the compute by.
+  CHECK(sim::exposed_transfer_seconds(r, 0) == Approx(r.disk_seconds));
+  CHECK(sim::exposed_transfer_seconds(r, r.disk_seconds / 2) == Approx(r.disk_seconds / 2));
+  CHECK(sim::exposed_transfer_seconds(r, 2 * r.disk_seconds) == 0);
+}

@@ -24,36 +24,22 @@
 // missing, not writable, or without room for the state. With a communicator every rank checks
 // and all of them throw when any failed (naming the failed ranks), so none goes on alone; the
 // file of a rank that did create one is removed first. The file is scratch, never a checkpoint:
-// a resume reads the checkpoint (which this optimizer does not write its moments to yet).
-// Host memory only (the moments are updated by the host kernels).
+// a checkpoint saves the moments through held_moments() (below), which reads them into host
+// memory for the save, and a resume writes them back with HeldMoments::store().
+// Host memory only (the moments are updated by the host kernels). The file, the ranks' agreement
+// and the prefetch/write-behind walk are optim/detail/offload_file.hpp's, shared with the other
+// offloads.
 #pragma once
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <atomic>
-#include <cerrno>
-#include <chrono>
-#include <cstring>
-#include <future>
+#include <memory>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "dtensor/comm/communicator.hpp"
 #include "dtensor/core/memory_ledger.hpp"
 #include "dtensor/optim/adamw.hpp"
-
-namespace dtensor {
-
-/// The allocation ledger's name for bytes held in files on local disk (offloaded state).
-struct disk_ledger {
-  static constexpr std::string_view name = "disk";
-};
-
-}  // namespace dtensor
+#include "dtensor/optim/detail/offload_file.hpp"
 
 namespace dtensor::optim {
 
@@ -62,94 +48,9 @@ struct OffloadOptions {
   std::size_t host_buffer_bytes = std::size_t(64) << 20;  // the staging buffer (two halves)
 };
 
-/// What the disk did, over every step so far.
-struct OffloadStats {
-  std::size_t bytes_read = 0, bytes_written = 0;
-  double io_seconds = 0;    // the reads' and writes' own time (on their threads)
-  double wait_seconds = 0;  // the time step() waited for them: I/O the update did not hide
-  double step_seconds = 0;
-  std::size_t chunks = 0;   // per step
-  std::size_t file_bytes = 0;
-  /// The share of the I/O time hidden behind the update (1: all of it).
-  double overlap() const { return io_seconds > 0 ? std::max(0.0, 1 - wait_seconds / io_seconds) : 1; }
-};
-
-namespace detail {
-
-/// A scratch file of `bytes` reserved bytes (zero), removed with the object. An empty error()
-/// means it was made; otherwise nothing is left on disk.
-class StateFile {
- public:
-  StateFile(const std::string& dir, std::size_t bytes, int rank) : bytes_(bytes) {
-    static std::atomic<unsigned> serial{0};
-    path_ = dir + "/dtensor-adamw-state.rank" + std::to_string(rank) + "." + std::to_string(::getpid()) + "." +
-            std::to_string(serial++) + ".tmp";
-    struct stat st {};
-    if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-      error_ = "offload directory " + dir + " does not exist (or is not a directory)";
-      return;
-    }
-    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd_ < 0) {
-      error_ = "cannot create " + path_ + " (" + std::strerror(errno) + "): the offload directory must be writable";
-      return;
-    }
-    if (bytes > 0) {
-      int r = ::posix_fallocate(fd_, 0, off_t(bytes));
-      if (r == EOPNOTSUPP || r == EINVAL) r = ::ftruncate(fd_, off_t(bytes)) == 0 ? 0 : errno;  // no reservation there
-      if (r != 0) {
-        error_ = "cannot reserve " + std::to_string(bytes) + " bytes for the optimizer state in " + dir + " (" +
-                 std::strerror(r) + ")";
-        remove();
-      }
-    }
-  }
-  StateFile(const StateFile&) = delete;
-  StateFile& operator=(const StateFile&) = delete;
-  ~StateFile() { remove(); }
-
-  const std::string& error() const noexcept { return error_; }
-  const std::string& path() const noexcept { return path_; }
-  std::size_t bytes() const noexcept { return bytes_; }
-
-  void read(void* dst, std::size_t n, std::size_t at) const { io(true, dst, n, at); }
-  void write(const void* src, std::size_t n, std::size_t at) const { io(false, const_cast<void*>(src), n, at); }
-
-  /// Closes and deletes the file (also what a failure leaves: nothing).
-  void remove() noexcept {
-    if (fd_ >= 0) {
-      ::close(fd_);
-      ::unlink(path_.c_str());
-      fd_ = -1;
-    }
-  }
-
- private:
-  void io(bool reading, void* buf, std::size_t n, std::size_t at) const {
-    auto* p = static_cast<char*>(buf);
-    while (n > 0) {
-      const ssize_t k = reading ? ::pread(fd_, p, n, off_t(at)) : ::pwrite(fd_, p, n, off_t(at));
-      if (k < 0 && errno == EINTR) continue;
-      if (k <= 0)
-        throw Error("OffloadedAdamW", dtensor::detail::cat(reading ? "reading " : "writing ", n, " bytes at ", at, " of ",
-                                                           path_, " failed: ", k < 0 ? std::strerror(errno) : "end of file"));
-      p += k;
-      n -= std::size_t(k);
-      at += std::size_t(k);
-    }
-  }
-
-  std::string path_, error_;
-  std::size_t bytes_ = 0;
-  int fd_ = -1;
-};
-
-}  // namespace detail
-
 template <class T, std::size_t N>
 class OffloadedAdamW : public Optimizer<T, N, host_space> {
   using Base = Optimizer<T, N, host_space>;
-  using Clock = std::chrono::steady_clock;
 
  public:
   /// `comm`: the ranks that construct together (they agree on a bad directory); null: this rank alone.
@@ -169,10 +70,11 @@ class OffloadedAdamW : public Optimizer<T, N, host_space> {
       plan_chunks();
     const int rank = comm ? comm->rank() : 0;
     if (error.empty()) {
-      file_ = std::make_unique<detail::StateFile>(off_.dir, 2 * sizeof(T) * total_, rank);
+      file_ = std::make_unique<detail::OffloadFile>(off_.dir, 2 * sizeof(T) * total_, rank, "adamw-state");
       error = file_->error();
     }
-    agree(comm, error);
+    detail::agree_on_offload(comm, error, {file_.get()}, "OffloadedAdamW", off_.dir,
+                             dtensor::detail::cat(2 * sizeof(T) * total_, " bytes of AdamW moments on this rank"));
     MemoryTagScope tag(MemoryTag::optimizer_state);
     // No more than the largest chunk needs: a state smaller than the buffer holds only its own bytes.
     std::size_t largest = 0;
@@ -191,53 +93,75 @@ class OffloadedAdamW : public Optimizer<T, N, host_space> {
 
   void step() {
     detail::check_reduced("OffloadedAdamW::step", this->params_);
-    const auto begin = Clock::now();
     ++t_;
-    std::future<double> read, write;  // the chunk being read ahead, the one being written behind
-    struct Drain {                    // no I/O outlives the buffers it uses, even on an error
-      std::future<double>*a, *b;
-      ~Drain() {
-        for (auto* f : {a, b})
-          if (f->valid()) f->wait();
-      }
-    } drain{&read, &write};
-    auto wait = [&](std::future<double>& f) {
-      if (!f.valid()) return;
-      const auto t0 = Clock::now();
-      stats_.io_seconds += f.get();
-      stats_.wait_seconds += seconds(t0);
-    };
-    auto start_io = [&](bool reading, std::size_t c) {
-      return std::async(std::launch::async, [this, reading, c] {
-        const auto t0 = Clock::now();
-        const auto& ch = chunks_[c];
-        T* buf = half_[c % 2].data();
-        const std::size_t bytes = 2 * ch.elements * sizeof(T);
-        if (reading) file_->read(buf, bytes, ch.file_offset);
-        else file_->write(buf, bytes, ch.file_offset);
-        return seconds(t0);
-      });
-    };
-    if (!chunks_.empty()) read = start_io(true, 0);
-    for (std::size_t c = 0; c < chunks_.size(); ++c) {
-      wait(read);
-      stats_.bytes_read += 2 * chunks_[c].elements * sizeof(T);
-      if (c + 1 < chunks_.size()) {
-        wait(write);  // chunk c-1, written from the half chunk c+1 is read into
-        read = start_io(true, c + 1);
-      }
-      update(c);
-      if (c + 1 == chunks_.size()) wait(write);
-      write = start_io(false, c);
-      stats_.bytes_written += 2 * chunks_[c].elements * sizeof(T);
-    }
-    wait(write);
-    stats_.step_seconds += seconds(begin);
+    detail::stream_chunks(chunks_.size(), [this](std::size_t c) { return io(true, c); }, [this](std::size_t c) { update(c); },
+                          [this](std::size_t c) { return io(false, c); }, stats_);
   }
 
   long steps() const noexcept { return t_; }
+  /// What a resume restores with the moments (checkpoint/training_state.hpp).
+  void set_steps(long t) {
+    if (t < 0) throw Error("OffloadedAdamW::set_steps", dtensor::detail::cat("step count ", t, " is negative"));
+    t_ = t;
+  }
   const OffloadStats& stats() const noexcept { return stats_; }
   const std::string& file() const { return file_->path(); }
+
+  /// The moments read from the file into host memory, with AdamW's interface for a checkpoint
+  /// (params(), exp_avg(k), exp_avg_sq(k), steps(), set_steps(): checkpoint::adamw_slots and
+  /// the pipeline's save and load take it where they take an AdamW). store() writes them back
+  /// (after a load). While it lives, the rank holds its whole moments in host memory (the
+  /// ledger's host optimizer_state): a checkpoint costs what AdamW in memory would, for its
+  /// duration. Not while step() runs.
+  class HeldMoments {
+   public:
+    explicit HeldMoments(OffloadedAdamW& opt) : opt_(&opt) {
+      MemoryTagScope tag(MemoryTag::optimizer_state);
+      m_ = Tensor<T, 1, host_space>::uninitialized(Shape<1>{Extent(opt.total_)});
+      v_ = Tensor<T, 1, host_space>::uninitialized(Shape<1>{Extent(opt.total_)});
+      at_.resize(opt.params_.size() + 1, 0);
+      for (std::size_t k = 0; k < opt.params_.size(); ++k) at_[k + 1] = at_[k] + opt.params_[k].value.size();
+      walk(true);
+    }
+    auto& params() noexcept { return opt_->params(); }
+    std::span<T> exp_avg(std::size_t k) { return {m_.data() + at_[k], at_[k + 1] - at_[k]}; }
+    std::span<T> exp_avg_sq(std::size_t k) { return {v_.data() + at_[k], at_[k + 1] - at_[k]}; }
+    long steps() const noexcept { return opt_->steps(); }
+    void set_steps(long t) { opt_->set_steps(t); }
+    /// Writes the held moments to the optimizer's file.
+    void store() { walk(false); }
+
+   private:
+    /// Chunk by chunk through the optimizer's first buffer half: the file's layout (a chunk's m
+    /// of every piece, then its v) to and from the per-parameter order held here.
+    void walk(bool reading) {
+      auto& o = *opt_;
+      T* buf = o.half_[0].data();
+      for (const auto& ch : o.chunks_) {
+        const std::size_t bytes = 2 * ch.elements * sizeof(T);
+        if (reading) o.file_->read(buf, bytes, ch.file_offset);
+        std::size_t at = 0;
+        for (const auto& p : ch.pieces) {
+          T* m = m_.data() + at_[p.k] + p.begin;
+          T* v = v_.data() + at_[p.k] + p.begin;
+          if (reading) {
+            std::copy_n(buf + at, p.count, m);
+            std::copy_n(buf + ch.elements + at, p.count, v);
+          } else {
+            std::copy_n(m, p.count, buf + at);
+            std::copy_n(v, p.count, buf + ch.elements + at);
+          }
+          at += p.count;
+        }
+        if (!reading) o.file_->write(buf, bytes, ch.file_offset);
+      }
+    }
+
+    OffloadedAdamW* opt_;
+    Tensor<T, 1, host_space> m_, v_;
+    std::vector<std::size_t> at_;  // parameter k's moments start at at_[k]
+  };
+  HeldMoments held_moments() { return HeldMoments(*this); }
 
  private:
   static constexpr std::size_t kAlign = 64;
@@ -251,7 +175,15 @@ class OffloadedAdamW : public Optimizer<T, N, host_space> {
     std::size_t elements = 0, file_offset = 0;
   };
 
-  static double seconds(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+  /// Reads or writes chunk c's two moments in its buffer half (on stream_chunks' I/O thread).
+  std::size_t io(bool reading, std::size_t c) {
+    const auto& ch = chunks_[c];
+    T* buf = half_[c % 2].data();
+    const std::size_t bytes = 2 * ch.elements * sizeof(T);
+    if (reading) file_->read(buf, bytes, ch.file_offset);
+    else file_->write(buf, bytes, ch.file_offset);
+    return bytes;
+  }
 
   void plan_chunks() {
     Chunk cur;
@@ -304,30 +236,11 @@ class OffloadedAdamW : public Optimizer<T, N, host_space> {
     }
   }
 
-  /// Every rank learns whether any failed; all throw then, naming the failed ranks and this one's reason.
-  void agree(Communicator* comm, const std::string& error) {
-    std::vector<int> failed(comm ? std::size_t(comm->size()) : 1, 0);
-    const int rank = comm ? comm->rank() : 0;
-    failed[std::size_t(rank)] = error.empty() ? 0 : 1;
-    if (comm) comm->all_reduce(std::span<int>(failed), ReduceOp::sum);
-    std::string ranks;
-    for (std::size_t r = 0; r < failed.size(); ++r)
-      if (failed[r]) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-    if (ranks.empty()) return;
-    if (file_) file_->remove();
-    throw Error("OffloadedAdamW",
-                dtensor::detail::cat("offload directory \"", off_.dir, "\": ",
-                                     error.empty() ? std::string("this rank's is usable, but") : error + ";",
-                                     " failed on rank(s) ", ranks, " of ", failed.size(), " (", 2 * sizeof(T) * total_,
-                                     " bytes of AdamW moments on this rank)"),
-                rank);
-  }
-
   AdamWOptions o_;
   OffloadOptions off_;
   std::size_t capacity_ = 0, total_ = 0;  // elements per half; elements of the whole state
   std::vector<Chunk> chunks_;
-  std::unique_ptr<detail::StateFile> file_;
+  std::unique_ptr<detail::OffloadFile> file_;
   Tensor<T, 1, host_space> half_[2];
   OffloadStats stats_;
   long t_ = 0;

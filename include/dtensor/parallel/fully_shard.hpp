@@ -67,6 +67,19 @@
 // option only asks for it (true with a device model's own space is an error naming the call;
 // for a host model both are the host and nothing changes).
 //
+// Parameter offload (ZeRO-Infinity's, docs/offload.md): FsdpOptions::offload_params_dir puts
+// every unit's separate master shard (ZeRO-3's parameter shard; the fp32 master of a bf16 model
+// at any stage) in a file per unit and rank in that directory, mapped into memory
+// (optim/detail/offload_file.hpp FileMapping): the optimizer's views, the all-gather and the
+// checkpoint read and write it in place, so the arithmetic is the in-memory run's bit for bit,
+// while the kernel's page cache stages it. Each all-gather prefetches the next unit's shard in
+// its direction (forward: the next unit, backward: the one before) and drops its own from the
+// process's memory once sent; sync_parameters() (every step, after the optimizer) starts
+// writing the updated shards behind and drops them. A master that is the model's own values
+// (ZeRO-1/2 with M == T) has nothing separate to offload and stays. A directory that is missing,
+// not writable or without room fails on every rank of the mesh (dtensor::Error naming the
+// directory, the bytes and the failed ranks) and leaves no file. Host memory spaces only.
+//
 // Communication is only what the table above says; every collective is recorded by CommLog.
 // The model's own ParamRefs (model.collect, units()[u].params) do not survive a release: use
 // params() for the optimizer, gradient clipping and the sequence-parallel sync.
@@ -87,6 +100,7 @@
 #include "dtensor/mesh/roles.hpp"
 #include "dtensor/nn/param_groups.hpp"
 #include "dtensor/nn/units.hpp"
+#include "dtensor/optim/detail/offload_file.hpp"
 #include "dtensor/parallel/detail/fsdp_unit.hpp"
 
 namespace dtensor::parallel {
@@ -103,6 +117,9 @@ struct FsdpOptions {
   // distributed optimizer with fp32 gradient accumulation, 6 + 12/N bytes per parameter in bf16
   // with fp32 master values and AdamW); the model's T gradients exist only around a unit's backward.
   bool accumulate_grads_in_master = false;
+  // Parameter offload (see the top of this file): the separate master shards in files in this
+  // existing, writable directory on local disk; empty: in memory.
+  std::string offload_params_dir{};
 };
 
 /// What fully_shard did, in order (unit indices), for tests and traces.
@@ -119,6 +136,7 @@ struct FsdpMemory {
   std::size_t grads = 0;   // the units' full gradients (resident ones)
   std::size_t master = 0;  // master values of this rank's shards
   std::size_t grad_shards = 0;
+  std::size_t disk = 0;    // master values in files (FsdpOptions::offload_params_dir): not in memory
   std::size_t total() const { return params + grads + master + grad_shards; }
 };
 
@@ -178,6 +196,11 @@ class FullyShard {
                   mesh_.rank());
     reshard_after_forward_ = o.stage == 3 && o.reshard_after_forward.value_or(true);
     check_units();
+    if (!o.offload_params_dir.empty() && !(std::is_same_v<StateSpace, host_space> && holds_data_v<StateSpace>))
+      throw Error("fully_shard", dtensor::detail::cat("offload_params_dir with the state in ", StateSpace::name,
+                                                      " memory: parameter offload maps files into host memory"),
+                  mesh_.rank());
+    std::string error;  // parameter offload: this rank's failure to make its files
     const int size = mesh_.size(shard_dim), coord = mesh_.coordinate()[shard_dim];
     for (auto& u : model_.units()) {
       // Stages 1/2: the shard makes room for the in-place all-gather (values kept) and, where it
@@ -185,10 +208,24 @@ class FullyShard {
       units_.push_back(std::make_unique<Shard>(u.group->name(), u.group, size, coord, shard_dim, o.stage,
                                                o.accumulate_grads_in_master));
       auto& s = *units_.back();
+      if (!o.offload_params_dir.empty()) error = offload_master(s, error);  // before the views are handed out
       s.group->set_sharded();  // an optimizer over the model's own ParamRefs now fails (optim/optimizer.hpp)
       if (o.stage == 3) s.group->release_values();
       if (o.stage >= 2 || s.main_grad.numel() > 0) s.group->release_grads();
       for (auto& p : s.segments) params_.push_back(p);
+    }
+    if (!o.offload_params_dir.empty()) {
+      std::vector<optim::detail::OffloadFile*> files;
+      for (auto& f : offloaded_) files.push_back(f.file.get());
+      std::size_t bytes = 0, planned = 0;  // made; meant (every separate master shard)
+      for (auto& f : offloaded_) bytes += f.file ? f.file->bytes() : 0;
+      for (auto& u : units_) planned += u->master_in_values ? 0 : u->shard_size() * sizeof(M);
+      // A failure anywhere: every rank throws, its files removed (the mappings go with this object).
+      optim::detail::agree_on_offload(&mesh_.comm(), error, files, "fully_shard", o.offload_params_dir,
+                                       dtensor::detail::cat(planned, " bytes of master values on this rank"));
+      disk_bytes_ = bytes;
+      dtensor::detail::ledger_record<disk_ledger>(MemoryTag::optimizer_state, std::int64_t(disk_bytes_));
+      for (auto& f : offloaded_) f.map.release(0, f.map.bytes());  // written: the file holds them now
     }
     install_hooks();
   }
@@ -201,6 +238,7 @@ class FullyShard {
       for (auto& u : units_) finish_reduce(*u, false);
     } catch (...) {  // a failed collective is reported where it was waited on, not here
     }
+    if (disk_bytes_ > 0) dtensor::detail::ledger_record<disk_ledger>(MemoryTag::optimizer_state, -std::int64_t(disk_bytes_));
   }
 
   /// This rank's shards of every unit's parameters (master values and gradient shards), for the
@@ -255,10 +293,17 @@ class FullyShard {
 
   /// ZeRO-1/2: all-gathers every unit's updated shard into its full values (one all-gather per
   /// unit). ZeRO-3: nothing (the next forward gathers).
+  /// Parameter offload: then starts writing every unit's updated master shard to its file and
+  /// drops it from the process's memory (ZeRO-3: the next forward reads it back, prefetched).
   void sync_parameters() {
-    if (o_.stage == 3) return;
-    for (std::size_t u = 0; u < units_.size(); ++u) issue_gather(u, false);
-    for (auto& u : units_) wait_gather(*u);
+    if (o_.stage != 3) {
+      for (std::size_t u = 0; u < units_.size(); ++u) issue_gather(u, false);
+      for (auto& u : units_) wait_gather(*u);
+    }
+    for (auto& f : offloaded_) {
+      f.map.write_behind();
+      f.map.release(0, f.map.bytes());
+    }
   }
 
   /// Zeroes the gradient shards (and ZeRO-1's full gradients), nothing pending.
@@ -285,6 +330,7 @@ class FullyShard {
       m.master += u->master_bytes();     // 0 where they are the full values' slice
       m.grad_shards += u->grad_bytes();  // 0 where the shard lives in the full gradients
     }
+    m.disk = disk_bytes_;
     return m;
   }
   /// The most units whose full values were resident or being gathered at once (ZeRO-3).
@@ -394,7 +440,12 @@ class FullyShard {
     if (s.gathering || (s.group->values_resident() && o_.stage == 3)) return;
     s.group->materialize_values(s.padded());
     s.gather_send = Shard::template make_buffer<T>(s.chunk, MemoryTag::communication, true);  // padding stays 0
+    if (!offloaded_.empty()) {  // parameter offload: the next unit in this direction read ahead
+      const std::size_t next = backward ? u - 1 : u + 1;  // u - 1 wraps past 0 to a large index: none
+      if (next < units_.size()) offloaded_[next].map.prefetch(0, offloaded_[next].map.bytes());
+    }
     detail::convert_across<Space, StateSpace>(s.gather_send.span().first(s.shard_size()), std::span<const M>(s.master.span()));
+    if (!offloaded_.empty()) offloaded_[u].map.release(0, offloaded_[u].map.bytes());  // sent: back to the file
     s.gather = mesh_.group(shard_dim).all_gather_async(std::span<const T>(s.gather_send.span()), s.group->values_storage());
     s.gathering = true;
     events_.push_back({FsdpEvent::gather_issued, u, backward});
@@ -617,6 +668,37 @@ class FullyShard {
   nn::ParamList<M, N, StateSpace> params_;
   std::vector<FsdpEvent> events_;
   std::size_t peak_unsharded_ = 0;
+  // Parameter offload: per unit, its master's file and mapping (none where the master is the
+  // model's own values); their bytes on the ledger's disk.
+  struct OffloadedMaster {
+    std::unique_ptr<optim::detail::OffloadFile> file;
+    optim::detail::FileMapping map;  // declared after the file: unmapped before it is removed
+  };
+  std::vector<OffloadedMaster> offloaded_;
+  std::size_t disk_bytes_ = 0;
+
+  /// Parameter offload of unit s (the last built): its master values copied into a file of
+  /// their own and the unit's views pointed there. `error`: an earlier unit's failure (then
+  /// nothing more is made); returns this rank's error so far.
+  std::string offload_master(Shard& s, std::string error) {
+    offloaded_.emplace_back();
+    if (!error.empty() || s.master_in_values || s.shard_size() == 0) return error;
+    auto& f = offloaded_.back();
+    f.file = std::make_unique<optim::detail::OffloadFile>(o_.offload_params_dir, s.shard_size() * sizeof(M), mesh_.rank(),
+                                                          "fsdp-params");
+    if (!f.file->error().empty()) {
+      error = f.file->error();
+      f.file.reset();
+      return error;
+    }
+    f.map = optim::detail::FileMapping(*f.file);
+    M* at = static_cast<M*>(f.map.data());
+    std::copy_n(s.master.data(), s.shard_size(), at);
+    s.master = Tensor<M, 1, StateSpace>::view(at, Shape<1>{Extent(s.shard_size())});  // the buffer in memory goes
+    s.master_on_disk = true;
+    for (auto& p : s.segments) p.value = std::span<M>(at + p.offset, p.value.size());
+    return error;
+  }
 };
 
 namespace detail {

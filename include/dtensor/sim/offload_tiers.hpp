@@ -7,6 +7,8 @@
 //   r.bytes.device; r.bytes.host; r.bytes.disk;   // per rank
 //   r.disk_seconds; r.pcie_seconds;               // the step's transfers at the stated bandwidths
 //   std::cout << r.to_string();
+//   auto in2 = sim::tier_input_of(report, peak_in_flight, /*separate_master=*/true);  // a dry run's rank class
+//   sim::exposed_transfer_seconds(r, compute_seconds);  // what prefetch and write-behind cannot hide
 //
 // The model states of one rank between steps (Rajbhandari et al., ZeRO, 2020, and ZeRO-Infinity,
 // 2021: K = 12 bytes of fp32 optimizer state per parameter in mixed precision) split in four:
@@ -37,6 +39,7 @@
 
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/memory_ledger.hpp"
+#include "dtensor/sim/report.hpp"
 
 namespace dtensor::sim {
 
@@ -184,6 +187,35 @@ inline TierReport offload_tiers(const TierInput& in, const TierOptions& o) {
   r.disk_seconds = r.disk_bytes_per_step / o.disk_bytes_per_second;
   r.pcie_seconds = r.pcie_bytes_per_step / o.pcie_bytes_per_second;
   return r;
+}
+
+/// A dry run's rank class (plan_at_scale) as the tiers' input. The states between steps from its
+/// report: the optimizer_state tag's bytes split into master and moments as from_ledger does
+/// (`separate_master`: fully_shard<float> with a master apart from the model's values), and the
+/// parameters and gradients the optimizer phase holds ("optimizer": what the update reads; ZeRO-3
+/// has released the full values by then). The rest of `peak_in_flight` (the step's peak with its
+/// in-flight micro-batches) is activations and buffers: activations_peak, none of it counted as
+/// saved (activation offload is modelled by its own inputs).
+inline TierInput tier_input_of(const RankReport& r, double peak_in_flight, bool separate_master) {
+  TierInput in;
+  const double states = double(r.peak(MemoryTag::optimizer_state));
+  in.states.master = separate_master ? states / 3 : 0;
+  in.states.moments = states - in.states.master;
+  for (const auto& ph : r.phases)
+    if (ph.name == "optimizer") {
+      in.states.params = double(ph.peak[std::size_t(MemoryTag::parameters)]);
+      in.states.grads = double(ph.peak[std::size_t(MemoryTag::gradients)]);
+    }
+  in.activations_peak = std::max(0.0, peak_in_flight - in.states.total());
+  return in;
+}
+
+/// The part of the step's transfers that compute cannot hide: prefetch (reads before each unit's
+/// use) and write-behind run beside `compute_seconds` of the step's compute, the disk and PCIe
+/// links at once, so the exposed time is what the longer of the two exceeds it by (0: all hidden).
+/// An upper bound on the hiding: the optimizer's own update waits for its first chunk.
+inline double exposed_transfer_seconds(const TierReport& r, double compute_seconds) {
+  return std::max(0.0, std::max(r.disk_seconds, r.pcie_seconds) - std::max(0.0, compute_seconds));
 }
 
 /// A rank's model states from a dry run's (or a real run's) ledger, held between steps in the

@@ -121,6 +121,7 @@ struct UnitShard {
   //                    in M (or T by option) and is rounded to T once, when added into the shard:
   //                    ZeRO's 2 + (2 + 12)/N and DDP's 16 bytes per parameter.
   bool master_in_values = false;
+  bool master_on_disk = false;  // FsdpOptions::offload_params_dir: `master` views a file mapped into memory
   bool grad_in_full = false;
   bool grad_narrow = false;
   Buffer<T> grad_low;  // grad_narrow: the T gradient shard, hi - lo (a view of the full gradients when grad_in_full)
@@ -246,7 +247,7 @@ struct UnitShard {
 
   /// Bytes of the shard state this object holds (master values and gradient shard it owns:
   /// none where they live in the group's full buffers).
-  std::size_t master_bytes() const { return master_in_values ? 0 : std::size_t(master.numel()) * sizeof(M); }
+  std::size_t master_bytes() const { return master_in_values || master_on_disk ? 0 : std::size_t(master.numel()) * sizeof(M); }
   std::size_t grad_bytes() const {
     if (grad_in_full) return 0;
     return grad_narrow ? std::size_t(grad_low.numel()) * sizeof(T) : std::size_t(grad.numel()) * sizeof(M);
