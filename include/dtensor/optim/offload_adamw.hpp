@@ -28,32 +28,17 @@
 // Host memory only (the moments are updated by the host kernels).
 #pragma once
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <atomic>
-#include <cerrno>
 #include <chrono>
-#include <cstring>
 #include <future>
+#include <memory>
 #include <string>
-#include <string_view>
 #include <vector>
 
-#include "dtensor/comm/communicator.hpp"
+#include "dtensor/comm/failed_ranks.hpp"
 #include "dtensor/core/memory_ledger.hpp"
+#include "dtensor/core/scratch_file.hpp"
 #include "dtensor/optim/adamw.hpp"
-
-namespace dtensor {
-
-/// The allocation ledger's name for bytes held in files on local disk (offloaded state).
-struct disk_ledger {
-  static constexpr std::string_view name = "disk";
-};
-
-}  // namespace dtensor
 
 namespace dtensor::optim {
 
@@ -73,78 +58,6 @@ struct OffloadStats {
   /// The share of the I/O time hidden behind the update (1: all of it).
   double overlap() const { return io_seconds > 0 ? std::max(0.0, 1 - wait_seconds / io_seconds) : 1; }
 };
-
-namespace detail {
-
-/// A scratch file of `bytes` reserved bytes (zero), removed with the object. An empty error()
-/// means it was made; otherwise nothing is left on disk.
-class StateFile {
- public:
-  StateFile(const std::string& dir, std::size_t bytes, int rank) : bytes_(bytes) {
-    static std::atomic<unsigned> serial{0};
-    path_ = dir + "/dtensor-adamw-state.rank" + std::to_string(rank) + "." + std::to_string(::getpid()) + "." +
-            std::to_string(serial++) + ".tmp";
-    struct stat st {};
-    if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-      error_ = "offload directory " + dir + " does not exist (or is not a directory)";
-      return;
-    }
-    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd_ < 0) {
-      error_ = "cannot create " + path_ + " (" + std::strerror(errno) + "): the offload directory must be writable";
-      return;
-    }
-    if (bytes > 0) {
-      int r = ::posix_fallocate(fd_, 0, off_t(bytes));
-      if (r == EOPNOTSUPP || r == EINVAL) r = ::ftruncate(fd_, off_t(bytes)) == 0 ? 0 : errno;  // no reservation there
-      if (r != 0) {
-        error_ = "cannot reserve " + std::to_string(bytes) + " bytes for the optimizer state in " + dir + " (" +
-                 std::strerror(r) + ")";
-        remove();
-      }
-    }
-  }
-  StateFile(const StateFile&) = delete;
-  StateFile& operator=(const StateFile&) = delete;
-  ~StateFile() { remove(); }
-
-  const std::string& error() const noexcept { return error_; }
-  const std::string& path() const noexcept { return path_; }
-  std::size_t bytes() const noexcept { return bytes_; }
-
-  void read(void* dst, std::size_t n, std::size_t at) const { io(true, dst, n, at); }
-  void write(const void* src, std::size_t n, std::size_t at) const { io(false, const_cast<void*>(src), n, at); }
-
-  /// Closes and deletes the file (also what a failure leaves: nothing).
-  void remove() noexcept {
-    if (fd_ >= 0) {
-      ::close(fd_);
-      ::unlink(path_.c_str());
-      fd_ = -1;
-    }
-  }
-
- private:
-  void io(bool reading, void* buf, std::size_t n, std::size_t at) const {
-    auto* p = static_cast<char*>(buf);
-    while (n > 0) {
-      const ssize_t k = reading ? ::pread(fd_, p, n, off_t(at)) : ::pwrite(fd_, p, n, off_t(at));
-      if (k < 0 && errno == EINTR) continue;
-      if (k <= 0)
-        throw Error("OffloadedAdamW", dtensor::detail::cat(reading ? "reading " : "writing ", n, " bytes at ", at, " of ",
-                                                           path_, " failed: ", k < 0 ? std::strerror(errno) : "end of file"));
-      p += k;
-      n -= std::size_t(k);
-      at += std::size_t(k);
-    }
-  }
-
-  std::string path_, error_;
-  std::size_t bytes_ = 0;
-  int fd_ = -1;
-};
-
-}  // namespace detail
 
 template <class T, std::size_t N>
 class OffloadedAdamW : public Optimizer<T, N, host_space> {
@@ -169,8 +82,9 @@ class OffloadedAdamW : public Optimizer<T, N, host_space> {
       plan_chunks();
     const int rank = comm ? comm->rank() : 0;
     if (error.empty()) {
-      file_ = std::make_unique<detail::StateFile>(off_.dir, 2 * sizeof(T) * total_, rank);
+      file_ = std::make_unique<dtensor::detail::ScratchFile>(off_.dir, "adamw-state", rank, "OffloadedAdamW");
       error = file_->error();
+      if (error.empty()) error = file_->reserve(2 * sizeof(T) * total_, "the optimizer state");
     }
     agree(comm, error);
     MemoryTagScope tag(MemoryTag::optimizer_state);
@@ -306,19 +220,14 @@ class OffloadedAdamW : public Optimizer<T, N, host_space> {
 
   /// Every rank learns whether any failed; all throw then, naming the failed ranks and this one's reason.
   void agree(Communicator* comm, const std::string& error) {
-    std::vector<int> failed(comm ? std::size_t(comm->size()) : 1, 0);
+    const std::string ranks = dtensor::detail::failed_ranks(comm, !error.empty());
     const int rank = comm ? comm->rank() : 0;
-    failed[std::size_t(rank)] = error.empty() ? 0 : 1;
-    if (comm) comm->all_reduce(std::span<int>(failed), ReduceOp::sum);
-    std::string ranks;
-    for (std::size_t r = 0; r < failed.size(); ++r)
-      if (failed[r]) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
     if (ranks.empty()) return;
     if (file_) file_->remove();
     throw Error("OffloadedAdamW",
                 dtensor::detail::cat("offload directory \"", off_.dir, "\": ",
                                      error.empty() ? std::string("this rank's is usable, but") : error + ";",
-                                     " failed on rank(s) ", ranks, " of ", failed.size(), " (", 2 * sizeof(T) * total_,
+                                     " failed on rank(s) ", ranks, " of ", comm ? comm->size() : 1, " (", 2 * sizeof(T) * total_,
                                      " bytes of AdamW moments on this rank)"),
                 rank);
   }
@@ -327,7 +236,7 @@ class OffloadedAdamW : public Optimizer<T, N, host_space> {
   OffloadOptions off_;
   std::size_t capacity_ = 0, total_ = 0;  // elements per half; elements of the whole state
   std::vector<Chunk> chunks_;
-  std::unique_ptr<detail::StateFile> file_;
+  std::unique_ptr<dtensor::detail::ScratchFile> file_;
   Tensor<T, 1, host_space> half_[2];
   OffloadStats stats_;
   long t_ = 0;
