@@ -39,6 +39,7 @@
 // compute space's activations drop by the same bytes while the entries are out.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstring>
@@ -68,7 +69,7 @@ enum class OffloadTier { host, disk };
 
 struct ActivationOffloadOptions {
   OffloadTier tier = OffloadTier::disk;
-  std::string dir;  // disk: an existing, writable directory on local disk
+  std::string dir{};  // disk: an existing, writable directory on local disk
 };
 
 /// What the offloader did, over its whole life.
