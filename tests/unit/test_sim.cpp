@@ -1680,8 +1680,8 @@ TEST_CASE("sim: activation offload on meta tensors, the dry run's ledger shows t
   const auto [meta_peak_off, host_peak, host_after, unused] = step(true);
   CAPTURE(meta_peak, meta_peak_off, block, host_peak);
   REQUIRE(block > 0);
-  CHECK(host_peak0 == 0);
-  CHECK(host_peak == std::int64_t(6 * block));
+  CHECK(host_peak0 < 64);  // without offload: a scalar or so on the host (the loss), no activations
+  CHECK(host_peak == host_peak0 + std::int64_t(6 * block));
   CHECK(host_after == 0);
   CHECK(meta_peak - meta_peak_off >= std::int64_t(3 * block));
 }
