@@ -21,6 +21,11 @@
 //                           Infinity's update read and write, forward and backward reads), hidden
 //                           (1 - (offload_ms - memory_ms) / io_ms, clamped to [0, 1]: the share of
 //                           that I/O the step did not pay for)
+//   activations/0|1         a GPT's forward + backward (one rank, fp32, 6 blocks of dim 256, 4
+//                           sequences of 128) with its blocks' saved activations in memory (0) or
+//                           written to a file after each block's forward and read back ahead of its
+//                           backward (1: nn::ActivationOffload). Counters: saved_MiB (per step, what
+//                           went to disk), io_MBps, hidden (ActivationOffloadStats::hidden), wait_ms
 // The file is rewritten every step, so unless the moments exceed the free RAM the page cache
 // holds it: on a small model this measures the kernel's copy, not the disk (docs/offload.md).
 #include <benchmark/benchmark.h>
@@ -36,6 +41,8 @@
 #include <vector>
 
 #include "dtensor/comm/threads.hpp"
+#include "dtensor/models/gpt.hpp"
+#include "dtensor/nn/activation_offload.hpp"
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/optim/offload_adamw.hpp"
 #include "dtensor/training.hpp"
@@ -192,11 +199,46 @@ void params(benchmark::State& st) {
   st.counters["master_MiB"] = double(bytes) / (1 << 20);
 }
 
+void activations(benchmark::State& st) {
+  using GMesh = DeviceMesh<"dp", "tp">;
+  threads::run(1, [&](CommPtr world) {
+    GMesh mesh(world, {1, 1});
+    const nn::GPTConfig cfg{.vocab = 64, .seq = 128, .dim = 256, .heads = 8, .layers = 6, .mlp_ratio = 4, .seed = 3};
+    nn::GPT<float, GMesh> model(mesh, cfg);
+    std::shared_ptr<nn::ActivationOffload> off;
+    if (st.range(0) == 1) {
+      off = std::make_shared<nn::ActivationOffload>(nn::ActivationOffloadOptions{.dir = offload_dir()}, world.get());
+      model.set_activation_offload(off);
+    }
+    Tensor<std::int32_t, 2> ids(Shape<2>{4, cfg.seq});
+    for (Extent i = 0; i < ids.numel(); ++i) ids[i] = std::int32_t((i * 7) % cfg.vocab);
+    const auto x = distribute_replicated<typename nn::GPT<float, GMesh>::Ids::layout>(mesh, ids);
+    auto step = [&] {
+      auto [loss, saved] = model.forward(x, x);
+      model.backward(std::move(saved));
+      benchmark::DoNotOptimize(loss);
+    };
+    step();  // the file's regions reserved, the caches warm
+    const nn::ActivationOffloadStats before = off ? off->stats() : nn::ActivationOffloadStats{};
+    for (auto _ : st) step();
+    if (off) {
+      const auto& s = off->stats();
+      const double io = s.io_seconds - before.io_seconds, wait = s.wait_seconds - before.wait_seconds;
+      const double bytes = double(s.bytes_read + s.bytes_written - before.bytes_read - before.bytes_written);
+      st.counters["saved_MiB"] = double(s.bytes_written - before.bytes_written) / double(st.iterations()) / (1 << 20);
+      st.counters["io_MBps"] = io > 0 ? bytes / io / 1e6 : 0;
+      st.counters["hidden"] = io > 0 ? std::max(0.0, 1 - wait / io) : 1;
+      st.counters["wait_ms"] = 1e3 * wait / double(st.iterations());
+    }
+  });
+}
+
 // n = 4 M elements: 32 MiB of moments; buffers of 1 and 8 MiB (chunks of 64 K and 512 K elements).
 BENCHMARK(in_memory)->Arg(4 << 20)->Unit(benchmark::kMillisecond)->MinTime(0.5);
 BENCHMARK(offloaded)->Args({4 << 20, 1 << 10})->Args({4 << 20, 8 << 10})->Unit(benchmark::kMillisecond)->MinTime(0.5);
 BENCHMARK(file_rw)->Arg(4 << 20)->Unit(benchmark::kMillisecond)->MinTime(0.5);
 BENCHMARK(params)->ArgName("ranks")->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->Iterations(3);
+BENCHMARK(activations)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->MinTime(1.0);
 
 }  // namespace
 

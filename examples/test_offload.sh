@@ -6,6 +6,8 @@
 # a --host-budget-mib fails clearly, and trains with --offload optimizer; --offload params (and
 # optimizer,params) keeps the losses on ZeRO-3 over 3 ranks and on bf16 DDP; --sync local-sgd
 # with the moments on disk keeps them; bad --offload params input fails on every rank.
+# --offload activations (with optimizer, and alone through a 1F1B pipeline of 4 micro-batches)
+# keeps the losses, every digit.
 set -eu
 trainer=$1
 dir=$2
@@ -24,6 +26,21 @@ if [ -n "$(ls -A "$dir")" ]; then
   echo "FAILED: files left in $dir: $(ls -A "$dir")"
   exit 1
 fi
+# --offload activations (nn/activation_offload.hpp): every block's saved state through a file.
+out=$("$trainer" $flags --offload optimizer,activations --offload-dir "$dir" --offload-buffer-kib 4)
+both=$(echo "$out" | grep '^final losses')
+[ "$plain" = "$both" ] || { echo "FAILED: --offload optimizer,activations changed the run: '$plain' vs '$both'"; exit 1; }
+echo "$out" | grep '^activation offload (rank 0)' || { echo "FAILED: no activation offload summary line"; exit 1; }
+pipe="--pp 2 --fsdp 1 --cp 1 --tp 1 --steps 2 --eval-every 2 --seq 16 --dim 32 --layers 4 --schedule 1f1b --microbatches 4"
+pipe_plain=$("$trainer" $pipe | grep '^final losses')
+pipe_act=$("$trainer" $pipe --offload activations --offload-dir "$dir" | grep '^final losses')
+[ "$pipe_plain" = "$pipe_act" ] || { echo "FAILED: --offload activations changed the 1F1B run: '$pipe_plain' vs '$pipe_act'"; exit 1; }
+[ -z "$(ls -A "$dir")" ] || { echo "FAILED: files left in $dir after the activation offload runs"; exit 1; }
+if err=$("$trainer" $pipe --offload activations --offload-dir "$dir/missing" 2>&1); then
+  echo "FAILED: --offload activations with a missing --offload-dir trained"
+  exit 1
+fi
+echo "$err" | grep -q 'nn::ActivationOffload.*does not exist.*failed on rank(s) 0, 1 of 2' || { echo "FAILED: error was: $err"; exit 1; }
 # --host-budget-mib (docs/offload.md): DDP over 2 ranks, 1.6 M parameters. With AdamW's moments in
 # memory the process holds 49 MiB after building, over a 45 MiB budget: an error on both ranks
 # before training, naming the budget and the way out. With them on disk (the budget sizing the

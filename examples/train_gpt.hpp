@@ -73,6 +73,7 @@
 #include "dtensor/models/llama.hpp"
 #include "dtensor/optim/check_finite.hpp"
 #include "dtensor/optim/memory_budget.hpp"
+#include "dtensor/nn/activation_offload.hpp"
 #include "dtensor/optim/offload_adamw.hpp"
 #include "dtensor/parallel/pipeline/by_name.hpp"
 #include "dtensor/parallel/pipeline/sharded_pipeline.hpp"
@@ -153,10 +154,11 @@ struct Options : examples::MeshFlags {  // the mesh: --pp --dp --fsdp --cp --tp 
   std::string export_path, init_from, prompt = "The ";
   int generate = 0, top_k = 0;
   double temperature = 0, top_p = 1;
-  // ---- offload (issue 27; docs/offload.md): --offload optimizer,params (a comma list;
-  // activations are refused until built): optimizer puts AdamW's moments in files under
-  // --offload-dir (optim::OffloadedAdamW), staged through --offload-buffer-kib KiB of host memory;
-  // params the FSDP master shards (FsdpOptions::offload_params_dir, mapped files).
+  // ---- offload (issue 27; docs/offload.md): --offload optimizer,params,activations (a comma
+  // list): optimizer puts AdamW's moments in files under --offload-dir (optim::OffloadedAdamW),
+  // staged through --offload-buffer-kib KiB of host memory; params the FSDP master shards
+  // (FsdpOptions::offload_params_dir, mapped files); activations every block's saved activations
+  // there between its forward and backward (nn::ActivationOffload).
   std::vector<std::string> offload;
   std::string offload_dir;
   std::size_t offload_buffer_kib = 64 << 10;
@@ -186,7 +188,7 @@ inline const char* const usage =
     "                 [--sync ddp|local-sgd|diloco|async|fedavg] [--inner-steps H] [--staleness s] [--clients K] [--kfold k]\n"
     "                 [--fragments F] [--overlap T] [--overlap-alpha A] [--bf16-reduce] [--outer-lr X] [--outer-momentum M]\n"
     "                 [--init-from FILE] [--export FILE.safetensors] [--generate N [--prompt TEXT] [--temperature T] [--top-k K] [--top-p P]]\n"
-    "                 [--offload optimizer,params --offload-dir DIR [--offload-buffer-kib N]] [--host-budget-mib X] [--device-budget-mib X]\n"
+    "                 [--offload optimizer,params,activations --offload-dir DIR [--offload-buffer-kib N]] [--host-budget-mib X] [--device-budget-mib X]\n"
     "  mesh (pp, dp, fsdp, cp, tp), default pp 2 x dp 1 x fsdp 2 x cp 2 x tp 2 + SP: 16 ranks (threads, or mpirun -n).\n"
     "  --pp: pipeline stages (--schedule, default 1f1b, over --microbatches, default 2 x pp, or 1 without a\n"
     "        pipeline; interleaved, zbv and dualpipev put 2 stages on each rank;\n"
@@ -228,7 +230,10 @@ inline const char* const usage =
     "        (default 65536); the same update bit for bit. Host memory only; checkpoints save the moments.\n"
     "  --offload params: the FSDP master shards (ZeRO-3's parameter shards, a bf16 model's fp32 master) in files\n"
     "        under --offload-dir, mapped, prefetched a unit ahead and written behind; not for an f32 model at ZeRO-1/2\n"
-    "        (its master is its own values). Combine: --offload optimizer,params. activations is not built yet.\n"
+    "        (its master is its own values).\n"
+    "  --offload activations: every block's saved activations in a file per rank under --offload-dir between its\n"
+    "        forward and backward (written behind, read ahead; the same losses bit for bit; CPU, dense models).\n"
+    "        A comma list takes several: --offload optimizer,params,activations.\n"
     "  --host-budget-mib X / --device-budget-mib X (docs/offload.md): the host (GPU) memory this process's tensors may\n"
     "        hold, in MiB (decimals allowed); over it after building the model and optimizer, or in the first step, is an\n"
     "        error on every rank. With --offload optimizer and no --offload-buffer-kib, the budget sizes the buffer.\n"
@@ -322,17 +327,24 @@ inline void check_offload(const Options& o) {
   if (o.device_budget_mib > 0 && o.device != "cuda")
     throw UsageError("--device-budget-mib with --device " + o.device + ": the model is in host memory (--host-budget-mib)");
   for (const auto& w : o.offload)
-    if (w != "optimizer" && w != "params")
-      throw UsageError("--offload " + w + ": " +
-                       (w == "activations" ? std::string("not built yet (issue 27); ") : std::string("unknown; ")) +
-                       "what is offloaded now: optimizer, params");
+    if (w != "optimizer" && w != "params" && w != "activations")
+      throw UsageError("--offload " + w + ": unknown; what is offloaded: optimizer, params, activations");
   if (o.offload.empty()) {
-    if (!o.offload_dir.empty()) throw UsageError("--offload-dir needs --offload optimizer or params");
+    if (!o.offload_dir.empty()) throw UsageError("--offload-dir needs --offload optimizer, params or activations");
     return;
   }
-  const std::string what = o.offloads("optimizer") ? "optimizer" : "params";
+  const std::string what = o.offload.front();  // the first of the list, for the messages
   if (o.offload_dir.empty()) throw UsageError("--offload " + what + " needs --offload-dir DIR (a local directory)");
-  if (o.device != "cpu") throw UsageError("--offload " + what + " with --device " + o.device + ": the offloaded state is updated on the host");
+  if (o.offloads("activations")) {
+    // The disk tier of a host model; a CUDA model's tier would be host memory, whose copies would
+    // run on the compute stream here (not overlapped): not offered until measured on a GPU.
+    if (o.device != "cpu") throw UsageError("--offload activations with --device " + o.device + ": not built yet (host models only)");
+    // MoE blocks' saved routing state (parallel/moe.hpp) does not list its tensors for the offload yet.
+    if (o.experts > 0) throw UsageError("--offload activations with --experts: not built yet (dense blocks only)");
+  }
+  if (!o.offloads("optimizer") && !o.offloads("params")) return;
+  const std::string state = o.offloads("optimizer") ? "optimizer" : "params";
+  if (o.device != "cpu") throw UsageError("--offload " + state + " with --device " + o.device + ": the offloaded state is updated on the host");
   // An fp32 model's ZeRO-1/2 master values are the model's own full values (no second copy,
   // fsdp_unit.hpp master_in_values): nothing separate to put on disk.
   if (o.offloads("params") && o.zero <= 2 && o.dtype == "f32")
@@ -343,7 +355,7 @@ inline void check_offload(const Options& o) {
   // Checkpoints save the offloaded moments (OffloadedAdamW::held_moments) through the pipeline's
   // format; --sync's per-rank state is saved through an AdamW in memory (sync_state_slots).
   if (o.sync != "ddp" && (o.save_every > 0 || !o.resume.empty()))
-    throw UsageError("--offload optimizer with --sync " + o.sync + " and checkpoints: the per-rank sync state is saved with an AdamW in memory only");
+    throw UsageError("--offload " + state + " with --sync " + o.sync + " and checkpoints: the per-rank sync state is saved with an AdamW in memory only");
 }
 
 /// The constraints between flags that the library would otherwise report later, deep in a rank.
@@ -470,7 +482,7 @@ inline Options parse(int argc, char** argv, bool cuda_build) {
       std::stringstream list(value());
       for (std::string w; std::getline(list, w, ',');)
         if (!w.empty() && !o.offloads(w)) o.offload.push_back(w);
-      if (o.offload.empty()) throw UsageError("--offload needs optimizer, params or both (a comma list)");
+      if (o.offload.empty()) throw UsageError("--offload needs optimizer, params and/or activations (a comma list)");
     } else if (a == "--offload-dir") o.offload_dir = value();
     else if (a == "--offload-buffer-kib") {
       o.offload_buffer_kib = flag_value<std::size_t>(a, value(), 1);
@@ -830,6 +842,17 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
   if (!offload_optimizer) adam.emplace(optim::make_adamw(model.params(), adamw));
   auto offloaded = offloaded_adamw<host>(offload_optimizer, model.params(), adamw,
                                          {.dir = o.offload_dir, .host_buffer_bytes = buffer_bytes}, *world);
+  // --offload activations: every block's saved activations in a file per rank under
+  // --offload-dir between its forward and its backward (nn/activation_offload.hpp; each
+  // micro-batch's separately). Built by every rank together: a bad directory fails on all.
+  std::shared_ptr<nn::ActivationOffload> activation_offload;
+  if constexpr (host && !moe) {
+    if (o.offloads("activations")) {
+      activation_offload = std::make_shared<nn::ActivationOffload>(
+          nn::ActivationOffloadOptions{.tier = nn::OffloadTier::disk, .dir = o.offload_dir}, world.get());
+      for (auto& stage : model.executor().stages()) stage.set_activation_offload(activation_offload);
+    }
+  }
   world->barrier();  // every rank's optimizer built
   {
     const std::string hint = offload_optimizer ? "a larger budget, or a smaller --offload-buffer-kib"
@@ -1139,6 +1162,15 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
       std::printf("offload (rank 0): master values %.4f MiB (%zu bytes) in files in %s, prefetched a unit ahead, written behind "
                   "after each step\n",
                   double(disk) / (1 << 20), disk, o.offload_dir.c_str());
+    }
+    if (activation_offload) {
+      const auto& s = activation_offload->stats();
+      std::printf("activation offload (rank 0): %zu block states to %s, wrote %.2f MiB, read %.2f MiB back (%zu kept in "
+                  "memory) in %.3f s of I/O (%.0f MiB/s), %.0f%% of it hidden behind the compute\n",
+                  s.entries, o.offload_dir.c_str(), double(s.bytes_written) / (1 << 20), double(s.bytes_read) / (1 << 20),
+                  s.kept, s.io_seconds,
+                  s.io_seconds > 0 ? double(s.bytes_read + s.bytes_written) / (1 << 20) / s.io_seconds : 0.0,
+                  100 * s.hidden());
     }
     // All the digits: a resumed run is compared with a straight one by these (examples/CMakeLists.txt).
     std::printf("final losses at step %d: train %.17g validation %.17g\n", o.steps, train_loss, val_loss);

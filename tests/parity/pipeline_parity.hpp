@@ -9,8 +9,11 @@
 #pragma once
 
 #include <limits>
+#include <memory>
 #include <span>
+#include <string>
 
+#include "dtensor/nn/activation_offload.hpp"
 #include "dtensor/parallel/pipeline/by_name.hpp"
 #include "dtensor/parallel/pipeline/clip.hpp"
 #include "dtensor/parallel/pipeline/executor.hpp"
@@ -34,6 +37,9 @@ struct PipelineRun {
   parallel::pipeline::MemoryReport memory;          // the validator's
   int pipeline_rank = 0;
   std::int64_t activation_peak = 0;       // step 1's peak activation bytes on this rank (the ledger's)
+  std::int64_t offload_peak = 0;          // with activation offload: step 1's peak on its tier (disk or host)
+  nn::ActivationOffloadStats offload;     // with activation offload: this rank's, over the run
+  std::size_t blocks_here = 0;            // the blocks of this rank's stages
 };
 
 struct PipelineShape {
@@ -42,7 +48,8 @@ struct PipelineShape {
 
 template <class Plan>
 PipelineRun run_pipeline_parity(CommPtr world, PipelineShape shape, parallel::pipeline::ScheduleKind kind, int microbatches,
-                                int stages_per_rank = 0, int steps = parity_steps, Extent batch = pipeline_batch) {
+                                int stages_per_rank = 0, int steps = parity_steps, Extent batch = pipeline_batch,
+                                std::optional<nn::ActivationOffloadOptions> offload = std::nullopt) {
   PipelineMesh mesh(world, {shape.pp, shape.dp, shape.tp});
   const GptMesh stage_mesh = parallel::pipeline::stage_mesh_of(mesh);
   auto cfg = parity_config();
@@ -52,6 +59,11 @@ PipelineRun run_pipeline_parity(CommPtr world, PipelineShape shape, parallel::pi
   auto schedule = parallel::pipeline::make_schedule(kind, shape.pp, microbatches, stages_per_rank);
   auto stages = parallel::pipeline::split(Model(stage_mesh, cfg), schedule.layout, mesh.coordinate(0));
   parallel::pipeline::Executor<Stage, PipelineMesh> exec(mesh, schedule, std::move(stages));
+  std::shared_ptr<nn::ActivationOffload> offloader;  // every block's saved state on the tier, one offloader per rank
+  if (offload) {
+    offloader = std::make_shared<nn::ActivationOffload>(*offload, world.get());
+    for (Stage& stage : exec.stages()) stage.set_activation_offload(offloader);
+  }
   nn::ParamList<double, 2> ps;
   for (Stage& stage : exec.stages()) nn::collect(stage, ps);
   optim::AdamW<double, 2> opt(ps, parity_adamw());
@@ -61,6 +73,7 @@ PipelineRun run_pipeline_parity(CommPtr world, PipelineShape shape, parallel::pi
   out.schedule = schedule;
   out.memory = exec.memory();
   out.pipeline_rank = mesh.coordinate(0);
+  for (Stage& stage : exec.stages()) out.blocks_here += stage.blocks().size();
   for (int step = 0; step < steps; ++step) {
     auto [ids, targets] = parity_tokens(step, cfg, batch);
     opt.zero_grad();
@@ -69,6 +82,8 @@ PipelineRun run_pipeline_parity(CommPtr world, PipelineShape shape, parallel::pi
     MemoryTagScope activations(MemoryTag::activations);
     auto stats = exec.step(microbatch_list);
     if (step == 0) out.activation_peak = ledger.peak("host", MemoryTag::activations);
+    if (step == 0 && offload)
+      out.offload_peak = offload->tier == nn::OffloadTier::disk ? ledger.peak("disk", MemoryTag::activations) : 0;
     ddp.all_reduce_gradients(ps);
     parallel::sequence_parallel_grads(ps, stage_mesh, {.bucket_bytes = 4096});
     parallel::pipeline::clip_grad_norm(ps, stage_mesh, mesh.group(0), 1.0);
@@ -84,6 +99,7 @@ PipelineRun run_pipeline_parity(CommPtr world, PipelineShape shape, parallel::pi
       out.first = std::move(stats);
     }
   }
+  if (offloader) out.offload = offloader->stats();
   return out;
 }
 

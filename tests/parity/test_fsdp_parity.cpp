@@ -14,10 +14,12 @@
 #include <filesystem>
 
 #include "dtensor/comm/threads.hpp"
+#include "dtensor/nn/activation_offload.hpp"
 #include "dtensor/optim/offload_adamw.hpp"
 #include "dtensor/parallel/fully_shard.hpp"
 #include "gpt_parity.hpp"
 #include "support/on_ranks.hpp"
+#include "support/scratch_dir.hpp"
 
 using namespace dtensor;
 using namespace dtensor::testing;
@@ -767,26 +769,6 @@ TEST_CASE("FSDP ZeRO-1: gradients accumulate over steps without zero_grad as in 
 
 namespace {
 
-/// A fresh directory under the temporary one, removed with the object.
-struct ScratchDir {
-  std::filesystem::path path;
-  explicit ScratchDir(const std::string& name)
-      : path(std::filesystem::temp_directory_path() / ("dtensor-" + name + "-" + std::to_string(::getpid()))) {
-    std::filesystem::remove_all(path);
-    std::filesystem::create_directories(path);
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    std::filesystem::permissions(path, std::filesystem::perms::owner_all, ec);
-    std::filesystem::remove_all(path, ec);
-  }
-  std::size_t files() const {
-    std::size_t n = 0;
-    for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(path)) ++n;
-    return n;
-  }
-};
-
 struct OffloadRun {
   std::vector<double> losses;  // rank 0's
   optim::OffloadStats stats;   // rank 0's
@@ -1116,4 +1098,145 @@ TEST_CASE("Parameter offload bad input: a missing directory fails on every rank,
   CHECK(errors[1].find("does not exist") != std::string::npos);
   CHECK(good.files() == 0);  // rank 0 had made its files: removed
   CHECK(!std::filesystem::exists(missing));
+}
+
+namespace {
+
+struct ActivationOffloadRun {
+  std::vector<double> losses;          // rank 0's
+  std::int64_t activation_peak = 0;    // rank 0's host activation bytes at their peak in step 1
+  std::int64_t disk_peak = 0;          // rank 0's disk activation bytes at their peak in step 1
+  std::int64_t disk_after = 0;         // ... after the last step (all brought back or released)
+  std::size_t block_bytes = 0;         // one block's saved state (nn::saved_bytes, before it goes)
+  nn::ActivationOffloadStats stats;    // rank 0's
+};
+constexpr int kOffloadLayers = 6;
+constexpr int kOffloadSteps = 3;
+
+/// kOffloadSteps AdamW steps of the parity GPT (kOffloadLayers blocks) computing in T under
+/// ZeRO-3 on 2 ranks, every block's saved activations offloaded to `off`'s tier (none: in memory).
+template <class T>
+ActivationOffloadRun activation_offload_run(std::optional<nn::ActivationOffloadOptions> off) {
+  ActivationOffloadRun out;
+  threads::run(2, [&](CommPtr w) {
+    FsdpMesh mesh(w, {1, 2, 1});
+    auto cfg = parity_config();
+    cfg.layers = kOffloadLayers;
+    nn::GPT<T, FsdpMesh> model(mesh, cfg);
+    auto fsdp = parallel::fully_shard(model, mesh, {.stage = 3});
+    std::shared_ptr<nn::ActivationOffload> offload;
+    if (off) {
+      offload = std::make_shared<nn::ActivationOffload>(*off, w.get());
+      model.set_activation_offload(offload);
+    }
+    optim::AdamW<T, 3> opt(fsdp.params(), parity_adamw());
+    for (int s = 0; s < kOffloadSteps; ++s) {
+      auto [ids, tgt] = parity_batch_of<typename decltype(model)::Ids>(mesh, s, cfg);
+      opt.zero_grad();
+      MemoryLedger ledger;
+      double loss_value = 0;
+      {
+        MemoryTagScope tag(MemoryTag::activations);
+        auto [loss, saved] = model.forward(ids, tgt);
+        if (s == 0 && !off) out.block_bytes = nn::saved_bytes(saved.blocks[0]);
+        model.backward(std::move(saved));
+        loss_value = double(full_tensor(loss)[0]);
+      }
+      fsdp.finish_gradient_sync();
+      optim::clip_grad_norm(fsdp.params(), mesh, 1.0);
+      opt.step();
+      if (w->rank() != 0) continue;
+      out.losses.push_back(loss_value);
+      if (s == 0) {
+        out.activation_peak = ledger.peak("host", MemoryTag::activations);
+        out.disk_peak = ledger.peak("disk", MemoryTag::activations);
+      }
+      if (s + 1 == kOffloadSteps) out.disk_after = memory_totals().current("disk", MemoryTag::activations);
+    }
+    if (w->rank() == 0 && offload) out.stats = offload->stats();
+  });
+  return out;
+}
+
+/// One block's saved state in bytes (docs/offload.md, "Activation offload"): 17 b·s·h elements
+/// of T (ln1's and ln2's inputs, qkv's input, q, k, v and the attention output, proj's input,
+/// fc1's input, the 4h hidden h and GELU(h)) and 4 + a doubles per token (the two norms' mean and
+/// rstd, the attention's log-sum-exp per head).
+template <class T>
+std::size_t block_saved_bytes(Extent b, const nn::GPTConfig& c) {
+  return std::size_t(17 * b * c.seq * c.dim) * sizeof(T) + std::size_t(b * c.seq * (4 + c.heads)) * sizeof(double);
+}
+
+template <class T>
+void check_activation_offload() {
+  ScratchDir dir("act-offload");
+  const auto memory = activation_offload_run<T>(std::nullopt);
+  const auto disk = activation_offload_run<T>(nn::ActivationOffloadOptions{.tier = nn::OffloadTier::disk,
+                                                                          .dir = dir.path.string()});
+  const auto host = activation_offload_run<T>(nn::ActivationOffloadOptions{.tier = nn::OffloadTier::host});
+  REQUIRE(memory.losses.size() == std::size_t(kOffloadSteps));
+  CHECK(disk.losses == memory.losses);  // bit for bit
+  CHECK(host.losses == memory.losses);
+  // The ledger: one block's saved state is the formula (2 sequences per rank), all kOffloadLayers
+  // of them are on disk at the end of the forward, none after; the host's activation peak drops
+  // by all but the ~2 blocks kept in memory around the one computing.
+  const std::size_t block = block_saved_bytes<T>(parity_batch / 2, parity_config());
+  CAPTURE(memory.block_bytes, block, memory.activation_peak, disk.activation_peak, disk.disk_peak);
+  CHECK(memory.block_bytes == block);
+  CHECK(disk.disk_peak == std::int64_t(kOffloadLayers * block));
+  CHECK(disk.disk_after == 0);
+  CHECK(memory.disk_peak == 0);
+  CHECK(memory.activation_peak - disk.activation_peak >= std::int64_t((kOffloadLayers - 3) * block));
+  // Traffic: every block written each step; all but the last read back (it is still in memory
+  // when the backward starts, and is used from there).
+  CHECK(disk.stats.entries == std::size_t(kOffloadSteps * kOffloadLayers));
+  CHECK(disk.stats.bytes_written == std::size_t(kOffloadSteps * kOffloadLayers) * block);
+  CHECK(disk.stats.bytes_read == std::size_t(kOffloadSteps * (kOffloadLayers - 1)) * block);
+  CHECK(disk.stats.kept == std::size_t(kOffloadSteps));
+  CHECK(disk.stats.hidden() >= 0);
+  CHECK(disk.stats.hidden() <= 1);
+  CHECK(dir.files() == 0);  // the scratch file went with the offloader
+}
+
+}  // namespace
+
+TEST_CASE("activation offload: a GPT's saved activations on disk (and host), ZeRO-3 on 2 ranks, bit for bit",
+          "[fsdp][offload]") {
+  SECTION("double") { check_activation_offload<double>(); }
+  SECTION("float") { check_activation_offload<float>(); }
+}
+
+TEST_CASE("activation offload bad input: a missing or read-only directory fails on every rank, leaving no file",
+          "[fsdp][offload]") {
+  ScratchDir good("act-offload-good");
+  auto attempt = [&](const std::string& bad, int bad_rank) {
+    std::vector<std::string> errors(2);
+    threads::run(2, [&](CommPtr w) {
+      const std::string dir = w->rank() == bad_rank ? bad : good.path.string();
+      try {
+        nn::ActivationOffload off({.tier = nn::OffloadTier::disk, .dir = dir}, w.get());
+      } catch (const Error& e) {
+        errors[std::size_t(w->rank())] = e.what();
+      }
+    });
+    return errors;
+  };
+  const std::string missing = (good.path / "missing").string();
+  const auto e = attempt(missing, 1);
+  for (const auto& msg : e) {
+    INFO(msg);
+    CHECK(msg.find("nn::ActivationOffload") != std::string::npos);
+    CHECK(msg.find("rank(s) 1 of 2") != std::string::npos);
+  }
+  CHECK(e[1].find("does not exist") != std::string::npos);
+  CHECK(e[1].find(missing) != std::string::npos);
+  CHECK(good.files() == 0);  // rank 0 had made its file: removed
+  if (::geteuid() != 0) {  // root may write anywhere
+    ScratchDir ro("act-offload-ro");
+    std::filesystem::permissions(ro.path, std::filesystem::perms::owner_read | std::filesystem::perms::owner_exec);
+    const auto r = attempt(ro.path.string(), 0);
+    for (const auto& msg : r) CHECK(msg.find("rank(s) 0 of 2") != std::string::npos);
+    CHECK(r[0].find("writable") != std::string::npos);
+    CHECK(good.files() == 0);
+  }
 }

@@ -33,6 +33,7 @@
 #include "dtensor/parallel/moe.hpp"
 #include "dtensor/parallel/pipeline/sharded_pipeline.hpp"
 #include "support/on_ranks.hpp"
+#include "support/scratch_dir.hpp"
 
 using namespace dtensor;
 using namespace dtensor::testing;
@@ -155,6 +156,44 @@ TEST_CASE("pipeline memory: the ledger's activation peak is the validator's coun
     INFO("S = " << per_microbatch << " B, T = " << transient << " B");
     CHECK(std::abs(one_f_one_b[r].second - predicted) < per_microbatch / 2);
   }
+}
+
+TEST_CASE("activation offload through a pipeline: 1F1B and interleaved with 4 micro-batches, each one's saved state on "
+          "disk, bit for bit", "[parity][pipeline][offload]") {
+  // Each micro-batch's saved state holds its own tickets, so the micro-batches a stage holds at
+  // once (1F1B: p - rank of them) are all on disk together: the tier's peak is held x blocks x
+  // one block's bytes (the formula of docs/offload.md: 17 b·s·h elements + (4 + a) doubles per
+  // token, b = 2 sequences a micro-batch). The losses are the in-memory run's exactly.
+  ScratchDir dir("act-offload-pp");
+  const PipelineShape shape{.pp = 2};
+  const auto cfg = parity_config();
+  const Extent b = pipeline_batch / 4;
+  const auto block = std::int64_t(17 * b * cfg.seq * cfg.dim * 8 + b * cfg.seq * (4 + cfg.heads) * 8);
+  for (const char* name : {"1f1b", "interleaved"}) {
+    const auto kind = pp::parse_schedule_kind(name);
+    std::vector<PipelineRun> memory(2), disk(2);
+    threads::run(2, [&](CommPtr world) {
+      auto a = run_pipeline_parity<nn::ReplicatedPlan>(world, shape, kind, 4, 0, 3);
+      auto d = run_pipeline_parity<nn::ReplicatedPlan>(world, shape, kind, 4, 0, 3, pipeline_batch,
+                                                       nn::ActivationOffloadOptions{.dir = dir.path.string()});
+      memory[std::size_t(a.pipeline_rank)] = std::move(a);
+      disk[std::size_t(d.pipeline_rank)] = std::move(d);
+    });
+    for (std::size_t r = 0; r < 2; ++r) {
+      INFO(name << " pipeline rank " << r);
+      CHECK(disk[r].losses == memory[r].losses);
+      CHECK(compare_losses(disk[r].losses, std::vector<double>(reference().begin(), reference().begin() + 3), 1e-5) == "");
+      const auto held = std::int64_t(disk[r].memory.peak_saved[r]);
+      CAPTURE(held, disk[r].blocks_here, block, disk[r].offload_peak, memory[r].activation_peak, disk[r].activation_peak);
+      if (kind == pp::ScheduleKind::one_f_one_b)  // one stage a rank: every micro-batch held has its blocks
+        CHECK(disk[r].offload_peak == held * std::int64_t(disk[r].blocks_here) * block);
+      CHECK(disk[r].offload_peak > 0);
+      CHECK(disk[r].activation_peak < memory[r].activation_peak);
+      CHECK(disk[r].offload.entries == 3 * 4 * disk[r].blocks_here);
+      CHECK(disk[r].offload.bytes_written == std::size_t(3 * 4 * std::int64_t(disk[r].blocks_here) * block));
+    }
+  }
+  CHECK(dir.files() == 0);
 }
 
 TEST_CASE("pipeline: bad input is a clear error", "[pipeline]") {

@@ -110,6 +110,7 @@ class SelfAttention {
     typename Core::template Saved<T, mesh_space_t<Mesh>> core;  // what the core's backward needs
     typename Proj::Saved proj;
     bool core_recomputed = false;  // out and core dropped: the core runs again in backward (nn/recompute.hpp)
+    auto tensors() { return std::tie(qkv, q, k, v, out, positions, core, proj); }  // nn/activation_offload.hpp
   };
   using WeightCtx = std::tuple<typename Qkv::WeightCtx, typename Proj::WeightCtx>;  // children() order
 

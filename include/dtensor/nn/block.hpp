@@ -96,6 +96,7 @@ class TransformerBlock {
     typename Norm::Saved ln2;
     typename Mlp::Saved mlp;
     bool norms_dropped = false, mlp_dropped = false;  // recomputed in backward (set_recompute)
+    auto tensors() { return std::tie(ln1, attn, ln2, mlp); }  // what an activation offload moves (nn/activation_offload.hpp)
   };
   using WeightCtx = std::tuple<typename Norm::WeightCtx, typename Attn::WeightCtx, typename Norm::WeightCtx,
                                typename Mlp::WeightCtx>;  // children() order

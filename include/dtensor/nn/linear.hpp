@@ -67,6 +67,7 @@ class Linear {
   /// backward where it moves data: the sequence-parallel all-gather).
   struct Saved {
     In x;
+    auto tensors() { return std::tie(x); }  // what an activation offload moves (nn/activation_offload.hpp)
   };
   /// What backward_weight needs: the matmul's input and output gradient (and a row-wise style's
   /// bias gradient, taken before the exit's adjoint).

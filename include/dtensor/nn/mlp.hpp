@@ -13,6 +13,7 @@
 // is not kept but computed again from h in backward (nn/recompute.hpp: act).
 #pragma once
 
+#include <tuple>
 #include <string>
 
 #include "dtensor/nn/linear.hpp"
@@ -35,6 +36,7 @@ class MLP {
     typename Fc1::Out h;  // fc1's output, for GELU's backward
     typename Fc2::Saved fc2;
     bool act_recomputed = false;  // fc2's input GELU(h) dropped: computed again from h in backward
+    auto tensors() { return std::tie(fc1, h, fc2); }  // what an activation offload moves (nn/activation_offload.hpp)
   };
   using WeightCtx = std::tuple<typename Fc1::WeightCtx, typename Fc2::WeightCtx>;  // children() order
 

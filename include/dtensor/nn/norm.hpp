@@ -44,6 +44,7 @@ class Norm {
   struct Saved {
     X x;
     ops::BasicNormStats<mesh_space_t<Mesh>> stats;
+    auto tensors() { return std::tie(x, stats); }  // what an activation offload moves (nn/activation_offload.hpp)
   };
   struct WeightCtx {
     DTensor<T, 1, Mesh, GradL> dweight, dbias;

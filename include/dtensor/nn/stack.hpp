@@ -46,12 +46,16 @@
 // no code for it.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "dtensor/nn/activation_offload.hpp"
 #include "dtensor/nn/aux_losses.hpp"
 #include "dtensor/nn/param_groups.hpp"
 #include "dtensor/nn/units.hpp"
@@ -162,6 +166,7 @@ class Stack : public WithUnits<typename detail::stack_x_t<M>::value_type, typena
     std::vector<typename Block::Saved> blocks;
     std::optional<typename Epilogue::Saved> epilogue;
     std::optional<typename LossFn::Saved> loss;
+    std::vector<ActivationOffload::Ticket> offloaded;  // per block: its saved state on the offload tier (or null)
   };
   struct WeightCtx {
     std::optional<typename Prologue::WeightCtx> prologue;
@@ -215,6 +220,10 @@ class Stack : public WithUnits<typename detail::stack_x_t<M>::value_type, typena
       auto [y, bs] = this->forward_unit(block_unit(l), [&] { return blocks_[l].forward(*x); });
       x = std::move(y);
       s.blocks.push_back(std::move(bs));
+      if (offload_ && offload_block_[l]) {
+        s.offloaded.resize(blocks_.size());
+        s.offloaded[l] = offload_->put(s.blocks.back());
+      }
     }
     if (epilogue_) {
       auto [logits, es] = this->forward_unit(epilogue_unit(), [&] { return epilogue_->forward(*x); });
@@ -236,9 +245,11 @@ class Stack : public WithUnits<typename detail::stack_x_t<M>::value_type, typena
   Bwd<std::optional<X>, WeightCtx> backward_input(Saved s, std::optional<X> dy, double dloss) const {
     AuxLossScale scale(dloss);  // the auxiliary losses' gradients weighted like the loss
     WeightCtx w;
+    prefetch_before(s, blocks_.size());
     dy = backward_epilogue(s, std::move(dy), dloss, w);
     w.blocks.resize(blocks_.size());
     for (std::size_t l = blocks_.size(); l-- > 0;) {
+      bring_back(s, l);
       auto [dx, bw] = this->backward_unit(block_unit(l), [&] { return blocks_[l].backward_input(std::move(s.blocks[l]), *dy); });
       dy = std::move(dx);
       w.blocks[l] = std::move(bw);
@@ -262,9 +273,11 @@ class Stack : public WithUnits<typename detail::stack_x_t<M>::value_type, typena
   std::optional<X> backward(Saved s, std::optional<X> dy, double dloss) {
     AuxLossScale scale(dloss);  // the auxiliary losses' gradients weighted like the loss
     WeightCtx w;
+    prefetch_before(s, blocks_.size());
     dy = backward_epilogue(s, std::move(dy), dloss, w);
     if (epilogue_) weight_of(*epilogue_, std::move(*w.epilogue), epilogue_unit());
     for (std::size_t l = blocks_.size(); l-- > 0;) {
+      bring_back(s, l);
       auto [dx, bw] = this->backward_unit(block_unit(l), [&] { return blocks_[l].backward_input(std::move(s.blocks[l]), *dy); });
       dy = std::move(dx);
       weight_of(blocks_[l], std::move(bw), block_unit(l));
@@ -276,6 +289,18 @@ class Stack : public WithUnits<typename detail::stack_x_t<M>::value_type, typena
     }
     return dy;
   }
+
+  /// Activation offload (nn/activation_offload.hpp): the saved state of every block for which
+  /// `which(l)` holds (l: the model's block index; no `which`: every block) goes to `offload`'s
+  /// tier after the block's forward and comes back before its backward, the next block's read
+  /// ahead. Null: none (the default). Several stacks (a rank's pipeline stages) may share one.
+  void set_activation_offload(std::shared_ptr<ActivationOffload> offload, const std::function<bool(Extent)>& which = {}) {
+    offload_ = std::move(offload);
+    offload_block_.assign(blocks_.size(), 0);
+    for (std::size_t l = 0; l < blocks_.size(); ++l)
+      offload_block_[l] = offload_ && (!which || which(range_.first + Extent(l))) ? 1 : 0;
+  }
+  const std::shared_ptr<ActivationOffload>& activation_offload() const noexcept { return offload_; }
 
   /// The parts, in order: each one unit (nn/units.hpp); absent ones form none.
   auto children() { return nn::children(prologue_, blocks_, epilogue_); }
@@ -348,6 +373,18 @@ class Stack : public WithUnits<typename detail::stack_x_t<M>::value_type, typena
     add_unit<T, E>(std::get<I>(other_units_), name + "." + std::get<I>(declared_).name, part);
   }
 
+  /// Starts reading back the last offloaded block before block `end` (what the backward needs next).
+  void prefetch_before(const Saved& s, std::size_t end) const {
+    for (std::size_t k = std::min(end, s.offloaded.size()); k-- > 0;)
+      if (s.offloaded[k]) return offload_->prefetch(s.offloaded[k]);
+  }
+  /// Block l's saved state back from the offload tier (if it went), and the next one's read started.
+  void bring_back(Saved& s, std::size_t l) const {
+    if (l >= s.offloaded.size()) return;
+    if (s.offloaded[l]) offload_->get(s.offloaded[l], s.blocks[l]);
+    prefetch_before(s, l);
+  }
+
   std::size_t part_unit(std::size_t part) const noexcept { return unit_of_[part]; }
   std::size_t prologue_unit() const noexcept { return part_unit(0); }
   std::size_t block_unit(std::size_t l) const noexcept { return part_unit(l + (prologue_ ? 1 : 0)); }
@@ -380,6 +417,8 @@ class Stack : public WithUnits<typename detail::stack_x_t<M>::value_type, typena
   std::optional<Epilogue> epilogue_;
   std::optional<LossFn> loss_;
   std::vector<std::size_t> unit_of_;  // part -> unit index (WithUnits::no_unit: no parameters)
+  std::shared_ptr<ActivationOffload> offload_;  // activation offload (none: null)
+  std::vector<char> offload_block_;              // per block: offloaded
   Declared declared_{};                                // the other meshes, named
   typename units_of<Declared>::type other_units_{};    // their units, one vector per declared mesh
 };

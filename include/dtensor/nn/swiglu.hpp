@@ -51,6 +51,7 @@ class SwiGLU {
     Hidden gate, up;  // x w1, x w3
     typename W2::Saved w2;
     bool act_recomputed = false;  // w2's input silu(gate)·up dropped: computed again in backward
+    auto tensors() { return std::tie(w13, gate, up, w2); }  // what an activation offload moves (nn/activation_offload.hpp)
   };
   using WeightCtx = std::tuple<typename W13::WeightCtx, typename W2::WeightCtx>;  // children() order
 

@@ -18,6 +18,7 @@
 // No communication.
 #pragma once
 
+#include <tuple>
 #include <algorithm>
 #include <cmath>
 
@@ -36,6 +37,7 @@ struct AttentionOptions {
 template <class Space>
 struct BasicAttentionStats {
   Tensor<double, 3, Space> lse;
+  auto tensors() { return std::tie(lse); }  // what an activation offload moves (nn/activation_offload.hpp)
 };
 using AttentionStats = BasicAttentionStats<host_space>;
 

@@ -18,6 +18,8 @@
 // No communication.
 #pragma once
 
+#include <tuple>
+
 #include "dtensor/kernels/norm.hpp"
 #include "dtensor/ops/common.hpp"
 
@@ -28,6 +30,7 @@ template <class Space>
 struct BasicNormStats {
   Tensor<double, 1, Space> mean;  // [local rows]; empty for RMSNorm
   Tensor<double, 1, Space> rstd;  // [local rows]
+  auto tensors() { return std::tie(mean, rstd); }  // what an activation offload moves (nn/activation_offload.hpp)
 };
 using NormStats = BasicNormStats<host_space>;
 

@@ -64,6 +64,7 @@ struct ContextAttentionSaved {
   Tensor<kernels::Stat, 3, Space> lse;
   Tensor<T, 4, Space> q, k, v, out;  // ulysses only: [B, H/cp, T, D]
   std::size_t pairs = 0;             // (query, key) scores this rank computed in forward
+  auto tensors() { return std::tie(lse, q, k, v, out); }  // what an activation offload moves (nn/activation_offload.hpp)
 };
 
 template <class O>
