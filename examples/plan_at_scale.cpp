@@ -92,7 +92,7 @@ struct Options {
   // with --inner-steps H, --fragments F, --overlap tau and --staleness s.
   bool sync_table = false;
   int inner_steps = 100, fragments = 4, overlap = 1, staleness = 1;
-  // --offload optimizer|params|optimizer,params (docs/dry-run.md, sim/offload_tiers.hpp): every
+  // --offload optimizer|params|activations, a comma list (docs/dry-run.md, sim/offload_tiers.hpp): every
   // rank class's bytes per tier (device, host, disk) and the step's transfers at --disk-gbps and
   // --pcie-gbps (GB/s per rank) through --offload-buffer-mib of host staging; the fit is then the
   // device tier's. A flag of one plan, not a dimension of --search.
@@ -107,7 +107,7 @@ constexpr const char* usage =
     "--device h100|h200|a100 --device-file F --device-field NAME=VALUE --peak-tflops X "
     "--search --gpus N --top K --finalists N --rank-of tp=T,pp=P,dp=D[,cp=C,v=V,zero=Z,micro=B,ep=E] --published "
     "--serve BATCH,CONTEXT --sync-table [--inner-steps H --fragments F --overlap T --staleness S] "
-    "--offload optimizer|params|optimizer,params [--disk-gbps X --pcie-gbps X --offload-buffer-mib X]]\n"
+    "--offload optimizer|params|activations (a comma list) [--disk-gbps X --pcie-gbps X --offload-buffer-mib X]]\n"
     "device fields: name peak_bf16_tflops peak_fp32_tflops hbm_gbytes_per_s memory_gbytes nvlink_domain "
     "nvlink_gbytes_per_s nvlink_latency_us network_gbps network_latency_us\n";
 
@@ -217,8 +217,6 @@ Options parse(int argc, char** argv) {
       } catch (const Error& e) {
         throw UsageError("--offload: " + std::string(e.what()));
       }
-      if (o.tiers.offload.activations)
-        throw UsageError("--offload " + list + ": activations are not modelled by plan_at_scale yet (optimizer, params)");
     } else if (a == "--disk-gbps") o.tiers.disk_bytes_per_second = 1e9 * examples::positive_flag_value(a, value());
     else if (a == "--pcie-gbps") o.tiers.pcie_bytes_per_second = 1e9 * examples::positive_flag_value(a, value());
     else if (a == "--offload-buffer-mib") o.tiers.buffer_bytes = double(1 << 20) * examples::positive_flag_value(a, value());
@@ -327,7 +325,19 @@ struct PlanSummary {
 /// zero 0 is AdamW straight on the parameters).
 sim::TierInput tier_input(const Options& o, const sim::PlanClass& c) {
   const bool separate_master = o.plan.zero == 3 || (o.plan.zero > 0 && o.bf16);
-  return sim::tier_input_of(c.report, c.peak_in_flight, separate_master);
+  auto in = sim::tier_input_of(c.report, c.peak_in_flight, separate_master);
+  if (o.tiers.offload.activations) {
+    // --offload activations (nn::ActivationOffload, a block at a time): what the micro-batch
+    // stages in flight at the rank's peak leave saved — the dry run's forward measures one
+    // micro-batch on one stage (saved_per_stage) — over their blocks.
+    const auto& p = o.plan;
+    const int stages = p.pipelined() ? p.pp * sim::detail::plan_schedule(p).layout.stages_per_rank : 1;
+    const int per_stage = int((p.model.layers + stages - 1) / stages);
+    const double held = c.held_at_peak > 0 ? c.held_at_peak : double(c.in_flight);
+    in.saved_activations = std::min(in.activations_peak, held * double(c.saved_per_stage));
+    in.blocks = std::max(1, int(std::lround(held)) * per_stage);
+  }
+  return in;
 }
 
 PlanSummary summarize(const Options& o, const std::vector<sim::PlanClass>& classes) {
@@ -486,9 +496,9 @@ void print_sync_table(const Options& o, const std::vector<sim::PlanClass>& class
 /// --offload: each rank class's tiers and transfers, and how much of them the step's compute hides.
 void print_offload(const Options& o, const std::vector<sim::PlanClass>& classes, const PlanSummary& r) {
   const auto& t = o.tiers;
-  std::printf("\noffload %s (sim/offload_tiers.hpp; disk %.3g GB/s and PCIe %.3g GB/s per rank, %s host staging buffer):\n",
+  std::printf("\noffload %s (sim/offload_tiers.hpp; disk %.3g GB/s and PCIe %.3g GB/s per rank%s):\n",
               t.offload.to_string().c_str(), t.disk_bytes_per_second / 1e9, t.pcie_bytes_per_second / 1e9,
-              sim::detail::human_bytes(t.buffer_bytes).c_str());
+              t.offload.disk() ? (", " + sim::detail::human_bytes(t.buffer_bytes) + " host staging buffer").c_str() : "");
   std::printf("  %-24s %12s %12s %12s %14s %10s %14s %10s %12s %10s\n", "class", "device", "host", "disk", "disk/step",
               "disk s", "PCIe/step", "PCIe s", "compute s", "exposed s");
   for (std::size_t i = 0; i < classes.size(); ++i) {

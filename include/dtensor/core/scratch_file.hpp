@@ -60,6 +60,8 @@ class ScratchFile {
   const std::string& path() const noexcept { return path_; }
   /// The bytes reserved so far.
   std::size_t bytes() const noexcept { return bytes_; }
+  /// The descriptor (for a mapping of the file); -1 once removed or if it was never made.
+  int fd() const noexcept { return fd_; }
 
   /// Grows the file to `total` bytes, all of them reserved; "" or why not (the file is kept as
   /// it was). `what` names the state in the message.

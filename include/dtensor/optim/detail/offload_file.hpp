@@ -56,17 +56,10 @@
 #include <vector>
 
 #include "dtensor/comm/communicator.hpp"
+#include "dtensor/comm/failed_ranks.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/memory_ledger.hpp"
-
-namespace dtensor {
-
-/// The allocation ledger's name for bytes held in files on local disk (offloaded state).
-struct disk_ledger {
-  static constexpr std::string_view name = "disk";
-};
-
-}  // namespace dtensor
+#include "dtensor/core/scratch_file.hpp"  // ScratchFile, disk_ledger
 
 namespace dtensor::optim {
 
@@ -84,76 +77,46 @@ struct OffloadStats {
 
 namespace detail {
 
-/// A scratch file of `bytes` reserved (zero) bytes in `dir`, named after `what` and the rank,
-/// removed with the object. An empty error() means it was made; otherwise nothing is on disk.
+/// A scratch file (core/scratch_file.hpp's, the activation offload's too) of `bytes` reserved
+/// (zero) bytes in `dir`, named after `what` and the rank, removed with the object. An empty
+/// error() means it was made; otherwise nothing is on disk. Reads and writes past `bytes` are an
+/// Error (a caller's offset bug would otherwise grow the file past its reservation).
 class OffloadFile {
  public:
-  OffloadFile(const std::string& dir, std::size_t bytes, int rank, std::string_view what) : bytes_(bytes) {
-    static std::atomic<unsigned> serial{0};
-    path_ = dir + "/dtensor-" + std::string(what) + ".rank" + std::to_string(rank) + "." + std::to_string(::getpid()) +
-            "." + std::to_string(serial++) + ".tmp";
-    struct stat st {};
-    if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-      error_ = "offload directory " + dir + " does not exist (or is not a directory)";
-      return;
-    }
-    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd_ < 0) {
-      error_ = "cannot create " + path_ + " (" + std::strerror(errno) + "): the offload directory must be writable";
-      return;
-    }
-    if (bytes > 0) {
-      int r = ::posix_fallocate(fd_, 0, off_t(bytes));
-      if (r == EOPNOTSUPP || r == EINVAL) r = ::ftruncate(fd_, off_t(bytes)) == 0 ? 0 : errno;  // no reservation there
-      if (r != 0) {
-        error_ = "cannot reserve " + std::to_string(bytes) + " bytes for " + std::string(what) + " in " + dir + " (" +
-                 std::strerror(r) + ")";
-        remove();
-      }
+  OffloadFile(const std::string& dir, std::size_t bytes, int rank, std::string_view what)
+      : file_(dir, what, rank, "offload file"), error_(file_.error()), bytes_(bytes) {
+    if (error_.empty()) {
+      error_ = file_.reserve(bytes, what);
+      if (!error_.empty()) file_.remove();
     }
   }
-  OffloadFile(const OffloadFile&) = delete;
-  OffloadFile& operator=(const OffloadFile&) = delete;
-  ~OffloadFile() { remove(); }
 
   const std::string& error() const noexcept { return error_; }
-  const std::string& path() const noexcept { return path_; }
+  const std::string& path() const noexcept { return file_.path(); }
   std::size_t bytes() const noexcept { return bytes_; }
-  int fd() const noexcept { return fd_; }
+  int fd() const noexcept { return file_.fd(); }
 
-  void read(void* dst, std::size_t n, std::size_t at) const { io(true, dst, n, at); }
-  void write(const void* src, std::size_t n, std::size_t at) const { io(false, const_cast<void*>(src), n, at); }
-
-  /// Closes and deletes the file (also what a failure leaves: nothing).
-  void remove() noexcept {
-    if (fd_ >= 0) {
-      ::close(fd_);
-      ::unlink(path_.c_str());
-      fd_ = -1;
-    }
+  void read(void* dst, std::size_t n, std::size_t at) const {
+    within(n, at, "reading ");
+    file_.read(dst, n, at);
   }
+  void write(const void* src, std::size_t n, std::size_t at) const {
+    within(n, at, "writing ");
+    file_.write(src, n, at);
+  }
+  /// Closes and deletes the file (also what a failure leaves: nothing).
+  void remove() noexcept { file_.remove(); }
 
  private:
-  void io(bool reading, void* buf, std::size_t n, std::size_t at) const {
-    if (at + n > bytes_)  // a caller's offset bug would otherwise grow the file past its reservation
-      throw Error("offload file", dtensor::detail::cat(reading ? "reading " : "writing ", n, " bytes at ", at, " of ", path_,
-                                                       ": past its ", bytes_, " bytes"));
-    auto* p = static_cast<char*>(buf);
-    while (n > 0) {
-      const ssize_t k = reading ? ::pread(fd_, p, n, off_t(at)) : ::pwrite(fd_, p, n, off_t(at));
-      if (k < 0 && errno == EINTR) continue;
-      if (k <= 0)
-        throw Error("offload file", dtensor::detail::cat(reading ? "reading " : "writing ", n, " bytes at ", at, " of ",
-                                                         path_, " failed: ", k < 0 ? std::strerror(errno) : "end of file"));
-      p += k;
-      n -= std::size_t(k);
-      at += std::size_t(k);
-    }
+  void within(std::size_t n, std::size_t at, const char* doing) const {
+    if (at + n > bytes_)
+      throw Error("offload file", dtensor::detail::cat(doing, n, " bytes at ", at, " of ", path(), ": past its ",
+                                                       bytes_, " bytes"));
   }
 
-  std::string path_, error_;
+  dtensor::detail::ScratchFile file_;
+  std::string error_;
   std::size_t bytes_ = 0;
-  int fd_ = -1;
 };
 
 /// An OffloadFile's bytes as memory (see the top of this file). Unmapped with the object, which
@@ -219,20 +182,15 @@ class FileMapping {
 /// Collective: one all-reduce of one int per rank.
 inline void agree_on_offload(Communicator* comm, const std::string& error, const std::vector<OffloadFile*>& files,
                              std::string_view op, std::string_view dir, std::string_view what) {
-  std::vector<int> failed(comm ? std::size_t(comm->size()) : 1, 0);
-  const int rank = comm ? comm->rank() : 0;
-  failed[std::size_t(rank)] = error.empty() ? 0 : 1;
-  if (comm) comm->all_reduce(std::span<int>(failed), ReduceOp::sum);
-  std::string ranks;
-  for (std::size_t r = 0; r < failed.size(); ++r)
-    if (failed[r]) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  const std::string ranks = dtensor::detail::failed_ranks(comm, !error.empty());
   if (ranks.empty()) return;
   for (auto* f : files)
     if (f) f->remove();
   throw Error(std::string(op), dtensor::detail::cat("offload directory \"", dir, "\": ",
                                                     error.empty() ? std::string("this rank's is usable, but") : error + ";",
-                                                    " failed on rank(s) ", ranks, " of ", failed.size(), " (", what, ")"),
-              rank);
+                                                    " failed on rank(s) ", ranks, " of ", comm ? comm->size() : 1, " (",
+                                                    what, ")"),
+              comm ? comm->rank() : 0);
 }
 
 /// The write of stream_chunks' read-only pass.
