@@ -862,6 +862,33 @@ TEST_CASE("NVMe offload of a bf16 ZeRO-2 run: the bf16 gradient shard read widen
   CHECK(dir.files() == 0);
 }
 
+/// An offload's agreed failure on 2 ranks (`attempt(dir, bad_rank)` returns each rank's Error
+/// text): a missing directory on rank 1 and, unless root (who may write anywhere), a read-only
+/// one on rank 0 fail on both ranks, each Error naming `op` and the failed rank, the bad rank's the
+/// reason (and the path), and the good rank's file is removed.
+template <class Attempt>
+void check_bad_offload_dirs(Attempt attempt, const ScratchDir& good, const char* op) {
+  const std::string missing = (good.path / "missing").string();
+  const auto e = attempt(missing, 1);
+  for (const auto& msg : e) {
+    INFO(msg);
+    CHECK(msg.find(op) != std::string::npos);
+    CHECK(msg.find("rank(s) 1 of 2") != std::string::npos);
+  }
+  CHECK(e[1].find("does not exist") != std::string::npos);
+  CHECK(e[1].find(missing) != std::string::npos);
+  CHECK(good.files() == 0);  // rank 0 had made its file: removed
+  CHECK(!std::filesystem::exists(missing));
+  if (::geteuid() != 0) {
+    ScratchDir ro("offload-ro");
+    std::filesystem::permissions(ro.path, std::filesystem::perms::owner_read | std::filesystem::perms::owner_exec);
+    const auto r = attempt(ro.path.string(), 0);
+    for (const auto& msg : r) CHECK(msg.find("rank(s) 0 of 2") != std::string::npos);
+    CHECK(r[0].find("writable") != std::string::npos);
+    CHECK(good.files() == 0);
+  }
+}
+
 TEST_CASE("NVMe offload bad input: a missing or read-only directory fails on every rank, leaving no file", "[fsdp][offload]") {
   // Every rank checks its directory; all of them throw when any failed (naming the ranks), and a
   // rank that had created its file removes it: no partial state stays on disk.
@@ -882,25 +909,7 @@ TEST_CASE("NVMe offload bad input: a missing or read-only directory fails on eve
     });
     return errors;
   };
-  const std::string missing = (good.path / "missing").string();
-  const auto e = attempt(missing, 1);
-  for (const auto& msg : e) {
-    INFO(msg);
-    CHECK(msg.find("OffloadedAdamW") != std::string::npos);
-    CHECK(msg.find("rank(s) 1 of 2") != std::string::npos);
-  }
-  CHECK(e[1].find("does not exist") != std::string::npos);
-  CHECK(e[1].find(missing) != std::string::npos);
-  CHECK(good.files() == 0);  // rank 0 had made its file: removed
-  // Read-only: a directory the process may not write to (root may write anywhere: not checkable).
-  if (::geteuid() != 0) {
-    ScratchDir ro("offload-ro");
-    std::filesystem::permissions(ro.path, std::filesystem::perms::owner_read | std::filesystem::perms::owner_exec);
-    const auto r = attempt(ro.path.string(), 0);
-    for (const auto& msg : r) CHECK(msg.find("rank(s) 0 of 2") != std::string::npos);
-    CHECK(r[0].find("writable") != std::string::npos);
-    CHECK(good.files() == 0);
-  }
+  check_bad_offload_dirs(attempt, good, "OffloadedAdamW");
 }
 
 TEST_CASE("NVMe offload resumed: the moments read out and stored into a new file continue bit for bit, 3 ranks", "[fsdp][offload]") {
@@ -1221,22 +1230,5 @@ TEST_CASE("activation offload bad input: a missing or read-only directory fails 
     });
     return errors;
   };
-  const std::string missing = (good.path / "missing").string();
-  const auto e = attempt(missing, 1);
-  for (const auto& msg : e) {
-    INFO(msg);
-    CHECK(msg.find("nn::ActivationOffload") != std::string::npos);
-    CHECK(msg.find("rank(s) 1 of 2") != std::string::npos);
-  }
-  CHECK(e[1].find("does not exist") != std::string::npos);
-  CHECK(e[1].find(missing) != std::string::npos);
-  CHECK(good.files() == 0);  // rank 0 had made its file: removed
-  if (::geteuid() != 0) {  // root may write anywhere
-    ScratchDir ro("act-offload-ro");
-    std::filesystem::permissions(ro.path, std::filesystem::perms::owner_read | std::filesystem::perms::owner_exec);
-    const auto r = attempt(ro.path.string(), 0);
-    for (const auto& msg : r) CHECK(msg.find("rank(s) 0 of 2") != std::string::npos);
-    CHECK(r[0].find("writable") != std::string::npos);
-    CHECK(good.files() == 0);
-  }
+  check_bad_offload_dirs(attempt, good, "nn::ActivationOffload");
 }
