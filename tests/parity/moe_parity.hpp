@@ -132,6 +132,10 @@ MoEGroupsRun run_moe_ddp_groups(CommPtr world, std::array<int, 2> shape, int ep,
   return out;
 }
 
+// Not for nvcc (tests/cuda/test_gpt_cuda.cu includes this header and does not use it): CUDA 13's
+// front end emits this template's host copy with unresolved placeholders (__T16...: "not declared"),
+// which the host compiler then rejects; g++ and clang compile it.
+#ifndef __CUDACC__
 /// The MoE GPT under parallel::fully_shard (ZeRO `zero`) on a (dp, fsdp, tp) mesh: the dense
 /// units sharded over "fsdp", the experts over their mesh's "edp", one AdamW and one clip over
 /// fsdp.params() (both groups' shards).
@@ -146,5 +150,6 @@ MoEGroupsRun run_moe_fsdp(CommPtr world, std::array<int, 3> shape, int ep, const
   train_moe_groups(model, mesh, fsdp.params(), [&] { fsdp.finish_gradient_sync(); }, [&] { fsdp.sync_parameters(); }, out);
   return out;
 }
+#endif  // __CUDACC__
 
 }  // namespace dtensor::testing
