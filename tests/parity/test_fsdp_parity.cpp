@@ -776,6 +776,22 @@ struct OffloadRun {
   double psi = 0;
 };
 
+/// One ZeRO step of the parity GPT on batch `s` as the trainer runs it (forward, backward, the
+/// gradient sync, clipping, the update, the parameter sync: ZeRO-1/2's all-gather, an offload's
+/// write-behind): its loss. The offload tests compare runs of these.
+template <class Model, class Fsdp, class Opt>
+double zero_step(Model& model, Fsdp& fsdp, Opt& opt, FsdpMesh& mesh, int s) {
+  auto [ids, tgt] = parity_batch_of<typename Model::Ids>(mesh, s, parity_config());
+  opt.zero_grad();
+  auto [loss, saved] = model.forward(ids, tgt);
+  model.backward(std::move(saved));
+  fsdp.finish_gradient_sync();
+  optim::clip_grad_norm(fsdp.params(), mesh, 1.0);
+  opt.step();
+  fsdp.sync_parameters();
+  return double(full_tensor(loss)[0]);
+}
+
 /// 5 AdamW steps of the parity GPT computing in T (fp32 master values) under ZeRO `stage` on 2
 /// ranks, the moments in memory (dir empty) or in a file in dir through a host buffer of `budget` bytes.
 template <class T = float>
@@ -792,14 +808,7 @@ OffloadRun offload_run(const std::string& dir, std::size_t budget, int stage = 3
     auto train = [&](auto& opt, const optim::OffloadStats* stats) {
       std::vector<double> losses;
       for (int s = 0; s < 5; ++s) {
-        auto [ids, tgt] = parity_batch_of<typename decltype(model)::Ids>(mesh, s, cfg);
-        opt.zero_grad();
-        auto [loss, saved] = model.forward(ids, tgt);
-        model.backward(std::move(saved));
-        fsdp.finish_gradient_sync();
-        optim::clip_grad_norm(fsdp.params(), mesh, 1.0);
-        opt.step();
-        losses.push_back(double(full_tensor(loss)[0]));
+        losses.push_back(zero_step(model, fsdp, opt, mesh, s));
         if (s == 0 && w->rank() == 0) out.disk_bytes = ledger.current("disk", MemoryTag::optimizer_state);
       }
       if (w->rank() == 0) {
@@ -933,16 +942,7 @@ TEST_CASE("NVMe offload resumed: the moments read out and stored into a new file
       nn::GPT<float, FsdpMesh> model(mesh, cfg);
       auto fsdp = parallel::fully_shard<float>(model, mesh, {.stage = 3});
       std::vector<double> losses;
-      auto one_step = [&](auto& opt, int s) {
-        auto [ids, tgt] = parity_batch_of<typename decltype(model)::Ids>(mesh, s, cfg);
-        opt.zero_grad();
-        auto [loss, saved] = model.forward(ids, tgt);
-        model.backward(std::move(saved));
-        fsdp.finish_gradient_sync();
-        optim::clip_grad_norm(fsdp.params(), mesh, 1.0);
-        opt.step();
-        losses.push_back(double(full_tensor(loss)[0]));
-      };
+      auto one_step = [&](auto& opt, int s) { losses.push_back(zero_step(model, fsdp, opt, mesh, s)); };
       std::vector<std::vector<float>> moments;
       auto keep = [&](auto& held) {
         for (std::size_t k = 0; k < held.params().size(); ++k) {
@@ -1023,17 +1023,7 @@ ParamOffloadRun param_offload_run(const std::string& dir, int ranks, int stage) 
     fsdp_master[r] = fsdp.memory().master;
     optim::AdamW<float, 3> opt(fsdp.params(), parity_adamw());
     std::vector<double> losses;
-    for (int s = 0; s < 4; ++s) {
-      auto [ids, tgt] = parity_batch_of<typename decltype(model)::Ids>(mesh, s, cfg);
-      opt.zero_grad();
-      auto [loss, saved] = model.forward(ids, tgt);
-      model.backward(std::move(saved));
-      fsdp.finish_gradient_sync();
-      optim::clip_grad_norm(fsdp.params(), mesh, 1.0);
-      opt.step();
-      fsdp.sync_parameters();  // ZeRO-1/2: the all-gather; offload: the write-behind
-      losses.push_back(double(full_tensor(loss)[0]));
-    }
+    for (int s = 0; s < 4; ++s) losses.push_back(zero_step(model, fsdp, opt, mesh, s));
     if (r == 0) out.losses = losses, out.psi = psi;
   });
   for (int r = 0; r < ranks; ++r) {
