@@ -53,6 +53,7 @@
 #include <iostream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <random>
 #include <span>
 #include <sstream>
@@ -154,6 +155,11 @@ struct Options : examples::MeshFlags {  // the mesh: --pp --dp --fsdp --cp --tp 
   std::string export_path, init_from, prompt = "The ";
   int generate = 0, top_k = 0;
   double temperature = 0, top_p = 1;
+  // The `generate` program (this trainer under that name: examples/CMakeLists.txt): no training,
+  // the model's shape read from the --resume checkpoint; --seed there seeds the sampling only.
+  bool generate_program = false;
+  std::optional<std::uint64_t> sampling_seed;
+  std::uint64_t sample_seed() const { return sampling_seed.value_or(seed); }
   // ---- offload (issue 27; docs/offload.md): --offload optimizer,params,activations (a comma
   // list): optimizer puts AdamW's moments in files under --offload-dir (optim::OffloadedAdamW),
   // staged through --offload-buffer-kib KiB of host memory; params the FSDP master shards
@@ -224,7 +230,9 @@ inline const char* const usage =
     "  --init-from FILE: the weights of a safetensors file (or a sharded *.index.json), any mesh's, instead of the\n"
     "        random init; --export FILE.safetensors: the trained weights, whole, readable by Python's safetensors;\n"
     "        --generate N: N characters after --prompt TEXT (default \"The \") from the trained model, greedy or\n"
-    "        sampled (--temperature T > 0, --top-k K, --top-p P in (0, 1]); no KV cache. CPU, without --experts.\n"
+    "        sampled (--temperature T > 0, --top-k K, --top-p P in (0, 1]), on the training mesh with a KV cache per\n"
+    "        pipeline stage; with --resume DIR at or past --steps, from the checkpoint without training (the\n"
+    "        generate program: the same, the model's shape read from the checkpoint; generate --help). CPU.\n"
     "  --offload optimizer (docs/offload.md): AdamW's moments in a file per rank under --offload-dir (an existing,\n"
     "        writable local directory with room for them), staged through --offload-buffer-kib KiB of host memory\n"
     "        (default 65536); the same update bit for bit. Host memory only; checkpoints save the moments.\n"
@@ -273,7 +281,8 @@ inline void check_interop(const Options& o) {
   if (o.top_p < 1 && o.temperature == 0)
     throw UsageError("--top-p " + dtensor::detail::cat(o.top_p) + " needs --temperature T (without it generation is greedy)");
   const bool any = !o.export_path.empty() || !o.init_from.empty() || o.generate > 0;
-  if (any && o.experts > 0) throw UsageError("--init-from, --export and --generate with --experts: not supported yet");
+  if ((!o.export_path.empty() || !o.init_from.empty()) && o.experts > 0)
+    throw UsageError("--init-from and --export with --experts: not supported yet (--generate is)");
   if (any && o.device == "cuda") throw UsageError("--init-from, --export and --generate with --device cuda: not supported yet");
   if (o.generate > 0 && o.kfold > 0) throw UsageError("--generate with --kfold: k models, no one to generate from");
 }
@@ -638,50 +647,48 @@ std::pair<std::vector<std::int64_t>, double> expert_load(Model& model, const Mes
   return {sums, dropped};
 }
 
-/// --export FILE and --generate N after training: the weights gathered into one safetensors file
-/// (FILE, or a temporary one), then rank 0 loads them into a one-rank nn::GPT / nn::Llama and
-/// generates (models/generate.hpp), while the other ranks wait. Any training mesh works, PP and
-/// FSDP included, since the file holds whole tensors.
-template <class Plan, class Layers, class Pipeline>
-void export_and_generate(const CommPtr& world, const Options& o, const Corpus& corpus, nn::GPTConfig cfg, Pipeline& model) {
-  if (o.export_path.empty() && o.generate == 0) return;
-  const bool root = world->rank() == 0;
-  std::int64_t tag = ::getpid();  // rank 0's, so that every rank names the same temporary file
-  world->broadcast(std::span<std::int64_t>(&tag, 1), 0);
-  const std::filesystem::path file =
-      o.export_path.empty() ? std::filesystem::temp_directory_path() / ("train_gpt-" + str(tag) + ".safetensors")
-                            : std::filesystem::path(o.export_path);
-  checkpoint::export_pipeline_safetensors(file, model);
-  if (root && !o.export_path.empty()) std::printf("weights exported to %s\n", o.export_path.c_str());
+/// --export FILE after training: the weights gathered into one safetensors file (whole tensors,
+/// any mesh: PP and FSDP included).
+template <class Pipeline>
+void export_weights(const Options& o, Pipeline& model, bool root) {
+  if (o.export_path.empty()) return;
+  checkpoint::export_pipeline_safetensors(o.export_path, model);
+  if (root) std::printf("weights exported to %s\n", o.export_path.c_str());
+}
+
+/// --generate N: text from the model as it is (after training, or loaded by `generate`), on the
+/// training mesh itself: the pipeline's stages pass each token's activation along, every stage
+/// keeps the KV caches of its blocks, the last one's logits are broadcast over "pp"
+/// (models/generate.hpp); FSDP's ZeRO-3 shards are gathered once for the whole generation and
+/// freed after. Every rank generates the same text; rank 0 prints it.
+template <class Pipeline, class Mesh>
+void generate_text(const Options& o, const Corpus& corpus, Pipeline& model, const Mesh& mesh, const pp::Schedule& schedule) {
   if (o.generate == 0) return;
-  CommPtr alone = world->split(world->rank(), 0);  // a one-rank communicator per rank
-  if (root) {
-    using OneMesh = StageMeshIn<host_space>;
-    OneMesh one(alone, {1, 1, 1, 1});
-    cfg.context = {};
-    cfg.checkpoint = false;
-    nn::GPT<float, OneMesh, Plan, std::int32_t, Layers> gen(one, cfg);
-    auto slots = checkpoint::parameter_slots(gen.units(), one);
-    checkpoint::import_safetensors(file, one, slots);
-    std::vector<std::int32_t> prompt;
-    for (char ch : o.prompt) {
-      const auto at = std::find(corpus.chars.begin(), corpus.chars.end(), ch);
-      if (at == corpus.chars.end())
-        throw std::runtime_error("--prompt: the character '" + std::string(1, ch) + "' is not in the training text's " +
-                                 str((long long)corpus.chars.size()) + " characters");
-      prompt.push_back(std::int32_t(at - corpus.chars.begin()));
-    }
-    const auto ids = models::generate(gen, prompt, {.new_tokens = o.generate, .temperature = o.temperature, .top_k = o.top_k,
-                                                    .top_p = o.top_p, .seed = o.seed});
-    std::string text;
-    for (std::int32_t id : ids) text += corpus.chars[std::size_t(id)];
-    char how[96] = "greedy";
-    if (o.temperature > 0)
-      std::snprintf(how, sizeof how, "temperature %g, top-k %d, top-p %g", o.temperature, o.top_k, o.top_p);
-    std::printf("generated (%s, %d characters, no KV cache):\n%s\n", how, o.generate, text.c_str());
-    if (o.export_path.empty()) std::filesystem::remove(file);
+  std::vector<std::int32_t> prompt;
+  for (char ch : o.prompt) {
+    const auto at = std::find(corpus.chars.begin(), corpus.chars.end(), ch);
+    if (at == corpus.chars.end())
+      throw std::runtime_error("--prompt: the character '" + std::string(1, ch) + "' is not in the training text's " +
+                               str((long long)corpus.chars.size()) + " characters");
+    prompt.push_back(std::int32_t(at - corpus.chars.begin()));
   }
-  world->barrier();
+  auto& stages = model.executor().stages();
+  for (std::size_t i = 0; i < stages.size(); ++i) model.fsdp(i).unshard();
+  const auto start = std::chrono::steady_clock::now();
+  const auto ids = models::generate(stages, schedule.layout, mesh, prompt,
+                                    {.new_tokens = o.generate, .temperature = o.temperature, .top_k = o.top_k,
+                                     .top_p = o.top_p, .seed = o.sample_seed()});
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (std::size_t i = 0; i < stages.size(); ++i) model.fsdp(i).reshard();
+  if (mesh.comm().rank() != 0) return;
+  std::string text;
+  for (std::int32_t id : ids) text += corpus.chars[std::size_t(id)];
+  char how[96] = "greedy";
+  if (o.temperature > 0) std::snprintf(how, sizeof how, "temperature %g, top-k %d, top-p %g", o.temperature, o.top_k, o.top_p);
+  using Stage = std::remove_cvref_t<decltype(stages.front())>;
+  const char* cache = models::detail::KvCacheable<Stage> ? "KV cache" : "no KV cache: each window recomputed";
+  std::printf("generated (%s, %d characters, %s; %d pipeline stages on %d ranks, %.1f characters/s):\n%s\n", how, o.generate,
+              cache, schedule.layout.stages(), mesh.comm().size(), o.generate / seconds, text.c_str());
 }
 
 /// The mesh rank N of a parameter list (nn::ParamList<T, N, Space>).
@@ -1015,7 +1022,7 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
     // Compared as saved (int64), before narrowing: a step past int's range must not wrap.
     if (meta.step < 0)
       throw Error("train_gpt", "the checkpoint at " + o.resume + " records step " + str(meta.step) + ": a step count is never negative");
-    if (meta.step >= o.steps)
+    if (meta.step >= o.steps && o.generate == 0)  // with --generate: text from the checkpoint, no training
       throw Error("train_gpt", "the checkpoint at " + o.resume + " is at step " + str(meta.step) + ": nothing left to train up to --steps " +
                                    str(o.steps) + " (the total)");
     first_step = int(meta.step) + 1;
@@ -1032,6 +1039,10 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
       model.sync_parameters();
     }
     if (root) std::printf("resumed from %s at step %lld\n", o.resume.c_str(), (long long)meta.step);
+  }
+  if (first_step > o.steps) {  // nothing to train (the generate program, or --resume at --steps): text only
+    if constexpr (host) generate_text(o, corpus, model, mesh, schedule);
+    return 0;
   }
   CommSummary per_step;  // the collectives of step 2 (step 1 warms up)
   CommSummary host_split;  // across hosts: per line of per_step, its bytes inside a host and across hosts
@@ -1214,7 +1225,8 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
       std::printf("sync %s on dp: %.0f all-reduce payload bytes per step on rank 0 (DDP: %.0f, %.1fx)\n", o.sync.c_str(), bytes, ddp,
                   ddp / bytes);
   }
-  if constexpr (host && !moe) export_and_generate<Plan, Layers>(world, o, corpus, cfg, model);
+  if constexpr (host && !moe) export_weights(o, model, root);
+  if constexpr (host) generate_text(o, corpus, model, mesh, schedule);
   return val_loss;
 }
 
@@ -1361,16 +1373,87 @@ int run(int argc, char** argv, const Options& o, const Gpu& gpu = {}) {
   return 0;
 }
 
+/// The `generate` program: this trainer under another name (a link to train_gpt that
+/// examples/CMakeLists.txt makes), which trains nothing and prints text from a checkpoint.
+inline const char* generate_usage =
+    "usage: generate --resume DIR [--generate N] [--prompt TEXT] [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
+    "                [mesh flags: --pp --dp --fsdp --cp --tp --ep --zero --sp/--no-sp --cp-kind --schedule] [--data FILE]\n"
+    "       generate --init-from FILE.safetensors [model flags: --layers --heads --dim --seq --arch --kv-heads --ffn] ...\n"
+    "  Text from a train_gpt checkpoint (e.g. the main job's, build-main/train_gpt_ckpt): the model's shape is read\n"
+    "  from the checkpoint, its weights loaded on the mesh the flags give (any mesh: the checkpoint reshards;\n"
+    "  default train_gpt's, pp 2 x fsdp 2 x cp 2 x tp 2), then N characters (default 200) after --prompt TEXT\n"
+    "  (default \"The \"), greedy or sampled (--temperature T > 0, --top-k K, --top-p P; --seed S seeds the draws),\n"
+    "  with a KV cache per pipeline stage (models/generate.hpp). The vocabulary is the training text's (--data, default\n"
+    "  the files under /usr/share/common-licenses, as train_gpt's). The other flags are train_gpt's (train_gpt --help).\n";
+
+/// The `generate` program's flags, turned into train_gpt's: the checkpoint's model flags first
+/// (then the user's, which may not change them: the load compares), --generate 200 by default,
+/// no training steps.
+inline Options parse_generate(int argc, char** argv, bool cuda_build) {
+  if (examples::help_requested(argc, argv)) {
+    std::cout << generate_usage;
+    std::exit(0);
+  }
+  std::vector<std::string> args{argv[0], "--generate", "200"};
+  std::vector<std::string> user;
+  std::string resume;
+  std::optional<std::string> seed;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    for (const char* training : {"--steps", "--save-every", "--save-dir", "--eval-every", "--kfold", "--sync", "--export"})
+      if (a == training) throw UsageError(a + " is a training flag (train_gpt's): generate trains nothing");
+    if ((a == "--resume" || a == "--seed") && i + 1 < argc) {
+      (a == "--resume" ? resume : seed.emplace()) = examples::nonempty_flag_value(a, argv[++i]);
+      continue;
+    }
+    user.push_back(a);
+  }
+  if (!resume.empty()) {
+    std::map<std::string, std::string> config;
+    try {
+      config = checkpoint::read_manifest(resume).meta.config;
+    } catch (const std::exception& e) {
+      throw UsageError(std::string("--resume ") + resume + ": " + e.what());
+    }
+    auto get = [&](const char* key) {
+      const auto found = config.find(key);
+      if (found == config.end() || found->second.empty())
+        throw UsageError("--resume " + resume + ": its configuration has no " + key + " (not a train_gpt checkpoint?)");
+      return found->second;
+    };
+    if (config.contains("sync"))
+      throw UsageError("--resume " + resume + ": a checkpoint of --sync " + config["sync"] + " (each replica its own weights)");
+    args.insert(args.end(), {"--resume", resume, "--layers", get("layers"), "--heads", get("heads"), "--dim", get("dim"),
+                             "--seq", get("seq"), "--seed", get("seed"), "--arch", get("model")});
+    if (get("kv_heads") != "0") args.insert(args.end(), {"--kv-heads", get("kv_heads")});
+    if (get("ffn") != "0") args.insert(args.end(), {"--ffn", get("ffn")});
+    if (config.contains("experts")) args.insert(args.end(), {"--experts", get("experts"), "--moe-every", get("moe_every")});
+  } else if (seed) {
+    args.insert(args.end(), {"--seed", *seed});  // --init-from: the model's own seed does not matter
+  }
+  args.insert(args.end(), user.begin(), user.end());
+  std::vector<char*> pointers;
+  for (auto& a : args) pointers.push_back(a.data());
+  Options o = parse(int(pointers.size()), pointers.data(), cuda_build);
+  if (o.resume.empty() && o.init_from.empty())
+    throw UsageError("generate needs --resume DIR (a train_gpt checkpoint) or --init-from FILE.safetensors with the model's flags");
+  if (seed) o.sampling_seed = std::stoull(*seed);
+  o.generate_program = true;
+  o.steps = 0;
+  return o;
+}
+
 /// One variant's run (f32 or bf16), each instantiated in its own translation unit.
 using RunFn = int (*)(int argc, char** argv, const Options& o);
 
 /// main: the flags (a usage error exits 2), then the f32 or bf16 run.
 inline int main(int argc, char** argv, bool cuda_build, RunFn f32, RunFn bf16) {
   Options o;
+  const bool generating = argc > 0 && std::filesystem::path(argv[0]).filename() == "generate";
   try {
-    o = parse(argc, argv, cuda_build);
+    o = generating ? parse_generate(argc, argv, cuda_build) : parse(argc, argv, cuda_build);
   } catch (const UsageError& e) {
-    std::fprintf(stderr, "train_gpt: %s\n%s", e.what(), usage);
+    std::fprintf(stderr, "%s: %s\n%s", generating ? "generate" : "train_gpt", e.what(), generating ? generate_usage : usage);
     return 2;
   }
   return o.dtype == "bf16" ? bf16(argc, argv, o) : f32(argc, argv, o);

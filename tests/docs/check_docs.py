@@ -6,7 +6,7 @@
 Reads every fenced block of docs/*.md and README.md (or the FILEs given) and:
 
 * runs every shell line that starts one of the project's programs (train_gpt, train_gpt_cuda,
-  plan_at_scale, quickstart, scripts/run-main.sh; by bare name, as build*/examples/NAME, ./NAME,
+  generate, plan_at_scale, quickstart, scripts/run-main.sh; by bare name, as build*/examples/NAME, ./NAME,
   after `VAR=value` settings, under `mpirun -n N`, inside a `for` loop or a pipe), in blocks
   tagged sh, bash, console or untagged, in the order they appear, one working directory per
   file (so a `--resume DIR` finds what an earlier `--save-dir DIR` wrote). Each program is a
@@ -36,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 
-PROGRAMS = ["train_gpt_cuda", "train_gpt", "plan_at_scale", "quickstart"]
+PROGRAMS = ["train_gpt_cuda", "train_gpt", "generate", "plan_at_scale", "quickstart"]
 SHELL_TAGS = {"", "sh", "bash", "console", "shell"}
 
 

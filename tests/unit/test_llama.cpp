@@ -17,6 +17,7 @@
 #include "dtensor/ops/repeat.hpp"
 #include "dtensor/ops/rotary.hpp"
 #include "dtensor/parallel/gpt_plan.hpp"
+#include "dtensor/parallel/pipeline/split.hpp"
 #include "dtensor/sim/serving.hpp"
 #include "test_nn_support.hpp"
 
@@ -311,6 +312,79 @@ TEST_CASE("generate: GPT and Llama give the same tokens on one rank and under TP
   check_generate_tp<GptArch>({.vocab = 23, .seq = 8, .dim = 16, .heads = 4, .layers = 2, .seed = 3});
   check_generate_tp<LlamaArch>({.vocab = 23, .seq = 8, .dim = 16, .heads = 4, .layers = 2, .seed = 4, .kv_heads = 2,
                                 .ffn = 24, .rope_theta = 100, .bias = false});
+}
+
+namespace {
+
+namespace pp = parallel::pipeline;
+using PpMesh = DeviceMesh<"pp", "dp", "tp">;
+
+/// Generation over pipeline stages (models::generate_logits(stages, layout, mesh, ...)) against
+/// the whole model on one rank: the same tokens, logits within 1e-12 in double, cached and not.
+template <template <class, class, class> class Arch, class Layers>
+void check_generate_pipeline(const nn::GPTConfig& cfg, std::array<int, 3> shape, pp::StageLayout layout) {
+  using One = Arch<double, NnMesh, nn::ReplicatedPlan>;
+  const std::vector<std::int32_t> prompt{1, 2, 3};
+  const std::vector<models::GenerateOptions> options{
+      {.new_tokens = 9}, {.new_tokens = 9, .temperature = 0.9, .top_k = 6, .top_p = 0.8, .seed = 7}};
+  std::vector<models::GenerateResult> ref;
+  threads::run(1, [&](CommPtr w) {
+    NnMesh mesh(w, {1, 1});
+    One model(mesh, cfg);
+    for (const auto& o : options) ref.push_back(models::generate_logits(model, prompt, o));
+  });
+  auto f = on_ranks(shape[0] * shape[1] * shape[2], [&](CommPtr world, auto report) {
+    PpMesh mesh(world, shape);
+    const auto stage_mesh = pp::stage_mesh_of(mesh);
+    using StageMesh = std::remove_cvref_t<decltype(stage_mesh)>;
+    using Model = nn::GptParts<double, StageMesh, parallel::MegatronPlan<true>, std::int32_t, Layers>;
+    static_assert(models::detail::KvCacheable<pp::Stage<Model>>, "a GPT stage keeps KV caches");
+    auto stages = pp::split(Model(stage_mesh, cfg), layout, mesh.coordinate(0));
+    // The messages of one generation: per token, one send per stage whose next stage is on
+    // another rank, one receive per stage whose previous one is, one broadcast of the logits on "pp".
+    std::size_t sends = 0, recvs = 0;
+    for (int s : layout.stages_of(mesh.coordinate(0))) {
+      sends += s + 1 < layout.stages() && layout.rank_of(s + 1) != mesh.coordinate(0);
+      recvs += s > 0 && layout.rank_of(s - 1) != mesh.coordinate(0);
+    }
+    for (std::size_t i = 0; i < options.size(); ++i)
+      for (bool cache : {true, false}) {
+        auto o = options[i];
+        o.kv_cache = cache;
+        CommLog log;
+        const auto r = models::generate_logits(stages, layout, mesh, prompt, o);
+        const std::size_t steps = std::size_t(o.new_tokens);
+        if (log.count(CollectiveKind::broadcast, "pp") != steps || log.count(CollectiveKind::send) != steps * sends ||
+            log.count(CollectiveKind::recv) != steps * recvs)
+          report(dtensor::detail::cat("messages: ", log.count(CollectiveKind::broadcast, "pp"), " broadcasts on pp, ",
+                                      log.count(CollectiveKind::send), " sends, ", log.count(CollectiveKind::recv),
+                                      " receives; expected ", steps, ", ", steps * sends, ", ", steps * recvs));
+        if (r.tokens != ref[i].tokens) report(dtensor::detail::cat("tokens differ from one rank's (options ", i, ", cache ", cache, ")"));
+        double worst = 0;
+        for (std::size_t s = 0; s < r.logits.size(); ++s)
+          for (std::size_t v = 0; v < r.logits[s].size(); ++v) worst = std::max(worst, std::abs(r.logits[s][v] - ref[i].logits[s][v]));
+        if (!(worst < 1e-12) || r.logits.size() != ref[i].logits.size())
+          report(dtensor::detail::cat("logits differ from one rank's by ", worst, " (options ", i, ", cache ", cache, ")"));
+      }
+  });
+  INFO(summary(f));
+  CHECK(f.empty());
+}
+
+}  // namespace
+
+TEST_CASE("generate: over pipeline stages (x TP 2 + SP), KV-cached, as one rank", "[models][generate][pipeline]") {
+  // 5 layers over 2 and 4 stages (uneven), vocab 23 over tp 2 (12, 11); 3 + 9 tokens pass seq 8,
+  // so the cached run slides into recomputed windows at the end.
+  const nn::GPTConfig gpt{.vocab = 23, .seq = 8, .dim = 16, .heads = 4, .layers = 5, .seed = 3};
+  const nn::GPTConfig llama{.vocab = 23, .seq = 8, .dim = 16, .heads = 4, .layers = 5, .seed = 4, .kv_heads = 2,
+                            .ffn = 24, .rope_theta = 100, .bias = false};
+  check_generate_pipeline<GptArch, nn::DenseLayers>(gpt, {2, 1, 2}, pp::StageLayout::looped(2));
+  check_generate_pipeline<LlamaArch, nn::LlamaLayers>(llama, {2, 1, 2}, pp::StageLayout::looped(2));
+  check_generate_pipeline<GptArch, nn::DenseLayers>(gpt, {2, 2, 1}, pp::StageLayout::looped(2, 2));  // 2 stages per rank, dp 2
+  auto llama7 = llama;
+  llama7.layers = 7;  // 6 stages of 1 or 2 blocks
+  check_generate_pipeline<LlamaArch, nn::LlamaLayers>(llama7, {3, 1, 1}, pp::StageLayout::v_shape(3));  // V: stages 0 and 5 on rank 0
 }
 
 TEST_CASE("generate: the choice of a token, and bad input", "[models][generate]") {

@@ -1,10 +1,21 @@
 // dtensor/models/generate.hpp — text from a trained GPT or Llama: greedy, temperature, top-k and
 // top-p (nucleus) sampling, with a KV cache, on any mesh the model's forward runs on (one rank,
-// TP with or without SP, ...).
+// TP with or without SP, ...), whole or cut into pipeline stages.
 //
 //   auto ids = models::generate(model, prompt_ids, {.new_tokens = 100, .temperature = 0.8, .top_k = 20,
 //                                                   .top_p = 0.9, .seed = 1});
 //   auto r = models::generate_logits(model, prompt_ids, o);   // r.tokens, r.logits (each step's row, double)
+//   auto stages = pipeline::split(nn::GptParts<float, StageMesh, Plan>(stage_mesh, cfg), layout, mesh.coordinate(0));
+//   auto ids = models::generate(stages, layout, mesh, prompt_ids, o);  // over pipeline stages (mesh: "pp" first)
+//
+// Pipeline parallelism: each rank runs its stages in stage order for every token — the first
+// stage from the tokens, a later one from the activation of the stage before it (a message
+// from that stage's rank: send_to / recv_from, as a pipeline's forward) — and keeps the KV
+// caches of its own blocks; the last stage's logits row is broadcast over the pipeline
+// dimension, so every rank chooses the same token. Per token: one message per stage boundary
+// between ranks and one broadcast of vocab doubles; the stages work one after another (one
+// sequence: nothing to overlap). FSDP-sharded stages hold their full parameters first
+// (fully_shard's unshard(); examples/train_gpt's --generate does so).
 //
 // With the KV cache (o.kv_cache, the default, where the blocks offer forward_cached:
 // nn::TransformerBlock over nn::SelfAttention), the prompt is run once (the prefill, causal over
@@ -23,7 +34,10 @@
 // top_p (1: all), with a counter-based generator seeded by `seed`, the same on every rank. So one
 // rank and TP = 2 give the same tokens where their logits agree to the last bit of the choice,
 // and the cached and uncached paths agree to rounding (tests/unit/test_llama.cpp checks both;
-// logits to 1e-12 in double). A prompt longer than seq keeps its last seq tokens as context.
+// logits to 1e-12 in double; pipelines of 2 to 6 stages, looped and V-shaped, against one rank).
+// A prompt longer than seq keeps its last seq tokens as context. Every rank must call with the
+// same prompt and options: one all-gather of their hash at the start finds ranks that differ
+// (comm/settings_agreement.hpp), which all throw.
 // Not under context parallelism: a model whose attention has a context-parallel core (any mesh
 // with a context dimension, even of size 1, as examples/train_gpt's one-rank generator) recomputes
 // each window.
@@ -33,10 +47,16 @@
 #include <cmath>
 #include <cstdint>
 #include <numeric>
+#include <optional>
+#include <span>
+#include <string>
 #include <vector>
 
+#include "dtensor/comm/settings_agreement.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/distributed/distribute.hpp"
+#include "dtensor/distributed/transfer.hpp"
+#include "dtensor/parallel/pipeline/executor.hpp"
 
 namespace dtensor::models {
 
@@ -115,7 +135,7 @@ std::vector<double> last_row(const Logits& logits_dt) {
 /// Whether the model's blocks take a KV cache (nn::TransformerBlock over nn::SelfAttention) and
 /// its embedding a first position.
 template <class Model>
-concept KvCacheable = requires(Model& m, const typename Model::Ids& ids) {
+concept KvCacheable = requires(Model& m, const typename Model::Input& ids) {
   typename std::remove_cvref_t<decltype(m.blocks().front().inner())>::Attn::KvCache;
   requires std::remove_cvref_t<decltype(m.blocks().front().inner())>::Attn::kv_cacheable;
   m.prologue().forward_at(ids, Extent(0));
@@ -123,60 +143,196 @@ concept KvCacheable = requires(Model& m, const typename Model::Ids& ids) {
 
 }  // namespace detail
 
-/// The prompt followed by o.new_tokens generated ones, and each step's logits. Collective over
-/// the model's mesh: every rank calls it with the same prompt and options and gets the same.
-template <class Model>
-GenerateResult generate_logits(Model& model, std::vector<std::int32_t> tokens, const GenerateOptions& o) {
+namespace detail {
+
+/// The options and the prompt checked, then agreed on by every rank of `comm` (one all-gather
+/// of a small record: ranks given another prompt or options throw together instead of
+/// generating different text or hanging in a mismatched collective).
+inline void check_generate_input(Communicator& comm, const std::vector<std::int32_t>& tokens, const GenerateOptions& o,
+                                 Extent vocab) {
   constexpr const char* op = "models::generate";
-  const auto& cfg = model.config();
   if (tokens.empty()) throw Error(op, "the prompt is empty: give at least one token");
   if (o.new_tokens < 0 || o.temperature < 0 || !std::isfinite(o.temperature) || o.top_k < 0)
     throw Error(op, dtensor::detail::cat("new_tokens ", o.new_tokens, ", temperature ", o.temperature, ", top_k ", o.top_k,
                                          ": none may be negative"));
   if (!(o.top_p > 0 && o.top_p <= 1)) throw Error(op, dtensor::detail::cat("top_p ", o.top_p, " must be in (0, 1]"));
   for (std::int32_t t : tokens)
-    if (t < 0 || t >= cfg.vocab)
-      throw Error(op, dtensor::detail::cat("prompt token ", t, " is not in the vocabulary [0, ", cfg.vocab, ")"));
-  using Ids = typename Model::Ids;
-  auto ids_of = [&](std::size_t first, std::size_t count) {
-    Tensor<std::int32_t, 2> ids(Shape<2>{1, Extent(count)});
-    std::copy(tokens.begin() + std::ptrdiff_t(first), tokens.begin() + std::ptrdiff_t(first + count), ids.span().begin());
-    return distribute_replicated<typename Ids::layout>(model.mesh(), ids);
-  };
+    if (t < 0 || t >= vocab)
+      throw Error(op, dtensor::detail::cat("prompt token ", t, " is not in the vocabulary [0, ", vocab, ")"));
+  std::string prompt;
+  for (std::int32_t t : tokens) prompt += dtensor::detail::cat(t, ",");
+  require_same_settings(comm, op, {{"prompt", prompt}, {"new_tokens", dtensor::detail::cat(o.new_tokens)},
+                                   {"temperature", dtensor::detail::cat(o.temperature)}, {"top_k", dtensor::detail::cat(o.top_k)},
+                                   {"top_p", dtensor::detail::cat(o.top_p)}, {"seed", dtensor::detail::cat(o.seed)},
+                                   {"kv_cache", o.kv_cache ? "on" : "off"}});
+}
+
+/// The decoding loop of every model form (a whole model, a pipeline's stages).
+/// `forward(tokens, first, count, cached)` runs the model on tokens [first, first + count) and
+/// returns the last position's logits, the same on every rank: cached — positions first..
+/// continue the KV caches (the prompt as the prefill, then one token at a time); not cached — the
+/// window, from position 0. With the cache, the loop goes on with recomputed windows once the
+/// context passes `seq`.
+template <class Forward>
+GenerateResult decode(std::vector<std::int32_t> tokens, const GenerateOptions& o, Extent seq, bool cacheable,
+                      Forward&& forward) {
   GenerateResult r;
   auto choose = [&](std::vector<double> row, int step) {
     tokens.push_back(choose_token(row, o, std::uint64_t(step)));
     r.logits.push_back(std::move(row));
   };
   int step = 0;
-  if constexpr (detail::KvCacheable<Model>) {
-    using Cache = typename std::remove_cvref_t<decltype(model.blocks().front().inner())>::Attn::KvCache;
-    if (o.kv_cache && tokens.size() <= std::size_t(cfg.seq)) {
-      std::vector<Cache> caches(model.blocks().size());
-      std::size_t cached = 0;  // positions in the caches
-      for (; step < o.new_tokens && tokens.size() <= std::size_t(cfg.seq); ++step) {
-        const std::size_t fresh = tokens.size() - cached;  // the whole prompt, then one token
-        auto x = model.prologue().forward_at(ids_of(cached, fresh), Extent(cached));
-        for (std::size_t l = 0; l < caches.size(); ++l) x = model.blocks()[l].inner().forward_cached(x, caches[l]);
-        cached += fresh;
-        choose(detail::last_row(model.epilogue().forward(x).y), step);
-      }
+  if (cacheable && o.kv_cache && tokens.size() <= std::size_t(seq)) {
+    std::size_t cached = 0;  // positions in the caches
+    for (; step < o.new_tokens && tokens.size() <= std::size_t(seq); ++step) {
+      const std::size_t fresh = tokens.size() - cached;  // the whole prompt, then one token
+      choose(forward(tokens, cached, fresh, true), step);
+      cached += fresh;
     }
   }
   for (; step < o.new_tokens; ++step) {  // no cache, or the context beyond seq: the window recomputed
-    const std::size_t window = std::min(tokens.size(), std::size_t(cfg.seq));
-    auto x = model.prologue().forward(ids_of(tokens.size() - window, window)).y;
-    for (auto& block : model.blocks()) x = block.forward(x).y;
-    choose(detail::last_row(model.epilogue().forward(x).y), step);
+    const std::size_t window = std::min(tokens.size(), std::size_t(seq));
+    choose(forward(tokens, tokens.size() - window, window, false), step);
   }
   r.tokens = std::move(tokens);
   return r;
+}
+
+/// Tokens [first, first + count) as the model's ids [1, count], replicated over the mesh.
+template <class Ids, class Mesh>
+Ids ids_of(const Mesh& mesh, const std::vector<std::int32_t>& tokens, std::size_t first, std::size_t count) {
+  Tensor<std::int32_t, 2> ids(Shape<2>{1, Extent(count)});
+  std::copy(tokens.begin() + std::ptrdiff_t(first), tokens.begin() + std::ptrdiff_t(first + count), ids.span().begin());
+  return distribute_replicated<typename Ids::layout>(mesh, ids);
+}
+
+/// The KV caches of a model's (or a stage's) blocks: one per block; none where the blocks keep
+/// none (KvCacheable false: the window is recomputed).
+template <class Model, bool = KvCacheable<Model>>
+struct BlockCaches {
+  std::vector<int> caches;
+};
+template <class Model>
+struct BlockCaches<Model, true> {
+  std::vector<typename std::remove_cvref_t<decltype(std::declval<Model&>().blocks().front().inner())>::Attn::KvCache> caches;
+};
+
+/// The model's (or a stage's) blocks on x: continuing the caches (cached; the first call sizes
+/// them) or as in training (a window from position 0, nothing kept).
+template <class Model, class X>
+X run_blocks(Model& model, X x, BlockCaches<Model>& bc, bool cached) {
+  if constexpr (KvCacheable<Model>) {
+    if (cached) {
+      bc.caches.resize(model.blocks().size());
+      for (std::size_t l = 0; l < bc.caches.size(); ++l) x = model.blocks()[l].inner().forward_cached(x, bc.caches[l]);
+      return x;
+    }
+  }
+  for (auto& block : model.blocks()) x = block.forward(x).y;
+  return x;
+}
+
+/// The prologue on tokens [first, first + count): at those positions (cached) or from 0.
+template <class Model>
+auto run_prologue(Model& model, const std::vector<std::int32_t>& tokens, std::size_t first, std::size_t count, bool cached) {
+  const auto ids = ids_of<typename Model::Input>(model.mesh(), tokens, first, count);
+  if constexpr (KvCacheable<Model>)
+    if (cached) return model.prologue().forward_at(ids, Extent(first));
+  return model.prologue().forward(ids).y;
+}
+
+}  // namespace detail
+
+/// The prompt followed by o.new_tokens generated ones, and each step's logits. Collective over
+/// the model's mesh: every rank calls it with the same prompt and options (checked: ranks that
+/// differ throw together) and gets the same.
+template <class Model>
+GenerateResult generate_logits(Model& model, std::vector<std::int32_t> tokens, const GenerateOptions& o) {
+  const auto& cfg = model.config();
+  detail::check_generate_input(model.mesh().comm(), tokens, o, cfg.vocab);
+  detail::BlockCaches<Model> caches;
+  return detail::decode(std::move(tokens), o, cfg.seq, detail::KvCacheable<Model>,
+                        [&](const std::vector<std::int32_t>& t, std::size_t first, std::size_t count, bool cached) {
+                          if (!cached) caches = {};
+                          auto x = detail::run_blocks(model, detail::run_prologue(model, t, first, count, cached), caches, cached);
+                          return detail::last_row(model.epilogue().forward(x).y);
+                        });
+}
+
+/// Pipeline-parallel generation: `stages` are this pipeline rank's stages of a model
+/// (pipeline::split: layout.stages_of(mesh.coordinate(0)), in that order), `mesh` the whole mesh
+/// (its first dimension the pipeline's). Each step runs the stages in order — the first from the
+/// tokens, each next one from the previous stage's activation, sent to its rank when it lives
+/// on another (one point-to-point message per stage boundary per step, as a pipeline forward
+/// sends) — and the last stage's logits row is broadcast over the pipeline dimension (one
+/// broadcast of vocab doubles per step), so every rank chooses the same token. Each stage keeps
+/// the KV caches of its own blocks: the prompt once, then one position per token. FSDP-sharded
+/// stages must hold their full parameters (unshard() first: ZeRO-3). Collective over `mesh`.
+template <class Stage, MeshType Mesh>
+GenerateResult generate_logits(std::vector<Stage>& stages, const parallel::pipeline::StageLayout& layout, const Mesh& mesh,
+                               std::vector<std::int32_t> tokens, const GenerateOptions& o) {
+  constexpr const char* op = "models::generate";
+  namespace pp = parallel::pipeline;
+  static_assert(role_of<Mesh>(0) == Role::pipeline,
+                "models::generate over pipeline stages: the mesh's first dimension must be the pipeline dimension");
+  const int here = mesh.coordinate(0);
+  const std::vector<int> mine = layout.stages_of(here);
+  if (layout.ranks != mesh.size(0) || stages.size() != mine.size())
+    mesh.comm().fail(op, dtensor::detail::cat("a layout of ", layout.stages(), " stages on ", layout.ranks,
+                                              " pipeline ranks, a pipeline dimension of ", mesh.size(0), ", and ",
+                                              stages.size(), " stages on pipeline rank ", here, " (the layout puts ",
+                                              mine.size(), " here)"));
+  for (std::size_t i = 0; i < mine.size(); ++i)
+    if (stages[i].index() != mine[i])
+      mesh.comm().fail(op, dtensor::detail::cat("pipeline rank ", here, ": its stage ", i, " is stage ", stages[i].index(),
+                                                ", the layout puts stage ", mine[i], " there"));
+  const auto& cfg = stages.front().model().config();
+  detail::check_generate_input(mesh.comm(), tokens, o, cfg.vocab);
+  using X = typename Stage::X;
+  constexpr auto pp_name = pp::detail::first_dimension<Mesh>::name;
+  const int last_rank = layout.rank_of(layout.stages() - 1);
+  std::vector<detail::BlockCaches<Stage>> caches(stages.size());
+  return detail::decode(
+      std::move(tokens), o, cfg.seq, detail::KvCacheable<Stage>,
+      [&](const std::vector<std::int32_t>& t, std::size_t first, std::size_t count, bool cached) {
+        if (!cached) caches.assign(stages.size(), {});
+        std::vector<double> row(static_cast<std::size_t>(cfg.vocab));
+        std::optional<X> carry;  // the previous stage's output, when it ran here
+        for (std::size_t i = 0; i < stages.size(); ++i) {
+          Stage& stage = stages[i];
+          const int s = stage.index();
+          X x = stage.is_first() ? detail::run_prologue(stage, t, first, count, cached)
+                : carry ? std::move(*carry)
+                        : recv_from<typename X::layout, typename X::value_type>(
+                              stage.mesh(), mesh.template slice<pp_name>(layout.rank_of(s - 1)),
+                              stage.activation_shape(detail::ids_of<typename Stage::Input>(stage.mesh(), t, first, count)), s);
+          carry.reset();
+          x = detail::run_blocks(stage, std::move(x), caches[i], cached);
+          if (stage.is_last()) {
+            row = detail::last_row(stage.epilogue().forward(x).y);
+          } else if (layout.rank_of(s + 1) == here) {
+            carry = std::move(x);
+          } else {
+            send_to(x, mesh.template slice<pp_name>(layout.rank_of(s + 1)), s + 1).wait();  // x ends with this iteration
+          }
+        }
+        mesh.group(0).broadcast(std::span<double>(row), last_rank);
+        return row;
+      });
 }
 
 /// The prompt followed by o.new_tokens generated ones (generate_logits without the logits).
 template <class Model>
 std::vector<std::int32_t> generate(Model& model, std::vector<std::int32_t> tokens, const GenerateOptions& o) {
   return generate_logits(model, std::move(tokens), o).tokens;
+}
+
+/// The prompt followed by o.new_tokens generated ones, over pipeline stages (generate_logits
+/// over stages without the logits).
+template <class Stage, MeshType Mesh>
+std::vector<std::int32_t> generate(std::vector<Stage>& stages, const parallel::pipeline::StageLayout& layout, const Mesh& mesh,
+                                   std::vector<std::int32_t> tokens, const GenerateOptions& o) {
+  return generate_logits(stages, layout, mesh, std::move(tokens), o).tokens;
 }
 
 }  // namespace dtensor::models

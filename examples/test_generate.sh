@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# examples/test_generate.sh TRAIN_GPT WORKDIR — the generate program (train_gpt under the name
+# `generate`, a link beside it) and --generate on the training mesh, end to end: a small MoE run
+# on pp 2 x fsdp 2 x cp 2 x tp 2 (the main job's mesh, experts over ep 2) saves a checkpoint and
+# generates; `generate --resume` on the same mesh prints the same text (the same weights, the
+# same arithmetic); the trainer resumed at its last step generates it too without training;
+# another mesh (one rank) generates from the checkpoint; bad use is a usage error. Prints PASS.
+set -euo pipefail
+bin=$1
+dir=$2
+gen=$(dirname "$bin")/generate
+rm -rf "$dir" && mkdir -p "$dir"
+mesh=(--pp 2 --fsdp 2 --cp 2 --tp 2 --ep 2)
+sample=(--generate 40 --prompt "The " --temperature 0.8 --top-k 20)
+"$bin" "${mesh[@]}" --experts 4 --layers 2 --dim 32 --steps 4 --eval-every 4 --save-every 4 --save-dir "$dir/ckpt" \
+  "${sample[@]}" >"$dir/train.log"
+text() { sed -n '/^generated (/,$p' "$1" | tail -n +2; }  # the text may hold newlines
+a=$(text "$dir/train.log")
+grep -q "^generated (temperature 0.8, top-k 20, top-p 1, 40 characters, .*2 pipeline stages on 16 ranks" "$dir/train.log"
+# The model's shape (2 layers, dim 32, 4 experts) comes from the checkpoint, not from flags.
+"$gen" --resume "$dir/ckpt" "${mesh[@]}" "${sample[@]}" >"$dir/gen.log"
+b=$(text "$dir/gen.log")
+grep -q "resumed from $dir/ckpt at step 4" "$dir/gen.log"
+if ! grep -q "^summary" "$dir/train.log" || grep -q "^summary" "$dir/gen.log"; then
+  echo "FAIL: the training run has no summary, or generate trained"
+  exit 1
+fi
+if [[ -z $a || $a != "$b" ]]; then
+  echo "FAIL: generate --resume on the training mesh: '$b', the trainer's own: '$a'"
+  exit 1
+fi
+# The trainer resumed at its last step with --generate: text only, the same.
+"$bin" "${mesh[@]}" --experts 4 --layers 2 --dim 32 --steps 4 --resume "$dir/ckpt" "${sample[@]}" >"$dir/resume.log"
+if [[ $(text "$dir/resume.log") != "$a" ]] || grep -q "^summary" "$dir/resume.log"; then
+  echo "FAIL: train_gpt --resume at --steps --generate: '$(text "$dir/resume.log")' vs '$a'"
+  exit 1
+fi
+# Another mesh: one rank (the checkpoint reshards), greedy by default, 200 characters.
+"$gen" --resume "$dir/ckpt" --pp 1 --fsdp 1 --cp 1 --tp 1 --ep 1 >"$dir/one.log"
+grep -q "^generated (greedy, 200 characters, .*1 pipeline stages on 1 ranks" "$dir/one.log"
+[[ $(text "$dir/one.log" | wc -c) -gt 200 ]]
+# Bad use: a usage error (exit 2) naming the problem, or the load's configuration check.
+expect() {  # expect STATUS MESSAGE ARGS...
+  local want=$1 message=$2 status=0
+  shift 2
+  "$gen" "$@" >"$dir/bad.log" 2>&1 || status=$?
+  if [[ $status != "$want" ]] || ! grep -qF -- "$message" "$dir/bad.log"; then
+    echo "FAIL: generate $* exited $status (want $want) without '$message':"
+    cat "$dir/bad.log"
+    exit 1
+  fi
+}
+expect 2 "generate needs --resume DIR" --pp 1 --fsdp 1 --cp 1 --tp 1
+expect 2 "--steps is a training flag" --resume "$dir/ckpt" --steps 5
+expect 2 "no checkpoint at $dir/missing" --resume "$dir/missing"
+expect 1 "layers: 2 in the checkpoint, 3 here" --resume "$dir/ckpt" --pp 1 --fsdp 1 --cp 1 --tp 1 --ep 1 --layers 3
+"$gen" --help | grep -q "^usage: generate --resume DIR"
+echo "PASS: '$a'"
