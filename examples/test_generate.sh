@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# examples/test_generate.sh TRAIN_GPT WORKDIR — the generate program (train_gpt under the name
-# `generate`, a link beside it) and --generate on the training mesh, end to end: a small MoE run
+# examples/test_generate.sh TRAIN_GPT WORKDIR GENERATE — the generate program (examples/generate.cpp)
+# and --generate on the training mesh, end to end: a small MoE run
 # on pp 2 x fsdp 2 x cp 2 x tp 2 (the main job's mesh, experts over ep 2) saves a checkpoint and
 # generates; `generate --resume` on the same mesh prints the same text (the same weights, the
 # same arithmetic); the trainer resumed at its last step generates it too without training;
@@ -8,7 +8,7 @@
 set -euo pipefail
 bin=$1
 dir=$2
-gen=$(dirname "$bin")/generate
+gen=$3
 rm -rf "$dir" && mkdir -p "$dir"
 mesh=(--pp 2 --fsdp 2 --cp 2 --tp 2 --ep 2)
 sample=(--generate 40 --prompt "The " --temperature 0.8 --top-k 20)

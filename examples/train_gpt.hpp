@@ -155,8 +155,8 @@ struct Options : examples::MeshFlags {  // the mesh: --pp --dp --fsdp --cp --tp 
   std::string export_path, init_from, prompt = "The ";
   int generate = 0, top_k = 0;
   double temperature = 0, top_p = 1;
-  // The `generate` program (this trainer under that name: examples/CMakeLists.txt): no training,
-  // the model's shape read from the --resume checkpoint; --seed there seeds the sampling only.
+  // The `generate` program (examples/generate.cpp): no training, the model's shape read from the
+  // --resume checkpoint; --seed there seeds the sampling only.
   bool generate_program = false;
   std::optional<std::uint64_t> sampling_seed;
   std::uint64_t sample_seed() const { return sampling_seed.value_or(seed); }
@@ -1373,8 +1373,8 @@ int run(int argc, char** argv, const Options& o, const Gpu& gpu = {}) {
   return 0;
 }
 
-/// The `generate` program: this trainer under another name (a link to train_gpt that
-/// examples/CMakeLists.txt makes), which trains nothing and prints text from a checkpoint.
+/// The `generate` program (examples/generate.cpp): this trainer with no training steps, which
+/// prints text from a checkpoint.
 inline const char* generate_usage =
     "usage: generate --resume DIR [--generate N] [--prompt TEXT] [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
     "                [mesh flags: --pp --dp --fsdp --cp --tp --ep --zero --sp/--no-sp --cp-kind --schedule] [--data FILE]\n"
@@ -1447,9 +1447,8 @@ inline Options parse_generate(int argc, char** argv, bool cuda_build) {
 using RunFn = int (*)(int argc, char** argv, const Options& o);
 
 /// main: the flags (a usage error exits 2), then the f32 or bf16 run.
-inline int main(int argc, char** argv, bool cuda_build, RunFn f32, RunFn bf16) {
+inline int main(int argc, char** argv, bool cuda_build, RunFn f32, RunFn bf16, bool generating = false) {
   Options o;
-  const bool generating = argc > 0 && std::filesystem::path(argv[0]).filename() == "generate";
   try {
     o = generating ? parse_generate(argc, argv, cuda_build) : parse(argc, argv, cuda_build);
   } catch (const UsageError& e) {
