@@ -1402,6 +1402,8 @@ inline Options parse_generate(int argc, char** argv, bool cuda_build) {
     const std::string a = argv[i];
     for (const char* training : {"--steps", "--save-every", "--save-dir", "--eval-every", "--kfold", "--sync", "--export"})
       if (a == training) throw UsageError(a + " is a training flag (train_gpt's): generate trains nothing");
+    if (a == "--dtype" || a == "--device")
+      throw UsageError(a + ": generate computes in float on the CPU (the checkpoint's master weights are fp32)");
     if ((a == "--resume" || a == "--seed") && i + 1 < argc) {
       (a == "--resume" ? resume : seed.emplace()) = examples::nonempty_flag_value(a, argv[++i]);
       continue;
