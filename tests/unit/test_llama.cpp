@@ -414,6 +414,38 @@ TEST_CASE("generate: the choice of a token, and bad input", "[models][generate]"
     CAPTURE(i);
     CHECK(std::abs(count[i] / 20000 - p[i] / z) < 0.015);
   }
+  // Ranks given different prompts or options all throw, naming what differs, before any collective
+  // of the model (under TP 2 and over 2 pipeline stages).
+  for (int form = 0; form < 2; ++form) {
+    std::vector<std::string> errors(2);
+    threads::run(2, [&](CommPtr w) {
+      const bool second = w->rank() == 1;
+      const models::GenerateOptions o{.new_tokens = 2, .temperature = second ? 0.5 : 0.0};
+      try {
+        if (form == 0) {
+          NnMesh mesh(w, {1, 2});
+          nn::GPT<double, NnMesh, parallel::MegatronPlan<true>> model(mesh, {.vocab = 5, .seq = 4, .dim = 8, .heads = 2, .layers = 1});
+          (void)models::generate(model, {1, second ? 2 : 3}, o);
+        } else {
+          using Mesh = DeviceMesh<"pp", "dp", "tp">;
+          Mesh mesh(w, {2, 1, 1});
+          const auto stage_mesh = parallel::pipeline::stage_mesh_of(mesh);
+          auto stages = parallel::pipeline::split(
+              nn::GptParts<double, std::remove_cvref_t<decltype(stage_mesh)>>(stage_mesh, {.vocab = 5, .seq = 4, .dim = 8, .heads = 2, .layers = 2}),
+              parallel::pipeline::StageLayout::looped(2), mesh.coordinate(0));
+          (void)models::generate(stages, parallel::pipeline::StageLayout::looped(2), mesh, {1, second ? 2 : 3}, o);
+        }
+      } catch (const Error& e) {
+        errors[std::size_t(w->rank())] = e.what();
+      }
+    });
+    for (const auto& e : errors) {
+      CAPTURE(form, e);
+      CHECK(e.find("models::generate") != std::string::npos);
+      CHECK(e.find("prompt") != std::string::npos);
+      CHECK(e.find("temperature") != std::string::npos);
+    }
+  }
   threads::run(1, [&](CommPtr w) {
     NnMesh mesh(w, {1, 1});
     nn::GPT<double, NnMesh> model(mesh, {.vocab = 5, .seq = 4, .dim = 8, .heads = 2, .layers = 1});
