@@ -24,9 +24,11 @@
 // rank and TP = 2 give the same tokens where their logits agree to the last bit of the choice,
 // and the cached and uncached paths agree to rounding (tests/unit/test_llama.cpp checks both;
 // logits to 1e-12 in double). A prompt longer than seq keeps its last seq tokens as context.
-// Not under context parallelism: a model whose attention has a context-parallel core (any mesh
-// with a context dimension, even of size 1, as examples/train_gpt's one-rank generator) recomputes
-// each window.
+// Under context parallelism (a mesh with a context dimension) the ids of a window or prompt are
+// distributed as training distributes them: in the stored (load-balanced, with
+// cfg.context.load_balanced) order, and the last row is taken at the original last position.
+// The KV cache is then split over the context ranks (each keeps its shard of the prompt's K and
+// V, and each decoded row goes to one rank): parallel::ContextAttention::prefill / decode.
 #pragma once
 
 #include <algorithm>
@@ -37,6 +39,7 @@
 
 #include "dtensor/core/error.hpp"
 #include "dtensor/distributed/distribute.hpp"
+#include "dtensor/parallel/context_layout.hpp"
 
 namespace dtensor::models {
 
@@ -101,10 +104,19 @@ std::int32_t choose_token(const std::vector<T>& logits, const GenerateOptions& o
 
 namespace detail {
 
-/// The last row of logits [1, t, vocab] (gathered whole on every rank) as double.
+/// The context size over which a model stores its sequences load-balanced (1: in order).
+template <class Model>
+int balanced_context(Model& model) {
+  if constexpr (requires { model.config().context.load_balanced; })
+    return model.config().context.load_balanced ? role_size<Role::context>(model.mesh()) : 1;
+  else return 1;
+}
+
+/// The last row (original order) of logits [1, t, vocab] stored load-balanced over `cp`
+/// (gathered whole on every rank) as double.
 template <class Logits>
-std::vector<double> last_row(const Logits& logits_dt) {
-  const auto logits = full_tensor(logits_dt);
+std::vector<double> last_row(const Logits& logits_dt, int cp = 1) {
+  const auto logits = cp > 1 ? parallel::undo_load_balance(full_tensor(logits_dt), 1, cp) : full_tensor(logits_dt);
   const Extent vocab = logits.extent(2), t = logits.extent(1);
   const auto* last = logits.span().data() + (t - 1) * vocab;
   std::vector<double> row(static_cast<std::size_t>(vocab));
@@ -138,10 +150,12 @@ GenerateResult generate_logits(Model& model, std::vector<std::int32_t> tokens, c
     if (t < 0 || t >= cfg.vocab)
       throw Error(op, dtensor::detail::cat("prompt token ", t, " is not in the vocabulary [0, ", cfg.vocab, ")"));
   using Ids = typename Model::Ids;
+  const int cp = detail::balanced_context(model);
   auto ids_of = [&](std::size_t first, std::size_t count) {
     Tensor<std::int32_t, 2> ids(Shape<2>{1, Extent(count)});
     std::copy(tokens.begin() + std::ptrdiff_t(first), tokens.begin() + std::ptrdiff_t(first + count), ids.span().begin());
-    return distribute_replicated<typename Ids::layout>(model.mesh(), ids);
+    // Under context parallelism, in the stored order (what the positions and the causal mask assume).
+    return distribute_replicated<typename Ids::layout>(model.mesh(), cp > 1 ? parallel::load_balance(ids, 1, cp) : ids);
   };
   GenerateResult r;
   auto choose = [&](std::vector<double> row, int step) {
@@ -159,7 +173,7 @@ GenerateResult generate_logits(Model& model, std::vector<std::int32_t> tokens, c
         auto x = model.prologue().forward_at(ids_of(cached, fresh), Extent(cached));
         for (std::size_t l = 0; l < caches.size(); ++l) x = model.blocks()[l].inner().forward_cached(x, caches[l]);
         cached += fresh;
-        choose(detail::last_row(model.epilogue().forward(x).y), step);
+        choose(detail::last_row(model.epilogue().forward(x).y, cp), step);
       }
     }
   }
@@ -167,7 +181,7 @@ GenerateResult generate_logits(Model& model, std::vector<std::int32_t> tokens, c
     const std::size_t window = std::min(tokens.size(), std::size_t(cfg.seq));
     auto x = model.prologue().forward(ids_of(tokens.size() - window, window)).y;
     for (auto& block : model.blocks()) x = block.forward(x).y;
-    choose(detail::last_row(model.epilogue().forward(x).y), step);
+    choose(detail::last_row(model.epilogue().forward(x).y, cp), step);
   }
   r.tokens = std::move(tokens);
   return r;
