@@ -37,7 +37,10 @@
 // the projections are row-wise and run on this rank's positions unchanged. With grouped-query
 // attention K and V go to the core unrepeated (kv_repeat = G): the ring and the all-gather move
 // the KV heads, as Llama 3's context parallelism does, and each rank repeats them where its
-// attention computes.
+// attention computes. KV cache (forward_cached, models/generate.hpp): whole K/V in the module's
+// KvCache with a core that does not split the sequence; under context parallelism the core's
+// own split cache (parallel::ContextAttention::prefill / decode: each context rank keeps its
+// rows; a decode step all-gathers the new q, k, v and merges the ranks' partial outputs).
 #pragma once
 
 #include <cmath>

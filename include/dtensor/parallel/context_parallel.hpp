@@ -28,6 +28,12 @@
 //              all_to_all); backward: dout in, dq, dk, dv out (4 all_to_all). The local heads
 //              (after any tensor-parallel split) must divide by cp. The head-split q, k, v, out
 //              and lse are saved, so the backward does not send them again.
+// KV-cached inference (ContextAttention::prefill / decode, for nn::SelfAttention::forward_cached
+// and models::generate): the prompt runs as forward runs it and each rank keeps its own shard of
+// K and V (ContextKvCache: the cache stays split, no rank holds all of it); a decode step issues
+// three all_gather on the context group (the new q, k, v packed; the partial outputs; their
+// log-sum-exps), attends the query to this rank's rows and merges by log-sum-exp; the new row
+// joins the cache of the rank with the fewest rows (the lowest on ties).
 // Memory: ring and ulysses hold O(T/cp) of K/V (ring: two chunks in flight); allgather holds
 // all of K and V for the duration of the call.
 // Any memory space: the local attention is kernels/attention_chunk.hpp over the space's
