@@ -468,6 +468,144 @@ TEST_CASE("generate: the choice of a token, and bad input", "[models][generate]"
   });
 }
 
+// ---- generate under context parallelism ---------------------------------------------------------
+// The KV cache split over the context ranks (parallel::ContextAttention::prefill / decode) and the
+// uncached windows (stored order under load balancing) against a one-rank model: logits to 1e-12,
+// the same greedy tokens; ring, all-gather and Ulysses, load balanced and not, cp 2 and 3 with
+// prompts that divide by neither cp nor 2 cp (and one of a single token: ranks with empty caches),
+// GPT (learned positions) and Llama (rotary, 2 KV heads for 6 heads), and cp 2 x tp 2.
+
+namespace {
+
+using CpMesh = DeviceMesh<"cp">;
+using CpTpMesh = DeviceMesh<"cp", "tp">;
+
+double worst_logit_gap(const models::GenerateResult& a, const models::GenerateResult& b) {
+  if (a.logits.size() != b.logits.size()) return 1e300;
+  double worst = 0;
+  for (std::size_t s = 0; s < a.logits.size(); ++s) {
+    if (a.logits[s].size() != b.logits[s].size()) return 1e300;
+    for (std::size_t i = 0; i < a.logits[s].size(); ++i) worst = std::max(worst, std::abs(a.logits[s][i] - b.logits[s][i]));
+  }
+  return worst;
+}
+
+/// Cached and uncached generation of `Model` on `mesh` against the one-rank result `ref`.
+template <class Model, class Mesh, class Report>
+void generate_matches(const Mesh& mesh, const nn::GPTConfig& cfg, const std::vector<std::int32_t>& prompt,
+                      const models::GenerateResult& ref, const std::string& what, Report report) {
+  Model model(mesh, cfg);
+  const models::GenerateOptions cached{.new_tokens = 9}, uncached{.new_tokens = 9, .kv_cache = false};
+  for (const auto& o : {cached, uncached}) {
+    const auto r = models::generate_logits(model, prompt, o);
+    const std::string tag = what + (o.kv_cache ? " (KV cache)" : " (recomputed)");
+    if (r.tokens != ref.tokens) report(tag + ": tokens differ from one rank's");
+    const double gap = worst_logit_gap(r, ref);
+    if (!(gap < 1e-12)) report(dtensor::detail::cat(tag, ": logits differ from one rank's by ", gap));
+  }
+}
+
+template <template <class, class, class> class Arch>
+void check_generate_cp(nn::GPTConfig cfg) {
+  using One = Arch<double, NnMesh, nn::ReplicatedPlan>;
+  using Cp = Arch<double, CpMesh, nn::ReplicatedPlan>;
+  using CpTp = Arch<double, CpTpMesh, parallel::MegatronPlan<false>>;
+  using parallel::ContextKind;
+  for (const std::vector<std::int32_t>& prompt : {std::vector<std::int32_t>{1, 2, 3, 4, 5}, std::vector<std::int32_t>{7}}) {
+    models::GenerateResult ref;  // 5 + 9 > seq 12: the last steps slide (the window recomputed)
+    threads::run(1, [&](CommPtr w) {
+      One model(NnMesh(w, {1, 1}), cfg);
+      ref = models::generate_logits(model, prompt, {.new_tokens = 9, .kv_cache = false});
+    });
+    for (int cp : {2, 3})
+      for (ContextKind kind : {ContextKind::ring, ContextKind::allgather, ContextKind::ulysses})
+        for (bool balanced : {false, true}) {
+          cfg.context = {.kind = kind, .load_balanced = balanced};
+          const std::string what = dtensor::detail::cat("cp ", cp, " ", parallel::name_of(kind), balanced ? " balanced" : "",
+                                                        ", prompt of ", prompt.size());
+          auto f = on_ranks(cp, [&](CommPtr world, auto report) {
+            generate_matches<Cp>(CpMesh(world, {cp}), cfg, prompt, ref, what, report);
+          });
+          INFO(what << summary(f));
+          CHECK(f.empty());
+        }
+    for (ContextKind kind : {ContextKind::ring, ContextKind::allgather})
+      for (bool balanced : {false, true}) {
+        cfg.context = {.kind = kind, .load_balanced = balanced};
+        const std::string what = dtensor::detail::cat("cp 2 x tp 2 ", parallel::name_of(kind), balanced ? " balanced" : "");
+        auto f = on_ranks(4, [&](CommPtr world, auto report) {
+          generate_matches<CpTp>(CpTpMesh(world, {2, 2}), cfg, prompt, ref, what, report);
+        });
+        INFO(what << summary(f));
+        CHECK(f.empty());
+      }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("generate under context parallelism: the split KV cache and the windows equal one rank", "[models][generate][context]") {
+  check_generate_cp<GptArch>({.vocab = 23, .seq = 12, .dim = 24, .heads = 6, .layers = 2, .seed = 5});
+  check_generate_cp<LlamaArch>({.vocab = 23, .seq = 12, .dim = 24, .heads = 6, .layers = 2, .seed = 6, .kv_heads = 2,
+                                .ffn = 24, .rope_theta = 100, .bias = false});
+}
+
+TEST_CASE("KV cache under context parallelism: a decode step's collectives, the split, bad input", "[models][generate][context]") {
+  const nn::GPTConfig cfg{.vocab = 11, .seq = 7, .dim = 12, .heads = 6, .layers = 2, .seed = 8,
+                          .context = {.kind = parallel::ContextKind::ring, .load_balanced = true}, .kv_heads = 2,
+                          .ffn = 16, .rope_theta = 100, .bias = false};
+  static_assert(models::detail::KvCacheable<nn::Llama<double, CpMesh, nn::ReplicatedPlan>>);
+  auto f = on_ranks(3, [&](CommPtr world, auto report) {
+    CpMesh mesh(world, {3});
+    nn::Llama<double, CpMesh, nn::ReplicatedPlan> model(mesh, cfg);
+    using Attn = std::remove_cvref_t<decltype(model.blocks().front().inner())>::Attn;
+    std::vector<Attn::KvCache> caches(model.blocks().size());
+    using Ids = decltype(model)::Ids;
+    const auto ids = [&](std::vector<std::int32_t> t, Extent batch = 1) {
+      Tensor<std::int32_t, 2> x(Shape<2>{batch, Extent(t.size()) / batch});
+      std::copy(t.begin(), t.end(), x.span().begin());
+      return distribute_replicated<Ids::layout>(mesh, parallel::load_balance(x, 1, 3));
+    };
+    const auto run = [&](const Ids& x, Extent first) {
+      auto h = model.prologue().forward_at(x, first);
+      for (std::size_t l = 0; l < caches.size(); ++l) h = model.blocks()[l].inner().forward_cached(h, caches[l]);
+      return h;
+    };
+    (void)run(ids({1, 2, 3, 4}), 0);  // 4 over 3 ranks (torch.chunk): 2, 2, 0 rows
+    const std::vector<std::vector<Extent>> expected_rows{{2, 2, 1}, {2, 2, 2}, {3, 2, 2}};
+    for (std::size_t step = 0; step < 3; ++step) {
+      CommLog log;
+      (void)run(ids({5}), Extent(4 + step));
+      // Per layer: one all_gather of the new q, k, v and one each of the partial outputs and
+      // log-sum-exps, all on the context group; nothing else (no tensor dimension here).
+      if (log.count(CollectiveKind::all_gather, "cp") != 3 * caches.size() || log.size() != 3 * caches.size())
+        report("decode step: expected 3 all_gather on cp per layer, got\n" + log.to_string());
+      const auto& split = caches[0].split;
+      if (split.rows != expected_rows[step] || split.k.extent(2) != split.rows[std::size_t(world->rank())] ||
+          caches[0].length != Extent(5 + step))
+        report(dtensor::detail::cat("step ", step, ": rows not balanced as documented (the fewest, lowest rank first)"));
+    }
+    // The cache is full (7 = seq): one more position, and a decode with another batch, fail on every rank.
+    try {
+      (void)run(ids({5}), 7);
+      report("no error past the configured sequence length");
+    } catch (const Error& e) {
+      if (std::string(e.what()).find("exceed the configured sequence length 7") == std::string::npos) report(e.what());
+    }
+    std::vector<Attn::KvCache> fresh(model.blocks().size());
+    caches.swap(fresh);
+    (void)run(ids({1, 2}), 0);
+    try {
+      (void)run(ids({5, 6}, 2), 2);
+      report("no error for a batch of 2 after a prefill of 1");
+    } catch (const Error& e) {
+      if (std::string(e.what()).find("batch 2, the cache's is 1") == std::string::npos) report(e.what());
+    }
+  });
+  INFO(summary(f));
+  CHECK(f.empty());
+}
+
 // ---- Hugging Face checkpoints (models/hf_checkpoint.hpp) ----------------------------------------
 // tests/data/hf: tiny GPT-2 (one file, Conv1D weights, a 16-row position table for a 12-position
 // model, lm_head tied) and Llama (two shards and an index) checkpoints in HF's names, and the

@@ -38,9 +38,11 @@
 // A prompt longer than seq keeps its last seq tokens as context. Every rank must call with the
 // same prompt and options: one all-gather of their hash at the start finds ranks that differ
 // (comm/settings_agreement.hpp), which all throw.
-// Not under context parallelism: a model whose attention has a context-parallel core (any mesh
-// with a context dimension, even of size 1, as examples/train_gpt's one-rank generator) recomputes
-// each window.
+// Under context parallelism (a mesh with a context dimension) the ids of a window or prompt are
+// distributed as training distributes them: in the stored (load-balanced, with
+// cfg.context.load_balanced) order, and the last row is taken at the original last position.
+// The KV cache is then split over the context ranks (each keeps its shard of the prompt's K and
+// V, and each decoded row goes to one rank): parallel::ContextAttention::prefill / decode.
 #pragma once
 
 #include <algorithm>
@@ -56,6 +58,7 @@
 #include "dtensor/core/error.hpp"
 #include "dtensor/distributed/distribute.hpp"
 #include "dtensor/distributed/transfer.hpp"
+#include "dtensor/parallel/context_layout.hpp"
 #include "dtensor/parallel/pipeline/executor.hpp"
 
 namespace dtensor::models {
@@ -121,10 +124,20 @@ std::int32_t choose_token(const std::vector<T>& logits, const GenerateOptions& o
 
 namespace detail {
 
-/// The last row of logits [1, t, vocab] (gathered whole on every rank) as double.
+/// The context size over which a model of this configuration on this mesh stores its sequences
+/// load-balanced (1: in order).
+template <class Config, class Mesh>
+int balanced_context(const Config& cfg, const Mesh& mesh) {
+  if constexpr (requires { cfg.context.load_balanced; })
+    return cfg.context.load_balanced ? role_size<Role::context>(mesh) : 1;
+  else return 1;
+}
+
+/// The last row (original order) of logits [1, t, vocab] stored load-balanced over `cp`
+/// (gathered whole on every rank) as double.
 template <class Logits>
-std::vector<double> last_row(const Logits& logits_dt) {
-  const auto logits = full_tensor(logits_dt);
+std::vector<double> last_row(const Logits& logits_dt, int cp = 1) {
+  const auto logits = cp > 1 ? parallel::undo_load_balance(full_tensor(logits_dt), 1, cp) : full_tensor(logits_dt);
   const Extent vocab = logits.extent(2), t = logits.extent(1);
   const auto* last = logits.span().data() + (t - 1) * vocab;
   std::vector<double> row(static_cast<std::size_t>(vocab));
@@ -198,12 +211,14 @@ GenerateResult decode(std::vector<std::int32_t> tokens, const GenerateOptions& o
   return r;
 }
 
-/// Tokens [first, first + count) as the model's ids [1, count], replicated over the mesh.
+/// Tokens [first, first + count) as the model's ids [1, count], replicated over the mesh; stored
+/// load-balanced over `cp` (what the positions and the causal mask of a context-parallel model
+/// assume), in order when cp is 1.
 template <class Ids, class Mesh>
-Ids ids_of(const Mesh& mesh, const std::vector<std::int32_t>& tokens, std::size_t first, std::size_t count) {
+Ids ids_of(const Mesh& mesh, const std::vector<std::int32_t>& tokens, std::size_t first, std::size_t count, int cp) {
   Tensor<std::int32_t, 2> ids(Shape<2>{1, Extent(count)});
   std::copy(tokens.begin() + std::ptrdiff_t(first), tokens.begin() + std::ptrdiff_t(first + count), ids.span().begin());
-  return distribute_replicated<typename Ids::layout>(mesh, ids);
+  return distribute_replicated<typename Ids::layout>(mesh, cp > 1 ? parallel::load_balance(ids, 1, cp) : ids);
 }
 
 /// The KV caches of a model's (or a stage's) blocks: one per block; none where the blocks keep
@@ -234,8 +249,9 @@ X run_blocks(Model& model, X x, BlockCaches<Model>& bc, bool cached) {
 
 /// The prologue on tokens [first, first + count): at those positions (cached) or from 0.
 template <class Model>
-auto run_prologue(Model& model, const std::vector<std::int32_t>& tokens, std::size_t first, std::size_t count, bool cached) {
-  const auto ids = ids_of<typename Model::Input>(model.mesh(), tokens, first, count);
+auto run_prologue(Model& model, const std::vector<std::int32_t>& tokens, std::size_t first, std::size_t count, bool cached,
+                  int cp) {
+  const auto ids = ids_of<typename Model::Input>(model.mesh(), tokens, first, count, cp);
   if constexpr (KvCacheable<Model>)
     if (cached) return model.prologue().forward_at(ids, Extent(first));
   return model.prologue().forward(ids).y;
@@ -250,12 +266,13 @@ template <class Model>
 GenerateResult generate_logits(Model& model, std::vector<std::int32_t> tokens, const GenerateOptions& o) {
   const auto& cfg = model.config();
   detail::check_generate_input(model.mesh().comm(), tokens, o, cfg.vocab);
+  const int cp = detail::balanced_context(cfg, model.mesh());
   detail::BlockCaches<Model> caches;
   return detail::decode(std::move(tokens), o, cfg.seq, detail::KvCacheable<Model>,
                         [&](const std::vector<std::int32_t>& t, std::size_t first, std::size_t count, bool cached) {
                           if (!cached) caches = {};
-                          auto x = detail::run_blocks(model, detail::run_prologue(model, t, first, count, cached), caches, cached);
-                          return detail::last_row(model.epilogue().forward(x).y);
+                          auto x = detail::run_blocks(model, detail::run_prologue(model, t, first, count, cached, cp), caches, cached);
+                          return detail::last_row(model.epilogue().forward(x).y, cp);
                         });
 }
 
@@ -291,6 +308,7 @@ GenerateResult generate_logits(std::vector<Stage>& stages, const parallel::pipel
   using X = typename Stage::X;
   constexpr auto pp_name = pp::detail::first_dimension<Mesh>::name;
   const int last_rank = layout.rank_of(layout.stages() - 1);
+  const int cp = detail::balanced_context(cfg, stages.front().mesh());
   std::vector<detail::BlockCaches<Stage>> caches(stages.size());
   return detail::decode(
       std::move(tokens), o, cfg.seq, detail::KvCacheable<Stage>,
@@ -301,15 +319,15 @@ GenerateResult generate_logits(std::vector<Stage>& stages, const parallel::pipel
         for (std::size_t i = 0; i < stages.size(); ++i) {
           Stage& stage = stages[i];
           const int s = stage.index();
-          X x = stage.is_first() ? detail::run_prologue(stage, t, first, count, cached)
+          X x = stage.is_first() ? detail::run_prologue(stage, t, first, count, cached, cp)
                 : carry ? std::move(*carry)
                         : recv_from<typename X::layout, typename X::value_type>(
                               stage.mesh(), mesh.template slice<pp_name>(layout.rank_of(s - 1)),
-                              stage.activation_shape(detail::ids_of<typename Stage::Input>(stage.mesh(), t, first, count)), s);
+                              stage.activation_shape(detail::ids_of<typename Stage::Input>(stage.mesh(), t, first, count, cp)), s);
           carry.reset();
           x = detail::run_blocks(stage, std::move(x), caches[i], cached);
           if (stage.is_last()) {
-            row = detail::last_row(stage.epilogue().forward(x).y);
+            row = detail::last_row(stage.epilogue().forward(x).y, cp);
           } else if (layout.rank_of(s + 1) == here) {
             carry = std::move(x);
           } else {

@@ -146,11 +146,15 @@ class GptEmbedding {
     }
   }
   /// Inference: the embeddings of ids whose first position is `first` (a KV-cached decode step,
-  /// models/generate.hpp). Nothing is saved. Not under context parallelism.
+  /// models/generate.hpp). Nothing is saved. first == 0 is a prefill, whose ids lie as forward's
+  /// do (under context parallelism with load balancing in the stored order: the positions are
+  /// forward's); after it, positions first, first + 1, ... in the order given (one at a time
+  /// under generate).
   Out forward_at(const In& ids, Extent first) const {
     auto te = wte_.forward(ids).y;
     if constexpr (!LearnedPositions) return te;
     else {
+      if (first == 0) return ops::add(te, wpe_.forward(positions(ids)).y);
       std::vector<Extent> at(std::size_t(ids.extent(1)));
       for (std::size_t i = 0; i < at.size(); ++i) at[i] = first + Extent(i);
       return ops::add(te, wpe_.forward(nn::positions<tokens<Mesh, between>, Id>(mesh_, ids.shape(), at)).y);

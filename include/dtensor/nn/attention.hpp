@@ -37,12 +37,16 @@
 // the projections are row-wise and run on this rank's positions unchanged. With grouped-query
 // attention K and V go to the core unrepeated (kv_repeat = G): the ring and the all-gather move
 // the KV heads, as Llama 3's context parallelism does, and each rank repeats them where its
-// attention computes.
+// attention computes. KV cache (forward_cached, models/generate.hpp): whole K/V in the module's
+// KvCache with a core that does not split the sequence; under context parallelism the core's
+// own split cache (parallel::ContextAttention::prefill / decode: each context rank keeps its
+// rows; a decode step all-gathers the new q, k, v and merges the ranks' partial outputs).
 #pragma once
 
 #include <cmath>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -68,6 +72,20 @@ struct AttentionConfig {
   bool causal = true;     // a causal mask (decoder); false: every position sees every other (encoder).
                           // Honoured on every mesh: the core is told (the module does not read context.causal)
 };
+
+namespace detail {
+/// The KV cache of a core that splits the sequence (Core::KvCache<T, Space>), or nothing.
+struct NoSplitKvCache {};
+template <class Core, class T, class Space>
+struct core_kv_cache {
+  using type = NoSplitKvCache;
+};
+template <class Core, class T, class Space>
+  requires requires { typename Core::template KvCache<T, Space>; }
+struct core_kv_cache<Core, T, Space> {
+  using type = typename Core::template KvCache<T, Space>;
+};
+}  // namespace detail
 
 template <kernels::host::FloatElement T, MeshType Mesh, class QkvStyle = Replicated<>, class OutStyle = Replicated<>,
           AttentionCore Core = LocalAttention>
@@ -176,13 +194,18 @@ class SelfAttention {
 
   /// The keys and values (rotated; the KV heads, not repeated) of the positions decoded so far:
   /// inference's KV cache (models/generate.hpp). k, v [B, K, length, D], split like the heads.
+  /// Under a core that splits the sequence (parallel::ContextAttention) k and v stay empty and
+  /// `split` holds this rank's rows only (the core's KvCache: parallel::ContextKvCache).
   struct KvCache {
     Heads k, v;
+    typename detail::core_kv_cache<Core, T, mesh_space_t<Mesh>>::type split;
     Extent length = 0;  // positions held; the next input's first position
+    Extent batch = 0;   // the prefill's batch: every later input's
   };
-  /// Whether forward_cached exists for this core: not for a context-parallel one (the cache would
-  /// be split on the context dimension), even where that dimension has size 1.
-  static constexpr bool kv_cacheable = !Core::splits_sequence;
+  /// Whether forward_cached exists for this core: a core that does not split the sequence, or
+  /// one with a split cache (prefill and decode: parallel::ContextAttention).
+  static constexpr bool kv_cacheable =
+      !Core::splits_sequence || !std::is_same_v<decltype(KvCache::split), detail::NoSplitKvCache>;
 
   /// Inference with a KV cache: x [B, t, C] holds positions cache.length .. cache.length + t - 1;
   /// their keys and values are appended to the cache, and their queries attend to every cached
@@ -190,8 +213,12 @@ class SelfAttention {
   /// one position at a time (t = 1: it sees every cached key, all of them earlier or itself).
   /// The same arithmetic as forward's on the whole prefix, row for row, so logits agree with a
   /// full recomputation to rounding. Nothing is saved (no backward). Collectives: forward's.
+  /// Under context parallelism the prefill is forward's (x in stored order, the positions
+  /// Core::original_order's) and each rank keeps its shard of K and V; a decode step is the
+  /// core's decode (parallel::ContextAttention::decode: three small all-gathers on the context
+  /// group per call besides the projections' collectives).
   Out forward_cached(const In& x, KvCache& cache) const {
-    static_assert(!Core::splits_sequence, "nn::SelfAttention::forward_cached: no KV cache under context parallelism");
+    static_assert(kv_cacheable, "nn::SelfAttention::forward_cached: this core keeps no KV cache");
     constexpr const char* op = "nn::SelfAttention::forward_cached";
     const Extent batch = x.extent(0), len = x.extent(1), heads = c_.heads, head_dim = c_.dim / c_.heads;
     const Extent kv = c_.kv_heads, group = heads / kv;
@@ -199,31 +226,42 @@ class SelfAttention {
                   " cached ones; give the prompt first (an empty cache), then one position at a time");
     detail::check(cache.length + len <= c_.seq, op, x.mesh(), name_, ": ", cache.length, " cached + ", len,
                   " new positions exceed the configured sequence length ", c_.seq);
-    detail::check(cache.length == 0 || cache.k.extent(0) == batch, op, x.mesh(), name_, ": batch ", batch,
-                  ", the cache's is ", cache.k.extent(0));
+    detail::check(cache.length == 0 || cache.batch == batch, op, x.mesh(), name_, ": batch ", batch,
+                  ", the cache's is ", cache.batch);
     auto qkv_out = qkv_.forward(x).y;
     auto parts = ops::split<3>(ops::reshape<HeadsL>(qkv_out, Shape<4>{batch, len, kv, (group + 2) * head_dim}),
                                {group * head_dim, head_dim, head_dim});
     if (group > 1) parts[0] = ops::reshape<HeadsL>(parts[0], Shape<4>{batch, len, heads, head_dim});
     if (c_.rope_theta > 0) {
-      std::vector<Extent> at(static_cast<std::size_t>(len));
-      for (Extent i = 0; i < len; ++i) at[std::size_t(i)] = cache.length + i;  // global positions of these rows
+      // The global positions of these rows: the prefill's as forward's (the stored order's
+      // original indices under context parallelism with load balancing), then cache.length.
+      std::vector<Extent> at = cache.length == 0 ? Core::original_order(x.mesh(), len, core_options())
+                                                 : std::vector<Extent>{};
+      if (at.empty())
+        for (Extent i = 0; i < len; ++i) at.push_back(cache.length + i);
       const auto positions = nn::positions<tokens<Mesh>, std::int32_t>(x.mesh(), {batch, len}, at);
       parts[0] = ops::rotary(parts[0], positions, c_.rope_theta);
       parts[1] = ops::rotary(parts[1], positions, c_.rope_theta);
     }
     Heads q = ops::transpose<1, 2>(parts[0]), k = ops::transpose<1, 2>(parts[1]), v = ops::transpose<1, 2>(parts[2]);
-    if (cache.length == 0) {
-      cache.k = std::move(k), cache.v = std::move(v);
+    Heads out;
+    if constexpr (Core::splits_sequence) {  // the cache split over the context ranks: the core's
+      out = cache.length == 0 ? Core::prefill(q, k, v, cache.split, core_options())
+                              : Core::decode(q, k, v, cache.split, core_options());
     } else {
-      cache.k = ops::concat<2>(std::vector<Heads>{std::move(cache.k), std::move(k)});
-      cache.v = ops::concat<2>(std::vector<Heads>{std::move(cache.v), std::move(v)});
+      if (cache.length == 0) {
+        cache.k = std::move(k), cache.v = std::move(v);
+      } else {
+        cache.k = ops::concat<2>(std::vector<Heads>{std::move(cache.k), std::move(k)});
+        cache.v = ops::concat<2>(std::vector<Heads>{std::move(cache.v), std::move(v)});
+      }
+      // The prefill is causal among its own positions; a single new query sees the whole cache.
+      AttentionCoreOptions o = core_options();
+      o.causal = c_.causal && len > 1;
+      out = Core::forward(q, cache.k, cache.v, o).out;
     }
     cache.length += len;
-    // The prefill is causal among its own positions; a single new query sees the whole cache.
-    AttentionCoreOptions o = core_options();
-    o.causal = c_.causal && len > 1;
-    auto out = Core::forward(q, cache.k, cache.v, o).out;
+    cache.batch = batch;
     auto merged = ops::reshape<typename Proj::InL>(ops::transpose<1, 2>(out), Shape<3>{batch, len, c_.dim});
     return proj_.forward(merged).y;
   }

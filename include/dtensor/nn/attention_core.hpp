@@ -12,6 +12,10 @@
 //   forward(q, k, v, options) -> {out, saved}                          // q [B, H, T, D], k, v [B, K, T, D]
 //   backward(dout, q, k, v, out, saved, options) -> ops::AttentionGrads (dk, dv in the K heads)
 //   original_order(mesh, seq, options) -> the original index of each stored position ({}: stored order)
+// and, where it keeps a KV cache of its own split (parallel::ContextAttention):
+//   template <class T, class Space> using KvCache = ...;               // this rank's part of the cache
+//   prefill(q, k, v, cache, options), decode(q, k, v, cache, options) -> out   // nn::SelfAttention::forward_cached
+// (a core without them and without splits_sequence caches whole K/V in the module).
 // with k and v given in the KV heads (options.kv_repeat query heads per KV head). LocalAttention
 // runs ops::attention on the whole sequence (no communication); parallel::ContextAttention runs
 // ring, all-gather-KV or Ulysses attention over the context dimension. Both honour

@@ -28,6 +28,12 @@
 //              all_to_all); backward: dout in, dq, dk, dv out (4 all_to_all). The local heads
 //              (after any tensor-parallel split) must divide by cp. The head-split q, k, v, out
 //              and lse are saved, so the backward does not send them again.
+// KV-cached inference (ContextAttention::prefill / decode, for nn::SelfAttention::forward_cached
+// and models::generate): the prompt runs as forward runs it and each rank keeps its own shard of
+// K and V (ContextKvCache: the cache stays split, no rank holds all of it); a decode step issues
+// three all_gather on the context group (the new q, k, v packed; the partial outputs; their
+// log-sum-exps), attends the query to this rank's rows and merges by log-sum-exp; the new row
+// joins the cache of the rank with the fewest rows (the lowest on ties).
 // Memory: ring and ulysses hold O(T/cp) of K/V (ring: two chunks in flight); allgather holds
 // all of K and V for the duration of the call.
 // Any memory space: the local attention is kernels/attention_chunk.hpp over the space's
@@ -35,6 +41,7 @@
 // runs on host, cuda and meta tensors (on meta it records the same collectives and the FLOPs).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <span>
@@ -472,6 +479,55 @@ ops::AttentionGrads<Q> context_attention_backward(const DO& dout, const Q& q, co
   return {make(std::move(bwd).dq(), q.shape()), make(std::move(in_k), k.shape()), make(std::move(in_v), v.shape())};
 }
 
+/// What a context-parallel KV cache holds on one rank (nn::SelfAttention::KvCache's `split`
+/// under ContextAttention): this rank's own rows of K and V (rotated, the KV heads, not
+/// repeated), never the whole cache. The rows are in no particular order: a decoded position
+/// attends to all of them without a mask (every cached position is earlier), so their original
+/// positions are not needed. `rows` is every context rank's row count, the same on every rank
+/// (computed, never sent): where the next decoded row goes (ContextAttention::decode).
+template <class T, class Space = host_space>
+struct ContextKvCache {
+  Tensor<T, 4, Space> k, v;   // [B_local, K_local, rows[this rank], D]
+  std::vector<Extent> rows;   // rows held by each context rank; empty before the prefill
+};
+
+namespace detail {
+
+/// Heads [begin, begin + size) (dimension 1) of x, copied.
+template <class T, class Space>
+Local4<T, Space> slice_heads(const Local4<T, Space>& x, Extent begin, Extent size) {
+  Shape<4> from{0, begin, 0, 0}, extent = x.shape();
+  extent[1] = size;
+  auto out = Local4<T, Space>::uninitialized(extent);
+  copy_box(x, from, out, Shape<4>{}, extent);
+  return out;
+}
+
+/// x, y, z side by side on dimension 1 (heads): one buffer for one collective.
+template <class T, class Space>
+Local4<T, Space> concat_heads(const Local4<T, Space>& x, const Local4<T, Space>& y, const Local4<T, Space>& z) {
+  Shape<4> s = x.shape();
+  s[1] = x.extent(1) + y.extent(1) + z.extent(1);
+  auto out = Local4<T, Space>::uninitialized(s);
+  Extent at = 0;
+  for (const auto* p : {&x, &y, &z}) {
+    copy_box(*p, Shape<4>{}, out, Shape<4>{0, at, 0, 0}, p->shape());
+    at += p->extent(1);
+  }
+  return out;
+}
+
+/// x followed by `row` on dimension 2 (positions).
+template <class T, class Space>
+Local4<T, Space> append_rows(const Local4<T, Space>& x, const Local4<T, Space>& row) {
+  auto out = with_length(x, x.extent(2) + row.extent(2));
+  kernels::put_seq(out, 0, x);
+  kernels::put_seq(out, x.extent(2), row);
+  return out;
+}
+
+}  // namespace detail
+
 /// The attention core (nn/attention_core.hpp) of a mesh with a context dimension: ring,
 /// all-gather-KV or Ulysses attention (options.context.kind) with the module's mask and KV-head
 /// sharing. What nn::SelfAttention is given on such a mesh — by the models, or by whoever builds
@@ -500,6 +556,105 @@ struct ContextAttention {
   template <class Mesh>
   static std::vector<Extent> original_order(const Mesh& mesh, Extent seq, const nn::AttentionCoreOptions& o) {
     return original_positions(mesh, seq, o.context.load_balanced);
+  }
+
+  // ---- KV-cached inference (nn::SelfAttention::forward_cached) --------------------------------
+  template <class T, class Space>
+  using KvCache = ContextKvCache<T, Space>;
+
+  /// The prompt (an empty cache): forward's attention (ring, all-gather or Ulysses, causal, in
+  /// stored order), and this rank keeps its own shard of K and V as its cache: the cache stays
+  /// split over the context ranks as the prompt was (torch.chunk of the stored order).
+  template <class H>
+  static H prefill(const H& q, const H& k, const H& v, KvCache<typename H::value_type, typename H::space>& cache,
+                   const nn::AttentionCoreOptions& o) {
+    auto out = forward(q, k, v, o).out;
+    const auto [comm, n, r, seq, opts] = detail::context_call(q, options(o));
+    cache.k = k.to_local();
+    cache.v = v.to_local();
+    cache.rows.assign(std::size_t(n), 0);
+    for (int j = 0; j < n; ++j) cache.rows[std::size_t(j)] = chunk_range(seq, n, j).size();
+    return out;
+  }
+
+  /// One new position (q, k, v [B, *, 1, *], Shard<2> on the context dimension: the context rank
+  /// that holds the row has it, the others none). Collectives on the context group, per call:
+  /// one all_gather of the new q, k and v (packed on the heads: every context rank gets the
+  /// query), then one all_gather of the partial outputs and one of their log-sum-exps (one row
+  /// per rank). Each rank attends the query to its own cached rows (no mask: all are earlier),
+  /// and the partial results are merged by log-sum-exp (kernels::merge_attention_blocks, as ring
+  /// attention merges its blocks) on the rank that holds the output row. The new key and value
+  /// go to ONE rank: the one with the fewest rows, the lowest such rank on ties (after a prefill
+  /// of T the last ranks of torch.chunk's split come first), so the caches stay within one row
+  /// of each other. The output is laid out like q (a local slice of the row, no communication).
+  template <class H>
+  static H decode(const H& q, const H& k, const H& v, KvCache<typename H::value_type, typename H::space>& cache,
+                  const nn::AttentionCoreOptions& o) {
+    using T = typename H::value_type;
+    using Space = typename H::space;
+    using L = typename H::layout;
+    using Acc = kernels::host::compute_t<T>;
+    constexpr std::size_t cp_dim = context_dim<typename H::mesh_type>;
+    using Gathered = detail::replace_placement_t<L, cp_dim, Replicate>;
+    constexpr const char* op = "ContextAttention::decode";
+    const auto c = options(o);
+    detail::check_context_attention(op, q, k, v, c);
+    const auto [comm, n, r, seq, opts_unused] = detail::context_call(q, c);
+    if (seq != 1 || cache.rows.size() != std::size_t(n) || v.extent(3) != q.extent(3))
+      comm.fail(op, dtensor::detail::cat("q ", to_string(q.shape()), ", v ", to_string(v.shape()), ", a cache of ",
+                                         cache.rows.size(), " context ranks (", n,
+                                         " expected): one new position after a prefill, v's head size q's"));
+    const Extent hq = q.to_local().extent(1), hk = k.to_local().extent(1), dh = q.extent(3);
+    // 1. the new position's q, k, v on every context rank: one all-gather of the three, packed.
+    const Shape<4> packed_shape{q.extent(0), q.extent(1) + 2 * k.extent(1), 1, dh};
+    const auto all = redistribute<Gathered>(ops::detail::make<T, 4, L>(
+                                                q.mesh(), packed_shape,
+                                                detail::concat_heads(q.to_local(), k.to_local(), v.to_local())))
+                         .to_local();
+    const auto ql = detail::slice_heads(all, 0, hq);
+    // 2. the new row joins the cache of the rank with the fewest rows (the lowest on ties).
+    const auto owner = std::size_t(std::min_element(cache.rows.begin(), cache.rows.end()) - cache.rows.begin());
+    if (owner == std::size_t(r)) {
+      cache.k = detail::append_rows(cache.k, detail::slice_heads(all, hq, hk));
+      cache.v = detail::append_rows(cache.v, detail::slice_heads(all, hq + hk, hk));
+    }
+    ++cache.rows[owner];
+    // 3. the query against this rank's rows: no mask, all of them are earlier (or the row itself).
+    auto kopts = detail::kernel_options(c, dh);
+    kopts.causal = false;
+    const Shape<3> lse_shape{ql.extent(0), ql.extent(1), 1};
+    detail::Local4<T, Space> out;
+    Tensor<kernels::Stat, 3, Space> lse;
+    if (cache.k.extent(2) > 0) {
+      auto f = c.kv_repeat > 1 ? kernels::attention(ql, detail::repeated_heads(cache.k, c), detail::repeated_heads(cache.v, c), kopts)
+                               : kernels::attention(ql, cache.k, cache.v, kopts);
+      out = std::move(f.out);
+      lse = std::move(f.lse);
+    } else {  // no rows here: an empty block, which the merge ignores
+      out = detail::Local4<T, Space>(Shape<4>{ql.extent(0), hq, 1, dh});
+      lse = Tensor<kernels::Stat, 3, Space>::uninitialized(lse_shape);
+      kernels::fill_(lse, kernels::host::detail::neg_inf);
+    }
+    // 4. every rank's partial result to every rank (one row each), merged where the row lives.
+    const auto outs = redistribute<Gathered>(ops::detail::make<T, 4, L>(
+                                                 q.mesh(), Shape<4>{q.extent(0), q.extent(1), n, dh}, std::move(out)))
+                          .to_local();
+    const auto lses = redistribute<Gathered>(ops::detail::make<kernels::Stat, 3, L>(
+                                                 q.mesh(), Shape<3>{q.extent(0), q.extent(1), n}, std::move(lse)))
+                          .to_local();
+    detail::Local4<T, Space> mine(Shape<4>{ql.extent(0), hq, q.to_local().extent(2), dh});
+    if (q.to_local().extent(2) == 1) {
+      Tensor<Acc, 4, Space> empty(Shape<4>{ql.extent(0), hq, 1, dh});  // the merge's start: no keys yet
+      auto empty_lse = Tensor<kernels::Stat, 3, Space>::uninitialized(lse_shape);
+      kernels::fill_(empty_lse, kernels::host::detail::neg_inf);
+      auto m = kernels::merge_attention_blocks(empty, empty_lse, kernels::detail::converted<Acc>(kernels::slice_seq(outs, 0, 1)),
+                                               kernels::slice_seq(lses, 0, 1));
+      for (int j = 1; j < n; ++j)
+        m = kernels::merge_attention_blocks(m.out, m.lse, kernels::detail::converted<Acc>(kernels::slice_seq(outs, j, 1)),
+                                            kernels::slice_seq(lses, j, 1));
+      mine = kernels::detail::converted<T>(std::move(m.out));
+    }
+    return ops::detail::make<T, 4, L>(q.mesh(), q.shape(), std::move(mine));
   }
 };
 
