@@ -321,7 +321,7 @@ using PpMesh = DeviceMesh<"pp", "dp", "tp">;
 
 /// Generation over pipeline stages (models::generate_logits(stages, layout, mesh, ...)) against
 /// the whole model on one rank: the same tokens, logits within 1e-12 in double, cached and not.
-template <template <class, class, class> class Arch, class Layers>
+template <template <class, class, class> class Arch, class Layers, class Mesh = PpMesh>
 void check_generate_pipeline(const nn::GPTConfig& cfg, std::array<int, 3> shape, pp::StageLayout layout) {
   using One = Arch<double, NnMesh, nn::ReplicatedPlan>;
   const std::vector<std::int32_t> prompt{1, 2, 3};
@@ -330,11 +330,13 @@ void check_generate_pipeline(const nn::GPTConfig& cfg, std::array<int, 3> shape,
   std::vector<models::GenerateResult> ref;
   threads::run(1, [&](CommPtr w) {
     NnMesh mesh(w, {1, 1});
-    One model(mesh, cfg);
+    auto one_cfg = cfg;
+    one_cfg.context = {};  // one rank: no context dimension
+    One model(mesh, one_cfg);
     for (const auto& o : options) ref.push_back(models::generate_logits(model, prompt, o));
   });
   auto f = on_ranks(shape[0] * shape[1] * shape[2], [&](CommPtr world, auto report) {
-    PpMesh mesh(world, shape);
+    Mesh mesh(world, shape);
     const auto stage_mesh = pp::stage_mesh_of(mesh);
     using StageMesh = std::remove_cvref_t<decltype(stage_mesh)>;
     using Model = nn::GptParts<double, StageMesh, parallel::MegatronPlan<true>, std::int32_t, Layers>;
@@ -373,7 +375,7 @@ void check_generate_pipeline(const nn::GPTConfig& cfg, std::array<int, 3> shape,
 
 }  // namespace
 
-TEST_CASE("generate: over pipeline stages (x TP 2 + SP), KV-cached, as one rank", "[models][generate][pipeline]") {
+TEST_CASE("generate: over pipeline stages (x TP 2 + SP, x CP 2), KV-cached, as one rank", "[models][generate][pipeline]") {
   // 5 layers over 2 and 4 stages (uneven), vocab 23 over tp 2 (12, 11); 3 + 9 tokens pass seq 8,
   // so the cached run slides into recomputed windows at the end.
   const nn::GPTConfig gpt{.vocab = 23, .seq = 8, .dim = 16, .heads = 4, .layers = 5, .seed = 3};
@@ -385,6 +387,14 @@ TEST_CASE("generate: over pipeline stages (x TP 2 + SP), KV-cached, as one rank"
   auto llama7 = llama;
   llama7.layers = 7;  // 6 stages of 1 or 2 blocks
   check_generate_pipeline<LlamaArch, nn::LlamaLayers>(llama7, {3, 1, 1}, pp::StageLayout::v_shape(3));  // V: stages 0 and 5 on rank 0
+  // With a context dimension: each stage's caches split over cp 2 (the prompt of 3 stored
+  // load-balanced), ring with the Llama, all-gather with the GPT, x TP 2.
+  using PpCpMesh = DeviceMesh<"pp", "cp", "tp">;
+  auto gpt_cp = gpt, llama_cp = llama;
+  gpt_cp.context = {.kind = parallel::ContextKind::allgather, .load_balanced = true};
+  llama_cp.context = {.kind = parallel::ContextKind::ring, .load_balanced = true};
+  check_generate_pipeline<GptArch, nn::DenseLayers, PpCpMesh>(gpt_cp, {2, 2, 2}, pp::StageLayout::looped(2));
+  check_generate_pipeline<LlamaArch, nn::LlamaLayers, PpCpMesh>(llama_cp, {2, 2, 1}, pp::StageLayout::looped(2));
 }
 
 TEST_CASE("generate: the choice of a token, and bad input", "[models][generate]") {
