@@ -38,7 +38,8 @@
 // weights and the KV cache of BATCH sequences of CONTEXT positions (sim/serving.hpp: what
 // models::generate with its cache holds), KV cache per token, and whether it fits the device;
 // then the prefill time and the decode latency per token (sim::serving_latency: memory-bound
-// decode, TP all-reduces and PP sends on the link model).
+// decode, TP all-reduces, PP sends and CP all-gathers on the link model). With --cp the KV cache
+// is split over the context ranks (models::generate's, parallel::ContextAttention::decode).
 //
 //   plan_at_scale --search --gpus 16384 --arch llama ... --seq 8192 --batch 2048 [--top 5 --finalists 12]
 //
@@ -683,22 +684,22 @@ int run_published() {
 /// --serve: weights and KV cache per rank (sim/serving.hpp).
 int run_serve(const Options& o) {
   const auto m = model_shape(o);
-  const auto s = sim::serving_memory(m, {.batch = o.serve_batch, .context = o.serve_context, .tp = o.plan.tp,
-                                         .pp = o.plan.pp, .bytes = o.bf16 ? 2.0 : 4.0});
+  const sim::ServingShape shape{.batch = o.serve_batch, .context = o.serve_context, .tp = o.plan.tp, .pp = o.plan.pp,
+                                .cp = o.plan.cp, .bytes = o.bf16 ? 2.0 : 4.0};
+  const auto s = sim::serving_memory(m, shape);
   const bool fits = sim::fits(s.total, o.hardware);
-  std::printf("serving %s %.2fB parameters, tp %d x pp %d, %s: %lld sequences x %lld positions\n"
+  std::printf("serving %s %.2fB parameters, tp %d x pp %d x cp %d, %s: %lld sequences x %lld positions\n"
               "per rank (%lld layers): weights %s, KV cache %s (%s per token), total %s: %s on %s\n",
-              o.llama ? "llama" : "gpt", m.params() / 1e9, o.plan.tp, o.plan.pp, o.bf16 ? "bf16" : "f32", o.serve_batch,
+              o.llama ? "llama" : "gpt", m.params() / 1e9, o.plan.tp, o.plan.pp, o.plan.cp, o.bf16 ? "bf16" : "f32", o.serve_batch,
               o.serve_context, (long long)s.layers, sim::detail::human_bytes(s.weights).c_str(),
               sim::detail::human_bytes(s.kv_cache).c_str(), sim::detail::human_bytes(s.kv_per_token).c_str(),
               sim::detail::human_bytes(s.total).c_str(), fits ? "fits" : "does not fit", o.hardware.name.c_str());
-  const auto t = sim::serving_latency(m, {.batch = o.serve_batch, .context = o.serve_context, .tp = o.plan.tp,
-                                          .pp = o.plan.pp, .bytes = o.bf16 ? 2.0 : 4.0},
-                                      o.hardware);
+  const auto t = sim::serving_latency(m, shape, o.hardware);
   std::printf("latency (one batch in flight): prefill %.4g ms; decode %.4g ms per token (weights + KV cache at HBM "
-              "bandwidth %.4g ms, FLOPs %.4g ms, TP all-reduces %.4g ms, PP sends %.4g ms), %.4g tokens/s over the batch\n",
+              "bandwidth %.4g ms, FLOPs %.4g ms, TP all-reduces %.4g ms, PP sends %.4g ms, CP all-gathers %.4g ms), "
+              "%.4g tokens/s over the batch\n",
               1e3 * t.prefill, 1e3 * t.decode, 1e3 * t.decode_memory, 1e3 * t.decode_compute, 1e3 * t.decode_tp,
-              1e3 * t.decode_pp, double(o.serve_batch) / t.decode);
+              1e3 * t.decode_pp, 1e3 * t.decode_cp, double(o.serve_batch) / t.decode);
   return fits ? 0 : 3;
 }
 

@@ -841,6 +841,8 @@ std::pair<double, double> held_elements(Model& model, Extent batch, Extent conte
   for (std::size_t l = 0; l < caches.size(); ++l) {
     x = model.blocks()[l].inner().forward_cached(x, caches[l]);
     cache += double(caches[l].k.to_local().numel() + caches[l].v.to_local().numel());
+    if constexpr (requires { caches[l].split.k.numel(); })  // under CP: this rank's rows
+      cache += double(caches[l].split.k.numel() + caches[l].split.v.numel());
   }
   return {params, cache};
 }
@@ -874,6 +876,27 @@ TEST_CASE("serving memory: weights and KV cache per rank equal a real GPT's and 
   INFO(summary(f1) << summary(f2));
   CHECK(f1.empty());
   CHECK(f2.empty());
+  // cp 3 (x tp 2 for the Llama): the cache split over the context ranks, 5 positions as 2 + 2 + 1
+  // (the busiest rank holds 2), the weights whole on every context rank.
+  using CpTp = DeviceMesh<"cp", "tp">;
+  auto fc = on_ranks(6, [&](CommPtr w, auto report) {
+    CpTp mesh(w, {3, 2});
+    auto cp_gpt = gpt, cp_llama = llama;
+    cp_gpt.context = cp_llama.context = {.kind = parallel::ContextKind::ring, .load_balanced = false};
+    nn::GPT<double, CpTp, parallel::MegatronPlan<true>> g(mesh, cp_gpt);
+    nn::Llama<double, CpTp, parallel::MegatronPlan<true>> l(mesh, cp_llama);
+    const sim::ServingShape serve{.batch = batch, .context = context, .tp = 2, .pp = 1, .cp = 3, .bytes = sizeof(double)};
+    const auto gs = sim::serving_memory(shape(gpt, false), serve), ls = sim::serving_memory(shape(llama, true), serve);
+    const auto [gp, gc] = held_elements(g, batch, context);
+    const auto [lp, lc] = held_elements(l, batch, context);
+    const bool busiest = mesh.coordinate(0) < 2;  // torch.chunk's 2, 2, 1
+    if (gs.weights != gp * 8 || (busiest && gs.kv_cache != gc * 8) || (!busiest && gs.kv_cache != 2 * gc * 8))
+      report(dtensor::detail::cat("GPT cp 3 x tp 2: predicted ", gs.weights, " + ", gs.kv_cache, " bytes, held ", gp * 8, " + ", gc * 8));
+    if (ls.weights != lp * 8 || (busiest && ls.kv_cache != lc * 8))
+      report(dtensor::detail::cat("Llama cp 3 x tp 2: predicted ", ls.weights, " + ", ls.kv_cache, " bytes, held ", lp * 8, " + ", lc * 8));
+  });
+  INFO(summary(fc));
+  CHECK(fc.empty());
   // pp 2 over 3 layers: the first stage's 2 blocks and the larger end (here the head: vocab x dim + norm).
   const auto p = sim::serving_memory(shape(llama, true), {.batch = 1, .context = 8, .tp = 1, .pp = 2, .bytes = 2});
   CHECK(p.layers == 2);
@@ -915,6 +938,19 @@ TEST_CASE("serving latency: memory-bound decode, TP all-reduces and PP sends on 
   CHECK(p2.decode_memory == Approx(t8.decode_memory).epsilon(1e-12));
   CHECK(p2.decode_tp == Approx(t8.decode_tp).epsilon(1e-12));
   CHECK(p2.decode_pp == Approx(6e-6 + 16384.0 / (50e9 * link)).epsilon(1e-12));
+  // cp 2 x tp 4 in a node: each rank reads the weights of tp 4 and half the cache; per block 3
+  // all-gathers on NVLink: the new q, k, v (1 x (8192 + 2 x 1024) / 4 bf16), the partial outputs
+  // (2 x 8192 / 4 bf16) and their statistics (2 x 64 / 4 floats).
+  const auto c2 = sim::serving_latency(l70, {.batch = 1, .context = 128, .tp = 4, .pp = 1, .cp = 2, .bytes = 2}, hw);
+  const auto mc2 = sim::serving_memory(l70, {.batch = 1, .context = 128, .tp = 4, .pp = 1, .cp = 2, .bytes = 2});
+  const auto m4 = sim::serving_memory(l70, shape(4, 1));
+  CHECK(mc2.weights == m4.weights);
+  CHECK(mc2.kv_cache == m4.kv_cache / 2);
+  CHECK(c2.decode_memory == Approx((mc2.weights + mc2.kv_cache) / hbm).epsilon(1e-12));
+  auto gather2 = [&](double bytes) { return 3e-6 + bytes / 2 / (450e9 * link); };  // ring of 2: 1 latency, half the bytes
+  CHECK(c2.decode_cp == Approx(80 * (gather2(2.0 * (8192 + 2048) / 4) + gather2(2 * 2.0 * 8192 / 4) + gather2(2 * 4.0 * 64 / 4)))
+                            .epsilon(1e-12));
+  CHECK(c2.decode == Approx(c2.decode_memory + c2.decode_tp + c2.decode_cp).epsilon(1e-12));
   // The prefill of 64 x 128 positions is compute-bound: at least its GEMM FLOPs at the best GEMM rate.
   const auto big = sim::serving_latency(l70, shape(8, 1, 64), hw);
   CHECK(big.prefill > 64 * 128 * 2 * l70.params() / 8 / (hw.peak_bf16_flops * sim::calibration.gemm_max_fraction) * 0.9);

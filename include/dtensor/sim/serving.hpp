@@ -1,5 +1,5 @@
 // dtensor/sim/serving.hpp — what a rank holds to serve a model (models::generate with its KV
-// cache) under tensor and pipeline parallelism: weights and KV cache for batch x context.
+// cache) under tensor, pipeline and context parallelism: weights and KV cache for batch x context.
 //
 //   sim::ModelShape m{.layers = 80, .dim = 8192, .heads = 64, .kv_heads = 8, .ffn = 28672, .vocab = 128256,
 //                     .seq = 8192, .llama = true};
@@ -15,7 +15,9 @@
 //               table and final norm whole (tp dividing vocab, heads and ffn: exact);
 //   KV cache  = 2 (keys, values) x blocks on the stage x kv_heads / tp x head_dim x bytes per
 //               token (nn::SelfAttention::KvCache: rotated keys and values of the KV heads, not
-//               repeated; kv_heads % tp == 0 as the model requires), times batch x context.
+//               repeated; kv_heads % tp == 0 as the model requires), times batch x ceil(context / cp):
+//               under context parallelism the cache stays split over the cp ranks, within one row
+//               of each other (parallel::ContextAttention::prefill / decode); the weights do not split.
 // Activations of a decode step (one position) are O(batch x dim) and not counted; the prefill's
 // are a forward's (the training dry run's forward peak). test_llama checks weights and KV cache
 // against a real nn::GPT / nn::Llama under TP 2: its local parameters and its caches after a
@@ -40,7 +42,13 @@
 //                the MLP; with SP a reduce-scatter + all-gather, the same bytes), 1 for the
 //                vocab-parallel embedding, and an all-gather of the logits (batch x vocab) for the
 //                sampler, on NVLink when tp fits a node, else the network;
-//   PP (pp > 1): pp - 1 sends of the positions' activations (batch x positions x dim).
+//   PP (pp > 1): pp - 1 sends of the positions' activations (batch x positions x dim);
+//   CP (cp > 1): each rank reads and attends to ceil(context / cp) cached positions and computes
+//                the prefill's GEMMs on ceil(context / cp) positions; per block a decode step adds
+//                ContextAttention::decode's 3 all-gathers on "cp" (the new q, k, v: batch x (query +
+//                2 KV widths) / tp; the partial outputs: cp x batch x query width / tp; their
+//                log-sum-exps: cp x batch x heads / tp floats), and the prefill ring attention's
+//                cp - 1 exchanges of a rank's K and V shard (on NVLink while tp x cp fits a node).
 // Not modelled: kernel launch overheads (real decode at batch 1 is often launch-bound on small
 // models: CUDA graphs hide them), speculative decoding, paged-cache fragmentation. No published
 // serving latency was checked against (none was at hand with its exact setup); test_llama checks
@@ -60,23 +68,28 @@ namespace dtensor::sim {
 struct ServingShape {
   std::int64_t batch = 1;    // sequences decoded together
   std::int64_t context = 1;  // positions cached per sequence (prompt + generated, at most the model's seq)
-  int tp = 1, pp = 1;
+  int tp = 1, pp = 1, cp = 1;
   double bytes = 2;          // per element of weights and cache (bf16: 2, f32: 4)
 };
+
+namespace detail {
+/// The cached positions of the busiest context rank: ceil(context / cp).
+inline std::int64_t context_share(const ServingShape& s) { return (s.context + s.cp - 1) / s.cp; }
+}  // namespace detail
 
 struct ServingMemory {
   double weights = 0;       // on the busiest rank
   double kv_per_token = 0;  // one position of one sequence, this rank's layers and heads
-  double kv_cache = 0;      // kv_per_token x batch x context
+  double kv_cache = 0;      // kv_per_token x batch x ceil(context / cp)
   double total = 0;         // weights + kv_cache
   std::int64_t layers = 0;  // blocks on the busiest stage
 };
 
 inline ServingMemory serving_memory(const ModelShape& m, const ServingShape& s) {
   constexpr const char* op = "sim::serving_memory";
-  if (s.tp < 1 || s.pp < 1 || s.batch < 1 || s.context < 1 || s.bytes <= 0)
-    throw Error(op, dtensor::detail::cat("tp ", s.tp, ", pp ", s.pp, ", batch ", s.batch, ", context ", s.context,
-                                         ", bytes ", s.bytes, ": all must be positive"));
+  if (s.tp < 1 || s.pp < 1 || s.cp < 1 || s.batch < 1 || s.context < 1 || s.bytes <= 0)
+    throw Error(op, dtensor::detail::cat("tp ", s.tp, ", pp ", s.pp, ", cp ", s.cp, ", batch ", s.batch, ", context ",
+                                         s.context, ", bytes ", s.bytes, ": all must be positive"));
   if (m.kv() % s.tp != 0 || m.layers < s.pp)
     throw Error(op, dtensor::detail::cat(m.kv(), " KV heads over tp ", s.tp, " (must divide), ", m.layers,
                                          " layers over pp ", s.pp, " (at least one each)"));
@@ -93,7 +106,7 @@ inline ServingMemory serving_memory(const ModelShape& m, const ServingShape& s) 
   const double ends = s.pp == 1 ? embed + head : std::max(embed, head);
   r.weights = (double(r.layers) * (matrices / s.tp + vectors) + ends) * s.bytes;
   r.kv_per_token = 2.0 * double(r.layers) * (kvd / s.tp) * s.bytes;
-  r.kv_cache = r.kv_per_token * double(s.batch) * double(s.context);
+  r.kv_cache = r.kv_per_token * double(s.batch) * double(detail::context_share(s));
   r.total = r.weights + r.kv_cache;
   return r;
 }
@@ -105,18 +118,21 @@ struct ServingLatency {
   double decode_compute = 0; // of decode: the stages' FLOPs (the larger of the two per stage is paid)
   double decode_tp = 0;      // of decode: the TP all-reduces and the logits' all-gather
   double decode_pp = 0;      // of decode: the sends between stages
+  double decode_cp = 0;      // of decode: the context ranks' all-gathers (query, partial outputs and statistics)
 };
 
 inline ServingLatency serving_latency(const ModelShape& m, const ServingShape& s, const Hardware& hw,
                                       const Calibration& cal = calibration) {
   serving_memory(m, s);  // the same checks
   const double h = double(m.dim), kvd = double(m.kv() * m.head_dim()), f = double(m.width()), v = double(m.vocab);
-  const double q = double(m.heads * m.head_dim()), b = s.bytes, batch = double(s.batch), ctx = double(s.context);
+  const double q = double(m.heads * m.head_dim()), b = s.bytes, batch = double(s.batch);
+  const double ctx = double(detail::context_share(s));  // this rank's cached positions (all but under CP)
   const double matrices = m.llama ? h * (h + 2 * kvd) + h * h + 3 * h * f : h * (h + 2 * kvd) + h * h + 2 * h * f;
   const double vectors = m.llama ? 2 * h : (h + 2 * kvd + f) / s.tp + 6 * h;
   const double hbm = hw.hbm_bytes_per_second * cal.hbm_fraction;
   const Link& tp_link = s.tp <= hw.gpus_per_node ? hw.nvlink : hw.infiniband;
-  const Link& pp_link = std::int64_t(s.tp) * s.pp <= hw.gpus_per_node ? hw.nvlink : hw.infiniband;
+  const Link& cp_link = std::int64_t(s.tp) * s.cp <= hw.gpus_per_node ? hw.nvlink : hw.infiniband;
+  const Link& pp_link = std::int64_t(s.tp) * s.cp * s.pp <= hw.gpus_per_node ? hw.nvlink : hw.infiniband;
   auto collective = [&](CollectiveKind kind, int n, double bytes, const Link& link) {
     return collective_seconds(CommRecord{kind, "", n, std::size_t(bytes)}, link, cal);
   };
@@ -141,7 +157,7 @@ inline ServingLatency serving_latency(const ModelShape& m, const ServingShape& s
     const double tokens = batch * ctx;
     const double p_gemm = tokens * (2 * blocks * matrices / s.tp + head_flops);
     const double p_bytes = weights + kv_per_position * tokens;
-    const double p_attn = blocks * 2 * batch * ctx * ctx * q / s.tp;
+    const double p_attn = blocks * 2 * batch * ctx * double(s.context) * q / s.tp;  // this rank's queries, all keys (causal: half)
     r.prefill += std::max(p_gemm / (hw.peak_flops() * gemm_efficiency(p_gemm / p_bytes, cal)) +
                               p_attn / (hw.peak_flops() * cal.attention_fraction),
                           p_bytes / hbm);
@@ -153,6 +169,14 @@ inline ServingLatency serving_latency(const ModelShape& m, const ServingShape& s
       r.decode += d_tp;
       r.prefill += all_reduces * collective(CollectiveKind::all_reduce, s.tp, tokens * h * b, tp_link) +
                    (last ? collective(CollectiveKind::all_gather, s.tp, batch * v * b, tp_link) : 0);
+    }
+    if (s.cp > 1) {
+      const double d_cp = blocks * (collective(CollectiveKind::all_gather, s.cp, batch * (q + 2 * kvd) / s.tp * b, cp_link) +
+                                    collective(CollectiveKind::all_gather, s.cp, s.cp * batch * q / s.tp * b, cp_link) +
+                                    collective(CollectiveKind::all_gather, s.cp, s.cp * batch * double(m.heads) / s.tp * 4, cp_link));
+      r.decode_cp += d_cp;
+      r.decode += d_cp;
+      r.prefill += blocks * (s.cp - 1) * collective(CollectiveKind::send_recv, 2, 2 * batch * ctx * kvd / s.tp * b, cp_link);
     }
     if (!last) {
       const double d_pp = collective(CollectiveKind::send, 2, batch * h * b, pp_link);
