@@ -910,9 +910,9 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
   mesh.template group<"pp">().all_reduce(std::span<std::int64_t>(&parameters, 1), ReduceOp::sum);
   const bool root = world->rank() == 0;
   if (root) {
-    std::printf("train_gpt: mesh pp %d x dp %d x fsdp %d (ZeRO-%d) x cp %d (%s) x tp %d%s = %d ranks, %s backend, device %s, "
+    std::printf("%s: mesh pp %d x dp %d x fsdp %d (ZeRO-%d) x cp %d (%s) x tp %d%s = %d ranks, %s backend, device %s, "
                 "dtype %s\n",
-                o.pp, o.dp, o.fsdp, o.zero, o.cp, std::string(parallel::name_of(o.cp_kind)).c_str(), o.tp, o.sp ? " + SP" : "",
+                o.generate_program ? "generate" : "train_gpt", o.pp, o.dp, o.fsdp, o.zero, o.cp, std::string(parallel::name_of(o.cp_kind)).c_str(), o.tp, o.sp ? " + SP" : "",
                 o.ranks(), o.backend.c_str(), o.device.c_str(),
                 std::is_same_v<Compute, float> ? "f32" : "bf16 (fp32 master weights and AdamW state)");
     std::printf("schedule %s: %d micro-batches over %d stages; model: %lld layers, dim %lld, %lld heads, seq %lld, batch "
