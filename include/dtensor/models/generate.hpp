@@ -154,10 +154,6 @@ concept KvCacheable = requires(Model& m, const typename Model::Input& ids) {
   m.prologue().forward_at(ids, Extent(0));
 };
 
-}  // namespace detail
-
-namespace detail {
-
 /// The options and the prompt checked, then agreed on by every rank of `comm` (one all-gather
 /// of a small record: ranks given another prompt or options throw together instead of
 /// generating different text or hanging in a mismatched collective).
