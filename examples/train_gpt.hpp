@@ -183,6 +183,7 @@ struct Options : examples::MeshFlags {  // the mesh: --pp --dp --fsdp --cp --tp 
 
 inline const char* const usage =
     "usage: train_gpt [--pp N] [--dp N] [--fsdp N] [--cp N] [--tp N] [--ep N] [--zero 1|2|3] [--sp | --no-sp]\n"
+    "                 [--reshard-after-forward | --no-reshard-after-forward]\n"
     "                 [--cp-kind ring|allgather|ulysses] [--schedule gpipe|1f1b|interleaved|zb|zbv|dualpipev] [--microbatches M]\n"
     "                 [--layers N] [--heads N] [--dim N] [--seq N] [--batch N] [--checkpoint]\n"
     "                 [--recompute none|full|selective|core_attn,norm,act,mlp]\n"
@@ -199,7 +200,10 @@ inline const char* const usage =
     "  --pp: pipeline stages (--schedule, default 1f1b, over --microbatches, default 2 x pp, or 1 without a\n"
     "        pipeline; interleaved, zbv and dualpipev put 2 stages on each rank;\n"
     "        dualpipev needs M >= 2 x pp); --dp: replicas; --fsdp: parameter shards,\n"
-    "        ZeRO --zero (default 3, or 1 when --fsdp 1: DDP); --cp: sequence split (--cp-kind, default ring; ulysses: --heads a multiple of\n"
+    "        ZeRO --zero (default 3, or 1 when --fsdp 1: DDP); ZeRO-3 gathers each unit per micro-batch\n"
+    "        (--reshard-after-forward, the default at pp 1) or keeps a stage gathered for the step\n"
+    "        (--no-reshard-after-forward, the default with a pipeline: fewer all-gathers, more memory);\n"
+    "        --cp: sequence split (--cp-kind, default ring; ulysses: --heads a multiple of\n"
     "        tp x cp); --tp: Megatron tensor parallelism, with sequence parallelism unless --no-sp.\n"
     "  --experts E > 0: MoE blocks (every --moe-every-th, default all), top-K routing (default 2), capacity factor F\n"
     "        (default dropless; with --cp > 1 at least E / K), experts split over --ep ranks (dividing dp x fsdp x cp;\n"
@@ -371,6 +375,9 @@ inline void check_offload(const Options& o) {
 inline void check_options(Options& o, bool cuda_build) {
   if (o.zero == 0) o.zero = o.fsdp > 1 ? 3 : 1;
   if (o.microbatches == 0) o.microbatches = o.pp > 1 ? 2 * o.pp : 1;
+  if (o.reshard_after_forward && o.zero != 3)
+    throw UsageError(std::string(*o.reshard_after_forward ? "--reshard-after-forward" : "--no-reshard-after-forward") +
+                     " is for ZeRO-3 (--zero 3 with --fsdp > 1), got ZeRO-" + str(o.zero));
   try {
     pp::parse_schedule_kind(o.schedule);
   } catch (const Error& e) {
@@ -826,7 +833,8 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
   auto stages = pp::split(Model(stage_mesh, cfg, make_layers()), schedule.layout, mesh.coordinate(0));
   const auto sync_kind = parallel::sync::parse_sync(o.sync);  // --sync: with any but ddp, "dp" is not all-reduced by FSDP
   pp::ShardedPipeline<Stage, Mesh, float> model(mesh, schedule, std::move(stages),
-                                                {.stage = o.zero, .reduce_replicas = sync_kind == parallel::sync::SyncKind::ddp,
+                                                {.stage = o.zero, .reshard_after_forward = o.reshard_after_forward,
+                                                 .reduce_replicas = sync_kind == parallel::sync::SyncKind::ddp,
                                                  .offload_params_dir = o.offloads("params") ? o.offload_dir : std::string()});
 
   // One AdamW over every parameter of this rank: its shards of its stages (MoE: and its experts);
@@ -920,6 +928,9 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
                 o.schedule.c_str(), o.microbatches, schedule.layout.stages(), (long long)o.layers, (long long)o.dim,
                 (long long)o.heads, (long long)o.seq, (long long)o.batch, corpus.chars.size());
     if (o.arch != "gpt") std::printf("; %s (kv heads %lld)", o.arch.c_str(), (long long)(o.kv_heads ? o.kv_heads : o.heads));
+    if (o.zero == 3)
+      std::printf("; ZeRO-3 %s", model.keeps_stages_gathered() ? "keeps each stage gathered for the step"
+                                                                : "gathers each unit per micro-batch");
     if (moe) std::printf("; MoE: %lld experts, top-%lld, over ep %d", (long long)o.experts, (long long)o.topk, o.ep);
     std::printf("\nparameters: %lld\n", (long long)parameters);
   }
@@ -1256,6 +1267,7 @@ inline std::vector<Setting> settings_of(const Options& o, const Corpus& corpus) 
     for (auto t : *part) data_hash = (data_hash ^ std::uint32_t(t)) * 1099511628211ull;
   return {{"--pp", n(o.pp)}, {"--dp", n(o.dp)}, {"--fsdp", n(o.fsdp)}, {"--cp", n(o.cp)}, {"--tp", n(o.tp)},
           {"--ep", n(o.ep)}, {"--zero", n(o.zero)}, {"--sp", flag(o.sp)},
+          {"--reshard-after-forward", o.reshard_after_forward ? flag(*o.reshard_after_forward) : "default"},
           {"--cp-kind", std::string(parallel::name_of(o.cp_kind))}, {"--schedule", o.schedule},
           {"--microbatches", n(o.microbatches)}, {"--layers", n(o.layers)}, {"--heads", n(o.heads)},
           {"--dim", n(o.dim)}, {"--seq", n(o.seq)}, {"--batch", n(o.batch)}, {"--checkpoint", flag(o.checkpoint)},
