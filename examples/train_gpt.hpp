@@ -797,6 +797,17 @@ checkpoint::Slots<float> sync_state_slots(Model& model, Adam& adam, DiLoCo& dilo
   return slots;
 }
 
+/// This rank's peak bytes during `step` (a ledger scope around one step, inside `rank`, the
+/// rank's own since it began), by tag and then in total: what the rank held when the step began
+/// plus the most the step added at once.
+inline std::vector<std::int64_t> rank_step_peaks(const MemoryLedger& rank, const MemoryLedger& step, std::string_view space) {
+  std::vector<std::int64_t> peaks(memory_tag_count + 1);
+  for (std::size_t t = 0; t < memory_tag_count; ++t)
+    peaks[t] = rank.current(space, MemoryTag(t)) - step.current(space, MemoryTag(t)) + step.peak(space, MemoryTag(t));
+  peaks[memory_tag_count] = rank.current(space) - step.current(space) + step.peak(space);
+  return peaks;
+}
+
 template <class Space, class Compute, class Plan, class Layers>
 double train(CommPtr world, const Options& o, const Corpus& corpus) {
   using Mesh = MeshIn<Space>;
@@ -806,6 +817,9 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
   using Stage = pp::Stage<Model>;
   constexpr bool moe = requires { typename Layers::ExpertMesh; };  // nn::MoELayers
 
+  // This rank's allocations from here on (its thread's): the step's peak by tag is reported
+  // against what the rank held when the step began (the summary's "step peak per rank").
+  MemoryLedger rank_ledger;
   // The mesh, the model config and the schedule.
   Mesh mesh(world, {o.pp, o.dp, o.fsdp, o.cp, o.tp});
   const StageMesh stage_mesh = pp::stage_mesh_of(mesh);
@@ -1056,6 +1070,7 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
     return 0;
   }
   CommSummary per_step;  // the collectives of step 2 (step 1 warms up)
+  std::vector<std::int64_t> step_peaks(memory_tag_count + 1, 0);  // by tag, then the total: rank_step_peaks
   CommSummary host_split;  // across hosts: per line of per_step, its bytes inside a host and across hosts
   double train_loss = 0, val_loss = 0, elapsed = 0, first_train_loss = 0;
   const double tokens_per_step = double(o.batch * o.seq);
@@ -1098,8 +1113,10 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
     // --host/device-budget-mib: this rank's allocations over the first step (steps are alike).
     const bool budget_step = step == first_step && (host_budget.active() || device_budget.active());
     const std::int64_t host_before = host_budget.held(), device_before = device_budget.held();
+    // The step whose peak the summary reports: the second (the first builds the optimizer state).
+    const bool peak_step = step == std::min(first_step + 1, o.steps);
     std::optional<MemoryLedger> step_ledger;
-    if (budget_step) step_ledger.emplace();
+    if (budget_step || peak_step) step_ledger.emplace();
     {
       auto traced = monitor.step(step);
       CommLog log;
@@ -1135,6 +1152,7 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
       host_budget.check_step(*world, *step_ledger, host_before, "a larger budget, or less held in the step");
       device_budget.check_step(*world, *step_ledger, device_before, "a larger budget, or less held in the step");
     }
+    if (peak_step) step_peaks = rank_step_peaks(rank_ledger, *step_ledger, host ? "host" : "cuda");
     train_loss = shared_loss(stats);  // not timed
     if (step == first_step) first_train_loss = train_loss;
     if (o.check_finite) {
@@ -1205,6 +1223,17 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
       const auto peak = memory_totals().peak(host ? "host" : "cuda", MemoryTag(t));
       if (peak > 0) std::printf(" %s %.1f MiB", std::string(name_of(MemoryTag(t))).c_str(), double(peak) / (1 << 20));
     }
+    std::printf("\n");
+  }
+  // Each rank's own step peak by tag, the largest over the ranks (one all-reduce, all ranks).
+  world->all_reduce(std::span<std::int64_t>(step_peaks), ReduceOp::max);
+  if (root) {
+    std::printf("step peak per rank (the largest rank's, step %d, %s space):", std::min(first_step + 1, o.steps),
+                host ? "host" : "cuda");
+    for (std::size_t t = 0; t <= memory_tag_count; ++t)
+      if (step_peaks[t] > 0)
+        std::printf(" %s %.1f MiB", t == memory_tag_count ? "total" : std::string(name_of(MemoryTag(t))).c_str(),
+                    double(step_peaks[t]) / (1 << 20));
     std::printf("\n");
     std::printf("collectives of one training step on rank 0 (schedule, gradient syncs, clipping, AdamW, ZeRO gathers):\n");
     std::size_t inside_bytes = 0, across_bytes = 0;
