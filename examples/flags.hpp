@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -129,6 +130,9 @@ struct MeshFlags {
   dtensor::nn::ContextKind cp_kind = dtensor::nn::ContextKind::ring;
   std::string schedule = "1f1b";
   int microbatches = 0;  // 0: 2 x pp with a pipeline, else 1
+  // ZeRO-3 inside pipeline stages: gather each unit per micro-batch (true) or keep the stage
+  // gathered for the step (false); unset: true at pp 1, false with a pipeline (torchtitan's policy).
+  std::optional<bool> reshard_after_forward{};
 
   int ranks() const { return pp * dp * fsdp * cp * tp; }
 };
@@ -136,7 +140,7 @@ struct MeshFlags {
 /// The usage lines of the flags parse_mesh_flag reads.
 inline const char* const mesh_flags_usage =
     "[--pp N] [--dp N] [--fsdp N] [--cp N] [--tp N] [--ep N] [--zero 1|2|3] [--sp | --no-sp]\n"
-    "  [--cp-kind ring|allgather|ulysses] [--schedule gpipe|1f1b|interleaved|zb|zbv|dualpipev] [--microbatches M]";
+    "  [--reshard-after-forward | --no-reshard-after-forward] [--cp-kind ring|allgather|ulysses] [--schedule gpipe|1f1b|interleaved|zb|zbv|dualpipev] [--microbatches M]";
 
 /// Reads flag `a` into o if it is a parallelism flag (value() gives its value); false otherwise.
 template <class Value>
@@ -150,6 +154,8 @@ bool parse_mesh_flag(MeshFlags& o, const std::string& a, Value&& value) {
   else if (a == "--zero") o.zero = flag_value<int>(a, value(), 1, 3);
   else if (a == "--sp") o.sp = true;
   else if (a == "--no-sp") o.sp = false;
+  else if (a == "--reshard-after-forward") o.reshard_after_forward = true;
+  else if (a == "--no-reshard-after-forward") o.reshard_after_forward = false;
   else if (a == "--cp-kind") {
     const std::string k = value();
     try {

@@ -183,6 +183,7 @@ struct Options : examples::MeshFlags {  // the mesh: --pp --dp --fsdp --cp --tp 
 
 inline const char* const usage =
     "usage: train_gpt [--pp N] [--dp N] [--fsdp N] [--cp N] [--tp N] [--ep N] [--zero 1|2|3] [--sp | --no-sp]\n"
+    "                 [--reshard-after-forward | --no-reshard-after-forward]\n"
     "                 [--cp-kind ring|allgather|ulysses] [--schedule gpipe|1f1b|interleaved|zb|zbv|dualpipev] [--microbatches M]\n"
     "                 [--layers N] [--heads N] [--dim N] [--seq N] [--batch N] [--checkpoint]\n"
     "                 [--recompute none|full|selective|core_attn,norm,act,mlp]\n"
@@ -199,7 +200,10 @@ inline const char* const usage =
     "  --pp: pipeline stages (--schedule, default 1f1b, over --microbatches, default 2 x pp, or 1 without a\n"
     "        pipeline; interleaved, zbv and dualpipev put 2 stages on each rank;\n"
     "        dualpipev needs M >= 2 x pp); --dp: replicas; --fsdp: parameter shards,\n"
-    "        ZeRO --zero (default 3, or 1 when --fsdp 1: DDP); --cp: sequence split (--cp-kind, default ring; ulysses: --heads a multiple of\n"
+    "        ZeRO --zero (default 3, or 1 when --fsdp 1: DDP); ZeRO-3 gathers each unit per micro-batch\n"
+    "        (--reshard-after-forward, the default at pp 1) or keeps a stage gathered for the step\n"
+    "        (--no-reshard-after-forward, the default with a pipeline: fewer all-gathers, more memory);\n"
+    "        --cp: sequence split (--cp-kind, default ring; ulysses: --heads a multiple of\n"
     "        tp x cp); --tp: Megatron tensor parallelism, with sequence parallelism unless --no-sp.\n"
     "  --experts E > 0: MoE blocks (every --moe-every-th, default all), top-K routing (default 2), capacity factor F\n"
     "        (default dropless; with --cp > 1 at least E / K), experts split over --ep ranks (dividing dp x fsdp x cp;\n"
@@ -371,6 +375,9 @@ inline void check_offload(const Options& o) {
 inline void check_options(Options& o, bool cuda_build) {
   if (o.zero == 0) o.zero = o.fsdp > 1 ? 3 : 1;
   if (o.microbatches == 0) o.microbatches = o.pp > 1 ? 2 * o.pp : 1;
+  if (o.reshard_after_forward && o.zero != 3)
+    throw UsageError(std::string(*o.reshard_after_forward ? "--reshard-after-forward" : "--no-reshard-after-forward") +
+                     " is for ZeRO-3 (--zero 3 with --fsdp > 1), got ZeRO-" + str(o.zero));
   try {
     pp::parse_schedule_kind(o.schedule);
   } catch (const Error& e) {
@@ -790,6 +797,17 @@ checkpoint::Slots<float> sync_state_slots(Model& model, Adam& adam, DiLoCo& dilo
   return slots;
 }
 
+/// This rank's peak bytes during `step` (a ledger scope around one step, inside `rank`, the
+/// rank's own since it began), by tag and then in total: what the rank held when the step began
+/// plus the most the step added at once.
+inline std::vector<std::int64_t> rank_step_peaks(const MemoryLedger& rank, const MemoryLedger& step, std::string_view space) {
+  std::vector<std::int64_t> peaks(memory_tag_count + 1);
+  for (std::size_t t = 0; t < memory_tag_count; ++t)
+    peaks[t] = rank.current(space, MemoryTag(t)) - step.current(space, MemoryTag(t)) + step.peak(space, MemoryTag(t));
+  peaks[memory_tag_count] = rank.current(space) - step.current(space) + step.peak(space);
+  return peaks;
+}
+
 template <class Space, class Compute, class Plan, class Layers>
 double train(CommPtr world, const Options& o, const Corpus& corpus) {
   using Mesh = MeshIn<Space>;
@@ -799,6 +817,9 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
   using Stage = pp::Stage<Model>;
   constexpr bool moe = requires { typename Layers::ExpertMesh; };  // nn::MoELayers
 
+  // This rank's allocations from here on (its thread's): the step's peak by tag is reported
+  // against what the rank held when the step began (the summary's "step peak per rank").
+  MemoryLedger rank_ledger;
   // The mesh, the model config and the schedule.
   Mesh mesh(world, {o.pp, o.dp, o.fsdp, o.cp, o.tp});
   const StageMesh stage_mesh = pp::stage_mesh_of(mesh);
@@ -826,7 +847,8 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
   auto stages = pp::split(Model(stage_mesh, cfg, make_layers()), schedule.layout, mesh.coordinate(0));
   const auto sync_kind = parallel::sync::parse_sync(o.sync);  // --sync: with any but ddp, "dp" is not all-reduced by FSDP
   pp::ShardedPipeline<Stage, Mesh, float> model(mesh, schedule, std::move(stages),
-                                                {.stage = o.zero, .reduce_replicas = sync_kind == parallel::sync::SyncKind::ddp,
+                                                {.stage = o.zero, .reshard_after_forward = o.reshard_after_forward,
+                                                 .reduce_replicas = sync_kind == parallel::sync::SyncKind::ddp,
                                                  .offload_params_dir = o.offloads("params") ? o.offload_dir : std::string()});
 
   // One AdamW over every parameter of this rank: its shards of its stages (MoE: and its experts);
@@ -920,6 +942,9 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
                 o.schedule.c_str(), o.microbatches, schedule.layout.stages(), (long long)o.layers, (long long)o.dim,
                 (long long)o.heads, (long long)o.seq, (long long)o.batch, corpus.chars.size());
     if (o.arch != "gpt") std::printf("; %s (kv heads %lld)", o.arch.c_str(), (long long)(o.kv_heads ? o.kv_heads : o.heads));
+    if (o.zero == 3)
+      std::printf("; ZeRO-3 %s", model.keeps_stages_gathered() ? "keeps each stage gathered for the step"
+                                                                : "gathers each unit per micro-batch");
     if (moe) std::printf("; MoE: %lld experts, top-%lld, over ep %d", (long long)o.experts, (long long)o.topk, o.ep);
     std::printf("\nparameters: %lld\n", (long long)parameters);
   }
@@ -1045,6 +1070,7 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
     return 0;
   }
   CommSummary per_step;  // the collectives of step 2 (step 1 warms up)
+  std::vector<std::int64_t> step_peaks(memory_tag_count + 1, 0);  // by tag, then the total: rank_step_peaks
   CommSummary host_split;  // across hosts: per line of per_step, its bytes inside a host and across hosts
   double train_loss = 0, val_loss = 0, elapsed = 0, first_train_loss = 0;
   const double tokens_per_step = double(o.batch * o.seq);
@@ -1087,8 +1113,10 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
     // --host/device-budget-mib: this rank's allocations over the first step (steps are alike).
     const bool budget_step = step == first_step && (host_budget.active() || device_budget.active());
     const std::int64_t host_before = host_budget.held(), device_before = device_budget.held();
+    // The step whose peak the summary reports: the second (the first builds the optimizer state).
+    const bool peak_step = step == std::min(first_step + 1, o.steps);
     std::optional<MemoryLedger> step_ledger;
-    if (budget_step) step_ledger.emplace();
+    if (budget_step || peak_step) step_ledger.emplace();
     {
       auto traced = monitor.step(step);
       CommLog log;
@@ -1124,6 +1152,7 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
       host_budget.check_step(*world, *step_ledger, host_before, "a larger budget, or less held in the step");
       device_budget.check_step(*world, *step_ledger, device_before, "a larger budget, or less held in the step");
     }
+    if (peak_step) step_peaks = rank_step_peaks(rank_ledger, *step_ledger, host ? "host" : "cuda");
     train_loss = shared_loss(stats);  // not timed
     if (step == first_step) first_train_loss = train_loss;
     if (o.check_finite) {
@@ -1195,6 +1224,17 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
       if (peak > 0) std::printf(" %s %.1f MiB", std::string(name_of(MemoryTag(t))).c_str(), double(peak) / (1 << 20));
     }
     std::printf("\n");
+  }
+  // Each rank's own step peak by tag, the largest over the ranks (one all-reduce, all ranks).
+  world->all_reduce(std::span<std::int64_t>(step_peaks), ReduceOp::max);
+  if (root) {
+    std::printf("step peak per rank (the largest rank's, step %d, %s space):", std::min(first_step + 1, o.steps),
+                host ? "host" : "cuda");
+    for (std::size_t t = 0; t <= memory_tag_count; ++t)
+      if (step_peaks[t] > 0)
+        std::printf(" %s %.1f MiB", t == memory_tag_count ? "total" : std::string(name_of(MemoryTag(t))).c_str(),
+                    double(step_peaks[t]) / (1 << 20));
+    std::printf("\n");
     std::printf("collectives of one training step on rank 0 (schedule, gradient syncs, clipping, AdamW, ZeRO gathers):\n");
     std::size_t inside_bytes = 0, across_bytes = 0;
     for (const auto& [k, v] : per_step) {
@@ -1256,6 +1296,7 @@ inline std::vector<Setting> settings_of(const Options& o, const Corpus& corpus) 
     for (auto t : *part) data_hash = (data_hash ^ std::uint32_t(t)) * 1099511628211ull;
   return {{"--pp", n(o.pp)}, {"--dp", n(o.dp)}, {"--fsdp", n(o.fsdp)}, {"--cp", n(o.cp)}, {"--tp", n(o.tp)},
           {"--ep", n(o.ep)}, {"--zero", n(o.zero)}, {"--sp", flag(o.sp)},
+          {"--reshard-after-forward", o.reshard_after_forward ? flag(*o.reshard_after_forward) : "default"},
           {"--cp-kind", std::string(parallel::name_of(o.cp_kind))}, {"--schedule", o.schedule},
           {"--microbatches", n(o.microbatches)}, {"--layers", n(o.layers)}, {"--heads", n(o.heads)},
           {"--dim", n(o.dim)}, {"--seq", n(o.seq)}, {"--batch", n(o.batch)}, {"--checkpoint", flag(o.checkpoint)},

@@ -7,9 +7,12 @@
 // and clipping, so every combination must give their per-step losses.
 #pragma once
 
+#include <algorithm>
 #include <limits>
+#include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "dtensor/optim/param_set.hpp"
 #include "dtensor/parallel/pipeline/by_name.hpp"
@@ -42,13 +45,15 @@ struct Combo {
   std::string schedule = "1f1b";
   int microbatches = 4;
   parallel::ContextKind cp_kind = parallel::ContextKind::ring;
+  std::optional<bool> reshard_after_forward{};  // ZeRO-3: unset, ShardedPipeline's default
   int ranks() const { return pp * dp * fsdp * cp * tp; }
 };
 
 inline std::string describe(const Combo& c) {
   return "pp " + std::to_string(c.pp) + " dp " + std::to_string(c.dp) + " fsdp " + std::to_string(c.fsdp) + " cp " +
          std::to_string(c.cp) + " (" + std::string(parallel::name_of(c.cp_kind)) + ") tp " + std::to_string(c.tp) +
-         ", ZeRO-" + std::to_string(c.zero) + ", " + c.schedule + " x " + std::to_string(c.microbatches);
+         ", ZeRO-" + std::to_string(c.zero) + ", " + c.schedule + " x " + std::to_string(c.microbatches) +
+         (c.reshard_after_forward ? (*c.reshard_after_forward ? ", reshard after forward" : ", stages kept gathered") : "");
 }
 
 /// The one-rank runs the dense and the MoE combinations must reproduce.
@@ -63,6 +68,19 @@ struct Run5d {
   // Model states held after the last step on this rank, on the allocation ledger (host
   // parameters + gradients + optimizer state), and the elements of its stages' flat buffers.
   double state_bytes = 0, psi = 0;
+  bool kept_gathered = false;  // ZeRO-3 held each stage for the step (ShardedPipeline::keeps_stages_gathered)
+  // Step 2's peak on this rank's ledger by tag, and its largest unit's flat elements (padded to
+  // the shard count): what the formulas of docs/fsdp.md are stated in.
+  std::int64_t peak_parameters = 0, peak_gradients = 0, peak_optimizer = 0, peak_total = 0;
+  double largest_unit = 0;
+  std::vector<double> unit_elements;  // each local unit's flat elements padded to the shard count, in order
+  /// The most elements two neighbouring units hold (the prefetch window of 2: unit u computing
+  /// while u + 1 or u - 1 is gathered, or u's gradient computed while u + 1's is reduced).
+  double adjacent_pair() const {
+    double m = unit_elements.empty() ? 0 : unit_elements.front();
+    for (std::size_t u = 0; u + 1 < unit_elements.size(); ++u) m = std::max(m, unit_elements[u] + unit_elements[u + 1]);
+    return m;
+  }
 };
 
 // The MoE runs: the MoE parity suite's model (2 layers, batch 4), 4 experts, top-2, dropless.
@@ -96,15 +114,24 @@ Run5d run_5d(CommPtr world, const Combo& c) {
   const Layers layers = make_layers();
   auto schedule = pp::make_schedule(pp::parse_schedule_kind(c.schedule), c.pp, c.microbatches);
   auto stages = pp::split(Model(stage_mesh, cfg, layers), schedule.layout, mesh.coordinate(0));
-  pp::ShardedPipeline<Stage, Mesh5> run(mesh, schedule, std::move(stages), {.stage = c.zero}, 4096);
+  pp::ShardedPipeline<Stage, Mesh5> run(mesh, schedule, std::move(stages),
+                                        {.stage = c.zero, .reshard_after_forward = c.reshard_after_forward}, 4096);
   auto opt = optim::make_adamw(run.params(), parity_adamw());  // every parameter: the shards and (MoE) the experts
   Run5d out;
   for (auto& stage : run.executor().stages()) {
     out.units += stage.units().size();
-    for (auto& u : stage.units()) out.psi += double(u.group->size());
+    for (auto& u : stage.units()) {
+      out.psi += double(u.group->size());
+      const double padded = double((u.group->size() + std::size_t(c.fsdp) - 1) / std::size_t(c.fsdp)) * c.fsdp;
+      out.largest_unit = std::max(out.largest_unit, padded);
+      out.unit_elements.push_back(padded);
+    }
   }
+  out.kept_gathered = run.keeps_stages_gathered();
   for (int step = 0; step < parity_steps; ++step) {
     CommLog log;
+    std::optional<MemoryLedger> step_ledger;  // step 2's peaks
+    if (step == 1) step_ledger.emplace();
     auto [ids, targets] = parity_tokens(step, cfg, batch);
     if (cfg.context.load_balanced) {  // stored in the order ring / all-gather attention balance
       ids = parallel::load_balance(ids, 1, c.cp);
@@ -117,6 +144,12 @@ Run5d run_5d(CommPtr world, const Combo& c) {
     run.sync_parameters();
     double loss = stats.loss.value_or(-std::numeric_limits<double>::infinity());  // on the last stage's ranks
     if (step == 1) {
+      // Peaks relative to what the rank held when the step began (the ledger scope's start).
+      const auto base = [&](MemoryTag t) { return ledger.current(Space::name, t) - step_ledger->current(Space::name, t); };
+      out.peak_parameters = base(MemoryTag::parameters) + step_ledger->peak(Space::name, MemoryTag::parameters);
+      out.peak_gradients = base(MemoryTag::gradients) + step_ledger->peak(Space::name, MemoryTag::gradients);
+      out.peak_optimizer = base(MemoryTag::optimizer_state) + step_ledger->peak(Space::name, MemoryTag::optimizer_state);
+      out.peak_total = ledger.current(Space::name) - step_ledger->current(Space::name) + step_ledger->peak(Space::name);
       out.fsdp_gathers = log.count(CollectiveKind::all_gather, "fsdp");
       // Gradient reductions: not the one-double all-reduce of MoE stages' auxiliary losses.
       for (const auto& r : log.records())

@@ -271,20 +271,22 @@ void run_one_microbatch(std::vector<Stage>& stages, const Mesh& mesh, const para
   }
 }
 
-/// One micro-batch through a ShardedPipeline's stages (FSDP unshard before each stage's forward,
-/// reshard and gradient reduction after its backward), then the step's gradient syncs, clip,
+/// One micro-batch through a ShardedPipeline's stages (FSDP's actions around each stage, as the
+/// trainer's executor runs them), then the step's gradient syncs, clip,
 /// optimizer step and parameter sync: the dry run of a pipeline with FSDP inside its stages, for
 /// any model that pipeline::split cut (the GPT here, train_vit --dry-run).
 template <class Run, class Opt, class Mesh, class Input, class Target>
 void sharded_pipeline_step(Run& run, Opt& opt, const Mesh& mesh, const parallel::pipeline::StageLayout& layout,
                            const Input& x, const Target& y, Recorder& rec, bool split_backward = false) {
+  // What the executor's hooks do (ShardedPipeline::begin_stage, ...); with one micro-batch its
+  // forward is the step's first and its backward the last.
   run_one_microbatch(
-      run.executor().stages(), mesh, layout, x, y, rec, [&](std::size_t i) { run.fsdp(i).unshard(); },
+      run.executor().stages(), mesh, layout, x, y, rec,
       [&](std::size_t i) {
-        run.fsdp(i).reshard();
-        run.fsdp(i).reduce_gradients();
+        run.begin_stage(i);
+        run.begin_last_backward(i);
       },
-      split_backward);
+      [&](std::size_t i) { run.end_stage(i); }, split_backward);
   rec.phase("optimizer");
   MemoryTagScope optimizer_tag(MemoryTag::other);
   run.finish_gradient_syncs();

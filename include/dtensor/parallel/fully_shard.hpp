@@ -267,6 +267,11 @@ class FullyShard {
     for (auto& unit : units_) {
       auto& s = *unit;
       if (s.reducing || (!s.group->grads_resident() && s.main_grad.numel() == 0)) continue;
+      // Reduced already (during the backward, with sync on): ZeRO-1's full gradients stay
+      // resident, but nothing in them is pending.
+      bool pending = false;
+      for (const auto& e : s.group->entries()) pending = pending || e.has_grad;
+      if (!pending) continue;
       check_pending(s);
       issue_reduce(s);
       ++n;
@@ -427,9 +432,11 @@ class FullyShard {
     }
     if (!sync_) return;  // accumulate in the full buffer (no_sync)
     check_pending(s);
-    // Earlier units' reductions (issued while this one computed) have had time: finish their
-    // collectives so that their full gradient buffers can go (at most two live at once).
-    for (std::size_t v = u + 1; v < units_.size(); ++v) finish_collective(*units_[v]);
+    // Earlier units' reductions (issued while this one computed) have had time: finish them and
+    // add them into their gradient shards, so that their full gradients and the reduce-scatter's
+    // output go now (at most two units' of each live at once, not every unit's until
+    // finish_gradient_sync: on a one-rank shard dimension, DDP, the output is a whole unit).
+    for (std::size_t v = u + 1; v < units_.size(); ++v) finish_reduce(*units_[v], true);
     issue_reduce(s);
   }
 

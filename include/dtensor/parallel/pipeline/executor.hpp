@@ -27,9 +27,10 @@
 // over all stages).
 //
 // StageHooks run a caller's function at the edges of each local stage's share of a step: before
-// its first forward and after its last backward (B or W) in this rank's list — where FSDP
-// inside a stage unshards, and reshards and reduces the gradients accumulated over the
-// micro-batches (the trainer's and tests' use: examples/train_gpt.cpp, docs/training.md).
+// its first forward, before its last backward (B or W) and after it, in this rank's list — where
+// FSDP inside a stage unshards (when it keeps the stage gathered for the step), turns its
+// per-unit gradient reduction on for the last micro-batch's backward, and reshards and reduces
+// what is left (pipeline/sharded_pipeline.hpp; docs/fsdp.md, "FSDP inside pipeline stages").
 //
 // Measured per rank: the activations and weight contexts held after each action (to compare
 // with the validator's memory report), wall time and time spent waiting for messages, and —
@@ -156,7 +157,8 @@ std::vector<std::pair<Input, Target>> split_microbatches(const Mesh& mesh, const
 /// where the schedule first and last touches the stage). Empty ones are skipped.
 struct StageHooks {
   std::function<void(int)> before_first_forward;
-  std::function<void(int)> after_last_backward;  // after the stage's last B or W of the step
+  std::function<void(int)> before_last_backward;  // before the stage's last B or W of the step
+  std::function<void(int)> after_last_backward;   // after it
 };
 
 struct ExecutorOptions {
@@ -238,6 +240,8 @@ class Executor {
       const Action& action = list[i];
       if (options_.hooks.before_first_forward && is_at(first_forward_, action.stage, i))
         options_.hooks.before_first_forward(action.stage);
+      if (options_.hooks.before_last_backward && is_at(last_backward_, action.stage, i))
+        options_.hooks.before_last_backward(action.stage);
       run.execute(action);
       if (options_.hooks.after_last_backward && is_at(last_backward_, action.stage, i))
         options_.hooks.after_last_backward(action.stage);

@@ -17,19 +17,26 @@
 //
 // Each of this rank's stages is wrapped by parallel::fully_shard over the stage mesh's data-shard
 // dimension ("fsdp"; HSDP with "dp" > 1; with "fsdp" of size 1 and ZeRO-1 that is plain DDP).
-// During a step the stage's micro-batches accumulate their gradients unreduced
-// (set_requires_gradient_sync(false)); the executor's StageHooks place FSDP's actions where the
-// schedule first and last touches the stage:
+// The micro-batches before the last accumulate their gradients unreduced in the units' full
+// buffers (set_requires_gradient_sync(false)); the last micro-batch's backward reduces each unit
+// as soon as its backward is complete (one reduce-scatter per unit, issued while the earlier
+// units compute; ZeRO-2/3 free the unit's full gradient when it completes). ZeRO-3 has two modes
+// per stage, FsdpOptions::reshard_after_forward (torchtitan's policy, PyTorch's name):
 //
-//   before the stage's first forward   unshard(): ZeRO-3 all-gathers every unit once for the
-//                                      whole step (PyTorch's UNSHARD), not once per micro-batch
-//   after the stage's last backward    reshard() (RESHARD) and reduce_gradients(): one
-//                                      reduce-scatter per unit (every ZeRO stage), issued
-//                                      while the rest of the schedule runs
+//   true   (default with one stage, pp 1)   each unit gathered for each micro-batch's forward and
+//          again for its backward, freed after each (prefetching one ahead), as fully_shard does
+//          on a model: 2 all-gathers per unit per micro-batch; the least memory (two units' full
+//          parameters at a time)
+//   false  (default with several stages)     the stage gathered once before its first forward
+//          (PyTorch's UNSHARD) and kept until after its last backward (RESHARD): 1 all-gather per
+//          unit per step, whatever the micro-batches; the stage's full parameters held for the step
 //
-// After the schedule, step() waits for those (HSDP: then one all-reduce per unit on "dp"), and
-// all-reduces what is still pending on the context dimension (parallel::context_parallel_grads)
-// and, under sequence parallelism, on the tensor dimension (parallel::sequence_parallel_grads).
+// The executor's StageHooks place these actions where the schedule first and last touches the
+// stage; a caller that drives the stages itself (the dry run, models/training_plan.hpp) calls the
+// same begin_stage / begin_last_backward / end_stage. After the schedule, step() waits for the
+// reductions (HSDP: then one all-reduce per unit on "dp"), and all-reduces what is still pending
+// on the context dimension (parallel::context_parallel_grads) and, under sequence parallelism, on
+// the tensor dimension (parallel::sequence_parallel_grads).
 // Collectives beyond the stages' own and the messages between them: exactly these.
 //
 // params() is every parameter of this rank's stages as one nn::ParamSet: the FSDP shards on the
@@ -89,6 +96,7 @@ class ShardedPipeline {
   ShardedPipeline(const Mesh& mesh, Schedule schedule, std::vector<Stage> stages, FsdpOptions fsdp = {},
                   std::size_t bucket_bytes = std::size_t(1) << 20)
       : mesh_(mesh), bucket_bytes_(bucket_bytes),
+        keep_gathered_(fsdp.stage == 3 && !fsdp.reshard_after_forward.value_or(schedule.layout.stages() == 1)),
         executor_(mesh, std::move(schedule), std::move(stages), ExecutorOptions{.hooks = stage_hooks()}),
         params_(shard_stages(fsdp)) {
     for_other_groups([&]<std::size_t I>(std::integral_constant<std::size_t, I>) {
@@ -145,10 +153,35 @@ class ShardedPipeline {
     for (auto& shard : shards_) shard->sync_parameters();
   }
 
+  /// ZeRO-3 keeps each stage gathered from its first forward to its last backward of a step
+  /// (FsdpOptions::reshard_after_forward false), rather than gathering per unit and micro-batch.
+  bool keeps_stages_gathered() const noexcept { return keep_gathered_; }
+
+  /// What the executor's hooks do around local stage `local` (an index into executor().stages()),
+  /// public for a caller that drives the stages itself (the dry run): before its first forward
+  /// of a step, before its last backward (B or W), after it.
+  void begin_stage(std::size_t local) {
+    Fsdp& shard = *shards_.at(local);
+    shard.set_requires_gradient_sync(false);  // the micro-batches before the last accumulate
+    if (keep_gathered_) shard.unshard();
+  }
+  void begin_last_backward(std::size_t local) { shards_.at(local)->set_requires_gradient_sync(true); }
+  void end_stage(std::size_t local) {
+    Fsdp& shard = *shards_.at(local);
+    if (keep_gathered_) shard.reshard();
+    shard.reduce_gradients();  // a unit whose backward brought no gradient hook (none in a model's own units)
+    shard.set_requires_gradient_sync(false);
+  }
+
  private:
   /// Wraps each of the executor's stages with FSDP (the executor holds them from here on and
   /// does not move them: FSDP keeps references); returns every parameter of this rank's stages.
-  Set shard_stages(const FsdpOptions& fsdp) {
+  Set shard_stages(FsdpOptions fsdp) {
+    if (fsdp.reshard_after_forward.value_or(false) && fsdp.stage != 3)
+      mesh_.comm().fail("pipeline::ShardedPipeline",
+                        dtensor::detail::cat("reshard_after_forward needs ZeRO stage 3, not ", fsdp.stage));
+    // Inside fully_shard: per unit (its hooks) or held by unshard() for the step (keep_gathered_).
+    fsdp.reshard_after_forward = fsdp.stage == 3 ? std::optional<bool>(true) : std::nullopt;
     Params shards;
     for (Stage& stage : executor_.stages()) {
       shards_.push_back(std::make_unique<Fsdp>(stage, stage.mesh(), fsdp));
@@ -167,25 +200,22 @@ class ShardedPipeline {
     }(std::make_index_sequence<groups - 1>{});
   }
 
-  /// FSDP's UNSHARD before a stage's first forward, RESHARD and the gradient reduction after its last backward.
+  /// begin_stage, begin_last_backward and end_stage at the schedule's edges of each stage.
   StageHooks stage_hooks() {
-    return {.before_first_forward = [this](int stage) { shard_of(stage).unshard(); },
-            .after_last_backward =
-                [this](int stage) {
-                  Fsdp& shard = shard_of(stage);
-                  shard.reshard();
-                  shard.reduce_gradients();
-                }};
+    return {.before_first_forward = [this](int stage) { begin_stage(local_of(stage)); },
+            .before_last_backward = [this](int stage) { begin_last_backward(local_of(stage)); },
+            .after_last_backward = [this](int stage) { end_stage(local_of(stage)); }};
   }
-  Fsdp& shard_of(int stage) {
+  std::size_t local_of(int stage) {
     auto& stages = executor_.stages();
     for (std::size_t i = 0; i < stages.size(); ++i)
-      if (stages[i].index() == stage) return *shards_[i];
+      if (stages[i].index() == stage) return i;
     mesh_.comm().fail("pipeline::ShardedPipeline", dtensor::detail::cat("stage ", stage, " is not on this rank"));
   }
 
   Mesh mesh_;
   std::size_t bucket_bytes_;
+  bool keep_gathered_;
   Executor<Stage, Mesh> executor_;
   std::vector<std::unique_ptr<Fsdp>> shards_;
   Set params_;
