@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# examples/test_generate.sh TRAIN_GPT WORKDIR GENERATE — the generate program (examples/generate.cpp)
+# examples/test_generate.sh TRAIN_GPT WORKDIR GENERATE — the generate program (train_gpt started as generate: examples/train_gpt.cpp)
 # and --generate on the training mesh, end to end: a small MoE run
 # on pp 2 x fsdp 2 x cp 2 x tp 2 (the main job's mesh, experts over ep 2) saves a checkpoint and
 # generates; `generate --resume` on the same mesh prints the same text (the same weights, the

@@ -155,7 +155,7 @@ struct Options : examples::MeshFlags {  // the mesh: --pp --dp --fsdp --cp --tp 
   std::string export_path, init_from, prompt = "The ";
   int generate = 0, top_k = 0;
   double temperature = 0, top_p = 1;
-  // The `generate` program (examples/generate.cpp): no training, the model's shape read from the
+  // The `generate` program (train_gpt started as `generate`, examples/train_gpt.cpp): no training, the model's shape read from the
   // --resume checkpoint; --seed there seeds the sampling only.
   bool generate_program = false;
   std::optional<std::uint64_t> sampling_seed;
@@ -1414,7 +1414,7 @@ int run(int argc, char** argv, const Options& o, const Gpu& gpu = {}) {
   return 0;
 }
 
-/// The `generate` program (examples/generate.cpp): this trainer with no training steps, which
+/// The `generate` program (train_gpt started as `generate`, examples/train_gpt.cpp): this trainer with no training steps, which
 /// prints text from a checkpoint.
 inline const char* generate_usage =
     "usage: generate --resume DIR [--generate N] [--prompt TEXT] [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
