@@ -7,18 +7,20 @@
 //   auto classes = sim::dry_run_plan<bfloat16, nn::LlamaLayers, /*SP=*/true>(plan);
 //   classes[0].report.to_table();  classes[0].peak_in_flight;   // bytes with the schedule's micro-batches
 //
-// Two programs, the trainer's (examples/train_gpt.cpp):
+// Two programs, the trainer's (examples/train_gpt.cpp): mesh (pp, dp, fsdp, cp, tp); each pipeline
+// rank builds its stages (parallel::pipeline::split of nn::GptParts: embedding on the first, head
+// on the last, its share of the blocks, uneven splits as stage_layers gives; one stage at pp 1)
+// and runs one micro-batch through them: receive the input from the previous stage, forward,
+// send; then backward the same way.
 //
-//   zero == 0 (DDP, any pp)   mesh (pp, dp, tp). Each pipeline rank builds its stages
-//                             (parallel::pipeline::split of nn::GptParts: embedding on the first,
-//                             head on the last, its share of the blocks, uneven splits as stage_layers gives)
-//                             and runs one micro-batch through them: receive the input from the
-//                             previous stage, forward, send; then backward the same way. Then
-//                             DDP's all-reduce on "dp", the sequence-parallel sync, clipping
-//                             across stages and AdamW in T.
-//   zero 1..3 (FSDP, pp == 1) mesh (dp, fsdp, tp) of shape (hsdp, dp / hsdp, tp): nn::GPT with
-//                             parallel::fully_shard<float> (fp32 master values, gradient shard
-//                             and AdamW state; the model computes in T), HSDP when hsdp > 1.
+//   zero == 0 (DDP)           mesh (pp, dp, 1, cp, tp): then DDP's all-reduce on "dp", the
+//                             sequence-parallel sync, clipping across stages and AdamW in T.
+//   zero 1..3 (FSDP)          mesh (pp, hsdp, dp / hsdp, cp, tp): the stages under
+//                             parallel::pipeline::ShardedPipeline with fp32 master values, gradient
+//                             shards and AdamW state (the model computes in T), HSDP when hsdp > 1,
+//                             FSDP's actions around each stage exactly as the trainer's executor
+//                             runs them (begin_stage, begin_last_backward, end_stage): at pp 1 ZeRO-3
+//                             gathers and reshards each unit, as the trainer does.
 //
 // MoE (plan.moe.router.experts > 0, Layers = nn::MoELayers over MetaMesh<"edp", "ep", "tp">): the
 // pipeline program, the experts on the expert mesh over each stage's ranks (ep of them splitting
@@ -95,7 +97,7 @@ struct TrainingPlan {
   int dp = 1, tp = 1, pp = 1;  // dp: every data rank (replicate x shard under HSDP)
   std::string schedule = "1f1b";
   int stages_per_rank = 0;  // 0: the schedule's default
-  int zero = 0;             // 0: DDP; 1, 2, 3: fully_shard's stage (needs pp == 1)
+  int zero = 0;             // 0: DDP; 1, 2, 3: FSDP's stage inside the pipeline's stages (any pp)
   int hsdp = 1;             // FSDP: replicate groups the data ranks form (1: plain FSDP)
   int cp = 1;               // context parallelism: ranks splitting every sequence
   parallel::ContextKind cp_kind = parallel::ContextKind::ring;
@@ -110,8 +112,11 @@ struct TrainingPlan {
     return checked_product<int>(std::array<int, 4>{pp, dp, cp, tp}, "sim::TrainingPlan", "number of GPUs pp x dp x cp x tp");
   }
   bool has_experts() const { return moe.router.experts > 0; }
-  /// The pipeline program (any pp and cp; FSDP inside stages; MoE) or nn::GPT under fully_shard.
-  bool pipelined() const { return zero == 0 || pp > 1 || cp > 1 || has_experts(); }
+  /// The pipeline program (any pp and cp; FSDP inside stages; MoE).
+  /// Always: the dry run runs the trainer's own step, a pipeline (of one stage at pp 1) with FSDP
+  /// inside (parallel::pipeline::ShardedPipeline); before issue 40 a pp 1 FSDP plan ran
+  /// fully_shard on nn::GPT directly, code the trainer never ran.
+  bool pipelined() const { return true; }
 };
 
 /// One rank class's report and what the schedule adds to its memory.
@@ -354,65 +359,15 @@ void pipeline_rank_step(CommPtr world, const TrainingPlan& p, const parallel::pi
   sharded_pipeline_step(run, opt, mesh, layout, ids, ids, rec, split_backward(schedule));
 }
 
-/// FSDP / ZeRO-1, 2, 3 (HSDP when hsdp > 1), pp == 1: nn::GPT under fully_shard<float>.
-template <class T, class Layers, bool SP>
-void sharded_step(CommPtr world, const TrainingPlan& p, Recorder& rec) {
-  using Mesh = MetaMesh<"dp", "fsdp", "tp">;
-  using Model = nn::GPT<T, Mesh, parallel::MegatronPlan<SP>, std::int32_t, Layers>;
-  Mesh mesh(world, {p.hsdp, p.dp / p.hsdp, p.tp});
-  rec.phase("parameters");
-  std::optional<Model> model;
-  {
-    MemoryTagScope tag(MemoryTag::parameters);
-    model.emplace(mesh, p.model);
-  }
-  auto fsdp = parallel::fully_shard<float>(*model, mesh, {.stage = p.zero});
-  // A model with parameters on several meshes (MoE: a FullyShardGroups) gives every group's
-  // shards as one set: one optimizer, one clip; the sequence-parallel sync is the dense list's.
-  constexpr bool groups = requires { fsdp.params().template list<0>(); };
-  auto opt = [&] {
-    if constexpr (groups) return optim::make_adamw(fsdp.params(), adamw_options());
-    else return optim::AdamW<float, 3, meta_space>(fsdp.params(), adamw_options());
-  }();
-  auto& dense = [&]() -> auto& {
-    if constexpr (groups) return fsdp.params().template list<0>();
-    else return fsdp.params();
-  }();
-  const auto ids = meta_ids<typename Model::Ids>(mesh, p);
-  opt.zero_grad();
-  rec.phase("forward", /*overlapped=*/true);
-  auto [loss, saved] = [&] {
-    MemoryTagScope tag(MemoryTag::activations);
-    return model->forward(ids, ids);
-  }();
-  rec.phase("backward", /*overlapped=*/true);
-  {
-    MemoryTagScope tag(MemoryTag::activations);  // the activations' gradients and recomputed forwards
-    model->backward(std::move(saved));
-  }
-  rec.phase("optimizer");
-  fsdp.finish_gradient_sync();
-  parallel::sequence_parallel_grads(dense, mesh, {.bucket_bytes = bucket_bytes});
-  if constexpr (groups) optim::clip_grad_norm(fsdp.params(), 1.0);
-  else optim::clip_grad_norm(dense, mesh, 1.0);
-  opt.step();
-  fsdp.sync_parameters();
-  rec.phase(after_step);
-}
-
 }  // namespace detail
 
-/// The links of the plan's mesh: (pp, dp, fsdp, cp, tp) for the pipeline program (and its expert
-/// mesh's edp, ep under MoE), (dp, fsdp, tp) for nn::GPT under FSDP.
+/// The links of the plan's mesh: (pp, dp, fsdp, cp, tp) (and its expert mesh's edp, ep under MoE).
 inline Topology plan_topology(const TrainingPlan& p, const Hardware& hw) {
-  if (p.pipelined()) {
-    Topology t(std::array<std::string_view, 5>{"pp", "dp", "fsdp", "cp", "tp"}, detail::pipeline_shape(p), hw);
-    // The experts' mesh factors each stage's token ranks (dp x cp of them) as edp x ep.
-    if (p.has_experts())
-      t.add_dims(std::array<std::string_view, 4>{"pp", "edp", "ep", "tp"}, std::array{p.pp, p.dp * p.cp / p.ep, p.ep, p.tp});
-    return t;
-  }
-  return Topology(std::array<std::string_view, 3>{"dp", "fsdp", "tp"}, std::array{p.hsdp, p.dp / p.hsdp, p.tp}, hw);
+  Topology t(std::array<std::string_view, 5>{"pp", "dp", "fsdp", "cp", "tp"}, detail::pipeline_shape(p), hw);
+  // The experts' mesh factors each stage's token ranks (dp x cp of them) as edp x ep.
+  if (p.has_experts())
+    t.add_dims(std::array<std::string_view, 4>{"pp", "edp", "ep", "tp"}, std::array{p.pp, p.dp * p.cp / p.ep, p.ep, p.tp});
+  return t;
 }
 
 /// The plan's step once per rank class (see the top of this file): T the model's element type,
@@ -457,15 +412,6 @@ std::vector<PlanClass> dry_run_plan(const TrainingPlan& p) {
       c.held_at_peak = c.in_flight;
       result.push_back(std::move(c));
     }
-  } else {
-    const std::array<int, 3> shape{p.hsdp, p.dp / p.hsdp, p.tp};
-    const Extent per_replica = chunk_range(p.micro_batch(), p.hsdp, 0).size();
-    const auto classes = rank_classes<3>(
-        shape, {DimensionWork::splitting({p.micro_batch()}), DimensionWork::splitting({per_replica}), tensor});
-    auto reports = dry_run<3>(shape, classes, [&](CommPtr world, Recorder& rec) {
-      detail::sharded_step<T, Layers, SP>(std::move(world), p, rec);
-    });
-    for (auto& r : reports) result.push_back(PlanClass{std::move(r), 0, {0}, 1});
   }
   for (auto& c : result) {
     const auto& fwd = c.report.phase("forward");
