@@ -196,16 +196,16 @@ inline bool split_backward(const parallel::pipeline::Schedule& s) {
   return false;
 }
 
-/// Replicated meta ids of one micro-batch, in the layout the model reads.
+/// Replicated ids of one micro-batch (meta: shapes only; another space: token 0 everywhere), in
+/// the layout the model reads.
 template <class Ids, class Mesh>
 Ids meta_ids(const Mesh& mesh, const TrainingPlan& p) {
-  return distribute_replicated<typename Ids::layout>(mesh, Tensor<std::int32_t, 2, meta_space>(Shape<2>{p.micro_batch(), p.model.seq}));
+  using Space = mesh_space_t<Mesh>;
+  return distribute_replicated<typename Ids::layout>(mesh, Tensor<std::int32_t, 2, Space>(Shape<2>{p.micro_batch(), p.model.seq}));
 }
 
-/// The pipeline program's mesh: (pp, dp, fsdp, cp, tp), size 1 where a parallelism is off.
-using PipelineMesh = MetaMesh<"pp", "dp", "fsdp", "cp", "tp">;
-
-/// Its shape: DDP (zero 0) replicates on "dp" (fsdp 1); ZeRO shards on "fsdp" = dp / hsdp.
+/// The pipeline program's mesh shape (pp, dp, fsdp, cp, tp), size 1 where a parallelism is off:
+/// DDP (zero 0) replicates on "dp" (fsdp 1); ZeRO shards on "fsdp" = dp / hsdp.
 inline std::array<int, 5> pipeline_shape(const TrainingPlan& p) {
   return p.zero == 0 ? std::array{p.pp, p.dp, 1, p.cp, p.tp} : std::array{p.pp, p.hsdp, p.dp / p.hsdp, p.cp, p.tp};
 }
@@ -303,11 +303,13 @@ void sharded_pipeline_step(Run& run, Opt& opt, const Mesh& mesh, const parallel:
 
 /// Any pp and cp: this pipeline rank's stages, one micro-batch (see the top of this file); DDP
 /// (zero 0) or FSDP inside the stages (parallel::pipeline::ShardedPipeline, fp32 master).
-template <class T, class Layers, bool SP>
+/// Space: meta in a dry run; host_space runs the same step for real (on the threads backend:
+/// test_sim holds the two reports equal).
+template <class T, class Layers, bool SP, class Space = meta_space>
 void pipeline_rank_step(CommPtr world, const TrainingPlan& p, const parallel::pipeline::Schedule& schedule, Recorder& rec) {
   namespace pp = parallel::pipeline;
-  using Mesh = PipelineMesh;
-  using StageMesh = MetaMesh<"dp", "fsdp", "cp", "tp">;
+  using Mesh = BasicDeviceMesh<Space, "pp", "dp", "fsdp", "cp", "tp">;
+  using StageMesh = BasicDeviceMesh<Space, "dp", "fsdp", "cp", "tp">;
   using Model = nn::GptParts<T, StageMesh, parallel::MegatronPlan<SP>, std::int32_t, Layers>;
   using Stage = pp::Stage<Model>;
   Mesh mesh(world, pipeline_shape(p));
@@ -323,7 +325,7 @@ void pipeline_rank_step(CommPtr world, const TrainingPlan& p, const parallel::pi
   }
   const auto ids = meta_ids<typename Stage::Input>(stage_mesh, p);
   if (p.zero == 0) {
-    nn::ParamList<T, 4, meta_space> params;  // the stage mesh's (MoE: the experts are on theirs)
+    nn::ParamList<T, 4, Space> params;  // the stage mesh's (MoE: the experts are on theirs)
     for (Stage& stage : stages) nn::collect_on<StageMesh>(stage, params);
     parallel::DataParallel<StageMesh> ddp(stage_mesh, {.bucket_bytes = bucket_bytes});
     // Every parameter as one set (nn::parameter_groups; MoE: the experts on their mesh too, not
