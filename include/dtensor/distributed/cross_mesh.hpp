@@ -216,6 +216,45 @@ bool lists(const MeshRanks<N>& m, int r) {
   return std::find(m.root_ranks.begin(), m.root_ranks.end(), r) != m.root_ranks.end();
 }
 
+/// The root ranks of either mesh, ascending.
+template <std::size_t NS, std::size_t ND>
+std::vector<int> ranks_of_either(const MeshRanks<NS>& src, const MeshRanks<ND>& dst) {
+  std::vector<int> ranks = src.root_ranks;
+  ranks.insert(ranks.end(), dst.root_ranks.begin(), dst.root_ranks.end());
+  std::sort(ranks.begin(), ranks.end());
+  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+  return ranks;
+}
+
+/// No rank expects one that is in neither mesh: it fails alone, at once.
+inline void check_in_either(int me, const std::vector<int>& ranks, const std::string& sides) {
+  if (!std::binary_search(ranks.begin(), ranks.end(), me))
+    throw Error("redistribute_to", cat("root rank ", me, " is in neither mesh (", sides, ")"), me);
+}
+
+/// A plan, what every rank must agree on (its fingerprint, with the element type), its
+/// description, or the error that planning raised.
+template <std::size_t R>
+struct PreparedMove {
+  CrossMeshPlan<R> plan;
+  std::uint64_t fingerprint = 0;
+  std::string what, error;
+};
+
+template <Element T, std::size_t R, std::size_t NS, std::size_t ND>
+PreparedMove<R> prepare_cross_mesh(const LayoutDesc<NS>& sl, const MeshRanks<NS>& src, const LayoutDesc<ND>& dl,
+                                   const MeshRanks<ND>& dst, const Shape<R>& global) {
+  PreparedMove<R> m;
+  try {
+    m.plan = plan_cross_mesh(sl, src, dl, dst, global, sizeof(T));
+    m.fingerprint = fnv(m.plan.fingerprint, std::int64_t(dtype_of<T>));
+    m.what = cat(name_of(dtype_of<T>), " ", to_string(global), ": ", m.plan.source, " -> ", m.plan.destination);
+  } catch (const Error& e) {
+    m.error = e.what();
+  }
+  return m;
+}
+
 /// Plans, agrees, and starts this rank's part. `local_error`: a check this rank failed before
 /// (reported to every rank through the agreement).
 template <Element T, std::size_t R, MemorySpace Space, std::size_t NS, std::size_t ND>
@@ -225,28 +264,16 @@ CrossMeshPlan<R> start_cross_mesh(CrossMeshExchange<T, R, Space>& ex, Communicat
                                   Tensor<T, R, Space>* dst_local, const Box<R>& dst_box, std::string local_error,
                                   int tag) {
   const int me = root.rank();
-  std::vector<int> ranks = src.root_ranks;
-  ranks.insert(ranks.end(), dst.root_ranks.begin(), dst.root_ranks.end());
-  std::sort(ranks.begin(), ranks.end());
-  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
-  // No rank expects one that is in neither mesh: it fails alone, at once.
-  if (!std::binary_search(ranks.begin(), ranks.end(), me))
-    throw Error("redistribute_to", cat("root rank ", me, " is in neither mesh (source ", describe_side(sl, src),
-                                       ", destination ", describe_side(dl, dst), ")"), me);
-  CrossMeshPlan<R> plan;
-  std::uint64_t fp = 0;
-  std::string what;
-  try {
-    plan = plan_cross_mesh(sl, src, dl, dst, global, sizeof(T));
-    fp = fnv(plan.fingerprint, std::int64_t(dtype_of<T>));
-    what = cat(name_of(dtype_of<T>), " ", to_string(global), ": ", plan.source, " -> ", plan.destination);
-  } catch (const Error& e) {
-    if (local_error.empty()) local_error = e.what();
-  }
-  if (!local_error.empty()) what = local_error;
-  agree_on_cross_mesh_plan(root, ranks, CrossMeshSummary::make(fp, me, !local_error.empty(), what), tag);
-  ex.start(plan, root, src_local, src_box, dst_local, dst_box, tag);
-  return plan;
+  const auto ranks = ranks_of_either(src, dst);
+  check_in_either(me, ranks, cat("source ", describe_side(sl, src), ", destination ", describe_side(dl, dst)));
+  auto m = prepare_cross_mesh<T>(sl, src, dl, dst, global);
+  if (local_error.empty()) local_error = m.error;
+  agree_on_cross_mesh_plan(root, ranks,
+                           CrossMeshSummary::make(m.fingerprint, me, !local_error.empty(),
+                                                  local_error.empty() ? m.what : local_error),
+                           tag);
+  ex.start(m.plan, root, src_local, src_box, dst_local, dst_box, tag);
+  return std::move(m.plan);
 }
 
 template <LayoutType L>
