@@ -132,6 +132,8 @@ ModelMoveTotals redistribute_parameters(SrcModel& src, const MeshRanks<NS>& src_
           // The exchange's space is the real side's (a meta twin holds nothing to send or fill).
           using Space = std::conditional_t<holds_data_v<typename P::space>, typename P::space, typename Q::space>;
           auto out = std::make_unique<detail::PendingMoveOf<T, R, Space>>();
+          (void)p;  // a meta twin's side reads nothing
+          (void)q;
           const Tensor<T, R, Space>* s = nullptr;
           Tensor<T, R, Space>* d = nullptr;
           Box<R> sb{}, db{};
