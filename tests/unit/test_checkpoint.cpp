@@ -962,7 +962,8 @@ TEST_CASE("redistribute_parameters: a GPT trained on dp 2 x tp 2 moves in memory
       if (train_mesh->rank() == 0) want = full, want_loss = loss;
     }
     world->barrier();  // `want` is written
-    // The side a rank is not on is a meta twin: names, extents and layouts, no data.
+    // The side a rank is not on is a twin (names, extents and layouts): on 4 and 5 in meta memory, on 0 and 1 the
+    // model's own type over the sim backend.
     std::optional<TpModel> served;
     std::optional<MetaTp> twin;
     nn::ModelMoveTotals totals;
@@ -970,9 +971,9 @@ TEST_CASE("redistribute_parameters: a GPT trained on dp 2 x tp 2 moves in memory
       if (serve_mesh) served.emplace(*serve_mesh, serve_config);
       if (train_mesh && served) {
         totals = nn::redistribute_parameters(trained->model, train_ranks, *served, serve_ranks);
-      } else if (train_mesh) {
-        twin.emplace(MetaMesh<"dp", "tp">(sim::world(0, 4), {1, 4}), serve_config);
-        totals = nn::redistribute_parameters(trained->model, train_ranks, *twin, serve_ranks);
+      } else if (train_mesh) {  // a twin of the model's own type, in host memory over the sim backend
+        TpModel host_twin(Mesh2(sim::world(0, 4), {1, 4}), serve_config);
+        totals = nn::redistribute_parameters(trained->model, train_ranks, host_twin, serve_ranks);
       } else {
         twin.emplace(MetaMesh<"dp", "tp">(sim::world(0, 4), {2, 2}), config());
         totals = nn::redistribute_parameters(*twin, train_ranks, *served, serve_ranks);

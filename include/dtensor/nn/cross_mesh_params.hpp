@@ -11,9 +11,10 @@
 // that differ, are an error on every rank before any data moves.
 //
 // Every rank of either mesh calls it. A rank holds the real model of each side it is on; for a side
-// it is not on, it passes a twin of that model on a meta mesh (MetaMesh over a sim communicator of
-// that mesh's size: no data, no communication), which says the parameters' names, extents and
-// layouts. `src_ranks` / `dst_ranks` are the root ranks of the two meshes (mesh.ranks() where the
+// it is not on, it passes a twin of that model: the same architecture on a mesh over a sim
+// communicator (comm/sim.hpp) of that mesh's size, in meta memory (MetaMesh: no data) or in host
+// memory (the model's own type: no new code to compile), which says the parameters' names,
+// extents and layouts and is neither read nor written. `src_ranks` / `dst_ranks` are the root ranks of the two meshes (mesh.ranks() where the
 // rank has the mesh); every parameter of a side lives on that one mesh. The communicator is the
 // real model's mesh's root. Parameters taken over by fully_shard are not current: unshard first.
 #pragma once
@@ -35,6 +36,12 @@ struct PendingMove {
   virtual ~PendingMove() = default;
   virtual void wait() = 0;
 };
+/// A parameter of a twin: on a meta mesh, or on a mesh over the sim backend (no peers).
+template <class P>
+bool is_twin(const P& p) {
+  if constexpr (!holds_data_v<typename P::space>) return true;
+  else return p.mesh().root().backend() == "sim";
+}
 template <Element T, std::size_t R, MemorySpace Space>
 struct PendingMoveOf final : PendingMove {
   dtensor::detail::CrossMeshExchange<T, R, Space> ex;
@@ -53,19 +60,15 @@ struct ModelMoveTotals {
 template <class SrcModel, class DstModel, std::size_t NS, std::size_t ND>
 ModelMoveTotals redistribute_parameters(SrcModel& src, const MeshRanks<NS>& src_ranks, DstModel& dst,
                                         const MeshRanks<ND>& dst_ranks, int tag = 0) {
-  // Which sides this rank is on: the one whose model holds data, and its root communicator.
+  // Which sides this rank is on: the model that is not a twin, and its root communicator.
   Communicator* root = nullptr;
+  Communicator* dst_root = nullptr;
   bool in_src = false, in_dst = false;
   for_each_parameter(src, [&](auto& p) {
-    using P = std::remove_cvref_t<decltype(p)>;
-    if constexpr (holds_data_v<typename P::space>)
-      if (p.defined() && !root) root = &p.mesh().root(), in_src = true;
+    if (p.defined() && !in_src && !detail::is_twin(p)) root = &p.mesh().root(), in_src = true;
   });
-  Communicator* dst_root = nullptr;
   for_each_parameter(dst, [&](auto& q) {
-    using Q = std::remove_cvref_t<decltype(q)>;
-    if constexpr (holds_data_v<typename Q::space>)
-      if (q.defined() && !in_dst) dst_root = &q.mesh().root(), in_dst = true;
+    if (q.defined() && !in_dst && !detail::is_twin(q)) dst_root = &q.mesh().root(), in_dst = true;
   });
   if (!root) root = dst_root;
   if (!root)
@@ -76,12 +79,12 @@ ModelMoveTotals redistribute_parameters(SrcModel& src, const MeshRanks<NS>& src_
                                                   to_string(dst_ranks.shape));
   std::string error;
   if (in_src != dtensor::detail::lists(src_ranks, me))
-    error = dtensor::detail::cat("root rank ", me, in_src ? " holds a real source model but is not" : " holds a meta twin of the source model but is",
+    error = dtensor::detail::cat("root rank ", me, in_src ? " holds a real source model but is not" : " holds a twin of the source model but is",
                                  " in the source ranks");
   else if (in_src && in_dst && root != dst_root)
     error = "the source and destination models' meshes are on different root communicators";
   else if (in_dst != dtensor::detail::lists(dst_ranks, me))
-    error = dtensor::detail::cat("root rank ", me, in_dst ? " holds a real destination model but is not" : " holds a meta twin of the destination model but is",
+    error = dtensor::detail::cat("root rank ", me, in_dst ? " holds a real destination model but is not" : " holds a twin of the destination model but is",
                                  " in the destination ranks");
 
   // Pair the parameters by name and plan each move; start them after the agreement.
@@ -128,7 +131,7 @@ ModelMoveTotals redistribute_parameters(SrcModel& src, const MeshRanks<NS>& src_
         totals.bytes += m.plan.bytes();
         totals.minimum_bytes += m.plan.minimum_bytes();
         totals.local_bytes += m.plan.local_bytes();
-        starts.push_back([&p, &q, plan = std::move(m.plan), root, tag]() -> std::unique_ptr<detail::PendingMove> {
+        starts.push_back([&p, &q, plan = std::move(m.plan), root, tag, in_src, in_dst]() -> std::unique_ptr<detail::PendingMove> {
           // The exchange's space is the real side's (a meta twin holds nothing to send or fill).
           using Space = std::conditional_t<holds_data_v<typename P::space>, typename P::space, typename Q::space>;
           auto out = std::make_unique<detail::PendingMoveOf<T, R, Space>>();
@@ -138,9 +141,9 @@ ModelMoveTotals redistribute_parameters(SrcModel& src, const MeshRanks<NS>& src_
           Tensor<T, R, Space>* d = nullptr;
           Box<R> sb{}, db{};
           if constexpr (std::is_same_v<typename P::space, Space>)
-            if (holds_data_v<Space>) s = &p.value().to_local(), sb = p.value().local_box();
+            if (in_src) s = &p.value().to_local(), sb = p.value().local_box();
           if constexpr (std::is_same_v<typename Q::space, Space>)
-            if (holds_data_v<Space>) d = &q.value().local(), db = q.value().local_box();
+            if (in_dst) d = &q.value().local(), db = q.value().local_box();
           out->ex.start(plan, *root, s, sb, d, db, tag);
           return out;
         });
