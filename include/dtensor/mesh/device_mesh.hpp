@@ -213,6 +213,8 @@ class BasicDeviceMesh {
 
   /// The communicator the mesh was built on, which cross-mesh transfers use.
   Communicator& root() const { return *state().root; }
+  /// The same, shared: what mesh_on_ranks takes to make another mesh on it.
+  const CommPtr& root_ptr() const { return state().root; }
   MeshRanks<ndim> ranks() const { return {shape(), state().root_ranks}; }
 
   /// The mesh of this rank's group over the adjacent dimensions `Sub...` (in mesh order).
