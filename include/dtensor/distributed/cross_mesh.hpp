@@ -18,8 +18,9 @@
 //
 // Split-phase like the pipeline's sends: redistribute_to_async posts every receive and send and
 // returns; take() (or wait()) waits and unpacks, so a trainer can overlap the move with its next
-// step. The source tensor must stay alive and unchanged until then: a piece that is sent whole
-// is sent from its storage, without a copy.
+// step. The source tensor must stay alive and unchanged until then: a box that is one contiguous
+// run of the source piece is sent from its storage, and one of the destination piece received
+// into it, without a packing copy (Shard<0> -> Shard<1> packs on the source side only).
 //
 // Communication: before any data, the ranks of both meshes agree on the plan (a fingerprint of the
 // element type, the global extents, both layouts, mesh shapes and rank lists, and each rank's own
@@ -35,6 +36,7 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -122,6 +124,20 @@ inline void agree_on_cross_mesh_plan(Communicator& root, const std::vector<int>&
   throw Error("redistribute_to", what, root.rank());
 }
 
+/// Where box `b` starts in the row-major piece `within` when it is one contiguous run there
+/// (leading extents 1, then one partial dimension, then whole ones): a message from or into the
+/// piece itself, without a packing copy. Nothing otherwise.
+template <std::size_t R>
+std::optional<std::size_t> run_offset(const Box<R>& b, const Box<R>& within) {
+  std::size_t d = 0;
+  while (d < R && b.extent[d] == 1) ++d;
+  for (std::size_t i = d + 1; i < R; ++i)
+    if (b.extent[i] != within.extent[i]) return std::nullopt;
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < R; ++i) at = at * std::size_t(within.extent[i]) + std::size_t(b.offset[i] - within.offset[i]);
+  return at;
+}
+
 /// The messages and copies of one rank's part of a cross-mesh plan, in flight.
 template <Element T, std::size_t R, MemorySpace Space>
 class CrossMeshExchange {
@@ -155,8 +171,8 @@ class CrossMeshExchange {
     };
     for (const auto& m : plan.moves)
       if (m.dst == me && !m.local()) {
-        if (m.box == dst_box) {  // the whole piece: straight into it
-          works_.push_back(root.recv_async(dst->span(), m.src, tag));
+        if (const auto at = run_offset(m.box, dst_box)) {  // one run of the piece: straight into it
+          works_.push_back(root.recv_async(std::span<T>(dst->data() + *at, std::size_t(box_numel(m.box))), m.src, tag));
         } else {
           unpacks_.push_back({Local::uninitialized(m.box.extent), rel(m.box, dst_box)});
           works_.push_back(root.recv_async(unpacks_.back().buf.span(), m.src, tag));
@@ -164,8 +180,9 @@ class CrossMeshExchange {
       }
     for (const auto& m : plan.moves)
       if (m.src == me && !m.local()) {
-        if (m.box == src_box) {  // the whole piece: from its storage, no copy
-          works_.push_back(root.send_async(src->span(), m.dst, tag));
+        if (const auto at = run_offset(m.box, src_box)) {  // one run of the piece: from its storage, no copy
+          works_.push_back(
+              root.send_async(std::span<const T>(src->data() + *at, std::size_t(box_numel(m.box))), m.dst, tag));
         } else {
           sent_.push_back(Local::uninitialized(m.box.extent));
           copy_box(*src, rel(m.box, src_box), sent_.back(), Shape<R>{}, m.box.extent);
