@@ -228,6 +228,7 @@ class CrossMeshExchange {
   Shape<R> dst_shape_{};
 };
 
+/// Whether root rank r is one of the mesh's.
 template <std::size_t N>
 bool lists(const MeshRanks<N>& m, int r) {
   return std::find(m.root_ranks.begin(), m.root_ranks.end(), r) != m.root_ranks.end();
