@@ -1001,3 +1001,32 @@ TEST_CASE("redistribute_parameters: a GPT trained on dp 2 x tp 2 moves in memory
   INFO(summary(f));
   CHECK(f.empty());
 }
+
+TEST_CASE("redistribute_parameters: models that do not pair up are an error on every rank before any data moves",
+          "[checkpoint][cross_mesh][errors]") {
+  // Rank 0 holds the source (2 blocks), rank 1 the destination (1 block); each a twin of the other side.
+  const MeshRanks<2> src{{1, 1}, {0}}, dst{{1, 1}, {1}};
+  auto fewer = config();
+  fewer.layers = 1;
+  auto f = on_ranks(2, [&](CommPtr world, auto report) {
+    const auto sm = mesh_on_ranks<Mesh2>(world, src.shape, src.root_ranks);
+    const auto dm = mesh_on_ranks<Mesh2>(world, dst.shape, dst.root_ranks);
+    const Mesh2 twin_mesh(sim::world(0, 1), {1, 1});
+    try {
+      if (sm) {
+        TpModel model(*sm, config()), twin(twin_mesh, fewer);
+        (void)nn::redistribute_parameters(model, src, twin, dst);
+      } else {
+        TpModel twin(twin_mesh, config()), model(*dm, fewer);
+        (void)nn::redistribute_parameters(twin, src, model, dst);
+      }
+      report("no error");
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      if (m.find("disagree") == std::string::npos || m.find("no parameter of that name in the destination model") == std::string::npos)
+        report(m);
+    }
+  });
+  INFO(summary(f));
+  CHECK(f.empty());
+}
