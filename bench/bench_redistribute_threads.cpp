@@ -14,6 +14,15 @@
 //   redistribute   auto y = redistribute<To>(x): a new result each time (its allocation, the
 //                  plan's copies, the collective)
 //   into           redistribute_into(y, x): the result's storage reused
+// And redistribute_to between two meshes of 2 ranks each over a world of 4 (source root ranks
+// {0, 1}, destination {2, 3}; docs/cross-mesh.md), against raw point-to-point messages of the
+// plan's pattern and sizes on preallocated buffers (what the plan would cost with nothing around it):
+//   cross_mesh/same      Shard<0> -> Shard<0>   one message per destination: its whole piece
+//   cross_mesh/reshard   Shard<0> -> Shard<1>   two per destination, packed and unpacked
+// where "bytes" is the whole tensor's (what crosses from one mesh to the other), each variant
+//   raw              async sends and receives of the plan's messages, then waits
+//   redistribute_to  redistribute_to / redistribute_from: the agreement (2 x 3 small messages),
+//                    the plan, the packing, a new result each time, the messages
 // Every variant is timed the same way: ranks meet at a barrier, run one operation, and the
 // iteration's time is the slowest rank's. The tensor is [rows, cols] with cols = min(1024,
 // elements / ranks), so every shard is even; Shard<0> -> Shard<1> packs each rank's columns
@@ -95,6 +104,43 @@ void run(benchmark::State& st, int n, CollectiveKind kind, Variant v, std::size_
   dtensor::bench::set_bandwidth(st, bytes, dtensor::bench::bus_factor(kind, n), t);
 }
 
+/// redistribute_to from Shard<0> on root ranks {0, 1} to DstL on {2, 3}, or the raw messages of its plan.
+template <class DstL>
+void run_cross(benchmark::State& st, bool raw, std::size_t bytes) {
+  const auto global = global_shape(bytes / sizeof(float), 2);
+  const dtensor::MeshRanks<1> src{{2}, {0, 1}}, dst{{2}, {2, 3}};
+  const auto iters = std::size_t(dtensor::bench::iterations_for(bytes));
+  std::vector<double> times = dtensor::bench::times_on_ranks(4, iters, [&](const dtensor::CommPtr& w) -> std::function<void()> {
+    const auto sm = dtensor::mesh_on_ranks<Mesh>(w, src.shape, src.root_ranks);
+    const auto dm = dtensor::mesh_on_ranks<Mesh>(w, dst.shape, dst.root_ranks);
+    if (raw) {
+      const auto plan = dtensor::plan_cross_mesh(S0::desc, src, DstL::desc, dst, global, sizeof(float));
+      std::vector<std::pair<int, std::vector<float>>> sends, recvs;
+      for (const auto& m : plan.moves) {
+        if (m.src == w->rank()) sends.push_back({m.dst, std::vector<float>(m.bytes / sizeof(float), 1.0f)});
+        if (m.dst == w->rank()) recvs.push_back({m.src, std::vector<float>(m.bytes / sizeof(float))});
+      }
+      return [w, sends = std::move(sends), recvs = std::move(recvs)]() mutable {
+        std::vector<dtensor::Work> works;
+        for (auto& r : recvs) works.push_back(w->recv_async(std::span<float>(r.second), r.first));
+        for (const auto& s : sends) works.push_back(w->send_async(std::span<const float>(s.second), s.first));
+        for (auto& k : works) k.wait();
+      };
+    }
+    if (sm) {
+      const auto box = dtensor::local_box(S0::desc, sm->shape(), sm->coordinate(), global);
+      auto x = dtensor::from_local<S0>(*sm, dtensor::arange<float>(box.extent), global);
+      return [x, dst] { dtensor::redistribute_to<DstL>(x, dst); };
+    }
+    return [m = *dm, src, global] {
+      auto y = dtensor::redistribute_from<S0, DstL, float>(src, m, global);
+      benchmark::DoNotOptimize(y.to_local().data());
+    };
+  });
+  const dtensor::bench::Timer t = dtensor::bench::replay(st, times);
+  dtensor::bench::set_bandwidth(st, bytes, 1.0, t);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -111,6 +157,16 @@ int main(int argc, char** argv) {
               ->Unit(benchmark::kMicrosecond)
               ->Iterations(dtensor::bench::iterations_for(bytes));
         }
+  for (bool reshard : {false, true})
+    for (std::size_t bytes : dtensor::bench::sizes())
+      for (bool raw : {true, false}) {
+        const std::string name = std::string("cross_mesh/") + (reshard ? "reshard" : "same") + "/" +
+                                 (raw ? "raw" : "redistribute_to") + "/ranks:2+2/" + dtensor::bench::size_name(bytes);
+        benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& st) {
+          if (reshard) run_cross<S1>(st, raw, bytes);
+          else run_cross<S0>(st, raw, bytes);
+        })->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(dtensor::bench::iterations_for(bytes));
+      }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

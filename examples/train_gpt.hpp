@@ -71,6 +71,8 @@
 #include "dtensor/comm/hosts.hpp"
 #include "dtensor/mesh/hosts.hpp"
 #include "dtensor/models/generate.hpp"
+#include "dtensor/nn/cross_mesh_params.hpp"
+#include "dtensor/comm/sim.hpp"
 #include "dtensor/models/llama.hpp"
 #include "dtensor/optim/check_finite.hpp"
 #include "dtensor/optim/memory_budget.hpp"
@@ -155,7 +157,11 @@ struct Options : examples::MeshFlags {  // the mesh: --pp --dp --fsdp --cp --tp 
   std::string export_path, init_from, prompt = "The ";
   int generate = 0, top_k = 0;
   double temperature = 0, top_p = 1;
-  // The `generate` program (train_gpt started as `generate`, examples/train_gpt.cpp): no training, the model's shape read from the
+  // --serve-mesh tp=N: the generation repeated on a serving mesh (tp N over ranks 0..N-1), the
+  // trained weights moved there in memory (nn::redistribute_parameters, docs/cross-mesh.md).
+  int serve_tp = 0;
+  // The `generate` program (train_gpt started as `generate`, examples/train_gpt.cpp): no
+  // training, the model's shape read from the
   // --resume checkpoint; --seed there seeds the sampling only.
   bool generate_program = false;
   std::optional<std::uint64_t> sampling_seed;
@@ -237,6 +243,9 @@ inline const char* const usage =
     "        sampled (--temperature T > 0, --top-k K, --top-p P in (0, 1]), on the training mesh with a KV cache per\n"
     "        pipeline stage; with --resume DIR at or past --steps, from the checkpoint without training (the\n"
     "        generate program: the same, the model's shape read from the checkpoint; generate --help). CPU.\n"
+    "        --serve-mesh tp=N: the same text again on a serving mesh (tp N over ranks 0..N-1), the trained weights\n"
+    "        moved there in memory with the fewest bytes (docs/cross-mesh.md); its tokens must equal the training\n"
+    "        mesh's. Not with --pp > 1 or --experts.\n"
     "  --offload optimizer (docs/offload.md): AdamW's moments in a file per rank under --offload-dir (an existing,\n"
     "        writable local directory with room for them), staged through --offload-buffer-kib KiB of host memory\n"
     "        (default 65536); the same update bit for bit. Host memory only; checkpoints save the moments.\n"
@@ -289,6 +298,14 @@ inline void check_interop(const Options& o) {
     throw UsageError("--init-from and --export with --experts: not supported yet (--generate is)");
   if (any && o.device == "cuda") throw UsageError("--init-from, --export and --generate with --device cuda: not supported yet");
   if (o.generate > 0 && o.kfold > 0) throw UsageError("--generate with --kfold: k models, no one to generate from");
+  if (o.serve_tp > 0) {
+    if (o.generate == 0) throw UsageError("--serve-mesh needs --generate N");
+    if (o.pp > 1 || o.experts > 0)
+      throw UsageError("--serve-mesh with --pp > 1 or --experts: not supported yet (the trained model must be on one mesh)");
+    if (o.serve_tp > o.pp * o.dp * o.fsdp * o.cp * o.tp)
+      throw UsageError("--serve-mesh tp=" + std::to_string(o.serve_tp) + ": more ranks than the training mesh's " +
+                       std::to_string(o.pp * o.dp * o.fsdp * o.cp * o.tp));
+  }
 }
 
 /// --device, --dtype and --backend together: what this build can run (cuda_build: train_gpt_cuda).
@@ -491,6 +508,11 @@ inline Options parse(int argc, char** argv, bool cuda_build) {
     else if (a == "--export") o.export_path = value();
     else if (a == "--generate") o.generate = flag_value<int>(a, value(), 1);
     else if (a == "--prompt") o.prompt = value();
+    else if (a == "--serve-mesh") {
+      const std::string text = value();
+      if (!text.starts_with("tp=")) throw UsageError("--serve-mesh expects tp=N, got '" + text + "'");
+      o.serve_tp = flag_value<int>(a, text.substr(3), 1);
+    }
     else if (a == "--temperature") o.temperature = examples::positive_flag_value(a, value());
     else if (a == "--top-k") o.top_k = flag_value<int>(a, value(), 1);
     else if (a == "--top-p") o.top_p = examples::positive_flag_value(a, value(), 1);  // (0, 1], the nucleus share
@@ -663,6 +685,46 @@ void export_weights(const Options& o, Pipeline& model, bool root) {
   if (root) std::printf("weights exported to %s\n", o.export_path.c_str());
 }
 
+/// --serve-mesh tp=N: the trained model (one stage, FSDP shards gathered) moved in memory to a
+/// serving model of the same type on ranks 0..N-1 as (pp 1, dp 1, fsdp 1, cp 1, tp N) with
+/// nn::redistribute_parameters (the fewest bytes, docs/cross-mesh.md), which generates from the
+/// same prompt with the same options; its tokens must equal `trained` (the training mesh's). The
+/// other ranks only send, with a twin of the serving model over the sim backend (names, extents,
+/// layouts). The training model is not changed.
+template <class Stage, class Mesh>
+void serve_text(const Options& o, std::vector<Stage>& stages, const Mesh& mesh, const std::vector<std::int32_t>& prompt,
+                const std::vector<std::int32_t>& trained) {
+  using Parts = std::remove_cvref_t<decltype(stages.front().model())>;
+  const int n = o.serve_tp;
+  const std::array<int, 5> shape{1, 1, 1, 1, n};
+  std::vector<int> ranks(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) ranks[std::size_t(r)] = r;
+  const MeshRanks<4> serve_ranks{{1, 1, 1, n}, ranks};
+  const auto train_ranks = stages.front().mesh().ranks();
+  const auto& parts = stages.front().model();
+  const auto one = pp::StageLayout::looped(1);
+  const auto serve_mesh = mesh_on_ranks<Mesh>(mesh.root_ptr(), shape, ranks);  // collective over every rank
+  if (!serve_mesh) {
+    Mesh twin_mesh(sim::world(0, n), shape);
+    auto twin = pp::split(Parts(pp::stage_mesh_of(twin_mesh), parts.config(), parts.layers()), one, 0);
+    nn::redistribute_parameters(stages.front(), train_ranks, twin.front(), serve_ranks);
+    return;
+  }
+  auto served = pp::split(Parts(pp::stage_mesh_of(*serve_mesh), parts.config(), parts.layers()), one, 0);
+  const auto start = std::chrono::steady_clock::now();
+  const auto moved = nn::redistribute_parameters(stages.front(), train_ranks, served.front(), serve_ranks);
+  const double move_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const auto ids = models::generate(served, one, *serve_mesh, prompt,
+                                    {.new_tokens = o.generate, .temperature = o.temperature, .top_k = o.top_k,
+                                     .top_p = o.top_p, .seed = o.sample_seed()});
+  if (serve_mesh->comm().rank() != 0) return;
+  std::printf("served on tp=%d (ranks 0..%d), weights moved in memory: %zu parameters, %zu B over %zu links (minimum %zu B, "
+              "%zu B copied locally) in %.3f s; tokens %s the training mesh's\n",
+              n, n - 1, moved.parameters, moved.bytes, moved.links, moved.minimum_bytes, moved.local_bytes, move_s,
+              ids == trained ? "equal to" : "DIFFERENT from");
+  if (ids != trained) throw std::runtime_error("--serve-mesh: the serving mesh generated other tokens than the training mesh");
+}
+
 /// --generate N: text from the model as it is (after training, or loaded by `generate`), on the
 /// training mesh itself: the pipeline's stages pass each token's activation along, every stage
 /// keeps the KV caches of its blocks, the last one's logits are broadcast over "pp"
@@ -686,6 +748,7 @@ void generate_text(const Options& o, const Corpus& corpus, Pipeline& model, cons
                                     {.new_tokens = o.generate, .temperature = o.temperature, .top_k = o.top_k,
                                      .top_p = o.top_p, .seed = o.sample_seed()});
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (o.serve_tp > 0) serve_text(o, stages, mesh, prompt, ids);
   for (std::size_t i = 0; i < stages.size(); ++i) model.fsdp(i).reshard();
   if (mesh.comm().rank() != 0) return;
   std::string text;
@@ -1315,9 +1378,9 @@ inline std::vector<Setting> settings_of(const Options& o, const Corpus& corpus) 
                num(o.outer_lr) + " | " + num(o.outer_momentum)},
           {"--staleness", n(o.staleness)}, {"--clients", n(o.clients)}, {"--kfold", n(o.kfold)},
           // One setting for the seven weights-and-text flags (the agreement takes at most 48).
-          {"--init-from --export --generate --prompt --temperature --top-k --top-p",
+          {"--init-from --export --generate --prompt --temperature --top-k --top-p --serve-mesh",
            o.init_from + " | " + o.export_path + " | " + n(o.generate) + " | " + o.prompt + " | " + num(o.temperature) + " | " +
-               n(o.top_k) + " | " + num(o.top_p)},
+               n(o.top_k) + " | " + num(o.top_p) + " | " + n(o.serve_tp)},
           // One setting for the three offload flags (the agreement takes at most 48).
           {"--offload --offload-dir --offload-buffer-kib --host-budget-mib --device-budget-mib", [&] {
              std::string l;

@@ -24,5 +24,6 @@
 #include "dtensor/distributed/dtensor.hpp"
 #include "dtensor/distributed/plan.hpp"
 #include "dtensor/distributed/redistribute.hpp"
+#include "dtensor/distributed/cross_mesh.hpp"
 #include "dtensor/distributed/transfer.hpp"
 #include "dtensor/distributed/visualize.hpp"

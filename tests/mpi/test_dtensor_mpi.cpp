@@ -4,12 +4,14 @@
 // every rank that should see it, and must not hang. (A rank that throws mid-collective ends
 // the job through mpi::run — mpi_abort_on_exception; a rank that never arrives makes the
 // others time out — test_comm_mpi.) And parallel/sync/'s DiLoCo and FedAvg, the same cases as
-// tests/unit/test_sync.cpp on threads (support/sync_cases.hpp).
+// tests/unit/test_sync.cpp on threads (support/sync_cases.hpp). And redistribute_to between random
+// pairs of meshes over the processes (support/cross_mesh_cases.hpp).
 #include "dtensor/comm/mpi.hpp"
 #include "dtensor/dtensor.hpp"
 #include "mpi_check.hpp"
 #include "mpi_meshes.hpp"
 #include "support/commlog_cases.hpp"
+#include "support/cross_mesh_cases.hpp"
 #include "support/fault_cases.hpp"
 #include "support/sync_cases.hpp"
 
@@ -61,5 +63,12 @@ TEST_CASE("DiLoCo and FedAvg over MPI match their one-rank oracles (the threads 
     sync_cases::diloco_case(world, false, report);
     sync_cases::fedavg_case(world, report);
   });
+  DTENSOR_MPI_REQUIRE_NO_FAILURES(f);
+}
+
+TEST_CASE("redistribute_to: random pairs of meshes over the processes move data exactly with the least bytes",
+          "[mpi][cross_mesh]") {
+  auto world = mpi::world();
+  auto f = collect([&](auto& report) { cross::check_cross_mesh_pairs(world, report, 3); });
   DTENSOR_MPI_REQUIRE_NO_FAILURES(f);
 }

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -28,6 +29,9 @@
 #include "dtensor/models/gpt.hpp"
 #include "dtensor/parallel/gpt_plan.hpp"
 #include "dtensor/parallel/tensor_parallel.hpp"
+#include "dtensor/nn/cross_mesh_params.hpp"
+#include "dtensor/comm/sim.hpp"
+#include "dtensor/mesh/device_mesh.hpp"
 #include "support/on_ranks.hpp"
 
 using namespace dtensor;
@@ -925,4 +929,104 @@ TEST_CASE("safetensors: a GPT exported from dp 2 x tp 2 holds the full tensors; 
     INFO(summary(f));
     CHECK(f.empty());
   }
+}
+
+TEST_CASE("redistribute_parameters: a GPT trained on dp 2 x tp 2 moves in memory to tp 4 over other, overlapping "
+          "ranks, with no file; its parameters equal the trained ones bit for bit, its loss the trained model's",
+          "[checkpoint][cross_mesh]") {
+  // A world of 6: training on root ranks {0, 1, 2, 3} (dp 2 x tp 2), serving on {4, 5, 2, 3} (dp 1 x tp 4: vocab 29
+  // as 8, 8, 8, 5). Ranks 0 and 1 only send, 4 and 5 only receive, 2 and 3 do both (at other coordinates).
+  using MetaTp = nn::GPT<double, MetaMesh<"dp", "tp">, parallel::MegatronPlan<true>>;
+  const MeshRanks<2> train_ranks{{2, 2}, {0, 1, 2, 3}}, serve_ranks{{1, 4}, {4, 5, 2, 3}};
+  auto serve_config = config();
+  serve_config.seed = 9;  // the serving model starts from other values
+  Full want;
+  double want_loss = 0;
+  auto f = on_ranks(6, [&](CommPtr world, auto report) {
+    const auto train_mesh = mesh_on_ranks<Mesh2>(world, train_ranks.shape, train_ranks.root_ranks);
+    const auto serve_mesh = mesh_on_ranks<Mesh2>(world, serve_ranks.shape, serve_ranks.root_ranks);
+    std::optional<TpRun> trained;
+    if (train_mesh) {
+      trained.emplace(*train_mesh);
+      train(*trained, *train_mesh, 0, 2);
+      Full full;
+      nn::for_each_parameter(trained->model, [&](auto& p) {
+        if (!p.defined()) return;
+        const auto whole = full_tensor(p.value());
+        full[p.name()] = {std::vector<Extent>(whole.shape().begin(), whole.shape().end()),
+                          std::vector<double>(whole.span().begin(), whole.span().end())};
+      });
+      auto [ids, tgt] = batch<TpModel>(*train_mesh, 7);
+      auto [loss_t, saved] = trained->model.forward(ids, tgt);
+      const double loss = full_tensor(loss_t)[0];
+      if (train_mesh->rank() == 0) want = full, want_loss = loss;
+    }
+    world->barrier();  // `want` is written
+    // The side a rank is not on is a twin (names, extents and layouts): on 4 and 5 in meta memory, on 0 and 1 the
+    // model's own type over the sim backend.
+    std::optional<TpModel> served;
+    std::optional<MetaTp> twin;
+    nn::ModelMoveTotals totals;
+    try {
+      if (serve_mesh) served.emplace(*serve_mesh, serve_config);
+      if (train_mesh && served) {
+        totals = nn::redistribute_parameters(trained->model, train_ranks, *served, serve_ranks);
+      } else if (train_mesh) {  // a twin of the model's own type, in host memory over the sim backend
+        TpModel host_twin(Mesh2(sim::world(0, 4), {1, 4}), serve_config);
+        totals = nn::redistribute_parameters(trained->model, train_ranks, host_twin, serve_ranks);
+      } else {
+        twin.emplace(MetaMesh<"dp", "tp">(sim::world(0, 4), {2, 2}), config());
+        totals = nn::redistribute_parameters(*twin, train_ranks, *served, serve_ranks);
+      }
+    } catch (const std::exception& e) {
+      report(e.what());
+      return;
+    }
+    if (totals.parameters != want.size() || totals.bytes != totals.minimum_bytes || totals.bytes == 0)
+      report(detail::cat(totals.parameters, " parameters, ", totals.bytes, " B moved, minimum ", totals.minimum_bytes));
+    if (!served) return;
+    std::string diff;
+    nn::for_each_parameter(*served, [&](auto& q) {
+      if (!q.defined()) return;
+      const auto whole = full_tensor(q.value());
+      if (std::vector<double>(whole.span().begin(), whole.span().end()) != want.at(q.name()).second) diff += q.name() + " ";
+    });
+    if (!diff.empty()) report("parameters differ from the trained ones: " + diff);
+    auto [ids, tgt] = batch<TpModel>(*serve_mesh, 7);
+    auto [loss_t, saved] = served->forward(ids, tgt);
+    const double loss = full_tensor(loss_t)[0];
+    if (std::abs(loss - want_loss) > 1e-12 * std::abs(want_loss))
+      report(detail::cat("loss on the serving mesh ", loss, ", on the training mesh ", want_loss));
+  });
+  INFO(summary(f));
+  CHECK(f.empty());
+}
+
+TEST_CASE("redistribute_parameters: models that do not pair up are an error on every rank before any data moves",
+          "[checkpoint][cross_mesh][errors]") {
+  // Rank 0 holds the source (2 blocks), rank 1 the destination (1 block); each a twin of the other side.
+  const MeshRanks<2> src{{1, 1}, {0}}, dst{{1, 1}, {1}};
+  auto fewer = config();
+  fewer.layers = 1;
+  auto f = on_ranks(2, [&](CommPtr world, auto report) {
+    const auto sm = mesh_on_ranks<Mesh2>(world, src.shape, src.root_ranks);
+    const auto dm = mesh_on_ranks<Mesh2>(world, dst.shape, dst.root_ranks);
+    const Mesh2 twin_mesh(sim::world(0, 1), {1, 1});
+    try {
+      if (sm) {
+        TpModel model(*sm, config()), twin(twin_mesh, fewer);
+        (void)nn::redistribute_parameters(model, src, twin, dst);
+      } else {
+        TpModel twin(twin_mesh, config()), model(*dm, fewer);
+        (void)nn::redistribute_parameters(twin, src, model, dst);
+      }
+      report("no error");
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      if (m.find("disagree") == std::string::npos || m.find("no parameter of that name in the destination model") == std::string::npos)
+        report(m);
+    }
+  });
+  INFO(summary(f));
+  CHECK(f.empty());
 }

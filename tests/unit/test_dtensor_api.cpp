@@ -1,9 +1,11 @@
 // The typed API: distribute, from_local, redistribute (with the exact collectives each plan
-// issues; the CommLog checks live in support/commlog_cases.hpp), full_tensor, plans at compile time, visualize_sharding, cross-mesh transfers.
+// issues; the CommLog checks live in support/commlog_cases.hpp), full_tensor, plans at compile time, visualize_sharding, cross-mesh transfers (same shape:
+// send_to/recv_from; any shapes: redistribute_to).
 #include <catch2/catch.hpp>
 
 #include "dtensor/dtensor.hpp"
 #include "support/commlog_cases.hpp"
+#include "support/cross_mesh_cases.hpp"
 #include "support/on_ranks.hpp"
 #include "support/oracle.hpp"
 
@@ -102,6 +104,83 @@ TEST_CASE("a DTensor moves to another mesh of the same shape by send/recv", "[tr
   });
   INFO(summary(f));
   CHECK(f.empty());
+}
+
+// ---- redistribute_to: between meshes of any shape over one root communicator (support/cross_mesh_cases.hpp)
+
+TEST_CASE("redistribute_to: random pairs of meshes (1-d to 4-d, any ranks) move data exactly with the least bytes",
+          "[transfer][cross_mesh]") {
+  auto f = on_ranks(8, [](CommPtr world, auto report) { cross::check_cross_mesh_pairs(world, report, 6); });
+  INFO(summary(f));
+  CHECK(f.empty());
+}
+
+TEST_CASE("redistribute_to: the plan prints its links, spreads replicas, and refuses Partial", "[transfer][cross_mesh]") {
+  // Replicate over root ranks {0, 1} -> Shard<0> over {1, 2, 3, 4}: rank 1 copies its quarter, the other three
+  // quarters come from ranks 0 and 1 in turn; 12 x 3 floats.
+  const auto plan = plan_cross_mesh(Layout<Replicate>::desc, MeshRanks<1>{{2}, {0, 1}}, Layout<Shard<0>>::desc,
+                                    MeshRanks<1>{{4}, {1, 2, 3, 4}}, Shape<2>{12, 3}, sizeof(float));
+  INFO(plan.to_string());
+  CHECK(plan.links() == 3);
+  CHECK(plan.local_bytes() == 36);
+  CHECK(plan.bytes() == 108);
+  CHECK(plan.minimum_bytes() == 108);
+  CHECK(plan.sent_by(0) + plan.sent_by(1) == 108);
+  CHECK(std::max(plan.sent_by(0), plan.sent_by(1)) == 72);  // 2 of the 3 pieces at most on one holder
+  CHECK(plan.to_string().find("rank 1 -> rank 1: [0, 3) x [0, 3)  36 B (local copy)") != std::string::npos);
+  CHECK(plan.to_string().find("total 108 B over 3 links (minimum 108 B), 36 B copied locally") != std::string::npos);
+  // The same ranks and layout: nothing moves.
+  const auto same = plan_cross_mesh(Layout<Shard<1>, Replicate>::desc, MeshRanks<2>{{2, 2}, {3, 1, 0, 2}},
+                                    Layout<Shard<1>, Replicate>::desc, MeshRanks<2>{{2, 2}, {3, 1, 0, 2}}, Shape<2>{5, 7}, 4);
+  CHECK(same.bytes() == 0);
+  CHECK(same.local_bytes() == 2 * 5 * 7 * 4);
+  CHECK_THROWS_WITH(plan_cross_mesh(Layout<Partial<>>::desc, MeshRanks<1>{{2}, {0, 1}}, Layout<Replicate>::desc,
+                                    MeshRanks<1>{{1}, {2}}, Shape<1>{4}, 4),
+                    Catch::Contains("Partial"));
+  CHECK_THROWS_WITH(plan_cross_mesh(Layout<Replicate>::desc, MeshRanks<1>{{2}, {0, 0}}, Layout<Replicate>::desc,
+                                    MeshRanks<1>{{1}, {2}}, Shape<1>{4}, 4),
+                    Catch::Contains("twice"));
+}
+
+TEST_CASE("redistribute_to: disagreeing ranks all fail before any data moves, none hangs", "[transfer][cross_mesh]") {
+  using namespace cross;
+  // Source: S(0) over root ranks {0, 1}; destination: R over {1, 2, 3} (rank 1 in both).
+  const MeshRanks<1> src{{2}, {0, 1}}, dst{{3}, {1, 2, 3}};
+  for (int variant = 0; variant < 4; ++variant) {
+    auto f = on_ranks(4, [&](CommPtr world, auto report) {
+      const auto sm = mesh_on_ranks<M1>(world, src.shape, src.root_ranks);
+      // variant 3: the destination mesh, over ranks {1, 0}, on another root communicator (a copy of
+      // the world): both ranks see it. (A rank in one mesh only cannot: its peers on the other
+      // communicator never reach it, and the backend's timeout releases it.)
+      const CommPtr other = variant == 3 ? world->split(0, world->rank()) : world;
+      const MeshRanks<1> d = variant == 3 ? MeshRanks<1>{{2}, {1, 0}} : dst;
+      const auto dm = mesh_on_ranks<M1>(other, d.shape, d.root_ranks);
+      const auto full = arange<float>(Shape<2>{6, 2});
+      // variant 0: rank 3 believes the tensor has 7 rows; 1: rank 2 believes the source is S(1)
+      const Shape<2> global = variant == 0 && world->rank() == 3 ? Shape<2>{7, 2} : full.shape();
+      try {
+        if (sm) {
+          DTensor<float, 2, M1, Layout<Shard<0>>> x(*sm, full.shape(), oracle_piece(full, Layout<Shard<0>>::desc, sm->shape(), sm->coordinate()));
+          if (dm && variant != 2) (void)redistribute_to<Layout<Replicate>>(x, *dm);
+          else redistribute_to<Layout<Replicate>>(x, d);  // variant 2: rank 1 calls the source-only form
+        } else if (variant == 1 && world->rank() == 2) {
+          (void)redistribute_from<Layout<Shard<1>>, Layout<Replicate>, float>(src, *dm, global);
+        } else if (dm) {
+          (void)redistribute_from<Layout<Shard<0>>, Layout<Replicate>, float>(src, *dm, global);
+        } else {
+          return;  // in neither mesh
+        }
+        report("no error");
+      } catch (const Error& e) {
+        const std::string m = e.what();
+        const char* want[] = {"[7, 2]", "S(1)", "in the destination mesh too", "different root communicators"};
+        if (m.find("disagree") == std::string::npos || m.find(want[variant]) == std::string::npos)
+          report(detail::cat("variant ", variant, ": ", m));
+      }
+    });
+    INFO(summary(f));
+    CHECK(f.empty());
+  }
 }
 
 TEST_CASE("plan_of prints a plan", "[plan]") {

@@ -27,6 +27,7 @@
 #include <array>
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -160,6 +161,30 @@ class BasicDeviceMesh {
     state_ = std::move(st);
   }
 
+  /// A mesh over some ranks of a larger communicator `root`, which cross-mesh transfers address
+  /// (distributed/cross_mesh.hpp): `comm` holds exactly those ranks, its rank i being `root`'s
+  /// rank root_ranks[i]. Collective over `comm` only; mesh_on_ranks makes both from `root`.
+  BasicDeviceMesh(CommPtr comm, const std::array<int, ndim>& shape, CommPtr root, std::vector<int> root_ranks)
+      : BasicDeviceMesh(comm, shape) {
+    if (!root) throw Error("DeviceMesh", "null root communicator", comm->rank());
+    if (root_ranks.size() != std::size_t(comm->size()))
+      throw Error("DeviceMesh", detail::cat("mesh of ", comm->size(), " ranks given ", root_ranks.size(), " root ranks"),
+                  comm->rank());
+    for (std::size_t i = 0; i < root_ranks.size(); ++i) {
+      if (root_ranks[i] < 0 || root_ranks[i] >= root->size())
+        throw Error("DeviceMesh", detail::cat("root rank ", root_ranks[i], " is not a rank of the root communicator of ",
+                                              root->size()), comm->rank());
+      for (std::size_t j = 0; j < i; ++j)
+        if (root_ranks[j] == root_ranks[i])
+          throw Error("DeviceMesh", detail::cat("root rank ", root_ranks[i], " listed twice"), comm->rank());
+    }
+    if (root_ranks[std::size_t(comm->rank())] != root->rank())
+      throw Error("DeviceMesh", detail::cat("mesh rank ", comm->rank(), " is root rank ", root->rank(), ", not ",
+                                            root_ranks[std::size_t(comm->rank())], " as listed"), comm->rank());
+    state_->root = std::move(root);
+    state_->root_ranks = std::move(root_ranks);
+  }
+
   bool valid() const noexcept { return bool(state_); }
   const std::array<int, ndim>& shape() const { return state().shape; }
   int size(std::size_t dim) const { return state().shape[dim]; }
@@ -188,6 +213,8 @@ class BasicDeviceMesh {
 
   /// The communicator the mesh was built on, which cross-mesh transfers use.
   Communicator& root() const { return *state().root; }
+  /// The same, shared: what mesh_on_ranks takes to make another mesh on it.
+  const CommPtr& root_ptr() const { return state().root; }
   MeshRanks<ndim> ranks() const { return {shape(), state().root_ranks}; }
 
   /// The mesh of this rank's group over the adjacent dimensions `Sub...` (in mesh order).
@@ -255,6 +282,23 @@ class BasicDeviceMesh {
   }
   std::shared_ptr<State> state_;
 };
+
+/// The mesh of shape `shape` over the ranks `ranks` of `root` (listed in row-major mesh order), on
+/// those ranks; nothing on the others. Collective over `root` (one split): how a serving or
+/// evaluation mesh over some of a job's ranks is made, so that it shares `root` with the training
+/// mesh and redistribute_to can move tensors between them.
+template <class Mesh>
+std::optional<Mesh> mesh_on_ranks(const CommPtr& root, const std::array<int, Mesh::ndim>& shape,
+                                  const std::vector<int>& ranks) {
+  if (!root) throw Error("mesh_on_ranks", "null root communicator");
+  int key = -1;
+  for (std::size_t i = 0; i < ranks.size(); ++i)
+    if (ranks[i] == root->rank()) key = int(i);
+  // Ranks outside the mesh form a group of their own, which they drop.
+  auto comm = root->split(key >= 0 ? 0 : 1, key >= 0 ? key : root->rank());
+  if (key < 0) return std::nullopt;
+  return Mesh(comm, shape, root, ranks);
+}
 
 /// The host mesh: tensors in host memory (the threads and MPI backends).
 template <fixed_string... Names>
