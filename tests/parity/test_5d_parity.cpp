@@ -159,10 +159,12 @@ TEST_CASE("FSDP inside stages: each rank's step peak is the formula's; ZeRO-3 < 
     Run5d run;
     int zero;
   };
-  for (int fsdp : {4, 3}) {  // 3: shards that do not divide
+  // fsdp 4; 3: shards that do not divide; 2 x cp 2: the states shard over "fsdp" only so far
+  // (N = 2; the context ranks hold the same shards: issue 40 item 2, docs/fsdp.md).
+  for (const auto& [fsdp, cp] : {std::pair{4, 1}, std::pair{3, 1}, std::pair{2, 2}}) {
     std::vector<Peaks> peaks;
     for (int zero : {3, 2, 1}) {
-      const Combo c{.fsdp = fsdp, .zero = zero, .microbatches = 1};
+      const Combo c{.fsdp = fsdp, .cp = cp, .zero = zero, .microbatches = 1};
       std::vector<Run5d> runs(std::size_t(c.ranks()));
       auto failures = on_ranks(c.ranks(), [&](CommPtr world, auto) { runs[std::size_t(world->rank())] = run_5d<TP>(world, c); });
       REQUIRE(failures.empty());
@@ -170,7 +172,7 @@ TEST_CASE("FSDP inside stages: each rank's step peak is the formula's; ZeRO-3 < 
       peaks.push_back({runs.front(), zero});
     }
     const Run5d& z3 = peaks[0].run;
-    INFO("fsdp " << fsdp << ": psi " << z3.psi << ", adjacent pair " << z3.adjacent_pair());
+    INFO("fsdp " << fsdp << ", cp " << cp << ": psi " << z3.psi << ", adjacent pair " << z3.adjacent_pair());
     REQUIRE_FALSE(z3.kept_gathered);
     double shards = 0;
     for (double e : z3.unit_elements) shards += e / fsdp;
@@ -192,7 +194,12 @@ TEST_CASE("FSDP inside stages: each rank's step peak is the formula's; ZeRO-3 < 
     CHECK(double(z2.peak_parameters) >= S * z2.psi);
     CHECK(double(z2.peak_gradients) <= 1.05 * grads_formula);
     CHECK(double(z1.peak_gradients) >= S * z1.psi);
-    CHECK(z3.peak_total < z2.peak_total);
+    // Where the formulas say so by more than 5 % of ZeRO-2's states: ZeRO-3's states are
+    // S (P + Psi/N + P + 3 Psi/N) (with its separate master), ZeRO-2's S (Psi + Psi/N + P + 2 Psi/N):
+    // ZeRO-3 saves when P + Psi/N < Psi (not at fsdp 2 of this 3-unit model, where P is half of it).
+    const double n = fsdp, pair = z3.adjacent_pair(), psi = z3.psi;
+    const double states3 = 2 * pair + 4 * psi / n, states2 = psi + pair + 3 * psi / n;
+    if (states3 < 0.95 * states2) CHECK(z3.peak_total < z2.peak_total);
     CHECK(z2.peak_total < z1.peak_total);
   }
   // A pipeline stage kept gathered holds its whole stage; resharded per micro-batch it does not.
