@@ -23,9 +23,11 @@
 //
 // The choice: Cooperlake where the CPU has AVX-512 and AVX512-BF16, SkylakeX with AVX-512
 // (F/CD/BW/DQ/VL), Haswell with AVX2 + FMA; capped by DTENSOR_HOST_ISA (baseline: no change).
-// A core already as wide as the CPU is kept (SkylakeX and Cooperlake share their sgemm/dgemm
-// kernels, so they sum alike). 0.3.21 has no Sapphire Rapids table in its DYNAMIC_ARCH list;
-// Cooperlake is the best it offers there. Ranks on different hosts must run the same kernels to
+// Cooperlake is what OpenBLAS itself picks on the bf16 CPUs it knows. A core already as wide as
+// the CPU is kept: SkylakeX and Cooperlake share their sgemm micro-kernel and ran the trainer at
+// the same speed, but not the same bits (their blocking differs), so replacing a full-width
+// choice would only change the rounding. 0.3.21 has no Sapphire Rapids table in its DYNAMIC_ARCH
+// list; Cooperlake is the best it offers there. Ranks on different hosts must run the same kernels to
 // sum alike (docs/multinode.md): pin them with DTENSOR_BLAS_CORETYPE (or OPENBLAS_CORETYPE) and
 // forward the variable.
 //
