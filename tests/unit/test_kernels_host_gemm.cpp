@@ -293,6 +293,8 @@ TEST_CASE("DTENSOR_BLAS_CORETYPE pins OpenBLAS's kernels, and a name it does not
   const kh::BlasKernels k = kh::detail::choose_blas_kernels();
   CHECK(k.core == "Haswell");
   CHECK(k.chosen_by == "DTENSOR_BLAS_CORETYPE");
+  ::setenv("DTENSOR_BLAS_CORETYPE", "", 1);
+  kt::require_error([] { (void)kh::detail::choose_blas_kernels(); }, {"DTENSOR_BLAS_CORETYPE", "''"});
   ::setenv("DTENSOR_BLAS_CORETYPE", "Pentium9", 1);
   kt::require_error([] { (void)kh::detail::choose_blas_kernels(); }, {"DTENSOR_BLAS_CORETYPE", "'Pentium9'", "not a core"});
   CHECK(kh::detail::openblas_core_name() == "Haswell");  // put back as it was before the bad name

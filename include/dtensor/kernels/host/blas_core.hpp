@@ -187,6 +187,9 @@ inline BlasKernels choose_blas_kernels() {
   const CpuBlasFeatures cpu = cpu_blas_features();
   k.cpu = cpu.names;
   const std::string pin = env_or_empty("DTENSOR_BLAS_CORETYPE"), openblas_pin = env_or_empty("OPENBLAS_CORETYPE");
+  if (pin.empty() && std::getenv("DTENSOR_BLAS_CORETYPE"))  // set but empty: a forwarding mistake, not "unset"
+    throw Error("DTENSOR_BLAS_CORETYPE", "'' names no kernels: unset it, or name a core (Haswell, SkylakeX, Cooperlake, "
+                                         "or openblas for OpenBLAS's own choice)");
 #ifdef DTENSOR_DETAIL_WEAK_OPENBLAS_CORE
   if (&openblas_get_corename == nullptr) return k;  // a CBLAS that is not OpenBLAS: its kernels are its own
   if (&openblas_get_config != nullptr) {
