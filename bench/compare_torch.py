@@ -31,9 +31,12 @@ PyTorch runs with torch.set_num_threads(t) and OMP_NUM_THREADS=MKL_NUM_THREADS=t
 GEMM kernels: PyTorch's MKL/oneDNN pick their kernels for the CPU (AVX-512 where it has it). So that
 dtensor's OpenBLAS does the same, --blas-core auto (the default) removes an inherited
 OPENBLAS_CORETYPE from the trainer's environment (a machine that exports OPENBLAS_CORETYPE=Haswell
-runs the AVX2 kernels on an AVX-512 CPU: 30-38 % more CPU time per step, docs/benchmarks.md);
---blas-core NAME sets it, --blas-core inherit keeps the environment's. The output names the kernel
-family OpenBLAS runs (openblas_get_corename of the trainer's libopenblas, in the trainer's environment).
+runs the AVX2 kernels on an AVX-512 CPU: 30-38 % more CPU time per step, docs/benchmarks.md), so
+the trainer runs as a user's does with nothing set: OpenBLAS's kernels, or wider ones dtensor
+chooses by the CPU's features where OpenBLAS's table does not know the CPU (kernels/host/blas_core.hpp);
+--blas-core NAME sets it, --blas-core inherit keeps the environment's. The output names OpenBLAS's
+own choice (openblas_get_corename of the trainer's libopenblas, in the trainer's environment) and the
+trainer's `host BLAS:` line (the kernels it runs).
 
 --smoke: 2 steps of every selected configuration, one run per side, no timing: the format and
 parameter-count checks only. Without torch for --python (CI installs only Debian packages) the
@@ -139,6 +142,8 @@ def parse(who, out, cmd):
         model = need(DT_MODEL, out, who, "'model: L layers, dim D, H heads, seq S, batch B, vocab V' header", cmd)
         params = need(DT_PARAMS, out, who, "'parameters: N' line", cmd)
         r = {"threads": int(ranks.group(1)), "version": None, "params": int(params.group(1))}
+        blas = re.search(r"^host (?:BLAS|GEMM): .*$", out, re.M)
+        r["blas"] = blas.group(0) if blas else None
         r.update(zip(("layers", "dim", "heads", "seq", "batch", "vocab"), map(int, model.groups())))
     else:
         h = need(PT_HEADER, out, who, "'train_gpt_torch: torch V, T thread(s); vocab ...; N parameters' header", cmd)
@@ -246,7 +251,7 @@ def main():
     ap.add_argument("--trainer-flags", default="", help="more flags for train_gpt, after the explicit ones "
                     "(--trainer-flags='--arch llama' must fail: another model)")
     ap.add_argument("--blas-core", default="auto",
-                    help="OPENBLAS_CORETYPE for the trainer: auto (default: unset, OpenBLAS picks for this CPU as MKL "
+                    help="OPENBLAS_CORETYPE for the trainer: auto (default: unset, the kernels are chosen for this CPU as MKL "
                          "does for PyTorch), inherit (the environment's), or a name (Haswell, SkylakeX, ...)")
     ap.add_argument("--omp-passive", action="store_true",
                     help="run PyTorch with OMP_WAIT_POLICY=PASSIVE: on a machine loaded beyond its cores, OpenMP's "
@@ -269,8 +274,9 @@ def main():
     print(f"compare_torch: CPU {cpu_model()}, {os.cpu_count()} logical CPUs; load average (1, 5, 15 min) "
           f"%.2f %.2f %.2f; trainer {a.trainer}; twin {a.twin}" % load_at_start)
     inherited = os.environ.get("OPENBLAS_CORETYPE")
-    print(f"compare_torch: dtensor's OpenBLAS runs its {openblas_core(a.trainer, trainer_env(os.environ, a.blas_core))} "
-          f"kernels (--blas-core {a.blas_core}; OPENBLAS_CORETYPE in this environment: {inherited or 'unset'})")
+    print(f"compare_torch: dtensor's OpenBLAS picks its {openblas_core(a.trainer, trainer_env(os.environ, a.blas_core))} "
+          f"kernels by itself (--blas-core {a.blas_core}; OPENBLAS_CORETYPE in this environment: {inherited or 'unset'})")
+    blas_line_shown = False
     rounds = 1 if a.smoke else a.rounds
     results = {}
     for name in a.only:
@@ -303,6 +309,9 @@ def main():
             for who in order:
                 out, wall, cpu = run(full[who], envs[who])
                 reports[who] = parse(who, out, full[who])
+                if who == "dtensor" and reports[who].get("blas") and not blas_line_shown:
+                    print(f"compare_torch: the trainer's {reports[who]['blas']}")
+                    blas_line_shown = True
                 timed[who] = (wall, cpu)
             check(name, m, steps, threads, reports)
             if a.smoke:

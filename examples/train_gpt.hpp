@@ -90,6 +90,7 @@
 #include "dtensor/trace/training_monitor.hpp"
 #include "dtensor/trace/unit_spans.hpp"
 #include "dtensor/training.hpp"
+#include "dtensor/kernels/host/blas_core.hpp"
 #include "dtensor/kernels/host/parallel.hpp"
 #include "flags.hpp"
 #include "plan_auto.hpp"
@@ -1010,6 +1011,8 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
                                                                 : "gathers each unit per micro-batch");
     if (moe) std::printf("; MoE: %lld experts, top-%lld, over ep %d", (long long)o.experts, (long long)o.topk, o.ep);
     std::printf("\nparameters: %lld\n", (long long)parameters);
+    // The GEMMs' kernels (most of a CPU step), and who chose them.
+    if constexpr (std::is_same_v<Space, host_space>) std::printf("%s\n", kernels::host::blas_kernels_line().c_str());
   }
   // Across machines: which dimensions cross hosts (docs/multinode.md). The threads backend's
   // ranks share one host, so only the process backends exchange their host names.
@@ -1460,6 +1463,9 @@ int run(int argc, char** argv, const Options& o, const Gpu& gpu = {}) {
     check_save_dir(o);
     if constexpr (Gpu::available)
       if (o.device == "cuda") return gpu.template run<Compute>(argc, argv, o, corpus);
+    // The host BLAS's kernels, chosen by the CPU's features (kernels/host/blas_core.hpp) here,
+    // before the rank threads start: the choice sets OPENBLAS_CORETYPE for an instant.
+    (void)kernels::host::blas_kernels();
     if (o.backend == "mpi") {
 #ifdef DTENSOR_HAS_MPI
       return dtensor::mpi::run(argc, argv, [&](CommPtr world) { run_rank<host_space, Compute>(std::move(world), o, corpus); });

@@ -135,7 +135,7 @@ def cases(build, tmp):
                         re.escape("--device-file") + "|device file|" + re.escape(v)))
     # Environment variables.
     for var in ["DTENSOR_TIMEOUT_MS", "DTENSOR_CHECK_COLLECTIVES", "DTENSOR_VERIFY_EVERY", "DTENSOR_HOST_ISA",
-                "DTENSOR_BLAS_THREADS", "DTENSOR_PROGRESS"]:
+                "DTENSOR_BLAS_THREADS", "DTENSOR_BLAS_CORETYPE", "DTENSOR_PROGRESS"]:
         for v in ["-1", "abc", "1e300", "99999999999999999999", " 1"]:
             out.append(Case(f"train_gpt env {var}='{v}'", [gpt] + GPT, var, env={var: v}))
     # MPI: one rank of four given another value of a flag; every rank must fail naming the flag.

@@ -198,3 +198,110 @@ TEST_CASE("set_blas_threads", "[kernels][gemm]") {
   INFO("BLAS thread count applied: " << took);
   SUCCEED();
 }
+
+// Issue 46: OpenBLAS picks its kernels by the CPU's model number; on a CPU newer than its table
+// (Debian 12's 0.3.21 on a Sapphire Rapids VM) it ran the Prescott (SSE3) kernels. gemm() now
+// makes it run kernels as wide as the CPU's features allow (blas_core.hpp).
+TEST_CASE("the BLAS kernel choice by CPU features", "[kernels][gemm][blas]") {
+  using kh::Isa;
+  using L = kh::detail::BlasLevel;
+  CHECK(kh::detail::blas_core_to_choose("Prescott", L::avx512, true, Isa::avx512) == "Cooperlake");
+  CHECK(kh::detail::blas_core_to_choose("prescott", L::avx512, false, Isa::avx512) == "SkylakeX");
+  CHECK(kh::detail::blas_core_to_choose("Nehalem", L::avx2, false, Isa::avx512) == "Haswell");
+  CHECK(kh::detail::blas_core_to_choose("Sandybridge", L::avx512, true, Isa::avx2) == "Haswell");  // DTENSOR_HOST_ISA=avx2
+  CHECK(kh::detail::blas_core_to_choose("Prescott", L::avx512, true, Isa::baseline).empty());      // DTENSOR_HOST_ISA=baseline
+  CHECK(kh::detail::blas_core_to_choose("Zen", L::avx512, false, Isa::avx512) == "SkylakeX");
+  CHECK(kh::detail::blas_core_to_choose("SkylakeX", L::avx512, true, Isa::avx512).empty());  // as wide: kept
+  CHECK(kh::detail::blas_core_to_choose("Haswell", L::avx2, false, Isa::avx512).empty());
+  CHECK(kh::detail::blas_core_to_choose("Prescott", L::sse, false, Isa::avx512).empty());  // nothing wider to run
+  CHECK(kh::detail::blas_core_to_choose("ARMV8SVE", L::avx512, true, Isa::avx512).empty());  // not an x86 core: never
+  CHECK(kh::detail::blas_core_level("Cooperlake") == L::avx512);
+  CHECK(kh::detail::blas_core_level("Unknown") == L::unknown);
+}
+
+namespace {
+/// OpenBLAS kernels a user pinned in the environment ("" when none).
+std::string blas_pin() {
+  for (const char* v : {"DTENSOR_BLAS_CORETYPE", "OPENBLAS_CORETYPE"})
+    if (const char* s = std::getenv(v); s && !kh::detail::iequal(s, "openblas")) return s;
+  return "";
+}
+}  // namespace
+
+TEST_CASE("the BLAS runs kernels as wide as the CPU's, not SSE ones on an AVX2 or AVX-512 CPU", "[kernels][gemm][blas]") {
+  if (!kh::has_cblas()) { WARN("skipped: " << "built without a BLAS"); return; }
+  float a[4] = {1, 2, 3, 4}, c[4] = {};
+  kh::gemm<float>(false, false, 1.f, a, a, 0.f, c, 2, 2, 2, 2, 2, 2);  // the choice is made before the first CBLAS call
+  CHECK(c[0] == 7.f);
+  const kh::BlasKernels& k = kh::blas_kernels();
+  INFO(kh::blas_kernels_line());
+  if (k.library.empty()) { WARN("skipped: " << "the CBLAS is not OpenBLAS"); return; }
+  const auto cpu = kh::detail::cpu_blas_features();
+  if (cpu.level < kh::detail::BlasLevel::avx2) { WARN("skipped: " << "the CPU has neither AVX2 nor AVX-512"); return; }
+  if (const std::string pin = blas_pin(); !pin.empty()) {
+    CHECK(kh::detail::iequal(k.core, pin));  // a user's pin is what runs, never replaced
+    { WARN("skipped: " << "kernels pinned in the environment: " + pin); return; }
+  }
+  // The cap DTENSOR_HOST_ISA puts on the choice (baseline: OpenBLAS's own pick stays).
+  const kh::Isa cap = kh::detected_host_isa();
+  const auto want = cap == kh::Isa::baseline ? kh::detail::BlasLevel::sse
+                    : cap == kh::Isa::avx2   ? std::min(cpu.level, kh::detail::BlasLevel::avx2)
+                                             : cpu.level;
+  CHECK(kh::detail::blas_core_level(k.core) >= want);
+}
+
+TEST_CASE("an OpenBLAS fallen back to Prescott is switched to the CPU's kernels before the first GEMM", "[kernels][gemm][blas]") {
+#ifdef DTENSOR_DETAIL_WEAK_OPENBLAS_CORE
+  if (!kh::detail::openblas_can_switch()) { WARN("skipped: " << "not an OpenBLAS built with DYNAMIC_ARCH"); return; }
+  const auto cpu = kh::detail::cpu_blas_features();
+  if (cpu.level < kh::detail::BlasLevel::avx2 || kh::detected_host_isa() == kh::Isa::baseline)
+    { WARN("skipped: " << "the CPU has neither AVX2 nor AVX-512 (or DTENSOR_HOST_ISA=baseline)"); return; }
+  if (!blas_pin().empty()) { WARN("skipped: " << "kernels pinned in the environment"); return; }
+  const std::string process_core = kh::blas_kernels().core;
+  // What the machine of issue 46 ran: OpenBLAS's own choice on a CPU it did not know.
+  REQUIRE(kh::detail::switch_openblas_core("Prescott") == "Prescott");
+  const kh::BlasKernels k = kh::detail::choose_blas_kernels();
+  const std::string after = kh::detail::openblas_core_name();
+  CHECK(after == k.core);
+  CHECK(k.library_pick == "Prescott");
+  CHECK(k.chosen_by == "dtensor");
+  CHECK(kh::detail::blas_core_level(k.core) >= std::min(cpu.level, kh::detected_host_isa() == kh::Isa::avx2
+                                                                       ? kh::detail::BlasLevel::avx2
+                                                                       : kh::detail::BlasLevel::avx512));
+  if (cpu.level == kh::detail::BlasLevel::avx512 && cpu.avx512_bf16 && kh::detected_host_isa() == kh::Isa::avx512)
+    CHECK(k.core == "Cooperlake");
+  // The switched library computes (a 33 x 17 x 9 product against the loop).
+  Extent lda = 0, ldb = 0;
+  auto A = make_operand<float>(33, 9, false, 0, 1, lda);
+  auto B = make_operand<float>(9, 17, true, 0, 2, ldb);
+  std::vector<float> C1(33 * 17), C2(33 * 17);
+  kh::gemm<float>(false, true, 1.f, A.data(), B.data(), 0.f, C1.data(), 33, 17, 9, lda, ldb, 17);
+  kh::detail::gemm_portable<float>(false, true, 1.f, A.data(), B.data(), 0.f, C2.data(), 33, 17, 9, lda, ldb, 17);
+  for (std::size_t i = 0; i < C1.size(); ++i) CHECK(C1[i] == Approx(C2[i]).epsilon(1e-5).margin(1e-5));
+  CHECK(kh::detail::switch_openblas_core(process_core) == process_core);  // as the process chose
+#else
+  { WARN("skipped: " << "built without OpenBLAS"); return; }
+#endif
+}
+
+TEST_CASE("DTENSOR_BLAS_CORETYPE pins OpenBLAS's kernels, and a name it does not know is an error", "[kernels][gemm][blas]") {
+#ifdef DTENSOR_DETAIL_WEAK_OPENBLAS_CORE
+  if (!kh::detail::openblas_can_switch()) { WARN("skipped: " << "not an OpenBLAS built with DYNAMIC_ARCH"); return; }
+  if (!blas_pin().empty()) { WARN("skipped: " << "kernels pinned in the environment"); return; }
+  const std::string process_core = kh::blas_kernels().core;
+  ::setenv("DTENSOR_BLAS_CORETYPE", "haswell", 1);
+  const kh::BlasKernels k = kh::detail::choose_blas_kernels();
+  CHECK(k.core == "Haswell");
+  CHECK(k.chosen_by == "DTENSOR_BLAS_CORETYPE");
+  ::setenv("DTENSOR_BLAS_CORETYPE", "", 1);
+  kt::require_error([] { (void)kh::detail::choose_blas_kernels(); }, {"DTENSOR_BLAS_CORETYPE", "''"});
+  ::setenv("DTENSOR_BLAS_CORETYPE", "Pentium9", 1);
+  kt::require_error([] { (void)kh::detail::choose_blas_kernels(); }, {"DTENSOR_BLAS_CORETYPE", "'Pentium9'", "not a core"});
+  CHECK(kh::detail::openblas_core_name() == "Haswell");  // put back as it was before the bad name
+  ::unsetenv("DTENSOR_BLAS_CORETYPE");
+  CHECK(kh::detail::switch_openblas_core(process_core) == process_core);
+  CHECK(std::getenv("OPENBLAS_CORETYPE") == nullptr);  // the switch leaves the environment as it found it
+#else
+  { WARN("skipped: " << "built without OpenBLAS"); return; }
+#endif
+}

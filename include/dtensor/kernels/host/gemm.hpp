@@ -20,6 +20,10 @@
 // before (or DTENSOR_BLAS_THREADS in the environment names another count). set_blas_threads reaches OpenBLAS through openblas_set_num_threads, declared as a weak
 // symbol (GCC/Clang on ELF): when the linked BLAS is not OpenBLAS the symbol is null and the call
 // reports false (set OPENBLAS_NUM_THREADS / MKL_NUM_THREADS in the environment instead).
+//
+// Kernels: the same first call makes OpenBLAS run the widest kernels the CPU's features allow
+// when it chose narrower ones by the CPU's model number (blas_core.hpp; DTENSOR_BLAS_CORETYPE or
+// OPENBLAS_CORETYPE pin them).
 #pragma once
 
 #include <algorithm>
@@ -32,6 +36,7 @@
 #include <vector>
 
 #include "dtensor/core/parse.hpp"
+#include "dtensor/kernels/host/blas_core.hpp"
 #include "dtensor/kernels/host/common.hpp"
 
 #ifdef DTENSOR_HAS_CBLAS
@@ -78,10 +83,12 @@ inline int blas_threads_from_env() {
   return *n;
 }
 
-/// The one-thread default (or DTENSOR_BLAS_THREADS), applied once before the first CBLAS call.
+/// Before the first CBLAS call, once: the kernels by CPU features (blas_core.hpp), then the
+/// one-thread default (or DTENSOR_BLAS_THREADS).
 inline void blas_default_threads_once() {
   static std::once_flag once;
   std::call_once(once, [] {
+    (void)blas_kernels();
     if (blas_threads_chosen().load()) return;
     set_blas_threads_raw(blas_threads_from_env());
   });
