@@ -4,8 +4,9 @@
 // so that for the same model and rank count they choose the same plan.
 //
 //   auto ranked = sim::search_plans(shape, space, hw);               // analytic, fastest first
-//   auto finalists = examples::rescore(base, llama, bf16, ranked, 12, hw);
-//   finalists[0].ranked.plan;  finalists[0].dry.step;  finalists[0].analytic_rank;
+//   auto r = examples::rescore(base, llama, bf16, ranked, 12, hw);
+//   r.finalists[0].ranked.plan;  r.finalists[0].dry.step;  r.finalists[0].analytic_rank;
+//   r.dropped_unfit;  r.skipped;                                   // what it left out, and why
 //
 // Order: by the dry run's step (stable: equal steps keep the analytic order). A plan the dry run
 // says does not fit, or refuses (its checks), is dropped and the next of the analytic ranking
