@@ -687,11 +687,11 @@ int run_search(const Options& o) {
               o.search_gpus <= sim::exhaustive_gpus ? ", every factorization" : "", analytic_seconds, rescored.dry_run, total);
   if (rescored.dropped_unfit + rescored.dropped_refused > 0)
     std::printf("dropped: %zu of the analytic best do not fit in their dry run, %zu refused by it%s%s; the next taken "
-                "instead (at most %d dry runs), skipping %zu whose analytic memory x %.2f (the dry run's largest excess "
-                "over the analytic estimate among the dropped) does not fit\n",
+                "instead (at most %d dry runs), those whose analytic memory x %.2f (the dry run's largest excess over the "
+                "analytic estimate among the dropped) does not fit last (%zu of them not dry-run)\n",
                 rescored.dropped_unfit, rescored.dropped_refused, rescored.last_refusal.empty() ? "" : " (last: ",
                 rescored.last_refusal.empty() ? "" : (rescored.last_refusal + ")").c_str(), 3 * o.finalists,
-                rescored.skipped, rescored.memory_ratio);
+                rescored.memory_ratio, rescored.skipped);
   if (finalists.empty() && o.finalists > 0) {
     std::printf("none of the %zu analytic best plans fits in its dry run: no plan printed (the analytic memory "
                 "estimate and the dry run disagree; docs/dry-run.md)\n", rescored.dry_run);

@@ -14,8 +14,9 @@
 // rejects (Rescored::dropped_unfit, dropped_refused count them; the last refusal is kept). Where
 // the dry run holds more than the analytic estimate said (sim/analytic.hpp leaves out what the
 // dry run's ledger sees, e.g. ZeRO's communication buffers), the plans after a drop are taken
-// only if their analytic memory times the largest ratio dry run / analytic of a dropped plan
-// fits (Rescored::skipped): the next plans are mostly variants of the dropped one.
+// first if their analytic memory times the largest ratio dry run / analytic of a dropped plan
+// fits (the next plans are mostly variants of the dropped one), the others after them while the
+// budget lasts (Rescored::skipped: those never dry-run).
 // This header instantiates the whole dry run (every model kind, both dtypes, with and without
 // SP): it is compiled by host compilers only (plan_at_scale.cpp, plan_auto_dry.cpp), never by
 // nvcc (the CUDA trainer links plan_auto_dry.cpp's object).
@@ -102,7 +103,7 @@ struct Rescored {
   std::size_t dry_run = 0;         // plans dry-run in all (finalists and dropped)
   std::size_t dropped_unfit = 0;   // the dry run's memory verdict: does not fit
   std::size_t dropped_refused = 0; // the dry run refused the plan (its checks)
-  std::size_t skipped = 0;         // not dry-run: analytic memory x memory_ratio does not fit
+  std::size_t skipped = 0;         // deferred (analytic memory x memory_ratio does not fit) and never dry-run
   double memory_ratio = 1;         // the largest dry run / analytic memory of a dropped plan
   std::string last_refusal;        // the last refusal's message
 };
@@ -115,12 +116,8 @@ inline Rescored rescore(const dtensor::sim::TrainingPlan& base, bool llama, bool
   hw.fp32 = !bf16;
   Rescored out;
   const std::size_t tries = 3 * count;
-  for (std::size_t i = 0; i < ranked.size() && out.finalists.size() < count && out.dry_run < tries; ++i) {
+  const auto dry_run_one = [&](std::size_t i) {
     Finalist f{ranked[i], i, {}, {}};
-    if (!dtensor::sim::fits(ranked[i].estimate.memory_bytes * out.memory_ratio, hw)) {
-      ++out.skipped;
-      continue;
-    }
     const auto plan = training_plan_of(base, ranked[i].plan);
     ++out.dry_run;
     try {
@@ -129,16 +126,26 @@ inline Rescored rescore(const dtensor::sim::TrainingPlan& base, bool llama, bool
     } catch (const dtensor::Error& e) {
       ++out.dropped_refused;
       out.last_refusal = e.what();
-      continue;
+      return;
     }
     if (!f.dry.fits) {
       ++out.dropped_unfit;
       if (ranked[i].estimate.memory_bytes > 0)
         out.memory_ratio = std::max(out.memory_ratio, f.dry.memory / ranked[i].estimate.memory_bytes);
-      continue;
+      return;
     }
     out.finalists.push_back(std::move(f));
+  };
+  // First the plans the analytic memory, scaled by what the drops so far showed, says fit; then,
+  // while the budget lasts, the deferred ones in analytic order (the scaling is a guess).
+  std::vector<std::size_t> deferred;
+  for (std::size_t i = 0; i < ranked.size() && out.finalists.size() < count && out.dry_run < tries; ++i) {
+    if (!dtensor::sim::fits(ranked[i].estimate.memory_bytes * out.memory_ratio, hw)) deferred.push_back(i);
+    else dry_run_one(i);
   }
+  out.skipped = deferred.size();
+  for (std::size_t k = 0; k < deferred.size() && out.finalists.size() < count && out.dry_run < tries; ++k, --out.skipped)
+    dry_run_one(deferred[k]);
   std::stable_sort(out.finalists.begin(), out.finalists.end(),
                    [](const Finalist& a, const Finalist& b) { return a.dry.step < b.dry.step; });
   return out;
