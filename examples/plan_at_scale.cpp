@@ -4,7 +4,9 @@
 // once per rank class (models/training_plan.hpp), then the report per class and the estimated step
 // time on H100s (docs/dry-run.md).
 //
-//   plan_at_scale                                          # GPT-3 175B-like on 16,384 GPUs
+//   plan_at_scale                                          # GPT-2 124M-like, bf16, DDP on 8 GPUs
+//   plan_at_scale --layers 96 --dim 12288 --heads 96 --seq 2048 --batch 1536 --dp 128 --tp 8
+//                 --pp 16 --microbatches 16                # GPT-3 175B-like on 16,384 GPUs
 //   plan_at_scale --arch llama --layers 126 --dim 16384 --heads 128 --kv-heads 8 --ffn 53248
 //                 --vocab 128256 --seq 8192 --batch 2048 --dp 128 --tp 8 --pp 16 --microbatches 16
 //                 --dtype bf16 --trace step.json           # Llama-3-405B's plan
@@ -29,8 +31,11 @@
 // --device-field name=value for one field. The report: per class its tables, then the plan's step
 // (the critical path across classes and pipeline stages, sim::estimate_plan), tokens/s, MFU,
 // TFLOP/s per GPU, the slowest class and the memory verdict (in-step peak against the device's
-// memory less the reserve); --json prints the same as one JSON object instead of text. A plan
-// that does not fit exits with status 3 after its report.
+// memory less the reserve); --json prints the same as one JSON object instead of text (a figure
+// that cannot be computed is null, its reason under "unavailable"; never NaN or Inf; one plan's
+// report only: --json with --search, --serve or --published is refused). MFU counts the model
+// FLOPs a token needs (PaLM's 6 N + 12 L h s), N a MoE model's active parameters (the router and
+// its top-k experts per MoE block). A plan that does not fit exits with status 3 after its report.
 //
 //   plan_at_scale --arch llama ... --tp 8 --pp 2 --dtype bf16 --serve 8,8192
 //
@@ -47,7 +52,10 @@
 // its schedule, dp with DDP / ZeRO / HSDP, recomputation), ranked by the analytic estimate
 // (sim/analytic.hpp); the best --finalists are dry-run and ranked by the dry run's estimate (0:
 // the analytic ranking alone; the output's "ranked by" line says which); the top --top printed
-// with why each lost to the first.
+// with why each lost to the first. A finalist that does not fit in its own dry run (or that the
+// dry run refuses) is dropped and the next taken (examples/plan_rescore.hpp; the output counts
+// them): no printed plan is one its dry run rejects. DDP in bf16 holds fp32 master values and
+// moments (sim::as_run), --bf16-moments for AdamW in bf16 on the values instead.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -78,9 +86,15 @@ using examples::flag_value;
 using examples::UsageError;
 
 struct Options {
-  sim::TrainingPlan plan{.model = {.vocab = 50257, .seq = 2048, .dim = 12288, .heads = 96, .layers = 96, .mlp_ratio = 4},
-                         .batch = 1536, .microbatches = 16, .dp = 128, .tp = 8, .pp = 16};
-  bool sp = true, llama = false, bf16 = false;
+  // The defaults: a small plan (GPT-2 124M's shape, bf16, DDP on one node of 8 GPUs), so that a
+  // bare `plan_at_scale` runs in a moment and describes something people train; a large plan
+  // is given by its flags (the examples above).
+  sim::TrainingPlan plan{.model = {.vocab = 50257, .seq = 1024, .dim = 768, .heads = 12, .layers = 12, .mlp_ratio = 4},
+                         .batch = 64, .microbatches = 1, .dp = 8, .tp = 1, .pp = 1};
+  bool sp = true, llama = false, bf16 = true;
+  // bf16 under DDP: fp32 master values and AdamW moments (sim::as_run; `ddp_master` when the dry
+  // run runs the plan as the ZeRO-1 over one shard that holds them), unless --bf16-moments.
+  bool bf16_moments = false, ddp_master = false;
   std::string trace;
   sim::Hardware hardware;
   bool json = false, search = false, published = false;
@@ -104,7 +118,7 @@ constexpr const char* usage =
     "usage: plan_at_scale [--help] [--arch gpt|llama --layers N --dim N --heads N --kv-heads N --ffn N --vocab N --seq N "
     "--batch N --mlp-ratio N --dtype f32|bf16 --checkpoint --recompute none|full|selective|LIST --dp N --tp N --pp N --cp N --cp-kind ring|allgather|ulysses "
     "--no-cp-balance --zero 0|1|2|3 --hsdp R --microbatches N --schedule gpipe|1f1b|interleaved|zb|zbv|dualpipev --stages-per-rank N "
-    "--experts E --topk K --ep N --moe-every N --capacity F --expert-ffn N --no-sp --trace FILE --json "
+    "--bf16-moments --experts E --topk K --ep N --moe-every N --capacity F --expert-ffn N --no-sp --trace FILE --json "
     "--device h100|h200|a100 --device-file F --device-field NAME=VALUE --peak-tflops X "
     "--search --gpus N --top K --finalists N --rank-of tp=T,pp=P,dp=D[,cp=C,v=V,zero=Z,micro=B,ep=E] --published "
     "--serve BATCH,CONTEXT --sync-table [--inner-steps H --fragments F --overlap T --staleness S] "
@@ -192,7 +206,8 @@ Options parse(int argc, char** argv) {
       // f32 as train_gpt spells it; fp32 too (what this tool printed and accepted first).
       if (dtype != "f32" && dtype != "fp32" && dtype != "bf16") throw UsageError("--dtype " + dtype + ": f32 (or fp32) or bf16");
       o.bf16 = dtype == "bf16";
-    } else if (a == "--no-sp") o.sp = false;
+    } else if (a == "--bf16-moments") o.bf16_moments = true;
+    else if (a == "--no-sp") o.sp = false;
     else if (a == "--trace") o.trace = value();
     else if (a == "--peak-tflops") {
       // A bound well past any GPU (an H200 is ~1e3 bf16): 1e300 was accepted and made the MFU 0.
@@ -274,6 +289,11 @@ Options parse(int argc, char** argv) {
     throw UsageError("--sync-table: --fragments " + std::to_string(o.fragments) + " and --overlap " + std::to_string(o.overlap) +
                      " must be at most and below --inner-steps " + std::to_string(o.inner_steps));
   if (o.sync_table && (o.search || o.published || o.json)) throw UsageError("--sync-table is for one plan's text report");
+  if (o.json && (o.search || o.published || was_given("--serve")))
+    throw UsageError("--json is for one plan's report (not --search, --serve or --published: those print text)");
+  if (o.bf16_moments && !o.bf16) throw UsageError("--bf16-moments needs --dtype bf16 (an fp32 model's moments are fp32)");
+  if (o.bf16_moments && o.plan.zero > 0)
+    throw UsageError("--bf16-moments is for DDP (--zero 0): fully_shard keeps fp32 master values and moments");
   if (o.published) return o;
   // The dry run builds every block and expert as a module and walks the sequence's positions (the
   // context layout, the pipeline's per-token work): sizes past these bounds would exhaust memory
@@ -292,6 +312,8 @@ Options parse(int argc, char** argv) {
   }
   if (o.search) {
     if (o.search_gpus == 0) throw UsageError("--search needs --gpus N");
+    if (was_given("--zero") || was_given("--hsdp"))
+      throw UsageError("--zero and --hsdp are dimensions of --search (it tries DDP, ZeRO-1/2/3 and HSDP)");
     if (o.llama && o.plan.has_experts()) throw UsageError("--arch llama with --experts: MoE blocks are GPT blocks");
     o.search_ep = was_given("--ep") ? o.plan.ep : 0;  // given: only that ep; else every one the search allows
     return o;
@@ -306,6 +328,10 @@ Options parse(int argc, char** argv) {
   // written after it, checked again then), and the plan must be one (the GPU count fits an int).
   examples::check_output_file("--trace", o.trace);  // a directory, a missing or unwritable one (flags.hpp)
   sim::check_plan(o.plan);
+  // DDP in bf16 as it runs (sim::as_run, inside the dry run): ZeRO-1 over one shard per data
+  // rank, fp32 master and moments.
+  o.plan.bf16_moments = o.bf16_moments;
+  o.ddp_master = sim::as_run(o.plan, o.bf16).zero != o.plan.zero;
   return o;
 }
 
@@ -325,7 +351,7 @@ struct PlanSummary {
 /// dry run's optimizer holds one (fully_shard<float>: ZeRO-3, or a bf16 model under ZeRO-1/2;
 /// zero 0 is AdamW straight on the parameters).
 sim::TierInput tier_input(const Options& o, const sim::PlanClass& c) {
-  const bool separate_master = o.plan.zero == 3 || (o.plan.zero > 0 && o.bf16);
+  const bool separate_master = o.plan.zero == 3 || (o.plan.zero > 0 && o.bf16) || o.ddp_master;
   auto in = sim::tier_input_of(c.report, c.peak_in_flight, separate_master);
   if (o.tiers.offload.activations) {
     // --offload activations (nn::ActivationOffload, a block at a time): what the micro-batch
@@ -355,11 +381,10 @@ PlanSummary summarize(const Options& o, const std::vector<sim::PlanClass>& class
       executed += double(ph.flops()) * double(c.report.ranks) *
                   (sim::detail::is_microbatch_phase(ph.name) ? double(p.microbatches) : 1.0);
   r.hardware_tflops_per_gpu = executed / gpus / r.step / 1e12;
-  if (!p.has_experts()) {
-    const double model_flops = model_shape(o).model_flops_per_token() * tokens;
-    r.model_tflops_per_gpu = model_flops / gpus / r.step / 1e12;
-    r.mfu = model_flops / (gpus * o.hardware.peak_flops() * r.step);
-  }
+  // PaLM's count; a MoE model's with the parameters a token multiplies (router, top-k experts).
+  const double model_flops = model_shape(o).model_flops_per_token() * tokens;
+  r.model_tflops_per_gpu = model_flops / gpus / r.step / 1e12;
+  r.mfu = model_flops / (gpus * o.hardware.peak_flops() * r.step);
   r.memory = score.memory, r.memory_class = score.memory_class, r.fits = score.fits;
   if (o.tiers.offload.any()) {  // --offload: what stays on the device
     r.memory = 0;
@@ -373,6 +398,20 @@ PlanSummary summarize(const Options& o, const std::vector<sim::PlanClass>& class
   return r;
 }
 
+/// A JSON number, or null where the figure is not finite (JSON has no NaN or Inf): `missing`
+/// then gets the field's name and why, printed as the report's "unavailable" object.
+std::string json_number(double x, const char* field, std::vector<std::string>& missing) {
+  if (std::isfinite(x)) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.6g", x);
+    return buf;
+  }
+  missing.push_back(std::string("\"") + field + "\":\"" +
+                    (std::isnan(x) ? "not a number (a ratio of zeros: a step or class without work)"
+                                   : "infinite (divided by a zero step time)") + "\"");
+  return "null";
+}
+
 std::string json_string(const std::string& v) {
   std::string out = "\"";
   for (char c : v) {
@@ -384,37 +423,53 @@ std::string json_string(const std::string& v) {
 
 void print_json(const Options& o, const std::vector<sim::PlanClass>& classes, const PlanSummary& r, double seconds) {
   const auto& p = o.plan;
-  std::printf("{\"gpus\":%lld,\"pp\":%d,\"dp\":%d,\"cp\":%d,\"tp\":%d,\"zero\":%d,\"microbatches\":%d,\"schedule\":%s,"
-              "\"device\":%s,\"step_seconds\":%.6g,\"pipeline_seconds\":%.6g,\"bubble_fraction\":%.6g,"
-              "\"tokens_per_second\":%.6g,\"mfu\":%.6g,\"model_tflops_per_gpu\":%.6g,\"hardware_tflops_per_gpu\":%.6g,"
-              "\"memory_bytes\":%.6g,\"device_memory_bytes\":%.6g,\"memory_reserve_fraction\":%g,\"fits\":%s,"
-              "\"slowest_class\":%s,\"dry_run_seconds\":%.3g,\"classes\":[",
-              p.gpus(), p.pp, p.dp, p.cp, p.tp, p.zero, p.microbatches, json_string(p.schedule).c_str(),
-              json_string(o.hardware.name).c_str(), r.step, r.estimate.pipeline_seconds, r.estimate.bubble_fraction,
-              r.tokens_per_second, r.mfu, r.model_tflops_per_gpu, r.hardware_tflops_per_gpu, r.memory,
-              o.hardware.memory_bytes, sim::memory_reserve_fraction, r.fits ? "true" : "false",
-              json_string(classes[r.estimate.slowest].report.name).c_str(), seconds);
+  std::vector<std::string> missing;  // "field":"why" of every null
+  const auto num = [&](double x, const std::string& field) { return json_number(x, field.c_str(), missing); };
+  std::string out = dtensor::detail::cat(
+      "{\"gpus\":", p.gpus(), ",\"pp\":", p.pp, ",\"dp\":", p.dp, ",\"cp\":", p.cp, ",\"tp\":", p.tp, ",\"zero\":", p.zero,
+      ",\"fp32_master\":", o.ddp_master || p.zero > 0 || !o.bf16 ? "true" : "false",
+      ",\"microbatches\":", p.microbatches, ",\"schedule\":", json_string(p.schedule),
+      ",\"device\":", json_string(o.hardware.name), ",\"step_seconds\":", num(r.step, "step_seconds"),
+      ",\"pipeline_seconds\":", num(r.estimate.pipeline_seconds, "pipeline_seconds"),
+      ",\"bubble_fraction\":", num(r.estimate.bubble_fraction, "bubble_fraction"),
+      ",\"tokens_per_second\":", num(r.tokens_per_second, "tokens_per_second"), ",\"mfu\":", num(r.mfu, "mfu"),
+      ",\"model_tflops_per_gpu\":", num(r.model_tflops_per_gpu, "model_tflops_per_gpu"),
+      ",\"hardware_tflops_per_gpu\":", num(r.hardware_tflops_per_gpu, "hardware_tflops_per_gpu"),
+      ",\"memory_bytes\":", num(r.memory, "memory_bytes"), ",\"device_memory_bytes\":", num(o.hardware.memory_bytes, "device_memory_bytes"),
+      ",\"memory_reserve_fraction\":", num(sim::memory_reserve_fraction, "memory_reserve_fraction"),
+      ",\"fits\":", r.fits ? "true" : "false", ",\"slowest_class\":", json_string(classes[r.estimate.slowest].report.name),
+      ",\"dry_run_seconds\":", num(seconds, "dry_run_seconds"), ",\"classes\":[");
   for (std::size_t i = 0; i < classes.size(); ++i) {
     const auto& c = classes[i];
     const auto& e = r.estimate.classes[i];
-    std::printf("%s{\"name\":%s,\"ranks\":%lld,\"pipeline_rank\":%d,\"step_seconds\":%.6g,\"once_per_step_seconds\":%.6g,"
-                "\"compute_seconds\":%.6g,\"communication_seconds\":%.6g,\"exposed_communication_seconds\":%.6g,"
-                "\"memory_bytes\":%.6g,\"construction_bytes\":%lld,\"memory_by_tag\":{",
-                i ? "," : "", json_string(c.report.name).c_str(), (long long)c.report.ranks, c.pipeline_rank, e.step_seconds,
-                e.once_per_step_seconds, e.compute_seconds, e.communication_seconds, e.exposed_communication_seconds,
-                c.peak_in_flight, (long long)c.report.construction_peak_total());
+    const std::string at = "classes[" + std::to_string(i) + "].";
+    out += dtensor::detail::cat(
+        i ? "," : "", "{\"name\":", json_string(c.report.name), ",\"ranks\":", (long long)c.report.ranks,
+        ",\"pipeline_rank\":", c.pipeline_rank, ",\"step_seconds\":", num(e.step_seconds, at + "step_seconds"),
+        ",\"once_per_step_seconds\":", num(e.once_per_step_seconds, at + "once_per_step_seconds"),
+        ",\"compute_seconds\":", num(e.compute_seconds, at + "compute_seconds"),
+        ",\"communication_seconds\":", num(e.communication_seconds, at + "communication_seconds"),
+        ",\"exposed_communication_seconds\":", num(e.exposed_communication_seconds, at + "exposed_communication_seconds"),
+        ",\"memory_bytes\":", num(c.peak_in_flight, at + "memory_bytes"),
+        ",\"construction_bytes\":", (long long)c.report.construction_peak_total(), ",\"memory_by_tag\":{");
     bool first = true;
     for (std::size_t t = 0; t < memory_tag_count; ++t) {
       std::int64_t peak = 0;
       for (const auto& ph : c.report.phases)
         if (ph.name != sim::RankReport::construction_phase) peak = std::max(peak, ph.peak[t]);
       if (peak == 0) continue;
-      std::printf("%s%s:%lld", first ? "" : ",", json_string(std::string(name_of(MemoryTag(t)))).c_str(), (long long)peak);
+      out += dtensor::detail::cat(first ? "" : ",", json_string(std::string(name_of(MemoryTag(t)))), ":", (long long)peak);
       first = false;
     }
-    std::printf("}}");
+    out += "}}";
   }
-  std::printf("]}\n");
+  out += "]";
+  if (!missing.empty()) {
+    out += ",\"unavailable\":{";
+    for (std::size_t i = 0; i < missing.size(); ++i) out += (i ? "," : "") + missing[i];
+    out += "}";
+  }
+  std::printf("%s}\n", out.c_str());
 }
 
 void print_header(const Options& o) {
@@ -425,7 +480,9 @@ void print_header(const Options& o) {
                                         : "";
   std::printf("plan_at_scale: %lld GPUs = pp %d x dp %d%s x tp %d%s; %s; %s schedule, %d micro-batches; %s; device %s\n",
               p.gpus(), p.pp, p.dp, context.c_str(), p.tp, o.sp ? " + SP" : "",
-              p.zero == 0 ? "DDP" : (p.hsdp > 1 ? "HSDP " + std::to_string(p.hsdp) + " x " : std::string("")).append("ZeRO-" + std::to_string(p.zero)).c_str(),
+              o.ddp_master ? "DDP with fp32 master values and AdamW moments (run as ZeRO-1 over one shard per data rank)"
+              : p.zero == 0 ? (o.bf16 ? "DDP, AdamW moments in bf16 (no fp32 master)" : "DDP")
+                            : (p.hsdp > 1 ? "HSDP " + std::to_string(p.hsdp) + " x " : std::string("")).append("ZeRO-" + std::to_string(p.zero)).c_str(),
               p.schedule.c_str(), p.microbatches, o.bf16 ? "bf16" : "fp32", o.hardware.name.c_str());
   if (p.has_experts())
     std::printf("MoE: %lld experts, top-%lld, every %lld blocks, over ep %d (balanced routing)\n",
@@ -518,7 +575,14 @@ void print_offload(const Options& o, const std::vector<sim::PlanClass>& classes,
 
 int run_plan(const Options& o) {
   const auto& p = o.plan;
-  if (!o.json) print_header(o);
+  if (!o.json) {
+    print_header(o);
+    // A micro-batch smaller than the data ranks leaves some without a sequence: they run the
+    // step's collectives and the optimizer, no forward work (the plan is valid, but wasteful).
+    if (p.micro_batch() < p.dp)
+      std::printf("note: a micro-batch of %lld sequences over dp %d: %lld data ranks get no sequence\n",
+                  (long long)p.micro_batch(), p.dp, (long long)(p.dp - p.micro_batch()));
+  }
   const auto started = std::chrono::steady_clock::now();
   const std::vector<sim::PlanClass> classes = dry_run_any(o);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
@@ -542,8 +606,8 @@ int run_plan(const Options& o) {
     std::printf("step: %.3f s on %s (pipeline %.3f s, bubble %.1f %%; slowest class %s); %.4g tokens/s; ",
                 r.step, o.hardware.name.c_str(), r.estimate.pipeline_seconds, 100 * r.estimate.bubble_fraction,
                 classes[r.estimate.slowest].report.name.c_str(), r.tokens_per_second);
-    if (p.has_experts()) std::printf("MFU n/a (MoE); ");
-    else std::printf("MFU %.1f %% (%.0f model TFLOP/s per GPU); ", 100 * r.mfu, r.model_tflops_per_gpu);
+    std::printf("MFU %.1f %% (%.0f model TFLOP/s per GPU%s); ", 100 * r.mfu, r.model_tflops_per_gpu,
+                p.has_experts() ? ", active parameters" : "");
     std::printf("%.0f TFLOP/s per GPU executed (recomputation included)\n", r.hardware_tflops_per_gpu);
     std::printf("memory: %s %s of %s per GPU less the %.0f %% reserve (%s)\n", r.fits ? "fits," : "DOES NOT FIT:",
                 sim::detail::human_bytes(r.memory).c_str(), sim::detail::human_bytes(o.hardware.memory_bytes).c_str(),
@@ -572,7 +636,7 @@ int run_plan(const Options& o) {
 /// trainer's --plan auto space, so both choose alike), else sim/search.hpp's powers of two.
 sim::SearchSpace search_space(const Options& o) {
   return {.gpus = o.search_gpus, .batch = o.plan.batch, .bf16 = o.bf16, .exhaustive = o.search_gpus <= sim::exhaustive_gpus,
-          .ep = o.search_ep};
+          .ep = o.search_ep, .bf16_moments = o.bf16_moments};
 }
 
 /// Whether an analytic plan has every field --rank-of names.
@@ -612,14 +676,27 @@ int run_search(const Options& o) {
   const auto ranked = sim::search_plans(model, search_space(o), o.hardware);
   const double analytic_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   // The same ranking train_gpt --plan auto makes (examples/plan_rescore.hpp).
-  const auto finalists = examples::rescore(o.plan, o.llama, o.bf16, ranked, std::size_t(o.finalists), o.hardware);
+  const auto rescored = examples::rescore(o.plan, o.llama, o.bf16, ranked, std::size_t(o.finalists), o.hardware);
+  const auto& finalists = rescored.finalists;
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   std::printf("search: %s %.1fB parameters%s, seq %lld, batch %lld on %lld x %s: %zu plans fit (analytic%s, %.2f s); "
               "%zu finalists dry-run; %.2f s in all\n",
               o.llama ? "llama" : "gpt", model.params() / 1e9,
               model.moe() ? (", " + std::to_string(model.experts) + " experts top-" + std::to_string(model.topk)).c_str() : "",
               (long long)model.seq, (long long)o.plan.batch, o.search_gpus, o.hardware.name.c_str(), ranked.size(),
-              o.search_gpus <= sim::exhaustive_gpus ? ", every factorization" : "", analytic_seconds, finalists.size(), total);
+              o.search_gpus <= sim::exhaustive_gpus ? ", every factorization" : "", analytic_seconds, rescored.dry_run, total);
+  if (rescored.dropped_unfit + rescored.dropped_refused > 0)
+    std::printf("dropped: %zu of the analytic best do not fit in their dry run, %zu refused by it%s%s; the next taken "
+                "instead (at most %d dry runs), those whose analytic memory x %.2f (the dry run's largest excess over the "
+                "analytic estimate among the dropped) does not fit last (%zu of them not dry-run)\n",
+                rescored.dropped_unfit, rescored.dropped_refused, rescored.last_refusal.empty() ? "" : " (last: ",
+                rescored.last_refusal.empty() ? "" : (rescored.last_refusal + ")").c_str(), 3 * o.finalists,
+                rescored.memory_ratio, rescored.skipped);
+  if (finalists.empty() && o.finalists > 0) {
+    std::printf("none of the %zu analytic best plans fits in its dry run: no plan printed (the analytic memory "
+                "estimate and the dry run disagree; docs/dry-run.md)\n", rescored.dry_run);
+    return 3;
+  }
   if (finalists.empty()) {  // --finalists 0: the analytic ranking alone
     std::printf("ranked by: the analytic estimate (sim/analytic.hpp; no plan dry-run: --finalists 0)\n");
     for (std::size_t i = 0; i < ranked.size() && i < std::size_t(o.top); ++i) {
@@ -632,21 +709,15 @@ int run_search(const Options& o) {
     return 0;
   }
   std::printf("ranked by: the simulated step (the real step on meta space, sim::estimate_plan) of the %zu analytic "
-              "best; below them the analytic estimate alone decides\n", finalists.size());
+              "best that fit in it; below them the analytic estimate alone decides\n", finalists.size());
   const auto& best = finalists.front();
   const double tokens = double(o.plan.batch) * double(model.seq);
   for (std::size_t i = 0; i < finalists.size() && i < std::size_t(o.top); ++i) {
     const auto& f = finalists[i];
-    if (!f.error.empty()) {
-      std::printf("%zu. %s: not dry-run (%s); analytic %.3f s, #%zu\n", i + 1, sim::describe(f.ranked.plan).c_str(),
-                  f.error.c_str(), f.ranked.estimate.step_seconds, f.analytic_rank + 1);
-      continue;
-    }
     const double mfu = f.ranked.estimate.model_flops / (double(f.ranked.plan.gpus()) * o.hardware.peak_flops() * f.dry.step);
-    std::printf("%zu. %s: step %.3f s (analytic %.3f s, #%zu), MFU %.1f %%, %.4g tokens/s, memory %s%s\n", i + 1,
+    std::printf("%zu. %s: step %.3f s (analytic %.3f s, #%zu), MFU %.1f %%, %.4g tokens/s, memory %s\n", i + 1,
                 sim::describe(f.ranked.plan).c_str(), f.dry.step, f.ranked.estimate.step_seconds, f.analytic_rank + 1,
-                100 * mfu, tokens / f.dry.step, sim::detail::human_bytes(f.dry.memory).c_str(),
-                f.dry.fits ? "" : " (does not fit in the dry run)");
+                100 * mfu, tokens / f.dry.step, sim::detail::human_bytes(f.dry.memory).c_str());
     if (i > 0)
       std::printf("   loses by %.3f s in the dry run; analytic: %s\n", f.dry.step - best.dry.step,
                   sim::why_slower(f.ranked, best.ranked).c_str());
@@ -666,7 +737,7 @@ int run_published() {
   for (std::size_t i = 0; i < runs.size(); ++i) {
     const auto& run = runs[i];
     const auto p = sim::predict(run);
-    const char* unit = run.iteration_seconds ? " s" : " TFLOP/s";
+    const char* unit = run.iteration_seconds ? " s" : run.flops_count == "tokens" ? " tokens/s" : " TFLOP/s";
     std::printf("%s | %s | %s | %.2f%s | %.2f%s | %+.1f %% | %+.1f %% | %s\n", run.name.c_str(), run.fit ? "fit" : "held out",
                 run.device.c_str(), p.published, unit, p.predicted, unit, 100 * (p.ratio() - 1), 100 * (loo[i] - 1),
                 sim::detail::human_bytes(p.estimate.memory_bytes).c_str());

@@ -19,7 +19,7 @@ std::vector<DryRanked> dry_rank(const PlanModel& m, const std::vector<dtensor::s
     base.moe.every = m.moe_every;
   }
   std::vector<DryRanked> out;
-  for (const auto& f : rescore(base, m.llama, m.bf16, ranked, finalists, hw))
+  for (const auto& f : rescore(base, m.llama, m.bf16, ranked, finalists, hw).finalists)
     out.push_back({f.analytic_rank, f.dry.step, f.dry.memory, f.dry.fits, f.error});
   return out;
 }

@@ -4,16 +4,25 @@
 // so that for the same model and rank count they choose the same plan.
 //
 //   auto ranked = sim::search_plans(shape, space, hw);               // analytic, fastest first
-//   auto finalists = examples::rescore(base, llama, bf16, ranked, 12, hw);
-//   finalists[0].ranked.plan;  finalists[0].dry.step;  finalists[0].analytic_rank;
+//   auto r = examples::rescore(base, llama, bf16, ranked, 12, hw);
+//   r.finalists[0].ranked.plan;  r.finalists[0].dry.step;  r.finalists[0].analytic_rank;
+//   r.dropped_unfit;  r.skipped;                                   // what it left out, and why
 //
-// Order: plans the dry run says fit first, then by the dry run's step (stable: equal steps keep
-// the analytic order); a plan the dry run cannot run (its checks refuse it) last, with its error.
+// Order: by the dry run's step (stable: equal steps keep the analytic order). A plan the dry run
+// says does not fit, or refuses (its checks), is dropped and the next of the analytic ranking
+// taken instead, at most 3 x `count` plans dry-run in all: no finalist is a plan its own dry run
+// rejects (Rescored::dropped_unfit, dropped_refused count them; the last refusal is kept). Where
+// the dry run holds more than the analytic estimate said (sim/analytic.hpp leaves out what the
+// dry run's ledger sees, e.g. ZeRO's communication buffers), the plans after a drop are taken
+// first if their analytic memory times the largest ratio dry run / analytic of a dropped plan
+// fits (the next plans are mostly variants of the dropped one), the others after them while the
+// budget lasts (Rescored::skipped: those never dry-run).
 // This header instantiates the whole dry run (every model kind, both dtypes, with and without
 // SP): it is compiled by host compilers only (plan_at_scale.cpp, plan_auto_dry.cpp), never by
 // nvcc (the CUDA trainer links plan_auto_dry.cpp's object).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <limits>
 #include <string>
@@ -34,6 +43,7 @@ inline dtensor::sim::TrainingPlan training_plan_of(dtensor::sim::TrainingPlan ba
   base.microbatches = shape.microbatches();
   base.dp = shape.dp, base.tp = shape.tp, base.pp = shape.pp, base.cp = shape.cp, base.ep = shape.ep;
   base.zero = shape.zero, base.hsdp = shape.hsdp;
+  base.bf16_moments = shape.bf16_moments;  // DDP in bf16: fp32 master and moments unless asked (sim::as_run)
   base.schedule = shape.schedule;
   base.stages_per_rank = shape.stages_per_rank > 1 ? shape.stages_per_rank : 0;
   base.cp_kind = dtensor::parallel::parse_context_kind(shape.cp_kind);
@@ -87,30 +97,57 @@ struct Finalist {
   std::string error;              // the dry run's refusal, if it refused the plan
 };
 
-/// The first `count` plans of `ranked` dry-run and ordered (see the top of this file). `base`:
-/// the model (TrainingPlan::model, moe) the shapes split; `hw` the device (its fp32 flag is set
-/// from `bf16`).
-inline std::vector<Finalist> rescore(const dtensor::sim::TrainingPlan& base, bool llama, bool bf16,
-                                     const std::vector<dtensor::sim::RankedPlan>& ranked, std::size_t count,
-                                     dtensor::sim::Hardware hw) {
+/// What rescore found: the fitting finalists, fastest first, and what it dropped.
+struct Rescored {
+  std::vector<Finalist> finalists;
+  std::size_t dry_run = 0;         // plans dry-run in all (finalists and dropped)
+  std::size_t dropped_unfit = 0;   // the dry run's memory verdict: does not fit
+  std::size_t dropped_refused = 0; // the dry run refused the plan (its checks)
+  std::size_t skipped = 0;         // deferred (analytic memory x memory_ratio does not fit) and never dry-run
+  double memory_ratio = 1;         // the largest dry run / analytic memory of a dropped plan
+  std::string last_refusal;        // the last refusal's message
+};
+
+/// The first `count` plans of `ranked` that fit in their dry run, ordered (see the top of this
+/// file). `base`: the model (TrainingPlan::model, moe) the shapes split; `hw` the device (its fp32
+/// flag is set from `bf16`).
+inline Rescored rescore(const dtensor::sim::TrainingPlan& base, bool llama, bool bf16,
+                        const std::vector<dtensor::sim::RankedPlan>& ranked, std::size_t count, dtensor::sim::Hardware hw) {
   hw.fp32 = !bf16;
-  std::vector<Finalist> out;
-  for (std::size_t i = 0; i < ranked.size() && out.size() < count; ++i) {
+  Rescored out;
+  const std::size_t tries = 3 * count;
+  const auto dry_run_one = [&](std::size_t i) {
     Finalist f{ranked[i], i, {}, {}};
     const auto plan = training_plan_of(base, ranked[i].plan);
+    ++out.dry_run;
     try {
       dtensor::sim::check_plan(plan);
       f.dry = dry_score(plan, dry_run_any(plan, llama, bf16, ranked[i].plan.sp), hw);
     } catch (const dtensor::Error& e) {
-      f.error = e.what();
+      ++out.dropped_refused;
+      out.last_refusal = e.what();
+      return;
     }
-    out.push_back(std::move(f));
+    if (!f.dry.fits) {
+      ++out.dropped_unfit;
+      if (ranked[i].estimate.memory_bytes > 0)
+        out.memory_ratio = std::max(out.memory_ratio, f.dry.memory / ranked[i].estimate.memory_bytes);
+      return;
+    }
+    out.finalists.push_back(std::move(f));
+  };
+  // First the plans the analytic memory, scaled by what the drops so far showed, says fit; then,
+  // while the budget lasts, the deferred ones in analytic order (the scaling is a guess).
+  std::vector<std::size_t> deferred;
+  for (std::size_t i = 0; i < ranked.size() && out.finalists.size() < count && out.dry_run < tries; ++i) {
+    if (!dtensor::sim::fits(ranked[i].estimate.memory_bytes * out.memory_ratio, hw)) deferred.push_back(i);
+    else dry_run_one(i);
   }
-  std::stable_sort(out.begin(), out.end(), [](const Finalist& a, const Finalist& b) {
-    if (a.error.empty() != b.error.empty()) return a.error.empty();
-    if (a.dry.fits != b.dry.fits) return a.dry.fits;
-    return a.dry.step < b.dry.step;
-  });
+  out.skipped = deferred.size();
+  for (std::size_t k = 0; k < deferred.size() && out.finalists.size() < count && out.dry_run < tries; ++k, --out.skipped)
+    dry_run_one(deferred[k]);
+  std::stable_sort(out.finalists.begin(), out.finalists.end(),
+                   [](const Finalist& a, const Finalist& b) { return a.dry.step < b.dry.step; });
   return out;
 }
 

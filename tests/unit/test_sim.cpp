@@ -1289,13 +1289,15 @@ TEST_CASE("sim: experts that do not divide over ep (5 over 2): the plan runs, an
   for (const auto& c : classes) covered += c.report.ranks;
   CHECK(covered == p.gpus());
   // The step of every rank on its own (the same program, one class per rank): each rank's memory
-  // and traffic is its class's, so the classes' largest figures are the ranks' largest.
-  const auto shape = sim::detail::pipeline_shape(p);
-  const auto schedule = sim::detail::plan_schedule(p);
+  // and traffic is its class's, so the classes' largest figures are the ranks' largest. The
+  // program is the plan as it runs: DDP in bf16 with fp32 master and moments (sim::as_run).
+  const auto ran = sim::as_run(p, true);
+  const auto shape = sim::detail::pipeline_shape(ran);
+  const auto schedule = sim::detail::plan_schedule(ran);
   std::vector<sim::RankClass<5>> every_rank;
   for (int r = 0; r < p.gpus(); ++r) every_rank.push_back({detail::row_major_coordinate(shape, r), 1});
   const auto each = sim::dry_run<5>(shape, every_rank, [&](CommPtr world, sim::Recorder& rec) {
-    sim::detail::pipeline_rank_step<dtensor::bfloat16, Layers, true>(std::move(world), p, schedule, rec);
+    sim::detail::pipeline_rank_step<dtensor::bfloat16, Layers, true>(std::move(world), ran, schedule, rec);
   });
   // A pipeline send's peer is a rank of the whole world: the one thing ranks of a class do not share.
   auto without_peers = [](std::string s) {
@@ -1404,7 +1406,14 @@ TEST_CASE("sim: the calibration is the fit of the fit rows; held-out and leave-o
   REQUIRE(loo.size() == runs.size());
   for (std::size_t i = 0; i < runs.size(); ++i) {
     CAPTURE(runs[i].name, runs[i].fit, loo[i]);
-    if (runs[i].name.rfind("MT-NLG", 0) == 0) {
+    if (runs[i].name.rfind("torchtitan", 0) == 0) {
+      // Held out, and missed (issue 43): torchtitan's 8B under FSDP on 500 W HBM2e H100s is
+      // predicted 1.5-2x too fast — the GEMM efficiency fitted on A100 rows, reused for the
+      // H100, and the SXM peak where theirs is lower (their footnote); a per-device efficiency
+      // from cited measurements is not in the model yet (docs/dry-run.md). Asserted where it is.
+      CHECK(loo[i] > 1.4);
+      CHECK(loo[i] < 2.1);
+    } else if (runs[i].name.rfind("MT-NLG", 0) == 0) {
       // Held out, and missed: the same model and TP 8 x PP 35 as Narayanan's 530B row (163
       // TFLOP/s) ran at 126 TFLOP/s under DeepSpeed's pipeline; we predict Megatron's speed.
       CHECK(loo[i] < 0.80);
@@ -1955,4 +1964,68 @@ TEST_CASE("sim: the dry run's step is the real step's, per rank and tag: FSDP on
       }
     }
   }
+
+TEST_CASE("sim: an op without FLOPs costs its bytes, and data ranks without a sequence are no NaN", "[sim][cost][issue43]") {
+  // A GEMM with an empty dimension (the shard of a data rank that gets no sequence) moves its
+  // weights and computes nothing: its efficiency, intensity 0, was 0, and 0 FLOPs / 0 FLOP/s NaN
+  // ("compute -nan s" in plan_at_scale's report, "-nan" in its JSON).
+  const auto h100 = sim::device("h100");
+  const kernels::meta::CostRecord empty{"gemm", 0, 1'000'000, 0};
+  CHECK(sim::op_seconds(empty, h100) == Approx(1e6 / (h100.hbm_bytes_per_second * sim::calibration.hbm_fraction)));
+  CHECK(sim::op_seconds({"gemm", 0, 0, 0}, h100) == 0);
+  // A micro-batch of 4 sequences over dp 8: four data ranks without work, their own class.
+  const sim::TrainingPlan plan{.model = {.vocab = 1000, .seq = 128, .dim = 256, .heads = 4, .layers = 2},
+                               .batch = 4, .microbatches = 1, .dp = 8};
+  const auto classes = sim::dry_run_plan<float, nn::DenseLayers, true>(plan);
+  std::vector<sim::ClassInput> inputs;
+  for (const auto& c : classes) inputs.push_back({&c.report, c.pipeline_ranks});
+  auto hw = h100;
+  hw.fp32 = true;
+  const auto est = sim::estimate_plan(inputs, sim::plan_topology(plan, hw), sim::detail::plan_schedule(plan));
+  REQUIRE(classes.size() >= 2);
+  for (const auto& c : est.classes) {
+    CAPTURE(c.name, c.compute_seconds, c.step_seconds);
+    CHECK(std::isfinite(c.compute_seconds));
+    CHECK(std::isfinite(c.step_seconds));
+  }
+  CHECK(std::isfinite(est.step_seconds));
+}
+
+TEST_CASE("sim: DDP in bf16 keeps fp32 master values and moments unless bf16 moments are asked", "[sim][memory][issue43]") {
+  // Mixed precision as practised (and as train_gpt --dtype bf16 runs DDP): bf16 values and
+  // gradients, fp32 master values and two fp32 moments, 2 + 2 + 12 bytes per parameter; with
+  // bf16_moments AdamW runs in bf16 on the values, 2 + 2 + 4. The dry run and the analytic
+  // estimate say the same.
+  const nn::GPTConfig model{.vocab = 1000, .seq = 64, .dim = 256, .heads = 4, .layers = 2};
+  for (const bool moments16 : {false, true}) {
+    CAPTURE(moments16);
+    sim::TrainingPlan plan{.model = model, .batch = 4, .microbatches = 1, .dp = 4};
+    plan.bf16_moments = moments16;
+    const auto run = first_class(sim::dry_run_plan<dtensor::bfloat16, nn::DenseLayers, true>(plan));
+    const double psi = model_elements(run.report);
+    const auto m = model_states_after_step(run.report);
+    CAPTURE(psi, m.params, m.grads, m.optimizer);
+    CHECK(m.params == Approx(2 * psi).epsilon(1e-3));
+    CHECK(m.grads == Approx(2 * psi).epsilon(1e-3));
+    CHECK(m.optimizer == Approx((moments16 ? 4 : 12) * psi).epsilon(1e-3));
+    // The analytic estimate's model states, per parameter.
+    const sim::ModelShape shape{.layers = 2, .dim = 256, .heads = 4, .vocab = 1000, .seq = 64};
+    const sim::PlanShape p{.batch = 4, .microbatch = 1, .dp = 4, .bf16 = true, .bf16_moments = moments16};
+    const auto a = sim::analytic_estimate(shape, p, sim::device("h100"));
+    CHECK(a.model_states == Approx((moments16 ? 8 : 16) * shape.params()).epsilon(1e-9));
+    CHECK_THAT(sim::describe(p), Catch::EndsWith(moments16 ? "1f1b, DDP (bf16 moments)" : "1f1b, DDP + fp32 master"));
+  }
+  // An fp32 model's master is its values: 4 + 4 + 8 bytes, as before.
+  const sim::ModelShape shape{.layers = 2, .dim = 256, .heads = 4, .vocab = 1000, .seq = 64};
+  const auto f32 = sim::analytic_estimate(shape, {.batch = 4, .microbatch = 1, .dp = 4, .bf16 = false}, sim::device("h100"));
+  CHECK(f32.model_states == Approx(16 * shape.params()).epsilon(1e-9));
+  // A MoE model's MFU counts the parameters a token multiplies: the router and top-k experts.
+  const sim::ModelShape moe{.layers = 2, .dim = 256, .heads = 4, .vocab = 1000, .seq = 64, .experts = 8, .topk = 2};
+  sim::ModelShape all = moe;
+  all.topk = 8;
+  CHECK(moe.model_flops_per_token() > 0);
+  CHECK(moe.model_flops_per_token() < all.model_flops_per_token());
+  const auto e = sim::analytic_estimate(moe, {.batch = 8, .microbatch = 1, .dp = 8, .ep = 2}, sim::device("h100"));
+  CHECK(e.mfu > 0);
+  CHECK(std::isfinite(e.mfu));
 }

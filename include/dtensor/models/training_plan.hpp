@@ -104,6 +104,10 @@ struct TrainingPlan {
   bool cp_balanced = true;  // the head-tail order (parallel/context_layout.hpp): equal causal work per rank
   nn::MoELayersConfig moe{};  // router.experts > 0: MoE blocks (Layers = nn::MoELayers), balanced routing
   int ep = 1;               // expert parallelism: ranks splitting the experts (dividing dp x cp)
+  // DDP (zero 0) of a bf16 model runs with fp32 master values and AdamW moments (as_run below:
+  // mixed precision as practised, and as train_gpt --dtype bf16 runs it), unless this asks for
+  // AdamW in bf16 straight on the values (no master; 4 bytes of moments per parameter, not 12).
+  bool bf16_moments = false;
 
   Extent micro_batch() const { return batch / microbatches; }
   /// pp x dp x cp x tp, checked: a mesh's ranks are ints, so a product past 2^31 - 1 throws
@@ -118,6 +122,15 @@ struct TrainingPlan {
   /// fully_shard on nn::GPT directly, code the trainer never ran.
   bool pipelined() const { return true; }
 };
+
+/// The plan as it runs in T (bf16: true when T is bfloat16): DDP of a bf16 model is ZeRO-1 over
+/// one shard per data rank, the data ranks its replicas (HSDP dp x 1; sim::as_run of the
+/// analytic PlanShape: fp32 master values and moments beside the bf16 values and gradients, the
+/// fp32 gradients all-reduced over the data ranks), unless bf16_moments; every other plan is itself.
+inline TrainingPlan as_run(TrainingPlan p, bool bf16) {
+  if (bf16 && p.zero == 0 && !p.bf16_moments) p.zero = 1, p.hsdp = p.dp;
+  return p;
+}
 
 /// One rank class's report and what the schedule adds to its memory.
 struct PlanClass {
@@ -375,8 +388,11 @@ inline Topology plan_topology(const TrainingPlan& p, const Hardware& hw) {
 /// The plan's step once per rank class (see the top of this file): T the model's element type,
 /// Layers nn::DenseLayers (GPT) or nn::LlamaLayers, SP sequence parallelism on "tp".
 template <class T, class Layers, bool SP>
-std::vector<PlanClass> dry_run_plan(const TrainingPlan& p) {
-  check_plan(p);
+std::vector<PlanClass> dry_run_plan(const TrainingPlan& given) {
+  check_plan(given);
+  // DDP in bf16: with its fp32 master and moments (the topology and the estimate's options of
+  // `given` describe the same ranks and links: plan_topology, EstimateOptions).
+  const TrainingPlan p = as_run(given, !std::is_same_v<T, float>);
   const auto schedule = detail::plan_schedule(p);
   const int v = schedule.layout.stages_per_rank;
   const DimensionWork tensor = DimensionWork::splitting({p.model.heads});

@@ -101,7 +101,7 @@ struct PlanShape {
   std::int64_t microbatch = 1;  // sequences per micro-batch per data rank
   int dp = 1, tp = 1, pp = 1, cp = 1;
   int ep = 1;                   // expert parallelism: ranks of dp x cp splitting a MoE model's experts
-  int zero = 0;                 // 0 DDP (AdamW in the model's dtype), 1..3 fully_shard (fp32 master)
+  int zero = 0;                 // 0 DDP, 1..3 fully_shard (fp32 master); DDP in bf16: see bf16_moments
   bool sp = true;               // sequence parallelism with tp
   bool recompute = false;       // full activation recomputation of every block
   bool selective = false;       // Korthikanti's selective recomputation: the attention core only
@@ -115,6 +115,10 @@ struct PlanShape {
   int stages_per_rank = 1;      // interleaved: v; zbv and dualpipev: 2
   std::string cp_kind = "ring"; // ring, allgather or ulysses
   bool bf16 = true;
+  // DDP of a bf16 model keeps fp32 master values and fp32 AdamW moments (mixed precision as
+  // practised: 2 + 2 + 12 bytes per parameter; as_run below), unless this asks for AdamW in bf16
+  // straight on the bf16 values (2 + 2 + 4: no master, bf16 moments).
+  bool bf16_moments = false;
 
   std::int64_t gpus() const {
     return checked_product<std::int64_t>(std::array<std::int64_t, 4>{dp, tp, pp, cp}, "sim::PlanShape", "GPUs");
@@ -130,6 +134,16 @@ struct PlanShape {
   /// The pipeline's time beyond m (F + B) is its schedule's: the zero-bubble ones split B.
   bool zero_bubble() const { return schedule == "zb" || schedule == "zbh1" || schedule == "zbv" || schedule == "dualpipev"; }
 };
+
+/// The plan as it runs: DDP of a bf16 model with fp32 master values and moments is what
+/// train_gpt --dtype bf16 runs (examples/train_gpt.hpp: every stage under fully_shard<float>,
+/// ZeRO-1 over a size-1 shard dimension), i.e. ZeRO-1 with one shard per data rank, the data
+/// ranks its replicas (HSDP dp x 1): fp32 gradients all-reduced over the data ranks, fp32 master
+/// and moments beside the bf16 values and gradients. Every other plan is itself.
+inline PlanShape as_run(PlanShape p) {
+  if (p.bf16 && p.zero == 0 && !p.bf16_moments) p.zero = 1, p.hsdp = p.dp;
+  return p;
+}
 
 /// The memory reserve a plan must leave free of the device's memory: allocator fragmentation,
 /// NCCL and CUDA workspaces, what the ledger does not see (stated in docs/dry-run.md).
@@ -320,9 +334,10 @@ inline double moe_all_to_all_bytes(const ModelShape& m, const PlanShape& p) {
 }
 
 /// The plan's step and memory from formulas (see the synopsis).
-inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& p, const Hardware& hw_in,
+inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& given, const Hardware& hw_in,
                                           const Calibration& cal = calibration) {
-  check_plan_shape(m, p);
+  check_plan_shape(m, given);
+  const PlanShape p = as_run(given);  // DDP in bf16: with its fp32 master and moments
   namespace pl = parallel::pipeline;
   Hardware hw = hw_in;
   hw.fp32 = !p.bf16;

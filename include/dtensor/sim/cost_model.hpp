@@ -197,6 +197,9 @@ inline double gemm_efficiency(double flops_per_byte, const Calibration& cal = ca
 /// Seconds one meta kernel takes (the roofline of the synopsis).
 inline double op_seconds(const kernels::meta::CostRecord& op, const Hardware& hw, const Calibration& cal = calibration) {
   const double flops = double(op.flops), bytes = double(op.bytes_read) + double(op.bytes_written);
+  // An op without FLOPs (a GEMM with an empty dimension on a rank whose shard is empty, a copy)
+  // takes its bytes' time only: its efficiency, intensity 0 / bytes, is 0, and 0 / 0 was NaN.
+  if (!(flops > 0)) return bytes / (hw.hbm_bytes_per_second * cal.hbm_fraction);
   double flop_rate = hw.peak_fp32_flops;  // vector units: pointwise maps, reductions, the optimizer
   if (op.op == "gemm")
     flop_rate = hw.peak_flops() * gemm_efficiency(bytes > 0 ? flops / bytes : std::numeric_limits<double>::infinity(), cal);

@@ -54,6 +54,7 @@ struct SearchSpace {
   bool exhaustive = false;
   std::optional<nn::Recompute> recompute{};  // given (train_gpt --checkpoint / --recompute): only this one
   int ep = 0;                                // a MoE model's expert parallelism: 0 every ep, else only this one
+  bool bf16_moments = false;                 // DDP in bf16: AdamW in bf16 on the values (PlanShape::bf16_moments)
 };
 
 /// plan_at_scale --search and train_gpt --plan auto enumerate the exhaustive space up to this many GPUs.
@@ -208,7 +209,7 @@ inline SearchResult search_space(const ModelShape& m, const SearchSpace& space, 
                       PlanShape p{.batch = space.batch, .microbatch = b, .dp = int(dp), .tp = tp, .pp = pp, .cp = cp,
                                   .ep = ep, .zero = zero, .sp = tp > 1, .recompute = rc.full, .recompute_modules = rc,
                                   .hsdp = hsdp, .schedule = sched.name, .stages_per_rank = sched.v, .cp_kind = cp_kind,
-                                  .bf16 = space.bf16};
+                                  .bf16 = space.bf16, .bf16_moments = space.bf16_moments};
                       ++considered;
                       auto est = analytic_estimate(m, p, hw, cal);
                       if (est.fits) fitting.push_back(rc);
@@ -239,7 +240,8 @@ inline std::vector<RankedPlan> search_plans(const ModelShape& m, const SearchSpa
   return std::move(result.ranked);
 }
 
-/// "tp 8+sp cp 4 (ulysses) pp 16 dp 128, micro-batch 1 x 16, interleaved v2, HSDP 16 x ZeRO-3, recompute selective".
+/// "tp 8+sp cp 4 (ulysses) pp 16 dp 128, micro-batch 1 x 16, interleaved v2, HSDP 16 x ZeRO-3, recompute selective";
+/// bf16 DDP "DDP + fp32 master" (sim::as_run), or "DDP (bf16 moments)" when asked.
 inline std::string describe(const PlanShape& p) {
   std::ostringstream s;
   s << "tp " << p.tp << (p.sp ? "+sp" : "") << " cp " << p.cp;
@@ -250,6 +252,7 @@ inline std::string describe(const PlanShape& p) {
   if (p.schedule == "interleaved") s << " v" << p.stages_per_rank;
   s << ", " << (p.hsdp > 1 ? "HSDP " + std::to_string(p.hsdp) + " x " : std::string())
     << (p.zero == 0 ? std::string("DDP") : "ZeRO-" + std::to_string(p.zero));
+  if (p.zero == 0 && p.bf16) s << (p.bf16_moments ? " (bf16 moments)" : " + fp32 master");
   const auto rc = p.recomputes();
   if (rc.full && !rc.modules()) s << ", recompute";
   else if (!rc.none()) s << ", recompute " << rc.to_string();
