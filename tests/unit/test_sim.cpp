@@ -1964,6 +1964,7 @@ TEST_CASE("sim: the dry run's step is the real step's, per rank and tag: FSDP on
       }
     }
   }
+}
 
 TEST_CASE("sim: an op without FLOPs costs its bytes, and data ranks without a sequence are no NaN", "[sim][cost][issue43]") {
   // A GEMM with an empty dimension (the shard of a data rank that gets no sequence) moves its
