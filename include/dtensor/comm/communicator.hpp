@@ -316,7 +316,8 @@ class Communicator {
   /// detail::call_context) before any rank uses a received byte, and all throw, naming the
   /// call, the ranks and what each asked, if they differ. The threads backend compares in the
   /// rendezvous every collective makes anyway; MPI runs one fused 16-byte all-reduce before the
-  /// collective (and the full exchange of what each asked only when they differ).
+  /// collective (and the full exchange of what each asked only when they differ); NCCL does not
+  /// (exchanges_agreement).
   bool agrees_before_data() const noexcept { return agree_; }
   void set_agree_before_data(bool on) noexcept { agree_ = on; }
 
@@ -452,11 +453,13 @@ class Communicator {
     agree_ = comm_defaults().agree_before_data;
   }
 
-  /// How this backend makes agreement before data happen: true when it compares the call and
-  /// detail::call_context in a rendezvous of its own (threads); false (the default) has pre()
-  /// exchange a hash of them first (agree_before), for backends whose collectives can carry
-  /// host memory (MPI). The sim backend has no peers.
+  /// How this backend makes agreement before data happen: agrees_in_rendezvous, it compares the
+  /// call and detail::call_context in a rendezvous of its own (threads); exchanges_agreement,
+  /// pre() exchanges a hash of them first (agree_before: MPI, whose collectives carry host
+  /// memory cheaply). Neither (the default): not done — the sim backend has no peers, and NCCL
+  /// would stage each 16 bytes through the device (its full and always-on checks remain).
   virtual bool agrees_in_rendezvous() const noexcept { return false; }
+  virtual bool exchanges_agreement() const noexcept { return false; }
 
   // The backend's part. `async` false means the caller will wait at once (a backend may then
   // run the operation inline). Counts are per block as in the table at the top.
@@ -618,7 +621,8 @@ class Communicator {
                          "ranks issued different collectives (collective check):");
       return span;
     }
-    if (agree_ && size_ > 1 && !agrees_in_rendezvous()) agree_before(detail::Fingerprint::of_collective(k, t, op, count, root), name_of(k));
+    if (agree_ && size_ > 1 && exchanges_agreement())
+      agree_before(detail::Fingerprint::of_collective(k, t, op, count, root), name_of(k));
     if (verifying()) fold(detail::Fingerprint::of_collective(k, t, op, count, root), name_of(k));
     return span;
   }
@@ -687,7 +691,6 @@ class Communicator {
   /// is the largest the second), so every rank reaches the same verdict. Only then, on every
   /// rank, the records themselves are all-gathered for the message.
   void agree_before(const detail::Fingerprint& call, std::string_view op) {
-    if (backend() == "sim") return;
     detail::CallRecord mine{call, detail::call_context ? *detail::call_context : detail::Fingerprint{}};
     mine.call.world_rank = world_rank_;
     const auto h = std::int64_t(mine.hash());
