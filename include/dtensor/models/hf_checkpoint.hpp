@@ -346,26 +346,6 @@ void import_hf_safetensors(const std::filesystem::path& path, Model& model, HfAr
     std::map<std::string, const HfPiece*> piece_of;
     const auto map = hf_name_map(cfg, arch);
     for (const auto& p : map) piece_of[p.name] = &p;
-    if (model.mesh().comm().rank() == 0) {  // the same verdict on every rank (agree): one looks
-      // A tensor of the checkpoint that no parameter reads (biases the model lacks, more layers)
-      // would leave the model silently unlike the checkpoint. Buffers that are no weights pass.
-      std::set<std::string> used;
-      for (const auto& p : map)
-        for (const auto& src : p.sources) used.insert(reader.resolve(src.name, arch));
-      std::string unread;
-      int count = 0;
-      for (const auto& name : reader.all_names()) {
-        if (used.count(name) || name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias") ||
-            name.ends_with("rotary_emb.inv_freq"))
-          continue;
-        unread += count++ < 5 ? " '" + name + "'" : std::string();
-      }
-      if (count > 0)
-        throw Error(op, dtensor::detail::cat(path.string(), " holds ", count, " tensors this ",
-                                             arch == HfArch::gpt2 ? "GPT-2" : "Llama", " model has no place for:", unread,
-                                             count > 5 ? " ..." : "",
-                                             " (biases it lacks, more layers, another architecture?)"));
-    }
     for (auto& slot : slots) {
       auto it = piece_of.find(slot.name);
       if (it == piece_of.end())
@@ -392,6 +372,26 @@ void import_hf_safetensors(const std::filesystem::path& path, Model& model, HfAr
                                                src.prefix_rows ? " (or more rows)" : ""));
       }
       detail::read_piece_box(reader, piece, stored, slot.box, slot.data);
+    }
+    if (model.mesh().comm().rank() == 0) {  // after the missing and misshapen: the same verdict everywhere (agree)
+      // A tensor of the checkpoint that no parameter reads (biases the model lacks, more layers)
+      // would leave the model silently unlike the checkpoint. Buffers that are no weights pass.
+      std::set<std::string> used;
+      for (const auto& p : map)
+        for (const auto& src : p.sources) used.insert(reader.resolve(src.name, arch));
+      std::string unread;
+      int count = 0;
+      for (const auto& name : reader.all_names()) {
+        if (used.count(name) || name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias") ||
+            name.ends_with("rotary_emb.inv_freq"))
+          continue;
+        unread += count++ < 5 ? " '" + name + "'" : std::string();
+      }
+      if (count > 0)
+        throw Error(op, dtensor::detail::cat(path.string(), " holds ", count, " tensors this ",
+                                             arch == HfArch::gpt2 ? "GPT-2" : "Llama", " model has no place for:", unread,
+                                             count > 5 ? " ..." : "",
+                                             " (biases it lacks, more layers, another architecture?)"));
     }
   }));
 }
