@@ -186,4 +186,16 @@ TEST_CASE("Release defaults: agreement before data stops ops, dtypes, collective
   // Ranks that agree: the exact tensor back.
   const auto back = full_tensor(distribute_replicated<Layout<Shard<1>>>(mesh, full));
   DTENSOR_MPI_REQUIRE(std::equal(back.span().begin(), back.span().end(), full.span().begin()));
+  // One rank comparing at another period (its own DTENSOR_VERIFY_EVERY=1): its always-on
+  // all-gather met the others' next all-reduce (MPI_ERR_TRUNCATE); now every rank names it.
+  CommPtr h = mpi::world()->split(0, mpi::world()->rank());
+  h->set_label("period");
+  h->set_check_collectives(false);
+  h->set_verify_every(h->rank() == 0 ? 1 : 16);
+  msg = error_of([&] {
+    for (int i = 0; i < 3; ++i) h->all_reduce(std::span<float>(x), ReduceOp::sum);
+  });
+  DTENSOR_MPI_REQUIRE(contains(msg, {"all_reduce[period]", "agreement before data",
+                                     "rank 0: all_reduce(4 x float32, sum), then the always-on check's comparison",
+                                     "rank 1: all_reduce(4 x float32, sum)\n"}));
 }

@@ -230,13 +230,16 @@ class CallContextScope {
 /// before data): the call's fingerprint and its context, described only when ranks differ.
 struct CallRecord {
   Fingerprint call;
-  Fingerprint context;  // kind 0 and hash 0: no context
+  Fingerprint context;     // kind 0 and hash 0: no context
+  std::uint64_t then = 0;  // 1: the always-on check's all-gather follows this call on this rank
   bool has_context() const noexcept { return context.kind != 0 || context.hash != 0; }
   std::uint64_t hash() const noexcept {
-    return context.folded_into(call.folded_into(14695981039346656037ull));
+    return context.folded_into(call.folded_into(14695981039346656037ull)) ^ (then * 0x9e3779b97f4a7c15ull);
   }
   std::string describe() const {
-    return has_context() ? call.describe() + " in " + context.describe() : call.describe();
+    std::string s = has_context() ? call.describe() + " in " + context.describe() : call.describe();
+    if (then) s += ", then the always-on check's comparison (DTENSOR_VERIFY_EVERY / set_verify_every)";
+    return s;
   }
 };
 }  // namespace detail
@@ -621,8 +624,15 @@ class Communicator {
                          "ranks issued different collectives (collective check):");
       return span;
     }
-    if (agree_ && size_ > 1 && exchanges_agreement())
-      agree_before(detail::Fingerprint::of_collective(k, t, op, count, root), name_of(k));
+    if (agree_ && size_ > 1 && exchanges_agreement()) {
+      // Whether the always-on check's all-gather follows on this rank (this call completes its
+      // period, or a barrier compares what is pending): ranks that compare at different periods
+      // (their own DTENSOR_VERIFY_EVERY) are told so here, before MPI pairs that all-gather with
+      // another rank's collective (MPI_ERR_TRUNCATE, or silently when the sizes happen to match).
+      const bool then = verifying() && (k == CollectiveKind::barrier ||
+                                        (verify_->calls + 1) % std::uint64_t(verify_every_) == 0);
+      agree_before(detail::Fingerprint::of_collective(k, t, op, count, root), name_of(k), then);
+    }
     if (verifying()) fold(detail::Fingerprint::of_collective(k, t, op, count, root), name_of(k));
     return span;
   }
@@ -651,6 +661,7 @@ class Communicator {
     detail::VerifyRecord& mine = *verify_;
     mine.world_rank = world_rank_;
     verified_ = mine.calls;
+
     std::vector<detail::VerifyRecord> all(static_cast<std::size_t>(size_));
     try {
       do_all_gather(&mine, all.data(), sizeof mine, DType::uint8, false).wait();
@@ -690,8 +701,9 @@ class Communicator {
   /// holds the same h (a rank whose h is not the largest sees the first word differ, one whose h
   /// is the largest the second), so every rank reaches the same verdict. Only then, on every
   /// rank, the records themselves are all-gathered for the message.
-  void agree_before(const detail::Fingerprint& call, std::string_view op) {
-    detail::CallRecord mine{call, detail::call_context ? *detail::call_context : detail::Fingerprint{}};
+  void agree_before(const detail::Fingerprint& call, std::string_view op, bool then_verifies = false) {
+    detail::CallRecord mine{call, detail::call_context ? *detail::call_context : detail::Fingerprint{},
+                            then_verifies ? 1u : 0u};
     mine.call.world_rank = world_rank_;
     const auto h = std::int64_t(mine.hash());
     const std::int64_t words[2] = {h, ~h};
