@@ -55,5 +55,11 @@ expect 2 "--steps is a training flag" --resume "$dir/ckpt" --steps 5
 expect 2 "--dtype: generate computes in float" --resume "$dir/ckpt" --dtype bf16
 expect 2 "no checkpoint at $dir/missing" --resume "$dir/missing"
 expect 1 "layers: 2 in the checkpoint, 3 here" --resume "$dir/ckpt" --pp 1 --fsdp 1 --cp 1 --tp 1 --ep 1 --layers 3
+# Found by the outside catalogue (issue 44): a seed that is not a whole number aborted uncaught,
+# -1 became 2^64 - 1; a multi-byte character was named by its first byte; runtime errors said train_gpt:.
+expect 2 "--seed expects a whole number, got 'abc'" --resume "$dir/ckpt" --seed abc
+expect 2 "--seed -1 is out of range" --resume "$dir/ckpt" --seed -1
+expect 1 "--prompt: the character '😀' (4 bytes in UTF-8" --resume "$dir/ckpt" --pp 1 --fsdp 1 --cp 1 --tp 1 --ep 1 --prompt "a😀"
+grep -q "^generate: " "$dir/bad.log" || { echo "FAIL: generate's runtime error does not start with generate:"; cat "$dir/bad.log"; exit 1; }
 "$gen" --help | grep -q "^usage: generate --resume DIR"
 echo "PASS: '$a'"

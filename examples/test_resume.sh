@@ -8,7 +8,8 @@
 # 3. resumed from that checkpoint on the resuming mesh up to TOTAL.
 # The final train and validation losses (printed with all their digits) of 3 must equal 1's:
 # TOLERANCE 0 means bit for bit, else within that relative difference.
-# --bad-input also checks that resuming with another model configuration, or from a checkpoint
+# --bad-input also checks that resuming with another model configuration or another text's
+# alphabet (of the same size), or from a checkpoint
 # missing a data file, is an error naming the cause, and that the checkpoint is still whole
 # (it resumes again).
 set -euo pipefail
@@ -50,6 +51,14 @@ if [[ $bad_input == 1 ]]; then
   fi
   grep -q "another model configuration: seed: 1 in the checkpoint, 7 here" "$work/bad_config.log" ||
     { cat "$work/bad_config.log"; exit 1; }
+  # Another text with an alphabet of the same size but other characters (every byte + 1):
+  # refused, since the checkpoint records the vocabulary's characters, not only their number.
+  cat /usr/share/common-licenses/* | perl -pe 's/(.)/chr((ord($1) + 1) % 256)/ges' >"$work/other.txt"
+  if run $resume_mesh --steps "$total" --resume "$work/ckpt" --data "$work/other.txt" >"$work/bad_vocab.log" 2>&1; then
+    echo "FAIL: resumed with another text's alphabet"; exit 1
+  fi
+  grep -q "another model configuration: vocabulary: [0-9]* characters, hash [0-9]* in the checkpoint" "$work/bad_vocab.log" ||
+    { cat "$work/bad_vocab.log"; exit 1; }
   # A missing piece (a rank's data file gone): refused, naming the file.
   cp -r "$work/ckpt" "$work/broken"
   rm "$work/broken/rank-00001.bin"

@@ -48,6 +48,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -143,6 +144,7 @@ struct Options : examples::MeshFlags {  // the mesh: --pp --dp --fsdp --cp --tp 
   // (FedAvg: clients sampled per round, 0 = every dp rank), --kfold k (k runs, mean and std of the validation loss).
   std::string sync = "ddp";
   int inner_steps = 50, staleness = 1, clients = 0, kfold = 0;
+  bool inner_steps_given = false, staleness_given = false;  // refused where --sync cannot use them
   // DiLoCo's options (parallel::sync::DiLoCoOptions): --fragments F and --overlap tau (Streaming DiLoCo),
   // --overlap-alpha, --bf16-reduce, --outer-lr and --outer-momentum (0: the library's defaults 0.7 and 0.9).
   int fragments = 1, overlap = 0;
@@ -287,6 +289,7 @@ inline void check_interop(const Options& o) {
   if (!o.export_path.empty() && !o.export_path.ends_with(".safetensors"))
     throw UsageError("--export " + o.export_path + ": the file name must end in .safetensors");
   if (!o.init_from.empty() && !o.resume.empty()) throw UsageError("--init-from with --resume: one starting point, not two");
+  examples::check_output_file("--export", o.export_path);  // before training, not after it
   if (!o.init_from.empty() && !std::filesystem::is_regular_file(o.init_from))
     throw UsageError("--init-from " + o.init_from + ": no such file (a .safetensors file or a *.index.json)");
   if (o.generate == 0 && (o.temperature > 0 || o.top_k > 0 || o.top_p < 1))
@@ -334,6 +337,10 @@ inline void check_sync(const Options& o) {
   if (o.clients > o.dp)
     throw UsageError("--clients " + str(o.clients) + ": more clients than the " + str(o.dp) + " dp ranks (--dp)");
   if (o.clients > 0 && o.sync != "fedavg") throw UsageError("--clients needs --sync fedavg");
+  if (o.inner_steps_given && o.sync != "local-sgd" && o.sync != "diloco" && o.sync != "fedavg")
+    throw UsageError("--inner-steps needs --sync local-sgd, diloco or fedavg (--sync " + o.sync + " has no inner steps)");
+  if (o.staleness_given && o.sync != "async")
+    throw UsageError("--staleness needs --sync async (--sync " + o.sync + " applies each all-reduce at once)");
   if (o.diloco_options_given() && o.sync != "diloco")
     throw UsageError("--fragments, --overlap, --overlap-alpha, --bf16-reduce, --outer-lr and --outer-momentum need --sync diloco");
   if (o.fragments > o.inner_steps)
@@ -362,6 +369,7 @@ inline void check_offload(const Options& o) {
       throw UsageError("--offload " + w + ": unknown; what is offloaded: optimizer, params, activations");
   if (o.offload.empty()) {
     if (!o.offload_dir.empty()) throw UsageError("--offload-dir needs --offload optimizer, params or activations");
+    if (o.offload_buffer_given) throw UsageError("--offload-buffer-kib needs --offload optimizer, params or activations");
     return;
   }
   const std::string what = o.offload.front();  // the first of the list, for the messages
@@ -490,8 +498,8 @@ inline Options parse(int argc, char** argv, bool cuda_build) {
     else if (a == "--save-dir") o.save_dir = value();
     else if (a == "--resume") o.resume = value();
     else if (a == "--sync") o.sync = value();
-    else if (a == "--inner-steps") o.inner_steps = flag_value<int>(a, value(), 1);
-    else if (a == "--staleness") o.staleness = flag_value<int>(a, value(), 0);
+    else if (a == "--inner-steps") o.inner_steps = flag_value<int>(a, value(), 1), o.inner_steps_given = true;
+    else if (a == "--staleness") o.staleness = flag_value<int>(a, value(), 0), o.staleness_given = true;
     else if (a == "--clients") o.clients = flag_value<int>(a, value(), 0);
     else if (a == "--kfold") o.kfold = flag_value<int>(a, value(), 2);
     else if (a == "--fragments") o.fragments = flag_value<int>(a, value(), 1);
@@ -524,10 +532,15 @@ inline Options parse(int argc, char** argv, bool cuda_build) {
       if (o.offload.empty()) throw UsageError("--offload needs optimizer, params and/or activations (a comma list)");
     } else if (a == "--offload-dir") o.offload_dir = value();
     else if (a == "--offload-buffer-kib") {
-      o.offload_buffer_kib = flag_value<std::size_t>(a, value(), 1);
+      // At most 2^44 KiB (16 PiB): its bytes must fit a size_t (2^54 KiB wrapped to 0).
+      o.offload_buffer_kib = flag_value<std::size_t>(a, value(), 1, std::size_t(1) << 44);
       o.offload_buffer_given = true;
-    } else if (a == "--host-budget-mib") o.host_budget_mib = examples::positive_flag_value(a, value());
-    else if (a == "--device-budget-mib") o.device_budget_mib = examples::positive_flag_value(a, value());
+    } else if (a == "--host-budget-mib" || a == "--device-budget-mib") {
+      // At least one byte (1e-320 is positive, but 0 bytes: no budget) and within an int64 of bytes.
+      const double mib = examples::positive_flag_value(a, value(), double(std::int64_t(1) << 42));
+      if (mib * (1 << 20) < 1) throw UsageError(a + " " + argv[i] + " is less than one byte");
+      (a == "--host-budget-mib" ? o.host_budget_mib : o.device_budget_mib) = mib;
+    }
     else if (a == "--plan") o.plan = value();
     else if (a == "--ranks") o.plan_ranks = examples::mesh_flag(a, value());
     else if (a == "--plan-device") o.plan_device = value();
@@ -604,6 +617,38 @@ struct Corpus {
   std::vector<char> chars;
   std::vector<std::int32_t> train, val;
 };
+
+/// "65 characters, hash 1234...": the vocabulary itself (its characters, in id order), for the
+/// checkpoint's configuration, so that a text of the same size but other characters is refused.
+inline std::string vocabulary_id(const Corpus& c) {
+  std::uint64_t h = 14695981039346656037ull;  // FNV-1a
+  for (char ch : c.chars) h = (h ^ std::uint8_t(ch)) * 1099511628211ull;
+  return std::to_string(c.chars.size()) + " characters, hash " + std::to_string(h);
+}
+
+/// "N bytes, hash H" of a file (of a directory: its checkpoint MANIFEST), "" for none: the ranks'
+/// settings agreement compares it, since ranks started elsewhere may read another file of that name.
+inline std::string content_digest(const std::string& path) {
+  if (path.empty()) return "";
+  std::filesystem::path file = path;
+  if (std::filesystem::is_directory(file)) file /= checkpoint::manifest_name;
+  std::ifstream in(file, std::ios::binary);
+  if (!in) return "unreadable";
+  std::uint64_t h = 14695981039346656037ull, n = 0;
+  std::vector<char> buf(1 << 16);
+  while (in.read(buf.data(), std::streamsize(buf.size())) || in.gcount() > 0) {
+    const auto got = std::size_t(in.gcount());
+    for (std::size_t i = 0; i < got; i += 8) {  // eight bytes a step
+      std::uint64_t w = 0;
+      std::memcpy(&w, buf.data() + i, std::min<std::size_t>(8, got - i));
+      h = (h ^ w) * 1099511628211ull + 0x9e3779b97f4a7c15ull;
+    }
+    n += got;
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return std::to_string(n) + " bytes, hash " + hex;
+}
 
 inline Corpus encode(const std::string& text, Extent seq) {
   Corpus c;
@@ -735,11 +780,17 @@ template <class Pipeline, class Mesh>
 void generate_text(const Options& o, const Corpus& corpus, Pipeline& model, const Mesh& mesh, const pp::Schedule& schedule) {
   if (o.generate == 0) return;
   std::vector<std::int32_t> prompt;
-  for (char ch : o.prompt) {
+  for (std::size_t i = 0; i < o.prompt.size(); ++i) {
+    const char ch = o.prompt[i];
     const auto at = std::find(corpus.chars.begin(), corpus.chars.end(), ch);
-    if (at == corpus.chars.end())
-      throw std::runtime_error("--prompt: the character '" + std::string(1, ch) + "' is not in the training text's " +
-                               str((long long)corpus.chars.size()) + " characters");
+    if (at == corpus.chars.end()) {
+      // A UTF-8 character of several bytes is named whole, not as its first (broken) byte.
+      const auto lead = static_cast<unsigned char>(ch);
+      const std::size_t n = lead >= 0xf0 ? 4 : lead >= 0xe0 ? 3 : lead >= 0xc0 ? 2 : 1;
+      throw std::runtime_error("--prompt: the character '" + o.prompt.substr(i, n) + "'" +
+                               (n > 1 ? " (" + str((long long)n) + " bytes in UTF-8; the vocabulary is single bytes)" : "") +
+                               " is not in the training text's " + str((long long)corpus.chars.size()) + " characters");
+    }
     prompt.push_back(std::int32_t(at - corpus.chars.begin()));
   }
   auto& stages = model.executor().stages();
@@ -1080,6 +1131,7 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
   // Any mesh and schedule can resume it; the configuration that fixes the tensors must match.
   auto model_config = checkpoint::config_of(cfg);
   model_config["model"] = o.arch;
+  model_config["vocabulary"] = vocabulary_id(corpus);  // another text's alphabet of the same size is refused
   if constexpr (moe) model_config["experts"] = str(o.experts), model_config["moe_every"] = str(o.moe_every);
   // --sync: its settings must match, and the sync state travels as each rank's own tensors.
   if (sync_kind != SyncKind::ddp) {
@@ -1370,6 +1422,8 @@ inline std::vector<Setting> settings_of(const Options& o, const Corpus& corpus) 
           {"--capacity", num(o.capacity)}, {"--steps", n(o.steps)}, {"--eval-every", n(o.eval_every)},
           {"--lr", num(o.lr)}, {"--seed", n(o.seed)}, {"--check-finite", flag(o.check_finite)}, {"--trace", o.trace},
           {"--plot", o.plot}, {"--data", o.data},
+          // The file a rank starts from, by its contents (--init-from and --resume exclude each other).
+          {"--init-from --resume (contents)", content_digest(o.init_from.empty() ? o.resume : o.init_from)},
           {"--data (contents)", n(corpus.chars.size()) + " characters, " + n(corpus.train.size() + corpus.val.size()) +
                                     " tokens, hash " + n(data_hash)},
           {"--backend", o.backend}, {"--device", o.device}, {"--dtype --tf32 --attention", o.dtype + (o.tf32 ? " tf32" : "") + " " + o.attention}, {"--arch", o.arch},
@@ -1471,13 +1525,13 @@ int run(int argc, char** argv, const Options& o, const Gpu& gpu = {}) {
       return dtensor::mpi::run(argc, argv, [&](CommPtr world) { run_rank<host_space, Compute>(std::move(world), o, corpus); });
 #else
       (void)argc, (void)argv;
-      std::fprintf(stderr, "train_gpt: --backend mpi needs a build with -DDTENSOR_WITH_MPI=ON\n");
+      std::fprintf(stderr, "%s: --backend mpi needs a build with -DDTENSOR_WITH_MPI=ON\n", o.generate_program ? "generate" : "train_gpt");
       return 2;
 #endif
     }
     threads::run(o.ranks(), [&](CommPtr world) { run_rank<host_space, Compute>(std::move(world), o, corpus); });
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "train_gpt: %s\n", e.what());
+    std::fprintf(stderr, "%s: %s\n", o.generate_program ? "generate" : "train_gpt", e.what());
     return 1;
   }
   return 0;
@@ -1549,7 +1603,7 @@ inline Options parse_generate(int argc, char** argv, bool cuda_build) {
   Options o = parse(int(pointers.size()), pointers.data(), cuda_build);
   if (o.resume.empty() && o.init_from.empty())
     throw UsageError("generate needs --resume DIR (a train_gpt checkpoint) or --init-from FILE.safetensors with the model's flags");
-  if (seed) o.sampling_seed = std::stoull(*seed);
+  if (seed) o.sampling_seed = examples::flag_value<std::uint64_t>("--seed", *seed, 0);  // "abc", "-1": usage errors
   o.generate_program = true;
   o.steps = 0;
   return o;

@@ -13,6 +13,7 @@
 #include "dtensor/comm/threads.hpp"
 #include "dtensor/comm/comm_log.hpp"
 #include "dtensor/core/parse.hpp"
+#include "dtensor/comm/env_agreement.hpp"
 #include "dtensor/distributed/settings_agreement.hpp"
 #include "dtensor/kernels/host/gemm.hpp"
 #include "dtensor/kernels/host/simd.hpp"
@@ -224,4 +225,22 @@ TEST_CASE("DTENSOR_VERIFY_EVERY is a whole number of calls in 0 .. 16", "[harden
     CHECK(o.is_error);
     CHECK_THAT(o.message, Contains("DTENSOR_VERIFY_EVERY") && Contains(std::string("'") + bad + "'"));
   }
+}
+
+TEST_CASE("DTENSOR_AGREE_BEFORE_DATA is 0 or 1, on by default, and part of the ranks' environment agreement",
+          "[hardening][config]") {
+  CHECK(detail::agree_from_env(true));  // unset: the fallback (on, every build type)
+  {
+    ScopedEnv e("DTENSOR_AGREE_BEFORE_DATA", "0");
+    CHECK_FALSE(detail::agree_from_env(true));
+  }
+  for (const char* bad : {"2", "", "on", "yes"}) {
+    ScopedEnv e("DTENSOR_AGREE_BEFORE_DATA", bad);
+    const auto o = outcome_of_call([] { (void)detail::agree_from_env(true); });
+    CHECK(o.is_error);
+    CHECK_THAT(o.message, Contains("DTENSOR_AGREE_BEFORE_DATA") && Contains(std::string("'") + bad + "'"));
+  }
+  bool listed = false;
+  for (const auto& s : environment_settings()) listed = listed || s.name == "DTENSOR_AGREE_BEFORE_DATA";
+  CHECK(listed);
 }

@@ -98,9 +98,12 @@ TEST_CASE("ranks that agree redistribute correctly with the check on (uneven, sm
 // within 16 calls, naming the first call that differed — they computed on silently before.
 namespace {
 template <class Mesh>
-void full_check_off(const Mesh& mesh) {
+void full_check_off(const Mesh& mesh, bool agree_before_data = false) {
   for (std::size_t lo = 0; lo < Mesh::ndim; ++lo)
-    for (std::size_t hi = lo; hi < Mesh::ndim; ++hi) mesh.group(lo, hi).set_check_collectives(false);
+    for (std::size_t hi = lo; hi < Mesh::ndim; ++hi) {
+      mesh.group(lo, hi).set_check_collectives(false);
+      mesh.group(lo, hi).set_agree_before_data(agree_before_data);  // off here: the window is what is tested
+    }
 }
 }  // namespace
 
@@ -156,5 +159,128 @@ TEST_CASE("with the full check off, the always-on check catches layouts and exte
        })) {
     INFO(r.message);
     CHECK_THAT(r.message, Contains("set_verify_every[tp]") && Contains("17 is not in 0 .. 16"));
+  }
+}
+
+// Agreement before data (Communicator::agrees_before_data; on by default in every build type):
+// with only the Release defaults (the full check off, as NDEBUG leaves it, and the always-on
+// check off too, so that nothing else can catch them), the first-round cases of ranks that
+// disagree end in an Error on every rank at the first collective, before any data moves: the
+// output buffers hold what they held. This program is compiled with NDEBUG (tests/CMakeLists.txt).
+namespace {
+template <class Mesh>
+void release_defaults_only(const Mesh& mesh) {
+  for (std::size_t lo = 0; lo < Mesh::ndim; ++lo)
+    for (std::size_t hi = lo; hi < Mesh::ndim; ++hi) {
+      Communicator& g = mesh.group(lo, hi);
+      if (!g.agrees_before_data()) throw std::logic_error("agreement before data is not on by default");
+      g.set_check_collectives(false);
+      g.set_verify_every(0);
+    }
+}
+void release_defaults_only(Communicator& w) {
+  if (!w.agrees_before_data()) throw std::logic_error("agreement before data is not on by default");
+  w.set_check_collectives(false);
+  w.set_verify_every(0);
+}
+void expect_errors(const std::vector<Outcome>& out, const std::vector<std::string>& parts) {
+  for (const auto& r : out) {
+    INFO(r.message);
+    CHECK(r.is_error);
+    for (const auto& p : parts) CHECK_THAT(r.message, Contains(p));
+  }
+}
+}  // namespace
+
+TEST_CASE("Release defaults: ranks that disagree fail at the first collective, before data moves",
+          "[hardening][layouts][agreement-before-data]") {
+#ifndef NDEBUG
+  WARN("test_hardening is meant to be built with NDEBUG (a Release build of the library's checks)");
+#endif
+  const Stopwatch clock;
+  // 1. Different layouts of the same tensor: one full_tensor, caught at its all_gather.
+  expect_errors(outcomes(2, [](CommPtr w) {
+                  w->set_timeout(long_timeout);
+                  DeviceMesh<"tp"> mesh(w, {2});
+                  release_defaults_only(mesh);
+                  const auto full = arange<float>(Shape<2>{4, 4});
+                  if (w->rank() == 0) (void)full_tensor(distribute_replicated<Layout<Shard<0>>>(mesh, full));
+                  else (void)full_tensor(distribute_replicated<Layout<Shard<1>>>(mesh, full));
+                }),
+                {"all_gather[tp]", "ranks passed different arguments to collective #",
+                 "rank 0: all_gather(8 x float32) in redistribute float32 [4, 4] on mesh [2]: (S(0)) -> (R)",
+                 "rank 1: all_gather(8 x float32) in redistribute float32 [4, 4] on mesh [2]: (S(1)) -> (R)"});
+  // 2. Different global extents, the same byte count (4 x 4 and 2 x 8 sharded over 2: 8 each).
+  expect_errors(outcomes(2, [](CommPtr w) {
+                  DeviceMesh<"tp"> mesh(w, {2});
+                  release_defaults_only(mesh);
+                  const Shape<2> global = w->rank() == 0 ? Shape<2>{4, 4} : Shape<2>{2, 8};
+                  (void)full_tensor(distribute_replicated<Layout<Shard<0>>>(mesh, arange<float>(global)));
+                }),
+                {"in redistribute float32 [4, 4]", "in redistribute float32 [2, 8]"});
+  // 3. Different targets on a 2-D mesh (equal byte counts on the tp all-to-all).
+  expect_errors(outcomes(4, [](CommPtr w) {
+                  DeviceMesh<"dp", "tp"> mesh(w, {2, 2});
+                  release_defaults_only(mesh);
+                  auto x = distribute_replicated<Layout<Shard<0>, Shard<1>>>(mesh, arange<double>(Shape<2>{4, 4}));
+                  if (w->rank() == 3) (void)full_tensor(redistribute<Layout<Replicate, Shard<0>>>(x));
+                  else (void)full_tensor(redistribute<Layout<Replicate, Shard<1>>>(x));
+                }),
+                {"(S(0), S(1)) -> (R, S(0))", "(S(0), S(1)) -> (R, S(1))"});
+  // 4-6. Different collectives, element types, reduce operations: nothing reaches the outputs.
+  auto untouched = [](CommPtr w, auto&& call) {
+    release_defaults_only(*w);
+    std::vector<float> buf(8, 7.0f);
+    try {
+      call(*w, buf);
+    } catch (...) {
+      for (float v : buf)
+        if (v != 7.0f) throw std::logic_error("the output changed before the error: data moved");
+      throw;
+    }
+  };
+  expect_errors(outcomes(2, [&](CommPtr w) {
+                  untouched(w, [](Communicator& c, std::vector<float>& b) {
+                    c.all_reduce(std::span<float>(b), c.rank() == 0 ? ReduceOp::sum : ReduceOp::max);
+                  });
+                }),
+                {"all_reduce[world]", "rank 0: all_reduce(8 x float32, sum)", "rank 1: all_reduce(8 x float32, max)"});
+  expect_errors(outcomes(2, [&](CommPtr w) {
+                  untouched(w, [](Communicator& c, std::vector<float>& b) {
+                    if (c.rank() == 0) {
+                      c.all_reduce(std::span<float>(b), ReduceOp::sum);
+                    } else {
+                      std::vector<double> d(4, 7.0);  // the same 32 bytes
+                      c.all_reduce(std::span<double>(d), ReduceOp::sum);
+                    }
+                  });
+                }),
+                {"rank 0: all_reduce(8 x float32, sum)", "rank 1: all_reduce(4 x float64, sum)"});
+  expect_errors(outcomes(2, [&](CommPtr w) {
+                  untouched(w, [](Communicator& c, std::vector<float>& b) {
+                    if (c.rank() == 0) {
+                      c.all_reduce(std::span<float>(b), ReduceOp::sum);
+                    } else {
+                      std::vector<float> r(16);
+                      c.all_gather(std::span<const float>(b), std::span<float>(r));
+                    }
+                  });
+                }),
+                {"rank 0: all_reduce(8 x float32, sum)", "rank 1: all_gather(8 x float32)"});
+  CHECK(clock.elapsed() < prompt);
+  // Ranks that agree: exact results, uneven extents, with only agreement before data on.
+  for (const auto& r : outcomes(4, [](CommPtr w) {
+         DeviceMesh<"dp", "tp"> mesh(w, {2, 2});
+         release_defaults_only(mesh);
+         for (const Shape<2> global : {Shape<2>{5, 3}, Shape<2>{1, 1}}) {
+           const auto full = arange<float>(global);
+           auto x = distribute_replicated<Layout<Shard<0>, Shard<1>>>(mesh, full);
+           const auto back = full_tensor(redistribute<Layout<Shard<1>, Replicate>>(x));
+           if (!std::equal(back.span().begin(), back.span().end(), full.span().begin()))
+             throw std::runtime_error("round trip of " + to_string(global) + " differs");
+         }
+       })) {
+    INFO(r.message);
+    CHECK_FALSE(r.threw);
   }
 }

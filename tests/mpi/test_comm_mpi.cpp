@@ -389,8 +389,11 @@ TEST_CASE("a rank that does not arrive makes the others time out", "[mpi]") {
   g->barrier();
   g->set_label("late");
   g->set_timeout(std::chrono::milliseconds(200));
-  // The all_reduce itself is what times out here, not the check's fingerprint exchange before it.
+  // The all_reduce itself is what times out here, not the check's fingerprint exchange before it
+  // (nor agreement before data's all-reduce: the late rank would pair with the others' and then
+  // wait alone in the all_reduce they gave up on).
   g->set_check_collectives(false);
+  g->set_agree_before_data(false);
   // The late rank joins after the others have given up; their operation is still in flight
   // (MPI cannot cancel it) and completes once it does, so its buffers must outlive the test.
   static std::vector<float> buf;

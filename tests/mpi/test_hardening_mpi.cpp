@@ -121,6 +121,7 @@ TEST_CASE("with the full check off, the always-on check catches ops and layouts 
   CommPtr g = mpi::world()->split(0, mpi::world()->rank());
   g->set_label("release");
   g->set_check_collectives(false);
+  g->set_agree_before_data(false);  // it would stop the first differing call: the window is what is tested here
   REQUIRE(g->verify_every() == 16);
   auto msg = error_of([&] {
     std::vector<float> x(4, 1.0f);
@@ -131,6 +132,7 @@ TEST_CASE("with the full check off, the always-on check catches ops and layouts 
 
   DeviceMesh<"tp"> mesh(g, {g->size()});
   mesh.comm().set_check_collectives(false);
+  mesh.comm().set_agree_before_data(false);
   const int n = mesh.size(0);
   const auto full = arange<float>(Shape<2>{Extent(2 * n), Extent(2 * n)});
   msg = error_of([&] {
@@ -139,4 +141,61 @@ TEST_CASE("with the full check off, the always-on check catches ops and layouts 
     mesh.comm().barrier();
   });
   DTENSOR_MPI_REQUIRE(contains(msg, {"always-on check", "(S(0)) -> (R)", "(S(1)) -> (R)"}));
+}
+
+TEST_CASE("Release defaults: agreement before data stops ops, dtypes, collectives and layouts that differ", "[mpi][hardening]") {
+  // Only what a Release build has on by default (the full check off), and the always-on check off
+  // too: one fused all-reduce before each collective compares what each rank asked, before MPI
+  // moves a byte, and every rank throws naming the call and what each rank asked.
+  CommPtr g = mpi::world()->split(0, mpi::world()->rank());
+  g->set_label("release");
+  g->set_check_collectives(false);
+  g->set_verify_every(0);
+  REQUIRE(g->agrees_before_data());
+  std::vector<float> x(4, 1.0f);
+  auto msg = error_of([&] { g->all_reduce(std::span<float>(x), g->rank() == 1 ? ReduceOp::max : ReduceOp::sum); });
+  DTENSOR_MPI_REQUIRE(contains(msg, {"all_reduce[release]", "agreement before data", "nothing has been exchanged",
+                                     "rank 0: all_reduce(4 x float32, sum)", "rank 1: all_reduce(4 x float32, max)"}));
+  DTENSOR_MPI_REQUIRE(x == std::vector<float>(4, 1.0f));  // untouched
+  msg = error_of([&] {
+    if (g->rank() == 1) {
+      std::vector<double> d(2, 1.0);  // the same 16 bytes
+      g->all_reduce(std::span<double>(d), ReduceOp::sum);
+    } else {
+      g->all_reduce(std::span<float>(x), ReduceOp::sum);
+    }
+  });
+  DTENSOR_MPI_REQUIRE(contains(msg, {"rank 0: all_reduce(4 x float32, sum)", "rank 1: all_reduce(2 x float64, sum)"}));
+  msg = error_of([&] {
+    std::vector<float> r(4 * std::size_t(g->size()));
+    if (g->rank() == 1) g->all_gather(std::span<const float>(x), std::span<float>(r));
+    else g->all_reduce(std::span<float>(x), ReduceOp::sum);
+  });
+  DTENSOR_MPI_REQUIRE(contains(msg, {"rank 0: all_reduce(4 x float32, sum)", "rank 1: all_gather(4 x float32)"}));
+
+  DeviceMesh<"tp"> mesh(g, {g->size()});
+  mesh.comm().set_check_collectives(false);
+  mesh.comm().set_verify_every(0);
+  const int n = mesh.size(0);
+  const auto full = arange<float>(Shape<2>{Extent(2 * n), Extent(2 * n)});
+  msg = error_of([&] {
+    if (mesh.comm().rank() == 0) (void)full_tensor(distribute_replicated<Layout<Shard<0>>>(mesh, full));
+    else (void)full_tensor(distribute_replicated<Layout<Shard<1>>>(mesh, full));
+  });
+  DTENSOR_MPI_REQUIRE(contains(msg, {"agreement before data", "in float32", "(S(0)) -> (R)", "(S(1)) -> (R)"}));
+  // Ranks that agree: the exact tensor back.
+  const auto back = full_tensor(distribute_replicated<Layout<Shard<1>>>(mesh, full));
+  DTENSOR_MPI_REQUIRE(std::equal(back.span().begin(), back.span().end(), full.span().begin()));
+  // One rank comparing at another period (its own DTENSOR_VERIFY_EVERY=1): its always-on
+  // all-gather met the others' next all-reduce (MPI_ERR_TRUNCATE); now every rank names it.
+  CommPtr h = mpi::world()->split(0, mpi::world()->rank());
+  h->set_label("period");
+  h->set_check_collectives(false);
+  h->set_verify_every(h->rank() == 0 ? 1 : 16);
+  msg = error_of([&] {
+    for (int i = 0; i < 3; ++i) h->all_reduce(std::span<float>(x), ReduceOp::sum);
+  });
+  DTENSOR_MPI_REQUIRE(contains(msg, {"all_reduce[period]", "agreement before data",
+                                     "rank 0: all_reduce(4 x float32, sum), then the always-on check's comparison",
+                                     "rank 1: all_reduce(4 x float32, sum)\n"}));
 }

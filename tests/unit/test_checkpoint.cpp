@@ -929,6 +929,32 @@ TEST_CASE("safetensors: a GPT exported from dp 2 x tp 2 holds the full tensors; 
     INFO(summary(f));
     CHECK(f.empty());
   }
+  SECTION("a tensor the model has no place for is an error naming it, unless a partial load allows it") {
+    // The whole model and one more tensor (as a 3-layer file loaded into 2 layers: h.2.* left over).
+    const fs::path more = dir / "more.safetensors";
+    std::vector<checkpoint::safetensors::Named<double>> all;
+    for (const auto& [name, tensor] : want) all.push_back({name, tensor.first, tensor.second.data()});
+    const std::vector<double> extra(6, 1.0);
+    all.push_back({"h.2.attn.qkv.weight", {2, 3}, extra.data()});
+    checkpoint::safetensors::write(more, all);
+    auto f = on_ranks(2, [&](CommPtr world, auto report) {
+      Mesh2 mesh(world, {1, 2});
+      TpRun model_run(mesh);
+      auto slots = checkpoint::parameter_slots(model_run.model.units(), mesh);
+      try {
+        checkpoint::import_safetensors(more, mesh, slots);
+        report("no error for a tensor left unread");
+      } catch (const Error& e) {
+        const std::string what = e.what();
+        if (what.find("holds 1 tensors the model has no place for: 'h.2.attn.qkv.weight'") == std::string::npos) report(what);
+      }
+      checkpoint::import_safetensors(more, mesh, slots,
+                                     {.may_leave_unread = [](const std::string& n) { return n.starts_with("h.2."); }});
+      report(compare_slots(slots, want));
+    });
+    INFO(summary(f));
+    CHECK(f.empty());
+  }
 }
 
 TEST_CASE("redistribute_parameters: a GPT trained on dp 2 x tp 2 moves in memory to tp 4 over other, overlapping "

@@ -824,6 +824,80 @@ TEST_CASE("transformers' save_pretrained checkpoints: logits equal transformers'
   if (!keep) std::filesystem::remove_all(out);
 }
 
+TEST_CASE("a Hugging Face config.json asking for what the import cannot express is refused, naming the field; "
+          "tensors no parameter reads are refused", "[models][hf]") {
+  // llama_hf with one field of its config.json changed (the shards linked, not copied).
+  const auto src = hf_dir / "llama_hf";
+  const auto dir = std::filesystem::temp_directory_path() / ("dtensor_hfcfg_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  for (const auto& e : std::filesystem::directory_iterator(src))
+    if (e.path().filename() != "config.json") std::filesystem::create_symlink(e.path(), dir / e.path().filename());
+  std::ifstream in(src / "config.json");
+  const std::string config((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto import_with = [&](const std::string& from, const std::string& to) {
+    std::string text = config;
+    if (!from.empty()) {
+      const auto at = text.find(from);
+      REQUIRE(at != std::string::npos);
+      text.replace(at, from.size(), to);
+    }
+    std::ofstream(dir / "config.json") << text;
+    std::string message;
+    threads::run(1, [&](CommPtr w) {
+      NnMesh mesh(w, {1, 1});
+      nn::Llama<double, NnMesh> llama(mesh, tf_llama);
+      try {
+        models::import_hf_safetensors(dir / "model.safetensors.index.json", llama, models::HfArch::llama);
+      } catch (const Error& e) {
+        message = e.what();
+      }
+    });
+    return message;
+  };
+  CHECK(import_with("", "").empty());  // as saved: imports
+  CHECK_THAT(import_with("\"attention_bias\": false", "\"attention_bias\": true"),
+             Catch::Contains("config.json: attention_bias = true"));
+  CHECK_THAT(import_with("\"mlp_bias\": false", "\"mlp_bias\": true"), Catch::Contains("mlp_bias = true"));
+  CHECK_THAT(import_with("\"rope_type\": \"default\"", "\"rope_type\": \"llama3\", \"factor\": 8.0"),
+             Catch::Contains("rope_parameters.rope_type = \"llama3\"") && Catch::Contains("not implemented"));
+  CHECK_THAT(import_with("\"pretraining_tp\": 1,", "\"pretraining_tp\": 1,\n  \"rope_scaling\": {\"rope_type\": \"llama3\"},"),
+             Catch::Contains("rope_scaling = {\"rope_type\": \"llama3\"}"));
+  CHECK(import_with("\"pretraining_tp\": 1,", "\"pretraining_tp\": 1,\n  \"rope_scaling\": null,").empty());
+  std::filesystem::remove_all(dir);
+  // A checkpoint with a tensor no parameter reads (a bias the model lacks): refused, naming it.
+  const auto bias_dir = std::filesystem::temp_directory_path() / ("dtensor_hfbias_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(bias_dir);
+  const auto file = bias_dir / "model.safetensors";
+  std::string message;
+  threads::run(1, [&](CommPtr w) {
+    NnMesh mesh(w, {1, 1});
+    nn::Llama<double, NnMesh> llama(mesh, tf_llama);
+    models::export_hf_safetensors(file, llama, models::HfArch::llama);
+    const auto info = checkpoint::safetensors::read_header(file);
+    std::vector<std::vector<double>> values;
+    std::vector<checkpoint::safetensors::Named<double>> named;
+    for (const auto& [name, t] : info.tensors) {
+      Extent n = 1;
+      for (Extent d : t.shape) n *= d;
+      values.emplace_back(static_cast<std::size_t>(n));
+      checkpoint::safetensors::read_box(info, name, checkpoint::Region{std::vector<Extent>(t.shape.size(), 0), t.shape},
+                                        values.back().data());
+    }
+    std::size_t i = 0;
+    for (const auto& [name, t] : info.tensors) named.push_back({name, t.shape, values[i++].data()});
+    const std::vector<double> bias(32, 0.5);
+    named.push_back({"model.layers.0.self_attn.q_proj.bias", {32}, bias.data()});
+    checkpoint::safetensors::write(file, named);
+    try {
+      models::import_hf_safetensors(file, llama, models::HfArch::llama);
+    } catch (const Error& e) {
+      message = e.what();
+    }
+  });
+  std::filesystem::remove_all(bias_dir);
+  CHECK_THAT(message, Catch::Contains("holds 1 tensors this Llama model has no place for: 'model.layers.0.self_attn.q_proj.bias'"));
+}
+
 // ---- serving memory (sim/serving.hpp) against a real model --------------------------------------
 
 namespace {

@@ -388,6 +388,18 @@ TEST_CASE("progress bar: no bar under an MPI launcher's forwarding; DTENSOR_PROG
     ScopedEnv force("DTENSOR_PROGRESS", "lines");
     CHECK_FALSE(trace::stdout_is_terminal());
   }
+  SECTION("TERM=dumb (or none): plain lines, no ESC[K; DTENSOR_PROGRESS=bar still wins") {
+    for (const char* term : {"dumb", "", static_cast<const char*>(nullptr)}) {
+      ScopedEnv t("TERM", term);
+      CHECK(trace::detail::dumb_terminal());
+      CHECK_FALSE(trace::stdout_is_terminal());
+    }
+    ScopedEnv t("TERM", "xterm-256color");
+    CHECK_FALSE(trace::detail::dumb_terminal());
+    ScopedEnv force("DTENSOR_PROGRESS", "bar");
+    ScopedEnv dumb("TERM", "dumb");
+    CHECK(trace::stdout_is_terminal());
+  }
   SECTION("a bad DTENSOR_PROGRESS is an error naming it") {
     ScopedEnv force("DTENSOR_PROGRESS", "yes");
     CHECK_THROWS_WITH(trace::stdout_is_terminal(), Catch::Contains("DTENSOR_PROGRESS") && Catch::Contains("'yes'"));

@@ -21,12 +21,16 @@
 // Errors on any rank are agreed on (checkpoint/detail/agree.hpp): every rank throws the same.
 #pragma once
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -39,11 +43,33 @@ namespace dtensor::checkpoint {
 struct SafetensorsOptions {
   std::function<std::string(const std::string&)> rename{};    // slot name -> name in the file
   std::map<std::string, std::string> metadata{{"format", "pt"}};  // export: the header's __metadata__
+  /// import: a tensor of the file that no slot of any rank reads is an error (a 3-layer file
+  /// loaded into 2 layers must not drop h.2.* silently) unless this says it may stay unread:
+  /// a partial load, asked for by name.
+  std::function<bool(const std::string&)> may_leave_unread{};
 };
 
 namespace detail {
 
 inline std::string mapped(const SafetensorsOptions& o, const std::string& name) { return o.rename ? o.rename(name) : name; }
+
+/// Renames a written and synced `partial` to `path` and syncs the directory, so that the file
+/// appears whole or not at all; on failure removes `partial` and throws naming both.
+inline void commit_file(const std::filesystem::path& partial, const std::filesystem::path& path, const char* op) {
+  std::error_code ec;
+  std::filesystem::rename(partial, path, ec);
+  if (ec) {
+    std::error_code ignored;
+    std::filesystem::remove(partial, ignored);
+    throw Error(op, dtensor::detail::cat("cannot rename ", partial.string(), " to ", path.string(), ": ", ec.message()));
+  }
+  const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {  // best effort: the rename's own durability; the data was synced before it
+    (void)::fsync(fd);
+    ::close(fd);
+  }
+}
 
 /// Every rank's text, gathered on every rank (lengths first, then the texts padded to the longest).
 inline std::vector<std::string> all_gather_text(Communicator& comm, const std::string& mine) {
@@ -172,7 +198,19 @@ void export_safetensors(const std::filesystem::path& path, const Mesh& mesh, con
   constexpr const char* op = "checkpoint::export_safetensors";
   Communicator& comm = mesh.comm();
   comm.check_agreement(op, path.string());
-  detail::write_groups(comm, op, {path}, {detail::gathered_tensors(comm, op, slots, o)}, slots, o);
+  // Written under a temporary name, synced, then renamed: a write that fails (a full disk, whose
+  // file rank 0 had already sized, header and all) leaves nothing loadable at `path`.
+  const std::filesystem::path partial = path.string() + ".partial";
+  try {
+    detail::write_groups(comm, op, {partial}, {detail::gathered_tensors(comm, op, slots, o)}, slots, o);
+  } catch (...) {
+    std::error_code ec;
+    if (comm.rank() == 0) std::filesystem::remove(partial, ec);
+    throw;
+  }
+  detail::agree(comm, op, dtensor::detail::error_of([&] {
+    if (comm.rank() == 0) detail::commit_file(partial, path, op);
+  }));
 }
 
 /// Writes the slots' tensors as `files` safetensors files in `dir`, Hugging Face's sharded
@@ -227,20 +265,38 @@ std::filesystem::path export_safetensors_sharded(const std::filesystem::path& di
     if (comm.rank() != 0) return;
     const std::string text = dtensor::detail::cat("{\"metadata\": {\"total_size\": ", total, "},\n \"weight_map\": {\n  ",
                                                   weight_map, "\n }\n}\n");
-    safetensors::detail::Fd fd(index, O_WRONLY | O_CREAT | O_TRUNC, op);
-    fd.write_at(text.data(), text.size(), 0, op);
-    fd.resize(text.size(), op);
-    fd.sync(op);
+    // The index last, and whole or not at all (temporary name, synced, renamed): it is what a
+    // loader opens, so shards that failed to write are never reachable through it.
+    const std::filesystem::path partial = index.string() + ".partial";
+    {
+      safetensors::detail::Fd fd(partial, O_WRONLY | O_CREAT | O_TRUNC, op);
+      fd.write_at(text.data(), text.size(), 0, op);
+      fd.resize(text.size(), op);
+      fd.sync(op);
+    }
+    detail::commit_file(partial, index, op);
   }));
   return index;
 }
 
-/// Fills the slots from a safetensors file or an index of several (`*.index.json`). Collective
-/// only in agreeing on errors; each rank reads its own boxes.
+/// Fills the slots from a safetensors file or an index of several (`*.index.json`). A tensor of
+/// the file that no rank reads is an error naming it, unless o.may_leave_unread allows it.
+/// Collective: the ranks gather the names they read, and agree on errors; each rank reads its
+/// own boxes.
 template <class T, MeshType Mesh>
 void import_safetensors(const std::filesystem::path& path, const Mesh& mesh, Slots<T>& slots, const SafetensorsOptions& o = {}) {
   constexpr const char* op = "checkpoint::import_safetensors";
   Communicator& comm = mesh.comm();
+  // Every name any rank reads (in the file's naming): what the file holds beyond them is unread.
+  std::string mine;
+  for (const auto& s : slots) mine += detail::mapped(o, s.name) + "\n";
+  std::set<std::string> wanted;
+  for (const std::string& text : detail::all_gather_text(comm, mine))
+    for (std::size_t at = 0; at < text.size();) {
+      const std::size_t end = text.find('\n', at);
+      wanted.insert(text.substr(at, end - at));
+      at = end + 1;
+    }
   detail::agree(comm, op, dtensor::detail::error_of([&] {
     const bool indexed = path.string().ends_with(".index.json");
     std::map<std::string, std::filesystem::path> file_of;
@@ -278,6 +334,24 @@ void import_safetensors(const std::filesystem::path& path, const Mesh& mesh, Slo
     if (missing_count > 0)
       throw Error(op, dtensor::detail::cat(path.string(), " lacks ", missing_count, " of the model's tensors:", missing,
                                            missing_count > 5 ? " ..." : ""));
+    if (comm.rank() != 0) return;  // the same verdict everywhere: one rank reads every header
+    std::string unexpected;
+    int unexpected_count = 0;
+    auto look = [&](const std::string& name) {
+      if (wanted.count(name) || (o.may_leave_unread && o.may_leave_unread(name))) return;
+      unexpected += (unexpected_count++ < 5 ? " '" + name + "'" : std::string());
+    };
+    if (indexed) {
+      for (const auto& [name, file] : file_of) look(name);
+    } else {
+      for (const auto& [name, t] : header(path).tensors) look(name);
+    }
+    if (unexpected_count > 0)
+      throw Error(op, dtensor::detail::cat(path.string(), " holds ", unexpected_count,
+                                           " tensors the model has no place for:", unexpected,
+                                           unexpected_count > 5 ? " ..." : "",
+                                           " (another model configuration, e.g. more layers? a partial load names "
+                                           "what may stay unread: SafetensorsOptions::may_leave_unread)"));
   }));
 }
 

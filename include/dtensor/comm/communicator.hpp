@@ -207,6 +207,41 @@ struct VerifyRecord {
   std::uint32_t pad = 0;
   Fingerprint last[verify_window];  // call n at last[n % verify_window]
 };
+
+/// The operation of the layers above that the calling thread is inside (a redistribution: its
+/// element type, global extents, mesh and layouts; Fingerprint::of_redistribution), or null.
+/// With agreement before data (Communicator::agrees_before_data, on by default in every build)
+/// every collective issued inside it carries this fingerprint, and the ranks of the collective's
+/// group compare it, with the collective's own arguments, before any rank reads a received
+/// byte. Per thread: a rank of the threads backend is a thread, an MPI rank a process.
+inline thread_local const Fingerprint* call_context = nullptr;
+/// Sets call_context for a scope (nested scopes restore the outer one).
+class CallContextScope {
+ public:
+  explicit CallContextScope(const Fingerprint* f) noexcept : saved_(call_context) { call_context = f; }
+  ~CallContextScope() { call_context = saved_; }
+  CallContextScope(const CallContextScope&) = delete;
+  CallContextScope& operator=(const CallContextScope&) = delete;
+
+ private:
+  const Fingerprint* saved_;
+};
+/// What a backend without a shared rendezvous exchanges before each collective (agreement
+/// before data): the call's fingerprint and its context, described only when ranks differ.
+struct CallRecord {
+  Fingerprint call;
+  Fingerprint context;     // kind 0 and hash 0: no context
+  std::uint64_t then = 0;  // 1: the always-on check's all-gather follows this call on this rank
+  bool has_context() const noexcept { return context.kind != 0 || context.hash != 0; }
+  std::uint64_t hash() const noexcept {
+    return context.folded_into(call.folded_into(14695981039346656037ull)) ^ (then * 0x9e3779b97f4a7c15ull);
+  }
+  std::string describe() const {
+    std::string s = has_context() ? call.describe() + " in " + context.describe() : call.describe();
+    if (then) s += ", then the always-on check's comparison (DTENSOR_VERIFY_EVERY / set_verify_every)";
+    return s;
+  }
+};
 }  // namespace detail
 
 /// Where the send blocks of an all-to-all lie when they are not back to back: block j (the one
@@ -278,6 +313,17 @@ class Communicator {
     verify_every_ = n;
   }
 
+  /// Agreement before data (on by default in every build type; DTENSOR_AGREE_BEFORE_DATA=0 or
+  /// set_agree_before_data(false) turns it off): the ranks of a collective compare what each
+  /// asked (op, element type, count, reduction, root, and the redistribution it is part of:
+  /// detail::call_context) before any rank uses a received byte, and all throw, naming the
+  /// call, the ranks and what each asked, if they differ. The threads backend compares in the
+  /// rendezvous every collective makes anyway; MPI runs one fused 16-byte all-reduce before the
+  /// collective (and the full exchange of what each asked only when they differ); NCCL does not
+  /// (exchanges_agreement).
+  bool agrees_before_data() const noexcept { return agree_; }
+  void set_agree_before_data(bool on) noexcept { agree_ = on; }
+
   /// With the check on, throws on every rank unless all ranks of this group passed the same
   /// `what` — the layers above describe an operation that is collective over the group (a
   /// redistribution: its layouts, global extents and element type). Does nothing with the
@@ -306,6 +352,7 @@ class Communicator {
       c->timeout_ = timeout_;
       c->check_ = check_;
       c->verify_every_ = verify_every_;
+      c->agree_ = agree_;
     }
     return c;
   }
@@ -330,6 +377,7 @@ class Communicator {
     c->timeout_ = timeout_;
     c->check_ = check_;
     c->verify_every_ = verify_every_;
+    c->agree_ = agree_;
     return c;
   }
 
@@ -405,7 +453,16 @@ class Communicator {
     timeout_ = comm_defaults().timeout;
     check_ = comm_defaults().check_collectives;
     verify_every_ = comm_defaults().verify_every;
+    agree_ = comm_defaults().agree_before_data;
   }
+
+  /// How this backend makes agreement before data happen: agrees_in_rendezvous, it compares the
+  /// call and detail::call_context in a rendezvous of its own (threads); exchanges_agreement,
+  /// pre() exchanges a hash of them first (agree_before: MPI, whose collectives carry host
+  /// memory cheaply). Neither (the default): not done — the sim backend has no peers, and NCCL
+  /// would stage each 16 bytes through the device (its full and always-on checks remain).
+  virtual bool agrees_in_rendezvous() const noexcept { return false; }
+  virtual bool exchanges_agreement() const noexcept { return false; }
 
   // The backend's part. `async` false means the caller will wait at once (a backend may then
   // run the operation inline). Counts are per block as in the table at the top.
@@ -562,11 +619,21 @@ class Communicator {
   detail::ObservedCollective pre(CollectiveKind k, std::size_t bytes, DType t, ReduceOp op, std::size_t count,
                                  int root) {
     const auto span = record(k, bytes, t, op, -1);
-    if (check_)
+    if (check_) {
       check_fingerprints(detail::Fingerprint::of_collective(k, t, op, count, root), name_of(k),
                          "ranks issued different collectives (collective check):");
-    else if (verifying())
-      fold(detail::Fingerprint::of_collective(k, t, op, count, root), name_of(k));
+      return span;
+    }
+    if (agree_ && size_ > 1 && exchanges_agreement()) {
+      // Whether the always-on check's all-gather follows on this rank (this call completes its
+      // period, or a barrier compares what is pending): ranks that compare at different periods
+      // (their own DTENSOR_VERIFY_EVERY) are told so here, before MPI pairs that all-gather with
+      // another rank's collective (MPI_ERR_TRUNCATE, or silently when the sizes happen to match).
+      const bool then = verifying() && (k == CollectiveKind::barrier ||
+                                        (verify_->calls + 1) % std::uint64_t(verify_every_) == 0);
+      agree_before(detail::Fingerprint::of_collective(k, t, op, count, root), name_of(k), then);
+    }
+    if (verifying()) fold(detail::Fingerprint::of_collective(k, t, op, count, root), name_of(k));
     return span;
   }
 
@@ -594,6 +661,7 @@ class Communicator {
     detail::VerifyRecord& mine = *verify_;
     mine.world_rank = world_rank_;
     verified_ = mine.calls;
+
     std::vector<detail::VerifyRecord> all(static_cast<std::size_t>(size_));
     try {
       do_all_gather(&mine, all.data(), sizeof mine, DType::uint8, false).wait();
@@ -625,6 +693,40 @@ class Communicator {
         if (all[std::size_t(r)].world_rank != r) table += detail::cat(" (world rank ", all[std::size_t(r)].world_rank, ")");
         table += ": " + f.describe();
       }
+    }
+    fail(op, table);
+  }
+  /// Agreement before data on a backend without a shared rendezvous: one all-reduce (max) of
+  /// (h, ~h), h a hash of the call and its context; equal on every rank exactly when every rank
+  /// holds the same h (a rank whose h is not the largest sees the first word differ, one whose h
+  /// is the largest the second), so every rank reaches the same verdict. Only then, on every
+  /// rank, the records themselves are all-gathered for the message.
+  void agree_before(const detail::Fingerprint& call, std::string_view op, bool then_verifies = false) {
+    detail::CallRecord mine{call, detail::call_context ? *detail::call_context : detail::Fingerprint{},
+                            then_verifies ? 1u : 0u};
+    mine.call.world_rank = world_rank_;
+    const auto h = std::int64_t(mine.hash());
+    const std::int64_t words[2] = {h, ~h};
+    std::int64_t most[2] = {0, 0};
+    try {
+      do_all_reduce(words, most, 2, DType::int64, ReduceOp::max, false).wait();
+    } catch (const Error& e) {
+      throw Error(named(op), e.message(), rank_, e.backend_code(), world_rank_);
+    }
+    if (most[0] == words[0] && most[1] == words[1]) return;
+    std::vector<detail::CallRecord> all(static_cast<std::size_t>(size_));
+    try {
+      do_all_gather(&mine, all.data(), sizeof mine, DType::uint8, false).wait();
+    } catch (const Error& e) {
+      throw Error(named(op), e.message(), rank_, e.backend_code(), world_rank_);
+    }
+    std::string table = detail::cat("ranks asked for different collectives (agreement before data: nothing has "
+                                    "been exchanged; DTENSOR_AGREE_BEFORE_DATA=0 turns the check off):");
+    for (int r = 0; r < size_; ++r) {
+      const auto& c = all[std::size_t(r)];
+      table += detail::cat("\n  rank ", r);
+      if (c.call.world_rank != r) table += detail::cat(" (world rank ", c.call.world_rank, ")");
+      table += ": " + c.describe();
     }
     fail(op, table);
   }
@@ -678,6 +780,7 @@ class Communicator {
   std::chrono::milliseconds timeout_;
   bool check_ = false;
   int verify_every_ = 0;
+  bool agree_ = true;
   std::unique_ptr<detail::VerifyRecord> verify_;  // the always-on check's state, made at first use
   std::uint64_t verified_ = 0;                    // calls compared by the last verify
 };

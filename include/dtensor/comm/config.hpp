@@ -4,6 +4,8 @@
 //   DTENSOR_TIMEOUT_MS=30000       every wait fails after 30 s (default 300000: five minutes)
 //   DTENSOR_CHECK_COLLECTIVES=1    ranks compare fingerprints before each collective and each
 //                                  redistribution (default: on in debug builds, off with NDEBUG)
+//   DTENSOR_AGREE_BEFORE_DATA=0    no agreement before data: ranks no longer compare what each
+//                                  asked of a collective before its data moves (default 1, every build)
 //
 // Values are parsed strictly: "3e5", "30s", "abc", "-1" or "" are errors that quote the value,
 // never a silent 3 or 0. The variables are read once, when the first communicator is made.
@@ -66,6 +68,16 @@ inline int verify_every_from_env(int fallback) {
   return *n;
 }
 
+/// DTENSOR_AGREE_BEFORE_DATA (0 or 1), or `fallback` when unset.
+inline bool agree_from_env(bool fallback) {
+  const char* text = std::getenv("DTENSOR_AGREE_BEFORE_DATA");
+  if (!text) return fallback;
+  const std::string_view v = text;
+  if (v == "1") return true;
+  if (v == "0") return false;
+  throw Error("DTENSOR_AGREE_BEFORE_DATA", cat("'", v, "' is neither 0 nor 1"));
+}
+
 #ifdef NDEBUG
 inline constexpr bool debug_build = false;
 #else
@@ -81,6 +93,9 @@ struct CommDefaults {
   /// The always-on check (Communicator::set_verify_every): compare every this many collectives
   /// (1 .. 16), 0 for never. On in every build type.
   int verify_every = detail::verify_every_from_env(16);
+  /// Agreement before data (Communicator::set_agree_before_data): ranks compare what each asked
+  /// of a collective before its data moves. On in every build type.
+  bool agree_before_data = detail::agree_from_env(true);
 };
 inline CommDefaults& comm_defaults() {
   static CommDefaults defaults;

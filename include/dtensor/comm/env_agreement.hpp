@@ -2,7 +2,8 @@
 //
 //   dtensor::require_same_environment(*world, "mpi::run");   // collective over world
 //
-// Each process reads DTENSOR_TIMEOUT_MS and DTENSOR_CHECK_COLLECTIVES from its own environment
+// Each process reads DTENSOR_TIMEOUT_MS, DTENSOR_CHECK_COLLECTIVES, DTENSOR_VERIFY_EVERY and
+// DTENSOR_AGREE_BEFORE_DATA from its own environment
 // (comm/config.hpp). A variable exported on the launching host reaches the ranks on other hosts
 // only if the launcher forwards it (`mpirun -x DTENSOR_TIMEOUT_MS`, Slurm's --export): without
 // it those ranks keep the defaults, and a job meant to fail after 30 s waits 5 minutes on some
@@ -35,7 +36,9 @@ inline std::vector<Setting> environment_settings() {
           {"DTENSOR_CHECK_COLLECTIVES", d.check_collectives ? "1" : "0"},
           // ranks comparing at different periods would pair the always-on check's all-gathers
           // with other collectives (comm/communicator.hpp, set_verify_every)
-          {"DTENSOR_VERIFY_EVERY", detail::cat(d.verify_every)}};
+          {"DTENSOR_VERIFY_EVERY", detail::cat(d.verify_every)},
+          // likewise agreement before data's all-reduce under MPI (Communicator::agrees_before_data)
+          {"DTENSOR_AGREE_BEFORE_DATA", d.agree_before_data ? "1" : "0"}};
 }
 
 /// Throws on every rank of `comm` unless all of them run with the same environment_settings()

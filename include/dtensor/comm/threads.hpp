@@ -44,6 +44,9 @@ class ThreadsCommunicator final : public Communicator {
         mem_(std::move(mem)) {}
 
   std::string_view backend() const override { return mem_ ? mem_->backend() : "threads"; }
+  /// Agreement before data happens in the rendezvous every collective makes (threads_ops.hpp,
+  /// validate): the arguments were always compared there; the redistribution's fingerprint now is too.
+  bool agrees_in_rendezvous() const noexcept override { return true; }
 
  protected:
   CommPtr do_split(int color, int key) override {
@@ -112,7 +115,14 @@ class ThreadsCommunicator final : public Communicator {
   detail::Ctx context(CollectiveKind k, bool collective) {
     const detail::World& w = *group_->world;
     if (w.aborted()) throw Error(detail::Ctx{group_, rank(), 0, timeout(), label()}.op(k), w.reason(), rank());
-    return detail::Ctx{group_, rank(), collective ? next_seq_++ : 0, timeout(), label(), mem_};
+    detail::Ctx c{group_, rank(), collective ? next_seq_++ : 0, timeout(), label(), mem_};
+    // Agreement before data: the redistribution this collective is part of is compared in the
+    // rendezvous with its arguments (validate), at no extra synchronisation.
+    if (collective && agrees_before_data() && dtensor::detail::call_context) {
+      c.has_context = true;
+      c.context = *dtensor::detail::call_context;
+    }
+    return c;
   }
 
   /// Runs `body` inline, or on the pool with a Work to wait on.

@@ -435,7 +435,7 @@ std::string plan_of() {
 template <LayoutType To, Element T, std::size_t R, class Mesh, class From, class Space>
 DTensor<T, R, Mesh, To, Space> redistribute(const DTensor<T, R, Mesh, From, Space>& x) {
   constexpr auto plan = detail::checked_plan<From, To>();
-  check_redistribution_agreement<To>(x);
+  const auto agreement = check_redistribution_agreement<To>(x);
   return DTensor<T, R, Mesh, To, Space>(x.mesh(), x.shape(), execute(plan, x.to_local(), x.mesh(), x.shape()));
 }
 
@@ -449,7 +449,7 @@ DTensor<T, R, Mesh, To, Space> redistribute(DTensor<T, R, Mesh, From, Space>&& x
   bool moves = false;
   for (const auto& s : plan) moves = moves || s.group_size(x.mesh().shape()) > 1;
   if (moves) return redistribute<To>(std::as_const(x));
-  check_redistribution_agreement<To>(x);
+  const auto agreement = check_redistribution_agreement<To>(x);
   auto local = std::move(x.local());
   return DTensor<T, R, Mesh, To, Space>(x.mesh(), x.shape(), std::move(local));
 }
@@ -460,7 +460,7 @@ DTensor<T, R, Mesh, To, Space> redistribute(DTensor<T, R, Mesh, From, Space>&& x
 template <Element T, std::size_t R, class Mesh, class To, class From, class Space>
 void redistribute_into(DTensor<T, R, Mesh, To, Space>& result, const DTensor<T, R, Mesh, From, Space>& x) {
   constexpr auto plan = detail::checked_plan<From, To>();
-  check_redistribution_agreement<To>(x);
+  const auto agreement = check_redistribution_agreement<To>(x);
   auto local = execute(plan, x.to_local(), x.mesh(), x.shape(), std::move(result.local()));
   result = DTensor<T, R, Mesh, To, Space>(x.mesh(), x.shape(), std::move(local));
 }
@@ -488,7 +488,7 @@ class PendingDTensor {
 template <LayoutType To, Element T, std::size_t R, class Mesh, class From, class Space>
 PendingDTensor<T, R, Mesh, To, Space> redistribute_async(const DTensor<T, R, Mesh, From, Space>& x) {
   constexpr auto plan = detail::checked_plan<From, To>();
-  check_redistribution_agreement<To>(x);  // blocking, before anything is in flight
+  const auto agreement = check_redistribution_agreement<To>(x);  // blocking, before anything is in flight
   detail::PlanExecution<T, R, Space, Mesh, Mesh::ndim> run(plan, x.to_local(), x.mesh(), x.shape(), {});
   run.run(true);
   return PendingDTensor<T, R, Mesh, To, Space>(std::move(run), x.mesh(), x.shape());

@@ -21,7 +21,10 @@
 //   rotary layout needs no permutation: ops::rotary pairs features (i, i + D/2) as HF's
 //   rotate_half does. The user sets what HF's config.json says: rope_theta, norm_eps
 //   (rms_norm_eps / layer_norm_epsilon), kv_heads, ffn; GPT-2's activation is gelu_new, which
-//   ops::gelu is.
+//   ops::gelu is. What the import cannot express is refused, naming it: a config.json next to
+//   the checkpoint with attention_bias or mlp_bias true, or rope scaling (rope_scaling, or
+//   rope_parameters.rope_type other than "default": Llama 3.1/3.2's "llama3"); and any tensor
+//   of the checkpoint no parameter reads (a bias, a layer more than the model's).
 // Import: every rank reads only the byte ranges of its own boxes (checkpoint::parameter_slots:
 // any mesh, any layout). A box's rows are cut into runs whose map rows are consecutive rows of
 // one source; each run is one box of that source ([rows, the box's columns], or for a Conv1D
@@ -39,11 +42,16 @@
 // (and loads dtensor's export with from_pretrained: --check-export).
 #pragma once
 
+#include <charconv>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <numeric>
+#include <set>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -175,6 +183,19 @@ class HfReader {
   }
   /// The header of the file holding `name` (a stored name, from resolve).
   const checkpoint::safetensors::FileInfo& file_of(const std::string& name) { return *file(name); }
+  /// Every tensor name the checkpoint holds: an index's weight_map (no header read), or the one
+  /// file's header (read for any tensor anyway).
+  std::vector<std::string> all_names() {
+    std::vector<std::string> names;
+    if (!file_of_.empty()) {
+      for (const auto& [name, f] : file_of_) names.push_back(name);
+      return names;
+    }
+    auto it = files_.find(path_);
+    if (it == files_.end()) it = files_.emplace(path_, checkpoint::safetensors::read_header(path_)).first;
+    for (const auto& [name, t] : it->second.tensors) names.push_back(name);
+    return names;
+  }
 
  private:
   const checkpoint::safetensors::FileInfo* file(const std::string& name) {
@@ -226,6 +247,90 @@ void read_piece_box(HfReader& reader, const HfPiece& p, const std::vector<std::s
   }
 }
 
+/// The raw text of `key`'s value in a JSON object's text ("true", "null", "{...}", "\"llama3\""),
+/// or "" when the key is absent. Enough for config.json's flat fields: no escapes in keys.
+inline std::string json_field(const std::string& text, std::string_view key) {
+  const std::string quoted = "\"" + std::string(key) + "\"";
+  std::size_t at = text.find(quoted);
+  while (at != std::string::npos) {
+    std::size_t v = text.find_first_not_of(" \t\r\n", at + quoted.size());
+    if (v != std::string::npos && text[v] == ':') {
+      v = text.find_first_not_of(" \t\r\n", v + 1);
+      if (v == std::string::npos) return {};
+      if (text[v] == '{') {  // the object, braces matched
+        int depth = 0;
+        for (std::size_t e = v; e < text.size(); ++e) {
+          if (text[e] == '{') ++depth;
+          if (text[e] == '}' && --depth == 0) return text.substr(v, e - v + 1);
+        }
+        return text.substr(v);
+      }
+      if (text[v] == '"') return text.substr(v, text.find('"', v + 1) - v + 1);
+      const std::size_t e = text.find_first_of(",}\n", v);
+      std::string value = text.substr(v, e - v);
+      while (!value.empty() && (value.back() == ' ' || value.back() == '\r' || value.back() == '\t')) value.pop_back();
+      return value;
+    }
+    at = text.find(quoted, at + 1);
+  }
+  return {};
+}
+
+/// Refuses, naming the field, what a Hugging Face config.json next to the checkpoint asks for
+/// that this import does not implement: biases in the attention or the MLP (attention_bias,
+/// mlp_bias; their tensors would be left unread and the logits off), and rope scaling other
+/// than none (rope_scaling, or transformers 5's rope_parameters.rope_type: every Llama 3.1/3.2
+/// uses "llama3"). The sizes themselves are the model's configuration, checked by the shapes.
+inline void refuse_unsupported_config(const std::filesystem::path& checkpoint_path, const char* op) {
+  const std::filesystem::path config = checkpoint_path.parent_path() / "config.json";
+  std::ifstream in(config);
+  if (!in) return;  // no config.json: the tensors' names and shapes are all there is to check
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto refuse = [&](const std::string& field, const std::string& value, const char* why) {
+    throw Error(op, dtensor::detail::cat(config.string(), ": ", field, " = ", value, ": ", why));
+  };
+  for (const char* bias : {"attention_bias", "mlp_bias"})
+    if (json_field(text, bias) == "true") refuse(bias, "true", "biases this import does not implement (nn::Llama has none)");
+  if (const auto scaling = json_field(text, "rope_scaling"); !scaling.empty() && scaling != "null")
+    refuse("rope_scaling", scaling, "rope scaling is not implemented (only rope_theta: unscaled RoPE)");
+  if (const auto params = json_field(text, "rope_parameters"); !params.empty() && params != "null") {
+    const auto type = json_field(params, "rope_type");
+    if (!type.empty() && type != "\"default\"")
+      refuse("rope_parameters.rope_type", type, "rope scaling is not implemented (only rope_theta: unscaled RoPE)");
+  }
+}
+
+/// The config.json transformers' from_pretrained reads for an export of a model of
+/// configuration c: its sizes (GPT-2: n_positions is c.seq, the rows the export holds), eps,
+/// rope_theta, no biases beyond GPT-2's, untied lm_head (the export writes it).
+inline void write_config_json(const std::filesystem::path& file, const nn::GPTConfig& c, HfArch arch) {
+  auto num = [](double v) {
+    char b[32];
+    const auto r = std::to_chars(b, b + sizeof b, v);
+    std::string t(b, r.ptr);
+    return t.find_first_of(".e") == std::string::npos ? t + ".0" : t;
+  };
+  using dtensor::detail::cat;
+  const Extent kv = c.kv_heads > 0 ? c.kv_heads : c.heads;
+  const Extent ffn = c.ffn > 0 ? c.ffn : c.mlp_ratio * c.dim;
+  const std::string text =
+      arch == HfArch::gpt2
+          ? cat("{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n  \"vocab_size\": ", c.vocab,
+                ",\n  \"n_positions\": ", c.seq, ",\n  \"n_ctx\": ", c.seq, ",\n  \"n_embd\": ", c.dim, ",\n  \"n_layer\": ",
+                c.layers, ",\n  \"n_head\": ", c.heads, ",\n  \"n_inner\": ", ffn, ",\n  \"layer_norm_epsilon\": ",
+                num(c.norm_eps), ",\n  \"activation_function\": \"gelu_new\",\n  \"tie_word_embeddings\": false\n}\n")
+          : cat("{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n  \"vocab_size\": ", c.vocab,
+                ",\n  \"hidden_size\": ", c.dim, ",\n  \"intermediate_size\": ", ffn, ",\n  \"num_hidden_layers\": ",
+                c.layers, ",\n  \"num_attention_heads\": ", c.heads, ",\n  \"num_key_value_heads\": ", kv,
+                ",\n  \"head_dim\": ", c.dim / c.heads, ",\n  \"max_position_embeddings\": ", c.seq,
+                ",\n  \"rms_norm_eps\": ", num(c.norm_eps), ",\n  \"rope_theta\": ", num(c.rope_theta),
+                ",\n  \"hidden_act\": \"silu\",\n  \"attention_bias\": false,\n  \"mlp_bias\": false,\n"
+                "  \"tie_word_embeddings\": false\n}\n");
+  std::ofstream out(file);
+  out << text;
+  if (!out.flush()) throw Error("models::export_hf_safetensors", cat("cannot write ", file.string()));
+}
+
 }  // namespace detail
 
 /// Fills the model's parameters from a Hugging Face checkpoint (one .safetensors file or an
@@ -236,6 +341,7 @@ void import_hf_safetensors(const std::filesystem::path& path, Model& model, HfAr
   const nn::GPTConfig& cfg = model.config();
   auto slots = checkpoint::parameter_slots(model.units(), model.mesh());
   checkpoint::detail::agree(model.mesh().comm(), op, dtensor::detail::error_of([&] {
+    detail::refuse_unsupported_config(path, op);
     detail::HfReader reader(path);
     std::map<std::string, const HfPiece*> piece_of;
     const auto map = hf_name_map(cfg, arch);
@@ -267,11 +373,31 @@ void import_hf_safetensors(const std::filesystem::path& path, Model& model, HfAr
       }
       detail::read_piece_box(reader, piece, stored, slot.box, slot.data);
     }
+    if (model.mesh().comm().rank() == 0) {  // after the missing and misshapen: the same verdict everywhere (agree)
+      // A tensor of the checkpoint that no parameter reads (biases the model lacks, more layers)
+      // would leave the model silently unlike the checkpoint. Buffers that are no weights pass.
+      std::set<std::string> used;
+      for (const auto& p : map)
+        for (const auto& src : p.sources) used.insert(reader.resolve(src.name, arch));
+      std::string unread;
+      int count = 0;
+      for (const auto& name : reader.all_names()) {
+        if (used.count(name) || name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias") ||
+            name.ends_with("rotary_emb.inv_freq"))
+          continue;
+        unread += count++ < 5 ? " '" + name + "'" : std::string();
+      }
+      if (count > 0)
+        throw Error(op, dtensor::detail::cat(path.string(), " holds ", count, " tensors this ",
+                                             arch == HfArch::gpt2 ? "GPT-2" : "Llama", " model has no place for:", unread,
+                                             count > 5 ? " ..." : "",
+                                             " (biases it lacks, more layers, another architecture?)"));
+    }
   }));
 }
 
 /// Writes the model's parameters as a Hugging Face checkpoint (one .safetensors file, HF names
-/// and layouts, the parameters' element type). Collective over the model's mesh.
+/// and layouts, the parameters' element type) and its config.json next to it. Collective over the model's mesh.
 template <class Model>
 void export_hf_safetensors(const std::filesystem::path& path, Model& model, HfArch arch) {
   constexpr const char* op = "models::export_hf_safetensors";
@@ -309,6 +435,7 @@ void export_hf_safetensors(const std::filesystem::path& path, Model& model, HfAr
     for (const auto& [name, values] : hf) named.push_back({name, shapes[name], values.data()});
     checkpoint::safetensors::write(path, named);
     std::filesystem::remove(staging);
+    detail::write_config_json(path.parent_path() / "config.json", model.config(), arch);
   }));
 }
 

@@ -27,6 +27,7 @@
 #include <ostream>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "dtensor/core/error.hpp"
 
@@ -45,11 +46,17 @@ inline bool under_mpi_launcher() {
     if (std::getenv(v) != nullptr) return true;
   return false;
 }
+/// Whether TERM says the terminal cannot move its cursor or clear a line (unset, empty or
+/// "dumb": Emacs' shell, some CI consoles), where ESC[K would print as garbage.
+inline bool dumb_terminal() {
+  const char* term = std::getenv("TERM");
+  return term == nullptr || *term == '\0' || std::string_view(term) == "dumb";
+}
 }  // namespace detail
 
 /// Whether standard output is a terminal of this process, where a bar redrawn in place belongs:
 /// DTENSOR_PROGRESS=bar says yes and =lines no; otherwise isatty(stdout), except under an MPI
-/// launcher's forwarding (false where the platform cannot tell).
+/// launcher's forwarding and under TERM=dumb (or no TERM) (false where the platform cannot tell).
 inline bool stdout_is_terminal() {
   if (const char* force = std::getenv("DTENSOR_PROGRESS")) {
     const std::string f = force;
@@ -58,6 +65,7 @@ inline bool stdout_is_terminal() {
     throw Error("trace::stdout_is_terminal", "DTENSOR_PROGRESS is bar or lines, got '" + f + "'");
   }
   if (detail::under_mpi_launcher()) return false;
+  if (detail::dumb_terminal()) return false;
 #ifdef DTENSOR_TRACE_HAS_ISATTY
   return ::isatty(STDOUT_FILENO) == 1;
 #else

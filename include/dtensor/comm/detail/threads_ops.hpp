@@ -32,6 +32,10 @@ struct Ctx {
   std::chrono::milliseconds timeout{0};
   std::string label;
   std::shared_ptr<const MemOps> mem{};  // null: the buffers are host memory
+  // The redistribution (dtensor::detail::call_context) a collective was issued in, with
+  // agreement before data on: posted with the arguments and compared in validate().
+  bool has_context = false;
+  dtensor::detail::Fingerprint context{};
 
   int world_rank() const { return group->world_ranks[std::size_t(rank)]; }
   std::string op(CollectiveKind k) const { return dtensor::detail::cat(name_of(k), "[", label, "]"); }
@@ -52,19 +56,22 @@ inline std::string describe(const Post& p) {
   using dtensor::detail::cat;
   std::string s(name_of(p.kind));
   switch (p.kind) {
+    case CollectiveKind::all_to_all_v: s += cat("(", name_of(p.dtype), ")"); break;
     case CollectiveKind::all_reduce:
-    case CollectiveKind::reduce_scatter: return s + cat("(", p.count, " x ", name_of(p.dtype), ", ", name_of(p.op), ")");
-    case CollectiveKind::broadcast: return s + cat("(", p.count, " x ", name_of(p.dtype), ", root ", p.root, ")");
+    case CollectiveKind::reduce_scatter: s += cat("(", p.count, " x ", name_of(p.dtype), ", ", name_of(p.op), ")"); break;
+    case CollectiveKind::broadcast: s += cat("(", p.count, " x ", name_of(p.dtype), ", root ", p.root, ")"); break;
     case CollectiveKind::all_gather:
-    case CollectiveKind::all_to_all: return s + cat("(", p.count, " x ", name_of(p.dtype), ")");
-    case CollectiveKind::all_to_all_v: return s + cat("(", name_of(p.dtype), ")");
-    default: return s;
+    case CollectiveKind::all_to_all: s += cat("(", p.count, " x ", name_of(p.dtype), ")"); break;
+    default: break;
   }
+  if (p.context) s += " in redistribute " + p.context->describe();
+  return s;
 }
 
 /// The fields that must agree between ranks for a given kind of collective.
 inline bool agree(const Post& a, const Post& b) {
   if (a.kind != b.kind) return false;
+  if (a.context_key != b.context_key) return false;
   switch (a.kind) {
     case CollectiveKind::all_reduce:
     case CollectiveKind::reduce_scatter: return a.count == b.count && a.dtype == b.dtype && a.op == b.op;
@@ -98,6 +105,10 @@ inline std::string gone_reason(const Ctx& c, int r) {
 /// slot) if the run is aborted, a peer has left its function (it can never arrive) or the
 /// timeout expires first; a timeout aborts the run.
 inline Slot& arrive(const Ctx& c, Post mine) {
+  if (c.has_context) {
+    mine.context = &c.context;
+    mine.context_key = c.context.folded_into(0x9e3779b97f4a7c15ull) | 1;  // never 0: 0 is "none"
+  }
   Group& g = *c.group;
   World& w = *g.world;
   const int n = g.size;

@@ -230,6 +230,13 @@ struct Post {
   bool lent = false;              // peers read this rank's own memory: it must wait until they are done
   bool strided = false;           // all_to_all: the blocks in `send` lie where `blocks` says
   StridedBlocks blocks{};
+  // The operation this collective is part of (a redistribution), compared with the arguments
+  // (agreement before data, Communicator::agrees_before_data): a hash of its fingerprint, by
+  // value (0: none), since a peer may still validate after this rank has left; and, for the
+  // message only, the fingerprint in the issuing rank's Ctx, read on the failure path, where no
+  // rank leaves before all have validated.
+  std::uint64_t context_key = 0;
+  const dtensor::detail::Fingerprint* context = nullptr;
 };
 
 class Group;

@@ -52,7 +52,10 @@ std::array<std::size_t, R> swap_dims(const Shape<R>& x, std::size_t d0, std::siz
 /// y has extents x.shape()[perm[i]] and y(i...) = x at the permuted index.
 template <Element T, std::size_t R>
 HostTensor<T, R> permute(const HostTensor<T, R>& x, const std::array<std::size_t, R>& perm) {
-  const auto [ys, st] = detail::permuted(x.shape(), perm);  // st: x's stride for each dimension of y
+  // Named copies, not structured bindings: clang 14 cannot capture those in the lambda below.
+  const auto perm_info = detail::permuted(x.shape(), perm);
+  const auto& ys = perm_info.first;   // y's extents
+  const auto& st = perm_info.second;  // x's stride for each dimension of y
   auto y = HostTensor<T, R>::uninitialized(ys);
   const Extent n = y.numel();
   if (n == 0) return y;
