@@ -26,9 +26,18 @@ fi
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1" \
       -DDTENSOR_BUILD_TESTS=ON -DDTENSOR_BUILD_EXAMPLES=ON -DDTENSOR_BUILD_BENCHMARKS=ON \
       -DDTENSOR_WITH_MPI=ON -DDTENSOR_WITH_BLAS=ON -DDTENSOR_WERROR=ON "${cuda[@]}"
+# Each phase's wall time, for CI's budget (docs/benchmarks.md, "CI: the clean-clone time").
+phase() { echo "run-tests: $1 took $((SECONDS - phase_start)) s (total $SECONDS s)"; phase_start=$SECONDS; }
+phase_start=$SECONDS
 cmake --build "$build" -j"$jobs"
+phase "the main build"
 # Includes the examples, which check themselves against the full tensors (label example).
 (cd "$build" && ctest --output-on-failure -j"$jobs")
+phase "the main suite (ctest)"
 DTENSOR_PACKAGING_MPI=1 scripts/test_packaging.sh
+phase "the packaging checks"
 # ASan + UBSan over the threads-backend suite, TSan over the threads backend's synchronization.
-if [[ ${DTENSOR_TEST_SANITIZERS:-1} != 0 ]]; then scripts/run-sanitizers.sh; fi
+if [[ ${DTENSOR_TEST_SANITIZERS:-1} != 0 ]]; then
+  scripts/run-sanitizers.sh
+  phase "the sanitizer builds and runs"
+fi
