@@ -1413,8 +1413,11 @@ inline std::vector<Setting> settings_of(const Options& o, const Corpus& corpus) 
   for (const auto* part : {&corpus.train, &corpus.val})
     for (auto t : *part) data_hash = (data_hash ^ std::uint32_t(t)) * 1099511628211ull;
   return {{"--pp", n(o.pp)}, {"--dp", n(o.dp)}, {"--fsdp", n(o.fsdp)}, {"--cp", n(o.cp)}, {"--tp", n(o.tp)},
-          {"--ep", n(o.ep)}, {"--zero", n(o.zero)}, {"--sp", flag(o.sp)},
-          {"--reshard-after-forward", o.reshard_after_forward ? flag(*o.reshard_after_forward) : "default"},
+          {"--ep", n(o.ep)},
+          // One entry for both (the agreement takes at most 48 settings).
+          {"--zero, --reshard-after-forward",
+           n(o.zero) + ", " + (o.reshard_after_forward ? flag(*o.reshard_after_forward) : "default")},
+          {"--sp", flag(o.sp)},
           {"--cp-kind", std::string(parallel::name_of(o.cp_kind))}, {"--schedule", o.schedule},
           {"--microbatches", n(o.microbatches)}, {"--layers", n(o.layers)}, {"--heads", n(o.heads)},
           {"--dim", n(o.dim)}, {"--seq", n(o.seq)}, {"--batch", n(o.batch)}, {"--checkpoint", flag(o.checkpoint)},

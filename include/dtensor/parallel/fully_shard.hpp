@@ -531,6 +531,11 @@ class FullyShard {
       s.reduce = group.reduce_scatter_async(std::span<const T>(full), s.reduced_narrow.span(), s.grad_op);
     }
     s.reducing = true;
+    // Until its reduction is added into the shard, the shard's gradient is not this step's:
+    // Partial on the shard dimension from now on, so that an optimizer step taken before
+    // finish_gradient_sync fails (optim::detail::check_reduced) instead of stepping on a stale
+    // gradient (finish_collective says so again once the collective is done).
+    for (auto& seg : s.segments) seg.grad_state->placements[shard_dim] = PlacementDesc::partial(s.grad_op);
     events_.push_back({FsdpEvent::reduce_issued, index_of(s), true});
   }
 
