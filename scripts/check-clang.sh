@@ -31,8 +31,9 @@ apt_install() {
 mpi_flags=()
 if command -v mpicxx >/dev/null && mpi_show=$(mpicxx -showme:compile 2>/dev/null); then
   read -r -a mpi_flags <<< "$mpi_show"
+  mpi_flags=("${mpi_flags[@]/#-I/-isystem}")  # MPI's own headers are not ours to warn about
 elif command -v mpicxx >/dev/null && mpi_show=$(mpicxx -compile_info 2>/dev/null); then  # MPICH
-  for w in $mpi_show; do [[ $w == -I* ]] && mpi_flags+=("$w"); done
+  for w in $mpi_show; do [[ $w == -I* ]] && mpi_flags+=("-isystem${w#-I}"); done
 fi
 all_headers=$(mktemp --suffix=.cpp)
 trap 'rm -f "$all_headers"' EXIT
@@ -54,8 +55,10 @@ check() {  # check COMPILER FILE...
     start=$SECONDS
     local extra=()
     if [[ $f == "$all_headers" ]]; then extra=("${mpi_flags[@]}"); fi
-    if "$cxx" -std=c++20 -fsyntax-only -Wall -Wextra -Wpedantic -Werror -I include -I examples -I tests \
-         "${extra[@]}" "$f"; then
+    # clang 19 flags libstdc++ 12's own std::get_temporary_buffer (deprecated in C++20), which
+    # std::stable_sort calls: a warning, not an error.
+    if "$cxx" -std=c++20 -fsyntax-only -Wall -Wextra -Wpedantic -Werror -Wno-error=deprecated-declarations \
+         -I include -I examples -I tests "${extra[@]}" "$f"; then
       echo "ok: ${f/#$all_headers/every public header} ($((SECONDS - start)) s, $cxx)"
     else
       echo "FAILED: ${f/#$all_headers/every public header} ($cxx)"
