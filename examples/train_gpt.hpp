@@ -80,6 +80,7 @@
 #include "dtensor/nn/activation_offload.hpp"
 #include "dtensor/optim/offload_adamw.hpp"
 #include "dtensor/parallel/pipeline/by_name.hpp"
+#include "dtensor/train/trainer.hpp"
 #include "dtensor/parallel/pipeline/sharded_pipeline.hpp"
 #include "dtensor/parallel/pipeline/split.hpp"
 #include "dtensor/parallel/sync/data_split.hpp"
@@ -106,9 +107,9 @@ namespace pp = parallel::pipeline;
 // The meshes in a memory space (host_space, or cuda_space for --device cuda): the space of every
 // tensor of the model, its gradients and its optimizer state.
 template <class Space>
-using MeshIn = BasicDeviceMesh<Space, "pp", "dp", "fsdp", "cp", "tp">;  // every run; size 1 where a parallelism is off
+using MeshIn = train::MeshIn<Space>;  // (pp, dp, fsdp, cp, tp), every run; size 1 where a parallelism is off
 template <class Space>
-using StageMeshIn = BasicDeviceMesh<Space, "dp", "fsdp", "cp", "tp">;   // one pipeline stage's ranks
+using StageMeshIn = train::StageMeshIn<Space>;   // one pipeline stage's ranks
 template <class Space>
 using ExpertMeshIn = BasicDeviceMesh<Space, "edp", "ep", "tp">;        // the MoE experts' (--experts)
 
@@ -813,71 +814,6 @@ void generate_text(const Options& o, const Corpus& corpus, Pipeline& model, cons
               cache, schedule.layout.stages(), mesh.comm().size(), o.generate / seconds, text.c_str());
 }
 
-/// The mesh rank N of a parameter list (nn::ParamList<T, N, Space>).
-template <class List>
-struct list_rank;
-template <class T, std::size_t N, class S>
-struct list_rank<nn::ParamList<T, N, S>> : std::integral_constant<std::size_t, N> {};
-
-/// --offload optimizer: one optim::OffloadedAdamW per parameter list of the set (this rank's
-/// shards; MoE: and its experts), or none (null pointers) when `make` is false or the memory
-/// space is not the host's. Every rank of `world` constructs together: a bad directory fails on all.
-template <bool Host, class Set>
-auto offloaded_adamw(bool make, Set& set, const optim::AdamWOptions& o, const optim::OffloadOptions& off, Communicator& world) {
-  if constexpr (Host) {
-    return [&]<std::size_t... I>(std::index_sequence<I...>) {
-      auto one = [&]<std::size_t J>(std::integral_constant<std::size_t, J>) {
-        using List = std::remove_cvref_t<decltype(set.template list<J>())>;
-        using Opt = optim::OffloadedAdamW<float, list_rank<List>::value>;
-        return make ? std::make_unique<Opt>(set.template list<J>(), o, off, &world) : std::unique_ptr<Opt>();
-      };
-      return std::make_tuple(one(std::integral_constant<std::size_t, I>{})...);
-    }(std::make_index_sequence<Set::lists>{});
-  } else {
-    return std::tuple<>{};
-  }
-}
-
-template <class Tuple>
-void step_offloaded(Tuple& t) {
-  std::apply([](auto&... opt) { (opt->step(), ...); }, t);
-}
-
-/// --offload optimizer with checkpoints: every offloaded optimizer's moments read into host memory
-/// (OffloadedAdamW::held_moments), joined as make_adamw's optimizer is, so the pipeline's
-/// checkpoint saves and loads them under AdamW's names (a checkpoint of either kind resumes either).
-template <class Tuple>
-auto held_moments(Tuple& t) {
-  return std::apply([](auto&... opt) { return optim::Joint<std::remove_cvref_t<decltype(opt->held_moments())>...>(opt->held_moments()...); },
-                    t);
-}
-
-/// After a load: the held moments written back to each optimizer's file.
-template <class Joint>
-void store_moments(Joint& held) {
-  [&]<std::size_t... I>(std::index_sequence<I...>) { (held.template part<I>().store(), ...); }(std::make_index_sequence<Joint::parts>{});
-}
-
-/// The offloaded optimizers' disk traffic summed (rank 0 prints it): bytes, the I/O's own time,
-/// the time the steps waited for it.
-template <class Tuple>
-optim::OffloadStats offload_totals(const Tuple& t) {
-  optim::OffloadStats sum;
-  std::apply(
-      [&](const auto&... opt) {
-        auto add = [&](const auto& p) {
-          if (!p) return;
-          const auto& s = p->stats();
-          sum.bytes_read += s.bytes_read, sum.bytes_written += s.bytes_written, sum.io_seconds += s.io_seconds;
-          sum.wait_seconds += s.wait_seconds, sum.step_seconds += s.step_seconds, sum.file_bytes += s.file_bytes;
-          sum.chunks += s.chunks;
-        };
-        (add(opt), ...);
-      },
-      t);
-  return sum;
-}
-
 /// The collectives of one step by "kind on group", with their count and bytes.
 using CommSummary = std::map<std::string, std::pair<std::size_t, std::size_t>>;
 
@@ -892,24 +828,6 @@ inline parallel::sync::DiLoCoOptions diloco_options(const Options& o) {
   if (o.outer_lr > 0) d.outer_lr = o.outer_lr;
   if (o.outer_momentum >= 0) d.outer_momentum = o.outer_momentum, d.nesterov = o.outer_momentum > 0;  // 0: plain outer SGD
   return d;
-}
-
-/// --sync checkpoints: this rank's own parameters, AdamW moments and step count, and the sync
-/// state (checkpoint/sync_state.hpp), read from host memory: HostDense is false for device and
-/// MoE models (check_sync refuses those), and the body is then not instantiated.
-template <bool HostDense, class Model, class Adam, class DiLoCo, class Delayed>
-checkpoint::Slots<float> sync_state_slots(Model& model, Adam& adam, DiLoCo& diloco, Delayed& delayed,
-                                          const std::vector<std::span<float>>& pending, float& adamw_steps) {
-  checkpoint::Slots<float> slots;
-  if constexpr (HostDense) {
-    slots = checkpoint::per_rank(checkpoint::detail::pipeline_slots(model, *adam), model.mesh());
-    slots.push_back(checkpoint::count_slot("adamw.steps", adamw_steps, adam->steps(), model.mesh()));
-    if (diloco) checkpoint::append(slots, checkpoint::diloco_slots(*diloco, model.mesh()));
-    if (delayed) checkpoint::append(slots, checkpoint::delayed_slots(*delayed, pending, model.mesh()));
-  } else {
-    (void)model, (void)adam, (void)diloco, (void)delayed, (void)pending, (void)adamw_steps;
-  }
-  return slots;
 }
 
 /// This rank's peak bytes during `step` (a ledger scope around one step, inside `rank`, the
@@ -929,24 +847,20 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
   using StageMesh = StageMeshIn<Space>;
   using Model = nn::GptParts<Compute, StageMesh, Plan, std::int32_t, Layers>;
   constexpr bool host = std::is_same_v<Space, host_space>;
-  using Stage = pp::Stage<Model>;
   constexpr bool moe = requires { typename Layers::ExpertMesh; };  // nn::MoELayers
 
   // This rank's allocations from here on (its thread's): the step's peak by tag is reported
   // against what the rank held when the step began (the summary's "step peak per rank").
   MemoryLedger rank_ledger;
-  // The mesh, the model config and the schedule.
-  Mesh mesh(world, {o.pp, o.dp, o.fsdp, o.cp, o.tp});
-  const StageMesh stage_mesh = pp::stage_mesh_of(mesh);
+  // The model config.
   const bool balanced = o.cp > 1 && o.cp_kind != parallel::ContextKind::ulysses;  // ring / all-gather: load-balanced order
   const nn::GPTConfig cfg{.vocab = Extent(corpus.chars.size()), .seq = o.seq, .dim = o.dim, .heads = o.heads,
                           .layers = o.layers, .mlp_ratio = 4, .checkpoint = o.checkpoint, .seed = o.seed,
                           .context = {.kind = o.cp_kind, .load_balanced = balanced},
                           .kv_heads = o.kv_heads, .ffn = o.ffn, .recompute = o.recompute};
-  const auto schedule = pp::make_schedule(pp::parse_schedule_kind(o.schedule), o.pp, o.microbatches);
 
   // This rank's stages (MoE: with their experts on the expert mesh), each FSDP-sharded.
-  auto make_layers = [&] {
+  auto make_layers = [&](const StageMesh& stage_mesh) {
     if constexpr (moe) {
       nn::MoELayersConfig mc;
       mc.router.experts = o.experts;
@@ -959,16 +873,10 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
       return Layers{};
     }
   };
-  auto stages = pp::split(Model(stage_mesh, cfg, make_layers()), schedule.layout, mesh.coordinate(0));
   const auto sync_kind = parallel::sync::parse_sync(o.sync);  // --sync: with any but ddp, "dp" is not all-reduced by FSDP
-  pp::ShardedPipeline<Stage, Mesh, float> model(mesh, schedule, std::move(stages),
-                                                {.stage = o.zero, .reshard_after_forward = o.reshard_after_forward,
-                                                 .reduce_replicas = sync_kind == parallel::sync::SyncKind::ddp,
-                                                 .offload_params_dir = o.offloads("params") ? o.offload_dir : std::string()});
-
+  const bool fed = sync_kind == parallel::sync::SyncKind::fedavg;
   // One AdamW over every parameter of this rank: its shards of its stages (MoE: and its experts);
   // with --offload optimizer, one OffloadedAdamW per list instead, its moments on disk.
-  const optim::AdamWOptions adamw{.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
   const bool offload_optimizer = o.offloads("optimizer");
   // --host-budget-mib / --device-budget-mib: per process, its ranks sharing it (docs/offload.md).
   const int ranks_here = o.backend == "threads" ? world->size() : 1;
@@ -976,16 +884,27 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
                                         .ranks_sharing = ranks_here};
   const optim::MemoryBudget device_budget{.space = "cuda", .bytes = std::int64_t(o.device_budget_mib * (1 << 20)),
                                           .ranks_sharing = ranks_here};
-  world->barrier();  // every rank's model built: the process's ledger holds them all
+  // The step (train/trainer.hpp): the mesh, the schedule, this rank's stages, FSDP, AdamW, clipping, --sync.
+  train::TrainerOptions options{
+      .degrees = {.pp = o.pp, .dp = o.dp, .fsdp = o.fsdp, .cp = o.cp, .tp = o.tp},
+      .schedule = o.schedule, .microbatches = o.microbatches, .zero = o.zero,
+      .reshard_after_forward = o.reshard_after_forward,
+      .adamw = {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1}, .clip_norm = 1.0,
+      .sync = {.kind = sync_kind, .inner_steps = o.inner_steps, .staleness = o.staleness, .clients = o.clients,
+               .seed = o.seed, .samples_per_step = double(o.batch / o.dp), .diloco = diloco_options(o)},
+      .offload_params_dir = o.offloads("params") ? o.offload_dir : std::string(),
+      .offload_optimizer_dir = offload_optimizer ? o.offload_dir : std::string(),
+      .offload_buffer_bytes = o.offload_buffer_kib << 10};
   // The staging buffer: as given, or a quarter of what the host budget leaves (at least one chunk pair).
-  const std::size_t buffer_bytes = o.offload_buffer_given || !offload_optimizer
-                                       ? o.offload_buffer_kib << 10
-                                       : host_budget.buffer_for_offload(o.offload_buffer_kib << 10, 4 * sizeof(float) * 64);
-  world->barrier();  // every rank sized its buffer before any allocates one
-  std::optional<decltype(optim::make_adamw(model.params(), adamw))> adam;
-  if (!offload_optimizer) adam.emplace(optim::make_adamw(model.params(), adamw));
-  auto offloaded = offloaded_adamw<host>(offload_optimizer, model.params(), adamw,
-                                         {.dir = o.offload_dir, .host_buffer_bytes = buffer_bytes}, *world);
+  if (!o.offload_buffer_given)
+    options.offload_buffer_sizer = [&] { return host_budget.buffer_for_offload(o.offload_buffer_kib << 10, 4 * sizeof(float) * 64); };
+  train::Trainer<Model, float> trainer(world, options, [&](const StageMesh& stage_mesh) {
+    return Model(stage_mesh, cfg, make_layers(stage_mesh));
+  });
+  auto& model = trainer.pipeline();
+  const Mesh& mesh = trainer.mesh();
+  const auto& schedule = trainer.schedule();
+  const std::size_t buffer_bytes = trainer.options().offload_buffer_bytes;
   // --offload activations: every block's saved activations in a file per rank under
   // --offload-dir between its forward and its backward (nn/activation_offload.hpp; each
   // micro-batch's separately). Built by every rank together: a bad directory fails on all.
@@ -1007,32 +926,7 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
   }
   const std::int64_t host_held_built = host_budget.held();
 
-  // ---- --sync (parallel/sync/, docs/beyond-sync.md): what runs on "dp" instead of DDP's all-reduce.
   using SyncKind = parallel::sync::SyncKind;
-  std::optional<parallel::sync::DiLoCo<float, StageMesh, "dp">> diloco;  // local-sgd, diloco
-  std::optional<parallel::sync::DelayedGradients<float, StageMesh, "dp">> delayed;  // async
-  std::optional<parallel::sync::FedAvg<float, StageMesh, "dp">> fed;  // fedavg
-  if (sync_kind == SyncKind::local_sgd)
-    diloco.emplace(stage_mesh, model.params().template list<0>(), parallel::sync::DiLoCoOptions::local_sgd(o.inner_steps));
-  if (sync_kind == SyncKind::diloco) diloco.emplace(stage_mesh, model.params().template list<0>(), diloco_options(o));
-  if (sync_kind == SyncKind::async) delayed.emplace(stage_mesh, model.params().template list<0>(), o.staleness);
-  if (sync_kind == SyncKind::fedavg) fed.emplace(stage_mesh, model.params().template list<0>(), parallel::sync::FedAvgOptions{.clients_per_round = o.clients, .seed = o.seed});
-  bool participating = !fed || fed->begin_round();
-  // After the step's gradient syncs inside each replica: whether the optimizer steps now.
-  auto sync_gradients = [&] {
-    if (sync_kind == SyncKind::ddp) return true;
-    if (delayed) return delayed->exchange();  // the reduced gradients of step t - s, or none yet
-    parallel::sync::keep_local_gradients<StageMesh, "dp">(model.params().template list<0>(), stage_mesh);  // each replica its own
-    return participating;
-  };
-  // After the optimizer step: the outer sync of local SGD / DiLoCo, FedAvg's round.
-  auto sync_replicas = [&](int step) {
-    if (diloco) diloco->step();
-    if (fed && step % o.inner_steps == 0) {
-      fed->end_round(double(o.batch / o.dp) * o.inner_steps);  // equal slices: equal weights
-      participating = fed->begin_round();
-    }
-  };
 
   // The model's parameter count (global extents, every stage's, the experts included), for
   // bench/compare_torch.py, which checks it against PyTorch's twin: from the entries, which FSDP keeps.
@@ -1107,22 +1001,13 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
       ids = parallel::load_balance(ids, 1, o.cp);
       targets = parallel::load_balance(targets, 1, o.cp);
     }
-    return pp::split_microbatches<typename Stage::Input>(stage_mesh, ids, targets, o.microbatches);
-  };
-  // The step's loss lives on the last stage's ranks: the maximum over the pipeline group brings it to all.
-  auto shared_loss = [&](const pp::StepStats& stats) {
-    double loss = stats.loss.value_or(-std::numeric_limits<double>::infinity());
-    mesh.template group<"pp">().all_reduce(std::span<double>(&loss, 1), ReduceOp::max);
-    return loss;
+    return trainer.microbatches(ids, targets);
   };
   // Validation: a fixed batch of the held-out text through the same schedule; its gradients are dropped.
   auto validate = [&] {
     std::vector<std::size_t> starts(static_cast<std::size_t>(o.batch));
     for (std::size_t b = 0; b < starts.size(); ++b) starts[b] = (b * 7919u) % (corpus.val.size() - std::size_t(o.seq) - 1);
-    model.zero_grad();
-    const double loss = shared_loss(model.step(microbatches_of(corpus.val, starts)));
-    model.zero_grad();
-    return loss;
+    return trainer.evaluate(microbatches_of(corpus.val, starts));
   };
 
   // ---- checkpoints: --resume DIR, --save-every N --save-dir DIR (checkpoint/pipeline_state.hpp)
@@ -1137,13 +1022,9 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
   if (sync_kind != SyncKind::ddp) {
     model_config["sync"] = o.sync;
     model_config["sync_inner_steps"] = str(o.inner_steps);
-    if (delayed) model_config["sync_staleness"] = str(o.staleness);
+    if (sync_kind == SyncKind::async) model_config["sync_staleness"] = str(o.staleness);
     if (fed) model_config["sync_clients"] = str(o.clients);
   }
-  float adamw_steps = 0;  // this rank's AdamW step count (FedAvg: only sampled clients step)
-  auto sync_slots = [&](const std::vector<std::span<float>>& pending) {
-    return sync_state_slots<host && !moe>(model, adam, diloco, delayed, pending, adamw_steps);
-  };
   int first_step = 1;
   if constexpr (host && !moe)
     if (!o.init_from.empty()) {
@@ -1151,14 +1032,7 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
       if (root) std::printf("weights from %s\n", o.init_from.c_str());
     }
   if (!o.resume.empty()) {
-    checkpoint::TrainingMeta meta;
-    // A device model's slots travel through host copies (checkpoint::HostStaging).
-    if (adam) meta = checkpoint::load_pipeline_state(o.resume, model, *adam, model_config);
-    else if constexpr (host) {  // --offload optimizer: the moments through host memory, then back to the files
-      auto held = held_moments(offloaded);
-      meta = checkpoint::load_pipeline_state(o.resume, model, held, model_config);
-      store_moments(held);
-    }
+    const checkpoint::TrainingMeta meta = trainer.resume(o.resume, model_config);
     std::istringstream rng_state(meta.rng_state);
     if (!(rng_state >> rng) || meta.data_position != std::uint64_t(meta.step))
       throw Error("train_gpt", "the checkpoint at " + o.resume + " has no valid data position or batch generator state");
@@ -1169,18 +1043,6 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
       throw Error("train_gpt", "the checkpoint at " + o.resume + " is at step " + str(meta.step) + ": nothing left to train up to --steps " +
                                    str(o.steps) + " (the total)");
     first_step = int(meta.step) + 1;
-    if (sync_kind != SyncKind::ddp) {  // mid-round: each replica its own parameters and moments
-      if (diloco) diloco->set_inner_step(meta.step);
-      if (fed) fed->set_round(meta.step / o.inner_steps), participating = fed->begin_round();
-      std::vector<std::span<float>> pending;
-      if (delayed) pending = delayed->restore(meta.step);
-      auto slots = sync_slots(pending);
-      const checkpoint::HostStaging<Space, float> staged(slots, false);
-      checkpoint::load_same_mesh(o.resume, model.mesh(), slots, {.config = model_config});
-      staged.copy_back();
-      adam->set_steps(long(adamw_steps));
-      model.sync_parameters();
-    }
     if (root) std::printf("resumed from %s at step %lld\n", o.resume.c_str(), (long long)meta.step);
   }
   if (first_step > o.steps) {  // nothing to train (the generate program, or --resume at --steps): text only
@@ -1201,20 +1063,7 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
     rng_state << rng;
     const checkpoint::TrainingMeta meta{.step = step, .data_position = std::uint64_t(step), .rng_state = rng_state.str(),
                                         .config = model_config};
-    if (sync_kind == SyncKind::ddp) {
-      if (adam) checkpoint::save_pipeline_state(o.save_dir, model, *adam, meta);
-      else if constexpr (host) {  // --offload optimizer: the moments read from the files for the save
-        auto held = held_moments(offloaded);
-        checkpoint::save_pipeline_state(o.save_dir, model, held, meta);
-      }
-    } else if constexpr (!moe) {  // the global tensors (rank 0's replica) and every rank's own sync state
-      auto slots = checkpoint::detail::pipeline_slots(model, *adam);  // --offload: refused with --sync and checkpoints
-      checkpoint::append(slots, sync_slots(delayed ? delayed->settle() : std::vector<std::span<float>>{}));
-      const checkpoint::HostStaging<Space, float> staged(slots, true);
-      auto m = meta;
-      m.optimizer_steps = adam->steps();
-      checkpoint::save(o.save_dir, model.mesh(), slots, m);
-    }
+    trainer.save(o.save_dir, meta);
     char saved[32];
     std::snprintf(saved, sizeof saved, "step %4d", step);
     monitor.message(std::string(saved) + "  checkpoint saved to " + o.save_dir);  // rank 0, above the bar
@@ -1238,16 +1087,8 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
     {
       auto traced = monitor.step(step);
       CommLog log;
-      model.zero_grad();
-      stats = model.step(batch);  // the schedule, then the gradient syncs over dp, fsdp, cp, tp (and edp)
-      const bool update = sync_gradients();  // --sync: DDP's all-reduce on "dp" above, or none, or a delayed one
-      if (update || fed) model.clip_grad_norm(1.0);  // its norm's all-reduce spans "dp": FedAvg's idle clients join
-      if (update) {
-        if (adam) adam->step();
-        else step_offloaded(offloaded);
-      }
-      sync_replicas(step);      // --sync local-sgd, diloco, fedavg: the outer sync when due
-      model.sync_parameters();  // ZeRO-1/2: all-gather the updated shards
+      stats = trainer.run_schedule(batch);  // the schedule, then the gradient syncs over dp, fsdp, cp, tp (and edp)
+      trainer.update();  // --sync, clipping, AdamW, the outer sync when due, ZeRO-1/2's all-gather of the shards
       if (step == std::min(first_step + 1, o.steps))
         for (const auto& r : log.records()) {
           const auto key = std::string(name_of(r.kind)) + " on " + r.group;
@@ -1271,7 +1112,7 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
       device_budget.check_step(*world, *step_ledger, device_before, "a larger budget, or less held in the step");
     }
     if (peak_step) step_peaks = rank_step_peaks(rank_ledger, *step_ledger, host ? "host" : "cuda");
-    train_loss = shared_loss(stats);  // not timed
+    train_loss = trainer.shared_loss(stats);  // not timed
     if (step == first_step) first_train_loss = train_loss;
     if (o.check_finite) {
       optim::check_finite_loss(train_loss, step);
@@ -1296,7 +1137,7 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
     }
     if (o.save_every > 0 && step % o.save_every == 0) save_checkpoint(step);
   }
-  if (diloco) diloco->finish();  // --overlap: the outer all-reduces still in flight land before the end
+  trainer.finish();  // --sync diloco --overlap: the outer all-reduces still in flight land before the end
   monitor.finish();
   if (root) {
     const int steps_run = o.steps - first_step + 1;
@@ -1306,7 +1147,7 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
       std::printf("host memory budget: %.3f MiB per process, %d rank(s) sharing it; held after building %.3f MiB\n",
                   o.host_budget_mib, ranks_here, double(host_held_built) / (1 << 20));
     if (offload_optimizer) {
-      const auto s = offload_totals(offloaded);
+      const auto s = trainer.offload_stats();
       std::printf("offload (rank 0): AdamW moments %.2f MiB in %s, %zu chunks a step through %zu KiB of host buffer; "
                   "read %.2f MiB, wrote %.2f MiB in %.3f s of I/O (%.0f MiB/s), %.0f%% of it hidden behind the update\n",
                   double(s.file_bytes) / (1 << 20), o.offload_dir.c_str(), s.chunks, buffer_bytes >> 10,
@@ -1377,8 +1218,9 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
     const parallel::sync::SyncCost cost{.inner_steps = o.inner_steps, .bf16_reduce = o.bf16_reduce};
     const double bytes = parallel::sync::payload_bytes_per_step(sync_kind, elements, sizeof(float), cost);
     const double ddp = parallel::sync::payload_bytes_per_step(SyncKind::ddp, elements, sizeof(float));
-    if (diloco && diloco->payload_bytes_per_step() != bytes)  // the library's own count and the formula agree
-      throw Error("train_gpt", "DiLoCo's payload " + std::to_string(diloco->payload_bytes_per_step()) + " B/step != the formula's " + std::to_string(bytes));
+    auto& sync = trainer.replica_sync();
+    if (sync && sync->diloco() && sync->diloco()->payload_bytes_per_step() != bytes)  // the library's own count and the formula agree
+      throw Error("train_gpt", "DiLoCo's payload " + std::to_string(sync->diloco()->payload_bytes_per_step()) + " B/step != the formula's " + std::to_string(bytes));
     if (root)
       std::printf("sync %s on dp: %.0f all-reduce payload bytes per step on rank 0 (DDP: %.0f, %.1fx)\n", o.sync.c_str(), bytes, ddp,
                   ddp / bytes);

@@ -46,7 +46,7 @@
 #include "dtensor/comm/threads.hpp"
 #include "dtensor/distributed/settings_agreement.hpp"
 #include "dtensor/models/moe_gpt.hpp"  // nn::MoELayers: --experts
-#include "dtensor/models/training_plan.hpp"  // sim::detail::sharded_pipeline_step: --dry-run
+#include "dtensor/models/training_plan.hpp"  // sim::detail::trainer_step: --dry-run
 #include "dtensor/models/vit.hpp"
 #include "dtensor/models/vit_data.hpp"
 #include "dtensor/optim/adamw.hpp"
@@ -62,6 +62,7 @@
 #include "dtensor/placement/chunk.hpp"
 #include "dtensor/sim/dry_run.hpp"
 #include "dtensor/sim/rank_classes.hpp"
+#include "dtensor/train/trainer.hpp"
 #include "flags.hpp"
 #ifdef DTENSOR_HAS_MPI
 #include "dtensor/comm/mpi.hpp"
@@ -243,6 +244,16 @@ nn::ViTConfig config_of(const Options& o) {
 optim::AdamWOptions adamw_of(const Options& o) {
   return {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
 }
+/// The pipeline program's step options: the flags' mesh, schedule, ZeRO stage and AdamW, clip 1.
+train::TrainerOptions trainer_options(const Options& o) {
+  train::TrainerOptions t;
+  t.degrees = {.pp = o.pp, .dp = o.dp, .fsdp = o.fsdp, .cp = o.cp, .tp = o.tp};
+  t.schedule = o.schedule;
+  t.microbatches = o.microbatches;
+  t.zero = o.zero;
+  t.adamw = adamw_of(o);
+  return t;
+}
 void print_summary(const Options& o, double elapsed, double train_loss, double first_val, double val_loss) {
   std::printf("\nsummary: %d steps in %.1f s; final train loss %.4f; validation loss %.4f at step 0, %.4f at step %d\n",
               o.steps, elapsed, train_loss, first_val, val_loss, o.steps);
@@ -255,11 +266,10 @@ template <class Plan, bool MoE>
 void train_pipeline(CommPtr world, const Options& o) {
   namespace pp = parallel::pipeline;
   PipeMesh mesh(world, {o.pp, o.dp, o.fsdp, o.cp, o.tp});
-  const auto stage_mesh = pp::stage_mesh_of(mesh);
-  using StageMesh = std::remove_cvref_t<decltype(stage_mesh)>;
+  using StageMesh = train::StageMeshIn<host_space>;
   const nn::ViTConfig cfg = config_of(o);
   using Layers = std::conditional_t<MoE, nn::MoELayers<float, ExpertMesh>, nn::DenseLayers>;
-  auto layers = [&] {
+  auto layers = [&](const StageMesh& stage_mesh) {
     if constexpr (MoE) {
       nn::MoELayersConfig mc;  // dropless top-k routing, the default loss coefficients
       mc.router.experts = o.experts, mc.router.topk = o.topk, mc.every = o.moe_every;
@@ -269,11 +279,9 @@ void train_pipeline(CommPtr world, const Options& o) {
     }
   };
   using Parts = nn::ViTParts<float, StageMesh, Plan, Layers>;
-  using Stage = pp::Stage<Parts>;
-  auto schedule = pp::make_schedule(pp::parse_schedule_kind(o.schedule), o.pp, o.microbatches);
-  pp::ShardedPipeline<Stage, PipeMesh> run(mesh, schedule, pp::split(Parts(stage_mesh, cfg, layers()), schedule.layout, mesh.coordinate(0)),
-                                           {.stage = o.zero});
-  auto opt = optim::make_adamw(run.params(), adamw_of(o));  // every parameter of this rank: shards and experts
+  // The step (train/trainer.hpp): this rank's stages, FSDP, one AdamW over every parameter of this
+  // rank (shards and experts), clipping to norm 1.
+  train::Trainer<Parts> trainer(mesh, trainer_options(o), [&](const StageMesh& m) { return Parts(m, cfg, layers(m)); });
   const bool root = world->rank() == 0;
   if (root)
     std::printf("train_vit: mesh pp %d (%s x %d) x dp %d x fsdp %d (ZeRO-%d) x cp %d (%s) x tp %d%s = %d ranks%s; model: "
@@ -285,33 +293,20 @@ void train_pipeline(CommPtr world, const Options& o) {
                 (long long)o.batch);
   auto batch_of = [&](std::uint64_t seed) {
     auto [x, y] = nn::synthetic_images<float>(cfg, o.batch, seed);
-    return pp::split_microbatches<typename Stage::Input, typename Stage::Target>(stage_mesh, x, y, o.microbatches);
-  };
-  // The step's loss is on the last stage's ranks: the max over "pp" gives it to every rank.
-  auto shared_loss = [&](const pp::StepStats& stats) {
-    double loss = stats.loss.value_or(-std::numeric_limits<double>::infinity());
-    mesh.template group<"pp">().all_reduce(std::span<double>(&loss, 1), ReduceOp::max);
-    return loss;
+    return trainer.microbatches(x, y);
   };
   const auto val = batch_of(1'000'000 + o.seed);
-  auto validate = [&] {  // the held-out batch through the same schedule; its gradients are dropped
-    run.zero_grad();
-    const double loss = shared_loss(run.step(val));
-    run.zero_grad();
-    return loss;
-  };
+  // The held-out batch through the same schedule; its gradients are dropped.
+  auto validate = [&] { return trainer.evaluate(val); };
   double first_val = validate(), val_loss = 0, train_loss = 0, elapsed = 0;
   for (int step = 1; step <= o.steps; ++step) {
     const auto microbatches = batch_of(o.seed * 100'003 + std::uint64_t(step));
     world->barrier();
     const auto t0 = std::chrono::steady_clock::now();
-    run.zero_grad();
-    const auto stats = run.step(microbatches);
-    run.clip_grad_norm(1.0);
-    opt.step();
-    run.sync_parameters();
+    const auto stats = trainer.run_schedule(microbatches);
+    trainer.update();
     elapsed += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    train_loss = shared_loss(stats);
+    train_loss = trainer.shared_loss(stats);
     if (root) std::printf("step %4d  loss %.4f\n", step, train_loss);
     if (step % o.eval_every == 0 || step == o.steps) {
       val_loss = validate();
@@ -400,7 +395,8 @@ void train(CommPtr world, const Options& o, const Mesh& mesh) {
 
 /// The step of train_pipeline on meta tensors, as the rank of `world` (one rank class): this
 /// pipeline rank's stages cut from the same parts, FSDP-sharded by ShardedPipeline, one
-/// micro-batch through them, every gradient sync, clip and AdamW (sim::detail::sharded_pipeline_step).
+/// micro-batch through them, every gradient sync, clip and AdamW: train_pipeline's Trainer on meta
+/// tensors (sim::detail::trainer_step).
 template <class Plan, bool MoE>
 void dry_pipeline_step(CommPtr world, const Options& o, sim::Recorder& rec) {
   namespace pp = parallel::pipeline;
@@ -411,8 +407,7 @@ void dry_pipeline_step(CommPtr world, const Options& o, sim::Recorder& rec) {
   using Parts = nn::ViTParts<float, StageMesh, Plan, Layers>;
   using Stage = pp::Stage<Parts>;
   Mesh mesh(world, {o.pp, o.dp, o.fsdp, o.cp, o.tp});
-  const StageMesh stage_mesh = pp::stage_mesh_of(mesh);
-  auto layers = [&] {
+  auto layers = [&](const StageMesh& stage_mesh) {
     if constexpr (MoE) {
       nn::MoELayersConfig mc;
       mc.router.experts = o.experts, mc.router.topk = o.topk, mc.every = o.moe_every;
@@ -421,21 +416,14 @@ void dry_pipeline_step(CommPtr world, const Options& o, sim::Recorder& rec) {
       return Layers{};
     }
   };
-  auto schedule = pp::make_schedule(pp::parse_schedule_kind(o.schedule), o.pp, o.microbatches);
   rec.phase("parameters");
-  std::vector<Stage> stages;
-  {
-    MemoryTagScope tag(MemoryTag::parameters);
-    stages = pp::split(Parts(stage_mesh, config_of(o), layers()), schedule.layout, mesh.coordinate(0));
-  }
-  pp::ShardedPipeline<Stage, Mesh> run(mesh, schedule, std::move(stages), {.stage = o.zero});
-  auto opt = optim::make_adamw(run.params(), adamw_of(o));
-  run.zero_grad();
+  train::Trainer<Parts> trainer(mesh, trainer_options(o), [&](const StageMesh& m) { return Parts(m, config_of(o), layers(m)); });
+  const StageMesh& stage_mesh = trainer.stage_mesh();
   const Extent micro = o.batch / o.microbatches;
   const auto x = distribute_replicated<typename Stage::Input::layout>(
       stage_mesh, Tensor<float, 3, meta_space>(Shape<3>{micro, o.patches, o.patch_dim}));
   const auto y = distribute_replicated<typename Stage::Target::layout>(stage_mesh, Tensor<std::int32_t, 1, meta_space>(Shape<1>{micro}));
-  sim::detail::sharded_pipeline_step(run, opt, mesh, schedule.layout, x, y, rec);
+  sim::detail::trainer_step(trainer, x, y, rec);
 }
 
 /// The step of train on meta tensors: nn::ViT under DDP (--fsdp 1) or fully_shard, the whole batch.

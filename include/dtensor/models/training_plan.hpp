@@ -86,6 +86,7 @@
 #include "dtensor/sim/analytic.hpp"
 #include "dtensor/sim/cost_model.hpp"
 #include "dtensor/sim/dry_run.hpp"
+#include "dtensor/train/trainer.hpp"
 
 namespace dtensor::sim {
 
@@ -289,29 +290,45 @@ void run_one_microbatch(std::vector<Stage>& stages, const Mesh& mesh, const para
   }
 }
 
-/// One micro-batch through a ShardedPipeline's stages (FSDP's actions around each stage, as the
-/// trainer's executor runs them), then the step's gradient syncs, clip,
-/// optimizer step and parameter sync: the dry run of a pipeline with FSDP inside its stages, for
-/// any model that pipeline::split cut (the GPT here, train_vit --dry-run).
-template <class Run, class Opt, class Mesh, class Input, class Target>
-void sharded_pipeline_step(Run& run, Opt& opt, const Mesh& mesh, const parallel::pipeline::StageLayout& layout,
-                           const Input& x, const Target& y, Recorder& rec, bool split_backward = false) {
+/// One micro-batch through a train::Trainer's stages (FSDP's actions around each stage, as the
+/// trainer's executor runs them), then the trainer's own finish_schedule() and update() — the
+/// gradient syncs, the replica sync, clip, optimizer step and parameter sync: the dry run of the
+/// trainer's step for any model (the GPT here, train_vit --dry-run).
+template <class Trainer, class Input, class Target>
+void trainer_step(Trainer& trainer, const Input& x, const Target& y, Recorder& rec) {
+  auto& run = trainer.pipeline();
+  const auto& schedule = trainer.schedule();
+  run.zero_grad();
   // What the executor's hooks do (ShardedPipeline::begin_stage, ...); with one micro-batch its
   // forward is the step's first and its backward the last.
   run_one_microbatch(
-      run.executor().stages(), mesh, layout, x, y, rec,
+      trainer.stages(), trainer.mesh(), schedule.layout, x, y, rec,
       [&](std::size_t i) {
         run.begin_stage(i);
         run.begin_last_backward(i);
       },
-      [&](std::size_t i) { run.end_stage(i); }, split_backward);
+      [&](std::size_t i) { run.end_stage(i); }, split_backward(schedule));
   rec.phase("optimizer");
   MemoryTagScope optimizer_tag(MemoryTag::other);
-  run.finish_gradient_syncs();
-  run.clip_grad_norm(1.0);
-  opt.step();
-  run.sync_parameters();
+  trainer.finish_schedule();
+  trainer.update();
   rec.phase(after_step);
+}
+
+/// The trainer's options for a plan (one schedule of the plan's micro-batches; the dry run
+/// drives one of them).
+inline train::TrainerOptions trainer_options(const TrainingPlan& p) {
+  const auto shape = pipeline_shape(p);
+  train::TrainerOptions o;
+  o.degrees = {.pp = shape[0], .dp = shape[1], .fsdp = shape[2], .cp = shape[3], .tp = shape[4]};
+  o.schedule = p.schedule;
+  o.microbatches = p.microbatches;
+  o.stages_per_rank = p.stages_per_rank;
+  o.zero = p.zero;
+  o.adamw = adamw_options();
+  o.clip_norm = 1.0;
+  o.bucket_bytes = bucket_bytes;
+  return o;
 }
 
 /// Any pp and cp: this pipeline rank's stages, one micro-batch (see the top of this file); DDP
@@ -331,13 +348,23 @@ void pipeline_rank_step(CommPtr world, const TrainingPlan& p, const parallel::pi
   const int me = mesh.coordinate()[0];
   const nn::GPTConfig config = stage_config(p);
   rec.phase("parameters");
+  if (p.zero > 0) {
+    // FSDP inside the stages: the trainer's own (train/trainer.hpp: fp32 master values, gradient
+    // shards and AdamW state over "fsdp"; MoE: the experts in T), this rank's stages built by it.
+    train::Trainer<Model, float> trainer(mesh, trainer_options(p), [&](const StageMesh& m) {
+      return Model(m, config, plan_layers<Layers>(m, p));
+    });
+    const auto ids = meta_ids<typename Stage::Input>(stage_mesh, p);
+    trainer_step(trainer, ids, ids, rec);
+    return;
+  }
   std::vector<Stage> stages;
   {
     MemoryTagScope tag(MemoryTag::parameters);
     stages = pp::split(Model(stage_mesh, config, plan_layers<Layers>(stage_mesh, p)), layout, me);
   }
   const auto ids = meta_ids<typename Stage::Input>(stage_mesh, p);
-  if (p.zero == 0) {
+  {
     nn::ParamList<T, 4, Space> params;  // the stage mesh's (MoE: the experts are on theirs)
     for (Stage& stage : stages) nn::collect_on<StageMesh>(stage, params);
     parallel::DataParallel<StageMesh> ddp(stage_mesh, {.bucket_bytes = bucket_bytes});
@@ -366,12 +393,6 @@ void pipeline_rank_step(CommPtr world, const TrainingPlan& p, const parallel::pi
     rec.phase(after_step);
     return;
   }
-  // FSDP inside the stages: the pipeline wraps them (fp32 master values, gradient shards and
-  // AdamW state over "fsdp"); the executor only holds them here, this program drives them.
-  pp::ShardedPipeline<Stage, Mesh, float> run(mesh, schedule, std::move(stages), {.stage = p.zero}, bucket_bytes);
-  auto opt = optim::make_adamw(run.params(), adamw_options());  // the fp32 shards (MoE: and the experts in T)
-  run.zero_grad();
-  sharded_pipeline_step(run, opt, mesh, layout, ids, ids, rec, split_backward(schedule));
 }
 
 }  // namespace detail

@@ -1,0 +1,313 @@
+// train::Trainer (train/trainer.hpp) on a model the library has never seen, defined only in this
+// file — a token tagger: an embedding without positions, pre-norm transformer blocks, a norm and
+// a per-token linear head, the plan's cross-entropy — written as a user writes one (its parts,
+// nn::LayeredModel). Under DDP, ZeRO-3 over fsdp 3, TP + SP, PP (5 layers over 2 stages, and over 4 under ZB-V), CP
+// (ring) and all of them at once, the Trainer's per-step losses equal a one-rank loop's (the same
+// parts run by nn::Stack, AdamW and clipping written out) within 1e-9 relative, in double, with
+// sizes that do not divide: vocabulary 23 over tp 2, batch 6 over dp/fsdp, 5 layers over 2 and 4 stages.
+// The same spec's dry run (sim::detail::trainer_step on meta tensors over the sim communicator)
+// equals the real step (the same on host tensors over rank threads) per rank, phase and tag, and
+// its collectives exactly.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <concepts>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dtensor/comm/sim.hpp"
+#include "dtensor/comm/threads.hpp"
+#include "dtensor/core/factories.hpp"
+#include "dtensor/models/training_plan.hpp"  // sim::detail::trainer_step
+#include "dtensor/nn/block.hpp"
+#include "dtensor/nn/embedding.hpp"
+#include "dtensor/nn/stack.hpp"
+#include "dtensor/optim/adamw.hpp"
+#include "dtensor/optim/clip_grad.hpp"
+#include "dtensor/parallel/data_parallel.hpp"
+#include "dtensor/parallel/gpt_plan.hpp"
+#include "dtensor/sim/report.hpp"
+#include "dtensor/train/trainer.hpp"
+#include "support/on_ranks.hpp"
+
+using namespace dtensor;
+
+namespace {
+
+// ---------------------------------------------------------------- the user's model
+
+struct TaggerConfig {
+  Extent vocab = 23, seq = 8, dim = 16, heads = 4, layers = 5;
+  parallel::ContextKind context = parallel::ContextKind::ring;
+};
+
+/// The prologue: the token embedding alone (no positions; one unit, "embed").
+template <class E>
+class TaggerEmbed {
+ public:
+  using Emb = E;
+  using In = typename Emb::Ids;
+  using Out = typename Emb::Out;
+  using Saved = typename Emb::Saved;
+  using WeightCtx = std::tuple<typename Emb::WeightCtx>;
+
+  template <class... Args>
+    requires std::constructible_from<Emb, Args...>
+  explicit TaggerEmbed(Args&&... args) : emb_(std::forward<Args>(args)...) {}
+  nn::Fwd<Out, Saved> forward(const In& ids) const { return emb_.forward(ids); }
+  nn::Bwd<nn::Nothing, WeightCtx> backward_input(Saved s, const Out& dy) const {
+    return {nn::Nothing{}, WeightCtx{emb_.backward_input(std::move(s), dy).weight}};
+  }
+  void backward_weight(WeightCtx w) { nn::backward_weight_children(*this, std::move(w)); }
+  auto children() { return std::tie(emb_); }
+  std::string name() const { return "embed"; }
+
+ private:
+  Emb emb_;
+};
+
+/// The epilogue: a norm, then the head over the vocabulary (one unit, "head").
+template <class Norm, class Lin>
+class TaggerHead {
+ public:
+  using In = typename Norm::X;
+  using Out = typename Lin::Out;
+  struct Saved {
+    typename Norm::Saved norm;
+    typename Lin::Saved lin;
+  };
+  using WeightCtx = std::tuple<typename Norm::WeightCtx, typename Lin::WeightCtx>;
+
+  TaggerHead(Norm norm, Lin lin) : norm_(std::move(norm)), lin_(std::move(lin)) {}
+  nn::Fwd<Out, Saved> forward(const In& x) const {
+    auto [h, ns] = norm_.forward(x);
+    auto [y, ls] = lin_.forward(h);
+    return {std::move(y), Saved{std::move(ns), std::move(ls)}};
+  }
+  nn::Bwd<In, WeightCtx> backward_input(Saved s, const Out& dy) const {
+    auto [dh, lw] = lin_.backward_input(std::move(s.lin), dy);
+    auto [dx, nw] = norm_.backward_input(std::move(s.norm), dh);
+    return {std::move(dx), WeightCtx{std::move(nw), std::move(lw)}};
+  }
+  void backward_weight(WeightCtx w) { nn::backward_weight_children(*this, std::move(w)); }
+  auto children() { return std::tie(norm_, lin_); }
+  std::string name() const { return "head"; }
+
+ private:
+  Norm norm_;
+  Lin lin_;
+};
+
+/// The tagger's parts on any mesh and plan.
+template <class T, class Mesh, class Plan>
+class TaggerParts {
+ public:
+  using Embed = TaggerEmbed<nn::Embedding<T, Mesh, typename Plan::wte, std::int32_t>>;
+  using Block = nn::TransformerBlock<T, Mesh, Plan, nn::MLP<T, Mesh, typename Plan::fc1, typename Plan::fc2>,
+                                     nn::LayerNorm<T, Mesh, typename Plan::between>, parallel::PlanAttention<T, Mesh, Plan>>;
+  using Lin = nn::Linear<T, Mesh, typename Plan::head>;
+  using Head = TaggerHead<nn::LayerNorm<T, Mesh, typename Plan::between>, Lin>;
+  using Target = typename Embed::In;
+
+  TaggerParts(const Mesh& mesh, const TaggerConfig& c) : mesh_(mesh), c_(c) {}
+  const Mesh& mesh() const noexcept { return mesh_; }
+  Extent block_count() const noexcept { return c_.layers; }
+  Embed make_prologue() const { return Embed("tok", mesh_, c_.vocab, c_.dim, 11); }
+  Block make_block(Extent l) const {
+    const nn::BlockConfig b{.dim = c_.dim, .heads = c_.heads, .seq = c_.seq, .mlp_ratio = 2,
+                            .out_std = 0.02, .context = {.kind = c_.context, .load_balanced = false}, .causal = true};
+    return Block("h." + std::to_string(l), mesh_, b, 100 + 10 * std::uint64_t(l));
+  }
+  Head make_epilogue() const {
+    return Head(nn::LayerNorm<T, Mesh, typename Plan::between>("norm", mesh_, c_.dim), Lin("out", mesh_, c_.dim, c_.vocab, 12));
+  }
+  auto make_loss() const { return typename Plan::template loss<T, Mesh, typename Lin::OutL>{}; }
+  Shape<3> activation_shape(const typename Embed::In& ids) const { return {ids.extent(0), ids.extent(1), c_.dim}; }
+
+ private:
+  Mesh mesh_;
+  TaggerConfig c_;
+};
+
+// ---------------------------------------------------------------- data and the oracle
+
+constexpr Extent batch = 6;
+constexpr int steps = 4;
+const optim::AdamWOptions adamw{.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+
+/// Step s's ids and targets (each target a function of its token: learnable), the same on every rank.
+std::pair<Tensor<std::int32_t, 2>, Tensor<std::int32_t, 2>> batch_of(int s, const TaggerConfig& c) {
+  auto ids = randint<std::int32_t>(Shape<2>{batch, c.seq}, 1000 + std::uint64_t(s), 0, std::int32_t(c.vocab));
+  Tensor<std::int32_t, 2> targets(ids.shape());
+  for (Extent i = 0; i < ids.numel(); ++i) targets.data()[i] = std::int32_t((ids.data()[i] * 7 + 3) % c.vocab);
+  return {std::move(ids), std::move(targets)};
+}
+
+/// One rank, no parallelism: the parts run by nn::Stack, the gradients' sum resolved, clipped to
+/// norm 1, AdamW — the loop a user would write without the library's Trainer.
+std::vector<double> one_rank_losses(const TaggerConfig& c) {
+  std::vector<double> losses;
+  threads::run(1, [&](CommPtr world) {
+    using Mesh = DeviceMesh<"dp">;
+    using Parts = TaggerParts<double, Mesh, nn::ReplicatedPlan>;
+    Mesh mesh(world, {1});
+    nn::Stack<Parts> model(Parts(mesh, c), {true, 0, c.layers, true});
+    nn::ParamList<double, 1, host_space> ps;
+    nn::collect_on<Mesh>(model, ps);
+    optim::AdamW<double, 1, host_space> opt(ps, adamw);
+    parallel::DataParallel<Mesh> ddp(mesh);
+    for (int s = 0; s < steps; ++s) {
+      const auto [x, y] = batch_of(s, c);
+      const auto ids = distribute_replicated<typename Parts::Target::layout>(mesh, x);
+      const auto targets = distribute_replicated<typename Parts::Target::layout>(mesh, y);
+      opt.zero_grad();
+      auto [out, saved] = model.forward(std::nullopt, ids, targets);
+      losses.push_back(full_tensor(*out.loss)[0]);
+      model.backward(std::move(saved), std::nullopt, 1.0);
+      ddp.all_reduce_gradients(ps);  // one rank: resolves the batch's pending sum
+      optim::clip_grad_norm(ps, mesh, 1.0);
+      opt.step();
+    }
+  });
+  return losses;
+}
+
+using SP = parallel::MegatronPlan<true>;
+template <class Space>
+using Tagger = TaggerParts<double, train::StageMeshIn<Space>, SP>;
+
+struct Case {
+  train::Degrees degrees;
+  int zero = 0;
+  std::string schedule = "1f1b";
+  int microbatches = 1;
+};
+
+std::string describe(const Case& k) {
+  const auto& d = k.degrees;
+  return "pp " + std::to_string(d.pp) + " dp " + std::to_string(d.dp) + " fsdp " + std::to_string(d.fsdp) + " cp " +
+         std::to_string(d.cp) + " tp " + std::to_string(d.tp) + " ZeRO-" + std::to_string(k.zero) + " " + k.schedule + " x" +
+         std::to_string(k.microbatches);
+}
+
+train::TrainerOptions options_of(const Case& k) {
+  train::TrainerOptions o;
+  o.degrees = k.degrees;
+  o.zero = k.zero;
+  o.schedule = k.schedule;
+  o.microbatches = k.microbatches;
+  o.adamw = adamw;
+  o.clip_norm = 1.0;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("train::Trainer: a model defined only in the test equals the one-rank loop under every parallelism",
+          "[train][parity]") {
+  const TaggerConfig cfg;
+  const auto ref = one_rank_losses(cfg);
+  REQUIRE(ref.size() == std::size_t(steps));
+  CHECK(ref.back() < ref.front());  // it learns
+  const std::vector<Case> cases{
+      {.degrees = {.dp = 2}, .zero = 1},                      // DDP
+      {.degrees = {.fsdp = 3}, .zero = 3},                    // ZeRO-3, units that 3 does not divide
+      {.degrees = {.tp = 2}},                                 // TP + SP, vocabulary 23 over 2
+      {.degrees = {.pp = 2}, .microbatches = 2},              // PP: 5 layers over 2 stages
+      {.degrees = {.cp = 2}},                                 // CP: ring attention, 4 positions per rank
+      {.degrees = {.pp = 2, .dp = 1, .fsdp = 2, .cp = 2, .tp = 2}, .zero = 3, .schedule = "zbv", .microbatches = 2},
+  };
+  for (const Case& k : cases) {
+    INFO(describe(k));
+    auto failures = testing::on_ranks(k.degrees.ranks(), [&](CommPtr world, auto report) {
+      using Space = host_space;
+      train::Trainer<Tagger<Space>> trainer(world, options_of(k), [&](const train::StageMeshIn<Space>& m) {
+        return Tagger<Space>(m, cfg);
+      });
+      for (int s = 0; s < steps; ++s) {
+        const auto [x, y] = batch_of(s, cfg);
+        const auto r = trainer.step(trainer.microbatches(x, y));
+        const double want = ref[std::size_t(s)];
+        if (!r.updated || !(std::abs(r.loss - want) <= 1e-9 * std::abs(want)))
+          report("step " + std::to_string(s) + ": loss " + std::to_string(r.loss) + " vs one rank's " + std::to_string(want));
+      }
+    });
+    for (const auto& f : failures) UNSCOPED_INFO(f);
+    CHECK(failures.empty());
+  }
+}
+
+TEST_CASE("train::Trainer: the dry run of a user's model is its real step, per rank, phase and tag", "[train][sim]") {
+  const TaggerConfig cfg;
+  for (const Case& k : {Case{.degrees = {.fsdp = 2, .tp = 2}, .zero = 3}, Case{.degrees = {.pp = 2, .fsdp = 2}, .zero = 2,
+                                                                                   .microbatches = 2}}) {
+    INFO(describe(k));
+    const int n = k.degrees.ranks();
+    const Extent micro = batch / k.microbatches;
+    auto step_of = [&]<class Space>(CommPtr world, Space, const char* space) {
+      sim::Recorder rec(space);
+      rec.phase("parameters");
+      train::Trainer<Tagger<Space>> trainer(world, options_of(k), [&](const train::StageMeshIn<Space>& m) {
+        return Tagger<Space>(m, cfg);
+      });
+      using Ids = typename Tagger<Space>::Target;
+      const auto ids = distribute_replicated<typename Ids::layout>(trainer.stage_mesh(),
+                                                                   Tensor<std::int32_t, 2, Space>(Shape<2>{micro, cfg.seq}));
+      sim::detail::trainer_step(trainer, ids, ids, rec);
+      return rec.finish(space);
+    };
+    std::vector<sim::RankReport> real(static_cast<std::size_t>(n)), dry(static_cast<std::size_t>(n));
+    threads::run(n, [&](CommPtr world) {
+      const int rank = world->rank();
+      real[std::size_t(rank)] = step_of(std::move(world), host_space{}, "host");
+    });
+    for (int r = 0; r < n; ++r) dry[std::size_t(r)] = step_of(sim::world(r, n), meta_space{}, "meta");
+    for (int r = 0; r < n; ++r) {
+      const auto& a = dry[std::size_t(r)];
+      const auto& b = real[std::size_t(r)];
+      REQUIRE(a.phases.size() == b.phases.size());
+      for (std::size_t ph = 0; ph < a.phases.size(); ++ph) {
+        const auto& x = a.phases[ph];
+        const auto& y = b.phases[ph];
+        INFO("rank " << r << ", phase " << x.name);
+        CHECK(x.name == y.name);
+        for (MemoryTag t : {MemoryTag::parameters, MemoryTag::gradients, MemoryTag::optimizer_state}) {
+          INFO(name_of(t));
+          CHECK(x.peak[std::size_t(t)] == y.peak[std::size_t(t)]);
+        }
+        const auto act = std::size_t(MemoryTag::activations);
+        CHECK(double(x.peak[act]) == Approx(double(y.peak[act])).epsilon(0.01).margin(256));
+        // Building: the real backends agree on the schedule and settings first (an all-gather
+        // a dry run has no peers for).
+        if (x.name == sim::RankReport::construction_phase) continue;
+        REQUIRE(x.collectives.size() == y.collectives.size());
+        for (std::size_t c = 0; c < x.collectives.size(); ++c) {
+          CHECK(x.collectives[c].kind == y.collectives[c].kind);
+          CHECK(x.collectives[c].group == y.collectives[c].group);
+          CHECK(x.collectives[c].bytes == y.collectives[c].bytes);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("train::Trainer: degrees that do not multiply to the ranks are a clear error", "[train][errors]") {
+  auto failures = testing::on_ranks(4, [&](CommPtr world, auto report) {
+    train::TrainerOptions o;
+    o.degrees = {.pp = 1, .dp = 1, .fsdp = 3, .cp = 1, .tp = 1};
+    try {
+      train::Trainer<Tagger<host_space>> trainer(world, o, [&](const train::StageMeshIn<host_space>& m) {
+        return Tagger<host_space>(m, TaggerConfig{});
+      });
+      report("no error");
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      if (what.find("train::Trainer") == std::string::npos || what.find("= 3 ranks") == std::string::npos ||
+          what.find("has 4") == std::string::npos)
+        report("unclear: " + what);
+    }
+  });
+  for (const auto& f : failures) UNSCOPED_INFO(f);
+  CHECK(failures.empty());
+}
