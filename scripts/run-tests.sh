@@ -19,7 +19,11 @@ cuda=()
 nvcc=$(command -v nvcc || true)
 if [[ -z $nvcc && -x /usr/local/cuda/bin/nvcc ]]; then nvcc=/usr/local/cuda/bin/nvcc; fi
 if [[ -n $nvcc ]]; then
-  cuda=(-DDTENSOR_WITH_CUDA=ON -DDTENSOR_WITH_NCCL=ON -DCMAKE_CUDA_COMPILER="$nvcc")
+  # The CUDA objects without debug info and at -O1 too: CMake's RelWithDebInfo default for them is
+  # -O2 -g -DNDEBUG (the trainer's host code at -O2 with full debug info, in two nvcc objects).
+  # NDEBUG stays, as before (the collective check's default, comm/config.hpp).
+  cuda=(-DDTENSOR_WITH_CUDA=ON -DDTENSOR_WITH_NCCL=ON -DCMAKE_CUDA_COMPILER="$nvcc"
+        -DCMAKE_CUDA_FLAGS_RELWITHDEBINFO="-O1 -DNDEBUG")
   echo "run-tests: building the CUDA and NCCL components with $nvcc"
 fi
 # -O1 without debug info keeps the build within CI's time budget (docs/benchmarks.md has the timings).
