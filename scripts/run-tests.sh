@@ -32,11 +32,13 @@ fi
 # against 57 s at -O1 and ran as long. Those whose run is long or arithmetic (the kernels, the
 # redistribution oracles, test_comm_threads, test_sim, the 5-D and pipeline parity suites), the
 # examples and the benchmarks stay at -O1.
-o0_tests=(dtensor_catch_main dtensor_mpi_catch_main test_checkpoint test_context_parallel test_llama
-          test_nn_protocol test_sync test_moe test_dtensor_api test_trace test_nn_units test_nn_attention
-          test_nn_layers test_nn_classification test_ops_spaces test_optim test_dtensor_faults test_hardening
-          test_gpt_parity test_fsdp_parity test_moe_parity test_cp_parity test_llama_parity test_vit_parity
-          test_checkpoint_mpi test_dtensor_mpi test_hardening_mpi test_gpt_parity_mpi test_moe_parity_mpi)
+o0_tests=(dtensor_catch_main dtensor_mpi_catch_main dtensor_cuda_catch_main dtensor_nccl_catch_main
+          test_checkpoint test_context_parallel test_llama test_nn_protocol test_sync test_moe
+          test_dtensor_api test_trace test_nn_units test_nn_attention test_nn_layers
+          test_nn_classification test_ops_spaces test_optim test_dtensor_faults test_hardening
+          test_gpt_parity test_fsdp_parity test_moe_parity test_cp_parity test_llama_parity
+          test_vit_parity test_checkpoint_mpi test_dtensor_mpi test_hardening_mpi
+          test_gpt_parity_mpi test_moe_parity_mpi)
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1" \
       -DDTENSOR_TESTS_O0="$(IFS=';'; echo "${o0_tests[*]}")" \
       -DDTENSOR_BUILD_TESTS=ON -DDTENSOR_BUILD_EXAMPLES=ON -DDTENSOR_BUILD_BENCHMARKS=ON \
