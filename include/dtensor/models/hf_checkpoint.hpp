@@ -19,12 +19,14 @@
 //   up_proj [F, C] -> mlp.w13 with alternating rows (2j gate j, 2j+1 up j, nn/swiglu.hpp);
 //   down_proj -> w2; model.norm -> ln_f; lm_head (else embed_tokens: tie_word_embeddings). The
 //   rotary layout needs no permutation: ops::rotary pairs features (i, i + D/2) as HF's
-//   rotate_half does. The user sets what HF's config.json says: rope_theta, norm_eps
-//   (rms_norm_eps / layer_norm_epsilon), kv_heads, ffn; GPT-2's activation is gelu_new, which
-//   ops::gelu is. What the import cannot express is refused, naming it: a config.json next to
-//   the checkpoint with attention_bias or mlp_bias true, or rope scaling (rope_scaling, or
-//   rope_parameters.rope_type other than "default": Llama 3.1/3.2's "llama3"); and any tensor
-//   of the checkpoint no parameter reads (a bias, a layer more than the model's).
+//   rotate_half does. config.json: models::hf_config reads it into a GPTConfig (sizes, eps,
+//   rope_theta, llama3 rope scaling: Llama 3.1/3.2's, core/rope.hpp); the import reads the one
+//   next to the checkpoint and refuses, naming the field and both values, what differs from the
+//   model, and what it cannot express: attention_bias or mlp_bias true, another activation,
+//   rope types other than default and llama3 (linear, dynamic, yarn, ...); and any tensor of the
+//   checkpoint no parameter reads (a bias, a layer more than the model's). GPT-2's activation is
+//   gelu_new, which ops::gelu is. Checksums: a file this library wrote carries one per tensor
+//   (checkpoint/safetensors_format.hpp); the import verifies them, files from elsewhere have none.
 // Import: every rank reads only the byte ranges of its own boxes (checkpoint::parameter_slots:
 // any mesh, any layout). A box's rows are cut into runs whose map rows are consecutive rows of
 // one source; each run is one box of that source ([rows, the box's columns], or for a Conv1D
@@ -36,7 +38,8 @@
 // error naming it, the HF name and both shapes, agreed on by every rank.
 // Export: checkpoint::export_safetensors (collective, every rank writing its boxes) into a file in
 // dtensor's names next to the target, which rank 0 converts to the HF names and layout (the
-// parameters' element type), then removes. scripts/hf_fixtures.py writes HF-layout files with
+// parameters' element type, each tensor's checksum), then removes; the file and its config.json
+// (GPT-2: n_positions = the rows of the table written) go through .partial names, synced, renamed. scripts/hf_fixtures.py writes HF-layout files with
 // numpy, and the reference logits tests/unit/test_llama.cpp compares with;
 // scripts/hf_transformers_fixtures.py writes checkpoints with transformers' own save_pretrained
 // (and loads dtensor's export with from_pretrained: --check-export).
