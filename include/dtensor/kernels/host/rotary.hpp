@@ -29,7 +29,7 @@ namespace detail {
 DTENSOR_HOST_DEVICE inline double rotary_inv_freq(const Rope& rope, Extent pair, Extent half_dim) {
   const double f = ::pow(rope.theta, -double(pair) / double(half_dim));
   const RopeScaling& s = rope.scaling;
-  if (!s.on()) return f;
+  if (s.factor == 0) return f;  // scaling off
   const double wavelen = 2 * 3.14159265358979323846 / f;
   if (wavelen < s.original_max_position / s.high_freq_factor) return f;
   if (wavelen > s.original_max_position / s.low_freq_factor) return f / s.factor;
