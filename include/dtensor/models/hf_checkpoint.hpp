@@ -39,8 +39,9 @@
 // Export: checkpoint::export_safetensors (collective, every rank writing its boxes) into a file in
 // dtensor's names next to the target, which rank 0 converts to the HF names and layout (the
 // parameters' element type, each tensor's checksum), then removes; the file and its config.json
-// (GPT-2: n_positions = the rows of the table written) go through .partial names, synced, renamed. scripts/hf_fixtures.py writes HF-layout files with
-// numpy, and the reference logits tests/unit/test_llama.cpp compares with;
+// (GPT-2: n_positions = the rows of the table written) go through .partial names, synced,
+// renamed. scripts/hf_fixtures.py writes HF-layout files with numpy, and the reference logits
+// tests/unit/test_llama.cpp compares with;
 // scripts/hf_transformers_fixtures.py writes checkpoints with transformers' own save_pretrained
 // (and loads dtensor's export with from_pretrained: --check-export).
 #pragma once
