@@ -61,5 +61,9 @@ expect 2 "--seed expects a whole number, got 'abc'" --resume "$dir/ckpt" --seed 
 expect 2 "--seed -1 is out of range" --resume "$dir/ckpt" --seed -1
 expect 1 "--prompt: the character '😀' (4 bytes in UTF-8" --resume "$dir/ckpt" --pp 1 --fsdp 1 --cp 1 --tp 1 --ep 1 --prompt "a😀"
 grep -q "^generate: " "$dir/bad.log" || { echo "FAIL: generate's runtime error does not start with generate:"; cat "$dir/bad.log"; exit 1; }
+# Another text whose alphabet has the checkpoint's size but other characters (every byte + 1):
+# refused by the checkpoint's vocabulary (its characters' hash), not generated in the other alphabet.
+cat /usr/share/common-licenses/* | perl -pe 's/(.)/chr((ord($1) + 1) % 256)/ges' >"$dir/other.txt"
+expect 1 "another model configuration: vocabulary: " --resume "$dir/ckpt" --pp 1 --fsdp 1 --cp 1 --tp 1 --ep 1 --data "$dir/other.txt"
 "$gen" --help | grep -q "^usage: generate --resume DIR"
 echo "PASS: '$a'"

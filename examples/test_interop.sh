@@ -29,8 +29,19 @@ if [[ $(text "$dir/d.log") == "$a" ]]; then
   echo "FAIL: the run without --init-from generates the same text: the test cannot tell"
   exit 1
 fi
-# The file is plain safetensors: 8-byte length, then a JSON header naming the GPT's tensors.
-head -c 200 "$dir/model.safetensors" | tail -c +9 | grep -q '"dtype":"F32"'
+# The file is plain safetensors: 8-byte length, then a JSON header naming the GPT's tensors (after
+# the __metadata__ with each tensor's checksum), and every tensor's checksum in it.
+head -c 8192 "$dir/model.safetensors" | tail -c +9 | grep -aq '"dtype":"F32"'
+head -c 8192 "$dir/model.safetensors" | grep -aq '"dtensor.sum64:h.0.attn.qkv.weight":"[0-9a-f]\{16\}"'
+# The exported file damaged after writing (bytes zeroed in a tensor's data): --init-from refuses it.
+cp "$dir/model.safetensors" "$dir/damaged.safetensors"
+size=$(stat -c %s "$dir/damaged.safetensors")
+dd if=/dev/zero of="$dir/damaged.safetensors" bs=1 seek=$((size - 64)) count=32 conv=notrunc status=none
+if "$bin" --pp 1 --dp 1 --fsdp 1 --cp 1 --tp 1 --steps 1 --init-from "$dir/damaged.safetensors" "${model[@]}" >"$dir/e.log" 2>&1; then
+  echo "FAIL: --init-from loaded a damaged file"
+  exit 1
+fi
+grep -q "damaged.safetensors: tensor '.*': its data's checksum is" "$dir/e.log" || { echo "FAIL: damaged file:"; cat "$dir/e.log"; exit 1; }
 # Where Python has safetensors and numpy (pip; Debian 12 packages neither, so CI skips this):
 # Python reads the exported file, writes it again its own way, and a run started from that file
 # generates the same text.

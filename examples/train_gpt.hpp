@@ -94,6 +94,7 @@
 #include "dtensor/training.hpp"
 #include "dtensor/kernels/host/blas_core.hpp"
 #include "dtensor/kernels/host/parallel.hpp"
+#include "content_digest.hpp"
 #include "flags.hpp"
 #include "plan_auto.hpp"
 #ifdef DTENSOR_HAS_MPI
@@ -625,30 +626,6 @@ inline std::string vocabulary_id(const Corpus& c) {
   std::uint64_t h = 14695981039346656037ull;  // FNV-1a
   for (char ch : c.chars) h = (h ^ std::uint8_t(ch)) * 1099511628211ull;
   return std::to_string(c.chars.size()) + " characters, hash " + std::to_string(h);
-}
-
-/// "N bytes, hash H" of a file (of a directory: its checkpoint MANIFEST), "" for none: the ranks'
-/// settings agreement compares it, since ranks started elsewhere may read another file of that name.
-inline std::string content_digest(const std::string& path) {
-  if (path.empty()) return "";
-  std::filesystem::path file = path;
-  if (std::filesystem::is_directory(file)) file /= checkpoint::manifest_name;
-  std::ifstream in(file, std::ios::binary);
-  if (!in) return "unreadable";
-  std::uint64_t h = 14695981039346656037ull, n = 0;
-  std::vector<char> buf(1 << 16);
-  while (in.read(buf.data(), std::streamsize(buf.size())) || in.gcount() > 0) {
-    const auto got = std::size_t(in.gcount());
-    for (std::size_t i = 0; i < got; i += 8) {  // eight bytes a step
-      std::uint64_t w = 0;
-      std::memcpy(&w, buf.data() + i, std::min<std::size_t>(8, got - i));
-      h = (h ^ w) * 1099511628211ull + 0x9e3779b97f4a7c15ull;
-    }
-    n += got;
-  }
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
-  return std::to_string(n) + " bytes, hash " + hex;
 }
 
 inline Corpus encode(const std::string& text, Extent seq) {
@@ -1268,7 +1245,7 @@ inline std::vector<Setting> settings_of(const Options& o, const Corpus& corpus) 
           {"--lr", num(o.lr)}, {"--seed", n(o.seed)}, {"--check-finite", flag(o.check_finite)}, {"--trace", o.trace},
           {"--plot", o.plot}, {"--data", o.data},
           // The file a rank starts from, by its contents (--init-from and --resume exclude each other).
-          {"--init-from --resume (contents)", content_digest(o.init_from.empty() ? o.resume : o.init_from)},
+          examples::starting_file_setting(o.init_from, o.resume),
           {"--data (contents)", n(corpus.chars.size()) + " characters, " + n(corpus.train.size() + corpus.val.size()) +
                                     " tokens, hash " + n(data_hash)},
           {"--backend", o.backend}, {"--device", o.device}, {"--dtype --tf32 --attention", o.dtype + (o.tf32 ? " tf32" : "") + " " + o.attention}, {"--arch", o.arch},

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Real Hugging Face checkpoints for dtensor's import and export (models/hf_checkpoint.hpp).
 
-  write (rewrites tests/data/hf/gpt2_hf/, llama_hf/ and transformers_logits.safetensors):
+  write (rewrites tests/data/hf/gpt2_hf/, llama_hf/, llama3_hf/ and transformers_logits.safetensors):
       python scripts/hf_transformers_fixtures.py
+  write some of them only (the other logits in transformers_logits.safetensors kept):
+      python scripts/hf_transformers_fixtures.py --only llama3
   check dtensor's export with transformers (DIR: what test_llama wrote with DTENSOR_HF_EXPORT=DIR):
       python scripts/hf_transformers_fixtures.py --check-export DIR
 
@@ -15,9 +17,13 @@ are; generation_config.json is not kept), and stores transformers' own float32 l
 (eager attention, eval mode). It also runs the models in float64 and prints how far the float32
 logits are from those: the test's tolerance (1e-5) must be well above that gap.
 
-Check mode loads DIR/gpt2 and DIR/llama (dtensor's export_hf_safetensors: one model.safetensors
-each, plus the config.json copied here from the fixtures) with from_pretrained and asserts that
-their logits equal the committed ones within TOL.
+llama3_hf is a Llama with Llama 3.1's rope scaling (rope_type "llama3"; theta 100 and
+original_max_position_embeddings 64, so that of each head's 4 frequency pairs one is kept, two are
+smoothed and one divided by the factor: every branch of the remap is used at positions 0..11).
+
+Check mode loads DIR/gpt2, DIR/llama and DIR/llama3 (dtensor's export_hf_safetensors: one
+model.safetensors each and the config.json it writes; where it wrote none, the fixture's) with
+from_pretrained and asserts that their logits equal the committed ones within TOL.
 """
 import os
 import shutil
@@ -39,7 +45,12 @@ GPT2 = GPT2Config(vocab_size=29, bos_token_id=0, eos_token_id=0, n_positions=16,
 LLAMA = LlamaConfig(vocab_size=31, hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=8,
                     num_key_value_heads=4, max_position_embeddings=16, rms_norm_eps=1e-6, rope_theta=10000.0,
                     tie_word_embeddings=False, attention_bias=False, mlp_bias=False, hidden_act="silu")
-MODELS = (("gpt2", GPT2LMHeadModel, GPT2), ("llama", LlamaForCausalLM, LLAMA))
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 100.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}
+LLAMA3 = LlamaConfig(vocab_size=31, hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6, rope_parameters=LLAMA3_ROPE,
+                     tie_word_embeddings=False, attention_bias=False, mlp_bias=False, hidden_act="silu")
+MODELS = (("gpt2", GPT2LMHeadModel, GPT2), ("llama", LlamaForCausalLM, LLAMA), ("llama3", LlamaForCausalLM, LLAMA3))
 
 
 def build(cls, config, seed):
@@ -61,9 +72,13 @@ def logits_of(model, dtype=torch.float32):
         return model.to(dtype)(torch.tensor([TOKENS])).logits[0].to(torch.float32)
 
 
-def write():
-    out = {"tokens": torch.tensor(TOKENS, dtype=torch.float32)}
+def write(only=None):
+    gold = os.path.join(HF, "transformers_logits.safetensors")
+    out = load_file(gold) if only and os.path.exists(gold) else {}
+    out["tokens"] = torch.tensor(TOKENS, dtype=torch.float32)
     for seed, (name, cls, config) in enumerate(MODELS):
+        if only and name not in only:
+            continue
         model = build(cls, config, seed + 1)
         d = os.path.join(HF, name + "_hf")
         shutil.rmtree(d, ignore_errors=True)
@@ -74,16 +89,22 @@ def write():
         gap = (out[name].double() - logits_of(model, torch.float64).double()).abs().max().item()
         print(f"{name}: {sorted(os.listdir(d))}, logits {tuple(out[name].shape)}, "
               f"max |logit| {out[name].abs().max().item():.3g}, float32 vs float64 {gap:.3g}")
-    save_file(out, os.path.join(HF, "transformers_logits.safetensors"),
+    save_file(out, gold,
               metadata={"format": "pt", "transformers": transformers.__version__, "torch": torch.__version__})
 
 
 def check_export(root):
     gold = load_file(os.path.join(HF, "transformers_logits.safetensors"))
     ok = True
-    for name, cls, _ in MODELS:
+    # gpt2_seq12: GPT-2 exported from a model of context 12 (the fixture's table has 16 rows): its
+    # own config.json says n_positions 12; its logits of the 12 tokens are gpt2's.
+    for name, cls, gold_name in [(m[0], m[1], m[0]) for m in MODELS] + [("gpt2_seq12", GPT2LMHeadModel, "gpt2")]:
         d = os.path.join(root, name)
-        shutil.copy(os.path.join(HF, name + "_hf", "config.json"), d)
+        if not os.path.isdir(d):
+            print(f"{name}: no export in {d}, skipped")
+            continue
+        if not os.path.exists(os.path.join(d, "config.json")):
+            shutil.copy(os.path.join(HF, gold_name + "_hf", "config.json"), d)
         model, info = cls.from_pretrained(d, attn_implementation="eager", output_loading_info=True)
         model.eval()
         missing = list(info["missing_keys"]) + list(info.get("mismatched_keys", []))
@@ -91,7 +112,7 @@ def check_export(root):
             print(f"{name}: FAIL: not loaded from {d}: {sorted(map(str, missing))}")
             ok = False
         got = logits_of(model)
-        diff = (got - gold[name]).abs().max().item()
+        diff = (got - gold[gold_name]).abs().max().item()
         print(f"{name}: from_pretrained({d}): max |logits - transformers' own| = {diff:.3g} (tolerance {TOL:g})")
         ok &= diff <= TOL
     print(("PASS" if ok else "FAIL") + f": dtensor's export loaded by transformers {transformers.__version__}")
@@ -101,6 +122,9 @@ def check_export(root):
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--check-export":
         sys.exit(check_export(sys.argv[2]))
+    if len(sys.argv) > 2 and sys.argv[1] == "--only":
+        write(set(sys.argv[2:]))
+        sys.exit(0)
     if len(sys.argv) != 1:
         sys.exit(__doc__)
     write()

@@ -5,10 +5,14 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <unistd.h>
 
 #include "dtensor/comm/threads.hpp"
 #include "dtensor/comm/comm_log.hpp"
@@ -17,6 +21,7 @@
 #include "dtensor/distributed/settings_agreement.hpp"
 #include "dtensor/kernels/host/gemm.hpp"
 #include "dtensor/kernels/host/simd.hpp"
+#include "content_digest.hpp"
 #include "flags.hpp"
 #include "hardening/hardening.hpp"
 
@@ -157,6 +162,43 @@ TEST_CASE("ranks given different settings are found at setup, naming the setting
     require_same_settings(*w, "setup", {{"--data", w->rank() == 0 ? long_path : long_path + "y"}});
   });
   for (const auto& o : cut) CHECK_THAT(o.message, Contains("--data: rank 0 '" + std::string(40, 'x') + "…'; rank 1"));
+}
+
+TEST_CASE("--init-from / --resume: ranks starting from files of the same name but other contents are refused on every "
+          "rank (the agreement compares contents, not paths)", "[hardening][config]") {
+  // Ranks started on other hosts read "the same" path: simulated by digesting one path twice,
+  // its contents changed in between (same size, one byte other).
+  const auto dir = std::filesystem::temp_directory_path() / ("dtensor_digest_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string file = (dir / "init.safetensors").string();
+  std::ofstream(file, std::ios::binary) << std::string(1000, 'a');
+  const Setting mine = examples::starting_file_setting(file, "");
+  std::ofstream(file, std::ios::binary) << std::string(999, 'a') << 'b';
+  const Setting theirs = examples::starting_file_setting(file, "");
+  CHECK(mine.name == "--init-from --resume (contents)");
+  CHECK_THAT(mine.value, Contains("1000 bytes, hash "));
+  CHECK(mine.value != theirs.value);
+  CHECK(examples::starting_file_setting(file, "").value == theirs.value);  // the same contents: the same digest
+  CHECK(examples::starting_file_setting("", "").value.empty());
+  CHECK(examples::content_digest((dir / "absent").string()) == "unreadable");
+  // A checkpoint directory is digested by its MANIFEST.
+  std::ofstream((dir / checkpoint::manifest_name).string()) << "pieces";
+  CHECK(examples::starting_file_setting("", dir.string()).value == examples::content_digest((dir / checkpoint::manifest_name).string()));
+  for (bool check : {true, false}) {  // in every build, whatever the collective check's switch
+    const auto out = outcomes(2, [&](CommPtr w) {
+      w->set_check_collectives(check);
+      w->set_timeout(long_timeout);
+      // The path itself is the same on both ranks (the trainer agrees on it in another entry).
+      require_same_settings(*w, "train_gpt", {{"--init-from", file}, w->rank() == 0 ? mine : theirs});
+    });
+    for (const auto& o : out) {
+      INFO(o.message);
+      CHECK(o.is_error);
+      CHECK_THAT(o.message, Contains("--init-from --resume (contents): rank 0 '" + mine.value + "'; rank 1 '" + theirs.value + "'"));
+      CHECK_THAT(o.message, !Contains("--init-from: "));
+    }
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("set_timeout rejects zero, negative and absurd timeouts, naming the group", "[hardening][config]") {

@@ -2,15 +2,22 @@
 // others wait for it releases them at once, with an Error naming it and the operation they wait
 // in; an operation still pending on a rank that has left is not mistaken for a departure; a
 // rank that is alive but stuck still fails at the timeout; a run that cannot start is an Error.
+// An offload scratch file leaves nothing on disk, even when its process is killed.
 #include <catch2/catch.hpp>
 
+#include <csignal>
+#include <filesystem>
 #include <memory>
 #include <span>
 #include <stdexcept>
 #include <thread>
 #include <vector>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "dtensor/comm/threads.hpp"
+#include "dtensor/core/scratch_file.hpp"
 #include "hardening/hardening.hpp"
 
 using namespace dtensor;
@@ -177,4 +184,32 @@ TEST_CASE("threads::run with more ranks than threads can be started is an Error"
                               Contains(std::to_string(threads::detail::max_ranks)));
   }
   CHECK_NOTHROW(threads::run(64, [](CommPtr w) { w->barrier(); }));
+}
+
+TEST_CASE("an offload scratch file has no name on disk while in use, so a killed process leaves nothing", "[hardening][faults]") {
+  const auto dir = std::filesystem::temp_directory_path() / ("dtensor_scratch_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  {
+    dtensor::detail::ScratchFile f(dir.string(), "test", 0, "scratch test");
+    REQUIRE(f.error().empty());
+    REQUIRE(f.reserve(4096, "the test's bytes").empty());
+    const std::string data(4096, 'x');
+    f.write(data.data(), data.size(), 0);
+    std::string back(4096, '\0');
+    f.read(back.data(), back.size(), 0);
+    CHECK(back == data);
+    CHECK(std::filesystem::is_empty(dir));  // the descriptor holds it; no later run can find it
+  }
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {  // the offloading process, killed while its file holds data
+    dtensor::detail::ScratchFile f(dir.string(), "killed", 0, "scratch test");
+    if (f.error().empty() && f.reserve(1 << 20, "bytes").empty()) ::raise(SIGKILL);
+    ::_exit(3);
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  CHECK(WIFSIGNALED(status));
+  CHECK(std::filesystem::is_empty(dir));
+  std::filesystem::remove_all(dir);
 }

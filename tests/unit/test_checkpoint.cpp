@@ -879,6 +879,8 @@ TEST_CASE("safetensors: a GPT exported from dp 2 x tp 2 holds the full tensors; 
     for (const auto& [name, tensor] : want) {  // every tensor whole in the file the index names
       CAPTURE(name);
       const auto info = checkpoint::safetensors::read_header(map.at(name));
+      CHECK(info.metadata.count("dtensor.sum64:" + name) == 1);
+      CHECK_NOTHROW(checkpoint::safetensors::verify_checksum(info, name));
       std::vector<double> got(tensor.second.size());
       checkpoint::safetensors::read_box(info, name, checkpoint::Region{std::vector<Extent>(tensor.first.size(), 0), tensor.first},
                                         got.data());
@@ -928,6 +930,73 @@ TEST_CASE("safetensors: a GPT exported from dp 2 x tp 2 holds the full tensors; 
     });
     INFO(summary(f));
     CHECK(f.empty());
+  }
+  SECTION("every tensor's checksum is in the header; a file zeroed, flipped or cut after writing is refused on every "
+          "rank, naming the file and the tensor") {
+    const auto written = checkpoint::safetensors::read_header(file);
+    for (const auto& [name, tensor] : want) {
+      CAPTURE(name);
+      CHECK(written.metadata.count("dtensor.sum64:" + name) == 1);
+      CHECK_NOTHROW(checkpoint::safetensors::verify_checksum(written, name));
+    }
+    CHECK_FALSE(fs::exists(dir / "model.safetensors.partial"));
+    const std::string victim = want.rbegin()->first;  // zeroed in the middle of its data
+    const auto& e = written.tensors.at(victim);
+    auto damaged = [&](const std::string& tag, auto&& damage) {
+      const fs::path copy = dir / (tag + ".safetensors");
+      fs::copy_file(file, copy, fs::copy_options::overwrite_existing);
+      damage(copy);
+      std::string first;
+      auto f = on_ranks(2, [&](CommPtr world, auto report) {
+        Mesh2 mesh(world, {1, 2});
+        TpRun model_run(mesh);
+        auto slots = checkpoint::parameter_slots(model_run.model.units(), mesh);
+        try {
+          checkpoint::import_safetensors(copy, mesh, slots);
+          report("no error");
+        } catch (const Error& err) {
+          if (world->rank() == 0) first = err.what();
+        }
+      });
+      INFO(summary(f));
+      CHECK(f.empty());
+      return first;
+    };
+    const std::string zeroed = damaged("zeroed", [&](const fs::path& copy) {
+      std::fstream io(copy, std::ios::in | std::ios::out | std::ios::binary);
+      io.seekp(std::streamoff(written.data_start + e.begin + (e.end - e.begin) / 2));
+      const std::string zeros(16, '\0');
+      io.write(zeros.data(), std::streamsize(zeros.size()));
+    });
+    CHECK_THAT(zeroed, Catch::Contains("zeroed.safetensors: tensor '" + victim + "': its data's checksum is") &&
+                           Catch::Contains("not completely written"));
+    const std::string first_name = want.begin()->first;  // one bit of its first element flipped
+    const std::string flipped = damaged("flipped", [&](const fs::path& copy) {
+      std::fstream io(copy, std::ios::in | std::ios::out | std::ios::binary);
+      const auto at = std::streamoff(written.data_start + written.tensors.at(first_name).begin);
+      io.seekg(at);
+      char c = 0;
+      io.read(&c, 1);
+      c = char(c ^ 1);
+      io.seekp(at);
+      io.write(&c, 1);
+    });
+    CHECK_THAT(flipped, Catch::Contains("tensor '" + first_name + "': its data's checksum"));
+    const std::string cut = damaged("cut", [&](const fs::path& copy) { fs::resize_file(copy, fs::file_size(copy) - 8); });
+    CHECK_THAT(cut, Catch::Contains("cut.safetensors") && Catch::Contains("data_offsets"));
+    // What safetensors::write writes carries checksums too (one rank's whole tensors).
+    const fs::path single = dir / "single.safetensors";
+    const std::vector<double> v{1, 2, 3};
+    checkpoint::safetensors::write<double>(single, {{"v", {3}, v.data()}});
+    {
+      std::fstream io(single, std::ios::in | std::ios::out | std::ios::binary);
+      const auto info = checkpoint::safetensors::read_header(single);
+      io.seekp(std::streamoff(info.data_start + 8));
+      const double other = 2.5;
+      io.write(reinterpret_cast<const char*>(&other), 8);
+    }
+    CHECK_THROWS_WITH(checkpoint::safetensors::verify_checksum(checkpoint::safetensors::read_header(single), "v"),
+                      Catch::Contains("single.safetensors: tensor 'v': its data's checksum"));
   }
   SECTION("a tensor the model has no place for is an error naming it, unless a partial load allows it") {
     // The whole model and one more tensor (as a 3-layer file loaded into 2 layers: h.2.* left over).

@@ -717,9 +717,23 @@ TEST_CASE("Hugging Face checkpoints: export from TP 2 gives HF's tensors back; b
     CHECK(mine == theirs);
   }
   CHECK(hf_tensor(dir / "gpt2.safetensors", "lm_head.weight") == hf_tensor(hf_dir / "gpt2_tiny.safetensors", "transformer.wte.weight"));
+  CHECK_FALSE(std::filesystem::exists(dir / "gpt2.safetensors.partial"));
+  CHECK_FALSE(std::filesystem::exists(dir / "config.json.partial"));
   threads::run(1, [&](CommPtr w) {
     NnMesh mesh(w, {1, 1});
     using Catch::Contains;
+    // The export's checksums: a byte of its data zeroed after writing is refused, naming the file and tensor.
+    {
+      const auto info = checkpoint::safetensors::read_header(dir / "gpt2.safetensors");
+      const auto& e = info.tensors.at("transformer.h.1.mlp.c_fc.weight");
+      std::fstream io(dir / "gpt2.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+      io.seekp(std::streamoff(info.data_start + e.begin + 8));
+      const std::string zeros(8, '\0');
+      io.write(zeros.data(), 8);
+    }
+    nn::GPT<double, NnMesh> damaged(mesh, hf_gpt2);
+    CHECK_THROWS_WITH(models::import_hf_safetensors(dir / "gpt2.safetensors", damaged, models::HfArch::gpt2),
+                      Contains("gpt2.safetensors: tensor 'transformer.h.1.mlp.c_fc.weight': its data's checksum"));
     nn::Llama<double, NnMesh> llama(mesh, hf_llama);
     CHECK_THROWS_WITH(models::import_hf_safetensors(hf_dir / "gpt2_tiny.safetensors", llama, models::HfArch::llama),
                       Contains("models::import_hf_safetensors") && Contains("has no tensor 'model.embed_tokens.weight'"));
@@ -821,6 +835,33 @@ TEST_CASE("transformers' save_pretrained checkpoints: logits equal transformers'
   });
   INFO(summary(fe));
   CHECK(fe.empty());
+  // GPT-2 from a model whose context (12) is shorter than the checkpoint's table (16): the export
+  // holds the model's 12 rows and its config.json says n_positions 12, so from_pretrained loads
+  // it as written (scripts/hf_transformers_fixtures.py --check-export: gpt2_seq12, 12 tokens).
+  std::filesystem::create_directories(out / "gpt2_seq12");
+  nn::GPTConfig short_gpt2 = tf_gpt2;
+  short_gpt2.seq = 12;
+  auto fs = on_ranks(2, [&](CommPtr w, auto report) {
+    NnMesh mesh(w, {1, 2});
+    nn::GPT<double, NnMesh, parallel::MegatronPlan<true>> gpt(mesh, short_gpt2);
+    models::import_hf_safetensors(gpt2_index, gpt, models::HfArch::gpt2);
+    models::export_hf_safetensors(out / "gpt2_seq12" / "model.safetensors", gpt, models::HfArch::gpt2);
+    nn::GPT<double, NnMesh, parallel::MegatronPlan<true>> back(mesh, short_gpt2);
+    models::import_hf_safetensors(out / "gpt2_seq12" / "model.safetensors", back, models::HfArch::gpt2);
+    if (double g = worst_gap(all_logits(back, tokens), gpt2_ref); !(g < tol)) report(dtensor::detail::cat("GPT-2 seq 12 export off by ", g));
+  });
+  INFO(summary(fs));
+  CHECK(fs.empty());
+  CHECK(models::hf_config(out / "gpt2_seq12", models::HfArch::gpt2).seq == 12);
+  CHECK(checkpoint::safetensors::read_header(out / "gpt2_seq12" / "model.safetensors").tensors.at("transformer.wpe.weight").shape ==
+        std::vector<Extent>{12, 16});
+  // A model with a longer context than that export's table: refused by its config.json, naming it.
+  threads::run(1, [&](CommPtr w) {
+    NnMesh mesh(w, {1, 1});
+    nn::GPT<double, NnMesh> longer(mesh, tf_gpt2);
+    CHECK_THROWS_WITH(models::import_hf_safetensors(out / "gpt2_seq12" / "model.safetensors", longer, models::HfArch::gpt2),
+                      Catch::Contains("config.json: n_positions = 12, the model's seq is 16"));
+  });
   if (!keep) std::filesystem::remove_all(out);
 }
 
@@ -858,11 +899,33 @@ TEST_CASE("a Hugging Face config.json asking for what the import cannot express 
   CHECK_THAT(import_with("\"attention_bias\": false", "\"attention_bias\": true"),
              Catch::Contains("config.json: attention_bias = true"));
   CHECK_THAT(import_with("\"mlp_bias\": false", "\"mlp_bias\": true"), Catch::Contains("mlp_bias = true"));
+  // Rope types other than default and llama3: refused, naming the type.
+  for (const char* type : {"dynamic", "yarn", "linear", "longrope"})
+    CHECK_THAT(import_with("\"rope_type\": \"default\"", dtensor::detail::cat("\"rope_type\": \"", type, "\", \"factor\": 2.0")),
+               Catch::Contains(dtensor::detail::cat("rope_parameters.rope_type = \"", type, "\"")) &&
+                   Catch::Contains("this rope type is not implemented"));
+  // llama3 without its parameters; llama3 in a file the model (unscaled) does not match.
   CHECK_THAT(import_with("\"rope_type\": \"default\"", "\"rope_type\": \"llama3\", \"factor\": 8.0"),
-             Catch::Contains("rope_parameters.rope_type = \"llama3\"") && Catch::Contains("not implemented"));
+             Catch::Contains("rope_parameters.low_freq_factor = (absent): llama3 rope scaling needs it"));
+  CHECK_THAT(import_with("\"rope_type\": \"default\"", "\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, "
+                                                           "\"high_freq_factor\": 4.0"),
+             Catch::Contains("rope scaling = llama3 {factor 8, low_freq_factor 1, high_freq_factor 4, "
+                             "original_max_position_embeddings 16}, the model's rope_scaling is none"));
+  CHECK_THAT(import_with("\"rope_type\": \"default\"", "\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 4.0, "
+                                                           "\"high_freq_factor\": 4.0"),
+             Catch::Contains("llama3 scaling needs factor > 0, high_freq_factor > low_freq_factor"));
+  // transformers 4's rope_scaling: read too; one that disagrees with rope_parameters is ambiguous.
   CHECK_THAT(import_with("\"pretraining_tp\": 1,", "\"pretraining_tp\": 1,\n  \"rope_scaling\": {\"rope_type\": \"llama3\"},"),
-             Catch::Contains("rope_scaling = {\"rope_type\": \"llama3\"}"));
+             Catch::Contains("rope_scaling = {\"rope_type\": \"llama3\", ...}") && Catch::Contains("ambiguous"));
   CHECK(import_with("\"pretraining_tp\": 1,", "\"pretraining_tp\": 1,\n  \"rope_scaling\": null,").empty());
+  // Sizes, eps and theta that differ from the model's: refused, naming both.
+  CHECK_THAT(import_with("\"rms_norm_eps\": 1e-06", "\"rms_norm_eps\": 1e-05"),
+             Catch::Contains("rms_norm_eps = 1e-05, the model's norm_eps is 1e-06"));
+  CHECK_THAT(import_with("\"rope_theta\": 10000.0", "\"rope_theta\": 500000.0"),
+             Catch::Contains("rope_theta = 500000, the model's rope_theta is 10000"));
+  CHECK_THAT(import_with("\"num_key_value_heads\": 4", "\"num_key_value_heads\": 2"),
+             Catch::Contains("num_key_value_heads = 2, the model's kv_heads is 4"));
+  CHECK_THAT(import_with("\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\""), Catch::Contains("hidden_act = \"gelu\""));
   std::filesystem::remove_all(dir);
   // A checkpoint with a tensor no parameter reads (a bias the model lacks): refused, naming it.
   const auto bias_dir = std::filesystem::temp_directory_path() / ("dtensor_hfbias_" + std::to_string(::getpid()));
@@ -896,6 +959,74 @@ TEST_CASE("a Hugging Face config.json asking for what the import cannot express 
   });
   std::filesystem::remove_all(bias_dir);
   CHECK_THAT(message, Catch::Contains("holds 1 tensors this Llama model has no place for: 'model.layers.0.self_attn.q_proj.bias'"));
+}
+
+TEST_CASE("llama3 rope scaling (Llama 3.1): config.json read, logits equal transformers' on 1 and 4 ranks; the export "
+          "writes the scaling back", "[models][hf]") {
+  // tests/data/hf/llama3_hf: LlamaForCausalLM with rope_parameters {rope_type llama3, theta 100,
+  // factor 8, low 1, high 4, original_max_position_embeddings 64}: of each head's 4 frequency
+  // pairs, one is kept, two are smoothed and one is divided by the factor (the script's docstring).
+  const auto golden = hf_dir / "transformers_logits.safetensors";
+  std::vector<std::int32_t> tokens;
+  for (double t : hf_tensor(golden, "tokens")) tokens.push_back(std::int32_t(t));
+  const auto ref = hf_tensor(golden, "llama3");
+  const auto src = hf_dir / "llama3_hf";
+  const nn::GPTConfig cfg = models::hf_config(src, models::HfArch::llama);
+  CHECK(cfg.vocab == 31);
+  CHECK(cfg.dim == 32);
+  CHECK(cfg.heads == 4);
+  CHECK(cfg.kv_heads == 2);
+  CHECK(cfg.ffn == 40);
+  CHECK(cfg.layers == 2);
+  CHECK(cfg.seq == 128);
+  CHECK(cfg.norm_eps == 1e-6);
+  CHECK(cfg.rope_theta == 100);
+  CHECK(cfg.rope_scaling == RopeScaling{.factor = 8, .low_freq_factor = 1, .high_freq_factor = 4, .original_max_position = 64});
+  // float32 (transformers) against double (here) from the same F32 weights: the script prints
+  // the float32 rounding (about 1e-6); unscaled RoPE is off by more than 1e-2 (checked below).
+  constexpr double tol = 1e-5;
+  const char* keep = std::getenv("DTENSOR_HF_EXPORT");
+  const auto out = keep ? std::filesystem::path(keep) : std::filesystem::temp_directory_path() / ("dtensor_l3_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(out / "llama3");
+  auto check_on = [&](auto tag, const NnMesh& mesh, bool save, auto report) {
+    using Plan = typename decltype(tag)::type;
+    nn::Llama<double, NnMesh, Plan> llama(mesh, cfg);
+    models::import_hf_safetensors(src / "model.safetensors.index.json", llama, models::HfArch::llama);
+    if (double g = worst_gap(all_logits(llama, tokens), ref); !(g < tol))
+      report(dtensor::detail::cat("llama3 logits on ", mesh.comm().size(), " ranks off transformers' by ", g));
+    if (save) models::export_hf_safetensors(out / "llama3" / "model.safetensors", llama, models::HfArch::llama);
+  };
+  auto f1 = on_ranks(1, [&](CommPtr w, auto report) { check_on(std::type_identity<nn::ReplicatedPlan>{}, NnMesh(w, {1, 1}), false, report); });
+  auto f4 = on_ranks(4, [&](CommPtr w, auto report) { check_on(std::type_identity<parallel::MegatronPlan<true>>{}, NnMesh(w, {2, 2}), true, report); });
+  INFO(summary(f1) << summary(f4));
+  CHECK(f1.empty());
+  CHECK(f4.empty());
+  // The export's config.json carries the scaling (transformers' from_pretrained reads it:
+  // scripts/hf_transformers_fixtures.py --check-export), and the export imports back equal.
+  const nn::GPTConfig back = models::hf_config(out / "llama3", models::HfArch::llama);
+  CHECK(back.rope_scaling == cfg.rope_scaling);
+  CHECK(back.rope_theta == cfg.rope_theta);
+  // The same weights without the config.json, into an unscaled model: the scaling is what matters.
+  const auto bare = std::filesystem::temp_directory_path() / ("dtensor_l3bare_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(bare);
+  for (const auto& e : std::filesystem::directory_iterator(src))
+    if (e.path().filename() != "config.json") std::filesystem::create_symlink(e.path(), bare / e.path().filename());
+  double exported_gap = -1, unscaled_gap = -1;
+  threads::run(1, [&](CommPtr w) {
+    NnMesh mesh(w, {1, 1});
+    nn::Llama<double, NnMesh> again(mesh, cfg);
+    models::import_hf_safetensors(out / "llama3" / "model.safetensors", again, models::HfArch::llama);
+    exported_gap = worst_gap(all_logits(again, tokens), ref);
+    nn::GPTConfig plain = cfg;
+    plain.rope_scaling = {};
+    nn::Llama<double, NnMesh> unscaled(mesh, plain);
+    models::import_hf_safetensors(bare / "model.safetensors.index.json", unscaled, models::HfArch::llama);
+    unscaled_gap = worst_gap(all_logits(unscaled, tokens), ref);
+  });
+  std::filesystem::remove_all(bare);
+  if (!keep) std::filesystem::remove_all(out);
+  CHECK(exported_gap < tol);
+  CHECK(unscaled_gap > 1e-2);
 }
 
 // ---- serving memory (sim/serving.hpp) against a real model --------------------------------------

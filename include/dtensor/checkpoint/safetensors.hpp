@@ -19,11 +19,16 @@
 // library's names); Hugging Face's GPT-2 and Llama need more than renaming (GPT-2's Conv1D
 // weights are transposed, q, k, v fused or split): models/hf_checkpoint.hpp maps them.
 // Errors on any rank are agreed on (checkpoint/detail/agree.hpp): every rank throws the same.
+// Every tensor's checksum goes into the header's __metadata__ (each rank hashing what it writes,
+// safetensors_format.hpp); import verifies each (the ranks sharing the work: every tensor read
+// whole once) and refuses a file whose data no longer match, naming the file and the tensor.
+// The file is written as PATH.partial, synced and renamed: a failed write leaves nothing at PATH.
 #pragma once
 
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <bit>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -151,9 +156,30 @@ void write_groups(Communicator& comm, const char* op, const std::vector<std::fil
   std::map<std::string, Place> place;
   std::vector<std::string> headers;
   std::vector<std::uint64_t> sizes;
+  // Each tensor's checksum (safetensors_format.hpp): every rank hashes the elements it writes,
+  // from memory; the ranks' partial sums, all-gathered, add up to the whole tensor's.
+  std::map<std::string, std::size_t> index_of;
+  for (const auto& group : groups)
+    for (const auto& t : group) index_of.emplace(t.first, index_of.size());
+  std::vector<std::uint64_t> part(index_of.size(), 0);
+  for (const auto& s : slots) {
+    if (!s.writer || s.box.empty()) continue;
+    std::uint64_t& h = part[index_of.at(mapped(o, s.name))];
+    safetensors::detail::for_each_run(s.shape, s.box, [&](Extent flat, Extent in_box, Extent count) {
+      h += safetensors::hash_elements(s.data + in_box, sizeof(T), std::uint64_t(flat), std::uint64_t(count));
+    });
+  }
+  std::vector<std::int64_t> mine(part.size()), all(part.size() * std::size_t(comm.size()), 0);
+  for (std::size_t i = 0; i < part.size(); ++i) mine[i] = std::bit_cast<std::int64_t>(part[i]);
+  if (!mine.empty()) comm.all_gather(std::span<const std::int64_t>(mine), std::span<std::int64_t>(all));
+  std::vector<std::uint64_t> sums(mine.size(), 0);
+  for (std::size_t i = 0; i < all.size(); ++i) sums[i % mine.size()] += std::uint64_t(all[i]);
   for (std::size_t f = 0; f < groups.size(); ++f) {
     std::vector<std::uint64_t> begins;
-    headers.push_back(safetensors::make_header(groups[f], safetensors::dtype_name<T>(), o.metadata, &begins));
+    std::map<std::string, std::string> metadata = o.metadata;
+    for (const auto& t : groups[f])
+      metadata[std::string(safetensors::checksum_prefix) + t.first] = safetensors::checksum_hex(sums[index_of.at(t.first)]);
+    headers.push_back(safetensors::make_header(groups[f], safetensors::dtype_name<T>(), metadata, &begins));
     std::uint64_t total = 8 + headers.back().size();
     for (std::size_t i = 0; i < groups[f].size(); ++i) {
       place[groups[f][i].first] = {f, 8 + headers.back().size() + begins[i]};
@@ -334,6 +360,19 @@ void import_safetensors(const std::filesystem::path& path, const Mesh& mesh, Slo
     if (missing_count > 0)
       throw Error(op, dtensor::detail::cat(path.string(), " lacks ", missing_count, " of the model's tensors:", missing,
                                            missing_count > 5 ? " ..." : ""));
+    // The checksums of dtensor's writers (safetensors_format.hpp): each tensor read whole once in
+    // all, by the rank its place among the names read falls to.
+    std::size_t turn = 0;
+    for (const auto& name : wanted) {
+      if (turn++ % std::size_t(comm.size()) != std::size_t(comm.rank())) continue;
+      std::filesystem::path file = path;
+      if (indexed) {
+        auto f = file_of.find(name);
+        if (f == file_of.end()) continue;
+        file = f->second;
+      }
+      if (header(file).tensors.count(name)) safetensors::verify_checksum(header(file), name);
+    }
     if (comm.rank() != 0) return;  // the same verdict everywhere: one rank reads every header
     std::string unexpected;
     int unexpected_count = 0;

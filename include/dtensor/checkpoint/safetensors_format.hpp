@@ -426,6 +426,70 @@ void read_box(const FileInfo& file, const std::string& name, const Region& box, 
   });
 }
 
+// ---- checksums: what dtensor's writers put in the header, and what its readers verify ----------
+// For each tensor T, the header's __metadata__ holds "dtensor.sum64:T": 16 hex digits of the sum
+// (mod 2^64) over its elements of mix(index, bits), index the element's row-major position and
+// bits its stored bytes (little-endian, zero-extended), mix two rounds of splitmix64. A sum
+// because the ranks of an export each hash the boxes they write and add them up (one small
+// all-gather), so the checksum says what the ranks held, not what landed on disk; the reader
+// hashes the file's bytes. A flipped, zeroed, lost or swapped element changes it (as likely
+// not as 2^-64). Files without the key (written by transformers, numpy) are read unverified.
+
+inline constexpr std::string_view checksum_prefix = "dtensor.sum64:";
+
+/// The sum of mix(first + i, element i's bits) over n elements of elem_bytes each.
+inline std::uint64_t hash_elements(const void* bytes, std::size_t elem_bytes, std::uint64_t first, std::uint64_t n) {
+  auto mix = [](std::uint64_t z) {
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  const auto* p = static_cast<const unsigned char*>(bytes);
+  std::uint64_t sum = 0;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    std::uint64_t bits = 0;
+    std::memcpy(&bits, p + i * elem_bytes, elem_bytes);
+    sum += mix(bits ^ mix(first + i));
+  }
+  return sum;
+}
+
+inline std::string checksum_hex(std::uint64_t h) {
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string s(16, '0');
+  for (int i = 15; i >= 0; --i, h >>= 4) s[std::size_t(i)] = digits[h & 15];
+  return s;
+}
+
+/// Checks tensor `name` of `file` against the checksum in its header (when there is one): reads
+/// the whole tensor. A mismatch is an error naming the file and the tensor.
+inline void verify_checksum(const FileInfo& file, const std::string& name) {
+  constexpr const char* op = "safetensors::verify_checksum";
+  auto m = file.metadata.find(std::string(checksum_prefix) + name);
+  if (m == file.metadata.end()) return;
+  auto t = file.tensors.find(name);
+  if (t == file.tensors.end())
+    throw Error(op, dtensor::detail::cat(file.path.string(), ": a checksum for tensor '", name, "', which the file lacks"));
+  const TensorEntry& e = t->second;
+  const std::size_t b = dtype_bytes(e.dtype);
+  if (b == 0) return;  // a dtype this library does not read: nothing of it is used
+  detail::Fd fd(file.path, O_RDONLY, "safetensors::verify_checksum");
+  std::vector<unsigned char> buf;
+  std::uint64_t sum = 0;
+  const std::uint64_t n = (e.end - e.begin) / b, chunk = std::uint64_t(1) << 18;
+  for (std::uint64_t at = 0; at < n; at += chunk) {
+    const std::uint64_t count = std::min(chunk, n - at);
+    buf.resize(std::size_t(count * b));
+    fd.read_at(buf.data(), buf.size(), file.data_start + e.begin + at * b, op);
+    sum += hash_elements(buf.data(), b, at, count);
+  }
+  if (checksum_hex(sum) != m->second)
+    throw Error(op, dtensor::detail::cat(file.path.string(), ": tensor '", name, "': its data's checksum is ", checksum_hex(sum),
+                                         ", the header's ", m->second,
+                                         ": the file was damaged or not completely written (refused)"));
+}
+
 /// One tensor to write: its name, shape and row-major elements (numel of shape of them).
 template <class T>
 struct Named {
@@ -476,18 +540,24 @@ inline std::string make_header(const std::vector<std::pair<std::string, std::vec
   return h;
 }
 
-/// Writes whole tensors into one file (on one rank; safetensors.hpp writes a model's from every rank).
+/// Writes whole tensors into one file (on one rank; safetensors.hpp writes a model's from every
+/// rank), each tensor's checksum in the header. Writes `path` itself: a caller that must leave
+/// nothing loadable on failure writes a temporary name and renames it (safetensors.hpp's commit_file).
 template <class T>
 void write(const std::filesystem::path& path, const std::vector<Named<T>>& tensors,
            const std::map<std::string, std::string>& metadata = {{"format", "pt"}}) {
   constexpr const char* op = "safetensors::write";
   std::vector<std::pair<std::string, std::vector<Extent>>> list;
+  std::map<std::string, std::string> meta = metadata;  // and each tensor's checksum
   for (const auto& t : tensors) {
     if (t.name.empty() || t.name == "__metadata__") throw Error(op, dtensor::detail::cat("tensor name '", t.name, "' is reserved or empty"));
     list.emplace_back(t.name, t.shape);
+    std::uint64_t numel = 1;
+    for (Extent d : t.shape) numel *= std::uint64_t(d);
+    meta[std::string(checksum_prefix) + t.name] = checksum_hex(hash_elements(t.data, sizeof(T), 0, numel));
   }
   std::vector<std::uint64_t> begins;
-  const std::string header = make_header(list, dtype_name<T>(), metadata, &begins);
+  const std::string header = make_header(list, dtype_name<T>(), meta, &begins);
   detail::Fd fd(path, O_WRONLY | O_CREAT | O_TRUNC, op);
   const std::uint64_t n = header.size();
   fd.write_at(&n, 8, 0, op);

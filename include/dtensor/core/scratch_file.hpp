@@ -7,9 +7,10 @@
 //   f.reserve(bytes, "the optimizer state");            // grows it with the bytes reserved: "" or why not
 //   f.write(src, n, at);  f.read(dst, n, at);           // pwrite / pread, whole or an Error
 //
-// The file is created exclusively (O_EXCL, a name unique to the process and the object) and
-// removed with the object, or by remove() on a failure: nothing is left that a resume could
-// read. reserve() uses posix_fallocate, so a full disk is found when the room is taken, not in
+// The file is created exclusively (O_EXCL, a name unique to the process and the object) and its
+// name removed at once (the descriptor keeps it: reads, writes and mappings go through it), so
+// nothing is left on disk once the object or the process ends, even killed with SIGKILL; no
+// later run or resume can find it. path() is the name it had, for messages. reserve() uses posix_fallocate, so a full disk is found when the room is taken, not in
 // the middle of a write. read() and write() may run on several threads at once (pread/pwrite
 // at disjoint offsets).
 #pragma once
@@ -50,7 +51,15 @@ class ScratchFile {
       return;
     }
     fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd_ < 0) error_ = "cannot create " + path_ + " (" + std::strerror(errno) + "): the offload directory must be writable";
+    if (fd_ < 0) {
+      error_ = "cannot create " + path_ + " (" + std::strerror(errno) + "): the offload directory must be writable";
+      return;
+    }
+    if (::unlink(path_.c_str()) != 0) {  // the descriptor alone holds it from here on
+      error_ = "cannot unlink " + path_ + " (" + std::strerror(errno) + ") after creating it";
+      ::close(fd_);
+      fd_ = -1;
+    }
   }
   ScratchFile(const ScratchFile&) = delete;
   ScratchFile& operator=(const ScratchFile&) = delete;
@@ -78,11 +87,10 @@ class ScratchFile {
   void read(void* dst, std::size_t n, std::size_t at) const { io(true, dst, n, at); }
   void write(const void* src, std::size_t n, std::size_t at) const { io(false, const_cast<void*>(src), n, at); }
 
-  /// Closes and deletes the file (also what a failure leaves: nothing).
+  /// Closes the file, which frees its bytes (its name was removed at creation).
   void remove() noexcept {
     if (fd_ >= 0) {
       ::close(fd_);
-      ::unlink(path_.c_str());
       fd_ = -1;
     }
   }

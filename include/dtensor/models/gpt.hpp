@@ -74,6 +74,9 @@ struct GPTConfig {
   double norm_eps = 1e-5;  // the norms' epsilon
   // Per-module activation recomputation of every block (nn/recompute.hpp); full = checkpoint.
   Recompute recompute{};
+  // With rope_theta > 0: Llama 3.1's RoPE frequency remap (Hugging Face rope_type "llama3",
+  // core/rope.hpp) when rope_scaling.factor > 0; models/hf_checkpoint.hpp reads and writes it.
+  RopeScaling rope_scaling{};
 };
 
 /// The blocks of nn::GPT (its Layers parameter): each a TransformerBlock with the plan's MLP.
@@ -260,6 +263,7 @@ class GptParts {
     BlockConfig bc{c_.dim,     c_.heads,    c_.seq, c_.mlp_ratio,  0.02,    0.02 / std::sqrt(2.0 * double(c_.layers)),
                    c_.context, c_.kv_heads, c_.ffn, c_.rope_theta, c_.bias, c_.norm_eps};
     bc.recompute = c_.recompute;
+    bc.rope_scaling = c_.rope_scaling;
     return Block(c_.checkpoint || c_.recompute.full, layers_.template make_block<typename Block::Inner>(
                                     layer, "h." + std::to_string(layer), mesh_, bc, seed_base() + 10 * std::uint64_t(layer + 1)));
   }

@@ -19,12 +19,14 @@
 //   up_proj [F, C] -> mlp.w13 with alternating rows (2j gate j, 2j+1 up j, nn/swiglu.hpp);
 //   down_proj -> w2; model.norm -> ln_f; lm_head (else embed_tokens: tie_word_embeddings). The
 //   rotary layout needs no permutation: ops::rotary pairs features (i, i + D/2) as HF's
-//   rotate_half does. The user sets what HF's config.json says: rope_theta, norm_eps
-//   (rms_norm_eps / layer_norm_epsilon), kv_heads, ffn; GPT-2's activation is gelu_new, which
-//   ops::gelu is. What the import cannot express is refused, naming it: a config.json next to
-//   the checkpoint with attention_bias or mlp_bias true, or rope scaling (rope_scaling, or
-//   rope_parameters.rope_type other than "default": Llama 3.1/3.2's "llama3"); and any tensor
-//   of the checkpoint no parameter reads (a bias, a layer more than the model's).
+//   rotate_half does. config.json: models::hf_config reads it into a GPTConfig (sizes, eps,
+//   rope_theta, llama3 rope scaling: Llama 3.1/3.2's, core/rope.hpp); the import reads the one
+//   next to the checkpoint and refuses, naming the field and both values, what differs from the
+//   model, and what it cannot express: attention_bias or mlp_bias true, another activation,
+//   rope types other than default and llama3 (linear, dynamic, yarn, ...); and any tensor of the
+//   checkpoint no parameter reads (a bias, a layer more than the model's). GPT-2's activation is
+//   gelu_new, which ops::gelu is. Checksums: a file this library wrote carries one per tensor
+//   (checkpoint/safetensors_format.hpp); the import verifies them, files from elsewhere have none.
 // Import: every rank reads only the byte ranges of its own boxes (checkpoint::parameter_slots:
 // any mesh, any layout). A box's rows are cut into runs whose map rows are consecutive rows of
 // one source; each run is one box of that source ([rows, the box's columns], or for a Conv1D
@@ -36,28 +38,34 @@
 // error naming it, the HF name and both shapes, agreed on by every rank.
 // Export: checkpoint::export_safetensors (collective, every rank writing its boxes) into a file in
 // dtensor's names next to the target, which rank 0 converts to the HF names and layout (the
-// parameters' element type), then removes. scripts/hf_fixtures.py writes HF-layout files with
-// numpy, and the reference logits tests/unit/test_llama.cpp compares with;
+// parameters' element type, each tensor's checksum), then removes; the file and its config.json
+// (GPT-2: n_positions = the rows of the table written) go through .partial names, synced,
+// renamed. scripts/hf_fixtures.py writes HF-layout files with numpy, and the reference logits
+// tests/unit/test_llama.cpp compares with;
 // scripts/hf_transformers_fixtures.py writes checkpoints with transformers' own save_pretrained
 // (and loads dtensor's export with from_pretrained: --check-export).
 #pragma once
 
 #include <charconv>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iterator>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "dtensor/checkpoint/detail/agree.hpp"
 #include "dtensor/checkpoint/safetensors.hpp"
 #include "dtensor/models/gpt.hpp"
+#include "dtensor/models/llama.hpp"
 
 namespace dtensor::models {
 
@@ -247,62 +255,202 @@ void read_piece_box(HfReader& reader, const HfPiece& p, const std::vector<std::s
   }
 }
 
-/// The raw text of `key`'s value in a JSON object's text ("true", "null", "{...}", "\"llama3\""),
-/// or "" when the key is absent. Enough for config.json's flat fields: no escapes in keys.
-inline std::string json_field(const std::string& text, std::string_view key) {
-  const std::string quoted = "\"" + std::string(key) + "\"";
-  std::size_t at = text.find(quoted);
-  while (at != std::string::npos) {
-    std::size_t v = text.find_first_not_of(" \t\r\n", at + quoted.size());
-    if (v != std::string::npos && text[v] == ':') {
-      v = text.find_first_not_of(" \t\r\n", v + 1);
-      if (v == std::string::npos) return {};
-      if (text[v] == '{') {  // the object, braces matched
-        int depth = 0;
-        for (std::size_t e = v; e < text.size(); ++e) {
-          if (text[e] == '{') ++depth;
-          if (text[e] == '}' && --depth == 0) return text.substr(v, e - v + 1);
-        }
-        return text.substr(v);
-      }
-      if (text[v] == '"') return text.substr(v, text.find('"', v + 1) - v + 1);
-      const std::size_t e = text.find_first_of(",}\n", v);
-      std::string value = text.substr(v, e - v);
-      while (!value.empty() && (value.back() == ' ' || value.back() == '\r' || value.back() == '\t')) value.pop_back();
-      return value;
-    }
-    at = text.find(quoted, at + 1);
-  }
-  return {};
-}
+/// What a Hugging Face config.json says: the model configuration it describes (HF's defaults for
+/// the fields it leaves out) and which of its fields were given. Refuses, naming the field, what
+/// this import cannot express: biases in the attention or the MLP (attention_bias, mlp_bias true:
+/// nn::Llama has none), another activation than GPT-2's gelu_new or Llama's silu, and rope types
+/// other than "default" and "llama3" (rope_parameters.rope_type in transformers 5, rope_scaling's
+/// rope_type or type before it: linear, dynamic, yarn, longrope...).
+struct HfConfigFile {
+  nn::GPTConfig config;
+  std::set<std::string> given;  // the config.json keys read (rope: "rope_theta", "rope_scaling")
+};
 
-/// Refuses, naming the field, what a Hugging Face config.json next to the checkpoint asks for
-/// that this import does not implement: biases in the attention or the MLP (attention_bias,
-/// mlp_bias; their tensors would be left unread and the logits off), and rope scaling other
-/// than none (rope_scaling, or transformers 5's rope_parameters.rope_type: every Llama 3.1/3.2
-/// uses "llama3"). The sizes themselves are the model's configuration, checked by the shapes.
-inline void refuse_unsupported_config(const std::filesystem::path& checkpoint_path, const char* op) {
-  const std::filesystem::path config = checkpoint_path.parent_path() / "config.json";
-  std::ifstream in(config);
-  if (!in) return;  // no config.json: the tensors' names and shapes are all there is to check
+inline HfConfigFile read_hf_config(const std::filesystem::path& config_json, HfArch arch, const char* op) {
+  namespace st = checkpoint::safetensors::detail;
+  std::ifstream in(config_json);
+  if (!in) throw Error(op, dtensor::detail::cat("cannot read ", config_json.string()));
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  auto refuse = [&](const std::string& field, const std::string& value, const char* why) {
-    throw Error(op, dtensor::detail::cat(config.string(), ": ", field, " = ", value, ": ", why));
+  const std::string where = config_json.string();
+  const st::Json doc = st::parse_json(text, where);
+  const st::JsonObject* top = doc.object();
+  if (!top) throw Error(op, dtensor::detail::cat(where, ": not a JSON object"));
+  auto field = [](const st::JsonObject& o, std::string_view key) -> const st::Json* {
+    for (const auto& [k, v] : o)
+      if (k == key) return &v;
+    return nullptr;
+  };
+  auto shown = [](const st::Json& v) -> std::string {
+    if (const auto* s = v.string()) return "\"" + *s + "\"";
+    if (const auto* n = v.number()) return dtensor::detail::cat(*n);
+    if (const auto* b = std::get_if<bool>(&v.v)) return *b ? "true" : "false";
+    if (std::holds_alternative<std::nullptr_t>(v.v)) return "null";
+    return v.object() ? "{...}" : "[...]";
+  };
+  auto refuse = [&](const std::string& name, const std::string& value, const std::string& why) {
+    throw Error(op, dtensor::detail::cat(where, ": ", name, " = ", value, ": ", why));
+  };
+  HfConfigFile out;
+  nn::GPTConfig& c = out.config;
+  // A number field of `o` (named `name` in messages); absent or null: nullopt.
+  auto number = [&](const st::JsonObject& o, std::string_view key, const std::string& name) -> std::optional<double> {
+    const st::Json* v = field(o, key);
+    if (!v || std::holds_alternative<std::nullptr_t>(v->v)) return std::nullopt;
+    if (!v->number()) refuse(name, shown(*v), "not a number");
+    return *v->number();
+  };
+  auto whole = [&](std::string_view key, Extent& into) {
+    if (const auto v = number(*top, key, std::string(key))) {
+      if (!(*v >= 1 && *v == std::floor(*v) && *v < 9.0e15)) refuse(std::string(key), shown(*field(*top, key)), "not a positive integer");
+      into = Extent(*v);
+      out.given.insert(std::string(key));
+    }
   };
   for (const char* bias : {"attention_bias", "mlp_bias"})
-    if (json_field(text, bias) == "true") refuse(bias, "true", "biases this import does not implement (nn::Llama has none)");
-  if (const auto scaling = json_field(text, "rope_scaling"); !scaling.empty() && scaling != "null")
-    refuse("rope_scaling", scaling, "rope scaling is not implemented (only rope_theta: unscaled RoPE)");
-  if (const auto params = json_field(text, "rope_parameters"); !params.empty() && params != "null") {
-    const auto type = json_field(params, "rope_type");
-    if (!type.empty() && type != "\"default\"")
-      refuse("rope_parameters.rope_type", type, "rope scaling is not implemented (only rope_theta: unscaled RoPE)");
+    if (const st::Json* v = field(*top, bias); v && std::get_if<bool>(&v->v) && *std::get_if<bool>(&v->v))
+      refuse(bias, "true", "biases this import does not implement (nn::Llama has none)");
+  if (arch == HfArch::gpt2) {
+    // transformers' GPT2Config defaults
+    c.vocab = 50257, c.seq = 1024, c.dim = 768, c.heads = 12, c.layers = 12, c.norm_eps = 1e-5;
+    whole("vocab_size", c.vocab);
+    whole("n_positions", c.seq);
+    whole("n_embd", c.dim);
+    whole("n_head", c.heads);
+    whole("n_layer", c.layers);
+    c.ffn = 4 * c.dim;
+    whole("n_inner", c.ffn);  // null: 4 n_embd
+    if (const auto eps = number(*top, "layer_norm_epsilon", "layer_norm_epsilon")) c.norm_eps = *eps, out.given.insert("layer_norm_epsilon");
+    if (const st::Json* act = field(*top, "activation_function"); act && !(act->string() && *act->string() == "gelu_new"))
+      refuse("activation_function", shown(*act), "GPT-2's import implements gelu_new (ops::gelu) only");
+    return out;
   }
+  // transformers' LlamaConfig defaults
+  c.vocab = 32000, c.seq = 2048, c.dim = 4096, c.heads = 32, c.layers = 32, c.ffn = 11008, c.norm_eps = 1e-6;
+  c.rope_theta = 10000, c.bias = false;
+  whole("vocab_size", c.vocab);
+  whole("max_position_embeddings", c.seq);
+  whole("hidden_size", c.dim);
+  whole("num_attention_heads", c.heads);
+  whole("num_hidden_layers", c.layers);
+  whole("intermediate_size", c.ffn);
+  c.kv_heads = c.heads;
+  whole("num_key_value_heads", c.kv_heads);
+  Extent head_dim = c.dim / c.heads;
+  whole("head_dim", head_dim);
+  if (head_dim != c.dim / c.heads)
+    refuse("head_dim", dtensor::detail::cat(head_dim), dtensor::detail::cat("nn::Llama's heads are hidden_size / num_attention_heads = ",
+                                                                            c.dim / c.heads, " wide"));
+  if (const auto eps = number(*top, "rms_norm_eps", "rms_norm_eps")) c.norm_eps = *eps, out.given.insert("rms_norm_eps");
+  if (const st::Json* act = field(*top, "hidden_act"); act && !(act->string() && *act->string() == "silu"))
+    refuse("hidden_act", shown(*act), "nn::Llama's SwiGLU uses silu");
+  if (const auto theta = number(*top, "rope_theta", "rope_theta")) c.rope_theta = *theta, out.given.insert("rope_theta");
+  // The rope parameters: transformers 5's rope_parameters (theta inside), or rope_scaling before it.
+  // Both given (a config edited by hand, or converted): they must name the same rope type.
+  const st::JsonObject* rope = nullptr;
+  std::string rope_name, type;
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    const st::Json* v = field(*top, key);
+    if (!v || std::holds_alternative<std::nullptr_t>(v->v)) continue;
+    if (!v->object()) refuse(key, shown(*v), "not an object");
+    std::string its = "default";
+    for (const char* k : {"type", "rope_type"})  // rope_type wins, as in transformers
+      if (const st::Json* t = field(*v->object(), k)) {
+        if (!t->string()) refuse(std::string(key) + "." + k, shown(*t), "not a string");
+        its = *t->string();
+      }
+    if (rope && its != type)
+      refuse(key, "{\"rope_type\": \"" + its + "\", ...}",
+             dtensor::detail::cat("rope_parameters says rope_type \"", type, "\": which one holds is ambiguous"));
+    if (!rope) rope = v->object(), rope_name = key, type = its;
+  }
+  if (!rope) return out;
+  if (const auto theta = number(*rope, "rope_theta", rope_name + ".rope_theta")) c.rope_theta = *theta, out.given.insert("rope_theta");
+  if (type == "default") return out;
+  if (type != "llama3")
+    refuse(rope_name + ".rope_type", "\"" + type + "\"",
+           "this rope type is not implemented (implemented: \"default\", \"llama3\"); the logits would differ");
+  out.given.insert("rope_scaling");
+  RopeScaling& s = c.rope_scaling;
+  auto need = [&](const char* key, double& into) {
+    const auto v = number(*rope, key, rope_name + "." + key);
+    if (!v) refuse(rope_name + "." + key, "(absent)", "llama3 rope scaling needs it");
+    into = *v;
+  };
+  need("factor", s.factor);
+  need("low_freq_factor", s.low_freq_factor);
+  need("high_freq_factor", s.high_freq_factor);
+  if (const auto orig = number(*rope, "original_max_position_embeddings", rope_name + ".original_max_position_embeddings"))
+    s.original_max_position = *orig;
+  else if (const auto top_orig = number(*top, "original_max_position_embeddings", "original_max_position_embeddings"))
+    s.original_max_position = *top_orig;
+  else
+    s.original_max_position = double(c.seq);  // transformers' fallback: max_position_embeddings
+  if (!(s.factor > 0) || !s.valid())
+    refuse(rope_name, dtensor::detail::cat("{factor ", s.factor, ", low_freq_factor ", s.low_freq_factor, ", high_freq_factor ",
+                                           s.high_freq_factor, ", original_max_position_embeddings ", s.original_max_position, "}"),
+           "llama3 scaling needs factor > 0, high_freq_factor > low_freq_factor > 0 and original_max_position_embeddings > 0");
+  return out;
+}
+
+/// Checks that a config.json next to the checkpoint describes the model being filled: every size
+/// it gives, eps, rope_theta and the rope scaling (GPT-2: n_positions at least the model's seq,
+/// the import taking the first rows); refuses what read_hf_config refuses. No config.json: the
+/// tensors' names and shapes are all there is to check.
+inline void check_config_json(const std::filesystem::path& checkpoint_path, const nn::GPTConfig& model, HfArch arch,
+                              const char* op) {
+  const std::filesystem::path config = checkpoint_path.parent_path() / "config.json";
+  if (!std::filesystem::exists(config)) return;
+  const HfConfigFile file = read_hf_config(config, arch, op);
+  const nn::GPTConfig& f = file.config;
+  auto differ = [&](const char* key, const std::string& theirs, const char* ours_name, const std::string& ours) {
+    throw Error(op, dtensor::detail::cat(config.string(), ": ", key, " = ", theirs, ", the model's ", ours_name, " is ", ours,
+                                         " (build the model from models::hf_config(", config.string(), "))"));
+  };
+  auto same = [&](const char* key, Extent theirs, const char* ours_name, Extent ours) {
+    if (file.given.count(key) && theirs != ours) differ(key, dtensor::detail::cat(theirs), ours_name, dtensor::detail::cat(ours));
+  };
+  auto close = [](double a, double b) { return std::abs(a - b) <= 1e-9 * std::max(std::abs(a), std::abs(b)); };
+  const Extent kv = model.kv_heads > 0 ? model.kv_heads : model.heads, ffn = model.ffn > 0 ? model.ffn : model.mlp_ratio * model.dim;
+  if (arch == HfArch::gpt2) {
+    same("vocab_size", f.vocab, "vocab", model.vocab);
+    same("n_embd", f.dim, "dim", model.dim);
+    same("n_head", f.heads, "heads", model.heads);
+    same("n_layer", f.layers, "layers", model.layers);
+    same("n_inner", f.ffn, "ffn", ffn);
+    if (file.given.count("n_positions") && f.seq < model.seq)
+      differ("n_positions", dtensor::detail::cat(f.seq), "seq", dtensor::detail::cat(model.seq, " (more positions than the table holds)"));
+    if (file.given.count("layer_norm_epsilon") && !close(f.norm_eps, model.norm_eps))
+      differ("layer_norm_epsilon", dtensor::detail::cat(f.norm_eps), "norm_eps", dtensor::detail::cat(model.norm_eps));
+    return;
+  }
+  same("vocab_size", f.vocab, "vocab", model.vocab);
+  same("hidden_size", f.dim, "dim", model.dim);
+  same("num_attention_heads", f.heads, "heads", model.heads);
+  same("num_hidden_layers", f.layers, "layers", model.layers);
+  same("num_key_value_heads", f.kv_heads, "kv_heads", kv);
+  same("intermediate_size", f.ffn, "ffn", ffn);
+  if (file.given.count("rms_norm_eps") && !close(f.norm_eps, model.norm_eps))
+    differ("rms_norm_eps", dtensor::detail::cat(f.norm_eps), "norm_eps", dtensor::detail::cat(model.norm_eps));
+  const double theta = model.rope_theta > 0 ? model.rope_theta : nn::LlamaLayers::default_rope_theta;
+  if (!close(f.rope_theta, theta)) differ("rope_theta", dtensor::detail::cat(f.rope_theta), "rope_theta", dtensor::detail::cat(theta));
+  const RopeScaling &a = f.rope_scaling, &b = model.rope_scaling;
+  if (a.on() != b.on() || (a.on() && !(close(a.factor, b.factor) && close(a.low_freq_factor, b.low_freq_factor) &&
+                                       close(a.high_freq_factor, b.high_freq_factor) &&
+                                       close(a.original_max_position, b.original_max_position))))
+    differ("rope scaling",
+           a.on() ? dtensor::detail::cat("llama3 {factor ", a.factor, ", low_freq_factor ", a.low_freq_factor, ", high_freq_factor ",
+                                         a.high_freq_factor, ", original_max_position_embeddings ", a.original_max_position, "}")
+                  : std::string("none"),
+           "rope_scaling",
+           b.on() ? dtensor::detail::cat("llama3 {factor ", b.factor, ", low_freq_factor ", b.low_freq_factor, ", high_freq_factor ",
+                                         b.high_freq_factor, ", original_max_position ", b.original_max_position, "}")
+                  : std::string("none"));
 }
 
 /// The config.json transformers' from_pretrained reads for an export of a model of
-/// configuration c: its sizes (GPT-2: n_positions is c.seq, the rows the export holds), eps,
-/// rope_theta, no biases beyond GPT-2's, untied lm_head (the export writes it).
+/// configuration c: its sizes (GPT-2: n_positions is c.seq, the rows of the position table the
+/// export holds, so from_pretrained loads it as written), eps, rope_theta and llama3 scaling, no
+/// biases beyond GPT-2's, untied lm_head (the export writes it).
 inline void write_config_json(const std::filesystem::path& file, const nn::GPTConfig& c, HfArch arch) {
   auto num = [](double v) {
     char b[32];
@@ -313,6 +461,15 @@ inline void write_config_json(const std::filesystem::path& file, const nn::GPTCo
   using dtensor::detail::cat;
   const Extent kv = c.kv_heads > 0 ? c.kv_heads : c.heads;
   const Extent ffn = c.ffn > 0 ? c.ffn : c.mlp_ratio * c.dim;
+  // Llama's rotary parameters as transformers 5 writes them (rope_theta also at the top, as
+  // transformers 4 reads it); nn::Llama's theta 0 means its default.
+  const double theta = c.rope_theta > 0 ? c.rope_theta : nn::LlamaLayers::default_rope_theta;
+  const RopeScaling& s = c.rope_scaling;
+  const std::string rope =
+      s.on() ? cat("{\"rope_type\": \"llama3\", \"rope_theta\": ", num(theta), ", \"factor\": ", num(s.factor),
+                   ", \"low_freq_factor\": ", num(s.low_freq_factor), ", \"high_freq_factor\": ", num(s.high_freq_factor),
+                   ", \"original_max_position_embeddings\": ", Extent(s.original_max_position), "}")
+             : cat("{\"rope_type\": \"default\", \"rope_theta\": ", num(theta), "}");
   const std::string text =
       arch == HfArch::gpt2
           ? cat("{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n  \"vocab_size\": ", c.vocab,
@@ -323,15 +480,25 @@ inline void write_config_json(const std::filesystem::path& file, const nn::GPTCo
                 ",\n  \"hidden_size\": ", c.dim, ",\n  \"intermediate_size\": ", ffn, ",\n  \"num_hidden_layers\": ",
                 c.layers, ",\n  \"num_attention_heads\": ", c.heads, ",\n  \"num_key_value_heads\": ", kv,
                 ",\n  \"head_dim\": ", c.dim / c.heads, ",\n  \"max_position_embeddings\": ", c.seq,
-                ",\n  \"rms_norm_eps\": ", num(c.norm_eps), ",\n  \"rope_theta\": ", num(c.rope_theta),
-                ",\n  \"hidden_act\": \"silu\",\n  \"attention_bias\": false,\n  \"mlp_bias\": false,\n"
+                ",\n  \"rms_norm_eps\": ", num(c.norm_eps), ",\n  \"rope_theta\": ", num(theta), ",\n  \"rope_parameters\": ",
+                rope, ",\n  \"hidden_act\": \"silu\",\n  \"attention_bias\": false,\n  \"mlp_bias\": false,\n"
                 "  \"tie_word_embeddings\": false\n}\n");
-  std::ofstream out(file);
-  out << text;
-  if (!out.flush()) throw Error("models::export_hf_safetensors", cat("cannot write ", file.string()));
+  constexpr const char* op = "models::export_hf_safetensors";
+  checkpoint::safetensors::detail::Fd fd(file, O_WRONLY | O_CREAT | O_TRUNC, op);
+  fd.write_at(text.data(), text.size(), 0, op);
+  fd.sync(op);
 }
 
 }  // namespace detail
+
+/// The model configuration a Hugging Face config.json describes (`path`: the file, or the folder
+/// holding it): sizes, eps, rope_theta and llama3 rope scaling, HF's defaults for fields left
+/// out (Llama's seq is max_position_embeddings, GPT-2's n_positions). Refuses, naming the field,
+/// what the import cannot express (see detail::read_hf_config).
+inline nn::GPTConfig hf_config(const std::filesystem::path& path, HfArch arch) {
+  const auto file = std::filesystem::is_directory(path) ? path / "config.json" : path;
+  return detail::read_hf_config(file, arch, "models::hf_config").config;
+}
 
 /// Fills the model's parameters from a Hugging Face checkpoint (one .safetensors file or an
 /// *.index.json). Collective over the model's mesh only in agreeing on errors.
@@ -341,7 +508,7 @@ void import_hf_safetensors(const std::filesystem::path& path, Model& model, HfAr
   const nn::GPTConfig& cfg = model.config();
   auto slots = checkpoint::parameter_slots(model.units(), model.mesh());
   checkpoint::detail::agree(model.mesh().comm(), op, dtensor::detail::error_of([&] {
-    detail::refuse_unsupported_config(path, op);
+    detail::check_config_json(path, cfg, arch, op);
     detail::HfReader reader(path);
     std::map<std::string, const HfPiece*> piece_of;
     const auto map = hf_name_map(cfg, arch);
@@ -372,6 +539,17 @@ void import_hf_safetensors(const std::filesystem::path& path, Model& model, HfAr
                                                src.prefix_rows ? " (or more rows)" : ""));
       }
       detail::read_piece_box(reader, piece, stored, slot.box, slot.data);
+    }
+    {  // dtensor's checksums (an export of this library; HF's own files have none): each tensor
+       // read whole once in all, by the rank its place falls to
+      std::set<std::string> read;
+      for (const auto& p : map)
+        for (const auto& src : p.sources) read.insert(reader.resolve(src.name, arch));
+      const auto& comm = model.mesh().comm();
+      std::size_t turn = 0;
+      for (const auto& name : read)
+        if (!name.empty() && turn++ % std::size_t(comm.size()) == std::size_t(comm.rank()))
+          checkpoint::safetensors::verify_checksum(reader.file_of(name), name);
     }
     if (model.mesh().comm().rank() == 0) {  // after the missing and misshapen: the same verdict everywhere (agree)
       // A tensor of the checkpoint that no parameter reads (biases the model lacks, more layers)
@@ -433,9 +611,22 @@ void export_hf_safetensors(const std::filesystem::path& path, Model& model, HfAr
     }
     std::vector<checkpoint::safetensors::Named<T>> named;
     for (const auto& [name, values] : hf) named.push_back({name, shapes[name], values.data()});
-    checkpoint::safetensors::write(path, named);
+    // Temporary names, synced, renamed: a failed write leaves nothing loadable (nor a config.json
+    // describing a file that is not there).
+    const std::filesystem::path partial = path.string() + ".partial", config = path.parent_path() / "config.json";
+    try {
+      checkpoint::safetensors::write(partial, named);
+      detail::write_config_json(config.string() + ".partial", model.config(), arch);
+    } catch (...) {
+      std::error_code ec;
+      std::filesystem::remove(partial, ec);
+      std::filesystem::remove(config.string() + ".partial", ec);
+      std::filesystem::remove(staging, ec);
+      throw;
+    }
     std::filesystem::remove(staging);
-    detail::write_config_json(path.parent_path() / "config.json", model.config(), arch);
+    checkpoint::detail::commit_file(partial, path, op);
+    checkpoint::detail::commit_file(config.string() + ".partial", config, op);
   }));
 }
 

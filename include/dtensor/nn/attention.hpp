@@ -50,6 +50,7 @@
 #include <utility>
 #include <vector>
 
+#include "dtensor/core/rope.hpp"
 #include "dtensor/nn/attention_core.hpp"
 #include "dtensor/nn/context_options.hpp"
 #include "dtensor/nn/linear.hpp"
@@ -71,6 +72,7 @@ struct AttentionConfig {
   bool bias = true;       // biases in the qkv and out projections
   bool causal = true;     // a causal mask (decoder); false: every position sees every other (encoder).
                           // Honoured on every mesh: the core is told (the module does not read context.causal)
+  RopeScaling rope_scaling{};  // with rope_theta > 0: Llama 3.1's frequency remap when on (core/rope.hpp)
 };
 
 namespace detail {
@@ -140,10 +142,11 @@ class SelfAttention {
     detail::check(c.dim > 0 && c.heads > 0 && c.seq > 0 && c.dim % c.heads == 0, "nn::CausalSelfAttention", mesh, name_,
                   ": dim ", c.dim, " must be a positive multiple of heads ", c.heads, ", seq ", c.seq, " > 0");
     detail::check(c_.kv_heads > 0 && c.heads % c_.kv_heads == 0 && c.rope_theta >= 0 &&
-                      (c.rope_theta == 0 || (c.dim / c.heads) % 2 == 0),
+                      (c.rope_theta == 0 || (c.dim / c.heads) % 2 == 0) && c.rope_scaling.valid(),
                   "nn::CausalSelfAttention", mesh, name_, ": kv_heads ", c_.kv_heads, " must divide heads ", c.heads,
                   "; rope_theta ", c.rope_theta, " must be >= 0 and, when > 0, the head dimension ", c.dim / c.heads,
-                  " even");
+                  " even; llama3 rope scaling (factor ", c.rope_scaling.factor,
+                  ") off or with high_freq_factor > low_freq_factor > 0 and original_max_position > 0");
     const int tp = tensor_size(mesh);
     detail::check(!heads_split || c_.kv_heads % tp == 0, "nn::CausalSelfAttention", mesh, name_, ": ", c_.kv_heads,
                   " KV heads (", c.heads, " heads) cannot be split evenly over the tensor dimension of size ", tp,
@@ -169,8 +172,8 @@ class SelfAttention {
     if (c_.rope_theta > 0) {
       s.positions = nn::positions<tokens<Mesh>, std::int32_t>(x.mesh(), {batch, len},
                                                              Core::original_order(x.mesh(), len, core_options()));
-      parts[0] = ops::rotary(parts[0], s.positions, c_.rope_theta);
-      parts[1] = ops::rotary(parts[1], s.positions, c_.rope_theta);
+      parts[0] = ops::rotary(parts[0], s.positions, rope());
+      parts[1] = ops::rotary(parts[1], s.positions, rope());
     }
     s.q = ops::transpose<1, 2>(parts[0]);
     s.k = ops::transpose<1, 2>(parts[1]);
@@ -240,8 +243,8 @@ class SelfAttention {
       if (at.empty())
         for (Extent i = 0; i < len; ++i) at.push_back(cache.length + i);
       const auto positions = nn::positions<tokens<Mesh>, std::int32_t>(x.mesh(), {batch, len}, at);
-      parts[0] = ops::rotary(parts[0], positions, c_.rope_theta);
-      parts[1] = ops::rotary(parts[1], positions, c_.rope_theta);
+      parts[0] = ops::rotary(parts[0], positions, rope());
+      parts[1] = ops::rotary(parts[1], positions, rope());
     }
     Heads q = ops::transpose<1, 2>(parts[0]), k = ops::transpose<1, 2>(parts[1]), v = ops::transpose<1, 2>(parts[2]);
     Heads out;
@@ -283,8 +286,8 @@ class SelfAttention {
     parts.push_back(ops::transpose<1, 2>(g.dk));
     parts.push_back(ops::transpose<1, 2>(g.dv));
     if (c_.rope_theta > 0) {
-      parts[0] = ops::rotary_backward(s.positions, parts[0], c_.rope_theta);
-      parts[1] = ops::rotary_backward(s.positions, parts[1], c_.rope_theta);
+      parts[0] = ops::rotary_backward(s.positions, parts[0], rope());
+      parts[1] = ops::rotary_backward(s.positions, parts[1], rope());
     }
     if (group > 1) parts[0] = ops::reshape<typename decltype(parts)::value_type::layout>(
                        std::move(parts[0]), Shape<4>{batch, len, kv, group * head_dim});
@@ -309,6 +312,8 @@ class SelfAttention {
   AttentionCoreOptions core_options() const {
     return {.causal = c_.causal, .kv_repeat = int(c_.heads / c_.kv_heads), .context = c_.context};
   }
+  /// The rotary embedding's parameters (with rope_theta > 0).
+  Rope rope() const { return {c_.rope_theta, c_.rope_scaling}; }
 
  public:
 

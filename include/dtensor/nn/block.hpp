@@ -63,6 +63,7 @@ struct BlockConfig {
   double norm_eps = 1e-5;  // the norms' epsilon
   bool causal = true;      // attention's mask: causal (decoder) or none (an encoder block)
   Recompute recompute{};   // per-module recomputation (full is nn::Checkpointed's, not the block's)
+  RopeScaling rope_scaling{};  // attention's rotary scaling (llama3; off by default)
 };
 
 /// FeedForward: the plan's MLP by default; any module from and to the residual stream's layout
@@ -109,7 +110,7 @@ class TransformerBlock {
   TransformerBlock(std::string name, const Mesh& mesh, BlockConfig c, std::uint64_t seed, Mlp feed_forward)
       : name_(name),
         ln1_(name + ".ln1", mesh, c.dim, c.norm_eps),
-        attn_(name + ".attn", mesh, {c.dim, c.heads, c.seq, c.context, c.kv_heads, c.rope_theta, c.bias, c.causal},
+        attn_(name + ".attn", mesh, {c.dim, c.heads, c.seq, c.context, c.kv_heads, c.rope_theta, c.bias, c.causal, c.rope_scaling},
               seed, c.init_std, c.out_std),
         ln2_(name + ".ln2", mesh, c.dim, c.norm_eps),
         mlp_(std::move(feed_forward)) {
