@@ -21,7 +21,10 @@
 // A model split into pipeline stages, each on its own mesh, moves one stage at a time into a
 // whole model: with DstParameters::keep_unnamed, the destination's parameters that the source does
 // not name are left as they are (another stage's), and the same calls, in the same stage order on
-// every rank, fill all of them (examples/train_gpt.hpp's --serve-mesh with --pp > 1).
+// every rank, fill all of them (examples/train_gpt.hpp's --serve-mesh with --pp > 1). A model
+// over two meshes (MoE: the experts on an (edp, ep, tp) mesh beside the dense weights' mesh) moves
+// in one call per mesh: with OtherMeshes::skip, the parameters on meshes of another number of
+// dimensions than the ranks given are left to the other call.
 #pragma once
 
 #include <functional>
