@@ -22,9 +22,21 @@
 // The tensor is [rows, cols] with cols = min(1024, elements / ranks), so every shard is even.
 // Shard<0> -> Shard<1> must also move each rank's columns into blocks (one packing copy of
 // the local piece; the received blocks land in place), which the raw MPI_Alltoall does not do.
+//
+// And redistribute_to between two meshes (docs/cross-mesh.md): Shard<0> on the first half of the
+// ranks (root ranks 0..n/2-1) to a mesh on the second half (n/2..n-1), against one raw
+// MPI_Isend / MPI_Irecv per link of the plan, of the plan's sizes, on preallocated buffers,
+// then MPI_Waitall (what the plan costs with nothing around it):
+//   cross_mesh/same      Shard<0> -> Shard<0>   one message per destination: its whole piece
+//   cross_mesh/reshard   Shard<0> -> Shard<1>   n/2 per destination, packed and unpacked
+// where the size is the whole tensor's bytes (all of them cross from one mesh to the other):
+//   raw              the plan's messages, raw
+//   redistribute_to  redistribute_to / redistribute_from: the agreement (2 (n - 1) small
+//                    messages), the plan, the packing, a new result each time, the messages
 #include <mpi.h>
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -128,6 +140,58 @@ void run(benchmark::State& st, CollectiveKind kind, Variant v, std::size_t bytes
   dtensor::bench::set_bandwidth(st, bytes, dtensor::bench::bus_factor(kind, n), t);
 }
 
+/// The two halves of the ranks, as meshes (each rank has one of them): made once, collectively.
+struct CrossMeshes {
+  dtensor::MeshRanks<1> src, dst;
+  std::optional<Mesh> src_mesh, dst_mesh;
+};
+CrossMeshes& cross_meshes() {
+  static CrossMeshes c;
+  return c;
+}
+
+/// redistribute_to from Shard<0> on the first half of the ranks to DstL on the second half, or
+/// the raw MPI messages of its plan. `bytes`: the whole tensor's.
+template <class DstL>
+void run_cross(benchmark::State& st, bool raw, std::size_t bytes) {
+  const CrossMeshes& c = cross_meshes();
+  const int half = int(c.src.root_ranks.size());
+  const auto global = global_shape(bytes / sizeof(float), half);
+  dtensor::bench::Timer t;
+  if (raw) {
+    int me = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    const auto plan = dtensor::plan_cross_mesh(S0::desc, c.src, DstL::desc, c.dst, global, sizeof(float));
+    std::vector<std::pair<int, std::vector<float>>> sends, recvs;
+    for (const auto& m : plan.moves) {
+      if (m.src == me) sends.push_back({m.dst, std::vector<float>(m.bytes / sizeof(float), 1.0f)});
+      if (m.dst == me) recvs.push_back({m.src, std::vector<float>(m.bytes / sizeof(float))});
+    }
+    std::vector<MPI_Request> reqs(sends.size() + recvs.size());
+    t = dtensor::bench::mpi_time(st, MPI_COMM_WORLD, [&] {
+      std::size_t i = 0;
+      for (auto& r : recvs)
+        MPI_Irecv(r.second.data(), int(r.second.size()), MPI_FLOAT, r.first, 0, MPI_COMM_WORLD, &reqs[i++]);
+      for (auto& s : sends)
+        MPI_Isend(s.second.data(), int(s.second.size()), MPI_FLOAT, s.first, 0, MPI_COMM_WORLD, &reqs[i++]);
+      MPI_Waitall(int(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE);
+    });
+  } else if (c.src_mesh) {
+    const Mesh& m = *c.src_mesh;
+    const auto box = dtensor::local_box(S0::desc, m.shape(), m.coordinate(), global);
+    const auto x = dtensor::from_local<S0>(m, dtensor::arange<float>(box.extent), global);
+    t = dtensor::bench::mpi_time(st, MPI_COMM_WORLD, [&] { dtensor::redistribute_to<DstL>(x, c.dst); });
+  } else if (c.dst_mesh) {
+    t = dtensor::bench::mpi_time(st, MPI_COMM_WORLD, [&] {
+      auto y = dtensor::redistribute_from<S0, DstL, float>(c.src, *c.dst_mesh, global);
+      benchmark::DoNotOptimize(y.to_local().data());
+    });
+  } else {  // the last of an odd number of ranks: in neither mesh, it only keeps time
+    t = dtensor::bench::mpi_time(st, MPI_COMM_WORLD, [] {});
+  }
+  dtensor::bench::set_bandwidth(st, bytes, 1.0, t);
+}
+
 const char* transition(CollectiveKind k) {
   switch (k) {
     case CollectiveKind::all_gather: return "S0_to_R";
@@ -145,6 +209,16 @@ int main(int argc, char** argv) {
   {
     auto world = dtensor::mpi::world();
     mesh() = Mesh(world, {world->size()});
+    const int n = world->size(), half = n / 2;
+    if (n >= 2) {
+      auto& c = cross_meshes();
+      for (int r = 0; r < half; ++r) c.src.root_ranks.push_back(r);
+      for (int r = half; r < 2 * half; ++r) c.dst.root_ranks.push_back(r);
+      c.src.shape = {half};
+      c.dst.shape = {half};
+      c.src_mesh = dtensor::mesh_on_ranks<Mesh>(world, c.src.shape, c.src.root_ranks);
+      c.dst_mesh = dtensor::mesh_on_ranks<Mesh>(world, c.dst.shape, c.dst.root_ranks);
+    }
   }
   // Sizes outer, variants inner: the variants of one size run back to back, under the same
   // conditions on a shared machine.
@@ -159,7 +233,23 @@ int main(int argc, char** argv) {
             ->Unit(benchmark::kMicrosecond)
             ->Iterations(dtensor::bench::iterations_for(bytes));
       }
+  if (!cross_meshes().src.root_ranks.empty()) {
+    const std::string ranks = std::to_string(cross_meshes().src.root_ranks.size()) + "+" +
+                              std::to_string(cross_meshes().dst.root_ranks.size());
+    for (bool reshard : {false, true})
+      for (std::size_t bytes : dtensor::bench::sizes())
+        for (bool raw : {true, false}) {
+          const std::string name = std::string("cross_mesh/") + (reshard ? "reshard" : "same") + "/" +
+                                   (raw ? "raw" : "redistribute_to") + "/ranks:" + ranks + "/" +
+                                   dtensor::bench::size_name(bytes);
+          benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& st) {
+            if (reshard) run_cross<S1>(st, raw, bytes);
+            else run_cross<S0>(st, raw, bytes);
+          })->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(dtensor::bench::iterations_for(bytes));
+        }
+  }
   const int rc = dtensor::bench::mpi_main(argc, argv);
   mesh() = Mesh();  // its communicators go before MPI_Finalize
+  cross_meshes() = CrossMeshes();
   return rc;
 }

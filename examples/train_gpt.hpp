@@ -250,7 +250,7 @@ inline const char* const usage =
     "        generate program: the same, the model's shape read from the checkpoint; generate --help). CPU.\n"
     "        --serve-mesh tp=N: the same text again on a serving mesh (tp N over ranks 0..N-1), the trained weights\n"
     "        moved there in memory with the fewest bytes (docs/cross-mesh.md); its tokens must equal the training\n"
-    "        mesh's. Not with --pp > 1 or --experts.\n"
+    "        mesh's; from every pipeline stage, MoE experts included.\n"
     "  --offload optimizer (docs/offload.md): AdamW's moments in a file per rank under --offload-dir (an existing,\n"
     "        writable local directory with room for them), staged through --offload-buffer-kib KiB of host memory\n"
     "        (default 65536); the same update bit for bit. Host memory only; checkpoints save the moments.\n"
@@ -306,8 +306,6 @@ inline void check_interop(const Options& o) {
   if (o.generate > 0 && o.kfold > 0) throw UsageError("--generate with --kfold: k models, no one to generate from");
   if (o.serve_tp > 0) {
     if (o.generate == 0) throw UsageError("--serve-mesh needs --generate N");
-    if (o.pp > 1 || o.experts > 0)
-      throw UsageError("--serve-mesh with --pp > 1 or --experts: not supported yet (the trained model must be on one mesh)");
     if (o.serve_tp > o.pp * o.dp * o.fsdp * o.cp * o.tp)
       throw UsageError("--serve-mesh tp=" + std::to_string(o.serve_tp) + ": more ranks than the training mesh's " +
                        std::to_string(o.pp * o.dp * o.fsdp * o.cp * o.tp));
@@ -709,43 +707,96 @@ void export_weights(const Options& o, Pipeline& model, bool root) {
   if (root) std::printf("weights exported to %s\n", o.export_path.c_str());
 }
 
-/// --serve-mesh tp=N: the trained model (one stage, FSDP shards gathered) moved in memory to a
-/// serving model of the same type on ranks 0..N-1 as (pp 1, dp 1, fsdp 1, cp 1, tp N) with
-/// nn::redistribute_parameters (the fewest bytes, docs/cross-mesh.md), which generates from the
-/// same prompt with the same options; its tokens must equal `trained` (the training mesh's). The
-/// other ranks only send, with a twin of the serving model over the sim backend (names, extents,
-/// layouts). The training model is not changed.
+/// --serve-mesh tp=N: the trained model (its pipeline stages, FSDP shards gathered; MoE: and its
+/// experts) moved in memory to a serving model of the same type on ranks 0..N-1 as (pp 1, dp 1,
+/// fsdp 1, cp 1, tp N) (MoE: its experts on (edp 1, ep 1, tp N)) with nn::redistribute_parameters
+/// (the fewest bytes, docs/cross-mesh.md), one pipeline stage at a time (each on its own mesh: the
+/// ranks of its "pp" coordinate) and one mesh at a time (the dense weights', then the experts'),
+/// which generates from the same prompt with the same options; its tokens must equal `trained`
+/// (the training mesh's). A rank takes part in the moves of each stage it holds and, if it serves,
+/// in every stage's; for a side it is not on it passes a twin over the sim backend (names,
+/// extents, layouts). The training model is not changed.
 template <class Stage, class Mesh>
-void serve_text(const Options& o, std::vector<Stage>& stages, const Mesh& mesh, const std::vector<std::int32_t>& prompt,
-                const std::vector<std::int32_t>& trained) {
+void serve_text(const Options& o, std::vector<Stage>& stages, const Mesh& mesh, const pp::StageLayout& layout,
+                const std::vector<std::int32_t>& prompt, const std::vector<std::int32_t>& trained) {
   using Parts = std::remove_cvref_t<decltype(stages.front().model())>;
+  using Layers = std::remove_cvref_t<decltype(stages.front().model().layers())>;
+  constexpr bool moe = requires { typename Layers::ExpertMesh; };
   const int n = o.serve_tp;
   const std::array<int, 5> shape{1, 1, 1, 1, n};
   std::vector<int> ranks(static_cast<std::size_t>(n));
   for (int r = 0; r < n; ++r) ranks[std::size_t(r)] = r;
   const MeshRanks<4> serve_ranks{{1, 1, 1, n}, ranks};
-  const auto train_ranks = stages.front().mesh().ranks();
   const auto& parts = stages.front().model();
+  // The Layers policy on a stage mesh (MoE: the experts on an expert mesh of `ep` ranks made from it).
+  auto layers_on = [&](const auto& stage_mesh, int ep) {
+    if constexpr (moe) return Layers(parallel::make_expert_mesh<typename Layers::ExpertMesh>(stage_mesh, ep), parts.layers().config());
+    else return parts.layers();
+  };
   const auto one = pp::StageLayout::looped(1);
   const auto serve_mesh = mesh_on_ranks<Mesh>(mesh.root_ptr(), shape, ranks);  // collective over every rank
-  if (!serve_mesh) {
-    Mesh twin_mesh(sim::world(0, n), shape);
-    auto twin = pp::split(Parts(pp::stage_mesh_of(twin_mesh), parts.config(), parts.layers()), one, 0);
-    nn::redistribute_parameters(stages.front(), train_ranks, twin.front(), serve_ranks);
-    return;
-  }
-  auto served = pp::split(Parts(pp::stage_mesh_of(*serve_mesh), parts.config(), parts.layers()), one, 0);
+  // The serving model, or on a rank that only sends, its twin.
+  const Mesh serve_twin_mesh(sim::world(0, n), shape);
+  const auto serve_stage = pp::stage_mesh_of(serve_mesh ? *serve_mesh : serve_twin_mesh);
+  // From another seed: a parameter that no move filled would hold other values, and other tokens follow.
+  auto serve_config = parts.config();
+  serve_config.seed += 1;
+  auto served = pp::split(Parts(serve_stage, serve_config, layers_on(serve_stage, 1)), one, 0);
+  // Twins of the training mesh's stages, built only for a stage this rank does not hold.
+  const Mesh train_twin_mesh(sim::world(0, mesh.comm().size()), mesh.shape());
+  const auto train_twin_stage = pp::stage_mesh_of(train_twin_mesh);
+  const auto twin_layers = layers_on(train_twin_stage, o.ep);
+  const int my_pp = mesh.coordinate()[0];
   const auto start = std::chrono::steady_clock::now();
-  const auto moved = nn::redistribute_parameters(stages.front(), train_ranks, served.front(), serve_ranks);
+  nn::ModelMoveTotals moved;
+  auto add = [&](const nn::ModelMoveTotals& m) {
+    moved.parameters += m.parameters;
+    moved.links += m.links;
+    moved.bytes += m.bytes;
+    moved.minimum_bytes += m.minimum_bytes;
+    moved.local_bytes += m.local_bytes;
+  };
+  const auto keep = nn::DstParameters::keep_unnamed;
+  const auto skip = moe ? nn::OtherMeshes::skip : nn::OtherMeshes::error;
+  for (int s = 0; s < layout.stages(); ++s) {  // the same order on every rank
+    const int p = layout.rank_of(s);
+    if (p != my_pp && !serve_mesh) continue;  // in neither mesh of this stage's moves
+    const auto stage_ranks = mesh.template slice<"pp">(p);
+    std::optional<std::vector<Stage>> twin;
+    Stage* src = nullptr;
+    for (auto& st : stages)
+      if (st.index() == s) src = &st;
+    if (!src) {
+      twin = pp::split(Parts(train_twin_stage, parts.config(), twin_layers), layout, p);
+      for (auto& st : *twin)
+        if (st.index() == s) src = &st;
+    }
+    add(nn::redistribute_parameters(*src, stage_ranks, served.front(), serve_ranks, 2 * s, keep, skip));
+    if constexpr (moe) {  // the experts: their mesh has the stage's ranks in the same order (make_expert_mesh)
+      using EMesh = typename Layers::ExpertMesh;
+      std::size_t experts = 0;  // a stage of dense blocks only (--moe-every) has none: no move (alike on every rank)
+      nn::for_each_parameter_on<EMesh>(*src, [&](auto& q) { experts += q.defined() ? 1 : 0; });
+      if (experts == 0) continue;
+      const MeshRanks<EMesh::ndim> expert_ranks{parts.layers().expert_mesh().shape(), stage_ranks.root_ranks};
+      const MeshRanks<EMesh::ndim> serve_expert_ranks{served.front().model().layers().expert_mesh().shape(), ranks};
+      add(nn::redistribute_parameters(*src, expert_ranks, served.front(), serve_expert_ranks, 2 * s + 1, keep, skip));
+    }
+  }
+  if (!serve_mesh) return;
   const double move_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::size_t count = 0;
+  nn::for_each_parameter(served.front(), [&](auto& q) { count += q.defined() ? 1 : 0; });
+  if (moved.parameters != count)  // the stages' names must cover the whole model's
+    throw std::runtime_error(dtensor::detail::cat("--serve-mesh: the ", layout.stages(), " stages moved ", moved.parameters,
+                                                  " parameters, the serving model has ", count));
   const auto ids = models::generate(served, one, *serve_mesh, prompt,
                                     {.new_tokens = o.generate, .temperature = o.temperature, .top_k = o.top_k,
                                      .top_p = o.top_p, .seed = o.sample_seed()});
   if (serve_mesh->comm().rank() != 0) return;
-  std::printf("served on tp=%d (ranks 0..%d), weights moved in memory: %zu parameters, %zu B over %zu links (minimum %zu B, "
-              "%zu B copied locally) in %.3f s; tokens %s the training mesh's\n",
-              n, n - 1, moved.parameters, moved.bytes, moved.links, moved.minimum_bytes, moved.local_bytes, move_s,
-              ids == trained ? "equal to" : "DIFFERENT from");
+  std::printf("served on tp=%d (ranks 0..%d), weights moved in memory from %d pipeline stage(s)%s: %zu parameters, %zu B "
+              "over %zu links (minimum %zu B, %zu B copied locally) in %.3f s; tokens %s the training mesh's\n",
+              n, n - 1, layout.stages(), moe ? " and their experts" : "", moved.parameters, moved.bytes, moved.links,
+              moved.minimum_bytes, moved.local_bytes, move_s, ids == trained ? "equal to" : "DIFFERENT from");
   if (ids != trained) throw std::runtime_error("--serve-mesh: the serving mesh generated other tokens than the training mesh");
 }
 
@@ -778,7 +829,7 @@ void generate_text(const Options& o, const Corpus& corpus, Pipeline& model, cons
                                     {.new_tokens = o.generate, .temperature = o.temperature, .top_k = o.top_k,
                                      .top_p = o.top_p, .seed = o.sample_seed()});
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (o.serve_tp > 0) serve_text(o, stages, mesh, prompt, ids);
+  if (o.serve_tp > 0) serve_text(o, stages, mesh, schedule.layout, prompt, ids);
   for (std::size_t i = 0; i < stages.size(); ++i) model.fsdp(i).reshard();
   if (mesh.comm().rank() != 0) return;
   std::string text;

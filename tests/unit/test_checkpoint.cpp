@@ -1097,6 +1097,68 @@ TEST_CASE("redistribute_parameters: a GPT trained on dp 2 x tp 2 moves in memory
   CHECK(f.empty());
 }
 
+TEST_CASE("redistribute_parameters: with keep_unnamed a smaller model fills the parameters it names and leaves the "
+          "others; a rank in neither mesh fails at once, alone",
+          "[checkpoint][cross_mesh][errors]") {
+  // Rank 0 holds the source (1 block), rank 1 the destination (2 blocks, other values): a pipeline stage into a whole
+  // model. Rank 2 holds a model on a mesh of its own and names ranks {0} and {1}: it is in neither mesh, and no rank
+  // expects it.
+  const MeshRanks<2> src{{1, 1}, {0}}, dst{{1, 1}, {1}};
+  auto fewer = config();
+  fewer.layers = 1;
+  auto other = config();
+  other.seed = 9;
+  auto f = on_ranks(3, [&](CommPtr world, auto report) {
+    const auto sm = mesh_on_ranks<Mesh2>(world, src.shape, src.root_ranks);
+    const auto dm = mesh_on_ranks<Mesh2>(world, dst.shape, dst.root_ranks);
+    const auto own = mesh_on_ranks<Mesh2>(world, {1, 1}, {2});
+    const Mesh2 twin_mesh(sim::world(0, 1), {1, 1});
+    const auto keep = nn::DstParameters::keep_unnamed;
+    try {
+      if (own) {
+        TpModel model(*own, fewer), twin(twin_mesh, other);
+        try {
+          (void)nn::redistribute_parameters(model, src, twin, dst, 0, keep);
+          report("rank 2: no error");
+        } catch (const Error& e) {
+          if (std::string(e.what()).find("root rank 2 is in neither mesh") == std::string::npos) report(e.what());
+        }
+        return;
+      }
+      if (sm) {
+        TpModel model(*sm, fewer), twin(twin_mesh, other);
+        (void)nn::redistribute_parameters(model, src, twin, dst, 0, keep);
+        return;
+      }
+      TpModel model(*dm, other), source(twin_mesh, fewer);  // the twin is the oracle too: one rank, the same seed
+      std::map<std::string, std::vector<double>> before, from;
+      auto values = [](auto& p) { return std::vector<double>(p.value().to_local().span().begin(), p.value().to_local().span().end()); };
+      nn::for_each_parameter(model, [&](auto& p) {
+        if (p.defined()) before[p.name()] = values(p);
+      });
+      nn::for_each_parameter(source, [&](auto& p) {
+        if (p.defined()) from[p.name()] = values(p);
+      });
+      const auto totals = nn::redistribute_parameters(source, src, model, dst, 0, keep);
+      if (totals.parameters != from.size() || from.size() >= before.size())
+        report(detail::cat(totals.parameters, " parameters moved of ", from.size(), " (destination ", before.size(), ")"));
+      std::size_t kept = 0;
+      nn::for_each_parameter(model, [&](auto& p) {
+        if (!p.defined()) return;
+        const auto found = from.find(p.name());
+        const auto& want = found != from.end() ? found->second : before.at(p.name());
+        kept += found == from.end() ? 1 : 0;
+        if (values(p) != want) report(p.name() + (found != from.end() ? ": not the source's" : ": changed"));
+      });
+      if (kept == 0) report("no parameter of the destination was left out");
+    } catch (const std::exception& e) {
+      report(e.what());
+    }
+  });
+  INFO(summary(f));
+  CHECK(f.empty());
+}
+
 TEST_CASE("redistribute_parameters: models that do not pair up are an error on every rank before any data moves",
           "[checkpoint][cross_mesh][errors]") {
   // Rank 0 holds the source (2 blocks), rank 1 the destination (1 block); each a twin of the other side.

@@ -3,6 +3,8 @@
 // send_to/recv_from; any shapes: redistribute_to).
 #include <catch2/catch.hpp>
 
+#include <chrono>
+
 #include "dtensor/dtensor.hpp"
 #include "support/commlog_cases.hpp"
 #include "support/cross_mesh_cases.hpp"
@@ -181,6 +183,50 @@ TEST_CASE("redistribute_to: disagreeing ranks all fail before any data moves, no
     INFO(summary(f));
     CHECK(f.empty());
   }
+}
+
+TEST_CASE("redistribute_to: meshes on different root communicators seen by ranks of one mesh only fail at the timeout, "
+          "saying why", "[transfer][cross_mesh]") {
+  using namespace cross;
+  // Source: S(0) over root ranks {0, 1} of the world; destination: R over {1, 2} of a copy of the world. Rank 1, in
+  // both, sees two roots and reports it. Ranks 0 (source only, the leader) and 2 (destination only) cannot: 2 sends
+  // its summary to rank 0 of the copy, where rank 0 does not listen, so the leader's receive from 2 on the world
+  // ends at the timeout. Every rank involved must fail, naming the possible cause, long before the default timeout.
+  const MeshRanks<1> src{{2}, {0, 1}}, dst{{2}, {1, 2}};
+  const auto began = std::chrono::steady_clock::now();
+  auto f = on_ranks(4, [&](CommPtr world, auto report) {
+    world->set_timeout(std::chrono::milliseconds(200));
+    const CommPtr other = world->split(0, world->rank());
+    other->set_timeout(std::chrono::milliseconds(200));
+    const auto sm = mesh_on_ranks<M1>(world, src.shape, src.root_ranks);
+    const auto dm = mesh_on_ranks<M1>(other, dst.shape, dst.root_ranks);
+    const auto full = arange<float>(Shape<2>{6, 2});
+    try {
+      if (sm) {
+        DTensor<float, 2, M1, Layout<Shard<0>>> x(*sm, full.shape(),
+                                                  oracle_piece(full, Layout<Shard<0>>::desc, sm->shape(), sm->coordinate()));
+        if (dm) (void)redistribute_to<Layout<Replicate>>(x, *dm);
+        else redistribute_to<Layout<Replicate>>(x, dst);
+      } else if (dm) {
+        (void)redistribute_from<Layout<Shard<0>>, Layout<Replicate>, float>(src, *dm, full.shape());
+      } else {
+        return;  // in neither mesh
+      }
+      report("no error");
+    } catch (const Error& e) {
+      // Which wait ends first is a race (2's send to 0 on the copy, or 0's receive from 2 on the world: on the
+      // threads backend the first rank to fail releases the others at once). Whichever it is, every rank names the
+      // possible cause; the leader names the silent rank, rank 2 its leader.
+      const std::string m = e.what();
+      const char* want[] = {"rank 2", "root communicators", "the leader, root rank 0, did not answer"};
+      if (m.find("nothing was sent") == std::string::npos || m.find("different root communicators") == std::string::npos ||
+          m.find(want[world->rank()]) == std::string::npos)
+        report(m);
+    }
+  });
+  INFO(summary(f));
+  CHECK(f.empty());
+  CHECK(std::chrono::steady_clock::now() - began < std::chrono::seconds(5));
 }
 
 TEST_CASE("plan_of prints a plan", "[plan]") {

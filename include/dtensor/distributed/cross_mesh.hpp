@@ -86,8 +86,22 @@ std::span<std::uint8_t> bytes_of(V& v) {
   return {reinterpret_cast<std::uint8_t*>(&v), sizeof v};
 }
 
+/// Why an agreement can only time out: what a rank of one mesh cannot see.
+inline std::string cross_mesh_silence(int tag) {
+  return cat("every rank of either mesh must call in with tag ", tag,
+             "; a rank missing, or the two meshes on different root communicators, look alike here: this rank's "
+             "messages travel on its own mesh's root communicator, and a rank in one mesh only has no handle on the "
+             "other's, so only the backend's timeout (Communicator::set_timeout, DTENSOR_TIMEOUT_MS) ends the wait");
+}
+
 /// Throws the same Error on every rank of `ranks` (ascending root ranks) unless all hold the
 /// same summary and none failed. 2 (n - 1) point-to-point messages on `root`.
+///
+/// A rank that never sends its summary (it did not call in, or its mesh is on another root
+/// communicator) cannot be told from a slow one: the leader's receive from it ends at the
+/// backend's timeout, after which the leader still answers every rank that did report (they fail
+/// at once, naming the silent rank) and throws itself; a rank whose leader never answers fails at
+/// its own timeout. Each of these errors says what may be wrong (cross_mesh_silence).
 inline void agree_on_cross_mesh_plan(Communicator& root, const std::vector<int>& ranks, const CrossMeshSummary& mine,
                                      int tag) {
   CrossMeshVerdict v;
@@ -96,22 +110,80 @@ inline void agree_on_cross_mesh_plan(Communicator& root, const std::vector<int>&
     if (root.rank() == leader) {
       std::vector<CrossMeshSummary> all(ranks.size());
       all[0] = mine;
-      for (std::size_t i = 1; i < ranks.size(); ++i) root.recv(bytes_of(all[i]), ranks[i], tag);
-      const auto failed = std::find_if(all.begin(), all.end(), [](const CrossMeshSummary& s) { return s.failed != 0; });
-      const auto differs = std::find_if(all.begin(), all.end(),
-                                        [&](const CrossMeshSummary& s) { return s.fingerprint != all[0].fingerprint; });
-      if (failed != all.end()) {  // a failed check says more than a difference
+      std::vector<char> heard(ranks.size(), 1);
+      std::string silence;  // the first rank that sent nothing, and what the backend said
+      auto not_heard = [&](std::size_t i, const std::exception& e) {
+        heard[i] = 0;
+        all[i] = CrossMeshSummary::make(0, ranks[i], true, "sent the leader no summary");
+        if (silence.empty()) silence = cat("root rank ", ranks[i], " sent no summary: ", e.what());
+      };
+      std::vector<Work> works(ranks.size());
+      for (std::size_t i = 1; i < ranks.size(); ++i) {
+        try {  // a backend may refuse at once (the threads backend, once a rank has failed)
+          works[i] = root.recv_async(bytes_of(all[i]), ranks[i], tag);
+        } catch (const std::exception& e) {
+          not_heard(i, e);
+        }
+      }
+      for (std::size_t i = 1; i < ranks.size(); ++i) {
+        try {
+          works[i].wait();
+        } catch (const std::exception& e) {
+          not_heard(i, e);
+        }
+      }
+      // A failed check says more than a difference, and a rank's own failure more than a silence.
+      std::size_t failed = all.size(), quiet = all.size();
+      for (std::size_t i = 0; i < all.size(); ++i) {
+        if (!heard[i] && quiet == all.size()) quiet = i;
+        if (heard[i] && all[i].failed != 0 && failed == all.size()) failed = i;
+      }
+      const auto differs = std::find_if(all.begin(), all.end(), [&](const CrossMeshSummary& s) {
+        return s.failed == 0 && s.fingerprint != all[0].fingerprint;
+      });
+      if (failed < all.size()) {
         v.ok = 0;
-        v.first = *failed;
+        v.first = all[failed];
+        if (quiet < all.size()) v.other = all[quiet];
+      } else if (quiet < all.size()) {
+        v.ok = 0;
+        v.first = all[quiet];
       } else if (differs != all.end()) {
         v.ok = 0;
         v.first = all[0];
         v.other = *differs;
       }
-      for (std::size_t i = 1; i < ranks.size(); ++i) root.send(bytes_of(std::as_const(v)), ranks[i], tag);
+      std::exception_ptr lost;  // an answer that did not arrive: that rank fails on its own
+      std::vector<Work> answers;
+      for (std::size_t i = 1; i < ranks.size(); ++i) {
+        try {
+          if (heard[i]) answers.push_back(root.send_async(bytes_of(std::as_const(v)), ranks[i], tag));
+        } catch (...) {
+          if (!lost) lost = std::current_exception();
+        }
+      }
+      for (auto& a : answers) {
+        try {
+          a.wait();
+        } catch (...) {
+          if (!lost) lost = std::current_exception();
+        }
+      }
+      if (!silence.empty())
+        throw Error("redistribute_to", cat("no agreement on the move (nothing was sent): this rank leads it and ", silence, "\n  ",
+                                           cross_mesh_silence(tag), "\n  ", v.first.describe()),
+                    root.rank());
+      if (lost && v.ok) std::rethrow_exception(lost);
     } else {
-      root.send(bytes_of(mine), leader, tag);
-      root.recv(bytes_of(v), leader, tag);
+      try {
+        root.send(bytes_of(mine), leader, tag);
+        root.recv(bytes_of(v), leader, tag);
+      } catch (const std::exception& e) {
+        throw Error("redistribute_to", cat("no agreement on the move (nothing was sent): the leader, root rank ", leader,
+                                           ", did not answer: ", e.what(), "\n  ", cross_mesh_silence(tag), "\n  ",
+                                           mine.describe()),
+                    root.rank());
+      }
     }
   } else if (mine.failed) {
     v.ok = 0;

@@ -17,6 +17,14 @@
 // extents and layouts and is neither read nor written. `src_ranks` / `dst_ranks` are the root ranks of the two meshes (mesh.ranks() where the
 // rank has the mesh); every parameter of a side lives on that one mesh. The communicator is the
 // real model's mesh's root. Parameters taken over by fully_shard are not current: unshard first.
+//
+// A model split into pipeline stages, each on its own mesh, moves one stage at a time into a
+// whole model: with DstParameters::keep_unnamed, the destination's parameters that the source does
+// not name are left as they are (another stage's), and the same calls, in the same stage order on
+// every rank, fill all of them (examples/train_gpt.hpp's --serve-mesh with --pp > 1). A model
+// over two meshes (MoE: the experts on an (edp, ep, tp) mesh beside the dense weights' mesh) moves
+// in one call per mesh: with OtherMeshes::skip, the parameters on meshes of another number of
+// dimensions than the ranks given are left to the other call.
 #pragma once
 
 #include <functional>
@@ -55,20 +63,35 @@ struct ModelMoveTotals {
   std::size_t parameters = 0, links = 0, bytes = 0, minimum_bytes = 0, local_bytes = 0;
 };
 
+/// Whether every parameter of the destination must be named by the source (`all`: a whole model to
+/// a whole model), or those it does not name are left as they are (`keep_unnamed`: one pipeline
+/// stage into a whole model).
+enum class DstParameters { all, keep_unnamed };
+
+/// Whether a parameter on a mesh of another number of dimensions than the ranks given is an error
+/// (`error`) or left to another call (`skip`: MoE experts on their own mesh).
+enum class OtherMeshes { error, skip };
+
 /// Copies every parameter of `src` (on the mesh of root ranks `src_ranks`) into the parameter of
 /// the same name of `dst` (on `dst_ranks`), each in dst's layout. See the top of this file.
 template <class SrcModel, class DstModel, std::size_t NS, std::size_t ND>
 ModelMoveTotals redistribute_parameters(SrcModel& src, const MeshRanks<NS>& src_ranks, DstModel& dst,
-                                        const MeshRanks<ND>& dst_ranks, int tag = 0) {
+                                        const MeshRanks<ND>& dst_ranks, int tag = 0,
+                                        DstParameters which = DstParameters::all,
+                                        OtherMeshes others = OtherMeshes::error) {
+  // Whether a parameter is one this call moves (with `skip`, those on meshes of the ranks' dimensions).
+  auto taken = [others](const auto& p, std::size_t n) {
+    return others == OtherMeshes::error || std::remove_cvref_t<decltype(p)>::mesh_ndim == n;
+  };
   // Which sides this rank is on: the model that is not a twin, and its root communicator.
   Communicator* root = nullptr;
   Communicator* dst_root = nullptr;
   bool in_src = false, in_dst = false;
   for_each_parameter(src, [&](auto& p) {
-    if (p.defined() && !in_src && !detail::is_twin(p)) root = &p.mesh().root(), in_src = true;
+    if (p.defined() && taken(p, NS) && !in_src && !detail::is_twin(p)) root = &p.mesh().root(), in_src = true;
   });
   for_each_parameter(dst, [&](auto& q) {
-    if (q.defined() && !in_dst && !detail::is_twin(q)) dst_root = &q.mesh().root(), in_dst = true;
+    if (q.defined() && taken(q, ND) && !in_dst && !detail::is_twin(q)) dst_root = &q.mesh().root(), in_dst = true;
   });
   if (!root) root = dst_root;
   if (!root)
@@ -93,12 +116,12 @@ ModelMoveTotals redistribute_parameters(SrcModel& src, const MeshRanks<NS>& src_
   std::string first_what;
   std::vector<std::function<std::unique_ptr<detail::PendingMove>()>> starts;
   std::size_t dst_count = 0;
-  for_each_parameter(dst, [&](auto& q) { dst_count += q.defined() ? 1 : 0; });
+  for_each_parameter(dst, [&](auto& q) { dst_count += q.defined() && taken(q, ND) ? 1 : 0; });
   for_each_parameter(src, [&](auto& p) {
-    if (!p.defined() || !error.empty()) return;
+    if (!p.defined() || !taken(p, NS) || !error.empty()) return;
     bool found = false;
     for_each_parameter(dst, [&](auto& q) {
-      if (!q.defined() || found || q.name() != p.name() || !error.empty()) return;
+      if (!q.defined() || !taken(q, ND) || found || q.name() != p.name() || !error.empty()) return;
       found = true;
       using P = std::remove_cvref_t<decltype(p)>;
       using Q = std::remove_cvref_t<decltype(q)>;
@@ -151,9 +174,10 @@ ModelMoveTotals redistribute_parameters(SrcModel& src, const MeshRanks<NS>& src_
     });
     if (!found && error.empty()) error = p.name() + ": no parameter of that name in the destination model";
   });
-  if (error.empty() && totals.parameters != dst_count)
+  if (error.empty() && which == DstParameters::all && totals.parameters != dst_count)
     error = dtensor::detail::cat("the destination model has ", dst_count, " parameters, the source ", totals.parameters);
   fingerprint = dtensor::detail::fnv(fingerprint, std::int64_t(totals.parameters));
+  fingerprint = dtensor::detail::fnv(fingerprint, std::int64_t(which) | std::int64_t(others) << 1);
   const std::string what = error.empty() ? dtensor::detail::cat(totals.parameters, " parameters, the first ", first_what) : error;
   dtensor::detail::agree_on_cross_mesh_plan(
       *root, ranks, dtensor::detail::CrossMeshSummary::make(fingerprint, me, !error.empty(), what), tag);

@@ -168,9 +168,13 @@ ExpertMesh make_expert_mesh(const DenseMesh& dense, int ep) {
                   dtensor::detail::cat("the dense mesh has a tensor dimension of ", tensor,
                                        " ranks and the expert mesh none"),
                   dense.rank());
-  // A communicator of all the dense mesh's ranks in their order (one split), for the new mesh's root.
-  // The group is known (every rank, in order): a sim world can build it too (comm/sim.hpp).
-  ExpertMesh mesh(dense.comm().split(0, dense.comm().rank(), dense.comm().size()), shape);
+  // A communicator of all the dense mesh's ranks in their order (one split), for the new mesh.
+  // The group is known (every rank, in order): a sim world can build it too (comm/sim.hpp). Its
+  // root is the dense mesh's, its ranks the dense mesh's in the same order (rank i of the split is
+  // the dense mesh's rank i), so cross-mesh moves (distributed/cross_mesh.hpp) reach the experts
+  // as they reach the dense weights (a trained MoE model moved to a serving mesh).
+  ExpertMesh mesh(dense.comm().split(0, dense.comm().rank(), dense.comm().size()), shape, dense.root_ptr(),
+                  dense.ranks().root_ranks);
   check_expert_mesh(dense, mesh);
   return mesh;
 }
