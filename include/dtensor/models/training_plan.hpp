@@ -367,7 +367,7 @@ void pipeline_rank_step(CommPtr world, const TrainingPlan& p, const parallel::pi
     return;
   }
   // FSDP inside the stages: the pipeline wraps them (fp32 master values, gradient shards and
-  // AdamW state over "fsdp"); the executor only holds them here, this program drives them.
+  // AdamW state over "fsdp*cp"); the executor only holds them here, this program drives them.
   pp::ShardedPipeline<Stage, Mesh, float> run(mesh, schedule, std::move(stages), {.stage = p.zero}, bucket_bytes);
   auto opt = optim::make_adamw(run.params(), adamw_options());  // the fp32 shards (MoE: and the experts in T)
   run.zero_grad();
