@@ -19,9 +19,10 @@
 // keeps one flat group per unit (embed, blocks, head). Each unit's flat buffer is Shard<0> over
 // the mesh dimension with Role::data_shard (torch.chunk, uneven sizes allowed; see
 // detail/fsdp_unit.hpp) — flattened with the context dimension when that follows it ("fsdp*cp":
-// under context parallelism the context ranks shard too, torchtitan's dp_shard_cp; the gradient,
-// Partial<sum> on both, is reduce-scattered once over the flattened group, FsdpShardDims); this rank keeps its shard of the values (the master copy, in M), of
-// the gradients (in M) and, through params(), of the optimizer state. The stages:
+// under context parallelism the context ranks shard too, torchtitan's dp_shard_cp; the
+// gradient, Partial<sum> on both, is reduce-scattered once over the flattened group,
+// FsdpShardDims); this rank keeps its shard of the values (the master copy, in M), of the
+// gradients (in M) and, through params(), of the optimizer state. The stages:
 //
 //   stage 1 (ZeRO-1)  full parameters and gradients stay; per unit, as backward completes it,
 //                     one reduce-scatter of its gradients on the shard dimension (the optimizer
