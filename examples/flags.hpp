@@ -125,7 +125,7 @@ inline bool help_requested(int argc, char** argv) {
 /// dimension runs. The defaults are train_gpt's (every parallelism on, 16 ranks).
 struct MeshFlags {
   int pp = 2, dp = 1, fsdp = 2, cp = 2, tp = 2, ep = 1;
-  int zero = 0;  // ZeRO stage over "fsdp"; 0: 3 when --fsdp > 1, else 1 (= DDP)
+  int zero = 0;  // ZeRO stage over "fsdp" x "cp"; 0: 3 when --fsdp > 1, else 1 (= DDP without CP)
   bool sp = true;
   dtensor::nn::ContextKind cp_kind = dtensor::nn::ContextKind::ring;
   std::string schedule = "1f1b";

@@ -47,6 +47,9 @@ struct Combo {
   parallel::ContextKind cp_kind = parallel::ContextKind::ring;
   std::optional<bool> reshard_after_forward{};  // ZeRO-3: unset, ShardedPipeline's default
   int ranks() const { return pp * dp * fsdp * cp * tp; }
+  /// FSDP's shard group: "fsdp", flattened with "cp" after it (parallel::FsdpShardDims), N' ranks.
+  int shard_ranks() const { return fsdp * cp; }
+  std::string shard_group() const { return cp > 1 ? "fsdp*cp" : "fsdp"; }
 };
 
 inline std::string describe(const Combo& c) {
@@ -64,7 +67,8 @@ inline std::vector<double> dense_reference(CommPtr one_rank) {
 struct Run5d {
   std::vector<double> losses;  // every step's mean loss, on every rank
   std::size_t units = 0;       // FSDP units of this rank's stages
-  std::size_t fsdp_gathers = 0, fsdp_reductions = 0;  // all-gathers / reduce-scatters + all-reduces on "fsdp", step 2
+  std::size_t fsdp_gathers = 0, fsdp_reductions = 0;  // all-gathers / reduce-scatters + all-reduces on the shard group, step 2
+  std::size_t cp_all_reduces = 0;  // all-reduces on "cp" in step 2 (a dense model's: none, FSDP reduced over "fsdp*cp")
   // Model states held after the last step on this rank, on the allocation ledger (host
   // parameters + gradients + optimizer state), and the elements of its stages' flat buffers.
   double state_bytes = 0, psi = 0;
@@ -122,7 +126,8 @@ Run5d run_5d(CommPtr world, const Combo& c) {
     out.units += stage.units().size();
     for (auto& u : stage.units()) {
       out.psi += double(u.group->size());
-      const double padded = double((u.group->size() + std::size_t(c.fsdp) - 1) / std::size_t(c.fsdp)) * c.fsdp;
+      const auto n = std::size_t(c.shard_ranks());
+      const double padded = double((u.group->size() + n - 1) / n * n);
       out.largest_unit = std::max(out.largest_unit, padded);
       out.unit_elements.push_back(padded);
     }
@@ -150,11 +155,14 @@ Run5d run_5d(CommPtr world, const Combo& c) {
       out.peak_gradients = base(MemoryTag::gradients) + step_ledger->peak(Space::name, MemoryTag::gradients);
       out.peak_optimizer = base(MemoryTag::optimizer_state) + step_ledger->peak(Space::name, MemoryTag::optimizer_state);
       out.peak_total = ledger.current(Space::name) - step_ledger->current(Space::name) + step_ledger->peak(Space::name);
-      out.fsdp_gathers = log.count(CollectiveKind::all_gather, "fsdp");
+      const std::string group = c.shard_group();
+      out.fsdp_gathers = log.count(CollectiveKind::all_gather, group);
       // Gradient reductions: not the one-double all-reduce of MoE stages' auxiliary losses.
-      for (const auto& r : log.records())
-        out.fsdp_reductions += r.group == "fsdp" && (r.kind == CollectiveKind::reduce_scatter ||
-                                                     (r.kind == CollectiveKind::all_reduce && r.bytes > sizeof(double)));
+      for (const auto& r : log.records()) {
+        out.fsdp_reductions += r.group == group && (r.kind == CollectiveKind::reduce_scatter ||
+                                                    (r.kind == CollectiveKind::all_reduce && r.bytes > sizeof(double)));
+        out.cp_all_reduces += r.group == "cp" && r.kind == CollectiveKind::all_reduce;
+      }
     }
     mesh.group(0).all_reduce(std::span<double>(&loss, 1), ReduceOp::max);
     out.losses.push_back(loss);

@@ -51,6 +51,11 @@ void check(const Combo& c) {
                                                    : run.fsdp_gathers != gathers)
       report("FSDP all-gathered " + std::to_string(run.fsdp_gathers) + " times, expected " + std::to_string(gathers) +
              " for " + std::to_string(run.units) + " units");
+    // Under context parallelism FSDP shards over the flattened "fsdp*cp" group (the counts above
+    // are on it): its reduce-scatter resolves "cp" too, so no gradient is all-reduced on "cp"
+    // (a dense model's parameters are all FSDP's; MoE's router sums its counts over "cp").
+    if (!MoE && run.cp_all_reduces != 0)
+      report(std::to_string(run.cp_all_reduces) + " all-reduces on \"cp\"; FSDP over \"fsdp*cp\" leaves none");
   });
   for (const auto& f : failures) UNSCOPED_INFO(f);
   CHECK(failures.empty());
@@ -72,6 +77,18 @@ TEST_CASE("4-D combinations equal the one-rank run", "[parity][5d]") {
   check<TP>({.fsdp = 2, .cp = 2, .tp = 2, .zero = 1, .schedule = "gpipe", .cp_kind = parallel::ContextKind::allgather});
   // DDP (an "fsdp" of 1) x CP (Ulysses) x PP, interleaved with two stages per rank.
   check<TP>({.pp = 2, .dp = 2, .cp = 2, .zero = 1, .schedule = "interleaved", .cp_kind = parallel::ContextKind::ulysses});
+}
+
+TEST_CASE("FSDP over fsdp x cp: the context ranks shard too, at fsdp 2 x cp 2 and fsdp 3 x cp 2, every ZeRO stage",
+          "[parity][5d][fsdp][cp]") {
+  // Issue 40 item 2 (torchtitan's dp_shard_cp): each unit's flat buffer is split over the 4 or 6
+  // ranks of the flattened "fsdp*cp" group (uneven at 6: the units' sizes do not divide), gathered
+  // and reduce-scattered there, with no all-reduce on "cp" (check() asserts the counts).
+  for (int zero : {1, 2, 3})
+    for (int fsdp : {2, 3}) check<TP>({.fsdp = fsdp, .cp = 2, .zero = zero, .schedule = "gpipe", .microbatches = 2});
+  // Pipelines (each stage's units over "fsdp*cp"), and HSDP: replicated on "dp", sharded over fsdp x cp.
+  for (int zero : {1, 3}) check<TP>({.pp = 2, .fsdp = 3, .cp = 2, .zero = zero, .microbatches = 2});
+  check<TP>({.dp = 2, .fsdp = 2, .cp = 2, .zero = 3, .microbatches = 1});
 }
 
 TEST_CASE("ZeRO-1 and ZeRO-2 inside pipeline stages, units that fsdp 3 does not divide, equal the one-rank run",
@@ -148,7 +165,7 @@ TEST_CASE("FSDP inside stages: ZeRO-3 resharded after forward and kept gathered 
 TEST_CASE("FSDP inside stages: each rank's step peak is the formula's; ZeRO-3 < ZeRO-2 < ZeRO-1 during the step",
           "[parity][5d][fsdp][memory]") {
   // docs/fsdp.md, "Memory during the step". Per rank, in elements of the model's type (S bytes),
-  // with Psi this rank's parameters, N the shard ranks, P the largest two neighbouring units
+  // with Psi this rank's parameters, N the shard ranks (fsdp x cp: the context ranks shard too), P the largest two neighbouring units
   // (padded), one micro-batch: ZeRO-3 resharded after forward holds its shards (Psi / N values,
   // Psi / N gradients) plus at most P gathered values and P full gradients (the unit computing and
   // the one prefetched or still reducing); kept gathered it holds the whole stage (Psi) from the
@@ -159,9 +176,10 @@ TEST_CASE("FSDP inside stages: each rank's step peak is the formula's; ZeRO-3 < 
     Run5d run;
     int zero;
   };
-  // fsdp 4; 3: shards that do not divide; 2 x cp 2: the states shard over "fsdp" only so far
-  // (N = 2; the context ranks hold the same shards: issue 40 item 2, docs/fsdp.md).
-  for (const auto& [fsdp, cp] : {std::pair{4, 1}, std::pair{3, 1}, std::pair{2, 2}}) {
+  // fsdp 4; 3: shards that do not divide; 2 x cp 2: N = 4 (the states shard over "fsdp*cp", not
+  // over "fsdp" alone: half of what the context ranks held before, when they replicated them);
+  // 3 x cp 2: N = 6, uneven.
+  for (const auto& [fsdp, cp] : {std::pair{4, 1}, std::pair{3, 1}, std::pair{2, 2}, std::pair{3, 2}}) {
     std::vector<Peaks> peaks;
     for (int zero : {3, 2, 1}) {
       const Combo c{.fsdp = fsdp, .cp = cp, .zero = zero, .microbatches = 1};
@@ -174,8 +192,9 @@ TEST_CASE("FSDP inside stages: each rank's step peak is the formula's; ZeRO-3 < 
     const Run5d& z3 = peaks[0].run;
     INFO("fsdp " << fsdp << ", cp " << cp << ": psi " << z3.psi << ", adjacent pair " << z3.adjacent_pair());
     REQUIRE_FALSE(z3.kept_gathered);
+    const double n = fsdp * cp;  // N' = the ranks of the shard group
     double shards = 0;
-    for (double e : z3.unit_elements) shards += e / fsdp;
+    for (double e : z3.unit_elements) shards += e / n;
     // On the ledger the master shard is optimizer state (ZeRO's K = 12 in fp32: master + 2 moments).
     const double params_formula = S * z3.adjacent_pair();
     const double grads_formula = S * (shards + z3.adjacent_pair());
@@ -197,7 +216,7 @@ TEST_CASE("FSDP inside stages: each rank's step peak is the formula's; ZeRO-3 < 
     // Where the formulas say so by more than 5 % of ZeRO-2's states: ZeRO-3's states are
     // S (P + Psi/N + P + 3 Psi/N) (with its separate master), ZeRO-2's S (Psi + Psi/N + P + 2 Psi/N):
     // ZeRO-3 saves when P + Psi/N < Psi (not at fsdp 2 of this 3-unit model, where P is half of it).
-    const double n = fsdp, pair = z3.adjacent_pair(), psi = z3.psi;
+    const double pair = z3.adjacent_pair(), psi = z3.psi;
     const double states3 = 2 * pair + 4 * psi / n, states2 = psi + pair + 3 * psi / n;
     if (states3 < 0.95 * states2) CHECK(z3.peak_total < z2.peak_total);
     CHECK(z2.peak_total < z1.peak_total);

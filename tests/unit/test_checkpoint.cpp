@@ -374,6 +374,50 @@ TEST_CASE("checkpoint: loaded on one rank, tp 4 and FSDP, every piece equals the
   }
 }
 
+TEST_CASE("checkpoint: FSDP over fsdp x cp saves each shard once and loads at fsdp 4 x cp 1 and on one rank", "[checkpoint]") {
+  // Issue 40 item 2: under context parallelism FSDP shards each unit over the flattened
+  // ("fsdp", "cp") group (flat index f * cp + c, one torch.chunk split over fsdp x cp ranks), so
+  // every context rank writes its own boxes (Shard on "cp", not Replicate). Loaded at fsdp 2 x
+  // cp 2 and at fsdp 3 x cp 2 (uneven over 6) from the dp 2 x tp 2 reference, saved there, and
+  // the saved files loaded at fsdp 4 x cp 1, fsdp 1 (HSDP dp 2) and whole on one rank.
+  using CpMesh = DeviceMesh<"dp", "fsdp", "cp">;
+  using CpModel = nn::GPT<double, CpMesh, nn::ReplicatedPlan>;
+  straight_losses();  // the reference checkpoint
+  const Full full = load_full(reference_dir());
+  for (const std::array<int, 3> saving : {std::array{1, 2, 2}, std::array{1, 3, 2}}) {
+    INFO("saved at fsdp " << saving[1] << " x cp " << saving[2]);
+    const auto dir = scratch("fsdp-cp-" + std::to_string(saving[1]));
+    auto f = on_ranks(saving[1] * saving[2], [&](CommPtr world, auto report) {
+      CpMesh mesh(world, saving);
+      CpModel model(mesh, config());
+      auto fsdp = parallel::fully_shard(model, mesh, {.stage = 3});
+      optim::AdamW<double, 3> opt(fsdp.params(), adam());
+      checkpoint::load_training_state(reference_dir(), mesh, model, fsdp, opt, checkpoint::config_of(config()));
+      const auto slots = checkpoint::detail::with_moments(checkpoint::fsdp_parameter_slots(model.units(), fsdp, mesh), opt);
+      report(compare_slots(slots, full));
+      for (const auto& s : slots)
+        if (!s.writer) report("slot " + s.name + " not written by its rank: FSDP shards over \"cp\" are no replicas");
+      checkpoint::save_training_state(dir, mesh, model, fsdp, opt, meta_at(kSaveAt), {.max_piece_bytes = 256});
+    });
+    INFO(summary(f));
+    REQUIRE(f.empty());
+    CHECK(load_full(dir) == full);  // every element saved (and, else save throws, once)
+    for (const std::array<int, 3> loading : {std::array{1, 4, 1}, std::array{2, 1, 1}}) {
+      f = on_ranks(loading[0] * loading[1] * loading[2], [&](CommPtr world, auto report) {
+        CpMesh mesh(world, loading);
+        CpModel model(mesh, config());
+        auto fsdp = parallel::fully_shard(model, mesh, {.stage = 1});
+        optim::AdamW<double, 3> opt(fsdp.params(), adam());
+        checkpoint::load_training_state(dir, mesh, model, fsdp, opt, checkpoint::config_of(config()));
+        report(compare_slots(checkpoint::detail::with_moments(checkpoint::fsdp_parameter_slots(model.units(), fsdp, mesh), opt), full));
+        report(compare_slots(checkpoint::parameter_slots(model.units(), mesh), full));  // ZeRO-1's full values, gathered
+      });
+      INFO("loaded at dp " << loading[0] << " fsdp " << loading[1] << " cp " << loading[2] << ": " << summary(f));
+      CHECK(f.empty());
+    }
+  }
+}
+
 namespace {
 
 /// Flips one byte (or cuts the file) and returns what loading on dp 2 x tp 2 says, "" if it loads.

@@ -1128,7 +1128,8 @@ std::vector<const sim::PlanClass*> middle_ranks(const std::vector<sim::PlanClass
 
 /// ZeRO-1 over the data ranks inside the stages: bf16 values and full gradients (2 + 2 bytes per
 /// parameter), fp32 gradient shard (4 / d) and fp32 master values + AdamW moments (12 / d): the
-/// Llama 3 report's distributed optimizer.
+/// Llama 3 report's distributed optimizer. d: the shard ranks, dp x cp (the context ranks shard
+/// the states too, parallel::FsdpShardDims).
 void check_zero1_states(const sim::RankReport& r, double data_ranks) {
   const auto m = model_states_after_step(r);
   const double psi = model_elements(r);
@@ -1148,7 +1149,7 @@ std::vector<sim::PlanClass> llama_plan_fits(const sim::TrainingPlan& plan) {
     ranks += c.report.ranks;
     CAPTURE(c.report.name, c.peak_in_flight);
     CHECK(c.peak_in_flight < 80e9);
-    check_zero1_states(c.report, plan.dp);
+    check_zero1_states(c.report, plan.dp * plan.cp);
   }
   CHECK(ranks == plan.gpus());
   return classes;
@@ -1534,10 +1535,12 @@ TEST_CASE("sim: the search recomputes per module where memory forces it, and not
   // GPT-3 175B on 256 GPUs, batch 1024: on H100s (72 GB usable) the fastest plan fits only by
   // recomputing a module (its variant without recomputation does not fit); on H200s (127 GB) the
   // fastest recomputes nothing. Without per-module choices (none or full only) H100s get a
-  // slower plan: what selective recomputation buys.
+  // slower plan: what selective recomputation buys. Without context parallelism (max_cp 1): with
+  // it ZeRO's states shard over dp x cp too (issue 40), and the fastest plan, cp 2 with HSDP 2 x
+  // ZeRO-1, fits on H100s without recomputing anything.
   const sim::ModelShape gpt{.layers = 96, .dim = 12288, .heads = 96, .vocab = 51200, .seq = 2048};
   const auto h100 = sim::device("h100"), h200 = sim::device("h200");
-  const auto tight = sim::search_plans(gpt, {.gpus = 256, .batch = 1024}, h100);
+  const auto tight = sim::search_plans(gpt, {.gpus = 256, .batch = 1024, .max_cp = 1}, h100);
   const auto& best = tight.front();
   INFO(sim::describe(best.plan));
   CHECK_FALSE(best.plan.recomputes().none());
@@ -1550,9 +1553,14 @@ TEST_CASE("sim: the search recomputes per module where memory forces it, and not
   CHECK(without.step_seconds <= best.estimate.step_seconds);  // recomputation costs time, never saves it
   CHECK(best.estimate.recompute_seconds > 0);
   CHECK(best.estimate.memory_bytes < without.memory_bytes);
-  const auto coarse = sim::search_plans(gpt, {.gpus = 256, .batch = 1024, .recompute_modules = false}, h100);
+  const auto coarse = sim::search_plans(gpt, {.gpus = 256, .batch = 1024, .max_cp = 1, .recompute_modules = false}, h100);
   CHECK(coarse.front().estimate.step_seconds > best.estimate.step_seconds);
-  const auto roomy = sim::search_plans(gpt, {.gpus = 256, .batch = 1024}, h200);
+  const auto roomy = sim::search_plans(gpt, {.gpus = 256, .batch = 1024, .max_cp = 1}, h200);
+  // With context parallelism: the cp 2 plan above, no recomputation, faster than the best without cp.
+  const auto with_cp = sim::search_plans(gpt, {.gpus = 256, .batch = 1024}, h100);
+  CHECK(with_cp.front().plan.cp > 1);
+  CHECK(with_cp.front().plan.recomputes().none());
+  CHECK(with_cp.front().estimate.step_seconds < best.estimate.step_seconds);
   INFO(sim::describe(roomy.front().plan));
   CHECK(roomy.front().plan.recomputes().none());
   // Each module's memory and time in the estimate, one plan (TP 8 + SP): the saved units per layer
@@ -1918,11 +1926,15 @@ TEST_CASE("sim: the dry run's step is the real step's, per rank and tag: FSDP on
   // The same function (sim::detail::pipeline_rank_step: the trainer's ShardedPipeline with
   // FSDP's actions where the trainer's executor runs them) on meta tensors over the sim
   // communicator, and on host tensors over 4 rank threads: every phase's peak by tag and its
-  // collectives are equal (the model states exactly; the activations within 1 %).
-  for (const auto& [zero, pp] : {std::pair{3, 1}, std::pair{2, 1}, std::pair{3, 2}}) {
+  // collectives are equal (the model states exactly; the activations within 1 %). With cp 2
+  // FSDP shards over "fsdp*cp" (N' = 4 with fsdp 2) in both.
+  struct Case {
+    int zero, pp, cp;
+  };
+  for (const auto& [zero, pp, cp] : {Case{3, 1, 1}, Case{2, 1, 1}, Case{3, 2, 1}, Case{3, 1, 2}}) {
     sim::TrainingPlan p{.model = {.vocab = 61, .seq = 16, .dim = 32, .heads = 4, .layers = 3},
-                        .batch = 8, .microbatches = pp, .dp = 4 / pp, .pp = pp, .zero = zero};
-    INFO("ZeRO-" << zero << ", pp " << pp << ", dp " << p.dp);
+                        .batch = 8, .microbatches = pp, .dp = 4 / pp / cp, .pp = pp, .zero = zero, .cp = cp};
+    INFO("ZeRO-" << zero << ", pp " << pp << ", dp " << p.dp << ", cp " << cp);
     const auto dry = sim::dry_run_plan<float, nn::DenseLayers, false>(p);
     const auto schedule = sim::detail::plan_schedule(p);
     std::vector<sim::RankReport> real(4);
@@ -1933,13 +1945,17 @@ TEST_CASE("sim: the dry run's step is the real step's, per rank and tag: FSDP on
       real[std::size_t(rank)] = rec.finish("real");
     });
     for (const auto& c : dry) {
-      // The real rank at this class's pipeline rank, data coordinate 0.
+      // The real rank at this class's pipeline rank, data and context coordinates 0 (one class:
+      // balanced context ranks do equal work).
       const sim::RankReport& r = real[std::size_t(c.pipeline_rank * (4 / pp))];
       REQUIRE(r.phases.size() == c.report.phases.size());
       for (std::size_t ph = 0; ph < r.phases.size(); ++ph) {
         const auto& a = c.report.phases[ph];
         const auto& b = r.phases[ph];
         INFO("pipeline rank " << c.pipeline_rank << ", phase " << a.name);
+        if (cp > 1 && a.name == "optimizer") {  // the states over "fsdp*cp": nothing all-reduced on "cp"
+          for (const auto& x : a.collectives) CHECK_FALSE((x.group == "cp" && x.kind == CollectiveKind::all_reduce));
+        }
         CHECK(a.name == b.name);
         for (MemoryTag t : {MemoryTag::parameters, MemoryTag::gradients, MemoryTag::optimizer_state}) {
           INFO(name_of(t));

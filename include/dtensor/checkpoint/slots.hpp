@@ -112,7 +112,6 @@ auto parameter_slots(Units& units, const Mesh& mesh) {
 /// parallel::FullyShard over these units on `mesh`.
 template <class Units, class Fsdp, MeshType Mesh>
 auto fsdp_parameter_slots(Units& units, Fsdp& fsdp, const Mesh& mesh) {
-  constexpr std::size_t shard_dim = Fsdp::shard_dim;
   auto& segments = fsdp.params();
   using M = typename std::remove_cvref_t<decltype(segments.front().value)>::value_type;
   using Group = typename std::remove_cvref_t<decltype(*units.begin()->group)>;
@@ -124,8 +123,9 @@ auto fsdp_parameter_slots(Units& units, Fsdp& fsdp, const Mesh& mesh) {
   std::size_t next = 0;  // fsdp.params() lists the segments unit by unit, entry by entry
   for (auto& u : units) {
     const auto& g = *u.group;
-    // The unit's flat buffer is Shard<0> over the data-shard dimension (parallel/detail/fsdp_unit.hpp).
-    const Range shard = chunk_range(Extent(g.size()), mesh.size(shard_dim), mesh.coordinate()[shard_dim]);
+    // The unit's flat buffer is Shard<0> over FSDP's shard group ("fsdp", or "fsdp*cp"): the range
+    // FSDP itself holds (parallel/detail/fsdp_unit.hpp FsdpShardDims, the one function for it).
+    const Range shard = Fsdp::ShardDims::range(Extent(g.size()), mesh);
     for (const auto& e : g.entries()) {
       const Extent lo = std::max(Extent(e.offset), shard.begin), hi = std::min(Extent(e.offset + e.numel), shard.end);
       if (lo >= hi) continue;

@@ -350,7 +350,7 @@ void pipeline_rank_step(CommPtr world, const TrainingPlan& p, const parallel::pi
   rec.phase("parameters");
   if (p.zero > 0) {
     // FSDP inside the stages: the trainer's own (train/trainer.hpp: fp32 master values, gradient
-    // shards and AdamW state over "fsdp"; MoE: the experts in T), this rank's stages built by it.
+    // shards and AdamW state over "fsdp*cp"; MoE: the experts in T), this rank's stages built by it.
     train::Trainer<Model, float> trainer(mesh, trainer_options(p), [&](const StageMesh& m) {
       return Model(m, config, plan_layers<Layers>(m, p));
     });

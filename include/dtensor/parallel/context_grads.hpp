@@ -8,6 +8,10 @@
 // over positions is split), like data parallelism's over the batch. This all-reduces them on
 // the context group, bucketed like DataParallel: one all-reduce per bucket, in place where a
 // bucket's gradients are adjacent in their flat group. None without a context dimension.
+// FSDP's shards are not reduced here: where "cp" follows the data-shard dimension, fully_shard
+// shards over the flattened ("fsdp", "cp") group (FsdpShardDims) and its reduce-scatter there
+// resolves "cp" too — their layout is Shard<0> on "cp", and their gradient must be reduced
+// (not Partial) by now; this skips them.
 // (With data parallelism as well, DataParallel reduces the data dimension separately; one
 // all-reduce over the flattened ("dp", "cp") group would do both, as torchtitan's dp_cp mesh.)
 #pragma once
@@ -23,8 +27,8 @@ struct ContextGradsOptions {
   std::size_t bucket_bytes = std::size_t(25) << 20;
 };
 
-/// All-reduces the pending Partial<sum> of every gradient on the context dimension. Returns the
-/// number of buckets (= all-reduces).
+/// All-reduces the pending Partial<sum> of every gradient on the context dimension (but FSDP's
+/// shards over it, which FSDP reduced). Returns the number of buckets (= all-reduces).
 template <class T, MeshType Mesh>
 std::size_t context_parallel_grads(nn::ParamList<T, Mesh::ndim, mesh_space_t<Mesh>>& ps, const Mesh& mesh, ContextGradsOptions o = {}) {
   if (o.bucket_bytes == 0) throw Error("context_parallel_grads", "bucket_bytes must be > 0", mesh.rank());
@@ -34,6 +38,15 @@ std::size_t context_parallel_grads(nn::ParamList<T, Mesh::ndim, mesh_space_t<Mes
   } else {
     for (const auto& p : ps) {
       const auto& g = p.grad_state->placements[cp];
+      if (p.layout.placements[cp].is_shard()) {  // an FSDP shard over ("fsdp", "cp"): reduced by FSDP
+        if (g.is_partial())
+          mesh.comm().fail("context_parallel_grads",
+                           dtensor::detail::cat("gradient of ", p.name, " is ", to_string(*p.grad_state),
+                                                ": sharded on the context dimension \"", Mesh::names[cp],
+                                                "\" (FSDP over the flattened shard group), its reduce-scatter not finished "
+                                                "(call finish_gradient_sync first)"));
+        continue;
+      }
       if (!(g.is_partial() && g.op == ReduceOp::sum))
         mesh.comm().fail("context_parallel_grads",
                          dtensor::detail::cat("gradient of ", p.name, " is ", to_string(*p.grad_state),

@@ -18,8 +18,11 @@
 // The model (nn::GPT, nn::Sequential, any nn::WithUnits model: units() and set_hooks(nn::UnitHooks), nn/units.hpp)
 // keeps one flat group per unit (embed, blocks, head). Each unit's flat buffer is Shard<0> over
 // the mesh dimension with Role::data_shard (torch.chunk, uneven sizes allowed; see
-// detail/fsdp_unit.hpp); this rank keeps its shard of the values (the master copy, in M), of
-// the gradients (in M) and, through params(), of the optimizer state. The stages:
+// detail/fsdp_unit.hpp) — flattened with the context dimension when that follows it ("fsdp*cp":
+// under context parallelism the context ranks shard too, torchtitan's dp_shard_cp; the
+// gradient, Partial<sum> on both, is reduce-scattered once over the flattened group,
+// FsdpShardDims); this rank keeps its shard of the values (the master copy, in M), of the
+// gradients (in M) and, through params(), of the optimizer state. The stages:
 //
 //   stage 1 (ZeRO-1)  full parameters and gradients stay; per unit, as backward completes it,
 //                     one reduce-scatter of its gradients on the shard dimension (the optimizer
@@ -171,8 +174,13 @@ class FullyShard {
   static_assert(!OverData || count_role<Mesh, Role::data>() == 1,
                 "fully_shard: a parameter group's mesh without a data-shard dimension needs exactly one data "
                 "dimension (Role::data, e.g. the experts' \"edp\") to shard over");
-  static constexpr std::size_t shard_dim = OverData ? role_dim<Mesh, Role::data> : role_dim<Mesh, Role::data_shard>;
+  /// The mesh dimensions the units are sharded over: shard_dim (data-shard) .. shard_last (the
+  /// context dimension when it follows: one flattened group, "fsdp*cp"; detail/fsdp_unit.hpp).
+  using ShardDims = FsdpShardDims<Mesh, OverData>;
+  static constexpr std::size_t shard_dim = ShardDims::first;
+  static constexpr std::size_t shard_last = ShardDims::last;
   static constexpr std::size_t replicate_dim = OverData ? N : role_dim<Mesh, Role::data>;  // N when there is none
+  static_assert(replicate_dim >= N || !ShardDims::covers(replicate_dim));
 
   FullyShard(Model& model, Mesh mesh, FsdpOptions o) : model_(model), mesh_(std::move(mesh)), o_(o) {
     if (o.stage < 1 || o.stage > 3)
@@ -201,11 +209,11 @@ class FullyShard {
                                                       " memory: parameter offload maps files into host memory"),
                   mesh_.rank());
     std::string error;  // parameter offload: this rank's failure to make its files
-    const int size = mesh_.size(shard_dim), coord = mesh_.coordinate()[shard_dim];
+    const int size = ShardDims::size(mesh_), coord = ShardDims::coordinate(mesh_);
     for (auto& u : model_.units()) {
       // Stages 1/2: the shard makes room for the in-place all-gather (values kept) and, where it
       // can, keeps its master values and gradient shard in the full buffers (fsdp_unit.hpp).
-      units_.push_back(std::make_unique<Shard>(u.group->name(), u.group, size, coord, shard_dim, o.stage,
+      units_.push_back(std::make_unique<Shard>(u.group->name(), u.group, size, coord, shard_dim, shard_last, o.stage,
                                                o.accumulate_grads_in_master));
       auto& s = *units_.back();
       if (!o.offload_params_dir.empty()) error = offload_master(s, error);  // before the views are handed out
@@ -453,7 +461,7 @@ class FullyShard {
     }
     detail::convert_across<Space, StateSpace>(s.gather_send.span().first(s.shard_size()), std::span<const M>(s.master.span()));
     if (!offloaded_.empty()) offloaded_[u].map.release(0, offloaded_[u].map.bytes());  // sent: back to the file
-    s.gather = mesh_.group(shard_dim).all_gather_async(std::span<const T>(s.gather_send.span()), s.group->values_storage());
+    s.gather = ShardDims::group(mesh_).all_gather_async(std::span<const T>(s.gather_send.span()), s.group->values_storage());
     s.gathering = true;
     events_.push_back({FsdpEvent::gather_issued, u, backward});
     peak_unsharded_ = std::max(peak_unsharded_, unsharded_now());
@@ -482,13 +490,22 @@ class FullyShard {
 
   // ---------------------------------------------------------------- reduction
 
+  /// Every pending gradient is Partial on every dimension of the shard group (under context
+  /// parallelism on "cp" as on "fsdp": the reduce-scatter over the flattened group sums both).
   void check_pending(const Shard& s) const {
     for (const auto& e : s.group->entries())
-      if (e.has_grad && !e.grad_state.placements[shard_dim].is_partial())
-        mesh_.comm().fail("fully_shard",
-                          dtensor::detail::cat("gradient of ", e.name, " in unit ", s.name, " is ", to_string(e.grad_state),
-                                               ", not Partial on the data-shard dimension \"", Mesh::names[shard_dim],
-                                               "\": reduced twice?"));
+      for (std::size_t d = shard_dim; d <= shard_last; ++d) {
+        if (e.has_grad && !e.grad_state.placements[d].is_partial())
+          mesh_.comm().fail("fully_shard",
+                            dtensor::detail::cat("gradient of ", e.name, " in unit ", s.name, " is ", to_string(e.grad_state),
+                                                 ", not Partial on the ", d == shard_dim ? "data-shard" : "context",
+                                                 " dimension \"", Mesh::names[d], "\" of the shard group: reduced twice?"));
+        else if (e.has_grad && e.grad_state.placements[d].op != e.grad_state.placements[shard_dim].op)
+          mesh_.comm().fail("fully_shard",
+                            dtensor::detail::cat("gradient of ", e.name, " in unit ", s.name, " is ", to_string(e.grad_state),
+                                                 ": one reduce-scatter over the shard group needs one reduction op on \"",
+                                                 Mesh::names[shard_dim], "\" and \"", Mesh::names[d], "\""));
+      }
   }
 
   /// ZeRO-1 with the gradient shard in the full gradient buffer: a reduced gradient still there
@@ -508,10 +525,10 @@ class FullyShard {
     s.zero_full_grads();
   }
 
-  /// Issues the unit's reduction on the shard dimension: a reduce-scatter of the full gradients
+  /// Issues the unit's reduction on the shard group: a reduce-scatter of the full gradients
   /// (every stage: ZeRO-1 too needs only its shard), in M or T.
   void issue_reduce(Shard& s) {
-    auto& group = mesh_.group(shard_dim);
+    auto& group = ShardDims::group(mesh_);
     // The full gradients of T (main_grad: released; the reduction reads main_grad in M).
     const auto full = s.group->grads_resident() ? s.group->grads_storage().first(s.padded()) : std::span<T>();
     s.grad_op = pending_op(s);
@@ -535,7 +552,8 @@ class FullyShard {
     // Partial on the shard dimension from now on, so that an optimizer step taken before
     // finish_gradient_sync fails (optim::detail::check_reduced) instead of stepping on a stale
     // gradient (finish_collective says so again once the collective is done).
-    for (auto& seg : s.segments) seg.grad_state->placements[shard_dim] = PlacementDesc::partial(s.grad_op);
+    for (auto& seg : s.segments)
+      for (std::size_t d = shard_dim; d <= shard_last; ++d) seg.grad_state->placements[d] = PlacementDesc::partial(s.grad_op);
     events_.push_back({FsdpEvent::reduce_issued, index_of(s), true});
   }
 
@@ -565,7 +583,7 @@ class FullyShard {
     // it fails (optim::detail::check_reduced) instead of stepping on a stale gradient.
     for (std::size_t k = 0; k < s.segments.size(); ++k) {
       auto pending = s.pending_states[k];
-      pending.placements[shard_dim] = PlacementDesc::partial(s.grad_op);
+      for (std::size_t d = shard_dim; d <= shard_last; ++d) pending.placements[d] = PlacementDesc::partial(s.grad_op);
       *s.segments[k].grad_state = pending;
     }
   }
@@ -642,15 +660,14 @@ class FullyShard {
     }
   }
 
-  /// The segments' gradient states once reduced: the entry's, with the shard dimension Shard<0>
-  /// (of the flat buffer) and the replicate dimension reduced; the tensor dimension as it was
+  /// The segments' gradient states once reduced: the entry's, with the shard group's dimensions
+  /// Shard<0> (of the flat buffer) and the replicate dimension reduced; the tensor dimension as it was
   /// (Partial<sum> under sequence parallelism, for sequence_parallel_grads).
   void remember_grad_states(Shard& s) {
     s.pending_states.clear();
     for (const auto& e : s.group->entries()) {
       if (s.overlap(e).size() == 0) continue;
-      auto st = e.grad_state;
-      st.placements[shard_dim] = PlacementDesc::shard(0);
+      auto st = ShardDims::sharded(e.grad_state);
       if constexpr (replicate_dim < N)
         if (o_.reduce_replicas) st.placements[replicate_dim] = PlacementDesc::replicate();
       s.pending_states.push_back(st);

@@ -347,6 +347,10 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   // ZeRO shards, gathers and reduce-scatters over "dp" = dp / hsdp; the replicas all-reduce the
   // shard over "rep". Without HSDP "rep" has size 1 and "dp" is every data rank.
   const int shards = p.dp / p.hsdp;
+  // ZeRO's states shard over the flattened (fsdp, cp) group (parallel/detail/fsdp_unit.hpp
+  // FsdpShardDims, torchtitan's dp_shard_cp): N' = shards x cp ranks, its collectives on "dp*cp".
+  const int zero_shards = p.zero >= 1 ? shards * p.cp : shards;
+  const char* zero_group = p.zero >= 1 && p.cp > 1 ? "dp*cp" : "dp";
   Topology topo(std::array<std::string_view, 5>{"pp", "rep", "dp", "cp", "tp"},
                 std::array{p.pp, p.hsdp, shards, p.cp, p.tp}, hw);
   // A MoE plan's experts live on a second factorization of the same ranks, (pp, edp, ep, tp)
@@ -502,7 +506,8 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   const double rank_params = dense_params / (double(p.pp) * t);
   const double expert_params = is_moe ? moe_share * layers_per_rank * moe.local * m.expert_params() : 0;
   // ZeRO-3: every unit gathered each micro-batch forward and backward, prefetched behind compute.
-  const double gather = p.zero == 3 && shards > 1 ? coll(CollectiveKind::all_gather, "dp", shards, 4 * rank_params) / layers_per_rank : 0;
+  const double gather =
+      p.zero == 3 && zero_shards > 1 ? coll(CollectiveKind::all_gather, zero_group, zero_shards, 4 * rank_params) / layers_per_rank : 0;
   AnalyticEstimate a;
   const double per_layer_f = fwd_layer + std::max(0.0, gather - fwd_compute);
   const double per_layer_b = bwd_layer + std::max(0.0, gather - bwd_compute);
@@ -580,11 +585,12 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   // an all-reduce in T on "edp", under ZeRO too) behind the last backward, the optimizer
   // (memory-bound), ZeRO's parameter sync.
   double reduction = 0;
-  if (p.dp > 1) {
-    reduction = p.zero >= 1 ? coll(CollectiveKind::reduce_scatter, "dp", shards, 4 * rank_params)
+  if (p.dp > 1 || zero_shards > 1) {
+    reduction = p.zero >= 1 ? coll(CollectiveKind::reduce_scatter, zero_group, zero_shards, 4 * rank_params)
                             : coll(CollectiveKind::all_reduce, "dp", p.dp, e * rank_params);
-    if (p.hsdp > 1) reduction += coll(CollectiveKind::all_reduce, "rep", p.hsdp, 4 * rank_params / shards);
-    if ((p.zero == 1 || p.zero == 2) && shards > 1) a.parameter_sync = coll(CollectiveKind::all_gather, "dp", shards, e * rank_params);
+    if (p.hsdp > 1) reduction += coll(CollectiveKind::all_reduce, "rep", p.hsdp, 4 * rank_params / zero_shards);
+    if ((p.zero == 1 || p.zero == 2) && zero_shards > 1)
+      a.parameter_sync = coll(CollectiveKind::all_gather, zero_group, zero_shards, e * rank_params);
   }
   if (is_moe && edp > 1) reduction += coll(CollectiveKind::all_reduce, "edp", edp, e * expert_params);
   if (reduction > 0) {
@@ -593,7 +599,7 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
     const double backward_compute = (dense_max * bwd_compute + moe_max * moe.bwd_compute + 2 * head) / v;
     a.gradient_reduction = p.overlap_gradient_reduction ? std::max(0.0, reduction - backward_compute) : reduction;
   }
-  const double shard = p.zero >= 1 ? rank_params / shards : rank_params;
+  const double shard = p.zero >= 1 ? rank_params / zero_shards : rank_params;
   a.optimizer = op_seconds({"adamw_update", std::int64_t(12 * shard), std::int64_t((p.zero >= 1 ? 36 : 5 * e) * shard), 0}, hw, cal);
   // The experts' AdamW in T (the meta record: read value, gradient and moments, write three: 7 e
   // per parameter) and the clip's sum of squares over their gradients (e).
@@ -604,7 +610,7 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   else {
     // ZeRO-1 keeps its fp32 gradient shard inside the full gradients' storage (issue 27).
     const double values = p.zero == 3 ? 0 : 2, full_grads = p.zero == 1 ? 2 : 0, state = p.zero == 1 ? 12 : 16;
-    a.model_states = rank_params * (values + full_grads + state / shards) + (p.zero >= 2 ? 2 * rank_params / layers_per_rank : 0);
+    a.model_states = rank_params * (values + full_grads + state / zero_shards) + (p.zero >= 2 ? 2 * rank_params / layers_per_rank : 0);
   }
   a.expert_states = expert_params * 4 * e;  // values, gradients and AdamW moments in T (DDP on "edp")
   a.model_states += a.expert_states;

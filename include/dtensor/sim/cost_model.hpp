@@ -27,7 +27,7 @@
 //
 // What each collective is, and when it is paid (the overlap of each kind, stated once here):
 //   gradient reduction  an all-reduce or reduce-scatter over data dimensions only (dp, fsdp,
-//                       edp) in any phase: once per step, after the last micro-batch (DDP's
+//                       edp; and FSDP's "fsdp*cp") in any phase: once per step, after the last micro-batch (DDP's
 //                       buckets, FSDP's reduce-scatter and ZeRO-1/2 all reduce the accumulated
 //                       gradients then). It overlaps the last micro-batch's backward on this
 //                       rank: exposed = max(0, time - that backward's compute). Under ZeRO
@@ -220,7 +220,10 @@ inline bool is_data_dim(std::string_view d) { return d == "dp" || d == "fsdp" ||
 
 inline CommRole comm_role(const CommRecord& r, std::string_view phase) {
   const auto dims = detail::label_dims(r.group);
-  const bool data_only = r.group != "world" && std::all_of(dims.begin(), dims.end(), detail::is_data_dim);
+  // FSDP's shard group under context parallelism is "fsdp*cp" (parallel::FsdpShardDims): a data
+  // group too, though "cp" alone (the attention's) is not.
+  const bool data_only = r.group != "world" && std::any_of(dims.begin(), dims.end(), detail::is_data_dim) &&
+                         std::all_of(dims.begin(), dims.end(), [](std::string_view d) { return detail::is_data_dim(d) || d == "cp"; });
   if (data_only && (r.kind == CollectiveKind::all_reduce || r.kind == CollectiveKind::reduce_scatter))
     return CommRole::gradient_reduction;
   if (detail::is_microbatch_phase(phase)) {

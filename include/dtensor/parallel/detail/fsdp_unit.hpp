@@ -3,17 +3,21 @@
 // (nn::ParamRef) the optimizers step over.
 //
 // The unit's flat buffer (nn::FlatParams::values(), n elements, this rank's tensor-parallel
-// pieces of the unit's parameters one after the other) is Shard<0> over the data-shard mesh
-// dimension of size S, split as torch.chunk: c = ceil(n / S) elements per rank, the tail ranks
-// fewer or none (placement/chunk.hpp). Collectives move c * S elements (the buffer padded at the
-// end), so the all-gather writes straight into the group's storage and the reduce-scatter
-// reads straight from it (the group allocates c * S).
+// pieces of the unit's parameters one after the other) is Shard<0> over the shard group of S
+// ranks (FsdpShardDims: the data-shard dimension, flattened with the context dimension after it
+// when the mesh has one there), split as torch.chunk: c = ceil(n / S) elements per rank, the
+// tail ranks fewer or none (placement/chunk.hpp). Collectives move c * S elements (the buffer
+// padded at the end), so the all-gather writes straight into the group's storage and the
+// reduce-scatter reads straight from it (the group allocates c * S).
 //
 // A parameter entry may straddle two ranks' shards: each rank gets one segment (a ParamRef) per
 // entry that overlaps its shard, named like the entry, with the entry's decay flag. Its layout
-// is the entry's with Shard<0> (of the flat buffer) on the data-shard dimension — the elements
-// of different ranks are disjoint there, which is what optim::grad_norm needs to count each
-// element once.
+// is the entry's with Shard<0> (of the flat buffer) on every dimension of the shard group — the
+// elements of different ranks are disjoint there, which is what optim::grad_norm needs to count
+// each element once and the checkpoint's writers to save each once. (Shard<0> on both "fsdp"
+// and "cp" reads as a nested split in DTensor terms; the flat buffer's split is the flattened
+// group's, chunk f * C + c of F * C, which equals the nested one only when the sizes divide.
+// Nothing derives a range from these placements: every range comes from FsdpShardDims::range.)
 #pragma once
 
 #include <algorithm>
@@ -29,8 +33,56 @@
 #include "dtensor/core/tensor.hpp"
 #include "dtensor/kernels/cast.hpp"
 #include "dtensor/kernels/elementwise.hpp"
+#include "dtensor/mesh/roles.hpp"
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/placement/chunk.hpp"
+
+namespace dtensor::parallel {
+
+/// The mesh dimensions FSDP shards a unit's flat buffer over: [first, last], adjacent, one
+/// flattened group (DeviceMesh::group(first, last), label "fsdp*cp"). `first` is the data-shard
+/// dimension (OverData: the one data dimension, an expert group's "edp"); `last` is the context
+/// dimension when the mesh has one right after it, else `first` — torchtitan's dp_shard_cp:
+/// under context parallelism every parameter is replicated on "cp" and its gradient arrives
+/// Partial<sum> there as on "fsdp", so the context ranks shard the states too and one
+/// reduce-scatter over the flattened group resolves both. The one function every shard range
+/// comes from (FullyShard, checkpoint::fsdp_parameter_slots, the offloaded parameter files):
+/// the flattened index f * C + c (the group's rank order: row-major over first..last), split
+/// by chunk_range over F * C — not fsdp first and then cp, which differs for uneven sizes.
+template <class Mesh, bool OverData = false>
+struct FsdpShardDims {
+  static constexpr std::size_t first = OverData ? role_dim<Mesh, Role::data> : role_dim<Mesh, Role::data_shard>;
+  static constexpr std::size_t context = role_dim<Mesh, Role::context>;
+  static constexpr std::size_t last = !OverData && context < Mesh::ndim && context == first + 1 ? context : first;
+  /// Whether dimension d is one the flat buffer is sharded over.
+  static constexpr bool covers(std::size_t d) { return d >= first && d <= last; }
+
+  /// S: the ranks of the shard group.
+  static int size(const Mesh& mesh) {
+    int s = 1;
+    for (std::size_t d = first; d <= last; ++d) s *= mesh.size(d);
+    return s;
+  }
+  /// This rank's index in the shard group (row-major over first..last, as the group's ranks).
+  static int coordinate(const Mesh& mesh) {
+    int c = 0;
+    for (std::size_t d = first; d <= last; ++d) c = c * mesh.size(d) + mesh.coordinate()[d];
+    return c;
+  }
+  /// This rank's [lo, hi) of a flat buffer of n elements.
+  static Range range(Extent n, const Mesh& mesh) { return chunk_range(n, size(mesh), coordinate(mesh)); }
+  /// The flattened group the all-gathers and reduce-scatters run on: over a context dimension of
+  /// one rank the data-shard dimension's own (the same ranks; the collectives keep its label).
+  static auto& group(const Mesh& mesh) { return mesh.group(first, mesh.size(last) == 1 ? first : last); }
+  /// `layout` with Shard<0> (of the flat buffer) on every dimension of the shard group.
+  template <std::size_t N>
+  static LayoutDesc<N> sharded(LayoutDesc<N> layout) {
+    for (std::size_t d = first; d <= last; ++d) layout.placements[d] = PlacementDesc::shard(0);
+    return layout;
+  }
+};
+
+}  // namespace dtensor::parallel
 
 namespace dtensor::parallel::detail {
 
@@ -159,8 +211,9 @@ struct UnitShard {
 
   /// stage: the ZeRO stage (1 and 2 keep the full values, 1 the full gradients, which the
   /// shard's states may then live in; see master_in_values / grad_in_full).
+  /// size, coord: the shard group's (FsdpShardDims); shard_first..shard_last its mesh dimensions.
   UnitShard(std::string unit_name, std::shared_ptr<nn::FlatParams<T, N, Space>> g, int size, int coord,
-            std::size_t shard_dim, int stage = 3, bool accumulate_in_master = false)
+            std::size_t shard_first, std::size_t shard_last, int stage = 3, bool accumulate_in_master = false)
       : name(std::move(unit_name)), group(std::move(g)) {
     numel = group->size();
     ranks = std::size_t(size);
@@ -221,7 +274,7 @@ struct UnitShard {
       const Range r = overlap(e);
       if (r.size() == 0) continue;
       auto layout = e.layout;
-      layout.placements[shard_dim] = PlacementDesc::shard(0);
+      for (std::size_t d = shard_first; d <= shard_last; ++d) layout.placements[d] = PlacementDesc::shard(0);
       grad_states.push_back(layout);
       const std::size_t at = std::size_t(r.begin - shard.begin), len = std::size_t(r.size());
       const auto grad_part = grad_narrow ? std::span<M>() : grad.span().subspan(at, len);

@@ -16,7 +16,9 @@
 //   run.sync_parameters();                 // ZeRO-1/2: all-gather the updated parameters
 //
 // Each of this rank's stages is wrapped by parallel::fully_shard over the stage mesh's data-shard
-// dimension ("fsdp"; HSDP with "dp" > 1; with "fsdp" of size 1 and ZeRO-1 that is plain DDP).
+// dimension flattened with the context one after it ("fsdp*cp", N' = fsdp x cp ranks: the context
+// ranks shard the states too; HSDP with "dp" > 1; with "fsdp" and "cp" of size 1 and ZeRO-1 that
+// is plain DDP).
 // The micro-batches before the last accumulate their gradients unreduced in the units' full
 // buffers (set_requires_gradient_sync(false)); the last micro-batch's backward reduces each unit
 // as soon as its backward is complete (one reduce-scatter per unit, issued while the earlier
@@ -35,7 +37,8 @@
 // stage; a caller that drives the stages itself (the dry run, models/training_plan.hpp) calls the
 // same begin_stage / begin_last_backward / end_stage. After the schedule, step() waits for the
 // reductions (HSDP: then one all-reduce per unit on "dp"), and all-reduces what is still pending
-// on the context dimension (parallel::context_parallel_grads) and, under sequence parallelism, on
+// on the context dimension (parallel::context_parallel_grads: nothing of FSDP's shards, which
+// their reduce-scatter over "fsdp*cp" reduced) and, under sequence parallelism, on
 // the tensor dimension (parallel::sequence_parallel_grads).
 // Collectives beyond the stages' own and the messages between them: exactly these.
 //
