@@ -391,7 +391,8 @@ TEST_CASE("ViT dry run on meta: ViT-B/16 on 512 ranks, ZeRO-3 x CP x TP + SP", "
         for (Extent x : e.global_shape) n *= std::int64_t(x);
         full_params += n;
       }
-    for (auto& u : model->units()) shard_bytes += (std::int64_t(u.group->size()) + 7) / 8 * 4;
+    // FSDP shards over fsdp x cp (8 x 4 = 32 ranks, parallel/detail/fsdp_unit.hpp FsdpShardDims).
+    for (auto& u : model->units()) shard_bytes += (std::int64_t(u.group->size()) + 31) / 32 * 4;
     auto fsdp = parallel::fully_shard(*model, mesh, {.stage = 3});
     master_bytes = std::int64_t(fsdp.memory().master);
     optim::AdamW<float, 4, meta_space> opt(fsdp.params(), {});
@@ -432,7 +433,7 @@ TEST_CASE("ViT dry run on meta: ViT-B/16 on 512 ranks, ZeRO-3 x CP x TP + SP", "
             count("forward", CollectiveKind::reduce_scatter, "cp") == 1);
   CHECK(count("backward", CollectiveKind::all_gather, "cp") == 1);
   CHECK(count("forward", CollectiveKind::send_recv, "cp") == 12 * 2 * (4 - 1));  // ring: 2 (cp - 1) per block
-  // ZeRO-3 keeps rank 0 the first chunk (torch.chunk: ceil) of each unit's tensor-parallel piece, in fp32.
+  // ZeRO-3 keeps rank 0 the first chunk (torch.chunk: ceil) over fsdp x cp of each unit's tensor-parallel piece, in fp32.
   CHECK(master_bytes == shard_bytes);
 }
 
