@@ -178,7 +178,7 @@ void write_groups(Communicator& comm, const char* op, const std::vector<std::fil
     std::vector<std::uint64_t> begins;
     std::map<std::string, std::string> metadata = o.metadata;
     for (const auto& t : groups[f])
-      metadata[std::string(safetensors::checksum_prefix) + t.first] = safetensors::checksum_hex(sums[index_of.at(t.first)]);
+      metadata[std::string(safetensors::checksum_prefix) + t.first] = to_hex(sums[index_of.at(t.first)]);
     headers.push_back(safetensors::make_header(groups[f], safetensors::dtype_name<T>(), metadata, &begins));
     std::uint64_t total = 8 + headers.back().size();
     for (std::size_t i = 0; i < groups[f].size(); ++i) {

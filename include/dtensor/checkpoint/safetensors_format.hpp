@@ -38,6 +38,7 @@
 #include <variant>
 #include <vector>
 
+#include "dtensor/checkpoint/checksum.hpp"
 #include "dtensor/checkpoint/region.hpp"
 #include "dtensor/core/bfloat16.hpp"
 #include "dtensor/core/error.hpp"
@@ -455,13 +456,6 @@ inline std::uint64_t hash_elements(const void* bytes, std::size_t elem_bytes, st
   return sum;
 }
 
-inline std::string checksum_hex(std::uint64_t h) {
-  static constexpr char digits[] = "0123456789abcdef";
-  std::string s(16, '0');
-  for (int i = 15; i >= 0; --i, h >>= 4) s[std::size_t(i)] = digits[h & 15];
-  return s;
-}
-
 /// Checks tensor `name` of `file` against the checksum in its header (when there is one): reads
 /// the whole tensor. A mismatch is an error naming the file and the tensor.
 inline void verify_checksum(const FileInfo& file, const std::string& name) {
@@ -484,8 +478,8 @@ inline void verify_checksum(const FileInfo& file, const std::string& name) {
     fd.read_at(buf.data(), buf.size(), file.data_start + e.begin + at * b, op);
     sum += hash_elements(buf.data(), b, at, count);
   }
-  if (checksum_hex(sum) != m->second)
-    throw Error(op, dtensor::detail::cat(file.path.string(), ": tensor '", name, "': its data's checksum is ", checksum_hex(sum),
+  if (checkpoint::to_hex(sum) != m->second)
+    throw Error(op, dtensor::detail::cat(file.path.string(), ": tensor '", name, "': its data's checksum is ", checkpoint::to_hex(sum),
                                          ", the header's ", m->second,
                                          ": the file was damaged or not completely written (refused)"));
 }
@@ -554,7 +548,7 @@ void write(const std::filesystem::path& path, const std::vector<Named<T>>& tenso
     list.emplace_back(t.name, t.shape);
     std::uint64_t numel = 1;
     for (Extent d : t.shape) numel *= std::uint64_t(d);
-    meta[std::string(checksum_prefix) + t.name] = checksum_hex(hash_elements(t.data, sizeof(T), 0, numel));
+    meta[std::string(checksum_prefix) + t.name] = checkpoint::to_hex(hash_elements(t.data, sizeof(T), 0, numel));
   }
   std::vector<std::uint64_t> begins;
   const std::string header = make_header(list, dtype_name<T>(), meta, &begins);
