@@ -92,10 +92,6 @@ struct TrainerOptions {
       if (s.inner_steps < 1) throw Error(op, dtensor::detail::cat("inner_steps ", s.inner_steps, ": must be >= 1"), rank);
       if (s.kind == SyncKind::async && s.staleness < 0)
         throw Error(op, dtensor::detail::cat("staleness ", s.staleness, ": must be >= 0"), rank);
-      if (!offload_optimizer_dir.empty())
-        throw Error(op, dtensor::detail::cat("sync ", parallel::sync::to_string(s.kind),
-                                             " keeps each replica's own optimizer state in memory: no optimizer offload"),
-                    rank);
     }
   }
 };

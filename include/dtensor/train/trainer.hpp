@@ -336,6 +336,10 @@ class Trainer {
   /// sync state (checkpoint/sync_state.hpp) — host memory, parameters on the stage mesh only.
   checkpoint::Slots<T> sync_slots(const std::vector<std::span<T>>& pending) {
     checkpoint::Slots<T> slots;
+    if (!adam_)
+      mesh_.comm().fail("train::Trainer", dtensor::detail::cat("a checkpoint with sync ", parallel::sync::to_string(o_.sync.kind),
+                                                              " saves each rank's state with an AdamW in memory: not with "
+                                                              "the optimizer offloaded to files"));
     if constexpr (host && Params::lists == 1) {
       slots = checkpoint::per_rank(checkpoint::detail::pipeline_slots(pipeline_, *adam_), mesh_);
       slots.push_back(checkpoint::count_slot("adamw.steps", adamw_steps_, adam_->steps(), mesh_));
