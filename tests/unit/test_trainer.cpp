@@ -311,3 +311,25 @@ TEST_CASE("train::Trainer: degrees that do not multiply to the ranks are a clear
   for (const auto& f : failures) UNSCOPED_INFO(f);
   CHECK(failures.empty());
 }
+
+TEST_CASE("train::Trainer: ranks given different options fail together, naming the option", "[train][errors]") {
+  // Without the agreement one rank would build ZeRO-3 units and the other ZeRO-1's: different
+  // collectives from the first step on.
+  auto failures = testing::on_ranks(2, [&](CommPtr world, auto report) {
+    train::TrainerOptions o;
+    o.degrees = {.fsdp = 2};
+    o.zero = world->rank() == 0 ? 1 : 3;
+    try {
+      train::Trainer<Tagger<host_space>> trainer(world, o, [&](const train::StageMeshIn<host_space>& m) {
+        return Tagger<host_space>(m, TaggerConfig{});
+      });
+      report("no error");
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      if (what.find("train::Trainer") == std::string::npos || what.find("zero") == std::string::npos)
+        report("unclear: " + what);
+    }
+  });
+  for (const auto& f : failures) UNSCOPED_INFO(f);
+  CHECK(failures.empty());
+}

@@ -20,6 +20,7 @@
 #include <string>
 #include <utility>
 
+#include "dtensor/comm/settings_agreement.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/mesh/device_mesh.hpp"
 #include "dtensor/optim/adamw.hpp"
@@ -40,6 +41,16 @@ struct Degrees {
   int pp = 1, dp = 1, fsdp = 1, cp = 1, tp = 1;
   int ranks() const noexcept { return pp * dp * fsdp * cp * tp; }
   std::array<int, 5> shape() const noexcept { return {pp, dp, fsdp, cp, tp}; }
+  /// Throws a dtensor::Error unless every degree is >= 1 and their product is `ranks`.
+  void check(int ranks, int rank = -1) const {
+    constexpr const char* op = "train::Trainer";
+    for (auto [name, v] : {std::pair{"pp", pp}, {"dp", dp}, {"fsdp", fsdp}, {"cp", cp}, {"tp", tp}})
+      if (v < 1) throw Error(op, dtensor::detail::cat("the mesh degree ", name, " is ", v, ": every degree must be >= 1"), rank);
+    if (this->ranks() != ranks)
+      throw Error(op, dtensor::detail::cat("the mesh pp ", pp, " x dp ", dp, " x fsdp ", fsdp, " x cp ", cp, " x tp ", tp, " = ",
+                                           this->ranks(), " ranks, but the communicator has ", ranks),
+                  rank);
+  }
 };
 
 /// What runs on "dp" instead of DDP's gradient all-reduce (parallel/sync/, docs/beyond-sync.md).
@@ -72,16 +83,32 @@ struct TrainerOptions {
   /// The ZeRO stage this runs (0 resolved).
   int zero_stage() const noexcept { return zero != 0 ? zero : degrees.fsdp > 1 ? 3 : 1; }
 
+  /// Every rank's options must be the same (one all-gather over `comm`: a dtensor::Error on every
+  /// rank naming what differs, before anything is built); then they are checked (check()).
+  void agree_and_check(Communicator& comm) const {
+    auto text = [](auto v) { return dtensor::detail::cat(v); };
+    const auto& a = adamw;
+    require_same_settings(
+        comm, "train::Trainer",
+        {{"degrees (pp dp fsdp cp tp)", dtensor::detail::cat(degrees.pp, " ", degrees.dp, " ", degrees.fsdp, " ", degrees.cp, " ", degrees.tp)},
+         {"schedule", schedule},
+         {"microbatches", text(microbatches)},
+         {"stages_per_rank", text(stages_per_rank)},
+         {"zero", text(zero)},
+         {"reshard_after_forward", reshard_after_forward ? text(int(*reshard_after_forward)) : "default"},
+         {"adamw (lr beta1 beta2 eps weight_decay)", dtensor::detail::cat(a.lr, " ", a.beta1, " ", a.beta2, " ", a.eps, " ", a.weight_decay)},
+         {"clip_norm", text(clip_norm)},
+         {"sync", dtensor::detail::cat(parallel::sync::to_string(sync.kind), " inner ", sync.inner_steps, " staleness ",
+                                       sync.staleness, " clients ", sync.clients, " seed ", sync.seed)},
+         {"offload (params, optimizer)", dtensor::detail::cat(!offload_params_dir.empty(), " ", !offload_optimizer_dir.empty())},
+         {"bucket_bytes", text(bucket_bytes)}});
+    check(comm.size(), comm.rank());
+  }
+
   /// Throws a dtensor::Error naming the setting when these options cannot train on `ranks` ranks.
   void check(int ranks, int rank = -1) const {
     constexpr const char* op = "train::Trainer";
-    const Degrees& d = degrees;
-    for (auto [name, v] : {std::pair{"pp", d.pp}, {"dp", d.dp}, {"fsdp", d.fsdp}, {"cp", d.cp}, {"tp", d.tp}})
-      if (v < 1) throw Error(op, dtensor::detail::cat("the mesh degree ", name, " is ", v, ": every degree must be >= 1"), rank);
-    if (d.ranks() != ranks)
-      throw Error(op, dtensor::detail::cat("the mesh pp ", d.pp, " x dp ", d.dp, " x fsdp ", d.fsdp, " x cp ", d.cp, " x tp ", d.tp,
-                                           " = ", d.ranks(), " ranks, but the communicator has ", ranks),
-                  rank);
+    degrees.check(ranks, rank);
     if (microbatches < 1) throw Error(op, dtensor::detail::cat("microbatches ", microbatches, ": must be >= 1"), rank);
     if (zero < 0 || zero > 3) throw Error(op, dtensor::detail::cat("ZeRO stage ", zero, ": must be 1, 2 or 3 (0: chosen)"), rank);
     if (reshard_after_forward && zero_stage() != 3)

@@ -74,12 +74,11 @@ struct list_traits<nn::ParamList<T, N, S>> {
 }  // namespace detail
 
 /// The mesh for `degrees` over `world` (every rank together); a dtensor::Error naming the degrees
-/// when their product is not the number of ranks.
+/// when their product is not the number of ranks (the same on every rank given the same degrees:
+/// the Trainer agrees on its options first).
 template <class Space = host_space>
 MeshIn<Space> make_mesh(CommPtr world, const Degrees& degrees) {
-  TrainerOptions o;
-  o.degrees = degrees;
-  o.check(world->size(), world->rank());
+  degrees.check(world->size(), world->rank());
   return MeshIn<Space>(std::move(world), degrees.shape());
 }
 
@@ -106,13 +105,34 @@ class Trainer {
 
   /// Every rank of `world` together: the mesh, the schedule, this rank's stages of
   /// `make_model(stage_mesh)`, FSDP, the optimizer and the replica sync.
+  /// Every rank's options must be the same: one all-gather at the start (TrainerOptions::
+  /// agree_and_check), so that ranks given different options fail together, naming the difference.
   template <class MakeModel>
   Trainer(CommPtr world, const TrainerOptions& o, MakeModel&& make_model)
-      : Trainer(make_mesh<Space>(std::move(world), o.degrees), o, std::forward<MakeModel>(make_model)) {}
+      : Trainer(Agreed{}, make_mesh<Space>(agreed(std::move(world), o), o.degrees), o, std::forward<MakeModel>(make_model)) {}
 
   template <class MakeModel>
   Trainer(const Mesh& mesh, const TrainerOptions& o, MakeModel&& make_model)
-      : o_(checked(o, mesh)), mesh_(mesh), stage_mesh_(parallel::pipeline::stage_mesh_of(mesh)),
+      : Trainer(Agreed{}, agreed(mesh, o), o, std::forward<MakeModel>(make_model)) {}
+
+ private:
+  struct Agreed {};
+  static CommPtr agreed(CommPtr world, const TrainerOptions& o) {
+    o.agree_and_check(*world);
+    return world;
+  }
+  static const Mesh& agreed(const Mesh& mesh, const TrainerOptions& o) {
+    o.agree_and_check(mesh.comm());
+    for (std::size_t d = 0; d < Mesh::ndim; ++d)
+      if (mesh.size(d) != o.degrees.shape()[d])
+        mesh.comm().fail("train::Trainer", dtensor::detail::cat("the mesh's \"", Mesh::names[d], "\" has ", mesh.size(d),
+                                                              " ranks, the options' degrees ", o.degrees.shape()[d]));
+    return mesh;
+  }
+
+  template <class MakeModel>
+  Trainer(Agreed, const Mesh& mesh, const TrainerOptions& o, MakeModel&& make_model)
+      : o_(o), mesh_(mesh), stage_mesh_(parallel::pipeline::stage_mesh_of(mesh)),
         pipeline_(mesh_, schedule_of(o_), split(make_model(stage_mesh_), o_, mesh_),
                   {.stage = o_.zero_stage(), .reshard_after_forward = o_.reshard_after_forward,
                    .reduce_replicas = o_.sync.kind == parallel::sync::SyncKind::ddp,
@@ -132,6 +152,8 @@ class Trainer {
     if (o_.sync.kind != parallel::sync::SyncKind::ddp)
       sync_.emplace(stage_mesh_, pipeline_.params().template list<0>(), o_.sync);
   }
+
+ public:
   Trainer(const Trainer&) = delete;  // the pipeline's hooks and the optimizer hold references into it
   Trainer& operator=(const Trainer&) = delete;
 
@@ -214,8 +236,9 @@ class Trainer {
         return checkpoint::save_pipeline_state(dir, pipeline_, held, std::move(meta));
       }
     }
+    auto own = sync_slots(sync_->settle());  // first: it refuses an offloaded optimizer
     auto slots = checkpoint::detail::pipeline_slots(pipeline_, *adam_);
-    checkpoint::append(slots, sync_slots(sync_->settle()));
+    checkpoint::append(slots, std::move(own));
     const checkpoint::HostStaging<Space, T> staged(slots, true);
     meta.optimizer_steps = adam_->steps();
     checkpoint::save(dir, mesh_, slots, meta);
@@ -276,14 +299,6 @@ class Trainer {
   }
 
  private:
-  static TrainerOptions checked(const TrainerOptions& o, const Mesh& mesh) {
-    o.check(mesh.comm().size(), mesh.comm().rank());
-    for (std::size_t d = 0; d < Mesh::ndim; ++d)
-      if (mesh.size(d) != o.degrees.shape()[d])
-        mesh.comm().fail("train::Trainer", dtensor::detail::cat("the mesh's \"", Mesh::names[d], "\" has ", mesh.size(d),
-                                                              " ranks, the options' degrees ", o.degrees.shape()[d]));
-    return o;
-  }
   static parallel::pipeline::Schedule schedule_of(const TrainerOptions& o) {
     return parallel::pipeline::make_schedule(parallel::pipeline::parse_schedule_kind(o.schedule), o.degrees.pp, o.microbatches,
                                            o.stages_per_rank);
