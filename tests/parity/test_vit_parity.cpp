@@ -391,8 +391,9 @@ TEST_CASE("ViT dry run on meta: ViT-B/16 on 512 ranks, ZeRO-3 x CP x TP + SP", "
         for (Extent x : e.global_shape) n *= std::int64_t(x);
         full_params += n;
       }
-    // FSDP shards over fsdp x cp (8 x 4 = 32 ranks, parallel/detail/fsdp_unit.hpp FsdpShardDims).
-    for (auto& u : model->units()) shard_bytes += (std::int64_t(u.group->size()) + 31) / 32 * 4;
+    // FSDP shards over fsdp x cp (parallel/detail/fsdp_unit.hpp FsdpShardDims): rank 0's chunk.
+    const std::int64_t shards = shape[1] * shape[2];
+    for (auto& u : model->units()) shard_bytes += (std::int64_t(u.group->size()) + shards - 1) / shards * 4;
     auto fsdp = parallel::fully_shard(*model, mesh, {.stage = 3});
     master_bytes = std::int64_t(fsdp.memory().master);
     optim::AdamW<float, 4, meta_space> opt(fsdp.params(), {});
