@@ -316,6 +316,11 @@ inline void check_interop(const Options& o) {
 inline void check_device(const Options& o, bool cuda_build) {
   if (o.device == "cuda" && !cuda_build)
     throw UsageError("--device cuda: this train_gpt was built without CUDA; run train_gpt_cuda (built with -DDTENSOR_WITH_CUDA=ON)");
+  // train_gpt_cuda holds only the GPU's instantiations of the trainer: the host's doubled its two
+  // nvcc units, CI's longest (docs/benchmarks.md, "CI").
+  if (o.device == "cpu" && cuda_build)
+    throw UsageError("train_gpt_cuda runs on the GPU: give --device cuda (the host run is train_gpt: the same trainer, "
+                     "the same flags)");
   if (o.device == "cpu" && o.backend == "nccl") throw UsageError("--backend nccl needs --device cuda");
   if (o.tf32 && o.device != "cuda") throw UsageError("--tf32 needs --device cuda (the host's float GEMMs are fp32)");
   if (o.attention != "auto" && o.device != "cuda")
@@ -1388,21 +1393,23 @@ int run(int argc, char** argv, const Options& o, const Gpu& gpu = {}) {
     const Corpus corpus = encode(read_text(o.data), o.seq);
     check_memory_estimate(o, corpus);
     check_save_dir(o);
-    if constexpr (Gpu::available)
-      if (o.device == "cuda") return gpu.template run<Compute>(argc, argv, o, corpus);
-    // The host BLAS's kernels, chosen by the CPU's features (kernels/host/blas_core.hpp) here,
-    // before the rank threads start: the choice sets OPENBLAS_CORETYPE for an instant.
-    (void)kernels::host::blas_kernels();
-    if (o.backend == "mpi") {
+    if constexpr (Gpu::available) {
+      return gpu.template run<Compute>(argc, argv, o, corpus);  // --device cuda (check_device)
+    } else {
+      // The host BLAS's kernels, chosen by the CPU's features (kernels/host/blas_core.hpp) here,
+      // before the rank threads start: the choice sets OPENBLAS_CORETYPE for an instant.
+      (void)kernels::host::blas_kernels();
+      if (o.backend == "mpi") {
 #ifdef DTENSOR_HAS_MPI
-      return dtensor::mpi::run(argc, argv, [&](CommPtr world) { run_rank<host_space, Compute>(std::move(world), o, corpus); });
+        return dtensor::mpi::run(argc, argv, [&](CommPtr world) { run_rank<host_space, Compute>(std::move(world), o, corpus); });
 #else
-      (void)argc, (void)argv;
-      std::fprintf(stderr, "%s: --backend mpi needs a build with -DDTENSOR_WITH_MPI=ON\n", o.generate_program ? "generate" : "train_gpt");
-      return 2;
+        (void)argc, (void)argv;
+        std::fprintf(stderr, "%s: --backend mpi needs a build with -DDTENSOR_WITH_MPI=ON\n", o.generate_program ? "generate" : "train_gpt");
+        return 2;
 #endif
+      }
+      threads::run(o.ranks(), [&](CommPtr world) { run_rank<host_space, Compute>(std::move(world), o, corpus); });
     }
-    threads::run(o.ranks(), [&](CommPtr world) { run_rank<host_space, Compute>(std::move(world), o, corpus); });
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: %s\n", o.generate_program ? "generate" : "train_gpt", e.what());
     return 1;

@@ -3,7 +3,7 @@
 //
 //   train_gpt_cuda --device cuda --pp 1 --cp 1 --fsdp 2 --tp 2    # 4 ranks, threads sharing one GPU
 //   mpirun -n 8 train_gpt_cuda --device cuda --backend nccl         # one process per GPU
-//   train_gpt_cuda ...                                              # without --device cuda: the host run
+//   train_gpt_cuda ...                                              # without --device cuda: refused (the host run is train_gpt)
 #include "train_gpt_cuda.cuh"
 
 namespace examples::gpt {

@@ -36,7 +36,6 @@ elif command -v mpicxx >/dev/null && mpi_show=$(mpicxx -compile_info 2>/dev/null
   for w in $mpi_show; do [[ $w == -I* ]] && mpi_flags+=("-isystem${w#-I}"); done
 fi
 all_headers=$(mktemp --suffix=.cpp)
-trap 'rm -f "$all_headers"' EXIT
 {
   while IFS= read -r h; do
     if [[ ${#mpi_flags[@]} -eq 0 ]] && grep -q '<mpi.h>' "$h"; then continue; fi
@@ -46,39 +45,77 @@ trap 'rm -f "$all_headers"' EXIT
 } > "$all_headers"
 if [[ ${#mpi_flags[@]} -eq 0 ]]; then echo "check-clang: no mpicxx; the MPI backend's headers are left out"; fi
 
+# The compiles run side by side, as many at once as there are cores (DTENSOR_TEST_JOBS): each
+# is one single-threaded compiler, and one after another they left a core idle for about two
+# minutes of CI. Each job's output is kept and printed whole when it ends.
+jobs=${DTENSOR_TEST_JOBS:-$(nproc)}
+logs=$(mktemp -d)
+trap 'rm -f "$all_headers"; rm -rf "$logs"' EXIT
 failed=0
-check() {  # check COMPILER FILE...
-  local cxx=$1 f start
+running=0
+njob=0
+check_one() {  # check_one COMPILER FILE: one compile, its verdict on the last line of output
+  local cxx=$1 f=$2 start=$SECONDS extra=()
+  if [[ $f == "$all_headers" ]]; then extra=("${mpi_flags[@]}"); fi
+  # clang 19 flags libstdc++ 12's own std::get_temporary_buffer (deprecated in C++20), which
+  # std::stable_sort calls: a warning, not an error.
+  if "$cxx" -std=c++20 -fsyntax-only -Wall -Wextra -Wpedantic -Werror -Wno-error=deprecated-declarations \
+       -I include -I examples -I tests "${extra[@]}" "$f"; then
+    echo "ok: ${f/#$all_headers/every public header} ($((SECONDS - start)) s, $cxx)"
+  else
+    echo "FAILED: ${f/#$all_headers/every public header} ($cxx)"
+    return 1
+  fi
+}
+reap() {  # wait for one running job; a failed one fails the script
+  if ! wait -n; then failed=1; fi
+  running=$((running - 1))
+}
+check() {  # check COMPILER FILE...: queue one job per file
+  local cxx=$1 f
   shift
   echo "check-clang: $("$cxx" --version | head -1)"
   for f in "$@"; do
-    start=$SECONDS
-    local extra=()
-    if [[ $f == "$all_headers" ]]; then extra=("${mpi_flags[@]}"); fi
-    # clang 19 flags libstdc++ 12's own std::get_temporary_buffer (deprecated in C++20), which
-    # std::stable_sort calls: a warning, not an error.
-    if "$cxx" -std=c++20 -fsyntax-only -Wall -Wextra -Wpedantic -Werror -Wno-error=deprecated-declarations \
-         -I include -I examples -I tests "${extra[@]}" "$f"; then
-      echo "ok: ${f/#$all_headers/every public header} ($((SECONDS - start)) s, $cxx)"
-    else
-      echo "FAILED: ${f/#$all_headers/every public header} ($cxx)"
-      failed=1
-    fi
+    while ((running >= jobs)); do reap; done
+    njob=$((njob + 1))
+    check_one "$cxx" "$f" > "$logs/$njob.log" 2>&1 &
+    running=$((running + 1))
   done
 }
+finish() {  # wait for the rest, print every job's output in order
+  while ((running > 0)); do reap; done
+  local i
+  for ((i = 1; i <= njob; i++)); do cat "$logs/$i.log"; done
+  exit $failed
+}
+
+newest_installed() {
+  local v
+  for v in 19 18 17 16; do
+    if command -v "clang++-$v" >/dev/null; then echo "clang++-$v"; return; fi
+  done
+}
+ensure_compilers() {  # clang-14 and a newest one, installed when missing
+  command -v clang++-14 >/dev/null || apt_install clang-14
+  if [[ -z $(newest_installed) ]]; then apt_install clang-19; fi
+}
+
+# --install-only: install the compilers and stop (.ci/run starts this during the main build, so that
+# the download does not wait for the build).
+if [[ ${1:-} == --install-only ]]; then
+  ensure_compilers
+  exit 0
+fi
 
 if [[ -n ${CXX:-} ]]; then
   command -v "$CXX" >/dev/null || { echo "check-clang: $CXX not found"; exit 1; }
   check "$CXX" "$all_headers" examples/train_gpt.cpp examples/plan_at_scale.cpp
-  exit $failed
+  finish
 fi
 
-command -v clang++-14 >/dev/null || apt_install clang-14
-newest=""
-for v in 19 18 17 16; do
-  if command -v "clang++-$v" >/dev/null; then newest=clang++-$v; break; fi
-done
-if [[ -z $newest ]]; then apt_install clang-19; newest=clang++-19; fi
+ensure_compilers
+newest=$(newest_installed)
+# The longest compile (plan_at_scale) first, so that the others fill the second core beside it.
+check "$newest" examples/plan_at_scale.cpp "$all_headers" examples/train_gpt.cpp
 check clang++-14 "$all_headers" examples/train_gpt.cpp
-check "$newest" "$all_headers" examples/train_gpt.cpp examples/plan_at_scale.cpp
-exit $failed
+finish

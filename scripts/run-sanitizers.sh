@@ -18,7 +18,7 @@
 # part (each program compiles about twice as long as in the main build), so the subsets were
 # cut to these 9 and 4 for CI's time budget (docs/benchmarks.md); `scripts/run-sanitizers.sh
 # asan` with more targets is a local check. The programs that compile long and run briefly are
-# compiled at -O0 (DTENSOR_TESTS_O0, tests/CMakeLists.txt): instrumented code at -O1 took about
+# compiled at -O0 (DTENSOR_TESTS_O0, the top-level CMakeLists.txt): instrumented code at -O1 took about
 # twice the compile time (test_moe with ASan + UBSan: 74 s against 34 s of CPU); the two whose
 # run dominates the phase (test_comm_threads, test_redistribute_oracle) stay at -O1. -O0 checks
 # at least as much (no access is optimized away before instrumentation); the programs run slower.
