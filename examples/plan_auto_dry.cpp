@@ -1,11 +1,27 @@
-// examples/plan_auto_dry.cpp — train_gpt --plan auto's dry run of the analytic best plans
+// examples/plan_auto_dry.cpp — the dry run of every model (examples::dry_run_any, declared in
+// plan_rescore.hpp) and train_gpt --plan auto's dry run of the analytic best plans
 // (examples::dry_rank, declared in plan_auto.hpp): the ranking plan_at_scale --search makes
-// (examples/plan_rescore.hpp), in its own host translation unit so that the CUDA trainer, which
-// compiles train_gpt.hpp with nvcc, links the dry run without nvcc compiling it.
+// (examples/plan_rescore.hpp). One host translation unit, linked by train_gpt, train_gpt_cuda
+// (nvcc never compiles the dry run) and plan_at_scale (the dry run is compiled once, not twice).
 #include "plan_auto.hpp"
 #include "plan_rescore.hpp"
 
 namespace examples {
+
+std::vector<dtensor::sim::PlanClass> dry_run_any(const dtensor::sim::TrainingPlan& p, bool llama, bool bf16, bool sp) {
+  namespace sim = dtensor::sim;
+  namespace nn = dtensor::nn;
+  using ExpertMesh = dtensor::MetaMesh<"edp", "ep", "tp">;
+  using bf = dtensor::bfloat16;
+  auto run = [&]<class T, class Layers>() {
+    return sp ? sim::dry_run_plan<T, Layers, true>(p) : sim::dry_run_plan<T, Layers, false>(p);
+  };
+  if (llama) return bf16 ? run.template operator()<bf, nn::LlamaLayers>() : run.template operator()<float, nn::LlamaLayers>();
+  if (p.has_experts())
+    return bf16 ? run.template operator()<bf, nn::MoELayers<bf, ExpertMesh>>()
+                : run.template operator()<float, nn::MoELayers<float, ExpertMesh>>();
+  return bf16 ? run.template operator()<bf, nn::DenseLayers>() : run.template operator()<float, nn::DenseLayers>();
+}
 
 std::vector<DryRanked> dry_rank(const PlanModel& m, const std::vector<dtensor::sim::RankedPlan>& ranked,
                                 std::size_t finalists, const dtensor::sim::Hardware& hw) {

@@ -50,21 +50,10 @@ inline dtensor::sim::TrainingPlan training_plan_of(dtensor::sim::TrainingPlan ba
   return base;
 }
 
-/// The dry run of a plan with the model's element type, blocks and sequence parallelism.
-inline std::vector<dtensor::sim::PlanClass> dry_run_any(const dtensor::sim::TrainingPlan& p, bool llama, bool bf16, bool sp) {
-  namespace sim = dtensor::sim;
-  namespace nn = dtensor::nn;
-  using ExpertMesh = dtensor::MetaMesh<"edp", "ep", "tp">;
-  using bf = dtensor::bfloat16;
-  auto run = [&]<class T, class Layers>() {
-    return sp ? sim::dry_run_plan<T, Layers, true>(p) : sim::dry_run_plan<T, Layers, false>(p);
-  };
-  if (llama) return bf16 ? run.template operator()<bf, nn::LlamaLayers>() : run.template operator()<float, nn::LlamaLayers>();
-  if (p.has_experts())
-    return bf16 ? run.template operator()<bf, nn::MoELayers<bf, ExpertMesh>>()
-                : run.template operator()<float, nn::MoELayers<float, ExpertMesh>>();
-  return bf16 ? run.template operator()<bf, nn::DenseLayers>() : run.template operator()<float, nn::DenseLayers>();
-}
+/// The dry run of a plan with the model's element type, blocks and sequence parallelism. Defined
+/// in plan_auto_dry.cpp, the one translation unit that instantiates the dry run of every model
+/// (train_gpt, train_gpt_cuda and plan_at_scale link its object: CI's time).
+std::vector<dtensor::sim::PlanClass> dry_run_any(const dtensor::sim::TrainingPlan& p, bool llama, bool bf16, bool sp);
 
 /// What the dry run says of a plan: its step (sim::estimate_plan over every class), the most any
 /// rank holds in the step (in-flight micro-batches included), which class, and the verdict.
