@@ -1492,7 +1492,15 @@ TEST_CASE("sim: the analytic estimate follows the dry run's", "[sim][cost][analy
     double memory = 0;
     for (const auto& k : classes) memory = std::max(memory, k.peak_in_flight);
     CAPTURE(dry.step_seconds, a.step_seconds, memory, a.memory_bytes);
-    CHECK(a.step_seconds == Approx(dry.step_seconds).epsilon(0.25));
+    // Today's gap, stated (issue 43 item 1 asks for 5 %, not met): the analytic step is 8-18 %
+    // shorter than the dry run's on these plans (ratios 0.906, 0.853, 0.859, 0.824). Per term
+    // (dp 8 x tp 8): the dry run's micro-batch compute is ~40 % more, in memory-bound records the
+    // analytic count leaves out (the gradients' fp32 casts and accumulation adds, head permutes
+    // and splits); its gradient reduction ~17 % more bytes; its TP collectives ~8 % more. Asserted
+    // where it is, so a change that moves it shows.
+    const double ratio = a.step_seconds / dry.step_seconds;
+    CHECK(ratio > 0.80);
+    CHECK(ratio < 0.93);
     CHECK(a.memory_bytes == Approx(memory).epsilon(0.5));
   }
 }
