@@ -484,6 +484,10 @@ void print_header(const Options& o) {
               : p.zero == 0 ? (o.bf16 ? "DDP, AdamW moments in bf16 (no fp32 master)" : "DDP")
                             : (p.hsdp > 1 ? "HSDP " + std::to_string(p.hsdp) + " x " : std::string("")).append("ZeRO-" + std::to_string(p.zero)).c_str(),
               p.schedule.c_str(), p.microbatches, o.bf16 ? "bf16" : "fp32", o.hardware.name.c_str());
+  // A power-limited device (sim/device.hpp): its GEMMs and attention at a share of the calibrated rates.
+  if (o.hardware.compute_scale != 1)
+    std::printf("device %s: GEMMs and attention at %.2f of the calibrated rates (compute_scale; MFU still counts the "
+                "rated %.0f TFLOP/s)\n", o.hardware.name.c_str(), o.hardware.compute_scale, o.hardware.peak_flops() / 1e12);
   if (p.has_experts())
     std::printf("MoE: %lld experts, top-%lld, every %lld blocks, over ep %d (balanced routing)\n",
                 (long long)p.moe.router.experts, (long long)p.moe.router.topk, (long long)p.moe.every, p.ep);
