@@ -27,7 +27,7 @@
 //   plan_at_scale --layers 32 --dim 4096 --heads 32 --seq 4096 --batch 1024 --dp 64 --tp 8 --pp 4
 //                 --microbatches 16 --experts 64 --topk 2 --ep 8 --dtype bf16 --device h200   # MoE on 2,048 GPUs
 //
-// The device: --device h100|h200|a100 (sim/device.hpp), --device-file F (every field), and
+// The device: --device h100|h200|a100|h100-500w (sim/device.hpp), --device-file F (every field), and
 // --device-field name=value for one field. The report: per class its tables, then the plan's step
 // (the critical path across classes and pipeline stages, sim::estimate_plan), tokens/s, MFU,
 // TFLOP/s per GPU, the slowest class and the memory verdict (in-step peak against the device's
@@ -119,12 +119,12 @@ constexpr const char* usage =
     "--batch N --mlp-ratio N --dtype f32|bf16 --checkpoint --recompute none|full|selective|LIST --dp N --tp N --pp N --cp N --cp-kind ring|allgather|ulysses "
     "--no-cp-balance --zero 0|1|2|3 --hsdp R --microbatches N --schedule gpipe|1f1b|interleaved|zb|zbv|dualpipev --stages-per-rank N "
     "--bf16-moments --experts E --topk K --ep N --moe-every N --capacity F --expert-ffn N --no-sp --trace FILE --json "
-    "--device h100|h200|a100 --device-file F --device-field NAME=VALUE --peak-tflops X "
+    "--device h100|h200|a100|h100-500w --device-file F --device-field NAME=VALUE --peak-tflops X "
     "--search --gpus N --top K --finalists N --rank-of tp=T,pp=P,dp=D[,cp=C,v=V,zero=Z,micro=B,ep=E] --published "
     "--serve BATCH,CONTEXT --sync-table [--inner-steps H --fragments F --overlap T --staleness S] "
     "--offload optimizer|params|activations (a comma list) [--disk-gbps X --pcie-gbps X --offload-buffer-mib X]]\n"
     "device fields: name peak_bf16_tflops peak_fp32_tflops hbm_gbytes_per_s memory_gbytes nvlink_domain "
-    "nvlink_gbytes_per_s nvlink_latency_us network_gbps network_latency_us\n";
+    "nvlink_gbytes_per_s nvlink_latency_us network_gbps network_latency_us [compute_scale]\n";
 
 sim::ModelShape model_shape(const Options& o) {
   const auto& m = o.plan.model;
@@ -484,6 +484,10 @@ void print_header(const Options& o) {
               : p.zero == 0 ? (o.bf16 ? "DDP, AdamW moments in bf16 (no fp32 master)" : "DDP")
                             : (p.hsdp > 1 ? "HSDP " + std::to_string(p.hsdp) + " x " : std::string("")).append("ZeRO-" + std::to_string(p.zero)).c_str(),
               p.schedule.c_str(), p.microbatches, o.bf16 ? "bf16" : "fp32", o.hardware.name.c_str());
+  // A power-limited device (sim/device.hpp): its GEMMs and attention at a share of the calibrated rates.
+  if (o.hardware.compute_scale != 1)
+    std::printf("device %s: GEMMs and attention at %.2f of the calibrated rates (compute_scale; MFU still counts the "
+                "rated %.0f TFLOP/s)\n", o.hardware.name.c_str(), o.hardware.compute_scale, o.hardware.peak_flops() / 1e12);
   if (p.has_experts())
     std::printf("MoE: %lld experts, top-%lld, every %lld blocks, over ep %d (balanced routing)\n",
                 (long long)p.moe.router.experts, (long long)p.moe.router.topk, (long long)p.moe.every, p.ep);
@@ -727,10 +731,13 @@ int run_search(const Options& o) {
 }
 
 /// --published: the published runs of sim/published_runs.hpp against the cost model (one
-/// calibration): each row's error, whether it was in the fit set, its leave-one-out error.
+/// calibration over two devices): each row's error, whether it was in the fit set, its
+/// leave-one-out error; then the fit rows by name and what was fitted on them.
 int run_published() {
   const auto runs = sim::published_runs();
-  const auto fitted = sim::fit_calibration(sim::fit_rows(runs));
+  const auto fits = sim::fit_rows(runs);
+  const auto fitted = sim::fit_calibration(fits);
+  const double fitted_scale = sim::fit_device_scale(fits, "h100-500w", fitted);
   const auto loo = sim::leave_one_out(runs);
   std::printf("run | set | device | published | predicted | error | leave-one-out | memory (analytic)\n");
   double worst_fit = 0, worst_held = 0;
@@ -743,11 +750,15 @@ int run_published() {
                 sim::detail::human_bytes(p.estimate.memory_bytes).c_str());
     (run.fit ? worst_fit : worst_held) = std::max(run.fit ? worst_fit : worst_held, std::abs(p.ratio() - 1));
   }
+  std::string names;
+  for (const auto& r : fits) names += (names.empty() ? "" : "; ") + r.name;
+  std::printf("fit rows (%zu, on %s): %s\n", fits.size(), "a100 and h100-500w", names.c_str());
   const auto& c = sim::calibration;
-  std::printf("calibration: gemm_max_fraction %.2f, gemm_half_intensity %.0f FLOP/B (fitted on the %zu fit rows: %.2f, %.0f), "
-              "attention_fraction %.2f, hbm_fraction %.2f, link_fraction %.2f (measured, not fitted)\n",
-              c.gemm_max_fraction, c.gemm_half_intensity, sim::fit_rows(runs).size(), fitted.gemm_max_fraction,
-              fitted.gemm_half_intensity, c.attention_fraction, c.hbm_fraction, c.link_fraction);
+  std::printf("calibration: gemm_max_fraction %.2f, gemm_half_intensity %.0f FLOP/B (fitted on the a100 fit rows: %.2f, %.0f), "
+              "attention_fraction %.2f, hbm_fraction %.2f, link_fraction %.2f (measured, not fitted); "
+              "h100-500w compute_scale %.2f (fitted on its fit rows under that calibration: %.2f)\n",
+              c.gemm_max_fraction, c.gemm_half_intensity, fitted.gemm_max_fraction, fitted.gemm_half_intensity,
+              c.attention_fraction, c.hbm_fraction, c.link_fraction, sim::h100_500w_compute_scale, fitted_scale);
   std::printf("largest error: fit rows %.1f %%, held-out rows %.1f %%\n", 100 * worst_fit, 100 * worst_held);
   return 0;
 }

@@ -609,6 +609,28 @@ TEST_CASE("sim: roofline per op and device descriptions", "[sim][cost][device]")
   CHECK_THROWS_WITH(sim::parse_device("just words\n", "gpu.txt"), Catch::Contains("gpu.txt:1: 'just words' is not 'field = value'"));
   CHECK_THROWS_WITH(sim::read_device_file("/no/such/gpu.txt"), Catch::Contains("cannot read device file '/no/such/gpu.txt'"));
   CHECK_THROWS_WITH(sim::device("tpu"), Catch::Contains("unknown device 'tpu'"));
+  // compute_scale (issue 43): a power-limited device runs its GEMMs and attention at that share of
+  // the calibrated rates; memory-bound ops, MFU's peak and the links are the rated ones. Optional
+  // in files (default 1), read back as written, and checked (0 < scale <= 1).
+  CHECK(h100.compute_scale == 1);
+  CHECK(a100.compute_scale == 1);
+  const auto limited = sim::device("h100-500w");
+  CHECK(limited.compute_scale == sim::h100_500w_compute_scale);
+  CHECK(limited.peak_flops() == h100.peak_flops());
+  CHECK(limited.hbm_bytes_per_second == 2.4e12);
+  CHECK(limited.memory_bytes == 96e9);
+  CHECK(sim::op_seconds(square, limited) == Approx(sim::op_seconds(square, h100) / sim::h100_500w_compute_scale));
+  const kernels::meta::CostRecord attention{"attention", std::int64_t(1e12), std::int64_t(1e6), std::int64_t(1e6)};
+  CHECK(sim::op_seconds(attention, limited) == Approx(sim::op_seconds(attention, h100) / sim::h100_500w_compute_scale));
+  CHECK(sim::op_seconds(row, limited) == Approx(2 * (n * n + 2 * n) / (limited.hbm_bytes_per_second * sim::calibration.hbm_fraction)));
+  CHECK(sim::parse_device(sim::to_device_file(limited), "test").compute_scale == Approx(sim::h100_500w_compute_scale));
+  CHECK(text.find("compute_scale") != std::string::npos);
+  const std::string without_scale = text.substr(0, text.find("compute_scale"));
+  CHECK(sim::parse_device(without_scale, "gpu.txt").compute_scale == 1);
+  auto over = h100;
+  sim::set_device_field(over, "compute_scale", "1.5");
+  CHECK_THROWS_WITH(over.check("test"), Catch::Contains("0 < compute_scale <= 1"));
+  CHECK_THROWS_WITH(sim::parse_device(without_scale + "compute_scale = 0\n", "gpu.txt"), Catch::Contains("compute_scale 0"));
 }
 
 // ---------------------------------------------------------------- published figures, from the real step on meta
@@ -1377,8 +1399,9 @@ TEST_CASE("sim: one calibration predicts the published runs within 15 %", "[sim]
   for (const auto& run : runs) {
     const auto p = sim::predict(run);
     CAPTURE(run.name, run.fit, p.predicted, p.published);
+    // The issue's rows, and every H100 row (Llama 3 at 700 W; torchtitan's on h100-500w).
     const bool named = run.name.rfind("Korthikanti", 0) == 0 || run.name.rfind("Narayanan", 0) == 0 ||
-                       run.name.rfind("Llama 3", 0) == 0;
+                       run.name.rfind("Llama 3", 0) == 0 || run.name.rfind("torchtitan", 0) == 0;
     korthikanti += run.name.rfind("Korthikanti", 0) == 0;
     narayanan += run.name.rfind("Narayanan", 0) == 0;
     llama += run.name.rfind("Llama 3", 0) == 0;
@@ -1389,7 +1412,16 @@ TEST_CASE("sim: one calibration predicts the published runs within 15 %", "[sim]
   CHECK(narayanan >= 5);
   CHECK(llama == 3);
   CHECK(std::size_t(fit) <= runs.size() / 2);  // more rows held out than fitted
-  CHECK(held_out >= 3 + 4 + 4);   // Llama 3, four Narayanan rows, MT-NLG and BLOOM
+  CHECK(held_out >= 3 + 4 + 4 + 1);  // Llama 3, four Narayanan rows, MT-NLG, BLOOM, torchtitan's 405B
+  // Rows of more than one device in the fit set; of three devices in all.
+  std::vector<std::string> fit_devices, devices;
+  for (const auto& run : runs) {
+    if (run.fit && std::find(fit_devices.begin(), fit_devices.end(), run.device) == fit_devices.end())
+      fit_devices.push_back(run.device);
+    if (std::find(devices.begin(), devices.end(), run.device) == devices.end()) devices.push_back(run.device);
+  }
+  CHECK(fit_devices.size() >= 2);
+  CHECK(devices.size() >= 3);
 }
 
 TEST_CASE("sim: the calibration is the fit of the fit rows; held-out and leave-one-out errors", "[sim][figures][calibration]") {
@@ -1401,20 +1433,25 @@ TEST_CASE("sim: the calibration is the fit of the fit rows; held-out and leave-o
   CHECK(fitted.attention_fraction == sim::calibration.attention_fraction);  // measured: never fitted
   CHECK(fitted.hbm_fraction == sim::calibration.hbm_fraction);
   CHECK(fitted.link_fraction == sim::calibration.link_fraction);
+  // The power-limited H100's compute_scale is the fit of its own fit rows under that calibration.
+  CHECK(sim::fit_device_scale(sim::fit_rows(runs), "h100-500w", fitted) == sim::h100_500w_compute_scale);
+  CHECK_THROWS_WITH(sim::fit_device_scale(sim::fit_rows(runs), "b200"), Catch::Contains("no runs on device 'b200'"));
+  // Without it (the SXM's rated compute), torchtitan's rows are 1.3-2x too fast: the device, not
+  // the calibration of the A100 and 700 W H100 rows, is what they measure.
+  for (const auto& run : runs)
+    if (run.device == "h100-500w") {
+      CAPTURE(run.name);
+      CHECK(sim::predict(run, sim::calibration, 1.0).ratio() > 1.3);
+    }
   // Leave-one-out: each fit row predicted by the calibration fitted without it; held-out rows by
   // the fit rows' calibration. The issue's rows stay within 15 % either way.
   const auto loo = sim::leave_one_out(runs);
   REQUIRE(loo.size() == runs.size());
   for (std::size_t i = 0; i < runs.size(); ++i) {
     CAPTURE(runs[i].name, runs[i].fit, loo[i]);
-    if (runs[i].name.rfind("torchtitan", 0) == 0) {
-      // Held out, and missed (issue 43): torchtitan's 8B under FSDP on 500 W HBM2e H100s is
-      // predicted 1.5-2x too fast — the GEMM efficiency fitted on A100 rows, reused for the
-      // H100, and the SXM peak where theirs is lower (their footnote); a per-device efficiency
-      // from cited measurements is not in the model yet (docs/dry-run.md). Asserted where it is.
-      CHECK(loo[i] > 1.4);
-      CHECK(loo[i] < 2.1);
-    } else if (runs[i].name.rfind("MT-NLG", 0) == 0) {
+    // (torchtitan's rows are in the last branch, within 15 %: each 8B row with the device's
+    // scale refitted on the other, the 405B row held out.)
+    if (runs[i].name.rfind("MT-NLG", 0) == 0) {
       // Held out, and missed: the same model and TP 8 x PP 35 as Narayanan's 530B row (163
       // TFLOP/s) ran at 126 TFLOP/s under DeepSpeed's pipeline; we predict Megatron's speed.
       CHECK(loo[i] < 0.80);
@@ -1455,7 +1492,15 @@ TEST_CASE("sim: the analytic estimate follows the dry run's", "[sim][cost][analy
     double memory = 0;
     for (const auto& k : classes) memory = std::max(memory, k.peak_in_flight);
     CAPTURE(dry.step_seconds, a.step_seconds, memory, a.memory_bytes);
-    CHECK(a.step_seconds == Approx(dry.step_seconds).epsilon(0.25));
+    // Today's gap, stated (issue 43 item 1 asks for 5 %, not met): the analytic step is 8-18 %
+    // shorter than the dry run's on these plans (ratios 0.906, 0.853, 0.859, 0.824). Per term
+    // (dp 8 x tp 8): the dry run's micro-batch compute is ~40 % more, in memory-bound records the
+    // analytic count leaves out (the gradients' fp32 casts and accumulation adds, head permutes
+    // and splits); its gradient reduction ~17 % more bytes; its TP collectives ~8 % more. Asserted
+    // where it is, so a change that moves it shows.
+    const double ratio = a.step_seconds / dry.step_seconds;
+    CHECK(ratio > 0.80);
+    CHECK(ratio < 0.93);
     CHECK(a.memory_bytes == Approx(memory).epsilon(0.5));
   }
 }
@@ -1669,6 +1714,13 @@ TEST_CASE("sim: HSDP and Ulysses in the analytic estimate and the search", "[sim
   CHECK(count(all, is_ulysses) > 0);
   CHECK(count(all, is_zb) > 0);
   CHECK(count(all, is_module) > 0);
+  // ZeRO at dp 1 under context parallelism shards over the cp ranks (torchtitan's FSDP 1 x CP 8):
+  // the search has it (issue 43: it skipped every ZeRO plan at dp 1); at dp 1 x cp 1 there is
+  // nothing to shard.
+  const auto zero_over_cp = [](const sim::RankedPlan& x) { return x.plan.dp == 1 && x.plan.cp > 1 && x.plan.zero > 0; };
+  const auto zero_alone = [](const sim::RankedPlan& x) { return x.plan.dp == 1 && x.plan.cp == 1 && x.plan.zero > 0; };
+  CHECK(count(all, zero_over_cp) > 0);
+  CHECK(count(all, zero_alone) == 0);
   const auto basic = sim::search_plans(llama, {.gpus = 64, .batch = 64, .keep_unfit = true, .hsdp = false, .cp_kinds = false,
                                                .zero_bubble = false, .recompute_modules = false}, h100);
   CHECK(count(basic, is_hsdp) + count(basic, is_ulysses) + count(basic, is_zb) + count(basic, is_module) == 0);

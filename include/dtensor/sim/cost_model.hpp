@@ -54,7 +54,8 @@
 // The calibration (struct Calibration, `calibration` below): five numbers, the same for every
 // model, plan and device; three from published microbenchmarks, two fitted on a stated subset of
 // the published rows, the rest held out (docs/dry-run.md). Device figures are the vendor's
-// (sim/device.hpp).
+// (sim/device.hpp); a power-limited device's compute_scale multiplies the GEMM and attention
+// rates (Hardware::sustained_flops), fitted on that device's rows (sim::fit_device_scale).
 #pragma once
 
 #include <algorithm>
@@ -202,9 +203,9 @@ inline double op_seconds(const kernels::meta::CostRecord& op, const Hardware& hw
   if (!(flops > 0)) return bytes / (hw.hbm_bytes_per_second * cal.hbm_fraction);
   double flop_rate = hw.peak_fp32_flops;  // vector units: pointwise maps, reductions, the optimizer
   if (op.op == "gemm")
-    flop_rate = hw.peak_flops() * gemm_efficiency(bytes > 0 ? flops / bytes : std::numeric_limits<double>::infinity(), cal);
+    flop_rate = hw.sustained_flops() * gemm_efficiency(bytes > 0 ? flops / bytes : std::numeric_limits<double>::infinity(), cal);
   else if (op.op == "attention" || op.op == "attention_backward")
-    flop_rate = hw.peak_flops() * cal.attention_fraction;
+    flop_rate = hw.sustained_flops() * cal.attention_fraction;
   return std::max(flops / flop_rate, bytes / (hw.hbm_bytes_per_second * cal.hbm_fraction));
 }
 

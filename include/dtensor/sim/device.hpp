@@ -1,13 +1,16 @@
 // dtensor/sim/device.hpp — what one GPU of a cluster can do, as the cost model reads it.
 //
-//   sim::Hardware h = sim::device("h100");            // built in: h100, h200, a100
+//   sim::Hardware h = sim::device("h100");            // built in: h100, h200, a100, h100-500w
 //   sim::Hardware f = sim::read_device_file("my.gpu"); // every field, "name = value" per line
 //   sim::set_device_field(h, "network_gbps", "200");  // one field, as --device-field does
 //   h.peak_flops();                                    // the peak of the dtype the model computes in
 //
-// A device description holds per-GPU figures only; how well kernels and collectives reach them
-// is the calibration's (sim/cost_model.hpp), the same for every device. Fields (units in the
-// names; a file must give every one, in any order; '#' starts a comment):
+// A device description holds per-GPU figures; how well kernels and collectives reach them is the
+// calibration's (sim/cost_model.hpp), the same for every device, times the device's
+// compute_scale: the share of the calibrated GEMM and attention rates this GPU sustains (1 for a
+// GPU at its rated power, as the calibration's rows ran; lower for a power-limited one, whose SM
+// clock drops under tensor-core load while its HBM and links do not). Fields (units in the names;
+// a file must give every one but compute_scale, in any order; '#' starts a comment):
 //
 //   name                 a label for reports
 //   peak_bf16_tflops     dense bf16 tensor-core peak          (H100 SXM 989, A100 312)
@@ -19,6 +22,19 @@
 //   nvlink_latency_us    one NVLink message's latency           (3)
 //   network_gbps         network per GPU, gigabits per second   (400 NDR; 200 HDR on Selene)
 //   network_latency_us   one network message's latency          (6)
+//   compute_scale        optional, default 1: see above         (h100-500w 0.56, fitted)
+//
+// The built-in devices (sim::device): h100 (SXM, 700 W, 80 GB HBM3), h200 (SXM, 141 GB HBM3e),
+// a100 (SXM 80 GB, HDR 200 Gb/s per GPU as on Selene, where Megatron's published runs were
+// measured) and h100-500w: the H100 of torchtitan's published benchmarks (Meta's Grand Teton
+// hosts: 96 GB HBM2e at 2.4 TB/s, 400 Gb/s RDMA per GPU, the 500 W default power limit; its
+// bf16 peak is "between SXM and NVL" and not known, torchtitan's footnote). Its compute_scale is
+// not a microbenchmark's: it is fitted on torchtitan's Llama 3.1 8B rows (sim/published_runs.hpp,
+// sim::fit_device_scale; test_sim checks the fit gives this value), the 405B row held out. The
+// measured GEMM figures of the others (this project's bench_gemm_cuda, cuBLAS bf16 at n = 8192,
+// docs/benchmarks.md: 806 of 989 TFLOP/s on an H100 SXM, 819 on an H200, i.e. 0.82 and 0.83)
+// lie above the calibration's fitted 0.79 for the largest GEMMs, as a training step's GEMMs
+// (narrower, with epilogues, sharing the GPU with communication kernels) should.
 #pragma once
 
 #include <cmath>
@@ -50,18 +66,24 @@ struct Hardware {
   Link nvlink{3e-6, 450e9};
   Link infiniband{6e-6, 50e9};  // the network, per GPU
   bool fp32 = false;            // the model computes in fp32 (its GEMMs run at peak_fp32_flops)
+  double compute_scale = 1;     // the share of the calibrated GEMM and attention rates sustained
 
+  /// The rated peak of the dtype the model computes in (what MFU divides by).
   double peak_flops() const { return fp32 ? peak_fp32_flops : peak_bf16_flops; }
+  /// The peak the cost model's GEMMs and attention scale from: the rated one x compute_scale.
+  double sustained_flops() const { return peak_flops() * compute_scale; }
 
   void check(const char* op) const {
     if (!(peak_bf16_flops > 0) || !(peak_fp32_flops > 0) || !(hbm_bytes_per_second > 0) || !(memory_bytes > 0) ||
         gpus_per_node < 1 || !(nvlink.bytes_per_second > 0) || !(infiniband.bytes_per_second > 0) ||
-        !(nvlink.latency_seconds >= 0) || !(infiniband.latency_seconds >= 0))
+        !(nvlink.latency_seconds >= 0) || !(infiniband.latency_seconds >= 0) || !(compute_scale > 0) ||
+        compute_scale > 1)
       throw Error(op, dtensor::detail::cat("device '", name, "': peak ", peak_bf16_flops, " / ", peak_fp32_flops,
                                            " FLOP/s, HBM ", hbm_bytes_per_second, " B/s, memory ", memory_bytes, " B, ",
                                            gpus_per_node, " GPUs per NVLink domain, bandwidths ", nvlink.bytes_per_second,
                                            " / ", infiniband.bytes_per_second,
-                                           " B/s: need positive figures and latencies >= 0"));
+                                           " B/s, compute_scale ", compute_scale,
+                                           ": need positive figures, latencies >= 0 and 0 < compute_scale <= 1"));
   }
 };
 
@@ -85,6 +107,7 @@ inline const std::vector<DeviceField>& device_fields() {
       {"nvlink_latency_us", 1e-6, nullptr, nullptr, &Link::latency_seconds, &Hardware::nvlink},
       {"network_gbps", 1e9 / 8, nullptr, nullptr, &Link::bytes_per_second, &Hardware::infiniband},
       {"network_latency_us", 1e-6, nullptr, nullptr, &Link::latency_seconds, &Hardware::infiniband},
+      {"compute_scale", 1, &Hardware::compute_scale, nullptr, nullptr, nullptr},
   };
   return fields;
 }
@@ -123,11 +146,24 @@ inline void set_device_field(Hardware& h, std::string_view key, const std::strin
   throw Error(op, dtensor::detail::cat("unknown device field '", key, "'; fields:", known));
 }
 
-/// A built-in device: "h100" (SXM), "h200" (SXM), "a100" (SXM 80 GB, HDR 200 Gb/s per GPU as
-/// on Selene, where Megatron's published runs were measured).
+/// The fields a device file may leave out (their defaults: the H100 SXM's).
+inline bool optional_device_field(std::string_view key) { return key == "compute_scale"; }
+
+/// The compute_scale of torchtitan's 500 W HBM2e H100s, fitted (see the synopsis).
+inline constexpr double h100_500w_compute_scale = 0.56;
+
+/// A built-in device (see the synopsis for each).
 inline Hardware device(std::string_view name) {
   Hardware h;  // H100 SXM
   if (name == "h100") return h;
+  if (name == "h100-500w") {
+    h.name = "h100-500w";
+    h.hbm_bytes_per_second = 2.4e12;
+    h.memory_bytes = 96e9;
+    h.infiniband = {6e-6, 50e9};  // 400 Gb/s per GPU
+    h.compute_scale = h100_500w_compute_scale;
+    return h;
+  }
   if (name == "h200") {
     h.name = "h200";
     h.hbm_bytes_per_second = 4.8e12;
@@ -144,7 +180,8 @@ inline Hardware device(std::string_view name) {
     h.infiniband = {6e-6, 25e9};
     return h;
   }
-  throw Error("sim::device", dtensor::detail::cat("unknown device '", name, "': h100, h200 or a100 (or --device-file)"));
+  throw Error("sim::device",
+              dtensor::detail::cat("unknown device '", name, "': h100, h200, a100 or h100-500w (or --device-file)"));
 }
 
 /// A device description from text: every field once (see the synopsis); `source` names it in errors.
@@ -179,7 +216,7 @@ inline Hardware parse_device(const std::string& text, std::string_view source) {
   for (const auto& n : device_field_names()) {
     bool found = false;
     for (const auto& s : seen) found = found || s == n;
-    if (!found) missing += " " + n;
+    if (!found && !optional_device_field(n)) missing += " " + n;
   }
   if (!missing.empty()) throw Error(op, dtensor::detail::cat(source, ": missing device field(s):", missing));
   h.check(op);
@@ -203,7 +240,7 @@ inline std::string to_device_file(const Hardware& h) {
     << "\nnvlink_gbytes_per_s = " << h.nvlink.bytes_per_second / 1e9
     << "\nnvlink_latency_us = " << h.nvlink.latency_seconds / 1e-6
     << "\nnetwork_gbps = " << h.infiniband.bytes_per_second * 8 / 1e9
-    << "\nnetwork_latency_us = " << h.infiniband.latency_seconds / 1e-6 << "\n";
+    << "\nnetwork_latency_us = " << h.infiniband.latency_seconds / 1e-6 << "\ncompute_scale = " << h.compute_scale << "\n";
   return s.str();
 }
 

@@ -195,7 +195,9 @@ inline SearchResult search_space(const ModelShape& m, const SearchSpace& space, 
           for (const auto& sched : schedules)
             for (const char* cp_kind : cp_kinds)
               for (int zero : {0, 1, 2, 3}) {
-                if ((zero > 0 && dp == 1) || (zero == 2 && !all)) continue;
+                // ZeRO shards over dp x cp (parallel::FsdpShardDims): at dp 1 it has nothing to
+                // shard only without context parallelism (torchtitan's FSDP 1 x CP 8 is a plan).
+                if ((zero > 0 && dp == 1 && cp == 1) || (zero == 2 && !all)) continue;
                 for (int hsdp : replicas) {
                   if (hsdp > 1 && zero == 0) continue;
                   for (int ep : eps) {

@@ -149,7 +149,7 @@ inline ServingLatency serving_latency(const ModelShape& m, const ServingShape& s
     // Decode: one position per sequence against `context` cached ones.
     const double d_flops = batch * (2 * blocks * matrices / s.tp + head_flops + 4 * blocks * ctx * q / s.tp);
     const double d_bytes = weights + kv_per_position * batch * ctx;
-    const double d_compute = d_flops / (hw.peak_flops() * gemm_efficiency(d_bytes > 0 ? d_flops / d_bytes : 0, cal));
+    const double d_compute = d_flops / (hw.sustained_flops() * gemm_efficiency(d_bytes > 0 ? d_flops / d_bytes : 0, cal));
     r.decode_memory += d_bytes / hbm;
     r.decode_compute += d_compute;
     r.decode += std::max(d_compute, d_bytes / hbm);
@@ -158,8 +158,8 @@ inline ServingLatency serving_latency(const ModelShape& m, const ServingShape& s
     const double p_gemm = tokens * (2 * blocks * matrices / s.tp + head_flops);
     const double p_bytes = weights + kv_per_position * tokens;
     const double p_attn = blocks * 2 * batch * ctx * double(s.context) * q / s.tp;  // this rank's queries, all keys (causal: half)
-    r.prefill += std::max(p_gemm / (hw.peak_flops() * gemm_efficiency(p_gemm / p_bytes, cal)) +
-                              p_attn / (hw.peak_flops() * cal.attention_fraction),
+    r.prefill += std::max(p_gemm / (hw.sustained_flops() * gemm_efficiency(p_gemm / p_bytes, cal)) +
+                              p_attn / (hw.sustained_flops() * cal.attention_fraction),
                           p_bytes / hbm);
     if (s.tp > 1) {
       const double all_reduces = 2 * blocks + (first ? 1 : 0);
