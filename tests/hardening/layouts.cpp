@@ -130,7 +130,9 @@ TEST_CASE("with the full check off, the always-on check catches layouts and exte
                               Contains("rank 0: float32 [4, 4] on mesh [2]: (S(0)) -> (R)") &&
                               Contains("rank 1: float32 [4, 4] on mesh [2]: (S(1)) -> (R)"));
   }
-  // Same byte count, different extents; found at the next barrier.
+  // Same byte count, different extents. The threads backend carries the check in every
+  // collective's rendezvous (Communicator::carries_verify): found at the redistribution's own
+  // all-gather, before its data moves — the output is never written.
   out = outcomes(2, [](CommPtr w) {
     w->set_timeout(long_timeout);
     DeviceMesh<"tp"> mesh(w, {2});
@@ -142,7 +144,35 @@ TEST_CASE("with the full check off, the always-on check catches layouts and exte
   for (const auto& r : out) {
     INFO(r.message);
     CHECK(r.is_error);
-    CHECK_THAT(r.message, Contains("barrier[tp]") && Contains("rank 0: float32 [4, 4]") && Contains("rank 1: float32 [2, 8]"));
+    CHECK_THAT(r.message, Contains("all_gather[tp]") && Contains("always-on check") && Contains("call #1 of group 'tp'") &&
+                              Contains("rank 0: float32 [4, 4]") && Contains("rank 1: float32 [2, 8]"));
+  }
+  // Agreements that no collective follows: compared at the next barrier's rendezvous, or by an
+  // all-gather of their own once 16 are pending (the first difference stays in the window).
+  out = outcomes(2, [](CommPtr w) {
+    w->set_timeout(long_timeout);
+    DeviceMesh<"tp"> mesh(w, {2});
+    full_check_off(mesh);
+    mesh.comm().check_agreement("save", w->rank() == 0 ? "dir-a" : "dir-b");
+    mesh.comm().barrier();
+  });
+  for (const auto& r : out) {
+    INFO(r.message);
+    CHECK(r.is_error);
+    CHECK_THAT(r.message, Contains("barrier[tp]") && Contains("call #1 of group 'tp'") && Contains("dir-a") &&
+                              Contains("dir-b"));
+  }
+  out = outcomes(2, [](CommPtr w) {
+    w->set_timeout(long_timeout);
+    DeviceMesh<"tp"> mesh(w, {2});
+    full_check_off(mesh);
+    for (int i = 0; i < 20; ++i) mesh.comm().check_agreement("save", w->rank() == 1 && i == 3 ? "other" : "same");
+  });
+  for (const auto& r : out) {
+    INFO(r.message);
+    CHECK(r.is_error);
+    CHECK_THAT(r.message, Contains("save[tp]") && Contains("always-on check") && Contains("call #4 of group 'tp'") &&
+                              Contains("other"));
   }
   // Ranks in step: no error, whatever the number of calls; 0 turns it off; out of range is an Error.
   for (const auto& r : outcomes(2, [](CommPtr w) {

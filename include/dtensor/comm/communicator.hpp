@@ -208,6 +208,36 @@ struct VerifyRecord {
   Fingerprint last[verify_window];  // call n at last[n % verify_window]
 };
 
+/// The always-on check's verdict on every rank's record (`all`, in rank order; `mine` this
+/// rank's): empty when all made the same calls, else `heading` and a table naming the first call
+/// that differed and what each rank called there. The previous comparison passed and at most
+/// verify_window calls have been folded since, so that call is still in every window.
+inline std::string verify_mismatch(const VerifyRecord* const* all, int n, const VerifyRecord& mine,
+                                   std::string_view label, std::string heading) {
+  bool same = true;
+  for (int r = 0; r < n; ++r) same = same && all[r]->calls == mine.calls && all[r]->hash == all[0]->hash;
+  if (same) return {};
+  std::uint64_t first = mine.calls;
+  const std::uint64_t oldest = mine.calls > std::uint64_t(verify_window) ? mine.calls - verify_window : 0;
+  for (std::uint64_t c = oldest; c < mine.calls && first == mine.calls; ++c)
+    for (int r = 0; r < n; ++r)
+      if (!all[r]->last[c % verify_window].same_call(all[0]->last[c % verify_window])) first = c;
+  std::string table = std::move(heading);
+  if (first == mine.calls) {
+    table += "\n  different numbers of calls or an earlier difference:";
+    for (int r = 0; r < n; ++r) table += cat(" rank ", r, ": ", all[r]->calls, " calls;");
+  } else {
+    table += cat("\n  call #", first + 1, " of group '", label, "':");
+    for (int r = 0; r < n; ++r) {
+      const auto& f = all[r]->last[first % verify_window];
+      table += cat("\n  rank ", r);
+      if (all[r]->world_rank != r) table += cat(" (world rank ", all[r]->world_rank, ")");
+      table += ": " + f.describe();
+    }
+  }
+  return table;
+}
+
 /// The operation of the layers above that the calling thread is inside (a redistribution: its
 /// element type, global extents, mesh and layouts; Fingerprint::of_redistribution), or null.
 /// With agreement before data (Communicator::agrees_before_data, on by default in every build)
@@ -437,7 +467,8 @@ class Communicator {
   void barrier() {
     const auto span = pre(CollectiveKind::barrier, 0, DType::uint8, ReduceOp::sum, 0, -1);
     // A barrier is where ranks are known to be in step: compare what is pending (the always-on check).
-    if (!check_ && verifying() && verified_ != verify_->calls) verify("barrier");
+    // (A backend that carries the record in every rendezvous compares in the barrier's own.)
+    if (!check_ && verifying() && verified_ != verify_->calls && !carries_verify()) verify("barrier");
     do_barrier();
     detail::collective_finished(span);
   }
@@ -463,6 +494,21 @@ class Communicator {
   /// would stage each 16 bytes through the device (its full and always-on checks remain).
   virtual bool agrees_in_rendezvous() const noexcept { return false; }
   virtual bool exchanges_agreement() const noexcept { return false; }
+  /// Whether this backend compares the always-on check's record in the rendezvous every
+  /// collective makes anyway (threads: record_to_carry, posted with the arguments), instead of
+  /// an all-gather of its own every verify_every calls: the comparison then costs no extra
+  /// synchronisation and happens at every collective, before its data moves. check_agreement
+  /// calls that no collective follows are still compared by an all-gather once verify_every of
+  /// them are pending, so that the first difference is always in the window.
+  virtual bool carries_verify() const noexcept { return false; }
+  /// For carries_verify backends, when a collective is issued: the record its rendezvous
+  /// compares (with every call up to and including this one folded in), or null when the
+  /// always-on check is off (or the full check, which compares before every call, is on).
+  const detail::VerifyRecord* record_to_carry() {
+    if (check_ || !verifying()) return nullptr;
+    verified_ = verify_->calls;
+    return verify_.get();
+  }
 
   // The backend's part. `async` false means the caller will wait at once (a backend may then
   // run the operation inline). Counts are per block as in the table at the top.
@@ -633,7 +679,7 @@ class Communicator {
                                         (verify_->calls + 1) % std::uint64_t(verify_every_) == 0);
       agree_before(detail::Fingerprint::of_collective(k, t, op, count, root), name_of(k), then);
     }
-    if (verifying()) fold(detail::Fingerprint::of_collective(k, t, op, count, root), name_of(k));
+    if (verifying()) fold(detail::Fingerprint::of_collective(k, t, op, count, root), name_of(k), true);
     return span;
   }
 
@@ -645,15 +691,23 @@ class Communicator {
     if (!verify_) {
       if (backend() == "sim") return false;
       verify_ = std::make_unique<detail::VerifyRecord>();
+      verify_->world_rank = world_rank_;
     }
     return true;
   }
-  /// Adds one call's fingerprint; every verify_every-th, compares with the other ranks.
-  void fold(const detail::Fingerprint& f, std::string_view op) {
+  /// Adds one call's fingerprint; every verify_every-th, compares with the other ranks. On a
+  /// carries_verify backend a collective (`collective`) is compared in its own rendezvous, and
+  /// the all-gather runs only when verify_every check_agreement calls are pending without one.
+  void fold(const detail::Fingerprint& f, std::string_view op, bool collective = false) {
     auto& v = *verify_;
     v.last[v.calls % detail::verify_window] = f;
     v.hash = f.folded_into(v.hash);
-    if (++v.calls % std::uint64_t(verify_every_) == 0) verify(op);
+    ++v.calls;
+    if (carries_verify()) {
+      if (!collective && v.calls - verified_ >= std::uint64_t(verify_every_)) verify(op);
+    } else if (v.calls % std::uint64_t(verify_every_) == 0) {
+      verify(op);
+    }
   }
   /// All-gathers the record and throws on every rank, naming the first differing call, unless
   /// all ranks made the same calls. Errors name `op`, the operation this rank was about to run.
@@ -668,33 +722,16 @@ class Communicator {
     } catch (const Error& e) {
       throw Error(named(op), e.message(), rank_, e.backend_code(), world_rank_);
     }
-    bool same = true;
-    for (const auto& r : all) same = same && r.calls == mine.calls && r.hash == all[0].hash;
-    if (same) return;
     // The previous comparison passed, so the first difference is among the calls since then,
     // all still in the window (verify_every <= verify_window).
-    std::uint64_t first = mine.calls;
-    const std::uint64_t oldest = mine.calls > std::uint64_t(detail::verify_window) ? mine.calls - detail::verify_window : 0;
-    for (std::uint64_t n = oldest; n < mine.calls && first == mine.calls; ++n)
-      for (const auto& r : all)
-        if (!r.last[n % detail::verify_window].same_call(all[0].last[n % detail::verify_window])) first = n;
-    std::string table = detail::cat(
-        "ranks issued different collectives (the always-on check, which compares every ", verify_every_,
-        " calls: the data of the calls since the last comparison has moved; set_check_collectives(true) or "
-        "DTENSOR_CHECK_COLLECTIVES=1 stops before it does):");
-    if (first == mine.calls) {
-      table += "\n  different numbers of calls or an earlier difference:";
-      for (int r = 0; r < size_; ++r) table += detail::cat(" rank ", r, ": ", all[std::size_t(r)].calls, " calls;");
-    } else {
-      table += detail::cat("\n  call #", first + 1, " of group '", label_, "':");
-      for (int r = 0; r < size_; ++r) {
-        const auto& f = all[std::size_t(r)].last[first % detail::verify_window];
-        table += detail::cat("\n  rank ", r);
-        if (all[std::size_t(r)].world_rank != r) table += detail::cat(" (world rank ", all[std::size_t(r)].world_rank, ")");
-        table += ": " + f.describe();
-      }
-    }
-    fail(op, table);
+    std::vector<const detail::VerifyRecord*> ptrs(all.size());
+    for (std::size_t r = 0; r < all.size(); ++r) ptrs[r] = &all[r];
+    std::string table = detail::verify_mismatch(
+        ptrs.data(), size_, mine, label_,
+        detail::cat("ranks issued different collectives (the always-on check, which compares every ", verify_every_,
+                    " calls: the data of the calls since the last comparison has moved; set_check_collectives(true) "
+                    "or DTENSOR_CHECK_COLLECTIVES=1 stops before it does):"));
+    if (!table.empty()) fail(op, table);
   }
   /// Agreement before data on a backend without a shared rendezvous: one all-reduce (max) of
   /// (h, ~h), h a hash of the call and its context; equal on every rank exactly when every rank

@@ -47,6 +47,8 @@ class ThreadsCommunicator final : public Communicator {
   /// Agreement before data happens in the rendezvous every collective makes (threads_ops.hpp,
   /// validate): the arguments were always compared there; the redistribution's fingerprint now is too.
   bool agrees_in_rendezvous() const noexcept override { return true; }
+  /// The always-on check rides on every collective's rendezvous (detail::verify_problem).
+  bool carries_verify() const noexcept override { return true; }
 
  protected:
   CommPtr do_split(int color, int key) override {
@@ -122,6 +124,10 @@ class ThreadsCommunicator final : public Communicator {
       c.has_context = true;
       c.context = *dtensor::detail::call_context;
     }
+    if (collective) {
+      c.verify = record_to_carry();
+      c.verify_every = verify_every();
+    }
     return c;
   }
 
@@ -135,6 +141,10 @@ class ThreadsCommunicator final : public Communicator {
     }
     // While it is pending, the rank may still arrive in a collective even after it has left its
     // function: it does not count as gone (threads_state.hpp, Departures) until this has run.
+    if (c.verify) {  // this rank folds on while the collective runs: it compares a copy
+      c.verify_copy = std::make_shared<const dtensor::detail::VerifyRecord>(*c.verify);
+      c.verify = c.verify_copy.get();
+    }
     detail::World& world = *group_->world;
     world.departures.start(world_rank());
     auto run = [body = std::forward<F>(body), c = std::move(c)] {

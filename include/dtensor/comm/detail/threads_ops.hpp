@@ -36,6 +36,13 @@ struct Ctx {
   // agreement before data on: posted with the arguments and compared in validate().
   bool has_context = false;
   dtensor::detail::Fingerprint context{};
+  // The always-on check's record (Communicator::record_to_carry), null when it is off: its
+  // count and hash are posted and compared in validate(); the record itself is read only to
+  // name the first differing call. An asynchronous collective carries a copy (`verify_copy`),
+  // since its rank goes on folding calls while it runs.
+  const dtensor::detail::VerifyRecord* verify = nullptr;
+  std::shared_ptr<const dtensor::detail::VerifyRecord> verify_copy{};
+  int verify_every = 0;
 
   int world_rank() const { return group->world_ranks[std::size_t(rank)]; }
   std::string op(CollectiveKind k) const { return dtensor::detail::cat(name_of(k), "[", label, "]"); }
@@ -108,6 +115,12 @@ inline Slot& arrive(const Ctx& c, Post mine) {
   if (c.has_context) {
     mine.context = &c.context;
     mine.context_key = c.context.folded_into(0x9e3779b97f4a7c15ull) | 1;  // never 0: 0 is "none"
+  }
+  if (c.verify) {
+    mine.verify = c.verify;
+    mine.verify_calls = c.verify->calls;
+    mine.verify_hash = c.verify->hash;
+    mine.verify_every = c.verify_every;
   }
   Group& g = *c.group;
   World& w = *g.world;
@@ -213,6 +226,38 @@ inline void depart(const Ctx& c, Slot& s, bool lent) {
   g.leave_unlocked(s);
 }
 
+/// The always-on check, carried in the rendezvous (Communicator::carries_verify): empty when
+/// every rank has folded the same calls (this one included), else a message naming the first
+/// call that differed. Every rank posted its record by value (count, hash) and by address; the
+/// addresses are read only here, on the failure path, where no rank leaves before all have
+/// validated.
+inline std::string verify_problem(const Ctx& c, const Slot& s) {
+  const Group& g = *c.group;
+  const Post& me = s.posts[std::size_t(c.rank)];
+  bool on = false, off = false, same = true;
+  for (const Post& p : s.posts) {
+    (p.verify ? on : off) = true;
+    same = same && p.verify_calls == s.posts[0].verify_calls && p.verify_hash == s.posts[0].verify_hash;
+  }
+  if (!on || (!off && same)) return {};
+  using dtensor::detail::cat;
+  if (off) {
+    std::string why = cat("ranks disagree about the always-on check (set_verify_every / DTENSOR_VERIFY_EVERY; "
+                          "collective #", c.seq, " of group '", c.label, "'):");
+    for (int r = 0; r < g.size; ++r)
+      why += "\n  " + rank_name(g, r) + ": " +
+             (s.posts[std::size_t(r)].verify ? cat("every ", s.posts[std::size_t(r)].verify_every, " calls") : "off");
+    return why;
+  }
+  std::vector<const dtensor::detail::VerifyRecord*> all(s.posts.size());
+  for (std::size_t r = 0; r < all.size(); ++r) all[r] = s.posts[r].verify;
+  return dtensor::detail::verify_mismatch(
+      all.data(), g.size, *me.verify, c.label,
+      "ranks issued different collectives (the always-on check, compared in the rendezvous of every collective "
+      "before its data moves; the local work of the calls since the previous collective has run; "
+      "set_check_collectives(true) or DTENSOR_CHECK_COLLECTIVES=1 stops before each call):");
+}
+
 /// Step 2. Throws the same error on every rank when ranks passed inconsistent arguments.
 inline void validate(const Ctx& c, Slot& s) {
   Group& g = *c.group;
@@ -237,6 +282,7 @@ inline void validate(const Ctx& c, Slot& s) {
       }
     if (!problem.empty()) problem = "send and receive counts disagree:" + problem;
   }
+  if (problem.empty()) problem = verify_problem(c, s);
   if (problem.empty()) return;
   // Every rank reaches this verdict, but none may leave (and unwind, freeing what peers still
   // read, such as all_to_all_v's count arrays) before all have validated.

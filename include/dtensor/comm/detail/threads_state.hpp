@@ -237,6 +237,12 @@ struct Post {
   // rank leaves before all have validated.
   std::uint64_t context_key = 0;
   const dtensor::detail::Fingerprint* context = nullptr;
+  // The always-on check carried in the rendezvous (Communicator::carries_verify): the record's
+  // count and hash by value, compared in validate(); its address, read only to name the call
+  // that differed (null: the check is off on this rank).
+  const dtensor::detail::VerifyRecord* verify = nullptr;
+  std::uint64_t verify_calls = 0, verify_hash = 0;
+  int verify_every = 0;
 };
 
 class Group;
