@@ -26,6 +26,9 @@
 //      its moments offloaded to files), the replica sync's outer step when due, and ZeRO-1/2's
 //      all-gather of the updated shards;
 //   4. the loss, from the last stage's ranks to every rank (one all-reduce of one double on "pp").
+// Construction: the model's parameters are deferred (TrainerOptions::deferred_init, default
+// on; nn/flat_params.hpp): each rank draws only its FSDP shard of each unit's flat buffer
+// (ZeRO-3) or its stage's full values (ZeRO-1/2, which keep them), never the other stages'.
 // The dry run (models/training_plan.hpp) builds this Trainer on meta tensors, drives one
 // micro-batch through its stages with the pipeline's own FSDP actions, then runs the same
 // finish_schedule() and update(): what the planner reports is what this builds and runs.
@@ -133,7 +136,7 @@ class Trainer {
   template <class MakeModel>
   Trainer(Agreed, const Mesh& mesh, const TrainerOptions& o, MakeModel&& make_model)
       : o_(o), mesh_(mesh), stage_mesh_(parallel::pipeline::stage_mesh_of(mesh)),
-        pipeline_(mesh_, schedule_of(o_), split(make_model(stage_mesh_), o_, mesh_),
+        pipeline_(mesh_, schedule_of(o_), build_stages(make_model, stage_mesh_, o_, mesh_),
                   {.stage = o_.zero_stage(), .reshard_after_forward = o_.reshard_after_forward,
                    .reduce_replicas = o_.sync.kind == parallel::sync::SyncKind::ddp,
                    .offload_params_dir = o_.offload_params_dir},
@@ -303,8 +306,16 @@ class Trainer {
     return parallel::pipeline::make_schedule(parallel::pipeline::parse_schedule_kind(o.schedule), o.degrees.pp, o.microbatches,
                                            o.stages_per_rank);
   }
-  /// This rank's stages of `model`: only their parts are built (tagged as parameters).
-  static std::vector<Stage> split(Model model, const TrainerOptions& o, const Mesh& mesh) {
+  /// This rank's stages of `make_model(stage_mesh)`. With o.deferred_init (the default) the
+  /// model is made inside an nn::DeferredInit scope: every parameter made from an nn::Init holds
+  /// no memory until FSDP draws this rank's shard of its unit (parallel/detail/fsdp_unit.hpp),
+  /// so the construction peak is the sharded states, not the model; parameters made from values
+  /// are built as before (nn/flat_params.hpp).
+  template <class MakeModel>
+  static std::vector<Stage> build_stages(MakeModel& make_model, const StageMesh& stage_mesh, const TrainerOptions& o,
+                                         const Mesh& mesh) {
+    nn::DeferredInit deferred(o.deferred_init);
+    Model model = make_model(stage_mesh);
     MemoryTagScope tag(MemoryTag::parameters);
     return parallel::pipeline::split(model, schedule_of(o).layout, mesh.coordinate(0));
   }
