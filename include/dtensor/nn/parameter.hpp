@@ -297,6 +297,7 @@ class Parameter {
   const LayoutDesc<mesh_ndim>& grad_state() const { return entry().grad_state; }
   /// This rank's piece of the gradient (a copy).
   Tensor<T, R, space> grad_local() const {
+    entry();  // throws for a parameter never set
     group_->ensure_materialized();
     auto t = Tensor<T, R, space>::uninitialized(value_->to_local().shape());
     space::copy(t.data(), group_->grads().data() + entry().offset, entry().numel * sizeof(T));
@@ -315,8 +316,8 @@ class Parameter {
 
   /// Appends this parameter's type-erased view (a deferred group is materialised first).
   void collect(List& out) {
+    auto& e = entry();  // throws for a parameter never set
     group_->ensure_materialized();
-    auto& e = entry();
     out.push_back(ParamRef<T, mesh_ndim, space>{e.name, group_->value(index_), group_->grad(index_), e.layout,
                                                 &e.grad_state, &e.has_grad, e.decay, group_.get(), e.offset,
                                                 group_->sharded_flag()});
@@ -328,6 +329,7 @@ class Parameter {
     return group_->entries()[index_];
   }
   std::span<T> grad_span() const {
+    entry();  // throws for a parameter never set
     group_->ensure_materialized();
     return group_->grad(index_);
   }
