@@ -344,7 +344,10 @@ struct PlanSummary {
   double memory = 0;           // the most any rank holds in the step, in-flight micro-batches included (--offload: on the device)
   std::vector<sim::TierReport> tiers;  // --offload: per class
   std::size_t memory_class = 0;
-  bool fits = false;
+  double construction = 0;     // the most any rank holds while the trainer is built (its "parameters" phase)
+  std::size_t construction_class = 0;
+  bool construction_fits = false;
+  bool fits = false;           // the step and the construction both fit
 };
 
 /// A rank class's tiers' input (sim::tier_input_of): the master apart from the values where the
@@ -386,6 +389,8 @@ PlanSummary summarize(const Options& o, const std::vector<sim::PlanClass>& class
   r.model_tflops_per_gpu = model_flops / gpus / r.step / 1e12;
   r.mfu = model_flops / (gpus * o.hardware.peak_flops() * r.step);
   r.memory = score.memory, r.memory_class = score.memory_class, r.fits = score.fits;
+  r.construction = score.construction, r.construction_class = score.construction_class;
+  r.construction_fits = score.construction_fits;
   if (o.tiers.offload.any()) {  // --offload: what stays on the device
     r.memory = 0;
     for (std::size_t i = 0; i < classes.size(); ++i) {
@@ -393,7 +398,7 @@ PlanSummary summarize(const Options& o, const std::vector<sim::PlanClass>& class
       const double device = r.tiers.back().bytes.device;
       if (device > r.memory) r.memory = device, r.memory_class = i;
     }
-    r.fits = sim::fits(r.memory, o.hardware);
+    r.fits = sim::fits(r.memory, o.hardware) && r.construction_fits;
   }
   return r;
 }
@@ -437,7 +442,8 @@ void print_json(const Options& o, const std::vector<sim::PlanClass>& classes, co
       ",\"hardware_tflops_per_gpu\":", num(r.hardware_tflops_per_gpu, "hardware_tflops_per_gpu"),
       ",\"memory_bytes\":", num(r.memory, "memory_bytes"), ",\"device_memory_bytes\":", num(o.hardware.memory_bytes, "device_memory_bytes"),
       ",\"memory_reserve_fraction\":", num(sim::memory_reserve_fraction, "memory_reserve_fraction"),
-      ",\"fits\":", r.fits ? "true" : "false", ",\"slowest_class\":", json_string(classes[r.estimate.slowest].report.name),
+      ",\"fits\":", r.fits ? "true" : "false", ",\"construction_bytes\":", num(r.construction, "construction_bytes"),
+      ",\"construction_fits\":", r.construction_fits ? "true" : "false", ",\"slowest_class\":", json_string(classes[r.estimate.slowest].report.name),
       ",\"dry_run_seconds\":", num(seconds, "dry_run_seconds"), ",\"classes\":[");
   for (std::size_t i = 0; i < classes.size(); ++i) {
     const auto& c = classes[i];
@@ -617,6 +623,9 @@ int run_plan(const Options& o) {
                 sim::detail::human_bytes(r.memory).c_str(), sim::detail::human_bytes(o.hardware.memory_bytes).c_str(),
                 100 * sim::memory_reserve_fraction,
                 sim::detail::human_bytes(o.hardware.memory_bytes * (1 - sim::memory_reserve_fraction)).c_str());
+    std::printf("construction: %s %s per GPU (%s): the trainer built, the model drawn as shards\n",
+                r.construction_fits ? "fits," : "DOES NOT FIT:", sim::detail::human_bytes(r.construction).c_str(),
+                classes[r.construction_class].report.name.c_str());
     if (!r.tiers.empty()) print_offload(o, classes, r);
   }
   if (o.sync_table) print_sync_table(o, classes, r);
@@ -625,6 +634,14 @@ int run_plan(const Options& o) {
     trace::detail::write_text_file(o.trace, sim::chrome_trace(r.estimate.classes.front(), c.pipeline_rank, c.report.name),
                                    "plan_at_scale --trace");
     if (!o.json) std::printf("trace of %s (pipeline rank %d): %s\n", c.report.name.c_str(), c.pipeline_rank, o.trace.c_str());
+  }
+  if (!r.construction_fits) {
+    std::fprintf(stderr, "plan_at_scale: the plan does not fit: building it holds %s per GPU (construction, %s) > %s of %s "
+                 "less the %.0f %% reserve\n",
+                 sim::detail::human_bytes(r.construction).c_str(), classes[r.construction_class].report.name.c_str(),
+                 sim::detail::human_bytes(o.hardware.memory_bytes * (1 - sim::memory_reserve_fraction)).c_str(),
+                 o.hardware.name.c_str(), 100 * sim::memory_reserve_fraction);
+    return 3;
   }
   if (!r.fits) {
     std::fprintf(stderr, "plan_at_scale: the plan does not fit: %s per GPU (%s) > %s of %s less the %.0f %% reserve\n",

@@ -56,13 +56,19 @@ inline dtensor::sim::TrainingPlan training_plan_of(dtensor::sim::TrainingPlan ba
 std::vector<dtensor::sim::PlanClass> dry_run_any(const dtensor::sim::TrainingPlan& p, bool llama, bool bf16, bool sp);
 
 /// What the dry run says of a plan: its step (sim::estimate_plan over every class), the most any
-/// rank holds in the step (in-flight micro-batches included), which class, and the verdict.
+/// rank holds in the step (in-flight micro-batches included), which class, the most any rank
+/// holds while the trainer is built (the "parameters" phase: the model drawn as shards, FSDP,
+/// the optimizer), which class, and the verdict: both must fit (a plan that cannot be built
+/// does not fit, whatever its step holds).
 struct DryScore {
   dtensor::sim::PlanEstimate estimate;
   double step = std::numeric_limits<double>::infinity();
   double memory = 0;
   std::size_t memory_class = 0;
-  bool fits = false;
+  double construction = 0;
+  std::size_t construction_class = 0;
+  bool step_fits = false, construction_fits = false;
+  bool fits = false;  // step_fits && construction_fits
 };
 
 inline DryScore dry_score(const dtensor::sim::TrainingPlan& p, const std::vector<dtensor::sim::PlanClass>& classes,
@@ -73,9 +79,14 @@ inline DryScore dry_score(const dtensor::sim::TrainingPlan& p, const std::vector
   DryScore r;
   r.estimate = sim::estimate_plan(inputs, sim::plan_topology(p, hw), sim::detail::plan_schedule(p), {.zero = p.zero});
   r.step = r.estimate.step_seconds;
-  for (std::size_t i = 0; i < classes.size(); ++i)
+  for (std::size_t i = 0; i < classes.size(); ++i) {
     if (classes[i].peak_in_flight > r.memory) r.memory = classes[i].peak_in_flight, r.memory_class = i;
-  r.fits = sim::fits(r.memory, hw);
+    const double built = double(classes[i].report.construction_peak_total());
+    if (built > r.construction) r.construction = built, r.construction_class = i;
+  }
+  r.step_fits = sim::fits(r.memory, hw);
+  r.construction_fits = sim::fits(r.construction, hw);
+  r.fits = r.step_fits && r.construction_fits;
   return r;
 }
 

@@ -1219,6 +1219,13 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
   }
   // Each rank's own step peak by tag, the largest over the ranks (one all-reduce, all ranks).
   world->all_reduce(std::span<std::int64_t>(step_peaks), ReduceOp::max);
+  // The trainer's own peaks by phase and tag (train::Trainer::memory), the largest rank's.
+  std::vector<std::int64_t> phase_peaks;
+  for (const auto& ph : trainer.memory()) {
+    phase_peaks.insert(phase_peaks.end(), ph.peak.begin(), ph.peak.end());
+    phase_peaks.push_back(ph.total);
+  }
+  world->all_reduce(std::span<std::int64_t>(phase_peaks), ReduceOp::max);
   if (root) {
     std::printf("step peak per rank (the largest rank's, step %d, %s space):", std::min(first_step + 1, o.steps),
                 host ? "host" : "cuda");
@@ -1226,6 +1233,17 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
       if (step_peaks[t] > 0)
         std::printf(" %s %.1f MiB", t == memory_tag_count ? "total" : std::string(name_of(MemoryTag(t))).c_str(),
                     double(step_peaks[t]) / (1 << 20));
+    std::printf("\n");
+    // What a user acts on: which phase peaks (construction: the model built as shards, FSDP and
+    // the optimizer; forward+backward: activations; optimizer: its state), and with what.
+    std::printf("memory peak per rank by phase (the largest rank's, %s space, MiB):", host ? "host" : "cuda");
+    for (std::size_t ph = 0; ph < trainer.memory().size(); ++ph) {
+      const auto* peaks = phase_peaks.data() + ph * (memory_tag_count + 1);
+      std::printf("%s %s total %.1f", ph == 0 ? "" : ";", trainer.memory()[ph].name.c_str(),
+                  double(peaks[memory_tag_count]) / (1 << 20));
+      for (std::size_t t = 0; t < memory_tag_count; ++t)
+        if (peaks[t] > 0) std::printf(" %s %.1f", std::string(name_of(MemoryTag(t))).c_str(), double(peaks[t]) / (1 << 20));
+    }
     std::printf("\n");
     std::printf("collectives of one training step on rank 0 (schedule, gradient syncs, clipping, AdamW, ZeRO gathers):\n");
     std::size_t inside_bytes = 0, across_bytes = 0;

@@ -66,6 +66,39 @@ Tensor<T, R> normal(const Shape<R>& shape, std::uint64_t seed, double mean = 0, 
   return t;
 }
 
+namespace detail {
+/// The values of normal(shape, seed, mean, stddev) by flat index, in increasing order, without
+/// the tensor: element g is the cosine (g even) or sine (g odd) of Box–Muller pair g / 2, made
+/// from draws 2 (g / 2) and 2 (g / 2) + 1 of std::mt19937_64(seed); pairs not asked for are
+/// skipped (discard: no memory, time linear in the skip). Bit for bit normal()'s values: the
+/// same draws and the same double expressions (deferred initialisation builds a parameter's
+/// shard from it, nn/flat_params.hpp).
+class NormalStream {
+ public:
+  NormalStream(std::uint64_t seed, double mean, double stddev) : g_(seed), mean_(mean), stddev_(stddev) {}
+  /// Element g (g >= every index asked for before).
+  double at(std::uint64_t g) {
+    const std::uint64_t pair = g / 2;
+    if (!have_ || pair != pair_) {
+      if (have_ && pair < pair_)
+        throw Error("normal", detail::cat("element ", g, " asked for after element ", 2 * pair_, " or later: a NormalStream only goes forward"));
+      const std::uint64_t next = have_ ? pair_ + 1 : 0;
+      if (pair > next) g_.discard(2 * (pair - next));
+      const double u1 = 1.0 - unit_uniform(g_), u2 = unit_uniform(g_);
+      r_ = std::sqrt(-2.0 * std::log(u1)), a_ = 2.0 * std::numbers::pi * u2;
+      pair_ = pair, have_ = true;
+    }
+    return g % 2 == 0 ? mean_ + stddev_ * r_ * std::cos(a_) : mean_ + stddev_ * r_ * std::sin(a_);
+  }
+
+ private:
+  std::mt19937_64 g_;
+  double mean_, stddev_, r_ = 0, a_ = 0;
+  std::uint64_t pair_ = 0;
+  bool have_ = false;
+};
+}  // namespace detail
+
 /// Random integers in [lo, hi) stored as T — exact in every element type, which makes sums
 /// independent of their order (the redistribution oracle tests use them).
 template <Element T, std::size_t R>

@@ -468,7 +468,8 @@ std::vector<PlanClass> dry_run_plan(const TrainingPlan& given) {
       c.in_flight = std::max(v, int(at.held));
     }
     c.in_flight_bytes = c.held_at_peak * double(c.saved_per_stage) + c.contexts_at_peak * double(c.contexts_per_stage);
-    // The step's own peak: building the unsharded model before sharding is not part of a step;
+    // The step's own peak: building the trainer is not part of a step (its own peak,
+    // construction_peak_total, is judged apart: examples/plan_rescore.hpp's verdict takes both);
     // the one micro-batch run holds v stages' saved activations of the schedule's in flight.
     c.peak_in_flight = double(c.report.step_peak_total()) +
                        std::max(0.0, c.in_flight_bytes - double(v) * double(c.saved_per_stage));

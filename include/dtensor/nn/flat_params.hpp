@@ -22,6 +22,17 @@
 // space (device pointers, or null on meta) and are never read on the host: code above the
 // kernels turns them into tensors of the space (flat_view) and calls the space's kernels.
 //
+// Deferred initialisation (nn::DeferredInit, a scope on the calling thread): a parameter made
+// from an nn::Init inside the scope allocates nothing; its entry keeps the Init (seed, mean,
+// standard deviation), and a group whose every entry has one is `deferred()`: no values, no
+// gradients. Whoever takes the group over materialises only what it keeps: FSDP
+// (parallel/detail/fsdp_unit.hpp) fills its shard [lo, hi) of the flat buffer straight from
+// the Inits (initial_values), the same values bit for bit as the eager path draws whole and
+// cuts (core/factories.hpp: detail::NormalStream); anything else that touches the values
+// (Parameter::value, collect, the gradients, nn::flatten of a mixed module) materialises the
+// whole group first (ensure_materialized), as if it had been built eagerly. A parameter made
+// from a value (not an Init) is always built eagerly, and so is the group it is flattened into.
+//
 // FSDP (parallel/fully_shard.hpp) frees a unit's full buffers while the unit is sharded:
 // release_values() / release_grads() drop the storage, materialize_values(capacity) /
 // materialize_grads(capacity) allocate it again with room for `capacity` >= size() elements
@@ -34,16 +45,57 @@
 #include <algorithm>
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "dtensor/core/error.hpp"
+#include "dtensor/core/factories.hpp"
 #include "dtensor/core/memory_ledger.hpp"
+#include "dtensor/core/meta_space.hpp"
 #include "dtensor/core/tensor.hpp"
 #include "dtensor/placement/layout.hpp"
 
 namespace dtensor::nn {
+
+/// How a parameter's values start. The full tensor is drawn from the seed on every rank and
+/// then split (no communication), so every layout and mesh starts from the same values; on a
+/// cuda mesh it is drawn on the host and copied, on a meta mesh nothing is drawn. Under
+/// nn::DeferredInit only the elements a rank keeps are drawn (initial_values below).
+struct Init {
+  enum class Kind { zeros, ones, normal };
+  Kind kind = Kind::zeros;
+  std::uint64_t seed = 0;
+  double mean = 0, stddev = 1;
+
+  static constexpr Init zeros() { return {}; }
+  static constexpr Init ones() { return {Kind::ones}; }
+  static constexpr Init normal(std::uint64_t seed, double mean, double stddev) {
+    return {Kind::normal, seed, mean, stddev};
+  }
+};
+
+namespace detail {
+inline bool& deferred_init_flag() noexcept {
+  thread_local bool on = false;
+  return on;
+}
+}  // namespace detail
+
+/// While alive, parameters made from an nn::Init on this thread are deferred (see the top of
+/// this file). Nests; restores the previous setting.
+class DeferredInit {
+ public:
+  explicit DeferredInit(bool on = true) noexcept : saved_(detail::deferred_init_flag()) { detail::deferred_init_flag() = on; }
+  DeferredInit(const DeferredInit&) = delete;
+  DeferredInit& operator=(const DeferredInit&) = delete;
+  ~DeferredInit() { detail::deferred_init_flag() = saved_; }
+  static bool active() noexcept { return detail::deferred_init_flag(); }
+
+ private:
+  bool saved_;
+};
 
 /// One parameter's place in a group and what it is.
 template <std::size_t N>
@@ -66,6 +118,9 @@ struct FlatEntry {
   // parameter on every tensor-parallel rank, which the reduction of its gradient over them
   // (sequence parallelism) and a consistent shard layout need.
   std::size_t slot = 0;
+  // Deferred initialisation: how the values start, while they are not materialised (reset
+  // once they are: an entry with an Init has no values anywhere yet).
+  std::optional<Init> init{};
   std::size_t reserved() const noexcept { return slot > numel ? slot : numel; }
 };
 
@@ -76,6 +131,43 @@ Tensor<std::remove_const_t<T>, 1, Space> flat_view(std::span<T> s) {
   using U = std::remove_const_t<T>;
   return Tensor<U, 1, Space>::view(const_cast<U*>(s.data()), Shape<1>{Extent(s.size())});
 }
+/// Elements [lo, lo + out.size()) of a flat buffer whose entries all have an Init, into host
+/// memory: each entry's local piece as Init would draw the whole parameter and cut it (the
+/// piece's elements in row-major order, mapped to their flat index in the global tensor), zero
+/// in the gaps after short pieces and in the padding past the last entry.
+template <class T, std::size_t N>
+void initial_values(const std::vector<FlatEntry<N>>& entries, std::size_t lo, std::span<T> out) {
+  std::fill(out.begin(), out.end(), T(0));
+  const std::size_t hi = lo + out.size();
+  for (const auto& e : entries) {
+    if (!e.init) throw Error("nn::initial_values", dtensor::detail::cat(e.name, ": no Init to draw the values from"));
+    const std::size_t b = std::max(lo, e.offset), en = std::min(hi, e.offset + e.numel);
+    if (b >= en || e.init->kind == Init::Kind::zeros) continue;
+    T* dst = out.data() + (b - lo);
+    if (e.init->kind == Init::Kind::ones) {
+      std::fill(dst, dst + (en - b), T(1));
+      continue;
+    }
+    const std::size_t rank = e.global_shape.size();
+    std::vector<std::uint64_t> idx(rank);  // the local multi-index of element b - e.offset
+    std::size_t k = b - e.offset;
+    for (std::size_t d = rank; d-- > 0;) {
+      idx[d] = std::uint64_t(k % std::size_t(e.local_extent[d]));
+      k /= std::size_t(e.local_extent[d]);
+    }
+    dtensor::detail::NormalStream normal(e.init->seed, e.init->mean, e.init->stddev);
+    for (std::size_t i = b; i < en; ++i) {
+      std::uint64_t g = 0;  // its flat index in the global tensor
+      for (std::size_t d = 0; d < rank; ++d) g = g * std::uint64_t(e.global_shape[d]) + std::uint64_t(e.local_offset[d]) + idx[d];
+      *dst++ = T(normal.at(g));
+      for (std::size_t d = rank; d-- > 0;) {  // the next local multi-index
+        if (++idx[d] < std::uint64_t(e.local_extent[d])) break;
+        idx[d] = 0;
+      }
+    }
+  }
+}
+
 /// Sets a flat buffer of memory space Space to zero.
 template <MemorySpace Space, class T>
 void zero_flat(std::span<T> s) {
@@ -90,14 +182,19 @@ class FlatParams {
   using element_type = T;
   using space = Space;
 
-  /// A group of the given entries (offsets assigned here, in order), values and gradients zero.
+  /// A group of the given entries (offsets assigned here, in order), values and gradients zero;
+  /// deferred (nothing allocated) when every entry has an Init (see the top of this file).
   FlatParams(std::string name, std::vector<Entry> entries) : name_(std::move(name)), entries_(std::move(entries)) {
     std::size_t total = 0;
+    deferred_ = !entries_.empty();
     for (auto& e : entries_) {
       e.offset = total;
       total += e.reserved();
+      deferred_ = deferred_ && e.init.has_value();
     }
     size_ = total;
+    if (deferred_) return;
+    for (auto& e : entries_) e.init.reset();
     {
       MemoryTagScope tag(MemoryTag::parameters);
       values_ = Buffer(Shape<1>{Extent(total)});
@@ -116,6 +213,28 @@ class FlatParams {
   std::size_t size() const noexcept { return size_; }
   std::vector<Entry>& entries() noexcept { return entries_; }
   const std::vector<Entry>& entries() const noexcept { return entries_; }
+
+  // ---------------------------------------------------------------- deferred initialisation
+  /// Whether the values exist nowhere yet (every entry has its Init; nothing allocated).
+  bool deferred() const noexcept { return deferred_; }
+  /// Elements [lo, lo + out.size()) of the values as they will start, into host memory (the
+  /// padding past size() zero); the group must be deferred.
+  void initial_values(std::size_t lo, std::span<T> out) const {
+    if (!deferred_) throw Error("FlatParams::initial_values", dtensor::detail::cat("group ", name_, " is not deferred: its values exist"));
+    detail::initial_values<T, N>(entries_, lo, out);
+  }
+  /// The values now live elsewhere (FSDP's shards, which drew them): the group is an ordinary
+  /// released one from here on.
+  void end_deferred() noexcept {
+    deferred_ = false;
+    for (auto& e : entries_) e.init.reset();
+  }
+  /// A deferred group made whole: every value drawn, the gradients zero (no-op otherwise).
+  void ensure_materialized() {
+    if (!deferred_) return;
+    materialize_values(size_);  // fills them from the Inits
+    materialize_grads(size_);
+  }
 
   std::span<T> value(std::size_t i) {
     require_resident("FlatParams::value", values_resident(), "values");
@@ -140,7 +259,19 @@ class FlatParams {
   /// Allocates uninitialized values with room for `capacity` elements (the padding past size()
   /// belongs to no entry); no-op when already resident with that room, and a resident buffer
   /// with less room keeps its values (the padding uninitialized).
-  void materialize_values(std::size_t capacity) { materialize(values_, capacity, false, MemoryTag::parameters); }
+  /// A deferred group's values are drawn from the Inits (and the group is deferred no more).
+  void materialize_values(std::size_t capacity) {
+    materialize(values_, capacity, false, MemoryTag::parameters);
+    if (!deferred_) return;
+    if constexpr (std::is_same_v<Space, host_space>) {
+      detail::initial_values<T, N>(entries_, 0, values_.span());
+    } else if constexpr (holds_data_v<Space>) {  // drawn on the host, then copied (a device's copy takes host pointers)
+      std::vector<T> staged(size_);
+      detail::initial_values<T, N>(entries_, 0, std::span<T>(staged));
+      Space::copy(values_.data(), staged.data(), size_ * sizeof(T));
+    }
+    end_deferred();
+  }
   /// Allocates zero gradients with room for `capacity` elements (padding zero too); a resident
   /// buffer with less room keeps its gradients (the new padding zero).
   void materialize_grads(std::size_t capacity) { materialize(grads_, capacity, true, MemoryTag::gradients); }
@@ -159,6 +290,9 @@ class FlatParams {
 
  private:
   void require_resident(const char* op, bool resident, const char* what) const {
+    if (!resident && deferred_)
+      throw Error(op, dtensor::detail::cat("the ", what, " of group ", name_,
+                                           " are not materialised yet (deferred initialisation): ensure_materialized() first"));
     if (!resident)
       throw Error(op, dtensor::detail::cat("the ", what, " of group ", name_,
                                            " are released (sharded by FSDP): unshard the unit before use"));
@@ -188,6 +322,7 @@ class FlatParams {
   std::size_t size_ = 0;
   Buffer values_, grads_;
   bool sharded_ = false;
+  bool deferred_ = false;
 };
 
 }  // namespace dtensor::nn

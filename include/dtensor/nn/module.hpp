@@ -173,11 +173,18 @@ std::shared_ptr<FlatParams<T, N, mesh_space_t<OnMesh>>> flatten(std::string name
   for_each_parameter_on<OnMesh>(m, [&](auto& p) {
     if (p.defined()) entries.push_back(p.group()->entries()[p.index()]);
   });
+  // Every parameter deferred (nn::DeferredInit): so is the group, nothing to copy; otherwise
+  // the deferred ones among them are drawn first (nn/flat_params.hpp).
   auto group = std::make_shared<FlatParams<T, N, Space>>(std::move(name), std::move(entries));
   std::size_t i = 0;
   for_each_parameter_on<OnMesh>(m, [&](auto& p) {
     if (!p.defined()) return;
     auto& old = *p.group();
+    if (group->deferred()) {
+      p.rebind(group, i++);
+      return;
+    }
+    old.ensure_materialized();
     const std::size_t bytes = group->entries()[i].numel * sizeof(T);
     Space::copy(group->value(i).data(), old.value(p.index()).data(), bytes);
     Space::copy(group->grad(i).data(), old.grad(p.index()).data(), bytes);

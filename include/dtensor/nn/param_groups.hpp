@@ -55,7 +55,10 @@ struct ParamGroup {
   /// Every parameter of the group, in unit order.
   list_type params() const {
     list_type out;
-    for (auto& u : *units) out.insert(out.end(), u.params.begin(), u.params.end());
+    for (auto& u : *units) {
+      materialize_unit(u);  // a deferred unit is drawn whole here (nn/units.hpp)
+      out.insert(out.end(), u.params.begin(), u.params.end());
+    }
     return out;
   }
 };

@@ -177,21 +177,7 @@ constexpr bool is_reduced(const LayoutDesc<N>& grad_state) {
   return !grad_state.has_partial();
 }
 
-/// How a parameter's values start. The full tensor is drawn from the seed on every rank and
-/// then split (no communication), so every layout and mesh starts from the same values; on a
-/// cuda mesh it is drawn on the host and copied, on a meta mesh nothing is drawn.
-struct Init {
-  enum class Kind { zeros, ones, normal };
-  Kind kind = Kind::zeros;
-  std::uint64_t seed = 0;
-  double mean = 0, stddev = 1;
-
-  static constexpr Init zeros() { return {}; }
-  static constexpr Init ones() { return {Kind::ones}; }
-  static constexpr Init normal(std::uint64_t seed, double mean, double stddev) {
-    return {Kind::normal, seed, mean, stddev};
-  }
-};
+// nn::Init (how a parameter's values start) and nn::DeferredInit: nn/flat_params.hpp.
 
 /// The DTensor of extents `shape` in layout L on `mesh` that `init` describes.
 template <LayoutType L, Element T, std::size_t R, MeshType Mesh>
@@ -223,25 +209,22 @@ class Parameter {
   using List = ParamList<T, mesh_ndim, space>;
 
   Parameter() = default;
-  /// A parameter of extents `shape` on `mesh` starting as `init` says, in a group of its own.
-  Parameter(std::string name, const Mesh& mesh, const Shape<R>& shape, const Init& init, bool decay = true)
-      : Parameter(std::move(name), initial_value<L, T>(mesh, shape, init), decay) {}
+  /// A parameter of extents `shape` on `mesh` starting as `init` says, in a group of its own;
+  /// inside an nn::DeferredInit scope nothing is drawn or allocated (nn/flat_params.hpp).
+  Parameter(std::string name, const Mesh& mesh, const Shape<R>& shape, const Init& init, bool decay = true) {
+    if (!DeferredInit::active()) {
+      *this = Parameter(std::move(name), initial_value<L, T>(mesh, shape, init), decay);
+      return;
+    }
+    std::vector<typename Group::Entry> entries;
+    entries.push_back(make_entry(std::move(name), mesh, shape, local_box(L::desc, mesh.shape(), mesh.coordinate(), shape), decay));
+    entries.back().init = init;
+    bind(std::make_shared<Group>(entries.front().name, std::move(entries)), 0, mesh, shape);
+  }
   /// A parameter with the given initial value, in a group of its own.
   Parameter(std::string name, const value_type& value, bool decay = true) {
-    const auto box = value.local_box();
-    typename Group::Entry e;
-    e.name = std::move(name);
-    e.global_shape.assign(value.shape().begin(), value.shape().end());
-    e.local_offset.assign(box.offset.begin(), box.offset.end());
-    e.local_extent.assign(box.extent.begin(), box.extent.end());
-    e.layout = e.grad_state = L::desc;
-    e.decay = decay;
-    e.numel = std::size_t(dtensor::numel(box.extent));
-    // The largest piece is the one at mesh coordinate 0 (torch.chunk puts the short chunks last).
-    e.slot = std::size_t(dtensor::numel(
-        dtensor::local_box(L::desc, value.mesh().shape(), std::array<int, Mesh::ndim>{}, value.shape()).extent));
     std::vector<typename Group::Entry> entries;
-    entries.push_back(std::move(e));
+    entries.push_back(make_entry(std::move(name), value.mesh(), value.shape(), value.local_box(), decay));
     auto group = std::make_shared<Group>(entries.front().name, std::move(entries));
     bind(std::move(group), 0, value.mesh(), value.shape());
     value_->local() = value.to_local();  // writes through the view into the group
@@ -314,6 +297,8 @@ class Parameter {
   const LayoutDesc<mesh_ndim>& grad_state() const { return entry().grad_state; }
   /// This rank's piece of the gradient (a copy).
   Tensor<T, R, space> grad_local() const {
+    entry();  // throws for a parameter never set
+    group_->ensure_materialized();
     auto t = Tensor<T, R, space>::uninitialized(value_->to_local().shape());
     space::copy(t.data(), group_->grads().data() + entry().offset, entry().numel * sizeof(T));
     return t;
@@ -329,9 +314,10 @@ class Parameter {
     return value_type(mesh(), value_->shape(), grad_local());
   }
 
-  /// Appends this parameter's type-erased view.
+  /// Appends this parameter's type-erased view (a deferred group is materialised first).
   void collect(List& out) {
-    auto& e = entry();
+    auto& e = entry();  // throws for a parameter never set
+    group_->ensure_materialized();
     out.push_back(ParamRef<T, mesh_ndim, space>{e.name, group_->value(index_), group_->grad(index_), e.layout,
                                                 &e.grad_state, &e.has_grad, e.decay, group_.get(), e.offset,
                                                 group_->sharded_flag()});
@@ -342,7 +328,26 @@ class Parameter {
     if (!group_) throw Error("Parameter", "use of a parameter that was never set");
     return group_->entries()[index_];
   }
-  std::span<T> grad_span() const { return group_->grad(index_); }
+  std::span<T> grad_span() const {
+    entry();  // throws for a parameter never set
+    group_->ensure_materialized();
+    return group_->grad(index_);
+  }
+
+  template <class Box>
+  static typename Group::Entry make_entry(std::string name, const Mesh& mesh, const Shape<R>& shape, const Box& box, bool decay) {
+    typename Group::Entry e;
+    e.name = std::move(name);
+    e.global_shape.assign(shape.begin(), shape.end());
+    e.local_offset.assign(box.offset.begin(), box.offset.end());
+    e.local_extent.assign(box.extent.begin(), box.extent.end());
+    e.layout = e.grad_state = L::desc;
+    e.decay = decay;
+    e.numel = std::size_t(dtensor::numel(box.extent));
+    // The largest piece is the one at mesh coordinate 0 (torch.chunk puts the short chunks last).
+    e.slot = std::size_t(dtensor::numel(dtensor::local_box(L::desc, mesh.shape(), std::array<int, Mesh::ndim>{}, shape).extent));
+    return e;
+  }
 
   void bind(std::shared_ptr<Group> group, std::size_t index, const Mesh& mesh, const Shape<R>& global) {
     auto& e = group->entries().at(index);
@@ -352,7 +357,9 @@ class Parameter {
       throw Error("Parameter::rebind", dtensor::detail::cat(e.name, ": entry of ", e.numel, " elements for a piece ",
                                                             to_string(local)));
     value_.reset();  // emplace, not assign: assigning to a view would write through it
-    value_.emplace(mesh, global, Tensor<T, R, space>::view(group->value(index).data(), local));
+    // A deferred group has no values yet: a null view until current_value() materialises it.
+    T* data = group->deferred() ? nullptr : group->value(index).data();
+    value_.emplace(mesh, global, Tensor<T, R, space>::view(data, local));
     group_ = std::move(group);
     index_ = index;
   }
@@ -366,6 +373,7 @@ class Parameter {
   /// re-materialized it: nn/flat_params.hpp); throws while the storage is released.
   value_type& current_value() const {
     auto& v = checked_value();
+    group_->ensure_materialized();
     T* here = group_->value(index_).data();  // throws, naming the group, while released
     if (v.to_local().data() != here) {
       const auto mesh = v.mesh();  // copies: bind replaces the value they live in

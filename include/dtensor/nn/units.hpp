@@ -55,8 +55,25 @@ struct UnitHooks {
 template <class T, std::size_t N, MemorySpace Space = host_space>
 struct ParamUnit {
   std::shared_ptr<FlatParams<T, N, Space>> group;
-  ParamList<T, N, Space> params;
+  ParamList<T, N, Space> params;  // empty while the group is deferred (nn::DeferredInit): see materialize_unit
 };
+
+/// A unit whose group is deferred (nn::DeferredInit) made whole: its values drawn, its
+/// gradients zero and its params() views taken (they are empty until then: a view of nothing
+/// would be a trap). What uses a unit's params() calls it first (ParamGroup::params, DDP);
+/// FSDP instead draws only its shard and never needs them. No-op for any other unit.
+template <class Unit>
+void materialize_unit(Unit& u) {
+  if (!u.group || !u.group->deferred()) return;
+  u.group->ensure_materialized();
+  u.params.clear();
+  auto& g = *u.group;
+  for (std::size_t i = 0; i < g.entries().size(); ++i) {  // as Parameter::collect, in the group's (registration) order
+    auto& e = g.entries()[i];
+    u.params.push_back({e.name, g.value(i), g.grad(i), e.layout, &e.grad_state, &e.has_grad, e.decay, &g, e.offset,
+                        g.sharded_flag()});
+  }
+}
 
 /// What a parallel wrapper needs of a model: its units (each with a flat `group` and its
 /// `params`) and a way to set the hooks that run around them.
@@ -138,7 +155,7 @@ template <class T, MeshType OnMesh, class Units, class Part>
 void add_unit(Units& units, std::string name, Part& part) {
   typename Units::value_type u;
   u.group = flatten<T, OnMesh::ndim, OnMesh>(std::move(name), part);
-  collect_on<OnMesh>(part, u.params);
+  if (!u.group->deferred()) collect_on<OnMesh>(part, u.params);  // deferred: materialize_unit takes them
   units.push_back(std::move(u));
 }
 

@@ -100,6 +100,7 @@ class DataParallel {
     static_assert(requires(std::function<void(std::size_t)> fn) { model.set_grads_ready(std::move(fn)); },
                   "DataParallel::attach needs `set_grads_ready(fn)` on the model (nn::WithUnits gives it)");
     others_.clear();
+    for (auto& u : model.units()) nn::materialize_unit(u);  // a deferred model (nn::DeferredInit): drawn whole, DDP keeps it all
     if constexpr (requires { model.parameter_groups(); }) {
       auto groups = model.parameter_groups();
       [&]<std::size_t... I>(std::index_sequence<I...>) {
@@ -161,6 +162,7 @@ class DataParallel {
   void attach_group(Model& model, const Group& g) {
     using GMesh = typename Group::mesh_type;
     if constexpr (has_role<GMesh, Role::data>) {
+      for (auto& u : *g.units) nn::materialize_unit(u);
       auto sync = std::make_shared<DataParallel<GMesh>>(*g.mesh, o_);
       auto issued = std::make_shared<std::vector<bool>>(g.units->size(), false);
       auto* units = g.units;

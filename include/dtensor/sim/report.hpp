@@ -104,7 +104,7 @@ struct RankReport {
     return p;
   }
   /// The most bytes held at once during the step itself: every phase but the construction
-  /// phase "parameters" (building a model before it is sharded holds more than any step does).
+  /// phase "parameters" (building the trainer; construction_peak_total, judged apart).
   std::int64_t step_peak_total() const {
     std::int64_t p = 0;
     for (const auto& ph : phases)

@@ -79,6 +79,9 @@ struct TrainerOptions {
   std::size_t offload_buffer_bytes = std::size_t(1) << 20;  // the optimizer offload's host staging buffer,
   std::function<std::size_t()> offload_buffer_sizer{};      // or its size chosen once the model is built (every rank)
   std::size_t bucket_bytes = std::size_t(1) << 20;          // gradient all-reduce buckets
+  // Parameters built as shards (nn::DeferredInit: each rank draws only what FSDP keeps on it,
+  // the same values as eagerly); false: every rank builds its stages whole, then shards them.
+  bool deferred_init = true;
 
   /// The ZeRO stage this runs (0 resolved).
   int zero_stage() const noexcept { return zero != 0 ? zero : degrees.fsdp > 1 ? 3 : 1; }
@@ -101,7 +104,8 @@ struct TrainerOptions {
          {"sync", dtensor::detail::cat(parallel::sync::to_string(sync.kind), " inner ", sync.inner_steps, " staleness ",
                                        sync.staleness, " clients ", sync.clients, " seed ", sync.seed)},
          {"offload (params, optimizer)", dtensor::detail::cat(!offload_params_dir.empty(), " ", !offload_optimizer_dir.empty())},
-         {"bucket_bytes", text(bucket_bytes)}});
+         {"bucket_bytes", text(bucket_bytes)},
+         {"deferred_init", text(int(deferred_init))}});
     check(comm.size(), comm.rank());
   }
 

@@ -26,12 +26,18 @@
 //      its moments offloaded to files), the replica sync's outer step when due, and ZeRO-1/2's
 //      all-gather of the updated shards;
 //   4. the loss, from the last stage's ranks to every rank (one all-reduce of one double on "pp").
+// Construction: the model's parameters are deferred (TrainerOptions::deferred_init, default
+// on; nn/flat_params.hpp): each rank draws only its FSDP shard of each unit's flat buffer
+// (ZeRO-3) or its stage's full values (ZeRO-1/2, which keep them), never the other stages'.
 // The dry run (models/training_plan.hpp) builds this Trainer on meta tensors, drives one
 // micro-batch through its stages with the pipeline's own FSDP actions, then runs the same
 // finish_schedule() and update(): what the planner reports is what this builds and runs.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <limits>
 #include <map>
@@ -61,6 +67,17 @@ struct StepResult {
   double loss = 0;                          // the batch's mean loss (every rank)
   parallel::pipeline::StepStats stats{};    // this rank's schedule measurements (parallel/pipeline/executor.hpp)
   bool updated = true;                      // the optimizer stepped (a replica sync may wait: async, FedAvg)
+};
+
+/// This rank's memory in one phase of training (Trainer::memory()): the trainer's own
+/// allocations in the model's memory space (the allocation ledger, core/memory_ledger.hpp), what
+/// it held when the phase began plus the most the phase added at once; the largest over every
+/// time the phase ran.
+struct MemoryPhase {
+  std::string name;                                   // "construction", "forward+backward", "optimizer"
+  std::array<std::int64_t, memory_tag_count> peak{};  // by tag (MemoryTag's order)
+  std::int64_t total = 0;                             // all tags together, at once
+  std::int64_t of(MemoryTag t) const noexcept { return peak[std::size_t(t)]; }
 };
 
 namespace detail {
@@ -132,8 +149,8 @@ class Trainer {
 
   template <class MakeModel>
   Trainer(Agreed, const Mesh& mesh, const TrainerOptions& o, MakeModel&& make_model)
-      : o_(o), mesh_(mesh), stage_mesh_(parallel::pipeline::stage_mesh_of(mesh)),
-        pipeline_(mesh_, schedule_of(o_), split(make_model(stage_mesh_), o_, mesh_),
+      : build_(), o_(o), mesh_(mesh), stage_mesh_(parallel::pipeline::stage_mesh_of(mesh)),
+        pipeline_(mesh_, schedule_of(o_), build_stages(make_model, stage_mesh_, o_, mesh_),
                   {.stage = o_.zero_stage(), .reshard_after_forward = o_.reshard_after_forward,
                    .reduce_replicas = o_.sync.kind == parallel::sync::SyncKind::ddp,
                    .offload_params_dir = o_.offload_params_dir},
@@ -151,6 +168,8 @@ class Trainer {
       mesh_.comm().fail("train::Trainer", "an optimizer offloaded to files needs the model in host memory");
     if (o_.sync.kind != parallel::sync::SyncKind::ddp)
       sync_.emplace(stage_mesh_, pipeline_.params().template list<0>(), o_.sync);
+    record_memory(0, *build_.ledger);
+    build_.ledger.reset();  // the first member's: no scope opened since is still open
   }
 
  public:
@@ -174,10 +193,19 @@ class Trainer {
     return r;
   }
 
-  /// The schedule and the gradient syncs inside each replica (step's part 1).
+  /// The schedule and the gradient syncs inside each replica (step's part 1). What the
+  /// schedule allocates without a tag of its own (FSDP's buffers and the gradients have theirs)
+  /// is the activations and their gradients: tagged so (MemoryTag::activations).
   parallel::pipeline::StepStats run_schedule(const Microbatches& batch) {
+    MemoryLedger ledger;
     pipeline_.zero_grad();
-    return pipeline_.step(batch);  // the executor's schedule, then finish_schedule()'s syncs
+    parallel::pipeline::StepStats stats;
+    {
+      MemoryTagScope tag(MemoryTag::activations);
+      stats = pipeline_.step(batch);  // the executor's schedule, then finish_schedule()'s syncs
+    }
+    record_memory(1, ledger);
+    return stats;
   }
 
   /// The gradient syncs after a schedule the caller drove itself through stages() with
@@ -189,6 +217,20 @@ class Trainer {
   /// clipping, the optimizer, the outer sync, ZeRO-1/2's parameter all-gather. Returns whether
   /// the optimizer stepped. The dry run calls it after driving one micro-batch itself.
   bool update() {
+    MemoryLedger ledger;
+    const bool updates = update_unmeasured();
+    record_memory(2, ledger);
+    return updates;
+  }
+
+  /// This rank's memory by phase (MemoryPhase): construction (the model built as shards,
+  /// FSDP, the optimizer), forward+backward (run_schedule: the pipeline's micro-batches
+  /// interleave the two), optimizer (update). Peaks per rank; reduce them over the ranks to
+  /// report the largest (train_gpt's summary does).
+  const std::array<MemoryPhase, 3>& memory() const noexcept { return memory_; }
+
+ private:
+  bool update_unmeasured() {
     const bool updates = sync_ ? sync_->gradients_ready() : true;
     if ((sync_ ? sync_->clips(updates) : true) && o_.clip_norm > 0) pipeline_.clip_grad_norm(o_.clip_norm);
     if (updates) {
@@ -201,6 +243,19 @@ class Trainer {
     return updates;
   }
 
+  /// Phase i's peaks from `ledger` (a scope over the phase) on top of what the trainer held.
+  void record_memory(std::size_t i, const MemoryLedger& ledger) {
+    auto& p = memory_[i];
+    const std::string_view space = Space::name;
+    for (std::size_t t = 0; t < memory_tag_count; ++t) {
+      p.peak[t] = std::max(p.peak[t], held_[t] + ledger.peak(space, MemoryTag(t)));
+      held_[t] += ledger.current(space, MemoryTag(t));
+    }
+    p.total = std::max(p.total, held_total_ + ledger.peak(space));
+    held_total_ += ledger.current(space);
+  }
+
+ public:
   /// The loss of a step's statistics on every rank: it lives on the last stage's ranks, and the
   /// maximum over the pipeline group brings it to all (one all-reduce of one double).
   double shared_loss(const parallel::pipeline::StepStats& stats) {
@@ -303,8 +358,16 @@ class Trainer {
     return parallel::pipeline::make_schedule(parallel::pipeline::parse_schedule_kind(o.schedule), o.degrees.pp, o.microbatches,
                                            o.stages_per_rank);
   }
-  /// This rank's stages of `model`: only their parts are built (tagged as parameters).
-  static std::vector<Stage> split(Model model, const TrainerOptions& o, const Mesh& mesh) {
+  /// This rank's stages of `make_model(stage_mesh)`. With o.deferred_init (the default) the
+  /// model is made inside an nn::DeferredInit scope: every parameter made from an nn::Init holds
+  /// no memory until FSDP draws this rank's shard of its unit (parallel/detail/fsdp_unit.hpp),
+  /// so the construction peak is the sharded states, not the model; parameters made from values
+  /// are built as before (nn/flat_params.hpp).
+  template <class MakeModel>
+  static std::vector<Stage> build_stages(MakeModel& make_model, const StageMesh& stage_mesh, const TrainerOptions& o,
+                                         const Mesh& mesh) {
+    nn::DeferredInit deferred(o.deferred_init);
+    Model model = make_model(stage_mesh);
     MemoryTagScope tag(MemoryTag::parameters);
     return parallel::pipeline::split(model, schedule_of(o).layout, mesh.coordinate(0));
   }
@@ -367,6 +430,14 @@ class Trainer {
     return slots;
   }
 
+  struct BuildLedger {  // the construction's ledger: opened first, closed at the end of the constructor
+    std::optional<MemoryLedger> ledger;
+    BuildLedger() { ledger.emplace(); }
+  };
+  BuildLedger build_;  // first: it sees every member's allocations
+  std::array<MemoryPhase, 3> memory_{MemoryPhase{"construction"}, MemoryPhase{"forward+backward"}, MemoryPhase{"optimizer"}};
+  std::array<std::int64_t, memory_tag_count> held_{};  // what the trainer holds now, by tag ...
+  std::int64_t held_total_ = 0;                        // ... and in all
   TrainerOptions o_;
   Mesh mesh_;
   StageMesh stage_mesh_;

@@ -18,6 +18,11 @@
 // and "cp" reads as a nested split in DTensor terms; the flat buffer's split is the flattened
 // group's, chunk f * C + c of F * C, which equals the nested one only when the sizes divide.
 // Nothing derives a range from these placements: every range comes from FsdpShardDims::range.)
+//
+// A deferred group (nn::DeferredInit, nn/flat_params.hpp) is never made whole here: under
+// ZeRO-3 (values released after sharding) the shard [lo, hi) is drawn straight from the
+// parameters' Inits into the master values; ZeRO-1/2 keep the full values anyway, which
+// materialize_values draws. Either way the values equal the eager path's bit for bit.
 #pragma once
 
 #include <algorithm>
@@ -262,8 +267,21 @@ struct UnitShard {
     }
     if (!master_in_values) {
       master = make_buffer<M, StateSpace>(shard_size(), MemoryTag::optimizer_state, false);
-      convert_across<StateSpace, Space>(master.span(), std::span<const T>(group->values().subspan(lo, shard_size())));
+      if (!group->deferred()) {
+        convert_across<StateSpace, Space>(master.span(), std::span<const T>(group->values().subspan(lo, shard_size())));
+      } else if constexpr (std::is_same_v<T, M> && std::is_same_v<StateSpace, host_space>) {
+        // Deferred initialisation: only this rank's shard is drawn (nn/flat_params.hpp) ...
+        group->initial_values(lo, master.span());
+      } else if constexpr (holds_data_v<StateSpace>) {
+        // ... in T as the eager values would hold it, then converted as they would be.
+        auto drawn = make_buffer<T, host_space>(shard_size(), MemoryTag::parameters, false);
+        group->initial_values(lo, drawn.span());
+        convert_across<StateSpace, host_space>(master.span(), std::span<const T>(drawn.span()));
+      } else if constexpr (!std::is_same_v<T, M>) {
+        [[maybe_unused]] auto drawn = make_buffer<T, StateSpace>(shard_size(), MemoryTag::parameters, false);  // a dry run: the same bytes
+      }
     }
+    group->end_deferred();  // the values live in the shards now (stages 1/2: drawn whole above)
     if (!grad_in_full && !grad_narrow) grad = make_buffer<M, StateSpace>(shard_size(), MemoryTag::gradients, true);
     // Segments: the entries that overlap [lo, hi). Reserve first: the views point into these vectors.
     std::size_t count = 0;
