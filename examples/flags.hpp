@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <limits>
 #include <optional>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -29,6 +30,14 @@
 #include "dtensor/nn/context_options.hpp"
 
 namespace examples {
+
+/// Text from streamable pieces: cat("got ", n, " ranks").
+template <class... Parts>
+std::string cat(const Parts&... parts) {
+  std::ostringstream s;
+  (s << ... << parts);
+  return s.str();
+}
 
 /// A bad command line: the program prints it with its usage and exits with status 2.
 struct UsageError : std::runtime_error {
@@ -57,7 +66,7 @@ inline double positive_flag_value(const std::string& flag, const std::string& te
                                   double hi = std::numeric_limits<double>::max()) {
   const auto v = dtensor::parse_number(text);
   if (!v || !(*v > 0)) throw UsageError(flag + " expects a positive number, got '" + text + "'");
-  if (*v > hi) throw UsageError(flag + " " + text + " is out of range (0, " + dtensor::detail::cat(hi) + "]");
+  if (*v > hi) throw UsageError(flag + " " + text + " is out of range (0, " + examples::cat(hi) + "]");
   return *v;
 }
 
@@ -110,7 +119,7 @@ inline void check_kv_heads(long long heads, long long kv_heads) {
 
 /// A mesh dimension's size: 1 to the most ranks the threads backend runs.
 inline int mesh_flag(const std::string& flag, const std::string& text) {
-  return flag_value<int>(flag, text, 1, dtensor::threads::detail::max_ranks);
+  return flag_value<int>(flag, text, 1, dtensor::threads::max_ranks);
 }
 
 /// Whether --help (or -h) stands anywhere on the command line: it wins before any flag is

@@ -361,7 +361,7 @@ sim::TierInput tier_input(const Options& o, const sim::PlanClass& c) {
     // stages in flight at the rank's peak leave saved — the dry run's forward measures one
     // micro-batch on one stage (saved_per_stage) — over their blocks.
     const auto& p = o.plan;
-    const int stages = p.pipelined() ? p.pp * sim::detail::plan_schedule(p).layout.stages_per_rank : 1;
+    const int stages = p.pipelined() ? p.pp * sim::plan_schedule(p).layout.stages_per_rank : 1;
     const int per_stage = int((p.model.layers + stages - 1) / stages);
     const double held = c.held_at_peak > 0 ? c.held_at_peak : double(c.in_flight);
     in.saved_activations = std::min(in.activations_peak, held * double(c.saved_per_stage));
@@ -382,7 +382,7 @@ PlanSummary summarize(const Options& o, const std::vector<sim::PlanClass>& class
   for (const auto& c : classes)
     for (const auto& ph : c.report.phases)
       executed += double(ph.flops()) * double(c.report.ranks) *
-                  (sim::detail::is_microbatch_phase(ph.name) ? double(p.microbatches) : 1.0);
+                  (sim::is_microbatch_phase(ph.name) ? double(p.microbatches) : 1.0);
   r.hardware_tflops_per_gpu = executed / gpus / r.step / 1e12;
   // PaLM's count; a MoE model's with the parameters a token multiplies (router, top-k experts).
   const double model_flops = model_shape(o).model_flops_per_token() * tokens;
@@ -430,7 +430,7 @@ void print_json(const Options& o, const std::vector<sim::PlanClass>& classes, co
   const auto& p = o.plan;
   std::vector<std::string> missing;  // "field":"why" of every null
   const auto num = [&](double x, const std::string& field) { return json_number(x, field.c_str(), missing); };
-  std::string out = dtensor::detail::cat(
+  std::string out = examples::cat(
       "{\"gpus\":", p.gpus(), ",\"pp\":", p.pp, ",\"dp\":", p.dp, ",\"cp\":", p.cp, ",\"tp\":", p.tp, ",\"zero\":", p.zero,
       ",\"fp32_master\":", o.ddp_master || p.zero > 0 || !o.bf16 ? "true" : "false",
       ",\"microbatches\":", p.microbatches, ",\"schedule\":", json_string(p.schedule),
@@ -449,7 +449,7 @@ void print_json(const Options& o, const std::vector<sim::PlanClass>& classes, co
     const auto& c = classes[i];
     const auto& e = r.estimate.classes[i];
     const std::string at = "classes[" + std::to_string(i) + "].";
-    out += dtensor::detail::cat(
+    out += examples::cat(
         i ? "," : "", "{\"name\":", json_string(c.report.name), ",\"ranks\":", (long long)c.report.ranks,
         ",\"pipeline_rank\":", c.pipeline_rank, ",\"step_seconds\":", num(e.step_seconds, at + "step_seconds"),
         ",\"once_per_step_seconds\":", num(e.once_per_step_seconds, at + "once_per_step_seconds"),
@@ -464,7 +464,7 @@ void print_json(const Options& o, const std::vector<sim::PlanClass>& classes, co
       for (const auto& ph : c.report.phases)
         if (ph.name != sim::RankReport::construction_phase) peak = std::max(peak, ph.peak[t]);
       if (peak == 0) continue;
-      out += dtensor::detail::cat(first ? "" : ",", json_string(std::string(name_of(MemoryTag(t)))), ":", (long long)peak);
+      out += examples::cat(first ? "" : ",", json_string(std::string(name_of(MemoryTag(t)))), ":", (long long)peak);
       first = false;
     }
     out += "}}";
@@ -522,7 +522,7 @@ void print_sync_table(const Options& o, const std::vector<sim::PlanClass>& class
         payload += double(c.bytes);
         element_bytes = double(size_of(c.dtype));
       }
-    if (!sim::detail::is_microbatch_phase(ph.name)) other_phases += est.phases[i].total();
+    if (!sim::is_microbatch_phase(ph.name)) other_phases += est.phases[i].total();
   }
   if (payload == 0) {
     std::printf("\n--sync-table: no gradient reduction on a data dimension in this plan (dp 1)\n");
@@ -550,7 +550,7 @@ void print_sync_table(const Options& o, const std::vector<sim::PlanClass>& class
   };
   std::printf("\nsync strategies on the data dimension (%s, %s of gradients of %.0f-byte elements per rank; DDP's reduction "
               "%.3f s, %.3f s of it exposed; docs/beyond-sync.md):\n",
-              report.name.c_str(), sim::detail::human_bytes(payload).c_str(), element_bytes, est.gradient_reduction_seconds, exposed);
+              report.name.c_str(), sim::human_bytes(payload).c_str(), element_bytes, est.gradient_reduction_seconds, exposed);
   std::printf("  %-28s %14s %14s %12s %12s %10s %9s\n", "strategy", "bytes/step", "peak bytes", "comm s/step", "exposed s",
               "step s", "vs DDP");
   const double ddp_step = r.step;
@@ -566,16 +566,16 @@ void print_offload(const Options& o, const std::vector<sim::PlanClass>& classes,
   const auto& t = o.tiers;
   std::printf("\noffload %s (sim/offload_tiers.hpp; disk %.3g GB/s and PCIe %.3g GB/s per rank%s):\n",
               t.offload.to_string().c_str(), t.disk_bytes_per_second / 1e9, t.pcie_bytes_per_second / 1e9,
-              t.offload.disk() ? (", " + sim::detail::human_bytes(t.buffer_bytes) + " host staging buffer").c_str() : "");
+              t.offload.disk() ? (", " + sim::human_bytes(t.buffer_bytes) + " host staging buffer").c_str() : "");
   std::printf("  %-24s %12s %12s %12s %14s %10s %14s %10s %12s %10s\n", "class", "device", "host", "disk", "disk/step",
               "disk s", "PCIe/step", "PCIe s", "compute s", "exposed s");
   for (std::size_t i = 0; i < classes.size(); ++i) {
     const auto& x = r.tiers[i];
     const double compute = r.estimate.classes[i].compute_seconds;
     std::printf("  %-24s %12s %12s %12s %14s %10.4f %14s %10.4f %12.4f %10.4f\n", classes[i].report.name.c_str(),
-                sim::detail::human_bytes(x.bytes.device).c_str(), sim::detail::human_bytes(x.bytes.host).c_str(),
-                sim::detail::human_bytes(x.bytes.disk).c_str(), sim::detail::human_bytes(x.disk_bytes_per_step).c_str(),
-                x.disk_seconds, sim::detail::human_bytes(x.pcie_bytes_per_step).c_str(), x.pcie_seconds, compute,
+                sim::human_bytes(x.bytes.device).c_str(), sim::human_bytes(x.bytes.host).c_str(),
+                sim::human_bytes(x.bytes.disk).c_str(), sim::human_bytes(x.disk_bytes_per_step).c_str(),
+                x.disk_seconds, sim::human_bytes(x.pcie_bytes_per_step).c_str(), x.pcie_seconds, compute,
                 sim::exposed_transfer_seconds(x, compute));
   }
   std::printf("  overlap: the reads are prefetched a unit (a chunk) ahead and the writes go behind, beside the step's "
@@ -608,10 +608,10 @@ int run_plan(const Options& o) {
                   "memory with %d micro-batch stages in flight %s\n",
                   est.step_seconds, c.pipeline_rank, 100 * est.bubble_fraction, est.once_per_step_seconds,
                   est.gradient_reduction_seconds, est.compute_seconds, est.communication_seconds,
-                  est.exposed_communication_seconds, c.in_flight, sim::detail::human_bytes(c.peak_in_flight).c_str());
+                  est.exposed_communication_seconds, c.in_flight, sim::human_bytes(c.peak_in_flight).c_str());
     }
     std::printf("\ndry run: %zu rank classes for %lld GPUs in %.2f s; the most memory any rank holds in the step: %s "
-                "(%s)\n", classes.size(), p.gpus(), seconds, sim::detail::human_bytes(r.memory).c_str(),
+                "(%s)\n", classes.size(), p.gpus(), seconds, sim::human_bytes(r.memory).c_str(),
                 classes[r.memory_class].report.name.c_str());
     std::printf("step: %.3f s on %s (pipeline %.3f s, bubble %.1f %%; slowest class %s); %.4g tokens/s; ",
                 r.step, o.hardware.name.c_str(), r.estimate.pipeline_seconds, 100 * r.estimate.bubble_fraction,
@@ -620,33 +620,33 @@ int run_plan(const Options& o) {
                 p.has_experts() ? ", active parameters" : "");
     std::printf("%.0f TFLOP/s per GPU executed (recomputation included)\n", r.hardware_tflops_per_gpu);
     std::printf("memory: %s %s of %s per GPU less the %.0f %% reserve (%s)\n", r.fits ? "fits," : "DOES NOT FIT:",
-                sim::detail::human_bytes(r.memory).c_str(), sim::detail::human_bytes(o.hardware.memory_bytes).c_str(),
+                sim::human_bytes(r.memory).c_str(), sim::human_bytes(o.hardware.memory_bytes).c_str(),
                 100 * sim::memory_reserve_fraction,
-                sim::detail::human_bytes(o.hardware.memory_bytes * (1 - sim::memory_reserve_fraction)).c_str());
+                sim::human_bytes(o.hardware.memory_bytes * (1 - sim::memory_reserve_fraction)).c_str());
     std::printf("construction: %s %s per GPU (%s): the trainer built, the model drawn as shards\n",
-                r.construction_fits ? "fits," : "DOES NOT FIT:", sim::detail::human_bytes(r.construction).c_str(),
+                r.construction_fits ? "fits," : "DOES NOT FIT:", sim::human_bytes(r.construction).c_str(),
                 classes[r.construction_class].report.name.c_str());
     if (!r.tiers.empty()) print_offload(o, classes, r);
   }
   if (o.sync_table) print_sync_table(o, classes, r);
   if (!o.trace.empty()) {
     const auto& c = classes.front();
-    trace::detail::write_text_file(o.trace, sim::chrome_trace(r.estimate.classes.front(), c.pipeline_rank, c.report.name),
+    trace::write_text_file(o.trace, sim::chrome_trace(r.estimate.classes.front(), c.pipeline_rank, c.report.name),
                                    "plan_at_scale --trace");
     if (!o.json) std::printf("trace of %s (pipeline rank %d): %s\n", c.report.name.c_str(), c.pipeline_rank, o.trace.c_str());
   }
   if (!r.construction_fits) {
     std::fprintf(stderr, "plan_at_scale: the plan does not fit: building it holds %s per GPU (construction, %s) > %s of %s "
                  "less the %.0f %% reserve\n",
-                 sim::detail::human_bytes(r.construction).c_str(), classes[r.construction_class].report.name.c_str(),
-                 sim::detail::human_bytes(o.hardware.memory_bytes * (1 - sim::memory_reserve_fraction)).c_str(),
+                 sim::human_bytes(r.construction).c_str(), classes[r.construction_class].report.name.c_str(),
+                 sim::human_bytes(o.hardware.memory_bytes * (1 - sim::memory_reserve_fraction)).c_str(),
                  o.hardware.name.c_str(), 100 * sim::memory_reserve_fraction);
     return 3;
   }
   if (!r.fits) {
     std::fprintf(stderr, "plan_at_scale: the plan does not fit: %s per GPU (%s) > %s of %s less the %.0f %% reserve\n",
-                 sim::detail::human_bytes(r.memory).c_str(), classes[r.memory_class].report.name.c_str(),
-                 sim::detail::human_bytes(o.hardware.memory_bytes * (1 - sim::memory_reserve_fraction)).c_str(),
+                 sim::human_bytes(r.memory).c_str(), classes[r.memory_class].report.name.c_str(),
+                 sim::human_bytes(o.hardware.memory_bytes * (1 - sim::memory_reserve_fraction)).c_str(),
                  o.hardware.name.c_str(), 100 * sim::memory_reserve_fraction);
     return 3;
   }
@@ -685,8 +685,8 @@ void print_rank_of(const Options& o, const sim::ModelShape& model, const std::ve
   const auto any = std::find_if(all.begin(), all.end(), [&](const sim::RankedPlan& r) { return matches(r.plan, o.rank_of); });
   if (any != all.end() && !any->estimate.fits)
     std::printf("  faster, but does not fit (%s of %s less the %.0f %% reserve): %s\n%s",
-                sim::detail::human_bytes(any->estimate.memory_bytes).c_str(),
-                sim::detail::human_bytes(o.hardware.memory_bytes).c_str(), 100 * sim::memory_reserve_fraction,
+                sim::human_bytes(any->estimate.memory_bytes).c_str(),
+                sim::human_bytes(o.hardware.memory_bytes).c_str(), 100 * sim::memory_reserve_fraction,
                 sim::describe(any->plan).c_str(), sim::compare_plans(*any, ranked.front()).c_str());
 }
 
@@ -723,7 +723,7 @@ int run_search(const Options& o) {
     for (std::size_t i = 0; i < ranked.size() && i < std::size_t(o.top); ++i) {
       std::printf("%zu. %s: step %.3f s (analytic), MFU %.1f %%, memory %s\n", i + 1, sim::describe(ranked[i].plan).c_str(),
                   ranked[i].estimate.step_seconds, 100 * ranked[i].estimate.mfu,
-                  sim::detail::human_bytes(ranked[i].estimate.memory_bytes).c_str());
+                  sim::human_bytes(ranked[i].estimate.memory_bytes).c_str());
       if (i > 0) std::printf("   analytic: %s\n", sim::why_slower(ranked[i], ranked.front()).c_str());
     }
     if (!o.rank_of.empty()) print_rank_of(o, model, ranked);
@@ -738,7 +738,7 @@ int run_search(const Options& o) {
     const double mfu = f.ranked.estimate.model_flops / (double(f.ranked.plan.gpus()) * o.hardware.peak_flops() * f.dry.step);
     std::printf("%zu. %s: step %.3f s (analytic %.3f s, #%zu), MFU %.1f %%, %.4g tokens/s, memory %s\n", i + 1,
                 sim::describe(f.ranked.plan).c_str(), f.dry.step, f.ranked.estimate.step_seconds, f.analytic_rank + 1,
-                100 * mfu, tokens / f.dry.step, sim::detail::human_bytes(f.dry.memory).c_str());
+                100 * mfu, tokens / f.dry.step, sim::human_bytes(f.dry.memory).c_str());
     if (i > 0)
       std::printf("   loses by %.3f s in the dry run; analytic: %s\n", f.dry.step - best.dry.step,
                   sim::why_slower(f.ranked, best.ranked).c_str());
@@ -764,7 +764,7 @@ int run_published() {
     const char* unit = run.iteration_seconds ? " s" : run.flops_count == "tokens" ? " tokens/s" : " TFLOP/s";
     std::printf("%s | %s | %s | %.2f%s | %.2f%s | %+.1f %% | %+.1f %% | %s\n", run.name.c_str(), run.fit ? "fit" : "held out",
                 run.device.c_str(), p.published, unit, p.predicted, unit, 100 * (p.ratio() - 1), 100 * (loo[i] - 1),
-                sim::detail::human_bytes(p.estimate.memory_bytes).c_str());
+                sim::human_bytes(p.estimate.memory_bytes).c_str());
     (run.fit ? worst_fit : worst_held) = std::max(run.fit ? worst_fit : worst_held, std::abs(p.ratio() - 1));
   }
   std::string names;
@@ -790,9 +790,9 @@ int run_serve(const Options& o) {
   std::printf("serving %s %.2fB parameters, tp %d x pp %d x cp %d, %s: %lld sequences x %lld positions\n"
               "per rank (%lld layers): weights %s, KV cache %s (%s per token), total %s: %s on %s\n",
               o.llama ? "llama" : "gpt", m.params() / 1e9, o.plan.tp, o.plan.pp, o.plan.cp, o.bf16 ? "bf16" : "f32", o.serve_batch,
-              o.serve_context, (long long)s.layers, sim::detail::human_bytes(s.weights).c_str(),
-              sim::detail::human_bytes(s.kv_cache).c_str(), sim::detail::human_bytes(s.kv_per_token).c_str(),
-              sim::detail::human_bytes(s.total).c_str(), fits ? "fits" : "does not fit", o.hardware.name.c_str());
+              o.serve_context, (long long)s.layers, sim::human_bytes(s.weights).c_str(),
+              sim::human_bytes(s.kv_cache).c_str(), sim::human_bytes(s.kv_per_token).c_str(),
+              sim::human_bytes(s.total).c_str(), fits ? "fits" : "does not fit", o.hardware.name.c_str());
   const auto t = sim::serving_latency(m, shape, o.hardware);
   std::printf("latency (one batch in flight): prefill %.4g ms; decode %.4g ms per token (weights + KV cache at HBM "
               "bandwidth %.4g ms, FLOPs %.4g ms, TP all-reduces %.4g ms, PP sends %.4g ms, CP all-gathers %.4g ms), "

@@ -73,7 +73,6 @@ std::vector<DryRanked> dry_rank(const PlanModel& m, const std::vector<dtensor::s
 /// How many of the analytic best --plan auto dry-runs (plan_at_scale --search's default too).
 inline constexpr std::size_t plan_auto_finalists = 12;
 
-namespace detail {
 /// The trainer's flags for an analytic plan (data ranks on --dp under DDP, on --fsdp under ZeRO,
 /// split --dp replicas x --fsdp shards under HSDP).
 inline MeshFlags mesh_of(const dtensor::sim::PlanShape& p) {
@@ -99,7 +98,6 @@ inline std::string flags_of(const MeshFlags& f, const dtensor::nn::Recompute& rc
   if (!rc.none()) s << " --recompute " << rc.to_string();
   return s.str();
 }
-}  // namespace detail
 
 /// The fastest plan for `ranks` (see the synopsis): sim::search_space over every factorization
 /// (the space plan_at_scale --search enumerates up to sim::exhaustive_gpus GPUs), its
@@ -109,7 +107,7 @@ inline PlanChoice choose_plan(const PlanModel& m, int ranks, const dtensor::sim:
                               std::size_t finalists = plan_auto_finalists) {
   namespace sim = dtensor::sim;
   constexpr const char* op = "train_gpt --plan auto";
-  if (ranks < 1) throw dtensor::Error(op, dtensor::detail::cat("--ranks ", ranks, ": need >= 1"));
+  if (ranks < 1) throw dtensor::Error(op, examples::cat("--ranks ", ranks, ": need >= 1"));
   const sim::ModelShape shape{.layers = m.layers, .dim = m.dim, .heads = m.heads, .kv_heads = m.kv_heads, .ffn = m.ffn,
                               .vocab = m.vocab, .seq = m.seq, .llama = m.llama, .experts = m.experts, .topk = m.topk,
                               .moe_every = m.moe_every};
@@ -124,11 +122,11 @@ inline PlanChoice choose_plan(const PlanModel& m, int ranks, const dtensor::sim:
   out.considered = result.considered;
   const auto& ranked = result.ranked;
   if (out.considered == 0)
-    throw dtensor::Error(op, dtensor::detail::cat("no plan for ", ranks, " ranks: --heads ", m.heads, ", --seq ", m.seq,
+    throw dtensor::Error(op, examples::cat("no plan for ", ranks, " ranks: --heads ", m.heads, ", --seq ", m.seq,
                                                   ", --layers ", m.layers, ", --batch ", m.batch, ", --ep ", m.ep,
                                                   " admit no factorization pp x data x cp x tp"));
   if (ranked.empty())
-    throw dtensor::Error(op, dtensor::detail::cat("none of the ", out.considered, " plans for ", ranks, " ranks fits ",
+    throw dtensor::Error(op, examples::cat("none of the ", out.considered, " plans for ", ranks, " ranks fits ",
                                                   hw.name, " memory (", hw.memory_bytes / 1e9,
                                                   " GB less the reserve): a smaller model or more ranks"));
   out.fitting = ranked.size();
@@ -139,19 +137,19 @@ inline PlanChoice choose_plan(const PlanModel& m, int ranks, const dtensor::sim:
   const std::size_t first = dry_ran ? dry.front().analytic_rank : 0;
   out.best = ranked[first];
   out.dry_step = dry_ran ? dry.front().step : out.best.estimate.step_seconds;
-  out.mesh = detail::mesh_of(out.best.plan);
+  out.mesh = mesh_of(out.best.plan);
   out.recompute = out.best.plan.recomputes();
   std::ostringstream s;
   s.precision(4);
   s << "plan auto: " << out.fitting << " of " << out.considered << " plans for " << ranks << " ranks fit " << hw.name
     << " (ranked by the dry run's step of the " << out.dry_run
     << " analytic best, as plan_at_scale --search; docs/dry-run.md); the fastest:\n  "
-    << detail::flags_of(out.mesh, out.recompute) << "  (" << sim::describe(out.best.plan) << "): step " << out.dry_step
+    << flags_of(out.mesh, out.recompute) << "  (" << sim::describe(out.best.plan) << "): step " << out.dry_step
     << " s on " << hw.name << " (analytic " << out.best.estimate.step_seconds << " s, #" << first + 1 << "), memory "
     << (dry_ran ? dry.front().memory : out.best.estimate.memory_bytes) / 1e9 << " GB\n";
   for (std::size_t i = 1; i < dry.size() && i <= runners_up; ++i) {
     const auto& r = ranked[dry[i].analytic_rank];
-    s << "  #" << i + 1 << " " << detail::flags_of(detail::mesh_of(r.plan), r.plan.recomputes()) << ": ";
+    s << "  #" << i + 1 << " " << flags_of(mesh_of(r.plan), r.plan.recomputes()) << ": ";
     if (!dry[i].error.empty()) s << "not dry-run (" << dry[i].error << ")\n";
     else
       s << "+" << dry[i].step - out.dry_step << " s in the dry run" << (dry[i].fits ? "" : ", does not fit")

@@ -77,7 +77,7 @@ inline DryScore dry_score(const dtensor::sim::TrainingPlan& p, const std::vector
   std::vector<sim::ClassInput> inputs;
   for (const auto& c : classes) inputs.push_back({&c.report, c.pipeline_ranks});
   DryScore r;
-  r.estimate = sim::estimate_plan(inputs, sim::plan_topology(p, hw), sim::detail::plan_schedule(p), {.zero = p.zero});
+  r.estimate = sim::estimate_plan(inputs, sim::plan_topology(p, hw), sim::plan_schedule(p), {.zero = p.zero});
   r.step = r.estimate.step_seconds;
   for (std::size_t i = 0; i < classes.size(); ++i) {
     if (classes[i].peak_in_flight > r.memory) r.memory = classes[i].peak_in_flight, r.memory_class = i;

@@ -298,7 +298,7 @@ inline void check_interop(const Options& o) {
     throw UsageError("--temperature, --top-k and --top-p need --generate N");
   if (o.top_k > 0 && o.temperature == 0) throw UsageError("--top-k needs --temperature T (without it generation is greedy)");
   if (o.top_p < 1 && o.temperature == 0)
-    throw UsageError("--top-p " + dtensor::detail::cat(o.top_p) + " needs --temperature T (without it generation is greedy)");
+    throw UsageError("--top-p " + examples::cat(o.top_p) + " needs --temperature T (without it generation is greedy)");
   const bool any = !o.export_path.empty() || !o.init_from.empty() || o.generate > 0;
   if ((!o.export_path.empty() || !o.init_from.empty()) && o.experts > 0)
     throw UsageError("--init-from and --export with --experts: not supported yet (--generate is)");
@@ -571,8 +571,8 @@ inline Options parse(int argc, char** argv, bool cuda_build) {
       throw UsageError("unknown flag '" + a + "'");
   }
   examples::apply_plan_auto(o, mesh_flag, ep_given);  // --plan auto: the mesh flags from the cost model
-  if (o.ranks() > threads::detail::max_ranks)
-    throw UsageError("pp x dp x fsdp x cp x tp = " + str(o.ranks()) + " ranks, more than " + str(threads::detail::max_ranks));
+  if (o.ranks() > threads::max_ranks)
+    throw UsageError("pp x dp x fsdp x cp x tp = " + str(o.ranks()) + " ranks, more than " + str(threads::max_ranks));
   check_options(o, cuda_build);
   return o;
 }
@@ -792,7 +792,7 @@ void serve_text(const Options& o, std::vector<Stage>& stages, const Mesh& mesh, 
   std::size_t count = 0;
   nn::for_each_parameter(served.front(), [&](auto& q) { count += q.defined() ? 1 : 0; });
   if (moved.parameters != count)  // the stages' names must cover the whole model's
-    throw std::runtime_error(dtensor::detail::cat("--serve-mesh: the ", layout.stages(), " stages moved ", moved.parameters,
+    throw std::runtime_error(examples::cat("--serve-mesh: the ", layout.stages(), " stages moved ", moved.parameters,
                                                   " parameters, the serving model has ", count));
   const auto ids = models::generate(served, one, *serve_mesh, prompt,
                                     {.new_tokens = o.generate, .temperature = o.temperature, .top_k = o.top_k,
@@ -842,7 +842,7 @@ void generate_text(const Options& o, const Corpus& corpus, Pipeline& model, cons
   char how[96] = "greedy";
   if (o.temperature > 0) std::snprintf(how, sizeof how, "temperature %g, top-k %d, top-p %g", o.temperature, o.top_k, o.top_p);
   using Stage = std::remove_cvref_t<decltype(stages.front())>;
-  const char* cache = models::detail::KvCacheable<Stage> ? "KV cache" : "no KV cache: each window recomputed";
+  const char* cache = models::KvCacheable<Stage> ? "KV cache" : "no KV cache: each window recomputed";
   std::printf("generated (%s, %d characters, %s; %d pipeline stages on %d ranks, %.1f characters/s):\n%s\n", how, o.generate,
               cache, schedule.layout.stages(), mesh.comm().size(), o.generate / seconds, text.c_str());
 }

@@ -46,7 +46,7 @@
 #include "dtensor/comm/threads.hpp"
 #include "dtensor/distributed/settings_agreement.hpp"
 #include "dtensor/models/moe_gpt.hpp"  // nn::MoELayers: --experts
-#include "dtensor/models/training_plan.hpp"  // sim::detail::trainer_step: --dry-run
+#include "dtensor/models/training_plan.hpp"  // sim::trainer_step: --dry-run
 #include "dtensor/models/vit.hpp"
 #include "dtensor/models/vit_data.hpp"
 #include "dtensor/optim/adamw.hpp"
@@ -154,7 +154,7 @@ void check_options(Options& o) {
   // In long long: five dimensions of up to 4096 overflow an int. A dry run runs one rank per class,
   // not per rank: its bound is the sim world's (an int), its sizes are never allocated.
   const long long ranks = (long long)o.pp * o.dp * o.fsdp * o.cp * o.tp;
-  const long long max_ranks = o.dry_run ? std::numeric_limits<int>::max() : threads::detail::max_ranks;
+  const long long max_ranks = o.dry_run ? std::numeric_limits<int>::max() : threads::max_ranks;
   if (ranks > max_ranks) throw UsageError("pp x dp x fsdp x cp x tp = " + str(ranks) + " ranks, more than " + str(max_ranks));
   if (o.microbatches == 0) o.microbatches = o.pp > 1 ? 2 * o.pp : 1;
   if (o.microbatches > 1 && o.pp == 1) throw UsageError("--microbatches " + str(o.microbatches) + " needs --pp > 1");
@@ -396,7 +396,7 @@ void train(CommPtr world, const Options& o, const Mesh& mesh) {
 /// The step of train_pipeline on meta tensors, as the rank of `world` (one rank class): this
 /// pipeline rank's stages cut from the same parts, FSDP-sharded by ShardedPipeline, one
 /// micro-batch through them, every gradient sync, clip and AdamW: train_pipeline's Trainer on meta
-/// tensors (sim::detail::trainer_step).
+/// tensors (sim::trainer_step).
 template <class Plan, bool MoE>
 void dry_pipeline_step(CommPtr world, const Options& o, sim::Recorder& rec) {
   namespace pp = parallel::pipeline;
@@ -423,7 +423,7 @@ void dry_pipeline_step(CommPtr world, const Options& o, sim::Recorder& rec) {
   const auto x = distribute_replicated<typename Stage::Input::layout>(
       stage_mesh, Tensor<float, 3, meta_space>(Shape<3>{micro, o.patches, o.patch_dim}));
   const auto y = distribute_replicated<typename Stage::Target::layout>(stage_mesh, Tensor<std::int32_t, 1, meta_space>(Shape<1>{micro}));
-  sim::detail::trainer_step(trainer, x, y, rec);
+  sim::trainer_step(trainer, x, y, rec);
 }
 
 /// The step of train on meta tensors: nn::ViT under DDP (--fsdp 1) or fully_shard, the whole batch.
@@ -456,7 +456,7 @@ void dry_step(CommPtr world, const Options& o, sim::Recorder& rec, const std::ar
     rec.phase("optimizer");
     MemoryTagScope optimizer_tag(MemoryTag::other);
     step_tail(ps, mesh, opt, finish, after_step);
-    rec.phase(sim::detail::after_step);
+    rec.phase(sim::after_step);
   });
 }
 
@@ -523,8 +523,8 @@ int dry_run(const Options& o) {
   // The line a script (and CTest) reads: the largest figures any rank has in the step.
   std::printf("\ndry run: %zu rank classes for %d ranks in %.2f s; per rank at most: peak memory in the step %s (%s), "
               "collective bytes sent %s (%s)\n",
-              reports.size(), o.ranks(), seconds, sim::detail::human_bytes(double(reports[most_memory].step_peak_total())).c_str(),
-              reports[most_memory].name.c_str(), sim::detail::human_bytes(double(reports[most_sent].wire().sent)).c_str(),
+              reports.size(), o.ranks(), seconds, sim::human_bytes(double(reports[most_memory].step_peak_total())).c_str(),
+              reports[most_memory].name.c_str(), sim::human_bytes(double(reports[most_sent].wire().sent)).c_str(),
               reports[most_sent].name.c_str());
   return 0;
 }

@@ -228,6 +228,9 @@ RunResult run_ranks(int n, F& fn, const Make& make = {}) {
 
 }  // namespace detail
 
+/// The most ranks one threads run may have (run and run_collect refuse more).
+using detail::max_ranks;
+
 /// Runs fn(world) on n threads and returns each rank's exception (nullptr where it returned).
 template <class F>
 std::vector<std::exception_ptr> run_collect(int n, F&& fn) {

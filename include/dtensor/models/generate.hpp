@@ -255,6 +255,11 @@ auto run_prologue(Model& model, const std::vector<std::int32_t>& tokens, std::si
 
 }  // namespace detail
 
+/// Whether a model's stages keep a KV cache (generation then feeds one new token per step; programs
+/// say which way they generate).
+template <class Model>
+concept KvCacheable = detail::KvCacheable<Model>;
+
 /// The prompt followed by o.new_tokens generated ones, and each step's logits. Collective over
 /// the model's mesh: every rank calls it with the same prompt and options (checked: ranks that
 /// differ throw together) and gets the same.

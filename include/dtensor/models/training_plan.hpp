@@ -397,6 +397,13 @@ void pipeline_rank_step(CommPtr world, const TrainingPlan& p, const parallel::pi
 
 }  // namespace detail
 
+// Public for programs that dry-run their own Trainer (train_vit --dry-run): the plan's pipeline
+// schedule, one micro-batch through a Trainer's stages on meta tensors, and the phase name the
+// optimizer's step is recorded under.
+using detail::after_step;
+using detail::plan_schedule;
+using detail::trainer_step;
+
 /// The links of the plan's mesh: (pp, dp, fsdp, cp, tp) (and its expert mesh's edp, ep under MoE).
 inline Topology plan_topology(const TrainingPlan& p, const Hardware& hw) {
   Topology t(std::array<std::string_view, 5>{"pp", "dp", "fsdp", "cp", "tp"}, detail::pipeline_shape(p), hw);

@@ -219,6 +219,9 @@ inline bool is_microbatch_phase(std::string_view name) {
 inline bool is_data_dim(std::string_view d) { return d == "dp" || d == "fsdp" || d == "edp"; }
 }  // namespace detail
 
+/// Whether a phase's name is one that runs once per micro-batch (forward, backward and its halves).
+using detail::is_microbatch_phase;
+
 inline CommRole comm_role(const CommRecord& r, std::string_view phase) {
   const auto dims = detail::label_dims(r.group);
   // FSDP's shard group under context parallelism is "fsdp*cp" (parallel::FsdpShardDims): a data

@@ -85,6 +85,9 @@ inline std::string scientific(double v) {
 }
 }  // namespace detail
 
+/// "1.5 GiB": byte counts as the reports print them (the examples' summaries use it too).
+using detail::human_bytes;
+
 /// What one rank class does in a step (see the synopsis).
 struct RankReport {
   std::string name;

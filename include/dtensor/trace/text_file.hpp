@@ -20,3 +20,8 @@ inline void write_text_file(const std::string& path, const std::string& text, co
 }
 
 }  // namespace dtensor::trace::detail
+
+namespace dtensor::trace {
+/// Writes a text file whole or throws an Error naming `op` and the path (programs' trace files too).
+using detail::write_text_file;
+}  // namespace dtensor::trace
