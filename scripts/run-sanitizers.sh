@@ -28,6 +28,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=${DTENSOR_TEST_JOBS:-$(nproc)}
 what=${1:-all}
+# Ninja for a new build folder: it builds the listed programs side by side, where Make's top-level
+# Makefile builds one target after another (.NOTPARALLEL), one core for most of these one-unit programs.
+generator() { if [[ ! -f $1/CMakeCache.txt ]] && command -v ninja >/dev/null; then echo "-GNinja"; fi; }
 
 # -g1: line tables, what a sanitizer report prints (file:line per frame); full -g only adds the
 # local variables' descriptions, at a cost in compile time that the ASan build (the slowest part of CI)
@@ -39,7 +42,7 @@ if [[ $what == all || $what == asan ]]; then
   asan_tests=(test_tensor test_comm_threads test_redistribute_oracle test_ops_spaces test_hardening
               test_fsdp_parity test_cp_parity test_checkpoint)
   asan_o0="dtensor_catch_main;test_tensor;test_ops_spaces;test_hardening;test_fsdp_parity;test_cp_parity;test_checkpoint"
-  cmake -S . -B build-asan "${common[@]}" -DDTENSOR_SANITIZE="address;undefined" -DDTENSOR_TESTS_O0="$asan_o0" >/dev/null
+  cmake -S . -B build-asan $(generator build-asan) "${common[@]}" -DDTENSOR_SANITIZE="address;undefined" -DDTENSOR_TESTS_O0="$asan_o0" >/dev/null
   cmake --build build-asan -j"$jobs" --target "${asan_tests[@]}"
   regex="^($(IFS='|'; echo "${asan_tests[*]}"))\$"
   (cd build-asan &&
@@ -50,7 +53,7 @@ fi
 if [[ $what == all || $what == tsan ]]; then
   tsan_tests=(test_comm_threads test_dtensor_faults test_optim)
   tsan_o0="dtensor_catch_main;test_dtensor_faults;test_optim"
-  cmake -S . -B build-tsan "${common[@]}" -DDTENSOR_SANITIZE=thread -DDTENSOR_TESTS_O0="$tsan_o0" >/dev/null
+  cmake -S . -B build-tsan $(generator build-tsan) "${common[@]}" -DDTENSOR_SANITIZE=thread -DDTENSOR_TESTS_O0="$tsan_o0" >/dev/null
   cmake --build build-tsan -j"$jobs" --target "${tsan_tests[@]}"
   regex="^($(IFS='|'; echo "${tsan_tests[*]}"))\$"
   (cd build-tsan && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \

@@ -46,7 +46,11 @@ o0_tests=(dtensor_catch_main dtensor_mpi_catch_main dtensor_cuda_catch_main dten
           bench_check_collectives bench_checkpoint bench_comm_mpi bench_comm_threads
           bench_context_attention bench_gemm_host bench_gpt_step_host bench_kernels_host
           bench_moe_dispatch bench_offload bench_redistribute_mpi bench_redistribute_threads)
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1" \
+# Ninja for a new build folder (scripts/setup-deps.sh installs it; an existing folder keeps its
+# generator, which CMake cannot change).
+gen=()
+if [[ ! -f $build/CMakeCache.txt ]] && command -v ninja >/dev/null; then gen=(-G Ninja); fi
+cmake -S . -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1" \
       -DDTENSOR_TESTS_O0="$(IFS=';'; echo "${o0_tests[*]}")" \
       -DDTENSOR_BUILD_TESTS=ON -DDTENSOR_BUILD_EXAMPLES=ON -DDTENSOR_BUILD_BENCHMARKS=ON \
       -DDTENSOR_WITH_MPI=ON -DDTENSOR_WITH_BLAS=ON -DDTENSOR_WERROR=ON "${cuda[@]}"

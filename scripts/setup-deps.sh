@@ -7,7 +7,11 @@
 # (MPI backend, CBLAS, Catch2 tests, Google Benchmark, a venv for the Conan packaging test).
 set -euo pipefail
 
-packages=(build-essential cmake catch2 libbenchmark-dev libopenblas-dev
+# ninja-build: the test scripts' build tool. It starts the longest units first (in the order the
+# build defines them) and builds several targets at once; Make's generated top-level Makefile is
+# .NOTPARALLEL across targets and defers a target's compiles until its dependencies are built,
+# which left one core idle for much of CI (docs/benchmarks.md, "CI").
+packages=(build-essential cmake ninja-build catch2 libbenchmark-dev libopenblas-dev
           libboost-mpi-dev libopenmpi-dev openmpi-bin python3-venv)
 
 missing=()
