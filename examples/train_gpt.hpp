@@ -1235,7 +1235,8 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
                     double(step_peaks[t]) / (1 << 20));
     std::printf("\n");
     // What a user acts on: which phase peaks (construction: the model built as shards, FSDP and
-    // the optimizer; forward+backward: activations; optimizer: its state), and with what.
+    // the optimizer; forward: saved activations, gathered units; backward: unsharded gradients;
+    // optimizer: its state), and with what.
     std::printf("memory peak per rank by phase (the largest rank's, %s space, MiB):", host ? "host" : "cuda");
     for (std::size_t ph = 0; ph < trainer.memory().size(); ++ph) {
       const auto* peaks = phase_peaks.data() + ph * (memory_tag_count + 1);

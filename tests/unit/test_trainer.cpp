@@ -392,17 +392,26 @@ TEST_CASE("train::Trainer: deferred initialisation draws each rank's shards bit 
         const auto [x, y] = batch_of(0, cfg);
         if (!std::isfinite(deferred.step(deferred.microbatches(x, y)).loss)) report("deferred: a non-finite loss");
         // Its memory by phase (issue 40, item 4): construction is what the ledger saw around the
-        // constructor; the schedule's temporaries are tagged activations; AdamW's moments appear
-        // in the optimizer phase (made at its first step) on top of the shards.
+        // constructor; the schedule's temporaries are tagged activations, in the forward (saved
+        // for the backward) and the backward (their gradients); the unsharded gradients appear in
+        // the backward only; AdamW's moments appear in the optimizer phase (made at its first
+        // step) on top of the shards.
         const auto& m = deferred.memory();
         if (m[0].name != "construction" || m[0].total != deferred_peak)
           report("construction phase " + std::to_string(m[0].total) + " B, the ledger's " + std::to_string(deferred_peak));
-        if (m[1].of(MemoryTag::activations) <= 0 || m[1].of(MemoryTag::other) != 0)
-          report("forward+backward: activations " + std::to_string(m[1].of(MemoryTag::activations)) + " B, untagged " +
-                 std::to_string(m[1].of(MemoryTag::other)));
-        if (m[2].of(MemoryTag::optimizer_state) < m[0].of(MemoryTag::optimizer_state))
+        for (std::size_t ph : {1, 2})
+          if (m[ph].of(MemoryTag::activations) <= 0 || m[ph].of(MemoryTag::other) != 0)
+            report(m[ph].name + ": activations " + std::to_string(m[ph].of(MemoryTag::activations)) + " B, untagged " +
+                   std::to_string(m[ph].of(MemoryTag::other)));
+        if (m[1].name != "forward" || m[2].name != "backward" || m[3].name != "optimizer") report("phase names");
+        if (m[2].of(MemoryTag::gradients) <= m[0].of(MemoryTag::gradients))
+          report("backward phase: gradients " + std::to_string(m[2].of(MemoryTag::gradients)) +
+                 " B, no more than the shards' " + std::to_string(m[0].of(MemoryTag::gradients)));
+        if (m[3].of(MemoryTag::optimizer_state) < m[0].of(MemoryTag::optimizer_state))
           report("optimizer phase holds less optimizer state than construction");
-        if (m[1].total < m[1].of(MemoryTag::activations) || m[2].total <= 0) report("phase totals below their parts");
+        for (std::size_t ph : {1, 2})
+          if (m[ph].total < m[ph].of(MemoryTag::activations)) report(m[ph].name + ": total below its activations");
+        if (m[3].total <= 0) report("optimizer phase: no total");
       }
       if (eager_values.empty()) report("no shard values on this rank");
       if (deferred_values != eager_values) report("the deferred shards differ from the eager build's");

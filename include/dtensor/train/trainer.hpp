@@ -74,7 +74,7 @@ struct StepResult {
 /// it held when the phase began plus the most the phase added at once; the largest over every
 /// time the phase ran.
 struct MemoryPhase {
-  std::string name;                                   // "construction", "forward+backward", "optimizer"
+  std::string name;                                   // "construction", "forward", "backward", "optimizer"
   std::array<std::int64_t, memory_tag_count> peak{};  // by tag (MemoryTag's order)
   std::int64_t total = 0;                             // all tags together, at once
   std::int64_t of(MemoryTag t) const noexcept { return peak[std::size_t(t)]; }
@@ -202,9 +202,19 @@ class Trainer {
     parallel::pipeline::StepStats stats;
     {
       MemoryTagScope tag(MemoryTag::activations);
-      stats = pipeline_.step(batch);  // the executor's schedule, then finish_schedule()'s syncs
+      // The executor measures its forward and its backward actions apart (the micro-batches
+      // interleave them); its figures are above what was held when it began.
+      const Held before_schedule = held_now(ledger);
+      stats = pipeline_.executor().step(batch);
+      note_peak(1, before_schedule, stats.forward_memory.peak, stats.forward_memory.total);
+      note_peak(2, before_schedule, stats.backward_memory.peak, stats.backward_memory.total);
+      // The gradient syncs after the schedule (finish_schedule()) finish the backward.
+      const Held before_syncs = held_now(ledger);
+      MemoryLedger syncs;
+      pipeline_.finish_gradient_syncs();
+      note_peak(2, before_syncs, peaks_of(syncs), syncs.peak(Space::name));
     }
-    record_memory(1, ledger);
+    record_memory_held(ledger);
     return stats;
   }
 
@@ -219,15 +229,16 @@ class Trainer {
   bool update() {
     MemoryLedger ledger;
     const bool updates = update_unmeasured();
-    record_memory(2, ledger);
+    record_memory(3, ledger);
     return updates;
   }
 
   /// This rank's memory by phase (MemoryPhase): construction (the model built as shards,
-  /// FSDP, the optimizer), forward+backward (run_schedule: the pipeline's micro-batches
-  /// interleave the two), optimizer (update). Peaks per rank; reduce them over the ranks to
+  /// FSDP, the optimizer), forward and backward (run_schedule: each of the schedule's actions
+  /// counted in its kind's phase, FSDP's gathers in the forward, its reductions and the gradient
+  /// syncs in the backward), optimizer (update). Peaks per rank; reduce them over the ranks to
   /// report the largest (train_gpt's summary does).
-  const std::array<MemoryPhase, 3>& memory() const noexcept { return memory_; }
+  const std::array<MemoryPhase, 4>& memory() const noexcept { return memory_; }
 
  private:
   bool update_unmeasured() {
@@ -243,16 +254,38 @@ class Trainer {
     return updates;
   }
 
+  /// What the trainer holds at a moment, by tag and in all (its held_ plus what an open scope added).
+  struct Held {
+    std::array<std::int64_t, memory_tag_count> by_tag{};
+    std::int64_t total = 0;
+  };
+  Held held_now(const MemoryLedger& open) const {
+    Held h{held_, held_total_};
+    for (std::size_t t = 0; t < memory_tag_count; ++t) h.by_tag[t] += open.current(Space::name, MemoryTag(t));
+    h.total += open.current(Space::name);
+    return h;
+  }
+  static std::array<std::int64_t, memory_tag_count> peaks_of(const MemoryLedger& ledger) {
+    std::array<std::int64_t, memory_tag_count> p{};
+    for (std::size_t t = 0; t < memory_tag_count; ++t) p[t] = ledger.peak(Space::name, MemoryTag(t));
+    return p;
+  }
+  /// Phase i saw `base` plus at most `added` (by tag) and `added_total` (all tags at once).
+  void note_peak(std::size_t i, const Held& base, const std::array<std::int64_t, memory_tag_count>& added,
+                 std::int64_t added_total) {
+    auto& p = memory_[i];
+    for (std::size_t t = 0; t < memory_tag_count; ++t) p.peak[t] = std::max(p.peak[t], base.by_tag[t] + added[t]);
+    p.total = std::max(p.total, base.total + added_total);
+  }
+  /// What a closed phase leaves held (a scope over it).
+  void record_memory_held(const MemoryLedger& ledger) {
+    for (std::size_t t = 0; t < memory_tag_count; ++t) held_[t] += ledger.current(Space::name, MemoryTag(t));
+    held_total_ += ledger.current(Space::name);
+  }
   /// Phase i's peaks from `ledger` (a scope over the phase) on top of what the trainer held.
   void record_memory(std::size_t i, const MemoryLedger& ledger) {
-    auto& p = memory_[i];
-    const std::string_view space = Space::name;
-    for (std::size_t t = 0; t < memory_tag_count; ++t) {
-      p.peak[t] = std::max(p.peak[t], held_[t] + ledger.peak(space, MemoryTag(t)));
-      held_[t] += ledger.current(space, MemoryTag(t));
-    }
-    p.total = std::max(p.total, held_total_ + ledger.peak(space));
-    held_total_ += ledger.current(space);
+    note_peak(i, Held{held_, held_total_}, peaks_of(ledger), ledger.peak(Space::name));
+    record_memory_held(ledger);
   }
 
  public:
@@ -435,7 +468,8 @@ class Trainer {
     BuildLedger() { ledger.emplace(); }
   };
   BuildLedger build_;  // first: it sees every member's allocations
-  std::array<MemoryPhase, 3> memory_{MemoryPhase{"construction"}, MemoryPhase{"forward+backward"}, MemoryPhase{"optimizer"}};
+  std::array<MemoryPhase, 4> memory_{MemoryPhase{"construction"}, MemoryPhase{"forward"}, MemoryPhase{"backward"},
+                                     MemoryPhase{"optimizer"}};
   std::array<std::int64_t, memory_tag_count> held_{};  // what the trainer holds now, by tag ...
   std::int64_t held_total_ = 0;                        // ... and in all
   TrainerOptions o_;

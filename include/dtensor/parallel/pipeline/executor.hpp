@@ -46,17 +46,20 @@
 #include <array>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <span>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "dtensor/core/factories.hpp"
+#include "dtensor/core/memory_ledger.hpp"
 #include "dtensor/distributed/settings_agreement.hpp"
 #include "dtensor/distributed/transfer.hpp"
 #include "dtensor/mesh/roles.hpp"
@@ -167,6 +170,14 @@ struct ExecutorOptions {
   StageHooks hooks{};
 };
 
+/// The most a rank's schedule held at once during one kind of action, above what it held when
+/// the step began: the allocation ledger's bytes (core/memory_ledger.hpp) in the mesh's memory
+/// space, by tag and all tags together.
+struct PhaseMemory {
+  std::array<std::int64_t, memory_tag_count> peak{};
+  std::int64_t total = 0;
+};
+
 /// What one step measured on this rank.
 struct StepStats {
   std::optional<double> loss;               // the batch's mean loss, on the ranks of the last stage
@@ -174,6 +185,11 @@ struct StepStats {
   std::vector<int> weight_pending_after;    // weight contexts held (I run, W not yet) after each action
   double busy_slots = 0, makespan_slots = 0;  // count_slots: this rank's computing slots, the step's length
   double wall_seconds = 0, wait_seconds = 0;  // the step, and the time spent waiting for messages
+  // Memory during the forward actions (F, SEND_F, RECV_F, and FSDP's gathers before a stage's
+  // first forward) and during the backward ones (B, I, W, SEND_B, RECV_B, FSDP's reductions after
+  // a stage's last backward): the micro-batches interleave the two, so each action is measured
+  // apart and counted in its kind's phase.
+  PhaseMemory forward_memory{}, backward_memory{};
 
   int peak_saved() const { return saved_after.empty() ? 0 : *std::max_element(saved_after.begin(), saved_after.end()); }
   /// The share of the step's slots this rank did not compute (count_slots).
@@ -236,15 +252,29 @@ class Executor {
     const auto start = std::chrono::steady_clock::now();
     Run run(*this, microbatches);
     const auto& list = schedule_.actions[std::size_t(pipeline_rank())];
+    const std::string_view space = mesh_space_t<Mesh>::name;
+    MemoryLedger step_ledger;  // what the step holds, action by action
     for (std::size_t i = 0; i < list.size(); ++i) {
       const Action& action = list[i];
-      if (options_.hooks.before_first_forward && is_at(first_forward_, action.stage, i))
-        options_.hooks.before_first_forward(action.stage);
-      if (options_.hooks.before_last_backward && is_at(last_backward_, action.stage, i))
-        options_.hooks.before_last_backward(action.stage);
-      run.execute(action);
-      if (options_.hooks.after_last_backward && is_at(last_backward_, action.stage, i))
-        options_.hooks.after_last_backward(action.stage);
+      const bool forward = action.kind == ActionKind::forward || action.kind == ActionKind::send_forward ||
+                           action.kind == ActionKind::recv_forward;
+      PhaseMemory& phase = forward ? run.stats.forward_memory : run.stats.backward_memory;
+      std::array<std::int64_t, memory_tag_count> held{};
+      for (std::size_t t = 0; t < memory_tag_count; ++t) held[t] = step_ledger.current(space, MemoryTag(t));
+      const std::int64_t held_total = step_ledger.current(space);
+      {
+        MemoryLedger action_ledger;
+        if (options_.hooks.before_first_forward && is_at(first_forward_, action.stage, i))
+          options_.hooks.before_first_forward(action.stage);
+        if (options_.hooks.before_last_backward && is_at(last_backward_, action.stage, i))
+          options_.hooks.before_last_backward(action.stage);
+        run.execute(action);
+        if (options_.hooks.after_last_backward && is_at(last_backward_, action.stage, i))
+          options_.hooks.after_last_backward(action.stage);
+        for (std::size_t t = 0; t < memory_tag_count; ++t)
+          phase.peak[t] = std::max(phase.peak[t], held[t] + action_ledger.peak(space, MemoryTag(t)));
+        phase.total = std::max(phase.total, held_total + action_ledger.peak(space));
+      }
       run.drop_finished_sends();
       int saved = 0, pending = 0;
       for (const Stage& stage : stages_) saved += int(stage.saved_count()), pending += int(stage.weight_pending_count());
