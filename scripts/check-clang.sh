@@ -4,18 +4,17 @@
 # -fsyntax-only (parsing and template instantiation, no object files), over:
 #   - one generated translation unit that includes every public header (include/dtensor/**.hpp;
 #     each header alone is compiled by g++ in the test suite), and
-#   - the examples that instantiate most of the library: train_gpt.cpp (227 of the 252 headers)
-#     with both compilers, plan_at_scale.cpp (the dry-run planner, include/dtensor/sim) with the
-#     newest only.
+#   - the examples that instantiate most of the library: train_gpt.cpp (the trainer) and
+#     plan_auto_dry.cpp (the dry run of every model, include/dtensor/sim and models/) with both
+#     compilers, plan_at_scale.cpp (the planner's reports and search) with the newest.
 #
 #   scripts/check-clang.sh                         # clang++-14 and the newest; apt installs what is missing
 #   CXX=clang++-17 scripts/check-clang.sh          # only that compiler, the full list
 #
 # Debian 12 (bookworm) installs clang-14 (the default clang++), clang-15, clang-16 and, from
-# bookworm-updates, clang-19. Measured 2026-11-29 on the shared 2-core machine with clang-14: all
-# headers 9 s, train_gpt 24 s, plan_at_scale 63 s (the list before, with clang-16, took about
-# 5 minutes: quickstart 13 s, plan_at_scale 141 s, train_gpt 80 s, test_trace 69 s; test_trace,
-# quickstart and test_pipeline_schedule add no header that these do not parse).
+# bookworm-updates, clang-19. Measured 2026-11-29 on a quiet 2-core machine, the compiles two at a
+# time: clang-19 train_gpt 25 s, all headers 7 s, plan_at_scale 5 s; clang-14 train_gpt 21 s, all
+# headers 5 s, plan_auto_dry 20 s; the whole job 33 s before plan_auto_dry was added.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sudo=""
@@ -109,13 +108,13 @@ fi
 
 if [[ -n ${CXX:-} ]]; then
   command -v "$CXX" >/dev/null || { echo "check-clang: $CXX not found"; exit 1; }
-  check "$CXX" "$all_headers" examples/train_gpt.cpp examples/plan_at_scale.cpp
+  check "$CXX" "$all_headers" examples/train_gpt.cpp examples/plan_auto_dry.cpp examples/plan_at_scale.cpp
   finish
 fi
 
 ensure_compilers
 newest=$(newest_installed)
-# The longest compile (plan_at_scale) first, so that the others fill the second core beside it.
-check "$newest" examples/plan_at_scale.cpp "$all_headers" examples/train_gpt.cpp
-check clang++-14 "$all_headers" examples/train_gpt.cpp
+# The longest compile (train_gpt) first, so that the others fill the second core beside it.
+check "$newest" examples/train_gpt.cpp "$all_headers" examples/plan_auto_dry.cpp examples/plan_at_scale.cpp
+check clang++-14 examples/train_gpt.cpp "$all_headers" examples/plan_auto_dry.cpp
 finish
