@@ -185,7 +185,7 @@ struct Options : examples::MeshFlags {  // the mesh: --pp --dp --fsdp --cp --tp 
   double host_budget_mib = 0, device_budget_mib = 0;
   bool offloads(std::string_view what) const { return std::find(offload.begin(), offload.end(), what) != offload.end(); }
   // ---- end offload
-  // --plan auto --ranks N [--plan-device h100|h200|a100]: the mesh flags chosen by the cost model
+  // --plan auto --ranks N [--plan-device h100|h100-500w|h200|a100]: the mesh flags chosen by the cost model
   // (examples/plan_auto.hpp); plan_report is what rank 0 prints about the choice.
   std::string plan, plan_device = "h100", plan_report;
   std::vector<std::string> plan_device_fields;  // --plan-device-field NAME=VALUE, in order
@@ -263,7 +263,7 @@ inline const char* const usage =
     "  --host-budget-mib X / --device-budget-mib X (docs/offload.md): the host (GPU) memory this process's tensors may\n"
     "        hold, in MiB (decimals allowed); over it after building the model and optimizer, or in the first step, is an\n"
     "        error on every rank. With --offload optimizer and no --offload-buffer-kib, the budget sizes the buffer.\n"
-    "  --plan auto --ranks N [--plan-device h100|h200|a100] [--plan-device-field NAME=VALUE]: the mesh flags (not\n"
+    "  --plan auto --ranks N [--plan-device h100|h100-500w|h200|a100] [--plan-device-field NAME=VALUE]: the mesh flags (not\n"
     "        given) and the recomputation (unless --checkpoint/--recompute) chosen for N ranks by the dry run's cost\n"
     "        model for that device (examples/plan_auto.hpp, docs/dry-run.md), printed with why, then trained.\n";
 
