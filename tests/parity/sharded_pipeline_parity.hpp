@@ -46,6 +46,7 @@ struct Combo {
   int microbatches = 4;
   parallel::ContextKind cp_kind = parallel::ContextKind::ring;
   std::optional<bool> reshard_after_forward{};  // ZeRO-3: unset, ShardedPipeline's default
+  bool checkpoint = false;                       // activation checkpointing (each block recomputed in its backward)
   int ranks() const { return pp * dp * fsdp * cp * tp; }
   /// FSDP's shard group: "fsdp", flattened with "cp" after it (parallel::FsdpShardDims), N' ranks.
   int shard_ranks() const { return fsdp * cp; }
@@ -106,6 +107,7 @@ Run5d run_5d(CommPtr world, const Combo& c) {
   const StageMesh stage_mesh = pp::stage_mesh_of(mesh);
   auto cfg = parity_config();
   if (!MoE) cfg.layers = layers_5d;
+  cfg.checkpoint = c.checkpoint;
   const Extent batch = MoE ? moe_batch : batch_5d;
   cfg.context = {.kind = c.cp_kind, .load_balanced = c.cp > 1 && c.cp_kind != parallel::ContextKind::ulysses};
   using Layers = std::conditional_t<MoE, nn::MoELayers<double, ExpertMesh>, nn::DenseLayers>;
