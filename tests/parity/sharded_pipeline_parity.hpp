@@ -97,9 +97,11 @@ inline std::vector<double> moe_reference(CommPtr one_rank) {
 }
 
 /// The per-step losses of the combination, and FSDP's collectives of one step; the model in
-/// `Space` (MoE: host only).
-template <class Plan, bool MoE = false, class Space = host_space>
+/// `Space` (MoE: host only), its values in T, FSDP's master values, gradient shards and optimizer
+/// state in Master (void: T; bfloat16 values with float master: mixed precision).
+template <class Plan, bool MoE = false, class Space = host_space, class T = double, class Master = void>
 Run5d run_5d(CommPtr world, const Combo& c) {
+  static_assert(!MoE || std::is_same_v<T, double>, "run_5d: the MoE combinations run in double");
   using Mesh5 = Mesh5In<Space>;
   using StageMesh = StageMeshIn<Space>;
   MemoryLedger ledger;  // everything the run allocates on this rank's thread
@@ -111,7 +113,7 @@ Run5d run_5d(CommPtr world, const Combo& c) {
   const Extent batch = MoE ? moe_batch : batch_5d;
   cfg.context = {.kind = c.cp_kind, .load_balanced = c.cp > 1 && c.cp_kind != parallel::ContextKind::ulysses};
   using Layers = std::conditional_t<MoE, nn::MoELayers<double, ExpertMesh>, nn::DenseLayers>;
-  using Model = nn::GptParts<double, StageMesh, Plan, std::int32_t, Layers>;
+  using Model = nn::GptParts<T, StageMesh, Plan, std::int32_t, Layers>;
   using Stage = pp::Stage<Model>;
   auto make_layers = [&] {
     if constexpr (MoE) return Layers(parallel::make_expert_mesh<ExpertMesh>(stage_mesh, c.ep), moe_config());
@@ -120,7 +122,7 @@ Run5d run_5d(CommPtr world, const Combo& c) {
   const Layers layers = make_layers();
   auto schedule = pp::make_schedule(pp::parse_schedule_kind(c.schedule), c.pp, c.microbatches);
   auto stages = pp::split(Model(stage_mesh, cfg, layers), schedule.layout, mesh.coordinate(0));
-  pp::ShardedPipeline<Stage, Mesh5> run(mesh, schedule, std::move(stages),
+  pp::ShardedPipeline<Stage, Mesh5, Master> run(mesh, schedule, std::move(stages),
                                         {.stage = c.zero, .reshard_after_forward = c.reshard_after_forward}, 4096);
   auto opt = optim::make_adamw(run.params(), parity_adamw());  // every parameter: the shards and (MoE) the experts
   Run5d out;

@@ -232,6 +232,29 @@ TEST_CASE("FSDP inside stages: each rank's step peak is the formula's; ZeRO-3 < 
     if (states3 < 0.95 * states2) CHECK(z3.peak_total < z2.peak_total);
     CHECK(z2.peak_total < z1.peak_total);
   }
+  // bf16 values with FSDP's mixed precision (float master values, gradient shards and AdamW
+  // moments; docs/fsdp.md): parameters 2 P bytes, gradients at most 2 P + 4 Psi/N (the units'
+  // bf16 gradients and the float shards), optimizer state 12 Psi/N (master + two moments).
+  for (int fsdp : {4, 3}) {
+    const Combo c{.fsdp = fsdp, .zero = 3, .microbatches = 1};
+    std::vector<Run5d> runs(std::size_t(c.ranks()));
+    auto failures = on_ranks(c.ranks(), [&](CommPtr world, auto) {
+      runs[std::size_t(world->rank())] = dtensor::testing::run_5d<TP, false, dtensor::host_space, dtensor::bfloat16, float>(world, c);
+    });
+    REQUIRE(failures.empty());
+    const Run5d& r = runs.front();
+    double shards = 0;
+    for (double e : r.unit_elements) shards += e / fsdp;
+    INFO("bf16, fsdp " << fsdp << ": psi " << r.psi << ", adjacent pair " << r.adjacent_pair() << "; peaks: parameters "
+                       << r.peak_parameters << " B, gradients " << r.peak_gradients << " B, optimizer " << r.peak_optimizer << " B");
+    CHECK(double(r.peak_parameters) <= 1.05 * 2 * r.adjacent_pair());
+    CHECK(double(r.peak_parameters) >= 0.95 * 2 * r.adjacent_pair());
+    CHECK(double(r.peak_gradients) <= 1.05 * (2 * r.adjacent_pair() + 4 * shards));
+    CHECK(double(r.peak_gradients) >= 0.95 * 2 * r.adjacent_pair());
+    CHECK(double(r.peak_optimizer) <= 1.05 * 12 * shards);
+    CHECK(double(r.peak_optimizer) >= 0.95 * 12 * shards);
+    CHECK(double(r.peak_parameters) < 2 * r.psi);  // never the whole model
+  }
   // A pipeline stage kept gathered holds its whole stage; resharded per micro-batch it does not.
   for (bool reshard : {true, false}) {
     const Combo c{.pp = 2, .fsdp = 2, .microbatches = 2, .reshard_after_forward = reshard};
