@@ -165,7 +165,7 @@ TEST_CASE("FSDP inside stages: ZeRO-3 resharded after forward and kept gathered 
   check<TP>({.pp = 2, .fsdp = 2, .cp = 2, .schedule = "zb", .reshard_after_forward = true});
 }
 
-TEST_CASE("FSDP inside stages: each rank's step peak is the formula's; ZeRO-3 < ZeRO-2 < ZeRO-1 during the step",
+TEST_CASE("FSDP inside stages: each rank's step peak is the formula's; ZeRO-3 < ZeRO-2 < ZeRO-1 < DDP during the step",
           "[parity][5d][fsdp][memory]") {
   // docs/fsdp.md, "Memory during the step". Per rank, in elements of the model's type (S bytes),
   // with Psi this rank's parameters, N the shard ranks (fsdp x cp: the context ranks shard too), P the largest two neighbouring units
@@ -231,6 +231,15 @@ TEST_CASE("FSDP inside stages: each rank's step peak is the formula's; ZeRO-3 < 
     const double states3 = 2 * pair + 4 * psi / n, states2 = psi + pair + 3 * psi / n;
     if (states3 < 0.95 * states2) CHECK(z3.peak_total < z2.peak_total);
     CHECK(z2.peak_total < z1.peak_total);
+    // And ZeRO-1 < DDP: the same ranks replicating every state ("dp", nothing sharded).
+    if (cp == 1 && !checkpoint) {
+      const Combo ddp{.dp = fsdp, .zero = 1, .microbatches = 1};
+      std::vector<Run5d> runs(std::size_t(ddp.ranks()));
+      auto failures = on_ranks(ddp.ranks(), [&](CommPtr world, auto) { runs[std::size_t(world->rank())] = run_5d<TP>(world, ddp); });
+      REQUIRE(failures.empty());
+      INFO("DDP over " << fsdp << " ranks: step peak " << runs.front().peak_total << " B, ZeRO-1's " << z1.peak_total << " B");
+      CHECK(z1.peak_total < runs.front().peak_total);
+    }
   }
   // bf16 values with FSDP's mixed precision (float master values, gradient shards and AdamW
   // moments; docs/fsdp.md): parameters 2 P bytes, gradients at most 2 P + 4 Psi/N (the units'
