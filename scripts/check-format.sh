@@ -27,7 +27,7 @@ if [[ $fix == 1 ]]; then
   exit 0
 fi
 if out=$(git clang-format-19 --binary clang-format-19 --diff "$base" -- "${files[@]}"); then
-  echo "check-format: the lines changed since $(git log -1 --format='%h %s' "$base" | cut -c1-60) follow .clang-format"
+  echo "check-format: every C++ line changed since ${base:0:12} follows .clang-format"
   exit 0
 fi
 echo "$out"
