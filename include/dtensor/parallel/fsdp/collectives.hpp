@@ -50,7 +50,8 @@ void issue_gather(G& g, std::size_t u, bool backward) {
   }
   convert_across<Space, StateSpace>(s.gather_send.span().first(s.shard_size()), std::span<const M>(s.master.span()));
   if (!g.offloaded.empty()) g.offloaded[u].map.release(0, g.offloaded[u].map.bytes());  // sent: back to the file
-  s.gather = G::ShardDims::group(g.mesh).all_gather_async(std::span<const T>(s.gather_send.span()), s.group->values_storage());
+  s.gather = G::ShardDims::group(g.mesh).all_gather_async(std::span<const T>(s.gather_send.span()),
+                                                          s.group->values_storage());
   s.gathering = true;
   g.events.push_back({FsdpEvent::gather_issued, u, backward});
   g.peak_unsharded = std::max(g.peak_unsharded, g.unsharded_now());
@@ -100,8 +101,10 @@ void check_pending(const G& g, const typename G::Shard& s) {
 /// The pending reduction of the unit's gradients on the shard dimension (sum, or avg).
 template <class G>
 ReduceOp pending_op(const typename G::Shard& s) {
-  for (const auto& e : s.group->entries())
-    if (e.has_grad && e.grad_state.placements[G::shard_dim].is_partial()) return e.grad_state.placements[G::shard_dim].op;
+  for (const auto& e : s.group->entries()) {
+    const auto& p = e.grad_state.placements[G::shard_dim];
+    if (e.has_grad && p.is_partial()) return p.op;
+  }
   return ReduceOp::sum;
 }
 
@@ -152,8 +155,10 @@ void carry_reduced_grad(typename G::Shard& s) {
   for (const auto& seg : s.segments) held = held || *seg.has_grad;
   if (held) {
     s.carried = G::Shard::template make_buffer<M, typename G::State>(s.shard_size(), MemoryTag::gradients, false);
-    if (s.grad_narrow) convert_into<typename G::Space>(s.carried.span(), std::span<const T>(s.grad_low.span()));  // exact
-    else convert_into<typename G::State>(s.carried.span(), std::span<const M>(s.grad.span()));
+    if (s.grad_narrow)
+      convert_into<typename G::Space>(s.carried.span(), std::span<const T>(s.grad_low.span()));  // exact
+    else
+      convert_into<typename G::State>(s.carried.span(), std::span<const M>(s.grad.span()));
   }
   s.zero_full_grads();
 }
@@ -232,7 +237,8 @@ void finish_collective(G& g, typename G::Shard& s) {
 template <class G, class E>
 void replicate_reduce(G& g, std::span<E> shard, ReduceOp op) {
   if constexpr (G::replicate_dim < G::N) {
-    if (g.options.reduce_replicas && g.mesh.size(G::replicate_dim) > 1) g.mesh.group(G::replicate_dim).all_reduce(shard, op);
+    if (g.options.reduce_replicas && g.mesh.size(G::replicate_dim) > 1)
+      g.mesh.group(G::replicate_dim).all_reduce(shard, op);
   }
 }
 

@@ -128,8 +128,8 @@ struct FsdpGroup {
     for (auto& u : model.units()) {
       // Stages 1/2: the shard makes room for the in-place all-gather (values kept) and, where it
       // can, keeps its master values and gradient shard in the full buffers (unit_state.hpp).
-      units.push_back(std::make_unique<Shard>(u.group->name(), u.group, size, coord, shard_dim, shard_last, options.stage,
-                                              options.accumulate_grads_in_master));
+      units.push_back(std::make_unique<Shard>(u.group->name(), u.group, size, coord, shard_dim, shard_last,
+                                              options.stage, options.accumulate_grads_in_master));
       auto& s = *units.back();
       if (!options.offload_params_dir.empty()) error = offload_master(s, error);  // before the views are handed out
       s.group->set_sharded();  // an optimizer over the model's own ParamRefs now fails (optim/optimizer.hpp)
@@ -154,7 +154,8 @@ struct FsdpGroup {
   FsdpGroup(const FsdpGroup&) = delete;  // the shards' views and the model's hooks point into it
   FsdpGroup& operator=(const FsdpGroup&) = delete;
   ~FsdpGroup() {
-    if (disk_bytes > 0) dtensor::detail::ledger_record<disk_ledger>(MemoryTag::optimizer_state, -std::int64_t(disk_bytes));
+    if (disk_bytes > 0)
+      dtensor::detail::ledger_record<disk_ledger>(MemoryTag::optimizer_state, -std::int64_t(disk_bytes));
   }
 
   std::size_t index_of(const Shard& s) const {
@@ -198,8 +199,8 @@ struct FsdpGroup {
     offloaded.emplace_back();
     if (!error.empty() || s.master_in_values || s.shard_size() == 0) return error;
     auto& f = offloaded.back();
-    f.file = std::make_unique<optim::detail::OffloadFile>(options.offload_params_dir, s.shard_size() * sizeof(M), mesh.rank(),
-                                                          "fsdp-params");
+    f.file = std::make_unique<optim::detail::OffloadFile>(options.offload_params_dir, s.shard_size() * sizeof(M),
+                                                          mesh.rank(), "fsdp-params");
     if (!f.file->error().empty()) {
       error = f.file->error();
       f.file.reset();

@@ -24,7 +24,8 @@ namespace dtensor::parallel {
 /// space, or host_space for CPU offload). OverData: shard over the mesh's one Role::data
 /// dimension, no replicate dimension (a parameter group on a mesh without a data-shard
 /// dimension: the experts over "edp"; FullyShardGroups, parallel/fsdp/parameter_groups.hpp).
-template <class Model, MeshType Mesh, class M, MemorySpace StateSpace = detail::model_space_t<Model>, bool OverData = false>
+template <class Model, MeshType Mesh, class M, MemorySpace StateSpace = detail::model_space_t<Model>,
+          bool OverData = false>
 class FullyShard {
   static_assert(nn::require_units<Model>());
   using Group = detail::FsdpGroup<Model, Mesh, M, StateSpace, OverData>;

@@ -85,7 +85,8 @@ void check_fsdp_options(const FsdpOptions& o, int rank) {
                 dtensor::detail::cat("accumulate_grads_in_master needs stage 1 (not ", o.stage,
                                      "), reductions in the master type (reduce_in_compute_dtype is ",
                                      o.reduce_in_compute_dtype ? "true" : "false",
-                                     ") and no offload (the state space is ", StateSpace::name, ", the model's ", Space::name, ")"),
+                                     ") and no offload (the state space is ", StateSpace::name, ", the model's ",
+                                     Space::name, ")"),
                 rank);
 }
 
@@ -99,7 +100,9 @@ void check_fsdp_offload_dir(const FsdpOptions& o, int rank) {
 }
 
 /// ZeRO-3 frees each unit after its forward unless told not to; the other stages keep their values.
-inline bool fsdp_reshards_after_forward(const FsdpOptions& o) { return o.stage == 3 && o.reshard_after_forward.value_or(true); }
+inline bool fsdp_reshards_after_forward(const FsdpOptions& o) {
+  return o.stage == 3 && o.reshard_after_forward.value_or(true);
+}
 
 }  // namespace detail
 }  // namespace dtensor::parallel
