@@ -391,7 +391,7 @@ TEST_CASE("ViT dry run on meta: ViT-B/16 on 512 ranks, ZeRO-3 x CP x TP + SP", "
         for (Extent x : e.global_shape) n *= std::int64_t(x);
         full_params += n;
       }
-    // FSDP shards over fsdp x cp (parallel/detail/fsdp_unit.hpp FsdpShardDims): rank 0's chunk.
+    // FSDP shards over fsdp x cp (parallel/fsdp/group.hpp FsdpShardDims): rank 0's chunk.
     const std::int64_t shards = shape[1] * shape[2];
     for (auto& u : model->units()) shard_bytes += (std::int64_t(u.group->size()) + shards - 1) / shards * 4;
     auto fsdp = parallel::fully_shard(*model, mesh, {.stage = 3});

@@ -124,7 +124,7 @@ inline void flat_range_boxes(const std::vector<Extent>& extent, std::size_t dim,
 
 /// The elements [begin, end) of a row-major box of `extent` as at most 2 * rank - 1 boxes, each
 /// contiguous in that order, in increasing order (an FSDP shard of a flat buffer cuts a
-/// parameter's local piece this way: parallel/detail/fsdp_unit.hpp).
+/// parameter's local piece this way: parallel/fsdp/unit_state.hpp).
 inline std::vector<FlatPart> flat_range_boxes(const std::vector<Extent>& extent, Extent begin, Extent end) {
   std::vector<FlatPart> out;
   std::vector<Extent> prefix;

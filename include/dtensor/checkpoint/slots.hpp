@@ -124,7 +124,7 @@ auto fsdp_parameter_slots(Units& units, Fsdp& fsdp, const Mesh& mesh) {
   for (auto& u : units) {
     const auto& g = *u.group;
     // The unit's flat buffer is Shard<0> over FSDP's shard group ("fsdp", or "fsdp*cp"): the range
-    // FSDP itself holds (parallel/detail/fsdp_unit.hpp FsdpShardDims, the one function for it).
+    // FSDP itself holds (parallel/fsdp/group.hpp FsdpShardDims, the one function for it).
     const Range shard = Fsdp::ShardDims::range(Extent(g.size()), mesh);
     for (const auto& e : g.entries()) {
       const Extent lo = std::max(Extent(e.offset), shard.begin), hi = std::min(Extent(e.offset + e.numel), shard.end);

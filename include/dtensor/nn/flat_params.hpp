@@ -26,7 +26,7 @@
 // from an nn::Init inside the scope allocates nothing; its entry keeps the Init (seed, mean,
 // standard deviation), and a group whose every entry has one is `deferred()`: no values, no
 // gradients. Whoever takes the group over materialises only what it keeps: FSDP
-// (parallel/detail/fsdp_unit.hpp) fills its shard [lo, hi) of the flat buffer straight from
+// (parallel/fsdp/unit_state.hpp) fills its shard [lo, hi) of the flat buffer straight from
 // the Inits (initial_values), the same values bit for bit as the eager path draws whole and
 // cuts (core/factories.hpp: detail::NormalStream); anything else that touches the values
 // (Parameter::value, collect, the gradients, nn::flatten of a mixed module) materialises the

@@ -347,7 +347,7 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   // ZeRO shards, gathers and reduce-scatters over "dp" = dp / hsdp; the replicas all-reduce the
   // shard over "rep". Without HSDP "rep" has size 1 and "dp" is every data rank.
   const int shards = p.dp / p.hsdp;
-  // ZeRO's states shard over the flattened (fsdp, cp) group (parallel/detail/fsdp_unit.hpp
+  // ZeRO's states shard over the flattened (fsdp, cp) group (parallel/fsdp/group.hpp
   // FsdpShardDims, torchtitan's dp_shard_cp): N' = shards x cp ranks, its collectives on "dp*cp".
   const int zero_shards = p.zero >= 1 ? shards * p.cp : shards;
   const char* zero_group = p.zero >= 1 && p.cp > 1 ? "dp*cp" : "dp";

@@ -50,7 +50,7 @@
 #include "dtensor/comm/work.hpp"
 #include "dtensor/core/bfloat16.hpp"
 #include "dtensor/optim/sgd.hpp"
-#include "dtensor/parallel/detail/fsdp_unit.hpp"
+#include "dtensor/parallel/detail/convert.hpp"
 #include "dtensor/parallel/sync/detail/replicas.hpp"
 
 namespace dtensor::parallel::sync {

@@ -1,14 +1,16 @@
-// dtensor/parallel/detail/fsdp_unit.hpp — one FSDP unit's shard: which part of the unit's flat
-// buffer this rank owns, its master values and gradient shard, and the type-erased views
-// (nn::ParamRef) the optimizers step over.
+// dtensor/parallel/fsdp/unit_state.hpp — one FSDP unit's state on this rank (FSDP2's
+// FSDPParam, per unit): which part of the unit's flat buffer this rank owns, its master values
+// and gradient shard (and where they live: their own buffers, or slices of the unit's full
+// buffers), the type-erased views (nn::ParamRef) the optimizers step over, and the buffers of the
+// collectives in flight (parallel/fsdp/collectives.hpp issues and finishes them).
 //
 // The unit's flat buffer (nn::FlatParams::values(), n elements, this rank's tensor-parallel
 // pieces of the unit's parameters one after the other) is Shard<0> over the shard group of S
-// ranks (FsdpShardDims: the data-shard dimension, flattened with the context dimension after it
-// when the mesh has one there), split as torch.chunk: c = ceil(n / S) elements per rank, the
-// tail ranks fewer or none (placement/chunk.hpp). Collectives move c * S elements (the buffer
-// padded at the end), so the all-gather writes straight into the group's storage and the
-// reduce-scatter reads straight from it (the group allocates c * S).
+// ranks (FsdpShardDims, parallel/fsdp/group.hpp: the data-shard dimension, flattened with the
+// context dimension after it when the mesh has one there), split as torch.chunk: c = ceil(n / S)
+// elements per rank, the tail ranks fewer or none (placement/chunk.hpp). Collectives move c * S
+// elements (the buffer padded at the end), so the all-gather writes straight into the group's
+// storage and the reduce-scatter reads straight from it (the group allocates c * S).
 //
 // A parameter entry may straddle two ranks' shards: each rank gets one segment (a ParamRef) per
 // entry that overlaps its shard, named like the entry, with the entry's decay flag. Its layout
@@ -30,107 +32,19 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "dtensor/comm/work.hpp"
 #include "dtensor/core/memory_ledger.hpp"
 #include "dtensor/core/meta_space.hpp"
 #include "dtensor/core/tensor.hpp"
-#include "dtensor/kernels/cast.hpp"
-#include "dtensor/kernels/elementwise.hpp"
-#include "dtensor/mesh/roles.hpp"
+#include "dtensor/nn/flat_params.hpp"
 #include "dtensor/nn/parameter.hpp"
+#include "dtensor/parallel/detail/convert.hpp"
 #include "dtensor/placement/chunk.hpp"
 
-namespace dtensor::parallel {
-
-/// The mesh dimensions FSDP shards a unit's flat buffer over: [first, last], adjacent, one
-/// flattened group (DeviceMesh::group(first, last), label "fsdp*cp"). `first` is the data-shard
-/// dimension (OverData: the one data dimension, an expert group's "edp"); `last` is the context
-/// dimension when the mesh has one right after it, else `first` — torchtitan's dp_shard_cp:
-/// under context parallelism every parameter is replicated on "cp" and its gradient arrives
-/// Partial<sum> there as on "fsdp", so the context ranks shard the states too and one
-/// reduce-scatter over the flattened group resolves both. The one function every shard range
-/// comes from (FullyShard, checkpoint::fsdp_parameter_slots, the offloaded parameter files):
-/// the flattened index f * C + c (the group's rank order: row-major over first..last), split
-/// by chunk_range over F * C — not fsdp first and then cp, which differs for uneven sizes.
-template <class Mesh, bool OverData = false>
-struct FsdpShardDims {
-  static constexpr std::size_t first = OverData ? role_dim<Mesh, Role::data> : role_dim<Mesh, Role::data_shard>;
-  static constexpr std::size_t context = role_dim<Mesh, Role::context>;
-  static constexpr std::size_t last = !OverData && context < Mesh::ndim && context == first + 1 ? context : first;
-  /// Whether dimension d is one the flat buffer is sharded over.
-  static constexpr bool covers(std::size_t d) { return d >= first && d <= last; }
-
-  /// S: the ranks of the shard group.
-  static int size(const Mesh& mesh) {
-    int s = 1;
-    for (std::size_t d = first; d <= last; ++d) s *= mesh.size(d);
-    return s;
-  }
-  /// This rank's index in the shard group (row-major over first..last, as the group's ranks).
-  static int coordinate(const Mesh& mesh) {
-    int c = 0;
-    for (std::size_t d = first; d <= last; ++d) c = c * mesh.size(d) + mesh.coordinate()[d];
-    return c;
-  }
-  /// This rank's [lo, hi) of a flat buffer of n elements.
-  static Range range(Extent n, const Mesh& mesh) { return chunk_range(n, size(mesh), coordinate(mesh)); }
-  /// The flattened group the all-gathers and reduce-scatters run on: over a context dimension of
-  /// one rank the data-shard dimension's own (the same ranks; the collectives keep its label).
-  static auto& group(const Mesh& mesh) { return mesh.group(first, mesh.size(last) == 1 ? first : last); }
-  /// `layout` with Shard<0> (of the flat buffer) on every dimension of the shard group.
-  template <std::size_t N>
-  static LayoutDesc<N> sharded(LayoutDesc<N> layout) {
-    for (std::size_t d = first; d <= last; ++d) layout.placements[d] = PlacementDesc::shard(0);
-    return layout;
-  }
-};
-
-}  // namespace dtensor::parallel
-
 namespace dtensor::parallel::detail {
-
-/// dst = src element by element in memory space Space (converted when the types differ).
-template <MemorySpace Space, class To, class From>
-void convert_into(std::span<To> dst, std::span<const From> src) {
-  if constexpr (std::is_same_v<To, From>) {
-    Space::copy(dst.data(), src.data(), src.size_bytes());
-  } else {
-    auto out = nn::detail::flat_view<Space>(dst);
-    kernels::cast_into(out, nn::detail::flat_view<Space>(src));
-  }
-}
-
-/// dst = src from memory space From into memory space To (converted when the types differ). The
-/// conversion runs on the host side: a device's values are copied out first, or converted on the
-/// host and then copied in (CPU offload: the master values live on the host, the model on the GPU).
-template <MemorySpace To, MemorySpace From, class ToE, class FromE>
-void convert_across(std::span<ToE> dst, std::span<const FromE> src) {
-  if constexpr (std::is_same_v<To, From>) {
-    convert_into<To>(dst, src);
-  } else if constexpr (!holds_data_v<From>) {
-    To::zero(dst.data(), dst.size_bytes());  // a dry run's meta values: none to copy
-  } else if constexpr (std::is_same_v<ToE, FromE>) {
-    using Mover = std::conditional_t<!To::host_accessible, To, From>;  // a device space's copy takes host pointers
-    Mover::copy(dst.data(), src.data(), src.size_bytes());
-  } else if constexpr (To::host_accessible) {
-    const auto staged = to_space<To>(nn::detail::flat_view<From>(src));
-    convert_into<To>(dst, std::span<const FromE>(staged.span()));
-  } else {
-    static_assert(From::host_accessible, "convert_across: one of the two spaces must be the host's");
-    auto staged = Tensor<ToE, 1, From>::uninitialized(Shape<1>{Extent(dst.size())});
-    convert_into<From>(staged.span(), src);
-    To::copy(dst.data(), staged.data(), staged.bytes());
-  }
-}
-
-/// dst += src element by element in memory space Space.
-template <MemorySpace Space, class E>
-void add_into(std::span<E> dst, std::span<const E> src) {
-  auto out = nn::detail::flat_view<Space>(dst);
-  kernels::add_(out, nn::detail::flat_view<Space>(src));
-}
 
 /// One unit's shard on this rank. T: the model's (compute) element type; M: the master
 /// values', the gradient shard's and the optimizer's. The collectives' buffers live in the
@@ -205,6 +119,38 @@ struct UnitShard {
   std::size_t padded() const { return chunk * ranks; }
   std::size_t shard_size() const { return std::size_t(shard.size()); }
 
+  /// Where a unit's states live (the flags above), by precision and offload x ZeRO stage; a
+  /// state not shared is a buffer of its own (stage 3 shares none: it keeps no full buffer).
+  ///
+  ///   one space, T == M   stage 1: master_in_values, grad_in_full     stage 2: master_in_values
+  ///   one space, T != M   stage 1: grad_in_full, the M shard in main_grad (accumulate_in_master)
+  ///                       or in the full T gradients' bytes where they hold it (S >= 2 for bf16
+  ///                       -> fp32); else, where the kernels widen T, grad_narrow in the full T
+  ///                       gradients' slice                          stage 2: grad_narrow (own T
+  ///                       buffer) where the kernels widen T
+  ///   two spaces          nothing shared (CPU offload: the states on the host)
+  struct StateLayout {
+    bool master_in_values = false, grad_in_full = false, grad_narrow = false;
+  };
+  static StateLayout state_layout(int stage, bool accumulate_in_master, std::size_t padded, std::size_t shard_size) {
+    StateLayout out;
+    constexpr bool one_space = std::is_same_v<Space, StateSpace>;
+    if constexpr (one_space && std::is_same_v<T, M>) {
+      out.master_in_values = stage <= 2;
+      out.grad_in_full = stage == 1;
+    } else if constexpr (one_space) {
+      out.grad_in_full = stage == 1 && (accumulate_in_master || (padded * sizeof(T) >= shard_size * sizeof(M) &&
+                                                                 alignof(M) <= alignof(std::max_align_t)));  // max-aligned storage
+      if constexpr (nn::detail::narrow_grads_supported<Space> && sizeof(T) < sizeof(M)) {
+        if (!accumulate_in_master && (stage == 2 || (stage == 1 && !out.grad_in_full))) {
+          out.grad_narrow = true;
+          out.grad_in_full = stage == 1;
+        }
+      }
+    }
+    return out;
+  }
+
   /// A buffer of n elements of E in memory space S (the group's by default), counted under
   /// `tag`; zero-filled when `zero`.
   template <class E, MemorySpace S = Space>
@@ -230,19 +176,10 @@ struct UnitShard {
     if (stage <= 2) group->materialize_values(padded());
     if (stage == 1) group->materialize_grads(padded());
     const auto lo = std::size_t(shard.begin);
-    if constexpr (one_space && std::is_same_v<T, M>) {
-      master_in_values = stage <= 2;
-      grad_in_full = stage == 1;
-    } else if constexpr (one_space) {
-      grad_in_full = stage == 1 && (accumulate_in_master || (padded() * sizeof(T) >= shard_size() * sizeof(M) &&
-                                                             alignof(M) <= alignof(std::max_align_t)));  // max-aligned storage
-      if constexpr (nn::detail::narrow_grads_supported<Space> && sizeof(T) < sizeof(M)) {
-        if (!accumulate_in_master && (stage == 2 || (stage == 1 && !grad_in_full))) {
-          grad_narrow = true;
-          grad_in_full = stage == 1;
-        }
-      }
-    }
+    const auto where = state_layout(stage, accumulate_in_master, padded(), shard_size());
+    master_in_values = where.master_in_values;
+    grad_in_full = where.grad_in_full;
+    grad_narrow = where.grad_narrow;
     if constexpr (one_space && std::is_same_v<T, M>) {
       auto at = [lo](T* base) { return base ? base + lo : base; };  // meta: no elements, null
       if (master_in_values) master = StateBuffer<M>::view(at(group->values_storage().data()), Shape<1>{Extent(shard_size())});
