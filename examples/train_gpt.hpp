@@ -390,7 +390,7 @@ inline void check_offload(const Options& o) {
   const std::string state = o.offloads("optimizer") ? "optimizer" : "params";
   if (o.device != "cpu") throw UsageError("--offload " + state + " with --device " + o.device + ": the offloaded state is updated on the host");
   // An fp32 model's ZeRO-1/2 master values are the model's own full values (no second copy,
-  // fsdp_unit.hpp master_in_values): nothing separate to put on disk.
+  // parallel/fsdp/unit_state.hpp master_in_values): nothing separate to put on disk.
   if (o.offloads("params") && o.zero <= 2 && o.dtype == "f32")
     throw UsageError("--offload params with --dtype f32 at ZeRO-" + str(o.zero) +
                      ": the master values are the model's own (nothing separate to offload); use --zero 3 (--fsdp > 1) or --dtype bf16");

@@ -359,7 +359,8 @@ std::vector<sim::RankClass<5>> dry_run_classes(const Options& o, const std::arra
   const Extent per_replica = chunk_range(micro, o.dp, 0).size();
   const W context = W::splitting({o.patches});
   const W tensor = W::splitting({o.heads, o.sp ? chunk_range(o.patches, o.cp, 0).size() : o.heads});
-  return sim::rank_classes<5>(shape, {W::distinct(), W::splitting({micro}), W::splitting({per_replica}), context, tensor});
+  return sim::rank_classes<5>(shape,
+                              {W::distinct(), W::splitting({micro}), W::splitting({per_replica}), context, tensor});
 }
 
 /// --dry-run: the step once per rank class; each class's report, then the largest per-rank figures.

@@ -1981,8 +1981,9 @@ TEST_CASE("sim: activation offload on meta tensors, the dry run's ledger shows t
   CHECK(meta_peak - meta_peak_off >= std::int64_t(3 * block));
 }
 
-TEST_CASE("sim: the dry run's step is the real step's, per rank and tag: DDP and FSDP on the trainer's path at pp 1 and 2",
-          "[sim][memory][fsdp]") {
+TEST_CASE(
+    "sim: the dry run's step is the real step's, per rank and tag: DDP and FSDP on the trainer's path at pp 1 and 2",
+    "[sim][memory][fsdp]") {
   // The same function (sim::detail::pipeline_rank_step: the trainer's ShardedPipeline with
   // FSDP's actions where the trainer's executor runs them) on meta tensors over the sim
   // communicator, and on host tensors over 4 rank threads: every phase's peak by tag and its
@@ -1992,7 +1993,8 @@ TEST_CASE("sim: the dry run's step is the real step's, per rank and tag: DDP and
     int zero, pp, cp;
   };
   // zero 0: DDP, the trainer's ZeRO-1 over a size-1 "fsdp" (no second assembly of the step).
-  for (const auto& [zero, pp, cp] : {Case{3, 1, 1}, Case{2, 1, 1}, Case{3, 2, 1}, Case{3, 1, 2}, Case{0, 1, 1}, Case{0, 2, 1}}) {
+  for (const auto& [zero, pp, cp] :
+       {Case{3, 1, 1}, Case{2, 1, 1}, Case{3, 2, 1}, Case{3, 1, 2}, Case{0, 1, 1}, Case{0, 2, 1}}) {
     sim::TrainingPlan p{.model = {.vocab = 61, .seq = 16, .dim = 32, .heads = 4, .layers = 3},
                         .batch = 8, .microbatches = pp, .dp = 4 / pp / cp, .pp = pp, .zero = zero, .cp = cp};
     INFO("ZeRO-" << zero << ", pp " << pp << ", dp " << p.dp << ", cp " << cp);

@@ -354,9 +354,8 @@ void pipeline_rank_step(CommPtr world, const TrainingPlan& p, Recorder& rec) {
   // --fsdp 1 runs it; a bf16 model gets here only with bf16_moments (as_run), AdamW in bf16 on the
   // values (Master void). Before issue 41 DDP was a second assembly of the step here.
   auto run = [&]<class Master>() {
-    train::Trainer<Model, Master> trainer(mesh, trainer_options(p), [&](const StageMesh& m) {
-      return Model(m, config, plan_layers<Layers>(m, p));
-    });
+    train::Trainer<Model, Master> trainer(
+        mesh, trainer_options(p), [&](const StageMesh& m) { return Model(m, config, plan_layers<Layers>(m, p)); });
     const auto ids = meta_ids<typename Stage::Input>(stage_mesh, p);
     trainer_step(trainer, ids, ids, rec);
   };

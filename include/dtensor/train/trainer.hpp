@@ -393,7 +393,7 @@ class Trainer {
   }
   /// This rank's stages of `make_model(stage_mesh)`. With o.deferred_init (the default) the
   /// model is made inside an nn::DeferredInit scope: every parameter made from an nn::Init holds
-  /// no memory until FSDP draws this rank's shard of its unit (parallel/detail/fsdp_unit.hpp),
+  /// no memory until FSDP draws this rank's shard of its unit (parallel/fsdp/unit_state.hpp),
   /// so the construction peak is the sharded states, not the model; parameters made from values
   /// are built as before (nn/flat_params.hpp).
   template <class MakeModel>

@@ -28,7 +28,8 @@ auto fully_shard(Model& model, const Mesh& mesh, FsdpOptions o = {}) {
   using T = typename decltype(Unit::group)::element_type::element_type;
   using Master = std::conditional_t<std::is_void_v<M>, T, M>;
   using State = std::conditional_t<std::is_void_v<StateSpace>, detail::model_space_t<Model>, StateSpace>;
-  if constexpr (detail::parameter_group_count<Model>() > 1) return FullyShardGroups<Model, Mesh, Master, State>(model, mesh, o);
+  if constexpr (detail::parameter_group_count<Model>() > 1)
+    return FullyShardGroups<Model, Mesh, Master, State>(model, mesh, o);
   else return FullyShard<Model, Mesh, Master, State>(model, mesh, o);
 }
 

@@ -44,14 +44,14 @@ void issue_gather(G& g, std::size_t u, bool backward) {
   if (s.gathering || (s.group->values_resident() && g.options.stage == 3)) return;
   s.group->materialize_values(s.padded());
   s.gather_send = G::Shard::template make_buffer<T>(s.chunk, MemoryTag::communication, true);  // padding stays 0
-  if (!g.offloaded.empty()) {  // parameter offload: the next unit in this direction read ahead
+  if (!g.offloaded.empty()) {                           // parameter offload: the next unit in this direction read ahead
     const std::size_t next = backward ? u - 1 : u + 1;  // u - 1 wraps past 0 to a large index: none
     if (next < g.units.size()) g.offloaded[next].map.prefetch(0, g.offloaded[next].map.bytes());
   }
   convert_across<Space, StateSpace>(s.gather_send.span().first(s.shard_size()), std::span<const M>(s.master.span()));
   if (!g.offloaded.empty()) g.offloaded[u].map.release(0, g.offloaded[u].map.bytes());  // sent: back to the file
-  s.gather = G::ShardDims::group(g.mesh).all_gather_async(std::span<const T>(s.gather_send.span()),
-                                                          s.group->values_storage());
+  s.gather =
+      G::ShardDims::group(g.mesh).all_gather_async(std::span<const T>(s.gather_send.span()), s.group->values_storage());
   s.gathering = true;
   g.events.push_back({FsdpEvent::gather_issued, u, backward});
   g.peak_unsharded = std::max(g.peak_unsharded, g.unsharded_now());
@@ -86,15 +86,17 @@ void check_pending(const G& g, const typename G::Shard& s) {
   for (const auto& e : s.group->entries())
     for (std::size_t d = shard_dim; d <= G::shard_last; ++d) {
       if (e.has_grad && !e.grad_state.placements[d].is_partial())
-        g.mesh.comm().fail("fully_shard",
-                           dtensor::detail::cat("gradient of ", e.name, " in unit ", s.name, " is ", to_string(e.grad_state),
-                                                ", not Partial on the ", d == shard_dim ? "data-shard" : "context",
-                                                " dimension \"", Mesh::names[d], "\" of the shard group: reduced twice?"));
+        g.mesh.comm().fail(
+            "fully_shard",
+            dtensor::detail::cat("gradient of ", e.name, " in unit ", s.name, " is ", to_string(e.grad_state),
+                                 ", not Partial on the ", d == shard_dim ? "data-shard" : "context", " dimension \"",
+                                 Mesh::names[d], "\" of the shard group: reduced twice?"));
       else if (e.has_grad && e.grad_state.placements[d].op != e.grad_state.placements[shard_dim].op)
-        g.mesh.comm().fail("fully_shard",
-                           dtensor::detail::cat("gradient of ", e.name, " in unit ", s.name, " is ", to_string(e.grad_state),
-                                                ": one reduce-scatter over the shard group needs one reduction op on \"",
-                                                Mesh::names[shard_dim], "\" and \"", Mesh::names[d], "\""));
+        g.mesh.comm().fail(
+            "fully_shard",
+            dtensor::detail::cat("gradient of ", e.name, " in unit ", s.name, " is ", to_string(e.grad_state),
+                                 ": one reduce-scatter over the shard group needs one reduction op on \"",
+                                 Mesh::names[shard_dim], "\" and \"", Mesh::names[d], "\""));
     }
 }
 
@@ -157,8 +159,7 @@ void carry_reduced_grad(typename G::Shard& s) {
     s.carried = G::Shard::template make_buffer<M, typename G::State>(s.shard_size(), MemoryTag::gradients, false);
     if (s.grad_narrow)
       convert_into<typename G::Space>(s.carried.span(), std::span<const T>(s.grad_low.span()));  // exact
-    else
-      convert_into<typename G::State>(s.carried.span(), std::span<const M>(s.grad.span()));
+    else convert_into<typename G::State>(s.carried.span(), std::span<const M>(s.grad.span()));
   }
   s.zero_full_grads();
 }
@@ -330,10 +331,16 @@ template <class G, class E>
 void add_to_shard(G& g, typename G::Shard& s, std::span<E> reduced) {
   replicate_reduce(g, reduced, s.grad_op);
   switch (const auto path = shard_update<G, E>(s)) {
-    case ShardUpdate::narrow: update_narrow<G>(s, reduced); break;
-    case ShardUpdate::in_full: update_in_full<G>(s, reduced); break;
+    case ShardUpdate::narrow:
+      update_narrow<G>(s, reduced);
+      break;
+    case ShardUpdate::in_full:
+      update_in_full<G>(s, reduced);
+      break;
     case ShardUpdate::add:
-    case ShardUpdate::staged_add: update_add<G>(s, reduced, path); break;
+    case ShardUpdate::staged_add:
+      update_add<G>(s, reduced, path);
+      break;
   }
 }
 

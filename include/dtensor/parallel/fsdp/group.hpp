@@ -81,8 +81,7 @@ namespace detail {
 
 /// The memory space of a model's parameters (its units' flat groups).
 template <class Model>
-using model_space_t =
-    typename std::remove_cvref_t<decltype(*std::declval<Model&>().units().front().group)>::space;
+using model_space_t = typename std::remove_cvref_t<decltype(*std::declval<Model&>().units().front().group)>::space;
 
 /// Every unit of `Model` on `Mesh`, sharded over FsdpShardDims<Mesh, OverData>; M: the master
 /// values' and gradient shards' element type, in StateSpace (see parallel::FullyShard).
@@ -99,8 +98,9 @@ struct FsdpGroup {
   static constexpr std::size_t N = Mesh::ndim;
   using Shard = UnitShard<T, M, N, Space, StateSpace>;
 
-  static_assert(OverData || count_role<Mesh, Role::data_shard>() == 1,
-                "fully_shard needs exactly one mesh dimension with Role::data_shard (\"fsdp\", \"dp_shard\", \"zero\")");
+  static_assert(
+      OverData || count_role<Mesh, Role::data_shard>() == 1,
+      "fully_shard needs exactly one mesh dimension with Role::data_shard (\"fsdp\", \"dp_shard\", \"zero\")");
   static_assert(OverData || count_role<Mesh, Role::data>() <= 1,
                 "fully_shard: at most one replicate (Role::data) dimension, for HSDP");
   static_assert(!OverData || count_role<Mesh, Role::data>() == 1,
@@ -145,7 +145,7 @@ struct FsdpGroup {
       for (auto& u : units) planned += u->master_in_values ? 0 : u->shard_size() * sizeof(M);
       // A failure anywhere: every rank throws, its files removed (the mappings go with this object).
       optim::detail::agree_on_offload(&mesh.comm(), error, files, "fully_shard", options.offload_params_dir,
-                                       dtensor::detail::cat(planned, " bytes of master values on this rank"));
+                                      dtensor::detail::cat(planned, " bytes of master values on this rank"));
       disk_bytes = bytes;
       dtensor::detail::ledger_record<disk_ledger>(MemoryTag::optimizer_state, std::int64_t(disk_bytes));
       for (auto& f : offloaded) f.map.release(0, f.map.bytes());  // written: the file holds them now
@@ -222,8 +222,10 @@ struct FsdpGroup {
     for (std::size_t i = 0; i < model_units.size(); ++i) {
       const auto& g = model_units[i].group;
       if (!g || g->size() == 0)
-        throw Error("fully_shard", dtensor::detail::cat("unit ", i, g ? " (" + g->name() + ")" : std::string(),
-                                                        " has no parameters: a unit must own some"), mesh.rank());
+        throw Error("fully_shard",
+                    dtensor::detail::cat("unit ", i, g ? " (" + g->name() + ")" : std::string(),
+                                         " has no parameters: a unit must own some"),
+                    mesh.rank());
       for (std::size_t j = 0; j < i; ++j)
         if (model_units[j].group == g)
           throw Error("fully_shard", dtensor::detail::cat("units ", j, " and ", i, " share the group ", g->name()),
@@ -231,9 +233,9 @@ struct FsdpGroup {
       for (const auto& e : g->entries()) {
         auto [it, fresh] = owner.emplace(e.name, g->name());
         if (!fresh)
-          throw Error("fully_shard", dtensor::detail::cat("parameter ", e.name, " is in unit ", it->second,
-                                                          " and in unit ", g->name(),
-                                                          ": a module shared by two units cannot be sharded twice"),
+          throw Error("fully_shard",
+                      dtensor::detail::cat("parameter ", e.name, " is in unit ", it->second, " and in unit ", g->name(),
+                                           ": a module shared by two units cannot be sharded twice"),
                       mesh.rank());
       }
     }

@@ -48,7 +48,7 @@ struct FsdpMemory {
   std::size_t grads = 0;   // the units' full gradients (resident ones)
   std::size_t master = 0;  // master values of this rank's shards
   std::size_t grad_shards = 0;
-  std::size_t disk = 0;    // master values in files (FsdpOptions::offload_params_dir): not in memory
+  std::size_t disk = 0;  // master values in files (FsdpOptions::offload_params_dir): not in memory
   std::size_t total() const { return params + grads + master + grad_shards; }
 };
 
@@ -76,26 +76,28 @@ void check_fsdp_options(const FsdpOptions& o, int rank) {
   if (o.reshard_after_forward.value_or(false) && o.stage != 3)
     throw Error("fully_shard", dtensor::detail::cat("reshard_after_forward needs stage 3, not ", o.stage), rank);
   if (o.offload_optimizer && !std::is_same_v<StateSpace, host_space>)
-    throw Error("fully_shard", dtensor::detail::cat("offload_optimizer for a model in ", Space::name,
-                                                    " memory: the shards' memory space is a type, call "
-                                                    "fully_shard<M, host_space>(model, mesh, options)"),
+    throw Error("fully_shard",
+                dtensor::detail::cat("offload_optimizer for a model in ", Space::name,
+                                     " memory: the shards' memory space is a type, call "
+                                     "fully_shard<M, host_space>(model, mesh, options)"),
                 rank);
   if (o.accumulate_grads_in_master && (o.stage != 1 || o.reduce_in_compute_dtype || !std::is_same_v<StateSpace, Space>))
-    throw Error("fully_shard",
-                dtensor::detail::cat("accumulate_grads_in_master needs stage 1 (not ", o.stage,
-                                     "), reductions in the master type (reduce_in_compute_dtype is ",
-                                     o.reduce_in_compute_dtype ? "true" : "false",
-                                     ") and no offload (the state space is ", StateSpace::name, ", the model's ",
-                                     Space::name, ")"),
-                rank);
+    throw Error(
+        "fully_shard",
+        dtensor::detail::cat("accumulate_grads_in_master needs stage 1 (not ", o.stage,
+                             "), reductions in the master type (reduce_in_compute_dtype is ",
+                             o.reduce_in_compute_dtype ? "true" : "false", ") and no offload (the state space is ",
+                             StateSpace::name, ", the model's ", Space::name, ")"),
+        rank);
 }
 
 /// Parameter offload maps files into host memory: the shards' state must live there.
 template <MemorySpace StateSpace>
 void check_fsdp_offload_dir(const FsdpOptions& o, int rank) {
   if (!o.offload_params_dir.empty() && !(std::is_same_v<StateSpace, host_space> && holds_data_v<StateSpace>))
-    throw Error("fully_shard", dtensor::detail::cat("offload_params_dir with the state in ", StateSpace::name,
-                                                    " memory: parameter offload maps files into host memory"),
+    throw Error("fully_shard",
+                dtensor::detail::cat("offload_params_dir with the state in ", StateSpace::name,
+                                     " memory: parameter offload maps files into host memory"),
                 rank);
 }
 

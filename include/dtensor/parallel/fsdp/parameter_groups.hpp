@@ -98,7 +98,8 @@ class FullyShardGroups {
 
   FullyShardGroups(Model& model, const Mesh& mesh, FsdpOptions o)
       : model_(model), own_(model, mesh, o), shards_(make_shards(model, mesh, o)), params_(make_set(model, mesh)) {
-    static_assert(requires { model.hooks(); }, "fully_shard over parameter groups needs `hooks()` on the model (nn::WithUnits)");
+    static_assert(
+        requires { model.hooks(); }, "fully_shard over parameter groups needs `hooks()` on the model (nn::WithUnits)");
     // The model's hooks: its own units' FSDP, then the units of each group that follow the unit.
     const nn::UnitHooks own_hooks = model.hooks();
     auto chain = [this](std::function<void(std::size_t)> first, auto pick) -> std::function<void(std::size_t)> {
@@ -111,10 +112,11 @@ class FullyShardGroups {
         });
       };
     };
-    model.set_hooks({.pre_forward = chain(own_hooks.pre_forward, [](const nn::UnitHooks& h) -> auto& { return h.pre_forward; }),
-                     .post_forward = chain(own_hooks.post_forward, [](const nn::UnitHooks& h) -> auto& { return h.post_forward; }),
-                     .pre_backward = chain(own_hooks.pre_backward, [](const nn::UnitHooks& h) -> auto& { return h.pre_backward; }),
-                     .grads_ready = chain(own_hooks.grads_ready, [](const nn::UnitHooks& h) -> auto& { return h.grads_ready; })});
+    model.set_hooks(
+        {.pre_forward = chain(own_hooks.pre_forward, [](const nn::UnitHooks& h) -> auto& { return h.pre_forward; }),
+         .post_forward = chain(own_hooks.post_forward, [](const nn::UnitHooks& h) -> auto& { return h.post_forward; }),
+         .pre_backward = chain(own_hooks.pre_backward, [](const nn::UnitHooks& h) -> auto& { return h.pre_backward; }),
+         .grads_ready = chain(own_hooks.grads_ready, [](const nn::UnitHooks& h) -> auto& { return h.grads_ready; })});
   }
   FullyShardGroups(const FullyShardGroups&) = delete;  // the model's hooks hold `this`
   FullyShardGroups& operator=(const FullyShardGroups&) = delete;
@@ -200,18 +202,20 @@ class FullyShardGroups {
     const auto follows = nn::followed_units(model.units(), group);
     for (std::size_t k = 0; k < follows.size(); ++k) {
       if (follows[k] >= model.units().size())
-        throw Error("fully_shard",
-                    dtensor::detail::cat("unit ", (*group.units)[k].group->name(), " of parameter group \"", *group.name,
-                                         "\" follows no unit on the model's mesh (its part has no parameter there): "
-                                         "nothing would fire its hooks"),
-                    mesh.rank());
+        throw Error(
+            "fully_shard",
+            dtensor::detail::cat("unit ", (*group.units)[k].group->name(), " of parameter group \"", *group.name,
+                                 "\" follows no unit on the model's mesh (its part has no parameter there): "
+                                 "nothing would fire its hooks"),
+            mesh.rank());
       g.following[follows[k]].push_back(k);
     }
   }
   Set make_set(Model& model, const Mesh& mesh) {
     auto all = model.parameter_groups();
     return [&]<std::size_t... I>(std::index_sequence<I...>) {
-      return Set(nn::on(mesh, own_.params()), nn::on(*std::get<I + 1>(all).mesh, std::get<I>(shards_).fsdp->params())...);
+      return Set(nn::on(mesh, own_.params()),
+                 nn::on(*std::get<I + 1>(all).mesh, std::get<I>(shards_).fsdp->params())...);
     }(std::make_index_sequence<groups - 1>{});
   }
 

@@ -97,22 +97,22 @@ struct UnitShard {
   bool grad_narrow = false;
   Buffer<T> grad_low;  // grad_narrow: the T gradient shard, hi - lo (a view of the full gradients when grad_in_full)
   Buffer<M> main_grad;
-  bool grad_reduced = false;  // grad_in_full: the shard holds a reduced gradient (since finish_reduce)
-  StateBuffer<M> carried;     // grad_in_full: that gradient, moved aside for the next reduction to add
-  std::vector<LayoutDesc<N>> grad_states;  // one per segment
-  std::unique_ptr<bool[]> has_grad;        // one per segment (ParamRef points at them)
+  bool grad_reduced = false;                 // grad_in_full: the shard holds a reduced gradient (since finish_reduce)
+  StateBuffer<M> carried;                    // grad_in_full: that gradient, moved aside for the next reduction to add
+  std::vector<LayoutDesc<N>> grad_states;    // one per segment
+  std::unique_ptr<bool[]> has_grad;          // one per segment (ParamRef points at them)
   nn::ParamList<M, N, StateSpace> segments;  // views of master / grad, one per overlapping entry
 
   // In flight.
-  Work gather;                  // all-gather of the values into the group's storage
-  Buffer<T> gather_send;        // this rank's c values in T (padded)
+  Work gather;            // all-gather of the values into the group's storage
+  Buffer<T> gather_send;  // this rank's c values in T (padded)
   bool gathering = false;
-  Work reduce;                  // reduce-scatter (all-reduce for ZeRO-1) of the gradients
-  Buffer<M> reduce_wide;        // the gradients widened to M when the reduction runs in M and T != M
-  Buffer<M> reduced_wide;       // the reduce-scatter's output in M
-  Buffer<T> reduced_narrow;     // ... or in T
-  bool reducing = false;        // a reduction was issued and not yet added to `grad`
-  bool reduce_waited = false;   // its collective has completed (the full gradients are free)
+  Work reduce;                 // reduce-scatter (all-reduce for ZeRO-1) of the gradients
+  Buffer<M> reduce_wide;       // the gradients widened to M when the reduction runs in M and T != M
+  Buffer<M> reduced_wide;      // the reduce-scatter's output in M
+  Buffer<T> reduced_narrow;    // ... or in T
+  bool reducing = false;       // a reduction was issued and not yet added to `grad`
+  bool reduce_waited = false;  // its collective has completed (the full gradients are free)
   ReduceOp grad_op = ReduceOp::sum;
   std::vector<LayoutDesc<N>> pending_states;  // the segments' gradient states once reduced
 
@@ -139,8 +139,9 @@ struct UnitShard {
       out.master_in_values = stage <= 2;
       out.grad_in_full = stage == 1;
     } else if constexpr (one_space) {
-      out.grad_in_full = stage == 1 && (accumulate_in_master || (padded * sizeof(T) >= shard_size * sizeof(M) &&
-                                                                 alignof(M) <= alignof(std::max_align_t)));  // max-aligned storage
+      out.grad_in_full =
+          stage == 1 && (accumulate_in_master || (padded * sizeof(T) >= shard_size * sizeof(M) &&
+                                                  alignof(M) <= alignof(std::max_align_t)));  // max-aligned storage
       if constexpr (nn::detail::narrow_grads_supported<Space> && sizeof(T) < sizeof(M)) {
         if (!accumulate_in_master && (stage == 2 || (stage == 1 && !out.grad_in_full))) {
           out.grad_narrow = true;
@@ -182,7 +183,8 @@ struct UnitShard {
     grad_narrow = where.grad_narrow;
     if constexpr (one_space && std::is_same_v<T, M>) {
       auto at = [lo](T* base) { return base ? base + lo : base; };  // meta: no elements, null
-      if (master_in_values) master = StateBuffer<M>::view(at(group->values_storage().data()), Shape<1>{Extent(shard_size())});
+      if (master_in_values)
+        master = StateBuffer<M>::view(at(group->values_storage().data()), Shape<1>{Extent(shard_size())});
       if (grad_in_full) grad = StateBuffer<M>::view(at(group->grads_storage().data()), Shape<1>{Extent(shard_size())});
     } else if constexpr (one_space) {
       if (grad_narrow) {
@@ -215,7 +217,8 @@ struct UnitShard {
         group->initial_values(lo, drawn.span());
         convert_across<StateSpace, host_space>(master.span(), std::span<const T>(drawn.span()));
       } else if constexpr (!std::is_same_v<T, M>) {
-        [[maybe_unused]] auto drawn = make_buffer<T, StateSpace>(shard_size(), MemoryTag::parameters, false);  // a dry run: the same bytes
+        [[maybe_unused]] auto drawn =
+            make_buffer<T, StateSpace>(shard_size(), MemoryTag::parameters, false);  // a dry run: the same bytes
       }
     }
     group->end_deferred();  // the values live in the shards now (stages 1/2: drawn whole above)
@@ -234,8 +237,8 @@ struct UnitShard {
       const std::size_t at = std::size_t(r.begin - shard.begin), len = std::size_t(r.size());
       const auto grad_part = grad_narrow ? std::span<M>() : grad.span().subspan(at, len);
       segments.push_back(nn::ParamRef<M, N, StateSpace>{e.name, master.span().subspan(at, len), grad_part, layout,
-                                                   &grad_states.back(), &has_grad[grad_states.size() - 1], e.decay,
-                                                   this, at});
+                                                        &grad_states.back(), &has_grad[grad_states.size() - 1], e.decay,
+                                                        this, at});
       if (grad_narrow) {
         T* low = grad_low.data();  // null on meta: nothing is read
         segments.back().narrow_grad = low ? low + at : low;
@@ -255,7 +258,9 @@ struct UnitShard {
 
   /// Bytes of the shard state this object holds (master values and gradient shard it owns:
   /// none where they live in the group's full buffers).
-  std::size_t master_bytes() const { return master_in_values || master_on_disk ? 0 : std::size_t(master.numel()) * sizeof(M); }
+  std::size_t master_bytes() const {
+    return master_in_values || master_on_disk ? 0 : std::size_t(master.numel()) * sizeof(M);
+  }
   std::size_t grad_bytes() const {
     if (grad_in_full) return 0;
     return grad_narrow ? std::size_t(grad_low.numel()) * sizeof(T) : std::size_t(grad.numel()) * sizeof(M);
