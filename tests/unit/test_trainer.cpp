@@ -595,6 +595,8 @@ TEST_CASE("train::fit: the one-rank loop's losses, evaluation every N steps and 
   const auto finished = run({.steps = 2, .resume_dir = dir, .config = {{"model", "tagger"}}, .allow_finished = true});
   CHECK(finished[0].steps_run == 0);
   CHECK(finished[0].losses.empty());
+  const auto loaded = run({.steps = 0, .resume_dir = dir, .config = {{"model", "tagger"}}, .allow_finished = true});
+  CHECK(loaded[0].steps_run == 0);  // only the resume: the generate program's use
   std::filesystem::remove_all(dir);
 }
 

@@ -66,7 +66,7 @@ struct FitOptions {
   std::string save_dir{};
   std::string resume_dir{};    // non-empty: load this checkpoint first and continue after its step
   std::map<std::string, std::string> config{};  // saved with each checkpoint; a resumed one must match it
-  bool allow_finished = false;  // a checkpoint at or past `steps`: return at once (steps_run 0), not an error
+  bool allow_finished = false;  // a checkpoint at or past `steps` (or steps 0): return at once (steps_run 0), not an error
   double tokens_per_step = 0;   // over all ranks: the report's tokens/s and the bar's
   bool check_finite = false;    // after each step: the loss and this rank's parameters finite, else an Error
   std::string trace_path{};       // a Chrome trace of the second step and two more (trace::TrainingMonitor)
@@ -123,7 +123,9 @@ inline std::vector<std::int64_t> rank_step_peaks(const MemoryLedger& rank, const
 }
 
 inline void check_fit_options(const FitOptions& o) {
-  if (o.steps < 1) throw Error("train::fit", "needs steps >= 1 (the last step), got " + std::to_string(o.steps));
+  if (o.steps < (o.allow_finished ? 0 : 1))
+    throw Error("train::fit", std::string("needs steps >= ") + (o.allow_finished ? "0" : "1") + " (the last step), got " +
+                                  std::to_string(o.steps));
   if (o.eval_every < 1)
     throw Error("train::fit", "needs eval_every >= 1 (evaluate after every that many steps), got " + std::to_string(o.eval_every));
   if (o.save_every < 0) throw Error("train::fit", "needs save_every >= 0 (0: no checkpoints), got " + std::to_string(o.save_every));
