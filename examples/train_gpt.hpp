@@ -859,48 +859,24 @@ inline parallel::sync::DiLoCoOptions diloco_options(const Options& o) {
   return d;
 }
 
-/// printf into a string (the summary's extra lines).
-template <class... A>
-std::string format(const char* f, A... a) {
-  const int n = std::snprintf(nullptr, 0, f, a...);
-  std::string s(std::size_t(std::max(n, 0)), '\0');
-  std::snprintf(s.data(), s.size() + 1, f, a...);
-  return s;
-}
-
-/// The program's own lines after the summary (rank 0's figures): the host budget, and what
-/// --offload moved to files.
+/// The program's own lines after the summary (rank 0's figures): the host budget, what --offload
+/// moved to files (train::offload_notes) and the activations' offload.
 template <bool Host, class Tr>
 std::string run_notes(const Options& o, Tr& trainer, const nn::ActivationOffload* activations,
                       const optim::MemoryBudget& host_budget, std::int64_t host_held_built) {
   std::string s;
   if (host_budget.active())
-    s += format("host memory budget: %.3f MiB per process, %d rank(s) sharing it; held after building %.3f MiB\n",
-                o.host_budget_mib, host_budget.ranks_sharing, double(host_held_built) / (1 << 20));
-  if (o.offloads("optimizer")) {
-    const auto st = trainer.offload_stats();
-    s += format("offload (rank 0): AdamW moments %.2f MiB in %s, %zu chunks a step through %zu KiB of host buffer; "
-                "read %.2f MiB, wrote %.2f MiB in %.3f s of I/O (%.0f MiB/s), %.0f%% of it hidden behind the update\n",
-                double(st.file_bytes) / (1 << 20), o.offload_dir.c_str(), st.chunks, trainer.options().offload_buffer_bytes >> 10,
-                double(st.bytes_read) / (1 << 20), double(st.bytes_written) / (1 << 20), st.io_seconds,
-                st.io_seconds > 0 ? double(st.bytes_read + st.bytes_written) / (1 << 20) / st.io_seconds : 0.0,
-                100 * st.overlap());
-  }
-  if (o.offloads("params")) {  // the FSDP master shards in mapped files (parallel/fully_shard.hpp)
-    std::size_t disk = 0;
-    for (std::size_t i = 0; i < trainer.stages().size(); ++i) disk += trainer.pipeline().fsdp(i).memory().disk;
-    s += format("offload (rank 0): master values %.4f MiB (%zu bytes) in files in %s, prefetched a unit ahead, written behind "
-                "after each step\n",
-                double(disk) / (1 << 20), disk, o.offload_dir.c_str());
-  }
+    s += train::formatted("host memory budget: %.3f MiB per process, %d rank(s) sharing it; held after building %.3f MiB\n",
+                               o.host_budget_mib, host_budget.ranks_sharing, double(host_held_built) / (1 << 20));
+  s += train::offload_notes(trainer);
   if (Host && activations) {
     const auto& st = activations->stats();
-    s += format("activation offload (rank 0): %zu block states to %s, wrote %.2f MiB, read %.2f MiB back (%zu kept in "
-                "memory) in %.3f s of I/O (%.0f MiB/s), %.0f%% of it hidden behind the compute\n",
-                st.entries, o.offload_dir.c_str(), double(st.bytes_written) / (1 << 20), double(st.bytes_read) / (1 << 20),
-                st.kept, st.io_seconds,
-                st.io_seconds > 0 ? double(st.bytes_read + st.bytes_written) / (1 << 20) / st.io_seconds : 0.0,
-                100 * st.hidden());
+    s += train::formatted(
+        "activation offload (rank 0): %zu block states to %s, wrote %.2f MiB, read %.2f MiB back (%zu kept in "
+        "memory) in %.3f s of I/O (%.0f MiB/s), %.0f%% of it hidden behind the compute\n",
+        st.entries, o.offload_dir.c_str(), double(st.bytes_written) / (1 << 20), double(st.bytes_read) / (1 << 20), st.kept,
+        st.io_seconds, st.io_seconds > 0 ? double(st.bytes_read + st.bytes_written) / (1 << 20) / st.io_seconds : 0.0,
+        100 * st.hidden());
   }
   return s;
 }

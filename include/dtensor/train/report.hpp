@@ -4,13 +4,15 @@
 // (with the bytes inside and across hosts when the mesh spans several).
 //
 //   const auto r = train::fit(trainer, fo, data);
-//   train::print_report(r, "offload (rank 0): ...\n");   // a program's own lines after the summary line
+//   train::print_report(r, train::offload_notes(trainer) + mine);   // lines after the summary line
 //
 // No communication: fit() reduced what is the largest rank's already. Scripts and tests read
 // these lines ("summary:", "final losses at step", "train loss fell", "memory peaks in", "step
 // peak per rank", "memory peak per rank by phase", "collectives of one training step"): keep them.
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdio>
 #include <string>
 
@@ -18,6 +20,43 @@
 #include "dtensor/train/loop.hpp"
 
 namespace dtensor::train {
+
+/// printf into a string (a summary line of a program's own, for print_report's `after_summary`).
+template <class... A>
+std::string formatted(const char* f, A... a) {
+  const int n = std::snprintf(nullptr, 0, f, a...);
+  std::string s(std::size_t(std::max(n, 0)), '\0');
+  std::snprintf(s.data(), s.size() + 1, f, a...);
+  return s;
+}
+
+/// This rank's offload figures as summary lines (empty without offload; no communication):
+/// the optimizer's moments in files (TrainerOptions::offload_optimizer_dir: their size, the
+/// chunks a step through the staging buffer, the I/O and how much of it the update hid) and the
+/// FSDP master shards in mapped files (offload_params_dir).
+template <class Tr>
+std::string offload_notes(Tr& trainer) {
+  std::string s;
+  const TrainerOptions& o = trainer.options();
+  if (!o.offload_optimizer_dir.empty()) {
+    const auto st = trainer.offload_stats();
+    s += formatted("offload (rank 0): AdamW moments %.2f MiB in %s, %zu chunks a step through %zu KiB of host buffer; "
+                        "read %.2f MiB, wrote %.2f MiB in %.3f s of I/O (%.0f MiB/s), %.0f%% of it hidden behind the update\n",
+                        double(st.file_bytes) / (1 << 20), o.offload_optimizer_dir.c_str(), st.chunks,
+                        o.offload_buffer_bytes >> 10, double(st.bytes_read) / (1 << 20), double(st.bytes_written) / (1 << 20),
+                        st.io_seconds,
+                        st.io_seconds > 0 ? double(st.bytes_read + st.bytes_written) / (1 << 20) / st.io_seconds : 0.0,
+                        100 * st.overlap());
+  }
+  if (!o.offload_params_dir.empty()) {  // the FSDP master shards in mapped files
+    std::size_t disk = 0;
+    for (std::size_t i = 0; i < trainer.stages().size(); ++i) disk += trainer.pipeline().fsdp(i).memory().disk;
+    s += formatted("offload (rank 0): master values %.4f MiB (%zu bytes) in files in %s, prefetched a unit ahead, "
+                        "written behind after each step\n",
+                        double(disk) / (1 << 20), disk, o.offload_params_dir.c_str());
+  }
+  return s;
+}
 
 /// Prints `r` on rank 0 (other ranks print nothing); `after_summary` (the program's own lines,
 /// each ending in a newline) goes right after the summary line.
