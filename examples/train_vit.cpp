@@ -16,16 +16,16 @@
 // --cp --cp-kind --tp --sp/--no-sp --schedule --microbatches --ep, and --experts --topk
 // --moe-every).
 //
-// With --pp > 1 or --experts the mesh is (pp, dp, fsdp, cp, tp): the model's parts
-// (nn::ViTParts) are cut into pipeline stages by pipeline::split, each FSDP-sharded inside
-// parallel::pipeline::ShardedPipeline, which runs the --schedule over --microbatches and every
-// gradient sync (the experts' over "edp": the expert mesh (edp, ep, tp) factors dp x fsdp x cp).
-// Otherwise the mesh is (dp, fsdp, cp, tp) ((dp, cp, tp) with --fsdp 1). "dp" replicates (DDP, with the all-reduce of each unit overlapped
-// with the backward; with "fsdp" > 1, HSDP's replicas); "fsdp" shards parameters, gradients and
-// AdamW state (parallel::fully_shard, ZeRO --zero 1, 2 or 3); "cp" splits every image's patches
-// (attention: ring, all-gather or Ulysses, non-causal); "tp" splits the heads and the MLP
-// (Megatron), with SP the patches between them. After the backward the gradients still pending
-// on "cp" and (SP) "tp" are all-reduced, clipped to norm 1, and AdamW steps.
+// Every run, pipelined or not, is one train::Trainer (train/trainer.hpp) on the mesh (pp, dp,
+// fsdp, cp, tp): the model's parts (nn::ViTParts) cut into --pp pipeline stages (one stage at
+// --pp 1), each FSDP-sharded inside parallel::pipeline::ShardedPipeline, which runs the --schedule
+// over --microbatches and every gradient sync (the experts' over "edp": the expert mesh (edp, ep,
+// tp) factors dp x fsdp x cp). "dp" replicates (with --fsdp 1, ZeRO-1 over one shard: DDP; with
+// "fsdp" > 1, HSDP's replicas); "fsdp" shards parameters, gradients and AdamW state (ZeRO --zero
+// 1, 2 or 3); "cp" splits every image's patches (attention: ring, all-gather or Ulysses,
+// non-causal); "tp" splits the heads and the MLP (Megatron), with SP the patches between them.
+// After the schedule the gradients still pending on "cp" and (SP) "tp" are all-reduced, clipped
+// to norm 1, and AdamW steps. --dry-run builds the same Trainer on meta tensors.
 //
 // The task (models/vit_data.hpp): each image is --patches patches of --patch-dim values, a class
 // pattern plus noise; every rank draws the same --batch images per step (from --seed and the
@@ -74,10 +74,7 @@ namespace {
 using namespace dtensor;
 using examples::flag_value;
 using examples::UsageError;
-// The meshes: DDP's (--fsdp 1) and FSDP's, whose "dp" holds HSDP's replicas.
-using DdpMesh = DeviceMesh<"dp", "cp", "tp">;
-using FsdpMesh = DeviceMesh<"dp", "fsdp", "cp", "tp">;
-// With pipeline stages or experts: the whole mesh, a stage's, and the experts' (--experts).
+// The whole mesh (size 1 where a parallelism is off) and the experts' (--experts).
 using PipeMesh = DeviceMesh<"pp", "dp", "fsdp", "cp", "tp">;
 using ExpertMesh = DeviceMesh<"edp", "ep", "tp">;
 
@@ -261,8 +258,9 @@ void print_summary(const Options& o, double elapsed, double train_loss, double f
   std::printf(val_loss < first_val ? "validation loss fell\n" : "validation loss did not fall\n");
 }
 
-/// Pipeline stages (and experts): the ViT's parts cut by pipeline::split, each stage FSDP-sharded,
-/// one step = the schedule over the micro-batches and every gradient sync (ShardedPipeline).
+/// Every run (one stage at --pp 1; experts with --experts): the ViT's parts cut by pipeline::split,
+/// each stage FSDP-sharded, one step = the schedule over the micro-batches and every gradient sync
+/// (the Trainer's ShardedPipeline).
 template <class Plan, bool MoE>
 void train_pipeline(CommPtr world, const Options& o) {
   namespace pp = parallel::pipeline;
@@ -307,81 +305,6 @@ void train_pipeline(CommPtr world, const Options& o) {
   if (root) print_summary(o, r.elapsed, r.train_loss, first_val, r.val_loss);
 }
 
-/// The whole model's data parallelism, for the run and its dry run alike: DDP over "dp" (a 3-D
-/// mesh, no "fsdp"), each unit's all-reduce as the backward finishes it, or fully_shard over
-/// "fsdp" (HSDP: replicas over "dp"). Calls body(ps, finish, after_step): ps the optimizer's
-/// parameters, finish the data dimensions' gradient sync, after_step ZeRO-1/2's all-gather.
-template <class Model, class Mesh, class Body>
-void with_data_parallel(Model& model, const Mesh& mesh, const Options& o, Body&& body) {
-  if constexpr (Mesh::ndim == 3) {
-    nn::ParamList<float, 3, mesh_space_t<Mesh>> ps;
-    nn::collect(model, ps);
-    parallel::DataParallel<Mesh> ddp(mesh);
-    ddp.attach(model);
-    body(ps, [&] { ddp.finish_gradient_sync(); }, [] {});
-  } else {
-    auto fsdp = parallel::fully_shard(model, mesh, {.stage = o.zero});
-    body(fsdp.params(), [&] { fsdp.finish_gradient_sync(); }, [&] { fsdp.sync_parameters(); });
-  }
-}
-
-/// A step's tail after the backward, for the run and its dry run alike: the data dimensions'
-/// gradient sync, the context and (SP) tensor dimensions', the clip at norm 1, AdamW, after_step.
-template <class Params, class Mesh, class Opt, class Finish, class AfterStep>
-void step_tail(Params& ps, const Mesh& mesh, Opt& opt, Finish& finish, AfterStep& after_step) {
-  finish();
-  parallel::context_parallel_grads(ps, mesh);
-  parallel::sequence_parallel_grads(ps, mesh);
-  optim::clip_grad_norm(ps, mesh, 1.0);
-  opt.step();
-  after_step();
-}
-
-template <class Plan, class Mesh>
-void train(CommPtr world, const Options& o, const Mesh& mesh) {
-  const nn::ViTConfig cfg = config_of(o);
-  nn::ViT<float, Mesh, Plan> model(mesh, cfg);
-  using Model = decltype(model);
-  const bool root = world->rank() == 0;
-  if (root)
-    std::printf("train_vit: mesh dp %d x fsdp %d (%s) x cp %d (%s) x tp %d%s = %d ranks; model: %lld layers, dim %lld, "
-                "%lld heads, %lld patches of %lld, %lld classes, batch %lld\n",
-                o.dp, o.fsdp, o.fsdp > 1 ? ("ZeRO-" + str(o.zero)).c_str() : "DDP", o.cp,
-                std::string(parallel::name_of(o.cp_kind)).c_str(), o.tp, o.sp && o.tp > 1 ? " + SP" : "", o.ranks(), (long long)o.layers,
-                (long long)o.dim, (long long)o.heads, (long long)o.patches, (long long)o.patch_dim, (long long)o.classes,
-                (long long)o.batch);
-
-  auto batch_of = [&](std::uint64_t seed) {
-    auto [x, y] = nn::synthetic_images<float>(cfg, o.batch, seed);
-    return std::pair{distribute_replicated<typename Model::Images::layout>(mesh, x),
-                     distribute_replicated<typename Model::Labels::layout>(mesh, y)};
-  };
-  const auto val = batch_of(1'000'000 + o.seed);  // held out: no training step draws this seed
-
-  with_data_parallel(model, mesh, o, [&](auto& ps, auto finish, auto after_step) {
-    optim::AdamW<float, Mesh::ndim> opt(ps, adamw_of(o));
-    double first_val = 0, val_loss = 0, train_loss = 0, elapsed = 0;
-    for (int step = 1; step <= o.steps; ++step) {
-      if (step == 1) first_val = full_tensor(model.evaluate(val.first, val.second))[0];
-      const auto [images, labels] = batch_of(o.seed * 100'003 + std::uint64_t(step));
-      world->barrier();
-      const auto t0 = std::chrono::steady_clock::now();
-      opt.zero_grad();
-      auto [loss, saved] = model.forward(images, labels);
-      model.backward(std::move(saved));
-      step_tail(ps, mesh, opt, finish, after_step);
-      elapsed += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      train_loss = full_tensor(loss)[0];
-      if (root) std::printf("step %4d  loss %.4f\n", step, train_loss);
-      if (step % o.eval_every == 0 || step == o.steps) {
-        val_loss = full_tensor(model.evaluate(val.first, val.second))[0];
-        if (root) std::printf("step %4d  validation loss %.4f\n", step, val_loss);
-      }
-    }
-    if (root) print_summary(o, elapsed, train_loss, first_val, val_loss);
-  });
-}
-
 // ---------------------------------------------------------------- --dry-run
 
 /// The step of train_pipeline on meta tensors, as the rank of `world` (one rank class): this
@@ -417,58 +340,17 @@ void dry_pipeline_step(CommPtr world, const Options& o, sim::Recorder& rec) {
   sim::trainer_step(trainer, x, y, rec);
 }
 
-/// The step of train on meta tensors: nn::ViT under DDP (--fsdp 1) or fully_shard, the whole batch.
-template <class Plan, class Mesh>
-void dry_step(CommPtr world, const Options& o, sim::Recorder& rec, const std::array<int, Mesh::ndim>& shape) {
-  Mesh mesh(world, shape);
-  using Model = nn::ViT<float, Mesh, Plan>;
-  rec.phase("parameters");
-  std::optional<Model> model;
-  {
-    MemoryTagScope tag(MemoryTag::parameters);
-    model.emplace(mesh, config_of(o));
-  }
-  with_data_parallel(*model, mesh, o, [&](auto& ps, auto finish, auto after_step) {
-    optim::AdamW<float, Mesh::ndim, meta_space> opt(ps, adamw_of(o));
-    opt.zero_grad();
-    const auto x = distribute_replicated<typename Model::Images::layout>(
-        mesh, Tensor<float, 3, meta_space>(Shape<3>{o.batch, o.patches, o.patch_dim}));
-    const auto y = distribute_replicated<typename Model::Labels::layout>(mesh, Tensor<std::int32_t, 1, meta_space>(Shape<1>{o.batch}));
-    rec.phase("forward", /*overlapped=*/true);
-    auto [loss, saved] = [&] {
-      MemoryTagScope tag(MemoryTag::activations);
-      return model->forward(x, y);
-    }();
-    rec.phase("backward", /*overlapped=*/true);
-    {
-      MemoryTagScope tag(MemoryTag::activations);
-      model->backward(std::move(saved));
-    }
-    rec.phase("optimizer");
-    MemoryTagScope optimizer_tag(MemoryTag::other);
-    step_tail(ps, mesh, opt, finish, after_step);
-    rec.phase(sim::after_step);
-  });
-}
-
-/// The rank classes of a mesh whose last four dimensions are (dp, fsdp, cp, tp) ((dp, cp, tp)
-/// without fsdp), the first "pp" if pipelined: every pipeline rank its own class (its stages);
-/// the data dimensions by their chunk of the (micro-)batch, "cp" by its patches (non-causal: equal
-/// work per patch), "tp" by its heads and (SP) patches. The uneven flat-unit shards of FSDP's tail
-/// ranks are not a class of their own (as in sim::dry_run_plan).
-template <std::size_t N>
-std::vector<sim::RankClass<N>> dry_run_classes(const Options& o, const std::array<int, N>& shape) {
+/// The rank classes of the mesh (pp, dp, fsdp, cp, tp): every pipeline rank its own class (its
+/// stages); the data dimensions by their chunk of the micro-batch, "cp" by its patches
+/// (non-causal: equal work per patch), "tp" by its heads and (SP) patches. The uneven flat-unit
+/// shards of FSDP's tail ranks are not a class of their own (as in sim::dry_run_plan).
+std::vector<sim::RankClass<5>> dry_run_classes(const Options& o, const std::array<int, 5>& shape) {
   using W = sim::DimensionWork;
   const Extent micro = o.batch / o.microbatches;
   const Extent per_replica = chunk_range(micro, o.dp, 0).size();
   const W context = W::splitting({o.patches});
   const W tensor = W::splitting({o.heads, o.sp ? chunk_range(o.patches, o.cp, 0).size() : o.heads});
-  if constexpr (N == 5)
-    return sim::rank_classes<5>(shape, {W::distinct(), W::splitting({micro}), W::splitting({per_replica}), context, tensor});
-  else if constexpr (N == 4)
-    return sim::rank_classes<4>(shape, {W::splitting({micro}), W::splitting({per_replica}), context, tensor});
-  else
-    return sim::rank_classes<3>(shape, {W::splitting({micro}), context, tensor});
+  return sim::rank_classes<5>(shape, {W::distinct(), W::splitting({micro}), W::splitting({per_replica}), context, tensor});
 }
 
 /// --dry-run: the step once per rank class; each class's report, then the largest per-rank figures.
@@ -476,23 +358,11 @@ int dry_run(const Options& o) {
   const auto started = std::chrono::steady_clock::now();
   std::vector<sim::RankReport> reports;
   auto go = [&]<class Plan>() {
-    if (o.experts > 0 || o.pp > 1) {
-      const std::array<int, 5> shape{o.pp, o.dp, o.fsdp, o.cp, o.tp};
-      reports = sim::dry_run<5>(shape, dry_run_classes(o, shape), [&](CommPtr world, sim::Recorder& rec) {
-        if (o.experts > 0) dry_pipeline_step<Plan, true>(std::move(world), o, rec);
-        else dry_pipeline_step<Plan, false>(std::move(world), o, rec);
-      });
-    } else if (o.fsdp == 1) {
-      const std::array<int, 3> shape{o.dp, o.cp, o.tp};
-      reports = sim::dry_run<3>(shape, dry_run_classes(o, shape), [&](CommPtr world, sim::Recorder& rec) {
-        dry_step<Plan, MetaMesh<"dp", "cp", "tp">>(std::move(world), o, rec, shape);
-      });
-    } else {
-      const std::array<int, 4> shape{o.dp, o.fsdp, o.cp, o.tp};
-      reports = sim::dry_run<4>(shape, dry_run_classes(o, shape), [&](CommPtr world, sim::Recorder& rec) {
-        dry_step<Plan, MetaMesh<"dp", "fsdp", "cp", "tp">>(std::move(world), o, rec, shape);
-      });
-    }
+    const std::array<int, 5> shape{o.pp, o.dp, o.fsdp, o.cp, o.tp};
+    reports = sim::dry_run<5>(shape, dry_run_classes(o, shape), [&](CommPtr world, sim::Recorder& rec) {
+      if (o.experts > 0) dry_pipeline_step<Plan, true>(std::move(world), o, rec);
+      else dry_pipeline_step<Plan, false>(std::move(world), o, rec);
+    });
   };
   if (o.sp) go.template operator()<parallel::MegatronPlan<true>>();
   else go.template operator()<parallel::MegatronPlan<false>>();
@@ -528,9 +398,7 @@ void run_rank(CommPtr world, const Options& o) {
     world->fail("train_vit", "the job has " + str(world->size()) + " ranks but pp x dp x fsdp x cp x tp = " + str(o.ranks()));
   auto on = [&]<class Plan>() {
     if (o.experts > 0) train_pipeline<Plan, true>(world, o);
-    else if (o.pp > 1) train_pipeline<Plan, false>(world, o);
-    else if (o.fsdp == 1) train<Plan>(world, o, DdpMesh(world, {o.dp, o.cp, o.tp}));
-    else train<Plan>(world, o, FsdpMesh(world, {o.dp, o.fsdp, o.cp, o.tp}));
+    else train_pipeline<Plan, false>(world, o);
   };
   if (o.sp) on.template operator()<parallel::MegatronPlan<true>>();
   else on.template operator()<parallel::MegatronPlan<false>>();

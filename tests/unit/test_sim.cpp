@@ -1316,11 +1316,10 @@ TEST_CASE("sim: experts that do not divide over ep (5 over 2): the plan runs, an
   // program is the plan as it runs: DDP in bf16 with fp32 master and moments (sim::as_run).
   const auto ran = sim::as_run(p, true);
   const auto shape = sim::detail::pipeline_shape(ran);
-  const auto schedule = sim::detail::plan_schedule(ran);
   std::vector<sim::RankClass<5>> every_rank;
   for (int r = 0; r < p.gpus(); ++r) every_rank.push_back({detail::row_major_coordinate(shape, r), 1});
   const auto each = sim::dry_run<5>(shape, every_rank, [&](CommPtr world, sim::Recorder& rec) {
-    sim::detail::pipeline_rank_step<dtensor::bfloat16, Layers, true>(std::move(world), ran, schedule, rec);
+    sim::detail::pipeline_rank_step<dtensor::bfloat16, Layers, true>(std::move(world), ran, rec);
   });
   // A pipeline send's peer is a rank of the whole world: the one thing ranks of a class do not share.
   auto without_peers = [](std::string s) {
@@ -1982,7 +1981,7 @@ TEST_CASE("sim: activation offload on meta tensors, the dry run's ledger shows t
   CHECK(meta_peak - meta_peak_off >= std::int64_t(3 * block));
 }
 
-TEST_CASE("sim: the dry run's step is the real step's, per rank and tag: FSDP on the trainer's path at pp 1 and 2",
+TEST_CASE("sim: the dry run's step is the real step's, per rank and tag: DDP and FSDP on the trainer's path at pp 1 and 2",
           "[sim][memory][fsdp]") {
   // The same function (sim::detail::pipeline_rank_step: the trainer's ShardedPipeline with
   // FSDP's actions where the trainer's executor runs them) on meta tensors over the sim
@@ -1992,17 +1991,17 @@ TEST_CASE("sim: the dry run's step is the real step's, per rank and tag: FSDP on
   struct Case {
     int zero, pp, cp;
   };
-  for (const auto& [zero, pp, cp] : {Case{3, 1, 1}, Case{2, 1, 1}, Case{3, 2, 1}, Case{3, 1, 2}}) {
+  // zero 0: DDP, the trainer's ZeRO-1 over a size-1 "fsdp" (no second assembly of the step).
+  for (const auto& [zero, pp, cp] : {Case{3, 1, 1}, Case{2, 1, 1}, Case{3, 2, 1}, Case{3, 1, 2}, Case{0, 1, 1}, Case{0, 2, 1}}) {
     sim::TrainingPlan p{.model = {.vocab = 61, .seq = 16, .dim = 32, .heads = 4, .layers = 3},
                         .batch = 8, .microbatches = pp, .dp = 4 / pp / cp, .pp = pp, .zero = zero, .cp = cp};
     INFO("ZeRO-" << zero << ", pp " << pp << ", dp " << p.dp << ", cp " << cp);
     const auto dry = sim::dry_run_plan<float, nn::DenseLayers, false>(p);
-    const auto schedule = sim::detail::plan_schedule(p);
     std::vector<sim::RankReport> real(4);
     threads::run(4, [&](CommPtr world) {
       sim::Recorder rec("host");
       const int rank = world->rank();
-      sim::detail::pipeline_rank_step<float, nn::DenseLayers, false, host_space>(std::move(world), p, schedule, rec);
+      sim::detail::pipeline_rank_step<float, nn::DenseLayers, false, host_space>(std::move(world), p, rec);
       real[std::size_t(rank)] = rec.finish("real");
     });
     for (const auto& c : dry) {

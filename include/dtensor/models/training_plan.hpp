@@ -13,8 +13,10 @@
 // and runs one micro-batch through them: receive the input from the previous stage, forward,
 // send; then backward the same way.
 //
-//   zero == 0 (DDP)           mesh (pp, dp, 1, cp, tp): then DDP's all-reduce on "dp", the
-//                             sequence-parallel sync, clipping across stages and AdamW in T.
+//   zero == 0 (DDP)           mesh (pp, dp, 1, cp, tp): the trainer's ZeRO-1 over a size-1
+//                             "fsdp" (the data ranks replicas on "dp", gradients all-reduced there),
+//                             the sequence-parallel sync, clipping across stages and AdamW (a bf16
+//                             model: fp32 master and moments, sim::as_run, unless bf16_moments).
 //   zero 1..3 (FSDP)          mesh (pp, hsdp, dp / hsdp, cp, tp): the stages under
 //                             parallel::pipeline::ShardedPipeline with fp32 master values, gradient
 //                             shards and AdamW state (the model computes in T), HSDP when hsdp > 1,
@@ -336,7 +338,7 @@ inline train::TrainerOptions trainer_options(const TrainingPlan& p) {
 /// Space: meta in a dry run; host_space runs the same step for real (on the threads backend:
 /// test_sim holds the two reports equal).
 template <class T, class Layers, bool SP, class Space = meta_space>
-void pipeline_rank_step(CommPtr world, const TrainingPlan& p, const parallel::pipeline::Schedule& schedule, Recorder& rec) {
+void pipeline_rank_step(CommPtr world, const TrainingPlan& p, Recorder& rec) {
   namespace pp = parallel::pipeline;
   using Mesh = BasicDeviceMesh<Space, "pp", "dp", "fsdp", "cp", "tp">;
   using StageMesh = BasicDeviceMesh<Space, "dp", "fsdp", "cp", "tp">;
@@ -344,55 +346,22 @@ void pipeline_rank_step(CommPtr world, const TrainingPlan& p, const parallel::pi
   using Stage = pp::Stage<Model>;
   Mesh mesh(world, pipeline_shape(p));
   const StageMesh stage_mesh = pp::stage_mesh_of(mesh);
-  const auto& layout = schedule.layout;
-  const int me = mesh.coordinate()[0];
   const nn::GPTConfig config = stage_config(p);
   rec.phase("parameters");
-  if (p.zero > 0) {
-    // FSDP inside the stages: the trainer's own (train/trainer.hpp: fp32 master values, gradient
-    // shards and AdamW state over "fsdp*cp"; MoE: the experts in T), this rank's stages built by it.
-    train::Trainer<Model, float> trainer(mesh, trainer_options(p), [&](const StageMesh& m) {
+  // The trainer's own step (train/trainer.hpp), this rank's stages built by it. FSDP (zero 1..3):
+  // fp32 master values, gradient shards and AdamW state over "fsdp"; MoE: the experts in T. DDP
+  // (zero 0): ZeRO-1 over a size-1 "fsdp", the data ranks its replicas on "dp", as train_gpt
+  // --fsdp 1 runs it; a bf16 model gets here only with bf16_moments (as_run), AdamW in bf16 on the
+  // values (Master void). Before issue 41 DDP was a second assembly of the step here.
+  auto run = [&]<class Master>() {
+    train::Trainer<Model, Master> trainer(mesh, trainer_options(p), [&](const StageMesh& m) {
       return Model(m, config, plan_layers<Layers>(m, p));
     });
     const auto ids = meta_ids<typename Stage::Input>(stage_mesh, p);
     trainer_step(trainer, ids, ids, rec);
-    return;
-  }
-  std::vector<Stage> stages;
-  {
-    MemoryTagScope tag(MemoryTag::parameters);
-    stages = pp::split(Model(stage_mesh, config, plan_layers<Layers>(stage_mesh, p)), layout, me);
-  }
-  const auto ids = meta_ids<typename Stage::Input>(stage_mesh, p);
-  {
-    nn::ParamList<T, 4, Space> params;  // the stage mesh's (MoE: the experts are on theirs)
-    for (Stage& stage : stages) nn::collect_on<StageMesh>(stage, params);
-    parallel::DataParallel<StageMesh> ddp(stage_mesh, {.bucket_bytes = bucket_bytes});
-    // Every parameter as one set (nn::parameter_groups; MoE: the experts on their mesh too, not
-    // sharded, all-reduced on "edp"): one AdamW in T and one clip over all.
-    auto all = nn::parameter_set_with(stages, nn::on(stage_mesh, params));
-    auto opt = optim::make_adamw(all, adamw_options());
-    opt.zero_grad();
-    run_one_microbatch(stages, mesh, layout, ids, ids, rec, [](std::size_t) {}, [](std::size_t) {}, split_backward(schedule));
-    rec.phase("optimizer");
-    MemoryTagScope optimizer_tag(MemoryTag::other);
-    ddp.all_reduce_gradients(params);
-    // The batch is split on "fsdp" too (size 1 under DDP): its pending Partial<sum> resolves
-    // with a one-rank all-reduce (no bytes on the wire; listed in the report as "fsdp (1)").
-    parallel::detail::bucketed_all_reduce(params, stage_mesh, 1, {.bucket_bytes = bucket_bytes, .contiguous_only = false});
-    parallel::context_parallel_grads(params, stage_mesh, {.bucket_bytes = bucket_bytes});
-    parallel::sequence_parallel_grads(params, stage_mesh, {.bucket_bytes = bucket_bytes});
-    [&]<std::size_t... I>(std::index_sequence<I...>) {  // the other groups' data-parallel sync (MoE: on "edp")
-      (parallel::DataParallel<std::remove_cvref_t<decltype(all.template mesh<I + 1>())>>(all.template mesh<I + 1>(),
-                                                                                     {.bucket_bytes = bucket_bytes})
-           .all_reduce_gradients(all.template list<I + 1>()),
-       ...);
-    }(std::make_index_sequence<decltype(all)::lists - 1>{});
-    pp::clip_grad_norm(all, mesh.group(0), 1.0);
-    opt.step();
-    rec.phase(after_step);
-    return;
-  }
+  };
+  if (std::is_same_v<T, float> || p.zero > 0) run.template operator()<float>();
+  else run.template operator()<void>();
 }
 
 }  // namespace detail
@@ -445,7 +414,7 @@ std::vector<PlanClass> dry_run_plan(const TrainingPlan& given) {
                                                })
                              : rank_classes<5>(shape, work);
     auto reports = dry_run<5>(shape, classes, [&](CommPtr world, Recorder& rec) {
-      detail::pipeline_rank_step<T, Layers, SP>(std::move(world), p, schedule, rec);
+      detail::pipeline_rank_step<T, Layers, SP>(std::move(world), p, rec);
     });
     const auto memory = parallel::pipeline::validate(schedule);
     const auto keys = detail::pipeline_rank_keys(p, schedule);
