@@ -81,8 +81,6 @@
 #include "dtensor/nn/activation_offload.hpp"
 #include "dtensor/optim/offload_adamw.hpp"
 #include "dtensor/parallel/pipeline/by_name.hpp"
-#include "dtensor/train/loop.hpp"
-#include "dtensor/train/report.hpp"
 #include "dtensor/train/trainer.hpp"
 #include "dtensor/parallel/pipeline/sharded_pipeline.hpp"
 #include "dtensor/parallel/pipeline/split.hpp"
@@ -100,6 +98,9 @@
 #include "content_digest.hpp"
 #include "flags.hpp"
 #include "plan_auto.hpp"
+
+#include "dtensor/train/loop.hpp"  // train::fit, the loop
+#include "dtensor/train/report.hpp"
 #ifdef DTENSOR_HAS_MPI
 #include "dtensor/comm/mpi.hpp"
 #endif

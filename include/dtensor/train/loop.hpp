@@ -66,7 +66,7 @@ struct FitOptions {
   std::string save_dir{};
   std::string resume_dir{};    // non-empty: load this checkpoint first and continue after its step
   std::map<std::string, std::string> config{};  // saved with each checkpoint; a resumed one must match it
-  bool allow_finished = false;  // a checkpoint at or past `steps` (or steps 0): return at once (steps_run 0), not an error
+  bool allow_finished = false;  // a checkpoint at or past `steps` (or steps 0): steps_run 0, not an error
   double tokens_per_step = 0;   // over all ranks: the report's tokens/s and the bar's
   bool check_finite = false;    // after each step: the loss and this rank's parameters finite, else an Error
   std::string trace_path{};       // a Chrome trace of the second step and two more (trace::TrainingMonitor)
