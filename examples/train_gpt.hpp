@@ -867,16 +867,18 @@ std::string run_notes(const Options& o, Tr& trainer, const nn::ActivationOffload
                       const optim::MemoryBudget& host_budget, std::int64_t host_held_built) {
   std::string s;
   if (host_budget.active())
-    s += train::formatted("host memory budget: %.3f MiB per process, %d rank(s) sharing it; held after building %.3f MiB\n",
-                               o.host_budget_mib, host_budget.ranks_sharing, double(host_held_built) / (1 << 20));
+    s += train::formatted(
+        "host memory budget: %.3f MiB per process, %d rank(s) sharing it; held after building %.3f MiB\n",
+        o.host_budget_mib, host_budget.ranks_sharing, double(host_held_built) / (1 << 20));
   s += train::offload_notes(trainer);
   if (Host && activations) {
     const auto& st = activations->stats();
     s += train::formatted(
         "activation offload (rank 0): %zu block states to %s, wrote %.2f MiB, read %.2f MiB back (%zu kept in "
         "memory) in %.3f s of I/O (%.0f MiB/s), %.0f%% of it hidden behind the compute\n",
-        st.entries, o.offload_dir.c_str(), double(st.bytes_written) / (1 << 20), double(st.bytes_read) / (1 << 20), st.kept,
-        st.io_seconds, st.io_seconds > 0 ? double(st.bytes_read + st.bytes_written) / (1 << 20) / st.io_seconds : 0.0,
+        st.entries, o.offload_dir.c_str(), double(st.bytes_written) / (1 << 20), double(st.bytes_read) / (1 << 20),
+        st.kept, st.io_seconds,
+        st.io_seconds > 0 ? double(st.bytes_read + st.bytes_written) / (1 << 20) / st.io_seconds : 0.0,
         100 * st.hidden());
   }
   return s;
@@ -1073,18 +1075,29 @@ double run_gpt(CommPtr world, const Options& o, const Corpus& corpus) {
   // The loop (train/loop.hpp): batches, timing, the budgets over the first step, evaluation,
   // checkpoints (the step, the data position and the batch generator's state), --trace, --plot,
   // the progress bar and the report.
-  const train::FitOptions fo{.steps = o.steps, .eval_every = o.eval_every, .save_every = o.save_every,
-                             .save_dir = o.save_dir, .resume_dir = o.resume, .config = model_config,
-                             .allow_finished = o.generate != 0,  // with --generate: text from the checkpoint, no training
-                             .tokens_per_step = double(o.batch * o.seq), .check_finite = o.check_finite,
-                             .trace_path = o.trace, .plot_path = o.plot, .hosts = hosts,
-                             .host_budget = host_budget, .device_budget = device_budget, .rank_ledger = &rank_ledger};
+  const train::FitOptions fo{
+      .steps = o.steps,
+      .eval_every = o.eval_every,
+      .save_every = o.save_every,
+      .save_dir = o.save_dir,
+      .resume_dir = o.resume,
+      .config = model_config,
+      .allow_finished = o.generate != 0,  // with --generate: text from the checkpoint, no training
+      .tokens_per_step = double(o.batch * o.seq),
+      .check_finite = o.check_finite,
+      .trace_path = o.trace,
+      .plot_path = o.plot,
+      .hosts = hosts,
+      .host_budget = host_budget,
+      .device_budget = device_budget,
+      .rank_ledger = &rank_ledger};
   train::FitData<decltype(trainer)> data;
   data.batch = [&](int) { return microbatches_of(corpus.train, draw()); };
   // Validation: a fixed batch of the held-out text through the same schedule; its gradients are dropped.
   data.evaluate = [&](int) {
     std::vector<std::size_t> starts(static_cast<std::size_t>(o.batch));
-    for (std::size_t b = 0; b < starts.size(); ++b) starts[b] = (b * 7919u) % (corpus.val.size() - std::size_t(o.seq) - 1);
+    for (std::size_t b = 0; b < starts.size(); ++b)
+      starts[b] = (b * 7919u) % (corpus.val.size() - std::size_t(o.seq) - 1);
     return trainer.evaluate(microbatches_of(corpus.val, starts));
   };
   data.eval_note = [&](int, const pp::StepStats& stats) {
@@ -1138,7 +1151,8 @@ template <class Space, class Compute, bool SP>
 double train_blocks(CommPtr world, const Options& o, const Corpus& corpus) {
   using Plan = parallel::MegatronPlan<SP>;
   if constexpr (std::is_same_v<Compute, float>)  // MoE is fp32-only (check_device)
-    if (o.experts > 0) return run_gpt<Space, Compute, Plan, nn::MoELayers<float, ExpertMeshIn<Space>>>(std::move(world), o, corpus);
+    if (o.experts > 0)
+      return run_gpt<Space, Compute, Plan, nn::MoELayers<float, ExpertMeshIn<Space>>>(std::move(world), o, corpus);
   if (o.arch == "llama") return run_gpt<Space, Compute, Plan, nn::LlamaLayers>(std::move(world), o, corpus);
   return run_gpt<Space, Compute, Plan, nn::DenseLayers>(std::move(world), o, corpus);
 }

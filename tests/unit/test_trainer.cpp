@@ -509,20 +509,21 @@ struct CountingData {
 };
 }  // namespace
 
-TEST_CASE("train::fit: the one-rank loop's losses, evaluation every N steps and at the end, a checkpoint resumed "
-          "bit for bit, and the report",
-          "[train][loop]") {
+TEST_CASE(
+    "train::fit: the one-rank loop's losses, evaluation every N steps and at the end, a checkpoint resumed "
+    "bit for bit, and the report",
+    "[train][loop]") {
   const TaggerConfig cfg;
   const auto ref = one_rank_losses(cfg);  // steps 1..4 draw batch_of(0..3), as the oracle does
   const Case k{.degrees = {.fsdp = 2}, .zero = 3};
-  const std::string dir = (std::filesystem::temp_directory_path() / ("dtensor_fit_" + std::to_string(::getpid()))).string();
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("dtensor_fit_" + std::to_string(::getpid()))).string();
   std::filesystem::remove_all(dir);
   auto run = [&](train::FitOptions fo, std::vector<int>* evaluated = nullptr) {
     std::vector<train::FitReport> reports(2);
     auto failures = testing::on_ranks(2, [&](CommPtr world, auto) {
-      train::Trainer<Tagger<host_space>> trainer(world, options_of(k), [&](const train::StageMeshIn<host_space>& m) {
-        return Tagger<host_space>(m, cfg);
-      });
+      train::Trainer<Tagger<host_space>> trainer(
+          world, options_of(k), [&](const train::StageMeshIn<host_space>& m) { return Tagger<host_space>(m, cfg); });
       CountingData data;
       reports[std::size_t(world->rank())] = train::fit(trainer, fo, data.hooks(trainer, cfg));
       if (evaluated && world->rank() == 0) *evaluated = data.evaluated;
@@ -531,9 +532,9 @@ TEST_CASE("train::fit: the one-rank loop's losses, evaluation every N steps and 
     return reports;
   };
   std::vector<int> evaluated;
-  const auto straight = run({.steps = steps, .eval_every = 3, .config = {{"model", "tagger"}}, .tokens_per_step = 48,
-                             .progress_bar = false},
-                            &evaluated);
+  const auto straight = run(
+      {.steps = steps, .eval_every = 3, .config = {{"model", "tagger"}}, .tokens_per_step = 48, .progress_bar = false},
+      &evaluated);
   const auto& r = straight[0];
   REQUIRE(r.losses.size() == std::size_t(steps));
   for (int s = 0; s < steps; ++s) {
@@ -556,7 +557,8 @@ TEST_CASE("train::fit: the one-rank loop's losses, evaluation every N steps and 
   CHECK(r.space == "host");
   // The largest rank's step peak holds the shards, the gradients and AdamW's moments.
   REQUIRE(r.step_peaks.size() == memory_tag_count + 1);
-  for (MemoryTag t : {MemoryTag::parameters, MemoryTag::gradients, MemoryTag::optimizer_state, MemoryTag::activations}) {
+  for (MemoryTag t :
+       {MemoryTag::parameters, MemoryTag::gradients, MemoryTag::optimizer_state, MemoryTag::activations}) {
     INFO(name_of(t));
     CHECK(r.step_peaks[std::size_t(t)] > 0);
   }
@@ -572,12 +574,16 @@ TEST_CASE("train::fit: the one-rank loop's losses, evaluation every N steps and 
   CHECK(on_fsdp > 0);
 
   // Two steps saved at step 2, then a fresh trainer resumed to step 4: the same losses, bit for bit.
-  const auto saved = run({.steps = 2, .eval_every = 10, .save_every = 2, .save_dir = dir, .config = {{"model", "tagger"}},
+  const auto saved = run({.steps = 2,
+                          .eval_every = 10,
+                          .save_every = 2,
+                          .save_dir = dir,
+                          .config = {{"model", "tagger"}},
                           .progress_bar = false});
   CHECK(saved[0].losses == std::vector<double>(r.losses.begin(), r.losses.begin() + 2));
-  const auto resumed = run({.steps = steps, .eval_every = 3, .resume_dir = dir, .config = {{"model", "tagger"}},
-                            .progress_bar = false},
-                           &evaluated);
+  const auto resumed =
+      run({.steps = steps, .eval_every = 3, .resume_dir = dir, .config = {{"model", "tagger"}}, .progress_bar = false},
+          &evaluated);
   CHECK(resumed[0].resumed);
   CHECK(resumed[0].first_step == 3);
   CHECK(resumed[0].steps_run == 2);
@@ -602,9 +608,9 @@ TEST_CASE("train::fit: the one-rank loop's losses, evaluation every N steps and 
 
 TEST_CASE("train::fit: bad options are a dtensor::Error naming the op and the values", "[train][loop][errors]") {
   threads::run(1, [&](CommPtr world) {
-    train::Trainer<Tagger<host_space>> trainer(world, train::TrainerOptions{}, [&](const train::StageMeshIn<host_space>& m) {
-      return Tagger<host_space>(m, TaggerConfig{});
-    });
+    train::Trainer<Tagger<host_space>> trainer(
+        world, train::TrainerOptions{},
+        [&](const train::StageMeshIn<host_space>& m) { return Tagger<host_space>(m, TaggerConfig{}); });
     const TaggerConfig cfg;
     CountingData good;
     auto data = good.hooks(trainer, cfg);
@@ -618,11 +624,11 @@ TEST_CASE("train::fit: bad options are a dtensor::Error naming the op and the va
     };
     using Catch::Contains;
     CHECK_THAT(error_of({.steps = 0}, data), Contains("train::fit") && Contains("steps >= 1") && Contains("got 0"));
-    CHECK_THAT(error_of({.steps = 2, .eval_every = 0}, data), Contains("train::fit") && Contains("eval_every >= 1") &&
-                                                                 Contains("got 0"));
+    CHECK_THAT(error_of({.steps = 2, .eval_every = 0}, data),
+               Contains("train::fit") && Contains("eval_every >= 1") && Contains("got 0"));
     CHECK_THAT(error_of({.steps = 2, .save_every = -1}, data), Contains("train::fit") && Contains("got -1"));
-    CHECK_THAT(error_of({.steps = 2, .save_every = 3}, data), Contains("train::fit") && Contains("save_every 3") &&
-                                                                 Contains("save_dir"));
+    CHECK_THAT(error_of({.steps = 2, .save_every = 3}, data),
+               Contains("train::fit") && Contains("save_every 3") && Contains("save_dir"));
     CHECK_THAT(error_of({.steps = 2}, {}), Contains("train::fit") && Contains("data.batch"));
     CHECK(trainer.steps() == 0);  // nothing ran
   });

@@ -60,20 +60,20 @@ using CommSummary = std::map<std::string, std::pair<std::size_t, std::size_t>>;
 
 /// How fit() runs (the Trainer's own options say what one step is).
 struct FitOptions {
-  int steps = 0;             // the last step, counted from the run's very first (a resumed run continues to it); >= 1
-  int eval_every = 1;        // data.evaluate after every this many steps, and after the last; >= 1
-  int save_every = 0;        // 0: no checkpoints; else one after every this many steps, into save_dir
+  int steps = 0;       // the last step, counted from the run's very first (a resumed run continues to it); >= 1
+  int eval_every = 1;  // data.evaluate after every this many steps, and after the last; >= 1
+  int save_every = 0;  // 0: no checkpoints; else one after every this many steps, into save_dir
   std::string save_dir{};
-  std::string resume_dir{};    // non-empty: load this checkpoint first and continue after its step
+  std::string resume_dir{};                     // non-empty: load this checkpoint first and continue after its step
   std::map<std::string, std::string> config{};  // saved with each checkpoint; a resumed one must match it
-  bool allow_finished = false;  // a checkpoint at or past `steps` (or steps 0): steps_run 0, not an error
-  double tokens_per_step = 0;   // over all ranks: the report's tokens/s and the bar's
-  bool check_finite = false;    // after each step: the loss and this rank's parameters finite, else an Error
-  std::string trace_path{};       // a Chrome trace of the second step and two more (trace::TrainingMonitor)
-  std::string plot_path{};        // the loss curves as an SVG
-  bool progress_bar = true;     // false: a line "step N  loss X" per step on rank 0 instead of the bar
+  bool allow_finished = false;       // a checkpoint at or past `steps` (or steps 0): steps_run 0, not an error
+  double tokens_per_step = 0;        // over all ranks: the report's tokens/s and the bar's
+  bool check_finite = false;         // after each step: the loss and this rank's parameters finite, else an Error
+  std::string trace_path{};          // a Chrome trace of the second step and two more (trace::TrainingMonitor)
+  std::string plot_path{};           // the loss curves as an SVG
+  bool progress_bar = true;          // false: a line "step N  loss X" per step on rank 0 instead of the bar
   std::vector<std::string> hosts{};  // host_names(mesh.root()) under a process backend: bytes split inside/across hosts
-  optim::MemoryBudget host_budget{.space = "host"};    // checked over the first step (inactive: bytes 0)
+  optim::MemoryBudget host_budget{.space = "host"};  // checked over the first step (inactive: bytes 0)
   optim::MemoryBudget device_budget{.space = "cuda"};
   // A ledger this rank opened before building the trainer: the step peaks count everything the
   // rank held since. Null: what the trainer holds (Trainer::held_by_tag) plus what fit() allocates.
@@ -84,25 +84,26 @@ struct FitOptions {
 template <class Tr>
 struct FitData {
   using Microbatches = typename Tr::Microbatches;
-  std::function<Microbatches(int step)> batch{};                  // step's micro-batches (Trainer::microbatches)
-  std::function<double(int step)> evaluate{};                     // the validation loss after `step`, every rank together
-  std::function<std::string(int step, const parallel::pipeline::StepStats&)> eval_note{};  // appended to the validation line
-  std::function<std::string()> state{};                           // the data's state, saved with a checkpoint (e.g. an RNG's)
-  std::function<bool(const std::string&)> restore{};              // on resume, what state() gave; false: not valid
+  using Stats = parallel::pipeline::StepStats;  // the last training step's (its pipeline idle time)
+  std::function<Microbatches(int step)> batch{};  // step's micro-batches (Trainer::microbatches)
+  std::function<double(int step)> evaluate{};     // the validation loss after `step`, every rank together
+  std::function<std::string(int step, const Stats&)> eval_note{};  // appended to the validation line
+  std::function<std::string()> state{};               // the data's state, saved with a checkpoint (e.g. an RNG's)
+  std::function<bool(const std::string&)> restore{};  // on resume, what state() gave; false: not valid
 };
 
 /// What fit() did. Per rank, except where it says the largest rank's (reduced inside fit()).
 struct FitReport {
-  int rank = 0;                   // this rank in the world (print_report prints on rank 0)
+  int rank = 0;  // this rank in the world (print_report prints on rank 0)
   int first_step = 1, last_step = 0, steps_run = 0;
   bool resumed = false;
-  std::vector<double> losses;     // each step's training loss (every rank), first_step..last_step
+  std::vector<double> losses;                      // each step's training loss (every rank), first_step..last_step
   std::vector<std::pair<int, double>> validation;  // (step, loss) of each evaluation
   double first_loss = 0, train_loss = 0, val_loss = 0;
-  double elapsed = 0;             // seconds in the timed steps (schedule and update)
-  double tokens_per_second = 0;   // tokens_per_step * steps_run / elapsed
-  std::string space;              // the memory space of the model: "host", "cuda"
-  int peak_step = 0;              // the step whose peaks and collectives are reported (the second, or the only)
+  double elapsed = 0;                    // seconds in the timed steps (schedule and update)
+  double tokens_per_second = 0;          // tokens_per_step * steps_run / elapsed
+  std::string space;                     // the memory space of the model: "host", "cuda"
+  int peak_step = 0;                     // the step whose peaks and collectives are reported (the second, or the only)
   std::vector<std::int64_t> step_peaks;  // by MemoryTag, then all tags at once: the largest rank's peak in peak_step
   std::vector<MemoryPhase> phases;       // Trainer::memory(), each figure the largest rank's
   CommSummary collectives;               // this rank's collectives of peak_step
@@ -114,7 +115,8 @@ namespace detail {
 /// This rank's peak bytes during `step` (a ledger scope around one step, inside `rank`, the rank's
 /// own since it began), by tag and then in total: what the rank held when the step began plus
 /// the most the step added at once.
-inline std::vector<std::int64_t> rank_step_peaks(const MemoryLedger& rank, const MemoryLedger& step, std::string_view space) {
+inline std::vector<std::int64_t> rank_step_peaks(const MemoryLedger& rank, const MemoryLedger& step,
+                                                 std::string_view space) {
   std::vector<std::int64_t> peaks(memory_tag_count + 1);
   for (std::size_t t = 0; t < memory_tag_count; ++t)
     peaks[t] = rank.current(space, MemoryTag(t)) - step.current(space, MemoryTag(t)) + step.peak(space, MemoryTag(t));
@@ -124,13 +126,16 @@ inline std::vector<std::int64_t> rank_step_peaks(const MemoryLedger& rank, const
 
 inline void check_fit_options(const FitOptions& o) {
   if (o.steps < (o.allow_finished ? 0 : 1))
-    throw Error("train::fit", std::string("needs steps >= ") + (o.allow_finished ? "0" : "1") + " (the last step), got " +
-                                  std::to_string(o.steps));
+    throw Error("train::fit", std::string("needs steps >= ") + (o.allow_finished ? "0" : "1") +
+                                  " (the last step), got " + std::to_string(o.steps));
   if (o.eval_every < 1)
-    throw Error("train::fit", "needs eval_every >= 1 (evaluate after every that many steps), got " + std::to_string(o.eval_every));
-  if (o.save_every < 0) throw Error("train::fit", "needs save_every >= 0 (0: no checkpoints), got " + std::to_string(o.save_every));
+    throw Error("train::fit",
+                "needs eval_every >= 1 (evaluate after every that many steps), got " + std::to_string(o.eval_every));
+  if (o.save_every < 0)
+    throw Error("train::fit", "needs save_every >= 0 (0: no checkpoints), got " + std::to_string(o.save_every));
   if (o.save_every > 0 && o.save_dir.empty())
-    throw Error("train::fit", "save_every " + std::to_string(o.save_every) + " needs a save_dir to write the checkpoints to");
+    throw Error("train::fit",
+                "save_every " + std::to_string(o.save_every) + " needs a save_dir to write the checkpoints to");
 }
 }  // namespace detail
 
@@ -166,14 +171,16 @@ FitReport fit(Tr& trainer, const FitOptions& o, const FitData<Tr>& data) {
   if (!o.resume_dir.empty()) {
     const checkpoint::TrainingMeta meta = trainer.resume(o.resume_dir, o.config);
     if (meta.data_position != std::uint64_t(meta.step) || (data.restore && !data.restore(meta.rng_state)))
-      throw Error("train::fit", "the checkpoint at " + o.resume_dir + " has no valid data position or batch generator state");
+      throw Error("train::fit",
+                  "the checkpoint at " + o.resume_dir + " has no valid data position or batch generator state");
     // Compared as saved (int64), before narrowing: a step past int's range must not wrap.
     if (meta.step < 0)
       throw Error("train::fit", "the checkpoint at " + o.resume_dir + " records step " + std::to_string(meta.step) +
                                     ": a step count is never negative");
     if (meta.step >= o.steps && !o.allow_finished)
       throw Error("train::fit", "the checkpoint at " + o.resume_dir + " is at step " + std::to_string(meta.step) +
-                                    ": nothing left to train up to --steps " + std::to_string(o.steps) + " (the total)");
+                                    ": nothing left to train up to --steps " + std::to_string(o.steps) +
+                                    " (the total)");
     r.first_step = int(std::min<std::int64_t>(meta.step, o.steps)) + 1;
     r.resumed = true;
     if (r.rank == 0) std::printf("resumed from %s at step %lld\n", o.resume_dir.c_str(), (long long)meta.step);
@@ -183,15 +190,20 @@ FitReport fit(Tr& trainer, const FitOptions& o, const FitData<Tr>& data) {
   r.peak_step = std::min(r.first_step + 1, o.steps);  // the first builds the optimizer state
 
   // Across machines: a collective's group crosses hosts or not (mesh/hosts.hpp).
-  const auto placed = mesh_hosts(mesh, o.hosts.empty() ? std::vector<std::string>(std::size_t(world->size()), "") : o.hosts);
+  const auto placed =
+      mesh_hosts(mesh, o.hosts.empty() ? std::vector<std::string>(std::size_t(world->size()), "") : o.hosts);
   r.hosts = placed.count;
-  trace::TrainingMonitor monitor(world, {.trace_path = o.trace_path, .plot_path = o.plot_path,
+  trace::TrainingMonitor monitor(world, {.trace_path = o.trace_path,
+                                         .plot_path = o.plot_path,
                                          .first_traced_step = r.peak_step,  // after a resume too
-                                         .total_steps = o.steps, .tokens_per_step = o.tokens_per_step,
+                                         .total_steps = o.steps,
+                                         .tokens_per_step = o.tokens_per_step,
                                          .progress = o.progress_bar});
   auto save_checkpoint = [&](int step) {
-    const checkpoint::TrainingMeta meta{.step = step, .data_position = std::uint64_t(step),
-                                        .rng_state = data.state ? data.state() : std::string(), .config = o.config};
+    const checkpoint::TrainingMeta meta{.step = step,
+                                        .data_position = std::uint64_t(step),
+                                        .rng_state = data.state ? data.state() : std::string(),
+                                        .config = o.config};
     trainer.save(o.save_dir, meta);
     char saved[32];
     std::snprintf(saved, sizeof saved, "step %4d", step);

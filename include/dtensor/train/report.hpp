@@ -40,20 +40,21 @@ std::string offload_notes(Tr& trainer) {
   const TrainerOptions& o = trainer.options();
   if (!o.offload_optimizer_dir.empty()) {
     const auto st = trainer.offload_stats();
-    s += formatted("offload (rank 0): AdamW moments %.2f MiB in %s, %zu chunks a step through %zu KiB of host buffer; "
-                        "read %.2f MiB, wrote %.2f MiB in %.3f s of I/O (%.0f MiB/s), %.0f%% of it hidden behind the update\n",
-                        double(st.file_bytes) / (1 << 20), o.offload_optimizer_dir.c_str(), st.chunks,
-                        o.offload_buffer_bytes >> 10, double(st.bytes_read) / (1 << 20), double(st.bytes_written) / (1 << 20),
-                        st.io_seconds,
-                        st.io_seconds > 0 ? double(st.bytes_read + st.bytes_written) / (1 << 20) / st.io_seconds : 0.0,
-                        100 * st.overlap());
+    s += formatted(
+        "offload (rank 0): AdamW moments %.2f MiB in %s, %zu chunks a step through %zu KiB of host buffer; "
+        "read %.2f MiB, wrote %.2f MiB in %.3f s of I/O (%.0f MiB/s), %.0f%% of it hidden behind the update\n",
+        double(st.file_bytes) / (1 << 20), o.offload_optimizer_dir.c_str(), st.chunks, o.offload_buffer_bytes >> 10,
+        double(st.bytes_read) / (1 << 20), double(st.bytes_written) / (1 << 20), st.io_seconds,
+        st.io_seconds > 0 ? double(st.bytes_read + st.bytes_written) / (1 << 20) / st.io_seconds : 0.0,
+        100 * st.overlap());
   }
   if (!o.offload_params_dir.empty()) {  // the FSDP master shards in mapped files
     std::size_t disk = 0;
     for (std::size_t i = 0; i < trainer.stages().size(); ++i) disk += trainer.pipeline().fsdp(i).memory().disk;
-    s += formatted("offload (rank 0): master values %.4f MiB (%zu bytes) in files in %s, prefetched a unit ahead, "
-                        "written behind after each step\n",
-                        double(disk) / (1 << 20), disk, o.offload_params_dir.c_str());
+    s += formatted(
+        "offload (rank 0): master values %.4f MiB (%zu bytes) in files in %s, prefetched a unit ahead, "
+        "written behind after each step\n",
+        double(disk) / (1 << 20), disk, o.offload_params_dir.c_str());
   }
   return s;
 }
@@ -63,8 +64,8 @@ std::string offload_notes(Tr& trainer) {
 inline void print_report(const FitReport& r, const std::string& after_summary = {}) {
   if (r.rank != 0 || r.steps_run == 0) return;
   const char* space = r.space.c_str();
-  std::printf("\nsummary: %d steps in %.1f s; final train loss %.4f, validation loss %.4f; %.0f tokens/s\n", r.steps_run,
-              r.elapsed, r.train_loss, r.val_loss, r.tokens_per_second);
+  std::printf("\nsummary: %d steps in %.1f s; final train loss %.4f, validation loss %.4f; %.0f tokens/s\n",
+              r.steps_run, r.elapsed, r.train_loss, r.val_loss, r.tokens_per_second);
   std::fputs(after_summary.c_str(), stdout);
   // All the digits: a resumed run is compared with a straight one by these (examples/CMakeLists.txt).
   std::printf("final losses at step %d: train %.17g validation %.17g\n", r.last_step, r.train_loss, r.val_loss);
@@ -92,25 +93,26 @@ inline void print_report(const FitReport& r, const std::string& after_summary = 
     const auto& p = r.phases[ph];
     std::printf("%s %s total %.1f", ph == 0 ? "" : ";", p.name.c_str(), double(p.total) / (1 << 20));
     for (std::size_t t = 0; t < memory_tag_count; ++t)
-      if (p.peak[t] > 0) std::printf(" %s %.1f", std::string(name_of(MemoryTag(t))).c_str(), double(p.peak[t]) / (1 << 20));
+      if (p.peak[t] > 0)
+        std::printf(" %s %.1f", std::string(name_of(MemoryTag(t))).c_str(), double(p.peak[t]) / (1 << 20));
   }
   std::printf("\n");
-  std::printf("collectives of one training step on rank 0 (schedule, gradient syncs, clipping, AdamW, ZeRO gathers):\n");
+  std::printf(
+      "collectives of one training step on rank 0 (schedule, gradient syncs, clipping, AdamW, ZeRO gathers):\n");
   std::size_t inside_bytes = 0, across_bytes = 0;
   for (const auto& [k, v] : r.collectives) {
     std::printf("  %-32s x%-5zu %10zu bytes", k.c_str(), v.first, v.second);
     if (const auto it = r.host_split.find(k); it != r.host_split.end()) {
       const auto [inside, across] = it->second;
-      if (inside > 0 && across > 0)
-        std::printf("  %zu inside a host, %zu across hosts", inside, across);
-      else
-        std::printf("  %s", across > 0 ? "across hosts" : "inside a host");
+      if (inside > 0 && across > 0) std::printf("  %zu inside a host, %zu across hosts", inside, across);
+      else std::printf("  %s", across > 0 ? "across hosts" : "inside a host");
       inside_bytes += inside;
       across_bytes += across;
     }
     std::printf("\n");
   }
-  if (r.hosts > 1) std::printf("bytes of one step on rank 0: %zu inside a host, %zu across hosts\n", inside_bytes, across_bytes);
+  if (r.hosts > 1)
+    std::printf("bytes of one step on rank 0: %zu inside a host, %zu across hosts\n", inside_bytes, across_bytes);
 }
 
 }  // namespace dtensor::train
