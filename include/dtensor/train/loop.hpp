@@ -84,7 +84,7 @@ struct FitOptions {
 template <class Tr>
 struct FitData {
   using Microbatches = typename Tr::Microbatches;
-  using Stats = parallel::pipeline::StepStats;  // the last training step's (its pipeline idle time)
+  using Stats = parallel::pipeline::StepStats;    // the last training step's (its pipeline idle time)
   std::function<Microbatches(int step)> batch{};  // step's micro-batches (Trainer::microbatches)
   std::function<double(int step)> evaluate{};     // the validation loss after `step`, every rank together
   std::function<std::string(int step, const Stats&)> eval_note{};  // appended to the validation line
