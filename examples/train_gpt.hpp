@@ -35,7 +35,8 @@
 // gradients, accumulated over the micro-batches, are reduce-scattered — while the schedule goes
 // on. Then (parallel::pipeline::ShardedPipeline::step) the gradients are reduced over "dp",
 // "cp" and, under SP, "tp"; the experts' over "edp"; they are clipped to norm 1 over all stages,
-// and AdamW steps over this rank's shards.
+// and AdamW steps over this rank's shards. The step is train::Trainer's (train/trainer.hpp), the
+// loop train::fit's (train/loop.hpp: timing, evaluation, checkpoints, the monitor, the report).
 //
 // Rank 0 prints the loss of every step (the mean over the batch, from the last stage; a progress
 // bar on a terminal), the validation loss every --eval-every steps with the pipeline's idle
@@ -97,6 +98,9 @@
 #include "content_digest.hpp"
 #include "flags.hpp"
 #include "plan_auto.hpp"
+
+#include "dtensor/train/loop.hpp"  // train::fit, the loop
+#include "dtensor/train/report.hpp"
 #ifdef DTENSOR_HAS_MPI
 #include "dtensor/comm/mpi.hpp"
 #endif
@@ -847,13 +851,6 @@ void generate_text(const Options& o, const Corpus& corpus, Pipeline& model, cons
               cache, schedule.layout.stages(), mesh.comm().size(), o.generate / seconds, text.c_str());
 }
 
-/// The collectives of one step by "kind on group", with their count and bytes.
-using CommSummary = std::map<std::string, std::pair<std::size_t, std::size_t>>;
-
-/// Compute: the model's element type (--dtype: float, or bfloat16). The master values, gradient
-/// shards and AdamW state are float either way: every stage is FSDP-sharded (ZeRO-1 over a size-1
-/// "fsdp" dimension when --fsdp 1), and fully_shard<float> keeps them in fp32 (FSDP2's mixed
-/// precision: parameters all-gathered in bf16, gradients reduced in fp32).
 /// --sync diloco's options from the flags (the library's defaults where a flag is not given).
 inline parallel::sync::DiLoCoOptions diloco_options(const Options& o) {
   parallel::sync::DiLoCoOptions d{.inner_steps = o.inner_steps, .bf16_reduce = o.bf16_reduce, .fragments = o.fragments,
@@ -863,19 +860,39 @@ inline parallel::sync::DiLoCoOptions diloco_options(const Options& o) {
   return d;
 }
 
-/// This rank's peak bytes during `step` (a ledger scope around one step, inside `rank`, the
-/// rank's own since it began), by tag and then in total: what the rank held when the step began
-/// plus the most the step added at once.
-inline std::vector<std::int64_t> rank_step_peaks(const MemoryLedger& rank, const MemoryLedger& step, std::string_view space) {
-  std::vector<std::int64_t> peaks(memory_tag_count + 1);
-  for (std::size_t t = 0; t < memory_tag_count; ++t)
-    peaks[t] = rank.current(space, MemoryTag(t)) - step.current(space, MemoryTag(t)) + step.peak(space, MemoryTag(t));
-  peaks[memory_tag_count] = rank.current(space) - step.current(space) + step.peak(space);
-  return peaks;
+/// The program's own lines after the summary (rank 0's figures): the host budget, what --offload
+/// moved to files (train::offload_notes) and the activations' offload.
+template <bool Host, class Tr>
+std::string run_notes(const Options& o, Tr& trainer, const nn::ActivationOffload* activations,
+                      const optim::MemoryBudget& host_budget, std::int64_t host_held_built) {
+  std::string s;
+  if (host_budget.active())
+    s += train::formatted(
+        "host memory budget: %.3f MiB per process, %d rank(s) sharing it; held after building %.3f MiB\n",
+        o.host_budget_mib, host_budget.ranks_sharing, double(host_held_built) / (1 << 20));
+  s += train::offload_notes(trainer);
+  if (Host && activations) {
+    const auto& st = activations->stats();
+    s += train::formatted(
+        "activation offload (rank 0): %zu block states to %s, wrote %.2f MiB, read %.2f MiB back (%zu kept in "
+        "memory) in %.3f s of I/O (%.0f MiB/s), %.0f%% of it hidden behind the compute\n",
+        st.entries, o.offload_dir.c_str(), double(st.bytes_written) / (1 << 20), double(st.bytes_read) / (1 << 20),
+        st.kept, st.io_seconds,
+        st.io_seconds > 0 ? double(st.bytes_read + st.bytes_written) / (1 << 20) / st.io_seconds : 0.0,
+        100 * st.hidden());
+  }
+  return s;
 }
 
+/// The GPT, Llama or MoE-GPT of the flags as a train::Trainer (the model's parts, the mesh, the
+/// step's options), its header printed, then train::fit (train/loop.hpp) and the report; --export
+/// and --generate after. Returns the last validation loss.
+/// Compute: the model's element type (--dtype: float, or bfloat16). The master values, gradient
+/// shards and AdamW state are float either way: every stage is FSDP-sharded (ZeRO-1 over a size-1
+/// "fsdp" dimension when --fsdp 1), and fully_shard<float> keeps them in fp32 (FSDP2's mixed
+/// precision: parameters all-gathered in bf16, gradients reduced in fp32).
 template <class Space, class Compute, class Plan, class Layers>
-double train(CommPtr world, const Options& o, const Corpus& corpus) {
+double run_gpt(CommPtr world, const Options& o, const Corpus& corpus) {
   using Mesh = MeshIn<Space>;
   using StageMesh = StageMeshIn<Space>;
   using Model = nn::GptParts<Compute, StageMesh, Plan, std::int32_t, Layers>;
@@ -937,7 +954,6 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
   auto& model = trainer.pipeline();
   const Mesh& mesh = trainer.mesh();
   const auto& schedule = trainer.schedule();
-  const std::size_t buffer_bytes = trainer.options().offload_buffer_bytes;
   // --offload activations: every block's saved activations in a file per rank under
   // --offload-dir between its forward and its backward (nn/activation_offload.hpp; each
   // micro-batch's separately). Built by every rank together: a bad directory fails on all.
@@ -1036,17 +1052,9 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
     }
     return trainer.microbatches(ids, targets);
   };
-  // Validation: a fixed batch of the held-out text through the same schedule; its gradients are dropped.
-  auto validate = [&] {
-    std::vector<std::size_t> starts(static_cast<std::size_t>(o.batch));
-    for (std::size_t b = 0; b < starts.size(); ++b) starts[b] = (b * 7919u) % (corpus.val.size() - std::size_t(o.seq) - 1);
-    return trainer.evaluate(microbatches_of(corpus.val, starts));
-  };
 
-  // ---- checkpoints: --resume DIR, --save-every N --save-dir DIR (checkpoint/pipeline_state.hpp)
-  // What is saved: this rank's FSDP shards of its stages, its experts, both AdamWs' moments and
-  // step count; the step, the data position (batches drawn) and the batch generator's state.
-  // Any mesh and schedule can resume it; the configuration that fixes the tensors must match.
+  // What a checkpoint must match to resume (--resume DIR; --save-every N --save-dir DIR): the
+  // configuration that fixes the tensors. Any mesh and schedule can resume it.
   auto model_config = checkpoint::config_of(cfg);
   model_config["model"] = o.arch;
   model_config["vocabulary"] = vocabulary_id(corpus);  // another text's alphabet of the same size is refused
@@ -1058,212 +1066,67 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
     if (sync_kind == SyncKind::async) model_config["sync_staleness"] = str(o.staleness);
     if (fed) model_config["sync_clients"] = str(o.clients);
   }
-  int first_step = 1;
   if constexpr (host && !moe)
     if (!o.init_from.empty()) {
       checkpoint::import_pipeline_safetensors(o.init_from, model);
       if (root) std::printf("weights from %s\n", o.init_from.c_str());
     }
-  if (!o.resume.empty()) {
-    const checkpoint::TrainingMeta meta = trainer.resume(o.resume, model_config);
-    std::istringstream rng_state(meta.rng_state);
-    if (!(rng_state >> rng) || meta.data_position != std::uint64_t(meta.step))
-      throw Error("train_gpt", "the checkpoint at " + o.resume + " has no valid data position or batch generator state");
-    // Compared as saved (int64), before narrowing: a step past int's range must not wrap.
-    if (meta.step < 0)
-      throw Error("train_gpt", "the checkpoint at " + o.resume + " records step " + str(meta.step) + ": a step count is never negative");
-    if (meta.step >= o.steps && o.generate == 0)  // with --generate: text from the checkpoint, no training
-      throw Error("train_gpt", "the checkpoint at " + o.resume + " is at step " + str(meta.step) + ": nothing left to train up to --steps " +
-                                   str(o.steps) + " (the total)");
-    first_step = int(meta.step) + 1;
-    if (root) std::printf("resumed from %s at step %lld\n", o.resume.c_str(), (long long)meta.step);
-  }
-  if (first_step > o.steps) {  // nothing to train (the generate program, or --resume at --steps): text only
+
+  // The loop (train/loop.hpp): batches, timing, the budgets over the first step, evaluation,
+  // checkpoints (the step, the data position and the batch generator's state), --trace, --plot,
+  // the progress bar and the report.
+  const train::FitOptions fo{
+      .steps = o.steps,
+      .eval_every = o.eval_every,
+      .save_every = o.save_every,
+      .save_dir = o.save_dir,
+      .resume_dir = o.resume,
+      .config = model_config,
+      .allow_finished = o.generate != 0,  // with --generate: text from the checkpoint, no training
+      .tokens_per_step = double(o.batch * o.seq),
+      .check_finite = o.check_finite,
+      .trace_path = o.trace,
+      .plot_path = o.plot,
+      .hosts = hosts,
+      .host_budget = host_budget,
+      .device_budget = device_budget,
+      .rank_ledger = &rank_ledger};
+  train::FitData<decltype(trainer)> data;
+  data.batch = [&](int) { return microbatches_of(corpus.train, draw()); };
+  // Validation: a fixed batch of the held-out text through the same schedule; its gradients are dropped.
+  data.evaluate = [&](int) {
+    std::vector<std::size_t> starts(static_cast<std::size_t>(o.batch));
+    for (std::size_t b = 0; b < starts.size(); ++b)
+      starts[b] = (b * 7919u) % (corpus.val.size() - std::size_t(o.seq) - 1);
+    return trainer.evaluate(microbatches_of(corpus.val, starts));
+  };
+  data.eval_note = [&](int, const pp::StepStats& stats) {
+    std::string more = train::idle_note(stats);
+    if constexpr (moe) {
+      const auto [load, dropped] = expert_load(model, mesh, o.experts);  // the validation batch's routing
+      more += "  expert load";
+      for (auto n : load) more += " " + str(n);
+      char drop[32];
+      std::snprintf(drop, sizeof drop, "  dropped %.3f", dropped);
+      more += drop;
+    }
+    return more;
+  };
+  data.state = [&] {
+    std::ostringstream state;
+    state << rng;
+    return state.str();
+  };
+  data.restore = [&](const std::string& state) {
+    std::istringstream in(state);
+    return bool(in >> rng);
+  };
+  const train::FitReport report = train::fit(trainer, fo, data);
+  if (report.steps_run == 0) {  // resumed at --steps with --generate (or the generate program): text only
     if constexpr (host) generate_text(o, corpus, model, mesh, schedule);
     return 0;
   }
-  CommSummary per_step;  // the collectives of step 2 (step 1 warms up)
-  std::vector<std::int64_t> step_peaks(memory_tag_count + 1, 0);  // by tag, then the total: rank_step_peaks
-  CommSummary host_split;  // across hosts: per line of per_step, its bytes inside a host and across hosts
-  double train_loss = 0, val_loss = 0, elapsed = 0, first_train_loss = 0;
-  const double tokens_per_step = double(o.batch * o.seq);
-  // --trace, --plot and the progress bar (a bar on a terminal, a line per step elsewhere).
-  trace::TrainingMonitor monitor(world, {.trace_path = o.trace, .plot_path = o.plot,
-                                         .first_traced_step = std::min(first_step + 1, o.steps),  // after a resume too
-                                         .total_steps = o.steps, .tokens_per_step = tokens_per_step});
-  auto save_checkpoint = [&](int step) {
-    std::ostringstream rng_state;
-    rng_state << rng;
-    const checkpoint::TrainingMeta meta{.step = step, .data_position = std::uint64_t(step), .rng_state = rng_state.str(),
-                                        .config = model_config};
-    trainer.save(o.save_dir, meta);
-    char saved[32];
-    std::snprintf(saved, sizeof saved, "step %4d", step);
-    monitor.message(std::string(saved) + "  checkpoint saved to " + o.save_dir);  // rank 0, above the bar
-  };
-  // ---- end checkpoints
-
-  if (!o.trace.empty())  // a span per unit; after FSDP has set its hooks
-    for (auto& stage : model.executor().stages()) trace::trace_units(stage);
-  for (int step = first_step; step <= o.steps; ++step) {
-    const auto batch = microbatches_of(corpus.train, draw());
-    world->barrier();  // time the step on all ranks together
-    const auto t0 = std::chrono::steady_clock::now();
-    pp::StepStats stats;
-    // --host/device-budget-mib: this rank's allocations over the first step (steps are alike).
-    const bool budget_step = step == first_step && (host_budget.active() || device_budget.active());
-    const std::int64_t host_before = host_budget.held(), device_before = device_budget.held();
-    // The step whose peak the summary reports: the second (the first builds the optimizer state).
-    const bool peak_step = step == std::min(first_step + 1, o.steps);
-    std::optional<MemoryLedger> step_ledger;
-    if (budget_step || peak_step) step_ledger.emplace();
-    {
-      auto traced = monitor.step(step);
-      CommLog log;
-      stats = trainer.run_schedule(batch);  // the schedule, then the gradient syncs over dp, fsdp, cp, tp (and edp)
-      trainer.update();  // --sync, clipping, AdamW, the outer sync when due, ZeRO-1/2's all-gather of the shards
-      if (step == std::min(first_step + 1, o.steps))
-        for (const auto& r : log.records()) {
-          const auto key = std::string(name_of(r.kind)) + " on " + r.group;
-          auto& e = per_step[key];
-          ++e.first;
-          e.second += r.bytes;
-          if (placed.count > 1) {
-            // A mesh group's label names its dimensions; the pipeline's sends and receives go to
-            // a peer on the world communicator, whose host is known directly.
-            std::optional<bool> crosses = crosses_hosts(mesh, hosts, r.group);
-            if (!crosses && r.group == "world" && r.peer >= 0 && std::size_t(r.peer) < hosts.size())
-              crosses = hosts[std::size_t(r.peer)] != hosts[std::size_t(world->rank())];
-            if (crosses) (*crosses ? host_split[key].second : host_split[key].first) += r.bytes;
-          }
-        }
-    }
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    elapsed += dt;
-    if (budget_step) {  // not timed
-      host_budget.check_step(*world, *step_ledger, host_before, "a larger budget, or less held in the step");
-      device_budget.check_step(*world, *step_ledger, device_before, "a larger budget, or less held in the step");
-    }
-    if (peak_step) step_peaks = rank_step_peaks(rank_ledger, *step_ledger, host ? "host" : "cuda");
-    train_loss = trainer.shared_loss(stats);  // not timed
-    if (step == first_step) first_train_loss = train_loss;
-    if (o.check_finite) {
-      optim::check_finite_loss(train_loss, step);
-      optim::check_finite(model.params(), step, "parameter", world->rank());
-    }
-    monitor.train_loss(step, train_loss);
-    if (step % o.eval_every == 0 || step == o.steps) {
-      val_loss = validate();
-      // One line, through the monitor: on a terminal it goes above the bar, not onto it.
-      char idle[64];
-      std::snprintf(idle, sizeof idle, "  pipeline idle %.3f (counted slots, rank 0)", stats.idle_fraction());
-      std::string more = idle;
-      if constexpr (moe) {
-        const auto [load, dropped] = expert_load(model, mesh, o.experts);  // the validation batch's routing
-        more += "  expert load";
-        for (auto n : load) more += " " + str(n);
-        char drop[32];
-        std::snprintf(drop, sizeof drop, "  dropped %.3f", dropped);
-        more += drop;
-      }
-      monitor.validation_loss(step, val_loss, more);
-    }
-    if (o.save_every > 0 && step % o.save_every == 0) save_checkpoint(step);
-  }
-  trainer.finish();  // --sync diloco --overlap: the outer all-reduces still in flight land before the end
-  monitor.finish();
-  if (root) {
-    const int steps_run = o.steps - first_step + 1;
-    std::printf("\nsummary: %d steps in %.1f s; final train loss %.4f, validation loss %.4f; %.0f tokens/s\n", steps_run, elapsed,
-                train_loss, val_loss, tokens_per_step * steps_run / elapsed);
-    if (host_budget.active())
-      std::printf("host memory budget: %.3f MiB per process, %d rank(s) sharing it; held after building %.3f MiB\n",
-                  o.host_budget_mib, ranks_here, double(host_held_built) / (1 << 20));
-    if (offload_optimizer) {
-      const auto s = trainer.offload_stats();
-      std::printf("offload (rank 0): AdamW moments %.2f MiB in %s, %zu chunks a step through %zu KiB of host buffer; "
-                  "read %.2f MiB, wrote %.2f MiB in %.3f s of I/O (%.0f MiB/s), %.0f%% of it hidden behind the update\n",
-                  double(s.file_bytes) / (1 << 20), o.offload_dir.c_str(), s.chunks, buffer_bytes >> 10,
-                  double(s.bytes_read) / (1 << 20), double(s.bytes_written) / (1 << 20), s.io_seconds,
-                  s.io_seconds > 0 ? double(s.bytes_read + s.bytes_written) / (1 << 20) / s.io_seconds : 0.0,
-                  100 * s.overlap());
-    }
-    if (o.offloads("params")) {  // the FSDP master shards in mapped files (parallel/fully_shard.hpp)
-      std::size_t disk = 0;
-      for (std::size_t i = 0; i < model.executor().stages().size(); ++i) disk += model.fsdp(i).memory().disk;
-      std::printf("offload (rank 0): master values %.4f MiB (%zu bytes) in files in %s, prefetched a unit ahead, written behind "
-                  "after each step\n",
-                  double(disk) / (1 << 20), disk, o.offload_dir.c_str());
-    }
-    if (activation_offload) {
-      const auto& s = activation_offload->stats();
-      std::printf("activation offload (rank 0): %zu block states to %s, wrote %.2f MiB, read %.2f MiB back (%zu kept in "
-                  "memory) in %.3f s of I/O (%.0f MiB/s), %.0f%% of it hidden behind the compute\n",
-                  s.entries, o.offload_dir.c_str(), double(s.bytes_written) / (1 << 20), double(s.bytes_read) / (1 << 20),
-                  s.kept, s.io_seconds,
-                  s.io_seconds > 0 ? double(s.bytes_read + s.bytes_written) / (1 << 20) / s.io_seconds : 0.0,
-                  100 * s.hidden());
-    }
-    // All the digits: a resumed run is compared with a straight one by these (examples/CMakeLists.txt).
-    std::printf("final losses at step %d: train %.17g validation %.17g\n", o.steps, train_loss, val_loss);
-    std::printf("train loss %s from %.4f (step %d) to %.4f\n", train_loss < first_train_loss ? "fell" : "did not fall",
-                first_train_loss, first_step, train_loss);
-    // The ledger's process-wide peaks (every rank thread of this process), by what the bytes hold:
-    // scripts/gpu-check.sh reads this line for the GPU's memory use.
-    std::printf("memory peaks in %s space (this process):", host ? "host" : "cuda");
-    for (std::size_t t = 0; t < memory_tag_count; ++t) {
-      const auto peak = memory_totals().peak(host ? "host" : "cuda", MemoryTag(t));
-      if (peak > 0) std::printf(" %s %.1f MiB", std::string(name_of(MemoryTag(t))).c_str(), double(peak) / (1 << 20));
-    }
-    std::printf("\n");
-  }
-  // Each rank's own step peak by tag, the largest over the ranks (one all-reduce, all ranks).
-  world->all_reduce(std::span<std::int64_t>(step_peaks), ReduceOp::max);
-  // The trainer's own peaks by phase and tag (train::Trainer::memory), the largest rank's.
-  std::vector<std::int64_t> phase_peaks;
-  for (const auto& ph : trainer.memory()) {
-    phase_peaks.insert(phase_peaks.end(), ph.peak.begin(), ph.peak.end());
-    phase_peaks.push_back(ph.total);
-  }
-  world->all_reduce(std::span<std::int64_t>(phase_peaks), ReduceOp::max);
-  if (root) {
-    std::printf("step peak per rank (the largest rank's, step %d, %s space):", std::min(first_step + 1, o.steps),
-                host ? "host" : "cuda");
-    for (std::size_t t = 0; t <= memory_tag_count; ++t)
-      if (step_peaks[t] > 0)
-        std::printf(" %s %.1f MiB", t == memory_tag_count ? "total" : std::string(name_of(MemoryTag(t))).c_str(),
-                    double(step_peaks[t]) / (1 << 20));
-    std::printf("\n");
-    // What a user acts on: which phase peaks (construction: the model built as shards, FSDP and
-    // the optimizer; forward: saved activations, gathered units; backward: unsharded gradients;
-    // optimizer: its state), and with what.
-    std::printf("memory peak per rank by phase (the largest rank's, %s space, MiB):", host ? "host" : "cuda");
-    for (std::size_t ph = 0; ph < trainer.memory().size(); ++ph) {
-      const auto* peaks = phase_peaks.data() + ph * (memory_tag_count + 1);
-      std::printf("%s %s total %.1f", ph == 0 ? "" : ";", trainer.memory()[ph].name.c_str(),
-                  double(peaks[memory_tag_count]) / (1 << 20));
-      for (std::size_t t = 0; t < memory_tag_count; ++t)
-        if (peaks[t] > 0) std::printf(" %s %.1f", std::string(name_of(MemoryTag(t))).c_str(), double(peaks[t]) / (1 << 20));
-    }
-    std::printf("\n");
-    std::printf("collectives of one training step on rank 0 (schedule, gradient syncs, clipping, AdamW, ZeRO gathers):\n");
-    std::size_t inside_bytes = 0, across_bytes = 0;
-    for (const auto& [k, v] : per_step) {
-      std::printf("  %-32s x%-5zu %10zu bytes", k.c_str(), v.first, v.second);
-      if (const auto it = host_split.find(k); it != host_split.end()) {
-        const auto [inside, across] = it->second;
-        if (inside > 0 && across > 0)
-          std::printf("  %zu inside a host, %zu across hosts", inside, across);
-        else
-          std::printf("  %s", across > 0 ? "across hosts" : "inside a host");
-        inside_bytes += inside;
-        across_bytes += across;
-      }
-      std::printf("\n");
-    }
-    if (placed.count > 1)
-      std::printf("bytes of one step on rank 0: %zu inside a host, %zu across hosts\n", inside_bytes, across_bytes);
-  }
+  train::print_report(report, run_notes<host>(o, trainer, activation_offload.get(), host_budget, host_held_built));
   if (o.dp > 1) {  // the dry-run figure of docs/beyond-sync.md, for this rank's shards (bench/plot_sync.py reads it)
     std::size_t elements = 0;
     for (const auto& p : model.params().template list<0>()) elements += p.value.size();
@@ -1279,7 +1142,7 @@ double train(CommPtr world, const Options& o, const Corpus& corpus) {
   }
   if constexpr (host && !moe) export_weights(o, model, root);
   if constexpr (host) generate_text(o, corpus, model, mesh, schedule);
-  return val_loss;
+  return report.val_loss;
 }
 
 /// The model types: one per kind of block (GPT, Llama or MoE) and plan (with or without SP),
@@ -1288,9 +1151,10 @@ template <class Space, class Compute, bool SP>
 double train_blocks(CommPtr world, const Options& o, const Corpus& corpus) {
   using Plan = parallel::MegatronPlan<SP>;
   if constexpr (std::is_same_v<Compute, float>)  // MoE is fp32-only (check_device)
-    if (o.experts > 0) return train<Space, Compute, Plan, nn::MoELayers<float, ExpertMeshIn<Space>>>(std::move(world), o, corpus);
-  if (o.arch == "llama") return train<Space, Compute, Plan, nn::LlamaLayers>(std::move(world), o, corpus);
-  return train<Space, Compute, Plan, nn::DenseLayers>(std::move(world), o, corpus);
+    if (o.experts > 0)
+      return run_gpt<Space, Compute, Plan, nn::MoELayers<float, ExpertMeshIn<Space>>>(std::move(world), o, corpus);
+  if (o.arch == "llama") return run_gpt<Space, Compute, Plan, nn::LlamaLayers>(std::move(world), o, corpus);
+  return run_gpt<Space, Compute, Plan, nn::DenseLayers>(std::move(world), o, corpus);
 }
 
 /// Every flag's value (and the data's size and hash), for the ranks' agreement at setup.

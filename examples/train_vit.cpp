@@ -62,6 +62,7 @@
 #include "dtensor/placement/chunk.hpp"
 #include "dtensor/sim/dry_run.hpp"
 #include "dtensor/sim/rank_classes.hpp"
+#include "dtensor/train/loop.hpp"
 #include "dtensor/train/trainer.hpp"
 #include "flags.hpp"
 #ifdef DTENSOR_HAS_MPI
@@ -294,24 +295,14 @@ void train_pipeline(CommPtr world, const Options& o) {
     return trainer.microbatches(x, y);
   };
   const auto val = batch_of(1'000'000 + o.seed);
-  // The held-out batch through the same schedule; its gradients are dropped.
-  auto validate = [&] { return trainer.evaluate(val); };
-  double first_val = validate(), val_loss = 0, train_loss = 0, elapsed = 0;
-  for (int step = 1; step <= o.steps; ++step) {
-    const auto microbatches = batch_of(o.seed * 100'003 + std::uint64_t(step));
-    world->barrier();
-    const auto t0 = std::chrono::steady_clock::now();
-    const auto stats = trainer.run_schedule(microbatches);
-    trainer.update();
-    elapsed += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    train_loss = trainer.shared_loss(stats);
-    if (root) std::printf("step %4d  loss %.4f\n", step, train_loss);
-    if (step % o.eval_every == 0 || step == o.steps) {
-      val_loss = validate();
-      if (root) std::printf("step %4d  validation loss %.4f\n", step, val_loss);
-    }
-  }
-  if (root) print_summary(o, elapsed, train_loss, first_val, val_loss);
+  // The loop (train/loop.hpp): step s draws its images from the seed and s; the held-out batch
+  // through the same schedule (its gradients are dropped); a line per step.
+  const double first_val = trainer.evaluate(val);
+  train::FitData<decltype(trainer)> data;
+  data.batch = [&](int step) { return batch_of(o.seed * 100'003 + std::uint64_t(step)); };
+  data.evaluate = [&](int) { return trainer.evaluate(val); };
+  const auto r = train::fit(trainer, {.steps = o.steps, .eval_every = o.eval_every, .progress_bar = false}, data);
+  if (root) print_summary(o, r.elapsed, r.train_loss, first_val, r.val_loss);
 }
 
 // ---------------------------------------------------------------- --dry-run

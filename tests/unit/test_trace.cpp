@@ -427,6 +427,25 @@ TEST_CASE("training monitor: every line while the bar is up goes above it", "[tr
   CHECK(text.back() == '\n');
 }
 
+TEST_CASE("training monitor: without the bar, messages and validation lines are plain lines on rank 0",
+          "[trace][progress]") {
+  ScopedEnv force("DTENSOR_PROGRESS", "bar");  // even on a terminal: no bar
+  std::ostringstream out;
+  threads::run(2, [&](CommPtr world) {
+    trace::MonitorOptions options;
+    options.total_steps = 3;
+    options.progress = false;
+    std::ostringstream other;
+    trace::TrainingMonitor monitor(world, options, world->rank() == 0 ? out : other);
+    monitor.train_loss(1, 3.0);
+    monitor.message("step    1  loss 3.0000");
+    monitor.validation_loss(1, 2.7, "  more");
+    monitor.finish();
+    if (world->rank() != 0 && !other.str().empty()) throw Error("test", "rank 1 printed: " + other.str());
+  });
+  CHECK(out.str() == "step    1  loss 3.0000\nstep    1  validation loss 2.7000  more\n");
+}
+
 TEST_CASE("loss plot: a well-formed SVG with both curves and a legend", "[trace][plot]") {
   trace::LossCurve train{"train", {}, {}}, val{"validation <held out> & co", {}, {}};
   for (int s = 1; s <= 200; ++s) {

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <concepts>
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -28,8 +29,11 @@
 #include "dtensor/parallel/data_parallel.hpp"
 #include "dtensor/parallel/gpt_plan.hpp"
 #include "dtensor/sim/report.hpp"
+#include "dtensor/train/loop.hpp"
 #include "dtensor/train/trainer.hpp"
 #include "support/on_ranks.hpp"
+
+#include <unistd.h>  // getpid
 
 using namespace dtensor;
 
@@ -473,4 +477,159 @@ TEST_CASE("nn::DeferredInit: parameters from an Init wait, parameters from value
   });
   for (const auto& f : failures) UNSCOPED_INFO(f);
   CHECK(failures.empty());
+}
+
+// ---------------------------------------------------------------- the loop (train/loop.hpp; issue 41)
+
+namespace {
+/// The tagger's data as a data source: batch_of(i) for the i-th batch drawn, its position the
+/// state a checkpoint keeps (a resumed run that did not restore it would draw batch 0 again).
+struct CountingData {
+  int drawn = 0;
+  std::vector<int> evaluated;  // the steps evaluated after
+  template <class Tr>
+  train::FitData<Tr> hooks(Tr& trainer, const TaggerConfig& cfg) {
+    train::FitData<Tr> d;
+    d.batch = [this, &trainer, &cfg](int) {
+      const auto [x, y] = batch_of(drawn++, cfg);
+      return trainer.microbatches(x, y);
+    };
+    d.evaluate = [this, &trainer, &cfg](int step) {
+      evaluated.push_back(step);
+      const auto [x, y] = batch_of(100, cfg);
+      return trainer.evaluate(trainer.microbatches(x, y));
+    };
+    d.state = [this] { return std::to_string(drawn); };
+    d.restore = [this](const std::string& s) {
+      drawn = std::stoi(s);
+      return true;
+    };
+    return d;
+  }
+};
+}  // namespace
+
+TEST_CASE(
+    "train::fit: the one-rank loop's losses, evaluation every N steps and at the end, a checkpoint resumed "
+    "bit for bit, and the report",
+    "[train][loop]") {
+  const TaggerConfig cfg;
+  const auto ref = one_rank_losses(cfg);  // steps 1..4 draw batch_of(0..3), as the oracle does
+  const Case k{.degrees = {.fsdp = 2}, .zero = 3};
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("dtensor_fit_" + std::to_string(::getpid()))).string();
+  std::filesystem::remove_all(dir);
+  auto run = [&](train::FitOptions fo, std::vector<int>* evaluated = nullptr) {
+    std::vector<train::FitReport> reports(2);
+    auto failures = testing::on_ranks(2, [&](CommPtr world, auto) {
+      train::Trainer<Tagger<host_space>> trainer(
+          world, options_of(k), [&](const train::StageMeshIn<host_space>& m) { return Tagger<host_space>(m, cfg); });
+      CountingData data;
+      reports[std::size_t(world->rank())] = train::fit(trainer, fo, data.hooks(trainer, cfg));
+      if (evaluated && world->rank() == 0) *evaluated = data.evaluated;
+    });
+    REQUIRE(failures.empty());
+    return reports;
+  };
+  std::vector<int> evaluated;
+  const auto straight = run(
+      {.steps = steps, .eval_every = 3, .config = {{"model", "tagger"}}, .tokens_per_step = 48, .progress_bar = false},
+      &evaluated);
+  const auto& r = straight[0];
+  REQUIRE(r.losses.size() == std::size_t(steps));
+  for (int s = 0; s < steps; ++s) {
+    INFO("step " << s + 1);
+    CHECK(r.losses[std::size_t(s)] == Approx(ref[std::size_t(s)]).epsilon(1e-9));
+    CHECK(straight[1].losses[std::size_t(s)] == r.losses[std::size_t(s)]);  // every rank has the loss
+  }
+  CHECK(evaluated == std::vector<int>{3, 4});  // every 3 steps, and after the last
+  REQUIRE(r.validation.size() == 2);
+  CHECK(r.validation[1].first == 4);
+  CHECK(r.val_loss == r.validation[1].second);
+  CHECK(r.first_step == 1);
+  CHECK(r.last_step == steps);
+  CHECK(r.steps_run == steps);
+  CHECK(r.first_loss == r.losses.front());
+  CHECK(r.train_loss == r.losses.back());
+  CHECK(r.elapsed > 0);
+  CHECK(r.tokens_per_second == Approx(48.0 * steps / r.elapsed));
+  CHECK(r.peak_step == 2);
+  CHECK(r.space == "host");
+  // The largest rank's step peak holds the shards, the gradients and AdamW's moments.
+  REQUIRE(r.step_peaks.size() == memory_tag_count + 1);
+  for (MemoryTag t :
+       {MemoryTag::parameters, MemoryTag::gradients, MemoryTag::optimizer_state, MemoryTag::activations}) {
+    INFO(name_of(t));
+    CHECK(r.step_peaks[std::size_t(t)] > 0);
+  }
+  CHECK(r.step_peaks[memory_tag_count] >= r.step_peaks[std::size_t(MemoryTag::parameters)]);
+  CHECK(straight[1].step_peaks == r.step_peaks);  // reduced over the ranks
+  REQUIRE(r.phases.size() == 4);
+  CHECK(r.phases[0].name == "construction");
+  for (const auto& p : r.phases) CHECK(p.total > 0);
+  // ZeRO-3 over fsdp 2: the units' all-gathers and reduce-scatters on "fsdp" in one step.
+  std::size_t on_fsdp = 0;
+  for (const auto& [key, v] : r.collectives)
+    if (key.ends_with(" on fsdp")) on_fsdp += v.first;
+  CHECK(on_fsdp > 0);
+
+  // Two steps saved at step 2, then a fresh trainer resumed to step 4: the same losses, bit for bit.
+  const auto saved = run({.steps = 2,
+                          .eval_every = 10,
+                          .save_every = 2,
+                          .save_dir = dir,
+                          .config = {{"model", "tagger"}},
+                          .progress_bar = false});
+  CHECK(saved[0].losses == std::vector<double>(r.losses.begin(), r.losses.begin() + 2));
+  const auto resumed =
+      run({.steps = steps, .eval_every = 3, .resume_dir = dir, .config = {{"model", "tagger"}}, .progress_bar = false},
+          &evaluated);
+  CHECK(resumed[0].resumed);
+  CHECK(resumed[0].first_step == 3);
+  CHECK(resumed[0].steps_run == 2);
+  CHECK(resumed[0].losses == std::vector<double>(r.losses.begin() + 2, r.losses.end()));
+  CHECK(resumed[0].val_loss == r.val_loss);
+  CHECK(evaluated == std::vector<int>{3, 4});
+
+  // Resumed at the last step: an error naming it, or (allow_finished) nothing run.
+  try {
+    run({.steps = 2, .resume_dir = dir, .config = {{"model", "tagger"}}});
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK_THAT(std::string(e.what()), Catch::Contains("train::fit") && Catch::Contains("is at step 2"));
+  }
+  const auto finished = run({.steps = 2, .resume_dir = dir, .config = {{"model", "tagger"}}, .allow_finished = true});
+  CHECK(finished[0].steps_run == 0);
+  CHECK(finished[0].losses.empty());
+  const auto loaded = run({.steps = 0, .resume_dir = dir, .config = {{"model", "tagger"}}, .allow_finished = true});
+  CHECK(loaded[0].steps_run == 0);  // only the resume: the generate program's use
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("train::fit: bad options are a dtensor::Error naming the op and the values", "[train][loop][errors]") {
+  threads::run(1, [&](CommPtr world) {
+    train::Trainer<Tagger<host_space>> trainer(
+        world, train::TrainerOptions{},
+        [&](const train::StageMeshIn<host_space>& m) { return Tagger<host_space>(m, TaggerConfig{}); });
+    const TaggerConfig cfg;
+    CountingData good;
+    auto data = good.hooks(trainer, cfg);
+    auto error_of = [&](const train::FitOptions& fo, const train::FitData<decltype(trainer)>& d) {
+      try {
+        train::fit(trainer, fo, d);
+      } catch (const Error& e) {
+        return std::string(e.what());
+      }
+      return std::string("no error");
+    };
+    using Catch::Contains;
+    CHECK_THAT(error_of({.steps = 0}, data), Contains("train::fit") && Contains("steps >= 1") && Contains("got 0"));
+    CHECK_THAT(error_of({.steps = 2, .eval_every = 0}, data),
+               Contains("train::fit") && Contains("eval_every >= 1") && Contains("got 0"));
+    CHECK_THAT(error_of({.steps = 2, .save_every = -1}, data), Contains("train::fit") && Contains("got -1"));
+    CHECK_THAT(error_of({.steps = 2, .save_every = 3}, data),
+               Contains("train::fit") && Contains("save_every 3") && Contains("save_dir"));
+    CHECK_THAT(error_of({.steps = 2}, {}), Contains("train::fit") && Contains("data.batch"));
+    CHECK(trainer.steps() == 0);  // nothing ran
+  });
 }

@@ -45,6 +45,7 @@ struct MonitorOptions {
   int total_steps = 0;
   double tokens_per_step = 0;  // over all ranks
   int plain_every = 1;         // not a terminal: a line every this many steps
+  bool progress = true;        // false: no bar; message() and validation_loss() print plain lines (rank 0)
   std::string plot_title = "loss";
 };
 
@@ -73,7 +74,7 @@ class TrainingMonitor {
                                         o_.traced_steps, ") and first_traced_step >= 1 (got ", o_.first_traced_step,
                                         ")"));
     o_.first_traced_step = std::min(o_.first_traced_step, o_.total_steps);
-    if (world_->rank() == 0)
+    if (world_->rank() == 0 && o_.progress)
       bar_.emplace(out_, ProgressOptions{.total_steps = o_.total_steps,
                                          .tokens_per_step = o_.tokens_per_step,
                                          .plain_every = o_.plain_every});
@@ -104,6 +105,7 @@ class TrainingMonitor {
   /// A line of its own (rank 0; the other ranks print nothing), above the bar on a terminal.
   void message(const std::string& text) {
     if (bar_) bar_->message(text);
+    else if (world_->rank() == 0) out_ << text << '\n' << std::flush;
   }
   /// Ends the bar; writes the trace (collective over the world) and the plot; rank 0 says where.
   void finish() {

@@ -367,6 +367,10 @@ class Trainer {
   std::optional<Adam>& optimizer() noexcept { return adam_; }
   std::optional<ReplicaSync<T, StageMesh>>& replica_sync() noexcept { return sync_; }
   long steps() const noexcept { return steps_; }
+  /// What the trainer's own allocations hold now on this rank (the model's shards, gradients,
+  /// optimizer state, buffers it keeps), by tag and in all: the base of memory()'s phases.
+  const std::array<std::int64_t, memory_tag_count>& held_by_tag() const noexcept { return held_; }
+  std::int64_t held_total() const noexcept { return held_total_; }
 
   /// The optimizer offload's disk traffic summed over this rank's offloaded optimizers.
   optim::OffloadStats offload_stats() const {
