@@ -120,77 +120,55 @@ using ExpertMeshIn = BasicDeviceMesh<Space, "edp", "ep", "tp">;        // the Mo
 
 // ---------------------------------------------------------------- flags
 
+/// The flags' values (what each means, its default and bounds: flag_table() below).
 struct Options : examples::MeshFlags {  // the mesh: --pp --dp --fsdp --cp --tp --ep --zero --sp --cp-kind ...
-  // The model.
+  // The model: GPT's blocks or Llama's (--arch, --kv-heads, --ffn: 0 = --heads, 4 x --dim), dense or MoE.
   Extent layers = 4, heads = 4, dim = 64, seq = 32, batch = 16;
   bool checkpoint = false;
-  nn::Recompute recompute{};  // --recompute none|full|selective|LIST (nn/recompute.hpp); full = --checkpoint
+  nn::Recompute recompute{};  // nn/recompute.hpp; full = --checkpoint
+  std::string arch = "gpt";
+  Extent kv_heads = 0, ffn = 0;
   Extent experts = 0, topk = 2, moe_every = 1;  // 0 experts: dense MLPs
   double capacity = 0;                          // 0: dropless
-  // Training.
+  // Training, and where it runs.
   int steps = 100, eval_every = 25;
   double lr = 3e-3;
   std::uint64_t seed = 1;
-  bool check_finite = false;
-  std::string trace, plot;  // --trace FILE (a Chrome trace of steps 2..4), --plot FILE (SVG loss curves)
-  std::string data, backend = "threads";
-  std::string device = "cpu", dtype = "f32";  // --device cpu|cuda, --dtype f32|bf16
-  int intra_op_threads = 1;  // --intra-op-threads N: each rank's host kernels on N threads (kernels/host/parallel.hpp)
-  bool tf32 = false;                          // --tf32: float GEMMs on TF32 tensor cores (--device cuda)
-  std::string attention = "auto";             // --attention auto|fused|gemm: the CUDA attention kernels
-  // The architecture: nn::GPT's blocks, or Llama's (RMSNorm, rotary GQA attention, SwiGLU; models/llama.hpp).
-  std::string arch = "gpt";
-  Extent kv_heads = 0, ffn = 0;  // llama: KV heads (0: --heads), SwiGLU width (0: 4 x --dim)
-  // Checkpoints (checkpoint/pipeline_state.hpp): every --save-every steps into --save-dir (replaced
-  // atomically), and --resume DIR to continue from one saved on any mesh.
+  bool check_finite = false, tf32 = false;
+  std::string trace, plot, data, backend = "threads", device = "cpu", dtype = "f32", attention = "auto";
+  int intra_op_threads = 1;
+  // Checkpoints (checkpoint/pipeline_state.hpp).
   int save_every = 0;
   std::string save_dir, resume;
-  // Beyond lock-step DP on "dp" (parallel/sync/, docs/beyond-sync.md): --sync ddp|local-sgd|diloco|async|fedavg,
-  // --inner-steps H (local SGD, DiLoCo; FedAvg: local steps per round), --staleness s (async), --clients K
-  // (FedAvg: clients sampled per round, 0 = every dp rank), --kfold k (k runs, mean and std of the validation loss).
+  // Beyond lock-step DP on "dp" (parallel/sync/), DiLoCo's options (parallel::sync::DiLoCoOptions;
+  // --outer-lr 0 and --outer-momentum -1: the library's defaults).
   std::string sync = "ddp";
   int inner_steps = 50, staleness = 1, clients = 0, kfold = 0;
   bool inner_steps_given = false, staleness_given = false;  // refused where --sync cannot use them
-  // DiLoCo's options (parallel::sync::DiLoCoOptions): --fragments F and --overlap tau (Streaming DiLoCo),
-  // --overlap-alpha, --bf16-reduce, --outer-lr and --outer-momentum (0: the library's defaults 0.7 and 0.9).
   int fragments = 1, overlap = 0;
   double overlap_alpha = 0, outer_lr = 0, outer_momentum = -1;
   bool bf16_reduce = false;
   bool diloco_options_given() const {
     return fragments != 1 || overlap != 0 || overlap_alpha != 0 || bf16_reduce || outer_lr != 0 || outer_momentum >= 0;
   }
-  // Weights in and out, and text (checkpoint/safetensors.hpp, models/generate.hpp): --init-from FILE
-  // starts from a safetensors file's weights, --export FILE writes the trained ones (whole tensors,
-  // any mesh), --generate N prints N characters after --prompt TEXT from the trained model (greedy,
-  // or sampled with --temperature T, --top-k K and --top-p P: the nucleus, 0 < P <= 1, 1 = all).
+  // Weights in and out, and text (checkpoint/safetensors.hpp, models/generate.hpp, models/serve.hpp).
   std::string export_path, init_from, prompt = "The ";
-  int generate = 0, top_k = 0;
+  int generate = 0, top_k = 0, serve_tp = 0;
   double temperature = 0, top_p = 1;
-  // --serve-mesh tp=N: the generation repeated on a serving mesh (tp N over ranks 0..N-1), the
-  // trained weights moved there in memory (nn::redistribute_parameters, docs/cross-mesh.md).
-  int serve_tp = 0;
   // The `generate` program (train_gpt started as `generate`, examples/train_gpt.cpp): no
-  // training, the model's shape read from the
-  // --resume checkpoint; --seed there seeds the sampling only.
+  // training, the model's shape read from the --resume checkpoint; --seed there seeds the sampling only.
   bool generate_program = false;
   std::optional<std::uint64_t> sampling_seed;
   std::uint64_t sample_seed() const { return sampling_seed.value_or(seed); }
-  // ---- offload (issue 27; docs/offload.md): --offload optimizer,params,activations (a comma
-  // list): optimizer puts AdamW's moments in files under --offload-dir (optim::OffloadedAdamW),
-  // staged through --offload-buffer-kib KiB of host memory; params the FSDP master shards
-  // (FsdpOptions::offload_params_dir, mapped files); activations every block's saved activations
-  // there between its forward and backward (nn::ActivationOffload).
+  // Offload (docs/offload.md: optim::OffloadedAdamW, FsdpOptions::offload_params_dir,
+  // nn::ActivationOffload) and the memory budgets (optim/memory_budget.hpp).
   std::vector<std::string> offload;
   std::string offload_dir;
   std::size_t offload_buffer_kib = 64 << 10;
   bool offload_buffer_given = false;  // else, under --host-budget-mib, the budget sizes it
-  // --host-budget-mib / --device-budget-mib (optim/memory_budget.hpp): the host (cuda) bytes this
-  // process's tensors may hold, checked on the ledger before training and over the first step.
   double host_budget_mib = 0, device_budget_mib = 0;
   bool offloads(std::string_view what) const { return std::find(offload.begin(), offload.end(), what) != offload.end(); }
-  // ---- end offload
-  // --plan auto --ranks N [--plan-device h100|h100-500w|h200|a100]: the mesh flags chosen by the cost model
-  // (examples/plan_auto.hpp); plan_report is what rank 0 prints about the choice.
+  // --plan auto (examples/plan_auto.hpp); plan_report is what rank 0 prints about the choice.
   std::string plan, plan_device = "h100", plan_report;
   std::vector<std::string> plan_device_fields;  // --plan-device-field NAME=VALUE, in order
   int plan_ranks = 0;
