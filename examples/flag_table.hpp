@@ -200,7 +200,7 @@ FlagTable<O> mesh_flag_rows(const std::string& heading) {
       {"--cp", "N", "context parallelism: every sequence split over N ranks (--cp-kind)", dim(&MeshFlags::cp)},
       {"--tp", "N", "Megatron tensor parallelism: heads, MLP and vocabulary split over N ranks, with sequence "
                     "parallelism between them unless --no-sp", dim(&MeshFlags::tp)},
-      {"--ep", "N", "MoE experts over N ranks (with --experts; N divides dp x fsdp x cp; any E: 5 over 2 is 3 + 2)",
+      {"--ep", "N", "the MoE experts split over N ranks (with --experts; N divides dp x fsdp x cp)",
        dim(&MeshFlags::ep)},
       {"--zero", "1|2|3", "the ZeRO stage over fsdp x cp (default 3 with --fsdp > 1, else 1: DDP)",
        integer(&O::zero, 1, 3)},
