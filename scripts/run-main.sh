@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${DTENSOR_MAIN_BUILD:-build-main}
 # --help (or -h) anywhere: the usage, before installing or building anything. From the built
-# trainer when there is one, else from its source (the same text: examples/train_gpt.cpp's usage).
+# trainer when there is one (generated from its flag table, examples/train_gpt.hpp), else a note.
 for a in "$@"; do
   if [[ $a == --help || $a == -h ]]; then
     sed -n '2,5p' "$0" | sed 's/^# \{0,1\}//'
