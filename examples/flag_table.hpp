@@ -22,6 +22,7 @@
 #include <initializer_list>
 #include <iostream>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -168,6 +169,9 @@ std::vector<std::string> parse_flags(const FlagTable<O>& table, O& o, int argc, 
     std::cout << flags_help(table, program);
     std::exit(0);
   }
+  for (auto f = table.begin(); f != table.end(); ++f)  // a second row of a name would never be reached
+    if (!f->name.empty() && std::any_of(f + 1, table.end(), [&](const Flag<O>& g) { return g.name == f->name; }))
+      throw std::logic_error(program + "'s flag table has two rows for " + f->name);
   std::vector<std::string> given;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];

@@ -343,6 +343,13 @@ TEST_CASE("the flag table: one row per flag stores, checks and explains it", "[h
     to = help.find('\n', from);
     CHECK(to - from <= 120);
   }
+  // A flag of two rows (the second would never be reached) is the program's error, found at its first parse.
+  auto twice = test_table();
+  twice.push_back({"--layers", "N", "again", examples::integer(&TableOptions::layers, 2)});
+  TableOptions o2;
+  char prog[] = "prog";
+  char* argv[] = {prog};
+  CHECK_THROWS_WITH(examples::parse_flags(twice, o2, 1, argv, "prog"), "prog's flag table has two rows for --layers");
   CHECK(examples::is_mesh_flag<TableOptions>("--no-sp"));
   CHECK_FALSE(examples::is_mesh_flag<TableOptions>("--layers"));
 }
