@@ -135,8 +135,10 @@ inline std::string wrap_help(const std::string& text, std::size_t column, std::s
   std::istringstream words(text);
   std::string out, word;
   for (std::size_t at = column; words >> word;) {
-    if (at > indent && at + 1 + word.size() > 120) out += "\n" + std::string(indent, ' '), at = indent;
-    else if (at > column || (at == column && !out.empty())) out += ' ', ++at;
+    if (at > indent && at + 1 + word.size() > 120)
+      out += "\n" + std::string(indent, ' '), at = indent;
+    else if (at > column || (at == column && !out.empty()))
+      out += ' ', ++at;
     out += word, at += word.size();
   }
   return out;
@@ -164,7 +166,8 @@ std::string flags_help(const FlagTable<O>& table, const std::string& program) {
 /// any flag is checked; else every flag must be a row's, with a non-empty value where it takes
 /// one. Returns the flags given, in order (what a program checks "given" against).
 template <class O>
-std::vector<std::string> parse_flags(const FlagTable<O>& table, O& o, int argc, char** argv, const std::string& program) {
+std::vector<std::string> parse_flags(const FlagTable<O>& table, O& o, int argc, char** argv,
+                                     const std::string& program) {
   if (help_requested(argc, argv)) {
     std::cout << flags_help(table, program);
     std::exit(0);
@@ -175,7 +178,8 @@ std::vector<std::string> parse_flags(const FlagTable<O>& table, O& o, int argc, 
   std::vector<std::string> given;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    const auto row = std::find_if(table.begin(), table.end(), [&](const Flag<O>& f) { return !f.name.empty() && f.name == a; });
+    const auto row =
+        std::find_if(table.begin(), table.end(), [&](const Flag<O>& f) { return !f.name.empty() && f.name == a; });
     if (row == table.end()) throw UsageError("unknown flag '" + a + "'");
     if (row->metavar.empty()) {
       row->set(o, a, "");
@@ -202,8 +206,10 @@ FlagTable<O> mesh_flag_rows(const std::string& heading) {
       {"--dp", "N", "data-parallel replicas (DDP; with --fsdp > 1, HSDP's replicas)", dim(&MeshFlags::dp)},
       {"--fsdp", "N", "parameter shards (FSDP / ZeRO --zero; 1: DDP over --dp)", dim(&MeshFlags::fsdp)},
       {"--cp", "N", "context parallelism: every sequence split over N ranks (--cp-kind)", dim(&MeshFlags::cp)},
-      {"--tp", "N", "Megatron tensor parallelism: heads, MLP and vocabulary split over N ranks, with sequence "
-                    "parallelism between them unless --no-sp", dim(&MeshFlags::tp)},
+      {"--tp", "N",
+       "Megatron tensor parallelism: heads, MLP and vocabulary split over N ranks, with sequence "
+       "parallelism between them unless --no-sp",
+       dim(&MeshFlags::tp)},
       {"--ep", "N", "the MoE experts split over N ranks (with --experts; N divides dp x fsdp x cp)",
        dim(&MeshFlags::ep)},
       {"--zero", "1|2|3", "the ZeRO stage over fsdp x cp (default 3 with --fsdp > 1, else 1: DDP)",
@@ -213,10 +219,12 @@ FlagTable<O> mesh_flag_rows(const std::string& heading) {
        set_to(&O::sp, false)},
       {"--reshard-after-forward", "", "ZeRO-3 gathers each unit per micro-batch (the default at pp 1)",
        set_to(&O::reshard_after_forward, true)},
-      {"--no-reshard-after-forward", "", "ZeRO-3 keeps a pipeline stage gathered for the step (the default with a "
-                                          "pipeline: fewer all-gathers, more memory)",
+      {"--no-reshard-after-forward", "",
+       "ZeRO-3 keeps a pipeline stage gathered for the step (the default with a "
+       "pipeline: fewer all-gathers, more memory)",
        set_to(&O::reshard_after_forward, false)},
-      {"--cp-kind", "ring|allgather|ulysses", "context attention (default ring; ulysses: --heads a multiple of tp x cp)",
+      {"--cp-kind", "ring|allgather|ulysses",
+       "context attention (default ring; ulysses: --heads a multiple of tp x cp)",
        [](O& o, const std::string&, const std::string& v) {
          try {
            o.cp_kind = dtensor::nn::parse_context_kind(v);
@@ -224,8 +232,9 @@ FlagTable<O> mesh_flag_rows(const std::string& heading) {
            throw UsageError("--cp-kind is ring, allgather or ulysses, got '" + v + "'");
          }
        }},
-      {"--schedule", "gpipe|1f1b|interleaved|zb|zbv|dualpipev", "the pipeline schedule (default 1f1b; interleaved, zbv "
-                                                                 "and dualpipev put 2 stages on each rank)",
+      {"--schedule", "gpipe|1f1b|interleaved|zb|zbv|dualpipev",
+       "the pipeline schedule (default 1f1b; interleaved, zbv "
+       "and dualpipev put 2 stages on each rank)",
        text(&O::schedule)},
       {"--microbatches", "M", "micro-batches per step (default 2 x pp with a pipeline, else 1); M divides --batch",
        integer(&O::microbatches, 1)},

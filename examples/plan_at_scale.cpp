@@ -135,32 +135,48 @@ const examples::FlagTable<Options>& flag_table() {
     o.hardware = f == "--device" ? sim::device(v) : sim::read_device_file(v);
   };
   static const examples::FlagTable<O> table{
-      {"", "", "the model (defaults: GPT-2 124M's shape: --layers 12 --dim 768 --heads 12 --vocab 50257 --seq 1024 "
-               "--mlp-ratio 4, --dtype bf16):"},
+      {"", "",
+       "the model (defaults: GPT-2 124M's shape: --layers 12 --dim 768 --heads 12 --vocab 50257 --seq 1024 "
+       "--mlp-ratio 4, --dtype bf16):"},
       {"--arch", "gpt|llama", "GPT's blocks (default) or Llama's (RMSNorm, rotary GQA, SwiGLU)",
        [](O& o, const std::string&, const std::string& v) {
          if (v != "gpt" && v != "llama") throw UsageError("--arch " + v + ": gpt or llama");
          o.llama = v == "llama";
        }},
-      {"--layers", "N", "transformer blocks", integer_at<Extent>([](O& o) -> auto& { return o.plan.model.layers; }, 1)},
-      {"--dim", "N", "the model's width", integer_at<Extent>([](O& o) -> auto& { return o.plan.model.dim; }, 1)},
-      {"--heads", "N", "attention heads", integer_at<Extent>([](O& o) -> auto& { return o.plan.model.heads; }, 1)},
+      {"--layers", "N", "transformer blocks",
+       integer_at<Extent>(
+           [](O & o) -> auto& { return o.plan.model.layers; }, 1)},
+      {"--dim", "N", "the model's width",
+       integer_at<Extent>(
+           [](O & o) -> auto& { return o.plan.model.dim; }, 1)},
+      {"--heads", "N", "attention heads",
+       integer_at<Extent>(
+           [](O & o) -> auto& { return o.plan.model.heads; }, 1)},
       {"--kv-heads", "N", "KV heads (grouped-query attention; dividing --heads)",
-       integer_at<Extent>([](O& o) -> auto& { return o.plan.model.kv_heads; }, 1)},
+       integer_at<Extent>(
+           [](O & o) -> auto& { return o.plan.model.kv_heads; }, 1)},
       {"--ffn", "N", "the MLP's width (default --mlp-ratio x --dim)",
-       integer_at<Extent>([](O& o) -> auto& { return o.plan.model.ffn; }, 1)},
-      {"--vocab", "N", "the vocabulary", integer_at<Extent>([](O& o) -> auto& { return o.plan.model.vocab; }, 1)},
-      {"--seq", "N", "positions per sequence", integer_at<Extent>([](O& o) -> auto& { return o.plan.model.seq; }, 1)},
+       integer_at<Extent>(
+           [](O & o) -> auto& { return o.plan.model.ffn; }, 1)},
+      {"--vocab", "N", "the vocabulary",
+       integer_at<Extent>(
+           [](O & o) -> auto& { return o.plan.model.vocab; }, 1)},
+      {"--seq", "N", "positions per sequence",
+       integer_at<Extent>(
+           [](O & o) -> auto& { return o.plan.model.seq; }, 1)},
       {"--mlp-ratio", "N", "the MLP's width over --dim",
-       integer_at<Extent>([](O& o) -> auto& { return o.plan.model.mlp_ratio; }, 1)},
+       integer_at<Extent>(
+           [](O & o) -> auto& { return o.plan.model.mlp_ratio; }, 1)},
       {"--dtype", "f32|bf16", "the model's element type (fp32 too, for f32)",
        [](O& o, const std::string&, const std::string& v) {
          // f32 as train_gpt spells it; fp32 too (what this tool printed and accepted first).
          if (v != "f32" && v != "fp32" && v != "bf16") throw UsageError("--dtype " + v + ": f32 (or fp32) or bf16");
          o.bf16 = v == "bf16";
        }},
-      {"--bf16-moments", "", "bf16 under DDP: AdamW's moments in bf16 on the values, no fp32 master (default: fp32 "
-                             "master values and moments)", set_to(&O::bf16_moments, true)},
+      {"--bf16-moments", "",
+       "bf16 under DDP: AdamW's moments in bf16 on the values, no fp32 master (default: fp32 "
+       "master values and moments)",
+       set_to(&O::bf16_moments, true)},
       {"--checkpoint", "", "recompute every block in its backward (= --recompute full)",
        [](O& o, const std::string&, const std::string&) { o.plan.model.checkpoint = true; }},
       {"--recompute", "none|full|selective|core_attn,norm,act,mlp", "what the blocks recompute (nn/recompute.hpp)",
@@ -172,11 +188,21 @@ const examples::FlagTable<Options>& flag_table() {
          }
        }},
       {"", "", "the plan (default: --batch 64 --dp 8 --tp 1 --pp 1 --microbatches 1, DDP, SP with --tp):"},
-      {"--batch", "N", "sequences per step over all GPUs", integer_at<Extent>([](O& o) -> auto& { return o.plan.batch; }, 1)},
-      {"--dp", "N", "data-parallel ranks", integer_at<int>([](O& o) -> auto& { return o.plan.dp; }, 1)},
-      {"--tp", "N", "tensor-parallel ranks", integer_at<int>([](O& o) -> auto& { return o.plan.tp; }, 1)},
-      {"--pp", "N", "pipeline ranks", integer_at<int>([](O& o) -> auto& { return o.plan.pp; }, 1)},
-      {"--cp", "N", "context-parallel ranks: every sequence split", integer_at<int>([](O& o) -> auto& { return o.plan.cp; }, 1)},
+      {"--batch", "N", "sequences per step over all GPUs",
+       integer_at<Extent>(
+           [](O & o) -> auto& { return o.plan.batch; }, 1)},
+      {"--dp", "N", "data-parallel ranks",
+       integer_at<int>(
+           [](O & o) -> auto& { return o.plan.dp; }, 1)},
+      {"--tp", "N", "tensor-parallel ranks",
+       integer_at<int>(
+           [](O & o) -> auto& { return o.plan.tp; }, 1)},
+      {"--pp", "N", "pipeline ranks",
+       integer_at<int>(
+           [](O & o) -> auto& { return o.plan.pp; }, 1)},
+      {"--cp", "N", "context-parallel ranks: every sequence split",
+       integer_at<int>(
+           [](O & o) -> auto& { return o.plan.cp; }, 1)},
       {"--cp-kind", "ring|allgather|ulysses", "context attention (default ring)",
        [](O& o, const std::string&, const std::string& v) {
          try {
@@ -188,10 +214,14 @@ const examples::FlagTable<Options>& flag_table() {
       {"--no-cp-balance", "", "the sequence's chunks in order (default: load-balanced over the context ranks)",
        [](O& o, const std::string&, const std::string&) { o.plan.cp_balanced = false; }},
       {"--zero", "0|1|2|3", "0: DDP (default); 1, 2, 3: FSDP / ZeRO inside the stages (fp32 master)",
-       integer_at<int>([](O& o) -> auto& { return o.plan.zero; }, 0, 3)},
-      {"--hsdp", "R", "HSDP: R replicas of the ZeRO shards", integer_at<int>([](O& o) -> auto& { return o.plan.hsdp; }, 1)},
+       integer_at<int>(
+           [](O & o) -> auto& { return o.plan.zero; }, 0, 3)},
+      {"--hsdp", "R", "HSDP: R replicas of the ZeRO shards",
+       integer_at<int>(
+           [](O & o) -> auto& { return o.plan.hsdp; }, 1)},
       {"--microbatches", "N", "micro-batches per step (dividing --batch)",
-       integer_at<int>([](O& o) -> auto& { return o.plan.microbatches; }, 1)},
+       integer_at<int>(
+           [](O & o) -> auto& { return o.plan.microbatches; }, 1)},
       {"--schedule", "gpipe|1f1b|interleaved|zb|zbv|dualpipev", "the pipeline schedule",
        [](O& o, const std::string&, const std::string& v) {
          try {
@@ -202,32 +232,43 @@ const examples::FlagTable<Options>& flag_table() {
          o.plan.schedule = v;
        }},
       {"--stages-per-rank", "N", "pipeline stages on each rank (interleaved)",
-       integer_at<int>([](O& o) -> auto& { return o.plan.stages_per_rank; }, 1)},
+       integer_at<int>(
+           [](O & o) -> auto& { return o.plan.stages_per_rank; }, 1)},
       {"--no-sp", "", "no sequence parallelism with --tp", set_to(&O::sp, false)},
       {"", "", "mixture of experts (GPT blocks; routed evenly, as a dry run assumes):"},
       {"--experts", "E", "MoE feed-forwards of E experts",
-       integer_at<Extent>([](O& o) -> auto& { return o.plan.moe.router.experts; }, 1)},
-      {"--topk", "K", "top-K routing", integer_at<Extent>([](O& o) -> auto& { return o.plan.moe.router.topk; }, 1)},
+       integer_at<Extent>(
+           [](O & o) -> auto& { return o.plan.moe.router.experts; }, 1)},
+      {"--topk", "K", "top-K routing",
+       integer_at<Extent>(
+           [](O & o) -> auto& { return o.plan.moe.router.topk; }, 1)},
       {"--ep", "N", "the experts over N of the data x context ranks",
-       integer_at<int>([](O& o) -> auto& { return o.plan.ep; }, 1)},
-      {"--moe-every", "N", "every N-th block a MoE block", integer_at<Extent>([](O& o) -> auto& { return o.plan.moe.every; }, 1)},
-      {"--capacity", "F", "the capacity factor", [](O& o, const std::string& f, const std::string& v) {
+       integer_at<int>(
+           [](O & o) -> auto& { return o.plan.ep; }, 1)},
+      {"--moe-every", "N", "every N-th block a MoE block",
+       integer_at<Extent>(
+           [](O & o) -> auto& { return o.plan.moe.every; }, 1)},
+      {"--capacity", "F", "the capacity factor",
+       [](O& o, const std::string& f, const std::string& v) {
          o.plan.moe.router.capacity_factor = examples::positive_flag_value(f, v);
        }},
       {"--expert-ffn", "N", "the experts' width (default --mlp-ratio x --dim)",
-       integer_at<Extent>([](O& o) -> auto& { return o.plan.moe.hidden; }, 1)},
+       integer_at<Extent>(
+           [](O & o) -> auto& { return o.plan.moe.hidden; }, 1)},
       {"", "", "the device (sim/device.hpp; default h100) and the report:"},
       {"--device", "h100|h200|a100|h100-500w", "a known device", device},
       {"--device-file", "F", "a device file with every field", device},
-      {"--device-field", "NAME=VALUE", "one field of the device: name peak_bf16_tflops peak_fp32_tflops "
-                                       "hbm_gbytes_per_s memory_gbytes nvlink_domain nvlink_gbytes_per_s nvlink_latency_us "
-                                       "network_gbps network_latency_us [compute_scale]",
+      {"--device-field", "NAME=VALUE",
+       "one field of the device: name peak_bf16_tflops peak_fp32_tflops "
+       "hbm_gbytes_per_s memory_gbytes nvlink_domain nvlink_gbytes_per_s nvlink_latency_us "
+       "network_gbps network_latency_us [compute_scale]",
        [](O& o, const std::string&, const std::string& v) {
          const auto eq = v.find('=');
          if (eq == std::string::npos) throw UsageError("--device-field " + v + ": expected NAME=VALUE");
          o.device_fields.emplace_back(v.substr(0, eq), v.substr(eq + 1));
        }},
-      {"--peak-tflops", "X", "the device's bf16 peak (at most 1e6)", [](O& o, const std::string& f, const std::string& v) {
+      {"--peak-tflops", "X", "the device's bf16 peak (at most 1e6)",
+       [](O& o, const std::string& f, const std::string& v) {
          // A bound well past any GPU (an H200 is ~1e3 bf16): 1e300 was accepted and made the MFU 0.
          const double peak = examples::positive_flag_value(f, v);
          if (peak > 1e6) throw UsageError("--peak-tflops " + v + " exceeds 1e6 TFLOP/s per GPU");
@@ -250,7 +291,7 @@ const examples::FlagTable<Options>& flag_table() {
            const auto eq = item.find('=');
            const std::string key = item.substr(0, eq);
            if (eq == std::string::npos || (key != "tp" && key != "pp" && key != "dp" && key != "cp" && key != "v" &&
-                                            key != "zero" && key != "micro" && key != "ep"))
+                                           key != "zero" && key != "micro" && key != "ep"))
              throw UsageError("--rank-of " + spec + ": expected KEY=N items, KEY one of tp pp dp cp v zero micro ep");
            o.rank_of.emplace_back(key, flag_value<long long>("--rank-of " + key, item.substr(eq + 1), 0, 1LL << 31));
            begin = end + 1;
@@ -264,13 +305,15 @@ const examples::FlagTable<Options>& flag_table() {
          o.serve_batch = flag_value<long long>("--serve batch", spec.substr(0, comma), 1, 1LL << 31);
          o.serve_context = flag_value<long long>("--serve context", spec.substr(comma + 1), 1, 1LL << 31);
        }},
-      {"--sync-table", "", "the strategies of parallel/sync/ on the data dimension against DDP", set_to(&O::sync_table, true)},
+      {"--sync-table", "", "the strategies of parallel/sync/ on the data dimension against DDP",
+       set_to(&O::sync_table, true)},
       {"--inner-steps", "H", "--sync-table: local steps per sync (default 100)", integer(&O::inner_steps, 1, 1 << 20)},
       {"--fragments", "F", "--sync-table: Streaming DiLoCo's pieces (default 4)", integer(&O::fragments, 1, 1 << 20)},
       {"--overlap", "T", "--sync-table: steps an all-reduce overlaps (default 1)", integer(&O::overlap, 0, 1 << 20)},
       {"--staleness", "S", "--sync-table: async's delay (default 1)", integer(&O::staleness, 0, 1 << 20)},
-      {"--offload", "optimizer,params,activations", "a comma list: every rank class's bytes per tier (device, host, "
-                                                    "disk) and the step's transfers (sim/offload_tiers.hpp)",
+      {"--offload", "optimizer,params,activations",
+       "a comma list: every rank class's bytes per tier (device, host, "
+       "disk) and the step's transfers (sim/offload_tiers.hpp)",
        [](O& o, const std::string&, const std::string& v) {
          try {
            o.tiers.offload = sim::parse_offload(v);
@@ -279,11 +322,17 @@ const examples::FlagTable<Options>& flag_table() {
          }
        }},
       {"--disk-gbps", "X", "--offload: the disk's GB/s per rank",
-       [](O& o, const std::string& f, const std::string& v) { o.tiers.disk_bytes_per_second = 1e9 * examples::positive_flag_value(f, v); }},
+       [](O& o, const std::string& f, const std::string& v) {
+         o.tiers.disk_bytes_per_second = 1e9 * examples::positive_flag_value(f, v);
+       }},
       {"--pcie-gbps", "X", "--offload: PCIe's GB/s per rank",
-       [](O& o, const std::string& f, const std::string& v) { o.tiers.pcie_bytes_per_second = 1e9 * examples::positive_flag_value(f, v); }},
+       [](O& o, const std::string& f, const std::string& v) {
+         o.tiers.pcie_bytes_per_second = 1e9 * examples::positive_flag_value(f, v);
+       }},
       {"--offload-buffer-mib", "X", "--offload: the host staging buffer",
-       [](O& o, const std::string& f, const std::string& v) { o.tiers.buffer_bytes = double(1 << 20) * examples::positive_flag_value(f, v); }},
+       [](O& o, const std::string& f, const std::string& v) {
+         o.tiers.buffer_bytes = double(1 << 20) * examples::positive_flag_value(f, v);
+       }},
       {"--help", "", "this text (also -h; anywhere on the line, before any flag is checked)"},
   };
   return table;

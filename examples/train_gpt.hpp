@@ -192,8 +192,10 @@ inline const examples::FlagTable<Options>& flag_table() {
   };
   static const examples::FlagTable<O> table = [&] {
     auto t = examples::mesh_flag_rows<O>(
-        "mesh (pp, dp, fsdp, cp, tp), default pp 2 x dp 1 x fsdp 2 x cp 2 x tp 2 + SP: 16 ranks (threads, or mpirun -n). "
-        "--schedule dualpipev needs --microbatches >= 2 x pp; ZeRO-3 (--zero 3, the default with --fsdp > 1) gathers each "
+        "mesh (pp, dp, fsdp, cp, tp), default pp 2 x dp 1 x fsdp 2 x cp 2 x tp 2 + SP: 16 ranks (threads, or mpirun "
+        "-n). "
+        "--schedule dualpipev needs --microbatches >= 2 x pp; ZeRO-3 (--zero 3, the default with --fsdp > 1) gathers "
+        "each "
         "unit per micro-batch at pp 1 and keeps a stage gathered for the step with a pipeline.");
     const examples::FlagTable<O> rows{
         {"", "", "the model (defaults: --layers 4 --heads 4 --dim 64 --seq 32 --batch 16):"},
@@ -204,8 +206,9 @@ inline const examples::FlagTable<Options>& flag_table() {
         {"--batch", "N", "sequences per step over all ranks", integer(&O::batch, 1)},
         {"--checkpoint", "", "recompute every block in its backward (activation checkpointing: --recompute full)",
          set_to(&O::checkpoint, true)},
-        {"--recompute", "none|full|selective|core_attn,norm,act,mlp", "what the blocks recompute in their backward "
-                                                                      "(nn/recompute.hpp; default none)",
+        {"--recompute", "none|full|selective|core_attn,norm,act,mlp",
+         "what the blocks recompute in their backward "
+         "(nn/recompute.hpp; default none)",
          [](O& o, const std::string&, const std::string& v) {
            try {
              o.recompute = nn::Recompute::parse(v);
@@ -213,12 +216,16 @@ inline const examples::FlagTable<Options>& flag_table() {
              throw UsageError("--recompute " + v + ": " + e.what());
            }
          }},
-        {"--arch", "gpt|llama", "the blocks: GPT's (default), or Llama's: RMSNorm, rotary grouped-query attention, "
-                                "SwiGLU; not with --experts", choice(&O::arch, {"gpt", "llama"})},
+        {"--arch", "gpt|llama",
+         "the blocks: GPT's (default), or Llama's: RMSNorm, rotary grouped-query attention, "
+         "SwiGLU; not with --experts",
+         choice(&O::arch, {"gpt", "llama"})},
         {"--kv-heads", "N", "--arch llama: the KV heads (default --heads, which N divides)", integer(&O::kv_heads, 1)},
         {"--ffn", "N", "--arch llama: the SwiGLU width (default 4 x --dim)", integer(&O::ffn, 1)},
-        {"--experts", "E", "E > 0: MoE blocks of E experts (default 0: dense MLPs), split over --ep ranks (dividing "
-                           "dp x fsdp x cp; any E: 5 over 2 is 3 + 2)", integer(&O::experts, 0)},
+        {"--experts", "E",
+         "E > 0: MoE blocks of E experts (default 0: dense MLPs), split over --ep ranks (dividing "
+         "dp x fsdp x cp; any E: 5 over 2 is 3 + 2)",
+         integer(&O::experts, 0)},
         {"--topk", "K", "--experts: top-K routing (default 2)", integer(&O::topk, 1)},
         {"--capacity", "F", "--experts: the capacity factor (default dropless; with --cp > 1 at least E / K)",
          positive(&O::capacity)},
@@ -228,38 +235,50 @@ inline const examples::FlagTable<Options>& flag_table() {
         {"--lr", "X", "AdamW's learning rate (at most 1e6)", positive(&O::lr, 1e6)},
         {"--seed", "N", "the initialization's and the batches' seed", integer(&O::seed, 0)},
         {"--eval-every", "N", "the validation loss every N steps", integer(&O::eval_every, 1)},
-        {"--check-finite", "", "stop at the first NaN/Inf loss or parameter, naming it", set_to(&O::check_finite, true)},
+        {"--check-finite", "", "stop at the first NaN/Inf loss or parameter, naming it",
+         set_to(&O::check_finite, true)},
         {"--data", "FILE", "the text (default: the files under /usr/share/common-licenses)", text(&O::data)},
         {"--trace", "FILE", "a Chrome trace of steps 2..4 (docs/observability.md)", text(&O::trace)},
         {"--plot", "FILE", "the train and validation loss curves as an SVG", text(&O::plot)},
         {"", "", "where it runs:"},
-        {"--backend", "threads|mpi|nccl", "the ranks: threads (default), MPI processes (mpirun -n), or NCCL with "
-                                          "--device cuda under mpirun (one GPU per process)",
+        {"--backend", "threads|mpi|nccl",
+         "the ranks: threads (default), MPI processes (mpirun -n), or NCCL with "
+         "--device cuda under mpirun (one GPU per process)",
          choice(&O::backend, {"threads", "mpi", "nccl"})},
-        {"--device", "cpu|cuda", "cuda (train_gpt_cuda): the model on a GPU, the ranks threads sharing it, or --backend "
-                                 "nccl under mpirun", choice(&O::device, {"cpu", "cuda"})},
-        {"--dtype", "f32|bf16", "bf16: the model computes in bfloat16; master weights, gradient shards and AdamW state "
-                                "stay fp32 (FSDP mixed precision, also without --fsdp: ZeRO-1 on one shard); not with "
-                                "--experts", choice(&O::dtype, {"f32", "bf16"})},
-        {"--tf32", "", "--device cuda: float GEMMs on TF32 tensor cores (fp32 accumulation, inputs rounded to 10 "
-                       "mantissa bits; PyTorch's allow_tf32)", set_to(&O::tf32, true)},
-        {"--attention", "auto|fused|gemm", "--device cuda: the fused attention kernels or the cuBLAS chunks "
-                                           "(docs/gpu.md); auto (the default) takes the chunks from 128 keys on",
+        {"--device", "cpu|cuda",
+         "cuda (train_gpt_cuda): the model on a GPU, the ranks threads sharing it, or --backend "
+         "nccl under mpirun",
+         choice(&O::device, {"cpu", "cuda"})},
+        {"--dtype", "f32|bf16",
+         "bf16: the model computes in bfloat16; master weights, gradient shards and AdamW state "
+         "stay fp32 (FSDP mixed precision, also without --fsdp: ZeRO-1 on one shard); not with "
+         "--experts",
+         choice(&O::dtype, {"f32", "bf16"})},
+        {"--tf32", "",
+         "--device cuda: float GEMMs on TF32 tensor cores (fp32 accumulation, inputs rounded to 10 "
+         "mantissa bits; PyTorch's allow_tf32)",
+         set_to(&O::tf32, true)},
+        {"--attention", "auto|fused|gemm",
+         "--device cuda: the fused attention kernels or the cuBLAS chunks "
+         "(docs/gpu.md); auto (the default) takes the chunks from 128 keys on",
          choice(&O::attention, {"auto", "fused", "gemm"})},
-        {"--intra-op-threads", "N", "each rank's host kernels (attention, norms, GELU, AdamW, cross entropy, "
-                                    "elementwise, permutes) on N threads: a pool of N - 1 workers per rank; the same bits "
-                                    "as 1 (docs/host-kernels.md). The GEMMs' threads are OpenBLAS's: DTENSOR_BLAS_THREADS",
+        {"--intra-op-threads", "N",
+         "each rank's host kernels (attention, norms, GELU, AdamW, cross entropy, "
+         "elementwise, permutes) on N threads: a pool of N - 1 workers per rank; the same bits "
+         "as 1 (docs/host-kernels.md). The GEMMs' threads are OpenBLAS's: DTENSOR_BLAS_THREADS",
          integer(&O::intra_op_threads, 1, kernels::host::IntraOpThreads::max_threads)},
         {"", "", "checkpoints (host memory):"},
         {"--save-every", "N", "save parameters, AdamW state, step and data position every N steps (with --save-dir)",
          integer(&O::save_every, 1)},
         {"--save-dir", "DIR", "where (atomically: DIR always holds a whole checkpoint)", text(&O::save_dir)},
-        {"--resume", "DIR", "continue from a checkpoint saved on any mesh, up to --steps (the total)", text(&O::resume)},
+        {"--resume", "DIR", "continue from a checkpoint saved on any mesh, up to --steps (the total)",
+         text(&O::resume)},
         {"", "", "--sync (on \"dp\", docs/beyond-sync.md):"},
-        {"--sync", "ddp|local-sgd|diloco|async|fedavg", "ddp (default); local-sgd / diloco: average / DiLoCo outer step "
-                                                        "every --inner-steps H; async: the all-reduce of step t applied "
-                                                        "at t + --staleness s; fedavg: each dp rank a client on its own "
-                                                        "slice of the text, --clients K sampled per round of H steps",
+        {"--sync", "ddp|local-sgd|diloco|async|fedavg",
+         "ddp (default); local-sgd / diloco: average / DiLoCo outer step "
+         "every --inner-steps H; async: the all-reduce of step t applied "
+         "at t + --staleness s; fedavg: each dp rank a client on its own "
+         "slice of the text, --clients K sampled per round of H steps",
          choice(&O::sync, {"ddp", "local-sgd", "diloco", "async", "fedavg"})},
         {"--inner-steps", "H", "local-sgd, diloco, fedavg: local steps between syncs (default 50)",
          marking(integer(&O::inner_steps, 1), &O::inner_steps_given)},
@@ -278,51 +297,63 @@ inline const examples::FlagTable<Options>& flag_table() {
         {"--outer-momentum", "M", "diloco: the outer Nesterov momentum in [0, 1) (default 0.9; 0: plain outer SGD)",
          [](O& o, const std::string&, const std::string& v) {
            const auto m = parse_number(v);
-           if (!m || !(*m >= 0 && *m < 1)) throw UsageError("--outer-momentum expects a number in [0, 1), got '" + v + "'");
+           if (!m || !(*m >= 0 && *m < 1))
+             throw UsageError("--outer-momentum expects a number in [0, 1), got '" + v + "'");
            o.outer_momentum = *m;
          }},
         {"", "", "weights and text (CPU):"},
-        {"--init-from", "FILE", "start from a safetensors file's weights (or a sharded *.index.json), any mesh's, "
-                                "instead of the random init", text(&O::init_from)},
+        {"--init-from", "FILE",
+         "start from a safetensors file's weights (or a sharded *.index.json), any mesh's, "
+         "instead of the random init",
+         text(&O::init_from)},
         {"--export", "FILE.safetensors", "the trained weights, whole (any mesh), readable by Python's safetensors",
          text(&O::export_path)},
-        {"--generate", "N", "N characters after --prompt from the trained model, on the training mesh with a KV cache "
-                            "per pipeline stage; with --resume DIR at or past --steps, from the checkpoint without "
-                            "training (the generate program: the same, the model's shape read from the checkpoint; "
-                            "generate --help)", integer(&O::generate, 1)},
-        {"--prompt", "TEXT", "the text to continue (default \"The \"; characters of the training text)", text(&O::prompt)},
+        {"--generate", "N",
+         "N characters after --prompt from the trained model, on the training mesh with a KV cache "
+         "per pipeline stage; with --resume DIR at or past --steps, from the checkpoint without "
+         "training (the generate program: the same, the model's shape read from the checkpoint; "
+         "generate --help)",
+         integer(&O::generate, 1)},
+        {"--prompt", "TEXT", "the text to continue (default \"The \"; characters of the training text)",
+         text(&O::prompt)},
         {"--temperature", "T", "T > 0: sampled, not greedy", positive(&O::temperature)},
         {"--top-k", "K", "sampling from the K likeliest (needs --temperature)", integer(&O::top_k, 1)},
-        {"--top-p", "P", "sampling from the nucleus: P in (0, 1], 1 = all (needs --temperature)", positive(&O::top_p, 1)},
-        {"--serve-mesh", "tp=N", "the same text again on a serving mesh (tp N over ranks 0..N-1), the trained weights "
-                                 "moved there in memory with the fewest bytes (docs/cross-mesh.md); its tokens must equal "
-                                 "the training mesh's; from every pipeline stage, MoE experts included",
+        {"--top-p", "P", "sampling from the nucleus: P in (0, 1], 1 = all (needs --temperature)",
+         positive(&O::top_p, 1)},
+        {"--serve-mesh", "tp=N",
+         "the same text again on a serving mesh (tp N over ranks 0..N-1), the trained weights "
+         "moved there in memory with the fewest bytes (docs/cross-mesh.md); its tokens must equal "
+         "the training mesh's; from every pipeline stage, MoE experts included",
          [](O& o, const std::string& f, const std::string& v) {
            if (!v.starts_with("tp=")) throw UsageError("--serve-mesh expects tp=N, got '" + v + "'");
            o.serve_tp = flag_value<int>(f, v.substr(3), 1);
          }},
         {"", "", "offload (docs/offload.md):"},
-        {"--offload", "optimizer,params,activations", "a comma list. optimizer: AdamW's moments in a file per rank "
-                                                      "under --offload-dir, the same update bit for bit (checkpoints "
-                                                      "save them); params: the FSDP master shards (ZeRO-3's parameter "
-                                                      "shards, a bf16 model's fp32 master) there, mapped, prefetched a "
-                                                      "unit ahead and written behind, not for an f32 model at ZeRO-1/2 "
-                                                      "(its master is its own values); activations: every block's saved "
-                                                      "activations there between its forward and backward (written "
-                                                      "behind, read ahead; the same losses bit for bit; dense models). "
-                                                      "Host memory only",
+        {"--offload", "optimizer,params,activations",
+         "a comma list. optimizer: AdamW's moments in a file per rank "
+         "under --offload-dir, the same update bit for bit (checkpoints "
+         "save them); params: the FSDP master shards (ZeRO-3's parameter "
+         "shards, a bf16 model's fp32 master) there, mapped, prefetched a "
+         "unit ahead and written behind, not for an f32 model at ZeRO-1/2 "
+         "(its master is its own values); activations: every block's saved "
+         "activations there between its forward and backward (written "
+         "behind, read ahead; the same losses bit for bit; dense models). "
+         "Host memory only",
          examples::comma_list(&O::offload, "--offload needs optimizer, params and/or activations (a comma list)")},
         {"--offload-dir", "DIR", "an existing, writable local directory with room for them", text(&O::offload_dir)},
-        {"--offload-buffer-kib", "N", "--offload optimizer's staging buffer of host memory (default 65536, at most "
-                                      "2^44; under --host-budget-mib the budget sizes it)",
+        {"--offload-buffer-kib", "N",
+         "--offload optimizer's staging buffer of host memory (default 65536, at most "
+         "2^44; under --host-budget-mib the budget sizes it)",
          marking(integer(&O::offload_buffer_kib, 1, std::size_t(1) << 44), &O::offload_buffer_given)},
-        {"--host-budget-mib", "X", "the host memory this process's tensors may hold, in MiB (decimals allowed): over it "
-                                   "after building the model and optimizer, or in the first step, is an error on every rank",
+        {"--host-budget-mib", "X",
+         "the host memory this process's tensors may hold, in MiB (decimals allowed): over it "
+         "after building the model and optimizer, or in the first step, is an error on every rank",
          budget(&O::host_budget_mib)},
         {"--device-budget-mib", "X", "the same for the GPU's memory (--device cuda)", budget(&O::device_budget_mib)},
-        {"", "", "--plan auto (examples/plan_auto.hpp, docs/dry-run.md): the mesh flags (not given) and the "
-                 "recomputation (unless --checkpoint/--recompute) chosen for N ranks by the dry run's cost model for "
-                 "the device, printed with why, then trained:"},
+        {"", "",
+         "--plan auto (examples/plan_auto.hpp, docs/dry-run.md): the mesh flags (not given) and the "
+         "recomputation (unless --checkpoint/--recompute) chosen for N ranks by the dry run's cost model for "
+         "the device, printed with why, then trained:"},
         {"--plan", "auto", "choose the plan", text(&O::plan)},
         {"--ranks", "N", "the ranks to plan for", integer(&O::plan_ranks, 1, threads::max_ranks)},
         {"--plan-device", "h100|h100-500w|h200|a100", "the device the cost model's times are for (default h100)",
@@ -339,7 +370,8 @@ inline const examples::FlagTable<Options>& flag_table() {
 
 /// The usage printed with a usage error: the synopsis (--help explains every flag).
 inline std::string usage() {
-  return examples::flags_synopsis(flag_table(), "train_gpt") + "  train_gpt --help: what each flag does and its default\n";
+  return examples::flags_synopsis(flag_table(), "train_gpt") +
+         "  train_gpt --help: what each flag does and its default\n";
 }
 
 /// --arch's flags.
@@ -649,7 +681,11 @@ void export_weights(const Options& o, Pipeline& model, bool root) {
 
 /// --generate's sampling flags, as the library's options (models/generate.hpp).
 inline models::GenerateOptions generate_options(const Options& o) {
-  return {.new_tokens = o.generate, .temperature = o.temperature, .top_k = o.top_k, .top_p = o.top_p, .seed = o.sample_seed()};
+  return {.new_tokens = o.generate,
+          .temperature = o.temperature,
+          .top_k = o.top_k,
+          .top_p = o.top_p,
+          .seed = o.sample_seed()};
 }
 
 /// --serve-mesh tp=N: the trained model moved in memory to a serving mesh (tp N over ranks
@@ -664,11 +700,13 @@ void serve_text(const Options& o, std::vector<Stage>& stages, const Mesh& mesh, 
   const auto s = models::serve_on_tp(stages, mesh, layout, n, prompt, generate_options(o));
   if (s.serve_rank != 0) return;
   const auto& moved = s.moved;
-  std::printf("served on tp=%d (ranks 0..%d), weights moved in memory from %d pipeline stage(s)%s: %zu parameters, %zu B "
-              "over %zu links (minimum %zu B, %zu B copied locally) in %.3f s; tokens %s the training mesh's\n",
-              n, n - 1, layout.stages(), moe ? " and their experts" : "", moved.parameters, moved.bytes, moved.links,
-              moved.minimum_bytes, moved.local_bytes, s.move_seconds, s.tokens == trained ? "equal to" : "DIFFERENT from");
-  if (s.tokens != trained) throw std::runtime_error("--serve-mesh: the serving mesh generated other tokens than the training mesh");
+  std::printf(
+      "served on tp=%d (ranks 0..%d), weights moved in memory from %d pipeline stage(s)%s: %zu parameters, %zu B "
+      "over %zu links (minimum %zu B, %zu B copied locally) in %.3f s; tokens %s the training mesh's\n",
+      n, n - 1, layout.stages(), moe ? " and their experts" : "", moved.parameters, moved.bytes, moved.links,
+      moved.minimum_bytes, moved.local_bytes, s.move_seconds, s.tokens == trained ? "equal to" : "DIFFERENT from");
+  if (s.tokens != trained)
+    throw std::runtime_error("--serve-mesh: the serving mesh generated other tokens than the training mesh");
 }
 
 /// --prompt as the corpus's character ids (a character the training text lacks is an error).
@@ -681,9 +719,10 @@ inline std::vector<std::int32_t> prompt_ids(const std::string& text, const Corpu
       // A UTF-8 character of several bytes is named whole, not as its first (broken) byte.
       const auto lead = static_cast<unsigned char>(ch);
       const std::size_t n = lead >= 0xf0 ? 4 : lead >= 0xe0 ? 3 : lead >= 0xc0 ? 2 : 1;
-      throw std::runtime_error("--prompt: the character '" + text.substr(i, n) + "'" +
-                               (n > 1 ? " (" + str((long long)n) + " bytes in UTF-8; the vocabulary is single bytes)" : "") +
-                               " is not in the training text's " + str((long long)corpus.chars.size()) + " characters");
+      throw std::runtime_error(
+          "--prompt: the character '" + text.substr(i, n) + "'" +
+          (n > 1 ? " (" + str((long long)n) + " bytes in UTF-8; the vocabulary is single bytes)" : "") +
+          " is not in the training text's " + str((long long)corpus.chars.size()) + " characters");
     }
     prompt.push_back(std::int32_t(at - corpus.chars.begin()));
   }
@@ -695,13 +734,15 @@ inline std::vector<std::int32_t> prompt_ids(const std::string& text, const Corpu
 /// (models/pipeline_generate.hpp), and with --serve-mesh again on a serving mesh. Every rank
 /// generates the same text; rank 0 prints it.
 template <class Pipeline, class Mesh>
-void generate_text(const Options& o, const Corpus& corpus, Pipeline& model, const Mesh& mesh, const pp::Schedule& schedule) {
+void generate_text(const Options& o, const Corpus& corpus, Pipeline& model, const Mesh& mesh,
+                   const pp::Schedule& schedule) {
   if (o.generate == 0) return;
   const auto prompt = prompt_ids(o.prompt, corpus);
   auto& stages = model.executor().stages();
   const auto g = models::generate_on_pipeline(model, schedule.layout, mesh, prompt, generate_options(o),
                                               [&](const std::vector<std::int32_t>& ids) {
-                                                if (o.serve_tp > 0) serve_text(o, stages, mesh, schedule.layout, prompt, ids);
+                                                if (o.serve_tp > 0)
+                                                  serve_text(o, stages, mesh, schedule.layout, prompt, ids);
                                               });
   if (mesh.comm().rank() != 0) return;
   std::string text;
@@ -710,8 +751,8 @@ void generate_text(const Options& o, const Corpus& corpus, Pipeline& model, cons
   if (o.temperature > 0) std::snprintf(how, sizeof how, "temperature %g, top-k %d, top-p %g", o.temperature, o.top_k, o.top_p);
   using Stage = std::remove_cvref_t<decltype(stages.front())>;
   const char* cache = models::KvCacheable<Stage> ? "KV cache" : "no KV cache: each window recomputed";
-  std::printf("generated (%s, %d characters, %s; %d pipeline stages on %d ranks, %.1f characters/s):\n%s\n", how, o.generate,
-              cache, schedule.layout.stages(), mesh.comm().size(), o.generate / g.seconds, text.c_str());
+  std::printf("generated (%s, %d characters, %s; %d pipeline stages on %d ranks, %.1f characters/s):\n%s\n", how,
+              o.generate, cache, schedule.layout.stages(), mesh.comm().size(), o.generate / g.seconds, text.c_str());
 }
 
 /// The collectives of one step by "kind on group", with their count and bytes.
@@ -1384,7 +1425,8 @@ inline int main(int argc, char** argv, bool cuda_build, RunFn f32, RunFn bf16, b
   try {
     o = generating ? parse_generate(argc, argv, cuda_build) : parse(argc, argv, cuda_build);
   } catch (const UsageError& e) {
-    std::fprintf(stderr, "%s: %s\n%s", generating ? "generate" : "train_gpt", e.what(), generating ? generate_usage : usage().c_str());
+    std::fprintf(stderr, "%s: %s\n%s", generating ? "generate" : "train_gpt", e.what(),
+                 generating ? generate_usage : usage().c_str());
     return 2;
   }
   return o.dtype == "bf16" ? bf16(argc, argv, o) : f32(argc, argv, o);

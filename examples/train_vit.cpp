@@ -107,8 +107,9 @@ const examples::FlagTable<Options>& flag_table() {
         "--fsdp 1: DDP over --dp; --fsdp > 1: ZeRO --zero (default 3), HSDP with --dp > 1. --pp > 1: pipeline stages "
         "(--schedule, --microbatches M, default 2 x pp; M divides --batch, --layers >= the stages).");
     const examples::FlagTable<O> rows{
-        {"", "", "the model and the task (defaults: --layers 2 --heads 4 --dim 64 --patches 16 --patch-dim 48 --classes "
-                 "10 --batch 32):"},
+        {"", "",
+         "the model and the task (defaults: --layers 2 --heads 4 --dim 64 --patches 16 --patch-dim 48 --classes "
+         "10 --batch 32):"},
         {"--layers", "N", "transformer blocks", integer(&O::layers, 1)},
         {"--heads", "N", "attention heads (a multiple of --tp; dividing --dim)", integer(&O::heads, 1)},
         {"--dim", "N", "the model's width", integer(&O::dim, 1)},
@@ -116,8 +117,10 @@ const examples::FlagTable<Options>& flag_table() {
         {"--patch-dim", "N", "values per patch", integer(&O::patch_dim, 1)},
         {"--classes", "N", "classes (at least 2)", integer(&O::classes, 2)},
         {"--batch", "N", "images per step over all ranks", integer(&O::batch, 1)},
-        {"--experts", "E", "E > 0: MoE MLPs (dropless; default 0: dense), experts over --ep ranks (dividing dp x fsdp "
-                           "x cp; any E: 5 over 2 is 3 + 2)", integer(&O::experts, 0)},
+        {"--experts", "E",
+         "E > 0: MoE MLPs (dropless; default 0: dense), experts over --ep ranks (dividing dp x fsdp "
+         "x cp; any E: 5 over 2 is 3 + 2)",
+         integer(&O::experts, 0)},
         {"--topk", "K", "--experts: top-K routing (default 2)", marking(integer(&O::topk, 1), &O::moe_flag_given)},
         {"--moe-every", "N", "--experts: every N-th block a MoE block (default 1: all)",
          marking(integer(&O::moe_every, 1), &O::moe_flag_given)},
@@ -128,8 +131,10 @@ const examples::FlagTable<Options>& flag_table() {
         {"--eval-every", "N", "the validation loss every N steps", integer(&O::eval_every, 1)},
         {"--backend", "threads|mpi", "the ranks: threads (default) or MPI processes (mpirun -n)",
          examples::choice(&O::backend, {"threads", "mpi"})},
-        {"--dry-run", "", "one step on meta tensors (any size, any rank count; docs/dry-run.md): memory and bytes per "
-                          "rank class", examples::set_to(&O::dry_run, true)},
+        {"--dry-run", "",
+         "one step on meta tensors (any size, any rank count; docs/dry-run.md): memory and bytes per "
+         "rank class",
+         examples::set_to(&O::dry_run, true)},
         {"--help", "", "this text (also -h; anywhere on the line, before any flag is checked)"},
     };
     t.insert(t.end(), rows.begin(), rows.end());

@@ -301,9 +301,9 @@ std::pair<TableOptions, std::string> parse_table(std::vector<std::string> args) 
 }  // namespace
 
 TEST_CASE("the flag table: one row per flag stores, checks and explains it", "[hardening][flags]") {
-  const auto [o, error] = parse_table({"--layers", "3", "--tp", "4", "--no-sp", "--no-reshard-after-forward", "--lr", "0.5",
-                                       "--backend", "mpi", "--check", "--offload", "b,a,b", "--inner", "7", "--cp-kind",
-                                       "ulysses", "--data", "t.txt"});
+  const auto [o, error] =
+      parse_table({"--layers", "3", "--tp", "4", "--no-sp", "--no-reshard-after-forward", "--lr", "0.5", "--backend",
+                   "mpi", "--check", "--offload", "b,a,b", "--inner", "7", "--cp-kind", "ulysses", "--data", "t.txt"});
   REQUIRE(error.empty());
   CHECK(o.layers == 3);
   CHECK(o.tp == 4);
@@ -337,7 +337,8 @@ TEST_CASE("the flag table: one row per flag stores, checks and explains it", "[h
   CHECK(help.starts_with(synopsis));
   for (const auto& f : test_table()) {
     CHECK_THAT(help, Contains(f.help.substr(0, 12)));
-    if (!f.name.empty()) CHECK_THAT(synopsis, Contains("[" + f.name + (f.metavar.empty() ? "]" : " " + f.metavar + "]")));
+    if (!f.name.empty())
+      CHECK_THAT(synopsis, Contains("[" + f.name + (f.metavar.empty() ? "]" : " " + f.metavar + "]")));
   }
   for (std::size_t from = 0, to; from < help.size(); from = to + 1) {  // wrapped at 120 columns
     to = help.find('\n', from);

@@ -35,8 +35,9 @@ struct PipelineGeneration {
 /// Generates from `prompt` on `pipeline`'s stages (laid out by `layout` over `mesh`, "pp" first),
 /// its FSDP shards gathered for the whole generation; `then(tokens)` before they are freed.
 template <class Pipeline, class Mesh, class Then>
-PipelineGeneration generate_on_pipeline(Pipeline& pipeline, const parallel::pipeline::StageLayout& layout, const Mesh& mesh,
-                                        const std::vector<std::int32_t>& prompt, const GenerateOptions& o, Then&& then) {
+PipelineGeneration generate_on_pipeline(Pipeline& pipeline, const parallel::pipeline::StageLayout& layout,
+                                        const Mesh& mesh, const std::vector<std::int32_t>& prompt,
+                                        const GenerateOptions& o, Then&& then) {
   auto& stages = pipeline.executor().stages();
   for (std::size_t i = 0; i < stages.size(); ++i) pipeline.fsdp(i).unshard();
   PipelineGeneration g;
@@ -50,8 +51,9 @@ PipelineGeneration generate_on_pipeline(Pipeline& pipeline, const parallel::pipe
 
 /// The same without a step while gathered.
 template <class Pipeline, class Mesh>
-PipelineGeneration generate_on_pipeline(Pipeline& pipeline, const parallel::pipeline::StageLayout& layout, const Mesh& mesh,
-                                        const std::vector<std::int32_t>& prompt, const GenerateOptions& o) {
+PipelineGeneration generate_on_pipeline(Pipeline& pipeline, const parallel::pipeline::StageLayout& layout,
+                                        const Mesh& mesh, const std::vector<std::int32_t>& prompt,
+                                        const GenerateOptions& o) {
   return generate_on_pipeline(pipeline, layout, mesh, prompt, o, [](const std::vector<std::int32_t>&) {});
 }
 

@@ -49,8 +49,8 @@ struct ServeResult {
 /// `stages` (this rank's stages of a model on `mesh`, laid out by `layout`) served on tp = n over
 /// ranks 0..n-1: moved there in memory, then generating from `prompt`. See the top of this file.
 template <class Stage, class Mesh>
-ServeResult serve_on_tp(std::vector<Stage>& stages, const Mesh& mesh, const parallel::pipeline::StageLayout& layout, int n,
-                        const std::vector<std::int32_t>& prompt, const GenerateOptions& o) {
+ServeResult serve_on_tp(std::vector<Stage>& stages, const Mesh& mesh, const parallel::pipeline::StageLayout& layout,
+                        int n, const std::vector<std::int32_t>& prompt, const GenerateOptions& o) {
   namespace pp = parallel::pipeline;
   using Parts = std::remove_cvref_t<decltype(stages.front().model())>;
   using Layers = std::remove_cvref_t<decltype(stages.front().model().layers())>;
@@ -69,8 +69,10 @@ ServeResult serve_on_tp(std::vector<Stage>& stages, const Mesh& mesh, const para
   if constexpr (moe) train_ep = parts.layers().expert_mesh().shape()[1];
   // The Layers policy on a stage mesh (MoE: the experts on an expert mesh of `ep` ranks made from it).
   auto layers_on = [&](const auto& stage_mesh, int ep) {
-    if constexpr (moe) return Layers(parallel::make_expert_mesh<typename Layers::ExpertMesh>(stage_mesh, ep), parts.layers().config());
-    else return parts.layers();
+    if constexpr (moe)
+      return Layers(parallel::make_expert_mesh<typename Layers::ExpertMesh>(stage_mesh, ep), parts.layers().config());
+    else
+      return parts.layers();
   };
   const auto one = pp::StageLayout::looped(1);
   const auto serve_mesh = mesh_on_ranks<Mesh>(mesh.root_ptr(), shape, ranks);  // collective over every rank
@@ -113,7 +115,8 @@ ServeResult serve_on_tp(std::vector<Stage>& stages, const Mesh& mesh, const para
     add(nn::redistribute_parameters(*src, stage_ranks, served.front(), serve_ranks, 2 * s, keep, skip));
     if constexpr (moe) {  // the experts: their mesh has the stage's ranks in the same order (make_expert_mesh)
       using EMesh = typename Layers::ExpertMesh;
-      std::size_t experts = 0;  // a stage of dense blocks only (a MoE every k-th block) has none: no move (alike on every rank)
+      // A stage of dense blocks only (a MoE every k-th block) has none: no move (alike on every rank).
+      std::size_t experts = 0;
       nn::for_each_parameter_on<EMesh>(*src, [&](auto& q) { experts += q.defined() ? 1 : 0; });
       if (experts == 0) continue;
       const MeshRanks<EMesh::ndim> expert_ranks{parts.layers().expert_mesh().shape(), stage_ranks.root_ranks};
@@ -126,8 +129,9 @@ ServeResult serve_on_tp(std::vector<Stage>& stages, const Mesh& mesh, const para
   std::size_t count = 0;
   nn::for_each_parameter(served.front(), [&](auto& q) { count += q.defined() ? 1 : 0; });
   if (result.moved.parameters != count)  // the stages' names must cover the whole model's
-    throw Error("serve_on_tp", dtensor::detail::cat("the ", layout.stages(), " stages moved ", result.moved.parameters,
-                                                    " parameters, the serving model has ", count),
+    throw Error("serve_on_tp",
+                dtensor::detail::cat("the ", layout.stages(), " stages moved ", result.moved.parameters,
+                                     " parameters, the serving model has ", count),
                 serve_mesh->comm().rank());
   result.tokens = generate(served, one, *serve_mesh, prompt, o);
   result.serve_rank = serve_mesh->comm().rank();
