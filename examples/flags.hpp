@@ -4,7 +4,9 @@
 //   o.steps = flag_value<int>("--steps", "2147483648", 1);   // UsageError: out of range
 //   o.lr = positive_flag_value("--lr", "3e-3");
 //   struct Options : examples::MeshFlags { ... };            // --pp --dp --fsdp --cp --tp --ep --zero --sp ...
-//   if (parse_mesh_flag(o, a, value)) continue;               // in the trainer's flag loop
+//
+// The flags' table (each flag one row; the parse loop and --help generated from it) and the
+// parallelism flags' rows are in examples/flag_table.hpp.
 //
 // "--steps 4294967298" must not train 2 steps (a long narrowed to int) nor "--steps 12x" 12:
 // every integer flag is one whole decimal number within [lo, hi] of its own type, else a
@@ -27,7 +29,7 @@
 #include "dtensor/comm/threads.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/parse.hpp"
-#include "dtensor/nn/context_options.hpp"
+#include "dtensor/nn/context_options.hpp"  // MeshFlags::cp_kind
 
 namespace examples {
 
@@ -145,37 +147,5 @@ struct MeshFlags {
 
   int ranks() const { return pp * dp * fsdp * cp * tp; }
 };
-
-/// The usage lines of the flags parse_mesh_flag reads.
-inline const char* const mesh_flags_usage =
-    "[--pp N] [--dp N] [--fsdp N] [--cp N] [--tp N] [--ep N] [--zero 1|2|3] [--sp | --no-sp]\n"
-    "  [--reshard-after-forward | --no-reshard-after-forward] [--cp-kind ring|allgather|ulysses] [--schedule gpipe|1f1b|interleaved|zb|zbv|dualpipev] [--microbatches M]";
-
-/// Reads flag `a` into o if it is a parallelism flag (value() gives its value); false otherwise.
-template <class Value>
-bool parse_mesh_flag(MeshFlags& o, const std::string& a, Value&& value) {
-  if (a == "--pp") o.pp = mesh_flag(a, value());
-  else if (a == "--dp") o.dp = mesh_flag(a, value());
-  else if (a == "--fsdp") o.fsdp = mesh_flag(a, value());
-  else if (a == "--cp") o.cp = mesh_flag(a, value());
-  else if (a == "--tp") o.tp = mesh_flag(a, value());
-  else if (a == "--ep") o.ep = mesh_flag(a, value());
-  else if (a == "--zero") o.zero = flag_value<int>(a, value(), 1, 3);
-  else if (a == "--sp") o.sp = true;
-  else if (a == "--no-sp") o.sp = false;
-  else if (a == "--reshard-after-forward") o.reshard_after_forward = true;
-  else if (a == "--no-reshard-after-forward") o.reshard_after_forward = false;
-  else if (a == "--cp-kind") {
-    const std::string k = value();
-    try {
-      o.cp_kind = dtensor::nn::parse_context_kind(k);
-    } catch (const dtensor::Error&) {
-      throw UsageError("--cp-kind is ring, allgather or ulysses, got '" + k + "'");
-    }
-  } else if (a == "--schedule") o.schedule = value();
-  else if (a == "--microbatches") o.microbatches = flag_value<int>(a, value(), 1);
-  else return false;
-  return true;
-}
 
 }  // namespace examples

@@ -76,6 +76,7 @@
 #include "dtensor/sim/serving.hpp"
 #include "dtensor/models/training_plan.hpp"
 #include "dtensor/trace/text_file.hpp"
+#include "flag_table.hpp"
 #include "flags.hpp"
 #include "plan_rescore.hpp"
 
@@ -112,19 +113,230 @@ struct Options {
   // --pcie-gbps (GB/s per rank) through --offload-buffer-mib of host staging; the fit is then the
   // device tier's. A flag of one plan, not a dimension of --search.
   sim::TierOptions tiers;
+  // Parse state: --device / --device-file (one of them, once), and the --device-field and
+  // --peak-tflops fields, applied after both.
+  bool device_given = false;
+  std::vector<std::pair<std::string, std::string>> device_fields;
 };
 
-constexpr const char* usage =
-    "usage: plan_at_scale [--help] [--arch gpt|llama --layers N --dim N --heads N --kv-heads N --ffn N --vocab N --seq N "
-    "--batch N --mlp-ratio N --dtype f32|bf16 --checkpoint --recompute none|full|selective|LIST --dp N --tp N --pp N --cp N --cp-kind ring|allgather|ulysses "
-    "--no-cp-balance --zero 0|1|2|3 --hsdp R --microbatches N --schedule gpipe|1f1b|interleaved|zb|zbv|dualpipev --stages-per-rank N "
-    "--bf16-moments --experts E --topk K --ep N --moe-every N --capacity F --expert-ffn N --no-sp --trace FILE --json "
-    "--device h100|h200|a100|h100-500w --device-file F --device-field NAME=VALUE --peak-tflops X "
-    "--search --gpus N --top K --finalists N --rank-of tp=T,pp=P,dp=D[,cp=C,v=V,zero=Z,micro=B,ep=E] --published "
-    "--serve BATCH,CONTEXT --sync-table [--inner-steps H --fragments F --overlap T --staleness S] "
-    "--offload optimizer|params|activations (a comma list) [--disk-gbps X --pcie-gbps X --offload-buffer-mib X]]\n"
-    "device fields: name peak_bf16_tflops peak_fp32_tflops hbm_gbytes_per_s memory_gbytes nvlink_domain "
-    "nvlink_gbytes_per_s nvlink_latency_us network_gbps network_latency_us [compute_scale]\n";
+/// An integer flag of a value inside the plan (`get(o)`: o.plan.model.layers, ...), as examples::integer.
+template <std::integral T, class Get>
+auto integer_at(Get get, std::type_identity_t<T> lo, std::type_identity_t<T> hi = std::numeric_limits<T>::max()) {
+  return [=](Options& o, const std::string& flag, const std::string& v) { get(o) = flag_value<T>(flag, v, lo, hi); };
+}
+
+/// Every flag, one row each (examples/flag_table.hpp): the parse, the synopsis and --help.
+const examples::FlagTable<Options>& flag_table() {
+  using O = Options;
+  using examples::integer, examples::set_to;
+  auto device = [](O& o, const std::string& f, const std::string& v) {  // --device or --device-file, once
+    if (o.device_given) throw UsageError("give one of --device and --device-file, once");
+    o.device_given = true;
+    o.hardware = f == "--device" ? sim::device(v) : sim::read_device_file(v);
+  };
+  static const examples::FlagTable<O> table{
+      {"", "",
+       "the model (defaults: GPT-2 124M's shape: --layers 12 --dim 768 --heads 12 --vocab 50257 --seq 1024 "
+       "--mlp-ratio 4, --dtype bf16):"},
+      {"--arch", "gpt|llama", "GPT's blocks (default) or Llama's (RMSNorm, rotary GQA, SwiGLU)",
+       [](O& o, const std::string&, const std::string& v) {
+         if (v != "gpt" && v != "llama") throw UsageError("--arch " + v + ": gpt or llama");
+         o.llama = v == "llama";
+       }},
+      {"--layers", "N", "transformer blocks",
+       integer_at<Extent>(
+           [](O & o) -> auto& { return o.plan.model.layers; }, 1)},
+      {"--dim", "N", "the model's width",
+       integer_at<Extent>(
+           [](O & o) -> auto& { return o.plan.model.dim; }, 1)},
+      {"--heads", "N", "attention heads",
+       integer_at<Extent>(
+           [](O & o) -> auto& { return o.plan.model.heads; }, 1)},
+      {"--kv-heads", "N", "KV heads (grouped-query attention; dividing --heads)",
+       integer_at<Extent>(
+           [](O & o) -> auto& { return o.plan.model.kv_heads; }, 1)},
+      {"--ffn", "N", "the MLP's width (default --mlp-ratio x --dim)",
+       integer_at<Extent>(
+           [](O & o) -> auto& { return o.plan.model.ffn; }, 1)},
+      {"--vocab", "N", "the vocabulary",
+       integer_at<Extent>(
+           [](O & o) -> auto& { return o.plan.model.vocab; }, 1)},
+      {"--seq", "N", "positions per sequence",
+       integer_at<Extent>(
+           [](O & o) -> auto& { return o.plan.model.seq; }, 1)},
+      {"--mlp-ratio", "N", "the MLP's width over --dim",
+       integer_at<Extent>(
+           [](O & o) -> auto& { return o.plan.model.mlp_ratio; }, 1)},
+      {"--dtype", "f32|bf16", "the model's element type (fp32 too, for f32)",
+       [](O& o, const std::string&, const std::string& v) {
+         // f32 as train_gpt spells it; fp32 too (what this tool printed and accepted first).
+         if (v != "f32" && v != "fp32" && v != "bf16") throw UsageError("--dtype " + v + ": f32 (or fp32) or bf16");
+         o.bf16 = v == "bf16";
+       }},
+      {"--bf16-moments", "",
+       "bf16 under DDP: AdamW's moments in bf16 on the values, no fp32 master (default: fp32 "
+       "master values and moments)",
+       set_to(&O::bf16_moments, true)},
+      {"--checkpoint", "", "recompute every block in its backward (= --recompute full)",
+       [](O& o, const std::string&, const std::string&) { o.plan.model.checkpoint = true; }},
+      {"--recompute", "none|full|selective|core_attn,norm,act,mlp", "what the blocks recompute (nn/recompute.hpp)",
+       [](O& o, const std::string&, const std::string& v) {
+         try {
+           o.plan.model.recompute = nn::Recompute::parse(v);
+         } catch (const Error& e) {
+           throw UsageError("--recompute " + v + ": " + e.what());
+         }
+       }},
+      {"", "", "the plan (default: --batch 64 --dp 8 --tp 1 --pp 1 --microbatches 1, DDP, SP with --tp):"},
+      {"--batch", "N", "sequences per step over all GPUs",
+       integer_at<Extent>(
+           [](O & o) -> auto& { return o.plan.batch; }, 1)},
+      {"--dp", "N", "data-parallel ranks",
+       integer_at<int>(
+           [](O & o) -> auto& { return o.plan.dp; }, 1)},
+      {"--tp", "N", "tensor-parallel ranks",
+       integer_at<int>(
+           [](O & o) -> auto& { return o.plan.tp; }, 1)},
+      {"--pp", "N", "pipeline ranks",
+       integer_at<int>(
+           [](O & o) -> auto& { return o.plan.pp; }, 1)},
+      {"--cp", "N", "context-parallel ranks: every sequence split",
+       integer_at<int>(
+           [](O & o) -> auto& { return o.plan.cp; }, 1)},
+      {"--cp-kind", "ring|allgather|ulysses", "context attention (default ring)",
+       [](O& o, const std::string&, const std::string& v) {
+         try {
+           o.plan.cp_kind = parallel::parse_context_kind(v);
+         } catch (const Error& e) {
+           throw UsageError("--cp-kind: " + std::string(e.what()));
+         }
+       }},
+      {"--no-cp-balance", "", "the sequence's chunks in order (default: load-balanced over the context ranks)",
+       [](O& o, const std::string&, const std::string&) { o.plan.cp_balanced = false; }},
+      {"--zero", "0|1|2|3", "0: DDP (default); 1, 2, 3: FSDP / ZeRO inside the stages (fp32 master)",
+       integer_at<int>(
+           [](O & o) -> auto& { return o.plan.zero; }, 0, 3)},
+      {"--hsdp", "R", "HSDP: R replicas of the ZeRO shards",
+       integer_at<int>(
+           [](O & o) -> auto& { return o.plan.hsdp; }, 1)},
+      {"--microbatches", "N", "micro-batches per step (dividing --batch)",
+       integer_at<int>(
+           [](O & o) -> auto& { return o.plan.microbatches; }, 1)},
+      {"--schedule", "gpipe|1f1b|interleaved|zb|zbv|dualpipev", "the pipeline schedule",
+       [](O& o, const std::string&, const std::string& v) {
+         try {
+           (void)parallel::pipeline::parse_schedule_kind(v);
+         } catch (const Error& e) {
+           throw UsageError("--schedule: " + std::string(e.what()));
+         }
+         o.plan.schedule = v;
+       }},
+      {"--stages-per-rank", "N", "pipeline stages on each rank (interleaved)",
+       integer_at<int>(
+           [](O & o) -> auto& { return o.plan.stages_per_rank; }, 1)},
+      {"--no-sp", "", "no sequence parallelism with --tp", set_to(&O::sp, false)},
+      {"", "", "mixture of experts (GPT blocks; routed evenly, as a dry run assumes):"},
+      {"--experts", "E", "MoE feed-forwards of E experts",
+       integer_at<Extent>(
+           [](O & o) -> auto& { return o.plan.moe.router.experts; }, 1)},
+      {"--topk", "K", "top-K routing",
+       integer_at<Extent>(
+           [](O & o) -> auto& { return o.plan.moe.router.topk; }, 1)},
+      {"--ep", "N", "the experts over N of the data x context ranks",
+       integer_at<int>(
+           [](O & o) -> auto& { return o.plan.ep; }, 1)},
+      {"--moe-every", "N", "every N-th block a MoE block",
+       integer_at<Extent>(
+           [](O & o) -> auto& { return o.plan.moe.every; }, 1)},
+      {"--capacity", "F", "the capacity factor",
+       [](O& o, const std::string& f, const std::string& v) {
+         o.plan.moe.router.capacity_factor = examples::positive_flag_value(f, v);
+       }},
+      {"--expert-ffn", "N", "the experts' width (default --mlp-ratio x --dim)",
+       integer_at<Extent>(
+           [](O & o) -> auto& { return o.plan.moe.hidden; }, 1)},
+      {"", "", "the device (sim/device.hpp; default h100) and the report:"},
+      {"--device", "h100|h200|a100|h100-500w", "a known device", device},
+      {"--device-file", "F", "a device file with every field", device},
+      {"--device-field", "NAME=VALUE",
+       "one field of the device: name peak_bf16_tflops peak_fp32_tflops "
+       "hbm_gbytes_per_s memory_gbytes nvlink_domain nvlink_gbytes_per_s nvlink_latency_us "
+       "network_gbps network_latency_us [compute_scale]",
+       [](O& o, const std::string&, const std::string& v) {
+         const auto eq = v.find('=');
+         if (eq == std::string::npos) throw UsageError("--device-field " + v + ": expected NAME=VALUE");
+         o.device_fields.emplace_back(v.substr(0, eq), v.substr(eq + 1));
+       }},
+      {"--peak-tflops", "X", "the device's bf16 peak (at most 1e6)",
+       [](O& o, const std::string& f, const std::string& v) {
+         // A bound well past any GPU (an H200 is ~1e3 bf16): 1e300 was accepted and made the MFU 0.
+         const double peak = examples::positive_flag_value(f, v);
+         if (peak > 1e6) throw UsageError("--peak-tflops " + v + " exceeds 1e6 TFLOP/s per GPU");
+         o.device_fields.emplace_back("peak_bf16_tflops", std::to_string(peak));
+       }},
+      {"--trace", "FILE", "a Chrome trace of the step", examples::text(&O::trace)},
+      {"--json", "", "the report as one JSON object (one plan's report only)", set_to(&O::json, true)},
+      {"", "", "--search, --serve, --published, --sync-table, --offload:"},
+      {"--search", "", "every plan of the model on --gpus GPUs, ranked (sim/search.hpp)", set_to(&O::search, true)},
+      {"--gpus", "N", "--search: the GPUs", integer(&O::search_gpus, 1, 1LL << 31)},
+      {"--top", "K", "--search: the plans printed (default 5)", integer(&O::top, 1, 1000)},
+      {"--finalists", "N", "--search: the analytic best that are dry-run (default 12; 0: the analytic ranking alone)",
+       integer(&O::finalists, 0, 1000)},
+      {"--rank-of", "tp=T,pp=P,dp=D[,cp=C,v=V,zero=Z,micro=B,ep=E]", "--search: where that plan ranks, and why",
+       [](O& o, const std::string&, const std::string& spec) {
+         std::size_t begin = 0;
+         while (begin < spec.size()) {
+           const std::size_t end = std::min(spec.find(',', begin), spec.size());
+           const std::string item = spec.substr(begin, end - begin);
+           const auto eq = item.find('=');
+           const std::string key = item.substr(0, eq);
+           if (eq == std::string::npos || (key != "tp" && key != "pp" && key != "dp" && key != "cp" && key != "v" &&
+                                           key != "zero" && key != "micro" && key != "ep"))
+             throw UsageError("--rank-of " + spec + ": expected KEY=N items, KEY one of tp pp dp cp v zero micro ep");
+           o.rank_of.emplace_back(key, flag_value<long long>("--rank-of " + key, item.substr(eq + 1), 0, 1LL << 31));
+           begin = end + 1;
+         }
+       }},
+      {"--published", "", "the published runs' plans against their reported figures", set_to(&O::published, true)},
+      {"--serve", "BATCH,CONTEXT", "serving instead of training: weights and KV cache per rank, prefill and decode",
+       [](O& o, const std::string&, const std::string& spec) {
+         const auto comma = spec.find(',');
+         if (comma == std::string::npos) throw UsageError("--serve " + spec + ": expected BATCH,CONTEXT");
+         o.serve_batch = flag_value<long long>("--serve batch", spec.substr(0, comma), 1, 1LL << 31);
+         o.serve_context = flag_value<long long>("--serve context", spec.substr(comma + 1), 1, 1LL << 31);
+       }},
+      {"--sync-table", "", "the strategies of parallel/sync/ on the data dimension against DDP",
+       set_to(&O::sync_table, true)},
+      {"--inner-steps", "H", "--sync-table: local steps per sync (default 100)", integer(&O::inner_steps, 1, 1 << 20)},
+      {"--fragments", "F", "--sync-table: Streaming DiLoCo's pieces (default 4)", integer(&O::fragments, 1, 1 << 20)},
+      {"--overlap", "T", "--sync-table: steps an all-reduce overlaps (default 1)", integer(&O::overlap, 0, 1 << 20)},
+      {"--staleness", "S", "--sync-table: async's delay (default 1)", integer(&O::staleness, 0, 1 << 20)},
+      {"--offload", "optimizer,params,activations",
+       "a comma list: every rank class's bytes per tier (device, host, "
+       "disk) and the step's transfers (sim/offload_tiers.hpp)",
+       [](O& o, const std::string&, const std::string& v) {
+         try {
+           o.tiers.offload = sim::parse_offload(v);
+         } catch (const Error& e) {
+           throw UsageError("--offload: " + std::string(e.what()));
+         }
+       }},
+      {"--disk-gbps", "X", "--offload: the disk's GB/s per rank",
+       [](O& o, const std::string& f, const std::string& v) {
+         o.tiers.disk_bytes_per_second = 1e9 * examples::positive_flag_value(f, v);
+       }},
+      {"--pcie-gbps", "X", "--offload: PCIe's GB/s per rank",
+       [](O& o, const std::string& f, const std::string& v) {
+         o.tiers.pcie_bytes_per_second = 1e9 * examples::positive_flag_value(f, v);
+       }},
+      {"--offload-buffer-mib", "X", "--offload: the host staging buffer",
+       [](O& o, const std::string& f, const std::string& v) {
+         o.tiers.buffer_bytes = double(1 << 20) * examples::positive_flag_value(f, v);
+       }},
+      {"--help", "", "this text (also -h; anywhere on the line, before any flag is checked)"},
+  };
+  return table;
+}
 
 sim::ModelShape model_shape(const Options& o) {
   const auto& m = o.plan.model;
@@ -139,138 +351,8 @@ sim::ModelShape model_shape(const Options& o) {
 Options parse(int argc, char** argv) {
   Options o;
   auto& m = o.plan.model;
-  bool device_given = false;
-  std::vector<std::pair<std::string, std::string>> fields;  // --device-field, applied after --device(-file)
-  std::vector<std::string> given;                             // the flags on the command line
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    given.push_back(a);
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw UsageError(a + " needs a value");
-      return examples::nonempty_flag_value(a, argv[++i]);  // "" is no value (flags.hpp)
-    };
-    if (a == "--layers") m.layers = flag_value<Extent>(a, value(), 1);
-    else if (a == "--dim") m.dim = flag_value<Extent>(a, value(), 1);
-    else if (a == "--heads") m.heads = flag_value<Extent>(a, value(), 1);
-    else if (a == "--kv-heads") m.kv_heads = flag_value<Extent>(a, value(), 1);
-    else if (a == "--ffn") m.ffn = flag_value<Extent>(a, value(), 1);
-    else if (a == "--vocab") m.vocab = flag_value<Extent>(a, value(), 1);
-    else if (a == "--seq") m.seq = flag_value<Extent>(a, value(), 1);
-    else if (a == "--mlp-ratio") m.mlp_ratio = flag_value<Extent>(a, value(), 1);
-    else if (a == "--checkpoint") m.checkpoint = true;
-    else if (a == "--recompute") {  // none|full|selective|core_attn,norm,act,mlp (nn/recompute.hpp)
-      const std::string text = value();
-      try {
-        m.recompute = nn::Recompute::parse(text);
-      } catch (const Error& e) {
-        throw UsageError("--recompute " + text + ": " + e.what());
-      }
-    }
-    else if (a == "--batch") o.plan.batch = flag_value<Extent>(a, value(), 1);
-    else if (a == "--dp") o.plan.dp = flag_value<int>(a, value(), 1);
-    else if (a == "--tp") o.plan.tp = flag_value<int>(a, value(), 1);
-    else if (a == "--pp") o.plan.pp = flag_value<int>(a, value(), 1);
-    else if (a == "--zero") o.plan.zero = flag_value<int>(a, value(), 0, 3);
-    else if (a == "--hsdp") o.plan.hsdp = flag_value<int>(a, value(), 1);
-    else if (a == "--cp") o.plan.cp = flag_value<int>(a, value(), 1);
-    else if (a == "--cp-kind") {
-      try {
-        o.plan.cp_kind = parallel::parse_context_kind(value());
-      } catch (const Error& e) {
-        throw UsageError("--cp-kind: " + std::string(e.what()));
-      }
-    }
-    else if (a == "--no-cp-balance") o.plan.cp_balanced = false;
-    else if (a == "--microbatches") o.plan.microbatches = flag_value<int>(a, value(), 1);
-    else if (a == "--stages-per-rank") o.plan.stages_per_rank = flag_value<int>(a, value(), 1);
-    else if (a == "--schedule") {
-      o.plan.schedule = value();
-      try {
-        (void)parallel::pipeline::parse_schedule_kind(o.plan.schedule);
-      } catch (const Error& e) {
-        throw UsageError("--schedule: " + std::string(e.what()));
-      }
-    }
-    else if (a == "--experts") o.plan.moe.router.experts = flag_value<Extent>(a, value(), 1);
-    else if (a == "--topk") o.plan.moe.router.topk = flag_value<Extent>(a, value(), 1);
-    else if (a == "--ep") o.plan.ep = flag_value<int>(a, value(), 1);
-    else if (a == "--moe-every") o.plan.moe.every = flag_value<Extent>(a, value(), 1);
-    else if (a == "--expert-ffn") o.plan.moe.hidden = flag_value<Extent>(a, value(), 1);
-    else if (a == "--capacity") o.plan.moe.router.capacity_factor = examples::positive_flag_value(a, value());
-    else if (a == "--arch") {
-      const auto arch = value();
-      if (arch != "gpt" && arch != "llama") throw UsageError("--arch " + arch + ": gpt or llama");
-      o.llama = arch == "llama";
-    } else if (a == "--dtype") {
-      const auto dtype = value();
-      // f32 as train_gpt spells it; fp32 too (what this tool printed and accepted first).
-      if (dtype != "f32" && dtype != "fp32" && dtype != "bf16") throw UsageError("--dtype " + dtype + ": f32 (or fp32) or bf16");
-      o.bf16 = dtype == "bf16";
-    } else if (a == "--bf16-moments") o.bf16_moments = true;
-    else if (a == "--no-sp") o.sp = false;
-    else if (a == "--trace") o.trace = value();
-    else if (a == "--peak-tflops") {
-      // A bound well past any GPU (an H200 is ~1e3 bf16): 1e300 was accepted and made the MFU 0.
-      const std::string text = value();
-      const double peak = examples::positive_flag_value(a, text);
-      if (peak > 1e6) throw UsageError("--peak-tflops " + text + " exceeds 1e6 TFLOP/s per GPU");
-      fields.emplace_back("peak_bf16_tflops", std::to_string(peak));
-    }
-    else if (a == "--device" || a == "--device-file") {
-      if (device_given) throw UsageError("give one of --device and --device-file, once");
-      device_given = true;
-      o.hardware = a == "--device" ? sim::device(value()) : sim::read_device_file(value());
-    } else if (a == "--device-field") {
-      const auto f = value();
-      const auto eq = f.find('=');
-      if (eq == std::string::npos) throw UsageError("--device-field " + f + ": expected NAME=VALUE");
-      fields.emplace_back(f.substr(0, eq), f.substr(eq + 1));
-    } else if (a == "--json") o.json = true;
-    else if (a == "--offload") {
-      const std::string list = value();
-      try {
-        o.tiers.offload = sim::parse_offload(list);
-      } catch (const Error& e) {
-        throw UsageError("--offload: " + std::string(e.what()));
-      }
-    } else if (a == "--disk-gbps") o.tiers.disk_bytes_per_second = 1e9 * examples::positive_flag_value(a, value());
-    else if (a == "--pcie-gbps") o.tiers.pcie_bytes_per_second = 1e9 * examples::positive_flag_value(a, value());
-    else if (a == "--offload-buffer-mib") o.tiers.buffer_bytes = double(1 << 20) * examples::positive_flag_value(a, value());
-    else if (a == "--sync-table") o.sync_table = true;
-    else if (a == "--inner-steps") o.inner_steps = flag_value<int>(a, value(), 1, 1 << 20);
-    else if (a == "--fragments") o.fragments = flag_value<int>(a, value(), 1, 1 << 20);
-    else if (a == "--overlap") o.overlap = flag_value<int>(a, value(), 0, 1 << 20);
-    else if (a == "--staleness") o.staleness = flag_value<int>(a, value(), 0, 1 << 20);
-    else if (a == "--search") o.search = true;
-    else if (a == "--published") o.published = true;
-    else if (a == "--gpus") o.search_gpus = flag_value<long long>(a, value(), 1, 1LL << 31);
-    else if (a == "--top") o.top = flag_value<int>(a, value(), 1, 1000);
-    else if (a == "--finalists") o.finalists = flag_value<int>(a, value(), 0, 1000);
-    else if (a == "--rank-of") {
-      const std::string spec = value();
-      std::size_t begin = 0;
-      while (begin < spec.size()) {
-        const std::size_t end = std::min(spec.find(',', begin), spec.size());
-        const std::string item = spec.substr(begin, end - begin);
-        const auto eq = item.find('=');
-        const std::string key = item.substr(0, eq);
-        if (eq == std::string::npos || (key != "tp" && key != "pp" && key != "dp" && key != "cp" && key != "v" &&
-                                         key != "zero" && key != "micro" && key != "ep"))
-          throw UsageError("--rank-of " + spec + ": expected KEY=N items, KEY one of tp pp dp cp v zero micro ep");
-        o.rank_of.emplace_back(key, flag_value<long long>("--rank-of " + key, item.substr(eq + 1), 0, 1LL << 31));
-        begin = end + 1;
-      }
-    }
-    else if (a == "--serve") {
-      const std::string spec = value();
-      const auto comma = spec.find(',');
-      if (comma == std::string::npos) throw UsageError("--serve " + spec + ": expected BATCH,CONTEXT");
-      o.serve_batch = flag_value<long long>("--serve batch", spec.substr(0, comma), 1, 1LL << 31);
-      o.serve_context = flag_value<long long>("--serve context", spec.substr(comma + 1), 1, 1LL << 31);
-    }
-    else throw UsageError("unknown flag " + a);
-  }
-  for (const auto& [name, text] : fields) sim::set_device_field(o.hardware, name, text);
+  const std::vector<std::string> given = examples::parse_flags(flag_table(), o, argc, argv, "plan_at_scale");
+  for (const auto& [name, text] : o.device_fields) sim::set_device_field(o.hardware, name, text);
   o.hardware.fp32 = !o.bf16;
   o.hardware.check("plan_at_scale --device");
   const auto was_given = [&](const char* flag) { return std::find(given.begin(), given.end(), flag) != given.end(); };
@@ -810,15 +892,13 @@ int run(const Options& o) {
 
 int main(int argc, char** argv) {
   // --help anywhere on the line, before anything else is parsed or run.
-  for (int i = 1; i < argc; ++i)
-    if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
-      std::printf("plan_at_scale: a training plan for thousands of GPUs, run dry (docs/dry-run.md)\n%s", usage);
-      return 0;
-    }
+  if (examples::help_requested(argc, argv))
+    std::printf("plan_at_scale: a training plan for thousands of GPUs, run dry (docs/dry-run.md)\n");
   try {
     return run(parse(argc, argv));
   } catch (const UsageError& e) {
-    std::fprintf(stderr, "plan_at_scale: %s\n%s", e.what(), usage);
+    std::fprintf(stderr, "plan_at_scale: %s\n%s  plan_at_scale --help: what each flag does\n", e.what(),
+                 examples::flags_synopsis(flag_table(), "plan_at_scale").c_str());
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "plan_at_scale: %s\n", e.what());

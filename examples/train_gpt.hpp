@@ -72,7 +72,10 @@
 #include "dtensor/distributed/settings_agreement.hpp"
 #include "dtensor/comm/hosts.hpp"
 #include "dtensor/mesh/hosts.hpp"
+#include "dtensor/models/expert_load.hpp"
 #include "dtensor/models/generate.hpp"
+#include "dtensor/models/pipeline_generate.hpp"
+#include "dtensor/models/serve.hpp"
 #include "dtensor/nn/cross_mesh_params.hpp"
 #include "dtensor/comm/sim.hpp"
 #include "dtensor/models/llama.hpp"
@@ -96,6 +99,7 @@
 #include "dtensor/kernels/host/blas_core.hpp"
 #include "dtensor/kernels/host/parallel.hpp"
 #include "content_digest.hpp"
+#include "flag_table.hpp"
 #include "flags.hpp"
 #include "plan_auto.hpp"
 
@@ -120,165 +124,262 @@ using ExpertMeshIn = BasicDeviceMesh<Space, "edp", "ep", "tp">;        // the Mo
 
 // ---------------------------------------------------------------- flags
 
+/// The flags' values (what each means, its default and bounds: flag_table() below).
 struct Options : examples::MeshFlags {  // the mesh: --pp --dp --fsdp --cp --tp --ep --zero --sp --cp-kind ...
-  // The model.
+  // The model: GPT's blocks or Llama's (--arch, --kv-heads, --ffn: 0 = --heads, 4 x --dim), dense or MoE.
   Extent layers = 4, heads = 4, dim = 64, seq = 32, batch = 16;
   bool checkpoint = false;
-  nn::Recompute recompute{};  // --recompute none|full|selective|LIST (nn/recompute.hpp); full = --checkpoint
+  nn::Recompute recompute{};  // nn/recompute.hpp; full = --checkpoint
+  std::string arch = "gpt";
+  Extent kv_heads = 0, ffn = 0;
   Extent experts = 0, topk = 2, moe_every = 1;  // 0 experts: dense MLPs
   double capacity = 0;                          // 0: dropless
-  // Training.
+  // Training, and where it runs.
   int steps = 100, eval_every = 25;
   double lr = 3e-3;
   std::uint64_t seed = 1;
-  bool check_finite = false;
-  std::string trace, plot;  // --trace FILE (a Chrome trace of steps 2..4), --plot FILE (SVG loss curves)
-  std::string data, backend = "threads";
-  std::string device = "cpu", dtype = "f32";  // --device cpu|cuda, --dtype f32|bf16
-  int intra_op_threads = 1;  // --intra-op-threads N: each rank's host kernels on N threads (kernels/host/parallel.hpp)
-  bool tf32 = false;                          // --tf32: float GEMMs on TF32 tensor cores (--device cuda)
-  std::string attention = "auto";             // --attention auto|fused|gemm: the CUDA attention kernels
-  // The architecture: nn::GPT's blocks, or Llama's (RMSNorm, rotary GQA attention, SwiGLU; models/llama.hpp).
-  std::string arch = "gpt";
-  Extent kv_heads = 0, ffn = 0;  // llama: KV heads (0: --heads), SwiGLU width (0: 4 x --dim)
-  // Checkpoints (checkpoint/pipeline_state.hpp): every --save-every steps into --save-dir (replaced
-  // atomically), and --resume DIR to continue from one saved on any mesh.
+  bool check_finite = false, tf32 = false;
+  std::string trace, plot, data, backend = "threads", device = "cpu", dtype = "f32", attention = "auto";
+  int intra_op_threads = 1;
+  // Checkpoints (checkpoint/pipeline_state.hpp).
   int save_every = 0;
   std::string save_dir, resume;
-  // Beyond lock-step DP on "dp" (parallel/sync/, docs/beyond-sync.md): --sync ddp|local-sgd|diloco|async|fedavg,
-  // --inner-steps H (local SGD, DiLoCo; FedAvg: local steps per round), --staleness s (async), --clients K
-  // (FedAvg: clients sampled per round, 0 = every dp rank), --kfold k (k runs, mean and std of the validation loss).
+  // Beyond lock-step DP on "dp" (parallel/sync/), DiLoCo's options (parallel::sync::DiLoCoOptions;
+  // --outer-lr 0 and --outer-momentum -1: the library's defaults).
   std::string sync = "ddp";
   int inner_steps = 50, staleness = 1, clients = 0, kfold = 0;
   bool inner_steps_given = false, staleness_given = false;  // refused where --sync cannot use them
-  // DiLoCo's options (parallel::sync::DiLoCoOptions): --fragments F and --overlap tau (Streaming DiLoCo),
-  // --overlap-alpha, --bf16-reduce, --outer-lr and --outer-momentum (0: the library's defaults 0.7 and 0.9).
   int fragments = 1, overlap = 0;
   double overlap_alpha = 0, outer_lr = 0, outer_momentum = -1;
   bool bf16_reduce = false;
   bool diloco_options_given() const {
     return fragments != 1 || overlap != 0 || overlap_alpha != 0 || bf16_reduce || outer_lr != 0 || outer_momentum >= 0;
   }
-  // Weights in and out, and text (checkpoint/safetensors.hpp, models/generate.hpp): --init-from FILE
-  // starts from a safetensors file's weights, --export FILE writes the trained ones (whole tensors,
-  // any mesh), --generate N prints N characters after --prompt TEXT from the trained model (greedy,
-  // or sampled with --temperature T, --top-k K and --top-p P: the nucleus, 0 < P <= 1, 1 = all).
+  // Weights in and out, and text (checkpoint/safetensors.hpp, models/generate.hpp, models/serve.hpp).
   std::string export_path, init_from, prompt = "The ";
-  int generate = 0, top_k = 0;
+  int generate = 0, top_k = 0, serve_tp = 0;
   double temperature = 0, top_p = 1;
-  // --serve-mesh tp=N: the generation repeated on a serving mesh (tp N over ranks 0..N-1), the
-  // trained weights moved there in memory (nn::redistribute_parameters, docs/cross-mesh.md).
-  int serve_tp = 0;
   // The `generate` program (train_gpt started as `generate`, examples/train_gpt.cpp): no
-  // training, the model's shape read from the
-  // --resume checkpoint; --seed there seeds the sampling only.
+  // training, the model's shape read from the --resume checkpoint; --seed there seeds the sampling only.
   bool generate_program = false;
   std::optional<std::uint64_t> sampling_seed;
   std::uint64_t sample_seed() const { return sampling_seed.value_or(seed); }
-  // ---- offload (issue 27; docs/offload.md): --offload optimizer,params,activations (a comma
-  // list): optimizer puts AdamW's moments in files under --offload-dir (optim::OffloadedAdamW),
-  // staged through --offload-buffer-kib KiB of host memory; params the FSDP master shards
-  // (FsdpOptions::offload_params_dir, mapped files); activations every block's saved activations
-  // there between its forward and backward (nn::ActivationOffload).
+  // Offload (docs/offload.md: optim::OffloadedAdamW, FsdpOptions::offload_params_dir,
+  // nn::ActivationOffload) and the memory budgets (optim/memory_budget.hpp).
   std::vector<std::string> offload;
   std::string offload_dir;
   std::size_t offload_buffer_kib = 64 << 10;
   bool offload_buffer_given = false;  // else, under --host-budget-mib, the budget sizes it
-  // --host-budget-mib / --device-budget-mib (optim/memory_budget.hpp): the host (cuda) bytes this
-  // process's tensors may hold, checked on the ledger before training and over the first step.
   double host_budget_mib = 0, device_budget_mib = 0;
   bool offloads(std::string_view what) const { return std::find(offload.begin(), offload.end(), what) != offload.end(); }
-  // ---- end offload
-  // --plan auto --ranks N [--plan-device h100|h100-500w|h200|a100]: the mesh flags chosen by the cost model
-  // (examples/plan_auto.hpp); plan_report is what rank 0 prints about the choice.
+  // --plan auto (examples/plan_auto.hpp); plan_report is what rank 0 prints about the choice.
   std::string plan, plan_device = "h100", plan_report;
   std::vector<std::string> plan_device_fields;  // --plan-device-field NAME=VALUE, in order
   int plan_ranks = 0;
 };
-
-inline const char* const usage =
-    "usage: train_gpt [--pp N] [--dp N] [--fsdp N] [--cp N] [--tp N] [--ep N] [--zero 1|2|3] [--sp | --no-sp]\n"
-    "                 [--reshard-after-forward | --no-reshard-after-forward]\n"
-    "                 [--cp-kind ring|allgather|ulysses] [--schedule gpipe|1f1b|interleaved|zb|zbv|dualpipev] [--microbatches M]\n"
-    "                 [--layers N] [--heads N] [--dim N] [--seq N] [--batch N] [--checkpoint]\n"
-    "                 [--recompute none|full|selective|core_attn,norm,act,mlp]\n"
-    "                 [--experts E] [--topk K] [--capacity F] [--moe-every N]\n"
-    "                 [--steps N] [--lr X] [--seed N] [--eval-every N] [--check-finite] [--data FILE] [--backend threads|mpi|nccl]\n"
-    "                 [--device cpu|cuda] [--dtype f32|bf16] [--tf32] [--attention auto|fused|gemm] [--intra-op-threads N]\n"
-    "                 [--trace FILE] [--plot FILE] [--arch gpt|llama] [--kv-heads N] [--ffn N]\n"
-    "                 [--save-every N --save-dir DIR] [--resume DIR]\n"
-    "                 [--sync ddp|local-sgd|diloco|async|fedavg] [--inner-steps H] [--staleness s] [--clients K] [--kfold k]\n"
-    "                 [--fragments F] [--overlap T] [--overlap-alpha A] [--bf16-reduce] [--outer-lr X] [--outer-momentum M]\n"
-    "                 [--init-from FILE] [--export FILE.safetensors] [--generate N [--prompt TEXT] [--temperature T] [--top-k K] [--top-p P]]\n"
-    "                 [--offload optimizer,params,activations --offload-dir DIR [--offload-buffer-kib N]] [--host-budget-mib X] [--device-budget-mib X]\n"
-    "  mesh (pp, dp, fsdp, cp, tp), default pp 2 x dp 1 x fsdp 2 x cp 2 x tp 2 + SP: 16 ranks (threads, or mpirun -n).\n"
-    "  --pp: pipeline stages (--schedule, default 1f1b, over --microbatches, default 2 x pp, or 1 without a\n"
-    "        pipeline; interleaved, zbv and dualpipev put 2 stages on each rank;\n"
-    "        dualpipev needs M >= 2 x pp); --dp: replicas; --fsdp: parameter shards,\n"
-    "        ZeRO --zero (default 3, or 1 when --fsdp 1: DDP); ZeRO-3 gathers each unit per micro-batch\n"
-    "        (--reshard-after-forward, the default at pp 1) or keeps a stage gathered for the step\n"
-    "        (--no-reshard-after-forward, the default with a pipeline: fewer all-gathers, more memory);\n"
-    "        --cp: sequence split (--cp-kind, default ring; ulysses: --heads a multiple of\n"
-    "        tp x cp); --tp: Megatron tensor parallelism, with sequence parallelism unless --no-sp.\n"
-    "  --experts E > 0: MoE blocks (every --moe-every-th, default all), top-K routing (default 2), capacity factor F\n"
-    "        (default dropless; with --cp > 1 at least E / K), experts split over --ep ranks (dividing dp x fsdp x cp;\n"
-    "        any E: 5 over 2 is 3 + 2).\n"
-    "  model defaults: --layers 4 --heads 4 --dim 64 --seq 32 --batch 16 (sequences per step over all ranks);\n"
-    "  training: --steps 100 --lr 3e-3 --seed 1 --eval-every 25; data: the files under /usr/share/common-licenses.\n"
-    "  --arch llama: RMSNorm, rotary grouped-query attention (--kv-heads, default --heads), SwiGLU (--ffn, default\n"
-    "        4 x --dim); not with --experts.\n"
-    "  checkpoints: --save-every N --save-dir DIR saves parameters, AdamW state, step and data position into DIR\n"
-    "        every N steps (atomically: DIR always holds a whole checkpoint); --resume DIR continues from one, saved\n"
-    "        on any mesh, up to --steps (the total).\n"
-    "  --device cuda (train_gpt_cuda): the model on a GPU, the ranks threads sharing it, or --backend nccl under\n"
-    "        mpirun (one GPU per process). --tf32: its float GEMMs on TF32 tensor cores (fp32 accumulation,\n"
-    "        inputs rounded to 10 mantissa bits; PyTorch's allow_tf32). --attention fused|gemm: the fused attention\n"
-    "        kernels or the cuBLAS chunks (docs/gpu.md); auto (the default) takes the chunks from 128 keys on.\n"
-    "  --intra-op-threads N: each rank's host kernels (attention, norms, GELU, AdamW, cross entropy, elementwise,\n"
-    "        permutes) on N threads: a pool of N - 1 workers per rank; the same bits as 1 (docs/host-kernels.md).\n"
-    "        The GEMMs' threads are OpenBLAS's: DTENSOR_BLAS_THREADS.\n"
-    "  --dtype bf16: the model computes in bfloat16; master weights, gradient shards and AdamW state stay fp32\n"
-    "        (FSDP mixed precision, also without --fsdp: ZeRO-1 on one shard); not with --experts.\n"
-    "  --sync (on \"dp\", docs/beyond-sync.md): ddp (default); local-sgd / diloco: average / DiLoCo outer step every\n"
-    "        --inner-steps H (50); async: the all-reduce of step t applied at t + --staleness s (1); fedavg: each dp\n"
-    "        rank a client on its own slice of the text, --clients K sampled per round of H steps (0: all).\n"
-    "        --kfold k: k runs over k folds of the text's blocks, then the validation loss's mean and std.\n"
-    "        diloco: --fragments F (Streaming DiLoCo: F staggered pieces), --overlap T (a piece's all-reduce waited\n"
-    "        for T < H steps after issue; its local steps merged with --overlap-alpha A, default 0), --bf16-reduce,\n"
-    "        --outer-lr X (0.7), --outer-momentum M (Nesterov, 0.9).\n"
-    "  --init-from FILE: the weights of a safetensors file (or a sharded *.index.json), any mesh's, instead of the\n"
-    "        random init; --export FILE.safetensors: the trained weights, whole, readable by Python's safetensors;\n"
-    "        --generate N: N characters after --prompt TEXT (default \"The \") from the trained model, greedy or\n"
-    "        sampled (--temperature T > 0, --top-k K, --top-p P in (0, 1]), on the training mesh with a KV cache per\n"
-    "        pipeline stage; with --resume DIR at or past --steps, from the checkpoint without training (the\n"
-    "        generate program: the same, the model's shape read from the checkpoint; generate --help). CPU.\n"
-    "        --serve-mesh tp=N: the same text again on a serving mesh (tp N over ranks 0..N-1), the trained weights\n"
-    "        moved there in memory with the fewest bytes (docs/cross-mesh.md); its tokens must equal the training\n"
-    "        mesh's; from every pipeline stage, MoE experts included.\n"
-    "  --offload optimizer (docs/offload.md): AdamW's moments in a file per rank under --offload-dir (an existing,\n"
-    "        writable local directory with room for them), staged through --offload-buffer-kib KiB of host memory\n"
-    "        (default 65536); the same update bit for bit. Host memory only; checkpoints save the moments.\n"
-    "  --offload params: the FSDP master shards (ZeRO-3's parameter shards, a bf16 model's fp32 master) in files\n"
-    "        under --offload-dir, mapped, prefetched a unit ahead and written behind; not for an f32 model at ZeRO-1/2\n"
-    "        (its master is its own values).\n"
-    "  --offload activations: every block's saved activations in a file per rank under --offload-dir between its\n"
-    "        forward and backward (written behind, read ahead; the same losses bit for bit; CPU, dense models).\n"
-    "        A comma list takes several: --offload optimizer,params,activations.\n"
-    "  --host-budget-mib X / --device-budget-mib X (docs/offload.md): the host (GPU) memory this process's tensors may\n"
-    "        hold, in MiB (decimals allowed); over it after building the model and optimizer, or in the first step, is an\n"
-    "        error on every rank. With --offload optimizer and no --offload-buffer-kib, the budget sizes the buffer.\n"
-    "  --plan auto --ranks N [--plan-device h100|h100-500w|h200|a100] [--plan-device-field NAME=VALUE]: the mesh flags (not\n"
-    "        given) and the recomputation (unless --checkpoint/--recompute) chosen for N ranks by the dry run's cost\n"
-    "        model for that device (examples/plan_auto.hpp, docs/dry-run.md), printed with why, then trained.\n";
 
 using examples::flag_value;
 using examples::UsageError;
 
 inline std::string str(long long n) { return std::to_string(n); }
 
-/// --arch and its flags.
+/// Every flag, one row each (examples/flag_table.hpp): the parse, the synopsis and --help.
+inline const examples::FlagTable<Options>& flag_table() {
+  using O = Options;
+  using examples::choice, examples::integer, examples::marking, examples::positive, examples::set_to, examples::text;
+  auto budget = [](double O::*m) {  // at least one byte (1e-320 MiB is positive, but 0 bytes), within an int64 of bytes
+    return [=](O& o, const std::string& f, const std::string& v) {
+      const double mib = examples::positive_flag_value(f, v, double(std::int64_t(1) << 42));
+      if (mib * (1 << 20) < 1) throw UsageError(f + " " + v + " is less than one byte");
+      o.*m = mib;
+    };
+  };
+  static const examples::FlagTable<O> table = [&] {
+    auto t = examples::mesh_flag_rows<O>(
+        "mesh (pp, dp, fsdp, cp, tp), default pp 2 x dp 1 x fsdp 2 x cp 2 x tp 2 + SP: 16 ranks (threads, or mpirun "
+        "-n). "
+        "--schedule dualpipev needs --microbatches >= 2 x pp; ZeRO-3 (--zero 3, the default with --fsdp > 1) gathers "
+        "each "
+        "unit per micro-batch at pp 1 and keeps a stage gathered for the step with a pipeline.");
+    const examples::FlagTable<O> rows{
+        {"", "", "the model (defaults: --layers 4 --heads 4 --dim 64 --seq 32 --batch 16):"},
+        {"--layers", "N", "transformer blocks", integer(&O::layers, 1)},
+        {"--heads", "N", "attention heads (a multiple of --tp; dividing --dim)", integer(&O::heads, 1)},
+        {"--dim", "N", "the model's width", integer(&O::dim, 1)},
+        {"--seq", "N", "characters per sequence (at least 2)", integer(&O::seq, 2)},
+        {"--batch", "N", "sequences per step over all ranks", integer(&O::batch, 1)},
+        {"--checkpoint", "", "recompute every block in its backward (activation checkpointing: --recompute full)",
+         set_to(&O::checkpoint, true)},
+        {"--recompute", "none|full|selective|core_attn,norm,act,mlp",
+         "what the blocks recompute in their backward "
+         "(nn/recompute.hpp; default none)",
+         [](O& o, const std::string&, const std::string& v) {
+           try {
+             o.recompute = nn::Recompute::parse(v);
+           } catch (const Error& e) {
+             throw UsageError("--recompute " + v + ": " + e.what());
+           }
+         }},
+        {"--arch", "gpt|llama",
+         "the blocks: GPT's (default), or Llama's: RMSNorm, rotary grouped-query attention, "
+         "SwiGLU; not with --experts",
+         choice(&O::arch, {"gpt", "llama"})},
+        {"--kv-heads", "N", "--arch llama: the KV heads (default --heads, which N divides)", integer(&O::kv_heads, 1)},
+        {"--ffn", "N", "--arch llama: the SwiGLU width (default 4 x --dim)", integer(&O::ffn, 1)},
+        {"--experts", "E",
+         "E > 0: MoE blocks of E experts (default 0: dense MLPs), split over --ep ranks (dividing "
+         "dp x fsdp x cp; any E: 5 over 2 is 3 + 2)",
+         integer(&O::experts, 0)},
+        {"--topk", "K", "--experts: top-K routing (default 2)", integer(&O::topk, 1)},
+        {"--capacity", "F", "--experts: the capacity factor (default dropless; with --cp > 1 at least E / K)",
+         positive(&O::capacity)},
+        {"--moe-every", "N", "--experts: every N-th block a MoE block (default 1: all)", integer(&O::moe_every, 1)},
+        {"", "", "training (defaults: --steps 100 --lr 3e-3 --seed 1 --eval-every 25):"},
+        {"--steps", "N", "training steps (with --resume, the total)", integer(&O::steps, 1)},
+        {"--lr", "X", "AdamW's learning rate (at most 1e6)", positive(&O::lr, 1e6)},
+        {"--seed", "N", "the initialization's and the batches' seed", integer(&O::seed, 0)},
+        {"--eval-every", "N", "the validation loss every N steps", integer(&O::eval_every, 1)},
+        {"--check-finite", "", "stop at the first NaN/Inf loss or parameter, naming it",
+         set_to(&O::check_finite, true)},
+        {"--data", "FILE", "the text (default: the files under /usr/share/common-licenses)", text(&O::data)},
+        {"--trace", "FILE", "a Chrome trace of steps 2..4 (docs/observability.md)", text(&O::trace)},
+        {"--plot", "FILE", "the train and validation loss curves as an SVG", text(&O::plot)},
+        {"", "", "where it runs:"},
+        {"--backend", "threads|mpi|nccl",
+         "the ranks: threads (default), MPI processes (mpirun -n), or NCCL with "
+         "--device cuda under mpirun (one GPU per process)",
+         choice(&O::backend, {"threads", "mpi", "nccl"})},
+        {"--device", "cpu|cuda",
+         "cuda (train_gpt_cuda): the model on a GPU, the ranks threads sharing it, or --backend "
+         "nccl under mpirun",
+         choice(&O::device, {"cpu", "cuda"})},
+        {"--dtype", "f32|bf16",
+         "bf16: the model computes in bfloat16; master weights, gradient shards and AdamW state "
+         "stay fp32 (FSDP mixed precision, also without --fsdp: ZeRO-1 on one shard); not with "
+         "--experts",
+         choice(&O::dtype, {"f32", "bf16"})},
+        {"--tf32", "",
+         "--device cuda: float GEMMs on TF32 tensor cores (fp32 accumulation, inputs rounded to 10 "
+         "mantissa bits; PyTorch's allow_tf32)",
+         set_to(&O::tf32, true)},
+        {"--attention", "auto|fused|gemm",
+         "--device cuda: the fused attention kernels or the cuBLAS chunks "
+         "(docs/gpu.md); auto (the default) takes the chunks from 128 keys on",
+         choice(&O::attention, {"auto", "fused", "gemm"})},
+        {"--intra-op-threads", "N",
+         "each rank's host kernels (attention, norms, GELU, AdamW, cross entropy, "
+         "elementwise, permutes) on N threads: a pool of N - 1 workers per rank; the same bits "
+         "as 1 (docs/host-kernels.md). The GEMMs' threads are OpenBLAS's: DTENSOR_BLAS_THREADS",
+         integer(&O::intra_op_threads, 1, kernels::host::IntraOpThreads::max_threads)},
+        {"", "", "checkpoints (host memory):"},
+        {"--save-every", "N", "save parameters, AdamW state, step and data position every N steps (with --save-dir)",
+         integer(&O::save_every, 1)},
+        {"--save-dir", "DIR", "where (atomically: DIR always holds a whole checkpoint)", text(&O::save_dir)},
+        {"--resume", "DIR", "continue from a checkpoint saved on any mesh, up to --steps (the total)",
+         text(&O::resume)},
+        {"", "", "--sync (on \"dp\", docs/beyond-sync.md):"},
+        {"--sync", "ddp|local-sgd|diloco|async|fedavg",
+         "ddp (default); local-sgd / diloco: average / DiLoCo outer step "
+         "every --inner-steps H; async: the all-reduce of step t applied "
+         "at t + --staleness s; fedavg: each dp rank a client on its own "
+         "slice of the text, --clients K sampled per round of H steps",
+         choice(&O::sync, {"ddp", "local-sgd", "diloco", "async", "fedavg"})},
+        {"--inner-steps", "H", "local-sgd, diloco, fedavg: local steps between syncs (default 50)",
+         marking(integer(&O::inner_steps, 1), &O::inner_steps_given)},
+        {"--staleness", "s", "async: steps an all-reduce is late (default 1)",
+         marking(integer(&O::staleness, 0), &O::staleness_given)},
+        {"--clients", "K", "fedavg: clients sampled per round (default 0: every dp rank)", integer(&O::clients, 0)},
+        {"--kfold", "k", "k runs over k folds of the text's blocks, then the validation loss's mean and std",
+         integer(&O::kfold, 2)},
+        {"--fragments", "F", "diloco: Streaming DiLoCo, F staggered pieces (default 1)", integer(&O::fragments, 1)},
+        {"--overlap", "T", "diloco: a piece's all-reduce waited for T < H steps after issue (default 0)",
+         integer(&O::overlap, 0)},
+        {"--overlap-alpha", "A", "diloco with --overlap: its local steps merged with weight A in (0, 1] (default 0)",
+         positive(&O::overlap_alpha, 1)},
+        {"--bf16-reduce", "", "diloco: the outer all-reduce in bf16", set_to(&O::bf16_reduce, true)},
+        {"--outer-lr", "X", "diloco: the outer learning rate (default 0.7)", positive(&O::outer_lr)},
+        {"--outer-momentum", "M", "diloco: the outer Nesterov momentum in [0, 1) (default 0.9; 0: plain outer SGD)",
+         [](O& o, const std::string&, const std::string& v) {
+           const auto m = parse_number(v);
+           if (!m || !(*m >= 0 && *m < 1))
+             throw UsageError("--outer-momentum expects a number in [0, 1), got '" + v + "'");
+           o.outer_momentum = *m;
+         }},
+        {"", "", "weights and text (CPU):"},
+        {"--init-from", "FILE",
+         "start from a safetensors file's weights (or a sharded *.index.json), any mesh's, "
+         "instead of the random init",
+         text(&O::init_from)},
+        {"--export", "FILE.safetensors", "the trained weights, whole (any mesh), readable by Python's safetensors",
+         text(&O::export_path)},
+        {"--generate", "N",
+         "N characters after --prompt from the trained model, on the training mesh with a KV cache "
+         "per pipeline stage; with --resume DIR at or past --steps, from the checkpoint without "
+         "training (the generate program: the same, the model's shape read from the checkpoint; "
+         "generate --help)",
+         integer(&O::generate, 1)},
+        {"--prompt", "TEXT", "the text to continue (default \"The \"; characters of the training text)",
+         text(&O::prompt)},
+        {"--temperature", "T", "T > 0: sampled, not greedy", positive(&O::temperature)},
+        {"--top-k", "K", "sampling from the K likeliest (needs --temperature)", integer(&O::top_k, 1)},
+        {"--top-p", "P", "sampling from the nucleus: P in (0, 1], 1 = all (needs --temperature)",
+         positive(&O::top_p, 1)},
+        {"--serve-mesh", "tp=N",
+         "the same text again on a serving mesh (tp N over ranks 0..N-1), the trained weights "
+         "moved there in memory with the fewest bytes (docs/cross-mesh.md); its tokens must equal "
+         "the training mesh's; from every pipeline stage, MoE experts included",
+         [](O& o, const std::string& f, const std::string& v) {
+           if (!v.starts_with("tp=")) throw UsageError("--serve-mesh expects tp=N, got '" + v + "'");
+           o.serve_tp = flag_value<int>(f, v.substr(3), 1);
+         }},
+        {"", "", "offload (docs/offload.md):"},
+        {"--offload", "optimizer,params,activations",
+         "a comma list. optimizer: AdamW's moments in a file per rank "
+         "under --offload-dir, the same update bit for bit (checkpoints "
+         "save them); params: the FSDP master shards (ZeRO-3's parameter "
+         "shards, a bf16 model's fp32 master) there, mapped, prefetched a "
+         "unit ahead and written behind, not for an f32 model at ZeRO-1/2 "
+         "(its master is its own values); activations: every block's saved "
+         "activations there between its forward and backward (written "
+         "behind, read ahead; the same losses bit for bit; dense models). "
+         "Host memory only",
+         examples::comma_list(&O::offload, "--offload needs optimizer, params and/or activations (a comma list)")},
+        {"--offload-dir", "DIR", "an existing, writable local directory with room for them", text(&O::offload_dir)},
+        {"--offload-buffer-kib", "N",
+         "--offload optimizer's staging buffer of host memory (default 65536, at most "
+         "2^44; under --host-budget-mib the budget sizes it)",
+         marking(integer(&O::offload_buffer_kib, 1, std::size_t(1) << 44), &O::offload_buffer_given)},
+        {"--host-budget-mib", "X",
+         "the host memory this process's tensors may hold, in MiB (decimals allowed): over it "
+         "after building the model and optimizer, or in the first step, is an error on every rank",
+         budget(&O::host_budget_mib)},
+        {"--device-budget-mib", "X", "the same for the GPU's memory (--device cuda)", budget(&O::device_budget_mib)},
+        {"", "",
+         "--plan auto (examples/plan_auto.hpp, docs/dry-run.md): the mesh flags (not given) and the "
+         "recomputation (unless --checkpoint/--recompute) chosen for N ranks by the dry run's cost model for "
+         "the device, printed with why, then trained:"},
+        {"--plan", "auto", "choose the plan", text(&O::plan)},
+        {"--ranks", "N", "the ranks to plan for", integer(&O::plan_ranks, 1, threads::max_ranks)},
+        {"--plan-device", "h100|h100-500w|h200|a100", "the device the cost model's times are for (default h100)",
+         text(&O::plan_device)},
+        {"--plan-device-field", "NAME=VALUE", "one of the device's fields (sim/device.hpp); repeatable",
+         examples::append(&O::plan_device_fields)},
+        {"--help", "", "this text (also -h; anywhere on the line, before any flag is checked)"},
+    };
+    t.insert(t.end(), rows.begin(), rows.end());
+    return t;
+  }();
+  return table;
+}
+
+/// The usage printed with a usage error: the synopsis (--help explains every flag).
+inline std::string usage() {
+  return examples::flags_synopsis(flag_table(), "train_gpt") +
+         "  train_gpt --help: what each flag does and its default\n";
+}
+
+/// --arch's flags.
 inline void check_architecture(const Options& o) {
-  if (o.arch != "gpt" && o.arch != "llama") throw UsageError("--arch is gpt or llama, got '" + o.arch + "'");
   if (o.arch == "gpt" && (o.kv_heads != 0 || o.ffn != 0)) throw UsageError("--kv-heads and --ffn need --arch llama");
   if (o.arch == "llama" && o.experts > 0) throw UsageError("--arch llama with --experts: MoE blocks are GPT blocks");
   examples::check_kv_heads(o.heads, o.kv_heads);
@@ -338,11 +439,6 @@ inline void check_device(const Options& o, bool cuda_build) {
 
 /// --sync, --inner-steps, --staleness, --clients, --kfold (parallel/sync/).
 inline void check_sync(const Options& o) {
-  try {
-    parallel::sync::parse_sync(o.sync);
-  } catch (const Error& e) {
-    throw UsageError("--sync is ddp, local-sgd, diloco, async or fedavg, got '" + o.sync + "'");
-  }
   if (o.clients > o.dp)
     throw UsageError("--clients " + str(o.clients) + ": more clients than the " + str(o.dp) + " dp ranks (--dp)");
   if (o.clients > 0 && o.sync != "fedavg") throw UsageError("--clients needs --sync fedavg");
@@ -457,123 +553,12 @@ inline void check_options(Options& o, bool cuda_build) {
 
 inline Options parse(int argc, char** argv, bool cuda_build) {
   Options o;
-  std::string mesh_flag;  // the first mesh flag given (--plan auto chooses them)
-  bool ep_given = false;  // --ep: --plan auto keeps it (else chooses it with --experts)
-  if (examples::help_requested(argc, argv)) {  // examples/flags.hpp
-    std::cout << usage;
-    std::exit(0);
-  }
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw UsageError(a + " needs a value");
-      return examples::nonempty_flag_value(a, argv[++i]);  // "" is no value (flags.hpp)
-    };
-    if (examples::parse_mesh_flag(o, a, value)) {  // examples/flags.hpp
-      if (a == "--ep") ep_given = true;
-      else if (mesh_flag.empty()) mesh_flag = a;
-      continue;
-    }
-    if (a == "--layers") o.layers = flag_value<Extent>(a, value(), 1);
-    else if (a == "--heads") o.heads = flag_value<Extent>(a, value(), 1);
-    else if (a == "--dim") o.dim = flag_value<Extent>(a, value(), 1);
-    else if (a == "--seq") o.seq = flag_value<Extent>(a, value(), 2);
-    else if (a == "--batch") o.batch = flag_value<Extent>(a, value(), 1);
-    else if (a == "--checkpoint") o.checkpoint = true;
-    else if (a == "--recompute") {
-      const std::string text = value();
-      try {
-        o.recompute = nn::Recompute::parse(text);
-      } catch (const Error& e) {
-        throw UsageError("--recompute " + text + ": " + e.what());
-      }
-    }
-    else if (a == "--experts") o.experts = flag_value<Extent>(a, value(), 0);
-    else if (a == "--topk") o.topk = flag_value<Extent>(a, value(), 1);
-    else if (a == "--capacity") o.capacity = examples::positive_flag_value(a, value());
-    else if (a == "--moe-every") o.moe_every = flag_value<Extent>(a, value(), 1);
-    else if (a == "--steps") o.steps = flag_value<int>(a, value(), 1);
-    else if (a == "--eval-every") o.eval_every = flag_value<int>(a, value(), 1);
-    else if (a == "--lr") o.lr = examples::positive_flag_value(a, value(), 1e6);  // AdamW's bound
-    else if (a == "--seed") o.seed = flag_value<std::uint64_t>(a, value(), 0);
-    else if (a == "--check-finite") o.check_finite = true;
-    else if (a == "--data") o.data = value();
-    else if (a == "--trace") o.trace = value();
-    else if (a == "--plot") o.plot = value();
-    else if (a == "--arch") o.arch = value();
-    else if (a == "--kv-heads") o.kv_heads = flag_value<Extent>(a, value(), 1);
-    else if (a == "--ffn") o.ffn = flag_value<Extent>(a, value(), 1);
-    else if (a == "--save-every") o.save_every = flag_value<int>(a, value(), 1);
-    else if (a == "--save-dir") o.save_dir = value();
-    else if (a == "--resume") o.resume = value();
-    else if (a == "--sync") o.sync = value();
-    else if (a == "--inner-steps") o.inner_steps = flag_value<int>(a, value(), 1), o.inner_steps_given = true;
-    else if (a == "--staleness") o.staleness = flag_value<int>(a, value(), 0), o.staleness_given = true;
-    else if (a == "--clients") o.clients = flag_value<int>(a, value(), 0);
-    else if (a == "--kfold") o.kfold = flag_value<int>(a, value(), 2);
-    else if (a == "--fragments") o.fragments = flag_value<int>(a, value(), 1);
-    else if (a == "--overlap") o.overlap = flag_value<int>(a, value(), 0);
-    else if (a == "--overlap-alpha") o.overlap_alpha = examples::positive_flag_value(a, value(), 1);
-    else if (a == "--bf16-reduce") o.bf16_reduce = true;
-    else if (a == "--outer-lr") o.outer_lr = examples::positive_flag_value(a, value());
-    else if (a == "--outer-momentum") {
-      const std::string text = value();
-      const auto v = parse_number(text);
-      if (!v || !(*v >= 0 && *v < 1)) throw UsageError("--outer-momentum expects a number in [0, 1), got '" + text + "'");
-      o.outer_momentum = *v;
-    }
-    else if (a == "--init-from") o.init_from = value();
-    else if (a == "--export") o.export_path = value();
-    else if (a == "--generate") o.generate = flag_value<int>(a, value(), 1);
-    else if (a == "--prompt") o.prompt = value();
-    else if (a == "--serve-mesh") {
-      const std::string text = value();
-      if (!text.starts_with("tp=")) throw UsageError("--serve-mesh expects tp=N, got '" + text + "'");
-      o.serve_tp = flag_value<int>(a, text.substr(3), 1);
-    }
-    else if (a == "--temperature") o.temperature = examples::positive_flag_value(a, value());
-    else if (a == "--top-k") o.top_k = flag_value<int>(a, value(), 1);
-    else if (a == "--top-p") o.top_p = examples::positive_flag_value(a, value(), 1);  // (0, 1], the nucleus share
-    else if (a == "--offload") {  // a comma list
-      std::stringstream list(value());
-      for (std::string w; std::getline(list, w, ',');)
-        if (!w.empty() && !o.offloads(w)) o.offload.push_back(w);
-      if (o.offload.empty()) throw UsageError("--offload needs optimizer, params and/or activations (a comma list)");
-    } else if (a == "--offload-dir") o.offload_dir = value();
-    else if (a == "--offload-buffer-kib") {
-      // At most 2^44 KiB (16 PiB): its bytes must fit a size_t (2^54 KiB wrapped to 0).
-      o.offload_buffer_kib = flag_value<std::size_t>(a, value(), 1, std::size_t(1) << 44);
-      o.offload_buffer_given = true;
-    } else if (a == "--host-budget-mib" || a == "--device-budget-mib") {
-      // At least one byte (1e-320 is positive, but 0 bytes: no budget) and within an int64 of bytes.
-      const double mib = examples::positive_flag_value(a, value(), double(std::int64_t(1) << 42));
-      if (mib * (1 << 20) < 1) throw UsageError(a + " " + argv[i] + " is less than one byte");
-      (a == "--host-budget-mib" ? o.host_budget_mib : o.device_budget_mib) = mib;
-    }
-    else if (a == "--plan") o.plan = value();
-    else if (a == "--ranks") o.plan_ranks = examples::mesh_flag(a, value());
-    else if (a == "--plan-device") o.plan_device = value();
-    else if (a == "--plan-device-field") o.plan_device_fields.push_back(value());
-    else if (a == "--backend") {
-      o.backend = value();
-      if (o.backend != "threads" && o.backend != "mpi" && o.backend != "nccl")
-        throw UsageError("--backend is threads, mpi or nccl, got '" + o.backend + "'");
-    } else if (a == "--device") {
-      o.device = value();
-      if (o.device != "cpu" && o.device != "cuda") throw UsageError("--device is cpu or cuda, got '" + o.device + "'");
-    } else if (a == "--tf32") o.tf32 = true;
-    else if (a == "--intra-op-threads")
-      o.intra_op_threads = flag_value<int>(a, value(), 1, kernels::host::IntraOpThreads::max_threads);
-    else if (a == "--attention") {
-      o.attention = value();
-      if (o.attention != "auto" && o.attention != "fused" && o.attention != "gemm")
-        throw UsageError("--attention is auto, fused or gemm, got '" + o.attention + "'");
-    } else if (a == "--dtype") {
-      o.dtype = value();
-      if (o.dtype != "f32" && o.dtype != "bf16") throw UsageError("--dtype is f32 or bf16, got '" + o.dtype + "'");
-    } else
-      throw UsageError("unknown flag '" + a + "'");
-  }
+  const auto given = examples::parse_flags(flag_table(), o, argc, argv, "train_gpt");  // --help: exits 0
+  // --plan auto chooses the mesh flags: the first one given is an error there; --ep it keeps.
+  std::string mesh_flag;
+  for (const auto& a : given)
+    if (a != "--ep" && mesh_flag.empty() && examples::is_mesh_flag<Options>(a)) mesh_flag = a;
+  const bool ep_given = std::find(given.begin(), given.end(), "--ep") != given.end();
   examples::apply_plan_auto(o, mesh_flag, ep_given);  // --plan auto: the mesh flags from the cost model
   if (o.ranks() > threads::max_ranks)
     throw UsageError("pp x dp x fsdp x cp x tp = " + str(o.ranks()) + " ranks, more than " + str(threads::max_ranks));
@@ -685,27 +670,9 @@ inline std::pair<Tensor<std::int32_t, 2>, Tensor<std::int32_t, 2>> tokens_of(con
 
 // ---------------------------------------------------------------- training
 
-/// MoE: the routing of the last forward (the last micro-batch) of this rank's MoE blocks, summed
-/// over the data and context ranks and the stages (one all-reduce on each): kept choices per expert, and the
-/// dropped share of the choices.
-template <class Model, class Mesh>
-std::pair<std::vector<std::int64_t>, double> expert_load(Model& model, const Mesh& mesh, Extent experts) {
-  std::vector<std::int64_t> sums(std::size_t(experts) + 2, 0);  // load per expert, routed, dropped
-  for (auto& stage : model.executor().stages())
-    for (const auto& block : stage.blocks()) {
-      const auto& st = stage.layers().stats(block);
-      for (std::size_t e = 0; e < st.load.size(); ++e) sums[e] += st.load[e];
-      sums[std::size_t(experts)] += st.routed;
-      sums[std::size_t(experts) + 1] += st.dropped;
-    }
-  for (auto* group : {&mesh.template group<"dp">(), &mesh.template group<"fsdp">(), &mesh.template group<"cp">(),
-                      &mesh.template group<"pp">()})
-    group->all_reduce(std::span<std::int64_t>(sums), ReduceOp::sum);
-  const double routed = double(sums[std::size_t(experts)]);
-  const double dropped = routed > 0 ? double(sums[std::size_t(experts) + 1]) / routed : 0;
-  sums.resize(std::size_t(experts));
-  return {sums, dropped};
-}
+/// MoE: the routing of the last forward of this rank's MoE blocks, summed over the mesh
+/// (models/expert_load.hpp): kept choices per expert, and the dropped share of the choices.
+using models::expert_load;
 
 /// --export FILE after training: the weights gathered into one safetensors file (whole tensors,
 /// any mesh: PP and FSDP included).
@@ -716,139 +683,80 @@ void export_weights(const Options& o, Pipeline& model, bool root) {
   if (root) std::printf("weights exported to %s\n", o.export_path.c_str());
 }
 
-/// --serve-mesh tp=N: the trained model (its pipeline stages, FSDP shards gathered; MoE: and its
-/// experts) moved in memory to a serving model of the same type on ranks 0..N-1 as (pp 1, dp 1,
-/// fsdp 1, cp 1, tp N) (MoE: its experts on (edp 1, ep 1, tp N)) with nn::redistribute_parameters
-/// (the fewest bytes, docs/cross-mesh.md), one pipeline stage at a time (each on its own mesh: the
-/// ranks of its "pp" coordinate) and one mesh at a time (the dense weights', then the experts'),
-/// which generates from the same prompt with the same options; its tokens must equal `trained`
-/// (the training mesh's). A rank takes part in the moves of each stage it holds and, if it serves,
-/// in every stage's; for a side it is not on it passes a twin over the sim backend (names,
-/// extents, layouts). The training model is not changed.
+/// --generate's sampling flags, as the library's options (models/generate.hpp).
+inline models::GenerateOptions generate_options(const Options& o) {
+  return {.new_tokens = o.generate,
+          .temperature = o.temperature,
+          .top_k = o.top_k,
+          .top_p = o.top_p,
+          .seed = o.sample_seed()};
+}
+
+/// --serve-mesh tp=N: the trained model moved in memory to a serving mesh (tp N over ranks
+/// 0..N-1) that generates from the same prompt with the same options (models/serve.hpp); its
+/// tokens must equal `trained` (the training mesh's).
 template <class Stage, class Mesh>
 void serve_text(const Options& o, std::vector<Stage>& stages, const Mesh& mesh, const pp::StageLayout& layout,
                 const std::vector<std::int32_t>& prompt, const std::vector<std::int32_t>& trained) {
-  using Parts = std::remove_cvref_t<decltype(stages.front().model())>;
   using Layers = std::remove_cvref_t<decltype(stages.front().model().layers())>;
   constexpr bool moe = requires { typename Layers::ExpertMesh; };
   const int n = o.serve_tp;
-  const std::array<int, 5> shape{1, 1, 1, 1, n};
-  std::vector<int> ranks(static_cast<std::size_t>(n));
-  for (int r = 0; r < n; ++r) ranks[std::size_t(r)] = r;
-  const MeshRanks<4> serve_ranks{{1, 1, 1, n}, ranks};
-  const auto& parts = stages.front().model();
-  // The Layers policy on a stage mesh (MoE: the experts on an expert mesh of `ep` ranks made from it).
-  auto layers_on = [&](const auto& stage_mesh, int ep) {
-    if constexpr (moe) return Layers(parallel::make_expert_mesh<typename Layers::ExpertMesh>(stage_mesh, ep), parts.layers().config());
-    else return parts.layers();
-  };
-  const auto one = pp::StageLayout::looped(1);
-  const auto serve_mesh = mesh_on_ranks<Mesh>(mesh.root_ptr(), shape, ranks);  // collective over every rank
-  // The serving model, or on a rank that only sends, its twin.
-  const Mesh serve_twin_mesh(sim::world(0, n), shape);
-  const auto serve_stage = pp::stage_mesh_of(serve_mesh ? *serve_mesh : serve_twin_mesh);
-  // From another seed: a parameter that no move filled would hold other values, and other tokens follow.
-  auto serve_config = parts.config();
-  serve_config.seed += 1;
-  auto served = pp::split(Parts(serve_stage, serve_config, layers_on(serve_stage, 1)), one, 0);
-  // Twins of the training mesh's stages, built only for a stage this rank does not hold.
-  const Mesh train_twin_mesh(sim::world(0, mesh.comm().size()), mesh.shape());
-  const auto train_twin_stage = pp::stage_mesh_of(train_twin_mesh);
-  const auto twin_layers = layers_on(train_twin_stage, o.ep);
-  const int my_pp = mesh.coordinate()[0];
-  const auto start = std::chrono::steady_clock::now();
-  nn::ModelMoveTotals moved;
-  auto add = [&](const nn::ModelMoveTotals& m) {
-    moved.parameters += m.parameters;
-    moved.links += m.links;
-    moved.bytes += m.bytes;
-    moved.minimum_bytes += m.minimum_bytes;
-    moved.local_bytes += m.local_bytes;
-  };
-  const auto keep = nn::DstParameters::keep_unnamed;
-  const auto skip = moe ? nn::OtherMeshes::skip : nn::OtherMeshes::error;
-  for (int s = 0; s < layout.stages(); ++s) {  // the same order on every rank
-    const int p = layout.rank_of(s);
-    if (p != my_pp && !serve_mesh) continue;  // in neither mesh of this stage's moves
-    const auto stage_ranks = mesh.template slice<"pp">(p);
-    std::optional<std::vector<Stage>> twin;
-    Stage* src = nullptr;
-    for (auto& st : stages)
-      if (st.index() == s) src = &st;
-    if (!src) {
-      twin = pp::split(Parts(train_twin_stage, parts.config(), twin_layers), layout, p);
-      for (auto& st : *twin)
-        if (st.index() == s) src = &st;
-    }
-    add(nn::redistribute_parameters(*src, stage_ranks, served.front(), serve_ranks, 2 * s, keep, skip));
-    if constexpr (moe) {  // the experts: their mesh has the stage's ranks in the same order (make_expert_mesh)
-      using EMesh = typename Layers::ExpertMesh;
-      std::size_t experts = 0;  // a stage of dense blocks only (--moe-every) has none: no move (alike on every rank)
-      nn::for_each_parameter_on<EMesh>(*src, [&](auto& q) { experts += q.defined() ? 1 : 0; });
-      if (experts == 0) continue;
-      const MeshRanks<EMesh::ndim> expert_ranks{parts.layers().expert_mesh().shape(), stage_ranks.root_ranks};
-      const MeshRanks<EMesh::ndim> serve_expert_ranks{served.front().model().layers().expert_mesh().shape(), ranks};
-      add(nn::redistribute_parameters(*src, expert_ranks, served.front(), serve_expert_ranks, 2 * s + 1, keep, skip));
-    }
-  }
-  if (!serve_mesh) return;
-  const double move_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::size_t count = 0;
-  nn::for_each_parameter(served.front(), [&](auto& q) { count += q.defined() ? 1 : 0; });
-  if (moved.parameters != count)  // the stages' names must cover the whole model's
-    throw std::runtime_error(examples::cat("--serve-mesh: the ", layout.stages(), " stages moved ", moved.parameters,
-                                                  " parameters, the serving model has ", count));
-  const auto ids = models::generate(served, one, *serve_mesh, prompt,
-                                    {.new_tokens = o.generate, .temperature = o.temperature, .top_k = o.top_k,
-                                     .top_p = o.top_p, .seed = o.sample_seed()});
-  if (serve_mesh->comm().rank() != 0) return;
-  std::printf("served on tp=%d (ranks 0..%d), weights moved in memory from %d pipeline stage(s)%s: %zu parameters, %zu B "
-              "over %zu links (minimum %zu B, %zu B copied locally) in %.3f s; tokens %s the training mesh's\n",
-              n, n - 1, layout.stages(), moe ? " and their experts" : "", moved.parameters, moved.bytes, moved.links,
-              moved.minimum_bytes, moved.local_bytes, move_s, ids == trained ? "equal to" : "DIFFERENT from");
-  if (ids != trained) throw std::runtime_error("--serve-mesh: the serving mesh generated other tokens than the training mesh");
+  const auto s = models::serve_on_tp(stages, mesh, layout, n, prompt, generate_options(o));
+  if (s.serve_rank != 0) return;
+  const auto& moved = s.moved;
+  std::printf(
+      "served on tp=%d (ranks 0..%d), weights moved in memory from %d pipeline stage(s)%s: %zu parameters, %zu B "
+      "over %zu links (minimum %zu B, %zu B copied locally) in %.3f s; tokens %s the training mesh's\n",
+      n, n - 1, layout.stages(), moe ? " and their experts" : "", moved.parameters, moved.bytes, moved.links,
+      moved.minimum_bytes, moved.local_bytes, s.move_seconds, s.tokens == trained ? "equal to" : "DIFFERENT from");
+  if (s.tokens != trained)
+    throw std::runtime_error("--serve-mesh: the serving mesh generated other tokens than the training mesh");
 }
 
-/// --generate N: text from the model as it is (after training, or loaded by `generate`), on the
-/// training mesh itself: the pipeline's stages pass each token's activation along, every stage
-/// keeps the KV caches of its blocks, the last one's logits are broadcast over "pp"
-/// (models/generate.hpp); FSDP's ZeRO-3 shards are gathered once for the whole generation and
-/// freed after. Every rank generates the same text; rank 0 prints it.
-template <class Pipeline, class Mesh>
-void generate_text(const Options& o, const Corpus& corpus, Pipeline& model, const Mesh& mesh, const pp::Schedule& schedule) {
-  if (o.generate == 0) return;
+/// --prompt as the corpus's character ids (a character the training text lacks is an error).
+inline std::vector<std::int32_t> prompt_ids(const std::string& text, const Corpus& corpus) {
   std::vector<std::int32_t> prompt;
-  for (std::size_t i = 0; i < o.prompt.size(); ++i) {
-    const char ch = o.prompt[i];
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char ch = text[i];
     const auto at = std::find(corpus.chars.begin(), corpus.chars.end(), ch);
     if (at == corpus.chars.end()) {
       // A UTF-8 character of several bytes is named whole, not as its first (broken) byte.
       const auto lead = static_cast<unsigned char>(ch);
       const std::size_t n = lead >= 0xf0 ? 4 : lead >= 0xe0 ? 3 : lead >= 0xc0 ? 2 : 1;
-      throw std::runtime_error("--prompt: the character '" + o.prompt.substr(i, n) + "'" +
-                               (n > 1 ? " (" + str((long long)n) + " bytes in UTF-8; the vocabulary is single bytes)" : "") +
-                               " is not in the training text's " + str((long long)corpus.chars.size()) + " characters");
+      throw std::runtime_error(
+          "--prompt: the character '" + text.substr(i, n) + "'" +
+          (n > 1 ? " (" + str((long long)n) + " bytes in UTF-8; the vocabulary is single bytes)" : "") +
+          " is not in the training text's " + str((long long)corpus.chars.size()) + " characters");
     }
     prompt.push_back(std::int32_t(at - corpus.chars.begin()));
   }
+  return prompt;
+}
+
+/// --generate N: text from the model as it is (after training, or loaded by `generate`), on the
+/// training mesh itself, its FSDP shards gathered once for the whole generation
+/// (models/pipeline_generate.hpp), and with --serve-mesh again on a serving mesh. Every rank
+/// generates the same text; rank 0 prints it.
+template <class Pipeline, class Mesh>
+void generate_text(const Options& o, const Corpus& corpus, Pipeline& model, const Mesh& mesh,
+                   const pp::Schedule& schedule) {
+  if (o.generate == 0) return;
+  const auto prompt = prompt_ids(o.prompt, corpus);
   auto& stages = model.executor().stages();
-  for (std::size_t i = 0; i < stages.size(); ++i) model.fsdp(i).unshard();
-  const auto start = std::chrono::steady_clock::now();
-  const auto ids = models::generate(stages, schedule.layout, mesh, prompt,
-                                    {.new_tokens = o.generate, .temperature = o.temperature, .top_k = o.top_k,
-                                     .top_p = o.top_p, .seed = o.sample_seed()});
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (o.serve_tp > 0) serve_text(o, stages, mesh, schedule.layout, prompt, ids);
-  for (std::size_t i = 0; i < stages.size(); ++i) model.fsdp(i).reshard();
+  const auto g = models::generate_on_pipeline(model, schedule.layout, mesh, prompt, generate_options(o),
+                                              [&](const std::vector<std::int32_t>& ids) {
+                                                if (o.serve_tp > 0)
+                                                  serve_text(o, stages, mesh, schedule.layout, prompt, ids);
+                                              });
   if (mesh.comm().rank() != 0) return;
   std::string text;
-  for (std::int32_t id : ids) text += corpus.chars[std::size_t(id)];
+  for (std::int32_t id : g.tokens) text += corpus.chars[std::size_t(id)];
   char how[96] = "greedy";
   if (o.temperature > 0) std::snprintf(how, sizeof how, "temperature %g, top-k %d, top-p %g", o.temperature, o.top_k, o.top_p);
   using Stage = std::remove_cvref_t<decltype(stages.front())>;
   const char* cache = models::KvCacheable<Stage> ? "KV cache" : "no KV cache: each window recomputed";
-  std::printf("generated (%s, %d characters, %s; %d pipeline stages on %d ranks, %.1f characters/s):\n%s\n", how, o.generate,
-              cache, schedule.layout.stages(), mesh.comm().size(), o.generate / seconds, text.c_str());
+  std::printf("generated (%s, %d characters, %s; %d pipeline stages on %d ranks, %.1f characters/s):\n%s\n", how,
+              o.generate, cache, schedule.layout.stages(), mesh.comm().size(), o.generate / g.seconds, text.c_str());
 }
 
 /// --sync diloco's options from the flags (the library's defaults where a flag is not given).
@@ -1381,7 +1289,8 @@ inline int main(int argc, char** argv, bool cuda_build, RunFn f32, RunFn bf16, b
   try {
     o = generating ? parse_generate(argc, argv, cuda_build) : parse(argc, argv, cuda_build);
   } catch (const UsageError& e) {
-    std::fprintf(stderr, "%s: %s\n%s", generating ? "generate" : "train_gpt", e.what(), generating ? generate_usage : usage);
+    std::fprintf(stderr, "%s: %s\n%s", generating ? "generate" : "train_gpt", e.what(),
+                 generating ? generate_usage : usage().c_str());
     return 2;
   }
   return o.dtype == "bf16" ? bf16(argc, argv, o) : f32(argc, argv, o);

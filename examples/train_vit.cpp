@@ -64,6 +64,7 @@
 #include "dtensor/sim/rank_classes.hpp"
 #include "dtensor/train/loop.hpp"
 #include "dtensor/train/trainer.hpp"
+#include "flag_table.hpp"
 #include "flags.hpp"
 #ifdef DTENSOR_HAS_MPI
 #include "dtensor/comm/mpi.hpp"
@@ -72,7 +73,6 @@
 namespace {
 
 using namespace dtensor;
-using examples::flag_value;
 using examples::UsageError;
 // The whole mesh (size 1 where a parallelism is off) and the experts' (--experts).
 using PipeMesh = DeviceMesh<"pp", "dp", "fsdp", "cp", "tp">;
@@ -95,18 +95,51 @@ struct Options : examples::MeshFlags {
   Options() { pp = 1, dp = 1, fsdp = 2, cp = 2, tp = 2; }  // every parallelism but the pipeline
 };
 
-const char* const usage_tail =
-    "\n  [--layers N] [--heads N] [--dim N] [--patches N] [--patch-dim N] [--classes N] [--batch N]\n"
-    "  [--experts E] [--topk K] [--moe-every N]\n"
-    "  [--steps N] [--lr X] [--seed N] [--eval-every N] [--backend threads|mpi] [--dry-run]\n"
-    "  mesh (pp, dp, fsdp, cp, tp), default pp 1 x dp 1 x fsdp 2 (ZeRO-3) x cp 2 (ring) x tp 2 + SP: 8 ranks.\n"
-    "  --fsdp 1: DDP over --dp; --fsdp > 1: ZeRO --zero (default 3), HSDP with --dp > 1.\n"
-    "  --pp > 1: pipeline stages (--schedule, --microbatches M, default 2 x pp; M divides --batch, --layers >= the stages).\n"
-    "  --experts E > 0: MoE MLPs (every --moe-every-th block, default all), top-K (default 2), dropless,\n"
-    "        experts over --ep ranks (dividing dp x fsdp x cp; any E: 5 over 2 is 3 + 2).\n"
-    "  --dry-run: one step on meta tensors (any size, any rank count; docs/dry-run.md): memory and bytes per rank class.\n"
-    "  defaults: --layers 2 --heads 4 --dim 64 --patches 16 --patch-dim 48 --classes 10 --batch 32\n"
-    "            --steps 60 --lr 3e-3 --seed 1 --eval-every 20\n";
+/// Every flag, one row each (examples/flag_table.hpp): the parse, the synopsis and --help.
+const examples::FlagTable<Options>& flag_table() {
+  using O = Options;
+  using examples::integer, examples::marking;
+  static const examples::FlagTable<O> table = [] {
+    auto t = examples::mesh_flag_rows<O>(
+        "mesh (pp, dp, fsdp, cp, tp), default pp 1 x dp 1 x fsdp 2 (ZeRO-3) x cp 2 (ring) x tp 2 + SP: 8 ranks. "
+        "--fsdp 1: DDP over --dp; --fsdp > 1: ZeRO --zero (default 3), HSDP with --dp > 1. --pp > 1: pipeline stages "
+        "(--schedule, --microbatches M, default 2 x pp; M divides --batch, --layers >= the stages).");
+    const examples::FlagTable<O> rows{
+        {"", "",
+         "the model and the task (defaults: --layers 2 --heads 4 --dim 64 --patches 16 --patch-dim 48 --classes "
+         "10 --batch 32):"},
+        {"--layers", "N", "transformer blocks", integer(&O::layers, 1)},
+        {"--heads", "N", "attention heads (a multiple of --tp; dividing --dim)", integer(&O::heads, 1)},
+        {"--dim", "N", "the model's width", integer(&O::dim, 1)},
+        {"--patches", "N", "patches per image", integer(&O::patches, 1)},
+        {"--patch-dim", "N", "values per patch", integer(&O::patch_dim, 1)},
+        {"--classes", "N", "classes (at least 2)", integer(&O::classes, 2)},
+        {"--batch", "N", "images per step over all ranks", integer(&O::batch, 1)},
+        {"--experts", "E",
+         "E > 0: MoE MLPs (dropless; default 0: dense), experts over --ep ranks (dividing dp x fsdp "
+         "x cp; any E: 5 over 2 is 3 + 2)",
+         integer(&O::experts, 0)},
+        {"--topk", "K", "--experts: top-K routing (default 2)", marking(integer(&O::topk, 1), &O::moe_flag_given)},
+        {"--moe-every", "N", "--experts: every N-th block a MoE block (default 1: all)",
+         marking(integer(&O::moe_every, 1), &O::moe_flag_given)},
+        {"", "", "training (defaults: --steps 60 --lr 3e-3 --seed 1 --eval-every 20):"},
+        {"--steps", "N", "training steps", integer(&O::steps, 1)},
+        {"--lr", "X", "AdamW's learning rate (at most 1e6)", examples::positive(&O::lr, 1e6)},
+        {"--seed", "N", "the initialization's and the batches' seed", integer(&O::seed, 0)},
+        {"--eval-every", "N", "the validation loss every N steps", integer(&O::eval_every, 1)},
+        {"--backend", "threads|mpi", "the ranks: threads (default) or MPI processes (mpirun -n)",
+         examples::choice(&O::backend, {"threads", "mpi"})},
+        {"--dry-run", "",
+         "one step on meta tensors (any size, any rank count; docs/dry-run.md): memory and bytes per "
+         "rank class",
+         examples::set_to(&O::dry_run, true)},
+        {"--help", "", "this text (also -h; anywhere on the line, before any flag is checked)"},
+    };
+    t.insert(t.end(), rows.begin(), rows.end());
+    return t;
+  }();
+  return table;
+}
 
 std::string str(long long n) { return std::to_string(n); }
 
@@ -196,38 +229,7 @@ void check_options(Options& o) {
 
 Options parse(int argc, char** argv) {
   Options o;
-  if (examples::help_requested(argc, argv)) {  // examples/flags.hpp
-    std::cout << "usage: train_vit " << examples::mesh_flags_usage << usage_tail;
-    std::exit(0);
-  }
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw UsageError(a + " needs a value");
-      return examples::nonempty_flag_value(a, argv[++i]);  // "" is no value (flags.hpp)
-    };
-    if (examples::parse_mesh_flag(o, a, value)) continue;
-    if (a == "--layers") o.layers = flag_value<Extent>(a, value(), 1);
-    else if (a == "--heads") o.heads = flag_value<Extent>(a, value(), 1);
-    else if (a == "--dim") o.dim = flag_value<Extent>(a, value(), 1);
-    else if (a == "--patches") o.patches = flag_value<Extent>(a, value(), 1);
-    else if (a == "--patch-dim") o.patch_dim = flag_value<Extent>(a, value(), 1);
-    else if (a == "--classes") o.classes = flag_value<Extent>(a, value(), 2);
-    else if (a == "--batch") o.batch = flag_value<Extent>(a, value(), 1);
-    else if (a == "--experts") o.experts = flag_value<Extent>(a, value(), 0);
-    else if (a == "--topk") o.topk = flag_value<Extent>(a, value(), 1), o.moe_flag_given = true;
-    else if (a == "--moe-every") o.moe_every = flag_value<Extent>(a, value(), 1), o.moe_flag_given = true;
-    else if (a == "--steps") o.steps = flag_value<int>(a, value(), 1);
-    else if (a == "--eval-every") o.eval_every = flag_value<int>(a, value(), 1);
-    else if (a == "--lr") o.lr = examples::positive_flag_value(a, value(), 1e6);  // AdamW's bound
-    else if (a == "--dry-run") o.dry_run = true;
-    else if (a == "--seed") o.seed = flag_value<std::uint64_t>(a, value(), 0);
-    else if (a == "--backend") {
-      o.backend = value();
-      if (o.backend != "threads" && o.backend != "mpi") throw UsageError("--backend is threads or mpi, got '" + o.backend + "'");
-    } else
-      throw UsageError("unknown flag '" + a + "'");
-  }
+  examples::parse_flags(flag_table(), o, argc, argv, "train_vit");  // --help: exits 0
   check_options(o);
   return o;
 }
@@ -412,7 +414,8 @@ int main(int argc, char** argv) {
   try {
     o = parse(argc, argv);
   } catch (const UsageError& e) {
-    std::fprintf(stderr, "train_vit: %s\nusage: train_vit %s%s", e.what(), examples::mesh_flags_usage, usage_tail);
+    std::fprintf(stderr, "train_vit: %s\n%s  train_vit --help: what each flag does and its default\n", e.what(),
+                 examples::flags_synopsis(flag_table(), "train_vit").c_str());
     return 2;
   }
   try {

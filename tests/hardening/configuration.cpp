@@ -22,6 +22,7 @@
 #include "dtensor/kernels/host/gemm.hpp"
 #include "dtensor/kernels/host/simd.hpp"
 #include "content_digest.hpp"
+#include "flag_table.hpp"
 #include "flags.hpp"
 #include "hardening/hardening.hpp"
 
@@ -252,6 +253,106 @@ TEST_CASE("trainer flags: integers in the type they are used as, naming flag and
   CHECK_THAT(message([&] { flag_value<std::uint64_t>("--seed", "-1", 0); }), Contains("--seed -1 is out of range"));
   CHECK_THAT(message([&] { examples::positive_flag_value("--lr", "nan"); }), Contains("--lr expects a positive number"));
   CHECK_THAT(message([&] { examples::positive_flag_value("--lr", "-1"); }), Contains("--lr expects a positive number"));
+}
+
+namespace {
+// A program's options for the flag table's test: the parallelism flags and one row of each kind.
+struct TableOptions : examples::MeshFlags {
+  std::int64_t layers = 4;
+  double lr = 3e-3;
+  std::string data, backend = "threads";
+  bool check = false, inner_given = false;
+  std::vector<std::string> offload;
+  int inner = 50;
+};
+
+const examples::FlagTable<TableOptions>& test_table() {
+  using O = TableOptions;
+  using namespace examples;
+  static const FlagTable<O> table = [] {
+    auto t = mesh_flag_rows<O>("mesh (a heading)");
+    const FlagTable<O> rows{{"", "", "the model:"},
+                            {"--layers", "N", "blocks", integer(&O::layers, 1)},
+                            {"--lr", "X", "the learning rate", positive(&O::lr, 1e6)},
+                            {"--data", "FILE", "the text", text(&O::data)},
+                            {"--backend", "threads|mpi", "the ranks", choice(&O::backend, {"threads", "mpi"})},
+                            {"--check", "", "check every step", set_to(&O::check, true)},
+                            {"--offload", "LIST", "what to offload", comma_list(&O::offload, "--offload needs a list")},
+                            {"--inner", "H", "inner steps", marking(integer(&O::inner, 1), &O::inner_given)}};
+    t.insert(t.end(), rows.begin(), rows.end());
+    return t;
+  }();
+  return table;
+}
+
+// The flags parsed by the table (argv[0] added), or the UsageError's message.
+std::pair<TableOptions, std::string> parse_table(std::vector<std::string> args) {
+  args.insert(args.begin(), "prog");
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  TableOptions o;
+  try {
+    examples::parse_flags(test_table(), o, int(argv.size()), argv.data(), "prog");
+  } catch (const examples::UsageError& e) {
+    return {o, e.what()};
+  }
+  return {o, ""};
+}
+}  // namespace
+
+TEST_CASE("the flag table: one row per flag stores, checks and explains it", "[hardening][flags]") {
+  const auto [o, error] =
+      parse_table({"--layers", "3", "--tp", "4", "--no-sp", "--no-reshard-after-forward", "--lr", "0.5", "--backend",
+                   "mpi", "--check", "--offload", "b,a,b", "--inner", "7", "--cp-kind", "ulysses", "--data", "t.txt"});
+  REQUIRE(error.empty());
+  CHECK(o.layers == 3);
+  CHECK(o.tp == 4);
+  CHECK_FALSE(o.sp);
+  CHECK(o.reshard_after_forward == std::optional<bool>(false));
+  CHECK(o.lr == 0.5);
+  CHECK(o.backend == "mpi");
+  CHECK(o.check);
+  CHECK(o.offload == std::vector<std::string>{"b", "a"});  // each once, in order
+  CHECK((o.inner == 7 && o.inner_given));
+  CHECK(o.cp_kind == nn::ContextKind::ulysses);
+  CHECK(o.data == "t.txt");
+  CHECK_FALSE(parse_table({"--layers", "2"}).first.inner_given);
+  // The wording of examples/flags.hpp, which the trainers' CTests match.
+  CHECK(parse_table({"--layers", "0"}).second == "--layers 0 is out of range [1, 9223372036854775807]");
+  CHECK(parse_table({"--layers", "12x"}).second == "--layers expects a whole number, got '12x'");
+  CHECK(parse_table({"--dp", "4294967298"}).second.starts_with("--dp 4294967298 is out of range [1, "));
+  CHECK(parse_table({"--zero", "4"}).second == "--zero 4 is out of range [1, 3]");
+  CHECK(parse_table({"--lr", "nan"}).second == "--lr expects a positive number, got 'nan'");
+  CHECK(parse_table({"--lr", "1e300"}).second == "--lr 1e300 is out of range (0, 1e+06]");
+  CHECK(parse_table({"--backend", "nccl"}).second == "--backend is threads or mpi, got 'nccl'");
+  CHECK(parse_table({"--cp-kind", "x"}).second == "--cp-kind is ring, allgather or ulysses, got 'x'");
+  CHECK(parse_table({"--offload", ","}).second == "--offload needs a list");
+  CHECK(parse_table({"--bogus"}).second == "unknown flag '--bogus'");
+  CHECK(parse_table({"--layers"}).second == "--layers needs a value");
+  CHECK(parse_table({"--data", ""}).second == "--data needs a value, got ''");
+  CHECK(parse_table({"--check", "3"}).second == "unknown flag '3'");  // a switch takes no value
+  // --help and the synopsis name every flag; --help gives each its text and every heading.
+  const std::string help = examples::flags_help(test_table(), "prog");
+  const std::string synopsis = examples::flags_synopsis(test_table(), "prog");
+  CHECK(help.starts_with(synopsis));
+  for (const auto& f : test_table()) {
+    CHECK_THAT(help, Contains(f.help.substr(0, 12)));
+    if (!f.name.empty())
+      CHECK_THAT(synopsis, Contains("[" + f.name + (f.metavar.empty() ? "]" : " " + f.metavar + "]")));
+  }
+  for (std::size_t from = 0, to; from < help.size(); from = to + 1) {  // wrapped at 120 columns
+    to = help.find('\n', from);
+    CHECK(to - from <= 120);
+  }
+  // A flag of two rows (the second would never be reached) is the program's error, found at its first parse.
+  auto twice = test_table();
+  twice.push_back({"--layers", "N", "again", examples::integer(&TableOptions::layers, 2)});
+  TableOptions o2;
+  char prog[] = "prog";
+  char* argv[] = {prog};
+  CHECK_THROWS_WITH(examples::parse_flags(twice, o2, 1, argv, "prog"), "prog's flag table has two rows for --layers");
+  CHECK(examples::is_mesh_flag<TableOptions>("--no-sp"));
+  CHECK_FALSE(examples::is_mesh_flag<TableOptions>("--layers"));
 }
 
 TEST_CASE("DTENSOR_VERIFY_EVERY is a whole number of calls in 0 .. 16", "[hardening][config]") {
