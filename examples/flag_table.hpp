@@ -48,19 +48,19 @@ using FlagTable = std::vector<Flag<O>>;
 
 /// A whole number in [lo, hi] of the member's own type (flag_value's checks and messages).
 template <class C, std::integral T>
-auto integer(T C::*m, std::type_identity_t<T> lo, std::type_identity_t<T> hi = std::numeric_limits<T>::max()) {
+auto integer(T C::* m, std::type_identity_t<T> lo, std::type_identity_t<T> hi = std::numeric_limits<T>::max()) {
   return [=](C& o, const std::string& flag, const std::string& v) { o.*m = flag_value<T>(flag, v, lo, hi); };
 }
 
 /// A finite number > 0 and at most hi (positive_flag_value's checks and messages).
 template <class C>
-auto positive(double C::*m, double hi = std::numeric_limits<double>::max()) {
+auto positive(double C::* m, double hi = std::numeric_limits<double>::max()) {
   return [=](C& o, const std::string& flag, const std::string& v) { o.*m = positive_flag_value(flag, v, hi); };
 }
 
 /// Any text (the parse loop has refused an empty one).
 template <class C>
-auto text(std::string C::*m) {
+auto text(std::string C::* m) {
   return [=](C& o, const std::string&, const std::string& v) { o.*m = v; };
 }
 
@@ -74,7 +74,7 @@ inline std::string either(const std::vector<std::string>& choices) {
 
 /// One of `choices`, else "--flag is a, b or c, got 'x'".
 template <class C>
-auto choice(std::string C::*m, std::vector<std::string> choices) {
+auto choice(std::string C::* m, std::vector<std::string> choices) {
   return [=](C& o, const std::string& flag, const std::string& v) {
     if (std::find(choices.begin(), choices.end(), v) == choices.end())
       throw UsageError(flag + " is " + either(choices) + ", got '" + v + "'");
@@ -84,13 +84,13 @@ auto choice(std::string C::*m, std::vector<std::string> choices) {
 
 /// A switch: the member set to `to` (--sp true, --no-sp false; an optional member too).
 template <class C, class T, class V>
-auto set_to(T C::*m, V to) {
+auto set_to(T C::* m, V to) {
   return [=](C& o, const std::string&, const std::string&) { o.*m = to; };
 }
 
 /// A comma list of names, each kept once in the order given; `none`: the message when it names none.
 template <class C>
-auto comma_list(std::vector<std::string> C::*m, std::string none) {
+auto comma_list(std::vector<std::string> C::* m, std::string none) {
   return [=](C& o, const std::string&, const std::string& v) {
     std::stringstream list(v);
     for (std::string w; std::getline(list, w, ',');)
@@ -101,13 +101,13 @@ auto comma_list(std::vector<std::string> C::*m, std::string none) {
 
 /// Each value appended, in order (a flag given several times).
 template <class C>
-auto append(std::vector<std::string> C::*m) {
+auto append(std::vector<std::string> C::* m) {
   return [=](C& o, const std::string&, const std::string& v) { (o.*m).push_back(v); };
 }
 
 /// `set`, then the member `marker` true: the program refuses a flag given where it has no effect.
 template <class C, class Set>
-auto marking(Set set, bool C::*marker) {
+auto marking(Set set, bool C::* marker) {
   return [=](C& o, const std::string& flag, const std::string& v) {
     set(o, flag, v);
     o.*marker = true;
@@ -135,10 +135,8 @@ inline std::string wrap_help(const std::string& text, std::size_t column, std::s
   std::istringstream words(text);
   std::string out, word;
   for (std::size_t at = column; words >> word;) {
-    if (at > indent && at + 1 + word.size() > 120)
-      out += "\n" + std::string(indent, ' '), at = indent;
-    else if (at > column || (at == column && !out.empty()))
-      out += ' ', ++at;
+    if (at > indent && at + 1 + word.size() > 120) out += "\n" + std::string(indent, ' '), at = indent;
+    else if (at > column || (at == column && !out.empty())) out += ' ', ++at;
     out += word, at += word.size();
   }
   return out;
@@ -197,7 +195,7 @@ std::vector<std::string> parse_flags(const FlagTable<O>& table, O& o, int argc, 
 template <class O>
 FlagTable<O> mesh_flag_rows(const std::string& heading) {
   static_assert(std::is_base_of_v<MeshFlags, O>);
-  auto dim = [](int MeshFlags::*m) {
+  auto dim = [](int MeshFlags::* m) {
     return [=](O& o, const std::string& flag, const std::string& v) { o.*m = mesh_flag(flag, v); };
   };
   return {

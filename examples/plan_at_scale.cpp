@@ -65,6 +65,7 @@
 #include <iostream>
 #include <string>
 
+#include "dtensor/models/training_plan.hpp"
 #include "dtensor/parallel/pipeline/by_name.hpp"
 #include "dtensor/parallel/sync/traffic.hpp"
 #include "dtensor/sim/chrome_trace.hpp"
@@ -74,7 +75,6 @@
 #include "dtensor/sim/published_runs.hpp"
 #include "dtensor/sim/search.hpp"
 #include "dtensor/sim/serving.hpp"
-#include "dtensor/models/training_plan.hpp"
 #include "dtensor/trace/text_file.hpp"
 #include "flag_table.hpp"
 #include "flags.hpp"
@@ -143,30 +143,17 @@ const examples::FlagTable<Options>& flag_table() {
          if (v != "gpt" && v != "llama") throw UsageError("--arch " + v + ": gpt or llama");
          o.llama = v == "llama";
        }},
-      {"--layers", "N", "transformer blocks",
-       integer_at<Extent>(
-           [](O & o) -> auto& { return o.plan.model.layers; }, 1)},
-      {"--dim", "N", "the model's width",
-       integer_at<Extent>(
-           [](O & o) -> auto& { return o.plan.model.dim; }, 1)},
-      {"--heads", "N", "attention heads",
-       integer_at<Extent>(
-           [](O & o) -> auto& { return o.plan.model.heads; }, 1)},
+      {"--layers", "N", "transformer blocks", integer_at<Extent>([](O& o) -> auto& { return o.plan.model.layers; }, 1)},
+      {"--dim", "N", "the model's width", integer_at<Extent>([](O& o) -> auto& { return o.plan.model.dim; }, 1)},
+      {"--heads", "N", "attention heads", integer_at<Extent>([](O& o) -> auto& { return o.plan.model.heads; }, 1)},
       {"--kv-heads", "N", "KV heads (grouped-query attention; dividing --heads)",
-       integer_at<Extent>(
-           [](O & o) -> auto& { return o.plan.model.kv_heads; }, 1)},
+       integer_at<Extent>([](O& o) -> auto& { return o.plan.model.kv_heads; }, 1)},
       {"--ffn", "N", "the MLP's width (default --mlp-ratio x --dim)",
-       integer_at<Extent>(
-           [](O & o) -> auto& { return o.plan.model.ffn; }, 1)},
-      {"--vocab", "N", "the vocabulary",
-       integer_at<Extent>(
-           [](O & o) -> auto& { return o.plan.model.vocab; }, 1)},
-      {"--seq", "N", "positions per sequence",
-       integer_at<Extent>(
-           [](O & o) -> auto& { return o.plan.model.seq; }, 1)},
+       integer_at<Extent>([](O& o) -> auto& { return o.plan.model.ffn; }, 1)},
+      {"--vocab", "N", "the vocabulary", integer_at<Extent>([](O& o) -> auto& { return o.plan.model.vocab; }, 1)},
+      {"--seq", "N", "positions per sequence", integer_at<Extent>([](O& o) -> auto& { return o.plan.model.seq; }, 1)},
       {"--mlp-ratio", "N", "the MLP's width over --dim",
-       integer_at<Extent>(
-           [](O & o) -> auto& { return o.plan.model.mlp_ratio; }, 1)},
+       integer_at<Extent>([](O& o) -> auto& { return o.plan.model.mlp_ratio; }, 1)},
       {"--dtype", "f32|bf16", "the model's element type (fp32 too, for f32)",
        [](O& o, const std::string&, const std::string& v) {
          // f32 as train_gpt spells it; fp32 too (what this tool printed and accepted first).
@@ -189,20 +176,12 @@ const examples::FlagTable<Options>& flag_table() {
        }},
       {"", "", "the plan (default: --batch 64 --dp 8 --tp 1 --pp 1 --microbatches 1, DDP, SP with --tp):"},
       {"--batch", "N", "sequences per step over all GPUs",
-       integer_at<Extent>(
-           [](O & o) -> auto& { return o.plan.batch; }, 1)},
-      {"--dp", "N", "data-parallel ranks",
-       integer_at<int>(
-           [](O & o) -> auto& { return o.plan.dp; }, 1)},
-      {"--tp", "N", "tensor-parallel ranks",
-       integer_at<int>(
-           [](O & o) -> auto& { return o.plan.tp; }, 1)},
-      {"--pp", "N", "pipeline ranks",
-       integer_at<int>(
-           [](O & o) -> auto& { return o.plan.pp; }, 1)},
+       integer_at<Extent>([](O& o) -> auto& { return o.plan.batch; }, 1)},
+      {"--dp", "N", "data-parallel ranks", integer_at<int>([](O& o) -> auto& { return o.plan.dp; }, 1)},
+      {"--tp", "N", "tensor-parallel ranks", integer_at<int>([](O& o) -> auto& { return o.plan.tp; }, 1)},
+      {"--pp", "N", "pipeline ranks", integer_at<int>([](O& o) -> auto& { return o.plan.pp; }, 1)},
       {"--cp", "N", "context-parallel ranks: every sequence split",
-       integer_at<int>(
-           [](O & o) -> auto& { return o.plan.cp; }, 1)},
+       integer_at<int>([](O& o) -> auto& { return o.plan.cp; }, 1)},
       {"--cp-kind", "ring|allgather|ulysses", "context attention (default ring)",
        [](O& o, const std::string&, const std::string& v) {
          try {
@@ -214,14 +193,11 @@ const examples::FlagTable<Options>& flag_table() {
       {"--no-cp-balance", "", "the sequence's chunks in order (default: load-balanced over the context ranks)",
        [](O& o, const std::string&, const std::string&) { o.plan.cp_balanced = false; }},
       {"--zero", "0|1|2|3", "0: DDP (default); 1, 2, 3: FSDP / ZeRO inside the stages (fp32 master)",
-       integer_at<int>(
-           [](O & o) -> auto& { return o.plan.zero; }, 0, 3)},
+       integer_at<int>([](O& o) -> auto& { return o.plan.zero; }, 0, 3)},
       {"--hsdp", "R", "HSDP: R replicas of the ZeRO shards",
-       integer_at<int>(
-           [](O & o) -> auto& { return o.plan.hsdp; }, 1)},
+       integer_at<int>([](O& o) -> auto& { return o.plan.hsdp; }, 1)},
       {"--microbatches", "N", "micro-batches per step (dividing --batch)",
-       integer_at<int>(
-           [](O & o) -> auto& { return o.plan.microbatches; }, 1)},
+       integer_at<int>([](O& o) -> auto& { return o.plan.microbatches; }, 1)},
       {"--schedule", "gpipe|1f1b|interleaved|zb|zbv|dualpipev", "the pipeline schedule",
        [](O& o, const std::string&, const std::string& v) {
          try {
@@ -232,29 +208,22 @@ const examples::FlagTable<Options>& flag_table() {
          o.plan.schedule = v;
        }},
       {"--stages-per-rank", "N", "pipeline stages on each rank (interleaved)",
-       integer_at<int>(
-           [](O & o) -> auto& { return o.plan.stages_per_rank; }, 1)},
+       integer_at<int>([](O& o) -> auto& { return o.plan.stages_per_rank; }, 1)},
       {"--no-sp", "", "no sequence parallelism with --tp", set_to(&O::sp, false)},
       {"", "", "mixture of experts (GPT blocks; routed evenly, as a dry run assumes):"},
       {"--experts", "E", "MoE feed-forwards of E experts",
-       integer_at<Extent>(
-           [](O & o) -> auto& { return o.plan.moe.router.experts; }, 1)},
-      {"--topk", "K", "top-K routing",
-       integer_at<Extent>(
-           [](O & o) -> auto& { return o.plan.moe.router.topk; }, 1)},
+       integer_at<Extent>([](O& o) -> auto& { return o.plan.moe.router.experts; }, 1)},
+      {"--topk", "K", "top-K routing", integer_at<Extent>([](O& o) -> auto& { return o.plan.moe.router.topk; }, 1)},
       {"--ep", "N", "the experts over N of the data x context ranks",
-       integer_at<int>(
-           [](O & o) -> auto& { return o.plan.ep; }, 1)},
+       integer_at<int>([](O& o) -> auto& { return o.plan.ep; }, 1)},
       {"--moe-every", "N", "every N-th block a MoE block",
-       integer_at<Extent>(
-           [](O & o) -> auto& { return o.plan.moe.every; }, 1)},
+       integer_at<Extent>([](O& o) -> auto& { return o.plan.moe.every; }, 1)},
       {"--capacity", "F", "the capacity factor",
        [](O& o, const std::string& f, const std::string& v) {
          o.plan.moe.router.capacity_factor = examples::positive_flag_value(f, v);
        }},
       {"--expert-ffn", "N", "the experts' width (default --mlp-ratio x --dim)",
-       integer_at<Extent>(
-           [](O & o) -> auto& { return o.plan.moe.hidden; }, 1)},
+       integer_at<Extent>([](O& o) -> auto& { return o.plan.moe.hidden; }, 1)},
       {"", "", "the device (sim/device.hpp; default h100) and the report:"},
       {"--device", "h100|h200|a100|h100-500w", "a known device", device},
       {"--device-file", "F", "a device file with every field", device},

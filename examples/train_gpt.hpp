@@ -65,26 +65,28 @@
 
 #include <unistd.h>  // access, sysconf
 
-#include "dtensor/models/gpt_config.hpp"
+#include "content_digest.hpp"
 #include "dtensor/checkpoint/pipeline_safetensors.hpp"
 #include "dtensor/checkpoint/pipeline_state.hpp"
 #include "dtensor/checkpoint/sync_state.hpp"
-#include "dtensor/distributed/settings_agreement.hpp"
 #include "dtensor/comm/hosts.hpp"
+#include "dtensor/comm/sim.hpp"
+#include "dtensor/distributed/settings_agreement.hpp"
+#include "dtensor/kernels/host/blas_core.hpp"
+#include "dtensor/kernels/host/parallel.hpp"
 #include "dtensor/mesh/hosts.hpp"
 #include "dtensor/models/expert_load.hpp"
 #include "dtensor/models/generate.hpp"
+#include "dtensor/models/gpt_config.hpp"
+#include "dtensor/models/llama.hpp"
 #include "dtensor/models/pipeline_generate.hpp"
 #include "dtensor/models/serve.hpp"
+#include "dtensor/nn/activation_offload.hpp"
 #include "dtensor/nn/cross_mesh_params.hpp"
-#include "dtensor/comm/sim.hpp"
-#include "dtensor/models/llama.hpp"
 #include "dtensor/optim/check_finite.hpp"
 #include "dtensor/optim/memory_budget.hpp"
-#include "dtensor/nn/activation_offload.hpp"
 #include "dtensor/optim/offload_adamw.hpp"
 #include "dtensor/parallel/pipeline/by_name.hpp"
-#include "dtensor/train/trainer.hpp"
 #include "dtensor/parallel/pipeline/sharded_pipeline.hpp"
 #include "dtensor/parallel/pipeline/split.hpp"
 #include "dtensor/parallel/sync/data_split.hpp"
@@ -95,10 +97,8 @@
 #include "dtensor/parallel/sync/traffic.hpp"
 #include "dtensor/trace/training_monitor.hpp"
 #include "dtensor/trace/unit_spans.hpp"
+#include "dtensor/train/trainer.hpp"
 #include "dtensor/training.hpp"
-#include "dtensor/kernels/host/blas_core.hpp"
-#include "dtensor/kernels/host/parallel.hpp"
-#include "content_digest.hpp"
 #include "flag_table.hpp"
 #include "flags.hpp"
 #include "plan_auto.hpp"
@@ -187,7 +187,8 @@ inline std::string str(long long n) { return std::to_string(n); }
 inline const examples::FlagTable<Options>& flag_table() {
   using O = Options;
   using examples::choice, examples::integer, examples::marking, examples::positive, examples::set_to, examples::text;
-  auto budget = [](double O::*m) {  // at least one byte (1e-320 MiB is positive, but 0 bytes), within an int64 of bytes
+  // At least one byte (1e-320 MiB is positive, but 0 bytes), within an int64 of bytes.
+  auto budget = [](double O::* m) {
     return [=](O& o, const std::string& f, const std::string& v) {
       const double mib = examples::positive_flag_value(f, v, double(std::int64_t(1) << 42));
       if (mib * (1 << 20) < 1) throw UsageError(f + " " + v + " is less than one byte");

@@ -14,14 +14,14 @@
 
 #include <unistd.h>
 
-#include "dtensor/comm/threads.hpp"
+#include "content_digest.hpp"
 #include "dtensor/comm/comm_log.hpp"
-#include "dtensor/core/parse.hpp"
 #include "dtensor/comm/env_agreement.hpp"
+#include "dtensor/comm/threads.hpp"
+#include "dtensor/core/parse.hpp"
 #include "dtensor/distributed/settings_agreement.hpp"
 #include "dtensor/kernels/host/gemm.hpp"
 #include "dtensor/kernels/host/simd.hpp"
-#include "content_digest.hpp"
 #include "flag_table.hpp"
 #include "flags.hpp"
 #include "hardening/hardening.hpp"

@@ -71,8 +71,7 @@ ServeResult serve_on_tp(std::vector<Stage>& stages, const Mesh& mesh, const para
   auto layers_on = [&](const auto& stage_mesh, int ep) {
     if constexpr (moe)
       return Layers(parallel::make_expert_mesh<typename Layers::ExpertMesh>(stage_mesh, ep), parts.layers().config());
-    else
-      return parts.layers();
+    else return parts.layers();
   };
   const auto one = pp::StageLayout::looped(1);
   const auto serve_mesh = mesh_on_ranks<Mesh>(mesh.root_ptr(), shape, ranks);  // collective over every rank
