@@ -16,7 +16,9 @@
 // dry run's ledger sees, e.g. ZeRO's communication buffers), the plans after a drop are taken
 // first if their analytic memory times the largest ratio dry run / analytic of a dropped plan
 // fits (the next plans are mostly variants of the dropped one), the others after them while the
-// budget lasts (Rescored::skipped: those never dry-run).
+// budget lasts (Rescored::skipped: those never dry-run). When none of those fits, the rest of the
+// ranking is dry-run in order, past the budget, until one fits: a search whose first 3 x `count`
+// plans all fail their dry run still returns a plan its dry run accepts, not the analytic first.
 // This header instantiates the whole dry run (every model kind, both dtypes, with and without
 // SP): it is compiled by host compilers only (plan_at_scale.cpp, plan_auto_dry.cpp), never by
 // nvcc (the CUDA trainer links plan_auto_dry.cpp's object).
@@ -116,7 +118,9 @@ inline Rescored rescore(const dtensor::sim::TrainingPlan& base, bool llama, bool
   hw.fp32 = !bf16;
   Rescored out;
   const std::size_t tries = 3 * count;
+  std::vector<bool> tried(ranked.size(), false);
   const auto dry_run_one = [&](std::size_t i) {
+    tried[i] = true;
     Finalist f{ranked[i], i, {}, {}};
     const auto plan = training_plan_of(base, ranked[i].plan);
     ++out.dry_run;
@@ -146,6 +150,13 @@ inline Rescored rescore(const dtensor::sim::TrainingPlan& base, bool llama, bool
   out.skipped = deferred.size();
   for (std::size_t k = 0; k < deferred.size() && out.finalists.size() < count && out.dry_run < tries; ++k, --out.skipped)
     dry_run_one(deferred[k]);
+  // None of them fits in its dry run: go on down the analytic ranking, past the budget, until one
+  // does, rather than hand back a plan its own dry run rejects (or one never dry-run at all).
+  for (std::size_t i = 0; i < ranked.size() && out.finalists.empty(); ++i)
+    if (!tried[i]) {
+      if (std::find(deferred.begin(), deferred.end(), i) != deferred.end()) --out.skipped;
+      dry_run_one(i);
+    }
   std::stable_sort(out.finalists.begin(), out.finalists.end(),
                    [](const Finalist& a, const Finalist& b) { return a.dry.step < b.dry.step; });
   return out;

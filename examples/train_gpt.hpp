@@ -671,9 +671,17 @@ inline std::pair<Tensor<std::int32_t, 2>, Tensor<std::int32_t, 2>> tokens_of(con
 
 // ---------------------------------------------------------------- training
 
-/// MoE: the routing of the last forward of this rank's MoE blocks, summed over the mesh
-/// (models/expert_load.hpp): kept choices per expert, and the dropped share of the choices.
-using models::expert_load;
+/// MoE, on the validation line: the routing of the last forward of this rank's MoE blocks, summed
+/// over the mesh (models/expert_load.hpp): kept choices per expert, and the dropped share of them.
+template <class Model, class Mesh>
+std::string expert_note(Model& model, const Mesh& mesh, Extent experts) {
+  const auto [load, dropped] = models::expert_load(model, mesh, experts);
+  std::string note = "  expert load";
+  for (auto n : load) note += " " + str(n);
+  char drop[32];
+  std::snprintf(drop, sizeof drop, "  dropped %.3f", dropped);
+  return note + drop;
+}
 
 /// --export FILE after training: the weights gathered into one safetensors file (whole tensors,
 /// any mesh: PP and FSDP included).
@@ -793,6 +801,176 @@ std::string run_notes(const Options& o, Tr& trainer, const nn::ActivationOffload
   return s;
 }
 
+/// The model of the flags: its config (ring and all-gather attention in the load-balanced order).
+inline nn::GPTConfig gpt_config(const Options& o, const Corpus& corpus) {
+  const bool balanced = o.cp > 1 && o.cp_kind != parallel::ContextKind::ulysses;
+  return {.vocab = Extent(corpus.chars.size()),
+          .seq = o.seq,
+          .dim = o.dim,
+          .heads = o.heads,
+          .layers = o.layers,
+          .mlp_ratio = 4,
+          .checkpoint = o.checkpoint,
+          .seed = o.seed,
+          .context = {.kind = o.cp_kind, .load_balanced = balanced},
+          .kv_heads = o.kv_heads,
+          .ffn = o.ffn,
+          .recompute = o.recompute};
+}
+
+/// This rank's stages' layers: dense, or MoE blocks with their experts on the expert mesh.
+template <class Layers, class StageMesh>
+Layers gpt_layers(const Options& o, const StageMesh& stage_mesh) {
+  if constexpr (requires { typename Layers::ExpertMesh; }) {
+    nn::MoELayersConfig mc;
+    mc.router.experts = o.experts;
+    mc.router.topk = o.topk;
+    mc.router.z_loss_coeff = 1e-3;
+    if (o.capacity > 0) mc.router.capacity_factor = o.capacity;
+    mc.every = o.moe_every;
+    return Layers(parallel::make_expert_mesh<typename Layers::ExpertMesh>(stage_mesh, o.ep), mc);
+  } else {
+    return Layers{};
+  }
+}
+
+/// The step's options (train/trainer.hpp): the mesh, the schedule, FSDP, AdamW, clipping, --sync,
+/// --offload; the staging buffer as given, or a quarter of what the host budget leaves.
+inline train::TrainerOptions trainer_options(const Options& o, const optim::MemoryBudget& host_budget) {
+  train::TrainerOptions t{.degrees = {.pp = o.pp, .dp = o.dp, .fsdp = o.fsdp, .cp = o.cp, .tp = o.tp},
+                          .schedule = o.schedule,
+                          .microbatches = o.microbatches,
+                          .zero = o.zero,
+                          .reshard_after_forward = o.reshard_after_forward,
+                          .adamw = {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1},
+                          .clip_norm = 1.0,
+                          .sync = {.kind = parallel::sync::parse_sync(o.sync),
+                                   .inner_steps = o.inner_steps,
+                                   .staleness = o.staleness,
+                                   .clients = o.clients,
+                                   .seed = o.seed,
+                                   .samples_per_step = double(o.batch / o.dp),
+                                   .diloco = diloco_options(o)},
+                          .offload_params_dir = o.offloads("params") ? o.offload_dir : std::string(),
+                          .offload_optimizer_dir = o.offloads("optimizer") ? o.offload_dir : std::string(),
+                          .offload_buffer_bytes = o.offload_buffer_kib << 10};
+  if (!o.offload_buffer_given)
+    t.offload_buffer_sizer = [&o, host_budget] {
+      return host_budget.buffer_for_offload(o.offload_buffer_kib << 10, 4 * sizeof(float) * 64);
+    };
+  return t;
+}
+
+/// The run's first lines on rank 0: the mesh, the schedule and model, the parameter count and the
+/// GEMMs' kernels (most of a CPU step), and who chose them.
+template <class Compute, class Trainer>
+void print_header(const Options& o, const Corpus& corpus, Trainer& trainer, std::int64_t parameters) {
+  std::printf(
+      "%s: mesh pp %d x dp %d x fsdp %d (ZeRO-%d) x cp %d (%s) x tp %d%s = %d ranks, %s backend, device %s, "
+      "dtype %s\n",
+      o.generate_program ? "generate" : "train_gpt", o.pp, o.dp, o.fsdp, o.zero, o.cp,
+      std::string(parallel::name_of(o.cp_kind)).c_str(), o.tp, o.sp ? " + SP" : "", o.ranks(), o.backend.c_str(),
+      o.device.c_str(), std::is_same_v<Compute, float> ? "f32" : "bf16 (fp32 master weights and AdamW state)");
+  std::printf(
+      "schedule %s: %d micro-batches over %d stages; model: %lld layers, dim %lld, %lld heads, seq %lld, batch "
+      "%lld, vocab %zu",
+      o.schedule.c_str(), o.microbatches, trainer.schedule().layout.stages(), (long long)o.layers, (long long)o.dim,
+      (long long)o.heads, (long long)o.seq, (long long)o.batch, corpus.chars.size());
+  if (o.arch != "gpt")
+    std::printf("; %s (kv heads %lld)", o.arch.c_str(), (long long)(o.kv_heads ? o.kv_heads : o.heads));
+  if (o.zero == 3)
+    std::printf("; ZeRO-3 %s", trainer.pipeline().keeps_stages_gathered() ? "keeps each stage gathered for the step"
+                                                                          : "gathers each unit per micro-batch");
+  if (o.experts > 0)
+    std::printf("; MoE: %lld experts, top-%lld, over ep %d", (long long)o.experts, (long long)o.topk, o.ep);
+  std::printf("\nparameters: %lld\n", (long long)parameters);
+  if constexpr (Trainer::host) std::printf("%s\n", kernels::host::blas_kernels_line().c_str());
+}
+
+/// What a checkpoint must match to resume (--resume DIR; --save-every N --save-dir DIR): the
+/// configuration that fixes the tensors, and --sync's settings (its state travels as each rank's
+/// own tensors). Any mesh and schedule can resume it.
+inline std::map<std::string, std::string> checkpoint_config(const Options& o, const nn::GPTConfig& cfg,
+                                                            const Corpus& corpus) {
+  using parallel::sync::SyncKind;
+  auto config = checkpoint::config_of(cfg);
+  config["model"] = o.arch;
+  config["vocabulary"] = vocabulary_id(corpus);  // another text's alphabet of the same size is refused
+  if (o.experts > 0) config["experts"] = str(o.experts), config["moe_every"] = str(o.moe_every);
+  const auto kind = parallel::sync::parse_sync(o.sync);
+  if (kind != SyncKind::ddp) {
+    config["sync"] = o.sync;
+    config["sync_inner_steps"] = str(o.inner_steps);
+    if (kind == SyncKind::async) config["sync_staleness"] = str(o.staleness);
+    if (kind == SyncKind::fedavg) config["sync_clients"] = str(o.clients);
+  }
+  return config;
+}
+
+/// The batches: every rank draws the same --batch sequences (the same --seed), in the order the
+/// model stores them (load-balanced for ring and all-gather attention), cut into micro-batches;
+/// under FedAvg sequence b belongs to client c (its micro-batch's rows split over "dp" first, as
+/// torch.chunk), which reads only its own contiguous slice of the text: local, non-IID data.
+/// Validation: a fixed batch of the held-out text. `rng` is the checkpoint's data state.
+template <class Trainer>
+train::FitData<Trainer> text_data(const Options& o, const Corpus& corpus, Trainer& trainer, std::mt19937_64& rng) {
+  const bool fed = parallel::sync::parse_sync(o.sync) == parallel::sync::SyncKind::fedavg;
+  const bool balanced = o.cp > 1 && o.cp_kind != parallel::ContextKind::ulysses;
+  auto microbatches_of = [&o, &trainer, balanced](const std::vector<std::int32_t>& data,
+                                                  const std::vector<std::size_t>& starts) {
+    auto [ids, targets] = tokens_of(data, starts, o.seq);
+    if (balanced) ids = parallel::load_balance(ids, 1, o.cp), targets = parallel::load_balance(targets, 1, o.cp);
+    return trainer.microbatches(ids, targets);
+  };
+  train::FitData<Trainer> data;
+  data.batch = [&o, &corpus, &rng, fed, microbatches_of](int) {
+    std::vector<std::size_t> starts(static_cast<std::size_t>(o.batch));
+    const std::size_t span = corpus.train.size() - std::size_t(o.seq) - 1, dp = std::size_t(o.dp);
+    const std::size_t mb = std::size_t(o.batch / o.microbatches), chunk = (mb + dp - 1) / dp;
+    for (std::size_t b = 0; b < starts.size(); ++b) {
+      const std::size_t c = (b % mb) / chunk, lo = fed ? span * c / dp : 0, hi = fed ? span * (c + 1) / dp : span;
+      starts[b] = lo + std::size_t(rng() % std::max<std::size_t>(1, hi - lo));
+    }
+    return microbatches_of(corpus.train, starts);
+  };
+  data.evaluate = [&o, &corpus, &trainer, microbatches_of](int) {
+    std::vector<std::size_t> starts(static_cast<std::size_t>(o.batch));
+    for (std::size_t b = 0; b < starts.size(); ++b)
+      starts[b] = (b * 7919u) % (corpus.val.size() - std::size_t(o.seq) - 1);
+    return trainer.evaluate(microbatches_of(corpus.val, starts));
+  };
+  data.state = [&rng] {
+    std::ostringstream state;
+    state << rng;
+    return state.str();
+  };
+  data.restore = [&rng](const std::string& state) {
+    std::istringstream in(state);
+    return bool(in >> rng);
+  };
+  return data;
+}
+
+/// --sync on "dp": the dry-run figure of docs/beyond-sync.md for this rank's shards, checked
+/// against the library's own count (bench/plot_sync.py reads the line).
+template <class Trainer>
+void print_sync_payload(const Options& o, Trainer& trainer) {
+  using parallel::sync::SyncKind;
+  std::size_t elements = 0;
+  for (const auto& p : trainer.params().template list<0>()) elements += p.value.size();
+  const auto kind = parallel::sync::parse_sync(o.sync);
+  const parallel::sync::SyncCost cost{.inner_steps = o.inner_steps, .bf16_reduce = o.bf16_reduce};
+  const double bytes = parallel::sync::payload_bytes_per_step(kind, elements, sizeof(float), cost);
+  const double ddp = parallel::sync::payload_bytes_per_step(SyncKind::ddp, elements, sizeof(float));
+  auto& sync = trainer.replica_sync();
+  if (sync && sync->diloco() && sync->diloco()->payload_bytes_per_step() != bytes)
+    throw Error("train_gpt", "DiLoCo's payload " + std::to_string(sync->diloco()->payload_bytes_per_step()) +
+                                 " B/step != the formula's " + std::to_string(bytes));
+  if (trainer.mesh().root().rank() == 0)
+    std::printf("sync %s on dp: %.0f all-reduce payload bytes per step on rank 0 (DDP: %.0f, %.1fx)\n", o.sync.c_str(),
+                bytes, ddp, ddp / bytes);
+}
+
 /// The GPT, Llama or MoE-GPT of the flags as a train::Trainer (the model's parts, the mesh, the
 /// step's options), its header printed, then train::fit (train/loop.hpp) and the report; --export
 /// and --generate after. Returns the last validation loss.
@@ -802,256 +980,86 @@ std::string run_notes(const Options& o, Tr& trainer, const nn::ActivationOffload
 /// precision: parameters all-gathered in bf16, gradients reduced in fp32).
 template <class Space, class Compute, class Plan, class Layers>
 double run_gpt(CommPtr world, const Options& o, const Corpus& corpus) {
-  using Mesh = MeshIn<Space>;
   using StageMesh = StageMeshIn<Space>;
   using Model = nn::GptParts<Compute, StageMesh, Plan, std::int32_t, Layers>;
   constexpr bool host = std::is_same_v<Space, host_space>;
   constexpr bool moe = requires { typename Layers::ExpertMesh; };  // nn::MoELayers
-
-  // This rank's allocations from here on (its thread's): the step's peak by tag is reported
-  // against what the rank held when the step began (the summary's "step peak per rank").
+  // This rank's allocations from here on: the step's peak by tag against what it held before.
   MemoryLedger rank_ledger;
-  // The model config.
-  const bool balanced = o.cp > 1 && o.cp_kind != parallel::ContextKind::ulysses;  // ring / all-gather: load-balanced order
-  const nn::GPTConfig cfg{.vocab = Extent(corpus.chars.size()), .seq = o.seq, .dim = o.dim, .heads = o.heads,
-                          .layers = o.layers, .mlp_ratio = 4, .checkpoint = o.checkpoint, .seed = o.seed,
-                          .context = {.kind = o.cp_kind, .load_balanced = balanced},
-                          .kv_heads = o.kv_heads, .ffn = o.ffn, .recompute = o.recompute};
-
-  // This rank's stages (MoE: with their experts on the expert mesh), each FSDP-sharded.
-  auto make_layers = [&](const StageMesh& stage_mesh) {
-    if constexpr (moe) {
-      nn::MoELayersConfig mc;
-      mc.router.experts = o.experts;
-      mc.router.topk = o.topk;
-      mc.router.z_loss_coeff = 1e-3;
-      if (o.capacity > 0) mc.router.capacity_factor = o.capacity;
-      mc.every = o.moe_every;
-      return Layers(parallel::make_expert_mesh<typename Layers::ExpertMesh>(stage_mesh, o.ep), mc);
-    } else {
-      return Layers{};
-    }
-  };
-  const auto sync_kind = parallel::sync::parse_sync(o.sync);  // --sync: with any but ddp, "dp" is not all-reduced by FSDP
-  const bool fed = sync_kind == parallel::sync::SyncKind::fedavg;
-  // One AdamW over every parameter of this rank: its shards of its stages (MoE: and its experts);
-  // with --offload optimizer, one OffloadedAdamW per list instead, its moments on disk.
-  const bool offload_optimizer = o.offloads("optimizer");
+  const nn::GPTConfig cfg = gpt_config(o, corpus);
   // --host-budget-mib / --device-budget-mib: per process, its ranks sharing it (docs/offload.md).
   const int ranks_here = o.backend == "threads" ? world->size() : 1;
   const optim::MemoryBudget host_budget{.space = "host", .bytes = std::int64_t(o.host_budget_mib * (1 << 20)),
                                         .ranks_sharing = ranks_here};
   const optim::MemoryBudget device_budget{.space = "cuda", .bytes = std::int64_t(o.device_budget_mib * (1 << 20)),
                                           .ranks_sharing = ranks_here};
-  // The step (train/trainer.hpp): the mesh, the schedule, this rank's stages, FSDP, AdamW, clipping, --sync.
-  train::TrainerOptions options{
-      .degrees = {.pp = o.pp, .dp = o.dp, .fsdp = o.fsdp, .cp = o.cp, .tp = o.tp},
-      .schedule = o.schedule, .microbatches = o.microbatches, .zero = o.zero,
-      .reshard_after_forward = o.reshard_after_forward,
-      .adamw = {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1}, .clip_norm = 1.0,
-      .sync = {.kind = sync_kind, .inner_steps = o.inner_steps, .staleness = o.staleness, .clients = o.clients,
-               .seed = o.seed, .samples_per_step = double(o.batch / o.dp), .diloco = diloco_options(o)},
-      .offload_params_dir = o.offloads("params") ? o.offload_dir : std::string(),
-      .offload_optimizer_dir = offload_optimizer ? o.offload_dir : std::string(),
-      .offload_buffer_bytes = o.offload_buffer_kib << 10};
-  // The staging buffer: as given, or a quarter of what the host budget leaves (at least one chunk pair).
-  if (!o.offload_buffer_given)
-    options.offload_buffer_sizer = [&] { return host_budget.buffer_for_offload(o.offload_buffer_kib << 10, 4 * sizeof(float) * 64); };
-  train::Trainer<Model, float> trainer(world, options, [&](const StageMesh& stage_mesh) {
-    return Model(stage_mesh, cfg, make_layers(stage_mesh));
+  train::Trainer<Model, float> trainer(world, trainer_options(o, host_budget), [&](const StageMesh& stage_mesh) {
+    return Model(stage_mesh, cfg, gpt_layers<Layers>(o, stage_mesh));
   });
   auto& model = trainer.pipeline();
-  const Mesh& mesh = trainer.mesh();
-  const auto& schedule = trainer.schedule();
-  // --offload activations: every block's saved activations in a file per rank under
-  // --offload-dir between its forward and its backward (nn/activation_offload.hpp; each
-  // micro-batch's separately). Built by every rank together: a bad directory fails on all.
+  // --offload activations: every block's saved activations in a file per rank under --offload-dir
+  // between its forward and its backward (nn/activation_offload.hpp). Built by every rank together.
   std::shared_ptr<nn::ActivationOffload> activation_offload;
-  if constexpr (host && !moe) {
+  if constexpr (host && !moe)
     if (o.offloads("activations")) {
       activation_offload = std::make_shared<nn::ActivationOffload>(
           nn::ActivationOffloadOptions{.tier = nn::OffloadTier::disk, .dir = o.offload_dir}, world.get());
-      for (auto& stage : model.executor().stages()) stage.set_activation_offload(activation_offload);
+      for (auto& stage : trainer.stages()) stage.set_activation_offload(activation_offload);
     }
-  }
   world->barrier();  // every rank's optimizer built
-  {
-    const std::string hint = offload_optimizer ? "a larger budget, or a smaller --offload-buffer-kib"
-                                               : "--offload optimizer --offload-dir DIR moves AdamW's moments to disk "
-                                                 "(--offload optimizer,params the master shards too)";
-    host_budget.check(*world, "after building the model and optimizer", hint);
-    device_budget.check(*world, "after building the model and optimizer", "a larger budget or more ranks");
-  }
+  host_budget.check(*world, "after building the model and optimizer",
+                    o.offloads("optimizer") ? "a larger budget, or a smaller --offload-buffer-kib"
+                                            : "--offload optimizer --offload-dir DIR moves AdamW's moments to disk "
+                                              "(--offload optimizer,params the master shards too)");
+  device_budget.check(*world, "after building the model and optimizer", "a larger budget or more ranks");
   const std::int64_t host_held_built = host_budget.held();
-
-  using SyncKind = parallel::sync::SyncKind;
-
-  // The model's parameter count (global extents, every stage's, the experts included), for
-  // bench/compare_torch.py, which checks it against PyTorch's twin: from the entries, which FSDP keeps.
-  std::int64_t parameters = 0;
-  for (auto& stage : model.executor().stages())
-    nn::for_each_parameter(stage, [&](auto& p) {
-      std::int64_t n = p.defined() ? 1 : 0;
-      if (p.defined())
-        for (Extent e : p.group()->entries()[p.index()].global_shape) n *= std::int64_t(e);
-      parameters += n;
-    });
-  mesh.template group<"pp">().all_reduce(std::span<std::int64_t>(&parameters, 1), ReduceOp::sum);
+  const std::int64_t parameters = trainer.parameter_count();
   const bool root = world->rank() == 0;
-  if (root) {
-    std::printf("%s: mesh pp %d x dp %d x fsdp %d (ZeRO-%d) x cp %d (%s) x tp %d%s = %d ranks, %s backend, device %s, "
-                "dtype %s\n",
-                o.generate_program ? "generate" : "train_gpt", o.pp, o.dp, o.fsdp, o.zero, o.cp, std::string(parallel::name_of(o.cp_kind)).c_str(), o.tp, o.sp ? " + SP" : "",
-                o.ranks(), o.backend.c_str(), o.device.c_str(),
-                std::is_same_v<Compute, float> ? "f32" : "bf16 (fp32 master weights and AdamW state)");
-    std::printf("schedule %s: %d micro-batches over %d stages; model: %lld layers, dim %lld, %lld heads, seq %lld, batch "
-                "%lld, vocab %zu",
-                o.schedule.c_str(), o.microbatches, schedule.layout.stages(), (long long)o.layers, (long long)o.dim,
-                (long long)o.heads, (long long)o.seq, (long long)o.batch, corpus.chars.size());
-    if (o.arch != "gpt") std::printf("; %s (kv heads %lld)", o.arch.c_str(), (long long)(o.kv_heads ? o.kv_heads : o.heads));
-    if (o.zero == 3)
-      std::printf("; ZeRO-3 %s", model.keeps_stages_gathered() ? "keeps each stage gathered for the step"
-                                                                : "gathers each unit per micro-batch");
-    if (moe) std::printf("; MoE: %lld experts, top-%lld, over ep %d", (long long)o.experts, (long long)o.topk, o.ep);
-    std::printf("\nparameters: %lld\n", (long long)parameters);
-    // The GEMMs' kernels (most of a CPU step), and who chose them.
-    if constexpr (std::is_same_v<Space, host_space>) std::printf("%s\n", kernels::host::blas_kernels_line().c_str());
-  }
-  // Across machines: which dimensions cross hosts (docs/multinode.md). The threads backend's
-  // ranks share one host, so only the process backends exchange their host names.
+  if (root) print_header<Compute>(o, corpus, trainer, parameters);
+  // Across machines: which dimensions cross hosts (docs/multinode.md); only the process backends
+  // exchange their host names (the threads backend's ranks share one host).
+  const auto& mesh = trainer.mesh();
   const std::vector<std::string> hosts = o.backend == "threads" ? std::vector<std::string>{} : host_names(mesh.root());
   const auto placed = mesh_hosts(mesh, hosts.empty() ? std::vector<std::string>(std::size_t(world->size()), "") : hosts);
-  if (root && placed.count > 1) {
-    std::string across, inside;
-    for (std::size_t d = 0; d < Mesh::ndim; ++d)
-      if (mesh.size(d) > 1) {
-        auto& to = placed.crosses[d] ? across : inside;
-        to += (to.empty() ? "" : ", ") + std::string(Mesh::names[d]);
-      }
-    std::printf("hosts: %d, %s; across hosts: %s; inside a host: %s\n", placed.count,
-                placed.adjacent ? "each host's ranks adjacent"
-                                : "a host's ranks NOT adjacent (launch with mpirun --map-by slot, srun --distribution=block)",
-                across.empty() ? "none" : across.c_str(), inside.empty() ? "none" : inside.c_str());
-  }
-
-  // The batches: every rank draws the same sequences (same seed), in the order the model stores
-  // them (load-balanced for ring and all-gather attention), cut into micro-batches.
-  std::mt19937_64 rng(o.seed);
-  auto draw = [&] {
-    std::vector<std::size_t> starts(static_cast<std::size_t>(o.batch));
-    const std::size_t span = corpus.train.size() - std::size_t(o.seq) - 1;
-    for (std::size_t b = 0; b < starts.size(); ++b) {
-      if (!fed) {
-        starts[b] = std::size_t(rng() % span);
-        continue;
-      }
-      // FedAvg: sequence b belongs to client c (its micro-batch's rows split over "dp" first, as
-      // torch.chunk), which reads only its own contiguous slice of the text: local, non-IID data.
-      const std::size_t mb = std::size_t(o.batch / o.microbatches), chunk = (mb + std::size_t(o.dp) - 1) / std::size_t(o.dp);
-      const std::size_t c = (b % mb) / chunk, lo = span * c / std::size_t(o.dp), hi = span * (c + 1) / std::size_t(o.dp);
-      starts[b] = lo + std::size_t(rng() % std::max<std::size_t>(1, hi - lo));
-    }
-    return starts;
-  };
-  auto microbatches_of = [&](const std::vector<std::int32_t>& data, const std::vector<std::size_t>& starts) {
-    auto [ids, targets] = tokens_of(data, starts, o.seq);
-    if (balanced) {
-      ids = parallel::load_balance(ids, 1, o.cp);
-      targets = parallel::load_balance(targets, 1, o.cp);
-    }
-    return trainer.microbatches(ids, targets);
-  };
-
-  // What a checkpoint must match to resume (--resume DIR; --save-every N --save-dir DIR): the
-  // configuration that fixes the tensors. Any mesh and schedule can resume it.
-  auto model_config = checkpoint::config_of(cfg);
-  model_config["model"] = o.arch;
-  model_config["vocabulary"] = vocabulary_id(corpus);  // another text's alphabet of the same size is refused
-  if constexpr (moe) model_config["experts"] = str(o.experts), model_config["moe_every"] = str(o.moe_every);
-  // --sync: its settings must match, and the sync state travels as each rank's own tensors.
-  if (sync_kind != SyncKind::ddp) {
-    model_config["sync"] = o.sync;
-    model_config["sync_inner_steps"] = str(o.inner_steps);
-    if (sync_kind == SyncKind::async) model_config["sync_staleness"] = str(o.staleness);
-    if (fed) model_config["sync_clients"] = str(o.clients);
-  }
+  if (root && placed.count > 1) std::printf("%s\n", describe_hosts(mesh, placed).c_str());
   if constexpr (host && !moe)
     if (!o.init_from.empty()) {
       checkpoint::import_pipeline_safetensors(o.init_from, model);
       if (root) std::printf("weights from %s\n", o.init_from.c_str());
     }
-
   // The loop (train/loop.hpp): batches, timing, the budgets over the first step, evaluation,
   // checkpoints (the step, the data position and the batch generator's state), --trace, --plot,
   // the progress bar and the report.
-  const train::FitOptions fo{
-      .steps = o.steps,
-      .eval_every = o.eval_every,
-      .save_every = o.save_every,
-      .save_dir = o.save_dir,
-      .resume_dir = o.resume,
-      .config = model_config,
-      .allow_finished = o.generate != 0,  // with --generate: text from the checkpoint, no training
-      .tokens_per_step = double(o.batch * o.seq),
-      .check_finite = o.check_finite,
-      .trace_path = o.trace,
-      .plot_path = o.plot,
-      .hosts = hosts,
-      .host_budget = host_budget,
-      .device_budget = device_budget,
-      .rank_ledger = &rank_ledger};
-  train::FitData<decltype(trainer)> data;
-  data.batch = [&](int) { return microbatches_of(corpus.train, draw()); };
-  // Validation: a fixed batch of the held-out text through the same schedule; its gradients are dropped.
-  data.evaluate = [&](int) {
-    std::vector<std::size_t> starts(static_cast<std::size_t>(o.batch));
-    for (std::size_t b = 0; b < starts.size(); ++b)
-      starts[b] = (b * 7919u) % (corpus.val.size() - std::size_t(o.seq) - 1);
-    return trainer.evaluate(microbatches_of(corpus.val, starts));
-  };
+  const train::FitOptions fo{.steps = o.steps,
+                             .eval_every = o.eval_every,
+                             .save_every = o.save_every,
+                             .save_dir = o.save_dir,
+                             .resume_dir = o.resume,
+                             .config = checkpoint_config(o, cfg, corpus),
+                             .allow_finished = o.generate != 0,  // --generate: text from the checkpoint
+                             .tokens_per_step = double(o.batch * o.seq),
+                             .check_finite = o.check_finite,
+                             .trace_path = o.trace,
+                             .plot_path = o.plot,
+                             .hosts = hosts,
+                             .host_budget = host_budget,
+                             .device_budget = device_budget,
+                             .rank_ledger = &rank_ledger};
+  std::mt19937_64 rng(o.seed);
+  auto data = text_data(o, corpus, trainer, rng);
   data.eval_note = [&](int, const pp::StepStats& stats) {
     std::string more = train::idle_note(stats);
-    if constexpr (moe) {
-      const auto [load, dropped] = expert_load(model, mesh, o.experts);  // the validation batch's routing
-      more += "  expert load";
-      for (auto n : load) more += " " + str(n);
-      char drop[32];
-      std::snprintf(drop, sizeof drop, "  dropped %.3f", dropped);
-      more += drop;
-    }
+    if constexpr (moe) more += expert_note(model, mesh, o.experts);  // the validation batch's routing
     return more;
   };
-  data.state = [&] {
-    std::ostringstream state;
-    state << rng;
-    return state.str();
-  };
-  data.restore = [&](const std::string& state) {
-    std::istringstream in(state);
-    return bool(in >> rng);
-  };
   const train::FitReport report = train::fit(trainer, fo, data);
-  if (report.steps_run == 0) {  // resumed at --steps with --generate (or the generate program): text only
-    if constexpr (host) generate_text(o, corpus, model, mesh, schedule);
-    return 0;
+  if (report.steps_run > 0) {  // else resumed at --steps with --generate (or the generate program): text only
+    train::print_report(report, run_notes<host>(o, trainer, activation_offload.get(), host_budget, host_held_built));
+    if (o.dp > 1) print_sync_payload(o, trainer);
+    if constexpr (host && !moe) export_weights(o, model, root);
   }
-  train::print_report(report, run_notes<host>(o, trainer, activation_offload.get(), host_budget, host_held_built));
-  if (o.dp > 1) {  // the dry-run figure of docs/beyond-sync.md, for this rank's shards (bench/plot_sync.py reads it)
-    std::size_t elements = 0;
-    for (const auto& p : model.params().template list<0>()) elements += p.value.size();
-    const parallel::sync::SyncCost cost{.inner_steps = o.inner_steps, .bf16_reduce = o.bf16_reduce};
-    const double bytes = parallel::sync::payload_bytes_per_step(sync_kind, elements, sizeof(float), cost);
-    const double ddp = parallel::sync::payload_bytes_per_step(SyncKind::ddp, elements, sizeof(float));
-    auto& sync = trainer.replica_sync();
-    if (sync && sync->diloco() && sync->diloco()->payload_bytes_per_step() != bytes)  // the library's own count and the formula agree
-      throw Error("train_gpt", "DiLoCo's payload " + std::to_string(sync->diloco()->payload_bytes_per_step()) + " B/step != the formula's " + std::to_string(bytes));
-    if (root)
-      std::printf("sync %s on dp: %.0f all-reduce payload bytes per step on rank 0 (DDP: %.0f, %.1fx)\n", o.sync.c_str(), bytes, ddp,
-                  ddp / bytes);
-  }
-  if constexpr (host && !moe) export_weights(o, model, root);
-  if constexpr (host) generate_text(o, corpus, model, mesh, schedule);
-  return report.val_loss;
+  if constexpr (host) generate_text(o, corpus, model, mesh, trainer.schedule());
+  return report.steps_run > 0 ? report.val_loss : 0;
 }
 
 /// The model types: one per kind of block (GPT, Llama or MoE) and plan (with or without SP),

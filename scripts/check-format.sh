@@ -23,7 +23,7 @@ if ! command -v clang-format-19 >/dev/null; then
 fi
 files=('*.hpp' '*.cpp' '*.cuh' '*.cu' '*.h')
 if [[ $fix == 1 ]]; then
-  git clang-format-19 --binary clang-format-19 "$base" -- "${files[@]}" || true
+  git clang-format-19 --binary clang-format-19 --force "$base" -- "${files[@]}" || true
   exit 0
 fi
 if out=$(git clang-format-19 --binary clang-format-19 --diff "$base" -- "${files[@]}"); then

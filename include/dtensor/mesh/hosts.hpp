@@ -5,6 +5,7 @@
 //   h.crosses[d]          // some group along dimension d has ranks on two hosts
 //   h.adjacent            // each host's ranks are one block of consecutive ranks
 //   dtensor::crosses_hosts(mesh, hosts, "dp*fsdp")   // a group label (CommLog's), if it names adjacent dims
+//   dtensor::describe_hosts(mesh, h)  // "hosts: 2, each host's ranks adjacent; across hosts: dp; inside a host: tp"
 //
 // Across machines the link between hosts is an order of magnitude slower than inside one, so the
 // mesh's fastest-varying dimensions (tp, then cp) should stay inside a host and the data and
@@ -93,6 +94,23 @@ std::optional<bool> crosses_hosts(const Mesh& mesh, const std::vector<std::strin
     if (dims[k] != dims[k - 1] + 1) return std::nullopt;
   if (dims.empty() || int(hosts.size()) != mesh.root().size()) return std::nullopt;
   return detail::group_crosses_hosts(mesh, hosts, dims.front(), dims.back());
+}
+
+/// One line for a program to print (docs/multinode.md): the host count, whether each host's ranks
+/// are adjacent, and which of the mesh's dimensions of size > 1 cross hosts and which stay inside one.
+template <class Mesh>
+std::string describe_hosts(const Mesh& mesh, const MeshHosts<Mesh::ndim>& h) {
+  std::string across, inside;
+  for (std::size_t d = 0; d < Mesh::ndim; ++d)
+    if (mesh.size(d) > 1) {
+      auto& to = h.crosses[d] ? across : inside;
+      to += (to.empty() ? "" : ", ") + std::string(Mesh::names[d]);
+    }
+  return detail::cat(
+      "hosts: ", h.count, ", ",
+      h.adjacent ? "each host's ranks adjacent"
+                 : "a host's ranks NOT adjacent (launch with mpirun --map-by slot, srun --distribution=block)",
+      "; across hosts: ", across.empty() ? "none" : across, "; inside a host: ", inside.empty() ? "none" : inside);
 }
 
 }  // namespace dtensor

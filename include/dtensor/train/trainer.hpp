@@ -372,6 +372,22 @@ class Trainer {
   const std::array<std::int64_t, memory_tag_count>& held_by_tag() const noexcept { return held_; }
   std::int64_t held_total() const noexcept { return held_total_; }
 
+  /// The model's parameter count: the global extents of every stage's parameters (the experts
+  /// included), from the flat-group entries FSDP keeps, summed over the pipeline ranks. Every rank
+  /// together: one all-reduce of one int64 on "pp".
+  std::int64_t parameter_count() {
+    std::int64_t n = 0;
+    for (auto& stage : stages())
+      nn::for_each_parameter(stage, [&](auto& p) {
+        if (!p.defined()) return;
+        std::int64_t elements = 1;
+        for (Extent e : p.group()->entries()[p.index()].global_shape) elements *= std::int64_t(e);
+        n += elements;
+      });
+    mesh_.template group<"pp">().all_reduce(std::span<std::int64_t>(&n, 1), ReduceOp::sum);
+    return n;
+  }
+
   /// The optimizer offload's disk traffic summed over this rank's offloaded optimizers.
   optim::OffloadStats offload_stats() const {
     optim::OffloadStats sum;
