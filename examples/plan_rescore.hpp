@@ -152,7 +152,7 @@ inline Rescored rescore(const dtensor::sim::TrainingPlan& base, bool llama, bool
     dry_run_one(deferred[k]);
   // None of them fits in its dry run: go on down the analytic ranking, past the budget, until one
   // does, rather than hand back a plan its own dry run rejects (or one never dry-run at all).
-  for (std::size_t i = 0; i < ranked.size() && out.finalists.empty(); ++i)
+  for (std::size_t i = 0; count > 0 && i < ranked.size() && out.finalists.empty(); ++i)
     if (!tried[i]) {
       if (std::find(deferred.begin(), deferred.end(), i) != deferred.end()) --out.skipped;
       dry_run_one(i);
