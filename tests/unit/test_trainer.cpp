@@ -606,6 +606,29 @@ TEST_CASE(
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("train::fit: ranks given different options fail together, naming the option", "[train][loop][errors]") {
+  // Without the agreement rank 1 would run a fourth step alone and wait in its barrier.
+  auto failures = testing::on_ranks(2, [&](CommPtr world, auto report) {
+    train::Trainer<Tagger<host_space>> trainer(
+        world, train::TrainerOptions{.degrees = {.fsdp = 2}},
+        [&](const train::StageMeshIn<host_space>& m) { return Tagger<host_space>(m, TaggerConfig{}); });
+    const TaggerConfig cfg;
+    CountingData counting;
+    const auto data = counting.hooks(trainer, cfg);
+    try {
+      train::fit(trainer, {.steps = world->rank() == 0 ? 3 : 4}, data);
+      report("no error");
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      if (what.find("train::fit") == std::string::npos || what.find("steps") == std::string::npos)
+        report("unclear: " + what);
+    }
+    if (trainer.steps() != 0) report("a step ran");
+  });
+  for (const auto& f : failures) UNSCOPED_INFO(f);
+  CHECK(failures.empty());
+}
+
 TEST_CASE("train::fit: bad options are a dtensor::Error naming the op and the values", "[train][loop][errors]") {
   threads::run(1, [&](CommPtr world) {
     train::Trainer<Tagger<host_space>> trainer(

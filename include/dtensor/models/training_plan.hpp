@@ -359,7 +359,9 @@ void pipeline_rank_step(CommPtr world, const TrainingPlan& p, Recorder& rec) {
     const auto ids = meta_ids<typename Stage::Input>(stage_mesh, p);
     trainer_step(trainer, ids, ids, rec);
   };
-  if (std::is_same_v<T, float> || p.zero > 0) run.template operator()<float>();
+  // `if constexpr`: an fp32 model instantiates one trainer (its master is its own type either way).
+  if constexpr (std::is_same_v<T, float>) run.template operator()<float>();
+  else if (p.zero > 0) run.template operator()<float>();
   else run.template operator()<void>();
 }
 

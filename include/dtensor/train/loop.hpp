@@ -10,6 +10,8 @@
 //   const train::FitReport r = train::fit(trainer, fo, data);   // every rank together
 //   train::print_report(r);                                        // rank 0 prints (train/report.hpp)
 //
+// First, one all-gather: every rank's options must be the same (require_same_settings), else
+// every rank throws, naming the option and the ranks.
 // One step of fit(), every rank together:
 //   1. data.batch(step) (every rank draws the same batch and keeps its micro-batches);
 //   2. a barrier on the world (the mesh's root communicator), so the step is timed on all ranks
@@ -44,6 +46,7 @@
 #include <vector>
 
 #include "dtensor/comm/comm_log.hpp"
+#include "dtensor/comm/settings_agreement.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/memory_ledger.hpp"
 #include "dtensor/mesh/hosts.hpp"
@@ -151,11 +154,25 @@ inline std::string idle_note(const parallel::pipeline::StepStats& stats) {
 /// options or a checkpoint that cannot be resumed (on every rank alike).
 template <class Tr>
 FitReport fit(Tr& trainer, const FitOptions& o, const FitData<Tr>& data) {
-  detail::check_fit_options(o);
-  if (!data.batch) throw Error("train::fit", "needs data.batch, the step's micro-batches");
   using Mesh = typename Tr::Mesh;
   const Mesh& mesh = trainer.mesh();
   const CommPtr& world = mesh.root_ptr();
+  // First, every rank's options against the others' (one all-gather; comm/settings_agreement.hpp):
+  // a rank told to run more steps, or to save or evaluate at other steps, would otherwise wait in
+  // a collective the others never reach. Then the checks, alike on every rank.
+  require_same_settings(*world, "train::fit",
+                        {{"steps", std::to_string(o.steps)},
+                         {"eval_every", std::to_string(o.eval_every)},
+                         {"save_every", std::to_string(o.save_every)},
+                         {"save_dir", o.save_dir},
+                         {"resume_dir", o.resume_dir},
+                         {"allow_finished", std::to_string(int(o.allow_finished))},
+                         {"check_finite", std::to_string(int(o.check_finite))},
+                         {"trace_path", o.trace_path},
+                         {"plot_path", o.plot_path},
+                         {"evaluate", std::to_string(int(bool(data.evaluate)))}});
+  detail::check_fit_options(o);
+  if (!data.batch) throw Error("train::fit", "needs data.batch, the step's micro-batches");
   const std::string space(Tr::Space::name);
   // This rank's allocations from here on (its thread's): the step's peak by tag is reported
   // against what the rank held when the step began (o.rank_ledger's, or the trainer's and ours).
