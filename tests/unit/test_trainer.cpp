@@ -432,6 +432,37 @@ TEST_CASE("train::Trainer: deferred initialisation draws each rank's shards bit 
   }
 }
 
+TEST_CASE("train::Trainer: DDP (ZeRO-1 over one shard rank) updates its values in place: no staging buffer of the "
+          "model's size in the optimizer phase",
+          "[train][memory]") {
+  // ZeRO-1/2's parameter sync all-gathers each unit's updated shard from a send buffer; over one
+  // shard rank that buffer would be the whole unit, every unit's issued at once: a second copy of
+  // the model in the optimizer phase. The shard is the unit there, the master values are the
+  // model's own, and nothing is staged. ZeRO-1 over 2 shard ranks still stages its shards.
+  const TaggerConfig cfg;
+  for (const Case& k : {Case{.degrees = {.dp = 2}, .zero = 1}, Case{.degrees = {.dp = 3}, .zero = 2},
+                        Case{.degrees = {.fsdp = 2}, .zero = 1}}) {
+    INFO(describe(k));
+    const bool one_shard_rank = k.degrees.fsdp == 1;
+    auto failures = testing::on_ranks(k.degrees.ranks(), [&](CommPtr world, auto report) {
+      using Space = host_space;
+      train::Trainer<Tagger<Space>> trainer(world, options_of(k), [&](const train::StageMeshIn<Space>& m) {
+        return Tagger<Space>(m, cfg);
+      });
+      for (int s = 0; s < 2; ++s) {
+        const auto [x, y] = batch_of(s, cfg);
+        (void)trainer.step(trainer.microbatches(x, y));
+      }
+      const std::int64_t staged = trainer.memory()[3].of(MemoryTag::communication);
+      if (one_shard_rank ? staged != 0 : staged <= 0)
+        report("optimizer phase: " + std::to_string(staged) + " B of communication buffers (largest unit " +
+               std::to_string(largest_unit_bytes(trainer)) + " B)");
+    });
+    for (const auto& f : failures) UNSCOPED_INFO(f);
+    CHECK(failures.empty());
+  }
+}
+
 TEST_CASE("nn::DeferredInit: parameters from an Init wait, parameters from values do not, and a mixed group is "
           "materialised as the eager one",
           "[train][deferred]") {

@@ -112,10 +112,18 @@ class FullyShard {
 
   /// ZeRO-1/2: all-gathers every unit's updated shard into its full values (one all-gather per
   /// unit). ZeRO-3: nothing (the next forward gathers).
+  /// Over one shard rank (DDP: ZeRO-1 over a size-1 "fsdp"; HSDP's replicas hold whole units) the
+  /// shard is the unit: no all-gather and no staging buffer of the unit's size — the master
+  /// values are the model's own (T == M: nothing to do) or are converted into them in place.
   /// Parameter offload: then starts writing every unit's updated master shard to its file and
   /// drops it from the process's memory (ZeRO-3: the next forward reads it back, prefetched).
   void sync_parameters() {
-    if (g_.options.stage != 3) {
+    if (g_.options.stage != 3 && ShardDims::size(g_.mesh) == 1 && g_.offloaded.empty()) {
+      for (auto& u : g_.units)
+        if (!u->master_in_values)
+          detail::convert_across<Space, StateSpace>(u->group->values_storage().first(u->shard_size()),
+                                                    std::span<const M>(u->master.span()));
+    } else if (g_.options.stage != 3) {
       for (std::size_t u = 0; u < g_.units.size(); ++u) detail::fsdp::issue_gather(g_, u, false);
       for (auto& u : g_.units) detail::fsdp::wait_gather(g_, *u);
     }
