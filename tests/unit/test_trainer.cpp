@@ -432,9 +432,10 @@ TEST_CASE("train::Trainer: deferred initialisation draws each rank's shards bit 
   }
 }
 
-TEST_CASE("train::Trainer: DDP (ZeRO-1 over one shard rank) updates its values in place: no staging buffer of the "
-          "model's size in the optimizer phase",
-          "[train][memory]") {
+TEST_CASE(
+    "train::Trainer: DDP (ZeRO-1 over one shard rank) updates its values in place: no staging buffer of the "
+    "model's size in the optimizer phase",
+    "[train][memory]") {
   // ZeRO-1/2's parameter sync all-gathers each unit's updated shard from a send buffer; over one
   // shard rank that buffer would be the whole unit, every unit's issued at once: a second copy of
   // the model in the optimizer phase. The shard is the unit there, the master values are the
@@ -446,9 +447,8 @@ TEST_CASE("train::Trainer: DDP (ZeRO-1 over one shard rank) updates its values i
     const bool one_shard_rank = k.degrees.fsdp == 1;
     auto failures = testing::on_ranks(k.degrees.ranks(), [&](CommPtr world, auto report) {
       using Space = host_space;
-      train::Trainer<Tagger<Space>> trainer(world, options_of(k), [&](const train::StageMeshIn<Space>& m) {
-        return Tagger<Space>(m, cfg);
-      });
+      train::Trainer<Tagger<Space>> trainer(world, options_of(k),
+                                            [&](const train::StageMeshIn<Space>& m) { return Tagger<Space>(m, cfg); });
       for (int s = 0; s < 2; ++s) {
         const auto [x, y] = batch_of(s, cfg);
         (void)trainer.step(trainer.microbatches(x, y));
