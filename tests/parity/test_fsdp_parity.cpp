@@ -390,6 +390,32 @@ TEST_CASE("FSDP prefetch: unit i+1's all-gather is issued before unit i's comput
   }
 }
 
+TEST_CASE("HSDP: a unit's all-reduce over the replicas runs while the next units' backward computes", "[fsdp]") {
+  // Backward order: unit u+1, then u, then u-1. The replicas' all-reduce of unit u+1 is issued
+  // when unit u's gradients are ready (its reduce-scatter done by then) and waited for when unit
+  // u-1's are: unit u-1's backward runs while it is in flight. Before, each unit's all-reduce
+  // blocked, and no compute ran beside it.
+  auto f = on_ranks(4, [&](CommPtr w, auto report) {
+    auto r = run_fsdp<nn::ReplicatedPlan>(w, {2, 2, 1}, {.fsdp = {.stage = 3}, .steps = 1});
+    using E = parallel::FsdpEvent;
+    auto at = [&](E::Kind kind, std::size_t unit) {
+      for (std::size_t i = 0; i < r.events.size(); ++i)
+        if (r.events[i].kind == kind && r.events[i].unit == unit && r.events[i].backward) return i;
+      return r.events.size();
+    };
+    for (std::size_t u = 1; u + 1 < kUnits; ++u) {
+      const auto issued = at(E::replica_reduce_issued, u + 1), computing = at(E::compute_begin, u - 1),
+                 done = at(E::reduce_done, u + 1);
+      if (!(issued < computing && computing < done))
+        report("unit " + std::to_string(u + 1) + ": all-reduce issued at event " + std::to_string(issued) + ", unit " +
+               std::to_string(u - 1) + "'s backward begins at " + std::to_string(computing) +
+               ", the all-reduce added at " + std::to_string(done) + " (of " + std::to_string(r.events.size()) + ")");
+    }
+  });
+  INFO(summary(f));
+  CHECK(f.empty());
+}
+
 namespace {
 /// A model with hand-made units, for the bad-input cases.
 struct UnitsModel {

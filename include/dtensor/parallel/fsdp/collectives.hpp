@@ -233,13 +233,27 @@ void finish_collective(G& g, typename G::Shard& s) {
   }
 }
 
-/// HSDP: the all-reduce of this rank's gradient shard on the replicate dimension (none when
-/// the mesh has no such dimension, it has one rank or FsdpOptions::reduce_replicas is off).
-template <class G, class E>
-void replicate_reduce(G& g, std::span<E> shard, ReduceOp op) {
+/// HSDP: once the unit's reduce-scatter is done, issues the all-reduce of this rank's reduced
+/// part on the replicate dimension, asynchronously and in place (none when the mesh has no such
+/// dimension, it has one rank or FsdpOptions::reduce_replicas is off), so that it runs while
+/// the backward computes the next units (grads_ready, parallel/fsdp/hooks.hpp) — DDP's
+/// all-reduce overlapped with the backward, as its bucketed form was. finish_reduce waits for it.
+template <class G>
+void issue_replica_reduce(G& g, typename G::Shard& s) {
+  if (!s.reducing || s.replica_issued) return;
+  finish_collective(g, s);
   if constexpr (G::replicate_dim < G::N) {
-    if (g.options.reduce_replicas && g.mesh.size(G::replicate_dim) > 1)
-      g.mesh.group(G::replicate_dim).all_reduce(shard, op);
+    if (!g.has_replicas()) return;
+    auto& replicas = g.mesh.group(G::replicate_dim);
+    const std::size_t n = s.shard_size();  // the reduced part holds at least n elements
+    auto in_place = [&](auto reduced) {
+      using E = typename decltype(reduced)::element_type;
+      s.replica_reduce = replicas.all_reduce_async(std::span<const E>(reduced), reduced, s.grad_op);
+    };
+    if (g.reduce_in_m()) in_place(s.reduced_wide.span().first(n));
+    else in_place(s.reduced_narrow.span().first(n));
+    s.replica_issued = true;
+    g.events.push_back({FsdpEvent::replica_reduce_issued, g.index_of(s), true});
   }
 }
 
@@ -326,10 +340,9 @@ void update_add(typename G::Shard& s, std::span<E> reduced, ShardUpdate path) {
   add_into<StateSpace>(s.grad.span(), std::span<const M>(incoming.span()));
 }
 
-/// The reduced part (HSDP: all-reduced on the replicate dimension first) into the gradient shard.
+/// The reduced part (HSDP: all-reduced on the replicate dimension already) into the gradient shard.
 template <class G, class E>
-void add_to_shard(G& g, typename G::Shard& s, std::span<E> reduced) {
-  replicate_reduce(g, reduced, s.grad_op);
+void add_to_shard(typename G::Shard& s, std::span<E> reduced) {
   switch (const auto path = shard_update<G, E>(s)) {
     case ShardUpdate::narrow:
       update_narrow<G>(s, reduced);
@@ -350,14 +363,19 @@ void add_to_shard(G& g, typename G::Shard& s, std::span<E> reduced) {
 template <class G>
 bool finish_reduce(G& g, typename G::Shard& s, bool accumulate) {
   if (!s.reducing) return false;
-  finish_collective(g, s);
+  if (accumulate) issue_replica_reduce(g, s);
+  else finish_collective(g, s);
+  if (s.replica_issued) {
+    s.replica_issued = false;
+    s.replica_reduce.wait();
+  }
   s.reducing = false;
   s.reduce_waited = false;
   if (!accumulate) return true;
   // The reduced part holds at least this rank's n elements (c >= n after a reduce-scatter).
   const std::size_t n = s.shard_size();
-  if (g.reduce_in_m()) add_to_shard(g, s, s.reduced_wide.span().first(n));
-  else add_to_shard(g, s, s.reduced_narrow.span().first(n));
+  if (g.reduce_in_m()) add_to_shard<G>(s, s.reduced_wide.span().first(n));
+  else add_to_shard<G>(s, s.reduced_narrow.span().first(n));
   s.reduced_wide = {};
   s.reduced_narrow = {};
   for (std::size_t k = 0; k < s.segments.size(); ++k) {

@@ -171,6 +171,11 @@ struct FsdpGroup {
   }
   /// Gradients are reduced in M unless the option asks for T (the same when T == M).
   bool reduce_in_m() const { return std::is_same_v<T, M> || !options.reduce_in_compute_dtype; }
+  /// HSDP: each unit's reduced part is all-reduced over replicas on the replicate dimension.
+  bool has_replicas() const {
+    if constexpr (replicate_dim < N) return options.reduce_replicas && mesh.size(replicate_dim) > 1;
+    else return false;
+  }
 
   Model& model;
   Mesh mesh;

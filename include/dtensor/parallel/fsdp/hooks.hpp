@@ -48,7 +48,10 @@ void pre_compute(G& g, std::size_t u, bool backward) {
 /// this one computed) are finished and added into their gradient shards, so that their full
 /// gradients and the reduce-scatter's output go now (at most two units' of each live at once,
 /// not every unit's until finish_gradient_sync: on a one-rank shard dimension, DDP, the output
-/// is a whole unit), and this unit's reduction is issued.
+/// is a whole unit), and this unit's reduction is issued. HSDP: the previous unit's (u + 1)
+/// reduce-scatter is waited for and its all-reduce over the replicas issued, finished at the
+/// next unit's: it runs while this unit's reduction and the next unit's backward do (three
+/// units' reduced parts live at once).
 template <class G>
 void grads_ready(G& g, std::size_t u) {
   using T = typename G::T;
@@ -68,7 +71,13 @@ void grads_ready(G& g, std::size_t u) {
   }
   if (!g.sync) return;  // accumulate in the full buffer (no_sync)
   check_pending(g, s);
-  for (std::size_t v = u + 1; v < g.units.size(); ++v) finish_reduce(g, *g.units[v], true);
+  // HSDP: the unit before this one (u + 1, the backward runs from the last unit) gets its
+  // replica all-reduce issued, to run while this one computes; the ones before it are finished.
+  for (std::size_t v = u + 2; v < g.units.size(); ++v) finish_reduce(g, *g.units[v], true);
+  if (u + 1 < g.units.size()) {
+    if (g.has_replicas()) issue_replica_reduce(g, *g.units[u + 1]);
+    else finish_reduce(g, *g.units[u + 1], true);
+  }
   issue_reduce(g, s);
 }
 

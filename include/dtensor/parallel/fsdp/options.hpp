@@ -36,7 +36,16 @@ struct FsdpOptions {
 
 /// What fully_shard did, in order (unit indices), for tests and traces.
 struct FsdpEvent {
-  enum Kind { gather_issued, gather_done, compute_begin, compute_end, reshard, reduce_issued, reduce_done };
+  enum Kind {
+    gather_issued,
+    gather_done,
+    compute_begin,
+    compute_end,
+    reshard,
+    reduce_issued,
+    reduce_done,
+    replica_reduce_issued  // HSDP: the unit's all-reduce over the replicas ("dp"), asynchronous
+  };
   Kind kind;
   std::size_t unit;
   bool backward;

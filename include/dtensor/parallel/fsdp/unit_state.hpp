@@ -113,6 +113,8 @@ struct UnitShard {
   Buffer<T> reduced_narrow;    // ... or in T
   bool reducing = false;       // a reduction was issued and not yet added to `grad`
   bool reduce_waited = false;  // its collective has completed (the full gradients are free)
+  Work replica_reduce;         // HSDP: the all-reduce of the reduced part on the replicate dimension
+  bool replica_issued = false;
   ReduceOp grad_op = ReduceOp::sum;
   std::vector<LayoutDesc<N>> pending_states;  // the segments' gradient states once reduced
 
