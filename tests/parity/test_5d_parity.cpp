@@ -47,7 +47,7 @@ void check(const Combo& c) {
     // its W (which frees it), so a forward in between finds it resident: fewer, never more.
     // ZeRO-1/2 over one shard rank (fsdp x cp = 1: DDP) gather nothing: the shard is the unit.
     const bool split = c.schedule == "zb" || c.schedule == "zbv" || c.schedule == "dualpipev";
-    const std::size_t gathers = c.zero == 3 && !run.kept_gathered ? 2 * run.units * std::size_t(c.microbatches)
+    const std::size_t gathers = c.zero == 3 && !run.kept_gathered  ? 2 * run.units * std::size_t(c.microbatches)
                                 : c.zero < 3 && c.fsdp * c.cp == 1 ? 0
                                                                    : run.units;
     if (run.fsdp_reductions != run.units)
