@@ -98,8 +98,7 @@ constexpr float fp8_to_float(std::uint8_t code) {
   if constexpr (F::finite_only) {
     if ((code & 0x7fu) == 0x7fu) return std::bit_cast<float>(sign | 0x7fc00000u);
   } else {
-    if (ef == (1u << F::exp_bits) - 1u)
-      return std::bit_cast<float>(sign | (mant == 0 ? 0x7f800000u : 0x7fc00000u));
+    if (ef == (1u << F::exp_bits) - 1u) return std::bit_cast<float>(sign | (mant == 0 ? 0x7f800000u : 0x7fc00000u));
   }
   if (ef == 0) {
     // mant * 2^(emin - M): an exact product (mant < 2^M, the power of two a normal float).
