@@ -25,6 +25,7 @@
 // tensor with different scales (nn/linear.hpp's FP8 option documents its collective).
 #pragma once
 
+#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <limits>
@@ -111,6 +112,40 @@ struct Fp8LinearScaling {
       : input(float8_e4m3::max_value(), o),
         weight(float8_e4m3::max_value(), o),
         grad_output(float8_e5m2::max_value(), o) {}
+};
+
+namespace detail {
+inline std::atomic<bool> fp8_autocast_on{false};
+inline DelayedScaling fp8_autocast_recipe_value{};
+}  // namespace detail
+
+/// Whether nn::Linear computes in FP8 now (Transformer Engine's fp8_autocast, process-wide).
+inline bool fp8_autocast_enabled() noexcept { return detail::fp8_autocast_on.load(std::memory_order_relaxed); }
+/// The recipe a Linear's histories get at its first FP8 forward.
+inline DelayedScaling fp8_autocast_recipe() noexcept { return detail::fp8_autocast_recipe_value; }
+
+/// While an Fp8Autocast(true) lives, every nn::Linear's forward (and the backward of that
+/// forward) computes its three GEMMs in FP8 (nn/linear.hpp). Process-wide, like TE's
+/// fp8_autocast, so that a model's Linears need no option threaded through its constructors:
+/// set it before the ranks start (their threads read it), and keep it for the run. Restores the
+/// previous state when it ends.
+class Fp8Autocast {
+ public:
+  explicit Fp8Autocast(bool enabled = true, DelayedScaling recipe = {})
+      : previous_(fp8_autocast_enabled()), previous_recipe_(fp8_autocast_recipe()) {
+    detail::fp8_autocast_recipe_value = recipe;
+    detail::fp8_autocast_on.store(enabled);
+  }
+  ~Fp8Autocast() {
+    detail::fp8_autocast_recipe_value = previous_recipe_;
+    detail::fp8_autocast_on.store(previous_);
+  }
+  Fp8Autocast(const Fp8Autocast&) = delete;
+  Fp8Autocast& operator=(const Fp8Autocast&) = delete;
+
+ private:
+  bool previous_;
+  DelayedScaling previous_recipe_;
 };
 
 }  // namespace dtensor::nn
