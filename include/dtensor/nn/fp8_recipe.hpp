@@ -47,8 +47,8 @@ class AmaxHistory {
  public:
   AmaxHistory() = default;
   AmaxHistory(float fp8_max, DelayedScaling o = {}) : fp8_max_(fp8_max), opts_(o) {
-    detail::check(o.history >= 1 && o.margin >= 0 && fp8_max > 0 && std::isfinite(fp8_max), "nn::AmaxHistory",
-                  "history ", o.history, " (>= 1), margin ", o.margin, " (>= 0), fp8_max ", fp8_max, " (> 0)");
+    dtensor::detail::check(o.history >= 1 && o.margin >= 0 && fp8_max > 0 && std::isfinite(fp8_max), "nn::AmaxHistory",
+                           "history ", o.history, " (>= 1), margin ", o.margin, " (>= 0), fp8_max ", fp8_max, " (> 0)");
     amax_.reserve(std::size_t(o.history));
   }
 
