@@ -209,10 +209,10 @@ class Linear {
     using Space = typename In::space;
     if constexpr (std::is_same_v<Space, host_space>) return true;
     else if constexpr (!holds_data_v<Space>) return false;  // a dry run counts the GEMMs as without FP8
-    else
-      throw Error("nn::Linear", dtensor::detail::cat(name_,
-                                                     ": FP8 autocast on a GPU tensor: the FP8 Linear runs "
-                                                     "on host memory only (the emulation)"));
+    else {
+      ops::detail::fp8_host_only("nn::Linear (FP8 autocast on a GPU tensor)");
+      return false;
+    }
   }
 
   Fp8LinearScaling& fp8_scaling() const {

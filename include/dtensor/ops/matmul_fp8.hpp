@@ -30,6 +30,16 @@
 
 namespace dtensor::ops {
 
+namespace detail {
+/// Throws: FP8 on a memory space other than the host's. (A plain function, not [[noreturn]], so
+/// that the statement after its call is not "unreachable" to nvcc's front end.)
+inline void fp8_host_only(const char* op) {
+  throw Error(op,
+              "FP8 runs on host memory only (the host emulation; the GPU's FP8 GEMM, "
+              "kernels/cuda/gemm_fp8.cuh, is not wired into ops)");
+}
+}  // namespace detail
+
 /// max |x| over this rank's piece (0 for an empty piece; NaN if it holds one). No communication.
 template <FloatDTensor X>
 float local_amax(const X& x) {
@@ -38,7 +48,8 @@ float local_amax(const X& x) {
     return kernels::host::amax(l.data(), l.numel());
   } else {
     (void)x;
-    throw Error("ops::local_amax", "FP8 scaling runs on host memory only (the host emulation)");
+    detail::fp8_host_only("ops::local_amax");
+    return 0.f;
   }
 }
 
@@ -81,10 +92,8 @@ auto matmul_fp8(const A& a, float sa, const B& b, float sb) {
     return detail::make<T, RO, L>(a.mesh(), global, std::move(c));
   } else {
     (void)local_shape;
-    throw Error("ops::matmul_fp8",
-                "the FP8 GEMM runs on host memory only (the host emulation; the GPU's, "
-                "kernels/cuda/gemm_fp8.cuh, is not wired into ops)");
-    return matmul<TA, TB>(a, b);  // the return type
+    detail::fp8_host_only("ops::matmul_fp8");
+    return matmul<TA, TB>(a, b);  // not reached: the return type
   }
 }
 
