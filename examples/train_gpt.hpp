@@ -13,6 +13,7 @@
 //   train_gpt --pp 1 --fsdp 1 --cp 1 --tp 1 --resume ckpt --steps 200   # continue it on one rank (any mesh)
 //   train_gpt --arch llama --kv-heads 2                         # Llama blocks: RMSNorm, rotary GQA, SwiGLU
 //   train_gpt --dtype bf16                                      # bf16 model, fp32 master weights (examples/train_gpt_bf16.cpp)
+//   train_gpt --dtype fp8                                       # the bf16 run, Linear GEMMs in FP8 (emulated, docs/fp8.md)
 //
 // The mesh. Every run uses one mesh, (pp, dp, fsdp, cp, tp), of pp x dp x fsdp x cp x tp ranks; a
 // parallelism that is off is a dimension of size 1, whose collectives cost nothing. "pp" cuts
@@ -83,6 +84,7 @@
 #include "dtensor/models/serve.hpp"
 #include "dtensor/nn/activation_offload.hpp"
 #include "dtensor/nn/cross_mesh_params.hpp"
+#include "dtensor/nn/fp8_recipe.hpp"
 #include "dtensor/optim/check_finite.hpp"
 #include "dtensor/optim/memory_budget.hpp"
 #include "dtensor/optim/offload_adamw.hpp"
@@ -254,11 +256,13 @@ inline const examples::FlagTable<Options>& flag_table() {
          "cuda (train_gpt_cuda): the model on a GPU, the ranks threads sharing it, or --backend "
          "nccl under mpirun",
          choice(&O::device, {"cpu", "cuda"})},
-        {"--dtype", "f32|bf16",
+        {"--dtype", "f32|bf16|fp8",
          "bf16: the model computes in bfloat16; master weights, gradient shards and AdamW state "
          "stay fp32 (FSDP mixed precision, also without --fsdp: ZeRO-1 on one shard); not with "
-         "--experts",
-         choice(&O::dtype, {"f32", "bf16"})},
+         "--experts. fp8: bf16 with every Linear's GEMMs in FP8 (E4M3 forward, E5M2 gradients, "
+         "delayed scaling; the host emulation, docs/fp8.md); not with --checkpoint or --recompute "
+         "full|mlp",
+         choice(&O::dtype, {"f32", "bf16", "fp8"})},
         {"--tf32", "",
          "--device cuda: float GEMMs on TF32 tensor cores (fp32 accumulation, inputs rounded to 10 "
          "mantissa bits; PyTorch's allow_tf32)",
@@ -433,9 +437,19 @@ inline void check_device(const Options& o, bool cuda_build) {
     throw UsageError("--attention " + o.attention + " needs --device cuda (the host has one attention kernel)");
   if (o.device == "cuda" && o.backend == "mpi") throw UsageError("--device cuda runs under mpirun with --backend nccl, not mpi");
   // bf16 keeps fp32 master values only for what FSDP shards; the MoE experts are outside it.
-  if (o.dtype == "bf16" && o.experts > 0)
-    throw UsageError("--dtype bf16 with --experts: not supported yet (the experts are not FSDP-sharded, so they would "
+  if (o.dtype != "f32" && o.experts > 0)
+    throw UsageError("--dtype " + o.dtype +
+                     " with --experts: not supported yet (the experts are not FSDP-sharded, so they would "
                      "have no fp32 master copy)");
+  // FP8 (nn/linear.hpp): the host emulation only; a recomputed forward would record the amaxes twice.
+  if (o.dtype == "fp8" && o.device == "cuda")
+    throw UsageError(
+        "--dtype fp8 with --device cuda: not wired yet (the FP8 Linear is the host emulation; "
+        "kernels/cuda/gemm_fp8.cuh is tested alone, docs/fp8.md)");
+  if (o.dtype == "fp8" && (o.checkpoint || o.recompute.full || o.recompute.mlp))
+    throw UsageError(
+        "--dtype fp8 with --checkpoint or --recompute full|mlp: a recomputed Linear would record its FP8 "
+        "amaxes twice and could quantize with another scale (docs/fp8.md)");
 }
 
 /// --sync, --inner-steps, --staleness, --clients, --kfold (parallel/sync/).
@@ -870,7 +884,11 @@ void print_header(const Options& o, const Corpus& corpus, Trainer& trainer, std:
       "dtype %s\n",
       o.generate_program ? "generate" : "train_gpt", o.pp, o.dp, o.fsdp, o.zero, o.cp,
       std::string(parallel::name_of(o.cp_kind)).c_str(), o.tp, o.sp ? " + SP" : "", o.ranks(), o.backend.c_str(),
-      o.device.c_str(), std::is_same_v<Compute, float> ? "f32" : "bf16 (fp32 master weights and AdamW state)");
+      o.device.c_str(),
+      std::is_same_v<Compute, float> ? "f32"
+      : o.dtype == "fp8"
+          ? "fp8 (E4M3/E5M2 Linear GEMMs, host emulation; bf16 elsewhere; fp32 master weights and AdamW state)"
+          : "bf16 (fp32 master weights and AdamW state)");
   std::printf(
       "schedule %s: %d micro-batches over %d stages; model: %lld layers, dim %lld, %lld heads, seq %lld, batch "
       "%lld, vocab %zu",
@@ -1302,7 +1320,9 @@ inline int main(int argc, char** argv, bool cuda_build, RunFn f32, RunFn bf16, b
                  generating ? generate_usage : usage().c_str());
     return 2;
   }
-  return o.dtype == "bf16" ? bf16(argc, argv, o) : f32(argc, argv, o);
+  if (o.dtype == "f32") return f32(argc, argv, o);
+  const nn::Fp8Autocast fp8(o.dtype == "fp8");  // fp8: the bf16 run, its Linears' GEMMs in FP8 (nn/fp8_recipe.hpp)
+  return bf16(argc, argv, o);
 }
 
 }  // namespace examples::gpt

@@ -5,15 +5,21 @@
 //   bf16    rtol 1e-2, atol 1e-2 (one bf16 rounding of a value computed in another order)
 #include <catch2/catch.hpp>
 
+#include <array>
+#include <bit>
 #include <cmath>
+#include <cstdint>
+#include <vector>
 
 #include "dtensor/core/compare.hpp"
 #include "dtensor/core/cuda_space.cuh"
 #include "dtensor/core/factories.hpp"
 #include "dtensor/kernels/attention.hpp"  // the checked fronts kernels::attention, kernels::add
 #include "dtensor/kernels/cuda/all.cuh"
+#include "dtensor/kernels/cuda/gemm_fp8.cuh"
 #include "dtensor/kernels/elementwise.hpp"
 #include "dtensor/kernels/host/all.hpp"
+#include "dtensor/kernels/host/gemm_fp8.hpp"
 
 using namespace dtensor;
 namespace hk = dtensor::kernels::host;
@@ -39,6 +45,11 @@ template <class T, std::size_t R>
 Tensor<T, R, cuda_space> dev(const Tensor<T, R>& h) { return to_space<cuda_space>(h); }
 template <class T, std::size_t R>
 Tensor<T, R> hst(const Tensor<T, R, cuda_space>& d) { return to_space<host_space>(d); }
+Tensor<bfloat16, 2> kt_bf16_ones(Extent m, Extent n) {
+  Tensor<bfloat16, 2> t(Shape<2>{m, n});
+  for (Extent i = 0; i < t.numel(); ++i) t[i] = bfloat16(float(i % 7) - 3.f);
+  return t;
+}
 #define CHECK_CLOSE(got, want, t)                \
   do {                                           \
     const auto c_ = compare(hst(got), want, t);  \
@@ -86,6 +97,110 @@ TEMPLATE_TEST_CASE("cuda gemm, matmul, bmm, linear match the host", "[cuda][kern
   ck::linear_backward_weight(dev(x), dev(dy), ddw, &ddb);
   CHECK_CLOSE(ddw, dw, tol<T>(true));
   CHECK_CLOSE(ddb, db, tol<T>());
+}
+
+namespace {
+/// Every 4099th float bit pattern (about a million, every exponent and sign), as floats.
+std::vector<float> float_sweep() {
+  std::vector<float> v;
+  for (std::uint64_t u = 0; u <= 0xffffffffull; u += 4099) v.push_back(std::bit_cast<float>(std::uint32_t(u)));
+  return v;
+}
+template <class F8>
+Tensor<std::uint8_t, 1> fp8_bytes(const std::vector<F8>& q) {
+  Tensor<std::uint8_t, 1> t(Shape<1>{Extent(q.size())});
+  for (std::size_t i = 0; i < q.size(); ++i) t[Extent(i)] = q[i].bits;
+  return t;
+}
+}  // namespace
+
+TEST_CASE("FP8: the host conversion is CUDA's __nv_cvt_float_to_fp8 (satfinite) and its decode", "[nogpu]") {
+  // <cuda_fp8.h>'s host path (no device needed); the device's cvt.rn.satfinite is checked in
+  // the [cuda] case below. (docs/fp8.md: equal over all 2^32 floats, run once by hand.)
+  std::size_t diff4 = 0, diff5 = 0;
+  for (float f : float_sweep()) {
+    diff4 += __nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E4M3) != float8_e4m3(f).bits;
+    diff5 += __nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E5M2) != float8_e5m2(f).bits;
+  }
+  CHECK(diff4 == 0);
+  CHECK(diff5 == 0);
+  for (int c = 0; c < 256; ++c) {
+    const __half h4 = __half(__nv_cvt_fp8_to_halfraw(__nv_fp8_storage_t(c), __NV_E4M3));
+    const __half h5 = __half(__nv_cvt_fp8_to_halfraw(__nv_fp8_storage_t(c), __NV_E5M2));
+    const float a = __half2float(h4), b = __half2float(h5);
+    const float x = float8_e4m3::from_bits(std::uint8_t(c)), y = float8_e5m2::from_bits(std::uint8_t(c));
+    INFO("code " << c);
+    CHECK(((std::isnan(a) && std::isnan(x)) || std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(x)));
+    CHECK(((std::isnan(b) && std::isnan(y)) || std::bit_cast<std::uint32_t>(b) == std::bit_cast<std::uint32_t>(y)));
+  }
+}
+
+TEST_CASE("cuda FP8: the device cast and the cuBLASLt FP8 GEMM match the host emulation", "[cuda][kernels]") {
+  int dev_id = 0, major = 0, minor = 0;
+  REQUIRE(cudaGetDevice(&dev_id) == cudaSuccess);
+  REQUIRE(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev_id) == cudaSuccess);
+  REQUIRE(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev_id) == cudaSuccess);
+  if (major * 10 + minor < 89) {
+    WARN("FP8 tensor cores need sm_89 or later; this GPU is sm_" << major << minor << ": FP8 case not run");
+    return;
+  }
+  // The cast: the device's cvt.rn.satfinite against core/float8.hpp, bit for bit.
+  const auto sweep = float_sweep();
+  Tensor<float, 1> xs(Shape<1>{Extent(sweep.size())});
+  for (std::size_t i = 0; i < sweep.size(); ++i) xs[Extent(i)] = sweep[i];
+  const auto dxs = dev(xs);
+  Tensor<std::uint8_t, 1, cuda_space> q4(Shape<1>{xs.numel()}), q5(Shape<1>{xs.numel()});
+  ck::quantize(dxs.data(), xs.numel(), 1.f, reinterpret_cast<float8_e4m3*>(q4.data()));
+  ck::quantize(dxs.data(), xs.numel(), 1.f, reinterpret_cast<float8_e5m2*>(q5.data()));
+  const auto h4 = hst(q4), h5 = hst(q5);
+  std::size_t diff4 = 0, diff5 = 0;
+  for (Extent i = 0; i < xs.numel(); ++i) {
+    diff4 += h4[i] != float8_e4m3(xs[i]).bits;
+    diff5 += h5[i] != float8_e5m2(xs[i]).bits;
+  }
+  CHECK(diff4 == 0);
+  CHECK(diff5 == 0);
+
+  // The GEMM: C = (1/sa)(1/sb) A B^T, A [m,k], B [n,k] (cuBLASLt's TN form), uneven m and n.
+  for (auto [m, n, k] : {std::array<Extent, 3>{33, 17, 64}, std::array<Extent, 3>{8, 40, 16}}) {
+    const auto a = normal<float>(Shape<2>{m, k}, 1), b = normal<float>(Shape<2>{n, k}, 2);
+    const float sa = 448.f / hk::amax(a.data(), a.numel()), sb = 57344.f / hk::amax(b.data(), b.numel());
+    std::vector<float8_e4m3> qa(std::size_t(m * k));
+    std::vector<float8_e5m2> qb(std::size_t(n * k));
+    hk::quantize(a.data(), a.numel(), sa, qa.data());
+    hk::quantize(b.data(), b.numel(), sb, qb.data());
+    Tensor<float, 1> inv(Shape<1>{2});
+    inv[0] = 1 / sa;
+    inv[1] = 1 / sb;
+    const auto dqa = dev(fp8_bytes(qa)), dqb = dev(fp8_bytes(qb));
+    const auto dinv = dev(inv);
+    Tensor<float, 2> host(Shape<2>{m, n});
+    hk::gemm_fp8(false, true, qa.data(), 1 / sa, qb.data(), 1 / sb, host.data(), m, n, k, k, k, n);
+    Tensor<float, 2, cuda_space> c(Shape<2>{m, n});
+    ck::gemm_fp8(reinterpret_cast<const float8_e4m3*>(dqa.data()), dinv.data(),
+                 reinterpret_cast<const float8_e5m2*>(dqb.data()), dinv.data() + 1, c.data(), m, n, k, k, k, n);
+    CHECK_CLOSE(c, host, (Tolerance{1e-5, 1e-5}));  // the same products, summed in another order
+    // bf16 output, accumulated onto C (beta = 1), E4M3 x E4M3.
+    std::vector<float8_e4m3> qb4(std::size_t(n * k));
+    hk::quantize(b.data(), b.numel(), 448.f / hk::amax(b.data(), b.numel()), qb4.data());
+    inv[1] = 1 / (448.f / hk::amax(b.data(), b.numel()));
+    const auto dinv2 = dev(inv);
+    const auto c0 = kt_bf16_ones(m, n);
+    auto hostb = c0;
+    hk::gemm_fp8(false, true, qa.data(), inv[0], qb4.data(), inv[1], hostb.data(), m, n, k, k, k, n, true);
+    auto cb = dev(c0);
+    const auto dqb4 = dev(fp8_bytes(qb4));
+    ck::gemm_fp8(reinterpret_cast<const float8_e4m3*>(dqa.data()), dinv2.data(),
+                 reinterpret_cast<const float8_e4m3*>(dqb4.data()), dinv2.data() + 1, cb.data(), m, n, k, k, k, n,
+                 true);
+    CHECK_CLOSE(cb, hostb, (Tolerance{1e-2, 1e-2}));
+  }
+  // The TN form's constraints are errors, not a silent transpose.
+  Tensor<std::uint8_t, 1, cuda_space> small(Shape<1>{64});
+  Tensor<float, 1, cuda_space> out(Shape<1>{16}), one(Shape<1>{1});
+  const auto* p = reinterpret_cast<const float8_e4m3*>(small.data());
+  CHECK_THROWS_WITH(ck::gemm_fp8(p, one.data(), p, one.data(), out.data(), 2, 2, 12, 12, 12, 2),
+                    Catch::Contains("cuda::gemm_fp8") && Catch::Contains("multiples of 16"));
 }
 
 TEST_CASE("cuda float GEMMs on TF32 tensor cores only when allowed", "[cuda][kernels]") {

@@ -8,7 +8,9 @@
 #include <vector>
 
 #include "dtensor/kernels/host/gemm.hpp"
+#include "dtensor/kernels/host/gemm_fp8.hpp"
 #include "dtensor/kernels/host/matmul.hpp"
+#include "dtensor/nn/fp8_recipe.hpp"
 
 using namespace dtensor;
 namespace kh = dtensor::kernels::host;
@@ -119,6 +121,143 @@ TEST_CASE("bfloat16 gemm multiplies in float and rounds once", "[kernels][gemm]"
       for (Extent p = 0; p < 13; ++p) s += float(a(i, p)) * float(b(j, p));
       CHECK(std::abs(float(c(i, j)) - s) <= 1e-2f * (1 + std::abs(s)));
     }
+}
+
+// ---- FP8 (core/float8.hpp, nn/fp8_recipe.hpp, kernels/host/gemm_fp8.hpp) ------------------
+
+TEST_CASE("FP8 delayed scaling: the exact scale sequence of an amax history", "[kernels][fp8]") {
+  nn::AmaxHistory h(448.f, {.history = 3, .margin = 0});
+  // The first use takes its own amax; every later one the max of the last 3 recorded before it.
+  const float amaxes[] = {2.f, 4.f, 1.f, 0.5f, 0.25f, 8.f, 3.f};
+  const float expected[] = {448.f / 2, 448.f / 2, 448.f / 4, 448.f / 4, 448.f / 4, 448.f / 1, 448.f / 8};
+  for (int i = 0; i < 7; ++i) {
+    INFO("use " << i);
+    CHECK(h.use(amaxes[i]) == expected[i]);
+  }
+  CHECK(h.history() == std::vector<float>{0.25f, 8.f, 3.f});
+  CHECK(h.next_scale() == 448.f / 8);
+
+  nn::AmaxHistory m(57344.f, {.history = 2, .margin = 2});  // E5M2's max, scale / 2^margin
+  CHECK(m.use(3.f) == 57344.f / 3.f / 4.f);
+  CHECK(m.use(1.f) == 57344.f / 3.f / 4.f);
+  CHECK(m.use(1.f) == 57344.f / 3.f / 4.f);
+  CHECK(m.next_scale() == 57344.f / 1.f / 4.f);
+
+  // A zero, NaN or infinite amax (an all-zero gradient, a diverged step) keeps the scale.
+  nn::AmaxHistory z(448.f, {.history = 2});
+  CHECK(z.use(0.f) == 1.f);
+  CHECK(z.use(0.f) == 1.f);
+  CHECK(z.use(7.f) == 1.f);
+  CHECK(z.next_scale() == 64.f);
+  z.record(std::numeric_limits<float>::quiet_NaN());
+  CHECK(z.next_scale() == 64.f);
+  z.record(2.f);  // the NaN is still in the last 2
+  CHECK(z.next_scale() == 64.f);
+  z.record(2.f);
+  CHECK(z.next_scale() == 224.f);
+  z.record(1e-45f);  // 448 / 1e-45 overflows: kept
+  CHECK(z.next_scale() == 224.f);
+
+  nn::Fp8LinearScaling roles;
+  CHECK(roles.input.fp8_max() == 448.f);
+  CHECK(roles.grad_output.fp8_max() == 57344.f);
+  CHECK(roles.weight.options().history == 16);
+  CHECK_THROWS_WITH(nn::AmaxHistory(448.f, {.history = 0}),
+                    Catch::Contains("nn::AmaxHistory") && Catch::Contains("history 0"));
+}
+
+TEST_CASE("FP8 amax and quantize: the scaled satfinite cast", "[kernels][fp8]") {
+  const std::vector<float> x{0.5f, -3.f, 1000.f, -1e-6f, 0.f};
+  CHECK(kh::amax(x.data(), 5) == 1000.f);
+  CHECK(kh::amax(x.data(), 0) == 0.f);
+  const std::vector<float> nan{1.f, std::numeric_limits<float>::quiet_NaN(), 2.f};
+  CHECK(std::isnan(kh::amax(nan.data(), 3)));
+  std::vector<float8_e4m3> q(5);
+  kh::quantize(x.data(), 5, 2.f, q.data());
+  CHECK(float(q[0]) == 1.f);
+  CHECK(float(q[1]) == -6.f);
+  CHECK(float(q[2]) == 448.f);  // 2000 saturates
+  CHECK(float(q[3]) == 0.f);    // -2e-6 is below half of 2^-9: a zero
+  CHECK(std::signbit(float(q[3])));
+  std::vector<dtensor::bfloat16> xb{dtensor::bfloat16(3.f), dtensor::bfloat16(-0.1f)};
+  std::vector<float8_e5m2> g(2);
+  kh::quantize(xb.data(), 2, 10.f, g.data());
+  CHECK(float(g[0]) == 32.f);  // 30 -> halfway 28 | 32: to even (32)
+  CHECK(float(g[1]) == float(float8_e5m2(float(dtensor::bfloat16(-0.1f)) * 10.f)));
+  CHECK_THROWS_WITH(kh::quantize(x.data(), 5, 0.f, q.data()),
+                    Catch::Contains("quantize") && Catch::Contains("scale 0"));
+}
+
+namespace {
+
+/// The FP8 GEMM against a double loop over the same FP8 values: exact when every partial sum is
+/// a float (small integers), else within the fp32 summation's error bound.
+template <class FA, class FB, class TC>
+void check_gemm_fp8(Case cs, bool ta, bool tb, float sa, float sb, bool integers, std::uint64_t seed) {
+  Extent lda = 0, ldb = 0;
+  auto a = make_operand<float>(cs.m, cs.k, ta, 3, seed, lda);
+  auto b = make_operand<float>(cs.k, cs.n, tb, 1, seed + 1, ldb);
+  if (integers) {  // integers in [-16, 16] (E4M3-exact) and [-8, 8] (E5M2-exact)
+    for (auto& v : a) v = std::round(v * 16);
+    for (auto& v : b) v = std::round(v * 8);
+  }
+  std::vector<FA> qa(a.size());
+  std::vector<FB> qb(b.size());
+  kh::quantize(a.data(), Extent(a.size()), sa, qa.data());
+  kh::quantize(b.data(), Extent(b.size()), sb, qb.data());
+  const Extent ldc = cs.n + 2;
+  std::vector<TC> c(std::size_t(std::max<Extent>(1, cs.m * ldc)), TC(7.f));
+  kh::gemm_fp8(ta, tb, qa.data(), 1 / sa, qb.data(), 1 / sb, c.data(), cs.m, cs.n, cs.k, lda, ldb, ldc);
+  const double factor = double(1 / sa * (1 / sb));
+  for (Extent i = 0; i < cs.m; ++i)
+    for (Extent j = 0; j < cs.n; ++j) {
+      double s = 0, mag = 0;
+      for (Extent p = 0; p < cs.k; ++p) {
+        const double t = double(float(at(qa, ta, lda, i, p))) * double(float(at(qb, tb, ldb, p, j)));
+        s += t;
+        mag += std::abs(t);
+      }
+      const double ref = factor * s, got = double(float(c[std::size_t(i * ldc + j)]));
+      INFO("m=" << cs.m << " n=" << cs.n << " k=" << cs.k << " ta=" << ta << " tb=" << tb << " at " << i << "," << j);
+      if (integers && std::is_same_v<TC, float>) REQUIRE(got == ref);
+      else if (std::is_same_v<TC, float>) REQUIRE(std::abs(got - ref) <= factor * mag * (cs.k + 2) * 6e-8);
+      else REQUIRE(std::abs(got - ref) <= factor * mag * (cs.k + 2) * 6e-8 + std::abs(ref) * 0.0040);
+    }
+  for (Extent i = 0; i < cs.m; ++i)  // the pitch's padding is not written
+    for (Extent j = cs.n; j < ldc; ++j) REQUIRE(float(c[std::size_t(i * ldc + j)]) == 7.f);
+}
+
+}  // namespace
+
+TEST_CASE("FP8 GEMM equals the FP8 products summed in fp32, over uneven shapes", "[kernels][fp8]") {
+  const Case cases[] = {{1, 1, 1}, {7, 5, 13}, {13, 9, 1}, {3, 17, 33}, {31, 6, 70}, {0, 4, 3}, {4, 3, 0}};
+  std::uint64_t seed = 100;
+  for (const auto& cs : cases)
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        // Exact: integers and power-of-two scales make every partial sum a float.
+        check_gemm_fp8<float8_e4m3, float8_e5m2, float>(cs, ta, tb, 2.f, 0.5f, true, seed++);
+        // Scales of the recipe (fp8_max / amax), forward (E4M3 x E4M3) and backward (E5M2 x E4M3).
+        check_gemm_fp8<float8_e4m3, float8_e4m3, float>(cs, ta, tb, 448.f / 0.93f, 448.f / 0.71f, false, seed++);
+        check_gemm_fp8<float8_e5m2, float8_e4m3, dtensor::bfloat16>(cs, ta, tb, 57344.f / 3.f, 448.f, false, seed++);
+      }
+}
+
+TEST_CASE("FP8 GEMM: bf16 output rounded once, accumulation, errors", "[kernels][fp8]") {
+  std::vector<float8_e4m3> a{1.f, 2.f, 3.f, 0.375f, -448.f, 0.75f};  // [2, 3]
+  std::vector<float8_e5m2> b{1.f, 0.5f, 2.f, -1.f, 0.25f, 3.f};      // [3, 2]
+  std::vector<float> c(4);
+  kh::gemm_fp8(false, false, a.data(), 0.5f, b.data(), 0.25f, c.data(), 2, 2, 3, 3, 2, 2);
+  CHECK(c == std::vector<float>{(1 + 4 + 0.75f) / 8, (0.5f - 2 + 9) / 8, (0.375f - 896 + 0.1875f) / 8,
+                                (0.1875f + 448 + 2.25f) / 8});
+  std::vector<dtensor::bfloat16> cb(4, dtensor::bfloat16(1.f));
+  kh::gemm_fp8(false, false, a.data(), 0.5f, b.data(), 0.25f, cb.data(), 2, 2, 3, 3, 2, 2, /*accumulate=*/true);
+  for (std::size_t i = 0; i < 4; ++i) CHECK(float(cb[i]) == float(dtensor::bfloat16(1.f + c[i])));
+  CHECK_THROWS_WITH(kh::gemm_fp8(false, false, a.data(), 1.f, b.data(), 1.f, c.data(), 2, 2, 3, 2, 2, 2),
+                    Catch::Contains("gemm") && Catch::Contains("lda=2"));
+  CHECK_THROWS_WITH(kh::gemm_fp8(false, false, a.data(), std::numeric_limits<float>::infinity(), b.data(), 1.f,
+                                 c.data(), 2, 2, 3, 3, 2, 2),
+                    Catch::Contains("gemm_fp8") && Catch::Contains("not finite"));
 }
 
 TEST_CASE("matmul and bmm with transposes", "[kernels][gemm]") {

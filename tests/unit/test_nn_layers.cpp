@@ -4,7 +4,9 @@
 // splits unevenly over dp = 2, T = 6 over tp = 4 under sequence parallelism (2, 2, 2, 0).
 #include <catch2/catch.hpp>
 
+#include "dtensor/core/float8.hpp"
 #include "dtensor/nn/embedding.hpp"
+#include "dtensor/nn/fp8_recipe.hpp"
 #include "dtensor/nn/loss.hpp"
 #include "dtensor/nn/mlp.hpp"
 #include "dtensor/nn/norm.hpp"
@@ -125,6 +127,147 @@ TEST_CASE("nn::Linear checks its input and output gradient", "[nn]") {
     }
     REQUIRE_THROWS_AS((nn::Linear<double, NnMesh>("fc", mesh, 0, OUT, 5)), Error);
   });
+}
+
+namespace {
+
+/// sum_p FA(a[i,p] sa) FB(b[j,p] sb) / (sa sb): the FP8 product of [M, K] a and [N, K] b (a b^T),
+/// summed in double (the tests' tolerance covers the fp32 sum of the kernel).
+template <class FA, class FB>
+Tensor<double, 2> fp8_abt(const Tensor<double, 2>& a, double amax_a, const Tensor<double, 2>& b, double amax_b) {
+  const float sa = FA::max_value() / float(amax_a), sb = FB::max_value() / float(amax_b);
+  Tensor<double, 2> c(Shape<2>{a.extent(0), b.extent(0)});
+  for (Extent i = 0; i < a.extent(0); ++i)
+    for (Extent j = 0; j < b.extent(0); ++j) {
+      double s = 0;
+      for (Extent p = 0; p < a.extent(1); ++p)
+        s += double(float(FA(float(float(a(i, p)) * sa)))) * double(float(FB(float(float(b(j, p)) * sb))));
+      c(i, j) = s * double(1.f / sa * (1.f / sb));
+    }
+  return c;
+}
+
+double max_abs(const Tensor<double, 2>& t) {
+  double m = 0;
+  for (Extent i = 0; i < t.numel(); ++i) m = std::max(m, std::abs(t[i]));
+  return m;
+}
+
+Tensor<double, 2> transposed(const Tensor<double, 2>& t) {
+  Tensor<double, 2> r(Shape<2>{t.extent(1), t.extent(0)});
+  for (Extent i = 0; i < t.extent(0); ++i)
+    for (Extent j = 0; j < t.extent(1); ++j) r(j, i) = t(i, j);
+  return r;
+}
+
+/// "" or where two FP8 runs differ beyond the fp32 summation order (rtol = atol = 1e-5).
+std::string fp8_compare(const ModuleRun<3>& got, const ModuleRun<3>& ref) {
+  const Tolerance tol{.rtol = 1e-5, .atol = 1e-5};
+  if (auto c = compare(got.y, ref.y, tol); !c) return "output: " + c.message;
+  if (auto c = compare(got.dx, ref.dx, tol); !c) return "input gradient: " + c.message;
+  for (std::size_t i = 0; i < ref.grads.size(); ++i)
+    for (std::size_t k = 0; k < ref.grads[i].second.size(); ++k)
+      if (!(std::abs(got.grads[i].second[k] - ref.grads[i].second[k]) <= 1e-5 * (1 + std::abs(ref.grads[i].second[k]))))
+        return detail::cat("gradient of ", ref.grads[i].first, "[", k, "]");
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("nn::Linear under FP8 autocast: E4M3 forward, E5M2 gradients, delayed scales", "[nn][fp8]") {
+  const nn::Fp8Autocast fp8(true, {.history = 2, .margin = 0});
+  threads::run(1, [&](CommPtr w) {
+    NnMesh mesh(w, {1, 1});
+    nn::Linear<double, NnMesh> lin("fc", mesh, IN, OUT, 5, {.bias = true, .init_std = 0.5});
+    lin.bias().value().local() = normal<double>(Shape<1>{OUT}, 6);
+    const auto x2 = x_full.reshape<2>(Shape<2>{B * T, IN});
+    const auto wt = lin.weight().value().to_local();
+    const auto dy2 = r_out.reshape<2>(Shape<2>{B * T, OUT});
+    // The first use of each role takes its own amax: scale = fp8_max / amax.
+    auto [y, saved] = lin.forward(distribute_replicated<nn::tokens<NnMesh>>(mesh, x_full));
+    const auto y_ref = fp8_abt<float8_e4m3, float8_e4m3>(x2, max_abs(x2), wt, max_abs(wt));
+    const auto yl = y.to_local().reshape<2>(Shape<2>{B * T, OUT});
+    double exact_diff = 0;
+    for (Extent i = 0; i < B * T; ++i)
+      for (Extent o = 0; o < OUT; ++o) {
+        const double b = lin.bias().value().to_local()[o];
+        REQUIRE(std::abs(yl(i, o) - (y_ref(i, o) + b)) <= 1e-6 * (1 + std::abs(yl(i, o))));
+        double e = b;
+        for (Extent p = 0; p < IN; ++p) e += x2(i, p) * wt(o, p);
+        exact_diff = std::max(exact_diff, std::abs(yl(i, o) - e));
+      }
+    CHECK(exact_diff > 1e-3);  // it did quantize (E4M3 keeps 4 significant bits)
+    CHECK(saved.fp8_sx == 448.f / float(max_abs(x2)));
+    // Backward: dx = dy W with dy in E5M2, dW = dy^T x; x and W with the forward's scales.
+    auto [dx, ctx] = lin.backward_input(std::move(saved), distribute_replicated<nn::tokens<NnMesh>>(mesh, r_out));
+    const auto dx_ref = fp8_abt<float8_e5m2, float8_e4m3>(dy2, max_abs(dy2), transposed(wt), max_abs(wt));
+    const auto dxl = dx.to_local().reshape<2>(Shape<2>{B * T, IN});
+    for (Extent i = 0; i < dx_ref.numel(); ++i)
+      REQUIRE(std::abs(dxl[i] - dx_ref[i]) <= 1e-6 * (1 + std::abs(dx_ref[i])));
+    nn::zero_grad(lin);
+    lin.backward_weight(std::move(ctx));
+    const auto dw_ref = fp8_abt<float8_e5m2, float8_e4m3>(transposed(dy2), max_abs(dy2), transposed(x2), max_abs(x2));
+    const auto& dw = lin.weight().grad_local();
+    for (Extent i = 0; i < dw_ref.numel(); ++i)
+      REQUIRE(std::abs(dw[i] - dw_ref[i]) <= 1e-6 * (1 + std::abs(dw_ref[i])));
+
+    // The second use is delayed: 3x quantizes with the first step's scale (its large values
+    // saturate at 448 / scale), and only then is amax(3x) recorded.
+    auto x3 = x_full;
+    for (Extent i = 0; i < x3.numel(); ++i) x3[i] *= 3;
+    auto [y3, s3] = lin.forward(distribute_replicated<nn::tokens<NnMesh>>(mesh, x3));
+    CHECK(s3.fp8_sx == 448.f / float(max_abs(x2)));
+    const auto& h = lin.fp8_scaling_state()->input;
+    REQUIRE(h.history().size() == 2);
+    CHECK(h.history()[1] == float(3 * max_abs(x2)));
+    CHECK(h.next_scale() == 448.f / float(3 * max_abs(x2)));
+    const auto x3_2 = x3.reshape<2>(Shape<2>{B * T, IN});
+    // fp8_abt takes the scale from the amax it is given: the old one.
+    const auto y3_ref = fp8_abt<float8_e4m3, float8_e4m3>(x3_2, max_abs(x2), wt, max_abs(wt));
+    const auto y3l = y3.to_local().reshape<2>(Shape<2>{B * T, OUT});
+    for (Extent i = 0; i < B * T; ++i)
+      for (Extent o = 0; o < OUT; ++o)
+        REQUIRE(std::abs(y3l(i, o) - (y3_ref(i, o) + lin.bias().value().to_local()[o])) <=
+                1e-6 * (1 + std::abs(y3l(i, o))));
+  });
+}
+
+TEST_CASE("nn::Linear under FP8 autocast: every tensor-parallel style equals one rank, amax all-reduces",
+          "[nn][parallel][fp8]") {
+  const nn::Fp8Autocast fp8;
+  const auto check_style = [&]<class Style>(Style, std::array<std::size_t, 6> collectives) {
+    const auto ref = linear_reference();
+    for (std::array<int, 2> shape : {std::array{1, 4}, std::array{2, 2}}) {
+      auto f = on_ranks(shape[0] * shape[1], [&](CommPtr world, auto report) {
+        NnMesh mesh(world, shape);
+        if (auto e = fp8_compare(linear_run<Style>(mesh), ref); !e.empty()) report(std::string(Style::name) + ": " + e);
+        if (shape[0] != 1) return;
+        // The style's collectives plus one all-reduce of one float per tensor split over tp.
+        nn::Linear<double, NnMesh, Style> lin("fc", mesh, IN, OUT, 5);
+        auto x = distribute_replicated<typename decltype(lin)::InL>(mesh, x_full);
+        CommLog fl;
+        auto [y, saved] = lin.forward(x);
+        if (auto e = tp_collectives(fl, collectives[0], collectives[1], collectives[2]); !e.empty())
+          report(std::string(Style::name) + " forward: " + e);
+        auto dy = distribute_replicated<typename decltype(y)::layout>(mesh, r_out);
+        CommLog bl;
+        auto [dx, wctx] = lin.backward_input(std::move(saved), dy);
+        if (auto e = tp_collectives(bl, collectives[3], collectives[4], collectives[5]); !e.empty())
+          report(std::string(Style::name) + " backward_input: " + e);
+      });
+      INFO(Style::name << " on " << to_string(shape) << ": " << summary(f));
+      REQUIRE(f.empty());
+    }
+  };
+  // (forward AG, RS, AR; backward AG, RS, AR) on "tp": the styles' (see the test above), plus
+  // an all-reduce for W (split in every TP style), for x where it is split at the GEMM (row-wise),
+  // and for dy where it is split (column-wise).
+  check_style(ColwiseParallel<>{}, {0, 0, 1, 0, 0, 2});
+  check_style(ColwiseParallel<nn::SeqSplit>{}, {1, 0, 1, 1, 1, 1});
+  check_style(RowwiseParallel<>{}, {0, 0, 3, 0, 0, 0});
+  check_style(RowwiseParallel<nn::SeqSplit>{}, {0, 1, 2, 1, 0, 0});
+  check_style(nn::Replicated<>{}, {0, 0, 0, 0, 0, 0});
+  check_style(nn::Replicated<nn::SeqSplit>{}, {0, 0, 1, 0, 0, 1});
 }
 
 TEST_CASE("LayerNorm and RMSNorm: finite differences, and sequence-parallel equals one rank", "[nn]") {

@@ -17,21 +17,41 @@
 // gradient. The collectives are the style's entry and exit, their adjoints, and in backward the
 // entry once more where it moves data (the SP all-gather: parallel/tensor_parallel.hpp).
 //
+// FP8 (docs/fp8.md): while an nn::Fp8Autocast is on (nn/fp8_recipe.hpp), the three GEMMs run in
+// FP8, Transformer Engine's HYBRID recipe: forward y = x W^T with x and W in E4M3, backward
+// dx = dy W and dW = dy^T x with dy in E5M2 and x, W quantized with the forward's scales; each
+// role's scale from its delayed amax history (nn::Fp8LinearScaling, kept by the Linear); the
+// bias, the parameters and everything outside the GEMMs as without FP8. The scales must be equal
+// on every rank holding a piece of a tensor, so each tensor's amax is max-all-reduced over every
+// mesh dimension its layout splits (Shard) before the scale is taken: one all-reduce of one float
+// per such dimension (of size > 1) for x and W in the forward and for dy in backward_input — a
+// TP Linear's W over tp, x over dp (its batch) and, with SP or a row-wise style, tp. The result is
+// then the single-device FP8 result on every layout (up to the fp32 summation order). Per-shard
+// scales would avoid the all-reduce but make a sharded run quantize differently from one device.
+// Host memory only (ops/matmul_fp8.hpp); a GPU Linear under FP8 autocast is an Error, a meta
+// (dry-run) one computes as without it. Activation recomputation re-runs the forward, which would
+// record the amaxes again and could quantize with another scale: not supported with FP8.
+//
 // Initialisation: W ~ N(0, init_std) and b = 0, drawn as the full tensor from the seed on every
 // rank and then split (no communication), so every layout and mesh starts from the same values.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <optional>
+#include <span>
 #include <string>
 #include <tuple>
-#include <utility>
 #include <type_traits>
+#include <utility>
 
 #include "dtensor/core/factories.hpp"
 #include "dtensor/distributed/distribute.hpp"
+#include "dtensor/nn/fp8_recipe.hpp"
 #include "dtensor/nn/module.hpp"
 #include "dtensor/nn/style.hpp"
 #include "dtensor/ops/matmul.hpp"
+#include "dtensor/ops/matmul_fp8.hpp"
 #include "dtensor/ops/pointwise.hpp"
 
 namespace dtensor::nn {
@@ -67,6 +87,7 @@ class Linear {
   /// backward where it moves data: the sequence-parallel all-gather).
   struct Saved {
     In x;
+    float fp8_sx = 0, fp8_sw = 0;           // the forward's FP8 scales of x and W (0: not FP8)
     auto tensors() { return std::tie(x); }  // what an activation offload moves (nn/activation_offload.hpp)
   };
   /// What backward_weight needs: the matmul's input and output gradient (and a row-wise style's
@@ -75,6 +96,7 @@ class Linear {
     DTensor<T, 3, Mesh, ComputeL> x;
     DTensor<T, 3, Mesh, MatmulGradL> dy;
     DTensor<T, 1, Mesh, OutBiasGradL> dbias;
+    float fp8_sx = 0, fp8_sdy = 0;  // FP8 scales of x (the forward's) and dy (0: not FP8)
   };
 
   Linear() = default;
@@ -107,7 +129,7 @@ class Linear {
   }
   // The bias is added in place into the matmul's output (a temporary), not into a copy of it.
   Fwd<Out, Saved> forward_saved(Saved s) const {
-    auto y = ops::matmul<false, true>(entry(s.x), weight_.value());
+    auto y = matmul_forward(s);
     if constexpr (Style::bias_after_exit) {
       auto z = redistribute<OutL>(std::move(y));  // exit: y's storage where no step runs
       if (!bias_.defined()) return {std::move(z), std::move(s)};
@@ -133,13 +155,22 @@ class Linear {
     w.dy = redistribute_backward<MatmulOutL>(dy);  // adjoint of the exit
     if constexpr (std::is_same_v<InL, ComputeL>) w.x = std::move(s.x);
     else w.x = redistribute<ComputeL>(s.x);        // re-gathered for dW (SP)
+    if (s.fp8_sx > 0) {                            // FP8: dx = dy W, dy in E5M2, W in E4M3 with the forward's scale
+      w.fp8_sx = s.fp8_sx;
+      w.fp8_sdy = fp8_scale(fp8_scaling().grad_output, w.dy);
+      auto dx = redistribute_backward<InL>(
+          ops::matmul_fp8<float8_e5m2, float8_e4m3, false, false>(w.dy, w.fp8_sdy, weight_.value(), s.fp8_sw));
+      return {std::move(dx), std::move(w)};
+    }
     auto dx = redistribute_backward<InL>(ops::matmul_backward_a<false, true>(w.dy, weight_.value()));  // of the entry
     return {std::move(dx), std::move(w)};
   }
 
   /// Adds dW = dy^T x (and db) to the parameters' gradients. No communication.
   void backward_weight(WeightCtx w) {
-    weight_.accumulate_grad(ops::matmul_backward_b<false, true>(w.dy, w.x));
+    if (w.fp8_sdy > 0)  // FP8: dW = dy^T x, dy in E5M2, x in E4M3 with the forward's scale
+      weight_.accumulate_grad(ops::matmul_fp8<float8_e5m2, float8_e4m3, true, false>(w.dy, w.fp8_sdy, w.x, w.fp8_sx));
+    else weight_.accumulate_grad(ops::matmul_backward_b<false, true>(w.dy, w.x));
     if (bias_.defined()) {
       if constexpr (Style::bias_after_exit) bias_.accumulate_grad(w.dbias);
       else bias_.accumulate_grad(ops::bias_grad(w.dy));
@@ -152,12 +183,60 @@ class Linear {
   Parameter<T, 1, Mesh, BiasL>& bias() noexcept { return bias_; }
   bool has_bias() const noexcept { return bias_.defined(); }
   const std::string& name() const noexcept { return name_; }
+  /// The FP8 amax histories (empty before the first FP8 forward).
+  const std::optional<Fp8LinearScaling>& fp8_scaling_state() const noexcept { return fp8_; }
 
  private:
   /// The entry redistribution (input layout -> the matmul's); no copy where they are the same.
   static decltype(auto) entry(const In& x) {
     if constexpr (std::is_same_v<InL, ComputeL>) return (x);
     else return redistribute<ComputeL>(x);
+  }
+
+  /// x W^T: in FP8 under nn::Fp8Autocast (recording the scales in s), else ops::matmul.
+  auto matmul_forward(Saved& s) const {
+    decltype(auto) x = entry(s.x);
+    if (use_fp8()) {
+      s.fp8_sx = fp8_scale(fp8_scaling().input, x);
+      s.fp8_sw = fp8_scale(fp8_scaling().weight, weight_.value());
+      return ops::matmul_fp8<float8_e4m3, float8_e4m3, false, true>(x, s.fp8_sx, weight_.value(), s.fp8_sw);
+    }
+    return ops::matmul<false, true>(x, weight_.value());
+  }
+
+  bool use_fp8() const {
+    if (!fp8_autocast_enabled()) return false;
+    using Space = typename In::space;
+    if constexpr (std::is_same_v<Space, host_space>) return true;
+    else if constexpr (!holds_data_v<Space>) return false;  // a dry run counts the GEMMs as without FP8
+    else {
+      ops::detail::fp8_host_only("nn::Linear (FP8 autocast on a GPU tensor)");
+      return false;
+    }
+  }
+
+  Fp8LinearScaling& fp8_scaling() const {
+    if (!fp8_) fp8_.emplace(fp8_autocast_recipe());
+    return *fp8_;
+  }
+
+  /// The scale of this use of t's role, then t's amax recorded: the amax of the whole tensor, max-
+  /// all-reduced over every mesh dimension that splits it (see the synopsis). A NaN becomes +inf
+  /// before the reduction (max would drop a NaN on some ranks and keep it on others).
+  template <class X>
+  float fp8_scale(AmaxHistory& h, const X& t) const {
+    float a = ops::local_amax(t);
+    if (std::isnan(a)) a = std::numeric_limits<float>::infinity();
+    using L = typename X::layout;
+    for (std::size_t i = 0; i < Mesh::ndim; ++i) {
+      detail::check(!L::desc.placements[i].is_partial(), "nn::Linear", t.mesh(), name_,
+                    ": FP8 scaling of a Partial tensor (its pieces are not its values)");
+      if (L::desc.placements[i].is_shard() && t.mesh().size(i) > 1)
+        t.mesh().group(i).all_reduce(std::span<float>(&a, 1), ReduceOp::max);
+    }
+    const float s = h.scale(a);
+    h.record(a);
+    return s;
   }
 
   /// bias_add keeps the layout in every style (checked here, at compile time).
@@ -172,6 +251,7 @@ class Linear {
   Extent in_ = 0, out_ = 0;
   Parameter<T, 2, Mesh, WeightL> weight_;
   Parameter<T, 1, Mesh, BiasL> bias_;
+  mutable std::optional<Fp8LinearScaling> fp8_;  // the FP8 amax histories: updated by each forward and backward
 };
 
 }  // namespace dtensor::nn

@@ -1,0 +1,173 @@
+// dtensor/kernels/cuda/gemm_fp8.cuh — the FP8 GEMM on the GPU through cuBLASLt (sm_89/sm_90
+// tensor cores), and the device's satfinite FP8 cast; the host twin is kernels/host/gemm_fp8.hpp.
+//
+//   // C[m,n] = *a_scale_inv * *b_scale_inv * A[m,k] B[n,k]^T   (device pointers, row-major)
+//   kernels::cuda::gemm_fp8(qa, a_scale_inv, qb, b_scale_inv, c, m, n, k, lda, ldb, ldc);
+//   kernels::cuda::quantize(x, n, scale, q);       // q = F8(x * scale), x float (device)
+//
+// The call: cublasLtMatmul with A and B CUDA_R_8F_E4M3 or CUDA_R_8F_E5M2 (not both E5M2),
+// CUBLAS_COMPUTE_32F, scale type fp32, the inverse scales as CUBLASLT_MATMUL_DESC_{A,B}_SCALE_POINTER
+// (device floats, read when the GEMM runs: a delayed-scaling step needs no host round trip),
+// output fp32 or bf16 (C of the same type; accumulate adds C with beta = 1), fast accumulation
+// off (CUBLASLT_MATMUL_DESC_FAST_ACCUM = 0: the tensor core's partial sums are promoted to fp32,
+// which is what the host emulation's "fp32 accumulation" models).
+//
+// Layout: cuBLASLt's FP8 GEMMs on Hopper take only the "TN" form — in row-major terms both
+// operands k-contiguous, C = A B^T with A [m,k] and B [n,k] — and need k, lda and ldb multiples
+// of 16 and 16-byte aligned pointers: checked here (an Error naming the extents), not
+// transposed behind the caller's back (Transformer Engine keeps transposed FP8 copies for the
+// backward GEMMs; the Linear forward x W^T is already this form). Row-major C = A B^T is the
+// column-major C^T = B A^T: the call passes B as cuBLASLt's A (op T) and A as its B (op N).
+//
+// A GPU before sm_89 has no FP8 tensor cores: cuBLASLt answers CUBLAS_STATUS_NOT_SUPPORTED,
+// which comes back as an Error with that name. Not wired into ops/nn yet (docs/fp8.md).
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_fp8.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "dtensor/core/float8.hpp"
+#include "dtensor/kernels/cuda/common.cuh"
+#include "dtensor/kernels/cuda/gemm.cuh"      // check_int_sizes
+#include "dtensor/kernels/host/gemm.hpp"      // check_gemm_args
+#include "dtensor/kernels/host/gemm_fp8.hpp"  // Fp8Element
+
+namespace dtensor::kernels::cuda {
+
+namespace detail {
+
+template <class F8>
+inline constexpr cudaDataType_t fp8_type = std::is_same_v<F8, float8_e4m3> ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
+template <class F8>
+inline constexpr __nv_fp8_interpretation_t fp8_interpretation = std::is_same_v<F8, float8_e4m3> ? __NV_E4M3 : __NV_E5M2;
+
+/// This thread's cuBLASLt handle (one per thread and device, as blas()).
+inline cublasLtHandle_t blas_lt() {
+  struct Handle {
+    cublasLtHandle_t h = nullptr;
+    int device = -1;
+    ~Handle() {
+      if (h) cublasLtDestroy(h);
+    }
+  };
+  thread_local Handle handle;
+  int dev = 0;
+  DTENSOR_CUDA_CHECK(cudaGetDevice(&dev));
+  if (!handle.h || handle.device != dev) {
+    if (handle.h) cublasLtDestroy(handle.h);
+    handle.h = nullptr;
+    DTENSOR_CUBLAS_CHECK(cublasLtCreate(&handle.h));
+    handle.device = dev;
+  }
+  return handle.h;
+}
+
+/// A cuBLASLt workspace of this thread and device (32 MiB, NVIDIA's recommendation for Hopper).
+inline constexpr std::size_t lt_workspace_bytes = std::size_t(32) << 20;
+inline void* lt_workspace() {
+  struct Buffer {
+    void* p = nullptr;
+    int device = -1;
+    ~Buffer() {
+      if (p) cudaFree(p);
+    }
+  };
+  thread_local Buffer buf;
+  int dev = 0;
+  DTENSOR_CUDA_CHECK(cudaGetDevice(&dev));
+  if (!buf.p || buf.device != dev) {
+    if (buf.p) cudaFree(buf.p);
+    buf.p = nullptr;
+    DTENSOR_CUDA_CHECK(cudaMalloc(&buf.p, lt_workspace_bytes));
+    buf.device = dev;
+  }
+  return buf.p;
+}
+
+/// Owns the descriptors of one call (destroyed on every path, errors included).
+struct LtDescs {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  ~LtDescs() {
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+template <class F8, class T>
+__global__ void quantize_kernel(const T* x, std::size_t n, float scale, std::uint8_t* out) {
+  const std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = __nv_cvt_float_to_fp8(float(x[i]) * scale, __NV_SATFINITE, fp8_interpretation<F8>);
+}
+
+}  // namespace detail
+
+/// q[i] = F8(x[i] * scale) on the device (cvt.rn.satfinite, the host's float8 conversion bit for bit).
+template <host::Fp8Element F8>
+void quantize(const float* x, Extent n, float scale, F8* q) {
+  detail::check(n >= 0 && (n == 0 || (x && q)), "cuda::quantize", "n=", n, " with a null pointer or a negative count");
+  if (n == 0) return;
+  detail::quantize_kernel<F8, float><<<detail::grid_for(n), detail::block, 0, detail::stream()>>>(
+      x, std::size_t(n), scale, reinterpret_cast<std::uint8_t*>(q));
+  detail::launched("cuda::quantize");
+}
+
+/// C[m,n] = *a_scale_inv * *b_scale_inv * A B^T (+ C when accumulate): A [m,k], B [n,k] FP8 row-major
+/// with pitches lda, ldb; C fp32 or bf16 with pitch ldc; the scales device pointers (see the synopsis).
+template <host::Fp8Element FA, host::Fp8Element FB, class TC>
+  requires(std::is_same_v<TC, float> || std::is_same_v<TC, bfloat16>)
+void gemm_fp8(const FA* A, const float* a_scale_inv, const FB* B, const float* b_scale_inv, TC* C, Extent m, Extent n,
+              Extent k, Extent lda, Extent ldb, Extent ldc, bool accumulate = false) {
+  static_assert(!(std::is_same_v<FA, float8_e5m2> && std::is_same_v<FB, float8_e5m2>),
+                "cuBLASLt has no E5M2 x E5M2 GEMM (HYBRID: one operand E4M3)");
+  const auto bytes = [](const auto* p) { return static_cast<const void*>(p); };
+  host::detail::check_gemm_args<const void>(false, true, bytes(A), bytes(B), bytes(C), m, n, k, lda, ldb, ldc);
+  const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
+  detail::check(k > 0 && k % 16 == 0 && lda % 16 == 0 && ldb % 16 == 0 && aligned(A) && aligned(B), "cuda::gemm_fp8",
+                "cuBLASLt's FP8 GEMM needs k > 0 and k, lda, ldb multiples of 16 and 16-byte aligned A, B: m=", m,
+                " n=", n, " k=", k, " lda=", lda, " ldb=", ldb);
+  detail::check(a_scale_inv && b_scale_inv, "cuda::gemm_fp8", "null scale pointer (m=", m, " n=", n, " k=", k, ")");
+  if (m == 0 || n == 0) return;
+  detail::check_int_sizes("cuda::gemm_fp8", m, n, k, lda, ldb, ldc);
+  constexpr cudaDataType_t c_type = std::is_same_v<TC, float> ? CUDA_R_32F : CUDA_R_16BF;
+  detail::LtDescs d;
+  DTENSOR_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
+  const std::int8_t fast_accum = 0;
+  // cuBLASLt's A is our B (its scale b_scale_inv), its B our A.
+  DTENSOR_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof(op_t)));
+  DTENSOR_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof(op_n)));
+  DTENSOR_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale_inv, sizeof(b_scale_inv)));
+  DTENSOR_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale_inv, sizeof(a_scale_inv)));
+  DTENSOR_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum, sizeof(fast_accum)));
+  // Column-major: cuBLASLt's A = B^T stored [k rows, n cols] (ld ldb), its B = A^T [k, m] (ld lda),
+  // C^T [n, m] (ld ldc).
+  DTENSOR_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, detail::fp8_type<FB>, std::uint64_t(k), std::uint64_t(n), ldb));
+  DTENSOR_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, detail::fp8_type<FA>, std::uint64_t(k), std::uint64_t(m), lda));
+  DTENSOR_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, c_type, std::uint64_t(n), std::uint64_t(m), ldc));
+  DTENSOR_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&d.pref));
+  const std::size_t ws = detail::lt_workspace_bytes;
+  DTENSOR_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int found = 0;
+  const auto lt = detail::blas_lt();
+  DTENSOR_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &heuristic, &found));
+  detail::check(found > 0, "cuda::gemm_fp8", "cuBLASLt found no FP8 algorithm for m=", m, " n=", n, " k=", k);
+  const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
+  DTENSOR_CUBLAS_CHECK(cublasLtMatmul(lt, d.op, &alpha, B, d.a, A, d.b, &beta, C, d.c, C, d.c, &heuristic.algo,
+                                      detail::lt_workspace(), ws, detail::stream()));
+}
+
+}  // namespace dtensor::kernels::cuda
