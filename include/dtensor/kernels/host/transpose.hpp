@@ -13,7 +13,6 @@
 
 #include <array>
 #include <cstddef>
-#include <cstring>
 #include <span>
 #include <utility>
 #include <vector>
@@ -75,10 +74,7 @@ HostTensor<T, R> permute(const HostTensor<T, R>& x, const std::array<std::size_t
       off += idx[dd] * st[dd];
     }
     for (Extent base = row0 * inner; base < row1 * inner; base += inner) {
-      if (inner_st == 1)
-        std::memcpy(out + base, in + off, std::size_t(inner) * sizeof(T));  // head split/merge: rows of D
-      else
-        for (Extent j = 0; j < inner; ++j) out[base + j] = in[off + j * inner_st];
+      for (Extent j = 0; j < inner; ++j) out[base + j] = in[off + j * inner_st];
       for (std::size_t dd = R - 1; dd-- > 0;) {
         off += st[dd];
         if (++idx[dd] < ys[dd]) break;
