@@ -30,8 +30,9 @@ def main():
     for b in json.loads(r.stdout)["benchmarks"]:
         if b.get("aggregate_name") != "median":
             continue
-        name = b["run_name"][len("BM_"):]  # kernel/isa/args...
+        name = b["run_name"][len("BM_"):]  # kernel/isa/args.../process_time
         kernel, flag, *args = name.split("/")
+        args = [x for x in args if x.isdigit()]  # MeasureProcessCPUTime appends "process_time" to the name
         dt[("/".join([kernel] + args), int(flag))] = b["cpu_time"] * {"ns": 1, "us": 1e3, "ms": 1e6}[b["time_unit"]]
         if int(flag) == 1 and b.get("label"):
             isa = b["label"]
