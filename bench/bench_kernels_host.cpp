@@ -13,6 +13,11 @@
 //                  the same in bfloat16 (each head widened to float, outputs rounded once), against
 //                  the float one in the same run: the cost of the widening
 //   adamw          one update of a flat float buffer of n parameters
+//   linear         a Linear's three GEMMs without bias, 1024 tokens (batch 16 x seq 64): y = x W^T,
+//                  dx = dy W, dW = dy^T x, x [1024, in], W [out, in] (kernels/host/gemm.hpp: OpenBLAS
+//                  when built with it, whatever the ISA flag; registered with flag 1 only). The
+//                  shapes of both models' qkv, out projection, fc1 and fc2: PyTorch's MKL against
+//                  the BLAS dtensor links, at the trainer's sizes
 //
 // DTENSOR_INTRA_OP_THREADS=N runs every kernel on N intra-op threads (kernels/host/parallel.hpp,
 // train_gpt --intra-op-threads N); the CPU column is the process's CPU time (all threads), the
@@ -24,6 +29,7 @@
 #include "dtensor/core/factories.hpp"
 #include "dtensor/kernels/host/activations.hpp"
 #include "dtensor/kernels/host/attention.hpp"
+#include "dtensor/kernels/host/gemm.hpp"
 #include "dtensor/kernels/host/norm.hpp"
 #include "dtensor/kernels/host/optim.hpp"
 #include "dtensor/kernels/host/parallel.hpp"
@@ -113,6 +119,25 @@ void BM_adamw(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * s[0] * 4 * 7);  // read p, g, m, v; write p, m, v
 }
 
+void BM_linear(benchmark::State& state) {
+  set_isa(state);
+  const Extent tokens = 16 * 64, in = state.range(1), out = state.range(2);
+  const auto x = dtensor::uniform<float>(Shape<2>{tokens, in}, 1, -1, 1),
+             w = dtensor::uniform<float>(Shape<2>{out, in}, 2, -1, 1),
+             dy = dtensor::uniform<float>(Shape<2>{tokens, out}, 3, -1, 1);
+  auto y = dtensor::Tensor<float, 2>(Shape<2>{tokens, out}), dx = dtensor::Tensor<float, 2>(Shape<2>{tokens, in}),
+       dw = dtensor::Tensor<float, 2>(Shape<2>{out, in});
+  for (auto _ : state) {
+    kh::gemm<float>(false, true, 1.f, x.data(), w.data(), 0.f, y.data(), tokens, out, in, in, in, out);     // y = x W^T
+    kh::gemm<float>(false, false, 1.f, dy.data(), w.data(), 0.f, dx.data(), tokens, in, out, out, in, in);  // dx = dy W
+    kh::gemm<float>(true, false, 1.f, dy.data(), x.data(), 0.f, dw.data(), out, in, tokens, out, in,
+                    in);  // dW = dy^T x
+    benchmark::DoNotOptimize(dw.data());
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(double(state.iterations()) * 6.0 * double(tokens * in * out),
+                                                 benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+}
+
 }  // namespace
 
 BENCHMARK(BM_layer_norm)->ArgsProduct({{0, 1}, {128, 384}})->MeasureProcessCPUTime();
@@ -121,5 +146,15 @@ BENCHMARK(BM_softmax)->ArgsProduct({{0, 1}, {4}})->MeasureProcessCPUTime();
 BENCHMARK(BM_attention<float>)->Name("BM_attention")->Args({0, 4, 128})->Args({1, 4, 128})->Args({0, 6, 384})->Args({1, 6, 384})->MeasureProcessCPUTime();
 BENCHMARK(BM_attention<dtensor::bfloat16>)->Name("BM_attention_bf16")->Args({1, 4, 128})->Args({1, 6, 384})->MeasureProcessCPUTime();
 BENCHMARK(BM_adamw)->ArgsProduct({{0, 1}, {427008}})->MeasureProcessCPUTime();
+BENCHMARK(BM_linear)
+    ->Args({1, 128, 384})
+    ->Args({1, 128, 128})
+    ->Args({1, 128, 512})
+    ->Args({1, 512, 128})
+    ->Args({1, 384, 1152})
+    ->Args({1, 384, 384})
+    ->Args({1, 384, 1536})
+    ->Args({1, 1536, 384})
+    ->MeasureProcessCPUTime();
 
 BENCHMARK_MAIN();

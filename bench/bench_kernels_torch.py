@@ -4,7 +4,7 @@
     python3 bench/bench_kernels_torch.py [--threads 1] [--repeat 3]     # prints JSON: name -> ns per call
 
 Names as the C++ benchmark's without the ISA argument (layer_norm/128, gelu/384, softmax/4,
-attention/4/128, adamw/427008); each is forward + backward where the C++ one is (autograd,
+attention/4/128, adamw/427008, linear/384/1152); each is forward + backward where the C++ one is (autograd,
 as eager training runs it), the median of --repeat timings of a loop of about 0.3 s, in CPU time
 (time.process_time: the machine is shared; one thread).
 """
@@ -64,6 +64,12 @@ def main():
     p.grad = torch.randn(427008)
     opt = torch.optim.AdamW([p], lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
     out["adamw/427008"] = timed(opt.step)
+    # A Linear's three GEMMs without bias (y = x W^T; backward: dx = dy W, dW = dy^T x), 1024 tokens.
+    for d_in, d_out in ((128, 384), (128, 128), (128, 512), (512, 128), (384, 1152), (384, 384), (384, 1536), (1536, 384)):
+        x = torch.randn(1024, d_in, requires_grad=True)
+        w = torch.randn(d_out, d_in, requires_grad=True)
+        dy = torch.randn(1024, d_out)
+        out[f"linear/{d_in}/{d_out}"] = timed(lambda: F.linear(x, w).backward(dy))
     print(json.dumps(out))
 
 

@@ -30,8 +30,9 @@ def main():
     for b in json.loads(r.stdout)["benchmarks"]:
         if b.get("aggregate_name") != "median":
             continue
-        name = b["run_name"][len("BM_"):]  # kernel/isa/args...
+        name = b["run_name"][len("BM_"):]  # kernel/isa/args.../process_time
         kernel, flag, *args = name.split("/")
+        args = [x for x in args if x.isdigit()]  # MeasureProcessCPUTime appends "process_time" to the name
         dt[("/".join([kernel] + args), int(flag))] = b["cpu_time"] * {"ns": 1, "us": 1e3, "ms": 1e6}[b["time_unit"]]
         if int(flag) == 1 and b.get("label"):
             isa = b["label"]
@@ -42,9 +43,10 @@ def main():
     print("|---|---:|---:|---:|---:|")
     for name, torch_ns in pt.items():
         base, best = dt.get((name, 0)), dt.get((name, 1))
-        if base is None or best is None:
+        if best is None:
             continue
-        print(f"| {name} | {torch_ns / 1e3:,.1f} | {base / 1e3:,.1f} | {best / 1e3:,.1f} | {torch_ns / best:.2f} |")
+        base_us = "—" if base is None else f"{base / 1e3:,.1f}"  # linear: the BLAS, no ISA variant
+        print(f"| {name} | {torch_ns / 1e3:,.1f} | {base_us} | {best / 1e3:,.1f} | {torch_ns / best:.2f} |")
 
 
 if __name__ == "__main__":

@@ -414,3 +414,42 @@ TEST_CASE("intra-op threads: norms, attention, cross-entropy, AdamW, GELU, eleme
     });
   });
 }
+
+TEST_CASE("float bias add, bias gradient and broadcast add equal the plain loops bit for bit on every ISA",
+          "[kernels][host][simd]") {
+  // The vectorized paths do the plain loops' arithmetic per element (bias_grad: each column summed
+  // in double over the rows in order), so the bits must match exactly, not within a tolerance.
+  on_every_isa([&] {
+    for (const Extent n : {1, 7, 16, 37, 130}) {
+      INFO("row length " << n);
+      const auto x = uniform_float(Shape<3>{3, 11, n}, 130 + std::uint64_t(n), -3, 3);
+      const auto b = uniform_float(Shape<1>{n}, 131, -1, 1);
+      const auto y = kh::add_bias(x, b);
+      const auto db = kh::bias_grad(x);
+      Tensor<float, 1> db_acc = b;
+      kh::bias_grad_into(db_acc, x, /*accumulate=*/true);
+      for (Extent j = 0; j < n; ++j) {
+        double sum = 0;
+        for (Extent r = 0; r < 33; ++r) {
+          CHECK(y[r * n + j] == x[r * n + j] + b[j]);
+          sum += double(x[r * n + j]);
+        }
+        CHECK(db[j] == float(sum));
+        CHECK(db_acc[j] == float(double(b[j]) + sum));
+      }
+      // Broadcast over the leading dimension (a position table: contiguous runs of 11 * n), over
+      // a middle one (runs of n), and over the last one (no run: the element-wise odometer).
+      const auto pos = uniform_float(Shape<3>{1, 11, n}, 132, -1, 1),
+                 mid = uniform_float(Shape<3>{3, 1, n}, 133, -1, 1),
+                 last = uniform_float(Shape<3>{3, 11, 1}, 134, -1, 1);
+      const auto zp = kh::add_broadcast(x, pos), zm = kh::sub_broadcast(x, mid), zl = kh::mul_broadcast(last, x);
+      for (Extent i = 0; i < 3; ++i)
+        for (Extent t = 0; t < 11; ++t)
+          for (Extent j = 0; j < n; ++j) {
+            CHECK(zp(i, t, j) == x(i, t, j) + pos(0, t, j));
+            CHECK(zm(i, t, j) == x(i, t, j) - mid(i, 0, j));
+            CHECK(zl(i, t, j) == last(i, t, 0) * x(i, t, j));
+          }
+    }
+  });
+}
