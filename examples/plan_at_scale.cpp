@@ -787,9 +787,11 @@ int run_search(const Options& o) {
   for (std::size_t i = 0; i < finalists.size() && i < std::size_t(o.top); ++i) {
     const auto& f = finalists[i];
     const double mfu = f.ranked.estimate.model_flops / (double(f.ranked.plan.gpus()) * o.hardware.peak_flops() * f.dry.step);
-    std::printf("%zu. %s: step %.3f s (analytic %.3f s, #%zu), MFU %.1f %%, %.4g tokens/s, memory %s\n", i + 1,
-                sim::describe(f.ranked.plan).c_str(), f.dry.step, f.ranked.estimate.step_seconds, f.analytic_rank + 1,
-                100 * mfu, tokens / f.dry.step, sim::human_bytes(f.dry.memory).c_str());
+    // The analytic step over the dry run's: how well the pruning estimate agrees on this plan.
+    std::printf("%zu. %s: step %.3f s (analytic %.3f s = %.3f x, #%zu), MFU %.1f %%, %.4g tokens/s, memory %s\n", i + 1,
+                sim::describe(f.ranked.plan).c_str(), f.dry.step, f.ranked.estimate.step_seconds,
+                f.ranked.estimate.step_seconds / f.dry.step, f.analytic_rank + 1, 100 * mfu, tokens / f.dry.step,
+                sim::human_bytes(f.dry.memory).c_str());
     if (i > 0)
       std::printf("   loses by %.3f s in the dry run; analytic: %s\n", f.dry.step - best.dry.step,
                   sim::why_slower(f.ranked, best.ranked).c_str());
