@@ -52,7 +52,7 @@
 // its schedule, dp with DDP / ZeRO / HSDP, recomputation), ranked by the analytic estimate
 // (sim/analytic.hpp); the best --finalists are dry-run and ranked by the dry run's estimate (0:
 // the analytic ranking alone; the output's "ranked by" line says which); the top --top printed
-// with why each lost to the first. A finalist that does not fit in its own dry run (or that the
+// with the analytic step over the dry run's ("= 0.995 x") and why each lost to the first. A finalist that does not fit in its own dry run (or that the
 // dry run refuses) is dropped and the next taken (examples/plan_rescore.hpp; the output counts
 // them): no printed plan is one its dry run rejects. DDP in bf16 holds fp32 master values and
 // moments (sim::as_run), --bf16-moments for AdamW in bf16 on the values instead.
