@@ -52,7 +52,7 @@
 // its schedule, dp with DDP / ZeRO / HSDP, recomputation), ranked by the analytic estimate
 // (sim/analytic.hpp); the best --finalists are dry-run and ranked by the dry run's estimate (0:
 // the analytic ranking alone; the output's "ranked by" line says which); the top --top printed
-// with why each lost to the first. A finalist that does not fit in its own dry run (or that the
+// with the analytic step over the dry run's ("= 0.995 x") and why each lost to the first. A finalist that does not fit in its own dry run (or that the
 // dry run refuses) is dropped and the next taken (examples/plan_rescore.hpp; the output counts
 // them): no printed plan is one its dry run rejects. DDP in bf16 holds fp32 master values and
 // moments (sim::as_run), --bf16-moments for AdamW in bf16 on the values instead.
@@ -787,9 +787,11 @@ int run_search(const Options& o) {
   for (std::size_t i = 0; i < finalists.size() && i < std::size_t(o.top); ++i) {
     const auto& f = finalists[i];
     const double mfu = f.ranked.estimate.model_flops / (double(f.ranked.plan.gpus()) * o.hardware.peak_flops() * f.dry.step);
-    std::printf("%zu. %s: step %.3f s (analytic %.3f s, #%zu), MFU %.1f %%, %.4g tokens/s, memory %s\n", i + 1,
-                sim::describe(f.ranked.plan).c_str(), f.dry.step, f.ranked.estimate.step_seconds, f.analytic_rank + 1,
-                100 * mfu, tokens / f.dry.step, sim::human_bytes(f.dry.memory).c_str());
+    // The analytic step over the dry run's: how well the pruning estimate agrees on this plan.
+    std::printf("%zu. %s: step %.3f s (analytic %.3f s = %.3f x, #%zu), MFU %.1f %%, %.4g tokens/s, memory %s\n", i + 1,
+                sim::describe(f.ranked.plan).c_str(), f.dry.step, f.ranked.estimate.step_seconds,
+                f.ranked.estimate.step_seconds / f.dry.step, f.analytic_rank + 1, 100 * mfu, tokens / f.dry.step,
+                sim::human_bytes(f.dry.memory).c_str());
     if (i > 0)
       std::printf("   loses by %.3f s in the dry run; analytic: %s\n", f.dry.step - best.dry.step,
                   sim::why_slower(f.ranked, best.ranked).c_str());

@@ -1453,8 +1453,8 @@ TEST_CASE("sim: the calibration is the fit of the fit rows; held-out and leave-o
     if (runs[i].name.rfind("MT-NLG", 0) == 0) {
       // Held out, and missed: the same model and TP 8 x PP 35 as Narayanan's 530B row (163
       // TFLOP/s) ran at 126 TFLOP/s under DeepSpeed's pipeline; we predict Megatron's speed.
-      CHECK(loo[i] < 0.80);
-      CHECK(loo[i] > 0.70);
+      CHECK(loo[i] < 0.85);
+      CHECK(loo[i] > 0.75);
     } else {
       CHECK(std::abs(loo[i] - 1) <= 0.15);
     }
@@ -1468,38 +1468,84 @@ TEST_CASE("sim: the calibration is the fit of the fit rows; held-out and leave-o
 
 TEST_CASE("sim: the analytic estimate follows the dry run's", "[sim][cost][analytic]") {
   // Small plans on meta, dry-run and estimated (sim::estimate_plan), against the analytic
-  // estimate of the same plan: the search prunes with the latter and ranks finalists by the former.
+  // estimate of the same plan: the search prunes with the latter and ranks finalists by the
+  // former, so they are one time model (issue 43 item 1): within 5 % on every plan here. The
+  // analytic counts the records the dry run makes: each block's memory-bound passes (norms,
+  // residual and bias adds, the heads' permutes and splits, GELU or SwiGLU, rotary, GQA's
+  // repeats, ring attention's merges), the parameters' passes (gradient accumulation, the fp32
+  // casts of mixed precision, ZeRO-3's shard casts), one collective per FSDP unit (its
+  // latency), the ends' TP collectives, the parameters whole on every tp rank (positions,
+  // norms, row-wise biases: also summed over "tp"), and the rank holding both ends under pp 1
+  // and the V schedules. Before, the analytic step was 8-18 % shorter on the first four plans
+  // (ratios 0.906, 0.853, 0.859, 0.824) and 33 % longer on the ZeRO-3 one (its gathers in fp32,
+  // per layer).
   struct Case {
     int dp, tp, pp, zero, microbatches;
     bool checkpoint;
+    int cp = 1;
+    const char* schedule = "1f1b";
+    int v = 1;
+    bool llama = false;
+    bool narrow = false;  // dim 1536, 12 heads: tp 3 and 6 (the vocabulary 32000 splits unevenly)
   };
-  const nn::GPTConfig model{.vocab = 32000, .seq = 2048, .dim = 2048, .heads = 16, .layers = 8};
-  for (const Case c : {Case{8, 8, 1, 0, 1, false}, Case{8, 8, 2, 0, 8, false}, Case{16, 4, 2, 1, 8, true}, Case{4, 8, 4, 0, 16, true}}) {
-    CAPTURE(c.dp, c.tp, c.pp, c.zero, c.microbatches, c.checkpoint);
-    sim::TrainingPlan plan{.model = model, .batch = c.dp * c.microbatches, .microbatches = c.microbatches, .dp = c.dp,
-                           .tp = c.tp, .pp = c.pp, .zero = c.zero};
+  const Case cases[] = {{8, 8, 1, 0, 1, false},
+                        {8, 8, 2, 0, 8, false},
+                        {16, 4, 2, 1, 8, true},
+                        {4, 8, 4, 0, 16, true},
+                        {8, 8, 1, 3, 2, false},               // ZeRO-3: its gathers behind compute
+                        {4, 8, 2, 2, 4, false},               // ZeRO-2, pp 2
+                        {4, 4, 2, 1, 8, false, 2},            // context ring
+                        {4, 4, 2, 1, 8, false, 1, "zbv", 2},  // ZB-V: both ends on rank 0
+                        {4, 4, 2, 1, 8, false, 1, "interleaved", 2},
+                        {8, 4, 2, 1, 8, true, 1, "1f1b", 1, true},           // Llama (GQA, SwiGLU), checkpointing
+                        {4, 3, 2, 1, 4, true, 1, "1f1b", 1, false, true},    // tp 3
+                        {4, 6, 1, 3, 2, false, 1, "1f1b", 1, false, true}};  // tp 6, ZeRO-3
+  for (const Case& c : cases) {
+    CAPTURE(c.dp, c.tp, c.pp, c.zero, c.microbatches, c.checkpoint, c.cp, c.schedule, c.llama, c.narrow);
+    const std::int64_t dim = c.narrow ? 1536 : 2048, heads = c.narrow ? 12 : 16;
+    const std::int64_t kv = c.llama ? 4 : 0, ffn = c.llama ? 5504 : 0;
+    nn::GPTConfig model{.vocab = 32000, .seq = 2048, .dim = dim, .heads = heads, .layers = 8};
+    model.kv_heads = kv, model.ffn = ffn;
+    sim::TrainingPlan plan{.model = model,
+                           .batch = c.dp * c.microbatches,
+                           .microbatches = c.microbatches,
+                           .dp = c.dp,
+                           .tp = c.tp,
+                           .pp = c.pp,
+                           .schedule = c.schedule,
+                           .stages_per_rank = c.v > 1 ? c.v : 0,
+                           .zero = c.zero,
+                           .cp = c.cp};
     plan.model.checkpoint = c.checkpoint;
-    const auto classes = sim::dry_run_plan<dtensor::bfloat16, nn::DenseLayers, true>(plan);
+    const auto classes = c.llama ? sim::dry_run_plan<dtensor::bfloat16, nn::LlamaLayers, true>(plan)
+                                 : sim::dry_run_plan<dtensor::bfloat16, nn::DenseLayers, true>(plan);
     std::vector<sim::ClassInput> inputs;
     for (const auto& k : classes) inputs.push_back({&k.report, k.pipeline_ranks});
     const auto dry = sim::estimate_plan(inputs, sim::plan_topology(plan, sim::Hardware{}),
                                         sim::detail::plan_schedule(plan), {.zero = c.zero});
-    const sim::ModelShape shape{.layers = 8, .dim = 2048, .heads = 16, .vocab = 32000, .seq = 2048};
-    const sim::PlanShape analytic_plan{.batch = plan.batch, .microbatch = 1, .dp = c.dp, .tp = c.tp, .pp = c.pp,
-                                       .zero = c.zero, .recompute = c.checkpoint};
+    const sim::ModelShape shape{.layers = 8,
+                                .dim = dim,
+                                .heads = heads,
+                                .kv_heads = kv,
+                                .ffn = ffn,
+                                .vocab = 32000,
+                                .seq = 2048,
+                                .llama = c.llama};
+    const sim::PlanShape analytic_plan{.batch = plan.batch,
+                                       .microbatch = 1,
+                                       .dp = c.dp,
+                                       .tp = c.tp,
+                                       .pp = c.pp,
+                                       .cp = c.cp,
+                                       .zero = c.zero,
+                                       .recompute = c.checkpoint,
+                                       .schedule = c.schedule,
+                                       .stages_per_rank = c.v};
     const auto a = sim::analytic_estimate(shape, analytic_plan, sim::Hardware{});
     double memory = 0;
     for (const auto& k : classes) memory = std::max(memory, k.peak_in_flight);
     CAPTURE(dry.step_seconds, a.step_seconds, memory, a.memory_bytes);
-    // Today's gap, stated (issue 43 item 1 asks for 5 %, not met): the analytic step is 8-18 %
-    // shorter than the dry run's on these plans (ratios 0.906, 0.853, 0.859, 0.824). Per term
-    // (dp 8 x tp 8): the dry run's micro-batch compute is ~40 % more, in memory-bound records the
-    // analytic count leaves out (the gradients' fp32 casts and accumulation adds, head permutes
-    // and splits); its gradient reduction ~17 % more bytes; its TP collectives ~8 % more. Asserted
-    // where it is, so a change that moves it shows.
-    const double ratio = a.step_seconds / dry.step_seconds;
-    CHECK(ratio > 0.80);
-    CHECK(ratio < 0.93);
+    CHECK(a.step_seconds == Approx(dry.step_seconds).epsilon(0.05));
     CHECK(a.memory_bytes == Approx(memory).epsilon(0.5));
   }
 }
@@ -1586,11 +1632,12 @@ TEST_CASE("sim: --search ranks fitting plans by the analytic estimate, fast", "[
 
 TEST_CASE("sim: the search recomputes per module where memory forces it, and not otherwise", "[sim][search][recompute]") {
   // GPT-3 175B on 256 GPUs, batch 1024: on H100s (72 GB usable) the fastest plan fits only by
-  // recomputing a module (its variant without recomputation does not fit); on H200s (127 GB) the
-  // fastest recomputes nothing. Without per-module choices (none or full only) H100s get a
-  // slower plan: what selective recomputation buys. Without context parallelism (max_cp 1): with
-  // it ZeRO's states shard over dp x cp too (issue 40), and the fastest plan, cp 2 with HSDP 2 x
-  // ZeRO-1, fits on H100s without recomputing anything.
+  // recomputing a module (its variant without recomputation does not fit). Without per-module
+  // choices (none or full only) H100s get a slower plan: what selective recomputation buys.
+  // Without context parallelism (max_cp 1); with it, and on H200s (127 GB), the fastest plan
+  // recomputes only where its variant without recomputation does not fit. (Before the analytic
+  // step counted the dry run's per-micro-batch passes, issue 43, the H200's and the cp search's
+  // fastest recomputed nothing: larger micro-batches now pay back cheap recomputation.)
   const sim::ModelShape gpt{.layers = 96, .dim = 12288, .heads = 96, .vocab = 51200, .seq = 2048};
   const auto h100 = sim::device("h100"), h200 = sim::device("h200");
   const auto tight = sim::search_plans(gpt, {.gpus = 256, .batch = 1024, .max_cp = 1}, h100);
@@ -1609,13 +1656,16 @@ TEST_CASE("sim: the search recomputes per module where memory forces it, and not
   const auto coarse = sim::search_plans(gpt, {.gpus = 256, .batch = 1024, .max_cp = 1, .recompute_modules = false}, h100);
   CHECK(coarse.front().estimate.step_seconds > best.estimate.step_seconds);
   const auto roomy = sim::search_plans(gpt, {.gpus = 256, .batch = 1024, .max_cp = 1}, h200);
-  // With context parallelism: the cp 2 plan above, no recomputation, faster than the best without cp.
+  // With context parallelism: a larger space, a plan at least as fast.
   const auto with_cp = sim::search_plans(gpt, {.gpus = 256, .batch = 1024}, h100);
-  CHECK(with_cp.front().plan.cp > 1);
-  CHECK(with_cp.front().plan.recomputes().none());
-  CHECK(with_cp.front().estimate.step_seconds < best.estimate.step_seconds);
-  INFO(sim::describe(roomy.front().plan));
-  CHECK(roomy.front().plan.recomputes().none());
+  CHECK(with_cp.front().estimate.step_seconds <= best.estimate.step_seconds);
+  for (const auto& [first, device] : {std::pair{&with_cp.front(), h100}, std::pair{&roomy.front(), h200}}) {
+    INFO(sim::describe(first->plan));
+    if (first->plan.recomputes().none()) continue;
+    sim::PlanShape plain = first->plan;
+    plain.recompute_modules = {}, plain.recompute = plain.selective = false;
+    CHECK_FALSE(sim::analytic_estimate(gpt, plain, device).fits);
+  }
   // Each module's memory and time in the estimate, one plan (TP 8 + SP): the saved units per layer
   // of docs/dry-run.md's table (34, 32, 26, 20, 12, 2 of s b h / t bytes); recomputation never
   // makes the step faster than none, and full is the slowest.
@@ -1708,7 +1758,9 @@ TEST_CASE("sim: HSDP and Ulysses in the analytic estimate and the search", "[sim
   ulysses.cp_kind = "ulysses";
   const auto r = sim::analytic_estimate(llama, ring, h100), u = sim::analytic_estimate(llama, ulysses, h100);
   CHECK(u.cp_seconds > 0);
-  CHECK(u.compute_per_microbatch == Approx(r.compute_per_microbatch));  // the same attention pairs
+  // The same attention pairs; the ring also casts and merges each key block's result (memory-bound).
+  CHECK(u.compute_per_microbatch < r.compute_per_microbatch);
+  CHECK(u.compute_per_microbatch == Approx(r.compute_per_microbatch).epsilon(0.05));
   ulysses.tp = 8, ulysses.cp = 8, ulysses.dp = 1;
   CHECK_THROWS_WITH(sim::analytic_estimate(llama, ulysses, h100), Catch::Contains("ulysses splits the heads over tp x cp"));
   // The search enumerates each new dimension, and a space without it has none of it.

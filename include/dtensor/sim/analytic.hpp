@@ -13,16 +13,23 @@
 // collectives the plan issues (collective_seconds, the same links and overlap roles). Per layer
 // and micro-batch (tokens n = b s / cp on a rank): the four GEMMs of a block (qkv, proj, fc1/up
 // and gate, fc2/down) forward, twice each backward, once more forward under full recompute;
-// attention over the causal pairs; memory-bound ops as `pointwise_bytes_per_token_dim` bytes per
-// token and width (fitted to the dry run's meta records); TP+SP 2 all-gathers and 2
-// reduce-scatters per layer and direction, and in backward 2 more all-gathers (the column-wise
-// Linears' saved input shards; all-reduces without SP); context ring / all-gather;
-// pipeline sends. The pipeline's time is (m + (p - 1) / v) (F + B) (1F1B, interleaved), plus
-// once per step the gradient reduction (behind the last backward), the optimizer and ZeRO's
-// parameter sync. Memory: model states per ZeRO stage (fully_shard's bytes per parameter, as the
+// attention over the causal pairs; the memory-bound records our modules make (norms, residual
+// and bias adds, the heads' permutes and the fused projections' splits, GELU or SwiGLU, rotary
+// and GQA's repeats, ring attention's casts and merges, the loss's passes over the logits),
+// counted op by op with the bytes each record moves; per micro-batch the parameters' passes
+// (gradient accumulation, mixed precision's fp32 casts, ZeRO-3's shard casts); TP+SP 2
+// all-gathers and 2 reduce-scatters per layer and direction, and in backward 2 more
+// all-gathers (the column-wise Linears' saved input shards; all-reduces without SP), those at
+// the ends (embedding, head, the loss's all-reduces); context ring / all-gather; pipeline
+// sends. The pipeline's time is (m + (p - 1) / v) (F + B) (1F1B, interleaved), plus once per
+// step, on the first or the last pipeline rank, whichever ends later: the gradient reduction
+// (one collective per fully_shard unit, behind the last backward's compute), the optimizer
+// (AdamW, the clip, the casts, the SP sum of the whole parameters' gradients) and ZeRO's
+// parameter sync. The rank modelled holds the head (and the embedding at pp 1 and under the V
+// schedules). test_sim checks the step within 5 % of the dry run's on a grid of plans. Memory: model states per ZeRO stage (fully_shard's bytes per parameter, as the
 // ledger shows them), saved activations per layer (Korthikanti's terms for our modules, or one
 // block input under recompute) times the micro-batches the first pipeline rank holds, plus the
-// last stage's logits. test_sim checks these against the dry run for several plans.
+// last stage's logits (test_sim: within 50 % of the dry run's).
 // MoE models (ModelShape::experts, GPT blocks): per MoE block the router GEMM, the busiest
 // rank's ceil(E / ep) experts' GEMMs on the rows balanced routing sends it, the count exchange
 // and two all_to_all_v of the routed rows each way on "ep" (exposed; moe_all_to_all_bytes is
@@ -169,11 +176,6 @@ struct AnalyticEstimate {
   double model_flops = 0;  // per step, all GPUs (PaLM's count)
   double mfu = 0, tokens_per_second = 0;
 };
-
-/// Memory-bound traffic per token and model width of one block's forward (norms, residual
-/// adds, bias, activation function, casts), bytes: fitted once to the dry run's meta records of
-/// our modules (test_sim "the analytic estimate follows the dry run"); backward moves twice.
-inline constexpr double pointwise_bytes_per_token_dim = 40;
 
 /// Throws when a model's element counts (a step's activations, its weights, its embedding)
 /// overflow int64: a dry run's tensors count elements in int64.
@@ -334,8 +336,10 @@ inline double moe_all_to_all_bytes(const ModelShape& m, const PlanShape& p) {
 }
 
 /// The plan's step and memory from formulas (see the synopsis).
+/// `time_when_unfit` false: a plan that does not fit is returned with its memory only (times 0):
+/// the search drops such plans, and a zero-bubble schedule's time costs a simulation.
 inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& given, const Hardware& hw_in,
-                                          const Calibration& cal = calibration) {
+                                          const Calibration& cal = calibration, bool time_when_unfit = true) {
   check_plan_shape(m, given);
   const PlanShape p = as_run(given);  // DDP in bf16: with its fp32 master and moments
   namespace pl = parallel::pipeline;
@@ -398,15 +402,50 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
     attn_fwd = core_gemms + core_bytes;
     attn_bwd = 2 * core_gemms + 2 * core_bytes;
   }
-  const double pointwise = memory_bound(pointwise_bytes_per_token_dim * n * h / split);
+  // Memory-bound passes of one block, forward and backward: the meta kernels' records of our
+  // modules (nn/), in elements of the rank's widths: xs a block input's tokens on the rank (n h /
+  // split), qw the fused q, k, v (n (h + 2 kvd) / t), hw and kw the query and key heads (n h / t,
+  // n kvd / t), fw the feed-forward (n f / t). Each record reads and writes its elements once
+  // (2 e); a residual add or a bias add to a row-wise Linear's output reads two (3 e); a
+  // backward that reads a saved input and an output gradient and writes one (3 e).
+  const double xs = n * h / split, qw = n * (h + 2 * kvd) / t, hw_n = n * h / t, kw = n * kvd / t, fw = n * f / t;
+  // Attention's half: the norm, the residual add, the heads' permutes (q, k, v, out), the fused
+  // projection's split (concat in backward); GPT: the qkv and proj biases (their gradients:
+  // one read); Llama: rotary on q and k, GQA's repeat of k and v (and its backward).
+  const double heads_perm = 2 * (2 * hw_n + 2 * kw);
+  const double attn_pw_f = m.llama ? 2 * xs + 3 * xs + heads_perm + 2 * qw + 2 * (hw_n + kw) + 2 * (kw + hw_n)
+                                   : 2 * xs + 3 * xs + heads_perm + 2 * qw + 2 * qw + 2 * xs;
+  const double attn_pw_b = m.llama ? 3 * xs + 3 * xs + heads_perm + 2 * qw + 2 * (hw_n + kw) + 4 * (kw + hw_n)
+                                   : 3 * xs + 3 * xs + heads_perm + 2 * qw + qw + xs;
+  // The feed-forward's half: the norm, the residual add; GPT: fc1's and fc2's biases, GELU (its
+  // backward reads the input and the gradient); Llama: w13's split (concat), SiLU, the gate's
+  // multiply (backward: SiLU again, its backward, two multiplies).
+  const double mlp_norm_f = 2 * xs + 3 * xs, mlp_norm_b = 3 * xs + 3 * xs;
+  const double mlp_pw_f = mlp_norm_f + (m.llama ? 4 * fw + 2 * fw + 3 * fw : 2 * fw + 2 * xs + 2 * fw);
+  const double mlp_pw_b = mlp_norm_b + (m.llama ? 4 * fw + 2 * fw + 3 * fw + 6 * fw : fw + xs + 3 * fw);
+  const double pointwise = memory_bound(e * (attn_pw_f + mlp_pw_f));
+  const double pointwise_b = memory_bound(e * (attn_pw_b + mlp_pw_b));
+  // A MoE block's attention half and its feed-forward's norm and residual (the experts' own
+  // passes are counted with them below).
+  const double moe_pointwise = memory_bound(e * (attn_pw_f + mlp_norm_f));
+  const double moe_pointwise_b = memory_bound(e * (attn_pw_b + mlp_norm_b));
   // Tensor and context communication per layer, one direction.
+  // (The search calls this for every plan: each group's link is looked up once.)
+  std::array<std::pair<const char*, const Link*>, 8> links{};
+  auto link_of = [&](const char* group) -> const Link& {
+    for (auto& l : links) {
+      if (l.first == group) return *l.second;
+      if (l.first == nullptr) return *(l = {group, &topo.link(group)}).second;
+    }
+    return topo.link(group);
+  };
   auto coll = [&](CollectiveKind k, const char* group, int size, double bytes) {
     CommRecord r{};
     r.kind = k;
     r.group = group;
     r.group_size = size;
     r.bytes = std::size_t(bytes);
-    return collective_seconds(r, topo.link(group), cal);
+    return collective_seconds(r, link_of(group), cal);
   };
   const double act = e * n * h;  // a block input, gathered
   // Per block and direction: attention's and the MLP's halves (SP: an all-gather and a
@@ -421,7 +460,17 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
     if (p.cp_kind == "allgather") cp_layer = 2 * coll(CollectiveKind::all_gather, "cp", p.cp, kv_chunk * p.cp);
     else if (p.cp_kind == "ulysses")  // q, k, v to head shards and the output back (nn/attention.hpp), exposed
       cp_layer = 2 * coll(CollectiveKind::all_to_all, "cp", p.cp, e * n * h / t) + 2 * coll(CollectiveKind::all_to_all, "cp", p.cp, kv_chunk);
-    else cp_hidden = 2 * (p.cp - 1) * coll(CollectiveKind::send_recv, "cp", p.cp, kv_chunk);
+    else {
+      cp_hidden = 2 * (p.cp - 1) * coll(CollectiveKind::send_recv, "cp", p.cp, kv_chunk);
+      // Ring attention's memory-bound passes (nn/attention.hpp's ring, load-balanced: a rank's
+      // two query chunks of n / 2 tokens meet 2 cp + 1 key blocks): each block's output cast
+      // to fp32 (read e, write 4) and merged into the fp32 accumulator (read two, write one),
+      // the two chunks' results cast back; backward: each block's gradient cast, and the
+      // queries' fp32 gradient cast back.
+      const double chunk = n / 2 * h / t, blocks = 2.0 * p.cp + 1;
+      attn_fwd += memory_bound(blocks * (e + 4 + 12) * chunk + 2 * (4 + e) * chunk);
+      attn_bwd += memory_bound(blocks * (e + 4) * chunk + 2 * (4 + e) * chunk);
+    }
   }
   const double fwd_compute = gemms + attn_fwd + pointwise;
   // Recomputation in backward (nn/recompute.hpp): full runs the block's forward again with its
@@ -439,7 +488,7 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
     if (rc.mlp) recompute_compute += mlp + activation + (rc.norm ? 0 : norms / 2), recompute_comm += tp_layer / 2;
     else if (rc.act) recompute_compute += activation;
   }
-  const double bwd_compute = 2 * gemms + attn_bwd + 2 * pointwise + recompute_compute;
+  const double bwd_compute = 2 * gemms + attn_bwd + pointwise_b + recompute_compute;
   const double fwd_layer = fwd_compute + tp_layer + cp_layer + std::max(0.0, cp_hidden - attn_fwd);
   // Under SP the column-wise Linears (qkv, fc1) gather their saved input shard again in backward
   // (nn/linear.hpp): two more all-gathers, exposed like every TP collective here (the backward
@@ -481,7 +530,7 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
     const double counts = coll(CollectiveKind::all_to_all, "ep", p.ep, 8 * double(p.ep) * moe.local);
     const double gather = p.tp > 1 && p.sp ? coll(CollectiveKind::all_gather, "tp", p.tp, act) : 0;
     const double moe_f = router + experts + gelu + rows;
-    moe.fwd_compute = attn_gemms + attn_fwd + pointwise + moe_f;
+    moe.fwd_compute = attn_gemms + attn_fwd + moe_pointwise + moe_f;
     moe.a2a_f = counts + 2 * a2a_v;
     moe.a2a_b = 2 * a2a_v;
     // Full recomputation runs the block's forward again, its collectives included; selective the
@@ -489,7 +538,8 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
     if (full) moe.recompute = moe.fwd_compute, moe.recompute_tp = tp_half + gather, moe.recompute_cp = cp_layer;
     else if (rc.core_attn) moe.recompute = attn_fwd, moe.recompute_cp = cp_layer + std::max(0.0, cp_hidden - attn_fwd);
     const double recompute_a2a = full ? moe.a2a_f : 0;
-    moe.bwd_compute = 2 * attn_gemms + attn_bwd + 2 * pointwise + 2 * (router + experts) + 2.5 * gelu + rows + grads + moe.recompute;
+    moe.bwd_compute = 2 * attn_gemms + attn_bwd + moe_pointwise_b + 2 * (router + experts) + 2.5 * gelu + rows + grads +
+                      moe.recompute;
     moe.tp = 2 * tp_half + 2 * gather + regather_one + moe.recompute_tp;
     moe.fwd = moe.fwd_compute + tp_half + gather + cp_layer + std::max(0.0, cp_hidden - attn_fwd) + moe.a2a_f;
     moe.bwd = moe.bwd_compute + tp_half + gather + regather_one + cp_layer + moe.recompute_tp + moe.recompute_cp +
@@ -505,29 +555,93 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   const double dense_params = m.params() - double(m.moe_layers()) * double(m.experts) * m.expert_params();
   const double rank_params = dense_params / (double(p.pp) * t);
   const double expert_params = is_moe ? moe_share * layers_per_rank * moe.local * m.expert_params() : 0;
-  // ZeRO-3: every unit gathered each micro-batch forward and backward, prefetched behind compute.
-  const double gather =
-      p.zero == 3 && zero_shards > 1 ? coll(CollectiveKind::all_gather, zero_group, zero_shards, 4 * rank_params) / layers_per_rank : 0;
-  AnalyticEstimate a;
-  const double per_layer_f = fwd_layer + std::max(0.0, gather - fwd_compute);
-  const double per_layer_b = bwd_layer + std::max(0.0, gather - bwd_compute);
   // The slowest pipeline rank: the last (its layers and the head; uneven splits round up); of
   // its layers, a MoE model's share are MoE blocks (rounded up).
   const double layers_max = std::ceil(layers_per_rank);
   const double moe_max = is_moe ? std::min(layers_max, std::ceil(layers_max * moe_share)) : 0, dense_max = layers_max - moe_max;
-  const double moe_f = moe.fwd + std::max(0.0, gather - moe.fwd_compute), moe_b = moe.bwd + std::max(0.0, gather - moe.bwd_compute);
-  a.forward = dense_max * per_layer_f + moe_max * moe_f + head + send * v;
-  a.backward = dense_max * per_layer_b + moe_max * moe_b + 2 * head + send * v;
-  a.compute_per_microbatch = dense_max * (fwd_compute + bwd_compute) + moe_max * (moe.fwd_compute + moe.bwd_compute) + 3 * head;
+  // The parameters of the first and the last pipeline rank as fully_shard's units hold them (one
+  // per block, the embedding's, the head's with the final norm; at pp 1 one rank has all):
+  // the Linears' weights and column-wise biases split over tp, the norms, row-wise biases and
+  // GPT's learned positions whole on every tp rank (their gradients also summed over "tp"
+  // under SP). A MoE model's units: the dense parameters split evenly (rank_params).
+  const double block_sharded =
+      (m.llama ? h * (h + 2 * kvd) + h * h + 3 * h * f : h * (h + 2 * kvd) + h * h + 2 * h * f + (h + 2 * kvd) + f) / t;
+  const double block_whole = m.llama ? 2 * h : 6 * h;
+  const double block_unit = is_moe ? rank_params / std::max(1.0, layers_per_rank) : block_sharded + block_whole;
+  const double embedding_unit = is_moe ? 0 : double(m.vocab) * h / t + (m.llama ? 0 : s * h);
+  const double head_unit = is_moe ? 0 : double(m.vocab) * h / t + (m.llama ? h : 2 * h);
+  struct RankUnits {
+    double blocks = 0, first = 0, last = 0, whole = 0;  // units' parameters; `whole`: those not split over tp
+    double params() const { return blocks + first + last; }
+  };
+  const double whole_blocks = is_moe ? 0 : layers_max * block_whole;
+  // One rank holds both ends at pp 1 and under the V schedules (ZB-V, DualPipeV: pipeline rank
+  // 0 runs the first stage and the last).
+  const bool both_ends = p.pp == 1 || p.schedule == "zbv" || p.schedule == "dualpipev";
+  const RankUnits first_rank{layers_max * block_unit, embedding_unit, both_ends ? head_unit : 0,
+                             whole_blocks + (m.llama ? 0 : s * h) + (both_ends ? (m.llama ? h : 2 * h) : 0)};
+  const RankUnits last_rank{layers_max * block_unit, both_ends ? embedding_unit : 0, head_unit,
+                            whole_blocks + (both_ends && !m.llama ? s * h : 0) + (m.llama ? h : 2 * h)};
+  // A collective per unit, `per_param` bytes per parameter: a collective's time is its
+  // latency term plus its bytes over the bandwidth, so the units' sum is one collective of all
+  // their bytes plus the latency term of each other unit (that of an empty buffer).
+  auto per_unit = [&](const RankUnits& r, CollectiveKind k, const char* group, int size, double per_param) {
+    const double units = layers_max + (r.first > 0 ? 1 : 0) + (r.last > 0 ? 1 : 0);
+    return coll(k, group, size, per_param * r.params()) + (units - 1) * coll(k, group, size, 0);
+  };
+  const RankUnits& slow_rank = last_rank;  // the one whose micro-batch work is modelled
+  const double slow_params = is_moe ? rank_params : slow_rank.params();
+  const double slow_shard = p.zero >= 1 ? slow_params / zero_shards : slow_params;
+  // The head's and the embedding's memory-bound passes: the final norm, the vocab-parallel
+  // cross-entropy's passes over the logits (max, sum of exponentials; backward reads and writes
+  // them), the embedding's lookup (GPT: the positions and their add); the tensor-parallel
+  // collectives at the ends of the blocks under SP: the final norm's output gathered to the head
+  // (its gradient reduce-scattered back, and the head's saved input gathered again), the loss's
+  // three small all-reduces, the embedding's output reduce-scattered (its gradient gathered).
+  const double logits = n * double(m.vocab) / t;
+  double head_pw_f = 2 * xs + 2 * logits, head_pw_b = 3 * xs + 4 * logits;
+  const double tp_on = p.tp > 1 && p.sp ? 1 : 0;
+  const double tp_ag = tp_on ? coll(CollectiveKind::all_gather, "tp", p.tp, act) : 0;
+  const double tp_rs = tp_on ? coll(CollectiveKind::reduce_scatter, "tp", p.tp, act) : 0;
+  const double loss_ar = p.tp > 1 ? 3 * coll(CollectiveKind::all_reduce, "tp", p.tp, 4 * n) : 0;
+  double edge_tp_f = tp_ag + loss_ar, edge_tp_b = tp_ag + tp_rs;
+  if (both_ends) {
+    head_pw_f += 2 * n * h + (m.llama ? 0 : 2 * xs + 3 * xs);
+    head_pw_b += 3 * n * h + (m.llama ? 0 : 3 * xs);
+    edge_tp_f += tp_rs, edge_tp_b += tp_ag;
+  }
+  const double head_f = head + memory_bound(e * head_pw_f), head_b = 2 * head + memory_bound(e * head_pw_b);
+  // Per micro-batch, the parameters' passes a backward makes (the meta records of fully_shard's
+  // units): each gradient accumulated in T (read two, write one); under mixed precision (ZeRO,
+  // and DDP's fp32 master) cast to fp32 for the reduction (read e, write 4), under HSDP the shard
+  // cast back; ZeRO-3: the fp32 shard cast to T before each gather (forward and backward) and the
+  // reduced shard added to the fp32 gradient shard.
+  const bool mixed = p.zero >= 1 && e == 2;
+  double param_pass_f = 0, param_pass_b = 3 * e * slow_params + (mixed ? 6 * slow_params : 0) +
+                                          (mixed && p.hsdp > 1 ? 6 * slow_shard : 0);
+  if (p.zero == 3) param_pass_f += 6 * slow_shard, param_pass_b += 6 * slow_shard + 12 * slow_shard;
+  const double params_f = is_moe ? 0 : memory_bound(param_pass_f), params_b = is_moe ? 0 : memory_bound(param_pass_b);
+  // ZeRO-3: every unit gathered in T each micro-batch, forward and backward, prefetched behind
+  // that phase's compute (exposed past it, as sim::comm_role has it).
+  const double gather =
+      p.zero == 3 && zero_shards > 1 ? per_unit(slow_rank, CollectiveKind::all_gather, zero_group, zero_shards, e) : 0;
+  AnalyticEstimate a;
+  const double fwd_phase_compute = dense_max * fwd_compute + moe_max * moe.fwd_compute + head_f + params_f;
+  const double bwd_phase_compute = dense_max * bwd_compute + moe_max * moe.bwd_compute + head_b + params_b;
+  const double gather_f = std::max(0.0, gather - fwd_phase_compute),
+               gather_b = std::max(0.0, gather - bwd_phase_compute);
+  a.forward = dense_max * fwd_layer + moe_max * moe.fwd + head_f + params_f + edge_tp_f + gather_f + send * v;
+  a.backward = dense_max * bwd_layer + moe_max * moe.bwd + head_b + params_b + edge_tp_b + gather_b + send * v;
+  a.compute_per_microbatch = fwd_phase_compute + bwd_phase_compute;
   a.recompute_seconds = mb * (dense_max * recompute_compute + moe_max * moe.recompute);
   const double tp_recompute = full ? tp_layer : rc.mlp ? tp_layer / 2 : 0;
-  a.tp_seconds = mb * (dense_max * (2 * tp_layer + tp_regather + tp_recompute) + moe_max * moe.tp);
+  a.tp_seconds =
+      mb * (dense_max * (2 * tp_layer + tp_regather + tp_recompute) + moe_max * moe.tp + edge_tp_f + edge_tp_b);
   a.ep_seconds = mb * moe_max * (moe.a2a_f + moe.a2a_b + (full ? moe.a2a_f : 0));
   a.cp_seconds = mb * layers_max * (2 * cp_layer + std::max(0.0, cp_hidden - attn_fwd) + std::max(0.0, 2 * cp_hidden - attn_bwd)) +
                  mb * (dense_max * (recompute_comm - tp_recompute) + moe_max * moe.recompute_cp);
   a.pp_seconds = mb * 2 * send * v;
-  a.gather_seconds = mb * (dense_max * (std::max(0.0, gather - fwd_compute) + std::max(0.0, gather - bwd_compute)) +
-                           moe_max * (std::max(0.0, gather - moe.fwd_compute) + std::max(0.0, gather - moe.bwd_compute)));
+  a.gather_seconds = mb * (gather_f + gather_b);
   const double per_microbatch = a.forward + a.backward;
   // Saved bytes per layer, in units of n h bytes at bf16 (docs/dry-run.md's tables: GPT's terms,
   // Llama's too; under SP every saved value is this rank's 1/t, the column-wise Linears' inputs
@@ -565,46 +679,16 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
                                        e * moe.received * 2 * (h + double(m.expert_width()))
                                  : 0;
   const double wctx_stage = layers_per_rank * ((1 - moe_share) * wctx_dense + moe_share * wctx_moe) / v;
-  if (p.zero_bubble() && p.pp > 1) {
-    const double w = std::min(a.backward, dense_max * gemms + moe_max * moe.w_gemms + head);
-    const auto bubble = detail::zero_bubble_pipeline(p.schedule, p.pp, mb, a.forward, a.backward - w, w);
-    a.bubble_seconds = bubble.idle;
-    a.pipeline_seconds = mb * per_microbatch + bubble.idle;
+  const bool zero_bubble = p.zero_bubble() && p.pp > 1;
+  if (zero_bubble) {
     const auto ctx = detail::zero_bubble_held(p.schedule, p.pp, mb, saved_stage > 0 ? wctx_stage / saved_stage : 0);
     a.weight_contexts = ctx.contexts * wctx_stage;
     a.activations_in_flight = ctx.held * saved_stage + a.weight_contexts;
   } else {
-    a.pipeline_seconds = (mb + double(p.pp - 1) / v) * per_microbatch;
-    a.bubble_seconds = double(p.pp - 1) / v * per_microbatch;
     // Stage-micro-batches the first pipeline rank holds at most (pipeline::validate's count).
     const double held = p.pp == 1 ? v : std::min(double(mb) * v, double(p.pp) * v + (v > 1 ? p.pp : 0));
     a.activations_in_flight = held * saved_stage;
   }
-  // Once per step: the gradient reduction (fp32 reduce-scatter under ZeRO, bf16 all-reduce
-  // under DDP; HSDP: then an all-reduce of the shard over the replicas; a MoE model's experts:
-  // an all-reduce in T on "edp", under ZeRO too) behind the last backward, the optimizer
-  // (memory-bound), ZeRO's parameter sync.
-  double reduction = 0;
-  if (p.dp > 1 || zero_shards > 1) {
-    reduction = p.zero >= 1 ? coll(CollectiveKind::reduce_scatter, zero_group, zero_shards, 4 * rank_params)
-                            : coll(CollectiveKind::all_reduce, "dp", p.dp, e * rank_params);
-    if (p.hsdp > 1) reduction += coll(CollectiveKind::all_reduce, "rep", p.hsdp, 4 * rank_params / zero_shards);
-    if ((p.zero == 1 || p.zero == 2) && zero_shards > 1)
-      a.parameter_sync = coll(CollectiveKind::all_gather, zero_group, zero_shards, e * rank_params);
-  }
-  if (is_moe && edp > 1) reduction += coll(CollectiveKind::all_reduce, "edp", edp, e * expert_params);
-  if (reduction > 0) {
-    // Behind the last micro-batch's backward *compute*, as the dry run's estimate hides it
-    // (sim::comm_role): its exposed TP collectives do not hide the reduction.
-    const double backward_compute = (dense_max * bwd_compute + moe_max * moe.bwd_compute + 2 * head) / v;
-    a.gradient_reduction = p.overlap_gradient_reduction ? std::max(0.0, reduction - backward_compute) : reduction;
-  }
-  const double shard = p.zero >= 1 ? rank_params / zero_shards : rank_params;
-  a.optimizer = op_seconds({"adamw_update", std::int64_t(12 * shard), std::int64_t((p.zero >= 1 ? 36 : 5 * e) * shard), 0}, hw, cal);
-  // The experts' AdamW in T (the meta record: read value, gradient and moments, write three: 7 e
-  // per parameter) and the clip's sum of squares over their gradients (e).
-  if (is_moe) a.optimizer += op_seconds({"adamw_update", std::int64_t(12 * expert_params), std::int64_t(8 * e * expert_params), 0}, hw, cal);
-  a.step_seconds = a.pipeline_seconds + a.gradient_reduction + a.optimizer + a.parameter_sync;
   // Memory of the first pipeline rank (the most micro-batches in flight) and the last's logits.
   if (p.zero == 0) a.model_states = rank_params * (e + e + 2 * e);  // values, gradients, AdamW moments in T
   else {
@@ -620,6 +704,62 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   a.memory_bytes = a.model_states + a.activations + a.logits;
   a.fits = fits(a.memory_bytes, hw);
   a.model_flops = m.model_flops_per_token() * double(p.batch) * s;
+  if (!a.fits && !time_when_unfit) return a;
+  if (zero_bubble) {
+    const double w = std::min(a.backward, dense_max * gemms + moe_max * moe.w_gemms + head);
+    const auto bubble = detail::zero_bubble_pipeline(p.schedule, p.pp, mb, a.forward, a.backward - w, w);
+    a.bubble_seconds = bubble.idle;
+    a.pipeline_seconds = mb * per_microbatch + bubble.idle;
+  } else {
+    a.pipeline_seconds = (mb + double(p.pp - 1) / v) * per_microbatch;
+    a.bubble_seconds = double(p.pp - 1) / v * per_microbatch;
+  }
+  // Once per step, per unit: the gradient reduction (fp32 reduce-scatter under ZeRO, an
+  // all-reduce in T under DDP; HSDP: then an all-reduce of the shard over the replicas; a MoE
+  // model's experts: an all-reduce in T on "edp", under ZeRO too) behind the last backward's
+  // compute, ZeRO-1/2's parameter sync (an all-gather in T), the optimizer: AdamW on the fp32
+  // shard (read value, moments and gradient, write three), the clip's sum of squares, the shard
+  // cast to T after the step and, before the next, into the units' flat buffers (ZeRO-1/2 and
+  // DDP's fp32 master); under SP the whole parameters' gradients summed over "tp"; the clip's
+  // two all-reduces of a norm (over the stage's ranks and over "pp"). Each of the first and
+  // the last pipeline rank ends its schedule at about the same time; the step is the later.
+  const double backward_compute = bwd_phase_compute / v;  // the last micro-batch's last stage
+  auto once_per_step = [&](const RankUnits& r, double& exposed_reduction, double& sync, double& optimizer) {
+    const double params = is_moe ? rank_params : r.params();
+    const double shard = p.zero >= 1 ? params / zero_shards : params;
+    double reduction = 0;
+    sync = 0;
+    if (p.dp > 1 || zero_shards > 1) {
+      reduction = p.zero >= 1 ? per_unit(r, CollectiveKind::reduce_scatter, zero_group, zero_shards, 4)
+                              : per_unit(r, CollectiveKind::all_reduce, "dp", p.dp, e);
+      if (p.hsdp > 1) reduction += per_unit(r, CollectiveKind::all_reduce, "rep", p.hsdp, 4.0 / zero_shards);
+      if ((p.zero == 1 || p.zero == 2) && zero_shards > 1)
+        sync = per_unit(r, CollectiveKind::all_gather, zero_group, zero_shards, e);
+    }
+    if (is_moe && edp > 1) reduction += coll(CollectiveKind::all_reduce, "edp", edp, e * expert_params);
+    exposed_reduction = p.overlap_gradient_reduction ? std::max(0.0, reduction - backward_compute) : reduction;
+    optimizer = p.zero >= 1
+                    ? op_seconds({"adamw_update", std::int64_t(12 * shard), std::int64_t(28 * shard), 0}, hw, cal) +
+                          memory_bound(4 * shard + (mixed && p.zero < 3 ? 12 * shard : 0))
+                    : op_seconds({"adamw_update", std::int64_t(12 * shard), std::int64_t(7 * e * shard), 0}, hw, cal) +
+                          memory_bound(e * shard);
+    // The experts' AdamW in T (the meta record: read value, gradient and moments, write three: 7 e
+    // per parameter) and the clip's sum of squares over their gradients (e).
+    if (is_moe)
+      optimizer += op_seconds(
+          {"adamw_update", std::int64_t(12 * expert_params), std::int64_t(8 * e * expert_params), 0}, hw, cal);
+    if (tp_on > 0 && !is_moe) optimizer += coll(CollectiveKind::all_reduce, "tp", p.tp, 4 * r.whole);
+    optimizer += coll(CollectiveKind::all_reduce, "rep*dp*cp*tp", p.dp * p.cp * p.tp, 8) +
+                 coll(CollectiveKind::all_reduce, "pp", p.pp, 8);
+  };
+  once_per_step(last_rank, a.gradient_reduction, a.parameter_sync, a.optimizer);
+  if (!both_ends) {  // (else the first rank is the last)
+    double first_reduction = 0, first_sync = 0, first_optimizer = 0;
+    once_per_step(first_rank, first_reduction, first_sync, first_optimizer);
+    if (first_reduction + first_sync + first_optimizer > a.gradient_reduction + a.parameter_sync + a.optimizer)
+      a.gradient_reduction = first_reduction, a.parameter_sync = first_sync, a.optimizer = first_optimizer;
+  }
+  a.step_seconds = a.pipeline_seconds + a.gradient_reduction + a.optimizer + a.parameter_sync;
   a.tokens_per_second = double(p.batch) * s / a.step_seconds;
   a.mfu = a.model_flops / a.step_seconds / (double(p.gpus()) * hw.peak_flops());
   return a;

@@ -83,8 +83,8 @@ struct Calibration {
   // Fitted (grid in sim::CalibrationGrid): the largest GEMMs' fraction of peak, within the range
   // cuBLAS reaches for large bf16 GEMMs, and the intensity (FLOP per byte moved) at which a GEMM
   // reaches half of it (small and skinny GEMMs reach less).
-  double gemm_max_fraction = 0.79;
-  double gemm_half_intensity = 20;
+  double gemm_max_fraction = 0.84;
+  double gemm_half_intensity = 50;
   // Measured, not fitted: fused attention forward and backward of the bf16 peak (FlashAttention-2
   // 0.34 and cuDNN 0.53 forward at 8K, head dim 128, on an H100: the FlashAttention-3 paper;
   // backward below forward); memory-bound kernels' fraction of HBM bandwidth (copy bandwidth);

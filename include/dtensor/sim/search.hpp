@@ -213,7 +213,7 @@ inline SearchResult search_space(const ModelShape& m, const SearchSpace& space, 
                                   .hsdp = hsdp, .schedule = sched.name, .stages_per_rank = sched.v, .cp_kind = cp_kind,
                                   .bf16 = space.bf16, .bf16_moments = space.bf16_moments};
                       ++considered;
-                      auto est = analytic_estimate(m, p, hw, cal);
+                      auto est = analytic_estimate(m, p, hw, cal, space.keep_unfit);
                       if (est.fits) fitting.push_back(rc);
                       if (est.fits || space.keep_unfit) out.push_back({std::move(p), est});
                     }
