@@ -124,8 +124,13 @@ class FullyShard {
           detail::convert_across<Space, StateSpace>(u->group->values_storage().first(u->shard_size()),
                                                     std::span<const M>(u->master.span()));
     } else if (g_.options.stage != 3) {
-      for (std::size_t u = 0; u < g_.units.size(); ++u) detail::fsdp::issue_gather(g_, u, false);
-      for (auto& u : g_.units) detail::fsdp::wait_gather(g_, *u);
+      // Two in flight at a time: unit u + 1's all-gather issued before unit u's is waited for, so
+      // the send buffers staged are two units' shards, not every unit's at once.
+      for (std::size_t u = 0; u < g_.units.size(); ++u) {
+        detail::fsdp::issue_gather(g_, u, false);
+        if (u > 0) detail::fsdp::wait_gather(g_, *g_.units[u - 1]);
+      }
+      if (!g_.units.empty()) detail::fsdp::wait_gather(g_, *g_.units.back());
     }
     for (auto& f : g_.offloaded) {
       f.map.write_behind();
