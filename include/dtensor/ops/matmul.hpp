@@ -31,6 +31,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <utility>
 
 #include "dtensor/kernels/matmul.hpp"
 #include "dtensor/ops/common.hpp"
@@ -72,6 +73,24 @@ auto matmul_shape(const char* op, const Mesh& mesh, const Shape<RA>& a, const Sh
   return out;
 }
 
+/// What every form of matmul checks (the element types, the contracted groups, the layout rule,
+/// the mesh, the extents) and the shapes it computes: {the global result's, this rank's piece's}.
+template <fixed_string Op, bool TA, bool TB, FloatDTensor A, FloatDTensor B>
+auto matmul_shapes(const A& a, const B& b) {
+  constexpr std::size_t RA = A::rank, RB = B::rank;
+  constexpr rules::Matmul mm{int(RA), int(RB), TA, TB};
+  static_assert(std::is_same_v<typename A::value_type, typename B::value_type>,
+                "matmul: the operands must have the same element type");
+  static_assert(mm.valid(),
+                "matmul: the contracted groups of op(a) and op(b) must have the same number of "
+                "dimensions (a rank-2 b contracts one dimension of a: use TA = false for a of rank > 2)");
+  require_same_mesh_type<A, B>();
+  require_rule<Op, mm, typename A::mesh_type, typename A::layout, typename B::layout>();
+  check_same_mesh(Op.data, a, b);
+  return std::pair{matmul_shape<TA, TB>(Op.data, a.mesh(), a.shape(), b.shape()),
+                   matmul_shape<TA, TB>(Op.data, a.mesh(), a.to_local().shape(), b.to_local().shape())};
+}
+
 }  // namespace detail
 
 /// op(a) op(b) with leading dimensions flattened into rows (see the synopsis). No communication.
@@ -79,23 +98,12 @@ template <bool TA = false, bool TB = false, FloatDTensor A, FloatDTensor B>
 auto matmul(const A& a, const B& b) {
   using T = typename A::value_type;
   constexpr std::size_t RA = A::rank, RB = B::rank;
-  constexpr rules::Matmul mm{int(RA), int(RB), TA, TB};
-  static_assert(std::is_same_v<T, typename B::value_type>, "matmul: the operands must have the same element type");
-  static_assert(mm.valid(), "matmul: the contracted groups of op(a) and op(b) must have the same number of "
-                            "dimensions (a rank-2 b contracts one dimension of a: use TA = false for a of rank > 2)");
-  detail::require_same_mesh_type<A, B>();
-  detail::require_rule<"matmul", mm, typename A::mesh_type, typename A::layout, typename B::layout>();
   using L = rules::matmul_t<typename A::layout, typename B::layout, TA, TB, RA, RB>;
   constexpr std::size_t RO = rules::matmul_rank<RA, RB, TA, TB>;
-
-  detail::check_same_mesh("matmul", a, b);
-  const auto global = detail::matmul_shape<TA, TB>("matmul", a.mesh(), a.shape(), b.shape());
-  const auto& al = a.to_local();
-  const auto& bl = b.to_local();
-  const auto local_shape = detail::matmul_shape<TA, TB>("matmul", a.mesh(), al.shape(), bl.shape());
+  const auto [global, local_shape] = detail::matmul_shapes<"matmul", TA, TB>(a, b);
   // Each operand is the matrix [its leading extents flattened, its last extent] (no copy).
   auto c = Tensor<T, RO, typename A::space>::uninitialized(local_shape);
-  kernels::matmul_rows_into(c, al, bl, TA, TB);
+  kernels::matmul_rows_into(c, a.to_local(), b.to_local(), TA, TB);
   return detail::make<T, RO, L>(a.mesh(), global, std::move(c));
 }
 

@@ -59,20 +59,11 @@ template <kernels::host::Fp8Element FA, kernels::host::Fp8Element FB, bool TA = 
 auto matmul_fp8(const A& a, float sa, const B& b, float sb) {
   using T = typename A::value_type;
   constexpr std::size_t RA = A::rank, RB = B::rank;
-  constexpr rules::Matmul mm{int(RA), int(RB), TA, TB};
-  static_assert(std::is_same_v<T, typename B::value_type>, "matmul_fp8: the operands must have the same element type");
-  static_assert(mm.valid(),
-                "matmul_fp8: the contracted groups of op(a) and op(b) must have the same number of dimensions");
-  detail::require_same_mesh_type<A, B>();
-  detail::require_rule<"matmul_fp8", mm, typename A::mesh_type, typename A::layout, typename B::layout>();
   using L = rules::matmul_t<typename A::layout, typename B::layout, TA, TB, RA, RB>;
   constexpr std::size_t RO = rules::matmul_rank<RA, RB, TA, TB>;
-
-  detail::check_same_mesh("matmul_fp8", a, b);
-  const auto global = detail::matmul_shape<TA, TB>("matmul_fp8", a.mesh(), a.shape(), b.shape());
+  const auto [global, local_shape] = detail::matmul_shapes<"matmul_fp8", TA, TB>(a, b);
   const auto& al = a.to_local();
   const auto& bl = b.to_local();
-  const auto local_shape = detail::matmul_shape<TA, TB>("matmul_fp8", a.mesh(), al.shape(), bl.shape());
   if constexpr (std::is_same_v<typename A::space, host_space>) {
     dtensor::detail::check(std::isfinite(sa) && sa > 0 && std::isfinite(sb) && sb > 0, "matmul_fp8", a.mesh(),
                            "scales ", sa, ", ", sb, " are not finite and > 0 (a ", to_string(a.shape()), ", b ",
