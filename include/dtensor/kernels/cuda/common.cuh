@@ -48,27 +48,43 @@ inline void check_cublas(cublasStatus_t s, const char* call, const char* file, i
                 Error::no_rank, int(s));
 }
 
+/// One resource per thread and device (ranks of cuda_threads are threads): made on first use,
+/// made again when the thread's current device changes, destroyed when the thread ends. Each
+/// caller's lambdas make it a holder of its own (the cuBLAS and cuBLASLt handles, a workspace).
+template <class Make, class Destroy>
+auto per_thread_device(Make make, Destroy destroy) {
+  using R = decltype(make());
+  struct Held {
+    R r{};
+    int device = -1;
+    ~Held() {
+      if (r) Destroy{}(r);
+    }
+  };
+  thread_local Held held;
+  int dev = 0;
+  DTENSOR_CUDA_CHECK(cudaGetDevice(&dev));
+  if (!held.r || held.device != dev) {
+    if (held.r) destroy(held.r);
+    held.r = R{};
+    held.r = make();
+    held.device = dev;
+  }
+  return held.r;
+}
+
 /// This thread's cuBLAS handle (created on first use, one per thread and device: ranks of
 /// cuda_threads are threads), bound to the current stream before every call.
 inline cublasHandle_t blas() {
-  struct Handle {
-    cublasHandle_t h = nullptr;
-    int device = -1;
-    ~Handle() {
-      if (h) cublasDestroy(h);
-    }
-  };
-  thread_local Handle handle;
-  int dev = 0;
-  DTENSOR_CUDA_CHECK(cudaGetDevice(&dev));
-  if (!handle.h || handle.device != dev) {
-    if (handle.h) cublasDestroy(handle.h);
-    handle.h = nullptr;
-    check_cublas(cublasCreate(&handle.h), "cublasCreate", __FILE__, __LINE__);
-    handle.device = dev;
-  }
-  check_cublas(cublasSetStream(handle.h, dtensor::cuda::current_stream()), "cublasSetStream", __FILE__, __LINE__);
-  return handle.h;
+  cublasHandle_t h = per_thread_device(
+      [] {
+        cublasHandle_t made = nullptr;
+        check_cublas(cublasCreate(&made), "cublasCreate", __FILE__, __LINE__);
+        return made;
+      },
+      [](cublasHandle_t old) { cublasDestroy(old); });
+  check_cublas(cublasSetStream(h, dtensor::cuda::current_stream()), "cublasSetStream", __FILE__, __LINE__);
+  return h;
 }
 
 inline cudaStream_t stream() { return dtensor::cuda::current_stream(); }

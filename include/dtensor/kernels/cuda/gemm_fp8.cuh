@@ -47,45 +47,25 @@ inline constexpr __nv_fp8_interpretation_t fp8_interpretation = std::is_same_v<F
 
 /// This thread's cuBLASLt handle (one per thread and device, as blas()).
 inline cublasLtHandle_t blas_lt() {
-  struct Handle {
-    cublasLtHandle_t h = nullptr;
-    int device = -1;
-    ~Handle() {
-      if (h) cublasLtDestroy(h);
-    }
-  };
-  thread_local Handle handle;
-  int dev = 0;
-  DTENSOR_CUDA_CHECK(cudaGetDevice(&dev));
-  if (!handle.h || handle.device != dev) {
-    if (handle.h) cublasLtDestroy(handle.h);
-    handle.h = nullptr;
-    DTENSOR_CUBLAS_CHECK(cublasLtCreate(&handle.h));
-    handle.device = dev;
-  }
-  return handle.h;
+  return per_thread_device(
+      [] {
+        cublasLtHandle_t made = nullptr;
+        DTENSOR_CUBLAS_CHECK(cublasLtCreate(&made));
+        return made;
+      },
+      [](cublasLtHandle_t old) { cublasLtDestroy(old); });
 }
 
 /// A cuBLASLt workspace of this thread and device (32 MiB, NVIDIA's recommendation for Hopper).
 inline constexpr std::size_t lt_workspace_bytes = std::size_t(32) << 20;
 inline void* lt_workspace() {
-  struct Buffer {
-    void* p = nullptr;
-    int device = -1;
-    ~Buffer() {
-      if (p) cudaFree(p);
-    }
-  };
-  thread_local Buffer buf;
-  int dev = 0;
-  DTENSOR_CUDA_CHECK(cudaGetDevice(&dev));
-  if (!buf.p || buf.device != dev) {
-    if (buf.p) cudaFree(buf.p);
-    buf.p = nullptr;
-    DTENSOR_CUDA_CHECK(cudaMalloc(&buf.p, lt_workspace_bytes));
-    buf.device = dev;
-  }
-  return buf.p;
+  return per_thread_device(
+      [] {
+        void* made = nullptr;
+        DTENSOR_CUDA_CHECK(cudaMalloc(&made, lt_workspace_bytes));
+        return made;
+      },
+      [](void* old) { cudaFree(old); });
 }
 
 /// Owns the descriptors of one call (destroyed on every path, errors included).
