@@ -57,7 +57,7 @@ double time_steps(Communicator& world, Step& step) {
 
 template <bool SP>
 double timed_steps(CommPtr world, int dp, int tp, bool overlap) {
-  using Model = nn::GPT<float, Mesh, parallel::MegatronPlan<SP>>;
+  using Model = models::GPT<float, Mesh, parallel::MegatronPlan<SP>>;
   Mesh mesh(world, {dp, tp});
   Model model(mesh, {.vocab = vocab, .seq = seq, .dim = dim, .heads = heads, .layers = layers, .seed = 7});
   nn::ParamList<float, 2> ps;
@@ -101,7 +101,7 @@ void BM_gpt_step(benchmark::State& st) {
 using ShardedMesh = DeviceMesh<"dp", "fsdp", "tp">;
 
 double timed_zero3_steps(CommPtr world, int fsdp_ranks, int prefetch) {
-  using Model = nn::GPT<float, ShardedMesh>;
+  using Model = models::GPT<float, ShardedMesh>;
   ShardedMesh mesh(world, {1, fsdp_ranks, 1});
   Model model(mesh, {.vocab = vocab, .seq = seq, .dim = dim, .heads = heads, .layers = layers, .seed = 7});
   auto fsdp = parallel::fully_shard(model, mesh, {.stage = 3, .prefetch = prefetch});

@@ -129,7 +129,7 @@ void file_rw(benchmark::State& st) {
 /// memory), after one untimed step; `master_bytes`: this rank's master shard bytes.
 double zero3_step_seconds(CommPtr world, int ranks, const std::string& dir, std::size_t& master_bytes) {
   using ShardedMesh = DeviceMesh<"dp", "fsdp", "tp">;
-  using Model = nn::GPT<float, ShardedMesh>;
+  using Model = models::GPT<float, ShardedMesh>;
   ShardedMesh mesh(world, {1, ranks, 1});
   constexpr Extent vocab = 96, seq = 64, batch = 8;
   Model model(mesh, {.vocab = vocab, .seq = seq, .dim = 256, .heads = 4, .layers = 4, .seed = 7});
@@ -203,8 +203,9 @@ void activations(benchmark::State& st) {
   using GMesh = DeviceMesh<"dp", "tp">;
   threads::run(1, [&](CommPtr world) {
     GMesh mesh(world, {1, 1});
-    const nn::GPTConfig cfg{.vocab = 64, .seq = 128, .dim = 256, .heads = 8, .layers = 6, .mlp_ratio = 4, .seed = 3};
-    nn::GPT<float, GMesh> model(mesh, cfg);
+    const models::GPTConfig cfg{
+        .vocab = 64, .seq = 128, .dim = 256, .heads = 8, .layers = 6, .mlp_ratio = 4, .seed = 3};
+    models::GPT<float, GMesh> model(mesh, cfg);
     std::shared_ptr<nn::ActivationOffload> off;
     if (st.range(0) == 1) {
       off = std::make_shared<nn::ActivationOffload>(nn::ActivationOffloadOptions{.dir = offload_dir()}, world.get());
@@ -212,7 +213,7 @@ void activations(benchmark::State& st) {
     }
     Tensor<std::int32_t, 2> ids(Shape<2>{4, cfg.seq});
     for (Extent i = 0; i < ids.numel(); ++i) ids[i] = std::int32_t((i * 7) % cfg.vocab);
-    const auto x = distribute_replicated<typename nn::GPT<float, GMesh>::Ids::layout>(mesh, ids);
+    const auto x = distribute_replicated<typename models::GPT<float, GMesh>::Ids::layout>(mesh, ids);
     auto step = [&] {
       auto [loss, saved] = model.forward(x, x);
       model.backward(std::move(saved));

@@ -96,7 +96,7 @@ def fail(msg):
 
 
 def twin_parameters(m, vocab):
-    """The parameter count of train_gpt_torch.py's GPT (and nn::GPT's): token and position
+    """The parameter count of train_gpt_torch.py's GPT (and models::GPT's): token and position
     embeddings, per block two LayerNorms, qkv, proj, fc1 and fc2 with biases, the final LayerNorm,
     lm_head without bias and not tied."""
     d = m["dim"]

@@ -1,5 +1,5 @@
 // examples/plan_at_scale.cpp — a training plan for thousands of GPUs, run dry on this machine:
-// the real training step (nn::GPT or nn::Llama with parallel::MegatronPlan; pipeline stages with
+// the real training step (models::GPT or models::Llama with parallel::MegatronPlan; pipeline stages with
 // DDP, or FSDP / ZeRO-1/2/3 / HSDP; clipping; AdamW) on meta tensors over the sim communicator,
 // once per rank class (models/training_plan.hpp), then the report per class and the estimated step
 // time on H100s (docs/dry-run.md).
@@ -16,7 +16,7 @@
 //
 // What runs: one micro-batch through each pipeline rank's stages (first, middle and last stages,
 // uneven layer splits: one class each; --zero 1|2|3: FSDP inside the stages, fp32 master), or,
-// under --zero with pp 1 and cp 1, nn::GPT / nn::Llama under fully_shard. --cp splits every
+// under --zero with pp 1 and cp 1, models::GPT / models::Llama under fully_shard. --cp splits every
 // sequence (ring, all-gather-KV or Ulysses attention; load-balanced unless --no-cp-balance).
 // The pipeline schedule enters through the cost model (parallel/pipeline/simulate.hpp) and the
 // activations of the micro-batches in flight are the run's times the schedule's count.
@@ -90,8 +90,13 @@ struct Options {
   // The defaults: a small plan (GPT-2 124M's shape, bf16, DDP on one node of 8 GPUs), so that a
   // bare `plan_at_scale` runs in a moment and describes something people train; a large plan
   // is given by its flags (the examples above).
-  sim::TrainingPlan plan{.model = {.vocab = 50257, .seq = 1024, .dim = 768, .heads = 12, .layers = 12, .mlp_ratio = 4},
-                         .batch = 64, .microbatches = 1, .dp = 8, .tp = 1, .pp = 1};
+  models::TrainingPlan plan{
+      .model = {.vocab = 50257, .seq = 1024, .dim = 768, .heads = 12, .layers = 12, .mlp_ratio = 4},
+      .batch = 64,
+      .microbatches = 1,
+      .dp = 8,
+      .tp = 1,
+      .pp = 1};
   bool sp = true, llama = false, bf16 = true;
   // bf16 under DDP: fp32 master values and AdamW moments (sim::as_run; `ddp_master` when the dry
   // run runs the plan as the ZeRO-1 over one shard that holds them), unless --bf16-moments.
@@ -310,11 +315,21 @@ const examples::FlagTable<Options>& flag_table() {
 sim::ModelShape model_shape(const Options& o) {
   const auto& m = o.plan.model;
   const auto& moe = o.plan.moe;
-  return {.layers = m.layers, .dim = m.dim, .heads = m.heads, .kv_heads = m.kv_heads,
-          .ffn = m.ffn ? m.ffn : m.mlp_ratio * m.dim, .vocab = m.vocab, .seq = m.seq, .llama = o.llama,
-          .experts = moe.router.experts, .topk = moe.router.topk, .moe_every = moe.every,
-          // The experts' width as nn::MoELayers builds them: --expert-ffn, else mlp_ratio x dim.
-          .expert_ffn = moe.router.experts == 0 ? 0 : moe.hidden ? moe.hidden : m.mlp_ratio * m.dim};
+  return {.layers = m.layers,
+          .dim = m.dim,
+          .heads = m.heads,
+          .kv_heads = m.kv_heads,
+          .ffn = m.ffn ? m.ffn : m.mlp_ratio * m.dim,
+          .vocab = m.vocab,
+          .seq = m.seq,
+          .llama = o.llama,
+          .experts = moe.router.experts,
+          .topk = moe.router.topk,
+          .moe_every = moe.every,
+          // The experts' width as models::MoELayers builds them: --expert-ffn, else mlp_ratio x dim.
+          .expert_ffn = moe.router.experts == 0 ? 0
+                        : moe.hidden            ? moe.hidden
+                                                : m.mlp_ratio * m.dim};
 }
 
 Options parse(int argc, char** argv) {
@@ -386,7 +401,9 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-std::vector<sim::PlanClass> dry_run_any(const Options& o) { return examples::dry_run_any(o.plan, o.llama, o.bf16, o.sp); }
+std::vector<models::PlanClass> dry_run_any(const Options& o) {
+  return examples::dry_run_any(o.plan, o.llama, o.bf16, o.sp);
+}
 
 /// What the report says about a whole plan.
 struct PlanSummary {
@@ -404,7 +421,7 @@ struct PlanSummary {
 /// A rank class's tiers' input (sim::tier_input_of): the master apart from the values where the
 /// dry run's optimizer holds one (fully_shard<float>: ZeRO-3, or a bf16 model under ZeRO-1/2;
 /// zero 0 is AdamW straight on the parameters).
-sim::TierInput tier_input(const Options& o, const sim::PlanClass& c) {
+sim::TierInput tier_input(const Options& o, const models::PlanClass& c) {
   const bool separate_master = o.plan.zero == 3 || (o.plan.zero > 0 && o.bf16) || o.ddp_master;
   auto in = sim::tier_input_of(c.report, c.peak_in_flight, separate_master);
   if (o.tiers.offload.activations) {
@@ -412,7 +429,7 @@ sim::TierInput tier_input(const Options& o, const sim::PlanClass& c) {
     // stages in flight at the rank's peak leave saved — the dry run's forward measures one
     // micro-batch on one stage (saved_per_stage) — over their blocks.
     const auto& p = o.plan;
-    const int stages = p.pipelined() ? p.pp * sim::plan_schedule(p).layout.stages_per_rank : 1;
+    const int stages = p.pipelined() ? p.pp * models::plan_schedule(p).layout.stages_per_rank : 1;
     const int per_stage = int((p.model.layers + stages - 1) / stages);
     const double held = c.held_at_peak > 0 ? c.held_at_peak : double(c.in_flight);
     in.saved_activations = std::min(in.activations_peak, held * double(c.saved_per_stage));
@@ -421,7 +438,7 @@ sim::TierInput tier_input(const Options& o, const sim::PlanClass& c) {
   return in;
 }
 
-PlanSummary summarize(const Options& o, const std::vector<sim::PlanClass>& classes) {
+PlanSummary summarize(const Options& o, const std::vector<models::PlanClass>& classes) {
   const auto& p = o.plan;
   PlanSummary r;
   const auto score = examples::dry_score(p, classes, o.hardware);  // what --search ranks by (plan_rescore.hpp)
@@ -477,7 +494,7 @@ std::string json_string(const std::string& v) {
   return out + "\"";
 }
 
-void print_json(const Options& o, const std::vector<sim::PlanClass>& classes, const PlanSummary& r, double seconds) {
+void print_json(const Options& o, const std::vector<models::PlanClass>& classes, const PlanSummary& r, double seconds) {
   const auto& p = o.plan;
   std::vector<std::string> missing;  // "field":"why" of every null
   const auto num = [&](double x, const std::string& field) { return json_number(x, field.c_str(), missing); };
@@ -560,7 +577,7 @@ void print_header(const Options& o) {
 /// --sync-table: the slowest class's gradient reduction (what DDP all-reduces on the data
 /// dimension, E elements) priced per strategy by parallel::sync::sync_step_cost from DDP's times
 /// in this dry run: the step is the plan's, less DDP's exposed reduction, plus the strategy's.
-void print_sync_table(const Options& o, const std::vector<sim::PlanClass>& classes, const PlanSummary& r) {
+void print_sync_table(const Options& o, const std::vector<models::PlanClass>& classes, const PlanSummary& r) {
   using parallel::sync::SyncKind;
   const std::size_t slowest = r.estimate.slowest;
   const auto& report = classes[slowest].report;
@@ -613,7 +630,7 @@ void print_sync_table(const Options& o, const std::vector<sim::PlanClass>& class
 }
 
 /// --offload: each rank class's tiers and transfers, and how much of them the step's compute hides.
-void print_offload(const Options& o, const std::vector<sim::PlanClass>& classes, const PlanSummary& r) {
+void print_offload(const Options& o, const std::vector<models::PlanClass>& classes, const PlanSummary& r) {
   const auto& t = o.tiers;
   std::printf("\noffload %s (sim/offload_tiers.hpp; disk %.3g GB/s and PCIe %.3g GB/s per rank%s):\n",
               t.offload.to_string().c_str(), t.disk_bytes_per_second / 1e9, t.pcie_bytes_per_second / 1e9,
@@ -645,7 +662,7 @@ int run_plan(const Options& o) {
                   (long long)p.micro_batch(), p.dp, (long long)(p.dp - p.micro_batch()));
   }
   const auto started = std::chrono::steady_clock::now();
-  const std::vector<sim::PlanClass> classes = dry_run_any(o);
+  const std::vector<models::PlanClass> classes = dry_run_any(o);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   const PlanSummary r = summarize(o, classes);
   if (o.json) print_json(o, classes, r, seconds);

@@ -8,26 +8,36 @@
 
 namespace examples {
 
-std::vector<dtensor::sim::PlanClass> dry_run_any(const dtensor::sim::TrainingPlan& p, bool llama, bool bf16, bool sp) {
+std::vector<dtensor::models::PlanClass> dry_run_any(const dtensor::models::TrainingPlan& p, bool llama, bool bf16,
+                                                    bool sp) {
   namespace sim = dtensor::sim;
-  namespace nn = dtensor::nn;
+  namespace models = dtensor::models;
   using ExpertMesh = dtensor::MetaMesh<"edp", "ep", "tp">;
   using bf = dtensor::bfloat16;
   auto run = [&]<class T, class Layers>() {
-    return sp ? sim::dry_run_plan<T, Layers, true>(p) : sim::dry_run_plan<T, Layers, false>(p);
+    return sp ? models::dry_run_plan<T, Layers, true>(p) : models::dry_run_plan<T, Layers, false>(p);
   };
-  if (llama) return bf16 ? run.template operator()<bf, nn::LlamaLayers>() : run.template operator()<float, nn::LlamaLayers>();
+  if (llama)
+    return bf16 ? run.template operator()<bf, models::LlamaLayers>()
+                : run.template operator()<float, models::LlamaLayers>();
   if (p.has_experts())
-    return bf16 ? run.template operator()<bf, nn::MoELayers<bf, ExpertMesh>>()
-                : run.template operator()<float, nn::MoELayers<float, ExpertMesh>>();
-  return bf16 ? run.template operator()<bf, nn::DenseLayers>() : run.template operator()<float, nn::DenseLayers>();
+    return bf16 ? run.template operator()<bf, models::MoELayers<bf, ExpertMesh>>()
+                : run.template operator()<float, models::MoELayers<float, ExpertMesh>>();
+  return bf16 ? run.template operator()<bf, models::DenseLayers>()
+              : run.template operator()<float, models::DenseLayers>();
 }
 
 std::vector<DryRanked> dry_rank(const PlanModel& m, const std::vector<dtensor::sim::RankedPlan>& ranked,
                                 std::size_t finalists, const dtensor::sim::Hardware& hw) {
   // The trainer's model as the dry run builds it (models/gpt_config.hpp; vocab 256: characters).
-  dtensor::sim::TrainingPlan base{.model = {.vocab = m.vocab, .seq = m.seq, .dim = m.dim, .heads = m.heads,
-                                            .layers = m.layers, .mlp_ratio = 4, .kv_heads = m.kv_heads, .ffn = m.ffn}};
+  dtensor::models::TrainingPlan base{.model = {.vocab = m.vocab,
+                                               .seq = m.seq,
+                                               .dim = m.dim,
+                                               .heads = m.heads,
+                                               .layers = m.layers,
+                                               .mlp_ratio = 4,
+                                               .kv_heads = m.kv_heads,
+                                               .ffn = m.ffn}};
   if (m.experts > 0) {
     base.moe.router.experts = m.experts;
     base.moe.router.topk = m.topk;

@@ -37,7 +37,8 @@ namespace examples {
 
 /// The search's plan as the dry run's TrainingPlan: `base` gives the model (and a MoE model's
 /// configuration), `shape` how it is split.
-inline dtensor::sim::TrainingPlan training_plan_of(dtensor::sim::TrainingPlan base, const dtensor::sim::PlanShape& shape) {
+inline dtensor::models::TrainingPlan training_plan_of(dtensor::models::TrainingPlan base,
+                                                      const dtensor::sim::PlanShape& shape) {
   const dtensor::nn::Recompute rc = shape.recomputes();
   base.model.checkpoint = rc.full;
   base.model.recompute = rc.full ? dtensor::nn::Recompute{} : rc;
@@ -55,7 +56,8 @@ inline dtensor::sim::TrainingPlan training_plan_of(dtensor::sim::TrainingPlan ba
 /// The dry run of a plan with the model's element type, blocks and sequence parallelism. Defined
 /// in plan_auto_dry.cpp, the one translation unit that instantiates the dry run of every model
 /// (train_gpt, train_gpt_cuda and plan_at_scale link its object: CI's time).
-std::vector<dtensor::sim::PlanClass> dry_run_any(const dtensor::sim::TrainingPlan& p, bool llama, bool bf16, bool sp);
+std::vector<dtensor::models::PlanClass> dry_run_any(const dtensor::models::TrainingPlan& p, bool llama, bool bf16,
+                                                    bool sp);
 
 /// What the dry run says of a plan: its step (sim::estimate_plan over every class), the most any
 /// rank holds in the step (in-flight micro-batches included), which class, the most any rank
@@ -73,13 +75,14 @@ struct DryScore {
   bool fits = false;  // step_fits && construction_fits
 };
 
-inline DryScore dry_score(const dtensor::sim::TrainingPlan& p, const std::vector<dtensor::sim::PlanClass>& classes,
-                          const dtensor::sim::Hardware& hw) {
+inline DryScore dry_score(const dtensor::models::TrainingPlan& p,
+                          const std::vector<dtensor::models::PlanClass>& classes, const dtensor::sim::Hardware& hw) {
   namespace sim = dtensor::sim;
+  namespace models = dtensor::models;
   std::vector<sim::ClassInput> inputs;
   for (const auto& c : classes) inputs.push_back({&c.report, c.pipeline_ranks});
   DryScore r;
-  r.estimate = sim::estimate_plan(inputs, sim::plan_topology(p, hw), sim::plan_schedule(p), {.zero = p.zero});
+  r.estimate = sim::estimate_plan(inputs, models::plan_topology(p, hw), models::plan_schedule(p), {.zero = p.zero});
   r.step = r.estimate.step_seconds;
   for (std::size_t i = 0; i < classes.size(); ++i) {
     if (classes[i].peak_in_flight > r.memory) r.memory = classes[i].peak_in_flight, r.memory_class = i;
@@ -113,8 +116,9 @@ struct Rescored {
 /// The first `count` plans of `ranked` that fit in their dry run, ordered (see the top of this
 /// file). `base`: the model (TrainingPlan::model, moe) the shapes split; `hw` the device (its fp32
 /// flag is set from `bf16`).
-inline Rescored rescore(const dtensor::sim::TrainingPlan& base, bool llama, bool bf16,
-                        const std::vector<dtensor::sim::RankedPlan>& ranked, std::size_t count, dtensor::sim::Hardware hw) {
+inline Rescored rescore(const dtensor::models::TrainingPlan& base, bool llama, bool bf16,
+                        const std::vector<dtensor::sim::RankedPlan>& ranked, std::size_t count,
+                        dtensor::sim::Hardware hw) {
   hw.fp32 = !bf16;
   Rescored out;
   const std::size_t tries = 3 * count;

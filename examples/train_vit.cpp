@@ -17,7 +17,7 @@
 // --moe-every).
 //
 // Every run, pipelined or not, is one train::Trainer (train/trainer.hpp) on the mesh (pp, dp,
-// fsdp, cp, tp): the model's parts (nn::ViTParts) cut into --pp pipeline stages (one stage at
+// fsdp, cp, tp): the model's parts (models::ViTParts) cut into --pp pipeline stages (one stage at
 // --pp 1), each FSDP-sharded inside parallel::pipeline::ShardedPipeline, which runs the --schedule
 // over --microbatches and every gradient sync (the experts' over "edp": the expert mesh (edp, ep,
 // tp) factors dp x fsdp x cp). "dp" replicates (with --fsdp 1, ZeRO-1 over one shard: DDP; with
@@ -45,8 +45,8 @@
 
 #include "dtensor/comm/threads.hpp"
 #include "dtensor/distributed/settings_agreement.hpp"
-#include "dtensor/models/moe_gpt.hpp"  // nn::MoELayers: --experts
-#include "dtensor/models/training_plan.hpp"  // sim::trainer_step: --dry-run
+#include "dtensor/models/moe_gpt.hpp"        // models::MoELayers: --experts
+#include "dtensor/models/training_plan.hpp"  // models::trainer_step: --dry-run
 #include "dtensor/models/vit.hpp"
 #include "dtensor/models/vit_data.hpp"
 #include "dtensor/optim/adamw.hpp"
@@ -236,7 +236,7 @@ Options parse(int argc, char** argv) {
 
 // ---------------------------------------------------------------- training
 
-nn::ViTConfig config_of(const Options& o) {
+models::ViTConfig config_of(const Options& o) {
   // Non-causal attention has no imbalance over the context ranks: the patches stay in order.
   return {.patches = o.patches, .patch_dim = o.patch_dim, .classes = o.classes, .dim = o.dim, .heads = o.heads,
           .layers = o.layers, .seed = o.seed, .context = {.kind = o.cp_kind, .load_balanced = false}};
@@ -268,18 +268,18 @@ void train_pipeline(CommPtr world, const Options& o) {
   namespace pp = parallel::pipeline;
   PipeMesh mesh(world, {o.pp, o.dp, o.fsdp, o.cp, o.tp});
   using StageMesh = train::StageMeshIn<host_space>;
-  const nn::ViTConfig cfg = config_of(o);
-  using Layers = std::conditional_t<MoE, nn::MoELayers<float, ExpertMesh>, nn::DenseLayers>;
+  const models::ViTConfig cfg = config_of(o);
+  using Layers = std::conditional_t<MoE, models::MoELayers<float, ExpertMesh>, models::DenseLayers>;
   auto layers = [&](const StageMesh& stage_mesh) {
     if constexpr (MoE) {
-      nn::MoELayersConfig mc;  // dropless top-k routing, the default loss coefficients
+      models::MoELayersConfig mc;  // dropless top-k routing, the default loss coefficients
       mc.router.experts = o.experts, mc.router.topk = o.topk, mc.every = o.moe_every;
       return Layers(parallel::make_expert_mesh<ExpertMesh>(stage_mesh, o.ep), mc);
     } else {
       return Layers{};
     }
   };
-  using Parts = nn::ViTParts<float, StageMesh, Plan, Layers>;
+  using Parts = models::ViTParts<float, StageMesh, Plan, Layers>;
   // The step (train/trainer.hpp): this rank's stages, FSDP, one AdamW over every parameter of this
   // rank (shards and experts), clipping to norm 1.
   train::Trainer<Parts> trainer(mesh, trainer_options(o), [&](const StageMesh& m) { return Parts(m, cfg, layers(m)); });
@@ -293,7 +293,7 @@ void train_pipeline(CommPtr world, const Options& o) {
                 (long long)o.dim, (long long)o.heads, (long long)o.patches, (long long)o.patch_dim, (long long)o.classes,
                 (long long)o.batch);
   auto batch_of = [&](std::uint64_t seed) {
-    auto [x, y] = nn::synthetic_images<float>(cfg, o.batch, seed);
+    auto [x, y] = models::synthetic_images<float>(cfg, o.batch, seed);
     return trainer.microbatches(x, y);
   };
   const auto val = batch_of(1'000'000 + o.seed);
@@ -312,20 +312,20 @@ void train_pipeline(CommPtr world, const Options& o) {
 /// The step of train_pipeline on meta tensors, as the rank of `world` (one rank class): this
 /// pipeline rank's stages cut from the same parts, FSDP-sharded by ShardedPipeline, one
 /// micro-batch through them, every gradient sync, clip and AdamW: train_pipeline's Trainer on meta
-/// tensors (sim::trainer_step).
+/// tensors (models::trainer_step).
 template <class Plan, bool MoE>
 void dry_pipeline_step(CommPtr world, const Options& o, sim::Recorder& rec) {
   namespace pp = parallel::pipeline;
   using Mesh = MetaMesh<"pp", "dp", "fsdp", "cp", "tp">;
   using StageMesh = MetaMesh<"dp", "fsdp", "cp", "tp">;
   using MetaExperts = MetaMesh<"edp", "ep", "tp">;
-  using Layers = std::conditional_t<MoE, nn::MoELayers<float, MetaExperts>, nn::DenseLayers>;
-  using Parts = nn::ViTParts<float, StageMesh, Plan, Layers>;
+  using Layers = std::conditional_t<MoE, models::MoELayers<float, MetaExperts>, models::DenseLayers>;
+  using Parts = models::ViTParts<float, StageMesh, Plan, Layers>;
   using Stage = pp::Stage<Parts>;
   Mesh mesh(world, {o.pp, o.dp, o.fsdp, o.cp, o.tp});
   auto layers = [&](const StageMesh& stage_mesh) {
     if constexpr (MoE) {
-      nn::MoELayersConfig mc;
+      models::MoELayersConfig mc;
       mc.router.experts = o.experts, mc.router.topk = o.topk, mc.every = o.moe_every;
       return Layers(parallel::make_expert_mesh<MetaExperts>(stage_mesh, o.ep), mc);
     } else {
@@ -339,13 +339,13 @@ void dry_pipeline_step(CommPtr world, const Options& o, sim::Recorder& rec) {
   const auto x = distribute_replicated<typename Stage::Input::layout>(
       stage_mesh, Tensor<float, 3, meta_space>(Shape<3>{micro, o.patches, o.patch_dim}));
   const auto y = distribute_replicated<typename Stage::Target::layout>(stage_mesh, Tensor<std::int32_t, 1, meta_space>(Shape<1>{micro}));
-  sim::trainer_step(trainer, x, y, rec);
+  models::trainer_step(trainer, x, y, rec);
 }
 
 /// The rank classes of the mesh (pp, dp, fsdp, cp, tp): every pipeline rank its own class (its
 /// stages); the data dimensions by their chunk of the micro-batch, "cp" by its patches
 /// (non-causal: equal work per patch), "tp" by its heads and (SP) patches. The uneven flat-unit
-/// shards of FSDP's tail ranks are not a class of their own (as in sim::dry_run_plan).
+/// shards of FSDP's tail ranks are not a class of their own (as in models::dry_run_plan).
 std::vector<sim::RankClass<5>> dry_run_classes(const Options& o, const std::array<int, 5>& shape) {
   using W = sim::DimensionWork;
   const Extent micro = o.batch / o.microbatches;

@@ -1,4 +1,4 @@
-// The GPT parity suite with the model on the GPU: nn::GPT on a CudaMesh (every parameter,
+// The GPT parity suite with the model on the GPU: models::GPT on a CudaMesh (every parameter,
 // activation, gradient and optimizer state in cuda_space, the kernels cuBLAS and kernels/cuda),
 // the ranks as threads sharing one GPU (cuda_threads), trained 20 steps with AdamW, clipping,
 // DDP and the sequence-parallel sync — the same driver as the host parity tests
@@ -36,7 +36,7 @@ ParityRun run_on_gpu(std::array<int, 2> shape) {
 /// The MoE GPT on CudaMeshes: the dense mesh's and the expert mesh's, chosen here (see docs/gpu.md,
 /// "nvcc 13 and mesh types").
 template <class Plan>
-MoEParityRun run_moe_on_gpu(std::array<int, 2> shape, int ep, const nn::MoELayersConfig& mc) {
+MoEParityRun run_moe_on_gpu(std::array<int, 2> shape, int ep, const models::MoELayersConfig& mc) {
   MoEParityRun out;
   cuda_threads::run(shape[0] * shape[1], [&](CommPtr world) {
     auto r = run_moe_parity<Plan, CudaGptMesh, CudaMesh<"edp", "ep", "tp">>(world, shape, ep, mc);
@@ -55,7 +55,7 @@ std::vector<double> run_offloaded() {
   cuda_threads::run(ranks, [&](CommPtr world) {
     Mesh mesh(world, {ranks});
     const auto cfg = parity_config();
-    nn::GPT<double, Mesh> model(mesh, cfg);
+    models::GPT<double, Mesh> model(mesh, cfg);
     auto fsdp = parallel::fully_shard<double, host_space>(model, mesh, {.stage = 3});
     optim::AdamW<double, 1, host_space> opt(fsdp.params(), parity_adamw());
     std::vector<double> mine;

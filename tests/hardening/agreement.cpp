@@ -24,7 +24,7 @@ namespace pp = dtensor::parallel::pipeline;
 namespace {
 using PipelineMesh = DeviceMesh<"pp", "dp", "tp">;
 using StageMesh = DeviceMesh<"dp", "tp">;
-using Model = nn::GptParts<float, StageMesh, nn::ReplicatedPlan>;
+using Model = models::GptParts<float, StageMesh, nn::ReplicatedPlan>;
 using Stage = pp::Stage<Model>;
 
 /// Builds an executor on 4 ranks (pp 2 x dp 2), each rank with the schedule `schedule_of(rank)`,
@@ -36,7 +36,7 @@ std::vector<Outcome> build_pipelines(bool check, ScheduleOf schedule_of) {
     world->set_timeout(long_timeout);
     PipelineMesh mesh(world, {2, 2, 1});
     const StageMesh stage_mesh = pp::stage_mesh_of(mesh);
-    const nn::GPTConfig cfg{.vocab = 11, .seq = 4, .dim = 8, .heads = 2, .layers = 2, .mlp_ratio = 2, .seed = 3};
+    const models::GPTConfig cfg{.vocab = 11, .seq = 4, .dim = 8, .heads = 2, .layers = 2, .mlp_ratio = 2, .seed = 3};
     const pp::Schedule schedule = schedule_of(world->rank());
     std::vector<Stage> stages = pp::split(Model(stage_mesh, cfg), schedule.layout, mesh.coordinate(0));
     pp::Executor<Stage, PipelineMesh> exec(mesh, schedule, std::move(stages));

@@ -10,17 +10,17 @@ using namespace dtensor::hardening;
 using Catch::Contains;
 
 TEST_CASE("synthetic_images with no classes is an Error, not a division by zero", "[hardening][models]") {
-  nn::ViTConfig c{.patches = 4, .patch_dim = 6, .classes = 0, .dim = 8, .heads = 2, .layers = 1};
+  models::ViTConfig c{.patches = 4, .patch_dim = 6, .classes = 0, .dim = 8, .heads = 2, .layers = 1};
   // Each label was drawn modulo the classes: SIGFPE, the whole process gone.
-  const Outcome o = outcome_of_call([&] { (void)nn::synthetic_images<float>(c, 2, 1); });
+  const Outcome o = outcome_of_call([&] { (void)models::synthetic_images<float>(c, 2, 1); });
   CHECK(o.is_error);
-  CHECK_THAT(o.message, Contains("nn::synthetic_images") && Contains("0 classes"));
+  CHECK_THAT(o.message, Contains("models::synthetic_images") && Contains("0 classes"));
   c.classes = 3;
-  const Outcome negative = outcome_of_call([&] { (void)nn::synthetic_images<float>(c, -1, 1); });
+  const Outcome negative = outcome_of_call([&] { (void)models::synthetic_images<float>(c, -1, 1); });
   CHECK(negative.is_error);
-  CHECK_THAT(negative.message, Contains("nn::synthetic_images") && Contains("batch -1"));
+  CHECK_THAT(negative.message, Contains("models::synthetic_images") && Contains("batch -1"));
   // Valid input still works: 2 images, labels in range.
-  const auto [x, y] = nn::synthetic_images<float>(c, 2, 1);
+  const auto [x, y] = models::synthetic_images<float>(c, 2, 1);
   CHECK(x.extent(0) == 2);
   CHECK((y[0] >= 0 && y[0] < 3 && y[1] >= 0 && y[1] < 3));
 }

@@ -22,9 +22,11 @@ namespace fs = std::filesystem;
 namespace {
 
 using Mesh = DeviceMesh<"dp", "tp">;
-using Model = nn::GPT<double, Mesh, parallel::MegatronPlan<false>>;
+using Model = models::GPT<double, Mesh, parallel::MegatronPlan<false>>;
 
-nn::GPTConfig config() { return {.vocab = 29, .seq = 8, .dim = 16, .heads = 4, .layers = 1, .mlp_ratio = 2, .seed = 7}; }
+models::GPTConfig config() {
+  return {.vocab = 29, .seq = 8, .dim = 16, .heads = 4, .layers = 1, .mlp_ratio = 2, .seed = 7};
+}
 
 /// The same directory on every process (rank 0's pid).
 fs::path shared_dir(const char* name) {
@@ -58,14 +60,14 @@ TEST_CASE("MPI: saved on dp 2 x tp n/2, loaded on dp n/2 x tp 2: the same full p
     model.collect(ps);
     optim::AdamW<double, 2> opt(ps, {.lr = 1e-2});
     for (auto& p : ps) std::fill(p.value.begin(), p.value.end(), 0.25 * double(p.value.size() % 7));  // not the init
-    checkpoint::save_training_state(dir, mesh, model, opt, {.step = 4, .config = checkpoint::config_of(config())});
+    checkpoint::save_training_state(dir, mesh, model, opt, {.step = 4, .config = models::config_of(config())});
     saved_full = full_parameters(model);
     Mesh other(world, {n / 2, 2});
     Model loaded(other, config());
     nn::ParamList<double, 2> qs;
     loaded.collect(qs);
     optim::AdamW<double, 2> opt2(qs, {.lr = 1e-2});
-    const auto meta = checkpoint::load_training_state(dir, other, loaded, opt2, checkpoint::config_of(config()));
+    const auto meta = checkpoint::load_training_state(dir, other, loaded, opt2, models::config_of(config()));
     if (meta.step != 4) throw Error("test", "step " + std::to_string(meta.step));
     loaded_full = full_parameters(loaded);
   });

@@ -24,14 +24,14 @@ struct CpParityRun {
 };
 
 /// Trains `steps` steps of `cfg` (parity_config() by default) on a (dp, cp, tp) mesh over
-/// `world`; Layers: the model's Layers policy (nn::LlamaLayers: tests/parity/test_llama_parity.cpp).
-template <class Plan, class Layers = nn::DenseLayers>
+/// `world`; Layers: the model's Layers policy (models::LlamaLayers: tests/parity/test_llama_parity.cpp).
+template <class Plan, class Layers = models::DenseLayers>
 CpParityRun run_cp_parity(CommPtr world, std::array<int, 3> shape, parallel::ContextAttentionOptions attention,
-                          std::size_t bucket_bytes = 4096, nn::GPTConfig cfg = parity_config(),
+                          std::size_t bucket_bytes = 4096, models::GPTConfig cfg = parity_config(),
                           int steps = parity_steps) {
   CpMesh mesh(world, shape);
   cfg.context = attention;
-  using Model = nn::GPT<double, CpMesh, Plan, std::int32_t, Layers>;
+  using Model = models::GPT<double, CpMesh, Plan, std::int32_t, Layers>;
   Model model(mesh, cfg);
   nn::ParamList<double, 3> ps;
   model.collect(ps);

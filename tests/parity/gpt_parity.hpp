@@ -30,7 +30,7 @@ namespace dtensor::testing {
 
 using GptMesh = DeviceMesh<"dp", "tp">;
 
-inline nn::GPTConfig parity_config() {
+inline models::GPTConfig parity_config() {
   // vocab 29 splits unevenly over tp = 4 (8, 8, 8, 5); 4 heads split over tp = 2 and 4.
   return {.vocab = 29, .seq = 8, .dim = 32, .heads = 4, .layers = 2, .mlp_ratio = 4, .checkpoint = false, .seed = 7};
 }
@@ -66,12 +66,12 @@ struct ParityOptions {
   bool ddp_overlap = true;  // DDP attached to the backward (else one all_reduce_gradients after it)
   Extent batch = parity_batch;  // sequences per step
   Extent layers = 0;            // 0: parity_config's
-  std::optional<nn::GPTConfig> config{};  // parity_config() unless given
+  std::optional<models::GPTConfig> config{};  // parity_config() unless given
 };
 
 /// The tokens of step s: `batch` sequences of a fixed rule x' = (5 x + 3) mod V from random
 /// starts, so there is something to learn; ids and targets [batch, T], whole on every rank.
-inline std::pair<Tensor<std::int32_t, 2>, Tensor<std::int32_t, 2>> parity_tokens(int step, const nn::GPTConfig& c,
+inline std::pair<Tensor<std::int32_t, 2>, Tensor<std::int32_t, 2>> parity_tokens(int step, const models::GPTConfig& c,
                                                                                  Extent batch = parity_batch) {
   auto starts = randint<std::int32_t>(Shape<1>{batch}, 1000 + std::uint64_t(step), 0, c.vocab);
   Tensor<std::int32_t, 2> ids(Shape<2>{batch, c.seq}), tgt(Shape<2>{batch, c.seq});
@@ -89,8 +89,8 @@ inline std::pair<Tensor<std::int32_t, 2>, Tensor<std::int32_t, 2>> parity_tokens
 /// The batch of step s (parity_tokens), each rank keeping its piece; `rows` sequences from
 /// `first` of it (a micro-batch) when given.
 template <class Ids, class MeshT = GptMesh>
-std::pair<Ids, Ids> parity_batch_of(const MeshT& mesh, int step, const nn::GPTConfig& c, Extent batch = parity_batch,
-                                    Extent first = 0, Extent rows = 0) {
+std::pair<Ids, Ids> parity_batch_of(const MeshT& mesh, int step, const models::GPTConfig& c,
+                                    Extent batch = parity_batch, Extent first = 0, Extent rows = 0) {
   auto [ids, tgt] = parity_tokens(step, c, batch);
   if (rows == 0) rows = batch - first;
   if (first != 0 || rows != batch) {
@@ -116,7 +116,7 @@ ParityRun run_parity(CommPtr world, std::array<int, 2> shape, ParityOptions o = 
   auto cfg = o.config.value_or(parity_config());
   cfg.checkpoint = o.checkpoint;
   if (o.layers > 0) cfg.layers = o.layers;
-  nn::GPT<double, MeshT, Plan> model(mesh, cfg);
+  models::GPT<double, MeshT, Plan> model(mesh, cfg);
   nn::ParamList<double, 2, Space> ps;
   model.collect(ps);
   optim::AdamW<double, 2, Space> opt(ps, parity_adamw());

@@ -17,7 +17,7 @@ namespace dtensor::testing {
 using ExpertMesh = DeviceMesh<"edp", "ep", "tp">;
 
 /// E experts, top-k, a capacity factor of E / k (capacity = seq: no expert can overflow).
-inline nn::MoELayersConfig moe_parity_config(Extent experts, Extent topk, Extent every) {
+inline models::MoELayersConfig moe_parity_config(Extent experts, Extent topk, Extent every) {
   return {.router = {.experts = experts, .topk = topk, .capacity_factor = double(experts) / double(topk),
                      .aux_loss_coeff = 0.01, .z_loss_coeff = 1e-3},
           .hidden = 48, .every = every};
@@ -33,12 +33,12 @@ struct MoEParityRun {
 /// gradients on "dp", the experts' on "edp") on a (dp, tp) mesh with `ep` expert ranks; MeshT and EMeshT's memory space is where
 /// the model lives (host, or cuda on CudaMeshes).
 template <class Plan, class MeshT = GptMesh, class EMeshT = ExpertMesh>
-MoEParityRun run_moe_parity(CommPtr world, std::array<int, 2> shape, int ep, const nn::MoELayersConfig& mc) {
+MoEParityRun run_moe_parity(CommPtr world, std::array<int, 2> shape, int ep, const models::MoELayersConfig& mc) {
   using Space = mesh_space_t<MeshT>;
   MeshT mesh(world, shape);
   auto emesh = parallel::make_expert_mesh<EMeshT>(mesh, ep);
   const auto cfg = parity_config();
-  nn::MoEGPT<double, MeshT, EMeshT, Plan> model(mesh, cfg, nn::MoELayers<double, EMeshT>(emesh, mc));
+  models::MoEGPT<double, MeshT, EMeshT, Plan> model(mesh, cfg, models::MoELayers<double, EMeshT>(emesh, mc));
   nn::ParamList<double, 2, Space> ps;
   model.collect(ps);
   // Every parameter, dense and expert, as one set (the model's parameter groups: the experts on
@@ -113,10 +113,11 @@ void train_moe_groups(Model& model, const MeshT& mesh, Set& all, Sync sync, Afte
 /// The MoE GPT under DataParallel attached to it (both groups: the dense units over "dp", the
 /// experts over "edp") on a (dp, tp) mesh.
 template <class Plan>
-MoEGroupsRun run_moe_ddp_groups(CommPtr world, std::array<int, 2> shape, int ep, const nn::MoELayersConfig& mc) {
+MoEGroupsRun run_moe_ddp_groups(CommPtr world, std::array<int, 2> shape, int ep, const models::MoELayersConfig& mc) {
   GptMesh mesh(world, shape);
   auto emesh = parallel::make_expert_mesh<ExpertMesh>(mesh, ep);
-  nn::MoEGPT<double, GptMesh, ExpertMesh, Plan> model(mesh, parity_config(), nn::MoELayers<double, ExpertMesh>(emesh, mc));
+  models::MoEGPT<double, GptMesh, ExpertMesh, Plan> model(mesh, parity_config(),
+                                                          models::MoELayers<double, ExpertMesh>(emesh, mc));
   auto all = nn::parameter_set(model);
   parallel::DataParallel<GptMesh> ddp(mesh, {.bucket_bytes = 4096});
   ddp.attach(model);
@@ -140,10 +141,12 @@ MoEGroupsRun run_moe_ddp_groups(CommPtr world, std::array<int, 2> shape, int ep,
 /// units sharded over "fsdp", the experts over their mesh's "edp", one AdamW and one clip over
 /// fsdp.params() (both groups' shards).
 template <class Plan>
-MoEGroupsRun run_moe_fsdp(CommPtr world, std::array<int, 3> shape, int ep, const nn::MoELayersConfig& mc, int zero) {
+MoEGroupsRun run_moe_fsdp(CommPtr world, std::array<int, 3> shape, int ep, const models::MoELayersConfig& mc,
+                          int zero) {
   MoEFsdpMesh mesh(world, shape);
   auto emesh = parallel::make_expert_mesh<ExpertMesh>(mesh, ep);
-  nn::MoEGPT<double, MoEFsdpMesh, ExpertMesh, Plan> model(mesh, parity_config(), nn::MoELayers<double, ExpertMesh>(emesh, mc));
+  models::MoEGPT<double, MoEFsdpMesh, ExpertMesh, Plan> model(mesh, parity_config(),
+                                                              models::MoELayers<double, ExpertMesh>(emesh, mc));
   auto fsdp = parallel::fully_shard(model, mesh, {.stage = zero});
   MoEGroupsRun out;
   out.expert_units = fsdp.template group<1>().num_units();

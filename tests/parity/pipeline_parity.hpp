@@ -54,7 +54,7 @@ PipelineRun run_pipeline_parity(CommPtr world, PipelineShape shape, parallel::pi
   const GptMesh stage_mesh = parallel::pipeline::stage_mesh_of(mesh);
   auto cfg = parity_config();
   cfg.layers = pipeline_layers;
-  using Model = nn::GptParts<double, GptMesh, Plan>;
+  using Model = models::GptParts<double, GptMesh, Plan>;
   using Stage = parallel::pipeline::Stage<Model>;
   auto schedule = parallel::pipeline::make_schedule(kind, shape.pp, microbatches, stages_per_rank);
   auto stages = parallel::pipeline::split(Model(stage_mesh, cfg), schedule.layout, mesh.coordinate(0));

@@ -90,7 +90,7 @@ struct Run5d {
 
 // The MoE runs: the MoE parity suite's model (2 layers, batch 4), 4 experts, top-2, dropless.
 inline constexpr Extent moe_batch = parity_batch;
-inline nn::MoELayersConfig moe_config() { return moe_parity_config(4, 2, 1); }
+inline models::MoELayersConfig moe_config() { return moe_parity_config(4, 2, 1); }
 
 inline std::vector<double> moe_reference(CommPtr one_rank) {
   return run_moe_parity<nn::ReplicatedPlan>(std::move(one_rank), {1, 1}, 1, moe_config()).losses;
@@ -112,8 +112,8 @@ Run5d run_5d(CommPtr world, const Combo& c) {
   cfg.checkpoint = c.checkpoint;
   const Extent batch = MoE ? moe_batch : batch_5d;
   cfg.context = {.kind = c.cp_kind, .load_balanced = c.cp > 1 && c.cp_kind != parallel::ContextKind::ulysses};
-  using Layers = std::conditional_t<MoE, nn::MoELayers<double, ExpertMesh>, nn::DenseLayers>;
-  using Model = nn::GptParts<T, StageMesh, Plan, std::int32_t, Layers>;
+  using Layers = std::conditional_t<MoE, models::MoELayers<double, ExpertMesh>, models::DenseLayers>;
+  using Model = models::GptParts<T, StageMesh, Plan, std::int32_t, Layers>;
   using Stage = pp::Stage<Model>;
   auto make_layers = [&] {
     if constexpr (MoE) return Layers(parallel::make_expert_mesh<ExpertMesh>(stage_mesh, c.ep), moe_config());

@@ -62,7 +62,7 @@ FsdpCpRun run_fsdp_cp(CommPtr world, std::array<int, 3> shape, int stage) {
   FsdpCpMesh mesh(world, shape);
   auto cfg = parity_config();
   cfg.context = ring_balanced;
-  using Model = nn::GPT<double, FsdpCpMesh, nn::ReplicatedPlan>;
+  using Model = models::GPT<double, FsdpCpMesh, nn::ReplicatedPlan>;
   Model model(mesh, cfg);
   FsdpCpRun out;
   for (auto& u : model.units()) out.units.push_back(u.group->size());

@@ -34,7 +34,7 @@ struct FsdpRunOptions {
   int micro_batches = 1;
   Extent batch = parity_batch;
   int steps = parity_steps;
-  nn::GPTConfig config = parity_config();
+  models::GPTConfig config = parity_config();
 };
 
 struct FsdpRun {
@@ -51,7 +51,7 @@ struct FsdpRun {
 template <class Plan>
 FsdpRun run_fsdp(CommPtr world, std::array<int, 3> shape, FsdpRunOptions o) {
   FsdpMesh mesh(world, shape);
-  nn::GPT<double, FsdpMesh, Plan> model(mesh, o.config);
+  models::GPT<double, FsdpMesh, Plan> model(mesh, o.config);
   FsdpRun out;
   for (auto& u : model.units()) out.params_here += u.group->size();
   auto fsdp = parallel::fully_shard(model, mesh, o.fsdp);
@@ -99,7 +99,7 @@ FsdpRun run_fsdp(CommPtr world, std::array<int, 3> shape, FsdpRunOptions o) {
   return out;
 }
 
-const std::vector<double>& reference(Extent batch = parity_batch, const nn::GPTConfig& cfg = parity_config()) {
+const std::vector<double>& reference(Extent batch = parity_batch, const models::GPTConfig& cfg = parity_config()) {
   static std::map<std::array<Extent, 3>, std::vector<double>> refs;
   auto& ref = refs[{batch, cfg.vocab, cfg.seq}];
   if (ref.empty())
@@ -196,7 +196,8 @@ TEST_CASE("FSDP parity: gradient accumulation over 4 micro-batches (one reductio
 
 TEST_CASE("FSDP memory: bytes per rank match the ZeRO formulas", "[fsdp]") {
   // A model large enough that the padding of the shards does not matter: Ψ ~ 0.4 M elements.
-  const nn::GPTConfig big{.vocab = 512, .seq = 16, .dim = 96, .heads = 4, .layers = 3, .mlp_ratio = 4, .checkpoint = false, .seed = 3};
+  const models::GPTConfig big{
+      .vocab = 512, .seq = 16, .dim = 96, .heads = 4, .layers = 3, .mlp_ratio = 4, .checkpoint = false, .seed = 3};
   constexpr int ranks = 4;
   for (int stage = 1; stage <= 3; ++stage) {
     auto f = on_ranks(ranks, [&](CommPtr w, auto report) {
@@ -231,8 +232,8 @@ struct LedgerStates {
 };
 
 // Ψ ~ 0.13 M elements in 4 units: the shards' padding (< N elements a unit) is < 1e-3 of it.
-const nn::GPTConfig ledger_config{.vocab = 256, .seq = 8, .dim = 64, .heads = 4, .layers = 2, .mlp_ratio = 4,
-                                  .checkpoint = false, .seed = 5};
+const models::GPTConfig ledger_config{
+    .vocab = 256, .seq = 8, .dim = 64, .heads = 4, .layers = 2, .mlp_ratio = 4, .checkpoint = false, .seed = 5};
 
 double model_state_bytes(const MemoryLedger& l) {
   return double(l.current("host", MemoryTag::parameters) + l.current("host", MemoryTag::gradients) +
@@ -246,7 +247,7 @@ LedgerStates fsdp_ledger(CommPtr w, std::array<int, 3> shape, parallel::FsdpOpti
   MemoryLedger ledger;
   {
     FsdpMesh mesh(w, shape);
-    nn::GPT<T, FsdpMesh> model(mesh, ledger_config);
+    models::GPT<T, FsdpMesh> model(mesh, ledger_config);
     for (auto& u : model.units()) out.psi += double(u.group->size());
     auto fsdp = parallel::fully_shard<M>(model, mesh, o);
     optim::AdamW<M, 3> opt(fsdp.params(), parity_adamw());
@@ -272,7 +273,7 @@ LedgerStates ddp_ledger(CommPtr w, int n) {
   MemoryLedger ledger;
   {
     GptMesh mesh(w, {n, 1});
-    nn::GPT<float, GptMesh> model(mesh, ledger_config);
+    models::GPT<float, GptMesh> model(mesh, ledger_config);
     for (auto& u : model.units()) out.psi += double(u.group->size());
     nn::ParamList<float, 2> ps;
     model.collect(ps);
@@ -489,7 +490,7 @@ MixedRun run_mixed(std::array<int, 3> shape, int steps, bool reduce_in_compute_d
   threads::run(shape[0] * shape[1] * shape[2], [&](CommPtr w) {
     FsdpMesh mesh(w, shape);
     const auto cfg = parity_config();
-    nn::GPT<T, FsdpMesh, Plan> model(mesh, cfg);
+    models::GPT<T, FsdpMesh, Plan> model(mesh, cfg);
     base.reduce_in_compute_dtype = reduce_in_compute_dtype;
     auto fsdp = parallel::fully_shard<M>(model, mesh, base);
     optim::AdamW<M, 3> opt(fsdp.params(), parity_adamw());
@@ -535,7 +536,7 @@ TEST_CASE("FSDP mixed precision: compute in float with double master weights tra
 }
 
 TEST_CASE("FSDP mixed precision: a bf16 GPT with fp32 master weights tracks the fp32 run for 50 AdamW steps", "[fsdp]") {
-  // FSDP2's intended use: nn::GPT<bfloat16> computing in bf16 (kernels widen to float and round
+  // FSDP2's intended use: models::GPT<bfloat16> computing in bf16 (kernels widen to float and round
   // once), fully_shard<float> keeping master weights, gradient shards and AdamW state in fp32,
   // parameters all-gathered in bf16, gradients reduced in fp32. Against the fp32 run on the same
   // mesh, under ZeRO-3 alone and FSDP x TP + SP.
@@ -565,7 +566,7 @@ namespace {
 /// A chain of Linear units, x [B, T, 1] -> 8 -> 1 -> 10 -> 1 -> 6, whose flat sizes are 8, 9,
 /// 10, 11 and 12: every residue modulo 4 and modulo 3, so that the padded all-gather of ZeRO
 /// has to grow some units' buffers (n not a multiple of the shard count) and not others. The
-/// loss is 0.5 mean(y^2). The units fire the hooks as nn::GPT's do.
+/// loss is 0.5 mean(y^2). The units fire the hooks as models::GPT's do.
 template <class Mesh>
 struct ChainModel {
   using L = nn::Linear<double, Mesh, nn::Replicated<>>;
@@ -733,7 +734,7 @@ template <class T>
 std::vector<float> accumulated_shards(CommPtr w, parallel::FsdpOptions o) {
   FsdpMesh mesh(w, {1, w->size(), 1});
   const auto cfg = parity_config();
-  nn::GPT<T, FsdpMesh> model(mesh, cfg);
+  models::GPT<T, FsdpMesh> model(mesh, cfg);
   auto fsdp = parallel::fully_shard<float>(model, mesh, o);
   auto pass = [&](int step, Extent first, Extent rows) {
     auto [ids, tgt] = parity_batch_of<typename decltype(model)::Ids>(mesh, step, cfg, parity_batch, first, rows);
@@ -826,7 +827,7 @@ OffloadRun offload_run(const std::string& dir, std::size_t budget, int stage = 3
   threads::run(2, [&](CommPtr w) {
     FsdpMesh mesh(w, {1, 2, 1});
     const auto cfg = parity_config();
-    nn::GPT<T, FsdpMesh> model(mesh, cfg);
+    models::GPT<T, FsdpMesh> model(mesh, cfg);
     double psi = 0;
     for (auto& u : model.units()) psi += double(u.group->size());
     auto fsdp = parallel::fully_shard<float>(model, mesh, {.stage = stage});
@@ -932,7 +933,7 @@ TEST_CASE("NVMe offload bad input: a missing or read-only directory fails on eve
     std::vector<std::string> errors(2);
     threads::run(2, [&](CommPtr w) {
       FsdpMesh mesh(w, {1, 2, 1});
-      nn::GPT<float, FsdpMesh> model(mesh, parity_config());
+      models::GPT<float, FsdpMesh> model(mesh, parity_config());
       auto fsdp = parallel::fully_shard(model, mesh, {.stage = 3});
       const std::string dir = w->rank() == bad_rank ? bad : good.path.string();
       try {
@@ -965,7 +966,7 @@ TEST_CASE("NVMe offload resumed: the moments read out and stored into a new file
     threads::run(ranks, [&](CommPtr w) {
       FsdpMesh mesh(w, {1, ranks, 1});
       const auto cfg = parity_config();
-      nn::GPT<float, FsdpMesh> model(mesh, cfg);
+      models::GPT<float, FsdpMesh> model(mesh, cfg);
       auto fsdp = parallel::fully_shard<float>(model, mesh, {.stage = 3});
       std::vector<double> losses;
       auto one_step = [&](auto& opt, int s) { losses.push_back(zero_step(model, fsdp, opt, mesh, s)); };
@@ -1038,7 +1039,7 @@ ParamOffloadRun param_offload_run(const std::string& dir, int ranks, int stage) 
   threads::run(ranks, [&](CommPtr w) {
     FsdpMesh mesh(w, {1, ranks, 1});
     const auto cfg = parity_config();
-    nn::GPT<T, FsdpMesh> model(mesh, cfg);
+    models::GPT<T, FsdpMesh> model(mesh, cfg);
     double psi = 0;
     for (auto& u : model.units()) psi += double(u.group->size());
     MemoryLedger ledger;
@@ -1106,7 +1107,7 @@ TEST_CASE("Parameter offload bad input: a missing directory fails on every rank,
   const std::string missing = (good.path / "missing").string();
   threads::run(2, [&](CommPtr w) {
     FsdpMesh mesh(w, {1, 2, 1});
-    nn::GPT<float, FsdpMesh> model(mesh, parity_config());
+    models::GPT<float, FsdpMesh> model(mesh, parity_config());
     const std::string dir = w->rank() == 1 ? missing : good.path.string();
     try {
       auto fsdp = parallel::fully_shard(model, mesh, {.stage = 3, .offload_params_dir = dir});
@@ -1147,7 +1148,7 @@ ActivationOffloadRun activation_offload_run(std::optional<nn::ActivationOffloadO
     FsdpMesh mesh(w, {1, 2, 1});
     auto cfg = parity_config();
     cfg.layers = kOffloadLayers;
-    nn::GPT<T, FsdpMesh> model(mesh, cfg);
+    models::GPT<T, FsdpMesh> model(mesh, cfg);
     auto fsdp = parallel::fully_shard(model, mesh, {.stage = 3});
     std::shared_ptr<nn::ActivationOffload> offload;
     if (off) {
@@ -1188,7 +1189,7 @@ ActivationOffloadRun activation_offload_run(std::optional<nn::ActivationOffloadO
 /// fc1's input, the 4h hidden h and GELU(h)) and 4 + a doubles per token (the two norms' mean and
 /// rstd, the attention's log-sum-exp per head).
 template <class T>
-std::size_t block_saved_bytes(Extent b, const nn::GPTConfig& c) {
+std::size_t block_saved_bytes(Extent b, const models::GPTConfig& c) {
   return std::size_t(17 * b * c.seq * c.dim) * sizeof(T) + std::size_t(b * c.seq * (4 + c.heads)) * sizeof(double);
 }
 
@@ -1264,7 +1265,7 @@ TEST_CASE("fully_shard<float> of a bf16 GPT built deferred (nn::DeferredInit): e
       auto master = [&](bool deferred) {
         auto build = [&] {
           nn::DeferredInit scope(deferred);
-          return nn::GPT<bf16, FsdpMesh>(mesh, cfg);
+          return models::GPT<bf16, FsdpMesh>(mesh, cfg);
         };
         auto model = build();
         if (deferred && !model.units().front().group->deferred()) report("the model's groups were not deferred");

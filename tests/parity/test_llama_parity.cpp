@@ -19,7 +19,7 @@ namespace {
 
 constexpr int llama_steps = 5;
 
-nn::GPTConfig llama_config() {
+models::GPTConfig llama_config() {
   auto c = parity_config();
   c.kv_heads = 2;
   c.ffn = 44;
@@ -31,7 +31,8 @@ const std::vector<double>& llama_reference() {
   static const std::vector<double> ref = [] {
     std::vector<double> l;
     threads::run(1, [&](CommPtr w) {
-      l = run_cp_parity<nn::ReplicatedPlan, nn::LlamaLayers>(w, {1, 1, 1}, {}, 4096, llama_config(), llama_steps).losses;
+      l = run_cp_parity<nn::ReplicatedPlan, models::LlamaLayers>(w, {1, 1, 1}, {}, 4096, llama_config(), llama_steps)
+              .losses;
     });
     return l;
   }();
@@ -42,7 +43,7 @@ template <class Plan>
 void check_config(int dp, int cp, int tp, parallel::ContextAttentionOptions o = {}) {
   const auto& ref = llama_reference();
   auto f = on_ranks(dp * cp * tp, [&](CommPtr world, auto report) {
-    auto r = run_cp_parity<Plan, nn::LlamaLayers>(world, {dp, cp, tp}, o, 4096, llama_config(), llama_steps);
+    auto r = run_cp_parity<Plan, models::LlamaLayers>(world, {dp, cp, tp}, o, 4096, llama_config(), llama_steps);
     report(compare_losses(r.losses, ref, 1e-9));
     Counts on_tp;
     for (const auto& [k, n] : r.model)

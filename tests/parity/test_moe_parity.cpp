@@ -16,7 +16,7 @@ using namespace dtensor::testing;
 namespace {
 
 /// The one-rank run of a configuration.
-std::vector<double> reference(const nn::MoELayersConfig& mc) {
+std::vector<double> reference(const models::MoELayersConfig& mc) {
   std::vector<double> l;
   threads::run(1, [&](CommPtr w) { l = run_moe_parity<nn::ReplicatedPlan>(w, {1, 1}, 1, mc).losses; });
   return l;
@@ -24,7 +24,7 @@ std::vector<double> reference(const nn::MoELayersConfig& mc) {
 
 /// Every rank of a (dp, tp) x ep run matches the reference and issues the expert collectives.
 template <class Plan>
-void check_moe(int dp, int tp, int ep, const nn::MoELayersConfig& mc, const std::vector<double>& ref) {
+void check_moe(int dp, int tp, int ep, const models::MoELayersConfig& mc, const std::vector<double>& ref) {
   const std::size_t moe_blocks = std::size_t(parity_config().layers / mc.every);
   std::mutex m;
   std::vector<std::string> errors;
@@ -169,8 +169,8 @@ TEST_CASE("MoE GPT: bad configurations are errors", "[moe]") {
     auto emesh = parallel::make_expert_mesh<ExpertMesh>(mesh, 2);
     auto mc = moe_parity_config(4, 2, 1);
     mc.every = 0;
-    CHECK_THROWS_AS((nn::MoELayers<double, ExpertMesh>(emesh, mc)), Error);
+    CHECK_THROWS_AS((models::MoELayers<double, ExpertMesh>(emesh, mc)), Error);
     mc = moe_parity_config(4, 5, 1);  // k > E
-    CHECK_THROWS_AS((nn::MoELayers<double, ExpertMesh>(emesh, mc)), Error);
+    CHECK_THROWS_AS((models::MoELayers<double, ExpertMesh>(emesh, mc)), Error);
   });
 }

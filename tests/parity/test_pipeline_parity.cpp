@@ -197,7 +197,7 @@ TEST_CASE("activation offload through a pipeline: 1F1B and interleaved with 4 mi
 }
 
 TEST_CASE("pipeline: bad input is a clear error", "[pipeline]") {
-  using Model = nn::GptParts<double, GptMesh>;
+  using Model = models::GptParts<double, GptMesh>;
   using Stage = pp::Stage<Model>;
   SECTION("more stages than layers") {
     REQUIRE_THROWS_WITH(pp::stage_layers(2, 4), Catch::Contains("cannot split 2 layers into 4 pipeline stages"));
@@ -421,7 +421,7 @@ using ToyPipeMesh = DeviceMesh<"pp", "dp", "fsdp", "tp">;
 using ToyExperts = DeviceMesh<"edp", "ep", "tp">;
 
 /// A user's MoE-ish layer: x + mixture(x), the mixture's experts on an expert mesh. Its members
-/// are its own (no nn::MoELayers, DenseOrMoE or expert_params): the library finds the experts
+/// are its own (no models::MoELayers, DenseOrMoE or expert_params): the library finds the experts
 /// by the mesh their parameters live on, which the model declares (parameter_meshes()).
 template <MeshType Mesh, MeshType EMesh>
 class ToySwitch {

@@ -15,23 +15,23 @@
 #include <span>
 #include <string>
 
+#include "cp_parity.hpp"  // expected_cp_counts, Counts
 #include "dtensor/comm/comm_log.hpp"
+#include "dtensor/models/moe_gpt.hpp"        // models::MoELayers: the blocks' MoE policy the ViT shares with the GPT
+#include "dtensor/models/training_plan.hpp"  // sim::detail::run_one_microbatch: one micro-batch through the stages, dry
 #include "dtensor/models/vit.hpp"
 #include "dtensor/models/vit_data.hpp"
 #include "dtensor/optim/adamw.hpp"
 #include "dtensor/optim/clip_grad.hpp"
+#include "dtensor/optim/param_set.hpp"
 #include "dtensor/parallel/context_grads.hpp"
 #include "dtensor/parallel/data_parallel.hpp"
 #include "dtensor/parallel/fully_shard.hpp"
 #include "dtensor/parallel/gpt_plan.hpp"
-#include "dtensor/parallel/tensor_parallel.hpp"
-#include "dtensor/models/moe_gpt.hpp"  // nn::MoELayers: the blocks' MoE policy the ViT shares with the GPT
-#include "dtensor/optim/param_set.hpp"
 #include "dtensor/parallel/pipeline/by_name.hpp"
 #include "dtensor/parallel/pipeline/sharded_pipeline.hpp"
 #include "dtensor/parallel/pipeline/split.hpp"
-#include "cp_parity.hpp"  // expected_cp_counts, Counts
-#include "dtensor/models/training_plan.hpp"  // sim::detail::run_one_microbatch: one micro-batch through the stages, dry
+#include "dtensor/parallel/tensor_parallel.hpp"
 #include "dtensor/sim/dry_run.hpp"
 #include "support/on_ranks.hpp"
 
@@ -45,7 +45,7 @@ using FsdpMesh = DeviceMesh<"dp", "fsdp", "cp", "tp">;  // fully_shard over "fsd
 constexpr int steps = 6;
 constexpr Extent batch = 7;
 
-nn::ViTConfig config(parallel::ContextAttentionOptions ctx = {}) {
+models::ViTConfig config(parallel::ContextAttentionOptions ctx = {}) {
   return {.patches = 7, .patch_dim = 10, .classes = 5, .dim = 24, .heads = 6, .layers = 2, .mlp_ratio = 2, .seed = 3,
           .context = ctx};
 }
@@ -65,7 +65,7 @@ struct Run {
 template <class Plan, class Mesh>
 Run train_on(const Setup& s, const Mesh& mesh) {
   const auto cfg = config(s.ctx);
-  nn::ViT<double, Mesh, Plan> model(mesh, cfg);
+  models::ViT<double, Mesh, Plan> model(mesh, cfg);
   using Model = decltype(model);
   // One step loop for both: ps are the optimizer's parameters, finish the gradient sync of the
   // data dimensions, after_step ZeRO-1/2's all-gather.
@@ -73,7 +73,7 @@ Run train_on(const Setup& s, const Mesh& mesh) {
     optim::AdamW<double, Mesh::ndim> opt(ps, {.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1});
     Run out;
     for (int step = 0; step < steps; ++step) {
-      auto [x, y] = nn::synthetic_images<double>(cfg, batch, std::uint64_t(step));
+      auto [x, y] = models::synthetic_images<double>(cfg, batch, std::uint64_t(step));
       auto images = distribute_replicated<typename Model::Images::layout>(mesh, x);
       auto labels = distribute_replicated<typename Model::Labels::layout>(mesh, y);
       opt.zero_grad();
@@ -166,7 +166,7 @@ TEST_CASE("ViT learns the synthetic task on one rank", "[parity][vit]") {
   threads::run(1, [&](CommPtr w) {
     DdpMesh mesh(w, {1, 1, 1});
     const auto cfg = config();
-    nn::ViT<double, DdpMesh> model(mesh, cfg);
+    models::ViT<double, DdpMesh> model(mesh, cfg);
     using Model = decltype(model);
     nn::ParamList<double, 3> ps;
     nn::collect(model, ps);
@@ -174,7 +174,7 @@ TEST_CASE("ViT learns the synthetic task on one rank", "[parity][vit]") {
     parallel::DataParallel<DdpMesh> ddp(mesh);  // one rank: it marks the gradients reduced, at no cost
     ddp.attach(model);
     auto batch_of = [&](Extent n, std::uint64_t seed) {
-      auto [x, y] = nn::synthetic_images<double>(cfg, n, seed);
+      auto [x, y] = models::synthetic_images<double>(cfg, n, seed);
       return std::pair{distribute_replicated<typename Model::Images::layout>(mesh, x),
                        distribute_replicated<typename Model::Labels::layout>(mesh, y)};
     };
@@ -223,11 +223,11 @@ TEST_CASE("ViT parity: all at once, dp 2 x fsdp 2 (ZeRO-3) x cp 2 (ring) x tp 2 
 
 // ---------------------------------------------------------------- pipeline stages and experts
 //
-// The ViT cut into pipeline stages by pipeline::split (nn::ViTParts: patch embedding, encoder
+// The ViT cut into pipeline stages by pipeline::split (models::ViTParts: patch embedding, encoder
 // blocks, pooled head, classification loss), each stage FSDP-sharded inside
-// pipeline::ShardedPipeline, under every schedule; and with nn::MoELayers (every other block a
+// pipeline::ShardedPipeline, under every schedule; and with models::MoELayers (every other block a
 // mixture of 4 experts, top-2, dropless) expert-parallel over an "ep" dimension. The oracle is the
-// whole model on one rank (nn::ViT, no pipeline code), with one AdamW and one clip over every
+// whole model on one rank (models::ViT, no pipeline code), with one AdamW and one clip over every
 // parameter, dense and expert. Uneven: 5 blocks over 2 or 4 stages (3/2, 2/1/1/1), micro-batches
 // of 3 or 6 images over 2 or 4 data ranks, 7 patches over cp and SP ranks, 5 classes.
 
@@ -239,17 +239,17 @@ using StageM = DeviceMesh<"dp", "fsdp", "cp", "tp">;
 using EMesh = DeviceMesh<"edp", "ep", "tp">;
 constexpr Extent pipe_batch = 12;
 
-nn::ViTConfig pipe_config(parallel::ContextAttentionOptions ctx = {}) {
+models::ViTConfig pipe_config(parallel::ContextAttentionOptions ctx = {}) {
   auto c = config(ctx);
   c.layers = 5;
   return c;
 }
-nn::MoELayersConfig vit_moe() {  // a capacity factor of experts / topk: no expert can overflow
+models::MoELayersConfig vit_moe() {  // a capacity factor of experts / topk: no expert can overflow
   return {.router = {.experts = 4, .topk = 2, .capacity_factor = 2.0, .aux_loss_coeff = 0.01, .z_loss_coeff = 1e-3},
           .hidden = 16, .every = 2};
 }
 template <bool MoE>
-using LayersOf = std::conditional_t<MoE, nn::MoELayers<double, EMesh>, nn::DenseLayers>;
+using LayersOf = std::conditional_t<MoE, models::MoELayers<double, EMesh>, models::DenseLayers>;
 template <bool MoE, class DenseMesh>
 LayersOf<MoE> layers_on(const DenseMesh& mesh, int ep) {
   if constexpr (MoE) return LayersOf<MoE>(parallel::make_expert_mesh<EMesh>(mesh, ep), vit_moe());
@@ -265,7 +265,7 @@ const std::vector<double>& whole_reference() {
     threads::run(1, [&](CommPtr w) {
       DdpMesh mesh(w, {1, 1, 1});
       const auto cfg = pipe_config();
-      nn::ViT<double, DdpMesh, nn::ReplicatedPlan, LayersOf<MoE>> model(mesh, cfg, layers_on<MoE>(mesh, 1));
+      models::ViT<double, DdpMesh, nn::ReplicatedPlan, LayersOf<MoE>> model(mesh, cfg, layers_on<MoE>(mesh, 1));
       using Model = decltype(model);
       nn::ParamList<double, 3> dense;
       nn::collect_on<DdpMesh>(model, dense);
@@ -274,7 +274,7 @@ const std::vector<double>& whole_reference() {
       auto run = [&](auto all) {
         auto opt = optim::make_adamw(all, pipe_adamw);
         for (int step = 0; step < steps; ++step) {
-          auto [x, y] = nn::synthetic_images<double>(cfg, pipe_batch, std::uint64_t(step));
+          auto [x, y] = models::synthetic_images<double>(cfg, pipe_batch, std::uint64_t(step));
           opt.zero_grad();
           auto [loss, saved] = model.forward(distribute_replicated<typename Model::Images::layout>(mesh, x),
                                              distribute_replicated<typename Model::Labels::layout>(mesh, y));
@@ -309,7 +309,7 @@ std::vector<double> train_pipeline(CommPtr world, const PipeSetup& s) {
   PipeMesh mesh(world, s.shape);
   const StageM stage_mesh = pp::stage_mesh_of(mesh);
   const auto cfg = pipe_config({.kind = s.kind, .load_balanced = false});
-  using Parts = nn::ViTParts<double, StageM, Plan, LayersOf<MoE>>;
+  using Parts = models::ViTParts<double, StageM, Plan, LayersOf<MoE>>;
   using Stage = pp::Stage<Parts>;
   auto schedule = pp::make_schedule(pp::parse_schedule_kind(s.schedule), s.shape[0], s.microbatches);
   pp::ShardedPipeline<Stage, PipeMesh> run(
@@ -318,7 +318,7 @@ std::vector<double> train_pipeline(CommPtr world, const PipeSetup& s) {
   auto opt = optim::make_adamw(run.params(), pipe_adamw);  // every parameter: the shards and (MoE) the experts
   std::vector<double> losses;
   for (int step = 0; step < steps; ++step) {
-    auto [x, y] = nn::synthetic_images<double>(cfg, pipe_batch, std::uint64_t(step));
+    auto [x, y] = models::synthetic_images<double>(cfg, pipe_batch, std::uint64_t(step));
     run.zero_grad();
     auto stats = run.step(pp::split_microbatches<typename Stage::Input, typename Stage::Target>(stage_mesh, x, y, s.microbatches));
     run.clip_grad_norm(1.0);
@@ -373,14 +373,19 @@ TEST_CASE("ViT all at once: pp 2 x dp 2 x fsdp 2 (ZeRO-3) x cp 2 (ring) x tp 2 +
 TEST_CASE("ViT dry run on meta: ViT-B/16 on 512 ranks, ZeRO-3 x CP x TP + SP", "[vit][sim]") {
   using MetaM = MetaMesh<"dp", "fsdp", "cp", "tp">;
   const std::array<int, 4> shape{4, 8, 4, 4};
-  const nn::ViTConfig cfg{.patches = 196, .patch_dim = 768, .classes = 1000, .dim = 768, .heads = 12, .layers = 12,
-                          .context = {.kind = parallel::ContextKind::ring, .load_balanced = false}};
+  const models::ViTConfig cfg{.patches = 196,
+                              .patch_dim = 768,
+                              .classes = 1000,
+                              .dim = 768,
+                              .heads = 12,
+                              .layers = 12,
+                              .context = {.kind = parallel::ContextKind::ring, .load_balanced = false}};
   const Extent images = 256;
   std::int64_t full_params = 0, shard_bytes = 0, master_bytes = 0;
   const auto reports = sim::dry_run<4>(shape, {sim::RankClass<4>{{0, 0, 0, 0}, 1}}, [&](CommPtr world, sim::Recorder& rec) {
     MetaM mesh(world, shape);
     rec.phase("parameters");
-    std::optional<nn::ViT<float, MetaM, parallel::MegatronPlan<true>>> model;
+    std::optional<models::ViT<float, MetaM, parallel::MegatronPlan<true>>> model;
     {
       MemoryTagScope tag(MemoryTag::parameters);
       model.emplace(mesh, cfg);
@@ -450,13 +455,18 @@ TEST_CASE("ViT dry run on meta: MoE ViT-B/16, pp 4 x fsdp 8 x cp 2 x tp 4 + SP x
   using Mesh5 = MetaMesh<"pp", "dp", "fsdp", "cp", "tp">;
   using MStage = MetaMesh<"dp", "fsdp", "cp", "tp">;
   using MExperts = MetaMesh<"edp", "ep", "tp">;
-  using Layers = nn::MoELayers<float, MExperts>;
-  using Parts = nn::ViTParts<float, MStage, parallel::MegatronPlan<true>, Layers>;
+  using Layers = models::MoELayers<float, MExperts>;
+  using Parts = models::ViTParts<float, MStage, parallel::MegatronPlan<true>, Layers>;
   using Stage = pp::Stage<Parts>;
   const std::array<int, 5> shape{4, 1, 8, 2, 4};
-  const nn::ViTConfig cfg{.patches = 196, .patch_dim = 768, .classes = 1000, .dim = 768, .heads = 12, .layers = 12,
-                          .context = {.kind = parallel::ContextKind::ring, .load_balanced = false}};
-  nn::MoELayersConfig mc;
+  const models::ViTConfig cfg{.patches = 196,
+                              .patch_dim = 768,
+                              .classes = 1000,
+                              .dim = 768,
+                              .heads = 12,
+                              .layers = 12,
+                              .context = {.kind = parallel::ContextKind::ring, .load_balanced = false}};
+  models::MoELayersConfig mc;
   mc.router.experts = 8, mc.router.topk = 2, mc.every = 2;
   const Extent images = 64;
   struct Seen {

@@ -42,15 +42,15 @@ namespace {
 
 using Mesh2 = DeviceMesh<"dp", "tp">;
 using FsdpMesh = DeviceMesh<"dp", "fsdp", "tp">;
-using TpModel = nn::GPT<double, Mesh2, parallel::MegatronPlan<true>>;
-using OneModel = nn::GPT<double, Mesh2, nn::ReplicatedPlan>;
+using TpModel = models::GPT<double, Mesh2, parallel::MegatronPlan<true>>;
+using OneModel = models::GPT<double, Mesh2, nn::ReplicatedPlan>;
 using Full = std::map<std::string, std::pair<std::vector<Extent>, std::vector<double>>>;  // name -> (shape, values)
 
 constexpr Extent kBatch = 4, kPositions = 6;
 constexpr int kSaveAt = 3, kMore = 2;  // train 3 steps, save, 2 more
 
 // vocab 29 splits unevenly over tp 2 (15, 14) and tp 4 (8, 8, 8, 5).
-nn::GPTConfig config() {
+models::GPTConfig config() {
   return {.vocab = 29, .seq = 8, .dim = 16, .heads = 4, .layers = 2, .mlp_ratio = 2, .checkpoint = false, .seed = 5};
 }
 optim::AdamWOptions adam() { return {.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1}; }
@@ -63,7 +63,8 @@ struct Run {
     m.collect(ps);
     return ps;
   }
-  explicit Run(const Mesh& mesh, const nn::GPTConfig& c = config()) : model(mesh, c), ps(views(model)), opt(ps, adam()) {}
+  explicit Run(const Mesh& mesh, const models::GPTConfig& c = config())
+      : model(mesh, c), ps(views(model)), opt(ps, adam()) {}
   Model model;
   nn::ParamList<double, Mesh::ndim> ps;
   optim::AdamW<double, Mesh::ndim> opt;
@@ -135,8 +136,10 @@ std::vector<double> moments(const Opt& opt) {
 }
 
 checkpoint::TrainingMeta meta_at(int step) {
-  return {.step = step, .data_position = std::uint64_t(step) * kBatch, .rng_state = std::string("rng\0state\n", 10),
-          .config = checkpoint::config_of(config())};
+  return {.step = step,
+          .data_position = std::uint64_t(step) * kBatch,
+          .rng_state = std::string("rng\0state\n", 10),
+          .config = models::config_of(config())};
 }
 
 /// Trains kSaveAt steps on dp 2 x tp 2 and saves at `dir`; returns the losses of kSaveAt + kMore
@@ -165,7 +168,7 @@ Full load_full(const fs::path& dir) {
     OneRun model_run(mesh);
 
     auto& [model, ps, opt] = model_run;
-    checkpoint::load_training_state(dir, mesh, model, opt, checkpoint::config_of(config()));
+    checkpoint::load_training_state(dir, mesh, model, opt, models::config_of(config()));
     for (const auto& s : checkpoint::detail::with_moments(checkpoint::parameter_slots(model.units(), mesh), opt))
       full[s.name] = {s.shape, std::vector<double>(s.data, s.data + s.box.numel())};
   });
@@ -218,7 +221,7 @@ TEST_CASE("checkpoint: train 3, save, resume, train 2 == 5 straight, bit for bit
     auto before = unit_values(model);
     // The seed differs, so the configuration does: refused, and nothing loaded.
     try {
-      checkpoint::load_training_state(reference_dir(), mesh, model, opt, checkpoint::config_of(model.config()));
+      checkpoint::load_training_state(reference_dir(), mesh, model, opt, models::config_of(model.config()));
       report("a checkpoint of another configuration loaded");
     } catch (const Error& e) {
       if (std::string(e.what()).find("seed: 5 in the checkpoint, 99 here") == std::string::npos) report(e.what());
@@ -245,7 +248,7 @@ TEST_CASE("checkpoint: the same mesh restores parameters and AdamW moments bit f
     auto &opt = saved_run.opt, &opt2 = loaded_run.opt;
     train(saved_run, mesh, 0, 2);
     checkpoint::save_training_state(dir, mesh, saved, opt, meta_at(2), {.max_piece_bytes = 512});  // many slabs
-    checkpoint::load_training_state(dir, mesh, loaded, opt2, checkpoint::config_of(config()));
+    checkpoint::load_training_state(dir, mesh, loaded, opt2, models::config_of(config()));
     if (unit_values(loaded) != unit_values(saved)) report("parameters differ");
     if (moments(opt2) != moments(opt) || opt2.steps() != 2) report("optimizer state differs");
     // Each saved box is written once: pieces tile every tensor (checked by save), no more.
@@ -290,7 +293,7 @@ TEST_CASE("checkpoint: loaded on one rank, tp 4 and FSDP, every piece equals the
       OneRun model_run(mesh);
 
       auto& [model, ps, opt] = model_run;
-      checkpoint::load_training_state(reference_dir(), mesh, model, opt, checkpoint::config_of(config()));
+      checkpoint::load_training_state(reference_dir(), mesh, model, opt, models::config_of(config()));
       const auto losses = train(model_run, mesh, kSaveAt, kSaveAt + kMore);
       const auto msg = compare_losses(losses, {straight.begin() + kSaveAt, straight.end()}, 1e-10);
       INFO(msg);
@@ -320,10 +323,10 @@ TEST_CASE("checkpoint: loaded on one rank, tp 4 and FSDP, every piece equals the
   SECTION("FSDP x TP 2 x 2 (ZeRO-3), then 2 more steps; FSDP over 3 ranks (uneven) and HSDP 2 x 2, saved again, whole on one rank") {
     auto f = on_ranks(4, [&](CommPtr world, auto report) {
       FsdpMesh mesh(world, {1, 2, 2});
-      nn::GPT<double, FsdpMesh, parallel::MegatronPlan<true>> model(mesh, config());
+      models::GPT<double, FsdpMesh, parallel::MegatronPlan<true>> model(mesh, config());
       auto fsdp = parallel::fully_shard(model, mesh, {.stage = 3});
       optim::AdamW<double, 3> opt(fsdp.params(), adam());
-      checkpoint::load_training_state(reference_dir(), mesh, model, fsdp, opt, checkpoint::config_of(config()));
+      checkpoint::load_training_state(reference_dir(), mesh, model, fsdp, opt, models::config_of(config()));
       report(compare_slots(checkpoint::detail::with_moments(checkpoint::fsdp_parameter_slots(model.units(), fsdp, mesh), opt), full));
       std::vector<double> losses;
       for (int s = kSaveAt; s < kSaveAt + kMore; ++s) {
@@ -344,10 +347,10 @@ TEST_CASE("checkpoint: loaded on one rank, tp 4 and FSDP, every piece equals the
     const auto dir = scratch("fsdp3");
     f = on_ranks(3, [&](CommPtr world, auto report) {
       FsdpMesh mesh(world, {1, 3, 1});
-      nn::GPT<double, FsdpMesh, nn::ReplicatedPlan> model(mesh, config());
+      models::GPT<double, FsdpMesh, nn::ReplicatedPlan> model(mesh, config());
       auto fsdp = parallel::fully_shard(model, mesh, {.stage = 2});
       optim::AdamW<double, 3> opt(fsdp.params(), adam());
-      checkpoint::load_training_state(reference_dir(), mesh, model, fsdp, opt, checkpoint::config_of(config()));
+      checkpoint::load_training_state(reference_dir(), mesh, model, fsdp, opt, models::config_of(config()));
       // ZeRO-2 keeps full values: sync_parameters (in load) made them the loaded ones.
       report(compare_slots(checkpoint::parameter_slots(model.units(), mesh), full));
       checkpoint::save_training_state(dir, mesh, model, fsdp, opt, meta_at(kSaveAt), {.max_piece_bytes = 256});
@@ -360,10 +363,10 @@ TEST_CASE("checkpoint: loaded on one rank, tp 4 and FSDP, every piece equals the
     const auto hsdp_dir = scratch("hsdp");
     f = on_ranks(4, [&](CommPtr world, auto report) {
       FsdpMesh mesh(world, {2, 2, 1});
-      nn::GPT<double, FsdpMesh, nn::ReplicatedPlan> model(mesh, config());
+      models::GPT<double, FsdpMesh, nn::ReplicatedPlan> model(mesh, config());
       auto fsdp = parallel::fully_shard(model, mesh, {.stage = 3});
       optim::AdamW<double, 3> opt(fsdp.params(), adam());
-      checkpoint::load_training_state(reference_dir(), mesh, model, fsdp, opt, checkpoint::config_of(config()));
+      checkpoint::load_training_state(reference_dir(), mesh, model, fsdp, opt, models::config_of(config()));
       checkpoint::save_training_state(hsdp_dir, mesh, model, fsdp, opt, meta_at(kSaveAt));
       if (mesh.coordinate(0) == 1 && fs::file_size(hsdp_dir / ("rank-0000" + std::to_string(world->rank()) + ".bin")) != 0)
         report("a replica on dp 1 wrote pieces");
@@ -381,7 +384,7 @@ TEST_CASE("checkpoint: FSDP over fsdp x cp saves each shard once and loads at fs
   // cp 2 and at fsdp 3 x cp 2 (uneven over 6) from the dp 2 x tp 2 reference, saved there, and
   // the saved files loaded at fsdp 4 x cp 1, fsdp 1 (HSDP dp 2) and whole on one rank.
   using CpMesh = DeviceMesh<"dp", "fsdp", "cp">;
-  using CpModel = nn::GPT<double, CpMesh, nn::ReplicatedPlan>;
+  using CpModel = models::GPT<double, CpMesh, nn::ReplicatedPlan>;
   straight_losses();  // the reference checkpoint
   const Full full = load_full(reference_dir());
   for (const std::array<int, 3> saving : {std::array{1, 2, 2}, std::array{1, 3, 2}}) {
@@ -392,7 +395,7 @@ TEST_CASE("checkpoint: FSDP over fsdp x cp saves each shard once and loads at fs
       CpModel model(mesh, config());
       auto fsdp = parallel::fully_shard(model, mesh, {.stage = 3});
       optim::AdamW<double, 3> opt(fsdp.params(), adam());
-      checkpoint::load_training_state(reference_dir(), mesh, model, fsdp, opt, checkpoint::config_of(config()));
+      checkpoint::load_training_state(reference_dir(), mesh, model, fsdp, opt, models::config_of(config()));
       const auto slots = checkpoint::detail::with_moments(checkpoint::fsdp_parameter_slots(model.units(), fsdp, mesh), opt);
       report(compare_slots(slots, full));
       for (const auto& s : slots)
@@ -408,7 +411,7 @@ TEST_CASE("checkpoint: FSDP over fsdp x cp saves each shard once and loads at fs
         CpModel model(mesh, config());
         auto fsdp = parallel::fully_shard(model, mesh, {.stage = 1});
         optim::AdamW<double, 3> opt(fsdp.params(), adam());
-        checkpoint::load_training_state(dir, mesh, model, fsdp, opt, checkpoint::config_of(config()));
+        checkpoint::load_training_state(dir, mesh, model, fsdp, opt, models::config_of(config()));
         report(compare_slots(checkpoint::detail::with_moments(checkpoint::fsdp_parameter_slots(model.units(), fsdp, mesh), opt), full));
         report(compare_slots(checkpoint::parameter_slots(model.units(), mesh), full));  // ZeRO-1's full values, gathered
       });
@@ -429,7 +432,7 @@ std::string load_error(const fs::path& dir) {
 
     auto& [model, ps, opt] = model_run;
     try {
-      checkpoint::load_training_state(dir, mesh, model, opt, checkpoint::config_of(config()));
+      checkpoint::load_training_state(dir, mesh, model, opt, models::config_of(config()));
     } catch (const Error& e) {
       errors[std::size_t(world->rank())] = e.what();
     }
@@ -1075,7 +1078,7 @@ TEST_CASE("redistribute_parameters: a GPT trained on dp 2 x tp 2 moves in memory
           "[checkpoint][cross_mesh]") {
   // A world of 6: training on root ranks {0, 1, 2, 3} (dp 2 x tp 2), serving on {4, 5, 2, 3} (dp 1 x tp 4: vocab 29
   // as 8, 8, 8, 5). Ranks 0 and 1 only send, 4 and 5 only receive, 2 and 3 do both (at other coordinates).
-  using MetaTp = nn::GPT<double, MetaMesh<"dp", "tp">, parallel::MegatronPlan<true>>;
+  using MetaTp = models::GPT<double, MetaMesh<"dp", "tp">, parallel::MegatronPlan<true>>;
   const MeshRanks<2> train_ranks{{2, 2}, {0, 1, 2, 3}}, serve_ranks{{1, 4}, {4, 5, 2, 3}};
   auto serve_config = config();
   serve_config.seed = 9;  // the serving model starts from other values

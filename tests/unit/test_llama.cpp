@@ -1,9 +1,9 @@
 // The Llama pieces: ops::rotary and ops::repeat_interleave against finite differences (double)
 // and their defining properties; grouped-query attention with rotary positions, SwiGLU and the
 // Llama block against finite differences; tensor-parallel GQA / SwiGLU / block (TP, TP + SP on
-// 1-D and 2-D meshes) equal to the one-rank modules; nn::Llama's parameters and units; the
+// 1-D and 2-D meshes) equal to the one-rank modules; models::Llama's parameters and units; the
 // errors for KV heads or ffn that do not split over tp. Training parity: tests/parity/test_llama_parity.cpp.
-// models::generate: greedy tokens of nn::GPT and nn::Llama equal on one rank and TP = 2 (+SP), sampling
+// models::generate: greedy tokens of models::GPT and models::Llama equal on one rank and TP = 2 (+SP), sampling
 // deterministic and following softmax(logits / temperature) over the top k.
 #include <catch2/catch.hpp>
 #include <cstdlib>
@@ -34,7 +34,7 @@ const nn::BlockConfig llama_bc{.dim = C, .heads = H, .seq = SEQ, .init_std = 0.3
                                .ffn = FFN, .rope_theta = 100, .bias = false, .norm_eps = 1e-5};
 
 template <class Plan>
-using LlamaBlock = typename nn::LlamaLayers::template block<double, NnMesh, Plan>;
+using LlamaBlock = typename models::LlamaLayers::template block<double, NnMesh, Plan>;
 
 /// Central differences of J(x) = sum(r * f(x)) at every entry of x, against `analytic`.
 template <std::size_t R, class F, class G>
@@ -211,11 +211,11 @@ TEST_CASE("KV heads and the ffn width must split over tp", "[llama][nn]") {
   REQUIRE(f.empty());
 }
 
-TEST_CASE("nn::Llama: parameters, units and no position table", "[llama][nn]") {
+TEST_CASE("models::Llama: parameters, units and no position table", "[llama][nn]") {
   threads::run(1, [&](CommPtr w) {
     NnMesh mesh(w, {1, 1});
-    const nn::GPTConfig cfg{.vocab = 29, .seq = SEQ, .dim = C, .heads = H, .layers = 3, .kv_heads = KV, .ffn = FFN};
-    nn::Llama<double, NnMesh> model(mesh, cfg);
+    const models::GPTConfig cfg{.vocab = 29, .seq = SEQ, .dim = C, .heads = H, .layers = 3, .kv_heads = KV, .ffn = FFN};
+    models::Llama<double, NnMesh> model(mesh, cfg);
     nn::ParamList<double, 2> ps;
     model.collect(ps);
     Extent count = 0;
@@ -238,14 +238,14 @@ TEST_CASE("nn::Llama: parameters, units and no position table", "[llama][nn]") {
 namespace {
 
 template <class Model>
-std::vector<std::int32_t> generate_on(const NnMesh& mesh, const nn::GPTConfig& cfg, std::vector<std::int32_t> prompt,
-                                      const models::GenerateOptions& o) {
+std::vector<std::int32_t> generate_on(const NnMesh& mesh, const models::GPTConfig& cfg,
+                                      std::vector<std::int32_t> prompt, const models::GenerateOptions& o) {
   Model model(mesh, cfg);
   return models::generate(model, std::move(prompt), o);
 }
 
 template <template <class, class, class> class Arch>
-void check_generate_tp(const nn::GPTConfig& cfg) {
+void check_generate_tp(const models::GPTConfig& cfg) {
   using One = Arch<double, NnMesh, nn::ReplicatedPlan>;
   using Tp = Arch<double, NnMesh, parallel::MegatronPlan<true>>;
   const std::vector<std::int32_t> prompt{1, 2, 3};
@@ -301,9 +301,9 @@ void check_generate_tp(const nn::GPTConfig& cfg) {
 }
 
 template <class T, class Mesh, class Plan>
-using GptArch = nn::GPT<T, Mesh, Plan>;
+using GptArch = models::GPT<T, Mesh, Plan>;
 template <class T, class Mesh, class Plan>
-using LlamaArch = nn::Llama<T, Mesh, Plan>;
+using LlamaArch = models::Llama<T, Mesh, Plan>;
 
 }  // namespace
 
@@ -322,7 +322,7 @@ using PpMesh = DeviceMesh<"pp", "dp", "tp">;
 /// Generation over pipeline stages (models::generate_logits(stages, layout, mesh, ...)) against
 /// the whole model on one rank: the same tokens, logits within 1e-12 in double, cached and not.
 template <template <class, class, class> class Arch, class Layers, class Mesh = PpMesh>
-void check_generate_pipeline(const nn::GPTConfig& cfg, std::array<int, 3> shape, pp::StageLayout layout) {
+void check_generate_pipeline(const models::GPTConfig& cfg, std::array<int, 3> shape, pp::StageLayout layout) {
   using One = Arch<double, NnMesh, nn::ReplicatedPlan>;
   const std::vector<std::int32_t> prompt{1, 2, 3};
   const std::vector<models::GenerateOptions> options{
@@ -339,7 +339,7 @@ void check_generate_pipeline(const nn::GPTConfig& cfg, std::array<int, 3> shape,
     Mesh mesh(world, shape);
     const auto stage_mesh = pp::stage_mesh_of(mesh);
     using StageMesh = std::remove_cvref_t<decltype(stage_mesh)>;
-    using Model = nn::GptParts<double, StageMesh, parallel::MegatronPlan<true>, std::int32_t, Layers>;
+    using Model = models::GptParts<double, StageMesh, parallel::MegatronPlan<true>, std::int32_t, Layers>;
     static_assert(models::detail::KvCacheable<pp::Stage<Model>>, "a GPT stage keeps KV caches");
     auto stages = pp::split(Model(stage_mesh, cfg), layout, mesh.coordinate(0));
     // The messages of one generation: per token, one send per stage whose next stage is on
@@ -378,23 +378,33 @@ void check_generate_pipeline(const nn::GPTConfig& cfg, std::array<int, 3> shape,
 TEST_CASE("generate: over pipeline stages (x TP 2 + SP, x CP 2), KV-cached, as one rank", "[models][generate][pipeline]") {
   // 5 layers over 2 and 4 stages (uneven), vocab 23 over tp 2 (12, 11); 3 + 9 tokens pass seq 8,
   // so the cached run slides into recomputed windows at the end.
-  const nn::GPTConfig gpt{.vocab = 23, .seq = 8, .dim = 16, .heads = 4, .layers = 5, .seed = 3};
-  const nn::GPTConfig llama{.vocab = 23, .seq = 8, .dim = 16, .heads = 4, .layers = 5, .seed = 4, .kv_heads = 2,
-                            .ffn = 24, .rope_theta = 100, .bias = false};
-  check_generate_pipeline<GptArch, nn::DenseLayers>(gpt, {2, 1, 2}, pp::StageLayout::looped(2));
-  check_generate_pipeline<LlamaArch, nn::LlamaLayers>(llama, {2, 1, 2}, pp::StageLayout::looped(2));
-  check_generate_pipeline<GptArch, nn::DenseLayers>(gpt, {2, 2, 1}, pp::StageLayout::looped(2, 2));  // 2 stages per rank, dp 2
+  const models::GPTConfig gpt{.vocab = 23, .seq = 8, .dim = 16, .heads = 4, .layers = 5, .seed = 3};
+  const models::GPTConfig llama{.vocab = 23,
+                                .seq = 8,
+                                .dim = 16,
+                                .heads = 4,
+                                .layers = 5,
+                                .seed = 4,
+                                .kv_heads = 2,
+                                .ffn = 24,
+                                .rope_theta = 100,
+                                .bias = false};
+  check_generate_pipeline<GptArch, models::DenseLayers>(gpt, {2, 1, 2}, pp::StageLayout::looped(2));
+  check_generate_pipeline<LlamaArch, models::LlamaLayers>(llama, {2, 1, 2}, pp::StageLayout::looped(2));
+  check_generate_pipeline<GptArch, models::DenseLayers>(gpt, {2, 2, 1},
+                                                        pp::StageLayout::looped(2, 2));  // 2 stages per rank, dp 2
   auto llama7 = llama;
   llama7.layers = 7;  // 6 stages of 1 or 2 blocks
-  check_generate_pipeline<LlamaArch, nn::LlamaLayers>(llama7, {3, 1, 1}, pp::StageLayout::v_shape(3));  // V: stages 0 and 5 on rank 0
+  check_generate_pipeline<LlamaArch, models::LlamaLayers>(llama7, {3, 1, 1},
+                                                          pp::StageLayout::v_shape(3));  // V: stages 0 and 5 on rank 0
   // With a context dimension: each stage's caches split over cp 2 (the prompt of 3 stored
   // load-balanced), ring with the Llama, all-gather with the GPT, x TP 2.
   using PpCpMesh = DeviceMesh<"pp", "cp", "tp">;
   auto gpt_cp = gpt, llama_cp = llama;
   gpt_cp.context = {.kind = parallel::ContextKind::allgather, .load_balanced = true};
   llama_cp.context = {.kind = parallel::ContextKind::ring, .load_balanced = true};
-  check_generate_pipeline<GptArch, nn::DenseLayers, PpCpMesh>(gpt_cp, {2, 2, 2}, pp::StageLayout::looped(2));
-  check_generate_pipeline<LlamaArch, nn::LlamaLayers, PpCpMesh>(llama_cp, {2, 2, 1}, pp::StageLayout::looped(2));
+  check_generate_pipeline<GptArch, models::DenseLayers, PpCpMesh>(gpt_cp, {2, 2, 2}, pp::StageLayout::looped(2));
+  check_generate_pipeline<LlamaArch, models::LlamaLayers, PpCpMesh>(llama_cp, {2, 2, 1}, pp::StageLayout::looped(2));
 }
 
 TEST_CASE("generate: the choice of a token, and bad input", "[models][generate]") {
@@ -434,15 +444,17 @@ TEST_CASE("generate: the choice of a token, and bad input", "[models][generate]"
       try {
         if (form == 0) {
           NnMesh mesh(w, {1, 2});
-          nn::GPT<double, NnMesh, parallel::MegatronPlan<true>> model(mesh, {.vocab = 5, .seq = 4, .dim = 8, .heads = 2, .layers = 1});
+          models::GPT<double, NnMesh, parallel::MegatronPlan<true>> model(
+              mesh, {.vocab = 5, .seq = 4, .dim = 8, .heads = 2, .layers = 1});
           (void)models::generate(model, {1, second ? 2 : 3}, o);
         } else {
           using Mesh = DeviceMesh<"pp", "dp", "tp">;
           Mesh mesh(w, {2, 1, 1});
           const auto stage_mesh = parallel::pipeline::stage_mesh_of(mesh);
-          auto stages = parallel::pipeline::split(
-              nn::GptParts<double, std::remove_cvref_t<decltype(stage_mesh)>>(stage_mesh, {.vocab = 5, .seq = 4, .dim = 8, .heads = 2, .layers = 2}),
-              parallel::pipeline::StageLayout::looped(2), mesh.coordinate(0));
+          auto stages =
+              parallel::pipeline::split(models::GptParts<double, std::remove_cvref_t<decltype(stage_mesh)>>(
+                                            stage_mesh, {.vocab = 5, .seq = 4, .dim = 8, .heads = 2, .layers = 2}),
+                                        parallel::pipeline::StageLayout::looped(2), mesh.coordinate(0));
           (void)models::generate(stages, parallel::pipeline::StageLayout::looped(2), mesh, {1, second ? 2 : 3}, o);
         }
       } catch (const Error& e) {
@@ -458,7 +470,7 @@ TEST_CASE("generate: the choice of a token, and bad input", "[models][generate]"
   }
   threads::run(1, [&](CommPtr w) {
     NnMesh mesh(w, {1, 1});
-    nn::GPT<double, NnMesh> model(mesh, {.vocab = 5, .seq = 4, .dim = 8, .heads = 2, .layers = 1});
+    models::GPT<double, NnMesh> model(mesh, {.vocab = 5, .seq = 4, .dim = 8, .heads = 2, .layers = 1});
     using Catch::Contains;
     CHECK_THROWS_WITH(models::generate(model, {}, {}), Contains("models::generate") && Contains("prompt is empty"));
     CHECK_THROWS_WITH(models::generate(model, {1, 5}, {}), Contains("prompt token 5 is not in the vocabulary [0, 5)"));
@@ -502,7 +514,7 @@ double worst_logit_gap(const models::GenerateResult& a, const models::GenerateRe
 
 /// Cached and uncached generation of `Model` on `mesh` against the one-rank result `ref`.
 template <class Model, class Mesh, class Report>
-void generate_matches(const Mesh& mesh, const nn::GPTConfig& cfg, const std::vector<std::int32_t>& prompt,
+void generate_matches(const Mesh& mesh, const models::GPTConfig& cfg, const std::vector<std::int32_t>& prompt,
                       const models::GenerateResult& ref, const std::string& what, Report report) {
   Model model(mesh, cfg);
   const models::GenerateOptions cached{.new_tokens = 9}, uncached{.new_tokens = 9, .kv_cache = false};
@@ -516,7 +528,7 @@ void generate_matches(const Mesh& mesh, const nn::GPTConfig& cfg, const std::vec
 }
 
 template <template <class, class, class> class Arch>
-void check_generate_cp(nn::GPTConfig cfg) {
+void check_generate_cp(models::GPTConfig cfg) {
   using One = Arch<double, NnMesh, nn::ReplicatedPlan>;
   using Cp = Arch<double, CpMesh, nn::ReplicatedPlan>;
   using CpTp = Arch<double, CpTpMesh, parallel::MegatronPlan<false>>;
@@ -561,13 +573,21 @@ TEST_CASE("generate under context parallelism: the split KV cache and the window
 }
 
 TEST_CASE("KV cache under context parallelism: a decode step's collectives, the split, bad input", "[models][generate][context]") {
-  const nn::GPTConfig cfg{.vocab = 11, .seq = 7, .dim = 12, .heads = 6, .layers = 2, .seed = 8,
-                          .context = {.kind = parallel::ContextKind::ring, .load_balanced = true}, .kv_heads = 2,
-                          .ffn = 16, .rope_theta = 100, .bias = false};
-  static_assert(models::detail::KvCacheable<nn::Llama<double, CpMesh, nn::ReplicatedPlan>>);
+  const models::GPTConfig cfg{.vocab = 11,
+                              .seq = 7,
+                              .dim = 12,
+                              .heads = 6,
+                              .layers = 2,
+                              .seed = 8,
+                              .context = {.kind = parallel::ContextKind::ring, .load_balanced = true},
+                              .kv_heads = 2,
+                              .ffn = 16,
+                              .rope_theta = 100,
+                              .bias = false};
+  static_assert(models::detail::KvCacheable<models::Llama<double, CpMesh, nn::ReplicatedPlan>>);
   auto f = on_ranks(3, [&](CommPtr world, auto report) {
     CpMesh mesh(world, {3});
-    nn::Llama<double, CpMesh, nn::ReplicatedPlan> model(mesh, cfg);
+    models::Llama<double, CpMesh, nn::ReplicatedPlan> model(mesh, cfg);
     using Attn = std::remove_cvref_t<decltype(model.blocks().front().inner())>::Attn;
     std::vector<Attn::KvCache> caches(model.blocks().size());
     using Ids = decltype(model)::Ids;
@@ -653,9 +673,17 @@ double worst_gap(const std::vector<double>& a, const std::vector<double>& b) {
   return worst;
 }
 
-const nn::GPTConfig hf_gpt2{.vocab = 29, .seq = 12, .dim = 16, .heads = 4, .layers = 2, .norm_eps = 1e-5};
-const nn::GPTConfig hf_llama{.vocab = 31, .seq = 12, .dim = 16, .heads = 4, .layers = 2, .kv_heads = 2, .ffn = 24,
-                             .rope_theta = 10000, .bias = false, .norm_eps = 1e-6};
+const models::GPTConfig hf_gpt2{.vocab = 29, .seq = 12, .dim = 16, .heads = 4, .layers = 2, .norm_eps = 1e-5};
+const models::GPTConfig hf_llama{.vocab = 31,
+                                 .seq = 12,
+                                 .dim = 16,
+                                 .heads = 4,
+                                 .layers = 2,
+                                 .kv_heads = 2,
+                                 .ffn = 24,
+                                 .rope_theta = 10000,
+                                 .bias = false,
+                                 .norm_eps = 1e-6};
 
 }  // namespace
 
@@ -669,10 +697,10 @@ TEST_CASE("Hugging Face checkpoints: GPT-2 and Llama logits equal the reference 
   constexpr double tol = 1e-9;
   auto check_on = [&](auto tag, const NnMesh& mesh, auto report) {
     using Plan = typename decltype(tag)::type;
-    nn::GPT<double, NnMesh, Plan> gpt(mesh, hf_gpt2);
+    models::GPT<double, NnMesh, Plan> gpt(mesh, hf_gpt2);
     models::import_hf_safetensors(hf_dir / "gpt2_tiny.safetensors", gpt, models::HfArch::gpt2);
     if (double g = worst_gap(all_logits(gpt, tokens), gpt2_ref); !(g < tol)) report(dtensor::detail::cat("GPT-2 logits off by ", g));
-    nn::Llama<double, NnMesh, Plan> llama(mesh, hf_llama);
+    models::Llama<double, NnMesh, Plan> llama(mesh, hf_llama);
     models::import_hf_safetensors(hf_dir / "llama_tiny.safetensors.index.json", llama, models::HfArch::llama);
     if (double g = worst_gap(all_logits(llama, tokens), llama_ref); !(g < tol)) report(dtensor::detail::cat("Llama logits off by ", g));
   };
@@ -690,10 +718,10 @@ TEST_CASE("Hugging Face checkpoints: export from TP 2 gives HF's tensors back; b
   std::filesystem::create_directories(dir);
   auto f = on_ranks(2, [&](CommPtr w, auto report) {
     NnMesh mesh(w, {1, 2});
-    nn::Llama<double, NnMesh, parallel::MegatronPlan<true>> llama(mesh, hf_llama);
+    models::Llama<double, NnMesh, parallel::MegatronPlan<true>> llama(mesh, hf_llama);
     models::import_hf_safetensors(hf_dir / "llama_tiny.safetensors.index.json", llama, models::HfArch::llama);
     models::export_hf_safetensors(dir / "llama.safetensors", llama, models::HfArch::llama);
-    nn::GPT<double, NnMesh, parallel::MegatronPlan<true>> gpt(mesh, hf_gpt2);
+    models::GPT<double, NnMesh, parallel::MegatronPlan<true>> gpt(mesh, hf_gpt2);
     models::import_hf_safetensors(hf_dir / "gpt2_tiny.safetensors", gpt, models::HfArch::gpt2);
     models::export_hf_safetensors(dir / "gpt2.safetensors", gpt, models::HfArch::gpt2);
     if (w->rank() == 0 && std::filesystem::exists(dir / "llama.safetensors.dtensor-names")) report("staging file left behind");
@@ -731,15 +759,15 @@ TEST_CASE("Hugging Face checkpoints: export from TP 2 gives HF's tensors back; b
       const std::string zeros(8, '\0');
       io.write(zeros.data(), 8);
     }
-    nn::GPT<double, NnMesh> damaged(mesh, hf_gpt2);
+    models::GPT<double, NnMesh> damaged(mesh, hf_gpt2);
     CHECK_THROWS_WITH(models::import_hf_safetensors(dir / "gpt2.safetensors", damaged, models::HfArch::gpt2),
                       Contains("gpt2.safetensors: tensor 'transformer.h.1.mlp.c_fc.weight': its data's checksum"));
-    nn::Llama<double, NnMesh> llama(mesh, hf_llama);
+    models::Llama<double, NnMesh> llama(mesh, hf_llama);
     CHECK_THROWS_WITH(models::import_hf_safetensors(hf_dir / "gpt2_tiny.safetensors", llama, models::HfArch::llama),
                       Contains("models::import_hf_safetensors") && Contains("has no tensor 'model.embed_tokens.weight'"));
-    nn::GPTConfig wide = hf_gpt2;
+    models::GPTConfig wide = hf_gpt2;
     wide.dim = 32;
-    nn::GPT<double, NnMesh> gpt(mesh, wide);
+    models::GPT<double, NnMesh> gpt(mesh, wide);
     CHECK_THROWS_WITH(models::import_hf_safetensors(hf_dir / "gpt2_tiny.safetensors", gpt, models::HfArch::gpt2),
                       Contains("tensor 'transformer.wte.weight' is [29, 16], wte.weight needs [29, 32]"));
   });
@@ -753,9 +781,17 @@ TEST_CASE("Hugging Face checkpoints: export from TP 2 gives HF's tensors back; b
 
 namespace {
 
-const nn::GPTConfig tf_gpt2{.vocab = 29, .seq = 16, .dim = 16, .heads = 4, .layers = 2, .norm_eps = 1e-5};
-const nn::GPTConfig tf_llama{.vocab = 31, .seq = 16, .dim = 32, .heads = 8, .layers = 2, .kv_heads = 4, .ffn = 40,
-                             .rope_theta = 10000, .bias = false, .norm_eps = 1e-6};
+const models::GPTConfig tf_gpt2{.vocab = 29, .seq = 16, .dim = 16, .heads = 4, .layers = 2, .norm_eps = 1e-5};
+const models::GPTConfig tf_llama{.vocab = 31,
+                                 .seq = 16,
+                                 .dim = 32,
+                                 .heads = 8,
+                                 .layers = 2,
+                                 .kv_heads = 4,
+                                 .ffn = 40,
+                                 .rope_theta = 10000,
+                                 .bias = false,
+                                 .norm_eps = 1e-6};
 
 /// What an import reads besides the elements of its boxes: the index and each shard's 8-byte
 /// length and header (read here with std::ifstream, which the counter does not see).
@@ -809,9 +845,9 @@ TEST_CASE("transformers' save_pretrained checkpoints: logits equal transformers'
         report(dtensor::detail::cat(what, " logits on ", mesh.comm().size(), " ranks off transformers' by ", g));
       if (save) models::export_hf_safetensors(out / what / "model.safetensors", model, arch);
     };
-    nn::GPT<double, NnMesh, Plan> gpt(mesh, tf_gpt2);
+    models::GPT<double, NnMesh, Plan> gpt(mesh, tf_gpt2);
     one(gpt, gpt2_index, gpt2_extra, gpt2_ref, models::HfArch::gpt2, "gpt2");
-    nn::Llama<double, NnMesh, Plan> llama(mesh, tf_llama);
+    models::Llama<double, NnMesh, Plan> llama(mesh, tf_llama);
     one(llama, llama_index, llama_extra, llama_ref, models::HfArch::llama, "llama");
   };
   // tp 4: vocab 29 / 31 in rows of 8, 7, 7, 7 (Shard<0>, one range per rank; GPT-2's Conv1D
@@ -826,10 +862,10 @@ TEST_CASE("transformers' save_pretrained checkpoints: logits equal transformers'
   // The export (one file each, HF names) imported on one rank gives transformers' logits again.
   auto fe = on_ranks(1, [&](CommPtr w, auto report) {
     NnMesh mesh(w, {1, 1});
-    nn::GPT<double, NnMesh> gpt(mesh, tf_gpt2);
+    models::GPT<double, NnMesh> gpt(mesh, tf_gpt2);
     models::import_hf_safetensors(out / "gpt2" / "model.safetensors", gpt, models::HfArch::gpt2);
     if (double g = worst_gap(all_logits(gpt, tokens), gpt2_ref); !(g < tol)) report(dtensor::detail::cat("exported GPT-2 off by ", g));
-    nn::Llama<double, NnMesh> llama(mesh, tf_llama);
+    models::Llama<double, NnMesh> llama(mesh, tf_llama);
     models::import_hf_safetensors(out / "llama" / "model.safetensors", llama, models::HfArch::llama);
     if (double g = worst_gap(all_logits(llama, tokens), llama_ref); !(g < tol)) report(dtensor::detail::cat("exported Llama off by ", g));
   });
@@ -839,14 +875,14 @@ TEST_CASE("transformers' save_pretrained checkpoints: logits equal transformers'
   // holds the model's 12 rows and its config.json says n_positions 12, so from_pretrained loads
   // it as written (scripts/hf_transformers_fixtures.py --check-export: gpt2_seq12, 12 tokens).
   std::filesystem::create_directories(out / "gpt2_seq12");
-  nn::GPTConfig short_gpt2 = tf_gpt2;
+  models::GPTConfig short_gpt2 = tf_gpt2;
   short_gpt2.seq = 12;
   auto fs = on_ranks(2, [&](CommPtr w, auto report) {
     NnMesh mesh(w, {1, 2});
-    nn::GPT<double, NnMesh, parallel::MegatronPlan<true>> gpt(mesh, short_gpt2);
+    models::GPT<double, NnMesh, parallel::MegatronPlan<true>> gpt(mesh, short_gpt2);
     models::import_hf_safetensors(gpt2_index, gpt, models::HfArch::gpt2);
     models::export_hf_safetensors(out / "gpt2_seq12" / "model.safetensors", gpt, models::HfArch::gpt2);
-    nn::GPT<double, NnMesh, parallel::MegatronPlan<true>> back(mesh, short_gpt2);
+    models::GPT<double, NnMesh, parallel::MegatronPlan<true>> back(mesh, short_gpt2);
     models::import_hf_safetensors(out / "gpt2_seq12" / "model.safetensors", back, models::HfArch::gpt2);
     if (double g = worst_gap(all_logits(back, tokens), gpt2_ref); !(g < tol)) report(dtensor::detail::cat("GPT-2 seq 12 export off by ", g));
   });
@@ -858,7 +894,7 @@ TEST_CASE("transformers' save_pretrained checkpoints: logits equal transformers'
   // A model with a longer context than that export's table: refused by its config.json, naming it.
   threads::run(1, [&](CommPtr w) {
     NnMesh mesh(w, {1, 1});
-    nn::GPT<double, NnMesh> longer(mesh, tf_gpt2);
+    models::GPT<double, NnMesh> longer(mesh, tf_gpt2);
     CHECK_THROWS_WITH(models::import_hf_safetensors(out / "gpt2_seq12" / "model.safetensors", longer, models::HfArch::gpt2),
                       Catch::Contains("config.json: n_positions = 12, the model's seq is 16"));
   });
@@ -886,7 +922,7 @@ TEST_CASE("a Hugging Face config.json asking for what the import cannot express 
     std::string message;
     threads::run(1, [&](CommPtr w) {
       NnMesh mesh(w, {1, 1});
-      nn::Llama<double, NnMesh> llama(mesh, tf_llama);
+      models::Llama<double, NnMesh> llama(mesh, tf_llama);
       try {
         models::import_hf_safetensors(dir / "model.safetensors.index.json", llama, models::HfArch::llama);
       } catch (const Error& e) {
@@ -934,7 +970,7 @@ TEST_CASE("a Hugging Face config.json asking for what the import cannot express 
   std::string message;
   threads::run(1, [&](CommPtr w) {
     NnMesh mesh(w, {1, 1});
-    nn::Llama<double, NnMesh> llama(mesh, tf_llama);
+    models::Llama<double, NnMesh> llama(mesh, tf_llama);
     models::export_hf_safetensors(file, llama, models::HfArch::llama);
     const auto info = checkpoint::safetensors::read_header(file);
     std::vector<std::vector<double>> values;
@@ -971,7 +1007,7 @@ TEST_CASE("llama3 rope scaling (Llama 3.1): config.json read, logits equal trans
   for (double t : hf_tensor(golden, "tokens")) tokens.push_back(std::int32_t(t));
   const auto ref = hf_tensor(golden, "llama3");
   const auto src = hf_dir / "llama3_hf";
-  const nn::GPTConfig cfg = models::hf_config(src, models::HfArch::llama);
+  const models::GPTConfig cfg = models::hf_config(src, models::HfArch::llama);
   CHECK(cfg.vocab == 31);
   CHECK(cfg.dim == 32);
   CHECK(cfg.heads == 4);
@@ -990,7 +1026,7 @@ TEST_CASE("llama3 rope scaling (Llama 3.1): config.json read, logits equal trans
   std::filesystem::create_directories(out / "llama3");
   auto check_on = [&](auto tag, const NnMesh& mesh, bool save, auto report) {
     using Plan = typename decltype(tag)::type;
-    nn::Llama<double, NnMesh, Plan> llama(mesh, cfg);
+    models::Llama<double, NnMesh, Plan> llama(mesh, cfg);
     models::import_hf_safetensors(src / "model.safetensors.index.json", llama, models::HfArch::llama);
     if (double g = worst_gap(all_logits(llama, tokens), ref); !(g < tol))
       report(dtensor::detail::cat("llama3 logits on ", mesh.comm().size(), " ranks off transformers' by ", g));
@@ -1003,7 +1039,7 @@ TEST_CASE("llama3 rope scaling (Llama 3.1): config.json read, logits equal trans
   CHECK(f4.empty());
   // The export's config.json carries the scaling (transformers' from_pretrained reads it:
   // scripts/hf_transformers_fixtures.py --check-export), and the export imports back equal.
-  const nn::GPTConfig back = models::hf_config(out / "llama3", models::HfArch::llama);
+  const models::GPTConfig back = models::hf_config(out / "llama3", models::HfArch::llama);
   CHECK(back.rope_scaling == cfg.rope_scaling);
   CHECK(back.rope_theta == cfg.rope_theta);
   // The same weights without the config.json, into an unscaled model: the scaling is what matters.
@@ -1014,12 +1050,12 @@ TEST_CASE("llama3 rope scaling (Llama 3.1): config.json read, logits equal trans
   double exported_gap = -1, unscaled_gap = -1;
   threads::run(1, [&](CommPtr w) {
     NnMesh mesh(w, {1, 1});
-    nn::Llama<double, NnMesh> again(mesh, cfg);
+    models::Llama<double, NnMesh> again(mesh, cfg);
     models::import_hf_safetensors(out / "llama3" / "model.safetensors", again, models::HfArch::llama);
     exported_gap = worst_gap(all_logits(again, tokens), ref);
-    nn::GPTConfig plain = cfg;
+    models::GPTConfig plain = cfg;
     plain.rope_scaling = {};
-    nn::Llama<double, NnMesh> unscaled(mesh, plain);
+    models::Llama<double, NnMesh> unscaled(mesh, plain);
     models::import_hf_safetensors(bare / "model.safetensors.index.json", unscaled, models::HfArch::llama);
     unscaled_gap = worst_gap(all_logits(unscaled, tokens), ref);
   });
@@ -1055,10 +1091,18 @@ std::pair<double, double> held_elements(Model& model, Extent batch, Extent conte
 }  // namespace
 
 TEST_CASE("serving memory: weights and KV cache per rank equal a real GPT's and Llama's on one rank and TP 2", "[models][serving]") {
-  const nn::GPTConfig gpt{.vocab = 24, .seq = 8, .dim = 16, .heads = 4, .layers = 3, .seed = 2};
-  const nn::GPTConfig llama{.vocab = 24, .seq = 8, .dim = 16, .heads = 4, .layers = 3, .seed = 2, .kv_heads = 2,
-                            .ffn = 24, .rope_theta = 100, .bias = false};
-  auto shape = [](const nn::GPTConfig& c, bool is_llama) {
+  const models::GPTConfig gpt{.vocab = 24, .seq = 8, .dim = 16, .heads = 4, .layers = 3, .seed = 2};
+  const models::GPTConfig llama{.vocab = 24,
+                                .seq = 8,
+                                .dim = 16,
+                                .heads = 4,
+                                .layers = 3,
+                                .seed = 2,
+                                .kv_heads = 2,
+                                .ffn = 24,
+                                .rope_theta = 100,
+                                .bias = false};
+  auto shape = [](const models::GPTConfig& c, bool is_llama) {
     return sim::ModelShape{.layers = c.layers, .dim = c.dim, .heads = c.heads, .kv_heads = c.kv_heads, .ffn = c.ffn,
                            .vocab = c.vocab, .seq = c.seq, .llama = is_llama};
   };
@@ -1066,8 +1110,8 @@ TEST_CASE("serving memory: weights and KV cache per rank equal a real GPT's and 
   auto check_on = [&](auto tag, int tp, const NnMesh& mesh, auto report) {
     using Plan = typename decltype(tag)::type;
     const sim::ServingShape serve{.batch = batch, .context = context, .tp = tp, .pp = 1, .bytes = sizeof(double)};
-    nn::GPT<double, NnMesh, Plan> g(mesh, gpt);
-    nn::Llama<double, NnMesh, Plan> l(mesh, llama);
+    models::GPT<double, NnMesh, Plan> g(mesh, gpt);
+    models::Llama<double, NnMesh, Plan> l(mesh, llama);
     const auto [gp, gc] = held_elements(g, batch, context);
     const auto [lp, lc] = held_elements(l, batch, context);
     const auto gs = sim::serving_memory(shape(gpt, false), serve), ls = sim::serving_memory(shape(llama, true), serve);
@@ -1088,8 +1132,8 @@ TEST_CASE("serving memory: weights and KV cache per rank equal a real GPT's and 
     CpTp mesh(w, {3, 2});
     auto cp_gpt = gpt, cp_llama = llama;
     cp_gpt.context = cp_llama.context = {.kind = parallel::ContextKind::ring, .load_balanced = false};
-    nn::GPT<double, CpTp, parallel::MegatronPlan<true>> g(mesh, cp_gpt);
-    nn::Llama<double, CpTp, parallel::MegatronPlan<true>> l(mesh, cp_llama);
+    models::GPT<double, CpTp, parallel::MegatronPlan<true>> g(mesh, cp_gpt);
+    models::Llama<double, CpTp, parallel::MegatronPlan<true>> l(mesh, cp_llama);
     const sim::ServingShape serve{.batch = batch, .context = context, .tp = 2, .pp = 1, .cp = 3, .bytes = sizeof(double)};
     const auto gs = sim::serving_memory(shape(gpt, false), serve), ls = sim::serving_memory(shape(llama, true), serve);
     const auto [gp, gc] = held_elements(g, batch, context);

@@ -1,7 +1,7 @@
 // The module protocol (nn/module.hpp): several micro-batches in flight with their backwards in
 // another order (1F1B, weight gradients deferred) give the sequential run's gradients bit for
 // bit; nn::Checkpointed gives the same gradients and repeats the forward's collectives; a mesh
-// whose dimensions get their roles from mesh_roles computes what ("dp", "tp") computes; nn::GPT
+// whose dimensions get their roles from mesh_roles computes what ("dp", "tp") computes; models::GPT
 // keeps each unit's parameters contiguous in a flat group and trains the same after a move; the
 // same GPT step on meta tensors over the sim backend issues the threads run's collectives and
 // allocates its bytes, rank by rank (DDP and FSDP, TP + SP).
@@ -135,7 +135,7 @@ void check_schedules(std::array<int, 2> shape) {
 }
 
 // A small GPT: vocabulary 29 splits unevenly over tp = 2 (15, 14).
-nn::GPTConfig gpt_config() {
+models::GPTConfig gpt_config() {
   return {.vocab = 29, .seq = SEQ, .dim = 16, .heads = 4, .layers = 2, .mlp_ratio = 2, .checkpoint = false, .seed = 5};
 }
 
@@ -170,9 +170,9 @@ TEST_CASE("micro-batches in flight, backwards in another order: the sequential r
   }
 }
 
-TEST_CASE("nn::GPT: four micro-batches forward, backward_input in reverse, weights deferred == sequential",
+TEST_CASE("models::GPT: four micro-batches forward, backward_input in reverse, weights deferred == sequential",
           "[nn][protocol]") {
-  using Model = nn::GPT<double, NnMesh, parallel::MegatronPlan<true>>;
+  using Model = models::GPT<double, NnMesh, parallel::MegatronPlan<true>>;
   for (std::array<int, 2> shape : {std::array{1, 2}, std::array{2, 2}}) {
     auto f = on_ranks(shape[0] * shape[1], [&](CommPtr world, auto report) {
       NnMesh mesh(world, shape);
@@ -312,7 +312,7 @@ TEST_CASE("mesh roles: DeviceMesh<\"data\", \"model\"> with given roles computes
           "[nn][protocol][roles]") {
   auto f = on_ranks(4, [&](CommPtr world, auto report) {
     auto step = [&]<class Mesh>(const Mesh& mesh, const char* data, const char* tensor) {
-      using Model = nn::GPT<double, Mesh, parallel::MegatronPlan<true>>;
+      using Model = models::GPT<double, Mesh, parallel::MegatronPlan<true>>;
       Model model(mesh, gpt_config());
       nn::ParamList<double, 2> ps;
       model.collect(ps);
@@ -346,9 +346,9 @@ TEST_CASE("mesh roles: DeviceMesh<\"data\", \"model\"> with given roles computes
   REQUIRE(f.empty());
 }
 
-TEST_CASE("nn::GPT: each unit's parameters lie contiguously in its flat group; a moved GPT trains the same",
+TEST_CASE("models::GPT: each unit's parameters lie contiguously in its flat group; a moved GPT trains the same",
           "[nn][protocol][flat]") {
-  using Model = nn::GPT<double, NnMesh, parallel::MegatronPlan<true>>;
+  using Model = models::GPT<double, NnMesh, parallel::MegatronPlan<true>>;
   auto f = on_ranks(4, [&](CommPtr world, auto report) {
     NnMesh mesh(world, {2, 2});
     const auto cfg = gpt_config();
@@ -439,10 +439,11 @@ struct StepRecord {
 template <class Mesh, bool Sharded>
 std::vector<std::string> one_gpt_step(const Mesh& mesh, std::map<std::string, std::int64_t>& peaks) {
   using Space = mesh_space_t<Mesh>;
-  nn::GPTConfig cfg{.vocab = 29, .seq = 8, .dim = 16, .heads = 4, .layers = 2, .mlp_ratio = 4, .checkpoint = false, .seed = 3};
+  models::GPTConfig cfg{
+      .vocab = 29, .seq = 8, .dim = 16, .heads = 4, .layers = 2, .mlp_ratio = 4, .checkpoint = false, .seed = 3};
   MemoryLedger ledger;
   CommLog log;
-  nn::GPT<double, Mesh, parallel::MegatronPlan<true>> model(mesh, cfg);
+  models::GPT<double, Mesh, parallel::MegatronPlan<true>> model(mesh, cfg);
   using Ids = typename decltype(model)::Ids;
   auto tokens = [&](std::uint64_t seed) {
     Tensor<std::int32_t, 2> host = randint<std::int32_t>(Shape<2>{5, cfg.seq}, seed, 0, cfg.vocab);

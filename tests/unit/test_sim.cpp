@@ -656,15 +656,16 @@ double model_elements(const sim::RankReport& r) {
   return double(r.phase("parameters").end[tag_index(MemoryTag::parameters)]) / sizeof(dtensor::bfloat16);
 }
 
-sim::PlanClass first_class(std::vector<sim::PlanClass> classes) {
+models::PlanClass first_class(std::vector<models::PlanClass> classes) {
   REQUIRE(!classes.empty());
   return std::move(classes.front());
 }
 
 /// ZeRO's model (and Megatron's): a bf16 GPT under fully_shard<float> on N data ranks.
-sim::PlanClass zero_run(nn::GPTConfig model, int ranks, int stage) {
-  sim::TrainingPlan plan{.model = model, .batch = ranks, .microbatches = 1, .dp = ranks, .tp = 1, .pp = 1, .zero = stage};
-  return first_class(dtensor::sim::dry_run_plan<dtensor::bfloat16, nn::DenseLayers, true>(plan));
+models::PlanClass zero_run(models::GPTConfig model, int ranks, int stage) {
+  models::TrainingPlan plan{
+      .model = model, .batch = ranks, .microbatches = 1, .dp = ranks, .tp = 1, .pp = 1, .zero = stage};
+  return first_class(dtensor::sim::dry_run_plan<dtensor::bfloat16, models::DenseLayers, true>(plan));
 }
 
 }  // namespace
@@ -676,7 +677,7 @@ void check_zero_figure_1() {
   // Rajbhandari et al. 2020, Figure 1: model states per rank for Ψ = 7.5B, N = 64, mixed
   // precision (fp16 parameters and gradients, K = 12 bytes of fp32 master values and Adam
   // moments per parameter). Our GPT of Ψ = 7.46B: 35 layers of width 4096 (biases, untied head).
-  const nn::GPTConfig model{.vocab = 50257, .seq = 64, .dim = 4096, .heads = 32, .layers = 35};
+  const models::GPTConfig model{.vocab = 50257, .seq = 64, .dim = 4096, .heads = 32, .layers = 35};
   const int ranks = 64;
   const double published[] = {120e9, 31.4e9, 16.6e9, 1.9e9};  // DP, ZeRO-1, ZeRO-2, ZeRO-3
   // DP is fully_shard's stage 1 on one rank: full bf16 values and gradients (the gradient shard:
@@ -721,7 +722,7 @@ void check_megatron_distributed_optimizer() {
   // holds bf16 full gradients with the fp32 gradient shard inside them: ZeRO's 4 + 12/d.
   // Megatron's figure is ours with the full gradients widened to fp32 (FsdpOptions::
   // accumulate_grads_in_master; tests/parity/test_fsdp_parity.cpp measures it on the ledger).
-  const nn::GPTConfig model{.vocab = 4096, .seq = 64, .dim = 512, .heads = 8, .layers = 2};
+  const models::GPTConfig model{.vocab = 4096, .seq = 64, .dim = 512, .heads = 8, .layers = 2};
   for (int d : {2, 8, 64}) {
     CAPTURE(d);
     const auto z1 = zero_run(model, d, 1), z2 = zero_run(model, d, 2);
@@ -759,9 +760,9 @@ struct OffloadStep {
 /// One ZeRO-3 step of a bf16 GPT on a meta "fsdp" mesh of `ranks` (rank 0 of a sim world) with
 /// fully_shard<float, StateSpace>.
 template <class StateSpace>
-OffloadStep offload_step(const nn::GPTConfig& config, int ranks) {
+OffloadStep offload_step(const models::GPTConfig& config, int ranks) {
   using Mesh = MetaMesh<"fsdp">;
-  using Model = nn::GPT<dtensor::bfloat16, Mesh>;
+  using Model = models::GPT<dtensor::bfloat16, Mesh>;
   OffloadStep out;
   MemoryLedger ledger;
   Mesh mesh(sim::world(0, ranks), {ranks});
@@ -796,7 +797,7 @@ TEST_CASE("sim: CPU offload, fully_shard<float, host_space>: master values, grad
   // per parameter / N) and the fp32 gradient shard (4 / N) live on the host, and the collectives
   // are the same as without offload. Each rank's shards hold ceil(n / N) of every unit's n
   // elements: within 1 % of Psi / N here.
-  const nn::GPTConfig config{.vocab = 256, .seq = 16, .dim = 64, .heads = 4, .layers = 2};
+  const models::GPTConfig config{.vocab = 256, .seq = 16, .dim = 64, .heads = 4, .layers = 2};
   constexpr int ranks = 4;
   const auto device = offload_step<meta_space>(config, ranks);
   const auto offloaded = offload_step<host_space>(config, ranks);
@@ -813,7 +814,7 @@ TEST_CASE("sim: CPU offload, fully_shard<float, host_space>: master values, grad
   // Asking for offload without giving the space is an error naming the call.
   using Mesh = MetaMesh<"fsdp">;
   Mesh mesh(sim::world(0, ranks), {ranks});
-  nn::GPT<dtensor::bfloat16, Mesh> model(mesh, config);
+  models::GPT<dtensor::bfloat16, Mesh> model(mesh, config);
   CHECK_THROWS_WITH(parallel::fully_shard<float>(model, mesh, {.stage = 3, .offload_optimizer = true}),
                     Catch::Contains("fully_shard<M, host_space>"));
 }
@@ -847,7 +848,7 @@ TEST_CASE("sim: offload tiers (ZeRO-Infinity) from the dry run's ledger: device,
   // A bf16 ZeRO-3 step on meta (4 ranks): the ledger's states are the papers' (fp32 master 4/N,
   // fp32 gradient shard 4/N, moments 8/N, within 1 %: ceil(n / N) shards). Then each offload
   // moves its bytes to its tier; no byte is lost or counted twice.
-  const nn::GPTConfig config{.vocab = 256, .seq = 16, .dim = 64, .heads = 4, .layers = 2};
+  const models::GPTConfig config{.vocab = 256, .seq = 16, .dim = 64, .heads = 4, .layers = 2};
   constexpr int ranks = 4;
   const auto run = offload_step<meta_space>(config, ranks);
   const double psi = run.psi;
@@ -1098,13 +1099,18 @@ TEST_CASE("sim: a plan's dry run honours GPTConfig::recompute (plan_at_scale --r
   // PP 2 x DP 4 x TP 2 + SP, bf16: the activations each class holds after its forward shrink with
   // each recomputation, in the order of the per-layer table (docs/dry-run.md); an MoE model
   // refuses recomputing norms (its feed-forward exposes no saved input) by name.
-  const sim::TrainingPlan base{.model = {.vocab = 512, .seq = 64, .dim = 64, .heads = 4, .layers = 4, .mlp_ratio = 4},
-                               .batch = 16, .microbatches = 4, .dp = 4, .tp = 2, .pp = 2};
+  const models::TrainingPlan base{
+      .model = {.vocab = 512, .seq = 64, .dim = 64, .heads = 4, .layers = 4, .mlp_ratio = 4},
+      .batch = 16,
+      .microbatches = 4,
+      .dp = 4,
+      .tp = 2,
+      .pp = 2};
   auto held = [&](const char* list) {
     auto p = base;
     p.model.recompute = nn::Recompute::parse(list);
     std::vector<std::int64_t> out;
-    for (const auto& c : sim::dry_run_plan<dtensor::bfloat16, nn::DenseLayers, true>(p))
+    for (const auto& c : models::dry_run_plan<dtensor::bfloat16, models::DenseLayers, true>(p))
       out.push_back(c.report.phase("forward").end[std::size_t(MemoryTag::activations)]);
     return out;
   };
@@ -1124,10 +1130,14 @@ TEST_CASE("sim: a plan's dry run honours GPTConfig::recompute (plan_at_scale --r
   moe.moe.every = 2;
   moe.ep = 4;
   moe.model.recompute = nn::Recompute::parse("norm");
-  CHECK_THROWS_WITH((sim::dry_run_plan<dtensor::bfloat16, nn::MoELayers<dtensor::bfloat16, MetaMesh<"edp", "ep", "tp">>, true>(moe)),
-                    Catch::Contains("recompute norm"));
+  CHECK_THROWS_WITH(
+      (models::dry_run_plan<dtensor::bfloat16, models::MoELayers<dtensor::bfloat16, MetaMesh<"edp", "ep", "tp">>, true>(
+          moe)),
+      Catch::Contains("recompute norm"));
   moe.model.recompute = nn::Recompute::parse("act,mlp");
-  CHECK_NOTHROW(sim::dry_run_plan<dtensor::bfloat16, nn::MoELayers<dtensor::bfloat16, MetaMesh<"edp", "ep", "tp">>, true>(moe));
+  CHECK_NOTHROW(
+      models::dry_run_plan<dtensor::bfloat16, models::MoELayers<dtensor::bfloat16, MetaMesh<"edp", "ep", "tp">>, true>(
+          moe));
 }
 
 // ---------------------------------------------------------------- the Llama-3-405B plans
@@ -1135,14 +1145,14 @@ TEST_CASE("sim: a plan's dry run honours GPTConfig::recompute (plan_at_scale --r
 namespace {
 
 /// Llama 3 405B (Llama 3 report, Table 3): 126 layers, 16384 wide, 128 heads, 8 KV heads, ffn 53248.
-nn::GPTConfig llama_405b(Extent seq) {
+models::GPTConfig llama_405b(Extent seq) {
   return {.vocab = 128256, .seq = seq, .dim = 16384, .heads = 128, .layers = 126, .checkpoint = true, .kv_heads = 8,
           .ffn = 53248, .rope_theta = 500000, .bias = false};
 }
 
 /// The classes of a plan whose pipeline ranks hold only blocks (no embedding, no head).
-std::vector<const sim::PlanClass*> middle_ranks(const std::vector<sim::PlanClass>& classes, int pp) {
-  std::vector<const sim::PlanClass*> middle;
+std::vector<const models::PlanClass*> middle_ranks(const std::vector<models::PlanClass>& classes, int pp) {
+  std::vector<const models::PlanClass*> middle;
   for (const auto& c : classes)
     if (c.pipeline_rank != 0 && c.pipeline_rank != pp - 1) middle.push_back(&c);
   return middle;
@@ -1163,8 +1173,8 @@ void check_zero1_states(const sim::RankReport& r, double data_ranks) {
 
 /// The plan's classes, after checking that they cover its 16,384 GPUs, that each fits in an
 /// H100's 80 GB with the schedule's micro-batches in flight, and holds ZeRO-1's model states.
-std::vector<sim::PlanClass> llama_plan_fits(const sim::TrainingPlan& plan) {
-  auto classes = sim::dry_run_plan<dtensor::bfloat16, nn::LlamaLayers, true>(plan);
+std::vector<models::PlanClass> llama_plan_fits(const models::TrainingPlan& plan) {
+  auto classes = models::dry_run_plan<dtensor::bfloat16, models::LlamaLayers, true>(plan);
   REQUIRE(plan.gpus() == 16384);
   std::int64_t ranks = 0;
   for (const auto& c : classes) {
@@ -1181,8 +1191,8 @@ std::vector<sim::PlanClass> llama_plan_fits(const sim::TrainingPlan& plan) {
 
 TEST_CASE("sim: Llama-3-405B, TP 8 x PP 16 x DP 128 on 16,384 GPUs: memory and TP collectives", "[sim][figures][llama]") {
   // Llama 3 report, Table 4: seq 8192, 16M tokens a step (2048 sequences), 16 micro-batches.
-  const sim::TrainingPlan plan{.model = llama_405b(8192), .batch = 2048, .microbatches = 16, .dp = 128, .tp = 8, .pp = 16,
-                               .zero = 1};
+  const models::TrainingPlan plan{
+      .model = llama_405b(8192), .batch = 2048, .microbatches = 16, .dp = 128, .tp = 8, .pp = 16, .zero = 1};
   const auto classes = llama_plan_fits(plan);
   // Per block, forward, on "tp": the sequence all-gathered at the entry of attention and of the
   // feed-forward and reduce-scattered at their exits, each call of s·b·h bf16 values gathered
@@ -1208,8 +1218,15 @@ TEST_CASE("sim: Llama-3-405B, TP 8 x PP 16 x DP 128 on 16,384 GPUs: memory and T
 TEST_CASE("sim: Llama-3-405B long context, TP 8 x CP 16 x PP 16 x DP 8 at seq 131072", "[sim][figures][llama]") {
   // Llama 3 report, Table 4: the long-context stage, 16M tokens a step (128 sequences of 131072).
   // Context parallelism as Llama 3's: K and V all-gathered over the context group (load-balanced).
-  const sim::TrainingPlan plan{.model = llama_405b(131072), .batch = 128, .microbatches = 16, .dp = 8, .tp = 8, .pp = 16,
-                               .zero = 1, .cp = 16, .cp_kind = parallel::ContextKind::allgather};
+  const models::TrainingPlan plan{.model = llama_405b(131072),
+                                  .batch = 128,
+                                  .microbatches = 16,
+                                  .dp = 8,
+                                  .tp = 8,
+                                  .pp = 16,
+                                  .zero = 1,
+                                  .cp = 16,
+                                  .cp_kind = parallel::ContextKind::allgather};
   const auto classes = llama_plan_fits(plan);
   // Per block, forward, on "cp": one all-gather of K and one of V, each of the whole sequence
   // gathered: the KV heads, s·b·kv_heads/t·d bf16 values (s/cp of them per rank), as Llama 3
@@ -1240,15 +1257,22 @@ TEST_CASE("sim: expert parallelism, dry: the routed rows' all-to-alls and the ex
   // all_to_all_v (balanced routing: it also receives as many).
   constexpr Extent dim = 64, hidden = 4 * dim, experts = 8, topk = 2, tokens = 64;
   constexpr int ep = 4, tp = 2;
-  const sim::TrainingPlan dense{.model = {.vocab = 512, .seq = tokens, .dim = dim, .heads = 4, .layers = 4, .mlp_ratio = 4},
-                                .batch = 16, .microbatches = 4, .dp = 4, .tp = tp, .pp = 2};
-  sim::TrainingPlan moe = dense;
+  const models::TrainingPlan dense{
+      .model = {.vocab = 512, .seq = tokens, .dim = dim, .heads = 4, .layers = 4, .mlp_ratio = 4},
+      .batch = 16,
+      .microbatches = 4,
+      .dp = 4,
+      .tp = tp,
+      .pp = 2};
+  models::TrainingPlan moe = dense;
   moe.moe.router.experts = experts;
   moe.moe.router.topk = topk;
   moe.moe.every = 2;
   moe.ep = ep;
-  const auto dense_classes = sim::dry_run_plan<dtensor::bfloat16, nn::DenseLayers, true>(dense);
-  const auto moe_classes = sim::dry_run_plan<dtensor::bfloat16, nn::MoELayers<dtensor::bfloat16, MetaMesh<"edp", "ep", "tp">>, true>(moe);
+  const auto dense_classes = models::dry_run_plan<dtensor::bfloat16, models::DenseLayers, true>(dense);
+  const auto moe_classes =
+      models::dry_run_plan<dtensor::bfloat16, models::MoELayers<dtensor::bfloat16, MetaMesh<"edp", "ep", "tp">>, true>(
+          moe);
   REQUIRE(moe_classes.size() == dense_classes.size());
   const auto rows_bytes = std::size_t(tokens * topk * dim) * sizeof(dtensor::bfloat16);
   // Parameters per rank of one MoE block minus its dense MLP: the router [E, C] (replicated) and
@@ -1283,7 +1307,7 @@ TEST_CASE("sim: expert parallelism, dry: the routed rows' all-to-alls and the ex
     CHECK(edp);
   }
   // The estimate reads the expert mesh's links (an "ep" group of 4 x tp 2 ranks lies inside a node of 8).
-  const sim::Topology topology = sim::plan_topology(moe, sim::Hardware{});
+  const sim::Topology topology = models::plan_topology(moe, sim::Hardware{});
   CHECK(topology.inside_node("ep"));
   CHECK_FALSE(topology.inside_node("pp"));
   CHECK_THROWS_WITH(sim::check_plan([&] {
@@ -1299,15 +1323,19 @@ TEST_CASE("sim: experts that do not divide over ep (5 over 2): the plan runs, an
   // The GPT of the test above, PP 2 x DP 4 x TP 2, MoE in blocks 1 and 3 with 5 experts over ep 2:
   // the expert ranks hold 3 and 2 experts (chunk_range), alternating over the data ranks.
   constexpr Extent dim = 64, hidden = 4 * dim, experts = 5;
-  using Layers = nn::MoELayers<dtensor::bfloat16, MetaMesh<"edp", "ep", "tp">>;
-  sim::TrainingPlan p{.model = {.vocab = 512, .seq = 64, .dim = dim, .heads = 4, .layers = 4, .mlp_ratio = 4},
-                      .batch = 16, .microbatches = 4, .dp = 4, .tp = 2, .pp = 2};
+  using Layers = models::MoELayers<dtensor::bfloat16, MetaMesh<"edp", "ep", "tp">>;
+  models::TrainingPlan p{.model = {.vocab = 512, .seq = 64, .dim = dim, .heads = 4, .layers = 4, .mlp_ratio = 4},
+                         .batch = 16,
+                         .microbatches = 4,
+                         .dp = 4,
+                         .tp = 2,
+                         .pp = 2};
   p.moe.router.experts = experts;
   p.moe.router.topk = 2;
   p.moe.every = 2;
   p.ep = 2;
   REQUIRE_NOTHROW(sim::check_plan(p));
-  const auto classes = sim::dry_run_plan<dtensor::bfloat16, Layers, true>(p);
+  const auto classes = models::dry_run_plan<dtensor::bfloat16, Layers, true>(p);
   std::int64_t covered = 0;
   for (const auto& c : classes) covered += c.report.ranks;
   CHECK(covered == p.gpus());
@@ -1349,12 +1377,16 @@ TEST_CASE("sim: experts that do not divide over ep (5 over 2): the plan runs, an
 }
 
 TEST_CASE("sim: the Chrome trace of an estimated step is strict JSON with its two tracks", "[sim][cost]") {
-  const sim::TrainingPlan plan{.model = {.vocab = 256, .seq = 32, .dim = 64, .heads = 4, .layers = 4},
-                               .batch = 8, .microbatches = 4, .dp = 2, .tp = 2, .pp = 2};
-  const auto classes = sim::dry_run_plan<float, nn::DenseLayers, true>(plan);
+  const models::TrainingPlan plan{.model = {.vocab = 256, .seq = 32, .dim = 64, .heads = 4, .layers = 4},
+                                  .batch = 8,
+                                  .microbatches = 4,
+                                  .dp = 2,
+                                  .tp = 2,
+                                  .pp = 2};
+  const auto classes = models::dry_run_plan<float, models::DenseLayers, true>(plan);
   const auto schedule = parallel::pipeline::make_schedule(parallel::pipeline::parse_schedule_kind(plan.schedule), plan.pp,
                                                            plan.microbatches);
-  const auto topology = sim::plan_topology(plan, sim::Hardware{});
+  const auto topology = models::plan_topology(plan, sim::Hardware{});
   for (const auto& c : classes) {
     const auto est = sim::estimate_step(c.report, topology, schedule, 1);
     const std::string text = sim::chrome_trace(est, c.pipeline_rank, c.report.name);
@@ -1504,24 +1536,24 @@ TEST_CASE("sim: the analytic estimate follows the dry run's", "[sim][cost][analy
     CAPTURE(c.dp, c.tp, c.pp, c.zero, c.microbatches, c.checkpoint, c.cp, c.schedule, c.llama, c.narrow);
     const std::int64_t dim = c.narrow ? 1536 : 2048, heads = c.narrow ? 12 : 16;
     const std::int64_t kv = c.llama ? 4 : 0, ffn = c.llama ? 5504 : 0;
-    nn::GPTConfig model{.vocab = 32000, .seq = 2048, .dim = dim, .heads = heads, .layers = 8};
+    models::GPTConfig model{.vocab = 32000, .seq = 2048, .dim = dim, .heads = heads, .layers = 8};
     model.kv_heads = kv, model.ffn = ffn;
-    sim::TrainingPlan plan{.model = model,
-                           .batch = c.dp * c.microbatches,
-                           .microbatches = c.microbatches,
-                           .dp = c.dp,
-                           .tp = c.tp,
-                           .pp = c.pp,
-                           .schedule = c.schedule,
-                           .stages_per_rank = c.v > 1 ? c.v : 0,
-                           .zero = c.zero,
-                           .cp = c.cp};
+    models::TrainingPlan plan{.model = model,
+                              .batch = c.dp * c.microbatches,
+                              .microbatches = c.microbatches,
+                              .dp = c.dp,
+                              .tp = c.tp,
+                              .pp = c.pp,
+                              .schedule = c.schedule,
+                              .stages_per_rank = c.v > 1 ? c.v : 0,
+                              .zero = c.zero,
+                              .cp = c.cp};
     plan.model.checkpoint = c.checkpoint;
-    const auto classes = c.llama ? sim::dry_run_plan<dtensor::bfloat16, nn::LlamaLayers, true>(plan)
-                                 : sim::dry_run_plan<dtensor::bfloat16, nn::DenseLayers, true>(plan);
+    const auto classes = c.llama ? models::dry_run_plan<dtensor::bfloat16, models::LlamaLayers, true>(plan)
+                                 : models::dry_run_plan<dtensor::bfloat16, models::DenseLayers, true>(plan);
     std::vector<sim::ClassInput> inputs;
     for (const auto& k : classes) inputs.push_back({&k.report, k.pipeline_ranks});
-    const auto dry = sim::estimate_plan(inputs, sim::plan_topology(plan, sim::Hardware{}),
+    const auto dry = sim::estimate_plan(inputs, models::plan_topology(plan, sim::Hardware{}),
                                         sim::detail::plan_schedule(plan), {.zero = c.zero});
     const sim::ModelShape shape{.layers = 8,
                                 .dim = dim,
@@ -1557,7 +1589,7 @@ TEST_CASE("sim: building the trainer holds the sharded states, not the model; th
   // plus at most one unit's flat buffer (the 50257-row head in bf16, the largest; in fact only
   // the bf16 shard drawn for one unit) — before, the unsharded bf16 model (2 bytes per
   // parameter), more than the step. The step's peak (units gathered, activations) is judged apart.
-  const nn::GPTConfig model{.vocab = 50257, .seq = 64, .dim = 1024, .heads = 16, .layers = 8};
+  const models::GPTConfig model{.vocab = 50257, .seq = 64, .dim = 1024, .heads = 16, .layers = 8};
   const auto run = zero_run(model, 64, 3);
   const auto& built = run.report.phase(sim::RankReport::construction_phase);
   std::int64_t held = 0;
@@ -1791,13 +1823,14 @@ TEST_CASE("sim: once-per-step collectives are charged once, ZeRO-1 as a reduce-s
   // The issue's symptom: the gradient reduction sat in the simulated micro-batch and doubled
   // with m; ZeRO-1 paid an all-reduce. Now the reduction is the same for every m, the step
   // grows by the schedule's compute only, and ZeRO-1's reduction costs what ZeRO-2's does.
-  const nn::GPTConfig model{.vocab = 32000, .seq = 1024, .dim = 2048, .heads = 16, .layers = 8, .checkpoint = true};
+  const models::GPTConfig model{.vocab = 32000, .seq = 1024, .dim = 2048, .heads = 16, .layers = 8, .checkpoint = true};
   auto estimate = [&](int zero, int m) {
-    sim::TrainingPlan plan{.model = model, .batch = 16 * m, .microbatches = m, .dp = 16, .tp = 4, .pp = 2, .zero = zero};
-    const auto classes = sim::dry_run_plan<dtensor::bfloat16, nn::DenseLayers, true>(plan);
+    models::TrainingPlan plan{
+        .model = model, .batch = 16 * m, .microbatches = m, .dp = 16, .tp = 4, .pp = 2, .zero = zero};
+    const auto classes = models::dry_run_plan<dtensor::bfloat16, models::DenseLayers, true>(plan);
     std::vector<sim::ClassInput> inputs;
     for (const auto& k : classes) inputs.push_back({&k.report, k.pipeline_ranks});
-    return sim::estimate_plan(inputs, sim::plan_topology(plan, sim::Hardware{}), sim::detail::plan_schedule(plan),
+    return sim::estimate_plan(inputs, models::plan_topology(plan, sim::Hardware{}), sim::detail::plan_schedule(plan),
                               {.zero = zero});
   };
   const auto m16 = estimate(1, 16), m32 = estimate(1, 32), m64 = estimate(1, 64);
@@ -1820,14 +1853,16 @@ TEST_CASE("sim: zero-bubble W contexts: the analytic in-flight bytes are the dry
   // contexts on the ledger; both it and the analytic estimate weigh the schedule's forwards and
   // contexts in flight at the rank's peak (sim::detail::held_at_peak). A GPT of 16 layers over
   // pp 2 (8 per rank), TP 2 + SP, bf16, 8 micro-batches.
-  const nn::GPTConfig model{.vocab = 256, .seq = 512, .dim = 256, .heads = 4, .layers = 16};
+  const models::GPTConfig model{.vocab = 256, .seq = 512, .dim = 256, .heads = 4, .layers = 16};
   const sim::ModelShape shape{.layers = 16, .dim = 256, .heads = 4, .vocab = 256, .seq = 512};
   for (const char* schedule : {"zb", "zbv"}) {
     CAPTURE(schedule);
     const int v = std::string(schedule) == "zbv" ? 2 : 1;
-    sim::TrainingPlan plan{.model = model, .batch = 8, .microbatches = 8, .dp = 1, .tp = 2, .pp = 2, .schedule = schedule};
-    const auto classes = sim::dry_run_plan<dtensor::bfloat16, nn::DenseLayers, true>(plan);
-    const auto first = std::find_if(classes.begin(), classes.end(), [](const sim::PlanClass& c) { return c.pipeline_rank == 0; });
+    models::TrainingPlan plan{
+        .model = model, .batch = 8, .microbatches = 8, .dp = 1, .tp = 2, .pp = 2, .schedule = schedule};
+    const auto classes = models::dry_run_plan<dtensor::bfloat16, models::DenseLayers, true>(plan);
+    const auto first =
+        std::find_if(classes.begin(), classes.end(), [](const models::PlanClass& c) { return c.pipeline_rank == 0; });
     REQUIRE(first != classes.end());
     CHECK(first->contexts_per_stage > 0);
     CHECK(first->contexts_at_peak > 0);
@@ -1884,12 +1919,19 @@ TEST_CASE("sim: expert parallelism in the search: ep > 1 first where the experts
   for (const Case c : {Case{8, 1, 1, 1}, Case{8, 1, 1, 2}, Case{8, 1, 1, 8}, Case{2, 2, 2, 2}, Case{4, 1, 2, 4}}) {
     CAPTURE(c.dp, c.tp, c.pp, c.ep);
     const int microbatches = 2;
-    sim::TrainingPlan plan{.model = {.vocab = 512, .seq = 1024, .dim = 1024, .heads = 8, .layers = 4, .mlp_ratio = 4},
-                           .batch = c.dp * microbatches, .microbatches = microbatches, .dp = c.dp, .tp = c.tp, .pp = c.pp};
+    models::TrainingPlan plan{
+        .model = {.vocab = 512, .seq = 1024, .dim = 1024, .heads = 8, .layers = 4, .mlp_ratio = 4},
+        .batch = c.dp * microbatches,
+        .microbatches = microbatches,
+        .dp = c.dp,
+        .tp = c.tp,
+        .pp = c.pp};
     plan.moe.router.experts = 16;
     plan.moe.router.topk = 2;
     plan.ep = c.ep;
-    const auto classes = sim::dry_run_plan<dtensor::bfloat16, nn::MoELayers<dtensor::bfloat16, MetaMesh<"edp", "ep", "tp">>, true>(plan);
+    const auto classes =
+        models::dry_run_plan<dtensor::bfloat16, models::MoELayers<dtensor::bfloat16, MetaMesh<"edp", "ep", "tp">>,
+                             true>(plan);
     const sim::PlanShape p{.batch = plan.batch, .microbatch = 1, .dp = c.dp, .tp = c.tp, .pp = c.pp, .ep = c.ep};
     const auto a = sim::analytic_estimate(wide, p, sim::Hardware{});
     const double bytes = sim::moe_all_to_all_bytes(wide, p);
@@ -1914,7 +1956,8 @@ TEST_CASE("sim: expert parallelism in the search: ep > 1 first where the experts
     std::vector<sim::ClassInput> inputs;
     double memory = 0;
     for (const auto& k : classes) inputs.push_back({&k.report, k.pipeline_ranks}), memory = std::max(memory, k.peak_in_flight);
-    const auto dry = sim::estimate_plan(inputs, sim::plan_topology(plan, sim::Hardware{}), sim::detail::plan_schedule(plan));
+    const auto dry =
+        sim::estimate_plan(inputs, models::plan_topology(plan, sim::Hardware{}), sim::detail::plan_schedule(plan));
     const auto& slow = dry.classes[dry.slowest];
     CAPTURE(dry.step_seconds, a.step_seconds, memory, a.memory_bytes, a.expert_states, a.activations, a.ep_seconds,
             slow.compute_seconds, slow.exposed_communication_seconds, slow.once_per_step_seconds, a.forward, a.backward,
@@ -2007,13 +2050,13 @@ TEST_CASE("sim: activation offload on meta tensors, the dry run's ledger shows t
   // the meta space's activations peak drops by all but ~2 blocks' saved state, the host tier holds
   // every block's at the end of the forward — 6 × one block's bytes (nn::saved_bytes) — and none after.
   using Mesh = MetaMesh<"fsdp">;
-  const nn::GPTConfig config{.vocab = 256, .seq = 16, .dim = 64, .heads = 4, .layers = 6};
+  const models::GPTConfig config{.vocab = 256, .seq = 16, .dim = 64, .heads = 4, .layers = 6};
   auto step = [&](bool offload) {
     Mesh mesh(sim::world(0, 2), {2});
-    nn::GPT<float, Mesh> model(mesh, config);
+    models::GPT<float, Mesh> model(mesh, config);
     if (offload)
       model.set_activation_offload(std::make_shared<nn::ActivationOffload>(nn::ActivationOffloadOptions{.tier = nn::OffloadTier::host}));
-    const auto ids = distribute_replicated<typename nn::GPT<float, Mesh>::Ids::layout>(
+    const auto ids = distribute_replicated<typename models::GPT<float, Mesh>::Ids::layout>(
         mesh, Tensor<std::int32_t, 2, meta_space>(Shape<2>{2, config.seq}));
     MemoryLedger ledger;
     MemoryTagScope tag(MemoryTag::activations);
@@ -2047,15 +2090,20 @@ TEST_CASE(
   // zero 0: DDP, the trainer's ZeRO-1 over a size-1 "fsdp" (no second assembly of the step).
   for (const auto& [zero, pp, cp] :
        {Case{3, 1, 1}, Case{2, 1, 1}, Case{3, 2, 1}, Case{3, 1, 2}, Case{0, 1, 1}, Case{0, 2, 1}}) {
-    sim::TrainingPlan p{.model = {.vocab = 61, .seq = 16, .dim = 32, .heads = 4, .layers = 3},
-                        .batch = 8, .microbatches = pp, .dp = 4 / pp / cp, .pp = pp, .zero = zero, .cp = cp};
+    models::TrainingPlan p{.model = {.vocab = 61, .seq = 16, .dim = 32, .heads = 4, .layers = 3},
+                           .batch = 8,
+                           .microbatches = pp,
+                           .dp = 4 / pp / cp,
+                           .pp = pp,
+                           .zero = zero,
+                           .cp = cp};
     INFO("ZeRO-" << zero << ", pp " << pp << ", dp " << p.dp << ", cp " << cp);
-    const auto dry = sim::dry_run_plan<float, nn::DenseLayers, false>(p);
+    const auto dry = models::dry_run_plan<float, models::DenseLayers, false>(p);
     std::vector<sim::RankReport> real(4);
     threads::run(4, [&](CommPtr world) {
       sim::Recorder rec("host");
       const int rank = world->rank();
-      sim::detail::pipeline_rank_step<float, nn::DenseLayers, false, host_space>(std::move(world), p, rec);
+      sim::detail::pipeline_rank_step<float, models::DenseLayers, false, host_space>(std::move(world), p, rec);
       real[std::size_t(rank)] = rec.finish("real");
     });
     for (const auto& c : dry) {
@@ -2105,14 +2153,16 @@ TEST_CASE("sim: an op without FLOPs costs its bytes, and data ranks without a se
   CHECK(sim::op_seconds(empty, h100) == Approx(1e6 / (h100.hbm_bytes_per_second * sim::calibration.hbm_fraction)));
   CHECK(sim::op_seconds({"gemm", 0, 0, 0}, h100) == 0);
   // A micro-batch of 4 sequences over dp 8: four data ranks without work, their own class.
-  const sim::TrainingPlan plan{.model = {.vocab = 1000, .seq = 128, .dim = 256, .heads = 4, .layers = 2},
-                               .batch = 4, .microbatches = 1, .dp = 8};
-  const auto classes = sim::dry_run_plan<float, nn::DenseLayers, true>(plan);
+  const models::TrainingPlan plan{.model = {.vocab = 1000, .seq = 128, .dim = 256, .heads = 4, .layers = 2},
+                                  .batch = 4,
+                                  .microbatches = 1,
+                                  .dp = 8};
+  const auto classes = models::dry_run_plan<float, models::DenseLayers, true>(plan);
   std::vector<sim::ClassInput> inputs;
   for (const auto& c : classes) inputs.push_back({&c.report, c.pipeline_ranks});
   auto hw = h100;
   hw.fp32 = true;
-  const auto est = sim::estimate_plan(inputs, sim::plan_topology(plan, hw), sim::detail::plan_schedule(plan));
+  const auto est = sim::estimate_plan(inputs, models::plan_topology(plan, hw), sim::detail::plan_schedule(plan));
   REQUIRE(classes.size() >= 2);
   for (const auto& c : est.classes) {
     CAPTURE(c.name, c.compute_seconds, c.step_seconds);
@@ -2127,12 +2177,12 @@ TEST_CASE("sim: DDP in bf16 keeps fp32 master values and moments unless bf16 mom
   // gradients, fp32 master values and two fp32 moments, 2 + 2 + 12 bytes per parameter; with
   // bf16_moments AdamW runs in bf16 on the values, 2 + 2 + 4. The dry run and the analytic
   // estimate say the same.
-  const nn::GPTConfig model{.vocab = 1000, .seq = 64, .dim = 256, .heads = 4, .layers = 2};
+  const models::GPTConfig model{.vocab = 1000, .seq = 64, .dim = 256, .heads = 4, .layers = 2};
   for (const bool moments16 : {false, true}) {
     CAPTURE(moments16);
-    sim::TrainingPlan plan{.model = model, .batch = 4, .microbatches = 1, .dp = 4};
+    models::TrainingPlan plan{.model = model, .batch = 4, .microbatches = 1, .dp = 4};
     plan.bf16_moments = moments16;
-    const auto run = first_class(sim::dry_run_plan<dtensor::bfloat16, nn::DenseLayers, true>(plan));
+    const auto run = first_class(models::dry_run_plan<dtensor::bfloat16, models::DenseLayers, true>(plan));
     const double psi = model_elements(run.report);
     const auto m = model_states_after_step(run.report);
     CAPTURE(psi, m.params, m.grads, m.optimizer);

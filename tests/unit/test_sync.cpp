@@ -210,7 +210,7 @@ GptRun train_gpt(int steps, int H) {
   threads::run(2, [&](CommPtr world) {
     testing::GptMesh mesh(world, {2, 1});
     const auto cfg = testing::parity_config();
-    nn::GPT<double, testing::GptMesh, nn::ReplicatedPlan> model(mesh, cfg);
+    models::GPT<double, testing::GptMesh, nn::ReplicatedPlan> model(mesh, cfg);
     using Ids = decltype(model)::Ids;
     nn::ParamList<double, 2> ps;
     model.collect(ps);
@@ -264,7 +264,7 @@ TEST_CASE("local SGD with H = 1 over FSDP inside each replica (reduce_replicas =
   auto run = [](CommPtr world, bool local, std::vector<double>& shards, std::size_t& dp_all_reduces) {
     FMesh mesh(world, {2, 2, 1});
     const auto cfg = testing::parity_config();
-    nn::GPT<double, FMesh, nn::ReplicatedPlan> model(mesh, cfg);
+    models::GPT<double, FMesh, nn::ReplicatedPlan> model(mesh, cfg);
     auto fsdp = parallel::fully_shard(model, mesh, {.stage = 3, .reduce_replicas = !local});
     optim::SGD<double, 3> opt(fsdp.params(), {.lr = 0.05, .momentum = 0.9});
     std::optional<parallel::sync::DiLoCo<double, FMesh, "dp">> outer;

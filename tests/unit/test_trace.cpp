@@ -162,9 +162,9 @@ std::map<std::string, std::size_t> counts_of(const CommLog& log) {
 }
 
 using Mesh = DeviceMesh<"dp", "tp">;
-using Model = nn::GPT<double, Mesh, parallel::MegatronPlan<true>>;
+using Model = models::GPT<double, Mesh, parallel::MegatronPlan<true>>;
 
-nn::GPTConfig small_gpt() {
+models::GPTConfig small_gpt() {
   return {.vocab = 29, .seq = 8, .dim = 16, .heads = 4, .layers = 2, .mlp_ratio = 2, .checkpoint = false, .seed = 5};
 }
 

@@ -7,7 +7,7 @@
 // The slots are those of checkpoint/pipeline_state.hpp without the optimizer: this rank's FSDP
 // shards (master values) of its stages, and its experts on the expert mesh. Their names are the
 // model's global ones ("h.3.attn.qkv.weight"), so a file exported with pp 2 x fsdp 2 x tp 2 is
-// the whole model, loadable on any mesh or into a one-rank nn::GPT (examples/train_gpt's
+// the whole model, loadable on any mesh or into a one-rank models::GPT (examples/train_gpt's
 // --generate does), and readable by Python's safetensors. Import ends with model.sync_parameters()
 // (ZeRO-1/2: the stages' full values from the shards). A device model's slots go through host
 // copies. Collective over model.mesh().

@@ -15,7 +15,7 @@
 // pipeline coordinate only: among those, the rank at coordinate 0 of every Replicate dimension
 // writes. The save itself runs over the whole pipeline mesh (its communicator; its shape goes into
 // the manifest), so every rank of every stage takes part and rank 0 merges them all. Each
-// tensor's name is global (nn::GPT's: "h.3.attn.qkv.weight", "h.3.experts..."), so a checkpoint
+// tensor's name is global (models::GPT's: "h.3.attn.qkv.weight", "h.3.experts..."), so a checkpoint
 // saved with pp 2 loads with pp 1, other data, context or tensor sizes, or another schedule.
 //
 // Loading fills the same slots from the checkpoint (checkpoint/load.hpp: only the overlapping

@@ -2,13 +2,13 @@
 // parameters, AdamW's moments and step count, and the trainer's own position.
 //
 //   checkpoint::TrainingMeta meta{.step = step, .data_position = next_batch, .rng_state = rng_bytes,
-//                                 .config = checkpoint::config_of(cfg)};        // models/gpt_config.hpp
+//                                 .config = models::config_of(cfg)};        // models/gpt_config.hpp
 //   checkpoint::save_training_state(dir, mesh, model, opt, meta);               // replicated / TP / DDP
 //   checkpoint::save_training_state(dir, mesh, model, fsdp, opt, meta);         // FSDP: the shards
-//   auto resumed = checkpoint::load_training_state(dir, mesh, model, opt, checkpoint::config_of(cfg));
+//   auto resumed = checkpoint::load_training_state(dir, mesh, model, opt, models::config_of(cfg));
 //   step = resumed.step;  next_batch = resumed.data_position;  rng_bytes = resumed.rng_state;
 //
-// `model` is anything with units() (nn::GPT, nn::MoEGPT, a pipeline stage): every unit's
+// `model` is anything with units() (models::GPT, models::MoEGPT, a pipeline stage): every unit's
 // parameters are saved by name with their global extents, so a checkpoint loads onto any mesh
 // and layout the model can be built on (dp x tp -> FSDP, -> one rank). `opt` is an
 // optim::AdamW over model.collect(...) (or over fsdp.params()). Loading checks the model

@@ -2,7 +2,7 @@
 //
 //   cuda_threads::run(4, [](CommPtr world) {            // or the NCCL communicator under mpirun
 //     CudaMesh<"dp", "tp"> mesh(world, {2, 2});
-//     nn::GPT<float, CudaMesh<"dp", "tp">, parallel::MegatronPlan<true>> model(mesh, cfg);   // on the GPU
+//     models::GPT<float, CudaMesh<"dp", "tp">, parallel::MegatronPlan<true>> model(mesh, cfg);   // on the GPU
 //   });
 //
 // BasicDeviceMesh<cuda_space, Names...> (mesh/device_mesh.hpp): every DTensor on it defaults to

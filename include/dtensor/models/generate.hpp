@@ -5,7 +5,7 @@
 //   auto ids = models::generate(model, prompt_ids, {.new_tokens = 100, .temperature = 0.8, .top_k = 20,
 //                                                   .top_p = 0.9, .seed = 1});
 //   auto r = models::generate_logits(model, prompt_ids, o);   // r.tokens, r.logits (each step's row, double)
-//   auto stages = pipeline::split(nn::GptParts<float, StageMesh, Plan>(stage_mesh, cfg), layout, mesh.coordinate(0));
+//   auto stages = pipeline::split(models::GptParts<float, StageMesh, Plan>(stage_mesh, cfg), layout, mesh.coordinate(0));
 //   auto ids = models::generate(stages, layout, mesh, prompt_ids, o);  // over pipeline stages (mesh: "pp" first)
 //
 // Pipeline parallelism: each rank runs its stages in stage order for every token — the first

@@ -1,15 +1,15 @@
 // dtensor/models/gpt.hpp — a GPT language model: token + position embedding, pre-norm blocks, final
 // norm, LM head, mean cross-entropy.
 //
-//   nn::GPTConfig cfg{.vocab = 96, .seq = 64, .dim = 128, .heads = 4, .layers = 2};
-//   nn::GPT<float, Mesh> model(mesh, cfg);                              // no tensor parallelism
-//   nn::GPT<float, Mesh, parallel::MegatronPlan<true>> tp(mesh, cfg);   // TP + SP (parallel/gpt_plan.hpp)
+//   models::GPTConfig cfg{.vocab = 96, .seq = 64, .dim = 128, .heads = 4, .layers = 2};
+//   models::GPT<float, Mesh> model(mesh, cfg);                              // no tensor parallelism
+//   models::GPT<float, Mesh, parallel::MegatronPlan<true>> tp(mesh, cfg);   // TP + SP (parallel/gpt_plan.hpp)
 //   auto [loss, saved] = model.forward(ids, targets);   // ids, targets: [B, T] int32, batch split on the data dims
 //   model.backward(std::move(saved));                   // gradients into the parameters (Partial where pending)
 //   // or, split: auto wctx = model.backward_input(std::move(saved)); model.backward_weight(std::move(wctx));
 //   double value = full_tensor(loss)[0];                // the global mean loss (an all-reduce on the data dims)
 //
-// The model is its parts (nn::GptParts, an nn::LayeredModel: the prologue GptEmbedding "embed" =
+// The model is its parts (models::GptParts, an nn::LayeredModel: the prologue GptEmbedding "embed" =
 // wte + wpe, the blocks "h.0", ..., the epilogue GptHead "head" = ln_f + lm_head, the plan's
 // loss), run by nn::Stack (nn/stack.hpp), the one forward/backward loop that a pipeline stage
 // cut from the same parts runs too (parallel/pipeline/split.hpp: pipeline::split(GptParts(...),
@@ -52,7 +52,7 @@
 #include "dtensor/parallel/context_layout.hpp"
 #include "dtensor/parallel/context_parallel.hpp"
 
-namespace dtensor::nn {
+namespace dtensor::models {
 
 struct GPTConfig {
   Extent vocab = 0;
@@ -66,30 +66,32 @@ struct GPTConfig {
   // Attention on a mesh with a context dimension (docs/context-parallel.md). With load_balanced,
   // ids and targets must be given in parallel::load_balanced_order (parallel::load_balance).
   parallel::ContextAttentionOptions context{};
-  // Architecture variants (nn::GPT uses the defaults; nn::Llama, models/llama.hpp, sets them).
+  // Architecture variants (models::GPT uses the defaults; models::Llama, models/llama.hpp, sets them).
   Extent kv_heads = 0;     // KV heads of grouped-query attention (0: heads)
   Extent ffn = 0;          // feed-forward width (0: mlp_ratio * dim)
   double rope_theta = 0;   // > 0: rotary positions in attention with this base (Llama 3: 500000)
   bool bias = true;        // biases in the attention projections
   double norm_eps = 1e-5;  // the norms' epsilon
   // Per-module activation recomputation of every block (nn/recompute.hpp); full = checkpoint.
-  Recompute recompute{};
+  nn::Recompute recompute{};
   // With rope_theta > 0: Llama 3.1's RoPE frequency remap (Hugging Face rope_type "llama3",
   // core/rope.hpp) when rope_scaling.factor > 0; models/hf_checkpoint.hpp reads and writes it.
   RopeScaling rope_scaling{};
 };
 
-/// The blocks of nn::GPT (its Layers parameter): each a TransformerBlock with the plan's MLP.
+/// The blocks of models::GPT (its Layers parameter): each a TransformerBlock with the plan's MLP.
 /// A Layers type names the block type, builds block `layer`, declares the meshes of parameters
 /// not on the model's (parameter_meshes(), nn/param_groups.hpp: none here); auxiliary losses
 /// are the modules' own (nn/aux_losses.hpp).
 /// models/moe_gpt.hpp's MoELayers puts a mixture of experts in some blocks.
 struct DenseLayers {
   template <class T, class Mesh, class Plan>
-  using block = TransformerBlock<T, Mesh, Plan, MLP<T, Mesh, typename Plan::fc1, typename Plan::fc2>,
-                                 LayerNorm<T, Mesh, typename Plan::between>, parallel::PlanAttention<T, Mesh, Plan>>;
+  using block =
+      nn::TransformerBlock<T, Mesh, Plan, nn::MLP<T, Mesh, typename Plan::fc1, typename Plan::fc2>,
+                           nn::LayerNorm<T, Mesh, typename Plan::between>, parallel::PlanAttention<T, Mesh, Plan>>;
   template <class Block, class Mesh>
-  Block make_block(Extent /*layer*/, std::string name, const Mesh& mesh, const BlockConfig& c, std::uint64_t seed) const {
+  Block make_block(Extent /*layer*/, std::string name, const Mesh& mesh, const nn::BlockConfig& c,
+                   std::uint64_t seed) const {
     return Block(std::move(name), mesh, c, seed);
   }
 };
@@ -98,10 +100,10 @@ namespace detail {
 /// What a Layers policy may say about the rest of the model: the residual stream's norm
 /// (`template <class T, class Mesh, class P> using norm = ...`; default LayerNorm) and whether
 /// the model has a learned position table (`static constexpr bool learned_positions`; default
-/// true; nn::Llama's rotary positions live in attention instead).
+/// true; models::Llama's rotary positions live in attention instead).
 template <class Layers, class T, class Mesh, class P>
 struct layers_norm {
-  using type = LayerNorm<T, Mesh, P>;
+  using type = nn::LayerNorm<T, Mesh, P>;
 };
 template <class Layers, class T, class Mesh, class P>
   requires requires { typename Layers::template norm<T, Mesh, P>; }
@@ -121,9 +123,9 @@ template <class T, MeshType Mesh, class Plan, class Id, bool LearnedPositions>
 class GptEmbedding {
  public:
   using between = typename Plan::between;
-  using Wte = Embedding<T, Mesh, typename Plan::wte, Id>;
-  using Wpe = Embedding<T, Mesh, Replicated<between>, Id>;
-  using In = DTensor<Id, 2, Mesh, tokens<Mesh>>;
+  using Wte = nn::Embedding<T, Mesh, typename Plan::wte, Id>;
+  using Wpe = nn::Embedding<T, Mesh, nn::Replicated<between>, Id>;
+  using In = DTensor<Id, 2, Mesh, nn::tokens<Mesh>>;
   using Out = typename Wte::Out;
   static_assert(std::is_same_v<typename Wpe::Out, Out>, "GPT: the plan's embedding must give the residual stream's layout");
   struct Saved {
@@ -137,7 +139,7 @@ class GptEmbedding {
     if constexpr (LearnedPositions) wpe_ = Wpe("wpe", mesh, c.seq, c.dim, seed_base + 2);
   }
 
-  Fwd<Out, Saved> forward(const In& ids) const {
+  nn::Fwd<Out, Saved> forward(const In& ids) const {
     Saved s;
     auto [te, wte_s] = wte_.forward(ids);
     s.wte = std::move(wte_s);
@@ -160,15 +162,15 @@ class GptEmbedding {
       if (first == 0) return ops::add(te, wpe_.forward(positions(ids)).y);
       std::vector<Extent> at(std::size_t(ids.extent(1)));
       for (std::size_t i = 0; i < at.size(); ++i) at[i] = first + Extent(i);
-      return ops::add(te, wpe_.forward(nn::positions<tokens<Mesh, between>, Id>(mesh_, ids.shape(), at)).y);
+      return ops::add(te, wpe_.forward(nn::positions<nn::tokens<Mesh, between>, Id>(mesh_, ids.shape(), at)).y);
     }
   }
 
-  Bwd<Nothing, WeightCtx> backward_input(Saved s, const Out& dx) const {
+  nn::Bwd<nn::Nothing, WeightCtx> backward_input(Saved s, const Out& dx) const {
     WeightCtx w;
     std::get<0>(w) = wte_.backward_input(std::move(s.wte), dx).weight;
     if constexpr (LearnedPositions) std::get<1>(w) = wpe_.backward_input(std::move(s.wpe), dx).weight;
-    return {Nothing{}, std::move(w)};
+    return {nn::Nothing{}, std::move(w)};
   }
   void backward_weight(WeightCtx w) {  // wte, then wpe
     wte_.backward_weight(std::move(std::get<0>(w)));
@@ -181,8 +183,8 @@ class GptEmbedding {
  private:
   /// The global position of each of this rank's tokens in its sequence, laid out like the residual
   /// stream (nn/positions.hpp: under context parallelism with load balancing, the original index).
-  DTensor<Id, 2, Mesh, tokens<Mesh, between>> positions(const In& ids) const {
-    return nn::positions<tokens<Mesh, between>, Id>(
+  DTensor<Id, 2, Mesh, nn::tokens<Mesh, between>> positions(const In& ids) const {
+    return nn::positions<nn::tokens<Mesh, between>, Id>(
         mesh_, ids.shape(), parallel::original_positions(mesh_, ids.extent(1), c_.context.load_balanced));
   }
 
@@ -207,17 +209,17 @@ class GptHead {
 
   GptHead(Norm ln_f, Head head) : ln_f_(std::move(ln_f)), head_(std::move(head)) {}
 
-  Fwd<Out, Saved> forward(const In& x) const {
+  nn::Fwd<Out, Saved> forward(const In& x) const {
     auto [normed, ln_s] = ln_f_.forward(x);
     auto [logits, head_s] = head_.forward(normed);
     return {std::move(logits), Saved{std::move(ln_s), std::move(head_s)}};
   }
-  Bwd<In, WeightCtx> backward_input(Saved s, const Out& dlogits) const {
+  nn::Bwd<In, WeightCtx> backward_input(Saved s, const Out& dlogits) const {
     auto [dh, head_w] = head_.backward_input(std::move(s.head), dlogits);
     auto [dx, ln_w] = ln_f_.backward_input(std::move(s.ln_f), dh);
     return {std::move(dx), WeightCtx{std::move(ln_w), std::move(head_w)}};
   }
-  void backward_weight(WeightCtx w) { backward_weight_children(*this, std::move(w)); }  // head, then ln_f
+  void backward_weight(WeightCtx w) { nn::backward_weight_children(*this, std::move(w)); }  // head, then ln_f
 
   auto children() { return std::tie(ln_f_, head_); }
   std::string name() const { return "head"; }
@@ -228,26 +230,26 @@ class GptHead {
 };
 
 /// A GPT as ordered parts (nn/stack.hpp's LayeredModel): embedding, blocks, final norm and head,
-/// cross-entropy. nn::GPT is all of them; a pipeline stage (parallel/pipeline/split.hpp) a run.
-template <kernels::host::FloatElement T, MeshType Mesh, class Plan = ReplicatedPlan, class Id = std::int32_t,
+/// cross-entropy. models::GPT is all of them; a pipeline stage (parallel/pipeline/split.hpp) a run.
+template <kernels::host::FloatElement T, MeshType Mesh, class Plan = nn::ReplicatedPlan, class Id = std::int32_t,
           class Layers = DenseLayers>
 class GptParts {
-  static_assert(require_dense_roles<"nn::GPT", Mesh>());
+  static_assert(nn::require_dense_roles<"models::GPT", Mesh>());
 
  public:
   using between = typename Plan::between;
-  using Ids = DTensor<Id, 2, Mesh, tokens<Mesh>>;
+  using Ids = DTensor<Id, 2, Mesh, nn::tokens<Mesh>>;
   using Target = Ids;
-  using Block = Checkpointed<typename Layers::template block<T, Mesh, Plan>>;
+  using Block = nn::Checkpointed<typename Layers::template block<T, Mesh, Plan>>;
   using Norm = typename detail::layers_norm<Layers, T, Mesh, between>::type;
-  using Head = Linear<T, Mesh, typename Plan::head>;
+  using Head = nn::Linear<T, Mesh, typename Plan::head>;
   using Embed = GptEmbedding<T, Mesh, Plan, Id, detail::layers_learned_positions<Layers>()>;
   using LossFn = typename Plan::template loss<T, Mesh, typename Head::OutL>;
 
   GptParts(const Mesh& mesh, GPTConfig c, Layers layers = {}) : mesh_(mesh), c_(c), layers_(std::move(layers)) {
-    detail::check(c.vocab > 0 && c.seq > 0 && c.dim > 0 && c.heads > 0 && c.layers > 0 && c.dim % c.heads == 0,
-                  "nn::GPT", mesh, "config vocab ", c.vocab, ", seq ", c.seq, ", dim ", c.dim, ", heads ", c.heads,
-                  ", layers ", c.layers, ": all must be > 0 and dim a multiple of heads");
+    dtensor::detail::check(c.vocab > 0 && c.seq > 0 && c.dim > 0 && c.heads > 0 && c.layers > 0 && c.dim % c.heads == 0,
+                           "models::GPT", mesh, "config vocab ", c.vocab, ", seq ", c.seq, ", dim ", c.dim, ", heads ",
+                           c.heads, ", layers ", c.layers, ": all must be > 0 and dim a multiple of heads");
   }
 
   const Mesh& mesh() const noexcept { return mesh_; }
@@ -260,8 +262,9 @@ class GptParts {
   // parameters of the whole model.
   Embed make_prologue() const { return Embed(mesh_, c_, seed_base()); }
   Block make_block(Extent layer) const {
-    BlockConfig bc{c_.dim,     c_.heads,    c_.seq, c_.mlp_ratio,  0.02,    0.02 / std::sqrt(2.0 * double(c_.layers)),
-                   c_.context, c_.kv_heads, c_.ffn, c_.rope_theta, c_.bias, c_.norm_eps};
+    nn::BlockConfig bc{
+        c_.dim,     c_.heads,    c_.seq, c_.mlp_ratio,  0.02,    0.02 / std::sqrt(2.0 * double(c_.layers)),
+        c_.context, c_.kv_heads, c_.ffn, c_.rope_theta, c_.bias, c_.norm_eps};
     bc.recompute = c_.recompute;
     bc.rope_scaling = c_.rope_scaling;
     return Block(c_.checkpoint || c_.recompute.full, layers_.template make_block<typename Block::Inner>(
@@ -283,10 +286,10 @@ class GptParts {
   Layers layers_;
 };
 
-template <kernels::host::FloatElement T, MeshType Mesh, class Plan = ReplicatedPlan, class Id = std::int32_t,
+template <kernels::host::FloatElement T, MeshType Mesh, class Plan = nn::ReplicatedPlan, class Id = std::int32_t,
           class Layers = DenseLayers>
-class GPT : public Stack<GptParts<T, Mesh, Plan, Id, Layers>> {
-  using Base = Stack<GptParts<T, Mesh, Plan, Id, Layers>>;
+class GPT : public nn::Stack<GptParts<T, Mesh, Plan, Id, Layers>> {
+  using Base = nn::Stack<GptParts<T, Mesh, Plan, Id, Layers>>;
 
  public:
   using Parts = GptParts<T, Mesh, Plan, Id, Layers>;
@@ -296,7 +299,7 @@ class GPT : public Stack<GptParts<T, Mesh, Plan, Id, Layers>> {
   using Loss = typename Base::Loss;
   using Saved = typename Base::Saved;
   using WeightCtx = typename Base::WeightCtx;
-  using Unit = typename WithUnits<T, Mesh>::Unit;
+  using Unit = typename nn::WithUnits<T, Mesh>::Unit;
 
   GPT(const Mesh& mesh, GPTConfig c, Layers layers = {})
       : Base(Parts(mesh, c, std::move(layers)), {true, 0, c.layers, true}) {}
@@ -305,8 +308,8 @@ class GPT : public Stack<GptParts<T, Mesh, Plan, Id, Layers>> {
 
   /// The mean loss over all B*T targets, as this rank's share (see LossFn), and the saved state.
   /// Collectives: the plan's.
-  Fwd<Loss, Saved> forward(const Ids& ids, const Ids& targets) const {
-    check_batch("nn::GPT::forward", ids, targets);
+  nn::Fwd<Loss, Saved> forward(const Ids& ids, const Ids& targets) const {
+    check_batch("models::GPT::forward", ids, targets);
     auto [out, s] = Base::forward(std::nullopt, ids, targets);
     return {std::move(*out.loss), std::move(s)};
   }
@@ -337,10 +340,22 @@ class GPT : public Stack<GptParts<T, Mesh, Plan, Id, Layers>> {
  private:
   void check_batch(const char* op, const Ids& ids, const Ids& targets) const {
     const Extent seq = config().seq;
-    detail::check(ids.shape() == targets.shape() && ids.extent(0) > 0 && ids.extent(1) > 0 && ids.extent(1) <= seq, op,
-                  this->mesh(), "ids ", to_string(ids.shape()), " and targets ", to_string(targets.shape()),
-                  " must both be [batch, positions] with 1 to ", seq, " positions");
+    dtensor::detail::check(
+        ids.shape() == targets.shape() && ids.extent(0) > 0 && ids.extent(1) > 0 && ids.extent(1) <= seq, op,
+        this->mesh(), "ids ", to_string(ids.shape()), " and targets ", to_string(targets.shape()),
+        " must both be [batch, positions] with 1 to ", seq, " positions");
   }
 };
 
+}  // namespace dtensor::models
+
+// The names these models had before models/ became their namespace (nn::GPT and so on): kept,
+// so that code written against them compiles as before.
+namespace dtensor::nn {
+using models::DenseLayers;
+using models::GPT;
+using models::GPTConfig;
+using models::GptEmbedding;
+using models::GptHead;
+using models::GptParts;
 }  // namespace dtensor::nn

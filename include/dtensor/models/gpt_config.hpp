@@ -1,7 +1,7 @@
 // dtensor/models/gpt_config.hpp — a GPT's configuration as the key/value pairs a checkpoint
 // stores and compares on resume.
 //
-//   checkpoint::config_of(cfg)   // {"dim": "16", "heads": "4", "layers": "2", ...}
+//   models::config_of(cfg)      // {"dim": "16", "heads": "4", "layers": "2", ...}
 //
 // Only what decides the parameters' names and extents and their values' meaning is listed
 // (not activation checkpointing, which changes neither): resuming with any of them different
@@ -13,9 +13,9 @@
 
 #include "dtensor/models/gpt.hpp"
 
-namespace dtensor::checkpoint {
+namespace dtensor::models {
 
-inline std::map<std::string, std::string> config_of(const nn::GPTConfig& c) {
+inline std::map<std::string, std::string> config_of(const GPTConfig& c) {
   return {{"model", "gpt"},
           {"vocab", std::to_string(c.vocab)},
           {"seq", std::to_string(c.seq)},
@@ -23,9 +23,13 @@ inline std::map<std::string, std::string> config_of(const nn::GPTConfig& c) {
           {"heads", std::to_string(c.heads)},
           {"layers", std::to_string(c.layers)},
           {"mlp_ratio", std::to_string(c.mlp_ratio)},
-          {"kv_heads", std::to_string(c.kv_heads)},  // grouped-query attention (nn::Llama)
+          {"kv_heads", std::to_string(c.kv_heads)},  // grouped-query attention (models::Llama)
           {"ffn", std::to_string(c.ffn)},
           {"seed", std::to_string(c.seed)}};
 }
 
+}  // namespace dtensor::models
+
+namespace dtensor::checkpoint {
+using models::config_of;  // its name before models/ became a namespace
 }  // namespace dtensor::checkpoint

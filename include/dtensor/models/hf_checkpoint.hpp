@@ -1,7 +1,7 @@
 // dtensor/models/hf_checkpoint.hpp — Hugging Face GPT-2 and Llama checkpoints (safetensors, by
-// their HF tensor names) into nn::GPT / nn::Llama, and back.
+// their HF tensor names) into models::GPT / models::Llama, and back.
 //
-//   nn::GPT<float, Mesh> model(mesh, {.vocab = 50257, .seq = 1024, .dim = 768, .heads = 12, .layers = 12});
+//   models::GPT<float, Mesh> model(mesh, {.vocab = 50257, .seq = 1024, .dim = 768, .heads = 12, .layers = 12});
 //   models::import_hf_safetensors("gpt2/model.safetensors", model, models::HfArch::gpt2);
 //   models::export_hf_safetensors("out/model.safetensors", model, models::HfArch::llama);   // a Llama
 //
@@ -87,7 +87,7 @@ struct HfPiece {
 };
 
 /// The name map of a model of configuration c (see the top of this file).
-inline std::vector<HfPiece> hf_name_map(const nn::GPTConfig& c, HfArch arch) {
+inline std::vector<HfPiece> hf_name_map(const models::GPTConfig& c, HfArch arch) {
   const Extent C = c.dim, H = c.heads, D = c.dim / c.heads, K = c.kv_heads > 0 ? c.kv_heads : c.heads;
   const Extent F = c.ffn > 0 ? c.ffn : c.mlp_ratio * c.dim, V = c.vocab;
   std::vector<HfPiece> out;
@@ -258,11 +258,11 @@ void read_piece_box(HfReader& reader, const HfPiece& p, const std::vector<std::s
 /// What a Hugging Face config.json says: the model configuration it describes (HF's defaults for
 /// the fields it leaves out) and which of its fields were given. Refuses, naming the field, what
 /// this import cannot express: biases in the attention or the MLP (attention_bias, mlp_bias true:
-/// nn::Llama has none), another activation than GPT-2's gelu_new or Llama's silu, and rope types
+/// models::Llama has none), another activation than GPT-2's gelu_new or Llama's silu, and rope types
 /// other than "default" and "llama3" (rope_parameters.rope_type in transformers 5, rope_scaling's
 /// rope_type or type before it: linear, dynamic, yarn, longrope...).
 struct HfConfigFile {
-  nn::GPTConfig config;
+  models::GPTConfig config;
   std::set<std::string> given;  // the config.json keys read (rope: "rope_theta", "rope_scaling")
 };
 
@@ -291,7 +291,7 @@ inline HfConfigFile read_hf_config(const std::filesystem::path& config_json, HfA
     throw Error(op, dtensor::detail::cat(where, ": ", name, " = ", value, ": ", why));
   };
   HfConfigFile out;
-  nn::GPTConfig& c = out.config;
+  models::GPTConfig& c = out.config;
   // A number field of `o` (named `name` in messages); absent or null: nullopt.
   auto number = [&](const st::JsonObject& o, std::string_view key, const std::string& name) -> std::optional<double> {
     const st::Json* v = field(o, key);
@@ -308,7 +308,7 @@ inline HfConfigFile read_hf_config(const std::filesystem::path& config_json, HfA
   };
   for (const char* bias : {"attention_bias", "mlp_bias"})
     if (const st::Json* v = field(*top, bias); v && std::get_if<bool>(&v->v) && *std::get_if<bool>(&v->v))
-      refuse(bias, "true", "biases this import does not implement (nn::Llama has none)");
+      refuse(bias, "true", "biases this import does not implement (models::Llama has none)");
   if (arch == HfArch::gpt2) {
     // transformers' GPT2Config defaults
     c.vocab = 50257, c.seq = 1024, c.dim = 768, c.heads = 12, c.layers = 12, c.norm_eps = 1e-5;
@@ -338,11 +338,12 @@ inline HfConfigFile read_hf_config(const std::filesystem::path& config_json, HfA
   Extent head_dim = c.dim / c.heads;
   whole("head_dim", head_dim);
   if (head_dim != c.dim / c.heads)
-    refuse("head_dim", dtensor::detail::cat(head_dim), dtensor::detail::cat("nn::Llama's heads are hidden_size / num_attention_heads = ",
-                                                                            c.dim / c.heads, " wide"));
+    refuse("head_dim", dtensor::detail::cat(head_dim),
+           dtensor::detail::cat("models::Llama's heads are hidden_size / num_attention_heads = ", c.dim / c.heads,
+                                " wide"));
   if (const auto eps = number(*top, "rms_norm_eps", "rms_norm_eps")) c.norm_eps = *eps, out.given.insert("rms_norm_eps");
   if (const st::Json* act = field(*top, "hidden_act"); act && !(act->string() && *act->string() == "silu"))
-    refuse("hidden_act", shown(*act), "nn::Llama's SwiGLU uses silu");
+    refuse("hidden_act", shown(*act), "models::Llama's SwiGLU uses silu");
   if (const auto theta = number(*top, "rope_theta", "rope_theta")) c.rope_theta = *theta, out.given.insert("rope_theta");
   // The rope parameters: transformers 5's rope_parameters (theta inside), or rope_scaling before it.
   // Both given (a config edited by hand, or converted): they must name the same rope type.
@@ -396,12 +397,12 @@ inline HfConfigFile read_hf_config(const std::filesystem::path& config_json, HfA
 /// it gives, eps, rope_theta and the rope scaling (GPT-2: n_positions at least the model's seq,
 /// the import taking the first rows); refuses what read_hf_config refuses. No config.json: the
 /// tensors' names and shapes are all there is to check.
-inline void check_config_json(const std::filesystem::path& checkpoint_path, const nn::GPTConfig& model, HfArch arch,
+inline void check_config_json(const std::filesystem::path& checkpoint_path, const models::GPTConfig& model, HfArch arch,
                               const char* op) {
   const std::filesystem::path config = checkpoint_path.parent_path() / "config.json";
   if (!std::filesystem::exists(config)) return;
   const HfConfigFile file = read_hf_config(config, arch, op);
-  const nn::GPTConfig& f = file.config;
+  const models::GPTConfig& f = file.config;
   auto differ = [&](const char* key, const std::string& theirs, const char* ours_name, const std::string& ours) {
     throw Error(op, dtensor::detail::cat(config.string(), ": ", key, " = ", theirs, ", the model's ", ours_name, " is ", ours,
                                          " (build the model from models::hf_config(", config.string(), "))"));
@@ -431,7 +432,7 @@ inline void check_config_json(const std::filesystem::path& checkpoint_path, cons
   same("intermediate_size", f.ffn, "ffn", ffn);
   if (file.given.count("rms_norm_eps") && !close(f.norm_eps, model.norm_eps))
     differ("rms_norm_eps", dtensor::detail::cat(f.norm_eps), "norm_eps", dtensor::detail::cat(model.norm_eps));
-  const double theta = model.rope_theta > 0 ? model.rope_theta : nn::LlamaLayers::default_rope_theta;
+  const double theta = model.rope_theta > 0 ? model.rope_theta : models::LlamaLayers::default_rope_theta;
   if (!close(f.rope_theta, theta)) differ("rope_theta", dtensor::detail::cat(f.rope_theta), "rope_theta", dtensor::detail::cat(theta));
   const RopeScaling &a = f.rope_scaling, &b = model.rope_scaling;
   if (a.on() != b.on() || (a.on() && !(close(a.factor, b.factor) && close(a.low_freq_factor, b.low_freq_factor) &&
@@ -451,7 +452,7 @@ inline void check_config_json(const std::filesystem::path& checkpoint_path, cons
 /// configuration c: its sizes (GPT-2: n_positions is c.seq, the rows of the position table the
 /// export holds, so from_pretrained loads it as written), eps, rope_theta and llama3 scaling, no
 /// biases beyond GPT-2's, untied lm_head (the export writes it).
-inline void write_config_json(const std::filesystem::path& file, const nn::GPTConfig& c, HfArch arch) {
+inline void write_config_json(const std::filesystem::path& file, const models::GPTConfig& c, HfArch arch) {
   auto num = [](double v) {
     char b[32];
     const auto r = std::to_chars(b, b + sizeof b, v);
@@ -462,8 +463,8 @@ inline void write_config_json(const std::filesystem::path& file, const nn::GPTCo
   const Extent kv = c.kv_heads > 0 ? c.kv_heads : c.heads;
   const Extent ffn = c.ffn > 0 ? c.ffn : c.mlp_ratio * c.dim;
   // Llama's rotary parameters as transformers 5 writes them (rope_theta also at the top, as
-  // transformers 4 reads it); nn::Llama's theta 0 means its default.
-  const double theta = c.rope_theta > 0 ? c.rope_theta : nn::LlamaLayers::default_rope_theta;
+  // transformers 4 reads it); models::Llama's theta 0 means its default.
+  const double theta = c.rope_theta > 0 ? c.rope_theta : models::LlamaLayers::default_rope_theta;
   const RopeScaling& s = c.rope_scaling;
   const std::string rope =
       s.on() ? cat("{\"rope_type\": \"llama3\", \"rope_theta\": ", num(theta), ", \"factor\": ", num(s.factor),
@@ -495,7 +496,7 @@ inline void write_config_json(const std::filesystem::path& file, const nn::GPTCo
 /// holding it): sizes, eps, rope_theta and llama3 rope scaling, HF's defaults for fields left
 /// out (Llama's seq is max_position_embeddings, GPT-2's n_positions). Refuses, naming the field,
 /// what the import cannot express (see detail::read_hf_config).
-inline nn::GPTConfig hf_config(const std::filesystem::path& path, HfArch arch) {
+inline models::GPTConfig hf_config(const std::filesystem::path& path, HfArch arch) {
   const auto file = std::filesystem::is_directory(path) ? path / "config.json" : path;
   return detail::read_hf_config(file, arch, "models::hf_config").config;
 }
@@ -505,7 +506,7 @@ inline nn::GPTConfig hf_config(const std::filesystem::path& path, HfArch arch) {
 template <class Model>
 void import_hf_safetensors(const std::filesystem::path& path, Model& model, HfArch arch) {
   constexpr const char* op = "models::import_hf_safetensors";
-  const nn::GPTConfig& cfg = model.config();
+  const models::GPTConfig& cfg = model.config();
   auto slots = checkpoint::parameter_slots(model.units(), model.mesh());
   checkpoint::detail::agree(model.mesh().comm(), op, dtensor::detail::error_of([&] {
     detail::check_config_json(path, cfg, arch, op);

@@ -1,10 +1,10 @@
-// dtensor/models/llama.hpp — a Llama-style language model: nn::GPT with the LlamaLayers policy.
+// dtensor/models/llama.hpp — a Llama-style language model: models::GPT with the LlamaLayers policy.
 //
-//   nn::GPTConfig cfg{.vocab = 96, .seq = 64, .dim = 128, .heads = 8, .layers = 2,
+//   models::GPTConfig cfg{.vocab = 96, .seq = 64, .dim = 128, .heads = 8, .layers = 2,
 //                     .kv_heads = 2, .ffn = 344, .rope_theta = 500000};
-//   nn::Llama<float, Mesh> model(mesh, cfg);                              // no tensor parallelism
-//   nn::Llama<float, Mesh, parallel::MegatronPlan<true>> tp(mesh, cfg);   // TP + SP (parallel/gpt_plan.hpp)
-//   auto [loss, saved] = model.forward(ids, targets);  model.backward(std::move(saved));   // as nn::GPT
+//   models::Llama<float, Mesh> model(mesh, cfg);                              // no tensor parallelism
+//   models::Llama<float, Mesh, parallel::MegatronPlan<true>> tp(mesh, cfg);   // TP + SP (parallel/gpt_plan.hpp)
+//   auto [loss, saved] = model.forward(ids, targets);  model.backward(std::move(saved));   // as models::GPT
 //
 // Architecture (Llama 2/3): token embedding, no position table; pre-norm blocks
 // h = x + attn(rms1(x)), y = h + swiglu(rms2(h)) with RMSNorm (nn/norm.hpp), grouped-query
@@ -13,9 +13,9 @@
 // mlp_ratio * dim); final RMSNorm; LM head; no biases anywhere (cfg.bias is not read). The
 // norms' epsilon is cfg.norm_eps.
 //
-// Everything else is nn::GPT's: the parameter units ("embed" holds wte alone), the unit hooks
+// Everything else is models::GPT's: the parameter units ("embed" holds wte alone), the unit hooks
 // that DDP and FSDP use, activation checkpointing, the parts a pipeline stage is cut from
-// (pipeline::split of nn::GptParts<T, Mesh, Plan, Id, nn::LlamaLayers>), context parallelism
+// (pipeline::split of models::GptParts<T, Mesh, Plan, Id, models::LlamaLayers>), context parallelism
 // (the rotary positions are nn::positions, the original indices under load balancing), and the
 // plans: MegatronPlan<SP> splits the fused qkv and w13 column-wise and the out projection and w2
 // row-wise, so its collectives are GPT's (parallel::megatron_tp_collectives); it needs
@@ -30,29 +30,37 @@
 #include "dtensor/models/gpt.hpp"
 #include "dtensor/nn/swiglu.hpp"
 
-namespace dtensor::nn {
+namespace dtensor::models {
 
-/// nn::GPT's Layers policy for Llama blocks (see the top of this file).
+/// models::GPT's Layers policy for Llama blocks (see the top of this file).
 struct LlamaLayers : DenseLayers {
   static constexpr double default_rope_theta = 500000.0;  // Llama 3
   static constexpr bool learned_positions = false;
   template <class T, class Mesh, class P>
-  using norm = RMSNorm<T, Mesh, P>;
+  using norm = nn::RMSNorm<T, Mesh, P>;
   template <class T, class Mesh, class Plan>
-  using block = TransformerBlock<T, Mesh, Plan, SwiGLU<T, Mesh, typename Plan::fc1, typename Plan::fc2>,
-                                 norm<T, Mesh, typename Plan::between>, parallel::PlanAttention<T, Mesh, Plan>>;
+  using block = nn::TransformerBlock<T, Mesh, Plan, nn::SwiGLU<T, Mesh, typename Plan::fc1, typename Plan::fc2>,
+                                     norm<T, Mesh, typename Plan::between>, parallel::PlanAttention<T, Mesh, Plan>>;
 
   template <class Block, class Mesh>
-  Block make_block(Extent /*layer*/, std::string name, const Mesh& mesh, const BlockConfig& c, std::uint64_t seed) const {
-    BlockConfig llama = c;
+  Block make_block(Extent /*layer*/, std::string name, const Mesh& mesh, const nn::BlockConfig& c,
+                   std::uint64_t seed) const {
+    nn::BlockConfig llama = c;
     llama.bias = false;
     if (llama.rope_theta == 0) llama.rope_theta = default_rope_theta;
     return Block(std::move(name), mesh, llama, seed);
   }
 };
 
-/// A Llama-style model (nn::GPT with the LlamaLayers policy).
-template <kernels::host::FloatElement T, MeshType Mesh, class Plan = ReplicatedPlan, class Id = std::int32_t>
+/// A Llama-style model (models::GPT with the LlamaLayers policy).
+template <kernels::host::FloatElement T, MeshType Mesh, class Plan = nn::ReplicatedPlan, class Id = std::int32_t>
 using Llama = GPT<T, Mesh, Plan, Id, LlamaLayers>;
 
+}  // namespace dtensor::models
+
+// The names these models had before models/ became their namespace (nn::GPT and so on): kept,
+// so that code written against them compiles as before.
+namespace dtensor::nn {
+using models::Llama;
+using models::LlamaLayers;
 }  // namespace dtensor::nn

@@ -3,8 +3,8 @@
 //
 //   using Dense = DeviceMesh<"dp", "tp">;  using EMesh = DeviceMesh<"edp", "ep", "tp">;
 //   auto emesh = parallel::make_expert_mesh<EMesh>(dense, /*ep=*/2);
-//   nn::MoEGPT<float, Dense, EMesh> model(dense, gpt_config,
-//       nn::MoELayers<float, EMesh>(emesh, {.router = {.experts = 4, .topk = 2, .capacity_factor = 1.25},
+//   models::MoEGPT<float, Dense, EMesh> model(dense, gpt_config,
+//       models::MoELayers<float, EMesh>(emesh, {.router = {.experts = 4, .topk = 2, .capacity_factor = 1.25},
 //                                           .every = 2}));   // blocks 1, 3, ... are MoE
 //   auto groups = nn::parameter_groups(model);                         // nn/param_groups.hpp
 //   auto dense = std::get<0>(groups).params();                         // the units(): attention, norms, routers, ...
@@ -15,7 +15,7 @@
 //   parallel::DataParallel<EMesh>(emesh).all_reduce_gradients(experts);    // over "edp" only
 //   model.layers().stats(model.blocks()[1])                            // the last forward's routing on this rank
 //
-// MoEGPT is nn::GPT with the Layers policy MoELayers: each block is a TransformerBlock whose
+// MoEGPT is models::GPT with the Layers policy MoELayers: each block is a TransformerBlock whose
 // feed-forward is a DenseOrMoE — the plan's MLP, or an nn::MoE (router on the model's mesh,
 // experts on the expert mesh). Parameters on the model's mesh stay in the GPT's units (one per
 // block: its norms, attention and router or MLP), so DDP over the dense mesh reduces them as
@@ -47,7 +47,7 @@
 #include "dtensor/nn/param_groups.hpp"
 #include "dtensor/parallel/moe.hpp"
 
-namespace dtensor::nn {
+namespace dtensor::models {
 
 /// One MoE layer's routing on this rank in its last forward.
 struct MoEStats {
@@ -61,8 +61,8 @@ struct MoEStats {
 template <kernels::host::FloatElement T, MeshType Mesh, parallel::ExpertMeshType EMesh, class Plan>
 class DenseOrMoE {
  public:
-  using Mlp = MLP<T, Mesh, typename Plan::fc1, typename Plan::fc2>;
-  using Moe = MoE<T, Mesh, EMesh>;
+  using Mlp = nn::MLP<T, Mesh, typename Plan::fc1, typename Plan::fc2>;
+  using Moe = nn::MoE<T, Mesh, EMesh>;
   using In = typename Mlp::In;
   using Out = typename Mlp::Out;
   // Under sequence parallelism the block's stream is split on the sequence over the tensor
@@ -71,7 +71,7 @@ class DenseOrMoE {
   // of the output (and of the input gradient): a local slice.
   static constexpr bool gathers = !std::is_same_v<In, typename Moe::In>;
   static_assert(std::is_same_v<In, Out> && std::is_same_v<typename Moe::In, typename Moe::Out>,
-                "nn::DenseOrMoE: the feed-forward keeps its input's layout");
+                "models::DenseOrMoE: the feed-forward keeps its input's layout");
   using Saved = std::variant<typename Mlp::Saved, typename Moe::Saved>;
   using WeightCtx = std::variant<typename Mlp::WeightCtx, typename Moe::WeightCtx>;
 
@@ -85,7 +85,7 @@ class DenseOrMoE {
   /// The last forward's routing on this rank (empty for a dense MLP).
   const MoEStats& stats() const noexcept { return stats_; }
 
-  Fwd<Out, Saved> forward(const In& x) const {
+  nn::Fwd<Out, Saved> forward(const In& x) const {
     if (!is_moe()) {
       auto [y, s] = mlp_.at(0).forward(x);
       return {std::move(y), Saved(std::in_place_index<0>, std::move(s))};
@@ -96,7 +96,7 @@ class DenseOrMoE {
     return {mine(std::move(y)), Saved(std::in_place_index<1>, std::move(s))};
   }
 
-  Bwd<In, WeightCtx> backward_input(Saved s, const Out& dy) const {
+  nn::Bwd<In, WeightCtx> backward_input(Saved s, const Out& dy) const {
     if (!is_moe()) {
       auto [dx, w] = mlp_.at(0).backward_input(std::get<0>(std::move(s)), dy);
       return {std::move(dx), WeightCtx(std::in_place_index<0>, std::move(w))};
@@ -138,32 +138,35 @@ class DenseOrMoE {
 
 /// Which blocks get a mixture of experts, and its configuration.
 struct MoELayersConfig {
-  RouterConfig router;   // experts, topk, capacity factor, loss coefficients
+  nn::RouterConfig router;  // experts, topk, capacity factor, loss coefficients
   Extent hidden = 0;     // each expert's width; 0: the GPT's mlp_ratio x dim
   Extent every = 1;      // block l is MoE when (l + 1) % every == 0: 1 all, 2 every other (1, 3, ...)
 };
 
-/// nn::GPT's Layers policy for MoE blocks (see the top of this file).
+/// models::GPT's Layers policy for MoE blocks (see the top of this file).
 template <kernels::host::FloatElement T, parallel::ExpertMeshType EMesh>
 class MoELayers {
  public:
   using ExpertMesh = EMesh;
   template <class, class Mesh, class Plan>
-  using block = TransformerBlock<T, Mesh, Plan, DenseOrMoE<T, Mesh, EMesh, Plan>,
-                                 LayerNorm<T, Mesh, typename Plan::between>, parallel::PlanAttention<T, Mesh, Plan>>;
+  using block =
+      nn::TransformerBlock<T, Mesh, Plan, DenseOrMoE<T, Mesh, EMesh, Plan>,
+                           nn::LayerNorm<T, Mesh, typename Plan::between>, parallel::PlanAttention<T, Mesh, Plan>>;
 
   MoELayers() = default;
   MoELayers(EMesh emesh, MoELayersConfig c) : emesh_(std::move(emesh)), c_(c) {
-    check_router_config(c.router, "nn::MoELayers", emesh_.rank());
+    nn::check_router_config(c.router, "models::MoELayers", emesh_.rank());
     if (c.every < 1 || c.hidden < 0)
-      throw Error("nn::MoELayers", dtensor::detail::cat("every ", c.every, " must be >= 1 and hidden ", c.hidden, " >= 0"),
+      throw Error("models::MoELayers",
+                  dtensor::detail::cat("every ", c.every, " must be >= 1 and hidden ", c.hidden, " >= 0"),
                   emesh_.rank());
   }
 
   bool is_moe(Extent layer) const noexcept { return (layer + 1) % c_.every == 0; }
 
   template <class Block, class Mesh>
-  Block make_block(Extent layer, std::string name, const Mesh& mesh, const BlockConfig& c, std::uint64_t seed) const {
+  Block make_block(Extent layer, std::string name, const Mesh& mesh, const nn::BlockConfig& c,
+                   std::uint64_t seed) const {
     using FF = typename Block::Mlp;
     // The feed-forward's seeds are the dense MLP's (seed + 2, + 3): the MoE's router, its experts.
     if (!is_moe(layer)) {
@@ -171,14 +174,17 @@ class MoELayers {
       return Block(name, mesh, c, seed,
                    FF(typename FF::Mlp(name + ".mlp", mesh, c.dim, hidden, seed + 2, c.init_std, c.out_std)));
     }
-    const MoEConfig mc{.dim = c.dim, .hidden = c_.hidden > 0 ? c_.hidden : c.mlp_ratio * c.dim, .router = c_.router,
-                       .init_std = c.init_std, .out_std = c.out_std};
+    const nn::MoEConfig mc{.dim = c.dim,
+                           .hidden = c_.hidden > 0 ? c_.hidden : c.mlp_ratio * c.dim,
+                           .router = c_.router,
+                           .init_std = c.init_std,
+                           .out_std = c.out_std};
     return Block(name, mesh, c, seed, FF(typename FF::Moe(name + ".moe", mesh, emesh_, mc, seed + 2)));
   }
 
   /// The mesh the experts live on, declared (nn/param_groups.hpp): nn::Stack makes each MoE
   /// block's experts a unit "h.l.experts" on it, found by their mesh type.
-  std::tuple<OnMesh<EMesh>> parameter_meshes() const { return {on_mesh("experts", emesh_)}; }
+  std::tuple<nn::OnMesh<EMesh>> parameter_meshes() const { return {nn::on_mesh("experts", emesh_)}; }
 
   /// The last forward's routing statistics of a block (empty for a dense one).
   template <class Block>
@@ -194,9 +200,19 @@ class MoELayers {
   MoELayersConfig c_;
 };
 
-/// A GPT with MoE blocks (nn::GPT with the MoELayers policy).
-template <kernels::host::FloatElement T, MeshType Mesh, parallel::ExpertMeshType EMesh, class Plan = ReplicatedPlan,
+/// A GPT with MoE blocks (models::GPT with the MoELayers policy).
+template <kernels::host::FloatElement T, MeshType Mesh, parallel::ExpertMeshType EMesh, class Plan = nn::ReplicatedPlan,
           class Id = std::int32_t>
 using MoEGPT = GPT<T, Mesh, Plan, Id, MoELayers<T, EMesh>>;
 
+}  // namespace dtensor::models
+
+// The names these models had before models/ became their namespace (nn::GPT and so on): kept,
+// so that code written against them compiles as before.
+namespace dtensor::nn {
+using models::DenseOrMoE;
+using models::MoEGPT;
+using models::MoELayers;
+using models::MoELayersConfig;
+using models::MoEStats;
 }  // namespace dtensor::nn

@@ -1,14 +1,14 @@
 // dtensor/models/training_plan.hpp — one training step of a GPT or Llama plan, dry: the real step
 // on meta tensors over the sim communicator, once per rank class (sim/dry_run.hpp).
 //
-//   sim::TrainingPlan plan{.model = {.vocab = 128256, .seq = 8192, .dim = 16384, .heads = 128,
+//   models::TrainingPlan plan{.model = {.vocab = 128256, .seq = 8192, .dim = 16384, .heads = 128,
 //                                    .layers = 126, .kv_heads = 8, .ffn = 53248},
 //                          .batch = 2048, .microbatches = 16, .dp = 128, .tp = 8, .pp = 16};
-//   auto classes = sim::dry_run_plan<bfloat16, nn::LlamaLayers, /*SP=*/true>(plan);
+//   auto classes = models::dry_run_plan<bfloat16, models::LlamaLayers, /*SP=*/true>(plan);
 //   classes[0].report.to_table();  classes[0].peak_in_flight;   // bytes with the schedule's micro-batches
 //
 // Two programs, the trainer's (examples/train_gpt.cpp): mesh (pp, dp, fsdp, cp, tp); each pipeline
-// rank builds its stages (parallel::pipeline::split of nn::GptParts: embedding on the first, head
+// rank builds its stages (parallel::pipeline::split of models::GptParts: embedding on the first, head
 // on the last, its share of the blocks, uneven splits as stage_layers gives; one stage at pp 1)
 // and runs one micro-batch through them: receive the input from the previous stage, forward,
 // send; then backward the same way.
@@ -24,7 +24,7 @@
 //                             runs them (begin_stage, begin_last_backward, end_stage): at pp 1 ZeRO-3
 //                             gathers and reshards each unit, as the trainer does.
 //
-// MoE (plan.moe.router.experts > 0, Layers = nn::MoELayers over MetaMesh<"edp", "ep", "tp">): the
+// MoE (plan.moe.router.experts > 0, Layers = models::MoELayers over MetaMesh<"edp", "ep", "tp">): the
 // pipeline program, the experts on the expert mesh over each stage's ranks (ep of them splitting
 // the experts, as the trainer's), not sharded, all-reduced on "edp", in the one AdamW (their state in T).
 // Routing is the balanced one a dry run assumes (nn::route_balanced): every expert gets its
@@ -90,11 +90,11 @@
 #include "dtensor/sim/dry_run.hpp"
 #include "dtensor/train/trainer.hpp"
 
-namespace dtensor::sim {
+namespace dtensor::models {
 
 /// A model and how it is split (see the top of this file).
 struct TrainingPlan {
-  nn::GPTConfig model;  // layers: the whole model's; checkpoint: activation checkpointing of every block
+  models::GPTConfig model;  // layers: the whole model's; checkpoint: activation checkpointing of every block
   Extent batch = 1;     // sequences per step (all data ranks together)
   int microbatches = 1;
   int dp = 1, tp = 1, pp = 1;  // dp: every data rank (replicate x shard under HSDP)
@@ -105,7 +105,7 @@ struct TrainingPlan {
   int cp = 1;               // context parallelism: ranks splitting every sequence
   parallel::ContextKind cp_kind = parallel::ContextKind::ring;
   bool cp_balanced = true;  // the head-tail order (parallel/context_layout.hpp): equal causal work per rank
-  nn::MoELayersConfig moe{};  // router.experts > 0: MoE blocks (Layers = nn::MoELayers), balanced routing
+  models::MoELayersConfig moe{};  // router.experts > 0: MoE blocks (Layers = models::MoELayers), balanced routing
   int ep = 1;               // expert parallelism: ranks splitting the experts (dividing dp x cp)
   // DDP (zero 0) of a bf16 model runs with fp32 master values and AdamW moments (as_run below:
   // mixed precision as practised, and as train_gpt --dtype bf16 runs it), unless this asks for
@@ -116,13 +116,14 @@ struct TrainingPlan {
   /// pp x dp x cp x tp, checked: a mesh's ranks are ints, so a product past 2^31 - 1 throws
   /// (naming the factors) instead of wrapping to a negative count or an endless dry run.
   long long gpus() const {
-    return checked_product<int>(std::array<int, 4>{pp, dp, cp, tp}, "sim::TrainingPlan", "number of GPUs pp x dp x cp x tp");
+    return checked_product<int>(std::array<int, 4>{pp, dp, cp, tp}, "models::TrainingPlan",
+                                "number of GPUs pp x dp x cp x tp");
   }
   bool has_experts() const { return moe.router.experts > 0; }
   /// The pipeline program (any pp and cp; FSDP inside stages; MoE).
   /// Always: the dry run runs the trainer's own step, a pipeline (of one stage at pp 1) with FSDP
   /// inside (parallel::pipeline::ShardedPipeline); before issue 40 a pp 1 FSDP plan ran
-  /// fully_shard on nn::GPT directly, code the trainer never ran.
+  /// fully_shard on models::GPT directly, code the trainer never ran.
   bool pipelined() const { return true; }
 };
 
@@ -137,7 +138,7 @@ inline TrainingPlan as_run(TrainingPlan p, bool bf16) {
 
 /// One rank class's report and what the schedule adds to its memory.
 struct PlanClass {
-  RankReport report;
+  sim::RankReport report;
   int pipeline_rank = 0;
   std::vector<int> pipeline_ranks{};  // every pipeline rank whose stages do this class's work (pipeline_rank first)
   int in_flight = 1;               // (stage, micro-batch) forwards this pipeline rank holds at most
@@ -150,7 +151,7 @@ struct PlanClass {
 
 /// Throws naming the flag-level field when the plan cannot run.
 inline void check_plan(const TrainingPlan& p) {
-  constexpr const char* op = "sim::TrainingPlan";
+  constexpr const char* op = "models::TrainingPlan";
   auto fail = [&](auto&&... what) { throw Error(op, dtensor::detail::cat(what...)); };
   if (p.dp < 1 || p.tp < 1 || p.pp < 1 || p.cp < 1 || p.microbatches < 1 || p.batch < 1 || p.hsdp < 1)
     fail("dp ", p.dp, ", tp ", p.tp, ", pp ", p.pp, ", cp ", p.cp, ", microbatches ", p.microbatches, ", batch ", p.batch,
@@ -227,14 +228,14 @@ inline std::array<int, 5> pipeline_shape(const TrainingPlan& p) {
 }
 
 /// The model config the stages are built with: the plan's context attention.
-inline nn::GPTConfig stage_config(const TrainingPlan& p) {
-  nn::GPTConfig c = p.model;
+inline models::GPTConfig stage_config(const TrainingPlan& p) {
+  models::GPTConfig c = p.model;
   c.context.kind = p.cp_kind;
   c.context.load_balanced = p.cp_balanced;
   return c;
 }
 
-/// The stages' Layers policy: nn::MoELayers on the expert mesh over the stage's ranks, or a dense one.
+/// The stages' Layers policy: models::MoELayers on the expert mesh over the stage's ranks, or a dense one.
 template <class Layers, class StageMesh>
 Layers plan_layers(const StageMesh& stage_mesh, const TrainingPlan& p) {
   if constexpr (requires { typename Layers::ExpertMesh; })
@@ -253,7 +254,7 @@ Layers plan_layers(const StageMesh& stage_mesh, const TrainingPlan& p) {
 /// report shows the contexts' bytes and the cost model the I / W split.
 template <class Stage, class Mesh, class BeforeForward, class AfterBackward>
 void run_one_microbatch(std::vector<Stage>& stages, const Mesh& mesh, const parallel::pipeline::StageLayout& layout,
-                        const typename Stage::Input& ids, const typename Stage::Target& target, Recorder& rec,
+                        const typename Stage::Input& ids, const typename Stage::Target& target, sim::Recorder& rec,
                         BeforeForward&& before_forward, AfterBackward&& after_backward, bool split_backward = false) {
   using X = typename Stage::X;
   const auto& stage_mesh = stages.front().mesh();
@@ -297,7 +298,7 @@ void run_one_microbatch(std::vector<Stage>& stages, const Mesh& mesh, const para
 /// gradient syncs, the replica sync, clip, optimizer step and parameter sync: the dry run of the
 /// trainer's step for any model (the GPT here, train_vit --dry-run).
 template <class Trainer, class Input, class Target>
-void trainer_step(Trainer& trainer, const Input& x, const Target& y, Recorder& rec) {
+void trainer_step(Trainer& trainer, const Input& x, const Target& y, sim::Recorder& rec) {
   auto& run = trainer.pipeline();
   const auto& schedule = trainer.schedule();
   run.zero_grad();
@@ -338,15 +339,15 @@ inline train::TrainerOptions trainer_options(const TrainingPlan& p) {
 /// Space: meta in a dry run; host_space runs the same step for real (on the threads backend:
 /// test_sim holds the two reports equal).
 template <class T, class Layers, bool SP, class Space = meta_space>
-void pipeline_rank_step(CommPtr world, const TrainingPlan& p, Recorder& rec) {
+void pipeline_rank_step(CommPtr world, const TrainingPlan& p, sim::Recorder& rec) {
   namespace pp = parallel::pipeline;
   using Mesh = BasicDeviceMesh<Space, "pp", "dp", "fsdp", "cp", "tp">;
   using StageMesh = BasicDeviceMesh<Space, "dp", "fsdp", "cp", "tp">;
-  using Model = nn::GptParts<T, StageMesh, parallel::MegatronPlan<SP>, std::int32_t, Layers>;
+  using Model = models::GptParts<T, StageMesh, parallel::MegatronPlan<SP>, std::int32_t, Layers>;
   using Stage = pp::Stage<Model>;
   Mesh mesh(world, pipeline_shape(p));
   const StageMesh stage_mesh = pp::stage_mesh_of(mesh);
-  const nn::GPTConfig config = stage_config(p);
+  const models::GPTConfig config = stage_config(p);
   rec.phase("parameters");
   // The trainer's own step (train/trainer.hpp), this rank's stages built by it. FSDP (zero 1..3):
   // fp32 master values, gradient shards and AdamW state over "fsdp"; MoE: the experts in T. DDP
@@ -375,8 +376,8 @@ using detail::plan_schedule;
 using detail::trainer_step;
 
 /// The links of the plan's mesh: (pp, dp, fsdp, cp, tp) (and its expert mesh's edp, ep under MoE).
-inline Topology plan_topology(const TrainingPlan& p, const Hardware& hw) {
-  Topology t(std::array<std::string_view, 5>{"pp", "dp", "fsdp", "cp", "tp"}, detail::pipeline_shape(p), hw);
+inline sim::Topology plan_topology(const TrainingPlan& p, const sim::Hardware& hw) {
+  sim::Topology t(std::array<std::string_view, 5>{"pp", "dp", "fsdp", "cp", "tp"}, detail::pipeline_shape(p), hw);
   // The experts' mesh factors each stage's token ranks (dp x cp of them) as edp x ep.
   if (p.has_experts())
     t.add_dims(std::array<std::string_view, 4>{"pp", "edp", "ep", "tp"}, std::array{p.pp, p.dp * p.cp / p.ep, p.ep, p.tp});
@@ -384,7 +385,7 @@ inline Topology plan_topology(const TrainingPlan& p, const Hardware& hw) {
 }
 
 /// The plan's step once per rank class (see the top of this file): T the model's element type,
-/// Layers nn::DenseLayers (GPT) or nn::LlamaLayers, SP sequence parallelism on "tp".
+/// Layers models::DenseLayers (GPT) or models::LlamaLayers, SP sequence parallelism on "tp".
 template <class T, class Layers, bool SP>
 std::vector<PlanClass> dry_run_plan(const TrainingPlan& given) {
   check_plan(given);
@@ -393,7 +394,7 @@ std::vector<PlanClass> dry_run_plan(const TrainingPlan& given) {
   const TrainingPlan p = as_run(given, !std::is_same_v<T, float>);
   const auto schedule = detail::plan_schedule(p);
   const int v = schedule.layout.stages_per_rank;
-  const DimensionWork tensor = DimensionWork::splitting({p.model.heads});
+  const sim::DimensionWork tensor = sim::DimensionWork::splitting({p.model.heads});
   std::vector<PlanClass> result;
   if (p.pipelined()) {
     const auto shape = detail::pipeline_shape(p);
@@ -401,20 +402,20 @@ std::vector<PlanClass> dry_run_plan(const TrainingPlan& given) {
     // Context ranks hold chunks of the sequence; their causal work is equal under load balancing
     // and Ulysses (each rank attends the whole sequence for its heads), else it grows with the rank.
     const bool equal_context_work = p.cp_balanced || p.cp_kind == parallel::ContextKind::ulysses;
-    const std::array<DimensionWork, 5> work{
-        DimensionWork::keyed(detail::pipeline_rank_keys(p, schedule)), DimensionWork::splitting({p.micro_batch()}),
-        DimensionWork::splitting({per_replica}),
-        equal_context_work ? DimensionWork::splitting({p.model.seq}) : DimensionWork::distinct(), tensor};
+    const std::array<sim::DimensionWork, 5> work{
+        sim::DimensionWork::keyed(detail::pipeline_rank_keys(p, schedule)),
+        sim::DimensionWork::splitting({p.micro_batch()}), sim::DimensionWork::splitting({per_replica}),
+        equal_context_work ? sim::DimensionWork::splitting({p.model.seq}) : sim::DimensionWork::distinct(), tensor};
     const Extent experts = p.moe.router.experts;
     // Experts that do not divide over ep: the share of the expert rank (its token-rank index modulo ep).
     const auto classes = p.has_experts() && experts % p.ep != 0
-                             ? rank_classes<5>(shape, work, {false, true, true, true, false},
-                                               [&](const std::array<int, 5>& c) {
-                                                 const int t = (c[1] * shape[2] + c[2]) * shape[3] + c[3];
-                                                 return chunk_range(experts, p.ep, t % p.ep).size();
-                                               })
-                             : rank_classes<5>(shape, work);
-    auto reports = dry_run<5>(shape, classes, [&](CommPtr world, Recorder& rec) {
+                             ? sim::rank_classes<5>(shape, work, {false, true, true, true, false},
+                                                    [&](const std::array<int, 5>& c) {
+                                                      const int t = (c[1] * shape[2] + c[2]) * shape[3] + c[3];
+                                                      return chunk_range(experts, p.ep, t % p.ep).size();
+                                                    })
+                             : sim::rank_classes<5>(shape, work);
+    auto reports = sim::dry_run<5>(shape, classes, [&](CommPtr world, sim::Recorder& rec) {
       detail::pipeline_rank_step<T, Layers, SP>(std::move(world), p, rec);
     });
     const auto memory = parallel::pipeline::validate(schedule);
@@ -440,7 +441,7 @@ std::vector<PlanClass> dry_run_plan(const TrainingPlan& given) {
       const auto& weight = c.report.phase("backward_weight");
       c.contexts_per_stage = std::max<std::int64_t>(0, input.end[tag] - weight.end[tag]) / v;
       const double ratio = c.saved_per_stage > 0 ? double(c.contexts_per_stage) / double(c.saved_per_stage) : 0;
-      const auto at = detail::held_at_peak(parallel::pipeline::validate(schedule), ratio, c.pipeline_rank);
+      const auto at = sim::detail::held_at_peak(parallel::pipeline::validate(schedule), ratio, c.pipeline_rank);
       c.held_at_peak = at.held, c.contexts_at_peak = at.contexts;
       c.in_flight = std::max(v, int(at.held));
     }
@@ -454,4 +455,18 @@ std::vector<PlanClass> dry_run_plan(const TrainingPlan& given) {
   return result;
 }
 
+}  // namespace dtensor::models
+
+// The names the GPT's dry run had before models/ became its namespace (sim::TrainingPlan and so
+// on): kept, so that code written against them compiles as before.
+namespace dtensor::sim {
+using models::after_step;
+using models::as_run;
+using models::check_plan;
+using models::dry_run_plan;
+using models::plan_schedule;
+using models::plan_topology;
+using models::PlanClass;
+using models::trainer_step;
+using models::TrainingPlan;
 }  // namespace dtensor::sim

@@ -1,10 +1,10 @@
 // dtensor/models/vit.hpp — a small Vision-Transformer classifier, written against the public nn/
 // and parallel/ API as a user writes their own model (docs/modules.md walks through it).
 //
-//   nn::ViTConfig cfg{.patches = 16, .patch_dim = 48, .classes = 10, .dim = 64, .heads = 4, .layers = 2};
-//   nn::ViT<float, Mesh> model(mesh, cfg);                              // no tensor parallelism
-//   nn::ViT<float, Mesh, parallel::MegatronPlan<true>> tp(mesh, cfg);   // TP + SP (parallel/gpt_plan.hpp)
-//   auto stages = pipeline::split(nn::ViTParts<float, StageMesh>(stage_mesh, cfg), layout, pipeline_rank);
+//   models::ViTConfig cfg{.patches = 16, .patch_dim = 48, .classes = 10, .dim = 64, .heads = 4, .layers = 2};
+//   models::ViT<float, Mesh> model(mesh, cfg);                              // no tensor parallelism
+//   models::ViT<float, Mesh, parallel::MegatronPlan<true>> tp(mesh, cfg);   // TP + SP (parallel/gpt_plan.hpp)
+//   auto stages = pipeline::split(models::ViTParts<float, StageMesh>(stage_mesh, cfg), layout, pipeline_rank);
 //   auto [loss, saved] = model.forward(patches, labels);  // patches [B, P, patch_dim], labels [B]
 //   model.backward(std::move(saved));                     // gradients into the parameters
 //   double value = full_tensor(loss)[0];                  // the global mean loss
@@ -14,11 +14,11 @@
 // attention: every patch sees every other) follow, then a final LayerNorm, the mean over the
 // patches and a Linear classifier head; the loss is nn::ClassificationCrossEntropy.
 //
-// It is its parts (nn::ViTParts, an nn::LayeredModel: embed, blocks, head, loss) run by nn::Stack,
+// It is its parts (models::ViTParts, an nn::LayeredModel: embed, blocks, head, loss) run by nn::Stack,
 // so its units (embed, h.0 .., head), hooks and their firing are the library's: DDP overlap,
 // fully_shard and ZeRO / HSDP need nothing from it, and pipeline::split cuts the same parts into
 // pipeline stages (parallel/pipeline/split.hpp). The blocks come from a Layers policy, the GPT's:
-// nn::DenseLayers, or nn::MoELayers (models/moe_gpt.hpp: mixtures of experts on an expert mesh). Everything else about parallelism is chosen from outside:
+// models::DenseLayers, or models::MoELayers (models/moe_gpt.hpp: mixtures of experts on an expert mesh). Everything else about parallelism is chosen from outside:
 // the Plan gives the styles of the blocks' Linears and the residual stream's placement on the
 // tensor dimension (`between`; sequence parallelism splits the patches there); on a mesh with a
 // context dimension the patches are split on it and parallel::PlanAttention picks the context
@@ -45,7 +45,7 @@
 #include <vector>
 
 #include "dtensor/distributed/redistribute.hpp"
-#include "dtensor/models/gpt.hpp"  // nn::DenseLayers: the blocks policy the GPT and the ViT share
+#include "dtensor/models/gpt.hpp"  // models::DenseLayers: the blocks policy the GPT and the ViT share
 #include "dtensor/nn/block.hpp"
 #include "dtensor/nn/checkpoint.hpp"
 #include "dtensor/nn/classification_loss.hpp"
@@ -57,7 +57,7 @@
 #include "dtensor/parallel/context_layout.hpp"
 #include "dtensor/parallel/context_parallel.hpp"
 
-namespace dtensor::nn {
+namespace dtensor::models {
 
 struct ViTConfig {
   Extent patches = 0;    // P: patches per image (the sequence)
@@ -77,8 +77,8 @@ struct ViTConfig {
 template <kernels::host::FloatElement T, MeshType Mesh, Placement P = Replicate>
 class PatchEmbedding {
  public:
-  using Proj = Linear<T, Mesh, Replicated<P>>;
-  using Pos = Embedding<T, Mesh, Replicated<P>>;
+  using Proj = nn::Linear<T, Mesh, nn::Replicated<P>>;
+  using Pos = nn::Embedding<T, Mesh, nn::Replicated<P>>;
   using In = typename Proj::In;
   using Out = typename Proj::Out;
   struct Saved {
@@ -92,20 +92,21 @@ class PatchEmbedding {
       : proj_("patch", mesh, c.patch_dim, c.dim, seed + 1), pos_("pos", mesh, c.patches, c.dim, seed + 2),
         load_balanced_(c.context.load_balanced) {}
 
-  Fwd<Out, Saved> forward(const In& x) const {
+  nn::Fwd<Out, Saved> forward(const In& x) const {
     auto [e, proj_s] = proj_.forward(x);
     // The global index of each of this rank's patches (under CP with load balancing: the original order).
-    auto ids = positions<tokens<Mesh, P>>(x.mesh(), Shape<2>{x.extent(0), x.extent(1)},
-                                          parallel::original_positions(x.mesh(), x.extent(1), load_balanced_));  // parallel:
+    auto ids = positions<nn::tokens<Mesh, P>>(
+        x.mesh(), Shape<2>{x.extent(0), x.extent(1)},
+        parallel::original_positions(x.mesh(), x.extent(1), load_balanced_));  // parallel:
     auto [pe, pos_s] = pos_.forward(ids);
     return {ops::add(e, pe), Saved{std::move(proj_s), std::move(pos_s)}};
   }
-  Bwd<In, WeightCtx> backward_input(Saved s, const Out& dy) const {
+  nn::Bwd<In, WeightCtx> backward_input(Saved s, const Out& dy) const {
     auto [dx, proj_w] = proj_.backward_input(std::move(s.proj), dy);
     auto pos_w = pos_.backward_input(std::move(s.pos), dy).weight;
     return {std::move(dx), WeightCtx{std::move(proj_w), std::move(pos_w)}};
   }
-  void backward_weight(WeightCtx w) { backward_weight_children(*this, std::move(w)); }
+  void backward_weight(WeightCtx w) { nn::backward_weight_children(*this, std::move(w)); }
   auto children() { return std::tie(proj_, pos_); }
   std::string name() const { return "embed"; }
 
@@ -120,11 +121,11 @@ class PatchEmbedding {
 template <kernels::host::FloatElement T, MeshType Mesh, Placement P = Replicate>
 class PoolHead {
  public:
-  using Norm = LayerNorm<T, Mesh, P>;
-  using Head = Linear<T, Mesh, PerSample>;
+  using Norm = nn::LayerNorm<T, Mesh, P>;
+  using Head = nn::Linear<T, Mesh, nn::PerSample>;
   using In = typename Norm::X;
   using Pooled = decltype(ops::mean<1>(std::declval<In>()));  // [B, 1, C]: Partial where the patches are split
-  using Out = DTensor<T, 2, Mesh, samples<Mesh>>;
+  using Out = DTensor<T, 2, Mesh, nn::samples<Mesh>>;
   struct Saved {
     typename Norm::Saved norm;
     In normed;
@@ -137,20 +138,20 @@ class PoolHead {
   PoolHead(const Mesh& mesh, const ViTConfig& c, std::uint64_t seed)
       : norm_("norm", mesh, c.dim), head_("head", mesh, c.dim, c.classes, seed + 3) {}
 
-  Fwd<Out, Saved> forward(const In& x) const {
+  nn::Fwd<Out, Saved> forward(const In& x) const {
     auto [h, norm_s] = norm_.forward(x);
-    auto pooled = redistribute<samples<Mesh>>(ops::mean<1>(h));  // parallel: each rank its samples
+    auto pooled = redistribute<nn::samples<Mesh>>(ops::mean<1>(h));  // parallel: each rank its samples
     auto [logits, head_s] = head_.forward(pooled);
-    auto out = ops::reshape<samples<Mesh>>(logits, Shape<2>{logits.extent(0), logits.extent(2)});
+    auto out = ops::reshape<nn::samples<Mesh>>(logits, Shape<2>{logits.extent(0), logits.extent(2)});
     return {std::move(out), Saved{std::move(norm_s), std::move(h), std::move(head_s), std::move(logits)}};
   }
-  Bwd<In, WeightCtx> backward_input(Saved s, const Out& dy) const {
+  nn::Bwd<In, WeightCtx> backward_input(Saved s, const Out& dy) const {
     auto [dpooled, head_w] = head_.backward_input(std::move(s.head), ops::reshape_backward(dy, s.logits));
     auto dmean = redistribute_backward<typename Pooled::layout>(dpooled);  // parallel:
     auto [dx, norm_w] = norm_.backward_input(std::move(s.norm), ops::mean_backward<1>(dmean, s.normed));
     return {std::move(dx), WeightCtx{std::move(norm_w), std::move(head_w)}};
   }
-  void backward_weight(WeightCtx w) { backward_weight_children(*this, std::move(w)); }
+  void backward_weight(WeightCtx w) { nn::backward_weight_children(*this, std::move(w)); }
   auto children() { return std::tie(norm_, head_); }
   std::string name() const { return "head"; }
 
@@ -160,25 +161,27 @@ class PoolHead {
 };
 
 /// The ViT as ordered parts (nn/stack.hpp's LayeredModel): patch embedding, encoder blocks, pooled
-/// head, classification loss. nn::ViT is all of them; a pipeline stage (parallel/pipeline/split.hpp:
+/// head, classification loss. models::ViT is all of them; a pipeline stage (parallel/pipeline/split.hpp:
 /// pipeline::split(ViTParts(...), layout, rank)) a run of them. Layers chooses the blocks' MLP:
-/// nn::DenseLayers (the plan's MLP) or nn::MoELayers (models/moe_gpt.hpp: mixtures of experts on an
+/// models::DenseLayers (the plan's MLP) or models::MoELayers (models/moe_gpt.hpp: mixtures of experts on an
 /// expert mesh); the blocks' attention is the plan's, non-causal.
-template <kernels::host::FloatElement T, MeshType Mesh, class Plan = ReplicatedPlan, class Layers = DenseLayers>
+template <kernels::host::FloatElement T, MeshType Mesh, class Plan = nn::ReplicatedPlan, class Layers = DenseLayers>
 class ViTParts {
  public:
   using Embed = PatchEmbedding<T, Mesh, typename Plan::between>;
-  using Block = Checkpointed<typename Layers::template block<T, Mesh, Plan>>;  // cfg.checkpoint: recompute in backward
+  using Block =
+      nn::Checkpointed<typename Layers::template block<T, Mesh, Plan>>;  // cfg.checkpoint: recompute in backward
   using Head = PoolHead<T, Mesh, typename Plan::between>;
-  using LossFn = ClassificationCrossEntropy<T, Mesh>;
+  using LossFn = nn::ClassificationCrossEntropy<T, Mesh>;
   using Images = typename Embed::In;  // [B, P, patch_dim]
   using Target = typename LossFn::Labels;
 
   ViTParts(const Mesh& mesh, const ViTConfig& c, Layers layers = {}) : mesh_(mesh), c_(c), layers_(std::move(layers)) {
-    detail::check(c.patches > 0 && c.patch_dim > 0 && c.classes > 0 && c.dim > 0 && c.heads > 0 && c.layers > 0 &&
-                      c.dim % c.heads == 0,
-                  "nn::ViT", mesh, "config patches ", c.patches, ", patch_dim ", c.patch_dim, ", classes ", c.classes,
-                  ", dim ", c.dim, ", heads ", c.heads, ", layers ", c.layers, ": all must be > 0 and dim a multiple of heads");
+    dtensor::detail::check(c.patches > 0 && c.patch_dim > 0 && c.classes > 0 && c.dim > 0 && c.heads > 0 &&
+                               c.layers > 0 && c.dim % c.heads == 0,
+                           "models::ViT", mesh, "config patches ", c.patches, ", patch_dim ", c.patch_dim, ", classes ",
+                           c.classes, ", dim ", c.dim, ", heads ", c.heads, ", layers ", c.layers,
+                           ": all must be > 0 and dim a multiple of heads");
   }
 
   const Mesh& mesh() const noexcept { return mesh_; }
@@ -190,12 +193,16 @@ class ViTParts {
   // Each part drawn whole from cfg.seed and its own offset: any run of them starts from the whole model's parameters.
   Embed make_prologue() const { return Embed(mesh_, c_, c_.seed * 1000); }
   Block make_block(Extent l) const {
-    return Block(c_.checkpoint,
-                 layers_.template make_block<typename Block::Inner>(
-                     l, "h." + std::to_string(l), mesh_,
-                     BlockConfig{.dim = c_.dim, .heads = c_.heads, .seq = c_.patches, .mlp_ratio = c_.mlp_ratio,
-                                 .out_std = 0.02 / std::sqrt(2.0 * double(c_.layers)), .context = c_.context, .causal = false},
-                     c_.seed * 1000 + 10 * std::uint64_t(l + 1)));
+    return Block(c_.checkpoint, layers_.template make_block<typename Block::Inner>(
+                                    l, "h." + std::to_string(l), mesh_,
+                                    nn::BlockConfig{.dim = c_.dim,
+                                                    .heads = c_.heads,
+                                                    .seq = c_.patches,
+                                                    .mlp_ratio = c_.mlp_ratio,
+                                                    .out_std = 0.02 / std::sqrt(2.0 * double(c_.layers)),
+                                                    .context = c_.context,
+                                                    .causal = false},
+                                    c_.seed * 1000 + 10 * std::uint64_t(l + 1)));
   }
   Head make_epilogue() const { return Head(mesh_, c_, c_.seed * 1000); }
   LossFn make_loss() const { return LossFn{}; }
@@ -209,9 +216,9 @@ class ViTParts {
 };
 
 /// The whole ViT: its parts run by nn::Stack (units embed, h.0 .., head and their hooks).
-template <kernels::host::FloatElement T, MeshType Mesh, class Plan = ReplicatedPlan, class Layers = DenseLayers>
-class ViT : public Stack<ViTParts<T, Mesh, Plan, Layers>> {
-  using Base = Stack<ViTParts<T, Mesh, Plan, Layers>>;
+template <kernels::host::FloatElement T, MeshType Mesh, class Plan = nn::ReplicatedPlan, class Layers = DenseLayers>
+class ViT : public nn::Stack<ViTParts<T, Mesh, Plan, Layers>> {
+  using Base = nn::Stack<ViTParts<T, Mesh, Plan, Layers>>;
 
  public:
   using Parts = ViTParts<T, Mesh, Plan, Layers>;
@@ -223,7 +230,7 @@ class ViT : public Stack<ViTParts<T, Mesh, Plan, Layers>> {
   ViT(const Mesh& mesh, const ViTConfig& c, Layers layers = {}) : Base(Parts(mesh, c, std::move(layers)), {true, 0, c.layers, true}) {}
 
   /// The mean loss over the batch (this rank's share; MoE: plus the auxiliary losses) and the saved state.
-  Fwd<Loss, Saved> forward(const Images& x, const Labels& labels) const {
+  nn::Fwd<Loss, Saved> forward(const Images& x, const Labels& labels) const {
     auto [out, s] = Base::forward(std::nullopt, x, labels);
     return {std::move(*out.loss), std::move(s)};
   }
@@ -234,4 +241,14 @@ class ViT : public Stack<ViTParts<T, Mesh, Plan, Layers>> {
   const ViTConfig& config() const noexcept { return this->model().config(); }
 };
 
+}  // namespace dtensor::models
+
+// The names these models had before models/ became their namespace (nn::GPT and so on): kept,
+// so that code written against them compiles as before.
+namespace dtensor::nn {
+using models::PatchEmbedding;
+using models::PoolHead;
+using models::ViT;
+using models::ViTConfig;
+using models::ViTParts;
 }  // namespace dtensor::nn

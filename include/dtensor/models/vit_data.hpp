@@ -1,7 +1,7 @@
-// dtensor/models/vit_data.hpp — a deterministic synthetic image task for nn::ViT (models/vit.hpp):
+// dtensor/models/vit_data.hpp — a deterministic synthetic image task for models::ViT (models/vit.hpp):
 // the example trainer's data and the parity tests'.
 //
-//   auto [patches, labels] = nn::synthetic_images<float>(cfg, /*batch=*/32, /*seed=*/step);
+//   auto [patches, labels] = models::synthetic_images<float>(cfg, /*batch=*/32, /*seed=*/step);
 //   // patches [32, cfg.patches, cfg.patch_dim], labels [32] in [0, cfg.classes): whole, on the host
 //
 // Each image's label y is drawn uniformly; its patches are a class pattern plus noise: value i of
@@ -18,12 +18,12 @@
 #include "dtensor/core/factories.hpp"
 #include "dtensor/models/vit.hpp"
 
-namespace dtensor::nn {
+namespace dtensor::models {
 
 template <kernels::host::FloatElement T>
 std::pair<Tensor<T, 3>, Tensor<std::int32_t, 1>> synthetic_images(const ViTConfig& c, Extent batch, std::uint64_t seed) {
   // Each label is drawn modulo the classes: 0 classes was a division by zero (SIGFPE) in every build.
-  dtensor::detail::check(c.classes > 0 && c.patches >= 0 && c.patch_dim >= 0 && batch >= 0, "nn::synthetic_images",
+  dtensor::detail::check(c.classes > 0 && c.patches >= 0 && c.patch_dim >= 0 && batch >= 0, "models::synthetic_images",
                          "batch ", batch, " of ", c.patches, " patches of ", c.patch_dim, " values, ", c.classes,
                          " classes: the classes must be > 0 and no size negative");
   Tensor<T, 3> x(Shape<3>{batch, c.patches, c.patch_dim});
@@ -40,4 +40,10 @@ std::pair<Tensor<T, 3>, Tensor<std::int32_t, 1>> synthetic_images(const ViTConfi
   return {std::move(x), std::move(y)};
 }
 
+}  // namespace dtensor::models
+
+// The names these models had before models/ became their namespace (nn::GPT and so on): kept,
+// so that code written against them compiles as before.
+namespace dtensor::nn {
+using models::synthetic_images;
 }  // namespace dtensor::nn

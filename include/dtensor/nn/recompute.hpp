@@ -3,7 +3,7 @@
 //
 //   auto r = nn::Recompute::parse("selective");        // Korthikanti's selective: the attention core
 //   auto r = nn::Recompute::parse("norm,act");         // a list of modules
-//   nn::GPTConfig cfg{..., .recompute = r};            // every block (models/gpt.hpp)
+//   models::GPTConfig cfg{..., .recompute = r};            // every block (models/gpt.hpp)
 //   block.set_recompute(r);                            // one nn::TransformerBlock
 //
 // full       the whole block: only its input is kept (nn::Checkpointed; GPTConfig::checkpoint).

@@ -22,7 +22,7 @@
 //
 // nn::Repeated<M> is a run-time chain of modules of one type (a model's blocks): a module on its
 // own, and inside a Sequential a range whose every element is one unit with its own hooks, as
-// the blocks of nn::GPT are.
+// the blocks of models::GPT are.
 //
 // The parameters' element type and the mesh are the last module's output's (a chain ends in
 // floating-point activations on one mesh); every module's Out must be the next one's In, or the

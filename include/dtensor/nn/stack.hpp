@@ -1,5 +1,5 @@
 // dtensor/nn/stack.hpp — a model as ordered parts (prologue, blocks, epilogue and loss), and the
-// one forward / backward loop over any contiguous run of them: a whole model (nn::GPT) or one
+// one forward / backward loop over any contiguous run of them: a whole model (models::GPT) or one
 // pipeline stage (parallel/pipeline/split.hpp) runs the same code.
 //
 //   struct MyModel {                                   // the parts protocol (nn::LayeredModel)

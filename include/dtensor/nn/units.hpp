@@ -150,7 +150,7 @@ void for_each_unit_part(Child& c, std::size_t& index, F& f) {
 }  // namespace detail
 
 /// Moves the parameters of `part` on mesh type OnMesh into a new flat group `name` and appends
-/// it, with its views, to units. The one way a unit is made (models and nn::MoELayers alike).
+/// it, with its views, to units. The one way a unit is made (models and models::MoELayers alike).
 template <class T, MeshType OnMesh, class Units, class Part>
 void add_unit(Units& units, std::string name, Part& part) {
   typename Units::value_type u;

@@ -20,7 +20,7 @@
 // take gradients in reverse registration order, at most bucket_bytes each, never across a gap in
 // memory: the gradients of a flat group (nn/flat_params.hpp) are adjacent, so each bucket is one
 // span reduced in place — no gradient is copied (copied_bytes() stays 0 for a model whose
-// parameters are flattened). attach() uses the model's grads-ready callback (nn::GPT::
+// parameters are flattened). attach() uses the model's grads-ready callback (models::GPT::
 // set_grads_ready): when the backward finishes a unit, that unit's buckets are issued
 // asynchronously (PyTorch DDP's overlap of communication with the rest of the backward).
 // Parameters sharded on the data dimension (FSDP) are not this class's business.

@@ -1,7 +1,7 @@
 // dtensor/parallel/fully_shard.hpp — FSDP / ZeRO-1, 2, 3 and HSDP over a model's flat units.
 //
 //   using Mesh = DeviceMesh<"dp", "fsdp", "tp">;          // "dp": replicate (HSDP), "fsdp": shard, "tp": tensor
-//   nn::GPT<float, Mesh, parallel::MegatronPlan<true>> model(mesh, cfg);
+//   models::GPT<float, Mesh, parallel::MegatronPlan<true>> model(mesh, cfg);
 //   auto fsdp = parallel::fully_shard(model, mesh, {.stage = 3, .prefetch = 2});
 //   optim::AdamW<float, 3> opt(fsdp.params(), {...});    // the optimizer steps over this rank's shards
 //   for (...) {
@@ -15,7 +15,7 @@
 //     fsdp.sync_parameters();                            // ZeRO-1/2: all-gather the updated parameters
 //   }
 //
-// The model (nn::GPT, nn::Sequential, any nn::WithUnits model: units() and set_hooks(nn::UnitHooks), nn/units.hpp)
+// The model (models::GPT, nn::Sequential, any nn::WithUnits model: units() and set_hooks(nn::UnitHooks), nn/units.hpp)
 // keeps one flat group per unit (embed, blocks, head). Each unit's flat buffer is Shard<0> over
 // the mesh dimension with Role::data_shard (torch.chunk, uneven sizes allowed; see
 // fsdp/unit_state.hpp) — flattened with the context dimension when that follows it ("fsdp*cp":

@@ -1,7 +1,8 @@
-// dtensor/parallel/gpt_plan.hpp — Megatron's tensor (and sequence) parallel plan for nn::GPT.
+// dtensor/parallel/gpt_plan.hpp — Megatron's tensor (and sequence) parallel plan for a transformer: the
+// blocks of models::GPT, models::Llama and models::ViT, and any model built of nn::TransformerBlock.
 //
-//   nn::GPT<float, DeviceMesh<"dp", "tp">, parallel::MegatronPlan<false>> tp(mesh, cfg);   // TP
-//   nn::GPT<float, DeviceMesh<"dp", "tp">, parallel::MegatronPlan<true>>  sp(mesh, cfg);   // TP + SP
+//   models::GPT<float, DeviceMesh<"dp", "tp">, parallel::MegatronPlan<false>> tp(mesh, cfg);   // TP
+//   models::GPT<float, DeviceMesh<"dp", "tp">, parallel::MegatronPlan<true>>  sp(mesh, cfg);   // TP + SP
 //
 // On the tensor dimension ("tp" below; any name with that role): qkv and fc1 column-wise (heads
 // and hidden features split), the attention output projection and fc2 row-wise, the token
@@ -46,7 +47,7 @@ struct MegatronPlan {
   using loss = VocabParallelCrossEntropy<T, Mesh>;
 };
 
-/// Collectives one training step of nn::GPT<_, _, MegatronPlan<SP>> issues in forward and
+/// Collectives one training step of models::GPT<_, _, MegatronPlan<SP>> issues in forward and
 /// backward on "tp" (what the table above says), for tests and the trainer's summary.
 struct TpCollectives {
   std::size_t all_reduce = 0, all_gather = 0, reduce_scatter = 0;

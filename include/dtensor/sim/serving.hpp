@@ -20,7 +20,7 @@
 //               of each other (parallel::ContextAttention::prefill / decode); the weights do not split.
 // Activations of a decode step (one position) are O(batch x dim) and not counted; the prefill's
 // are a forward's (the training dry run's forward peak). test_llama checks weights and KV cache
-// against a real nn::GPT / nn::Llama under TP 2: its local parameters and its caches after a
+// against a real models::GPT / models::Llama under TP 2: its local parameters and its caches after a
 // generation.
 //
 //   auto t = sim::serving_latency(m, {.batch = 8, .context = 8192, .tp = 8, .pp = 2, .bytes = 2}, hardware);

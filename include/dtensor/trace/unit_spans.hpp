@@ -3,7 +3,7 @@
 //   parallel::DataParallel<Mesh> ddp(mesh);  ddp.attach(model);    // the wrappers first ...
 //   trace::trace_units(model);                                     // ... then this, which keeps their hooks
 //
-// A model with units() and hooks()/set_hooks(nn::UnitHooks) (nn::GPT and the models built like
+// A model with units() and hooks()/set_hooks(nn::UnitHooks) (models::GPT and the models built like
 // it) announces each unit's forward and backward to its hooks. trace_units wraps the hooks it
 // finds so that, inside a trace scope, each unit's forward is a span "forward <unit>" (from
 // after the unit's pre_forward hook to before its post_forward hook: the compute, not FSDP's

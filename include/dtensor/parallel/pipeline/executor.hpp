@@ -3,7 +3,7 @@
 //   DeviceMesh<"pp", "dp", "tp"> mesh(world, {pp, dp, tp});
 //   auto stage_mesh = pipeline::stage_mesh_of(mesh);                      // DeviceMesh<"dp", "tp">
 //   auto schedule = pipeline::make_schedule(pipeline::ScheduleKind::one_f_one_b, pp, M);
-//   auto stages = pipeline::split(nn::GptParts<double, decltype(stage_mesh)>(stage_mesh, cfg),
+//   auto stages = pipeline::split(models::GptParts<double, decltype(stage_mesh)>(stage_mesh, cfg),
 //                                 schedule.layout, mesh.coordinate(0));   // this rank's, in order (split.hpp)
 //   pipeline::Executor exec(mesh, schedule, std::move(stages));           // validates the schedule
 //   auto stats = exec.step(pipeline::split_microbatches<Ids>(stage_mesh, ids, targets, M));

@@ -3,7 +3,7 @@
 //
 //   using Mesh = DeviceMesh<"pp", "dp", "fsdp", "cp", "tp">;      // size-1 dimensions where a parallelism is off
 //   auto stage_mesh = pipeline::stage_mesh_of(mesh);               // DeviceMesh<"dp", "fsdp", "cp", "tp">
-//   auto stages = pipeline::split(nn::GptParts<float, decltype(stage_mesh), parallel::MegatronPlan<true>>(stage_mesh, cfg),
+//   auto stages = pipeline::split(models::GptParts<float, decltype(stage_mesh), parallel::MegatronPlan<true>>(stage_mesh, cfg),
 //                                 schedule.layout, mesh.coordinate(0));   // this rank's (split.hpp)
 //   pipeline::ShardedPipeline run(mesh, schedule, std::move(stages), {.stage = 3});
 //   auto opt = optim::make_adamw(run.params(), {...});             // one AdamW over every parameter of this rank
@@ -44,7 +44,7 @@
 //
 // params() is every parameter of this rank's stages as one nn::ParamSet: the FSDP shards on the
 // stage mesh and, for each other mesh a stage's parameters live on (nn::parameter_groups: a
-// GPT with nn::MoELayers has its experts on the expert mesh; a user's module declares its own),
+// GPT with models::MoELayers has its experts on the expert mesh; a user's module declares its own),
 // that group too — not sharded, all-reduced on that mesh's data dimension ("edp",
 // parallel::DataParallel) after the schedule.
 // One optimizer (optim::make_adamw) and one clip (clip_grad_norm) take them all: no caller has a

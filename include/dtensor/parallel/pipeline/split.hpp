@@ -1,7 +1,7 @@
 // dtensor/parallel/pipeline/split.hpp — pipeline stages cut from any layered model (PyTorch's
 // PipelineStage over a module, torchtitan's pipeline_module_split).
 //
-//   nn::GptParts<double, StageMesh> gpt(stage_mesh, cfg);                 // or any nn::LayeredModel
+//   models::GptParts<double, StageMesh> gpt(stage_mesh, cfg);                 // or any nn::LayeredModel
 //   auto layout = pipeline::StageLayout::looped(pp, 2);                  // 2 stages per rank
 //   std::vector<pipeline::Stage<decltype(gpt)>> stages = pipeline::split(gpt, layout, pipeline_rank);
 //   pipeline::Executor exec(mesh, schedule, std::move(stages));
