@@ -646,7 +646,7 @@ struct ModelStates {
 };
 
 ModelStates model_states_after_step(const sim::RankReport& r) {
-  const auto& end = r.phase(sim::detail::after_step).start;
+  const auto& end = r.phase(models::detail::after_step).start;
   return {double(end[tag_index(MemoryTag::parameters)]), double(end[tag_index(MemoryTag::gradients)]),
           double(end[tag_index(MemoryTag::optimizer_state)])};
 }
@@ -1343,11 +1343,11 @@ TEST_CASE("sim: experts that do not divide over ep (5 over 2): the plan runs, an
   // and traffic is its class's, so the classes' largest figures are the ranks' largest. The
   // program is the plan as it runs: DDP in bf16 with fp32 master and moments (sim::as_run).
   const auto ran = sim::as_run(p, true);
-  const auto shape = sim::detail::pipeline_shape(ran);
+  const auto shape = models::detail::pipeline_shape(ran);
   std::vector<sim::RankClass<5>> every_rank;
   for (int r = 0; r < p.gpus(); ++r) every_rank.push_back({detail::row_major_coordinate(shape, r), 1});
   const auto each = sim::dry_run<5>(shape, every_rank, [&](CommPtr world, sim::Recorder& rec) {
-    sim::detail::pipeline_rank_step<dtensor::bfloat16, Layers, true>(std::move(world), ran, rec);
+    models::detail::pipeline_rank_step<dtensor::bfloat16, Layers, true>(std::move(world), ran, rec);
   });
   // A pipeline send's peer is a rank of the whole world: the one thing ranks of a class do not share.
   auto without_peers = [](std::string s) {
@@ -1554,7 +1554,7 @@ TEST_CASE("sim: the analytic estimate follows the dry run's", "[sim][cost][analy
     std::vector<sim::ClassInput> inputs;
     for (const auto& k : classes) inputs.push_back({&k.report, k.pipeline_ranks});
     const auto dry = sim::estimate_plan(inputs, models::plan_topology(plan, sim::Hardware{}),
-                                        sim::detail::plan_schedule(plan), {.zero = c.zero});
+                                        models::detail::plan_schedule(plan), {.zero = c.zero});
     const sim::ModelShape shape{.layers = 8,
                                 .dim = dim,
                                 .heads = heads,
@@ -1830,7 +1830,7 @@ TEST_CASE("sim: once-per-step collectives are charged once, ZeRO-1 as a reduce-s
     const auto classes = models::dry_run_plan<dtensor::bfloat16, models::DenseLayers, true>(plan);
     std::vector<sim::ClassInput> inputs;
     for (const auto& k : classes) inputs.push_back({&k.report, k.pipeline_ranks});
-    return sim::estimate_plan(inputs, models::plan_topology(plan, sim::Hardware{}), sim::detail::plan_schedule(plan),
+    return sim::estimate_plan(inputs, models::plan_topology(plan, sim::Hardware{}), models::detail::plan_schedule(plan),
                               {.zero = zero});
   };
   const auto m16 = estimate(1, 16), m32 = estimate(1, 32), m64 = estimate(1, 64);
@@ -1957,7 +1957,7 @@ TEST_CASE("sim: expert parallelism in the search: ep > 1 first where the experts
     double memory = 0;
     for (const auto& k : classes) inputs.push_back({&k.report, k.pipeline_ranks}), memory = std::max(memory, k.peak_in_flight);
     const auto dry =
-        sim::estimate_plan(inputs, models::plan_topology(plan, sim::Hardware{}), sim::detail::plan_schedule(plan));
+        sim::estimate_plan(inputs, models::plan_topology(plan, sim::Hardware{}), models::detail::plan_schedule(plan));
     const auto& slow = dry.classes[dry.slowest];
     CAPTURE(dry.step_seconds, a.step_seconds, memory, a.memory_bytes, a.expert_states, a.activations, a.ep_seconds,
             slow.compute_seconds, slow.exposed_communication_seconds, slow.once_per_step_seconds, a.forward, a.backward,
@@ -2079,7 +2079,7 @@ TEST_CASE("sim: activation offload on meta tensors, the dry run's ledger shows t
 TEST_CASE(
     "sim: the dry run's step is the real step's, per rank and tag: DDP and FSDP on the trainer's path at pp 1 and 2",
     "[sim][memory][fsdp]") {
-  // The same function (sim::detail::pipeline_rank_step: the trainer's ShardedPipeline with
+  // The same function (models::detail::pipeline_rank_step: the trainer's ShardedPipeline with
   // FSDP's actions where the trainer's executor runs them) on meta tensors over the sim
   // communicator, and on host tensors over 4 rank threads: every phase's peak by tag and its
   // collectives are equal (the model states exactly; the activations within 1 %). With cp 2
@@ -2103,7 +2103,7 @@ TEST_CASE(
     threads::run(4, [&](CommPtr world) {
       sim::Recorder rec("host");
       const int rank = world->rank();
-      sim::detail::pipeline_rank_step<float, models::DenseLayers, false, host_space>(std::move(world), p, rec);
+      models::detail::pipeline_rank_step<float, models::DenseLayers, false, host_space>(std::move(world), p, rec);
       real[std::size_t(rank)] = rec.finish("real");
     });
     for (const auto& c : dry) {
@@ -2162,7 +2162,7 @@ TEST_CASE("sim: an op without FLOPs costs its bytes, and data ranks without a se
   for (const auto& c : classes) inputs.push_back({&c.report, c.pipeline_ranks});
   auto hw = h100;
   hw.fp32 = true;
-  const auto est = sim::estimate_plan(inputs, models::plan_topology(plan, hw), sim::detail::plan_schedule(plan));
+  const auto est = sim::estimate_plan(inputs, models::plan_topology(plan, hw), models::detail::plan_schedule(plan));
   REQUIRE(classes.size() >= 2);
   for (const auto& c : est.classes) {
     CAPTURE(c.name, c.compute_seconds, c.step_seconds);

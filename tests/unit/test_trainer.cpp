@@ -5,7 +5,7 @@
 // (ring) and all of them at once, the Trainer's per-step losses equal a one-rank loop's (the same
 // parts run by nn::Stack, AdamW and clipping written out) within 1e-9 relative, in double, with
 // sizes that do not divide: vocabulary 23 over tp 2, batch 6 over dp/fsdp, 5 layers over 2 and 4 stages.
-// The same spec's dry run (sim::detail::trainer_step on meta tensors over the sim communicator)
+// The same spec's dry run (models::detail::trainer_step on meta tensors over the sim communicator)
 // equals the real step (the same on host tensors over rank threads) per rank, phase and tag, and
 // its collectives exactly.
 #include <catch2/catch.hpp>
@@ -20,7 +20,7 @@
 #include "dtensor/comm/sim.hpp"
 #include "dtensor/comm/threads.hpp"
 #include "dtensor/core/factories.hpp"
-#include "dtensor/models/training_plan.hpp"  // sim::detail::trainer_step
+#include "dtensor/models/training_plan.hpp"  // models::detail::trainer_step
 #include "dtensor/nn/block.hpp"
 #include "dtensor/nn/embedding.hpp"
 #include "dtensor/nn/stack.hpp"
@@ -258,7 +258,7 @@ TEST_CASE("train::Trainer: the dry run of a user's model is its real step, per r
       using Ids = typename Tagger<Space>::Target;
       const auto ids = distribute_replicated<typename Ids::layout>(trainer.stage_mesh(),
                                                                    Tensor<std::int32_t, 2, Space>(Shape<2>{micro, cfg.seq}));
-      sim::detail::trainer_step(trainer, ids, ids, rec);
+      models::detail::trainer_step(trainer, ids, ids, rec);
       return rec.finish(space);
     };
     std::vector<sim::RankReport> real(static_cast<std::size_t>(n)), dry(static_cast<std::size_t>(n));

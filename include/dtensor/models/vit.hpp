@@ -95,7 +95,7 @@ class PatchEmbedding {
   nn::Fwd<Out, Saved> forward(const In& x) const {
     auto [e, proj_s] = proj_.forward(x);
     // The global index of each of this rank's patches (under CP with load balancing: the original order).
-    auto ids = positions<nn::tokens<Mesh, P>>(
+    auto ids = nn::positions<nn::tokens<Mesh, P>>(
         x.mesh(), Shape<2>{x.extent(0), x.extent(1)},
         parallel::original_positions(x.mesh(), x.extent(1), load_balanced_));  // parallel:
     auto [pe, pos_s] = pos_.forward(ids);
