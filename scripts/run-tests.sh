@@ -26,6 +26,16 @@ if [[ -n $nvcc ]]; then
   # NDEBUG stays, as before (the collective check's default, comm/config.hpp).
   cuda=(-DDTENSOR_WITH_CUDA=ON -DDTENSOR_WITH_NCCL=ON -DCMAKE_CUDA_COMPILER="$nvcc"
         -DCMAKE_CUDA_FLAGS_RELWITHDEBINFO="-O0 -DNDEBUG")
+  # Without a GPU the device code is compiled to PTX only (compute_90, what the driver would
+  # JIT-compile), not also to sm_90 machine code: ptxas's pass was a quarter of an nvcc unit's CPU
+  # time (test_ops_cuda.cu: 48.9 -> 36.6 s, docs/benchmarks.md) and nothing here runs that code.
+  # Where a GPU is usable the default (PTX and sm_90) stays; scripts/gpu-check.sh builds the
+  # device's own architecture in Release and runs it.
+  if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+    cuda+=(-DCMAKE_CUDA_ARCHITECTURES=90)
+  else
+    cuda+=(-DCMAKE_CUDA_ARCHITECTURES=90-virtual)
+  fi
   echo "run-tests: building the CUDA and NCCL components with $nvcc"
 fi
 # -O1 without debug info keeps the build within CI's time budget (docs/benchmarks.md has the timings).
