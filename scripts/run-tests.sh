@@ -26,6 +26,16 @@ if [[ -n $nvcc ]]; then
   # NDEBUG stays, as before (the collective check's default, comm/config.hpp).
   cuda=(-DDTENSOR_WITH_CUDA=ON -DDTENSOR_WITH_NCCL=ON -DCMAKE_CUDA_COMPILER="$nvcc"
         -DCMAKE_CUDA_FLAGS_RELWITHDEBINFO="-O0 -DNDEBUG")
+  # Without a GPU the device code is compiled to PTX only (compute_90, what the driver would
+  # JIT-compile), not also to sm_90 machine code: ptxas's pass was a quarter of an nvcc unit's CPU
+  # time (test_ops_cuda.cu: 48.9 -> 36.6 s, docs/benchmarks.md) and nothing here runs that code.
+  # Where a GPU is usable the default (PTX and sm_90) stays; scripts/gpu-check.sh builds the
+  # device's own architecture in Release and runs it.
+  if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+    cuda+=(-DCMAKE_CUDA_ARCHITECTURES=90)
+  else
+    cuda+=(-DCMAKE_CUDA_ARCHITECTURES=90-virtual)
+  fi
   echo "run-tests: building the CUDA and NCCL components with $nvcc"
 fi
 # -O1 without debug info keeps the build within CI's time budget (docs/benchmarks.md has the timings).
@@ -34,7 +44,8 @@ fi
 # against 57 s at -O1 and ran as long. Those whose run is long or arithmetic (the kernels, the
 # redistribution oracles, test_comm_threads, test_sim, the 5-D and pipeline parity suites) and the
 # examples (their tests run the trainer many times) stay at -O1; the benchmarks, built but not run
-# here, are at -O0 too.
+# here, are at -O0 too. (test_sim gains nothing at -O0: its unit is template-heavy front-end work,
+# 140.7 s of CPU at -O1 and more than 132 s at -O0, measured back to back.)
 o0_tests=(dtensor_catch_main dtensor_mpi_catch_main dtensor_cuda_catch_main dtensor_nccl_catch_main
           test_checkpoint test_context_parallel test_llama test_nn_protocol test_sync test_moe
           test_dtensor_api test_trace test_nn_units test_nn_attention test_nn_layers

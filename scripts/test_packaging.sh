@@ -88,15 +88,50 @@ build_and_test() {
 }
 # probe <name> <expect: 0|fail> <regex> [cmake args...] — configure tests/packaging/find_probe
 # (a bare find_package(dtensor ${PROBE_ARGS})) and check its result and output.
-probe() {
-  local name=$1 expect=$2 pattern=$3; shift 3
-  local bld="$T/probe-$name" rc=0
+probe() { probe_configure "$@"; probe_check "$1" "$2" "$3"; }
+probe_configure() {  # its configure: the log in probe-<name>.log, the exit status in probe-<name>.rc
+  local bld="$T/probe-$1" rc=0
+  shift 3
   cmake -S "$PKG/find_probe" -B "$bld" "${GEN[@]}" "$@" >"$bld.log" 2>&1 || rc=$?
+  echo "$rc" >"$bld.rc"
+}
+probe_check() {  # probe_check <name> <expect> <regex>: the verdict on a finished configure
+  local name=$1 expect=$2 pattern=$3 bld="$T/probe-$1" rc
+  rc=$(cat "$bld.rc")
   if [[ "$expect" == 0 && $rc != 0 ]] || [[ "$expect" == fail && $rc == 0 ]] \
      || ! grep -qE -- "$pattern" "$bld.log"; then
     cat "$bld.log"; fail "probe $name: expected rc $expect and /$pattern/, got rc $rc"
   fi
   ok "probe $name: $(grep -m1 -oE -- "$pattern" "$bld.log")"
+}
+# probe_later <as probe>: queued; run_probes configures the queued probes in two lanes side by
+# side (each configure is one single-threaded cmake: one after another they left a core idle),
+# then checks each, in order, as probe does.
+PROBE_QUEUE=()
+probe_later() {
+  local q
+  printf -v q '%q ' "$@"
+  PROBE_QUEUE+=("$q")
+}
+run_probes() {
+  local i lane args=()
+  (
+    for ((i = 0; i < ${#PROBE_QUEUE[@]}; i += 2)); do
+      eval "args=(${PROBE_QUEUE[i]})"
+      probe_configure "${args[@]}"
+    done
+  ) &
+  lane=$!
+  for ((i = 1; i < ${#PROBE_QUEUE[@]}; i += 2)); do
+    eval "args=(${PROBE_QUEUE[i]})"
+    probe_configure "${args[@]}"
+  done
+  wait "$lane"
+  for ((i = 0; i < ${#PROBE_QUEUE[@]}; i++)); do
+    eval "args=(${PROBE_QUEUE[i]})"
+    probe_check "${args[@]:0:3}"
+  done
+  PROBE_QUEUE=()
 }
 # probe_targets <build> — the usage requirements of the component targets a probe defined.
 probe_targets() { grep -E '^-- probe-target:' "$T/probe-$1.log" | sed 's/^-- //'; }
@@ -114,9 +149,11 @@ echo "test_packaging: $ROOT -> $T (jobs $JOBS, MPI consumers: ${ONOFF[$HAVE_MPI]
 step "1. plain headers: c++ -std=c++20 -I <copy of include> -pthread"
 mkdir -p "$T/plain"
 cp -r "$ROOT/include" "$T/plain/include"
-logged "$T/plain.log" "$CXX" -std=c++20 -I "$T/plain/include" -pthread "$PKG/smoke.cpp" -o "$T/plain/smoke"
-"$T/plain/smoke" || fail "the plain-headers program"
-ok "plain headers"
+# Compiled in the background, beside steps 2 to 2c (one compiler on one core while those run
+# cmake's single-threaded configures); run and checked at the end of 2c.
+"$CXX" -std=c++20 -I "$T/plain/include" -pthread "$PKG/smoke.cpp" -o "$T/plain/smoke" >"$T/plain.log" 2>&1 &
+plain_pid=$!
+echo "(compiling in the background; run after step 2c)"
 
 # ---------------------------------------------------------------------------------------------
 step "2. cmake --install to a prefix; the installed tree and version file"
@@ -173,47 +210,61 @@ step "2c. package config: component rules (configure-only probes)"
 PP=(-DCMAKE_PREFIX_PATH="$P")
 NO_MPI=(-DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON)
 NO_CUDA=(-DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON)
-probe optional-mpi-missing 0 'found=1 mpi=FALSE/no-target' \
+probe_later optional-mpi-missing 0 'found=1 mpi=FALSE/no-target' \
   "${PP[@]}" "${NO_MPI[@]}" "-DPROBE_ARGS=REQUIRED;OPTIONAL_COMPONENTS;mpi"
-probe required-mpi-missing fail 'mpi: MPI \(C\+\+\) not found' \
+probe_later required-mpi-missing fail 'mpi: MPI \(C\+\+\) not found' \
   "${PP[@]}" "${NO_MPI[@]}" "-DPROBE_ARGS=REQUIRED;COMPONENTS;mpi"
-probe optional-gpu-missing 0 'found=1 mpi=[A-Z]+/[a-z-]+ blas=/no-target cuda=FALSE/no-target nccl=FALSE/no-target' \
+probe_later optional-gpu-missing 0 'found=1 mpi=[A-Z]+/[a-z-]+ blas=/no-target cuda=FALSE/no-target nccl=FALSE/no-target' \
   "${PP[@]}" "${NO_CUDA[@]}" "-DPROBE_ARGS=0.1;REQUIRED;OPTIONAL_COMPONENTS;mpi;cuda;nccl"
-probe required-cuda-missing fail 'cuda: CUDA toolkit not found' \
+probe_later required-cuda-missing fail 'cuda: CUDA toolkit not found' \
   "${PP[@]}" "${NO_CUDA[@]}" "-DPROBE_ARGS=REQUIRED;COMPONENTS;cuda"
-probe nccl-needs-mpi fail 'nccl: .*needs the mpi component' \
+probe_later nccl-needs-mpi fail 'nccl: .*needs the mpi component' \
   "${PP[@]}" "${NO_MPI[@]}" "-DPROBE_ARGS=REQUIRED;COMPONENTS;nccl"
-probe unknown-component fail 'nope: unknown component' "${PP[@]}" "-DPROBE_ARGS=REQUIRED;COMPONENTS;nope"
-probe version-too-new fail 'Could not find a configuration file for package "dtensor"' \
+probe_later unknown-component fail 'nope: unknown component' "${PP[@]}" "-DPROBE_ARGS=REQUIRED;COMPONENTS;nope"
+probe_later version-too-new fail 'Could not find a configuration file for package "dtensor"' \
   "${PP[@]}" "-DPROBE_ARGS=0.2;REQUIRED"
 if [[ $HAVE_MPI == 1 ]]; then
-  probe default-components 0 'found=1 mpi=TRUE/target' "${PP[@]}" "-DPROBE_ARGS=REQUIRED"
-  probe exported-mpi 0 'mpi=TRUE/target' "${PP[@]}" "-DPROBE_ARGS=REQUIRED;COMPONENTS;mpi"
+  probe_later default-components 0 'found=1 mpi=TRUE/target' "${PP[@]}" "-DPROBE_ARGS=REQUIRED"
+  probe_later exported-mpi 0 'mpi=TRUE/target' "${PP[@]}" "-DPROBE_ARGS=REQUIRED;COMPONENTS;mpi"
 else
-  probe default-components 0 'found=1 mpi=/no-target' "${PP[@]}" "-DPROBE_ARGS=REQUIRED"
+  probe_later default-components 0 'found=1 mpi=/no-target' "${PP[@]}" "-DPROBE_ARGS=REQUIRED"
 fi
 if [[ $HAVE_BLAS == 1 ]]; then
-  probe exported-blas 0 'blas=TRUE/target' "${PP[@]}" "-DPROBE_ARGS=REQUIRED;COMPONENTS;blas"
+  probe_later exported-blas 0 'blas=TRUE/target' "${PP[@]}" "-DPROBE_ARGS=REQUIRED;COMPONENTS;blas"
 fi
+
+run_probes
+wait "$plain_pid" || { cat "$T/plain.log"; fail "the plain-headers compile (step 1, in the background)"; }
+"$T/plain/smoke" || fail "the plain-headers program"
+ok "plain headers (step 1)"
 
 # ---------------------------------------------------------------------------------------------
 step "3. add_subdirectory consumer"
 configure "$PKG/add_subdirectory" "$T/consumer-subdir" -DDTENSOR_SOURCE_DIR="$ROOT" -DCONSUMER_MPI=${ONOFF[$HAVE_MPI]}
 build_and_test "$T/consumer-subdir" "add_subdirectory consumer"
 
-step "3b. FetchContent (local path) consumer"
+step "3b and 3c. FetchContent consumers: a local path; from git at a commit (docs/consuming.md's snippet)"
+# The two side by side (each builds one program: one core), 3c's output shown after 3b's.
+# 3c: the checkout's own repository at its HEAD commit, as a user names a commit of the public
+# one (what is not committed yet is not in it: the program is the same smoke check).
+fetch_git_pid=""
+if git -C "$ROOT" rev-parse HEAD >/dev/null 2>&1; then
+  (
+    configure "$PKG/fetchcontent" "$T/consumer-fetch-git" -DDTENSOR_GIT_REPOSITORY="$ROOT" \
+      -DDTENSOR_GIT_TAG="$(git -C "$ROOT" rev-parse HEAD)"
+    build_and_test "$T/consumer-fetch-git" "FetchContent consumer (git, GIT_TAG $(git -C "$ROOT" rev-parse --short HEAD))"
+  ) >"$T/fetch-git.out" 2>&1 &
+  fetch_git_pid=$!
+else
+  echo "skipped 3c: $ROOT is not a git checkout"
+fi
 configure "$PKG/fetchcontent" "$T/consumer-fetch" -DDTENSOR_SOURCE_DIR="$ROOT"
 build_and_test "$T/consumer-fetch" "FetchContent consumer"
-
-step "3c. FetchContent from git at a commit (docs/consuming.md's snippet)"
-# The checkout's own repository at its HEAD commit, as a user names a commit of the public one
-# (what is not committed yet is not in it: the program is the same smoke check).
-if git -C "$ROOT" rev-parse HEAD >/dev/null 2>&1; then
-  configure "$PKG/fetchcontent" "$T/consumer-fetch-git" -DDTENSOR_GIT_REPOSITORY="$ROOT" \
-    -DDTENSOR_GIT_TAG="$(git -C "$ROOT" rev-parse HEAD)"
-  build_and_test "$T/consumer-fetch-git" "FetchContent consumer (git, GIT_TAG $(git -C "$ROOT" rev-parse --short HEAD))"
-else
-  echo "skipped: $ROOT is not a git checkout"
+if [[ -n $fetch_git_pid ]]; then
+  echo "-- 3c:"
+  if ! wait "$fetch_git_pid"; then cat "$T/fetch-git.out"; fail "3c, the FetchContent consumer from git (output above)"; fi
+  cat "$T/fetch-git.out"
+  PASSED=$((PASSED + 1))  # its ok line was counted in the subshell
 fi
 
 # ---------------------------------------------------------------------------------------------

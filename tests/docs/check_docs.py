@@ -35,6 +35,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 PROGRAMS = ["train_gpt_cuda", "train_gpt", "generate", "plan_at_scale", "quickstart"]
 SHELL_TAGS = {"", "sh", "bash", "console", "shell"}
@@ -220,9 +221,11 @@ def main():
                 with open(snippet, "w") as f:
                     f.write(f'#line 1 "{name}:{line_no + 1}"\n' + "\n".join(body) + "\n")
                 cmd = [a.cxx, "-std=c++20", "-fsyntax-only", "-I", os.path.join(source, "include"), snippet]
+                start = time.monotonic()
                 r = subprocess.run(cmd, capture_output=True, text=True)
                 compiled += 1
-                print(f"{name}:{line_no}: compile the complete snippet: {'ok' if r.returncode == 0 else 'FAILED'}")
+                print(f"{name}:{line_no}: compile the complete snippet: {'ok' if r.returncode == 0 else 'FAILED'}"
+                      f" ({time.monotonic() - start:.1f} s)")
                 if r.returncode != 0:
                     failures.append(f"{name}:{line_no}: the snippet marked complete does not compile:\n{clip(r.stderr)}")
                 continue
@@ -237,6 +240,7 @@ def main():
                     skipped += 1
                     print(f"{where}: {line.strip()}\n  skipped: needs one GPU per rank (NCCL)")
                     continue
+                start = time.monotonic()
                 try:
                     r = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], cwd=cwd, env=env, capture_output=True,
                                        text=True, timeout=a.timeout)
@@ -248,7 +252,8 @@ def main():
                     print(f"{where}: {line.strip()}\n  skipped: {output.strip()}")
                     continue
                 ran += 1
-                print(f"{where}: {line.strip()}\n  {'ok' if status == 0 else 'FAILED (' + str(status) + ')'}")
+                took = time.monotonic() - start  # CI's time: the slow commands are named in the output
+                print(f"{where}: {line.strip()}\n  {'ok' if status == 0 else 'FAILED (' + str(status) + ')'} ({took:.1f} s)")
                 if status != 0:
                     failures.append(f"{where}: `{line.strip()}` exited with {status}:\n{clip(output)}")
     print(f"\ndocs test: {ran} commands run, {skipped} skipped (not built or no GPU here), {compiled} snippets compiled, "

@@ -60,10 +60,9 @@ inline std::string describe(const Combo& c) {
          (c.reshard_after_forward ? (*c.reshard_after_forward ? ", reshard after forward" : ", stages kept gathered") : "");
 }
 
-/// The one-rank runs the dense and the MoE combinations must reproduce.
-inline std::vector<double> dense_reference(CommPtr one_rank) {
-  return run_parity<nn::ReplicatedPlan>(std::move(one_rank), {1, 1}, {.batch = batch_5d, .layers = layers_5d}).losses;
-}
+/// The one-rank runs the dense and the MoE combinations must reproduce (defined, with the runs
+/// below, in parity_5d_runs.cpp).
+std::vector<double> dense_reference(CommPtr one_rank);
 
 struct Run5d {
   std::vector<double> losses;  // every step's mean loss, on every rank
@@ -92,9 +91,7 @@ struct Run5d {
 inline constexpr Extent moe_batch = parity_batch;
 inline models::MoELayersConfig moe_config() { return moe_parity_config(4, 2, 1); }
 
-inline std::vector<double> moe_reference(CommPtr one_rank) {
-  return run_moe_parity<nn::ReplicatedPlan>(std::move(one_rank), {1, 1}, 1, moe_config()).losses;
-}
+std::vector<double> moe_reference(CommPtr one_rank);
 
 /// The per-step losses of the combination, and FSDP's collectives of one step; the model in
 /// `Space` (MoE: host only), its values in T, FSDP's master values, gradient shards and optimizer
@@ -175,5 +172,15 @@ Run5d run_5d(CommPtr world, const Combo& c) {
                            ledger.current(Space::name, MemoryTag::optimizer_state));
   return out;
 }
+
+// The runs both 5-D suites make (the threads one, test_5d_parity, and the MPI one,
+// test_5d_parity_mpi: the communicator is type-erased, so their instantiations are the same) are
+// compiled once, in parity_5d_runs.cpp, an object library linked into both: each suite's unit
+// compiled them again, about 100 s of CI's build (docs/benchmarks.md, "CI: the clean-clone time").
+extern template Run5d run_5d<parallel::MegatronPlan<false>, false>(CommPtr, const Combo&);
+extern template Run5d run_5d<parallel::MegatronPlan<true>, false>(CommPtr, const Combo&);
+extern template Run5d run_5d<parallel::MegatronPlan<false>, true>(CommPtr, const Combo&);
+extern template Run5d run_5d<parallel::MegatronPlan<true>, true>(CommPtr, const Combo&);
+extern template Run5d run_5d<parallel::MegatronPlan<false>, false, host_space, bfloat16, float>(CommPtr, const Combo&);
 
 }  // namespace dtensor::testing
