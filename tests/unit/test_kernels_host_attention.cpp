@@ -7,10 +7,10 @@
 #include <cmath>
 #include <vector>
 
+#include "dtensor/kernels/attention.hpp"  // kernels::attention: the checked front (kernels/generic/)
 #include "dtensor/kernels/attention_chunk.hpp"
 #include "dtensor/kernels/host/attention.hpp"
 #include "dtensor/kernels/host/transpose.hpp"
-#include "dtensor/kernels/attention.hpp"  // kernels::attention: the checked front (kernels/generic/)
 
 using namespace dtensor;
 namespace kh = dtensor::kernels::host;
@@ -283,7 +283,8 @@ TEST_CASE("bfloat16 chunked attention (ring attention's local part) against the 
   near_oracle(std::move(bwd).dq(), dq, "summed dq");
 }
 
-TEST_CASE("split_heads / merge_heads equal split + transpose and transpose + concat, bit for bit", "[kernels][attention]") {
+TEST_CASE("split_heads / merge_heads equal split + transpose and transpose + concat, bit for bit",
+          "[kernels][attention]") {
   // Uneven extents; G = 1 (multi-head) and G = 3 (grouped-query); float and bf16 (pure copies).
   for (const Extent group : {Extent(1), Extent(3)}) {
     const Extent B = 3, T = 5, K = 2, D = 7, H = K * group;

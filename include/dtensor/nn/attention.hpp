@@ -176,26 +176,27 @@ class SelfAttention {
     s.qkv = std::move(qkv_saved);
     // [B, T, (H+2K) D] -> [B, T, K, (G+2) D] -> q [B, T, H, D], k, v [B, T, K, D] -> [B, *, T, D]
     bool split_done = false;
-    if constexpr (on_host)
+    if constexpr (on_host) {
       if (fused_heads()) {  // the same, in one pass over this rank's piece (no rotary between)
-      split_done = true;
-      auto local = std::move(qkv_out.local());
-      const auto ls = local.shape();
-      const Extent row = (group + 2) * head_dim;
-      auto h = kernels::host::split_heads(std::move(local).template reshape<4>(Shape<4>{ls[0], ls[1], ls[2] / row, row}),
-                                          group, head_dim);
-      s.q = Heads(mesh, Shape<4>{batch, heads, len, head_dim}, std::move(h.q));
-      s.k = Heads(mesh, Shape<4>{batch, kv, len, head_dim}, std::move(h.k));
-      s.v = Heads(mesh, Shape<4>{batch, kv, len, head_dim}, std::move(h.v));
+        split_done = true;
+        auto local = std::move(qkv_out.local());
+        const auto ls = local.shape();
+        const Extent row = (group + 2) * head_dim;
+        auto h = kernels::host::split_heads(
+            std::move(local).template reshape<4>(Shape<4>{ls[0], ls[1], ls[2] / row, row}), group, head_dim);
+        s.q = Heads(mesh, Shape<4>{batch, heads, len, head_dim}, std::move(h.q));
+        s.k = Heads(mesh, Shape<4>{batch, kv, len, head_dim}, std::move(h.k));
+        s.v = Heads(mesh, Shape<4>{batch, kv, len, head_dim}, std::move(h.v));
+      }
     }
     if (!split_done) {
-      auto parts = ops::split<3>(
-          ops::reshape<HeadsL>(std::move(qkv_out), Shape<4>{batch, len, kv, (group + 2) * head_dim}),
-          {group * head_dim, head_dim, head_dim});
+      auto parts =
+          ops::split<3>(ops::reshape<HeadsL>(std::move(qkv_out), Shape<4>{batch, len, kv, (group + 2) * head_dim}),
+                        {group * head_dim, head_dim, head_dim});
       if (group > 1) parts[0] = ops::reshape<HeadsL>(std::move(parts[0]), Shape<4>{batch, len, heads, head_dim});
       if (c_.rope_theta > 0) {
         s.positions = nn::positions<tokens<Mesh>, std::int32_t>(mesh, {batch, len},
-                                                               Core::original_order(mesh, len, core_options()));
+                                                                Core::original_order(mesh, len, core_options()));
         parts[0] = ops::rotary(parts[0], s.positions, rope());
         parts[1] = ops::rotary(parts[1], s.positions, rope());
       }
