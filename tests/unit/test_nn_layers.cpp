@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include "dtensor/core/float8.hpp"
+#include "dtensor/core/memory_ledger.hpp"
 #include "dtensor/nn/embedding.hpp"
 #include "dtensor/nn/fp8_recipe.hpp"
 #include "dtensor/nn/loss.hpp"
@@ -102,6 +103,47 @@ TEST_CASE("nn::Linear in every tensor-parallel style equals the one-rank Linear"
     check_linear_style<nn::Replicated<>>(shape, 0, 0, 0, 0, 0, 0);
     check_linear_style<nn::Replicated<nn::SeqSplit>>(shape, 0, 0, 0, 0, 0, 0);
   }
+}
+
+TEST_CASE("nn::Linear whose entry moves no data (tp = 1) copies no input and equals one rank", "[nn][parallel]") {
+  // Under sequence parallelism the input (Shard<1> on tp) and the matmul's (Replicate on tp)
+  // differ in type but place alike where tp = 1: the forward then multiplies the saved input
+  // itself, with no copy of it, and backward hands it to the weight gradient without one.
+  check_linear_style<ColwiseParallel<nn::SeqSplit>>({4, 1}, 0, 0, 0, 0, 0, 0);
+  check_linear_style<ColwiseParallel<nn::SeqSplit>>({2, 1}, 0, 0, 0, 0, 0, 0);
+  auto f = on_ranks(2, [&](CommPtr world, auto report) {
+    NnMesh mesh(world, {2, 1});
+    nn::Linear<double, NnMesh, ColwiseParallel<nn::SeqSplit>> lin("fc", mesh, IN, OUT, 5);
+    using Lin = decltype(lin);
+    static_assert(!std::is_same_v<Lin::InL, Lin::style::compute_layout<NnMesh>>);
+    auto x = distribute_replicated<Lin::InL>(mesh, x_full);
+    const auto x_bytes = std::int64_t(x.to_local().numel() * sizeof(double));
+    const auto* x_data = x.to_local().data();
+    {  // a temporary input: only the output is allocated
+      auto xt = x;
+      const auto* xt_data = xt.to_local().data();
+      MemoryLedger ledger;
+      auto [y, saved] = lin.forward(std::move(xt));
+      const auto y_bytes = std::int64_t(y.to_local().numel() * sizeof(double));
+      if (ledger.peak("host") >= y_bytes + x_bytes)
+        report(detail::cat("forward of a temporary allocated ", ledger.peak("host"), " B at its peak: output ", y_bytes,
+                           " B and a copy of the ", x_bytes, " B input"));
+      if (saved.x.to_local().data() != xt_data) report("the saved input is not the temporary's storage");
+    }
+    {  // an lvalue: saved as a copy (one), and left as it was
+      MemoryLedger ledger;
+      auto [y, saved] = lin.forward(x);
+      const auto y_bytes = std::int64_t(y.to_local().numel() * sizeof(double));
+      if (ledger.peak("host") >= y_bytes + 2 * x_bytes)
+        report(detail::cat("forward of an lvalue allocated ", ledger.peak("host"), " B at its peak"));
+      if (x.to_local().data() != x_data || x.to_local().shape() != saved.x.to_local().shape())
+        report("forward changed its lvalue input");
+      for (Extent i = 0; i < x.to_local().numel(); ++i)
+        if (x.to_local().data()[i] != saved.x.to_local().data()[i]) report("the saved input differs from the input");
+    }
+  });
+  INFO(summary(f));
+  REQUIRE(f.empty());
 }
 
 TEST_CASE("nn::Linear checks its input and output gradient", "[nn]") {

@@ -146,10 +146,10 @@ class TransformerBlock {
 
   Fwd<X, Saved> forward(const X& x) const {
     auto [a, s1] = ln1_.forward(x);
-    auto [b, s2] = attn_.forward(a);
+    auto [b, s2] = attn_.forward(std::move(a));  // a and c become the projections' saved inputs, not copies
     auto h = ops::add(x, b);
     auto [c, s3] = ln2_.forward(h);
-    auto [d, s4] = mlp_.forward(c);
+    auto [d, s4] = mlp_.forward(std::move(c));
     Saved s{std::move(s1), std::move(s2), std::move(s3), std::move(s4), false, false};
     if constexpr (has_saved_input<Attn>)
       if (recompute_.norm) Attn::saved_input(s.attn) = {}, s.norms_dropped = true;

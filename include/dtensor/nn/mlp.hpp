@@ -47,12 +47,9 @@ class MLP {
       : fc1_(name + ".fc1", mesh, dim, hidden, seed, {.bias = true, .init_std = init_std}),
         fc2_(name + ".fc2", mesh, hidden, dim, seed + 1, {.bias = true, .init_std = out_std}) {}
 
-  Fwd<Out, Saved> forward(const In& x) const {
-    auto [h, s1] = fc1_.forward(x);
-    auto [y, s2] = fc2_.forward(ops::gelu(h));
-    if (recompute_act_) s2.x = {};
-    return {std::move(y), Saved{std::move(s1), std::move(h), std::move(s2), recompute_act_}};
-  }
+  Fwd<Out, Saved> forward(const In& x) const { return forward_impl(x); }
+  /// The same for a temporary input (a block's ln2 output): fc1's saved input without a copy.
+  Fwd<Out, Saved> forward(In&& x) const { return forward_impl(std::move(x)); }
   Bwd<In, WeightCtx> backward_input(Saved s, const Out& dy) const {
     if (s.act_recomputed) s.fc2.x = ops::gelu(s.h);
     auto [da, w2] = fc2_.backward_input(std::move(s.fc2), dy);
@@ -72,6 +69,14 @@ class MLP {
   Fc2& fc2() noexcept { return fc2_; }
 
  private:
+  template <class X>
+  Fwd<Out, Saved> forward_impl(X&& x) const {
+    auto [h, s1] = fc1_.forward(std::forward<X>(x));
+    auto [y, s2] = fc2_.forward(ops::gelu(h));
+    if (recompute_act_) s2.x = {};
+    return {std::move(y), Saved{std::move(s1), std::move(h), std::move(s2), recompute_act_}};
+  }
+
   Fc1 fc1_;
   Fc2 fc2_;
   bool recompute_act_ = false;
