@@ -1301,10 +1301,16 @@ TEST_CASE("sim: expert parallelism, dry: the routed rows' all-to-alls and the ex
     }
     const auto moe_params = report.phase("parameters").end[tag], dense_params = dense_classes[i].report.phase("parameters").end[tag];
     CHECK(moe_params - dense_params == std::int64_t(moe_blocks * (moe_block - mlp_block)) * std::int64_t(sizeof(dtensor::bfloat16)));
-    // The experts' gradients are all-reduced on "edp" (size dp x cp / ep = 1 here: no bytes on the wire).
-    bool edp = false;
-    for (const auto& r : report.phase("optimizer").collectives) edp = edp || (r.group == "edp" && r.kind == CollectiveKind::all_reduce);
-    CHECK(edp);
+    // The experts' gradients are reduce-scattered on "edp" by their FSDP group as their block's
+    // backward ends (size dp x cp / ep = 1 here: no bytes on the wire), never all-reduced.
+    int edp_reductions = 0, edp_all_reduces = 0;
+    for (const auto& ph : report.phases)
+      for (const auto& r : ph.collectives) {
+        edp_reductions += r.group == "edp" && r.kind == CollectiveKind::reduce_scatter;
+        edp_all_reduces += r.group == "edp" && r.kind == CollectiveKind::all_reduce;
+      }
+    CHECK(edp_reductions == moe_blocks);
+    CHECK(edp_all_reduces == 0);
   }
   // The estimate reads the expert mesh's links (an "ep" group of 4 x tp 2 ranks lies inside a node of 8).
   const sim::Topology topology = models::plan_topology(moe, sim::Hardware{});
