@@ -1392,9 +1392,9 @@ TEST_CASE("sim: experts that do not divide over ep (5 over 2): the plan runs, an
     state_by_stage[every_rank[std::size_t(r)].coordinate[0]].push_back(mine.phase("optimizer").end[tag]);
   }
   // Per pipeline rank the ranks with 3 experts in their one MoE block and those with 2 differ by
-  // one expert's fc1, fc2 and biases (replicated on "tp") in fp32 master and two moments, sharded
-  // over edp 2: 12 bytes x one expert / 2 (within 3 %: the pieces above).
-  const double one_expert = double(2 * hidden * dim + hidden + dim) * 12.0 / 2.0;
+  // one expert's fc1, fc2 and biases (replicated on "tp") in AdamW's two fp32 moments, sharded
+  // over edp 2: 8 bytes x one expert / 2 (within 3 %: the pieces above).
+  const double one_expert = double(2 * hidden * dim + hidden + dim) * 8.0 / 2.0;
   for (const auto& [stage, bytes] : state_by_stage) {
     INFO("pipeline rank " << stage);
     const auto [lo, hi] = std::minmax_element(bytes.begin(), bytes.end());

@@ -622,7 +622,14 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   double param_pass_f = 0, param_pass_b = 3 * e * slow_params + (mixed ? 6 * slow_params : 0) +
                                           (mixed && p.hsdp > 1 ? 6 * slow_shard : 0);
   if (p.zero == 3) param_pass_f += 6 * slow_shard, param_pass_b += 6 * slow_shard + 12 * slow_shard;
-  const double params_f = is_moe ? 0 : memory_bound(param_pass_f), params_b = is_moe ? 0 : memory_bound(param_pass_b);
+  // A MoE model's experts are units of their own FSDP over "edp" (ShardedPipeline's
+  // FullyShardGroups): under mixed precision their gradients cast to fp32 for the reduction, and
+  // ZeRO-3's casts of their shard (their accumulation in T is the MoE block's own term below).
+  const double expert_shard = p.zero >= 1 ? expert_params / edp : expert_params;
+  const double expert_pass_f = p.zero == 3 ? 6 * expert_shard : 0,
+               expert_pass_b = (mixed ? 6 * expert_params : 0) + (p.zero == 3 ? 18 * expert_shard : 0);
+  const double params_f = memory_bound(is_moe ? expert_pass_f : param_pass_f),
+               params_b = memory_bound(is_moe ? expert_pass_b : param_pass_b);
   // ZeRO-3: every unit gathered in T each micro-batch, forward and backward, prefetched behind
   // that phase's compute (exposed past it, as sim::comm_role has it).
   const double gather =
@@ -759,7 +766,8 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
     // in T: read value, gradient and moments, write three, and the clip's sum of squares).
     if (is_moe) {
       const double x = expert_params / edp;
-      optimizer += op_seconds({"adamw_update", std::int64_t(12 * x), std::int64_t((mixed ? 28 : 8 * e) * x), 0}, hw, cal);
+      optimizer += op_seconds({"adamw_update", std::int64_t(12 * x), std::int64_t((mixed ? 28 : 8 * e) * x), 0}, hw, cal) +
+                   memory_bound(mixed ? 4 * x + (p.zero < 3 ? 12 * x : 0) : e * x);  // the shard's casts, as the dense
     }
     if (tp_on > 0 && !is_moe) optimizer += coll(CollectiveKind::all_reduce, "tp", p.tp, 4 * r.whole);
     optimizer += coll(CollectiveKind::all_reduce, "rep*dp*cp*tp", p.dp * p.cp * p.tp, 8) +
