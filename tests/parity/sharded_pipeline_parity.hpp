@@ -78,6 +78,9 @@ struct Run5d {
   std::int64_t peak_parameters = 0, peak_gradients = 0, peak_optimizer = 0, peak_total = 0;
   double largest_unit = 0;
   std::vector<double> unit_elements;  // each local unit's flat elements padded to the shard count, in order
+  // MoE: this rank's experts' elements (its stages' expert units, whole), its shards of them in
+  // params() (list 1), and the most those shards may hold: each unit's ceil(size / edp).
+  double expert_elements = 0, expert_shards = 0, expert_shard_bound = 0;
   /// The most elements two neighbouring units hold (the prefetch window of 2: unit u computing
   /// while u + 1 or u - 1 is gathered, or u's gradient computed while u + 1's is reduced).
   double adjacent_pair() const {
@@ -134,6 +137,15 @@ Run5d run_5d(CommPtr world, const Combo& c) {
     }
   }
   out.kept_gathered = run.keeps_stages_gathered();
+  if constexpr (MoE) {
+    const auto edp = std::size_t(c.dp * c.fsdp * c.cp / c.ep);
+    for (auto& stage : run.executor().stages())
+      for (auto& u : *std::get<1>(nn::parameter_groups(stage)).units) {
+        out.expert_elements += double(u.group->size());
+        out.expert_shard_bound += double((u.group->size() + edp - 1) / edp);
+      }
+    for (const auto& p : run.params().template list<1>()) out.expert_shards += double(p.value.size());
+  }
   for (int step = 0; step < parity_steps; ++step) {
     CommLog log;
     std::optional<MemoryLedger> step_ledger;  // step 2's peaks

@@ -61,6 +61,12 @@ void check(const Combo& c) {
     // (a dense model's parameters are all FSDP's; MoE's router sums its counts over "cp").
     if (!MoE && run.cp_all_reduces != 0)
       report(std::to_string(run.cp_all_reduces) + " all-reduces on \"cp\"; FSDP over \"fsdp*cp\" leaves none");
+    // The experts are sharded over "edp" as the dense units over "fsdp" (fully_shard's policy):
+    // this rank holds at most each expert unit's ceil(size / edp) in params(), not the whole units.
+    if (MoE && run.expert_shards > run.expert_shard_bound)
+      report("the experts' shards hold " + std::to_string(run.expert_shards) + " elements of " +
+             std::to_string(run.expert_elements) + ", more than ceil(size / edp) per unit = " +
+             std::to_string(run.expert_shard_bound));
   });
   for (const auto& f : failures) UNSCOPED_INFO(f);
   CHECK(failures.empty());
@@ -116,6 +122,9 @@ TEST_CASE("MoE: expert parallelism with PP, FSDP and TP equals the one-rank MoE 
   // Pipelines: the auxiliary losses of both stages, over 2 micro-batches.
   check<TP, true>({.pp = 2, .fsdp = 2, .tp = 2, .ep = 2, .microbatches = 2});              // 4-D: PP x FSDP x TP x EP
   check<TP, true>({.pp = 2, .dp = 2, .ep = 2, .zero = 1, .schedule = "gpipe", .microbatches = 2});  // 3-D: PP x DP x EP
+  // ZeRO-3 with every expert on every expert rank (ep 1): each block's experts sharded over edp 2,
+  // gathered with their block and reduce-scattered as its backward ends.
+  check<TP, true>({.pp = 2, .fsdp = 2, .microbatches = 2});
 }
 
 TEST_CASE("MoE x CP: dropless routing over context ranks equals the one-rank MoE run", "[parity][5d][moe]") {

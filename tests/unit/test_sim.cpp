@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <map>
 #include <set>
@@ -1301,10 +1302,16 @@ TEST_CASE("sim: expert parallelism, dry: the routed rows' all-to-alls and the ex
     }
     const auto moe_params = report.phase("parameters").end[tag], dense_params = dense_classes[i].report.phase("parameters").end[tag];
     CHECK(moe_params - dense_params == std::int64_t(moe_blocks * (moe_block - mlp_block)) * std::int64_t(sizeof(dtensor::bfloat16)));
-    // The experts' gradients are all-reduced on "edp" (size dp x cp / ep = 1 here: no bytes on the wire).
-    bool edp = false;
-    for (const auto& r : report.phase("optimizer").collectives) edp = edp || (r.group == "edp" && r.kind == CollectiveKind::all_reduce);
-    CHECK(edp);
+    // The experts' gradients are reduce-scattered on "edp" by their FSDP group as their block's
+    // backward ends (size dp x cp / ep = 1 here: no bytes on the wire), never all-reduced.
+    int edp_reductions = 0, edp_all_reduces = 0;
+    for (const auto& ph : report.phases)
+      for (const auto& r : ph.collectives) {
+        edp_reductions += r.group == "edp" && r.kind == CollectiveKind::reduce_scatter;
+        edp_all_reduces += r.group == "edp" && r.kind == CollectiveKind::all_reduce;
+      }
+    CHECK(edp_reductions == moe_blocks);
+    CHECK(edp_all_reduces == 0);
   }
   // The estimate reads the expert mesh's links (an "ep" group of 4 x tp 2 ranks lies inside a node of 8).
   const sim::Topology topology = models::plan_topology(moe, sim::Hardware{});
@@ -1357,22 +1364,41 @@ TEST_CASE("sim: experts that do not divide over ep (5 over 2): the plan runs, an
     }
     return s;
   };
-  std::set<std::string> of_classes;
-  for (const auto& c : classes) of_classes.insert(without_peers(memory_and_traffic(c.report)));
+  // Every rank's collectives are its class's exactly; its memory per phase and tag within 1 % of
+  // its class's: the experts are sharded over "edp", and which parameters' pieces a shard holds
+  // (and so the optimizer's per-piece state) depends on the rank's place in "edp", by a few
+  // hundred bytes, which the classes do not distinguish (as for the dense units over "fsdp").
+  auto traffic = [&](const sim::RankReport& r) {
+    std::string s;
+    for (const auto& ph : r.phases) s += ph.name + "\n" + log_lines(ph.collectives);
+    return without_peers(s);
+  };
   const auto tag = std::size_t(MemoryTag::optimizer_state);
-  std::map<int, std::set<std::int64_t>> state_by_stage;  // pipeline rank -> AdamW state bytes of its ranks
+  std::map<int, std::vector<std::int64_t>> state_by_stage;  // pipeline rank -> AdamW state bytes of its ranks
   for (int r = 0; r < p.gpus(); ++r) {
+    const auto& mine = each[std::size_t(r)];
     INFO("rank " << r << " at " << to_string(every_rank[std::size_t(r)].coordinate));
-    CHECK(of_classes.count(without_peers(memory_and_traffic(each[std::size_t(r)]))) == 1);
-    state_by_stage[every_rank[std::size_t(r)].coordinate[0]].insert(each[std::size_t(r)].phase("optimizer").end[tag]);
+    const sim::RankReport* match = nullptr;
+    for (const auto& c : classes)
+      if (traffic(c.report) == traffic(mine) && c.pipeline_rank == every_rank[std::size_t(r)].coordinate[0]) {
+        bool close = c.report.phases.size() == mine.phases.size();
+        for (std::size_t i = 0; close && i < mine.phases.size(); ++i)
+          for (std::size_t t = 0; t < memory_tag_count; ++t)
+            close = close && std::abs(double(c.report.phases[i].peak[t] - mine.phases[i].peak[t])) <=
+                                 0.01 * double(std::max<std::int64_t>(1, c.report.phases[i].peak[t]));
+        if (close) match = &c.report;
+      }
+    CHECK(match != nullptr);
+    state_by_stage[every_rank[std::size_t(r)].coordinate[0]].push_back(mine.phase("optimizer").end[tag]);
   }
-  // Per pipeline rank two figures: 3 experts or 2 in its one MoE block, AdamW's two moments (in
-  // T) of one expert's fc1, fc2 and biases (replicated on "tp") apart.
-  const std::int64_t one_expert = (2 * hidden * dim + hidden + dim) * std::int64_t(sizeof(dtensor::bfloat16));
+  // Per pipeline rank the ranks with 3 experts in their one MoE block and those with 2 differ by
+  // one expert's fc1, fc2 and biases (replicated on "tp") in AdamW's two fp32 moments, sharded
+  // over edp 2: 8 bytes x one expert / 2 (within 3 %: the pieces above).
+  const double one_expert = double(2 * hidden * dim + hidden + dim) * 8.0 / 2.0;
   for (const auto& [stage, bytes] : state_by_stage) {
     INFO("pipeline rank " << stage);
-    REQUIRE(bytes.size() == 2);
-    CHECK(*bytes.rbegin() - *bytes.begin() == 2 * one_expert);
+    const auto [lo, hi] = std::minmax_element(bytes.begin(), bytes.end());
+    CHECK(double(*hi - *lo) == Approx(one_expert).epsilon(0.03));
   }
 }
 
@@ -1885,18 +1911,20 @@ TEST_CASE("sim: zero-bubble W contexts: the analytic in-flight bytes are the dry
 TEST_CASE("sim: expert parallelism in the search: ep > 1 first where the experts fill memory; the all-to-alls are the dry run's",
           "[sim][search][moe]") {
   // A GPT whose every block is a MoE of 16 experts (top-2) on 8 GPUs: at ep 1 each rank holds all
-  // 16 experts of its blocks (values, gradients, AdamW moments in bf16: 8 bytes per parameter;
-  // 67 MB for one block), more than a 60 MB device less the reserve; ep 2 and more split them.
+  // 16 experts of its blocks whole (values and gradients in bf16 under DDP and ZeRO-1; the fp32
+  // master and moments sharded over "edp"): more than an 80 MB device less the reserve (at pp 4,
+  // 8.4 M parameters at 10 bytes); ep 2 and more split them. (ZeRO-3 shards the experts' values
+  // too, over ep x edp = the token ranks whatever ep: its ep 1 plans may fit.)
   const sim::ModelShape shape{.layers = 4, .dim = 256, .heads = 4, .vocab = 512, .seq = 256, .experts = 16, .topk = 2};
   auto hw = sim::device("h100");
-  hw.memory_bytes = 0.06e9;
+  hw.memory_bytes = 0.08e9;
   const auto all = sim::search_plans(shape, {.gpus = 8, .batch = 16, .keep_unfit = true}, hw);
   const auto ranked = sim::search_plans(shape, {.gpus = 8, .batch = 16}, hw);
   REQUIRE(!ranked.empty());
   CHECK(ranked.front().plan.ep > 1);
   bool saw_ep1 = false;
   for (const auto& r : all)
-    if (r.plan.ep == 1) {
+    if (r.plan.ep == 1 && r.plan.zero <= 1) {
       saw_ep1 = true;
       CHECK_FALSE(r.estimate.fits);
       CHECK(r.estimate.expert_states > 0.5 * r.estimate.memory_bytes);  // the experts dominate

@@ -28,10 +28,10 @@ namespace detail {
 template <class Pipeline>
 auto pipeline_parameter_slots(Pipeline& model) {
   auto& stages = model.executor().stages();
-  using Slot0 = decltype(fsdp_parameter_slots(stages.front().units(), model.fsdp(0), stages.front().mesh()));
+  using Slot0 = decltype(fsdp_parameter_slots(stages.front().units(), stage_mesh_fsdp(model.fsdp(0)), stages.front().mesh()));
   Slot0 params;
   for (std::size_t i = 0; i < stages.size(); ++i)
-    append_slots(params, fsdp_parameter_slots(stages[i].units(), model.fsdp(i), stages[i].mesh()));
+    append_slots(params, fsdp_parameter_slots(stages[i].units(), stage_mesh_fsdp(model.fsdp(i)), stages[i].mesh()));
   using Stage = std::remove_cvref_t<decltype(stages.front())>;
   [&]<std::size_t... I>(std::index_sequence<I...>) {  // the other parameter groups (MoE: the experts)
     (append_slots(params, group_slots<I + 1>(model)), ...);

@@ -7,8 +7,8 @@
 //   auto meta = checkpoint::load_pipeline_state(dir, model, opt, config);      // any saving mesh
 //
 // What a rank saves: for each of its stages, its FSDP shards of the stage's units (the master
-// values, fsdp_parameter_slots) and the units of every other parameter group (MoE: its experts on
-// the expert mesh; nn::parameter_groups, parameter_slots); and AdamW's moments over all (the optimizer's
+// values, fsdp_parameter_slots) and of the units of every other parameter group (MoE: its experts
+// on the expert mesh, sharded over "edp"; nn::parameter_groups); and AdamW's moments over all (the optimizer's
 // part over each list of model.params(): optim::Joint::part<I>). The slots and
 // their writers are worked out on the mesh the tensor lives on — the stage mesh (dp, fsdp, cp,
 // tp) or the expert mesh (edp, ep, tp) — because a stage's tensors exist on the ranks of one
@@ -45,27 +45,35 @@ void append_slots(Slots<T>& to, Slots<T> from) {
   to.insert(to.end(), std::make_move_iterator(from.begin()), std::make_move_iterator(from.end()));
 }
 
+/// A stage's FSDP of the parameters on the stage mesh: the FSDP itself, or its own part when the
+/// stage has parameter groups on further meshes (parallel::FullyShardGroups).
+template <class Fsdp>
+auto& stage_mesh_fsdp(Fsdp& f) {
+  if constexpr (requires { f.own(); }) return f.own();
+  else return f;
+}
+
 /// This rank's FSDP shards of every one of its stages, with `opt`'s moments over them.
 template <class Pipeline, class Opt>
 auto stage_slots(Pipeline& model, Opt& opt) {
   auto& stages = model.executor().stages();
-  using Slot0 = decltype(fsdp_parameter_slots(stages.front().units(), model.fsdp(0), stages.front().mesh()));
+  using Slot0 = decltype(fsdp_parameter_slots(stages.front().units(), stage_mesh_fsdp(model.fsdp(0)), stages.front().mesh()));
   Slot0 params;
   for (std::size_t i = 0; i < stages.size(); ++i)
-    append_slots(params, fsdp_parameter_slots(stages[i].units(), model.fsdp(i), stages[i].mesh()));
+    append_slots(params, fsdp_parameter_slots(stages[i].units(), stage_mesh_fsdp(model.fsdp(i)), stages[i].mesh()));
   return with_moments(std::move(params), opt);
 }
 
-/// This rank's parameters of group I >= 1 of its stages (a mesh beyond the stage mesh, e.g. the
-/// experts on the expert mesh: nn::parameter_groups), on that group's mesh.
+/// This rank's FSDP shards of group I >= 1 of its stages (a mesh beyond the stage mesh, e.g. the
+/// experts on the expert mesh, sharded over its "edp": nn::parameter_groups), on that group's mesh.
 template <std::size_t I, class Pipeline>
 auto group_slots(Pipeline& model) {
   auto& stages = model.executor().stages();
   auto front = std::get<I>(nn::parameter_groups(stages.front()));
-  decltype(parameter_slots(*front.units, *front.mesh)) params;
-  for (auto& stage : stages) {
-    auto group = std::get<I>(nn::parameter_groups(stage));
-    append_slots(params, parameter_slots(*group.units, *group.mesh));
+  decltype(fsdp_parameter_slots(*front.units, model.fsdp(0).template group<I>(), *front.mesh)) params;
+  for (std::size_t i = 0; i < stages.size(); ++i) {
+    auto group = std::get<I>(nn::parameter_groups(stages[i]));
+    append_slots(params, fsdp_parameter_slots(*group.units, model.fsdp(i).template group<I>(), *group.mesh));
   }
   return params;
 }

@@ -26,7 +26,8 @@
 //
 // MoE (plan.moe.router.experts > 0, Layers = models::MoELayers over MetaMesh<"edp", "ep", "tp">): the
 // pipeline program, the experts on the expert mesh over each stage's ranks (ep of them splitting
-// the experts, as the trainer's), not sharded, all-reduced on "edp", in the one AdamW (their state in T).
+// the experts, as the trainer's), sharded over "edp" at the plan's ZeRO stage (ShardedPipeline's
+// FullyShardGroups: DDP's experts are ZeRO-1 there), in the one AdamW.
 // Routing is the balanced one a dry run assumes (nn::route_balanced): every expert gets its
 // share of every rank's tokens. Any number of experts over any ep dividing dp x cp, as the
 // runtime (parallel/experts.hpp: chunk_range, 5 over 2 is 3 + 2; fewer experts than ep leaves

@@ -33,8 +33,10 @@
 // MoE models (ModelShape::experts, GPT blocks): per MoE block the router GEMM, the busiest
 // rank's ceil(E / ep) experts' GEMMs on the rows balanced routing sends it, the count exchange
 // and two all_to_all_v of the routed rows each way on "ep" (exposed; moe_all_to_all_bytes is
-// the CommLog's figure), the SP gather of whole tokens; the experts' states in T (not ZeRO-
-// sharded) and their all-reduce on "edp" once per step. Zero-bubble schedules: the pending
+// the CommLog's figure), the SP gather of whole tokens; the experts' states sharded over "edp"
+// at the plan's ZeRO stage (DDP: ZeRO-1), as ShardedPipeline shards them (one FSDP per parameter
+// group, parallel::FullyShardGroups): their reduce-scatter on "edp" once per step, ZeRO-1/2's
+// all-gather after the optimizer, ZeRO-3's gathers per micro-batch. Zero-bubble schedules: the pending
 // weight-gradient contexts (each Linear's input and output gradient between its I and its W)
 // weighed with the forwards in flight at the rank's peak, as the dry run counts them.
 #pragma once
@@ -550,7 +552,7 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   const double head = gemm(n, h, double(m.vocab) / t);
   const double send = p.pp == 1 ? 0 : coll(CollectiveKind::send, "pp", p.pp, act / split);
   // Parameters a rank holds: the dense ones (routers included) split over pp and tp; a MoE
-  // model's experts on top (ceil(E / ep) per MoE block, replicated over tp, not ZeRO-sharded).
+  // model's experts on top (ceil(E / ep) per MoE block, replicated over tp, sharded over "edp").
   const double moe_share = m.layers > 0 ? double(m.moe_layers()) / double(m.layers) : 0;
   const double dense_params = m.params() - double(m.moe_layers()) * double(m.experts) * m.expert_params();
   const double rank_params = dense_params / (double(p.pp) * t);
@@ -620,11 +622,19 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   double param_pass_f = 0, param_pass_b = 3 * e * slow_params + (mixed ? 6 * slow_params : 0) +
                                           (mixed && p.hsdp > 1 ? 6 * slow_shard : 0);
   if (p.zero == 3) param_pass_f += 6 * slow_shard, param_pass_b += 6 * slow_shard + 12 * slow_shard;
-  const double params_f = is_moe ? 0 : memory_bound(param_pass_f), params_b = is_moe ? 0 : memory_bound(param_pass_b);
+  // A MoE model's experts are units of their own FSDP over "edp" (ShardedPipeline's
+  // FullyShardGroups): under mixed precision their gradients cast to fp32 for the reduction, and
+  // ZeRO-3's casts of their shard (their accumulation in T is the MoE block's own term below).
+  const double expert_shard = p.zero >= 1 ? expert_params / edp : expert_params;
+  const double expert_pass_f = p.zero == 3 ? 6 * expert_shard : 0,
+               expert_pass_b = (mixed ? 6 * expert_params : 0) + (p.zero == 3 ? 18 * expert_shard : 0);
+  const double params_f = memory_bound(is_moe ? expert_pass_f : param_pass_f),
+               params_b = memory_bound(is_moe ? expert_pass_b : param_pass_b);
   // ZeRO-3: every unit gathered in T each micro-batch, forward and backward, prefetched behind
   // that phase's compute (exposed past it, as sim::comm_role has it).
   const double gather =
-      p.zero == 3 && zero_shards > 1 ? per_unit(slow_rank, CollectiveKind::all_gather, zero_group, zero_shards, e) : 0;
+      (p.zero == 3 && zero_shards > 1 ? per_unit(slow_rank, CollectiveKind::all_gather, zero_group, zero_shards, e) : 0) +
+      (p.zero == 3 && edp > 1 ? coll(CollectiveKind::all_gather, "edp", edp, e * expert_params) : 0);
   AnalyticEstimate a;
   const double fwd_phase_compute = dense_max * fwd_compute + moe_max * moe.fwd_compute + head_f + params_f;
   const double bwd_phase_compute = dense_max * bwd_compute + moe_max * moe.bwd_compute + head_b + params_b;
@@ -696,7 +706,13 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
     const double values = p.zero == 3 ? 0 : 2, full_grads = p.zero == 1 ? 2 : 0, state = p.zero == 1 ? 12 : 16;
     a.model_states = rank_params * (values + full_grads + state / zero_shards) + (p.zero >= 2 ? 2 * rank_params / layers_per_rank : 0);
   }
-  a.expert_states = expert_params * 4 * e;  // values, gradients and AdamW moments in T (DDP on "edp")
+  // The experts: the same formulas over "edp" (DDP's experts are ZeRO-1 there: the trainer's DDP
+  // is ZeRO-1 over a size-1 "fsdp", and the experts' FSDP takes its stage).
+  if (p.zero == 0) a.expert_states = expert_params * (e + e + 2 * e / edp);
+  else {
+    const double values = p.zero == 3 ? 0 : 2, full_grads = p.zero == 1 ? 2 : 0, state = p.zero == 1 ? 12 : 16;
+    a.expert_states = expert_params * (values + full_grads + state / edp);
+  }
   a.model_states += a.expert_states;
   const double recompute_peak = rc.none() ? 0 : full ? block_saved : block_saved - saved_layer;
   a.activations = a.activations_in_flight + recompute_peak;
@@ -716,7 +732,7 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   }
   // Once per step, per unit: the gradient reduction (fp32 reduce-scatter under ZeRO, an
   // all-reduce in T under DDP; HSDP: then an all-reduce of the shard over the replicas; a MoE
-  // model's experts: an all-reduce in T on "edp", under ZeRO too) behind the last backward's
+  // model's experts: a reduce-scatter on "edp", under DDP too) behind the last backward's
   // compute, ZeRO-1/2's parameter sync (an all-gather in T), the optimizer: AdamW on the fp32
   // shard (read value, moments and gradient, write three), the clip's sum of squares, the shard
   // cast to T after the step and, before the next, into the units' flat buffers (ZeRO-1/2 and
@@ -736,18 +752,23 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
       if ((p.zero == 1 || p.zero == 2) && zero_shards > 1)
         sync = per_unit(r, CollectiveKind::all_gather, zero_group, zero_shards, e);
     }
-    if (is_moe && edp > 1) reduction += coll(CollectiveKind::all_reduce, "edp", edp, e * expert_params);
+    if (is_moe && edp > 1) {
+      reduction += coll(CollectiveKind::reduce_scatter, "edp", edp, (mixed ? 4 : e) * expert_params);
+      if (p.zero < 3) sync += coll(CollectiveKind::all_gather, "edp", edp, e * expert_params);
+    }
     exposed_reduction = p.overlap_gradient_reduction ? std::max(0.0, reduction - backward_compute) : reduction;
     optimizer = p.zero >= 1
                     ? op_seconds({"adamw_update", std::int64_t(12 * shard), std::int64_t(28 * shard), 0}, hw, cal) +
                           memory_bound(4 * shard + (mixed && p.zero < 3 ? 12 * shard : 0))
                     : op_seconds({"adamw_update", std::int64_t(12 * shard), std::int64_t(7 * e * shard), 0}, hw, cal) +
                           memory_bound(e * shard);
-    // The experts' AdamW in T (the meta record: read value, gradient and moments, write three: 7 e
-    // per parameter) and the clip's sum of squares over their gradients (e).
-    if (is_moe)
-      optimizer += op_seconds(
-          {"adamw_update", std::int64_t(12 * expert_params), std::int64_t(8 * e * expert_params), 0}, hw, cal);
+    // The experts' AdamW on their shard (fp32 under mixed precision, as the dense shards'; else
+    // in T: read value, gradient and moments, write three, and the clip's sum of squares).
+    if (is_moe) {
+      const double x = expert_params / edp;
+      optimizer += op_seconds({"adamw_update", std::int64_t(12 * x), std::int64_t((mixed ? 28 : 8 * e) * x), 0}, hw, cal) +
+                   memory_bound(mixed ? 4 * x + (p.zero < 3 ? 12 * x : 0) : e * x);  // the shard's casts, as the dense
+    }
     if (tp_on > 0 && !is_moe) optimizer += coll(CollectiveKind::all_reduce, "tp", p.tp, 4 * r.whole);
     optimizer += coll(CollectiveKind::all_reduce, "rep*dp*cp*tp", p.dp * p.cp * p.tp, 8) +
                  coll(CollectiveKind::all_reduce, "pp", p.pp, 8);

@@ -32,8 +32,7 @@
 //                       gradients then). It overlaps the last micro-batch's backward on this
 //                       rank: exposed = max(0, time - that backward's compute). Under ZeRO
 //                       (options.zero >= 1) an all-reduce is charged as the reduce-scatter it
-//                       needs (a ZeRO rank keeps only its shard), except a MoE plan's experts'
-//                       all-reduce on "edp" (they are not sharded).
+//                       needs (a ZeRO rank keeps only its shard).
 //   parameter gather    an all-gather over data dimensions in a micro-batch phase (ZeRO-3 /
 //                       FSDP unshard, per unit as the schedule issues it): every micro-batch,
 //                       prefetched behind that phase's compute (exposed past it).
@@ -264,8 +263,7 @@ inline PhaseTime phase_time(const PhaseReport& phase, const Topology& topology, 
   for (const auto& r : phase.collectives) {
     const CommRole role = comm_role(r, phase.name);
     CommRecord charged = r;
-    // (A MoE plan's experts are not ZeRO-sharded: their all-reduce on "edp" stays one.)
-    if (role == CommRole::gradient_reduction && o.zero >= 1 && r.kind == CollectiveKind::all_reduce && r.group != "edp")
+    if (role == CommRole::gradient_reduction && o.zero >= 1 && r.kind == CollectiveKind::all_reduce)
       charged.kind = CollectiveKind::reduce_scatter;
     const double seconds = collective_seconds(charged, topology.link(r.group), o.calibration);
     if (role == CommRole::gradient_reduction) {

@@ -45,10 +45,12 @@
 // params() is every parameter of this rank's stages as one nn::ParamSet: the FSDP shards on the
 // stage mesh and, for each other mesh a stage's parameters live on (nn::parameter_groups: a
 // GPT with models::MoELayers has its experts on the expert mesh; a user's module declares its own),
-// that group too — not sharded, all-reduced on that mesh's data dimension ("edp",
-// parallel::DataParallel) after the schedule.
-// One optimizer (optim::make_adamw) and one clip (clip_grad_norm) take them all: no caller has a
-// case for the experts.
+// that group's shards too: each stage is sharded as fully_shard shards a whole model
+// (parallel::FullyShardGroups), every group over its own mesh's data dimension(s) — the experts
+// over "edp", with their block (ZeRO-3 gathers a block's experts with it; every stage
+// reduce-scatters their gradients on "edp" as the block's backward ends). One optimizer
+// (optim::make_adamw) and one clip (clip_grad_norm) take them all: no caller has a case for the
+// experts.
 #pragma once
 
 #include <cstddef>
@@ -61,7 +63,6 @@
 
 #include "dtensor/nn/param_groups.hpp"
 #include "dtensor/parallel/context_grads.hpp"
-#include "dtensor/parallel/data_parallel.hpp"
 #include "dtensor/parallel/fully_shard.hpp"
 #include "dtensor/parallel/pipeline/clip.hpp"
 #include "dtensor/parallel/pipeline/executor.hpp"
@@ -70,13 +71,15 @@
 namespace dtensor::parallel::pipeline {
 
 namespace detail {
-/// The data-parallel gradient sync of each parameter group beyond the stage mesh's (one per
-/// other mesh a stage's parameters live on: nn::parameter_groups).
-template <class Groups, class Seq>
-struct GroupSyncs;
-template <class Groups, std::size_t... I>
-struct GroupSyncs<Groups, std::index_sequence<0, I...>> {
-  using type = std::tuple<std::optional<DataParallel<typename std::tuple_element_t<I, Groups>::mesh_type>>...>;
+/// One stage's parameters as FSDP holds them: a list of shards per parameter group (group 0 on
+/// the stage mesh, then one per other mesh: nn::parameter_groups), in M on `Space`.
+template <class M, class Space, class Groups, class Seq>
+struct ShardSet;
+template <class M, class Space, class Groups, std::size_t... I>
+struct ShardSet<M, Space, Groups, std::index_sequence<I...>> {
+  template <std::size_t J>
+  using mesh_of = typename std::tuple_element_t<J, Groups>::mesh_type;
+  using type = nn::ParamSet<nn::MeshParams<nn::ParamList<M, mesh_of<I>::ndim, Space>, mesh_of<I>>...>;
 };
 }  // namespace detail
 
@@ -87,12 +90,14 @@ class ShardedPipeline {
   using StageMesh = std::remove_cvref_t<decltype(std::declval<const Stage&>().mesh())>;
   using Unit = std::remove_cvref_t<decltype(std::declval<Stage&>().units().front())>;
   using T = std::conditional_t<std::is_void_v<Master>, typename decltype(Unit::group)::element_type::element_type, Master>;
-  using Params = nn::ParamList<T, StageMesh::ndim, mesh_space_t<StageMesh>>;
-  using Fsdp = FullyShard<Stage, StageMesh, T>;
+  using Space = mesh_space_t<StageMesh>;
   using Groups = nn::parameter_groups_t<Stage>;
   static constexpr std::size_t groups = std::tuple_size_v<Groups>;  // 1: every parameter on the stage mesh
-  using Set = decltype(nn::parameter_set_with(std::declval<std::vector<Stage>&>(), nn::on(std::declval<StageMesh>(), Params{})));
-  using Syncs = typename detail::GroupSyncs<Groups, std::make_index_sequence<groups>>::type;
+  // A stage's FSDP: with parameters on further meshes (a MoE's experts on (edp, ep, tp)), every
+  // group sharded over its own mesh's data dimension(s), as fully_shard does for a whole model
+  // (parallel/fsdp/parameter_groups.hpp): one policy for the experts, pipelined or not.
+  using Fsdp = std::conditional_t<(groups > 1), FullyShardGroups<Stage, StageMesh, T, Space>, FullyShard<Stage, StageMesh, T>>;
+  using Set = typename detail::ShardSet<T, Space, Groups, std::make_index_sequence<groups>>::type;
 
  public:
   /// `stages`: this rank's, in the order schedule.layout.stages_of(pipeline rank) names them.
@@ -101,11 +106,7 @@ class ShardedPipeline {
       : mesh_(mesh), bucket_bytes_(bucket_bytes),
         keep_gathered_(fsdp.stage == 3 && !fsdp.reshard_after_forward.value_or(schedule.layout.stages() == 1)),
         executor_(mesh, std::move(schedule), std::move(stages), ExecutorOptions{.hooks = stage_hooks()}),
-        params_(shard_stages(fsdp)) {
-    for_other_groups([&]<std::size_t I>(std::integral_constant<std::size_t, I>) {
-      std::get<I - 1>(group_syncs_).emplace(params_.template mesh<I>(), DataParallelOptions{.bucket_bytes = bucket_bytes});
-    });
-  }
+        params_(shard_stages(fsdp)) {}
   ShardedPipeline(const ShardedPipeline&) = delete;  // the executor's hooks hold `this`
   ShardedPipeline& operator=(const ShardedPipeline&) = delete;
 
@@ -119,9 +120,6 @@ class ShardedPipeline {
   Fsdp& fsdp(std::size_t local_stage) { return *shards_.at(local_stage); }
   void zero_grad() {
     for (auto& shard : shards_) shard->zero_grad();
-    for_other_groups([&]<std::size_t I>(std::integral_constant<std::size_t, I>) {
-      for (auto& p : params_.template list<I>()) p.zero_grad();
-    });
   }
 
   /// One schedule over the micro-batches, then every gradient sync: the gradients of params()
@@ -142,9 +140,6 @@ class ShardedPipeline {
     auto& shards = params_.template list<0>();
     context_parallel_grads(shards, stage_mesh, {.bucket_bytes = bucket_bytes_});  // none without "cp"
     sequence_parallel_grads(shards, stage_mesh, {.bucket_bytes = bucket_bytes_});  // none without SP
-    for_other_groups([&]<std::size_t I>(std::integral_constant<std::size_t, I>) {
-      std::get<I - 1>(group_syncs_)->all_reduce_gradients(params_.template list<I>());
-    });
   }
 
   /// Clips every gradient of params() to `max_norm` by their one norm over all stages (and
@@ -185,22 +180,31 @@ class ShardedPipeline {
                         dtensor::detail::cat("reshard_after_forward needs ZeRO stage 3, not ", fsdp.stage));
     // Inside fully_shard: per unit (its hooks) or held by unshard() for the step (keep_gathered_).
     fsdp.reshard_after_forward = fsdp.stage == 3 ? std::optional<bool>(true) : std::nullopt;
-    Params shards;
+    auto all = [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return std::tuple<std::remove_cvref_t<decltype(std::declval<Set&>().template list<I>())>...>{};
+    }(std::make_index_sequence<groups>{});
     for (Stage& stage : executor_.stages()) {
       shards_.push_back(std::make_unique<Fsdp>(stage, stage.mesh(), fsdp));
       shards_.back()->set_requires_gradient_sync(false);
-      for (auto& p : shards_.back()->params()) shards.push_back(p);
+      [&]<std::size_t... I>(std::index_sequence<I...>) {
+        (append(std::get<I>(all), shard_list<I>(*shards_.back())), ...);
+      }(std::make_index_sequence<groups>{});
     }
-    // The other groups (e.g. experts on their mesh): every stage's, not sharded.
-    return nn::parameter_set_with(executor_.stages(), nn::on(executor_.stages().front().mesh(), std::move(shards)));
+    // Each list with its mesh (the first stage's: every stage's meshes are the same).
+    auto meshes = nn::parameter_groups(executor_.stages().front());
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return Set(nn::on(*std::get<I>(meshes).mesh, std::move(std::get<I>(all)))...);
+    }(std::make_index_sequence<groups>{});
   }
-
-  /// f(integral_constant<I>) for each parameter group I >= 1 (beyond the stage mesh's).
-  template <class F>
-  static void for_other_groups(F&& f) {
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (f(std::integral_constant<std::size_t, I + 1>{}), ...);
-    }(std::make_index_sequence<groups - 1>{});
+  /// Group I's shards of one stage's FSDP.
+  template <std::size_t I>
+  static auto& shard_list(Fsdp& f) {
+    if constexpr (groups > 1) return f.params().template list<I>();
+    else return f.params();
+  }
+  template <class List>
+  static void append(List& to, const List& from) {
+    for (const auto& p : from) to.push_back(p);
   }
 
   /// begin_stage, begin_last_backward and end_stage at the schedule's edges of each stage.
@@ -222,7 +226,6 @@ class ShardedPipeline {
   Executor<Stage, Mesh> executor_;
   std::vector<std::unique_ptr<Fsdp>> shards_;
   Set params_;
-  Syncs group_syncs_{};
 };
 
 }  // namespace dtensor::parallel::pipeline
