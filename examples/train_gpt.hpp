@@ -333,16 +333,18 @@ struct NoGpu {
 template <class Compute, class Gpu = NoGpu>
 int run(int argc, char** argv, const Options& o, const Gpu& gpu = {}) {
   try {
-    const Corpus corpus = models::encode(models::read_text(o.data, "--data"), o.seq);
+    const Corpus corpus = models::encode(models::read_text(o.data, "--data"), o.seq, {"--data", "--seq"});
     check_memory_estimate(o, corpus);
     cli::check_save_dir(o, "train_gpt");
-    if constexpr (Gpu::available) return gpu.template run<Compute>(argc, argv, o, corpus);  // --device cuda
-    // The host BLAS's kernels, chosen by the CPU's features (kernels/host/blas_core.hpp) here,
-    // before the rank threads start: the choice sets OPENBLAS_CORETYPE for an instant.
-    (void)kernels::host::blas_kernels();
-    return cli::run_ranks(
-        o, o.ranks(), argc, argv, [&](CommPtr world) { run_rank<host_space, Compute>(std::move(world), o, corpus); },
-        o.program());
+    if constexpr (Gpu::available) {  // --device cuda: only the GPU's instantiations (train_gpt_cuda.cuh)
+      return gpu.template run<Compute>(argc, argv, o, corpus);
+    } else {
+      // The host BLAS's kernels, chosen by the CPU's features (kernels/host/blas_core.hpp) here,
+      // before the rank threads start: the choice sets OPENBLAS_CORETYPE for an instant.
+      (void)kernels::host::blas_kernels();
+      auto rank = [&](CommPtr world) { run_rank<host_space, Compute>(std::move(world), o, corpus); };
+      return cli::run_ranks(o, o.ranks(), argc, argv, rank, o.program());
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: %s\n", o.program(), e.what());
     return 1;

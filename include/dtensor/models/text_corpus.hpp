@@ -91,8 +91,10 @@ inline std::string content_id(const Corpus& c) {
          " tokens, hash " + std::to_string(h);
 }
 
-/// The corpus of `text` for sequences of `seq` characters (each part must hold one and its target).
-inline Corpus encode(const std::string& text, Extent seq) {
+/// The corpus of `text` for sequences of `seq` characters (each part must hold one and its target);
+/// `names`: where the text and the length come from, for the error ({"--data", "--seq"}).
+inline Corpus encode(const std::string& text, Extent seq,
+                     const std::pair<std::string, std::string>& names = {"", "sequences of"}) {
   Corpus c;
   std::vector<int> id(256, -1);
   for (unsigned char ch : text) id[ch] = 0;
@@ -105,8 +107,9 @@ inline Corpus encode(const std::string& text, Extent seq) {
   for (std::size_t i = 0; i < text.size(); ++i)
     (i < split ? c.train : c.val).push_back(std::int32_t(id[static_cast<unsigned char>(text[i])]));
   if (c.train.size() <= std::size_t(seq) + 1 || c.val.size() <= std::size_t(seq) + 1)
-    throw std::runtime_error("the text (" + std::to_string(text.size()) +
-                             " characters) is too short for sequences of " + std::to_string(seq));
+    throw std::runtime_error("the text (" + (names.first.empty() ? "" : names.first + ", ") +
+                             std::to_string(text.size()) + " characters) is too short for " + names.second + " " +
+                             std::to_string(seq));
   return c;
 }
 
