@@ -9,7 +9,7 @@
 
 namespace examples::gpt {
 int run_bf16(int argc, char** argv, const Options& o);  // train_gpt_bf16.cpp
-extern const Program generate_program;                  // generate.cpp
+int generate_main(int argc, char** argv, RunFn run_f32);  // generate.cpp
 }  // namespace examples::gpt
 
 int main(int argc, char** argv) {
