@@ -185,7 +185,7 @@ inline std::map<std::string, std::string> checkpoint_config(const Options& o, co
 /// The run's first lines on rank 0: the mesh, the schedule and model, the parameter count and the
 /// GEMMs' kernels (most of a CPU step).
 template <class Compute, class Trainer>
-void print_header(const Options& o, const Corpus& corpus, Trainer& trainer) {
+void print_header(const Options& o, const Corpus& corpus, Trainer& trainer, std::int64_t parameters) {
   cli::print_mesh_line(o, o, o.program(),
                        std::is_same_v<Compute, float> ? "f32"
                        : o.dtype == "fp8"             ? "fp8 (E4M3/E5M2 Linear GEMMs, host emulation; bf16 elsewhere; "
@@ -203,7 +203,7 @@ void print_header(const Options& o, const Corpus& corpus, Trainer& trainer) {
                                                                           : "gathers each unit per micro-batch");
   if (o.experts > 0)
     std::printf("; MoE: %lld experts, top-%lld, over ep %d", (long long)o.experts, (long long)o.topk, o.ep);
-  std::printf("\nparameters: %lld\n", (long long)trainer.parameter_count());
+  std::printf("\nparameters: %lld\n", (long long)parameters);
   if constexpr (Trainer::host) std::printf("%s\n", kernels::host::blas_kernels_line().c_str());
 }
 
@@ -243,7 +243,8 @@ double run_gpt(CommPtr world, const Options& o, const Corpus& corpus) {
   world->barrier();  // every rank's optimizer built
   cli::check_budgets_built(o, *world, host_budget, device_budget);
   const std::int64_t held_built = host_budget.held();
-  if (world->rank() == 0) print_header<Compute>(o, corpus, trainer);
+  const std::int64_t parameters = trainer.parameter_count();  // collective: every rank
+  if (world->rank() == 0) print_header<Compute>(o, corpus, trainer, parameters);
   auto fo = cli::fit_options(o, host_budget, device_budget, &rank_ledger);
   fo.config = checkpoint_config(o, cfg, corpus), fo.tokens_per_step = double(o.batch * o.seq);
   fo.allow_finished = o.generate != 0, fo.hosts = cli::print_hosts(o, trainer.mesh());  // --generate: at --steps
