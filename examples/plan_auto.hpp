@@ -33,6 +33,7 @@
 #include "dtensor/core/error.hpp"
 #include "dtensor/nn/recompute.hpp"
 #include "dtensor/sim/search.hpp"
+#include "flag_table.hpp"
 #include "flags.hpp"
 
 namespace examples {
@@ -159,11 +160,41 @@ inline PlanChoice choose_plan(const PlanModel& m, int ranks, const dtensor::sim:
   return out;
 }
 
+/// --plan auto's flags (plan_report: what rank 0 prints about the choice).
+struct PlanFlags {
+  std::string plan, plan_device = "h100", plan_report;
+  std::vector<std::string> plan_device_fields;  // --plan-device-field NAME=VALUE, in order
+  int plan_ranks = 0;
+};
+
+/// Their rows of train_gpt's flag table, after a heading.
+template <class O>
+FlagTable<O> plan_auto_rows() {
+  using P = PlanFlags;
+  return {
+      {"", "",
+       "--plan auto (examples/plan_auto.hpp, docs/dry-run.md): the mesh flags (not given) and the recomputation "
+       "(unless --checkpoint/--recompute) chosen for N ranks by the dry run's cost model for the device, printed "
+       "with why, then trained:"},
+      {"--plan", "auto", "choose the plan", text(&P::plan)},
+      {"--ranks", "N", "the ranks to plan for", integer(&P::plan_ranks, 1, dtensor::threads::max_ranks)},
+      {"--plan-device", "h100|h100-500w|h200|a100", "the device the cost model's times are for (default h100)",
+       text(&P::plan_device)},
+      {"--plan-device-field", "NAME=VALUE", "one of the device's fields (sim/device.hpp); repeatable",
+       append(&P::plan_device_fields)},
+  };
+}
+
 /// train_gpt's --plan auto: when o.plan is "auto", replaces o's mesh flags by the choice for
 /// --ranks (else the MPI launcher's world size) and keeps the report for rank 0 to print.
-/// `mesh_flag` is the first mesh flag the command line gave ("" if none): auto chooses them all.
+/// `given`: the flags the command line gave; auto chooses the mesh flags (all but --ep, kept
+/// when given), so the first other one given is an error.
 template <class Options>
-void apply_plan_auto(Options& o, const std::string& mesh_flag, bool ep_given = false) {
+void apply_plan_auto(Options& o, const std::vector<std::string>& given) {
+  std::string mesh_flag;
+  for (const auto& a : given)
+    if (a != "--ep" && mesh_flag.empty() && is_mesh_flag<Options>(a)) mesh_flag = a;
+  const bool ep_given = std::find(given.begin(), given.end(), "--ep") != given.end();
   if (o.plan.empty()) {
     if (o.plan_ranks != 0) throw UsageError("--ranks is for --plan auto (otherwise the mesh flags give the ranks)");
     if (!o.plan_device_fields.empty()) throw UsageError("--plan-device-field is for --plan auto");

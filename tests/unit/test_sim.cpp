@@ -666,7 +666,7 @@ models::PlanClass first_class(std::vector<models::PlanClass> classes) {
 models::PlanClass zero_run(models::GPTConfig model, int ranks, int stage) {
   models::TrainingPlan plan{
       .model = model, .batch = ranks, .microbatches = 1, .dp = ranks, .tp = 1, .pp = 1, .zero = stage};
-  return first_class(dtensor::sim::dry_run_plan<dtensor::bfloat16, models::DenseLayers, true>(plan));
+  return first_class(dtensor::models::dry_run_plan<dtensor::bfloat16, models::DenseLayers, true>(plan));
 }
 
 }  // namespace

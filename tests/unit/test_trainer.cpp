@@ -7,19 +7,26 @@
 // sizes that do not divide: vocabulary 23 over tp 2, batch 6 over dp/fsdp, 5 layers over 2 and 4 stages.
 // The same spec's dry run (models::detail::trainer_step on meta tensors over the sim communicator)
 // equals the real step (the same on host tensors over rank threads) per rank, phase and tag, and
-// its collectives exactly.
+// its collectives exactly. Then what a training program gets from the library beside the
+// Trainer: the Trainer's flags (train/trainer_flags.hpp: their checks worded by the flags, the
+// options they make, the ranks' agreement generated from the flag table) and the character corpus
+// (models/text_corpus.hpp: its encoding, folds and batches).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <concepts>
 #include <cstdint>
 #include <filesystem>
+#include <map>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "dtensor/comm/sim.hpp"
 #include "dtensor/comm/threads.hpp"
 #include "dtensor/core/factories.hpp"
+#include "dtensor/models/text_corpus.hpp"
 #include "dtensor/models/training_plan.hpp"  // models::detail::trainer_step
 #include "dtensor/nn/block.hpp"
 #include "dtensor/nn/embedding.hpp"
@@ -31,6 +38,7 @@
 #include "dtensor/sim/report.hpp"
 #include "dtensor/train/loop.hpp"
 #include "dtensor/train/trainer.hpp"
+#include "dtensor/train/trainer_flags.hpp"
 #include "support/on_ranks.hpp"
 
 #include <unistd.h>  // getpid
@@ -688,4 +696,228 @@ TEST_CASE("train::fit: bad options are a dtensor::Error naming the op and the va
     CHECK_THAT(error_of({.steps = 2}, {}), Contains("train::fit") && Contains("data.batch"));
     CHECK(trainer.steps() == 0);  // nothing ran
   });
+}
+
+// ---------------------------------------------------------------- the Trainer's flags (issue 41, item 2)
+
+namespace {
+struct MyFlags : train::cli::TrainerFlags {
+  Extent layers = 2, batch = 8;
+};
+
+train::cli::FlagTable<MyFlags> my_table() {
+  using train::cli::integer;
+  return train::cli::joined_rows<MyFlags>({train::cli::mesh_flag_rows<MyFlags>("mesh:"),
+                                           {{"--layers", "N", "blocks", integer(&MyFlags::layers, 1)},
+                                            {"--batch", "N", "sequences per step", integer(&MyFlags::batch, 1)}},
+                                           train::cli::trainer_flag_rows<MyFlags>(),
+                                           {{"--help", "", "this text"}}});
+}
+
+/// The flags of `args` (after the program's name), parsed and checked as a program does.
+MyFlags parsed(std::vector<std::string> args) {
+  args.insert(args.begin(), "my_trainer");
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  MyFlags o;
+  train::cli::parse_flags(my_table(), o, int(argv.size()), argv.data(), "my_trainer");
+  train::cli::check_trainer_flags(o, {.batch = o.batch});
+  return o;
+}
+
+std::string usage_error(const std::vector<std::string>& args) {
+  try {
+    parsed(args);
+  } catch (const train::cli::UsageError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+}  // namespace
+
+TEST_CASE("train::cli: the Trainer's flags make its options; the defaults resolve as the Trainer's", "[train][flags]") {
+  const auto o = parsed({"--pp",         "2", "--fsdp",     "2",    "--cp",    "1",         "--tp",          "1",
+                         "--steps",      "7", "--lr",       "0.01", "--sync",  "local-sgd", "--inner-steps", "3",
+                         "--save-every", "2", "--save-dir", "ckpt", "--batch", "12"});
+  CHECK(o.zero == 3);          // fsdp > 1: ZeRO-3
+  CHECK(o.microbatches == 4);  // a pipeline: 2 x pp
+  const auto t = train::cli::trainer_options(o, {.batch = o.batch});
+  CHECK(t.degrees.ranks() == 4);
+  CHECK(t.zero_stage() == 3);
+  CHECK(t.adamw.lr == 0.01);
+  CHECK(t.sync.kind == parallel::sync::SyncKind::local_sgd);
+  CHECK(t.sync.inner_steps == 3);
+  CHECK(t.sync.samples_per_step == 12);
+  CHECK(t.offload_optimizer_dir.empty());
+  CHECK_NOTHROW(t.check(4));
+  const auto f = train::cli::fit_options(o);
+  CHECK(f.steps == 7);
+  CHECK(f.save_every == 2);
+  CHECK(f.save_dir == "ckpt");
+  std::map<std::string, std::string> config;
+  train::cli::add_sync_config(o, config);
+  CHECK(config.at("sync") == "local-sgd");
+  CHECK(config.at("sync_inner_steps") == "3");
+}
+
+TEST_CASE("train::cli: flags that cannot work together are a usage error naming them", "[train][flags][errors]") {
+  CHECK_THAT(usage_error({"--microbatches", "3"}), Catch::Contains("--microbatches 3 does not divide --batch 8"));
+  CHECK_THAT(usage_error({"--pp", "1", "--fsdp", "4", "--microbatches", "4"}),
+             Catch::Contains("a micro-batch of 2 sequences") && Catch::Contains("4 data ranks"));
+  CHECK_THAT(usage_error({"--pp", "1", "--fsdp", "1", "--zero", "1", "--reshard-after-forward"}),
+             Catch::Contains("--reshard-after-forward is for ZeRO-3"));
+  CHECK_THAT(usage_error({"--schedule", "fastest"}), Catch::Contains("--schedule: "));
+  CHECK_THAT(usage_error({"--save-every", "2"}), Catch::Contains("--save-every needs --save-dir DIR"));
+  CHECK_THAT(usage_error({"--inner-steps", "4"}),
+             Catch::Contains("--inner-steps needs --sync local-sgd, diloco or fedavg"));
+  CHECK_THAT(usage_error({"--dp", "2", "--fsdp", "1", "--sync", "diloco", "--inner-steps", "2", "--fragments", "3"}),
+             Catch::Contains("--fragments 3 exceeds --inner-steps 2"));
+  CHECK_THAT(usage_error({"--clients", "3"}), Catch::Contains("--clients 3: more clients than the 1 dp ranks"));
+  CHECK_THAT(usage_error({"--offload-dir", "/tmp"}), Catch::Contains("--offload-dir needs --offload"));
+  CHECK_THAT(usage_error({"--pp", "1", "--fsdp", "1", "--offload", "params", "--offload-dir", "/tmp"}),
+             Catch::Contains("--offload params with --dtype f32 at ZeRO-1"));
+  CHECK_THAT(usage_error({"--export", "model.bin"}),
+             Catch::Contains("--export model.bin: the file name must end in .safetensors"));
+  CHECK_THAT(usage_error({"--host-budget-mib", "1e-320"}),
+             Catch::Contains("--host-budget-mib 1e-320 is less than one byte"));
+  CHECK_THAT(usage_error({"--outer-momentum", "1"}), Catch::Contains("--outer-momentum expects a number in [0, 1)"));
+  CHECK(usage_error({"--pp", "1", "--dp", "2", "--fsdp", "1", "--sync", "diloco", "--inner-steps", "4"}) == "no error");
+  // A run the checks pass is one the Trainer accepts.
+  const auto o = parsed({"--pp", "1", "--dp", "2", "--fsdp", "1", "--sync", "diloco", "--inner-steps", "4"});
+  CHECK_NOTHROW(train::cli::trainer_options(o, {.batch = o.batch}).check(o.ranks()));
+}
+
+TEST_CASE("train::cli: the ranks' settings are the flag table's, one per flag, named by it", "[train][flags]") {
+  const auto a = parsed({"--lr", "3e-3", "--sync", "async", "--dp", "2", "--fsdp", "1", "--staleness", "2"});
+  const auto settings = train::cli::settings_of(my_table(), a);
+  std::size_t flags = 0;
+  for (const auto& row : my_table()) flags += !row.name.empty() && row.set ? 1 : 0;
+  CHECK(settings.size() == flags);  // every flag but --help, none twice
+  auto value = [&](const std::string& name) {
+    for (const auto& s : settings)
+      if (s.name == name) return s.value;
+    return std::string("(missing)");
+  };
+  CHECK(value("--lr") == "0.003");  // 3e-3 and 0.003 agree: the shortest exact text
+  CHECK(value("--sync") == "async");
+  CHECK(value("--staleness") == "2");
+  CHECK(value("--sp") == "on");
+  CHECK(value("--no-sp") == "off");
+  CHECK(value("--reshard-after-forward") == "off");
+  CHECK(value("--cp-kind") == "ring");
+  CHECK(value("--zero") == "1");
+  CHECK(value("--layers") == "2");
+  // Ranks given another --lr are told which flag differs, on every rank, before anything is built.
+  auto failures = testing::on_ranks(3, [&](CommPtr world, auto report) {
+    const auto mine = parsed({"--lr", world->rank() == 2 ? "0.0030001" : "0.003"});
+    try {
+      require_same_settings(*world, "my_trainer", train::cli::settings_of(my_table(), mine));
+      report("no error");
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      if (what.find("--lr: ranks 0, 1 '0.003'; rank 2 '0.0030001'") == std::string::npos ||
+          what.find("--steps") != std::string::npos)
+        report("unclear: " + what);
+    }
+  });
+  for (const auto& f : failures) UNSCOPED_INFO(f);
+  CHECK(failures.empty());
+  // A hand-written setter without its value would be a flag the ranks do not compare.
+  train::cli::FlagTable<MyFlags> broken{
+      {"--odd", "N", "a row", [](MyFlags&, const std::string&, const std::string&) {}}};
+  CHECK_THROWS_AS(train::cli::settings_of(broken, a), std::logic_error);
+}
+
+// ---------------------------------------------------------------- the character corpus
+
+namespace {
+/// A stand-in Trainer for text_batches: its micro-batches are the whole batch's ids and targets.
+struct BatchTrainer {
+  using Microbatches = std::pair<Tensor<std::int32_t, 2>, Tensor<std::int32_t, 2>>;
+  Microbatches microbatches(const Tensor<std::int32_t, 2>& ids, const Tensor<std::int32_t, 2>& targets) {
+    return {ids, targets};
+  }
+  double evaluate(const Microbatches& m) { return double(m.first.shape()[0]); }
+};
+
+bool same(const Tensor<std::int32_t, 2>& a, const Tensor<std::int32_t, 2>& b) {
+  return a.shape() == b.shape() && std::equal(a.data(), a.data() + a.numel(), b.data());
+}
+}  // namespace
+
+TEST_CASE("models::encode: sorted character ids, 90% to train, the rest to validate", "[models][text]") {
+  const std::string text = "hello world, the quick brown fox jumps over the lazy dog; " + std::string(40, 'z');
+  const auto c = models::encode(text, 4);
+  CHECK(std::is_sorted(c.chars.begin(), c.chars.end()));
+  CHECK(c.train.size() == text.size() * 9 / 10);
+  CHECK(c.train.size() + c.val.size() == text.size());
+  CHECK(models::decode(c.train, c) + models::decode(c.val, c) == text);
+  CHECK(models::decode(models::encode_prompt("the fox", c), c) == "the fox");
+  CHECK_THROWS_WITH(models::encode_prompt("the \xc3\xa9", c, "--prompt"),
+                    Catch::Contains("--prompt: the character '\xc3\xa9' (2 bytes in UTF-8") &&
+                        Catch::Contains("is not in the training text's"));
+  CHECK_THROWS_WITH(models::encode("abcdefgh", 8), Catch::Contains("too short"));
+  // The same size, other characters: another vocabulary; one token changed: other contents.
+  auto other = text;
+  other[0] = 'H';
+  CHECK(models::vocabulary_id(models::encode(other, 4)) != models::vocabulary_id(c));
+  auto swapped = text;
+  std::swap(swapped[1], swapped[2]);
+  CHECK(models::vocabulary_id(models::encode(swapped, 4)) == models::vocabulary_id(c));
+  CHECK(models::content_id(models::encode(swapped, 4)) != models::content_id(c));
+}
+
+TEST_CASE("models::fold_of: k folds whose validation blocks partition the text", "[models][text]") {
+  std::string text;
+  for (int i = 0; i < 997; ++i) text += char('a' + (i * 7) % 26);  // 997 tokens: blocks that do not divide
+  const auto c = models::encode(text, 3);
+  std::size_t val = 0;
+  for (int f = 0; f < 3; ++f) {
+    const auto fold = models::fold_of(c, 3, f, /*seed=*/5, 3);
+    CHECK(fold.train.size() + fold.val.size() == text.size());  // every token once
+    CHECK(fold.chars == c.chars);
+    val += fold.val.size();
+  }
+  CHECK(val == text.size());  // each block validates in exactly one fold
+}
+
+TEST_CASE("models::text_batches: the sequences and next characters, FedAvg's slices, the data position",
+          "[models][text]") {
+  std::string text;
+  std::mt19937 letters(11);  // 8 random letters repeat nowhere in 2000: each row's start is unique
+  for (int i = 0; i < 2000; ++i) text += char('a' + letters() % 26);
+  const Extent seq = 8;
+  const auto c = models::encode(text, seq);
+  BatchTrainer trainer;
+  std::mt19937_64 rng(3);
+  const models::TextBatchOptions o{.batch = 4, .seq = seq, .microbatches = 1, .dp = 2, .fedavg = true};
+  auto data = models::text_batches(c, trainer, o, rng);
+  const auto state = data.state();
+  const auto batch = data.batch(1);
+  const auto& ids = batch.first;
+  const std::size_t span = c.train.size() - std::size_t(seq) - 1;
+  for (Extent b = 0; b < 4; ++b) {
+    std::size_t start = 0;  // where the row starts in the training text
+    for (; start <= span; ++start) {
+      bool here = true;
+      for (Extent t = 0; t < seq && here; ++t) here = c.train[start + std::size_t(t)] == ids(b, t);
+      if (here) break;
+    }
+    REQUIRE(start <= span);
+    for (Extent t = 0; t < seq; ++t) CHECK(batch.second(b, t) == c.train[start + std::size_t(t) + 1]);
+    // FedAvg: rows 0 and 1 are client 0's, the first half of the text; rows 2 and 3 client 1's.
+    CHECK((b < 2 ? start < span / 2 : start >= span / 2));
+  }
+  // The data position: restored, the same batch again; the next one differs.
+  REQUIRE(data.restore(state));
+  CHECK(same(data.batch(1).first, ids));
+  CHECK_FALSE(same(data.batch(2).first, ids));
+  CHECK(data.evaluate(1) == 4);
+  // Ring attention's order: the same tokens, load-balanced over cp 2.
+  std::mt19937_64 rng2(3);
+  auto balanced =
+      models::text_batches(c, trainer, {.batch = 4, .seq = 4, .microbatches = 1, .cp = 2, .load_balanced = true}, rng2);
+  std::mt19937_64 rng3(3);
+  auto plain = models::text_batches(c, trainer, {.batch = 4, .seq = 4, .microbatches = 1}, rng3);
+  CHECK(same(balanced.batch(1).first, parallel::load_balance(plain.batch(1).first, 1, 2)));
 }

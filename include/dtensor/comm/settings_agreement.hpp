@@ -8,7 +8,7 @@
 // and fail late with an unclear message (MPI_ERR_TRUNCATE, a group of the wrong size, a hang,
 // a corrupted heap) or not at all. One all-gather of a fixed-size record per rank at setup (for
 // each setting a 64-bit hash of its name and value and the value's first characters; about
-// 2 KiB per rank) finds them before any step, in every build type and whatever the collective
+// 6 KiB per rank) finds them before any step, in every build type and whatever the collective
 // check's switch: every rank throws the same dtensor::Error, naming each setting that differs
 // and which ranks hold which value.
 //
@@ -45,7 +45,9 @@ struct Setting {
 
 namespace detail {
 
-inline constexpr std::size_t max_settings = 48;     // per agreement
+// Per agreement: a program's whole flag table, one setting per flag (train/flag_table.hpp's
+// settings_of: train_gpt has about 80 flags).
+inline constexpr std::size_t max_settings = 128;
 inline constexpr std::size_t setting_text_bytes = 40;  // of each value, for the message
 
 /// What one rank sends: a fixed size, so that ranks with different settings still exchange

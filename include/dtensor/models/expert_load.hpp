@@ -14,7 +14,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -49,6 +51,18 @@ ExpertLoad expert_load(Pipeline& pipeline, const Mesh& mesh, std::int64_t expert
   const double dropped = routed > 0 ? double(sums[n + 1]) / routed : 0;
   sums.resize(n);
   return {std::move(sums), dropped};
+}
+
+/// The validation line's MoE note: "  expert load 410 398 ...  dropped 0.000" (expert_load's
+/// kept choices per expert and dropped share). Collective over the mesh, as expert_load.
+template <class Pipeline, class Mesh>
+std::string expert_load_note(Pipeline& model, const Mesh& mesh, std::int64_t experts) {
+  const auto [load, dropped] = expert_load(model, mesh, experts);
+  std::string note = "  expert load";
+  for (auto n : load) note += " " + std::to_string(n);
+  char drop[32];
+  std::snprintf(drop, sizeof drop, "  dropped %.3f", dropped);
+  return note + drop;
 }
 
 }  // namespace dtensor::models

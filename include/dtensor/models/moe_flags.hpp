@@ -1,0 +1,76 @@
+// dtensor/models/moe_flags.hpp — a MoE model's command-line flags: --experts E (0: dense MLPs),
+// --topk, --capacity and --moe-every; their rows of a flag table (train/flag_table.hpp), their
+// checks against the mesh (--ep dividing the token ranks, a capacity CP can keep) and the
+// models::MoELayersConfig they make (models/moe_gpt.hpp).
+//
+//   struct Options : train::cli::TrainerFlags, models::cli::MoEFlags { ... };
+//   ... models::cli::moe_flag_rows<Options>() among the table's parts (train::cli::joined_rows) ...
+//   models::cli::check_moe_flags(o, o, o.layers);   // after the parse: a UsageError naming the flags
+#pragma once
+
+#include <string>
+
+#include "dtensor/models/moe_gpt.hpp"
+#include "dtensor/train/flag_table.hpp"
+#include "dtensor/train/flags.hpp"
+
+namespace dtensor::models::cli {
+
+using namespace train::cli;
+
+/// The flags' values (their meaning and defaults: moe_flag_rows).
+struct MoEFlags {
+  Extent experts = 0, topk = 2, moe_every = 1;  // 0 experts: dense MLPs
+  double capacity = 0;                          // 0: dropless
+};
+
+template <class O>
+FlagTable<O> moe_flag_rows() {
+  static_assert(std::is_base_of_v<MoEFlags, O>);
+  using M = MoEFlags;
+  return {
+      {"--experts", "E",
+       "E > 0: MoE blocks of E experts (default 0: dense MLPs), split over --ep ranks (dividing dp x fsdp x cp; any "
+       "E: 5 over 2 is 3 + 2)",
+       integer(&M::experts, 0)},
+      {"--topk", "K", "--experts: top-K routing (default 2)", integer(&M::topk, 1)},
+      {"--capacity", "F", "--experts: the capacity factor (default dropless; with --cp > 1 at least E / K)",
+       positive(&M::capacity)},
+      {"--moe-every", "N", "--experts: every N-th block a MoE block (default 1: all)", integer(&M::moe_every, 1)},
+  };
+}
+
+/// --experts over the mesh's --ep and the model's `layers`.
+inline void check_moe_flags(const MoEFlags& o, const MeshFlags& mesh, Extent layers) {
+  auto str = [](long long n) { return std::to_string(n); };
+  if (o.experts == 0 && mesh.ep != 1) throw UsageError("--ep " + str(mesh.ep) + " needs --experts");
+  if (o.experts == 0) return;
+  if (o.topk > o.experts) throw UsageError("--topk " + str(o.topk) + " exceeds --experts " + str(o.experts));
+  if (o.moe_every > layers)  // no block would be a MoE: a dense model under a MoE banner
+    throw UsageError("--moe-every " + str(o.moe_every) + " exceeds --layers " + str(layers) +
+                     ": no block would have experts");
+  // The experts' ranks factor the ranks that split the tokens: data x context. Any --experts over
+  // --ep: they split like an uneven Shard (5 over 2: 3 + 2; parallel/experts.hpp).
+  const int token_ranks = mesh.dp * mesh.fsdp * mesh.cp;
+  if (token_ranks % mesh.ep != 0)
+    throw UsageError("--ep " + str(mesh.ep) +
+                     " does not divide the token ranks --dp x --fsdp x --cp = " + str(token_ranks));
+  // Under CP a capacity that can drop a choice is refused (nn/router.hpp): it is per whole sequence.
+  if (mesh.cp > 1 && o.capacity > 0 && o.capacity * double(o.topk) / double(o.experts) < 1.0)
+    throw UsageError(
+        "--capacity with --cp > 1: capacity groups are whole sequences, split over the context ranks; "
+        "use dropless routing (no --capacity) or a factor of at least --experts / --topk");
+}
+
+/// The MoE blocks of the flags (the router's z-loss 1e-3).
+inline models::MoELayersConfig moe_layers_config(const MoEFlags& o) {
+  models::MoELayersConfig mc;
+  mc.router.experts = o.experts;
+  mc.router.topk = o.topk;
+  mc.router.z_loss_coeff = 1e-3;
+  if (o.capacity > 0) mc.router.capacity_factor = o.capacity;
+  mc.every = o.moe_every;
+  return mc;
+}
+
+}  // namespace dtensor::models::cli
