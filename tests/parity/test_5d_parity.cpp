@@ -65,8 +65,8 @@ void check(const Combo& c) {
     // this rank holds at most each expert unit's ceil(size / edp) in params(), not the whole units.
     if (MoE && run.expert_shards > run.expert_shard_bound)
       report("the experts' shards hold " + std::to_string(run.expert_shards) + " elements of " +
-             std::to_string(run.expert_elements) + ", more than ceil(size / edp) per unit = " +
-             std::to_string(run.expert_shard_bound));
+             std::to_string(run.expert_elements) +
+             ", more than ceil(size / edp) per unit = " + std::to_string(run.expert_shard_bound));
   });
   for (const auto& f : failures) UNSCOPED_INFO(f);
   CHECK(failures.empty());

@@ -4,13 +4,13 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <map>
-#include <set>
 #include <mutex>
 #include <numeric>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 

@@ -28,7 +28,8 @@ namespace detail {
 template <class Pipeline>
 auto pipeline_parameter_slots(Pipeline& model) {
   auto& stages = model.executor().stages();
-  using Slot0 = decltype(fsdp_parameter_slots(stages.front().units(), stage_mesh_fsdp(model.fsdp(0)), stages.front().mesh()));
+  using Slot0 =
+      decltype(fsdp_parameter_slots(stages.front().units(), stage_mesh_fsdp(model.fsdp(0)), stages.front().mesh()));
   Slot0 params;
   for (std::size_t i = 0; i < stages.size(); ++i)
     append_slots(params, fsdp_parameter_slots(stages[i].units(), stage_mesh_fsdp(model.fsdp(i)), stages[i].mesh()));

@@ -57,7 +57,8 @@ auto& stage_mesh_fsdp(Fsdp& f) {
 template <class Pipeline, class Opt>
 auto stage_slots(Pipeline& model, Opt& opt) {
   auto& stages = model.executor().stages();
-  using Slot0 = decltype(fsdp_parameter_slots(stages.front().units(), stage_mesh_fsdp(model.fsdp(0)), stages.front().mesh()));
+  using Slot0 =
+      decltype(fsdp_parameter_slots(stages.front().units(), stage_mesh_fsdp(model.fsdp(0)), stages.front().mesh()));
   Slot0 params;
   for (std::size_t i = 0; i < stages.size(); ++i)
     append_slots(params, fsdp_parameter_slots(stages[i].units(), stage_mesh_fsdp(model.fsdp(i)), stages[i].mesh()));

@@ -155,7 +155,7 @@ class Linear {
     w.dy = redistribute_backward<MatmulOutL>(dy);  // adjoint of the exit
     if constexpr (std::is_same_v<InL, ComputeL>) w.x = std::move(s.x);
     else w.x = redistribute<ComputeL>(std::move(s.x));  // re-gathered for dW (SP); s.x's storage where no step runs
-    if (s.fp8_sx > 0) {                            // FP8: dx = dy W, dy in E5M2, W in E4M3 with the forward's scale
+    if (s.fp8_sx > 0) {  // FP8: dx = dy W, dy in E5M2, W in E4M3 with the forward's scale
       w.fp8_sx = s.fp8_sx;
       w.fp8_sdy = fp8_scale(fp8_scaling().grad_output, w.dy);
       auto dx = redistribute_backward<InL>(

@@ -633,7 +633,8 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   // ZeRO-3: every unit gathered in T each micro-batch, forward and backward, prefetched behind
   // that phase's compute (exposed past it, as sim::comm_role has it).
   const double gather =
-      (p.zero == 3 && zero_shards > 1 ? per_unit(slow_rank, CollectiveKind::all_gather, zero_group, zero_shards, e) : 0) +
+      (p.zero == 3 && zero_shards > 1 ? per_unit(slow_rank, CollectiveKind::all_gather, zero_group, zero_shards, e)
+                                      : 0) +
       (p.zero == 3 && edp > 1 ? coll(CollectiveKind::all_gather, "edp", edp, e * expert_params) : 0);
   AnalyticEstimate a;
   const double fwd_phase_compute = dense_max * fwd_compute + moe_max * moe.fwd_compute + head_f + params_f;
@@ -766,8 +767,9 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
     // in T: read value, gradient and moments, write three, and the clip's sum of squares).
     if (is_moe) {
       const double x = expert_params / edp;
-      optimizer += op_seconds({"adamw_update", std::int64_t(12 * x), std::int64_t((mixed ? 28 : 8 * e) * x), 0}, hw, cal) +
-                   memory_bound(mixed ? 4 * x + (p.zero < 3 ? 12 * x : 0) : e * x);  // the shard's casts, as the dense
+      optimizer +=
+          op_seconds({"adamw_update", std::int64_t(12 * x), std::int64_t((mixed ? 28 : 8 * e) * x), 0}, hw, cal) +
+          memory_bound(mixed ? 4 * x + (p.zero < 3 ? 12 * x : 0) : e * x);  // the shard's casts, as the dense
     }
     if (tp_on > 0 && !is_moe) optimizer += coll(CollectiveKind::all_reduce, "tp", p.tp, 4 * r.whole);
     optimizer += coll(CollectiveKind::all_reduce, "rep*dp*cp*tp", p.dp * p.cp * p.tp, 8) +

@@ -96,14 +96,16 @@ class ShardedPipeline {
   // A stage's FSDP: with parameters on further meshes (a MoE's experts on (edp, ep, tp)), every
   // group sharded over its own mesh's data dimension(s), as fully_shard does for a whole model
   // (parallel/fsdp/parameter_groups.hpp): one policy for the experts, pipelined or not.
-  using Fsdp = std::conditional_t<(groups > 1), FullyShardGroups<Stage, StageMesh, T, Space>, FullyShard<Stage, StageMesh, T>>;
+  using Fsdp =
+      std::conditional_t<(groups > 1), FullyShardGroups<Stage, StageMesh, T, Space>, FullyShard<Stage, StageMesh, T>>;
   using Set = typename detail::ShardSet<T, Space, Groups, std::make_index_sequence<groups>>::type;
 
  public:
   /// `stages`: this rank's, in the order schedule.layout.stages_of(pipeline rank) names them.
   ShardedPipeline(const Mesh& mesh, Schedule schedule, std::vector<Stage> stages, FsdpOptions fsdp = {},
                   std::size_t bucket_bytes = std::size_t(1) << 20)
-      : mesh_(mesh), bucket_bytes_(bucket_bytes),
+      : mesh_(mesh),
+        bucket_bytes_(bucket_bytes),
         keep_gathered_(fsdp.stage == 3 && !fsdp.reshard_after_forward.value_or(schedule.layout.stages() == 1)),
         executor_(mesh, std::move(schedule), std::move(stages), ExecutorOptions{.hooks = stage_hooks()}),
         params_(shard_stages(fsdp)) {}
