@@ -51,7 +51,6 @@
 #include <vector>
 
 #include "dtensor/core/rope.hpp"
-#include "dtensor/kernels/host/transpose.hpp"
 #include "dtensor/nn/attention_core.hpp"
 #include "dtensor/nn/context_options.hpp"
 #include "dtensor/nn/linear.hpp"
@@ -175,21 +174,7 @@ class SelfAttention {
     auto [qkv_out, qkv_saved] = qkv_.forward(std::forward<X>(x));  // x is not read after this
     s.qkv = std::move(qkv_saved);
     // [B, T, (H+2K) D] -> [B, T, K, (G+2) D] -> q [B, T, H, D], k, v [B, T, K, D] -> [B, *, T, D]
-    bool split_done = false;
-    if constexpr (on_host) {
-      if (fused_heads()) {  // the same, in one pass over this rank's piece (no rotary between)
-        split_done = true;
-        auto local = std::move(qkv_out.local());
-        const auto ls = local.shape();
-        const Extent row = (group + 2) * head_dim;
-        auto h = kernels::host::split_heads(
-            std::move(local).template reshape<4>(Shape<4>{ls[0], ls[1], ls[2] / row, row}), group, head_dim);
-        s.q = Heads(mesh, Shape<4>{batch, heads, len, head_dim}, std::move(h.q));
-        s.k = Heads(mesh, Shape<4>{batch, kv, len, head_dim}, std::move(h.k));
-        s.v = Heads(mesh, Shape<4>{batch, kv, len, head_dim}, std::move(h.v));
-      }
-    }
-    if (!split_done) {
+    {
       auto parts =
           ops::split<3>(ops::reshape<HeadsL>(std::move(qkv_out), Shape<4>{batch, len, kv, (group + 2) * head_dim}),
                         {group * head_dim, head_dim, head_dim});
@@ -308,17 +293,6 @@ class SelfAttention {
     }
     auto dout = ops::transpose<1, 2>(ops::reshape<HeadsL>(std::move(dmerged), Shape<4>{batch, len, heads, head_dim}));
     auto g = Core::backward(dout, s.q, s.k, s.v, s.out, s.core, core_options());  // dk, dv in the KV heads
-    if constexpr (on_host && std::is_same_v<decltype(g.dq), Heads> && std::is_same_v<decltype(g.dk), Heads> &&
-                  std::is_same_v<decltype(g.dv), Heads>) {
-      if (fused_heads()) {  // forward's split_heads in reverse: one pass, the concatenation's bits
-        auto local = kernels::host::merge_heads(g.dq.to_local(), g.dk.to_local(), g.dv.to_local());
-        const auto ls = local.shape();
-        const typename Qkv::Out dqkv(dy.mesh(), Shape<3>{batch, len, (heads + 2 * kv) * head_dim},
-                                     std::move(local).template reshape<3>(Shape<3>{ls[0], ls[1], ls[2] * ls[3]}));
-        auto [dx, qkv_w] = qkv_.backward_input(std::move(s.qkv), dqkv);
-        return {std::move(dx), WeightCtx{std::move(qkv_w), std::move(proj_w)}};
-      }
-    }
     std::vector<decltype(ops::transpose<1, 2>(g.dq))> parts;
     parts.push_back(ops::transpose<1, 2>(g.dq));
     parts.push_back(ops::transpose<1, 2>(g.dk));
@@ -337,15 +311,6 @@ class SelfAttention {
 
   void backward_weight(WeightCtx w) { backward_weight_children(*this, std::move(w)); }
 
- private:
-  /// Whether the heads are split out of qkv (and merged back in backward) by the host kernels'
-  /// one-pass split_heads / merge_heads instead of ops::split + transpose (and transpose +
-  /// concat): on host memory without rotary positions, which the other path applies between the
-  /// two. Local data movement on each rank's piece either way: the same bits, no communication.
-  static constexpr bool on_host = std::is_same_v<mesh_space_t<Mesh>, host_space>;
-  bool fused_heads() const noexcept { return on_host && c_.rope_theta <= 0; }
-
- public:
   /// Selective recomputation (Korthikanti et al. 2022): forward keeps q, k, v but not the core's
   /// output and statistics; backward runs the core again first.
   void set_recompute_core(bool on) noexcept { recompute_core_ = on; }
