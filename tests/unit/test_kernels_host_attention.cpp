@@ -2,7 +2,6 @@
 // differences, and the blockwise (context-parallel) form against the whole; bf16 against float.
 #include "test_kernels_host_util.hpp"
 
-#include <algorithm>
 #include <array>
 #include <cmath>
 #include <vector>
@@ -10,7 +9,6 @@
 #include "dtensor/kernels/attention.hpp"  // kernels::attention: the checked front (kernels/generic/)
 #include "dtensor/kernels/attention_chunk.hpp"
 #include "dtensor/kernels/host/attention.hpp"
-#include "dtensor/kernels/host/transpose.hpp"
 
 using namespace dtensor;
 namespace kh = dtensor::kernels::host;
@@ -281,44 +279,4 @@ TEST_CASE("bfloat16 chunked attention (ring attention's local part) against the 
     near_oracle(dvc, dv.slice(2, c * chunk, chunk), "chunk dv");
   }
   near_oracle(std::move(bwd).dq(), dq, "summed dq");
-}
-
-TEST_CASE("split_heads / merge_heads equal split + transpose and transpose + concat, bit for bit",
-          "[kernels][attention]") {
-  // Uneven extents; G = 1 (multi-head) and G = 3 (grouped-query); float and bf16 (pure copies).
-  for (const Extent group : {Extent(1), Extent(3)}) {
-    const Extent B = 3, T = 5, K = 2, D = 7, H = K * group;
-    Tensor<float, 4> qkv(Shape<4>{B, T, K, (group + 2) * D});
-    for (Extent i = 0; i < qkv.numel(); ++i) qkv.data()[i] = float(std::sin(0.37 * double(i)) * 3.0);
-    const auto h = kh::split_heads(qkv, group, D);
-    // The reference: split along 3, q viewed [B, T, H, D], each transposed to [B, *, T, D].
-    const auto parts = kh::split(qkv, 3, {group * D, D, D});
-    const auto q_ref = kh::transpose(parts[0].reshape<4>(Shape<4>{B, T, H, D}), 1, 2);
-    const auto k_ref = kh::transpose(parts[1], 1, 2), v_ref = kh::transpose(parts[2], 1, 2);
-    REQUIRE(h.q.shape() == q_ref.shape());
-    REQUIRE(h.k.shape() == k_ref.shape());
-    REQUIRE(h.v.shape() == v_ref.shape());
-    CHECK(std::equal(h.q.data(), h.q.data() + h.q.numel(), q_ref.data()));
-    CHECK(std::equal(h.k.data(), h.k.data() + h.k.numel(), k_ref.data()));
-    CHECK(std::equal(h.v.data(), h.v.data() + h.v.numel(), v_ref.data()));
-    // The inverse: transpose back and concatenate (q as [B, T, K, G D]).
-    const auto merged = kh::merge_heads(h.q, h.k, h.v);
-    const std::vector<Tensor<float, 4>> back{kh::transpose(h.q, 1, 2).reshape<4>(Shape<4>{B, T, K, group * D}),
-                                             kh::transpose(h.k, 1, 2), kh::transpose(h.v, 1, 2)};
-    const auto ref = kh::concat(back, 3);
-    REQUIRE(merged.shape() == ref.shape());
-    CHECK(std::equal(merged.data(), merged.data() + merged.numel(), ref.data()));
-    CHECK(std::equal(merged.data(), merged.data() + merged.numel(), qkv.data()));
-    const auto qkv_b = kt::cast<dtensor::bfloat16>(qkv);
-    const auto hb = kh::split_heads(qkv_b, group, D);
-    const auto mb = kh::merge_heads(hb.q, hb.k, hb.v);
-    Extent differ = 0;
-    for (Extent i = 0; i < qkv_b.numel(); ++i) differ += mb.data()[i].bits != qkv_b.data()[i].bits;
-    for (Extent i = 0; i < h.k.numel(); ++i) differ += hb.k.data()[i].bits != dtensor::bfloat16(h.k.data()[i]).bits;
-    CHECK(differ == 0);
-  }
-  Tensor<float, 4> bad(Shape<4>{1, 2, 2, 10});
-  CHECK_THROWS_AS(kh::split_heads(bad, 1, 4), Error);  // 10 != 3 * 4
-  const auto h = kh::split_heads(Tensor<float, 4>(Shape<4>{1, 2, 2, 12}), 1, 4);
-  CHECK_THROWS_AS(kh::merge_heads(h.q, h.k, Tensor<float, 4>(Shape<4>{1, 2, 3, 4})), Error);
 }

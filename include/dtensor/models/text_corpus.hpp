@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "dtensor/core/error.hpp"
 #include "dtensor/core/tensor.hpp"
 #include "dtensor/parallel/context_layout.hpp"
 #include "dtensor/parallel/sync/data_split.hpp"
@@ -40,9 +41,9 @@ inline std::string read_text(const std::string& file, const std::string& what = 
   auto add = [&](const std::filesystem::path& p) {
     // An ifstream opens a directory and reads nothing: say so instead of training on no text.
     if (std::filesystem::is_directory(p))
-      throw std::runtime_error(what + " " + p.string() + " is a directory, not a text file");
+      throw Error("models::read_text", what + " " + p.string() + " is a directory, not a text file");
     std::ifstream in(p, std::ios::binary);
-    if (!in) throw std::runtime_error(what + ": cannot read " + p.string());
+    if (!in) throw Error("models::read_text", what + ": cannot read " + p.string());
     std::ostringstream s;
     s << in.rdbuf();
     text += s.str();
@@ -53,7 +54,7 @@ inline std::string read_text(const std::string& file, const std::string& what = 
   }
   const std::filesystem::path dir = "/usr/share/common-licenses";
   if (!std::filesystem::is_directory(dir))
-    throw std::runtime_error(dir.string() + " not found: pass " + what + " FILE");
+    throw Error("models::read_text", dir.string() + " not found: pass " + what + " FILE");
   std::vector<std::filesystem::path> files;
   for (const auto& e : std::filesystem::directory_iterator(dir))
     if (e.is_regular_file()) files.push_back(e.path());
@@ -107,7 +108,7 @@ inline Corpus encode(const std::string& text, Extent seq,
   for (std::size_t i = 0; i < text.size(); ++i)
     (i < split ? c.train : c.val).push_back(std::int32_t(id[static_cast<unsigned char>(text[i])]));
   if (c.train.size() <= std::size_t(seq) + 1 || c.val.size() <= std::size_t(seq) + 1)
-    throw std::runtime_error("the text (" + (names.first.empty() ? "" : names.first + ", ") +
+    throw Error("models::encode", "the text (" + (names.first.empty() ? "" : names.first + ", ") +
                              std::to_string(text.size()) + " characters) is too short for " + names.second + " " +
                              std::to_string(seq));
   return c;
@@ -155,8 +156,8 @@ inline std::vector<std::int32_t> encode_prompt(const std::string& text, const Co
     if (at == corpus.chars.end()) {
       const auto lead = static_cast<unsigned char>(text[i]);
       const std::size_t n = lead >= 0xf0 ? 4 : lead >= 0xe0 ? 3 : lead >= 0xc0 ? 2 : 1;
-      throw std::runtime_error(
-          what + ": the character '" + text.substr(i, n) + "'" +
+      throw Error(
+          "models::encode_prompt", what + ": the character '" + text.substr(i, n) + "'" +
           (n > 1 ? " (" + std::to_string(n) + " bytes in UTF-8; the vocabulary is single bytes)" : "") +
           " is not in the training text's " + std::to_string(corpus.chars.size()) + " characters");
     }

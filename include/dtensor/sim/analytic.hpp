@@ -625,7 +625,7 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   // A MoE model's experts are units of their own FSDP over "edp" (ShardedPipeline's
   // FullyShardGroups): under mixed precision their gradients cast to fp32 for the reduction, and
   // ZeRO-3's casts of their shard (their accumulation in T is the MoE block's own term below).
-  const double expert_shard = p.zero >= 1 ? expert_params / edp : expert_params;
+  const double expert_shard = expert_params / edp;  // every stage shards them, DDP too (ZeRO-1)
   const double expert_pass_f = p.zero == 3 ? 6 * expert_shard : 0,
                expert_pass_b = (mixed ? 6 * expert_params : 0) + (p.zero == 3 ? 18 * expert_shard : 0);
   const double params_f = memory_bound(is_moe ? expert_pass_f : param_pass_f),
@@ -766,7 +766,7 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
     // The experts' AdamW on their shard (fp32 under mixed precision, as the dense shards'; else
     // in T: read value, gradient and moments, write three, and the clip's sum of squares).
     if (is_moe) {
-      const double x = expert_params / edp;
+      const double x = expert_shard;
       optimizer +=
           op_seconds({"adamw_update", std::int64_t(12 * x), std::int64_t((mixed ? 28 : 8 * e) * x), 0}, hw, cal) +
           memory_bound(mixed ? 4 * x + (p.zero < 3 ? 12 * x : 0) : e * x);  // the shard's casts, as the dense

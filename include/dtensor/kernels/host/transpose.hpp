@@ -6,14 +6,11 @@
 //   auto parts = split(x, 2, {64, 64, 64});   // along dimension 2, extents given
 //   auto parts = split(x, 2, 3);              // three equal parts (the extent must divide)
 //   auto y = concat(parts, 2);                // the inverse
-//   auto [q, k, v] = split_heads(qkv, G, D);  // attention's heads from qkv [B, T, K, (G+2) D], one pass
-//   auto dqkv = merge_heads(dq, dk, dv);      // the inverse
 //
 // Pure data movement: results are bit-exact for every element type. Split and concat are box
 // copies (core/tensor.hpp's copy_box: one memcpy per contiguous run).
 #pragma once
 
-#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <span>
@@ -123,71 +120,6 @@ HostTensor<T, R> concat(std::span<const HostTensor<T, R>> parts, std::size_t dim
 template <Element T, std::size_t R>
 HostTensor<T, R> concat(const std::vector<HostTensor<T, R>>& parts, std::size_t dim) {
   return concat(std::span<const HostTensor<T, R>>(parts), dim);
-}
-
-/// Attention's heads out of the fused qkv projection, in one pass: qkv [B, T, K, (G+2) D], whose
-/// last dimension holds KV head g's G queries, then its key, then its value (nn/attention.hpp),
-/// becomes q [B, K G, T, D] and k, v [B, K, T, D] — what split along dimension 3 into
-/// {G D, D, D} (q reshaped to [B, T, K G, D]) and transposing dimensions 1 and 2 give, without
-/// the split's copies in between (the pair was ~4 % of a 1-rank GPT step). Bit-exact.
-template <Element T>
-struct SplitHeads {
-  HostTensor<T, 4> q, k, v;
-};
-template <Element T>
-SplitHeads<T> split_heads(const HostTensor<T, 4>& qkv, Extent group, Extent head_dim) {
-  const Extent b = qkv.extent(0), t = qkv.extent(1), kv = qkv.extent(2), d = head_dim;
-  detail::check(group > 0 && head_dim > 0 && qkv.extent(3) == (group + 2) * head_dim, "split_heads", "qkv ",
-                to_string(qkv.shape()), " does not hold ", group, " queries, a key and a value of ", head_dim,
-                " features per KV head");
-  SplitHeads<T> out{HostTensor<T, 4>::uninitialized(Shape<4>{b, kv * group, t, d}),
-                    HostTensor<T, 4>::uninitialized(Shape<4>{b, kv, t, d}),
-                    HostTensor<T, 4>::uninitialized(Shape<4>{b, kv, t, d})};
-  const T* in = qkv.data();
-  T *q = out.q.data(), *k = out.k.data(), *v = out.v.data();
-  const Extent row = (group + 2) * d;  // one KV head's features
-  // One (batch, position) row of qkv per iteration: its K (G + 2) runs of D go to their heads.
-  detail::parallel_for(b * t, detail::grain_for(2 * kv * row), [&](Extent r0, Extent r1) {
-    for (Extent r = r0; r < r1; ++r) {
-      const Extent bi = r / t, ti = r % t;
-      for (Extent g = 0; g < kv; ++g) {
-        const T* src = in + (r * kv + g) * row;
-        for (Extent i = 0; i < group; ++i)
-          std::copy_n(src + i * d, d, q + ((bi * kv * group + g * group + i) * t + ti) * d);
-        std::copy_n(src + group * d, d, k + ((bi * kv + g) * t + ti) * d);
-        std::copy_n(src + (group + 1) * d, d, v + ((bi * kv + g) * t + ti) * d);
-      }
-    }
-  });
-  return out;
-}
-
-/// The inverse of split_heads (attention's backward): dq [B, K G, T, D], dk, dv [B, K, T, D] ->
-/// dqkv [B, T, K, (G+2) D], what transposing each back and concatenating along dimension 3 give.
-template <Element T>
-HostTensor<T, 4> merge_heads(const HostTensor<T, 4>& q, const HostTensor<T, 4>& k, const HostTensor<T, 4>& v) {
-  const Extent b = k.extent(0), kv = k.extent(1), t = k.extent(2), d = k.extent(3);
-  detail::check(kv > 0 && v.shape() == k.shape() && q.extent(0) == b && q.extent(2) == t && q.extent(3) == d &&
-                    q.extent(1) % kv == 0,
-                "merge_heads", "q ", to_string(q.shape()), ", k ", to_string(k.shape()), ", v ", to_string(v.shape()),
-                ": k and v must agree, and q must have a whole number of heads per KV head with their other extents");
-  const Extent group = q.extent(1) / kv, row = (group + 2) * d;
-  auto out = HostTensor<T, 4>::uninitialized(Shape<4>{b, t, kv, row});
-  const T *pq = q.data(), *pk = k.data(), *pv = v.data();
-  T* dst0 = out.data();
-  detail::parallel_for(b * t, detail::grain_for(2 * kv * row), [&](Extent r0, Extent r1) {
-    for (Extent r = r0; r < r1; ++r) {
-      const Extent bi = r / t, ti = r % t;
-      for (Extent g = 0; g < kv; ++g) {
-        T* dst = dst0 + (r * kv + g) * row;
-        for (Extent i = 0; i < group; ++i)
-          std::copy_n(pq + ((bi * kv * group + g * group + i) * t + ti) * d, d, dst + i * d);
-        std::copy_n(pk + ((bi * kv + g) * t + ti) * d, d, dst + group * d);
-        std::copy_n(pv + ((bi * kv + g) * t + ti) * d, d, dst + (group + 1) * d);
-      }
-    }
-  });
-  return out;
 }
 
 }  // namespace dtensor::kernels::host
