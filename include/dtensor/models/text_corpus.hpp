@@ -109,8 +109,8 @@ inline Corpus encode(const std::string& text, Extent seq,
     (i < split ? c.train : c.val).push_back(std::int32_t(id[static_cast<unsigned char>(text[i])]));
   if (c.train.size() <= std::size_t(seq) + 1 || c.val.size() <= std::size_t(seq) + 1)
     throw Error("models::encode", "the text (" + (names.first.empty() ? "" : names.first + ", ") +
-                             std::to_string(text.size()) + " characters) is too short for " + names.second + " " +
-                             std::to_string(seq));
+                                      std::to_string(text.size()) + " characters) is too short for " + names.second +
+                                      " " + std::to_string(seq));
   return c;
 }
 
@@ -156,10 +156,10 @@ inline std::vector<std::int32_t> encode_prompt(const std::string& text, const Co
     if (at == corpus.chars.end()) {
       const auto lead = static_cast<unsigned char>(text[i]);
       const std::size_t n = lead >= 0xf0 ? 4 : lead >= 0xe0 ? 3 : lead >= 0xc0 ? 2 : 1;
-      throw Error(
-          "models::encode_prompt", what + ": the character '" + text.substr(i, n) + "'" +
-          (n > 1 ? " (" + std::to_string(n) + " bytes in UTF-8; the vocabulary is single bytes)" : "") +
-          " is not in the training text's " + std::to_string(corpus.chars.size()) + " characters");
+      throw Error("models::encode_prompt",
+                  what + ": the character '" + text.substr(i, n) + "'" +
+                      (n > 1 ? " (" + std::to_string(n) + " bytes in UTF-8; the vocabulary is single bytes)" : "") +
+                      " is not in the training text's " + std::to_string(corpus.chars.size()) + " characters");
     }
     ids.push_back(std::int32_t(at - corpus.chars.begin()));
   }

@@ -58,7 +58,8 @@ void serve_text(const TextGeneration& g, std::vector<Stage>& stages, const Mesh&
       "over %zu links (minimum %zu B, %zu B copied locally) in %.3f s; tokens %s the training mesh's\n",
       n, n - 1, layout.stages(), moe ? " and their experts" : "", moved.parameters, moved.bytes, moved.links,
       moved.minimum_bytes, moved.local_bytes, s.move_seconds, s.tokens == trained ? "equal to" : "DIFFERENT from");
-  if (s.tokens != trained) throw Error("models::text_generation", "the serving mesh generated other tokens than the training mesh");
+  if (s.tokens != trained)
+    throw Error("models::text_generation", "the serving mesh generated other tokens than the training mesh");
 }
 
 }  // namespace detail

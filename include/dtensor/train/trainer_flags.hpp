@@ -334,7 +334,7 @@ inline void check_save_dir(const TrainerFlags& o, const std::string& program) {
   std::error_code ec;
   if (!std::filesystem::is_directory(parent, ec) || ::access(parent.c_str(), W_OK) != 0)
     throw Error(program + " --save-dir", "--save-dir " + o.save_dir + ": cannot write into " + parent.string() +
-                             (std::filesystem::exists(parent, ec) ? "" : " (it does not exist)"));
+                                             (std::filesystem::exists(parent, ec) ? "" : " (it does not exist)"));
   const std::string op = program + " --save-dir";
   checkpoint::check_save_target(o.save_dir, op.c_str());  // not a file or another directory
 }
