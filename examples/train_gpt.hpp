@@ -54,7 +54,7 @@ struct Options : cli::TrainerFlags,
 
   const char* program() const { return generate_program ? "generate" : "train_gpt"; }
   cli::FlagContext context() const {
-    return {.batch = batch, .experts = experts > 0, .device = device, .dtype = dtype};
+    return {.batch = batch, .layers = layers, .experts = experts > 0, .device = device, .dtype = dtype};
   }
 };
 
@@ -112,11 +112,7 @@ inline std::string usage() {
 /// What the model adds to the library's checks: its shape over the mesh, --arch, --experts over
 /// --ep, fp8 and --kfold.
 inline void check_model(const Options& o) {
-  if (o.dim % o.heads != 0) throw UsageError("--dim " + str(o.dim) + " is not a multiple of --heads " + str(o.heads));
-  if (o.heads % o.tp != 0) throw UsageError("--heads " + str(o.heads) + " is not a multiple of --tp " + str(o.tp));
-  if (o.cp_kind == parallel::ContextKind::ulysses && o.heads % (o.tp * o.cp) != 0)
-    throw UsageError("--cp-kind ulysses splits the heads over tp x cp: --heads " + str(o.heads) +
-                     " is not a multiple of " + str(o.tp * o.cp));
+  cli::check_heads_over_mesh(o, o.dim, o.heads);
   if (o.arch == "gpt" && (o.kv_heads != 0 || o.ffn != 0)) throw UsageError("--kv-heads and --ffn need --arch llama");
   if (o.arch == "llama" && o.experts > 0) throw UsageError("--arch llama with --experts: MoE blocks are GPT blocks");
   examples::check_kv_heads(o.heads, o.kv_heads);

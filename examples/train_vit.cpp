@@ -12,9 +12,11 @@
 //   train_vit --dry-run --pp 4 --fsdp 8 --tp 4 --experts 8 --ep 8 --dim 2048 --heads 16 --layers 12
 //                                                           # the step on meta tensors, 128 ranks: memory and bytes
 //
-// The flags are train_gpt's for every parallelism (examples/flags.hpp: --pp --dp --fsdp --zero
-// --cp --cp-kind --tp --sp/--no-sp --schedule --microbatches --ep, and --experts --topk
-// --moe-every).
+// The flags are train_gpt's for every parallelism and the experts, rows and checks from the library
+// (train/flag_table.hpp: --pp --dp --fsdp --zero --cp --cp-kind --tp --sp/--no-sp
+// --[no-]reshard-after-forward --schedule --microbatches --ep; models/moe_flags.hpp: --experts
+// --topk --capacity --moe-every; train/trainer_flags.hpp: their checks); the ranks agree on every
+// flag of the table at setup.
 //
 // Every run, pipelined or not, is one train::Trainer (train/trainer.hpp) on the mesh (pp, dp,
 // fsdp, cp, tp): the model's parts (models::ViTParts) cut into --pp pipeline stages (one stage at
@@ -31,7 +33,6 @@
 // pattern plus noise; every rank draws the same --batch images per step (from --seed and the
 // step) and keeps its piece. Rank 0 prints the training loss of each step, the validation loss
 // (a fixed held-out batch) every --eval-every steps, and at the end whether it fell.
-#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -45,7 +46,7 @@
 
 #include "dtensor/comm/threads.hpp"
 #include "dtensor/distributed/settings_agreement.hpp"
-#include "dtensor/models/moe_gpt.hpp"        // models::MoELayers: --experts
+#include "dtensor/models/moe_flags.hpp"      // --experts: models::MoELayers and its flags
 #include "dtensor/models/training_plan.hpp"  // models::trainer_step: --dry-run
 #include "dtensor/models/vit.hpp"
 #include "dtensor/models/vit_data.hpp"
@@ -64,6 +65,7 @@
 #include "dtensor/sim/rank_classes.hpp"
 #include "dtensor/train/loop.hpp"
 #include "dtensor/train/trainer.hpp"
+#include "dtensor/train/trainer_flags.hpp"
 #include "flag_table.hpp"
 #include "flags.hpp"
 #ifdef DTENSOR_HAS_MPI
@@ -74,17 +76,16 @@ namespace {
 
 using namespace dtensor;
 using examples::UsageError;
+namespace cli = train::cli;
 // The whole mesh (size 1 where a parallelism is off) and the experts' (--experts).
 using PipeMesh = DeviceMesh<"pp", "dp", "fsdp", "cp", "tp">;
 using ExpertMesh = DeviceMesh<"edp", "ep", "tp">;
 
 // ---------------------------------------------------------------- flags
 
-struct Options : examples::MeshFlags {
+struct Options : cli::MeshFlags, models::cli::MoEFlags {
   // The model and the task.
   Extent layers = 2, heads = 4, dim = 64, patches = 16, patch_dim = 48, classes = 10, batch = 32;
-  Extent experts = 0, topk = 2, moe_every = 1;  // 0 experts: dense MLPs; else dropless MoE MLPs
-  bool moe_flag_given = false;                   // --topk or --moe-every: an error without --experts
   // Training.
   int steps = 60, eval_every = 20;
   double lr = 3e-3;
@@ -95,49 +96,44 @@ struct Options : examples::MeshFlags {
   Options() { pp = 1, dp = 1, fsdp = 2, cp = 2, tp = 2; }  // every parallelism but the pipeline
 };
 
-/// Every flag, one row each (examples/flag_table.hpp): the parse, the synopsis and --help.
+/// Every flag, one row each (train/flag_table.hpp): the parse, the synopsis, --help and the
+/// ranks' agreement (the mesh's and the experts' rows are the library's, as train_gpt's).
 const examples::FlagTable<Options>& flag_table() {
   using O = Options;
-  using examples::integer, examples::marking;
-  static const examples::FlagTable<O> table = [] {
-    auto t = examples::mesh_flag_rows<O>(
-        "mesh (pp, dp, fsdp, cp, tp), default pp 1 x dp 1 x fsdp 2 (ZeRO-3) x cp 2 (ring) x tp 2 + SP: 8 ranks. "
-        "--fsdp 1: DDP over --dp; --fsdp > 1: ZeRO --zero (default 3), HSDP with --dp > 1. --pp > 1: pipeline stages "
-        "(--schedule, --microbatches M, default 2 x pp; M divides --batch, --layers >= the stages).");
-    const examples::FlagTable<O> rows{
-        {"", "",
-         "the model and the task (defaults: --layers 2 --heads 4 --dim 64 --patches 16 --patch-dim 48 --classes "
-         "10 --batch 32):"},
-        {"--layers", "N", "transformer blocks", integer(&O::layers, 1)},
-        {"--heads", "N", "attention heads (a multiple of --tp; dividing --dim)", integer(&O::heads, 1)},
-        {"--dim", "N", "the model's width", integer(&O::dim, 1)},
-        {"--patches", "N", "patches per image", integer(&O::patches, 1)},
-        {"--patch-dim", "N", "values per patch", integer(&O::patch_dim, 1)},
-        {"--classes", "N", "classes (at least 2)", integer(&O::classes, 2)},
-        {"--batch", "N", "images per step over all ranks", integer(&O::batch, 1)},
-        {"--experts", "E",
-         "E > 0: MoE MLPs (dropless; default 0: dense), experts over --ep ranks (dividing dp x fsdp "
-         "x cp; any E: 5 over 2 is 3 + 2)",
-         integer(&O::experts, 0)},
-        {"--topk", "K", "--experts: top-K routing (default 2)", marking(integer(&O::topk, 1), &O::moe_flag_given)},
-        {"--moe-every", "N", "--experts: every N-th block a MoE block (default 1: all)",
-         marking(integer(&O::moe_every, 1), &O::moe_flag_given)},
-        {"", "", "training (defaults: --steps 60 --lr 3e-3 --seed 1 --eval-every 20):"},
-        {"--steps", "N", "training steps", integer(&O::steps, 1)},
-        {"--lr", "X", "AdamW's learning rate (at most 1e6)", examples::positive(&O::lr, 1e6)},
-        {"--seed", "N", "the initialization's and the batches' seed", integer(&O::seed, 0)},
-        {"--eval-every", "N", "the validation loss every N steps", integer(&O::eval_every, 1)},
-        {"--backend", "threads|mpi", "the ranks: threads (default) or MPI processes (mpirun -n)",
-         examples::choice(&O::backend, {"threads", "mpi"})},
-        {"--dry-run", "",
-         "one step on meta tensors (any size, any rank count; docs/dry-run.md): memory and bytes per "
-         "rank class",
-         examples::set_to(&O::dry_run, true)},
-        {"--help", "", "this text (also -h; anywhere on the line, before any flag is checked)"},
-    };
-    t.insert(t.end(), rows.begin(), rows.end());
-    return t;
-  }();
+  using examples::integer;
+  static const auto table = examples::joined_rows<O>({
+      examples::mesh_flag_rows<O>(
+          "mesh (pp, dp, fsdp, cp, tp), default pp 1 x dp 1 x fsdp 2 (ZeRO-3) x cp 2 (ring) x tp 2 + SP: 8 ranks. "
+          "--fsdp 1: DDP over --dp; --fsdp > 1: ZeRO --zero (default 3), HSDP with --dp > 1. --pp > 1: pipeline "
+          "stages (--schedule, --microbatches M, default 2 x pp; M divides --batch, --layers >= the stages)."),
+      {
+          {"", "",
+           "the model and the task (defaults: --layers 2 --heads 4 --dim 64 --patches 16 --patch-dim 48 --classes "
+           "10 --batch 32):"},
+          {"--layers", "N", "transformer blocks", integer(&O::layers, 1)},
+          {"--heads", "N", "attention heads (a multiple of --tp; dividing --dim)", integer(&O::heads, 1)},
+          {"--dim", "N", "the model's width", integer(&O::dim, 1)},
+          {"--patches", "N", "patches per image", integer(&O::patches, 1)},
+          {"--patch-dim", "N", "values per patch", integer(&O::patch_dim, 1)},
+          {"--classes", "N", "classes (at least 2)", integer(&O::classes, 2)},
+          {"--batch", "N", "images per step over all ranks", integer(&O::batch, 1)},
+      },
+      models::cli::moe_flag_rows<O>(),
+      {
+          {"", "", "training (defaults: --steps 60 --lr 3e-3 --seed 1 --eval-every 20):"},
+          {"--steps", "N", "training steps", integer(&O::steps, 1)},
+          {"--lr", "X", "AdamW's learning rate (at most 1e6)", examples::positive(&O::lr, 1e6)},
+          {"--seed", "N", "the initialization's and the batches' seed", integer(&O::seed, 0)},
+          {"--eval-every", "N", "the validation loss every N steps", integer(&O::eval_every, 1)},
+          {"--backend", "threads|mpi", "the ranks: threads (default) or MPI processes (mpirun -n)",
+           examples::choice(&O::backend, {"threads", "mpi"})},
+          {"--dry-run", "",
+           "one step on meta tensors (any size, any rank count; docs/dry-run.md): memory and bytes per "
+           "rank class",
+           examples::set_to(&O::dry_run, true)},
+          {"--help", "", "this text (also -h; anywhere on the line, before any flag is checked)"},
+      },
+  });
   return table;
 }
 
@@ -165,58 +161,15 @@ void check_memory(const Options& o) {
                               mpi);
 }
 
-/// Every flag's value, for the ranks' agreement at setup (a rank given another --seed trained
-/// another model; another --layers or --batch ended in MPI_ERR_TRUNCATE naming no flag).
-std::vector<Setting> settings_of(const Options& o) {
-  auto n = [](auto v) { return std::to_string(v); };
-  char lr[32];
-  const auto r = std::to_chars(lr, lr + sizeof lr, o.lr);  // the shortest text that reads back as lr
-  return {{"--pp", n(o.pp)}, {"--dp", n(o.dp)}, {"--fsdp", n(o.fsdp)}, {"--cp", n(o.cp)}, {"--tp", n(o.tp)},
-          {"--ep", n(o.ep)}, {"--zero", n(o.zero)}, {"--sp", o.sp ? "on" : "off"},
-          {"--cp-kind", std::string(parallel::name_of(o.cp_kind))}, {"--schedule", o.schedule},
-          {"--microbatches", n(o.microbatches)}, {"--layers", n(o.layers)}, {"--heads", n(o.heads)},
-          {"--dim", n(o.dim)}, {"--patches", n(o.patches)}, {"--patch-dim", n(o.patch_dim)}, {"--classes", n(o.classes)},
-          {"--batch", n(o.batch)}, {"--experts", n(o.experts)}, {"--topk", n(o.topk)}, {"--moe-every", n(o.moe_every)},
-          {"--steps", n(o.steps)}, {"--eval-every", n(o.eval_every)}, {"--lr", std::string(lr, r.ptr)},
-          {"--seed", n(o.seed)}, {"--backend", o.backend}};
-}
-
+/// The library's checks of the mesh, the pipeline's depth, the heads and the experts (those of
+/// train_gpt, train/trainer_flags.hpp), then the ViT's own: the dry run's bounds, or the memory.
 void check_options(Options& o) {
-  // In long long: five dimensions of up to 4096 overflow an int. A dry run runs one rank per class,
-  // not per rank: its bound is the sim world's (an int), its sizes are never allocated.
-  const long long ranks = (long long)o.pp * o.dp * o.fsdp * o.cp * o.tp;
-  const long long max_ranks = o.dry_run ? std::numeric_limits<int>::max() : threads::max_ranks;
-  if (ranks > max_ranks) throw UsageError("pp x dp x fsdp x cp x tp = " + str(ranks) + " ranks, more than " + str(max_ranks));
-  if (o.microbatches == 0) o.microbatches = o.pp > 1 ? 2 * o.pp : 1;
-  if (o.microbatches > 1 && o.pp == 1) throw UsageError("--microbatches " + str(o.microbatches) + " needs --pp > 1");
-  if (o.batch % o.microbatches != 0)
-    throw UsageError("--microbatches " + str(o.microbatches) + " does not divide --batch " + str(o.batch));
-  try {
-    const auto kind = parallel::pipeline::parse_schedule_kind(o.schedule);
-    const int per_rank = parallel::pipeline::fixed_stages_per_rank(kind);
-    const int stages = o.pp * (per_rank == 0 ? 2 : per_rank);
-    if (o.pp > 1 && o.layers < stages)
-      throw UsageError("--schedule " + o.schedule + " with --pp " + str(o.pp) + " has " + str(stages) +
-                       " stages: --layers " + str(o.layers) + " must be at least that");
-  } catch (const Error&) {
-    throw UsageError("--schedule is gpipe, 1f1b, interleaved, zb, zbv or dualpipev, got '" + o.schedule + "'");
-  }
-  if (o.experts == 0 && o.ep != 1) throw UsageError("--ep " + str(o.ep) + " needs --experts");
-  // A MoE flag without experts would be ignored: the user meant a MoE model and trains a dense one.
-  if (o.experts == 0 && o.moe_flag_given) throw UsageError("--topk and --moe-every have no effect without --experts E");
-  if (o.experts > 0) {
-    if (o.topk > o.experts) throw UsageError("--topk " + str(o.topk) + " exceeds --experts " + str(o.experts));
-    if (o.moe_every > o.layers)  // no block would be a MoE: a dense model under a MoE banner
-      throw UsageError("--moe-every " + str(o.moe_every) + " exceeds --layers " + str(o.layers) + ": no block would have experts");
-    if ((o.dp * o.fsdp * o.cp) % o.ep != 0)
-      throw UsageError("--ep " + str(o.ep) + " does not divide dp x fsdp x cp = " + str(o.dp * o.fsdp * o.cp));
-  }
-  if (o.zero == 0) o.zero = o.fsdp > 1 ? 3 : 1;
-  if (o.dim % o.heads != 0) throw UsageError("--dim " + str(o.dim) + " is not a multiple of --heads " + str(o.heads));
-  if (o.heads % o.tp != 0) throw UsageError("--heads " + str(o.heads) + " is not a multiple of --tp " + str(o.tp));
-  if (o.cp_kind == parallel::ContextKind::ulysses && o.heads % (o.tp * o.cp) != 0)
-    throw UsageError("--cp-kind ulysses splits the heads over tp x cp: --heads " + str(o.heads) +
-                     " is not a multiple of " + str(o.tp * o.cp));
+  // A dry run runs one rank per class, not per rank: its bound is the sim world's (an int), its
+  // sizes are never allocated.
+  cli::check_mesh_flags(o, o.batch, o.dry_run ? std::numeric_limits<int>::max() : threads::max_ranks);
+  cli::check_pipeline_layers(o, o.layers);
+  cli::check_heads_over_mesh(o, o.dim, o.heads);
+  models::cli::check_moe_flags(o, o, o.layers);
   if (o.dry_run) {
     if (o.backend != "threads") throw UsageError("--dry-run runs on the sim communicator: --backend mpi has no effect");
     // A dry run builds every block and expert as a module: bounded like plan_at_scale's.
@@ -251,6 +204,7 @@ train::TrainerOptions trainer_options(const Options& o) {
   t.schedule = o.schedule;
   t.microbatches = o.microbatches;
   t.zero = o.zero;
+  t.reshard_after_forward = o.reshard_after_forward;
   t.adamw = adamw_of(o);
   return t;
 }
@@ -258,6 +212,16 @@ void print_summary(const Options& o, double elapsed, double train_loss, double f
   std::printf("\nsummary: %d steps in %.1f s; final train loss %.4f; validation loss %.4f at step 0, %.4f at step %d\n",
               o.steps, elapsed, train_loss, first_val, val_loss, o.steps);
   std::printf(val_loss < first_val ? "validation loss fell\n" : "validation loss did not fall\n");
+}
+
+/// The stages' Layers: MoE blocks on the expert mesh over the stage's ranks (--experts: the
+/// library's MoE configuration of the flags, as train_gpt's), or dense ones.
+template <class Layers, class StageMesh>
+Layers layers_of(const StageMesh& stage_mesh, const Options& o) {
+  if constexpr (requires { typename Layers::ExpertMesh; })
+    return Layers(parallel::make_expert_mesh<typename Layers::ExpertMesh>(stage_mesh, o.ep),
+                  models::cli::moe_layers_config(o));
+  else return Layers{};
 }
 
 /// Every run (one stage at --pp 1; experts with --experts): the ViT's parts cut by pipeline::split,
@@ -270,19 +234,11 @@ void train_pipeline(CommPtr world, const Options& o) {
   using StageMesh = train::StageMeshIn<host_space>;
   const models::ViTConfig cfg = config_of(o);
   using Layers = std::conditional_t<MoE, models::MoELayers<float, ExpertMesh>, models::DenseLayers>;
-  auto layers = [&](const StageMesh& stage_mesh) {
-    if constexpr (MoE) {
-      models::MoELayersConfig mc;  // dropless top-k routing, the default loss coefficients
-      mc.router.experts = o.experts, mc.router.topk = o.topk, mc.every = o.moe_every;
-      return Layers(parallel::make_expert_mesh<ExpertMesh>(stage_mesh, o.ep), mc);
-    } else {
-      return Layers{};
-    }
-  };
   using Parts = models::ViTParts<float, StageMesh, Plan, Layers>;
   // The step (train/trainer.hpp): this rank's stages, FSDP, one AdamW over every parameter of this
   // rank (shards and experts), clipping to norm 1.
-  train::Trainer<Parts> trainer(mesh, trainer_options(o), [&](const StageMesh& m) { return Parts(m, cfg, layers(m)); });
+  train::Trainer<Parts> trainer(mesh, trainer_options(o),
+                                [&](const StageMesh& m) { return Parts(m, cfg, layers_of<Layers>(m, o)); });
   const bool root = world->rank() == 0;
   if (root)
     std::printf("train_vit: mesh pp %d (%s x %d) x dp %d x fsdp %d (ZeRO-%d) x cp %d (%s) x tp %d%s = %d ranks%s; model: "
@@ -323,17 +279,9 @@ void dry_pipeline_step(CommPtr world, const Options& o, sim::Recorder& rec) {
   using Parts = models::ViTParts<float, StageMesh, Plan, Layers>;
   using Stage = pp::Stage<Parts>;
   Mesh mesh(world, {o.pp, o.dp, o.fsdp, o.cp, o.tp});
-  auto layers = [&](const StageMesh& stage_mesh) {
-    if constexpr (MoE) {
-      models::MoELayersConfig mc;
-      mc.router.experts = o.experts, mc.router.topk = o.topk, mc.every = o.moe_every;
-      return Layers(parallel::make_expert_mesh<MetaExperts>(stage_mesh, o.ep), mc);
-    } else {
-      return Layers{};
-    }
-  };
   rec.phase("parameters");
-  train::Trainer<Parts> trainer(mesh, trainer_options(o), [&](const StageMesh& m) { return Parts(m, config_of(o), layers(m)); });
+  train::Trainer<Parts> trainer(mesh, trainer_options(o),
+                                [&](const StageMesh& m) { return Parts(m, config_of(o), layers_of<Layers>(m, o)); });
   const StageMesh& stage_mesh = trainer.stage_mesh();
   const Extent micro = o.batch / o.microbatches;
   const auto x = distribute_replicated<typename Stage::Input::layout>(
@@ -396,7 +344,7 @@ int dry_run(const Options& o) {
 void run_rank(CommPtr world, const Options& o) {
   // First, before the mesh or any collective: one all-gather that finds ranks given different
   // flags, in every build, naming the flag and the ranks (comm/settings_agreement.hpp).
-  require_same_settings(*world, "train_vit", settings_of(o));
+  require_same_settings(*world, "train_vit", examples::settings_of(flag_table(), o));
   if (world->size() != o.ranks())
     world->fail("train_vit", "the job has " + str(world->size()) + " ranks but pp x dp x fsdp x cp x tp = " + str(o.ranks()));
   auto on = [&]<class Plan>() {

@@ -26,6 +26,7 @@
 #include "dtensor/comm/sim.hpp"
 #include "dtensor/comm/threads.hpp"
 #include "dtensor/core/factories.hpp"
+#include "dtensor/models/moe_flags.hpp"
 #include "dtensor/models/text_corpus.hpp"
 #include "dtensor/models/training_plan.hpp"  // models::detail::trainer_step
 #include "dtensor/nn/block.hpp"
@@ -721,7 +722,7 @@ MyFlags parsed(std::vector<std::string> args) {
   for (auto& a : args) argv.push_back(a.data());
   MyFlags o;
   train::cli::parse_flags(my_table(), o, int(argv.size()), argv.data(), "my_trainer");
-  train::cli::check_trainer_flags(o, {.batch = o.batch});
+  train::cli::check_trainer_flags(o, {.batch = o.batch, .layers = o.layers});
   return o;
 }
 
@@ -767,6 +768,8 @@ TEST_CASE("train::cli: flags that cannot work together are a usage error naming 
   CHECK_THAT(usage_error({"--pp", "1", "--fsdp", "1", "--zero", "1", "--reshard-after-forward"}),
              Catch::Contains("--reshard-after-forward is for ZeRO-3"));
   CHECK_THAT(usage_error({"--schedule", "fastest"}), Catch::Contains("--schedule: "));
+  CHECK_THAT(usage_error({"--pp", "2", "--schedule", "zbv"}),
+             Catch::Contains("--schedule zbv with --pp 2 has 4 stages: --layers 2 must be at least that"));
   CHECK_THAT(usage_error({"--save-every", "2"}), Catch::Contains("--save-every needs --save-dir DIR"));
   CHECK_THAT(usage_error({"--inner-steps", "4"}),
              Catch::Contains("--inner-steps needs --sync local-sgd, diloco or fedavg"));
@@ -785,6 +788,43 @@ TEST_CASE("train::cli: flags that cannot work together are a usage error naming 
   // A run the checks pass is one the Trainer accepts.
   const auto o = parsed({"--pp", "1", "--dp", "2", "--fsdp", "1", "--sync", "diloco", "--inner-steps", "4"});
   CHECK_NOTHROW(train::cli::trainer_options(o, {.batch = o.batch}).check(o.ranks()));
+}
+
+TEST_CASE("train::cli, models::cli: a transformer's heads and experts over the mesh, and a dry run's rank bound",
+          "[train][flags][errors]") {
+  train::cli::MeshFlags m;  // pp 2 x dp 1 x fsdp 2 x cp 2 x tp 2
+  auto error_of = [](auto&& check) -> std::string {
+    try {
+      check();
+    } catch (const train::cli::UsageError& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  using train::cli::check_heads_over_mesh;
+  CHECK_THAT(error_of([&] { check_heads_over_mesh(m, 64, 3); }),
+             Catch::Contains("--dim 64 is not a multiple of --heads 3"));
+  CHECK_THAT(error_of([&] { check_heads_over_mesh(m, 63, 3); }),
+             Catch::Contains("--heads 3 is not a multiple of --tp 2"));
+  m.cp_kind = nn::ContextKind::ulysses;
+  CHECK_THAT(error_of([&] { check_heads_over_mesh(m, 60, 6); }),
+             Catch::Contains("--cp-kind ulysses splits the heads over tp x cp: --heads 6 is not a multiple of 4"));
+  CHECK(error_of([&] { check_heads_over_mesh(m, 64, 8); }) == "no error");
+  // MoE flags without experts would train a dense model: refused, as --ep without them.
+  models::cli::MoEFlags e;
+  CHECK(error_of([&] { models::cli::check_moe_flags(e, m, 2); }) == "no error");
+  e.tuned = true;
+  CHECK_THAT(error_of([&] { models::cli::check_moe_flags(e, m, 2); }),
+             Catch::Contains("--topk, --moe-every and --capacity have no effect without --experts E"));
+  e.experts = 5, m.ep = 3;  // 5 experts over 3 of the 4 token ranks
+  CHECK_THAT(error_of([&] { models::cli::check_moe_flags(e, m, 2); }),
+             Catch::Contains("--ep 3 does not divide the token ranks --dp x --fsdp x --cp = 4"));
+  // The threads backend's bound, or a dry run's (one rank per class runs).
+  train::cli::MeshFlags big;
+  big.pp = 64, big.fsdp = 64, big.cp = 1, big.tp = 8;  // 32,768 ranks
+  CHECK_THAT(error_of([&] { train::cli::check_mesh_flags(big, 1 << 20); }),
+             Catch::Contains("pp x dp x fsdp x cp x tp = 32768 ranks, more than 4096"));
+  CHECK(error_of([&] { train::cli::check_mesh_flags(big, 1 << 20, 1LL << 31); }) == "no error");
 }
 
 TEST_CASE("train::cli: the ranks' settings are the flag table's, one per flag, named by it", "[train][flags]") {

@@ -22,6 +22,7 @@ using namespace train::cli;
 struct MoEFlags {
   Extent experts = 0, topk = 2, moe_every = 1;  // 0 experts: dense MLPs
   double capacity = 0;                          // 0: dropless
+  bool tuned = false;                           // --topk, --capacity or --moe-every given
 };
 
 template <class O>
@@ -33,10 +34,11 @@ FlagTable<O> moe_flag_rows() {
        "E > 0: MoE blocks of E experts (default 0: dense MLPs), split over --ep ranks (dividing dp x fsdp x cp; any "
        "E: 5 over 2 is 3 + 2)",
        integer(&M::experts, 0)},
-      {"--topk", "K", "--experts: top-K routing (default 2)", integer(&M::topk, 1)},
+      {"--topk", "K", "--experts: top-K routing (default 2)", marking(integer(&M::topk, 1), &M::tuned)},
       {"--capacity", "F", "--experts: the capacity factor (default dropless; with --cp > 1 at least E / K)",
-       positive(&M::capacity)},
-      {"--moe-every", "N", "--experts: every N-th block a MoE block (default 1: all)", integer(&M::moe_every, 1)},
+       marking(positive(&M::capacity), &M::tuned)},
+      {"--moe-every", "N", "--experts: every N-th block a MoE block (default 1: all)",
+       marking(integer(&M::moe_every, 1), &M::tuned)},
   };
 }
 
@@ -44,6 +46,9 @@ FlagTable<O> moe_flag_rows() {
 inline void check_moe_flags(const MoEFlags& o, const MeshFlags& mesh, Extent layers) {
   auto str = [](long long n) { return std::to_string(n); };
   if (o.experts == 0 && mesh.ep != 1) throw UsageError("--ep " + str(mesh.ep) + " needs --experts");
+  // A MoE flag without experts would be ignored: the user meant a MoE model and trains a dense one.
+  if (o.experts == 0 && o.tuned)
+    throw UsageError("--topk, --moe-every and --capacity have no effect without --experts E");
   if (o.experts == 0) return;
   if (o.topk > o.experts) throw UsageError("--topk " + str(o.topk) + " exceeds --experts " + str(o.experts));
   if (o.moe_every > layers)  // no block would be a MoE: a dense model under a MoE banner

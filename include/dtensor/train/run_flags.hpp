@@ -49,7 +49,7 @@ FlagTable<O> run_flag_rows(const std::string& program) {
        choice(&R::device, {"cpu", "cuda"})},
       {"--dtype", "f32|bf16|fp8",
        "bf16: the model computes in bfloat16; master weights, gradient shards and AdamW state stay fp32 (FSDP mixed "
-       "precision, also without --fsdp: ZeRO-1 on one shard); not with --experts. fp8: bf16 with every Linear's "
+       "precision, also without --fsdp: ZeRO-1 on one shard; the experts too). fp8: bf16 with every Linear's "
        "GEMMs in FP8 (E4M3 forward, E5M2 gradients, delayed scaling; the host emulation, docs/fp8.md); not with "
        "--checkpoint or --recompute full|mlp",
        choice(&R::dtype, {"f32", "bf16", "fp8"})},

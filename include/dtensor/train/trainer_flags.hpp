@@ -84,6 +84,7 @@ struct TrainerFlags : MeshFlags {
 /// What the checks need of the program: its model and where it runs.
 struct FlagContext {
   long long batch = 1;            // --batch: samples per step over all ranks
+  long long layers = 0;           // the model's layers, which the pipeline's stages split (0: not checked)
   bool experts = false;           // --experts: MoE blocks (their all-reduce on "edp" spans replicas)
   std::string device = "cpu";     // --device
   std::string dtype = "f32";      // --dtype
@@ -193,10 +194,13 @@ FlagTable<O> trainer_flag_rows() {
 inline std::string str(long long n) { return std::to_string(n); }
 
 /// The mesh's defaults resolved (--zero, --microbatches) and checked against each other and the
-/// batch: what the Trainer would otherwise report later, deep in a rank.
-inline void check_mesh_flags(MeshFlags& o, long long batch) {
-  if (o.ranks() > threads::max_ranks)
-    throw UsageError("pp x dp x fsdp x cp x tp = " + str(o.ranks()) + " ranks, more than " + str(threads::max_ranks));
+/// batch: what the Trainer would otherwise report later, deep in a rank. `max_ranks`: the threads
+/// backend's bound, or a dry run's (one rank per class runs, never the whole mesh).
+inline void check_mesh_flags(MeshFlags& o, long long batch, long long max_ranks = threads::max_ranks) {
+  // In long long: five dimensions of up to 4096 overflow an int.
+  const long long ranks = (long long)o.pp * o.dp * o.fsdp * o.cp * o.tp;
+  if (ranks > max_ranks)
+    throw UsageError("pp x dp x fsdp x cp x tp = " + str(ranks) + " ranks, more than " + str(max_ranks));
   if (o.zero == 0) o.zero = o.fsdp > 1 ? 3 : 1;
   if (o.microbatches == 0) o.microbatches = o.pp > 1 ? 2 * o.pp : 1;
   if (o.reshard_after_forward && o.zero != 3)
@@ -214,6 +218,28 @@ inline void check_mesh_flags(MeshFlags& o, long long batch) {
     throw UsageError("a micro-batch of " + str(batch / o.microbatches) +
                      " sequences (--batch / --microbatches) leaves some of the " + str(data_ranks) +
                      " data ranks (--dp x --fsdp) without a sequence");
+}
+
+/// A pipeline's stages each need a layer: --pp times the schedule's stages per rank (interleaved
+/// schedules: 2 unless fixed) at most the model's `layers`. Checked after check_mesh_flags (the
+/// schedule's name is valid); the Trainer's split would otherwise fail inside a rank.
+inline void check_pipeline_layers(const MeshFlags& o, long long layers) {
+  if (o.pp == 1) return;
+  const int per_rank = parallel::pipeline::fixed_stages_per_rank(parallel::pipeline::parse_schedule_kind(o.schedule));
+  const long long stages = (long long)o.pp * (per_rank == 0 ? 2 : per_rank);
+  if (layers < stages)
+    throw UsageError("--schedule " + o.schedule + " with --pp " + str(o.pp) + " has " + str(stages) +
+                     " stages: --layers " + str(layers) + " must be at least that");
+}
+
+/// A transformer's heads over the mesh: --dim a multiple of --heads, --heads of --tp (Megatron
+/// splits them), and of tp x cp under Ulysses (it splits them over both).
+inline void check_heads_over_mesh(const MeshFlags& o, long long dim, long long heads) {
+  if (dim % heads != 0) throw UsageError("--dim " + str(dim) + " is not a multiple of --heads " + str(heads));
+  if (heads % o.tp != 0) throw UsageError("--heads " + str(heads) + " is not a multiple of --tp " + str(o.tp));
+  if (o.cp_kind == nn::ContextKind::ulysses && heads % (o.tp * o.cp) != 0)
+    throw UsageError("--cp-kind ulysses splits the heads over tp x cp: --heads " + str(heads) +
+                     " is not a multiple of " + str(o.tp * o.cp));
 }
 
 /// --sync, --inner-steps, --staleness, --clients and DiLoCo's options (parallel/sync/).
@@ -310,6 +336,7 @@ inline void check_weights_flags(const TrainerFlags& o, const FlagContext& c) {
 /// naming the flags, before any rank starts.
 inline void check_trainer_flags(TrainerFlags& o, const FlagContext& c) {
   check_mesh_flags(o, c.batch);
+  if (c.layers > 0) check_pipeline_layers(o, c.layers);
   if (o.save_every > 0 && o.save_dir.empty()) throw UsageError("--save-every needs --save-dir DIR");
   if (o.save_every == 0 && !o.save_dir.empty()) throw UsageError("--save-dir needs --save-every N");
   check_output_file("--trace", o.trace);  // before training, not after it
@@ -317,11 +344,6 @@ inline void check_trainer_flags(TrainerFlags& o, const FlagContext& c) {
   check_weights_flags(o, c);
   check_sync_flags(o, c);
   check_offload_flags(o, c);
-  // bf16 keeps fp32 master values only for what FSDP shards; the MoE experts are outside it.
-  if (c.dtype != "f32" && c.experts)
-    throw UsageError("--dtype " + c.dtype +
-                     " with --experts: not supported yet (the experts are not FSDP-sharded, so they would have no "
-                     "fp32 master copy)");
 }
 
 /// --save-dir: fail before training, not at the first save, when the checkpoint cannot be
