@@ -380,7 +380,6 @@ Options parse(int argc, char** argv) {
     if (o.search_gpus == 0) throw UsageError("--search needs --gpus N");
     if (was_given("--zero") || was_given("--hsdp"))
       throw UsageError("--zero and --hsdp are dimensions of --search (it tries DDP, ZeRO-1/2/3 and HSDP)");
-    if (o.llama && o.plan.has_experts()) throw UsageError("--arch llama with --experts: MoE blocks are GPT blocks");
     o.search_ep = was_given("--ep") ? o.plan.ep : 0;  // given: only that ep; else every one the search allows
     return o;
   }
@@ -388,8 +387,8 @@ Options parse(int argc, char** argv) {
   if (m.heads % o.plan.tp != 0) throw UsageError("--heads " + number(m.heads) + " is not a multiple of --tp " + number(o.plan.tp));
   if (m.dim % m.heads != 0) throw UsageError("--dim " + number(m.dim) + " is not a multiple of --heads " + number(m.heads));
   if (o.plan.batch % o.plan.microbatches != 0)
-    throw UsageError("--batch " + number(o.plan.batch) + " is not a multiple of --microbatches " + number(o.plan.microbatches));
-  if (o.llama && o.plan.has_experts()) throw UsageError("--arch llama with --experts: MoE blocks are GPT blocks");
+    throw UsageError("--batch " + number(o.plan.batch) + " is not a multiple of --microbatches " +
+                     number(o.plan.microbatches));
   // Before the dry run (which may take a while): the trace's directory must exist (the trace is
   // written after it, checked again then), and the plan must be one (the GPU count fits an int).
   examples::check_output_file("--trace", o.trace);  // a directory, a missing or unwritable one (flags.hpp)

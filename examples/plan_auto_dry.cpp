@@ -17,6 +17,9 @@ std::vector<dtensor::models::PlanClass> dry_run_any(const dtensor::models::Train
   auto run = [&]<class T, class Layers>() {
     return sp ? models::dry_run_plan<T, Layers, true>(p) : models::dry_run_plan<T, Layers, false>(p);
   };
+  if (llama && p.has_experts())  // models::LlamaMoE: SwiGLU experts in Llama blocks
+    return bf16 ? run.template operator()<bf, models::MoELayers<bf, ExpertMesh, models::LlamaLayers>>()
+                : run.template operator()<float, models::MoELayers<float, ExpertMesh, models::LlamaLayers>>();
   if (llama)
     return bf16 ? run.template operator()<bf, models::LlamaLayers>()
                 : run.template operator()<float, models::LlamaLayers>();

@@ -114,7 +114,13 @@ inline std::string usage() {
 inline void check_model(const Options& o) {
   cli::check_heads_over_mesh(o, o.dim, o.heads);
   if (o.arch == "gpt" && (o.kv_heads != 0 || o.ffn != 0)) throw UsageError("--kv-heads and --ffn need --arch llama");
-  if (o.arch == "llama" && o.experts > 0) throw UsageError("--arch llama with --experts: MoE blocks are GPT blocks");
+  // One more whole trainer per element type and device (compile time): the Llama MoE
+  // (models::LlamaMoE) trains through train::Trainer in a program of its own, and plan_at_scale
+  // dry-runs it.
+  if (o.arch == "llama" && o.experts > 0)
+    throw UsageError(
+        "--arch llama with --experts: not in train_gpt (models::LlamaMoE trains with train::Trainer; "
+        "plan_at_scale --arch llama --experts plans it)");
   examples::check_kv_heads(o.heads, o.kv_heads);
   models::cli::check_moe_flags(o, o, o.layers);
   // A recomputed forward would record the FP8 amaxes twice.

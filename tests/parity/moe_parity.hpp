@@ -31,14 +31,16 @@ struct MoEParityRun {
 
 /// Trains 20 steps (AdamW, one clipping norm over both meshes, DDP attached to the model: its
 /// gradients on "dp", the experts' on "edp") on a (dp, tp) mesh with `ep` expert ranks; MeshT and EMeshT's memory space is where
-/// the model lives (host, or cuda on CudaMeshes).
-template <class Plan, class MeshT = GptMesh, class EMeshT = ExpertMesh>
+/// the model lives (host, or cuda on CudaMeshes). Dense: the blocks the experts live in
+/// (models::DenseLayers: the MoE GPT; models::LlamaLayers: the Llama MoE, SwiGLU experts).
+template <class Plan, class MeshT = GptMesh, class EMeshT = ExpertMesh, class Dense = models::DenseLayers>
 MoEParityRun run_moe_parity(CommPtr world, std::array<int, 2> shape, int ep, const models::MoELayersConfig& mc) {
   using Space = mesh_space_t<MeshT>;
   MeshT mesh(world, shape);
   auto emesh = parallel::make_expert_mesh<EMeshT>(mesh, ep);
   const auto cfg = parity_config();
-  models::MoEGPT<double, MeshT, EMeshT, Plan> model(mesh, cfg, models::MoELayers<double, EMeshT>(emesh, mc));
+  using Layers = models::MoELayers<double, EMeshT, Dense>;
+  models::GPT<double, MeshT, Plan, std::int32_t, Layers> model(mesh, cfg, Layers(emesh, mc));
   nn::ParamList<double, 2, Space> ps;
   model.collect(ps);
   // Every parameter, dense and expert, as one set (the model's parameter groups: the experts on

@@ -1,6 +1,6 @@
 // MoE GPT training parity (threads backend): expert parallel runs — EP alone, EP x DP, EP x TP —
 // against the one-rank MoE GPT (also with experts that do not divide over ep), 20 AdamW steps in
-// double, losses within 1e-5 relative; and the
+// double, losses within 1e-5 relative; the same for the Llama MoE (SwiGLU experts); and the
 // expert collectives of a step (per MoE block: 1 count exchange + 2 all_to_all_v each way).
 #include <catch2/catch.hpp>
 
@@ -15,21 +15,24 @@ using namespace dtensor::testing;
 
 namespace {
 
-/// The one-rank run of a configuration.
+/// The one-rank run of a configuration (Dense: the blocks, GPT's or Llama's).
+template <class Dense = models::DenseLayers>
 std::vector<double> reference(const models::MoELayersConfig& mc) {
   std::vector<double> l;
-  threads::run(1, [&](CommPtr w) { l = run_moe_parity<nn::ReplicatedPlan>(w, {1, 1}, 1, mc).losses; });
+  threads::run(1, [&](CommPtr w) {
+    l = run_moe_parity<nn::ReplicatedPlan, GptMesh, ExpertMesh, Dense>(w, {1, 1}, 1, mc).losses;
+  });
   return l;
 }
 
 /// Every rank of a (dp, tp) x ep run matches the reference and issues the expert collectives.
-template <class Plan>
+template <class Plan, class Dense = models::DenseLayers>
 void check_moe(int dp, int tp, int ep, const models::MoELayersConfig& mc, const std::vector<double>& ref) {
   const std::size_t moe_blocks = std::size_t(parity_config().layers / mc.every);
   std::mutex m;
   std::vector<std::string> errors;
   threads::run(dp * tp, [&](CommPtr world) {
-    auto r = run_moe_parity<Plan>(world, {dp, tp}, ep, mc);
+    auto r = run_moe_parity<Plan, GptMesh, ExpertMesh, Dense>(world, {dp, tp}, ep, mc);
     std::string e = compare_losses(r.losses, ref, 1e-5);
     const Counts expected{{"all_to_all/ep", moe_blocks}, {"all_to_all_v/ep", 4 * moe_blocks}};
     Counts got;
@@ -86,6 +89,20 @@ TEST_CASE("MoE GPT parity: experts that do not divide over ep (3 over 2: 2 + 1; 
   check_moe<nn::ReplicatedPlan>(2, 1, 2, mc, ref);
   check_moe<nn::ReplicatedPlan>(4, 1, 4, mc, ref);           // the last expert rank owns none
   check_moe<parallel::MegatronPlan<false>>(4, 2, 2, mc, ref);  // edp 2 x ep 2 x tp 2
+}
+
+TEST_CASE("Llama MoE parity (SwiGLU experts, RMSNorm, rotary attention): EP, EP x DP, EP x TP, uneven experts",
+          "[parity][moe][llama]") {
+  // models::LlamaMoE's blocks: SwiGLU experts (w1, w3, w2, no biases) and SwiGLU dense
+  // feed-forwards in the blocks without experts (every other block here).
+  const auto mc = moe_parity_config(3, 2, 2);  // 3 experts over ep 2: 2 + 1
+  const auto ref = reference<models::LlamaLayers>(mc);
+  REQUIRE(ref.size() == std::size_t(parity_steps));
+  CHECK(ref.back() < 0.8 * ref.front());
+  CHECK(ref.front() != reference(mc).front());  // not the GPT's blocks
+  check_moe<nn::ReplicatedPlan, models::LlamaLayers>(2, 1, 2, mc, ref);
+  check_moe<nn::ReplicatedPlan, models::LlamaLayers>(4, 1, 2, mc, ref);             // edp 2 x ep 2
+  check_moe<parallel::MegatronPlan<false>, models::LlamaLayers>(4, 2, 2, mc, ref);  // edp 2 x ep 2 x tp 2
 }
 
 TEST_CASE("MoE GPT parity: a capacity that drops drops the same tokens on every mesh", "[parity][moe]") {

@@ -183,39 +183,55 @@ void check_parity(const nn::MoEConfig& c, bool zero_router = false) {
 
 }  // namespace
 
-TEST_CASE("MoE: gradients match finite differences, with the aux and z losses", "[moe]") {
+TEST_CASE("MoE: gradients match finite differences, with the aux and z losses (GELU and SwiGLU experts)", "[moe]") {
+  auto check_gradients = [&]<class M>(nn::RouterScore score, Extent k) {
+    threads::run(1, [&](CommPtr w) {
+      Dense dense(w, {1, 1});
+      auto emesh = parallel::make_expert_mesh<EMesh>(dense, 1);
+      M moe("moe", dense, emesh, config(4, k, {}, score), 5);
+      auto x = distribute_replicated<nn::tokens<Dense>>(dense, x_full);
+      const auto& cfg = moe.config().router;
+      // J = sum(y * dy) + aux_coeff * aux + z_coeff * z, whose gradient backward computes.
+      auto objective = [&] {
+        auto [y, s] = moe.forward(x);
+        double j = cfg.aux_loss_coeff * s.routing.aux_loss + cfg.z_loss_coeff * s.routing.z_loss;
+        for (Extent i = 0; i < y.to_local().numel(); ++i) j += y.to_local()[i] * dy_full[i];
+        return j;
+      };
+      nn::zero_grad(moe);
+      auto [y, s] = moe.forward(x);
+      const auto routing = s.routing;
+      auto [dx, wc] = moe.backward_input(std::move(s), distribute_replicated<nn::tokens<Dense>>(dense, dy_full));
+      moe.backward_weight(std::move(wc));
+      const auto dxl = dx.to_local();
+      CHECK(fd_span("dx", x.local().span(), dxl.span(), objective) == "");
+      nn::for_each_parameter(moe, [&](auto& p) {
+        if (!p.defined()) return;  // the router has no bias
+        const auto g = p.grad_local();
+        CHECK(fd_span(p.name(), p.value().local().span(), g.span(), objective) == "");
+      });
+      // The routing did not change under the perturbations (else the differences are meaningless).
+      CHECK(moe.forward(x).saved.routing.expert == routing.expert);
+    });
+  };
   for (auto score : {nn::RouterScore::softmax, nn::RouterScore::sigmoid})
     for (Extent k : {1, 2}) {
       INFO("top-" << k << (score == nn::RouterScore::softmax ? " softmax" : " sigmoid"));
-      threads::run(1, [&](CommPtr w) {
-        Dense dense(w, {1, 1});
-        auto emesh = parallel::make_expert_mesh<EMesh>(dense, 1);
-        Moe moe("moe", dense, emesh, config(4, k, {}, score), 5);
-        auto x = distribute_replicated<nn::tokens<Dense>>(dense, x_full);
-        const auto& cfg = moe.config().router;
-        // J = sum(y * dy) + aux_coeff * aux + z_coeff * z, whose gradient backward computes.
-        auto objective = [&] {
-          auto [y, s] = moe.forward(x);
-          double j = cfg.aux_loss_coeff * s.routing.aux_loss + cfg.z_loss_coeff * s.routing.z_loss;
-          for (Extent i = 0; i < y.to_local().numel(); ++i) j += y.to_local()[i] * dy_full[i];
-          return j;
-        };
-        nn::zero_grad(moe);
-        auto [y, s] = moe.forward(x);
-        const auto routing = s.routing;
-        auto [dx, wc] = moe.backward_input(std::move(s), distribute_replicated<nn::tokens<Dense>>(dense, dy_full));
-        moe.backward_weight(std::move(wc));
-        const auto dxl = dx.to_local();
-        CHECK(fd_span("dx", x.local().span(), dxl.span(), objective) == "");
-        nn::for_each_parameter(moe, [&](auto& p) {
-          if (!p.defined()) return;  // the router has no bias
-          const auto g = p.grad_local();
-          CHECK(fd_span(p.name(), p.value().local().span(), g.span(), objective) == "");
-        });
-        // The routing did not change under the perturbations (else the differences are meaningless).
-        CHECK(moe.forward(x).saved.routing.expert == routing.expert);
-      });
+      check_gradients.template operator()<Moe>(score, k);
     }
+  // SwiGLU experts (w1, w3, w2; no biases): every weight's gradient, and the input's.
+  using SwiGLUMoe = nn::MoE<double, Dense, EMesh, nn::ExpertFfn::swiglu>;
+  std::size_t expert_weights = 0;
+  threads::run(1, [&](CommPtr w) {
+    Dense dense(w, {1, 1});
+    SwiGLUMoe moe("moe", dense, parallel::make_expert_mesh<EMesh>(dense, 1), config(4, 2), 5);
+    nn::for_each_parameter(moe.experts(), [&](auto& p) { expert_weights += p.defined() ? 1 : 0; });
+  });
+  CHECK(expert_weights == 3);
+  for (Extent k : {1, 2}) {
+    INFO("SwiGLU experts, top-" << k);
+    check_gradients.template operator()<SwiGLUMoe>(nn::RouterScore::softmax, k);
+  }
 }
 
 TEST_CASE("MoE: EP=2 and EP=4 (and with DP, TP) match the one-rank MoE when nothing drops", "[moe][parity]") {

@@ -46,6 +46,7 @@
 #include "dtensor/nn/block.hpp"
 #include "dtensor/nn/checkpoint.hpp"
 #include "dtensor/nn/embedding.hpp"
+#include "dtensor/nn/expert_ffn.hpp"
 #include "dtensor/nn/positions.hpp"
 #include "dtensor/nn/stack.hpp"
 #include "dtensor/nn/units.hpp"
@@ -114,6 +115,20 @@ template <class Layers>
 constexpr bool layers_learned_positions() {
   if constexpr (requires { Layers::learned_positions; }) return Layers::learned_positions;
   else return true;
+}
+/// The feed-forward a Layers policy's experts take (`static constexpr nn::ExpertFfn expert_ffn`;
+/// default GPT's GELU MLP; models::LlamaLayers: SwiGLU).
+template <class Layers>
+constexpr nn::ExpertFfn layers_expert_ffn() {
+  if constexpr (requires { Layers::expert_ffn; }) return Layers::expert_ffn;
+  else return nn::ExpertFfn::gelu_mlp;
+}
+/// The block configuration a Layers policy builds its blocks with (`static nn::BlockConfig
+/// block_config(nn::BlockConfig)`; default as given; models::LlamaLayers: no biases, its rope base).
+template <class Layers>
+nn::BlockConfig layers_block_config(const nn::BlockConfig& c) {
+  if constexpr (requires { Layers::block_config(c); }) return Layers::block_config(c);
+  else return c;
 }
 }  // namespace detail
 

@@ -36,19 +36,23 @@ namespace dtensor::models {
 struct LlamaLayers : DenseLayers {
   static constexpr double default_rope_theta = 500000.0;  // Llama 3
   static constexpr bool learned_positions = false;
+  static constexpr nn::ExpertFfn expert_ffn = nn::ExpertFfn::swiglu;  // models::LlamaMoE's experts
   template <class T, class Mesh, class P>
   using norm = nn::RMSNorm<T, Mesh, P>;
   template <class T, class Mesh, class Plan>
   using block = nn::TransformerBlock<T, Mesh, Plan, nn::SwiGLU<T, Mesh, typename Plan::fc1, typename Plan::fc2>,
                                      norm<T, Mesh, typename Plan::between>, parallel::PlanAttention<T, Mesh, Plan>>;
 
+  /// Llama's blocks: no biases, rotary positions with Llama 3's base unless one is given.
+  static nn::BlockConfig block_config(nn::BlockConfig c) {
+    c.bias = false;
+    if (c.rope_theta == 0) c.rope_theta = default_rope_theta;
+    return c;
+  }
   template <class Block, class Mesh>
   Block make_block(Extent /*layer*/, std::string name, const Mesh& mesh, const nn::BlockConfig& c,
                    std::uint64_t seed) const {
-    nn::BlockConfig llama = c;
-    llama.bias = false;
-    if (llama.rope_theta == 0) llama.rope_theta = default_rope_theta;
-    return Block(std::move(name), mesh, llama, seed);
+    return Block(std::move(name), mesh, block_config(c), seed);
   }
 };
 

@@ -44,7 +44,9 @@
 #include <vector>
 
 #include "dtensor/models/gpt.hpp"
+#include "dtensor/models/llama.hpp"
 #include "dtensor/nn/param_groups.hpp"
+#include "dtensor/nn/swiglu.hpp"
 #include "dtensor/parallel/moe.hpp"
 
 namespace dtensor::models {
@@ -57,12 +59,16 @@ struct MoEStats {
   double aux_loss = 0, z_loss = 0; // this rank's shares (unweighted)
 };
 
-/// A block's feed-forward: the plan's dense MLP or a mixture of experts, chosen at construction.
-template <kernels::host::FloatElement T, MeshType Mesh, parallel::ExpertMeshType EMesh, class Plan>
+/// A block's feed-forward: the plan's dense feed-forward or a mixture of experts, chosen at
+/// construction; GPT's GELU MLPs or Llama's SwiGLUs, dense and experts alike (F).
+template <kernels::host::FloatElement T, MeshType Mesh, parallel::ExpertMeshType EMesh, class Plan,
+          nn::ExpertFfn F = nn::ExpertFfn::gelu_mlp>
 class DenseOrMoE {
  public:
-  using Mlp = nn::MLP<T, Mesh, typename Plan::fc1, typename Plan::fc2>;
-  using Moe = nn::MoE<T, Mesh, EMesh>;
+  using Mlp =
+      std::conditional_t<F == nn::ExpertFfn::swiglu, nn::SwiGLU<T, Mesh, typename Plan::fc1, typename Plan::fc2>,
+                         nn::MLP<T, Mesh, typename Plan::fc1, typename Plan::fc2>>;
+  using Moe = nn::MoE<T, Mesh, EMesh, F>;
   using In = typename Mlp::In;
   using Out = typename Mlp::Out;
   // Under sequence parallelism the block's stream is split on the sequence over the tensor
@@ -110,9 +116,9 @@ class DenseOrMoE {
     else moe_[0].backward_weight(std::get<1>(std::move(w)));
   }
 
-  /// Recompute the activation (nn/recompute.hpp: act): the dense MLP's GELU(h) is dropped and
-  /// recomputed; an MoE's experts keep no GELU output in any case (parallel/experts.hpp recomputes
-  /// it from h in backward), so there it is already so.
+  /// Recompute the activation (nn/recompute.hpp: act): the dense feed-forward's activation is
+  /// dropped and recomputed; an MoE's experts keep none in any case (parallel/experts.hpp
+  /// recomputes it in backward), so there it is already so.
   void set_recompute_activation(bool on) {
     if (!is_moe()) mlp_.at(0).set_recompute_activation(on);
   }
@@ -139,19 +145,25 @@ class DenseOrMoE {
 /// Which blocks get a mixture of experts, and its configuration.
 struct MoELayersConfig {
   nn::RouterConfig router;  // experts, topk, capacity factor, loss coefficients
-  Extent hidden = 0;     // each expert's width; 0: the GPT's mlp_ratio x dim
+  Extent hidden = 0;        // each expert's width; 0: the dense feed-forward's (ffn, or mlp_ratio x dim)
   Extent every = 1;      // block l is MoE when (l + 1) % every == 0: 1 all, 2 every other (1, 3, ...)
 };
 
-/// models::GPT's Layers policy for MoE blocks (see the top of this file).
-template <kernels::host::FloatElement T, parallel::ExpertMeshType EMesh>
+/// models::GPT's Layers policy for MoE blocks (see the top of this file) in the blocks of a dense
+/// policy: DenseLayers (GPT: LayerNorm, GELU MLP experts, learned positions) or LlamaLayers
+/// (RMSNorm, SwiGLU experts and dense feed-forwards, rotary positions, no biases: Mixtral's and
+/// DeepSeek's blocks, models::LlamaMoE).
+template <kernels::host::FloatElement T, parallel::ExpertMeshType EMesh, class Dense = DenseLayers>
 class MoELayers {
  public:
   using ExpertMesh = EMesh;
+  static constexpr nn::ExpertFfn expert_ffn = detail::layers_expert_ffn<Dense>();
+  static constexpr bool learned_positions = detail::layers_learned_positions<Dense>();
+  template <class T2, class Mesh, class P>
+  using norm = typename detail::layers_norm<Dense, T2, Mesh, P>::type;
   template <class, class Mesh, class Plan>
-  using block =
-      nn::TransformerBlock<T, Mesh, Plan, DenseOrMoE<T, Mesh, EMesh, Plan>,
-                           nn::LayerNorm<T, Mesh, typename Plan::between>, parallel::PlanAttention<T, Mesh, Plan>>;
+  using block = nn::TransformerBlock<T, Mesh, Plan, DenseOrMoE<T, Mesh, EMesh, Plan, expert_ffn>,
+                                     norm<T, Mesh, typename Plan::between>, parallel::PlanAttention<T, Mesh, Plan>>;
 
   MoELayers() = default;
   MoELayers(EMesh emesh, MoELayersConfig c) : emesh_(std::move(emesh)), c_(c) {
@@ -165,17 +177,18 @@ class MoELayers {
   bool is_moe(Extent layer) const noexcept { return (layer + 1) % c_.every == 0; }
 
   template <class Block, class Mesh>
-  Block make_block(Extent layer, std::string name, const Mesh& mesh, const nn::BlockConfig& c,
+  Block make_block(Extent layer, std::string name, const Mesh& mesh, const nn::BlockConfig& given,
                    std::uint64_t seed) const {
     using FF = typename Block::Mlp;
+    const nn::BlockConfig c = detail::layers_block_config<Dense>(given);  // Llama: no biases, its rope base
+    // The dense feed-forward's width, as nn::TransformerBlock's: ffn, or mlp_ratio x dim.
+    const Extent dense_hidden = c.ffn > 0 ? c.ffn : c.mlp_ratio * c.dim;
     // The feed-forward's seeds are the dense MLP's (seed + 2, + 3): the MoE's router, its experts.
-    if (!is_moe(layer)) {
-      const Extent hidden = c.mlp_ratio * c.dim;
+    if (!is_moe(layer))
       return Block(name, mesh, c, seed,
-                   FF(typename FF::Mlp(name + ".mlp", mesh, c.dim, hidden, seed + 2, c.init_std, c.out_std)));
-    }
+                   FF(typename FF::Mlp(name + ".mlp", mesh, c.dim, dense_hidden, seed + 2, c.init_std, c.out_std)));
     const nn::MoEConfig mc{.dim = c.dim,
-                           .hidden = c_.hidden > 0 ? c_.hidden : c.mlp_ratio * c.dim,
+                           .hidden = c_.hidden > 0 ? c_.hidden : dense_hidden,
                            .router = c_.router,
                            .init_std = c.init_std,
                            .out_std = c.out_std};
@@ -205,12 +218,19 @@ template <kernels::host::FloatElement T, MeshType Mesh, parallel::ExpertMeshType
           class Id = std::int32_t>
 using MoEGPT = GPT<T, Mesh, Plan, Id, MoELayers<T, EMesh>>;
 
+/// A Llama with MoE blocks: SwiGLU experts (Mixtral's and DeepSeek's), RMSNorm, rotary grouped-query
+/// attention (models::GPT with MoELayers over LlamaLayers).
+template <kernels::host::FloatElement T, MeshType Mesh, parallel::ExpertMeshType EMesh, class Plan = nn::ReplicatedPlan,
+          class Id = std::int32_t>
+using LlamaMoE = GPT<T, Mesh, Plan, Id, MoELayers<T, EMesh, LlamaLayers>>;
+
 }  // namespace dtensor::models
 
 // The names these models had before models/ became their namespace (nn::GPT and so on): kept,
 // so that code written against them compiles as before.
 namespace dtensor::nn {
 using models::DenseOrMoE;
+using models::LlamaMoE;
 using models::MoEGPT;
 using models::MoELayers;
 using models::MoELayersConfig;

@@ -1,10 +1,11 @@
 // dtensor/parallel/moe.hpp — the mixture-of-experts feed-forward: a router, top-k token-choice routing
-// and E expert MLPs, expert parallel over the expert mesh.
+// and E expert feed-forwards (GELU MLPs or SwiGLUs: nn::ExpertFfn), expert parallel over the expert mesh.
 //
 //   using Dense = DeviceMesh<"dp", "tp">;  using EMesh = DeviceMesh<"edp", "ep", "tp">;
 //   auto emesh = parallel::make_expert_mesh<EMesh>(dense, /*ep=*/2);
 //   nn::MoE<float, Dense, EMesh> moe("h.0.moe", dense, emesh,
 //       {.dim = 64, .hidden = 256, .router = {.experts = 8, .topk = 2, .capacity_factor = 1.25}}, seed);
+//   nn::MoE<float, Dense, EMesh, nn::ExpertFfn::swiglu> llama_moe(...);   // SwiGLU experts (Mixtral, DeepSeek)
 //   auto [y, saved] = moe.forward(x);             // x [B, T, C]: tokens<Dense>, as nn::MLP takes
 //   saved.routing.load, .dropped, .aux_loss ...   // this rank's routing statistics (nn/router.hpp)
 //   auto [dx, wctx] = moe.backward_input(std::move(saved), dy);  moe.backward_weight(std::move(wctx));
@@ -12,7 +13,7 @@
 // Forward, per rank: logits = router(x) (an nn::Linear [E, C] without bias on the dense mesh),
 // nn::route (scores, top-k, gates, capacity per sequence: no communication), then the boundary
 // ops of parallel/expert_parallel.hpp on the expert mesh's "ep" group: the count exchange (one
-// all_to_all), dispatch (one all_to_all_v of the kept (token, choice) rows), one GEMM pair per
+// all_to_all), dispatch (one all_to_all_v of the kept (token, choice) rows), the GEMMs of each
 // local expert (nn::GroupedExperts), combine (one all_to_all_v back), and y[t] = sum_j gate_tj *
 // expert_j(x_t) over the kept choices, summed in send order (by expert, then choice: the same on
 // every expert size). A token whose every choice was dropped gets y = 0: in a block, its residual
@@ -65,7 +66,8 @@ struct MoEConfig {
   double out_std = 0.02;
 };
 
-template <kernels::host::FloatElement T, MeshType Mesh, parallel::ExpertMeshType EMesh>
+template <kernels::host::FloatElement T, MeshType Mesh, parallel::ExpertMeshType EMesh,
+          ExpertFfn F = ExpertFfn::gelu_mlp>
 class MoE {
   static_assert(require_dense_roles<"nn::MoE", Mesh>());
   static_assert(std::is_same_v<mesh_space_t<Mesh>, mesh_space_t<EMesh>>,
@@ -74,7 +76,7 @@ class MoE {
  public:
   using space = mesh_space_t<Mesh>;
   using Router = Linear<T, Mesh, Replicated<>>;
-  using Experts = GroupedExperts<T, EMesh>;
+  using Experts = GroupedExperts<T, EMesh, F>;
   using X = DTensor<T, 3, Mesh, tokens<Mesh>>;
   using In = X;
   using Out = X;
@@ -264,6 +266,7 @@ class MoE {
                            {"normalize gates", r.normalize_gates ? "true" : "false"},
                            {"force balanced", r.force_balanced ? "true" : "false"},
                            {"dim", dtensor::detail::cat(c.dim)},
+                           {"experts' feed-forward", name_of(F)},
                            {"hidden", dtensor::detail::cat(c.hidden)}});
     return c;
   }

@@ -30,8 +30,8 @@
 // ledger shows them), saved activations per layer (Korthikanti's terms for our modules, or one
 // block input under recompute) times the micro-batches the first pipeline rank holds, plus the
 // last stage's logits (test_sim: within 50 % of the dry run's).
-// MoE models (ModelShape::experts, GPT blocks): per MoE block the router GEMM, the busiest
-// rank's ceil(E / ep) experts' GEMMs on the rows balanced routing sends it, the count exchange
+// MoE models (ModelShape::experts; GELU MLP experts in GPT blocks, SwiGLU experts in Llama
+// blocks): per MoE block the router GEMM, the busiest rank's ceil(E / ep) experts' GEMMs on the rows balanced routing sends it, the count exchange
 // and two all_to_all_v of the routed rows each way on "ep" (exposed; moe_all_to_all_bytes is
 // the CommLog's figure), the SP gather of whole tokens; the experts' states sharded over "edp"
 // at the plan's ZeRO stage (DDP: ZeRO-1), as ShardedPipeline shards them (one FSDP per parameter
@@ -60,8 +60,9 @@ namespace dtensor::sim {
 
 /// A GPT (LayerNorm, GELU MLP, biases, learned positions) or Llama (RMSNorm, SwiGLU, GQA, no
 /// biases) model's shape. `experts` > 0: the feed-forward of every `moe_every`-th block is a
-/// mixture of `experts` GELU MLPs of width `expert_ffn` (0: the dense width), top-`topk` routed,
-/// with a router [experts, dim] (models/moe_gpt.hpp; GPT blocks only, as the trainer's).
+/// mixture of `experts` feed-forwards of width `expert_ffn` (0: the dense width), top-`topk`
+/// routed, with a router [experts, dim] (models/moe_gpt.hpp): GELU MLPs in GPT blocks, SwiGLUs in
+/// Llama blocks (models::LlamaMoE).
 struct ModelShape {
   std::int64_t layers = 1, dim = 1, heads = 1, kv_heads = 0, ffn = 0, vocab = 1, seq = 1;
   bool llama = false;
@@ -73,8 +74,11 @@ struct ModelShape {
   /// Blocks whose feed-forward is a MoE: block l when (l + 1) % moe_every == 0.
   std::int64_t moe_layers() const { return moe() && moe_every > 0 ? layers / moe_every : 0; }
   std::int64_t expert_width() const { return expert_ffn ? expert_ffn : width(); }
-  /// One expert's parameters (fc1, fc2 and their biases: parallel/experts.hpp).
-  double expert_params() const { return 2 * double(dim) * double(expert_width()) + double(expert_width()) + double(dim); }
+  /// One expert's parameters (parallel/experts.hpp): fc1, fc2 and their biases; SwiGLU's w1, w3, w2.
+  double expert_params() const {
+    const double h = double(dim), f = double(expert_width());
+    return llama ? 3 * h * f : 2 * h * f + f + h;
+  }
   /// The dense feed-forward's parameters, which a MoE block replaces by its router and experts.
   double mlp_params() const {
     const double h = double(dim), f = double(width());
@@ -208,7 +212,6 @@ inline void check_plan_shape(const ModelShape& m, const PlanShape& p) {
   if (p.cp_kind == "ulysses" && m.heads % (std::int64_t(p.tp) * p.cp) != 0)
     throw Error(op, dtensor::detail::cat("ulysses splits the heads over tp x cp: heads ", m.heads, " over ", p.tp, " x ", p.cp));
   if (m.moe()) {
-    if (m.llama) throw Error(op, "MoE blocks are GPT blocks (models/moe_gpt.hpp): not with a Llama shape");
     if (m.topk < 1 || m.topk > m.experts || m.moe_every < 1 || m.expert_ffn < 0)
       throw Error(op, dtensor::detail::cat("experts ", m.experts, ", topk ", m.topk, ", moe_every ", m.moe_every,
                                            ", expert_ffn ", m.expert_ffn, ": 1 <= topk <= experts, moe_every >= 1"));
@@ -519,19 +522,25 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
     moe.received = moe.sent / E * p.ep * moe.local;
     const double per_expert = moe.received / std::max(1.0, moe.local);
     const double router = gemm(n, h, E);
-    const double experts = moe.local * (gemm(per_expert, h, fe) + gemm(per_expert, fe, h));
-    // Memory-bound passes (the meta kernels' records of parallel/moe.hpp and experts.hpp): GELU
-    // (read h, write a), the biases added to fc1's and fc2's rows, the rows' gather, gate and
-    // weighted scatter-add; backward: GELU again and its gradient, the bias gradients, and each
-    // local expert's weight gradients accumulated (read the gradient, the new dW, write: 3 e per
+    // SwiGLU experts (Llama blocks): the gate's and the up projection's GEMMs, then w2's.
+    const double experts = moe.local * ((m.llama ? 2 : 1) * gemm(per_expert, h, fe) + gemm(per_expert, fe, h));
+    // Memory-bound passes (the meta kernels' records of parallel/moe.hpp and experts.hpp): the
+    // activation — GELU (read h, write a), or SwiGLU's silu (2) and product (3) — the biases
+    // added to fc1's and fc2's rows (GELU MLPs only), the rows' gather, gate and weighted
+    // scatter-add; backward: the activation again and its gradient (GELU's 3; SwiGLU's product
+    // and silu gradient and the up projection's, 11), the bias gradients, and each local
+    // expert's weight gradients accumulated (read the gradient, the new dW, write: 3 e per
     // parameter; large next to the tokens, unlike a dense block's).
-    const double gelu = memory_bound(2 * e * moe.received * fe);
-    const double rows = memory_bound(4 * e * moe.sent * h) + memory_bound(2 * e * moe.received * (fe + h));
-    const double grads = memory_bound(e * moe.received * (fe + h) + 3 * e * moe.local * m.expert_params());
+    const double act = memory_bound((m.llama ? 5 : 2) * e * moe.received * fe);
+    const double act_b = memory_bound((m.llama ? 16 : 5) * e * moe.received * fe);
+    const double biases = m.llama ? 0 : memory_bound(2 * e * moe.received * (fe + h));
+    const double rows = memory_bound(4 * e * moe.sent * h) + biases;
+    const double grads =
+        memory_bound((m.llama ? 0 : e * moe.received * (fe + h)) + 3 * e * moe.local * m.expert_params());
     const double a2a_v = coll(CollectiveKind::all_to_all_v, "ep", p.ep, moe_all_to_all_bytes(m, p));
     const double counts = coll(CollectiveKind::all_to_all, "ep", p.ep, 8 * double(p.ep) * moe.local);
     const double gather = p.tp > 1 && p.sp ? coll(CollectiveKind::all_gather, "tp", p.tp, act) : 0;
-    const double moe_f = router + experts + gelu + rows;
+    const double moe_f = router + experts + act + rows;
     moe.fwd_compute = attn_gemms + attn_fwd + moe_pointwise + moe_f;
     moe.a2a_f = counts + 2 * a2a_v;
     moe.a2a_b = 2 * a2a_v;
@@ -540,8 +549,8 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
     if (full) moe.recompute = moe.fwd_compute, moe.recompute_tp = tp_half + gather, moe.recompute_cp = cp_layer;
     else if (rc.core_attn) moe.recompute = attn_fwd, moe.recompute_cp = cp_layer + std::max(0.0, cp_hidden - attn_fwd);
     const double recompute_a2a = full ? moe.a2a_f : 0;
-    moe.bwd_compute = 2 * attn_gemms + attn_bwd + moe_pointwise_b + 2 * (router + experts) + 2.5 * gelu + rows + grads +
-                      moe.recompute;
+    moe.bwd_compute =
+        2 * attn_gemms + attn_bwd + moe_pointwise_b + 2 * (router + experts) + act_b + rows + grads + moe.recompute;
     moe.tp = 2 * tp_half + 2 * gather + regather_one + moe.recompute_tp;
     moe.fwd = moe.fwd_compute + tp_half + gather + cp_layer + std::max(0.0, cp_hidden - attn_fwd) + moe.a2a_f;
     moe.bwd = moe.bwd_compute + tp_half + gather + regather_one + cp_layer + moe.recompute_tp + moe.recompute_cp +
@@ -667,10 +676,11 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
     else if (rc.act) gelu = 0;
     units = ln_in + qkv_in + attention + fc1_in + hidden + gelu;
     // A MoE feed-forward keeps (parallel/moe.hpp, parallel/experts.hpp): the router's whole
-    // input, the experts' input rows and fc1 outputs, the combined rows, each routed row's token
-    // index (int64) and gate, and the routing (expert index, gate, kept flag per choice).
+    // input, the experts' input rows and fc1 outputs (SwiGLU: the gate's and the up
+    // projection's), the combined rows, each routed row's token index (int64) and gate, and the
+    // routing (expert index, gate, kept flag per choice).
     if (is_moe) {
-      const double fe = double(m.expert_width()), k = double(m.topk);
+      const double fe = double(m.expert_width()) * (m.llama ? 2 : 1), k = double(m.topk);
       const double moe_bytes = e * (n * h + moe.received * (h + fe) + moe.sent * h) + moe.sent * (8 + e) + n * k * (8 + e + 1);
       moe_units = ln_in + qkv_in + attention + moe_bytes / (n * h) * 2 / e;
     }
@@ -684,10 +694,10 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   // schedules): each Linear's matmul input (gathered under SP) and output gradient
   // (nn/linear.hpp WeightCtx): qkv x h + dy (h + 2 kvd) / t, proj x h / t + dy h, fc1 (SwiGLU's
   // fused w13) x h + dy f / t (2 f / t), fc2 x f / t + dy h; a MoE block's router x h + dy E and
-  // experts x, dy (h each) and a, dh (their width each) per received row.
+  // experts x, dy (h each) and a, dh (their width each; SwiGLU also d up) per received row.
   const double wctx_dense = e * n * (4 * h + (h + 2 * kvd) / t + h / t + (m.llama ? 3 : 2) * f / t);
   const double wctx_moe = is_moe ? e * n * (2 * h + (h + 2 * kvd) / t + h / t + h + double(m.experts)) +
-                                       e * moe.received * 2 * (h + double(m.expert_width()))
+                                       e * moe.received * (2 * h + (m.llama ? 3 : 2) * double(m.expert_width()))
                                  : 0;
   const double wctx_stage = layers_per_rank * ((1 - moe_share) * wctx_dense + moe_share * wctx_moe) / v;
   const bool zero_bubble = p.zero_bubble() && p.pp > 1;
