@@ -215,7 +215,9 @@ const examples::FlagTable<Options>& flag_table() {
       {"--stages-per-rank", "N", "pipeline stages on each rank (interleaved)",
        integer_at<int>([](O& o) -> auto& { return o.plan.stages_per_rank; }, 1)},
       {"--no-sp", "", "no sequence parallelism with --tp", set_to(&O::sp, false)},
-      {"", "", "mixture of experts (GPT blocks; routed evenly, as a dry run assumes):"},
+      {"", "",
+       "mixture of experts (GELU experts in GPT blocks, SwiGLU in --arch llama's; routed evenly, as a dry run "
+       "assumes):"},
       {"--experts", "E", "MoE feed-forwards of E experts",
        integer_at<Extent>([](O& o) -> auto& { return o.plan.moe.router.experts; }, 1)},
       {"--topk", "K", "top-K routing", integer_at<Extent>([](O& o) -> auto& { return o.plan.moe.router.topk; }, 1)},
@@ -227,8 +229,11 @@ const examples::FlagTable<Options>& flag_table() {
        [](O& o, const std::string& f, const std::string& v) {
          o.plan.moe.router.capacity_factor = examples::positive_flag_value(f, v);
        }},
-      {"--expert-ffn", "N", "the experts' width (default --mlp-ratio x --dim)",
+      {"--expert-ffn", "N", "the experts' width (default the dense feed-forward's: --ffn, else --mlp-ratio x --dim)",
        integer_at<Extent>([](O& o) -> auto& { return o.plan.moe.hidden; }, 1)},
+      {"--shared-experts", "N",
+       "N shared experts (DeepSeek's): one feed-forward of N x the experts' width every token passes",
+       integer_at<Extent>([](O& o) -> auto& { return o.plan.moe.shared; }, 1)},
       {"", "", "the device (sim/device.hpp; default h100) and the report:"},
       {"--device", "h100|h200|a100|h100-500w", "a known device", device},
       {"--device-file", "F", "a device file with every field", device},
@@ -326,10 +331,12 @@ sim::ModelShape model_shape(const Options& o) {
           .experts = moe.router.experts,
           .topk = moe.router.topk,
           .moe_every = moe.every,
-          // The experts' width as models::MoELayers builds them: --expert-ffn, else mlp_ratio x dim.
+          // The experts' width as models::MoELayers builds them: --expert-ffn, else the dense width.
           .expert_ffn = moe.router.experts == 0 ? 0
                         : moe.hidden            ? moe.hidden
-                                                : m.mlp_ratio * m.dim};
+                        : m.ffn                 ? m.ffn
+                                                : m.mlp_ratio * m.dim,
+          .shared_experts = moe.router.experts == 0 ? 0 : moe.shared};
 }
 
 Options parse(int argc, char** argv) {
@@ -341,7 +348,7 @@ Options parse(int argc, char** argv) {
   o.hardware.check("plan_at_scale --device");
   const auto was_given = [&](const char* flag) { return std::find(given.begin(), given.end(), flag) != given.end(); };
   // Flags that only mean something beside another one are errors alone, not silently ignored.
-  for (const char* f : {"--topk", "--moe-every", "--ep", "--capacity", "--expert-ffn"})
+  for (const char* f : {"--topk", "--moe-every", "--ep", "--capacity", "--expert-ffn", "--shared-experts"})
     if (was_given(f) && !o.plan.has_experts()) throw UsageError(std::string(f) + " has no effect without --experts E");
   for (const char* f : {"--gpus", "--top", "--finalists", "--rank-of"})
     if (was_given(f) && !o.search) throw UsageError(std::string(f) + " has no effect without --search");
@@ -562,8 +569,10 @@ void print_header(const Options& o) {
     std::printf("device %s: GEMMs and attention at %.2f of the calibrated rates (compute_scale; MFU still counts the "
                 "rated %.0f TFLOP/s)\n", o.hardware.name.c_str(), o.hardware.compute_scale, o.hardware.peak_flops() / 1e12);
   if (p.has_experts())
-    std::printf("MoE: %lld experts, top-%lld, every %lld blocks, over ep %d (balanced routing)\n",
-                (long long)p.moe.router.experts, (long long)p.moe.router.topk, (long long)p.moe.every, p.ep);
+    std::printf("MoE: %lld %s experts, top-%lld, every %lld blocks, over ep %d (balanced routing)%s\n",
+                (long long)p.moe.router.experts, o.llama ? "SwiGLU" : "GELU MLP", (long long)p.moe.router.topk,
+                (long long)p.moe.every, p.ep,
+                p.moe.shared > 0 ? (", " + std::to_string(p.moe.shared) + " shared").c_str() : "");
   std::printf("model: %s, %lld layers, dim %lld, %lld heads (%lld KV), ffn %lld, vocab %lld, seq %lld, global batch %lld%s\n",
               o.llama ? "llama" : "gpt", (long long)m.layers, (long long)m.dim, (long long)m.heads,
               (long long)(m.kv_heads ? m.kv_heads : m.heads), (long long)(m.ffn ? m.ffn : m.mlp_ratio * m.dim),

@@ -44,6 +44,7 @@ struct PlanModel {
   bool llama = false, bf16 = false, checkpoint = false;
   dtensor::nn::Recompute recompute{};  // --recompute; with --checkpoint: kept as given, else chosen
   std::int64_t experts = 0, topk = 2, moe_every = 1;  // --experts E > 0: MoE blocks (GPT)
+  std::int64_t shared = 0;                            // --shared-experts
   double capacity = 0;                                 // --capacity (0: dropless)
   int ep = 0;  // --ep given: kept; 0: chosen (any ep up to the experts dividing the token ranks)
 };
@@ -109,9 +110,18 @@ inline PlanChoice choose_plan(const PlanModel& m, int ranks, const dtensor::sim:
   namespace sim = dtensor::sim;
   constexpr const char* op = "train_gpt --plan auto";
   if (ranks < 1) throw dtensor::Error(op, examples::cat("--ranks ", ranks, ": need >= 1"));
-  const sim::ModelShape shape{.layers = m.layers, .dim = m.dim, .heads = m.heads, .kv_heads = m.kv_heads, .ffn = m.ffn,
-                              .vocab = m.vocab, .seq = m.seq, .llama = m.llama, .experts = m.experts, .topk = m.topk,
-                              .moe_every = m.moe_every};
+  const sim::ModelShape shape{.layers = m.layers,
+                              .dim = m.dim,
+                              .heads = m.heads,
+                              .kv_heads = m.kv_heads,
+                              .ffn = m.ffn,
+                              .vocab = m.vocab,
+                              .seq = m.seq,
+                              .llama = m.llama,
+                              .experts = m.experts,
+                              .topk = m.topk,
+                              .moe_every = m.moe_every,
+                              .shared_experts = m.experts > 0 ? m.shared : 0};
   sim::SearchSpace space{.gpus = ranks, .batch = m.batch, .bf16 = m.bf16, .exhaustive = true, .ep = m.ep};
   // Recomputation: as given (--checkpoint, --recompute), else each of the search's choices.
   if (m.checkpoint || !m.recompute.none()) {
@@ -224,10 +234,24 @@ void apply_plan_auto(Options& o, const std::vector<std::string>& given) {
       throw UsageError(std::string("--plan-device-field: ") + e.what());
     }
   }
-  const PlanModel m{.layers = o.layers, .heads = o.heads, .kv_heads = o.kv_heads, .dim = o.dim, .ffn = o.ffn,
-                    .vocab = 256, .seq = o.seq, .batch = o.batch, .llama = o.arch == "llama", .bf16 = o.dtype == "bf16",
-                    .checkpoint = o.checkpoint, .recompute = o.recompute, .experts = o.experts, .topk = o.topk,
-                    .moe_every = o.moe_every, .capacity = o.capacity, .ep = ep_given ? o.ep : 0};
+  const PlanModel m{.layers = o.layers,
+                    .heads = o.heads,
+                    .kv_heads = o.kv_heads,
+                    .dim = o.dim,
+                    .ffn = o.ffn,
+                    .vocab = 256,
+                    .seq = o.seq,
+                    .batch = o.batch,
+                    .llama = o.arch == "llama",
+                    .bf16 = o.dtype == "bf16",
+                    .checkpoint = o.checkpoint,
+                    .recompute = o.recompute,
+                    .experts = o.experts,
+                    .topk = o.topk,
+                    .moe_every = o.moe_every,
+                    .shared = o.shared,
+                    .capacity = o.capacity,
+                    .ep = ep_given ? o.ep : 0};
   try {
     const PlanChoice choice = choose_plan(m, ranks, hw);
     static_cast<MeshFlags&>(o) = choice.mesh;  // ep included: the choice's (or the one given)

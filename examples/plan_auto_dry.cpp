@@ -46,6 +46,7 @@ std::vector<DryRanked> dry_rank(const PlanModel& m, const std::vector<dtensor::s
     base.moe.router.topk = m.topk;
     if (m.capacity > 0) base.moe.router.capacity_factor = m.capacity;
     base.moe.every = m.moe_every;
+    base.moe.shared = m.shared;
   }
   std::vector<DryRanked> out;
   for (const auto& f : rescore(base, m.llama, m.bf16, ranked, finalists, hw).finalists)

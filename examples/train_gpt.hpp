@@ -180,6 +180,7 @@ inline std::map<std::string, std::string> checkpoint_config(const Options& o, co
   config["model"] = o.arch;
   config["vocabulary"] = models::vocabulary_id(corpus);  // another text's alphabet of the same size is refused
   if (o.experts > 0) config["experts"] = str(o.experts), config["moe_every"] = str(o.moe_every);
+  if (o.shared > 0) config["shared_experts"] = str(o.shared);  // their parameters are the checkpoint's
   cli::add_sync_config(o, config);
   return config;
 }

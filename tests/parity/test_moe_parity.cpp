@@ -95,14 +95,31 @@ TEST_CASE("Llama MoE parity (SwiGLU experts, RMSNorm, rotary attention): EP, EP 
           "[parity][moe][llama]") {
   // models::LlamaMoE's blocks: SwiGLU experts (w1, w3, w2, no biases) and SwiGLU dense
   // feed-forwards in the blocks without experts (every other block here).
-  const auto mc = moe_parity_config(3, 2, 2);  // 3 experts over ep 2: 2 + 1
+  auto mc = moe_parity_config(3, 2, 2);  // 3 experts over ep 2: 2 + 1
   const auto ref = reference<models::LlamaLayers>(mc);
   REQUIRE(ref.size() == std::size_t(parity_steps));
   CHECK(ref.back() < 0.8 * ref.front());
   CHECK(ref.front() != reference(mc).front());  // not the GPT's blocks
   check_moe<nn::ReplicatedPlan, models::LlamaLayers>(2, 1, 2, mc, ref);
-  check_moe<nn::ReplicatedPlan, models::LlamaLayers>(4, 1, 2, mc, ref);             // edp 2 x ep 2
   check_moe<parallel::MegatronPlan<false>, models::LlamaLayers>(4, 2, 2, mc, ref);  // edp 2 x ep 2 x tp 2
+  // DeepSeek's shared experts: 2 x the experts' width in one SwiGLU every token passes through,
+  // split by Megatron's styles under TP (with SP too: on the block's layout, no gather).
+  mc.shared = 2;
+  const auto shared = reference<models::LlamaLayers>(mc);
+  CHECK(shared.front() != ref.front());
+  CHECK(shared.back() < 0.8 * shared.front());
+  check_moe<nn::ReplicatedPlan, models::LlamaLayers>(4, 1, 2, mc, shared);             // edp 2 x ep 2
+  check_moe<parallel::MegatronPlan<false>, models::LlamaLayers>(4, 2, 2, mc, shared);  // edp 2 x ep 2 x tp 2
+  check_moe<parallel::MegatronPlan<true>, models::LlamaLayers>(2, 2, 2, mc, shared);   // ep 2 x tp 2 + SP
+}
+
+TEST_CASE("MoE GPT parity: shared experts (GELU MLP) beside the routed ones, EP x TP + SP", "[parity][moe]") {
+  auto mc = moe_parity_config(4, 2, 1);
+  mc.shared = 1;
+  const auto ref = reference(mc);
+  CHECK(ref.back() < 0.8 * ref.front());
+  check_moe<nn::ReplicatedPlan>(2, 1, 2, mc, ref);
+  check_moe<parallel::MegatronPlan<true>>(4, 2, 2, mc, ref);  // edp 2 x ep 2 x tp 2 + SP
 }
 
 TEST_CASE("MoE GPT parity: a capacity that drops drops the same tokens on every mesh", "[parity][moe]") {

@@ -21,6 +21,7 @@ using namespace train::cli;
 /// The flags' values (their meaning and defaults: moe_flag_rows).
 struct MoEFlags {
   Extent experts = 0, topk = 2, moe_every = 1;  // 0 experts: dense MLPs
+  Extent shared = 0;                            // shared experts (DeepSeek's)
   double capacity = 0;                          // 0: dropless
   bool tuned = false;                           // --topk, --capacity or --moe-every given
 };
@@ -37,6 +38,9 @@ FlagTable<O> moe_flag_rows() {
       {"--topk", "K", "--experts: top-K routing (default 2)", marking(integer(&M::topk, 1), &M::tuned)},
       {"--capacity", "F", "--experts: the capacity factor (default dropless; with --cp > 1 at least E / K)",
        marking(positive(&M::capacity), &M::tuned)},
+      {"--shared-experts", "N",
+       "--experts: N shared experts, one feed-forward of N x the experts' width every token passes (default 0)",
+       marking(integer(&M::shared, 1), &M::tuned)},
       {"--moe-every", "N", "--experts: every N-th block a MoE block (default 1: all)",
        marking(integer(&M::moe_every, 1), &M::tuned)},
   };
@@ -48,7 +52,7 @@ inline void check_moe_flags(const MoEFlags& o, const MeshFlags& mesh, Extent lay
   if (o.experts == 0 && mesh.ep != 1) throw UsageError("--ep " + str(mesh.ep) + " needs --experts");
   // A MoE flag without experts would be ignored: the user meant a MoE model and trains a dense one.
   if (o.experts == 0 && o.tuned)
-    throw UsageError("--topk, --moe-every and --capacity have no effect without --experts E");
+    throw UsageError("--topk, --moe-every, --capacity and --shared-experts have no effect without --experts E");
   if (o.experts == 0) return;
   if (o.topk > o.experts) throw UsageError("--topk " + str(o.topk) + " exceeds --experts " + str(o.experts));
   if (o.moe_every > layers)  // no block would be a MoE: a dense model under a MoE banner
@@ -75,6 +79,7 @@ inline models::MoELayersConfig moe_layers_config(const MoEFlags& o) {
   mc.router.z_loss_coeff = 1e-3;
   if (o.capacity > 0) mc.router.capacity_factor = o.capacity;
   mc.every = o.moe_every;
+  mc.shared = o.shared;
   return mc;
 }
 

@@ -31,15 +31,21 @@
 // is all-gathered on the tensor dimension first (and its output gradient in backward), every
 // tensor rank runs it alike and keeps its own slice of the result.
 //
+// Shared experts (MoELayersConfig::shared, DeepSeek's): a MoE block's feed-forward adds one dense
+// feed-forward of shared x the experts' width that every token passes through, beside its routed
+// experts: y = mine(moe(whole(x))) + shared(x). It is the plan's feed-forward (Megatron's styles
+// under TP: their collectives, no gather), its parameters in the block's unit on the dense mesh.
+//
 // Statistics: each MoE feed-forward keeps its last forward's routing statistics (load per
 // expert, dropped choices, loss shares on this rank) for logging; a checkpointed block's
 // recomputation writes the same ones again.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
-#include <utility>
 #include <tuple>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -47,6 +53,7 @@
 #include "dtensor/models/llama.hpp"
 #include "dtensor/nn/param_groups.hpp"
 #include "dtensor/nn/swiglu.hpp"
+#include "dtensor/ops/pointwise.hpp"
 #include "dtensor/parallel/moe.hpp"
 
 namespace dtensor::models {
@@ -78,12 +85,26 @@ class DenseOrMoE {
   static constexpr bool gathers = !std::is_same_v<In, typename Moe::In>;
   static_assert(std::is_same_v<In, Out> && std::is_same_v<typename Moe::In, typename Moe::Out>,
                 "models::DenseOrMoE: the feed-forward keeps its input's layout");
-  using Saved = std::variant<typename Mlp::Saved, typename Moe::Saved>;
-  using WeightCtx = std::variant<typename Mlp::WeightCtx, typename Moe::WeightCtx>;
+  /// A MoE feed-forward's state: the experts' and, with shared experts, their dense feed-forward's.
+  struct MoeSaved {
+    typename Moe::Saved moe;
+    std::optional<typename Mlp::Saved> shared;
+  };
+  struct MoeWeightCtx {
+    typename Moe::WeightCtx moe;
+    std::optional<typename Mlp::WeightCtx> shared;
+  };
+  using Saved = std::variant<typename Mlp::Saved, MoeSaved>;
+  using WeightCtx = std::variant<typename Mlp::WeightCtx, MoeWeightCtx>;
 
   DenseOrMoE() = default;
   explicit DenseOrMoE(Mlp mlp) { mlp_.push_back(std::move(mlp)); }
-  explicit DenseOrMoE(Moe moe) { moe_.push_back(std::move(moe)); }
+  /// `shared`: DeepSeek's shared experts, one dense feed-forward every token passes through beside
+  /// its routed experts (the plan's tensor-parallel styles, on the block's layout: no gather).
+  explicit DenseOrMoE(Moe moe, std::optional<Mlp> shared = {}) {
+    moe_.push_back(std::move(moe));
+    if (shared) shared_.push_back(std::move(*shared));
+  }
 
   bool is_moe() const noexcept { return !moe_.empty(); }
   Moe& moe() { return moe_.at(0); }
@@ -99,7 +120,14 @@ class DenseOrMoE {
     auto [y, s] = moe_[0].forward(whole(x));
     const auto& r = s.routing;
     stats_ = {r.load, r.tokens * r.topk, r.dropped, r.aux_loss, r.z_loss};
-    return {mine(std::move(y)), Saved(std::in_place_index<1>, std::move(s))};
+    Out out = mine(std::move(y));
+    MoeSaved saved{std::move(s), std::nullopt};
+    if (!shared_.empty()) {
+      auto [ys, ss] = shared_[0].forward(x);
+      out = ops::add(out, ys);
+      saved.shared = std::move(ss);
+    }
+    return {std::move(out), Saved(std::in_place_index<1>, std::move(saved))};
   }
 
   nn::Bwd<In, WeightCtx> backward_input(Saved s, const Out& dy) const {
@@ -107,13 +135,23 @@ class DenseOrMoE {
       auto [dx, w] = mlp_.at(0).backward_input(std::get<0>(std::move(s)), dy);
       return {std::move(dx), WeightCtx(std::in_place_index<0>, std::move(w))};
     }
-    auto [dx, w] = moe_[0].backward_input(std::get<1>(std::move(s)), whole(dy));
-    return {mine(std::move(dx)), WeightCtx(std::in_place_index<1>, std::move(w))};
+    MoeSaved saved = std::get<1>(std::move(s));
+    auto [dx, w] = moe_[0].backward_input(std::move(saved.moe), whole(dy));
+    In din = mine(std::move(dx));
+    MoeWeightCtx ctx{std::move(w), std::nullopt};
+    if (saved.shared) {
+      auto [dxs, ws] = shared_[0].backward_input(std::move(*saved.shared), dy);
+      din = ops::add(din, dxs);
+      ctx.shared = std::move(ws);
+    }
+    return {std::move(din), WeightCtx(std::in_place_index<1>, std::move(ctx))};
   }
 
   void backward_weight(WeightCtx w) {
-    if (!is_moe()) mlp_.at(0).backward_weight(std::get<0>(std::move(w)));
-    else moe_[0].backward_weight(std::get<1>(std::move(w)));
+    if (!is_moe()) return mlp_.at(0).backward_weight(std::get<0>(std::move(w)));
+    MoeWeightCtx ctx = std::get<1>(std::move(w));
+    moe_[0].backward_weight(std::move(ctx.moe));
+    if (ctx.shared) shared_[0].backward_weight(std::move(*ctx.shared));
   }
 
   /// Recompute the activation (nn/recompute.hpp: act): the dense feed-forward's activation is
@@ -121,9 +159,10 @@ class DenseOrMoE {
   /// recomputes it in backward), so there it is already so.
   void set_recompute_activation(bool on) {
     if (!is_moe()) mlp_.at(0).set_recompute_activation(on);
+    for (auto& s : shared_) s.set_recompute_activation(on);
   }
 
-  auto children() { return std::tie(mlp_, moe_); }  // one of the two holds the module
+  auto children() { return std::tie(mlp_, moe_, shared_); }  // mlp_ or moe_ holds the module
 
  private:
   /// The whole tokens the MoE takes (SP: an all-gather on the tensor dimension).
@@ -139,6 +178,7 @@ class DenseOrMoE {
 
   std::vector<Mlp> mlp_;  // 0 or 1: a range, so that the parameter walks see whichever there is
   std::vector<Moe> moe_;
+  std::vector<Mlp> shared_;  // 0 or 1: a MoE's shared experts
   mutable MoEStats stats_;
 };
 
@@ -147,6 +187,7 @@ struct MoELayersConfig {
   nn::RouterConfig router;  // experts, topk, capacity factor, loss coefficients
   Extent hidden = 0;        // each expert's width; 0: the dense feed-forward's (ffn, or mlp_ratio x dim)
   Extent every = 1;      // block l is MoE when (l + 1) % every == 0: 1 all, 2 every other (1, 3, ...)
+  Extent shared = 0;  // shared experts (DeepSeek's): one dense feed-forward of shared x hidden beside the routed ones
 };
 
 /// models::GPT's Layers policy for MoE blocks (see the top of this file) in the blocks of a dense
@@ -168,9 +209,10 @@ class MoELayers {
   MoELayers() = default;
   MoELayers(EMesh emesh, MoELayersConfig c) : emesh_(std::move(emesh)), c_(c) {
     nn::check_router_config(c.router, "models::MoELayers", emesh_.rank());
-    if (c.every < 1 || c.hidden < 0)
+    if (c.every < 1 || c.hidden < 0 || c.shared < 0)
       throw Error("models::MoELayers",
-                  dtensor::detail::cat("every ", c.every, " must be >= 1 and hidden ", c.hidden, " >= 0"),
+                  dtensor::detail::cat("every ", c.every, " must be >= 1, hidden ", c.hidden, " and shared ", c.shared,
+                                       " >= 0"),
                   emesh_.rank());
   }
 
@@ -192,7 +234,12 @@ class MoELayers {
                            .router = c_.router,
                            .init_std = c.init_std,
                            .out_std = c.out_std};
-    return Block(name, mesh, c, seed, FF(typename FF::Moe(name + ".moe", mesh, emesh_, mc, seed + 2)));
+    // Seeds: the router's seed + 2, the experts' + 3 onwards (one per weight), the shared experts' + 6.
+    std::optional<typename FF::Mlp> shared;
+    if (c_.shared > 0)
+      shared.emplace(name + ".moe.shared", mesh, c.dim, c_.shared * mc.hidden, seed + 6, c.init_std, c.out_std);
+    return Block(name, mesh, c, seed,
+                 FF(typename FF::Moe(name + ".moe", mesh, emesh_, mc, seed + 2), std::move(shared)));
   }
 
   /// The mesh the experts live on, declared (nn/param_groups.hpp): nn::Stack makes each MoE

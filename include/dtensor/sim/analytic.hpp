@@ -62,11 +62,12 @@ namespace dtensor::sim {
 /// biases) model's shape. `experts` > 0: the feed-forward of every `moe_every`-th block is a
 /// mixture of `experts` feed-forwards of width `expert_ffn` (0: the dense width), top-`topk`
 /// routed, with a router [experts, dim] (models/moe_gpt.hpp): GELU MLPs in GPT blocks, SwiGLUs in
-/// Llama blocks (models::LlamaMoE).
+/// Llama blocks (models::LlamaMoE); `shared_experts` (DeepSeek's) one more dense feed-forward of
+/// shared_experts x the experts' width that every token passes through, Megatron-split over tp.
 struct ModelShape {
   std::int64_t layers = 1, dim = 1, heads = 1, kv_heads = 0, ffn = 0, vocab = 1, seq = 1;
   bool llama = false;
-  std::int64_t experts = 0, topk = 1, moe_every = 1, expert_ffn = 0;
+  std::int64_t experts = 0, topk = 1, moe_every = 1, expert_ffn = 0, shared_experts = 0;
   std::int64_t kv() const { return kv_heads ? kv_heads : heads; }
   std::int64_t width() const { return ffn ? ffn : 4 * dim; }
   std::int64_t head_dim() const { return dim / heads; }
@@ -77,6 +78,12 @@ struct ModelShape {
   /// One expert's parameters (parallel/experts.hpp): fc1, fc2 and their biases; SwiGLU's w1, w3, w2.
   double expert_params() const {
     const double h = double(dim), f = double(expert_width());
+    return llama ? 3 * h * f : 2 * h * f + f + h;
+  }
+  /// The shared experts' feed-forward (0 without): a dense one of shared_experts x the experts' width.
+  double shared_params() const {
+    if (shared_experts == 0) return 0;
+    const double h = double(dim), f = double(shared_experts * expert_width());
     return llama ? 3 * h * f : 2 * h * f + f + h;
   }
   /// The dense feed-forward's parameters, which a MoE block replaces by its router and experts.
@@ -90,8 +97,11 @@ struct ModelShape {
     if (llama) return h * (h + 2 * kvd) + h * h + 3 * h * f + 2 * h;
     return h * (h + 2 * kvd) + (h + 2 * kvd) + h * h + h + 2 * h * f + f + h + 4 * h;
   }
-  /// What a MoE block has beyond a dense one: the router and the experts, less the dense MLP.
-  double moe_extra_params() const { return double(dim) * double(experts) + double(experts) * expert_params() - mlp_params(); }
+  /// What a MoE block has beyond a dense one: the router, the experts and the shared experts, less
+  /// the dense MLP.
+  double moe_extra_params() const {
+    return double(dim) * double(experts) + double(experts) * expert_params() + shared_params() - mlp_params();
+  }
   /// All parameters: blocks, embedding (and learned positions), final norm, untied head.
   double params() const {
     const double h = double(dim), v = double(vocab);
@@ -103,7 +113,8 @@ struct ModelShape {
   /// for attention.
   double model_flops_per_token() const {
     const double h = double(dim), v = double(vocab);
-    const double active_moe = double(moe_layers()) * (h * double(experts) + double(topk) * expert_params() - mlp_params());
+    const double active_moe =
+        double(moe_layers()) * (h * double(experts) + double(topk) * expert_params() + shared_params() - mlp_params());
     return 6 * (double(layers) * block_params() + active_moe + v * h) + 12 * double(layers) * h * double(seq);
   }
 };
@@ -212,9 +223,10 @@ inline void check_plan_shape(const ModelShape& m, const PlanShape& p) {
   if (p.cp_kind == "ulysses" && m.heads % (std::int64_t(p.tp) * p.cp) != 0)
     throw Error(op, dtensor::detail::cat("ulysses splits the heads over tp x cp: heads ", m.heads, " over ", p.tp, " x ", p.cp));
   if (m.moe()) {
-    if (m.topk < 1 || m.topk > m.experts || m.moe_every < 1 || m.expert_ffn < 0)
+    if (m.topk < 1 || m.topk > m.experts || m.moe_every < 1 || m.expert_ffn < 0 || m.shared_experts < 0)
       throw Error(op, dtensor::detail::cat("experts ", m.experts, ", topk ", m.topk, ", moe_every ", m.moe_every,
-                                           ", expert_ffn ", m.expert_ffn, ": 1 <= topk <= experts, moe_every >= 1"));
+                                           ", expert_ffn ", m.expert_ffn, ", shared_experts ", m.shared_experts,
+                                           ": 1 <= topk <= experts, moe_every >= 1, shared_experts >= 0"));
     const nn::Recompute r = p.recomputes();
     if (!r.full && (r.norm || r.mlp))
       throw Error(op, "MoE blocks: the estimate recomputes none, selective (core_attn), act or full, not " + r.to_string());
@@ -512,7 +524,7 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   struct MoeLayer {
     double fwd_compute = 0, bwd_compute = 0, fwd = 0, bwd = 0, w_gemms = 0, recompute = 0;
     double a2a_f = 0, a2a_b = 0, tp = 0, recompute_tp = 0, recompute_cp = 0;
-    double local = 0, received = 0, sent = 0;
+    double local = 0, received = 0, sent = 0, shared = 0;
   } moe;
   const bool is_moe = m.moe();
   if (is_moe) {
@@ -540,22 +552,38 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
     const double a2a_v = coll(CollectiveKind::all_to_all_v, "ep", p.ep, moe_all_to_all_bytes(m, p));
     const double counts = coll(CollectiveKind::all_to_all, "ep", p.ep, 8 * double(p.ep) * moe.local);
     const double gather = p.tp > 1 && p.sp ? coll(CollectiveKind::all_gather, "tp", p.tp, act) : 0;
-    const double moe_f = router + experts + act + rows;
+    // Shared experts: a dense feed-forward of fs = shared x fe on the block's tokens, split over tp
+    // as the dense MLP (its GEMMs, its passes as the MLP's at width fs, its add into the
+    // output, forward and backward; its TP collectives below).
+    const double fs = double(m.shared_experts) * fe, fsw = n * fs / t;
+    moe.shared = m.shared_experts == 0 ? 0
+                 : m.llama             ? gemm(n, h, 2 * fs / t) + gemm(n, fs / t, h)
+                                       : gemm(n, h, fs / t) + gemm(n, fs / t, h);
+    const double shared_pw_f =
+        m.shared_experts == 0 ? 0 : memory_bound(e * (3 * xs + (m.llama ? 9 * fsw : 4 * fsw + 2 * xs)));
+    const double shared_pw_b =
+        m.shared_experts == 0 ? 0 : memory_bound(e * (3 * xs + (m.llama ? 15 * fsw : 4 * fsw + xs)));
+    const double shared_tp = m.shared_experts == 0 ? 0 : tp_half;
+    const double moe_f = router + experts + act + rows + moe.shared + shared_pw_f;
     moe.fwd_compute = attn_gemms + attn_fwd + moe_pointwise + moe_f;
     moe.a2a_f = counts + 2 * a2a_v;
     moe.a2a_b = 2 * a2a_v;
     // Full recomputation runs the block's forward again, its collectives included; selective the
     // attention core (the MoE blocks recompute nothing else in the search: nn/recompute.hpp).
-    if (full) moe.recompute = moe.fwd_compute, moe.recompute_tp = tp_half + gather, moe.recompute_cp = cp_layer;
+    if (full)
+      moe.recompute = moe.fwd_compute, moe.recompute_tp = tp_half + shared_tp + gather, moe.recompute_cp = cp_layer;
     else if (rc.core_attn) moe.recompute = attn_fwd, moe.recompute_cp = cp_layer + std::max(0.0, cp_hidden - attn_fwd);
     const double recompute_a2a = full ? moe.a2a_f : 0;
-    moe.bwd_compute =
-        2 * attn_gemms + attn_bwd + moe_pointwise_b + 2 * (router + experts) + act_b + rows + grads + moe.recompute;
-    moe.tp = 2 * tp_half + 2 * gather + regather_one + moe.recompute_tp;
-    moe.fwd = moe.fwd_compute + tp_half + gather + cp_layer + std::max(0.0, cp_hidden - attn_fwd) + moe.a2a_f;
-    moe.bwd = moe.bwd_compute + tp_half + gather + regather_one + cp_layer + moe.recompute_tp + moe.recompute_cp +
-              recompute_a2a + std::max(0.0, 2 * cp_hidden - attn_bwd) + moe.a2a_b;
-    moe.w_gemms = attn_gemms + router + experts;
+    moe.bwd_compute = 2 * attn_gemms + attn_bwd + moe_pointwise_b + 2 * (router + experts + moe.shared) + act_b + rows +
+                      grads + shared_pw_b + moe.recompute;
+    // The shared experts' Megatron pair (and, under SP, fc1's re-gather in backward).
+    const double shared_regather = m.shared_experts == 0 ? 0 : regather_one;
+    moe.tp = 2 * (tp_half + shared_tp) + 2 * gather + regather_one + shared_regather + moe.recompute_tp;
+    moe.fwd =
+        moe.fwd_compute + tp_half + shared_tp + gather + cp_layer + std::max(0.0, cp_hidden - attn_fwd) + moe.a2a_f;
+    moe.bwd = moe.bwd_compute + tp_half + shared_tp + gather + regather_one + shared_regather + cp_layer +
+              moe.recompute_tp + moe.recompute_cp + recompute_a2a + std::max(0.0, 2 * cp_hidden - attn_bwd) + moe.a2a_b;
+    moe.w_gemms = attn_gemms + router + experts + moe.shared;
   }
   // The head (logits GEMM, vocab-parallel over tp) and the pipeline sends, per micro-batch.
   const double head = gemm(n, h, double(m.vocab) / t);
@@ -681,7 +709,10 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
     // routing (expert index, gate, kept flag per choice).
     if (is_moe) {
       const double fe = double(m.expert_width()) * (m.llama ? 2 : 1), k = double(m.topk);
-      const double moe_bytes = e * (n * h + moe.received * (h + fe) + moe.sent * h) + moe.sent * (8 + e) + n * k * (8 + e + 1);
+      // Shared experts: their dense feed-forward's hidden and activation (SwiGLU: gate, up and product).
+      const double fs = double(m.shared_experts * m.expert_width()), shared_bytes = e * n * (m.llama ? 3 : 2) * fs / t;
+      const double moe_bytes = e * (n * h + moe.received * (h + fe) + moe.sent * h) + moe.sent * (8 + e) +
+                               n * k * (8 + e + 1) + shared_bytes;
       moe_units = ln_in + qkv_in + attention + moe_bytes / (n * h) * 2 / e;
     }
   }
@@ -696,9 +727,13 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   // fused w13) x h + dy f / t (2 f / t), fc2 x f / t + dy h; a MoE block's router x h + dy E and
   // experts x, dy (h each) and a, dh (their width each; SwiGLU also d up) per received row.
   const double wctx_dense = e * n * (4 * h + (h + 2 * kvd) / t + h / t + (m.llama ? 3 : 2) * f / t);
-  const double wctx_moe = is_moe ? e * n * (2 * h + (h + 2 * kvd) / t + h / t + h + double(m.experts)) +
-                                       e * moe.received * (2 * h + (m.llama ? 3 : 2) * double(m.expert_width()))
-                                 : 0;
+  const double wctx_moe =
+      is_moe ? e * n * (2 * h + (h + 2 * kvd) / t + h / t + h + double(m.experts)) +
+                   e * moe.received * (2 * h + (m.llama ? 3 : 2) * double(m.expert_width())) +
+                   (m.shared_experts > 0
+                        ? e * n * (2 * h + (m.llama ? 3 : 2) * double(m.shared_experts * m.expert_width()) / t)
+                        : 0)
+             : 0;
   const double wctx_stage = layers_per_rank * ((1 - moe_share) * wctx_dense + moe_share * wctx_moe) / v;
   const bool zero_bubble = p.zero_bubble() && p.pp > 1;
   if (zero_bubble) {
