@@ -163,15 +163,6 @@ inline models::GPTConfig gpt_config(const Options& o, const Corpus& corpus) {
           .recompute = o.recompute};
 }
 
-/// This rank's stages' layers: dense, or MoE blocks with their experts on the expert mesh.
-template <class Layers, class StageMesh>
-Layers gpt_layers(const Options& o, const StageMesh& stage_mesh) {
-  if constexpr (requires { typename Layers::ExpertMesh; })
-    return Layers(parallel::make_expert_mesh<typename Layers::ExpertMesh>(stage_mesh, o.ep),
-                  models::cli::moe_layers_config(o));
-  else return Layers{};
-}
-
 /// What a checkpoint must match to resume: the configuration that fixes the tensors, and --sync's
 /// settings. Any mesh and schedule can resume it.
 inline std::map<std::string, std::string> checkpoint_config(const Options& o, const models::GPTConfig& cfg,
@@ -239,8 +230,9 @@ double run_gpt(CommPtr world, const Options& o, const Corpus& corpus) {
   const models::GPTConfig cfg = gpt_config(o, corpus);
   const int ranks_here = o.backend == "threads" ? world->size() : 1;  // sharing the process's budgets
   const auto host_budget = cli::host_budget(o, ranks_here), device_budget = cli::device_budget(o, ranks_here);
-  train::Trainer<Model, float> trainer(world, cli::trainer_options(o, o.context(), host_budget),
-                                       [&](const StageMesh& m) { return Model(m, cfg, gpt_layers<Layers>(o, m)); });
+  train::Trainer<Model, float> trainer(
+      world, cli::trainer_options(o, o.context(), host_budget),
+      [&](const StageMesh& m) { return Model(m, cfg, models::cli::layers_of<Layers>(m, o, o)); });
   std::shared_ptr<nn::ActivationOffload> activations;
   if constexpr (host && !moe) activations = cli::offload_activations(o, trainer, *world);
   world->barrier();  // every rank's optimizer built

@@ -214,16 +214,6 @@ void print_summary(const Options& o, double elapsed, double train_loss, double f
   std::printf(val_loss < first_val ? "validation loss fell\n" : "validation loss did not fall\n");
 }
 
-/// The stages' Layers: MoE blocks on the expert mesh over the stage's ranks (--experts: the
-/// library's MoE configuration of the flags, as train_gpt's), or dense ones.
-template <class Layers, class StageMesh>
-Layers layers_of(const StageMesh& stage_mesh, const Options& o) {
-  if constexpr (requires { typename Layers::ExpertMesh; })
-    return Layers(parallel::make_expert_mesh<typename Layers::ExpertMesh>(stage_mesh, o.ep),
-                  models::cli::moe_layers_config(o));
-  else return Layers{};
-}
-
 /// Every run (one stage at --pp 1; experts with --experts): the ViT's parts cut by pipeline::split,
 /// each stage FSDP-sharded, one step = the schedule over the micro-batches and every gradient sync
 /// (the Trainer's ShardedPipeline).
@@ -237,8 +227,9 @@ void train_pipeline(CommPtr world, const Options& o) {
   using Parts = models::ViTParts<float, StageMesh, Plan, Layers>;
   // The step (train/trainer.hpp): this rank's stages, FSDP, one AdamW over every parameter of this
   // rank (shards and experts), clipping to norm 1.
-  train::Trainer<Parts> trainer(mesh, trainer_options(o),
-                                [&](const StageMesh& m) { return Parts(m, cfg, layers_of<Layers>(m, o)); });
+  train::Trainer<Parts> trainer(mesh, trainer_options(o), [&](const StageMesh& m) {
+    return Parts(m, cfg, models::cli::layers_of<Layers>(m, o, o));
+  });
   const bool root = world->rank() == 0;
   if (root)
     std::printf("train_vit: mesh pp %d (%s x %d) x dp %d x fsdp %d (ZeRO-%d) x cp %d (%s) x tp %d%s = %d ranks%s; model: "
@@ -280,8 +271,9 @@ void dry_pipeline_step(CommPtr world, const Options& o, sim::Recorder& rec) {
   using Stage = pp::Stage<Parts>;
   Mesh mesh(world, {o.pp, o.dp, o.fsdp, o.cp, o.tp});
   rec.phase("parameters");
-  train::Trainer<Parts> trainer(mesh, trainer_options(o),
-                                [&](const StageMesh& m) { return Parts(m, config_of(o), layers_of<Layers>(m, o)); });
+  train::Trainer<Parts> trainer(mesh, trainer_options(o), [&](const StageMesh& m) {
+    return Parts(m, config_of(o), models::cli::layers_of<Layers>(m, o, o));
+  });
   const StageMesh& stage_mesh = trainer.stage_mesh();
   const Extent micro = o.batch / o.microbatches;
   const auto x = distribute_replicated<typename Stage::Input::layout>(

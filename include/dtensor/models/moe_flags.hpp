@@ -83,4 +83,13 @@ inline models::MoELayersConfig moe_layers_config(const MoEFlags& o) {
   return mc;
 }
 
+/// The stages' Layers policy of the flags: MoE blocks on the expert mesh over the stage's ranks
+/// (--experts over --ep, moe_layers_config), or the dense ones (DenseLayers, LlamaLayers).
+template <class Layers, class StageMesh>
+Layers layers_of(const StageMesh& stage_mesh, const MeshFlags& mesh, const MoEFlags& moe) {
+  if constexpr (requires { typename Layers::ExpertMesh; })
+    return Layers(parallel::make_expert_mesh<typename Layers::ExpertMesh>(stage_mesh, mesh.ep), moe_layers_config(moe));
+  else return Layers{};
+}
+
 }  // namespace dtensor::models::cli
