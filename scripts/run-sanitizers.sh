@@ -23,7 +23,8 @@
 # twice the compile time (test_moe with ASan + UBSan: 74 s against 34 s of CPU); the two whose
 # run dominates the phase (test_comm_threads, test_redistribute_oracle) stay at -O1. -O0 checks
 # at least as much (no access is optimized away before instrumentation); the programs run slower.
-# run-tests.sh (and so CI) runs this script unless DTENSOR_TEST_SANITIZERS=0.
+# run-tests.sh (and so CI) runs this script unless DTENSOR_TEST_SANITIZERS=0: in the background at
+# nice 19, beside its main suite and packaging checks, whose idle CPU these builds use.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=${DTENSOR_TEST_JOBS:-$(nproc)}
