@@ -47,7 +47,7 @@ fi
 # examples but train_vit (their tests run the trainer many times) stay at -O1; the benchmarks,
 # built but not run here, are at -O0 too. (test_sim gains nothing at -O0: its unit is template-heavy front-end work,
 # 140.7 s of CPU at -O1 and more than 132 s at -O0, measured back to back.)
-o0_tests=(dtensor_catch_main dtensor_mpi_catch_main dtensor_cuda_catch_main dtensor_nccl_catch_main
+o0_tests=(dtensor_catch_session dtensor_catch_main dtensor_mpi_catch_main dtensor_cuda_catch_main dtensor_nccl_catch_main
           test_checkpoint test_context_parallel test_llama test_nn_protocol test_sync test_moe
           test_dtensor_api test_trace test_nn_units test_nn_attention test_nn_layers
           test_nn_classification test_ops_spaces test_optim test_dtensor_faults test_hardening
