@@ -23,7 +23,8 @@
 # twice the compile time (test_moe with ASan + UBSan: 74 s against 34 s of CPU); the two whose
 # run dominates the phase (test_comm_threads, test_redistribute_oracle) stay at -O1. -O0 checks
 # at least as much (no access is optimized away before instrumentation); the programs run slower.
-# run-tests.sh (and so CI) runs this script unless DTENSOR_TEST_SANITIZERS=0.
+# run-tests.sh (and so CI) runs this script unless DTENSOR_TEST_SANITIZERS=0: in the background at
+# nice 19, beside its main suite and packaging checks, whose idle CPU these builds use.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=${DTENSOR_TEST_JOBS:-$(nproc)}
@@ -41,7 +42,7 @@ common=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 
 if [[ $what == all || $what == asan ]]; then
   asan_tests=(test_tensor test_comm_threads test_redistribute_oracle test_ops_spaces test_hardening
               test_fsdp_parity test_cp_parity test_checkpoint)
-  asan_o0="dtensor_catch_main;test_tensor;test_ops_spaces;test_hardening;test_fsdp_parity;test_cp_parity;test_checkpoint"
+  asan_o0="dtensor_catch_session;dtensor_catch_main;test_tensor;test_ops_spaces;test_hardening;test_fsdp_parity;test_cp_parity;test_checkpoint"
   cmake -S . -B build-asan $(generator build-asan) "${common[@]}" -DDTENSOR_SANITIZE="address;undefined" -DDTENSOR_TESTS_O0="$asan_o0" >/dev/null
   cmake --build build-asan -j"$jobs" --target "${asan_tests[@]}"
   regex="^($(IFS='|'; echo "${asan_tests[*]}"))\$"
@@ -52,7 +53,7 @@ fi
 
 if [[ $what == all || $what == tsan ]]; then
   tsan_tests=(test_comm_threads test_dtensor_faults test_optim)
-  tsan_o0="dtensor_catch_main;test_dtensor_faults;test_optim"
+  tsan_o0="dtensor_catch_session;dtensor_catch_main;test_dtensor_faults;test_optim"
   cmake -S . -B build-tsan $(generator build-tsan) "${common[@]}" -DDTENSOR_SANITIZE=thread -DDTENSOR_TESTS_O0="$tsan_o0" >/dev/null
   cmake --build build-tsan -j"$jobs" --target "${tsan_tests[@]}"
   regex="^($(IFS='|'; echo "${tsan_tests[*]}"))\$"

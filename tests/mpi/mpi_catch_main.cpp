@@ -1,11 +1,10 @@
 // The Catch2 main of the MPI test programs: every rank runs every test case, in the same order.
 // Listing tests (--list-tests, --list-test-names-only, ...) and --help need no MPI, so that
 // scripts/mpi-test.sh can list a program's tests without mpirun. The collective check is on
-// (support/test_defaults.hpp).
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
-
+// (support/test_defaults.hpp). Catch's implementation is tests/catch_session.cpp's
+// (dtensor_catch_session).
 #include "support/catch_args.hpp"
+#include "support/catch_session.hpp"
 #include "support/test_defaults.hpp"
 
 #include <cstdio>
@@ -14,7 +13,7 @@
 #include "dtensor/comm/mpi.hpp"
 
 int main(int argc, char** argv) {
-  if (dtensor::testing::only_lists(argc, argv)) return Catch::Session().run(argc, argv);
+  if (dtensor::testing::only_lists(argc, argv)) return dtensor::testing::run_catch(argc, argv);
   dtensor::mpi::Environment env(argc, argv);
   dtensor::testing::use_test_defaults();
   // As dtensor::mpi::run does: ranks on other hosts get DTENSOR_TIMEOUT_MS only if mpirun
@@ -26,5 +25,5 @@ int main(int argc, char** argv) {
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
-  return Catch::Session().run(argc, argv);
+  return dtensor::testing::run_catch(argc, argv);
 }

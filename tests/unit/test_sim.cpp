@@ -34,6 +34,11 @@
 #include "support/on_ranks.hpp"
 #include "support/redistribute_cases.hpp"
 #include "support/strict_json.hpp"
+#ifdef DTENSOR_TEST_SHARED_DRY_RUNS
+// The models' dry runs (models::dry_run_plan) as compiled once in examples/plan_auto_dry.cpp,
+// whose object this program links (tests/CMakeLists.txt): a quarter of this unit's compile time.
+#include "dry_run_plans.hpp"
+#endif
 
 using namespace dtensor;
 using namespace dtensor::testing;
