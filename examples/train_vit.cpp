@@ -309,10 +309,10 @@ void train_pipeline(CommPtr world, const Options& o) {
 
 // ---------------------------------------------------------------- --dry-run
 
-/// The step of train_pipeline on meta tensors, as the rank of `world` (one rank class): this
-/// pipeline rank's stages cut from the same parts, FSDP-sharded by ShardedPipeline, one
-/// micro-batch through them, every gradient sync, clip and AdamW: train_pipeline's Trainer on meta
-/// tensors (models::trainer_step).
+/// The step of train_pipeline on meta tensors, as the rank of `world` (one rank class):
+/// train_pipeline's Trainer and its own step (models::trainer_step: Trainer::step with the
+/// report's phases marked), one micro-batch of the schedule through this pipeline rank's stages,
+/// every gradient sync, clip and AdamW.
 template <class Plan, bool MoE>
 void dry_pipeline_step(CommPtr world, const Options& o, sim::Recorder& rec) {
   namespace pp = parallel::pipeline;
@@ -333,7 +333,9 @@ void dry_pipeline_step(CommPtr world, const Options& o, sim::Recorder& rec) {
     }
   };
   rec.phase("parameters");
-  train::Trainer<Parts> trainer(mesh, trainer_options(o), [&](const StageMesh& m) { return Parts(m, config_of(o), layers(m)); });
+  train::TrainerOptions options = trainer_options(o);
+  options.one_microbatch = true;  // one of the schedule's micro-batches, as models::dry_run_plan runs
+  train::Trainer<Parts> trainer(mesh, options, [&](const StageMesh& m) { return Parts(m, config_of(o), layers(m)); });
   const StageMesh& stage_mesh = trainer.stage_mesh();
   const Extent micro = o.batch / o.microbatches;
   const auto x = distribute_replicated<typename Stage::Input::layout>(
