@@ -302,6 +302,11 @@ TEST_CASE("train::Trainer: the dry run of a user's model is its real step, per r
     for (int r = 0; r < n; ++r) {
       const auto& a = dry[std::size_t(r)];
       const auto& b = real[std::size_t(r)];
+      // A sent activation is freed when its send finishes: at once in the dry run, when the peer
+      // takes it in the real one (whenever the threads get there). Those bytes may differ.
+      std::int64_t sent = 0;
+      for (const auto& ph : b.phases)
+        for (const auto& c : ph.collectives) sent += c.kind == CollectiveKind::send ? std::int64_t(c.bytes) : 0;
       std::vector<std::string> names;
       for (const auto& ph : a.phases) names.push_back(ph.name);
       const std::vector<std::string> want =
@@ -321,7 +326,9 @@ TEST_CASE("train::Trainer: the dry run of a user's model is its real step, per r
           CHECK(x.peak[std::size_t(t)] == y.peak[std::size_t(t)]);
         }
         const auto act = std::size_t(MemoryTag::activations);
-        CHECK(double(x.peak[act]) == Approx(double(y.peak[act])).epsilon(0.01).margin(256));
+        CHECK(x.peak[act] <= y.peak[act]);
+        CHECK(double(x.peak[act]) ==
+              Approx(double(y.peak[act])).epsilon(0.01).margin(double(std::max<std::int64_t>(256, sent))));
         // Building: the real backends agree on the schedule and settings first (an all-gather
         // a dry run has no peers for).
         if (x.name == sim::RankReport::construction_phase) continue;

@@ -14,8 +14,7 @@
 // the simulator give the actions (simulate.hpp): RECV posts a receive (recv_from_async) and
 // returns; the F, B or I that uses the data waits for it just before it computes; SEND starts an
 // asynchronous send (send_to) and returns, so it overlaps the computations after it; sends are
-// waited for at the end of the step (finished ones are dropped as the step goes on, after each
-// computation that waited for a message: the same points on every backend, a dry run's too). Activations
+// waited for at the end of the step (finished ones are dropped as the step goes on). Activations
 // (the stage's activation_shape) go forward and their gradients backward only by these messages between the stage
 // meshes of two pipeline coordinates, each rank to the rank at its own coordinate of the other
 // stage mesh (distributed/transfer.hpp): with data and tensor parallelism inside the stages
@@ -283,11 +282,9 @@ class Executor {
           phase.peak[t] = std::max(phase.peak[t], held[t] + action_ledger.peak(space, MemoryTag(t)));
         phase.total = std::max(phase.total, held_total + action_ledger.peak(space));
       }
-      // A sent tensor is released (if its send finished) only after a computation that waited
-      // for a message: then the memory measured is the same on every backend, whenever a send
-      // happens to finish (a dry run's sim sends finish at once; real ones when the peer takes
-      // the data, which the next received message usually follows).
-      if (run.received) run.drop_finished_sends(), run.received = false;
+      // A sent tensor is freed once its send finished: at once in a dry run (the sim backend has
+      // no peer), when the peer takes the data in a real one.
+      run.drop_finished_sends();
       int saved = 0, pending = 0;
       for (const Stage& stage : stages_) saved += int(stage.saved_count()), pending += int(stage.weight_pending_count());
       run.stats.saved_after.push_back(saved);
@@ -385,7 +382,6 @@ class Executor {
     const Microbatches& microbatches;
     StepStats stats{};
     double clock = 0;                          // slots, count_slots
-    bool received = false;                     // the current action waited for a message
     std::map<Action, Incoming> incoming;       // keyed by the RECV
     std::map<std::pair<int, int>, X> outputs;  // (stage, mb): a forward's output, to send or hand over
     std::map<std::pair<int, int>, X> input_grads;  // (stage, mb): a backward's input gradient
@@ -421,7 +417,6 @@ class Executor {
       const auto start = Clock::now();
       X x = found->second.data.take();
       found->second.sent_at_work.wait();
-      received = true;
       stats.wait_seconds += seconds_since(start);
       if (found->second.sent_at) clock = std::max(clock, *found->second.sent_at);
       incoming.erase(found);
