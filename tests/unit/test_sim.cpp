@@ -2105,11 +2105,12 @@ TEST_CASE("sim: activation offload on meta tensors, the dry run's ledger shows t
 TEST_CASE(
     "sim: the dry run's step is the real step's, per rank and tag: DDP and FSDP on the trainer's path at pp 1 and 2",
     "[sim][memory][fsdp]") {
-  // The same function (models::detail::pipeline_rank_step: the trainer's ShardedPipeline with
-  // FSDP's actions where the trainer's executor runs them) on meta tensors over the sim
-  // communicator, and on host tensors over 4 rank threads: every phase's peak by tag and its
-  // collectives are equal (the model states exactly; the activations within 1 %). With cp 2
-  // FSDP shards over "fsdp*cp" (N' = 4 with fsdp 2) in both.
+  // The same function (models::detail::pipeline_rank_step: the Trainer's own step) on meta
+  // tensors over the sim communicator, and on host tensors over 4 rank threads: every phase's
+  // peak by tag and its collectives are equal (the model states exactly; the activations within
+  // 1 %, or within the bytes the rank sends: a sent activation is freed when its send finishes,
+  // at once in a dry run, when the peer takes it in a real one). With cp 2 FSDP shards over
+  // "fsdp*cp" (N' = 4 with fsdp 2) in both.
   struct Case {
     int zero, pp, cp;
   };
@@ -2137,6 +2138,9 @@ TEST_CASE(
       // balanced context ranks do equal work).
       const sim::RankReport& r = real[std::size_t(c.pipeline_rank * (4 / pp))];
       REQUIRE(r.phases.size() == c.report.phases.size());
+      std::int64_t sent = 0;
+      for (const auto& ph : r.phases)
+        for (const auto& x : ph.collectives) sent += x.kind == CollectiveKind::send ? std::int64_t(x.bytes) : 0;
       for (std::size_t ph = 0; ph < r.phases.size(); ++ph) {
         const auto& a = c.report.phases[ph];
         const auto& b = r.phases[ph];
@@ -2151,7 +2155,9 @@ TEST_CASE(
           CHECK(a.end[std::size_t(t)] == b.end[std::size_t(t)]);
         }
         const auto act = std::size_t(MemoryTag::activations);
-        CHECK(double(a.peak[act]) == Approx(double(b.peak[act])).epsilon(0.01).margin(256));
+        CHECK(a.peak[act] <= b.peak[act]);
+        CHECK(double(a.peak[act]) ==
+              Approx(double(b.peak[act])).epsilon(0.01).margin(double(std::max<std::int64_t>(256, sent))));
         std::string names_a, names_b;
         for (const auto& x : a.collectives) names_a += std::string(name_of(x.kind)) + " on " + x.group + "; ";
         for (const auto& x : b.collectives) names_b += std::string(name_of(x.kind)) + " on " + x.group + "; ";
