@@ -3,7 +3,7 @@
 // (examples::dry_rank, declared in plan_auto.hpp): the ranking plan_at_scale --search makes
 // (examples/plan_rescore.hpp). One host translation unit, linked by train_gpt, train_gpt_cuda
 // (nvcc never compiles the dry run) and plan_at_scale (the dry run is compiled once, not twice).
-// It defines models::dry_run_plan's twelve instantiations explicitly (dry_run_plans.hpp), so that
+// It defines models::dry_run_plan's sixteen instantiations explicitly (dry_run_plans.hpp), so that
 // tests/unit/test_sim.cpp, which links this object too, uses them instead of compiling its own.
 #include "dry_run_plans.hpp"
 #include "plan_auto.hpp"

@@ -256,10 +256,10 @@ void train_pipeline(CommPtr world, const Options& o) {
 
 // ---------------------------------------------------------------- --dry-run
 
-/// The step of train_pipeline on meta tensors, as the rank of `world` (one rank class): this
-/// pipeline rank's stages cut from the same parts, FSDP-sharded by ShardedPipeline, one
-/// micro-batch through them, every gradient sync, clip and AdamW: train_pipeline's Trainer on meta
-/// tensors (models::trainer_step).
+/// The step of train_pipeline on meta tensors, as the rank of `world` (one rank class):
+/// train_pipeline's Trainer and its own step (models::trainer_step: Trainer::step with the
+/// report's phases marked), one micro-batch of the schedule through this pipeline rank's stages,
+/// every gradient sync, clip and AdamW.
 template <class Plan, bool MoE>
 void dry_pipeline_step(CommPtr world, const Options& o, sim::Recorder& rec) {
   namespace pp = parallel::pipeline;
@@ -271,7 +271,9 @@ void dry_pipeline_step(CommPtr world, const Options& o, sim::Recorder& rec) {
   using Stage = pp::Stage<Parts>;
   Mesh mesh(world, {o.pp, o.dp, o.fsdp, o.cp, o.tp});
   rec.phase("parameters");
-  train::Trainer<Parts> trainer(mesh, trainer_options(o), [&](const StageMesh& m) {
+  train::TrainerOptions options = trainer_options(o);
+  options.one_microbatch = true;  // one of the schedule's micro-batches, as models::dry_run_plan runs
+  train::Trainer<Parts> trainer(mesh, options, [&](const StageMesh& m) {
     return Parts(m, config_of(o), models::cli::layers_of<Layers>(m, o, o));
   });
   const StageMesh& stage_mesh = trainer.stage_mesh();

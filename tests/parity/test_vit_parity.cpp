@@ -18,7 +18,7 @@
 #include "cp_parity.hpp"  // expected_cp_counts, Counts
 #include "dtensor/comm/comm_log.hpp"
 #include "dtensor/models/moe_gpt.hpp"        // models::MoELayers: the blocks' MoE policy the ViT shares with the GPT
-#include "dtensor/models/training_plan.hpp"  // models::detail::run_one_microbatch: one micro-batch through the stages, dry
+#include "dtensor/models/training_plan.hpp"  // models::phase_observer: the dry run's phases
 #include "dtensor/models/vit.hpp"
 #include "dtensor/models/vit_data.hpp"
 #include "dtensor/optim/adamw.hpp"
@@ -446,7 +446,7 @@ TEST_CASE("ViT dry run on meta: ViT-B/16 on 512 ranks, ZeRO-3 x CP x TP + SP", "
 // The dry run of the pipelined MoE ViT on meta: ViT-B/16 with every other block a mixture of 8
 // experts (top-2), 4 pipeline stages of 3 blocks x fsdp 8 (ZeRO-3) x cp 2 (ring) x tp 4 + SP,
 // the experts over ep 8 (edp 2): 256 ranks, run once for the first and once for the last pipeline
-// rank (models::detail::run_one_microbatch: one micro-batch through this rank's stages, the
+// rank (the pipeline's executor over one micro-batch through this rank's stages, the
 // neighbours' activations received on the sim communicator). Each holds exactly its stage's
 // units (embed or head, its 3 blocks) and the expert units of its MoE blocks (h.1 on the first;
 // h.9 and h.11 on the last), of each expert unit its one expert of 8; the experts' all-to-alls
@@ -506,12 +506,11 @@ TEST_CASE("ViT dry run on meta: MoE ViT-B/16, pp 4 x fsdp 8 x cp 2 x tp 4 + SP x
             stage_mesh, Tensor<float, 3, meta_space>(Shape<3>{images, 196, 768}));
         auto y = distribute_replicated<typename Stage::Target::layout>(stage_mesh,
                                                                        Tensor<std::int32_t, 1, meta_space>(Shape<1>{images}));
-        models::detail::run_one_microbatch(
-            run.executor().stages(), mesh, schedule.layout, x, y, rec, [&](std::size_t i) { run.fsdp(i).unshard(); },
-            [&](std::size_t i) {
-              run.fsdp(i).reshard();
-              run.fsdp(i).reduce_gradients();
-            });
+        // The pipeline's own executor over the one micro-batch (FSDP's hooks around each stage),
+        // the report's phases marked as it goes (models::phase_observer drives nothing).
+        typename pp::Executor<Stage, Mesh5>::Microbatches batch;
+        batch.emplace_back(std::move(x), std::move(y));
+        run.executor().step(batch, models::phase_observer(rec, false).before_action);
         rec.phase("optimizer");
         run.finish_gradient_syncs();
         run.clip_grad_norm(1.0);

@@ -2001,6 +2001,52 @@ TEST_CASE("sim: expert parallelism in the search: ep > 1 first where the experts
     CHECK(a.step_seconds == Approx(dry.step_seconds).epsilon(0.25));
     CHECK(a.memory_bytes == Approx(memory).epsilon(0.25));
   }
+  // Llama blocks with SwiGLU experts and DeepSeek's shared experts (models::LlamaMoE): the
+  // analytic counts an expert's 3 GEMMs and 3 x dim x width parameters, and the shared experts'
+  // dense feed-forward (its GEMMs, its TP pair); against the dry run as above, and the
+  // parameters a rank holds exactly (an expert's weights have no biases).
+  const sim::ModelShape llama_moe{.layers = 4, .dim = 1024, .heads = 8, .kv_heads = 2, .ffn = 2048, .vocab = 512,
+                                  .seq = 1024, .llama = true, .experts = 8, .topk = 2, .expert_ffn = 512,
+                                  .shared_experts = 2};
+  for (const Case c : {Case{8, 1, 1, 2}, Case{2, 2, 2, 2}}) {
+    CAPTURE(c.dp, c.tp, c.pp, c.ep);
+    const int microbatches = 2;
+    models::TrainingPlan plan{
+        .model = {.vocab = 512, .seq = 1024, .dim = 1024, .heads = 8, .layers = 4, .kv_heads = 2, .ffn = 2048},
+        .batch = c.dp * microbatches,
+        .microbatches = microbatches,
+        .dp = c.dp,
+        .tp = c.tp,
+        .pp = c.pp};
+    plan.moe.router.experts = 8;
+    plan.moe.router.topk = 2;
+    plan.moe.hidden = 512;
+    plan.moe.shared = 2;
+    plan.ep = c.ep;
+    using Layers = models::MoELayers<dtensor::bfloat16, MetaMesh<"edp", "ep", "tp">, models::LlamaLayers>;
+    const auto classes = models::dry_run_plan<dtensor::bfloat16, Layers, true>(plan);
+    const sim::PlanShape p{.batch = plan.batch, .microbatch = 1, .dp = c.dp, .tp = c.tp, .pp = c.pp, .ep = c.ep};
+    const auto a = sim::analytic_estimate(llama_moe, p, sim::Hardware{});
+    std::vector<sim::ClassInput> inputs;
+    double memory = 0;
+    for (const auto& k : classes) inputs.push_back({&k.report, k.pipeline_ranks}), memory = std::max(memory, k.peak_in_flight);
+    const auto dry =
+        sim::estimate_plan(inputs, models::plan_topology(plan, sim::Hardware{}), models::detail::plan_schedule(plan));
+    CAPTURE(dry.step_seconds, a.step_seconds, memory, a.memory_bytes);
+    CHECK(a.step_seconds == Approx(dry.step_seconds).epsilon(0.25));
+    CHECK(a.memory_bytes == Approx(memory).epsilon(0.25));
+    // Every expert's and shared expert's weights are the model's: the pipeline ranks' bf16
+    // parameters (whole on ZeRO-1's data ranks, the experts one ep rank's share, the dense ones
+    // split over tp) add up to the formula's count.
+    if (c.tp == 1 && c.pp == 1) {
+      const auto& k = classes.front();
+      const double held = double(k.report.phase(sim::RankReport::construction_phase).end[std::size_t(MemoryTag::parameters)]);
+      const double expert_share = double(llama_moe.layers) * llama_moe.experts / c.ep * llama_moe.expert_params();
+      const double dense = llama_moe.params() - double(llama_moe.layers) * llama_moe.experts * llama_moe.expert_params();
+      CHECK(held == Approx(2 * (dense + expert_share)).epsilon(0.001));
+    }
+  }
+
   // Bad expert parallelism: more ranks than experts, not dividing the token ranks, without experts.
   const sim::PlanShape p{.batch = 16, .microbatch = 1, .dp = 8, .ep = 3};
   CHECK_THROWS_WITH(sim::analytic_estimate(shape, p, sim::Hardware{}), Catch::Contains("ep 3 must divide dp x cp = 8"));
@@ -2115,11 +2161,12 @@ TEST_CASE("sim: activation offload on meta tensors, the dry run's ledger shows t
 TEST_CASE(
     "sim: the dry run's step is the real step's, per rank and tag: DDP and FSDP on the trainer's path at pp 1 and 2",
     "[sim][memory][fsdp]") {
-  // The same function (models::detail::pipeline_rank_step: the trainer's ShardedPipeline with
-  // FSDP's actions where the trainer's executor runs them) on meta tensors over the sim
-  // communicator, and on host tensors over 4 rank threads: every phase's peak by tag and its
-  // collectives are equal (the model states exactly; the activations within 1 %). With cp 2
-  // FSDP shards over "fsdp*cp" (N' = 4 with fsdp 2) in both.
+  // The same function (models::detail::pipeline_rank_step: the Trainer's own step) on meta
+  // tensors over the sim communicator, and on host tensors over 4 rank threads: every phase's
+  // peak by tag and its collectives are equal (the model states exactly; the activations within
+  // 1 %, or within the bytes the rank sends: a sent activation is freed when its send finishes,
+  // at once in a dry run, when the peer takes it in a real one). With cp 2 FSDP shards over
+  // "fsdp*cp" (N' = 4 with fsdp 2) in both.
   struct Case {
     int zero, pp, cp;
   };
@@ -2147,6 +2194,9 @@ TEST_CASE(
       // balanced context ranks do equal work).
       const sim::RankReport& r = real[std::size_t(c.pipeline_rank * (4 / pp))];
       REQUIRE(r.phases.size() == c.report.phases.size());
+      std::int64_t sent = 0;
+      for (const auto& ph : r.phases)
+        for (const auto& x : ph.collectives) sent += x.kind == CollectiveKind::send ? std::int64_t(x.bytes) : 0;
       for (std::size_t ph = 0; ph < r.phases.size(); ++ph) {
         const auto& a = c.report.phases[ph];
         const auto& b = r.phases[ph];
@@ -2161,7 +2211,9 @@ TEST_CASE(
           CHECK(a.end[std::size_t(t)] == b.end[std::size_t(t)]);
         }
         const auto act = std::size_t(MemoryTag::activations);
-        CHECK(double(a.peak[act]) == Approx(double(b.peak[act])).epsilon(0.01).margin(256));
+        CHECK(a.peak[act] <= b.peak[act]);
+        CHECK(double(a.peak[act]) ==
+              Approx(double(b.peak[act])).epsilon(0.01).margin(double(std::max<std::int64_t>(256, sent))));
         std::string names_a, names_b;
         for (const auto& x : a.collectives) names_a += std::string(name_of(x.kind)) + " on " + x.group + "; ";
         for (const auto& x : b.collectives) names_b += std::string(name_of(x.kind)) + " on " + x.group + "; ";

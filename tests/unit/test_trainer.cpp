@@ -5,9 +5,10 @@
 // (ring) and all of them at once, the Trainer's per-step losses equal a one-rank loop's (the same
 // parts run by nn::Stack, AdamW and clipping written out) within 1e-9 relative, in double, with
 // sizes that do not divide: vocabulary 23 over tp 2, batch 6 over dp/fsdp, 5 layers over 2 and 4 stages.
-// The same spec's dry run (models::detail::trainer_step on meta tensors over the sim communicator)
-// equals the real step (the same on host tensors over rank threads) per rank, phase and tag, and
-// its collectives exactly. Then what a training program gets from the library beside the
+// The same spec's dry run (models::trainer_step: the Trainer's own step() on meta tensors over
+// the sim communicator) equals the real trainer.step() on host tensors over rank threads, per
+// rank, phase and tag, and its collectives exactly, under ZeRO-3 x TP, PP x ZeRO-2 and PP x CP
+// under ZB-V. Then what a training program gets from the library beside the
 // Trainer: the Trainer's flags (train/trainer_flags.hpp: their checks worded by the flags, the
 // options they make, the ranks' agreement generated from the flag table) and the character corpus
 // (models/text_corpus.hpp: its encoding, folds and batches).
@@ -19,6 +20,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -28,7 +30,7 @@
 #include "dtensor/core/factories.hpp"
 #include "dtensor/models/moe_flags.hpp"
 #include "dtensor/models/text_corpus.hpp"
-#include "dtensor/models/training_plan.hpp"  // models::detail::trainer_step
+#include "dtensor/models/training_plan.hpp"  // models::trainer_step, models::phase_observer
 #include "dtensor/nn/block.hpp"
 #include "dtensor/nn/embedding.hpp"
 #include "dtensor/nn/stack.hpp"
@@ -252,33 +254,68 @@ TEST_CASE("train::Trainer: a model defined only in the test equals the one-rank 
 }
 
 TEST_CASE("train::Trainer: the dry run of a user's model is its real step, per rank, phase and tag", "[train][sim]") {
+  // The dry run (models::trainer_step: the Trainer's step() on meta tensors over the sim
+  // communicator, one micro-batch of the schedule) against the real trainer.step() on host
+  // tensors over rank threads, the same options, the phases marked by the same observer: equal
+  // parameters, gradients and optimizer state, activations within 1%, and the collectives exactly
+  // (but for the construction's agreement, which has no peers in a dry run).
   const TaggerConfig cfg;
-  for (const Case& k : {Case{.degrees = {.fsdp = 2, .tp = 2}, .zero = 3}, Case{.degrees = {.pp = 2, .fsdp = 2}, .zero = 2,
-                                                                                   .microbatches = 2}}) {
+  for (const Case& k : {Case{.degrees = {.fsdp = 2, .tp = 2}, .zero = 3},
+                        Case{.degrees = {.pp = 2, .fsdp = 2}, .zero = 2, .microbatches = 2},
+                        Case{.degrees = {.pp = 2, .cp = 2}, .schedule = "zbv", .microbatches = 2}}) {
     INFO(describe(k));
     const int n = k.degrees.ranks();
+    train::TrainerOptions options = options_of(k);
+    options.one_microbatch = true;
     const Extent micro = batch / k.microbatches;
-    auto step_of = [&]<class Space>(CommPtr world, Space, const char* space) {
-      sim::Recorder rec(space);
-      rec.phase("parameters");
-      train::Trainer<Tagger<Space>> trainer(world, options_of(k), [&](const train::StageMeshIn<Space>& m) {
-        return Tagger<Space>(m, cfg);
-      });
-      using Ids = typename Tagger<Space>::Target;
-      const auto ids = distribute_replicated<typename Ids::layout>(trainer.stage_mesh(),
-                                                                   Tensor<std::int32_t, 2, Space>(Shape<2>{micro, cfg.seq}));
-      models::detail::trainer_step(trainer, ids, ids, rec);
-      return rec.finish(space);
+    auto make = [&]<class Space>(CommPtr world, Space) {
+      return std::make_unique<train::Trainer<Tagger<Space>>>(
+          std::move(world), options, [&](const train::StageMeshIn<Space>& m) { return Tagger<Space>(m, cfg); });
     };
     std::vector<sim::RankReport> real(static_cast<std::size_t>(n)), dry(static_cast<std::size_t>(n));
+    std::vector<std::string> problems(static_cast<std::size_t>(n));
     threads::run(n, [&](CommPtr world) {
       const int rank = world->rank();
-      real[std::size_t(rank)] = step_of(std::move(world), host_space{}, "host");
+      sim::Recorder rec("host");
+      rec.phase("parameters");
+      auto trainer = make(std::move(world), host_space{});
+      const auto [x, y] = batch_of(0, cfg);
+      // The trainer's own step on the first micro-batch of real data.
+      const auto r = trainer->step(trainer->microbatches(x, y),
+                                   models::phase_observer(rec, models::detail::split_backward(trainer->schedule())));
+      rec.phase(models::after_step);
+      if (!r.updated || !std::isfinite(r.loss) || r.loss <= 0)
+        problems[std::size_t(rank)] = "loss " + std::to_string(r.loss);
+      real[std::size_t(rank)] = rec.finish("host");
     });
-    for (int r = 0; r < n; ++r) dry[std::size_t(r)] = step_of(sim::world(r, n), meta_space{}, "meta");
+    for (int r = 0; r < n; ++r) {
+      INFO("rank " << r);
+      CHECK(problems[std::size_t(r)].empty());
+      sim::Recorder rec("meta");
+      rec.phase("parameters");
+      auto trainer = make(sim::world(r, n), meta_space{});
+      using Ids = typename Tagger<meta_space>::Target;
+      const auto ids = distribute_replicated<typename Ids::layout>(
+          trainer->stage_mesh(), Tensor<std::int32_t, 2, meta_space>(Shape<2>{micro, cfg.seq}));
+      models::trainer_step(*trainer, ids, ids, rec);
+      dry[std::size_t(r)] = rec.finish("meta");
+    }
     for (int r = 0; r < n; ++r) {
       const auto& a = dry[std::size_t(r)];
       const auto& b = real[std::size_t(r)];
+      // A sent activation is freed when its send finishes: at once in the dry run, when the peer
+      // takes it in the real one (whenever the threads get there). Those bytes may differ.
+      std::int64_t sent = 0;
+      for (const auto& ph : b.phases)
+        for (const auto& c : ph.collectives) sent += c.kind == CollectiveKind::send ? std::int64_t(c.bytes) : 0;
+      std::vector<std::string> names;
+      for (const auto& ph : a.phases) names.push_back(ph.name);
+      const std::vector<std::string> want =
+          k.schedule == "zbv"
+              ? std::vector<std::string>{"parameters",      "forward",   "backward_input",
+                                         "backward_weight", "optimizer", "after step"}
+              : std::vector<std::string>{"parameters", "forward", "backward", "optimizer", "after step"};
+      CHECK(names == want);
       REQUIRE(a.phases.size() == b.phases.size());
       for (std::size_t ph = 0; ph < a.phases.size(); ++ph) {
         const auto& x = a.phases[ph];
@@ -290,7 +327,9 @@ TEST_CASE("train::Trainer: the dry run of a user's model is its real step, per r
           CHECK(x.peak[std::size_t(t)] == y.peak[std::size_t(t)]);
         }
         const auto act = std::size_t(MemoryTag::activations);
-        CHECK(double(x.peak[act]) == Approx(double(y.peak[act])).epsilon(0.01).margin(256));
+        CHECK(x.peak[act] <= y.peak[act]);
+        CHECK(double(x.peak[act]) ==
+              Approx(double(y.peak[act])).epsilon(0.01).margin(double(std::max<std::int64_t>(256, sent))));
         // Building: the real backends agree on the schedule and settings first (an all-gather
         // a dry run has no peers for).
         if (x.name == sim::RankReport::construction_phase) continue;
@@ -301,6 +340,10 @@ TEST_CASE("train::Trainer: the dry run of a user's model is its real step, per r
           CHECK(x.collectives[c].bytes == y.collectives[c].bytes);
         }
       }
+      // The step's work is the trainer's: its forward phase computes, its optimizer phase holds
+      // the gradient syncs or the clip's all-reduce (every mesh here has one).
+      CHECK(a.phase("forward").flops() > 0);
+      CHECK(!a.phase("optimizer").collectives.empty());
     }
   }
 }

@@ -134,6 +134,14 @@ class MemoryLedger {
   std::int64_t peak(std::string_view space, MemoryTag tag) const {
     return counts_.by_tag[detail::ledger_space_index(space)][std::size_t(tag)].peak;
   }
+  /// Starts the peaks over from now: each peak becomes its current value (a scope that measures
+  /// phases one after another without opening and closing ledgers inside its callees' scopes,
+  /// sim::Recorder).
+  void reset_peaks() noexcept {
+    for (auto& space : counts_.by_tag)
+      for (auto& c : space) c.peak = c.current;
+    for (auto& c : counts_.by_space) c.peak = c.current;
+  }
   /// Number of allocations in the scope.
   std::size_t allocations() const noexcept { return allocations_; }
 

@@ -10,8 +10,10 @@
 // Two programs, the trainer's (examples/train_gpt.cpp): mesh (pp, dp, fsdp, cp, tp); each pipeline
 // rank builds its stages (parallel::pipeline::split of models::GptParts: embedding on the first, head
 // on the last, its share of the blocks, uneven splits as stage_layers gives; one stage at pp 1)
-// and runs one micro-batch through them: receive the input from the previous stage, forward,
-// send; then backward the same way.
+// and runs the train::Trainer's own step (Trainer::step: the executor's schedule, FSDP's actions,
+// the gradient syncs, clipping, AdamW) on meta tensors, with one micro-batch of the plan's
+// schedule (TrainerOptions::one_microbatch: each rank's forwards, then its backwards), the
+// report's phases marked by an observer that drives nothing (phase_observer).
 //
 //   zero == 0 (DDP)           mesh (pp, dp, 1, cp, tp): the trainer's ZeRO-1 over a size-1
 //                             "fsdp" (the data ranks replicas on "dp", gradients all-reduced there),
@@ -20,9 +22,9 @@
 //   zero 1..3 (FSDP)          mesh (pp, hsdp, dp / hsdp, cp, tp): the stages under
 //                             parallel::pipeline::ShardedPipeline with fp32 master values, gradient
 //                             shards and AdamW state (the model computes in T), HSDP when hsdp > 1,
-//                             FSDP's actions around each stage exactly as the trainer's executor
-//                             runs them (begin_stage, begin_last_backward, end_stage): at pp 1 ZeRO-3
-//                             gathers and reshards each unit, as the trainer does.
+//                             FSDP's actions around each stage the trainer's executor's (begin_stage,
+//                             begin_last_backward, end_stage): at pp 1 ZeRO-3 gathers and reshards
+//                             each unit.
 //
 // MoE (plan.moe.router.experts > 0, Layers = models::MoELayers over MetaMesh<"edp", "ep", "tp">): the
 // pipeline program, the experts on the expert mesh over each stage's ranks (ep of them splitting
@@ -42,9 +44,9 @@
 // rank's stages); the last, "after step" (no work), starts with what the step leaves held. The activations of the micro-batches a schedule keeps in flight are not run:
 // peak_in_flight adds (in flight - 1) times one micro-batch's saved activations per stage to the
 // run's peak (the schedule's count for this pipeline rank, parallel/pipeline/validate.hpp).
-// Zero-bubble schedules (ZB-H1, ZB-V, DualPipeV): the one micro-batch's backward runs as the
-// schedule runs it, every stage's input gradient ("backward_input") then every weight gradient
-// ("backward_weight"); what W frees is the weight-gradient contexts, and the peak weighs the
+// Zero-bubble schedules (ZB-H1, ZB-V, DualPipeV): the one micro-batch's backward runs split as
+// the schedule splits it, every stage's input gradient ("backward_input") then every weight
+// gradient ("backward_weight"; parallel::pipeline::one_microbatch); what W frees is the weight-gradient contexts, and the peak weighs the
 // schedule's forwards held and contexts pending step by step (sim::detail::held_at_peak).
 // Not here: FSDP across pipeline stages (a stage is sharded on its own stage mesh only), the uneven flat-unit
 // shards of FSDP's tail ranks (the class is that of rank 0 of the shard dimension).
@@ -52,6 +54,7 @@
 
 #include <algorithm>
 #include <array>
+#include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -206,7 +209,7 @@ inline constexpr std::size_t bucket_bytes = std::size_t(25) << 20;
 inline optim::AdamWOptions adamw_options() { return {.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1}; }
 
 /// Whether the schedule splits backwards into I and W (zero-bubble schedules): then the dry run
-/// does too (run_one_microbatch's split_backward), and counts the weight-gradient contexts.
+/// does too (parallel::pipeline::one_microbatch), and counts the weight-gradient contexts.
 inline bool split_backward(const parallel::pipeline::Schedule& s) {
   for (const auto& list : s.actions)
     for (const auto& a : list)
@@ -245,88 +248,54 @@ Layers plan_layers(const StageMesh& stage_mesh, const TrainingPlan& p) {
     return Layers{};
 }
 
-/// One micro-batch (`input`, and `target` for the last stage's loss) through this pipeline
-/// rank's stages of any layered model: receive, forward, send; backward the same way, in
-/// reverse. `before_forward(i)` / `after_backward(i)` run around local stage i (FSDP's unshard,
-/// reshard and gradient reduction). A GPT's target is its ids again; a classifier's its labels.
-/// `split_backward` (zero-bubble schedules): the backward as the schedule runs it, input
-/// gradients first ("backward_input": every stage's I, the weight-gradient contexts left held)
-/// then the weight gradients ("backward_weight": every stage's W, which frees them), so the
-/// report shows the contexts' bytes and the cost model the I / W split.
-template <class Stage, class Mesh, class BeforeForward, class AfterBackward>
-void run_one_microbatch(std::vector<Stage>& stages, const Mesh& mesh, const parallel::pipeline::StageLayout& layout,
-                        const typename Stage::Input& ids, const typename Stage::Target& target, sim::Recorder& rec,
-                        BeforeForward&& before_forward, AfterBackward&& after_backward, bool split_backward = false) {
-  using X = typename Stage::X;
-  const auto& stage_mesh = stages.front().mesh();
-  const auto neighbour = [&](int stage) { return mesh.template slice<"pp">(layout.rank_of(stage)); };
-  rec.phase("forward", /*overlapped=*/true);
-  {
-    MemoryTagScope tag(MemoryTag::activations);
-    for (std::size_t i = 0; i < stages.size(); ++i) {
-      Stage& stage = stages[i];
-      before_forward(i);
-      std::optional<X> x;
-      if (!stage.is_first())
-        x = recv_from<typename X::layout, typename X::value_type>(stage_mesh, neighbour(stage.index() - 1),
-                                                                  stage.activation_shape(ids));
-      auto y = stage.forward(0, std::move(x), ids, target);
-      if (y) send_to(*y, neighbour(stage.index() + 1)).wait();
-    }
-  }
-  rec.phase(split_backward ? "backward_input" : "backward", /*overlapped=*/true);
-  MemoryTagScope tag(MemoryTag::activations);  // the activations' gradients and recomputed forwards
-  for (std::size_t i = stages.size(); i-- > 0;) {
-    Stage& stage = stages[i];
-    std::optional<X> dy;
-    if (!stage.is_last())
-      dy = recv_from<typename X::layout, typename X::value_type>(stage_mesh, neighbour(stage.index() + 1),
-                                                                 stage.activation_shape(ids));
-    auto dx = split_backward ? stage.backward_input(0, std::move(dy), 1.0) : stage.backward(0, std::move(dy), 1.0);
-    if (dx) send_to(*dx, neighbour(stage.index() - 1)).wait();
-    if (!split_backward) after_backward(i);
-  }
-  if (!split_backward) return;
-  rec.phase("backward_weight", /*overlapped=*/true);
-  for (std::size_t i = stages.size(); i-- > 0;) {
-    stages[i].backward_weight(0);
-    after_backward(i);
-  }
+/// The Recorder's phases of a step, marked as the trainer's step reaches them (a
+/// train::StepObserver; it drives nothing): "forward" at this rank's first forward action (its
+/// receive, or FSDP's gather before it), "backward" at its first backward one ("backward_input"
+/// when the schedule splits backwards into I and W, then "backward_weight" at its first W),
+/// "optimizer" once the schedule has run (the gradient syncs, clip, the optimizer step, the
+/// parameter sync, the loss). The phases only move on: with one micro-batch every forward of a
+/// rank comes before its backwards and (zero-bubble) every I before its W (one_microbatch).
+inline train::StepObserver phase_observer(sim::Recorder& rec, bool split) {
+  namespace pp = parallel::pipeline;
+  auto at = std::make_shared<int>(0);  // the phase reached: 1 forward, 2 backward(_input), 3 backward_weight
+  return {.before_action =
+              [&rec, at, split](const pp::Action& a) {
+                using K = pp::ActionKind;
+                const bool forward = a.kind == K::forward || a.kind == K::send_forward || a.kind == K::recv_forward;
+                const int phase = forward ? 1 : a.kind == K::backward_weight ? 3 : 2;
+                if (phase <= *at) return;
+                *at = phase;
+                rec.phase(phase == 1   ? "forward"
+                          : phase == 3 ? "backward_weight"
+                          : split      ? "backward_input"
+                                       : "backward",
+                          /*overlapped=*/true);
+              },
+          .after_schedule = [&rec] { rec.phase("optimizer"); }};
 }
 
-/// One micro-batch through a train::Trainer's stages (FSDP's actions around each stage, as the
-/// trainer's executor runs them), then the trainer's own finish_schedule() and update() — the
-/// gradient syncs, the replica sync, clip, optimizer step and parameter sync: the dry run of the
-/// trainer's step for any model (the GPT here, train_vit --dry-run).
+/// The dry run of a train::Trainer's step for any model (the GPT here, train_vit --dry-run): the
+/// trainer's own step() over the one micro-batch (`x`, `y`) — built with
+/// TrainerOptions::one_microbatch — its phases marked on `rec` (phase_observer), then the
+/// phase after_step. Nothing here drives a stage: the schedule, FSDP's actions, the gradient
+/// syncs, clipping and the optimizer are the trainer's (train/trainer.hpp).
 template <class Trainer, class Input, class Target>
 void trainer_step(Trainer& trainer, const Input& x, const Target& y, sim::Recorder& rec) {
-  auto& run = trainer.pipeline();
-  const auto& schedule = trainer.schedule();
-  run.zero_grad();
-  // What the executor's hooks do (ShardedPipeline::begin_stage, ...); with one micro-batch its
-  // forward is the step's first and its backward the last.
-  run_one_microbatch(
-      trainer.stages(), trainer.mesh(), schedule.layout, x, y, rec,
-      [&](std::size_t i) {
-        run.begin_stage(i);
-        run.begin_last_backward(i);
-      },
-      [&](std::size_t i) { run.end_stage(i); }, split_backward(schedule));
-  rec.phase("optimizer");
-  MemoryTagScope optimizer_tag(MemoryTag::other);
-  trainer.finish_schedule();
-  trainer.update();
+  typename Trainer::Microbatches batch;
+  batch.emplace_back(x, y);
+  trainer.step(batch, phase_observer(rec, split_backward(trainer.schedule())));
   rec.phase(after_step);
 }
 
-/// The trainer's options for a plan (one schedule of the plan's micro-batches; the dry run
-/// drives one of them).
+/// The trainer's options for a plan: the plan's schedule, run with one of its micro-batches
+/// (TrainerOptions::one_microbatch; dry_run_plan counts the others from the schedule).
 inline train::TrainerOptions trainer_options(const TrainingPlan& p) {
   const auto shape = pipeline_shape(p);
   train::TrainerOptions o;
   o.degrees = {.pp = shape[0], .dp = shape[1], .fsdp = shape[2], .cp = shape[3], .tp = shape[4]};
   o.schedule = p.schedule;
   o.microbatches = p.microbatches;
+  o.one_microbatch = true;
   o.stages_per_rank = p.stages_per_rank;
   o.zero = p.zero;
   o.adamw = adamw_options();
@@ -370,9 +339,10 @@ void pipeline_rank_step(CommPtr world, const TrainingPlan& p, sim::Recorder& rec
 }  // namespace detail
 
 // Public for programs that dry-run their own Trainer (train_vit --dry-run): the plan's pipeline
-// schedule, one micro-batch through a Trainer's stages on meta tensors, and the phase name the
-// optimizer's step is recorded under.
+// schedule, a Trainer's own step on meta tensors with its phases recorded (and the observer that
+// marks them), and the name of the phase after the step.
 using detail::after_step;
+using detail::phase_observer;
 using detail::plan_schedule;
 using detail::trainer_step;
 
@@ -465,6 +435,7 @@ using models::after_step;
 using models::as_run;
 using models::check_plan;
 using models::dry_run_plan;
+using models::phase_observer;
 using models::plan_schedule;
 using models::plan_topology;
 using models::PlanClass;

@@ -208,7 +208,9 @@ class Recorder {
   Recorder(const Recorder&) = delete;
   Recorder& operator=(const Recorder&) = delete;
 
-  /// Ends the current phase (if any) and starts `name`.
+  /// Ends the current phase (if any) and starts `name`. May be called from inside scopes opened
+  /// after the Recorder (an observer inside the trainer's step, models/training_plan.hpp): the
+  /// Recorder's own ledger and logs live as long as it does, and a phase is a stretch of them.
   void phase(std::string name, bool overlapped = false) {
     close_phase();
     PhaseReport p;
@@ -216,7 +218,10 @@ class Recorder {
     p.overlapped = overlapped;
     for (std::size_t t = 0; t < memory_tag_count; ++t) p.start[t] = memory_.current(space_, MemoryTag(t));
     phases_.push_back(std::move(p));
-    open_ = std::make_unique<Scopes>();
+    memory_.reset_peaks();
+    comm_from_ = comm_.size();
+    cost_from_ = cost_.records().size();
+    open_ = true;
   }
 
   /// Ends the current phase and returns the report; the Recorder records nothing more.
@@ -226,31 +231,30 @@ class Recorder {
   }
 
  private:
-  struct Scopes {  // one phase's: destroyed before the next phase's are made (they nest)
-    MemoryLedger memory;
-    CommLog comm;
-    kernels::meta::CostLog cost;
-  };
-
   void close_phase() {
     if (!open_) return;
     PhaseReport& p = phases_.back();
-    std::int64_t start_total = 0;
     for (std::size_t t = 0; t < memory_tag_count; ++t) {
-      p.peak[t] = p.start[t] + open_->memory.peak(space_, MemoryTag(t));
+      p.peak[t] = memory_.peak(space_, MemoryTag(t));  // the peaks restarted with the phase
       p.end[t] = memory_.current(space_, MemoryTag(t));
-      start_total += p.start[t];
     }
-    p.peak_total = start_total + open_->memory.peak(space_);
-    p.collectives = open_->comm.records();
-    p.ops = open_->cost.records();
-    open_.reset();
+    p.peak_total = memory_.peak(space_);
+    const auto& comm = comm_.records();
+    p.collectives.assign(comm.begin() + std::ptrdiff_t(comm_from_), comm.end());
+    const auto& cost = cost_.records();
+    p.ops.assign(cost.begin() + std::ptrdiff_t(cost_from_), cost.end());
+    open_ = false;
   }
 
   std::string space_;
-  MemoryLedger memory_;  // from construction: what every phase starts from
+  // From construction to destruction (scopes opened later nest inside them): what every phase
+  // starts from, and the records each phase takes its stretch of.
+  MemoryLedger memory_;
+  CommLog comm_;
+  kernels::meta::CostLog cost_;
+  std::size_t comm_from_ = 0, cost_from_ = 0;
   std::vector<PhaseReport> phases_;
-  std::unique_ptr<Scopes> open_;
+  bool open_ = false;
 };
 
 }  // namespace dtensor::sim

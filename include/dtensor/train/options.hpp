@@ -69,6 +69,10 @@ struct TrainerOptions {
   std::string schedule = "1f1b";  // parallel/pipeline/by_name.hpp: gpipe, 1f1b, interleaved, zbh1, zbv, dualpipev
   int microbatches = 1;
   int stages_per_rank = 0;        // interleaved schedules: pipeline stages per rank (0: the schedule's own)
+  // Run the schedule's stages with one micro-batch (parallel::pipeline::one_microbatch) instead of
+  // its `microbatches`: the dry run's step (models/training_plan.hpp), which counts the schedule's
+  // other micro-batches rather than runs them. `microbatches` still picks and checks the schedule.
+  bool one_microbatch = false;
   int zero = 0;                   // ZeRO stage over "fsdp" (1, 2, 3); 0: 3 when fsdp > 1, else 1 (DDP)
   std::optional<bool> reshard_after_forward{};  // ZeRO-3: per unit and micro-batch (true) or the stage held for the step
   optim::AdamWOptions adamw{};
@@ -93,17 +97,21 @@ struct TrainerOptions {
     const auto& a = adamw;
     require_same_settings(
         comm, "train::Trainer",
-        {{"degrees (pp dp fsdp cp tp)", dtensor::detail::cat(degrees.pp, " ", degrees.dp, " ", degrees.fsdp, " ", degrees.cp, " ", degrees.tp)},
+        {{"degrees (pp dp fsdp cp tp)",
+          dtensor::detail::cat(degrees.pp, " ", degrees.dp, " ", degrees.fsdp, " ", degrees.cp, " ", degrees.tp)},
          {"schedule", schedule},
          {"microbatches", text(microbatches)},
          {"stages_per_rank", text(stages_per_rank)},
+         {"one_microbatch", text(int(one_microbatch))},
          {"zero", text(zero)},
          {"reshard_after_forward", reshard_after_forward ? text(int(*reshard_after_forward)) : "default"},
-         {"adamw (lr beta1 beta2 eps weight_decay)", dtensor::detail::cat(a.lr, " ", a.beta1, " ", a.beta2, " ", a.eps, " ", a.weight_decay)},
+         {"adamw (lr beta1 beta2 eps weight_decay)",
+          dtensor::detail::cat(a.lr, " ", a.beta1, " ", a.beta2, " ", a.eps, " ", a.weight_decay)},
          {"clip_norm", text(clip_norm)},
          {"sync", dtensor::detail::cat(parallel::sync::to_string(sync.kind), " inner ", sync.inner_steps, " staleness ",
                                        sync.staleness, " clients ", sync.clients, " seed ", sync.seed)},
-         {"offload (params, optimizer)", dtensor::detail::cat(!offload_params_dir.empty(), " ", !offload_optimizer_dir.empty())},
+         {"offload (params, optimizer)",
+          dtensor::detail::cat(!offload_params_dir.empty(), " ", !offload_optimizer_dir.empty())},
          {"bucket_bytes", text(bucket_bytes)},
          {"deferred_init", text(int(deferred_init))}});
     check(comm.size(), comm.rank());

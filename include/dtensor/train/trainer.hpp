@@ -29,9 +29,10 @@
 // Construction: the model's parameters are deferred (TrainerOptions::deferred_init, default
 // on; nn/flat_params.hpp): each rank draws only its FSDP shard of each unit's flat buffer
 // (ZeRO-3) or its stage's full values (ZeRO-1/2, which keep them), never the other stages'.
-// The dry run (models/training_plan.hpp) builds this Trainer on meta tensors, drives one
-// micro-batch through its stages with the pipeline's own FSDP actions, then runs the same
-// finish_schedule() and update(): what the planner reports is what this builds and runs.
+// The dry run (models/training_plan.hpp) is this Trainer's step() on meta tensors over the sim
+// communicator, with one micro-batch of the plan's schedule (TrainerOptions::one_microbatch) and a
+// StepObserver that marks the report's phases and drives nothing: what the planner reports is
+// what this builds and runs.
 #pragma once
 
 #include <algorithm>
@@ -67,6 +68,14 @@ struct StepResult {
   double loss = 0;                          // the batch's mean loss (every rank)
   parallel::pipeline::StepStats stats{};    // this rank's schedule measurements (parallel/pipeline/executor.hpp)
   bool updated = true;                      // the optimizer stepped (a replica sync may wait: async, FedAvg)
+};
+
+/// Sees a step's points as they come and drives nothing (Trainer::step's observer; the dry run
+/// marks its report's phases with it): each action of this rank's schedule before it runs, and
+/// the end of the schedule, before the gradient syncs, the update and the loss.
+struct StepObserver {
+  parallel::pipeline::ActionObserver before_action{};
+  std::function<void()> after_schedule{};
 };
 
 /// This rank's memory in one phase of training (Trainer::memory()): the trainer's own
@@ -177,17 +186,21 @@ class Trainer {
   Trainer& operator=(const Trainer&) = delete;
 
   /// The micro-batches of one batch every rank holds whole (inputs and targets with the same
-  /// first extent, a multiple of the micro-batches): each rank's pieces, no communication.
+  /// first extent, a multiple of the micro-batches): each rank's pieces, no communication. With
+  /// TrainerOptions::one_microbatch, the first of them only (what the step then runs).
   template <class E1, std::size_t N1, class E2, std::size_t N2>
   Microbatches microbatches(const Tensor<E1, N1>& inputs, const Tensor<E2, N2>& targets) const {
-    return parallel::pipeline::split_microbatches<typename Stage::Input, typename Stage::Target>(stage_mesh_, inputs, targets,
-                                                                                               o_.microbatches);
+    auto all = parallel::pipeline::split_microbatches<typename Stage::Input, typename Stage::Target>(
+        stage_mesh_, inputs, targets, o_.microbatches);
+    if (o_.one_microbatch) all.erase(all.begin() + 1, all.end());
+    return all;
   }
 
   /// One training step over `batch` (see the top of this file); every rank together.
-  StepResult step(const Microbatches& batch) {
+  /// `observe` sees the step's points (StepObserver) and changes nothing it does.
+  StepResult step(const Microbatches& batch, const StepObserver& observe = {}) {
     StepResult r;
-    r.stats = run_schedule(batch);
+    r.stats = run_schedule(batch, observe);
     r.updated = update();
     r.loss = shared_loss(r.stats);
     return r;
@@ -196,7 +209,7 @@ class Trainer {
   /// The schedule and the gradient syncs inside each replica (step's part 1). What the
   /// schedule allocates without a tag of its own (FSDP's buffers and the gradients have theirs)
   /// is the activations and their gradients: tagged so (MemoryTag::activations).
-  parallel::pipeline::StepStats run_schedule(const Microbatches& batch) {
+  parallel::pipeline::StepStats run_schedule(const Microbatches& batch, const StepObserver& observe = {}) {
     MemoryLedger ledger;
     pipeline_.zero_grad();
     parallel::pipeline::StepStats stats;
@@ -205,10 +218,11 @@ class Trainer {
       // The executor measures its forward and its backward actions apart (the micro-batches
       // interleave them); its figures are above what was held when it began.
       const Held before_schedule = held_now(ledger);
-      stats = pipeline_.executor().step(batch);
+      stats = pipeline_.executor().step(batch, observe.before_action);
       note_peak(1, before_schedule, stats.forward_memory.peak, stats.forward_memory.total);
       note_peak(2, before_schedule, stats.backward_memory.peak, stats.backward_memory.total);
-      // The gradient syncs after the schedule (finish_schedule()) finish the backward.
+      if (observe.after_schedule) observe.after_schedule();
+      // The gradient syncs after the schedule finish the backward.
       const Held before_syncs = held_now(ledger);
       MemoryLedger syncs;
       pipeline_.finish_gradient_syncs();
@@ -218,14 +232,9 @@ class Trainer {
     return stats;
   }
 
-  /// The gradient syncs after a schedule the caller drove itself through stages() with
-  /// pipeline().begin_stage / begin_last_backward / end_stage (the dry run: one micro-batch):
-  /// FSDP's reductions waited for, then "dp" (HSDP), "cp", SP's "tp" and the experts' "edp".
-  void finish_schedule() { pipeline_.finish_gradient_syncs(); }
-
   /// After the gradients of a step are complete (step's parts 2 and 3): the replica sync,
   /// clipping, the optimizer, the outer sync, ZeRO-1/2's parameter all-gather. Returns whether
-  /// the optimizer stepped. The dry run calls it after driving one micro-batch itself.
+  /// the optimizer stepped.
   bool update() {
     MemoryLedger ledger;
     const bool updates = update_unmeasured();
@@ -408,8 +417,9 @@ class Trainer {
 
  private:
   static parallel::pipeline::Schedule schedule_of(const TrainerOptions& o) {
-    return parallel::pipeline::make_schedule(parallel::pipeline::parse_schedule_kind(o.schedule), o.degrees.pp, o.microbatches,
-                                           o.stages_per_rank);
+    auto s = parallel::pipeline::make_schedule(parallel::pipeline::parse_schedule_kind(o.schedule), o.degrees.pp,
+                                               o.microbatches, o.stages_per_rank);
+    return o.one_microbatch ? parallel::pipeline::one_microbatch(s) : s;
   }
   /// This rank's stages of `make_model(stage_mesh)`. With o.deferred_init (the default) the
   /// model is made inside an nn::DeferredInit scope: every parameter made from an nn::Init holds

@@ -60,11 +60,12 @@
 
 #include "dtensor/core/factories.hpp"
 #include "dtensor/core/memory_ledger.hpp"
+#include "dtensor/core/meta_space.hpp"
 #include "dtensor/distributed/settings_agreement.hpp"
 #include "dtensor/distributed/transfer.hpp"
 #include "dtensor/mesh/roles.hpp"
-#include "dtensor/parallel/pipeline/stage.hpp"
 #include "dtensor/parallel/pipeline/simulate.hpp"
+#include "dtensor/parallel/pipeline/stage.hpp"
 #include "dtensor/parallel/pipeline/validate.hpp"
 
 namespace dtensor::parallel::pipeline {
@@ -164,6 +165,10 @@ struct StageHooks {
   std::function<void(int)> after_last_backward;   // after it
 };
 
+/// Called before each action of this rank's list in a step (Executor::step): an observer that
+/// drives nothing (the dry run marks its phases with it, models/training_plan.hpp).
+using ActionObserver = std::function<void(const Action&)>;
+
 struct ExecutorOptions {
   bool count_slots = true;  // send the slot clock with every message, one all-reduce per step
   Costs costs{};            // slots per computation, for the counted idle fraction
@@ -244,7 +249,8 @@ class Executor {
 
   /// Runs this rank's list once over the M micro-batches (each an input and a target on the
   /// stage mesh, e.g. from split_microbatches): forwards, backwards, messages; weight gradients added to the parameters.
-  StepStats step(const Microbatches& microbatches) {
+  /// `before_action`, when given, sees each action before it runs (before FSDP's hooks around it).
+  StepStats step(const Microbatches& microbatches, const ActionObserver& before_action = {}) {
     constexpr const char* op = "pipeline::Executor::step";
     const int m = schedule_.microbatches;
     if (int(microbatches.size()) != m)
@@ -264,6 +270,7 @@ class Executor {
       const std::int64_t held_total = step_ledger.current(space);
       {
         MemoryLedger action_ledger;
+        if (before_action) before_action(action);
         if (options_.hooks.before_first_forward && is_at(first_forward_, action.stage, i))
           options_.hooks.before_first_forward(action.stage);
         if (options_.hooks.before_last_backward && is_at(last_backward_, action.stage, i))
@@ -275,6 +282,8 @@ class Executor {
           phase.peak[t] = std::max(phase.peak[t], held[t] + action_ledger.peak(space, MemoryTag(t)));
         phase.total = std::max(phase.total, held_total + action_ledger.peak(space));
       }
+      // A sent tensor is freed once its send finished: at once in a dry run (the sim backend has
+      // no peer), when the peer takes the data in a real one.
       run.drop_finished_sends();
       int saved = 0, pending = 0;
       for (const Stage& stage : stages_) saved += int(stage.saved_count()), pending += int(stage.weight_pending_count());
@@ -285,8 +294,12 @@ class Executor {
     for (Stage& stage : stages_)
       if (stage.is_last()) {
         double total = 0;
-        // The loss is one number in the mesh's space: read on the host (a copy from a GPU).
-        for (int mb = 0; mb < m; ++mb) total += to_space<host_space>(full_tensor(stage.take_loss(mb)))[0];
+        // The loss is one number in the mesh's space: read on the host (a copy from a GPU). Meta
+        // tensors (a dry run) have no values: the same collectives, a loss of 0.
+        for (int mb = 0; mb < m; ++mb) {
+          const auto loss = full_tensor(stage.take_loss(mb));
+          if constexpr (!std::is_same_v<mesh_space_t<Mesh>, meta_space>) total += to_space<host_space>(loss)[0];
+        }
         run.stats.loss = total / double(m);
       }
     if constexpr (requires(Stage& s) { s.take_auxiliary_loss(0); })

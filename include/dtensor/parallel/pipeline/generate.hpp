@@ -31,6 +31,36 @@ inline void check_sizes(const char* op, int ranks, int microbatches) {
 
 }  // namespace detail
 
+/// The stages of `layout` run by one micro-batch: each rank's forwards in stage order, then its
+/// backwards in reverse; `split_backward` (a zero-bubble schedule's stages): every input gradient
+/// (I) first, then every weight gradient (W), the W held back behind the I as those schedules do.
+/// The dry run's step (train::TrainerOptions::one_microbatch, models/training_plan.hpp): one
+/// micro-batch of the plan's schedule, whose other micro-batches the planner counts from the
+/// schedule (validate.hpp) rather than runs.
+inline Schedule one_microbatch(const StageLayout& layout, bool split_backward) {
+  std::vector<std::vector<Action>> compute(std::size_t(layout.ranks));
+  for (int rank = 0; rank < layout.ranks; ++rank) {
+    std::vector<int> stages = layout.stages_of(rank);
+    std::sort(stages.begin(), stages.end());
+    auto& order = compute[std::size_t(rank)];
+    for (int s : stages) order.push_back({s, ActionKind::forward, 0});
+    for (auto s = stages.rbegin(); s != stages.rend(); ++s)
+      order.push_back({*s, split_backward ? ActionKind::backward_input : ActionKind::backward, 0});
+    if (split_backward)
+      for (auto s = stages.rbegin(); s != stages.rend(); ++s) order.push_back({*s, ActionKind::backward_weight, 0});
+  }
+  return add_send_recv(layout, 1, compute);
+}
+
+/// `schedule`'s stages run by one micro-batch (above), its backward split into I and W when the
+/// schedule splits it.
+inline Schedule one_microbatch(const Schedule& schedule) {
+  bool split = false;
+  for (const auto& list : schedule.actions)
+    for (const Action& a : list) split = split || a.kind == ActionKind::backward_weight;
+  return one_microbatch(schedule.layout, split);
+}
+
 /// GPipe: every rank runs all forwards, then all backwards, micro-batches in order.
 inline Schedule gpipe(int ranks, int microbatches) {
   detail::check_sizes("pipeline::gpipe", ranks, microbatches);
