@@ -1397,16 +1397,20 @@ TEST_CASE("sim: experts that do not divide over ep (5 over 2): the plan runs, an
     state_by_stage[every_rank[std::size_t(r)].coordinate[0]].push_back(mine.phase("optimizer").end[tag]);
   }
   // Per pipeline rank two groups of ranks: those with 3 experts in their one MoE block hold one
-  // expert's optimizer state more than those with 2 (each rank's amounts are its class's, checked
-  // above): its fp32 master and two fp32 moments, 12 bytes per element, sharded over "edp" (dp /
-  // ep = 2) as every FSDP unit is. An expert is two dim x ffn matrices and their biases, whole on
-  // every tensor rank. Within 1 %: the flat shards' padding.
+  // expert's AdamW moments more than those with 2 (each rank's amounts are its class's, checked
+  // above): two fp32 moments, 8 bytes per element, sharded over "edp" (dp / ep = 2) as every
+  // FSDP unit is. Not its fp32 master: a flat buffer reserves every parameter's largest piece on
+  // any rank (nn::FlatEntry::slot, for tensor-parallel pieces of unequal size), so the 2-expert
+  // ranks' buffers — values, gradients and the master over them — keep a zero gap of the third
+  // expert, while the moments cover the pieces only (docs/expert-parallel.md, "Not done yet").
+  // An expert is two dim x ffn matrices and their biases, whole on every tensor rank. Within
+  // 1 %: the flat shards' padding.
   const double expert = 2.0 * dim * (4 * dim) + 4 * dim + dim;
   const double edp = double(p.dp / p.ep);
   for (const auto& [stage, bytes] : state_by_stage) {
     INFO("pipeline rank " << stage);
     const auto [lo, hi] = std::minmax_element(bytes.begin(), bytes.end());
-    CHECK(double(*hi - *lo) == Approx(12.0 * expert / edp).epsilon(0.01));
+    CHECK(double(*hi - *lo) == Approx(8.0 * expert / edp).epsilon(0.01));
   }
 }
 
