@@ -421,8 +421,8 @@ class Stack : public WithUnits<typename detail::stack_x_t<M>::value_type, typena
   std::shared_ptr<ActivationOffload> offload_;  // activation offload (none: null)
   std::vector<char> offload_block_;              // per block: offloaded
   // A block's saved tensors (nn::saved_tensors), set with the offload: the walk over a block's
-  // saved state is then compiled only by programs that offload (it was 7 % of a GPT program's
-  // compile memory and 10 % of its time), and the offload's own code is reached through its vtable.
+  // saved state is then compiled only by programs that offload (it was 6 % of a GPT program's
+  // compile memory, docs/benchmarks.md), and the offload's own code is reached through its vtable.
   std::vector<detail::SavedTensorRef> (*block_tensors_)(typename Block::Saved&) = nullptr;
   Declared declared_{};                                // the other meshes, named
   typename units_of<Declared>::type other_units_{};    // their units, one vector per declared mesh
