@@ -8,6 +8,9 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <sstream>
+#include <string>
+#include <string_view>
 
 using namespace dtensor;
 
@@ -208,4 +211,30 @@ TEST_CASE("compare reports where tensors differ", "[core]") {
   CHECK(c.where == 3);
   CHECK(compare(a, b, {.atol = 1e-2}).ok);
   CHECK_FALSE(compare(a, zeros<double>(Shape<2>{2, 3})).ok);
+}
+
+TEST_CASE("detail::cat writes each piece as std::ostream << piece does (text, integers, chars, bool, floats)",
+          "[core]") {
+  const auto streamed = [](const auto&... parts) {
+    std::ostringstream s;
+    (s << ... << parts);
+    return s.str();
+  };
+  const char* text = "ptr";
+  char arr[] = "arr";
+  const std::string str = "str";
+  const std::string_view view = "view";
+  const std::int64_t neg = -5;
+  const unsigned long big = 18446744073709551615ul;
+  const short small = -3;
+  const signed char sc = 'A';
+  const unsigned char uc = 'B';
+  const std::uint8_t u8 = 67;
+  const Shape<2> shape{3, 4};
+  const auto c = dtensor::detail::cat("lit ", text, arr, str, view, neg, big, 7, small, 'c', sc, uc, u8, true, false,
+                                      1.0 / 3, 2.5f, 1e300, -0.0, bfloat16(1.5f), to_string(shape), ' ');
+  CHECK(c == streamed("lit ", text, arr, str, view, neg, big, 7, small, 'c', sc, uc, u8, true, false, 1.0 / 3, 2.5f,
+                      1e300, -0.0, bfloat16(1.5f), to_string(shape), ' '));
+  CHECK(c.starts_with("lit ptrarrstrview-5184467440737095516157-3cABC10"));
+  CHECK(dtensor::detail::cat() == "");
 }

@@ -11,6 +11,8 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <utility>
 
 namespace dtensor {
@@ -58,12 +60,35 @@ class Error : public std::runtime_error {
 };
 
 namespace detail {
+/// One piece of a message, appended as `std::ostream << part` writes it. Text and integers are
+/// appended directly; anything else goes through a stream of its own. Per piece type, not per
+/// message: an ostringstream in every cat<...> (one per distinct list of argument types, over
+/// 80 in a GPT training program) was 5 % of such a program's object code.
+template <class P>
+void cat_piece(std::string& out, const P& p) {
+  if constexpr (std::is_same_v<P, std::string> || std::is_same_v<P, std::string_view>) out.append(p);
+  else if constexpr (std::is_array_v<P> && std::is_same_v<std::remove_cv_t<std::remove_extent_t<P>>, char>)
+    out.append(p);
+  else if constexpr (std::is_same_v<P, const char*> || std::is_same_v<P, char*>) {
+    if (p) out.append(p);  // (a stream would print nothing, and nothing after it either)
+  } else if constexpr (std::is_integral_v<P> && !std::is_same_v<P, bool> && !std::is_same_v<P, char> &&
+                       !std::is_same_v<P, signed char> && !std::is_same_v<P, unsigned char> &&
+                       !std::is_same_v<P, wchar_t> && !std::is_same_v<P, char8_t> && !std::is_same_v<P, char16_t> &&
+                       !std::is_same_v<P, char32_t>)
+    out.append(std::to_string(p));
+  else {
+    std::ostringstream s;
+    s << p;
+    out.append(s.str());
+  }
+}
+
 /// Builds a message from any streamable pieces: detail::cat("got ", n, " expected ", m).
 template <class... Parts>
 std::string cat(const Parts&... parts) {
-  std::ostringstream s;
-  (s << ... << parts);
-  return s.str();
+  std::string out;
+  (cat_piece(out, parts), ...);
+  return out;
 }
 
 /// Something that knows its rank (a DeviceMesh, a Communicator): errors name it.

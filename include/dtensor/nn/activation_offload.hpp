@@ -131,13 +131,101 @@ void for_each_saved_tensor(X& x, F&& f) {
   }
 }
 
+namespace detail {
+/// One evicted tensor: its extents, and its bytes in host memory while they are written or
+/// after they were read (empty between: they are only on the tier then).
+struct OffloadHeldBase {
+  virtual ~OffloadHeldBase() = default;
+  virtual void* host_data() = 0;
+  virtual void allocate() = 0;  // the host tensor the read fills
+  virtual void release() = 0;
+};
+template <Element T, std::size_t R, MemorySpace Space>
+struct OffloadHeld final : OffloadHeldBase {
+  Shape<R> shape;
+  Tensor<T, R, host_space> host;
+  void* host_data() override { return host.data(); }
+  void allocate() override {
+    if constexpr (!std::is_same_v<Space, meta_space>) host = Tensor<T, R, host_space>::uninitialized(shape);
+  }
+  void release() override { host = {}; }
+};
+
+/// What an offload does to one tensor of a saved state, through one table per tensor type: the
+/// walk over a state (a deep template recursion) is instantiated once per state with one
+/// visitor (saved_tensors), and ActivationOffload's put and get are ordinary (virtual) functions
+/// over the list it makes, not templates instantiated per state and tensor type.
+struct SavedTensorOps {
+  bool moves;                    // false on the meta space: nothing to read or write
+  bool (*owned)(const void* t);  // not a view
+  std::size_t (*numel)(const void* t);
+  std::size_t (*bytes)(const void* t);
+  std::unique_ptr<OffloadHeldBase> (*take)(void* t);   // the tensor moved out (its slot left empty)
+  void (*restore)(void* slot, OffloadHeldBase& held);  // and back
+};
+template <class TT>
+struct SavedTensorOpsOf {
+  using T = typename TT::value_type;
+  using Space = typename TT::space;
+  static constexpr std::size_t R = TT::rank;
+  using Held = OffloadHeld<T, R, Space>;
+  static std::unique_ptr<OffloadHeldBase> take(void* p) {
+    auto& t = *static_cast<TT*>(p);
+    auto h = std::make_unique<Held>();
+    h->shape = t.shape();
+    if constexpr (std::is_same_v<Space, host_space>) h->host = std::move(t);
+    else if constexpr (!std::is_same_v<Space, meta_space>) h->host = to_space<host_space>(t);
+    t = TT();  // the compute memory goes (host: already moved into the entry, freed once written)
+    return h;
+  }
+  static void restore(void* p, OffloadHeldBase& held) {
+    auto& slot = *static_cast<TT*>(p);
+    auto& h = static_cast<Held&>(held);
+    if constexpr (std::is_same_v<Space, host_space>) slot = std::move(h.host);
+    else if constexpr (std::is_same_v<Space, meta_space>) {
+      MemoryTagScope tag(MemoryTag::activations);
+      slot = TT::uninitialized(h.shape);
+    } else {
+      MemoryTagScope tag(MemoryTag::activations);
+      slot = to_space<Space>(h.host);
+      h.host = {};
+    }
+  }
+  static constexpr SavedTensorOps table{!std::is_same_v<Space, meta_space>,
+                                        [](const void* t) { return !static_cast<const TT*>(t)->is_view(); },
+                                        [](const void* t) { return std::size_t(static_cast<const TT*>(t)->numel()); },
+                                        [](const void* t) { return std::size_t(static_cast<const TT*>(t)->bytes()); },
+                                        &take,
+                                        &restore};
+};
+/// A tensor of a saved state and its type's operations (the table's address names the type).
+struct SavedTensorRef {
+  void* tensor;
+  const SavedTensorOps* ops;
+};
+struct CollectSavedTensors {
+  std::vector<SavedTensorRef>* out;
+  template <class TT>
+  void operator()(TT& t) const {
+    out->push_back({&t, &SavedTensorOpsOf<TT>::table});
+  }
+};
+}  // namespace detail
+
+/// Every Tensor of a saved state, in for_each_saved_tensor's order, with its type's operations.
+template <class X>
+std::vector<detail::SavedTensorRef> saved_tensors(X& x) {
+  std::vector<detail::SavedTensorRef> out;
+  for_each_saved_tensor(x, detail::CollectSavedTensors{&out});
+  return out;
+}
+
 /// The bytes of the owned tensors in a saved state (what an offload moves).
 template <class X>
 std::size_t saved_bytes(X& x) {
   std::size_t n = 0;
-  for_each_saved_tensor(x, [&](auto& t) {
-    if (!t.is_view()) n += t.bytes();
-  });
+  for (const auto& r : saved_tensors(x))
+    if (r.ops->owned(r.tensor)) n += r.ops->bytes(r.tensor);
   return n;
 }
 
@@ -145,29 +233,7 @@ class ActivationOffload {
   using Clock = std::chrono::steady_clock;
   static double seconds(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-  /// One evicted tensor: its extents, and its bytes in host memory while they are written or
-  /// after they were read (empty between: they are only on the tier then).
-  struct HeldBase {
-    virtual ~HeldBase() = default;
-    virtual void* host_data() = 0;
-    virtual void allocate() = 0;  // the host tensor the read fills
-    virtual void release() = 0;
-  };
-  template <Element T, std::size_t R, MemorySpace Space>
-  struct Held final : HeldBase {
-    Shape<R> shape;
-    Tensor<T, R, host_space> host;
-    void* host_data() override { return host.data(); }
-    void allocate() override {
-      if constexpr (!std::is_same_v<Space, meta_space>) host = Tensor<T, R, host_space>::uninitialized(shape);
-    }
-    void release() override { host = {}; }
-  };
-  template <Element T, std::size_t R, MemorySpace Space>
-  static const void* type_tag() {
-    static const char tag = 0;
-    return &tag;
-  }
+  using HeldBase = detail::OffloadHeldBase;
 
   /// Where an entry's bytes are on the tier.
   struct Region {
@@ -177,7 +243,7 @@ class ActivationOffload {
 
   struct Piece {
     std::unique_ptr<HeldBase> held;
-    const void* type = nullptr;
+    const detail::SavedTensorOps* type = nullptr;  // the tensor's type
     Region region;
     bool moves = true;  // false on the meta space: nothing to read or write
   };
@@ -286,7 +352,7 @@ class ActivationOffload {
   }
   ActivationOffload(const ActivationOffload&) = delete;
   ActivationOffload& operator=(const ActivationOffload&) = delete;
-  ~ActivationOffload() {
+  virtual ~ActivationOffload() {
     for (auto& t : writing_) reap(*t, false);
   }
 
@@ -294,28 +360,27 @@ class ActivationOffload {
   /// the memory of the entries whose write finished before (waiting for all but this one).
   template <class Saved>
   Ticket put(Saved& saved) {
+    return put_tensors(saved_tensors(saved));
+  }
+  /// put() on the list of a state's tensors (saved_tensors). Virtual, as are get_tensors and
+  /// prefetch: a model calls them through the vtable, so their code (the threads, the futures,
+  /// the file I/O: 16 kB of a GPT program's object) is compiled only where an ActivationOffload
+  /// is constructed, not in every program that builds a model.
+  virtual Ticket put_tensors(const std::vector<detail::SavedTensorRef>& tensors) {
     auto e = std::make_shared<Entry>(store_);
-    for_each_saved_tensor(saved, [&](auto& t) {
-      using TT = std::remove_cvref_t<decltype(t)>;
-      using T = typename TT::value_type;
-      using Space = typename TT::space;
-      constexpr std::size_t R = TT::rank;
-      const bool moves_out = !t.is_view() && t.numel() != 0;  // views and empty tensors stay
+    for (const auto& r : tensors) {
+      const bool moves_out = r.ops->owned(r.tensor) && r.ops->numel(r.tensor) != 0;  // views and empty tensors stay
       e->visits_.push_back(moves_out);
-      if (!moves_out) return;
-      const std::size_t bytes = t.bytes();
-      auto h = std::make_unique<Held<T, R, Space>>();
-      h->shape = t.shape();
+      if (!moves_out) continue;
+      const std::size_t bytes = r.ops->bytes(r.tensor);
       Piece p;
-      p.moves = !std::is_same_v<Space, meta_space>;
-      if constexpr (std::is_same_v<Space, host_space>) h->host = std::move(t);
-      else if constexpr (!std::is_same_v<Space, meta_space>) h->host = to_space<host_space>(t);
-      t = TT();  // the compute memory goes (host: already moved into the entry, freed once written)
-      p.type = type_tag<T, R, Space>();
+      p.moves = r.ops->moves;
+      auto h = r.ops->take(r.tensor);
+      p.type = r.ops;
       p.region = store_->allocate(bytes, p.moves);
       p.held = std::move(h);
       e->pieces_.push_back(std::move(p));
-    });
+    }
     ++store_->stats.entries;
     e->write_ = std::async(std::launch::async, [store = store_.get(), ent = e.get()] {
       const auto t0 = Clock::now();
@@ -333,7 +398,7 @@ class ActivationOffload {
   }
 
   /// Starts bringing an entry back (the one the backward needs next); no-op if already under way.
-  void prefetch(const Ticket& t) {
+  virtual void prefetch(const Ticket& t) {
     if (!t || t->coming_back_) return;
     auto& e = *t;
     e.coming_back_ = true;
@@ -360,6 +425,9 @@ class ActivationOffload {
   /// (the same state put() emptied); the tier's regions come back.
   template <class Saved>
   void get(Ticket& t, Saved& saved) {
+    get_tensors(t, saved_tensors(saved));
+  }
+  virtual void get_tensors(Ticket& t, const std::vector<detail::SavedTensorRef>& tensors) {
     prefetch(t);
     auto& e = *t;
     if (e.read_.valid()) {
@@ -369,30 +437,17 @@ class ActivationOffload {
     }
     std::size_t i = 0, visit = 0;
     bool same = true;
-    for_each_saved_tensor(saved, [&](auto& slot) {
-      using TT = std::remove_cvref_t<decltype(slot)>;
-      using T = typename TT::value_type;
-      using Space = typename TT::space;
-      constexpr std::size_t R = TT::rank;
+    for (const auto& r : tensors) {
       const bool moved = visit < e.visits_.size() && e.visits_[visit];
       ++visit;
-      if (!moved) return;  // stayed (a view, an empty tensor)
-      if (!same || i == e.pieces_.size() || e.pieces_[i].type != type_tag<T, R, Space>() || slot.numel() != 0) {
+      if (!moved) continue;  // stayed (a view, an empty tensor)
+      if (!same || i == e.pieces_.size() || e.pieces_[i].type != r.ops || r.ops->numel(r.tensor) != 0) {
         same = false;
-        return;
+        continue;
       }
-      auto& h = static_cast<Held<T, R, Space>&>(*e.pieces_[i].held);
-      if constexpr (std::is_same_v<Space, host_space>) slot = std::move(h.host);
-      else if constexpr (std::is_same_v<Space, meta_space>) {
-        MemoryTagScope tag(MemoryTag::activations);
-        slot = TT::uninitialized(h.shape);
-      } else {
-        MemoryTagScope tag(MemoryTag::activations);
-        slot = to_space<Space>(h.host);
-        h.host = {};
-      }
+      r.ops->restore(r.tensor, *e.pieces_[i].held);
       ++i;
-    });
+    }
     if (!same || i != e.pieces_.size() || visit != e.visits_.size())
       throw Error("nn::ActivationOffload::get",
                   dtensor::detail::cat("the saved state is not the one put() emptied (", visit, " tensors, ", i,

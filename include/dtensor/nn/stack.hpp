@@ -222,7 +222,7 @@ class Stack : public WithUnits<typename detail::stack_x_t<M>::value_type, typena
       s.blocks.push_back(std::move(bs));
       if (offload_ && offload_block_[l]) {
         s.offloaded.resize(blocks_.size());
-        s.offloaded[l] = offload_->put(s.blocks.back());
+        s.offloaded[l] = offload_->put_tensors(block_tensors_(s.blocks.back()));
       }
     }
     if (epilogue_) {
@@ -296,6 +296,7 @@ class Stack : public WithUnits<typename detail::stack_x_t<M>::value_type, typena
   /// ahead. Null: none (the default). Several stacks (a rank's pipeline stages) may share one.
   void set_activation_offload(std::shared_ptr<ActivationOffload> offload, const std::function<bool(Extent)>& which = {}) {
     offload_ = std::move(offload);
+    block_tensors_ = [](typename Block::Saved& saved) { return saved_tensors(saved); };
     offload_block_.assign(blocks_.size(), 0);
     for (std::size_t l = 0; l < blocks_.size(); ++l)
       offload_block_[l] = offload_ && (!which || which(range_.first + Extent(l))) ? 1 : 0;
@@ -381,7 +382,7 @@ class Stack : public WithUnits<typename detail::stack_x_t<M>::value_type, typena
   /// Block l's saved state back from the offload tier (if it went), and the next one's read started.
   void bring_back(Saved& s, std::size_t l) const {
     if (l >= s.offloaded.size()) return;
-    if (s.offloaded[l]) offload_->get(s.offloaded[l], s.blocks[l]);
+    if (s.offloaded[l]) offload_->get_tensors(s.offloaded[l], block_tensors_(s.blocks[l]));
     prefetch_before(s, l);
   }
 
@@ -419,6 +420,10 @@ class Stack : public WithUnits<typename detail::stack_x_t<M>::value_type, typena
   std::vector<std::size_t> unit_of_;  // part -> unit index (WithUnits::no_unit: no parameters)
   std::shared_ptr<ActivationOffload> offload_;  // activation offload (none: null)
   std::vector<char> offload_block_;              // per block: offloaded
+  // A block's saved tensors (nn::saved_tensors), set with the offload: the walk over a block's
+  // saved state is then compiled only by programs that offload (it was 6 % of a GPT program's
+  // compile memory, docs/benchmarks.md), and the offload's own code is reached through its vtable.
+  std::vector<detail::SavedTensorRef> (*block_tensors_)(typename Block::Saved&) = nullptr;
   Declared declared_{};                                // the other meshes, named
   typename units_of<Declared>::type other_units_{};    // their units, one vector per declared mesh
 };
