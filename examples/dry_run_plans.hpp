@@ -23,21 +23,21 @@ using LlamaMoEBF16 = dtensor::models::MoELayers<dtensor::bfloat16, ExpertMesh, d
       const ::dtensor::models::TrainingPlan&);
 
 // EXAMPLES_DRY_RUN_PLANS(extern) declares the sixteen; EXAMPLES_DRY_RUN_PLANS() defines them.
-#define EXAMPLES_DRY_RUN_PLANS(kw)                                                         \
-  EXAMPLES_DRY_RUN_PLAN(kw, float, ::dtensor::models::DenseLayers, true)                   \
-  EXAMPLES_DRY_RUN_PLAN(kw, float, ::dtensor::models::DenseLayers, false)                  \
-  EXAMPLES_DRY_RUN_PLAN(kw, float, ::dtensor::models::LlamaLayers, true)                   \
-  EXAMPLES_DRY_RUN_PLAN(kw, float, ::dtensor::models::LlamaLayers, false)                  \
-  EXAMPLES_DRY_RUN_PLAN(kw, float, ::examples::dry_run_types::MoEF32, true)                \
-  EXAMPLES_DRY_RUN_PLAN(kw, float, ::examples::dry_run_types::MoEF32, false)               \
-  EXAMPLES_DRY_RUN_PLAN(kw, ::dtensor::bfloat16, ::dtensor::models::DenseLayers, true)     \
-  EXAMPLES_DRY_RUN_PLAN(kw, ::dtensor::bfloat16, ::dtensor::models::DenseLayers, false)    \
-  EXAMPLES_DRY_RUN_PLAN(kw, ::dtensor::bfloat16, ::dtensor::models::LlamaLayers, true)     \
-  EXAMPLES_DRY_RUN_PLAN(kw, ::dtensor::bfloat16, ::dtensor::models::LlamaLayers, false)    \
-  EXAMPLES_DRY_RUN_PLAN(kw, ::dtensor::bfloat16, ::examples::dry_run_types::MoEBF16, true) \
-  EXAMPLES_DRY_RUN_PLAN(kw, ::dtensor::bfloat16, ::examples::dry_run_types::MoEBF16, false)  \
-  EXAMPLES_DRY_RUN_PLAN(kw, float, ::examples::dry_run_types::LlamaMoEF32, true)            \
-  EXAMPLES_DRY_RUN_PLAN(kw, float, ::examples::dry_run_types::LlamaMoEF32, false)           \
+#define EXAMPLES_DRY_RUN_PLANS(kw)                                                              \
+  EXAMPLES_DRY_RUN_PLAN(kw, float, ::dtensor::models::DenseLayers, true)                        \
+  EXAMPLES_DRY_RUN_PLAN(kw, float, ::dtensor::models::DenseLayers, false)                       \
+  EXAMPLES_DRY_RUN_PLAN(kw, float, ::dtensor::models::LlamaLayers, true)                        \
+  EXAMPLES_DRY_RUN_PLAN(kw, float, ::dtensor::models::LlamaLayers, false)                       \
+  EXAMPLES_DRY_RUN_PLAN(kw, float, ::examples::dry_run_types::MoEF32, true)                     \
+  EXAMPLES_DRY_RUN_PLAN(kw, float, ::examples::dry_run_types::MoEF32, false)                    \
+  EXAMPLES_DRY_RUN_PLAN(kw, ::dtensor::bfloat16, ::dtensor::models::DenseLayers, true)          \
+  EXAMPLES_DRY_RUN_PLAN(kw, ::dtensor::bfloat16, ::dtensor::models::DenseLayers, false)         \
+  EXAMPLES_DRY_RUN_PLAN(kw, ::dtensor::bfloat16, ::dtensor::models::LlamaLayers, true)          \
+  EXAMPLES_DRY_RUN_PLAN(kw, ::dtensor::bfloat16, ::dtensor::models::LlamaLayers, false)         \
+  EXAMPLES_DRY_RUN_PLAN(kw, ::dtensor::bfloat16, ::examples::dry_run_types::MoEBF16, true)      \
+  EXAMPLES_DRY_RUN_PLAN(kw, ::dtensor::bfloat16, ::examples::dry_run_types::MoEBF16, false)     \
+  EXAMPLES_DRY_RUN_PLAN(kw, float, ::examples::dry_run_types::LlamaMoEF32, true)                \
+  EXAMPLES_DRY_RUN_PLAN(kw, float, ::examples::dry_run_types::LlamaMoEF32, false)               \
   EXAMPLES_DRY_RUN_PLAN(kw, ::dtensor::bfloat16, ::examples::dry_run_types::LlamaMoEBF16, true) \
   EXAMPLES_DRY_RUN_PLAN(kw, ::dtensor::bfloat16, ::examples::dry_run_types::LlamaMoEBF16, false)
 

@@ -2009,8 +2009,17 @@ TEST_CASE("sim: expert parallelism in the search: ep > 1 first where the experts
   // analytic counts an expert's 3 GEMMs and 3 x dim x width parameters, and the shared experts'
   // dense feed-forward (its GEMMs, its TP pair); against the dry run as above, and the
   // parameters a rank holds exactly (an expert's weights have no biases).
-  const sim::ModelShape llama_moe{.layers = 4, .dim = 1024, .heads = 8, .kv_heads = 2, .ffn = 2048, .vocab = 512,
-                                  .seq = 1024, .llama = true, .experts = 8, .topk = 2, .expert_ffn = 512,
+  const sim::ModelShape llama_moe{.layers = 4,
+                                  .dim = 1024,
+                                  .heads = 8,
+                                  .kv_heads = 2,
+                                  .ffn = 2048,
+                                  .vocab = 512,
+                                  .seq = 1024,
+                                  .llama = true,
+                                  .experts = 8,
+                                  .topk = 2,
+                                  .expert_ffn = 512,
                                   .shared_experts = 2};
   for (const Case c : {Case{8, 1, 1, 2}, Case{2, 2, 2, 2}}) {
     CAPTURE(c.dp, c.tp, c.pp, c.ep);
@@ -2033,7 +2042,8 @@ TEST_CASE("sim: expert parallelism in the search: ep > 1 first where the experts
     const auto a = sim::analytic_estimate(llama_moe, p, sim::Hardware{});
     std::vector<sim::ClassInput> inputs;
     double memory = 0;
-    for (const auto& k : classes) inputs.push_back({&k.report, k.pipeline_ranks}), memory = std::max(memory, k.peak_in_flight);
+    for (const auto& k : classes)
+      inputs.push_back({&k.report, k.pipeline_ranks}), memory = std::max(memory, k.peak_in_flight);
     const auto dry =
         sim::estimate_plan(inputs, models::plan_topology(plan, sim::Hardware{}), models::detail::plan_schedule(plan));
     CAPTURE(dry.step_seconds, a.step_seconds, memory, a.memory_bytes);
@@ -2044,9 +2054,11 @@ TEST_CASE("sim: expert parallelism in the search: ep > 1 first where the experts
     // split over tp) add up to the formula's count.
     if (c.tp == 1 && c.pp == 1) {
       const auto& k = classes.front();
-      const double held = double(k.report.phase(sim::RankReport::construction_phase).end[std::size_t(MemoryTag::parameters)]);
+      const double held =
+          double(k.report.phase(sim::RankReport::construction_phase).end[std::size_t(MemoryTag::parameters)]);
       const double expert_share = double(llama_moe.layers) * llama_moe.experts / c.ep * llama_moe.expert_params();
-      const double dense = llama_moe.params() - double(llama_moe.layers) * llama_moe.experts * llama_moe.expert_params();
+      const double dense =
+          llama_moe.params() - double(llama_moe.layers) * llama_moe.experts * llama_moe.expert_params();
       CHECK(held == Approx(2 * (dense + expert_share)).epsilon(0.001));
     }
   }
