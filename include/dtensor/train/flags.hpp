@@ -23,7 +23,6 @@
 #include <filesystem>
 #include <limits>
 #include <optional>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -35,13 +34,8 @@
 
 namespace dtensor::train::cli {
 
-/// Text from streamable pieces: cat("got ", n, " ranks").
-template <class... Parts>
-std::string cat(const Parts&... parts) {
-  std::ostringstream s;
-  (s << ... << parts);
-  return s.str();
-}
+/// Text from streamable pieces: cat("got ", n, " ranks") — the library's one (core/error.hpp).
+using dtensor::detail::cat;
 
 /// A bad command line: the program prints it with its usage and exits with status 2.
 struct UsageError : std::runtime_error {
