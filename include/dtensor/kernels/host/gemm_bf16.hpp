@@ -234,6 +234,10 @@ DTENSOR_AMX_TARGET inline void amx_load_config() {
     config.rows[t] = std::uint8_t(kBf16TileRows);
     config.bytes_per_row[t] = std::uint16_t(kBf16TileK * 2);
   }
+  // GCC 12's _tile_loadconfig tells the compiler it reads 8 bytes of the configuration (its asm
+  // operand is a pointer's worth), so at -O2 the other stores were dropped and the first tile
+  // instruction faulted: this barrier makes every store to `config` happen first.
+  __asm__ volatile("" : : "r"(&config) : "memory");
   _tile_loadconfig(&config);
 }
 
@@ -245,6 +249,7 @@ DTENSOR_AMX_TARGET inline void bf16_block_amx(const std::uint16_t* a, const std:
   constexpr long stride = kBf16TileK * 2;  // bytes between a tile's rows
   const Extent chunks = kp / kBf16TileK, tile = kBf16TileRows * kBf16TileK;
   const std::uint16_t *a1 = a + chunks * tile, *b1 = b + chunks * tile;
+  __asm__ volatile("" : : : "memory");  // GCC 12's _tile_loadd does not say that it reads memory
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
