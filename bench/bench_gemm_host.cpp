@@ -154,10 +154,16 @@ int main(int argc, char** argv) {
   const auto cpu = kh::detail::cpu_blas_features();
   for (const auto& s : kBf16Sizes) {
     const std::vector<int64_t> args{s[0], s[1], s[2], s[3], s[4]};
-    benchmark::RegisterBenchmark("BM_bf16_gemm", BM_bf16_gemm)->Args(args)->Unit(benchmark::kMillisecond)->UseRealTime();
+    benchmark::RegisterBenchmark("BM_bf16_gemm", BM_bf16_gemm)
+        ->Args(args)
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
 #if DTENSOR_HOST_MULTI_ISA
     if (cpu.level == kh::detail::BlasLevel::avx512 && cpu.avx512_bf16)
-      benchmark::RegisterBenchmark("BM_bf16_avx512", BM_bf16_avx512)->Args(args)->Unit(benchmark::kMillisecond)->UseRealTime();
+      benchmark::RegisterBenchmark("BM_bf16_avx512", BM_bf16_avx512)
+          ->Args(args)
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
 #endif
     benchmark::RegisterBenchmark("BM_bf16_widen_sgemm", BM_bf16_widen_sgemm)
         ->Args(args)

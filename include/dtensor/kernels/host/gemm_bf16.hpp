@@ -58,19 +58,27 @@ inline void pack_a_bf16(bool trans, const bfloat16* A, Extent lda, Extent m, Ext
   const Extent chunks = kp / kBf16TileK;
   std::fill_n(out, kBf16Block * kp, std::uint16_t(0));
   const Extent rows = std::min(kBf16Block, m - i0);
-  for (Extent r = 0; r < rows; ++r) {
-    std::uint16_t* panel =
-        out + (r / kBf16TileRows) * chunks * kBf16TileRows * kBf16TileK + (r % kBf16TileRows) * kBf16TileK;
-    if (!trans) {
-      const bfloat16* a = A + (i0 + r) * lda;
-      for (Extent c = 0; c < chunks; ++c) {
-        const Extent t_end = std::min(kBf16TileK, k - c * kBf16TileK);
-        if (t_end > 0) std::memcpy(panel + c * kBf16TileRows * kBf16TileK, a + c * kBf16TileK, std::size_t(t_end) * 2);
+  const Extent panel_size = chunks * kBf16TileRows * kBf16TileK;
+  const auto at = [&](Extent r, Extent p) -> std::uint16_t& {  // where op(A)(i0 + r, p) goes
+    return out[(r / kBf16TileRows) * panel_size + (p / kBf16TileK) * kBf16TileRows * kBf16TileK +
+               (r % kBf16TileRows) * kBf16TileK + p % kBf16TileK];
+  };
+  if (!trans) {  // a row of op(A) is a row of A: 32 k at a time
+    for (Extent r = 0; r < rows; ++r)
+      for (Extent p0 = 0; p0 < k; p0 += kBf16TileK)
+        std::memcpy(&at(r, p0), A + (i0 + r) * lda + p0, std::size_t(std::min(kBf16TileK, k - p0)) * 2);
+  } else {  // op(A)'s rows are A's columns: read 4 rows of A (contiguous), store 4 k of a row at once
+    Extent p = 0;
+    for (; p + 4 <= k; p += 4) {  // 4 k never straddle a tile (32 k)
+      const bfloat16* a = A + p * lda + i0;
+      for (Extent r = 0; r < rows; ++r) {
+        const std::uint64_t four = std::uint64_t(a[r].bits) | std::uint64_t(a[lda + r].bits) << 16 |
+                                   std::uint64_t(a[2 * lda + r].bits) << 32 | std::uint64_t(a[3 * lda + r].bits) << 48;
+        std::memcpy(&at(r, p), &four, 8);
       }
-    } else {
-      for (Extent p = 0; p < k; ++p)
-        panel[(p / kBf16TileK) * kBf16TileRows * kBf16TileK + p % kBf16TileK] = A[p * lda + i0 + r].bits;
     }
+    for (; p < k; ++p)
+      for (Extent r = 0; r < rows; ++r) at(r, p) = A[p * lda + i0 + r].bits;
   }
 }
 
@@ -81,15 +89,29 @@ inline void pack_b_bf16(bool trans, const bfloat16* B, Extent ldb, Extent n, Ext
   const Extent chunks = kp / kBf16TileK;
   std::fill_n(out, nb * kp, std::uint16_t(0));
   const Extent cols = std::min(nb, n - j0);
-  for (Extent j = 0; j < cols; ++j) {
-    std::uint16_t* panel = out + (j / kBf16TileRows) * chunks * kBf16TileRows * kBf16TileK + (j % kBf16TileRows) * 2;
-    // pair p / 2 of k sits in row p / 2 of the panel's tiles, at 2 j + p % 2
-    if (trans) {
+  const Extent panel_size = chunks * kBf16TileRows * kBf16TileK;
+  // op(B)(p, j0 + j): pair p / 2 of k is row p / 2 of the panel's tiles, at 2 (j % 16) + p % 2
+  const auto at = [&](Extent p, Extent j) -> std::uint16_t& {
+    return out[(j / kBf16TileRows) * panel_size + (p / 2) * kBf16TileK + (j % kBf16TileRows) * 2 + p % 2];
+  };
+  if (trans) {  // op(B)'s columns are B's rows: a pair of k is two adjacent elements
+    for (Extent j = 0; j < cols; ++j) {
       const bfloat16* b = B + (j0 + j) * ldb;
-      for (Extent p = 0; p < k; ++p) panel[(p / 2) * kBf16TileK + p % 2] = b[p].bits;
-    } else {
-      for (Extent p = 0; p < k; ++p) panel[(p / 2) * kBf16TileK + p % 2] = B[p * ldb + j0 + j].bits;
+      Extent p = 0;
+      for (; p + 2 <= k; p += 2) std::memcpy(&at(p, j), b + p, 4);
+      if (p < k) at(p, j) = b[p].bits;
     }
+  } else {  // two rows of B (contiguous) interleaved: 16 columns' pairs are 64 contiguous bytes
+    Extent p = 0;
+    for (; p + 2 <= k; p += 2) {
+      const bfloat16* b = B + p * ldb + j0;
+      for (Extent j = 0; j < cols; ++j) {
+        const std::uint32_t pair = std::uint32_t(b[j].bits) | std::uint32_t(b[ldb + j].bits) << 16;
+        std::memcpy(&at(p, j), &pair, 4);
+      }
+    }
+    if (p < k)
+      for (Extent j = 0; j < cols; ++j) at(p, j) = B[p * ldb + j0 + j].bits;
   }
 }
 
