@@ -219,8 +219,10 @@ TEST_CASE("bf16 GEMM kernels (AMX, AVX512-BF16, widened sgemm) against a double 
 }
 
 TEST_CASE("bf16 GEMM kernels: a row's or a column's values do not depend on how C is split", "[kernels][gemm][bf16]") {
-  // Ranks hold uneven row (or column) blocks of the same product: each output sums over k in one order.
-  const Extent m = 100, n = 70, k = 130;
+  // Ranks hold uneven row (or column) blocks of the same product, and a rank's intra-op threads
+  // split its rows: each output sums over k in one order. (300 rows: 10 blocks of 32, enough work
+  // for parallel_for to split them.)
+  const Extent m = 300, n = 70, k = 130;
   Extent lda, ldb;
   const auto A = make_operand<Bf16>(m, k, false, 0, 21, lda);
   const auto B = make_operand<Bf16>(k, n, true, 0, 22, ldb);
@@ -234,6 +236,12 @@ TEST_CASE("bf16 GEMM kernels: a row's or a column's values do not depend on how 
     v.fn(false, true, Bf16(1.f), A.data() + 37 * lda, B.data(), Bf16(0.f), parts.data() + 37 * n, m - 37, n, k, lda,
          ldb, n);
     for (std::size_t i = 0; i < whole.size(); ++i) REQUIRE(whole[i].bits == parts[i].bits);
+    {
+      kh::IntraOpThreads threads(3);
+      std::fill(parts.begin(), parts.end(), Bf16(0.f));
+      v.fn(false, true, Bf16(1.f), A.data(), B.data(), Bf16(0.f), parts.data(), m, n, k, lda, ldb, n);
+      for (std::size_t i = 0; i < whole.size(); ++i) REQUIRE(whole[i].bits == parts[i].bits);
+    }
     v.fn(false, true, Bf16(1.f), A.data(), B.data() + 45 * ldb, Bf16(0.f), parts.data() + 45, 37, n - 45, k, lda, ldb,
          n);
     for (std::size_t i = 0; i < whole.size(); ++i) REQUIRE(whole[i].bits == parts[i].bits);

@@ -23,8 +23,10 @@
 //
 // Threads: ranks are threads; each keeps its own packing buffers (thread_local) and loads its
 // own tile configuration at each call (the configuration is per thread, and other code on the
-// thread may load another), releasing the tiles at the end. One thread per call (no intra-op
-// split). Other compilers and non-x86 targets compile no kernel (bf16_gemm_kernel() never picks one).
+// thread may load another), releasing the tiles at the end. A rank with intra-op threads
+// (parallel.hpp: train_gpt --intra-op-threads N) splits C's 32-row blocks over them, each thread
+// with its own A buffer and tile configuration; the same bits for any thread count. Other
+// compilers and non-x86 targets compile no kernel (bf16_gemm_kernel() never picks one).
 #pragma once
 
 #include <algorithm>
@@ -34,6 +36,7 @@
 
 #include "dtensor/core/bfloat16.hpp"
 #include "dtensor/kernels/host/common.hpp"
+#include "dtensor/kernels/host/parallel.hpp"
 #include "dtensor/kernels/host/simd.hpp"
 
 #if DTENSOR_HOST_MULTI_ISA
@@ -131,24 +134,36 @@ inline Bf16GemmBuffers& bf16_gemm_buffers() {
   return buffers;
 }
 
-/// The loops shared by the kernels: B packed by column blocks, A by 32 rows, `block(a, b, i0, j0)`
-/// computes C[i0 : i0+32, j0 : j0+32] from the packed panels (a: 32 rows, b: 32 columns).
-template <class Block>
+/// The loops shared by the kernels: B packed by column blocks (by the calling thread), then blocks
+/// of 32 rows of C, in parallel over the rank's intra-op threads (parallel.hpp) where it has them:
+/// each thread packs its 32 rows of op(A) into its own buffer and `block(a, b, i0, j0)` computes
+/// C[i0 : i0+32, j0 : j0+32] from the packed panels (a: 32 rows, b: 32 columns). `enter()` and
+/// `leave()` run on each thread around its share (AMX: its tile configuration). A block of C is
+/// computed the same way on any thread, so every thread count gives the same bits.
+template <class Enter, class Block, class Leave>
 void gemm_bf16_blocks(bool trans_a, bool trans_b, const bfloat16* A, const bfloat16* B, Extent m, Extent n, Extent k,
-                      Extent lda, Extent ldb, Extent kp, Block&& block) {
-  Bf16GemmBuffers& buf = bf16_gemm_buffers();
+                      Extent lda, Extent ldb, Extent kp, Enter&& enter, Block&& block, Leave&& leave) {
+  std::vector<std::uint16_t>& packed_b = bf16_gemm_buffers().b;
   const Extent nb_max = std::max(kBf16Block, kPackedBBytes / (2 * kp) / kBf16Block * kBf16Block);
   const Extent nb_all = std::min(nb_max, round_up(n, kBf16Block));
-  buf.a.resize(std::size_t(kBf16Block * kp));
-  buf.b.resize(std::size_t(nb_all * kp));
+  packed_b.resize(std::size_t(nb_all * kp));
+  const Extent row_blocks = (m + kBf16Block - 1) / kBf16Block;
   for (Extent j0 = 0; j0 < n; j0 += nb_all) {
     const Extent nb = std::min(nb_all, round_up(n - j0, kBf16Block));
-    pack_b_bf16(trans_b, B, ldb, n, k, kp, j0, nb, buf.b.data());
-    for (Extent i0 = 0; i0 < m; i0 += kBf16Block) {
-      pack_a_bf16(trans_a, A, lda, m, k, kp, i0, buf.a.data());
-      for (Extent jb = 0; jb < nb && j0 + jb < n; jb += kBf16Block)
-        block(buf.a.data(), buf.b.data() + jb * kp, i0, j0 + jb);
-    }
+    pack_b_bf16(trans_b, B, ldb, n, k, kp, j0, nb, packed_b.data());
+    // A row block does 32 x nb x kp multiply-adds, ~64 a cycle: worth a wake-up from a few k up.
+    const Extent grain = grain_for(kBf16Block * nb * kp / 64);
+    parallel_for(row_blocks, grain, [&](Extent b0, Extent b1) {
+      enter();
+      std::vector<std::uint16_t>& packed_a = bf16_gemm_buffers().a;  // this thread's
+      packed_a.resize(std::size_t(kBf16Block * kp));
+      for (Extent ib = b0; ib < b1; ++ib) {
+        pack_a_bf16(trans_a, A, lda, m, k, kp, ib * kBf16Block, packed_a.data());
+        for (Extent jb = 0; jb < nb && j0 + jb < n; jb += kBf16Block)
+          block(packed_a.data(), packed_b.data() + jb * kp, ib * kBf16Block, j0 + jb);
+      }
+      leave();
+    });
   }
 }
 
@@ -231,15 +246,17 @@ inline void gemm_bf16_avx512(bool trans_a, bool trans_b, bfloat16 alpha, const b
   if (k == 0 || float(alpha) == 0.f) return scale_bf16(C, m, n, ldc, float(beta));
   const Extent kp = round_up(k, kBf16TileK);
   const float al = float(alpha), be = float(beta);
-  gemm_bf16_blocks(trans_a, trans_b, A, B, m, n, k, lda, ldb, kp,
-                   [&](const std::uint16_t* a, const std::uint16_t* b, Extent i0, Extent j0) {
-                     alignas(64) float out[8 * kBf16Block];
-                     for (Extent r0 = 0; r0 < kBf16Block && i0 + r0 < m; r0 += 8) {
-                       bf16_block_avx512(a, b, kp, r0, out);
-                       store_bf16_block(out, C + (i0 + r0) * ldc + j0, ldc, std::min<Extent>(8, m - i0 - r0),
-                                        std::min(kBf16Block, n - j0), al, be);
-                     }
-                   });
+  gemm_bf16_blocks(
+      trans_a, trans_b, A, B, m, n, k, lda, ldb, kp, [] {},
+      [&](const std::uint16_t* a, const std::uint16_t* b, Extent i0, Extent j0) {
+        alignas(64) float out[8 * kBf16Block];
+        for (Extent r0 = 0; r0 < kBf16Block && i0 + r0 < m; r0 += 8) {
+          bf16_block_avx512(a, b, kp, r0, out);
+          store_bf16_block(out, C + (i0 + r0) * ldc + j0, ldc, std::min<Extent>(8, m - i0 - r0),
+                           std::min(kBf16Block, n - j0), al, be);
+        }
+      },
+      [] {});
 }
 
 /// AMX's tile configuration (palette 1): tiles 0-7 all 16 rows x 64 bytes.
@@ -302,15 +319,15 @@ inline void gemm_bf16_amx(bool trans_a, bool trans_b, bfloat16 alpha, const bflo
   if (k == 0 || float(alpha) == 0.f) return scale_bf16(C, m, n, ldc, float(beta));
   const Extent kp = round_up(k, kBf16TileK);
   const float al = float(alpha), be = float(beta);
-  amx_load_config();
-  gemm_bf16_blocks(trans_a, trans_b, A, B, m, n, k, lda, ldb, kp,
-                   [&](const std::uint16_t* a, const std::uint16_t* b, Extent i0, Extent j0) {
-                     alignas(64) float out[kBf16Block * kBf16Block];
-                     bf16_block_amx(a, b, kp, out);
-                     store_bf16_block(out, C + i0 * ldc + j0, ldc, std::min(kBf16Block, m - i0),
-                                      std::min(kBf16Block, n - j0), al, be);
-                   });
-  amx_release();
+  gemm_bf16_blocks(
+      trans_a, trans_b, A, B, m, n, k, lda, ldb, kp, [] { amx_load_config(); },
+      [&](const std::uint16_t* a, const std::uint16_t* b, Extent i0, Extent j0) {
+        alignas(64) float out[kBf16Block * kBf16Block];
+        bf16_block_amx(a, b, kp, out);
+        store_bf16_block(out, C + i0 * ldc + j0, ldc, std::min(kBf16Block, m - i0), std::min(kBf16Block, n - j0), al,
+                         be);
+      },
+      [] { amx_release(); });
 }
 
 #undef DTENSOR_BF16_TARGET
