@@ -4,6 +4,7 @@
     python3 bench/compare_torch.py --trainer build/examples/train_gpt                       # 1-thread configurations
     python3 bench/compare_torch.py --trainer build/examples/train_gpt --only default-2 l4d384-2 --rounds 3
     python3 bench/compare_torch.py --trainer build/examples/train_gpt --smoke               # CTest bench_compare_torch
+    python3 bench/compare_torch.py --trainer build/examples/train_gpt --dtype bf16          # both sides in bf16
 
 Both sides get every model flag explicitly (--layers --dim --heads --seq --batch --steps --lr --seed;
 the trainer also its mesh: --pp 1 --dp R --fsdp 1 --cp 1 --tp 1, no experts), so a change of either
@@ -37,6 +38,14 @@ chooses by the CPU's features where OpenBLAS's table does not know the CPU (kern
 --blas-core NAME sets it, --blas-core inherit keeps the environment's. The output names OpenBLAS's
 own choice (openblas_get_corename of the trainer's libopenblas, in the trainer's environment) and the
 trainer's `host BLAS:` line (the kernels it runs).
+
+--dtype bf16: the trainer's --dtype bf16 (the whole model in bf16 — parameters' compute copies,
+activations, gradients; every kernel computes in fp32 and rounds once, the GEMMs on bf16 inputs with
+fp32 sums: AMX tiles or AVX512-BF16 where the CPU has them, the `bf16 GEMMs:` part of its `host BLAS:`
+line; fp32 master weights and AdamW state) against the twin's --dtype bf16 (torch.autocast("cpu",
+bfloat16) over the forward and the loss: the Linears and attention in bf16 through oneDNN, LayerNorm,
+GELU, embeddings and cross entropy in fp32; fp32 parameters, gradients and AdamW). Both report the
+dtype they ran (train_gpt's mesh line, the twin's header) and it is checked. The default is f32.
 
 --smoke: 2 steps of every selected configuration, one run per side, no timing: the format and
 parameter-count checks only. Without torch for --python (CI installs only Debian packages) the
@@ -75,18 +84,19 @@ CONFIGS = {
 DEFAULT_ONLY = ["default-1", "l4d384-1"]
 
 # What is read back. train_gpt (examples/train_gpt.cpp):
-#   train_gpt: mesh pp 1 x dp 1 x ... = 1 ranks, threads backend, ...
+#   train_gpt: mesh pp 1 x dp 1 x ... = 1 ranks, threads backend, ... dtype f32
 #   schedule 1f1b: ...; model: 2 layers, dim 128, 4 heads, seq 64, batch 16, vocab 86
 #   parameters: 427008
 #   summary: 200 steps in 8.1 s; final train loss 2.4012, validation loss 2.4567; 25301 tokens/s
 # the twin (bench/train_gpt_torch.py):
-#   train_gpt_torch: torch 2.5.1+cpu, 1 thread(s); vocab 86, 2 layers, dim 128, 4 heads, seq 64, batch 16; 427008 parameters
+#   train_gpt_torch: torch 2.5.1+cpu, 1 thread(s); vocab 86, 2 layers, dim 128, 4 heads, seq 64, batch 16; 427008 parameters; dtype f32
 #   summary: 200 steps; final train loss 2.4012; 26000 tokens/s
 DT_RANKS = re.compile(r"^train_gpt: mesh .*= (\d+) ranks", re.M)
+DT_DTYPE = re.compile(r"^train_gpt: mesh .*\bdtype (\w+)", re.M)
 DT_MODEL = re.compile(r"model: (\d+) layers, dim (\d+), (\d+) heads, seq (\d+), batch (\d+), vocab (\d+)")
 DT_PARAMS = re.compile(r"^parameters: (\d+)$", re.M)
 PT_HEADER = re.compile(r"^train_gpt_torch: torch (\S+), (\d+) thread\(s\); vocab (\d+), (\d+) layers, dim (\d+), "
-                       r"(\d+) heads, seq (\d+), batch (\d+); (\d+) parameters$", re.M)
+                       r"(\d+) heads, seq (\d+), batch (\d+); (\d+) parameters(?:; dtype (\w+).*)?$", re.M)
 SUMMARY = re.compile(r"^summary: (\d+) steps\b.*?final train loss ([^,;\s]+).*\s(\d+) tokens/s$", re.M)
 
 
@@ -141,14 +151,15 @@ def parse(who, out, cmd):
         ranks = need(DT_RANKS, out, who, "'train_gpt: mesh ... = N ranks' header", cmd)
         model = need(DT_MODEL, out, who, "'model: L layers, dim D, H heads, seq S, batch B, vocab V' header", cmd)
         params = need(DT_PARAMS, out, who, "'parameters: N' line", cmd)
-        r = {"threads": int(ranks.group(1)), "version": None, "params": int(params.group(1))}
+        dtype = need(DT_DTYPE, out, who, "'dtype D' on the mesh line", cmd)
+        r = {"threads": int(ranks.group(1)), "version": None, "params": int(params.group(1)), "dtype": dtype.group(1)}
         blas = re.search(r"^host (?:BLAS|GEMM): .*$", out, re.M)
         r["blas"] = blas.group(0) if blas else None
         r.update(zip(("layers", "dim", "heads", "seq", "batch", "vocab"), map(int, model.groups())))
     else:
         h = need(PT_HEADER, out, who, "'train_gpt_torch: torch V, T thread(s); vocab ...; N parameters' header", cmd)
-        r = {"version": h.group(1), "threads": int(h.group(2))}
-        r.update(zip(("vocab", "layers", "dim", "heads", "seq", "batch", "params"), map(int, h.groups()[2:])))
+        r = {"version": h.group(1), "threads": int(h.group(2)), "dtype": h.group(10) or "f32"}  # an older twin: f32
+        r.update(zip(("vocab", "layers", "dim", "heads", "seq", "batch", "params"), map(int, h.groups()[2:9])))
     s = need(SUMMARY, out, who, "'summary: N steps ... final train loss X ...; R tokens/s' line", cmd)
     r["steps"], r["tokens_per_s"] = int(s.group(1)), int(s.group(3))
     try:
@@ -158,9 +169,11 @@ def parse(who, out, cmd):
     return r
 
 
-def check(name, m, steps, threads, sides):
+def check(name, m, steps, threads, sides, dtype):
     """Both sides report what they were given, and the same parameter count; fails loudly otherwise."""
     for who, r in sides.items():
+        if r["dtype"] != dtype:
+            fail(f"{name}: {who} reports dtype {r['dtype']}, it was given {dtype}")
         for k, v in m.items():
             if r[k] != v:
                 fail(f"{name}: {who} reports {k} {r[k]}, it was given {v}")
@@ -253,6 +266,8 @@ def main():
     ap.add_argument("--blas-core", default="auto",
                     help="OPENBLAS_CORETYPE for the trainer: auto (default: unset, the kernels are chosen for this CPU as MKL "
                          "does for PyTorch), inherit (the environment's), or a name (Haswell, SkylakeX, ...)")
+    ap.add_argument("--dtype", choices=["f32", "bf16"], default="f32",
+                    help="bf16: train_gpt --dtype bf16 against the twin under torch.autocast('cpu', bfloat16) (see above)")
     ap.add_argument("--omp-passive", action="store_true",
                     help="run PyTorch with OMP_WAIT_POLICY=PASSIVE: on a machine loaded beyond its cores, OpenMP's "
                          "spinning threads otherwise collapse PyTorch's 2-thread runs")
@@ -276,6 +291,10 @@ def main():
     inherited = os.environ.get("OPENBLAS_CORETYPE")
     print(f"compare_torch: dtensor's OpenBLAS picks its {openblas_core(a.trainer, trainer_env(os.environ, a.blas_core))} "
           f"kernels by itself (--blas-core {a.blas_core}; OPENBLAS_CORETYPE in this environment: {inherited or 'unset'})")
+    if a.dtype == "bf16":
+        print("compare_torch: dtype bf16: dtensor runs the whole model in bf16 (fp32 sums in every kernel, fp32 master "
+              "weights and AdamW); PyTorch runs torch.autocast('cpu', bfloat16) over the forward and the loss (Linears "
+              "and attention in bf16, the rest and the optimizer in fp32)")
     blas_line_shown = False
     rounds = 1 if a.smoke else a.rounds
     results = {}
@@ -289,9 +308,9 @@ def main():
 
         def commands(n):
             dt = [a.trainer, "--pp", "1", "--dp", str(ranks), "--fsdp", "1", "--cp", "1", "--tp", "1",
-                  "--eval-every", str(n)] + model_flags(m, n) + \
+                  "--eval-every", str(n), "--dtype", a.dtype] + model_flags(m, n) + \
                  (["--intra-op-threads", str(blas)] if blas > 1 else []) + shlex.split(a.trainer_flags)
-            pt = [a.python, a.twin, "--threads", str(tthreads)] + model_flags(m, n)
+            pt = [a.python, a.twin, "--threads", str(tthreads), "--dtype", a.dtype] + model_flags(m, n)
             return {"dtensor": dt, "torch": pt}
 
         envs = {"dtensor": dict(trainer_env(os.environ, a.blas_core), DTENSOR_BLAS_THREADS=str(blas), OPENBLAS_NUM_THREADS=str(blas),
@@ -313,7 +332,7 @@ def main():
                     print(f"compare_torch: the trainer's {reports[who]['blas']}")
                     blas_line_shown = True
                 timed[who] = (wall, cpu)
-            check(name, m, steps, threads, reports)
+            check(name, m, steps, threads, reports, a.dtype)
             if a.smoke:
                 for who in sides:
                     print(f"{name}: {describe(who, reports[who], ranks, blas)}; {steps} steps, final train loss "
@@ -322,7 +341,7 @@ def main():
             fig = {}
             for who in order:  # the 2-step runs, interleaved too
                 out, wall, cpu = run(short[who], envs[who])
-                check(name, m, SHORT_STEPS, threads, {who: parse(who, out, short[who])})
+                check(name, m, SHORT_STEPS, threads, {who: parse(who, out, short[who])}, a.dtype)
                 dw, dc = timed[who][0] - wall, timed[who][1] - cpu
                 if dc <= 0:
                     fail(f"{name}: {who}'s {steps}-step run took no more CPU time than its {SHORT_STEPS}-step run "
@@ -358,7 +377,7 @@ def main():
             print(f"| {name} | {statistics.median(walls) if walls else math.nan:,.0f} | "
                   f"{statistics.median(f['dtensor'][1] for f in per_round):,.0f} |")
         return
-    print(f"dtensor / PyTorch over {rounds} interleaved rounds (median of the per-round ratios, range in brackets); "
+    print(f"dtype {a.dtype}; dtensor / PyTorch over {rounds} interleaved rounds (median of the per-round ratios, range in brackets); "
           "timed steps = the run's steps minus a 2-step run's")
     print("| configuration | timed steps | PyTorch tokens/s | dtensor tokens/s | ratio (wall) | PyTorch tokens/CPU-s | "
           "dtensor tokens/CPU-s | ratio (CPU) |")

@@ -3,6 +3,7 @@
 
     python3 bench/train_gpt_torch.py --threads 1 --steps 60
     python3 bench/train_gpt_torch.py --threads 2 --layers 4 --dim 384 --steps 20
+    python3 bench/train_gpt_torch.py --threads 1 --dtype bf16     # forward and loss under torch.autocast("cpu", bfloat16)
 
 Same text (the files under /usr/share/common-licenses, sorted, characters as the vocabulary, 90%
 train), same batches (std::mt19937_64 from --seed, reimplemented below, start = rng() % (n - seq - 1)),
@@ -13,8 +14,15 @@ betas 0.9 / 0.95, eps 1e-8, weight decay 0.1 on weights and embeddings, not on b
 clipping to global norm 1. Attention is F.scaled_dot_product_attention(is_causal=True), what an
 eager PyTorch user writes. Not part of the test suite: bench/compare_torch.py runs it against
 train_gpt. The init values differ from dtensor's (another generator): the law is the same.
+
+--dtype bf16 is what an eager PyTorch user writes for bf16 on a CPU: the forward and the loss under
+torch.autocast("cpu", dtype=torch.bfloat16), the backward outside it. Autocast runs its
+lower-precision ops in bf16 (here the Linears and scaled_dot_product_attention, through oneDNN:
+AMX or AVX512-BF16 where the CPU has them) and keeps the rest in fp32 (LayerNorm, GELU, the
+embeddings, cross entropy); parameters, gradients and AdamW stay fp32.
 """
 import argparse
+import contextlib
 import math
 import os
 import sys
@@ -60,6 +68,8 @@ def main():
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--dtype", choices=["f32", "bf16"], default="f32",
+                    help="bf16: the forward and the loss under torch.autocast('cpu', dtype=torch.bfloat16)")
     ap.add_argument("--skip", type=int, default=3, help="warm-up steps left out of the summary's tokens/s")
     ap.add_argument("--profile", action="store_true", help="torch.profiler over the steps after --skip: the per-op "
                     "table (self CPU time, sorted) on stdout after the summary (docs/benchmarks.md's per-op breakdown)")
@@ -125,7 +135,9 @@ def main():
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
     print(f"train_gpt_torch: torch {torch.__version__}, {a.threads} thread(s); vocab {len(chars)}, "
-          f"{a.layers} layers, dim {a.dim}, {a.heads} heads, seq {a.seq}, batch {a.batch}; {nparams} parameters")
+          f"{a.layers} layers, dim {a.dim}, {a.heads} heads, seq {a.seq}, batch {a.batch}; {nparams} parameters; "
+          f"dtype {a.dtype}{' (torch.autocast)' if a.dtype == 'bf16' else ''}")
+    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if a.dtype == "bf16" else contextlib.nullcontext
     rng = MT19937_64(a.seed)
     offsets = torch.arange(a.seq)
     elapsed, counted = 0.0, 0
@@ -139,7 +151,8 @@ def main():
         tgt = train[starts[:, None] + offsets + 1]
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=False)
-        loss = model(ids, tgt)
+        with autocast():
+            loss = model(ids, tgt)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()

@@ -3,6 +3,8 @@
 #include "test_kernels_host_util.hpp"
 
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <limits>
 #include <tuple>
 #include <vector>
@@ -11,6 +13,11 @@
 #include "dtensor/kernels/host/gemm_fp8.hpp"
 #include "dtensor/kernels/host/matmul.hpp"
 #include "dtensor/nn/fp8_recipe.hpp"
+
+#if defined(__linux__) && defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 using namespace dtensor;
 namespace kh = dtensor::kernels::host;
@@ -121,6 +128,200 @@ TEST_CASE("bfloat16 gemm multiplies in float and rounds once", "[kernels][gemm]"
       for (Extent p = 0; p < 13; ++p) s += float(a(i, p)) * float(b(j, p));
       CHECK(std::abs(float(c(i, j)) - s) <= 1e-2f * (1 + std::abs(s)));
     }
+}
+
+// ---- bf16 kernels (kernels/host/gemm_bf16.hpp; issue 46) -------------------------------------
+
+namespace {
+
+using Bf16 = dtensor::bfloat16;
+using Bf16GemmFn = void (*)(bool, bool, Bf16, const Bf16*, const Bf16*, Bf16, Bf16*, Extent, Extent, Extent, Extent,
+                            Extent, Extent);
+
+struct Bf16Variant {
+  kh::Bf16Gemm kind;
+  Bf16GemmFn fn;
+  bool available;  // on this CPU (and, for AMX, with the OS's permission)
+};
+
+std::vector<Bf16Variant> bf16_variants() {
+  const auto cpu = kh::detail::cpu_blas_features();
+  const bool bf16 = cpu.level == kh::detail::BlasLevel::avx512 && cpu.avx512_bf16;
+  std::vector<Bf16Variant> v{{kh::Bf16Gemm::widen_sgemm, kh::detail::gemm_bf16_widen, true}};
+#if DTENSOR_HOST_MULTI_ISA
+  v.push_back({kh::Bf16Gemm::avx512_bf16, kh::detail::gemm_bf16_avx512, bf16});
+  v.push_back({kh::Bf16Gemm::amx, kh::detail::gemm_bf16_amx, bf16 && cpu.amx && kh::detail::amx_permitted()});
+#endif
+  (void)bf16;
+  return v;
+}
+
+/// One bf16 GEMM against the double sum of the bf16 inputs (alpha and beta as bf16 too). Bound: C
+/// is the fp32 sum rounded to bf16 once, so |C - ref| <= 2^-8 |ref| (the rounding: half an ulp of
+/// 8 significant bits) + k 2^-23 (|alpha| sum |a b| + |beta c|) (fp32 accumulation over k terms,
+/// with room). Also: beta == 0 does not read C (NaN there), the pitch's padding is not written.
+void check_bf16_gemm(const Bf16Variant& v, Case cs, bool ta, bool tb, double alpha_d, double beta_d) {
+  const auto [m, n, k] = cs;
+  Extent lda, ldb;
+  auto A = make_operand<Bf16>(m, k, ta, 3, 11, lda);
+  auto B = make_operand<Bf16>(k, n, tb, 5, 12, ldb);
+  const Extent ldc = n + 2;
+  std::vector<Bf16> C(std::size_t(std::max<Extent>(1, m * ldc)));
+  for (std::size_t i = 0; i < C.size(); ++i)
+    C[i] = beta_d == 0 ? Bf16(std::numeric_limits<float>::quiet_NaN()) : Bf16(float(0.25 * double(i % 7) - 0.5));
+  const std::vector<Bf16> C0 = C;
+  const Bf16 alpha{float(alpha_d)}, beta{float(beta_d)};
+  v.fn(ta, tb, alpha, A.data(), B.data(), beta, C.data(), m, n, k, lda, ldb, ldc);
+  double worst = 0;  // error / bound
+  for (Extent i = 0; i < m; ++i) {
+    for (Extent j = 0; j < n; ++j) {
+      double s = 0, mag = 0;
+      for (Extent p = 0; p < k; ++p) {
+        const double x = double(at(A, ta, lda, i, p)) * double(at(B, tb, ldb, p, j));
+        s += x;
+        mag += std::abs(x);
+      }
+      const double c0 = beta_d == 0 ? 0.0 : double(C0[std::size_t(i * ldc + j)]);
+      const double ref = double(alpha) * s + double(beta) * c0;
+      const double bound =
+          std::ldexp(std::abs(ref), -8) +
+          double(k + 2) * std::ldexp(std::abs(double(alpha)) * mag + std::abs(double(beta) * c0), -23) + 1e-30;
+      const double err = std::abs(double(C[std::size_t(i * ldc + j)]) - ref) / bound;
+      worst = std::max(worst, std::isnan(err) ? 1e30 : err);
+    }
+    for (Extent j = n; j < ldc; ++j)  // the pitch's padding keeps its bits
+      CHECK(C[std::size_t(i * ldc + j)].bits == C0[std::size_t(i * ldc + j)].bits);
+  }
+  INFO(kh::bf16_gemm_name(v.kind) << ": m=" << m << " n=" << n << " k=" << k << " ta=" << ta << " tb=" << tb
+                                  << " alpha=" << alpha_d << " beta=" << beta_d << " worst error / bound " << worst);
+  CHECK(worst <= 1.0);
+}
+
+}  // namespace
+
+TEST_CASE("bf16 GEMM kernels (AMX, AVX512-BF16, widened sgemm) against a double sum of the bf16 inputs",
+          "[kernels][gemm][bf16]") {
+  const std::vector<Case> shapes = {{1, 1, 1},    {7, 13, 33},  {13, 7, 1},    {33, 100, 13},
+                                    {100, 33, 7}, {1, 100, 64}, {100, 1, 100}, {70, 37, 300},
+                                    {33, 65, 97}, {4, 3, 0},    {0, 3, 4},     {3, 0, 4}};
+  for (const auto& v : bf16_variants()) {
+    if (!v.available) {
+      WARN("skipped: " << kh::bf16_gemm_name(v.kind) << " (this CPU or OS lacks it)");
+      continue;
+    }
+    for (const auto& cs : shapes)
+      for (bool ta : {false, true})
+        for (bool tb : {false, true})
+          for (auto [alpha, beta] : {std::pair{1.0, 0.0}, std::pair{1.0, 1.0}, std::pair{0.7, -0.3},
+                                     std::pair{-1.5, 0.0}, std::pair{0.0, 2.0}})
+            check_bf16_gemm(v, cs, ta, tb, alpha, beta);
+  }
+}
+
+TEST_CASE("bf16 GEMM kernels: a row's or a column's values do not depend on how C is split", "[kernels][gemm][bf16]") {
+  // Ranks hold uneven row (or column) blocks of the same product, and a rank's intra-op threads
+  // split its rows: each output sums over k in one order. (300 rows: 10 blocks of 32, enough work
+  // for parallel_for to split them.)
+  const Extent m = 300, n = 70, k = 130;
+  Extent lda, ldb;
+  const auto A = make_operand<Bf16>(m, k, false, 0, 21, lda);
+  const auto B = make_operand<Bf16>(k, n, true, 0, 22, ldb);
+  for (const auto& v : bf16_variants()) {
+    if (!v.available) continue;
+    INFO(kh::bf16_gemm_name(v.kind));
+    std::vector<Bf16> whole(m * n), parts(m * n);
+    v.fn(false, true, Bf16(1.f), A.data(), B.data(), Bf16(0.f), whole.data(), m, n, k, lda, ldb, n);
+    // rows 0 .. 37 and 37 .. 100; then columns 0 .. 45 and 45 .. 70 of rows 0 .. 37 again
+    v.fn(false, true, Bf16(1.f), A.data(), B.data(), Bf16(0.f), parts.data(), 37, n, k, lda, ldb, n);
+    v.fn(false, true, Bf16(1.f), A.data() + 37 * lda, B.data(), Bf16(0.f), parts.data() + 37 * n, m - 37, n, k, lda,
+         ldb, n);
+    for (std::size_t i = 0; i < whole.size(); ++i) REQUIRE(whole[i].bits == parts[i].bits);
+    {
+      kh::IntraOpThreads threads(3);
+      std::fill(parts.begin(), parts.end(), Bf16(0.f));
+      v.fn(false, true, Bf16(1.f), A.data(), B.data(), Bf16(0.f), parts.data(), m, n, k, lda, ldb, n);
+      for (std::size_t i = 0; i < whole.size(); ++i) REQUIRE(whole[i].bits == parts[i].bits);
+    }
+    v.fn(false, true, Bf16(1.f), A.data(), B.data() + 45 * ldb, Bf16(0.f), parts.data() + 45, 37, n - 45, k, lda, ldb,
+         n);
+    for (std::size_t i = 0; i < whole.size(); ++i) REQUIRE(whole[i].bits == parts[i].bits);
+  }
+}
+
+TEST_CASE("the bf16 GEMM kernel choice: the widest the CPU, the OS and DTENSOR_HOST_ISA allow",
+          "[kernels][gemm][bf16]") {
+  using K = kh::Bf16Gemm;
+  kh::detail::CpuBlasFeatures spr;  // a Sapphire Rapids-class CPU
+  spr.level = kh::detail::BlasLevel::avx512;
+  spr.avx512_bf16 = spr.amx = true;
+  CHECK(kh::detail::choose_bf16_gemm(spr, true, "") == K::amx);
+  CHECK(kh::detail::choose_bf16_gemm(spr, true, "amx") == K::amx);
+  CHECK(kh::detail::choose_bf16_gemm(spr, false, "") == K::avx512_bf16);  // the OS refused the tiles
+  CHECK(kh::detail::choose_bf16_gemm(spr, true, "avx512") == K::avx512_bf16);
+  CHECK(kh::detail::choose_bf16_gemm(spr, true, "avx2") == K::widen_sgemm);
+  CHECK(kh::detail::choose_bf16_gemm(spr, true, "baseline") == K::widen_sgemm);
+  kh::detail::CpuBlasFeatures cpl = spr;  // Cooper Lake / Zen 4: AVX512-BF16, no AMX
+  cpl.amx = false;
+  CHECK(kh::detail::choose_bf16_gemm(cpl, true, "") == K::avx512_bf16);
+  kh::detail::CpuBlasFeatures skx = cpl;  // Skylake-X: AVX-512 without bf16
+  skx.avx512_bf16 = false;
+  CHECK(kh::detail::choose_bf16_gemm(skx, true, "") == K::widen_sgemm);
+  CHECK(std::string(kh::bf16_gemm_name(K::amx)) == "AMX tiles");
+}
+
+namespace {
+/// The flags of /proc/cpuinfo's first processor (what Linux says the CPU has and it supports), "" elsewhere.
+std::string cpuinfo_flags() {
+  std::FILE* f = std::fopen("/proc/cpuinfo", "r");
+  if (!f) return "";
+  char line[8192];
+  std::string flags;
+  while (std::fgets(line, sizeof line, f))
+    if (std::strncmp(line, "flags", 5) == 0) {
+      flags = std::string(" ") + (std::strchr(line, ':') ? std::strchr(line, ':') + 1 : line) + " ";
+      break;
+    }
+  std::fclose(f);
+  for (char& c : flags)
+    if (c == '\n' || c == '\t') c = ' ';
+  return flags;
+}
+}  // namespace
+
+// Fails when dispatch falls back silently: the kernel that runs must be the best this machine has,
+// judged from Linux's own flags and a permission request made here, not from the code under test.
+TEST_CASE("gemm<bfloat16> runs the best bf16 kernel this CPU and OS have (AMX where granted)",
+          "[kernels][gemm][bf16]") {
+  const std::string flags = cpuinfo_flags();
+  if (flags.empty()) {
+    WARN("skipped: " << "no /proc/cpuinfo (not Linux)");
+    return;
+  }
+  if (const char* cap = std::getenv("DTENSOR_HOST_ISA"); cap && std::string(cap) != "amx") {
+    WARN("skipped: " << "DTENSOR_HOST_ISA=" << cap << " caps the choice");
+    return;
+  }
+  const auto has = [&](const char* flag) { return flags.find(std::string(" ") + flag + " ") != std::string::npos; };
+  const bool avx512 = has("avx512f") && has("avx512bw") && has("avx512vl") && has("avx512dq") && has("avx512cd");
+  const bool bf16 = avx512 && has("avx512_bf16");
+  bool granted = false;
+#if defined(__linux__) && defined(__x86_64__)
+  unsigned long features = 0;  // ARCH_REQ_XCOMP_PERM / ARCH_GET_XCOMP_PERM for XTILEDATA (18)
+  granted = ::syscall(SYS_arch_prctl, 0x1023, 18) == 0 && ::syscall(SYS_arch_prctl, 0x1022, &features) == 0 &&
+            (features >> 18 & 1u);
+#endif
+  const bool amx = bf16 && has("amx_tile") && has("amx_bf16") && granted;
+  const kh::Bf16Gemm want = amx ? kh::Bf16Gemm::amx : bf16 ? kh::Bf16Gemm::avx512_bf16 : kh::Bf16Gemm::widen_sgemm;
+  INFO("CPU flags avx512 " << avx512 << ", avx512_bf16 " << bf16 << ", amx_tile+amx_bf16 "
+                           << (has("amx_tile") && has("amx_bf16")) << ", tiles granted by the OS " << granted);
+  INFO(kh::blas_kernels_line());
+  CHECK(kh::bf16_gemm_kernel() == want);
+  CHECK(kh::blas_kernels_line().find(std::string("bf16 GEMMs: ") + kh::bf16_gemm_name(want)) != std::string::npos);
+  if (want == kh::Bf16Gemm::widen_sgemm) WARN("this CPU has no bf16 dot products: the widened sgemm is the best");
+  // set_host_isa_cap below avx512 (what tests and benchmarks use to compare paths) widens.
+  kh::set_host_isa_cap(kh::Isa::avx2);
+  CHECK(kh::bf16_gemm_kernel() == kh::Bf16Gemm::widen_sgemm);
+  kh::set_host_isa_cap(kh::Isa::avx512);
 }
 
 // ---- FP8 (core/float8.hpp, nn/fp8_recipe.hpp, kernels/host/gemm_fp8.hpp) ------------------

@@ -33,6 +33,13 @@
 //
 // Without the DYNAMIC_ARCH entry points (a single-target OpenBLAS, another CBLAS) nothing is
 // switched and the line says what runs. The symbols are weak (GCC/Clang on ELF), as in gemm.hpp.
+//
+// bf16 GEMMs (gemm<bfloat16>) do not go through the BLAS (Debian's OpenBLAS 0.3.21 exports no
+// sbgemm): bf16_gemm_kernel() picks dtensor's own kernel (gemm_bf16.hpp) once per process, by the
+// same rule — the widest the CPU and the OS allow: AMX tiles (amx_tile + amx_bf16, and Linux's
+// permission for the tile data, requested once per process here), else AVX512-BF16 dot products,
+// else the inputs widened to float for sgemm. DTENSOR_HOST_ISA caps it: avx512 (no AMX), avx2 or
+// baseline (widened + sgemm); amx or unset, no cap. The line names it ("bf16 GEMMs: AMX tiles").
 #pragma once
 
 #include <algorithm>
@@ -45,6 +52,10 @@
 
 #if DTENSOR_HOST_MULTI_ISA
 #include <cpuid.h>
+#endif
+#if DTENSOR_HOST_MULTI_ISA && defined(__linux__) && defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 #if defined(DTENSOR_HAS_CBLAS) && (defined(__GNUC__) || defined(__clang__)) && defined(__ELF__)
@@ -241,6 +252,71 @@ inline BlasKernels choose_blas_kernels() {
 
 }  // namespace detail
 
+/// The kernel of gemm<bfloat16> (bf16 inputs, fp32 accumulation, C rounded once), widest last.
+enum class Bf16Gemm { widen_sgemm, avx512_bf16, amx };
+
+inline const char* bf16_gemm_name(Bf16Gemm k) {
+  switch (k) {
+    case Bf16Gemm::amx:
+      return "AMX tiles";
+    case Bf16Gemm::avx512_bf16:
+      return "AVX512-BF16";
+    default:
+      return "widened to float + sgemm";
+  }
+}
+
+namespace detail {
+
+/// Asks Linux for the AMX tile data state (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA),
+/// which a process must hold before its first tile instruction (else SIGILL); the grant is for the
+/// whole process, so it is asked once (a function-local static: thread-safe). False where the
+/// kernel refuses it or is not Linux (then no tiles are used).
+inline bool amx_permitted() {
+#if DTENSOR_HOST_MULTI_ISA && defined(__linux__) && defined(__x86_64__)
+  static const bool granted = [] {
+    constexpr long arch_get_xcomp_perm = 0x1022, arch_req_xcomp_perm = 0x1023, xfeature_xtiledata = 18;
+    if (::syscall(SYS_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) != 0) return false;
+    unsigned long features = 0;
+    return ::syscall(SYS_arch_prctl, arch_get_xcomp_perm, &features) == 0 && (features >> xfeature_xtiledata & 1u);
+  }();
+  return granted;
+#else
+  return false;
+#endif
+}
+
+/// The widest bf16 GEMM kernel for these CPU features under DTENSOR_HOST_ISA's cap (`isa` is the
+/// cap's value: "" when unset). amx_ok: the OS grants the tiles.
+inline Bf16Gemm choose_bf16_gemm(const CpuBlasFeatures& cpu, bool amx_ok, std::string_view isa) {
+  if (isa == "baseline" || isa == "avx2" || cpu.level < BlasLevel::avx512 || !cpu.avx512_bf16)
+    return Bf16Gemm::widen_sgemm;
+  if (isa != "avx512" && cpu.amx && amx_ok) return Bf16Gemm::amx;
+  return Bf16Gemm::avx512_bf16;
+}
+
+/// bf16_gemm_kernel() without the runtime cap: chosen once per process (the permission is asked
+/// only where the CPU has AMX and the cap allows it).
+inline Bf16Gemm detected_bf16_gemm() {
+  static const Bf16Gemm k = [] {
+    (void)isa_cap_from_env();  // a misspelt DTENSOR_HOST_ISA is an Error here too
+    const CpuBlasFeatures cpu = cpu_blas_features();
+    const std::string isa = env_or_empty("DTENSOR_HOST_ISA");
+    const bool wants_amx = choose_bf16_gemm(cpu, true, isa) == Bf16Gemm::amx;
+    return choose_bf16_gemm(cpu, wants_amx && amx_permitted(), isa);
+  }();
+  return k;
+}
+
+}  // namespace detail
+
+/// The kernel gemm<bfloat16> runs (gemm_bf16.hpp): the widest of AMX tiles, AVX512-BF16 and the
+/// widened sgemm that the CPU, the OS and DTENSOR_HOST_ISA allow; set_host_isa_cap below avx512
+/// (tests, benchmarks) makes it the widened sgemm.
+inline Bf16Gemm bf16_gemm_kernel() {
+  return host_isa() == Isa::avx512 ? detail::detected_bf16_gemm() : Bf16Gemm::widen_sgemm;
+}
+
 /// The host BLAS's kernels: chosen once per process (the first call; gemm() makes it before its
 /// first CBLAS call), by the rules at the top of this file. Throws a dtensor::Error for a
 /// DTENSOR_BLAS_CORETYPE this OpenBLAS cannot run (and retries on the next call).
@@ -249,14 +325,16 @@ inline const BlasKernels& blas_kernels() {
   return k;
 }
 
-/// One line for a program's start: the library, the kernels, the CPU, and who chose them.
+/// One line for a program's start: the library, the kernels, the CPU, and who chose them; then
+/// the bf16 GEMMs' kernel.
 inline std::string blas_kernels_line() {
   const BlasKernels& k = blas_kernels();
+  const std::string bf16 = std::string("; bf16 GEMMs: ") + bf16_gemm_name(bf16_gemm_kernel());
   if (k.library.empty()) {
 #ifdef DTENSOR_HAS_CBLAS
-    return "host BLAS: a CBLAS that is not OpenBLAS (its own kernels; CPU: " + k.cpu + ")";
+    return "host BLAS: a CBLAS that is not OpenBLAS (its own kernels; CPU: " + k.cpu + ")" + bf16;
 #else
-    return "host GEMM: dtensor's portable loop (built without a BLAS; CPU: " + k.cpu + ")";
+    return "host GEMM: dtensor's portable loop (built without a BLAS; CPU: " + k.cpu + ")" + bf16;
 #endif
   }
   std::string line = "host BLAS: " + k.library + ", " + (k.core.empty() ? "unnamed" : k.core) + " kernels (CPU: " + k.cpu + ") - ";
@@ -266,7 +344,7 @@ inline std::string blas_kernels_line() {
     line += "OpenBLAS's choice";
   else
     line += "pinned by " + k.chosen_by;
-  return line + "; DTENSOR_BLAS_CORETYPE / OPENBLAS_CORETYPE override";
+  return line + "; DTENSOR_BLAS_CORETYPE / OPENBLAS_CORETYPE override" + bf16;
 }
 
 }  // namespace dtensor::kernels::host

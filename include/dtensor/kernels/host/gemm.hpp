@@ -11,7 +11,9 @@
 // (NaN in C does not leak) and alpha == 0 or k == 0 only scales C.
 //
 // Backends: with DTENSOR_HAS_CBLAS (target dtensor::blas) float and double go to
-// cblas_sgemm/cblas_dgemm. bfloat16 is widened to float, multiplied in float, and rounded once.
+// cblas_sgemm/cblas_dgemm. bfloat16 runs dtensor's bf16 kernels (gemm_bf16.hpp: AMX tiles or
+// AVX512-BF16, fp32 sums), chosen by the CPU's features (bf16_gemm_kernel(), blas_core.hpp);
+// without them it is widened to float, multiplied in float (sgemm), and rounded once.
 // The portable loop has a fixed order, so it is deterministic; OpenBLAS with one thread is too.
 //
 // Threads: ranks of the threads backend are threads of one process, each calling GEMM on its
@@ -38,6 +40,7 @@
 #include "dtensor/core/parse.hpp"
 #include "dtensor/kernels/host/blas_core.hpp"
 #include "dtensor/kernels/host/common.hpp"
+#include "dtensor/kernels/host/gemm_bf16.hpp"
 
 #ifdef DTENSOR_HAS_CBLAS
 #include <cblas.h>
@@ -233,26 +236,50 @@ void check_gemm_args(bool trans_a, bool trans_b, const T* A, const T* B, const T
 
 }  // namespace detail
 
+template <FloatElement T>
+void gemm(bool trans_a, bool trans_b, T alpha, const T* A, const T* B, T beta, T* C, Extent m, Extent n, Extent k,
+          Extent lda, Extent ldb, Extent ldc);
+
+namespace detail {
+
+/// gemm<bfloat16> where the CPU has no bf16 dot products: A and B widened to float (dense, no
+/// pitch), one float GEMM, C rounded once.
+inline void gemm_bf16_widen(bool trans_a, bool trans_b, bfloat16 alpha, const bfloat16* A, const bfloat16* B,
+                            bfloat16 beta, bfloat16* C, Extent m, Extent n, Extent k, Extent lda, Extent ldb,
+                            Extent ldc) {
+  std::vector<float> a(std::size_t(m * k)), b(std::size_t(k * n)), c(std::size_t(m * n));
+  const Extent ar = trans_a ? k : m, ac = trans_a ? m : k, br = trans_b ? n : k, bc = trans_b ? k : n;
+  for (Extent i = 0; i < ar; ++i)
+    for (Extent j = 0; j < ac; ++j) a[std::size_t(i * ac + j)] = float(A[i * lda + j]);
+  for (Extent i = 0; i < br; ++i)
+    for (Extent j = 0; j < bc; ++j) b[std::size_t(i * bc + j)] = float(B[i * ldb + j]);
+  const bool read_c = float(beta) != 0.f;
+  for (Extent i = 0; i < m; ++i)
+    for (Extent j = 0; j < n; ++j) c[std::size_t(i * n + j)] = read_c ? float(C[i * ldc + j]) : 0.f;
+  gemm<float>(trans_a, trans_b, float(alpha), a.data(), b.data(), float(beta), c.data(), m, n, k,
+              std::max<Extent>(1, ac), std::max<Extent>(1, bc), std::max<Extent>(1, n));
+  for (Extent i = 0; i < m; ++i)
+    for (Extent j = 0; j < n; ++j) C[i * ldc + j] = bfloat16(c[std::size_t(i * n + j)]);
+}
+
+}  // namespace detail
+
 /// C[m,n] = alpha * op(A)[m,k] * op(B)[k,n] + beta * C, row-major (see the synopsis).
 template <FloatElement T>
 void gemm(bool trans_a, bool trans_b, T alpha, const T* A, const T* B, T beta, T* C, Extent m, Extent n, Extent k,
           Extent lda, Extent ldb, Extent ldc) {
   detail::check_gemm_args(trans_a, trans_b, A, B, C, m, n, k, lda, ldb, ldc);
   if constexpr (std::is_same_v<T, bfloat16>) {
-    // Widen to float (dense, no pitch), one float GEMM, round once.
-    std::vector<float> a(std::size_t(m * k)), b(std::size_t(k * n)), c(std::size_t(m * n));
-    const Extent ar = trans_a ? k : m, ac = trans_a ? m : k, br = trans_b ? n : k, bc = trans_b ? k : n;
-    for (Extent i = 0; i < ar; ++i)
-      for (Extent j = 0; j < ac; ++j) a[std::size_t(i * ac + j)] = float(A[i * lda + j]);
-    for (Extent i = 0; i < br; ++i)
-      for (Extent j = 0; j < bc; ++j) b[std::size_t(i * bc + j)] = float(B[i * ldb + j]);
-    const bool read_c = float(beta) != 0.f;
-    for (Extent i = 0; i < m; ++i)
-      for (Extent j = 0; j < n; ++j) c[std::size_t(i * n + j)] = read_c ? float(C[i * ldc + j]) : 0.f;
-    gemm<float>(trans_a, trans_b, float(alpha), a.data(), b.data(), float(beta), c.data(), m, n, k,
-                std::max<Extent>(1, ac), std::max<Extent>(1, bc), std::max<Extent>(1, n));
-    for (Extent i = 0; i < m; ++i)
-      for (Extent j = 0; j < n; ++j) C[i * ldc + j] = bfloat16(c[std::size_t(i * n + j)]);
+    switch (bf16_gemm_kernel()) {
+#if DTENSOR_HOST_MULTI_ISA
+      case Bf16Gemm::amx:
+        return detail::gemm_bf16_amx(trans_a, trans_b, alpha, A, B, beta, C, m, n, k, lda, ldb, ldc);
+      case Bf16Gemm::avx512_bf16:
+        return detail::gemm_bf16_avx512(trans_a, trans_b, alpha, A, B, beta, C, m, n, k, lda, ldb, ldc);
+#endif
+      default:
+        return detail::gemm_bf16_widen(trans_a, trans_b, alpha, A, B, beta, C, m, n, k, lda, ldb, ldc);
+    }
   } else {
 #ifdef DTENSOR_HAS_CBLAS
     if (m == 0 || n == 0) return;

@@ -4,7 +4,8 @@
 //   detail::with_isa([&](auto isa) DTENSOR_SIMD_BODY { for (...) y[i] = detail::fast_tanh(x[i]); });
 //   host_isa()                         // the instruction set the kernels run: avx512, avx2 or baseline
 //   isa_name(host_isa())               // "avx512", "avx2", "baseline"
-//   DTENSOR_HOST_ISA=baseline|avx2|avx512   // environment: cap the choice
+//   DTENSOR_HOST_ISA=baseline|avx2|avx512|amx   // environment: cap the choice (avx512: no AMX tiles for
+//                                               // the bf16 GEMMs, blas_core.hpp; amx: no cap, as unset)
 //   set_host_isa_cap(Isa::baseline)    // the same from code (tests and benchmarks run every path)
 //
 // Why this way (docs/host-kernels.md): the library is header-only and built without -march, so
@@ -54,16 +55,17 @@ inline const char* isa_name(Isa isa) {
 
 namespace detail {
 
-/// DTENSOR_HOST_ISA's cap: baseline, avx2 or avx512 (no cap), the last also when it is unset.
-/// Any other spelling ("AVX2", "sse", "") is an Error naming the variable, not silently no cap.
+/// DTENSOR_HOST_ISA's cap for these kernels: baseline, avx2 or avx512 (no cap), the last also when
+/// it is unset and for amx (which only the bf16 GEMMs tell from avx512: blas_core.hpp). Any other
+/// spelling ("AVX2", "sse", "") is an Error naming the variable, not silently no cap.
 inline Isa isa_cap_from_env() {
   const char* text = std::getenv("DTENSOR_HOST_ISA");
   if (!text) return Isa::avx512;
   const std::string_view c(text);
   if (c == "baseline") return Isa::baseline;
   if (c == "avx2") return Isa::avx2;
-  if (c == "avx512") return Isa::avx512;
-  throw Error("DTENSOR_HOST_ISA", dtensor::detail::cat("'", c, "' is not baseline, avx2 or avx512"));
+  if (c == "avx512" || c == "amx") return Isa::avx512;
+  throw Error("DTENSOR_HOST_ISA", dtensor::detail::cat("'", c, "' is not baseline, avx2, avx512 or amx"));
 }
 
 /// The best instruction set of this CPU, capped by DTENSOR_HOST_ISA when set.
