@@ -107,6 +107,28 @@ TEST_CASE("activations and their backwards", "[kernels][activations]") {
   auto xf = kt::cast<float>(x);
   auto gf = kh::gelu(xf);
   for (Extent i = 0; i < x.numel(); ++i) CHECK(double(gf[i]) == Approx(gelu_ref(double(xf[i]))).margin(1e-6));
+  // bfloat16 gelu runs the float kernels and rounds once: the double reference of the bf16 input
+  // rounded to bf16, give or take one bf16 step where the fast tanh's 2e-7 straddles a rounding
+  // boundary; the same for the backward and the fused bias + GELU (y = gelu of the stored h).
+  auto xb = kt::cast<bfloat16>(x), dyb = kt::cast<bfloat16>(dy);
+  auto gb = kh::gelu(xb), db = kh::gelu_backward(xb, dyb);
+  const auto bf16_step = [](double v) { return std::max(std::abs(v) * 0x1p-7, 1e-30); };
+  for (Extent i = 0; i < x.numel(); ++i) {
+    const double xi = double(float(xb[i])), want = double(float(bfloat16(float(gelu_ref(xi)))));
+    CHECK(std::abs(double(float(gb[i])) - want) <= bf16_step(want));
+    const double h = 1e-6, slope = (gelu_ref(xi + h) - gelu_ref(xi - h)) / (2 * h);
+    const double dwant = double(float(bfloat16(float(double(float(dyb[i])) * slope))));
+    CHECK(std::abs(double(float(db[i])) - dwant) <= bf16_step(dwant) + 1e-6);
+  }
+  auto bias = kt::cast<bfloat16>(normal<double>(Shape<1>{7}, 12));
+  const auto fused = kh::bias_gelu(xb, bias);
+  for (Extent i = 0; i < x.numel(); ++i) {
+    const bfloat16 hv = bfloat16(float(xb[i]) + float(bias[i % 7]));
+    CHECK(fused.h[i].bits == hv.bits);
+    auto one = Tensor<bfloat16, 1>::uninitialized(Shape<1>{1});
+    one[0] = hv;
+    CHECK(fused.y[i].bits == kh::gelu(one)[0].bits);
+  }
   kt::require_error([&] { kernels::gelu_backward(x, normal<double>(Shape<3>{3, 5, 1}, 1)); }, {"gelu_backward", "[3, 5, 1]"});
 }
 

@@ -64,7 +64,10 @@ std::string value_text(const T& v) {
     return v ? value_text(*v) : "default";
   } else {
     std::string s;
-    for (const auto& e : v) s += (s.empty() ? "" : ",") + value_text(e);
+    for (const auto& e : v) {  // two appends: GCC 12's -Wrestrict misreads "a" + std::string at -O3
+      if (!s.empty()) s += ',';
+      s += value_text(e);
+    }
     return s;
   }
 }

@@ -8,11 +8,13 @@
 // Backwards take the forward's input (except exp, whose derivative is its output), so a caller
 // saves one tensor per activation. Math runs in compute_t<T>.
 //
-// float GELU (the MLP's activation, the trainer's hottest non-GEMM kernel) runs vectorized for
-// the CPU's instruction set (simd.hpp) with a polynomial exp for tanh: within 2e-7 absolute of
-// std::tanh's result. double and bfloat16 keep the plain loops (std::tanh) — the tests' oracle.
-// float GELU (forward, backward, bias + GELU) runs in chunks on a rank's intra-op threads
-// (parallel.hpp; chunks of 64 elements or whole rows): per element, the same bits for any count.
+// float and bfloat16 GELU (the MLP's activation, the trainer's hottest non-GEMM kernel) run
+// vectorized for the CPU's instruction set (simd.hpp) with a polynomial exp for tanh: within 2e-7
+// absolute of std::tanh's result, in float (bfloat16 is widened, computed in float and rounded
+// once, as compute_t says; the plain loop with libm's tanh took 35 % of a bf16 step). double keeps
+// the plain loop (std::tanh) — the tests' oracle. The fast GELU (forward, backward, bias + GELU)
+// runs in chunks on a rank's intra-op threads (parallel.hpp; chunks of 64 elements or whole rows):
+// per element, the same bits for any count.
 #pragma once
 
 #include <cmath>
@@ -73,29 +75,42 @@ DTENSOR_SIMD_INLINE float gelu_prime_fast(float x) {
 }
 /// Elements per chunk's worth of work of the vectorized GELU (a polynomial exp: ~30 operations).
 inline constexpr Extent gelu_work = 32;
-inline void gelu_float(const float* x, float* y, Extent n) {
-  parallel_for(n, grain_for(gelu_work), [&](Extent i0, Extent i1) {
-    with_isa([&](auto) DTENSOR_SIMD_BODY {
-      for (Extent i = i0; i < i1; ++i) y[i] = gelu_fast(x[i]);
-    });
-  }, 64);
+/// The element types whose GELU runs the vectorized float formulas (compute_t<T> is float).
+template <class T>
+inline constexpr bool fast_gelu = std::is_same_v<T, float> || std::is_same_v<T, bfloat16>;
+template <class T>
+void gelu_fast_loop(const T* x, T* y, Extent n) {
+  parallel_for(
+      n, grain_for(gelu_work),
+      [&](Extent i0, Extent i1) {
+        with_isa([&](auto) DTENSOR_SIMD_BODY {
+          for (Extent i = i0; i < i1; ++i) y[i] = T(gelu_fast(float(x[i])));
+        });
+      },
+      64);
 }
-inline void gelu_backward_float(const float* x, const float* dy, float* dx, Extent n) {
-  parallel_for(n, grain_for(gelu_work), [&](Extent i0, Extent i1) {
-    with_isa([&](auto) DTENSOR_SIMD_BODY {
-      for (Extent i = i0; i < i1; ++i) dx[i] = dy[i] * gelu_prime_fast(x[i]);
-    });
-  }, 64);
+template <class T>
+void gelu_backward_fast_loop(const T* x, const T* dy, T* dx, Extent n) {
+  parallel_for(
+      n, grain_for(gelu_work),
+      [&](Extent i0, Extent i1) {
+        with_isa([&](auto) DTENSOR_SIMD_BODY {
+          for (Extent i = i0; i < i1; ++i) dx[i] = T(float(dy[i]) * gelu_prime_fast(float(x[i])));
+        });
+      },
+      64);
 }
-/// y[r, j] = gelu(x[r, j] + bias[j]) and h = x + bias (the saved pre-activation), fused.
-inline void bias_gelu_float(const float* x, const float* bias, float* h, float* y, Extent rows, Extent n) {
+/// y[r, j] = gelu(x[r, j] + bias[j]) and h = x + bias (the saved pre-activation), fused; y is
+/// the GELU of h as stored (rounded to T), as the unfused pair computes it.
+template <class T>
+void bias_gelu_fast_loop(const T* x, const T* bias, T* h, T* y, Extent rows, Extent n) {
   parallel_for(rows, grain_for(gelu_work * n), [&](Extent r0, Extent r1) {
     with_isa([&](auto) DTENSOR_SIMD_BODY {
       for (Extent r = r0; r < r1; ++r)
         for (Extent j = 0; j < n; ++j) {
-          const float v = x[r * n + j] + bias[j];
+          const T v = T(float(x[r * n + j]) + float(bias[j]));
           h[r * n + j] = v;
-          y[r * n + j] = gelu_fast(v);
+          y[r * n + j] = T(gelu_fast(float(v)));
         }
     });
   });
@@ -110,9 +125,9 @@ C sigmoid(C x) {
 
 template <FloatElement T, std::size_t R>
 HostTensor<T, R> gelu(const HostTensor<T, R>& x) {
-  if constexpr (std::is_same_v<T, float>) {
+  if constexpr (detail::fast_gelu<T>) {
     auto y = HostTensor<T, R>::uninitialized(x.shape());
-    detail::gelu_float(x.data(), y.data(), x.numel());
+    detail::gelu_fast_loop(x.data(), y.data(), x.numel());
     return y;
   } else {
     return detail::map(x, [](auto v) { return detail::gelu(v); });
@@ -120,9 +135,9 @@ HostTensor<T, R> gelu(const HostTensor<T, R>& x) {
 }
 template <FloatElement T, std::size_t R>
 HostTensor<T, R> gelu_backward(const HostTensor<T, R>& x, const HostTensor<T, R>& dy) {
-  if constexpr (std::is_same_v<T, float>) {
+  if constexpr (detail::fast_gelu<T>) {
     auto dx = HostTensor<T, R>::uninitialized(x.shape());
-    detail::gelu_backward_float(x.data(), dy.data(), dx.data(), x.numel());
+    detail::gelu_backward_fast_loop(x.data(), dy.data(), dx.data(), x.numel());
     return dx;
   } else {
     return detail::map_backward("gelu_backward", x, dy, [](auto v) { return detail::gelu_prime(v); });
@@ -140,8 +155,8 @@ BiasGelu<T, R> bias_gelu(const HostTensor<T, R>& x, const HostTensor<T, 1>& bias
                 to_string(bias.shape()), ": the bias must match the last dimension");
   BiasGelu<T, R> out{HostTensor<T, R>::uninitialized(x.shape()), HostTensor<T, R>::uninitialized(x.shape())};
   const Extent n = x.extent(R - 1), rows = detail::leading_rows(x.shape());
-  if constexpr (std::is_same_v<T, float>) {
-    detail::bias_gelu_float(x.data(), bias.data(), out.h.data(), out.y.data(), rows, n);
+  if constexpr (detail::fast_gelu<T>) {
+    detail::bias_gelu_fast_loop(x.data(), bias.data(), out.h.data(), out.y.data(), rows, n);
   } else {
     for (Extent r = 0; r < rows; ++r)
       for (Extent j = 0; j < n; ++j) {
