@@ -18,24 +18,25 @@ using namespace dtensor::testing;
 
 namespace {
 
-const std::vector<double>& reference(bool moe) {
+/// The one-rank run: the dense GPT's, or the MoE GPT's with `experts` experts.
+const std::vector<double>& reference(bool moe, Extent experts) {
   static const std::vector<double> dense = [] {
     std::vector<double> losses;
     threads::run(1, [&](CommPtr w) { losses = dense_reference(w); });
     return losses;
   }();
-  static const std::vector<double> experts = [] {
-    std::vector<double> losses;
-    threads::run(1, [&](CommPtr w) { losses = moe_reference(w); });
-    return losses;
-  }();
-  return moe ? experts : dense;
+  static std::map<Extent, std::vector<double>> by_experts;
+  if (!moe) return dense;
+  auto& losses = by_experts[experts];
+  if (losses.empty()) threads::run(1, [&](CommPtr w) { losses = moe_reference(w, experts); });
+  return losses;
 }
 
 template <class Plan, bool MoE = false>
 void check(const Combo& c) {
-  INFO(describe(c) + (MoE ? ", MoE ep " + std::to_string(c.ep) : std::string()));
-  const auto& ref = reference(MoE);
+  INFO(describe(c) +
+       (MoE ? ", MoE " + std::to_string(c.experts) + " experts over ep " + std::to_string(c.ep) : std::string()));
+  const auto& ref = reference(MoE, c.experts);
   auto failures = on_ranks(c.ranks(), [&](CommPtr world, auto report) {
     const Run5d run = run_5d<Plan, MoE>(world, c);
     report(compare_losses(run.losses, ref, 1e-5));
@@ -67,6 +68,8 @@ void check(const Combo& c) {
       report("the experts' shards hold " + std::to_string(run.expert_shards) + " elements of " +
              std::to_string(run.expert_elements) +
              ", more than ceil(size / edp) per unit = " + std::to_string(run.expert_shard_bound));
+    if (MoE && run.expert_gap != 0)
+      report("the expert units hold " + std::to_string(run.expert_gap) + " elements of gap");
   });
   for (const auto& f : failures) UNSCOPED_INFO(f);
   CHECK(failures.empty());
@@ -122,6 +125,13 @@ TEST_CASE("MoE: expert parallelism with PP, FSDP and TP equals the one-rank MoE 
   // Pipelines: the auxiliary losses of both stages, over 2 micro-batches.
   check<TP, true>({.pp = 2, .fsdp = 2, .tp = 2, .ep = 2, .microbatches = 2});              // 4-D: PP x FSDP x TP x EP
   check<TP, true>({.pp = 2, .dp = 2, .ep = 2, .zero = 1, .schedule = "gpipe", .microbatches = 2});  // 3-D: PP x DP x EP
+  // Experts that do not divide over ep (5 over 2: 3 + 2) in the pipeline's sharded stages: each
+  // expert rank's units hold its own experts, no gap up to the largest share (nn::FlatEntry::slot).
+  check<TP, true>({.pp = 2, .fsdp = 2, .ep = 2, .experts = 5, .microbatches = 2});  // ZeRO-3, edp 1
+  // edp 2 (4 token ranks: one micro-batch of the 4 sequences, one each).
+  check<TP, true>({.pp = 2, .fsdp = 4, .ep = 2, .experts = 5, .zero = 3, .microbatches = 1});  // ZeRO-3
+  check<TP, true>(
+      {.pp = 2, .dp = 4, .ep = 2, .experts = 5, .zero = 1, .schedule = "gpipe", .microbatches = 1});  // HSDP 4 x 1
   // ZeRO-3 with every expert on every expert rank (ep 1): each block's experts sharded over edp 2,
   // gathered with their block and reduce-scattered as its backward ends.
   check<TP, true>({.pp = 2, .fsdp = 2, .microbatches = 2});
