@@ -1466,14 +1466,29 @@ TEST_CASE("sim: experts that do not divide over ep: every rank's dry run holds i
           CHECK(dry[r].phases[ph].end[std::size_t(t)] == real[r].phases[ph].end[std::size_t(t)]);
         }
     }
+    // The plan's rank classes (models::dry_run_plan): the 3-expert and the 2-expert shares, each
+    // holding exactly what a real rank of its share holds.
+    const auto classes = models::dry_run_plan<dtensor::bfloat16, MetaLayers, false>(p);
+    REQUIRE(classes.size() == 2);
+    std::set<std::size_t> matched;
+    for (const auto& c : classes)
+      for (std::size_t r = 0; r < 2; ++r) {
+        bool same = c.report.phases.size() == real[r].phases.size();
+        for (std::size_t ph = 0; same && ph < real[r].phases.size(); ++ph)
+          for (const MemoryTag t : tags)
+            same = same && c.report.phases[ph].peak[std::size_t(t)] == real[r].phases[ph].peak[std::size_t(t)] &&
+                   c.report.phases[ph].end[std::size_t(t)] == real[r].phases[ph].end[std::size_t(t)];
+        if (same) matched.insert(r);
+      }
+    CHECK(matched == std::set<std::size_t>{0, 1});  // rank 0: 3 experts, rank 1: 2
     // What a 3-expert rank holds beyond a 2-expert rank after the step, per element of one expert
     // per MoE block, on "edp" = dp / ep = 2 ranks: DDP (ZeRO-1) keeps bf16 values and gradients
     // whole (2 + 2) and shards the fp32 master and moments ((4 + 8) / edp); ZeRO-3 keeps the
-    // shards only: the bf16 gradient shard (2 / edp) and the fp32 master and moments ((4 + 8) / edp).
+    // shards only: the fp32 gradient shard (4 / edp) and the fp32 master and moments ((4 + 8) / edp).
     const double edp = double(p.dp / p.ep);
     const double expert = double(layers) * (2.0 * dim * (4 * dim) + 4 * dim + dim);
     const std::array<double, tags.size()> per_element =
-        zero == 0 ? std::array{2.0, 2.0, 12.0 / edp} : std::array{0.0, 2.0 / edp, 12.0 / edp};
+        zero == 0 ? std::array{2.0, 2.0, 12.0 / edp} : std::array{0.0, 4.0 / edp, 12.0 / edp};
     for (std::size_t t = 0; t < tags.size(); ++t)
       for (const auto& [three, two] : {std::pair{0, 1}, std::pair{2, 3}}) {
         INFO(name_of(tags[t]) << ": rank " << three << " (3 experts) less rank " << two << " (2 experts)");
