@@ -7,9 +7,13 @@
 // Ulysses attention and several schedules (sharded_pipeline_parity.hpp).
 #include <catch2/catch.hpp>
 
+#include <filesystem>
 #include <map>
 #include <tuple>
 
+#include <unistd.h>
+
+#include "dtensor/checkpoint/pipeline_state.hpp"
 #include "sharded_pipeline_parity.hpp"
 #include "support/on_ranks.hpp"
 
@@ -135,6 +139,97 @@ TEST_CASE("MoE: expert parallelism with PP, FSDP and TP equals the one-rank MoE 
   // ZeRO-3 with every expert on every expert rank (ep 1): each block's experts sharded over edp 2,
   // gathered with their block and reduce-scattered as its backward ends.
   check<TP, true>({.pp = 2, .fsdp = 2, .microbatches = 2});
+}
+
+namespace {
+
+namespace fs = std::filesystem;
+using MoEParts = models::GptParts<double, StageMesh, TP, std::int32_t, models::MoELayers<double, ExpertMesh>>;
+using Snapshot = std::map<std::string, std::vector<double>>;  // a slot's name and box -> the values this rank holds
+
+/// The MoE pipeline of combination c, loaded from `from` when given, trained over steps
+/// [first, last) and saved to `to` when given: its per-step losses, and every slot this rank
+/// holds (its shards of the parameters, the experts included, and of the AdamW moments) at the end.
+std::pair<std::vector<double>, Snapshot> moe_checkpoint_run(CommPtr world, const Combo& c, int first, int last,
+                                                            const fs::path& from, const fs::path& to) {
+  Mesh5 mesh(world, {c.pp, c.dp, c.fsdp, c.cp, c.tp});
+  const StageMesh stage_mesh = pp::stage_mesh_of(mesh);
+  const auto cfg = parity_config();
+  const models::MoELayers<double, ExpertMesh> layers(parallel::make_expert_mesh<ExpertMesh>(stage_mesh, c.ep),
+                                                     moe_config(c.experts));
+  auto schedule = pp::make_schedule(pp::parse_schedule_kind(c.schedule), c.pp, c.microbatches);
+  auto stages = pp::split(MoEParts(stage_mesh, cfg, layers), schedule.layout, mesh.coordinate(0));
+  pp::ShardedPipeline<pp::Stage<MoEParts>, Mesh5> run(mesh, schedule, std::move(stages), {.stage = c.zero}, 4096);
+  auto opt = optim::make_adamw(run.params(), parity_adamw());
+  const auto config = models::config_of(cfg);
+  if (!from.empty()) checkpoint::load_pipeline_state(from, run, opt, config);
+  std::vector<double> losses;
+  for (int step = first; step < last; ++step) {
+    auto [ids, targets] = parity_tokens(step, cfg, moe_batch);
+    run.zero_grad();
+    auto stats =
+        run.step(pp::split_microbatches<typename pp::Stage<MoEParts>::Input>(stage_mesh, ids, targets, c.microbatches));
+    run.clip_grad_norm(1.0);
+    opt.step();
+    run.sync_parameters();
+    double loss = stats.loss.value_or(-std::numeric_limits<double>::infinity());  // on the last stage's ranks
+    mesh.group(0).all_reduce(std::span<double>(&loss, 1), ReduceOp::max);
+    losses.push_back(loss);
+  }
+  if (!to.empty()) checkpoint::save_pipeline_state(to, run, opt, {.step = last, .config = config});
+  Snapshot held;
+  for (const auto& s : checkpoint::detail::pipeline_slots(run, opt))
+    held[s.name + " " + to_string(s.box)].assign(s.data, s.data + s.box.numel());
+  return {std::move(losses), std::move(held)};
+}
+
+}  // namespace
+
+TEST_CASE(
+    "MoE checkpoint: 5 experts over ep 2 on edp 2, saved from the sharded stages, resume on ep 1 and ep 4 "
+    "bit for bit",
+    "[parity][5d][moe][checkpoint]") {
+  // Saved after 3 steps at fsdp 4 with the experts 3 + 2 over ep 2 (edp 2: the 2-expert ranks'
+  // units hold 2 experts, no gap), then (a) resumed on ep 1 (every expert on each rank, edp 4)
+  // and on ep 4 (2 + 2 + 1 + 0, edp 1: a rank with no expert): 3 more steps give the one-rank
+  // run's losses within the 5-D tolerance; (b) loaded there and saved at once, then loaded on the
+  // saving mesh: every slot of every rank (parameter and moment shards) equals what the saving
+  // run held, bit for bit (the state passed through the other mesh's flat layout unchanged).
+  const Combo saving{.fsdp = 4, .ep = 2, .experts = 5, .zero = 3, .microbatches = 1};
+  const auto& ref = reference(true, saving.experts);
+  constexpr int save_at = 3, total = 6;
+  const fs::path root = fs::temp_directory_path() / ("dtensor-5d-moe-ckpt-" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  std::vector<Snapshot> saved(4);
+  auto f = on_ranks(4, [&](CommPtr world, auto report) {
+    const int rank = world->rank();
+    auto [losses, held] = moe_checkpoint_run(world, saving, 0, save_at, {}, root / "ep2");
+    report(compare_losses(losses, {ref.begin(), ref.begin() + save_at}, 1e-5));
+    saved[std::size_t(rank)] = std::move(held);
+  });
+  for (const auto& e : f) UNSCOPED_INFO(e);
+  REQUIRE(f.empty());
+  for (const int ep : {1, 4}) {
+    INFO("resumed on ep " << ep);
+    const Combo resuming{.fsdp = 4, .ep = ep, .experts = 5, .zero = 3, .microbatches = 1};
+    f = on_ranks(4, [&](CommPtr world, auto report) {
+      auto [losses, held] = moe_checkpoint_run(world, resuming, save_at, total, root / "ep2", {});
+      report(compare_losses(losses, {ref.begin() + save_at, ref.begin() + total}, 1e-5));
+    });
+    const fs::path again = root / ("through-ep" + std::to_string(ep));
+    if (f.empty())
+      f = on_ranks(
+          4, [&](CommPtr world, auto) { moe_checkpoint_run(world, resuming, save_at, save_at, root / "ep2", again); });
+    if (f.empty())
+      f = on_ranks(4, [&](CommPtr world, auto report) {
+        const int rank = world->rank();
+        auto [losses, held] = moe_checkpoint_run(world, saving, save_at, save_at, again, {});
+        if (held != saved[std::size_t(rank)]) report("the state saved through ep " + std::to_string(ep) + " differs");
+      });
+    for (const auto& e : f) UNSCOPED_INFO(e);
+    CHECK(f.empty());
+  }
+  fs::remove_all(root);
 }
 
 TEST_CASE("MoE x CP: dropless routing over context ranks equals the one-rank MoE run", "[parity][5d][moe]") {
