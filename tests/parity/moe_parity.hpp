@@ -85,7 +85,22 @@ struct MoEGroupsRun {
   Counts dense_sync;                   // and on the dense data dimensions ("dp", "fsdp")
   std::size_t expected_edp_buckets = 0;  // DDP: the buckets of the expert units (their all-reduces on "edp")
   std::size_t expert_units = 0;        // FSDP: the expert group's units
+  // FSDP: the elements of the expert units' flat buffers that belong to no piece of this rank
+  // (zero gaps): none, since every expert parameter is Shard on "ep" (nn::FlatEntry::slot).
+  std::size_t expert_gap = 0;
 };
+
+/// The elements of the units' flat buffers outside every entry's piece on this rank.
+template <class Units>
+std::size_t flat_gap(const Units& units) {
+  std::size_t gap = 0;
+  for (const auto& u : units) {
+    std::size_t pieces = 0;
+    for (const auto& e : u.group->entries()) pieces += e.numel;
+    gap += u.group->size() - pieces;
+  }
+  return gap;
+}
 
 /// 20 steps of `model` with one AdamW and one clip over `all`, `sync` the wrapper's gradient sync
 /// after the backward, `after` its parameter sync after the update; records step 1's collectives
@@ -152,6 +167,7 @@ MoEGroupsRun run_moe_fsdp(CommPtr world, std::array<int, 3> shape, int ep, const
   auto fsdp = parallel::fully_shard(model, mesh, {.stage = zero});
   MoEGroupsRun out;
   out.expert_units = fsdp.template group<1>().num_units();
+  out.expert_gap = flat_gap(*std::get<1>(nn::parameter_groups(model)).units);
   train_moe_groups(model, mesh, fsdp.params(), [&] { fsdp.finish_gradient_sync(); }, [&] { fsdp.sync_parameters(); }, out);
   return out;
 }

@@ -11,8 +11,8 @@ std::vector<double> dense_reference(CommPtr one_rank) {
   return run_parity<nn::ReplicatedPlan>(std::move(one_rank), {1, 1}, {.batch = batch_5d, .layers = layers_5d}).losses;
 }
 
-std::vector<double> moe_reference(CommPtr one_rank) {
-  return run_moe_parity<nn::ReplicatedPlan>(std::move(one_rank), {1, 1}, 1, moe_config()).losses;
+std::vector<double> moe_reference(CommPtr one_rank, Extent experts) {
+  return run_moe_parity<nn::ReplicatedPlan>(std::move(one_rank), {1, 1}, 1, moe_config(experts)).losses;
 }
 
 template Run5d run_5d<parallel::MegatronPlan<false>, false>(CommPtr, const Combo&);

@@ -41,6 +41,7 @@ inline constexpr Extent layers_5d = 4;
 struct Combo {
   int pp = 1, dp = 1, fsdp = 1, cp = 1, tp = 1;
   int ep = 1;  // MoE runs: expert ranks over dp x fsdp x cp (0 experts: a dense GPT)
+  Extent experts = 4;  // MoE runs: the experts (5 over ep 2: 3 + 2)
   int zero = 3;
   std::string schedule = "1f1b";
   int microbatches = 4;
@@ -79,8 +80,10 @@ struct Run5d {
   double largest_unit = 0;
   std::vector<double> unit_elements;  // each local unit's flat elements padded to the shard count, in order
   // MoE: this rank's experts' elements (its stages' expert units, whole), its shards of them in
-  // params() (list 1), and the most those shards may hold: each unit's ceil(size / edp).
+  // params() (list 1), and the most those shards may hold: each unit's ceil(size / edp); and the
+  // elements of its expert units outside every piece (a zero gap: none, nn::FlatEntry::slot).
   double expert_elements = 0, expert_shards = 0, expert_shard_bound = 0;
+  std::size_t expert_gap = 0;
   /// The most elements two neighbouring units hold (the prefetch window of 2: unit u computing
   /// while u + 1 or u - 1 is gathered, or u's gradient computed while u + 1's is reduced).
   double adjacent_pair() const {
@@ -90,11 +93,11 @@ struct Run5d {
   }
 };
 
-// The MoE runs: the MoE parity suite's model (2 layers, batch 4), 4 experts, top-2, dropless.
+// The MoE runs: the MoE parity suite's model (2 layers, batch 4), 4 experts (or `experts`), top-2, dropless.
 inline constexpr Extent moe_batch = parity_batch;
-inline models::MoELayersConfig moe_config() { return moe_parity_config(4, 2, 1); }
+inline models::MoELayersConfig moe_config(Extent experts = 4) { return moe_parity_config(experts, 2, 1); }
 
-std::vector<double> moe_reference(CommPtr one_rank);
+std::vector<double> moe_reference(CommPtr one_rank, Extent experts = 4);
 
 /// The per-step losses of the combination, and FSDP's collectives of one step; the model in
 /// `Space` (MoE: host only), its values in T, FSDP's master values, gradient shards and optimizer
@@ -116,7 +119,7 @@ Run5d run_5d(CommPtr world, const Combo& c) {
   using Model = models::GptParts<T, StageMesh, Plan, std::int32_t, Layers>;
   using Stage = pp::Stage<Model>;
   auto make_layers = [&] {
-    if constexpr (MoE) return Layers(parallel::make_expert_mesh<ExpertMesh>(stage_mesh, c.ep), moe_config());
+    if constexpr (MoE) return Layers(parallel::make_expert_mesh<ExpertMesh>(stage_mesh, c.ep), moe_config(c.experts));
     else return Layers{};
   };
   const Layers layers = make_layers();
@@ -145,6 +148,8 @@ Run5d run_5d(CommPtr world, const Combo& c) {
         out.expert_shard_bound += double((u.group->size() + edp - 1) / edp);
       }
     for (const auto& p : run.params().template list<1>()) out.expert_shards += double(p.value.size());
+    for (auto& stage : run.executor().stages())
+      out.expert_gap += flat_gap(*std::get<1>(nn::parameter_groups(stage)).units);
   }
   for (int step = 0; step < parity_steps; ++step) {
     CommLog log;

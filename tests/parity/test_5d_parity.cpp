@@ -7,9 +7,14 @@
 // Ulysses attention and several schedules (sharded_pipeline_parity.hpp).
 #include <catch2/catch.hpp>
 
+#include <filesystem>
 #include <map>
 #include <tuple>
 
+#include <unistd.h>
+
+#include "dtensor/checkpoint/pipeline_state.hpp"
+#include "dtensor/models/gpt_config.hpp"
 #include "sharded_pipeline_parity.hpp"
 #include "support/on_ranks.hpp"
 
@@ -18,24 +23,25 @@ using namespace dtensor::testing;
 
 namespace {
 
-const std::vector<double>& reference(bool moe) {
+/// The one-rank run: the dense GPT's, or the MoE GPT's with `experts` experts.
+const std::vector<double>& reference(bool moe, Extent experts) {
   static const std::vector<double> dense = [] {
     std::vector<double> losses;
     threads::run(1, [&](CommPtr w) { losses = dense_reference(w); });
     return losses;
   }();
-  static const std::vector<double> experts = [] {
-    std::vector<double> losses;
-    threads::run(1, [&](CommPtr w) { losses = moe_reference(w); });
-    return losses;
-  }();
-  return moe ? experts : dense;
+  static std::map<Extent, std::vector<double>> by_experts;
+  if (!moe) return dense;
+  auto& losses = by_experts[experts];
+  if (losses.empty()) threads::run(1, [&](CommPtr w) { losses = moe_reference(w, experts); });
+  return losses;
 }
 
 template <class Plan, bool MoE = false>
 void check(const Combo& c) {
-  INFO(describe(c) + (MoE ? ", MoE ep " + std::to_string(c.ep) : std::string()));
-  const auto& ref = reference(MoE);
+  INFO(describe(c) +
+       (MoE ? ", MoE " + std::to_string(c.experts) + " experts over ep " + std::to_string(c.ep) : std::string()));
+  const auto& ref = reference(MoE, c.experts);
   auto failures = on_ranks(c.ranks(), [&](CommPtr world, auto report) {
     const Run5d run = run_5d<Plan, MoE>(world, c);
     report(compare_losses(run.losses, ref, 1e-5));
@@ -67,6 +73,8 @@ void check(const Combo& c) {
       report("the experts' shards hold " + std::to_string(run.expert_shards) + " elements of " +
              std::to_string(run.expert_elements) +
              ", more than ceil(size / edp) per unit = " + std::to_string(run.expert_shard_bound));
+    if (MoE && run.expert_gap != 0)
+      report("the expert units hold " + std::to_string(run.expert_gap) + " elements of gap");
   });
   for (const auto& f : failures) UNSCOPED_INFO(f);
   CHECK(failures.empty());
@@ -122,9 +130,109 @@ TEST_CASE("MoE: expert parallelism with PP, FSDP and TP equals the one-rank MoE 
   // Pipelines: the auxiliary losses of both stages, over 2 micro-batches.
   check<TP, true>({.pp = 2, .fsdp = 2, .tp = 2, .ep = 2, .microbatches = 2});              // 4-D: PP x FSDP x TP x EP
   check<TP, true>({.pp = 2, .dp = 2, .ep = 2, .zero = 1, .schedule = "gpipe", .microbatches = 2});  // 3-D: PP x DP x EP
+  // Experts that do not divide over ep (5 over 2: 3 + 2) in the pipeline's sharded stages: each
+  // expert rank's units hold its own experts, no gap up to the largest share (nn::FlatEntry::slot).
+  check<TP, true>({.pp = 2, .fsdp = 2, .ep = 2, .experts = 5, .microbatches = 2});  // ZeRO-3, edp 1
+  // edp 2 (4 token ranks: one micro-batch of the 4 sequences, one each).
+  check<TP, true>({.pp = 2, .fsdp = 4, .ep = 2, .experts = 5, .zero = 3, .microbatches = 1});  // ZeRO-3
+  check<TP, true>(
+      {.pp = 2, .dp = 4, .ep = 2, .experts = 5, .zero = 1, .schedule = "gpipe", .microbatches = 1});  // HSDP 4 x 1
   // ZeRO-3 with every expert on every expert rank (ep 1): each block's experts sharded over edp 2,
   // gathered with their block and reduce-scattered as its backward ends.
   check<TP, true>({.pp = 2, .fsdp = 2, .microbatches = 2});
+}
+
+namespace {
+
+namespace fs = std::filesystem;
+using MoEParts = models::GptParts<double, StageMesh, TP, std::int32_t, models::MoELayers<double, ExpertMesh>>;
+using Snapshot = std::map<std::string, std::vector<double>>;  // a slot's name and box -> the values this rank holds
+
+/// The MoE pipeline of combination c, loaded from `from` when given, trained over steps
+/// [first, last) and saved to `to` when given: its per-step losses, and every slot this rank
+/// holds (its shards of the parameters, the experts included, and of the AdamW moments) at the end.
+std::pair<std::vector<double>, Snapshot> moe_checkpoint_run(CommPtr world, const Combo& c, int first, int last,
+                                                            const fs::path& from, const fs::path& to) {
+  Mesh5 mesh(world, {c.pp, c.dp, c.fsdp, c.cp, c.tp});
+  const StageMesh stage_mesh = pp::stage_mesh_of(mesh);
+  const auto cfg = parity_config();
+  const models::MoELayers<double, ExpertMesh> layers(parallel::make_expert_mesh<ExpertMesh>(stage_mesh, c.ep),
+                                                     moe_config(c.experts));
+  auto schedule = pp::make_schedule(pp::parse_schedule_kind(c.schedule), c.pp, c.microbatches);
+  auto stages = pp::split(MoEParts(stage_mesh, cfg, layers), schedule.layout, mesh.coordinate(0));
+  pp::ShardedPipeline<pp::Stage<MoEParts>, Mesh5> run(mesh, schedule, std::move(stages), {.stage = c.zero}, 4096);
+  auto opt = optim::make_adamw(run.params(), parity_adamw());
+  const auto config = models::config_of(cfg);
+  if (!from.empty()) checkpoint::load_pipeline_state(from, run, opt, config);
+  std::vector<double> losses;
+  for (int step = first; step < last; ++step) {
+    auto [ids, targets] = parity_tokens(step, cfg, moe_batch);
+    run.zero_grad();
+    auto stats =
+        run.step(pp::split_microbatches<typename pp::Stage<MoEParts>::Input>(stage_mesh, ids, targets, c.microbatches));
+    run.clip_grad_norm(1.0);
+    opt.step();
+    run.sync_parameters();
+    double loss = stats.loss.value_or(-std::numeric_limits<double>::infinity());  // on the last stage's ranks
+    mesh.group(0).all_reduce(std::span<double>(&loss, 1), ReduceOp::max);
+    losses.push_back(loss);
+  }
+  if (!to.empty())
+    checkpoint::save_pipeline_state(to, run, opt, checkpoint::TrainingMeta{.step = last, .config = config});
+  Snapshot held;
+  for (const auto& s : checkpoint::detail::pipeline_slots(run, opt))
+    held[s.name + " " + to_string(s.box)].assign(s.data, s.data + s.box.numel());
+  return {std::move(losses), std::move(held)};
+}
+
+}  // namespace
+
+TEST_CASE(
+    "MoE checkpoint: 5 experts over ep 2 on edp 2, saved from the sharded stages, resume on ep 1 and ep 4 "
+    "bit for bit",
+    "[parity][5d][moe][checkpoint]") {
+  // Saved after 3 steps at fsdp 4 with the experts 3 + 2 over ep 2 (edp 2: the 2-expert ranks'
+  // units hold 2 experts, no gap), then (a) resumed on ep 1 (every expert on each rank, edp 4)
+  // and on ep 4 (2 + 2 + 1 + 0, edp 1: a rank with no expert): 3 more steps give the one-rank
+  // run's losses within the 5-D tolerance; (b) loaded there and saved at once, then loaded on the
+  // saving mesh: every slot of every rank (parameter and moment shards) equals what the saving
+  // run held, bit for bit (the state passed through the other mesh's flat layout unchanged).
+  const Combo saving{.fsdp = 4, .ep = 2, .experts = 5, .zero = 3, .microbatches = 1};
+  const auto& ref = reference(true, saving.experts);
+  constexpr int save_at = 3, total = 6;
+  const fs::path root = fs::temp_directory_path() / ("dtensor-5d-moe-ckpt-" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  std::vector<Snapshot> saved(4);
+  auto f = on_ranks(4, [&](CommPtr world, auto report) {
+    const int rank = world->rank();
+    auto [losses, held] = moe_checkpoint_run(world, saving, 0, save_at, {}, root / "ep2");
+    report(compare_losses(losses, {ref.begin(), ref.begin() + save_at}, 1e-5));
+    if (held.empty()) report("no slots to compare");
+    saved[std::size_t(rank)] = std::move(held);
+  });
+  for (const auto& e : f) UNSCOPED_INFO(e);
+  REQUIRE(f.empty());
+  for (const int ep : {1, 4}) {
+    INFO("resumed on ep " << ep);
+    const Combo resuming{.fsdp = 4, .ep = ep, .experts = 5, .zero = 3, .microbatches = 1};
+    f = on_ranks(4, [&](CommPtr world, auto report) {
+      auto [losses, held] = moe_checkpoint_run(world, resuming, save_at, total, root / "ep2", {});
+      report(compare_losses(losses, {ref.begin() + save_at, ref.begin() + total}, 1e-5));
+    });
+    const fs::path again = root / ("through-ep" + std::to_string(ep));
+    if (f.empty())
+      f = on_ranks(
+          4, [&](CommPtr world, auto) { moe_checkpoint_run(world, resuming, save_at, save_at, root / "ep2", again); });
+    if (f.empty())
+      f = on_ranks(4, [&](CommPtr world, auto report) {
+        const int rank = world->rank();
+        auto [losses, held] = moe_checkpoint_run(world, saving, save_at, save_at, again, {});
+        if (held != saved[std::size_t(rank)]) report("the state saved through ep " + std::to_string(ep) + " differs");
+      });
+    for (const auto& e : f) UNSCOPED_INFO(e);
+    CHECK(f.empty());
+  }
+  fs::remove_all(root);
 }
 
 TEST_CASE("MoE x CP: dropless routing over context ranks equals the one-rank MoE run", "[parity][5d][moe]") {

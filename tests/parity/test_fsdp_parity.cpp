@@ -147,6 +147,83 @@ void check_fsdp(std::array<int, 3> shape, FsdpRunOptions o) {
 
 }  // namespace
 
+namespace {
+/// The entry nn::Parameter makes for a parameter of extents `shape` in `layout` on a mesh of
+/// `mesh` at `coord` (its piece as local_range cuts it).
+nn::FlatEntry<2> flat_entry(std::string name, const LayoutDesc<2>& layout, std::vector<Extent> shape,
+                            std::array<int, 2> mesh, std::array<int, 2> coord) {
+  nn::FlatEntry<2> e;
+  e.name = std::move(name);
+  e.layout = e.grad_state = layout;
+  e.mesh_shape = mesh;
+  e.mesh_coordinate = coord;
+  e.numel = 1;
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    const Range r = local_range(layout, mesh, coord, int(d), shape[d]);
+    e.local_offset.push_back(r.begin);
+    e.local_extent.push_back(r.size());
+    e.numel *= std::size_t(r.size());
+  }
+  e.global_shape = std::move(shape);
+  return e;
+}
+}  // namespace
+
+TEST_CASE(
+    "nn::FlatParams: a parameter reserves its largest piece only along the mesh dimensions where the group "
+    "aligns flat ranges",
+    "[fsdp][flat]") {
+  using R = Replicate;
+  // (fsdp 2, tp 2): a vocabulary of 27 rows over tp (14 + 13) beside a tp-replicated norm, whose
+  // gradient sequence parallelism reduces over tp: the 13-row rank reserves 14 rows, so the
+  // norm sits at the same offset on both tp ranks (FSDP cuts the same segments of it).
+  for (int tp : {0, 1}) {
+    std::vector<nn::FlatEntry<2>> entries{flat_entry("wte", Layout<R, Shard<0>>::desc, {27, 4}, {2, 2}, {1, tp}),
+                                          flat_entry("ln_f", Layout<R, R>::desc, {4}, {2, 2}, {1, tp})};
+    nn::FlatParams<double, 2> g("head", std::move(entries));
+    INFO("tp " << tp);
+    CHECK(g.entries()[0].numel == (tp == 0 ? 56u : 52u));
+    CHECK(g.entries()[0].slot == 56);
+    CHECK(g.entries()[1].offset == 56);
+    CHECK(g.size() == 60);
+  }
+  // (edp 2, ep 2): 5 experts over ep (3 + 2), every parameter Shard on ep: the ranks along ep
+  // never exchange flat ranges, so each reserves its own experts only (no gap of a third).
+  for (int ep : {0, 1}) {
+    std::vector<nn::FlatEntry<2>> entries{flat_entry("fc1", Layout<R, Shard<0>>::desc, {5, 6, 4}, {2, 2}, {0, ep}),
+                                          flat_entry("fc1_bias", Layout<R, Shard<0>>::desc, {5, 6}, {2, 2}, {0, ep})};
+    nn::FlatParams<double, 2> g("experts", std::move(entries));
+    const std::size_t experts = ep == 0 ? 3 : 2;
+    INFO("ep " << ep);
+    CHECK(g.entries()[0].slot == experts * 24);
+    CHECK(g.entries()[1].offset == experts * 24);
+    CHECK(g.size() == experts * 30);
+  }
+  // Nested: 9 rows split over dimension 0 (5 + 4), then over dimension 1 (5: 2 2 1 0; 4: 1 1 1 1).
+  // A replicated vector on dimension 0 aligns it; dimension 1 is Shard for both entries, so its
+  // own coordinate stays: at dimension-1 coordinate 3 the largest piece over dimension 0 is 1 row
+  // (at coordinate 1; coordinate 0 holds none), reserved by both ranks there.
+  for (int c0 : {0, 1}) {
+    std::vector<nn::FlatEntry<2>> entries{flat_entry("w", Layout<Shard<0>, Shard<0>>::desc, {9, 2}, {2, 4}, {c0, 3}),
+                                          flat_entry("v", Layout<R, Shard<0>>::desc, {4}, {2, 4}, {c0, 3})};
+    nn::FlatParams<double, 2> g("nested", std::move(entries));
+    INFO("dimension-0 coordinate " << c0);
+    CHECK(g.entries()[0].numel == (c0 == 0 ? 0u : 2u));
+    CHECK(g.entries()[0].slot == 2);
+    CHECK(g.entries()[1].offset == 2);
+    CHECK(g.size() == 3);
+  }
+  // An entry without its mesh (mesh_shape unset) reserves its own piece.
+  nn::FlatEntry<2> bare;
+  bare.name = "bare";
+  bare.global_shape = {3};
+  bare.local_offset = {0};
+  bare.local_extent = {3};
+  bare.numel = 3;
+  nn::FlatParams<double, 2> lone("bare", {bare});
+  CHECK(lone.size() == 3);
+}
+
 TEST_CASE("FSDP parity: ZeRO-1 over 4 ranks", "[parity][fsdp]") {
   check_fsdp<nn::ReplicatedPlan>({1, 4, 1}, {.fsdp = {.stage = 1}});
 }

@@ -189,11 +189,34 @@ TEST_CASE("MoE GPT: DataParallel and fully_shard take every parameter group, the
               e += " edp collectives " + to_string(r.expert_sync) + " (" + std::to_string(u) + " expert units) expected " +
                    to_string(expected);
             if (r.dense_sync.count("reduce_scatter/fsdp") == 0) e += " no reduce-scatter on fsdp";
+            // The 2-expert ranks' expert units hold 2 experts, no zero gap of a third (nn::FlatEntry::slot).
+            if (r.expert_gap != 0) e += " the expert units hold " + std::to_string(r.expert_gap) + " elements of gap";
             return e;
           });
       INFO(errors);
       CHECK(errors.empty());
     }
+  }
+}
+
+TEST_CASE("MoE GPT: fully_shard of experts that do not divide over ep, 3 over 2 (2 + 1) and over 4 (1 + 1 + 1 + 0)",
+          "[parity][moe][groups][uneven]") {
+  // ZeRO-3 over "edp" 2: each expert rank's units hold its own experts only (no gap up to the
+  // largest share), and a rank with no expert (ep 4) holds units of no elements, which FSDP
+  // shards as any other (chunks of 0); 20 AdamW steps within 1e-12 of one rank.
+  const auto mc = moe_parity_config(3, 2, 1);
+  const auto ref = reference(mc);
+  for (const int ep : {2, 4}) {
+    const int ranks = 2 * ep;  // edp 2
+    const auto errors = on_threads(
+        ranks, [&](CommPtr w) { return run_moe_fsdp<nn::ReplicatedPlan>(w, {1, ranks, 1}, ep, mc, 3); },
+        [&](const MoEGroupsRun& r) {
+          std::string e = compare_losses(r.losses, ref, 1e-12);
+          if (r.expert_gap != 0) e += " the expert units hold " + std::to_string(r.expert_gap) + " elements of gap";
+          return e;
+        });
+    INFO("ep " << ep << ": " << errors);
+    CHECK(errors.empty());
   }
 }
 

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -1378,8 +1379,9 @@ TEST_CASE("sim: experts that do not divide over ep (5 over 2): the plan runs, an
     for (const auto& ph : r.phases) s += ph.name + "\n" + log_lines(ph.collectives);
     return without_peers(s);
   };
-  const auto tag = std::size_t(MemoryTag::optimizer_state);
-  std::map<int, std::vector<std::int64_t>> state_by_stage;  // pipeline rank -> AdamW state bytes of its ranks
+  // Per pipeline rank, each tag's figures of its ranks (after the optimizer step).
+  constexpr std::array tags{MemoryTag::parameters, MemoryTag::gradients, MemoryTag::optimizer_state};
+  std::map<int, std::array<std::vector<std::int64_t>, tags.size()>> held_by_stage;
   for (int r = 0; r < p.gpus(); ++r) {
     const auto& mine = each[std::size_t(r)];
     INFO("rank " << r << " at " << to_string(every_rank[std::size_t(r)].coordinate));
@@ -1394,23 +1396,107 @@ TEST_CASE("sim: experts that do not divide over ep (5 over 2): the plan runs, an
         if (close) match = &c.report;
       }
     CHECK(match != nullptr);
-    state_by_stage[every_rank[std::size_t(r)].coordinate[0]].push_back(mine.phase("optimizer").end[tag]);
+    for (std::size_t t = 0; t < tags.size(); ++t)
+      held_by_stage[every_rank[std::size_t(r)].coordinate[0]][t].push_back(
+          mine.phase("optimizer").end[std::size_t(tags[t])]);
   }
   // Per pipeline rank two groups of ranks: those with 3 experts in their one MoE block hold one
-  // expert's AdamW moments more than those with 2 (each rank's amounts are its class's, checked
-  // above): two fp32 moments, 8 bytes per element, sharded over "edp" (dp / ep = 2) as every
-  // FSDP unit is. Not its fp32 master: a flat buffer reserves every parameter's largest piece on
-  // any rank (nn::FlatEntry::slot, for tensor-parallel pieces of unequal size), so the 2-expert
-  // ranks' buffers — values, gradients and the master over them — keep a zero gap of the third
-  // expert, while the moments cover the pieces only (docs/expert-parallel.md, "Not done yet").
-  // An expert is two dim x ffn matrices and their biases, whole on every tensor rank. Within
-  // 1 %: the flat shards' padding.
+  // expert's model states more than those with 2 (each rank's amounts are its class's, checked
+  // above), and nothing more: a flat buffer reserves a parameter's largest piece only along the
+  // mesh dimensions where ranks align its ranges (nn::FlatEntry::slot), and along "ep" every
+  // expert parameter is Shard, so a 2-expert rank's buffers hold 2 experts, no zero gap. The
+  // experts run as DDP does in bf16 (ZeRO-1 over "edp", dp / ep = 2 ranks): bf16 values and
+  // gradients whole (2 + 2 bytes per element), the fp32 master and two fp32 moments sharded over
+  // "edp" ((4 + 8) / edp): 16 bytes per element of state. An expert is two dim x ffn matrices
+  // and their biases, whole on every tensor rank. Within 1 %: the flat shards' padding.
   const double expert = 2.0 * dim * (4 * dim) + 4 * dim + dim;
   const double edp = double(p.dp / p.ep);
-  for (const auto& [stage, bytes] : state_by_stage) {
-    INFO("pipeline rank " << stage);
-    const auto [lo, hi] = std::minmax_element(bytes.begin(), bytes.end());
-    CHECK(double(*hi - *lo) == Approx(8.0 * expert / edp).epsilon(0.01));
+  const std::array<double, tags.size()> per_element{2.0, 2.0, (4.0 + 8.0) / edp};
+  for (const auto& [stage, held] : held_by_stage)
+    for (std::size_t t = 0; t < tags.size(); ++t) {
+      INFO("pipeline rank " << stage << ", " << name_of(tags[t]));
+      const auto [lo, hi] = std::minmax_element(held[t].begin(), held[t].end());
+      CHECK(double(*hi - *lo) == Approx(per_element[t] * expert).epsilon(0.01));
+    }
+}
+
+TEST_CASE("sim: experts that do not divide over ep: every rank's dry run holds its real step's model states",
+          "[sim][moe][memory]") {
+  // 5 experts over ep 2 (3 + 2) on dp 4 (edp 2 x ep 2), every block MoE, bf16 with fp32 master
+  // and moments: DDP (the trainer's ZeRO-1, the experts over "edp") and ZeRO-3. The same step
+  // (models::detail::pipeline_rank_step) on meta tensors for every rank over the sim
+  // communicator and on host tensors over 4 rank threads: every phase's parameters, gradients
+  // and optimizer state are equal on every rank, the 3-expert ranks (ep 0: ranks 0, 2) and the
+  // 2-expert ones (ep 1: ranks 1, 3) alike; and the two differ by exactly one expert per MoE
+  // block in each (no gap of a third expert on the 2-expert ranks: nn::FlatEntry::slot).
+  constexpr Extent dim = 32, experts = 5, layers = 2;
+  using MetaLayers = models::MoELayers<dtensor::bfloat16, MetaMesh<"edp", "ep", "tp">>;
+  using HostLayers = models::MoELayers<dtensor::bfloat16, DeviceMesh<"edp", "ep", "tp">>;
+  for (const int zero : {0, 3}) {
+    models::TrainingPlan p{.model = {.vocab = 64, .seq = 16, .dim = dim, .heads = 4, .layers = layers, .mlp_ratio = 4},
+                           .batch = 8,
+                           .microbatches = 1,
+                           .dp = 4,
+                           .zero = zero};
+    p.moe.router.experts = experts;
+    p.moe.router.topk = 2;
+    p.ep = 2;
+    INFO("ZeRO-" << zero << " (0: DDP)");
+    const auto ran = sim::as_run(p, true);
+    const auto shape = models::detail::pipeline_shape(ran);
+    std::vector<sim::RankClass<5>> every_rank;
+    for (int r = 0; r < 4; ++r) every_rank.push_back({detail::row_major_coordinate(shape, r), 1});
+    const auto dry = sim::dry_run<5>(shape, every_rank, [&](CommPtr world, sim::Recorder& rec) {
+      models::detail::pipeline_rank_step<dtensor::bfloat16, MetaLayers, false>(std::move(world), ran, rec);
+    });
+    std::vector<sim::RankReport> real(4);
+    threads::run(4, [&](CommPtr world) {
+      sim::Recorder rec("host");
+      const int rank = world->rank();
+      models::detail::pipeline_rank_step<dtensor::bfloat16, HostLayers, false, host_space>(std::move(world), ran, rec);
+      real[std::size_t(rank)] = rec.finish("real");
+    });
+    constexpr std::array tags{MemoryTag::parameters, MemoryTag::gradients, MemoryTag::optimizer_state};
+    for (std::size_t r = 0; r < 4; ++r) {
+      REQUIRE(dry[r].phases.size() == real[r].phases.size());
+      for (std::size_t ph = 0; ph < real[r].phases.size(); ++ph)
+        for (const MemoryTag t : tags) {
+          INFO("rank " << r << ", phase " << real[r].phases[ph].name << ", " << name_of(t));
+          CHECK(dry[r].phases[ph].peak[std::size_t(t)] == real[r].phases[ph].peak[std::size_t(t)]);
+          CHECK(dry[r].phases[ph].end[std::size_t(t)] == real[r].phases[ph].end[std::size_t(t)]);
+        }
+    }
+    // The plan's rank classes (models::dry_run_plan): the 3-expert and the 2-expert shares, each
+    // holding exactly what a real rank of its share holds.
+    const auto classes = models::dry_run_plan<dtensor::bfloat16, MetaLayers, false>(p);
+    REQUIRE(classes.size() == 2);
+    std::set<std::size_t> matched;
+    for (const auto& c : classes)
+      for (std::size_t r = 0; r < 2; ++r) {
+        bool same = c.report.phases.size() == real[r].phases.size();
+        for (std::size_t ph = 0; same && ph < real[r].phases.size(); ++ph)
+          for (const MemoryTag t : tags)
+            same = same && c.report.phases[ph].peak[std::size_t(t)] == real[r].phases[ph].peak[std::size_t(t)] &&
+                   c.report.phases[ph].end[std::size_t(t)] == real[r].phases[ph].end[std::size_t(t)];
+        if (same) matched.insert(r);
+      }
+    CHECK(matched == std::set<std::size_t>{0, 1});  // rank 0: 3 experts, rank 1: 2
+    // What a 3-expert rank holds beyond a 2-expert rank after the step, per element of one expert
+    // per MoE block, on "edp" = dp / ep = 2 ranks: DDP (ZeRO-1) keeps bf16 values and gradients
+    // whole (2 + 2) and shards the fp32 master and moments ((4 + 8) / edp); ZeRO-3 keeps the
+    // shards only: the fp32 gradient shard (4 / edp) and the fp32 master and moments ((4 + 8) / edp).
+    const double edp = double(p.dp / p.ep);
+    const double expert = double(layers) * (2.0 * dim * (4 * dim) + 4 * dim + dim);
+    const std::array<double, tags.size()> per_element =
+        zero == 0 ? std::array{2.0, 2.0, 12.0 / edp} : std::array{0.0, 4.0 / edp, 12.0 / edp};
+    for (std::size_t t = 0; t < tags.size(); ++t)
+      for (const auto& [three, two] : {std::pair{0, 1}, std::pair{2, 3}}) {
+        INFO(name_of(tags[t]) << ": rank " << three << " (3 experts) less rank " << two << " (2 experts)");
+        const auto held = [&](int r) {
+          return double(real[std::size_t(r)].phase("optimizer").end[std::size_t(tags[t])]);
+        };
+        CHECK(held(three) - held(two) == Approx(per_element[t] * expert).epsilon(0.01).margin(64));
+      }
   }
 }
 

@@ -2,7 +2,8 @@
 //
 //   auto group = nn::flatten<float, Mesh::ndim>("h.0", block);   // block's parameters now live in group
 //   group->values()                 // every local piece, one after the other (registration order; a
-//                                   // piece smaller than the parameter's largest is followed by zeros)
+//                                   // piece smaller than the room its entry reserves, FlatEntry::slot,
+//                                   // is followed by zeros)
 //   group->grads()                  // their gradients, the same structure
 //   for (auto& e : group->entries())  e.name, e.global_shape, e.layout, e.local_offset, e.offset, e.numel
 //
@@ -43,6 +44,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <memory>
 #include <optional>
@@ -110,13 +112,23 @@ struct FlatEntry {
   bool decay = true;                 // weight decay applies (not to biases and norm weights)
   std::size_t offset = 0;            // first element in values() / grads()
   std::size_t numel = 0;             // elements of the local piece
-  // Elements reserved for the piece in the flat buffer: the largest piece of the parameter on
-  // any rank (the one at mesh coordinate 0), or numel when unset. Where the parameter is split
-  // unevenly (a vocabulary of 27 over 2 tensor-parallel ranks: 14 and 13 rows) the smaller
-  // pieces leave a gap of zeros after them, so that every rank's flat buffer has the same size
-  // and each parameter the same offset: FSDP then cuts the same ranges of a tensor-replicated
-  // parameter on every tensor-parallel rank, which the reduction of its gradient over them
-  // (sequence parallelism) and a consistent shard layout need.
+  // The mesh the piece was cut on and this rank's place in it (nn::Parameter sets them; left
+  // at 0, the entry reserves its own piece): what the group needs to work out `slot`.
+  std::array<int, N> mesh_shape{};
+  std::array<int, N> mesh_coordinate{};
+  // Elements reserved for the piece in the flat buffer, set by the group (FlatParams, from
+  // detail::reserved_slot): the largest piece of the parameter over the ranks that must agree on
+  // the group's offsets, which are those differing from this one only along the mesh dimensions
+  // where some entry of the group is not Shard. Along such a dimension ranks exchange or align
+  // flat ranges: FSDP cuts the same ranges of the buffer on every rank of its shard group (a
+  // Replicate dimension), and a parameter replicated there whose gradient is reduced over it
+  // (a norm under sequence parallelism, Partial on "tp") needs the same segments on every rank
+  // of it, so the parameters before it must take the same room everywhere: a vocabulary of 27
+  // over 2 tensor-parallel ranks (14 and 13 rows) in a group with such a norm leaves a gap of
+  // zeros after the 13. Along a dimension where every entry of the group is Shard the ranks hold
+  // disjoint data and never exchange flat ranges (experts over "ep": 5 over 2 are 3 and 2, each
+  // reduced over "edp" only), so each rank reserves its own piece there and the buffer's size
+  // may differ between them.
   std::size_t slot = 0;
   // Deferred initialisation: how the values start, while they are not materialised (reset
   // once they are: an entry with an Init has no values anywhere yet).
@@ -131,6 +143,45 @@ Tensor<std::remove_const_t<T>, 1, Space> flat_view(std::span<T> s) {
   using U = std::remove_const_t<T>;
   return Tensor<U, 1, Space>::view(const_cast<U*>(s.data()), Shape<1>{Extent(s.size())});
 }
+/// The mesh dimensions along which a group's entries must take the same room on every rank:
+/// those where some entry is not Shard (see FlatEntry::slot).
+template <std::size_t N>
+std::array<bool, N> aligned_dims(const std::vector<FlatEntry<N>>& entries) {
+  std::array<bool, N> aligned{};
+  for (const auto& e : entries)
+    for (std::size_t d = 0; d < N; ++d) aligned[d] = aligned[d] || !e.layout.placements[d].is_shard();
+  return aligned;
+}
+
+/// The elements entry e reserves in a group whose aligned dimensions are `aligned`: its largest
+/// piece over the coordinates that differ from its own only along aligned dimensions it is
+/// Shard on (the others do not change the piece). Every such coordinate is tried: nested splits
+/// of one tensor dimension need not put the largest piece at coordinate 0 of the outer one once
+/// the inner coordinate is the rank's own. An entry without its mesh (mesh_shape unset) reserves
+/// its own piece.
+template <std::size_t N>
+std::size_t reserved_slot(const FlatEntry<N>& e, const std::array<bool, N>& aligned) {
+  std::array<int, N> c = e.mesh_coordinate;
+  std::vector<std::size_t> varying;
+  for (std::size_t d = 0; d < N; ++d) {
+    if (e.mesh_shape[d] < 1) return e.numel;
+    if (aligned[d] && e.layout.placements[d].is_shard() && e.mesh_shape[d] > 1) {
+      varying.push_back(d);
+      c[d] = 0;
+    }
+  }
+  std::size_t largest = e.numel;
+  for (;;) {
+    std::size_t piece = 1;
+    for (std::size_t t = 0; t < e.global_shape.size(); ++t)
+      piece *= std::size_t(dtensor::local_range(e.layout, e.mesh_shape, c, int(t), e.global_shape[t]).size());
+    largest = std::max(largest, piece);
+    std::size_t k = varying.size();  // the next coordinate, the last varying dimension fastest
+    while (k > 0 && ++c[varying[k - 1]] == e.mesh_shape[varying[k - 1]]) c[varying[--k]] = 0;
+    if (k == 0) return largest;
+  }
+}
+
 /// Elements [lo, lo + out.size()) of a flat buffer whose entries all have an Init, into host
 /// memory: each entry's local piece as Init would draw the whole parameter and cut it (the
 /// piece's elements in row-major order, mapped to their flat index in the global tensor), zero
@@ -187,7 +238,9 @@ class FlatParams {
   FlatParams(std::string name, std::vector<Entry> entries) : name_(std::move(name)), entries_(std::move(entries)) {
     std::size_t total = 0;
     deferred_ = !entries_.empty();
+    const auto aligned = detail::aligned_dims(entries_);
     for (auto& e : entries_) {
+      e.slot = detail::reserved_slot(e, aligned);
       e.offset = total;
       total += e.reserved();
       deferred_ = deferred_ && e.init.has_value();

@@ -344,8 +344,9 @@ class Parameter {
     e.layout = e.grad_state = L::desc;
     e.decay = decay;
     e.numel = std::size_t(dtensor::numel(box.extent));
-    // The largest piece is the one at mesh coordinate 0 (torch.chunk puts the short chunks last).
-    e.slot = std::size_t(dtensor::numel(dtensor::local_box(L::desc, mesh.shape(), std::array<int, Mesh::ndim>{}, shape).extent));
+    // Where the piece was cut: the group it joins works out the room it takes (FlatEntry::slot).
+    e.mesh_shape = mesh.shape();
+    e.mesh_coordinate = mesh.coordinate();
     return e;
   }
 

@@ -226,7 +226,9 @@ struct FsdpGroup {
     std::unordered_map<std::string, std::string> owner;  // parameter -> unit
     for (std::size_t i = 0; i < model_units.size(); ++i) {
       const auto& g = model_units[i].group;
-      if (!g || g->size() == 0)
+      // No entries, not size 0: a rank of an expert group may hold no expert (E < ep) and so
+      // no elements, while its unit still has the parameters (empty pieces) its peers shard.
+      if (!g || g->entries().empty())
         throw Error("fully_shard",
                     dtensor::detail::cat("unit ", i, g ? " (" + g->name() + ")" : std::string(),
                                          " has no parameters: a unit must own some"),
