@@ -270,7 +270,8 @@ class Linear {
       using L = ops::rules::matmul_t<typename A::layout, typename B::layout, TA, TB, A::rank, B::rank>;
       constexpr std::size_t RO = ops::rules::matmul_rank<A::rank, B::rank, TA, TB>;
       const auto [global, local_shape] = ops::detail::matmul_shapes<"matmul", TA, TB>(a, b);
-      const auto &al = a.to_local(), &bl = b.to_local();
+      const auto& al = a.to_local();
+      const auto& bl = b.to_local();
       auto c = Tensor<T, RO, host_space>::uninitialized(local_shape);
       detail::fp8_linear_kernels<T>().gemm(
           gemm, al.data(), kernels::detail::leading_rows(al.shape()), al.extent(A::rank - 1), sa, bl.data(),
