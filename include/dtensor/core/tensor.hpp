@@ -84,6 +84,33 @@ class Buffer {
   bool owned_ = true;
   MemoryTag tag_ = MemoryTag::other;
 };
+
+// The errors of Tensor's members, built on the extents' rank only: one copy per rank, not one
+// per element type, rank and memory space.
+template <std::size_t R>
+[[noreturn]] void throw_capacity_below_numel(Extent capacity, const Shape<R>& shape) {
+  throw Error("Tensor", cat("capacity ", capacity, " < numel of ", to_string(shape)));
+}
+template <std::size_t R>
+[[noreturn]] void throw_cannot_allocate(Extent capacity, std::size_t element_bytes, const Shape<R>& shape) {
+  throw Error("Tensor",
+              cat("cannot allocate ", capacity, " elements of ", element_bytes, " bytes for ", to_string(shape)));
+}
+template <std::size_t R, std::size_t R2>
+[[noreturn]] void throw_cannot_reshape(const Shape<R>& from, const Shape<R2>& to) {
+  throw Error("Tensor::reshape", cat("cannot view ", to_string(from), " as ", to_string(to)));
+}
+template <std::size_t R>
+[[noreturn]] void throw_view_extents(const Shape<R>& assigned, const Shape<R>& view) {
+  throw Error("Tensor::operator=",
+              cat("assigning ", to_string(assigned), " to a view of ", to_string(view), ": a view keeps its extents"));
+}
+template <std::size_t R>
+[[noreturn]] void throw_box_out_of_bounds(const Shape<R>& ext, const Shape<R>& src_off, const Shape<R>& src,
+                                          const Shape<R>& dst_off, const Shape<R>& dst) {
+  throw Error("copy_box", cat("box ", to_string(ext), " at ", to_string(src_off), " of ", to_string(src), " -> at ",
+                              to_string(dst_off), " of ", to_string(dst), " is out of bounds"));
+}
 }  // namespace detail
 
 template <Element T, std::size_t R, MemorySpace Space = host_space>
@@ -108,16 +135,14 @@ class Tensor {
   /// A tensor with room for `capacity` >= numel(shape) elements; see `resize_within`.
   static Tensor with_capacity(const Shape<R>& shape, Extent capacity) {
     check_shape("Tensor", shape);
-    if (capacity < dtensor::numel(shape))
-      throw Error("Tensor", detail::cat("capacity ", capacity, " < numel of ", to_string(shape)));
+    if (capacity < dtensor::numel(shape)) detail::throw_capacity_below_numel(capacity, shape);
     (void)checked_bytes(capacity, sizeof(T), "Tensor");
     Tensor t;
     t.shape_ = shape;
     try {
       t.storage_ = detail::Buffer<T, Space>(std::size_t(capacity));
     } catch (const std::bad_alloc&) {
-      throw Error("Tensor", detail::cat("cannot allocate ", capacity, " elements of ", sizeof(T), " bytes for ",
-                                        to_string(shape)));
+      detail::throw_cannot_allocate(capacity, sizeof(T), shape);
     }
     return t;
   }
@@ -174,8 +199,7 @@ class Tensor {
   template <std::size_t R2>
   Tensor<T, R2, Space> reshape(const Shape<R2>& shape) && {
     check_shape("Tensor::reshape", shape);
-    if (dtensor::numel(shape) != numel())
-      throw Error("Tensor::reshape", detail::cat("cannot view ", to_string(shape_), " as ", to_string(shape)));
+    if (dtensor::numel(shape) != numel()) detail::throw_cannot_reshape(shape_, shape);
     auto t = Tensor<T, R2, Space>::adopt(std::move(storage_), shape);
     shape_ = {};
     return t;
@@ -228,9 +252,7 @@ class Tensor {
     return off;
   }
   Tensor& write_through(const Tensor& o) {
-    if (o.shape_ != shape_)
-      throw Error("Tensor::operator=", detail::cat("assigning ", to_string(o.shape_), " to a view of ", to_string(shape_),
-                                                   ": a view keeps its extents"));
+    if (o.shape_ != shape_) detail::throw_view_extents(o.shape_, shape_);
     Space::copy(data(), o.data(), bytes());
     return *this;
   }
@@ -251,9 +273,7 @@ void copy_box(const Tensor<T, R, Space>& src, const Shape<R>& src_off, Tensor<T,
   for (std::size_t i = 0; i < R; ++i)
     if (src_off[i] < 0 || dst_off[i] < 0 || ext[i] < 0 || src_off[i] + ext[i] > src.extent(i) ||
         dst_off[i] + ext[i] > dst.extent(i))
-      throw Error("copy_box", detail::cat("box ", to_string(ext), " at ", to_string(src_off), " of ",
-                                          to_string(src.shape()), " -> at ", to_string(dst_off), " of ",
-                                          to_string(dst.shape()), " is out of bounds"));
+      detail::throw_box_out_of_bounds(ext, src_off, src.shape(), dst_off, dst.shape());
   detail::copy_box_raw<Space>(src.data(), src.shape(), src_off, dst.data(), dst.shape(), dst_off, ext, sizeof(T));
 }
 

@@ -46,6 +46,22 @@ struct mesh_space<M> {
 template <class M>
 using mesh_space_t = typename detail::mesh_space<M>::type;
 
+namespace detail {
+/// Throws: a DTensor's local piece does not have the extents its mesh coordinate holds under its
+/// layout. On the ranks and the mesh's number of dimensions only, not on the layout or the mesh
+/// type: one copy of the message's code per rank, not one per DTensor type.
+template <std::size_t R, std::size_t N>
+[[noreturn]] void throw_local_piece_mismatch(const Shape<R>& local, const Shape<R>& expected,
+                                             const std::array<int, N>& coordinate, const Shape<R>& global,
+                                             const LayoutDesc<N>& layout, int rank) {
+  throw Error(
+      "DTensor",
+      cat("local piece ", to_string(local), " does not match the ", to_string(expected), " that mesh coordinate ",
+          to_string(coordinate), " holds of global ", to_string(global), " under layout ", to_string(layout)),
+      rank);
+}
+}  // namespace detail
+
 /// Local pieces live in Space, by default the mesh's (BasicDeviceMesh<Space, ...>).
 template <Element T, std::size_t R, MeshType Mesh, LayoutType L, MemorySpace Space = mesh_space_t<Mesh>>
 class DTensor {
@@ -70,10 +86,8 @@ class DTensor {
     (void)checked_numel(global_, "DTensor");  // negative or overflowing global extents
     const auto box = local_box();
     if (box.extent != local_.shape())
-      throw Error("DTensor", detail::cat("local piece ", to_string(local_.shape()), " does not match the ",
-                                         to_string(box.extent), " that mesh coordinate ", to_string(mesh_.coordinate()),
-                                         " holds of global ", to_string(global_), " under layout ", to_string(L::desc)),
-                  mesh_.rank());
+      detail::throw_local_piece_mismatch(local_.shape(), box.extent, mesh_.coordinate(), global_, L::desc,
+                                         mesh_.rank());
   }
 
   const Mesh& mesh() const noexcept { return mesh_; }

@@ -29,10 +29,14 @@
 #include <cmath>
 #include <cstddef>
 #include <limits>
+#include <optional>
+#include <span>
 #include <vector>
 
+#include "dtensor/comm/communicator.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/float8.hpp"
+#include "dtensor/kernels/host/gemm_fp8.hpp"
 
 namespace dtensor::nn {
 
@@ -124,6 +128,85 @@ inline bool fp8_autocast_enabled() noexcept { return detail::fp8_autocast_on.loa
 /// The recipe a Linear's histories get at its first FP8 forward.
 inline DelayedScaling fp8_autocast_recipe() noexcept { return detail::fp8_autocast_recipe_value; }
 
+/// A tensor role of an FP8 Linear: its input and weight (E4M3), its output gradient (E5M2).
+enum class Fp8Role { input, weight, grad_output };
+/// The three GEMMs of an FP8 Linear: y = x W^T (E4M3 x E4M3), dx = dy W and dW = dy^T x (E5M2 x E4M3).
+enum class Fp8LinearGemm { forward, grad_input, grad_weight };
+
+namespace detail {
+
+/// What an nn::Linear computes in FP8, on this rank's pieces, whatever its layout and mesh: the
+/// Linear passes its pieces and the communicators of the mesh dimensions that split them.
+/// Reached through a pointer that Fp8Autocast sets, so that a program which never constructs one
+/// compiles none of it; every Linear would compile its FP8 path otherwise, the switch being a
+/// run-time one (docs/benchmarks.md, "A user's FSDP x TP program").
+template <kernels::host::FloatElement T>
+struct Fp8LinearKernels {
+  /// The scale of this use of `role`'s tensor (n values at `local`), from the role's history in
+  /// `state` (made with the autocast's recipe at the first use), then the tensor's amax recorded:
+  /// max |x| of the piece (a NaN as +inf: max would drop it on some ranks and keep it on others)
+  /// max-all-reduced over `groups`, so that every rank holding a piece quantizes with one scale.
+  float (*scale)(std::optional<Fp8LinearScaling>& state, Fp8Role role, const T* local, Extent n,
+                 std::span<Communicator* const> groups);
+  /// c = op(a) op(b) of `gemm`, a [ra, ca] and b [rb, cb] quantized by sa and sb
+  /// (kernels::host::gemm_fp8_quantizing).
+  void (*gemm)(Fp8LinearGemm gemm, const T* a, Extent ra, Extent ca, float sa, const T* b, Extent rb, Extent cb,
+               float sb, T* c);
+};
+
+template <kernels::host::FloatElement T>
+float fp8_linear_scale(std::optional<Fp8LinearScaling>& state, Fp8Role role, const T* local, Extent n,
+                       std::span<Communicator* const> groups) {
+  if (!state) state.emplace(fp8_autocast_recipe());
+  AmaxHistory& h = role == Fp8Role::input ? state->input : role == Fp8Role::weight ? state->weight : state->grad_output;
+  float a = kernels::host::amax(local, n);
+  if (std::isnan(a)) a = std::numeric_limits<float>::infinity();
+  for (Communicator* g : groups) g->all_reduce(std::span<float>(&a, 1), ReduceOp::max);
+  const float s = h.scale(a);
+  h.record(a);
+  return s;
+}
+
+template <kernels::host::FloatElement T>
+void fp8_linear_gemm(Fp8LinearGemm gemm, const T* a, Extent ra, Extent ca, float sa, const T* b, Extent rb, Extent cb,
+                     float sb, T* c) {
+  using kernels::host::gemm_fp8_quantizing;
+  switch (gemm) {
+    case Fp8LinearGemm::forward:
+      gemm_fp8_quantizing<float8_e4m3, float8_e4m3>(false, true, a, ra, ca, sa, b, rb, cb, sb, c);
+      return;
+    case Fp8LinearGemm::grad_input:
+      gemm_fp8_quantizing<float8_e5m2, float8_e4m3>(false, false, a, ra, ca, sa, b, rb, cb, sb, c);
+      return;
+    case Fp8LinearGemm::grad_weight:
+      gemm_fp8_quantizing<float8_e5m2, float8_e4m3>(true, false, a, ra, ca, sa, b, rb, cb, sb, c);
+      return;
+  }
+}
+
+template <kernels::host::FloatElement T>
+inline constexpr Fp8LinearKernels<T> fp8_linear_kernels_impl{&fp8_linear_scale<T>, &fp8_linear_gemm<T>};
+template <kernels::host::FloatElement T>
+inline std::atomic<const Fp8LinearKernels<T>*> fp8_linear_kernels_set{nullptr};
+
+/// Sets the kernels of every element type a Linear computes in (Fp8Autocast's constructor).
+inline void install_fp8_linear_kernels() {
+  fp8_linear_kernels_set<float>.store(&fp8_linear_kernels_impl<float>, std::memory_order_release);
+  fp8_linear_kernels_set<double>.store(&fp8_linear_kernels_impl<double>, std::memory_order_release);
+  fp8_linear_kernels_set<bfloat16>.store(&fp8_linear_kernels_impl<bfloat16>, std::memory_order_release);
+}
+
+/// The kernels a Linear in T computes in FP8 with (set by every Fp8Autocast: a Linear computes
+/// in FP8 only after one was constructed).
+template <kernels::host::FloatElement T>
+const Fp8LinearKernels<T>& fp8_linear_kernels() {
+  const auto* k = fp8_linear_kernels_set<T>.load(std::memory_order_acquire);
+  if (k == nullptr) throw Error("nn::Linear", "an FP8 GEMM before any nn::Fp8Autocast was constructed");
+  return *k;
+}
+
+}  // namespace detail
+
 /// While an Fp8Autocast(true) lives, every nn::Linear's forward (and the backward of that
 /// forward) computes its three GEMMs in FP8 (nn/linear.hpp). Process-wide, like TE's
 /// fp8_autocast, so that a model's Linears need no option threaded through its constructors:
@@ -133,6 +216,7 @@ class Fp8Autocast {
  public:
   explicit Fp8Autocast(bool enabled = true, DelayedScaling recipe = {})
       : previous_(fp8_autocast_enabled()), previous_recipe_(fp8_autocast_recipe()) {
+    detail::install_fp8_linear_kernels();
     detail::fp8_autocast_recipe_value = recipe;
     detail::fp8_autocast_on.store(enabled);
   }

@@ -157,9 +157,9 @@ class Linear {
     else w.x = redistribute<ComputeL>(std::move(s.x));  // re-gathered for dW (SP); s.x's storage where no step runs
     if (s.fp8_sx > 0) {  // FP8: dx = dy W, dy in E5M2, W in E4M3 with the forward's scale
       w.fp8_sx = s.fp8_sx;
-      w.fp8_sdy = fp8_scale(fp8_scaling().grad_output, w.dy);
+      w.fp8_sdy = fp8_scale(Fp8Role::grad_output, w.dy);
       auto dx = redistribute_backward<InL>(
-          ops::matmul_fp8<float8_e5m2, float8_e4m3, false, false>(w.dy, w.fp8_sdy, weight_.value(), s.fp8_sw));
+          fp8_matmul<false, false>(Fp8LinearGemm::grad_input, w.dy, w.fp8_sdy, weight_.value(), s.fp8_sw));
       return {std::move(dx), std::move(w)};
     }
     auto dx = redistribute_backward<InL>(ops::matmul_backward_a<false, true>(w.dy, weight_.value()));  // of the entry
@@ -169,7 +169,7 @@ class Linear {
   /// Adds dW = dy^T x (and db) to the parameters' gradients. No communication.
   void backward_weight(WeightCtx w) {
     if (w.fp8_sdy > 0)  // FP8: dW = dy^T x, dy in E5M2, x in E4M3 with the forward's scale
-      weight_.accumulate_grad(ops::matmul_fp8<float8_e5m2, float8_e4m3, true, false>(w.dy, w.fp8_sdy, w.x, w.fp8_sx));
+      weight_.accumulate_grad(fp8_matmul<true, false>(Fp8LinearGemm::grad_weight, w.dy, w.fp8_sdy, w.x, w.fp8_sx));
     else weight_.accumulate_grad(ops::matmul_backward_b<false, true>(w.dy, w.x));
     if (bias_.defined()) {
       if constexpr (Style::bias_after_exit) bias_.accumulate_grad(w.dbias);
@@ -227,9 +227,9 @@ class Linear {
   template <class X>
   auto matmul_forward_on(Saved& s, const X& x) const {
     if (use_fp8()) {
-      s.fp8_sx = fp8_scale(fp8_scaling().input, x);
-      s.fp8_sw = fp8_scale(fp8_scaling().weight, weight_.value());
-      return ops::matmul_fp8<float8_e4m3, float8_e4m3, false, true>(x, s.fp8_sx, weight_.value(), s.fp8_sw);
+      s.fp8_sx = fp8_scale(Fp8Role::input, x);
+      s.fp8_sw = fp8_scale(Fp8Role::weight, weight_.value());
+      return fp8_matmul<false, true>(Fp8LinearGemm::forward, x, s.fp8_sx, weight_.value(), s.fp8_sw);
     }
     return ops::matmul<false, true>(x, weight_.value());
   }
@@ -245,28 +245,42 @@ class Linear {
     }
   }
 
-  Fp8LinearScaling& fp8_scaling() const {
-    if (!fp8_) fp8_.emplace(fp8_autocast_recipe());
-    return *fp8_;
+  /// The scale of this use of t's role, then t's amax recorded: the amax of the whole tensor, max-
+  /// all-reduced over every mesh dimension that splits it (see the synopsis). The work is
+  /// detail::Fp8LinearKernels' (nn/fp8_recipe.hpp), on t's piece: this names the dimensions.
+  template <class X>
+  float fp8_scale(Fp8Role role, const X& t) const {
+    using L = typename X::layout;
+    if constexpr (L::desc.has_partial())
+      detail::check(false, "nn::Linear", t.mesh(), name_,
+                    ": FP8 scaling of a Partial tensor (its pieces are not its values)");
+    std::array<Communicator*, Mesh::ndim> groups{};
+    std::size_t n = 0;
+    for (std::size_t i = 0; i < Mesh::ndim; ++i)
+      if (L::desc.placements[i].is_shard() && t.mesh().size(i) > 1) groups[n++] = &t.mesh().group(i);
+    const auto& l = t.to_local();
+    return detail::fp8_linear_kernels<T>().scale(fp8_, role, l.data(), l.numel(), std::span(groups.data(), n));
   }
 
-  /// The scale of this use of t's role, then t's amax recorded: the amax of the whole tensor, max-
-  /// all-reduced over every mesh dimension that splits it (see the synopsis). A NaN becomes +inf
-  /// before the reduction (max would drop a NaN on some ranks and keep it on others).
-  template <class X>
-  float fp8_scale(AmaxHistory& h, const X& t) const {
-    float a = ops::local_amax(t);
-    if (std::isnan(a)) a = std::numeric_limits<float>::infinity();
-    using L = typename X::layout;
-    for (std::size_t i = 0; i < Mesh::ndim; ++i) {
-      detail::check(!L::desc.placements[i].is_partial(), "nn::Linear", t.mesh(), name_,
-                    ": FP8 scaling of a Partial tensor (its pieces are not its values)");
-      if (L::desc.placements[i].is_shard() && t.mesh().size(i) > 1)
-        t.mesh().group(i).all_reduce(std::span<float>(&a, 1), ReduceOp::max);
+  /// ops::matmul<TA, TB>(a, b) (its checks, shapes and layouts) with the product of the pieces
+  /// computed in FP8: ops::matmul_fp8 on this rank's pieces, by detail::Fp8LinearKernels.
+  template <bool TA, bool TB, class A, class B>
+  static auto fp8_matmul(Fp8LinearGemm gemm, const A& a, float sa, const B& b, float sb) {
+    if constexpr (std::is_same_v<typename A::space, host_space>) {
+      using L = ops::rules::matmul_t<typename A::layout, typename B::layout, TA, TB, A::rank, B::rank>;
+      constexpr std::size_t RO = ops::rules::matmul_rank<A::rank, B::rank, TA, TB>;
+      const auto [global, local_shape] = ops::detail::matmul_shapes<"matmul", TA, TB>(a, b);
+      const auto& al = a.to_local();
+      const auto& bl = b.to_local();
+      auto c = Tensor<T, RO, host_space>::uninitialized(local_shape);
+      detail::fp8_linear_kernels<T>().gemm(
+          gemm, al.data(), kernels::detail::leading_rows(al.shape()), al.extent(A::rank - 1), sa, bl.data(),
+          kernels::detail::leading_rows(bl.shape()), bl.extent(B::rank - 1), sb, c.data());
+      return ops::detail::make<T, RO, L>(a.mesh(), global, std::move(c));
+    } else {
+      ops::detail::fp8_host_only("nn::Linear (FP8 on a GPU tensor)");
+      return ops::matmul<TA, TB>(a, b);  // not reached: the return type
     }
-    const float s = h.scale(a);
-    h.record(a);
-    return s;
   }
 
   /// bias_add keeps the layout in every style (checked here, at compile time).

@@ -179,6 +179,38 @@ constexpr bool is_reduced(const LayoutDesc<N>& grad_state) {
 
 // nn::Init (how a parameter's values start) and nn::DeferredInit: nn/flat_params.hpp.
 
+namespace detail {
+/// A parameter's group of its own, holding its one entry. On the group type only (not on the
+/// parameter's layout): one copy for all the parameters of an element type and mesh.
+template <class Group>
+std::shared_ptr<Group> group_of_one(typename Group::Entry entry) {
+  std::vector<typename Group::Entry> entries;
+  entries.push_back(std::move(entry));
+  return std::make_shared<Group>(entries.front().name, std::move(entries));
+}
+
+// The errors of Parameter's members, built on the ranks only (not per parameter type).
+template <std::size_t R>
+[[noreturn]] void throw_grad_shape(const std::string& name, const Shape<R>& grad, const Shape<R>& param, int rank) {
+  throw Error("Parameter::accumulate_grad",
+              dtensor::detail::cat(name, ": gradient ", to_string(grad), " for a parameter of ", to_string(param)),
+              rank);
+}
+template <std::size_t N>
+[[noreturn]] void throw_grad_layout(const std::string& name, const LayoutDesc<N>& added, const LayoutDesc<N>& held,
+                                    int rank) {
+  throw Error("Parameter::accumulate_grad",
+              dtensor::detail::cat(name, ": gradient in layout ", to_string(added), " added to one held in layout ",
+                                   to_string(held)),
+              rank);
+}
+template <std::size_t R>
+[[noreturn]] void throw_entry_mismatch(const std::string& name, std::size_t numel, const Shape<R>& local) {
+  throw Error("Parameter::rebind",
+              dtensor::detail::cat(name, ": entry of ", numel, " elements for a piece ", to_string(local)));
+}
+}  // namespace detail
+
 /// The DTensor of extents `shape` in layout L on `mesh` that `init` describes.
 template <LayoutType L, Element T, std::size_t R, MeshType Mesh>
 DTensor<T, R, Mesh, L> initial_value(const Mesh& mesh, const Shape<R>& shape, const Init& init) {
@@ -216,17 +248,16 @@ class Parameter {
       *this = Parameter(std::move(name), initial_value<L, T>(mesh, shape, init), decay);
       return;
     }
-    std::vector<typename Group::Entry> entries;
-    entries.push_back(make_entry(std::move(name), mesh, shape, local_box(L::desc, mesh.shape(), mesh.coordinate(), shape), decay));
-    entries.back().init = init;
-    bind(std::make_shared<Group>(entries.front().name, std::move(entries)), 0, mesh, shape);
+    auto entry =
+        make_entry(std::move(name), mesh, shape, local_box(L::desc, mesh.shape(), mesh.coordinate(), shape), decay);
+    entry.init = init;
+    bind(detail::group_of_one<Group>(std::move(entry)), 0, mesh, shape);
   }
   /// A parameter with the given initial value, in a group of its own.
   Parameter(std::string name, const value_type& value, bool decay = true) {
-    std::vector<typename Group::Entry> entries;
-    entries.push_back(make_entry(std::move(name), value.mesh(), value.shape(), value.local_box(), decay));
-    auto group = std::make_shared<Group>(entries.front().name, std::move(entries));
-    bind(std::move(group), 0, value.mesh(), value.shape());
+    bind(
+        detail::group_of_one<Group>(make_entry(std::move(name), value.mesh(), value.shape(), value.local_box(), decay)),
+        0, value.mesh(), value.shape());
     value_->local() = value.to_local();  // writes through the view into the group
   }
   Parameter(Parameter&&) noexcept = default;
@@ -276,16 +307,9 @@ class Parameter {
                   "a gradient must be sharded like its parameter, and be Replicate or Partial<sum|avg> where the "
                   "parameter is replicated");
     auto& e = entry();
-    if (g.shape() != value_->shape())
-      throw Error("Parameter::accumulate_grad",
-                  dtensor::detail::cat(e.name, ": gradient ", to_string(g.shape()), " for a parameter of ",
-                                       to_string(value_->shape())),
-                  mesh().rank());
+    if (g.shape() != value_->shape()) detail::throw_grad_shape(e.name, g.shape(), value_->shape(), mesh().rank());
     if (e.has_grad && !(e.grad_state == G::desc))
-      throw Error("Parameter::accumulate_grad",
-                  dtensor::detail::cat(e.name, ": gradient in layout ", to_string(G::desc),
-                                       " added to one held in layout ", to_string(e.grad_state)),
-                  mesh().rank());
+      detail::throw_grad_layout(e.name, G::desc, e.grad_state, mesh().rank());
     auto d = detail::flat_view<space>(grad_span());
     const auto& gl = g.to_local();
     kernels::add_(d, Tensor<T, 1, space>::view(const_cast<T*>(gl.data()), d.shape()));
@@ -354,9 +378,7 @@ class Parameter {
     auto& e = group->entries().at(index);
     Shape<R> local{};
     for (std::size_t d = 0; d < R; ++d) local[d] = e.local_extent.at(d);
-    if (e.numel != std::size_t(dtensor::numel(local)))
-      throw Error("Parameter::rebind", dtensor::detail::cat(e.name, ": entry of ", e.numel, " elements for a piece ",
-                                                            to_string(local)));
+    if (e.numel != std::size_t(dtensor::numel(local))) detail::throw_entry_mismatch(e.name, e.numel, local);
     value_.reset();  // emplace, not assign: assigning to a view would write through it
     // A deferred group has no values yet: a null view until current_value() materialises it.
     T* data = group->deferred() ? nullptr : group->value(index).data();

@@ -70,16 +70,10 @@ auto matmul_fp8(const A& a, float sa, const B& b, float sb) {
                            to_string(b.shape()), ")");
     // Each operand is the matrix [its leading extents flattened, its last extent], as in matmul.
     // (Rows from the leading extents: an empty piece, [B, T, 0], still has B T rows.)
-    const Extent ra = kernels::detail::leading_rows(al.shape()), ca = al.extent(RA - 1);
-    const Extent rb = kernels::detail::leading_rows(bl.shape()), cb = bl.extent(RB - 1);
-    const Extent m = TA ? ca : ra, k = TA ? ra : ca, n = TB ? rb : cb;
-    std::vector<FA> qa(std::size_t(al.numel()));
-    std::vector<FB> qb(std::size_t(bl.numel()));
-    kernels::host::quantize(al.data(), al.numel(), sa, qa.data());
-    kernels::host::quantize(bl.data(), bl.numel(), sb, qb.data());
     auto c = Tensor<T, RO, host_space>::uninitialized(local_shape);
-    kernels::host::gemm_fp8(TA, TB, qa.data(), 1.f / sa, qb.data(), 1.f / sb, c.data(), m, n, k,
-                            std::max<Extent>(1, ca), std::max<Extent>(1, cb), std::max<Extent>(1, n));
+    kernels::host::gemm_fp8_quantizing<FA, FB>(
+        TA, TB, al.data(), kernels::detail::leading_rows(al.shape()), al.extent(RA - 1), sa, bl.data(),
+        kernels::detail::leading_rows(bl.shape()), bl.extent(RB - 1), sb, c.data());
     return detail::make<T, RO, L>(a.mesh(), global, std::move(c));
   } else {
     (void)local_shape;

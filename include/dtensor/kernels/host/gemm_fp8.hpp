@@ -91,4 +91,20 @@ void gemm_fp8(bool trans_a, bool trans_b, const FA* A, float a_scale_inv, const 
     }
 }
 
+/// The FP8 GEMM of unquantized operands: A [ra, ca] quantized to FA by the scale sa, B [rb, cb]
+/// to FB by sb (quantize), then C = op(A) op(B) by gemm_fp8 with the inverse scales; dense
+/// row-major operands, C [m, n] dense. ops::matmul_fp8 and nn::Linear's FP8 GEMMs
+/// (nn/fp8_recipe.hpp) are this on this rank's pieces.
+template <Fp8Element FA, Fp8Element FB, FloatElement T>
+void gemm_fp8_quantizing(bool trans_a, bool trans_b, const T* a, Extent ra, Extent ca, float sa, const T* b, Extent rb,
+                         Extent cb, float sb, T* c) {
+  const Extent m = trans_a ? ca : ra, k = trans_a ? ra : ca, n = trans_b ? rb : cb;
+  std::vector<FA> qa(std::size_t(ra * ca));
+  std::vector<FB> qb(std::size_t(rb * cb));
+  quantize(a, ra * ca, sa, qa.data());
+  quantize(b, rb * cb, sb, qb.data());
+  gemm_fp8(trans_a, trans_b, qa.data(), 1.f / sa, qb.data(), 1.f / sb, c, m, n, k, std::max<Extent>(1, ca),
+           std::max<Extent>(1, cb), std::max<Extent>(1, n));
+}
+
 }  // namespace dtensor::kernels::host
