@@ -195,8 +195,11 @@ void print_header(const Options& o, const Corpus& corpus, Trainer& trainer, std:
   if (o.zero == 3)
     std::printf("; ZeRO-3 %s", trainer.pipeline().keeps_stages_gathered() ? "keeps each stage gathered for the step"
                                                                           : "gathers each unit per micro-batch");
-  if (o.experts > 0)
+  if (o.experts > 0) {
     std::printf("; MoE: %lld experts, top-%lld, over ep %d", (long long)o.experts, (long long)o.topk, o.ep);
+    if (o.topk_groups > 0 && o.topk_groups < o.groups)
+      std::printf(" (within %lld of %lld groups)", (long long)o.topk_groups, (long long)o.groups);
+  }
   std::printf("\nparameters: %lld\n", (long long)parameters);
   if constexpr (Trainer::host) std::printf("%s\n", kernels::host::blas_kernels_line().c_str());
 }

@@ -11,6 +11,8 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <set>
+#include <vector>
 
 #include "dtensor/comm/comm_log.hpp"
 #include "dtensor/comm/sim.hpp"
@@ -629,6 +631,72 @@ TEST_CASE("MoE: bad input gives clear errors", "[moe][errors]") {
     auto bad = distribute_replicated<nn::tokens<Dense>>(dense, normal<double>(Shape<3>{4, 2, C + 1}, 1));
     CHECK_THAT(message_of([&] { moe.forward(bad); }), Catch::Contains("does not have 6 features"));
   });
+}
+
+TEST_CASE("Group-limited routing: each token's top-k from its best groups, and EP equal to one rank", "[moe][groups]") {
+  // The reference, written here from the definition (nn/router.hpp): a group's score is the sum of
+  // its top two expert scores, the token keeps its M best groups (ties to the lower group), and
+  // its top-k is taken over their experts (ties to the lower expert).
+  constexpr Extent E = 8, G = 4, M = 2, K = 3, per = E / G, n_tok = 40;
+  const auto logits = normal<double>(Shape<2>{n_tok, E}, 31, 0, 2);
+  nn::RouterConfig rc;
+  rc.experts = E, rc.topk = K, rc.groups = G, rc.topk_groups = M;
+  const auto r = nn::route<double>(logits.span(), 5, 8, 5, rc);
+  int limited_tokens = 0;
+  for (Extent n = 0; n < n_tok; ++n) {
+    const double* p = r.scores.data() + n * E;
+    std::vector<std::pair<double, Extent>> groups;
+    for (Extent g = 0; g < G; ++g) {
+      std::vector<double> in(p + g * per, p + (g + 1) * per);
+      std::sort(in.rbegin(), in.rend());
+      groups.push_back({in[0] + in[1], g});
+    }
+    std::stable_sort(groups.begin(), groups.end(), [](auto a, auto b) { return a.first > b.first; });
+    std::vector<std::pair<double, Extent>> allowed;
+    for (Extent m = 0; m < M; ++m)
+      for (Extent e = groups[std::size_t(m)].second * per; e < (groups[std::size_t(m)].second + 1) * per; ++e)
+        allowed.push_back({p[e], e});
+    std::sort(allowed.begin(), allowed.end(),
+              [](auto a, auto b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+    std::vector<Extent> best(K);
+    for (Extent j = 0; j < K; ++j) best[std::size_t(j)] = allowed[std::size_t(j)].second;
+    std::vector<Extent> got;
+    for (Extent j = 0; j < K; ++j) got.push_back(r.expert[std::size_t(n * K + j)]);
+    CHECK(got == best);
+    // Without the limit the token would have left its best groups for some of its choices.
+    std::vector<std::pair<double, Extent>> all;
+    for (Extent e = 0; e < E; ++e) all.push_back({p[e], e});
+    std::sort(all.begin(), all.end(),
+              [](auto a, auto b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+    std::set<Extent> spanned;
+    for (Extent j = 0; j < K; ++j) spanned.insert(all[std::size_t(j)].second / per);
+    limited_tokens += spanned.size() > std::size_t(M) ? 1 : 0;
+  }
+  CHECK(limited_tokens > 0);  // the limit changed some tokens' choices: the case tests something
+  // topk_groups = groups (or 0) is the unlimited routing.
+  auto all_groups = rc;
+  all_groups.topk_groups = G;
+  auto plain = rc;
+  plain.groups = 1, plain.topk_groups = 0;
+  CHECK(nn::route<double>(logits.span(), 5, 8, 5, all_groups).expert ==
+        nn::route<double>(logits.span(), 5, 8, 5, plain).expert);
+  // A group per expert rank (G = ep): device-limited routing, EP 2 and 4 equal to one rank.
+  auto grouped = config(8, 3);
+  grouped.router.groups = 4;
+  grouped.router.topk_groups = 2;
+  check_parity(grouped);
+  grouped.router.groups = 2;
+  grouped.router.topk_groups = 1;
+  check_parity(grouped);
+  // Bad configurations name the groups.
+  auto bad = rc;
+  bad.groups = 3;
+  CHECK_THROWS_WITH(nn::check_router_config(bad, "nn::route"),
+                    Catch::Contains("routing groups 3 (top 2 of them) over 8 experts"));
+  bad = rc;
+  bad.topk_groups = 1;
+  CHECK_THROWS_WITH(nn::check_router_config(bad, "nn::route"),
+                    Catch::Contains("topk 3 from 1 of 4 groups of 2 experts"));
 }
 
 TEST_CASE("Routing a sequence split over context ranks equals routing it whole (dropless)", "[moe][context]") {

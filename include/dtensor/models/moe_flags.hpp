@@ -1,5 +1,6 @@
 // dtensor/models/moe_flags.hpp — a MoE model's command-line flags: --experts E (0: dense MLPs),
-// --topk, --capacity and --moe-every; their rows of a flag table (train/flag_table.hpp), their
+// --topk, --capacity, --shared-experts, --moe-every and group-limited routing (--expert-groups,
+// --topk-groups); their rows of a flag table (train/flag_table.hpp), their
 // checks against the mesh (--ep dividing the token ranks, a capacity CP can keep) and the
 // models::MoELayersConfig they make (models/moe_gpt.hpp).
 //
@@ -22,6 +23,7 @@ using namespace train::cli;
 struct MoEFlags {
   Extent experts = 0, topk = 2, moe_every = 1;  // 0 experts: dense MLPs
   Extent shared = 0;                            // shared experts (DeepSeek's)
+  Extent groups = 1, topk_groups = 0;           // group-limited routing (nn/router.hpp); 0: no limit
   double capacity = 0;                          // 0: dropless
   bool tuned = false;                           // --topk, --capacity or --moe-every given
 };
@@ -43,6 +45,14 @@ FlagTable<O> moe_flag_rows() {
        marking(integer(&M::shared, 1), &M::tuned)},
       {"--moe-every", "N", "--experts: every N-th block a MoE block (default 1: all)",
        marking(integer(&M::moe_every, 1), &M::tuned)},
+      {"--expert-groups", "G",
+       "--experts: G groups of E / G consecutive experts for --topk-groups (default 1; G = --ep: a group per "
+       "expert rank)",
+       marking(integer(&M::groups, 1), &M::tuned)},
+      {"--topk-groups", "M",
+       "--experts: each token routed within its M best --expert-groups (DeepSeek's node-limited routing; default: "
+       "all groups)",
+       marking(integer(&M::topk_groups, 1), &M::tuned)},
   };
 }
 
@@ -52,9 +62,18 @@ inline void check_moe_flags(const MoEFlags& o, const MeshFlags& mesh, Extent lay
   if (o.experts == 0 && mesh.ep != 1) throw UsageError("--ep " + str(mesh.ep) + " needs --experts");
   // A MoE flag without experts would be ignored: the user meant a MoE model and trains a dense one.
   if (o.experts == 0 && o.tuned)
-    throw UsageError("--topk, --moe-every, --capacity and --shared-experts have no effect without --experts E");
+    throw UsageError(
+        "--topk, --moe-every, --capacity, --shared-experts, --expert-groups and --topk-groups have no effect without "
+        "--experts E");
   if (o.experts == 0) return;
   if (o.topk > o.experts) throw UsageError("--topk " + str(o.topk) + " exceeds --experts " + str(o.experts));
+  if (o.experts % o.groups != 0)
+    throw UsageError("--expert-groups " + str(o.groups) + " does not divide --experts " + str(o.experts));
+  if (o.topk_groups > o.groups)
+    throw UsageError("--topk-groups " + str(o.topk_groups) + " exceeds --expert-groups " + str(o.groups));
+  if (o.topk_groups > 0 && o.topk > o.topk_groups * (o.experts / o.groups))
+    throw UsageError("--topk " + str(o.topk) + " exceeds the " + str(o.topk_groups * (o.experts / o.groups)) +
+                     " experts of --topk-groups " + str(o.topk_groups) + " groups of " + str(o.experts / o.groups));
   if (o.moe_every > layers)  // no block would be a MoE: a dense model under a MoE banner
     throw UsageError("--moe-every " + str(o.moe_every) + " exceeds --layers " + str(layers) +
                      ": no block would have experts");
@@ -77,6 +96,8 @@ inline models::MoELayersConfig moe_layers_config(const MoEFlags& o) {
   mc.router.experts = o.experts;
   mc.router.topk = o.topk;
   mc.router.z_loss_coeff = 1e-3;
+  mc.router.groups = o.groups;
+  mc.router.topk_groups = o.topk_groups;
   if (o.capacity > 0) mc.router.capacity_factor = o.capacity;
   mc.every = o.moe_every;
   mc.shared = o.shared;

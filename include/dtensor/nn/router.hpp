@@ -19,6 +19,17 @@
 // to the lower expert index) are the gates; with topk > 1 and normalize_gates they are divided by
 // their sum. A dropped choice keeps its gate but contributes nothing.
 //
+// Group-limited routing (DeepSeek-V3's node-limited routing; DeepSeek-V2's device-limited one
+// with a group per expert rank): with groups G > 1 and topk_groups M < G, the experts form G
+// groups of E / G consecutive experts, a group's score is the sum of its top two expert scores
+// (its top one when a group has one expert), and a token's top-k is taken over the experts of
+// its M best groups only (ties to the lower group), so each token reaches at most M groups. With
+// groups that match the expert ranks (G = ep, E a multiple of ep: parallel/experts.hpp splits
+// consecutive experts) a token's rows go to at most M ranks. The selection is all that changes:
+// scores, gates, losses and their gradients are as above. The dispatch still sends one row per
+// (token, choice) — it does not merge a token's choices bound for one rank — so the bytes it
+// moves do not shrink with M (docs/expert-parallel.md).
+//
 // Losses, each as this rank's share of the global mean (a Partial<sum> over the data ranks, like
 // the cross-entropy; the trainer sums the shares to print them):
 //   aux (Switch / GShard load balancing), per sequence s: E * sum_e f_se * P_se, where f_se is the
@@ -62,6 +73,10 @@ struct RouterConfig {
   bool normalize_gates = true;            // with topk > 1: gates divided by their sum
   double aux_loss_coeff = 0.01;
   double z_loss_coeff = 0.0;
+  // Group-limited routing (see the top): G groups of consecutive experts, each token's top-k from
+  // its topk_groups best groups; 0 or G: every group (no limit).
+  Extent groups = 1;
+  Extent topk_groups = 0;
   // Route by route_balanced whatever the logits (Megatron's moe_router_force_load_balancing):
   // every expert gets its share of every rank's choices, the router gets no gradient. For
   // benchmarks, and what a dry run assumes (so a real run can be checked against one).
@@ -81,6 +96,21 @@ inline void check_router_config(const RouterConfig& c, const char* op, int rank 
     throw Error(op, dtensor::detail::cat("loss coefficients aux ", c.aux_loss_coeff, ", z ", c.z_loss_coeff,
                                          " must be >= 0"),
                 rank);
+  if (c.groups < 1 || c.experts % c.groups != 0 || c.topk_groups < 0 || c.topk_groups > c.groups)
+    throw Error(op,
+                dtensor::detail::cat("routing groups ", c.groups, " (top ", c.topk_groups, " of them) over ", c.experts,
+                                     " experts: need groups >= 1 dividing the experts and 0 <= topk_groups <= groups"),
+                rank);
+  if (c.topk_groups > 0 && c.topk > c.topk_groups * (c.experts / c.groups))
+    throw Error(op,
+                dtensor::detail::cat("topk ", c.topk, " from ", c.topk_groups, " of ", c.groups, " groups of ",
+                                     c.experts / c.groups, " experts: the groups hold fewer experts than topk"),
+                rank);
+}
+
+/// Whether c limits each token to fewer groups than there are (group-limited routing).
+inline bool group_limited(const RouterConfig& c) {
+  return c.groups > 1 && c.topk_groups > 0 && c.topk_groups < c.groups;
 }
 
 /// How a rank's sequences are split over context ranks (parts 1: whole sequences, no communication).
@@ -158,6 +188,29 @@ Routing<T> start_routing(const char* op, Extent batch, Extent seq, Extent global
   return r;
 }
 
+/// Group-limited routing's exclusion (see the top): marks taken[e] = 1 for every expert outside
+/// the topk_groups best groups of one token's scores p[0, E); `score` is scratch of G entries.
+inline void exclude_other_groups(const RouterConfig& c, const double* p, std::vector<char>& taken,
+                                 std::vector<double>& score) {
+  const Extent G = c.groups, per = c.experts / G;
+  score.assign(std::size_t(G), 0.0);
+  for (Extent g = 0; g < G; ++g) {
+    double first = -std::numeric_limits<double>::infinity(), second = first;
+    for (Extent e = g * per; e < (g + 1) * per; ++e)
+      if (p[e] > first) second = first, first = p[e];
+      else if (p[e] > second) second = p[e];
+    score[std::size_t(g)] = per > 1 ? first + second : first;
+  }
+  std::vector<char> chosen(std::size_t(G), 0);
+  for (Extent m = 0; m < c.topk_groups; ++m) {
+    Extent best = -1;
+    for (Extent g = 0; g < G; ++g)
+      if (!chosen[std::size_t(g)] && (best < 0 || score[std::size_t(g)] > score[std::size_t(best)])) best = g;
+    chosen[std::size_t(best)] = 1;
+  }
+  for (Extent e = 0; e < c.experts; ++e) taken[std::size_t(e)] = chosen[std::size_t(e / per)] ? 0 : 1;
+}
+
 /// Capacity (per sequence: first choices by position, then second choices, ...), the choice
 /// fractions f_se (summed over the context parts: the one collective of routing) and, when the
 /// scores are known, the losses' shares.
@@ -214,6 +267,8 @@ Routing<T> route(std::span<const T> logits, Extent batch, Extent seq, Extent glo
   r.lse.resize(std::size_t(n_tok));
 
   std::vector<char> taken(static_cast<std::size_t>(E));
+  std::vector<double> group_score;
+  const bool limited = group_limited(c);
   for (Extent n = 0; n < n_tok; ++n) {
     const double* l = r.logits.data() + n * E;
     double* p = r.scores.data() + n * E;
@@ -224,8 +279,10 @@ Routing<T> route(std::span<const T> logits, Extent batch, Extent seq, Extent glo
     r.lse[std::size_t(n)] = top + std::log(sum);
     for (Extent e = 0; e < E; ++e)
       p[e] = c.score == RouterScore::softmax ? std::exp(l[e] - r.lse[std::size_t(n)]) : 1.0 / (1.0 + std::exp(-l[e]));
-    // Top-k by repeated selection (k is small): the highest score, ties to the lower index.
-    std::fill(taken.begin(), taken.end(), 0);
+    // Top-k by repeated selection (k is small): the highest score, ties to the lower index,
+    // among the experts of the token's best groups when routing is group-limited.
+    if (limited) detail::exclude_other_groups(c, p, taken, group_score);
+    else std::fill(taken.begin(), taken.end(), 0);
     double chosen_sum = 0;
     for (Extent j = 0; j < K; ++j) {
       Extent best = -1;
@@ -248,7 +305,8 @@ Routing<T> route(std::span<const T> logits, Extent batch, Extent seq, Extent glo
 /// choice of token n is expert (n * topk + j) mod experts, every gate 1 / topk. Every expert
 /// then gets the same share of a rank's choices, so every rank sends and receives the same rows
 /// (what parallel::exchange_counts assumes on a memory space without data). Capacity applies
-/// as in route(); the auxiliary losses are not computed (no scores).
+/// as in route(); the auxiliary losses are not computed (no scores). Group-limited routing is not
+/// imitated: it changes which ranks a token's rows go to, not how many rows the dispatch moves.
 template <class T>
 Routing<T> route_balanced(Extent batch, Extent seq, Extent global_batch, const RouterConfig& c,
                           const RouteContext& context = {}) {

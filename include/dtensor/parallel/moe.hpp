@@ -265,6 +265,7 @@ class MoE {
                            {"score", dtensor::detail::cat(int(r.score))},
                            {"normalize gates", r.normalize_gates ? "true" : "false"},
                            {"force balanced", r.force_balanced ? "true" : "false"},
+                           {"routing groups", dtensor::detail::cat(r.groups, " top ", r.topk_groups)},
                            {"dim", dtensor::detail::cat(c.dim)},
                            {"experts' feed-forward", name_of(F)},
                            {"hidden", dtensor::detail::cat(c.hidden)}});
