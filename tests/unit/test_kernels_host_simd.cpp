@@ -2,7 +2,9 @@
 // loops — the oracle — on every instruction set this CPU has, with row lengths around the vector
 // widths (1, 7, 16, 37, 130, 300). Tolerances (float against double): GELU 1e-6 absolute
 // (fast_tanh); rows (softmax, log-softmax, cross-entropy, LayerNorm) 2e-6 relative to the largest
-// entry; LayerNorm's rstd 1e-6 (centred in float); AdamW 1e-6 after five steps.
+// entry; LayerNorm's rstd 1e-6 (centred in float); AdamW 1e-6 after five steps. bfloat16 kernels
+// that run the float code on widened rows: bit for bit the float kernel's result rounded once,
+// and within one bf16 step of the double kernel, on rows and columns of 7, 13, 33 and 100.
 // Intra-op threads (kernels/host/parallel.hpp): every kernel that splits its rows gives the same
 // bits with 2 and 3 threads as serially, at sizes where it does split.
 #include "test_kernels_host_util.hpp"
