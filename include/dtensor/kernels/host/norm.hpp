@@ -11,7 +11,7 @@
 // accuracy; variance is the biased one, as in PyTorch. float LayerNorm runs vectorized
 // (simd.hpp): per-element math in float, row sums in double over fixed lanes (detail::lane_dot);
 // bfloat16 LayerNorm runs the same float code on rows widened to float and rounds its outputs
-// once (the float kernel's result on the widened values, rounded; the plain loop had been 12 %
+// once (the float kernel's result on the widened values, rounded; the plain loops had been 6-12 %
 // of a bf16 step). The plain loops stay for double and RMSNorm (and are the tests' oracle).
 // Intra-op threads (parallel.hpp): the forwards and dx run in blocks of rows; the weight and bias
 // gradients, sums over rows, are split over columns instead, each column summed over all rows in
