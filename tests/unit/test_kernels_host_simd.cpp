@@ -2,18 +2,23 @@
 // loops — the oracle — on every instruction set this CPU has, with row lengths around the vector
 // widths (1, 7, 16, 37, 130, 300). Tolerances (float against double): GELU 1e-6 absolute
 // (fast_tanh); rows (softmax, log-softmax, cross-entropy, LayerNorm) 2e-6 relative to the largest
-// entry; LayerNorm's rstd 1e-6 (centred in float); AdamW 1e-6 after five steps.
+// entry; LayerNorm's rstd 1e-6 (centred in float); AdamW 1e-6 after five steps. bfloat16 kernels
+// that run the float code on widened rows: bit for bit the float kernel's result rounded once,
+// and within one bf16 step of the double kernel, on rows and columns of 7, 13, 33 and 100.
 // Intra-op threads (kernels/host/parallel.hpp): every kernel that splits its rows gives the same
 // bits with 2 and 3 threads as serially, at sizes where it does split.
 #include "test_kernels_host_util.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <set>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <tuple>
 #include <utility>
@@ -21,6 +26,7 @@
 
 #include "dtensor/kernels/host/activations.hpp"
 #include "dtensor/kernels/host/attention.hpp"
+#include "dtensor/kernels/host/cast.hpp"
 #include "dtensor/kernels/host/cross_entropy.hpp"
 #include "dtensor/kernels/host/elementwise.hpp"
 #include "dtensor/kernels/host/norm.hpp"
@@ -354,6 +360,13 @@ TEST_CASE("intra-op threads: norms, attention, cross-entropy, AdamW, GELU, eleme
       const auto g = kh::layer_norm_backward(xd, wd, f.mean, f.rstd, dyd);
       return std::vector{bytes(f.y), bytes(f.mean), bytes(f.rstd), bytes(g.dx), bytes(g.dweight), bytes(g.dbias)};
     });
+    const auto xb = kt::cast<dtensor::bfloat16>(xf), dyb = kt::cast<dtensor::bfloat16>(dyf);
+    const auto wb = kt::cast<dtensor::bfloat16>(wf), bb = kt::cast<dtensor::bfloat16>(bf);
+    same_bits_on_every_thread_count("layer_norm dtensor::bfloat16", [&] {
+      const auto f = kh::layer_norm(xb, wb, bb, 1e-5);
+      const auto g = kh::layer_norm_backward(xb, wb, f.mean, f.rstd, dyb);
+      return std::vector{bytes(f.y), bytes(f.mean), bytes(f.rstd), bytes(g.dx), bytes(g.dweight), bytes(g.dbias)};
+    });
     same_bits_on_every_thread_count("rms_norm float", [&] {
       const auto f = kh::rms_norm(xf, wf, 1e-6);
       const auto g = kh::rms_norm_backward(xf, wf, f.rstd, dyf);
@@ -450,6 +463,151 @@ TEST_CASE("float bias add, bias gradient and broadcast add equal the plain loops
             CHECK(zm(i, t, j) == x(i, t, j) - mid(i, 0, j));
             CHECK(zl(i, t, j) == last(i, t, 0) * x(i, t, j));
           }
+    }
+  });
+}
+
+namespace {
+
+/// Each element of a float tensor rounded once to bf16: what a bf16 kernel that runs the float
+/// kernel's code on widened values must store, bit for bit.
+template <std::size_t R>
+void check_rounded_once(const Tensor<dtensor::bfloat16, R>& got, const Tensor<float, R>& float_result,
+                        const char* what) {
+  REQUIRE(got.shape() == float_result.shape());
+  Extent mismatches = 0, first = -1;
+  for (Extent i = 0; i < got.numel(); ++i)
+    if (got[i].bits != dtensor::bfloat16(float_result[i]).bits && mismatches++ == 0) first = i;
+  INFO(what << ": " << mismatches << " of " << got.numel() << " elements differ from the float kernel's rounded once"
+            << (first >= 0 ? ", the first at " + std::to_string(first) : std::string()) << ", extents "
+            << to_string(got.shape()));
+  CHECK(mismatches == 0);
+}
+
+/// |got - want| within one bf16 step of want (2^-7 relative), or atol: the float arithmetic's
+/// absolute error where a result is a small difference of larger terms (0: none).
+template <std::size_t R>
+void check_one_bf16_step(const Tensor<dtensor::bfloat16, R>& got, const Tensor<double, R>& want, const char* what,
+                         double atol = 0) {
+  REQUIRE(got.shape() == want.shape());
+  Extent bad = 0;
+  for (Extent i = 0; i < got.numel(); ++i)
+    if (std::abs(double(float(got[i])) - want[i]) > std::max(std::abs(want[i]) * 0x1p-7, atol)) ++bad;
+  INFO(what << ": " << bad << " of " << got.numel() << " elements more than one bf16 step from the double result");
+  CHECK(bad == 0);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "dtensor::bfloat16 LayerNorm and cross-entropy backward run the float kernels on widened values, rounded once",
+    "[kernels][host][simd][bf16]") {
+  // The bf16 rows are widened to float (exact), run the float code and are rounded once: the
+  // float kernel's result on the same values, rounded, bit for bit (statistics: the same doubles);
+  // and the double kernel on those values, rounded to bf16, within one bf16 step.
+  on_every_isa([&] {
+    for (const Extent n : {7, 13, 33, 100}) {
+      for (const Extent rows : {7, 13}) {
+        INFO("rows " << rows << ", row length " << n);
+        const Shape<2> s{rows, n};
+        const auto xb = kt::cast<dtensor::bfloat16>(uniform<double>(s, 200 + std::uint64_t(n), -3, 5));
+        const auto dyb = kt::cast<dtensor::bfloat16>(uniform<double>(s, 201, -1, 1));
+        const auto wb = kt::cast<dtensor::bfloat16>(uniform<double>(Shape<1>{n}, 202, 0.5, 1.5));
+        const auto bb = kt::cast<dtensor::bfloat16>(uniform<double>(Shape<1>{n}, 203, -1, 1));
+        const auto xf = kt::cast<float>(xb), dyf = kt::cast<float>(dyb);
+        const auto wf = kt::cast<float>(wb), bf = kt::cast<float>(bb);
+        const auto fb = kh::layer_norm(xb, wb, bb, 1e-5);
+        const auto ff = kh::layer_norm(xf, wf, bf, 1e-5);
+        check_rounded_once(fb.y, ff.y, "layer_norm y");
+        for (Extent r = 0; r < rows; ++r) {
+          CHECK(fb.mean[r] == ff.mean[r]);
+          CHECK(fb.rstd[r] == ff.rstd[r]);
+        }
+        const auto gb = kh::layer_norm_backward(xb, wb, fb.mean, fb.rstd, dyb);
+        const auto gf = kh::layer_norm_backward(xf, wf, ff.mean, ff.rstd, dyf);
+        check_rounded_once(gb.dx, gf.dx, "layer_norm dx");
+        check_rounded_once(gb.dweight, gf.dweight, "layer_norm dweight");
+        check_rounded_once(gb.dbias, gf.dbias, "layer_norm dbias");
+        const auto xd = kt::cast<double>(xb), dyd = kt::cast<double>(dyb);
+        const auto wd = kt::cast<double>(wb), bd = kt::cast<double>(bb);
+        const auto fd = kh::layer_norm(xd, wd, bd, 1e-5);
+        const auto gd = kh::layer_norm_backward(xd, wd, fd.mean, fd.rstd, dyd);
+        check_one_bf16_step(fb.y, fd.y, "layer_norm y against double", 1e-6);
+        check_one_bf16_step(gb.dbias, gd.dbias, "layer_norm dbias against double");
+        // dx and dweight are differences of nearly equal terms: float's error is relative to the
+        // terms, not the result, so against double they get the rows' float tolerance instead.
+        check_close(kt::cast<float>(gb.dx), gd.dx, 0, 1e-2);
+        check_close(kt::cast<float>(gb.dweight), gd.dweight, 0, 1e-2);
+        // Cross-entropy backward (vocabulary of n; a shard at v0 = 3 too), the lse of the float forward.
+        Tensor<std::int32_t, 1> targets(Shape<1>{rows});
+        for (Extent i = 0; i < rows; ++i) targets[i] = std::int32_t((5 * i + 2) % n);
+        const auto ce = kh::cross_entropy(xf, targets);
+        check_rounded_once(kh::cross_entropy_backward(xb, targets, ce.lse, 0.5),
+                           kh::cross_entropy_backward(xf, targets, ce.lse, 0.5), "cross_entropy_backward");
+        const auto m = kh::vocab_parallel_ce_max(xf), sum = kh::vocab_parallel_ce_sum_exp(xf, m);
+        check_rounded_once(kh::vocab_parallel_ce_backward(xb, targets, 3, m, sum, 2.0),
+                           kh::vocab_parallel_ce_backward(xf, targets, 3, m, sum, 2.0), "vocab_parallel_ce_backward");
+        check_one_bf16_step(kh::cross_entropy_backward(xb, targets, ce.lse, 0.5),
+                            kh::cross_entropy_backward(xd, targets, ce.lse, 0.5),
+                            "cross_entropy_backward against double", 1e-7);
+      }
+    }
+  });
+}
+
+TEST_CASE("dtensor::bfloat16 element-wise, bias and broadcast loops and float <-> bf16 casts round once",
+          "[kernels][host][simd][bf16]") {
+  // Vectorized for bf16 (widened, float arithmetic, one rounding): a single add or multiply is
+  // exactly bf16(float op), bias_grad bf16 of the double column sum; y + alpha x (which a vector
+  // instance may fuse) within one bf16 step of the double result.
+  on_every_isa([&] {
+    for (const Extent n : {7, 13, 33, 100}) {
+      INFO("row length " << n);
+      const Shape<3> s{3, 11, n};
+      const auto a = kt::cast<dtensor::bfloat16>(uniform<double>(s, 210 + std::uint64_t(n), -3, 3));
+      const auto b = kt::cast<dtensor::bfloat16>(uniform<double>(s, 211, -3, 3));
+      const auto bias = kt::cast<dtensor::bfloat16>(uniform<double>(Shape<1>{n}, 212, -1, 1));
+      const auto pos = kt::cast<dtensor::bfloat16>(uniform<double>(Shape<3>{1, 11, n}, 213, -1, 1));
+      const auto sum = kh::add(a, b), prod = kh::mul(a, b), biased = kh::add_bias(a, bias),
+                 z = kh::add_broadcast(a, pos);
+      auto axpy = a;
+      kh::add_(axpy, b, 0.3f);
+      auto want_axpy = Tensor<double, 3>::uninitialized(s);
+      for (Extent i = 0; i < a.numel(); ++i) {
+        const float x = float(a[i]), y = float(b[i]);
+        CHECK(sum[i].bits == dtensor::bfloat16(x + y).bits);
+        CHECK(prod[i].bits == dtensor::bfloat16(x * y).bits);
+        CHECK(biased[i].bits == dtensor::bfloat16(x + float(bias[i % n])).bits);
+        CHECK(z[i].bits == dtensor::bfloat16(x + float(pos[i % (11 * n)])).bits);
+        want_axpy[i] = double(x) + double(0.3f) * double(y);
+      }
+      check_one_bf16_step(axpy, want_axpy, "add_ (y += alpha x)");
+      const auto db = kh::bias_grad(a);
+      for (Extent j = 0; j < n; ++j) {
+        double col = 0;
+        for (Extent r = 0; r < 33; ++r) col += double(float(a[r * n + j]));
+        CHECK(db[j].bits == dtensor::bfloat16(float(col)).bits);
+      }
+      // float -> bf16 rounds as dtensor::bfloat16(float) does (ties to even, NaN kept a NaN, infinities,
+      // the largest floats round to infinity); bf16 -> float is exact.
+      auto f = kt::cast<float>(uniform<double>(Shape<1>{n + 8}, 214, -1e3, 1e3));
+      const float specials[] = {std::numeric_limits<float>::quiet_NaN(),
+                                std::numeric_limits<float>::infinity(),
+                                -std::numeric_limits<float>::infinity(),
+                                std::numeric_limits<float>::max(),
+                                1.0f + 0x1p-8f,  // a tie: to even (1.0)
+                                1.0f + 0x1p-8f + 0x1p-7f,
+                                -0.0f,
+                                1e-40f};
+      for (int i = 0; i < 8; ++i) f[i] = specials[i];
+      Tensor<dtensor::bfloat16, 1> narrow(f.shape());
+      Tensor<float, 1> back(f.shape());
+      kh::cast_into(narrow, f);
+      kh::cast_into(back, narrow);
+      for (Extent i = 0; i < f.numel(); ++i) {
+        CHECK(narrow[i].bits == dtensor::bfloat16(f[i]).bits);
+        CHECK(std::bit_cast<std::uint32_t>(back[i]) == std::uint32_t(narrow[i].bits) << 16);
+      }
     }
   });
 }

@@ -75,9 +75,6 @@ DTENSOR_SIMD_INLINE float gelu_prime_fast(float x) {
 }
 /// Elements per chunk's worth of work of the vectorized GELU (a polynomial exp: ~30 operations).
 inline constexpr Extent gelu_work = 32;
-/// The element types whose GELU runs the vectorized float formulas (compute_t<T> is float).
-template <class T>
-inline constexpr bool fast_gelu = std::is_same_v<T, float> || std::is_same_v<T, bfloat16>;
 template <class T>
 void gelu_fast_loop(const T* x, T* y, Extent n) {
   parallel_for(
@@ -125,7 +122,7 @@ C sigmoid(C x) {
 
 template <FloatElement T, std::size_t R>
 HostTensor<T, R> gelu(const HostTensor<T, R>& x) {
-  if constexpr (detail::fast_gelu<T>) {
+  if constexpr (detail::float_rows<T>) {
     auto y = HostTensor<T, R>::uninitialized(x.shape());
     detail::gelu_fast_loop(x.data(), y.data(), x.numel());
     return y;
@@ -135,7 +132,7 @@ HostTensor<T, R> gelu(const HostTensor<T, R>& x) {
 }
 template <FloatElement T, std::size_t R>
 HostTensor<T, R> gelu_backward(const HostTensor<T, R>& x, const HostTensor<T, R>& dy) {
-  if constexpr (detail::fast_gelu<T>) {
+  if constexpr (detail::float_rows<T>) {
     auto dx = HostTensor<T, R>::uninitialized(x.shape());
     detail::gelu_backward_fast_loop(x.data(), dy.data(), dx.data(), x.numel());
     return dx;
@@ -155,7 +152,7 @@ BiasGelu<T, R> bias_gelu(const HostTensor<T, R>& x, const HostTensor<T, 1>& bias
                 to_string(bias.shape()), ": the bias must match the last dimension");
   BiasGelu<T, R> out{HostTensor<T, R>::uninitialized(x.shape()), HostTensor<T, R>::uninitialized(x.shape())};
   const Extent n = x.extent(R - 1), rows = detail::leading_rows(x.shape());
-  if constexpr (detail::fast_gelu<T>) {
+  if constexpr (detail::float_rows<T>) {
     detail::bias_gelu_fast_loop(x.data(), bias.data(), out.h.data(), out.y.data(), rows, n);
   } else {
     for (Extent r = 0; r < rows; ++r)

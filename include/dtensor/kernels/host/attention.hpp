@@ -198,7 +198,8 @@ void attention_head_backward(const T* q, const T* k, const T* v, const T* out, c
 }
 
 /// One head's block of a tensor in the compute type (compute_t<T>): the tensor's own memory for
-/// float and double; for bfloat16 a float copy, widened on read() and rounded once by store().
+/// float and double; for bfloat16 a float copy, widened on read() and rounded once by store()
+/// (both vectorized, simd.hpp).
 template <class T>
 class HeadRows {
   using C = compute_t<T>;
@@ -208,7 +209,8 @@ class HeadRows {
   const C* read(const T* src, Extent n) {
     if constexpr (!widened) return src;
     else {
-      buffer_.assign(src, src + n);
+      buffer_.resize(std::size_t(n));
+      with_isa([&](auto) DTENSOR_SIMD_BODY { float_row(src, buffer_.data(), n); });
       return buffer_.data();
     }
   }
@@ -223,7 +225,8 @@ class HeadRows {
   }
   /// Rounds what write() handed out into its destination.
   void store() {
-    if constexpr (widened) std::copy(buffer_.begin(), buffer_.end(), target_);
+    if constexpr (widened)
+      with_isa([&](auto) DTENSOR_SIMD_BODY { round_row(buffer_.data(), target_, Extent(buffer_.size())); });
   }
 
  private:

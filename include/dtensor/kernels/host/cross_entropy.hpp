@@ -25,10 +25,12 @@
 #include <cmath>
 #include <cstddef>
 #include <type_traits>
+#include <vector>
 
 #include "dtensor/kernels/generic/cross_entropy.hpp"
 #include "dtensor/kernels/host/common.hpp"
 #include "dtensor/kernels/host/parallel.hpp"
+#include "dtensor/kernels/host/simd.hpp"
 #include "dtensor/kernels/host/softmax.hpp"
 
 namespace dtensor::kernels::host {
@@ -42,27 +44,34 @@ namespace detail {
 
 using generic::mean_divisor;  // kernels/generic/cross_entropy.hpp
 
-/// dlogits[i, j] = (exp(x - lse_i) - [v0 + j == target_i]) * scale.
+/// dlogits[i, j] = (exp(x - lse_i) - [v0 + j == target_i]) * scale. float and bfloat16 rows: the
+/// softmax row vectorized in float (bfloat16 widened first; simd.hpp), then the target's -1 and
+/// the scale, rounded once; double keeps the plain loop (the tests' oracle).
 template <class T, class Id, class Lse>
 HostTensor<T, 2> ce_backward(const HostTensor<T, 2>& logits, const HostTensor<Id, 1>& targets, Extent v0, Lse lse,
                              Stat scale) {
   const Extent n = logits.extent(0), v = logits.extent(1);
   auto d = HostTensor<T, 2>::uninitialized(logits.shape());
   parallel_for(n, grain_for(4 * v), [&](Extent i0, Extent i1) {
-  for (Extent i = i0; i < i1; ++i) {
-    const T* x = logits.data() + i * v;
-    T* dr = d.data() + i * v;
-    const Stat l = lse(i);
-    const Extent t = Extent(targets[i]) - v0;
-    if constexpr (std::is_same_v<T, float>) {  // the softmax row (vectorized), then the target's -1
-      row_softmax(x, dr, v, l);
-      with_isa([&](auto) DTENSOR_SIMD_BODY {
-        for (Extent j = 0; j < v; ++j) dr[j] = float((Stat(dr[j]) - (j == t ? 1.0 : 0.0)) * scale);
-      });
-    } else {
-      for (Extent j = 0; j < v; ++j) dr[j] = T((std::exp(Stat(x[j]) - l) - (j == t ? 1.0 : 0.0)) * scale);
+    // for bfloat16: the widened row and its float softmax
+    std::vector<float> scratch(std::is_same_v<T, bfloat16> ? static_cast<std::size_t>(2 * v) : 0);
+    for (Extent i = i0; i < i1; ++i) {
+      const T* x = logits.data() + i * v;
+      T* dr = d.data() + i * v;
+      const Stat l = lse(i);
+      const Extent t = Extent(targets[i]) - v0;
+      if constexpr (float_rows<T>) {
+        const float* xr = nullptr;
+        with_isa([&](auto) DTENSOR_SIMD_BODY { xr = float_row(x, scratch.data(), v); });
+        float* p = float_out(dr, scratch.data() + v);
+        row_softmax(xr, p, v, l);
+        with_isa([&](auto) DTENSOR_SIMD_BODY {
+          for (Extent j = 0; j < v; ++j) dr[j] = T(float((Stat(p[j]) - (j == t ? 1.0 : 0.0)) * scale));
+        });
+      } else {
+        for (Extent j = 0; j < v; ++j) dr[j] = T((std::exp(Stat(x[j]) - l) - (j == t ? 1.0 : 0.0)) * scale);
+      }
     }
-  }
   });
   return d;
 }

@@ -10,8 +10,9 @@
 //   auto z = sub_broadcast(a, b);  mul_broadcast(a, b);
 //   auto g = sum_to(dz, b.shape()); // the adjoint: sums dz over the broadcast dimensions
 //
-// Arithmetic runs in compute_t<T> (bfloat16 rounds once per element); the sums of bias_grad and
-// sum_to accumulate in double in a fixed order. On a rank's intra-op threads (parallel.hpp) the
+// Arithmetic runs in compute_t<T> (bfloat16 rounds once per element; its same-shape, bias and
+// broadcast loops run vectorized, simd.hpp); the sums of bias_grad and sum_to accumulate in
+// double in a fixed order. On a rank's intra-op threads (parallel.hpp) the
 // same-shape ops and the bias add run in chunks of elements (rows), bias_grad in blocks of
 // columns, each column summed over the rows in order: the same bits for any thread count.
 #pragma once
@@ -30,6 +31,16 @@ namespace dtensor::kernels::host {
 
 namespace detail {
 
+/// Runs an element loop's body (a DTENSOR_SIMD_BODY lambda) vectorized for bfloat16 (simd.hpp:
+/// widened, computed in float, rounded once per element), plain for every other type: float's
+/// loops keep their bits (a vector instance may fuse a multiply and an add; for bfloat16 that
+/// removes a float rounding before the one to bf16, within the one bf16 step the result has).
+template <class T, class Body>
+void bf16_vectorized(Body&& body) {
+  if constexpr (std::is_same_v<T, bfloat16>) with_isa(body);
+  else body(IsaTag<Isa::baseline>{});
+}
+
 /// out[i] = f(a[i], b[i]) in compute_t<T>.
 template <class T, std::size_t R, class F>
 HostTensor<T, R> zip(const char* /*op*/, const HostTensor<T, R>& a, const HostTensor<T, R>& b, F f) {
@@ -37,9 +48,14 @@ HostTensor<T, R> zip(const char* /*op*/, const HostTensor<T, R>& a, const HostTe
   const T* pa = a.data();
   const T* pb = b.data();
   T* po = out.data();
-  parallel_for(a.numel(), grain_for(1), [&](Extent i0, Extent i1) {
-    for (Extent i = i0; i < i1; ++i) po[i] = T(f(compute_t<T>(pa[i]), compute_t<T>(pb[i])));
-  }, 64);
+  parallel_for(
+      a.numel(), grain_for(1),
+      [&](Extent i0, Extent i1) {
+        bf16_vectorized<T>([&](auto) DTENSOR_SIMD_BODY {
+          for (Extent i = i0; i < i1; ++i) po[i] = T(f(compute_t<T>(pa[i]), compute_t<T>(pb[i])));
+        });
+      },
+      64);
   return out;
 }
 
@@ -48,9 +64,14 @@ template <class T, std::size_t R, class F>
 void zip_(const char* /*op*/, HostTensor<T, R>& y, const HostTensor<T, R>& x, F f) {
   T* py = y.data();
   const T* px = x.data();
-  parallel_for(y.numel(), grain_for(1), [&](Extent i0, Extent i1) {
-    for (Extent i = i0; i < i1; ++i) py[i] = T(f(compute_t<T>(py[i]), compute_t<T>(px[i])));
-  }, 64);
+  parallel_for(
+      y.numel(), grain_for(1),
+      [&](Extent i0, Extent i1) {
+        bf16_vectorized<T>([&](auto) DTENSOR_SIMD_BODY {
+          for (Extent i = i0; i < i1; ++i) py[i] = T(f(compute_t<T>(py[i]), compute_t<T>(px[i])));
+        });
+      },
+      64);
 }
 
 using generic::broadcast_strides;  // kernels/generic/elementwise.hpp: shared by every space
@@ -121,14 +142,14 @@ void add_bias_(HostTensor<T, R>& x, const HostTensor<T, 1>& b) {
   T* px = x.data();
   const T* pb = b.data();
   detail::parallel_for(rows, detail::grain_for(n), [&](Extent r0, Extent r1) {
-    // float: vectorized for the CPU's ISA (one add per element, so the same bits on every ISA).
+    // float and bfloat16: vectorized for the CPU's ISA (one add per element, so the same bits on every ISA).
     auto body = [&](auto) DTENSOR_SIMD_BODY {
       for (Extent r = r0; r < r1; ++r) {
         T* row = px + r * n;
         for (Extent j = 0; j < n; ++j) row[j] = T(compute_t<T>(row[j]) + compute_t<T>(pb[j]));
       }
     };
-    if constexpr (std::is_same_v<T, float>) detail::with_isa(body);
+    if constexpr (detail::float_rows<T>) detail::with_isa(body);
     else body(detail::IsaTag<Isa::baseline>{});
   });
 }
@@ -149,15 +170,15 @@ void bias_grad_into(HostTensor<T, 1>& db, const HostTensor<T, R>& dy, bool accum
   detail::parallel_for(
       n, std::max<Extent>(16, detail::grain_for(rows)),
       [&](Extent c0, Extent c1) {
-        // Each column summed over the rows in order; float vectorized across the columns (widened to
-        // double lane by lane: the same sums, so the same bits, on every ISA).
+        // Each column summed over the rows in order; float and bfloat16 vectorized across the columns
+        // (widened to double lane by lane: the same sums, so the same bits, on every ISA).
         auto body = [&](auto) DTENSOR_SIMD_BODY {
           for (Extent r = 0; r < rows; ++r) {
             const T* row = pdy + r * n;
             for (Extent j = c0; j < c1; ++j) pacc[j] += Stat(row[j]);
           }
         };
-        if constexpr (std::is_same_v<T, float>) detail::with_isa(body);
+        if constexpr (detail::float_rows<T>) detail::with_isa(body);
         else body(detail::IsaTag<Isa::baseline>{});
       },
       16);
@@ -196,7 +217,9 @@ HostTensor<T, R> zip_broadcast(const char* op, const HostTensor<T, R>& a, const 
     const T* pb = b.data();
     T* po = out.data();
     for (Extent base = 0; base < n; base += inner) {
-      for (Extent j = 0; j < inner; ++j) po[base + j] = T(f(compute_t<T>(pa[ia + j]), compute_t<T>(pb[ib + j])));
+      bf16_vectorized<T>([&](auto) DTENSOR_SIMD_BODY {
+        for (Extent j = 0; j < inner; ++j) po[base + j] = T(f(compute_t<T>(pa[ia + j]), compute_t<T>(pb[ib + j])));
+      });
       for (std::size_t d = k; d-- > 0;) {  // odometer over the outer extents
         ia += sa[d], ib += sb[d];
         if (++idx[d] < s[d]) break;

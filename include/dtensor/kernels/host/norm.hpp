@@ -10,7 +10,9 @@
 // caller all-reduces them. Moments use the two-pass formula (mean, then centred squares) for
 // accuracy; variance is the biased one, as in PyTorch. float LayerNorm runs vectorized
 // (simd.hpp): per-element math in float, row sums in double over fixed lanes (detail::lane_dot);
-// the plain loops stay for double, bfloat16 and RMSNorm (and are the tests' oracle).
+// bfloat16 LayerNorm runs the same float code on rows widened to float and rounds its outputs
+// once (the float kernel's result on the widened values, rounded; the plain loops had been 6-12 %
+// of a bf16 step). The plain loops stay for double and RMSNorm (and are the tests' oracle).
 // Intra-op threads (parallel.hpp): the forwards and dx run in blocks of rows; the weight and bias
 // gradients, sums over rows, are split over columns instead, each column summed over all rows in
 // row order — the serial sum, so the same bits for any thread count.
@@ -75,21 +77,34 @@ DTENSOR_SIMD_INLINE void norm_dx_row(const float* __restrict xhat, const float* 
 }
 
 /// LayerNorm forward of float rows, vectorized: per-element math in float (compute_t), the
-/// mean and the centred second moment summed in double over lanes (simd.hpp lane_dot).
-inline void layer_norm_float(const float* x, const float* w, const float* b, float* y, Stat* mean, Stat* rstd,
-                             Extent rows, Extent n, double eps) {
+/// mean and the centred second moment summed in double over lanes (simd.hpp lane_dot). bfloat16
+/// rows (and the weight and bias) are widened to float, run the same float code and y is rounded
+/// once: the float kernel's result on the widened values, rounded.
+template <class T>
+void layer_norm_float(const T* x, const T* w, const T* b, T* y, Stat* mean, Stat* rstd, Extent rows, Extent n,
+                      double eps) {
+  std::vector<float> weights(static_cast<std::size_t>(2 * n));  // used for bfloat16 only
+  const float* wf = nullptr;
+  const float* bf = nullptr;
+  with_isa([&](auto) DTENSOR_SIMD_BODY {
+    wf = float_row(w, weights.data(), n);
+    bf = float_row(b, weights.data() + n, n);
+  });
   parallel_for(rows, grain_for(4 * n), [&](Extent r0, Extent r1) {
-    std::vector<float> centred(static_cast<std::size_t>(n));
-    float* c = centred.data();
+    // the centred row; for bfloat16 also the widened x row and the float y row
+    std::vector<float> scratch(static_cast<std::size_t>(3 * n));
+    float* c = scratch.data();
     with_isa([&](auto) DTENSOR_SIMD_BODY {
       for (Extent r = r0; r < r1; ++r) {
-        const float* xr = x + r * n;
+        const float* xr = float_row(x + r * n, c + n, n);
         const Stat mu = lane_dot(xr, static_cast<const float*>(nullptr), n) / Stat(n);
         centre_row(xr, float(mu), c, n);
         const Stat rs = 1.0 / std::sqrt(lane_dot(c, c, n) / Stat(n) + eps);
         mean[r] = mu;
         rstd[r] = rs;
-        affine_row(c, float(rs), w, b, y + r * n, n);
+        float* yr = float_out(y + r * n, c + 2 * n);
+        affine_row(c, float(rs), wf, bf, yr, n);
+        round_row(yr, y + r * n, n);
       }
     });
   });
@@ -97,41 +112,57 @@ inline void layer_norm_float(const float* x, const float* w, const float* b, flo
 
 /// LayerNorm backward of float rows, vectorized (the formulas of norm_backward below): per-element
 /// math in float; the row sums and the weight and bias gradients (sums over rows) in double.
+/// bfloat16 rows are widened to float and the results rounded once, as in the forward.
 /// On intra-op threads (parallel.hpp) dx runs in blocks of rows and the weight and bias gradients
 /// in blocks of columns (xhat recomputed: the same float expression), each column's sum over the
 /// rows in row order as in the one-pass serial loop — so the bits do not depend on the threads.
-inline void layer_norm_backward_float(const float* x, const float* w, const Stat* mean, const Stat* rstd,
-                                      const float* dy, float* dx, float* dweight, float* dbias, Extent rows, Extent n) {
+template <class T>
+void layer_norm_backward_float(const T* x, const T* w, const Stat* mean, const Stat* rstd, const T* dy, T* dx,
+                               T* dweight, T* dbias, Extent rows, Extent n) {
   std::vector<Stat> sums(static_cast<std::size_t>(2 * n), 0.0);
   Stat *dw = sums.data(), *db = dw + n;
+  std::vector<float> weight(static_cast<std::size_t>(n));  // used for bfloat16 only
+  const float* wf = nullptr;
+  with_isa([&](auto) DTENSOR_SIMD_BODY { wf = float_row(w, weight.data(), n); });
   const bool split = intra_op_threads() > 1 && rows >= 2 * grain_for(6 * n);
   parallel_for(rows, grain_for(6 * n), [&](Extent r0, Extent r1) {
-    std::vector<float> rows_buffer(static_cast<std::size_t>(2 * n));
+    // xhat and g; for bfloat16 also the widened x and dy rows and the float dx row
+    std::vector<float> rows_buffer(static_cast<std::size_t>(5 * n));
     float *xhat = rows_buffer.data(), *g = xhat + n;
     with_isa([&](auto) DTENSOR_SIMD_BODY {
       for (Extent r = r0; r < r1; ++r) {
         const float rs = float(rstd[r]);
-        norm_xhat_g_row(x + r * n, dy + r * n, w, float(mean[r]), rs, xhat, g, n);
-        if (!split) norm_dw_db_row(dy + r * n, xhat, dw, db, n);
+        const float* xr = float_row(x + r * n, g + n, n);
+        const float* dyr = float_row(dy + r * n, g + 2 * n, n);
+        norm_xhat_g_row(xr, dyr, wf, float(mean[r]), rs, xhat, g, n);
+        if (!split) norm_dw_db_row(dyr, xhat, dw, db, n);
         const float mg = float(lane_dot(g, static_cast<const float*>(nullptr), n) / Stat(n));
         const float mgx = float(lane_dot(g, xhat, n) / Stat(n));
-        norm_dx_row(xhat, g, rs, mg, mgx, dx + r * n, n);
+        float* dxr = float_out(dx + r * n, g + 3 * n);
+        norm_dx_row(xhat, g, rs, mg, mgx, dxr, n);
+        round_row(dxr, dx + r * n, n);
       }
     });
   });
   if (split)  // columns in blocks of 16 (a cache line of floats), every row in order
-    parallel_for(n, std::max<Extent>(16, grain_for(2 * rows)), [&](Extent c0, Extent c1) {
-      std::vector<float> xhat(static_cast<std::size_t>(c1 - c0));
-      with_isa([&](auto) DTENSOR_SIMD_BODY {
-        for (Extent r = 0; r < rows; ++r) {
-          norm_xhat_row(x + r * n + c0, float(mean[r]), float(rstd[r]), xhat.data(), c1 - c0);
-          norm_dw_db_row(dy + r * n + c0, xhat.data(), dw + c0, db + c0, c1 - c0);
-        }
-      });
-    }, 16);
+    parallel_for(
+        n, std::max<Extent>(16, grain_for(2 * rows)),
+        [&](Extent c0, Extent c1) {
+          const Extent cols = c1 - c0;
+          std::vector<float> xhat(static_cast<std::size_t>(3 * cols));  // and, for bfloat16, x and dy widened
+          with_isa([&](auto) DTENSOR_SIMD_BODY {
+            for (Extent r = 0; r < rows; ++r) {
+              const float* xr = float_row(x + r * n + c0, xhat.data() + cols, cols);
+              const float* dyr = float_row(dy + r * n + c0, xhat.data() + 2 * cols, cols);
+              norm_xhat_row(xr, float(mean[r]), float(rstd[r]), xhat.data(), cols);
+              norm_dw_db_row(dyr, xhat.data(), dw + c0, db + c0, cols);
+            }
+          });
+        },
+        16);
   for (Extent j = 0; j < n; ++j) {
-    dweight[j] = float(dw[j]);
-    dbias[j] = float(db[j]);
+    dweight[j] = T(float(dw[j]));
+    dbias[j] = T(float(db[j]));
   }
 }
 
@@ -197,7 +228,7 @@ NormForward<T, R> layer_norm(const HostTensor<T, R>& x, const HostTensor<T, 1>& 
   const Extent n = x.extent(R - 1), rows = detail::leading_rows(x.shape());
   NormForward<T, R> f{HostTensor<T, R>::uninitialized(x.shape()), HostTensor<Stat, 1>::uninitialized(Shape<1>{rows}),
                       HostTensor<Stat, 1>::uninitialized(Shape<1>{rows})};
-  if constexpr (std::is_same_v<T, float>) {
+  if constexpr (detail::float_rows<T>) {
     detail::layer_norm_float(x.data(), weight.data(), bias.data(), f.y.data(), f.mean.data(), f.rstd.data(), rows, n, eps);
     return f;
   }
@@ -221,7 +252,7 @@ template <FloatElement T, std::size_t R>
 NormBackward<T, R> layer_norm_backward(const HostTensor<T, R>& x, const HostTensor<T, 1>& weight,
                                        const HostTensor<Stat, 1>& mean, const HostTensor<Stat, 1>& rstd,
                                        const HostTensor<T, R>& dy) {
-  if constexpr (std::is_same_v<T, float>) {
+  if constexpr (detail::float_rows<T>) {
     const Extent n = x.extent(R - 1);
     NormBackward<T, R> out{HostTensor<T, R>::uninitialized(x.shape()), HostTensor<T, 1>::uninitialized(Shape<1>{n}),
                            HostTensor<T, 1>::uninitialized(Shape<1>{n})};

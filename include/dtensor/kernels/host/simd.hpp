@@ -29,6 +29,7 @@
 #include <string_view>
 #include <type_traits>
 
+#include "dtensor/core/bfloat16.hpp"
 #include "dtensor/core/error.hpp"
 
 namespace dtensor::kernels::host {
@@ -254,6 +255,36 @@ DTENSOR_SIMD_INLINE float fast_exp(float x) {
   const std::int32_t bits = (std::bit_cast<std::int32_t>(t) - std::bit_cast<std::int32_t>(round_magic) + 127) << 23;
   const float result = p * std::bit_cast<float>(bits);
   return x <= -87.3f ? 0.0f : result;
+}
+
+/// The element types whose row kernels run the vectorized float code: float, and bfloat16 widened
+/// to float (exact), computed as float and rounded once on store — compute_t's contract.
+template <class T>
+inline constexpr bool float_rows = std::is_same_v<T, float> || std::is_same_v<T, bfloat16>;
+
+/// A row of T as float: the row itself for float, else widened into `scratch` (n floats; exact).
+/// Call inside a with_isa body (the widening vectorizes there).
+template <class T>
+DTENSOR_SIMD_INLINE const float* float_row(const T* __restrict p, float* __restrict scratch, long n) {
+  if constexpr (std::is_same_v<T, float>) {
+    return p;
+  } else {
+    for (long j = 0; j < n; ++j) scratch[j] = float(p[j]);
+    return scratch;
+  }
+}
+/// Where a float kernel writes a row of T: the row itself for float, else `scratch`, which
+/// round_row() then stores.
+template <class T>
+DTENSOR_SIMD_INLINE float* float_out(T* p, float* scratch) {
+  if constexpr (std::is_same_v<T, float>) return p;
+  else return scratch;
+}
+/// Stores the float row that float_out() handed out into p, rounded once (nothing for float).
+template <class T>
+DTENSOR_SIMD_INLINE void round_row(const float* __restrict s, T* __restrict p, long n) {
+  if constexpr (!std::is_same_v<T, float>)
+    for (long j = 0; j < n; ++j) p[j] = T(s[j]);
 }
 
 /// tanh(x) = 1 - 2 / (exp(2x) + 1): absolute error ~1e-7 (what GELU needs; not relative near 0).
