@@ -16,10 +16,14 @@
 // which is also the operand _mm512_dpbf16_ps takes). Sizes are padded with zeros to 32 rows, 32
 // columns and 32 k, which adds nothing to the sums. Each output's sum runs over k in the same
 // order whatever m, n and its position (no k blocking), so a row's values do not depend on how the
-// rows were split over ranks. Loops: B is packed for as many columns as fit kPackedBBytes (the
-// models' weights fit whole), then op(A) 32 rows at a time, then a 32 x 32 block of C per
-// micro-kernel (AMX: four C tiles, two A tiles, two B tiles; AVX512: 8 rows x 32 columns in 16
-// zmm registers).
+// rows were split over ranks. Loops: B is packed once per call for as many columns as fit
+// kPackedBBytes (the models' weights fit whole), then op(A) 32 rows at a time, then a 32 x 32
+// block of C per micro-kernel (AMX: four C tiles, two A tiles, two B tiles; AVX512: 8 rows x 32
+// columns in 16 zmm registers). The packing is vector code writing each tile row with one 64-byte
+// store, zeros included (no zero fill first): a tile row is a masked load (op(A) untransposed) or
+// two rows of B interleaved (op(B) untransposed); transposed operands go through a 16 x 16
+// transpose of 32-bit lanes (op(A): rows of A interleaved in pairs of k first; op(B): 16 rows of
+// B's 32 k). Element by element, the packing was 13-18 % of the bf16 step.
 //
 // Threads: ranks are threads; each keeps its own packing buffers (thread_local) and loads its
 // own tile configuration at each call (the configuration is per thread, and other code on the
@@ -54,70 +58,6 @@ inline constexpr Extent kPackedBBytes = Extent(4) << 20;
 
 inline Extent round_up(Extent x, Extent to) { return (x + to - 1) / to * to; }
 
-/// Packs op(A)[i0 : i0+32, 0 : k] into two 16-row panels of kp/32 tiles each, zero-padded:
-/// out[((g * kp/32 + c) * 16 + r) * 32 + t] = op(A)(i0 + 16 g + r, 32 c + t).
-inline void pack_a_bf16(bool trans, const bfloat16* A, Extent lda, Extent m, Extent k, Extent kp, Extent i0,
-                        std::uint16_t* out) {
-  const Extent chunks = kp / kBf16TileK;
-  std::fill_n(out, kBf16Block * kp, std::uint16_t(0));
-  const Extent rows = std::min(kBf16Block, m - i0);
-  const Extent panel_size = chunks * kBf16TileRows * kBf16TileK;
-  const auto at = [&](Extent r, Extent p) -> std::uint16_t& {  // where op(A)(i0 + r, p) goes
-    return out[(r / kBf16TileRows) * panel_size + (p / kBf16TileK) * kBf16TileRows * kBf16TileK +
-               (r % kBf16TileRows) * kBf16TileK + p % kBf16TileK];
-  };
-  if (!trans) {  // a row of op(A) is a row of A: 32 k at a time
-    for (Extent r = 0; r < rows; ++r)
-      for (Extent p0 = 0; p0 < k; p0 += kBf16TileK)
-        std::memcpy(&at(r, p0), A + (i0 + r) * lda + p0, std::size_t(std::min(kBf16TileK, k - p0)) * 2);
-  } else {  // op(A)'s rows are A's columns: read 4 rows of A (contiguous), store 4 k of a row at once
-    Extent p = 0;
-    for (; p + 4 <= k; p += 4) {  // 4 k never straddle a tile (32 k)
-      const bfloat16* a = A + p * lda + i0;
-      for (Extent r = 0; r < rows; ++r) {
-        const std::uint64_t four = std::uint64_t(a[r].bits) | std::uint64_t(a[lda + r].bits) << 16 |
-                                   std::uint64_t(a[2 * lda + r].bits) << 32 | std::uint64_t(a[3 * lda + r].bits) << 48;
-        std::memcpy(&at(r, p), &four, 8);
-      }
-    }
-    for (; p < k; ++p)
-      for (Extent r = 0; r < rows; ++r) at(r, p) = A[p * lda + i0 + r].bits;
-  }
-}
-
-/// Packs op(B)[0 : k, j0 : j0+nb] (nb a multiple of 32 at most, zero-padded) into 16-column VNNI
-/// panels of kp/32 tiles each: out[((h * kp/32 + c) * 16 + q) * 32 + 2 j + e] = op(B)(32 c + 2 q + e, j0 + 16 h + j).
-inline void pack_b_bf16(bool trans, const bfloat16* B, Extent ldb, Extent n, Extent k, Extent kp, Extent j0, Extent nb,
-                        std::uint16_t* out) {
-  const Extent chunks = kp / kBf16TileK;
-  std::fill_n(out, nb * kp, std::uint16_t(0));
-  const Extent cols = std::min(nb, n - j0);
-  const Extent panel_size = chunks * kBf16TileRows * kBf16TileK;
-  // op(B)(p, j0 + j): pair p / 2 of k is row p / 2 of the panel's tiles, at 2 (j % 16) + p % 2
-  const auto at = [&](Extent p, Extent j) -> std::uint16_t& {
-    return out[(j / kBf16TileRows) * panel_size + (p / 2) * kBf16TileK + (j % kBf16TileRows) * 2 + p % 2];
-  };
-  if (trans) {  // op(B)'s columns are B's rows: a pair of k is two adjacent elements
-    for (Extent j = 0; j < cols; ++j) {
-      const bfloat16* b = B + (j0 + j) * ldb;
-      Extent p = 0;
-      for (; p + 2 <= k; p += 2) std::memcpy(&at(p, j), b + p, 4);
-      if (p < k) at(p, j) = b[p].bits;
-    }
-  } else {  // two rows of B (contiguous) interleaved: 16 columns' pairs are 64 contiguous bytes
-    Extent p = 0;
-    for (; p + 2 <= k; p += 2) {
-      const bfloat16* b = B + p * ldb + j0;
-      for (Extent j = 0; j < cols; ++j) {
-        const std::uint32_t pair = std::uint32_t(b[j].bits) | std::uint32_t(b[ldb + j].bits) << 16;
-        std::memcpy(&at(p, j), &pair, 4);
-      }
-    }
-    if (p < k)
-      for (Extent j = 0; j < cols; ++j) at(p, j) = B[p * ldb + j0 + j].bits;
-  }
-}
-
 /// C = beta * C rounded to bf16 (beta == 0: zeros, C not read): alpha == 0 or k == 0.
 inline void scale_bf16(bfloat16* C, Extent m, Extent n, Extent ldc, float beta) {
   for (Extent i = 0; i < m; ++i)
@@ -134,15 +74,140 @@ inline Bf16GemmBuffers& bf16_gemm_buffers() {
   return buffers;
 }
 
-/// The loops shared by the kernels: B packed by column blocks (by the calling thread), then blocks
-/// of 32 rows of C, in parallel over the rank's intra-op threads (parallel.hpp) where it has them:
-/// each thread packs its 32 rows of op(A) into its own buffer and `block(a, b, i0, j0)` computes
-/// C[i0 : i0+32, j0 : j0+32] from the packed panels (a: 32 rows, b: 32 columns). `enter()` and
-/// `leave()` run on each thread around its share (AMX: its tile configuration). A block of C is
-/// computed the same way on any thread, so every thread count gives the same bits.
+#if DTENSOR_HOST_MULTI_ISA
+
+#define DTENSOR_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")))
+#define DTENSOR_AMX_TARGET \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,amx-tile,amx-bf16")))
+
+/// Transposes a 16 x 16 matrix of 32-bit lanes in place: rows[i] lane j <-> rows[j] lane i (four
+/// rounds of two-register shuffles: 32-bit, 64-bit, then 128-bit lanes twice).
+DTENSOR_BF16_TARGET __attribute__((always_inline)) inline void transpose_16x16_epi32(__m512i rows[16]) {
+  // The maskz_ forms with every lane set: GCC 12's plain ones pass an "undefined" vector that
+  // -Wmaybe-uninitialized reports once inlined (as in store_bf16_row).
+  constexpr __mmask16 all = 0xffff;
+  constexpr __mmask8 all8 = 0xff;
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_maskz_unpacklo_epi32(all, rows[i], rows[i + 1]);
+    t[i + 1] = _mm512_maskz_unpackhi_epi32(all, rows[i], rows[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    rows[i] = _mm512_maskz_unpacklo_epi64(all8, t[i], t[i + 2]);
+    rows[i + 1] = _mm512_maskz_unpackhi_epi64(all8, t[i], t[i + 2]);
+    rows[i + 2] = _mm512_maskz_unpacklo_epi64(all8, t[i + 1], t[i + 3]);
+    rows[i + 3] = _mm512_maskz_unpackhi_epi64(all8, t[i + 1], t[i + 3]);
+  }
+  for (int s = 0; s < 4; ++s) {
+    t[s] = _mm512_maskz_shuffle_i32x4(all, rows[s], rows[4 + s], 0x88);
+    t[4 + s] = _mm512_maskz_shuffle_i32x4(all, rows[s], rows[4 + s], 0xdd);
+    t[8 + s] = _mm512_maskz_shuffle_i32x4(all, rows[8 + s], rows[12 + s], 0x88);
+    t[12 + s] = _mm512_maskz_shuffle_i32x4(all, rows[8 + s], rows[12 + s], 0xdd);
+  }
+  for (int s = 0; s < 4; ++s) {
+    rows[s] = _mm512_maskz_shuffle_i32x4(all, t[s], t[8 + s], 0x88);
+    rows[8 + s] = _mm512_maskz_shuffle_i32x4(all, t[s], t[8 + s], 0xdd);
+    rows[4 + s] = _mm512_maskz_shuffle_i32x4(all, t[4 + s], t[12 + s], 0x88);
+    rows[12 + s] = _mm512_maskz_shuffle_i32x4(all, t[4 + s], t[12 + s], 0xdd);
+  }
+}
+
+/// The first `n` of 16 lanes (n <= 0: none), and of 32.
+inline __mmask16 first_lanes16(Extent n) {
+  return n >= 16 ? __mmask16(0xffff) : n <= 0 ? __mmask16(0) : __mmask16((1u << unsigned(n)) - 1u);
+}
+inline __mmask32 first_lanes32(Extent n) {
+  return n >= 32 ? __mmask32(0xffffffffu) : n <= 0 ? __mmask32(0) : __mmask32((1u << unsigned(n)) - 1u);
+}
+
+/// 16 pairs (lo[j], hi[j]) as 32-bit lanes, lo in the low half (the VNNI pair of two k); lanes past
+/// `lanes` and a null row are zero.
+DTENSOR_BF16_TARGET __attribute__((always_inline)) inline __m512i pair_rows_bf16(const bfloat16* lo, const bfloat16* hi,
+                                                                                 Extent lanes) {
+  constexpr __mmask16 all = 0xffff;
+  const __mmask16 mask = first_lanes16(lanes);
+  const __m512i l = _mm512_maskz_cvtepu16_epi32(all, _mm256_maskz_loadu_epi16(mask, lo));
+  if (!hi) return l;
+  const __m512i h = _mm512_maskz_cvtepu16_epi32(all, _mm256_maskz_loadu_epi16(mask, hi));
+  return _mm512_or_si512(l, _mm512_maskz_slli_epi32(all, h, 16));
+}
+
+/// Packs op(A)[i0 : i0+32, 0 : k] into two 16-row panels of kp/32 tiles each, zero-padded:
+/// out[((g * kp/32 + c) * 16 + r) * 32 + t] = op(A)(i0 + 16 g + r, 32 c + t). Every tile is written
+/// whole (no zero fill first): a tile row is one 64-byte store.
+DTENSOR_BF16_TARGET inline void pack_a_bf16(bool trans, const bfloat16* A, Extent lda, Extent m, Extent k, Extent kp,
+                                            Extent i0, std::uint16_t* out) {
+  const Extent chunks = kp / kBf16TileK, tile = kBf16TileRows * kBf16TileK;
+  for (Extent g = 0; g < 2; ++g) {
+    const Extent r0 = i0 + g * kBf16TileRows, rows = std::min(kBf16TileRows, m - r0);  // rows <= 0: all zero
+    for (Extent c = 0; c < chunks; ++c) {
+      std::uint16_t* o = out + (g * chunks + c) * tile;
+      const Extent p0 = c * kBf16TileK;
+      if (!trans) {  // a tile row is 32 consecutive k of a row of A
+        const __mmask32 mk = first_lanes32(k - p0);
+        for (Extent r = 0; r < kBf16TileRows; ++r)
+          _mm512_storeu_si512(o + r * kBf16TileK, r < rows ? _mm512_maskz_loadu_epi16(mk, A + (r0 + r) * lda + p0)
+                                                           : _mm512_setzero_si512());
+        continue;
+      }
+      // op(A)'s rows are A's columns: 16 pairs of k (two rows of A, paired per column), transposed
+      __m512i v[16];
+      for (Extent q = 0; q < 16; ++q) {
+        const Extent p = p0 + 2 * q;
+        v[q] = p < k && rows > 0 ? pair_rows_bf16(A + p * lda + r0, p + 1 < k ? A + (p + 1) * lda + r0 : nullptr, rows)
+                                 : _mm512_setzero_si512();
+      }
+      transpose_16x16_epi32(v);
+      for (Extent r = 0; r < kBf16TileRows; ++r) _mm512_storeu_si512(o + r * kBf16TileK, v[r]);
+    }
+  }
+}
+
+/// Packs op(B)[0 : k, j0 : j0+nb] (nb a multiple of 32 at most, zero-padded) into 16-column VNNI
+/// panels of kp/32 tiles each: out[((h * kp/32 + c) * 16 + q) * 32 + 2 j + e] = op(B)(32 c + 2 q + e, j0 + 16 h + j).
+/// Every tile is written whole: a tile row is 16 columns' pairs of k, one 64-byte store.
+DTENSOR_BF16_TARGET inline void pack_b_bf16(bool trans, const bfloat16* B, Extent ldb, Extent n, Extent k, Extent kp,
+                                            Extent j0, Extent nb, std::uint16_t* out) {
+  const Extent chunks = kp / kBf16TileK, tile = kBf16TileRows * kBf16TileK;
+  for (Extent h = 0; h < nb / kBf16TileRows; ++h) {
+    const Extent c0 = j0 + h * kBf16TileRows, cols = std::min(kBf16TileRows, n - c0);  // cols <= 0: all zero
+    for (Extent c = 0; c < chunks; ++c) {
+      std::uint16_t* o = out + (h * chunks + c) * tile;
+      const Extent p0 = c * kBf16TileK;
+      __m512i v[16];
+      if (!trans) {  // a tile row: rows 2q and 2q + 1 of B, paired per column
+        for (Extent q = 0; q < 16; ++q) {
+          const Extent p = p0 + 2 * q;
+          v[q] = p < k && cols > 0
+                     ? pair_rows_bf16(B + p * ldb + c0, p + 1 < k ? B + (p + 1) * ldb + c0 : nullptr, cols)
+                     : _mm512_setzero_si512();
+        }
+      } else {  // op(B)'s columns are B's rows: a row's 32 k are its 16 pairs; 16 rows transposed
+        const __mmask32 mk = first_lanes32(k - p0);
+        for (Extent j = 0; j < 16; ++j)
+          v[j] = j < cols ? _mm512_maskz_loadu_epi16(mk, B + (c0 + j) * ldb + p0) : _mm512_setzero_si512();
+        transpose_16x16_epi32(v);
+      }
+      for (Extent q = 0; q < 16; ++q) _mm512_storeu_si512(o + q * kBf16TileK, v[q]);
+    }
+  }
+}
+
+/// The loops shared by the kernels, and their common cases: nothing to do for an empty C; alpha ==
+/// 0 or k == 0 only scale C. Else B is packed by column blocks (by the calling thread), then blocks
+/// of 32 rows of C run in parallel over the rank's intra-op threads (parallel.hpp) where it has
+/// them: each thread packs its 32 rows of op(A) into its own buffer and `block(a, b, kp, i0, j0)`
+/// computes C[i0 : i0+32, j0 : j0+32] from the packed panels (a: 32 rows, b: 32 columns; kp: k
+/// padded to 32). `enter()` and `leave()` run on each thread around its share (AMX: its tile
+/// configuration). A block of C is computed the same way on any thread, so every thread count
+/// gives the same bits.
 template <class Enter, class Block, class Leave>
-void gemm_bf16_blocks(bool trans_a, bool trans_b, const bfloat16* A, const bfloat16* B, Extent m, Extent n, Extent k,
-                      Extent lda, Extent ldb, Extent kp, Enter&& enter, Block&& block, Leave&& leave) {
+void gemm_bf16_blocks(bool trans_a, bool trans_b, bfloat16 alpha, const bfloat16* A, const bfloat16* B, bfloat16 beta,
+                      bfloat16* C, Extent m, Extent n, Extent k, Extent lda, Extent ldb, Extent ldc, Enter&& enter,
+                      Block&& block, Leave&& leave) {
+  if (m == 0 || n == 0) return;
+  if (k == 0 || float(alpha) == 0.f) return scale_bf16(C, m, n, ldc, float(beta));
+  const Extent kp = round_up(k, kBf16TileK);
   std::vector<std::uint16_t>& packed_b = bf16_gemm_buffers().b;
   const Extent nb_max = std::max(kBf16Block, kPackedBBytes / (2 * kp) / kBf16Block * kBf16Block);
   const Extent nb_all = std::min(nb_max, round_up(n, kBf16Block));
@@ -160,18 +225,12 @@ void gemm_bf16_blocks(bool trans_a, bool trans_b, const bfloat16* A, const bfloa
       for (Extent ib = b0; ib < b1; ++ib) {
         pack_a_bf16(trans_a, A, lda, m, k, kp, ib * kBf16Block, packed_a.data());
         for (Extent jb = 0; jb < nb && j0 + jb < n; jb += kBf16Block)
-          block(packed_a.data(), packed_b.data() + jb * kp, ib * kBf16Block, j0 + jb);
+          block(packed_a.data(), packed_b.data() + jb * kp, kp, ib * kBf16Block, j0 + jb);
       }
       leave();
     });
   }
 }
-
-#if DTENSOR_HOST_MULTI_ISA
-
-#define DTENSOR_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")))
-#define DTENSOR_AMX_TARGET \
-  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,amx-tile,amx-bf16")))
 
 /// C[0 : cols] = bf16(alpha * acc + beta * C) for up to 16 columns (beta == 0: C not read), rounded
 /// as bfloat16(float) rounds (to nearest even, NaN kept quiet).
@@ -242,13 +301,10 @@ DTENSOR_BF16_TARGET inline void bf16_block_avx512(const std::uint16_t* a, const 
 inline void gemm_bf16_avx512(bool trans_a, bool trans_b, bfloat16 alpha, const bfloat16* A, const bfloat16* B,
                              bfloat16 beta, bfloat16* C, Extent m, Extent n, Extent k, Extent lda, Extent ldb,
                              Extent ldc) {
-  if (m == 0 || n == 0) return;
-  if (k == 0 || float(alpha) == 0.f) return scale_bf16(C, m, n, ldc, float(beta));
-  const Extent kp = round_up(k, kBf16TileK);
   const float al = float(alpha), be = float(beta);
   gemm_bf16_blocks(
-      trans_a, trans_b, A, B, m, n, k, lda, ldb, kp, [] {},
-      [&](const std::uint16_t* a, const std::uint16_t* b, Extent i0, Extent j0) {
+      trans_a, trans_b, alpha, A, B, beta, C, m, n, k, lda, ldb, ldc, [] {},
+      [&](const std::uint16_t* a, const std::uint16_t* b, Extent kp, Extent i0, Extent j0) {
         alignas(64) float out[8 * kBf16Block];
         for (Extent r0 = 0; r0 < kBf16Block && i0 + r0 < m; r0 += 8) {
           bf16_block_avx512(a, b, kp, r0, out);
@@ -315,13 +371,10 @@ DTENSOR_AMX_TARGET inline void bf16_block_amx(const std::uint16_t* a, const std:
 inline void gemm_bf16_amx(bool trans_a, bool trans_b, bfloat16 alpha, const bfloat16* A, const bfloat16* B,
                           bfloat16 beta, bfloat16* C, Extent m, Extent n, Extent k, Extent lda, Extent ldb,
                           Extent ldc) {
-  if (m == 0 || n == 0) return;
-  if (k == 0 || float(alpha) == 0.f) return scale_bf16(C, m, n, ldc, float(beta));
-  const Extent kp = round_up(k, kBf16TileK);
   const float al = float(alpha), be = float(beta);
   gemm_bf16_blocks(
-      trans_a, trans_b, A, B, m, n, k, lda, ldb, kp, [] { amx_load_config(); },
-      [&](const std::uint16_t* a, const std::uint16_t* b, Extent i0, Extent j0) {
+      trans_a, trans_b, alpha, A, B, beta, C, m, n, k, lda, ldb, ldc, [] { amx_load_config(); },
+      [&](const std::uint16_t* a, const std::uint16_t* b, Extent kp, Extent i0, Extent j0) {
         alignas(64) float out[kBf16Block * kBf16Block];
         bf16_block_amx(a, b, kp, out);
         store_bf16_block(out, C + i0 * ldc + j0, ldc, std::min(kBf16Block, m - i0), std::min(kBf16Block, n - j0), al,
