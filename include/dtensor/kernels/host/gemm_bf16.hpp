@@ -3,7 +3,7 @@
 //
 //   // C[m,n] = alpha * op(A) * op(B) + beta * C, as gemm (gemm.hpp): row-major, pitches, transposes
 //   detail::gemm_bf16_amx(trans_a, trans_b, alpha, A, B, beta, C, m, n, k, lda, ldb, ldc);
-//   detail::gemm_bf16_avx512(...);   // the same with _mm512_dpbf16_ps
+//   detail::gemm_bf16_avx512(...);   // the same with vdpbf16ps (AVX512-BF16)
 //   bf16_gemm_kernel()               // which one gemm<bfloat16> runs (blas_core.hpp)
 //
 // Both sum each output in fp32 over k and round C to bf16 once, after alpha and beta
@@ -38,10 +38,6 @@
 #include "dtensor/kernels/host/common.hpp"
 #include "dtensor/kernels/host/parallel.hpp"
 #include "dtensor/kernels/host/simd.hpp"
-
-#if DTENSOR_HOST_MULTI_ISA
-#include <immintrin.h>
-#endif
 
 namespace dtensor::kernels::host::detail {
 
@@ -173,29 +169,55 @@ void gemm_bf16_blocks(bool trans_a, bool trans_b, const bfloat16* A, const bfloa
 #define DTENSOR_AMX_TARGET \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,amx-tile,amx-bf16")))
 
-/// C[0 : cols] = bf16(alpha * acc + beta * C) for up to 16 columns (beta == 0: C not read), rounded
-/// as bfloat16(float) rounds (to nearest even, NaN kept quiet).
+// No <immintrin.h>: it declares every x86 intrinsic, and parsing them cost each program that
+// includes this header ~100 MiB of GCC's memory (docs/benchmarks.md, "A user's FSDP x TP program").
+// The kernels use GCC/Clang vector types instead (the intrinsics they replaced are these same
+// element-wise operations) and inline asm for the instructions that have no such form: vdpbf16ps
+// and the AMX ones (which GCC's intrinsics also write as asm).
+using F32x16 = float __attribute__((vector_size(64)));
+using U32x16 = std::uint32_t __attribute__((vector_size(64)));
+using U16x16 = std::uint16_t __attribute__((vector_size(32)));
+
+/// C[0 : 16] = bf16(alpha * acc + beta * C) (beta == 0: C not read), rounded as bfloat16(float)
+/// rounds (to nearest even, NaN kept quiet): one 64-byte load and one 32-byte store.
+DTENSOR_BF16_TARGET __attribute__((always_inline)) inline void store_bf16_row16(const float* acc, bfloat16* c,
+                                                                                float alpha, float beta) {
+  F32x16 x;
+  std::memcpy(&x, acc, sizeof x);
+  F32x16 v = alpha * x;
+  if (beta != 0.f) {
+    U16x16 old_bits;
+    std::memcpy(&old_bits, static_cast<const void*>(c), sizeof old_bits);
+    const F32x16 scaled_old = beta * (F32x16)(__builtin_convertvector(old_bits, U32x16) << 16);
+    v = v + scaled_old;  // two statements: no compiler contracts them into one fused multiply-add
+  }
+  const U32x16 u = (U32x16)v;  // a vector cast keeps the bits
+  const U32x16 high = u >> 16;
+  const U32x16 rounded = (u + ((high & 1u) + 0x7fffu)) >> 16;
+  const U32x16 nan = (U32x16)((u & 0x7fffffffu) > 0x7f800000u);  // all ones where NaN
+  const U32x16 quiet = high | 0x40u;
+  const U16x16 out = __builtin_convertvector((nan & quiet) | (~nan & rounded), U16x16);
+  std::memcpy(static_cast<void*>(c), &out, sizeof out);
+}
+
+/// The same for the first cols < 16 columns (the last ones of C), through 16-column copies. Not
+/// inlined: its copies become calls, which would make the whole rows' loop keep its constants on
+/// the stack.
+DTENSOR_BF16_TARGET __attribute__((noinline)) inline void store_bf16_row_part(const float* acc, bfloat16* c, int cols,
+                                                                              float alpha, float beta) {
+  float acc16[16] = {};
+  bfloat16 c16[16];
+  std::copy_n(acc, cols, acc16);
+  if (beta != 0.f) std::copy_n(c, cols, c16);
+  store_bf16_row16(acc16, c16, alpha, beta);
+  std::copy_n(c16, cols, c);
+}
+
+/// C[0 : cols] = bf16(alpha * acc + beta * C) for up to 16 columns.
 DTENSOR_BF16_TARGET __attribute__((always_inline)) inline void store_bf16_row(const float* acc, bfloat16* c, int cols,
                                                                               float alpha, float beta) {
-  // The maskz_ forms with every lane set: GCC 12's plain ones pass an "undefined" vector that
-  // -Wmaybe-uninitialized reports once inlined.
-  constexpr __mmask16 all = 0xffff;
-  const __mmask16 mask = __mmask16((1u << cols) - 1u);
-  __m512 v = _mm512_mul_ps(_mm512_set1_ps(alpha), _mm512_maskz_loadu_ps(mask, acc));
-  if (beta != 0.f) {
-    const __m512i old =
-        _mm512_maskz_slli_epi32(all, _mm512_maskz_cvtepu16_epi32(all, _mm256_maskz_loadu_epi16(mask, c)), 16);
-    v = _mm512_add_ps(v, _mm512_mul_ps(_mm512_set1_ps(beta), _mm512_castsi512_ps(old)));
-  }
-  const __m512i u = _mm512_castps_si512(v);
-  const __m512i high = _mm512_maskz_srli_epi32(all, u, 16);
-  const __m512i lsb = _mm512_and_si512(high, _mm512_set1_epi32(1));
-  const __m512i rounded =
-      _mm512_maskz_srli_epi32(all, _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-  const __mmask16 nan =
-      _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-  const __m512i quiet = _mm512_or_si512(high, _mm512_set1_epi32(0x40));
-  _mm256_mask_storeu_epi16(c, mask, _mm512_maskz_cvtepi32_epi16(all, _mm512_mask_blend_epi32(nan, rounded, quiet)));
+  if (cols == 16) store_bf16_row16(acc, c, alpha, beta);
+  else store_bf16_row_part(acc, c, cols, alpha, beta);
 }
 
 /// C[0 : rows, 0 : cols] = bf16(alpha * out + beta * C), out a [rows][32] fp32 block (cols <= 32).
@@ -207,34 +229,42 @@ DTENSOR_BF16_TARGET inline void store_bf16_block(const float* out, bfloat16* C, 
   }
 }
 
+/// acc += a . b pair by pair: for each of the 16 lanes, the two bf16 products of the lane's pairs
+/// of a and b summed into the fp32 lane (vdpbf16ps; _mm512_dpbf16_ps(acc, a, b)).
+DTENSOR_BF16_TARGET __attribute__((always_inline)) inline void dot_bf16_pairs(F32x16& acc, const U32x16& a,
+                                                                              const U32x16& b) {
+  __asm__("{vdpbf16ps\t%2, %1, %0|vdpbf16ps\t%0, %1, %2}" : "+v"(acc) : "v"(a), "v"(b));
+}
+
 /// The AVX512-BF16 micro-kernel: out[8][32] = rows r0 .. r0+8 of the packed A (32 rows) times the
 /// packed B's 32 columns, in fp32.
 DTENSOR_BF16_TARGET inline void bf16_block_avx512(const std::uint16_t* a, const std::uint16_t* b, Extent kp, Extent r0,
                                                   float* out) {
   const Extent chunks = kp / kBf16TileK, tile = kBf16TileRows * kBf16TileK;
   const std::uint16_t* ap = a + (r0 / kBf16TileRows) * chunks * tile + (r0 % kBf16TileRows) * kBf16TileK;
-  __m512 acc[8][2];
-  for (auto& row : acc) row[0] = row[1] = _mm512_setzero_ps();
+  F32x16 acc[8][2] = {};
   for (Extent c = 0; c < chunks; ++c) {
     const std::uint16_t* at = ap + c * tile;
     const std::uint16_t* b0 = b + c * tile;
     const std::uint16_t* b1 = b + (chunks + c) * tile;
     for (Extent q = 0; q < kBf16TileK / 2; ++q) {
-      const __m512bh vb0 = (__m512bh)_mm512_loadu_si512(b0 + q * kBf16TileK);
-      const __m512bh vb1 = (__m512bh)_mm512_loadu_si512(b1 + q * kBf16TileK);
+      U32x16 vb0, vb1;
+      std::memcpy(&vb0, b0 + q * kBf16TileK, sizeof vb0);
+      std::memcpy(&vb1, b1 + q * kBf16TileK, sizeof vb1);
 #pragma GCC unroll 8
       for (int r = 0; r < 8; ++r) {
-        std::int32_t pair;  // op(A)(r, 2q) and (r, 2q + 1), broadcast to every column's pair
+        std::uint32_t pair;  // op(A)(r, 2q) and (r, 2q + 1), broadcast to every column's pair
         std::memcpy(&pair, at + r * kBf16TileK + 2 * q, 4);
-        const __m512bh va = (__m512bh)_mm512_set1_epi32(pair);
-        acc[r][0] = _mm512_dpbf16_ps(acc[r][0], va, vb0);
-        acc[r][1] = _mm512_dpbf16_ps(acc[r][1], va, vb1);
+        const U32x16 va = U32x16{} + pair;
+        dot_bf16_pairs(acc[r][0], va, vb0);
+        dot_bf16_pairs(acc[r][1], va, vb1);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    _mm512_storeu_ps(out + r * kBf16Block, acc[r][0]);
-    _mm512_storeu_ps(out + r * kBf16Block + 16, acc[r][1]);
+#pragma GCC unroll 8
+  for (int r = 0; r < 8; ++r) {  // unrolled, as the loop above: acc stays in registers
+    std::memcpy(out + r * kBf16Block, &acc[r][0], sizeof acc[r][0]);
+    std::memcpy(out + r * kBf16Block + 16, &acc[r][1], sizeof acc[r][1]);
   }
 }
 
@@ -273,14 +303,41 @@ DTENSOR_AMX_TARGET inline void amx_load_config() {
     config.rows[t] = std::uint8_t(kBf16TileRows);
     config.bytes_per_row[t] = std::uint16_t(kBf16TileK * 2);
   }
-  // GCC 12's _tile_loadconfig tells the compiler it reads 8 bytes of the configuration (its asm
-  // operand is a pointer's worth), so at -O2 the other stores were dropped and the first tile
-  // instruction faulted: this barrier makes every store to `config` happen first.
-  __asm__ volatile("" : : "r"(&config) : "memory");
-  _tile_loadconfig(&config);
+  // The operand is the whole configuration, so every store to it happens first (GCC 12's
+  // _tile_loadconfig named only a pointer's worth of it, and -O2 dropped the other stores).
+  __asm__ volatile("ldtilecfg\t%0" : : "m"(config));
 }
 
-DTENSOR_AMX_TARGET inline void amx_release() { _tile_release(); }
+DTENSOR_AMX_TARGET inline void amx_release() { __asm__ volatile("tilerelease"); }
+
+// The AMX instructions on tile registers named at compile time (%c: the number without its '$').
+// Each asm is volatile (the tiles are state the compiler does not see) and the loads and stores
+// say that they read or write memory.
+template <int Tile>
+DTENSOR_AMX_TARGET __attribute__((always_inline)) inline void tile_zero() {
+  __asm__ volatile("tilezero\t%%tmm%c0" : : "i"(Tile));
+}
+template <int Tile>
+DTENSOR_AMX_TARGET __attribute__((always_inline)) inline void tile_load(const void* base, long stride) {
+  __asm__ volatile("{tileloadd\t(%0,%1,1), %%tmm%c2|tileloadd\t%%tmm%c2, [%0+%1*1]}"
+                   :
+                   : "r"(base), "r"(stride), "i"(Tile)
+                   : "memory");
+}
+template <int Tile>
+DTENSOR_AMX_TARGET __attribute__((always_inline)) inline void tile_store(void* base, long stride) {
+  __asm__ volatile("{tilestored\t%%tmm%c2, (%0,%1,1)|tilestored\t[%0+%1*1], %%tmm%c2}"
+                   :
+                   : "r"(base), "r"(stride), "i"(Tile)
+                   : "memory");
+}
+/// Tile C += Tile A . Tile B, bf16 pairs summed in fp32 (tdpbf16ps).
+template <int C, int A, int B>
+DTENSOR_AMX_TARGET __attribute__((always_inline)) inline void tile_dot_bf16() {
+  __asm__ volatile("{tdpbf16ps\t%%tmm%c2, %%tmm%c1, %%tmm%c0|tdpbf16ps\t%%tmm%c0, %%tmm%c1, %%tmm%c2}"
+                   :
+                   : "i"(C), "i"(A), "i"(B));
+}
 
 /// The AMX micro-kernel: out[32][32] = the packed A (32 rows) times the packed B (32 columns), in
 /// fp32: four C tiles (0-3), two A tiles (4, 5), two B tiles (6, 7). Needs amx_load_config().
@@ -288,26 +345,25 @@ DTENSOR_AMX_TARGET inline void bf16_block_amx(const std::uint16_t* a, const std:
   constexpr long stride = kBf16TileK * 2;  // bytes between a tile's rows
   const Extent chunks = kp / kBf16TileK, tile = kBf16TileRows * kBf16TileK;
   const std::uint16_t *a1 = a + chunks * tile, *b1 = b + chunks * tile;
-  __asm__ volatile("" : : : "memory");  // GCC 12's _tile_loadd does not say that it reads memory
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
+  tile_zero<0>();
+  tile_zero<1>();
+  tile_zero<2>();
+  tile_zero<3>();
   for (Extent c = 0; c < chunks; ++c) {
-    _tile_loadd(4, a + c * tile, stride);
-    _tile_loadd(5, a1 + c * tile, stride);
-    _tile_loadd(6, b + c * tile, stride);
-    _tile_loadd(7, b1 + c * tile, stride);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-    _tile_dpbf16ps(2, 5, 6);
-    _tile_dpbf16ps(3, 5, 7);
+    tile_load<4>(a + c * tile, stride);
+    tile_load<5>(a1 + c * tile, stride);
+    tile_load<6>(b + c * tile, stride);
+    tile_load<7>(b1 + c * tile, stride);
+    tile_dot_bf16<0, 4, 6>();
+    tile_dot_bf16<1, 4, 7>();
+    tile_dot_bf16<2, 5, 6>();
+    tile_dot_bf16<3, 5, 7>();
   }
   constexpr long out_stride = kBf16Block * 4;
-  _tile_stored(0, out, out_stride);
-  _tile_stored(1, out + 16, out_stride);
-  _tile_stored(2, out + 16 * kBf16Block, out_stride);
-  _tile_stored(3, out + 16 * kBf16Block + 16, out_stride);
+  tile_store<0>(out, out_stride);
+  tile_store<1>(out + 16, out_stride);
+  tile_store<2>(out + 16 * kBf16Block, out_stride);
+  tile_store<3>(out + 16 * kBf16Block + 16, out_stride);
 }
 
 /// gemm<bfloat16> on AMX tiles (the CPU must have them and the process hold Linux's permission:
