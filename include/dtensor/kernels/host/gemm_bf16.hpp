@@ -189,22 +189,19 @@ DTENSOR_BF16_TARGET __attribute__((always_inline)) inline void store_bf16_row16(
     U16x16 old_bits;
     std::memcpy(&old_bits, static_cast<const void*>(c), sizeof old_bits);
     const F32x16 scaled_old = beta * (F32x16)(__builtin_convertvector(old_bits, U32x16) << 16);
-    v = v + scaled_old;  // two statements: no compiler contracts them into one fused multiply-add
+    v = v + scaled_old;  // contracted into a fused multiply-add or not, as each compiler did the intrinsics
   }
   const U32x16 u = (U32x16)v;  // a vector cast keeps the bits
   const U32x16 high = u >> 16;
   const U32x16 rounded = (u + ((high & 1u) + 0x7fffu)) >> 16;
-  const U32x16 nan = (U32x16)((u & 0x7fffffffu) > 0x7f800000u);  // all ones where NaN
+  const auto nan = (u & 0x7fffffffu) > 0x7f800000u;  // a lane mask: all ones where NaN
   const U32x16 quiet = high | 0x40u;
-  const U16x16 out = __builtin_convertvector((nan & quiet) | (~nan & rounded), U16x16);
+  const U16x16 out = __builtin_convertvector(nan ? quiet : rounded, U16x16);
   std::memcpy(static_cast<void*>(c), &out, sizeof out);
 }
 
-/// The same for the first cols < 16 columns (the last ones of C), through 16-column copies. Not
-/// inlined: its copies become calls, which would make the whole rows' loop keep its constants on
-/// the stack.
-DTENSOR_BF16_TARGET __attribute__((noinline)) inline void store_bf16_row_part(const float* acc, bfloat16* c, int cols,
-                                                                              float alpha, float beta) {
+/// The same for the first cols < 16 columns (the last ones of C), through 16-column copies.
+DTENSOR_BF16_TARGET inline void store_bf16_row_part(const float* acc, bfloat16* c, int cols, float alpha, float beta) {
   float acc16[16] = {};
   bfloat16 c16[16];
   std::copy_n(acc, cols, acc16);
@@ -213,20 +210,17 @@ DTENSOR_BF16_TARGET __attribute__((noinline)) inline void store_bf16_row_part(co
   std::copy_n(c16, cols, c);
 }
 
-/// C[0 : cols] = bf16(alpha * acc + beta * C) for up to 16 columns.
-DTENSOR_BF16_TARGET __attribute__((always_inline)) inline void store_bf16_row(const float* acc, bfloat16* c, int cols,
-                                                                              float alpha, float beta) {
-  if (cols == 16) store_bf16_row16(acc, c, alpha, beta);
-  else store_bf16_row_part(acc, c, cols, alpha, beta);
-}
-
 /// C[0 : rows, 0 : cols] = bf16(alpha * out + beta * C), out a [rows][32] fp32 block (cols <= 32).
+/// The whole 16-column rows first, in a loop without calls (so its constants stay in registers),
+/// then a partial one's columns (the last of C).
 DTENSOR_BF16_TARGET inline void store_bf16_block(const float* out, bfloat16* C, Extent ldc, Extent rows, Extent cols,
                                                  float alpha, float beta) {
-  for (Extent r = 0; r < rows; ++r) {
-    store_bf16_row(out + r * kBf16Block, C + r * ldc, int(std::min<Extent>(cols, 16)), alpha, beta);
-    if (cols > 16) store_bf16_row(out + r * kBf16Block + 16, C + r * ldc + 16, int(cols - 16), alpha, beta);
-  }
+  const Extent whole = cols / 16 * 16;
+  for (Extent r = 0; r < rows; ++r)
+    for (Extent j = 0; j < whole; j += 16) store_bf16_row16(out + r * kBf16Block + j, C + r * ldc + j, alpha, beta);
+  if (whole < cols)
+    for (Extent r = 0; r < rows; ++r)
+      store_bf16_row_part(out + r * kBf16Block + whole, C + r * ldc + whole, int(cols - whole), alpha, beta);
 }
 
 /// acc += a . b pair by pair: for each of the 16 lanes, the two bf16 products of the lane's pairs
