@@ -171,9 +171,10 @@ void gemm_bf16_blocks(bool trans_a, bool trans_b, const bfloat16* A, const bfloa
 
 // No <immintrin.h>: it declares every x86 intrinsic, and parsing them cost each program that
 // includes this header ~100 MiB of GCC's memory (docs/benchmarks.md, "A user's FSDP x TP program").
-// The kernels use GCC/Clang vector types instead (the intrinsics they replaced are these same
-// element-wise operations) and inline asm for the instructions that have no such form: vdpbf16ps
-// and the AMX ones (which GCC's intrinsics also write as asm).
+// The kernels use GCC/Clang vector types instead (the arithmetic intrinsics are these same
+// operations on them; loads and stores are memcpy, whole rows only) and inline asm for the
+// instructions that have no such form: vdpbf16ps and the AMX ones (GCC's AMX intrinsics are asm
+// too). The same bits as the intrinsics gave, on GCC 12 and Clang 14 and 19.
 using F32x16 = float __attribute__((vector_size(64)));
 using U32x16 = std::uint32_t __attribute__((vector_size(64)));
 using U16x16 = std::uint16_t __attribute__((vector_size(32)));
