@@ -167,6 +167,19 @@ DTENSOR_BF16_TARGET __attribute__((always_inline)) inline U32x16 pair_rows_bf16(
   return l | (widen_u16(load_first_bf16<U16x16>(hi, lanes)) << 16);
 }
 
+/// v[q] = the pairs of rows p0 + 2q and p0 + 2q + 1 of M (pitch ld) over its `lanes` columns from
+/// `col` (pair_rows_bf16), for q < 16: a tile's 16 pairs of k; rows at or past k (and all, when
+/// lanes <= 0) zero. Untransposed op(B) is packed so, and transposed op(A) before its transpose.
+DTENSOR_BF16_TARGET __attribute__((always_inline)) inline void pair_rows_tile(const bfloat16* M, Extent ld, Extent col,
+                                                                              Extent p0, Extent k, Extent lanes,
+                                                                              U32x16 v[16]) {
+  for (Extent q = 0; q < 16; ++q) {
+    const Extent p = p0 + 2 * q;
+    v[q] = p < k && lanes > 0 ? pair_rows_bf16(M + p * ld + col, p + 1 < k ? M + (p + 1) * ld + col : nullptr, lanes)
+                              : U32x16{};
+  }
+}
+
 /// Packs op(A)[i0 : i0+32, 0 : k] into two 16-row panels of kp/32 tiles each, zero-padded:
 /// out[((g * kp/32 + c) * 16 + r) * 32 + t] = op(A)(i0 + 16 g + r, 32 c + t). Every tile is written
 /// whole (no zero fill first): a tile row is one 64-byte store.
@@ -187,11 +200,7 @@ DTENSOR_BF16_TARGET inline void pack_a_bf16(bool trans, const bfloat16* A, Exten
       }
       // op(A)'s rows are A's columns: 16 pairs of k (two rows of A, paired per column), transposed
       U32x16 v[16];
-      for (Extent q = 0; q < 16; ++q) {
-        const Extent p = p0 + 2 * q;
-        v[q] = p < k && rows > 0 ? pair_rows_bf16(A + p * lda + r0, p + 1 < k ? A + (p + 1) * lda + r0 : nullptr, rows)
-                                 : U32x16{};
-      }
+      pair_rows_tile(A, lda, r0, p0, k, rows, v);
       transpose_16x16_u32(v);
       for (Extent r = 0; r < kBf16TileRows; ++r) std::memcpy(o + r * kBf16TileK, &v[r], sizeof v[r]);
     }
@@ -211,12 +220,7 @@ DTENSOR_BF16_TARGET inline void pack_b_bf16(bool trans, const bfloat16* B, Exten
       const Extent p0 = c * kBf16TileK;
       U32x16 v[16];
       if (!trans) {  // a tile row: rows 2q and 2q + 1 of B, paired per column
-        for (Extent q = 0; q < 16; ++q) {
-          const Extent p = p0 + 2 * q;
-          v[q] = p < k && cols > 0
-                     ? pair_rows_bf16(B + p * ldb + c0, p + 1 < k ? B + (p + 1) * ldb + c0 : nullptr, cols)
-                     : U32x16{};
-        }
+        pair_rows_tile(B, ldb, c0, p0, k, cols, v);
       } else {  // op(B)'s columns are B's rows: a row's 32 k are its 16 pairs; 16 rows transposed
         for (Extent j = 0; j < 16; ++j)
           v[j] = j < cols ? load_first_bf16<U32x16>(B + (c0 + j) * ldb + p0, k - p0) : U32x16{};
@@ -276,7 +280,7 @@ DTENSOR_BF16_TARGET __attribute__((always_inline)) inline void store_bf16_row16(
   if (beta != 0.f) {
     U16x16 old_bits;
     std::memcpy(&old_bits, static_cast<const void*>(c), sizeof old_bits);
-    const F32x16 scaled_old = beta * (F32x16)(__builtin_convertvector(old_bits, U32x16) << 16);
+    const F32x16 scaled_old = beta * (F32x16)(widen_u16(old_bits) << 16);
     v = v + scaled_old;  // contracted into a fused multiply-add or not, as each compiler did the intrinsics
   }
   const U32x16 u = (U32x16)v;  // a vector cast keeps the bits
