@@ -159,11 +159,15 @@ const examples::FlagTable<Options>& flag_table() {
       {"--seq", "N", "positions per sequence", integer_at<Extent>([](O& o) -> auto& { return o.plan.model.seq; }, 1)},
       {"--mlp-ratio", "N", "the MLP's width over --dim",
        integer_at<Extent>([](O& o) -> auto& { return o.plan.model.mlp_ratio; }, 1)},
-      {"--dtype", "f32|bf16", "the model's element type (fp32 too, for f32)",
+      {"--dtype", "f32|bf16|fp8",
+       "the model's element type (fp32 too, for f32); fp8: bf16 with every Linear's GEMMs in FP8, as "
+       "train_gpt --dtype fp8",
        [](O& o, const std::string&, const std::string& v) {
          // f32 as train_gpt spells it; fp32 too (what this tool printed and accepted first).
-         if (v != "f32" && v != "fp32" && v != "bf16") throw UsageError("--dtype " + v + ": f32 (or fp32) or bf16");
-         o.bf16 = v == "bf16";
+         if (v != "f32" && v != "fp32" && v != "bf16" && v != "fp8")
+           throw UsageError("--dtype " + v + ": f32 (or fp32), bf16 or fp8");
+         o.bf16 = v == "bf16" || v == "fp8";
+         o.plan.fp8 = v == "fp8";
        }},
       {"--bf16-moments", "",
        "bf16 under DDP: AdamW's moments in bf16 on the values, no fp32 master (default: fp32 "
@@ -367,6 +371,12 @@ Options parse(int argc, char** argv) {
   if (o.bf16_moments && !o.bf16) throw UsageError("--bf16-moments needs --dtype bf16 (an fp32 model's moments are fp32)");
   if (o.bf16_moments && o.plan.zero > 0)
     throw UsageError("--bf16-moments is for DDP (--zero 0): fully_shard keeps fp32 master values and moments");
+  if (o.plan.fp8 && o.hardware.peak_fp8_flops <= 0)
+    throw UsageError("--dtype fp8 on --device " + o.hardware.name + ": it has no FP8 tensor cores (peak_fp8_tflops 0)");
+  if (o.plan.fp8 && (o.plan.model.checkpoint || o.plan.model.recompute.full || o.plan.model.recompute.mlp))
+    throw UsageError(
+        "--dtype fp8 with --checkpoint or --recompute full|mlp: a recomputed Linear would record its FP8 "
+        "amaxes twice (docs/fp8.md), as train_gpt refuses it");
   if (o.published) return o;
   // The dry run builds every block and expert as a module and walks the sequence's positions (the
   // context layout, the pipeline's per-token work): sizes past these bounds would exhaust memory
@@ -558,12 +568,19 @@ void print_header(const Options& o) {
   const std::string context = p.cp > 1 ? " x cp " + std::to_string(p.cp) + " (" + std::string(parallel::name_of(p.cp_kind)) +
                                               (p.cp_balanced ? ", load-balanced)" : ")")
                                         : "";
-  std::printf("plan_at_scale: %lld GPUs = pp %d x dp %d%s x tp %d%s; %s; %s schedule, %d micro-batches; %s; device %s\n",
-              p.gpus(), p.pp, p.dp, context.c_str(), p.tp, o.sp ? " + SP" : "",
-              o.ddp_master ? "DDP with fp32 master values and AdamW moments (run as ZeRO-1 over one shard per data rank)"
-              : p.zero == 0 ? (o.bf16 ? "DDP, AdamW moments in bf16 (no fp32 master)" : "DDP")
-                            : (p.hsdp > 1 ? "HSDP " + std::to_string(p.hsdp) + " x " : std::string("")).append("ZeRO-" + std::to_string(p.zero)).c_str(),
-              p.schedule.c_str(), p.microbatches, o.bf16 ? "bf16" : "fp32", o.hardware.name.c_str());
+  std::printf(
+      "plan_at_scale: %lld GPUs = pp %d x dp %d%s x tp %d%s; %s; %s schedule, %d micro-batches; %s; device %s\n",
+      p.gpus(), p.pp, p.dp, context.c_str(), p.tp, o.sp ? " + SP" : "",
+      o.ddp_master  ? "DDP with fp32 master values and AdamW moments (run as ZeRO-1 over one shard per data rank)"
+      : p.zero == 0 ? (o.bf16 ? "DDP, AdamW moments in bf16 (no fp32 master)" : "DDP")
+                    : (p.hsdp > 1 ? "HSDP " + std::to_string(p.hsdp) + " x " : std::string(""))
+                          .append("ZeRO-" + std::to_string(p.zero))
+                          .c_str(),
+      p.schedule.c_str(), p.microbatches,
+      o.plan.fp8 ? "bf16, FP8 GEMMs"
+      : o.bf16   ? "bf16"
+                 : "fp32",
+      o.hardware.name.c_str());
   // A power-limited device (sim/device.hpp): its GEMMs and attention at a share of the calibrated rates.
   if (o.hardware.compute_scale != 1)
     std::printf("device %s: GEMMs and attention at %.2f of the calibrated rates (compute_scale; MFU still counts the "
@@ -732,8 +749,13 @@ int run_plan(const Options& o) {
 /// The space --search enumerates: every factorization up to sim::exhaustive_gpus GPUs (the
 /// trainer's --plan auto space, so both choose alike), else sim/search.hpp's powers of two.
 sim::SearchSpace search_space(const Options& o) {
-  return {.gpus = o.search_gpus, .batch = o.plan.batch, .bf16 = o.bf16, .exhaustive = o.search_gpus <= sim::exhaustive_gpus,
-          .ep = o.search_ep, .bf16_moments = o.bf16_moments};
+  return {.gpus = o.search_gpus,
+          .batch = o.plan.batch,
+          .bf16 = o.bf16,
+          .exhaustive = o.search_gpus <= sim::exhaustive_gpus,
+          .ep = o.search_ep,
+          .bf16_moments = o.bf16_moments,
+          .fp8 = o.plan.fp8};
 }
 
 /// Whether an analytic plan has every field --rank-of names.

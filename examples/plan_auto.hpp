@@ -42,6 +42,7 @@ namespace examples {
 struct PlanModel {
   std::int64_t layers = 1, heads = 1, kv_heads = 0, dim = 1, ffn = 0, vocab = 256, seq = 2, batch = 1;
   bool llama = false, bf16 = false, checkpoint = false;
+  bool fp8 = false;                    // --dtype fp8: the bf16 model with FP8 Linear GEMMs (bf16 true too)
   dtensor::nn::Recompute recompute{};  // --recompute; with --checkpoint: kept as given, else chosen
   std::int64_t experts = 0, topk = 2, moe_every = 1;  // --experts E > 0: MoE blocks (GPT)
   std::int64_t shared = 0;                            // --shared-experts
@@ -122,7 +123,7 @@ inline PlanChoice choose_plan(const PlanModel& m, int ranks, const dtensor::sim:
                               .topk = m.topk,
                               .moe_every = m.moe_every,
                               .shared_experts = m.experts > 0 ? m.shared : 0};
-  sim::SearchSpace space{.gpus = ranks, .batch = m.batch, .bf16 = m.bf16, .exhaustive = true, .ep = m.ep};
+  sim::SearchSpace space{.gpus = ranks, .batch = m.batch, .bf16 = m.bf16, .exhaustive = true, .ep = m.ep, .fp8 = m.fp8};
   // Recomputation: as given (--checkpoint, --recompute), else each of the search's choices.
   if (m.checkpoint || !m.recompute.none()) {
     space.recompute = m.recompute;
@@ -243,8 +244,9 @@ void apply_plan_auto(Options& o, const std::vector<std::string>& given) {
                     .seq = o.seq,
                     .batch = o.batch,
                     .llama = o.arch == "llama",
-                    .bf16 = o.dtype == "bf16",
+                    .bf16 = o.dtype == "bf16" || o.dtype == "fp8",
                     .checkpoint = o.checkpoint,
+                    .fp8 = o.dtype == "fp8",
                     .recompute = o.recompute,
                     .experts = o.experts,
                     .topk = o.topk,

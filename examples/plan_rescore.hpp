@@ -47,6 +47,7 @@ inline dtensor::models::TrainingPlan training_plan_of(dtensor::models::TrainingP
   base.dp = shape.dp, base.tp = shape.tp, base.pp = shape.pp, base.cp = shape.cp, base.ep = shape.ep;
   base.zero = shape.zero, base.hsdp = shape.hsdp;
   base.bf16_moments = shape.bf16_moments;  // DDP in bf16: fp32 master and moments unless asked (sim::as_run)
+  base.fp8 = shape.fp8;
   base.schedule = shape.schedule;
   base.stages_per_rank = shape.stages_per_rank > 1 ? shape.stages_per_rank : 0;
   base.cp_kind = dtensor::parallel::parse_context_kind(shape.cp_kind);

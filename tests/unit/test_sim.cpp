@@ -638,6 +638,29 @@ TEST_CASE("sim: roofline per op and device descriptions", "[sim][cost][device]")
   sim::set_device_field(over, "compute_scale", "1.5");
   CHECK_THROWS_WITH(over.check("test"), Catch::Contains("0 < compute_scale <= 1"));
   CHECK_THROWS_WITH(sim::parse_device(without_scale + "compute_scale = 0\n", "gpu.txt"), Catch::Contains("compute_scale 0"));
+  // FP8 GEMMs (op gemm_fp8): the device's FP8 peak on the same curve, twice the bf16 one on an
+  // H100 for a GEMM whose one-byte operands are as compute-bound; none on an A100 (named).
+  CHECK(h100.peak_fp8_flops == 1979e12);
+  CHECK(h200.peak_fp8_flops == 1979e12);
+  CHECK(a100.peak_fp8_flops == 0);
+  const kernels::meta::CostRecord square_fp8{"gemm_fp8", square.flops, std::int64_t(2 * n * n),
+                                             std::int64_t(2 * n * n)};
+  CHECK(sim::op_seconds(square_fp8, h100) ==
+        Approx(2 * n * n * n / (1979e12 * sim::gemm_efficiency(2 * n * n * n / (4 * n * n)))));
+  CHECK(sim::op_seconds(square_fp8, h100) < 0.52 * sim::op_seconds(square, h100));
+  CHECK(sim::op_seconds(square_fp8, limited) ==
+        Approx(sim::op_seconds(square_fp8, h100) / sim::h100_500w_compute_scale));
+  CHECK_THROWS_WITH(sim::op_seconds(square_fp8, a100), Catch::Contains("device 'a100' has no FP8 tensor cores"));
+  CHECK(sim::parse_device(sim::to_device_file(h100), "test").peak_fp8_flops == Approx(1979e12));
+  CHECK(back.peak_fp8_flops == 0);  // the A100's, written and read back
+  const std::string without_fp8 =
+      text.substr(0, text.find("peak_fp8_tflops")) + text.substr(text.find("hbm_gbytes_per_s"));
+  auto h100_file = sim::to_device_file(h100);
+  h100_file =
+      h100_file.substr(0, h100_file.find("peak_fp8_tflops")) + h100_file.substr(h100_file.find("hbm_gbytes_per_s"));
+  CHECK(sim::parse_device(without_fp8, "gpu.txt").peak_fp8_flops == 0);
+  CHECK(sim::parse_device(h100_file, "gpu.txt").peak_fp8_flops == 0);  // a file without it: no FP8
+  CHECK_THROWS_WITH(sim::set_device_field(custom, "peak_fp8_tflops", "-1"), Catch::Contains("peak_fp8_tflops = '-1'"));
 }
 
 // ---------------------------------------------------------------- published figures, from the real step on meta
@@ -1500,6 +1523,93 @@ TEST_CASE("sim: experts that do not divide over ep: every rank's dry run holds i
   }
 }
 
+TEST_CASE("sim: FP8 GEMMs, dry: the Linears' GEMMs as gemm_fp8, their amax all-reduces as a real step's",
+          "[sim][fp8]") {
+  // train_gpt --dtype fp8 (nn::Fp8Autocast: every nn::Linear's three GEMMs in FP8) on meta: the
+  // same GEMM FLOPs as the bf16 step, the Linears' now op "gemm_fp8" (the experts' stay "gemm"),
+  // each operand quantized ("quantize_fp8"), and each amax max-all-reduced over the mesh
+  // dimensions that split its tensor: phase by phase the all-reduces of the same step on 4 rank
+  // threads (the MoE step of the test above: its routing, and so its all-to-all bytes, are the
+  // data's on threads and balanced on meta; its all-reduces are not).
+  constexpr Extent dim = 32, experts = 5, layers = 2;
+  using MetaLayers = models::MoELayers<dtensor::bfloat16, MetaMesh<"edp", "ep", "tp">>;
+  using HostLayers = models::MoELayers<dtensor::bfloat16, DeviceMesh<"edp", "ep", "tp">>;
+  models::TrainingPlan p{.model = {.vocab = 64, .seq = 16, .dim = dim, .heads = 4, .layers = layers, .mlp_ratio = 4},
+                         .batch = 8,
+                         .microbatches = 1,
+                         .dp = 4};
+  p.moe.router.experts = experts;
+  p.moe.router.topk = 2;
+  p.ep = 2;
+  const auto ran = sim::as_run(p, true);
+  const auto shape = models::detail::pipeline_shape(ran);
+  std::vector<sim::RankClass<5>> every_rank;
+  for (int r = 0; r < 4; ++r) every_rank.push_back({detail::row_major_coordinate(shape, r), 1});
+  const auto dry = [&](bool fp8) {
+    const nn::Fp8Autocast autocast(fp8);
+    return sim::dry_run<5>(shape, every_rank, [&](CommPtr world, sim::Recorder& rec) {
+      models::detail::pipeline_rank_step<dtensor::bfloat16, MetaLayers, false>(std::move(world), ran, rec);
+    });
+  };
+  const auto dry_bf16 = dry(false), dry_fp8 = dry(true);
+  std::vector<sim::RankReport> real(4);
+  {
+    const nn::Fp8Autocast autocast(true);
+    threads::run(4, [&](CommPtr world) {
+      sim::Recorder rec("host");
+      const int rank = world->rank();
+      models::detail::pipeline_rank_step<dtensor::bfloat16, HostLayers, false, host_space>(std::move(world), ran, rec);
+      real[std::size_t(rank)] = rec.finish("real");
+    });
+  }
+  const auto flops = [](const sim::RankReport& r, std::string_view op) {
+    std::int64_t n = 0;
+    for (const auto& ph : r.phases)
+      for (const auto& o : ph.ops)
+        if (o.op == op) n += o.flops;
+    return n;
+  };
+  const auto all_reduces = [](const sim::RankReport& r) {
+    std::vector<std::string> out;
+    for (const auto& ph : r.phases)
+      for (const auto& c : ph.collectives)
+        if (c.kind == CollectiveKind::all_reduce) out.push_back(detail::cat(ph.name, " ", c.group, " ", c.bytes));
+    return out;
+  };
+  for (std::size_t r = 0; r < 4; ++r) {
+    INFO("rank " << r);
+    CHECK(flops(dry_fp8[r], "gemm_fp8") > 0);
+    CHECK(flops(dry_fp8[r], "quantize_fp8") > 0);
+    CHECK(flops(dry_fp8[r], "gemm") + flops(dry_fp8[r], "gemm_fp8") == flops(dry_bf16[r], "gemm"));
+    CHECK(flops(dry_fp8[r], "gemm") > 0);  // the experts'
+    CHECK(flops(dry_bf16[r], "gemm_fp8") == 0);
+    CHECK(all_reduces(dry_fp8[r]) == all_reduces(real[r]));
+    // The amaxes: per Linear x's in its forward and dy's in its backward over the data ranks
+    // (tp 1: the weights are whole), for the attention's two Linears and the router in each
+    // block, and the head.
+    CHECK(all_reduces(dry_fp8[r]).size() == all_reduces(dry_bf16[r]).size() + 2 * (3 * layers + 1));
+  }
+  // The time model charges them: the FP8 step is not the bf16 one, and an A100 refuses it.
+  const auto step = [&](const std::vector<sim::RankReport>& reports, const sim::Hardware& hw) {
+    std::vector<sim::ClassInput> inputs;
+    for (const auto& rep : reports) inputs.push_back({&rep, {0}});
+    return sim::estimate_plan(inputs, models::plan_topology(ran, hw), models::detail::plan_schedule(ran), {})
+        .step_seconds;
+  };
+  CHECK(step(dry_fp8, sim::device("h100")) != step(dry_bf16, sim::device("h100")));
+  CHECK_THROWS_WITH(step(dry_fp8, sim::device("a100")), Catch::Contains("no FP8 tensor cores"));
+  // The plan's own checks: FP8 with full or mlp recomputation is refused, as train_gpt refuses it;
+  // an fp32 model's dry run too.
+  auto recomputed = p;
+  recomputed.fp8 = true;
+  recomputed.model.checkpoint = true;
+  CHECK_THROWS_WITH(models::check_plan(recomputed), Catch::Contains("fp8 with full or mlp recomputation"));
+  auto fp32 = p;
+  fp32.fp8 = true;
+  CHECK_THROWS_WITH((models::dry_run_plan<float, models::MoELayers<float, MetaMesh<"edp", "ep", "tp">>, false>(fp32)),
+                    Catch::Contains("fp8 is the bf16 model"));
+}
+
 TEST_CASE("sim: the Chrome trace of an estimated step is strict JSON with its two tracks", "[sim][cost]") {
   const models::TrainingPlan plan{.model = {.vocab = 256, .seq = 32, .dim = 64, .heads = 4, .layers = 4},
                                   .batch = 8,
@@ -1593,10 +1703,11 @@ TEST_CASE("sim: the calibration is the fit of the fit rows; held-out and leave-o
   CHECK_THROWS_WITH(sim::fit_device_scale(sim::fit_rows(runs), "b200"), Catch::Contains("no runs on device 'b200'"));
   // Without it (the SXM's rated compute), torchtitan's rows are 1.3-2x too fast: the device, not
   // the calibration of the A100 and 700 W H100 rows, is what they measure.
+  // (The Float8 row's GEMMs are half its bf16 twin's time, so the scale moves it less: > 1.1.)
   for (const auto& run : runs)
     if (run.device == "h100-500w") {
       CAPTURE(run.name);
-      CHECK(sim::predict(run, sim::calibration, 1.0).ratio() > 1.3);
+      CHECK(sim::predict(run, sim::calibration, 1.0).ratio() > (run.plan.fp8 ? 1.1 : 1.3));
     }
   // Leave-one-out: each fit row predicted by the calibration fitted without it; held-out rows by
   // the fit rows' calibration. The issue's rows stay within 15 % either way.
@@ -1643,21 +1754,26 @@ TEST_CASE("sim: the analytic estimate follows the dry run's", "[sim][cost][analy
     int v = 1;
     bool llama = false;
     bool narrow = false;  // dim 1536, 12 heads: tp 3 and 6 (the vocabulary 32000 splits unevenly)
+    bool fp8 = false;     // every Linear's GEMMs in FP8 (their amax all-reduces too)
   };
-  const Case cases[] = {{8, 8, 1, 0, 1, false},
-                        {8, 8, 2, 0, 8, false},
-                        {16, 4, 2, 1, 8, true},
-                        {4, 8, 4, 0, 16, true},
-                        {8, 8, 1, 3, 2, false},               // ZeRO-3: its gathers behind compute
-                        {4, 8, 2, 2, 4, false},               // ZeRO-2, pp 2
-                        {4, 4, 2, 1, 8, false, 2},            // context ring
-                        {4, 4, 2, 1, 8, false, 1, "zbv", 2},  // ZB-V: both ends on rank 0
-                        {4, 4, 2, 1, 8, false, 1, "interleaved", 2},
-                        {8, 4, 2, 1, 8, true, 1, "1f1b", 1, true},           // Llama (GQA, SwiGLU), checkpointing
-                        {4, 3, 2, 1, 4, true, 1, "1f1b", 1, false, true},    // tp 3
-                        {4, 6, 1, 3, 2, false, 1, "1f1b", 1, false, true}};  // tp 6, ZeRO-3
+  const Case cases[] = {
+      {8, 8, 1, 0, 1, false},
+      {8, 8, 2, 0, 8, false},
+      {16, 4, 2, 1, 8, true},
+      {4, 8, 4, 0, 16, true},
+      {8, 8, 1, 3, 2, false},               // ZeRO-3: its gathers behind compute
+      {4, 8, 2, 2, 4, false},               // ZeRO-2, pp 2
+      {4, 4, 2, 1, 8, false, 2},            // context ring
+      {4, 4, 2, 1, 8, false, 1, "zbv", 2},  // ZB-V: both ends on rank 0
+      {4, 4, 2, 1, 8, false, 1, "interleaved", 2},
+      {8, 4, 2, 1, 8, true, 1, "1f1b", 1, true},                 // Llama (GQA, SwiGLU), checkpointing
+      {4, 3, 2, 1, 4, true, 1, "1f1b", 1, false, true},          // tp 3
+      {4, 6, 1, 3, 2, false, 1, "1f1b", 1, false, true},         // tp 6, ZeRO-3
+      {8, 8, 2, 0, 8, false, 1, "1f1b", 1, false, false, true},  // FP8
+      {4, 4, 2, 1, 8, false, 2, "1f1b", 1, false, false, true},  // FP8, context ring, HSDP-free ZeRO-1
+      {8, 4, 2, 1, 4, false, 1, "1f1b", 1, true, false, true}};  // FP8 Llama
   for (const Case& c : cases) {
-    CAPTURE(c.dp, c.tp, c.pp, c.zero, c.microbatches, c.checkpoint, c.cp, c.schedule, c.llama, c.narrow);
+    CAPTURE(c.dp, c.tp, c.pp, c.zero, c.microbatches, c.checkpoint, c.cp, c.schedule, c.llama, c.narrow, c.fp8);
     const std::int64_t dim = c.narrow ? 1536 : 2048, heads = c.narrow ? 12 : 16;
     const std::int64_t kv = c.llama ? 4 : 0, ffn = c.llama ? 5504 : 0;
     models::GPTConfig model{.vocab = 32000, .seq = 2048, .dim = dim, .heads = heads, .layers = 8};
@@ -1673,6 +1789,7 @@ TEST_CASE("sim: the analytic estimate follows the dry run's", "[sim][cost][analy
                               .zero = c.zero,
                               .cp = c.cp};
     plan.model.checkpoint = c.checkpoint;
+    plan.fp8 = c.fp8;
     const auto classes = c.llama ? models::dry_run_plan<dtensor::bfloat16, models::LlamaLayers, true>(plan)
                                  : models::dry_run_plan<dtensor::bfloat16, models::DenseLayers, true>(plan);
     std::vector<sim::ClassInput> inputs;
@@ -1696,7 +1813,8 @@ TEST_CASE("sim: the analytic estimate follows the dry run's", "[sim][cost][analy
                                        .zero = c.zero,
                                        .recompute = c.checkpoint,
                                        .schedule = c.schedule,
-                                       .stages_per_rank = c.v};
+                                       .stages_per_rank = c.v,
+                                       .fp8 = c.fp8};
     const auto a = sim::analytic_estimate(shape, analytic_plan, sim::Hardware{});
     double memory = 0;
     for (const auto& k : classes) memory = std::max(memory, k.peak_in_flight);

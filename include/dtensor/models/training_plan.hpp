@@ -71,6 +71,7 @@
 #include "dtensor/models/gpt_config.hpp"
 #include "dtensor/models/llama.hpp"
 #include "dtensor/models/moe_gpt.hpp"
+#include "dtensor/nn/fp8_recipe.hpp"
 #include "dtensor/nn/param_groups.hpp"
 #include "dtensor/ops/all.hpp"
 #include "dtensor/optim/adamw.hpp"
@@ -115,6 +116,9 @@ struct TrainingPlan {
   // mixed precision as practised, and as train_gpt --dtype bf16 runs it), unless this asks for
   // AdamW in bf16 straight on the values (no master; 4 bytes of moments per parameter, not 12).
   bool bf16_moments = false;
+  // FP8 GEMMs (train_gpt --dtype fp8): the bf16 model with every nn::Linear's three GEMMs in FP8
+  // (nn::Fp8Autocast over the dry run; the experts' GEMMs stay bf16, as the trainer runs them).
+  bool fp8 = false;
 
   Extent micro_batch() const { return batch / microbatches; }
   /// pp x dp x cp x tp, checked: a mesh's ranks are ints, so a product past 2^31 - 1 throws
@@ -167,6 +171,8 @@ inline void check_plan(const TrainingPlan& p) {
     fail("seq ", p.model.seq, " is not a multiple of 2 x cp ", p.cp, " (load-balanced context parallelism)");
   if (p.cp > 1 && p.cp_kind == parallel::ContextKind::ulysses && (p.model.heads / p.tp) % p.cp != 0)
     fail("heads ", p.model.heads, " / tp ", p.tp, " is not a multiple of cp ", p.cp, " (Ulysses splits the heads)");
+  if (p.fp8 && (p.model.checkpoint || p.model.recompute.full || p.model.recompute.mlp))
+    fail("fp8 with full or mlp recomputation: a recomputed Linear would record its FP8 amaxes twice (docs/fp8.md)");
   if (p.zero == 0 && p.hsdp > 1) fail("hsdp ", p.hsdp, " needs FSDP (zero 1, 2 or 3)");
   if (p.dp % p.hsdp != 0) fail("hsdp ", p.hsdp, " does not divide dp ", p.dp);
   if (!p.has_experts() && p.ep != 1) fail("ep ", p.ep, " needs experts (moe.router.experts > 0)");
@@ -370,6 +376,9 @@ inline sim::EstimateOptions estimate_options(const TrainingPlan& p) {
 template <class T, class Layers, bool SP>
 std::vector<PlanClass> dry_run_plan(const TrainingPlan& given) {
   check_plan(given);
+  if (given.fp8 && !std::is_same_v<T, bfloat16>)
+    throw Error("models::dry_run_plan", "fp8 is the bf16 model with FP8 GEMMs: run it with T = bfloat16");
+  const nn::Fp8Autocast fp8(given.fp8);  // every rank's Linears (process-wide, set before the ranks start)
   // DDP in bf16: with its fp32 master and moments (the topology and the estimate's options of
   // `given` describe the same ranks and links: plan_topology, EstimateOptions).
   const TrainingPlan p = as_run(given, !std::is_same_v<T, float>);

@@ -28,9 +28,11 @@
 // TP Linear's W over tp, x over dp (its batch) and, with SP or a row-wise style, tp. The result is
 // then the single-device FP8 result on every layout (up to the fp32 summation order). Per-shard
 // scales would avoid the all-reduce but make a sharded run quantize differently from one device.
-// Host memory only (ops/matmul_fp8.hpp); a GPU Linear under FP8 autocast is an Error, a meta
-// (dry-run) one computes as without it. Activation recomputation re-runs the forward, which would
-// record the amaxes again and could quantize with another scale: not supported with FP8.
+// Host memory only (ops/matmul_fp8.hpp); a GPU Linear under FP8 autocast is an Error; a meta
+// (dry-run) one records what the host's costs (kernels/meta/fp8.hpp: the amax passes, their
+// all-reduces, the quantizing GEMMs as op "gemm_fp8") and quantizes with scale 1 (no values).
+// Activation recomputation re-runs the forward, which would record the amaxes again and could
+// quantize with another scale: not supported with FP8.
 //
 // Initialisation: W ~ N(0, init_std) and b = 0, drawn as the full tensor from the seed on every
 // rank and then split (no communication), so every layout and mesh starts from the same values.
@@ -47,6 +49,7 @@
 
 #include "dtensor/core/factories.hpp"
 #include "dtensor/distributed/distribute.hpp"
+#include "dtensor/kernels/meta/fp8.hpp"
 #include "dtensor/nn/fp8_recipe.hpp"
 #include "dtensor/nn/module.hpp"
 #include "dtensor/nn/style.hpp"
@@ -238,7 +241,7 @@ class Linear {
     if (!fp8_autocast_enabled()) return false;
     using Space = typename In::space;
     if constexpr (std::is_same_v<Space, host_space>) return true;
-    else if constexpr (!holds_data_v<Space>) return false;  // a dry run counts the GEMMs as without FP8
+    else if constexpr (!holds_data_v<Space>) return true;  // a dry run: the FP8 GEMMs' cost, scale 1 (below)
     else {
       ops::detail::fp8_host_only("nn::Linear (FP8 autocast on a GPU tensor)");
       return false;
@@ -259,23 +262,38 @@ class Linear {
     for (std::size_t i = 0; i < Mesh::ndim; ++i)
       if (L::desc.placements[i].is_shard() && t.mesh().size(i) > 1) groups[n++] = &t.mesh().group(i);
     const auto& l = t.to_local();
-    return detail::fp8_linear_kernels<T>().scale(fp8_, role, l.data(), l.numel(), std::span(groups.data(), n));
+    if constexpr (!holds_data_v<typename X::space>) {
+      // A dry run: the amax's pass and its all-reduces as the host's, no values (scale 1).
+      (void)role;
+      kernels::meta::amax<T>(l.numel());
+      float a = 0;
+      for (std::size_t i = 0; i < n; ++i) groups[i]->all_reduce(std::span<float>(&a, 1), ReduceOp::max);
+      return 1.f;
+    } else {
+      return detail::fp8_linear_kernels<T>().scale(fp8_, role, l.data(), l.numel(), std::span(groups.data(), n));
+    }
   }
 
   /// ops::matmul<TA, TB>(a, b) (its checks, shapes and layouts) with the product of the pieces
   /// computed in FP8: ops::matmul_fp8 on this rank's pieces, by detail::Fp8LinearKernels.
   template <bool TA, bool TB, class A, class B>
   static auto fp8_matmul(Fp8LinearGemm gemm, const A& a, float sa, const B& b, float sb) {
-    if constexpr (std::is_same_v<typename A::space, host_space>) {
+    using Space = typename A::space;
+    if constexpr (std::is_same_v<Space, host_space> || !holds_data_v<Space>) {
       using L = ops::rules::matmul_t<typename A::layout, typename B::layout, TA, TB, A::rank, B::rank>;
       constexpr std::size_t RO = ops::rules::matmul_rank<A::rank, B::rank, TA, TB>;
       const auto [global, local_shape] = ops::detail::matmul_shapes<"matmul", TA, TB>(a, b);
       const auto& al = a.to_local();
       const auto& bl = b.to_local();
-      auto c = Tensor<T, RO, host_space>::uninitialized(local_shape);
-      detail::fp8_linear_kernels<T>().gemm(
-          gemm, al.data(), kernels::detail::leading_rows(al.shape()), al.extent(A::rank - 1), sa, bl.data(),
-          kernels::detail::leading_rows(bl.shape()), bl.extent(B::rank - 1), sb, c.data());
+      const Extent ra = kernels::detail::leading_rows(al.shape()), ca = al.extent(A::rank - 1);
+      const Extent rb = kernels::detail::leading_rows(bl.shape()), cb = bl.extent(B::rank - 1);
+      auto c = Tensor<T, RO, Space>::uninitialized(local_shape);
+      if constexpr (holds_data_v<Space>)
+        detail::fp8_linear_kernels<T>().gemm(gemm, al.data(), ra, ca, sa, bl.data(), rb, cb, sb, c.data());
+      else {
+        (void)gemm, (void)sa, (void)sb;
+        kernels::meta::gemm_fp8_quantizing<T>(TA, TB, ra, ca, rb, cb);
+      }
       return ops::detail::make<T, RO, L>(a.mesh(), global, std::move(c));
     } else {
       ops::detail::fp8_host_only("nn::Linear (FP8 on a GPU tensor)");

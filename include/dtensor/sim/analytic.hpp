@@ -143,6 +143,11 @@ struct PlanShape {
   // practised: 2 + 2 + 12 bytes per parameter; as_run below), unless this asks for AdamW in bf16
   // straight on the bf16 values (2 + 2 + 4: no master, bf16 moments).
   bool bf16_moments = false;
+  // FP8 GEMMs (bf16 needed): every nn::Linear's three GEMMs in FP8 (train_gpt --dtype fp8,
+  // nn/linear.hpp under nn::Fp8Autocast; the experts' and attention's GEMMs stay bf16). The
+  // trainer runs it without full or mlp recomputation (a recomputed Linear would record its
+  // amaxes twice): the search leaves those out; the estimate times them (published rows).
+  bool fp8 = false;
 
   std::int64_t gpus() const {
     return checked_product<std::int64_t>(std::array<std::int64_t, 4>{dp, tp, pp, cp}, "sim::PlanShape", "GPUs");
@@ -215,6 +220,7 @@ inline void check_plan_shape(const ModelShape& m, const PlanShape& p) {
   if (p.stages_per_rank < 1 || m.layers < std::int64_t(p.pp) * p.stages_per_rank)
     throw Error(op, dtensor::detail::cat(m.layers, " layers over pp ", p.pp, " x ", p.stages_per_rank, " stages"));
   if (p.zero < 0 || p.zero > 3) throw Error(op, dtensor::detail::cat("zero ", p.zero));
+  if (p.fp8 && !p.bf16) throw Error(op, "fp8 is the bf16 model with FP8 Linear GEMMs: fp8 with an fp32 model");
   if (p.hsdp < 1 || p.dp % p.hsdp != 0 || (p.hsdp > 1 && p.zero == 0))
     throw Error(op, dtensor::detail::cat("hsdp ", p.hsdp, " with dp ", p.dp, ", zero ", p.zero,
                                          ": replicas dividing dp, under ZeRO 1..3"));
@@ -413,9 +419,21 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
     return op_seconds(r, hw, cal);
   };
   auto memory_bound = [&](double bytes) { return op_seconds({"add_", 0, std::int64_t(bytes), 0}, hw, cal); };
+  // An nn::Linear's GEMM. Under FP8 (kernels/meta/fp8.hpp's records): the GEMM on one-byte
+  // operands at the FP8 peak, both operands quantized first (read e, write one byte each), and
+  // the amax passes (x and W before the forward, dy before the backward: three operand reads
+  // over the three GEMMs, counted as half of each GEMM's two).
+  auto linear = [&](double rows, double k, double cols) {
+    if (!p.fp8) return gemm(rows, k, cols);
+    const double operands = rows * k + k * cols;
+    const kernels::meta::CostRecord r{"gemm_fp8", std::int64_t(2 * rows * k * cols), std::int64_t(operands),
+                                      std::int64_t(e * rows * cols)};
+    return op_seconds(r, hw, cal) + memory_bound((e + 1) * operands) + memory_bound(0.5 * e * operands);
+  };
   // One block's forward GEMMs on a rank (the dW and dX GEMMs of backward have the same sizes).
-  const double mlp = m.llama ? gemm(n, h, 2 * f / t) + gemm(n, f / t, h) : gemm(n, h, f / t) + gemm(n, f / t, h);
-  const double attn_gemms = gemm(n, h, (h + 2 * kvd) / t) + gemm(n, h / t, h);
+  const double mlp =
+      m.llama ? linear(n, h, 2 * f / t) + linear(n, f / t, h) : linear(n, h, f / t) + linear(n, f / t, h);
+  const double attn_gemms = linear(n, h, (h + 2 * kvd) / t) + linear(n, h / t, h);
   const double gemms = attn_gemms + mlp;
   // Attention over the causal (query, key) pairs of this rank's queries: a rank holds n / b
   // queries of each sequence, and under load balancing each sees half the keys on average
@@ -528,14 +546,25 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
     else if (rc.act) recompute_compute += activation;
   }
   const double bwd_compute = 2 * gemms + attn_bwd + pointwise_b + recompute_compute;
-  const double fwd_layer = fwd_compute + tp_layer + cp_layer + std::max(0.0, cp_hidden - attn_fwd);
+  // FP8: each Linear's amaxes max-all-reduced over every mesh dimension that splits the tensor
+  // (nn/linear.hpp; one float: latency only, exposed): x's and dy's over the token dimensions (the
+  // data ranks' and cp), W's over tp, and over tp the row-wise Linears' x and the column-wise
+  // ones' dy. A dense block (qkv and fc1 column-wise, proj and fc2 row-wise): forward 4 over each
+  // token dimension and 6 over tp, backward 4 and 2.
+  const auto amax_all_reduce = [&](const char* group, int size) {
+    return p.fp8 && size > 1 ? coll(CollectiveKind::all_reduce, group, size, 4) : 0.0;
+  };
+  const double amax_tok = amax_all_reduce("rep", p.hsdp) + amax_all_reduce("dp", shards) + amax_all_reduce("cp", p.cp);
+  const double amax_tp = amax_all_reduce("tp", p.tp);
+  const double fwd_layer =
+      fwd_compute + tp_layer + cp_layer + std::max(0.0, cp_hidden - attn_fwd) + 4 * amax_tok + 6 * amax_tp;
   // Under SP the column-wise Linears (qkv, fc1) gather their saved input shard again in backward
   // (nn/linear.hpp): two more all-gathers, exposed like every TP collective here (the backward
   // issues the gather before the GEMMs that need it, on the same stream: no overlap).
   const double regather_one = p.tp > 1 && p.sp ? coll(CollectiveKind::all_gather, "tp", p.tp, act) : 0;
   const double tp_regather = 2 * regather_one;
-  const double bwd_layer =
-      bwd_compute + tp_layer + cp_layer + recompute_comm + tp_regather + std::max(0.0, 2 * cp_hidden - attn_bwd);
+  const double bwd_layer = bwd_compute + tp_layer + cp_layer + recompute_comm + tp_regather +
+                           std::max(0.0, 2 * cp_hidden - attn_bwd) + 4 * amax_tok + 2 * amax_tp;
   // A MoE block (parallel/moe.hpp, models/moe_gpt.hpp): attention as above; its feed-forward
   // gathers the whole tokens under SP (one all-gather forward, one of the output gradient
   // backward; no collective without SP), runs the router GEMM [n, E], exchanges counts (one
@@ -555,7 +584,7 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
     moe.sent = n * double(m.topk);
     moe.received = moe.sent / E * p.ep * moe.local;
     const double per_expert = moe.received / std::max(1.0, moe.local);
-    const double router = gemm(n, h, E);
+    const double router = linear(n, h, E);
     // SwiGLU experts (Llama blocks): the gate's and the up projection's GEMMs, then w2's.
     const double experts = moe.local * ((m.llama ? 2 : 1) * gemm(per_expert, h, fe) + gemm(per_expert, fe, h));
     // Memory-bound passes (the meta kernels' records of parallel/moe.hpp and experts.hpp): the
@@ -579,8 +608,8 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
     // output, forward and backward; its TP collectives below).
     const double fs = double(m.shared_experts) * fe, fsw = n * fs / t;
     moe.shared = m.shared_experts == 0 ? 0
-                 : m.llama             ? gemm(n, h, 2 * fs / t) + gemm(n, fs / t, h)
-                                       : gemm(n, h, fs / t) + gemm(n, fs / t, h);
+                 : m.llama             ? linear(n, h, 2 * fs / t) + linear(n, fs / t, h)
+                                       : linear(n, h, fs / t) + linear(n, fs / t, h);
     const double shared_pw_f =
         m.shared_experts == 0 ? 0 : memory_bound(e * (3 * xs + (m.llama ? 9 * fsw : 4 * fsw + 2 * xs)));
     const double shared_pw_b =
@@ -601,14 +630,20 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
     // The shared experts' Megatron pair (and, under SP, fc1's re-gather in backward).
     const double shared_regather = m.shared_experts == 0 ? 0 : regather_one;
     moe.tp = 2 * (tp_half + shared_tp) + 2 * gather + regather_one + shared_regather + moe.recompute_tp;
-    moe.fwd =
-        moe.fwd_compute + tp_half + shared_tp + gather + cp_layer + std::max(0.0, cp_hidden - attn_fwd) + moe.a2a_f;
+    // FP8's amax all-reduces (above): attention's two Linears, the router's x and dy (replicated
+    // weight), the shared experts' two Linears.
+    const double shared_linears = m.shared_experts == 0 ? 0 : 1;
+    const double amax_f = (3 + 2 * shared_linears) * amax_tok + (3 + 3 * shared_linears) * amax_tp;
+    const double amax_b = (3 + 2 * shared_linears) * amax_tok + (1 + shared_linears) * amax_tp;
+    moe.fwd = moe.fwd_compute + tp_half + shared_tp + gather + cp_layer + std::max(0.0, cp_hidden - attn_fwd) +
+              moe.a2a_f + amax_f;
     moe.bwd = moe.bwd_compute + tp_half + shared_tp + gather + regather_one + shared_regather + cp_layer +
-              moe.recompute_tp + moe.recompute_cp + recompute_a2a + std::max(0.0, 2 * cp_hidden - attn_bwd) + moe.a2a_b;
+              moe.recompute_tp + moe.recompute_cp + recompute_a2a + std::max(0.0, 2 * cp_hidden - attn_bwd) +
+              moe.a2a_b + amax_b;
     moe.w_gemms = attn_gemms + router + experts + moe.shared;
   }
   // The head (logits GEMM, vocab-parallel over tp) and the pipeline sends, per micro-batch.
-  const double head = gemm(n, h, double(m.vocab) / t);
+  const double head = linear(n, h, double(m.vocab) / t);
   const double send = p.pp == 1 ? 0 : coll(CollectiveKind::send, "pp", p.pp, act / split);
   // Parameters a rank holds: the dense ones (routers included) split over pp and tp; a MoE
   // model's experts on top (ceil(E / ep) per MoE block, replicated over tp, sharded over "edp").
@@ -666,6 +701,7 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   const double tp_rs = tp_on ? coll(CollectiveKind::reduce_scatter, "tp", p.tp, act) : 0;
   const double loss_ar = p.tp > 1 ? 3 * coll(CollectiveKind::all_reduce, "tp", p.tp, 4 * n) : 0;
   double edge_tp_f = tp_ag + loss_ar, edge_tp_b = tp_ag + tp_rs;
+  const double head_amax = amax_tok + amax_tp;  // FP8: the head's amaxes, forward and backward
   if (both_ends) {
     head_pw_f += 2 * n * h + (m.llama ? 0 : 2 * xs + 3 * xs);
     head_pw_b += 3 * n * h + (m.llama ? 0 : 3 * xs);
@@ -700,8 +736,10 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   const double bwd_phase_compute = dense_max * bwd_compute + moe_max * moe.bwd_compute + head_b + params_b;
   const double gather_f = std::max(0.0, gather - fwd_phase_compute),
                gather_b = std::max(0.0, gather - bwd_phase_compute);
-  a.forward = dense_max * fwd_layer + moe_max * moe.fwd + head_f + params_f + edge_tp_f + gather_f + send * v;
-  a.backward = dense_max * bwd_layer + moe_max * moe.bwd + head_b + params_b + edge_tp_b + gather_b + send * v;
+  a.forward =
+      dense_max * fwd_layer + moe_max * moe.fwd + head_f + params_f + edge_tp_f + head_amax + gather_f + send * v;
+  a.backward =
+      dense_max * bwd_layer + moe_max * moe.bwd + head_b + params_b + edge_tp_b + head_amax + gather_b + send * v;
   a.compute_per_microbatch = fwd_phase_compute + bwd_phase_compute;
   a.recompute_seconds = mb * (dense_max * recompute_compute + moe_max * moe.recompute);
   const double tp_recompute = full ? tp_layer : rc.mlp ? tp_layer / 2 : 0;

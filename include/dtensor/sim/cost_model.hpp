@@ -206,9 +206,18 @@ inline double op_seconds(const kernels::meta::CostRecord& op, const Hardware& hw
   // takes its bytes' time only: its efficiency, intensity 0 / bytes, is 0, and 0 / 0 was NaN.
   if (!(flops > 0)) return bytes / (hw.hbm_bytes_per_second * cal.hbm_fraction);
   double flop_rate = hw.peak_fp32_flops;  // vector units: pointwise maps, reductions, the optimizer
-  if (op.op == "gemm")
-    flop_rate = hw.sustained_flops() * gemm_efficiency(bytes > 0 ? flops / bytes : std::numeric_limits<double>::infinity(), cal);
-  else if (op.op == "attention" || op.op == "attention_backward")
+  const double intensity = bytes > 0 ? flops / bytes : std::numeric_limits<double>::infinity();
+  if (op.op == "gemm") flop_rate = hw.sustained_flops() * gemm_efficiency(intensity, cal);
+  else if (op.op == "gemm_fp8") {
+    // FP8 operands (nn::Linear under nn::Fp8Autocast): the FP8 tensor cores' peak, the same
+    // curve of intensity (its bytes are one per operand element) and the device's compute_scale.
+    if (!(hw.peak_fp8_flops > 0))
+      throw Error("sim::op_seconds", dtensor::detail::cat("device '", hw.name,
+                                                          "' has no FP8 tensor cores (peak_fp8_tflops 0): "
+                                                          "an FP8 GEMM of ",
+                                                          op.flops, " FLOPs cannot be timed"));
+    flop_rate = hw.peak_fp8_flops * hw.compute_scale * gemm_efficiency(intensity, cal);
+  } else if (op.op == "attention" || op.op == "attention_backward")
     flop_rate = hw.sustained_flops() * cal.attention_fraction;
   return std::max(flops / flop_rate, bytes / (hw.hbm_bytes_per_second * cal.hbm_fraction));
 }
@@ -238,7 +247,11 @@ inline CommRole comm_role(const CommRecord& r, std::string_view phase) {
   // group too, though "cp" alone (the attention's) is not.
   const bool data_only = r.group != "world" && std::any_of(dims.begin(), dims.end(), detail::is_data_dim) &&
                          std::all_of(dims.begin(), dims.end(), [](std::string_view d) { return detail::is_data_dim(d) || d == "cp"; });
-  if (data_only && (r.kind == CollectiveKind::all_reduce || r.kind == CollectiveKind::reduce_scatter))
+  // A sum (or mean) outside a forward: a max or min is no gradient (FP8's amaxes), nor is
+  // what a forward reduces; those are the step's own, exposed.
+  const bool summing = r.op == ReduceOp::sum || r.op == ReduceOp::avg;
+  if (data_only && summing && phase != "forward" &&
+      (r.kind == CollectiveKind::all_reduce || r.kind == CollectiveKind::reduce_scatter))
     return CommRole::gradient_reduction;
   if (detail::is_microbatch_phase(phase)) {
     if (data_only && r.kind == CollectiveKind::all_gather) return CommRole::parameter_gather;

@@ -10,11 +10,14 @@
 // compute_scale: the share of the calibrated GEMM and attention rates this GPU sustains (1 for a
 // GPU at its rated power, as the calibration's rows ran; lower for a power-limited one, whose SM
 // clock drops under tensor-core load while its HBM and links do not). Fields (units in the names;
-// a file must give every one but compute_scale, in any order; '#' starts a comment):
+// a file must give every one but compute_scale and peak_fp8_tflops, in any order; '#' starts a
+// comment):
 //
 //   name                 a label for reports
 //   peak_bf16_tflops     dense bf16 tensor-core peak          (H100 SXM 989, A100 312)
 //   peak_fp32_tflops     fp32 peak for an fp32 model           (H100 67 non-tensor; A100 19.5)
+//   peak_fp8_tflops      dense FP8 tensor-core peak; 0: none   (H100, H200 1979; A100 0; a file
+//                        that leaves it out: 0)
 //   hbm_gbytes_per_s     memory bandwidth                      (H100 3350, H200 4800, A100 2039)
 //   memory_gbytes        device memory, decimal GB              (80, 141, 80)
 //   nvlink_domain        GPUs joined by NVLink (a node)         (8)
@@ -38,6 +41,7 @@
 // dry run records (issue 43), the fit no longer lowers the GEMMs' rate to absorb them.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -61,6 +65,9 @@ struct Hardware {
   std::string name = "h100";
   double peak_bf16_flops = 989e12;
   double peak_fp32_flops = 67e12;
+  // The FP8 GEMMs' peak (nn::Linear under nn::Fp8Autocast: op "gemm_fp8"); 0: no FP8 tensor
+  // cores, and a plan with FP8 GEMMs is refused on the device (sim::op_seconds).
+  double peak_fp8_flops = 1979e12;
   double hbm_bytes_per_second = 3.35e12;
   double memory_bytes = 80e9;
   int gpus_per_node = 8;  // the NVLink domain
@@ -78,7 +85,7 @@ struct Hardware {
     if (!(peak_bf16_flops > 0) || !(peak_fp32_flops > 0) || !(hbm_bytes_per_second > 0) || !(memory_bytes > 0) ||
         gpus_per_node < 1 || !(nvlink.bytes_per_second > 0) || !(infiniband.bytes_per_second > 0) ||
         !(nvlink.latency_seconds >= 0) || !(infiniband.latency_seconds >= 0) || !(compute_scale > 0) ||
-        compute_scale > 1)
+        !(peak_fp8_flops >= 0) || compute_scale > 1)
       throw Error(op, dtensor::detail::cat("device '", name, "': peak ", peak_bf16_flops, " / ", peak_fp32_flops,
                                            " FLOP/s, HBM ", hbm_bytes_per_second, " B/s, memory ", memory_bytes, " B, ",
                                            gpus_per_node, " GPUs per NVLink domain, bandwidths ", nvlink.bytes_per_second,
@@ -101,6 +108,7 @@ inline const std::vector<DeviceField>& device_fields() {
   static const std::vector<DeviceField> fields{
       {"peak_bf16_tflops", 1e12, &Hardware::peak_bf16_flops, nullptr, nullptr, nullptr},
       {"peak_fp32_tflops", 1e12, &Hardware::peak_fp32_flops, nullptr, nullptr, nullptr},
+      {"peak_fp8_tflops", 1e12, &Hardware::peak_fp8_flops, nullptr, nullptr, nullptr},
       {"hbm_gbytes_per_s", 1e9, &Hardware::hbm_bytes_per_second, nullptr, nullptr, nullptr},
       {"memory_gbytes", 1e9, &Hardware::memory_bytes, nullptr, nullptr, nullptr},
       {"nvlink_domain", 1, nullptr, &Hardware::gpus_per_node, nullptr, nullptr},
@@ -148,7 +156,7 @@ inline void set_device_field(Hardware& h, std::string_view key, const std::strin
 }
 
 /// The fields a device file may leave out (their defaults: the H100 SXM's).
-inline bool optional_device_field(std::string_view key) { return key == "compute_scale"; }
+inline bool optional_device_field(std::string_view key) { return key == "compute_scale" || key == "peak_fp8_tflops"; }
 
 /// The compute_scale of torchtitan's 500 W HBM2e H100s, fitted (see the synopsis).
 inline constexpr double h100_500w_compute_scale = 0.57;
@@ -175,6 +183,7 @@ inline Hardware device(std::string_view name) {
     h.name = "a100";
     h.peak_bf16_flops = 312e12;
     h.peak_fp32_flops = 19.5e12;
+    h.peak_fp8_flops = 0;  // Ampere has no FP8 tensor cores
     h.hbm_bytes_per_second = 2.039e12;
     h.memory_bytes = 80e9;
     h.nvlink = {3e-6, 300e9};
@@ -220,6 +229,8 @@ inline Hardware parse_device(const std::string& text, std::string_view source) {
     if (!found && !optional_device_field(n)) missing += " " + n;
   }
   if (!missing.empty()) throw Error(op, dtensor::detail::cat(source, ": missing device field(s):", missing));
+  // A file that names no FP8 peak describes a device without FP8 tensor cores (not the H100's).
+  if (std::find(seen.begin(), seen.end(), "peak_fp8_tflops") == seen.end()) h.peak_fp8_flops = 0;
   h.check(op);
   return h;
 }
@@ -236,12 +247,13 @@ inline Hardware read_device_file(const std::string& path) {
 inline std::string to_device_file(const Hardware& h) {
   std::ostringstream s;
   s << "name = " << h.name << "\npeak_bf16_tflops = " << h.peak_bf16_flops / 1e12
-    << "\npeak_fp32_tflops = " << h.peak_fp32_flops / 1e12 << "\nhbm_gbytes_per_s = " << h.hbm_bytes_per_second / 1e9
-    << "\nmemory_gbytes = " << h.memory_bytes / 1e9 << "\nnvlink_domain = " << h.gpus_per_node
-    << "\nnvlink_gbytes_per_s = " << h.nvlink.bytes_per_second / 1e9
+    << "\npeak_fp32_tflops = " << h.peak_fp32_flops / 1e12 << "\npeak_fp8_tflops = " << h.peak_fp8_flops / 1e12
+    << "\nhbm_gbytes_per_s = " << h.hbm_bytes_per_second / 1e9 << "\nmemory_gbytes = " << h.memory_bytes / 1e9
+    << "\nnvlink_domain = " << h.gpus_per_node << "\nnvlink_gbytes_per_s = " << h.nvlink.bytes_per_second / 1e9
     << "\nnvlink_latency_us = " << h.nvlink.latency_seconds / 1e-6
     << "\nnetwork_gbps = " << h.infiniband.bytes_per_second * 8 / 1e9
-    << "\nnetwork_latency_us = " << h.infiniband.latency_seconds / 1e-6 << "\ncompute_scale = " << h.compute_scale << "\n";
+    << "\nnetwork_latency_us = " << h.infiniband.latency_seconds / 1e-6 << "\ncompute_scale = " << h.compute_scale
+    << "\n";
   return s.str();
 }
 

@@ -55,6 +55,7 @@ struct SearchSpace {
   std::optional<nn::Recompute> recompute{};  // given (train_gpt --checkpoint / --recompute): only this one
   int ep = 0;                                // a MoE model's expert parallelism: 0 every ep, else only this one
   bool bf16_moments = false;                 // DDP in bf16: AdamW in bf16 on the values (PlanShape::bf16_moments)
+  bool fp8 = false;                          // FP8 Linear GEMMs (PlanShape::fp8; bf16 needed)
 };
 
 /// plan_at_scale --search and train_gpt --plan auto enumerate the exhaustive space up to this many GPUs.
@@ -138,6 +139,8 @@ inline SearchResult search_space(const ModelShape& m, const SearchSpace& space, 
   if (space.recompute) recomputes = {*space.recompute};
   else if (m.moe()) recomputes = {nn::Recompute{}, nn::Recompute::parse("selective"), nn::Recompute::parse("full")};
   else recomputes = detail::recompute_choices(space.recompute_modules);
+  // FP8 runs no full or mlp recomputation (PlanShape::fp8).
+  if (space.fp8) std::erase_if(recomputes, [](const nn::Recompute& r) { return r.full || r.mlp; });
   const std::int64_t kv = m.kv();
   const std::vector<int> tps = all ? detail::divisors_of(std::min<std::int64_t>(space.gpus, m.heads))
                                    : detail::powers_of_two_upto(std::min<std::int64_t>(hw.gpus_per_node, m.heads));
@@ -208,10 +211,24 @@ inline SearchResult search_space(const ModelShape& m, const SearchSpace& space, 
                             return detail::repeats_no_more(f, rc);
                           }))
                         continue;
-                      PlanShape p{.batch = space.batch, .microbatch = b, .dp = int(dp), .tp = tp, .pp = pp, .cp = cp,
-                                  .ep = ep, .zero = zero, .sp = tp > 1, .recompute = rc.full, .recompute_modules = rc,
-                                  .hsdp = hsdp, .schedule = sched.name, .stages_per_rank = sched.v, .cp_kind = cp_kind,
-                                  .bf16 = space.bf16, .bf16_moments = space.bf16_moments};
+                      PlanShape p{.batch = space.batch,
+                                  .microbatch = b,
+                                  .dp = int(dp),
+                                  .tp = tp,
+                                  .pp = pp,
+                                  .cp = cp,
+                                  .ep = ep,
+                                  .zero = zero,
+                                  .sp = tp > 1,
+                                  .recompute = rc.full,
+                                  .recompute_modules = rc,
+                                  .hsdp = hsdp,
+                                  .schedule = sched.name,
+                                  .stages_per_rank = sched.v,
+                                  .cp_kind = cp_kind,
+                                  .bf16 = space.bf16,
+                                  .bf16_moments = space.bf16_moments,
+                                  .fp8 = space.fp8};
                       ++considered;
                       auto est = analytic_estimate(m, p, hw, cal, space.keep_unfit);
                       if (est.fits) fitting.push_back(rc);
@@ -258,6 +275,7 @@ inline std::string describe(const PlanShape& p) {
   const auto rc = p.recomputes();
   if (rc.full && !rc.modules()) s << ", recompute";
   else if (!rc.none()) s << ", recompute " << rc.to_string();
+  if (p.fp8) s << ", FP8 GEMMs";
   return s.str();
 }
 

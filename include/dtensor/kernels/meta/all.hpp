@@ -9,6 +9,7 @@
 #include "dtensor/kernels/meta/cross_entropy.hpp"
 #include "dtensor/kernels/meta/elementwise.hpp"
 #include "dtensor/kernels/meta/embedding.hpp"
+#include "dtensor/kernels/meta/fp8.hpp"
 #include "dtensor/kernels/meta/gemm.hpp"
 #include "dtensor/kernels/meta/norm.hpp"
 #include "dtensor/kernels/meta/optim.hpp"
