@@ -21,10 +21,6 @@
 #include "support/on_ranks.hpp"
 #include "support/scratch_dir.hpp"
 
-// This file's own namespace: the parity test programs compile several files as one unit
-// (tests/CMakeLists.txt, DTENSOR_TEST_GROUPS), and their file-local names must not meet.
-namespace test_fsdp_parity {
-
 using namespace dtensor;
 using namespace dtensor::testing;
 
@@ -1363,5 +1359,3 @@ TEST_CASE("fully_shard<float> of a bf16 GPT built deferred (nn::DeferredInit): e
     CHECK(failures.empty());
   }
 }
-
-}  // namespace test_fsdp_parity

@@ -35,10 +35,6 @@
 #include "support/on_ranks.hpp"
 #include "support/scratch_dir.hpp"
 
-// This file's own namespace: the parity test programs compile several files as one unit
-// (tests/CMakeLists.txt, DTENSOR_TEST_GROUPS), and their file-local names must not meet.
-namespace test_pipeline_parity {
-
 using namespace dtensor;
 using namespace dtensor::testing;
 namespace pp = dtensor::parallel::pipeline;
@@ -628,5 +624,3 @@ TEST_CASE("pipeline split: bad input is a clear error", "[pipeline][split]") {
     REQUIRE_THROWS_WITH(stages[0].backward_input(1, std::nullopt, 1.0), Catch::Contains("holds no forward of micro-batch 1"));
   });
 }
-
-}  // namespace test_pipeline_parity
