@@ -36,8 +36,11 @@ generator() { if [[ ! -f $1/CMakeCache.txt ]] && command -v ninja >/dev/null; th
 # -g1: line tables, what a sanitizer report prints (file:line per frame); full -g only adds the
 # local variables' descriptions, at a cost in compile time that the ASan build (the slowest part of CI)
 # cannot afford.
+# DTENSOR_TEST_GROUPS=OFF: one program per test file (tests/CMakeLists.txt), so that only the chosen
+# programs below are compiled, not the groups that hold them.
 common=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DDTENSOR_BUILD_TESTS=ON -DDTENSOR_BUILD_EXAMPLES=ON
-        -DDTENSOR_BUILD_BENCHMARKS=OFF -DDTENSOR_WITH_MPI=OFF -DDTENSOR_WITH_CUDA=OFF -DDTENSOR_WITH_BLAS=ON)
+        -DDTENSOR_BUILD_BENCHMARKS=OFF -DDTENSOR_WITH_MPI=OFF -DDTENSOR_WITH_CUDA=OFF -DDTENSOR_WITH_BLAS=ON
+        -DDTENSOR_TEST_GROUPS=OFF)
 
 if [[ $what == all || $what == asan ]]; then
   asan_tests=(test_tensor test_comm_threads test_redistribute_oracle test_ops_spaces test_hardening

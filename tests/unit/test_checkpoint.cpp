@@ -34,6 +34,10 @@
 #include "dtensor/mesh/device_mesh.hpp"
 #include "support/on_ranks.hpp"
 
+// This file's own namespace: the unit test programs compile several files as one unit
+// (tests/CMakeLists.txt, DTENSOR_TEST_GROUPS), and their file-local names must not meet.
+namespace test_checkpoint {
+
 using namespace dtensor;
 using namespace dtensor::testing;
 namespace fs = std::filesystem;
@@ -1234,3 +1238,5 @@ TEST_CASE("redistribute_parameters: models that do not pair up are an error on e
   INFO(summary(f));
   CHECK(f.empty());
 }
+
+}  // namespace test_checkpoint

@@ -25,6 +25,12 @@
 #include "dtensor/mesh/device_mesh.hpp"
 #include "dtensor/mesh/hosts.hpp"
 
+// This file's own namespace: the unit test programs compile several files as one unit
+// (tests/CMakeLists.txt, DTENSOR_TEST_GROUPS), and their file-local names must not meet.
+namespace test_comm_threads {
+
+// dtensor's, not OpenBLAS's global typedef (cblas.h), which another file of the group may include first.
+using dtensor::bfloat16;
 using namespace dtensor;
 using namespace std::chrono_literals;
 using dtensor::detail::cat;
@@ -742,3 +748,5 @@ TEST_CASE("host_names and the mesh dimensions that cross hosts", "[comm][threads
   // A host list of the wrong size is an error naming both sizes.
   CHECK_THAT(wrong_size, Catch::Contains("mesh_hosts") && Catch::Contains("3 host names") && Catch::Contains("8 ranks"));
 }
+
+}  // namespace test_comm_threads

@@ -22,6 +22,10 @@
 #include "support/on_ranks.hpp"
 #include "test_nn_support.hpp"
 
+// This file's own namespace: the unit test programs compile several files as one unit
+// (tests/CMakeLists.txt, DTENSOR_TEST_GROUPS), and their file-local names must not meet.
+namespace test_context_parallel {
+
 using namespace dtensor;
 using namespace dtensor::testing;
 using parallel::ContextKind;
@@ -447,3 +451,5 @@ TEST_CASE("attention activation memory per rank falls as 1/cp", "[cp][memory]") 
       for (std::size_t r : bytes[cp]) REQUIRE(r * std::size_t(cp) == whole);
   }
 }
+
+}  // namespace test_context_parallel

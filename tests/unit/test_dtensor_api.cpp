@@ -11,6 +11,10 @@
 #include "support/on_ranks.hpp"
 #include "support/oracle.hpp"
 
+// This file's own namespace: the unit test programs compile several files as one unit
+// (tests/CMakeLists.txt, DTENSOR_TEST_GROUPS), and their file-local names must not meet.
+namespace test_dtensor_api {
+
 using namespace dtensor;
 using namespace dtensor::testing;
 using K = CollectiveKind;
@@ -285,3 +289,5 @@ TEST_CASE("redistribute of a temporary reuses its storage where no step runs, el
   INFO(summary(f));
   CHECK(f.empty());
 }
+
+}  // namespace test_dtensor_api

@@ -11,6 +11,10 @@
 #include "support/fault_cases.hpp"
 #include "support/on_ranks.hpp"
 
+// This file's own namespace: the unit test programs compile several files as one unit
+// (tests/CMakeLists.txt, DTENSOR_TEST_GROUPS), and their file-local names must not meet.
+namespace test_dtensor_faults {
+
 using namespace dtensor;
 using namespace dtensor::testing;
 using namespace std::chrono_literals;
@@ -85,3 +89,5 @@ TEST_CASE("a rank that skips a redistribution is named", "[faults]") {
     CHECK_THAT(errs[std::size_t(r)], (Catch::Contains("redistribute[tp]") || Catch::Contains("all_gather[tp]")) &&
                                          Catch::Contains("rank 2"));
 }
+
+}  // namespace test_dtensor_faults

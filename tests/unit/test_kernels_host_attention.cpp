@@ -10,6 +10,10 @@
 #include "dtensor/kernels/attention_chunk.hpp"
 #include "dtensor/kernels/host/attention.hpp"
 
+// This file's own namespace: the unit test programs compile several files as one unit
+// (tests/CMakeLists.txt, DTENSOR_TEST_GROUPS), and their file-local names must not meet.
+namespace test_kernels_host_attention {
+
 using namespace dtensor;
 namespace kh = dtensor::kernels::host;
 using T4 = Tensor<double, 4>;
@@ -280,3 +284,5 @@ TEST_CASE("bfloat16 chunked attention (ring attention's local part) against the 
   }
   near_oracle(std::move(bwd).dq(), dq, "summed dq");
 }
+
+}  // namespace test_kernels_host_attention

@@ -19,6 +19,10 @@
 #include <unistd.h>
 #endif
 
+// This file's own namespace: the unit test programs compile several files as one unit
+// (tests/CMakeLists.txt, DTENSOR_TEST_GROUPS), and their file-local names must not meet.
+namespace test_kernels_host_gemm {
+
 using namespace dtensor;
 namespace kh = dtensor::kernels::host;
 
@@ -699,3 +703,5 @@ TEST_CASE("DTENSOR_BLAS_CORETYPE pins OpenBLAS's kernels, and a name it does not
   { WARN("skipped: " << "built without OpenBLAS"); return; }
 #endif
 }
+
+}  // namespace test_kernels_host_gemm

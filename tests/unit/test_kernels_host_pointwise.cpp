@@ -14,6 +14,12 @@
 #include "dtensor/kernels/elementwise.hpp"
 #include "dtensor/kernels/reduce.hpp"
 
+// This file's own namespace: the unit test programs compile several files as one unit
+// (tests/CMakeLists.txt, DTENSOR_TEST_GROUPS), and their file-local names must not meet.
+namespace test_kernels_host_pointwise {
+
+// dtensor's, not OpenBLAS's global typedef (cblas.h), which another file of the group may include first.
+using dtensor::bfloat16;
 using namespace dtensor;
 namespace kh = dtensor::kernels::host;
 
@@ -210,3 +216,5 @@ TEST_CASE("permute, transpose, split and concat", "[kernels][transpose]") {
   std::vector<Tensor<std::int32_t, 4>> bad{x, kh::transpose(x, 1, 2)};
   kt::require_error([&] { kh::concat(bad, 0); }, {"concat", "[2, 4, 3, 5]", "[2, 3, 4, 5]"});
 }
+
+}  // namespace test_kernels_host_pointwise

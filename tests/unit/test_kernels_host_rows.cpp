@@ -19,6 +19,10 @@
 #include "dtensor/kernels/norm.hpp"
 #include "dtensor/kernels/softmax.hpp"
 
+// This file's own namespace: the unit test programs compile several files as one unit
+// (tests/CMakeLists.txt, DTENSOR_TEST_GROUPS), and their file-local names must not meet.
+namespace test_kernels_host_rows {
+
 using namespace dtensor;
 namespace kh = dtensor::kernels::host;
 using T1 = Tensor<double, 1>;
@@ -258,3 +262,5 @@ TEST_CASE("bfloat16 row kernels of a GPT / Llama step follow the double kernels 
   kh::embedding_backward(dtd, ids, demb);
   close(dtb, dtd, "embedding_backward");
 }
+
+}  // namespace test_kernels_host_rows

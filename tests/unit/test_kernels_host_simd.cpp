@@ -36,6 +36,10 @@
 #include "dtensor/kernels/host/softmax.hpp"
 #include "dtensor/kernels/host/transpose.hpp"
 
+// This file's own namespace: the unit test programs compile several files as one unit
+// (tests/CMakeLists.txt, DTENSOR_TEST_GROUPS), and their file-local names must not meet.
+namespace test_kernels_host_simd {
+
 using namespace dtensor;
 namespace kh = dtensor::kernels::host;
 
@@ -636,3 +640,5 @@ TEST_CASE("dtensor::bfloat16 element-wise, bias and broadcast loops and float <-
     }
   });
 }
+
+}  // namespace test_kernels_host_simd

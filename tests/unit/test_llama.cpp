@@ -21,6 +21,10 @@
 #include "dtensor/sim/serving.hpp"
 #include "test_nn_support.hpp"
 
+// This file's own namespace: the unit test programs compile several files as one unit
+// (tests/CMakeLists.txt, DTENSOR_TEST_GROUPS), and their file-local names must not meet.
+namespace test_llama {
+
 using namespace dtensor;
 using namespace dtensor::testing;
 
@@ -1206,3 +1210,5 @@ TEST_CASE("serving latency: memory-bound decode, TP all-reduces and PP sends on 
   CHECK(big.prefill > big.decode);
   CHECK(big.decode > t8.decode);  // 64 sequences' caches
 }
+
+}  // namespace test_llama

@@ -10,6 +10,10 @@
 #include "dtensor/parallel/gpt_plan.hpp"
 #include "test_nn_support.hpp"
 
+// This file's own namespace: the unit test programs compile several files as one unit
+// (tests/CMakeLists.txt, DTENSOR_TEST_GROUPS), and their file-local names must not meet.
+namespace test_nn_attention {
+
 using namespace dtensor;
 using namespace dtensor::testing;
 
@@ -127,3 +131,5 @@ TEST_CASE("attention checks heads against tp and positions against the configure
   INFO(summary(f));
   REQUIRE(f.empty());
 }
+
+}  // namespace test_nn_attention

@@ -13,6 +13,10 @@
 #include "dtensor/nn/classification_loss.hpp"
 #include "support/on_ranks.hpp"
 
+// This file's own namespace: the unit test programs compile several files as one unit
+// (tests/CMakeLists.txt, DTENSOR_TEST_GROUPS), and their file-local names must not meet.
+namespace test_nn_classification {
+
 using namespace dtensor;
 using namespace dtensor::testing;
 
@@ -68,3 +72,5 @@ TEST_CASE("classification cross-entropy over [B, C]: the formula, and the same o
   INFO((failures.empty() ? "" : failures.front()));
   CHECK(failures.empty());
 }
+
+}  // namespace test_nn_classification

@@ -14,6 +14,10 @@
 #include "dtensor/parallel/vocab_parallel.hpp"
 #include "test_nn_support.hpp"
 
+// This file's own namespace: the unit test programs compile several files as one unit
+// (tests/CMakeLists.txt, DTENSOR_TEST_GROUPS), and their file-local names must not meet.
+namespace test_nn_layers {
+
 using namespace dtensor;
 using namespace dtensor::testing;
 using parallel::ColwiseParallel;
@@ -491,3 +495,5 @@ TEST_CASE("loss parallel: vocabulary-split cross-entropy equals the whole one, t
     REQUIRE(f.empty());
   }
 }
+
+}  // namespace test_nn_layers

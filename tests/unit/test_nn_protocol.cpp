@@ -32,6 +32,10 @@ using RoleMesh = dtensor::DeviceMesh<"data", "model">;
 template <>
 struct dtensor::mesh_roles<RoleMesh> : dtensor::roles<dtensor::Role::data, dtensor::Role::tensor> {};
 
+// This file's own namespace: the unit test programs compile several files as one unit
+// (tests/CMakeLists.txt, DTENSOR_TEST_GROUPS), and their file-local names must not meet.
+namespace test_nn_protocol {
+
 using namespace dtensor;
 using namespace dtensor::testing;
 
@@ -519,3 +523,5 @@ TEST_CASE("a GPT step on meta tensors over the sim backend issues and allocates 
     check_dry_step_equals_real<DeviceMesh<"fsdp", "tp">, MetaMesh<"fsdp", "tp">, true>({2, 2});
   }
 }
+
+}  // namespace test_nn_protocol

@@ -20,6 +20,10 @@
 #include "dtensor/parallel/fully_shard.hpp"
 #include "support/on_ranks.hpp"
 
+// This file's own namespace: the unit test programs compile several files as one unit
+// (tests/CMakeLists.txt, DTENSOR_TEST_GROUPS), and their file-local names must not meet.
+namespace test_nn_units {
+
 using namespace dtensor;
 using namespace dtensor::testing;
 
@@ -175,3 +179,5 @@ TEST_CASE("a model that only declares its children trains under DDP and FSDP lik
   INFO((failures.empty() ? "" : failures.front()));
   CHECK(failures.empty());
 }
+
+}  // namespace test_nn_units

@@ -3,6 +3,10 @@
 // finite differences, no collectives.
 #include "test_ops_util.hpp"
 
+// This file's own namespace: the unit test programs compile several files as one unit
+// (tests/CMakeLists.txt, DTENSOR_TEST_GROUPS), and their file-local names must not meet.
+namespace test_ops_attention_shape {
+
 using namespace ot;
 
 static_assert(std::is_same_v<rules::attention_t<Layout<Shard<1>>, Layout<Shard<1>>, Layout<Shard<1>>>, Layout<Shard<1>>>);
@@ -149,3 +153,5 @@ TEST_CASE("reshape: whole heads split, merged leading dimensions, and the run-ti
   INFO(summary(f));
   CHECK(f.empty());
 }
+
+}  // namespace test_ops_attention_shape

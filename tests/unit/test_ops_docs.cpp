@@ -13,6 +13,10 @@
 
 #include "dtensor/ops/rules.hpp"
 
+// This file's own namespace: the unit test programs compile several files as one unit
+// (tests/CMakeLists.txt, DTENSOR_TEST_GROUPS), and their file-local names must not meet.
+namespace test_ops_docs {
+
 using namespace dtensor;
 namespace rules = dtensor::ops::rules;
 
@@ -144,3 +148,5 @@ TEST_CASE("the rendered tables carry the rules the issue names", "[ops][docs]") 
   CHECK(mm.find("| Shard<0> | Shard<0> |") == std::string::npos);
   CHECK(t[6].text.find("Partial") == std::string::npos);  // activations keep no Partial
 }
+
+}  // namespace test_ops_docs

@@ -3,6 +3,10 @@
 // backward against the oracle and against finite differences; no op communicates.
 #include "test_ops_util.hpp"
 
+// This file's own namespace: the unit test programs compile several files as one unit
+// (tests/CMakeLists.txt, DTENSOR_TEST_GROUPS), and their file-local names must not meet.
+namespace test_ops_matmul {
+
 using namespace ot;
 
 namespace {
@@ -226,3 +230,5 @@ TEST_CASE("matmul: run-time errors name the op, the extents and the rank", "[ops
   INFO(summary(f));
   CHECK(f.empty());
 }
+
+}  // namespace test_ops_matmul

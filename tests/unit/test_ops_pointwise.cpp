@@ -3,6 +3,10 @@
 // finite differences, no collectives, run-time errors.
 #include "test_ops_util.hpp"
 
+// This file's own namespace: the unit test programs compile several files as one unit
+// (tests/CMakeLists.txt, DTENSOR_TEST_GROUPS), and their file-local names must not meet.
+namespace test_ops_pointwise {
+
 using namespace ot;
 
 namespace {
@@ -253,3 +257,5 @@ TEST_CASE("pointwise run-time errors: broadcast against a split dimension, bias 
   INFO(summary(f));
   CHECK(f.empty());
 }
+
+}  // namespace test_ops_pointwise

@@ -4,6 +4,10 @@
 // differences, no collectives.
 #include "test_ops_util.hpp"
 
+// This file's own namespace: the unit test programs compile several files as one unit
+// (tests/CMakeLists.txt, DTENSOR_TEST_GROUPS), and their file-local names must not meet.
+namespace test_ops_rows {
+
 using namespace ot;
 
 namespace {
@@ -256,3 +260,5 @@ TEST_CASE("row ops: run-time errors name the op, the extents and the rank", "[op
   INFO(summary(f));
   CHECK(f.empty());
 }
+
+}  // namespace test_ops_rows

@@ -17,6 +17,10 @@
 #include "support/counting_space.hpp"
 #include "support/on_ranks.hpp"
 
+// This file's own namespace: the unit test programs compile several files as one unit
+// (tests/CMakeLists.txt, DTENSOR_TEST_GROUPS), and their file-local names must not meet.
+namespace test_ops_spaces {
+
 using namespace dtensor;
 using namespace dtensor::testing;
 namespace meta = dtensor::kernels::meta;
@@ -332,3 +336,5 @@ TEST_CASE("a memory space added with one header runs the op chain as host does",
   });
   for (const auto& f : failures) FAIL(f);
 }
+
+}  // namespace test_ops_spaces

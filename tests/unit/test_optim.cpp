@@ -16,6 +16,10 @@
 #include "dtensor/parallel/data_parallel.hpp"
 #include "support/on_ranks.hpp"
 
+// This file's own namespace: the unit test programs compile several files as one unit
+// (tests/CMakeLists.txt, DTENSOR_TEST_GROUPS), and their file-local names must not meet.
+namespace test_optim {
+
 using namespace dtensor;
 using Mesh = DeviceMesh<"dp", "tp">;
 using testing::on_ranks;
@@ -339,3 +343,5 @@ TEST_CASE("one optimizer and one clip over parameters on two meshes (nn::ParamSe
   INFO(summary(f));
   REQUIRE(f.empty());
 }
+
+}  // namespace test_optim

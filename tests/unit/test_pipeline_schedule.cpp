@@ -14,6 +14,10 @@
 #include "dtensor/parallel/pipeline/simulate.hpp"
 #include "dtensor/parallel/pipeline/validate.hpp"
 
+// This file's own namespace: the unit test programs compile several files as one unit
+// (tests/CMakeLists.txt, DTENSOR_TEST_GROUPS), and their file-local names must not meet.
+namespace test_pipeline_schedule {
+
 using namespace dtensor;
 using namespace dtensor::parallel::pipeline;
 using Catch::Contains;
@@ -518,3 +522,5 @@ TEST_CASE("DualPipeV's overlapped pairs: PyTorch's OVERLAP_F_B cells, and what t
   CHECK_THROWS_WITH(dual_pipe_v_overlapped(4, 7),
                     Contains("pipeline::dual_pipe_v_overlapped") && Contains("m = 7 < 2p = 8"));
 }
+
+}  // namespace test_pipeline_schedule

@@ -7,6 +7,10 @@
 #include "support/adjoint_cases.hpp"
 #include "support/on_ranks.hpp"
 
+// This file's own namespace: the unit test programs compile several files as one unit
+// (tests/CMakeLists.txt, DTENSOR_TEST_GROUPS), and their file-local names must not meet.
+namespace test_redistribute_adjoint {
+
 using namespace dtensor;
 using namespace dtensor::testing;
 
@@ -34,3 +38,5 @@ TEST_CASE("redistribute_backward returns the gradient to the input's layout", "[
   INFO(summary(f));
   CHECK(f.empty());
 }
+
+}  // namespace test_redistribute_adjoint

@@ -8,6 +8,10 @@
 #include "support/on_ranks.hpp"
 #include "support/redistribute_cases.hpp"
 
+// This file's own namespace: the unit test programs compile several files as one unit
+// (tests/CMakeLists.txt, DTENSOR_TEST_GROUPS), and their file-local names must not meet.
+namespace test_redistribute_oracle {
+
 using namespace dtensor;
 using namespace dtensor::testing;
 
@@ -74,3 +78,5 @@ TEST_CASE("an all-to-all sends strided blocks of the input when its chunks are e
   for (Extent j = 0; j < 4; ++j) row_parts.push_back({{2 * j, 3}, {2, 3}});
   CHECK_FALSE(detail::strided_send_blocks(row_parts, Box<2>{{0, 3}, {8, 3}}, Shape<2>{2, 3}, rows));
 }
+
+}  // namespace test_redistribute_oracle

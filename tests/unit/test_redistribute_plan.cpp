@@ -11,6 +11,10 @@
 #include "support/on_ranks.hpp"
 #include "support/oracle.hpp"
 
+// This file's own namespace: the unit test programs compile several files as one unit
+// (tests/CMakeLists.txt, DTENSOR_TEST_GROUPS), and their file-local names must not meet.
+namespace test_redistribute_plan {
+
 using namespace dtensor;
 using namespace dtensor::testing;
 
@@ -289,3 +293,5 @@ TEST_CASE("redistribute_async equals redistribute and issues the same collective
   INFO(summary(f));
   CHECK(f.empty());
 }
+
+}  // namespace test_redistribute_plan

@@ -9,6 +9,10 @@
 #include "support/on_ranks.hpp"
 #include "support/redistribute_cases.hpp"
 
+// This file's own namespace: the unit test programs compile several files as one unit
+// (tests/CMakeLists.txt, DTENSOR_TEST_GROUPS), and their file-local names must not meet.
+namespace test_redistribute_random {
+
 using namespace dtensor;
 using namespace dtensor::testing;
 
@@ -35,3 +39,5 @@ TEST_CASE("random redistributions match the oracle", "[redistribute][random]") {
   INFO(summary(f));
   CHECK(f.empty());
 }
+
+}  // namespace test_redistribute_random

@@ -28,6 +28,10 @@
 #include "support/on_ranks.hpp"
 #include "support/sync_cases.hpp"
 
+// This file's own namespace: the unit test programs compile several files as one unit
+// (tests/CMakeLists.txt, DTENSOR_TEST_GROUPS), and their file-local names must not meet.
+namespace test_sync {
+
 using namespace dtensor;
 using namespace dtensor::testing::sync_cases;
 using testing::on_ranks;
@@ -714,3 +718,5 @@ TEST_CASE("bad input: H = 0, staleness < 0, more clients than ranks, k < 2 or k 
   expect([] { parallel::sync::parse_sync("lockstep"); }, "unknown synchronization");
   expect([] { parallel::sync::SplitSpec::parse("kfold k=x"); }, "bad value");
 }
+
+}  // namespace test_sync

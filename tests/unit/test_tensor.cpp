@@ -12,6 +12,12 @@
 #include <string>
 #include <string_view>
 
+// This file's own namespace: the unit test programs compile several files as one unit
+// (tests/CMakeLists.txt, DTENSOR_TEST_GROUPS), and their file-local names must not meet.
+namespace test_tensor {
+
+// dtensor's, not OpenBLAS's global typedef (cblas.h), which another file of the group may include first.
+using dtensor::bfloat16;
 using namespace dtensor;
 
 TEST_CASE("tensor factories, access and copies", "[core]") {
@@ -238,3 +244,5 @@ TEST_CASE("detail::cat writes each piece as std::ostream << piece does (text, in
   CHECK(c.starts_with("lit ptrarrstrview-5184467440737095516157-3cABC10"));
   CHECK(dtensor::detail::cat() == "");
 }
+
+}  // namespace test_tensor

@@ -32,6 +32,10 @@
 #include "support/on_ranks.hpp"
 #include "support/strict_json.hpp"
 
+// This file's own namespace: the unit test programs compile several files as one unit
+// (tests/CMakeLists.txt, DTENSOR_TEST_GROUPS), and their file-local names must not meet.
+namespace test_trace {
+
 using namespace dtensor;
 using dtensor::testing::Json;
 using dtensor::testing::JsonParser;
@@ -519,3 +523,5 @@ TEST_CASE("training monitor: traces the chosen steps on every rank, writes the t
   CHECK_THAT(rank0_out.str(), Catch::Contains("validation loss 2.1000") && Catch::Contains("written to " + trace_path) &&
                                   Catch::Contains("written to " + plot_path));
 }
+
+}  // namespace test_trace

@@ -46,6 +46,10 @@
 
 #include <unistd.h>  // getpid
 
+// This file's own namespace: the unit test programs compile several files as one unit
+// (tests/CMakeLists.txt, DTENSOR_TEST_GROUPS), and their file-local names must not meet.
+namespace test_trainer {
+
 using namespace dtensor;
 
 namespace {
@@ -1005,3 +1009,5 @@ TEST_CASE("models::text_batches: the sequences and next characters, FedAvg's sli
   auto plain = models::text_batches(c, trainer, {.batch = 4, .seq = 4, .microbatches = 1}, rng3);
   CHECK(same(balanced.batch(1).first, parallel::load_balance(plain.batch(1).first, 1, 2)));
 }
+
+}  // namespace test_trainer
