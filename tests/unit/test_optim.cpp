@@ -204,7 +204,7 @@ TEST_CASE("nn::flatten and nn::collect of a parameter of another element type th
     } mixed{W("w", distribute_replicated<WL>(m, w0())),
             nn::Parameter<float, 1, Mesh, BL>("f", distribute_replicated<BL>(m, ones<float>(bshape)))};
     const auto* w_group = mixed.w.group().get();
-    REQUIRE_THROWS_WITH(nn::flatten<double, 2>("mixed", mixed),
+    REQUIRE_THROWS_WITH((nn::flatten<double, 2>("mixed", mixed)),
                         Catch::Contains("nn::flatten") && Catch::Contains("parameter f is not of the group's"));
     CHECK(mixed.w.group().get() == w_group);  // the check comes before any parameter is moved
     CHECK(equal(mixed.w.value().to_local(), w0()));
