@@ -3,7 +3,11 @@
 # of the headers, interleaved (docs/benchmarks.md, "A user's FSDP x TP program: compile time and
 # memory"):
 #
-#   bench/compile/measure.sh [-r ROUNDS] [-w WORKDIR] VERSION...
+#   bench/compile/measure.sh [-r ROUNDS] [-w WORKDIR] [-g] VERSION...
+#
+# -g fixes GCC's garbage-collector thresholds (--param ggc-min-expand=100 --param
+# ggc-min-heapsize=131072, this machine's defaults written out): GCC's peak moves in steps with
+# where its collections fall, and the defaults depend on the machine's RAM.
 #
 # A VERSION is a commit of this repository (its include/ is taken with git archive) or a directory
 # holding an include/ (a worktree with uncommitted changes). Each round compiles every version in
@@ -16,18 +20,21 @@ here=$(cd "$(dirname "$0")" && pwd)
 repo=$(git -C "$here" rev-parse --show-toplevel)
 rounds=3
 work=${TMPDIR:-/tmp}/dtensor-ctime
-while getopts "r:w:" opt; do
+gc_flags=()
+while getopts "r:w:g" opt; do
   case $opt in
     r) rounds=$OPTARG ;;
     w) work=$OPTARG ;;
-    *) echo "usage: $0 [-r ROUNDS] [-w WORKDIR] VERSION..." >&2; exit 2 ;;
+    g) gc_flags=(--param ggc-min-expand=100 --param ggc-min-heapsize=131072) ;;
+    *) echo "usage: $0 [-r ROUNDS] [-w WORKDIR] [-g] VERSION..." >&2; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
-[ $# -ge 1 ] || { echo "usage: $0 [-r ROUNDS] [-w WORKDIR] VERSION..." >&2; exit 2; }
+[ $# -ge 1 ] || { echo "usage: $0 [-r ROUNDS] [-w WORKDIR] [-g] VERSION..." >&2; exit 2; }
 mkdir -p "$work"
 cxx=${CXX:-g++}
 flags=(-std=c++20 -O2 -c)
+flags+=("${gc_flags[@]}")
 
 declare -A include_of
 for v in "$@"; do
@@ -49,6 +56,7 @@ timed() {  # prints "user elapsed peak_kB" of the compile given
 }
 
 echo "# $(${cxx} --version | head -1); $(lscpu | grep 'Model name' | sed 's/  */ /g'); $(nproc) cores"
+[ ${#gc_flags[@]} -eq 0 ] || echo "# ${gc_flags[*]}"
 echo "# round version user_s elapsed_s peak_MB text_bytes reference_user_s load_1min"
 for ((r = 1; r <= rounds; ++r)); do
   for v in "$@"; do

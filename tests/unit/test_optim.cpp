@@ -198,6 +198,26 @@ TEST_CASE("optimizer options are checked") {
   });
 }
 
+TEST_CASE("nn::flatten and nn::collect of a parameter of another element type throw, naming it; nothing moves") {
+  threads::run(1, [&](CommPtr world) {
+    Mesh m(world, {1, 1});
+    struct Mixed {
+      W w;
+      nn::Parameter<float, 1, Mesh, BL> f;
+      auto parameters() { return std::tie(w, f); }
+    } mixed{W("w", distribute_replicated<WL>(m, w0())),
+            nn::Parameter<float, 1, Mesh, BL>("f", distribute_replicated<BL>(m, ones<float>(bshape)))};
+    const auto* w_group = mixed.w.group().get();
+    REQUIRE_THROWS_WITH((nn::flatten<double, 2>("mixed", mixed)),
+                        Catch::Contains("nn::flatten") && Catch::Contains("parameter f is not of the group's"));
+    CHECK(mixed.w.group().get() == w_group);  // the check comes before any parameter is moved
+    CHECK(equal(mixed.w.value().to_local(), w0()));
+    nn::ParamList<double, 2> list;
+    REQUIRE_THROWS_WITH(nn::collect(mixed, list),
+                        Catch::Contains("nn::collect") && Catch::Contains("parameter f is not of the list's"));
+  });
+}
+
 TEST_CASE("clip_grad_norm: the norm of the logical gradients, one all-reduce, every layout") {
   // One-rank twin.
   double want = 0;

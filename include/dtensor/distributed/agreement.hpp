@@ -57,7 +57,7 @@ class RedistributionAgreement {
 /// it. Keep the result alive while the redistribution issues its collectives.
 template <LayoutType To, Element T, std::size_t R, class Mesh, class From, class Space>
 [[nodiscard]] RedistributionAgreement check_redistribution_agreement(const DTensor<T, R, Mesh, From, Space>& x) {
-  if constexpr (plan_redistribution(From::desc, To::desc).collectives() > 0) {
+  if constexpr (layout_plan<From, To>.collectives() > 0) {
     Communicator& comm = x.mesh().comm();
     if (!comm.checks_agreement() && !comm.agrees_before_data()) return {};
     // Numbers, not describe_redistribution's text: formatting it on every redistribution was

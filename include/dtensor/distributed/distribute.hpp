@@ -30,7 +30,7 @@ bool holds_values(const LayoutDesc<N>& l, const std::array<int, N>& coord) {
 /// Every rank already holds the same `full` tensor: each keeps its piece. No communication.
 template <LayoutType L, Element T, std::size_t R, MeshType Mesh, class Space>
 DTensor<T, R, Mesh, L, Space> distribute_replicated(const Mesh& mesh, const Tensor<T, R, Space>& full) {
-  constexpr auto plan = plan_redistribution(replicated_layout<Mesh::ndim>::desc, L::desc);
+  constexpr auto plan = layout_plan<replicated_layout<Mesh::ndim>, L>;
   static_assert(plan.collectives() == 0, "a replica becomes any layout without communication");
   return DTensor<T, R, Mesh, L, Space>(mesh, full.shape(), execute(plan, full, mesh, full.shape()));
 }

@@ -437,6 +437,12 @@ constexpr Plan<N> plan_redistribution(const LayoutDesc<N>& from, const LayoutDes
   return detail::search_plan(from, to, 1.0);  // a second per collective outweighs any modelled time
 }
 
+/// plan_redistribution of two layout types, evaluated once per pair: the plan search is a
+/// constant evaluation that redistribute, its agreement check and distribute_replicated would
+/// otherwise each repeat (clang repeats it per use).
+template <class From, class To>
+inline constexpr Plan<From::mesh_ndim> layout_plan = plan_redistribution(From::desc, To::desc);
+
 /// One line per step: "all_gather on tp (mesh dim 1): S(0) -> R".
 template <std::size_t N>
 std::string describe(const Plan<N>& plan, const std::array<std::string_view, N>& mesh_names) {

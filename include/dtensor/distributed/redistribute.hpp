@@ -419,7 +419,7 @@ constexpr auto checked_plan() {
                 "Partial<a> to Partial<b> with a != b changes the value: reduce to Replicate or Shard first");
   static_assert(!shard_to_partial_avg(From::desc, To::desc),
                 "Shard to Partial<avg> has no meaning: a shard is not an average over ranks");
-  return plan_redistribution(From::desc, To::desc);
+  return layout_plan<From, To>;
 }
 }  // namespace detail
 

@@ -41,6 +41,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <concepts>
 #include <cstddef>
 #include <cstring>
 #include <deque>
@@ -329,8 +330,11 @@ class ActivationOffload {
 
   /// Collective over `comm` (null: this rank alone) for the disk tier: every rank creates its
   /// file, and all throw when any could not (naming the directory and the failed ranks).
-  explicit ActivationOffload(ActivationOffloadOptions o, Communicator* comm = nullptr)
-      : opts_(std::move(o)), store_(std::make_shared<Store>()) {
+  /// (A template only so that start_io, which it sets, is compiled where an offloader is made.)
+  template <class Options = ActivationOffloadOptions>
+    requires std::same_as<Options, ActivationOffloadOptions>
+  explicit ActivationOffload(Options o, Communicator* comm = nullptr)
+      : opts_(std::move(o)), store_(std::make_shared<Store>()), start_io_(&start_io<Options>) {
     store_->tier = opts_.tier;
     store_->rank = comm ? comm->rank() : 0;
     if (opts_.tier != OffloadTier::disk) return;
@@ -382,12 +386,7 @@ class ActivationOffload {
       e->pieces_.push_back(std::move(p));
     }
     ++store_->stats.entries;
-    e->write_ = std::async(std::launch::async, [store = store_.get(), ent = e.get()] {
-      const auto t0 = Clock::now();
-      for (auto& p : ent->pieces_)
-        if (p.moves) store->write(p.region, p.held->host_data());
-      return seconds(t0);
-    });
+    e->write_ = start_io_(store_.get(), e.get(), /*write=*/true);
     for (auto& p : e->pieces_) store_->stats.bytes_written += p.moves ? p.region.bytes : 0;
     // Write-behind, bounded: the entries before this one are written now (their writes had
     // this block's forward to run in) and their memory goes.
@@ -412,12 +411,7 @@ class ActivationOffload {
       MemoryTagScope tag(MemoryTag::activations);
       for (auto& p : e.pieces_) p.held->allocate();  // on this thread: the ledger counts them here
     }
-    e.read_ = std::async(std::launch::async, [store = store_.get(), ent = &e] {
-      const auto t0 = Clock::now();
-      for (auto& p : ent->pieces_)
-        if (p.moves) store->read(p.region, p.held->host_data());
-      return seconds(t0);
-    });
+    e.read_ = start_io_(store_.get(), &e, /*write=*/false);
     for (auto& p : e.pieces_) store_->stats.bytes_read += p.moves ? p.region.bytes : 0;
   }
 
@@ -463,6 +457,24 @@ class ActivationOffload {
   std::string file() const { return store_->file ? store_->file->path() : std::string(); }
 
  private:
+  /// Starts writing an entry's pieces to the tier (or reading them back) on a background thread;
+  /// the future holds the seconds the I/O took. A template, reached through start_io_ (set by
+  /// the constructor, a template too): std::async and the thread and future machinery under it
+  /// are compiled where an offloader is constructed, not by every program that builds a model
+  /// (30 MiB of a user FSDP x TP program's compile memory, docs/benchmarks.md).
+  template <class>
+  static std::future<double> start_io(Store* store, Entry* ent, bool write) {
+    return std::async(std::launch::async, [store, ent, write] {
+      const auto t0 = Clock::now();
+      for (auto& p : ent->pieces_) {
+        if (!p.moves) continue;
+        if (write) store->write(p.region, p.held->host_data());
+        else store->read(p.region, p.held->host_data());
+      }
+      return seconds(t0);
+    });
+  }
+
   /// Waits for an entry's write; frees the bytes it held unless `keep` (the backward wants them now).
   void reap(Entry& e, bool keep) {
     if (e.write_.valid()) {
@@ -477,6 +489,7 @@ class ActivationOffload {
 
   ActivationOffloadOptions opts_;
   std::shared_ptr<Store> store_;
+  std::future<double> (*start_io_)(Store*, Entry*, bool);
   std::vector<Ticket> writing_;  // entries whose write has not been reaped (the newest one)
 };
 

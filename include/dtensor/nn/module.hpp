@@ -35,6 +35,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "dtensor/core/error.hpp"
 #include "dtensor/distributed/dtensor.hpp"
 #include "dtensor/mesh/fixed_string.hpp"
 #include "dtensor/mesh/roles.hpp"
@@ -100,6 +101,95 @@ void visit_parameters(X& x, F& f) {
     std::apply([&](auto&... c) { (visit_child(c, f), ...); }, kids);
   }
 }
+
+/// One address per type: the identity a ParamSlot compares (meshes, groups, lists).
+template <class T>
+inline constexpr char type_key{};
+
+/// What the bookkeeping of lists, groups and units needs of one parameter, without its type:
+/// one table per parameter type. `group` identifies its FlatParams type (element type, mesh
+/// rank, memory space) and `list` its ParamList type; the pointers to a group or a list passed
+/// below are of those types.
+struct ParamSlotOps {
+  const void* mesh;   // type_key of the parameter's mesh type
+  const void* group;  // type_key of its FlatParams type
+  const void* list;   // type_key of its ParamList type
+  bool (*defined)(const void* p);
+  const std::string& (*name)(const void* p);
+  const void* (*group_of)(const void* p);  // its std::shared_ptr<Group>
+  std::size_t (*index)(const void* p);
+  void (*rebind)(void* p, const void* group, std::size_t index);  // group: a std::shared_ptr<Group>
+  void (*collect)(void* p, void* list);
+  void (*zero_grad)(void* p);
+};
+
+template <class P>
+inline constexpr ParamSlotOps param_slot_ops{
+    &type_key<typename P::value_type::mesh_type>,
+    &type_key<typename P::Group>,
+    &type_key<typename P::List>,
+    [](const void* p) { return static_cast<const P*>(p)->defined(); },
+    [](const void* p) -> const std::string& { return static_cast<const P*>(p)->name(); },
+    [](const void* p) -> const void* { return &static_cast<const P*>(p)->group(); },
+    [](const void* p) { return static_cast<const P*>(p)->index(); },
+    [](void* p, const void* group, std::size_t index) {
+      static_cast<P*>(p)->rebind(*static_cast<const std::shared_ptr<typename P::Group>*>(group), index);
+    },
+    [](void* p, void* list) { static_cast<P*>(p)->collect(*static_cast<typename P::List*>(list)); },
+    [](void* p) { static_cast<P*>(p)->zero_grad(); }};
+
+/// A module's parameter seen through its type's table.
+struct ParamSlot {
+  void* param;
+  const ParamSlotOps* ops;
+
+  bool defined() const { return ops->defined(param); }
+  /// Whether it lives on the mesh type of key `mesh` (null: any mesh).
+  bool on(const void* mesh) const { return mesh == nullptr || ops->mesh == mesh; }
+};
+/// A module's parameters in registration order. Built by one walk over the module tree per
+/// module type (param_slots), so that what iterates them is not instantiated per module type
+/// and caller: the walk was 78 instantiations of visit_parameters in one FSDP x TP program.
+using ParamSlots = std::vector<ParamSlot>;
+
+struct AppendParamSlot {
+  ParamSlots& out;
+  template <class P>
+  void operator()(P& p) const {
+    out.push_back(ParamSlot{&p, &param_slot_ops<P>});
+  }
+};
+
+/// Every nn::Parameter of module m and its children, in registration order (the undefined too).
+template <class M>
+ParamSlots param_slots(M& m) {
+  ParamSlots slots;
+  AppendParamSlot add{slots};
+  visit_parameters(m, add);
+  return slots;
+}
+
+/// The defined parameters among slots on the mesh type of key `mesh` (null: any mesh).
+inline std::size_t count_defined(const ParamSlots& slots, const void* mesh) {
+  std::size_t count = 0;
+  for (const auto& s : slots) count += s.on(mesh) && s.defined() ? 1 : 0;
+  return count;
+}
+
+[[noreturn]] inline void throw_param_type_mismatch(const char* op, const std::string& param, const char* what) {
+  throw Error(op, dtensor::detail::cat("parameter ", param, " is not of the ", what,
+                                       "'s element type, mesh rank and memory space"));
+}
+
+/// Appends the type-erased view of every defined parameter among slots on mesh `mesh` to out.
+template <class List>
+void collect_slots(const ParamSlots& slots, const void* mesh, List& out) {
+  for (const auto& s : slots) {
+    if (!s.on(mesh) || !s.defined()) continue;
+    if (s.ops->list != &type_key<List>) throw_param_type_mismatch("nn::collect", s.ops->name(s.param), "list");
+    s.ops->collect(s.param, &out);
+  }
+}
 }  // namespace detail
 
 /// A composite of existing modules, for the free functions: nn::flatten("embed", nn::modules(wte, wpe)).
@@ -127,6 +217,12 @@ template <class OnMesh, class P>
 constexpr bool param_on_mesh() {
   return std::is_same_v<OnMesh, AnyMesh> || std::is_same_v<typename P::value_type::mesh_type, OnMesh>;
 }
+/// The filter's key for ParamSlot::on.
+template <class OnMesh>
+constexpr const void* mesh_key() {
+  if constexpr (std::is_same_v<OnMesh, AnyMesh>) return nullptr;
+  else return &type_key<OnMesh>;
+}
 }  // namespace detail
 
 /// Calls f(p) for the parameters of m that live on a mesh of type OnMesh, in registration
@@ -139,12 +235,11 @@ void for_each_parameter_on(M& m, F&& f) {
   });
 }
 
-/// Appends the type-erased view of every (defined) parameter on a mesh of type OnMesh to out.
+/// Appends the type-erased view of every (defined) parameter on a mesh of type OnMesh to out;
+/// throws dtensor::Error for one of another element type, mesh rank or memory space than out's.
 template <class OnMesh, class M, class List>
 void collect_on(M& m, List& out) {
-  for_each_parameter_on<OnMesh>(m, [&](auto& p) {
-    if (p.defined()) p.collect(out);
-  });
+  detail::collect_slots(detail::param_slots(m), detail::mesh_key<OnMesh>(), out);
 }
 
 /// Appends the type-erased view of every (defined) parameter to out.
@@ -156,41 +251,54 @@ void collect(M& m, List& out) {
 /// Zeroes every parameter's gradient.
 template <class M>
 void zero_grad(M& m) {
-  for_each_parameter(m, [](auto& p) {
-    if (p.defined()) p.zero_grad();
-  });
+  for (const auto& s : detail::param_slots(m))
+    if (s.defined()) s.ops->zero_grad(s.param);
 }
+
+namespace detail {
+/// nn::flatten of the defined parameters among slots on the mesh type of key `mesh`.
+template <class T, std::size_t N, class Space>
+std::shared_ptr<FlatParams<T, N, Space>> flatten_slots(std::string name, const ParamSlots& slots, const void* mesh) {
+  using Group = FlatParams<T, N, Space>;
+  auto group_of = [](const ParamSlot& s) -> Group& {
+    return **static_cast<const std::shared_ptr<Group>*>(s.ops->group_of(s.param));
+  };
+  std::vector<FlatEntry<N>> entries;
+  for (const auto& s : slots) {
+    if (!s.on(mesh) || !s.defined()) continue;
+    if (s.ops->group != &type_key<Group>) throw_param_type_mismatch("nn::flatten", s.ops->name(s.param), "group");
+    entries.push_back(group_of(s).entries()[s.ops->index(s.param)]);
+  }
+  // Every parameter deferred (nn::DeferredInit): so is the group, nothing to copy; otherwise
+  // the deferred ones among them are drawn first (nn/flat_params.hpp).
+  auto group = std::make_shared<Group>(std::move(name), std::move(entries));
+  std::size_t i = 0;
+  for (const auto& s : slots) {
+    if (!s.on(mesh) || !s.defined()) continue;
+    if (!group->deferred()) {
+      auto& old = group_of(s);
+      const std::size_t index = s.ops->index(s.param);
+      old.ensure_materialized();
+      const std::size_t bytes = group->entries()[i].numel * sizeof(T);
+      Space::copy(group->value(i).data(), old.value(index).data(), bytes);
+      Space::copy(group->grad(i).data(), old.grad(index).data(), bytes);
+    }
+    s.ops->rebind(s.param, &group, i++);
+  }
+  return group;
+}
+}  // namespace detail
 
 /// Moves every (defined) parameter of module m into one new flat group called `name`: values,
 /// gradients and gradient states carried over, the parameters' views re-pointed. Returns the
-/// group. T and N are the parameters' element type and mesh rank; OnMesh, when given, takes
-/// only the parameters on that mesh type (the dense part of a block with an nn::MoE), and the
-/// group lives in that mesh's memory space (host without one).
+/// group. T and N are the parameters' element type and mesh rank (dtensor::Error for a
+/// parameter of another); OnMesh, when given, takes only the parameters on that mesh type (the
+/// dense part of a block with an nn::MoE), and the group lives in that mesh's memory space
+/// (host without one).
 template <class T, std::size_t N, class OnMesh = detail::AnyMesh, class M>
 std::shared_ptr<FlatParams<T, N, mesh_space_t<OnMesh>>> flatten(std::string name, M& m) {
-  using Space = mesh_space_t<OnMesh>;
-  std::vector<FlatEntry<N>> entries;
-  for_each_parameter_on<OnMesh>(m, [&](auto& p) {
-    if (p.defined()) entries.push_back(p.group()->entries()[p.index()]);
-  });
-  // Every parameter deferred (nn::DeferredInit): so is the group, nothing to copy; otherwise
-  // the deferred ones among them are drawn first (nn/flat_params.hpp).
-  auto group = std::make_shared<FlatParams<T, N, Space>>(std::move(name), std::move(entries));
-  std::size_t i = 0;
-  for_each_parameter_on<OnMesh>(m, [&](auto& p) {
-    if (!p.defined()) return;
-    auto& old = *p.group();
-    if (group->deferred()) {
-      p.rebind(group, i++);
-      return;
-    }
-    old.ensure_materialized();
-    const std::size_t bytes = group->entries()[i].numel * sizeof(T);
-    Space::copy(group->value(i).data(), old.value(p.index()).data(), bytes);
-    Space::copy(group->grad(i).data(), old.grad(p.index()).data(), bytes);
-    p.rebind(group, i++);
-  });
-  return group;
+  return detail::flatten_slots<T, N, mesh_space_t<OnMesh>>(std::move(name), detail::param_slots(m),
+                                                           detail::mesh_key<OnMesh>());
 }
 
 /// backward_weight of each child with its part of ctx (a tuple in children() order), last first.

@@ -194,8 +194,9 @@ class Stack : public WithUnits<typename detail::stack_x_t<M>::value_type, typena
       epilogue_.emplace(model_.make_epilogue());
       loss_.emplace(model_.make_loss());
     }
-    unit_of_ = this->make_units(*this);
-    make_groups();
+    const auto parts = nn::detail::unit_parts(*this);
+    unit_of_ = this->make_units_from(parts);
+    make_groups(parts);
   }
   Stack(Stack&&) = default;
   Stack& operator=(Stack&&) = default;
@@ -344,34 +345,29 @@ class Stack : public WithUnits<typename detail::stack_x_t<M>::value_type, typena
 
   /// The units of the declared meshes (one per part with parameters there), and the check that
   /// every parameter is on the model's mesh or a declared one.
-  void make_groups() {
+  void make_groups(const std::vector<nn::detail::UnitPart>& parts) {
     declared_ = detail::declared_meshes(model_);
-    std::size_t index = 0;
-    auto add = [&](std::string name, auto& part) {
-      std::size_t all = 0, placed = 0;
-      for_each_parameter(part, [&](auto& p) { all += p.defined() ? 1 : 0; });
-      for_each_parameter_on<Mesh>(part, [&](auto& p) { placed += p.defined() ? 1 : 0; });
+    for (const auto& part : parts) {
+      const std::size_t all = nn::detail::count_defined(part.params, nullptr);
+      std::size_t placed = nn::detail::count_defined(part.params, nn::detail::mesh_key<Mesh>());
       [&]<std::size_t... I>(std::index_sequence<I...>) {
-        (add_group_unit<I>(name, part, placed), ...);
+        (add_group_unit<I>(part, placed), ...);
       }(std::make_index_sequence<std::tuple_size_v<Declared>>{});
       if (placed != all)
-        model_.mesh().comm().fail("nn::Stack",
-                                  dtensor::detail::cat("part ", name, " has ", all - placed,
-                                                       " parameters on a mesh that is neither the model's nor one it "
-                                                       "declares: list it in parameter_meshes() (nn/param_groups.hpp)"));
-    };
-    auto kids = children();
-    std::apply([&](auto&... c) { (nn::detail::for_each_unit_part(c, index, add), ...); }, kids);
+        model_.mesh().comm().fail(
+            "nn::Stack", dtensor::detail::cat("part ", part.name, " has ", all - placed,
+                                              " parameters on a mesh that is neither the model's nor one it "
+                                              "declares: list it in parameter_meshes() (nn/param_groups.hpp)"));
+    }
   }
-  template <std::size_t I, class Part>
-  void add_group_unit(const std::string& name, Part& part, std::size_t& placed) {
+  template <std::size_t I>
+  void add_group_unit(const nn::detail::UnitPart& part, std::size_t& placed) {
     using E = typename std::tuple_element_t<I, Declared>::mesh_type;
     static_assert(!std::is_same_v<E, Mesh>, "nn::Stack: parameter_meshes() lists the model's own mesh type");
-    std::size_t count = 0;
-    for_each_parameter_on<E>(part, [&](auto& p) { count += p.defined() ? 1 : 0; });
+    const std::size_t count = nn::detail::count_defined(part.params, nn::detail::mesh_key<E>());
     if (count == 0) return;
     placed += count;
-    add_unit<T, E>(std::get<I>(other_units_), name + "." + std::get<I>(declared_).name, part);
+    add_unit<T, E>(std::get<I>(other_units_), part.name + "." + std::get<I>(declared_).name, part.params);
   }
 
   /// Starts reading back the last offloaded block before block `end` (what the backward needs next).

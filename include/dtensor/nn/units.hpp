@@ -147,15 +147,43 @@ void for_each_unit_part(Child& c, std::size_t& index, F& f) {
     for (auto& m : c) f(unit_name(m, index++), m);
   } else static_assert(sizeof(Child) == 0, "children() may hold modules, ranges of modules and optional modules only");
 }
+
+/// A unit-forming part of a model's children(): its name and its parameters.
+struct UnitPart {
+  std::string name;
+  ParamSlots params;
+};
+struct AppendUnitPart {
+  std::vector<UnitPart>& out;
+  template <class Part>
+  void operator()(std::string name, Part& part) const {
+    out.push_back(UnitPart{std::move(name), param_slots(part)});
+  }
+};
+
+/// The unit-forming parts of model.children(), in order, each with its parameters: the one walk
+/// over the model that the units' bookkeeping (WithUnits, nn::Stack) iterates.
+template <class Model>
+std::vector<UnitPart> unit_parts(Model& model) {
+  static_assert(CompositeModule<Model>, "nn::WithUnits: the model must declare its children() (nn/module.hpp)");
+  std::vector<UnitPart> parts;
+  std::size_t index = 0;
+  AppendUnitPart add{parts};
+  auto kids = model.children();
+  std::apply([&](auto&... c) { (for_each_unit_part(c, index, add), ...); }, kids);
+  return parts;
+}
 }  // namespace detail
 
-/// Moves the parameters of `part` on mesh type OnMesh into a new flat group `name` and appends
-/// it, with its views, to units. The one way a unit is made (models and models::MoELayers alike).
-template <class T, MeshType OnMesh, class Units, class Part>
-void add_unit(Units& units, std::string name, Part& part) {
+/// Moves the parameters among `params` on mesh type OnMesh into a new flat group `name` and
+/// appends it, with its views, to units. The one way a unit is made (models and
+/// models::MoELayers alike).
+template <class T, MeshType OnMesh, class Units>
+void add_unit(Units& units, std::string name, const detail::ParamSlots& params) {
   typename Units::value_type u;
-  u.group = flatten<T, OnMesh::ndim, OnMesh>(std::move(name), part);
-  if (!u.group->deferred()) collect_on<OnMesh>(part, u.params);  // deferred: materialize_unit takes them
+  constexpr const void* mesh = detail::mesh_key<OnMesh>();
+  u.group = detail::flatten_slots<T, OnMesh::ndim, mesh_space_t<OnMesh>>(std::move(name), params, mesh);
+  if (!u.group->deferred()) detail::collect_slots(params, mesh, u.params);  // deferred: materialize_unit takes them
   units.push_back(std::move(u));
 }
 
@@ -186,22 +214,20 @@ class WithUnits {
   /// Returns, for each part in order, its unit's index (no_unit for a part without parameters).
   template <class Model>
   std::vector<std::size_t> make_units(Model& model) {
-    static_assert(CompositeModule<Model>, "nn::WithUnits: the model must declare its children() (nn/module.hpp)");
+    return make_units_from(detail::unit_parts(model));
+  }
+  /// The same, from the model's parts (nn::Stack makes its other meshes' units from them too).
+  std::vector<std::size_t> make_units_from(const std::vector<detail::UnitPart>& parts) {
     units_.clear();
     std::vector<std::size_t> unit_of_part;
-    std::size_t index = 0;
-    auto add = [&](std::string name, auto& part) {
-      std::size_t count = 0;
-      for_each_parameter_on<Mesh>(part, [&](auto& p) { count += p.defined() ? 1 : 0; });
-      if (count == 0) {
+    for (const auto& part : parts) {
+      if (detail::count_defined(part.params, detail::mesh_key<Mesh>()) == 0) {
         unit_of_part.push_back(no_unit);
-        return;
+        continue;
       }
       unit_of_part.push_back(units_.size());
-      add_unit<T, Mesh>(units_, std::move(name), part);
-    };
-    auto kids = model.children();
-    std::apply([&](auto&... c) { (detail::for_each_unit_part(c, index, add), ...); }, kids);
+      add_unit<T, Mesh>(units_, part.name, part.params);
+    }
     return unit_of_part;
   }
 
