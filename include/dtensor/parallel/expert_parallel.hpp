@@ -52,12 +52,15 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "dtensor/core/meta_space.hpp"
 #include "dtensor/core/tensor.hpp"
 #include "dtensor/distributed/dtensor.hpp"
+#include "dtensor/kernels/elementwise.hpp"
 #include "dtensor/kernels/embedding.hpp"
 #include "dtensor/mesh/roles.hpp"
 #include "dtensor/placement/chunk.hpp"
@@ -181,66 +184,156 @@ ExpertMesh make_expert_mesh(const DenseMesh& dense, int ep) {
 
 // ---------------------------------------------------------------- the send order
 
-/// Where each kept (token, choice) goes: the send order is by expert, then by slot
-/// (token * topk + choice).
-struct ExpertOrder {
-  std::vector<std::int64_t> slot_of_row;      // [rows]: the slot each send row carries
-  std::vector<std::int64_t> row_of_slot;      // [slots]: its send row, or -1 (dropped)
-  std::vector<std::int64_t> rows_per_expert;  // [experts]
+/// What this rank sends, merged by destination: each token once per expert rank its kept choices
+/// reach (a unit: a (token, rank) pair), and with each unit its kept choices there (pairs: the
+/// local expert and the gate, in a side array). Units are ordered by destination rank, then
+/// token; pairs by expert (so by destination, then its local expert), then token.
+struct DispatchOrder {
+  std::vector<std::int64_t> token_of_unit;     // [units]: the token a unit carries
+  std::vector<std::int64_t> units_per_rank;    // [ranks]
+  std::vector<std::int64_t> pairs_per_expert;  // [experts]
+  std::vector<std::int64_t> slot_of_pair;      // [pairs]: the routing slot (token * topk + choice)
+  std::vector<std::int32_t> unit_of_pair;      // [pairs]: its unit, counted within its destination's units
+  std::vector<std::int64_t> expert_offsets;    // [ranks + 1]: rank r owns experts [offsets[r], offsets[r + 1])
+
+  std::int64_t units() const { return std::int64_t(token_of_unit.size()); }
+  std::int64_t pairs() const { return std::int64_t(slot_of_pair.size()); }
 };
 
-/// The send order of the kept slots (expert_of_slot[s] its expert, kept[s] != 0 if kept).
-inline ExpertOrder order_by_expert(std::span<const std::int32_t> expert_of_slot, std::span<const std::uint8_t> kept,
-                                   std::int64_t experts) {
-  ExpertOrder o;
-  o.rows_per_expert.assign(std::size_t(experts), 0);
-  o.row_of_slot.assign(expert_of_slot.size(), -1);
+/// The merged send order of the kept slots (expert_of_slot[s] its expert, kept[s] != 0 if kept;
+/// slot s = token * topk + choice) for `experts` experts split over `ranks` ranks as the experts'
+/// Shard<0> weights are (chunk_range).
+inline DispatchOrder order_by_rank(std::span<const std::int32_t> expert_of_slot, std::span<const std::uint8_t> kept,
+                                   std::int64_t topk, std::int64_t experts, int ranks) {
+  if (topk < 1 || experts < 1 || ranks < 1 || expert_of_slot.size() % std::size_t(topk) != 0 ||
+      kept.size() != expert_of_slot.size())
+    throw Error("parallel::order_by_rank",
+                dtensor::detail::cat(expert_of_slot.size(), " slots (", kept.size(), " kept flags) of top-", topk, ", ",
+                                     experts, " experts over ", ranks, " ranks"));
+  DispatchOrder o;
+  o.expert_offsets.resize(std::size_t(ranks) + 1);
+  for (int r = 0; r < ranks; ++r) o.expert_offsets[std::size_t(r)] = chunk_range(experts, ranks, r).begin;
+  o.expert_offsets.back() = experts;
+  std::vector<int> rank_of_expert(static_cast<std::size_t>(experts));
+  for (int r = 0; r < ranks; ++r)
+    for (auto e = o.expert_offsets[std::size_t(r)]; e < o.expert_offsets[std::size_t(r) + 1]; ++e)
+      rank_of_expert[std::size_t(e)] = r;
+  const auto K = std::size_t(topk), tokens = expert_of_slot.size() / K;
+  // Whether choice j of a token is the first of its kept choices bound for its rank (a new unit).
+  auto opens_unit = [&](std::size_t n, std::size_t j) {
+    const int r = rank_of_expert[std::size_t(expert_of_slot[n * K + j])];
+    for (std::size_t i = 0; i < j; ++i)
+      if (kept[n * K + i] && rank_of_expert[std::size_t(expert_of_slot[n * K + i])] == r) return false;
+    return true;
+  };
+  o.units_per_rank.assign(std::size_t(ranks), 0);
+  o.pairs_per_expert.assign(std::size_t(experts), 0);
   for (std::size_t s = 0; s < expert_of_slot.size(); ++s)
     if (kept[s]) {
       if (expert_of_slot[s] < 0 || expert_of_slot[s] >= experts)
-        throw Error("parallel::order_by_expert",
+        throw Error("parallel::order_by_rank",
                     dtensor::detail::cat("slot ", s, " routed to expert ", expert_of_slot[s], " of ", experts));
-      ++o.rows_per_expert[std::size_t(expert_of_slot[s])];
+      ++o.pairs_per_expert[std::size_t(expert_of_slot[s])];
+      if (opens_unit(s / K, s % K)) ++o.units_per_rank[std::size_t(rank_of_expert[std::size_t(expert_of_slot[s])])];
     }
-  std::vector<std::int64_t> next(std::size_t(experts), 0);  // counting sort: the first row of each expert
-  for (std::size_t e = 1; e < next.size(); ++e) next[e] = next[e - 1] + o.rows_per_expert[e - 1];
-  const std::int64_t rows = experts > 0 ? next.back() + o.rows_per_expert.back() : 0;
-  o.slot_of_row.resize(std::size_t(rows));
-  for (std::size_t s = 0; s < expert_of_slot.size(); ++s)
-    if (kept[s]) {
-      const auto r = next[std::size_t(expert_of_slot[s])]++;
-      o.slot_of_row[std::size_t(r)] = std::int64_t(s);
-      o.row_of_slot[s] = r;
+  // Counting sorts: the next unit of each rank, the next pair of each expert.
+  std::vector<std::int64_t> unit_base(std::size_t(ranks), 0), next_unit(std::size_t(ranks), 0);
+  for (std::size_t r = 1; r < unit_base.size(); ++r) unit_base[r] = unit_base[r - 1] + o.units_per_rank[r - 1];
+  std::vector<std::int64_t> next_pair(std::size_t(experts), 0);
+  for (std::size_t e = 1; e < next_pair.size(); ++e) next_pair[e] = next_pair[e - 1] + o.pairs_per_expert[e - 1];
+  o.token_of_unit.resize(std::size_t(unit_base.back() + o.units_per_rank.back()));
+  o.slot_of_pair.resize(std::size_t(next_pair.back() + o.pairs_per_expert.back()));
+  o.unit_of_pair.resize(o.slot_of_pair.size());
+  std::vector<std::int64_t> unit_of_choice(K);  // this token's unit per choice (within its rank)
+  for (std::size_t n = 0; n < tokens; ++n)
+    for (std::size_t j = 0; j < K; ++j) {
+      const std::size_t s = n * K + j;
+      if (!kept[s]) continue;
+      const auto e = std::size_t(expert_of_slot[s]);
+      const auto r = std::size_t(rank_of_expert[e]);
+      if (opens_unit(n, j)) {
+        unit_of_choice[j] = next_unit[r]++;
+        o.token_of_unit[std::size_t(unit_base[r] + unit_of_choice[j])] = std::int64_t(n);
+      } else {
+        for (std::size_t i = 0; i < j; ++i)
+          if (kept[n * K + i] && std::size_t(rank_of_expert[std::size_t(expert_of_slot[n * K + i])]) == r) {
+            unit_of_choice[j] = unit_of_choice[i];
+            break;
+          }
+      }
+      const auto p = std::size_t(next_pair[e]++);
+      o.slot_of_pair[p] = std::int64_t(s);
+      o.unit_of_pair[p] = std::int32_t(unit_of_choice[j]);
     }
   return o;
 }
 
 // ---------------------------------------------------------------- the plan: counts exchanged
 
-/// The sizes of one dispatch, from the count exchange: rows per (peer, local expert) each way.
-/// Ranks may own different numbers of experts (chunk_range's uneven split; some none).
+namespace detail {
+/// The rows of each peer's message in one all_to_all_v direction, and its element counts.
+struct Transfer {
+  std::vector<std::int64_t> rows;           // [ranks]
+  std::vector<std::size_t> counts, displs;  // [ranks]: rows x dim elements, and where each message starts
+  std::int64_t total = 0;                   // rows
+  std::vector<std::int64_t> starts;         // [ranks]: the first row of each peer's message
+
+  Transfer() = default;
+  Transfer(std::vector<std::int64_t> per_peer, std::int64_t dim) : rows(std::move(per_peer)) {
+    counts.resize(rows.size());
+    displs.resize(rows.size());
+    starts.resize(rows.size());
+    for (std::size_t r = 0; r < rows.size(); ++r) {
+      counts[r] = std::size_t(rows[r] * dim);
+      displs[r] = std::size_t(total * dim);
+      starts[r] = total;
+      total += rows[r];
+    }
+  }
+};
+
+/// Rows of `dim` elements of `element_bytes` that `bytes` of a side array take (padded up).
+inline std::int64_t side_rows(std::int64_t bytes, std::int64_t dim, std::size_t element_bytes) {
+  const auto row = dim * std::int64_t(element_bytes);
+  return (bytes + row - 1) / row;
+}
+}  // namespace detail
+
+/// The sizes of one merged dispatch, from the count exchange: units per peer each way and pairs
+/// per (peer, local expert). Ranks may own different numbers of experts (chunk_range's uneven
+/// split; some none). Each message of the dispatch is a peer's unit rows followed by its side
+/// array (per pair: the unit's index, int32, and the gate, T), padded to whole rows; each message
+/// of dispatch_backward a peer's input-gradient rows followed by its pairs' gate gradients (T),
+/// padded likewise; combine and combine_backward move unit rows alone.
 struct DispatchPlan {
-  int ranks = 1;
+  int ranks = 1, rank = 0;
   std::int64_t local_experts = 0, dim = 0;  // local_experts: this rank's (it may be 0)
   std::vector<std::int64_t> expert_offsets;  // [ranks + 1]: rank r owns experts [offsets[r], offsets[r + 1])
-  std::vector<std::int64_t> send_rows;  // [expert]: rows this rank sends (by peer, then its local expert)
-  std::vector<std::int64_t> recv_rows;  // [source * local_experts + le]: rows it receives
-  // all_to_all_v's per-peer element counts and displacements, each way.
-  std::vector<std::size_t> send_counts, send_displs, recv_counts, recv_displs;
-  // The received rows' order: arrival (source, local expert) and grouped (local expert, source).
-  // to_grouped[g]: the arrival row that grouped row g is; to_arrival is its inverse. Both empty
-  // when the two orders coincide (one local expert, or one rank).
-  std::vector<std::int64_t> to_grouped, to_arrival;
+  std::vector<std::int64_t> send_units, recv_units;  // [ranks]: units to each peer, from each source
+  std::vector<std::int64_t> send_pairs;              // [ranks]: pairs this rank sends each peer
+  std::vector<std::int64_t> recv_pairs;              // [source * local_experts + le]: pairs it receives
+  // The all_to_all_v directions (rows per peer, element counts and displacements): the dispatch
+  // (units + (index, gate) side arrays) out and in; the units alone on the tokens' side and the
+  // experts' side; dispatch_backward (units + gate gradients) out of the experts' side and in.
+  detail::Transfer dispatch_out, dispatch_in, token_units, expert_units, gradient_out, gradient_in;
 
-  std::int64_t rows_sent() const { return sum(send_rows); }
+  std::int64_t units_sent() const { return token_units.total; }
+  std::int64_t units_received() const { return expert_units.total; }
+  std::int64_t pairs_sent() const { return sum(send_pairs); }
+  std::int64_t pairs_received() const { return sum(recv_pairs); }
   /// The experts rank r owns.
   Range experts_of(int r) const { return {expert_offsets[std::size_t(r)], expert_offsets[std::size_t(r) + 1]}; }
-  std::int64_t rows_received() const { return sum(recv_rows); }
-  /// Rows of each local expert after dispatch (from every source).
+  /// Pairs of each local expert after dispatch (from every source): the rows its GEMMs run on.
   std::vector<std::int64_t> rows_per_local_expert() const {
     std::vector<std::int64_t> out(std::size_t(local_experts), 0);
-    for (std::size_t i = 0; i < recv_rows.size(); ++i) out[i % std::size_t(local_experts)] += recv_rows[i];
+    for (std::size_t i = 0; i < recv_pairs.size(); ++i) out[i % std::size_t(local_experts)] += recv_pairs[i];
     return out;
+  }
+  /// Pairs received from source s.
+  std::int64_t pairs_from(int s) const {
+    std::int64_t n = 0;
+    for (std::int64_t le = 0; le < local_experts; ++le) n += recv_pairs[std::size_t(s * local_experts + le)];
+    return n;
   }
 
  private:
@@ -277,76 +370,62 @@ void all_to_all_counts(Communicator& ep, const std::vector<std::int64_t>& send, 
     }
   }
 }
-
-/// The row orders of the received rows (DispatchPlan::to_grouped, to_arrival).
-inline void plan_regrouping(DispatchPlan& p) {
-  const auto L = std::size_t(p.local_experts), R = std::size_t(p.ranks);
-  if (L <= 1 || R == 1) return;  // arrival order is grouped order (or nothing arrives)
-  std::vector<std::int64_t> arrival(R * L);  // first row of block (source, le) in arrival order
-  std::int64_t row = 0;
-  for (std::size_t s = 0; s < R; ++s)
-    for (std::size_t le = 0; le < L; ++le) arrival[s * L + le] = row, row += p.recv_rows[s * L + le];
-  p.to_grouped.resize(std::size_t(row));
-  p.to_arrival.resize(std::size_t(row));
-  std::int64_t grouped = 0;
-  for (std::size_t le = 0; le < L; ++le)
-    for (std::size_t s = 0; s < R; ++s)
-      for (std::int64_t i = 0; i < p.recv_rows[s * L + le]; ++i, ++grouped) {
-        p.to_grouped[std::size_t(grouped)] = arrival[s * L + le] + i;
-        p.to_arrival[std::size_t(arrival[s * L + le] + i)] = grouped;
-      }
-}
 }  // namespace detail
 
-/// The count exchange: one all_to_all of rows_per_expert (this rank's rows for every expert;
-/// E = rows_per_expert.size() experts, rank r owning chunk_range(E, ranks, r) of them, as the
-/// experts' Shard<0> weights hold them). Each peer gets a block of chunk_size(E, ranks) counts,
-/// its experts' and zeros after them (all_to_all moves equal blocks). Collective over ep.
+/// The count exchange: one all_to_all telling each peer the units this rank sends it and the
+/// pairs for each of its experts (E experts, rank r owning chunk_range(E, ranks, r) of them, as
+/// the experts' Shard<0> weights hold them). Each peer gets a block of 1 + chunk_size(E, ranks)
+/// counts: the units, its experts' pairs and zeros after them (all_to_all moves equal blocks).
+/// T: the rows' element type (the side arrays' sizes in rows depend on it). Collective over ep.
 /// Space: where the counts travel (the model's memory space; on meta see detail::all_to_all_counts).
-template <MemorySpace Space = host_space>
-DispatchPlan exchange_counts(Communicator& ep, std::span<const std::int64_t> rows_per_expert, std::int64_t dim) {
+template <class T, MemorySpace Space = host_space>
+DispatchPlan exchange_counts(Communicator& ep, const DispatchOrder& order, std::int64_t dim) {
   const auto ranks = std::size_t(ep.size());
-  const auto experts = Extent(rows_per_expert.size());
-  if (experts < 1 || dim < 1)
+  const auto experts = Extent(order.pairs_per_expert.size());
+  if (experts < 1 || dim < 1 || order.units_per_rank.size() != ranks || order.expert_offsets.size() != ranks + 1)
     ep.fail("parallel::exchange_counts",
-            dtensor::detail::cat(experts, " expert counts over ", ranks, " ranks, dim ", dim, " (both must be > 0)"));
+            dtensor::detail::cat(experts, " expert counts and units for ", order.units_per_rank.size(), " ranks over ",
+                                 ranks, " ranks, dim ", dim, " (both must be > 0, the ranks the group's)"));
   DispatchPlan p;
   p.ranks = ep.size();
+  p.rank = ep.rank();
   p.dim = dim;
-  p.expert_offsets.resize(ranks + 1);
-  for (std::size_t r = 0; r < ranks; ++r) p.expert_offsets[r] = chunk_range(experts, p.ranks, int(r)).begin;
-  p.expert_offsets[ranks] = experts;
+  p.expert_offsets = order.expert_offsets;
   p.local_experts = p.experts_of(ep.rank()).size();
-  p.send_rows.assign(rows_per_expert.begin(), rows_per_expert.end());
-  const auto block = std::size_t(chunk_size(experts, p.ranks)), L = std::size_t(p.local_experts);
+  p.send_units = order.units_per_rank;
+  const auto block = 1 + std::size_t(chunk_size(experts, p.ranks)), L = std::size_t(p.local_experts);
   std::vector<std::int64_t> send(ranks * block, 0), recv(ranks * block, 0);
+  p.send_pairs.assign(ranks, 0);
   for (std::size_t r = 0; r < ranks; ++r) {
     const auto mine = p.experts_of(int(r));
-    std::copy(p.send_rows.begin() + mine.begin, p.send_rows.begin() + mine.end, send.begin() + std::ptrdiff_t(r * block));
-  }
-  detail::all_to_all_counts<Space>(ep, send, recv, block);
-  p.recv_rows.resize(ranks * L);
-  for (std::size_t s = 0; s < ranks; ++s)
-    std::copy_n(recv.begin() + std::ptrdiff_t(s * block), L, p.recv_rows.begin() + std::ptrdiff_t(s * L));
-  auto sum_dim = [&](auto first, auto last) {
-    std::size_t n = 0;
-    for (; first != last; ++first) n += std::size_t(*first * dim);
-    return n;
-  };
-  p.send_counts.assign(ranks, 0);
-  p.recv_counts.assign(ranks, 0);
-  p.send_displs.assign(ranks, 0);
-  p.recv_displs.assign(ranks, 0);
-  for (std::size_t r = 0; r < ranks; ++r) {
-    const auto mine = p.experts_of(int(r));
-    p.send_counts[r] = sum_dim(p.send_rows.begin() + mine.begin, p.send_rows.begin() + mine.end);
-    p.recv_counts[r] = sum_dim(p.recv_rows.begin() + std::ptrdiff_t(r * L), p.recv_rows.begin() + std::ptrdiff_t((r + 1) * L));
-    if (r > 0) {
-      p.send_displs[r] = p.send_displs[r - 1] + p.send_counts[r - 1];
-      p.recv_displs[r] = p.recv_displs[r - 1] + p.recv_counts[r - 1];
+    send[r * block] = p.send_units[r];
+    for (auto e = mine.begin; e < mine.end; ++e) {
+      send[r * block + 1 + std::size_t(e - mine.begin)] = order.pairs_per_expert[std::size_t(e)];
+      p.send_pairs[r] += order.pairs_per_expert[std::size_t(e)];
     }
   }
-  detail::plan_regrouping(p);
+  detail::all_to_all_counts<Space>(ep, send, recv, block);
+  p.recv_units.resize(ranks);
+  p.recv_pairs.resize(ranks * L);
+  for (std::size_t s = 0; s < ranks; ++s) {
+    p.recv_units[s] = recv[s * block];
+    std::copy_n(recv.begin() + std::ptrdiff_t(s * block + 1), L, p.recv_pairs.begin() + std::ptrdiff_t(s * L));
+  }
+  // Side arrays: per pair an int32 unit index and a T gate forward, a T gate gradient backward.
+  const auto forward_pair = std::int64_t(sizeof(std::int32_t) + sizeof(T)), backward_pair = std::int64_t(sizeof(T));
+  std::vector<std::int64_t> d_out(ranks), d_in(ranks), g_out(ranks), g_in(ranks);
+  for (std::size_t r = 0; r < ranks; ++r) {
+    d_out[r] = p.send_units[r] + detail::side_rows(p.send_pairs[r] * forward_pair, dim, sizeof(T));
+    d_in[r] = p.recv_units[r] + detail::side_rows(p.pairs_from(int(r)) * forward_pair, dim, sizeof(T));
+    g_out[r] = p.recv_units[r] + detail::side_rows(p.pairs_from(int(r)) * backward_pair, dim, sizeof(T));
+    g_in[r] = p.send_units[r] + detail::side_rows(p.send_pairs[r] * backward_pair, dim, sizeof(T));
+  }
+  p.dispatch_out = {std::move(d_out), dim};
+  p.dispatch_in = {std::move(d_in), dim};
+  p.token_units = {p.send_units, dim};
+  p.expert_units = {p.recv_units, dim};
+  p.gradient_out = {std::move(g_out), dim};
+  p.gradient_in = {std::move(g_in), dim};
   return p;
 }
 
@@ -359,66 +438,267 @@ Tensor<std::int64_t, 1, Space> indices_in(const std::vector<std::int64_t>& index
   else return to_space<Space>(host);
 }
 
+/// The same, as a tensor that owns its indices (one that outlives the vector).
+template <MemorySpace Space>
+Tensor<std::int64_t, 1, Space> owned_indices_in(const std::vector<std::int64_t>& index) {
+  if constexpr (std::is_same_v<Space, host_space>) return Tensor<std::int64_t, 1>(indices_in<host_space>(index));
+  else return indices_in<Space>(index);
+}
+
 /// out[i] = rows[index[i]]: a row gather, which is an embedding lookup (kernels/embedding.hpp).
 template <kernels::host::FloatElement T, MemorySpace Space>
 Tensor<T, 2, Space> gather_rows(const Tensor<T, 2, Space>& rows, const Tensor<std::int64_t, 1, Space>& index) {
   return kernels::embedding(rows, index);
 }
 
-namespace detail {
-/// Rows out along the plan (forward: send counts out, receive counts in), regrouped by local expert.
+/// What a dispatch delivered to the experts' side: the pairs' rows grouped by local expert (then
+/// by source rank, then in the source's order) and, per pair, its unit and gate. Kept for
+/// combine, combine_backward's use and dispatch_backward.
 template <class T, MemorySpace Space>
-Tensor<T, 2, Space> exchange_out(Communicator& ep, const DispatchPlan& p, const Tensor<T, 2, Space>& rows, const char* op) {
-  if (rows.shape()[0] != p.rows_sent() || rows.shape()[1] != p.dim)
-    ep.fail(op, dtensor::detail::cat("rows ", to_string(rows.shape()), ", the plan sends ", p.rows_sent(), " x ", p.dim));
-  auto arrived = Tensor<T, 2, Space>::uninitialized(Shape<2>{p.rows_received(), p.dim});
-  ep.all_to_all_v(rows.span(), std::span<const std::size_t>(p.send_counts), std::span<const std::size_t>(p.send_displs),
-                  arrived.span(), std::span<const std::size_t>(p.recv_counts),
-                  std::span<const std::size_t>(p.recv_displs));
-  if (p.to_grouped.empty()) return arrived;
-  return gather_rows(arrived, indices_in<Space>(p.to_grouped));
+struct Dispatched {
+  Tensor<T, 2, Space> rows;                         // [pairs received, dim]; emptied once the experts ran
+  std::vector<std::int64_t> rows_per_local_expert;  // [local experts]
+  std::vector<std::int64_t> unit_of_pair;     // [pairs]: the received unit it reads (sources' units in rank order)
+  std::vector<std::int64_t> side_of_pair;     // [pairs]: its place in the sources' side arrays (in rank order)
+  Tensor<std::int64_t, 1, Space> unit_index;  // unit_of_pair, in the space
+  Tensor<T, 2, Space> gate;                   // [pairs, 1]
+};
+
+namespace detail {
+/// One all_to_all_v message buffer: each peer's rows (`rows`, peer after peer, rows_per_peer of
+/// them) followed by its side array (`side`, host rows, side_per_peer of them), as `out` lays
+/// them out. Byte copies (copy_box), so a side array's integers pass unchanged.
+template <class T, MemorySpace Space>
+Tensor<T, 2, Space> with_side_arrays(const Tensor<T, 2, Space>& rows, const std::vector<std::int64_t>& rows_per_peer,
+                                     const Tensor<T, 2>& side, const Transfer& out) {
+  const auto dim = rows.shape()[1];
+  auto buffer = Tensor<T, 2, Space>::uninitialized(Shape<2>{out.total, dim});
+  const auto side_here = [&] {
+    if constexpr (std::is_same_v<Space, host_space>) return view_of(side, 0, side.shape());
+    else if constexpr (holds_data_v<Space>) return to_space<Space>(side);
+    else return Tensor<T, 2, Space>::uninitialized(side.shape());
+  }();
+  std::int64_t from_rows = 0, from_side = 0, at = 0;
+  for (std::size_t r = 0; r < rows_per_peer.size(); ++r) {
+    const auto n = rows_per_peer[r], extra = out.rows[r] - n;
+    copy_box(rows, Shape<2>{from_rows, 0}, buffer, Shape<2>{at, 0}, Shape<2>{n, dim});
+    copy_box(side_here, Shape<2>{from_side, 0}, buffer, Shape<2>{at + n, 0}, Shape<2>{extra, dim});
+    from_rows += n, from_side += extra, at += n + extra;
+  }
+  return buffer;
 }
 
-/// The reverse: rows grouped by local expert back to the ranks (and order) they came from.
+/// The reverse on arrival: each peer's rows (compact, peer after peer) and its side array's rows
+/// (on the host; nothing to read on a space without data).
 template <class T, MemorySpace Space>
-Tensor<T, 2, Space> exchange_back(Communicator& ep, const DispatchPlan& p, const Tensor<T, 2, Space>& grouped,
-                                  const char* op) {
-  if (grouped.shape()[0] != p.rows_received() || grouped.shape()[1] != p.dim)
-    ep.fail(op, dtensor::detail::cat("rows ", to_string(grouped.shape()), ", the plan received ", p.rows_received(),
-                                     " x ", p.dim));
-  auto back = Tensor<T, 2, Space>::uninitialized(Shape<2>{p.rows_sent(), p.dim});
-  auto send = [&](const Tensor<T, 2, Space>& arrival) {
-    ep.all_to_all_v(arrival.span(), std::span<const std::size_t>(p.recv_counts),
-                    std::span<const std::size_t>(p.recv_displs), back.span(), std::span<const std::size_t>(p.send_counts),
-                    std::span<const std::size_t>(p.send_displs));
-  };
-  if (p.to_arrival.empty()) send(grouped);
-  else send(gather_rows(grouped, indices_in<Space>(p.to_arrival)));
-  return back;
+std::pair<Tensor<T, 2, Space>, Tensor<T, 2>> split_side_arrays(const Tensor<T, 2, Space>& arrived,
+                                                               const std::vector<std::int64_t>& rows_per_peer,
+                                                               const Transfer& in, bool want_rows) {
+  const auto dim = arrived.shape()[1];
+  std::int64_t rows = 0;
+  for (auto n : rows_per_peer) rows += n;
+  auto compact = Tensor<T, 2, Space>::uninitialized(Shape<2>{want_rows ? rows : 0, dim});
+  auto side = Tensor<T, 2, Space>::uninitialized(Shape<2>{in.total - rows, dim});
+  std::int64_t to_rows = 0, to_side = 0, at = 0;
+  for (std::size_t r = 0; r < rows_per_peer.size(); ++r) {
+    const auto n = rows_per_peer[r], extra = in.rows[r] - n;
+    if (want_rows) copy_box(arrived, Shape<2>{at, 0}, compact, Shape<2>{to_rows, 0}, Shape<2>{n, dim});
+    copy_box(arrived, Shape<2>{at + n, 0}, side, Shape<2>{to_side, 0}, Shape<2>{extra, dim});
+    to_rows += n, to_side += extra, at += n + extra;
+  }
+  if constexpr (std::is_same_v<Space, host_space>) return {std::move(compact), std::move(side)};
+  else if constexpr (holds_data_v<Space>) return {std::move(compact), to_space<host_space>(side)};
+  else return {std::move(compact), Tensor<T, 2>{}};
+}
+
+/// One all_to_all_v of `buffer` out along `out`, received along `in`.
+template <class T, MemorySpace Space>
+Tensor<T, 2, Space> exchange(Communicator& ep, const Tensor<T, 2, Space>& buffer, const Transfer& out,
+                             const Transfer& in) {
+  auto arrived = Tensor<T, 2, Space>::uninitialized(Shape<2>{in.total, buffer.shape()[1]});
+  ep.all_to_all_v(buffer.span(), std::span<const std::size_t>(out.counts), std::span<const std::size_t>(out.displs),
+                  arrived.span(), std::span<const std::size_t>(in.counts), std::span<const std::size_t>(in.displs));
+  return arrived;
+}
+
+template <class T, MemorySpace Space>
+void check_rows(Communicator& ep, const Tensor<T, 2, Space>& rows, std::int64_t expected, std::int64_t dim,
+                const char* op, const char* what) {
+  if (rows.shape()[0] != expected || rows.shape()[1] != dim)
+    ep.fail(op, dtensor::detail::cat(what, " ", to_string(rows.shape()), ", the plan has ", expected, " x ", dim));
 }
 }  // namespace detail
 
-/// Sends rows [rows_sent, dim] (in send order) to their experts' ranks; returns the received rows
-/// [rows_received, dim], grouped by local expert. One all_to_all_v on ep.
+/// Sends each unit's row once to its expert rank with its pairs' (unit, gate) side array; returns
+/// the pairs' rows grouped by local expert (a row gather of the arrived units: a unit with two
+/// choices on the rank feeds both experts) with each pair's unit and gate. token_rows: this
+/// rank's tokens [tokens, dim]; token_of_unit: order.token_of_unit as an index tensor of the
+/// space; gate_of_slot: the routing's gates. One all_to_all_v on ep.
 template <class T, MemorySpace Space>
-Tensor<T, 2, Space> dispatch(Communicator& ep, const DispatchPlan& p, const Tensor<T, 2, Space>& rows) {
-  return detail::exchange_out(ep, p, rows, "parallel::dispatch");
+Dispatched<T, Space> dispatch(Communicator& ep, const DispatchPlan& p, const DispatchOrder& order,
+                              const Tensor<T, 2, Space>& token_rows,
+                              const Tensor<std::int64_t, 1, Space>& token_of_unit, std::span<const T> gate_of_slot) {
+  const char* op = "parallel::dispatch";
+  if (token_rows.shape()[1] != p.dim || token_of_unit.shape()[0] != p.units_sent() || order.pairs() != p.pairs_sent())
+    ep.fail(op, dtensor::detail::cat("token rows ", to_string(token_rows.shape()), ", ", token_of_unit.shape()[0],
+                                     " units and ", order.pairs(), " pairs; the plan sends ", p.units_sent(),
+                                     " units and ", p.pairs_sent(), " pairs of ", p.dim));
+  const auto R = std::size_t(p.ranks), L = std::size_t(p.local_experts);
+  // The side arrays, peer by peer: the pairs' unit indices (int32), then their gates (T).
+  auto side = Tensor<T, 2>(Shape<2>{p.dispatch_out.total - p.units_sent(), p.dim});
+  if constexpr (holds_data_v<Space>) {
+    auto* bytes = reinterpret_cast<unsigned char*>(side.data());
+    std::size_t pair = 0;
+    for (std::size_t r = 0; r < R; ++r) {
+      const auto n = std::size_t(p.send_pairs[r]);
+      for (std::size_t i = 0; i < n; ++i) {
+        std::memcpy(bytes + i * sizeof(std::int32_t), &order.unit_of_pair[pair + i], sizeof(std::int32_t));
+        const T gate = gate_of_slot[std::size_t(order.slot_of_pair[pair + i])];
+        std::memcpy(bytes + n * sizeof(std::int32_t) + i * sizeof(T), &gate, sizeof(T));
+      }
+      pair += n;
+      bytes += std::size_t(p.dispatch_out.rows[r] - p.send_units[r]) * std::size_t(p.dim) * sizeof(T);
+    }
+  }
+  const auto arrived = detail::exchange(
+      ep, detail::with_side_arrays(gather_rows(token_rows, token_of_unit), p.send_units, side, p.dispatch_out),
+      p.dispatch_out, p.dispatch_in);
+  // The arrived side arrays: source s's pairs ordered by its local expert, then unit. A space
+  // without data reads none: every source is taken to send what this rank sends itself (as the
+  // count exchange assumes there), whose unit indices the order holds.
+  const auto split = detail::split_side_arrays(arrived, p.recv_units, p.dispatch_in, false);
+  const auto& side_in = split.second;
+  std::vector<std::int32_t> unit_in(std::size_t(p.pairs_received()));
+  std::vector<T> gate_in(unit_in.size());
+  {
+    std::size_t pair = 0;
+    const unsigned char* bytes = holds_data_v<Space> ? reinterpret_cast<const unsigned char*>(side_in.data()) : nullptr;
+    const auto own = std::size_t(p.expert_offsets[std::size_t(p.rank)]);  // the own pairs to itself start at
+    std::size_t own_first = 0;
+    for (std::size_t e = 0; e < own; ++e) own_first += std::size_t(order.pairs_per_expert[e]);
+    for (std::size_t s = 0; s < R; ++s) {
+      const auto n = std::size_t(p.pairs_from(int(s)));
+      for (std::size_t i = 0; i < n; ++i) {
+        if (bytes) {
+          std::memcpy(&unit_in[pair + i], bytes + i * sizeof(std::int32_t), sizeof(std::int32_t));
+          std::memcpy(&gate_in[pair + i], bytes + n * sizeof(std::int32_t) + i * sizeof(T), sizeof(T));
+        } else {
+          unit_in[pair + i] = order.unit_of_pair[own_first + i];
+        }
+        if (unit_in[pair + i] < 0 || unit_in[pair + i] >= p.recv_units[s])
+          ep.fail(op, dtensor::detail::cat("pair ", i, " from rank ", s, " names unit ", unit_in[pair + i], " of ",
+                                           p.recv_units[s]));
+      }
+      pair += n;
+      if (bytes) bytes += std::size_t(p.dispatch_in.rows[s] - p.recv_units[s]) * std::size_t(p.dim) * sizeof(T);
+    }
+  }
+  // Grouped order: by local expert, then source, then the source's order.
+  Dispatched<T, Space> d;
+  d.rows_per_local_expert = p.rows_per_local_expert();
+  d.unit_of_pair.resize(unit_in.size());
+  d.side_of_pair.resize(unit_in.size());
+  std::vector<std::int64_t> arrival_row(unit_in.size());
+  auto gate = Tensor<T, 2>::uninitialized(Shape<2>{Extent(unit_in.size()), 1});
+  std::vector<std::int64_t> side_first(R, 0), unit_first(R, 0);  // per source
+  for (std::size_t s = 1; s < R; ++s) {
+    side_first[s] = side_first[s - 1] + p.pairs_from(int(s - 1));
+    unit_first[s] = unit_first[s - 1] + p.recv_units[s - 1];
+  }
+  std::size_t g = 0;
+  for (std::size_t le = 0; le < L; ++le)
+    for (std::size_t s = 0; s < R; ++s) {
+      std::int64_t within = 0;  // the source's pairs of local experts before le
+      for (std::size_t l = 0; l < le; ++l) within += p.recv_pairs[s * L + l];
+      for (std::int64_t i = 0; i < p.recv_pairs[s * L + le]; ++i, ++g) {
+        const auto at = std::size_t(side_first[s] + within + i);
+        d.side_of_pair[g] = std::int64_t(at);
+        d.unit_of_pair[g] = unit_first[s] + unit_in[at];
+        arrival_row[g] = p.dispatch_in.starts[s] + unit_in[at];
+        gate.data()[g] = gate_in[at];
+      }
+    }
+  d.rows = gather_rows(arrived, indices_in<Space>(arrival_row));
+  d.unit_index = owned_indices_in<Space>(d.unit_of_pair);
+  d.gate = into_space<Space>(std::move(gate));
+  return d;
 }
-/// Sends the experts' rows [rows_received, dim] (grouped by local expert) back; returns them in
-/// this rank's send order [rows_sent, dim]. One all_to_all_v on ep.
+
+/// Sends the experts' rows back, one per unit: on this (the experts') rank each unit's row is the
+/// sum of its pairs' gate x expert output (in grouped order: by local expert), and the tokens'
+/// rank receives them in its send order [units sent, dim]. One all_to_all_v on ep.
 template <class T, MemorySpace Space>
-Tensor<T, 2, Space> combine(Communicator& ep, const DispatchPlan& p, const Tensor<T, 2, Space>& grouped) {
-  return detail::exchange_back(ep, p, grouped, "parallel::combine");
+Tensor<T, 2, Space> combine(Communicator& ep, const DispatchPlan& p, const Dispatched<T, Space>& d,
+                            const Tensor<T, 2, Space>& expert_out) {
+  detail::check_rows(ep, expert_out, p.pairs_received(), p.dim, "parallel::combine", "expert rows");
+  Tensor<T, 2, Space> units(Shape<2>{p.units_received(), p.dim});
+  kernels::embedding_backward(units, d.unit_index, kernels::mul_broadcast(expert_out, d.gate));
+  return detail::exchange(ep, units, p.expert_units, p.token_units);
 }
-/// The adjoint of combine: gradients in send order to the experts' ranks. One all_to_all_v.
+
+/// The adjoint of combine's exchange: the output gradient of each unit [units sent, dim] to the
+/// experts' rank, which gets one row per unit it received [units received, dim] (the experts'
+/// rank forms each pair's gradient and gate gradient from it). One all_to_all_v on ep.
 template <class T, MemorySpace Space>
-Tensor<T, 2, Space> combine_backward(Communicator& ep, const DispatchPlan& p, const Tensor<T, 2, Space>& d_rows) {
-  return detail::exchange_out(ep, p, d_rows, "parallel::combine_backward");
+Tensor<T, 2, Space> combine_backward(Communicator& ep, const DispatchPlan& p, const Tensor<T, 2, Space>& d_units) {
+  detail::check_rows(ep, d_units, p.units_sent(), p.dim, "parallel::combine_backward", "unit gradients");
+  return detail::exchange(ep, d_units, p.token_units, p.expert_units);
 }
-/// The adjoint of dispatch: the experts' input gradients back to the tokens' ranks. One all_to_all_v.
+
+/// What dispatch_backward delivers to the tokens' rank.
 template <class T, MemorySpace Space>
-Tensor<T, 2, Space> dispatch_backward(Communicator& ep, const DispatchPlan& p, const Tensor<T, 2, Space>& d_grouped) {
-  return detail::exchange_back(ep, p, d_grouped, "parallel::dispatch_backward");
+struct DispatchGradients {
+  Tensor<T, 2, Space> units;  // [units sent, dim]: each unit's input gradient, summed over its pairs
+  std::vector<T> gates;       // [pairs sent]: each sent pair's gate gradient (empty on a space without data)
+};
+
+/// The adjoint of dispatch: the pairs' input gradients [pairs received, dim] (grouped), summed per
+/// unit on this rank, and the pairs' gate gradients (host, grouped order) travel back with them as
+/// a side array. One all_to_all_v on ep.
+template <class T, MemorySpace Space>
+DispatchGradients<T, Space> dispatch_backward(Communicator& ep, const DispatchPlan& p, const Dispatched<T, Space>& d,
+                                              const Tensor<T, 2, Space>& d_rows, std::span<const T> d_gates) {
+  const char* op = "parallel::dispatch_backward";
+  detail::check_rows(ep, d_rows, p.pairs_received(), p.dim, op, "pair gradients");
+  const bool with_gates = holds_data_v<Space>;
+  if (with_gates && std::int64_t(d_gates.size()) != p.pairs_received())
+    ep.fail(op, dtensor::detail::cat(d_gates.size(), " gate gradients for ", p.pairs_received(), " pairs"));
+  Tensor<T, 2, Space> units(Shape<2>{p.units_received(), p.dim});
+  kernels::embedding_backward(units, d.unit_index, d_rows);
+  const auto R = std::size_t(p.ranks);
+  auto side = Tensor<T, 2>(Shape<2>{p.gradient_out.total - p.units_received(), p.dim});
+  if (with_gates) {
+    // Source s's gate gradients in its own pair order, at the start of its side rows.
+    std::vector<std::int64_t> at(R, 0);
+    std::int64_t row = 0, pair = 0;
+    std::vector<std::int64_t> side_first(R, 0);
+    for (std::size_t s = 0; s < R; ++s) {
+      at[s] = row * p.dim - pair;  // element of the side tensor where s's gradients start, less its first pair
+      side_first[s] = pair;
+      pair += p.pairs_from(int(s));
+      row += p.gradient_out.rows[s] - p.recv_units[s];
+    }
+    for (std::size_t g = 0; g < d.side_of_pair.size(); ++g) {
+      const auto pos = d.side_of_pair[g];
+      const auto s = std::size_t(std::upper_bound(side_first.begin(), side_first.end(), pos) - side_first.begin() - 1);
+      side.data()[at[s] + pos] = d_gates[g];
+    }
+  }
+  const auto arrived = detail::exchange(ep, detail::with_side_arrays(units, p.recv_units, side, p.gradient_out),
+                                        p.gradient_out, p.gradient_in);
+  auto [compact, side_in] = detail::split_side_arrays(arrived, p.send_units, p.gradient_in, true);
+  DispatchGradients<T, Space> out{std::move(compact), {}};
+  if (with_gates) {
+    out.gates.resize(std::size_t(p.pairs_sent()));
+    std::size_t pair = 0;
+    std::int64_t row = 0;
+    for (std::size_t r = 0; r < R; ++r) {
+      std::copy_n(side_in.data() + row * p.dim, p.send_pairs[r], out.gates.begin() + std::ptrdiff_t(pair));
+      pair += std::size_t(p.send_pairs[r]);
+      row += p.gradient_in.rows[r] - p.send_units[r];
+    }
+  }
+  return out;
 }
 
 }  // namespace dtensor::parallel

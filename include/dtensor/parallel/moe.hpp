@@ -86,12 +86,12 @@ class MoE {
   struct Saved {
     typename Router::Saved router;
     Routing<T> routing;
-    parallel::ExpertOrder order;
+    parallel::DispatchOrder order;
     parallel::DispatchPlan plan;
-    Tensor<std::int64_t, 1, space> token_of_row;  // [rows sent]: the token each send row carries
-    Rows gate_of_row;                              // [rows sent, 1]: its gate
+    Tensor<std::int64_t, 1, space> token_of_unit;  // [units sent]: the token each unit carries
+    parallel::Dispatched<T, space> received;       // the pairs this rank's experts ran (rows emptied)
     typename Experts::Saved experts;
-    Rows expert_out;  // the experts' rows back in send order (for the gates' gradient)
+    Rows expert_out;  // [pairs received, dim]: the experts' outputs, before the gates (the gates' gradient)
   };
   using WeightCtx = std::tuple<typename Router::WeightCtx, typename Experts::WeightCtx>;  // children() order
 
@@ -117,18 +117,21 @@ class MoE {
     Saved s{std::move(router_saved), route_tokens(logits, batch, seq, x.extent(0), x.extent(1), x.mesh()), {}, {}, {}, {}, {}, {}};
     // The weighted auxiliary losses (this rank's shares) into the enclosing forward's loss (nn/aux_losses.hpp).
     add_auxiliary_loss(c_.router.aux_loss_coeff * s.routing.aux_loss + c_.router.z_loss_coeff * s.routing.z_loss);
-    s.order = parallel::order_by_expert(s.routing.expert, s.routing.kept, c_.router.experts);
     auto& ep = parallel::expert_group(emesh_);
-    s.plan = parallel::exchange_counts<space>(ep, s.order.rows_per_expert, C);
-    send_rows_of(s);
-    auto [rows, experts_saved] = experts_.forward(
-        parallel::dispatch(ep, s.plan, parallel::gather_rows(token_rows(xl), s.token_of_row)), s.plan.rows_per_local_expert());
+    s.order = parallel::order_by_rank(s.routing.expert, s.routing.kept, c_.router.topk, c_.router.experts, ep.size());
+    s.plan = parallel::exchange_counts<T, space>(ep, s.order, C);
+    s.token_of_unit = parallel::owned_indices_in<space>(s.order.token_of_unit);
+    s.received =
+        parallel::dispatch(ep, s.plan, s.order, token_rows(xl), s.token_of_unit, std::span<const T>(s.routing.gate));
+    auto [rows, experts_saved] = experts_.forward(std::move(s.received.rows), s.received.rows_per_local_expert);
+    s.received.rows = {};
     s.experts = std::move(experts_saved);
-    s.expert_out = parallel::combine(ep, s.plan, rows);
-    // y[t] = sum of gate * row over token t's rows: the scatter-add that is the gather's adjoint,
-    // in send order (by expert, then choice), which is the same on every expert size.
+    const auto back = parallel::combine(ep, s.plan, s.received, rows);
+    s.expert_out = std::move(rows);
+    // y[t] = the sum of its units' rows (each a sum of gate x expert output on its expert rank):
+    // the scatter-add that is the gather's adjoint, in send order (by rank, then token).
     Rows y(Shape<2>{batch * seq, C});
-    kernels::embedding_backward(y, s.token_of_row, kernels::mul_broadcast(s.expert_out, s.gate_of_row));
+    kernels::embedding_backward(y, s.token_of_unit, back);
     return {X(x.mesh(), x.shape(), std::move(y).template reshape<3>(xl.shape())), std::move(s)};
   }
 
@@ -152,18 +155,20 @@ class MoE {
     const Extent C = c_.dim, tokens = s.routing.tokens;
     detail::check(dyl.numel() == tokens * C && dy.extent(2) == C, "nn::MoE::backward_input", dy.mesh(), name_,
                   ": gradient ", to_string(dy.shape()), " for ", tokens, " tokens of ", C, " features");
-    // Adjoint of the weighted scatter-add: each row's gradient is gate * dy[its token], each
-    // gate's is dy[its token] . row.
-    const auto dy_of_row = parallel::gather_rows(token_rows(dyl), s.token_of_row);
-    const auto dgate = gate_gradients(s, kernels::sum(kernels::mul(dy_of_row, s.expert_out), 1));
+    // Each unit's output gradient to its expert rank, there each pair's: its rows' gradient is
+    // gate x dy[its unit], its gate's dy[its unit] . expert output.
     auto& ep = parallel::expert_group(emesh_);
-    auto [dgrouped, experts_w] = experts_.backward_input(
-        std::move(s.experts), parallel::combine_backward(ep, s.plan, kernels::mul_broadcast(dy_of_row, s.gate_of_row)));
-    const auto dsend = parallel::dispatch_backward(ep, s.plan, dgrouped);
-    auto [dx, router_w] = router_.backward_input(std::move(s.router), router_gradient(s.routing, dgate, dy));
+    const auto dy_in = parallel::combine_backward(ep, s.plan, parallel::gather_rows(token_rows(dyl), s.token_of_unit));
+    const auto dy_of_pair = parallel::gather_rows(dy_in, s.received.unit_index);
+    const auto dgate_of_pair = on_host(kernels::sum(kernels::mul(dy_of_pair, s.expert_out), 1));
+    auto [dgrouped, experts_w] =
+        experts_.backward_input(std::move(s.experts), kernels::mul_broadcast(dy_of_pair, s.received.gate));
+    const auto back = parallel::dispatch_backward(ep, s.plan, s.received, dgrouped, std::span<const T>(dgate_of_pair));
+    auto [dx, router_w] =
+        router_.backward_input(std::move(s.router), router_gradient(s.routing, gate_gradients(s, back.gates), dy));
     // dx += the tokens' share of the experts' input gradient (a scatter-add, in send order).
     auto dx_rows = token_rows(dx.local());
-    kernels::embedding_backward(dx_rows, s.token_of_row, dsend);
+    kernels::embedding_backward(dx_rows, s.token_of_unit, back.units);
     return {std::move(dx), WeightCtx{std::move(router_w), std::move(experts_w)}};
   }
 
@@ -192,34 +197,24 @@ class MoE {
     }
   }
 
-  /// The send rows' tokens and gates, as tensors of the space (the gathers' indices, the gates' weights).
-  void send_rows_of(Saved& s) const {
-    const auto rows = Extent(s.order.slot_of_row.size());
-    auto token = Tensor<std::int64_t, 1>::uninitialized(Shape<1>{rows});
-    auto gate = Tensor<T, 2>::uninitialized(Shape<2>{rows, 1});
-    for (Extent r = 0; r < rows; ++r) {
-      const auto slot = std::size_t(s.order.slot_of_row[std::size_t(r)]);
-      token[r] = std::int64_t(slot) / c_.router.topk;
-      gate(r, 0) = s.routing.gate[slot];
-    }
-    s.token_of_row = into_space<space>(std::move(token));  // no copy on the host
-    s.gate_of_row = into_space<space>(std::move(gate));
-  }
-
   /// A [batch, seq, dim] tensor as its [tokens, dim] rows (a view).
   static Rows token_rows(const Tensor<T, 3, space>& t) {
     return view_of(t, 0, Shape<2>{t.extent(0) * t.extent(1), t.extent(2)});
   }
 
-  /// Each slot's gate gradient (0 for a dropped one) from the send rows' [rows, 1], on the host.
-  std::vector<T> gate_gradients(const Saved& s, const Rows& per_row) const {
+  /// A [pairs, 1] tensor's values on the host (none on a space without data).
+  static std::vector<T> on_host(const Rows& per_pair) {
+    if constexpr (std::is_same_v<space, host_space>) return {per_pair.data(), per_pair.data() + per_pair.numel()};
+    else if constexpr (holds_data_v<space>) {
+      const auto host = to_space<host_space>(per_pair);
+      return {host.data(), host.data() + host.numel()};
+    } else return {};
+  }
+
+  /// Each slot's gate gradient (0 for a dropped one) from the sent pairs' (dispatch_backward's).
+  std::vector<T> gate_gradients(const Saved& s, const std::vector<T>& per_pair) const {
     std::vector<T> dgate(s.routing.expert.size(), T(0));
-    auto scatter = [&](const Tensor<T, 2>& host) {
-      for (std::size_t r = 0; r < s.order.slot_of_row.size(); ++r)
-        dgate[std::size_t(s.order.slot_of_row[r])] = host.data()[r];
-    };
-    if constexpr (std::is_same_v<space, host_space>) scatter(per_row);
-    else if constexpr (holds_data_v<space>) scatter(to_space<host_space>(per_row));
+    for (std::size_t p = 0; p < per_pair.size(); ++p) dgate[std::size_t(s.order.slot_of_pair[p])] = per_pair[p];
     return dgate;
   }
 
