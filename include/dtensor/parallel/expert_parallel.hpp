@@ -6,11 +6,12 @@
 //   Dense dense(world, {4, 2});
 //   auto emesh = parallel::make_expert_mesh<Experts>(dense, /*ep=*/2);   // {2, 2, 2}
 //
-//   auto order = parallel::order_by_expert(expert_of_slot, kept, experts, ep);  // send order, rows per expert
-//   auto plan = parallel::exchange_counts(ep_comm, order.rows_per_expert, dim);  // all_to_all
-//   auto grouped = parallel::dispatch(ep_comm, plan, send_rows);     // all_to_all_v; rows by local expert
-//   auto back = parallel::combine(ep_comm, plan, expert_out);        // all_to_all_v, reverse; send order
-//   combine_backward / dispatch_backward: the adjoints (the same permutations, the other way)
+//   auto order = parallel::order_by_rank(expert_of_slot, kept, topk, experts, ep);  // units and pairs
+//   auto plan = parallel::exchange_counts<T, Space>(ep_comm, order, dim);   // all_to_all of counts
+//   auto d = parallel::dispatch(ep_comm, plan, order, tokens, token_of_unit, gates);  // all_to_all_v
+//   auto [out, saved] = experts.forward(d.rows, d.rows_per_local_expert);  // rows by local expert
+//   auto back = parallel::combine(ep_comm, plan, d, out);      // gated sum per unit, all_to_all_v back
+//   combine_backward / dispatch_backward: the adjoints (a row per unit each way)
 //
 // Meshes. The expert mesh is a second factorization of the dense mesh's ranks (torchtitan's
 // dp_shard * cp * tp = efsdp * ep): its data dimension ("edp", Role::data) times its expert
@@ -27,26 +28,31 @@
 // reduces. Expert tensor parallelism (ETP) is not implemented: inside a tp group every rank
 // routes the same tokens and runs the same experts.
 //
-// Dispatch and combine. A rank sends each kept (token, choice) to the rank owning its expert:
-// rows ordered by expert (so by destination rank, then by its local expert), then by token and
-// choice. Because the sizes depend on the data, the per-(peer, local expert) row counts are
-// exchanged first (exchange_counts: one all_to_all of int64 counts, ceil(E / ep) per peer: each
-// peer's experts' counts padded to the largest share, since all_to_all moves equal blocks; that is
-// E counts when ep divides E), then dispatch is one
-// all_to_all_v of the rows, regrouped on arrival so that each local expert's rows (from every
-// source rank, in rank order) are contiguous: one GEMM per local expert. The regrouping is a row
-// gather (an embedding lookup, so it runs in every memory space's kernels) with an order planned
-// on the host from the counts. combine undoes the
-// regrouping and sends the rows back (one all_to_all_v) in the order they left. Both are
-// permutations of rows, so each one's adjoint is the other's data movement: combine_backward moves
-// gradients like dispatch (no count exchange: the plan is reused), dispatch_backward like combine.
+// Dispatch and combine, merged by destination (DeepSeek-V3's dispatch: a token is sent once per
+// destination and duplicated there). A unit is a (token, expert rank) pair: a token's row goes
+// once to each rank its kept choices reach, however many of them lie there; a pair is a kept
+// choice (the unit, the local expert, the gate). Because the sizes depend on the data, the counts
+// are exchanged first (exchange_counts: one all_to_all of int64 counts, 1 + ceil(E / ep) per
+// peer: its units, then its experts' pairs padded to the largest share, since all_to_all moves
+// equal blocks), then dispatch is one all_to_all_v whose message to each peer is its unit rows
+// followed by the pairs' side array (per pair the unit's index, int32, and the gate, T, padded to
+// whole rows, byte-copied). On arrival a row gather (an embedding lookup, so it runs in every
+// memory space's kernels) builds each local expert's rows (from every source rank, in rank order)
+// contiguous: one GEMM per local expert. combine sums each unit's gate x expert output on the
+// expert rank (a scatter-add) and sends a row per unit back (one all_to_all_v); the token's rank
+// sums its units. combine_backward sends a row per unit the other way (the output gradient; no
+// count exchange: the plan is reused), and dispatch_backward sums the experts' input gradients
+// per unit and sends them back with the pairs' gate gradients as a side array (one
+// all_to_all_v). So the bytes scale with distinct (token, rank) pairs, not (token, choice) pairs:
+// group-limited routing (nn/router.hpp) that keeps a token on M ranks sends at most M rows.
 // All of them are recorded in the CommLog on the "ep" communicator.
 //
 // Memory spaces: rows are tensors of the model's space; the counts and row orders are small host
 // vectors (they decide sizes, which the host needs anyway), uploaded as index tensors where a
 // kernel needs them. The count exchange travels in the model's space (a device backend moves
-// device memory). A dry run (meta, the sim backend) has no peers' counts: it assumes every rank
-// routes like itself (detail::all_to_all_counts), which nn::route_balanced makes exact.
+// device memory), and so do the side arrays. A dry run (meta, the sim backend) has no peers'
+// counts or side arrays: it assumes every rank routes like itself (detail::all_to_all_counts;
+// dispatch reads its own pairs to itself), which nn::route_balanced makes exact.
 #pragma once
 
 #include <algorithm>
@@ -429,20 +435,13 @@ DispatchPlan exchange_counts(Communicator& ep, const DispatchOrder& order, std::
   return p;
 }
 
-/// Row indices kept on the host, as an index tensor of memory space Space (a view on the host,
-/// a copy elsewhere; nothing on meta): what the row gathers of the MoE take.
+/// Row indices kept on the host, as an index tensor of memory space Space (a copy in every
+/// space, the host's too, so that a dry run's ledger, which counts the meta copy, reads what a
+/// real run holds): what the row gathers of the MoE take.
 template <MemorySpace Space>
 Tensor<std::int64_t, 1, Space> indices_in(const std::vector<std::int64_t>& index) {
   const auto host = Tensor<std::int64_t, 1>::view(const_cast<std::int64_t*>(index.data()), Shape<1>{Extent(index.size())});
-  if constexpr (std::is_same_v<Space, host_space>) return host;
-  else return to_space<Space>(host);
-}
-
-/// The same, as a tensor that owns its indices (one that outlives the vector).
-template <MemorySpace Space>
-Tensor<std::int64_t, 1, Space> owned_indices_in(const std::vector<std::int64_t>& index) {
-  if constexpr (std::is_same_v<Space, host_space>) return Tensor<std::int64_t, 1>(indices_in<host_space>(index));
-  else return indices_in<Space>(index);
+  return to_space<Space>(host);
 }
 
 /// out[i] = rows[index[i]]: a row gather, which is an embedding lookup (kernels/embedding.hpp).
@@ -465,35 +464,47 @@ struct Dispatched {
 };
 
 namespace detail {
+/// A side array built on the host, in memory space Space: itself on the host, a copy on a
+/// device, a tensor of its shape on meta. Held as long on every space, so that a dry run's
+/// ledger reads what a real run holds.
+template <MemorySpace Space, class T>
+Tensor<T, 2, Space> side_in_space(Tensor<T, 2>&& side) {
+  if constexpr (holds_data_v<Space>) return into_space<Space>(std::move(side));
+  else return Tensor<T, 2, Space>::uninitialized(side.shape());
+}
+
+/// A side array's rows on the host (a view on the host, a copy from a device; none on meta).
+template <class T, MemorySpace Space>
+Tensor<T, 2> side_on_host(const Tensor<T, 2, Space>& side) {
+  if constexpr (std::is_same_v<Space, host_space>) return view_of(side, 0, side.shape());
+  else if constexpr (holds_data_v<Space>) return to_space<host_space>(side);
+  else return Tensor<T, 2>{};
+}
+
 /// One all_to_all_v message buffer: each peer's rows (`rows`, peer after peer, rows_per_peer of
-/// them) followed by its side array (`side`, host rows, side_per_peer of them), as `out` lays
-/// them out. Byte copies (copy_box), so a side array's integers pass unchanged.
+/// them) followed by its side array (`side`, side rows peer after peer), as `out` lays them out.
+/// Byte copies (copy_box), so a side array's integers pass unchanged.
 template <class T, MemorySpace Space>
 Tensor<T, 2, Space> with_side_arrays(const Tensor<T, 2, Space>& rows, const std::vector<std::int64_t>& rows_per_peer,
-                                     const Tensor<T, 2>& side, const Transfer& out) {
+                                     const Tensor<T, 2, Space>& side, const Transfer& out) {
   const auto dim = rows.shape()[1];
   auto buffer = Tensor<T, 2, Space>::uninitialized(Shape<2>{out.total, dim});
-  const auto side_here = [&] {
-    if constexpr (std::is_same_v<Space, host_space>) return view_of(side, 0, side.shape());
-    else if constexpr (holds_data_v<Space>) return to_space<Space>(side);
-    else return Tensor<T, 2, Space>::uninitialized(side.shape());
-  }();
   std::int64_t from_rows = 0, from_side = 0, at = 0;
   for (std::size_t r = 0; r < rows_per_peer.size(); ++r) {
     const auto n = rows_per_peer[r], extra = out.rows[r] - n;
     copy_box(rows, Shape<2>{from_rows, 0}, buffer, Shape<2>{at, 0}, Shape<2>{n, dim});
-    copy_box(side_here, Shape<2>{from_side, 0}, buffer, Shape<2>{at + n, 0}, Shape<2>{extra, dim});
+    copy_box(side, Shape<2>{from_side, 0}, buffer, Shape<2>{at + n, 0}, Shape<2>{extra, dim});
     from_rows += n, from_side += extra, at += n + extra;
   }
   return buffer;
 }
 
-/// The reverse on arrival: each peer's rows (compact, peer after peer) and its side array's rows
-/// (on the host; nothing to read on a space without data).
+/// The reverse on arrival: each peer's rows (compact, peer after peer; none unless want_rows)
+/// and its side array's rows, both in the space.
 template <class T, MemorySpace Space>
-std::pair<Tensor<T, 2, Space>, Tensor<T, 2>> split_side_arrays(const Tensor<T, 2, Space>& arrived,
-                                                               const std::vector<std::int64_t>& rows_per_peer,
-                                                               const Transfer& in, bool want_rows) {
+std::pair<Tensor<T, 2, Space>, Tensor<T, 2, Space>> split_side_arrays(const Tensor<T, 2, Space>& arrived,
+                                                                      const std::vector<std::int64_t>& rows_per_peer,
+                                                                      const Transfer& in, bool want_rows) {
   const auto dim = arrived.shape()[1];
   std::int64_t rows = 0;
   for (auto n : rows_per_peer) rows += n;
@@ -506,9 +517,7 @@ std::pair<Tensor<T, 2, Space>, Tensor<T, 2>> split_side_arrays(const Tensor<T, 2
     copy_box(arrived, Shape<2>{at + n, 0}, side, Shape<2>{to_side, 0}, Shape<2>{extra, dim});
     to_rows += n, to_side += extra, at += n + extra;
   }
-  if constexpr (std::is_same_v<Space, host_space>) return {std::move(compact), std::move(side)};
-  else if constexpr (holds_data_v<Space>) return {std::move(compact), to_space<host_space>(side)};
-  else return {std::move(compact), Tensor<T, 2>{}};
+  return {std::move(compact), std::move(side)};
 }
 
 /// One all_to_all_v of `buffer` out along `out`, received along `in`.
@@ -560,14 +569,16 @@ Dispatched<T, Space> dispatch(Communicator& ep, const DispatchPlan& p, const Dis
       bytes += std::size_t(p.dispatch_out.rows[r] - p.send_units[r]) * std::size_t(p.dim) * sizeof(T);
     }
   }
-  const auto arrived = detail::exchange(
-      ep, detail::with_side_arrays(gather_rows(token_rows, token_of_unit), p.send_units, side, p.dispatch_out),
-      p.dispatch_out, p.dispatch_in);
+  const auto arrived =
+      detail::exchange(ep,
+                       detail::with_side_arrays(gather_rows(token_rows, token_of_unit), p.send_units,
+                                                detail::side_in_space<Space>(std::move(side)), p.dispatch_out),
+                       p.dispatch_out, p.dispatch_in);
   // The arrived side arrays: source s's pairs ordered by its local expert, then unit. A space
   // without data reads none: every source is taken to send what this rank sends itself (as the
   // count exchange assumes there), whose unit indices the order holds.
   const auto split = detail::split_side_arrays(arrived, p.recv_units, p.dispatch_in, false);
-  const auto& side_in = split.second;
+  const auto side_in = detail::side_on_host(split.second);
   std::vector<std::int32_t> unit_in(std::size_t(p.pairs_received()));
   std::vector<T> gate_in(unit_in.size());
   {
@@ -619,7 +630,7 @@ Dispatched<T, Space> dispatch(Communicator& ep, const DispatchPlan& p, const Dis
       }
     }
   d.rows = gather_rows(arrived, indices_in<Space>(arrival_row));
-  d.unit_index = owned_indices_in<Space>(d.unit_of_pair);
+  d.unit_index = indices_in<Space>(d.unit_of_pair);
   d.gate = into_space<Space>(std::move(gate));
   return d;
 }
@@ -684,10 +695,12 @@ DispatchGradients<T, Space> dispatch_backward(Communicator& ep, const DispatchPl
       side.data()[at[s] + pos] = d_gates[g];
     }
   }
-  const auto arrived = detail::exchange(ep, detail::with_side_arrays(units, p.recv_units, side, p.gradient_out),
-                                        p.gradient_out, p.gradient_in);
-  auto [compact, side_in] = detail::split_side_arrays(arrived, p.send_units, p.gradient_in, true);
-  DispatchGradients<T, Space> out{std::move(compact), {}};
+  const auto arrived = detail::exchange(
+      ep, detail::with_side_arrays(units, p.recv_units, detail::side_in_space<Space>(std::move(side)), p.gradient_out),
+      p.gradient_out, p.gradient_in);
+  auto split = detail::split_side_arrays(arrived, p.send_units, p.gradient_in, true);
+  const auto side_in = detail::side_on_host(split.second);
+  DispatchGradients<T, Space> out{std::move(split.first), {}};
   if (with_gates) {
     out.gates.resize(std::size_t(p.pairs_sent()));
     std::size_t pair = 0;

@@ -12,24 +12,32 @@
 //
 // Forward, per rank: logits = router(x) (an nn::Linear [E, C] without bias on the dense mesh),
 // nn::route (scores, top-k, gates, capacity per sequence: no communication), then the boundary
-// ops of parallel/expert_parallel.hpp on the expert mesh's "ep" group: the count exchange (one
-// all_to_all), dispatch (one all_to_all_v of the kept (token, choice) rows), the GEMMs of each
-// local expert (nn::GroupedExperts), combine (one all_to_all_v back), and y[t] = sum_j gate_tj *
-// expert_j(x_t) over the kept choices, summed in send order (by expert, then choice: the same on
-// every expert size). A token whose every choice was dropped gets y = 0: in a block, its residual
-// passes through.
+// ops of parallel/expert_parallel.hpp on the expert mesh's "ep" group, merged by destination: a
+// token's row travels once per expert rank its kept choices reach (a unit), with its (local
+// expert, gate) pairs in a side array. The count exchange (one all_to_all), dispatch (one
+// all_to_all_v of the units and side arrays; on arrival a row gather feeds each unit to each of
+// its local experts), the GEMMs of each local expert (nn::GroupedExperts), combine (each unit's
+// gate x expert output summed on the expert rank, one all_to_all_v of a row per unit back), and
+// y[t] = the sum of its units' rows — y[t] = sum_j gate_tj * expert_j(x_t) over the kept choices,
+// in an order that is the same on every expert size. A token whose every choice was dropped gets
+// y = 0: in a block, its residual passes through.
 //
 // Memory spaces: the MoE runs in its meshes' space. Routing decides sizes, so it runs on the host
-// (a device's logits, [tokens, experts], are copied there; so are the gates' gradients, [rows]);
-// the rows stay in the space: the send rows are a row gather of the tokens and the weighted sum
-// its adjoint, a scatter-add (the embedding kernels), and the gates a broadcast multiply. On meta
-// (a dry run) the routing is the balanced one nn::route_balanced assumes, and the auxiliary
-// losses are not computed (no scores). Backward: the combine's adjoint (one all_to_all_v), the experts, the
-// dispatch's adjoint (one all_to_all_v), the gates' and the auxiliary losses' gradient into the
-// router (nn::route_backward, with the config's coefficients), and the router's backward. So per
-// MoE layer: forward 1 all_to_all (counts, int64 x ep x ceil(experts / ep)) + 2 all_to_all_v; backward 2
-// all_to_all_v (the forward's counts are reused); each all_to_all_v moves max(rows sent, rows
-// received) x C elements on a rank.
+// (a device's logits, [tokens, experts], are copied there; so are the gates' gradients, [pairs]);
+// the rows stay in the space: the units are a row gather of the tokens, the experts' rows a row
+// gather of the arrived units, the sums their adjoints (scatter-adds: the embedding kernels), and
+// the gates a broadcast multiply. On meta (a dry run) the routing is the balanced one
+// nn::route_balanced assumes (group-limited as the config is), and the auxiliary losses are not
+// computed (no scores). Backward: combine's adjoint (one all_to_all_v of a row per unit: the
+// output gradient to the expert rank, where each pair's row gradient gate x dy and gate gradient
+// dy . expert output are formed), the experts, the dispatch's adjoint (one all_to_all_v of a row
+// per unit, the pairs' gate gradients in a side array), the gates' and the auxiliary losses'
+// gradient into the router (nn::route_backward, with the config's coefficients), and the router's
+// backward. So per MoE layer: forward 1 all_to_all (counts, int64 x ep x (1 + ceil(experts / ep)))
+// + 2 all_to_all_v; backward 2 all_to_all_v (the forward's counts are reused); each all_to_all_v
+// moves max(sent, received) rows x C elements on a rank, a row per (token, expert rank) — not per
+// (token, choice) — and, for the dispatch and its adjoint, the side arrays' rows
+// (DispatchPlan; docs/expert-parallel.md).
 //
 // Parameters: the router's on the dense mesh (replicated; gradient Partial<sum> on the data
 // dimension) and the experts' on the expert mesh (Shard<0> on "ep"; gradient Partial<sum> on
@@ -106,7 +114,8 @@ class MoE {
                   .out_std = c.out_std},
                  seed + 1) {}
 
-  /// y = sum over kept choices of gate * expert(x). Collectives: 1 all_to_all + 2 all_to_all_v on "ep"
+  /// y = sum over kept choices of gate * expert(x). Collectives: 1 all_to_all + 2 all_to_all_v on "ep",
+  /// a row per (token, expert rank) each
   /// (and, under context parallelism, the aux loss's all-reduce on the context group).
   Fwd<X, Saved> forward(const X& x) const {
     detail::check(x.extent(2) == c_.dim, "nn::MoE::forward", x.mesh(), name_, ": input ", to_string(x.shape()),
@@ -120,7 +129,7 @@ class MoE {
     auto& ep = parallel::expert_group(emesh_);
     s.order = parallel::order_by_rank(s.routing.expert, s.routing.kept, c_.router.topk, c_.router.experts, ep.size());
     s.plan = parallel::exchange_counts<T, space>(ep, s.order, C);
-    s.token_of_unit = parallel::owned_indices_in<space>(s.order.token_of_unit);
+    s.token_of_unit = parallel::indices_in<space>(s.order.token_of_unit);
     s.received =
         parallel::dispatch(ep, s.plan, s.order, token_rows(xl), s.token_of_unit, std::span<const T>(s.routing.gate));
     auto [rows, experts_saved] = experts_.forward(std::move(s.received.rows), s.received.rows_per_local_expert);
