@@ -56,7 +56,6 @@ void run(benchmark::State& st, std::int64_t m, std::int64_t tokens) {
     const auto plan = dtensor::parallel::exchange_counts<float>(*w, order, dim);
     if (w->rank() == 0) rows_out = raw ? tokens * topk : plan.dispatch_out.total;
     dtensor::Tensor<float, 2> x(dtensor::Shape<2>{tokens, dim});
-    const auto token_of_unit = dtensor::parallel::indices_in<dtensor::host_space>(order.token_of_unit);
     // The unmerged dispatch's element counts: one row per kept choice, to the rank of its expert.
     std::vector<std::int64_t> out_rows(ranks, 0), in_rows(ranks, 0);
     for (std::size_t r = 0; r < std::size_t(ranks); ++r)
@@ -64,8 +63,7 @@ void run(benchmark::State& st, std::int64_t m, std::int64_t tokens) {
         out_rows[r] += order.pairs_per_expert[std::size_t(e)];
     w->all_to_all(std::span<const std::int64_t>(out_rows), std::span<std::int64_t>(in_rows));
     const dtensor::parallel::detail::Transfer out(out_rows, dim), in(in_rows, dim);
-    return [w, raw, order, plan, x, token_of_unit, gates, out, in,
-            rows = dtensor::Tensor<float, 2>(dtensor::Shape<2>{out.total, dim}),
+    return [w, raw, order, plan, x, gates, out, in, rows = dtensor::Tensor<float, 2>(dtensor::Shape<2>{out.total, dim}),
             arrived = std::vector<float>(std::size_t(in.total * dim)),
             back = std::vector<float>(std::size_t(out.total * dim))]() mutable {
       if (raw) {
@@ -77,7 +75,7 @@ void run(benchmark::State& st, std::int64_t m, std::int64_t tokens) {
         benchmark::DoNotOptimize(back.data());
       } else {
         const auto p = dtensor::parallel::exchange_counts<float>(*w, order, dim);
-        const auto d = dtensor::parallel::dispatch(*w, p, order, x, token_of_unit, std::span<const float>(gates));
+        const auto d = dtensor::parallel::dispatch(*w, p, order, x, std::span<const float>(gates));
         const auto y = dtensor::parallel::combine(*w, p, d, d.rows);  // the experts: identity
         benchmark::DoNotOptimize(y.data());
       }

@@ -1,6 +1,6 @@
 // Mixture of experts (nn/router.hpp, parallel/experts.hpp, parallel/moe.hpp) and expert parallelism
 // (parallel/expert_parallel.hpp): gradients against finite differences (one rank, double); EP = 2
-// and 4, EP x DP and EP x TP against the one-rank MoE (outputs, routing, gradients; 1e-10);
+// and 4, EP x DP and EP x TP against the one-rank MoE (outputs, routing, gradients; 1e-12);
 // dropping exactly the one-rank run's tokens; a capacity factor too large for int64 (dropless);
 // the collectives and their bytes; every token to one expert; the aux loss balancing the load;
 // bad input; and on meta tensors over the sim backend (the dry run): balanced routing and the
@@ -141,7 +141,7 @@ MoeRun reference(const nn::MoEConfig& c, bool zero_router = false, const Tensor<
 }
 
 /// "" or what differs between this rank's run and the one-rank run.
-std::string compare_moe(const MoeRun& got, const MoeRun& ref, double tol = 1e-10) {
+std::string compare_moe(const MoeRun& got, const MoeRun& ref, double tol = 1e-12) {
   auto close = [&](const auto& a, const auto& b) { return compare(a, b, {.rtol = tol, .atol = tol}); };
   if (auto d = close(got.y, ref.y); !d) return "output: " + d.message;
   if (auto d = close(got.dx, ref.dx); !d) return "input gradient: " + d.message;

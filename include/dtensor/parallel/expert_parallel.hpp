@@ -8,7 +8,7 @@
 //
 //   auto order = parallel::order_by_rank(expert_of_slot, kept, topk, experts, ep);  // units and pairs
 //   auto plan = parallel::exchange_counts<T, Space>(ep_comm, order, dim);   // all_to_all of counts
-//   auto d = parallel::dispatch(ep_comm, plan, order, tokens, token_of_unit, gates);  // all_to_all_v
+//   auto d = parallel::dispatch(ep_comm, plan, order, tokens, gates);       // all_to_all_v
 //   auto [out, saved] = experts.forward(d.rows, d.rows_per_local_expert);  // rows by local expert
 //   auto back = parallel::combine(ep_comm, plan, d, out);      // gated sum per unit, all_to_all_v back
 //   combine_backward / dispatch_backward: the adjoints (a row per unit each way)
@@ -481,22 +481,19 @@ Tensor<T, 2> side_on_host(const Tensor<T, 2, Space>& side) {
   else return Tensor<T, 2>{};
 }
 
-/// One all_to_all_v message buffer: each peer's rows (`rows`, peer after peer, rows_per_peer of
-/// them) followed by its side array (`side`, side rows peer after peer), as `out` lays them out.
-/// Byte copies (copy_box), so a side array's integers pass unchanged.
+/// Copies each peer's side array (`side`: side rows, peer after peer) into its place in the
+/// message buffer (after the peer's rows_per_peer rows), as `out` lays the messages out. Byte
+/// copies (copy_box), so a side array's integers pass unchanged.
 template <class T, MemorySpace Space>
-Tensor<T, 2, Space> with_side_arrays(const Tensor<T, 2, Space>& rows, const std::vector<std::int64_t>& rows_per_peer,
-                                     const Tensor<T, 2, Space>& side, const Transfer& out) {
-  const auto dim = rows.shape()[1];
-  auto buffer = Tensor<T, 2, Space>::uninitialized(Shape<2>{out.total, dim});
-  std::int64_t from_rows = 0, from_side = 0, at = 0;
+void put_side_arrays(Tensor<T, 2, Space>& buffer, const std::vector<std::int64_t>& rows_per_peer,
+                     const Tensor<T, 2, Space>& side, const Transfer& out) {
+  const auto dim = buffer.shape()[1];
+  std::int64_t from = 0;
   for (std::size_t r = 0; r < rows_per_peer.size(); ++r) {
     const auto n = rows_per_peer[r], extra = out.rows[r] - n;
-    copy_box(rows, Shape<2>{from_rows, 0}, buffer, Shape<2>{at, 0}, Shape<2>{n, dim});
-    copy_box(side, Shape<2>{from_side, 0}, buffer, Shape<2>{at + n, 0}, Shape<2>{extra, dim});
-    from_rows += n, from_side += extra, at += n + extra;
+    copy_box(side, Shape<2>{from, 0}, buffer, Shape<2>{out.starts[r] + n, 0}, Shape<2>{extra, dim});
+    from += extra;
   }
-  return buffer;
 }
 
 /// The reverse on arrival: each peer's rows (compact, peer after peer; none unless want_rows)
@@ -541,17 +538,15 @@ void check_rows(Communicator& ep, const Tensor<T, 2, Space>& rows, std::int64_t 
 /// Sends each unit's row once to its expert rank with its pairs' (unit, gate) side array; returns
 /// the pairs' rows grouped by local expert (a row gather of the arrived units: a unit with two
 /// choices on the rank feeds both experts) with each pair's unit and gate. token_rows: this
-/// rank's tokens [tokens, dim]; token_of_unit: order.token_of_unit as an index tensor of the
-/// space; gate_of_slot: the routing's gates. One all_to_all_v on ep.
+/// rank's tokens [tokens, dim]; gate_of_slot: the routing's gates. One all_to_all_v on ep.
 template <class T, MemorySpace Space>
 Dispatched<T, Space> dispatch(Communicator& ep, const DispatchPlan& p, const DispatchOrder& order,
-                              const Tensor<T, 2, Space>& token_rows,
-                              const Tensor<std::int64_t, 1, Space>& token_of_unit, std::span<const T> gate_of_slot) {
+                              const Tensor<T, 2, Space>& token_rows, std::span<const T> gate_of_slot) {
   const char* op = "parallel::dispatch";
-  if (token_rows.shape()[1] != p.dim || token_of_unit.shape()[0] != p.units_sent() || order.pairs() != p.pairs_sent())
-    ep.fail(op, dtensor::detail::cat("token rows ", to_string(token_rows.shape()), ", ", token_of_unit.shape()[0],
-                                     " units and ", order.pairs(), " pairs; the plan sends ", p.units_sent(),
-                                     " units and ", p.pairs_sent(), " pairs of ", p.dim));
+  if (token_rows.shape()[1] != p.dim || order.units() != p.units_sent() || order.pairs() != p.pairs_sent())
+    ep.fail(op, dtensor::detail::cat("token rows ", to_string(token_rows.shape()), ", ", order.units(), " units and ",
+                                     order.pairs(), " pairs; the plan sends ", p.units_sent(), " units and ",
+                                     p.pairs_sent(), " pairs of ", p.dim));
   const auto R = std::size_t(p.ranks), L = std::size_t(p.local_experts);
   // The side arrays, peer by peer: the pairs' unit indices (int32), then their gates (T).
   auto side = Tensor<T, 2>(Shape<2>{p.dispatch_out.total - p.units_sent(), p.dim});
@@ -569,11 +564,15 @@ Dispatched<T, Space> dispatch(Communicator& ep, const DispatchPlan& p, const Dis
       bytes += std::size_t(p.dispatch_out.rows[r] - p.send_units[r]) * std::size_t(p.dim) * sizeof(T);
     }
   }
-  const auto arrived =
-      detail::exchange(ep,
-                       detail::with_side_arrays(gather_rows(token_rows, token_of_unit), p.send_units,
-                                                detail::side_in_space<Space>(std::move(side)), p.dispatch_out),
-                       p.dispatch_out, p.dispatch_in);
+  // The message buffer: the units' token rows gathered straight into their places (a side
+  // array's rows read token 0 and are then overwritten by the side array).
+  std::vector<std::int64_t> send_index(std::size_t(p.dispatch_out.total), 0);
+  for (std::size_t r = 0, unit = 0; r < R; ++r)
+    for (std::int64_t u = 0; u < p.send_units[r]; ++u, ++unit)
+      send_index[std::size_t(p.dispatch_out.starts[r] + u)] = order.token_of_unit[unit];
+  auto buffer = gather_rows(token_rows, indices_in<Space>(send_index));
+  detail::put_side_arrays(buffer, p.send_units, detail::side_in_space<Space>(std::move(side)), p.dispatch_out);
+  const auto arrived = detail::exchange(ep, buffer, p.dispatch_out, p.dispatch_in);
   // The arrived side arrays: source s's pairs ordered by its local expert, then unit. A space
   // without data reads none: every source is taken to send what this rank sends itself (as the
   // count exchange assumes there), whose unit indices the order holds.
@@ -674,30 +673,29 @@ DispatchGradients<T, Space> dispatch_backward(Communicator& ep, const DispatchPl
   const bool with_gates = holds_data_v<Space>;
   if (with_gates && std::int64_t(d_gates.size()) != p.pairs_received())
     ep.fail(op, dtensor::detail::cat(d_gates.size(), " gate gradients for ", p.pairs_received(), " pairs"));
-  Tensor<T, 2, Space> units(Shape<2>{p.units_received(), p.dim});
-  kernels::embedding_backward(units, d.unit_index, d_rows);
-  const auto R = std::size_t(p.ranks);
-  auto side = Tensor<T, 2>(Shape<2>{p.gradient_out.total - p.units_received(), p.dim});
-  if (with_gates) {
-    // Source s's gate gradients in its own pair order, at the start of its side rows.
-    std::vector<std::int64_t> at(R, 0);
-    std::int64_t row = 0, pair = 0;
-    std::vector<std::int64_t> side_first(R, 0);
-    for (std::size_t s = 0; s < R; ++s) {
-      at[s] = row * p.dim - pair;  // element of the side tensor where s's gradients start, less its first pair
-      side_first[s] = pair;
-      pair += p.pairs_from(int(s));
-      row += p.gradient_out.rows[s] - p.recv_units[s];
-    }
-    for (std::size_t g = 0; g < d.side_of_pair.size(); ++g) {
-      const auto pos = d.side_of_pair[g];
-      const auto s = std::size_t(std::upper_bound(side_first.begin(), side_first.end(), pos) - side_first.begin() - 1);
-      side.data()[at[s] + pos] = d_gates[g];
-    }
+  // Each pair's row in the message buffer (its unit's row in its source's message) and its gate
+  // gradient's place in the source's side array, walking the grouped order (by local expert,
+  // then source) as dispatch built it.
+  const auto R = std::size_t(p.ranks), L = std::size_t(p.local_experts);
+  std::vector<std::int64_t> message_row(d.unit_of_pair.size()), unit_first(R, 0), side_first(R, 0), side_at(R, 0);
+  for (std::size_t s = 1; s < R; ++s) {
+    unit_first[s] = unit_first[s - 1] + p.recv_units[s - 1];
+    side_first[s] = side_first[s - 1] + p.pairs_from(int(s - 1));
+    side_at[s] = side_at[s - 1] + (p.gradient_out.rows[s - 1] - p.recv_units[s - 1]) * p.dim;
   }
-  const auto arrived = detail::exchange(
-      ep, detail::with_side_arrays(units, p.recv_units, detail::side_in_space<Space>(std::move(side)), p.gradient_out),
-      p.gradient_out, p.gradient_in);
+  auto side = Tensor<T, 2>(Shape<2>{p.gradient_out.total - p.units_received(), p.dim});
+  std::size_t g = 0;
+  for (std::size_t le = 0; le < L; ++le)
+    for (std::size_t s = 0; s < R; ++s)
+      for (std::int64_t i = 0; i < p.recv_pairs[s * L + le]; ++i, ++g) {
+        message_row[g] = p.gradient_out.starts[s] + d.unit_of_pair[g] - unit_first[s];
+        if (with_gates) side.data()[side_at[s] + d.side_of_pair[g] - side_first[s]] = d_gates[g];
+      }
+  // The units' input gradients summed straight into their message rows, then the side arrays.
+  Tensor<T, 2, Space> buffer(Shape<2>{p.gradient_out.total, p.dim});
+  kernels::embedding_backward(buffer, indices_in<Space>(message_row), d_rows);
+  detail::put_side_arrays(buffer, p.recv_units, detail::side_in_space<Space>(std::move(side)), p.gradient_out);
+  const auto arrived = detail::exchange(ep, buffer, p.gradient_out, p.gradient_in);
   auto split = detail::split_side_arrays(arrived, p.send_units, p.gradient_in, true);
   const auto side_in = detail::side_on_host(split.second);
   DispatchGradients<T, Space> out{std::move(split.first), {}};

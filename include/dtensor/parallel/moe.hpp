@@ -130,8 +130,7 @@ class MoE {
     s.order = parallel::order_by_rank(s.routing.expert, s.routing.kept, c_.router.topk, c_.router.experts, ep.size());
     s.plan = parallel::exchange_counts<T, space>(ep, s.order, C);
     s.token_of_unit = parallel::indices_in<space>(s.order.token_of_unit);
-    s.received =
-        parallel::dispatch(ep, s.plan, s.order, token_rows(xl), s.token_of_unit, std::span<const T>(s.routing.gate));
+    s.received = parallel::dispatch(ep, s.plan, s.order, token_rows(xl), std::span<const T>(s.routing.gate));
     auto [rows, experts_saved] = experts_.forward(std::move(s.received.rows), s.received.rows_per_local_expert);
     s.received.rows = {};
     s.experts = std::move(experts_saved);

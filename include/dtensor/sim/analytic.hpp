@@ -42,11 +42,12 @@
 #pragma once
 
 #include <algorithm>
-#include <cmath>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "dtensor/core/checked.hpp"
 #include "dtensor/core/error.hpp"
