@@ -2,7 +2,8 @@
 // (parallel/expert_parallel.hpp): gradients against finite differences (one rank, double); EP = 2
 // and 4, EP x DP and EP x TP against the one-rank MoE (outputs, routing, gradients; 1e-12);
 // dropping exactly the one-rank run's tokens; a capacity factor too large for int64 (dropless);
-// the collectives and their bytes; every token to one expert; the aux loss balancing the load;
+// the collectives and the merged dispatch's bytes (a row per token and expert rank, against a
+// count from the routing); group-limited routing; every token to one expert; the aux loss balancing the load;
 // bad input; and on meta tensors over the sim backend (the dry run): balanced routing and the
 // collectives, bytes and FLOPs it implies.
 #include <catch2/catch.hpp>
