@@ -452,7 +452,7 @@ Tensor<T, 2, Space> gather_rows(const Tensor<T, 2, Space>& rows, const Tensor<st
 
 /// What a dispatch delivered to the experts' side: the pairs' rows grouped by local expert (then
 /// by source rank, then in the source's order) and, per pair, its unit and gate. Kept for
-/// combine, combine_backward's use and dispatch_backward.
+/// combine, the backward (the gates and units of each pair) and dispatch_backward.
 template <class T, MemorySpace Space>
 struct Dispatched {
   Tensor<T, 2, Space> rows;                         // [pairs received, dim]; emptied once the experts ran

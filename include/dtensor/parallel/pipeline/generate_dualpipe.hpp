@@ -87,9 +87,8 @@ inline Schedule dual_pipe_v(int ranks, int microbatches) {
   constexpr const char* op = "pipeline::dual_pipe_v";
   detail::check_sizes(op, ranks, microbatches);
   if (microbatches < 2 * ranks)
-    throw Error(
-        op, dtensor::detail::cat("DualPipeV needs at least as many micro-batches as stages: m = ", microbatches,
-                                 " < 2p = ", 2 * ranks, " (", ranks, " ranks, 2 stages each; PyTorch refuses it too)"));
+    throw Error(op, dtensor::detail::cat("DualPipeV needs at least as many micro-batches as stages: m = ", microbatches,
+                                         " < 2p = ", 2 * ranks, " (", ranks, " ranks, 2 stages each; PyTorch refuses it too)"));
   std::vector<std::vector<Action>> compute;
   for (int rank = 0; rank < ranks; ++rank) compute.push_back(detail::dual_pipe_v_rank(ranks, microbatches, rank));
   return add_send_recv(StageLayout::v_shape(ranks), microbatches, compute);
