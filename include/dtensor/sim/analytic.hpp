@@ -42,8 +42,8 @@
 #pragma once
 
 #include <algorithm>
-#include <array>
 #include <cmath>
+#include <array>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -293,15 +293,13 @@ inline PipelineIdle zero_bubble_pipeline(const std::string& schedule, int pp, in
   // rounded to 1e-3 (the search meets the same shares many times), scaled back by F + I + W.
   const double total = F + I + W;
   if (!(total > 0)) return out;
-  const auto key =
-      std::array<long, 4>{long(kind) * 1000 + ref_p, std::lround(1000 * F / total), std::lround(1000 * I / total), 0};
+  const auto key = std::array<long, 4>{long(kind) * 1000 + ref_p, std::lround(1000 * F / total), std::lround(1000 * I / total), 0};
   thread_local std::map<std::array<long, 4>, double> idle_per_unit;
   auto it = idle_per_unit.find(key);
   if (it == idle_per_unit.end()) {
     const double f = double(key[1]) / 1000, i = double(key[2]) / 1000, w = std::max(0.0, 1 - f - i);
     const auto s = pl::make_schedule(kind, ref_p, ref_m, v);
-    const auto timeline =
-        pl::simulate(s, pl::Costs{.forward = f / v, .backward_input = i / v, .backward_weight = w / v});
+    const auto timeline = pl::simulate(s, pl::Costs{.forward = f / v, .backward_input = i / v, .backward_weight = w / v});
     it = idle_per_unit.emplace(key, std::max(0.0, timeline.makespan - ref_m * (f + i + w)) / (ref_p - 1)).first;
   }
   out.idle = total * it->second * double(pp - 1);
