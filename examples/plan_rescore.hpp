@@ -82,7 +82,8 @@ inline DryScore dry_score(const dtensor::models::TrainingPlan& p,
   std::vector<sim::ClassInput> inputs;
   for (const auto& c : classes) inputs.push_back({&c.report, c.pipeline_ranks});
   DryScore r;
-  r.estimate = sim::estimate_plan(inputs, models::plan_topology(p, hw), models::plan_schedule(p), {.zero = p.zero});
+  r.estimate =
+      sim::estimate_plan(inputs, models::plan_topology(p, hw), models::plan_schedule(p), models::estimate_options(p));
   r.step = r.estimate.step_seconds;
   for (std::size_t i = 0; i < classes.size(); ++i) {
     if (classes[i].peak_in_flight > r.memory) r.memory = classes[i].peak_in_flight, r.memory_class = i;

@@ -248,6 +248,60 @@ TEST_CASE("bf16 GEMM kernels: a row's or a column's values do not depend on how 
   }
 }
 
+#if DTENSOR_HOST_MULTI_ISA
+TEST_CASE("bf16 GEMM packing: every element of the stated tile layouts, zero padding included",
+          "[kernels][gemm][bf16]") {
+  // The packing (vector loads, pair interleaves, 16 x 16 transposes) against the layout formulas of
+  // gemm_bf16.hpp, element by element, over sizes that end inside a tile, a pair of k and a
+  // 16-lane half, with pitches; the packing buffers start full of a marker, so a missed store shows.
+  const auto cpu = kh::detail::cpu_blas_features();
+  if (!(cpu.level == kh::detail::BlasLevel::avx512 && cpu.avx512_bf16)) {
+    WARN("skipped: this CPU lacks AVX512-BF16");
+    return;
+  }
+  using kh::detail::kBf16TileK;
+  using kh::detail::kBf16TileRows;
+  constexpr std::uint16_t marker = 0xdead;
+  for (Extent k : {1, 2, 31, 33, 70})
+    for (Extent rows : {1, 17, 32, 45})
+      for (bool trans : {false, true}) {
+        INFO("k=" << k << " rows/columns=" << rows << " trans=" << trans);
+        const Extent kp = kh::detail::round_up(k, kBf16TileK), chunks = kp / kBf16TileK;
+        Extent lda, ldb;
+        const auto A = make_operand<Bf16>(rows, k, trans, 3, 31, lda);  // op(A): [rows, k]
+        const auto B = make_operand<Bf16>(k, rows, trans, 5, 32, ldb);  // op(B): [k, rows]
+        // op(A): the 32-row block that starts at row 0 (and at 32 when there is one)
+        for (Extent i0 = 0; i0 < rows; i0 += 32) {
+          std::vector<std::uint16_t> out(std::size_t(32 * kp), marker);
+          kh::detail::pack_a_bf16(trans, A.data(), lda, rows, k, kp, i0, out.data());
+          for (Extent r = 0; r < 32; ++r)
+            for (Extent p = 0; p < kp; ++p) {
+              const Extent g = r / kBf16TileRows, c = p / kBf16TileK;
+              const std::uint16_t want = i0 + r < rows && p < k ? at(A, trans, lda, i0 + r, p).bits : 0;
+              const std::uint16_t got = out[std::size_t(
+                  ((g * chunks + c) * kBf16TileRows + r % kBf16TileRows) * kBf16TileK + p % kBf16TileK)];
+              if (got != want) FAIL_CHECK("op(A) row " << i0 + r << " k " << p << ": " << got << " != " << want);
+            }
+        }
+        // op(B): all columns in one block (nb rounded up to 32), and the block that starts at column 16
+        for (Extent j0 : {Extent(0), Extent(16)}) {
+          if (j0 >= rows) continue;
+          const Extent nb = kh::detail::round_up(rows - j0, 32);
+          std::vector<std::uint16_t> out(std::size_t(nb * kp), marker);
+          kh::detail::pack_b_bf16(trans, B.data(), ldb, rows, k, kp, j0, nb, out.data());
+          for (Extent j = 0; j < nb; ++j)
+            for (Extent p = 0; p < kp; ++p) {
+              const Extent h = j / kBf16TileRows, c = p / kBf16TileK, q = (p % kBf16TileK) / 2;
+              const std::uint16_t want = j0 + j < rows && p < k ? at(B, trans, ldb, p, j0 + j).bits : 0;
+              const std::uint16_t got = out[std::size_t(((h * chunks + c) * kBf16TileRows + q) * kBf16TileK +
+                                                        (j % kBf16TileRows) * 2 + p % 2)];
+              if (got != want) FAIL_CHECK("op(B) k " << p << " column " << j0 + j << ": " << got << " != " << want);
+            }
+        }
+      }
+}
+#endif
+
 TEST_CASE("the bf16 GEMM kernel choice: the widest the CPU, the OS and DTENSOR_HOST_ISA allow",
           "[kernels][gemm][bf16]") {
   using K = kh::Bf16Gemm;

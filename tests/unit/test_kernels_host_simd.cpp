@@ -213,6 +213,31 @@ TEST_CASE("float AdamW against the double element function over several steps", 
   });
 }
 
+TEST_CASE("sum_squares: the same bits on every ISA, bf16 as its widened values, close to the double sum",
+          "[kernels][host][simd]") {
+  // Uneven lengths: empty, inside one vector, a vector and a tail, around the 2048-element chunks.
+  for (Extent n : {0, 1, 15, 17, 2047, 2048, 2049, 5000}) {
+    INFO("n = " << n);
+    const auto x = uniform_float(Shape<1>{n}, 91 + std::uint64_t(n), -2, 2);
+    const auto x16 = kt::cast<dtensor::bfloat16>(x);
+    const auto x16f = kt::cast<float>(x16);  // exact
+    double want = 0, want16 = 0;
+    for (Extent i = 0; i < n; ++i) {
+      want += double(x[i]) * double(x[i]);
+      want16 += double(x16f[i]) * double(x16f[i]);
+    }
+    std::vector<double> got;
+    on_every_isa([&] {
+      const double sq = kh::sum_squares(x);
+      CHECK(sq == Approx(want).epsilon(1e-14));  // double sums of n <= 5000 terms of a few units
+      CHECK(kh::sum_squares(x16) == kh::sum_squares(x16f));
+      CHECK(kh::sum_squares(x16) == Approx(want16).epsilon(1e-14));
+      got.push_back(sq);
+    });
+    for (double g : got) CHECK(std::bit_cast<std::uint64_t>(g) == std::bit_cast<std::uint64_t>(got.front()));
+  }
+}
+
 TEST_CASE("AdamW and SGD reading a bf16 gradient equal the float update on the widened gradient", "[kernels][host][simd]") {
   // FSDP's bf16 gradient shards (ParamRef::narrow_grad) are read by the float kernels widened
   // per element: exactly the update of the fp32 copy of the same gradient, on every ISA, across

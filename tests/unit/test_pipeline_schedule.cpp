@@ -466,3 +466,55 @@ TEST_CASE("DualPipeV: PyTorch's golden order, its bubble and activation peak", "
   CHECK_THROWS_WITH(dual_pipe_v(4, 7), Contains("pipeline::dual_pipe_v") && Contains("m = 7 < 2p = 8"));
   CHECK_THROWS_WITH(dual_pipe_v(0, 4), Contains("at least one rank"));
 }
+
+TEST_CASE("DualPipeV's overlapped pairs: PyTorch's OVERLAP_F_B cells, and what they save", "[pipeline]") {
+  // The backwards of the generator's [F; B] pairs are those of PyTorch's cells, row by row:
+  // 2m - 3p + rank + 1 of them (worked out on the phases), the last rank's first F, B not a pair.
+  const Schedule ours = dual_pipe_v(4, 10);
+  const std::vector<Action> overlapped = dual_pipe_v_overlapped(4, 10);
+  std::istringstream rows(pytorch_dualpipev_4rank_10mb);
+  std::string row;
+  std::vector<Action> cells;
+  for (int rank = 0; std::getline(rows, row); ++rank) {
+    CAPTURE(rank);
+    int count = 0;
+    for (auto at = row.find(";"); at != std::string::npos; at = row.find(";", at + 1), ++count)
+      cells.push_back(parse_action(row.substr(at + 1, row.find(')', at) - at - 1)));
+    CHECK(overlapped_pairs(ours, rank, overlapped) == count);
+    CHECK(count == 2 * 10 - 3 * 4 + rank + 1 - (rank == 3 ? 1 : 0));
+  }
+  std::sort(cells.begin(), cells.end());
+  CHECK(cells == overlapped);
+  for (const Action& b : overlapped) CHECK(b.kind == ActionKind::backward);
+  // Each pair's backward takes pair_saving() less: here both halves hide their whole
+  // communication (F 1 of which 0.25, B 2 of which 0.5: 0.75 saved), every other computation
+  // its full cost; without hideable parts, or without pairs, nothing changes.
+  const Costs paired{
+      .forward = 1, .backward_input = 1.5, .backward_weight = 0.5, .forward_hideable = 0.25, .backward_hideable = 0.5};
+  CHECK(paired.pair_saving() == 0.75);
+  // A half hides only behind the other's compute: 0.9 of a forward of 1 behind B's 2 - 0.5, but
+  // only 0.1 of B's 0.5 behind the forward's 1 - 0.9.
+  CHECK(
+      Costs{.forward = 1, .backward_input = 1, .backward_weight = 1, .forward_hideable = 0.9, .backward_hideable = 0.5}
+          .pair_saving() == Approx(0.9 + 0.1));
+  const Timeline plain = simulate(ours, Costs{1, 1.5, 0.5});
+  const Timeline overlapping = simulate(ours, paired, SendMode::asynchronous, overlapped);
+  for (int rank = 0; rank < 4; ++rank) {
+    CAPTURE(rank);
+    int shortened = 0;
+    for (const TimedAction& a : overlapping.actions[std::size_t(rank)]) {
+      if (!is_compute(a.action.kind)) continue;
+      const bool pair = std::binary_search(overlapped.begin(), overlapped.end(), a.action);
+      shortened += pair;
+      CHECK(a.end - a.start == Approx(paired.of(a.action.kind) - (pair ? 0.75 : 0)));
+    }
+    CHECK(shortened == overlapped_pairs(ours, rank, overlapped));
+  }
+  CHECK(overlapping.makespan < plain.makespan);
+  CHECK(simulate(ours, paired).makespan == plain.makespan);
+  CHECK(simulate(ours, Costs{1, 1.5, 0.5}, SendMode::asynchronous, overlapped).makespan == plain.makespan);
+  CHECK_THROWS_WITH(simulate(ours, paired, SendMode::asynchronous, {overlapped.back(), overlapped.front()}),
+                    Contains("pipeline::simulate") && Contains("must be sorted"));
+  CHECK_THROWS_WITH(dual_pipe_v_overlapped(4, 7),
+                    Contains("pipeline::dual_pipe_v_overlapped") && Contains("m = 7 < 2p = 8"));
+}

@@ -356,6 +356,16 @@ inline sim::Topology plan_topology(const TrainingPlan& p, const sim::Hardware& h
   return t;
 }
 
+/// The estimate's settings of a plan (sim/cost_model.hpp): its ZeRO stage, and DualPipeV's
+/// overlapped pairs (each pair's expert all-to-alls behind the other half's compute).
+inline sim::EstimateOptions estimate_options(const TrainingPlan& p) {
+  namespace pp = parallel::pipeline;
+  sim::EstimateOptions o{.zero = p.zero};
+  if (pp::parse_schedule_kind(p.schedule) == pp::ScheduleKind::dual_pipe_v)
+    o.overlapped = pp::dual_pipe_v_overlapped(p.pp, p.microbatches);
+  return o;
+}
+
 /// The plan's step once per rank class (see the top of this file): T the model's element type,
 /// Layers models::DenseLayers (GPT) or models::LlamaLayers, SP sequence parallelism on "tp".
 template <class T, class Layers, bool SP>

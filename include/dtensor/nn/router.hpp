@@ -207,6 +207,9 @@ inline void exclude_other_groups(const RouterConfig& c, const double* p, std::ve
     Extent best = -1;
     for (Extent g = 0; g < G; ++g)
       if (!chosen[std::size_t(g)] && (best < 0 || score[std::size_t(g)] > score[std::size_t(best)])) best = g;
+    // (topk_groups <= groups, check_router_config: a group is always left; the test tells GCC's
+    // -O3 -Wstringop-overflow that index -1 is never written)
+    if (best < 0) break;
     chosen[std::size_t(best)] = 1;
   }
   for (Extent e = 0; e < c.experts; ++e) taken[std::size_t(e)] = chosen[std::size_t(e / per)] ? 0 : 1;

@@ -267,12 +267,17 @@ namespace detail {
 /// one stands in: their idle time is (p - 1) g(F, I, W), independent of m and, for ZB-H1 and
 /// ZB-V, of p (test_sim "zero-bubble schedules in the analytic estimate" checks both against
 /// the full simulation); DualPipeV's g grows slowly with p (1.37 at p 16, 1.38 at 32 for F 1,
-/// I 1.6, W 0.4), so it is simulated at min(p, 16) ranks.
+/// I 1.6, W 0.4), so it is simulated at min(p, 16) ranks. DualPipeV runs a forward and a full
+/// backward as an overlapped pair (Fh, Bh: their expert all-to-alls, Costs::pair_saving):
+/// `hidden` is what rank 0's 2m - 3p + 1 pairs hide (pipeline::dual_pipe_v_overlapped), and the
+/// makespan m (F + I + W) + idle - hidden.
 struct PipelineIdle {
   double idle = 0;
+  double hidden = 0;  // communication the overlapped pairs hide, per step
   double held = 1;
 };
-inline PipelineIdle zero_bubble_pipeline(const std::string& schedule, int pp, int mb, double F, double I, double W) {
+inline PipelineIdle zero_bubble_pipeline(const std::string& schedule, int pp, int mb, double F, double I, double W,
+                                         double Fh = 0, double Bh = 0) {
   namespace pl = parallel::pipeline;
   const auto kind = pl::parse_schedule_kind(schedule);
   const int v = pl::fixed_stages_per_rank(kind);
@@ -281,7 +286,7 @@ inline PipelineIdle zero_bubble_pipeline(const std::string& schedule, int pp, in
   const int ref_p = !steady ? pp : kind == pl::ScheduleKind::dual_pipe_v ? std::min(pp, 16) : std::min(pp, 4);
   const int ref_m = !steady ? mb : 2 * ref_p;
   PipelineIdle out;
-  if (!steady) {
+  if (!steady) {  // (not DualPipeV, which needs m >= 2p)
     const auto s = pl::make_schedule(kind, ref_p, ref_m, v);
     const auto timeline = pl::simulate(s, pl::Costs{.forward = F / v, .backward_input = I / v, .backward_weight = W / v});
     out.idle = std::max(0.0, timeline.makespan - ref_m * (F + I + W));
@@ -293,16 +298,33 @@ inline PipelineIdle zero_bubble_pipeline(const std::string& schedule, int pp, in
   // rounded to 1e-3 (the search meets the same shares many times), scaled back by F + I + W.
   const double total = F + I + W;
   if (!(total > 0)) return out;
-  const auto key = std::array<long, 4>{long(kind) * 1000 + ref_p, std::lround(1000 * F / total), std::lround(1000 * I / total), 0};
-  thread_local std::map<std::array<long, 4>, double> idle_per_unit;
+  const auto share = [&](double x) { return std::lround(1000 * x / total); };
+  const auto key = std::array<long, 5>{long(kind) * 1000 + ref_p, share(F), share(I), share(Fh), share(Bh)};
+  const auto costs = [&](double f, double i, double w, double fh, double bh) {
+    return pl::Costs{.forward = f / v,
+                     .backward_input = i / v,
+                     .backward_weight = w / v,
+                     .forward_hideable = fh / v,
+                     .backward_hideable = bh / v};
+  };
+  // Rank 0's pairs (2m - 3p + 1 of DualPipeV's [F; B]; none elsewhere) and what they hide.
+  const auto pairs = [&](int ranks, int microbatches) {
+    return kind == pl::ScheduleKind::dual_pipe_v ? double(2 * microbatches - 3 * ranks + 1) : 0.0;
+  };
+  thread_local std::map<std::array<long, 5>, double> idle_per_unit;
   auto it = idle_per_unit.find(key);
   if (it == idle_per_unit.end()) {
     const double f = double(key[1]) / 1000, i = double(key[2]) / 1000, w = std::max(0.0, 1 - f - i);
-    const auto s = pl::make_schedule(kind, ref_p, ref_m, v);
-    const auto timeline = pl::simulate(s, pl::Costs{.forward = f / v, .backward_input = i / v, .backward_weight = w / v});
-    it = idle_per_unit.emplace(key, std::max(0.0, timeline.makespan - ref_m * (f + i + w)) / (ref_p - 1)).first;
+    const auto c = costs(f, i, w, double(key[3]) / 1000, double(key[4]) / 1000);
+    const auto overlapped =
+        kind == pl::ScheduleKind::dual_pipe_v ? pl::dual_pipe_v_overlapped(ref_p, ref_m) : std::vector<pl::Action>{};
+    const auto timeline =
+        pl::simulate(pl::make_schedule(kind, ref_p, ref_m, v), c, pl::SendMode::asynchronous, overlapped);
+    const double idle = timeline.makespan - ref_m * (f + i + w) + pairs(ref_p, ref_m) * c.pair_saving();
+    it = idle_per_unit.emplace(key, std::max(0.0, idle) / (ref_p - 1)).first;
   }
   out.idle = total * it->second * double(pp - 1);
+  out.hidden = pairs(pp, mb) * costs(F, I, W, Fh, Bh).pair_saving();
   // As count_memory gives them in the steady regime (tested): 1F1B's p; the V's 2p (+1).
   out.held = h1 ? pp : kind == pl::ScheduleKind::dual_pipe_v ? 2 * pp + 1 : 2 * pp;
   return out;
@@ -819,9 +841,13 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   if (!a.fits && !time_when_unfit) return a;
   if (zero_bubble) {
     const double w = std::min(a.backward, dense_max * gemms + moe_max * moe.w_gemms + head);
-    const auto bubble = detail::zero_bubble_pipeline(p.schedule, p.pp, mb, a.forward, a.backward - w, w);
+    // DualPipeV's overlapped pairs: the expert all-to-alls (sim/cost_model.hpp, the synopsis).
+    const bool pairs = p.schedule == "dualpipev";
+    const double fh = pairs ? moe_max * moe.a2a_f : 0, bh = pairs ? moe_max * (moe.a2a_b + (full ? moe.a2a_f : 0)) : 0;
+    const auto bubble = detail::zero_bubble_pipeline(p.schedule, p.pp, mb, a.forward, a.backward - w, w, fh, bh);
     a.bubble_seconds = bubble.idle;
-    a.pipeline_seconds = mb * per_microbatch + bubble.idle;
+    a.pipeline_seconds = mb * per_microbatch + bubble.idle - bubble.hidden;
+    a.ep_seconds -= bubble.hidden;
   } else {
     a.pipeline_seconds = (mb + double(p.pp - 1) / v) * per_microbatch;
     a.bubble_seconds = double(p.pp - 1) / v * per_microbatch;

@@ -43,6 +43,11 @@
 //                       TP+SP is not overlapped), context all-gathers and Ulysses all-to-alls,
 //                       expert all-to-alls, pipeline sends, and every collective of a phase run
 //                       once per step (the optimizer's, ZeRO's parameter sync).
+//   expert all-to-all   (all_to_all / all_to_all_v on a group with "ep") exposed, except under a
+//                       schedule of overlapped pairs (DualPipeV: EstimateOptions::overlapped):
+//                       there a forward and a full backward of two micro-batches run as a pair,
+//                       each one's expert all-to-alls behind the other's compute, as DeepSeek-V3
+//                       runs them (parallel/pipeline/simulate.hpp, Costs::pair_saving).
 // Schedule: the phases named "forward", "backward" (or "backward_input" and "backward_weight")
 // are one micro-batch on this rank's stages; their times less the once-per-step collectives,
 // divided by the stages per rank, are the costs of the pipeline simulator
@@ -216,6 +221,12 @@ inline bool is_microbatch_phase(std::string_view name) {
   return name == "forward" || name == "backward" || name == "backward_input" || name == "backward_weight";
 }
 inline bool is_data_dim(std::string_view d) { return d == "dp" || d == "fsdp" || d == "edp"; }
+/// A MoE layer's count exchange, dispatch or combine (parallel/moe.hpp), forward or backward.
+inline bool is_expert_all_to_all(const CommRecord& r) {
+  if (r.kind != CollectiveKind::all_to_all && r.kind != CollectiveKind::all_to_all_v) return false;
+  const auto dims = label_dims(r.group);
+  return std::find(dims.begin(), dims.end(), std::string_view("ep")) != dims.end();
+}
 }  // namespace detail
 
 /// Whether a phase's name is one that runs once per micro-batch (forward, backward and its halves).
@@ -242,6 +253,10 @@ inline CommRole comm_role(const CommRecord& r, std::string_view phase) {
 struct EstimateOptions {
   int zero = 0;  // >= 1: a gradient all-reduce is charged as a reduce-scatter (the rank needs its shard)
   Calibration calibration = sim::calibration;
+  // The backwards the schedule runs as an overlapped pair with the forward before them (DualPipeV:
+  // pipeline::dual_pipe_v_overlapped, sorted): each pair's expert all-to-alls hide behind the
+  // other half's compute (see the synopsis). Empty: no pairs.
+  std::vector<parallel::pipeline::Action> overlapped = {};
 };
 
 /// A phase's compute, communication and the part of that communication not hidden. For a
@@ -251,6 +266,7 @@ struct PhaseTime {
   std::string name;
   double compute = 0, communication = 0, exposed = 0;
   double gradient_reduction = 0;
+  double expert_all_to_all = 0;  // of exposed: what an overlapped pair can hide (see the synopsis)
   double total() const { return compute + exposed; }
 };
 
@@ -275,6 +291,7 @@ inline PhaseTime phase_time(const PhaseReport& phase, const Topology& topology, 
     // as able to run beside communication (Recorder::phase(name, overlapped)).
     if (role == CommRole::exposed || !phase.overlapped) t.exposed += seconds;
     else hidden += seconds;
+    if (role == CommRole::exposed && detail::is_expert_all_to_all(r)) t.expert_all_to_all += seconds;
   }
   t.exposed += std::max(0.0, hidden - t.compute);
   return t;
@@ -317,8 +334,10 @@ inline StepEstimate class_estimate(const RankReport& report, const Topology& top
     est.exposed_communication_seconds += t.exposed * times;
     est.gradient_reduction_seconds += t.gradient_reduction;
     const double per_stage = t.total() / stages_per_rank;
-    if (ph.name == "forward") costs.forward += per_stage;
-    else if (ph.name == "backward" || ph.name == "backward_input") costs.backward_input += per_stage;
+    const double hideable = o.overlapped.empty() ? 0 : t.expert_all_to_all / stages_per_rank;
+    if (ph.name == "forward") costs.forward += per_stage, costs.forward_hideable += hideable;
+    else if (ph.name == "backward" || ph.name == "backward_input")
+      costs.backward_input += per_stage, costs.backward_hideable += hideable;
     else if (ph.name == "backward_weight") costs.backward_weight += per_stage;
     else other_phases += t.total();
     if (ph.name == "backward" || ph.name == "backward_input" || ph.name == "backward_weight")
@@ -343,12 +362,15 @@ inline StepEstimate estimate_step(const RankReport& report, const Topology& topo
                                   const parallel::pipeline::Schedule& schedule, int stages_per_rank = 1,
                                   const EstimateOptions& o = {}) {
   StepEstimate est = detail::class_estimate(report, topology, schedule.microbatches, stages_per_rank, o);
-  est.timeline = parallel::pipeline::simulate(schedule, est.stage_costs);
+  est.timeline =
+      parallel::pipeline::simulate(schedule, est.stage_costs, parallel::pipeline::SendMode::asynchronous, o.overlapped);
   if (!est.timeline.deadlock.empty())
     throw Error("sim::estimate_step", dtensor::detail::cat("the schedule deadlocks (", est.timeline.deadlock.size(),
                                                            " ranks stuck) for ", report.name));
   est.pipeline_seconds = est.timeline.makespan;
   est.bubble_fraction = est.timeline.bubble();
+  est.exposed_communication_seconds -=
+      parallel::pipeline::overlapped_pairs(schedule, est.pipeline_rank, o.overlapped) * est.stage_costs.pair_saving();
   est.step_seconds = est.pipeline_seconds + est.once_per_step_seconds;
   return est;
 }
@@ -392,6 +414,8 @@ inline PlanEstimate estimate_plan(const std::vector<ClassInput>& inputs, const T
       c.forward = std::max(c.forward, est.stage_costs.forward);
       c.backward_input = std::max(c.backward_input, est.stage_costs.backward_input);
       c.backward_weight = std::max(c.backward_weight, est.stage_costs.backward_weight);
+      c.forward_hideable = std::max(c.forward_hideable, est.stage_costs.forward_hideable);
+      c.backward_hideable = std::max(c.backward_hideable, est.stage_costs.backward_hideable);
       covered[std::size_t(r)] = true;
     }
     plan.classes.push_back(std::move(est));
@@ -399,7 +423,8 @@ inline PlanEstimate estimate_plan(const std::vector<ClassInput>& inputs, const T
   }
   for (std::size_t r = 0; r < covered.size(); ++r)
     if (!covered[r]) throw Error(op, dtensor::detail::cat("no rank class on pipeline rank ", r, " of ", covered.size()));
-  plan.timeline = parallel::pipeline::simulate(schedule, per_rank);
+  plan.timeline =
+      parallel::pipeline::simulate(schedule, per_rank, parallel::pipeline::SendMode::asynchronous, o.overlapped);
   if (!plan.timeline.deadlock.empty())
     throw Error(op, dtensor::detail::cat("the schedule deadlocks (", plan.timeline.deadlock.size(), " ranks stuck)"));
   plan.pipeline_seconds = plan.timeline.makespan;
@@ -412,6 +437,8 @@ inline PlanEstimate estimate_plan(const std::vector<ClassInput>& inputs, const T
         if (a.end > end) end = a.end, est.pipeline_rank = r;
     est.timeline = plan.timeline;
     est.pipeline_seconds = plan.pipeline_seconds;
+    est.exposed_communication_seconds -=
+        parallel::pipeline::overlapped_pairs(schedule, est.pipeline_rank, o.overlapped) * est.stage_costs.pair_saving();
     est.bubble_fraction = plan.timeline.idle_fraction(est.pipeline_rank);
     est.step_seconds = end + est.once_per_step_seconds;
     if (est.step_seconds > plan.step_seconds) {

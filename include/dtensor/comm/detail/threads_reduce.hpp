@@ -27,6 +27,10 @@ constexpr T divide_by(T v, int n) {
 /// dst may alias any source: each block is accumulated in a local buffer before it is stored.
 template <Element T, ReduceOp Op>
 void reduce_typed(T* dst, const void* const* srcs, int n, std::size_t count) {
+  if (n == 1) {  // one rank (a 1-rank run's gradient all-reduce): its buffer is the result, exactly
+    if (dst != srcs[0]) std::memmove(dst, srcs[0], count * sizeof(T));
+    return;
+  }
   constexpr std::size_t block = 4096 / sizeof(T);  // stays in L1 while all sources stream by
   T acc[block];
   // `m` is a compile-time constant for full blocks, so that -O2 vectorizes their loops.

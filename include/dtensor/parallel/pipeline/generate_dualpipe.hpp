@@ -27,6 +27,7 @@
 // it needs m >= 2p micro-batches (every phase above is then non-empty where it must be).
 #pragma once
 
+#include <algorithm>
 #include <deque>
 #include <utility>
 #include <vector>
@@ -37,8 +38,10 @@ namespace dtensor::parallel::pipeline {
 
 namespace detail {
 
-/// One rank's DualPipeV compute order; counters per (stage, kind) as PyTorch keeps them.
-inline std::vector<Action> dual_pipe_v_rank(int ranks, int microbatches, int rank) {
+/// One rank's DualPipeV compute order; counters per (stage, kind) as PyTorch keeps them. The
+/// backwards of its overlapped pairs [F; B] are appended to `paired` when given.
+inline std::vector<Action> dual_pipe_v_rank(int ranks, int microbatches, int rank,
+                                            std::vector<Action>* paired = nullptr) {
   const int down = rank, up = 2 * ranks - 1 - rank;
   std::vector<Action> order;
   // next[stage slot][0: forward, 1: backward (B or I)]; a B counts as its I and its W at once.
@@ -50,6 +53,10 @@ inline std::vector<Action> dual_pipe_v_rank(int ranks, int microbatches, int ran
     const int mb = backward_next[slot(stage)]++;
     order.push_back({stage, input_only ? ActionKind::backward_input : ActionKind::backward, mb});
     if (input_only) pending_weights.emplace_back(stage, mb);
+  };
+  auto paired_backward = [&](int stage) {  // [F; B]: the forward just run, overlapped with this B
+    backward(stage, false);
+    if (paired != nullptr) paired->push_back(order.back());
   };
   auto oldest_weight = [&] {
     if (pending_weights.empty()) return;
@@ -63,10 +70,12 @@ inline std::vector<Action> dual_pipe_v_rank(int ranks, int microbatches, int ran
   for (int i = 0; i < behind; ++i) backward(up, true), oldest_weight(), forward(up);  // 3
   const int steady = microbatches - 2 * ranks + rank + 1;                    // 4
   for (int i = 0; i < steady; ++i) {
-    forward(down), backward(up, false);
-    forward(up), backward(down, false);
+    forward(down);
+    if (i == 0 && behind == 0) backward(up, false);  // the last rank's first pair: two plain actions
+    else paired_backward(up);
+    forward(up), paired_backward(down);
   }
-  for (int i = 0; i < behind; ++i) backward(up, false), forward(up), backward(down, false);  // 5
+  for (int i = 0; i < behind; ++i) backward(up, false), forward(up), paired_backward(down);  // 5
   bool input_only = false;                                                   // 6
   const int drain = rank + 1;
   for (int i = 0; i < drain; ++i) {
@@ -80,18 +89,32 @@ inline std::vector<Action> dual_pipe_v_rank(int ranks, int microbatches, int ran
   return order;
 }
 
+inline void check_dual_pipe_v(const char* op, int ranks, int microbatches) {
+  check_sizes(op, ranks, microbatches);
+  if (microbatches < 2 * ranks)
+    throw Error(
+        op, dtensor::detail::cat("DualPipeV needs at least as many micro-batches as stages: m = ", microbatches,
+                                 " < 2p = ", 2 * ranks, " (", ranks, " ranks, 2 stages each; PyTorch refuses it too)"));
+}
+
 }  // namespace detail
 
 /// DualPipeV on `ranks` ranks (2 stages each, V shape) over `microbatches` >= 2 * ranks.
 inline Schedule dual_pipe_v(int ranks, int microbatches) {
-  constexpr const char* op = "pipeline::dual_pipe_v";
-  detail::check_sizes(op, ranks, microbatches);
-  if (microbatches < 2 * ranks)
-    throw Error(op, dtensor::detail::cat("DualPipeV needs at least as many micro-batches as stages: m = ", microbatches,
-                                         " < 2p = ", 2 * ranks, " (", ranks, " ranks, 2 stages each; PyTorch refuses it too)"));
+  detail::check_dual_pipe_v("pipeline::dual_pipe_v", ranks, microbatches);
   std::vector<std::vector<Action>> compute;
   for (int rank = 0; rank < ranks; ++rank) compute.push_back(detail::dual_pipe_v_rank(ranks, microbatches, rank));
   return add_send_recv(StageLayout::v_shape(ranks), microbatches, compute);
+}
+
+/// The backwards DualPipeV runs overlapped with the forward just before them (the [F; B] pairs,
+/// PyTorch's OVERLAP_F_B cells), every rank's, sorted: what pipeline::simulate overlaps.
+inline std::vector<Action> dual_pipe_v_overlapped(int ranks, int microbatches) {
+  detail::check_dual_pipe_v("pipeline::dual_pipe_v_overlapped", ranks, microbatches);
+  std::vector<Action> paired;
+  for (int rank = 0; rank < ranks; ++rank) (void)detail::dual_pipe_v_rank(ranks, microbatches, rank, &paired);
+  std::sort(paired.begin(), paired.end());
+  return paired;
 }
 
 }  // namespace dtensor::parallel::pipeline

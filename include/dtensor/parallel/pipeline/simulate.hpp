@@ -9,11 +9,12 @@
 // A RECV posts a receive and never blocks; the computation that uses the received value waits
 // until it has arrived, i.e. until its SEND ran. With asynchronous sends a SEND completes at
 // once; with blocking sends it waits until the peer has posted the matching RECV. A computation
-// takes its cost (a full backward B costs I + W) and starts when its rank is free and its
-// received input is there; everything it needs from its own rank comes earlier in its list
-// (validate.hpp checks that). Messages take no time. When no rank can move and some have
-// actions left, the schedule deadlocks; `deadlock` lists each stuck rank's next action and the
-// action of another rank it waits for.
+// takes its cost (a full backward B costs I + W; the backward of an overlapped pair, DualPipeV's,
+// less the pair's saving: Costs) and starts when its rank is free and its received input is
+// there; everything it needs from its own rank comes earlier in its list (validate.hpp checks
+// that). Messages take no time. When no rank can move and some have actions left, the schedule
+// deadlocks; `deadlock` lists each stuck rank's next action and the action of another rank it
+// waits for.
 #pragma once
 
 #include <algorithm>
@@ -29,10 +30,27 @@ namespace dtensor::parallel::pipeline {
 enum class SendMode { blocking, asynchronous };
 
 /// Time units per computation of one micro-batch on one stage.
+///
+/// Overlapped pairs (DualPipeV's [F; B], PyTorch's OVERLAP_F_B cells: simulate's `overlapped`):
+/// `forward_hideable` and `backward_hideable` are the parts of a forward's and a full backward's
+/// cost that can run behind the other micro-batch's compute when a rank runs them as a pair
+/// (DeepSeek-V3 hides its expert all-to-alls so). Each backward of a pair takes `pair_saving()`
+/// less: the pair's two communications each hide behind the other half's compute. With zeros
+/// (the default) nothing changes. The saving is charged to the backward, so the forward's output
+/// leaves at the forward's end as without the overlap (a slight optimism for its successor).
 struct Costs {
   double forward = 1;
   double backward_input = 1;
   double backward_weight = 1;
+  double forward_hideable = 0;   // of forward
+  double backward_hideable = 0;  // of backward_input + backward_weight
+
+  /// How much shorter a forward and a full backward take when run as an overlapped pair.
+  double pair_saving() const {
+    const double backward = backward_input + backward_weight;
+    return std::min(forward_hideable, std::max(0.0, backward - backward_hideable)) +
+           std::min(backward_hideable, std::max(0.0, forward - forward_hideable));
+  }
 
   double of(ActionKind kind) const {
     switch (kind) {
@@ -84,12 +102,24 @@ struct Timeline {
   }
 };
 
+/// How many of rank `rank`'s actions are in `overlapped` (sorted): its overlapped pairs.
+inline int overlapped_pairs(const Schedule& schedule, int rank, const std::vector<Action>& overlapped) {
+  const auto& list = schedule.actions.at(std::size_t(rank));
+  return int(std::count_if(list.begin(), list.end(), [&](const Action& a) {
+    return std::binary_search(overlapped.begin(), overlapped.end(), a);
+  }));
+}
+
 /// The schedule with costs per rank (`per_rank[r]` for every stage rank r holds): uneven stages,
-/// a first stage with the embedding, a last with the head.
+/// a first stage with the embedding, a last with the head. `overlapped` (sorted): the backwards
+/// that run as an overlapped pair with the forward before them (dual_pipe_v_overlapped), each
+/// Costs::pair_saving shorter.
 inline Timeline simulate(const Schedule& schedule, const std::vector<Costs>& per_rank,
-                         SendMode mode = SendMode::asynchronous) {
+                         SendMode mode = SendMode::asynchronous, const std::vector<Action>& overlapped = {}) {
   constexpr const char* op = "pipeline::simulate";
   schedule.layout.check(op);
+  if (!std::is_sorted(overlapped.begin(), overlapped.end()))
+    throw Error(op, "the overlapped backwards must be sorted (pipeline::dual_pipe_v_overlapped gives them so)");
   const auto ranks = std::size_t(schedule.ranks());
   if (per_rank.size() != ranks)
     throw Error(op, dtensor::detail::cat(per_rank.size(), " cost entries for a schedule of ", ranks, " ranks"));
@@ -139,7 +169,9 @@ inline Timeline simulate(const Schedule& schedule, const std::vector<Costs>& per
     if (action == nullptr) return false;
     double start = 0;
     if (ready(rank, *action, start)) return false;
-    const double end = start + per_rank[rank].of(action->kind);
+    double duration = per_rank[rank].of(action->kind);
+    if (std::binary_search(overlapped.begin(), overlapped.end(), *action)) duration -= per_rank[rank].pair_saving();
+    const double end = start + duration;
     if (is_send(action->kind)) sent.emplace(*action, end);
     if (is_recv(action->kind)) posted.emplace(*action, end);
     run(rank, start, end);
@@ -163,8 +195,9 @@ inline Timeline simulate(const Schedule& schedule, const std::vector<Costs>& per
 }
 
 /// Every rank at the same costs.
-inline Timeline simulate(const Schedule& schedule, const Costs& costs = {}, SendMode mode = SendMode::asynchronous) {
-  return simulate(schedule, std::vector<Costs>(std::size_t(std::max(schedule.ranks(), 0)), costs), mode);
+inline Timeline simulate(const Schedule& schedule, const Costs& costs = {}, SendMode mode = SendMode::asynchronous,
+                         const std::vector<Action>& overlapped = {}) {
+  return simulate(schedule, std::vector<Costs>(std::size_t(std::max(schedule.ranks(), 0)), costs), mode, overlapped);
 }
 
 }  // namespace dtensor::parallel::pipeline
