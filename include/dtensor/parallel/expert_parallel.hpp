@@ -435,13 +435,31 @@ DispatchPlan exchange_counts(Communicator& ep, const DispatchOrder& order, std::
   return p;
 }
 
-/// Row indices kept on the host, as an index tensor of memory space Space (a copy in every
-/// space, the host's too, so that a dry run's ledger, which counts the meta copy, reads what a
-/// real run holds): what the row gathers of the MoE take.
+/// An index tensor of memory space Space with n entries, written by fill(std::int64_t* out):
+/// in place on the host, through a host copy on a device, not at all on meta (no values). Every
+/// space holds the same n entries, so a dry run's ledger reads what a real run holds, and the
+/// host builds them without a second copy. What the row gathers and scatter-adds of the MoE take.
+template <MemorySpace Space, class Fill>
+Tensor<std::int64_t, 1, Space> index_tensor(std::int64_t n, Fill fill) {
+  const Shape<1> shape{Extent(n)};
+  if constexpr (std::is_same_v<Space, host_space>) {
+    auto index = Tensor<std::int64_t, 1>::uninitialized(shape);
+    fill(index.data());
+    return index;
+  } else if constexpr (holds_data_v<Space>) {
+    auto host = Tensor<std::int64_t, 1>::uninitialized(shape);
+    fill(host.data());
+    return to_space<Space>(host);
+  } else {
+    return Tensor<std::int64_t, 1, Space>::uninitialized(shape);
+  }
+}
+
+/// Row indices kept on the host, as an index tensor of memory space Space (index_tensor).
 template <MemorySpace Space>
 Tensor<std::int64_t, 1, Space> indices_in(const std::vector<std::int64_t>& index) {
-  const auto host = Tensor<std::int64_t, 1>::view(const_cast<std::int64_t*>(index.data()), Shape<1>{Extent(index.size())});
-  return to_space<Space>(host);
+  return index_tensor<Space>(std::int64_t(index.size()),
+                             [&](std::int64_t* out) { std::copy(index.begin(), index.end(), out); });
 }
 
 /// out[i] = rows[index[i]]: a row gather, which is an embedding lookup (kernels/embedding.hpp).
@@ -464,57 +482,66 @@ struct Dispatched {
 };
 
 namespace detail {
-/// A side array built on the host, in memory space Space: itself on the host, a copy on a
-/// device, a tensor of its shape on meta. Held as long on every space, so that a dry run's
-/// ledger reads what a real run holds.
-template <MemorySpace Space, class T>
-Tensor<T, 2, Space> side_in_space(Tensor<T, 2>&& side) {
-  if constexpr (holds_data_v<Space>) return into_space<Space>(std::move(side));
-  else return Tensor<T, 2, Space>::uninitialized(side.shape());
-}
-
-/// A side array's rows on the host (a view on the host, a copy from a device; none on meta).
-template <class T, MemorySpace Space>
-Tensor<T, 2> side_on_host(const Tensor<T, 2, Space>& side) {
-  if constexpr (std::is_same_v<Space, host_space>) return view_of(side, 0, side.shape());
-  else if constexpr (holds_data_v<Space>) return to_space<host_space>(side);
-  else return Tensor<T, 2>{};
-}
-
-/// Copies each peer's side array (`side`: side rows, peer after peer) into its place in the
-/// message buffer (after the peer's rows_per_peer rows), as `out` lays the messages out. Byte
-/// copies (copy_box), so a side array's integers pass unchanged.
-template <class T, MemorySpace Space>
-void put_side_arrays(Tensor<T, 2, Space>& buffer, const std::vector<std::int64_t>& rows_per_peer,
-                     const Tensor<T, 2, Space>& side, const Transfer& out) {
-  const auto dim = buffer.shape()[1];
-  std::int64_t from = 0;
-  for (std::size_t r = 0; r < rows_per_peer.size(); ++r) {
-    const auto n = rows_per_peer[r], extra = out.rows[r] - n;
-    copy_box(side, Shape<2>{from, 0}, buffer, Shape<2>{out.starts[r] + n, 0}, Shape<2>{extra, dim});
-    from += extra;
+/// Each peer's side array in a message buffer laid out by `out` (a peer's rows_per_peer rows,
+/// then its side rows) as host bytes: write(peer, bytes) fills it. In place on the host; on a
+/// device in a host copy of the side rows, then byte-copied into the buffer (copy_box), so a
+/// side array's integers pass unchanged; not at all on meta (no values). The host and meta hold
+/// nothing for it beside the buffer, so a dry run's ledger reads what a real run holds.
+template <class T, MemorySpace Space, class Write>
+void write_side_arrays(Tensor<T, 2, Space>& buffer, const std::vector<std::int64_t>& rows_per_peer, const Transfer& out,
+                       Write write) {
+  if constexpr (std::is_same_v<Space, host_space>) {
+    const auto dim = buffer.shape()[1];
+    for (std::size_t r = 0; r < rows_per_peer.size(); ++r)
+      write(r, reinterpret_cast<unsigned char*>(buffer.data() + (out.starts[r] + rows_per_peer[r]) * dim));
+  } else if constexpr (holds_data_v<Space>) {
+    const auto dim = buffer.shape()[1];
+    std::int64_t rows = 0;
+    for (auto n : rows_per_peer) rows += n;
+    Tensor<T, 2> side(Shape<2>{out.total - rows, dim});
+    std::int64_t at = 0;
+    for (std::size_t r = 0; r < rows_per_peer.size(); ++r) {
+      write(r, reinterpret_cast<unsigned char*>(side.data() + at * dim));
+      at += out.rows[r] - rows_per_peer[r];
+    }
+    const auto here = to_space<Space>(side);
+    at = 0;
+    for (std::size_t r = 0; r < rows_per_peer.size(); ++r) {
+      const auto n = rows_per_peer[r], extra = out.rows[r] - n;
+      copy_box(here, Shape<2>{at, 0}, buffer, Shape<2>{out.starts[r] + n, 0}, Shape<2>{extra, dim});
+      at += extra;
+    }
   }
 }
 
-/// The reverse on arrival: each peer's rows (compact, peer after peer; none unless want_rows)
-/// and its side array's rows, both in the space.
-template <class T, MemorySpace Space>
-std::pair<Tensor<T, 2, Space>, Tensor<T, 2, Space>> split_side_arrays(const Tensor<T, 2, Space>& arrived,
-                                                                      const std::vector<std::int64_t>& rows_per_peer,
-                                                                      const Transfer& in, bool want_rows) {
-  const auto dim = arrived.shape()[1];
-  std::int64_t rows = 0;
-  for (auto n : rows_per_peer) rows += n;
-  auto compact = Tensor<T, 2, Space>::uninitialized(Shape<2>{want_rows ? rows : 0, dim});
-  auto side = Tensor<T, 2, Space>::uninitialized(Shape<2>{in.total - rows, dim});
-  std::int64_t to_rows = 0, to_side = 0, at = 0;
-  for (std::size_t r = 0; r < rows_per_peer.size(); ++r) {
-    const auto n = rows_per_peer[r], extra = in.rows[r] - n;
-    if (want_rows) copy_box(arrived, Shape<2>{at, 0}, compact, Shape<2>{to_rows, 0}, Shape<2>{n, dim});
-    copy_box(arrived, Shape<2>{at + n, 0}, side, Shape<2>{to_side, 0}, Shape<2>{extra, dim});
-    to_rows += n, to_side += extra, at += n + extra;
+/// The reverse on arrival: read(peer, bytes) reads each peer's side array of `arrived` (laid out
+/// by `in`). In place on the host, from a host copy of the side rows on a device, not at all on
+/// meta.
+template <class T, MemorySpace Space, class Read>
+void read_side_arrays(const Tensor<T, 2, Space>& arrived, const std::vector<std::int64_t>& rows_per_peer,
+                      const Transfer& in, Read read) {
+  if constexpr (std::is_same_v<Space, host_space>) {
+    const auto dim = arrived.shape()[1];
+    for (std::size_t r = 0; r < rows_per_peer.size(); ++r)
+      read(r, reinterpret_cast<const unsigned char*>(arrived.data() + (in.starts[r] + rows_per_peer[r]) * dim));
+  } else if constexpr (holds_data_v<Space>) {
+    const auto dim = arrived.shape()[1];
+    std::int64_t rows = 0;
+    for (auto n : rows_per_peer) rows += n;
+    auto side = Tensor<T, 2, Space>::uninitialized(Shape<2>{in.total - rows, dim});
+    std::int64_t at = 0;
+    for (std::size_t r = 0; r < rows_per_peer.size(); ++r) {
+      const auto n = rows_per_peer[r], extra = in.rows[r] - n;
+      copy_box(arrived, Shape<2>{in.starts[r] + n, 0}, side, Shape<2>{at, 0}, Shape<2>{extra, dim});
+      at += extra;
+    }
+    const auto host = to_space<host_space>(side);
+    at = 0;
+    for (std::size_t r = 0; r < rows_per_peer.size(); ++r) {
+      read(r, reinterpret_cast<const unsigned char*>(host.data() + at * dim));
+      at += in.rows[r] - rows_per_peer[r];
+    }
   }
-  return {std::move(compact), std::move(side)};
 }
 
 /// One all_to_all_v of `buffer` out along `out`, received along `in`.
@@ -548,61 +575,59 @@ Dispatched<T, Space> dispatch(Communicator& ep, const DispatchPlan& p, const Dis
                                      order.pairs(), " pairs; the plan sends ", p.units_sent(), " units and ",
                                      p.pairs_sent(), " pairs of ", p.dim));
   const auto R = std::size_t(p.ranks), L = std::size_t(p.local_experts);
-  // The side arrays, peer by peer: the pairs' unit indices (int32), then their gates (T).
-  auto side = Tensor<T, 2>(Shape<2>{p.dispatch_out.total - p.units_sent(), p.dim});
-  if constexpr (holds_data_v<Space>) {
-    auto* bytes = reinterpret_cast<unsigned char*>(side.data());
-    std::size_t pair = 0;
-    for (std::size_t r = 0; r < R; ++r) {
-      const auto n = std::size_t(p.send_pairs[r]);
-      for (std::size_t i = 0; i < n; ++i) {
-        std::memcpy(bytes + i * sizeof(std::int32_t), &order.unit_of_pair[pair + i], sizeof(std::int32_t));
-        const T gate = gate_of_slot[std::size_t(order.slot_of_pair[pair + i])];
-        std::memcpy(bytes + n * sizeof(std::int32_t) + i * sizeof(T), &gate, sizeof(T));
-      }
-      pair += n;
-      bytes += std::size_t(p.dispatch_out.rows[r] - p.send_units[r]) * std::size_t(p.dim) * sizeof(T);
-    }
-  }
   // The message buffer: the units' token rows gathered straight into their places (a side
   // array's rows read token 0 and are then overwritten by the side array).
-  std::vector<std::int64_t> send_index(std::size_t(p.dispatch_out.total), 0);
-  for (std::size_t r = 0, unit = 0; r < R; ++r)
-    for (std::int64_t u = 0; u < p.send_units[r]; ++u, ++unit)
-      send_index[std::size_t(p.dispatch_out.starts[r] + u)] = order.token_of_unit[unit];
-  auto buffer = gather_rows(token_rows, indices_in<Space>(send_index));
-  detail::put_side_arrays(buffer, p.send_units, detail::side_in_space<Space>(std::move(side)), p.dispatch_out);
+  const auto send_index = index_tensor<Space>(p.dispatch_out.total, [&](std::int64_t* index) {
+    std::fill_n(index, p.dispatch_out.total, 0);
+    for (std::size_t r = 0, unit = 0; r < R; ++r)
+      for (std::int64_t u = 0; u < p.send_units[r]; ++u, ++unit)
+        index[p.dispatch_out.starts[r] + u] = order.token_of_unit[unit];
+  });
+  auto buffer = gather_rows(token_rows, send_index);
+  // The side arrays, peer by peer: the pairs' unit indices (int32), then their gates (T).
+  std::vector<std::size_t> first_sent(R, 0);  // each peer's first pair
+  for (std::size_t r = 1; r < R; ++r) first_sent[r] = first_sent[r - 1] + std::size_t(p.send_pairs[r - 1]);
+  detail::write_side_arrays(buffer, p.send_units, p.dispatch_out, [&](std::size_t r, unsigned char* bytes) {
+    const auto n = std::size_t(p.send_pairs[r]), pair = first_sent[r];
+    for (std::size_t i = 0; i < n; ++i) {
+      std::memcpy(bytes + i * sizeof(std::int32_t), &order.unit_of_pair[pair + i], sizeof(std::int32_t));
+      const T gate = gate_of_slot[std::size_t(order.slot_of_pair[pair + i])];
+      std::memcpy(bytes + n * sizeof(std::int32_t) + i * sizeof(T), &gate, sizeof(T));
+    }
+  });
   const auto arrived = detail::exchange(ep, buffer, p.dispatch_out, p.dispatch_in);
   // The arrived side arrays: source s's pairs ordered by its local expert, then unit. A space
   // without data reads none: every source is taken to send what this rank sends itself (as the
   // count exchange assumes there), whose unit indices the order holds.
-  const auto split = detail::split_side_arrays(arrived, p.recv_units, p.dispatch_in, false);
-  const auto side_in = detail::side_on_host(split.second);
   std::vector<std::int32_t> unit_in(std::size_t(p.pairs_received()));
   std::vector<T> gate_in(unit_in.size());
-  {
-    std::size_t pair = 0;
-    const unsigned char* bytes = holds_data_v<Space> ? reinterpret_cast<const unsigned char*>(side_in.data()) : nullptr;
+  std::vector<std::int64_t> side_first(R, 0), unit_first(R, 0);  // per source: its first pair and unit
+  for (std::size_t s = 1; s < R; ++s) {
+    side_first[s] = side_first[s - 1] + p.pairs_from(int(s - 1));
+    unit_first[s] = unit_first[s - 1] + p.recv_units[s - 1];
+  }
+  if constexpr (holds_data_v<Space>) {
+    detail::read_side_arrays(arrived, p.recv_units, p.dispatch_in, [&](std::size_t s, const unsigned char* bytes) {
+      const auto n = std::size_t(p.pairs_from(int(s))), pair = std::size_t(side_first[s]);
+      for (std::size_t i = 0; i < n; ++i) {
+        std::memcpy(&unit_in[pair + i], bytes + i * sizeof(std::int32_t), sizeof(std::int32_t));
+        std::memcpy(&gate_in[pair + i], bytes + n * sizeof(std::int32_t) + i * sizeof(T), sizeof(T));
+      }
+    });
+  } else {
     const auto own = std::size_t(p.expert_offsets[std::size_t(p.rank)]);  // the own pairs to itself start at
     std::size_t own_first = 0;
     for (std::size_t e = 0; e < own; ++e) own_first += std::size_t(order.pairs_per_expert[e]);
-    for (std::size_t s = 0; s < R; ++s) {
-      const auto n = std::size_t(p.pairs_from(int(s)));
-      for (std::size_t i = 0; i < n; ++i) {
-        if (bytes) {
-          std::memcpy(&unit_in[pair + i], bytes + i * sizeof(std::int32_t), sizeof(std::int32_t));
-          std::memcpy(&gate_in[pair + i], bytes + n * sizeof(std::int32_t) + i * sizeof(T), sizeof(T));
-        } else {
-          unit_in[pair + i] = order.unit_of_pair[own_first + i];
-        }
-        if (unit_in[pair + i] < 0 || unit_in[pair + i] >= p.recv_units[s])
-          ep.fail(op, dtensor::detail::cat("pair ", i, " from rank ", s, " names unit ", unit_in[pair + i], " of ",
-                                           p.recv_units[s]));
-      }
-      pair += n;
-      if (bytes) bytes += std::size_t(p.dispatch_in.rows[s] - p.recv_units[s]) * std::size_t(p.dim) * sizeof(T);
-    }
+    for (std::size_t s = 0; s < R; ++s)
+      std::copy_n(order.unit_of_pair.begin() + std::ptrdiff_t(own_first), p.pairs_from(int(s)),
+                  unit_in.begin() + side_first[s]);
   }
+  for (std::size_t s = 0; s < R; ++s)
+    for (std::int64_t i = 0; i < p.pairs_from(int(s)); ++i) {
+      const auto unit = unit_in[std::size_t(side_first[s] + i)];
+      if (unit < 0 || unit >= p.recv_units[s])
+        ep.fail(op, dtensor::detail::cat("pair ", i, " from rank ", s, " names unit ", unit, " of ", p.recv_units[s]));
+    }
   // Grouped order: by local expert, then source, then the source's order.
   Dispatched<T, Space> d;
   d.rows_per_local_expert = p.rows_per_local_expert();
@@ -610,11 +635,6 @@ Dispatched<T, Space> dispatch(Communicator& ep, const DispatchPlan& p, const Dis
   d.side_of_pair.resize(unit_in.size());
   std::vector<std::int64_t> arrival_row(unit_in.size());
   auto gate = Tensor<T, 2>::uninitialized(Shape<2>{Extent(unit_in.size()), 1});
-  std::vector<std::int64_t> side_first(R, 0), unit_first(R, 0);  // per source
-  for (std::size_t s = 1; s < R; ++s) {
-    side_first[s] = side_first[s - 1] + p.pairs_from(int(s - 1));
-    unit_first[s] = unit_first[s - 1] + p.recv_units[s - 1];
-  }
   std::size_t g = 0;
   for (std::size_t le = 0; le < L; ++le)
     for (std::size_t s = 0; s < R; ++s) {
@@ -642,7 +662,12 @@ Tensor<T, 2, Space> combine(Communicator& ep, const DispatchPlan& p, const Dispa
                             const Tensor<T, 2, Space>& expert_out) {
   detail::check_rows(ep, expert_out, p.pairs_received(), p.dim, "parallel::combine", "expert rows");
   Tensor<T, 2, Space> units(Shape<2>{p.units_received(), p.dim});
-  kernels::embedding_backward(units, d.unit_index, kernels::mul_broadcast(expert_out, d.gate));
+  if constexpr (std::is_same_v<Space, host_space>)  // the gate multiply fused into the scatter-add
+    kernels::host::embedding_backward_scaled(units, d.unit_index, expert_out, d.gate);
+  else if constexpr (holds_data_v<Space>)
+    kernels::embedding_backward(units, d.unit_index, kernels::mul_broadcast(expert_out, d.gate));
+  else  // meta: the scatter-add's cost without the product's temporary, as the host holds none
+    kernels::embedding_backward(units, d.unit_index, expert_out);
   return detail::exchange(ep, units, p.expert_units, p.token_units);
 }
 
@@ -658,9 +683,27 @@ Tensor<T, 2, Space> combine_backward(Communicator& ep, const DispatchPlan& p, co
 /// What dispatch_backward delivers to the tokens' rank.
 template <class T, MemorySpace Space>
 struct DispatchGradients {
-  Tensor<T, 2, Space> units;  // [units sent, dim]: each unit's input gradient, summed over its pairs
-  std::vector<T> gates;       // [pairs sent]: each sent pair's gate gradient (empty on a space without data)
+  // [the plan's gradient_in.total, dim]: the arrived messages as they came, each peer's unit rows
+  // (each unit's input gradient, summed over its pairs; in send order) then its side array's
+  // rows. Not compacted: the token's rank scatter-adds the unit rows straight from here
+  // (token_of_gradient_rows names their tokens and skips the side rows).
+  Tensor<T, 2, Space> rows;
+  std::vector<T> gates;  // [pairs sent]: each sent pair's gate gradient (empty on a space without data)
 };
+
+/// The token of each row dispatch_backward delivers (DispatchGradients::rows): a unit row's
+/// token, -1 for a side array's row, which kernels::embedding_shard_backward skips.
+template <MemorySpace Space>
+Tensor<std::int64_t, 1, Space> token_of_gradient_rows(const DispatchPlan& p, const DispatchOrder& order) {
+  return index_tensor<Space>(p.gradient_in.total, [&](std::int64_t* token) {
+    std::size_t unit = 0;
+    for (std::size_t r = 0; r < std::size_t(p.ranks); ++r) {
+      const auto first = p.gradient_in.starts[r], units = p.send_units[r];
+      for (std::int64_t u = 0; u < units; ++u) token[first + u] = order.token_of_unit[unit++];
+      std::fill_n(token + first + units, p.gradient_in.rows[r] - units, std::int64_t(-1));
+    }
+  });
+}
 
 /// The adjoint of dispatch: the pairs' input gradients [pairs received, dim] (grouped), summed per
 /// unit on this rank, and the pairs' gate gradients (host, grouped order) travel back with them as
@@ -673,41 +716,40 @@ DispatchGradients<T, Space> dispatch_backward(Communicator& ep, const DispatchPl
   const bool with_gates = holds_data_v<Space>;
   if (with_gates && std::int64_t(d_gates.size()) != p.pairs_received())
     ep.fail(op, dtensor::detail::cat(d_gates.size(), " gate gradients for ", p.pairs_received(), " pairs"));
-  // Each pair's row in the message buffer (its unit's row in its source's message) and its gate
-  // gradient's place in the source's side array, walking the grouped order (by local expert,
-  // then source) as dispatch built it.
   const auto R = std::size_t(p.ranks), L = std::size_t(p.local_experts);
-  std::vector<std::int64_t> message_row(d.unit_of_pair.size()), unit_first(R, 0), side_first(R, 0), side_at(R, 0);
+  std::vector<std::int64_t> unit_first(R, 0), side_first(R, 0);  // per source: its first unit and pair
   for (std::size_t s = 1; s < R; ++s) {
     unit_first[s] = unit_first[s - 1] + p.recv_units[s - 1];
     side_first[s] = side_first[s - 1] + p.pairs_from(int(s - 1));
-    side_at[s] = side_at[s - 1] + (p.gradient_out.rows[s - 1] - p.recv_units[s - 1]) * p.dim;
   }
-  auto side = Tensor<T, 2>(Shape<2>{p.gradient_out.total - p.units_received(), p.dim});
-  std::size_t g = 0;
-  for (std::size_t le = 0; le < L; ++le)
-    for (std::size_t s = 0; s < R; ++s)
-      for (std::int64_t i = 0; i < p.recv_pairs[s * L + le]; ++i, ++g) {
-        message_row[g] = p.gradient_out.starts[s] + d.unit_of_pair[g] - unit_first[s];
-        if (with_gates) side.data()[side_at[s] + d.side_of_pair[g] - side_first[s]] = d_gates[g];
-      }
-  // The units' input gradients summed straight into their message rows, then the side arrays.
+  // The units' input gradients summed straight into their message rows: each pair's row is its
+  // unit's row in its source's message, walking the grouped order (by local expert, then
+  // source) as dispatch built it.
+  const auto message_row = index_tensor<Space>(p.pairs_received(), [&](std::int64_t* row) {
+    std::size_t g = 0;
+    for (std::size_t le = 0; le < L; ++le)
+      for (std::size_t s = 0; s < R; ++s)
+        for (std::int64_t i = 0; i < p.recv_pairs[s * L + le]; ++i, ++g)
+          row[g] = p.gradient_out.starts[s] + d.unit_of_pair[g] - unit_first[s];
+  });
   Tensor<T, 2, Space> buffer(Shape<2>{p.gradient_out.total, p.dim});
-  kernels::embedding_backward(buffer, indices_in<Space>(message_row), d_rows);
-  detail::put_side_arrays(buffer, p.recv_units, detail::side_in_space<Space>(std::move(side)), p.gradient_out);
-  const auto arrived = detail::exchange(ep, buffer, p.gradient_out, p.gradient_in);
-  auto split = detail::split_side_arrays(arrived, p.send_units, p.gradient_in, true);
-  const auto side_in = detail::side_on_host(split.second);
-  DispatchGradients<T, Space> out{std::move(split.first), {}};
-  if (with_gates) {
+  kernels::embedding_backward(buffer, message_row, d_rows);
+  // Then the pairs' gate gradients, in each source's side order.
+  if constexpr (holds_data_v<Space>) {
+    std::vector<T> in_side_order(d_gates.size());
+    for (std::size_t g = 0; g < d_gates.size(); ++g) in_side_order[std::size_t(d.side_of_pair[g])] = d_gates[g];
+    detail::write_side_arrays(buffer, p.recv_units, p.gradient_out, [&](std::size_t s, unsigned char* bytes) {
+      std::memcpy(bytes, in_side_order.data() + side_first[s], std::size_t(p.pairs_from(int(s))) * sizeof(T));
+    });
+  }
+  DispatchGradients<T, Space> out{detail::exchange(ep, buffer, p.gradient_out, p.gradient_in), {}};
+  if constexpr (holds_data_v<Space>) {
     out.gates.resize(std::size_t(p.pairs_sent()));
-    std::size_t pair = 0;
-    std::int64_t row = 0;
-    for (std::size_t r = 0; r < R; ++r) {
-      std::copy_n(side_in.data() + row * p.dim, p.send_pairs[r], out.gates.begin() + std::ptrdiff_t(pair));
-      pair += std::size_t(p.send_pairs[r]);
-      row += p.gradient_in.rows[r] - p.send_units[r];
-    }
+    std::vector<std::size_t> first_sent(R, 0);  // each peer's first pair
+    for (std::size_t r = 1; r < R; ++r) first_sent[r] = first_sent[r - 1] + std::size_t(p.send_pairs[r - 1]);
+    detail::read_side_arrays(out.rows, p.send_units, p.gradient_in, [&](std::size_t r, const unsigned char* bytes) {
+      std::memcpy(out.gates.data() + first_sent[r], bytes, std::size_t(p.send_pairs[r]) * sizeof(T));
+    });
   }
   return out;
 }

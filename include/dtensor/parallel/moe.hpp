@@ -174,9 +174,11 @@ class MoE {
     const auto back = parallel::dispatch_backward(ep, s.plan, s.received, dgrouped, std::span<const T>(dgate_of_pair));
     auto [dx, router_w] =
         router_.backward_input(std::move(s.router), router_gradient(s.routing, gate_gradients(s, back.gates), dy));
-    // dx += the tokens' share of the experts' input gradient (a scatter-add, in send order).
+    // dx += the tokens' share of the experts' input gradient: a scatter-add in send order,
+    // straight from the arrived messages (their side arrays' rows skipped).
     auto dx_rows = token_rows(dx.local());
-    kernels::embedding_backward(dx_rows, s.token_of_unit, back.units);
+    kernels::embedding_shard_backward(dx_rows, parallel::token_of_gradient_rows<space>(s.plan, s.order), back.rows,
+                                      Extent(0));
     return {std::move(dx), WeightCtx{std::move(router_w), std::move(experts_w)}};
   }
 
