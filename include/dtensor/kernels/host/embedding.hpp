@@ -90,8 +90,8 @@ void embedding_backward_scaled(HostTensor<T, 2>& dtable, const HostTensor<Id, 1>
   const char* op = "embedding_backward_scaled";
   const Extent d = dtable.extent(1), n = ids.numel();
   detail::check(dy.extent(0) == n && dy.extent(1) == d && scale.extent(0) == n && scale.extent(1) == 1, op, "dy ",
-        to_string(dy.shape()), " and scale ", to_string(scale.shape()), " do not match ids ", to_string(ids.shape()),
-        " and table gradient ", to_string(dtable.shape()));
+                to_string(dy.shape()), " and scale ", to_string(scale.shape()), " do not match ids ",
+                to_string(ids.shape()), " and table gradient ", to_string(dtable.shape()));
   for (Extent t = 0; t < n; ++t) {
     T* row = dtable.data() + detail::embedding_row(op, ids[t], 0, dtable.extent(0), true) * d;
     const T* g = dy.data() + t * d;
