@@ -22,7 +22,8 @@
 // activations of the micro-batches in flight are the run's times the schedule's count.
 // --experts E (GPT blocks): MoE feed-forwards (every --moe-every-th block, top --topk routing,
 // --capacity factor), the experts split over --ep ranks of the data x context ranks, routed
-// evenly (the balanced routing a dry run assumes: nn::route_balanced).
+// evenly (the balanced routing a dry run assumes: nn::route_balanced), within --topk-groups M of
+// --expert-groups G groups when given (group-limited routing: the merged dispatch's bytes shrink).
 //
 //   plan_at_scale --layers 32 --dim 4096 --heads 32 --seq 4096 --batch 1024 --dp 64 --tp 8 --pp 4
 //                 --microbatches 16 --experts 64 --topk 2 --ep 8 --dtype bf16 --device h200   # MoE on 2,048 GPUs
@@ -238,6 +239,13 @@ const examples::FlagTable<Options>& flag_table() {
       {"--shared-experts", "N",
        "N shared experts (DeepSeek's): one feed-forward of N x the experts' width every token passes",
        integer_at<Extent>([](O& o) -> auto& { return o.plan.moe.shared; }, 1)},
+      {"--expert-groups", "G",
+       "G groups of E / G consecutive experts for --topk-groups (default 1; G = --ep: a group per expert rank)",
+       integer_at<Extent>([](O& o) -> auto& { return o.plan.moe.router.groups; }, 1)},
+      {"--topk-groups", "M",
+       "group-limited routing (DeepSeek-V3's node-limited): each token's top-K from M of the G groups, so its "
+       "row travels to at most M groups' ranks (the balanced routing keeps the limit)",
+       integer_at<Extent>([](O& o) -> auto& { return o.plan.moe.router.topk_groups; }, 1)},
       {"", "", "the device (sim/device.hpp; default h100) and the report:"},
       {"--device", "h100|h200|a100|h100-500w", "a known device", device},
       {"--device-file", "F", "a device file with every field", device},
@@ -340,7 +348,9 @@ sim::ModelShape model_shape(const Options& o) {
                         : moe.hidden            ? moe.hidden
                         : m.ffn                 ? m.ffn
                                                 : m.mlp_ratio * m.dim,
-          .shared_experts = moe.router.experts == 0 ? 0 : moe.shared};
+          .shared_experts = moe.router.experts == 0 ? 0 : moe.shared,
+          .expert_groups = moe.router.groups,
+          .topk_groups = moe.router.topk_groups};
 }
 
 Options parse(int argc, char** argv) {
@@ -352,7 +362,8 @@ Options parse(int argc, char** argv) {
   o.hardware.check("plan_at_scale --device");
   const auto was_given = [&](const char* flag) { return std::find(given.begin(), given.end(), flag) != given.end(); };
   // Flags that only mean something beside another one are errors alone, not silently ignored.
-  for (const char* f : {"--topk", "--moe-every", "--ep", "--capacity", "--expert-ffn", "--shared-experts"})
+  for (const char* f : {"--topk", "--moe-every", "--ep", "--capacity", "--expert-ffn", "--shared-experts",
+                        "--expert-groups", "--topk-groups"})
     if (was_given(f) && !o.plan.has_experts()) throw UsageError(std::string(f) + " has no effect without --experts E");
   for (const char* f : {"--gpus", "--top", "--finalists", "--rank-of"})
     if (was_given(f) && !o.search) throw UsageError(std::string(f) + " has no effect without --search");

@@ -46,6 +46,7 @@ struct PlanModel {
   dtensor::nn::Recompute recompute{};  // --recompute; with --checkpoint: kept as given, else chosen
   std::int64_t experts = 0, topk = 2, moe_every = 1;  // --experts E > 0: MoE blocks (GPT)
   std::int64_t shared = 0;                            // --shared-experts
+  std::int64_t groups = 1, topk_groups = 0;           // --expert-groups, --topk-groups (0: no limit)
   double capacity = 0;                                 // --capacity (0: dropless)
   int ep = 0;  // --ep given: kept; 0: chosen (any ep up to the experts dividing the token ranks)
 };
@@ -122,7 +123,9 @@ inline PlanChoice choose_plan(const PlanModel& m, int ranks, const dtensor::sim:
                               .experts = m.experts,
                               .topk = m.topk,
                               .moe_every = m.moe_every,
-                              .shared_experts = m.experts > 0 ? m.shared : 0};
+                              .shared_experts = m.experts > 0 ? m.shared : 0,
+                              .expert_groups = m.groups,
+                              .topk_groups = m.topk_groups};
   sim::SearchSpace space{.gpus = ranks, .batch = m.batch, .bf16 = m.bf16, .exhaustive = true, .ep = m.ep, .fp8 = m.fp8};
   // Recomputation: as given (--checkpoint, --recompute), else each of the search's choices.
   if (m.checkpoint || !m.recompute.none()) {
@@ -252,6 +255,8 @@ void apply_plan_auto(Options& o, const std::vector<std::string>& given) {
                     .topk = o.topk,
                     .moe_every = o.moe_every,
                     .shared = o.shared,
+                    .groups = o.groups,
+                    .topk_groups = o.topk_groups,
                     .capacity = o.capacity,
                     .ep = ep_given ? o.ep : 0};
   try {

@@ -52,6 +52,8 @@ std::vector<DryRanked> dry_rank(const PlanModel& m, const std::vector<dtensor::s
     if (m.capacity > 0) base.moe.router.capacity_factor = m.capacity;
     base.moe.every = m.moe_every;
     base.moe.shared = m.shared;
+    base.moe.router.groups = m.groups;
+    base.moe.router.topk_groups = m.topk_groups;
   }
   std::vector<DryRanked> out;
   for (const auto& f : rescore(base, m.llama, m.bf16, ranked, finalists, hw).finalists)

@@ -1,13 +1,15 @@
 // Mixture of experts (nn/router.hpp, parallel/experts.hpp, parallel/moe.hpp) and expert parallelism
 // (parallel/expert_parallel.hpp): gradients against finite differences (one rank, double); EP = 2
-// and 4, EP x DP and EP x TP against the one-rank MoE (outputs, routing, gradients; 1e-10);
+// and 4, EP x DP and EP x TP against the one-rank MoE (outputs, routing, gradients; 1e-12);
 // dropping exactly the one-rank run's tokens; a capacity factor too large for int64 (dropless);
-// the collectives and their bytes; every token to one expert; the aux loss balancing the load;
+// the collectives and the merged dispatch's bytes (a row per token and expert rank, against a
+// count from the routing); group-limited routing; every token to one expert; the aux loss balancing the load;
 // bad input; and on meta tensors over the sim backend (the dry run): balanced routing and the
 // collectives, bytes and FLOPs it implies.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -58,7 +60,7 @@ struct MoeRun {
   // This rank's routing, and where its tokens start in the global [B * T] order.
   Extent first_token = 0;
   nn::Routing<double> routing;
-  std::int64_t rows_sent = 0, rows_received = 0;
+  std::int64_t units_sent = 0, units_received = 0, pairs_received = 0;
   // With `step`: the collectives of the forward and of backward_input + backward_weight, and
   // after one SGD step (lr 0.5 on every parameter) the parameters and a second forward's output.
   std::vector<std::tuple<CollectiveKind, std::string, std::size_t>> forward_log, backward_log;
@@ -92,8 +94,9 @@ MoeRun run_moe(const Dense& dense, const EMesh& emesh, const nn::MoEConfig& c, b
   out.local_experts = moe.experts().local_experts();
   out.routing = saved.routing;
   out.first_token = x.local_box().offset[0] * T;
-  out.rows_sent = saved.plan.rows_sent();
-  out.rows_received = saved.plan.rows_received();
+  out.units_sent = saved.plan.units_sent();
+  out.units_received = saved.plan.units_received();
+  out.pairs_received = saved.plan.pairs_received();
   auto [dx, w] = moe.backward_input(std::move(saved), distribute_replicated<nn::tokens<Dense>>(dense, dys));
   moe.backward_weight(std::move(w));
   if (step) {
@@ -139,7 +142,7 @@ MoeRun reference(const nn::MoEConfig& c, bool zero_router = false, const Tensor<
 }
 
 /// "" or what differs between this rank's run and the one-rank run.
-std::string compare_moe(const MoeRun& got, const MoeRun& ref, double tol = 1e-10) {
+std::string compare_moe(const MoeRun& got, const MoeRun& ref, double tol = 1e-12) {
   auto close = [&](const auto& a, const auto& b) { return compare(a, b, {.rtol = tol, .atol = tol}); };
   if (auto d = close(got.y, ref.y); !d) return "output: " + d.message;
   if (auto d = close(got.dx, ref.dx); !d) return "input gradient: " + d.message;
@@ -181,6 +184,60 @@ void check_parity(const nn::MoEConfig& c, bool zero_router = false) {
     CHECK(f.empty());
     for (auto& e : f) WARN(e);
   }
+}
+
+/// The merged dispatch's traffic on one rank, computed here from the one-rank run's routing: the
+/// units (a token's row once per expert rank its kept choices reach) and pairs (kept choices) it
+/// sends each peer of its "ep" group and receives from each, and the bytes of its collectives.
+struct Traffic {
+  std::int64_t units_sent = 0, units_received = 0, pairs_sent = 0, pairs_received = 0;
+  std::size_t counts = 0, dispatch = 0, combine = 0, dispatch_backward = 0;  // bytes, as the CommLog records them
+};
+Traffic traffic(const nn::Routing<double>& ref, const Dense& dense, const EMesh& emesh, Extent experts, Shape<3> x) {
+  const int ep = emesh.group<"ep">().size(), me = emesh.coordinate<"ep">();
+  const Extent k = ref.topk;
+  // Units and pairs from source rank `from` (its ep coordinate) to rank `to`.
+  auto between = [&](int from, int to) {
+    const auto box = local_box(nn::tokens<Dense>::desc, dense.shape(), {emesh.coordinate<"edp">() * ep + from, 0}, x);
+    const auto mine = chunk_range(experts, ep, to);
+    std::int64_t units = 0, pairs = 0;
+    for (Extent n = box.offset[0] * T; n < (box.offset[0] + box.extent[0]) * T; ++n) {
+      bool any = false;
+      for (Extent j = 0; j < k; ++j) {
+        const auto s = std::size_t(n * k + j);
+        if (ref.kept[s] && ref.expert[s] >= mine.begin && ref.expert[s] < mine.end) ++pairs, any = true;
+      }
+      units += any ? 1 : 0;
+    }
+    return std::pair{units, pairs};
+  };
+  auto rows = [](std::int64_t bytes) { return (bytes + C * 8 - 1) / (C * 8); };  // a side array's rows
+  Traffic t;
+  std::int64_t d_out = 0, d_in = 0, g_out = 0, g_in = 0;
+  for (int peer = 0; peer < ep; ++peer) {
+    const auto [u_out, p_out] = between(me, peer);
+    const auto [u_in, p_in] = between(peer, me);
+    t.units_sent += u_out, t.pairs_sent += p_out, t.units_received += u_in, t.pairs_received += p_in;
+    d_out += u_out + rows(p_out * (4 + 8)), d_in += u_in + rows(p_in * (4 + 8));  // int32 unit + double gate
+    g_out += u_in + rows(p_in * 8), g_in += u_out + rows(p_out * 8);              // double gate gradients
+  }
+  const auto bytes = [](std::int64_t r) { return std::size_t(r * C) * sizeof(double); };
+  t.counts = std::size_t(ep * (1 + chunk_size(experts, ep))) * sizeof(std::int64_t);
+  t.dispatch = bytes(std::max(d_out, d_in));
+  t.combine = bytes(std::max(t.units_sent, t.units_received));
+  t.dispatch_backward = bytes(std::max(g_out, g_in));
+  return t;
+}
+
+/// The collectives of a forward and of a backward with that traffic.
+using Record = std::tuple<CollectiveKind, std::string, std::size_t>;
+std::vector<Record> forward_records(const Traffic& t) {
+  return {Record{CollectiveKind::all_to_all, "ep", t.counts}, Record{CollectiveKind::all_to_all_v, "ep", t.dispatch},
+          Record{CollectiveKind::all_to_all_v, "ep", t.combine}};
+}
+std::vector<Record> backward_records(const Traffic& t) {
+  return {Record{CollectiveKind::all_to_all_v, "ep", t.combine},
+          Record{CollectiveKind::all_to_all_v, "ep", t.dispatch_backward}};
 }
 
 }  // namespace
@@ -309,53 +366,61 @@ TEST_CASE("MoE: expert counts that do not divide over ep (5 over 2, 7 over 4, 3 
         const auto mine = chunk_range(m.experts, m.ep, emesh.coordinate<"ep">());
         if (run.local_experts != mine.size())
           report(detail::cat("holds ", run.local_experts, " experts, expected ", mine.size()));
-        // Rows received: the one-rank run's kept choices, for this rank's experts, of its ep group's tokens.
-        std::int64_t received = 0;
-        for (int peer = 0; peer < m.ep; ++peer) {
-          const int data_rank = emesh.coordinate<"edp">() * m.ep + peer;
-          const auto box = local_box(nn::tokens<Dense>::desc, dense.shape(), {data_rank, 0}, x_full.shape());
-          for (Extent sl = box.offset[0] * T * k; sl < (box.offset[0] + box.extent[0]) * T * k; ++sl) {
-            const auto e = ref.routing.expert[std::size_t(sl)];
-            if (ref.routing.kept[std::size_t(sl)] && e >= mine.begin && e < mine.end) ++received;
-          }
-        }
-        if (run.rows_received != received)
-          report(detail::cat("received ", run.rows_received, " rows, expected ", received));
-        using R = std::tuple<CollectiveKind, std::string, std::size_t>;
-        const std::size_t counts_bytes = std::size_t(m.ep * chunk_size(m.experts, m.ep)) * sizeof(std::int64_t);
-        const std::size_t rows_bytes = std::size_t(std::max(run.rows_sent, run.rows_received) * C) * sizeof(double);
-        const std::vector<R> forward{R{CollectiveKind::all_to_all, "ep", counts_bytes},
-                                     R{CollectiveKind::all_to_all_v, "ep", rows_bytes},
-                                     R{CollectiveKind::all_to_all_v, "ep", rows_bytes}};
-        const std::vector<R> backward(2, R{CollectiveKind::all_to_all_v, "ep", rows_bytes});
-        if (run.forward_log != forward || run.backward_log != backward)
+        // Units and pairs received, and every collective's bytes: from the one-rank run's routing.
+        const auto t = traffic(ref.routing, dense, emesh, m.experts, x_full.shape());
+        if (run.units_received != t.units_received || run.pairs_received != t.pairs_received)
+          report(detail::cat("received ", run.units_received, " units and ", run.pairs_received, " pairs, expected ",
+                             t.units_received, " and ", t.pairs_received));
+        if (run.forward_log != forward_records(t) || run.backward_log != backward_records(t))
           report(detail::cat("collectives: ", run.forward_log.size(), " forward, ", run.backward_log.size(),
-                             " backward, not 1 all_to_all of ", counts_bytes, " bytes + 2 all_to_all_v of ", rows_bytes,
-                             " bytes, and 2 all_to_all_v"));
+                             " backward, not 1 all_to_all of ", t.counts, " bytes + all_to_all_v of ", t.dispatch,
+                             " and ", t.combine, " bytes, and all_to_all_v of ", t.combine, " and ",
+                             t.dispatch_backward));
       });
       CHECK(f.empty());
       for (auto& e : f) WARN(e);
     }
 }
 
-TEST_CASE("parallel::exchange_counts: uneven expert ownership, and on meta every rank routing alike", "[moe][uneven]") {
-  // 7 experts over 4 ranks own 2, 2, 2, 1; each rank sends expert e (10 * rank + e) rows.
+TEST_CASE(
+    "parallel::order_by_rank and exchange_counts: units, pairs, uneven ownership, and on meta every rank routing alike",
+    "[moe][uneven]") {
+  // Top-2 over 7 experts on 4 ranks (owning 0-1, 2-3, 4-5, 6): token 0 picks 0 and 1 (one unit
+  // to rank 0), token 1 picks 6 and 2 (units to ranks 1 and 3), token 2 picks 3 and 2 (one unit
+  // to rank 1, two pairs), token 3 picks 5 (kept) and 4 (dropped): one unit to rank 2.
+  const std::vector<std::int32_t> expert{0, 1, 6, 2, 3, 2, 5, 4};
+  const std::vector<std::uint8_t> kept{1, 1, 1, 1, 1, 1, 1, 0};
+  const auto o = parallel::order_by_rank(expert, kept, 2, 7, 4);
+  CHECK(o.units_per_rank == std::vector<std::int64_t>{1, 2, 1, 1});
+  CHECK(o.token_of_unit == std::vector<std::int64_t>{0, 1, 2, 3, 1});  // by rank, then token
+  CHECK(o.pairs_per_expert == std::vector<std::int64_t>{1, 1, 2, 1, 0, 1, 1});
+  // Pairs by expert, then token: expert 0 (slot 0), 1 (slot 1), 2 (slots 3, 5), 3 (slot 4), 5 (slot 6), 6 (slot 2).
+  CHECK(o.slot_of_pair == std::vector<std::int64_t>{0, 1, 3, 5, 4, 6, 2});
+  CHECK(o.unit_of_pair == std::vector<std::int32_t>{0, 0, 0, 1, 1, 0, 0});
+  // Each rank sends expert e (10 * rank + e) pairs and peer r (100 + r) units.
   auto f = on_ranks(4, [&](CommPtr world, auto report) {
     const int me = world->rank();
-    std::vector<std::int64_t> rows(7);
-    for (std::size_t e = 0; e < 7; ++e) rows[e] = 10 * me + std::int64_t(e);
-    const auto p = parallel::exchange_counts(*world, rows, 3);
-    const std::vector<std::int64_t> offsets{0, 2, 4, 6, 7};
-    if (p.expert_offsets != offsets) report("expert offsets differ");
+    parallel::DispatchOrder order;
+    order.expert_offsets = {0, 2, 4, 6, 7};
+    order.units_per_rank = {100, 101, 102, 103};
+    for (std::int64_t e = 0; e < 7; ++e) order.pairs_per_expert.push_back(10 * me + e);
+    const auto p = parallel::exchange_counts<double>(*world, order, 3);
     const Extent L = me < 3 ? 2 : 1;
-    std::vector<std::int64_t> recv;
+    std::vector<std::int64_t> pairs;
     for (int s = 0; s < 4; ++s)
-      for (Extent le = 0; le < L; ++le) recv.push_back(10 * s + offsets[std::size_t(me)] + le);
-    if (p.local_experts != L || p.recv_rows != recv) report(detail::cat("rank ", me, ": received counts differ"));
+      for (Extent le = 0; le < L; ++le) pairs.push_back(10 * s + order.expert_offsets[std::size_t(me)] + le);
+    if (p.local_experts != L || p.recv_pairs != pairs)
+      report(detail::cat("rank ", me, ": received pair counts differ"));
+    if (p.recv_units != std::vector<std::int64_t>(4, 100 + me))
+      report(detail::cat("rank ", me, ": received unit counts"));
     for (int r = 0; r < 4; ++r) {
-      std::size_t sent = 0;
-      for (auto e = offsets[std::size_t(r)]; e < offsets[std::size_t(r) + 1]; ++e) sent += std::size_t(rows[std::size_t(e)] * 3);
-      if (p.send_counts[std::size_t(r)] != sent) report(detail::cat("rank ", me, ": send count to ", r));
+      std::int64_t sent = 0;
+      for (auto e = order.expert_offsets[std::size_t(r)]; e < order.expert_offsets[std::size_t(r) + 1]; ++e)
+        sent += order.pairs_per_expert[std::size_t(e)];
+      // The dispatch's message: the units, then (int32 + double) per pair in rows of 3 doubles.
+      const auto rows = 100 + r + (sent * 12 + 23) / 24;
+      if (p.send_pairs[std::size_t(r)] != sent || p.dispatch_out.counts[std::size_t(r)] != std::size_t(rows * 3))
+        report(detail::cat("rank ", me, ": send counts to ", r));
     }
     if (p.rows_per_local_expert().size() != std::size_t(L)) report("rows per local expert");
   });
@@ -364,11 +429,15 @@ TEST_CASE("parallel::exchange_counts: uneven expert ownership, and on meta every
   // On meta (no peers' counts): every source sends this rank what it sends itself.
   for (int rank : {0, 3}) {
     auto world = sim::world(rank, 4);
-    const std::vector<std::int64_t> rows{1, 2, 3, 4, 5, 6, 7};
-    const auto p = parallel::exchange_counts<meta_space>(*world, rows, 3);
+    parallel::DispatchOrder order;
+    order.expert_offsets = {0, 2, 4, 6, 7};
+    order.units_per_rank = {5, 6, 7, 8};
+    order.pairs_per_expert = {1, 2, 3, 4, 5, 6, 7};
+    const auto p = parallel::exchange_counts<float, meta_space>(*world, order, 3);
     const std::vector<std::int64_t> expect = rank == 0 ? std::vector<std::int64_t>{1, 2, 1, 2, 1, 2, 1, 2}
                                                        : std::vector<std::int64_t>{7, 7, 7, 7};
-    CHECK(p.recv_rows == expect);
+    CHECK(p.recv_pairs == expect);
+    CHECK(p.recv_units == std::vector<std::int64_t>(4, rank == 0 ? 5 : 8));
   }
 }
 
@@ -406,66 +475,73 @@ TEST_CASE("MoE: a small capacity drops exactly the one-rank run's choices, in pr
   }
 }
 
-TEST_CASE("MoE: collectives per layer and pass, with the routed rows' bytes", "[moe][commlog]") {
-  for (Extent k : {1, 2}) {
-    const auto c = config(8, k, 0.75);
-    const auto ref = reference(c);
-    for (const auto& m : {mesh_cases[1], mesh_cases[2]}) {
-      INFO(m.name << " top-" << k);
-      auto f = on_ranks(m.dense[0] * m.dense[1], [&](CommPtr world, auto report) {
-        Dense dense(world, m.dense);
-        auto emesh = parallel::make_expert_mesh<EMesh>(dense, m.ep);
-        Moe moe("moe", dense, emesh, c, 5);
-        auto x = distribute_replicated<nn::tokens<Dense>>(dense, x_full);
-        // The rows this rank sends and receives, from the one-rank routing: its own tokens' kept
-        // choices, and the kept choices for its experts of the tokens of its "ep" group.
-        const Extent local_e = 8 / m.ep, my_ep = emesh.coordinate<"ep">();
-        const auto group = emesh.group<"ep">().size();
-        std::int64_t sent = 0, received = 0;
-        for (int peer = 0; peer < group; ++peer) {
-          const int data_rank = emesh.coordinate<"edp">() * m.ep + peer;
-          const auto box = local_box(nn::tokens<Dense>::desc, dense.shape(), {data_rank, 0}, x.shape());
-          for (Extent s = box.offset[0] * T * k; s < (box.offset[0] + box.extent[0]) * T * k; ++s) {
-            if (!ref.routing.kept[std::size_t(s)]) continue;
-            if (peer == my_ep) ++sent;
-            if (ref.routing.expert[std::size_t(s)] / local_e == my_ep) ++received;
+TEST_CASE("MoE: the merged dispatch's collectives and bytes, from the routing (one row per token and rank)",
+          "[moe][commlog]") {
+  // Per layer: 1 all_to_all (counts) + 2 all_to_all_v forward, 2 all_to_all_v backward, whose
+  // bytes the CommLog records against the traffic computed here from the one-rank routing: a
+  // token's row travels once per expert rank its kept choices reach, so with top-2 a token whose
+  // two choices share a rank sends one row, and a rank sends fewer rows than kept choices. With
+  // and without a capacity that drops, with and without group-limited routing (a group per rank
+  // of EP 2: each token's choices on one rank).
+  for (Extent k : {1, 2})
+    for (bool limited : {false, true}) {
+      auto c = config(8, k, limited ? std::optional<double>{} : std::optional<double>{0.75});
+      if (limited) c.router.groups = 2, c.router.topk_groups = 1;
+      const auto ref = reference(c);
+      std::atomic<std::int64_t> shared_tokens{0};
+      for (const auto& m : mesh_cases) {
+        INFO(m.name << " top-" << k << (limited ? ", group-limited" : ", capacity 0.75"));
+        auto f = on_ranks(m.dense[0] * m.dense[1], [&](CommPtr world, auto report) {
+          Dense dense(world, m.dense);
+          auto emesh = parallel::make_expert_mesh<EMesh>(dense, m.ep);
+          Moe moe("moe", dense, emesh, c, 5);
+          auto x = distribute_replicated<nn::tokens<Dense>>(dense, x_full);
+          const auto t = traffic(ref.routing, dense, emesh, 8, x.shape());
+          CommLog fl;
+          auto [y, saved] = moe.forward(x);
+          const auto forward = records_of(fl);
+          const auto& p = saved.plan;
+          if (p.units_sent() != t.units_sent || p.units_received() != t.units_received ||
+              p.pairs_sent() != t.pairs_sent || p.pairs_received() != t.pairs_received)
+            report(detail::cat("plan: units ", p.units_sent(), "/", p.units_received(), ", pairs ", p.pairs_sent(), "/",
+                               p.pairs_received(), "; expected ", t.units_sent, "/", t.units_received, ", ",
+                               t.pairs_sent, "/", t.pairs_received));
+          // This rank's tokens whose kept choices share a rank: each saves one row.
+          const auto box = x.local_box();
+          std::int64_t shared = 0;
+          for (Extent n = box.offset[0] * T; k == 2 && n < (box.offset[0] + box.extent[0]) * T; ++n) {
+            const auto s = std::size_t(n * 2);
+            const auto mine = [&](std::size_t slot) { return ref.routing.expert[slot] / chunk_size(8, m.ep); };
+            if (ref.routing.kept[s] && ref.routing.kept[s + 1] && mine(s) == mine(s + 1)) ++shared;
           }
-        }
-        const std::size_t rows_bytes = std::size_t(std::max(sent, received) * C) * sizeof(double);
-        auto check_log = [&](const CommLog& log, std::size_t a2a, const char* pass) {
-          bool ok = log.count(CollectiveKind::all_to_all, "ep") == a2a &&
-                    log.count(CollectiveKind::all_to_all_v, "ep") == 2 && log.size() == a2a + 2;
-          for (const auto& rec : log.records()) {
-            if (rec.kind == CollectiveKind::all_to_all_v) ok = ok && rec.bytes == rows_bytes;
-            if (rec.kind == CollectiveKind::all_to_all) ok = ok && rec.bytes == 8 * sizeof(std::int64_t);
-          }
-          if (!ok)
-            report(detail::cat(pass, " (", sent, " rows sent, ", received, " received) issued:\n", log.to_string()));
-        };
-        CommLog fl;
-        auto [y, saved] = moe.forward(x);
-        check_log(fl, 1, "forward");
-        if (saved.plan.rows_sent() != sent || saved.plan.rows_received() != received)
-          report(detail::cat("plan ", saved.plan.rows_sent(), "/", saved.plan.rows_received(), " rows, expected ",
-                             sent, "/", received));
-        auto dy = distribute_replicated<nn::tokens<Dense>>(dense, dy_full);
-        CommLog bl;
-        auto [dx, w] = moe.backward_input(std::move(saved), dy);
-        moe.backward_weight(std::move(w));
-        check_log(bl, 0, "backward");
-      });
-      CHECK(f.empty());
-      for (auto& e : f) WARN(e);
+          if (t.units_sent != t.pairs_sent - shared)
+            report(detail::cat(t.units_sent, " units for ", t.pairs_sent, " kept choices, ", shared, " shared"));
+          if (emesh.coordinate<"tp">() == 0) shared_tokens += shared;
+          auto dy = distribute_replicated<nn::tokens<Dense>>(dense, dy_full);
+          CommLog bl;
+          auto [dx, w] = moe.backward_input(std::move(saved), dy);
+          moe.backward_weight(std::move(w));
+          if (forward != forward_records(t) || records_of(bl) != backward_records(t))
+            report(detail::cat("expected all_to_all of ", t.counts, " bytes, all_to_all_v of ", t.dispatch, " and ",
+                               t.combine, " forward and of ", t.combine, " and ", t.dispatch_backward,
+                               " backward; issued:\n", fl.to_string(), bl.to_string()));
+        });
+        CHECK(f.empty());
+        for (auto& e : f) WARN(e);
+      }
+      // The case tests the merging: some tokens' two choices shared a rank (all of them when limited).
+      if (k == 2) CHECK(shared_tokens > 0);
     }
-  }
 }
 
 TEST_CASE("MoE on meta over the sim backend: balanced routing and the collectives, bytes and FLOPs it implies",
           "[moe][meta]") {
-  // A dry run's MoE (nn::route_balanced): every expert gets rows / E of every rank's choices, so
-  // each rank sends and receives `rows` rows whatever the expert size. Analytic figures: the
-  // collectives of the threads run (the [commlog] case above) with those rows' bytes, and GEMM
-  // FLOPs 2 m n k: the router (tokens x C x E), the experts' fc1 and fc2 (rows x C x H each).
+  // A dry run's MoE (nn::route_balanced): every expert gets rows / E of every rank's choices, and
+  // a token's two choices lie E / 2 experts apart, on two ranks when ep > 1 (the unlimited
+  // routing's spread), so each rank sends and receives tokens x min(topk, ep) units, rows / ep
+  // pairs to and from each peer. Analytic figures: the collectives of the threads run (the
+  // [commlog] case above) with those units' and side arrays' bytes, and GEMM FLOPs 2 m n k: the
+  // router (tokens x C x E), the experts' fc1 and fc2 (rows x C x H each).
   using MetaDense = MetaMesh<"dp", "tp">;
   using MetaExperts = MetaMesh<"edp", "ep", "tp">;
   using MetaMoe = nn::MoE<float, MetaDense, MetaExperts>;
@@ -485,14 +561,20 @@ TEST_CASE("MoE on meta over the sim backend: balanced routing and the collective
       CHECK(y.shape() == x.shape());
       CHECK(saved.routing.dropped == 0);
       CHECK(saved.routing.load == std::vector<std::int64_t>(experts, rows / experts));
-      CHECK(saved.plan.rows_sent() == rows);
-      CHECK(saved.plan.rows_received() == rows);
-      CHECK(forward_log.size() == 3);
-      CHECK(forward_log.count(CollectiveKind::all_to_all, "ep") == 1);
-      CHECK(forward_log.count(CollectiveKind::all_to_all_v, "ep") == 2);
-      for (const auto& rec : forward_log.records())
-        CHECK(rec.bytes == (rec.kind == CollectiveKind::all_to_all ? std::size_t(experts) * sizeof(std::int64_t)
-                                                                    : std::size_t(rows * C) * sizeof(float)));
+      const std::int64_t units = tokens * std::min<std::int64_t>(topk, ep), pairs_per_peer = rows / ep;
+      CHECK(saved.plan.units_sent() == units);
+      CHECK(saved.plan.units_received() == units);
+      CHECK(saved.plan.pairs_received() == rows);
+      // Side arrays per peer: (int32 + float) per pair forward, a float per pair backward, in rows of C floats.
+      auto side = [&](std::int64_t bytes) { return (bytes + C * 4 - 1) / (C * 4); };
+      const auto row_bytes = [](std::int64_t r) { return std::size_t(r * C) * sizeof(float); };
+      const auto dispatch = row_bytes(units + ep * side(pairs_per_peer * 8));
+      const auto gradients = row_bytes(units + ep * side(pairs_per_peer * 4));
+      using R = std::tuple<CollectiveKind, std::string, std::size_t>;
+      CHECK(records_of(forward_log) == std::vector<R>{R{CollectiveKind::all_to_all, "ep",
+                                                        std::size_t(ep * (1 + experts / ep)) * sizeof(std::int64_t)},
+                                                      R{CollectiveKind::all_to_all_v, "ep", dispatch},
+                                                      R{CollectiveKind::all_to_all_v, "ep", row_bytes(units)}});
       CHECK(forward_cost.flops("gemm") == 2 * tokens * C * experts + 2 * (2 * rows * C * H));
       CommLog backward_log;
       kernels::meta::CostLog backward_cost;
@@ -500,8 +582,8 @@ TEST_CASE("MoE on meta over the sim backend: balanced routing and the collective
       auto [dx, w] = moe.backward_input(std::move(saved), dy);
       moe.backward_weight(std::move(w));
       CHECK(dx.shape() == x.shape());
-      CHECK(backward_log.size() == 2);
-      CHECK(backward_log.count(CollectiveKind::all_to_all_v, "ep") == 2);
+      CHECK(records_of(backward_log) == std::vector<R>{R{CollectiveKind::all_to_all_v, "ep", row_bytes(units)},
+                                                       R{CollectiveKind::all_to_all_v, "ep", gradients}});
       // dx and dW of the router; dA, dX, dW1 and dW2 of the experts.
       CHECK(backward_cost.flops("gemm") == 2 * (2 * tokens * C * experts) + 4 * (2 * rows * C * H));
     }
@@ -562,7 +644,7 @@ TEST_CASE("MoE: every token routed to one expert works (one rank receives them a
     Dense dense(world, {4, 1});
     auto run = run_moe(dense, parallel::make_expert_mesh<EMesh>(dense, 4), c, true);
     const std::int64_t expect = dense.rank() == 0 ? B * T : 0;  // rank 0 owns expert 0
-    if (run.rows_received != expect) report(detail::cat("received ", run.rows_received, " rows, expected ", expect));
+    if (run.units_received != expect) report(detail::cat("received ", run.units_received, " units, expected ", expect));
   });
   CHECK(f.empty());
   for (auto& e : f) WARN(e);
@@ -617,8 +699,8 @@ TEST_CASE("MoE: bad input gives clear errors", "[moe][errors]") {
   threads::run(4, [&](CommPtr world) {
     Dense dense(world, {4, 1});
     auto ep4 = parallel::make_expert_mesh<EMesh>(dense, 4);
-    CHECK_THAT(message_of([&] { parallel::exchange_counts(ep4.group<"ep">(), {}, C); }),
-               Catch::Contains("0 expert counts over 4 ranks"));
+    CHECK_THAT(message_of([&] { parallel::exchange_counts<double>(ep4.group<"ep">(), parallel::DispatchOrder{}, C); }),
+               Catch::Contains("0 expert counts and units for 0 ranks over 4 ranks"));
     CHECK_THAT(message_of([&] { Moe("moe", dense, ep4, config(4, 5), 1); }), Catch::Contains("topk 5 of 4 experts"));
     CHECK_THAT(message_of([&] { Moe("moe", dense, ep4, config(4, 1, 0.0), 1); }),
                Catch::Contains("capacity factor 0 must be > 0"));
@@ -688,6 +770,18 @@ TEST_CASE("Group-limited routing: each token's top-k from its best groups, and E
   grouped.router.groups = 2;
   grouped.router.topk_groups = 1;
   check_parity(grouped);
+  // Top-1 and top-2 with the limit (the merged dispatch sends a top-2 token one row when its
+  // group is one rank's experts), uneven: 6 experts in 3 groups over EP 4 (2, 2, 2, 0).
+  for (Extent k : {1, 2}) {
+    auto limited = config(8, k);
+    limited.router.groups = 4, limited.router.topk_groups = 2;
+    check_parity(limited);
+    limited.router.groups = 2, limited.router.topk_groups = 1;
+    check_parity(limited);
+    auto uneven = config(6, k);
+    uneven.router.groups = 3, uneven.router.topk_groups = 1;
+    check_parity(uneven);
+  }
   // Bad configurations name the groups.
   auto bad = rc;
   bad.groups = 3;
@@ -697,6 +791,41 @@ TEST_CASE("Group-limited routing: each token's top-k from its best groups, and E
   bad.topk_groups = 1;
   CHECK_THROWS_WITH(nn::check_router_config(bad, "nn::route"),
                     Catch::Contains("topk 3 from 1 of 4 groups of 2 experts"));
+}
+
+TEST_CASE("Balanced routing (the dry run's) imitates the group limit and stays balanced", "[moe][groups][meta]") {
+  // nn::route_balanced: each token's top-k distinct and within its topk_groups groups (every
+  // group when unlimited), every expert the same share of E tokens' choices, and without a limit
+  // a token's choices as far apart as they go: on min(topk, ranks) expert ranks when consecutive
+  // experts split over the ranks.
+  struct Case {
+    Extent experts, topk, groups, topk_groups;
+  };
+  for (const Case c : {Case{8, 2, 1, 0}, Case{8, 3, 4, 2}, Case{8, 2, 2, 1}, Case{16, 4, 4, 1}, Case{256, 8, 8, 4},
+                       Case{6, 2, 3, 2}, Case{8, 8, 4, 0}}) {
+    INFO(c.experts << " experts, top-" << c.topk << ", groups " << c.groups << " top " << c.topk_groups);
+    nn::RouterConfig rc;
+    rc.experts = c.experts, rc.topk = c.topk, rc.groups = c.groups, rc.topk_groups = c.topk_groups;
+    const Extent tokens = 2 * c.experts, per = c.experts / c.groups;
+    const auto r = nn::route_balanced<double>(2, c.experts, 2, rc);
+    const Extent allowed = nn::group_limited(rc) ? c.topk_groups : c.groups;
+    for (Extent n = 0; n < tokens; ++n) {
+      std::set<Extent> experts, groups;
+      for (Extent j = 0; j < c.topk; ++j) {
+        experts.insert(r.expert[std::size_t(n * c.topk + j)]);
+        groups.insert(r.expert[std::size_t(n * c.topk + j)] / per);
+      }
+      CHECK(experts.size() == std::size_t(c.topk));
+      CHECK(groups.size() <= std::size_t(allowed));
+      CHECK(groups.size() == std::size_t(std::min(c.topk, allowed)));  // spread over as many groups as allowed
+    }
+    CHECK(r.load == std::vector<std::int64_t>(std::size_t(c.experts), tokens * c.topk / c.experts));
+  }
+  // Unlimited top-2 of 8 experts over 4 ranks (2 experts each): the two choices on two ranks.
+  nn::RouterConfig rc;
+  rc.experts = 8, rc.topk = 2;
+  const auto r = nn::route_balanced<double>(1, 8, 1, rc);
+  for (Extent n = 0; n < 8; ++n) CHECK(r.expert[std::size_t(2 * n)] / 2 != r.expert[std::size_t(2 * n + 1)] / 2);
 }
 
 TEST_CASE("Routing a sequence split over context ranks equals routing it whole (dropless)", "[moe][context]") {

@@ -1283,8 +1283,10 @@ TEST_CASE("sim: Llama-3-405B long context, TP 8 x CP 16 x PP 16 x DP 8 at seq 13
 TEST_CASE("sim: expert parallelism, dry: the routed rows' all-to-alls and the experts' parameter bytes", "[sim][moe]") {
   // A small GPT, PP 2 x DP 4 x TP 2 + SP in bf16 (DDP), with MoE in blocks 1 and 3: 8 experts,
   // top-2, over EP 4. A rank's micro-batch is 16 / 4 / 4 = 1 sequence of 64 tokens; the MoE
-  // routes whole tokens (SP gathers them), so every rank sends 64 x 2 rows of dim values per
-  // all_to_all_v (balanced routing: it also receives as many).
+  // routes whole tokens (SP gathers them). Balanced routing puts a token's two choices 4 experts
+  // apart, on two of the 4 expert ranks, so every rank sends 64 x 2 units (32 and 32 pairs to
+  // each peer) and receives as many; per peer the dispatch adds the pairs' side array (int32 +
+  // bf16 each: 192 bytes, 2 rows of 64 bf16) and its adjoint their gate gradients (64 bytes, 1 row).
   constexpr Extent dim = 64, hidden = 4 * dim, experts = 8, topk = 2, tokens = 64;
   constexpr int ep = 4, tp = 2;
   const models::TrainingPlan dense{
@@ -1304,7 +1306,9 @@ TEST_CASE("sim: expert parallelism, dry: the routed rows' all-to-alls and the ex
       models::dry_run_plan<dtensor::bfloat16, models::MoELayers<dtensor::bfloat16, MetaMesh<"edp", "ep", "tp">>, true>(
           moe);
   REQUIRE(moe_classes.size() == dense_classes.size());
-  const auto rows_bytes = std::size_t(tokens * topk * dim) * sizeof(dtensor::bfloat16);
+  const auto rows = [](std::int64_t n) { return std::size_t(n * dim) * sizeof(dtensor::bfloat16); };
+  const std::int64_t units = tokens * topk, per_peer = units / ep;
+  const std::size_t dispatch = rows(units + ep * 2), combine = rows(units), dispatch_backward = rows(units + ep * 1);
   // Parameters per rank of one MoE block minus its dense MLP: the router [E, C] (replicated) and
   // E / ep experts (fc1, fc2 and their biases, replicated on "tp") replace the MLP, whose fc1 and
   // its bias are split on "tp" (column-parallel), fc2 split and its bias replicated (row-parallel).
@@ -1316,18 +1320,25 @@ TEST_CASE("sim: expert parallelism, dry: the routed rows' all-to-alls and the ex
     CAPTURE(report.name);
     REQUIRE(report.name == dense_classes[i].report.name);
     const int moe_blocks = 1;  // blocks 0, 1 on pipeline rank 0 and 2, 3 on rank 1: one MoE block each
+    CHECK(per_peer * 6 == 192);  // the side array's bytes per peer, as said above
     for (const char* phase : {"forward", "backward"}) {
-      std::map<CollectiveKind, int> count;
+      const bool forward = std::string(phase) == "forward";
+      std::vector<std::pair<CollectiveKind, std::size_t>> ep_log;
       for (const auto& r : report.phase(phase).collectives) {
         if (r.group != "ep") continue;
-        ++count[r.kind];
         CHECK(r.group_size == ep);
-        CHECK(r.bytes == (r.kind == CollectiveKind::all_to_all ? std::size_t(experts) * sizeof(std::int64_t) : rows_bytes));
+        ep_log.emplace_back(r.kind, r.bytes);
       }
-      const bool forward = std::string(phase) == "forward";
-      auto expected = std::map<CollectiveKind, int>{{CollectiveKind::all_to_all_v, 2 * moe_blocks}};
-      if (forward) expected[CollectiveKind::all_to_all] = moe_blocks;
-      CHECK(count == expected);
+      // The count exchange: per peer its units and its 2 experts' pairs (int64).
+      using E = std::pair<CollectiveKind, std::size_t>;
+      const auto expected =
+          forward ? std::vector<E>{{CollectiveKind::all_to_all, std::size_t(ep * 3) * sizeof(std::int64_t)},
+                                   {CollectiveKind::all_to_all_v, dispatch},
+                                   {CollectiveKind::all_to_all_v, combine}}
+                  : std::vector<E>{{CollectiveKind::all_to_all_v, combine},
+                                   {CollectiveKind::all_to_all_v, dispatch_backward}};
+      CHECK(ep_log.size() == expected.size() * moe_blocks);
+      for (std::size_t j = 0; j < ep_log.size(); ++j) CHECK(ep_log[j] == expected[j % expected.size()]);
     }
     const auto moe_params = report.phase("parameters").end[tag], dense_params = dense_classes[i].report.phase("parameters").end[tag];
     CHECK(moe_params - dense_params == std::int64_t(moe_blocks * (moe_block - mlp_block)) * std::int64_t(sizeof(dtensor::bfloat16)));
@@ -1441,6 +1452,64 @@ TEST_CASE("sim: experts that do not divide over ep (5 over 2): the plan runs, an
       const auto [lo, hi] = std::minmax_element(held[t].begin(), held[t].end());
       CHECK(double(*hi - *lo) == Approx(per_element[t] * expert).epsilon(0.01));
     }
+}
+
+TEST_CASE("sim: group-limited routing: every rank's dry run sends and holds what its real step does", "[sim][moe]") {
+  // 8 experts in 4 groups (a group per expert rank of ep 4), top-4 from 2 groups: each token's
+  // row goes to 2 ranks with 2 choices each (the merged dispatch: 2 rows, not 4). The real step
+  // on host tensors over 4 rank threads routes as the dry run assumes (force_balanced, which
+  // keeps the group limit), so every rank's collectives (kind, group, bytes; every phase) are
+  // its dry run's, the dispatch's bytes the merged ones, and so are its memory peaks per tag.
+  constexpr Extent dim = 32, seq = 16;
+  using MetaLayers = models::MoELayers<double, MetaMesh<"edp", "ep", "tp">>;
+  using HostLayers = models::MoELayers<double, DeviceMesh<"edp", "ep", "tp">>;
+  models::TrainingPlan p{.model = {.vocab = 64, .seq = seq, .dim = dim, .heads = 4, .layers = 1, .mlp_ratio = 4},
+                         .batch = 4,
+                         .microbatches = 1,
+                         .dp = 4};
+  p.moe.router.experts = 8;
+  p.moe.router.topk = 4;
+  p.moe.router.groups = 4;
+  p.moe.router.topk_groups = 2;
+  p.moe.router.force_balanced = true;
+  p.ep = 4;
+  const auto ran = sim::as_run(p, false);
+  const auto shape = models::detail::pipeline_shape(ran);
+  std::vector<sim::RankClass<5>> every_rank;
+  for (int r = 0; r < 4; ++r) every_rank.push_back({detail::row_major_coordinate(shape, r), 1});
+  const auto dry = sim::dry_run<5>(shape, every_rank, [&](CommPtr world, sim::Recorder& rec) {
+    models::detail::pipeline_rank_step<double, MetaLayers, false>(std::move(world), ran, rec);
+  });
+  std::vector<sim::RankReport> real(4);
+  threads::run(4, [&](CommPtr world) {
+    sim::Recorder rec("host");
+    const int rank = world->rank();
+    models::detail::pipeline_rank_step<double, HostLayers, false, host_space>(std::move(world), ran, rec);
+    real[std::size_t(rank)] = rec.finish("real");
+  });
+  // A rank's 16 tokens reach 2 ranks each: 32 units, 8 to each peer with 16 pairs (int32 + double:
+  // 192 bytes, 1 row of 32 doubles); the dispatch sends 4 x (8 + 1) rows, not 16 x 4, and so
+  // does its adjoint (16 gate gradients: 128 bytes, 1 row). Setup (the "parameters" phase) is
+  // left out of the comparison: a real run's settings agreement all-gathers there, a dry run's
+  // does not (distributed/settings_agreement.hpp).
+  const std::size_t dispatch = std::size_t(4 * (8 + 1) * dim) * sizeof(double);
+  for (std::size_t r = 0; r < 4; ++r) {
+    INFO("rank " << r);
+    REQUIRE(dry[r].phases.size() == real[r].phases.size());
+    int dispatches = 0;
+    for (std::size_t ph = 0; ph < real[r].phases.size(); ++ph) {
+      INFO("phase " << real[r].phases[ph].name);
+      if (real[r].phases[ph].name != "parameters")
+        CHECK(log_lines(dry[r].phases[ph].collectives) == log_lines(real[r].phases[ph].collectives));
+      for (const auto& c : real[r].phases[ph].collectives)
+        if (c.group == "ep" && c.kind == CollectiveKind::all_to_all_v && c.bytes == dispatch) ++dispatches;
+      for (std::size_t t = 0; t < memory_tag_count; ++t) {
+        INFO(name_of(MemoryTag(t)));
+        CHECK(dry[r].phases[ph].peak[t] == real[r].phases[ph].peak[t]);
+      }
+    }
+    CHECK(dispatches == 2);  // the one MoE block's dispatch and its adjoint
+  }
 }
 
 TEST_CASE("sim: experts that do not divide over ep: every rank's dry run holds its real step's model states",
@@ -2240,18 +2309,22 @@ TEST_CASE("sim: expert parallelism in the search: ep > 1 first where the experts
                              true>(plan);
     const sim::PlanShape p{.batch = plan.batch, .microbatch = 1, .dp = c.dp, .tp = c.tp, .pp = c.pp, .ep = c.ep};
     const auto a = sim::analytic_estimate(wide, p, sim::Hardware{});
-    const double bytes = sim::moe_all_to_all_bytes(wide, p);
+    const auto bytes = sim::moe_all_to_all_bytes(wide, p);
     for (const auto& k : classes) {
       CAPTURE(k.report.name);
       int dispatch = 0, counts = 0;
-      for (const auto& ph : k.report.phases)
+      for (const auto& ph : k.report.phases) {
+        // Per block forward the dispatch and combine, backward combine's and the dispatch's adjoints.
+        const bool forward = ph.name == "forward";
         for (const auto& r : ph.collectives) {
           if (r.group != "ep") continue;
           if (r.kind == CollectiveKind::all_to_all_v) {
-            ++dispatch;
-            CHECK(double(r.bytes) == bytes);
+            const bool first = (dispatch++ % 2) == 0;
+            CHECK(double(r.bytes) == (forward ? (first ? bytes.dispatch : bytes.combine)
+                                              : (first ? bytes.combine : bytes.dispatch_backward)));
           } else if (r.kind == CollectiveKind::all_to_all) ++counts;
         }
+      }
       const int blocks = int(wide.layers / c.pp);  // every block is a MoE; one micro-batch dry-run
       if (c.ep > 1) {  // forward 2, backward 2 per block, and the count exchange
         CHECK(dispatch == 4 * blocks);

@@ -31,7 +31,8 @@
 // the experts, as the trainer's), sharded over "edp" at the plan's ZeRO stage (ShardedPipeline's
 // FullyShardGroups: DDP's experts are ZeRO-1 there), in the one AdamW.
 // Routing is the balanced one a dry run assumes (nn::route_balanced): every expert gets its
-// share of every rank's tokens. Any number of experts over any ep dividing dp x cp, as the
+// share of every rank's tokens, each token's choices within its M groups under group-limited
+// routing (moe.router.groups, topk_groups). Any number of experts over any ep dividing dp x cp, as the
 // runtime (parallel/experts.hpp: chunk_range, 5 over 2 is 3 + 2; fewer experts than ep leaves
 // ranks without one): an expert rank holds, computes and receives for its share, so uneven shares
 // are rank classes of their own (below) and the plan's per-rank figures are the largest share's.

@@ -26,9 +26,10 @@
 // its M best groups only (ties to the lower group), so each token reaches at most M groups. With
 // groups that match the expert ranks (G = ep, E a multiple of ep: parallel/experts.hpp splits
 // consecutive experts) a token's rows go to at most M ranks. The selection is all that changes:
-// scores, gates, losses and their gradients are as above. The dispatch still sends one row per
-// (token, choice) — it does not merge a token's choices bound for one rank — so the bytes it
-// moves do not shrink with M (docs/expert-parallel.md).
+// scores, gates, losses and their gradients are as above. The dispatch sends a token's row once
+// per expert rank its choices reach (parallel/expert_parallel.hpp), so the bytes it moves shrink
+// with M (docs/expert-parallel.md); the balanced routing of a dry run (route_balanced) keeps
+// each token's choices within M groups too.
 //
 // Losses, each as this rank's share of the global mean (a Partial<sum> over the data ranks, like
 // the cross-entropy; the trainer sums the shares to print them):
@@ -304,18 +305,38 @@ Routing<T> route(std::span<const T> logits, Extent batch, Extent seq, Extent glo
   return r;
 }
 
-/// The routing a dry run assumes (its logits have no values): perfectly balanced, the j-th
-/// choice of token n is expert (n * topk + j) mod experts, every gate 1 / topk. Every expert
-/// then gets the same share of a rank's choices, so every rank sends and receives the same rows
-/// (what parallel::exchange_counts assumes on a memory space without data). Capacity applies
-/// as in route(); the auxiliary losses are not computed (no scores). Group-limited routing is not
-/// imitated: it changes which ranks a token's rows go to, not how many rows the dispatch moves.
+/// The j-th choice of token n in the balanced routing a dry run assumes (route_balanced): the
+/// token's choices over M groups of the G (G groups of E / G consecutive experts; M =
+/// topk_groups when routing is group-limited, else min(topk, G)) spread evenly round the groups
+/// (group (n + i x floor(G / M)) mod G for i < M, choice j in the (j mod M)-th), and within a
+/// group over its experts likewise (the q-th of the token's c = ceil(topk / M) choices there at
+/// (b + q x floor(per / c)) mod per, b = n / G). Every group and every expert then gets the same
+/// share of every E consecutive tokens' choices, a token's choices are distinct and within its M
+/// groups, and they lie as far apart as the groups allow: without a limit (G = 1: M = 1) the
+/// choices of a token are E / topk experts apart, on distinct expert ranks as a real router's
+/// mostly are, and with one they stay in M groups, as a group-limited router's do.
+inline Extent balanced_expert(const RouterConfig& c, Extent n, Extent j) {
+  const Extent G = c.groups, per = c.experts / G;
+  const Extent M = group_limited(c) ? c.topk_groups : std::min(c.topk, G);
+  const Extent i = j % M, q = j / M, per_group = (c.topk + M - 1) / M;
+  const Extent group = (n + i * (G / M)) % G;
+  return group * per + (n / G + q * (per / per_group)) % per;
+}
+
+/// The routing a dry run assumes (its logits have no values): balanced, the j-th choice of token
+/// n is balanced_expert(c, n, j) (group-limited when c is), every gate 1 / topk. Every expert
+/// then gets the same share of a rank's choices (when E divides its tokens), so every rank sends
+/// and receives the same rows (what parallel::exchange_counts assumes on a memory space without
+/// data), and a token's choices reach the expert ranks a router with c's limit would let them
+/// (the merged dispatch's units). Capacity applies as in route(); the auxiliary losses are not
+/// computed (no scores).
 template <class T>
 Routing<T> route_balanced(Extent batch, Extent seq, Extent global_batch, const RouterConfig& c,
                           const RouteContext& context = {}) {
   auto r = detail::start_routing<T>("nn::route_balanced", batch, seq, global_batch, c, context);
+  const auto K = std::size_t(c.topk);
   for (std::size_t slot = 0; slot < r.expert.size(); ++slot) {
-    r.expert[slot] = std::int32_t(Extent(slot) % c.experts);
+    r.expert[slot] = std::int32_t(balanced_expert(c, Extent(slot / K), Extent(slot % K)));
     r.gate[slot] = T(1.0 / double(c.topk));
   }
   detail::finish_routing(r, context);

@@ -12,24 +12,32 @@
 //
 // Forward, per rank: logits = router(x) (an nn::Linear [E, C] without bias on the dense mesh),
 // nn::route (scores, top-k, gates, capacity per sequence: no communication), then the boundary
-// ops of parallel/expert_parallel.hpp on the expert mesh's "ep" group: the count exchange (one
-// all_to_all), dispatch (one all_to_all_v of the kept (token, choice) rows), the GEMMs of each
-// local expert (nn::GroupedExperts), combine (one all_to_all_v back), and y[t] = sum_j gate_tj *
-// expert_j(x_t) over the kept choices, summed in send order (by expert, then choice: the same on
-// every expert size). A token whose every choice was dropped gets y = 0: in a block, its residual
-// passes through.
+// ops of parallel/expert_parallel.hpp on the expert mesh's "ep" group, merged by destination: a
+// token's row travels once per expert rank its kept choices reach (a unit), with its (local
+// expert, gate) pairs in a side array. The count exchange (one all_to_all), dispatch (one
+// all_to_all_v of the units and side arrays; on arrival a row gather feeds each unit to each of
+// its local experts), the GEMMs of each local expert (nn::GroupedExperts), combine (each unit's
+// gate x expert output summed on the expert rank, one all_to_all_v of a row per unit back), and
+// y[t] = the sum of its units' rows — y[t] = sum_j gate_tj * expert_j(x_t) over the kept choices,
+// in an order that is the same on every expert size. A token whose every choice was dropped gets
+// y = 0: in a block, its residual passes through.
 //
 // Memory spaces: the MoE runs in its meshes' space. Routing decides sizes, so it runs on the host
-// (a device's logits, [tokens, experts], are copied there; so are the gates' gradients, [rows]);
-// the rows stay in the space: the send rows are a row gather of the tokens and the weighted sum
-// its adjoint, a scatter-add (the embedding kernels), and the gates a broadcast multiply. On meta
-// (a dry run) the routing is the balanced one nn::route_balanced assumes, and the auxiliary
-// losses are not computed (no scores). Backward: the combine's adjoint (one all_to_all_v), the experts, the
-// dispatch's adjoint (one all_to_all_v), the gates' and the auxiliary losses' gradient into the
-// router (nn::route_backward, with the config's coefficients), and the router's backward. So per
-// MoE layer: forward 1 all_to_all (counts, int64 x ep x ceil(experts / ep)) + 2 all_to_all_v; backward 2
-// all_to_all_v (the forward's counts are reused); each all_to_all_v moves max(rows sent, rows
-// received) x C elements on a rank.
+// (a device's logits, [tokens, experts], are copied there; so are the gates' gradients, [pairs]);
+// the rows stay in the space: the units are a row gather of the tokens, the experts' rows a row
+// gather of the arrived units, the sums their adjoints (scatter-adds: the embedding kernels), and
+// the gates a broadcast multiply. On meta (a dry run) the routing is the balanced one
+// nn::route_balanced assumes (group-limited as the config is), and the auxiliary losses are not
+// computed (no scores). Backward: combine's adjoint (one all_to_all_v of a row per unit: the
+// output gradient to the expert rank, where each pair's row gradient gate x dy and gate gradient
+// dy . expert output are formed), the experts, the dispatch's adjoint (one all_to_all_v of a row
+// per unit, the pairs' gate gradients in a side array), the gates' and the auxiliary losses'
+// gradient into the router (nn::route_backward, with the config's coefficients), and the router's
+// backward. So per MoE layer: forward 1 all_to_all (counts, int64 x ep x (1 + ceil(experts / ep)))
+// + 2 all_to_all_v; backward 2 all_to_all_v (the forward's counts are reused); each all_to_all_v
+// moves max(sent, received) rows x C elements on a rank, a row per (token, expert rank) — not per
+// (token, choice) — and, for the dispatch and its adjoint, the side arrays' rows
+// (DispatchPlan; docs/expert-parallel.md).
 //
 // Parameters: the router's on the dense mesh (replicated; gradient Partial<sum> on the data
 // dimension) and the experts' on the expert mesh (Shard<0> on "ep"; gradient Partial<sum> on
@@ -86,12 +94,12 @@ class MoE {
   struct Saved {
     typename Router::Saved router;
     Routing<T> routing;
-    parallel::ExpertOrder order;
+    parallel::DispatchOrder order;
     parallel::DispatchPlan plan;
-    Tensor<std::int64_t, 1, space> token_of_row;  // [rows sent]: the token each send row carries
-    Rows gate_of_row;                              // [rows sent, 1]: its gate
+    Tensor<std::int64_t, 1, space> token_of_unit;  // [units sent]: the token each unit carries
+    parallel::Dispatched<T, space> received;       // the pairs this rank's experts ran (rows emptied)
     typename Experts::Saved experts;
-    Rows expert_out;  // the experts' rows back in send order (for the gates' gradient)
+    Rows expert_out;  // [pairs received, dim]: the experts' outputs, before the gates (the gates' gradient)
   };
   using WeightCtx = std::tuple<typename Router::WeightCtx, typename Experts::WeightCtx>;  // children() order
 
@@ -106,7 +114,8 @@ class MoE {
                   .out_std = c.out_std},
                  seed + 1) {}
 
-  /// y = sum over kept choices of gate * expert(x). Collectives: 1 all_to_all + 2 all_to_all_v on "ep"
+  /// y = sum over kept choices of gate * expert(x). Collectives: 1 all_to_all + 2 all_to_all_v on "ep",
+  /// a row per (token, expert rank) each
   /// (and, under context parallelism, the aux loss's all-reduce on the context group).
   Fwd<X, Saved> forward(const X& x) const {
     detail::check(x.extent(2) == c_.dim, "nn::MoE::forward", x.mesh(), name_, ": input ", to_string(x.shape()),
@@ -117,18 +126,20 @@ class MoE {
     Saved s{std::move(router_saved), route_tokens(logits, batch, seq, x.extent(0), x.extent(1), x.mesh()), {}, {}, {}, {}, {}, {}};
     // The weighted auxiliary losses (this rank's shares) into the enclosing forward's loss (nn/aux_losses.hpp).
     add_auxiliary_loss(c_.router.aux_loss_coeff * s.routing.aux_loss + c_.router.z_loss_coeff * s.routing.z_loss);
-    s.order = parallel::order_by_expert(s.routing.expert, s.routing.kept, c_.router.experts);
     auto& ep = parallel::expert_group(emesh_);
-    s.plan = parallel::exchange_counts<space>(ep, s.order.rows_per_expert, C);
-    send_rows_of(s);
-    auto [rows, experts_saved] = experts_.forward(
-        parallel::dispatch(ep, s.plan, parallel::gather_rows(token_rows(xl), s.token_of_row)), s.plan.rows_per_local_expert());
+    s.order = parallel::order_by_rank(s.routing.expert, s.routing.kept, c_.router.topk, c_.router.experts, ep.size());
+    s.plan = parallel::exchange_counts<T, space>(ep, s.order, C);
+    s.token_of_unit = parallel::indices_in<space>(s.order.token_of_unit);
+    s.received = parallel::dispatch(ep, s.plan, s.order, token_rows(xl), std::span<const T>(s.routing.gate));
+    auto [rows, experts_saved] = experts_.forward(std::move(s.received.rows), s.received.rows_per_local_expert);
+    s.received.rows = {};
     s.experts = std::move(experts_saved);
-    s.expert_out = parallel::combine(ep, s.plan, rows);
-    // y[t] = sum of gate * row over token t's rows: the scatter-add that is the gather's adjoint,
-    // in send order (by expert, then choice), which is the same on every expert size.
+    const auto back = parallel::combine(ep, s.plan, s.received, rows);
+    s.expert_out = std::move(rows);
+    // y[t] = the sum of its units' rows (each a sum of gate x expert output on its expert rank):
+    // the scatter-add that is the gather's adjoint, in send order (by rank, then token).
     Rows y(Shape<2>{batch * seq, C});
-    kernels::embedding_backward(y, s.token_of_row, kernels::mul_broadcast(s.expert_out, s.gate_of_row));
+    kernels::embedding_backward(y, s.token_of_unit, back);
     return {X(x.mesh(), x.shape(), std::move(y).template reshape<3>(xl.shape())), std::move(s)};
   }
 
@@ -152,18 +163,22 @@ class MoE {
     const Extent C = c_.dim, tokens = s.routing.tokens;
     detail::check(dyl.numel() == tokens * C && dy.extent(2) == C, "nn::MoE::backward_input", dy.mesh(), name_,
                   ": gradient ", to_string(dy.shape()), " for ", tokens, " tokens of ", C, " features");
-    // Adjoint of the weighted scatter-add: each row's gradient is gate * dy[its token], each
-    // gate's is dy[its token] . row.
-    const auto dy_of_row = parallel::gather_rows(token_rows(dyl), s.token_of_row);
-    const auto dgate = gate_gradients(s, kernels::sum(kernels::mul(dy_of_row, s.expert_out), 1));
+    // Each unit's output gradient to its expert rank, there each pair's: its rows' gradient is
+    // gate x dy[its unit], its gate's dy[its unit] . expert output.
     auto& ep = parallel::expert_group(emesh_);
-    auto [dgrouped, experts_w] = experts_.backward_input(
-        std::move(s.experts), parallel::combine_backward(ep, s.plan, kernels::mul_broadcast(dy_of_row, s.gate_of_row)));
-    const auto dsend = parallel::dispatch_backward(ep, s.plan, dgrouped);
-    auto [dx, router_w] = router_.backward_input(std::move(s.router), router_gradient(s.routing, dgate, dy));
-    // dx += the tokens' share of the experts' input gradient (a scatter-add, in send order).
+    const auto dy_in = parallel::combine_backward(ep, s.plan, parallel::gather_rows(token_rows(dyl), s.token_of_unit));
+    const auto dy_of_pair = parallel::gather_rows(dy_in, s.received.unit_index);
+    const auto dgate_of_pair = on_host(kernels::sum(kernels::mul(dy_of_pair, s.expert_out), 1));
+    auto [dgrouped, experts_w] =
+        experts_.backward_input(std::move(s.experts), kernels::mul_broadcast(dy_of_pair, s.received.gate));
+    const auto back = parallel::dispatch_backward(ep, s.plan, s.received, dgrouped, std::span<const T>(dgate_of_pair));
+    auto [dx, router_w] =
+        router_.backward_input(std::move(s.router), router_gradient(s.routing, gate_gradients(s, back.gates), dy));
+    // dx += the tokens' share of the experts' input gradient: a scatter-add in send order,
+    // straight from the arrived messages (their side arrays' rows skipped).
     auto dx_rows = token_rows(dx.local());
-    kernels::embedding_backward(dx_rows, s.token_of_row, dsend);
+    kernels::embedding_shard_backward(dx_rows, parallel::token_of_gradient_rows<space>(s.plan, s.order), back.rows,
+                                      Extent(0));
     return {std::move(dx), WeightCtx{std::move(router_w), std::move(experts_w)}};
   }
 
@@ -192,34 +207,24 @@ class MoE {
     }
   }
 
-  /// The send rows' tokens and gates, as tensors of the space (the gathers' indices, the gates' weights).
-  void send_rows_of(Saved& s) const {
-    const auto rows = Extent(s.order.slot_of_row.size());
-    auto token = Tensor<std::int64_t, 1>::uninitialized(Shape<1>{rows});
-    auto gate = Tensor<T, 2>::uninitialized(Shape<2>{rows, 1});
-    for (Extent r = 0; r < rows; ++r) {
-      const auto slot = std::size_t(s.order.slot_of_row[std::size_t(r)]);
-      token[r] = std::int64_t(slot) / c_.router.topk;
-      gate(r, 0) = s.routing.gate[slot];
-    }
-    s.token_of_row = into_space<space>(std::move(token));  // no copy on the host
-    s.gate_of_row = into_space<space>(std::move(gate));
-  }
-
   /// A [batch, seq, dim] tensor as its [tokens, dim] rows (a view).
   static Rows token_rows(const Tensor<T, 3, space>& t) {
     return view_of(t, 0, Shape<2>{t.extent(0) * t.extent(1), t.extent(2)});
   }
 
-  /// Each slot's gate gradient (0 for a dropped one) from the send rows' [rows, 1], on the host.
-  std::vector<T> gate_gradients(const Saved& s, const Rows& per_row) const {
+  /// A [pairs, 1] tensor's values on the host (none on a space without data).
+  static std::vector<T> on_host(const Rows& per_pair) {
+    if constexpr (std::is_same_v<space, host_space>) return {per_pair.data(), per_pair.data() + per_pair.numel()};
+    else if constexpr (holds_data_v<space>) {
+      const auto host = to_space<host_space>(per_pair);
+      return {host.data(), host.data() + host.numel()};
+    } else return {};
+  }
+
+  /// Each slot's gate gradient (0 for a dropped one) from the sent pairs' (dispatch_backward's).
+  std::vector<T> gate_gradients(const Saved& s, const std::vector<T>& per_pair) const {
     std::vector<T> dgate(s.routing.expert.size(), T(0));
-    auto scatter = [&](const Tensor<T, 2>& host) {
-      for (std::size_t r = 0; r < s.order.slot_of_row.size(); ++r)
-        dgate[std::size_t(s.order.slot_of_row[r])] = host.data()[r];
-    };
-    if constexpr (std::is_same_v<space, host_space>) scatter(per_row);
-    else if constexpr (holds_data_v<space>) scatter(to_space<host_space>(per_row));
+    for (std::size_t p = 0; p < per_pair.size(); ++p) dgate[std::size_t(s.order.slot_of_pair[p])] = per_pair[p];
     return dgate;
   }
 

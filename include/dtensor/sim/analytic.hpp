@@ -32,8 +32,8 @@
 // last stage's logits (test_sim: within 50 % of the dry run's).
 // MoE models (ModelShape::experts; GELU MLP experts in GPT blocks, SwiGLU experts in Llama
 // blocks): per MoE block the router GEMM, the busiest rank's ceil(E / ep) experts' GEMMs on the rows balanced routing sends it, the count exchange
-// and two all_to_all_v of the routed rows each way on "ep" (exposed; moe_all_to_all_bytes is
-// the CommLog's figure), the SP gather of whole tokens; the experts' states sharded over "edp"
+// and two all_to_all_v of the merged dispatch's units each way on "ep" (exposed;
+// moe_all_to_all_bytes is the CommLog's figure), the SP gather of whole tokens; the experts' states sharded over "edp"
 // at the plan's ZeRO stage (DDP: ZeRO-1), as ShardedPipeline shards them (one FSDP per parameter
 // group, parallel::FullyShardGroups): their reduce-scatter on "edp" once per step, ZeRO-1/2's
 // all-gather after the optimizer, ZeRO-3's gathers per micro-batch. Zero-bubble schedules: the pending
@@ -42,18 +42,21 @@
 #pragma once
 
 #include <algorithm>
-#include <cmath>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "dtensor/core/checked.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/nn/recompute.hpp"
+#include "dtensor/nn/router.hpp"
 #include "dtensor/parallel/pipeline/by_name.hpp"
 #include "dtensor/parallel/pipeline/simulate.hpp"
 #include "dtensor/parallel/pipeline/validate.hpp"
+#include "dtensor/placement/chunk.hpp"
 #include "dtensor/sim/cost_model.hpp"
 
 namespace dtensor::sim {
@@ -68,6 +71,9 @@ struct ModelShape {
   std::int64_t layers = 1, dim = 1, heads = 1, kv_heads = 0, ffn = 0, vocab = 1, seq = 1;
   bool llama = false;
   std::int64_t experts = 0, topk = 1, moe_every = 1, expert_ffn = 0, shared_experts = 0;
+  // Group-limited routing (nn::RouterConfig::groups, topk_groups; 0: no limit): what the balanced
+  // routing of the dry run keeps each token's choices within, so the dispatch's units.
+  std::int64_t expert_groups = 1, topk_groups = 0;
   std::int64_t kv() const { return kv_heads ? kv_heads : heads; }
   std::int64_t width() const { return ffn ? ffn : 4 * dim; }
   std::int64_t head_dim() const { return dim / heads; }
@@ -233,6 +239,9 @@ inline void check_plan_shape(const ModelShape& m, const PlanShape& p) {
       throw Error(op, dtensor::detail::cat("experts ", m.experts, ", topk ", m.topk, ", moe_every ", m.moe_every,
                                            ", expert_ffn ", m.expert_ffn, ", shared_experts ", m.shared_experts,
                                            ": 1 <= topk <= experts, moe_every >= 1, shared_experts >= 0"));
+    nn::RouterConfig rc;  // the routing groups, as the dry run's router checks them
+    rc.experts = m.experts, rc.topk = m.topk, rc.groups = m.expert_groups, rc.topk_groups = m.topk_groups;
+    nn::check_router_config(rc, op);
     const nn::Recompute r = p.recomputes();
     if (!r.full && (r.norm || r.mlp))
       throw Error(op, "MoE blocks: the estimate recomputes none, selective (core_attn), act or full, not " + r.to_string());
@@ -367,17 +376,54 @@ inline HeldAtPeak zero_bubble_held(const std::string& schedule, int pp, int mb, 
 }
 }  // namespace detail
 
-/// The bytes of one expert all_to_all_v on a rank of a MoE plan (dispatch or combine, forward or
-/// backward): max(rows sent, rows received) x dim elements, the CommLog's figure. Balanced
-/// routing (what a dry run assumes, nn::route_balanced): a rank sends its n k choices (n tokens
-/// of a micro-batch on the rank, whole under SP: the MoE gathers them), n k / E to each expert;
-/// the rank holding the most experts, ceil(E / ep) of them, receives that from each of the ep
-/// ranks of its group.
-inline double moe_all_to_all_bytes(const ModelShape& m, const PlanShape& p) {
-  if (!m.moe()) return 0;
-  const double n = double(p.microbatch) * double(m.seq) / p.cp, sent = n * double(m.topk);
-  const double local = std::ceil(double(m.experts) / p.ep), received = sent / double(m.experts) * p.ep * local;
-  return std::max(sent, received) * double(m.dim) * (p.bf16 ? 2 : 4);
+/// The bytes of the expert all_to_all_v calls on a rank of a MoE plan, as the CommLog records
+/// them (max(sent, received) elements): the dispatch (a row per unit, a token's row once per
+/// expert rank its choices reach, and per pair an int32 unit index and a gate in side arrays
+/// padded to whole rows), combine and its adjoint (a row per unit), and the dispatch's adjoint
+/// (a row per unit, a gate gradient per pair). Balanced routing (what a dry run assumes,
+/// nn::route_balanced, group-limited as the model is): its choices repeat every E tokens, so
+/// the units and pairs a rank sends each peer are n / E times those of E tokens (exact when E
+/// divides the n tokens of a micro-batch on the rank, whole under SP: the MoE gathers them);
+/// every rank routes alike, so rank r receives from each of the ep ranks what it sends itself,
+/// and the busiest rank (the most experts) is the one modelled.
+struct MoeAllToAllBytes {
+  double dispatch = 0, combine = 0, dispatch_backward = 0;
+  double units_sent = 0, units_received = 0;  // rows per micro-batch, the busiest rank's received
+};
+inline MoeAllToAllBytes moe_all_to_all_bytes(const ModelShape& m, const PlanShape& p) {
+  MoeAllToAllBytes out;
+  if (!m.moe()) return out;
+  nn::RouterConfig rc;
+  rc.experts = m.experts, rc.topk = m.topk, rc.groups = m.expert_groups, rc.topk_groups = m.topk_groups;
+  const auto ep = std::size_t(p.ep);
+  const Extent chunk = chunk_size(m.experts, p.ep);
+  std::vector<double> units(ep, 0), pairs(ep, 0);  // per peer, for E tokens
+  std::vector<char> reached(ep);
+  for (Extent token = 0; token < m.experts; ++token) {
+    std::fill(reached.begin(), reached.end(), 0);
+    for (Extent j = 0; j < m.topk; ++j) {
+      const auto r = std::size_t(nn::balanced_expert(rc, token, j) / chunk);
+      pairs[r] += 1;
+      if (!reached[r]) reached[r] = 1, units[r] += 1;
+    }
+  }
+  const double e = p.bf16 ? 2 : 4, h = double(m.dim);
+  const double per = double(p.microbatch) * double(m.seq) / p.cp / double(m.experts);  // E-token periods on a rank
+  auto side = [&](double pair_bytes) { return std::ceil(pair_bytes / (h * e)); };      // a side array's rows
+  double d_sent = 0, g_sent = 0, d_recv = 0, g_recv = 0, u_recv = 0;
+  for (std::size_t r = 0; r < ep; ++r) {
+    out.units_sent += per * units[r];
+    d_sent += per * units[r] + side(per * pairs[r] * (4 + e));
+    g_sent += per * units[r] + side(per * pairs[r] * e);
+    u_recv = std::max(u_recv, double(ep) * per * units[r]);
+    d_recv = std::max(d_recv, double(ep) * (per * units[r] + side(per * pairs[r] * (4 + e))));
+    g_recv = std::max(g_recv, double(ep) * (per * units[r] + side(per * pairs[r] * e)));
+  }
+  out.units_received = u_recv;
+  out.dispatch = std::max(d_sent, d_recv) * h * e;
+  out.combine = std::max(out.units_sent, u_recv) * h * e;
+  out.dispatch_backward = std::max(g_sent, g_recv) * h * e;
+  return out;
 }
 
 /// The plan's step and memory from formulas (see the synopsis).
@@ -568,14 +614,14 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   // A MoE block (parallel/moe.hpp, models/moe_gpt.hpp): attention as above; its feed-forward
   // gathers the whole tokens under SP (one all-gather forward, one of the output gradient
   // backward; no collective without SP), runs the router GEMM [n, E], exchanges counts (one
-  // all_to_all), dispatches and combines the n k routed rows (two all_to_all_v each way, exposed:
+  // all_to_all), dispatches and combines the routed tokens (two all_to_all_v each way, exposed:
   // sim::comm_role), and runs ceil(E / ep) experts' GEMM pairs on the rows the busiest rank
   // receives; backward twice the GEMMs, GELU again from fc1's output (the experts keep no GELU
   // output), and the two all_to_all_v adjoints. Routing is balanced (a dry run's assumption).
   struct MoeLayer {
     double fwd_compute = 0, bwd_compute = 0, fwd = 0, bwd = 0, w_gemms = 0, recompute = 0;
     double a2a_f = 0, a2a_b = 0, tp = 0, recompute_tp = 0, recompute_cp = 0;
-    double local = 0, received = 0, sent = 0, shared = 0;
+    double local = 0, received = 0, sent = 0, units = 0, shared = 0;  // received: pairs (expert rows); units: sent
   } moe;
   const bool is_moe = m.moe();
   if (is_moe) {
@@ -600,8 +646,12 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
     const double rows = memory_bound(4 * e * moe.sent * h) + biases;
     const double grads =
         memory_bound((m.llama ? 0 : e * moe.received * (fe + h)) + 3 * e * moe.local * m.expert_params());
-    const double a2a_v = coll(CollectiveKind::all_to_all_v, "ep", p.ep, moe_all_to_all_bytes(m, p));
-    const double counts = coll(CollectiveKind::all_to_all, "ep", p.ep, 8 * double(p.ep) * moe.local);
+    const auto a2a = moe_all_to_all_bytes(m, p);
+    moe.units = a2a.units_sent;
+    const double dispatch = coll(CollectiveKind::all_to_all_v, "ep", p.ep, a2a.dispatch);
+    const double combine = coll(CollectiveKind::all_to_all_v, "ep", p.ep, a2a.combine);
+    const double dispatch_b = coll(CollectiveKind::all_to_all_v, "ep", p.ep, a2a.dispatch_backward);
+    const double counts = coll(CollectiveKind::all_to_all, "ep", p.ep, 8 * double(p.ep) * (1 + moe.local));
     const double gather = p.tp > 1 && p.sp ? coll(CollectiveKind::all_gather, "tp", p.tp, act) : 0;
     // Shared experts: a dense feed-forward of fs = shared x fe on the block's tokens, split over tp
     // as the dense MLP (its GEMMs, its passes as the MLP's at width fs, its add into the
@@ -617,8 +667,8 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
     const double shared_tp = m.shared_experts == 0 ? 0 : tp_half;
     const double moe_f = router + experts + act + rows + moe.shared + shared_pw_f;
     moe.fwd_compute = attn_gemms + attn_fwd + moe_pointwise + moe_f;
-    moe.a2a_f = counts + 2 * a2a_v;
-    moe.a2a_b = 2 * a2a_v;
+    moe.a2a_f = counts + dispatch + combine;
+    moe.a2a_b = combine + dispatch_b;
     // Full recomputation runs the block's forward again, its collectives included; selective the
     // attention core (the MoE blocks recompute nothing else in the search: nn/recompute.hpp).
     if (full)
@@ -765,13 +815,13 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
     units = ln_in + qkv_in + attention + fc1_in + hidden + gelu;
     // A MoE feed-forward keeps (parallel/moe.hpp, parallel/experts.hpp): the router's whole
     // input, the experts' input rows and fc1 outputs (SwiGLU: the gate's and the up
-    // projection's), the combined rows, each routed row's token index (int64) and gate, and the
-    // routing (expert index, gate, kept flag per choice).
+    // projection's) and output rows, each sent unit's token index (int64), each received pair's
+    // unit index (int64) and gate, and the routing (expert index, gate, kept flag per choice).
     if (is_moe) {
       const double fe = double(m.expert_width()) * (m.llama ? 2 : 1), k = double(m.topk);
       // Shared experts: their dense feed-forward's hidden and activation (SwiGLU: gate, up and product).
       const double fs = double(m.shared_experts * m.expert_width()), shared_bytes = e * n * (m.llama ? 3 : 2) * fs / t;
-      const double moe_bytes = e * (n * h + moe.received * (h + fe) + moe.sent * h) + moe.sent * (8 + e) +
+      const double moe_bytes = e * (n * h + moe.received * (2 * h + fe)) + 8 * moe.units + moe.received * (8 + e) +
                                n * k * (8 + e + 1) + shared_bytes;
       moe_units = ln_in + qkv_in + attention + moe_bytes / (n * h) * 2 / e;
     }

@@ -5,6 +5,7 @@
 //                                                    // ids outside give zero rows (partial sums)
 //   embedding_backward(dtable, ids, dy);             // dtable[id] += dy[...]   (accumulates)
 //   embedding_shard_backward(dtable, ids, dy, v0);   // only ids in [v0, v0 + V)
+//   embedding_backward_scaled(dtable, ids, dy, s);   // dtable[id] += s[t] * dy[t]  (host only)
 //
 // Vocabulary parallelism: each rank looks up its shard with embedding_shard; the sum over ranks
 // (the Partial<sum> output) is the full lookup, since every id falls in exactly one shard. The
@@ -76,6 +77,27 @@ HostTensor<T, R + 1> embedding_shard(const HostTensor<T, 2>& table, const HostTe
 template <FloatElement T, IndexElement Id, std::size_t R>
 void embedding_backward(HostTensor<T, 2>& dtable, const HostTensor<Id, R>& ids, const HostTensor<T, R + 1>& dy) {
   detail::embedding_scatter("embedding_backward", dtable, ids, dy, 0, true);
+}
+
+/// dtable[ids[t]] += scale[t] * dy[t] for every row t (ids [n], dy [n, D], scale [n, 1]; dtable
+/// is not zeroed here): a scaled scatter-add in one pass, the same bits as
+/// embedding_backward(dtable, ids, mul_broadcast(dy, scale)) (each product rounded to T before it
+/// is added) without the product's [n, D] temporary. The MoE combine's gated sum per unit
+/// (parallel/expert_parallel.hpp).
+template <FloatElement T, IndexElement Id>
+void embedding_backward_scaled(HostTensor<T, 2>& dtable, const HostTensor<Id, 1>& ids, const HostTensor<T, 2>& dy,
+                               const HostTensor<T, 2>& scale) {
+  const char* op = "embedding_backward_scaled";
+  const Extent d = dtable.extent(1), n = ids.numel();
+  detail::check(dy.extent(0) == n && dy.extent(1) == d && scale.extent(0) == n && scale.extent(1) == 1, op, "dy ",
+                to_string(dy.shape()), " and scale ", to_string(scale.shape()), " do not match ids ",
+                to_string(ids.shape()), " and table gradient ", to_string(dtable.shape()));
+  for (Extent t = 0; t < n; ++t) {
+    T* row = dtable.data() + detail::embedding_row(op, ids[t], 0, dtable.extent(0), true) * d;
+    const T* g = dy.data() + t * d;
+    const auto s = compute_t<T>(scale[t]);
+    for (Extent j = 0; j < d; ++j) row[j] = T(compute_t<T>(row[j]) + compute_t<T>(T(compute_t<T>(g[j]) * s)));
+  }
 }
 
 template <FloatElement T, IndexElement Id, std::size_t R>
