@@ -1840,7 +1840,9 @@ TEST_CASE("sim: the analytic estimate follows the dry run's", "[sim][cost][analy
       {4, 6, 1, 3, 2, false, 1, "1f1b", 1, false, true},         // tp 6, ZeRO-3
       {8, 8, 2, 0, 8, false, 1, "1f1b", 1, false, false, true},  // FP8
       {4, 4, 2, 1, 8, false, 2, "1f1b", 1, false, false, true},  // FP8, context ring, HSDP-free ZeRO-1
-      {8, 4, 2, 1, 4, false, 1, "1f1b", 1, true, false, true}};  // FP8 Llama
+      {8, 4, 2, 1, 4, false, 1, "1f1b", 1, true, false, true},   // FP8 Llama
+      {8, 4, 2, 3, 4, false, 1, "1f1b", 1, true},                // ZeRO-3, stages kept gathered
+      {8, 4, 2, 3, 4, false, 1, "1f1b", 1, true, false, true}};  // the same in FP8
   for (const Case& c : cases) {
     CAPTURE(c.dp, c.tp, c.pp, c.zero, c.microbatches, c.checkpoint, c.cp, c.schedule, c.llama, c.narrow, c.fp8);
     const std::int64_t dim = c.narrow ? 1536 : 2048, heads = c.narrow ? 12 : 16;

@@ -766,17 +766,25 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   const bool mixed = p.zero >= 1 && e == 2;
   double param_pass_f = 0, param_pass_b = 3 * e * slow_params + (mixed ? 6 * slow_params : 0) +
                                           (mixed && p.hsdp > 1 ? 6 * slow_shard : 0);
-  if (p.zero == 3) param_pass_f += 6 * slow_shard, param_pass_b += 6 * slow_shard + 12 * slow_shard;
+  // ZeRO-3 with several stages keeps each stage gathered from its first forward to its last
+  // backward (parallel::pipeline::ShardedPipeline: reshard_after_forward false by default): no
+  // gather, and so no cast of the shard, before a backward; with one stage each unit is gathered
+  // again for each micro-batch's backward.
+  const bool stages_kept_gathered = p.zero == 3 && p.pp * p.stages_per_rank > 1;
+  if (p.zero == 3)
+    param_pass_f += 6 * slow_shard, param_pass_b += (stages_kept_gathered ? 0 : 6 * slow_shard) + 12 * slow_shard;
   // A MoE model's experts are units of their own FSDP over "edp" (ShardedPipeline's
   // FullyShardGroups): under mixed precision their gradients cast to fp32 for the reduction, and
   // ZeRO-3's casts of their shard (their accumulation in T is the MoE block's own term below).
   const double expert_shard = expert_params / edp;  // every stage shards them, DDP too (ZeRO-1)
   const double expert_pass_f = p.zero == 3 ? 6 * expert_shard : 0,
-               expert_pass_b = (mixed ? 6 * expert_params : 0) + (p.zero == 3 ? 18 * expert_shard : 0);
+               expert_pass_b = (mixed ? 6 * expert_params : 0) +
+                               (p.zero == 3 ? (stages_kept_gathered ? 12 : 18) * expert_shard : 0);
   const double params_f = memory_bound(is_moe ? expert_pass_f : param_pass_f),
                params_b = memory_bound(is_moe ? expert_pass_b : param_pass_b);
-  // ZeRO-3: every unit gathered in T each micro-batch, forward and backward, prefetched behind
-  // that phase's compute (exposed past it, as sim::comm_role has it).
+  // ZeRO-3: every unit gathered in T each micro-batch, forward and backward (stages kept
+  // gathered: forward only, as the dry run's report has it), prefetched behind that phase's
+  // compute (exposed past it, as sim::comm_role has it).
   const double gather =
       (p.zero == 3 && zero_shards > 1 ? per_unit(slow_rank, CollectiveKind::all_gather, zero_group, zero_shards, e)
                                       : 0) +
@@ -785,7 +793,7 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   const double fwd_phase_compute = dense_max * fwd_compute + moe_max * moe.fwd_compute + head_f + params_f;
   const double bwd_phase_compute = dense_max * bwd_compute + moe_max * moe.bwd_compute + head_b + params_b;
   const double gather_f = std::max(0.0, gather - fwd_phase_compute),
-               gather_b = std::max(0.0, gather - bwd_phase_compute);
+               gather_b = stages_kept_gathered ? 0.0 : std::max(0.0, gather - bwd_phase_compute);
   a.forward =
       dense_max * fwd_layer + moe_max * moe.fwd + head_f + params_f + edge_tp_f + head_amax + gather_f + send * v;
   a.backward =
