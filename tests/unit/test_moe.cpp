@@ -884,3 +884,23 @@ TEST_CASE("Routing a sequence split over context ranks equals routing it whole (
   CHECK(z[0] + z[1] == Approx(whole.z_loss).epsilon(1e-13));
   CHECK(whole.aux_loss > 0);
 }
+
+TEST_CASE("nn::add_unit of a module part: its parameters on the named mesh only", "[moe][units]") {
+  // A MoE has parameters on two meshes: a unit on the expert mesh made from the module holds the
+  // experts' (w1 and its bias, w2 and its bias), not the router's (dense mesh), in order.
+  threads::run(1, [&](CommPtr w) {
+    Dense dense(w, {1, 1});
+    Moe moe("moe", dense, parallel::make_expert_mesh<EMesh>(dense, 1), config(4, 2), 5);
+    std::vector<nn::ParamUnit<double, 3>> units;
+    nn::add_unit<double, EMesh>(units, "experts", moe);
+    REQUIRE(units.size() == 1);
+    std::vector<std::string> names, expected;
+    for (const auto& p : units[0].params) names.push_back(p.name);
+    nn::for_each_parameter_on<EMesh>(moe, [&](auto& p) {
+      if (p.defined()) expected.push_back(p.name());
+    });
+    CHECK(names == expected);
+    CHECK(names.size() == 4);
+    CHECK(units[0].group->name() == "experts");
+  });
+}

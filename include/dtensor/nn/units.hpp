@@ -187,6 +187,14 @@ void add_unit(Units& units, std::string name, const detail::ParamSlots& params) 
   units.push_back(std::move(u));
 }
 
+/// The same for a module `part` (its parameters on mesh type OnMesh): what a model over two
+/// meshes calls for the parts on its second mesh.
+template <class T, MeshType OnMesh, class Units, class Part>
+  requires(!std::is_same_v<std::remove_cv_t<Part>, detail::ParamSlots>)
+void add_unit(Units& units, std::string name, Part& part) {
+  add_unit<T, OnMesh>(units, std::move(name), detail::param_slots(part));
+}
+
 /// The units, hooks and hook firing of a model, derived from its children(). A model derives
 /// from it (the members below are its public API) and calls make_units(*this) once its
 /// modules are built; its forward and backward wrap each unit's work in forward_unit /

@@ -318,6 +318,9 @@ struct DispatchPlan {
   std::vector<std::int64_t> send_units, recv_units;  // [ranks]: units to each peer, from each source
   std::vector<std::int64_t> send_pairs;              // [ranks]: pairs this rank sends each peer
   std::vector<std::int64_t> recv_pairs;              // [source * local_experts + le]: pairs it receives
+  // Where each peer's pairs start: in this rank's send order, and in the arrived side arrays (by
+  // source). (Each source's first arrived unit is expert_units.starts.)
+  std::vector<std::int64_t> first_pair_sent, first_pair_received;  // [ranks]
   // The all_to_all_v directions (rows per peer, element counts and displacements): the dispatch
   // (units + (index, gate) side arrays) out and in; the units alone on the tokens' side and the
   // experts' side; dispatch_backward (units + gate gradients) out of the experts' side and in.
@@ -416,6 +419,12 @@ DispatchPlan exchange_counts(Communicator& ep, const DispatchOrder& order, std::
   for (std::size_t s = 0; s < ranks; ++s) {
     p.recv_units[s] = recv[s * block];
     std::copy_n(recv.begin() + std::ptrdiff_t(s * block + 1), L, p.recv_pairs.begin() + std::ptrdiff_t(s * L));
+  }
+  p.first_pair_sent.assign(ranks, 0);
+  p.first_pair_received.assign(ranks, 0);
+  for (std::size_t r = 1; r < ranks; ++r) {
+    p.first_pair_sent[r] = p.first_pair_sent[r - 1] + p.send_pairs[r - 1];
+    p.first_pair_received[r] = p.first_pair_received[r - 1] + p.pairs_from(int(r - 1));
   }
   // Side arrays: per pair an int32 unit index and a T gate forward, a T gate gradient backward.
   const auto forward_pair = std::int64_t(sizeof(std::int32_t) + sizeof(T)), backward_pair = std::int64_t(sizeof(T));
@@ -585,10 +594,8 @@ Dispatched<T, Space> dispatch(Communicator& ep, const DispatchPlan& p, const Dis
   });
   auto buffer = gather_rows(token_rows, send_index);
   // The side arrays, peer by peer: the pairs' unit indices (int32), then their gates (T).
-  std::vector<std::size_t> first_sent(R, 0);  // each peer's first pair
-  for (std::size_t r = 1; r < R; ++r) first_sent[r] = first_sent[r - 1] + std::size_t(p.send_pairs[r - 1]);
   detail::write_side_arrays(buffer, p.send_units, p.dispatch_out, [&](std::size_t r, unsigned char* bytes) {
-    const auto n = std::size_t(p.send_pairs[r]), pair = first_sent[r];
+    const auto n = std::size_t(p.send_pairs[r]), pair = std::size_t(p.first_pair_sent[r]);
     for (std::size_t i = 0; i < n; ++i) {
       std::memcpy(bytes + i * sizeof(std::int32_t), &order.unit_of_pair[pair + i], sizeof(std::int32_t));
       const T gate = gate_of_slot[std::size_t(order.slot_of_pair[pair + i])];
@@ -601,11 +608,8 @@ Dispatched<T, Space> dispatch(Communicator& ep, const DispatchPlan& p, const Dis
   // count exchange assumes there), whose unit indices the order holds.
   std::vector<std::int32_t> unit_in(std::size_t(p.pairs_received()));
   std::vector<T> gate_in(unit_in.size());
-  std::vector<std::int64_t> side_first(R, 0), unit_first(R, 0);  // per source: its first pair and unit
-  for (std::size_t s = 1; s < R; ++s) {
-    side_first[s] = side_first[s - 1] + p.pairs_from(int(s - 1));
-    unit_first[s] = unit_first[s - 1] + p.recv_units[s - 1];
-  }
+  const auto& side_first = p.first_pair_received;  // per source: its first pair and unit
+  const auto& unit_first = p.expert_units.starts;
   if constexpr (holds_data_v<Space>) {
     detail::read_side_arrays(arrived, p.recv_units, p.dispatch_in, [&](std::size_t s, const unsigned char* bytes) {
       const auto n = std::size_t(p.pairs_from(int(s))), pair = std::size_t(side_first[s]);
@@ -717,11 +721,8 @@ DispatchGradients<T, Space> dispatch_backward(Communicator& ep, const DispatchPl
   if (with_gates && std::int64_t(d_gates.size()) != p.pairs_received())
     ep.fail(op, dtensor::detail::cat(d_gates.size(), " gate gradients for ", p.pairs_received(), " pairs"));
   const auto R = std::size_t(p.ranks), L = std::size_t(p.local_experts);
-  std::vector<std::int64_t> unit_first(R, 0), side_first(R, 0);  // per source: its first unit and pair
-  for (std::size_t s = 1; s < R; ++s) {
-    unit_first[s] = unit_first[s - 1] + p.recv_units[s - 1];
-    side_first[s] = side_first[s - 1] + p.pairs_from(int(s - 1));
-  }
+  const auto& unit_first = p.expert_units.starts;  // per source: its first unit and pair
+  const auto& side_first = p.first_pair_received;
   // The units' input gradients summed straight into their message rows: each pair's row is its
   // unit's row in its source's message, walking the grouped order (by local expert, then
   // source) as dispatch built it.
@@ -745,10 +746,8 @@ DispatchGradients<T, Space> dispatch_backward(Communicator& ep, const DispatchPl
   DispatchGradients<T, Space> out{detail::exchange(ep, buffer, p.gradient_out, p.gradient_in), {}};
   if constexpr (holds_data_v<Space>) {
     out.gates.resize(std::size_t(p.pairs_sent()));
-    std::vector<std::size_t> first_sent(R, 0);  // each peer's first pair
-    for (std::size_t r = 1; r < R; ++r) first_sent[r] = first_sent[r - 1] + std::size_t(p.send_pairs[r - 1]);
     detail::read_side_arrays(out.rows, p.send_units, p.gradient_in, [&](std::size_t r, const unsigned char* bytes) {
-      std::memcpy(out.gates.data() + first_sent[r], bytes, std::size_t(p.send_pairs[r]) * sizeof(T));
+      std::memcpy(out.gates.data() + p.first_pair_sent[r], bytes, std::size_t(p.send_pairs[r]) * sizeof(T));
     });
   }
   return out;
