@@ -18,6 +18,10 @@
 #include "sharded_pipeline_parity.hpp"
 #include "support/on_ranks.hpp"
 
+// This file's own namespace: the parity test programs compile several files as one unit
+// (tests/CMakeLists.txt, DTENSOR_TEST_GROUPS), and their file-local names must not meet.
+namespace test_5d_parity {
+
 using namespace dtensor;
 using namespace dtensor::testing;
 
@@ -397,3 +401,5 @@ TEST_CASE("FSDP inside stages: each rank's step peak is the formula's; ZeRO-3 < 
     }
   }
 }
+
+}  // namespace test_5d_parity

@@ -10,6 +10,10 @@
 #include "dtensor/parallel/fully_shard.hpp"
 #include "support/on_ranks.hpp"
 
+// This file's own namespace: the parity test programs compile several files as one unit
+// (tests/CMakeLists.txt, DTENSOR_TEST_GROUPS), and their file-local names must not meet.
+namespace test_cp_parity {
+
 using namespace dtensor;
 using namespace dtensor::testing;
 
@@ -157,3 +161,5 @@ TEST_CASE("CP parity: CP=2 x TP=2 without SP (ring, balanced)", "[parity][cp]") 
 TEST_CASE("CP parity: CP=2 x DP=2, every attention kind", "[parity][cp]") {
   for (const auto& o : {ring_balanced, allgather, ulysses}) check_config<false>(2, 2, 1, o);
 }
+
+}  // namespace test_cp_parity

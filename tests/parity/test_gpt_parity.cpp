@@ -8,6 +8,10 @@
 #include "gpt_parity.hpp"
 #include "support/on_ranks.hpp"
 
+// This file's own namespace: the parity test programs compile several files as one unit
+// (tests/CMakeLists.txt, DTENSOR_TEST_GROUPS), and their file-local names must not meet.
+namespace test_gpt_parity {
+
 using namespace dtensor;
 using namespace dtensor::testing;
 
@@ -70,3 +74,5 @@ TEST_CASE("GPT parity: DP=2 x TP=2 with DDP after the backward (no overlap)", "[
 TEST_CASE("GPT parity: DP=3 (the batch of 4 splits 2, 2, 0: one rank holds no sequence)", "[parity]") {
   check_config<false>(3, 1);
 }
+
+}  // namespace test_gpt_parity

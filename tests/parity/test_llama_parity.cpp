@@ -12,6 +12,10 @@
 #include "dtensor/models/llama.hpp"
 #include "support/on_ranks.hpp"
 
+// This file's own namespace: the parity test programs compile several files as one unit
+// (tests/CMakeLists.txt, DTENSOR_TEST_GROUPS), and their file-local names must not meet.
+namespace test_llama_parity {
+
 using namespace dtensor;
 using namespace dtensor::testing;
 
@@ -83,3 +87,5 @@ TEST_CASE("Llama parity: CP=2 x TP=2 + SP", "[parity][llama]") {
 TEST_CASE("Llama parity: DP=2 x CP=2 x TP=2 + SP (3-D mesh)", "[parity][llama]") {
   check_config<parallel::MegatronPlan<true>>(2, 2, 2, ring_balanced);
 }
+
+}  // namespace test_llama_parity

@@ -35,6 +35,10 @@
 #include "support/on_ranks.hpp"
 #include "support/scratch_dir.hpp"
 
+// This file's own namespace: the parity test programs compile several files as one unit
+// (tests/CMakeLists.txt, DTENSOR_TEST_GROUPS), and their file-local names must not meet.
+namespace test_pipeline_parity {
+
 using namespace dtensor;
 using namespace dtensor::testing;
 namespace pp = dtensor::parallel::pipeline;
@@ -521,14 +525,14 @@ const std::vector<double>& toy_mixture_reference() {
   return ref;
 }
 
-}  // namespace
-
 /// The toy without its declaration: its experts' mesh is neither the model's nor declared.
 template <MeshType Mesh, MeshType EMesh>
 struct UndeclaredToy : ToyMixtureClassifier<Mesh, EMesh> {
   using ToyMixtureClassifier<Mesh, EMesh>::ToyMixtureClassifier;
   void parameter_meshes() const = delete;
 };
+
+}  // namespace
 
 TEST_CASE("pipeline: a parameter on a mesh the model does not declare is a clear error", "[pipeline][split][moe]") {
   threads::run(1, [&](CommPtr w) {
@@ -624,3 +628,5 @@ TEST_CASE("pipeline split: bad input is a clear error", "[pipeline][split]") {
     REQUIRE_THROWS_WITH(stages[0].backward_input(1, std::nullopt, 1.0), Catch::Contains("holds no forward of micro-batch 1"));
   });
 }
+
+}  // namespace test_pipeline_parity

@@ -35,6 +35,10 @@
 #include "dtensor/sim/dry_run.hpp"
 #include "support/on_ranks.hpp"
 
+// This file's own namespace: the parity test programs compile several files as one unit
+// (tests/CMakeLists.txt, DTENSOR_TEST_GROUPS), and their file-local names must not meet.
+namespace test_vit_parity {
+
 using namespace dtensor;
 using namespace dtensor::testing;
 
@@ -535,3 +539,5 @@ TEST_CASE("ViT dry run on meta: MoE ViT-B/16, pp 4 x fsdp 8 x cp 2 x tp 4 + SP x
   CHECK(all_to_alls(reports[0]) > 0);
   CHECK(2 * all_to_alls(reports[0]) == all_to_alls(reports[1]));
 }
+
+}  // namespace test_vit_parity
