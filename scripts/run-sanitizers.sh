@@ -23,6 +23,9 @@
 # twice the compile time (test_moe with ASan + UBSan: 74 s against 34 s of CPU); the two whose
 # run dominates the phase (test_comm_threads, test_redistribute_oracle) stay at -O1. -O0 checks
 # at least as much (no access is optimized away before instrumentation); the programs run slower.
+# Under a sanitizer the test cases tagged [slow] are left out (tests/CMakeLists.txt: the oracle's
+# (2, 2, 2) mesh, FSDP's ledger at N = 8 and its 50-step bf16 run; the main suite runs them): they
+# were 95 % of the oracle's ASan run and half of FSDP's, on code paths the other cases cover.
 # run-tests.sh (and so CI) runs this script unless DTENSOR_TEST_SANITIZERS=0: in the background at
 # nice 19, beside its main suite and packaging checks, whose idle CPU these builds use.
 set -euo pipefail
