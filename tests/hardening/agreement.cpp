@@ -16,6 +16,9 @@
 #include "dtensor/parallel/pipeline/split.hpp"
 #include "hardening/hardening.hpp"
 
+// This file's own namespace: test_hardening compiles its files as one unit (tests/CMakeLists.txt).
+namespace hardening_agreement {
+
 using namespace dtensor;
 using namespace dtensor::hardening;
 using Catch::Contains;
@@ -128,3 +131,5 @@ TEST_CASE("ranks building meshes of different shapes are told that the mesh diff
   }
   CHECK(named >= 1);  // the rank that found it; the others are released naming it
 }
+
+}  // namespace hardening_agreement

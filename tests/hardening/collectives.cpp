@@ -10,6 +10,9 @@
 #include "dtensor/comm/threads.hpp"
 #include "hardening/hardening.hpp"
 
+// This file's own namespace: test_hardening compiles its files as one unit (tests/CMakeLists.txt).
+namespace hardening_collectives {
+
 using namespace dtensor;
 using namespace dtensor::hardening;
 using Catch::Contains;
@@ -95,3 +98,5 @@ TEST_CASE("on a sub-group, errors name the group, the group rank and the world r
   });
   CHECK_THAT(out[3].message, Contains("all_gather[tp] on rank 1 (world rank 3)") && Contains("recv has 3 elements"));
 }
+
+}  // namespace hardening_collectives

@@ -26,6 +26,9 @@
 #include "flags.hpp"
 #include "hardening/hardening.hpp"
 
+// This file's own namespace: test_hardening compiles its files as one unit (tests/CMakeLists.txt).
+namespace hardening_configuration {
+
 using namespace dtensor;
 using namespace dtensor::hardening;
 using namespace std::chrono_literals;
@@ -387,3 +390,5 @@ TEST_CASE("DTENSOR_AGREE_BEFORE_DATA is 0 or 1, on by default, and part of the r
   for (const auto& s : environment_settings()) listed = listed || s.name == "DTENSOR_AGREE_BEFORE_DATA";
   CHECK(listed);
 }
+
+}  // namespace hardening_configuration

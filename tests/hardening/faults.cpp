@@ -20,6 +20,9 @@
 #include "dtensor/core/scratch_file.hpp"
 #include "hardening/hardening.hpp"
 
+// This file's own namespace: test_hardening compiles its files as one unit (tests/CMakeLists.txt).
+namespace hardening_faults {
+
 using namespace dtensor;
 using namespace dtensor::hardening;
 using namespace std::chrono_literals;
@@ -213,3 +216,5 @@ TEST_CASE("an offload scratch file has no name on disk while in use, so a killed
   CHECK(std::filesystem::is_empty(dir));
   std::filesystem::remove_all(dir);
 }
+
+}  // namespace hardening_faults

@@ -8,6 +8,9 @@
 #include "dtensor/dtensor.hpp"
 #include "hardening/hardening.hpp"
 
+// This file's own namespace: test_hardening compiles its files as one unit (tests/CMakeLists.txt).
+namespace hardening_layouts {
+
 using namespace dtensor;
 using namespace dtensor::hardening;
 using Catch::Contains;
@@ -314,3 +317,5 @@ TEST_CASE("Release defaults: ranks that disagree fail at the first collective, b
     CHECK_FALSE(r.threw);
   }
 }
+
+}  // namespace hardening_layouts

@@ -20,6 +20,9 @@
 #include "dtensor/parallel/fully_shard.hpp"
 #include "hardening/hardening.hpp"
 
+// This file's own namespace: test_hardening compiles its files as one unit (tests/CMakeLists.txt).
+namespace hardening_misuse {
+
 using namespace dtensor;
 using namespace dtensor::hardening;
 using Catch::Contains;
@@ -119,3 +122,5 @@ TEST_CASE("an optimizer step before fully_shard's finish_gradient_sync is an Err
     }
   }
 }
+
+}  // namespace hardening_misuse

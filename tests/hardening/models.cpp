@@ -5,6 +5,9 @@
 #include "dtensor/models/vit_data.hpp"
 #include "hardening/hardening.hpp"
 
+// This file's own namespace: test_hardening compiles its files as one unit (tests/CMakeLists.txt).
+namespace hardening_models {
+
 using namespace dtensor;
 using namespace dtensor::hardening;
 using Catch::Contains;
@@ -24,3 +27,5 @@ TEST_CASE("synthetic_images with no classes is an Error, not a division by zero"
   CHECK(x.extent(0) == 2);
   CHECK((y[0] >= 0 && y[0] < 3 && y[1] >= 0 && y[1] < 3));
 }
+
+}  // namespace hardening_models

@@ -10,6 +10,9 @@
 #include "dtensor/dtensor.hpp"
 #include "hardening/hardening.hpp"
 
+// This file's own namespace: test_hardening compiles its files as one unit (tests/CMakeLists.txt).
+namespace hardening_overflow {
+
 using namespace dtensor;
 using namespace dtensor::hardening;
 using Catch::Contains;
@@ -83,3 +86,5 @@ TEST_CASE("from_local's global extents (local extents times shards) are checked"
     CHECK_THAT(r.message, Contains("from_local") && Contains("4611686018427387904 x 2 overflows"));
   }
 }
+
+}  // namespace hardening_overflow
