@@ -176,7 +176,7 @@ inline Slot& arrive(const Ctx& c, Post mine) {
   }
 
   l.unlock();
-  if (spin_until([&] { return s.arrived.load() == n || w.aborted(); }, n)) {
+  if (spin_until([&] { return s.arrived.load() == n || w.aborted(); }, w.size)) {
     if (s.arrived.load() == n) return s;
   }
   l.lock();

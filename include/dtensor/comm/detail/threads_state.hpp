@@ -62,16 +62,20 @@ inline std::string what_of(const std::exception_ptr& e) {
 /// Waits for ready() by spinning for a few microseconds before the caller goes to sleep on a
 /// condition variable: most waits inside a collective are short (the peers are already on
 /// their way), and waking a sleeping thread costs tens of microseconds. Returns ready().
-/// When there are more `threads` than cores, it yields at every turn, to let the peer that is
-/// late run.
+/// `threads` is the run's rank threads (the world's size, not the group's): when they outnumber
+/// the cores it does not spin at all. A spinning waiter then holds a core that a rank with work
+/// needs — the peer it waits for, or a rank of another group — and on the README's main job (16
+/// rank threads on 2 cores) the waiters' spins and yields stood between the ranks that computed
+/// and the cores (a throw-away program of 16 ranks, pairs and the world all-reducing between
+/// unequal work: 30 % less wall time, the same CPU time; docs/benchmarks.md, issue 46).
 template <class Ready>
 bool spin_until(Ready&& ready, int threads) {
   static const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
-  const unsigned yield_every = threads > cores ? 1 : 64;
+  if (threads > cores) return ready();
   const auto until = Clock::now() + std::chrono::microseconds(20);
   for (unsigned i = 1;; ++i) {
     if (ready()) return true;
-    if (i % yield_every == 0) {
+    if (i % 64 == 0) {
       if (Clock::now() > until) return false;
       std::this_thread::yield();
     } else {
@@ -437,7 +441,7 @@ class Group {
   /// Waits until every rank has been counted in `counter`: spins briefly, then parks.
   void wait_all(const std::atomic<int>& counter) {
     auto all = [&] { return counter.load() == size; };
-    if (spin_until(all, size)) return;
+    if (spin_until(all, world->size)) return;
     std::unique_lock l(mu);
     Parked parked(*this);
     cv.wait(l, all);
