@@ -378,7 +378,8 @@ LedgerStates ddp_ledger(CommPtr w, int n) {
 
 }  // namespace
 
-TEST_CASE("FSDP memory on the ledger: DDP, ZeRO-1/2/3 and HSDP at N = 2, 4, 8, fp32 and bf16 mixed precision", "[fsdp][slow]") {
+TEST_CASE("FSDP memory on the ledger: DDP, ZeRO-1/2/3 and HSDP at N = 2, 4, 8, fp32 and bf16 mixed precision",
+          "[fsdp][slow]") {
   // Bytes per parameter (docs/fsdp.md, "Memory per rank"), AdamW. fp32 (T = M = float): DDP 16,
   // ZeRO-1 4 + 4 + 8/N, ZeRO-2 4 + 12/N, ZeRO-3 16/N, HSDP (R x S) 16/S. bf16 with fp32 master
   // (ZeRO's mixed precision, K = 12): ZeRO-1 2 + 2 + 12/N, ZeRO-3 16/N, HSDP 16/S; Megatron's
@@ -616,7 +617,8 @@ TEST_CASE("FSDP mixed precision: compute in float with double master weights tra
   CHECK(narrow.gather_bytes == mixed.gather_bytes);
 }
 
-TEST_CASE("FSDP mixed precision: a bf16 GPT with fp32 master weights tracks the fp32 run for 50 AdamW steps", "[fsdp][slow]") {
+TEST_CASE("FSDP mixed precision: a bf16 GPT with fp32 master weights tracks the fp32 run for 50 AdamW steps",
+          "[fsdp][slow]") {
   // FSDP2's intended use: models::GPT<bfloat16> computing in bf16 (kernels widen to float and round
   // once), fully_shard<float> keeping master weights, gradient shards and AdamW state in fp32,
   // parameters all-gathered in bf16, gradients reduced in fp32. Against the fp32 run on the same
