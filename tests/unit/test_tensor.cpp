@@ -245,4 +245,27 @@ TEST_CASE("detail::cat writes each piece as std::ostream << piece does (text, in
   CHECK(dtensor::detail::cat() == "");
 }
 
+TEST_CASE("detail::check throws detail::cat's message of its pieces, naming the op and the rank", "[core]") {
+  struct Where {
+    int rank() const { return 3; }
+  };
+  const char* null_text = nullptr;
+  const Shape<2> shape{3, 4};
+  const auto message_of = [](auto&& fn) {
+    try {
+      fn();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no throw");
+  };
+  CHECK(message_of([&] { dtensor::detail::check(true, "op", "never ", to_string(shape)); }) == "no throw");
+  CHECK(message_of([&] {
+          dtensor::detail::check(false, "op", "a ", to_string(shape), " b ", null_text, -7, " ", 0.5, bfloat16(1.5f));
+        }) == "dtensor: op: a " + to_string(shape) + " b -7 0.51.5");
+  CHECK(message_of([&] { dtensor::detail::check(false, "op", Where{}, "at ", std::size_t(9)); }) ==
+        "dtensor: op on rank 3: at 9");
+  CHECK(message_of([&] { dtensor::detail::check(false, "op"); }) == "dtensor: op: ");
+}
+
 }  // namespace test_tensor

@@ -8,6 +8,9 @@
 #pragma once
 
 #include <concepts>
+#include <cstdint>
+#include <initializer_list>
+#include <ostream>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -60,35 +63,76 @@ class Error : public std::runtime_error {
 };
 
 namespace detail {
-/// One piece of a message, appended as `std::ostream << part` writes it. Text and integers are
-/// appended directly; anything else goes through a stream of its own. Per piece type, not per
-/// message: an ostringstream in every cat<...> (one per distinct list of argument types, over
-/// 80 in a GPT training program) was 5 % of such a program's object code.
-template <class P>
-void cat_piece(std::string& out, const P& p) {
-  if constexpr (std::is_same_v<P, std::string> || std::is_same_v<P, std::string_view>) out.append(p);
-  else if constexpr (std::is_array_v<P> && std::is_same_v<std::remove_cv_t<std::remove_extent_t<P>>, char>)
-    out.append(p);
-  else if constexpr (std::is_same_v<P, const char*> || std::is_same_v<P, char*>) {
-    if (p) out.append(p);  // (a stream would print nothing, and nothing after it either)
-  } else if constexpr (std::is_integral_v<P> && !std::is_same_v<P, bool> && !std::is_same_v<P, char> &&
-                       !std::is_same_v<P, signed char> && !std::is_same_v<P, unsigned char> &&
-                       !std::is_same_v<P, wchar_t> && !std::is_same_v<P, char8_t> && !std::is_same_v<P, char16_t> &&
-                       !std::is_same_v<P, char32_t>)
-    out.append(std::to_string(p));
-  else {
-    std::ostringstream s;
-    s << p;
-    out.append(s.str());
+/// A view of one piece of a message, appended as `std::ostream << piece` writes it. Text and
+/// integers are held as such; anything else is held by address with the one function that streams
+/// its type. detail::cat and detail::check turn their pieces into these and hand them to one
+/// function that is not a template: what a message's list of piece types instantiates is an array
+/// of views, not a function body (225 cat<...> and 74 check<...> bodies, each with its own string
+/// building and throw, in a GPT training program).
+class MessagePiece {
+ public:
+  MessagePiece(const char* text) : data_(text), size_(text ? std::char_traits<char>::length(text) : 0) {}
+  MessagePiece(const std::string& text) : data_(text.data()), size_(text.size()) {}
+  MessagePiece(std::string_view text) : data_(text.data()), size_(text.size()) {}
+  template <class P>
+    requires(!std::is_convertible_v<const P&, std::string_view> && !std::is_convertible_v<const P&, const char*>)
+  MessagePiece(const P& piece) {
+    if constexpr (std::is_integral_v<P> && !std::is_same_v<P, bool> && !std::is_same_v<P, char> &&
+                  !std::is_same_v<P, signed char> && !std::is_same_v<P, unsigned char> && !std::is_same_v<P, wchar_t> &&
+                  !std::is_same_v<P, char8_t> && !std::is_same_v<P, char16_t> && !std::is_same_v<P, char32_t>) {
+      kind_ = std::is_signed_v<P> ? Kind::signed_integer : Kind::unsigned_integer;
+      size_ = static_cast<std::uint64_t>(piece);  // (two's complement: signed_integer casts it back)
+    } else {
+      kind_ = Kind::streamed;
+      data_ = &piece;
+      stream_ = &stream_as<P>;
+    }
   }
+
+  void append_to(std::string& out) const {
+    switch (kind_) {
+      case Kind::text:
+        out.append(static_cast<const char*>(data_), size_);
+        return;
+      case Kind::signed_integer:
+        out.append(std::to_string(static_cast<long long>(size_)));
+        return;
+      case Kind::unsigned_integer:
+        out.append(std::to_string(static_cast<unsigned long long>(size_)));
+        return;
+      case Kind::streamed: {
+        std::ostringstream s;
+        stream_(s, data_);
+        out.append(s.str());
+        return;
+      }
+    }
+  }
+
+ private:
+  template <class P>
+  static void stream_as(std::ostream& s, const void* object) {
+    s << *static_cast<const P*>(object);
+  }
+
+  enum class Kind : unsigned char { text, signed_integer, unsigned_integer, streamed };
+  const void* data_ = nullptr;  // the text, or the streamed object
+  std::uint64_t size_ = 0;      // the text's length, or the integer
+  void (*stream_)(std::ostream&, const void*) = nullptr;
+  Kind kind_ = Kind::text;
+};
+
+/// The pieces one after the other.
+inline std::string cat_pieces(std::initializer_list<MessagePiece> pieces) {
+  std::string out;
+  for (const MessagePiece& p : pieces) p.append_to(out);
+  return out;
 }
 
 /// Builds a message from any streamable pieces: detail::cat("got ", n, " expected ", m).
 template <class... Parts>
 std::string cat(const Parts&... parts) {
-  std::string out;
-  (cat_piece(out, parts), ...);
-  return out;
+  return cat_pieces({MessagePiece(parts)...});
 }
 
 /// Something that knows its rank (a DeviceMesh, a Communicator): errors name it.
@@ -97,19 +141,25 @@ concept HasRank = requires(const W& w) {
   { w.rank() } -> std::convertible_to<int>;
 };
 
+/// check's failure: one body for every list of pieces, kept out of the checking functions.
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_checked(const char* op, int rank,
+                                                                 std::initializer_list<MessagePiece> pieces) {
+  throw Error(op, cat_pieces(pieces), rank);
+}
+
 /// Throws dtensor::Error(op, message) unless ok; the message is built only on failure.
 ///   detail::check(n >= 0, "split", "negative size ", n);
 template <class... Parts>
 inline void check(bool ok, const char* op, const Parts&... parts) {
   if (!ok) [[unlikely]]
-    throw Error(op, cat(parts...));
+    throw_checked(op, Error::no_rank, {MessagePiece(parts)...});
 }
 
 /// The same, naming the rank of `where` (a mesh): detail::check(ok, "matmul", x.mesh(), "a ", ...).
 template <HasRank Where, class... Parts>
 inline void check(bool ok, const char* op, const Where& where, const Parts&... parts) {
   if (!ok) [[unlikely]]
-    throw Error(op, cat(parts...), where.rank());
+    throw_checked(op, where.rank(), {MessagePiece(parts)...});
 }
 
 /// The message of the exception fn() throws, or "" if it throws none (what a rank tells its

@@ -106,10 +106,16 @@ class IntraOpPool {
   /// done. The first exception a part threw is rethrown here (the other parts still run).
   template <class Body>
   void run(int parts, Body& body) {
+    run(parts, &body, [](void* ctx, int p) { (*static_cast<Body*>(ctx))(p); });
+  }
+
+  /// The same, for call(ctx, p): the job's one body, whatever the kernel (not one per kernel's
+  /// lambda: over 30 in a GPT training program).
+  void run(int parts, void* ctx, void (*call)(void*, int)) {
     detail::check(parts >= 1 && parts <= max_parts, "IntraOpPool::run", "part count must be in 1 .. ", max_parts,
                   ", got ", parts);
-    ctx_ = &body;
-    call_ = [](void* ctx, int p) { (*static_cast<Body*>(ctx))(p); };
+    ctx_ = ctx;
+    call_ = call;
     error_ = nullptr;
     done_.store(0, std::memory_order_relaxed);
     const std::uint32_t job = epoch_.load(std::memory_order_relaxed) + 1;
