@@ -2447,6 +2447,13 @@ TEST_CASE("sim: expert parallelism in the search: ep > 1 first where the experts
     const double dense = first_dense.params() - 3 * expert_params;
     CHECK(held == Approx(2 * (dense + 3 * expert_params / 2)).epsilon(0.001));
     CHECK(first_dense.params() < llama_moe.params());
+    // A pipeline stage whose blocks are all dense (pp 2, the first 2 of 4 dense: stage 0) holds no
+    // expert: the experts' FSDP there shards nothing (fully_shard refused "the model has no units").
+    auto staged = plan;
+    staged.pp = 2, staged.moe.dense_first = 2;
+    CHECK_NOTHROW(models::dry_run_plan<dtensor::bfloat16, Layers, true>(staged));
+    staged.zero = 3;
+    CHECK_NOTHROW(models::dry_run_plan<dtensor::bfloat16, Layers, true>(staged));
     first_dense.dense_first = 4;
     CHECK_THROWS_WITH(
         sim::analytic_estimate(first_dense, {.batch = 4, .microbatch = 1, .dp = 2, .ep = 2}, sim::Hardware{}),
