@@ -65,6 +65,7 @@ std::vector<std::string> model_flags_of(const std::string& resume) {
   if (get("ffn") != "0") args.insert(args.end(), {"--ffn", get("ffn")});
   if (config.contains("experts"))
     args.insert(args.end(), {"--experts", get("experts"), "--moe-every", get("moe_every")});
+  if (config.contains("dense_first")) args.insert(args.end(), {"--dense-first", get("dense_first")});
   return args;
 }
 

@@ -230,6 +230,8 @@ const examples::FlagTable<Options>& flag_table() {
        integer_at<int>([](O& o) -> auto& { return o.plan.ep; }, 1)},
       {"--moe-every", "N", "every N-th block a MoE block",
        integer_at<Extent>([](O& o) -> auto& { return o.plan.moe.every; }, 1)},
+      {"--dense-first", "N", "the first N blocks dense (DeepSeek-V3: 3)",
+       integer_at<Extent>([](O& o) -> auto& { return o.plan.moe.dense_first; }, 0)},
       {"--capacity", "F", "the capacity factor",
        [](O& o, const std::string& f, const std::string& v) {
          o.plan.moe.router.capacity_factor = examples::positive_flag_value(f, v);
@@ -350,7 +352,8 @@ sim::ModelShape model_shape(const Options& o) {
                                                 : m.mlp_ratio * m.dim,
           .shared_experts = moe.router.experts == 0 ? 0 : moe.shared,
           .expert_groups = moe.router.groups,
-          .topk_groups = moe.router.topk_groups};
+          .topk_groups = moe.router.topk_groups,
+          .dense_first = moe.router.experts == 0 ? 0 : moe.dense_first};
 }
 
 Options parse(int argc, char** argv) {
@@ -362,8 +365,8 @@ Options parse(int argc, char** argv) {
   o.hardware.check("plan_at_scale --device");
   const auto was_given = [&](const char* flag) { return std::find(given.begin(), given.end(), flag) != given.end(); };
   // Flags that only mean something beside another one are errors alone, not silently ignored.
-  for (const char* f : {"--topk", "--moe-every", "--ep", "--capacity", "--expert-ffn", "--shared-experts",
-                        "--expert-groups", "--topk-groups"})
+  for (const char* f : {"--topk", "--moe-every", "--dense-first", "--ep", "--capacity", "--expert-ffn",
+                        "--shared-experts", "--expert-groups", "--topk-groups"})
     if (was_given(f) && !o.plan.has_experts()) throw UsageError(std::string(f) + " has no effect without --experts E");
   for (const char* f : {"--gpus", "--top", "--finalists", "--rank-of"})
     if (was_given(f) && !o.search) throw UsageError(std::string(f) + " has no effect without --search");
@@ -597,9 +600,9 @@ void print_header(const Options& o) {
     std::printf("device %s: GEMMs and attention at %.2f of the calibrated rates (compute_scale; MFU still counts the "
                 "rated %.0f TFLOP/s)\n", o.hardware.name.c_str(), o.hardware.compute_scale, o.hardware.peak_flops() / 1e12);
   if (p.has_experts())
-    std::printf("MoE: %lld %s experts, top-%lld, every %lld blocks, over ep %d (balanced routing)%s\n",
+    std::printf("MoE: %lld %s experts, top-%lld, every %lld blocks after %lld dense, over ep %d (balanced routing)%s\n",
                 (long long)p.moe.router.experts, o.llama ? "SwiGLU" : "GELU MLP", (long long)p.moe.router.topk,
-                (long long)p.moe.every, p.ep,
+                (long long)p.moe.every, (long long)p.moe.dense_first, p.ep,
                 p.moe.shared > 0 ? (", " + std::to_string(p.moe.shared) + " shared").c_str() : "");
   std::printf("model: %s, %lld layers, dim %lld, %lld heads (%lld KV), ffn %lld, vocab %lld, seq %lld, global batch %lld%s\n",
               o.llama ? "llama" : "gpt", (long long)m.layers, (long long)m.dim, (long long)m.heads,

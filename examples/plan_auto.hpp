@@ -45,6 +45,7 @@ struct PlanModel {
   bool fp8 = false;                    // --dtype fp8: the bf16 model with FP8 Linear GEMMs (bf16 true too)
   dtensor::nn::Recompute recompute{};  // --recompute; with --checkpoint: kept as given, else chosen
   std::int64_t experts = 0, topk = 2, moe_every = 1;  // --experts E > 0: MoE blocks (GPT)
+  std::int64_t dense_first = 0;                       // --dense-first
   std::int64_t shared = 0;                            // --shared-experts
   std::int64_t groups = 1, topk_groups = 0;           // --expert-groups, --topk-groups (0: no limit)
   double capacity = 0;                                 // --capacity (0: dropless)
@@ -125,7 +126,8 @@ inline PlanChoice choose_plan(const PlanModel& m, int ranks, const dtensor::sim:
                               .moe_every = m.moe_every,
                               .shared_experts = m.experts > 0 ? m.shared : 0,
                               .expert_groups = m.groups,
-                              .topk_groups = m.topk_groups};
+                              .topk_groups = m.topk_groups,
+                              .dense_first = m.experts > 0 ? m.dense_first : 0};
   sim::SearchSpace space{.gpus = ranks, .batch = m.batch, .bf16 = m.bf16, .exhaustive = true, .ep = m.ep, .fp8 = m.fp8};
   // Recomputation: as given (--checkpoint, --recompute), else each of the search's choices.
   if (m.checkpoint || !m.recompute.none()) {
@@ -254,6 +256,7 @@ void apply_plan_auto(Options& o, const std::vector<std::string>& given) {
                     .experts = o.experts,
                     .topk = o.topk,
                     .moe_every = o.moe_every,
+                    .dense_first = o.dense_first,
                     .shared = o.shared,
                     .groups = o.groups,
                     .topk_groups = o.topk_groups,

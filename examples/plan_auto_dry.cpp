@@ -51,6 +51,7 @@ std::vector<DryRanked> dry_rank(const PlanModel& m, const std::vector<dtensor::s
     base.moe.router.topk = m.topk;
     if (m.capacity > 0) base.moe.router.capacity_factor = m.capacity;
     base.moe.every = m.moe_every;
+    base.moe.dense_first = m.dense_first;
     base.moe.shared = m.shared;
     base.moe.router.groups = m.groups;
     base.moe.router.topk_groups = m.topk_groups;

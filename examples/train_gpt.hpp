@@ -171,6 +171,7 @@ inline std::map<std::string, std::string> checkpoint_config(const Options& o, co
   config["model"] = o.arch;
   config["vocabulary"] = models::vocabulary_id(corpus);  // another text's alphabet of the same size is refused
   if (o.experts > 0) config["experts"] = str(o.experts), config["moe_every"] = str(o.moe_every);
+  if (o.experts > 0 && o.dense_first > 0) config["dense_first"] = str(o.dense_first);  // which blocks have experts
   if (o.shared > 0) config["shared_experts"] = str(o.shared);  // their parameters are the checkpoint's
   cli::add_sync_config(o, config);
   return config;
@@ -182,9 +183,9 @@ template <class Compute, class Trainer>
 void print_header(const Options& o, const Corpus& corpus, Trainer& trainer, std::int64_t parameters) {
   cli::print_mesh_line(o, o, o.program(),
                        std::is_same_v<Compute, float> ? "f32"
-                       : o.dtype == "fp8"             ? "fp8 (E4M3/E5M2 Linear GEMMs, host emulation; bf16 elsewhere; "
-                                                        "fp32 master weights and AdamW state)"
-                                                      : "bf16 (fp32 master weights and AdamW state)");
+                       : o.dtype == "fp8" ? "fp8 (E4M3/E5M2 Linear and expert GEMMs, host emulation; bf16 elsewhere; "
+                                            "fp32 master weights and AdamW state)"
+                                          : "bf16 (fp32 master weights and AdamW state)");
   std::printf(
       "schedule %s: %d micro-batches over %d stages; model: %lld layers, dim %lld, %lld heads, seq %lld, "
       "batch %lld, vocab %zu",
@@ -309,7 +310,8 @@ void run_rank(CommPtr world, const Options& o, const Corpus& corpus) {
 /// once over the ranks; more than this process may hold is an error naming the sizes. A lower
 /// bound: it never refuses a job that fits. MPI ranks are processes: each needs its share.
 inline void check_memory_estimate(const Options& o, const Corpus& corpus) {
-  const long double params = models::approx_parameter_count(gpt_config(o, corpus), o.experts, o.moe_every);
+  const long double params =
+      models::approx_parameter_count(gpt_config(o, corpus), o.experts, o.moe_every, o.dense_first);
   const long double activations = (long double)o.batch * (long double)o.seq * (long double)o.dim;
   const std::string sizes =
       examples::cat("the model has about ", train::formatted("%.3Lg", params), " parameters (--layers ", o.layers,

@@ -172,14 +172,14 @@ struct MeshCase {
 const MeshCase mesh_cases[] = {
     {"EP=2", {2, 1}, 2}, {"EP=4", {4, 1}, 4}, {"EP=2 x DP=2", {4, 1}, 2}, {"EP=2 x TP=2", {2, 2}, 2}};
 
-/// Every mesh case gives the one-rank run's results.
-void check_parity(const nn::MoEConfig& c, bool zero_router = false) {
+/// Every mesh case gives the one-rank run's results (within tol).
+void check_parity(const nn::MoEConfig& c, bool zero_router = false, double tol = 1e-12) {
   const auto ref = reference(c, zero_router);
   for (const auto& m : mesh_cases) {
     INFO(m.name << ", " << c.router.experts << " experts, top-" << c.router.topk);
     auto f = on_ranks(m.dense[0] * m.dense[1], [&](CommPtr world, auto report) {
       Dense dense(world, m.dense);
-      report(compare_moe(run_moe(dense, parallel::make_expert_mesh<EMesh>(dense, m.ep), c, zero_router), ref));
+      report(compare_moe(run_moe(dense, parallel::make_expert_mesh<EMesh>(dense, m.ep), c, zero_router), ref, tol));
     });
     CHECK(f.empty());
     for (auto& e : f) WARN(e);
@@ -903,4 +903,204 @@ TEST_CASE("nn::add_unit of a module part: its parameters on the named mesh only"
     CHECK(names.size() == 4);
     CHECK(units[0].group->name() == "experts");
   });
+}
+
+namespace {
+
+/// c [m, n] = op(a) op(b) of FP8 values, in double: a quantized to FA by sa and b to FB by sb as
+/// kernels::host::quantize does (float(float(v) * s), then the satfinite conversion), the
+/// products of the FP8 values summed, divided by the scales. a is [m, k] ([k, m] with ta), b
+/// [k, n] ([n, k] with tb), row-major.
+template <class FA, class FB>
+std::vector<double> fp8_product(const double* a, float sa, const double* b, float sb, Extent m, Extent n, Extent k,
+                                bool ta, bool tb) {
+  const auto q = [](auto f8, double v, float s) { return double(float(decltype(f8)(float(float(v) * s)))); };
+  std::vector<double> c(std::size_t(m * n), 0.0);
+  for (Extent i = 0; i < m; ++i)
+    for (Extent j = 0; j < n; ++j) {
+      double sum = 0;
+      for (Extent p = 0; p < k; ++p)
+        sum += q(FA{}, ta ? a[p * m + i] : a[i * k + p], sa) * q(FB{}, tb ? b[j * k + p] : b[p * n + j], sb);
+      c[std::size_t(i * n + j)] = sum / double(sa) / double(sb);
+    }
+  return c;
+}
+/// The delayed-scaling recipe's first scale of n values: fp8_max / max |float(v)|.
+template <class F8>
+float first_scale(const double* v, Extent n) {
+  float m = 0;
+  for (Extent i = 0; i < n; ++i) m = std::max(m, std::abs(float(v[i])));
+  return F8::max_value() / m;
+}
+/// "" or where got [m, n] (a pitch-n view at `got`) differs from want beyond 1e-5 (the fp32
+/// summation of the emulation against the double sum here, on values of order 1).
+std::string close_to(const double* got, const std::vector<double>& want, const char* what) {
+  for (std::size_t i = 0; i < want.size(); ++i)
+    if (!(std::abs(got[i] - want[i]) <= 1e-5 * (1 + std::abs(want[i]))))
+      return detail::cat(what, "[", i, "]: ", got[i], " vs the FP8 reference ", want[i]);
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("MoE FP8: every expert GEMM is the FP8 emulation with its expert's own delayed scales", "[moe][fp8]") {
+  // SwiGLU experts on one rank, 3 experts with 3, 0 and 5 rows: under nn::Fp8Autocast each of the
+  // five GEMMs per expert (h = x w1^T, up = x w3^T, y = a w2^T; dA = dY W2, dX = dH W1 + dUp W3;
+  // dW1 = dH^T X, dW3 = dUp^T X, dW2 = dY^T A) equals the product of the FP8 values, E4M3 x E4M3
+  // forward and E5M2 x E4M3 backward, with per-expert scales (each expert's own amax: the first
+  // use's scale), against a double sum; a second forward of 3 x the rows quantizes with the first
+  // use's scales (delayed: its large values saturate).
+  using Experts = nn::GroupedExperts<double, EMesh, nn::ExpertFfn::swiglu>;
+  using E4 = float8_e4m3;
+  using E5 = float8_e5m2;
+  constexpr Extent E = 3, D = 8, F = 12, M = 8;
+  const std::vector<std::int64_t> rows{3, 0, 5};
+  const std::vector<Extent> first{0, 3, 3};
+  const auto x = normal<double>(Shape<2>{M, D}, 31);
+  const auto dy = normal<double>(Shape<2>{M, D}, 32);
+  auto x3 = x;
+  for (Extent i = 0; i < x3.numel(); ++i) x3[i] *= 3;
+  threads::run(1, [&](CommPtr w) {
+    Dense dense(w, {1, 1});
+    auto emesh = parallel::make_expert_mesh<EMesh>(dense, 1);
+    Experts ex("ex", emesh, {.experts = E, .dim = D, .hidden = F, .init_std = 0.5, .out_std = 0.5}, 7);
+    const auto y_unquantized = ex.forward(x, rows).y;  // before the autocast: no FP8
+    const nn::Fp8Autocast fp8;
+    auto [y, saved] = ex.forward(x, rows);
+    REQUIRE(saved.fp8.size() == std::size_t(E));
+    const auto a = kernels::mul(kernels::silu(saved.h), saved.up);
+    auto [w1, w3, w2] = ex.parameters();
+    const double* W1 = w1.value().to_local().data();
+    const double* W3 = w3.value().to_local().data();
+    const double* W2 = w2.value().to_local().data();
+    const std::vector<float> none(std::size_t{E}, 0.f);
+    auto sx = none, sw1 = none, sw3 = none, sw2 = none;
+    double differs = 0;
+    for (Extent e = 0; e < E; ++e) {
+      INFO("expert " << e);
+      const Extent m = rows[std::size_t(e)], r = first[std::size_t(e)];
+      sw1[std::size_t(e)] = first_scale<E4>(W1 + e * F * D, F * D);
+      sw3[std::size_t(e)] = first_scale<E4>(W3 + e * F * D, F * D);
+      sw2[std::size_t(e)] = first_scale<E4>(W2 + e * D * F, D * F);
+      CHECK(saved.fp8[std::size_t(e)].w1 == sw1[std::size_t(e)]);
+      CHECK(saved.fp8[std::size_t(e)].w2 == sw2[std::size_t(e)]);
+      if (m == 0) continue;
+      sx[std::size_t(e)] = first_scale<E4>(x.data() + r * D, m * D);
+      const float sa = first_scale<E4>(a.data() + r * F, m * F);
+      CHECK(saved.fp8[std::size_t(e)].x == sx[std::size_t(e)]);
+      CHECK(saved.fp8[std::size_t(e)].a == sa);
+      CHECK(close_to(saved.h.data() + r * F,
+                     fp8_product<E4, E4>(x.data() + r * D, sx[std::size_t(e)], W1 + e * F * D, sw1[std::size_t(e)], m,
+                                         F, D, false, true),
+                     "h") == "");
+      CHECK(close_to(saved.up.data() + r * F,
+                     fp8_product<E4, E4>(x.data() + r * D, sx[std::size_t(e)], W3 + e * F * D, sw3[std::size_t(e)], m,
+                                         F, D, false, true),
+                     "up") == "");
+      CHECK(
+          close_to(y.data() + r * D,
+                   fp8_product<E4, E4>(a.data() + r * F, sa, W2 + e * D * F, sw2[std::size_t(e)], m, D, F, false, true),
+                   "y") == "");
+      for (Extent i = r * D; i < (r + m) * D; ++i) differs = std::max(differs, std::abs(y[i] - y_unquantized[i]));
+    }
+    CHECK(differs > 1e-3);  // the GEMMs did quantize
+    const auto h = saved.h;
+    auto [dx, ctx] = ex.backward_input(std::move(saved), dy);
+    const auto silu_h = kernels::silu(h);
+    const auto dh = ctx.dh, dup = ctx.dup;
+    auto sdy = none, sdh = none, sdup = none;
+    for (Extent e = 0; e < E; ++e) {
+      const Extent m = rows[std::size_t(e)], r = first[std::size_t(e)];
+      if (m == 0) continue;
+      INFO("expert " << e);
+      sdy[std::size_t(e)] = first_scale<E5>(dy.data() + r * D, m * D);
+      sdh[std::size_t(e)] = first_scale<E5>(dh.data() + r * F, m * F);
+      sdup[std::size_t(e)] = first_scale<E5>(dup.data() + r * F, m * F);
+      CHECK(ctx.fp8[std::size_t(e)].dy == sdy[std::size_t(e)]);
+      CHECK(ctx.fp8[std::size_t(e)].dh == sdh[std::size_t(e)]);
+      CHECK(ctx.fp8[std::size_t(e)].dup == sdup[std::size_t(e)]);
+      // dUp = dA silu(h), dA = dY W2 (FP8).
+      auto dup_want = fp8_product<E5, E4>(dy.data() + r * D, sdy[std::size_t(e)], W2 + e * D * F, sw2[std::size_t(e)],
+                                          m, F, D, false, false);
+      for (Extent i = 0; i < m * F; ++i) dup_want[std::size_t(i)] *= silu_h[r * F + i];
+      CHECK(close_to(dup.data() + r * F, dup_want, "dup") == "");
+      auto dx_want = fp8_product<E5, E4>(dh.data() + r * F, sdh[std::size_t(e)], W1 + e * F * D, sw1[std::size_t(e)], m,
+                                         D, F, false, false);
+      const auto dx_up = fp8_product<E5, E4>(dup.data() + r * F, sdup[std::size_t(e)], W3 + e * F * D,
+                                             sw3[std::size_t(e)], m, D, F, false, false);
+      for (std::size_t i = 0; i < dx_want.size(); ++i) dx_want[i] += dx_up[i];
+      CHECK(close_to(dx.data() + r * D, dx_want, "dx") == "");
+    }
+    const auto a_ctx = ctx.a;
+    ex.backward_weight(std::move(ctx));
+    const auto g1 = w1.grad_local(), g3 = w3.grad_local(), g2 = w2.grad_local();
+    for (Extent e = 0; e < E; ++e) {
+      const Extent m = rows[std::size_t(e)], r = first[std::size_t(e)];
+      INFO("expert " << e);
+      if (m == 0) {  // no rows: zero gradients
+        for (Extent i = e * F * D; i < (e + 1) * F * D; ++i) CHECK((g1[i] == 0 && g3[i] == 0 && g2[i] == 0));
+        continue;
+      }
+      const float sa = first_scale<E4>(a_ctx.data() + r * F, m * F);
+      CHECK(close_to(g1.data() + e * F * D,
+                     fp8_product<E5, E4>(dh.data() + r * F, sdh[std::size_t(e)], x.data() + r * D, sx[std::size_t(e)],
+                                         F, D, m, true, false),
+                     "dW1") == "");
+      CHECK(close_to(g3.data() + e * F * D,
+                     fp8_product<E5, E4>(dup.data() + r * F, sdup[std::size_t(e)], x.data() + r * D, sx[std::size_t(e)],
+                                         F, D, m, true, false),
+                     "dW3") == "");
+      CHECK(close_to(g2.data() + e * D * F,
+                     fp8_product<E5, E4>(dy.data() + r * D, sdy[std::size_t(e)], a_ctx.data() + r * F, sa, D, F, m,
+                                         true, false),
+                     "dW2") == "");
+    }
+    // The second use: x's scale is the first use's (delayed), so 3 x saturates where x was near its amax.
+    auto second = ex.forward(x3, rows);
+    for (Extent e : {Extent(0), Extent(2)}) {
+      INFO("expert " << e << ", second use");
+      const Extent m = rows[std::size_t(e)], r = first[std::size_t(e)];
+      CHECK(second.saved.fp8[std::size_t(e)].x == sx[std::size_t(e)]);
+      CHECK(close_to(second.saved.h.data() + r * F,
+                     fp8_product<E4, E4>(x3.data() + r * D, sx[std::size_t(e)], W1 + e * F * D, sw1[std::size_t(e)], m,
+                                         F, D, false, true),
+                     "h") == "");
+    }
+  });
+}
+
+TEST_CASE("MoE FP8: EP=2 and EP=4 (with DP, TP) match the one-rank FP8 MoE; the amaxes all-reduced over edp",
+          "[moe][fp8][parity]") {
+  // Under nn::Fp8Autocast the router (an nn::Linear) and the experts compute in FP8. Every mesh
+  // quantizes as one rank does (the router's amaxes over dp, the experts' rows' per expert over
+  // "edp"), so the runs equal the one-rank FP8 run up to the fp32 summation order (1e-6).
+  const auto c = config(4, 2);
+  const auto bf16_ref = reference(c);
+  const nn::Fp8Autocast fp8;
+  const auto fp8_ref = reference(c);
+  CHECK(compare_moe(fp8_ref, bf16_ref, 1e-4) != "");  // FP8 quantized
+  // The output in FP8 close to the unquantized one: the relative norm of the difference (E4M3's
+  // 3 mantissa bits; the FP8 router may also pick other experts for a near tie): 0.059 when written.
+  double diff = 0, norm = 0;
+  for (Extent i = 0; i < bf16_ref.y.numel(); ++i)
+    diff += std::pow(fp8_ref.y[i] - bf16_ref.y[i], 2), norm += std::pow(bf16_ref.y[i], 2);
+  CAPTURE(std::sqrt(diff / norm));
+  CHECK(std::sqrt(diff / norm) < 0.1);
+  check_parity(c, false, 1e-6);
+  check_parity(config(5, 1), false, 1e-6);  // 5 experts over ep 2 and 4: 3 + 2, 2 + 2 + 1 + 0
+  // EP=2 x DP=2 ("edp" 2): forward all-reduces x's and then w2's input's amaxes over "edp" (a
+  // float per local expert), backward dy's and then dH's (GELU experts: one hidden gradient).
+  auto f = on_ranks(4, [&](CommPtr world, auto report) {
+    Dense dense(world, {4, 1});
+    auto emesh = parallel::make_expert_mesh<EMesh>(dense, 2);
+    const auto run = run_moe(dense, emesh, c, false, x_full, dy_full, true);
+    const Record amaxes{CollectiveKind::all_reduce, "edp", std::size_t(4 * run.local_experts)};
+    const auto count = [&](const std::vector<Record>& log) { return std::count(log.begin(), log.end(), amaxes); };
+    report(count(run.forward_log) == 2 && count(run.backward_log) == 2
+               ? std::string()
+               : detail::cat("edp amax all-reduces: forward ", count(run.forward_log), ", backward ",
+                             count(run.backward_log), " (want 2, 2)"));
+  });
+  CHECK(f.empty());
+  for (auto& e : f) WARN(e);
 }

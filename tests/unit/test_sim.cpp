@@ -1592,14 +1592,15 @@ TEST_CASE("sim: experts that do not divide over ep: every rank's dry run holds i
   }
 }
 
-TEST_CASE("sim: FP8 GEMMs, dry: the Linears' GEMMs as gemm_fp8, their amax all-reduces as a real step's",
+TEST_CASE("sim: FP8 GEMMs, dry: the Linears' and experts' GEMMs as gemm_fp8, their amax all-reduces as a real step's",
           "[sim][fp8]") {
-  // train_gpt --dtype fp8 (nn::Fp8Autocast: every nn::Linear's three GEMMs in FP8) on meta: the
-  // same GEMM FLOPs as the bf16 step, the Linears' now op "gemm_fp8" (the experts' stay "gemm"),
-  // each operand quantized ("quantize_fp8"), and each amax max-all-reduced over the mesh
-  // dimensions that split its tensor: phase by phase the all-reduces of the same step on 4 rank
-  // threads (the MoE step of the test above: its routing, and so its all-to-all bytes, are the
-  // data's on threads and balanced on meta; its all-reduces are not).
+  // train_gpt --dtype fp8 (nn::Fp8Autocast: every nn::Linear's three GEMMs and the routed
+  // experts' in FP8) on meta: the same GEMM FLOPs as the bf16 step, all now op "gemm_fp8", each
+  // operand quantized ("quantize_fp8"), and each amax max-all-reduced over the mesh dimensions
+  // that split its tensor (the experts': their rows' per expert over "edp"): phase by phase the
+  // all-reduces of the same step on 4 rank threads (the MoE step of the test above: its routing,
+  // and so its all-to-all bytes, are the data's on threads and balanced on meta; its all-reduces
+  // are not).
   constexpr Extent dim = 32, experts = 5, layers = 2;
   using MetaLayers = models::MoELayers<dtensor::bfloat16, MetaMesh<"edp", "ep", "tp">>;
   using HostLayers = models::MoELayers<dtensor::bfloat16, DeviceMesh<"edp", "ep", "tp">>;
@@ -1650,13 +1651,18 @@ TEST_CASE("sim: FP8 GEMMs, dry: the Linears' GEMMs as gemm_fp8, their amax all-r
     CHECK(flops(dry_fp8[r], "gemm_fp8") > 0);
     CHECK(flops(dry_fp8[r], "quantize_fp8") > 0);
     CHECK(flops(dry_fp8[r], "gemm") + flops(dry_fp8[r], "gemm_fp8") == flops(dry_bf16[r], "gemm"));
-    CHECK(flops(dry_fp8[r], "gemm") > 0);  // the experts'
+    CHECK(flops(dry_fp8[r], "gemm") == 0);  // the experts' too (attention is fused: no batched GEMM)
     CHECK(flops(dry_bf16[r], "gemm_fp8") == 0);
     CHECK(all_reduces(dry_fp8[r]) == all_reduces(real[r]));
     // The amaxes: per Linear x's in its forward and dy's in its backward over the data ranks
     // (tp 1: the weights are whole), for the attention's two Linears and the router in each
-    // block, and the head.
-    CHECK(all_reduces(dry_fp8[r]).size() == all_reduces(dry_bf16[r]).size() + 2 * (3 * layers + 1));
+    // block, and the head; per MoE block the experts' rows' over "edp" (dp 4 / ep 2): x and w2's
+    // input forward, dy and the hidden gradient backward, a float per local expert (3 or 2).
+    CHECK(all_reduces(dry_fp8[r]).size() == all_reduces(dry_bf16[r]).size() + 2 * (3 * layers + 1) + 4 * layers);
+    const std::string edp_amaxes = detail::cat(" edp ", 4 * (r % 2 == 0 ? 3 : 2));
+    std::size_t edp = 0;
+    for (const auto& a : all_reduces(dry_fp8[r])) edp += a.ends_with(edp_amaxes) ? 1 : 0;
+    CHECK(edp == 4 * layers);
   }
   // The time model charges them, and an A100 refuses them.
   const auto step = [&](const std::vector<sim::RankReport>& reports, const sim::Hardware& hw) {
@@ -2414,6 +2420,79 @@ TEST_CASE("sim: expert parallelism in the search: ep > 1 first where the experts
           llama_moe.params() - double(llama_moe.layers) * llama_moe.experts * llama_moe.expert_params();
       CHECK(held == Approx(2 * (dense + expert_share)).epsilon(0.001));
     }
+  }
+  // --dense-first (DeepSeek-V3's first 3 of 61 blocks dense): the dry run builds the first blocks
+  // with the dense feed-forward, the analytic counts moe_layers() = 3 of 4; the parameters a rank
+  // holds add up to its formula; a plan without a MoE block left is refused.
+  {
+    auto first_dense = llama_moe;
+    first_dense.dense_first = 1;
+    CHECK(first_dense.moe_layers() == 3);
+    models::TrainingPlan plan{
+        .model = {.vocab = 512, .seq = 1024, .dim = 1024, .heads = 8, .layers = 4, .kv_heads = 2, .ffn = 2048},
+        .batch = 4,
+        .microbatches = 2,
+        .dp = 2};
+    plan.moe.router.experts = 8;
+    plan.moe.router.topk = 2;
+    plan.moe.hidden = 512;
+    plan.moe.shared = 2;
+    plan.moe.dense_first = 1;
+    plan.ep = 2;
+    using Layers = models::MoELayers<dtensor::bfloat16, MetaMesh<"edp", "ep", "tp">, models::LlamaLayers>;
+    const auto classes = models::dry_run_plan<dtensor::bfloat16, Layers, true>(plan);
+    const double held = double(
+        classes.front().report.phase(sim::RankReport::construction_phase).end[std::size_t(MemoryTag::parameters)]);
+    const double expert_params = first_dense.expert_params() * double(first_dense.experts);
+    const double dense = first_dense.params() - 3 * expert_params;
+    CHECK(held == Approx(2 * (dense + 3 * expert_params / 2)).epsilon(0.001));
+    CHECK(first_dense.params() < llama_moe.params());
+    // A pipeline stage whose blocks are all dense (pp 2, the first 2 of 4 dense: stage 0) holds no
+    // expert: the experts' FSDP there shards nothing (fully_shard refused "the model has no units").
+    auto staged = plan;
+    staged.pp = 2, staged.moe.dense_first = 2;
+    CHECK_NOTHROW(models::dry_run_plan<dtensor::bfloat16, Layers, true>(staged));
+    staged.zero = 3;
+    CHECK_NOTHROW(models::dry_run_plan<dtensor::bfloat16, Layers, true>(staged));
+    first_dense.dense_first = 4;
+    CHECK_THROWS_WITH(
+        sim::analytic_estimate(first_dense, {.batch = 4, .microbatch = 1, .dp = 2, .ep = 2}, sim::Hardware{}),
+        Catch::Contains("at least one MoE block"));
+  }
+  // FP8 (--dtype fp8): every Linear's and expert's GEMM as gemm_fp8 (parallel/experts.hpp), on an
+  // H100 (the default device has no FP8 peak). The analytic counts the experts' as the Linears'
+  // (the one-byte GEMM, its quantizing and amax passes, the rows' amax all-reduces over "edp"): it
+  // follows the dry run as in bf16, and so does what FP8 saves.
+  {
+    const auto h100 = sim::device("h100");
+    models::TrainingPlan plan{
+        .model = {.vocab = 512, .seq = 1024, .dim = 1024, .heads = 8, .layers = 4, .kv_heads = 2, .ffn = 2048},
+        .batch = 16,
+        .microbatches = 2,
+        .dp = 8};
+    plan.moe.router.experts = 8;
+    plan.moe.router.topk = 2;
+    plan.moe.hidden = 512;
+    plan.moe.shared = 2;
+    plan.ep = 2;
+    using Layers = models::MoELayers<dtensor::bfloat16, MetaMesh<"edp", "ep", "tp">, models::LlamaLayers>;
+    const auto step = [&](bool fp8) {
+      plan.fp8 = fp8;
+      const auto classes = models::dry_run_plan<dtensor::bfloat16, Layers, true>(plan);
+      std::vector<sim::ClassInput> inputs;
+      for (const auto& k : classes) inputs.push_back({&k.report, k.pipeline_ranks});
+      const double dry =
+          sim::estimate_plan(inputs, models::plan_topology(plan, h100), models::detail::plan_schedule(plan))
+              .step_seconds;
+      const sim::PlanShape p{.batch = plan.batch, .microbatch = 1, .dp = 8, .ep = 2, .fp8 = fp8};
+      return std::pair{dry, sim::analytic_estimate(llama_moe, p, h100).step_seconds};
+    };
+    const auto [dry_bf16, a_bf16] = step(false);
+    const auto [dry_fp8, a_fp8] = step(true);
+    CAPTURE(dry_bf16, a_bf16, dry_fp8, a_fp8);
+    CHECK(a_fp8 == Approx(dry_fp8).epsilon(0.25));
+    CHECK(a_fp8 / a_bf16 == Approx(dry_fp8 / dry_bf16).epsilon(0.05));
+    CHECK(dry_fp8 != dry_bf16);
   }
 
   // Bad expert parallelism: more ranks than experts, not dividing the token ranks, without experts.

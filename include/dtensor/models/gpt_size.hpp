@@ -14,11 +14,12 @@ namespace dtensor::models {
 
 /// The parameters of models::GPTConfig `cfg`: per block the attention's 4 dim x dim projections (GQA's
 /// smaller KV ones counted whole) and an MLP of 2 dim x ffn matrices (`experts` of them in every
-/// `moe_every`-th block when experts > 0), and the token and position tables.
-inline long double approx_parameter_count(const models::GPTConfig& cfg, Extent experts = 0, Extent moe_every = 1) {
+/// `moe_every`-th block after the first `dense_first` when experts > 0), and the token and position tables.
+inline long double approx_parameter_count(const models::GPTConfig& cfg, Extent experts = 0, Extent moe_every = 1,
+                                          Extent dense_first = 0) {
   const long double d = (long double)cfg.dim, layers = (long double)cfg.layers;
   const long double ffn = cfg.ffn > 0 ? (long double)cfg.ffn : (long double)cfg.mlp_ratio * d;
-  const long double moe_layers = experts > 0 ? (long double)(cfg.layers / moe_every) : 0.0L;
+  const long double moe_layers = experts > 0 ? (long double)(cfg.layers / moe_every - dense_first / moe_every) : 0.0L;
   const long double mlps = (layers - moe_layers) + moe_layers * (experts > 0 ? (long double)experts : 1.0L);
   return layers * 4.0L * d * d + mlps * 2.0L * d * ffn + ((long double)cfg.vocab + (long double)cfg.seq) * d;
 }

@@ -1,5 +1,5 @@
 // dtensor/models/moe_flags.hpp — a MoE model's command-line flags: --experts E (0: dense MLPs),
-// --topk, --capacity, --shared-experts, --moe-every and group-limited routing (--expert-groups,
+// --topk, --capacity, --shared-experts, --moe-every, --dense-first and group-limited routing (--expert-groups,
 // --topk-groups); their rows of a flag table (train/flag_table.hpp), their
 // checks against the mesh (--ep dividing the token ranks, a capacity CP can keep) and the
 // models::MoELayersConfig they make (models/moe_gpt.hpp).
@@ -22,10 +22,11 @@ using namespace train::cli;
 /// The flags' values (their meaning and defaults: moe_flag_rows).
 struct MoEFlags {
   Extent experts = 0, topk = 2, moe_every = 1;  // 0 experts: dense MLPs
+  Extent dense_first = 0;                       // the first blocks dense (DeepSeek-V3's first 3)
   Extent shared = 0;                            // shared experts (DeepSeek's)
   Extent groups = 1, topk_groups = 0;           // group-limited routing (nn/router.hpp); 0: no limit
   double capacity = 0;                          // 0: dropless
-  bool tuned = false;                           // --topk, --capacity or --moe-every given
+  bool tuned = false;                           // a flag below --experts given
 };
 
 template <class O>
@@ -45,6 +46,8 @@ FlagTable<O> moe_flag_rows() {
        marking(integer(&M::shared, 1), &M::tuned)},
       {"--moe-every", "N", "--experts: every N-th block a MoE block (default 1: all)",
        marking(integer(&M::moe_every, 1), &M::tuned)},
+      {"--dense-first", "N", "--experts: the first N blocks dense, whatever --moe-every (default 0; DeepSeek-V3: 3)",
+       marking(integer(&M::dense_first, 0), &M::tuned)},
       {"--expert-groups", "G",
        "--experts: G groups of E / G consecutive experts for --topk-groups (default 1; G = --ep: a group per "
        "expert rank)",
@@ -63,7 +66,8 @@ inline void check_moe_flags(const MoEFlags& o, const MeshFlags& mesh, Extent lay
   // A MoE flag without experts would be ignored: the user meant a MoE model and trains a dense one.
   if (o.experts == 0 && o.tuned)
     throw UsageError(
-        "--topk, --moe-every, --capacity, --shared-experts, --expert-groups and --topk-groups have no effect without "
+        "--topk, --moe-every, --dense-first, --capacity, --shared-experts, --expert-groups and --topk-groups have no "
+        "effect without "
         "--experts E");
   if (o.experts == 0) return;
   if (o.topk > o.experts) throw UsageError("--topk " + str(o.topk) + " exceeds --experts " + str(o.experts));
@@ -77,6 +81,9 @@ inline void check_moe_flags(const MoEFlags& o, const MeshFlags& mesh, Extent lay
   if (o.moe_every > layers)  // no block would be a MoE: a dense model under a MoE banner
     throw UsageError("--moe-every " + str(o.moe_every) + " exceeds --layers " + str(layers) +
                      ": no block would have experts");
+  if (o.dense_first >= layers || (layers / o.moe_every - o.dense_first / o.moe_every) < 1)
+    throw UsageError("--dense-first " + str(o.dense_first) + " with --moe-every " + str(o.moe_every) + " of --layers " +
+                     str(layers) + ": no block would have experts");
   // The experts' ranks factor the ranks that split the tokens: data x context. Any --experts over
   // --ep: they split like an uneven Shard (5 over 2: 3 + 2; parallel/experts.hpp).
   const int token_ranks = mesh.dp * mesh.fsdp * mesh.cp;
@@ -100,6 +107,7 @@ inline models::MoELayersConfig moe_layers_config(const MoEFlags& o) {
   mc.router.topk_groups = o.topk_groups;
   if (o.capacity > 0) mc.router.capacity_factor = o.capacity;
   mc.every = o.moe_every;
+  mc.dense_first = o.dense_first;
   mc.shared = o.shared;
   return mc;
 }

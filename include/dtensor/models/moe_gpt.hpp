@@ -187,6 +187,7 @@ struct MoELayersConfig {
   nn::RouterConfig router;  // experts, topk, capacity factor, loss coefficients
   Extent hidden = 0;        // each expert's width; 0: the dense feed-forward's (ffn, or mlp_ratio x dim)
   Extent every = 1;      // block l is MoE when (l + 1) % every == 0: 1 all, 2 every other (1, 3, ...)
+  Extent dense_first = 0;  // and l >= dense_first: the first blocks dense (DeepSeek-V3: 3 of 61)
   Extent shared = 0;  // shared experts (DeepSeek's): one dense feed-forward of shared x hidden beside the routed ones
 };
 
@@ -209,14 +210,14 @@ class MoELayers {
   MoELayers() = default;
   MoELayers(EMesh emesh, MoELayersConfig c) : emesh_(std::move(emesh)), c_(c) {
     nn::check_router_config(c.router, "models::MoELayers", emesh_.rank());
-    if (c.every < 1 || c.hidden < 0 || c.shared < 0)
+    if (c.every < 1 || c.hidden < 0 || c.shared < 0 || c.dense_first < 0)
       throw Error("models::MoELayers",
-                  dtensor::detail::cat("every ", c.every, " must be >= 1, hidden ", c.hidden, " and shared ", c.shared,
-                                       " >= 0"),
+                  dtensor::detail::cat("every ", c.every, " must be >= 1, hidden ", c.hidden, ", shared ", c.shared,
+                                       " and dense_first ", c.dense_first, " >= 0"),
                   emesh_.rank());
   }
 
-  bool is_moe(Extent layer) const noexcept { return (layer + 1) % c_.every == 0; }
+  bool is_moe(Extent layer) const noexcept { return layer >= c_.dense_first && (layer + 1) % c_.every == 0; }
 
   template <class Block, class Mesh>
   Block make_block(Extent layer, std::string name, const Mesh& mesh, const nn::BlockConfig& given,

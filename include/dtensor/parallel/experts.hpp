@@ -19,19 +19,43 @@
 // same experts.
 // Rows are local tensors (what dispatch delivered), not DTensors: their count depends on the
 // routing. backward_weight adds gradients that are Partial<sum> on the data dimension
-// (parallel::expert_grads). No communication here. Any memory space (the expert mesh's): every
-// expert's rows and weights are views into the grouped tensors, run through the space's kernels.
+// (parallel::expert_grads). No communication here but FP8's amaxes (below). Any memory space (the
+// expert mesh's): every expert's rows and weights are views into the grouped tensors, run through
+// the space's kernels.
+//
+// FP8 (docs/fp8.md, "The routed experts"): while an nn::Fp8Autocast lives, every expert GEMM is
+// an FP8 Linear's (nn/linear.hpp): forward x W^T in E4M3 x E4M3, dX = dY W and dW = dY^T X with
+// dY in E5M2, the same host emulation (nn::detail::Fp8LinearKernels) and delayed-scaling recipe.
+// Scales are per expert and per tensor: each local expert keeps an nn::Fp8LinearScaling per
+// weight (w1, w3, w2; GELU: fc1, fc2), so an expert's rows are quantized by their own amax, not
+// by the busiest expert's (DeepSeek-V3 scales finer still: 1 x 128 activation tiles and 128 x 128
+// weight blocks, current rather than delayed; not done here). An expert's rows lie on one rank
+// of each "ep" group but on every "edp" rank: their amaxes (a vector of one float per local
+// expert) are max-all-reduced over "edp" — two all-reduces in the forward (x, then w2's input)
+// and two in backward_input (dY, then the two hidden gradients together; GELU: one) — so every
+// mesh quantizes as one rank does. Every local expert records every use, rows or none (an amax
+// of 0 keeps its scale), so the histories agree on every mesh too. The weights are whole on their
+// rank: no all-reduce. dX = dH W1 + dUp W3 is two FP8 GEMMs summed in T. Host and meta (the dry
+// run records the amax passes, the all-reduces and the quantizing GEMMs as kernels/meta/fp8.hpp's
+// "amax", "quantize_fp8", "gemm_fp8", scale 1); a GPU tensor under FP8 is an Error.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <initializer_list>
+#include <limits>
+#include <span>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "dtensor/kernels/activations.hpp"
 #include "dtensor/kernels/elementwise.hpp"
 #include "dtensor/kernels/matmul.hpp"
+#include "dtensor/kernels/meta/fp8.hpp"
 #include "dtensor/nn/expert_ffn.hpp"
+#include "dtensor/nn/fp8_recipe.hpp"
 #include "dtensor/nn/module.hpp"
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/nn/style.hpp"
@@ -57,15 +81,22 @@ class GroupedExperts {
   static constexpr ExpertFfn ffn = F;
   static constexpr bool gated = F == ExpertFfn::swiglu;
 
+  /// A local expert's FP8 scales of one use (0: not FP8): the forward's for its input x, w2's
+  /// input a and the weights, backward_input's for the output gradients (dy of w2, dh of w1, dup of w3).
+  struct Fp8Scales {
+    float x = 0, a = 0, w1 = 0, w3 = 0, w2 = 0, dy = 0, dh = 0, dup = 0;
+  };
   struct Saved {
     Rows x, h;  // the input rows and fc1's output (SwiGLU: the gate's, x w1)
     Rows up;    // SwiGLU: x w3
     std::vector<std::int64_t> rows;
+    std::vector<Fp8Scales> fp8;  // per local expert under FP8, else empty
   };
   struct WeightCtx {
     Rows x, a, dy, dh;  // input, activation (w2's input), output gradient, fc1's (the gate's) output gradient
     Rows dup;           // SwiGLU: the up projection's output gradient
     std::vector<std::int64_t> rows;
+    std::vector<Fp8Scales> fp8;  // the forward's and backward_input's, per local expert under FP8
   };
 
   GroupedExperts() = default;
@@ -93,23 +124,35 @@ class GroupedExperts {
   Fwd<Rows, Saved> forward(Rows x, std::vector<std::int64_t> rows) const {
     check_rows("nn::GroupedExperts::forward", x, rows);
     const Extent C = c_.dim, H = c_.hidden, M = total(rows);
-    Saved s{std::move(x), Rows::uninitialized(Shape<2>{M, H}), gated ? Rows::uninitialized(Shape<2>{M, H}) : Rows(),
-            std::move(rows)};
+    Saved s{std::move(x),
+            Rows::uninitialized(Shape<2>{M, H}),
+            gated ? Rows::uninitialized(Shape<2>{M, H}) : Rows(),
+            std::move(rows),
+            {}};
+    const bool fp8 = use_fp8();
+    if (fp8) {
+      s.fp8.resize(std::size_t(local_experts()));
+      weight_scales(s.fp8);
+      row_scales(s.fp8, s.rows, {RowUse{Fp8Role::input, &s.x, 0, &Fp8Scales::x, gated ? 1 : -1}});
+    }
     each_expert(s.rows, [&](Extent le, Extent first, Extent m) {
+      const Fp8Scales f = fp8 ? s.fp8[std::size_t(le)] : Fp8Scales{};
       auto h = rows_of(s.h, first, m);
-      kernels::matmul_rows_into(h, rows_of(s.x, first, m), weight(w1_, le, H, C), false, true);
+      forward_gemm(h, rows_of(s.x, first, m), f.x, weight(w1_, le, H, C), f.w1);
       if constexpr (gated) {
         auto up = rows_of(s.up, first, m);
-        kernels::matmul_rows_into(up, rows_of(s.x, first, m), weight(w3_, le, H, C), false, true);
+        forward_gemm(up, rows_of(s.x, first, m), f.x, weight(w3_, le, H, C), f.w3);
       } else {
         kernels::add_bias_(h, bias(b1_, le, H));
       }
     });
     const auto a = activation(s);
+    if (fp8) row_scales(s.fp8, s.rows, {RowUse{Fp8Role::input, &a, 2, &Fp8Scales::a}});
     auto y = Rows::uninitialized(Shape<2>{M, C});
     each_expert(s.rows, [&](Extent le, Extent first, Extent m) {
+      const Fp8Scales f = fp8 ? s.fp8[std::size_t(le)] : Fp8Scales{};
       auto out = rows_of(y, first, m);
-      kernels::matmul_rows_into(out, rows_of(a, first, m), weight(w2_, le, C, H), false, true);
+      forward_gemm(out, rows_of(a, first, m), f.a, weight(w2_, le, C, H), f.w2);
       if constexpr (!gated) kernels::add_bias_(out, bias(b2_, le, C));
     });
     return {std::move(y), std::move(s)};
@@ -119,24 +162,39 @@ class GroupedExperts {
   Bwd<Rows, WeightCtx> backward_input(Saved s, const Rows& dy) const {
     check_rows("nn::GroupedExperts::backward_input", dy, s.rows);
     const Extent C = c_.dim, H = c_.hidden;
+    const bool fp8 = !s.fp8.empty();  // as the forward of these rows ran
+    if (fp8) row_scales(s.fp8, s.rows, {RowUse{Fp8Role::grad_output, &dy, 2, &Fp8Scales::dy}});
     auto da = Rows::uninitialized(s.h.shape());
     each_expert(s.rows, [&](Extent le, Extent first, Extent m) {
+      const Fp8Scales f = fp8 ? s.fp8[std::size_t(le)] : Fp8Scales{};
       auto out = rows_of(da, first, m);
-      kernels::matmul_rows_into(out, rows_of(dy, first, m), weight(w2_, le, C, H));  // dA = dY W2
+      grad_input_gemm(out, rows_of(dy, first, m), f.dy, weight(w2_, le, C, H), f.w2, false);  // dA = dY W2
     });
-    WeightCtx w{.x = std::move(s.x), .a = activation(s), .dy = dy, .dh = {}, .dup = {}, .rows = std::move(s.rows)};
+    WeightCtx w{.x = std::move(s.x),
+                .a = activation(s),
+                .dy = dy,
+                .dh = {},
+                .dup = {},
+                .rows = std::move(s.rows),
+                .fp8 = std::move(s.fp8)};
     if constexpr (gated) {
       w.dh = kernels::silu_backward(s.h, kernels::mul(da, s.up));  // d gate = silu'(g) (dA up)
       w.dup = kernels::mul(da, kernels::silu(s.h));                // d up = dA silu(g)
+      if (fp8)
+        row_scales(w.fp8, w.rows,
+                   {RowUse{Fp8Role::grad_output, &w.dh, 0, &Fp8Scales::dh},
+                    {Fp8Role::grad_output, &w.dup, 1, &Fp8Scales::dup}});
     } else {
       w.dh = kernels::gelu_backward(s.h, da);
+      if (fp8) row_scales(w.fp8, w.rows, {RowUse{Fp8Role::grad_output, &w.dh, 0, &Fp8Scales::dh}});
     }
     auto dx = Rows::uninitialized(w.x.shape());
     each_expert(w.rows, [&](Extent le, Extent first, Extent m) {
+      const Fp8Scales f = fp8 ? w.fp8[std::size_t(le)] : Fp8Scales{};
       auto out = rows_of(dx, first, m);
-      kernels::matmul_rows_into(out, rows_of(w.dh, first, m), weight(w1_, le, H, C));  // dX = dH W1
-      if constexpr (gated)                                                             // + dUp W3
-        kernels::matmul_rows_into(out, rows_of(w.dup, first, m), weight(w3_, le, H, C), false, false, T(1), T(1));
+      grad_input_gemm(out, rows_of(w.dh, first, m), f.dh, weight(w1_, le, H, C), f.w1, false);  // dX = dH W1
+      if constexpr (gated)                                                                      // + dUp W3
+        grad_input_gemm(out, rows_of(w.dup, first, m), f.dup, weight(w3_, le, H, C), f.w3, true);
     });
     return {std::move(dx), std::move(w)};
   }
@@ -147,19 +205,21 @@ class GroupedExperts {
     const Extent C = c_.dim, H = c_.hidden, L = local_experts();
     Tensor<T, 3, space> dw1(Shape<3>{L, H, C}), dw2(Shape<3>{L, C, H}), dw3(Shape<3>{gated ? L : 0, H, C});
     Tensor<T, 2, space> db1(Shape<2>{gated ? 0 : L, H}), db2(Shape<2>{gated ? 0 : L, C});
+    const bool fp8 = !w.fp8.empty();
     each_expert(w.rows, [&](Extent le, Extent first, Extent m) {
+      const Fp8Scales f = fp8 ? w.fp8[std::size_t(le)] : Fp8Scales{};
       auto dw1_e = view_of(dw1, le * H * C, Shape<2>{H, C});
       auto dw2_e = view_of(dw2, le * C * H, Shape<2>{C, H});
       if constexpr (gated) {
         auto dw3_e = view_of(dw3, le * H * C, Shape<2>{H, C});
-        kernels::linear_backward_weight(rows_of(w.x, first, m), rows_of(w.dh, first, m), dw1_e);
-        kernels::linear_backward_weight(rows_of(w.x, first, m), rows_of(w.dup, first, m), dw3_e);
-        kernels::linear_backward_weight(rows_of(w.a, first, m), rows_of(w.dy, first, m), dw2_e);
+        grad_weight_gemm(rows_of(w.x, first, m), f.x, rows_of(w.dh, first, m), f.dh, dw1_e, nullptr);
+        grad_weight_gemm(rows_of(w.x, first, m), f.x, rows_of(w.dup, first, m), f.dup, dw3_e, nullptr);
+        grad_weight_gemm(rows_of(w.a, first, m), f.a, rows_of(w.dy, first, m), f.dy, dw2_e, nullptr);
       } else {
         auto db1_e = view_of(db1, le * H, Shape<1>{H});
         auto db2_e = view_of(db2, le * C, Shape<1>{C});
-        kernels::linear_backward_weight(rows_of(w.x, first, m), rows_of(w.dh, first, m), dw1_e, &db1_e);
-        kernels::linear_backward_weight(rows_of(w.a, first, m), rows_of(w.dy, first, m), dw2_e, &db2_e);
+        grad_weight_gemm(rows_of(w.x, first, m), f.x, rows_of(w.dh, first, m), f.dh, dw1_e, &db1_e);
+        grad_weight_gemm(rows_of(w.a, first, m), f.a, rows_of(w.dy, first, m), f.dy, dw2_e, &db2_e);
       }
     });
     const auto& mesh = w1_.mesh();
@@ -197,6 +257,143 @@ class GroupedExperts {
   static Tensor<T, 1, space> bias(const P2& b, Extent le, Extent n) {
     return view_of(b.value().to_local(), le * n, Shape<1>{n});
   }
+  // ---------------------------------------------------------------- FP8 (see the synopsis)
+
+  /// Whether the GEMMs run in FP8 now: under nn::Fp8Autocast, on the host (the emulation) and on
+  /// meta (its costs).
+  static bool use_fp8() {
+    if (!fp8_autocast_enabled()) return false;
+    if constexpr (!std::is_same_v<space, host_space> && holds_data_v<space>)
+      throw Error("nn::GroupedExperts", "FP8 autocast on a GPU tensor: the experts' FP8 GEMMs run on the host only");
+    return true;
+  }
+
+  /// Local expert le's history of `role` for weight g (0: w1 or fc1, 1: w3, 2: w2 or fc2), made
+  /// with the autocast's recipe at the first FP8 use.
+  AmaxHistory& history(Extent le, int g, Fp8Role role) const {
+    if (fp8_.empty()) fp8_.resize(std::size_t(local_experts()) * 3, Fp8LinearScaling(fp8_autocast_recipe()));
+    auto& s = fp8_[std::size_t(le) * 3 + std::size_t(g)];
+    return role == Fp8Role::input ? s.input : role == Fp8Role::weight ? s.weight : s.grad_output;
+  }
+  /// The scale of this use from the history, then amax recorded (nn::Linear's sequence).
+  float scale_and_record(Extent le, int g, Fp8Role role, float amax) const {
+    if (!holds_data_v<space>) return 1.f;  // a dry run: no values
+    AmaxHistory& h = history(le, g, role);
+    const float s = h.scale(amax);
+    h.record(amax);
+    return s;
+  }
+  /// max |t| (a NaN as +inf, as nn::Linear: the all-reduce keeps it on every rank); on meta the
+  /// pass's cost.
+  static float amax_of(const Tensor<T, 2, space>& t) {
+    if constexpr (holds_data_v<space>) {
+      const float a = kernels::host::amax(t.data(), t.numel());
+      return std::isnan(a) ? std::numeric_limits<float>::infinity() : a;
+    } else {
+      kernels::meta::amax<T>(t.numel());
+      return 0;
+    }
+  }
+
+  /// Every local expert's weight scales of this forward (whole on this rank: no all-reduce).
+  void weight_scales(std::vector<Fp8Scales>& f) const {
+    const Extent C = c_.dim, H = c_.hidden;
+    for (Extent le = 0; le < local_experts(); ++le) {
+      auto& e = f[std::size_t(le)];
+      e.w1 = scale_and_record(le, 0, Fp8Role::weight, amax_of(weight(w1_, le, H, C)));
+      if constexpr (gated) e.w3 = scale_and_record(le, 1, Fp8Role::weight, amax_of(weight(w3_, le, H, C)));
+      e.w2 = scale_and_record(le, 2, Fp8Role::weight, amax_of(weight(w2_, le, C, H)));
+    }
+  }
+
+  /// A row tensor quantized for weight g's GEMM in `role`, its scale to `field`; `also`: another
+  /// weight whose GEMM quantizes the same tensor (x for w3), its history kept alike (the same scale).
+  struct RowUse {
+    Fp8Role role;
+    const Rows* t;
+    int g;
+    float Fp8Scales::* field;
+    int also = -1;
+  };
+  /// For each use, per local expert: the amax of that expert's rows, max-all-reduced over "edp"
+  /// (one all-reduce for all the uses), then its scale. Every local expert records, with rows or not.
+  void row_scales(std::vector<Fp8Scales>& f, const std::vector<std::int64_t>& rows,
+                  std::initializer_list<RowUse> uses) const {
+    const Extent L = local_experts();
+    std::vector<float> amax(uses.size() * std::size_t(L), 0.f);
+    std::size_t u = 0;
+    for (const RowUse& use : uses) {
+      each_expert(rows, [&](Extent le, Extent first, Extent m) {
+        amax[u * std::size_t(L) + std::size_t(le)] = amax_of(rows_of(*use.t, first, m));
+      });
+      ++u;
+    }
+    if (L > 0)
+      if (Communicator* g = data_group()) g->all_reduce(std::span<float>(amax), ReduceOp::max);
+    u = 0;
+    for (const RowUse& use : uses) {
+      for (Extent le = 0; le < L; ++le) {
+        const float a = amax[u * std::size_t(L) + std::size_t(le)];
+        f[std::size_t(le)].*use.field = scale_and_record(le, use.g, use.role, a);
+        if (use.also >= 0) scale_and_record(le, use.also, use.role, a);
+      }
+      ++u;
+    }
+  }
+  /// The expert mesh's data dimension ("edp") where it splits the rows, else none.
+  Communicator* data_group() const {
+    if constexpr (has_role<EMesh, Role::data>) {
+      constexpr std::size_t d = role_dim<EMesh, Role::data>;
+      if (w1_.mesh().size(d) > 1) return &w1_.mesh().group(d);
+    }
+    return nullptr;
+  }
+
+  /// FP8 GEMM gemm of the dense row-major a [ra, ca] and b [rb, cb] quantized by sa and sb into c:
+  /// nn::Linear's (detail::Fp8LinearKernels on the host; on meta its records).
+  static void fp8_gemm(Fp8LinearGemm gemm, bool ta, bool tb, const T* a, Extent ra, Extent ca, float sa, const T* b,
+                       Extent rb, Extent cb, float sb, T* c) {
+    if constexpr (holds_data_v<space>) detail::fp8_linear_kernels<T>().gemm(gemm, a, ra, ca, sa, b, rb, cb, sb, c);
+    else {
+      (void)gemm, (void)a, (void)sa, (void)b, (void)sb, (void)c;
+      kernels::meta::gemm_fp8_quantizing<T>(ta, tb, ra, ca, rb, cb);
+    }
+  }
+  /// out = x w^T: x [m, k], w [n, k] (FP8 when sx > 0).
+  static void forward_gemm(Rows& out, const Rows& x, float sx, const Tensor<T, 2, space>& w, float sw) {
+    if (sx > 0)
+      fp8_gemm(Fp8LinearGemm::forward, false, true, x.data(), x.extent(0), x.extent(1), sx, w.data(), w.extent(0),
+               w.extent(1), sw, out.data());
+    else kernels::matmul_rows_into(out, x, w, false, true);
+  }
+  /// out (+)= dy w: dy [m, n], w [n, k]. Accumulating in FP8: the GEMM into a temporary, added in T.
+  static void grad_input_gemm(Rows& out, const Rows& dy, float sdy, const Tensor<T, 2, space>& w, float sw,
+                              bool accumulate) {
+    if (sdy > 0) {
+      const auto gemm = [&](T* c) {
+        fp8_gemm(Fp8LinearGemm::grad_input, false, false, dy.data(), dy.extent(0), dy.extent(1), sdy, w.data(),
+                 w.extent(0), w.extent(1), sw, c);
+      };
+      if (!accumulate) return gemm(out.data());
+      auto product = Rows::uninitialized(out.shape());
+      gemm(product.data());
+      kernels::add_(out, product);
+    } else {
+      kernels::matmul_rows_into(out, dy, w, false, false, T(1), accumulate ? T(1) : T(0));
+    }
+  }
+  /// dw = dy^T x: x [m, k], dy [m, n], dw [n, k]; db = the sum of dy's rows when given (in T).
+  static void grad_weight_gemm(const Rows& x, float sx, const Rows& dy, float sdy, Tensor<T, 2, space>& dw,
+                               Tensor<T, 1, space>* db) {
+    if (sdy > 0) {
+      fp8_gemm(Fp8LinearGemm::grad_weight, true, false, dy.data(), dy.extent(0), dy.extent(1), sdy, x.data(),
+               x.extent(0), x.extent(1), sx, dw.data());
+      if (db) kernels::SpaceGemm<space>::bias_grad_into(*db, dy, false);
+    } else {
+      kernels::linear_backward_weight(x, dy, dw, db);
+    }
+  }
+
   /// Rows [first, first + m) of a [rows, cols] tensor, as a view.
   static Rows rows_of(const Rows& t, Extent first, Extent m) {
     return view_of(t, first * t.extent(1), Shape<2>{m, t.extent(1)});
@@ -234,6 +431,7 @@ class GroupedExperts {
   P3 w1_, w2_;
   P3 w3_;       // SwiGLU only
   P2 b1_, b2_;  // GELU MLP only
+  mutable std::vector<Fp8LinearScaling> fp8_;  // FP8: 3 per local expert (w1, w3, w2), by each forward and backward
 };
 
 }  // namespace dtensor::nn

@@ -62,7 +62,8 @@
 namespace dtensor::sim {
 
 /// A GPT (LayerNorm, GELU MLP, biases, learned positions) or Llama (RMSNorm, SwiGLU, GQA, no
-/// biases) model's shape. `experts` > 0: the feed-forward of every `moe_every`-th block is a
+/// biases) model's shape. `experts` > 0: the feed-forward of every `moe_every`-th block (none
+/// of the first `dense_first`) is a
 /// mixture of `experts` feed-forwards of width `expert_ffn` (0: the dense width), top-`topk`
 /// routed, with a router [experts, dim] (models/moe_gpt.hpp): GELU MLPs in GPT blocks, SwiGLUs in
 /// Llama blocks (models::LlamaMoE); `shared_experts` (DeepSeek's) one more dense feed-forward of
@@ -74,12 +75,15 @@ struct ModelShape {
   // Group-limited routing (nn::RouterConfig::groups, topk_groups; 0: no limit): what the balanced
   // routing of the dry run keeps each token's choices within, so the dispatch's units.
   std::int64_t expert_groups = 1, topk_groups = 0;
+  std::int64_t dense_first = 0;  // the first blocks dense whatever moe_every (DeepSeek-V3: 3 of 61)
   std::int64_t kv() const { return kv_heads ? kv_heads : heads; }
   std::int64_t width() const { return ffn ? ffn : 4 * dim; }
   std::int64_t head_dim() const { return dim / heads; }
   bool moe() const { return experts > 0; }
-  /// Blocks whose feed-forward is a MoE: block l when (l + 1) % moe_every == 0.
-  std::int64_t moe_layers() const { return moe() && moe_every > 0 ? layers / moe_every : 0; }
+  /// Blocks whose feed-forward is a MoE: block l when l >= dense_first and (l + 1) % moe_every == 0.
+  std::int64_t moe_layers() const {
+    return moe() && moe_every > 0 ? std::max<std::int64_t>(0, layers / moe_every - dense_first / moe_every) : 0;
+  }
   std::int64_t expert_width() const { return expert_ffn ? expert_ffn : width(); }
   /// One expert's parameters (parallel/experts.hpp): fc1, fc2 and their biases; SwiGLU's w1, w3, w2.
   double expert_params() const {
@@ -149,8 +153,9 @@ struct PlanShape {
   // practised: 2 + 2 + 12 bytes per parameter; as_run below), unless this asks for AdamW in bf16
   // straight on the bf16 values (2 + 2 + 4: no master, bf16 moments).
   bool bf16_moments = false;
-  // FP8 GEMMs (bf16 needed): every nn::Linear's three GEMMs in FP8 (train_gpt --dtype fp8,
-  // nn/linear.hpp under nn::Fp8Autocast; the experts' and attention's GEMMs stay bf16). The
+  // FP8 GEMMs (bf16 needed): every nn::Linear's three GEMMs and the routed experts' in FP8
+  // (train_gpt --dtype fp8, nn/linear.hpp and parallel/experts.hpp under nn::Fp8Autocast;
+  // attention's batched GEMMs stay bf16). The
   // trainer runs it without full or mlp recomputation (a recomputed Linear would record its
   // amaxes twice): the search leaves those out; the estimate times them (published rows).
   bool fp8 = false;
@@ -235,10 +240,14 @@ inline void check_plan_shape(const ModelShape& m, const PlanShape& p) {
   if (p.cp_kind == "ulysses" && m.heads % (std::int64_t(p.tp) * p.cp) != 0)
     throw Error(op, dtensor::detail::cat("ulysses splits the heads over tp x cp: heads ", m.heads, " over ", p.tp, " x ", p.cp));
   if (m.moe()) {
-    if (m.topk < 1 || m.topk > m.experts || m.moe_every < 1 || m.expert_ffn < 0 || m.shared_experts < 0)
+    if (m.topk < 1 || m.topk > m.experts || m.moe_every < 1 || m.expert_ffn < 0 || m.shared_experts < 0 ||
+        m.dense_first < 0 || m.moe_layers() < 1)
       throw Error(op, dtensor::detail::cat("experts ", m.experts, ", topk ", m.topk, ", moe_every ", m.moe_every,
-                                           ", expert_ffn ", m.expert_ffn, ", shared_experts ", m.shared_experts,
-                                           ": 1 <= topk <= experts, moe_every >= 1, shared_experts >= 0"));
+                                           ", dense_first ", m.dense_first, ", expert_ffn ", m.expert_ffn,
+                                           ", shared_experts ", m.shared_experts,
+                                           ": 1 <= topk <= experts, moe_every >= 1, shared_experts >= 0, "
+                                           "dense_first >= 0 and at least one MoE block of ",
+                                           m.layers));
     nn::RouterConfig rc;  // the routing groups, as the dry run's router checks them
     rc.experts = m.experts, rc.topk = m.topk, rc.groups = m.expert_groups, rc.topk_groups = m.topk_groups;
     nn::check_router_config(rc, op);
@@ -631,8 +640,9 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
     moe.received = moe.sent / E * p.ep * moe.local;
     const double per_expert = moe.received / std::max(1.0, moe.local);
     const double router = linear(n, h, E);
-    // SwiGLU experts (Llama blocks): the gate's and the up projection's GEMMs, then w2's.
-    const double experts = moe.local * ((m.llama ? 2 : 1) * gemm(per_expert, h, fe) + gemm(per_expert, fe, h));
+    // SwiGLU experts (Llama blocks): the gate's and the up projection's GEMMs, then w2's; under
+    // FP8 each a Linear's (parallel/experts.hpp: per-expert scales, the same quantizing GEMMs).
+    const double experts = moe.local * ((m.llama ? 2 : 1) * linear(per_expert, h, fe) + linear(per_expert, fe, h));
     // Memory-bound passes (the meta kernels' records of parallel/moe.hpp and experts.hpp): the
     // activation — GELU (read h, write a), or SwiGLU's silu (2) and product (3) — the biases
     // added to fc1's and fc2's rows (GELU MLPs only), the rows' gather, gate and weighted
@@ -681,10 +691,17 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
     const double shared_regather = m.shared_experts == 0 ? 0 : regather_one;
     moe.tp = 2 * (tp_half + shared_tp) + 2 * gather + regather_one + shared_regather + moe.recompute_tp;
     // FP8's amax all-reduces (above): attention's two Linears, the router's x and dy (replicated
-    // weight), the shared experts' two Linears.
+    // weight), the shared experts' two Linears; the routed experts' rows over "edp", a float per
+    // local expert and use (parallel/experts.hpp: x and w2's input forward, dy and the hidden
+    // gradients backward).
     const double shared_linears = m.shared_experts == 0 ? 0 : 1;
-    const double amax_f = (3 + 2 * shared_linears) * amax_tok + (3 + 3 * shared_linears) * amax_tp;
-    const double amax_b = (3 + 2 * shared_linears) * amax_tok + (1 + shared_linears) * amax_tp;
+    const auto amax_experts = [&](double uses) {
+      return p.fp8 && edp > 1 ? coll(CollectiveKind::all_reduce, "edp", edp, 4 * uses * moe.local) : 0.0;
+    };
+    const double amax_f =
+        (3 + 2 * shared_linears) * amax_tok + (3 + 3 * shared_linears) * amax_tp + 2 * amax_experts(1);
+    const double amax_b = (3 + 2 * shared_linears) * amax_tok + (1 + shared_linears) * amax_tp + amax_experts(1) +
+                          amax_experts(m.llama ? 2 : 1);
     moe.fwd = moe.fwd_compute + tp_half + shared_tp + gather + cp_layer + std::max(0.0, cp_hidden - attn_fwd) +
               moe.a2a_f + amax_f;
     moe.bwd = moe.bwd_compute + tp_half + shared_tp + gather + regather_one + shared_regather + cp_layer +

@@ -78,6 +78,12 @@ struct FsdpShardDims {
 };
 
 namespace detail {
+template <class Unit>
+class GroupUnits;  // parallel/fsdp/parameter_groups.hpp: one parameter group's units
+template <class Model>
+inline constexpr bool is_group_units = false;
+template <class Unit>
+inline constexpr bool is_group_units<GroupUnits<Unit>> = true;
 
 /// The memory space of a model's parameters (its units' flat groups).
 template <class Model>
@@ -246,7 +252,10 @@ struct FsdpGroup {
                       mesh.rank());
       }
     }
-    if (model_units.empty()) throw Error("fully_shard", "the model has no units", mesh.rank());
+    // A parameter group beyond the model's mesh (a MoE's experts) may have no unit on a pipeline
+    // stage whose blocks are all dense (--dense-first, --moe-every): it shards nothing there.
+    if (model_units.empty() && !is_group_units<Model>)
+      throw Error("fully_shard", "the model has no units", mesh.rank());
   }
 };
 
