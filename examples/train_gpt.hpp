@@ -123,6 +123,10 @@ inline void check_model(const Options& o) {
         "plan_at_scale --arch llama --experts plans it)");
   examples::check_kv_heads(o.heads, o.kv_heads);
   models::cli::check_moe_flags(o, o, o.layers);
+  if (o.experts > 0 && o.device == "cuda" && o.dtype != "f32")
+    throw UsageError("--experts with --device cuda and --dtype " + o.dtype +
+                     ": not in train_gpt_cuda (its MoE trains in fp32; on the host, train_gpt trains it in " + o.dtype +
+                     ")");
   // A recomputed forward would record the FP8 amaxes twice.
   if (o.dtype == "fp8" && (o.checkpoint || o.recompute.full || o.recompute.mlp))
     throw UsageError(
@@ -273,9 +277,12 @@ double run_gpt(CommPtr world, const Options& o, const Corpus& corpus) {
 template <class Space, class Compute, bool SP>
 double train_blocks(CommPtr world, const Options& o, const Corpus& corpus) {
   using Plan = parallel::MegatronPlan<SP>;
-  if constexpr (std::is_same_v<Compute, float>)  // MoE is fp32-only (check_device)
+  // MoE in the model's element type: fp32, and bf16 (fp8: bf16 with FP8 GEMMs, the experts' too)
+  // on the host; a GPU's bf16 MoE is refused by check_model (one more trainer in its nvcc unit).
+  if constexpr (std::is_same_v<Compute, float> || std::is_same_v<Space, host_space>)
     if (o.experts > 0)
-      return run_gpt<Space, Compute, Plan, models::MoELayers<float, ExpertMeshIn<Space>>>(std::move(world), o, corpus);
+      return run_gpt<Space, Compute, Plan, models::MoELayers<Compute, ExpertMeshIn<Space>>>(std::move(world), o,
+                                                                                            corpus);
   if (o.arch == "llama") return run_gpt<Space, Compute, Plan, models::LlamaLayers>(std::move(world), o, corpus);
   return run_gpt<Space, Compute, Plan, models::DenseLayers>(std::move(world), o, corpus);
 }
