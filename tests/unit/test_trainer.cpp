@@ -862,8 +862,9 @@ TEST_CASE("train::cli, models::cli: a transformer's heads and experts over the m
   CHECK(error_of([&] { models::cli::check_moe_flags(e, m, 2); }) == "no error");
   e.tuned = true;
   CHECK_THAT(error_of([&] { models::cli::check_moe_flags(e, m, 2); }),
-             Catch::Contains("--topk, --moe-every, --capacity, --shared-experts, --expert-groups and --topk-groups "
-                             "have no effect without --experts E"));
+             Catch::Contains(
+                 "--topk, --moe-every, --dense-first, --capacity, --shared-experts, --expert-groups and --topk-groups "
+                 "have no effect without --experts E"));
   e.experts = 5, m.ep = 3;  // 5 experts over 3 of the 4 token ranks
   CHECK_THAT(error_of([&] { models::cli::check_moe_flags(e, m, 2); }),
              Catch::Contains("--ep 3 does not divide the token ranks --dp x --fsdp x --cp = 4"));
