@@ -429,8 +429,8 @@ class GroupedExperts {
   std::string name_;
   ExpertsConfig c_;
   P3 w1_, w2_;
-  P3 w3_;       // SwiGLU only
-  P2 b1_, b2_;  // GELU MLP only
+  P3 w3_;                                      // SwiGLU only
+  P2 b1_, b2_;                                 // GELU MLP only
   mutable std::vector<Fp8LinearScaling> fp8_;  // FP8: 3 per local expert (w1, w3, w2), by each forward and backward
 };
 
