@@ -2380,22 +2380,26 @@ TEST_CASE("sim: expert parallelism in the search: ep > 1 first where the experts
                                   .topk = 2,
                                   .expert_ffn = 512,
                                   .shared_experts = 2};
-  for (const Case c : {Case{8, 1, 1, 2}, Case{2, 2, 2, 2}}) {
-    CAPTURE(c.dp, c.tp, c.pp, c.ep);
-    const int microbatches = 2;
+  // llama_moe as a plan on a mesh, with 2 micro-batches.
+  const auto llama_moe_plan = [](int batch, int dp, int tp, int pp, int ep) {
     models::TrainingPlan plan{
         .model = {.vocab = 512, .seq = 1024, .dim = 1024, .heads = 8, .layers = 4, .kv_heads = 2, .ffn = 2048},
-        .batch = c.dp * microbatches,
-        .microbatches = microbatches,
-        .dp = c.dp,
-        .tp = c.tp,
-        .pp = c.pp};
+        .batch = batch,
+        .microbatches = 2,
+        .dp = dp,
+        .tp = tp,
+        .pp = pp};
     plan.moe.router.experts = 8;
     plan.moe.router.topk = 2;
     plan.moe.hidden = 512;
     plan.moe.shared = 2;
-    plan.ep = c.ep;
-    using Layers = models::MoELayers<dtensor::bfloat16, MetaMesh<"edp", "ep", "tp">, models::LlamaLayers>;
+    plan.ep = ep;
+    return plan;
+  };
+  using Layers = models::MoELayers<dtensor::bfloat16, MetaMesh<"edp", "ep", "tp">, models::LlamaLayers>;
+  for (const Case c : {Case{8, 1, 1, 2}, Case{2, 2, 2, 2}}) {
+    CAPTURE(c.dp, c.tp, c.pp, c.ep);
+    const auto plan = llama_moe_plan(c.dp * 2, c.dp, c.tp, c.pp, c.ep);
     const auto classes = models::dry_run_plan<dtensor::bfloat16, Layers, true>(plan);
     const sim::PlanShape p{.batch = plan.batch, .microbatch = 1, .dp = c.dp, .tp = c.tp, .pp = c.pp, .ep = c.ep};
     const auto a = sim::analytic_estimate(llama_moe, p, sim::Hardware{});
@@ -2428,18 +2432,8 @@ TEST_CASE("sim: expert parallelism in the search: ep > 1 first where the experts
     auto first_dense = llama_moe;
     first_dense.dense_first = 1;
     CHECK(first_dense.moe_layers() == 3);
-    models::TrainingPlan plan{
-        .model = {.vocab = 512, .seq = 1024, .dim = 1024, .heads = 8, .layers = 4, .kv_heads = 2, .ffn = 2048},
-        .batch = 4,
-        .microbatches = 2,
-        .dp = 2};
-    plan.moe.router.experts = 8;
-    plan.moe.router.topk = 2;
-    plan.moe.hidden = 512;
-    plan.moe.shared = 2;
+    auto plan = llama_moe_plan(4, 2, 1, 1, 2);
     plan.moe.dense_first = 1;
-    plan.ep = 2;
-    using Layers = models::MoELayers<dtensor::bfloat16, MetaMesh<"edp", "ep", "tp">, models::LlamaLayers>;
     const auto classes = models::dry_run_plan<dtensor::bfloat16, Layers, true>(plan);
     const double held = double(
         classes.front().report.phase(sim::RankReport::construction_phase).end[std::size_t(MemoryTag::parameters)]);
@@ -2465,17 +2459,7 @@ TEST_CASE("sim: expert parallelism in the search: ep > 1 first where the experts
   // follows the dry run as in bf16, and so does what FP8 saves.
   {
     const auto h100 = sim::device("h100");
-    models::TrainingPlan plan{
-        .model = {.vocab = 512, .seq = 1024, .dim = 1024, .heads = 8, .layers = 4, .kv_heads = 2, .ffn = 2048},
-        .batch = 16,
-        .microbatches = 2,
-        .dp = 8};
-    plan.moe.router.experts = 8;
-    plan.moe.router.topk = 2;
-    plan.moe.hidden = 512;
-    plan.moe.shared = 2;
-    plan.ep = 2;
-    using Layers = models::MoELayers<dtensor::bfloat16, MetaMesh<"edp", "ep", "tp">, models::LlamaLayers>;
+    auto plan = llama_moe_plan(16, 8, 1, 1, 2);
     const auto step = [&](bool fp8) {
       plan.fp8 = fp8;
       const auto classes = models::dry_run_plan<dtensor::bfloat16, Layers, true>(plan);
