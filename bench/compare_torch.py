@@ -87,7 +87,7 @@ DEFAULT_ONLY = ["default-1", "l4d384-1"]
 #   train_gpt: mesh pp 1 x dp 1 x ... = 1 ranks, threads backend, ... dtype f32
 #   schedule 1f1b: ...; model: 2 layers, dim 128, 4 heads, seq 64, batch 16, vocab 86
 #   parameters: 427008
-#   summary: 200 steps in 8.1 s; final train loss 2.4012, validation loss 2.4567; 25301 tokens/s
+#   summary: 200 steps in 8.1 s; final train loss 2.4012, validation loss 2.4567; 25301 tokens/s (25420 after the first step)
 # the twin (bench/train_gpt_torch.py):
 #   train_gpt_torch: torch 2.5.1+cpu, 1 thread(s); vocab 86, 2 layers, dim 128, 4 heads, seq 64, batch 16; 427008 parameters; dtype f32
 #   summary: 200 steps; final train loss 2.4012; 26000 tokens/s
@@ -97,7 +97,8 @@ DT_MODEL = re.compile(r"model: (\d+) layers, dim (\d+), (\d+) heads, seq (\d+), 
 DT_PARAMS = re.compile(r"^parameters: (\d+)$", re.M)
 PT_HEADER = re.compile(r"^train_gpt_torch: torch (\S+), (\d+) thread\(s\); vocab (\d+), (\d+) layers, dim (\d+), "
                        r"(\d+) heads, seq (\d+), batch (\d+); (\d+) parameters(?:; dtype (\w+).*)?$", re.M)
-SUMMARY = re.compile(r"^summary: (\d+) steps\b.*?final train loss ([^,;\s]+).*\s(\d+) tokens/s$", re.M)
+SUMMARY = re.compile(r"^summary: (\d+) steps\b.*?final train loss ([^,;\s]+).*?\s(\d+) tokens/s"
+                     r"(?: \(\d+ after the first step\))?$", re.M)
 
 
 def fail(msg):

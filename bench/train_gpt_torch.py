@@ -4,6 +4,7 @@
     python3 bench/train_gpt_torch.py --threads 1 --steps 60
     python3 bench/train_gpt_torch.py --threads 2 --layers 4 --dim 384 --steps 20
     python3 bench/train_gpt_torch.py --threads 1 --dtype bf16     # forward and loss under torch.autocast("cpu", bfloat16)
+    python3 bench/train_gpt_torch.py --device cuda --layers 12 --dim 768 --heads 12 --seq 1024 --batch 8 --dtype bf16
 
 Same text (the files under /usr/share/common-licenses, sorted, characters as the vocabulary, 90%
 train), same batches (std::mt19937_64 from --seed, reimplemented below, start = rng() % (n - seq - 1)),
@@ -70,6 +71,9 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--dtype", choices=["f32", "bf16"], default="f32",
                     help="bf16: the forward and the loss under torch.autocast('cpu', dtype=torch.bfloat16)")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="cuda: the model, batches and optimizer on GPU 0 (bf16: torch.autocast('cuda', bfloat16))")
+    ap.add_argument("--tf32", action="store_true", help="cuda: float matmuls on TF32 tensor cores (allow_tf32)")
     ap.add_argument("--skip", type=int, default=3, help="warm-up steps left out of the summary's tokens/s")
     ap.add_argument("--profile", action="store_true", help="torch.profiler over the steps after --skip: the per-op "
                     "table (self CPU time, sorted) on stdout after the summary (docs/benchmarks.md's per-op breakdown)")
@@ -87,7 +91,9 @@ def main():
     chars = sorted(set(text))
     index = {c: i for i, c in enumerate(chars)}
     split = len(text) * 9 // 10
-    train = torch.tensor([index[c] for c in text[:split]], dtype=torch.long)
+    dev = torch.device(a.device)
+    torch.backends.cuda.matmul.allow_tf32 = a.tf32
+    train = torch.tensor([index[c] for c in text[:split]], dtype=torch.long, device=dev)
 
     class Block(nn.Module):
         def __init__(self):
@@ -122,31 +128,32 @@ def main():
                     nn.init.normal_(p, 0, out_std if name.endswith(("proj.weight", "fc2.weight")) else 0.02)
 
         def forward(self, ids, tgt):
-            x = self.wte(ids) + self.wpe(torch.arange(ids.shape[1]))
+            x = self.wte(ids) + self.wpe(torch.arange(ids.shape[1], device=ids.device))
             for b in self.h:
                 x = b(x)
             logits = self.lm_head(self.ln_f(x))
             return F.cross_entropy(logits.view(-1, logits.shape[-1]), tgt.view(-1))
 
-    model = GPT(len(chars))
+    model = GPT(len(chars)).to(dev)
     nparams = sum(p.numel() for p in model.parameters())
     decay = [p for n, p in model.named_parameters() if not (n.endswith("bias") or "ln" in n)]
     no_decay = [p for n, p in model.named_parameters() if n.endswith("bias") or "ln" in n]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
-    print(f"train_gpt_torch: torch {torch.__version__}, {a.threads} thread(s); vocab {len(chars)}, "
+    print(f"train_gpt_torch: torch {torch.__version__}, {a.threads} thread(s), device {a.device}"
+          f"{' (' + torch.cuda.get_device_name() + ')' if a.device == 'cuda' else ''}{', TF32' if a.tf32 else ''}; vocab {len(chars)}, "
           f"{a.layers} layers, dim {a.dim}, {a.heads} heads, seq {a.seq}, batch {a.batch}; {nparams} parameters; "
           f"dtype {a.dtype}{' (torch.autocast)' if a.dtype == 'bf16' else ''}")
-    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if a.dtype == "bf16" else contextlib.nullcontext
+    autocast = (lambda: torch.autocast(a.device, dtype=torch.bfloat16)) if a.dtype == "bf16" else contextlib.nullcontext
     rng = MT19937_64(a.seed)
-    offsets = torch.arange(a.seq)
+    offsets = torch.arange(a.seq, device=dev)
     elapsed, counted = 0.0, 0
     prof = None
     for step in range(1, a.steps + 1):
         if a.profile and step == a.skip + 1:
             prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
             prof.__enter__()
-        starts = torch.tensor([rng() % (len(train) - a.seq - 1) for _ in range(a.batch)])
+        starts = torch.tensor([rng() % (len(train) - a.seq - 1) for _ in range(a.batch)], device=dev)
         ids = train[starts[:, None] + offsets]
         tgt = train[starts[:, None] + offsets + 1]
         t0 = time.perf_counter()
@@ -156,6 +163,8 @@ def main():
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        if a.device == "cuda":
+            torch.cuda.synchronize()
         dt = time.perf_counter() - t0
         if step > a.skip:
             elapsed += dt

@@ -40,6 +40,24 @@ if(DTENSOR_WITH_CUDA)
   # -std=c++20 by hand: CMake 3.25 does not know nvcc 13's language levels (cuda_std_20 fails).
   target_compile_options(dtensor_cuda INTERFACE $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20 --expt-relaxed-constexpr>)
   target_compile_definitions(dtensor_cuda INTERFACE DTENSOR_HAS_CUDA=1)
+  # cuDNN 9 + cudnn-frontend: bf16 attention on cuDNN's fused kernels (attention_cudnn.cuh).
+  # AUTO uses them where found (scripts/fetch-cudnn-frontend.sh fetches the headers); the found
+  # paths stay out of the installed export, as NCCL's: the package config finds them again.
+  set(DTENSOR_WITH_CUDNN AUTO CACHE STRING "cuDNN fused attention for bf16: AUTO (where found), ON or OFF")
+  if(NOT DTENSOR_WITH_CUDNN STREQUAL "OFF")
+    if(DTENSOR_WITH_CUDNN STREQUAL "ON")
+      find_package(CUDNN REQUIRED)
+    else()
+      find_package(CUDNN QUIET)
+    endif()
+    if(CUDNN_FOUND)
+      target_link_libraries(dtensor_cuda INTERFACE $<BUILD_INTERFACE:CUDNN::CUDNN>)
+      target_compile_definitions(dtensor_cuda INTERFACE $<BUILD_INTERFACE:DTENSOR_HAS_CUDNN=1>)
+      message(STATUS "dtensor: cuDNN ${CUDNN_VERSION} attention (${DTENSOR_CUDNN_LIBRARY}, cudnn-frontend in ${DTENSOR_CUDNN_FRONTEND_INCLUDE_DIR})")
+    else()
+      message(STATUS "dtensor: no cuDNN 9 + cudnn-frontend (scripts/fetch-cudnn-frontend.sh): bf16 attention on cuBLAS")
+    endif()
+  endif()
 endif()
 
 # NCCL: the GPU communicator, bootstrapped through MPI (rank 0's ncclUniqueId is broadcast).

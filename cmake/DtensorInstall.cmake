@@ -6,6 +6,7 @@
 #   <prefix>/share/dtensor/dtensorTargets.cmake           dtensor::dtensor
 #   <prefix>/share/dtensor/dtensor_<comp>Targets.cmake    one file per component enabled in this build
 #   <prefix>/share/dtensor/FindNCCL.cmake                 how the config finds NCCL (nccl component)
+#   <prefix>/share/dtensor/FindCUDNN.cmake                how the config finds cuDNN (cuda component)
 #
 # Each component lives in its own export file so that the config can load it only after it has
 # found that component's dependencies; a component that this build did not enable is still
@@ -55,6 +56,7 @@ if(DTENSOR_INSTALL)
   install(FILES "${CMAKE_CURRENT_BINARY_DIR}/dtensorConfig.cmake"
                 "${CMAKE_CURRENT_BINARY_DIR}/dtensorConfigVersion.cmake"
                 "${dtensor_SOURCE_DIR}/cmake/FindNCCL.cmake"
+                "${dtensor_SOURCE_DIR}/cmake/FindCUDNN.cmake"
           DESTINATION "${DTENSOR_INSTALL_CMAKEDIR}" COMPONENT dtensor_headers)
   install(FILES "${dtensor_SOURCE_DIR}/LICENSE" DESTINATION "${CMAKE_INSTALL_DATADIR}/doc/dtensor"
           COMPONENT dtensor_headers)

@@ -8,6 +8,8 @@ Benchmark's --benchmark_out) and prints, per size, both sides' figure and their 
   GEMM       op / cuBLAS and kernel / cuBLAS (TFLOP/s; goal >= 0.95), float and bf16
   attention  forward+backward TFLOP/s, fraction of the GPU's FP32 peak: the cuBLAS chunks / the fused
              kernels (causal), and both / a naive unmasked cuBLAS version (full)
+  bf16 attn  forward+backward TFLOP/s, fraction of the GPU's dense bf16 peak: cuDNN's fused
+             attention / the cuBLAS chunks, causal and full
   gather     redistribute Shard -> Replicate on cuda_threads vs one cudaMemcpy of the same bytes
 A pair whose two sides are not both present is an error (exit 1): a comparison with one side
 missing must not read as a result.
@@ -18,6 +20,8 @@ import sys
 
 # Dense FP32 (non-tensor-core) peaks, TFLOP/s, from NVIDIA's data sheets (SXM parts).
 FP32_PEAK = {"H100": 67.0, "H200": 67.0, "A100": 19.5}
+# Dense bf16 tensor-core peaks, TFLOP/s, same sheets.
+BF16_PEAK = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
 
 
 def load(out, name):
@@ -81,6 +85,22 @@ def main():
                     continue
                 line += (f" | full fused {tflops(ff):6.2f} gemm {tflops(gf):6.2f} naive cuBLAS {tflops(nv):6.2f}"
                          f" fused/naive {tflops(ff) / tflops(nv):.3f} gemm/naive {tflops(gf) / tflops(nv):.3f}")
+            print(line)
+    if att is not None and any(k[0] == "bf16" for k in att):
+        bpeak = next((v for k, v in BF16_PEAK.items() if k in gpu), None)
+        bfrac = lambda r: f" ({tflops(r) / bpeak:.3f})" if bpeak else ""
+        print(f"attention fwd+bwd, batch 4 x 12 heads x head dim 64, bf16; TFLOP/s (fraction of the {gpu} dense"
+              f" bf16 peak {bpeak} TFLOP/s); cudnn = attention_cudnn.cuh, gemm = attention_gemm.cuh:")
+        for n in sorted({k[2] for k in att if k[0] == "bf16"}):
+            line = f"  T={n:5}:"
+            for mask in ("causal", "full"):
+                c, g = att.get(("bf16", "cudnn_" + mask, n)), att.get(("bf16", "gemm_" + mask, n))
+                if c is None or g is None or "error_message" in c:
+                    bad.append(f"bf16 attention {mask} T={n}: a side is missing"
+                               f"{' (' + c['error_message'] + ')' if c is not None and 'error_message' in c else ''}")
+                    continue
+                line += (f" {mask} cudnn {tflops(c):7.2f}{bfrac(c)} gemm {tflops(g):6.2f}{bfrac(g)}"
+                         f" cudnn/gemm {tflops(c) / tflops(g):.2f} |")
             print(line)
     comm = load(out, "bench_comm_cuda")
     if comm is not None:

@@ -18,6 +18,9 @@ missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# Where the CUDA toolkit is installed: the cudnn-frontend headers for cuDNN attention (not in
+# Debian; a pinned release from its PyPI wheel into ~/.cache/dtensor, nothing system-wide).
+"$(dirname "$0")/fetch-cudnn-frontend.sh" || echo "setup-deps: cudnn-frontend not fetched (CUDA attention without cuDNN)"
 if [[ ${#missing[@]} -eq 0 ]]; then
   echo "setup-deps: all packages present"
   exit 0

@@ -103,9 +103,11 @@ struct FitReport {
   std::vector<double> losses;                      // each step's training loss (every rank), first_step..last_step
   std::vector<std::pair<int, double>> validation;  // (step, loss) of each evaluation
   double first_loss = 0, train_loss = 0, val_loss = 0;
-  double elapsed = 0;                    // seconds in the timed steps (schedule and update)
-  double tokens_per_second = 0;          // tokens_per_step * steps_run / elapsed
-  std::string space;                     // the memory space of the model: "host", "cuda"
+  double elapsed = 0;                        // seconds in the timed steps (schedule and update)
+  double tokens_per_second = 0;              // tokens_per_step * steps_run / elapsed
+  double first_step_seconds = 0;             // the first timed step's (one-time set-up: cuDNN graphs, GEMM heuristics)
+  double tokens_per_second_after_first = 0;  // the steps after the first (0 with one step)
+  std::string space;                         // the memory space of the model: "host", "cuda"
   int peak_step = 0;                     // the step whose peaks and collectives are reported (the second, or the only)
   std::vector<std::int64_t> step_peaks;  // by MemoryTag, then all tags at once: the largest rank's peak in peak_step
   std::vector<MemoryPhase> phases;       // Trainer::memory(), each figure the largest rank's
@@ -261,7 +263,9 @@ FitReport fit(Tr& trainer, const FitOptions& o, const FitData<Tr>& data) {
           }
         }
     }
-    r.elapsed += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    r.elapsed += seconds;
+    if (step == r.first_step) r.first_step_seconds = seconds;
     if (budget_step) {  // not timed
       o.host_budget.check_step(*world, *step_ledger, host_before, "a larger budget, or less held in the step");
       o.device_budget.check_step(*world, *step_ledger, device_before, "a larger budget, or less held in the step");
@@ -298,6 +302,8 @@ FitReport fit(Tr& trainer, const FitOptions& o, const FitData<Tr>& data) {
   monitor.finish();
   r.steps_run = o.steps - r.first_step + 1;
   r.tokens_per_second = r.elapsed > 0 ? o.tokens_per_step * r.steps_run / r.elapsed : 0;
+  if (r.steps_run > 1 && r.elapsed > r.first_step_seconds)
+    r.tokens_per_second_after_first = o.tokens_per_step * (r.steps_run - 1) / (r.elapsed - r.first_step_seconds);
   // Each rank's own step peak by tag, the largest over the ranks (one all-reduce).
   world->all_reduce(std::span<std::int64_t>(r.step_peaks), ReduceOp::max);
   // The trainer's own peaks by phase and tag (Trainer::memory), the largest rank's (one all-reduce).

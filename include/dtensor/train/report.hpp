@@ -64,8 +64,11 @@ std::string offload_notes(Tr& trainer) {
 inline void print_report(const FitReport& r, const std::string& after_summary = {}) {
   if (r.rank != 0 || r.steps_run == 0) return;
   const char* space = r.space.c_str();
-  std::printf("\nsummary: %d steps in %.1f s; final train loss %.4f, validation loss %.4f; %.0f tokens/s\n",
-              r.steps_run, r.elapsed, r.train_loss, r.val_loss, r.tokens_per_second);
+  std::printf("\nsummary: %d steps in %.1f s; final train loss %.4f, validation loss %.4f; %.0f tokens/s", r.steps_run,
+              r.elapsed, r.train_loss, r.val_loss, r.tokens_per_second);
+  if (r.tokens_per_second_after_first > 0)  // what a long run sees: the first step's one-time set-up left out
+    std::printf(" (%.0f after the first step)", r.tokens_per_second_after_first);
+  std::printf("\n");
   std::fputs(after_summary.c_str(), stdout);
   // All the digits: a resumed run is compared with a straight one by these (examples/CMakeLists.txt).
   std::printf("final losses at step %d: train %.17g validation %.17g\n", r.last_step, r.train_loss, r.val_loss);

@@ -58,8 +58,8 @@ FlagTable<O> run_flag_rows(const std::string& program) {
        "PyTorch's allow_tf32)",
        set_to(&R::tf32, true)},
       {"--attention", "auto|fused|gemm",
-       "--device cuda: the fused attention kernels or the cuBLAS chunks (docs/gpu.md); auto (the default) takes the "
-       "chunks from 128 keys on",
+       "--device cuda: the fused attention kernels or the cuBLAS chunks (docs/gpu.md); auto (the default) runs bf16 "
+       "attention on cuDNN's fused kernels where the build has cuDNN, else takes the chunks from 128 keys on",
        choice(&R::attention, {"auto", "fused", "gemm"})},
       {"--intra-op-threads", "N",
        "each rank's host kernels (attention, norms, GELU, AdamW, cross entropy, elementwise, permutes) on N threads: "

@@ -5,6 +5,8 @@
 // as the host does, so it is deterministic).
 #pragma once
 
+#include <algorithm>
+
 #include "dtensor/kernels/cuda/column_sums.cuh"
 #include "dtensor/kernels/cuda/common.cuh"
 #include "dtensor/kernels/host/elementwise.hpp"  // broadcast_shape, broadcast_strides (extents only)
@@ -54,10 +56,16 @@ struct Scale {
   __device__ C operator()(C v) const { return alpha * v; }
 };
 
+/// x[r, j] += b[j]: threads along a row's columns (coalesced), blocks down the rows, b[j] read
+/// once per thread. No per-element index division: with one (i % n), a GPT-2-sized bf16 bias add
+/// took 57 us on an H200, about twice its memory traffic (docs/benchmarks.md).
 template <class T>
-__global__ void add_bias_kernel(T* x, const T* b, Extent n, Extent total) {
+__global__ void add_bias_kernel(T* x, const T* b, Extent n, Extent rows) {
   using C = compute_t<T>;
-  for (Extent i = gidx(); i < total; i += gstride()) x[i] = T(C(x[i]) + C(b[i % n]));
+  const Extent j = Extent(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= n) return;
+  const C bj = C(b[j]);
+  for (Extent r = blockIdx.y; r < rows; r += gridDim.y) x[r * n + j] = T(C(x[r * n + j]) + bj);
 }
 
 /// The terms and the store of a bias gradient (column_sums.cuh): db[j] (+)= sum over rows of dy[r, j].
@@ -124,8 +132,9 @@ void fill_(CudaTensor<T, R>& y, T value) {
 template <Element T, std::size_t R>
 void add_bias_(CudaTensor<T, R>& x, const CudaTensor<T, 1>& b) {
   if (x.numel() == 0) return;
-  detail::add_bias_kernel<<<detail::grid_for(x.numel()), detail::block, 0, detail::stream()>>>(x.data(), b.data(),
-                                                                                             b.extent(0), x.numel());
+  const Extent n = b.extent(0), rows = x.numel() / n;
+  const dim3 grid(unsigned((n + detail::block - 1) / detail::block), unsigned(std::min<Extent>(rows, 4096)));
+  detail::add_bias_kernel<<<grid, detail::block, 0, detail::stream()>>>(x.data(), b.data(), n, rows);
   detail::launched("add_bias_kernel");
 }
 template <Element T, std::size_t R>
@@ -151,13 +160,37 @@ CudaTensor<T, 1> bias_grad(const CudaTensor<T, R>& dy) {
 
 namespace detail {
 
+/// Where an operand's element for output position i is: i itself (its extents are the output's),
+/// i % period (it broadcasts over leading dimensions only: a bias, a position table), or at its
+/// strides (any other broadcast; offset_of's division per dimension is what the first two save:
+/// 81 us of a GPT-2-sized residual add's ~20 us of memory traffic on an H200, docs/benchmarks.md).
+struct BroadcastAt {
+  enum Kind : int { same, period, strided } kind = strided;
+  Extent period_ = 1;
+  __device__ Extent operator()(Extent i, const Dims& out_dims, const Dims& strides) const {
+    return kind == same ? i : kind == period ? i % period_ : offset_of(i, out_dims, strides);
+  }
+};
+template <std::size_t R>
+BroadcastAt broadcast_at(const Shape<R>& out, const Shape<R>& operand) {
+  if (operand == out) return {BroadcastAt::same};
+  // Leading extents 1, then the output's trailing ones: a period of the trailing block.
+  std::size_t d = 0;
+  while (d < R && operand[d] == 1 && out[d] != 1) ++d;
+  for (std::size_t e = d; e < R; ++e)
+    if (operand[e] != out[e]) return {BroadcastAt::strided};
+  Extent period = 1;
+  for (std::size_t e = d; e < R; ++e) period *= out[e];
+  return {BroadcastAt::period, period};
+}
+
 /// out[i] = f(a[at_a(i)], b[at_b(i)]) over the output's extents; strides 0 along broadcast dims.
 template <class T, class F>
 __global__ void zip_broadcast_kernel(T* out, const T* a, const T* b, Extent n, Dims out_dims, Dims a_strides,
-                                     Dims b_strides, F f) {
+                                     Dims b_strides, BroadcastAt at_a, BroadcastAt at_b, F f) {
   using C = compute_t<T>;
   for (Extent i = gidx(); i < n; i += gstride())
-    out[i] = T(f(C(a[offset_of(i, out_dims, a_strides)]), C(b[offset_of(i, out_dims, b_strides)])));
+    out[i] = T(f(C(a[at_a(i, out_dims, a_strides)]), C(b[at_b(i, out_dims, b_strides)])));
 }
 
 /// out[j] = sum of dz over the positions that broadcast to j (`sum_dims`: the extents summed
@@ -180,7 +213,8 @@ CudaTensor<T, R> zip_broadcast(const char* op, const CudaTensor<T, R>& a, const 
   auto out = CudaTensor<T, R>::uninitialized(s);
   if (out.numel() == 0) return out;
   zip_broadcast_kernel<<<grid_for(out.numel()), block, 0, stream()>>>(
-      out.data(), a.data(), b.data(), out.numel(), dims_of(s, row_major_strides(s)), dims_of(s, sa), dims_of(s, sb), f);
+      out.data(), a.data(), b.data(), out.numel(), dims_of(s, row_major_strides(s)), dims_of(s, sa), dims_of(s, sb),
+      broadcast_at(s, a.shape()), broadcast_at(s, b.shape()), f);
   launched("zip_broadcast_kernel");
   return out;
 }

@@ -7,10 +7,12 @@
 //
 // The call: cublasLtMatmul with A and B CUDA_R_8F_E4M3 or CUDA_R_8F_E5M2 (not both E5M2),
 // CUBLAS_COMPUTE_32F, scale type fp32, the inverse scales as CUBLASLT_MATMUL_DESC_{A,B}_SCALE_POINTER
-// (device floats, read when the GEMM runs: a delayed-scaling step needs no host round trip),
+// (device floats, read when the GEMM runs: a delayed-scaling step needs no host round trip; a
+// scale not 16-byte aligned is first copied to an aligned slot, as cuBLASLt refuses it otherwise),
 // output fp32 or bf16 (C of the same type; accumulate adds C with beta = 1), fast accumulation
-// off (CUBLASLT_MATMUL_DESC_FAST_ACCUM = 0: the tensor core's partial sums are promoted to fp32,
-// which is what the host emulation's "fp32 accumulation" models).
+// off (CUBLASLT_MATMUL_DESC_FAST_ACCUM = 0: the tensor core's partial sums are promoted to fp32;
+// within each promotion interval Hopper adds with ~14 mantissa bits, so the host emulation's fp32
+// accumulation matches it to ~1e-2, not bit for bit: docs/fp8.md).
 //
 // Layout: cuBLASLt's FP8 GEMMs on Hopper take only the "TN" form — in row-major terms both
 // operands k-contiguous, C = A B^T with A [m,k] and B [n,k] — and need k, lda and ldb multiples
@@ -68,6 +70,18 @@ inline void* lt_workspace() {
       [](void* old) { cudaFree(old); });
 }
 
+/// 16-byte aligned device slots for the two scales, when the caller's pointers are not (a scale
+/// is often one element of a small tensor: `scales.data() + 1`); per thread and device.
+inline float* lt_scale_slots() {
+  return per_thread_device(
+      [] {
+        void* made = nullptr;
+        DTENSOR_CUDA_CHECK(cudaMalloc(&made, 256));
+        return static_cast<float*>(made);
+      },
+      [](float* old) { cudaFree(old); });
+}
+
 /// Owns the descriptors of one call (destroyed on every path, errors included).
 struct LtDescs {
   cublasLtMatmulDesc_t op = nullptr;
@@ -114,8 +128,24 @@ void gemm_fp8(const FA* A, const float* a_scale_inv, const FB* B, const float* b
   detail::check(k > 0 && k % 16 == 0 && lda % 16 == 0 && ldb % 16 == 0 && aligned(A) && aligned(B), "cuda::gemm_fp8",
                 "cuBLASLt's FP8 GEMM needs k > 0 and k, lda, ldb multiples of 16 and 16-byte aligned A, B: m=", m,
                 " n=", n, " k=", k, " lda=", lda, " ldb=", ldb);
+  // C's rows 16-byte aligned as well: cuBLASLt's heuristic refuses an FP8 GEMM otherwise
+  // (CUBLAS_STATUS_NOT_SUPPORTED for n = 17 in fp32, seen on an H200).
+  detail::check(std::size_t(ldc) * sizeof(TC) % 16 == 0 && aligned(C), "cuda::gemm_fp8",
+                "cuBLASLt's FP8 GEMM needs C's rows 16-byte aligned (ldc a multiple of ", 16 / sizeof(TC),
+                " elements) and C 16-byte aligned: m=", m, " n=", n, " k=", k, " ldc=", ldc);
   detail::check(a_scale_inv && b_scale_inv, "cuda::gemm_fp8", "null scale pointer (m=", m, " n=", n, " k=", k, ")");
   if (m == 0 || n == 0) return;
+  // cuBLASLt refuses misaligned scale pointers at cublasLtMatmul (CUBLAS_STATUS_NOT_SUPPORTED for
+  // every shape on an H200 with a scale at `scales.data() + 1`): such scales are copied, in stream
+  // order, into aligned slots first.
+  if (!aligned(a_scale_inv) || !aligned(b_scale_inv)) {
+    float* slots = detail::lt_scale_slots();
+    DTENSOR_CUDA_CHECK(cudaMemcpyAsync(slots, a_scale_inv, sizeof(float), cudaMemcpyDeviceToDevice, detail::stream()));
+    DTENSOR_CUDA_CHECK(
+        cudaMemcpyAsync(slots + 4, b_scale_inv, sizeof(float), cudaMemcpyDeviceToDevice, detail::stream()));
+    a_scale_inv = slots;
+    b_scale_inv = slots + 4;
+  }
   detail::check_int_sizes("cuda::gemm_fp8", m, n, k, lda, ldb, ldc);
   constexpr cudaDataType_t c_type = std::is_same_v<TC, float> ? CUDA_R_32F : CUDA_R_16BF;
   detail::LtDescs d;
@@ -140,6 +170,23 @@ void gemm_fp8(const FA* A, const float* a_scale_inv, const FB* B, const float* b
   const std::size_t ws = detail::lt_workspace_bytes;
   DTENSOR_CUBLAS_CHECK(
       cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  // The buffers' actual alignment (as PyTorch's cuBLASLt calls state it): the heuristic otherwise
+  // assumes 256 bytes and may pick an algorithm that cublasLtMatmul then refuses for these
+  // pointers (CUBLAS_STATUS_NOT_SUPPORTED, seen on an H200).
+  const auto alignment = [](const void* p) {
+    std::uint32_t a = 256;
+    while (a > 1 && reinterpret_cast<std::uintptr_t>(p) % a != 0) a /= 2;
+    return a;
+  };
+  const std::uint32_t align_a = alignment(B), align_b = alignment(A), align_c = alignment(C);  // cuBLASLt's A is our B
+  DTENSOR_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                            &align_a, sizeof(align_a)));
+  DTENSOR_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                            &align_b, sizeof(align_b)));
+  DTENSOR_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                            &align_c, sizeof(align_c)));
+  DTENSOR_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                            &align_c, sizeof(align_c)));
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
   const auto lt = detail::blas_lt();
