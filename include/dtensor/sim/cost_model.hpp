@@ -71,10 +71,10 @@
 #include <array>
 #include <cmath>
 #include <cstddef>
-#include <deque>
 #include <limits>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "dtensor/comm/comm_log.hpp"
@@ -120,8 +120,9 @@ namespace detail {
 /// nodes of `gpus_per_node` consecutive ranks. Two ranks share a group when their coordinates
 /// agree off the group's dimensions, i.e. when their ranks less the group's coordinates times
 /// their strides (the group's first rank) are equal. The count repeats every T ranks, T the
-/// smallest product of innermost dimensions that whole nodes fill (nodes then nest in blocks
-/// of T whose outer coordinates are fixed), or the whole mesh: only [0, T) is counted.
+/// smallest stride x divisor of its dimension's size that whole nodes fill (a dimension of n
+/// splits into n / k outer and k inner without changing any group, and nodes then nest in blocks
+/// of T ranks whose outer coordinates are fixed), or the whole mesh: only [0, T) is counted.
 inline GroupPlacement group_placement(const std::vector<int>& shape, const std::vector<bool>& in_group,
                                       int gpus_per_node) {
   const std::size_t dims = shape.size();
@@ -130,7 +131,8 @@ inline GroupPlacement group_placement(const std::vector<int>& shape, const std::
   GroupPlacement out;
   for (std::size_t d = dims; d-- > 0;) {
     stride[d] = world;
-    if (period == 0 && world % gpus_per_node == 0) period = world;
+    for (long long k = 1; period == 0 && k <= shape[d]; ++k)
+      if (shape[d] % k == 0 && world * k % gpus_per_node == 0) period = world * k;
     world *= shape[d];
     if (in_group[d]) out.ranks *= shape[d];
   }
@@ -195,11 +197,12 @@ class Topology {
   }
 
   /// Where the groups of `label` sit (see GroupPlacement).
-  const GroupPlacement& placement(std::string_view label) const {
+  GroupPlacement placement(std::string_view label) const {
     for (const auto& [known, p] : placements_)
       if (known == label) return p;
-    placements_.emplace_back(std::string(label), compute_placement(label));
-    return placements_.back().second;
+    const GroupPlacement p = compute_placement(label);
+    placements_.emplace_back(std::string(label), p);
+    return p;
   }
   /// Whether every group of `label` lies inside a node.
   bool inside_node(std::string_view label) const { return placement(label).inside_node(); }
@@ -241,7 +244,7 @@ class Topology {
 
   Hardware hardware_;
   std::vector<Factorization> factorizations_;
-  mutable std::deque<std::pair<std::string, GroupPlacement>> placements_;  // references stay valid
+  mutable std::vector<std::pair<std::string, GroupPlacement>> placements_;
 };
 
 namespace detail {
@@ -275,7 +278,7 @@ inline double collective_seconds(const CommRecord& r, const Link& link, const Ca
 inline double collective_seconds(const CommRecord& r, const Topology& topology, std::string_view label,
                                  const Calibration& cal = calibration) {
   if (r.group_size <= 1 || r.kind == CollectiveKind::split) return 0;
-  const GroupPlacement& where = topology.placement(label);
+  const GroupPlacement where = topology.placement(label);
   const bool all_to_all = r.kind == CollectiveKind::all_to_all || r.kind == CollectiveKind::all_to_all_v;
   const int peers = r.group_size - 1, local = std::min(where.fewest_in_node, r.group_size) - 1;
   if (!all_to_all || local == 0 || local == peers) return detail::one_link_seconds(r, topology.link(label), cal);
