@@ -50,6 +50,7 @@
 #include "dtensor/models/training_plan.hpp"  // models::trainer_step: --dry-run
 #include "dtensor/models/vit.hpp"
 #include "dtensor/models/vit_data.hpp"
+#include "dtensor/nn/moe_blocks.hpp"
 #include "dtensor/optim/adamw.hpp"
 #include "dtensor/optim/clip_grad.hpp"
 #include "dtensor/parallel/context_grads.hpp"
@@ -147,7 +148,7 @@ std::string str(long long n) { return std::to_string(n); }
 void check_memory(const Options& o) {
   using L = long double;
   const L d = L(o.dim), mlp = 4 * d;  // ViTConfig's mlp_ratio
-  const L moe_layers = o.experts > 0 ? L(o.layers / o.moe_every) : 0;
+  const L moe_layers = o.experts > 0 ? L(nn::moe_block_count(o.layers, o.moe_every, o.dense_first)) : 0;
   const L params = L(o.layers) * 4 * d * d + (L(o.layers) - moe_layers) * 2 * d * mlp +
                    moe_layers * L(o.experts) * 2 * d * mlp + (L(o.patch_dim) + L(o.patches) + L(o.classes)) * d;
   const L activations = L(o.batch) * L(o.patches) * (d + L(o.patch_dim));

@@ -19,11 +19,15 @@
 #include "dtensor/core/meta_space.hpp"
 #include "dtensor/distributed/redistribute.hpp"
 #include "dtensor/mesh/device_mesh.hpp"
+#include "dtensor/models/gpt_size.hpp"
+#include "dtensor/models/moe_flags.hpp"
 #include "dtensor/models/moe_gpt.hpp"
-#include "dtensor/parallel/fully_shard.hpp"
-#include "dtensor/ops/matmul.hpp"
-#include "dtensor/parallel/pipeline/by_name.hpp"
+#include "dtensor/models/training_plan.hpp"
 #include "dtensor/nn/activation_offload.hpp"
+#include "dtensor/nn/moe_blocks.hpp"
+#include "dtensor/ops/matmul.hpp"
+#include "dtensor/parallel/fully_shard.hpp"
+#include "dtensor/parallel/pipeline/by_name.hpp"
 #include "dtensor/sim/activation_offload.hpp"
 #include "dtensor/sim/chrome_trace.hpp"
 #include "dtensor/sim/cost_model.hpp"
@@ -31,7 +35,6 @@
 #include "dtensor/sim/offload_tiers.hpp"
 #include "dtensor/sim/published_runs.hpp"
 #include "dtensor/sim/search.hpp"
-#include "dtensor/models/training_plan.hpp"
 #include "support/on_ranks.hpp"
 #include "support/redistribute_cases.hpp"
 #include "support/strict_json.hpp"
@@ -422,9 +425,6 @@ TEST_CASE("sim: a report counts tagged bytes, collectives by group and FLOPs per
 // ---------------------------------------------------------------- the cost model
 
 TEST_CASE("sim: links by mesh dimension and the ring/tree formulas", "[sim][cost]") {
-  CHECK(sim::dims_inside_node<3>({16, 128, 8}, 8) == std::array{false, false, true});
-  CHECK(sim::dims_inside_node<3>({4, 2, 2}, 8) == std::array{false, true, true});
-  CHECK(sim::dims_inside_node<2>({2, 16}, 8) == std::array{false, false});
   const sim::Hardware h100;
   const std::array<std::string_view, 3> names{"pp", "dp", "tp"};
   sim::Topology topo(names, std::array{16, 128, 8}, h100);
@@ -453,6 +453,140 @@ TEST_CASE("sim: links by mesh dimension and the ring/tree formulas", "[sim][cost
   sim::Hardware bad;
   bad.hbm_bytes_per_second = -1;
   CHECK_THROWS_WITH(sim::Topology(names, std::array{16, 128, 8}, bad), Catch::Contains("HBM -1"));
+}
+
+namespace {
+CommRecord sim_record(CollectiveKind k, std::string group, int n, double bytes) {
+  CommRecord r{};
+  r.kind = k;
+  r.group = std::move(group);
+  r.group_size = n;
+  r.bytes = std::size_t(bytes);
+  return r;
+}
+}  // namespace
+
+TEST_CASE("sim: a group's placement from where its ranks sit (row-major mesh, nodes of consecutive ranks)",
+          "[sim][cost]") {
+  using G = sim::GroupPlacement;
+  const auto place = [](std::vector<int> shape, std::vector<bool> in_group, int node) {
+    const G g = sim::detail::group_placement(shape, in_group, node);
+    return std::pair{g.ranks, g.fewest_in_node};
+  };
+  // Aligned: tp 8 fills a node; dp's 128 ranks have a stride of 8, one per node.
+  CHECK(place({16, 128, 8}, {false, false, true}, 8) == std::pair{8, 8});
+  CHECK(place({16, 128, 8}, {false, true, false}, 8) == std::pair{128, 1});
+  CHECK(place({16, 128, 8}, {false, true, true}, 8) == std::pair{1024, 8});
+  // tp 3 on nodes of 4: the group {3, 4, 5} is split 1 + 2 (rank 3 alone in its node).
+  CHECK(place({2, 3}, {false, true}, 4) == std::pair{3, 1});
+  // dp 3 x tp 2 = 6 ranks, one (partial) node of 8: every group inside it.
+  CHECK(place({3, 2}, {true, false}, 8) == std::pair{3, 3});
+  // ep 6 over nodes of 4 (edp 2): groups {0..5} and {6..11}; ranks 4-7 have 2 of theirs in their node.
+  CHECK(place({1, 2, 6, 1}, {false, false, true, false}, 4) == std::pair{6, 2});
+  // ep outermost (stride 8): one per node; innermost: inside; 16 over nodes of 8: 8 per node.
+  CHECK(place({4, 8}, {true, false}, 8) == std::pair{4, 1});
+  CHECK(place({8, 4}, {false, true}, 8) == std::pair{4, 4});
+  CHECK(place({2, 16}, {false, true}, 8) == std::pair{16, 8});
+  // DeepSeek-V3's expert mesh (pp 16, edp 2, ep 64, tp 1) on 8-GPU nodes: 8 of each ep group per node.
+  CHECK(place({16, 2, 64, 1}, {false, false, true, false}, 8) == std::pair{64, 8});
+  // The same counted over every rank (no period) for a stride that straddles nodes: dp 3 of
+  // stride 3 on nodes of 8: {0, 3, 6} inside, {2, 5, 8} split 2 + 1.
+  CHECK(place({3, 3}, {true, false}, 8) == std::pair{3, 1});
+
+  const sim::Hardware h100;
+  sim::Topology topo(std::array<std::string_view, 5>{"pp", "dp", "fsdp", "cp", "tp"}, std::array{2, 8, 1, 1, 2}, h100);
+  topo.add_dims(std::array<std::string_view, 4>{"pp", "edp", "ep", "tp"}, std::array{2, 2, 4, 2});
+  CHECK(topo.inside_node("tp"));
+  CHECK(topo.inside_node("ep"));  // ep 4 x tp 2 = one node
+  CHECK(topo.inside_node("ep*tp"));
+  CHECK_FALSE(topo.inside_node("edp"));  // stride 8
+  CHECK_FALSE(topo.inside_node("dp"));   // 8 x tp 2 = 16 ranks
+  CHECK(topo.placement("dp").fewest_in_node == 4);
+  CHECK(topo.placement("world").ranks == 32);
+  CHECK(topo.placement("world").fewest_in_node == 8);
+  CHECK_THROWS_WITH(topo.placement("dp*ep"), Catch::Contains("mixes dimensions of two factorizations"));
+  CHECK_THROWS_WITH(topo.placement("xp"), Catch::Contains("names no mesh dimension 'xp'"));
+  CHECK_THROWS_WITH(sim::Topology(std::array<std::string_view, 1>{"dp"}, std::array{0}, h100),
+                    Catch::Contains("mesh dimension 'dp' of size 0"));
+}
+
+TEST_CASE("sim: a collective's links from its group's placement (NVLink inside, network across, all-to-all split)",
+          "[sim][cost]") {
+  sim::Hardware hw;  // H100 figures
+  const double f = sim::calibration.link_fraction, S = 6e8;
+  const double a_nv = hw.nvlink.latency_seconds, b_nv = hw.nvlink.bytes_per_second * f;
+  const double a_ib = hw.infiniband.latency_seconds, b_ib = hw.infiniband.bytes_per_second * f;
+  using K = CollectiveKind;
+  const auto seconds = [&](const sim::Topology& t, K k, const char* group, int n) {
+    return sim::collective_seconds(sim_record(k, group, n, S), t, group);
+  };
+  // A group inside a node: every kind on NVLink.
+  const sim::Topology inner(std::array<std::string_view, 2>{"dp", "ep"}, std::array{8, 4}, hw);
+  CHECK(seconds(inner, K::all_to_all_v, "ep", 4) == Approx(3 * a_nv + 3.0 / 4 * S / b_nv));
+  CHECK(seconds(inner, K::all_gather, "ep", 4) == Approx(3 * a_nv + 3.0 / 4 * S / b_nv));
+  CHECK(seconds(inner, K::all_reduce, "ep", 4) == Approx(4 * a_nv + 2 * 3.0 / 4 * S / b_nv));
+  // The same ep outermost: each rank of a group in its own node, every kind on the network.
+  const sim::Topology outer(std::array<std::string_view, 2>{"ep", "dp"}, std::array{4, 8}, hw);
+  CHECK(seconds(outer, K::all_to_all_v, "ep", 4) == Approx(3 * a_ib + 3.0 / 4 * S / b_ib));
+  CHECK(seconds(outer, K::reduce_scatter, "ep", 4) == Approx(3 * a_ib + 3.0 / 4 * S / b_ib));
+  // tp 3 on nodes of 4 (uneven): the group {3, 4, 5} crosses a node, so tp's ring is on the network.
+  hw.gpus_per_node = 4;
+  const sim::Topology uneven_tp(std::array<std::string_view, 2>{"dp", "tp"}, std::array{2, 3}, hw);
+  CHECK(seconds(uneven_tp, K::all_gather, "tp", 3) == Approx(2 * a_ib + 2.0 / 3 * S / b_ib));
+  // An all-to-all across nodes: of a rank's (g-1)/g S bytes, each peer gets 1/g S; its local
+  // peers' shares go over NVLink and the others' over the network at once, the slowest rank
+  // (fewest local peers, L of them) sets the time:
+  //   max(L a_nv + L/g S / B_nv, (g-1-L) a_ib + (g-1-L)/g S / B_ib).
+  // ep 6 over nodes of 4 (edp 2): L = 1 (ranks 4-7 have 2 of their group in their node).
+  const sim::Topology uneven_ep(std::array<std::string_view, 3>{"edp", "ep", "tp"}, std::array{2, 6, 1}, hw);
+  const double ep6_nvlink = 1 * a_nv + 1.0 / 6 * S / b_nv, ep6_network = 4 * a_ib + 4.0 / 6 * S / b_ib;
+  CHECK(seconds(uneven_ep, K::all_to_all_v, "ep", 6) == Approx(std::max(ep6_nvlink, ep6_network)));
+  CHECK(seconds(uneven_ep, K::all_to_all, "ep", 6) == Approx(ep6_network));
+  CHECK(seconds(uneven_ep, K::all_to_all, "ep", 6) < 0.81 * (5 * a_ib + 5.0 / 6 * S / b_ib));  // all on the network
+  // Rings across nodes run at their slowest hop: the network for all bytes.
+  CHECK(seconds(uneven_ep, K::all_gather, "ep", 6) == Approx(5 * a_ib + 5.0 / 6 * S / b_ib));
+  // ep 16 innermost over nodes of 8: L = 7, 8 peers on the network.
+  hw.gpus_per_node = 8;
+  const sim::Topology split(std::array<std::string_view, 2>{"edp", "ep"}, std::array{2, 16}, hw);
+  const double ep16 = std::max(7 * a_nv + 7.0 / 16 * S / b_nv, 8 * a_ib + 8.0 / 16 * S / b_ib);
+  CHECK(seconds(split, K::all_to_all_v, "ep", 16) == Approx(ep16));
+  // A slow NVLink can be the slower half.
+  sim::Hardware slow_nvlink = hw;
+  slow_nvlink.nvlink.bytes_per_second = hw.infiniband.bytes_per_second / 4;
+  const sim::Topology slow(std::array<std::string_view, 2>{"edp", "ep"}, std::array{2, 16}, slow_nvlink);
+  const double slow_nv = 7 * a_nv + 7.0 / 16 * S / (slow_nvlink.nvlink.bytes_per_second * f);
+  REQUIRE(slow_nv > 8 * a_ib + 8.0 / 16 * S / b_ib);
+  CHECK(seconds(slow, K::all_to_all_v, "ep", 16) == Approx(slow_nv));
+
+  // The estimate charges a phase's all-to-all so (sim::phase_time), and the analytic estimate
+  // its expert all-to-alls: ep 16 over two nodes of 8 against the formula, per micro-batch and
+  // MoE block (counts, dispatch and two combines, the dispatch's adjoint).
+  sim::PhaseReport phase;
+  phase.name = "forward";
+  phase.collectives.push_back(sim_record(K::all_to_all_v, "ep", 16, S));
+  CHECK(sim::phase_time(phase, split).exposed == Approx(ep16));
+  sim::ModelShape m;
+  m.layers = 2, m.dim = 256, m.heads = 4, m.vocab = 1024, m.seq = 128, m.experts = 16, m.topk = 2;
+  m.expert_ffn = 512;
+  sim::PlanShape p;
+  p.dp = 16, p.ep = 16, p.batch = 32, p.microbatch = 2, p.bf16 = true;
+  const auto a = sim::analytic_estimate(m, p, hw);
+  const sim::Topology mesh = [&] {
+    sim::Topology t(std::array<std::string_view, 5>{"pp", "rep", "dp", "cp", "tp"}, std::array{1, 1, 16, 1, 1}, hw);
+    t.add_dims(std::array<std::string_view, 4>{"pp", "edp", "ep", "tp"}, std::array{1, 1, 16, 1});
+    return t;
+  }();
+  const auto bytes = sim::moe_all_to_all_bytes(m, p);
+  const auto a2a = [&](K k, double b) { return sim::collective_seconds(sim_record(k, "ep", 16, b), mesh, "ep"); };
+  const double local_experts = 1;  // 16 experts over ep 16
+  const double per_block = a2a(K::all_to_all, 8 * 16 * (1 + local_experts)) + a2a(K::all_to_all_v, bytes.dispatch) +
+                           2 * a2a(K::all_to_all_v, bytes.combine) + a2a(K::all_to_all_v, bytes.dispatch_backward);
+  CHECK(a.ep_seconds == Approx(p.batch / p.dp / p.microbatch * m.layers * per_block));
+  // Every byte on the network would be slower: the NVLink share is what moved.
+  CHECK(a.ep_seconds <
+        0.95 * p.batch / p.dp / p.microbatch * m.layers *
+            (sim::collective_seconds(sim_record(K::all_to_all_v, "ep", 16, bytes.dispatch), hw.infiniband) +
+             2 * sim::collective_seconds(sim_record(K::all_to_all_v, "ep", 16, bytes.combine), hw.infiniband)));
 }
 
 TEST_CASE("sim: the estimated step's bubble equals each schedule's formula", "[sim][cost][pipeline]") {
@@ -2729,4 +2863,43 @@ TEST_CASE("sim: DDP in bf16 keeps fp32 master values and moments unless bf16 mom
   const auto e = sim::analytic_estimate(moe, {.batch = 8, .microbatch = 1, .dp = 8, .ep = 2}, sim::device("h100"));
   CHECK(e.mfu > 0);
   CHECK(std::isfinite(e.mfu));
+}
+
+// Issue 41: which blocks have experts is one formula (nn/moe_blocks.hpp); the analytic estimate's
+// ModelShape, the parameter count before a build and the flags' check read it, and agree with the
+// blocks the predicate marks, counted one by one.
+TEST_CASE("sim: the number of MoE blocks is one formula for the estimate, the size check and the flags", "[sim][moe]") {
+  struct Case {
+    Extent layers, every, dense_first;
+  };
+  const std::vector<Case> cases{{61, 1, 3}, {61, 1, 0}, {8, 2, 0}, {8, 2, 3}, {7, 3, 2},  {7, 3, 3}, {10, 4, 5},
+                                {9, 2, 8},  {5, 5, 0},  {5, 5, 4}, {5, 2, 5}, {12, 5, 7}, {1, 1, 0}, {6, 4, 3}};
+  for (const auto& c : cases) {
+    CAPTURE(c.layers, c.every, c.dense_first);
+    Extent counted = 0;
+    for (Extent l = 0; l < c.layers; ++l) counted += nn::is_moe_block(l, c.every, c.dense_first);
+    CHECK(nn::moe_block_count(c.layers, c.every, c.dense_first) == counted);
+    // The analytic estimate's model.
+    sim::ModelShape m;
+    m.layers = c.layers, m.experts = 4, m.moe_every = c.every, m.dense_first = c.dense_first;
+    CHECK(m.moe_layers() == counted);
+    // The parameter count before a build: each MoE block has 4 MLPs of 2 dim x ffn where a dense one has 1.
+    models::GPTConfig cfg;
+    cfg.layers = c.layers, cfg.dim = 8, cfg.vocab = 16, cfg.seq = 4;
+    const long double extra =
+        models::approx_parameter_count(cfg, 4, c.every, c.dense_first) - models::approx_parameter_count(cfg);
+    CHECK(extra == (long double)counted * 3 * 2 * 8 * 32);
+    // The flags: refused exactly when no block would have experts.
+    models::cli::MoEFlags flags;
+    flags.experts = 4, flags.moe_every = c.every, flags.dense_first = c.dense_first;
+    const train::cli::MeshFlags mesh;
+    if (counted > 0) CHECK_NOTHROW(models::cli::check_moe_flags(flags, mesh, c.layers));
+    else
+      CHECK_THROWS_WITH(models::cli::check_moe_flags(flags, mesh, c.layers),
+                        Catch::Contains("no block would have experts"));
+  }
+  CHECK(nn::moe_block_count(61, 1, 3) == 58);  // DeepSeek-V3
+  CHECK(nn::moe_block_count(3, 1, 7) == 0);    // every block within the dense ones
+  CHECK_THROWS_WITH(nn::moe_block_count(8, 0, 0), Catch::Contains("every 0 must be >= 1"));
+  CHECK_THROWS_WITH(nn::is_moe_block(1, 2, -1), Catch::Contains("dense_first -1"));
 }

@@ -9,6 +9,7 @@
 #pragma once
 
 #include "dtensor/models/gpt.hpp"
+#include "dtensor/nn/moe_blocks.hpp"
 
 namespace dtensor::models {
 
@@ -19,7 +20,8 @@ inline long double approx_parameter_count(const models::GPTConfig& cfg, Extent e
                                           Extent dense_first = 0) {
   const long double d = (long double)cfg.dim, layers = (long double)cfg.layers;
   const long double ffn = cfg.ffn > 0 ? (long double)cfg.ffn : (long double)cfg.mlp_ratio * d;
-  const long double moe_layers = experts > 0 ? (long double)(cfg.layers / moe_every - dense_first / moe_every) : 0.0L;
+  const long double moe_layers =
+      experts > 0 ? (long double)nn::moe_block_count(cfg.layers, moe_every, dense_first) : 0.0L;
   const long double mlps = (layers - moe_layers) + moe_layers * (experts > 0 ? (long double)experts : 1.0L);
   return layers * 4.0L * d * d + mlps * 2.0L * d * ffn + ((long double)cfg.vocab + (long double)cfg.seq) * d;
 }

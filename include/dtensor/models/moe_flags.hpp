@@ -12,6 +12,7 @@
 #include <string>
 
 #include "dtensor/models/moe_gpt.hpp"
+#include "dtensor/nn/moe_blocks.hpp"
 #include "dtensor/train/flag_table.hpp"
 #include "dtensor/train/flags.hpp"
 
@@ -81,7 +82,7 @@ inline void check_moe_flags(const MoEFlags& o, const MeshFlags& mesh, Extent lay
   if (o.moe_every > layers)  // no block would be a MoE: a dense model under a MoE banner
     throw UsageError("--moe-every " + str(o.moe_every) + " exceeds --layers " + str(layers) +
                      ": no block would have experts");
-  if (o.dense_first >= layers || (layers / o.moe_every - o.dense_first / o.moe_every) < 1)
+  if (o.dense_first >= layers || nn::moe_block_count(layers, o.moe_every, o.dense_first) < 1)
     throw UsageError("--dense-first " + str(o.dense_first) + " with --moe-every " + str(o.moe_every) + " of --layers " +
                      str(layers) + ": no block would have experts");
   // The experts' ranks factor the ranks that split the tokens: data x context. Any --experts over

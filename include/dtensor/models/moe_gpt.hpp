@@ -51,6 +51,7 @@
 
 #include "dtensor/models/gpt.hpp"
 #include "dtensor/models/llama.hpp"
+#include "dtensor/nn/moe_blocks.hpp"
 #include "dtensor/nn/param_groups.hpp"
 #include "dtensor/nn/swiglu.hpp"
 #include "dtensor/ops/pointwise.hpp"
@@ -217,7 +218,7 @@ class MoELayers {
                   emesh_.rank());
   }
 
-  bool is_moe(Extent layer) const noexcept { return layer >= c_.dense_first && (layer + 1) % c_.every == 0; }
+  bool is_moe(Extent layer) const { return nn::is_moe_block(layer, c_.every, c_.dense_first); }
 
   template <class Block, class Mesh>
   Block make_block(Extent layer, std::string name, const Mesh& mesh, const nn::BlockConfig& given,

@@ -51,6 +51,7 @@
 
 #include "dtensor/core/checked.hpp"
 #include "dtensor/core/error.hpp"
+#include "dtensor/nn/moe_blocks.hpp"
 #include "dtensor/nn/recompute.hpp"
 #include "dtensor/nn/router.hpp"
 #include "dtensor/parallel/pipeline/by_name.hpp"
@@ -80,10 +81,9 @@ struct ModelShape {
   std::int64_t width() const { return ffn ? ffn : 4 * dim; }
   std::int64_t head_dim() const { return dim / heads; }
   bool moe() const { return experts > 0; }
-  /// Blocks whose feed-forward is a MoE: block l when l >= dense_first and (l + 1) % moe_every == 0.
-  std::int64_t moe_layers() const {
-    return moe() && moe_every > 0 ? std::max<std::int64_t>(0, layers / moe_every - dense_first / moe_every) : 0;
-  }
+  /// Blocks whose feed-forward is a MoE: block l when l >= dense_first and (l + 1) % moe_every == 0
+  /// (nn::moe_block_count).
+  std::int64_t moe_layers() const { return moe() ? nn::moe_block_count(layers, moe_every, dense_first) : 0; }
   std::int64_t expert_width() const { return expert_ffn ? expert_ffn : width(); }
   /// One expert's parameters (parallel/experts.hpp): fc1, fc2 and their biases; SwiGLU's w1, w3, w2.
   double expert_params() const {
@@ -458,7 +458,7 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   Topology topo(std::array<std::string_view, 5>{"pp", "rep", "dp", "cp", "tp"},
                 std::array{p.pp, p.hsdp, shards, p.cp, p.tp}, hw);
   // A MoE plan's experts live on a second factorization of the same ranks, (pp, edp, ep, tp)
-  // (models/training_plan.hpp's plan_topology): "ep" inside a node when ep x tp ranks fit one.
+  // (models/training_plan.hpp's plan_topology): where its "ep" groups sit prices their all-to-alls.
   const int edp = p.dp * p.cp / p.ep;
   topo.add_dims(std::array<std::string_view, 4>{"pp", "edp", "ep", "tp"}, std::array{p.pp, edp, p.ep, p.tp});
   const double e = p.bf16 ? 2 : 4;
@@ -541,23 +541,15 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   // passes are counted with them below).
   const double moe_pointwise = memory_bound(e * (attn_pw_f + mlp_norm_f));
   const double moe_pointwise_b = memory_bound(e * (attn_pw_b + mlp_norm_b));
-  // Tensor and context communication per layer, one direction.
-  // (The search calls this for every plan: each group's link is looked up once.)
-  std::array<std::pair<const char*, const Link*>, 8> links{};
-  auto link_of = [&](const char* group) -> const Link& {
-    for (auto& l : links) {
-      if (l.first == group) return *l.second;
-      if (l.first == nullptr) return *(l = {group, &topo.link(group)}).second;
-    }
-    return topo.link(group);
-  };
+  // Tensor and context communication per layer, one direction (each group's placement is
+  // computed once, by the Topology).
   auto coll = [&](CollectiveKind k, const char* group, int size, double bytes) {
     CommRecord r{};
     r.kind = k;
     r.group = group;
     r.group_size = size;
     r.bytes = std::size_t(bytes);
-    return collective_seconds(r, link_of(group), cal);
+    return collective_seconds(r, topo, group, cal);
   };
   const double act = e * n * h;  // a block input, gathered
   // Per block and direction: attention's and the MLP's halves (SP: an all-gather and a

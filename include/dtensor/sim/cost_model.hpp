@@ -1,8 +1,8 @@
 // dtensor/sim/cost_model.hpp — a step's time estimated from the rank reports of a dry run.
 //
 //   sim::Hardware h100 = sim::device("h100");              // sim/device.hpp: per-GPU figures
-//   sim::Topology topo(Mesh::names, mesh_shape, h100);      // which mesh dims are inside a node
-//   sim::collective_seconds(record, topo.link(record.group));
+//   sim::Topology topo(Mesh::names, mesh_shape, h100);      // where each group's ranks sit
+//   sim::collective_seconds(record, topo, record.group);    // on the group's links
 //   auto est = sim::estimate_step(report, topo, pipeline::one_f_one_b(pp, m), /*stages_per_rank=*/1);
 //   auto plan = sim::estimate_plan({{&report0, {0}}, {&report1, {1, 2}}}, topo, schedule);  // all classes
 //   plan.step_seconds;  plan.slowest;  est.bubble_fraction;  est.exposed_communication_seconds;
@@ -21,9 +21,14 @@
 //                 and tree (NCCL's double binary tree) 2 log2(n) latencies + 2(n-1)/n S / B
 //   broadcast:    (n-1) latencies + S / B  (pipelined ring)
 //   send, recv, send/recv: 1 latency + S / B
-// A group's link is NVLink when all its mesh dimensions lie inside a node, the network
-// otherwise; the dimensions inside a node are the innermost ones while their product is at most
-// gpus_per_node (a mesh is laid out row-major over the ranks, nodes holding consecutive ranks).
+// on NVLink when every group of the label lies inside a node, the network otherwise (a ring or
+// tree across nodes runs at its slowest hop). Where a group's ranks sit: the mesh is laid out
+// row-major over the ranks, a node holds gpus_per_node consecutive ranks, and L is the fewest
+// ranks of its own group any rank finds in its node (itself included; sim::GroupPlacement). An
+// all-to-all across nodes (1 < L < n) sends each peer S/n: the L-1 local peers' shares over
+// NVLink and the n-L others' over the network at once (NCCL posts all peers' sends and receives
+// together), the rank with the fewest local peers last:
+//   max((L-1) a_nvlink + (L-1)/n S / B_nvlink, (n-L) a_network + (n-L)/n S / B_network)
 //
 // What each collective is, and when it is paid (the overlap of each kind, stated once here):
 //   gradient reduction  an all-reduce or reduce-scatter over data dimensions only (dp, fsdp,
@@ -69,6 +74,7 @@
 #include <limits>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "dtensor/comm/comm_log.hpp"
@@ -99,20 +105,58 @@ struct Calibration {
 };
 inline constexpr Calibration calibration{};
 
-/// Which mesh dimensions lie inside a node (see the synopsis).
-template <std::size_t N>
-std::array<bool, N> dims_inside_node(const std::array<int, N>& shape, int gpus_per_node) {
-  std::array<bool, N> inside{};
-  long long product = 1;
-  for (std::size_t d = N; d-- > 0;) {
-    product *= shape[d];
-    if (product > gpus_per_node) break;
-    inside[d] = true;
-  }
-  return inside;
-}
+/// Where a group's ranks sit (see the synopsis): its size, and the fewest of its ranks that one
+/// of them finds in its own node (itself included) over every rank of the mesh. Every group of a
+/// label lies inside a node when that is all of them; an all-to-all's slowest rank is the one
+/// with the fewest local peers (the most bytes on the network).
+struct GroupPlacement {
+  int ranks = 1;
+  int fewest_in_node = 1;
+  bool inside_node() const noexcept { return fewest_in_node >= ranks; }
+};
 
 namespace detail {
+/// The placement of the groups over the dimensions `in_group` of a row-major mesh `shape` on
+/// nodes of `gpus_per_node` consecutive ranks. Two ranks share a group when their coordinates
+/// agree off the group's dimensions, i.e. when their ranks less the group's coordinates times
+/// their strides (the group's first rank) are equal. The count repeats every T ranks, T the
+/// smallest stride x divisor of its dimension's size that whole nodes fill (a dimension of n
+/// splits into n / k outer and k inner without changing any group, and nodes then nest in blocks
+/// of T ranks whose outer coordinates are fixed), or the whole mesh: only [0, T) is counted.
+inline GroupPlacement group_placement(const std::vector<int>& shape, const std::vector<bool>& in_group,
+                                      int gpus_per_node) {
+  const std::size_t dims = shape.size();
+  std::vector<long long> stride(dims, 1);
+  long long world = 1, period = 0;
+  GroupPlacement out;
+  for (std::size_t d = dims; d-- > 0;) {
+    stride[d] = world;
+    for (long long k = 1; period == 0 && k <= shape[d]; ++k)
+      if (shape[d] % k == 0 && world * k % gpus_per_node == 0) period = world * k;
+    world *= shape[d];
+    if (in_group[d]) out.ranks *= shape[d];
+  }
+  if (period == 0) period = world;  // the mesh's own size (its last node may be partial)
+  const auto first_of_group = [&](long long rank) {
+    long long first = rank;
+    for (std::size_t d = 0; d < dims; ++d)
+      if (in_group[d]) first -= (rank / stride[d]) % shape[d] * stride[d];
+    return first;
+  };
+  std::vector<long long> group_of(static_cast<std::size_t>(period));  // each rank's group's first rank
+  for (long long r = 0; r < period; ++r) group_of[std::size_t(r)] = first_of_group(r);
+  out.fewest_in_node = out.ranks;
+  for (long long node = 0; node < period; node += gpus_per_node) {
+    const long long end = std::min(node + gpus_per_node, period);
+    for (long long r = node; r < end; ++r) {
+      int in_node = 0;
+      for (long long m = node; m < end; ++m) in_node += group_of[std::size_t(m)] == group_of[std::size_t(r)];
+      out.fewest_in_node = std::min(out.fewest_in_node, in_node);
+    }
+  }
+  return out;
+}
+
 /// The dimension names of a group label ("dp*tp" -> dp, tp).
 inline std::vector<std::string_view> label_dims(std::string_view label) {
   std::vector<std::string_view> dims;
@@ -126,7 +170,8 @@ inline std::vector<std::string_view> label_dims(std::string_view label) {
 }
 }  // namespace detail
 
-/// The link each group of a mesh uses, by the group's label ("tp", "dp*tp"; "world" is all).
+/// Where each group of a mesh sits and the links it uses, by the group's label ("tp", "dp*tp";
+/// "world" is all). Placements are computed once per label and kept (not thread-safe).
 class Topology {
  public:
   template <std::size_t N>
@@ -136,49 +181,76 @@ class Topology {
     add_dims(names, shape);
   }
 
-  /// The dimensions of a second factorization of the same ranks (an expert mesh: pp, edp, ep,
-  /// tp), row-major over the world as the first: those whose names are new join the lookup.
+  /// A second factorization of the same ranks (an expert mesh: pp, edp, ep, tp), row-major over
+  /// the world as the first; a label is looked up in the first factorization that has all its
+  /// dimensions.
   template <std::size_t N>
   void add_dims(const std::array<std::string_view, N>& names, const std::array<int, N>& shape) {
-    const auto inside = dims_inside_node(shape, hardware_.gpus_per_node);
-    for (std::size_t d = 0; d < N; ++d)
-      if (std::none_of(dims_.begin(), dims_.end(), [&](const Dim& dim) { return dim.name == names[d]; }))
-        dims_.push_back({std::string(names[d]), inside[d]});
+    Factorization f;
+    for (std::size_t d = 0; d < N; ++d) {
+      if (shape[d] < 1)
+        throw Error("sim::Topology", dtensor::detail::cat("mesh dimension '", names[d], "' of size ", shape[d]));
+      f.names.emplace_back(names[d]);
+      f.shape.push_back(shape[d]);
+    }
+    factorizations_.push_back(std::move(f));
   }
 
-  /// Whether every mesh dimension of the group `label` lies inside a node.
-  bool inside_node(std::string_view label) const {
-    if (label == "world") {
-      for (const auto& d : dims_)
-        if (!d.inside) return false;
-      return true;
-    }
-    for (const auto name : detail::label_dims(label)) {
-      const auto it = std::find_if(dims_.begin(), dims_.end(), [&](const Dim& d) { return d.name == name; });
-      if (it == dims_.end())
-        throw Error("sim::Topology", dtensor::detail::cat("group '", label, "' names no mesh dimension '", name, "'"));
-      if (!it->inside) return false;
-    }
-    return true;
+  /// Where the groups of `label` sit (see GroupPlacement).
+  GroupPlacement placement(std::string_view label) const {
+    for (const auto& [known, p] : placements_)
+      if (known == label) return p;
+    const GroupPlacement p = compute_placement(label);
+    placements_.emplace_back(std::string(label), p);
+    return p;
   }
+  /// Whether every group of `label` lies inside a node.
+  bool inside_node(std::string_view label) const { return placement(label).inside_node(); }
+  /// The link of a group's ring, tree and point-to-point collectives: NVLink when every group of
+  /// the label lies inside a node, else the network (a ring across nodes runs at its slowest hop).
   const Link& link(std::string_view label) const {
     return inside_node(label) ? hardware_.nvlink : hardware_.infiniband;
   }
   const Hardware& hardware() const noexcept { return hardware_; }
 
  private:
-  struct Dim {
-    std::string name;
-    bool inside = false;
+  struct Factorization {
+    std::vector<std::string> names;
+    std::vector<int> shape;
   };
+
+  GroupPlacement compute_placement(std::string_view label) const {
+    const auto names = detail::label_dims(label);
+    for (const auto& f : factorizations_) {
+      std::vector<bool> in_group(f.names.size(), label == "world");
+      bool all_found = true;
+      for (const auto name : names) {
+        const auto it = std::find(f.names.begin(), f.names.end(), name);
+        if (it == f.names.end()) all_found = false;
+        else in_group[std::size_t(it - f.names.begin())] = true;
+      }
+      if (all_found || label == "world") return detail::group_placement(f.shape, in_group, hardware_.gpus_per_node);
+    }
+    for (const auto name : names) {
+      const bool known = std::any_of(factorizations_.begin(), factorizations_.end(), [&](const Factorization& f) {
+        return std::find(f.names.begin(), f.names.end(), name) != f.names.end();
+      });
+      if (!known)
+        throw Error("sim::Topology", dtensor::detail::cat("group '", label, "' names no mesh dimension '", name, "'"));
+    }
+    throw Error("sim::Topology",
+                dtensor::detail::cat("group '", label, "' mixes dimensions of two factorizations of the mesh"));
+  }
+
   Hardware hardware_;
-  std::vector<Dim> dims_;
+  std::vector<Factorization> factorizations_;
+  mutable std::vector<std::pair<std::string, GroupPlacement>> placements_;
 };
 
-/// Seconds one collective takes on `link` (the formulas of the synopsis).
-inline double collective_seconds(const CommRecord& r, const Link& link, const Calibration& cal = calibration) {
+namespace detail {
+/// Seconds of a collective whose bytes all cross `link` (the formulas of the synopsis).
+inline double one_link_seconds(const CommRecord& r, const Link& link, const Calibration& cal) {
   const double n = r.group_size;
-  if (r.group_size <= 1 || r.kind == CollectiveKind::split) return 0;
   const auto w = r.wire();
   const double bandwidth_term = double(std::max(w.sent, w.received)) / (link.bytes_per_second * cal.link_fraction);
   const double alpha = link.latency_seconds;
@@ -191,6 +263,33 @@ inline double collective_seconds(const CommRecord& r, const Link& link, const Ca
     case CollectiveKind::barrier: return std::ceil(std::log2(n)) * alpha;
     default: return (n - 1) * alpha + bandwidth_term;
   }
+}
+}  // namespace detail
+
+/// Seconds one collective takes on `link` (the formulas of the synopsis).
+inline double collective_seconds(const CommRecord& r, const Link& link, const Calibration& cal = calibration) {
+  if (r.group_size <= 1 || r.kind == CollectiveKind::split) return 0;
+  return detail::one_link_seconds(r, link, cal);
+}
+
+/// Seconds one collective takes on the groups of `label` in `topology` (see the synopsis): an
+/// all-to-all whose groups span nodes sends each local peer's share over NVLink and the others'
+/// over the network at once; every other collective runs on Topology::link.
+inline double collective_seconds(const CommRecord& r, const Topology& topology, std::string_view label,
+                                 const Calibration& cal = calibration) {
+  if (r.group_size <= 1 || r.kind == CollectiveKind::split) return 0;
+  const GroupPlacement where = topology.placement(label);
+  const bool all_to_all = r.kind == CollectiveKind::all_to_all || r.kind == CollectiveKind::all_to_all_v;
+  const int peers = r.group_size - 1, local = std::min(where.fewest_in_node, r.group_size) - 1;
+  if (!all_to_all || local == 0 || local == peers) return detail::one_link_seconds(r, topology.link(label), cal);
+  const Hardware& hw = topology.hardware();
+  const auto w = r.wire();
+  const double bytes = double(std::max(w.sent, w.received)), remote = peers - local;
+  const double nvlink =
+      local * hw.nvlink.latency_seconds + bytes * local / peers / (hw.nvlink.bytes_per_second * cal.link_fraction);
+  const double network = remote * hw.infiniband.latency_seconds +
+                         bytes * remote / peers / (hw.infiniband.bytes_per_second * cal.link_fraction);
+  return std::max(nvlink, network);
 }
 
 /// A GEMM's fraction of peak from its arithmetic intensity (FLOP per byte moved).
@@ -294,7 +393,7 @@ inline PhaseTime phase_time(const PhaseReport& phase, const Topology& topology, 
     CommRecord charged = r;
     if (role == CommRole::gradient_reduction && o.zero >= 1 && r.kind == CollectiveKind::all_reduce)
       charged.kind = CollectiveKind::reduce_scatter;
-    const double seconds = collective_seconds(charged, topology.link(r.group), o.calibration);
+    const double seconds = collective_seconds(charged, topology, r.group, o.calibration);
     if (role == CommRole::gradient_reduction) {
       t.gradient_reduction += seconds;
       continue;

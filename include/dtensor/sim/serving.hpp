@@ -41,14 +41,16 @@
 //   TP (tp > 1): per block 2 all-reduces of the positions' activations (after the attention and
 //                the MLP; with SP a reduce-scatter + all-gather, the same bytes), 1 for the
 //                vocab-parallel embedding, and an all-gather of the logits (batch x vocab) for the
-//                sampler, on NVLink when tp fits a node, else the network;
+//                sampler, on NVLink when every tp group lies inside a node (the mesh (pp, cp, tp)
+//                row-major over the ranks: sim::Topology), else the network;
 //   PP (pp > 1): pp - 1 sends of the positions' activations (batch x positions x dim);
 //   CP (cp > 1): each rank reads and attends to ceil(context / cp) cached positions and computes
 //                the prefill's GEMMs on ceil(context / cp) positions; per block a decode step adds
 //                ContextAttention::decode's 3 all-gathers on "cp" (the new q, k, v: batch x (query +
 //                2 KV widths) / tp; the partial outputs: cp x batch x query width / tp; their
 //                log-sum-exps: cp x batch x heads / tp floats), and the prefill ring attention's
-//                cp - 1 exchanges of a rank's K and V shard (on NVLink while tp x cp fits a node).
+//                cp - 1 exchanges of a rank's K and V shard (on NVLink when every cp group lies
+//                inside a node).
 // Not modelled: kernel launch overheads (real decode at batch 1 is often launch-bound on small
 // models: CUDA graphs hide them), speculative decoding, paged-cache fragmentation. No published
 // serving latency was checked against (none was at hand with its exact setup); test_llama checks
@@ -56,7 +58,9 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
+#include <string_view>
 
 #include "dtensor/core/error.hpp"
 #include "dtensor/sim/analytic.hpp"
@@ -130,9 +134,10 @@ inline ServingLatency serving_latency(const ModelShape& m, const ServingShape& s
   const double matrices = m.llama ? h * (h + 2 * kvd) + h * h + 3 * h * f : h * (h + 2 * kvd) + h * h + 2 * h * f;
   const double vectors = m.llama ? 2 * h : (h + 2 * kvd + f) / s.tp + 6 * h;
   const double hbm = hw.hbm_bytes_per_second * cal.hbm_fraction;
-  const Link& tp_link = s.tp <= hw.gpus_per_node ? hw.nvlink : hw.infiniband;
-  const Link& cp_link = std::int64_t(s.tp) * s.cp <= hw.gpus_per_node ? hw.nvlink : hw.infiniband;
-  const Link& pp_link = std::int64_t(s.tp) * s.cp * s.pp <= hw.gpus_per_node ? hw.nvlink : hw.infiniband;
+  // The serving mesh (pp, cp, tp), row-major over the ranks: each group's link from where its
+  // ranks sit (sim::Topology; NVLink when every group of the dimension lies inside a node).
+  const Topology topology(std::array<std::string_view, 3>{"pp", "cp", "tp"}, std::array{s.pp, s.cp, s.tp}, hw);
+  const Link &tp_link = topology.link("tp"), &cp_link = topology.link("cp"), &pp_link = topology.link("pp");
   auto collective = [&](CollectiveKind kind, int n, double bytes, const Link& link) {
     return collective_seconds(CommRecord{kind, "", n, std::size_t(bytes)}, link, cal);
   };
