@@ -98,8 +98,8 @@ enum : std::int64_t { sdpa_q = 1, sdpa_k, sdpa_v, sdpa_o, sdpa_stats, sdpa_do, s
 
 /// A contiguous [b, h, rows, width] tensor of the graph.
 inline std::shared_ptr<fe::graph::Tensor_attributes> sdpa_tensor(fe::graph::Graph& g, const char* name,
-                                                                 std::int64_t uid, const CudnnSdpaKey& k,
-                                                                 Extent rows, Extent width) {
+                                                                 std::int64_t uid, const CudnnSdpaKey& k, Extent rows,
+                                                                 Extent width) {
   return g.tensor(fe::graph::Tensor_attributes()
                       .set_name(name)
                       .set_uid(uid)
@@ -107,9 +107,12 @@ inline std::shared_ptr<fe::graph::Tensor_attributes> sdpa_tensor(fe::graph::Grap
                       .set_stride({k.h * rows * width, rows * width, width, 1}));
 }
 
-inline void sdpa_output(const std::shared_ptr<fe::graph::Tensor_attributes>& t, std::int64_t uid,
-                        const CudnnSdpaKey& k, Extent rows, Extent width) {
-  t->set_output(true).set_uid(uid).set_dim({k.b, k.h, rows, width}).set_stride({k.h * rows * width, rows * width, width, 1});
+inline void sdpa_output(const std::shared_ptr<fe::graph::Tensor_attributes>& t, std::int64_t uid, const CudnnSdpaKey& k,
+                        Extent rows, Extent width) {
+  t->set_output(true)
+      .set_uid(uid)
+      .set_dim({k.b, k.h, rows, width})
+      .set_stride({k.h * rows * width, rows * width, width, 1});
 }
 
 template <class Attributes>
@@ -134,8 +137,11 @@ inline CudnnSdpaGraph build_sdpa_graph(const CudnnSdpaKey& key) {
     sdpa_mask(a, key);
     auto [o, stats] = g->sdpa(q, k, v, a);
     sdpa_output(o, sdpa_o, key, key.tq, key.dv);
-    stats->set_output(true).set_uid(sdpa_stats).set_data_type(fe::DataType_t::FLOAT).set_dim(stats_dim).set_stride(
-        stats_stride);
+    stats->set_output(true)
+        .set_uid(sdpa_stats)
+        .set_data_type(fe::DataType_t::FLOAT)
+        .set_dim(stats_dim)
+        .set_stride(stats_stride);
   } else {
     const auto o = sdpa_tensor(*g, "O", sdpa_o, key, key.tq, key.dv);
     const auto dout = sdpa_tensor(*g, "dO", sdpa_do, key, key.tq, key.dv);
@@ -185,14 +191,22 @@ std::optional<CudnnSdpaKey> sdpa_key(bool backward, const CudaTensor<T, 4>& q, c
     if (s.bh * s.tq * s.tk == 0 || s.d == 0 || s.dv == 0) return std::nullopt;
     const Extent diagonal = s.causal ? s.q_offset - s.k_offset : -1;
     if (s.causal && diagonal < 0) return std::nullopt;  // the first rows would see no key
-    return CudnnSdpaKey{.backward = backward, .b = q.extent(0), .h = q.extent(1), .tq = s.tq, .tk = s.tk,
-                        .d = s.d, .dv = s.dv, .diagonal = diagonal, .scale = s.scale};
+    return CudnnSdpaKey{.backward = backward,
+                        .b = q.extent(0),
+                        .h = q.extent(1),
+                        .tq = s.tq,
+                        .tk = s.tk,
+                        .d = s.d,
+                        .dv = s.dv,
+                        .diagonal = diagonal,
+                        .scale = s.scale};
   }
 }
 
 inline void run_sdpa(const CudnnSdpaGraph& g, std::unordered_map<std::int64_t, void*>& pack) {
   // float words: the pool's allocations are aligned for any element; cuDNN wants bytes.
-  auto workspace = CudaTensor<float, 1>::uninitialized(Shape<1>{Extent(std::max<std::int64_t>(g.workspace, 4) + 3) / 4});
+  auto workspace =
+      CudaTensor<float, 1>::uninitialized(Shape<1>{Extent(std::max<std::int64_t>(g.workspace, 4) + 3) / 4});
   auto e = g.graph->execute(cudnn(), pack, workspace.data());
   check(e.is_good(), "attention (cuDNN)", "execute failed: ", e.get_message());
 }
@@ -215,23 +229,23 @@ std::optional<AttentionForward<T>> attention_cudnn(const CudaTensor<T, 4>& q, co
   if constexpr (!std::is_same_v<T, bfloat16>) {
     return std::nullopt;
   } else {
-  const auto s = detail::attention_shape("attention", q, k, v, opts);
-  const auto key = detail::sdpa_key(false, q, s);
-  if (!key) return std::nullopt;
-  const auto& g = detail::sdpa_graph(*key);
-  cudnn_attention_last_refusal() = g.why;
-  if (!g.graph) return std::nullopt;
-  AttentionForward<T> f{CudaTensor<T, 4>::uninitialized(Shape<4>{q.extent(0), q.extent(1), s.tq, s.dv}),
-                        CudaTensor<Stat, 3>::uninitialized(Shape<3>{q.extent(0), q.extent(1), s.tq})};
-  auto stats = CudaTensor<float, 3>::uninitialized(f.lse.shape());
-  std::unordered_map<std::int64_t, void*> pack{{detail::sdpa_q, const_cast<T*>(q.data())},
-                                               {detail::sdpa_k, const_cast<T*>(k.data())},
-                                               {detail::sdpa_v, const_cast<T*>(v.data())},
-                                               {detail::sdpa_o, f.out.data()},
-                                               {detail::sdpa_stats, stats.data()}};
-  detail::run_sdpa(g, pack);
-  cast_into(f.lse, stats);
-  return f;
+    const auto s = detail::attention_shape("attention", q, k, v, opts);
+    const auto key = detail::sdpa_key(false, q, s);
+    if (!key) return std::nullopt;
+    const auto& g = detail::sdpa_graph(*key);
+    cudnn_attention_last_refusal() = g.why;
+    if (!g.graph) return std::nullopt;
+    AttentionForward<T> f{CudaTensor<T, 4>::uninitialized(Shape<4>{q.extent(0), q.extent(1), s.tq, s.dv}),
+                          CudaTensor<Stat, 3>::uninitialized(Shape<3>{q.extent(0), q.extent(1), s.tq})};
+    auto stats = CudaTensor<float, 3>::uninitialized(f.lse.shape());
+    std::unordered_map<std::int64_t, void*> pack{{detail::sdpa_q, const_cast<T*>(q.data())},
+                                                 {detail::sdpa_k, const_cast<T*>(k.data())},
+                                                 {detail::sdpa_v, const_cast<T*>(v.data())},
+                                                 {detail::sdpa_o, f.out.data()},
+                                                 {detail::sdpa_stats, stats.data()}};
+    detail::run_sdpa(g, pack);
+    cast_into(f.lse, stats);
+    return f;
   }
 #else
   (void)q, (void)k, (void)v, (void)opts;
@@ -250,24 +264,27 @@ std::optional<AttentionBackward<T>> attention_cudnn_backward(const CudaTensor<T,
   if constexpr (!std::is_same_v<T, bfloat16>) {
     return std::nullopt;
   } else {
-  const auto s = detail::attention_shape("attention_backward", q, k, v, opts);
-  const auto key = detail::sdpa_key(true, q, s);
-  if (!key) return std::nullopt;
-  const auto& g = detail::sdpa_graph(*key);
-  cudnn_attention_last_refusal() = g.why;
-  if (!g.graph) return std::nullopt;
-  AttentionBackward<T> r{CudaTensor<T, 4>::uninitialized(q.shape()), CudaTensor<T, 4>::uninitialized(k.shape()),
-                         CudaTensor<T, 4>::uninitialized(v.shape())};
-  auto stats = CudaTensor<float, 3>::uninitialized(lse.shape());
-  cast_into(stats, lse);
-  std::unordered_map<std::int64_t, void*> pack{
-      {detail::sdpa_q, const_cast<T*>(q.data())},     {detail::sdpa_k, const_cast<T*>(k.data())},
-      {detail::sdpa_v, const_cast<T*>(v.data())},     {detail::sdpa_o, const_cast<T*>(out.data())},
-      {detail::sdpa_do, const_cast<T*>(dout.data())}, {detail::sdpa_stats, stats.data()},
-      {detail::sdpa_dq, r.dq.data()},                 {detail::sdpa_dk, r.dk.data()},
-      {detail::sdpa_dv, r.dv.data()}};
-  detail::run_sdpa(g, pack);
-  return r;
+    const auto s = detail::attention_shape("attention_backward", q, k, v, opts);
+    const auto key = detail::sdpa_key(true, q, s);
+    if (!key) return std::nullopt;
+    const auto& g = detail::sdpa_graph(*key);
+    cudnn_attention_last_refusal() = g.why;
+    if (!g.graph) return std::nullopt;
+    AttentionBackward<T> r{CudaTensor<T, 4>::uninitialized(q.shape()), CudaTensor<T, 4>::uninitialized(k.shape()),
+                           CudaTensor<T, 4>::uninitialized(v.shape())};
+    auto stats = CudaTensor<float, 3>::uninitialized(lse.shape());
+    cast_into(stats, lse);
+    std::unordered_map<std::int64_t, void*> pack{{detail::sdpa_q, const_cast<T*>(q.data())},
+                                                 {detail::sdpa_k, const_cast<T*>(k.data())},
+                                                 {detail::sdpa_v, const_cast<T*>(v.data())},
+                                                 {detail::sdpa_o, const_cast<T*>(out.data())},
+                                                 {detail::sdpa_do, const_cast<T*>(dout.data())},
+                                                 {detail::sdpa_stats, stats.data()},
+                                                 {detail::sdpa_dq, r.dq.data()},
+                                                 {detail::sdpa_dk, r.dk.data()},
+                                                 {detail::sdpa_dv, r.dv.data()}};
+    detail::run_sdpa(g, pack);
+    return r;
   }
 #else
   (void)q, (void)k, (void)v, (void)out, (void)lse, (void)dout, (void)opts;
