@@ -47,7 +47,7 @@ struct CudaGpu {
     kernels::cuda::set_attention_algorithm(o.attention == "fused" ? kernels::cuda::AttentionAlgorithm::fused
                                            : o.attention == "gemm" ? kernels::cuda::AttentionAlgorithm::gemm
                                                                    : kernels::cuda::AttentionAlgorithm::automatic);
-    if (std::is_same_v<Compute, bfloat16> && o.attention == "auto")
+    if (std::is_same_v<Compute, dtensor::bfloat16> && o.attention == "auto")
       std::printf("attention (bf16): %s\n", kernels::cuda::cudnn_attention_registered()
                                                 ? "cuDNN's fused kernels where cuDNN takes the case, else cuBLAS chunks"
                                                 : "cuBLAS chunks from 128 keys (this build has no cuDNN)");

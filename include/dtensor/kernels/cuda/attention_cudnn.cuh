@@ -57,6 +57,12 @@ constexpr bool cudnn_attention_built() {
 #endif
 }
 
+/// The reason cuDNN refused the last case this thread asked for ("" when it took it or was not asked).
+inline std::string& cudnn_attention_last_refusal() {
+  thread_local std::string why;
+  return why;
+}
+
 #if defined(DTENSOR_HAS_CUDNN)
 namespace detail {
 
@@ -203,6 +209,19 @@ std::optional<CudnnSdpaKey> sdpa_key(bool backward, const CudaTensor<T, 4>& q, c
   }
 }
 
+/// The built graph for this call, or null where cuDNN does not take it (the reason recorded).
+template <class T>
+const CudnnSdpaGraph* sdpa_graph_for(bool backward, const char* op, const CudaTensor<T, 4>& q,
+                                     const CudaTensor<T, 4>& k, const CudaTensor<T, 4>& v, const AttentionOptions& opts,
+                                     AttentionShape& s) {
+  s = attention_shape(op, q, k, v, opts);
+  const auto key = sdpa_key(backward, q, s);
+  if (!key) return nullptr;
+  const auto& g = sdpa_graph(*key);
+  cudnn_attention_last_refusal() = g.why;
+  return g.graph ? &g : nullptr;
+}
+
 inline void run_sdpa(const CudnnSdpaGraph& g, std::unordered_map<std::int64_t, void*>& pack) {
   // float words: the pool's allocations are aligned for any element; cuDNN wants bytes.
   auto workspace =
@@ -214,12 +233,6 @@ inline void run_sdpa(const CudnnSdpaGraph& g, std::unordered_map<std::int64_t, v
 }  // namespace detail
 #endif
 
-/// The reason cuDNN refused the last case this thread asked for ("" when it took it or was not asked).
-inline std::string& cudnn_attention_last_refusal() {
-  thread_local std::string why;
-  return why;
-}
-
 /// Attention through cuDNN, or std::nullopt where cuDNN does not take this case (see the header).
 template <FloatElement T>
 std::optional<AttentionForward<T>> attention_cudnn(const CudaTensor<T, 4>& q, const CudaTensor<T, 4>& k,
@@ -229,12 +242,9 @@ std::optional<AttentionForward<T>> attention_cudnn(const CudaTensor<T, 4>& q, co
   if constexpr (!std::is_same_v<T, bfloat16>) {
     return std::nullopt;
   } else {
-    const auto s = detail::attention_shape("attention", q, k, v, opts);
-    const auto key = detail::sdpa_key(false, q, s);
-    if (!key) return std::nullopt;
-    const auto& g = detail::sdpa_graph(*key);
-    cudnn_attention_last_refusal() = g.why;
-    if (!g.graph) return std::nullopt;
+    detail::AttentionShape s;
+    const auto* g = detail::sdpa_graph_for(false, "attention", q, k, v, opts, s);
+    if (!g) return std::nullopt;
     AttentionForward<T> f{CudaTensor<T, 4>::uninitialized(Shape<4>{q.extent(0), q.extent(1), s.tq, s.dv}),
                           CudaTensor<Stat, 3>::uninitialized(Shape<3>{q.extent(0), q.extent(1), s.tq})};
     auto stats = CudaTensor<float, 3>::uninitialized(f.lse.shape());
@@ -243,7 +253,7 @@ std::optional<AttentionForward<T>> attention_cudnn(const CudaTensor<T, 4>& q, co
                                                  {detail::sdpa_v, const_cast<T*>(v.data())},
                                                  {detail::sdpa_o, f.out.data()},
                                                  {detail::sdpa_stats, stats.data()}};
-    detail::run_sdpa(g, pack);
+    detail::run_sdpa(*g, pack);
     cast_into(f.lse, stats);
     return f;
   }
@@ -264,12 +274,9 @@ std::optional<AttentionBackward<T>> attention_cudnn_backward(const CudaTensor<T,
   if constexpr (!std::is_same_v<T, bfloat16>) {
     return std::nullopt;
   } else {
-    const auto s = detail::attention_shape("attention_backward", q, k, v, opts);
-    const auto key = detail::sdpa_key(true, q, s);
-    if (!key) return std::nullopt;
-    const auto& g = detail::sdpa_graph(*key);
-    cudnn_attention_last_refusal() = g.why;
-    if (!g.graph) return std::nullopt;
+    detail::AttentionShape s;
+    const auto* g = detail::sdpa_graph_for(true, "attention_backward", q, k, v, opts, s);
+    if (!g) return std::nullopt;
     AttentionBackward<T> r{CudaTensor<T, 4>::uninitialized(q.shape()), CudaTensor<T, 4>::uninitialized(k.shape()),
                            CudaTensor<T, 4>::uninitialized(v.shape())};
     auto stats = CudaTensor<float, 3>::uninitialized(lse.shape());
@@ -283,7 +290,7 @@ std::optional<AttentionBackward<T>> attention_cudnn_backward(const CudaTensor<T,
                                                  {detail::sdpa_dq, r.dq.data()},
                                                  {detail::sdpa_dk, r.dk.data()},
                                                  {detail::sdpa_dv, r.dv.data()}};
-    detail::run_sdpa(g, pack);
+    detail::run_sdpa(*g, pack);
     return r;
   }
 #else
