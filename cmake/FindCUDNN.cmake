@@ -61,8 +61,10 @@ if(CUDNN_FOUND AND NOT TARGET CUDNN::CUDNN)
   add_library(CUDNN::CUDNN UNKNOWN IMPORTED)
   set_target_properties(CUDNN::CUDNN PROPERTIES IMPORTED_LOCATION "${DTENSOR_CUDNN_LIBRARY}"
                         INTERFACE_INCLUDE_DIRECTORIES "${DTENSOR_CUDNN_INCLUDE_DIR};${DTENSOR_CUDNN_FRONTEND_INCLUDE_DIR}"
-                        # the frontend without its JSON (de)serialisation: ~15 % less nvcc time per unit
-                        INTERFACE_COMPILE_DEFINITIONS CUDNN_FRONTEND_SKIP_JSON_LIB)
+                        # DTENSOR_HAS_CUDNN: what dtensor's headers test (on this target, so that the
+                        # build and the installed config add it alike, with the library); the
+                        # frontend without its JSON (de)serialisation: ~15 % less nvcc time per unit
+                        INTERFACE_COMPILE_DEFINITIONS "DTENSOR_HAS_CUDNN=1;CUDNN_FRONTEND_SKIP_JSON_LIB")
   # cudnn-frontend's runtime-compiled engines call NVRTC (the CUDA toolkit's CUDA::nvrtc).
   if(TARGET CUDA::nvrtc)
     set_property(TARGET CUDNN::CUDNN APPEND PROPERTY INTERFACE_LINK_LIBRARIES CUDA::nvrtc)

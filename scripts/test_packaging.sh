@@ -164,7 +164,7 @@ configure "$ROOT" "$T/build" -DDTENSOR_BUILD_TESTS=OFF -DDTENSOR_BUILD_EXAMPLES=
 logged "$T/install.log" cmake --install "$T/build"
 diff <(cd "$ROOT/include" && find dtensor -type f | sort) <(cd "$P/include" && find dtensor -type f | sort) \
   || fail "the installed include/dtensor differs from the source tree's (see the diff above)"
-expected=(dtensorConfig.cmake dtensorConfigVersion.cmake dtensorTargets.cmake FindNCCL.cmake)
+expected=(dtensorConfig.cmake dtensorConfigVersion.cmake dtensorTargets.cmake FindCUDNN.cmake FindNCCL.cmake)
 if [[ $HAVE_MPI == 1 ]]; then expected+=(dtensor_mpiTargets.cmake); fi
 if [[ $HAVE_BLAS == 1 ]]; then expected+=(dtensor_blasTargets.cmake); fi
 diff <(printf '%s\n' "${expected[@]}" | sort) <(cd "$P/share/dtensor" && ls | sort) \

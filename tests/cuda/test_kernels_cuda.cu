@@ -242,9 +242,11 @@ TEMPLATE_TEST_CASE("cuda elementwise and activations match the host", "[cuda][ke
   CHECK_CLOSE(dy, y, tol<T>());
   const auto bias = normal<T>(Shape<1>{31}, 3);
   CHECK_CLOSE(ck::add_bias(da, dev(bias)), hk::add_bias(a, bias), tol<T>());
-  {  // more rows than the grid's 4,096 (each block walks several) and columns past one block of 256
-    const auto wide = normal<T>(Shape<3>{3, 1700, 300}, 9);
-    const auto wb = normal<T>(Shape<1>{300}, 10);
+  // More rows than the grid's 4,096 (each block walks several), columns past one block of 256;
+  // rows of 304 elements run in 16-byte packs in every type, of 300 in float and double only.
+  for (const Extent n : {Extent(300), Extent(304)}) {
+    const auto wide = normal<T>(Shape<3>{3, 1700, n}, 9);
+    const auto wb = normal<T>(Shape<1>{n}, 10);
     CHECK_CLOSE(ck::add_bias(dev(wide), dev(wb)), hk::add_bias(wide, wb), tol<T>());
   }
   CHECK_CLOSE(ck::bias_grad(da), hk::bias_grad(a), tol<T>());
@@ -254,6 +256,24 @@ TEMPLATE_TEST_CASE("cuda elementwise and activations match the host", "[cuda][ke
   }
   CHECK_CLOSE(ck::gelu(da), hk::gelu(a), tol<T>());
   CHECK_CLOSE(ck::gelu_backward(da, db), hk::gelu_backward(a, b), tol<T>());
+  {  // map and zip run 16-byte packs where the buffers are aligned, elements one by one where
+     // not (here shifted by one element): the same bits either way
+    const Extent n = 1001;
+    const auto x = dev(normal<T>(Shape<1>{n}, 11)), y = dev(normal<T>(Shape<1>{n}, 12));
+    ck::CudaTensor<T, 1> packed(Shape<1>{n}), single(Shape<1>{n}), zpacked(Shape<1>{n}), zsingle(Shape<1>{n});
+    ck::detail::map(packed.data(), x.data(), n, ck::detail::Gelu{});
+    ck::detail::map(single.data() + 1, x.data() + 1, n - 1, ck::detail::Gelu{});
+    ck::detail::zip(zpacked.data(), x.data(), y.data(), n, ck::detail::Axpy<ck::compute_t<T>>{0.5f});
+    ck::detail::zip(zsingle.data() + 1, x.data() + 1, y.data() + 1, n - 1, ck::detail::Axpy<ck::compute_t<T>>{0.5f});
+    const auto hp = hst(packed), hs = hst(single), hzp = hst(zpacked), hzs = hst(zsingle);
+    std::size_t differ = 0;
+    for (Extent i = 1; i < n; ++i)
+      differ += std::bit_cast<std::array<unsigned char, sizeof(T)>>(hp[i]) !=
+                    std::bit_cast<std::array<unsigned char, sizeof(T)>>(hs[i]) ||
+                std::bit_cast<std::array<unsigned char, sizeof(T)>>(hzp[i]) !=
+                    std::bit_cast<std::array<unsigned char, sizeof(T)>>(hzs[i]);
+    CHECK(differ == 0);
+  }
   CHECK_CLOSE(ck::relu(da), hk::relu(a), tol<T>());
   CHECK_CLOSE(ck::relu_backward(da, db), hk::relu_backward(a, b), tol<T>());
   CHECK_CLOSE(ck::silu(da), hk::silu(a), tol<T>());

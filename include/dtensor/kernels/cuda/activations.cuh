@@ -36,12 +36,12 @@ struct SiluPrime {
 struct Exp { template <class C> __device__ C operator()(C x) const { return ::exp(x); } };
 struct Identity { template <class C> __device__ C operator()(C x) const { return x; } };
 
-/// dx[i] = dy[i] * fprime(x[i]).
-template <class T, class F>
-__global__ void backward_kernel(T* dx, const T* x, const T* dy, Extent n, F fprime) {
-  using C = compute_t<T>;
-  for (Extent i = gidx(); i < n; i += gstride()) dx[i] = T(C(dy[i]) * fprime(C(x[i])));
-}
+/// dx = dy * fprime(x) as zip's element function (zip(dx, x, dy, ...): packed where aligned).
+template <class F>
+struct TimesDerivative {
+  F fprime;
+  template <class C> __device__ C operator()(C x, C dy) const { return dy * fprime(x); }
+};
 
 template <class T, std::size_t R, class F>
 CudaTensor<T, R> map_new(const CudaTensor<T, R>& x, F f) {
@@ -52,9 +52,7 @@ CudaTensor<T, R> map_new(const CudaTensor<T, R>& x, F f) {
 template <class T, std::size_t R, class F>
 CudaTensor<T, R> map_backward(const char* /*op*/, const CudaTensor<T, R>& x, const CudaTensor<T, R>& dy, F fprime) {
   auto dx = CudaTensor<T, R>::uninitialized(x.shape());
-  if (x.numel() == 0) return dx;
-  backward_kernel<<<grid_for(x.numel()), block, 0, stream()>>>(dx.data(), x.data(), dy.data(), x.numel(), fprime);
-  launched("backward_kernel");
+  zip(dx.data(), x.data(), dy.data(), x.numel(), TimesDerivative<F>{fprime});
   return dx;
 }
 
