@@ -40,7 +40,10 @@ struct Identity { template <class C> __device__ C operator()(C x) const { return
 template <class F>
 struct TimesDerivative {
   F fprime;
-  template <class C> __device__ C operator()(C x, C dy) const { return dy * fprime(x); }
+  template <class C>
+  __device__ C operator()(C x, C dy) const {
+    return dy * fprime(x);
+  }
 };
 
 template <class T, std::size_t R, class F>
