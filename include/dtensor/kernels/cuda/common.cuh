@@ -89,6 +89,14 @@ inline cublasHandle_t blas() {
 
 inline cudaStream_t stream() { return dtensor::cuda::current_stream(); }
 
+/// The largest power of two up to 256 that divides p's address: what a vector load (16 bytes),
+/// cuBLASLt (its alignment preferences) or a packed kernel may assume of a buffer.
+inline std::uint32_t alignment_of(const void* p) {
+  std::uint32_t a = 256;
+  while (a > 1 && reinterpret_cast<std::uintptr_t>(p) % a != 0) a /= 2;
+  return a;
+}
+
 inline constexpr unsigned block = 256;
 inline unsigned grid_for(Extent n) { return dtensor::cuda::detail::grid_for(std::size_t(n), block); }
 

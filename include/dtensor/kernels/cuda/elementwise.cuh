@@ -34,7 +34,7 @@ struct alignas(16) Pack16 {
   static constexpr int size = 16 / int(sizeof(T));
   T v[size];
 };
-inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+inline bool aligned16(const void* p) { return alignment_of(p) >= 16; }
 
 /// out[i] = f(a[i], b[i]) in compute_t<T> (out may be a).
 template <class T, class F>

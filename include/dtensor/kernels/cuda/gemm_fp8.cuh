@@ -124,7 +124,7 @@ void gemm_fp8(const FA* A, const float* a_scale_inv, const FB* B, const float* b
                 "cuBLASLt has no E5M2 x E5M2 GEMM (HYBRID: one operand E4M3)");
   const auto bytes = [](const auto* p) { return static_cast<const void*>(p); };
   host::detail::check_gemm_args<const void>(false, true, bytes(A), bytes(B), bytes(C), m, n, k, lda, ldb, ldc);
-  const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
+  const auto aligned = [](const void* p) { return detail::alignment_of(p) >= 16; };
   detail::check(k > 0 && k % 16 == 0 && lda % 16 == 0 && ldb % 16 == 0 && aligned(A) && aligned(B), "cuda::gemm_fp8",
                 "cuBLASLt's FP8 GEMM needs k > 0 and k, lda, ldb multiples of 16 and 16-byte aligned A, B: m=", m,
                 " n=", n, " k=", k, " lda=", lda, " ldb=", ldb);
@@ -173,12 +173,8 @@ void gemm_fp8(const FA* A, const float* a_scale_inv, const FB* B, const float* b
   // The buffers' actual alignment (as PyTorch's cuBLASLt calls state it): the heuristic otherwise
   // assumes 256 bytes and may pick an algorithm that cublasLtMatmul then refuses for these
   // pointers (CUBLAS_STATUS_NOT_SUPPORTED, seen on an H200).
-  const auto alignment = [](const void* p) {
-    std::uint32_t a = 256;
-    while (a > 1 && reinterpret_cast<std::uintptr_t>(p) % a != 0) a /= 2;
-    return a;
-  };
-  const std::uint32_t align_a = alignment(B), align_b = alignment(A), align_c = alignment(C);  // cuBLASLt's A is our B
+  const std::uint32_t align_a = detail::alignment_of(B), align_b = detail::alignment_of(A),
+                      align_c = detail::alignment_of(C);  // cuBLASLt's A is our B
   DTENSOR_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
                                                             &align_a, sizeof(align_a)));
   DTENSOR_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,

@@ -5,6 +5,7 @@
 // movement: bit-exact with the host.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <initializer_list>
@@ -41,7 +42,7 @@ template <std::size_t R>
 bool permute_rows(void* y, const void* x, const Shape<R>& ys, const Shape<R>& st, std::size_t elem) {
   static_assert(R >= 2);
   const std::size_t row_bytes = std::size_t(ys[R - 1]) * elem;
-  const auto addr = reinterpret_cast<std::uintptr_t>(y) | reinterpret_cast<std::uintptr_t>(x);
+  const std::uint32_t align = std::min(alignment_of(y), alignment_of(x));
   Dims rows, from;
   rows.rank = from.rank = int(R - 1);
   Extent n_rows = 1;
@@ -52,7 +53,7 @@ bool permute_rows(void* y, const void* x, const Shape<R>& ys, const Shape<R>& st
   }
   const auto launch = [&](auto word) {
     using W = decltype(word);
-    if (row_bytes % sizeof(W) != 0 || addr % sizeof(W) != 0) return false;
+    if (row_bytes % sizeof(W) != 0 || align < sizeof(W)) return false;
     const Extent row_words = Extent(row_bytes / sizeof(W)), words = n_rows * row_words;
     permute_rows_kernel<W><<<grid_for(words), block, 0, stream()>>>(static_cast<W*>(y), static_cast<const W*>(x), words,
                                                                     row_words, rows, from);
