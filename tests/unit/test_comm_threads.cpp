@@ -20,6 +20,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "dtensor/comm/detail/wake_word.hpp"
 #include "dtensor/comm/hosts.hpp"
 #include "dtensor/comm/threads.hpp"
 #include "dtensor/mesh/device_mesh.hpp"
@@ -691,6 +692,52 @@ TEST_CASE("a rank that is alive but never arrives times out, naming it", "[comm]
     CHECK(contains(m, "rank 1 did not send"));
     CHECK(errors[1] == nullptr);
   }
+  SECTION("send to a rank that never receives") {
+    auto errors = threads::run_collect(2, [](CommPtr w) {
+      w->set_timeout(200ms);
+      std::vector<float> x(4);
+      if (w->rank() == 1) w->send(std::span<const float>(x), 0, 3);
+      else std::this_thread::sleep_for(600ms);
+    });
+    const std::string m = message_of(errors[1]);
+    INFO(m);
+    CHECK(contains(m, "send[world]"));
+    CHECK(contains(m, "rank 0 did not receive (4 x float32, tag 3)"));
+    CHECK(errors[0] == nullptr);
+  }
+}
+
+// The word the backend's waiters sleep on (comm/detail/wake_word.hpp): a wake releases every
+// sleeper, one that read the word before a wake does not sleep, a deadline returns.
+TEST_CASE("WakeWord: wake releases every sleeper, a stale read does not sleep, deadlines return", "[comm][threads]") {
+  threads::detail::WakeWord word;
+  using Clock = threads::detail::WakeWord::Clock;
+  const auto t0 = Clock::now();
+  CHECK_FALSE(word.wait_until(word.now(), t0));                   // a deadline already passed: no sleep
+  CHECK_FALSE(word.wait_until(word.now(), Clock::now() + 20ms));  // nobody wakes it: the deadline
+  CHECK(Clock::now() - t0 >= 20ms);
+  const auto seen = word.now();
+  word.wake();
+  CHECK(word.wait_until(seen, Clock::now() + 60s));  // moved since read: returns at once
+  std::atomic<bool> ready{false};
+  std::atomic<int> released{0};
+  std::vector<std::thread> sleepers;
+  for (int i = 0; i < 6; ++i)
+    sleepers.emplace_back([&] {
+      for (;;) {
+        const auto s = word.now();
+        if (ready.load()) break;
+        word.wait_until(s, Clock::now() + 60s);
+      }
+      ++released;
+    });
+  std::this_thread::sleep_for(50ms);  // most of them asleep by now (any not yet asleep see the word move)
+  const auto t1 = Clock::now();
+  ready = true;
+  word.wake();
+  for (auto& t : sleepers) t.join();
+  CHECK(released.load() == 6);
+  CHECK(Clock::now() - t1 < 30s);  // released by the wake, not by their 60 s deadlines
 }
 
 // Hosts (comm/hosts.hpp, mesh/hosts.hpp): the threads ranks share one host; the mesh's crossing

@@ -131,7 +131,7 @@ inline Slot& arrive(const Ctx& c, Post mine) {
     std::string why = s.reason;
     g.leave(s);
     l.unlock();
-    g.cv.notify_all();
+    g.wake.wake();
     throw c.error(mine.kind, why);
   };
   // An abort comes first: its reason names the rank that failed first. Otherwise a peer that
@@ -167,11 +167,8 @@ inline Slot& arrive(const Ctx& c, Post mine) {
   s.posts[std::size_t(c.rank)] = mine;
   s.here[std::size_t(c.rank)] = 1;
   if (++s.arrived == n) {
-    // Waiters check `arrived` under the mutex before they park, so reading `sleepers` here,
-    // still under it, cannot miss one.
-    const bool wake = g.sleepers.load() > 0;
     l.unlock();
-    if (wake) g.cv.notify_all();
+    g.wake.wake();
     return s;
   }
 
@@ -179,14 +176,16 @@ inline Slot& arrive(const Ctx& c, Post mine) {
   if (spin_until([&] { return s.arrived.load() == n || w.aborted(); }, w.size)) {
     if (s.arrived.load() == n) return s;
   }
-  l.lock();
   const auto deadline = deadline_after(c.timeout);
-  Group::Parked parked(g);
   for (;;) {
+    // Read the word first (WakeWord): a completion after this read wakes the sleep below.
+    const auto seen = g.wake.now();
+    if (s.arrived.load() == n) return s;  // the common way out: no lock
+    l.lock();
     if (s.arrived == n) return s;
     fail_if_aborted_or_peer_gone();
     if (s.failed) give_up();
-    if (g.cv.wait_until(l, deadline) == std::cv_status::timeout && s.arrived < n && !s.failed && !w.aborted()) {
+    if (Clock::now() >= deadline) {
       std::string missing;
       int k = 0;
       for (int r = 0; r < n; ++r)
@@ -201,10 +200,12 @@ inline Slot& arrive(const Ctx& c, Post mine) {
       s.reason = why;
       g.leave(s);
       l.unlock();
-      g.cv.notify_all();
+      g.wake.wake();
       w.abort(c.world_rank(), std::move(why));
       throw e;
     }
+    l.unlock();
+    g.wake.wait_until(seen, deadline);
   }
 }
 
@@ -538,37 +539,46 @@ inline std::string peer_gone(const Ctx& c, int peer, const char* what, std::size
 inline void send(const Ctx& c, const void* buf, std::size_t count, DType t, int peer, int tag, std::uint64_t ticket) {
   Group& g = *c.group;
   World& w = *g.world;
+  WakeWord& mine = w.p2p_wake(c.world_rank());
   Message m{.buf = buf, .count = count, .dtype = t, .ticket = ticket};
   if (c.mem) c.mem->fence();  // the receiver reads buf: its contents must be there
   std::unique_lock l(w.p2p_mu);
   if (w.aborted()) throw c.error(CollectiveKind::send, w.reason());
   auto& q = w.mail[MailKey{g.id, c.rank, peer, tag}];
   q.insert(std::find_if(q.begin(), q.end(), [&](const Message* o) { return o->ticket > ticket; }), &m);
-  w.p2p_cv.notify_all();
+  l.unlock();
+  w.p2p_wake(g.world_ranks[std::size_t(peer)]).wake();
   const auto deadline = deadline_after(c.timeout);
   auto withdraw = [&] { q.erase(std::find(q.begin(), q.end(), &m)); };
+  l.lock();
   while (!m.done) {
-    if (m.taken) {  // the receiver is copying from our buffer: wait for it, come what may
-      w.p2p_cv.wait(l);
-      continue;
+    // Once the receiver is copying from our buffer, wait for it, come what may.
+    if (!m.taken) {
+      if (w.aborted()) {
+        withdraw();
+        throw c.error(CollectiveKind::send, w.reason());
+      }
+      if (w.departures.gone(g.world_ranks[std::size_t(peer)])) {
+        withdraw();
+        throw c.error(CollectiveKind::send, peer_gone(c, peer, "receiving", count, t, tag));
+      }
+      if (Clock::now() >= deadline) {
+        withdraw();
+        l.unlock();
+        const Error e =
+            c.error(CollectiveKind::send,
+                    dtensor::detail::cat("timed out after ", c.timeout.count(), " ms: ", rank_name(g, peer),
+                                         " did not receive (", count, " x ", name_of(t), ", tag ", tag, ")"));
+        w.abort(c.world_rank(), dtensor::detail::cat("rank ", c.world_rank(), " failed: ", e.what()));
+        throw e;
+      }
     }
-    if (w.aborted()) {
-      withdraw();
-      throw c.error(CollectiveKind::send, w.reason());
-    }
-    if (w.departures.gone(g.world_ranks[std::size_t(peer)])) {
-      withdraw();
-      throw c.error(CollectiveKind::send, peer_gone(c, peer, "receiving", count, t, tag));
-    }
-    if (w.p2p_cv.wait_until(l, deadline) == std::cv_status::timeout && !m.taken && !m.done && !w.aborted()) {
-      withdraw();
-      l.unlock();
-      const Error e = c.error(CollectiveKind::send,
-                              dtensor::detail::cat("timed out after ", c.timeout.count(), " ms: ", rank_name(g, peer),
-                                                   " did not receive (", count, " x ", name_of(t), ", tag ", tag, ")"));
-      w.abort(c.world_rank(), dtensor::detail::cat("rank ", c.world_rank(), " failed: ", e.what()));
-      throw e;
-    }
+    // Read under the lock: the receiver marks `done` under it and moves our word after.
+    const auto seen = mine.now();
+    const bool taken = m.taken;
+    l.unlock();
+    mine.wait_until(seen, taken ? Clock::time_point::max() : deadline);
+    l.lock();
   }
   if (!m.error.empty()) throw c.error(CollectiveKind::send, m.error);
 }
@@ -578,20 +588,18 @@ inline void send(const Ctx& c, const void* buf, std::size_t count, DType t, int 
 inline void recv(const Ctx& c, void* buf, std::size_t count, DType t, int peer, int tag, std::uint64_t ticket) {
   Group& g = *c.group;
   World& w = *g.world;
+  WakeWord& mine = w.p2p_wake(c.world_rank());
   std::unique_lock l(w.p2p_mu);
   auto& q = w.mail[MailKey{g.id, peer, c.rank, tag}];
   const auto deadline = deadline_after(c.timeout);
-  auto mine = q.end();
-  auto arrived = [&] {
-    mine = std::find_if(q.begin(), q.end(), [&](const Message* o) { return o->ticket == ticket; });
-    return mine != q.end();
-  };
+  auto it = q.end();
   for (;;) {
     if (w.aborted()) throw c.error(CollectiveKind::recv, w.reason());
-    if (arrived()) break;
+    it = std::find_if(q.begin(), q.end(), [&](const Message* o) { return o->ticket == ticket; });
+    if (it != q.end()) break;
     if (w.departures.gone(g.world_ranks[std::size_t(peer)]))
       throw c.error(CollectiveKind::recv, peer_gone(c, peer, "sending", count, t, tag));
-    if (w.p2p_cv.wait_until(l, deadline) == std::cv_status::timeout && !arrived() && !w.aborted()) {
+    if (Clock::now() >= deadline) {
       l.unlock();
       const Error e = c.error(CollectiveKind::recv,
                               dtensor::detail::cat("timed out after ", c.timeout.count(), " ms: ", rank_name(g, peer),
@@ -599,9 +607,14 @@ inline void recv(const Ctx& c, void* buf, std::size_t count, DType t, int peer, 
       w.abort(c.world_rank(), dtensor::detail::cat("rank ", c.world_rank(), " failed: ", e.what()));
       throw e;
     }
+    // Read under the lock: a sender posts under it and moves our word after.
+    const auto seen = mine.now();
+    l.unlock();
+    mine.wait_until(seen, deadline);
+    l.lock();
   }
-  Message* m = *mine;
-  q.erase(mine);
+  Message* m = *it;
+  q.erase(it);
   m->taken = true;
   l.unlock();
   std::string error;
@@ -613,9 +626,9 @@ inline void recv(const Ctx& c, void* buf, std::size_t count, DType t, int peer, 
   if (c.mem) c.mem->fence();  // the sender may reuse its buffer once we say done
   l.lock();
   m->error = error;
-  m->done = true;
+  m->done = true;  // from here on `m` may be gone: the sender returns when it sees this
   l.unlock();
-  w.p2p_cv.notify_all();
+  w.p2p_wake(g.world_ranks[std::size_t(peer)]).wake();
   if (!error.empty()) throw c.error(CollectiveKind::recv, error);
 }
 

@@ -32,6 +32,7 @@
 
 #include "dtensor/comm/comm_log.hpp"
 #include "dtensor/comm/communicator.hpp"
+#include "dtensor/comm/detail/wake_word.hpp"
 #include "dtensor/comm/work.hpp"
 #include "dtensor/core/dtype.hpp"
 #include "dtensor/core/error.hpp"
@@ -374,7 +375,9 @@ class World {
   // do not overtake each other even when asynchronous ones run on different pool threads
   // (MPI's non-overtaking rule).
   std::mutex p2p_mu;
-  std::condition_variable p2p_cv;
+  /// The word world rank r's sends and receives sleep on: a message posted to r, or one of r's
+  /// taken and copied, moves it (one rank's waiters wake, not every waiter of the run).
+  WakeWord& p2p_wake(int world_rank) { return p2p_wake_[std::size_t(world_rank)]; }
   std::map<MailKey, std::deque<Message*>> mail;  // ordered by ticket
   std::map<MailKey, std::uint64_t> send_tickets, recv_tickets;
 
@@ -392,6 +395,7 @@ class World {
   inline void wake_all();
   std::vector<std::weak_ptr<Group>> groups_;
   std::atomic<std::uint64_t> next_id_{0};
+  std::unique_ptr<WakeWord[]> p2p_wake_ = std::make_unique<WakeWord[]>(std::size_t(size));
 };
 
 class Group {
@@ -411,42 +415,28 @@ class Group {
   const int size;
   const std::uint64_t id;
 
-  std::mutex mu;
-  std::condition_variable cv;
-  /// How many threads are parked (or about to park) on `cv`; a counter that reaches its target
-  /// takes the mutex and notifies only when there are any, so the common case, in which every
-  /// waiter is still spinning, costs one atomic increment instead of a lock and a notify.
-  std::atomic<int> sleepers{0};
+  std::mutex mu;  // the slots: finding, posting to, failing and recycling one
+  /// Moved (and its sleepers woken) when a rendezvous completes or fails, and by World::wake_all;
+  /// every rank waiting in one of this group's collectives sleeps on it (detail/wake_word.hpp).
+  WakeWord wake;
 
-  /// Registers a thread that is about to wait on `cv` (constructed with `mu` held).
-  struct Parked {
-    explicit Parked(Group& g) : group(g) { ++group.sleepers; }
-    ~Parked() { --group.sleepers; }
-    Parked(const Parked&) = delete;
-    Parked& operator=(const Parked&) = delete;
-    Group& group;
-  };
-
-  /// Counts this rank in `counter` without the mutex and wakes the parked waiters when the
-  /// count is complete. (Sequentially consistent: a parking waiter increments `sleepers` and
-  /// then reads `counter`, this reads `sleepers` after incrementing `counter`, so at least one
-  /// of them sees the other: either the waiter does not sleep, or it is woken.)
+  /// Counts this rank in `counter` without the mutex and wakes the waiters when the count is
+  /// complete (WakeWord: the counter's increment comes before the word's, so a waiter that read
+  /// the word before seeing an incomplete count is woken).
   void count(std::atomic<int>& counter) {
-    if (++counter == size && sleepers.load() > 0) {
-      { std::lock_guard l(mu); }  // the waiter is inside cv.wait, not between check and wait
-      cv.notify_all();
-    }
+    if (++counter == size) wake.wake();
   }
 
-  /// Waits until every rank has been counted in `counter`: spins briefly, then parks.
+  /// Waits until every rank has been counted in `counter`: spins briefly, then sleeps.
   void wait_all(const std::atomic<int>& counter) {
     auto all = [&] { return counter.load() == size; };
     if (spin_until(all, world->size)) return;
-    std::unique_lock l(mu);
-    Parked parked(*this);
-    cv.wait(l, all);
+    for (;;) {
+      const auto seen = wake.now();
+      if (all()) return;
+      wake.wait(seen);
+    }
   }
-
 
   /// The slot of collective `seq`, created by the first rank to arrive. Caller holds `mu`.
   Slot& slot(std::uint64_t seq) {
@@ -514,14 +504,10 @@ inline void World::wake_all() {
     for (auto& w : groups_)
       if (auto g = w.lock()) gs.push_back(std::move(g));
   }
-  // Taking each waiter's mutex once orders the flag (abort or departure) before the waiter's
-  // next check, so no wakeup is lost.
-  for (auto& g : gs) {
-    { std::lock_guard l(g->mu); }
-    g->cv.notify_all();
-  }
-  { std::lock_guard l(p2p_mu); }
-  p2p_cv.notify_all();
+  // The flag (abort or departure) is set before the words move, so a waiter that read a word
+  // before the flag was set is woken, and one that read it after sees the flag.
+  for (auto& g : gs) g->wake.wake();
+  for (int r = 0; r < size; ++r) p2p_wake(r).wake();
 }
 
 }  // namespace dtensor::threads::detail
