@@ -89,13 +89,13 @@ DEFAULT_ONLY = ["default-1", "l4d384-1"]
 #   parameters: 427008
 #   summary: 200 steps in 8.1 s; final train loss 2.4012, validation loss 2.4567; 25301 tokens/s (25420 after the first step)
 # the twin (bench/train_gpt_torch.py):
-#   train_gpt_torch: torch 2.5.1+cpu, 1 thread(s); vocab 86, 2 layers, dim 128, 4 heads, seq 64, batch 16; 427008 parameters; dtype f32
+#   train_gpt_torch: torch 2.15.0+cu132, 1 thread(s), device cpu; vocab 86, 2 layers, dim 128, 4 heads, seq 64, batch 16; 427008 parameters; dtype f32
 #   summary: 200 steps; final train loss 2.4012; 26000 tokens/s
 DT_RANKS = re.compile(r"^train_gpt: mesh .*= (\d+) ranks", re.M)
 DT_DTYPE = re.compile(r"^train_gpt: mesh .*\bdtype (\w+)", re.M)
 DT_MODEL = re.compile(r"model: (\d+) layers, dim (\d+), (\d+) heads, seq (\d+), batch (\d+), vocab (\d+)")
 DT_PARAMS = re.compile(r"^parameters: (\d+)$", re.M)
-PT_HEADER = re.compile(r"^train_gpt_torch: torch (\S+), (\d+) thread\(s\); vocab (\d+), (\d+) layers, dim (\d+), "
+PT_HEADER = re.compile(r"^train_gpt_torch: torch (\S+), (\d+) thread\(s\)(?:, device cpu)?; vocab (\d+), (\d+) layers, dim (\d+), "
                        r"(\d+) heads, seq (\d+), batch (\d+); (\d+) parameters(?:; dtype (\w+).*)?$", re.M)
 SUMMARY = re.compile(r"^summary: (\d+) steps\b.*?final train loss ([^,;\s]+).*?\s(\d+) tokens/s"
                      r"(?: \(\d+ after the first step\))?$", re.M)
