@@ -34,6 +34,14 @@ class Error : public std::runtime_error {
         rank_(rank),
         world_rank_(world_rank == no_rank ? rank : world_rank),
         backend_code_(backend_code) {}
+  // An op or a message written as a literal (most throw sites): the strings are built here, not
+  // at each site (two constructions and their clean-ups per throw, in code that never runs).
+  [[gnu::noinline]] Error(const char* op, const std::string& what, int rank = no_rank, int backend_code = 0,
+                          int world_rank = no_rank)
+      : Error(std::string(op), what, rank, backend_code, world_rank) {}
+  [[gnu::noinline]] Error(const char* op, const char* what, int rank = no_rank, int backend_code = 0,
+                          int world_rank = no_rank)
+      : Error(std::string(op), std::string(what), rank, backend_code, world_rank) {}
 
   const std::string& op() const noexcept { return op_; }
   /// What went wrong, without the "dtensor: op on rank r: " that what() starts with.
