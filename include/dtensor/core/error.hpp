@@ -79,9 +79,11 @@ namespace detail {
 /// building and throw, in a GPT training program).
 class MessagePiece {
  public:
-  MessagePiece(const char* text) : data_(text), size_(text ? std::char_traits<char>::length(text) : 0) {}
-  MessagePiece(const std::string& text) : data_(text.data()), size_(text.size()) {}
-  MessagePiece(std::string_view text) : data_(text.data()), size_(text.size()) {}
+  // Each constructor sets only what its kind reads (a piece is built at every check site, in code
+  // that runs only on failure; its length, for a C string, is taken when the message is built).
+  MessagePiece(const char* text) : data_(text), kind_(Kind::c_string) {}
+  MessagePiece(const std::string& text) : data_(text.data()), size_(text.size()), kind_(Kind::text) {}
+  MessagePiece(std::string_view text) : data_(text.data()), size_(text.size()), kind_(Kind::text) {}
   template <class P>
     requires(!std::is_convertible_v<const P&, std::string_view> && !std::is_convertible_v<const P&, const char*>)
   MessagePiece(const P& piece) {
@@ -99,6 +101,9 @@ class MessagePiece {
 
   void append_to(std::string& out) const {
     switch (kind_) {
+      case Kind::c_string:
+        if (data_) out.append(static_cast<const char*>(data_));
+        return;
       case Kind::text:
         out.append(static_cast<const char*>(data_), size_);
         return;
@@ -123,11 +128,11 @@ class MessagePiece {
     s << *static_cast<const P*>(object);
   }
 
-  enum class Kind : unsigned char { text, signed_integer, unsigned_integer, streamed };
-  const void* data_ = nullptr;  // the text, or the streamed object
-  std::uint64_t size_ = 0;      // the text's length, or the integer
-  void (*stream_)(std::ostream&, const void*) = nullptr;
-  Kind kind_ = Kind::text;
+  enum class Kind : unsigned char { c_string, text, signed_integer, unsigned_integer, streamed };
+  const void* data_;                            // the text (null: none), or the streamed object
+  std::uint64_t size_;                          // the text's length, or the integer
+  void (*stream_)(std::ostream&, const void*);  // how the streamed object is written
+  Kind kind_;
 };
 
 /// The pieces one after the other.
