@@ -571,49 +571,67 @@ class Communicator {
 
  private:
   // The checks, the log entry and the backend call, shared by the asynchronous and blocking forms.
+  // Each typed form hands its buffers, counts and DType to one function that is not a template and
+  // is not inlined: one body per collective, not one per element type inlined at every call site.
   template <Element T>
   Work start_all_gather(std::span<const T> send, std::span<T> recv, bool async) {
-    expect_count("all_gather", "recv", recv.size(), send.size() * std::size_t(size_), send.size());
-    const auto span =
-        pre(CollectiveKind::all_gather, recv.size() * sizeof(T), dtype_of<T>, ReduceOp::sum, send.size(), -1);
-    return traced(span, do_all_gather(send.data(), recv.data(), send.size(), dtype_of<T>, async), async);
+    return start_all_gather(send.data(), send.size(), recv.data(), recv.size(), dtype_of<T>, async);
+  }
+  [[gnu::noinline]] Work start_all_gather(const void* send, std::size_t send_count, void* recv, std::size_t recv_count,
+                                          DType t, bool async) {
+    expect_count("all_gather", "recv", recv_count, send_count * std::size_t(size_), send_count);
+    const auto span = pre(CollectiveKind::all_gather, recv_count * size_of(t), t, ReduceOp::sum, send_count, -1);
+    return traced(span, do_all_gather(send, recv, send_count, t, async), async);
   }
   template <Element T>
   Work start_reduce_scatter(std::span<const T> send, std::span<T> recv, ReduceOp op, bool async) {
-    expect_count("reduce_scatter", "send", send.size(), recv.size() * std::size_t(size_), recv.size());
-    const auto span = pre(CollectiveKind::reduce_scatter, send.size() * sizeof(T), dtype_of<T>, op, recv.size(), -1);
-    return traced(span, do_reduce_scatter(send.data(), recv.data(), recv.size(), dtype_of<T>, op, async), async);
+    return start_reduce_scatter(send.data(), send.size(), recv.data(), recv.size(), dtype_of<T>, op, async);
+  }
+  [[gnu::noinline]] Work start_reduce_scatter(const void* send, std::size_t send_count, void* recv,
+                                              std::size_t recv_count, DType t, ReduceOp op, bool async) {
+    expect_count("reduce_scatter", "send", send_count, recv_count * std::size_t(size_), recv_count);
+    const auto span = pre(CollectiveKind::reduce_scatter, send_count * size_of(t), t, op, recv_count, -1);
+    return traced(span, do_reduce_scatter(send, recv, recv_count, t, op, async), async);
   }
   template <Element T>
   Work start_all_reduce(std::span<const T> send, std::span<T> recv, ReduceOp op, bool async) {
-    expect_count("all_reduce", "recv", recv.size(), send.size(), send.size());
-    const auto span = pre(CollectiveKind::all_reduce, send.size() * sizeof(T), dtype_of<T>, op, send.size(), -1);
-    return traced(span, do_all_reduce(send.data(), recv.data(), send.size(), dtype_of<T>, op, async), async);
+    return start_all_reduce(send.data(), send.size(), recv.data(), recv.size(), dtype_of<T>, op, async);
+  }
+  [[gnu::noinline]] Work start_all_reduce(const void* send, std::size_t send_count, void* recv, std::size_t recv_count,
+                                          DType t, ReduceOp op, bool async) {
+    expect_count("all_reduce", "recv", recv_count, send_count, send_count);
+    const auto span = pre(CollectiveKind::all_reduce, send_count * size_of(t), t, op, send_count, -1);
+    return traced(span, do_all_reduce(send, recv, send_count, t, op, async), async);
   }
   template <Element T>
   Work start_all_to_all(std::span<const T> send, std::span<T> recv, bool async) {
-    if (send.size() % std::size_t(size_) != 0)
-      fail("all_to_all", detail::cat("send has ", send.size(), " elements, not a multiple of the group size ", size_));
-    expect_count("all_to_all", "recv", recv.size(), send.size(), send.size() / std::size_t(size_));
-    const auto span =
-        pre(CollectiveKind::all_to_all, send.size() * sizeof(T), dtype_of<T>, ReduceOp::sum, send.size(), -1);
-    return traced(span, do_all_to_all(send.data(), recv.data(), send.size() / std::size_t(size_), dtype_of<T>, async),
-                  async);
+    return start_all_to_all(send.data(), send.size(), recv.data(), recv.size(), dtype_of<T>, async);
+  }
+  [[gnu::noinline]] Work start_all_to_all(const void* send, std::size_t send_count, void* recv, std::size_t recv_count,
+                                          DType t, bool async) {
+    if (send_count % std::size_t(size_) != 0)
+      fail("all_to_all", detail::cat("send has ", send_count, " elements, not a multiple of the group size ", size_));
+    expect_count("all_to_all", "recv", recv_count, send_count, send_count / std::size_t(size_));
+    const auto span = pre(CollectiveKind::all_to_all, send_count * size_of(t), t, ReduceOp::sum, send_count, -1);
+    return traced(span, do_all_to_all(send, recv, send_count / std::size_t(size_), t, async), async);
   }
   template <Element T>
   Work start_all_to_all_strided(std::span<const T> send, const StridedBlocks& b, std::span<T> recv, bool async) {
+    return start_all_to_all_strided(send.data(), send.size(), b, recv.data(), recv.size(), dtype_of<T>, async);
+  }
+  [[gnu::noinline]] Work start_all_to_all_strided(const void* send, std::size_t send_count, const StridedBlocks& b,
+                                                  void* recv, std::size_t recv_count, DType t, bool async) {
     const std::size_t block = b.block_elements();
     if (b.rows > 1 && b.run > b.row_stride)
       fail("all_to_all", detail::cat("strided blocks: runs of ", b.run, " elements overlap at a row stride of ",
                                      b.row_stride));
-    if (b.extent(size_) > send.size())
+    if (b.extent(size_) > send_count)
       fail("all_to_all", detail::cat("strided blocks (", b.rows, " rows of ", b.run, " elements, row stride ",
                                      b.row_stride, ", block stride ", b.block_stride, ") span ", b.extent(size_),
-                                     " elements for ", size_, " ranks, but send has ", send.size()));
-    expect_count("all_to_all", "recv", recv.size(), block * std::size_t(size_), block);
-    const auto span =
-        pre(CollectiveKind::all_to_all, recv.size() * sizeof(T), dtype_of<T>, ReduceOp::sum, recv.size(), -1);
-    return traced(span, do_all_to_all_strided(send.data(), b, recv.data(), dtype_of<T>, async), async);
+                                     " elements for ", size_, " ranks, but send has ", send_count));
+    expect_count("all_to_all", "recv", recv_count, block * std::size_t(size_), block);
+    const auto span = pre(CollectiveKind::all_to_all, recv_count * size_of(t), t, ReduceOp::sum, recv_count, -1);
+    return traced(span, do_all_to_all_strided(send, b, recv, t, async), async);
   }
   template <Element T>
   Work start_all_to_all_v(std::span<const T> send, std::span<const std::size_t> send_counts,
@@ -634,22 +652,30 @@ class Communicator {
   }
   template <Element T>
   Work start_broadcast(std::span<T> buf, int root, bool async) {
+    return start_broadcast(buf.data(), buf.size(), dtype_of<T>, root, async);
+  }
+  [[gnu::noinline]] Work start_broadcast(void* buf, std::size_t count, DType t, int root, bool async) {
     check_peer("broadcast", root);
-    const auto span =
-        pre(CollectiveKind::broadcast, buf.size() * sizeof(T), dtype_of<T>, ReduceOp::sum, buf.size(), root);
-    return traced(span, do_broadcast(buf.data(), buf.size(), dtype_of<T>, root, async), async);
+    const auto span = pre(CollectiveKind::broadcast, count * size_of(t), t, ReduceOp::sum, count, root);
+    return traced(span, do_broadcast(buf, count, t, root, async), async);
   }
   template <Element T>
   Work start_send(std::span<const T> buf, int peer, int tag, bool async) {
+    return start_send(buf.data(), buf.size(), dtype_of<T>, peer, tag, async);
+  }
+  [[gnu::noinline]] Work start_send(const void* buf, std::size_t count, DType t, int peer, int tag, bool async) {
     check_peer("send", peer);
-    const auto span = record(CollectiveKind::send, buf.size() * sizeof(T), dtype_of<T>, ReduceOp::sum, peer);
-    return traced(span, do_send(buf.data(), buf.size(), dtype_of<T>, peer, tag, async), async);
+    const auto span = record(CollectiveKind::send, count * size_of(t), t, ReduceOp::sum, peer);
+    return traced(span, do_send(buf, count, t, peer, tag, async), async);
   }
   template <Element T>
   Work start_recv(std::span<T> buf, int peer, int tag, bool async) {
+    return start_recv(buf.data(), buf.size(), dtype_of<T>, peer, tag, async);
+  }
+  [[gnu::noinline]] Work start_recv(void* buf, std::size_t count, DType t, int peer, int tag, bool async) {
     check_peer("recv", peer);
-    const auto span = record(CollectiveKind::recv, buf.size() * sizeof(T), dtype_of<T>, ReduceOp::sum, peer);
-    return traced(span, do_recv(buf.data(), buf.size(), dtype_of<T>, peer, tag, async), async);
+    const auto span = record(CollectiveKind::recv, count * size_of(t), t, ReduceOp::sum, peer);
+    return traced(span, do_recv(buf, count, t, peer, tag, async), async);
   }
   // Logs a call in the enclosing CommLogs and reports it to this thread's observer, if any
   // (comm/observer.hpp): traced() hands it the backend's Work, to see it complete.

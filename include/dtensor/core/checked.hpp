@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <limits>
 #include <string>
+#include <string_view>
 
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/shape.hpp"
@@ -22,41 +23,44 @@ namespace dtensor {
 
 /// a * b, or an Error naming `op`, both values and the type's limit.
 template <std::integral T>
-T checked_mul(T a, T b, const std::string& op, const char* what = "product") {
+T checked_mul(T a, T b, std::string_view op, const char* what = "product") {
   T out{};
   if (__builtin_mul_overflow(a, b, &out))
-    throw Error(op, detail::cat(what, " ", +a, " x ", +b, " overflows (the largest is ",
-                                +std::numeric_limits<T>::max(), ")"));
+    throw Error(std::string(op), detail::cat(what, " ", +a, " x ", +b, " overflows (the largest is ",
+                                             +std::numeric_limits<T>::max(), ")"));
   return out;
 }
 
 /// The product of `values` in type T (a shape's element count, a mesh's number of ranks), or an
 /// Error naming `op` and quoting every value. Negative values are the caller's to reject first.
 template <std::integral T, class Range>
-T checked_product(const Range& values, const std::string& op, const char* what = "product") {
+T checked_product(const Range& values, std::string_view op, const char* what = "product") {
   T out = 1;
   for (auto v : values) {
     if (!std::in_range<T>(v) || __builtin_mul_overflow(out, T(v), &out))
-      throw Error(op, detail::cat(what, " of ", to_string(values), " overflows ", sizeof(T) * 8,
-                                  "-bit integers (the largest is ", +std::numeric_limits<T>::max(), ")"));
+      throw Error(std::string(op), detail::cat(what, " of ", to_string(values), " overflows ", sizeof(T) * 8,
+                                               "-bit integers (the largest is ", +std::numeric_limits<T>::max(), ")"));
   }
   return out;
 }
 
 /// The number of elements of `s`, checked: an Error for a negative extent or an overflow.
 template <std::size_t R>
-Extent checked_numel(const Shape<R>& s, const std::string& op) {
+Extent checked_numel(const Shape<R>& s, std::string_view op) {
   for (std::size_t d = 0; d < R; ++d)
-    if (s[d] < 0) throw Error(op, detail::cat("extent ", s[d], " of dimension ", d, " in ", to_string(s), " is negative"));
+    if (s[d] < 0)
+      throw Error(std::string(op),
+                  detail::cat("extent ", s[d], " of dimension ", d, " in ", to_string(s), " is negative"));
   return checked_product<Extent>(s, op, "element count");
 }
 
 /// `count` elements of `element_size` bytes, as a byte count that fits in memory (size_t), or
 /// an Error naming `op`.
-inline std::size_t checked_bytes(Extent count, std::size_t element_size, const std::string& op) {
+inline std::size_t checked_bytes(Extent count, std::size_t element_size, std::string_view op) {
   std::size_t bytes = 0;
   if (count < 0 || __builtin_mul_overflow(std::size_t(count), element_size, &bytes))
-    throw Error(op, detail::cat(count, " elements of ", element_size, " bytes do not fit in a byte count"));
+    throw Error(std::string(op),
+                detail::cat(count, " elements of ", element_size, " bytes do not fit in a byte count"));
   return bytes;
 }
 

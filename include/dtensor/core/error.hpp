@@ -34,6 +34,14 @@ class Error : public std::runtime_error {
         rank_(rank),
         world_rank_(world_rank == no_rank ? rank : world_rank),
         backend_code_(backend_code) {}
+  // An op or a message written as a literal (most throw sites): the strings are built here, not
+  // at each site (two constructions and their clean-ups per throw, in code that never runs).
+  [[gnu::noinline]] Error(const char* op, const std::string& what, int rank = no_rank, int backend_code = 0,
+                          int world_rank = no_rank)
+      : Error(std::string(op), what, rank, backend_code, world_rank) {}
+  [[gnu::noinline]] Error(const char* op, const char* what, int rank = no_rank, int backend_code = 0,
+                          int world_rank = no_rank)
+      : Error(std::string(op), std::string(what), rank, backend_code, world_rank) {}
 
   const std::string& op() const noexcept { return op_; }
   /// What went wrong, without the "dtensor: op on rank r: " that what() starts with.
@@ -71,9 +79,11 @@ namespace detail {
 /// building and throw, in a GPT training program).
 class MessagePiece {
  public:
-  MessagePiece(const char* text) : data_(text), size_(text ? std::char_traits<char>::length(text) : 0) {}
-  MessagePiece(const std::string& text) : data_(text.data()), size_(text.size()) {}
-  MessagePiece(std::string_view text) : data_(text.data()), size_(text.size()) {}
+  // Each constructor sets only what its kind reads (a piece is built at every check site, in code
+  // that runs only on failure; its length, for a C string, is taken when the message is built).
+  MessagePiece(const char* text) : data_(text), kind_(Kind::c_string) {}
+  MessagePiece(const std::string& text) : data_(text.data()), size_(text.size()), kind_(Kind::text) {}
+  MessagePiece(std::string_view text) : data_(text.data()), size_(text.size()), kind_(Kind::text) {}
   template <class P>
     requires(!std::is_convertible_v<const P&, std::string_view> && !std::is_convertible_v<const P&, const char*>)
   MessagePiece(const P& piece) {
@@ -91,6 +101,9 @@ class MessagePiece {
 
   void append_to(std::string& out) const {
     switch (kind_) {
+      case Kind::c_string:
+        if (data_) out.append(static_cast<const char*>(data_));
+        return;
       case Kind::text:
         out.append(static_cast<const char*>(data_), size_);
         return;
@@ -115,11 +128,11 @@ class MessagePiece {
     s << *static_cast<const P*>(object);
   }
 
-  enum class Kind : unsigned char { text, signed_integer, unsigned_integer, streamed };
-  const void* data_ = nullptr;  // the text, or the streamed object
-  std::uint64_t size_ = 0;      // the text's length, or the integer
-  void (*stream_)(std::ostream&, const void*) = nullptr;
-  Kind kind_ = Kind::text;
+  enum class Kind : unsigned char { c_string, text, signed_integer, unsigned_integer, streamed };
+  const void* data_;                            // the text (null: none), or the streamed object
+  std::uint64_t size_;                          // the text's length, or the integer
+  void (*stream_)(std::ostream&, const void*);  // how the streamed object is written
+  Kind kind_;
 };
 
 /// The pieces one after the other.

@@ -6,7 +6,10 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <iterator>
 #include <string>
+#include <type_traits>
 
 namespace dtensor {
 
@@ -34,16 +37,63 @@ constexpr Shape<R> row_major_strides(const Shape<R>& s) {
   return st;
 }
 
-template <class Range>
-std::string to_string(const Range& s) {
+namespace detail {
+/// "[a, b, c]" of n integers of `size` bytes each at `data`: one body for every list of integers
+/// (shapes, offsets, mesh coordinates), not one per list type. The digits are std::to_string's.
+inline std::string integers_to_string(const void* data, std::size_t n, std::size_t size, bool is_signed) {
   std::string r = "[";
-  bool first = true;
-  for (auto e : s) {
-    if (!first) r += ", ";
-    r += std::to_string(e);
-    first = false;
+  const auto* bytes = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i != 0) r += ", ";
+    const unsigned char* at = bytes + i * size;
+    if (is_signed) {
+      long long v = 0;
+      if (size == 1) v = std::int8_t(*at);
+      else if (size == 2) {
+        std::int16_t x;
+        std::memcpy(&x, at, 2);
+        v = x;
+      } else if (size == 4) {
+        std::int32_t x;
+        std::memcpy(&x, at, 4);
+        v = x;
+      } else std::memcpy(&v, at, 8);
+      r += std::to_string(v);
+    } else {
+      unsigned long long v = 0;
+      if (size == 1) v = *at;
+      else if (size == 2) {
+        std::uint16_t x;
+        std::memcpy(&x, at, 2);
+        v = x;
+      } else if (size == 4) {
+        std::uint32_t x;
+        std::memcpy(&x, at, 4);
+        v = x;
+      } else std::memcpy(&v, at, 8);
+      r += std::to_string(v);
+    }
   }
   return r + "]";
+}
+}  // namespace detail
+
+// Not inlined: a call at each of its many sites (mostly error messages), the body once per type.
+template <class Range>
+[[gnu::noinline]] std::string to_string(const Range& s) {
+  using E = std::remove_cvref_t<decltype(*std::begin(s))>;
+  if constexpr (std::is_integral_v<E> && sizeof(E) <= 8 && requires { std::data(s); }) {
+    return detail::integers_to_string(std::data(s), std::size(s), sizeof(E), std::is_signed_v<E>);
+  } else {
+    std::string r = "[";
+    bool first = true;
+    for (auto e : s) {
+      if (!first) r += ", ";
+      r += std::to_string(e);
+      first = false;
+    }
+    return r + "]";
+  }
 }
 
 }  // namespace dtensor

@@ -60,6 +60,18 @@ template <std::size_t R, std::size_t N>
           to_string(coordinate), " holds of global ", to_string(global), " under layout ", to_string(layout)),
       rank);
 }
+
+/// DTensor's constructor's check: `local` has the extents that this rank's mesh coordinate holds
+/// of `global` under `layout`. On the rank and the mesh type only, and not inlined: one call where
+/// a DTensor is made (every op's output), not a copy of the check per DTensor type and call site.
+template <std::size_t R, class Mesh>
+[[gnu::noinline]] void check_local_piece(const Mesh& mesh, const LayoutDesc<Mesh::ndim>& layout, const Shape<R>& global,
+                                         const Shape<R>& local) {
+  (void)checked_numel(global, "DTensor");  // negative or overflowing global extents
+  const auto box = local_box(layout, mesh.shape(), mesh.coordinate(), global);
+  if (box.extent != local)
+    throw_local_piece_mismatch(local, box.extent, mesh.coordinate(), global, layout, mesh.rank());
+}
 }  // namespace detail
 
 /// Local pieces live in Space, by default the mesh's (BasicDeviceMesh<Space, ...>).
@@ -83,11 +95,7 @@ class DTensor {
   /// (no communication; see from_local for the checked entry point users call).
   DTensor(Mesh mesh, const Shape<R>& global, local_type local)
       : mesh_(std::move(mesh)), global_(global), local_(std::move(local)) {
-    (void)checked_numel(global_, "DTensor");  // negative or overflowing global extents
-    const auto box = local_box();
-    if (box.extent != local_.shape())
-      detail::throw_local_piece_mismatch(local_.shape(), box.extent, mesh_.coordinate(), global_, L::desc,
-                                         mesh_.rank());
+    detail::check_local_piece(mesh_, L::desc, global_, local_.shape());
   }
 
   const Mesh& mesh() const noexcept { return mesh_; }

@@ -302,7 +302,7 @@ class PlanExecution {
   }
 
   /// Runs local steps and the next collective (issued asynchronously when `async`).
-  void run(bool async) {
+  [[gnu::noinline]] void run(bool async) {
     while (next_ < plan_.size) {
       const Step& s = plan_.steps[next_];
       const LayoutDesc<N> after = apply_step(state_, s);
@@ -315,7 +315,7 @@ class PlanExecution {
   }
 
   /// Completes the collective in flight and runs the remaining steps; returns the result.
-  Local finish() {
+  [[gnu::noinline]] Local finish() {
     complete_in_flight();
     while (next_ < plan_.size) {
       run(false);

@@ -211,20 +211,80 @@ template <std::size_t R>
 }
 }  // namespace detail
 
-/// The DTensor of extents `shape` in layout L on `mesh` that `init` describes.
-template <LayoutType L, Element T, std::size_t R, MeshType Mesh>
-DTensor<T, R, Mesh, L> initial_value(const Mesh& mesh, const Shape<R>& shape, const Init& init) {
+namespace detail {
+/// This rank's piece of the tensor of extents `shape` that `init` describes, in the layout
+/// `layout` that `from_replica` (the plan from Replicate to it) cuts out of the whole. On the
+/// element type, rank and mesh only, not on the layout: one copy for every parameter layout.
+template <Element T, std::size_t R, MeshType Mesh>
+Tensor<T, R, mesh_space_t<Mesh>> initial_local(const Plan<Mesh::ndim>& from_replica,
+                                               const LayoutDesc<Mesh::ndim>& layout, const Mesh& mesh,
+                                               const Shape<R>& shape, const Init& init) {
   using Space = mesh_space_t<Mesh>;
   if constexpr (!holds_data_v<Space>) {
-    const auto box = local_box(L::desc, mesh.shape(), mesh.coordinate(), shape);
-    return DTensor<T, R, Mesh, L>(mesh, shape, Tensor<T, R, Space>::uninitialized(box.extent));
+    const auto box = local_box(layout, mesh.shape(), mesh.coordinate(), shape);
+    return Tensor<T, R, Space>::uninitialized(box.extent);
   } else {
     Tensor<T, R> full = init.kind == Init::Kind::normal ? normal<T>(shape, init.seed, init.mean, init.stddev)
                         : init.kind == Init::Kind::ones ? ones<T>(shape)
                                                          : zeros<T>(shape);
-    auto replica = distribute_replicated<L>(mesh, full);  // a host-space DTensor on the mesh
-    return DTensor<T, R, Mesh, L>(mesh, shape, into_space<Space>(std::move(replica.local())));
+    // What distribute_replicated runs: no communication, each rank keeps its piece (host memory).
+    return into_space<Space>(execute(from_replica, full, mesh, shape));
   }
+}
+
+/// A parameter's entry in its group: its name, extents, layout and where this rank's piece lies.
+template <std::size_t R, MeshType Mesh>
+FlatEntry<Mesh::ndim> param_entry(std::string name, const LayoutDesc<Mesh::ndim>& layout, const Mesh& mesh,
+                                  const Shape<R>& shape, const Box<R>& box, bool decay) {
+  FlatEntry<Mesh::ndim> e;
+  e.name = std::move(name);
+  e.global_shape.assign(shape.begin(), shape.end());
+  e.local_offset.assign(box.offset.begin(), box.offset.end());
+  e.local_extent.assign(box.extent.begin(), box.extent.end());
+  e.layout = e.grad_state = layout;
+  e.decay = decay;
+  e.numel = std::size_t(dtensor::numel(box.extent));
+  // Where the piece was cut: the group it joins works out the room it takes (FlatEntry::slot).
+  e.mesh_shape = mesh.shape();
+  e.mesh_coordinate = mesh.coordinate();
+  return e;
+}
+
+/// A parameter's group of its own, holding its one entry with this rank's piece `local` (which
+/// lies at `box` of a tensor of extents `shape`). On the element type, rank and mesh only.
+template <Element T, std::size_t R, MeshType Mesh>
+std::shared_ptr<FlatParams<T, Mesh::ndim, mesh_space_t<Mesh>>> param_group_of_one(
+    std::string name, const LayoutDesc<Mesh::ndim>& layout, const Mesh& mesh, const Shape<R>& shape, const Box<R>& box,
+    bool decay, const Tensor<T, R, mesh_space_t<Mesh>>& local) {
+  using Space = mesh_space_t<Mesh>;
+  auto group =
+      group_of_one<FlatParams<T, Mesh::ndim, Space>>(param_entry(std::move(name), layout, mesh, shape, box, decay));
+  // Written through a view of the piece's extents (as assigning the parameter's value does).
+  Tensor<T, R, Space>::view(group->value(0).data(), box.extent) = local;
+  return group;
+}
+
+/// A parameter's group of its own for the values `init` describes: drawn now, or, inside an
+/// nn::DeferredInit scope, recorded in the entry (nothing drawn or allocated).
+template <Element T, std::size_t R, MeshType Mesh>
+std::shared_ptr<FlatParams<T, Mesh::ndim, mesh_space_t<Mesh>>> param_group_of_one(
+    std::string name, const Plan<Mesh::ndim>& from_replica, const LayoutDesc<Mesh::ndim>& layout, const Mesh& mesh,
+    const Shape<R>& shape, const Init& init, bool decay) {
+  const auto box = local_box(layout, mesh.shape(), mesh.coordinate(), shape);
+  if (!DeferredInit::active())
+    return param_group_of_one<T>(std::move(name), layout, mesh, shape, box, decay,
+                                 initial_local<T>(from_replica, layout, mesh, shape, init));
+  auto entry = param_entry(std::move(name), layout, mesh, shape, box, decay);
+  entry.init = init;
+  return group_of_one<FlatParams<T, Mesh::ndim, mesh_space_t<Mesh>>>(std::move(entry));
+}
+}  // namespace detail
+
+/// The DTensor of extents `shape` in layout L on `mesh` that `init` describes.
+template <LayoutType L, Element T, std::size_t R, MeshType Mesh>
+DTensor<T, R, Mesh, L> initial_value(const Mesh& mesh, const Shape<R>& shape, const Init& init) {
+  return DTensor<T, R, Mesh, L>(
+      mesh, shape, detail::initial_local<T>(layout_plan<replicated_layout<Mesh::ndim>, L>, L::desc, mesh, shape, init));
 }
 
 template <Element T, std::size_t R, MeshType Mesh, LayoutType L>
@@ -244,21 +304,17 @@ class Parameter {
   /// A parameter of extents `shape` on `mesh` starting as `init` says, in a group of its own;
   /// inside an nn::DeferredInit scope nothing is drawn or allocated (nn/flat_params.hpp).
   Parameter(std::string name, const Mesh& mesh, const Shape<R>& shape, const Init& init, bool decay = true) {
-    if (!DeferredInit::active()) {
-      *this = Parameter(std::move(name), initial_value<L, T>(mesh, shape, init), decay);
-      return;
-    }
-    auto entry =
-        make_entry(std::move(name), mesh, shape, local_box(L::desc, mesh.shape(), mesh.coordinate(), shape), decay);
-    entry.init = init;
-    bind(detail::group_of_one<Group>(std::move(entry)), 0, mesh, shape);
+    static_assert(layout_plan<replicated_layout<mesh_ndim>, L>.collectives() == 0,
+                  "a replica becomes any layout without communication");
+    bind(detail::param_group_of_one<T>(std::move(name), layout_plan<replicated_layout<mesh_ndim>, L>, L::desc, mesh,
+                                       shape, init, decay),
+         0, mesh, shape);
   }
   /// A parameter with the given initial value, in a group of its own.
   Parameter(std::string name, const value_type& value, bool decay = true) {
-    bind(
-        detail::group_of_one<Group>(make_entry(std::move(name), value.mesh(), value.shape(), value.local_box(), decay)),
-        0, value.mesh(), value.shape());
-    value_->local() = value.to_local();  // writes through the view into the group
+    bind(detail::param_group_of_one<T>(std::move(name), L::desc, value.mesh(), value.shape(), value.local_box(), decay,
+                                       value.to_local()),
+         0, value.mesh(), value.shape());
   }
   Parameter(Parameter&&) noexcept = default;
   /// Takes o's group and view (assigning to a view would write through it: the view is rebuilt).
@@ -356,22 +412,6 @@ class Parameter {
     entry();  // throws for a parameter never set
     group_->ensure_materialized();
     return group_->grad(index_);
-  }
-
-  template <class Box>
-  static typename Group::Entry make_entry(std::string name, const Mesh& mesh, const Shape<R>& shape, const Box& box, bool decay) {
-    typename Group::Entry e;
-    e.name = std::move(name);
-    e.global_shape.assign(shape.begin(), shape.end());
-    e.local_offset.assign(box.offset.begin(), box.offset.end());
-    e.local_extent.assign(box.extent.begin(), box.extent.end());
-    e.layout = e.grad_state = L::desc;
-    e.decay = decay;
-    e.numel = std::size_t(dtensor::numel(box.extent));
-    // Where the piece was cut: the group it joins works out the room it takes (FlatEntry::slot).
-    e.mesh_shape = mesh.shape();
-    e.mesh_coordinate = mesh.coordinate();
-    return e;
   }
 
   void bind(std::shared_ptr<Group> group, std::size_t index, const Mesh& mesh, const Shape<R>& global) {

@@ -17,6 +17,7 @@
 #include <array>
 #include <cstddef>
 #include <functional>
+#include <initializer_list>
 #include <optional>
 #include <string_view>
 #include <type_traits>
@@ -185,10 +186,18 @@ constexpr void require_same_mesh_type() {
 /// (core/error.hpp).
 using dtensor::detail::check;
 
+/// The meshes of an op's operands (x's and `others`) agree. On the mesh type only: one body for
+/// every list of operand types (check_same_mesh below is a call).
+template <class Mesh>
+void check_meshes_agree(const char* op, const Mesh& x, std::initializer_list<const Mesh*> others) {
+  bool same = true;
+  for (const Mesh* y : others) same = same && x.shape() == y->shape() && x.coordinate() == y->coordinate();
+  check(same, op, x, "operands live on different meshes (shapes ", to_string(x.shape()), " ...)");
+}
+
 template <class X, class... Y>
 void check_same_mesh(const char* op, const X& x, const Y&... y) {
-  const bool same = ((x.mesh().shape() == y.mesh().shape() && x.mesh().coordinate() == y.mesh().coordinate()) && ...);
-  check(same, op, x.mesh(), "operands live on different meshes (shapes ", to_string(x.mesh().shape()), " ...)");
+  check_meshes_agree(op, x.mesh(), {&y.mesh()...});
 }
 
 /// The output DTensor; its constructor checks the piece against the layout (an internal
