@@ -144,7 +144,7 @@ inline Options parse(int argc, char** argv, bool cuda_build) {
   examples::apply_plan_auto(o, examples::parse_flags(flag_table(), o, argc, argv, "train_gpt"));
   check_model(o);
   cli::check_trainer_flags(o, o.context());
-  models::cli::check_generation_flags(o, o.ranks(), o.device);
+  models::cli::check_generation_flags(o, o.ranks(), o.device, o.backend);
   cli::check_run_flags(o, cuda_build, "train_gpt");
   return o;
 }
@@ -221,9 +221,8 @@ void finish(const Options& o, const Corpus& corpus, Trainer& trainer, const trai
     cli::print_sync_payload(o, trainer, "train_gpt");
     if constexpr (Trainer::host && !MoE) cli::export_weights(o, trainer);
   }
-  if constexpr (Trainer::host)
-    models::print_generated_text(models::cli::text_generation(o, o.seed), corpus, trainer.pipeline(), trainer.mesh(),
-                                 trainer.schedule());
+  models::print_generated_text(models::cli::text_generation(o, o.seed), corpus, trainer.pipeline(), trainer.mesh(),
+                               trainer.schedule());
 }
 
 /// The GPT, Llama or MoE-GPT of the flags as a train::Trainer, its header printed, then

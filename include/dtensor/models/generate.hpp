@@ -134,10 +134,12 @@ int balanced_context(const Config& cfg, const Mesh& mesh) {
 }
 
 /// The last row (original order) of logits [1, t, vocab] stored load-balanced over `cp`
-/// (gathered whole on every rank) as double.
+/// (gathered whole on every rank) as double. Logits in device memory (a GPU's model) are copied
+/// to the host once, whole: the token is chosen there.
 template <class Logits>
 std::vector<double> last_row(const Logits& logits_dt, int cp = 1) {
-  const auto logits = cp > 1 ? parallel::undo_load_balance(full_tensor(logits_dt), 1, cp) : full_tensor(logits_dt);
+  auto whole = into_space<host_space>(full_tensor(logits_dt));
+  const auto logits = cp > 1 ? parallel::undo_load_balance(whole, 1, cp) : std::move(whole);
   const Extent vocab = logits.extent(2), t = logits.extent(1);
   const auto* last = logits.span().data() + (t - 1) * vocab;
   std::vector<double> row(static_cast<std::size_t>(vocab));
@@ -214,7 +216,9 @@ template <class Ids, class Mesh>
 Ids ids_of(const Mesh& mesh, const std::vector<std::int32_t>& tokens, std::size_t first, std::size_t count, int cp) {
   Tensor<std::int32_t, 2> ids(Shape<2>{1, Extent(count)});
   std::copy(tokens.begin() + std::ptrdiff_t(first), tokens.begin() + std::ptrdiff_t(first + count), ids.span().begin());
-  return distribute_replicated<typename Ids::layout>(mesh, cp > 1 ? parallel::load_balance(ids, 1, cp) : ids);
+  // Made on the host, then copied to the model's memory (a GPU's: the tokens are its input).
+  return distribute_replicated<typename Ids::layout>(
+      mesh, into_space<mesh_space_t<Mesh>>(cp > 1 ? parallel::load_balance(ids, 1, cp) : std::move(ids)));
 }
 
 /// The KV caches of a model's (or a stage's) blocks: one per block; none where the blocks keep

@@ -74,7 +74,11 @@ void print_generated_text(const TextGeneration& g, const Corpus& corpus, Pipelin
   auto& stages = model.executor().stages();
   const auto out =
       generate_on_pipeline(model, schedule.layout, mesh, prompt, g.options, [&](const std::vector<std::int32_t>& ids) {
-        if (g.serve_tp > 0) detail::serve_text(g, stages, mesh, schedule.layout, prompt, ids);
+        if (g.serve_tp <= 0) return;
+        if constexpr (std::is_same_v<mesh_space_t<Mesh>, host_space>)
+          detail::serve_text(g, stages, mesh, schedule.layout, prompt, ids);
+        else
+          throw Error("models::print_generated_text", "a serving mesh for a model in device memory: not supported yet");
       });
   if (mesh.comm().rank() != 0) return;
   const auto& s = g.options;
@@ -107,7 +111,7 @@ FlagTable<O> generation_flag_rows() {
   static_assert(std::is_base_of_v<GenerationFlags, O>);
   using G = GenerationFlags;
   return {
-      {"", "", "text (CPU):"},
+      {"", "", "text (where the model is: the host, or the GPU with --device cuda):"},
       {"--generate", "N",
        "N characters after --prompt from the trained model, on the training mesh with a KV cache per pipeline "
        "stage; with --resume DIR at or past --steps, from the checkpoint without training (the generate program: "
@@ -131,10 +135,15 @@ FlagTable<O> generation_flag_rows() {
   };
 }
 
-/// The sampling flags need --generate (and --temperature); the serving mesh fits the `ranks`;
-/// generation runs on the host (`device`: --device).
-inline void check_generation_flags(const GenerationFlags& o, int ranks, const std::string& device = "cpu") {
-  if (o.generate > 0 && device == "cuda") throw UsageError("--generate with --device cuda: not supported yet");
+/// The sampling flags need --generate (and --temperature); the serving mesh fits the `ranks`.
+/// On a GPU (`device` "cuda") generation runs where the model is, with the threads backend: the
+/// choice of each token and the ranks' agreement on the prompt exchange host buffers, which
+/// NCCL's collectives do not take; the serving mesh's move is the host's.
+inline void check_generation_flags(const GenerationFlags& o, int ranks, const std::string& device = "cpu",
+                                   const std::string& backend = "threads") {
+  if (o.generate > 0 && device == "cuda" && backend == "nccl")
+    throw UsageError("--generate with --device cuda --backend nccl: not supported yet (use the threads backend)");
+  if (o.serve_tp > 0 && device == "cuda") throw UsageError("--serve-mesh with --device cuda: not supported yet");
   if (o.generate == 0 && (o.temperature > 0 || o.top_k > 0 || o.top_p < 1))
     throw UsageError("--temperature, --top-k and --top-p need --generate N");
   if (o.top_k > 0 && o.temperature == 0)
