@@ -1224,12 +1224,12 @@ TEST_CASE("MoE node-level dispatch: the collectives on each group, and fewer row
   // ways, and with top-3 over 2 ranks per node some tokens have several choices on one node.
   using K = CollectiveKind;
   const std::vector<std::pair<K, std::string>> forward_expected = {
-      {K::all_to_all, "ep.across"}, {K::all_to_all_v, "ep.across"}, {K::all_to_all, "ep.node"},
-      {K::all_to_all_v, "ep.node"}, {K::all_to_all_v, "ep.node"},   {K::all_to_all_v, "ep.across"}};
-  const std::vector<std::pair<K, std::string>> backward_expected = {{K::all_to_all_v, "ep.across"},
-                                                                    {K::all_to_all_v, "ep.node"},
-                                                                    {K::all_to_all_v, "ep.node"},
-                                                                    {K::all_to_all_v, "ep.across"}};
+      {K::all_to_all, "ep_across"}, {K::all_to_all_v, "ep_across"}, {K::all_to_all, "ep_node"},
+      {K::all_to_all_v, "ep_node"}, {K::all_to_all_v, "ep_node"},   {K::all_to_all_v, "ep_across"}};
+  const std::vector<std::pair<K, std::string>> backward_expected = {{K::all_to_all_v, "ep_across"},
+                                                                    {K::all_to_all_v, "ep_node"},
+                                                                    {K::all_to_all_v, "ep_node"},
+                                                                    {K::all_to_all_v, "ep_across"}};
   auto kinds = [](const CommLog& log) {
     std::vector<std::pair<K, std::string>> out;
     for (const auto& r : log.records()) out.emplace_back(r.kind, r.group);

@@ -190,6 +190,7 @@ struct MoELayersConfig {
   Extent every = 1;      // block l is MoE when (l + 1) % every == 0: 1 all, 2 every other (1, 3, ...)
   Extent dense_first = 0;  // and l >= dense_first: the first blocks dense (DeepSeek-V3: 3 of 61)
   Extent shared = 0;  // shared experts (DeepSeek's): one dense feed-forward of shared x hidden beside the routed ones
+  int node_size = 0;  // > 0: the node-level dispatch over nodes of node_size "ep" ranks (nn::MoEConfig::node_size)
 };
 
 /// models::GPT's Layers policy for MoE blocks (see the top of this file) in the blocks of a dense
@@ -235,7 +236,8 @@ class MoELayers {
                            .hidden = c_.hidden > 0 ? c_.hidden : dense_hidden,
                            .router = c_.router,
                            .init_std = c.init_std,
-                           .out_std = c.out_std};
+                           .out_std = c.out_std,
+                           .node_size = c_.node_size};
     // Seeds: the router's seed + 2, the experts' + 3 onwards (one per weight), the shared experts' + 6.
     std::optional<typename FF::Mlp> shared;
     if (c_.shared > 0)

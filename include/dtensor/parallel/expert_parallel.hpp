@@ -69,6 +69,7 @@
 #include "dtensor/kernels/elementwise.hpp"
 #include "dtensor/kernels/embedding.hpp"
 #include "dtensor/mesh/roles.hpp"
+#include "dtensor/parallel/expert_split.hpp"
 #include "dtensor/placement/chunk.hpp"
 #include "dtensor/placement/layout.hpp"
 
@@ -205,14 +206,6 @@ struct DispatchOrder {
   std::int64_t units() const { return std::int64_t(token_of_unit.size()); }
   std::int64_t pairs() const { return std::int64_t(slot_of_pair.size()); }
 };
-
-/// The first expert of each of `ranks` ranks and the end: chunk_range's split of `experts`, as
-/// the experts' Shard<0> weights hold them.
-inline std::vector<std::int64_t> expert_offsets_of(std::int64_t experts, int ranks) {
-  std::vector<std::int64_t> offsets(std::size_t(std::max(ranks, 0)) + 1, experts);
-  for (int r = 0; r < ranks; ++r) offsets[std::size_t(r)] = chunk_range(experts, ranks, r).begin;
-  return offsets;
-}
 
 /// The merged send order of the kept slots (expert_of_slot[s] its expert, kept[s] != 0 if kept;
 /// slot s = token * topk + choice) for experts split over ranks as `expert_offsets` says: rank r

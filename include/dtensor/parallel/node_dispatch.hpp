@@ -54,8 +54,10 @@ namespace dtensor::parallel {
 
 /// The expert group as nodes of `node_size` consecutive ranks: its two sub-groups.
 struct ExpertNodes {
-  CommPtr across;  // this rank's local index on every node ("<ep>.across": nodes ranks; rank = node)
-  CommPtr within;  // this rank's node ("<ep>.node": node_size ranks; rank = the local index)
+  // Labelled as mesh dimensions (the CommLog's groups; sim::Topology places them): "ep_across" and
+  // "ep_node" for an expert dimension "ep", which the expert mesh factors as (ep_across, ep_node).
+  CommPtr across;  // this rank's local index on every node ("ep_across": nodes ranks; rank = node)
+  CommPtr within;  // this rank's node ("ep_node": node_size ranks; rank = the local index)
   int nodes = 1, node_size = 1;
 };
 
@@ -71,43 +73,19 @@ inline ExpertNodes split_into_nodes(Communicator& ep, int node_size) {
   n.nodes = ep.size() / node_size;
   const int node = ep.rank() / node_size, local = ep.rank() % node_size;
   n.across = ep.split(local, node, n.nodes);
-  n.across->set_label(ep.label() + ".across");
+  n.across->set_label(ep.label() + "_across");
   n.within = ep.split(node, local, node_size);
-  n.within->set_label(ep.label() + ".node");
+  n.within->set_label(ep.label() + "_node");
   return n;
-}
-
-/// The first expert of each node and the end: node n owns its ranks' experts (chunk_range's split
-/// of `experts` over `ranks`, as the experts' Shard<0> weights hold them).
-inline std::vector<std::int64_t> node_expert_offsets(std::int64_t experts, int ranks, int node_size) {
-  const auto per_rank = expert_offsets_of(experts, ranks);
-  std::vector<std::int64_t> out(std::size_t(ranks / node_size) + 1);
-  for (std::size_t n = 0; n < out.size(); ++n) out[n] = per_rank[n * std::size_t(node_size)];
-  return out;
-}
-
-/// Throws unless every node owns an expert: a node without one would route nothing inside it
-/// (chunk_range's split leaves the last ranks without experts when E < ep, e.g. 7 over 6 ranks
-/// is 2, 2, 2, 1, 0, 0: in nodes of 2 the last owns none). Local.
-inline void check_nodes_own_experts(std::int64_t experts, int ranks, int node_size, int rank) {
-  if (node_size < 1 || ranks % node_size != 0) return;  // split_into_nodes names that
-  const auto offsets = node_expert_offsets(experts, ranks, node_size);
-  for (std::size_t n = 0; n + 1 < offsets.size(); ++n)
-    if (offsets[n] == offsets[n + 1])
-      throw Error("parallel::check_nodes_own_experts",
-                  dtensor::detail::cat(experts, " experts over ", ranks, " expert ranks leave node ", n, " (ranks ",
-                                       n * std::size_t(node_size), "..", (n + 1) * std::size_t(node_size) - 1,
-                                       ") without an expert; the node-level dispatch needs one on every node"),
-                  rank);
 }
 
 /// Stage 1's send order: the kept slots merged by destination node (a unit per (token, node)).
 inline DispatchOrder order_by_node(std::span<const std::int32_t> expert_of_slot, std::span<const std::uint8_t> kept,
                                    std::int64_t topk, std::int64_t experts, int ranks, int node_size) {
   if (experts < 1 || node_size < 1 || ranks < 1 || ranks % node_size != 0)
-    throw Error("parallel::order_by_node", dtensor::detail::cat(experts, " experts over ", ranks,
-                                                                " expert ranks in nodes of ", node_size,
-                                                                " (the node size must divide the expert size)"));
+    throw Error("parallel::order_by_node",
+                dtensor::detail::cat(experts, " experts over ", ranks, " expert ranks in nodes of ", node_size,
+                                     " (the node size must divide the expert size)"));
   return order_by_rank(expert_of_slot, kept, topk, node_expert_offsets(experts, ranks, node_size));
 }
 
@@ -117,11 +95,11 @@ struct Forwarded {
   // Stage 1's arrived messages (each source's unit rows, then its side array's rows): stage 2's
   // tokens are their rows. Emptied once stage 2 has sent them.
   Tensor<T, 2, Space> messages;
-  DispatchOrder order;             // stage 2: the arrived units to the node's expert ranks
-  DispatchPlan plan;               // stage 2's counts, exchanged within the node
-  std::vector<T> gate_of_slot;     // stage 2's gates (slot = message row x topk + choice)
+  DispatchOrder order;                     // stage 2: the arrived units to the node's expert ranks
+  DispatchPlan plan;                       // stage 2's counts, exchanged within the node
+  std::vector<T> gate_of_slot;             // stage 2's gates (slot = message row x topk + choice)
   std::vector<std::int64_t> slot_of_side;  // [stage-1 pairs received, in the sources' side order]: its stage-2 slot
-  std::vector<std::int64_t> unit_of_forwarded;    // [stage-2 units sent]: the stage-1 unit it carries (received order)
+  std::vector<std::int64_t> unit_of_forwarded;     // [stage-2 units sent]: the stage-1 unit it carries (received order)
   Tensor<std::int64_t, 1, Space> forwarded_index;  // unit_of_forwarded, in the space
 
   std::span<const T> gates() const { return gate_of_slot; }
@@ -151,8 +129,8 @@ Forwarded<T, Space> dispatch_across(const ExpertNodes& nodes, const DispatchPlan
       for (std::int64_t i = 0; i < p.recv_pairs[s * Le + le]; ++i, ++at) {
         const auto row = std::size_t(p.dispatch_in.starts[s] + in.unit[at]);
         if (std::size_t(choices[row]) == K)
-          across.fail(op, dtensor::detail::cat("unit ", in.unit[at], " from node ", s, " has more than top-", topk,
-                                               " pairs"));
+          across.fail(
+              op, dtensor::detail::cat("unit ", in.unit[at], " from node ", s, " has more than top-", topk, " pairs"));
         const auto slot = row * K + std::size_t(choices[row]++);
         expert_of_slot[slot] = std::int32_t(le);
         kept[slot] = 1;
@@ -195,8 +173,8 @@ Tensor<T, 2, Space> combine_across(Communicator& across, const DispatchPlan& p, 
 /// [units sent, dim] across to the node's peer, which forwards it to the node's expert ranks: the
 /// expert rank gets a row per stage-2 unit it received. Two all_to_all_v: across, within.
 template <class T, MemorySpace Space>
-Tensor<T, 2, Space> combine_backward_nodes(const ExpertNodes& nodes, const DispatchPlan& p, const Forwarded<T, Space>& f,
-                                           const Tensor<T, 2, Space>& d_units) {
+Tensor<T, 2, Space> combine_backward_nodes(const ExpertNodes& nodes, const DispatchPlan& p,
+                                           const Forwarded<T, Space>& f, const Tensor<T, 2, Space>& d_units) {
   const auto at_peer = combine_backward(*nodes.across, p, d_units);
   return combine_backward(*nodes.within, f.plan, gather_rows(at_peer, f.forwarded_index));
 }
@@ -220,8 +198,7 @@ DispatchGradients<T, Space> dispatch_backward_across(Communicator& across, const
     std::size_t unit = 0;
     for (std::size_t r = 0; r < std::size_t(q.ranks); ++r) {
       const auto start = q.gradient_in.starts[r], units = q.send_units[r];
-      for (std::int64_t u = 0; u < units; ++u)
-        index[start + u] = message_row[std::size_t(f.unit_of_forwarded[unit++])];
+      for (std::int64_t u = 0; u < units; ++u) index[start + u] = message_row[std::size_t(f.unit_of_forwarded[unit++])];
       std::fill_n(index + start + units, q.gradient_in.rows[r] - units, std::int64_t(-1));
     }
   });
