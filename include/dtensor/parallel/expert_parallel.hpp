@@ -45,7 +45,9 @@
 // per unit and sends them back with the pairs' gate gradients as a side array (one
 // all_to_all_v). So the bytes scale with distinct (token, rank) pairs, not (token, choice) pairs:
 // group-limited routing (nn/router.hpp) that keeps a token on M ranks sends at most M rows.
-// All of them are recorded in the CommLog on the "ep" communicator.
+// All of them are recorded in the CommLog on the "ep" communicator. The node-level (two-stage)
+// dispatch, a token across the network once per node it reaches, composes these pieces over two
+// sub-groups of "ep" (parallel/node_dispatch.hpp).
 //
 // Memory spaces: rows are tensors of the model's space; the counts and row orders are small host
 // vectors (they decide sizes, which the host needs anyway), uploaded as index tensors where a

@@ -39,6 +39,13 @@
 // (token, choice) — and, for the dispatch and its adjoint, the side arrays' rows
 // (DispatchPlan; docs/expert-parallel.md).
 //
+// The node-level dispatch (MoEConfig::node_size = L > 0; parallel/node_dispatch.hpp): "ep" as
+// nodes of L consecutive ranks, split once at construction into "ep_across" and "ep_node". The
+// send order and plan are then by node (a unit per (token, node), across the network), the node's
+// peer forwards the arrived units to the node's expert ranks (one-stage, over "ep_node"), and
+// combine and the adjoints reverse it; this rank's tokens see the same kind of plan either way.
+// Per layer: forward 2 all_to_all + 4 all_to_all_v, backward 4 all_to_all_v.
+//
 // Parameters: the router's on the dense mesh (replicated; gradient Partial<sum> on the data
 // dimension) and the experts' on the expert mesh (Shard<0> on "ep"; gradient Partial<sum> on
 // "edp"). They live on two meshes of different rank, so collect them per part:
