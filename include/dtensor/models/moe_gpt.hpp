@@ -217,6 +217,8 @@ class MoELayers {
                   dtensor::detail::cat("every ", c.every, " must be >= 1, hidden ", c.hidden, ", shared ", c.shared,
                                        " and dense_first ", c.dense_first, " >= 0"),
                   emesh_.rank());
+    // The node-level dispatch's two sub-groups of "ep", split once for every MoE block (collective).
+    if (c.node_size > 0) nodes_ = parallel::split_into_nodes(parallel::expert_group(emesh_), c.node_size);
   }
 
   bool is_moe(Extent layer) const { return nn::is_moe_block(layer, c_.every, c_.dense_first); }
@@ -243,7 +245,7 @@ class MoELayers {
     if (c_.shared > 0)
       shared.emplace(name + ".moe.shared", mesh, c.dim, c_.shared * mc.hidden, seed + 6, c.init_std, c.out_std);
     return Block(name, mesh, c, seed,
-                 FF(typename FF::Moe(name + ".moe", mesh, emesh_, mc, seed + 2), std::move(shared)));
+                 FF(typename FF::Moe(name + ".moe", mesh, emesh_, mc, seed + 2, nodes_), std::move(shared)));
   }
 
   /// The mesh the experts live on, declared (nn/param_groups.hpp): nn::Stack makes each MoE
@@ -261,6 +263,7 @@ class MoELayers {
 
  private:
   EMesh emesh_;
+  std::optional<parallel::ExpertNodes> nodes_;  // c_.node_size > 0: shared by the MoE blocks
   MoELayersConfig c_;
 };
 

@@ -120,7 +120,11 @@ class MoE {
   using WeightCtx = std::tuple<typename Router::WeightCtx, typename Experts::WeightCtx>;  // children() order
 
   MoE() = default;
-  MoE(std::string name, const Mesh& mesh, const EMesh& emesh, MoEConfig c, std::uint64_t seed)
+  /// `nodes`: the node-level dispatch's groups (config node_size > 0), split once for a model's
+  /// MoE blocks (models::MoELayers does: not a pair of communicators per layer); without them this
+  /// MoE splits its own (collective over "ep").
+  MoE(std::string name, const Mesh& mesh, const EMesh& emesh, MoEConfig c, std::uint64_t seed,
+      std::optional<parallel::ExpertNodes> nodes = {})
       : name_(std::move(name)),
         c_(checked(c, mesh, emesh)),
         emesh_(emesh),
@@ -132,7 +136,13 @@ class MoE {
                   .init_std = c.init_std,
                   .out_std = c.out_std},
                  seed + 1) {
-    if (c_.node_size > 0) nodes_ = parallel::split_into_nodes(parallel::expert_group(emesh_), c_.node_size);
+    if (c_.node_size == 0) return;
+    auto& ep = parallel::expert_group(emesh_);
+    if (nodes && (nodes->node_size != c_.node_size || nodes->nodes * nodes->node_size != ep.size()))
+      ep.fail("nn::MoE",
+              dtensor::detail::cat(name_, ": node groups of ", nodes->nodes, " nodes of ", nodes->node_size,
+                                   " ranks for node size ", c_.node_size, " over an expert group of ", ep.size()));
+    nodes_ = nodes ? std::move(nodes) : parallel::split_into_nodes(ep, c_.node_size);
   }
 
   /// y = sum over kept choices of gate * expert(x). Collectives: 1 all_to_all + 2 all_to_all_v on "ep",
