@@ -248,6 +248,11 @@ const examples::FlagTable<Options>& flag_table() {
        "group-limited routing (DeepSeek-V3's node-limited): each token's top-K from M of the G groups, so its "
        "row travels to at most M groups' ranks (the balanced routing keeps the limit)",
        integer_at<Extent>([](O& o) -> auto& { return o.plan.moe.router.topk_groups; }, 1)},
+      {"--ep-node-size", "L",
+       "the node-level dispatch (DeepSeek-V3's): the --ep ranks as nodes of L, a token across once per node its "
+       "choices reach, then forwarded inside (--search: nodes of gcd(ep, L); default: one row per token and expert "
+       "rank)",
+       integer_at<int>([](O& o) -> auto& { return o.plan.moe.node_size; }, 1)},
       {"", "", "the device (sim/device.hpp; default h100) and the report:"},
       {"--device", "h100|h200|a100|h100-500w", "a known device", device},
       {"--device-file", "F", "a device file with every field", device},
@@ -366,7 +371,7 @@ Options parse(int argc, char** argv) {
   const auto was_given = [&](const char* flag) { return std::find(given.begin(), given.end(), flag) != given.end(); };
   // Flags that only mean something beside another one are errors alone, not silently ignored.
   for (const char* f : {"--topk", "--moe-every", "--dense-first", "--ep", "--capacity", "--expert-ffn",
-                        "--shared-experts", "--expert-groups", "--topk-groups"})
+                        "--shared-experts", "--expert-groups", "--topk-groups", "--ep-node-size"})
     if (was_given(f) && !o.plan.has_experts()) throw UsageError(std::string(f) + " has no effect without --experts E");
   for (const char* f : {"--gpus", "--top", "--finalists", "--rank-of"})
     if (was_given(f) && !o.search) throw UsageError(std::string(f) + " has no effect without --search");
@@ -768,6 +773,7 @@ sim::SearchSpace search_space(const Options& o) {
           .bf16 = o.bf16,
           .exhaustive = o.search_gpus <= sim::exhaustive_gpus,
           .ep = o.search_ep,
+          .ep_node_size = o.plan.moe.node_size,
           .bf16_moments = o.bf16_moments,
           .fp8 = o.plan.fp8};
 }

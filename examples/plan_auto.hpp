@@ -50,6 +50,7 @@ struct PlanModel {
   std::int64_t groups = 1, topk_groups = 0;           // --expert-groups, --topk-groups (0: no limit)
   double capacity = 0;                                 // --capacity (0: dropless)
   int ep = 0;  // --ep given: kept; 0: chosen (any ep up to the experts dividing the token ranks)
+  int ep_node_size = 0;  // --ep-node-size L: the node-level dispatch, nodes of gcd(ep, L) (sim::SearchSpace)
 };
 
 struct PlanChoice {
@@ -128,7 +129,13 @@ inline PlanChoice choose_plan(const PlanModel& m, int ranks, const dtensor::sim:
                               .expert_groups = m.groups,
                               .topk_groups = m.topk_groups,
                               .dense_first = m.experts > 0 ? m.dense_first : 0};
-  sim::SearchSpace space{.gpus = ranks, .batch = m.batch, .bf16 = m.bf16, .exhaustive = true, .ep = m.ep, .fp8 = m.fp8};
+  sim::SearchSpace space{.gpus = ranks,
+                         .batch = m.batch,
+                         .bf16 = m.bf16,
+                         .exhaustive = true,
+                         .ep = m.ep,
+                         .ep_node_size = m.ep_node_size,
+                         .fp8 = m.fp8};
   // Recomputation: as given (--checkpoint, --recompute), else each of the search's choices.
   if (m.checkpoint || !m.recompute.none()) {
     space.recompute = m.recompute;
@@ -261,10 +268,12 @@ void apply_plan_auto(Options& o, const std::vector<std::string>& given) {
                     .groups = o.groups,
                     .topk_groups = o.topk_groups,
                     .capacity = o.capacity,
-                    .ep = ep_given ? o.ep : 0};
+                    .ep = ep_given ? o.ep : 0,
+                    .ep_node_size = o.ep_node_size};
   try {
     const PlanChoice choice = choose_plan(m, ranks, hw);
     static_cast<MeshFlags&>(o) = choice.mesh;  // ep included: the choice's (or the one given)
+    if (o.ep_node_size > 0) o.ep_node_size = choice.best.plan.ep_node_size;  // nodes of gcd(ep, L)
     if (choice.recompute.full) o.checkpoint = true;
     else o.recompute = choice.recompute;
     o.plan_report = choice.report;

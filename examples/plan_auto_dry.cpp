@@ -55,6 +55,7 @@ std::vector<DryRanked> dry_rank(const PlanModel& m, const std::vector<dtensor::s
     base.moe.shared = m.shared;
     base.moe.router.groups = m.groups;
     base.moe.router.topk_groups = m.topk_groups;
+    base.moe.node_size = m.ep_node_size;
   }
   std::vector<DryRanked> out;
   for (const auto& f : rescore(base, m.llama, m.bf16, ranked, finalists, hw).finalists)

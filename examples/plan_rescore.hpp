@@ -45,6 +45,7 @@ inline dtensor::models::TrainingPlan training_plan_of(dtensor::models::TrainingP
   base.batch = shape.batch;
   base.microbatches = shape.microbatches();
   base.dp = shape.dp, base.tp = shape.tp, base.pp = shape.pp, base.cp = shape.cp, base.ep = shape.ep;
+  base.moe.node_size = shape.ep_node_size;
   base.zero = shape.zero, base.hsdp = shape.hsdp;
   base.bf16_moments = shape.bf16_moments;  // DDP in bf16: fp32 master and moments unless asked (sim::as_run)
   base.fp8 = shape.fp8;

@@ -205,6 +205,7 @@ void print_header(const Options& o, const Corpus& corpus, Trainer& trainer, std:
     std::printf("; MoE: %lld experts, top-%lld, over ep %d", (long long)o.experts, (long long)o.topk, o.ep);
     if (o.topk_groups > 0 && o.topk_groups < o.groups)
       std::printf(" (within %lld of %lld groups)", (long long)o.topk_groups, (long long)o.groups);
+    if (o.ep_node_size > 0) std::printf(", node-level dispatch over nodes of %d expert ranks", o.ep_node_size);
   }
   std::printf("\nparameters: %lld\n", (long long)parameters);
   if constexpr (Trainer::host) std::printf("%s\n", kernels::host::blas_kernels_line().c_str());

@@ -34,10 +34,16 @@ void check_moe(int dp, int tp, int ep, const models::MoELayersConfig& mc, const 
   threads::run(dp * tp, [&](CommPtr world) {
     auto r = run_moe_parity<Plan, GptMesh, ExpertMesh, Dense>(world, {dp, tp}, ep, mc);
     std::string e = compare_losses(r.losses, ref, 1e-5);
-    const Counts expected{{"all_to_all/ep", moe_blocks}, {"all_to_all_v/ep", 4 * moe_blocks}};
+    // The node-level dispatch (mc.node_size): the same per stage, across the nodes and inside one.
+    const Counts expected = mc.node_size > 0
+                                ? Counts{{"all_to_all/ep_across", moe_blocks},
+                                         {"all_to_all/ep_node", moe_blocks},
+                                         {"all_to_all_v/ep_across", 4 * moe_blocks},
+                                         {"all_to_all_v/ep_node", 4 * moe_blocks}}
+                                : Counts{{"all_to_all/ep", moe_blocks}, {"all_to_all_v/ep", 4 * moe_blocks}};
     Counts got;
     for (const auto& [k, n] : r.model)
-      if (k.ends_with("/ep")) got[k] = n;
+      if (k.ends_with("/ep") || k.ends_with("/ep_across") || k.ends_with("/ep_node")) got[k] = n;
     if (got != expected) e += " expert collectives " + to_string(got) + " expected " + to_string(expected);
     if (!e.empty()) {
       std::lock_guard lock(m);
@@ -89,6 +95,20 @@ TEST_CASE("MoE GPT parity: experts that do not divide over ep (3 over 2: 2 + 1; 
   check_moe<nn::ReplicatedPlan>(2, 1, 2, mc, ref);
   check_moe<nn::ReplicatedPlan>(4, 1, 4, mc, ref);           // the last expert rank owns none
   check_moe<parallel::MegatronPlan<false>>(4, 2, 2, mc, ref);  // edp 2 x ep 2 x tp 2
+}
+
+TEST_CASE("MoE GPT parity: the node-level dispatch, EP 4 in nodes of 2 (x TP 2), uneven experts",
+          "[parity][moe][nodes]") {
+  // parallel/node_dispatch.hpp through models::MoELayers (one pair of node groups for every MoE
+  // block): 20 AdamW steps within 1e-5 of the one-rank run, and per block the collectives of
+  // both stages (on "ep_across" and "ep_node").
+  for (Extent experts : {4, 3}) {  // 3 over 4 ranks: 1, 1, 1, 0 (nodes of 2 own 2 and 1)
+    auto mc = moe_parity_config(experts, 2, 1);
+    const auto ref = reference(mc);
+    mc.node_size = 2;
+    check_moe<nn::ReplicatedPlan>(4, 1, 4, mc, ref);
+    if (experts == 4) check_moe<parallel::MegatronPlan<false>>(4, 2, 4, mc, ref);  // ep 4 x tp 2
+  }
 }
 
 TEST_CASE("Llama MoE parity (SwiGLU experts, RMSNorm, rotary attention): EP, EP x DP, EP x TP, uneven experts",

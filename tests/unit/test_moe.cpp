@@ -1104,3 +1104,226 @@ TEST_CASE("MoE FP8: EP=2 and EP=4 (with DP, TP) match the one-rank FP8 MoE; the 
   CHECK(f.empty());
   for (auto& e : f) WARN(e);
 }
+
+namespace {
+/// A mesh of the node-level dispatch: an expert group of `ep` ranks in nodes of `node_size`.
+struct NodeCase {
+  const char* name;
+  std::array<int, 2> dense;
+  int ep, node_size;
+};
+const NodeCase node_cases[] = {{"EP=4 in nodes of 2", {4, 1}, 4, 2},
+                               {"EP=6 in nodes of 3", {6, 1}, 6, 3},
+                               {"EP=6 in nodes of 2", {6, 1}, 6, 2},
+                               {"EP=4 in nodes of 2 x TP=2", {4, 2}, 4, 2},
+                               {"EP=2 in nodes of 2 x DP=2", {4, 1}, 2, 2}};
+
+/// Rows of this rank's tokens that cross to another node: per token, the distinct expert ranks
+/// (one-stage) or nodes (node-level) its kept choices reach outside its own node, from the
+/// one-rank routing. `me`: this rank's ep coordinate.
+std::int64_t rows_across(const nn::Routing<double>& ref, const X& x, Extent experts, int ep, int node_size, int me,
+                         bool per_node) {
+  const auto box = x.local_box();
+  const Extent k = ref.topk;
+  std::int64_t rows = 0;
+  for (Extent n = box.offset[0] * T; n < (box.offset[0] + box.extent[0]) * T; ++n) {
+    std::set<int> reached;
+    for (Extent j = 0; j < k; ++j) {
+      const auto s = std::size_t(n * k + j);
+      if (!ref.kept[s]) continue;
+      int rank = 0;
+      while (chunk_range(experts, ep, rank).end <= ref.expert[s]) ++rank;
+      if (rank / node_size != me / node_size) reached.insert(per_node ? rank / node_size : rank);
+    }
+    rows += std::int64_t(reached.size());
+  }
+  return rows;
+}
+}  // namespace
+
+TEST_CASE("MoE node-level dispatch: equal to one rank (double, 1e-12), top-2 and 3, node-limited or not, uneven",
+          "[moe][nodes][parity]") {
+  // The two-stage dispatch (parallel/node_dispatch.hpp) against the one-rank MoE: outputs, input
+  // gradients, every parameter gradient and the routing. The combine sums a token's outputs per
+  // node, then over nodes, so the order of the sums differs from the one-rank run's: 1e-12
+  // relative and absolute in double (the differences are rounding, ~1e-16). Uneven: 5 sequences
+  // over 4 or 6 data ranks (a rank without tokens on 6), 7 experts over 4 ranks (2, 2, 2, 1) and
+  // 5 over 6 (a rank without experts).
+  for (Extent k : {2, 3})
+    for (Extent experts : {12, 7, 5})
+      for (bool limited : {false, true}) {
+        if (limited && experts != 12) continue;  // groups of a node's experts need E divisible
+        for (const auto& m : node_cases) {
+          if (k > experts || (experts == 7 && m.ep == 6 && m.node_size == 2)) continue;  // a node without experts
+          auto c = config(experts, k);
+          c.node_size = m.node_size;
+          if (limited) {
+            const int nodes = m.ep / m.node_size;
+            if (nodes < 2 || experts % nodes != 0) continue;
+            c.router.groups = nodes;  // a group per node: each token reaches at most topk_groups nodes
+            c.router.topk_groups = nodes - 1;
+          }
+          INFO(m.name << ", " << experts << " experts, top-" << k << (limited ? ", node-limited" : ""));
+          auto one_rank = c;
+          one_rank.node_size = 0;
+          const auto ref = reference(one_rank);
+          auto f = on_ranks(m.dense[0] * m.dense[1], [&](CommPtr world, auto report) {
+            Dense dense(world, m.dense);
+            report(compare_moe(run_moe(dense, parallel::make_expert_mesh<EMesh>(dense, m.ep), c), ref));
+          });
+          CHECK(f.empty());
+          for (auto& e : f) WARN(e);
+        }
+      }
+}
+
+TEST_CASE("MoE node-level dispatch: nodes of 1 rank and one node of all ranks give the one-stage results",
+          "[moe][nodes]") {
+  // L = 1: stage 2 is a rank's own experts, each node's sum one term, so every result is the
+  // one-stage dispatch's bit for bit. L = E: stage 1 is a rank to itself and the outputs, every
+  // parameter gradient and the weights after a step are bit for bit the same; the input gradient
+  // adds a token's expert terms summed in the node to the router's term (one-stage: one by one),
+  // so it agrees to rounding (1e-14 relative and absolute in double).
+  auto exact = [](const auto& a, const auto& b) { return compare(a, b, {.rtol = 0, .atol = 0}); };
+  for (Extent k : {1, 2}) {
+    auto c = config(7, k);
+    for (int node_size : {1, 4}) {
+      INFO("nodes of " << node_size << ", top-" << k);
+      auto f = on_ranks(4, [&](CommPtr world, auto report) {
+        Dense dense(world, {4, 1});
+        const auto emesh = parallel::make_expert_mesh<EMesh>(dense, 4);
+        const auto one = run_moe(dense, emesh, c, false, x_full, dy_full, true);
+        auto nodes = c;
+        nodes.node_size = node_size;
+        const auto two = run_moe(dense, emesh, nodes, false, x_full, dy_full, true);
+        if (auto d = exact(two.y, one.y); !d) report("output: " + d.message);
+        if (auto d = node_size == 1 ? exact(two.dx, one.dx) : compare(two.dx, one.dx, {.rtol = 1e-14, .atol = 1e-14});
+            !d)
+          report("input gradient: " + d.message);
+        for (std::size_t i = 0; i < one.grads2.size(); ++i)
+          if (auto d = exact(two.grads2[i], one.grads2[i]); !d)
+            report(detail::cat("gradient 2-d #", i, ": ", d.message));
+        for (std::size_t i = 0; i < one.grads3.size(); ++i)
+          if (auto d = exact(two.grads3[i], one.grads3[i]); !d)
+            report(detail::cat("gradient 3-d #", i, ": ", d.message));
+        if (auto d = exact(two.y_after, one.y_after); !d) report("after a step: " + d.message);
+      });
+      CHECK(f.empty());
+      for (auto& e : f) WARN(e);
+    }
+  }
+}
+
+TEST_CASE("MoE node-level dispatch: the collectives on each group, and fewer rows across nodes",
+          "[moe][nodes][commlog]") {
+  // Per layer, forward: counts across (all_to_all), the units across (all_to_all_v), counts
+  // inside the node (all_to_all), the units inside (all_to_all_v), the experts' rows back inside
+  // and the (token, node) rows back across; backward the four all_to_all_v in reverse. A token
+  // crosses to another node once per node its choices reach there, not once per expert rank:
+  // the rows this rank sends to other nodes are counted here from the one-rank routing, both
+  // ways, and with top-3 over 2 ranks per node some tokens have several choices on one node.
+  using K = CollectiveKind;
+  const std::vector<std::pair<K, std::string>> forward_expected = {
+      {K::all_to_all, "ep_across"}, {K::all_to_all_v, "ep_across"}, {K::all_to_all, "ep_node"},
+      {K::all_to_all_v, "ep_node"}, {K::all_to_all_v, "ep_node"},   {K::all_to_all_v, "ep_across"}};
+  const std::vector<std::pair<K, std::string>> backward_expected = {{K::all_to_all_v, "ep_across"},
+                                                                    {K::all_to_all_v, "ep_node"},
+                                                                    {K::all_to_all_v, "ep_node"},
+                                                                    {K::all_to_all_v, "ep_across"}};
+  auto kinds = [](const CommLog& log) {
+    std::vector<std::pair<K, std::string>> out;
+    for (const auto& r : log.records()) out.emplace_back(r.kind, r.group);
+    return out;
+  };
+  for (bool limited : {false, true}) {
+    auto c = config(12, 3);
+    if (limited) c.router.groups = 3, c.router.topk_groups = 2;  // a group per node of 2 ranks: <= 2 nodes
+    const auto ref = reference(c);
+    std::atomic<std::int64_t> one_stage_rows{0}, node_rows{0};
+    auto f = on_ranks(6, [&](CommPtr world, auto report) {
+      Dense dense(world, {6, 1});
+      auto emesh = parallel::make_expert_mesh<EMesh>(dense, 6);
+      auto nodes = c;
+      nodes.node_size = 2;
+      Moe moe("moe", dense, emesh, nodes, 5);
+      auto x = distribute_replicated<nn::tokens<Dense>>(dense, x_full);
+      CommLog fl;
+      auto [y, saved] = moe.forward(x);
+      const auto forward = kinds(fl);
+      const auto& p = saved.plan;  // stage 1's: by node
+      const int me = emesh.coordinate<"ep">();
+      std::int64_t sent_across = 0;
+      for (int node = 0; node < p.ranks; ++node)
+        if (node != me / 2) sent_across += p.send_units[std::size_t(node)];
+      const auto expected_node = rows_across(ref.routing, x, 12, 6, 2, me, true);
+      const auto expected_rank = rows_across(ref.routing, x, 12, 6, 2, me, false);
+      if (sent_across != expected_node)
+        report(detail::cat("rows sent to other nodes: ", sent_across, ", expected ", expected_node));
+      // The one-stage dispatch of the same routing: a row per (token, expert rank) to other nodes.
+      {
+        const auto one = parallel::order_by_rank(saved.routing.expert, saved.routing.kept, 3, 12, 6);
+        std::int64_t one_across = 0;
+        for (int r = 0; r < 6; ++r)
+          if (r / 2 != me / 2) one_across += one.units_per_rank[std::size_t(r)];
+        if (one_across != expected_rank)
+          report(detail::cat("one-stage rows to other nodes: ", one_across, ", expected ", expected_rank));
+      }
+      one_stage_rows += expected_rank;
+      node_rows += expected_node;
+      // The byte count of the last forward record: combine across, one row per stage-1 unit each way.
+      const auto combine_bytes = std::size_t(std::max(p.units_sent(), p.units_received()) * C) * sizeof(double);
+      if (fl.records().size() != forward_expected.size() || fl.records().back().bytes != combine_bytes)
+        report(detail::cat("combine across: expected ", combine_bytes, " bytes"));
+      auto dy = distribute_replicated<nn::tokens<Dense>>(dense, dy_full);
+      CommLog bl;
+      auto [dx, w] = moe.backward_input(std::move(saved), dy);
+      moe.backward_weight(std::move(w));
+      if (forward != forward_expected || kinds(bl) != backward_expected)
+        report("issued:\n" + fl.to_string() + bl.to_string());
+    });
+    CHECK(f.empty());
+    for (auto& e : f) WARN(e);
+    INFO((limited ? "node-limited: " : "") << node_rows << " rows across nodes, one-stage " << one_stage_rows);
+    CHECK(node_rows < one_stage_rows);  // some tokens had several choices on one node
+  }
+}
+
+TEST_CASE("MoE node-level dispatch: a node size that does not divide the expert size is refused",
+          "[moe][nodes][errors]") {
+  auto c = config(6, 2);
+  c.node_size = 4;
+  auto f = on_ranks(6, [&](CommPtr world, auto report) {
+    Dense dense(world, {6, 1});
+    auto emesh = parallel::make_expert_mesh<EMesh>(dense, 6);
+    try {
+      Moe moe("moe", dense, emesh, c, 5);
+      report("no error");
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      if (what.find("parallel::split_into_nodes") == std::string::npos ||
+          what.find("an expert group of 6 ranks does not split into nodes of 4 ranks") == std::string::npos)
+        report("message: " + what);
+    }
+  });
+  CHECK(f.empty());
+  for (auto& e : f) WARN(e);
+  // 7 experts over 6 ranks are 2, 2, 2, 1, 0, 0: in nodes of 2 the last node has none.
+  auto empty_node = config(7, 2);
+  empty_node.node_size = 2;
+  auto g = on_ranks(6, [&](CommPtr world, auto report) {
+    Dense dense(world, {6, 1});
+    auto emesh = parallel::make_expert_mesh<EMesh>(dense, 6);
+    try {
+      Moe moe("moe", dense, emesh, empty_node, 5);
+      report("no error");
+    } catch (const Error& e) {
+      if (std::string(e.what()).find("7 experts over 6 expert ranks leave node 2 (ranks 4..5) without an expert") ==
+          std::string::npos)
+        report(detail::cat("message: ", e.what()));
+    }
+  });
+  CHECK(g.empty());
+  for (auto& e : g) WARN(e);
+  CHECK_THROWS_WITH(parallel::order_by_node({}, {}, 2, 6, 6, 4),
+                    Catch::Contains("6 experts over 6 expert ranks in nodes of 4"));
+}

@@ -2903,3 +2903,136 @@ TEST_CASE("sim: the number of MoE blocks is one formula for the estimate, the si
   CHECK_THROWS_WITH(nn::moe_block_count(8, 0, 0), Catch::Contains("every 0 must be >= 1"));
   CHECK_THROWS_WITH(nn::is_moe_block(1, 2, -1), Catch::Contains("dense_first -1"));
 }
+
+TEST_CASE("sim: the node-level dispatch: its all-to-alls from the formula, the dry run's CommLog, fewer network bytes",
+          "[sim][moe][nodes]") {
+  using K = CollectiveKind;
+  // Exact figures: 16 experts over ep 16 (one per rank) in nodes of 4 (4 nodes), top-4 within 2
+  // of 4 groups (a group per node): balanced routing puts each token's 4 choices on 4 ranks of
+  // 2 nodes, 2 on each. A micro-batch of 128 tokens is 8 periods of E = 16 tokens; dim 256 in
+  // bf16: 512-byte rows.
+  sim::ModelShape m{.layers = 2, .dim = 256, .heads = 4, .vocab = 1024, .seq = 128, .experts = 16, .topk = 4};
+  m.expert_groups = 4, m.topk_groups = 2, m.expert_ffn = 512;
+  sim::PlanShape p{.batch = 32, .microbatch = 1, .dp = 16, .ep = 16};
+  const auto one = sim::moe_all_to_all_bytes(m, p);
+  p.ep_node_size = 4;
+  const auto two = sim::moe_all_to_all_bytes(m, p);
+  const double row = 512;
+  // One stage: per peer 8 x 4 units and pairs (a token's row once per expert rank), the side
+  // array (32 pairs x 6 bytes) one row: 16 x 33 rows each way; combine 16 x 32.
+  CHECK(one.dispatch == 16 * 33 * row);
+  CHECK(one.combine == 16 * 32 * row);
+  CHECK(one.dispatch_backward == 16 * 33 * row);  // 32 gate gradients x 2 bytes: one row
+  CHECK(one.counts == 8 * 16 * (1 + 1));
+  CHECK(one.node_dispatch == 0);
+  // Stage 1 over the 4 nodes: per node 8 x 16 tokens x 2 nodes / 4 = 64 units, 128 pairs (side:
+  // 768 bytes, 2 rows forward; 256 bytes, 1 row backward): 4 x 66, 4 x 64 and 4 x 65 rows.
+  CHECK(two.dispatch == 4 * 66 * row);
+  CHECK(two.combine == 4 * 64 * row);
+  CHECK(two.dispatch_backward == 4 * 65 * row);
+  CHECK(two.counts == 8 * 4 * (1 + 4));
+  // Stage 2 inside a node: the peer forwards 4 sources x 32 units to each of the node's 4 ranks
+  // (128 units and pairs each; side 768 bytes: 2 rows, backward 256: 1 row).
+  CHECK(two.node_dispatch == 4 * 130 * row);
+  CHECK(two.node_combine == 4 * 128 * row);
+  CHECK(two.node_dispatch_backward == 4 * 129 * row);
+  CHECK(two.node_counts == 8 * 4 * (1 + 1));
+  CHECK(two.forwarded == 4 * 128);
+  // The rows that cross between nodes: one-stage 12 of each rank's 16 peers' rows are remote;
+  // here at most 3 of 4 node peers' (half the units: a token reaches 2 nodes, not 4 ranks).
+  CHECK(two.combine * 3 / 4 < one.combine * 12 / 16);
+
+  // The analytic estimate charges them on their groups: stage 1 on "ep_across", stage 2 on
+  // "ep_node" (H100 nodes of 8: nodes of 4 expert ranks, two per machine).
+  const auto hw = sim::device("h100");
+  const sim::Topology topo = [&] {
+    sim::Topology t(std::array<std::string_view, 5>{"pp", "rep", "dp", "cp", "tp"}, std::array{1, 1, 16, 1, 1}, hw);
+    t.add_dims(std::array<std::string_view, 4>{"pp", "edp", "ep", "tp"}, std::array{1, 1, 16, 1});
+    t.add_dims(std::array<std::string_view, 5>{"pp", "edp", "ep_across", "ep_node", "tp"}, std::array{1, 1, 4, 4, 1});
+    return t;
+  }();
+  const auto a2a = [&](K k, const char* g, int n, double b) {
+    return sim::collective_seconds(sim_record(k, g, n, b), topo, g);
+  };
+  const double per_block =
+      a2a(K::all_to_all, "ep_across", 4, two.counts) + a2a(K::all_to_all, "ep_node", 4, two.node_counts) +
+      a2a(K::all_to_all_v, "ep_across", 4, two.dispatch) + a2a(K::all_to_all_v, "ep_node", 4, two.node_dispatch) +
+      2 * (a2a(K::all_to_all_v, "ep_across", 4, two.combine) + a2a(K::all_to_all_v, "ep_node", 4, two.node_combine)) +
+      a2a(K::all_to_all_v, "ep_across", 4, two.dispatch_backward) +
+      a2a(K::all_to_all_v, "ep_node", 4, two.node_dispatch_backward);
+  const auto a = sim::analytic_estimate(m, p, hw);
+  CHECK(a.ep_seconds == Approx(p.batch / p.dp / p.microbatch * m.layers * per_block));
+  CHECK(topo.placement("ep_node").inside_node());
+  CHECK_FALSE(topo.placement("ep_across").inside_node());
+  // A node size that does not divide ep, or that leaves a node without experts, is refused.
+  p.ep_node_size = 3;
+  CHECK_THROWS_WITH(sim::analytic_estimate(m, p, hw), Catch::Contains("ep_node_size 3 must divide ep 16"));
+
+  // The dry run's CommLog (the real MoE on meta over the sim backend) against the formula: a
+  // DP 16 plan with EP 16 in nodes of 4, and EP 8 in nodes of 4 under TP 2 + SP.
+  struct Case {
+    int dp, tp, ep, node;
+  };
+  const sim::ModelShape wide{.layers = 2,
+                             .dim = 1024,
+                             .heads = 8,
+                             .vocab = 512,
+                             .seq = 1024,
+                             .experts = 16,
+                             .topk = 4,
+                             .expert_groups = 4,
+                             .topk_groups = 2};
+  for (const Case c : {Case{16, 1, 16, 4}, Case{8, 2, 8, 4}}) {
+    CAPTURE(c.dp, c.tp, c.ep, c.node);
+    models::TrainingPlan plan{
+        .model = {.vocab = 512, .seq = 1024, .dim = 1024, .heads = 8, .layers = 2, .mlp_ratio = 4},
+        .batch = c.dp,
+        .microbatches = 1,
+        .dp = c.dp,
+        .tp = c.tp};
+    plan.moe.router.experts = 16, plan.moe.router.topk = 4;
+    plan.moe.router.groups = 4, plan.moe.router.topk_groups = 2;
+    plan.moe.node_size = c.node;
+    plan.ep = c.ep;
+    const auto classes =
+        models::dry_run_plan<dtensor::bfloat16, models::MoELayers<dtensor::bfloat16, MetaMesh<"edp", "ep", "tp">>,
+                             true>(plan);
+    const sim::PlanShape ps{
+        .batch = plan.batch, .microbatch = 1, .dp = c.dp, .tp = c.tp, .ep = c.ep, .ep_node_size = c.node};
+    const auto bytes = sim::moe_all_to_all_bytes(wide, ps);
+    for (const auto& k : classes) {
+      CAPTURE(k.report.name);
+      std::vector<std::pair<std::string, double>> forward, backward, expected_forward, expected_backward;
+      for (const auto& ph : k.report.phases)
+        for (const auto& r : ph.collectives)
+          if ((ph.name == "forward" || ph.name == "backward") &&
+              (r.kind == K::all_to_all || r.kind == K::all_to_all_v) &&
+              (r.group == "ep_across" || r.group == "ep_node" || r.group == "ep")) {
+            auto& to = ph.name == "forward" ? forward : backward;
+            to.emplace_back(detail::cat(name_of(r.kind), " ", r.group), double(r.bytes));
+          }
+      for (int block = 0; block < 2; ++block) {
+        expected_forward.insert(expected_forward.end(), {{"all_to_all ep_across", bytes.counts},
+                                                         {"all_to_all_v ep_across", bytes.dispatch},
+                                                         {"all_to_all ep_node", bytes.node_counts},
+                                                         {"all_to_all_v ep_node", bytes.node_dispatch},
+                                                         {"all_to_all_v ep_node", bytes.node_combine},
+                                                         {"all_to_all_v ep_across", bytes.combine}});
+        expected_backward.insert(expected_backward.end(), {{"all_to_all_v ep_across", bytes.combine},
+                                                           {"all_to_all_v ep_node", bytes.node_combine},
+                                                           {"all_to_all_v ep_node", bytes.node_dispatch_backward},
+                                                           {"all_to_all_v ep_across", bytes.dispatch_backward}});
+      }
+      CHECK(forward == expected_forward);
+      CHECK(backward == expected_backward);
+    }
+    // The step against the dry run's, as for the one-stage dispatch above (25 %).
+    std::vector<sim::ClassInput> inputs;
+    for (const auto& k : classes) inputs.push_back({&k.report, k.pipeline_ranks});
+    const auto dry =
+        sim::estimate_plan(inputs, models::plan_topology(plan, sim::Hardware{}), models::detail::plan_schedule(plan));
+    const auto an = sim::analytic_estimate(wide, ps, sim::Hardware{});
+    CAPTURE(dry.step_seconds, an.step_seconds, an.ep_seconds);
+    CHECK(an.step_seconds == Approx(dry.step_seconds).epsilon(0.25));
+  }
+}

@@ -863,11 +863,23 @@ TEST_CASE("train::cli, models::cli: a transformer's heads and experts over the m
   e.tuned = true;
   CHECK_THAT(error_of([&] { models::cli::check_moe_flags(e, m, 2); }),
              Catch::Contains(
-                 "--topk, --moe-every, --dense-first, --capacity, --shared-experts, --expert-groups and --topk-groups "
-                 "have no effect without --experts E"));
+                 "--topk, --moe-every, --dense-first, --capacity, --shared-experts, --expert-groups, --topk-groups and "
+                 "--ep-node-size have no effect without --experts E"));
   e.experts = 5, m.ep = 3;  // 5 experts over 3 of the 4 token ranks
   CHECK_THAT(error_of([&] { models::cli::check_moe_flags(e, m, 2); }),
              Catch::Contains("--ep 3 does not divide the token ranks --dp x --fsdp x --cp = 4"));
+  // The node-level dispatch: nodes of --ep-node-size expert ranks dividing --ep, each with an expert.
+  e.experts = 7, m.ep = 4, e.ep_node_size = 3;
+  CHECK_THAT(error_of([&] { models::cli::check_moe_flags(e, m, 2); }),
+             Catch::Contains("--ep-node-size 3 does not divide --ep 4"));
+  e.ep_node_size = 2;
+  CHECK(error_of([&] { models::cli::check_moe_flags(e, m, 2); }) == "no error");
+  CHECK(models::cli::moe_layers_config(e).node_size == 2);
+  e.experts = 3;  // 3 over 4 ranks: 1, 1, 1, 0 — nodes of 2 own 2 and 1
+  CHECK(error_of([&] { models::cli::check_moe_flags(e, m, 2); }) == "no error");
+  e.ep_node_size = 1;  // the last rank, a node of its own, owns none
+  CHECK_THAT(error_of([&] { models::cli::check_moe_flags(e, m, 2); }),
+             Catch::Contains("--ep-node-size 1: ") && Catch::Contains("leave node 3 (ranks 3..3) without an expert"));
   // The threads backend's bound, or a dry run's (one rank per class runs).
   train::cli::MeshFlags big;
   big.pp = 64, big.fsdp = 64, big.cp = 1, big.tp = 8;  // 32,768 ranks

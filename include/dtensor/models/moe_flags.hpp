@@ -1,6 +1,6 @@
 // dtensor/models/moe_flags.hpp — a MoE model's command-line flags: --experts E (0: dense MLPs),
-// --topk, --capacity, --shared-experts, --moe-every, --dense-first and group-limited routing (--expert-groups,
-// --topk-groups); their rows of a flag table (train/flag_table.hpp), their
+// --topk, --capacity, --shared-experts, --moe-every, --dense-first, group-limited routing (--expert-groups,
+// --topk-groups) and the node-level dispatch (--ep-node-size); their rows of a flag table (train/flag_table.hpp), their
 // checks against the mesh (--ep dividing the token ranks, a capacity CP can keep) and the
 // models::MoELayersConfig they make (models/moe_gpt.hpp).
 //
@@ -26,6 +26,7 @@ struct MoEFlags {
   Extent dense_first = 0;                       // the first blocks dense (DeepSeek-V3's first 3)
   Extent shared = 0;                            // shared experts (DeepSeek's)
   Extent groups = 1, topk_groups = 0;           // group-limited routing (nn/router.hpp); 0: no limit
+  int ep_node_size = 0;                         // the node-level dispatch's "ep" ranks per node; 0: one stage
   double capacity = 0;                          // 0: dropless
   bool tuned = false;                           // a flag below --experts given
 };
@@ -57,6 +58,11 @@ FlagTable<O> moe_flag_rows() {
        "--experts: each token routed within its M best --expert-groups (DeepSeek's node-limited routing; default: "
        "all groups)",
        marking(integer(&M::topk_groups, 1), &M::tuned)},
+      {"--ep-node-size", "L",
+       "--experts: the node-level dispatch (DeepSeek-V3's), the --ep ranks seen as nodes of L consecutive ones: a "
+       "token crosses to another node once per node its choices reach, then is forwarded inside it (default 0: one "
+       "row per token and expert rank over --ep)",
+       marking(integer(&M::ep_node_size, 1), &M::tuned)},
   };
 }
 
@@ -67,9 +73,8 @@ inline void check_moe_flags(const MoEFlags& o, const MeshFlags& mesh, Extent lay
   // A MoE flag without experts would be ignored: the user meant a MoE model and trains a dense one.
   if (o.experts == 0 && o.tuned)
     throw UsageError(
-        "--topk, --moe-every, --dense-first, --capacity, --shared-experts, --expert-groups and --topk-groups have no "
-        "effect without "
-        "--experts E");
+        "--topk, --moe-every, --dense-first, --capacity, --shared-experts, --expert-groups, --topk-groups and "
+        "--ep-node-size have no effect without --experts E");
   if (o.experts == 0) return;
   if (o.topk > o.experts) throw UsageError("--topk " + str(o.topk) + " exceeds --experts " + str(o.experts));
   if (o.experts % o.groups != 0)
@@ -91,6 +96,15 @@ inline void check_moe_flags(const MoEFlags& o, const MeshFlags& mesh, Extent lay
   if (token_ranks % mesh.ep != 0)
     throw UsageError("--ep " + str(mesh.ep) +
                      " does not divide the token ranks --dp x --fsdp x --cp = " + str(token_ranks));
+  if (o.ep_node_size > 0) {  // the node-level dispatch: nodes of L "ep" ranks, each owning an expert
+    if (mesh.ep % o.ep_node_size != 0)
+      throw UsageError("--ep-node-size " + str(o.ep_node_size) + " does not divide --ep " + str(mesh.ep));
+    try {
+      parallel::check_nodes_own_experts(o.experts, mesh.ep, o.ep_node_size);
+    } catch (const Error& e) {
+      throw UsageError("--ep-node-size " + str(o.ep_node_size) + ": " + e.what());
+    }
+  }
   // Under CP a capacity that can drop a choice is refused (nn/router.hpp): it is per whole sequence.
   if (mesh.cp > 1 && o.capacity > 0 && o.capacity * double(o.topk) / double(o.experts) < 1.0)
     throw UsageError(
@@ -110,6 +124,7 @@ inline models::MoELayersConfig moe_layers_config(const MoEFlags& o) {
   mc.every = o.moe_every;
   mc.dense_first = o.dense_first;
   mc.shared = o.shared;
+  mc.node_size = o.ep_node_size;
   return mc;
 }
 

@@ -190,6 +190,7 @@ struct MoELayersConfig {
   Extent every = 1;      // block l is MoE when (l + 1) % every == 0: 1 all, 2 every other (1, 3, ...)
   Extent dense_first = 0;  // and l >= dense_first: the first blocks dense (DeepSeek-V3: 3 of 61)
   Extent shared = 0;  // shared experts (DeepSeek's): one dense feed-forward of shared x hidden beside the routed ones
+  int node_size = 0;  // > 0: the node-level dispatch over nodes of node_size "ep" ranks (nn::MoEConfig::node_size)
 };
 
 /// models::GPT's Layers policy for MoE blocks (see the top of this file) in the blocks of a dense
@@ -216,6 +217,8 @@ class MoELayers {
                   dtensor::detail::cat("every ", c.every, " must be >= 1, hidden ", c.hidden, ", shared ", c.shared,
                                        " and dense_first ", c.dense_first, " >= 0"),
                   emesh_.rank());
+    // The node-level dispatch's two sub-groups of "ep", split once for every MoE block (collective).
+    if (c.node_size > 0) nodes_ = parallel::split_into_nodes(parallel::expert_group(emesh_), c.node_size);
   }
 
   bool is_moe(Extent layer) const { return nn::is_moe_block(layer, c_.every, c_.dense_first); }
@@ -235,13 +238,14 @@ class MoELayers {
                            .hidden = c_.hidden > 0 ? c_.hidden : dense_hidden,
                            .router = c_.router,
                            .init_std = c.init_std,
-                           .out_std = c.out_std};
+                           .out_std = c.out_std,
+                           .node_size = c_.node_size};
     // Seeds: the router's seed + 2, the experts' + 3 onwards (one per weight), the shared experts' + 6.
     std::optional<typename FF::Mlp> shared;
     if (c_.shared > 0)
       shared.emplace(name + ".moe.shared", mesh, c.dim, c_.shared * mc.hidden, seed + 6, c.init_std, c.out_std);
     return Block(name, mesh, c, seed,
-                 FF(typename FF::Moe(name + ".moe", mesh, emesh_, mc, seed + 2), std::move(shared)));
+                 FF(typename FF::Moe(name + ".moe", mesh, emesh_, mc, seed + 2, nodes_), std::move(shared)));
   }
 
   /// The mesh the experts live on, declared (nn/param_groups.hpp): nn::Stack makes each MoE
@@ -259,6 +263,7 @@ class MoELayers {
 
  private:
   EMesh emesh_;
+  std::optional<parallel::ExpertNodes> nodes_;  // c_.node_size > 0: shared by the MoE blocks
   MoELayersConfig c_;
 };
 

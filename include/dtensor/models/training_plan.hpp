@@ -183,6 +183,9 @@ inline void check_plan(const TrainingPlan& p) {
     // Any expert count over ep, as the runtime splits them (parallel/experts.hpp: chunk_range).
     if (p.ep < 1 || tokens_ranks % p.ep != 0)
       fail("ep ", p.ep, " must divide dp x cp = ", tokens_ranks, " (the ranks that split the tokens)");
+    if (p.moe.node_size < 0 || (p.moe.node_size > 0 && p.ep % p.moe.node_size != 0))
+      fail("moe.node_size ", p.moe.node_size, " must divide ep ", p.ep, " (0: the one-stage dispatch)");
+    if (p.moe.node_size > 0) parallel::check_nodes_own_experts(p.moe.router.experts, p.ep, p.moe.node_size);
   }
 }
 
@@ -359,6 +362,11 @@ inline sim::Topology plan_topology(const TrainingPlan& p, const sim::Hardware& h
   // The experts' mesh factors each stage's token ranks (dp x cp of them) as edp x ep.
   if (p.has_experts())
     t.add_dims(std::array<std::string_view, 4>{"pp", "edp", "ep", "tp"}, std::array{p.pp, p.dp * p.cp / p.ep, p.ep, p.tp});
+  // The node-level dispatch's groups (parallel/node_dispatch.hpp): "ep" as (ep_across, ep_node),
+  // nodes of node_size consecutive expert ranks.
+  if (p.has_experts() && p.moe.node_size > 0)
+    t.add_dims(std::array<std::string_view, 5>{"pp", "edp", "ep_across", "ep_node", "tp"},
+               std::array{p.pp, p.dp * p.cp / p.ep, p.ep / p.moe.node_size, p.moe.node_size, p.tp});
   return t;
 }
 

@@ -45,7 +45,9 @@
 // per unit and sends them back with the pairs' gate gradients as a side array (one
 // all_to_all_v). So the bytes scale with distinct (token, rank) pairs, not (token, choice) pairs:
 // group-limited routing (nn/router.hpp) that keeps a token on M ranks sends at most M rows.
-// All of them are recorded in the CommLog on the "ep" communicator.
+// All of them are recorded in the CommLog on the "ep" communicator. The node-level (two-stage)
+// dispatch, a token across the network once per node it reaches, composes these pieces over two
+// sub-groups of "ep" (parallel/node_dispatch.hpp).
 //
 // Memory spaces: rows are tensors of the model's space; the counts and row orders are small host
 // vectors (they decide sizes, which the host needs anyway), uploaded as index tensors where a
@@ -69,6 +71,7 @@
 #include "dtensor/kernels/elementwise.hpp"
 #include "dtensor/kernels/embedding.hpp"
 #include "dtensor/mesh/roles.hpp"
+#include "dtensor/parallel/expert_split.hpp"
 #include "dtensor/placement/chunk.hpp"
 #include "dtensor/placement/layout.hpp"
 
@@ -207,19 +210,23 @@ struct DispatchOrder {
 };
 
 /// The merged send order of the kept slots (expert_of_slot[s] its expert, kept[s] != 0 if kept;
-/// slot s = token * topk + choice) for `experts` experts split over `ranks` ranks as the experts'
-/// Shard<0> weights are (chunk_range).
+/// slot s = token * topk + choice) for experts split over ranks as `expert_offsets` says: rank r
+/// owns [expert_offsets[r], expert_offsets[r + 1]) (non-decreasing, from 0). The node-level
+/// dispatch's first stage orders by node, with the nodes' experts (parallel/node_dispatch.hpp).
 inline DispatchOrder order_by_rank(std::span<const std::int32_t> expert_of_slot, std::span<const std::uint8_t> kept,
-                                   std::int64_t topk, std::int64_t experts, int ranks) {
-  if (topk < 1 || experts < 1 || ranks < 1 || expert_of_slot.size() % std::size_t(topk) != 0 ||
+                                   std::int64_t topk, std::vector<std::int64_t> expert_offsets) {
+  const int ranks = int(expert_offsets.size()) - 1;
+  const std::int64_t experts = expert_offsets.empty() ? 0 : expert_offsets.back();
+  bool offsets_ok = ranks >= 1 && expert_offsets.front() == 0;
+  for (int r = 0; offsets_ok && r < ranks; ++r)
+    offsets_ok = expert_offsets[std::size_t(r)] <= expert_offsets[std::size_t(r) + 1];
+  if (topk < 1 || experts < 1 || !offsets_ok || expert_of_slot.size() % std::size_t(topk) != 0 ||
       kept.size() != expert_of_slot.size())
     throw Error("parallel::order_by_rank",
                 dtensor::detail::cat(expert_of_slot.size(), " slots (", kept.size(), " kept flags) of top-", topk, ", ",
                                      experts, " experts over ", ranks, " ranks"));
   DispatchOrder o;
-  o.expert_offsets.resize(std::size_t(ranks) + 1);
-  for (int r = 0; r < ranks; ++r) o.expert_offsets[std::size_t(r)] = chunk_range(experts, ranks, r).begin;
-  o.expert_offsets.back() = experts;
+  o.expert_offsets = std::move(expert_offsets);
   std::vector<int> rank_of_expert(static_cast<std::size_t>(experts));
   for (int r = 0; r < ranks; ++r)
     for (auto e = o.expert_offsets[std::size_t(r)]; e < o.expert_offsets[std::size_t(r) + 1]; ++e)
@@ -272,6 +279,17 @@ inline DispatchOrder order_by_rank(std::span<const std::int32_t> expert_of_slot,
       o.unit_of_pair[p] = std::int32_t(unit_of_choice[j]);
     }
   return o;
+}
+
+/// The same for `experts` experts split over `ranks` ranks as the experts' Shard<0> weights are
+/// (chunk_range).
+inline DispatchOrder order_by_rank(std::span<const std::int32_t> expert_of_slot, std::span<const std::uint8_t> kept,
+                                   std::int64_t topk, std::int64_t experts, int ranks) {
+  if (experts < 1 || ranks < 1)
+    throw Error("parallel::order_by_rank",
+                dtensor::detail::cat(expert_of_slot.size(), " slots (", kept.size(), " kept flags) of top-", topk, ", ",
+                                     experts, " experts over ", ranks, " ranks"));
+  return order_by_rank(expert_of_slot, kept, topk, expert_offsets_of(experts, ranks));
 }
 
 // ---------------------------------------------------------------- the plan: counts exchanged
@@ -402,7 +420,9 @@ DispatchPlan exchange_counts(Communicator& ep, const DispatchOrder& order, std::
   p.expert_offsets = order.expert_offsets;
   p.local_experts = p.experts_of(ep.rank()).size();
   p.send_units = order.units_per_rank;
-  const auto block = 1 + std::size_t(chunk_size(experts, p.ranks)), L = std::size_t(p.local_experts);
+  std::size_t most = 0;  // the most experts a rank owns (chunk_size for chunk_range's split)
+  for (int r = 0; r < p.ranks; ++r) most = std::max(most, std::size_t(p.experts_of(r).size()));
+  const auto block = 1 + most, L = std::size_t(p.local_experts);
   std::vector<std::int64_t> send(ranks * block, 0), recv(ranks * block, 0);
   p.send_pairs.assign(ranks, 0);
   for (std::size_t r = 0; r < ranks; ++r) {
@@ -571,19 +591,28 @@ void check_rows(Communicator& ep, const Tensor<T, 2, Space>& rows, std::int64_t 
 }
 }  // namespace detail
 
-/// Sends each unit's row once to its expert rank with its pairs' (unit, gate) side array; returns
-/// the pairs' rows grouped by local expert (a row gather of the arrived units: a unit with two
-/// choices on the rank feeds both experts) with each pair's unit and gate. token_rows: this
-/// rank's tokens [tokens, dim]; gate_of_slot: the routing's gates. One all_to_all_v on ep.
+namespace detail {
+/// What one dispatch exchange delivered: the messages as they came (each source's unit rows, then
+/// its side array's rows) and, per pair in the sources' side order (by source, then its order:
+/// local expert, then unit), the unit it names within its source's units and its gate.
 template <class T, MemorySpace Space>
-Dispatched<T, Space> dispatch(Communicator& ep, const DispatchPlan& p, const DispatchOrder& order,
-                              const Tensor<T, 2, Space>& token_rows, std::span<const T> gate_of_slot) {
-  const char* op = "parallel::dispatch";
+struct ArrivedUnits {
+  Tensor<T, 2, Space> messages;  // [the plan's dispatch_in.total, dim]
+  std::vector<std::int32_t> unit;
+  std::vector<T> gate;
+};
+
+/// The dispatch's exchange: each unit's row once to its destination with its pairs' (unit, gate)
+/// side array. One all_to_all_v on ep.
+template <class T, MemorySpace Space>
+ArrivedUnits<T, Space> send_units(Communicator& ep, const DispatchPlan& p, const DispatchOrder& order,
+                                  const Tensor<T, 2, Space>& token_rows, std::span<const T> gate_of_slot,
+                                  const char* op) {
   if (token_rows.shape()[1] != p.dim || order.units() != p.units_sent() || order.pairs() != p.pairs_sent())
     ep.fail(op, dtensor::detail::cat("token rows ", to_string(token_rows.shape()), ", ", order.units(), " units and ",
                                      order.pairs(), " pairs; the plan sends ", p.units_sent(), " units and ",
                                      p.pairs_sent(), " pairs of ", p.dim));
-  const auto R = std::size_t(p.ranks), L = std::size_t(p.local_experts);
+  const auto R = std::size_t(p.ranks);
   // The message buffer: the units' token rows gathered straight into their places (a side
   // array's rows read token 0 and are then overwritten by the side array).
   const auto send_index = index_tensor<Space>(p.dispatch_out.total, [&](std::int64_t* index) {
@@ -602,14 +631,16 @@ Dispatched<T, Space> dispatch(Communicator& ep, const DispatchPlan& p, const Dis
       std::memcpy(bytes + n * sizeof(std::int32_t) + i * sizeof(T), &gate, sizeof(T));
     }
   });
-  const auto arrived = detail::exchange(ep, buffer, p.dispatch_out, p.dispatch_in);
+  ArrivedUnits<T, Space> in{exchange(ep, buffer, p.dispatch_out, p.dispatch_in), {}, {}};
+  const auto& arrived = in.messages;
   // The arrived side arrays: source s's pairs ordered by its local expert, then unit. A space
   // without data reads none: every source is taken to send what this rank sends itself (as the
   // count exchange assumes there), whose unit indices the order holds.
-  std::vector<std::int32_t> unit_in(std::size_t(p.pairs_received()));
-  std::vector<T> gate_in(unit_in.size());
-  const auto& side_first = p.first_pair_received;  // per source: its first pair and unit
-  const auto& unit_first = p.expert_units.starts;
+  auto& unit_in = in.unit;
+  auto& gate_in = in.gate;
+  unit_in.resize(std::size_t(p.pairs_received()));
+  gate_in.resize(unit_in.size());
+  const auto& side_first = p.first_pair_received;  // per source: its first pair
   if constexpr (holds_data_v<Space>) {
     detail::read_side_arrays(arrived, p.recv_units, p.dispatch_in, [&](std::size_t s, const unsigned char* bytes) {
       const auto n = std::size_t(p.pairs_from(int(s))), pair = std::size_t(side_first[s]);
@@ -632,6 +663,23 @@ Dispatched<T, Space> dispatch(Communicator& ep, const DispatchPlan& p, const Dis
       if (unit < 0 || unit >= p.recv_units[s])
         ep.fail(op, dtensor::detail::cat("pair ", i, " from rank ", s, " names unit ", unit, " of ", p.recv_units[s]));
     }
+  return in;
+}
+}  // namespace detail
+
+/// Sends each unit's row once to its expert rank with its pairs' (unit, gate) side array; returns
+/// the pairs' rows grouped by local expert (a row gather of the arrived units: a unit with two
+/// choices on the rank feeds both experts) with each pair's unit and gate. token_rows: this
+/// rank's tokens [tokens, dim]; gate_of_slot: the routing's gates. One all_to_all_v on ep.
+template <class T, MemorySpace Space>
+Dispatched<T, Space> dispatch(Communicator& ep, const DispatchPlan& p, const DispatchOrder& order,
+                              const Tensor<T, 2, Space>& token_rows, std::span<const T> gate_of_slot) {
+  const auto in = detail::send_units(ep, p, order, token_rows, gate_of_slot, "parallel::dispatch");
+  const auto& unit_in = in.unit;
+  const auto& gate_in = in.gate;
+  const auto R = std::size_t(p.ranks), L = std::size_t(p.local_experts);
+  const auto& side_first = p.first_pair_received;
+  const auto& unit_first = p.expert_units.starts;
   // Grouped order: by local expert, then source, then the source's order.
   Dispatched<T, Space> d;
   d.rows_per_local_expert = p.rows_per_local_expert();
@@ -652,7 +700,7 @@ Dispatched<T, Space> dispatch(Communicator& ep, const DispatchPlan& p, const Dis
         gate.data()[g] = gate_in[at];
       }
     }
-  d.rows = gather_rows(arrived, indices_in<Space>(arrival_row));
+  d.rows = gather_rows(in.messages, indices_in<Space>(arrival_row));
   d.unit_index = indices_in<Space>(d.unit_of_pair);
   d.gate = into_space<Space>(std::move(gate));
   return d;
@@ -709,6 +757,31 @@ Tensor<std::int64_t, 1, Space> token_of_gradient_rows(const DispatchPlan& p, con
   });
 }
 
+namespace detail {
+/// dispatch_backward's exchange: `buffer` [the plan's gradient_out.total, dim] holds each received
+/// unit's input gradient in its source's message rows; the pairs' gate gradients (in the sources'
+/// side order; none on a space without data) are written after them, and the messages go back to
+/// the tokens' ranks. One all_to_all_v on ep.
+template <class T, MemorySpace Space>
+DispatchGradients<T, Space> return_gradients(Communicator& ep, const DispatchPlan& p, Tensor<T, 2, Space> buffer,
+                                             const std::vector<T>& gates_in_side_order) {
+  if constexpr (holds_data_v<Space>) {
+    write_side_arrays(buffer, p.recv_units, p.gradient_out, [&](std::size_t s, unsigned char* bytes) {
+      std::memcpy(bytes, gates_in_side_order.data() + p.first_pair_received[s],
+                  std::size_t(p.pairs_from(int(s))) * sizeof(T));
+    });
+  }
+  DispatchGradients<T, Space> out{exchange(ep, buffer, p.gradient_out, p.gradient_in), {}};
+  if constexpr (holds_data_v<Space>) {
+    out.gates.resize(std::size_t(p.pairs_sent()));
+    read_side_arrays(out.rows, p.send_units, p.gradient_in, [&](std::size_t r, const unsigned char* bytes) {
+      std::memcpy(out.gates.data() + p.first_pair_sent[r], bytes, std::size_t(p.send_pairs[r]) * sizeof(T));
+    });
+  }
+  return out;
+}
+}  // namespace detail
+
 /// The adjoint of dispatch: the pairs' input gradients [pairs received, dim] (grouped), summed per
 /// unit on this rank, and the pairs' gate gradients (host, grouped order) travel back with them as
 /// a side array. One all_to_all_v on ep.
@@ -721,8 +794,7 @@ DispatchGradients<T, Space> dispatch_backward(Communicator& ep, const DispatchPl
   if (with_gates && std::int64_t(d_gates.size()) != p.pairs_received())
     ep.fail(op, dtensor::detail::cat(d_gates.size(), " gate gradients for ", p.pairs_received(), " pairs"));
   const auto R = std::size_t(p.ranks), L = std::size_t(p.local_experts);
-  const auto& unit_first = p.expert_units.starts;  // per source: its first unit and pair
-  const auto& side_first = p.first_pair_received;
+  const auto& unit_first = p.expert_units.starts;  // per source: its first unit
   // The units' input gradients summed straight into their message rows: each pair's row is its
   // unit's row in its source's message, walking the grouped order (by local expert, then
   // source) as dispatch built it.
@@ -735,22 +807,9 @@ DispatchGradients<T, Space> dispatch_backward(Communicator& ep, const DispatchPl
   });
   Tensor<T, 2, Space> buffer(Shape<2>{p.gradient_out.total, p.dim});
   kernels::embedding_backward(buffer, message_row, d_rows);
-  // Then the pairs' gate gradients, in each source's side order.
-  if constexpr (holds_data_v<Space>) {
-    std::vector<T> in_side_order(d_gates.size());
-    for (std::size_t g = 0; g < d_gates.size(); ++g) in_side_order[std::size_t(d.side_of_pair[g])] = d_gates[g];
-    detail::write_side_arrays(buffer, p.recv_units, p.gradient_out, [&](std::size_t s, unsigned char* bytes) {
-      std::memcpy(bytes, in_side_order.data() + side_first[s], std::size_t(p.pairs_from(int(s))) * sizeof(T));
-    });
-  }
-  DispatchGradients<T, Space> out{detail::exchange(ep, buffer, p.gradient_out, p.gradient_in), {}};
-  if constexpr (holds_data_v<Space>) {
-    out.gates.resize(std::size_t(p.pairs_sent()));
-    detail::read_side_arrays(out.rows, p.send_units, p.gradient_in, [&](std::size_t r, const unsigned char* bytes) {
-      std::memcpy(out.gates.data() + p.first_pair_sent[r], bytes, std::size_t(p.send_pairs[r]) * sizeof(T));
-    });
-  }
-  return out;
+  std::vector<T> in_side_order(d_gates.size());
+  for (std::size_t g = 0; g < d_gates.size(); ++g) in_side_order[std::size_t(d.side_of_pair[g])] = d_gates[g];
+  return detail::return_gradients(ep, p, std::move(buffer), in_side_order);
 }
 
 }  // namespace dtensor::parallel

@@ -39,6 +39,13 @@
 // (token, choice) — and, for the dispatch and its adjoint, the side arrays' rows
 // (DispatchPlan; docs/expert-parallel.md).
 //
+// The node-level dispatch (MoEConfig::node_size = L > 0; parallel/node_dispatch.hpp): "ep" as
+// nodes of L consecutive ranks, split once at construction into "ep_across" and "ep_node". The
+// send order and plan are then by node (a unit per (token, node), across the network), the node's
+// peer forwards the arrived units to the node's expert ranks (one-stage, over "ep_node"), and
+// combine and the adjoints reverse it; this rank's tokens see the same kind of plan either way.
+// Per layer: forward 2 all_to_all + 4 all_to_all_v, backward 4 all_to_all_v.
+//
 // Parameters: the router's on the dense mesh (replicated; gradient Partial<sum> on the data
 // dimension) and the experts' on the expert mesh (Shard<0> on "ep"; gradient Partial<sum> on
 // "edp"). They live on two meshes of different rank, so collect them per part:
@@ -47,6 +54,7 @@
 #pragma once
 
 #include <charconv>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -58,11 +66,12 @@
 #include "dtensor/kernels/reduce.hpp"
 
 #include "dtensor/distributed/settings_agreement.hpp"
-#include "dtensor/parallel/experts.hpp"
 #include "dtensor/nn/aux_losses.hpp"
 #include "dtensor/nn/linear.hpp"
 #include "dtensor/nn/router.hpp"
 #include "dtensor/parallel/expert_parallel.hpp"
+#include "dtensor/parallel/experts.hpp"
+#include "dtensor/parallel/node_dispatch.hpp"
 
 namespace dtensor::nn {
 
@@ -72,6 +81,10 @@ struct MoEConfig {
   RouterConfig router;
   double init_std = 0.02;
   double out_std = 0.02;
+  // Ranks per node of the expert group for the node-level dispatch (parallel/node_dispatch.hpp:
+  // a token crosses the network once per node it reaches and is forwarded inside it); it must
+  // divide the expert size. 0: the one-stage dispatch (a row per (token, expert rank) over "ep").
+  int node_size = 0;
 };
 
 template <kernels::host::FloatElement T, MeshType Mesh, parallel::ExpertMeshType EMesh,
@@ -100,19 +113,37 @@ class MoE {
     parallel::Dispatched<T, space> received;       // the pairs this rank's experts ran (rows emptied)
     typename Experts::Saved experts;
     Rows expert_out;  // [pairs received, dim]: the experts' outputs, before the gates (the gates' gradient)
+    // The node-level dispatch's stage 2 (set when config().node_size is): order and plan above
+    // are then stage 1's, by node, and received is what stage 2 delivered inside the node.
+    std::optional<parallel::Forwarded<T, space>> forwarded;
   };
   using WeightCtx = std::tuple<typename Router::WeightCtx, typename Experts::WeightCtx>;  // children() order
 
   MoE() = default;
-  MoE(std::string name, const Mesh& mesh, const EMesh& emesh, MoEConfig c, std::uint64_t seed)
+  /// `nodes`: the node-level dispatch's groups (config node_size > 0), split once for a model's
+  /// MoE blocks (models::MoELayers does: not a pair of communicators per layer); without them this
+  /// MoE splits its own (collective over "ep").
+  MoE(std::string name, const Mesh& mesh, const EMesh& emesh, MoEConfig c, std::uint64_t seed,
+      std::optional<parallel::ExpertNodes> nodes = {})
       : name_(std::move(name)),
         c_(checked(c, mesh, emesh)),
         emesh_(emesh),
         router_(name_ + ".router", mesh, c.dim, c.router.experts, seed, {.bias = false, .init_std = c.init_std}),
         experts_(name_ + ".experts", emesh,
-                 {.experts = c.router.experts, .dim = c.dim, .hidden = c.hidden, .init_std = c.init_std,
+                 {.experts = c.router.experts,
+                  .dim = c.dim,
+                  .hidden = c.hidden,
+                  .init_std = c.init_std,
                   .out_std = c.out_std},
-                 seed + 1) {}
+                 seed + 1) {
+    if (c_.node_size == 0) return;
+    auto& ep = parallel::expert_group(emesh_);
+    if (nodes && (nodes->node_size != c_.node_size || nodes->nodes * nodes->node_size != ep.size()))
+      ep.fail("nn::MoE",
+              dtensor::detail::cat(name_, ": node groups of ", nodes->nodes, " nodes of ", nodes->node_size,
+                                   " ranks for node size ", c_.node_size, " over an expert group of ", ep.size()));
+    nodes_ = nodes ? std::move(nodes) : parallel::split_into_nodes(ep, c_.node_size);
+  }
 
   /// y = sum over kept choices of gate * expert(x). Collectives: 1 all_to_all + 2 all_to_all_v on "ep",
   /// a row per (token, expert rank) each
@@ -123,18 +154,38 @@ class MoE {
     auto [logits, router_saved] = router_.forward(x);
     const auto& xl = x.to_local();
     const Extent batch = xl.shape()[0], seq = xl.shape()[1], C = c_.dim;
-    Saved s{std::move(router_saved), route_tokens(logits, batch, seq, x.extent(0), x.extent(1), x.mesh()), {}, {}, {}, {}, {}, {}};
+    Saved s{std::move(router_saved),
+            route_tokens(logits, batch, seq, x.extent(0), x.extent(1), x.mesh()),
+            {},
+            {},
+            {},
+            {},
+            {},
+            {},
+            {}};
     // The weighted auxiliary losses (this rank's shares) into the enclosing forward's loss (nn/aux_losses.hpp).
     add_auxiliary_loss(c_.router.aux_loss_coeff * s.routing.aux_loss + c_.router.z_loss_coeff * s.routing.z_loss);
     auto& ep = parallel::expert_group(emesh_);
-    s.order = parallel::order_by_rank(s.routing.expert, s.routing.kept, c_.router.topk, c_.router.experts, ep.size());
-    s.plan = parallel::exchange_counts<T, space>(ep, s.order, C);
+    const std::span<const T> gates(s.routing.gate);
+    if (nodes_) {  // stage 1 across the nodes, stage 2 inside this node
+      s.order = parallel::order_by_node(s.routing.expert, s.routing.kept, c_.router.topk, c_.router.experts, ep.size(),
+                                        nodes_->node_size);
+      s.plan = parallel::exchange_counts<T, space>(*nodes_->across, s.order, C);
+      auto& f = s.forwarded.emplace(parallel::dispatch_across(*nodes_, s.plan, s.order, token_rows(xl), gates,
+                                                              c_.router.topk, c_.router.experts));
+      s.received = parallel::dispatch(*nodes_->within, f.plan, f.order, f.messages, f.gates());
+      f.messages = {};
+    } else {
+      s.order = parallel::order_by_rank(s.routing.expert, s.routing.kept, c_.router.topk, c_.router.experts, ep.size());
+      s.plan = parallel::exchange_counts<T, space>(ep, s.order, C);
+      s.received = parallel::dispatch(ep, s.plan, s.order, token_rows(xl), gates);
+    }
     s.token_of_unit = parallel::indices_in<space>(s.order.token_of_unit);
-    s.received = parallel::dispatch(ep, s.plan, s.order, token_rows(xl), std::span<const T>(s.routing.gate));
     auto [rows, experts_saved] = experts_.forward(std::move(s.received.rows), s.received.rows_per_local_expert);
     s.received.rows = {};
     s.experts = std::move(experts_saved);
-    const auto back = parallel::combine(ep, s.plan, s.received, rows);
+    auto back = parallel::combine(experts_group(), experts_plan(s), s.received, rows);
+    if (nodes_) back = parallel::combine_across(*nodes_->across, s.plan, *s.forwarded, back);
     s.expert_out = std::move(rows);
     // y[t] = the sum of its units' rows (each a sum of gate x expert output on its expert rank):
     // the scatter-add that is the gather's adjoint, in send order (by rank, then token).
@@ -165,13 +216,16 @@ class MoE {
                   ": gradient ", to_string(dy.shape()), " for ", tokens, " tokens of ", C, " features");
     // Each unit's output gradient to its expert rank, there each pair's: its rows' gradient is
     // gate x dy[its unit], its gate's dy[its unit] . expert output.
-    auto& ep = parallel::expert_group(emesh_);
-    const auto dy_in = parallel::combine_backward(ep, s.plan, parallel::gather_rows(token_rows(dyl), s.token_of_unit));
+    const auto dy_units = parallel::gather_rows(token_rows(dyl), s.token_of_unit);
+    const auto dy_in = nodes_ ? parallel::combine_backward_nodes(*nodes_, s.plan, *s.forwarded, dy_units)
+                              : parallel::combine_backward(parallel::expert_group(emesh_), s.plan, dy_units);
     const auto dy_of_pair = parallel::gather_rows(dy_in, s.received.unit_index);
     const auto dgate_of_pair = on_host(kernels::sum(kernels::mul(dy_of_pair, s.expert_out), 1));
     auto [dgrouped, experts_w] =
         experts_.backward_input(std::move(s.experts), kernels::mul_broadcast(dy_of_pair, s.received.gate));
-    const auto back = parallel::dispatch_backward(ep, s.plan, s.received, dgrouped, std::span<const T>(dgate_of_pair));
+    auto back = parallel::dispatch_backward(experts_group(), experts_plan(s), s.received, dgrouped,
+                                            std::span<const T>(dgate_of_pair));
+    if (nodes_) back = parallel::dispatch_backward_across(*nodes_->across, s.plan, *s.forwarded, back);
     auto [dx, router_w] =
         router_.backward_input(std::move(s.router), router_gradient(s.routing, gate_gradients(s, back.gates), dy));
     // dx += the tokens' share of the experts' input gradient: a scatter-add in send order,
@@ -191,6 +245,11 @@ class MoE {
   const EMesh& expert_mesh() const noexcept { return emesh_; }
 
  private:
+  /// The group the experts' rows arrive over and its plan: "ep", or the node's ranks under the
+  /// node-level dispatch (its stage 2).
+  Communicator& experts_group() const { return nodes_ ? *nodes_->within : parallel::expert_group(emesh_); }
+  static const parallel::DispatchPlan& experts_plan(const Saved& s) { return s.forwarded ? s.forwarded->plan : s.plan; }
+
   /// The routing of this rank's tokens: nn::route on the logits (brought to the host: a
   /// [tokens, experts] copy on a device), or on a space without data (a dry run) the balanced
   /// routing it assumes (nn::route_balanced).
@@ -273,13 +332,20 @@ class MoE {
                            {"routing groups", dtensor::detail::cat(r.groups, " top ", r.topk_groups)},
                            {"dim", dtensor::detail::cat(c.dim)},
                            {"experts' feed-forward", name_of(F)},
-                           {"hidden", dtensor::detail::cat(c.hidden)}});
+                           {"hidden", dtensor::detail::cat(c.hidden)},
+                           {"node size", dtensor::detail::cat(c.node_size)}});
+    if (c.node_size < 0)
+      throw Error("nn::MoE", dtensor::detail::cat("node size ", c.node_size, " (0: the one-stage dispatch)"),
+                  mesh.rank());
+    if (c.node_size > 0)
+      parallel::check_nodes_own_experts(r.experts, parallel::expert_group(emesh).size(), c.node_size, mesh.rank());
     return c;
   }
 
   std::string name_;
   MoEConfig c_;
   EMesh emesh_;
+  std::optional<parallel::ExpertNodes> nodes_;  // set when c_.node_size is: the node-level dispatch
   Router router_;
   Experts experts_;
 };

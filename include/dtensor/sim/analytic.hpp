@@ -54,6 +54,7 @@
 #include "dtensor/nn/moe_blocks.hpp"
 #include "dtensor/nn/recompute.hpp"
 #include "dtensor/nn/router.hpp"
+#include "dtensor/parallel/expert_split.hpp"
 #include "dtensor/parallel/pipeline/by_name.hpp"
 #include "dtensor/parallel/pipeline/simulate.hpp"
 #include "dtensor/parallel/pipeline/validate.hpp"
@@ -135,6 +136,10 @@ struct PlanShape {
   std::int64_t microbatch = 1;  // sequences per micro-batch per data rank
   int dp = 1, tp = 1, pp = 1, cp = 1;
   int ep = 1;                   // expert parallelism: ranks of dp x cp splitting a MoE model's experts
+  // The node-level dispatch (parallel/node_dispatch.hpp): "ep" seen as nodes of ep_node_size
+  // consecutive expert ranks, a token's row across once per node it reaches (on "ep_across"),
+  // then inside the node (on "ep_node"). 0: the one-stage dispatch over "ep".
+  int ep_node_size = 0;
   int zero = 0;                 // 0 DDP, 1..3 fully_shard (fp32 master); DDP in bf16: see bf16_moments
   bool sp = true;               // sequence parallelism with tp
   bool recompute = false;       // full activation recomputation of every block
@@ -261,6 +266,10 @@ inline void check_plan_shape(const ModelShape& m, const PlanShape& p) {
   if (p.ep < 1 || token_ranks % p.ep != 0 || (m.moe() ? p.ep > m.experts : p.ep != 1))
     throw Error(op, dtensor::detail::cat("ep ", p.ep, " must divide dp x cp = ", token_ranks, " and be at most the ",
                                          m.experts, " experts (1 without experts)"));
+  if (p.ep_node_size < 0 || (p.ep_node_size > 0 && (!m.moe() || p.ep % p.ep_node_size != 0)))
+    throw Error(op, dtensor::detail::cat("ep_node_size ", p.ep_node_size, " must divide ep ", p.ep,
+                                         " (0: the one-stage dispatch; experts needed)"));
+  if (p.ep_node_size > 0) parallel::check_nodes_own_experts(m.experts, p.ep, p.ep_node_size);
   // The schedule as the executor builds it (its own checks: DualPipeV's m >= 2 pp, v fixed).
   namespace pl = parallel::pipeline;
   const auto kind = pl::parse_schedule_kind(p.schedule);
@@ -385,19 +394,26 @@ inline HeldAtPeak zero_bubble_held(const std::string& schedule, int pp, int mb, 
 }
 }  // namespace detail
 
-/// The bytes of the expert all_to_all_v calls on a rank of a MoE plan, as the CommLog records
-/// them (max(sent, received) elements): the dispatch (a row per unit, a token's row once per
-/// expert rank its choices reach, and per pair an int32 unit index and a gate in side arrays
-/// padded to whole rows), combine and its adjoint (a row per unit), and the dispatch's adjoint
-/// (a row per unit, a gate gradient per pair). Balanced routing (what a dry run assumes,
-/// nn::route_balanced, group-limited as the model is): its choices repeat every E tokens, so
-/// the units and pairs a rank sends each peer are n / E times those of E tokens (exact when E
-/// divides the n tokens of a micro-batch on the rank, whole under SP: the MoE gathers them);
-/// every rank routes alike, so rank r receives from each of the ep ranks what it sends itself,
-/// and the busiest rank (the most experts) is the one modelled.
+/// The bytes of the expert all_to_all and all_to_all_v calls on a rank of a MoE plan, as the
+/// CommLog records them (max(sent, received) elements): the dispatch (a row per unit, a token's
+/// row once per destination its choices reach, and per pair an int32 unit index and a gate in
+/// side arrays padded to whole rows), combine and its adjoint (a row per unit), and the
+/// dispatch's adjoint (a row per unit, a gate gradient per pair); the count exchange's int64
+/// blocks. Balanced routing (what a dry run assumes, nn::route_balanced, group-limited as the
+/// model is): its choices repeat every E tokens, so the units and pairs a rank sends each peer
+/// are n / E times those of E tokens (exact when E divides the n tokens of a micro-batch on the
+/// rank, whole under SP: the MoE gathers them); every rank routes alike, so a rank receives from
+/// each source what it sends itself, and the busiest rank is the one modelled.
+/// One-stage (ep_node_size 0): the destinations are the ep expert ranks, on "ep". The node-level
+/// dispatch (parallel/node_dispatch.hpp): stage 1 over "ep_across" (N = ep / L ranks, a unit per
+/// (token, node)), stage 2 over "ep_node" (L ranks): a node's peer receives from each of the N
+/// sources what it sends its own node and forwards the units to the node's expert ranks, a unit
+/// per (arrived unit, expert rank); combine and the adjoints move the same units back.
 struct MoeAllToAllBytes {
-  double dispatch = 0, combine = 0, dispatch_backward = 0;
-  double units_sent = 0, units_received = 0;  // rows per micro-batch, the busiest rank's received
+  double counts = 0, dispatch = 0, combine = 0, dispatch_backward = 0;  // on "ep", or stage 1's on "ep_across"
+  double node_counts = 0, node_dispatch = 0, node_combine = 0, node_dispatch_backward = 0;  // stage 2's, on "ep_node"
+  double units_sent = 0, units_received = 0;  // rows per micro-batch, the busiest rank's received (stage 1's)
+  double forwarded = 0;  // stage 2's units a node's peer sends inside its node per micro-batch (0: one stage)
 };
 inline MoeAllToAllBytes moe_all_to_all_bytes(const ModelShape& m, const PlanShape& p) {
   MoeAllToAllBytes out;
@@ -405,33 +421,71 @@ inline MoeAllToAllBytes moe_all_to_all_bytes(const ModelShape& m, const PlanShap
   nn::RouterConfig rc;
   rc.experts = m.experts, rc.topk = m.topk, rc.groups = m.expert_groups, rc.topk_groups = m.topk_groups;
   const auto ep = std::size_t(p.ep);
+  const auto L = std::size_t(p.ep_node_size > 0 ? p.ep_node_size : 1), nodes = ep / L;
+  const bool two_stage = p.ep_node_size > 0;
   const Extent chunk = chunk_size(m.experts, p.ep);
-  std::vector<double> units(ep, 0), pairs(ep, 0);  // per peer, for E tokens
-  std::vector<char> reached(ep);
+  // Per E tokens: units and pairs per expert rank, and units per node (a token once per node).
+  std::vector<double> units(ep, 0), pairs(ep, 0), node_units(nodes, 0), node_pairs(nodes, 0);
+  std::vector<char> reached(ep), node_reached(nodes);
   for (Extent token = 0; token < m.experts; ++token) {
     std::fill(reached.begin(), reached.end(), 0);
+    std::fill(node_reached.begin(), node_reached.end(), 0);
     for (Extent j = 0; j < m.topk; ++j) {
       const auto r = std::size_t(nn::balanced_expert(rc, token, j) / chunk);
-      pairs[r] += 1;
+      pairs[r] += 1, node_pairs[r / L] += 1;
       if (!reached[r]) reached[r] = 1, units[r] += 1;
+      if (!node_reached[r / L]) node_reached[r / L] = 1, node_units[r / L] += 1;
     }
   }
   const double e = p.bf16 ? 2 : 4, h = double(m.dim);
   const double per = double(p.microbatch) * double(m.seq) / p.cp / double(m.experts);  // E-token periods on a rank
   auto side = [&](double pair_bytes) { return std::ceil(pair_bytes / (h * e)); };      // a side array's rows
-  double d_sent = 0, g_sent = 0, d_recv = 0, g_recv = 0, u_recv = 0;
-  for (std::size_t r = 0; r < ep; ++r) {
-    out.units_sent += per * units[r];
-    d_sent += per * units[r] + side(per * pairs[r] * (4 + e));
-    g_sent += per * units[r] + side(per * pairs[r] * e);
-    u_recv = std::max(u_recv, double(ep) * per * units[r]);
-    d_recv = std::max(d_recv, double(ep) * (per * units[r] + side(per * pairs[r] * (4 + e))));
-    g_recv = std::max(g_recv, double(ep) * (per * units[r] + side(per * pairs[r] * e)));
+  // One merged exchange: `sources` ranks each send every destination d `u[d]` units and `q[d]`
+  // pairs (d in [first, first + count)); a destination receives from every source alike.
+  struct Exchange {
+    double dispatch = 0, combine = 0, backward = 0, sent = 0, received = 0;
+  };
+  auto exchange = [&](const std::vector<double>& u, const std::vector<double>& q, std::size_t first, std::size_t count,
+                      double sources) {
+    double d_sent = 0, g_sent = 0, d_recv = 0, g_recv = 0, u_sent = 0, u_recv = 0;
+    for (std::size_t d = first; d < first + count; ++d) {
+      u_sent += u[d];
+      d_sent += u[d] + side(q[d] * (4 + e));
+      g_sent += u[d] + side(q[d] * e);
+      u_recv = std::max(u_recv, sources * u[d]);
+      d_recv = std::max(d_recv, sources * (u[d] + side(q[d] * (4 + e))));
+      g_recv = std::max(g_recv, sources * (u[d] + side(q[d] * e)));
+    }
+    return Exchange{std::max(d_sent, d_recv) * h * e, std::max(u_sent, u_recv) * h * e,
+                    std::max(g_sent, g_recv) * h * e, u_sent, u_recv};
+  };
+  auto scaled = [](std::vector<double> v, double by) {
+    for (auto& x : v) x *= by;
+    return v;
+  };
+  // The count exchange's blocks: per destination its units and its experts' pairs (the most any
+  // destination owns).
+  auto counts = [&](std::size_t destinations, double most_experts) {
+    return 8 * double(destinations) * (1 + most_experts);
+  };
+  const double most_per_node = double(std::min<Extent>(m.experts, chunk * Extent(L)));
+  const auto one = two_stage ? exchange(scaled(node_units, per), scaled(node_pairs, per), 0, nodes, double(nodes))
+                             : exchange(scaled(units, per), scaled(pairs, per), 0, ep, double(ep));
+  out.counts = two_stage ? counts(nodes, most_per_node) : counts(ep, double(chunk));
+  out.dispatch = one.dispatch, out.combine = one.combine, out.dispatch_backward = one.backward;
+  out.units_sent = one.sent, out.units_received = one.received;
+  if (two_stage) {
+    // Stage 2 on the busiest node: its peer forwards N sources' units to each of its L ranks.
+    const auto fu = scaled(units, per * double(nodes)), fq = scaled(pairs, per * double(nodes));
+    for (std::size_t n = 0; n < nodes; ++n) {
+      const auto two = exchange(fu, fq, n * L, L, double(L));
+      out.node_dispatch = std::max(out.node_dispatch, two.dispatch);
+      out.node_combine = std::max(out.node_combine, two.combine);
+      out.node_dispatch_backward = std::max(out.node_dispatch_backward, two.backward);
+      out.forwarded = std::max(out.forwarded, two.sent);
+    }
+    out.node_counts = counts(L, double(chunk));
   }
-  out.units_received = u_recv;
-  out.dispatch = std::max(d_sent, d_recv) * h * e;
-  out.combine = std::max(out.units_sent, u_recv) * h * e;
-  out.dispatch_backward = std::max(g_sent, g_recv) * h * e;
   return out;
 }
 
@@ -461,6 +515,9 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   // (models/training_plan.hpp's plan_topology): where its "ep" groups sit prices their all-to-alls.
   const int edp = p.dp * p.cp / p.ep;
   topo.add_dims(std::array<std::string_view, 4>{"pp", "edp", "ep", "tp"}, std::array{p.pp, edp, p.ep, p.tp});
+  if (p.ep_node_size > 0)  // the node-level dispatch's groups: "ep" as (ep_across, ep_node), as plan_topology
+    topo.add_dims(std::array<std::string_view, 5>{"pp", "edp", "ep_across", "ep_node", "tp"},
+                  std::array{p.pp, edp, p.ep / p.ep_node_size, p.ep_node_size, p.tp});
   const double e = p.bf16 ? 2 : 4;
   const double t = p.tp, h = double(m.dim), f = double(m.width()), hd = double(m.head_dim());
   const double kvd = double(m.kv()) * hd, b = double(p.microbatch), s = double(m.seq);
@@ -650,10 +707,22 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
         memory_bound((m.llama ? 0 : e * moe.received * (fe + h)) + 3 * e * moe.local * m.expert_params());
     const auto a2a = moe_all_to_all_bytes(m, p);
     moe.units = a2a.units_sent;
-    const double dispatch = coll(CollectiveKind::all_to_all_v, "ep", p.ep, a2a.dispatch);
-    const double combine = coll(CollectiveKind::all_to_all_v, "ep", p.ep, a2a.combine);
-    const double dispatch_b = coll(CollectiveKind::all_to_all_v, "ep", p.ep, a2a.dispatch_backward);
-    const double counts = coll(CollectiveKind::all_to_all, "ep", p.ep, 8 * double(p.ep) * (1 + moe.local));
+    // One stage on "ep"; the node-level dispatch's stage 1 on "ep_across" (a row per (token,
+    // node), nodes ranks) and stage 2 on "ep_node" (the node's ranks), each placed by the topology.
+    const int L = p.ep_node_size, nodes = L > 0 ? p.ep / L : p.ep;
+    const char* first = L > 0 ? "ep_across" : "ep";
+    auto node = [&](CollectiveKind k, double bytes) { return L > 0 ? coll(k, "ep_node", L, bytes) : 0.0; };
+    const double dispatch = coll(CollectiveKind::all_to_all_v, first, nodes, a2a.dispatch) +
+                            node(CollectiveKind::all_to_all_v, a2a.node_dispatch);
+    const double combine = coll(CollectiveKind::all_to_all_v, first, nodes, a2a.combine) +
+                           node(CollectiveKind::all_to_all_v, a2a.node_combine);
+    const double dispatch_b = coll(CollectiveKind::all_to_all_v, first, nodes, a2a.dispatch_backward) +
+                              node(CollectiveKind::all_to_all_v, a2a.node_dispatch_backward);
+    const double counts =
+        coll(CollectiveKind::all_to_all, first, nodes, a2a.counts) + node(CollectiveKind::all_to_all, a2a.node_counts);
+    // The node's peer forwards: a row gather of the arrived units, and combine's scatter-add of
+    // the node's rows (and their adjoints backward).
+    const double forwarding = memory_bound(4 * e * a2a.forwarded * h);
     const double gather = p.tp > 1 && p.sp ? coll(CollectiveKind::all_gather, "tp", p.tp, act) : 0;
     // Shared experts: a dense feed-forward of fs = shared x fe on the block's tokens, split over tp
     // as the dense MLP (its GEMMs, its passes as the MLP's at width fs, its add into the
@@ -667,7 +736,7 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
     const double shared_pw_b =
         m.shared_experts == 0 ? 0 : memory_bound(e * (3 * xs + (m.llama ? 15 * fsw : 4 * fsw + xs)));
     const double shared_tp = m.shared_experts == 0 ? 0 : tp_half;
-    const double moe_f = router + experts + act + rows + moe.shared + shared_pw_f;
+    const double moe_f = router + experts + act + rows + forwarding + moe.shared + shared_pw_f;
     moe.fwd_compute = attn_gemms + attn_fwd + moe_pointwise + moe_f;
     moe.a2a_f = counts + dispatch + combine;
     moe.a2a_b = combine + dispatch_b;
@@ -678,7 +747,7 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
     else if (rc.core_attn) moe.recompute = attn_fwd, moe.recompute_cp = cp_layer + std::max(0.0, cp_hidden - attn_fwd);
     const double recompute_a2a = full ? moe.a2a_f : 0;
     moe.bwd_compute = 2 * attn_gemms + attn_bwd + moe_pointwise_b + 2 * (router + experts + moe.shared) + act_b + rows +
-                      grads + shared_pw_b + moe.recompute;
+                      forwarding + grads + shared_pw_b + moe.recompute;
     // The shared experts' Megatron pair (and, under SP, fc1's re-gather in backward).
     const double shared_regather = m.shared_experts == 0 ? 0 : regather_one;
     moe.tp = 2 * (tp_half + shared_tp) + 2 * gather + regather_one + shared_regather + moe.recompute_tp;

@@ -48,7 +48,8 @@
 //                       TP+SP is not overlapped), context all-gathers and Ulysses all-to-alls,
 //                       expert all-to-alls, pipeline sends, and every collective of a phase run
 //                       once per step (the optimizer's, ZeRO's parameter sync).
-//   expert all-to-all   (all_to_all / all_to_all_v on a group with "ep") exposed, except under a
+//   expert all-to-all   (all_to_all / all_to_all_v on a group with "ep", or the node-level
+//                       dispatch's "ep_across" / "ep_node") exposed, except under a
 //                       schedule of overlapped pairs (DualPipeV: EstimateOptions::overlapped):
 //                       there a forward and a full backward of two micro-batches run as a pair,
 //                       each one's expert all-to-alls behind the other's compute, as DeepSeek-V3
@@ -329,11 +330,13 @@ inline bool is_microbatch_phase(std::string_view name) {
   return name == "forward" || name == "backward" || name == "backward_input" || name == "backward_weight";
 }
 inline bool is_data_dim(std::string_view d) { return d == "dp" || d == "fsdp" || d == "edp"; }
-/// A MoE layer's count exchange, dispatch or combine (parallel/moe.hpp), forward or backward.
+/// A MoE layer's count exchange, dispatch or combine (parallel/moe.hpp), forward or backward: on
+/// "ep", or on the node-level dispatch's "ep_across" and "ep_node" (parallel/node_dispatch.hpp).
 inline bool is_expert_all_to_all(const CommRecord& r) {
   if (r.kind != CollectiveKind::all_to_all && r.kind != CollectiveKind::all_to_all_v) return false;
   const auto dims = label_dims(r.group);
-  return std::find(dims.begin(), dims.end(), std::string_view("ep")) != dims.end();
+  return std::any_of(dims.begin(), dims.end(),
+                     [](std::string_view d) { return d == "ep" || d == "ep_across" || d == "ep_node"; });
 }
 }  // namespace detail
 

@@ -184,6 +184,46 @@ inline std::vector<PublishedRun> published_runs() {
                   false,
                   "torchtitan docs/performance.md (2024): 405B, batch 2, full AC, Float8, 177 WPS",
                   {}});
+  // DeepSeek-V3 (arXiv 2412.19437 §3.2, §3.3): 2,048 H800s, PP 16 (DualPipe: dualpipev here), EP 64
+  // over 8 nodes, ZeRO-1 over the data ranks, no TP; batch 15,360 x 4,096; 256 routed experts
+  // top-8 of width 2,048 within 4 of 8 node groups, one shared expert, the first 3 blocks dense;
+  // FP8 GEMMs. Its dispatch crosses the network once per node a token reaches: the node-level
+  // dispatch over nodes of 8 (parallel/node_dispatch.hpp). 180K H800 GPU hours per trillion
+  // tokens: about 19.9 s per step (docs/dry-run.md). Approximated: MHA of 128 heads for MLA, the
+  // H800 as an H100 with 160 GB/s NVLink. Held out (docs/dry-run.md, "A published MoE configuration").
+  const ModelShape deepseek_v3{.layers = 61,
+                               .dim = 7168,
+                               .heads = 128,
+                               .ffn = 18432,
+                               .vocab = 129280,
+                               .seq = 4096,
+                               .llama = true,
+                               .experts = 256,
+                               .topk = 8,
+                               .expert_ffn = 2048,
+                               .shared_experts = 1,
+                               .expert_groups = 8,
+                               .topk_groups = 4,
+                               .dense_first = 3};
+  runs.push_back({"DeepSeek-V3 671B, 2,048 H800s",
+                  "h100",
+                  deepseek_v3,
+                  PlanShape{.batch = 15360,
+                            .microbatch = 1,
+                            .dp = 128,
+                            .pp = 16,
+                            .ep = 64,
+                            .ep_node_size = 8,
+                            .zero = 1,
+                            .schedule = "dualpipev",
+                            .stages_per_rank = 2,
+                            .fp8 = true},
+                  true,
+                  19.9,
+                  "",
+                  false,
+                  "DeepSeek-V3 report §3.2-3.3 and Table 1 (180K H800 GPU hours per trillion tokens)",
+                  {{"nvlink_gbytes_per_s", "160"}}});
   return runs;
 }
 

@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <numeric>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -54,6 +55,10 @@ struct SearchSpace {
   bool exhaustive = false;
   std::optional<nn::Recompute> recompute{};  // given (train_gpt --checkpoint / --recompute): only this one
   int ep = 0;                                // a MoE model's expert parallelism: 0 every ep, else only this one
+  // The node-level dispatch with nodes of L expert ranks (PlanShape::ep_node_size; 0: one stage):
+  // a plan of ep expert ranks gets nodes of gcd(ep, L), and plans whose nodes would hold no
+  // expert are left out.
+  int ep_node_size = 0;
   bool bf16_moments = false;                 // DDP in bf16: AdamW in bf16 on the values (PlanShape::bf16_moments)
   bool fp8 = false;                          // FP8 Linear GEMMs (PlanShape::fp8; bf16 needed)
 };
@@ -204,6 +209,8 @@ inline SearchResult search_space(const ModelShape& m, const SearchSpace& space, 
                 for (int hsdp : replicas) {
                   if (hsdp > 1 && zero == 0) continue;
                   for (int ep : eps) {
+                    const int node = space.ep_node_size > 0 && m.moe() ? std::gcd(ep, space.ep_node_size) : 0;
+                    if (node > 0 && !parallel::nodes_own_experts(m.experts, ep, node)) continue;
                     std::vector<nn::Recompute> fitting;  // of this plan, so far
                     for (const auto& rc : recomputes) {
                       // A choice that repeats all the work of one that fits (and more) is slower: left out.
@@ -218,6 +225,7 @@ inline SearchResult search_space(const ModelShape& m, const SearchSpace& space, 
                                   .pp = pp,
                                   .cp = cp,
                                   .ep = ep,
+                                  .ep_node_size = node,
                                   .zero = zero,
                                   .sp = tp > 1,
                                   .recompute = rc.full,
@@ -267,6 +275,7 @@ inline std::string describe(const PlanShape& p) {
   if (p.cp > 1 && p.cp_kind != "ring") s << " (" << p.cp_kind << ")";
   s << " pp " << p.pp << " dp " << p.dp;
   if (p.ep > 1) s << " ep " << p.ep;
+  if (p.ep_node_size > 0) s << " (nodes of " << p.ep_node_size << ")";
   s << ", micro-batch " << p.microbatch << " x " << p.microbatches() << ", " << p.schedule;
   if (p.schedule == "interleaved") s << " v" << p.stages_per_rank;
   s << ", " << (p.hsdp > 1 ? "HSDP " + std::to_string(p.hsdp) + " x " : std::string())
