@@ -36,13 +36,17 @@ struct CudaGpu {
   static constexpr bool available = true;
 
   template <class Compute>
-  int run(int argc, char** argv, const Options& o, const Corpus& corpus) const {
+  int run(int argc, char** argv, const Options& given, const Corpus& corpus) const {
     try {
       visible_gpus();
     } catch (const Error& e) {
       std::fprintf(stderr, "train_gpt_cuda: --device cuda needs a usable GPU: %s\n", e.what());
       return 1;
     }
+    Options o = given;
+    cudaDeviceProp gpu{};
+    DTENSOR_CUDA_CHECK(cudaGetDeviceProperties(&gpu, 0));
+    o.gpu = gpu.name;  // the MFU line's peak (print_mfu)
     kernels::cuda::allow_tf32(o.tf32);
     kernels::cuda::set_attention_algorithm(o.attention == "fused" ? kernels::cuda::AttentionAlgorithm::fused
                                            : o.attention == "gemm" ? kernels::cuda::AttentionAlgorithm::gemm
