@@ -5,6 +5,7 @@
     python3 bench/compare_torch.py --trainer build/examples/train_gpt --only default-2 l4d384-2 --rounds 3
     python3 bench/compare_torch.py --trainer build/examples/train_gpt --smoke               # CTest bench_compare_torch
     python3 bench/compare_torch.py --trainer build/examples/train_gpt --dtype bf16          # both sides in bf16
+    python3 bench/compare_torch.py --trainer build-gpu/examples/train_gpt_cuda --device cuda --dtype bf16   # on a GPU
 
 Both sides get every model flag explicitly (--layers --dim --heads --seq --batch --steps --lr --seed;
 the trainer also its mesh: --pp 1 --dp R --fsdp 1 --cp 1 --tp 1, no experts), so a change of either
@@ -47,6 +48,14 @@ bfloat16) over the forward and the loss: the Linears and attention in bf16 throu
 GELU, embeddings and cross entropy in fp32; fp32 parameters, gradients and AdamW). Both report the
 dtype they ran (train_gpt's mesh line, the twin's header) and it is checked. The default is f32.
 
+--device cuda: train_gpt_cuda --device cuda against the twin's --device cuda, one rank on one GPU,
+the GPT-2-124M-shaped configuration gpt2-gpu (12 layers, dim 768, 12 heads, seq 1024, batch 8; the
+character vocabulary) unless --only says otherwise; --tf32 passes --tf32 to both (float GEMMs on
+TF32 tensor cores). Both sides report the device they ran on (checked). The rounds interleave in
+one call as on the CPU, so a GPU's clocks and caches warm both alike; read the wall-clock ratio
+(the CPU-time columns are the host's, which waits for the GPU). The CPU configurations are refused
+with --device cuda and the GPU one without it.
+
 --smoke: 2 steps of every selected configuration, one run per side, no timing: the format and
 parameter-count checks only. Without torch for --python (CI installs only Debian packages) the
 PyTorch side is skipped, saying so, and the trainer's count is checked against twin_parameters.
@@ -68,6 +77,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = {  # the sizes, passed to both sides
     "default": {"layers": 2, "dim": 128, "heads": 4, "seq": 64, "batch": 16},
     "l4d384": {"layers": 4, "dim": 384, "heads": 6, "seq": 64, "batch": 16},  # GEMM-heavy
+    "gpt2": {"layers": 12, "dim": 768, "heads": 12, "seq": 1024, "batch": 8},  # GPT-2 124M's shape (--device cuda)
 }
 TRAINING = {"lr": "3e-3", "seed": "1"}
 SHORT_STEPS = 2  # the run subtracted from each timed one
@@ -80,8 +90,11 @@ CONFIGS = {
     "l4d384-2": ("l4d384", 2, 1, 2, 24),
     "default-1x2": ("default", 1, 2, 2, 200),  # one rank, two BLAS threads
     "l4d384-1x2": ("l4d384", 1, 2, 2, 24),
+    "gpt2-gpu": ("gpt2", 1, 1, 1, 12),  # --device cuda only
 }
 DEFAULT_ONLY = ["default-1", "l4d384-1"]
+GPU_CONFIGS = {"gpt2-gpu"}
+DEFAULT_ONLY_GPU = ["gpt2-gpu"]
 
 # What is read back. train_gpt (examples/train_gpt.cpp):
 #   train_gpt: mesh pp 1 x dp 1 x ... = 1 ranks, threads backend, ... dtype f32
@@ -93,10 +106,12 @@ DEFAULT_ONLY = ["default-1", "l4d384-1"]
 #   summary: 200 steps; final train loss 2.4012; 26000 tokens/s
 DT_RANKS = re.compile(r"^train_gpt: mesh .*= (\d+) ranks", re.M)
 DT_DTYPE = re.compile(r"^train_gpt: mesh .*\bdtype (\w+)", re.M)
+DT_DEVICE = re.compile(r"^train_gpt: mesh .*\bdevice (\w+)", re.M)
 DT_MODEL = re.compile(r"model: (\d+) layers, dim (\d+), (\d+) heads, seq (\d+), batch (\d+), vocab (\d+)")
 DT_PARAMS = re.compile(r"^parameters: (\d+)$", re.M)
-PT_HEADER = re.compile(r"^train_gpt_torch: torch (\S+), (\d+) thread\(s\)(?:, device cpu)?; vocab (\d+), (\d+) layers, dim (\d+), "
+PT_HEADER = re.compile(r"^train_gpt_torch: torch (\S+), (\d+) thread\(s\)(?:, device [^;]*)?; vocab (\d+), (\d+) layers, dim (\d+), "
                        r"(\d+) heads, seq (\d+), batch (\d+); (\d+) parameters(?:; dtype (\w+).*)?$", re.M)
+PT_DEVICE = re.compile(r"^train_gpt_torch: torch \S+, \d+ thread\(s\), device (\w+)", re.M)
 SUMMARY = re.compile(r"^summary: (\d+) steps\b.*?final train loss ([^,;\s]+).*?\s(\d+) tokens/s"
                      r"(?: \(\d+ after the first step\))?$", re.M)
 
@@ -154,12 +169,16 @@ def parse(who, out, cmd):
         params = need(DT_PARAMS, out, who, "'parameters: N' line", cmd)
         dtype = need(DT_DTYPE, out, who, "'dtype D' on the mesh line", cmd)
         r = {"threads": int(ranks.group(1)), "version": None, "params": int(params.group(1)), "dtype": dtype.group(1)}
+        device = DT_DEVICE.search(out)
+        r["device"] = device.group(1) if device else "cpu"
         blas = re.search(r"^host (?:BLAS|GEMM): .*$", out, re.M)
         r["blas"] = blas.group(0) if blas else None
         r.update(zip(("layers", "dim", "heads", "seq", "batch", "vocab"), map(int, model.groups())))
     else:
         h = need(PT_HEADER, out, who, "'train_gpt_torch: torch V, T thread(s); vocab ...; N parameters' header", cmd)
         r = {"version": h.group(1), "threads": int(h.group(2)), "dtype": h.group(10) or "f32"}  # an older twin: f32
+        device = PT_DEVICE.search(out)
+        r["device"] = device.group(1) if device else "cpu"  # an older twin: the CPU
         r.update(zip(("vocab", "layers", "dim", "heads", "seq", "batch", "params"), map(int, h.groups()[2:9])))
     s = need(SUMMARY, out, who, "'summary: N steps ... final train loss X ...; R tokens/s' line", cmd)
     r["steps"], r["tokens_per_s"] = int(s.group(1)), int(s.group(3))
@@ -170,11 +189,13 @@ def parse(who, out, cmd):
     return r
 
 
-def check(name, m, steps, threads, sides, dtype):
+def check(name, m, steps, threads, sides, dtype, device="cpu"):
     """Both sides report what they were given, and the same parameter count; fails loudly otherwise."""
     for who, r in sides.items():
         if r["dtype"] != dtype:
             fail(f"{name}: {who} reports dtype {r['dtype']}, it was given {dtype}")
+        if r["device"] != device:
+            fail(f"{name}: {who} reports device {r['device']}, it was given {device}")
         for k, v in m.items():
             if r[k] != v:
                 fail(f"{name}: {who} reports {k} {r[k]}, it was given {v}")
@@ -259,7 +280,11 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, help="steps of every configuration's timed run "
                     "(default: its own; the 2-step run's are subtracted)")
-    ap.add_argument("--only", nargs="+", choices=list(CONFIGS), default=DEFAULT_ONLY)
+    ap.add_argument("--only", nargs="+", choices=list(CONFIGS), help=f"the configurations (default: {' '.join(DEFAULT_ONLY)}; "
+                    f"with --device cuda: {' '.join(DEFAULT_ONLY_GPU)})")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="cuda: train_gpt_cuda --device cuda against the twin on the GPU (see above)")
+    ap.add_argument("--tf32", action="store_true", help="--device cuda: --tf32 on both sides")
     ap.add_argument("--smoke", action="store_true", help="2 steps, one run per side, the checks only (no timing)")
     ap.add_argument("--dtensor-only", action="store_true", help="run the trainer only (its format and parameter count)")
     ap.add_argument("--trainer-flags", default="", help="more flags for train_gpt, after the explicit ones "
@@ -273,6 +298,15 @@ def main():
                     help="run PyTorch with OMP_WAIT_POLICY=PASSIVE: on a machine loaded beyond its cores, OpenMP's "
                          "spinning threads otherwise collapse PyTorch's 2-thread runs")
     a = ap.parse_args()
+    if a.only is None:
+        a.only = DEFAULT_ONLY_GPU if a.device == "cuda" else DEFAULT_ONLY
+    wrong = [c for c in a.only if (c in GPU_CONFIGS) != (a.device == "cuda")]
+    if wrong:
+        fail(f"--only {' '.join(wrong)}: not a configuration for --device {a.device} "
+             f"(GPU: {' '.join(sorted(GPU_CONFIGS))}; CPU: the others)")
+    if a.tf32 and a.device != "cuda":
+        fail("--tf32 needs --device cuda")
+    gpu_flags = ["--device", "cuda"] + (["--tf32"] if a.tf32 else []) if a.device == "cuda" else []
     if not os.access(a.trainer, os.X_OK):
         fail(f"no trainer at {a.trainer} (build the train_gpt target; --trainer PATH)")
     use_torch = not a.dtensor_only
@@ -290,11 +324,15 @@ def main():
     print(f"compare_torch: CPU {cpu_model()}, {os.cpu_count()} logical CPUs; load average (1, 5, 15 min) "
           f"%.2f %.2f %.2f; trainer {a.trainer}; twin {a.twin}" % load_at_start)
     inherited = os.environ.get("OPENBLAS_CORETYPE")
-    print(f"compare_torch: dtensor's OpenBLAS picks its {openblas_core(a.trainer, trainer_env(os.environ, a.blas_core))} "
-          f"kernels by itself (--blas-core {a.blas_core}; OPENBLAS_CORETYPE in this environment: {inherited or 'unset'})")
+    if a.device == "cuda":
+        print(f"compare_torch: device cuda{' with TF32' if a.tf32 else ''}: read the wall-clock ratio (the CPU-time "
+              "columns are the host's, which waits for the GPU)")
+    else:
+        print(f"compare_torch: dtensor's OpenBLAS picks its {openblas_core(a.trainer, trainer_env(os.environ, a.blas_core))} "
+              f"kernels by itself (--blas-core {a.blas_core}; OPENBLAS_CORETYPE in this environment: {inherited or 'unset'})")
     if a.dtype == "bf16":
         print("compare_torch: dtype bf16: dtensor runs the whole model in bf16 (fp32 sums in every kernel, fp32 master "
-              "weights and AdamW); PyTorch runs torch.autocast('cpu', bfloat16) over the forward and the loss (Linears "
+              "weights and AdamW); PyTorch runs torch.autocast(device, bfloat16) over the forward and the loss (Linears "
               "and attention in bf16, the rest and the optimizer in fp32)")
     blas_line_shown = False
     rounds = 1 if a.smoke else a.rounds
@@ -310,8 +348,8 @@ def main():
         def commands(n):
             dt = [a.trainer, "--pp", "1", "--dp", str(ranks), "--fsdp", "1", "--cp", "1", "--tp", "1",
                   "--eval-every", str(n), "--dtype", a.dtype] + model_flags(m, n) + \
-                 (["--intra-op-threads", str(blas)] if blas > 1 else []) + shlex.split(a.trainer_flags)
-            pt = [a.python, a.twin, "--threads", str(tthreads), "--dtype", a.dtype] + model_flags(m, n)
+                 (["--intra-op-threads", str(blas)] if blas > 1 else []) + gpu_flags + shlex.split(a.trainer_flags)
+            pt = [a.python, a.twin, "--threads", str(tthreads), "--dtype", a.dtype] + model_flags(m, n) + gpu_flags
             return {"dtensor": dt, "torch": pt}
 
         envs = {"dtensor": dict(trainer_env(os.environ, a.blas_core), DTENSOR_BLAS_THREADS=str(blas), OPENBLAS_NUM_THREADS=str(blas),
@@ -333,7 +371,7 @@ def main():
                     print(f"compare_torch: the trainer's {reports[who]['blas']}")
                     blas_line_shown = True
                 timed[who] = (wall, cpu)
-            check(name, m, steps, threads, reports, a.dtype)
+            check(name, m, steps, threads, reports, a.dtype, a.device)
             if a.smoke:
                 for who in sides:
                     print(f"{name}: {describe(who, reports[who], ranks, blas)}; {steps} steps, final train loss "
@@ -342,7 +380,7 @@ def main():
             fig = {}
             for who in order:  # the 2-step runs, interleaved too
                 out, wall, cpu = run(short[who], envs[who])
-                check(name, m, SHORT_STEPS, threads, {who: parse(who, out, short[who])}, a.dtype)
+                check(name, m, SHORT_STEPS, threads, {who: parse(who, out, short[who])}, a.dtype, a.device)
                 dw, dc = timed[who][0] - wall, timed[who][1] - cpu
                 if dc <= 0:
                     fail(f"{name}: {who}'s {steps}-step run took no more CPU time than its {SHORT_STEPS}-step run "
@@ -378,7 +416,7 @@ def main():
             print(f"| {name} | {statistics.median(walls) if walls else math.nan:,.0f} | "
                   f"{statistics.median(f['dtensor'][1] for f in per_round):,.0f} |")
         return
-    print(f"dtype {a.dtype}; dtensor / PyTorch over {rounds} interleaved rounds (median of the per-round ratios, range in brackets); "
+    print(f"dtype {a.dtype}{', device cuda' if a.device == 'cuda' else ''}{', TF32' if a.tf32 else ''}; dtensor / PyTorch over {rounds} interleaved rounds (median of the per-round ratios, range in brackets); "
           "timed steps = the run's steps minus a 2-step run's")
     print("| configuration | timed steps | PyTorch tokens/s | dtensor tokens/s | ratio (wall) | PyTorch tokens/CPU-s | "
           "dtensor tokens/CPU-s | ratio (CPU) |")

@@ -14,7 +14,8 @@
 #               peak, the cuda_threads collectives vs raw cudaMemcpy (Google Benchmark, JSON)
 #   5. train  : train_gpt_cuda --device cuda against the same program's host run, a few steps each
 #               (final losses compared), and one GPT-2-124M-shaped step (dim 768, 12 layers, 12
-#               heads, seq 1024): tokens/s and the ledger's memory peaks
+#               heads, seq 1024): tokens/s, MFU and the ledger's memory peaks, and the same shape
+#               against PyTorch on the GPU (bench/compare_torch.py --device cuda, bf16) where torch has CUDA
 # and writes DIR/summary.txt (figures and failures; read it first) beside each step's full log.
 # Exit status: 0 when everything that ran passed, 1 otherwise.
 #
@@ -181,11 +182,29 @@ if [[ $train == 1 && $gpu == 1 ]]; then
     log=$out/train_gpt2${variant//[ -]/_}.log
     if timeout 240 "$t" --device cuda "${big[@]}" $variant >"$log" 2>&1; then
       note "  the same with $variant:"
-      grep -aE "summary:" "$log" | sed 's/^/  /' | tee -a "$summary" >/dev/null
+      grep -aE "summary:|^MFU" "$log" | sed 's/^/  /' | tee -a "$summary" >/dev/null
     else
       fail "GPT-2-124M-shaped step with $variant exited with $? ($log)"
     fi
   done
+  # Against PyTorch on the same GPU, the rounds interleaved in one call (bench/compare_torch.py
+  # --device cuda: the same shape, both sides' sizes and parameter counts checked), where this
+  # machine's Python has torch with CUDA. bf16 only, to keep the check's minutes (by hand:
+  # --dtype f32 --tf32, more --rounds).
+  if python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+    for dtype in bf16; do
+      log=$out/compare_torch_$dtype.log
+      if timeout 300 python3 bench/compare_torch.py --trainer "$t" --python python3 --device cuda --dtype $dtype \
+          --rounds 2 >"$log" 2>&1; then
+        note "  against PyTorch ($dtype, 2 interleaved rounds):"
+        grep -aE "^\| gpt2-gpu" "$log" | sed 's/^/  /' | tee -a "$summary" >/dev/null
+      else
+        fail "compare_torch --device cuda --dtype $dtype exited with $? ($log)"
+      fi
+    done
+  else
+    note "  against PyTorch: skipped (no torch with CUDA for python3)"
+  fi
   note "training done [$(elapsed)]"
 else
   note "training: skipped ($([[ $gpu == 0 ]] && echo no GPU || echo --no-train))"
