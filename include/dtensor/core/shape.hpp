@@ -38,6 +38,19 @@ constexpr Shape<R> row_major_strides(const Shape<R>& s) {
 }
 
 namespace detail {
+/// The integer of `size` bytes at `at` (1, 2, 4 or 8; signed or not as Wide is), widened.
+template <class Wide>
+Wide load_integer(const unsigned char* at, std::size_t size) {
+  using W8 = std::conditional_t<std::is_signed_v<Wide>, std::int8_t, std::uint8_t>;
+  using W16 = std::conditional_t<std::is_signed_v<Wide>, std::int16_t, std::uint16_t>;
+  using W32 = std::conditional_t<std::is_signed_v<Wide>, std::int32_t, std::uint32_t>;
+  const auto load = [at](auto x) {
+    std::memcpy(&x, at, sizeof x);
+    return Wide(x);
+  };
+  return size == 1 ? load(W8{}) : size == 2 ? load(W16{}) : size == 4 ? load(W32{}) : load(Wide{});
+}
+
 /// "[a, b, c]" of n integers of `size` bytes each at `data`: one body for every list of integers
 /// (shapes, offsets, mesh coordinates), not one per list type. The digits are std::to_string's.
 inline std::string integers_to_string(const void* data, std::size_t n, std::size_t size, bool is_signed) {
@@ -46,33 +59,8 @@ inline std::string integers_to_string(const void* data, std::size_t n, std::size
   for (std::size_t i = 0; i < n; ++i) {
     if (i != 0) r += ", ";
     const unsigned char* at = bytes + i * size;
-    if (is_signed) {
-      long long v = 0;
-      if (size == 1) v = std::int8_t(*at);
-      else if (size == 2) {
-        std::int16_t x;
-        std::memcpy(&x, at, 2);
-        v = x;
-      } else if (size == 4) {
-        std::int32_t x;
-        std::memcpy(&x, at, 4);
-        v = x;
-      } else std::memcpy(&v, at, 8);
-      r += std::to_string(v);
-    } else {
-      unsigned long long v = 0;
-      if (size == 1) v = *at;
-      else if (size == 2) {
-        std::uint16_t x;
-        std::memcpy(&x, at, 2);
-        v = x;
-      } else if (size == 4) {
-        std::uint32_t x;
-        std::memcpy(&x, at, 4);
-        v = x;
-      } else std::memcpy(&v, at, 8);
-      r += std::to_string(v);
-    }
+    r += is_signed ? std::to_string(load_integer<long long>(at, size))
+                   : std::to_string(load_integer<unsigned long long>(at, size));
   }
   return r + "]";
 }
