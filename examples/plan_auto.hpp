@@ -252,7 +252,7 @@ void apply_plan_auto(Options& o, const std::vector<std::string>& given) {
                     .kv_heads = o.kv_heads,
                     .dim = o.dim,
                     .ffn = o.ffn,
-                    .vocab = 256,
+                    .vocab = std::max<std::int64_t>(256, o.vocab),  // the characters' bound, or --vocab
                     .seq = o.seq,
                     .batch = o.batch,
                     .llama = o.arch == "llama",

@@ -1,5 +1,6 @@
 // examples/print_mfu.hpp — train_gpt's MFU line for a model on a GPU (train_gpt.hpp's finish):
-// the analytic FLOPs per token x tokens/s over the GPU's rated dense peak (docs/gpu.md).
+// the analytic FLOPs per token x tokens/s over the GPU's rated dense peak (docs/gpu.md), then
+// --profile-kernels' breakdown (Options::kernel_report, set by train_gpt_cuda.cuh).
 #pragma once
 
 #include <cstdint>
@@ -26,6 +27,7 @@ void print_mfu(const Options& o, std::int64_t vocab, const dtensor::train::FitRe
   const char* device = has("H200") ? "h200" : has("H100") ? "h100" : has("A100") ? "a100" : nullptr;
   if (device == nullptr) {
     std::printf("MFU: no rated peak for the GPU '%s' (sim/device.hpp has the H100, H200 and A100)\n", o.gpu.c_str());
+    if (o.kernel_report) o.kernel_report(r);
     return;
   }
   const dtensor::sim::Hardware hw = dtensor::sim::device(device);
@@ -54,6 +56,7 @@ void print_mfu(const Options& o, std::int64_t vocab, const dtensor::train::FitRe
       100 * flops * tokens / (gpus * peak), flops / 1e9, tokens,
       r.tokens_per_second_after_first > 0 ? " after the first step" : "", gpus, hw.name.c_str(), peak_name, peak / 1e12,
       o.gpu.c_str());
+  if (o.kernel_report) o.kernel_report(r);  // --profile-kernels: where the GPU's time went
 }
 
 }  // namespace examples::gpt

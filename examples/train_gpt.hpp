@@ -4,7 +4,9 @@
 // library's train::Trainer, the loop train::fit; the flags every trainer shares, their checks and
 // options are train/*_flags.hpp; the text models/text_corpus.hpp and models/text_generation.hpp.
 // docs/training.md walks through a run (train_gpt --help: every flag), docs/trainer.md the pieces.
+#include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <random>
 #include <string>
@@ -47,12 +49,14 @@ struct Options : cli::TrainerFlags,
                  examples::PlanFlags {
   Extent layers = 4, heads = 4, dim = 64, seq = 32, batch = 16;
   Extent kv_heads = 0, ffn = 0;  // --arch llama (0: --heads, 4 x --dim)
+  Extent vocab = 0;              // --vocab (0: the text's alphabet)
   bool checkpoint = false;
   nn::Recompute recompute{};  // nn/recompute.hpp; full = --checkpoint
   std::string arch = "gpt", data;
   int kfold = 0;
   bool generate_program = false;  // the `generate` program (examples/generate.cpp): no training
   std::string gpu;                // --device cuda: the GPU's name (train_gpt_cuda.cuh), for the MFU line
+  std::function<void(const train::FitReport&)> kernel_report;  // --profile-kernels (train_gpt_cuda.cuh)
 
   const char* program() const { return generate_program ? "generate" : "train_gpt"; }
   cli::FlagContext context() const {
@@ -76,6 +80,9 @@ inline const examples::FlagTable<Options>& flag_table() {
           {"--dim", "N", "the model's width", integer(&O::dim, 1)},
           {"--seq", "N", "characters per sequence (at least 2)", integer(&O::seq, 2)},
           {"--batch", "N", "sequences per step over all ranks", integer(&O::batch, 1)},
+          {"--vocab", "N",
+           "the embedding's and head's rows, at least the text's alphabet (default); e.g. GPT-2's 50257",
+           integer(&O::vocab, 1)},
           {"--checkpoint", "", "recompute every block in its backward (activation checkpointing: --recompute full)",
            set_to(&O::checkpoint, true)},
           {"--recompute", "none|full|selective|core_attn,norm,act,mlp",
@@ -135,6 +142,7 @@ inline void check_model(const Options& o) {
         "--dtype fp8 with --checkpoint or --recompute full|mlp: a recomputed Linear would record its FP8 "
         "amaxes twice and could quantize with another scale (docs/fp8.md)");
   if (o.generate > 0 && o.kfold > 0) throw UsageError("--generate with --kfold: k models, no one to generate from");
+  if (o.generate > 0 && o.vocab > 0) throw UsageError("--generate with --vocab: ids past the text's alphabet");
   if (o.kfold > 0 && (o.save_every > 0 || !o.resume.empty()))
     throw UsageError("--kfold with checkpoints: k runs, one directory");
 }
@@ -155,7 +163,10 @@ inline Options parse(int argc, char** argv, bool cuda_build) {
 
 /// The model of the flags: its config (ring and all-gather attention in the load-balanced order).
 inline models::GPTConfig gpt_config(const Options& o, const Corpus& corpus) {
-  return {.vocab = Extent(corpus.chars.size()),
+  const auto alphabet = Extent(corpus.chars.size());
+  if (o.vocab != 0 && o.vocab < alphabet)
+    throw UsageError("--vocab " + str(o.vocab) + " is below the text's alphabet of " + str(alphabet) + " characters");
+  return {.vocab = std::max(alphabet, o.vocab),
           .seq = o.seq,
           .dim = o.dim,
           .heads = o.heads,
@@ -189,14 +200,16 @@ template <class Compute, class Trainer>
 void print_header(const Options& o, const Corpus& corpus, Trainer& trainer, std::int64_t parameters) {
   cli::print_mesh_line(o, o, o.program(),
                        std::is_same_v<Compute, float> ? "f32"
-                       : o.dtype == "fp8" ? "fp8 (E4M3/E5M2 Linear and expert GEMMs, host emulation; bf16 elsewhere; "
-                                            "fp32 master weights and AdamW state)"
-                                          : "bf16 (fp32 master weights and AdamW state)");
+                       : o.dtype == "fp8"
+                           ? std::string("fp8 (E4M3/E5M2 Linear ") +
+                                 (o.device == "cuda" ? "GEMMs on cuBLASLt" : "and expert GEMMs, host emulation") +
+                                 "; bf16 elsewhere; fp32 master weights and AdamW state)"
+                           : "bf16 (fp32 master weights and AdamW state)");
   std::printf(
       "schedule %s: %d micro-batches over %d stages; model: %lld layers, dim %lld, %lld heads, seq %lld, "
       "batch %lld, vocab %zu",
       o.schedule.c_str(), o.microbatches, trainer.schedule().layout.stages(), (long long)o.layers, (long long)o.dim,
-      (long long)o.heads, (long long)o.seq, (long long)o.batch, corpus.chars.size());
+      (long long)o.heads, (long long)o.seq, (long long)o.batch, std::max(corpus.chars.size(), std::size_t(o.vocab)));
   if (o.arch != "gpt")
     std::printf("; %s (kv heads %lld)", o.arch.c_str(), (long long)(o.kv_heads ? o.kv_heads : o.heads));
   if (o.zero == 3)
@@ -221,7 +234,8 @@ void finish(const Options& o, const Corpus& corpus, Trainer& trainer, const trai
             const std::string& notes) {
   if (report.steps_run > 0) {
     train::print_report(report, notes);
-    print_mfu(o, std::int64_t(corpus.chars.size()), report, trainer.mesh().comm().size());
+    print_mfu(o, std::max(std::int64_t(corpus.chars.size()), std::int64_t(o.vocab)), report,
+              trainer.mesh().comm().size());
     cli::print_sync_payload(o, trainer, "train_gpt");
     if constexpr (Trainer::host && !MoE) cli::export_weights(o, trainer);
   }

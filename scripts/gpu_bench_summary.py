@@ -6,6 +6,7 @@
 Reads OUT_DIR/bench_gemm_cuda.json, bench_attention_cuda.json, bench_comm_cuda.json (Google
 Benchmark's --benchmark_out) and prints, per size, both sides' figure and their ratio:
   GEMM       op / cuBLAS and kernel / cuBLAS (TFLOP/s; goal >= 0.95), float and bf16
+  FP8 GEMM   cuBLASLt's FP8 and the quantizing FP8 GEMM / bf16 cuBLAS (goal >= 1.3), where the GPU has FP8
   attention  forward+backward TFLOP/s, fraction of the GPU's FP32 peak: the cuBLAS chunks / the fused
              kernels (causal), and both / a naive unmasked cuBLAS version (full)
   bf16 attn  forward+backward TFLOP/s, fraction of the GPU's dense bf16 peak: cuDNN's fused
@@ -61,6 +62,18 @@ def main():
                 print(f"  {prec:4} n={n:5}: op {tflops(sides['op']):7.1f}  kernel {tflops(sides['dtensor']):7.1f}"
                       f"  cuBLAS {c:7.1f}  op/cuBLAS {tflops(sides['op']) / c:.3f}"
                       f"  kernel/cuBLAS {tflops(sides['dtensor']) / c:.3f}")
+        fp8_sizes = sorted({k[2] for k in gemm if k[0] == "fp8"})
+        if fp8_sizes:
+            print("FP8 GEMM n x n x n, TFLOP/s (cuBLASLt E4M3 x E4M3 -> bf16; quantizing = from bf16 operands,"
+                  " both casts included) against bf16 cuBLAS (goal: >= 1.3x):")
+        for n in fp8_sizes:
+            lt, qz, bf = gemm.get(("fp8", "cublaslt", n)), gemm.get(("fp8", "quantizing", n)), gemm.get(("bf16", "cublas", n))
+            if lt is None or qz is None or bf is None:
+                bad.append(f"FP8 GEMM n={n}: a side is missing")
+                continue
+            b = tflops(bf)
+            print(f"  fp8  n={n:5}: cuBLASLt {tflops(lt):7.1f}  quantizing {tflops(qz):7.1f}  bf16 cuBLAS {b:7.1f}"
+                  f"  fp8/bf16 {tflops(lt) / b:.3f}  quantizing/bf16 {tflops(qz) / b:.3f}")
     att = load(out, "bench_attention_cuda")
     if att is not None:
         print(f"attention fwd+bwd, batch 4 x 12 heads x head dim 64, float; TFLOP/s"

@@ -9,6 +9,8 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <limits>
+#include <span>
 #include <vector>
 
 #include "dtensor/core/compare.hpp"
@@ -209,6 +211,78 @@ TEST_CASE("cuda FP8: the device cast and the cuBLASLt FP8 GEMM match the host em
                     Catch::Contains("cuda::gemm_fp8") && Catch::Contains("multiples of 16"));
   CHECK_THROWS_WITH(ck::gemm_fp8(p, one.data(), p, one.data(), out.data(), 2, 2, 16, 16, 16, 2),
                     Catch::Contains("cuda::gemm_fp8") && Catch::Contains("C's rows 16-byte aligned"));
+}
+
+namespace {
+/// f with its elements converted to T.
+template <class T>
+Tensor<T, 2> as_type(const Tensor<float, 2>& f) {
+  Tensor<T, 2> t(f.shape());
+  for (Extent i = 0; i < f.numel(); ++i) t[i] = T(f[i]);
+  return t;
+}
+/// Whether this GPU has FP8 tensor cores (sm_89 or later); WARNs when it has not.
+bool has_fp8_tensor_cores() {
+  int dev_id = 0, major = 0, minor = 0;
+  REQUIRE(cudaGetDevice(&dev_id) == cudaSuccess);
+  REQUIRE(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev_id) == cudaSuccess);
+  REQUIRE(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev_id) == cudaSuccess);
+  if (major * 10 + minor >= 89) return true;
+  WARN("FP8 tensor cores need sm_89 or later; this GPU is sm_" << major << minor << ": FP8 case not run");
+  return false;
+}
+}  // namespace
+
+TEST_CASE("cuda FP8: amax and the quantizing GEMM of each Linear form match the host emulation", "[cuda][kernels]") {
+  // cuda::amax: the host's max |x| exactly, a NaN as +inf (nn/fp8_recipe.hpp's contract).
+  auto a = normal<float>(Shape<2>{37, 29}, 7);
+  a[100] = -9.5f;
+  CHECK(ck::amax(dev(a).data(), a.numel()) == 9.5f);
+  CHECK(ck::amax(dev(a).data(), 0) == 0.f);
+  a[200] = std::numeric_limits<float>::quiet_NaN();
+  CHECK(ck::amax(dev(a).data(), a.numel()) == std::numeric_limits<float>::infinity());
+  const auto ab = as_type<bfloat16>(normal<float>(Shape<2>{9, 11}, 8));
+  CHECK(ck::amax(dev(ab).data(), ab.numel()) == hk::amax(ab.data(), ab.numel()));
+  if (!has_fp8_tensor_cores()) return;
+  // y = x W^T, dx = dy W, dW = dy^T x with extents that are not multiples of 16 (k = 24 and 5 are
+  // padded, n = 13 and 3 leave C's rows unaligned), in float and bf16, against
+  // host::gemm_fp8_quantizing: the same quantized values, Hopper's accumulation (1e-2).
+  const auto check_forms = [&]<class T>(T) {
+    for (auto [m, n, k] :
+         {std::array<Extent, 3>{7, 13, 24}, std::array<Extent, 3>{33, 16, 64}, std::array<Extent, 3>{4, 3, 5}}) {
+      const auto x = as_type<T>(normal<float>(Shape<2>{m, k}, 11));
+      const auto w = as_type<T>(normal<float>(Shape<2>{n, k}, 12));
+      const auto dy = as_type<T>(normal<float>(Shape<2>{m, n}, 13));
+      const float sx = 448.f / hk::amax(x.data(), x.numel()), sw = 448.f / hk::amax(w.data(), w.numel());
+      const float sdy = 57344.f / hk::amax(dy.data(), dy.numel());
+      INFO("m=" << m << " n=" << n << " k=" << k);
+      Tensor<T, 2> y(Shape<2>{m, n}), dx(Shape<2>{m, k}), dw(Shape<2>{n, k});
+      Tensor<T, 2, cuda_space> gy(Shape<2>{m, n}), gdx(Shape<2>{m, k}), gdw(Shape<2>{n, k});
+      const auto gx = dev(x), gw = dev(w), gdy = dev(dy);
+      hk::gemm_fp8_quantizing<float8_e4m3, float8_e4m3>(false, true, x.data(), m, k, sx, w.data(), n, k, sw, y.data());
+      ck::gemm_fp8_quantizing<float8_e4m3, float8_e4m3>(false, true, gx.data(), m, k, sx, gw.data(), n, k, sw,
+                                                        gy.data());
+      CHECK_CLOSE(gy, y, (Tolerance{1e-2, 1e-2}));
+      hk::gemm_fp8_quantizing<float8_e5m2, float8_e4m3>(false, false, dy.data(), m, n, sdy, w.data(), n, k, sw,
+                                                        dx.data());
+      ck::gemm_fp8_quantizing<float8_e5m2, float8_e4m3>(false, false, gdy.data(), m, n, sdy, gw.data(), n, k, sw,
+                                                        gdx.data());
+      CHECK_CLOSE(gdx, dx, (Tolerance{1e-2, 1e-2}));
+      hk::gemm_fp8_quantizing<float8_e5m2, float8_e4m3>(true, false, dy.data(), m, n, sdy, x.data(), m, k, sx,
+                                                        dw.data());
+      ck::gemm_fp8_quantizing<float8_e5m2, float8_e4m3>(true, false, gdy.data(), m, n, sdy, gx.data(), m, k, sx,
+                                                        gdw.data());
+      CHECK_CLOSE(gdw, dw, (Tolerance{1e-2, 1e-2}));
+    }
+  };
+  check_forms(float{});
+  check_forms(bfloat16{});
+  Tensor<double, 2, cuda_space> d(Shape<2>{2, 16});
+  const auto in_double = [&] {
+    ck::gemm_fp8_quantizing<float8_e4m3, float8_e4m3>(false, true, d.data(), 2, 16, 1.f, d.data(), 2, 16, 1.f,
+                                                      d.data());
+  };
+  CHECK_THROWS_WITH(in_double(), Catch::Contains("cuda::gemm_fp8_quantizing") && Catch::Contains("not double"));
 }
 
 TEST_CASE("cuda float GEMMs on TF32 tensor cores only when allowed", "[cuda][kernels]") {
@@ -611,4 +685,41 @@ TEMPLATE_TEST_CASE("cuda optimizer updates and sums of squares match the host", 
   CHECK_CLOSE(dq, q, tol<T>());
   CHECK_CLOSE(dbuf, b, tol<T>());
   CHECK(ck::sum_squares(dev(g)) == Approx(hk::sum_squares(g)).epsilon(1e-12));
+}
+
+TEMPLATE_TEST_CASE("cuda AdamW over many parameters in one launch equals one launch per parameter", "[cuda][kernels]",
+                   float, double, bfloat16) {
+  using T = TestType;
+  // Uneven segments: one element, several chunks with a partial last one, an empty one, a few
+  // hundred; each with its own weight decay (0: a parameter that does not decay).
+  const std::array<Extent, 4> sizes{1, 3 * 4096 + 17, 0, 301};
+  const std::array<double, 4> decays{0.1, 0.0, 0.1, 0.05};
+  const hk::AdamWStep s{.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .step = 4};
+  std::vector<Tensor<T, 1, cuda_space>> p1, m1, v1, p2, m2, v2, g;
+  for (std::size_t k = 0; k < sizes.size(); ++k) {
+    const Shape<1> shape{sizes[k]};
+    const auto h = [&](int seed, double scale, bool nonnegative = false) {  // v: a second moment, >= 0
+      Tensor<T, 1> t(shape);
+      const auto f = normal<double>(shape, seed, 0, scale);
+      for (Extent i = 0; i < t.numel(); ++i) t[i] = T(nonnegative ? std::abs(f[i]) : f[i]);
+      return dev(t);
+    };
+    p1.push_back(h(11 + int(k), 1)), m1.push_back(h(12, 0.1)), v1.push_back(h(13, 0.1, true));
+    g.push_back(h(14, 1));
+    p2.push_back(dev(hst(p1.back()))), m2.push_back(dev(hst(m1.back()))), v2.push_back(dev(hst(v1.back())));
+  }
+  std::vector<kernels::generic::AdamWSegment<T, T>> segments;
+  for (std::size_t k = 0; k < sizes.size(); ++k) {
+    auto sk = s;
+    sk.weight_decay = decays[k];
+    ck::adamw_update(p1[k], g[k], m1[k], v1[k], sk);
+    segments.push_back({p2[k].data(), g[k].data(), m2[k].data(), v2[k].data(), sizes[k], decays[k]});
+  }
+  ck::adamw_update_segments(std::span<const kernels::generic::AdamWSegment<T, T>>(segments), s);
+  for (std::size_t k = 0; k < sizes.size(); ++k) {
+    INFO("segment " << k << " of " << sizes[k]);
+    CHECK_CLOSE(p2[k], hst(p1[k]), (Tolerance{0, 0}));
+    CHECK_CLOSE(m2[k], hst(m1[k]), (Tolerance{0, 0}));
+    CHECK_CLOSE(v2[k], hst(v1[k]), (Tolerance{0, 0}));
+  }
 }

@@ -36,6 +36,7 @@
 #include "dtensor/comm/communicator.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/float8.hpp"
+#include "dtensor/core/memory.hpp"
 #include "dtensor/kernels/host/gemm_fp8.hpp"
 
 namespace dtensor::nn {
@@ -136,10 +137,12 @@ enum class Fp8LinearGemm { forward, grad_input, grad_weight };
 namespace detail {
 
 /// What an nn::Linear computes in FP8, on this rank's pieces, whatever its layout and mesh: the
-/// Linear passes its pieces and the communicators of the mesh dimensions that split them.
-/// Reached through a pointer that Fp8Autocast sets, so that a program which never constructs one
-/// compiles none of it; every Linear would compile its FP8 path otherwise, the switch being a
-/// run-time one (docs/benchmarks.md, "A user's FSDP x TP program").
+/// Linear passes its pieces and the communicators of the mesh dimensions that split them. One
+/// table per element type and memory space, the pointers into that space's memory (the host's
+/// emulation here; the GPU's in nn/fp8_cuda.cuh). Reached through a pointer that Fp8Autocast
+/// sets, so that a program which never constructs one compiles none of it; every Linear would
+/// compile its FP8 path otherwise, the switch being a run-time one (docs/benchmarks.md, "A
+/// user's FSDP x TP program").
 template <kernels::host::FloatElement T>
 struct Fp8LinearKernels {
   /// The scale of this use of `role`'s tensor (n values at `local`), from the role's history in
@@ -149,59 +152,94 @@ struct Fp8LinearKernels {
   float (*scale)(std::optional<Fp8LinearScaling>& state, Fp8Role role, const T* local, Extent n,
                  std::span<Communicator* const> groups);
   /// c = op(a) op(b) of `gemm`, a [ra, ca] and b [rb, cb] quantized by sa and sb
-  /// (kernels::host::gemm_fp8_quantizing).
+  /// (kernels::host::gemm_fp8_quantizing and its twins).
   void (*gemm)(Fp8LinearGemm gemm, const T* a, Extent ra, Extent ca, float sa, const T* b, Extent rb, Extent cb,
                float sb, T* c);
+  /// max |x| of n values, a NaN as +inf (the grouped experts' amaxes, parallel/experts.hpp).
+  float (*amax)(const T* x, Extent n);
 };
 
-template <kernels::host::FloatElement T>
-float fp8_linear_scale(std::optional<Fp8LinearScaling>& state, Fp8Role role, const T* local, Extent n,
-                       std::span<Communicator* const> groups) {
+/// The scale of a use of role's tensor whose amax (max-all-reduced over `groups` here) is a, then a
+/// recorded: Fp8LinearKernels::scale of every space, given the space's amax.
+inline float fp8_scale_and_record(std::optional<Fp8LinearScaling>& state, Fp8Role role, float a,
+                                  std::span<Communicator* const> groups) {
   if (!state) state.emplace(fp8_autocast_recipe());
   AmaxHistory& h = role == Fp8Role::input ? state->input : role == Fp8Role::weight ? state->weight : state->grad_output;
-  float a = kernels::host::amax(local, n);
-  if (std::isnan(a)) a = std::numeric_limits<float>::infinity();
   for (Communicator* g : groups) g->all_reduce(std::span<float>(&a, 1), ReduceOp::max);
   const float s = h.scale(a);
   h.record(a);
   return s;
 }
 
+/// Fp8LinearKernels::scale over the amax Amax of the space (a NaN as +inf).
+template <kernels::host::FloatElement T, float (*Amax)(const T*, Extent)>
+float fp8_linear_scale(std::optional<Fp8LinearScaling>& state, Fp8Role role, const T* local, Extent n,
+                       std::span<Communicator* const> groups) {
+  return fp8_scale_and_record(state, role, Amax(local, n), groups);
+}
+
+/// kernels::host::amax with a NaN as +inf.
 template <kernels::host::FloatElement T>
+float host_amax_inf(const T* x, Extent n) {
+  const float a = kernels::host::amax(x, n);
+  return std::isnan(a) ? std::numeric_limits<float>::infinity() : a;
+}
+
+/// The three GEMMs of an FP8 Linear by the gemm_fp8_quantizing of a space: Quantizing::run<FA, FB>
+/// (HostFp8Gemm here, the GPU's in nn/fp8_cuda.cuh).
+template <kernels::host::FloatElement T, class Quantizing>
 void fp8_linear_gemm(Fp8LinearGemm gemm, const T* a, Extent ra, Extent ca, float sa, const T* b, Extent rb, Extent cb,
                      float sb, T* c) {
-  using kernels::host::gemm_fp8_quantizing;
   switch (gemm) {
     case Fp8LinearGemm::forward:
-      gemm_fp8_quantizing<float8_e4m3, float8_e4m3>(false, true, a, ra, ca, sa, b, rb, cb, sb, c);
+      Quantizing::template run<float8_e4m3, float8_e4m3>(false, true, a, ra, ca, sa, b, rb, cb, sb, c);
       return;
     case Fp8LinearGemm::grad_input:
-      gemm_fp8_quantizing<float8_e5m2, float8_e4m3>(false, false, a, ra, ca, sa, b, rb, cb, sb, c);
+      Quantizing::template run<float8_e5m2, float8_e4m3>(false, false, a, ra, ca, sa, b, rb, cb, sb, c);
       return;
     case Fp8LinearGemm::grad_weight:
-      gemm_fp8_quantizing<float8_e5m2, float8_e4m3>(true, false, a, ra, ca, sa, b, rb, cb, sb, c);
+      Quantizing::template run<float8_e5m2, float8_e4m3>(true, false, a, ra, ca, sa, b, rb, cb, sb, c);
       return;
   }
 }
 
+/// The host's emulation for fp8_linear_gemm.
+struct HostFp8Gemm {
+  template <class FA, class FB, class T>
+  static void run(bool ta, bool tb, const T* a, Extent ra, Extent ca, float sa, const T* b, Extent rb, Extent cb,
+                  float sb, T* c) {
+    kernels::host::gemm_fp8_quantizing<FA, FB>(ta, tb, a, ra, ca, sa, b, rb, cb, sb, c);
+  }
+};
+
 template <kernels::host::FloatElement T>
-inline constexpr Fp8LinearKernels<T> fp8_linear_kernels_impl{&fp8_linear_scale<T>, &fp8_linear_gemm<T>};
-template <kernels::host::FloatElement T>
+inline constexpr Fp8LinearKernels<T> fp8_linear_kernels_impl{&fp8_linear_scale<T, &host_amax_inf<T>>,
+                                                             &fp8_linear_gemm<T, HostFp8Gemm>, &host_amax_inf<T>};
+/// The table of each element type and memory space (null: none installed for it).
+template <kernels::host::FloatElement T, class Space>
 inline std::atomic<const Fp8LinearKernels<T>*> fp8_linear_kernels_set{nullptr};
 
-/// Sets the kernels of every element type a Linear computes in (Fp8Autocast's constructor).
+/// Sets the host's kernels of every element type a Linear computes in (Fp8Autocast's constructor).
 inline void install_fp8_linear_kernels() {
-  fp8_linear_kernels_set<float>.store(&fp8_linear_kernels_impl<float>, std::memory_order_release);
-  fp8_linear_kernels_set<double>.store(&fp8_linear_kernels_impl<double>, std::memory_order_release);
-  fp8_linear_kernels_set<bfloat16>.store(&fp8_linear_kernels_impl<bfloat16>, std::memory_order_release);
+  fp8_linear_kernels_set<float, host_space>.store(&fp8_linear_kernels_impl<float>, std::memory_order_release);
+  fp8_linear_kernels_set<double, host_space>.store(&fp8_linear_kernels_impl<double>, std::memory_order_release);
+  fp8_linear_kernels_set<bfloat16, host_space>.store(&fp8_linear_kernels_impl<bfloat16>, std::memory_order_release);
 }
 
-/// The kernels a Linear in T computes in FP8 with (set by every Fp8Autocast: a Linear computes
-/// in FP8 only after one was constructed).
-template <kernels::host::FloatElement T>
-const Fp8LinearKernels<T>& fp8_linear_kernels() {
-  const auto* k = fp8_linear_kernels_set<T>.load(std::memory_order_acquire);
-  if (k == nullptr) throw Error("nn::Linear", "an FP8 GEMM before any nn::Fp8Autocast was constructed");
+/// The kernels a Linear in T on Space's memory computes in FP8 with: the host's are set by every
+/// Fp8Autocast (a Linear computes in FP8 only after one was constructed), the GPU's by including
+/// nn/fp8_cuda.cuh in one of the program's CUDA units.
+template <kernels::host::FloatElement T, class Space = host_space>
+const Fp8LinearKernels<T>& fp8_linear_kernels(const char* op = "nn::Linear") {
+  const auto* k = fp8_linear_kernels_set<T, Space>.load(std::memory_order_acquire);
+  if (k == nullptr) {
+    if constexpr (std::is_same_v<Space, host_space>)
+      throw Error(op, "an FP8 GEMM before any nn::Fp8Autocast was constructed");
+    else
+      throw Error(op,
+                  "FP8 on GPU tensors needs the GPU's FP8 kernels: include dtensor/nn/fp8_cuda.cuh in one of the "
+                  "program's CUDA translation units (docs/fp8.md)");
+  }
   return *k;
 }
 

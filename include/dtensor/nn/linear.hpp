@@ -28,8 +28,9 @@
 // TP Linear's W over tp, x over dp (its batch) and, with SP or a row-wise style, tp. The result is
 // then the single-device FP8 result on every layout (up to the fp32 summation order). Per-shard
 // scales would avoid the all-reduce but make a sharded run quantize differently from one device.
-// Host memory only (ops/matmul_fp8.hpp); a GPU Linear under FP8 autocast is an Error; a meta
-// (dry-run) one records what the host's costs (kernels/meta/fp8.hpp: the amax passes, their
+// On the host the GEMMs are the exact emulation (kernels/host/gemm_fp8.hpp); on a GPU cuBLASLt's
+// FP8 GEMMs (kernels/cuda/gemm_fp8.cuh) once a CUDA unit of the program includes nn/fp8_cuda.cuh
+// (an Error names that header otherwise); a meta (dry-run) Linear records what the host's costs (kernels/meta/fp8.hpp: the amax passes, their
 // all-reduces, the quantizing GEMMs as op "gemm_fp8") and quantizes with scale 1 (no values).
 // Activation recomputation re-runs the forward, which would record the amaxes again and could
 // quantize with another scale: not supported with FP8.
@@ -240,12 +241,10 @@ class Linear {
   bool use_fp8() const {
     if (!fp8_autocast_enabled()) return false;
     using Space = typename In::space;
-    if constexpr (std::is_same_v<Space, host_space>) return true;
-    else if constexpr (!holds_data_v<Space>) return true;  // a dry run: the FP8 GEMMs' cost, scale 1 (below)
-    else {
-      ops::detail::fp8_host_only("nn::Linear (FP8 autocast on a GPU tensor)");
-      return false;
-    }
+    // The space's kernels, or a clear error before any work (a GPU's: nn/fp8_cuda.cuh); a dry run
+    // (no data) records the FP8 GEMMs' cost with scale 1 (below).
+    if constexpr (holds_data_v<Space>) detail::fp8_linear_kernels<T, Space>();
+    return true;
   }
 
   /// The scale of this use of t's role, then t's amax recorded: the amax of the whole tensor, max-
@@ -270,7 +269,8 @@ class Linear {
       for (std::size_t i = 0; i < n; ++i) groups[i]->all_reduce(std::span<float>(&a, 1), ReduceOp::max);
       return 1.f;
     } else {
-      return detail::fp8_linear_kernels<T>().scale(fp8_, role, l.data(), l.numel(), std::span(groups.data(), n));
+      return detail::fp8_linear_kernels<T, typename X::space>().scale(fp8_, role, l.data(), l.numel(),
+                                                                      std::span(groups.data(), n));
     }
   }
 
@@ -279,26 +279,21 @@ class Linear {
   template <bool TA, bool TB, class A, class B>
   static auto fp8_matmul(Fp8LinearGemm gemm, const A& a, float sa, const B& b, float sb) {
     using Space = typename A::space;
-    if constexpr (std::is_same_v<Space, host_space> || !holds_data_v<Space>) {
-      using L = ops::rules::matmul_t<typename A::layout, typename B::layout, TA, TB, A::rank, B::rank>;
-      constexpr std::size_t RO = ops::rules::matmul_rank<A::rank, B::rank, TA, TB>;
-      const auto [global, local_shape] = ops::detail::matmul_shapes<"matmul", TA, TB>(a, b);
-      const auto& al = a.to_local();
-      const auto& bl = b.to_local();
-      const Extent ra = kernels::detail::leading_rows(al.shape()), ca = al.extent(A::rank - 1);
-      const Extent rb = kernels::detail::leading_rows(bl.shape()), cb = bl.extent(B::rank - 1);
-      auto c = Tensor<T, RO, Space>::uninitialized(local_shape);
-      if constexpr (holds_data_v<Space>)
-        detail::fp8_linear_kernels<T>().gemm(gemm, al.data(), ra, ca, sa, bl.data(), rb, cb, sb, c.data());
-      else {
-        (void)gemm, (void)sa, (void)sb;
-        kernels::meta::gemm_fp8_quantizing<T>(TA, TB, ra, ca, rb, cb);
-      }
-      return ops::detail::make<T, RO, L>(a.mesh(), global, std::move(c));
-    } else {
-      ops::detail::fp8_host_only("nn::Linear (FP8 on a GPU tensor)");
-      return ops::matmul<TA, TB>(a, b);  // not reached: the return type
+    using L = ops::rules::matmul_t<typename A::layout, typename B::layout, TA, TB, A::rank, B::rank>;
+    constexpr std::size_t RO = ops::rules::matmul_rank<A::rank, B::rank, TA, TB>;
+    const auto [global, local_shape] = ops::detail::matmul_shapes<"matmul", TA, TB>(a, b);
+    const auto& al = a.to_local();
+    const auto& bl = b.to_local();
+    const Extent ra = kernels::detail::leading_rows(al.shape()), ca = al.extent(A::rank - 1);
+    const Extent rb = kernels::detail::leading_rows(bl.shape()), cb = bl.extent(B::rank - 1);
+    auto c = Tensor<T, RO, Space>::uninitialized(local_shape);
+    if constexpr (holds_data_v<Space>)
+      detail::fp8_linear_kernels<T, Space>().gemm(gemm, al.data(), ra, ca, sa, bl.data(), rb, cb, sb, c.data());
+    else {
+      (void)gemm, (void)sa, (void)sb;
+      kernels::meta::gemm_fp8_quantizing<T>(TA, TB, ra, ca, rb, cb);
     }
+    return ops::detail::make<T, RO, L>(a.mesh(), global, std::move(c));
   }
 
   /// bias_add keeps the layout in every style (checked here, at compile time).

@@ -8,7 +8,9 @@
 // p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps). The moments are flat buffers with
 // the parameter list's structure (optim/optimizer.hpp FlatState); the update is the space's
 // kernels::adamw_update, one call per parameter, reading the gradient in the type it is held
-// in (a bf16 gradient shard beside fp32 values is widened per element). No communication.
+// in (a bf16 gradient shard beside fp32 values is widened per element); on a space that updates
+// many parameters at once (kernels::generic::FusedAdamW: the GPU), the parameters whose gradient
+// is held in T go to it in one launch, element for element the same. No communication.
 #pragma once
 
 #include "dtensor/optim/optimizer.hpp"
@@ -40,13 +42,10 @@ class AdamW : public Optimizer<T, N, Space> {
   void step() {
     detail::check_reduced("AdamW::step", this->params_);
     ++t_;
+    if constexpr (kernels::generic::FusedAdamW<Space>::available) return fused_step();
     for (std::size_t k = 0; k < this->params_.size(); ++k) {
       auto value = this->value_view(k), m = m_.view(k), v = v_.view(k);
-      this->with_grad_view(k, [&](const auto& grad) {
-        kernels::adamw_update(value, grad, m, v,
-                              {.lr = this->lr_, .beta1 = o_.beta1, .beta2 = o_.beta2, .eps = o_.eps,
-                               .weight_decay = this->params_[k].decay ? o_.weight_decay : 0.0, .step = t_});
-      });
+      this->with_grad_view(k, [&](const auto& grad) { kernels::adamw_update(value, grad, m, v, settings(k)); });
     }
   }
 
@@ -63,6 +62,35 @@ class AdamW : public Optimizer<T, N, Space> {
   }
 
  private:
+  /// This step's settings for parameter k.
+  kernels::AdamWStep settings(std::size_t k) const {
+    return {.lr = this->lr_,
+            .beta1 = o_.beta1,
+            .beta2 = o_.beta2,
+            .eps = o_.eps,
+            .weight_decay = this->params_[k].decay ? o_.weight_decay : 0.0,
+            .step = t_};
+  }
+  /// step() on a space with a multi-tensor update: the parameters whose gradient is held in T in
+  /// one launch (each with its weight decay), the others one by one.
+  void fused_step() {
+    std::vector<kernels::generic::AdamWSegment<T, T>> fused;
+    for (std::size_t k = 0; k < this->params_.size(); ++k) {
+      auto value = this->value_view(k), m = m_.view(k), v = v_.view(k);
+      this->with_grad_view(k, [&](const auto& grad) {
+        if constexpr (std::is_same_v<typename std::remove_cvref_t<decltype(grad)>::value_type, T>) {
+          kernels::generic::check_adamw_update(value, grad, m, v, settings(k));
+          fused.push_back({value.data(), grad.data(), m.data(), v.data(), value.numel(), settings(k).weight_decay});
+        } else {
+          kernels::adamw_update(value, grad, m, v, settings(k));
+        }
+      });
+    }
+    if (!fused.empty())  // the settings but the decay, which each segment carries
+      kernels::generic::FusedAdamW<Space>::update(std::span<const kernels::generic::AdamWSegment<T, T>>(fused),
+                                                  settings(0));
+  }
+
   AdamWOptions o_;
   FlatState<T, Space> m_, v_;
   long t_ = 0;

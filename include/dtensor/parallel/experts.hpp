@@ -37,7 +37,7 @@
 // of 0 keeps its scale), so the histories agree on every mesh too. The weights are whole on their
 // rank: no all-reduce. dX = dH W1 + dUp W3 is two FP8 GEMMs summed in T. Host and meta (the dry
 // run records the amax passes, the all-reduces and the quantizing GEMMs as kernels/meta/fp8.hpp's
-// "amax", "quantize_fp8", "gemm_fp8", scale 1); a GPU tensor under FP8 is an Error.
+// "amax", "quantize_fp8", "gemm_fp8", scale 1); on a GPU the kernels of nn/fp8_cuda.cuh.
 #pragma once
 
 #include <cmath>
@@ -263,8 +263,7 @@ class GroupedExperts {
   /// meta (its costs).
   static bool use_fp8() {
     if (!fp8_autocast_enabled()) return false;
-    if constexpr (!std::is_same_v<space, host_space> && holds_data_v<space>)
-      throw Error("nn::GroupedExperts", "FP8 autocast on a GPU tensor: the experts' FP8 GEMMs run on the host only");
+    if constexpr (holds_data_v<space>) detail::fp8_linear_kernels<T, space>("nn::GroupedExperts");
     return true;
   }
 
@@ -287,8 +286,7 @@ class GroupedExperts {
   /// pass's cost.
   static float amax_of(const Tensor<T, 2, space>& t) {
     if constexpr (holds_data_v<space>) {
-      const float a = kernels::host::amax(t.data(), t.numel());
-      return std::isnan(a) ? std::numeric_limits<float>::infinity() : a;
+      return detail::fp8_linear_kernels<T, space>("nn::GroupedExperts").amax(t.data(), t.numel());
     } else {
       kernels::meta::amax<T>(t.numel());
       return 0;
@@ -353,7 +351,8 @@ class GroupedExperts {
   /// nn::Linear's (detail::Fp8LinearKernels on the host; on meta its records).
   static void fp8_gemm(Fp8LinearGemm gemm, bool ta, bool tb, const T* a, Extent ra, Extent ca, float sa, const T* b,
                        Extent rb, Extent cb, float sb, T* c) {
-    if constexpr (holds_data_v<space>) detail::fp8_linear_kernels<T>().gemm(gemm, a, ra, ca, sa, b, rb, cb, sb, c);
+    if constexpr (holds_data_v<space>)
+      detail::fp8_linear_kernels<T, space>("nn::GroupedExperts").gemm(gemm, a, ra, ca, sa, b, rb, cb, sb, c);
     else {
       (void)gemm, (void)a, (void)sa, (void)b, (void)sb, (void)c;
       kernels::meta::gemm_fp8_quantizing<T>(ta, tb, ra, ca, rb, cb);

@@ -1,6 +1,6 @@
 // dtensor/train/run_flags.hpp — where a trainer's ranks run, as command-line flags: --backend
-// threads|mpi|nccl, --device cpu|cuda, --dtype f32|bf16|fp8, --tf32, --attention and
-// --intra-op-threads; their rows of a flag table (train/flag_table.hpp), the checks of what a
+// threads|mpi|nccl, --device cpu|cuda, --dtype f32|bf16|fp8, --tf32, --attention,
+// --profile-kernels and --intra-op-threads; their rows of a flag table (train/flag_table.hpp), the checks of what a
 // build can run (a host build, or its _cuda twin holding only the GPU's instantiations), and the
 // ranks started by the backend (threads, or one MPI process each).
 //
@@ -30,7 +30,7 @@ namespace dtensor::train::cli {
 /// The flags' values (their meaning and defaults: run_flag_rows).
 struct RunFlags {
   std::string backend = "threads", device = "cpu", dtype = "f32", attention = "auto";
-  bool tf32 = false;
+  bool tf32 = false, profile_kernels = false;
   int intra_op_threads = 1;
 };
 
@@ -50,8 +50,8 @@ FlagTable<O> run_flag_rows(const std::string& program) {
       {"--dtype", "f32|bf16|fp8",
        "bf16: the model computes in bfloat16; master weights, gradient shards and AdamW state stay fp32 (FSDP mixed "
        "precision, also without --fsdp: ZeRO-1 on one shard; the experts too). fp8: bf16 with every Linear's "
-       "GEMMs in FP8 (E4M3 forward, E5M2 gradients, delayed scaling; the host emulation, docs/fp8.md); not with "
-       "--checkpoint or --recompute full|mlp",
+       "GEMMs in FP8 (E4M3 forward, E5M2 gradients, delayed scaling; the host's emulation, or cuBLASLt's FP8 GEMMs "
+       "with --device cuda on sm_89+: docs/fp8.md); not with --checkpoint or --recompute full|mlp",
        choice(&R::dtype, {"f32", "bf16", "fp8"})},
       {"--tf32", "",
        "--device cuda: float GEMMs on TF32 tensor cores (fp32 accumulation, inputs rounded to 10 mantissa bits; "
@@ -61,6 +61,10 @@ FlagTable<O> run_flag_rows(const std::string& program) {
        "--device cuda: the fused attention kernels or the cuBLAS chunks (docs/gpu.md); auto (the default) runs bf16 "
        "attention on cuDNN's fused kernels where the build has cuDNN, else takes the chunks from 128 keys on",
        choice(&R::attention, {"auto", "fused", "gemm"})},
+      {"--profile-kernels", "",
+       "--device cuda: time the kernels by class (GEMMs, attention, norms, cross-entropy, embedding, optimizer) with "
+       "CUDA events and print each class's share of the run (kernels/cuda/profile.cuh); slows the run a little",
+       set_to(&R::profile_kernels, true)},
       {"--intra-op-threads", "N",
        "each rank's host kernels (attention, norms, GELU, AdamW, cross entropy, elementwise, permutes) on N threads: "
        "a pool of N - 1 workers per rank; the same bits as 1 (docs/host-kernels.md). The GEMMs' threads are "
@@ -81,15 +85,11 @@ inline void check_run_flags(const RunFlags& o, bool cuda_build, const std::strin
                      ": the same trainer, the same flags)");
   if (o.device == "cpu" && o.backend == "nccl") throw UsageError("--backend nccl needs --device cuda");
   if (o.tf32 && o.device != "cuda") throw UsageError("--tf32 needs --device cuda (the host's float GEMMs are fp32)");
+  if (o.profile_kernels && o.device != "cuda") throw UsageError("--profile-kernels needs --device cuda");
   if (o.attention != "auto" && o.device != "cuda")
     throw UsageError("--attention " + o.attention + " needs --device cuda (the host has one attention kernel)");
   if (o.device == "cuda" && o.backend == "mpi")
     throw UsageError("--device cuda runs under mpirun with --backend nccl, not mpi");
-  // FP8 (nn/linear.hpp): the host emulation only.
-  if (o.dtype == "fp8" && o.device == "cuda")
-    throw UsageError(
-        "--dtype fp8 with --device cuda: not wired yet (the FP8 Linear is the host emulation; "
-        "kernels/cuda/gemm_fp8.cuh is tested alone, docs/fp8.md)");
 }
 
 /// The run's first line: "PROGRAM: mesh pp 2 x dp 1 x fsdp 2 (ZeRO-3) x cp 2 (ring) x tp 2 + SP = 16

@@ -24,6 +24,7 @@
 
 #include "dtensor/kernels/cuda/attention_fused.cuh"
 #include "dtensor/kernels/cuda/attention_gemm.cuh"
+#include "dtensor/kernels/cuda/profile.cuh"
 
 namespace dtensor::kernels::cuda {
 
@@ -77,6 +78,7 @@ inline bool cudnn_attention_registered() { return detail::attention_hooks().forw
 template <FloatElement T>
 AttentionForward<T> attention(const CudaTensor<T, 4>& q, const CudaTensor<T, 4>& k, const CudaTensor<T, 4>& v,
                               const AttentionOptions& opts = {}) {
+  const detail::ProfiledKernel profiled(KernelClass::attention);
   if constexpr (std::is_same_v<T, bfloat16>)
     if (const auto hook = detail::attention_hooks().forward.load(); hook && detail::use_attention_cudnn())
       if (auto f = hook(q, k, v, opts)) return std::move(*f);
@@ -88,6 +90,7 @@ template <FloatElement T>
 AttentionBackward<T> attention_backward(const CudaTensor<T, 4>& q, const CudaTensor<T, 4>& k, const CudaTensor<T, 4>& v,
                                         const CudaTensor<T, 4>& out, const CudaTensor<Stat, 3>& lse,
                                         const CudaTensor<T, 4>& dout, const AttentionOptions& opts = {}) {
+  const detail::ProfiledKernel profiled(KernelClass::attention);
   if constexpr (std::is_same_v<T, bfloat16>)
     if (const auto hook = detail::attention_hooks().backward.load(); hook && detail::use_attention_cudnn())
       if (auto g = hook(q, k, v, out, lse, dout, opts)) return std::move(*g);

@@ -7,6 +7,7 @@
 #pragma once
 
 #include "dtensor/kernels/cuda/common.cuh"
+#include "dtensor/kernels/cuda/profile.cuh"
 #include "dtensor/kernels/cuda/softmax.cuh"
 #include "dtensor/kernels/host/cross_entropy.hpp"  // vocab_parallel_ce_loss on the host copies
 
@@ -100,6 +101,7 @@ CudaTensor<T, 2> ce_backward(const CudaTensor<T, 2>& logits, const CudaTensor<Id
 
 template <FloatElement T>
 CudaTensor<Stat, 1> vocab_parallel_ce_max(const CudaTensor<T, 2>& logits) {
+  const detail::ProfiledKernel profiled(KernelClass::cross_entropy);
   const Extent n = logits.extent(0);
   auto m = CudaTensor<Stat, 1>::uninitialized(Shape<1>{n});
   if (n == 0) return m;
@@ -111,6 +113,7 @@ CudaTensor<Stat, 1> vocab_parallel_ce_max(const CudaTensor<T, 2>& logits) {
 
 template <FloatElement T>
 CudaTensor<Stat, 1> vocab_parallel_ce_sum_exp(const CudaTensor<T, 2>& logits, const CudaTensor<Stat, 1>& global_max) {
+  const detail::ProfiledKernel profiled(KernelClass::cross_entropy);
   const Extent n = logits.extent(0);
   auto s = CudaTensor<Stat, 1>::uninitialized(Shape<1>{n});
   if (n == 0) return s;
@@ -123,6 +126,7 @@ CudaTensor<Stat, 1> vocab_parallel_ce_sum_exp(const CudaTensor<T, 2>& logits, co
 template <FloatElement T, IndexElement Id>
 CudaTensor<Stat, 1> vocab_parallel_ce_target_logit(const CudaTensor<T, 2>& logits, const CudaTensor<Id, 1>& targets,
                                                    Extent v0) {
+  const detail::ProfiledKernel profiled(KernelClass::cross_entropy);
   return detail::target_logit("vocab_parallel_ce_target_logit", logits, targets, v0, false);
 }
 
@@ -138,6 +142,7 @@ CudaTensor<T, 2> vocab_parallel_ce_backward(const CudaTensor<T, 2>& logits, cons
                                             const CudaTensor<Stat, 1>& global_max,
                                             const CudaTensor<Stat, 1>& global_sum, double dloss = 1.0,
                                             Extent mean_over = -1) {
+  const detail::ProfiledKernel profiled(KernelClass::cross_entropy);
   const Extent d = host::detail::mean_divisor(logits.extent(0), mean_over);
   return detail::ce_backward(logits, targets, v0, nullptr, global_max.data(), global_sum.data(),
                              d > 0 ? dloss / double(d) : 0.0);
@@ -146,6 +151,7 @@ CudaTensor<T, 2> vocab_parallel_ce_backward(const CudaTensor<T, 2>& logits, cons
 template <FloatElement T, IndexElement Id>
 CrossEntropyForward cross_entropy(const CudaTensor<T, 2>& logits, const CudaTensor<Id, 1>& targets,
                                   Extent mean_over = -1) {
+  const detail::ProfiledKernel profiled(KernelClass::cross_entropy);
   const auto t = detail::target_logit("cross_entropy", logits, targets, 0, true);
   const auto m = vocab_parallel_ce_max(logits);
   const auto s = vocab_parallel_ce_sum_exp(logits, m);
@@ -161,6 +167,7 @@ CrossEntropyForward cross_entropy(const CudaTensor<T, 2>& logits, const CudaTens
 template <FloatElement T, IndexElement Id>
 CudaTensor<T, 2> cross_entropy_backward(const CudaTensor<T, 2>& logits, const CudaTensor<Id, 1>& targets,
                                         const CudaTensor<Stat, 1>& lse, double dloss = 1.0, Extent mean_over = -1) {
+  const detail::ProfiledKernel profiled(KernelClass::cross_entropy);
   const Extent d = host::detail::mean_divisor(logits.extent(0), mean_over);
   return detail::ce_backward(logits, targets, 0, lse.data(), nullptr, nullptr, d > 0 ? dloss / double(d) : 0.0);
 }

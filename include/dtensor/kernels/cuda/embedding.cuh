@@ -13,6 +13,7 @@
 #include <cub/device/device_radix_sort.cuh>
 
 #include "dtensor/kernels/cuda/common.cuh"
+#include "dtensor/kernels/cuda/profile.cuh"
 #include "dtensor/kernels/host/embedding.hpp"  // embedding_out_shape
 
 namespace dtensor::kernels::cuda {
@@ -66,6 +67,7 @@ using host::detail::embedding_out_shape;
 template <class T, std::size_t R, class Id>
 CudaTensor<T, R + 1> embedding_lookup(const char* op, const CudaTensor<T, 2>& table, const CudaTensor<Id, R>& ids,
                                       Extent v0, bool strict) {
+  const detail::ProfiledKernel profiled(KernelClass::embedding);
   const Extent d = table.extent(1);
   auto y = CudaTensor<T, R + 1>::uninitialized(embedding_out_shape(ids.shape(), d));
   if (y.numel() == 0) return y;
@@ -83,6 +85,7 @@ CudaTensor<T, R + 1> embedding_lookup(const char* op, const CudaTensor<T, 2>& ta
 template <class T, std::size_t R, class Id>
 void embedding_scatter(const char* op, CudaTensor<T, 2>& dtable, const CudaTensor<Id, R>& ids,
                        const CudaTensor<T, R + 1>& dy, Extent v0, bool strict) {
+  const detail::ProfiledKernel profiled(KernelClass::embedding);
   const Extent d = dtable.extent(1);
   if (d == 0 || ids.numel() == 0) return;
   const Extent n = ids.numel();

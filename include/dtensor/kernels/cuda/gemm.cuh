@@ -22,6 +22,7 @@
 
 #include "dtensor/kernels/cuda/common.cuh"
 #include "dtensor/kernels/cuda/elementwise.cuh"
+#include "dtensor/kernels/cuda/profile.cuh"
 #include "dtensor/kernels/host/gemm.hpp"  // check_gemm_args
 #include "dtensor/kernels/products.hpp"
 
@@ -72,6 +73,7 @@ inline void cublas_gemm_batched(bool trans_a, bool trans_b, Extent m, Extent n, 
                                 cudaDataType_t b_type, Extent ldb, Extent stride_b, const void* beta, void* C,
                                 cudaDataType_t c_type, Extent ldc, Extent stride_c, Extent batch,
                                 cublasComputeType_t compute) {
+  const detail::ProfiledKernel profiled(KernelClass::gemm);
   check_int_sizes("gemm", m, n, k, lda, ldb, ldc);
   const auto ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   // k == 0: cuBLAS scales C by beta (beta == 0 writes zeros), as the host twin does.

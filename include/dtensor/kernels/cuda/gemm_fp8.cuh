@@ -28,13 +28,17 @@
 #include <cublasLt.h>
 #include <cuda_fp8.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <type_traits>
 
 #include "dtensor/core/float8.hpp"
 #include "dtensor/kernels/cuda/common.cuh"
-#include "dtensor/kernels/cuda/gemm.cuh"      // check_int_sizes
+#include "dtensor/kernels/cuda/gemm.cuh"  // check_int_sizes
+#include "dtensor/kernels/cuda/profile.cuh"
 #include "dtensor/kernels/host/gemm.hpp"      // check_gemm_args
 #include "dtensor/kernels/host/gemm_fp8.hpp"  // Fp8Element
 
@@ -102,16 +106,91 @@ __global__ void quantize_kernel(const T* x, std::size_t n, float scale, std::uin
   if (i < n) out[i] = __nv_cvt_float_to_fp8(float(x[i]) * scale, __NV_SATFINITE, fp8_interpretation<F8>);
 }
 
+/// The tile of quantize_padded_kernel: 32 x 32 values through shared memory, so that both the
+/// reads (rows of the source) and the writes (rows of the destination) are coalesced when the
+/// destination is the source transposed.
+inline constexpr unsigned fp8_tile = 32, fp8_tile_rows = 8;
+
+/// out [rows_pad, cols_pad] (pitch cols_pad) = F8(x' * scale) where x' [rows, cols] is x (pitch ld)
+/// or, when transposed, x^T (x [cols, rows]); zeros outside [rows, cols] (a padded FP8 operand
+/// adds nothing to the GEMM's sums). Block (32, 8), grid over 32 x 32 tiles of out.
+template <class F8, class T>
+__global__ void quantize_padded_kernel(const T* x, Extent ld, Extent rows, Extent cols, bool transposed, float scale,
+                                       std::uint8_t* out, Extent rows_pad, Extent cols_pad) {
+  __shared__ float tile[fp8_tile][fp8_tile + 1];
+  const Extent i0 = Extent(blockIdx.y) * fp8_tile, j0 = Extent(blockIdx.x) * fp8_tile;
+  for (unsigned r = threadIdx.y; r < fp8_tile; r += fp8_tile_rows) {
+    // Read: x's row-major order, consecutive threads on consecutive addresses.
+    if (!transposed) {
+      const Extent i = i0 + r, j = j0 + threadIdx.x;
+      tile[r][threadIdx.x] = i < rows && j < cols ? float(x[i * ld + j]) : 0.f;
+    } else {
+      const Extent j = j0 + r, i = i0 + threadIdx.x;  // x [cols, rows]: its row j holds column j of x'
+      tile[threadIdx.x][r] = i < rows && j < cols ? float(x[j * ld + i]) : 0.f;
+    }
+  }
+  __syncthreads();
+  for (unsigned r = threadIdx.y; r < fp8_tile; r += fp8_tile_rows) {
+    const Extent i = i0 + r, j = j0 + threadIdx.x;
+    if (i < rows_pad && j < cols_pad)
+      out[i * cols_pad + j] =
+          __nv_cvt_float_to_fp8(tile[r][threadIdx.x] * scale, __NV_SATFINITE, fp8_interpretation<F8>);
+  }
+}
+
+/// partial[b] = max |x| over block b's grid-stride slice, a NaN as +inf (so that max keeps it).
+template <class T>
+__global__ void amax_kernel(float* partial, const T* x, Extent n) {
+  double m = 0;
+  for (Extent i = gidx(); i < n; i += gstride()) {
+    const float a = fabsf(float(x[i]));
+    m = fmax(m, isnan(a) ? double(INFINITY) : double(a));
+  }
+  m = block_max(m);
+  if (threadIdx.x == 0) partial[blockIdx.x] = float(m);
+}
+inline constexpr unsigned amax_blocks = 256;
+__global__ inline void max_partials_kernel(float* out, const float* partial, unsigned count) {
+  const double m = block_max(threadIdx.x < count ? double(partial[threadIdx.x]) : 0.0);
+  if (threadIdx.x == 0) *out = float(m);
+}
+__global__ inline void store_inverse_scales_kernel(float* out, float a_scale_inv, float b_scale_inv) {
+  out[0] = a_scale_inv;
+  out[4] = b_scale_inv;  // 16 bytes apart: cuBLASLt wants each scale pointer 16-byte aligned
+}
+
+inline Extent round_up(Extent x, Extent to) { return (x + to - 1) / to * to; }
+
 }  // namespace detail
 
 /// q[i] = F8(x[i] * scale) on the device (cvt.rn.satfinite, the host's float8 conversion bit for bit).
-template <host::Fp8Element F8>
-void quantize(const float* x, Extent n, float scale, F8* q) {
+template <host::Fp8Element F8, class T>
+  requires(std::is_same_v<T, float> || std::is_same_v<T, bfloat16> || std::is_same_v<T, double>)
+void quantize(const T* x, Extent n, float scale, F8* q) {
   detail::check(n >= 0 && (n == 0 || (x && q)), "cuda::quantize", "n=", n, " with a null pointer or a negative count");
+  detail::check(std::isfinite(scale) && scale > 0, "cuda::quantize", "scale ", scale, " is not finite and > 0");
   if (n == 0) return;
-  detail::quantize_kernel<F8, float><<<detail::grid_for(n), detail::block, 0, detail::stream()>>>(
+  detail::quantize_kernel<F8, T><<<detail::grid_for(n), detail::block, 0, detail::stream()>>>(
       x, std::size_t(n), scale, reinterpret_cast<std::uint8_t*>(q));
   detail::launched("cuda::quantize");
+}
+
+/// max |x[i]| over n device values (0 for none), a NaN as +inf: the host's kernels::host::amax with
+/// its NaN widened, as the FP8 recipe reads it (nn/fp8_recipe.hpp). Waits for the result (a host
+/// value: the delayed-scaling history is kept on the host).
+template <class T>
+  requires(std::is_same_v<T, float> || std::is_same_v<T, bfloat16> || std::is_same_v<T, double>)
+float amax(const T* x, Extent n) {
+  detail::check(n >= 0 && (n == 0 || x), "cuda::amax", "n=", n, " with a null pointer or a negative count");
+  if (n == 0) return 0.f;
+  static_assert(detail::amax_blocks <= detail::block, "one block takes the partial maxima");
+  CudaTensor<float, 1> partial(Shape<1>{detail::amax_blocks}), total(Shape<1>{1});
+  detail::amax_kernel<<<detail::amax_blocks, detail::block, 0, detail::stream()>>>(partial.data(), x, n);
+  detail::launched("cuda::amax");
+  detail::max_partials_kernel<<<1, detail::block, 0, detail::stream()>>>(total.data(), partial.data(),
+                                                                         detail::amax_blocks);
+  detail::launched("cuda::amax (partials)");
+  return to_space<host_space>(total)[0];
 }
 
 /// C[m,n] = *a_scale_inv * *b_scale_inv * A B^T (+ C when accumulate): A [m,k], B [n,k] FP8 row-major
@@ -120,6 +199,7 @@ template <host::Fp8Element FA, host::Fp8Element FB, class TC>
   requires(std::is_same_v<TC, float> || std::is_same_v<TC, bfloat16>)
 void gemm_fp8(const FA* A, const float* a_scale_inv, const FB* B, const float* b_scale_inv, TC* C, Extent m, Extent n,
               Extent k, Extent lda, Extent ldb, Extent ldc, bool accumulate = false) {
+  const detail::ProfiledKernel profiled(KernelClass::gemm);
   static_assert(!(std::is_same_v<FA, float8_e5m2> && std::is_same_v<FB, float8_e5m2>),
                 "cuBLASLt has no E5M2 x E5M2 GEMM (HYBRID: one operand E4M3)");
   const auto bytes = [](const auto* p) { return static_cast<const void*>(p); };
@@ -191,6 +271,62 @@ void gemm_fp8(const FA* A, const float* a_scale_inv, const FB* B, const float* b
   const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
   DTENSOR_CUBLAS_CHECK(cublasLtMatmul(lt, d.op, &alpha, B, d.a, A, d.b, &beta, C, d.c, C, d.c, &heuristic.algo,
                                       detail::lt_workspace(), ws, detail::stream()));
+}
+
+/// The twin of host::gemm_fp8_quantizing on device pointers: c [m, n] (dense) = op(a) op(b), a
+/// [ra, ca] quantized to FA by sa and b [rb, cb] to FB by sb, then cuBLASLt's FP8 GEMM with the
+/// inverse scales. Any of the three forms a Linear needs (y = x W^T; dx = dy W; dW = dy^T x) and
+/// any extents: the operands are quantized into the TN form gemm_fp8 takes, transposed on the way
+/// where op transposes (what Transformer Engine's transposed FP8 copies are), k padded with zeros to
+/// a multiple of 16 and C's rows to 16 bytes (zeros add nothing: the sums are the unpadded ones),
+/// the padded C copied out. T float or bfloat16 (the GEMM's output type); double is refused (the
+/// tensor cores' output is fp32 at most). Stream-ordered: no host synchronisation.
+template <host::Fp8Element FA, host::Fp8Element FB, class T>
+void gemm_fp8_quantizing(bool trans_a, bool trans_b, const T* a, Extent ra, Extent ca, float sa, const T* b, Extent rb,
+                         Extent cb, float sb, T* c) {
+  const detail::ProfiledKernel profiled(KernelClass::gemm);
+  if constexpr (!(std::is_same_v<T, float> || std::is_same_v<T, bfloat16>)) {
+    (void)trans_a, (void)trans_b, (void)a, (void)sa, (void)b, (void)sb, (void)c;
+    throw Error("cuda::gemm_fp8_quantizing", "FP8 GEMMs on the GPU output float or bfloat16, not double (a [" +
+                                                 std::to_string(ra) + ", " + std::to_string(ca) + "], b [" +
+                                                 std::to_string(rb) + ", " + std::to_string(cb) + "])");
+  } else {
+    const Extent m = trans_a ? ca : ra, k = trans_a ? ra : ca, n = trans_b ? rb : cb;
+    detail::check((trans_b ? cb : rb) == k && ra >= 0 && ca >= 0 && rb >= 0 && cb >= 0, "cuda::gemm_fp8_quantizing",
+                  "op(a) [", m, ", ", k, "] and op(b) [", (trans_b ? cb : rb), ", ", n, "] do not multiply");
+    detail::check(std::isfinite(sa) && sa > 0 && std::isfinite(sb) && sb > 0, "cuda::gemm_fp8_quantizing", "scales ",
+                  sa, ", ", sb, " are not finite and > 0 (m=", m, " n=", n, " k=", k, ")");
+    if (m == 0 || n == 0) return;
+    const Extent kp = detail::round_up(std::max<Extent>(k, 1), 16), np = detail::round_up(n, 16 / Extent(sizeof(T)));
+    CudaTensor<std::uint8_t, 1> qa(Shape<1>{m * kp}), qb(Shape<1>{np * kp});
+    const auto quantize_into = [](auto f8, const T* x, Extent ld, Extent rows, Extent cols, bool transposed,
+                                  float scale, std::uint8_t* out, Extent rows_pad, Extent cols_pad) {
+      using F8 = decltype(f8);
+      const dim3 grid(unsigned((cols_pad + detail::fp8_tile - 1) / detail::fp8_tile),
+                      unsigned((rows_pad + detail::fp8_tile - 1) / detail::fp8_tile));
+      detail::quantize_padded_kernel<F8, T>
+          <<<grid, dim3(detail::fp8_tile, detail::fp8_tile_rows), 0, detail::stream()>>>(
+              x, std::max<Extent>(ld, 1), rows, cols, transposed, scale, out, rows_pad, cols_pad);
+      detail::launched("cuda::gemm_fp8_quantizing (quantize)");
+    };
+    // A' [m, kp] = op(a); B' [np, kp] = op(b)^T, both k-contiguous (the TN form).
+    quantize_into(FA{}, a, ca, m, k, trans_a, sa, qa.data(), m, kp);
+    quantize_into(FB{}, b, cb, n, k, !trans_b, sb, qb.data(), np, kp);
+    CudaTensor<float, 1> inverse(Shape<1>{8});
+    detail::store_inverse_scales_kernel<<<1, 1, 0, detail::stream()>>>(inverse.data(), 1.f / sa, 1.f / sb);
+    detail::launched("cuda::gemm_fp8_quantizing (scales)");
+    const auto* A = reinterpret_cast<const FA*>(qa.data());
+    const auto* B = reinterpret_cast<const FB*>(qb.data());
+    if (np == n && detail::alignment_of(c) >= 16) {
+      gemm_fp8(A, inverse.data(), B, inverse.data() + 4, c, m, n, kp, kp, kp, n);
+      return;
+    }
+    CudaTensor<T, 1> padded(Shape<1>{m * np});
+    gemm_fp8(A, inverse.data(), B, inverse.data() + 4, padded.data(), m, np, kp, kp, kp, np);
+    DTENSOR_CUDA_CHECK(cudaMemcpy2DAsync(c, std::size_t(n) * sizeof(T), padded.data(), std::size_t(np) * sizeof(T),
+                                         std::size_t(n) * sizeof(T), std::size_t(m), cudaMemcpyDeviceToDevice,
+                                         detail::stream()));
+  }
 }
 
 }  // namespace dtensor::kernels::cuda

@@ -6,6 +6,7 @@
 
 #include "dtensor/kernels/cuda/column_sums.cuh"
 #include "dtensor/kernels/cuda/common.cuh"
+#include "dtensor/kernels/cuda/profile.cuh"
 #include "dtensor/kernels/host/norm.hpp"  // the element formulas
 
 namespace dtensor::kernels::cuda {
@@ -100,6 +101,7 @@ struct NormGradStore {
 template <class T, std::size_t R>
 NormForward<T, R> norm_forward(const char* /*op*/, const CudaTensor<T, R>& x, const CudaTensor<T, 1>& w,
                                const CudaTensor<T, 1>* b, double eps) {
+  const detail::ProfiledKernel profiled(KernelClass::norm);
   const Extent n = x.extent(R - 1), rows = leading_rows(x.shape());
   NormForward<T, R> f{CudaTensor<T, R>::uninitialized(x.shape()),
                       b ? CudaTensor<Stat, 1>::uninitialized(Shape<1>{rows}) : CudaTensor<Stat, 1>{},
@@ -115,6 +117,7 @@ template <class T, std::size_t R>
 NormBackward<T, R> norm_backward(const char* /*op*/, const CudaTensor<T, R>& x, const CudaTensor<T, 1>& w,
                                  const CudaTensor<Stat, 1>* mean, const CudaTensor<Stat, 1>& rstd,
                                  const CudaTensor<T, R>& dy) {
+  const detail::ProfiledKernel profiled(KernelClass::norm);
   const Extent n = x.extent(R - 1), rows = leading_rows(x.shape());
   NormBackward<T, R> g{CudaTensor<T, R>::uninitialized(x.shape()), CudaTensor<T, 1>(Shape<1>{n}),
                        mean ? CudaTensor<T, 1>(Shape<1>{n}) : CudaTensor<T, 1>{}};

@@ -7,10 +7,17 @@
 // `using namespace dtensor;` names dtensor's as `dtensor::cuda::`, as the benchmarks do.)
 #pragma once
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <vector>
 
 #include "dtensor/kernels/cuda/common.cuh"
-#include "dtensor/kernels/host/optim.hpp"  // AdamWStep, SgdStep, the element formulas
+#include "dtensor/kernels/cuda/profile.cuh"
+#include "dtensor/kernels/generic/optim.hpp"  // AdamWSegment, FusedAdamW
+#include "dtensor/kernels/host/optim.hpp"     // AdamWStep, SgdStep, the element formulas
 
 namespace dtensor::kernels::cuda {
 
@@ -28,6 +35,30 @@ __global__ void adamw_kernel(T* p, const T* g, T* m, T* v, Extent n, AdamWStep s
     m[i] = T(mi);
     v[i] = T(vi);
     p[i] = T(pi);
+  }
+}
+
+/// A block's share of a multi-tensor update: elements [begin, end) of segment `segment`.
+struct AdamWChunk {
+  Extent segment, begin, end;
+};
+/// Elements per chunk: a block of 256 threads walks 16 per thread (PyTorch's multi_tensor_apply
+/// takes 65,536 per chunk; shorter here so that small models still fill the GPU).
+inline constexpr Extent adamw_chunk = Extent(block) * 16;
+
+/// One block per chunk; each element exactly as adamw_kernel's (the same function, in double).
+template <class T, class G>
+__global__ void adamw_segments_kernel(const generic::AdamWSegment<T, G>* segments, const AdamWChunk* chunks,
+                                      AdamWStep s, double c1, double c2) {
+  const AdamWChunk c = chunks[blockIdx.x];
+  const generic::AdamWSegment<T, G> g = segments[c.segment];
+  const double decay = 1 - s.lr * g.weight_decay;
+  for (Extent i = c.begin + threadIdx.x; i < c.end; i += blockDim.x) {
+    double pi = double(g.param[i]), mi = double(g.exp_avg[i]), vi = double(g.exp_avg_sq[i]);
+    host::detail::adamw_element(pi, mi, vi, double(g.grad[i]), s, c1, c2, decay);
+    g.exp_avg[i] = T(mi);
+    g.exp_avg_sq[i] = T(vi);
+    g.param[i] = T(pi);
   }
 }
 
@@ -63,6 +94,7 @@ __global__ void sum_partials_kernel(D* out, const D* partial, unsigned count) {
 template <FloatElement T, std::size_t R>
 void adamw_update(CudaTensor<T, R>& param, const CudaTensor<T, R>& grad, CudaTensor<T, R>& exp_avg,
                   CudaTensor<T, R>& exp_avg_sq, const AdamWStep& s) {
+  const detail::ProfiledKernel profiled(KernelClass::optimizer);
   if (param.numel() == 0) return;
   const double c1 = 1 - std::pow(s.beta1, double(s.step)), c2 = 1 - std::pow(s.beta2, double(s.step));
   detail::adamw_kernel<<<detail::grid_for(param.numel()), detail::block, 0, detail::stream()>>>(
@@ -70,9 +102,37 @@ void adamw_update(CudaTensor<T, R>& param, const CudaTensor<T, R>& grad, CudaTen
   detail::launched("adamw_kernel");
 }
 
+/// Every segment's AdamW update in one launch (s.weight_decay is each segment's): the segments and
+/// a table of chunks copied to the device (one small host-to-device copy), then one block per chunk.
+/// Each element is adamw_update's, so the result is the per-parameter launches' bit for bit.
+template <FloatElement T, class G>
+void adamw_update_segments(std::span<const generic::AdamWSegment<T, G>> segments, const AdamWStep& s) {
+  const detail::ProfiledKernel profiled(KernelClass::optimizer);
+  std::vector<detail::AdamWChunk> chunks;
+  for (std::size_t k = 0; k < segments.size(); ++k)
+    for (Extent b = 0; b < segments[k].n; b += detail::adamw_chunk)
+      chunks.push_back({Extent(k), b, std::min(segments[k].n, b + detail::adamw_chunk)});
+  if (chunks.empty()) return;
+  detail::check(chunks.size() < (std::size_t(1) << 31), "cuda::adamw_update_segments", chunks.size(),
+                " chunks exceed a grid");
+  // One buffer: the segments, then the chunks (both trivially copyable; chunks 8-byte aligned).
+  const std::size_t seg_bytes = segments.size() * sizeof(generic::AdamWSegment<T, G>);
+  const std::size_t chunk_offset = (seg_bytes + 15) / 16 * 16;
+  Tensor<std::uint8_t, 1> staged(Shape<1>{Extent(chunk_offset + chunks.size() * sizeof(detail::AdamWChunk))});
+  std::memcpy(staged.data(), segments.data(), seg_bytes);
+  std::memcpy(staged.data() + chunk_offset, chunks.data(), chunks.size() * sizeof(detail::AdamWChunk));
+  const auto table = to_space<cuda_space>(staged);
+  const double c1 = 1 - std::pow(s.beta1, double(s.step)), c2 = 1 - std::pow(s.beta2, double(s.step));
+  detail::adamw_segments_kernel<<<unsigned(chunks.size()), detail::block, 0, detail::stream()>>>(
+      reinterpret_cast<const generic::AdamWSegment<T, G>*>(table.data()),
+      reinterpret_cast<const detail::AdamWChunk*>(table.data() + chunk_offset), s, c1, c2);
+  detail::launched("adamw_segments_kernel");
+}
+
 template <FloatElement T, std::size_t R>
 void sgd_update(CudaTensor<T, R>& param, const CudaTensor<T, R>& grad, CudaTensor<T, R>& momentum_buffer,
                 const SgdStep& s) {
+  const detail::ProfiledKernel profiled(KernelClass::optimizer);
   if (param.numel() == 0) return;
   detail::sgd_kernel<<<detail::grid_for(param.numel()), detail::block, 0, detail::stream()>>>(
       param.data(), grad.data(), momentum_buffer.data(), param.numel(), s);
@@ -82,6 +142,7 @@ void sgd_update(CudaTensor<T, R>& param, const CudaTensor<T, R>& grad, CudaTenso
 /// Sum of x^2 in double (waits for the result: it is a host value).
 template <FloatElement T, std::size_t R>
 double sum_squares(const CudaTensor<T, R>& x) {
+  const detail::ProfiledKernel profiled(KernelClass::optimizer);
   if (x.numel() == 0) return 0.0;
   static_assert(detail::sum_squares_blocks <= detail::block, "one block adds the partial sums");
   CudaTensor<double, 1> partial(Shape<1>{detail::sum_squares_blocks}), total(Shape<1>{1});
@@ -95,3 +156,15 @@ double sum_squares(const CudaTensor<T, R>& x) {
 }
 
 }  // namespace dtensor::kernels::cuda
+
+namespace dtensor::kernels::generic {
+/// The GPU updates an AdamW step's parameters in one launch (kernels::cuda::adamw_update_segments).
+template <>
+struct FusedAdamW<cuda_space> {
+  static constexpr bool available = true;
+  template <class T, class G>
+  static void update(std::span<const AdamWSegment<T, G>> segments, const AdamWStep& s) {
+    kernels::cuda::adamw_update_segments(segments, s);
+  }
+};
+}  // namespace dtensor::kernels::generic

@@ -14,6 +14,27 @@ struct AdamWStep {
   long step = 1;  // t, from 1
 };
 
+/// One parameter of a multi-tensor AdamW update (FusedAdamW): its value, gradient and moments
+/// (device pointers of one space, n elements each) and its weight decay (0 where it does not decay).
+template <class T, class G>
+struct AdamWSegment {
+  T* param = nullptr;
+  const G* grad = nullptr;
+  T* exp_avg = nullptr;
+  T* exp_avg_sq = nullptr;
+  Extent n = 0;
+  double weight_decay = 0;
+};
+
+/// Whether a memory space updates many parameters of an AdamW step in one launch: false here; a
+/// space that can specializes it with `static void update(std::span<const AdamWSegment<T, G>>,
+/// const AdamWStep&)`, each element as adamw_update's (kernels/cuda/optim.cuh: the GPU's, which
+/// optim::AdamW then uses instead of a launch per parameter).
+template <class Space>
+struct FusedAdamW {
+  static constexpr bool available = false;
+};
+
 struct SgdStep {
   double lr = 1e-2, momentum = 0, dampening = 0, weight_decay = 0;
   bool nesterov = false;
