@@ -143,7 +143,8 @@ class ThreadsCommunicator final : public Communicator {
     return issue_async(std::move(c), std::function<void(const detail::Ctx&)>(std::forward<F>(body)));
   }
   /// The asynchronous path once for every operation, its body type-erased: one task type and
-  /// one shared_ptr control block, not one of each (with their vtables) per operation's body.
+  /// one shared_ptr control block, not one of each (with their vtables) per operation's body
+  /// (16 MiB of a user FSDP x TP program's compile memory, docs/benchmarks.md).
   Work issue_async(detail::Ctx c, std::function<void(const detail::Ctx&)> body) {
     // While it is pending, the rank may still arrive in a collective even after it has left its
     // function: it does not count as gone (threads_state.hpp, Departures) until this has run.

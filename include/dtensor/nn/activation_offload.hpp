@@ -391,7 +391,7 @@ class ActivationOffload {
   /// only where an ActivationOffload is constructed, not in every program that builds a model.
   /// (Virtual functions were not enough: a model's calls through the vtable odr-used them, and
   /// GCC's speculative devirtualization compiled their bodies into the model's forward and
-  /// backward: 6 MiB of a user FSDP x TP program's compile memory, docs/benchmarks.md.)
+  /// backward: 11 MiB of a user FSDP x TP program's compile memory, docs/benchmarks.md.)
   struct Ops {
     Ticket (ActivationOffload::*put)(const std::vector<detail::SavedTensorRef>&);
     void (ActivationOffload::*prefetch)(const Ticket&);
