@@ -154,8 +154,8 @@ struct OffloadHeld final : OffloadHeldBase {
 
 /// What an offload does to one tensor of a saved state, through one table per tensor type: the
 /// walk over a state (a deep template recursion) is instantiated once per state with one
-/// visitor (saved_tensors), and ActivationOffload's put and get are ordinary (virtual) functions
-/// over the list it makes, not templates instantiated per state and tensor type.
+/// visitor (saved_tensors), and ActivationOffload's put and get work on the list it makes,
+/// not as templates instantiated per state and tensor type.
 struct SavedTensorOps {
   bool moves;                    // false on the meta space: nothing to read or write
   bool (*owned)(const void* t);  // not a view
@@ -330,11 +330,11 @@ class ActivationOffload {
 
   /// Collective over `comm` (null: this rank alone) for the disk tier: every rank creates its
   /// file, and all throw when any could not (naming the directory and the failed ranks).
-  /// (A template only so that start_io, which it sets, is compiled where an offloader is made.)
+  /// (A template only so that the work it points ops_ at is compiled where an offloader is made.)
   template <class Options = ActivationOffloadOptions>
     requires std::same_as<Options, ActivationOffloadOptions>
   explicit ActivationOffload(Options o, Communicator* comm = nullptr)
-      : opts_(std::move(o)), store_(std::make_shared<Store>()), start_io_(&start_io<Options>) {
+      : opts_(std::move(o)), store_(std::make_shared<Store>()), ops_(&ops_of<Options>) {
     store_->tier = opts_.tier;
     store_->rank = comm ? comm->rank() : 0;
     if (opts_.tier != OffloadTier::disk) return;
@@ -356,7 +356,7 @@ class ActivationOffload {
   }
   ActivationOffload(const ActivationOffload&) = delete;
   ActivationOffload& operator=(const ActivationOffload&) = delete;
-  virtual ~ActivationOffload() {
+  ~ActivationOffload() {
     for (auto& t : writing_) reap(*t, false);
   }
 
@@ -366,11 +366,41 @@ class ActivationOffload {
   Ticket put(Saved& saved) {
     return put_tensors(saved_tensors(saved));
   }
-  /// put() on the list of a state's tensors (saved_tensors). Virtual, as are get_tensors and
-  /// prefetch: a model calls them through the vtable, so their code (the threads, the futures,
-  /// the file I/O: 16 kB of a GPT program's object) is compiled only where an ActivationOffload
-  /// is constructed, not in every program that builds a model.
-  virtual Ticket put_tensors(const std::vector<detail::SavedTensorRef>& tensors) {
+  /// put() on the list of a state's tensors (saved_tensors).
+  Ticket put_tensors(const std::vector<detail::SavedTensorRef>& tensors) { return (this->*ops_->put)(tensors); }
+  /// Starts bringing an entry back (the one the backward needs next); no-op if already under way.
+  void prefetch(const Ticket& t) { (this->*ops_->prefetch)(t); }
+
+  /// Before a block's backward: waits for the entry and moves its tensors back into `saved`
+  /// (the same state put() emptied); the tier's regions come back.
+  template <class Saved>
+  void get(Ticket& t, Saved& saved) {
+    get_tensors(t, saved_tensors(saved));
+  }
+  /// get() on the list of a state's tensors.
+  void get_tensors(Ticket& t, const std::vector<detail::SavedTensorRef>& tensors) { (this->*ops_->get)(t, tensors); }
+
+  const ActivationOffloadStats& stats() const noexcept { return store_->stats; }
+  const ActivationOffloadOptions& options() const noexcept { return opts_; }
+  /// The scratch file (disk tier), "" otherwise.
+  std::string file() const { return store_->file ? store_->file->path() : std::string(); }
+
+ private:
+  /// The offloader's work (the entries, the threads and futures, the file I/O: 16 kB of a GPT
+  /// program's object) as templates, reached through the table the constructor sets: compiled
+  /// only where an ActivationOffload is constructed, not in every program that builds a model.
+  /// (Virtual functions were not enough: a model's calls through the vtable odr-used them, and
+  /// GCC's speculative devirtualization compiled their bodies into the model's forward and
+  /// backward: 11 MiB of a user FSDP x TP program's compile memory, docs/benchmarks.md.)
+  struct Ops {
+    Ticket (ActivationOffload::*put)(const std::vector<detail::SavedTensorRef>&);
+    void (ActivationOffload::*prefetch)(const Ticket&);
+    void (ActivationOffload::*get)(Ticket&, const std::vector<detail::SavedTensorRef>&);
+    std::future<double> (*start_io)(Store*, Entry*, bool);
+  };
+
+  template <class>
+  Ticket put_impl(const std::vector<detail::SavedTensorRef>& tensors) {
     auto e = std::make_shared<Entry>(store_);
     for (const auto& r : tensors) {
       const bool moves_out = r.ops->owned(r.tensor) && r.ops->numel(r.tensor) != 0;  // views and empty tensors stay
@@ -386,7 +416,7 @@ class ActivationOffload {
       e->pieces_.push_back(std::move(p));
     }
     ++store_->stats.entries;
-    e->write_ = start_io_(store_.get(), e.get(), /*write=*/true);
+    e->write_ = ops_->start_io(store_.get(), e.get(), /*write=*/true);
     for (auto& p : e->pieces_) store_->stats.bytes_written += p.moves ? p.region.bytes : 0;
     // Write-behind, bounded: the entries before this one are written now (their writes had
     // this block's forward to run in) and their memory goes.
@@ -396,8 +426,8 @@ class ActivationOffload {
     return e;
   }
 
-  /// Starts bringing an entry back (the one the backward needs next); no-op if already under way.
-  virtual void prefetch(const Ticket& t) {
+  template <class>
+  void prefetch_impl(const Ticket& t) {
     if (!t || t->coming_back_) return;
     auto& e = *t;
     e.coming_back_ = true;
@@ -411,18 +441,13 @@ class ActivationOffload {
       MemoryTagScope tag(MemoryTag::activations);
       for (auto& p : e.pieces_) p.held->allocate();  // on this thread: the ledger counts them here
     }
-    e.read_ = start_io_(store_.get(), &e, /*write=*/false);
+    e.read_ = ops_->start_io(store_.get(), &e, /*write=*/false);
     for (auto& p : e.pieces_) store_->stats.bytes_read += p.moves ? p.region.bytes : 0;
   }
 
-  /// Before a block's backward: waits for the entry and moves its tensors back into `saved`
-  /// (the same state put() emptied); the tier's regions come back.
-  template <class Saved>
-  void get(Ticket& t, Saved& saved) {
-    get_tensors(t, saved_tensors(saved));
-  }
-  virtual void get_tensors(Ticket& t, const std::vector<detail::SavedTensorRef>& tensors) {
-    prefetch(t);
+  template <class X>
+  void get_impl(Ticket& t, const std::vector<detail::SavedTensorRef>& tensors) {
+    prefetch_impl<X>(t);
     auto& e = *t;
     if (e.read_.valid()) {
       const auto t0 = Clock::now();
@@ -451,17 +476,9 @@ class ActivationOffload {
     t.reset();
   }
 
-  const ActivationOffloadStats& stats() const noexcept { return store_->stats; }
-  const ActivationOffloadOptions& options() const noexcept { return opts_; }
-  /// The scratch file (disk tier), "" otherwise.
-  std::string file() const { return store_->file ? store_->file->path() : std::string(); }
-
- private:
   /// Starts writing an entry's pieces to the tier (or reading them back) on a background thread;
-  /// the future holds the seconds the I/O took. A template, reached through start_io_ (set by
-  /// the constructor, a template too): std::async and the thread and future machinery under it
-  /// are compiled where an offloader is constructed, not by every program that builds a model
-  /// (30 MiB of a user FSDP x TP program's compile memory, docs/benchmarks.md).
+  /// the future holds the seconds the I/O took (std::async and the thread and future machinery
+  /// under it: 30 MiB of a user FSDP x TP program's compile memory, docs/benchmarks.md).
   template <class>
   static std::future<double> start_io(Store* store, Entry* ent, bool write) {
     return std::async(std::launch::async, [store, ent, write] {
@@ -487,9 +504,13 @@ class ActivationOffload {
     e.in_memory_ = false;
   }
 
+  template <class X>
+  static constexpr Ops ops_of{&ActivationOffload::put_impl<X>, &ActivationOffload::prefetch_impl<X>,
+                              &ActivationOffload::get_impl<X>, &start_io<X>};
+
   ActivationOffloadOptions opts_;
   std::shared_ptr<Store> store_;
-  std::future<double> (*start_io_)(Store*, Entry*, bool);
+  const Ops* ops_;
   std::vector<Ticket> writing_;  // entries whose write has not been reaped (the newest one)
 };
 
