@@ -64,6 +64,20 @@ fail() { failures+=("$*"); note "FAIL: $*"; }
 start=$(date +%s)
 elapsed() { echo $(( $(date +%s) - start ))s; }
 
+# same_loss GPU_LOG HOST_LOG WHAT: the two runs' final training losses within 1e-3 (relative).
+same_loss() {
+  local g h verdict
+  g=$(sed -n 's/^final losses at step [0-9]*: train \([^ ]*\) .*/\1/p' "$out/$1")
+  h=$(sed -n 's/^final losses at step [0-9]*: train \([^ ]*\) .*/\1/p' "$out/$2")
+  if [[ -n $g && -n $h ]]; then
+    verdict=$(python3 -c "g,h=$g,$h; d=abs(g-h)/abs(h); print(f'relative difference {d:.2e}', 'ok' if d < 1e-3 else 'TOO FAR (> 1e-3)')")
+    note "$3 vs host: cuda $g, host $h: $verdict"
+    [[ $verdict == *"TOO FAR"* ]] && fail "$3: the GPU's loss differs from the host run's"
+  else
+    fail "$3: no final-loss line ($1, $2)"
+  fi
+}
+
 # ---- the machine ----
 nvcc=$(command -v nvcc || true)
 [[ -z $nvcc && -x /usr/local/cuda/bin/nvcc ]] && nvcc=/usr/local/cuda/bin/nvcc
@@ -168,15 +182,7 @@ if [[ $train == 1 && $gpu == 1 ]]; then
   timeout 120 "$t" --device cuda "${small[@]}" >"$out/train_cuda.log" 2>&1 || fail "train_gpt_cuda --device cuda exited with $?"
   # The host run is train_gpt (train_gpt_cuda holds only the GPU's instantiations of the same trainer).
   timeout 120 "$build/examples/train_gpt" "${small[@]}" >"$out/train_host.log" 2>&1 || fail "train_gpt (host run) exited with $?"
-  g=$(sed -n 's/^final losses at step [0-9]*: train \([^ ]*\) .*/\1/p' "$out/train_cuda.log")
-  h=$(sed -n 's/^final losses at step [0-9]*: train \([^ ]*\) .*/\1/p' "$out/train_host.log")
-  if [[ -n $g && -n $h ]]; then
-    verdict=$(python3 -c "g,h=$g,$h; d=abs(g-h)/abs(h); print(f'relative difference {d:.2e}', 'ok' if d < 1e-3 else 'TOO FAR (> 1e-3)')")
-    note "train 4 steps, pp 2 x fsdp 2 x tp 2 (8 ranks on one GPU) vs host: cuda $g, host $h: $verdict"
-    [[ $verdict == *"TOO FAR"* ]] && fail "train_gpt_cuda's loss differs from the host run's"
-  else
-    fail "train_gpt_cuda: no final-loss line (train_cuda.log, train_host.log)"
-  fi
+  same_loss train_cuda.log train_host.log "train 4 steps, pp 2 x fsdp 2 x tp 2 (8 ranks on one GPU)"
   # GPT-2 124M's shape with its vocabulary's head and loss (--vocab 50257: the text's characters are
   # its first ids; issue 42 item 5), 5 steps (tokens/s and MFU after the first).
   big=(--pp 1 --fsdp 1 --cp 1 --tp 1 --dp 1 --steps 5 --seq 1024 --dim 768 --layers 12 --heads 12 --batch 8 --seed 7 --lr 6e-4 --eval-every 1000 --vocab 50257)
@@ -236,15 +242,7 @@ if [[ $gpus -ge 2 && -n $mpirun && -x $nccl_test ]]; then
   timeout 300 "${mpi[@]}" "$build/examples/train_gpt_cuda" --device cuda --backend nccl "${two[@]}" \
     >"$out/train_nccl.log" 2>&1 || fail "train_gpt_cuda --backend nccl on 2 GPUs exited with $?"
   timeout 120 "$build/examples/train_gpt" "${two[@]}" >"$out/train_nccl_host.log" 2>&1 || fail "train_gpt (host) exited with $?"
-  g=$(sed -n 's/^final losses at step [0-9]*: train \([^ ]*\) .*/\1/p' "$out/train_nccl.log")
-  h=$(sed -n 's/^final losses at step [0-9]*: train \([^ ]*\) .*/\1/p' "$out/train_nccl_host.log")
-  if [[ -n $g && -n $h ]]; then
-    verdict=$(python3 -c "g,h=$g,$h; d=abs(g-h)/abs(h); print(f'relative difference {d:.2e}', 'ok' if d < 1e-3 else 'TOO FAR (> 1e-3)')")
-    note "nccl: train 4 steps, fsdp 2 on 2 GPUs vs host: cuda $g, host $h: $verdict"
-    [[ $verdict == *"TOO FAR"* ]] && fail "train_gpt_cuda --backend nccl's loss differs from the host run's"
-  else
-    fail "train_gpt_cuda --backend nccl: no final-loss line (train_nccl.log, train_nccl_host.log)"
-  fi
+  same_loss train_nccl.log train_nccl_host.log "nccl: train 4 steps, fsdp 2 on 2 GPUs"
 else
   note "nccl: not run — $gpus GPU(s) (NCCL needs 2 or more, one per rank), mpirun ${mpirun:-absent}, test_comm_nccl $([[ -x $nccl_test ]] && echo built || echo 'not built (configure with -DDTENSOR_WITH_NCCL=ON -DDTENSOR_WITH_MPI=ON)')"
 fi

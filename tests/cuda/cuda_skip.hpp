@@ -24,6 +24,21 @@ inline int visible_devices() {
   return n;
 }
 
+/// Whether the current device has FP8 tensor cores (sm_89 or later); prints why not when it has not.
+inline bool has_fp8_tensor_cores() {
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    std::printf("no FP8 case: the device's compute capability could not be read\n");
+    return false;
+  }
+  if (major * 10 + minor >= 89) return true;
+  std::printf("FP8 tensor cores need sm_89 or later; this GPU is sm_%d%d: FP8 case not run\n", major, minor);
+  return false;
+}
+
 inline int skipped(const char* program) {
   std::printf("SKIPPED: no CUDA device (%s: the cases tagged [nogpu] ran; the GPU cases did not)\n", program);
   std::fflush(stdout);

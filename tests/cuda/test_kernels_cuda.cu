@@ -13,6 +13,7 @@
 #include <span>
 #include <vector>
 
+#include "cuda_skip.hpp"
 #include "dtensor/core/compare.hpp"
 #include "dtensor/core/cuda_space.cuh"
 #include "dtensor/core/factories.hpp"
@@ -139,14 +140,7 @@ TEST_CASE("FP8: the host conversion is CUDA's __nv_cvt_float_to_fp8 (satfinite) 
 }
 
 TEST_CASE("cuda FP8: the device cast and the cuBLASLt FP8 GEMM match the host emulation", "[cuda][kernels]") {
-  int dev_id = 0, major = 0, minor = 0;
-  REQUIRE(cudaGetDevice(&dev_id) == cudaSuccess);
-  REQUIRE(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev_id) == cudaSuccess);
-  REQUIRE(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev_id) == cudaSuccess);
-  if (major * 10 + minor < 89) {
-    WARN("FP8 tensor cores need sm_89 or later; this GPU is sm_" << major << minor << ": FP8 case not run");
-    return;
-  }
+  if (!testing::has_fp8_tensor_cores()) return;
   // The cast: the device's cvt.rn.satfinite against core/float8.hpp, bit for bit.
   const auto sweep = float_sweep();
   Tensor<float, 1> xs(Shape<1>{Extent(sweep.size())});
@@ -221,16 +215,6 @@ Tensor<T, 2> as_type(const Tensor<float, 2>& f) {
   for (Extent i = 0; i < f.numel(); ++i) t[i] = T(f[i]);
   return t;
 }
-/// Whether this GPU has FP8 tensor cores (sm_89 or later); WARNs when it has not.
-bool has_fp8_tensor_cores() {
-  int dev_id = 0, major = 0, minor = 0;
-  REQUIRE(cudaGetDevice(&dev_id) == cudaSuccess);
-  REQUIRE(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev_id) == cudaSuccess);
-  REQUIRE(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev_id) == cudaSuccess);
-  if (major * 10 + minor >= 89) return true;
-  WARN("FP8 tensor cores need sm_89 or later; this GPU is sm_" << major << minor << ": FP8 case not run");
-  return false;
-}
 }  // namespace
 
 TEST_CASE("cuda FP8: amax and the quantizing GEMM of each Linear form match the host emulation", "[cuda][kernels]") {
@@ -243,7 +227,7 @@ TEST_CASE("cuda FP8: amax and the quantizing GEMM of each Linear form match the 
   CHECK(ck::amax(dev(a).data(), a.numel()) == std::numeric_limits<float>::infinity());
   const auto ab = as_type<bfloat16>(normal<float>(Shape<2>{9, 11}, 8));
   CHECK(ck::amax(dev(ab).data(), ab.numel()) == hk::amax(ab.data(), ab.numel()));
-  if (!has_fp8_tensor_cores()) return;
+  if (!testing::has_fp8_tensor_cores()) return;
   // y = x W^T, dx = dy W, dW = dy^T x with extents that are not multiples of 16 (k = 24 and 5 are
   // padded, n = 13 and 3 leave C's rows unaligned), in float and bf16, against
   // host::gemm_fp8_quantizing: the same quantized values, Hopper's accumulation (1e-2).

@@ -117,14 +117,7 @@ Fp8LinearRun fp8_linear_run(const Mesh& mesh) {
 }  // namespace
 
 TEST_CASE("nn::Linear under FP8 autocast on the GPU equals the host emulation", "[cuda][fp8]") {
-  int dev_id = 0, major = 0, minor = 0;
-  REQUIRE(cudaGetDevice(&dev_id) == cudaSuccess);
-  REQUIRE(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev_id) == cudaSuccess);
-  REQUIRE(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev_id) == cudaSuccess);
-  if (major * 10 + minor < 89) {
-    WARN("FP8 tensor cores need sm_89 or later; this GPU is sm_" << major << minor << ": FP8 case not run");
-    return;
-  }
+  if (!testing::has_fp8_tensor_cores()) return;
   const nn::Fp8Autocast fp8(true, {.history = 2, .margin = 0});
   std::array<Fp8LinearRun, 2> host, gpu;
   threads::run(2, [&](CommPtr world) {
