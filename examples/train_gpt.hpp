@@ -15,6 +15,7 @@
 #include "dtensor/models/expert_load.hpp"
 #include "dtensor/models/gpt_size.hpp"
 #include "dtensor/models/llama.hpp"
+#include "dtensor/models/mla_flags.hpp"
 #include "dtensor/models/moe_flags.hpp"
 #include "dtensor/models/text_corpus.hpp"
 #include "dtensor/models/text_generation.hpp"
@@ -43,6 +44,7 @@ using cli::str, examples::UsageError;
 struct Options : cli::TrainerFlags,
                  cli::RunFlags,
                  models::cli::MoEFlags,
+                 models::cli::MlaFlags,
                  models::cli::GenerationFlags,
                  examples::PlanFlags {
   Extent layers = 4, heads = 4, dim = 64, seq = 32, batch = 16;
@@ -88,6 +90,7 @@ inline const examples::FlagTable<Options>& flag_table() {
            integer(&O::kv_heads, 1)},
           {"--ffn", "N", "--arch llama: the SwiGLU width (default 4 x --dim)", integer(&O::ffn, 1)},
       },
+      models::cli::mla_flag_rows<O>(),
       models::cli::moe_flag_rows<O>(),
       {
           {"", "", "the text (characters; its first 90% trains, the rest validates):"},
@@ -124,6 +127,7 @@ inline void check_model(const Options& o) {
         "--arch llama with --experts: not in train_gpt (models::LlamaMoE trains with train::Trainer; "
         "plan_at_scale --arch llama --experts plans it)");
   examples::check_kv_heads(o.heads, o.kv_heads);
+  models::cli::check_mla_flags(o, o.arch, o.kv_heads);
   models::cli::check_moe_flags(o, o, o.layers);
   if (o.experts > 0 && o.device == "cuda" && o.dtype != "f32")
     throw UsageError("--experts with --device cuda and --dtype " + o.dtype +
@@ -166,7 +170,8 @@ inline models::GPTConfig gpt_config(const Options& o, const Corpus& corpus) {
           .context = {.kind = o.cp_kind, .load_balanced = o.cp > 1 && o.cp_kind != parallel::ContextKind::ulysses},
           .kv_heads = o.kv_heads,
           .ffn = o.ffn,
-          .recompute = o.recompute};
+          .recompute = o.recompute,
+          .mla = models::cli::latent_attention_config(o)};
 }
 
 /// What a checkpoint must match to resume: the configuration that fixes the tensors, and --sync's
@@ -197,7 +202,11 @@ void print_header(const Options& o, const Corpus& corpus, Trainer& trainer, std:
       "batch %lld, vocab %zu",
       o.schedule.c_str(), o.microbatches, trainer.schedule().layout.stages(), (long long)o.layers, (long long)o.dim,
       (long long)o.heads, (long long)o.seq, (long long)o.batch, corpus.chars.size());
-  if (o.arch != "gpt")
+  if (o.arch != "gpt" && o.kv_lora_rank > 0)
+    std::printf("; %s, MLA (q latent %lld, kv latent %lld, head: %lld + %lld rotary, v %lld)", o.arch.c_str(),
+                (long long)o.q_lora_rank, (long long)o.kv_lora_rank, (long long)o.qk_nope_dim, (long long)o.qk_rope_dim,
+                (long long)o.v_head_dim);
+  else if (o.arch != "gpt")
     std::printf("; %s (kv heads %lld)", o.arch.c_str(), (long long)(o.kv_heads ? o.kv_heads : o.heads));
   if (o.zero == 3)
     std::printf("; ZeRO-3 %s", trainer.pipeline().keeps_stages_gathered() ? "keeps each stage gathered for the step"

@@ -85,8 +85,8 @@ const nn::LatentAttentionConfig mla_shape{
     .q_lora_rank = 10, .kv_lora_rank = 8, .qk_nope_head_dim = 4, .qk_rope_head_dim = 4, .v_head_dim = 3};
 
 nn::AttentionConfig mla_config(Extent heads, Extent q_lora_rank = mla_shape.q_lora_rank) {
-  nn::AttentionConfig c{.dim = C, .heads = heads, .seq = SEQ, .rope_theta = 100, .bias = false, .mla = mla_shape,
-                        .norm_eps = 1e-6};
+  nn::AttentionConfig c{
+      .dim = C, .heads = heads, .seq = SEQ, .rope_theta = 100, .bias = false, .mla = mla_shape, .norm_eps = 1e-6};
   c.mla.q_lora_rank = q_lora_rank;
   return c;
 }
@@ -155,14 +155,13 @@ Tensor<double, 3> naive_mla(std::map<std::string, Tensor<double, 2>>& w, const n
       std::vector<double> h(std::size_t(c.dim));
       for (Extent i = 0; i < c.dim; ++i) h[std::size_t(i)] = x(b, t, i);
       q[std::size_t(t)] = m.q_lora_rank > 0
-                              ? matvec(w.at("attn.q_b_proj.weight"),
-                                      rms(matvec(w.at("attn.q_a_proj.weight"), h), w.at("attn.q_a_layernorm.weight"),
-                                          c.norm_eps))
+                              ? matvec(w.at("attn.q_b_proj.weight"), rms(matvec(w.at("attn.q_a_proj.weight"), h),
+                                                                         w.at("attn.q_a_layernorm.weight"), c.norm_eps))
                               : matvec(w.at("attn.q_proj.weight"), h);
       auto a = matvec(w.at("attn.kv_a_proj_with_mqa.weight"), h);
-      const auto kv = matvec(w.at("attn.kv_b_proj.weight"),
-                            rms(std::vector<double>(a.begin(), a.begin() + m.kv_lora_rank),
-                                w.at("attn.kv_a_layernorm.weight"), c.norm_eps));
+      const auto kv =
+          matvec(w.at("attn.kv_b_proj.weight"), rms(std::vector<double>(a.begin(), a.begin() + m.kv_lora_rank),
+                                                    w.at("attn.kv_a_layernorm.weight"), c.norm_eps));
       rotate(a.data() + m.kv_lora_rank, r, double(t), c.rope_theta);  // the shared k_R
       for (Extent hd = 0; hd < H; ++hd) {
         rotate(q[std::size_t(t)].data() + hd * qk + n, r, double(t), c.rope_theta);
@@ -177,7 +176,8 @@ Tensor<double, 3> naive_mla(std::map<std::string, Tensor<double, 2>>& w, const n
         std::vector<double> s;
         for (Extent j = 0; j <= t; ++j) {
           double dot = 0;
-          for (Extent i = 0; i < qk; ++i) dot += q[std::size_t(t)][std::size_t(hd * qk + i)] * k[std::size_t(j)][std::size_t(hd * qk + i)];
+          for (Extent i = 0; i < qk; ++i)
+            dot += q[std::size_t(t)][std::size_t(hd * qk + i)] * k[std::size_t(j)][std::size_t(hd * qk + i)];
           s.push_back(dot / std::sqrt(double(qk)));
         }
         double mx = -1e300, z = 0;
@@ -185,7 +185,8 @@ Tensor<double, 3> naive_mla(std::map<std::string, Tensor<double, 2>>& w, const n
         for (double e : s) z += std::exp(e - mx);
         for (Extent j = 0; j <= t; ++j)
           for (Extent i = 0; i < dv; ++i)
-            o[std::size_t(hd * dv + i)] += std::exp(s[std::size_t(j)] - mx) / z * v[std::size_t(j)][std::size_t(hd * dv + i)];
+            o[std::size_t(hd * dv + i)] +=
+                std::exp(s[std::size_t(j)] - mx) / z * v[std::size_t(j)][std::size_t(hd * dv + i)];
       }
       const auto out = matvec(w.at("attn.o_proj.weight"), o);
       for (Extent i = 0; i < c.dim; ++i) y(b, t, i) = out[std::size_t(i)];
@@ -303,15 +304,16 @@ TEST_CASE("MLA on one rank: the paper's formulas (naive double loops) and finite
   });
 }
 
-TEST_CASE("MLA under TP (2, 3, 4) and TP + SP, uneven positions, 4 and 6 heads, equals one rank", "[mla][nn][parallel]") {
+TEST_CASE("MLA under TP (2, 3, 4) and TP + SP, uneven positions, 4 and 6 heads, equals one rank",
+          "[mla][nn][parallel]") {
   for (Extent heads : {Extent(4), Extent(6)}) {
     for (Extent q_lora : {mla_shape.q_lora_rank, Extent(0)}) {
       const auto c = mla_config(heads, q_lora);
       ModuleRun<3> ref;
       threads::run(1, [&](CommPtr w) { ref = mla_run<nn::ReplicatedPlan>(NnMesh(w, {1, 1}), c); });
-      const std::vector<std::array<int, 2>> shapes =
-          heads == 4 ? std::vector<std::array<int, 2>>{{1, 2}, {1, 4}, {2, 2}}
-                     : std::vector<std::array<int, 2>>{{1, 2}, {1, 3}, {2, 3}};
+      const std::vector<std::array<int, 2>> shapes = heads == 4
+                                                         ? std::vector<std::array<int, 2>>{{1, 2}, {1, 4}, {2, 2}}
+                                                         : std::vector<std::array<int, 2>>{{1, 2}, {1, 3}, {2, 3}};
       for (auto shape : shapes) {
         auto f = on_ranks(shape[0] * shape[1], [&](CommPtr world, auto report) {
           NnMesh mesh(world, shape);
@@ -325,7 +327,8 @@ TEST_CASE("MLA under TP (2, 3, 4) and TP + SP, uneven positions, 4 and 6 heads, 
   }
 }
 
-TEST_CASE("MLA's collectives on tp: TP 1 AR forward, 3 backward; TP + SP 3 AG + 1 RS, 3 AG + 2 RS + 1 AR", "[mla][nn][parallel]") {
+TEST_CASE("MLA's collectives on tp: TP 1 AR forward, 3 backward; TP + SP 3 AG + 1 RS, 3 AG + 2 RS + 1 AR",
+          "[mla][nn][parallel]") {
   auto f = on_ranks(2, [&](CommPtr world, auto report) {
     NnMesh mesh(world, {1, 2});
     const auto c = mla_config(4);
@@ -365,8 +368,16 @@ TEST_CASE("MLA's collectives on tp: TP 1 AR forward, 3 backward; TP + SP 3 AG + 
 }
 
 TEST_CASE("the Llama block with MLA (nn::GqaOrMla): TP + SP equals one rank, recomputation, KV cache", "[mla][nn]") {
-  nn::BlockConfig bc{.dim = C, .heads = 6, .seq = SEQ, .init_std = 0.3, .out_std = 0.3, .ffn = 18,
-                     .rope_theta = 100, .bias = false, .norm_eps = 1e-5, .mla = mla_shape};
+  nn::BlockConfig bc{.dim = C,
+                     .heads = 6,
+                     .seq = SEQ,
+                     .init_std = 0.3,
+                     .out_std = 0.3,
+                     .ffn = 18,
+                     .rope_theta = 100,
+                     .bias = false,
+                     .norm_eps = 1e-5,
+                     .mla = mla_shape};
   using Ref = typename models::LlamaLayers::template block<double, NnMesh, nn::ReplicatedPlan>;
   using Sp = typename models::LlamaLayers::template block<double, NnMesh, parallel::MegatronPlan<true>>;
   ModuleRun<3> ref;

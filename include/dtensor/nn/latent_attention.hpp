@@ -89,7 +89,7 @@ class MultiHeadLatentAttention {
                 "(parallel::attention_core_for<Mesh>)");
 
  public:
-  using Up = Linear<T, Mesh, UpStyle>;  // q_b_proj (or q_proj) and kv_b_proj: column-wise by heads under TP
+  using Up = Linear<T, Mesh, UpStyle>;     // q_b_proj (or q_proj) and kv_b_proj: column-wise by heads under TP
   using Proj = Linear<T, Mesh, OutStyle>;  // o_proj: row-wise under TP
   using In = typename Up::In;
   using Out = typename Proj::Out;
@@ -139,10 +139,9 @@ class MultiHeadLatentAttention {
     auto tensors() { return std::tie(q_a, q_norm, q_b, kv_a, kv_norm, kv_b, q, k, v, out, positions, core, proj); }
   };
   // children() order: q_a, q_norm, q_b, kv_a, kv_norm, kv_b, o_proj
-  using WeightCtx =
-      std::tuple<std::optional<typename Down::WeightCtx>, std::optional<typename LatentNorm::WeightCtx>,
-                 typename Up::WeightCtx, typename Down::WeightCtx, typename LatentNorm::WeightCtx,
-                 typename Up::WeightCtx, typename Proj::WeightCtx>;
+  using WeightCtx = std::tuple<std::optional<typename Down::WeightCtx>, std::optional<typename LatentNorm::WeightCtx>,
+                               typename Up::WeightCtx, typename Down::WeightCtx, typename LatentNorm::WeightCtx,
+                               typename Up::WeightCtx, typename Proj::WeightCtx>;
 
   MultiHeadLatentAttention() = default;
   MultiHeadLatentAttention(std::string name, const Mesh& mesh, AttentionConfig c, std::uint64_t seed,
@@ -175,8 +174,8 @@ class MultiHeadLatentAttention {
     } else {
       q_b_ = Up(name_ + ".q_proj", mesh, c.dim, c.heads * qk, seed_of(seed, 1), up);
     }
-    kv_a_ = Down(name_ + ".kv_a_proj_with_mqa", mesh, c.dim, m.kv_lora_rank + m.qk_rope_head_dim, seed_of(seed, 2),
-                 latent);
+    kv_a_ =
+        Down(name_ + ".kv_a_proj_with_mqa", mesh, c.dim, m.kv_lora_rank + m.qk_rope_head_dim, seed_of(seed, 2), latent);
     kv_norm_ = LatentNorm(name_ + ".kv_a_layernorm", mesh, m.kv_lora_rank, c.norm_eps);
     kv_b_ = Up(name_ + ".kv_b_proj", mesh, m.kv_lora_rank, c.heads * (m.qk_nope_head_dim + m.v_head_dim),
                seed_of(seed, 3), up);
@@ -207,7 +206,8 @@ class MultiHeadLatentAttention {
     auto dk = ops::split<3>(ops::transpose<1, 2>(g.dk), {n, r});
     std::vector<Heads4> dkv{std::move(dk[0]), ops::transpose<1, 2>(g.dv)};
     auto [dckv, kv_b_w] = kv_b_.backward_input(
-        std::move(s.kv_b), ops::reshape<typename Up::OutL>(ops::concat<3>(dkv), Shape<3>{batch, len, heads * (n + dv)}));
+        std::move(s.kv_b),
+        ops::reshape<typename Up::OutL>(ops::concat<3>(dkv), Shape<3>{batch, len, heads * (n + dv)}));
     auto [dc, kv_norm_w] = kv_norm_.backward_input(std::move(s.kv_norm), dckv);
     auto dkr = ops::rotary_backward(s.positions, shared_key_grad(dk[1]), rope());
     auto dkr_mine = redistribute_backward<typename Down::OutL>(
@@ -266,8 +266,10 @@ class MultiHeadLatentAttention {
   Out forward_cached(const In& x, KvCache& cache) const {
     constexpr const char* op = "nn::MultiHeadLatentAttention::forward_cached";
     if constexpr (!kv_cacheable) {
-      throw Error(op, name_ + ": no KV cache under context parallelism (the cache of every head's keys and values "
-                              "is kept whole, by a core that does not split the sequence)",
+      throw Error(op,
+                  name_ +
+                      ": no KV cache under context parallelism (the cache of every head's keys and values "
+                      "is kept whole, by a core that does not split the sequence)",
                   x.mesh().rank());
     } else {
       const Extent batch = x.extent(0), len = x.extent(1);
@@ -333,8 +335,8 @@ class MultiHeadLatentAttention {
     const Extent batch = x.extent(0), len = x.extent(1);
     const Mesh mesh = x.mesh();
     Saved s;
-    s.positions = nn::positions<tokens<Mesh>, std::int32_t>(mesh, {batch, len},
-                                                            Core::original_order(mesh, len, core_options()));
+    s.positions =
+        nn::positions<tokens<Mesh>, std::int32_t>(mesh, {batch, len}, Core::original_order(mesh, len, core_options()));
     std::tie(s.k, s.v) = keys_values(x, s.positions, &s);  // x is read here, then moved into the query side
     s.q = queries(std::forward<X>(x), s.positions, &s);
     auto r = Core::forward(s.q, s.k, s.v, core_options());
@@ -387,9 +389,9 @@ class MultiHeadLatentAttention {
         ops::reshape<HeadsL>(std::move(kv), Shape<4>{batch, len, c_.heads, m.qk_nope_head_dim + m.v_head_dim}),
         {m.qk_nope_head_dim, m.v_head_dim});
     // The shared rotary key: whole on the tensor dimension (SP: an all-gather), rotated once.
-    auto kr = ops::rotary(ops::reshape<WholeL>(redistribute<WholeL>(latent[1]),
-                                               Shape<4>{batch, len, 1, m.qk_rope_head_dim}),
-                          positions, rope());
+    auto kr =
+        ops::rotary(ops::reshape<WholeL>(redistribute<WholeL>(latent[1]), Shape<4>{batch, len, 1, m.qk_rope_head_dim}),
+                    positions, rope());
     std::vector<Heads4> k{std::move(kv_heads[0]), shared_key_heads(kr, kv_heads[1])};
     if (s) {
       kv_a_saved.x = In{};
@@ -403,7 +405,8 @@ class MultiHeadLatentAttention {
   static Heads4 shared_key_heads(const SharedKey& kr, const Heads4& like) {
     const Extent local_heads = like.to_local().extent(2);
     const Shape<4> global{kr.extent(0), kr.extent(1), like.extent(2), kr.extent(3)};
-    return ops::detail::make<T, 4, HeadsL>(kr.mesh(), global, kernels::repeat_interleave(kr.to_local(), 2, local_heads));
+    return ops::detail::make<T, 4, HeadsL>(kr.mesh(), global,
+                                           kernels::repeat_interleave(kr.to_local(), 2, local_heads));
   }
   /// The adjoint: this rank's heads' gradients summed; with the heads split over the tensor
   /// dimension that sum is this rank's share, all-reduced there (one all-reduce of [B, T, 1, r]).
