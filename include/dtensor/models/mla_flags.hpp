@@ -33,7 +33,8 @@ FlagTable<O> mla_flag_rows() {
        "--arch llama: N > 0 makes attention DeepSeek's multi-head latent attention (MLA) with keys and values from "
        "an N-wide latent (DeepSeek-V3: 512); needs --qk-nope-dim, --qk-rope-dim and --v-head-dim",
        integer(&M::kv_lora_rank, 1)},
-      {"--q-lora-rank", "N", "--kv-lora-rank: the queries' latent width (default 0: no query latent; DeepSeek-V3: 1536)",
+      {"--q-lora-rank", "N",
+       "--kv-lora-rank: the queries' latent width (default 0: no query latent; DeepSeek-V3: 1536)",
        integer(&M::q_lora_rank, 1)},
       {"--qk-nope-dim", "N", "--kv-lora-rank: each head's query/key features without rotary positions (V3: 128)",
        integer(&M::qk_nope_dim, 1)},
