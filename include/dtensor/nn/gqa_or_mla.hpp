@@ -33,9 +33,9 @@ class GqaOrMla {
                 "nn::GqaOrMla: both attentions take and give the residual stream's layout");
   using Saved = std::variant<typename Gqa::Saved, typename Mla::Saved>;
   using WeightCtx = std::variant<typename Gqa::WeightCtx, typename Mla::WeightCtx>;
-  /// The chosen module's cache (the other stays empty).
-  struct KvCache {
-    typename Gqa::KvCache gqa;
+  /// GQA's cache (its k, v, split, length: what code written for nn::SelfAttention reads), and
+  /// MLA's beside it; the module not chosen leaves its part empty.
+  struct KvCache : Gqa::KvCache {
     typename Mla::KvCache mla;
   };
   /// GQA's (an MLA under context parallelism refuses forward_cached with an Error).
@@ -73,7 +73,7 @@ class GqaOrMla {
 
   Out forward_cached(const In& x, KvCache& cache) const {
     if (is_mla()) return mla_[0].forward_cached(x, cache.mla);
-    if constexpr (Gqa::kv_cacheable) return gqa_.at(0).forward_cached(x, cache.gqa);
+    if constexpr (Gqa::kv_cacheable) return gqa_.at(0).forward_cached(x, static_cast<typename Gqa::KvCache&>(cache));
     else throw Error("nn::GqaOrMla::forward_cached", "this core keeps no KV cache", x.mesh().rank());
   }
 
