@@ -38,5 +38,6 @@ refused "needs --arch llama" --kv-lora-rank 32 --qk-rope-dim 8 --qk-nope-dim 16 
 refused "need --kv-lora-rank" --arch llama --q-lora-rank 48
 refused "needs --qk-nope-dim" --arch llama --kv-lora-rank 32 --qk-rope-dim 8
 refused "must be even" --arch llama --kv-lora-rank 32 --qk-rope-dim 7 --qk-nope-dim 16 --v-head-dim 16
+refused "--generate with --kv-lora-rank" --arch llama --kv-lora-rank 32 --qk-rope-dim 8 --qk-nope-dim 16 --v-head-dim 16 --generate 5
 refused "--kv-heads with --kv-lora-rank" --arch llama --kv-heads 2 --kv-lora-rank 32 --qk-rope-dim 8 --qk-nope-dim 16 --v-head-dim 16
 echo "PASS: MLA trains alike on one rank, tp 2 x fsdp 2, pp 2 x tp 2 and cp 2; its flags are checked"

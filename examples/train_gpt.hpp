@@ -138,6 +138,12 @@ inline void check_model(const Options& o) {
     throw UsageError(
         "--dtype fp8 with --checkpoint or --recompute full|mlp: a recomputed Linear would record its FP8 "
         "amaxes twice and could quantize with another scale (docs/fp8.md)");
+  // MLA's KV cache is the whole-sequence one; the trainer's stage meshes have a context dimension,
+  // whose core keeps a split cache that MLA does not have yet (nn/latent_attention.hpp).
+  if (o.generate > 0 && o.kv_lora_rank > 0)
+    throw UsageError(
+        "--generate with --kv-lora-rank: multi-head latent attention has no KV cache on the trainer's "
+        "meshes (a context dimension) yet");
   if (o.generate > 0 && o.kfold > 0) throw UsageError("--generate with --kfold: k models, no one to generate from");
   if (o.kfold > 0 && (o.save_every > 0 || !o.resume.empty()))
     throw UsageError("--kfold with checkpoints: k runs, one directory");

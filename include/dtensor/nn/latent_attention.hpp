@@ -56,7 +56,8 @@
 // k_R in every head, as the attention read it), the positions, the core's output and statistics.
 // KV cache (forward_cached, models/generate.hpp): every head's k and v as attention reads them,
 // with a core that does not split the sequence; not the latent c_KV with W_UK absorbed into the
-// query (DeepSeek's inference trick, not done). Under context parallelism: an Error.
+// query (DeepSeek's inference trick, not done). With a core that splits the sequence (a mesh
+// with a context dimension, even of size 1: the trainers' stage meshes): an Error.
 #pragma once
 
 #include <cstdint>
@@ -268,8 +269,9 @@ class MultiHeadLatentAttention {
     if constexpr (!kv_cacheable) {
       throw Error(op,
                   name_ +
-                      ": no KV cache under context parallelism (the cache of every head's keys and values "
-                      "is kept whole, by a core that does not split the sequence)",
+                      ": no KV cache with a core that splits the sequence (parallel::ContextAttention, on a "
+                      "mesh with a context dimension of any size): MLA keeps every head's keys and values whole, "
+                      "with nn::LocalAttention",
                   x.mesh().rank());
     } else {
       const Extent batch = x.extent(0), len = x.extent(1);
