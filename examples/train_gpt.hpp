@@ -4,7 +4,6 @@
 // library's train::Trainer, the loop train::fit; the flags every trainer shares, their checks and
 // options are train/*_flags.hpp; the text models/text_corpus.hpp and models/text_generation.hpp.
 // docs/training.md walks through a run (train_gpt --help: every flag), docs/trainer.md the pieces.
-#include <algorithm>
 #include <cstdio>
 #include <functional>
 #include <map>
@@ -17,6 +16,7 @@
 #include "dtensor/models/expert_load.hpp"
 #include "dtensor/models/gpt_size.hpp"
 #include "dtensor/models/llama.hpp"
+#include "dtensor/models/mla_flags.hpp"
 #include "dtensor/models/moe_flags.hpp"
 #include "dtensor/models/text_corpus.hpp"
 #include "dtensor/models/text_generation.hpp"
@@ -45,6 +45,7 @@ using cli::str, examples::UsageError;
 struct Options : cli::TrainerFlags,
                  cli::RunFlags,
                  models::cli::MoEFlags,
+                 models::cli::MlaFlags,
                  models::cli::GenerationFlags,
                  examples::PlanFlags {
   Extent layers = 4, heads = 4, dim = 64, seq = 32, batch = 16;
@@ -95,6 +96,7 @@ inline const examples::FlagTable<Options>& flag_table() {
            integer(&O::kv_heads, 1)},
           {"--ffn", "N", "--arch llama: the SwiGLU width (default 4 x --dim)", integer(&O::ffn, 1)},
       },
+      models::cli::mla_flag_rows<O>(),
       models::cli::moe_flag_rows<O>(),
       {
           {"", "", "the text (characters; its first 90% trains, the rest validates):"},
@@ -131,6 +133,7 @@ inline void check_model(const Options& o) {
         "--arch llama with --experts: not in train_gpt (models::LlamaMoE trains with train::Trainer; "
         "plan_at_scale --arch llama --experts plans it)");
   examples::check_kv_heads(o.heads, o.kv_heads);
+  models::cli::check_mla_flags(o, o.arch, o.kv_heads, o.generate > 0);
   models::cli::check_moe_flags(o, o, o.layers);
   if (o.experts > 0 && o.device == "cuda" && o.dtype != "f32")
     throw UsageError("--experts with --device cuda and --dtype " + o.dtype +
@@ -163,10 +166,7 @@ inline Options parse(int argc, char** argv, bool cuda_build) {
 
 /// The model of the flags: its config (ring and all-gather attention in the load-balanced order).
 inline models::GPTConfig gpt_config(const Options& o, const Corpus& corpus) {
-  const auto alphabet = Extent(corpus.chars.size());
-  if (o.vocab != 0 && o.vocab < alphabet)
-    throw UsageError("--vocab " + str(o.vocab) + " is below the text's alphabet of " + str(alphabet) + " characters");
-  return {.vocab = std::max(alphabet, o.vocab),
+  return {.vocab = models::vocabulary_size(corpus, o.vocab),
           .seq = o.seq,
           .dim = o.dim,
           .heads = o.heads,
@@ -177,7 +177,8 @@ inline models::GPTConfig gpt_config(const Options& o, const Corpus& corpus) {
           .context = {.kind = o.cp_kind, .load_balanced = o.cp > 1 && o.cp_kind != parallel::ContextKind::ulysses},
           .kv_heads = o.kv_heads,
           .ffn = o.ffn,
-          .recompute = o.recompute};
+          .recompute = o.recompute,
+          .mla = models::cli::latent_attention_config(o)};
 }
 
 /// What a checkpoint must match to resume: the configuration that fixes the tensors, and --sync's
@@ -198,20 +199,13 @@ inline std::map<std::string, std::string> checkpoint_config(const Options& o, co
 /// GEMMs' kernels (most of a CPU step).
 template <class Compute, class Trainer>
 void print_header(const Options& o, const Corpus& corpus, Trainer& trainer, std::int64_t parameters) {
-  cli::print_mesh_line(o, o, o.program(),
-                       std::is_same_v<Compute, float> ? "f32"
-                       : o.dtype == "fp8"
-                           ? std::string("fp8 (E4M3/E5M2 Linear ") +
-                                 (o.device == "cuda" ? "GEMMs on cuBLASLt" : "and expert GEMMs, host emulation") +
-                                 "; bf16 elsewhere; fp32 master weights and AdamW state)"
-                           : "bf16 (fp32 master weights and AdamW state)");
+  cli::print_mesh_line(o, o, o.program(), cli::dtype_words(o));
   std::printf(
       "schedule %s: %d micro-batches over %d stages; model: %lld layers, dim %lld, %lld heads, seq %lld, "
       "batch %lld, vocab %zu",
       o.schedule.c_str(), o.microbatches, trainer.schedule().layout.stages(), (long long)o.layers, (long long)o.dim,
-      (long long)o.heads, (long long)o.seq, (long long)o.batch, std::max(corpus.chars.size(), std::size_t(o.vocab)));
-  if (o.arch != "gpt")
-    std::printf("; %s (kv heads %lld)", o.arch.c_str(), (long long)(o.kv_heads ? o.kv_heads : o.heads));
+      (long long)o.heads, (long long)o.seq, (long long)o.batch, (size_t)models::vocabulary_size(corpus, o.vocab));
+  std::printf("%s", models::cli::attention_words(o, o.arch, o.heads, o.kv_heads).c_str());
   if (o.zero == 3)
     std::printf("; ZeRO-3 %s", trainer.pipeline().keeps_stages_gathered() ? "keeps each stage gathered for the step"
                                                                           : "gathers each unit per micro-batch");
@@ -234,8 +228,7 @@ void finish(const Options& o, const Corpus& corpus, Trainer& trainer, const trai
             const std::string& notes) {
   if (report.steps_run > 0) {
     train::print_report(report, notes);
-    print_mfu(o, std::max(std::int64_t(corpus.chars.size()), std::int64_t(o.vocab)), report,
-              trainer.mesh().comm().size());
+    print_mfu(o, models::vocabulary_size(corpus, o.vocab), report, trainer.mesh().comm().size());
     cli::print_sync_payload(o, trainer, "train_gpt");
     if constexpr (Trainer::host && !MoE) cli::export_weights(o, trainer);
   }

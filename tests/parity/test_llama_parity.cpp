@@ -5,6 +5,10 @@
 // keep GPT's two entries and two exits per block). The config has grouped-query attention
 // (4 heads, 2 KV heads: KV heads split over tp = 2), rotary positions, an ffn width that is not a
 // multiple of dim, and a vocabulary that splits unevenly over tp.
+// The same with DeepSeek's multi-head latent attention (cfg.mla, nn/latent_attention.hpp; 6 heads,
+// a v head other than the q/k head): DP=2, TP=2 (+ SP), TP=3 + SP (uneven positions), CP=2 ring and
+// Ulysses, CP=2 x TP=2 + SP, equal to its one-rank run, its collectives on "tp" GQA's plus MLA's
+// own per block (TP: 2 all-reduces more; SP: 3 all-gathers, 1 reduce-scatter, 1 all-reduce more).
 #include <catch2/catch.hpp>
 
 #include "cp_parity.hpp"
@@ -31,23 +35,35 @@ models::GPTConfig llama_config() {
   return c;
 }
 
-const std::vector<double>& llama_reference() {
-  static const std::vector<double> ref = [] {
-    std::vector<double> l;
-    threads::run(1, [&](CommPtr w) {
-      l = run_cp_parity<nn::ReplicatedPlan, models::LlamaLayers>(w, {1, 1, 1}, {}, 4096, llama_config(), llama_steps)
-              .losses;
-    });
-    return l;
-  }();
-  return ref;
+models::GPTConfig mla_config() {
+  auto c = llama_config();
+  c.dim = 48;  // 6 heads (over tp = 2 and 3); MLA's head sizes are its own
+  c.heads = 6;
+  c.kv_heads = 0;
+  c.ffn = 42;  // over tp = 2 and 3
+  c.mla = {.q_lora_rank = 20, .kv_lora_rank = 12, .qk_nope_head_dim = 6, .qk_rope_head_dim = 4, .v_head_dim = 5};
+  return c;
 }
 
+const std::vector<double>& reference(bool mla) {
+  static const auto run = [](const models::GPTConfig& c) {
+    std::vector<double> l;
+    threads::run(1, [&](CommPtr w) {
+      l = run_cp_parity<nn::ReplicatedPlan, models::LlamaLayers>(w, {1, 1, 1}, {}, 4096, c, llama_steps).losses;
+    });
+    return l;
+  };
+  static const std::vector<double> gqa = run(llama_config()), latent = run(mla_config());
+  return mla ? latent : gqa;
+}
+const std::vector<double>& llama_reference() { return reference(false); }
+
 template <class Plan>
-void check_config(int dp, int cp, int tp, parallel::ContextAttentionOptions o = {}) {
-  const auto& ref = llama_reference();
+void check_config(int dp, int cp, int tp, parallel::ContextAttentionOptions o = {}, bool mla = false) {
+  const auto& ref = reference(mla);
+  const auto config = mla ? mla_config() : llama_config();
   auto f = on_ranks(dp * cp * tp, [&](CommPtr world, auto report) {
-    auto r = run_cp_parity<Plan, models::LlamaLayers>(world, {dp, cp, tp}, o, 4096, llama_config(), llama_steps);
+    auto r = run_cp_parity<Plan, models::LlamaLayers>(world, {dp, cp, tp}, o, 4096, config, llama_steps);
     report(compare_losses(r.losses, ref, 1e-9));
     Counts on_tp;
     for (const auto& [k, n] : r.model)
@@ -55,7 +71,12 @@ void check_config(int dp, int cp, int tp, parallel::ContextAttentionOptions o = 
     constexpr bool tp_plan = !std::is_same_v<Plan, nn::ReplicatedPlan>;
     bool sp = false;
     if constexpr (tp_plan) sp = Plan::sequence_parallel;
-    const auto want = expected_model_counts(tp_plan && tp > 1, sp, std::size_t(llama_config().layers));
+    const auto layers = std::size_t(config.layers);
+    auto want = expected_model_counts(tp_plan && tp > 1, sp, layers);
+    if (mla && tp_plan && tp > 1) {  // MLA's collectives beyond GQA's per block (nn/latent_attention.hpp)
+      if (sp) want["all_gather/tp"] += 3 * layers, want["reduce_scatter/tp"] += layers;
+      want["all_reduce/tp"] += (sp ? 1 : 2) * layers;
+    }
     if (on_tp != want) report("collectives on tp " + to_string(on_tp) + "; expected " + to_string(want));
   });
   INFO("dp " << dp << " cp " << cp << " tp " << tp << ": " << summary(f));
@@ -86,6 +107,30 @@ TEST_CASE("Llama parity: CP=2 x TP=2 + SP", "[parity][llama]") {
 }
 TEST_CASE("Llama parity: DP=2 x CP=2 x TP=2 + SP (3-D mesh)", "[parity][llama]") {
   check_config<parallel::MegatronPlan<true>>(2, 2, 2, ring_balanced);
+}
+
+TEST_CASE("Llama parity with MLA: the reference run trains", "[parity][llama][mla]") {
+  const auto& ref = reference(true);
+  REQUIRE(ref.size() == std::size_t(llama_steps));
+  REQUIRE(ref.back() < ref.front());
+  REQUIRE(ref != reference(false));  // another attention, another run
+}
+TEST_CASE("Llama parity with MLA: DP=2", "[parity][llama][mla]") {
+  check_config<nn::ReplicatedPlan>(2, 1, 1, {}, true);
+}
+TEST_CASE("Llama parity with MLA: TP=2", "[parity][llama][mla]") {
+  check_config<parallel::MegatronPlan<false>>(1, 1, 2, {}, true);
+}
+TEST_CASE("Llama parity with MLA: TP=2 + SP, TP=3 + SP", "[parity][llama][mla]") {
+  check_config<parallel::MegatronPlan<true>>(1, 1, 2, {}, true);
+  check_config<parallel::MegatronPlan<true>>(1, 1, 3, {}, true);
+}
+TEST_CASE("Llama parity with MLA: CP=2 ring (load balanced), Ulysses", "[parity][llama][mla]") {
+  check_config<nn::ReplicatedPlan>(1, 2, 1, ring_balanced, true);
+  check_config<nn::ReplicatedPlan>(1, 2, 1, ulysses, true);
+}
+TEST_CASE("Llama parity with MLA: CP=2 x TP=2 + SP", "[parity][llama][mla]") {
+  check_config<parallel::MegatronPlan<true>>(1, 2, 2, ring_balanced, true);
 }
 
 }  // namespace test_llama_parity

@@ -78,6 +78,9 @@ struct GPTConfig {
   // With rope_theta > 0: Llama 3.1's RoPE frequency remap (Hugging Face rope_type "llama3",
   // core/rope.hpp) when rope_scaling.factor > 0; models/hf_checkpoint.hpp reads and writes it.
   RopeScaling rope_scaling{};
+  // DeepSeek's multi-head latent attention in the Llama blocks when mla.kv_lora_rank > 0
+  // (nn/latent_attention.hpp; models::Llama, models::LlamaMoE); GPT's blocks refuse it.
+  nn::LatentAttentionConfig mla{};
 };
 
 /// The blocks of models::GPT (its Layers parameter): each a TransformerBlock with the plan's MLP.
@@ -110,6 +113,18 @@ template <class Layers, class T, class Mesh, class P>
   requires requires { typename Layers::template norm<T, Mesh, P>; }
 struct layers_norm<Layers, T, Mesh, P> {
   using type = typename Layers::template norm<T, Mesh, P>;
+};
+/// The attention a Layers policy's blocks take (`template <class T, class Mesh, class Plan> using
+/// attention = ...`; default nn::SelfAttention with the plan's projections: parallel::PlanAttention;
+/// models::LlamaLayers: nn::GqaOrMla).
+template <class Layers, class T, class Mesh, class Plan>
+struct layers_attention {
+  using type = parallel::PlanAttention<T, Mesh, Plan>;
+};
+template <class Layers, class T, class Mesh, class Plan>
+  requires requires { typename Layers::template attention<T, Mesh, Plan>; }
+struct layers_attention<Layers, T, Mesh, Plan> {
+  using type = typename Layers::template attention<T, Mesh, Plan>;
 };
 template <class Layers>
 constexpr bool layers_learned_positions() {
@@ -282,6 +297,7 @@ class GptParts {
         c_.context, c_.kv_heads, c_.ffn, c_.rope_theta, c_.bias, c_.norm_eps};
     bc.recompute = c_.recompute;
     bc.rope_scaling = c_.rope_scaling;
+    bc.mla = c_.mla;
     return Block(c_.checkpoint || c_.recompute.full, layers_.template make_block<typename Block::Inner>(
                                     layer, "h." + std::to_string(layer), mesh_, bc, seed_base() + 10 * std::uint64_t(layer + 1)));
   }

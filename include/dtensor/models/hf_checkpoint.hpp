@@ -90,6 +90,10 @@ struct HfPiece {
 inline std::vector<HfPiece> hf_name_map(const models::GPTConfig& c, HfArch arch) {
   const Extent C = c.dim, H = c.heads, D = c.dim / c.heads, K = c.kv_heads > 0 ? c.kv_heads : c.heads;
   const Extent F = c.ffn > 0 ? c.ffn : c.mlp_ratio * c.dim, V = c.vocab;
+  if (c.mla.enabled())
+    throw Error("models::hf_name_map", dtensor::detail::cat("kv_lora_rank ", c.mla.kv_lora_rank,
+                                                            ": multi-head latent attention (DeepSeek's checkpoints) is "
+                                                            "not mapped to Hugging Face names"));
   std::vector<HfPiece> out;
   using S = HfPiece::Source;
   auto identity = [](Extent n) {

@@ -28,6 +28,7 @@
 #include <utility>
 
 #include "dtensor/models/gpt.hpp"
+#include "dtensor/nn/gqa_or_mla.hpp"
 #include "dtensor/nn/swiglu.hpp"
 
 namespace dtensor::models {
@@ -39,9 +40,13 @@ struct LlamaLayers : DenseLayers {
   static constexpr nn::ExpertFfn expert_ffn = nn::ExpertFfn::swiglu;  // models::LlamaMoE's experts
   template <class T, class Mesh, class P>
   using norm = nn::RMSNorm<T, Mesh, P>;
+  /// Grouped-query or (cfg.mla.kv_lora_rank > 0) multi-head latent attention, the plan's
+  /// projections (qkv's style for MLA's q_b_proj and kv_b_proj, proj's for o_proj), the mesh's core.
+  template <class T, class Mesh, class Plan>
+  using attention = nn::GqaOrMla<T, Mesh, typename Plan::qkv, typename Plan::proj, parallel::attention_core_for<Mesh>>;
   template <class T, class Mesh, class Plan>
   using block = nn::TransformerBlock<T, Mesh, Plan, nn::SwiGLU<T, Mesh, typename Plan::fc1, typename Plan::fc2>,
-                                     norm<T, Mesh, typename Plan::between>, parallel::PlanAttention<T, Mesh, Plan>>;
+                                     norm<T, Mesh, typename Plan::between>, attention<T, Mesh, Plan>>;
 
   /// Llama's blocks: no biases, rotary positions with Llama 3's base unless one is given.
   static nn::BlockConfig block_config(nn::BlockConfig c) {

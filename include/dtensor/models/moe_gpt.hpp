@@ -207,7 +207,8 @@ class MoELayers {
   using norm = typename detail::layers_norm<Dense, T2, Mesh, P>::type;
   template <class, class Mesh, class Plan>
   using block = nn::TransformerBlock<T, Mesh, Plan, DenseOrMoE<T, Mesh, EMesh, Plan, expert_ffn>,
-                                     norm<T, Mesh, typename Plan::between>, parallel::PlanAttention<T, Mesh, Plan>>;
+                                     norm<T, Mesh, typename Plan::between>,
+                                     typename detail::layers_attention<Dense, T, Mesh, Plan>::type>;
 
   MoELayers() = default;
   MoELayers(EMesh emesh, MoELayersConfig c) : emesh_(std::move(emesh)), c_(c) {

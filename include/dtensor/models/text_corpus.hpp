@@ -167,6 +167,17 @@ inline std::vector<std::int32_t> encode_prompt(const std::string& text, const Co
 }
 
 /// The characters of `ids`.
+/// A model's vocabulary over the corpus: its alphabet, or `requested` rows (0: none requested) when
+/// that is larger — ids past the alphabet are never drawn, their rows train toward low
+/// probability (GPT-2's 50,257 rows for its head's and loss's cost: train_gpt --vocab).
+inline Extent vocabulary_size(const Corpus& corpus, Extent requested) {
+  const auto alphabet = Extent(corpus.chars.size());
+  if (requested != 0 && requested < alphabet)
+    throw Error("models::vocabulary_size",
+                detail::cat("--vocab ", requested, " is below the text's alphabet of ", alphabet, " characters"));
+  return std::max(alphabet, requested);
+}
+
 inline std::string decode(const std::vector<std::int32_t>& ids, const Corpus& corpus) {
   std::string text;
   for (std::int32_t id : ids) text += corpus.chars.at(std::size_t(id));

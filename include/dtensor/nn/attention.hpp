@@ -62,6 +62,18 @@
 
 namespace dtensor::nn {
 
+/// DeepSeek's multi-head latent attention (nn/latent_attention.hpp): kv_lora_rank > 0 selects it
+/// (nn::GqaOrMla, the Llama blocks' attention); all zero: none. Hugging Face's DeepSeek-V3 names.
+struct LatentAttentionConfig {
+  Extent q_lora_rank = 0;       // the queries' latent rank; 0: q straight from the input (V2-Lite)
+  Extent kv_lora_rank = 0;      // the keys' and values' latent rank (> 0: MLA)
+  Extent qk_nope_head_dim = 0;  // per head: the query/key features without rotary positions
+  Extent qk_rope_head_dim = 0;  // per head: the rotary features (the key's are one head shared by all)
+  Extent v_head_dim = 0;        // per head: the value's features (the attention output's)
+  constexpr bool enabled() const { return kv_lora_rank > 0; }
+  friend constexpr bool operator==(const LatentAttentionConfig&, const LatentAttentionConfig&) = default;
+};
+
 struct AttentionConfig {
   Extent dim = 0;    // C
   Extent heads = 1;  // H; D = C / H
@@ -73,6 +85,8 @@ struct AttentionConfig {
   bool causal = true;     // a causal mask (decoder); false: every position sees every other (encoder).
                           // Honoured on every mesh: the core is told (the module does not read context.causal)
   RopeScaling rope_scaling{};  // with rope_theta > 0: Llama 3.1's frequency remap when on (core/rope.hpp)
+  LatentAttentionConfig mla{};  // enabled: nn::MultiHeadLatentAttention's shape (nn::SelfAttention refuses it)
+  double norm_eps = 1e-6;       // MLA's latent norms' epsilon (nn::SelfAttention has none)
 };
 
 namespace detail {
@@ -147,6 +161,9 @@ class SelfAttention {
                   "; rope_theta ", c.rope_theta, " must be >= 0 and, when > 0, the head dimension ", c.dim / c.heads,
                   " even; llama3 rope scaling (factor ", c.rope_scaling.factor,
                   ") off or with high_freq_factor > low_freq_factor > 0 and original_max_position > 0");
+    detail::check(!c.mla.enabled(), "nn::CausalSelfAttention", mesh, name_, ": kv_lora_rank ", c.mla.kv_lora_rank,
+                  " configures multi-head latent attention, which this module is not (nn::MultiHeadLatentAttention, "
+                  "nn::GqaOrMla: the Llama blocks' attention)");
     const int tp = tensor_size(mesh);
     detail::check(!heads_split || c_.kv_heads % tp == 0, "nn::CausalSelfAttention", mesh, name_, ": ", c_.kv_heads,
                   " KV heads (", c.heads, " heads) cannot be split evenly over the tensor dimension of size ", tp,

@@ -64,6 +64,7 @@ struct BlockConfig {
   bool causal = true;      // attention's mask: causal (decoder) or none (an encoder block)
   Recompute recompute{};   // per-module recomputation (full is nn::Checkpointed's, not the block's)
   RopeScaling rope_scaling{};  // attention's rotary scaling (llama3; off by default)
+  LatentAttentionConfig mla{};  // multi-head latent attention's shape (nn/latent_attention.hpp; the Llama blocks')
 };
 
 /// FeedForward: the plan's MLP by default; any module from and to the residual stream's layout
@@ -110,7 +111,9 @@ class TransformerBlock {
   TransformerBlock(std::string name, const Mesh& mesh, BlockConfig c, std::uint64_t seed, Mlp feed_forward)
       : name_(name),
         ln1_(name + ".ln1", mesh, c.dim, c.norm_eps),
-        attn_(name + ".attn", mesh, {c.dim, c.heads, c.seq, c.context, c.kv_heads, c.rope_theta, c.bias, c.causal, c.rope_scaling},
+        attn_(name + ".attn", mesh,
+              {c.dim, c.heads, c.seq, c.context, c.kv_heads, c.rope_theta, c.bias, c.causal, c.rope_scaling, c.mla,
+               c.norm_eps},
               seed, c.init_std, c.out_std),
         ln2_(name + ".ln2", mesh, c.dim, c.norm_eps),
         mlp_(std::move(feed_forward)) {

@@ -92,6 +92,16 @@ inline void check_run_flags(const RunFlags& o, bool cuda_build, const std::strin
     throw UsageError("--device cuda runs under mpirun with --backend nccl, not mpi");
 }
 
+/// --dtype in the words of the run's first line (print_mesh_line), for a model whose experts' GEMMs
+/// follow its Linears' in FP8 (experts: whether the run has any).
+inline std::string dtype_words(const RunFlags& o) {
+  if (o.dtype == "f32") return "f32";
+  const std::string rest = "fp32 master weights and AdamW state)";
+  if (o.dtype == "bf16") return "bf16 (" + rest;
+  return std::string("fp8 (E4M3/E5M2 Linear ") +
+         (o.device == "cuda" ? "GEMMs on cuBLASLt" : "and expert GEMMs, host emulation") + "; bf16 elsewhere; " + rest;
+}
+
 /// The run's first line: "PROGRAM: mesh pp 2 x dp 1 x fsdp 2 (ZeRO-3) x cp 2 (ring) x tp 2 + SP = 16
 /// ranks, threads backend, device cpu, dtype f32" (`dtype`: how the model computes, in words).
 inline void print_mesh_line(const MeshFlags& m, const RunFlags& o, const std::string& program,
