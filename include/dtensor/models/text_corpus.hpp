@@ -173,8 +173,9 @@ inline std::vector<std::int32_t> encode_prompt(const std::string& text, const Co
 inline Extent vocabulary_size(const Corpus& corpus, Extent requested) {
   const auto alphabet = Extent(corpus.chars.size());
   if (requested != 0 && requested < alphabet)
-    throw Error("models::vocabulary_size",
-                detail::cat("--vocab ", requested, " is below the text's alphabet of ", alphabet, " characters"));
+    throw Error(
+        "models::vocabulary_size",
+        dtensor::detail::cat("--vocab ", requested, " is below the text's alphabet of ", alphabet, " characters"));
   return std::max(alphabet, requested);
 }
 
