@@ -50,7 +50,7 @@ class ProfileOnRank0 {
 /// milliseconds per step (every kernel of the run, the evaluations' too, over the steps run) and
 /// its share of the step after the first (FitReport); "other and idle" is what the classes leave.
 inline void print_kernel_profile(const train::FitReport& r) {
-  auto* profile = kernels::cuda::detail::active_kernel_profile;
+  auto* profile = kernels::cuda::KernelProfile::active();
   if (profile == nullptr || r.steps_run == 0) return;
   const double step_ms = r.steps_run > 1 && r.tokens_per_second_after_first > 0
                              ? 1e3 * r.tokens_per_second * r.elapsed / r.steps_run / r.tokens_per_second_after_first

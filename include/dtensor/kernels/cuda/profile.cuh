@@ -63,6 +63,9 @@ class KernelProfile {
     KernelProfile* previous_;
   };
 
+  /// The profile on for the calling thread (null: none).
+  static KernelProfile* active() noexcept { return detail::active_kernel_profile; }
+
   /// The milliseconds of each class since the last call (waits for the recorded events).
   std::vector<std::pair<const char*, double>> milliseconds() {
     std::array<double, kernel_class_count> ms{};
