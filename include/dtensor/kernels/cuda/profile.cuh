@@ -84,16 +84,26 @@ class KernelProfile {
 
   /// The fronts' side (detail::ProfiledKernel): an outermost front opens and closes a pair.
   void begin(KernelClass kind) {
-    if (depth_++ > 0) return;
+    if (depth_ > 0) {
+      ++depth_;
+      return;
+    }
+    // The depth moves only once the start is recorded: a throw here leaves no open pair (the
+    // front's destructor, which would call end(), does not run when its constructor throws).
     if (used_ == pairs_.size()) {
+      pairs_.reserve(pairs_.size() + 1);
       Pair p{};
       DTENSOR_CUDA_CHECK(cudaEventCreate(&p.start));
-      DTENSOR_CUDA_CHECK(cudaEventCreate(&p.stop));
+      if (const cudaError_t e = cudaEventCreate(&p.stop); e != cudaSuccess) {
+        cudaEventDestroy(p.start);
+        DTENSOR_CUDA_CHECK(e);
+      }
       pairs_.push_back(p);
     }
     auto& p = pairs_[used_];
     p.kind = kind;
     DTENSOR_CUDA_CHECK(cudaEventRecord(p.start, dtensor::cuda::current_stream()));
+    depth_ = 1;
   }
   void end() noexcept {  // from a destructor: a failed record drops the pair (the next call reports the error)
     if (--depth_ > 0) return;
