@@ -9,6 +9,7 @@
 #include "dtensor/kernels/attention.hpp"  // kernels::attention: the checked front (kernels/generic/)
 #include "dtensor/kernels/attention_chunk.hpp"
 #include "dtensor/kernels/host/attention.hpp"
+#include "support/naive_attention.hpp"
 
 // This file's own namespace: the unit test programs compile several files as one unit
 // (tests/CMakeLists.txt, DTENSOR_TEST_GROUPS), and their file-local names must not meet.
@@ -19,30 +20,6 @@ namespace kh = dtensor::kernels::host;
 using T4 = Tensor<double, 4>;
 
 namespace {
-
-/// out[b,h,i] = sum_j softmax_j(q_i . k_j * scale) v_j over visible j, in double.
-T4 naive_attention(const T4& q, const T4& k, const T4& v, bool causal, Extent q0 = 0, Extent k0 = 0) {
-  const Extent B = q.extent(0), H = q.extent(1), tq = q.extent(2), d = q.extent(3), tk = k.extent(2), dv = v.extent(3);
-  T4 out(Shape<4>{B, H, tq, dv});
-  const double scale = 1 / std::sqrt(double(d));
-  for (Extent b = 0; b < B; ++b)
-    for (Extent h = 0; h < H; ++h)
-      for (Extent i = 0; i < tq; ++i) {
-        std::vector<double> s;
-        for (Extent j = 0; j < tk && (!causal || k0 + j <= q0 + i); ++j) {
-          double dot = 0;
-          for (Extent p = 0; p < d; ++p) dot += q(b, h, i, p) * k(b, h, j, p);
-          s.push_back(dot * scale);
-        }
-        if (s.empty()) continue;
-        double m = -1e300, z = 0;
-        for (double x : s) m = std::max(m, x);
-        for (double x : s) z += std::exp(x - m);
-        for (std::size_t j = 0; j < s.size(); ++j)
-          for (Extent p = 0; p < dv; ++p) out(b, h, i, p) += std::exp(s[j] - m) / z * v(b, h, Extent(j), p);
-      }
-  return out;
-}
 
 void check_close(const T4& a, const T4& b, double tol = 1e-12) {
   const auto c = compare(a, b, {.rtol = tol, .atol = tol});
@@ -59,7 +36,7 @@ TEST_CASE("attention forward matches a naive loop, causal or not", "[kernels][at
     auto f = kh::attention(q, k, v, {.causal = causal});
     REQUIRE(f.out.shape() == Shape<4>{2, 3, 5, 3});
     REQUIRE(f.lse.shape() == Shape<3>{2, 3, 5});
-    check_close(f.out, naive_attention(q, k, v, causal));
+    check_close(f.out, testing::naive_attention(q, k, v, causal).out);
   }
   // float follows double
   auto ff = kh::attention(kt::cast<float>(q), kt::cast<float>(k), kt::cast<float>(v));
@@ -93,7 +70,7 @@ TEST_CASE("blockwise attention with offsets merges to the whole (ring attention)
   const kh::AttentionOptions whole{.q_offset = 3, .k_offset = 0}, o1{.q_offset = 3, .k_offset = 0},
       o2{.q_offset = 3, .k_offset = 3};
   auto ref = kh::attention(q, k, v, whole);
-  check_close(ref.out, naive_attention(q_all, k, v, true).slice(2, 3, 4));
+  check_close(ref.out, testing::naive_attention(q_all, k, v, true).out.slice(2, 3, 4));
   auto a = kh::attention(q, k1, v1, o1), b = kh::attention(q, k2, v2, o2);
   auto m = kh::merge_attention_blocks(a.out, a.lse, b.out, b.lse);
   check_close(m.out, ref.out);
@@ -183,7 +160,7 @@ TEST_CASE("blocked attention over several tiles against the untiled oracle", "[k
       INFO("causal " << causal << ", key offset " << k0);
       const kh::AttentionOptions o{.causal = causal, .q_offset = 100, .k_offset = 100 + k0};
       const auto f = kh::attention(q, k, v, o);
-      check_close(f.out, naive_attention(q, k, v, causal, 100, 100 + k0), 1e-12);
+      check_close(f.out, testing::naive_attention(q, k, v, causal, 100, 100 + k0).out, 1e-12);
       const auto g = kh::attention_backward(q, k, v, f.out, f.lse, dout, o);
       const auto [dq, dk, dv] = naive_attention_backward(q, k, v, dout, causal, 100, 100 + k0);
       check_close(g.dq, dq, 1e-12);
@@ -226,8 +203,9 @@ TEST_CASE("bfloat16 attention is the float kernel on the widened inputs, rounded
       const auto ff = kh::attention(qf, kf, vf, o);
       rounded_equal(f.out, ff.out);
       for (Extent i = 0; i < f.lse.numel(); ++i) CHECK(f.lse[i] == ff.lse[i]);
-      near_oracle(f.out, naive_attention(kt::cast<double>(q), kt::cast<double>(k), kt::cast<double>(v), causal, 100,
-                                         100 + k0));
+      near_oracle(f.out, testing::naive_attention(kt::cast<double>(q), kt::cast<double>(k), kt::cast<double>(v), causal,
+                                                  100, 100 + k0)
+                             .out);
       const auto g = kh::attention_backward(q, k, v, f.out, f.lse, dout, o);
       const auto gf = kh::attention_backward(qf, kf, vf, kt::cast<float>(f.out), ff.lse, doutf, o);
       rounded_equal(g.dq, gf.dq);
@@ -246,7 +224,8 @@ TEST_CASE("bfloat16 attention is the float kernel on the widened inputs, rounded
   auto m = kh::merge_attention_blocks(a.out, a.lse, b.out, b.lse);
   auto mf = kh::merge_attention_blocks(kt::cast<float>(a.out), a.lse, kt::cast<float>(b.out), b.lse);
   rounded_equal(m.out, mf.out);
-  near_oracle(m.out, naive_attention(kt::cast<double>(q), kt::cast<double>(k), kt::cast<double>(v), true, 270, 0));
+  near_oracle(
+      m.out, testing::naive_attention(kt::cast<double>(q), kt::cast<double>(k), kt::cast<double>(v), true, 270, 0).out);
 }
 
 TEST_CASE("bfloat16 chunked attention (ring attention's local part) against the double oracle", "[kernels][attention]") {
@@ -274,7 +253,7 @@ TEST_CASE("bfloat16 chunked attention (ring attention's local part) against the 
   dtensor::kernels::ChunkedAttention<bf16> fwd(q, q_pieces, v.extent(3), {});
   for (Extent c : order) fwd.add_chunk(k.slice(2, c * chunk, chunk), v.slice(2, c * chunk, chunk), key_pieces(c));
   auto f = std::move(fwd).result();
-  near_oracle(f.out, naive_attention(qd, kd, vd, true), "chunked out");
+  near_oracle(f.out, testing::naive_attention(qd, kd, vd, true).out, "chunked out");
   dtensor::kernels::ChunkedAttentionBackward<bf16> bwd(q, f.out, f.lse, dout, q_pieces, {});
   const auto [dq, dk, dv] = naive_attention_backward(qd, kd, vd, doutd, true, 0, 0);
   for (Extent c : order) {

@@ -26,6 +26,7 @@
 #include "dtensor/models/llama.hpp"
 #include "dtensor/nn/latent_attention.hpp"
 #include "dtensor/parallel/gpt_plan.hpp"
+#include "support/naive_attention.hpp"
 #include "test_nn_support.hpp"
 
 // This file's own namespace (tests/CMakeLists.txt, DTENSOR_TEST_GROUPS).
@@ -39,39 +40,6 @@ using T4 = Tensor<double, 4>;
 namespace {
 
 // ---------------------------------------------------------------- kernels with Dv != D
-
-struct NaiveAttention {
-  T4 out;
-  Tensor<double, 3> lse;
-};
-
-/// softmax(q k^T / sqrt(D) (+ mask on global positions)) v per (batch, head), and each row's
-/// log-sum-exp, in double.
-NaiveAttention naive_attention(const T4& q, const T4& k, const T4& v, bool causal, Extent q0 = 0, Extent k0 = 0) {
-  const Extent B = q.extent(0), H = q.extent(1), tq = q.extent(2), d = q.extent(3), tk = k.extent(2), dv = v.extent(3);
-  NaiveAttention r{T4(Shape<4>{B, H, tq, dv}), Tensor<double, 3>(Shape<3>{B, H, tq})};
-  for (Extent b = 0; b < B; ++b)
-    for (Extent h = 0; h < H; ++h)
-      for (Extent i = 0; i < tq; ++i) {
-        std::vector<double> s;
-        for (Extent j = 0; j < tk && (!causal || k0 + j <= q0 + i); ++j) {
-          double dot = 0;
-          for (Extent p = 0; p < d; ++p) dot += q(b, h, i, p) * k(b, h, j, p);
-          s.push_back(dot / std::sqrt(double(d)));
-        }
-        if (s.empty()) {
-          r.lse(b, h, i) = -std::numeric_limits<double>::infinity();
-          continue;
-        }
-        double m = -1e300, z = 0;
-        for (double x : s) m = std::max(m, x);
-        for (double x : s) z += std::exp(x - m);
-        r.lse(b, h, i) = m + std::log(z);
-        for (std::size_t j = 0; j < s.size(); ++j)
-          for (Extent p = 0; p < dv; ++p) r.out(b, h, i, p) += std::exp(s[j] - m) / z * v(b, h, Extent(j), p);
-      }
-  return r;
-}
 
 std::string close(const std::string& what, const T4& a, const T4& b, double tol = 1e-12) {
   const auto c = compare(a, b, {.rtol = tol, .atol = tol});
