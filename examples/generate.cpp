@@ -1,14 +1,18 @@
 // examples/generate.cpp — the `generate` program's command line: text from a train_gpt
 // checkpoint (the main job's: build-main/train_gpt_ckpt), the trainer (train_gpt.hpp) run with no
 // training steps. Linked into train_gpt, which is `generate` when started under that name (a link
-// beside it, examples/CMakeLists.txt): this unit holds only the parse, not the trainer's code.
+// beside it, examples/CMakeLists.txt), and into train_gpt_cuda, `generate_cuda` under that name:
+// this unit holds only the parse, not the trainer's code (one object for both: no header it reads
+// depends on CUDA).
 //
 //   generate --resume build-main/train_gpt_ckpt --prompt "The " --generate 200 [--temperature 0.8 --top-k 20]
 //   generate --resume DIR --pp 1 --fsdp 1 --cp 1 --tp 2 --ep 1      # any mesh: the checkpoint reshards
+//   generate_cuda --resume DIR ...                                   # a CUDA build's: on the GPU
 //
 // The model's shape is read from the checkpoint, the model built and loaded on the mesh the flags
 // give, and models::generate runs over its pipeline stages with a KV cache per stage. In float:
 // the checkpoint's master weights are fp32 whatever --dtype trained them.
+#include <algorithm>
 #include <iostream>
 #include <map>
 #include <optional>
@@ -38,7 +42,10 @@ std::string generate_usage() {
          "  with a KV cache per pipeline stage (models/generate.hpp). The vocabulary is the training text's (--data, "
          "default\n"
          "  the files under /usr/share/common-licenses, as train_gpt's). The other flags are train_gpt's (train_gpt "
-         "--help).\n";
+         "--help).\n"
+         "  generate_cuda, a CUDA build's (a link beside train_gpt_cuda), takes the same flags and runs on the GPU\n"
+         "  (--device cuda, its default): the weights and the KV caches in device memory, the host's choice of each\n"
+         "  token.\n";
 }
 
 /// The checkpoint's model flags (a train_gpt checkpoint's configuration), for train_gpt's parse.
@@ -85,8 +92,10 @@ Options parse_generate(int argc, char** argv, bool cuda_build) {
     for (const char* training :
          {"--steps", "--save-every", "--save-dir", "--eval-every", "--kfold", "--sync", "--export"})
       if (a == training) throw UsageError(a + " is a training flag (train_gpt's): generate trains nothing");
-    if (a == "--dtype" || a == "--device")
-      throw UsageError(a + ": generate computes in float on the CPU (the checkpoint's master weights are fp32)");
+    if (a == "--dtype")
+      throw UsageError("--dtype: generate computes in float (the checkpoint's master weights are fp32)");
+    if (a == "--device" && !cuda_build)
+      throw UsageError("--device: this generate program runs on the CPU; a CUDA build's generate_cuda takes --device cuda");
     if ((a == "--resume" || a == "--seed") && i + 1 < argc) {
       (a == "--resume" ? resume : seed.emplace()) = examples::nonempty_flag_value(a, argv[++i]);
       continue;
@@ -99,6 +108,10 @@ Options parse_generate(int argc, char** argv, bool cuda_build) {
   } else if (seed) {
     args.insert(args.end(), {"--seed", *seed});  // --init-from: the model's own seed does not matter
   }
+  // generate_cuda holds only the GPU's instantiations of the trainer (train/run_flags.hpp): the GPU
+  // is its default, as the CPU is generate's.
+  if (cuda_build && std::find(user.begin(), user.end(), "--device") == user.end())
+    args.insert(args.end(), {"--device", "cuda"});
   args.insert(args.end(), user.begin(), user.end());
   std::vector<char*> pointers;
   for (auto& a : args) pointers.push_back(a.data());
@@ -114,8 +127,9 @@ Options parse_generate(int argc, char** argv, bool cuda_build) {
 
 }  // namespace
 
-int generate_main(int argc, char** argv, RunFn run_f32) {
-  return main(argc, argv, /*cuda_build=*/false, run_f32, run_f32, parse_generate, "generate", generate_usage);
+int generate_main(int argc, char** argv, RunFn run_f32, bool cuda_build) {
+  return main(argc, argv, cuda_build, run_f32, run_f32, parse_generate, cuda_build ? "generate_cuda" : "generate",
+              generate_usage);
 }
 
 }  // namespace examples::gpt

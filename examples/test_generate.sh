@@ -53,6 +53,7 @@ expect() {  # expect STATUS MESSAGE ARGS...
 expect 2 "generate needs --resume DIR" --pp 1 --fsdp 1 --cp 1 --tp 1
 expect 2 "--steps is a training flag" --resume "$dir/ckpt" --steps 5
 expect 2 "--dtype: generate computes in float" --resume "$dir/ckpt" --dtype bf16
+expect 2 "--device: this generate program runs on the CPU; a CUDA build's generate_cuda" --resume "$dir/ckpt" --device cuda
 expect 2 "no checkpoint at $dir/missing" --resume "$dir/missing"
 expect 1 "layers: 2 in the checkpoint, 3 here" --resume "$dir/ckpt" --pp 1 --fsdp 1 --cp 1 --tp 1 --ep 1 --layers 3
 # Found by the outside catalogue (issue 44): a seed that is not a whole number aborted uncaught,

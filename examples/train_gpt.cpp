@@ -9,13 +9,13 @@
 
 namespace examples::gpt {
 int run_bf16(int argc, char** argv, const Options& o);  // train_gpt_bf16.cpp
-int generate_main(int argc, char** argv, RunFn run_f32);  // generate.cpp
+int generate_main(int argc, char** argv, RunFn run_f32, bool cuda_build);  // generate.cpp
 }  // namespace examples::gpt
 
 int main(int argc, char** argv) {
   using namespace examples::gpt;
   const std::string_view name = argc > 0 ? std::string_view(argv[0]) : std::string_view();
   auto f32 = [](int c, char** v, const Options& o) { return run<float>(c, v, o); };
-  if (name == "generate" || name.ends_with("/generate")) return generate_main(argc, argv, f32);
+  if (name == "generate" || name.ends_with("/generate")) return generate_main(argc, argv, f32, /*cuda_build=*/false);
   return examples::gpt::main(argc, argv, /*cuda_build=*/false, f32, run_bf16);
 }
