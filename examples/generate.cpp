@@ -95,7 +95,8 @@ Options parse_generate(int argc, char** argv, bool cuda_build) {
     if (a == "--dtype")
       throw UsageError("--dtype: generate computes in float (the checkpoint's master weights are fp32)");
     if (a == "--device" && !cuda_build)
-      throw UsageError("--device: this generate program runs on the CPU; a CUDA build's generate_cuda takes --device cuda");
+      throw UsageError(
+          "--device: this generate program runs on the CPU; a CUDA build's generate_cuda takes --device cuda");
     if ((a == "--resume" || a == "--seed") && i + 1 < argc) {
       (a == "--resume" ? resume : seed.emplace()) = examples::nonempty_flag_value(a, argv[++i]);
       continue;

@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   const std::string_view name = argc > 0 ? std::string_view(argv[0]) : std::string_view();
   auto f32 = [](int c, char** v, const Options& o) { return run<float>(c, v, o, CudaGpu{}); };
   // Started as generate_cuda (a link beside it, examples/CMakeLists.txt): the generate program on the GPU.
-  if (name == "generate_cuda" || name.ends_with("/generate_cuda")) return generate_main(argc, argv, f32, /*cuda_build=*/true);
+  if (name == "generate_cuda" || name.ends_with("/generate_cuda"))
+    return generate_main(argc, argv, f32, /*cuda_build=*/true);
   return examples::gpt::main(argc, argv, /*cuda_build=*/true, f32, run_cuda_bf16);
 }
