@@ -769,16 +769,24 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   };
   const double amax_tok = amax_all_reduce("rep", p.hsdp) + amax_all_reduce("dp", shards) + amax_all_reduce("cp", p.cp);
   const double amax_tp = amax_all_reduce("tp", p.tp);
+  // Attention's share of them: GQA's qkv and proj (forward 2 over the token dimensions and 3
+  // over tp, backward 2 and 1); MLA's five Linears (four without the query latent), its
+  // replicated down-projections' x and dy also over tp under SP (their rows split there).
+  const double mla_rep = p.sp ? (qr > 0 ? 2 : 1) : 0;
+  const double attn_amax_tok = mla ? (qr > 0 ? 5 : 4) : 2, attn_amax_tp_f = mla ? 4 + mla_rep : 3,
+               attn_amax_tp_b = mla ? 2 + mla_rep : 1;
   const double fwd_layer =
-      fwd_compute + tp_layer_f + cp_layer + std::max(0.0, cp_hidden - attn_fwd) + 4 * amax_tok + 6 * amax_tp;
+      fwd_compute + tp_layer_f + cp_layer + std::max(0.0, cp_hidden - attn_fwd) +
+      (mla ? (attn_amax_tok + 2) * amax_tok + (attn_amax_tp_f + 3) * amax_tp : 4 * amax_tok + 6 * amax_tp);
   // Under SP the column-wise Linears (qkv, fc1) gather their saved input shard again in backward
   // (nn/linear.hpp): two more all-gathers, exposed like every TP collective here (the backward
   // issues the gather before the GEMMs that need it, on the same stream: no overlap).
   const double regather_one = p.tp > 1 && p.sp ? coll(CollectiveKind::all_gather, "tp", p.tp, act) : 0;
   const double attn_regather = mla ? mla_regather : regather_one;
   const double tp_regather = mla ? attn_regather + regather_one : 2 * regather_one;
-  const double bwd_layer = bwd_compute + tp_layer_b + cp_layer + recompute_comm + tp_regather +
-                           std::max(0.0, 2 * cp_hidden - attn_bwd) + 4 * amax_tok + 2 * amax_tp;
+  const double bwd_layer =
+      bwd_compute + tp_layer_b + cp_layer + recompute_comm + tp_regather + std::max(0.0, 2 * cp_hidden - attn_bwd) +
+      (mla ? (attn_amax_tok + 2) * amax_tok + (attn_amax_tp_b + 1) * amax_tp : 4 * amax_tok + 2 * amax_tp);
   // A MoE block (parallel/moe.hpp, models/moe_gpt.hpp): attention as above; its feed-forward
   // gathers the whole tokens under SP (one all-gather forward, one of the output gradient
   // backward; no collective without SP), runs the router GEMM [n, E], exchanges counts (one
@@ -871,10 +879,10 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
     const auto amax_experts = [&](double uses) {
       return p.fp8 && edp > 1 ? coll(CollectiveKind::all_reduce, "edp", edp, 4 * uses * moe.local) : 0.0;
     };
-    const double amax_f =
-        (3 + 2 * shared_linears) * amax_tok + (3 + 3 * shared_linears) * amax_tp + 2 * amax_experts(1);
-    const double amax_b = (3 + 2 * shared_linears) * amax_tok + (1 + shared_linears) * amax_tp + amax_experts(1) +
-                          amax_experts(m.llama ? 2 : 1);
+    const double amax_f = (attn_amax_tok + 1 + 2 * shared_linears) * amax_tok +
+                          (attn_amax_tp_f + 3 * shared_linears) * amax_tp + 2 * amax_experts(1);
+    const double amax_b = (attn_amax_tok + 1 + 2 * shared_linears) * amax_tok +
+                          (attn_amax_tp_b + shared_linears) * amax_tp + amax_experts(1) + amax_experts(m.llama ? 2 : 1);
     moe.fwd = moe.fwd_compute + attn_tp_f + shared_tp + gather + cp_layer + std::max(0.0, cp_hidden - attn_fwd) +
               moe.a2a_f + amax_f;
     moe.bwd = moe.bwd_compute + attn_tp_b + shared_tp + gather + attn_regather + shared_regather + cp_layer +
