@@ -28,6 +28,12 @@
 //   plan_at_scale --layers 32 --dim 4096 --heads 32 --seq 4096 --batch 1024 --dp 64 --tp 8 --pp 4
 //                 --microbatches 16 --experts 64 --topk 2 --ep 8 --dtype bf16 --device h200   # MoE on 2,048 GPUs
 //
+// --kv-lora-rank N with --arch llama (and --q-lora-rank, --qk-nope-dim, --qk-rope-dim, --v-head-dim:
+// models/mla_flags.hpp, the trainer's flags and checks): DeepSeek's multi-head latent attention in
+// every block (nn::MultiHeadLatentAttention), dry-run as built and charged so by the analytic
+// estimate and --search (sim::ModelShape's MLA fields); the report's header and --json give its
+// shape and the model's parameters.
+//
 // The device: --device h100|h200|a100|h100-500w (sim/device.hpp), --device-file F (every field), and
 // --device-field name=value for one field. The report: per class its tables, then the plan's step
 // (the critical path across classes and pipeline stages, sim::estimate_plan), tokens/s, MFU,
@@ -66,6 +72,7 @@
 #include <iostream>
 #include <string>
 
+#include "dtensor/models/mla_flags.hpp"
 #include "dtensor/models/training_plan.hpp"
 #include "dtensor/parallel/pipeline/by_name.hpp"
 #include "dtensor/parallel/sync/traffic.hpp"
@@ -87,7 +94,8 @@ using namespace dtensor;
 using examples::flag_value;
 using examples::UsageError;
 
-struct Options {
+// --kv-lora-rank and the MLA shape flags: models::cli::MlaFlags (the trainer's, models/mla_flags.hpp).
+struct Options : models::cli::MlaFlags {
   // The defaults: a small plan (GPT-2 124M's shape, bf16, DDP on one node of 8 GPUs), so that a
   // bare `plan_at_scale` runs in a moment and describes something people train; a large plan
   // is given by its flags (the examples above).
@@ -140,7 +148,7 @@ const examples::FlagTable<Options>& flag_table() {
     o.device_given = true;
     o.hardware = f == "--device" ? sim::device(v) : sim::read_device_file(v);
   };
-  static const examples::FlagTable<O> table{
+  static const examples::FlagTable<O> rows{
       {"", "",
        "the model (defaults: GPT-2 124M's shape: --layers 12 --dim 768 --heads 12 --vocab 50257 --seq 1024 "
        "--mlp-ratio 4, --dtype bf16):"},
@@ -333,6 +341,12 @@ const examples::FlagTable<Options>& flag_table() {
        }},
       {"--help", "", "this text (also -h; anywhere on the line, before any flag is checked)"},
   };
+  // The trainer's MLA rows (models/mla_flags.hpp) after the model's sizes.
+  static const examples::FlagTable<O> table = [] {
+    const auto at = std::find_if(rows.begin(), rows.end(), [](const auto& r) { return r.name == "--mlp-ratio"; });
+    return examples::joined_rows<O>({examples::FlagTable<O>(rows.begin(), at + 1), models::cli::mla_flag_rows<O>(),
+                                     examples::FlagTable<O>(at + 1, rows.end())});
+  }();
   return table;
 }
 
@@ -358,7 +372,12 @@ sim::ModelShape model_shape(const Options& o) {
           .shared_experts = moe.router.experts == 0 ? 0 : moe.shared,
           .expert_groups = moe.router.groups,
           .topk_groups = moe.router.topk_groups,
-          .dense_first = moe.router.experts == 0 ? 0 : moe.dense_first};
+          .dense_first = moe.router.experts == 0 ? 0 : moe.dense_first,
+          .kv_lora_rank = m.mla.kv_lora_rank,
+          .q_lora_rank = m.mla.q_lora_rank,
+          .qk_nope_dim = m.mla.qk_nope_head_dim,
+          .qk_rope_dim = m.mla.qk_rope_head_dim,
+          .v_head_dim = m.mla.v_head_dim};
 }
 
 Options parse(int argc, char** argv) {
@@ -369,6 +388,9 @@ Options parse(int argc, char** argv) {
   o.hardware.fp32 = !o.bf16;
   o.hardware.check("plan_at_scale --device");
   const auto was_given = [&](const char* flag) { return std::find(given.begin(), given.end(), flag) != given.end(); };
+  // MLA: the trainer's checks (a UsageError naming the flag), then the model's attention shape.
+  models::cli::check_mla_flags(o, o.llama ? "llama" : "gpt", m.kv_heads);
+  m.mla = models::cli::latent_attention_config(o);
   // Flags that only mean something beside another one are errors alone, not silently ignored.
   for (const char* f : {"--topk", "--moe-every", "--dense-first", "--ep", "--capacity", "--expert-ffn",
                         "--shared-experts", "--expert-groups", "--topk-groups", "--ep-node-size"})
@@ -529,24 +551,40 @@ std::string json_string(const std::string& v) {
   return out + "\"";
 }
 
+/// The blocks' attention in --json: multi-head ("mha"), grouped-query ("gqa", its KV heads) or
+/// multi-head latent ("mla", its shape).
+std::string attention_json(const models::GPTConfig& m) {
+  const auto& c = m.mla;
+  if (c.enabled())
+    return examples::cat("{\"kind\":\"mla\",\"q_lora_rank\":", c.q_lora_rank, ",\"kv_lora_rank\":", c.kv_lora_rank,
+                         ",\"qk_nope_head_dim\":", c.qk_nope_head_dim, ",\"qk_rope_head_dim\":", c.qk_rope_head_dim,
+                         ",\"v_head_dim\":", c.v_head_dim, "}");
+  if (m.kv_heads != 0 && m.kv_heads != m.heads)
+    return examples::cat("{\"kind\":\"gqa\",\"kv_heads\":", m.kv_heads, "}");
+  return "{\"kind\":\"mha\"}";
+}
+
 void print_json(const Options& o, const std::vector<models::PlanClass>& classes, const PlanSummary& r, double seconds) {
   const auto& p = o.plan;
   std::vector<std::string> missing;  // "field":"why" of every null
   const auto num = [&](double x, const std::string& field) { return json_number(x, field.c_str(), missing); };
   std::string out = examples::cat(
-      "{\"gpus\":", p.gpus(), ",\"pp\":", p.pp, ",\"dp\":", p.dp, ",\"cp\":", p.cp, ",\"tp\":", p.tp, ",\"zero\":", p.zero,
-      ",\"fp32_master\":", o.ddp_master || p.zero > 0 || !o.bf16 ? "true" : "false",
+      "{\"gpus\":", p.gpus(), ",\"pp\":", p.pp, ",\"dp\":", p.dp, ",\"cp\":", p.cp, ",\"tp\":", p.tp,
+      ",\"zero\":", p.zero, ",\"fp32_master\":", o.ddp_master || p.zero > 0 || !o.bf16 ? "true" : "false",
       ",\"microbatches\":", p.microbatches, ",\"schedule\":", json_string(p.schedule),
+      ",\"parameters\":", num(model_shape(o).params(), "parameters"), ",\"attention\":", attention_json(p.model),
       ",\"device\":", json_string(o.hardware.name), ",\"step_seconds\":", num(r.step, "step_seconds"),
       ",\"pipeline_seconds\":", num(r.estimate.pipeline_seconds, "pipeline_seconds"),
       ",\"bubble_fraction\":", num(r.estimate.bubble_fraction, "bubble_fraction"),
       ",\"tokens_per_second\":", num(r.tokens_per_second, "tokens_per_second"), ",\"mfu\":", num(r.mfu, "mfu"),
       ",\"model_tflops_per_gpu\":", num(r.model_tflops_per_gpu, "model_tflops_per_gpu"),
       ",\"hardware_tflops_per_gpu\":", num(r.hardware_tflops_per_gpu, "hardware_tflops_per_gpu"),
-      ",\"memory_bytes\":", num(r.memory, "memory_bytes"), ",\"device_memory_bytes\":", num(o.hardware.memory_bytes, "device_memory_bytes"),
+      ",\"memory_bytes\":", num(r.memory, "memory_bytes"),
+      ",\"device_memory_bytes\":", num(o.hardware.memory_bytes, "device_memory_bytes"),
       ",\"memory_reserve_fraction\":", num(sim::memory_reserve_fraction, "memory_reserve_fraction"),
       ",\"fits\":", r.fits ? "true" : "false", ",\"construction_bytes\":", num(r.construction, "construction_bytes"),
-      ",\"construction_fits\":", r.construction_fits ? "true" : "false", ",\"slowest_class\":", json_string(classes[r.estimate.slowest].report.name),
+      ",\"construction_fits\":", r.construction_fits ? "true" : "false",
+      ",\"slowest_class\":", json_string(classes[r.estimate.slowest].report.name),
       ",\"dry_run_seconds\":", num(seconds, "dry_run_seconds"), ",\"classes\":[");
   for (std::size_t i = 0; i < classes.size(); ++i) {
     const auto& c = classes[i];
@@ -616,6 +654,12 @@ void print_header(const Options& o) {
               m.checkpoint || m.recompute.full ? ", activation checkpointing"
               : m.recompute.modules()           ? (", recompute " + m.recompute.to_string()).c_str()
                                                 : "");
+  if (m.mla.enabled())
+    std::printf(
+        "attention: multi-head latent (MLA): q latent %lld, kv latent %lld, head %lld + %lld rotary, v %lld; "
+        "%.4g B parameters\n",
+        (long long)m.mla.q_lora_rank, (long long)m.mla.kv_lora_rank, (long long)m.mla.qk_nope_head_dim,
+        (long long)m.mla.qk_rope_head_dim, (long long)m.mla.v_head_dim, model_shape(o).params() / 1e9);
 }
 
 /// --sync-table: the slowest class's gradient reduction (what DDP all-reduces on the data

@@ -18,7 +18,8 @@
 // SP whenever tp > 1; with --experts, ep: any up to the experts dividing data x cp (unless --ep
 // is given); recomputation none, selective, act, core_attn,norm,act, core_attn,norm,mlp or full
 // (MoE: none, selective or full) unless --checkpoint or --recompute is given. Kept as given:
-// --dtype. The times are those of the device the estimate is for (H100 unless --plan-device;
+// --dtype, and --kv-lora-rank's MLA shape (charged by the estimate as the dry run builds it).
+// The times are those of the device the estimate is for (H100 unless --plan-device;
 // --plan-device-field NAME=VALUE sets one of its fields, sim/device.hpp), not of this machine's
 // threads: the choice is what the plan would be on that hardware.
 #pragma once
@@ -31,6 +32,7 @@
 #include <vector>
 
 #include "dtensor/core/error.hpp"
+#include "dtensor/models/mla_flags.hpp"
 #include "dtensor/nn/recompute.hpp"
 #include "dtensor/sim/search.hpp"
 #include "flag_table.hpp"
@@ -51,6 +53,7 @@ struct PlanModel {
   double capacity = 0;                                 // --capacity (0: dropless)
   int ep = 0;  // --ep given: kept; 0: chosen (any ep up to the experts dividing the token ranks)
   int ep_node_size = 0;  // --ep-node-size L: the node-level dispatch, nodes of gcd(ep, L) (sim::SearchSpace)
+  dtensor::nn::LatentAttentionConfig mla{};  // --kv-lora-rank and its shape flags (models/mla_flags.hpp)
 };
 
 struct PlanChoice {
@@ -128,7 +131,12 @@ inline PlanChoice choose_plan(const PlanModel& m, int ranks, const dtensor::sim:
                               .shared_experts = m.experts > 0 ? m.shared : 0,
                               .expert_groups = m.groups,
                               .topk_groups = m.topk_groups,
-                              .dense_first = m.experts > 0 ? m.dense_first : 0};
+                              .dense_first = m.experts > 0 ? m.dense_first : 0,
+                              .kv_lora_rank = m.mla.kv_lora_rank,
+                              .q_lora_rank = m.mla.q_lora_rank,
+                              .qk_nope_dim = m.mla.qk_nope_head_dim,
+                              .qk_rope_dim = m.mla.qk_rope_head_dim,
+                              .v_head_dim = m.mla.v_head_dim};
   sim::SearchSpace space{.gpus = ranks,
                          .batch = m.batch,
                          .bf16 = m.bf16,
@@ -269,7 +277,8 @@ void apply_plan_auto(Options& o, const std::vector<std::string>& given) {
                     .topk_groups = o.topk_groups,
                     .capacity = o.capacity,
                     .ep = ep_given ? o.ep : 0,
-                    .ep_node_size = o.ep_node_size};
+                    .ep_node_size = o.ep_node_size,
+                    .mla = dtensor::models::cli::latent_attention_config(o)};
   try {
     const PlanChoice choice = choose_plan(m, ranks, hw);
     static_cast<MeshFlags&>(o) = choice.mesh;  // ep included: the choice's (or the one given)

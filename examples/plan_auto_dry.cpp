@@ -45,7 +45,8 @@ std::vector<DryRanked> dry_rank(const PlanModel& m, const std::vector<dtensor::s
                                                .layers = m.layers,
                                                .mlp_ratio = 4,
                                                .kv_heads = m.kv_heads,
-                                               .ffn = m.ffn}};
+                                               .ffn = m.ffn,
+                                               .mla = m.mla}};
   if (m.experts > 0) {
     base.moe.router.experts = m.experts;
     base.moe.router.topk = m.topk;

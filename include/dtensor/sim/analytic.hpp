@@ -78,10 +78,37 @@ struct ModelShape {
   // routing of the dry run keeps each token's choices within, so the dispatch's units.
   std::int64_t expert_groups = 1, topk_groups = 0;
   std::int64_t dense_first = 0;  // the first blocks dense whatever moe_every (DeepSeek-V3: 3 of 61)
+  // DeepSeek's multi-head latent attention in the Llama blocks (nn::LatentAttentionConfig,
+  // nn/latent_attention.hpp; kv_lora_rank > 0: MLA, all 0: none): the latents' ranks (q_lora_rank
+  // 0: q_proj straight from the input) and per head the query/key features without and with
+  // rotary positions and the value's features.
+  std::int64_t kv_lora_rank = 0, q_lora_rank = 0, qk_nope_dim = 0, qk_rope_dim = 0, v_head_dim = 0;
   std::int64_t kv() const { return kv_heads ? kv_heads : heads; }
   std::int64_t width() const { return ffn ? ffn : 4 * dim; }
   std::int64_t head_dim() const { return dim / heads; }
   bool moe() const { return experts > 0; }
+  bool mla() const { return kv_lora_rank > 0; }
+  /// A head's query/key and value features: nope + rope and v_head_dim under MLA, else head_dim.
+  std::int64_t qk_head_dim() const { return mla() ? qk_nope_dim + qk_rope_dim : head_dim(); }
+  std::int64_t v_dim() const { return mla() ? v_head_dim : head_dim(); }
+  /// MLA's parameters split over tp (column-wise q_b_proj or q_proj and kv_b_proj, row-wise
+  /// o_proj) and those whole on every tp rank (q_a_proj, kv_a_proj_with_mqa and the two latent
+  /// RMSNorms): exactly what nn::MultiHeadLatentAttention holds (no biases in Llama blocks).
+  double mla_split_params() const {
+    const double h = double(dim), H = double(heads), qk = double(qk_head_dim());
+    const double q = q_lora_rank > 0 ? double(q_lora_rank) : h;
+    return q * H * qk + double(kv_lora_rank) * H * double(qk_nope_dim + v_head_dim) + H * double(v_head_dim) * h;
+  }
+  double mla_whole_params() const {
+    const double h = double(dim), qr = double(q_lora_rank), kvr = double(kv_lora_rank);
+    return (q_lora_rank > 0 ? h * qr + qr : 0) + h * (kvr + double(qk_rope_dim)) + kvr;
+  }
+  /// One block's attention parameters (its norm not included).
+  double attention_params() const {
+    if (mla()) return mla_split_params() + mla_whole_params();
+    const double h = double(dim), kvd = double(kv() * head_dim());
+    return llama ? h * (h + 2 * kvd) + h * h : h * (h + 2 * kvd) + (h + 2 * kvd) + h * h + h;
+  }
   /// Blocks whose feed-forward is a MoE: block l when l >= dense_first and (l + 1) % moe_every == 0
   /// (nn::moe_block_count).
   std::int64_t moe_layers() const { return moe() ? nn::moe_block_count(layers, moe_every, dense_first) : 0; }
@@ -104,9 +131,9 @@ struct ModelShape {
   }
   /// Parameters of one block (a dense one).
   double block_params() const {
-    const double h = double(dim), kvd = double(kv() * head_dim()), f = double(width());
-    if (llama) return h * (h + 2 * kvd) + h * h + 3 * h * f + 2 * h;
-    return h * (h + 2 * kvd) + (h + 2 * kvd) + h * h + h + 2 * h * f + f + h + 4 * h;
+    const double h = double(dim), f = double(width());
+    if (llama) return attention_params() + 3 * h * f + 2 * h;
+    return attention_params() + 2 * h * f + f + h + 4 * h;
   }
   /// What a MoE block has beyond a dense one: the router, the experts and the shared experts, less
   /// the dense MLP.
@@ -120,13 +147,16 @@ struct ModelShape {
            (llama ? 0 : double(seq) * h) + (llama ? h : 2 * h) + v * h;
   }
   /// The model FLOPs of one token (PaLM's count, as MFU is quoted): 6 x the parameters a token
-  /// multiplies (no embedding lookup; in a MoE block the router and its top-k experts) + 12 L h s
-  /// for attention.
+  /// multiplies (no embedding lookup; in a MoE block the router and its top-k experts) + 6 L s H
+  /// (qk + v) for attention's score and value products (12 L h s with qk = v = h / H; MLA: its
+  /// query/key head nope + rope and its value head).
   double model_flops_per_token() const {
     const double h = double(dim), v = double(vocab);
     const double active_moe =
         double(moe_layers()) * (h * double(experts) + double(topk) * expert_params() + shared_params() - mlp_params());
-    return 6 * (double(layers) * block_params() + active_moe + v * h) + 12 * double(layers) * h * double(seq);
+    const double attention = mla() ? 6 * double(layers) * double(seq) * double(heads) * double(qk_head_dim() + v_dim())
+                                   : 12 * double(layers) * h * double(seq);
+    return 6 * (double(layers) * block_params() + active_moe + v * h) + attention;
   }
 };
 
@@ -223,6 +253,21 @@ inline void check_model_sizes(const ModelShape& m, std::int64_t batch, const cha
   (void)checked_product<std::int64_t>(std::array<std::int64_t, 3>{batch, m.seq, m.vocab}, op, "batch x seq x vocab");
 }
 
+/// Throws naming the fields when a model's MLA shape is not one nn::MultiHeadLatentAttention
+/// builds (its own checks, and the Llama blocks it lives in); all zero: no MLA.
+inline void check_mla_shape(const ModelShape& m, const char* op) {
+  const bool any =
+      m.kv_lora_rank != 0 || m.q_lora_rank != 0 || m.qk_nope_dim != 0 || m.qk_rope_dim != 0 || m.v_head_dim != 0;
+  if (!any) return;
+  if (m.kv_lora_rank < 1 || m.q_lora_rank < 0 || m.qk_nope_dim < 1 || m.qk_rope_dim < 1 || m.qk_rope_dim % 2 != 0 ||
+      m.v_head_dim < 1 || !m.llama || (m.kv_heads != 0 && m.kv_heads != m.heads))
+    throw Error(op, dtensor::detail::cat("MLA: kv_lora_rank ", m.kv_lora_rank, ", q_lora_rank ", m.q_lora_rank,
+                                         ", qk_nope_dim ", m.qk_nope_dim, ", qk_rope_dim ", m.qk_rope_dim,
+                                         ", v_head_dim ", m.v_head_dim, ", kv_heads ", m.kv_heads, ", llama ", m.llama,
+                                         ": kv_lora_rank, qk_nope_dim, v_head_dim >= 1, qk_rope_dim >= 2 and even, "
+                                         "q_lora_rank >= 0, in Llama blocks with a key and value per head"));
+}
+
 /// Throws naming the field when the plan cannot be one for this model.
 inline void check_plan_shape(const ModelShape& m, const PlanShape& p) {
   const char* op = "sim::analytic_estimate";
@@ -233,6 +278,7 @@ inline void check_plan_shape(const ModelShape& m, const PlanShape& p) {
   if (p.microbatch < 1 || p.batch % (std::int64_t(p.dp) * p.microbatch) != 0)
     throw Error(op, dtensor::detail::cat("batch ", p.batch, " is not a multiple of dp ", p.dp, " x micro-batch ", p.microbatch));
   if (m.heads % p.tp != 0) throw Error(op, dtensor::detail::cat("heads ", m.heads, " not a multiple of tp ", p.tp));
+  check_mla_shape(m, op);
   if (p.stages_per_rank < 1 || m.layers < std::int64_t(p.pp) * p.stages_per_rank)
     throw Error(op, dtensor::detail::cat(m.layers, " layers over pp ", p.pp, " x ", p.stages_per_rank, " stages"));
   if (p.zero < 0 || p.zero > 3) throw Error(op, dtensor::detail::cat("zero ", p.zero));
@@ -542,20 +588,39 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
                                       std::int64_t(e * rows * cols)};
     return op_seconds(r, hw, cal) + memory_bound((e + 1) * operands) + memory_bound(0.5 * e * operands);
   };
+  // MLA (nn/latent_attention.hpp): H heads of qk = nope + rope query/key features and vd value
+  // features; q_a_proj and kv_a_proj_with_mqa replicated over tp, on this rank's positions under
+  // SP (all of them without), the up-projections column-wise by heads on the gathered latents
+  // (q_proj on the block input when q_lora_rank is 0), o_proj row-wise.
+  const bool mla = m.mla();
+  const double H = double(m.heads), qk = double(m.qk_head_dim()), vd = double(m.v_dim());
+  const double qr = double(m.q_lora_rank), kvr = double(m.kv_lora_rank), rope = double(m.qk_rope_dim);
+  const double nope = double(m.qk_nope_dim), q_in = qr > 0 ? qr : h;  // the query side's column-wise input
+  const double own = n / split;  // the positions a replicated down-projection runs on
   // One block's forward GEMMs on a rank (the dW and dX GEMMs of backward have the same sizes).
   const double mlp =
       m.llama ? linear(n, h, 2 * f / t) + linear(n, f / t, h) : linear(n, h, f / t) + linear(n, f / t, h);
-  const double attn_gemms = linear(n, h, (h + 2 * kvd) / t) + linear(n, h / t, h);
+  const double attn_gemms = !mla ? linear(n, h, (h + 2 * kvd) / t) + linear(n, h / t, h)
+                                 : (qr > 0 ? linear(own, h, qr) : 0.0) + linear(n, q_in, H * qk / t) +
+                                       linear(own, h, kvr + rope) + linear(n, kvr, H * (nope + vd) / t) +
+                                       linear(n, H * vd / t, h);
   const double gemms = attn_gemms + mlp;
   // Attention over the causal (query, key) pairs of this rank's queries: a rank holds n / b
   // queries of each sequence, and under load balancing each sees half the keys on average
   // (Ulysses: the whole sequence for heads / cp, the same pairs).
+  // MLA: q and k of qk features per head (k_R in every head), v and the output of vd
+  // (kernels/meta/attention.hpp: 2 (qk + vd) FLOPs per pair forward, 6 qk + 4 vd backward).
   const double bh = b * double(m.heads) / t, pairs = (s / p.cp) * s / 2;
-  const double qkv_bytes = e * n * (h + 2 * kvd) / t;
+  const double qkv_bytes = mla ? e * n * H * (2 * qk + vd) / t : e * n * (h + 2 * kvd) / t;
+  const double out_bytes = mla ? e * n * H * vd / t : e * n * h / t;
+  const double fwd_flops = mla ? 2 * (qk + vd) : 4 * hd, bwd_flops = mla ? 6 * qk + 4 * vd : 10 * hd;
   double attn_fwd = 0, attn_bwd = 0;
   if (p.fused_attention) {
-    attn_fwd = op_seconds({"attention", std::int64_t(bh * pairs * 4 * hd), std::int64_t(qkv_bytes), std::int64_t(e * n * h / t)}, hw, cal);
-    attn_bwd = op_seconds({"attention_backward", std::int64_t(bh * pairs * 10 * hd), std::int64_t(2 * qkv_bytes), std::int64_t(qkv_bytes)}, hw, cal);
+    attn_fwd = op_seconds(
+        {"attention", std::int64_t(bh * pairs * fwd_flops), std::int64_t(qkv_bytes), std::int64_t(out_bytes)}, hw, cal);
+    attn_bwd = op_seconds({"attention_backward", std::int64_t(bh * pairs * bwd_flops), std::int64_t(2 * qkv_bytes),
+                           std::int64_t(qkv_bytes)},
+                          hw, cal);
   } else {
     // Scores in HBM (every query against every key, the causal mask applied to them): two
     // batched GEMMs of inner size head_dim and the sequence, and the memory-bound passes over
@@ -566,7 +631,7 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
       return op_seconds({"gemm", std::int64_t(2 * bh * rows * k * cols), std::int64_t(e * bh * (rows * k + k * cols)),
                          std::int64_t(e * bh * rows * cols)}, hw, cal);
     };
-    const double core_gemms = batched(sq, hd, s) + batched(sq, s, hd);
+    const double core_gemms = mla ? batched(sq, qk, s) + batched(sq, s, vd) : batched(sq, hd, s) + batched(sq, s, hd);
     const double core_bytes = op_seconds({"softmax", 0, std::int64_t(13 * scores), 0}, hw, cal);
     attn_fwd = core_gemms + core_bytes;
     attn_bwd = 2 * core_gemms + 2 * core_bytes;
@@ -582,10 +647,25 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   // projection's split (concat in backward); GPT: the qkv and proj biases (their gradients:
   // one read); Llama: rotary on q and k, GQA's repeat of k and v (and its backward).
   const double heads_perm = 2 * (2 * hw_n + 2 * kw);
-  const double attn_pw_f = m.llama ? 2 * xs + 3 * xs + heads_perm + 2 * qw + 2 * (hw_n + kw) + 2 * (kw + hw_n)
-                                   : 2 * xs + 3 * xs + heads_perm + 2 * qw + 2 * qw + 2 * xs;
-  const double attn_pw_b = m.llama ? 3 * xs + 3 * xs + heads_perm + 2 * qw + 2 * (hw_n + kw) + 4 * (kw + hw_n)
-                                   : 3 * xs + 3 * xs + heads_perm + 2 * qw + qw + xs;
+  double attn_pw_f = m.llama ? 2 * xs + 3 * xs + heads_perm + 2 * qw + 2 * (hw_n + kw) + 2 * (kw + hw_n)
+                             : 2 * xs + 3 * xs + heads_perm + 2 * qw + 2 * qw + 2 * xs;
+  double attn_pw_b = m.llama ? 3 * xs + 3 * xs + heads_perm + 2 * qw + 2 * (hw_n + kw) + 4 * (kw + hw_n)
+                             : 3 * xs + 3 * xs + heads_perm + 2 * qw + qw + xs;
+  if (mla) {
+    // MLA's records (nn/latent_attention.hpp), in elements of qh the query or key heads (n H qk /
+    // t), vh the value or output heads, kvh kv_b_proj's output, rh the rotary features of this
+    // rank's heads, lat the latents on this rank's positions: forward the block's norm and
+    // residual add, the query latent's norm, the queries' split, rotary, concat and permute,
+    // kv_a's split, the KV latent's norm, kv_b's split, the shared key's rotary and its copy per
+    // head, the keys' concat and permute, the values' and the output's permutes; backward their
+    // adjoints (the norms' backward reads two), and the two sides' input gradients added.
+    const double qh = n * H * qk / t, vh = n * H * vd / t, kvh = n * H * (nope + vd) / t, rh = n * H * rope / t;
+    const double q_lat = qr > 0 ? own * qr : 0, kv_lat = own * kvr, kr = n * rope;
+    attn_pw_f = 2 * xs + 3 * xs + 2 * q_lat + 2 * qh + 2 * rh + 2 * qh + 2 * qh + 2 * (kv_lat + own * rope) +
+                2 * kv_lat + 2 * kvh + 2 * kr + (kr + rh) + 2 * qh + 2 * qh + 2 * vh + 2 * vh;
+    attn_pw_b = 3 * xs + 3 * xs + 2 * vh + 2 * qh + 2 * qh + 2 * vh + 2 * kvh + 3 * kv_lat + (rh + kr) + 2 * kr +
+                2 * (kv_lat + own * rope) + 2 * qh + 2 * qh + 2 * rh + 2 * qh + 3 * q_lat + 3 * xs;
+  }
   // The feed-forward's half: the norm, the residual add; GPT: fc1's and fc2's biases, GELU (its
   // backward reads the input and the gradient); Llama: w13's split (concat), SiLU, the gate's
   // multiply (backward: SiLU again, its backward, two multiplies).
@@ -615,12 +695,41 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
                          : p.sp  ? coll(CollectiveKind::all_gather, "tp", p.tp, act) + coll(CollectiveKind::reduce_scatter, "tp", p.tp, act)
                                  : coll(CollectiveKind::all_reduce, "tp", p.tp, act);
   const double tp_layer = 2 * tp_half;
+  // A block's forward and backward on "tp" (without the backward's re-gathers): the two halves'.
+  // MLA's attention half (nn/latent_attention.hpp's counts), SP: forward the all-gathers of the
+  // query side's input (c_Q, or the block input for q_proj), c_KV and the shared rotary key and
+  // o_proj's reduce-scatter; backward o_proj's all-gather of the output gradient, the
+  // up-projections' input-gradient reduce-scatters and the rotary key's all-reduce (the
+  // up-projections' re-gathers of their saved inputs: mla_regather). Without SP: o_proj's
+  // all-reduce forward; the up-projections' input gradients' and the rotary key's all-reduces.
+  double attn_tp_f = tp_half, attn_tp_b = tp_half, mla_regather = 0;
+  if (mla && p.tp > 1) {
+    const auto tp_coll = [&](CollectiveKind k, double width) { return coll(k, "tp", p.tp, e * n * width); };
+    using K = CollectiveKind;
+    if (p.sp) {
+      attn_tp_f = tp_coll(K::all_gather, q_in) + tp_coll(K::all_gather, kvr) + tp_coll(K::all_gather, rope) +
+                  tp_coll(K::reduce_scatter, h);
+      attn_tp_b = tp_coll(K::all_gather, h) + tp_coll(K::reduce_scatter, q_in) + tp_coll(K::reduce_scatter, kvr) +
+                  tp_coll(K::all_reduce, rope);
+      mla_regather = tp_coll(K::all_gather, q_in) + tp_coll(K::all_gather, kvr);
+    } else {
+      attn_tp_f = tp_coll(K::all_reduce, h);
+      attn_tp_b = tp_coll(K::all_reduce, q_in) + tp_coll(K::all_reduce, kvr) + tp_coll(K::all_reduce, rope);
+    }
+  }
+  const double tp_layer_f = mla ? attn_tp_f + tp_half : tp_layer, tp_layer_b = mla ? attn_tp_b + tp_half : tp_layer;
   double cp_layer = 0, cp_hidden = 0;
   if (p.cp > 1) {
-    const double kv_chunk = e * n * kvd / std::max(1.0, std::min(t, double(m.kv())));
+    // A rank's keys and values (MLA: keys of qk and values of vd features per head; as one chunk
+    // of their mean width, twice).
+    const double kv_chunk =
+        mla ? e * n * H * (qk + vd) / 2 / t : e * n * kvd / std::max(1.0, std::min(t, double(m.kv())));
     if (p.cp_kind == "allgather") cp_layer = 2 * coll(CollectiveKind::all_gather, "cp", p.cp, kv_chunk * p.cp);
     else if (p.cp_kind == "ulysses")  // q, k, v to head shards and the output back (nn/attention.hpp), exposed
-      cp_layer = 2 * coll(CollectiveKind::all_to_all, "cp", p.cp, e * n * h / t) + 2 * coll(CollectiveKind::all_to_all, "cp", p.cp, kv_chunk);
+      cp_layer = (mla ? coll(CollectiveKind::all_to_all, "cp", p.cp, e * n * H * qk / t) +
+                            coll(CollectiveKind::all_to_all, "cp", p.cp, e * n * H * vd / t)
+                      : 2 * coll(CollectiveKind::all_to_all, "cp", p.cp, e * n * h / t)) +
+                 2 * coll(CollectiveKind::all_to_all, "cp", p.cp, kv_chunk);
     else {
       cp_hidden = 2 * (p.cp - 1) * coll(CollectiveKind::send_recv, "cp", p.cp, kv_chunk);
       // Ring attention's memory-bound passes (nn/attention.hpp's ring, load-balanced: a rank's
@@ -628,7 +737,7 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
       // to fp32 (read e, write 4) and merged into the fp32 accumulator (read two, write one),
       // the two chunks' results cast back; backward: each block's gradient cast, and the
       // queries' fp32 gradient cast back.
-      const double chunk = n / 2 * h / t, blocks = 2.0 * p.cp + 1;
+      const double chunk = n / 2 * (mla ? H * vd : h) / t, blocks = 2.0 * p.cp + 1;
       attn_fwd += memory_bound(blocks * (e + 4 + 12) * chunk + 2 * (4 + e) * chunk);
       attn_bwd += memory_bound(blocks * (e + 4) * chunk + 2 * (4 + e) * chunk);
     }
@@ -642,7 +751,7 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   const double norms = memory_bound(2 * 2 * e * n * h / split);
   const double activation = memory_bound((m.llama ? 3 : 2) * e * n * f / t);
   double recompute_compute = 0, recompute_comm = 0;
-  if (full) recompute_compute = fwd_compute, recompute_comm = tp_layer + cp_layer;
+  if (full) recompute_compute = fwd_compute, recompute_comm = tp_layer_f + cp_layer;
   else {
     if (rc.core_attn) recompute_compute += attn_fwd, recompute_comm += cp_layer + std::max(0.0, cp_hidden - attn_fwd);
     if (rc.norm) recompute_compute += norms;
@@ -660,15 +769,24 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   };
   const double amax_tok = amax_all_reduce("rep", p.hsdp) + amax_all_reduce("dp", shards) + amax_all_reduce("cp", p.cp);
   const double amax_tp = amax_all_reduce("tp", p.tp);
+  // Attention's share of them: GQA's qkv and proj (forward 2 over the token dimensions and 3
+  // over tp, backward 2 and 1); MLA's five Linears (four without the query latent), its
+  // replicated down-projections' x and dy also over tp under SP (their rows split there).
+  const double mla_rep = p.sp ? (qr > 0 ? 2 : 1) : 0;
+  const double attn_amax_tok = mla ? (qr > 0 ? 5 : 4) : 2, attn_amax_tp_f = mla ? 4 + mla_rep : 3,
+               attn_amax_tp_b = mla ? 2 + mla_rep : 1;
   const double fwd_layer =
-      fwd_compute + tp_layer + cp_layer + std::max(0.0, cp_hidden - attn_fwd) + 4 * amax_tok + 6 * amax_tp;
+      fwd_compute + tp_layer_f + cp_layer + std::max(0.0, cp_hidden - attn_fwd) +
+      (mla ? (attn_amax_tok + 2) * amax_tok + (attn_amax_tp_f + 3) * amax_tp : 4 * amax_tok + 6 * amax_tp);
   // Under SP the column-wise Linears (qkv, fc1) gather their saved input shard again in backward
   // (nn/linear.hpp): two more all-gathers, exposed like every TP collective here (the backward
   // issues the gather before the GEMMs that need it, on the same stream: no overlap).
   const double regather_one = p.tp > 1 && p.sp ? coll(CollectiveKind::all_gather, "tp", p.tp, act) : 0;
-  const double tp_regather = 2 * regather_one;
-  const double bwd_layer = bwd_compute + tp_layer + cp_layer + recompute_comm + tp_regather +
-                           std::max(0.0, 2 * cp_hidden - attn_bwd) + 4 * amax_tok + 2 * amax_tp;
+  const double attn_regather = mla ? mla_regather : regather_one;
+  const double tp_regather = mla ? attn_regather + regather_one : 2 * regather_one;
+  const double bwd_layer =
+      bwd_compute + tp_layer_b + cp_layer + recompute_comm + tp_regather + std::max(0.0, 2 * cp_hidden - attn_bwd) +
+      (mla ? (attn_amax_tok + 2) * amax_tok + (attn_amax_tp_b + 1) * amax_tp : 4 * amax_tok + 2 * amax_tp);
   // A MoE block (parallel/moe.hpp, models/moe_gpt.hpp): attention as above; its feed-forward
   // gathers the whole tokens under SP (one all-gather forward, one of the output gradient
   // backward; no collective without SP), runs the router GEMM [n, E], exchanges counts (one
@@ -743,14 +861,16 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
     // Full recomputation runs the block's forward again, its collectives included; selective the
     // attention core (the MoE blocks recompute nothing else in the search: nn/recompute.hpp).
     if (full)
-      moe.recompute = moe.fwd_compute, moe.recompute_tp = tp_half + shared_tp + gather, moe.recompute_cp = cp_layer;
+      moe.recompute = moe.fwd_compute, moe.recompute_tp = attn_tp_f + shared_tp + gather, moe.recompute_cp = cp_layer;
     else if (rc.core_attn) moe.recompute = attn_fwd, moe.recompute_cp = cp_layer + std::max(0.0, cp_hidden - attn_fwd);
     const double recompute_a2a = full ? moe.a2a_f : 0;
     moe.bwd_compute = 2 * attn_gemms + attn_bwd + moe_pointwise_b + 2 * (router + experts + moe.shared) + act_b + rows +
                       forwarding + grads + shared_pw_b + moe.recompute;
     // The shared experts' Megatron pair (and, under SP, fc1's re-gather in backward).
     const double shared_regather = m.shared_experts == 0 ? 0 : regather_one;
-    moe.tp = 2 * (tp_half + shared_tp) + 2 * gather + regather_one + shared_regather + moe.recompute_tp;
+    moe.tp =
+        mla ? attn_tp_f + attn_tp_b + 2 * shared_tp + 2 * gather + attn_regather + shared_regather + moe.recompute_tp
+            : 2 * (tp_half + shared_tp) + 2 * gather + regather_one + shared_regather + moe.recompute_tp;
     // FP8's amax all-reduces (above): attention's two Linears, the router's x and dy (replicated
     // weight), the shared experts' two Linears; the routed experts' rows over "edp", a float per
     // local expert and use (parallel/experts.hpp: x and w2's input forward, dy and the hidden
@@ -759,13 +879,13 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
     const auto amax_experts = [&](double uses) {
       return p.fp8 && edp > 1 ? coll(CollectiveKind::all_reduce, "edp", edp, 4 * uses * moe.local) : 0.0;
     };
-    const double amax_f =
-        (3 + 2 * shared_linears) * amax_tok + (3 + 3 * shared_linears) * amax_tp + 2 * amax_experts(1);
-    const double amax_b = (3 + 2 * shared_linears) * amax_tok + (1 + shared_linears) * amax_tp + amax_experts(1) +
-                          amax_experts(m.llama ? 2 : 1);
-    moe.fwd = moe.fwd_compute + tp_half + shared_tp + gather + cp_layer + std::max(0.0, cp_hidden - attn_fwd) +
+    const double amax_f = (attn_amax_tok + 1 + 2 * shared_linears) * amax_tok +
+                          (attn_amax_tp_f + 3 * shared_linears) * amax_tp + 2 * amax_experts(1);
+    const double amax_b = (attn_amax_tok + 1 + 2 * shared_linears) * amax_tok +
+                          (attn_amax_tp_b + shared_linears) * amax_tp + amax_experts(1) + amax_experts(m.llama ? 2 : 1);
+    moe.fwd = moe.fwd_compute + attn_tp_f + shared_tp + gather + cp_layer + std::max(0.0, cp_hidden - attn_fwd) +
               moe.a2a_f + amax_f;
-    moe.bwd = moe.bwd_compute + tp_half + shared_tp + gather + regather_one + shared_regather + cp_layer +
+    moe.bwd = moe.bwd_compute + attn_tp_b + shared_tp + gather + attn_regather + shared_regather + cp_layer +
               moe.recompute_tp + moe.recompute_cp + recompute_a2a + std::max(0.0, 2 * cp_hidden - attn_bwd) +
               moe.a2a_b + amax_b;
     moe.w_gemms = attn_gemms + router + experts + moe.shared;
@@ -777,7 +897,10 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   // model's experts on top (ceil(E / ep) per MoE block, replicated over tp, sharded over "edp").
   const double moe_share = m.layers > 0 ? double(m.moe_layers()) / double(m.layers) : 0;
   const double dense_params = m.params() - double(m.moe_layers()) * double(m.experts) * m.expert_params();
-  const double rank_params = dense_params / (double(p.pp) * t);
+  // (MLA's down-projections and latent norms are whole on every tp rank.)
+  const double mla_whole = mla ? double(m.layers) * m.mla_whole_params() : 0;
+  const double rank_params =
+      mla ? ((dense_params - mla_whole) / t + mla_whole) / double(p.pp) : dense_params / (double(p.pp) * t);
   const double expert_params = is_moe ? moe_share * layers_per_rank * moe.local * m.expert_params() : 0;
   // The slowest pipeline rank: the last (its layers and the head; uneven splits round up); of
   // its layers, a MoE model's share are MoE blocks (rounded up).
@@ -788,9 +911,11 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   // the Linears' weights and column-wise biases split over tp, the norms, row-wise biases and
   // GPT's learned positions whole on every tp rank (their gradients also summed over "tp"
   // under SP). A MoE model's units: the dense parameters split evenly (rank_params).
-  const double block_sharded =
-      (m.llama ? h * (h + 2 * kvd) + h * h + 3 * h * f : h * (h + 2 * kvd) + h * h + 2 * h * f + (h + 2 * kvd) + f) / t;
-  const double block_whole = m.llama ? 2 * h : 6 * h;
+  const double block_sharded = (mla       ? m.mla_split_params() + 3 * h * f
+                                : m.llama ? h * (h + 2 * kvd) + h * h + 3 * h * f
+                                          : h * (h + 2 * kvd) + h * h + 2 * h * f + (h + 2 * kvd) + f) /
+                               t;
+  const double block_whole = mla ? 2 * h + m.mla_whole_params() : m.llama ? 2 * h : 6 * h;
   const double block_unit = is_moe ? rank_params / std::max(1.0, layers_per_rank) : block_sharded + block_whole;
   const double embedding_unit = is_moe ? 0 : double(m.vocab) * h / t + (m.llama ? 0 : s * h);
   const double head_unit = is_moe ? 0 : double(m.vocab) * h / t + (m.llama ? h : 2 * h);
@@ -878,9 +1003,9 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
       dense_max * bwd_layer + moe_max * moe.bwd + head_b + params_b + edge_tp_b + head_amax + gather_b + send * v;
   a.compute_per_microbatch = fwd_phase_compute + bwd_phase_compute;
   a.recompute_seconds = mb * (dense_max * recompute_compute + moe_max * moe.recompute);
-  const double tp_recompute = full ? tp_layer : rc.mlp ? tp_layer / 2 : 0;
-  a.tp_seconds =
-      mb * (dense_max * (2 * tp_layer + tp_regather + tp_recompute) + moe_max * moe.tp + edge_tp_f + edge_tp_b);
+  const double tp_recompute = full ? tp_layer_f : rc.mlp ? tp_layer / 2 : 0;
+  a.tp_seconds = mb * (dense_max * (tp_layer_f + tp_layer_b + tp_regather + tp_recompute) + moe_max * moe.tp +
+                       edge_tp_f + edge_tp_b);
   a.ep_seconds = mb * moe_max * (moe.a2a_f + moe.a2a_b + (full ? moe.a2a_f : 0));
   a.cp_seconds = mb * layers_max * (2 * cp_layer + std::max(0.0, cp_hidden - attn_fwd) + std::max(0.0, 2 * cp_hidden - attn_bwd)) +
                  mb * (dense_max * (recompute_comm - tp_recompute) + moe_max * moe.recompute_cp);
@@ -898,6 +1023,13 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
     if (rc.norm) qkv_in = fc1_in = 0;               // the norms' outputs
     if (rc.mlp) fc1_in = hidden = gelu = 0;         // ln2's input stays
     else if (rc.act) gelu = 0;
+    if (mla) {
+      // MLA keeps (nn/latent_attention.hpp's Saved): the latents' norm inputs and the
+      // up-projections' inputs (this rank's positions under SP), q, k (k_R in every head), v, the
+      // core's output and o_proj's input; selective recomputation drops the core's output.
+      const double latents = (qr > 0 ? 2 * qr : 0) + 2 * kvr;
+      attention = 2 * latents / h / split + 2 * (2 * H * qk + (rc.core_attn ? 2 : 3) * H * vd) / h / t;
+    }
     units = ln_in + qkv_in + attention + fc1_in + hidden + gelu;
     // A MoE feed-forward keeps (parallel/moe.hpp, parallel/experts.hpp): the router's whole
     // input, the experts' input rows and fc1 outputs (SwiGLU: the gate's and the up
@@ -922,9 +1054,19 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   // (nn/linear.hpp WeightCtx): qkv x h + dy (h + 2 kvd) / t, proj x h / t + dy h, fc1 (SwiGLU's
   // fused w13) x h + dy f / t (2 f / t), fc2 x f / t + dy h; a MoE block's router x h + dy E and
   // experts x, dy (h each) and a, dh (their width each; SwiGLU also d up) per received row.
-  const double wctx_dense = e * n * (4 * h + (h + 2 * kvd) / t + h / t + (m.llama ? 3 : 2) * f / t);
+  // MLA's Linears instead of qkv and proj: q_a_proj x h and dy q_lora_rank on this rank's positions,
+  // q_b_proj (or q_proj) x its input and dy H qk / t, kv_a_proj_with_mqa x h and dy kv_lora_rank +
+  // rope on this rank's positions, kv_b_proj x kv_lora_rank and dy H (nope + vd) / t, o_proj x
+  // H vd / t and dy h.
+  const double attn_ctx = mla ? (qr > 0 ? (h + qr) / split : 0) + q_in + H * qk / t + (h + kvr + rope) / split + kvr +
+                                    H * (nope + vd) / t + H * vd / t + h
+                              : 0;
+  const double wctx_dense = mla ? e * n * (attn_ctx + 2 * h + (m.llama ? 3 : 2) * f / t)
+                                : e * n * (4 * h + (h + 2 * kvd) / t + h / t + (m.llama ? 3 : 2) * f / t);
   const double wctx_moe =
-      is_moe ? e * n * (2 * h + (h + 2 * kvd) / t + h / t + h + double(m.experts)) +
+      is_moe ? e * n *
+                       (mla ? attn_ctx + h + double(m.experts)
+                            : 2 * h + (h + 2 * kvd) / t + h / t + h + double(m.experts)) +
                    e * moe.received * (2 * h + (m.llama ? 3 : 2) * double(m.expert_width())) +
                    (m.shared_experts > 0
                         ? e * n * (2 * h + (m.llama ? 3 : 2) * double(m.shared_experts * m.expert_width()) / t)

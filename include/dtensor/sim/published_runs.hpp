@@ -189,8 +189,11 @@ inline std::vector<PublishedRun> published_runs() {
   // top-8 of width 2,048 within 4 of 8 node groups, one shared expert, the first 3 blocks dense;
   // FP8 GEMMs. Its dispatch crosses the network once per node a token reaches: the node-level
   // dispatch over nodes of 8 (parallel/node_dispatch.hpp). 180K H800 GPU hours per trillion
-  // tokens: about 19.9 s per step (docs/dry-run.md). Approximated: MHA of 128 heads for MLA, the
-  // H800 as an H100 with 160 GB/s NVLink. Held out (docs/dry-run.md, "A published MoE configuration").
+  // tokens: about 19.9 s per step (docs/dry-run.md). Multi-head latent attention as its Table 1
+  // and §4.2 give it (128 heads, kv_lora_rank 512, q_lora_rank 1536, per head 128 + 64 rotary
+  // query/key features and 128 value features): 671.0B parameters, 37.6B active (the paper: 671B,
+  // 37B; its multi-token prediction module not counted). Approximated: the H800 as an H100 with
+  // 160 GB/s NVLink. Held out (docs/dry-run.md, "A published MoE configuration").
   const ModelShape deepseek_v3{.layers = 61,
                                .dim = 7168,
                                .heads = 128,
@@ -204,7 +207,12 @@ inline std::vector<PublishedRun> published_runs() {
                                .shared_experts = 1,
                                .expert_groups = 8,
                                .topk_groups = 4,
-                               .dense_first = 3};
+                               .dense_first = 3,
+                               .kv_lora_rank = 512,
+                               .q_lora_rank = 1536,
+                               .qk_nope_dim = 128,
+                               .qk_rope_dim = 64,
+                               .v_head_dim = 128};
   runs.push_back({"DeepSeek-V3 671B, 2,048 H800s",
                   "h100",
                   deepseek_v3,

@@ -18,6 +18,10 @@
 //               repeated; kv_heads % tp == 0 as the model requires), times batch x ceil(context / cp):
 //               under context parallelism the cache stays split over the cp ranks, within one row
 //               of each other (parallel::ContextAttention::prefill / decode); the weights do not split.
+//               MLA (ModelShape::kv_lora_rank): every head's rotated key (nope + rope) and value
+//               (v_head_dim) per position, as nn::MultiHeadLatentAttention::KvCache keeps them (not
+//               the latent c_KV); its down-projections and latent norms whole on every tp rank; no
+//               context parallelism (an Error: its cache is not split).
 // Activations of a decode step (one position) are O(batch x dim) and not counted; the prefill's
 // are a forward's (the training dry run's forward peak). test_llama checks weights and KV cache
 // against a real models::GPT / models::Llama under TP 2: its local parameters and its caches after a
@@ -79,6 +83,18 @@ struct ServingShape {
 namespace detail {
 /// The cached positions of the busiest context rank: ceil(context / cp).
 inline std::int64_t context_share(const ServingShape& s) { return (s.context + s.cp - 1) / s.cp; }
+/// A block's weight matrices split over tp (MLA: its up-projections and o_proj; its
+/// down-projections are whole on every rank, with the vectors).
+inline double serving_matrices(const ModelShape& m) {
+  const double h = double(m.dim), kvd = double(m.kv() * m.head_dim()), f = double(m.width());
+  if (m.mla()) return m.mla_split_params() + 3 * h * f;
+  return m.llama ? h * (h + 2 * kvd) + h * h + 3 * h * f : h * (h + 2 * kvd) + h * h + 2 * h * f;
+}
+/// A block's cached features per position, all heads: 2 kv_heads x head_dim (MLA: every head's
+/// key of nope + rope and value of v_head_dim features, as its forward_cached keeps them).
+inline double kv_width(const ModelShape& m) {
+  return m.mla() ? double(m.heads) * double(m.qk_head_dim() + m.v_dim()) : 2.0 * double(m.kv() * m.head_dim());
+}
 }  // namespace detail
 
 struct ServingMemory {
@@ -99,17 +115,24 @@ inline ServingMemory serving_memory(const ModelShape& m, const ServingShape& s) 
                                          " layers over pp ", s.pp, " (at least one each)"));
   if (s.context > m.seq)
     throw Error(op, dtensor::detail::cat("context ", s.context, " is beyond the model's ", m.seq, " positions"));
+  check_mla_shape(m, op);
+  // MLA's cache is every head's whole keys and values (nn/latent_attention.hpp), not a split one.
+  if (m.mla() && s.cp > 1)
+    throw Error(op, dtensor::detail::cat("cp ", s.cp,
+                                         ": multi-head latent attention has no KV cache split over "
+                                         "context ranks"));
   const double h = double(m.dim), kvd = double(m.kv() * m.head_dim()), f = double(m.width()), v = double(m.vocab);
-  const double matrices = m.llama ? h * (h + 2 * kvd) + h * h + 3 * h * f : h * (h + 2 * kvd) + h * h + 2 * h * f;
-  // Column-wise biases split with their rows (qkv, fc1); row-wise biases and norms whole.
-  const double vectors = m.llama ? 2 * h : (h + 2 * kvd + f) / s.tp + 6 * h;
+  const double matrices = detail::serving_matrices(m);
+  // Column-wise biases split with their rows (qkv, fc1); row-wise biases and norms whole (MLA:
+  // its down-projections and latent norms too).
+  const double vectors = m.llama ? 2 * h + (m.mla() ? m.mla_whole_params() : 0) : (h + 2 * kvd + f) / s.tp + 6 * h;
   ServingMemory r;
   r.layers = (m.layers + s.pp - 1) / s.pp;
   const double embed = v * h / s.tp + (m.llama ? 0 : double(m.seq) * h);
   const double head = v * h / s.tp + (m.llama ? h : 2 * h);
   const double ends = s.pp == 1 ? embed + head : std::max(embed, head);
   r.weights = (double(r.layers) * (matrices / s.tp + vectors) + ends) * s.bytes;
-  r.kv_per_token = 2.0 * double(r.layers) * (kvd / s.tp) * s.bytes;
+  r.kv_per_token = double(r.layers) * (detail::kv_width(m) / s.tp) * s.bytes;
   r.kv_cache = r.kv_per_token * double(s.batch) * double(detail::context_share(s));
   r.total = r.weights + r.kv_cache;
   return r;
@@ -129,10 +152,14 @@ inline ServingLatency serving_latency(const ModelShape& m, const ServingShape& s
                                       const Calibration& cal = calibration) {
   serving_memory(m, s);  // the same checks
   const double h = double(m.dim), kvd = double(m.kv() * m.head_dim()), f = double(m.width()), v = double(m.vocab);
-  const double q = double(m.heads * m.head_dim()), b = s.bytes, batch = double(s.batch);
+  // q: the query-key and value products' width per position (MLA: H (qk + v) / 2, the mean).
+  const double q = m.mla() ? double(m.heads) * double(m.qk_head_dim() + m.v_dim()) / 2 : double(m.heads * m.head_dim());
+  const double b = s.bytes, batch = double(s.batch);
   const double ctx = double(detail::context_share(s));  // this rank's cached positions (all but under CP)
-  const double matrices = m.llama ? h * (h + 2 * kvd) + h * h + 3 * h * f : h * (h + 2 * kvd) + h * h + 2 * h * f;
-  const double vectors = m.llama ? 2 * h : (h + 2 * kvd + f) / s.tp + 6 * h;
+  const double matrices = detail::serving_matrices(m);
+  // MLA's whole down-projections run on every tp rank, their FLOPs not divided.
+  const double whole = m.mla() ? m.mla_whole_params() : 0;
+  const double vectors = m.llama ? 2 * h + whole : (h + 2 * kvd + f) / s.tp + 6 * h;
   const double hbm = hw.hbm_bytes_per_second * cal.hbm_fraction;
   // The serving mesh (pp, cp, tp), row-major over the ranks: each group's link from where its
   // ranks sit (sim::Topology; NVLink when every group of the dimension lies inside a node).
@@ -149,10 +176,11 @@ inline ServingLatency serving_latency(const ModelShape& m, const ServingShape& s
     const double ends = (first ? v * h / s.tp + (m.llama ? 0 : double(m.seq) * h) : 0) +
                         (last ? v * h / s.tp + (m.llama ? h : 2 * h) : 0);
     const double weights = (blocks * (matrices / s.tp + vectors) + ends) * b;
-    const double kv_per_position = 2 * blocks * kvd / s.tp * b;
+    const double kv_per_position = blocks * detail::kv_width(m) / s.tp * b;
     const double head_flops = last ? 2 * v * h / s.tp : 0;  // the logits; the embedding is a gather
     // Decode: one position per sequence against `context` cached ones.
-    const double d_flops = batch * (2 * blocks * matrices / s.tp + head_flops + 4 * blocks * ctx * q / s.tp);
+    const double d_flops =
+        batch * (2 * blocks * matrices / s.tp + 2 * blocks * whole + head_flops + 4 * blocks * ctx * q / s.tp);
     const double d_bytes = weights + kv_per_position * batch * ctx;
     const double d_compute = d_flops / (hw.sustained_flops() * gemm_efficiency(d_bytes > 0 ? d_flops / d_bytes : 0, cal));
     r.decode_memory += d_bytes / hbm;
@@ -160,7 +188,7 @@ inline ServingLatency serving_latency(const ModelShape& m, const ServingShape& s
     r.decode += std::max(d_compute, d_bytes / hbm);
     // Prefill: the prompts' positions at once, causal attention among them.
     const double tokens = batch * ctx;
-    const double p_gemm = tokens * (2 * blocks * matrices / s.tp + head_flops);
+    const double p_gemm = tokens * (2 * blocks * matrices / s.tp + 2 * blocks * whole + head_flops);
     const double p_bytes = weights + kv_per_position * tokens;
     const double p_attn = blocks * 2 * batch * ctx * double(s.context) * q / s.tp;  // this rank's queries, all keys (causal: half)
     r.prefill += std::max(p_gemm / (hw.sustained_flops() * gemm_efficiency(p_gemm / p_bytes, cal)) +
