@@ -353,31 +353,27 @@ const examples::FlagTable<Options>& flag_table() {
 sim::ModelShape model_shape(const Options& o) {
   const auto& m = o.plan.model;
   const auto& moe = o.plan.moe;
-  return {.layers = m.layers,
-          .dim = m.dim,
-          .heads = m.heads,
-          .kv_heads = m.kv_heads,
-          .ffn = m.ffn ? m.ffn : m.mlp_ratio * m.dim,
-          .vocab = m.vocab,
-          .seq = m.seq,
-          .llama = o.llama,
-          .experts = moe.router.experts,
-          .topk = moe.router.topk,
-          .moe_every = moe.every,
-          // The experts' width as models::MoELayers builds them: --expert-ffn, else the dense width.
-          .expert_ffn = moe.router.experts == 0 ? 0
-                        : moe.hidden            ? moe.hidden
-                        : m.ffn                 ? m.ffn
-                                                : m.mlp_ratio * m.dim,
-          .shared_experts = moe.router.experts == 0 ? 0 : moe.shared,
-          .expert_groups = moe.router.groups,
-          .topk_groups = moe.router.topk_groups,
-          .dense_first = moe.router.experts == 0 ? 0 : moe.dense_first,
-          .kv_lora_rank = m.mla.kv_lora_rank,
-          .q_lora_rank = m.mla.q_lora_rank,
-          .qk_nope_dim = m.mla.qk_nope_head_dim,
-          .qk_rope_dim = m.mla.qk_rope_head_dim,
-          .v_head_dim = m.mla.v_head_dim};
+  return sim::with_mla({.layers = m.layers,
+                        .dim = m.dim,
+                        .heads = m.heads,
+                        .kv_heads = m.kv_heads,
+                        .ffn = m.ffn ? m.ffn : m.mlp_ratio * m.dim,
+                        .vocab = m.vocab,
+                        .seq = m.seq,
+                        .llama = o.llama,
+                        .experts = moe.router.experts,
+                        .topk = moe.router.topk,
+                        .moe_every = moe.every,
+                        // The experts' width as models::MoELayers builds them: --expert-ffn, else the dense width.
+                        .expert_ffn = moe.router.experts == 0 ? 0
+                                      : moe.hidden            ? moe.hidden
+                                      : m.ffn                 ? m.ffn
+                                                              : m.mlp_ratio * m.dim,
+                        .shared_experts = moe.router.experts == 0 ? 0 : moe.shared,
+                        .expert_groups = moe.router.groups,
+                        .topk_groups = moe.router.topk_groups,
+                        .dense_first = moe.router.experts == 0 ? 0 : moe.dense_first},
+                       m.mla);
 }
 
 Options parse(int argc, char** argv) {

@@ -2902,11 +2902,6 @@ TEST_CASE("sim: DDP in bf16 keeps fp32 master values and moments unless bf16 mom
 // and the analytic estimate of an MLA MoE plan follows its dry run as the dense MLA plans of "the
 // analytic estimate follows the dry run's" do.
 TEST_CASE("sim: MLA in the planner: the parameters the dry run builds, the FLOPs, a MoE plan's step", "[sim][mla]") {
-  const auto mla_shape = [](sim::ModelShape m, const nn::LatentAttentionConfig& c) {
-    m.kv_lora_rank = c.kv_lora_rank, m.q_lora_rank = c.q_lora_rank, m.qk_nope_dim = c.qk_nope_head_dim;
-    m.qk_rope_dim = c.qk_rope_head_dim, m.v_head_dim = c.v_head_dim;
-    return m;
-  };
   // The bf16 values a data rank of a one-stage, one-tp plan holds (ZeRO-1 over one shard: whole).
   const auto held = [](const std::vector<models::PlanClass>& classes) {
     return double(
@@ -2921,7 +2916,7 @@ TEST_CASE("sim: MLA in the planner: the parameters the dry run builds, the FLOPs
                                       .qk_nope_head_dim = 48,
                                       .qk_rope_head_dim = 16,
                                       .v_head_dim = 40};
-    const auto shape = mla_shape(dense, c);
+    const auto shape = sim::with_mla(dense, c);
     models::TrainingPlan plan{
         .model = {.vocab = 1000, .seq = 128, .dim = 256, .heads = 4, .layers = 3, .ffn = 640, .mla = c},
         .batch = 4,
@@ -2943,19 +2938,19 @@ TEST_CASE("sim: MLA in the planner: the parameters the dry run builds, the FLOPs
   // ratio analytic / dry run with MLA within 5 % of the same plan's with GQA.
   const nn::LatentAttentionConfig c{
       .q_lora_rank = 256, .kv_lora_rank = 128, .qk_nope_head_dim = 96, .qk_rope_head_dim = 32, .v_head_dim = 64};
-  const sim::ModelShape moe = mla_shape({.layers = 4,
-                                         .dim = 1024,
-                                         .heads = 8,
-                                         .ffn = 2048,
-                                         .vocab = 512,
-                                         .seq = 1024,
-                                         .llama = true,
-                                         .experts = 8,
-                                         .topk = 2,
-                                         .expert_ffn = 512,
-                                         .shared_experts = 1,
-                                         .dense_first = 1},
-                                        c);
+  const sim::ModelShape moe = sim::with_mla({.layers = 4,
+                                             .dim = 1024,
+                                             .heads = 8,
+                                             .ffn = 2048,
+                                             .vocab = 512,
+                                             .seq = 1024,
+                                             .llama = true,
+                                             .experts = 8,
+                                             .topk = 2,
+                                             .expert_ffn = 512,
+                                             .shared_experts = 1,
+                                             .dense_first = 1},
+                                            c);
   using Layers = models::MoELayers<dtensor::bfloat16, MetaMesh<"edp", "ep", "tp">, models::LlamaLayers>;
   struct Case {
     int dp, tp, pp, ep;
@@ -2977,7 +2972,7 @@ TEST_CASE("sim: MLA in the planner: the parameters the dry run builds, the FLOPs
       auto shape = moe;
       if (!with_mla) {
         plan.model.mla = {}, plan.model.kv_heads = 2;
-        shape = mla_shape(moe, {}), shape.kv_heads = 2;
+        shape = sim::with_mla(moe, nn::LatentAttentionConfig{}), shape.kv_heads = 2;
       }
       const auto classes = models::dry_run_plan<dtensor::bfloat16, Layers, true>(plan);
       if (with_mla && k.tp == 1 && k.pp == 1) {
@@ -3006,9 +3001,9 @@ TEST_CASE("sim: MLA in the planner: the parameters the dry run builds, the FLOPs
   gqa.kv_heads = 2;
   CHECK_THROWS_WITH(sim::analytic_estimate(gqa, {.batch = 4, .microbatch = 1, .dp = 4, .ep = 2}, sim::Hardware{}),
                     Catch::Contains("a key and value per head"));
-  const auto served = sim::serving_memory(mla_shape(dense, c), {.batch = 2, .context = 128, .tp = 2});
+  const auto served = sim::serving_memory(sim::with_mla(dense, c), {.batch = 2, .context = 128, .tp = 2});
   CHECK(served.kv_per_token == 3 * 4 * (96 + 32 + 64) / 2 * 2);
-  CHECK_THROWS_WITH(sim::serving_memory(mla_shape(dense, c), {.batch = 2, .context = 128, .cp = 2}),
+  CHECK_THROWS_WITH(sim::serving_memory(sim::with_mla(dense, c), {.batch = 2, .context = 128, .cp = 2}),
                     Catch::Contains("no KV cache split"));
 }
 

@@ -159,6 +159,14 @@ struct ModelShape {
     return 6 * (double(layers) * block_params() + active_moe + v * h) + attention;
   }
 };
+/// m with the MLA shape of an nn::LatentAttentionConfig (a template on it: this header need not
+/// include the attention modules' header); a default config (kv_lora_rank 0) gives no MLA.
+template <class LatentConfig>
+ModelShape with_mla(ModelShape m, const LatentConfig& c) {
+  m.kv_lora_rank = c.kv_lora_rank, m.q_lora_rank = c.q_lora_rank, m.qk_nope_dim = c.qk_nope_head_dim;
+  m.qk_rope_dim = c.qk_rope_head_dim, m.v_head_dim = c.v_head_dim;
+  return m;
+}
 
 /// A plan as the search enumerates it (a subset of models/training_plan.hpp's TrainingPlan).
 struct PlanShape {
