@@ -162,6 +162,13 @@ struct ModelShape {
 /// m with the MLA shape of an nn::LatentAttentionConfig (a template on it: this header need not
 /// include the attention modules' header); a default config (kv_lora_rank 0) gives no MLA.
 template <class LatentConfig>
+  requires requires(const LatentConfig& c) {
+    c.kv_lora_rank;
+    c.q_lora_rank;
+    c.qk_nope_head_dim;
+    c.qk_rope_head_dim;
+    c.v_head_dim;
+  }
 ModelShape with_mla(ModelShape m, const LatentConfig& c) {
   m.kv_lora_rank = c.kv_lora_rank, m.q_lora_rank = c.q_lora_rank, m.qk_nope_dim = c.qk_nope_head_dim;
   m.qk_rope_dim = c.qk_rope_head_dim, m.v_head_dim = c.v_head_dim;
