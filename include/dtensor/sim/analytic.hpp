@@ -503,8 +503,8 @@ struct RoutedPerPeriod {
   std::vector<double> units, pairs, node_units, node_pairs;
 };
 inline const RoutedPerPeriod& routed_per_period(const ModelShape& m, std::size_t ep, std::size_t L) {
-  const auto key = std::array<long, 6>{long(m.experts), long(m.topk), long(m.expert_groups), long(m.topk_groups),
-                                       long(ep), long(L)};
+  const auto key =
+      std::array<long, 6>{long(m.experts), long(m.topk), long(m.expert_groups), long(m.topk_groups), long(ep), long(L)};
   thread_local std::map<std::array<long, 6>, RoutedPerPeriod> cache;
   if (const auto it = cache.find(key); it != cache.end()) return it->second;
   nn::RouterConfig rc;
