@@ -343,6 +343,17 @@ inline void check_plan_shape(const ModelShape& m, const PlanShape& p) {
 }
 
 namespace detail {
+/// make_schedule(kind, ranks, microbatches, v), built once per thread: the search simulates the
+/// same few reference schedules for thousands of cost mixes (building them was a third of a MoE
+/// `--search`'s time).
+inline const parallel::pipeline::Schedule& cached_schedule(parallel::pipeline::ScheduleKind kind, int ranks,
+                                                           int microbatches, int v) {
+  thread_local std::map<std::array<int, 4>, parallel::pipeline::Schedule> cache;
+  const auto key = std::array<int, 4>{int(kind), ranks, microbatches, v};
+  if (const auto it = cache.find(key); it != cache.end()) return it->second;
+  return cache.emplace(key, parallel::pipeline::make_schedule(kind, ranks, microbatches, v)).first->second;
+}
+
 /// A zero-bubble schedule's idle time on its busiest rank and the stage-micro-batches a rank
 /// holds at most, with F, I (the backward less its weight gradients) and W per micro-batch over a
 /// rank's stages: the executor's schedule (parallel/pipeline/generate_zero_bubble.hpp,
@@ -372,7 +383,7 @@ inline PipelineIdle zero_bubble_pipeline(const std::string& schedule, int pp, in
   const int ref_m = !steady ? mb : 2 * ref_p;
   PipelineIdle out;
   if (!steady) {  // (not DualPipeV, which needs m >= 2p)
-    const auto s = pl::make_schedule(kind, ref_p, ref_m, v);
+    const auto& s = cached_schedule(kind, ref_p, ref_m, v);
     const auto timeline = pl::simulate(s, pl::Costs{.forward = F / v, .backward_input = I / v, .backward_weight = W / v});
     out.idle = std::max(0.0, timeline.makespan - ref_m * (F + I + W));
     const auto held = pl::detail::count_memory(s).peak_saved;
@@ -404,7 +415,7 @@ inline PipelineIdle zero_bubble_pipeline(const std::string& schedule, int pp, in
     const auto overlapped =
         kind == pl::ScheduleKind::dual_pipe_v ? pl::dual_pipe_v_overlapped(ref_p, ref_m) : std::vector<pl::Action>{};
     const auto timeline =
-        pl::simulate(pl::make_schedule(kind, ref_p, ref_m, v), c, pl::SendMode::asynchronous, overlapped);
+        pl::simulate(cached_schedule(kind, ref_p, ref_m, v), c, pl::SendMode::asynchronous, overlapped);
     const double idle = timeline.makespan - ref_m * (f + i + w) + pairs(ref_p, ref_m) * c.pair_saving();
     it = idle_per_unit.emplace(key, std::max(0.0, idle) / (ref_p - 1)).first;
   }
@@ -448,8 +459,15 @@ inline HeldAtPeak zero_bubble_held(const std::string& schedule, int pp, int mb, 
   thread_local std::map<std::array<long, 4>, HeldAtPeak> cache;
   auto it = cache.find(key);
   if (it == cache.end()) {
-    const auto s = pl::make_schedule(kind, pp, m, pl::fixed_stages_per_rank(kind));
-    it = cache.emplace(key, held_at_peak(pl::detail::count_memory(s), double(key[3]) / 1000)).first;
+    // The counts depend on the schedule only (the ratio weighs them): counted once per schedule.
+    thread_local std::map<std::array<long, 3>, pl::MemoryReport> counted;
+    auto c = counted.find({key[0], key[1], key[2]});
+    if (c == counted.end())
+      c = counted
+              .emplace(std::array<long, 3>{key[0], key[1], key[2]},
+                       pl::detail::count_memory(cached_schedule(kind, pp, m, pl::fixed_stages_per_rank(kind))))
+              .first;
+    it = cache.emplace(key, held_at_peak(c->second, double(key[3]) / 1000)).first;
   }
   return it->second;
 }
@@ -476,28 +494,54 @@ struct MoeAllToAllBytes {
   double units_sent = 0, units_received = 0;  // rows per micro-batch, the busiest rank's received (stage 1's)
   double forwarded = 0;  // stage 2's units a node's peer sends inside its node per micro-batch (0: one stage)
 };
+namespace detail {
+/// Per E tokens of balanced routing: the units and pairs each expert rank receives, and the units
+/// and pairs per node of L ranks (a token once per node). Depends on the routing and the ranks
+/// only, not on the plan's other sizes, so it is cached per (E, topk, groups, topk_groups, ep, L):
+/// the MoE search meets the same few hundred thousand times (it was 64 % of `--search`'s time).
+struct RoutedPerPeriod {
+  std::vector<double> units, pairs, node_units, node_pairs;
+};
+inline const RoutedPerPeriod& routed_per_period(const ModelShape& m, std::size_t ep, std::size_t L) {
+  const auto key =
+      std::array<long, 6>{long(m.experts), long(m.topk), long(m.expert_groups), long(m.topk_groups), long(ep), long(L)};
+  thread_local std::map<std::array<long, 6>, RoutedPerPeriod> cache;
+  if (const auto it = cache.find(key); it != cache.end()) return it->second;
+  nn::RouterConfig rc;
+  rc.experts = m.experts, rc.topk = m.topk, rc.groups = m.expert_groups, rc.topk_groups = m.topk_groups;
+  const std::size_t nodes = ep / L;
+  const Extent chunk = chunk_size(m.experts, Extent(ep));
+  RoutedPerPeriod out{std::vector<double>(ep, 0), std::vector<double>(ep, 0), std::vector<double>(nodes, 0),
+                      std::vector<double>(nodes, 0)};
+  // The ranks and nodes one token's choices reached (cleared by its own list, not by a fill of
+  // every rank: ep can be in the hundreds, topk is a few).
+  std::vector<char> reached(ep), node_reached(nodes);
+  std::vector<std::size_t> touched;
+  for (Extent token = 0; token < m.experts; ++token) {
+    touched.clear();
+    for (Extent j = 0; j < m.topk; ++j) {
+      const auto r = std::size_t(nn::balanced_expert(rc, token, j) / chunk);
+      out.pairs[r] += 1, out.node_pairs[r / L] += 1;
+      if (!reached[r]) reached[r] = 1, out.units[r] += 1, touched.push_back(r);
+      if (!node_reached[r / L]) node_reached[r / L] = 1, out.node_units[r / L] += 1;
+    }
+    for (const auto r : touched) reached[r] = 0, node_reached[r / L] = 0;
+  }
+  return cache.emplace(key, std::move(out)).first->second;
+}
+}  // namespace detail
+
 inline MoeAllToAllBytes moe_all_to_all_bytes(const ModelShape& m, const PlanShape& p) {
   MoeAllToAllBytes out;
   if (!m.moe()) return out;
-  nn::RouterConfig rc;
-  rc.experts = m.experts, rc.topk = m.topk, rc.groups = m.expert_groups, rc.topk_groups = m.topk_groups;
   const auto ep = std::size_t(p.ep);
   const auto L = std::size_t(p.ep_node_size > 0 ? p.ep_node_size : 1), nodes = ep / L;
   const bool two_stage = p.ep_node_size > 0;
   const Extent chunk = chunk_size(m.experts, p.ep);
   // Per E tokens: units and pairs per expert rank, and units per node (a token once per node).
-  std::vector<double> units(ep, 0), pairs(ep, 0), node_units(nodes, 0), node_pairs(nodes, 0);
-  std::vector<char> reached(ep), node_reached(nodes);
-  for (Extent token = 0; token < m.experts; ++token) {
-    std::fill(reached.begin(), reached.end(), 0);
-    std::fill(node_reached.begin(), node_reached.end(), 0);
-    for (Extent j = 0; j < m.topk; ++j) {
-      const auto r = std::size_t(nn::balanced_expert(rc, token, j) / chunk);
-      pairs[r] += 1, node_pairs[r / L] += 1;
-      if (!reached[r]) reached[r] = 1, units[r] += 1;
-      if (!node_reached[r / L]) node_reached[r / L] = 1, node_units[r / L] += 1;
-    }
-  }
+  const auto& routed = detail::routed_per_period(m, ep, L);
+  const auto &units = routed.units, &pairs = routed.pairs, &node_units = routed.node_units,
+             &node_pairs = routed.node_pairs;
   const double e = p.bf16 ? 2 : 4, h = double(m.dim);
   const double per = double(p.microbatch) * double(m.seq) / p.cp / double(m.experts);  // E-token periods on a rank
   auto side = [&](double pair_bytes) { return std::ceil(pair_bytes / (h * e)); };      // a side array's rows

@@ -44,6 +44,19 @@ inline std::optional<Action> message_after(const StageLayout& layout, const Acti
   return std::nullopt;
 }
 
+/// The receive a computation's input comes through, if its producer lives on another rank:
+/// RECV_F for a forward whose previous stage is elsewhere, RECV_B for a B or I whose next stage
+/// is elsewhere (the receiving side of message_after).
+inline std::optional<Action> received_input(const StageLayout& layout, const Action& action) {
+  const int here = layout.rank_of(action.stage);
+  if (action.kind == ActionKind::forward && action.stage > 0 && layout.rank_of(action.stage - 1) != here)
+    return Action{action.stage, ActionKind::recv_forward, action.microbatch};
+  if (makes_input_gradient(action.kind) && action.stage + 1 < layout.stages() &&
+      layout.rank_of(action.stage + 1) != here)
+    return Action{action.stage, ActionKind::recv_backward, action.microbatch};
+  return std::nullopt;
+}
+
 /// What a computation on its own rank needs to have happened before it, in the order checked:
 /// its forward (for B and I), its input-gradient step (for W), and its input (for F: the previous
 /// stage's forward or its receive; for B and I: the next stage's backward or its receive). An
@@ -51,26 +64,18 @@ inline std::optional<Action> message_after(const StageLayout& layout, const Acti
 inline std::vector<std::vector<Action>> prerequisites(const StageLayout& layout, const Action& action) {
   const int stage = action.stage;
   const int mb = action.microbatch;
-  const int here = layout.rank_of(stage);
   std::vector<std::vector<Action>> needs;
   switch (action.kind) {
     case ActionKind::forward:
-      if (stage > 0) {
-        if (layout.rank_of(stage - 1) == here)
-          needs.push_back({{stage - 1, ActionKind::forward, mb}});
-        else
-          needs.push_back({{stage, ActionKind::recv_forward, mb}});
-      }
+      if (const auto recv = received_input(layout, action)) needs.push_back({*recv});
+      else if (stage > 0) needs.push_back({{stage - 1, ActionKind::forward, mb}});
       break;
     case ActionKind::backward:
     case ActionKind::backward_input:
       needs.push_back({{stage, ActionKind::forward, mb}});
-      if (stage + 1 < layout.stages()) {
-        if (layout.rank_of(stage + 1) == here)
-          needs.push_back({{stage + 1, ActionKind::backward, mb}, {stage + 1, ActionKind::backward_input, mb}});
-        else
-          needs.push_back({{stage, ActionKind::recv_backward, mb}});
-      }
+      if (const auto recv = received_input(layout, action)) needs.push_back({*recv});
+      else if (stage + 1 < layout.stages())
+        needs.push_back({{stage + 1, ActionKind::backward, mb}, {stage + 1, ActionKind::backward_input, mb}});
       break;
     case ActionKind::backward_weight: needs.push_back({{stage, ActionKind::backward_input, mb}}); break;
     case ActionKind::send_forward: needs.push_back({{stage, ActionKind::forward, mb}}); break;

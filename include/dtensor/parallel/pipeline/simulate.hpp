@@ -18,8 +18,9 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
-#include <map>
+#include <limits>
 #include <optional>
 #include <vector>
 
@@ -128,10 +129,26 @@ inline Timeline simulate(const Schedule& schedule, const std::vector<Costs>& per
                                          " ranks, its layout ", ranks));
   Timeline timeline;
   timeline.actions.resize(ranks);
+  for (std::size_t rank = 0; rank < ranks; ++rank) timeline.actions[rank].reserve(schedule.actions[rank].size());
   std::vector<std::size_t> next(ranks, 0);
   std::vector<double> clock(ranks, 0);
-  std::map<Action, double> sent;    // sends that ran, and when their data left
-  std::map<Action, double> posted;  // receives posted, and when
+  // Sends that ran and when their data left, receives posted and when: one slot per (direction,
+  // stage, micro-batch), NaN until it happens (flat arrays: the search simulates thousands of
+  // schedules, and maps of actions were most of its time).
+  int microbatches = 0;
+  for (const auto& list : schedule.actions)
+    for (const Action& a : list) microbatches = std::max(microbatches, a.microbatch + 1);
+  const auto stages = std::size_t(std::max(schedule.layout.stages(), 0));
+  const auto slot = [&](const Action& a) {
+    const bool backward = a.kind == ActionKind::send_backward || a.kind == ActionKind::recv_backward;
+    return ((backward ? stages : 0) + std::size_t(a.stage)) * std::size_t(microbatches) + std::size_t(a.microbatch);
+  };
+  const double none = std::numeric_limits<double>::quiet_NaN();
+  std::vector<double> sent(2 * stages * std::size_t(microbatches), none);
+  std::vector<double> posted(sent.size(), none);
+  const auto in_range = [&](const Action& a) {
+    return a.stage >= 0 && std::size_t(a.stage) < stages && a.microbatch >= 0 && a.microbatch < microbatches;
+  };
 
   auto head = [&](std::size_t rank) -> const Action* {
     const auto& list = schedule.actions[rank];
@@ -146,21 +163,20 @@ inline Timeline simulate(const Schedule& schedule, const std::vector<Costs>& per
   auto ready = [&](std::size_t rank, const Action& action, double& start) -> std::optional<Action> {
     start = clock[rank];
     if (is_compute(action.kind)) {
-      for (const auto& alternatives : detail::prerequisites(schedule.layout, action)) {
-        if (alternatives.size() != 1 || !is_recv(alternatives.front().kind)) continue;
-        const Action send = counterpart(alternatives.front());
-        auto arrived = sent.find(send);
-        if (arrived == sent.end()) return send;
-        start = std::max(start, arrived->second);
+      if (const auto recv = detail::received_input(schedule.layout, action)) {
+        const Action send = counterpart(*recv);
+        const double arrived = in_range(send) ? sent[slot(send)] : none;
+        if (std::isnan(arrived)) return send;
+        start = std::max(start, arrived);
       }
       return std::nullopt;
     }
     if (action.kind == ActionKind::send_forward || action.kind == ActionKind::send_backward) {
       if (mode == SendMode::asynchronous) return std::nullopt;
       const Action recv = counterpart(action);
-      auto post = posted.find(recv);
-      if (post == posted.end()) return recv;
-      start = std::max(start, post->second);
+      const double post = in_range(recv) ? posted[slot(recv)] : none;
+      if (std::isnan(post)) return recv;
+      start = std::max(start, post);
     }
     return std::nullopt;  // posting a receive never waits
   };
@@ -172,8 +188,10 @@ inline Timeline simulate(const Schedule& schedule, const std::vector<Costs>& per
     double duration = per_rank[rank].of(action->kind);
     if (std::binary_search(overlapped.begin(), overlapped.end(), *action)) duration -= per_rank[rank].pair_saving();
     const double end = start + duration;
-    if (is_send(action->kind)) sent.emplace(*action, end);
-    if (is_recv(action->kind)) posted.emplace(*action, end);
+    // The first time counts, as a map's emplace kept it (a schedule repeating an action is
+    // validate's to reject).
+    if (is_send(action->kind) && in_range(*action) && std::isnan(sent[slot(*action)])) sent[slot(*action)] = end;
+    if (is_recv(action->kind) && in_range(*action) && std::isnan(posted[slot(*action)])) posted[slot(*action)] = end;
     run(rank, start, end);
     return true;
   };
