@@ -182,11 +182,19 @@ inline Timeline simulate(const Schedule& schedule, const std::vector<Costs>& per
     }
     return std::nullopt;  // posting a receive never waits
   };
+  // What each blocked rank waits for (the send or receive `ready` named): until it has run, the
+  // rank cannot move, so the sweeps below test that one entry instead of asking `ready` again
+  // (which lists the action's prerequisites anew each time).
+  std::vector<std::optional<Action>> awaiting(ranks);
   auto step = [&](std::size_t rank) {
     const Action* action = head(rank);
     if (action == nullptr) return false;
+    if (const auto& w = awaiting[rank]) {
+      if (is_send(w->kind) ? !sent.contains(*w) : !posted.contains(*w)) return false;
+      awaiting[rank].reset();
+    }
     double start = 0;
-    if (ready(rank, *action, start)) return false;
+    if ((awaiting[rank] = ready(rank, *action, start))) return false;
     double duration = per_rank[rank].of(action->kind);
     if (std::binary_search(overlapped.begin(), overlapped.end(), *action)) duration -= per_rank[rank].pair_saving();
     const double end = start + duration;
