@@ -11,7 +11,7 @@
 #include "dtensor/models/training_plan.hpp"
 
 namespace examples::dry_run_types {
-using ExpertMesh = dtensor::MetaMesh<"edp", "ep", "tp">;
+using ExpertMesh = dtensor::MetaMesh<"edp", "ep", "tp">;  // = models::DryRunExpertMesh (models/dry_run_any.hpp)
 using MoEF32 = dtensor::models::MoELayers<float, ExpertMesh>;
 using MoEBF16 = dtensor::models::MoELayers<dtensor::bfloat16, ExpertMesh>;
 using LlamaMoEF32 = dtensor::models::MoELayers<float, ExpertMesh, dtensor::models::LlamaLayers>;

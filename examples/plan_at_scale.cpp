@@ -73,6 +73,7 @@
 #include <string>
 
 #include "dtensor/models/mla_flags.hpp"
+#include "dtensor/models/published_dry_run.hpp"
 #include "dtensor/models/training_plan.hpp"
 #include "dtensor/parallel/pipeline/by_name.hpp"
 #include "dtensor/parallel/sync/traffic.hpp"
@@ -228,6 +229,14 @@ const examples::FlagTable<Options>& flag_table() {
       {"--stages-per-rank", "N", "pipeline stages on each rank (interleaved)",
        integer_at<int>([](O& o) -> auto& { return o.plan.stages_per_rank; }, 1)},
       {"--no-sp", "", "no sequence parallelism with --tp", set_to(&O::sp, false)},
+      {"", "", "the software (default: dtensor's, fused attention and the gradient reduction behind the backward):"},
+      {"--unfused-attention", "",
+       "the attention scores in HBM (QK^T, softmax, dropout, PV as separate kernels: Megatron-LM of 2021/22); the "
+       "dry run records their traffic",
+       [](O& o, const std::string&, const std::string&) { o.plan.fused_attention = false; }},
+      {"--no-overlap-grad-reduce", "",
+       "the gradient reduction after the last backward, exposed (Megatron-LM of 2021/22), not behind it",
+       [](O& o, const std::string&, const std::string&) { o.plan.overlap_gradient_reduction = false; }},
       {"", "",
        "mixture of experts (GELU experts in GPT blocks, SwiGLU in --arch llama's; routed evenly, as a dry run "
        "assumes):"},
@@ -403,6 +412,13 @@ Options parse(int argc, char** argv) {
     throw UsageError("--sync-table: --fragments " + std::to_string(o.fragments) + " and --overlap " + std::to_string(o.overlap) +
                      " must be at most and below --inner-steps " + std::to_string(o.inner_steps));
   if (o.sync_table && (o.search || o.published || o.json)) throw UsageError("--sync-table is for one plan's text report");
+  // The software flags describe one plan's dry run: --published rows carry their own software,
+  // --search ranks dtensor's, --serve runs no training step.
+  for (const char* f : {"--unfused-attention", "--no-overlap-grad-reduce"})
+    if (was_given(f) && (o.search || o.published || was_given("--serve")))
+      throw UsageError(std::string(f) +
+                       " is for one plan's dry run (not --search, --serve or --published: each "
+                       "published row states its own software)");
   if (o.json && (o.search || o.published || was_given("--serve")))
     throw UsageError("--json is for one plan's report (not --search, --serve or --published: those print text)");
   if (o.bf16_moments && !o.bf16) throw UsageError("--bf16-moments needs --dtype bf16 (an fp32 model's moments are fp32)");
@@ -569,6 +585,8 @@ void print_json(const Options& o, const std::vector<models::PlanClass>& classes,
       ",\"zero\":", p.zero, ",\"fp32_master\":", o.ddp_master || p.zero > 0 || !o.bf16 ? "true" : "false",
       ",\"microbatches\":", p.microbatches, ",\"schedule\":", json_string(p.schedule),
       ",\"parameters\":", num(model_shape(o).params(), "parameters"), ",\"attention\":", attention_json(p.model),
+      ",\"fused_attention\":", p.fused_attention ? "true" : "false",
+      ",\"overlap_gradient_reduction\":", p.overlap_gradient_reduction ? "true" : "false",
       ",\"device\":", json_string(o.hardware.name), ",\"step_seconds\":", num(r.step, "step_seconds"),
       ",\"pipeline_seconds\":", num(r.estimate.pipeline_seconds, "pipeline_seconds"),
       ",\"bubble_fraction\":", num(r.estimate.bubble_fraction, "bubble_fraction"),
@@ -650,6 +668,10 @@ void print_header(const Options& o) {
               m.checkpoint || m.recompute.full ? ", activation checkpointing"
               : m.recompute.modules()           ? (", recompute " + m.recompute.to_string()).c_str()
                                                 : "");
+  if (!p.fused_attention || !p.overlap_gradient_reduction)
+    std::printf("software: %s%s%s\n", p.fused_attention ? "" : "attention scores in HBM (unfused kernels)",
+                !p.fused_attention && !p.overlap_gradient_reduction ? "; " : "",
+                p.overlap_gradient_reduction ? "" : "gradient reduction after the backward (exposed)");
   if (m.mla.enabled())
     std::printf(
         "attention: multi-head latent (MLA): q latent %lld, kv latent %lld, head %lld + %lld rotary, v %lld; "
@@ -908,35 +930,62 @@ int run_search(const Options& o) {
 }
 
 /// --published: the published runs of sim/published_runs.hpp against the cost model (one
-/// calibration over two devices): each row's error, whether it was in the fit set, its
-/// leave-one-out error; then the fit rows by name and what was fitted on them.
+/// calibration over two devices), each row timed by its dry run (models/published_dry_run.hpp:
+/// the row's plan run once on meta, its records costed again for the fits): each row's error,
+/// the analytic estimate's figure beside it and their ratio, whether the row was in the fit set,
+/// its leave-one-out error; then the fit rows by name and what was fitted on them.
 int run_published() {
   const auto runs = sim::published_runs();
-  const auto fits = sim::fit_rows(runs);
+  const auto started = std::chrono::steady_clock::now();
+  const auto rows = models::published_dry_runs(runs, examples::dry_run_any);  // plan_auto_dry.cpp's dry runs
+  const double dry_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  const auto fits = sim::fit_rows(rows);
   const auto fitted = sim::fit_calibration(fits);
   const double fitted_scale = sim::fit_device_scale(fits, "h100-500w", fitted);
-  const auto loo = sim::leave_one_out(runs);
-  std::printf("run | set | device | published | predicted | error | leave-one-out | memory (analytic)\n");
-  double worst_fit = 0, worst_held = 0;
-  for (std::size_t i = 0; i < runs.size(); ++i) {
-    const auto& run = runs[i];
+  const auto loo = sim::leave_one_out(rows);
+  const double fit_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count() - dry_seconds;
+  std::printf(
+      "run | set | device | published | predicted (dry run) | error | analytic | analytic / dry run | "
+      "leave-one-out | memory (analytic)\n");
+  double worst_fit = 0, worst_held = 0, lo = 0, hi = 0;
+  std::string refused;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const auto& run = rows[i];
     const auto p = sim::predict(run);
+    const auto a = sim::analytic_of(run);
+    const double analytic = sim::figure_of(run, a.step_seconds), step_ratio = a.step_seconds / p.step_seconds;
     const char* unit = run.iteration_seconds ? " s" : run.flops_count == "tokens" ? " tokens/s" : " TFLOP/s";
-    std::printf("%s | %s | %s | %.2f%s | %.2f%s | %+.1f %% | %+.1f %% | %s\n", run.name.c_str(), run.fit ? "fit" : "held out",
-                run.device.c_str(), p.published, unit, p.predicted, unit, 100 * (p.ratio() - 1), 100 * (loo[i] - 1),
-                sim::human_bytes(p.estimate.memory_bytes).c_str());
+    const bool dry = run.dry_run_note.empty();
+    char ratio_text[32] = "-";  // none where the analytic estimate stands in for the dry run
+    if (dry) std::snprintf(ratio_text, sizeof ratio_text, "%.3f x", step_ratio);
+    std::printf("%s | %s | %s | %.2f%s | %.2f%s%s | %+.1f %% | %.2f%s | %s | %+.1f %% | %s\n", run.name.c_str(),
+                run.fit ? "fit" : "held out", run.device.c_str(), p.published, unit, p.predicted, unit,
+                dry ? "" : " (analytic: not dry-run, below)", 100 * (p.ratio() - 1), analytic, unit, ratio_text,
+                100 * (loo[i] - 1), sim::human_bytes(a.memory_bytes).c_str());
     (run.fit ? worst_fit : worst_held) = std::max(run.fit ? worst_fit : worst_held, std::abs(p.ratio() - 1));
+    if (dry) lo = lo == 0 ? step_ratio : std::min(lo, step_ratio), hi = std::max(hi, step_ratio);
+    else refused += examples::cat("\n  ", run.name, ": ", run.dry_run_note);
   }
   std::string names;
   for (const auto& r : fits) names += (names.empty() ? "" : "; ") + r.name;
   std::printf("fit rows (%zu, on %s): %s\n", fits.size(), "a100 and h100-500w", names.c_str());
   const auto& c = sim::calibration;
-  std::printf("calibration: gemm_max_fraction %.2f, gemm_half_intensity %.0f FLOP/B (fitted on the a100 fit rows: %.2f, %.0f), "
-              "attention_fraction %.2f, hbm_fraction %.2f, link_fraction %.2f (measured, not fitted); "
-              "h100-500w compute_scale %.2f (fitted on its fit rows under that calibration: %.2f)\n",
-              c.gemm_max_fraction, c.gemm_half_intensity, fitted.gemm_max_fraction, fitted.gemm_half_intensity,
-              c.attention_fraction, c.hbm_fraction, c.link_fraction, sim::h100_500w_compute_scale, fitted_scale);
-  std::printf("largest error: fit rows %.1f %%, held-out rows %.1f %%\n", 100 * worst_fit, 100 * worst_held);
+  std::printf(
+      "calibration: gemm_max_fraction %.2f, gemm_half_intensity %.0f FLOP/B (fitted on the a100 fit rows' dry "
+      "runs: %.2f, %.0f), attention_fraction %.2f, hbm_fraction %.2f, link_fraction %.2f (measured, not "
+      "fitted); h100-500w compute_scale %.2f (fitted on its fit rows under that calibration: %.2f)\n",
+      c.gemm_max_fraction, c.gemm_half_intensity, fitted.gemm_max_fraction, fitted.gemm_half_intensity,
+      c.attention_fraction, c.hbm_fraction, c.link_fraction, sim::h100_500w_compute_scale, fitted_scale);
+  std::printf(
+      "largest error: fit rows %.1f %%, held-out rows %.1f %%; the analytic step over the dry run's: %.3f to "
+      "%.3f x\n",
+      100 * worst_fit, 100 * worst_held, lo, hi);
+  if (!refused.empty())
+    std::printf("timed by the analytic estimate (the dry run refuses the plan):%s\n", refused.c_str());
+  std::printf(
+      "time: %zu rows dry-run once each in %.1f s; the fits and leave-one-out re-cost their records in %.1f s\n",
+      rows.size(), dry_seconds, fit_seconds);
   return 0;
 }
 

@@ -6,6 +6,7 @@
 // It defines models::dry_run_plan's sixteen instantiations explicitly (dry_run_plans.hpp), so that
 // tests/unit/test_sim.cpp, which links this object too, uses them instead of compiling its own.
 #include "dry_run_plans.hpp"
+#include "dtensor/models/dry_run_any.hpp"
 #include "plan_auto.hpp"
 #include "plan_rescore.hpp"
 
@@ -15,24 +16,7 @@ namespace examples {
 
 std::vector<dtensor::models::PlanClass> dry_run_any(const dtensor::models::TrainingPlan& p, bool llama, bool bf16,
                                                     bool sp) {
-  namespace sim = dtensor::sim;
-  namespace models = dtensor::models;
-  using ExpertMesh = dtensor::MetaMesh<"edp", "ep", "tp">;
-  using bf = dtensor::bfloat16;
-  auto run = [&]<class T, class Layers>() {
-    return sp ? models::dry_run_plan<T, Layers, true>(p) : models::dry_run_plan<T, Layers, false>(p);
-  };
-  if (llama && p.has_experts())  // models::LlamaMoE: SwiGLU experts in Llama blocks
-    return bf16 ? run.template operator()<bf, models::MoELayers<bf, ExpertMesh, models::LlamaLayers>>()
-                : run.template operator()<float, models::MoELayers<float, ExpertMesh, models::LlamaLayers>>();
-  if (llama)
-    return bf16 ? run.template operator()<bf, models::LlamaLayers>()
-                : run.template operator()<float, models::LlamaLayers>();
-  if (p.has_experts())
-    return bf16 ? run.template operator()<bf, models::MoELayers<bf, ExpertMesh>>()
-                : run.template operator()<float, models::MoELayers<float, ExpertMesh>>();
-  return bf16 ? run.template operator()<bf, models::DenseLayers>()
-              : run.template operator()<float, models::DenseLayers>();
+  return dtensor::models::dry_run_any(p, llama, bf16, sp);  // this unit's explicit instantiations
 }
 
 std::vector<DryRanked> dry_rank(const PlanModel& m, const std::vector<dtensor::sim::RankedPlan>& ranked,

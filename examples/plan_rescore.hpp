@@ -35,26 +35,6 @@
 
 namespace examples {
 
-/// The search's plan as the dry run's TrainingPlan: `base` gives the model (and a MoE model's
-/// configuration), `shape` how it is split.
-inline dtensor::models::TrainingPlan training_plan_of(dtensor::models::TrainingPlan base,
-                                                      const dtensor::sim::PlanShape& shape) {
-  const dtensor::nn::Recompute rc = shape.recomputes();
-  base.model.checkpoint = rc.full;
-  base.model.recompute = rc.full ? dtensor::nn::Recompute{} : rc;
-  base.batch = shape.batch;
-  base.microbatches = shape.microbatches();
-  base.dp = shape.dp, base.tp = shape.tp, base.pp = shape.pp, base.cp = shape.cp, base.ep = shape.ep;
-  base.moe.node_size = shape.ep_node_size;
-  base.zero = shape.zero, base.hsdp = shape.hsdp;
-  base.bf16_moments = shape.bf16_moments;  // DDP in bf16: fp32 master and moments unless asked (sim::as_run)
-  base.fp8 = shape.fp8;
-  base.schedule = shape.schedule;
-  base.stages_per_rank = shape.stages_per_rank > 1 ? shape.stages_per_rank : 0;
-  base.cp_kind = dtensor::parallel::parse_context_kind(shape.cp_kind);
-  return base;
-}
-
 /// The dry run of a plan with the model's element type, blocks and sequence parallelism. Defined
 /// in plan_auto_dry.cpp, the one translation unit that instantiates the dry run of every model
 /// (train_gpt, train_gpt_cuda and plan_at_scale link its object: CI's time).
@@ -80,12 +60,8 @@ struct DryScore {
 inline DryScore dry_score(const dtensor::models::TrainingPlan& p,
                           const std::vector<dtensor::models::PlanClass>& classes, const dtensor::sim::Hardware& hw) {
   namespace sim = dtensor::sim;
-  namespace models = dtensor::models;
-  std::vector<sim::ClassInput> inputs;
-  for (const auto& c : classes) inputs.push_back({&c.report, c.pipeline_ranks});
   DryScore r;
-  r.estimate =
-      sim::estimate_plan(inputs, models::plan_topology(p, hw), models::plan_schedule(p), models::estimate_options(p));
+  r.estimate = dtensor::models::estimate_dry_run(p, classes, hw);
   r.step = r.estimate.step_seconds;
   for (std::size_t i = 0; i < classes.size(); ++i) {
     if (classes[i].peak_in_flight > r.memory) r.memory = classes[i].peak_in_flight, r.memory_class = i;
@@ -129,7 +105,7 @@ inline Rescored rescore(const dtensor::models::TrainingPlan& base, bool llama, b
   const auto dry_run_one = [&](std::size_t i) {
     tried[i] = true;
     Finalist f{ranked[i], i, {}, {}};
-    const auto plan = training_plan_of(base, ranked[i].plan);
+    const auto plan = dtensor::models::training_plan_of(base, ranked[i].plan);
     ++out.dry_run;
     try {
       dtensor::sim::check_plan(plan);

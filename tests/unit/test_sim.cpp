@@ -44,6 +44,8 @@
 // whose object this program links (tests/CMakeLists.txt): a quarter of this unit's compile time.
 #include "dry_run_plans.hpp"
 #endif
+#include "dtensor/models/dry_run_any.hpp"
+#include "dtensor/models/published_dry_run.hpp"
 
 using namespace dtensor;
 using namespace dtensor::testing;
@@ -123,6 +125,19 @@ std::string compare_with_threads(const std::array<int, N>& shape, std::uint64_t 
     if (a != b) return detail::cat("mesh ", to_string(shape), " rank ", r, ":\nthreads:\n", a, "sim:\n", b);
   }
   return "";
+}
+
+/// models::dry_run_any as a DryRunner (with DTENSOR_TEST_SHARED_DRY_RUNS the dry runs are the
+/// instantiations of the object this program links, declared extern above).
+std::vector<models::PlanClass> dry_run_any(const models::TrainingPlan& p, bool llama, bool bf16, bool sp) {
+  return models::dry_run_any(p, llama, bf16, sp);
+}
+
+/// The published rows timed by their dry runs (models/published_dry_run.hpp), each dry-run once
+/// for every test case here: the re-costings the fits make are remembered inside the rows too.
+const std::vector<sim::TimedRun>& published_dry_rows() {
+  static const auto rows = models::published_dry_runs(sim::published_runs(), dry_run_any);
+  return rows;
 }
 
 }  // namespace
@@ -1879,13 +1894,13 @@ TEST_CASE("sim: the Chrome trace of an estimated step is strict JSON with its tw
 
 TEST_CASE("sim: one calibration predicts the published runs within 15 %", "[sim][figures][calibration]") {
   // Korthikanti Table 5 iteration times, Narayanan Table 1 TFLOP/s per GPU, Llama 3 Table 4
-  // (sim/published_runs.hpp); the same sim::calibration for every row (docs/dry-run.md's table
-  // is `plan_at_scale --published`).
-  const auto runs = sim::published_runs();
+  // (sim/published_runs.hpp); the same sim::calibration for every row, each row timed by its dry
+  // run (docs/dry-run.md's table is `plan_at_scale --published`).
+  const auto& runs = published_dry_rows();
   int korthikanti = 0, narayanan = 0, llama = 0, held_out = 0, fit = 0;
   for (const auto& run : runs) {
     const auto p = sim::predict(run);
-    CAPTURE(run.name, run.fit, p.predicted, p.published);
+    CAPTURE(run.name, run.fit, run.time_model, run.dry_run_note, p.predicted, p.published);
     // The issue's rows, and every H100 row (Llama 3 at 700 W; torchtitan's on h100-500w).
     const bool named = run.name.rfind("Korthikanti", 0) == 0 || run.name.rfind("Narayanan", 0) == 0 ||
                        run.name.rfind("Llama 3", 0) == 0 || run.name.rfind("torchtitan", 0) == 0;
@@ -1894,6 +1909,7 @@ TEST_CASE("sim: one calibration predicts the published runs within 15 %", "[sim]
     llama += run.name.rfind("Llama 3", 0) == 0;
     (run.fit ? fit : held_out) += 1;
     if (named) CHECK(std::abs(p.ratio() - 1) <= 0.15);
+    if (run.name.rfind("BLOOM", 0) == 0) CHECK(std::abs(p.ratio() - 1) <= 0.15);
   }
   CHECK(korthikanti == 4);
   CHECK(narayanan >= 5);
@@ -1912,7 +1928,12 @@ TEST_CASE("sim: one calibration predicts the published runs within 15 %", "[sim]
 }
 
 TEST_CASE("sim: the calibration is the fit of the fit rows; held-out and leave-one-out errors", "[sim][figures][calibration]") {
-  const auto runs = sim::published_runs();
+  const auto& runs = published_dry_rows();
+  // Every fit row is timed by its dry run (the fit is the dry run's, not the analytic estimate's).
+  for (const auto& run : sim::fit_rows(runs)) {
+    CAPTURE(run.name, run.dry_run_note);
+    CHECK(run.time_model == "dry run");
+  }
   // The two fitted constants are what the stated fit gives on the stated rows (none tuned by hand).
   const auto fitted = sim::fit_calibration(sim::fit_rows(runs));
   CHECK(fitted.gemm_max_fraction == sim::calibration.gemm_max_fraction);
@@ -1944,15 +1965,148 @@ TEST_CASE("sim: the calibration is the fit of the fit rows; held-out and leave-o
       // TFLOP/s) ran at 126 TFLOP/s under DeepSpeed's pipeline; we predict Megatron's speed.
       CHECK(loo[i] < 0.85);
       CHECK(loo[i] > 0.75);
+    } else if (runs[i].name.rfind("DeepSeek-V3", 0) == 0) {
+      // Held out, and over by what docs/dry-run.md ("MLA charged") leaves out in DeepSeek's
+      // favour (its kernels' overlap of the NVLink forwarding with the network transfer,
+      // DualPipe's finer overlap): +15.5 % in its dry run (+14.2 % in the analytic estimate,
+      // whose MoE blocks are 1.3 % shorter), asserted where it is so that a change shows.
+      CHECK(loo[i] > 1.10);
+      CHECK(loo[i] < 1.20);
     } else {
       CHECK(std::abs(loo[i] - 1) <= 0.15);
     }
   }
   // A fit needs rows; a device override a row names must be a real field.
   CHECK_THROWS_WITH(sim::fit_calibration({}), Catch::Contains("no runs to fit"));
-  auto bad = runs.back();
+  auto bad = sim::published_runs().back();
   bad.device_fields = {{"network_gbit", "50"}};
-  CHECK_THROWS_WITH(sim::predict(bad), Catch::Contains("unknown device field 'network_gbit'"));
+  CHECK_THROWS_WITH(models::published_dry_run(bad, dry_run_any),
+                    Catch::Contains("unknown device field 'network_gbit'"));
+  CHECK_THROWS_WITH(sim::predict_analytic(bad), Catch::Contains("unknown device field 'network_gbit'"));
+}
+
+TEST_CASE("sim: --published's figures are the dry run's; the analytic estimate agrees with it on the published rows",
+          "[sim][figures][calibration][analytic]") {
+  const auto& runs = published_dry_rows();
+  // The figure of a row is its dry run's estimate: the row's plan dry-run (models::dry_run_plan
+  // with its software) and costed by sim::estimate_plan, here again from scratch.
+  const auto& korthikanti = runs.front();
+  REQUIRE(korthikanti.name == "Korthikanti T5 22B");
+  const auto dry = models::dry_run_published(korthikanti, dry_run_any);
+  std::vector<sim::ClassInput> inputs;
+  for (const auto& c : dry->classes) inputs.push_back({&c.report, c.pipeline_ranks});
+  const auto options = models::estimate_options(dry->plan);
+  CHECK(!options.overlap_gradient_reduction);  // Megatron-LM's, as the row states
+  const auto direct = sim::estimate_plan(inputs, models::plan_topology(dry->plan, korthikanti.hardware()),
+                                         models::plan_schedule(dry->plan), options);
+  CHECK(sim::predict(korthikanti).step_seconds == direct.step_seconds);
+  CHECK(sim::predict(korthikanti).predicted == direct.step_seconds);  // an iteration time
+  CHECK(!dry->plan.fused_attention);
+  CHECK(!dry->plan.overlap_gradient_reduction);
+  // Under another calibration too (what the fits try): re-costed, not dry-run again.
+  const sim::Calibration other{.gemm_max_fraction = 0.80, .gemm_half_intensity = 100};
+  CHECK(sim::predict(korthikanti, other).step_seconds == dry->estimate(other).step_seconds);
+  CHECK(sim::predict(korthikanti, other).step_seconds != sim::predict(korthikanti).step_seconds);
+
+  // The analytic estimate against the dry run on every row (the search's fast twin; issue 43
+  // asks 5 %): the same software on both sides (the rows' PlanShape: Megatron's rows unfused and
+  // unoverlapped in both), so the bound is the twins' own gap: 5 %, but on five rows where one
+  // of the analytic estimate's two known approximations is large (docs/dry-run.md, "One time
+  // model"), each asserted where it is so that a change that moves it shows:
+  //  - one-layer pipeline stages (Narayanan's 530B: 105 stages, 1T: 128): the dry run charges a
+  //    stage's receive and its send in each direction, the analytic one transfer per stage and
+  //    direction; with a layer per stage the transfers are a large share: 0.91 and 0.94;
+  //  - the head on the last rank: pipeline::stage_layers gives the remainder layers to the
+  //    first stages, so the rank holding the head holds fewer layers, where the analytic charges
+  //    it ceil(L / p) (Llama 3 at 8K: 7 layers and the head against 8; BLOOM: 5 against 6, and
+  //    its 250,880-row head is 1.5 layers): 1.07 each.
+  const auto bound = [](const std::string& name) -> std::pair<double, double> {
+    if (name == "Narayanan T1 530B" || name == "Narayanan T1 1T") return {0.90, 0.95};
+    if (name.rfind("Llama 3 T4 8K", 0) == 0 || name.rfind("BLOOM", 0) == 0) return {1.05, 1.10};
+    return {0.95, 1.05};
+  };
+  for (const auto& run : runs) {
+    CAPTURE(run.name, run.dry_run_note);
+    if (!run.dry_run_note.empty()) {
+      // Only torchtitan's Float8 405B row (FP8 with full recomputation: the trainer refuses it).
+      CHECK(run.name.find("Float8") != std::string::npos);
+      continue;
+    }
+    CHECK(run.time_model == "dry run");
+    const double ratio = sim::analytic_of(run).step_seconds / sim::predict(run).step_seconds;
+    const auto [lo, hi] = bound(run.name);
+    CAPTURE(ratio, lo, hi);
+    CHECK(ratio >= lo);
+    CHECK(ratio <= hi);
+  }
+}
+
+TEST_CASE("sim: a plan's software: scores in HBM as the analytic charges them, the gradient reduction exposed",
+          "[sim][cost][analytic]") {
+  // The meta attention under kernels::meta::MaterializedScores records the unfused kernels: the
+  // records of materialized_attention_records, the function the analytic estimate costs too.
+  const Extent B = 2, H = 4, T = 64, D = 16;
+  const auto q = kernels::meta::MetaTensor<bfloat16, 4>::uninitialized(Shape<4>{B, H, T, D});
+  const auto records = [&](bool materialized, bool backward) {
+    const kernels::meta::MaterializedScores scores(materialized);
+    kernels::meta::CostLog log;
+    const auto f = kernels::meta::attention(q, q, q);
+    if (backward) {
+      log.clear();
+      (void)kernels::meta::attention_backward(q, q, q, f.out, f.lse, f.out);
+    }
+    return log.records();
+  };
+  const auto expected = [&](bool backward) {
+    return kernels::meta::materialized_attention_records(double(B * H), double(T), double(T), double(D), double(D), 2,
+                                                         backward);
+  };
+  for (const bool backward : {false, true}) {
+    CAPTURE(backward);
+    const auto got = records(true, backward), want = expected(backward);
+    REQUIRE(got.size() == want.size());
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      CHECK(got[i].op == want[i].op);
+      CHECK(got[i].flops == want[i].flops);
+      CHECK(got[i].bytes_read == want[i].bytes_read);
+      CHECK(got[i].bytes_written == want[i].bytes_written);
+    }
+    CHECK(records(false, backward).size() == 1);  // the fused kernel: one record
+  }
+  CHECK(!kernels::meta::materialized_scores());                    // the scope ended
+  CHECK(expected(false).back().bytes_read == 13 * B * H * T * T);  // 13 bytes per score
+
+  // A plan's dry run honours both fields: no fused attention record, and the step charges the
+  // whole gradient reduction after the backward.
+  models::TrainingPlan plan{.model = {.vocab = 1000, .seq = 128, .dim = 256, .heads = 4, .layers = 2},
+                            .batch = 8,
+                            .microbatches = 2,
+                            .dp = 4,
+                            .tp = 2};
+  plan.bf16_moments = true;
+  plan.fused_attention = false;
+  plan.overlap_gradient_reduction = false;
+  const auto classes = models::dry_run_plan<dtensor::bfloat16, models::DenseLayers, true>(plan);
+  for (const auto& c : classes)
+    for (const auto& ph : c.report.phases)
+      for (const auto& op : ph.ops) {
+        CAPTURE(ph.name, op.op);
+        CHECK(op.op != "attention");
+        CHECK(op.op != "attention_backward");
+      }
+  const sim::Hardware hw = sim::device("a100");
+  const auto exposed = models::estimate_dry_run(plan, classes, hw);
+  auto overlapped_plan = plan;
+  overlapped_plan.overlap_gradient_reduction = true;
+  const auto overlapped = models::estimate_dry_run(overlapped_plan, classes, hw);
+  const auto& e = exposed.classes[exposed.slowest];
+  REQUIRE(e.gradient_reduction_seconds > 0);
+  CHECK(e.once_per_step_seconds >= e.gradient_reduction_seconds);  // all of it after the backward
+  CHECK(exposed.step_seconds > overlapped.step_seconds);
+  CHECK(exposed.step_seconds - overlapped.step_seconds <= e.gradient_reduction_seconds * (1 + 1e-9));
+  CHECK(sim::exposed_gradient_reduction(2, 0.5, true) == 1.5);
+  CHECK(sim::exposed_gradient_reduction(2, 0.5, false) == 2);
+  CHECK(sim::exposed_gradient_reduction(0.2, 0.5, true) == 0);
 }
 
 TEST_CASE("sim: the analytic estimate follows the dry run's", "[sim][cost][analytic]") {

@@ -68,6 +68,7 @@
 #include "dtensor/core/checked.hpp"
 #include "dtensor/distributed/distribute.hpp"
 #include "dtensor/distributed/redistribute.hpp"
+#include "dtensor/kernels/meta/attention.hpp"
 #include "dtensor/models/gpt.hpp"
 #include "dtensor/models/gpt_config.hpp"
 #include "dtensor/models/llama.hpp"
@@ -120,6 +121,14 @@ struct TrainingPlan {
   // FP8 GEMMs (train_gpt --dtype fp8): the bf16 model with every nn::Linear's three GEMMs in FP8
   // (nn::Fp8Autocast over the dry run; the experts' GEMMs stay bf16, as the trainer runs them).
   bool fp8 = false;
+  // The software the plan runs on (sim::PlanShape's fields of the same names): dtensor's fused
+  // attention and gradient reduction behind the last backward, or a published run's older
+  // stack (Megatron-LM of 2021/22: neither). fused_attention false: the meta attention kernels
+  // record the scores in HBM (kernels::meta::MaterializedScores over the dry run);
+  // overlap_gradient_reduction false: the estimate charges the reduction exposed
+  // (sim::EstimateOptions). What the step runs and holds is the same either way.
+  bool fused_attention = true;
+  bool overlap_gradient_reduction = true;
 
   Extent micro_batch() const { return batch / microbatches; }
   /// pp x dp x cp x tp, checked: a mesh's ranks are ints, so a product past 2^31 - 1 throws
@@ -370,11 +379,13 @@ inline sim::Topology plan_topology(const TrainingPlan& p, const sim::Hardware& h
   return t;
 }
 
-/// The estimate's settings of a plan (sim/cost_model.hpp): its ZeRO stage, and DualPipeV's
-/// overlapped pairs (each pair's expert all-to-alls behind the other half's compute).
-inline sim::EstimateOptions estimate_options(const TrainingPlan& p) {
+/// The estimate's settings of a plan (sim/cost_model.hpp): its ZeRO stage, DualPipeV's
+/// overlapped pairs (each pair's expert all-to-alls behind the other half's compute), whether
+/// its software overlaps the gradient reduction, and the calibration.
+inline sim::EstimateOptions estimate_options(const TrainingPlan& p, const sim::Calibration& cal = sim::calibration) {
   namespace pp = parallel::pipeline;
-  sim::EstimateOptions o{.zero = p.zero};
+  sim::EstimateOptions o{
+      .zero = p.zero, .calibration = cal, .overlap_gradient_reduction = p.overlap_gradient_reduction};
   if (pp::parse_schedule_kind(p.schedule) == pp::ScheduleKind::dual_pipe_v)
     o.overlapped = pp::dual_pipe_v_overlapped(p.pp, p.microbatches);
   return o;
@@ -388,6 +399,8 @@ std::vector<PlanClass> dry_run_plan(const TrainingPlan& given) {
   if (given.fp8 && !std::is_same_v<T, bfloat16>)
     throw Error("models::dry_run_plan", "fp8 is the bf16 model with FP8 GEMMs: run it with T = bfloat16");
   const nn::Fp8Autocast fp8(given.fp8);  // every rank's Linears (process-wide, set before the ranks start)
+  // The software's attention: scores in HBM where the plan says so (process-wide, as above).
+  const kernels::meta::MaterializedScores scores(!given.fused_attention);
   // DDP in bf16: with its fp32 master and moments (the topology and the estimate's options of
   // `given` describe the same ranks and links: plan_topology, EstimateOptions).
   const TrainingPlan p = as_run(given, !std::is_same_v<T, float>);
@@ -452,6 +465,73 @@ std::vector<PlanClass> dry_run_plan(const TrainingPlan& given) {
                        std::max(0.0, c.in_flight_bytes - double(v) * double(c.saved_per_stage));
   }
   return result;
+}
+
+/// The dry run's step of plan `p` from its classes (sim::estimate_plan over every class, on the
+/// plan's topology and schedule, with its estimate options) on `hw` under `cal`: what --search,
+/// --plan auto and --published rank and report by. `schedule`: plan_schedule(p), when the caller
+/// costs the same plan again (under other calibrations) and keeps it.
+inline sim::PlanEstimate estimate_dry_run(const TrainingPlan& p, const std::vector<PlanClass>& classes,
+                                          const sim::Hardware& hw, const parallel::pipeline::Schedule& schedule,
+                                          const sim::Calibration& cal = sim::calibration) {
+  std::vector<sim::ClassInput> inputs;
+  for (const auto& c : classes) inputs.push_back({&c.report, c.pipeline_ranks});
+  return sim::estimate_plan(inputs, plan_topology(p, hw), schedule, estimate_options(p, cal));
+}
+inline sim::PlanEstimate estimate_dry_run(const TrainingPlan& p, const std::vector<PlanClass>& classes,
+                                          const sim::Hardware& hw, const sim::Calibration& cal = sim::calibration) {
+  return estimate_dry_run(p, classes, hw, plan_schedule(p), cal);
+}
+
+/// The analytic estimate's plan (sim::PlanShape) as the dry run's TrainingPlan: `base` gives the
+/// model (and a MoE model's configuration), `shape` how it is split and the software it runs.
+inline TrainingPlan training_plan_of(TrainingPlan base, const sim::PlanShape& shape) {
+  const nn::Recompute rc = shape.recomputes();
+  base.model.checkpoint = rc.full;
+  base.model.recompute = rc.full ? nn::Recompute{} : rc;
+  base.batch = shape.batch;
+  base.microbatches = shape.microbatches();
+  base.dp = shape.dp, base.tp = shape.tp, base.pp = shape.pp, base.cp = shape.cp, base.ep = shape.ep;
+  base.moe.node_size = shape.ep_node_size;
+  base.zero = shape.zero, base.hsdp = shape.hsdp;
+  base.bf16_moments = shape.bf16_moments;  // DDP in bf16: fp32 master and moments unless asked (sim::as_run)
+  base.fp8 = shape.fp8;
+  base.schedule = shape.schedule;
+  base.stages_per_rank = shape.stages_per_rank > 1 ? shape.stages_per_rank : 0;
+  base.cp_kind = parallel::parse_context_kind(shape.cp_kind);
+  base.fused_attention = shape.fused_attention;
+  base.overlap_gradient_reduction = shape.overlap_gradient_reduction;
+  return base;
+}
+
+/// The same from the analytic estimate's model (sim::ModelShape): the GPT's configuration (the
+/// blocks' kind, GPT's or Llama's, is the dry run's Layers: ModelShape::llama), its MLA shape
+/// and its MoE configuration (balanced routing, dropless).
+inline TrainingPlan training_plan_of(const sim::ModelShape& m, const sim::PlanShape& shape) {
+  TrainingPlan base{.model = {.vocab = m.vocab,
+                              .seq = m.seq,
+                              .dim = m.dim,
+                              .heads = m.heads,
+                              .layers = m.layers,
+                              .mlp_ratio = 4,
+                              .kv_heads = m.kv_heads,
+                              .ffn = m.ffn}};
+  base.model.mla = {.q_lora_rank = m.q_lora_rank,
+                    .kv_lora_rank = m.kv_lora_rank,
+                    .qk_nope_head_dim = m.qk_nope_dim,
+                    .qk_rope_head_dim = m.qk_rope_dim,
+                    .v_head_dim = m.v_head_dim};
+  if (m.moe()) {
+    base.moe.router.experts = m.experts;
+    base.moe.router.topk = m.topk;
+    base.moe.router.groups = m.expert_groups;
+    base.moe.router.topk_groups = m.topk_groups;
+    base.moe.every = m.moe_every;
+    base.moe.dense_first = m.dense_first;
+    base.moe.shared = m.shared_experts;
+    base.moe.hidden = m.expert_ffn;
+  }
+  return training_plan_of(base, shape);
 }
 
 }  // namespace dtensor::models

@@ -51,6 +51,7 @@
 
 #include "dtensor/core/checked.hpp"
 #include "dtensor/core/error.hpp"
+#include "dtensor/kernels/meta/attention.hpp"
 #include "dtensor/nn/moe_blocks.hpp"
 #include "dtensor/nn/recompute.hpp"
 #include "dtensor/nn/router.hpp"
@@ -192,8 +193,9 @@ struct PlanShape {
   nn::Recompute recompute_modules{};  // per-module recomputation (nn/recompute.hpp; full = recompute)
   int hsdp = 1;                 // ZeRO over dp / hsdp ranks, replicated hsdp times (HSDP; 1: plain)
   // The software the plan runs on (dtensor's own: fused attention, overlapped gradient
-  // reduction; the Megatron-LM of Narayanan 2021 / Korthikanti 2022: neither).
-  bool fused_attention = true;  // false: scores in HBM (QK^T, softmax, dropout, AV as separate kernels)
+  // reduction; the Megatron-LM of Narayanan 2021 / Korthikanti 2022: neither). The dry run
+  // honours both (models::TrainingPlan's fields of the same names), with the same records.
+  bool fused_attention = true;  // false: scores in HBM (kernels::meta::materialized_attention_records)
   bool overlap_gradient_reduction = true;
   std::string schedule = "1f1b"; // gpipe, 1f1b, interleaved, zb, zbv, dualpipev (parallel/pipeline/by_name.hpp)
   int stages_per_rank = 1;      // interleaved: v; zbv and dualpipev: 2
@@ -681,19 +683,17 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
                            std::int64_t(qkv_bytes)},
                           hw, cal);
   } else {
-    // Scores in HBM (every query against every key, the causal mask applied to them): two
-    // batched GEMMs of inner size head_dim and the sequence, and the memory-bound passes over
-    // the scores (write; scale-mask-softmax read and write; dropout read, write and a 1-byte
-    // mask; read by the second GEMM): 13 bytes per score forward, twice that backward.
-    const double sq = s / p.cp, scores = bh * sq * s;
-    auto batched = [&](double rows, double k, double cols) {
-      return op_seconds({"gemm", std::int64_t(2 * bh * rows * k * cols), std::int64_t(e * bh * (rows * k + k * cols)),
-                         std::int64_t(e * bh * rows * cols)}, hw, cal);
+    // Scores in HBM: the records the dry run's meta attention makes under
+    // kernels::meta::MaterializedScores (one function for both; kernels/meta/attention.hpp).
+    const auto seconds = [&](bool backward) {
+      double total = 0;
+      for (const auto& r :
+           kernels::meta::materialized_attention_records(bh, s / p.cp, s, mla ? qk : hd, mla ? vd : hd, e, backward))
+        total += op_seconds(r, hw, cal);
+      return total;
     };
-    const double core_gemms = mla ? batched(sq, qk, s) + batched(sq, s, vd) : batched(sq, hd, s) + batched(sq, s, hd);
-    const double core_bytes = op_seconds({"softmax", 0, std::int64_t(13 * scores), 0}, hw, cal);
-    attn_fwd = core_gemms + core_bytes;
-    attn_bwd = 2 * core_gemms + 2 * core_bytes;
+    attn_fwd = seconds(false);
+    attn_bwd = seconds(true);
   }
   // Memory-bound passes of one block, forward and backward: the meta kernels' records of our
   // modules (nn/), in elements of the rank's widths: xs a block input's tokens on the rank (n h /
@@ -1203,7 +1203,7 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
       reduction += coll(CollectiveKind::reduce_scatter, "edp", edp, (mixed ? 4 : e) * expert_params);
       if (p.zero < 3) sync += coll(CollectiveKind::all_gather, "edp", edp, e * expert_params);
     }
-    exposed_reduction = p.overlap_gradient_reduction ? std::max(0.0, reduction - backward_compute) : reduction;
+    exposed_reduction = exposed_gradient_reduction(reduction, backward_compute, p.overlap_gradient_reduction);
     optimizer = p.zero >= 1
                     ? op_seconds({"adamw_update", std::int64_t(12 * shard), std::int64_t(28 * shard), 0}, hw, cal) +
                           memory_bound(4 * shard + (mixed && p.zero < 3 ? 12 * shard : 0))

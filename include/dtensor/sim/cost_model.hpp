@@ -35,7 +35,9 @@
 //                       edp; and FSDP's "fsdp*cp") in any phase: once per step, after the last micro-batch (DDP's
 //                       buckets, FSDP's reduce-scatter and ZeRO-1/2 all reduce the accumulated
 //                       gradients then). It overlaps the last micro-batch's backward on this
-//                       rank: exposed = max(0, time - that backward's compute). Under ZeRO
+//                       rank: exposed = max(0, time - that backward's compute); all of it
+//                       under options.overlap_gradient_reduction = false (a published run's
+//                       software that reduced after the backward). Under ZeRO
 //                       (options.zero >= 1) an all-reduce is charged as the reduce-scatter it
 //                       needs (a ZeRO rank keeps only its shard).
 //   parameter gather    an all-gather over data dimensions in a micro-batch phase (ZeRO-3 /
@@ -94,7 +96,7 @@ struct Calibration {
   // Fitted (grid in sim::CalibrationGrid): the largest GEMMs' fraction of peak, within the range
   // cuBLAS reaches for large bf16 GEMMs, and the intensity (FLOP per byte moved) at which a GEMM
   // reaches half of it (small and skinny GEMMs reach less).
-  double gemm_max_fraction = 0.84;
+  double gemm_max_fraction = 0.85;
   double gemm_half_intensity = 50;
   // Measured, not fitted: fused attention forward and backward of the bf16 peak (FlashAttention-2
   // 0.34 and cuDNN 0.53 forward at 8K, head dim 128, on an H100: the FlashAttention-3 paper;
@@ -372,7 +374,18 @@ struct EstimateOptions {
   // pipeline::dual_pipe_v_overlapped, sorted): each pair's expert all-to-alls hide behind the
   // other half's compute (see the synopsis). Empty: no pairs.
   std::vector<parallel::pipeline::Action> overlapped = {};
+  // The gradient reduction runs behind the last micro-batch's backward (DDP's buckets, FSDP);
+  // false: after the backward, exposed in full (a published run's software, Megatron-LM of
+  // 2021/22: sim::PlanShape and models::TrainingPlan's overlap_gradient_reduction).
+  bool overlap_gradient_reduction = true;
 };
+
+/// The part of a step's gradient reduction (`reduction` seconds) not hidden: behind the last
+/// micro-batch's backward compute on the rank when `overlapped`, else all of it. The dry run's
+/// estimate and the analytic estimate both charge it so.
+inline double exposed_gradient_reduction(double reduction, double last_backward_compute, bool overlapped) {
+  return overlapped ? std::max(0.0, reduction - last_backward_compute) : reduction;
+}
 
 /// A phase's compute, communication and the part of that communication not hidden. For a
 /// micro-batch phase, `communication` and `exposed` are per micro-batch; the gradient
@@ -458,8 +471,10 @@ inline StepEstimate class_estimate(const RankReport& report, const Topology& top
     if (ph.name == "backward" || ph.name == "backward_input" || ph.name == "backward_weight")
       last_backward_compute += t.compute / stages_per_rank;  // the last micro-batch's last stage
   }
-  // The gradient reduction runs behind the last micro-batch's backward (DDP buckets, FSDP).
-  const double exposed_reduction = std::max(0.0, est.gradient_reduction_seconds - last_backward_compute);
+  // The gradient reduction runs behind the last micro-batch's backward (DDP buckets, FSDP),
+  // unless the options say the software does not overlap it.
+  const double exposed_reduction =
+      exposed_gradient_reduction(est.gradient_reduction_seconds, last_backward_compute, o.overlap_gradient_reduction);
   est.exposed_communication_seconds += exposed_reduction;
   est.once_per_step_seconds = other_phases + exposed_reduction;
   return est;

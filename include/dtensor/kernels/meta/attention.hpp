@@ -7,7 +7,16 @@
 // + 2 P Dv (dP) + 2 P D (dQ) + 2 P D (dK) = P (6 D + 4 Dv). Softmax arithmetic is not counted (as
 // FlashAttention's papers count). Bytes: q, k, v (and out, lse, dout backward) read once,
 // out and lse (dq, dk, dv) written once: what a memory-efficient kernel moves, no T x T matrix.
+//
+// Unless a MaterializedScores(true) lives (a published run's software, Megatron-LM of 2021/22:
+// sim::PlanShape::fused_attention false, models::TrainingPlan likewise): then attention and its
+// backward record the unfused kernels instead, materialized_attention_records (the scores in
+// HBM), the records the analytic estimate (sim/analytic.hpp) costs for such a plan too.
 #pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <vector>
 
 #include "dtensor/kernels/host/attention.hpp"  // AttentionOptions, visible_keys
 #include "dtensor/kernels/meta/common.hpp"
@@ -15,6 +24,63 @@
 namespace dtensor::kernels::meta {
 
 using host::AttentionOptions;
+
+/// Attention with its scores in HBM (the unfused kernels of Megatron-LM 2021/22: QK^T, the
+/// scale-mask-softmax, dropout and PV as separate kernels), as cost records for `bh` batch
+/// entries x heads of `tq` queries and `tk` keys, `d` query/key and `dv` value features,
+/// elements of `element_bytes`: the two batched GEMMs over every (query, key) pair (a causal
+/// mask is applied to the scores, not skipped) and one memory-bound record of the passes over
+/// the tq x tk scores: written by QK^T, read and written by the softmax, read and written by
+/// dropout with its 1-byte mask, read by PV: 13 bytes per score. Backward (`backward`): twice
+/// the forward's records (dQ, dK, dP, dV: four GEMMs of the forward's sizes; the dropout and
+/// softmax backward passes). One function for the dry run's records and the analytic estimate.
+inline std::vector<CostRecord> materialized_attention_records(double bh, double tq, double tk, double d, double dv,
+                                                              double element_bytes, bool backward) {
+  const auto batched = [&](double rows, double k, double cols) {
+    return CostRecord{"gemm", std::int64_t(2 * bh * rows * k * cols),
+                      std::int64_t(element_bytes * bh * (rows * k + k * cols)),
+                      std::int64_t(element_bytes * bh * rows * cols)};
+  };
+  const CostRecord scores{"softmax", 0, std::int64_t(13 * bh * tq * tk), 0};
+  std::vector<CostRecord> forward{batched(tq, d, tk), batched(tq, tk, dv), scores};
+  if (!backward) return forward;
+  std::vector<CostRecord> twice = forward;
+  twice.insert(twice.end(), forward.begin(), forward.end());
+  return twice;
+}
+
+namespace detail {
+inline std::atomic<bool>& materialized_scores_on() {
+  static std::atomic<bool> on{false};
+  return on;
+}
+template <class T>
+void record_materialized(Extent bh, Extent tq, Extent tk, Extent d, Extent dv, bool backward) {
+  for (const auto& r : materialized_attention_records(double(bh), double(tq), double(tk), double(d), double(dv),
+                                                      double(sizeof(T)), backward))
+    CostLog::record(r);
+}
+}  // namespace detail
+
+/// Whether the meta attention kernels record the scores in HBM (see MaterializedScores).
+inline bool materialized_scores() noexcept { return detail::materialized_scores_on().load(); }
+
+/// While a MaterializedScores(true) lives, the meta attention kernels record attention as the
+/// unfused kernels that keep the scores in HBM (materialized_attention_records) instead of a
+/// fused kernel: a published run's software (models::dry_run_plan sets it from
+/// TrainingPlan::fused_attention). Process-wide, like nn::Fp8Autocast, so that no option is
+/// threaded through the modules: set it before the ranks start and keep it for the run. Restores
+/// the previous state when it ends. The values a host or CUDA kernel computes do not change.
+class MaterializedScores {
+ public:
+  explicit MaterializedScores(bool enabled = true) : previous_(detail::materialized_scores_on().exchange(enabled)) {}
+  ~MaterializedScores() { detail::materialized_scores_on().store(previous_); }
+  MaterializedScores(const MaterializedScores&) = delete;
+  MaterializedScores& operator=(const MaterializedScores&) = delete;
+
+ private:
+  bool previous_;
+};
 
 template <class T>
 struct AttentionForward {
@@ -34,13 +100,16 @@ inline std::int64_t attention_pairs(const AttentionOptions& o, Extent tq, Extent
   return pairs;
 }
 
-
 template <host::FloatElement T>
 AttentionForward<T> attention(const MetaTensor<T, 4>& q, const MetaTensor<T, 4>& k, const MetaTensor<T, 4>& v,
                               const AttentionOptions& opts = {}) {
   const Extent bh = q.extent(0) * q.extent(1), tq = q.extent(2), d = q.extent(3), dv = v.extent(3);
-  const std::int64_t pairs = attention_pairs(opts, tq, k.extent(2));
   const Shape<4> os{q.extent(0), q.extent(1), tq, dv};
+  if (materialized_scores()) {
+    detail::record_materialized<T>(bh, tq, k.extent(2), d, dv, /*backward=*/false);
+    return {detail::result<T>(os), detail::result<Stat>(Shape<3>{q.extent(0), q.extent(1), tq})};
+  }
+  const std::int64_t pairs = attention_pairs(opts, tq, k.extent(2));
   detail::cost("attention", bh * pairs * 2 * (d + dv), detail::bytes<T>(q.numel() + k.numel() + v.numel()),
                detail::bytes<T>(numel(os)) + detail::bytes<Stat>(bh * tq));
   return {detail::result<T>(os), detail::result<Stat>(Shape<3>{q.extent(0), q.extent(1), tq})};
@@ -51,6 +120,10 @@ AttentionBackward<T> attention_backward(const MetaTensor<T, 4>& q, const MetaTen
                                         const MetaTensor<T, 4>& out, const MetaTensor<Stat, 3>& lse,
                                         const MetaTensor<T, 4>& dout, const AttentionOptions& opts = {}) {
   const Extent B = q.extent(0), H = q.extent(1), tq = q.extent(2), d = q.extent(3), dv = v.extent(3);
+  if (materialized_scores()) {
+    detail::record_materialized<T>(B * H, tq, k.extent(2), d, dv, /*backward=*/true);
+    return {detail::result<T>(q.shape()), detail::result<T>(k.shape()), detail::result<T>(v.shape())};
+  }
   const std::int64_t pairs = attention_pairs(opts, tq, k.extent(2));
   detail::cost("attention_backward", B * H * pairs * (6 * d + 4 * dv),
                detail::bytes<T>(q.numel() + k.numel() + v.numel() + out.numel() + dout.numel()) +
