@@ -2046,7 +2046,7 @@ TEST_CASE("sim: a plan's software: scores in HBM as the analytic charges them, t
   // The meta attention under kernels::meta::MaterializedScores records the unfused kernels: the
   // records of materialized_attention_records, the function the analytic estimate costs too.
   const Extent B = 2, H = 4, T = 64, D = 16;
-  const auto q = kernels::meta::MetaTensor<bfloat16, 4>::uninitialized(Shape<4>{B, H, T, D});
+  const auto q = kernels::meta::MetaTensor<dtensor::bfloat16, 4>::uninitialized(Shape<4>{B, H, T, D});
   const auto records = [&](bool materialized, bool backward) {
     const kernels::meta::MaterializedScores scores(materialized);
     kernels::meta::CostLog log;
