@@ -276,7 +276,7 @@ const examples::FlagTable<Options>& flag_table() {
       {"--device-field", "NAME=VALUE",
        "one field of the device: name peak_bf16_tflops peak_fp32_tflops "
        "hbm_gbytes_per_s memory_gbytes nvlink_domain nvlink_gbytes_per_s nvlink_latency_us "
-       "network_gbps network_latency_us [compute_scale]",
+       "network_gbps network_latency_us [compute_scale sm_count gemm_tile_m gemm_tile_n gemm_overhead_us]",
        [](O& o, const std::string&, const std::string& v) {
          const auto eq = v.find('=');
          if (eq == std::string::npos) throw UsageError("--device-field " + v + ": expected NAME=VALUE");

@@ -632,9 +632,18 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   const double split = p.sp ? t : 1;  // what divides a block input's tokens on a rank (SP)
   const int mb = p.microbatches(), v = p.stages_per_rank;
   const double layers_per_rank = double(m.layers) / p.pp;
+  // A GEMM's shape as the dry run's records carry it (the wave quantisation reads it); an extent
+  // of the estimate may be a mean (an expert's rows), rounded up to whole rows.
+  const auto gemm_extent = [](double x) { return std::int64_t(std::ceil(x)); };
   auto gemm = [&](double rows, double k, double cols) {
-    kernels::meta::CostRecord r{"gemm", std::int64_t(2 * rows * k * cols), std::int64_t(e * (rows * k + k * cols)),
-                                std::int64_t(e * rows * cols)};
+    const kernels::meta::CostRecord r{"gemm",
+                                      std::int64_t(2 * rows * k * cols),
+                                      std::int64_t(e * (rows * k + k * cols)),
+                                      std::int64_t(e * rows * cols),
+                                      gemm_extent(rows),
+                                      gemm_extent(cols),
+                                      gemm_extent(k),
+                                      1};
     return op_seconds(r, hw, cal);
   };
   auto memory_bound = [&](double bytes) { return op_seconds({"add_", 0, std::int64_t(bytes), 0}, hw, cal); };
@@ -645,8 +654,14 @@ inline AnalyticEstimate analytic_estimate(const ModelShape& m, const PlanShape& 
   auto linear = [&](double rows, double k, double cols) {
     if (!p.fp8) return gemm(rows, k, cols);
     const double operands = rows * k + k * cols;
-    const kernels::meta::CostRecord r{"gemm_fp8", std::int64_t(2 * rows * k * cols), std::int64_t(operands),
-                                      std::int64_t(e * rows * cols)};
+    const kernels::meta::CostRecord r{"gemm_fp8",
+                                      std::int64_t(2 * rows * k * cols),
+                                      std::int64_t(operands),
+                                      std::int64_t(e * rows * cols),
+                                      gemm_extent(rows),
+                                      gemm_extent(cols),
+                                      gemm_extent(k),
+                                      1};
     return op_seconds(r, hw, cal) + memory_bound((e + 1) * operands) + memory_bound(0.5 * e * operands);
   };
   // MLA (nn/latent_attention.hpp): H heads of qk = nope + rope query/key features and vd value

@@ -11,7 +11,9 @@
 //   time = max(FLOPs / (peak x efficiency), bytes moved / (HBM bandwidth x hbm_fraction))
 // where a GEMM's efficiency depends on its shape through its arithmetic intensity I = FLOPs per
 // byte moved: gemm_max_fraction x I / (I + gemm_half_intensity) (small or skinny GEMMs reach
-// less of the peak than large square ones); fused attention runs at attention_fraction; every
+// less of the peak than large square ones), times its wave efficiency (its output tiles over the
+// device's SMs, the last wave partly empty), plus the device's fixed time per GEMM (the record's
+// shape: gemm_wave_efficiency, op_seconds); fused attention runs at attention_fraction; every
 // other op (pointwise, norms, the optimizer) at the fp32 vector peak, in practice bound by bytes.
 // Communication: every collective costs steps x latency + bytes on the wire / (bandwidth of its
 // link x link_fraction), with the ring algorithms' figures (comm_log.hpp wire_bytes): for a group
@@ -74,6 +76,7 @@
 #include <array>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <string>
 #include <string_view>
@@ -95,9 +98,12 @@ namespace dtensor::sim {
 struct Calibration {
   // Fitted (grid in sim::CalibrationGrid): the largest GEMMs' fraction of peak, within the range
   // cuBLAS reaches for large bf16 GEMMs, and the intensity (FLOP per byte moved) at which a GEMM
-  // reaches half of it (small and skinny GEMMs reach less).
-  double gemm_max_fraction = 0.85;
-  double gemm_half_intensity = 50;
+  // reaches half of it (small and skinny GEMMs reach less). Since a GEMM record carries its shape
+  // (its waves over the SMs and the device's fixed time per GEMM price small GEMMs), the fit puts
+  // the intensity term at 0 (it was 50 without them): the rows' GEMMs need no more than the shape
+  // says; the curve is kept for records without a shape and for fits of other rows.
+  double gemm_max_fraction = 0.87;
+  double gemm_half_intensity = 0;
   // Measured, not fitted: fused attention forward and backward of the bf16 peak (FlashAttention-2
   // 0.34 and cuDNN 0.53 forward at 8K, head dim 128, on an H100: the FlashAttention-3 paper;
   // backward below forward); memory-bound kernels' fraction of HBM bandwidth (copy bandwidth);
@@ -295,22 +301,50 @@ inline double collective_seconds(const CommRecord& r, const Topology& topology, 
   return std::max(nvlink, network);
 }
 
-/// A GEMM's fraction of peak from its arithmetic intensity (FLOP per byte moved).
+/// A GEMM's fraction of peak from its arithmetic intensity (FLOP per byte moved); 0 at intensity
+/// 0 (no FLOPs), also when gemm_half_intensity is 0 (where 0 / 0 would be NaN).
 inline double gemm_efficiency(double flops_per_byte, const Calibration& cal = calibration) {
+  if (!(flops_per_byte > 0)) return 0;
   if (!(flops_per_byte < std::numeric_limits<double>::infinity())) return cal.gemm_max_fraction;
   return cal.gemm_max_fraction * flops_per_byte / (flops_per_byte + cal.gemm_half_intensity);
 }
 
-/// Seconds one meta kernel takes (the roofline of the synopsis).
+namespace detail {
+/// Whether a record carries its GEMM's shape (the meta GEMM kernels' do; CostRecord).
+inline bool has_gemm_shape(const kernels::meta::CostRecord& op) noexcept { return op.m > 0 && op.n > 0 && op.k > 0; }
+}  // namespace detail
+
+/// The share of a GEMM's SM time that computes (wave quantisation): its batch x ceil(m / tm) x
+/// ceil(n / tn) output tiles (hw.gemm_tile) run sm_count at a time, so a last wave of r tiles
+/// leaves sm_count - r SMs idle for a tile's time: tiles / (waves x sm_count). 1 for a record
+/// without its shape. (An H100's 132 SMs: 1024^2 outputs are 32 tiles of 128 x 256, one wave at
+/// 0.24; 8192^2 are 2,048 tiles, 16 waves at 0.97.)
+inline double gemm_wave_efficiency(const kernels::meta::CostRecord& op, const Hardware& hw) {
+  if (!detail::has_gemm_shape(op)) return 1;
+  const auto [tm, tn] = hw.gemm_tile();
+  const double tiles =
+      double(std::max<std::int64_t>(op.batch, 1)) * double((op.m + tm - 1) / tm) * double((op.n + tn - 1) / tn);
+  const double sms = std::max(hw.sm_count, 1), waves = std::ceil(tiles / sms);
+  return tiles / (waves * sms);
+}
+
+/// Seconds one meta kernel takes (the roofline of the synopsis). A GEMM with its shape also runs
+/// at its wave efficiency (gemm_wave_efficiency) and pays the device's fixed gemm_overhead_seconds:
+/// the intensity curve says how well a tile's loop uses an SM, the waves how many SMs have a tile,
+/// the overhead what a launch costs beside (docs/dry-run.md, "GEMM efficiency by shape").
 inline double op_seconds(const kernels::meta::CostRecord& op, const Hardware& hw, const Calibration& cal = calibration) {
   const double flops = double(op.flops), bytes = double(op.bytes_read) + double(op.bytes_written);
   // An op without FLOPs (a GEMM with an empty dimension on a rank whose shard is empty, a copy)
   // takes its bytes' time only: its efficiency, intensity 0 / bytes, is 0, and 0 / 0 was NaN.
   if (!(flops > 0)) return bytes / (hw.hbm_bytes_per_second * cal.hbm_fraction);
   double flop_rate = hw.peak_fp32_flops;  // vector units: pointwise maps, reductions, the optimizer
+  double overhead = 0;
   const double intensity = bytes > 0 ? flops / bytes : std::numeric_limits<double>::infinity();
-  if (op.op == "gemm") flop_rate = hw.sustained_flops() * gemm_efficiency(intensity, cal);
-  else if (op.op == "gemm_fp8") {
+  const bool gemm = op.op == "gemm", gemm_fp8 = !gemm && op.op == "gemm_fp8";
+  // A record without its shape (a sum, a hand-made one) is no one launch: the curve alone.
+  if ((gemm || gemm_fp8) && detail::has_gemm_shape(op)) overhead = hw.gemm_overhead_seconds;
+  if (gemm) flop_rate = hw.sustained_flops() * gemm_efficiency(intensity, cal) * gemm_wave_efficiency(op, hw);
+  else if (gemm_fp8) {
     // FP8 operands (nn::Linear under nn::Fp8Autocast): the FP8 tensor cores' peak, the same
     // curve of intensity (its bytes are one per operand element) and the device's compute_scale.
     if (!(hw.peak_fp8_flops > 0))
@@ -318,10 +352,10 @@ inline double op_seconds(const kernels::meta::CostRecord& op, const Hardware& hw
                                                           "' has no FP8 tensor cores (peak_fp8_tflops 0): "
                                                           "an FP8 GEMM of ",
                                                           op.flops, " FLOPs cannot be timed"));
-    flop_rate = hw.peak_fp8_flops * hw.compute_scale * gemm_efficiency(intensity, cal);
+    flop_rate = hw.peak_fp8_flops * hw.compute_scale * gemm_efficiency(intensity, cal) * gemm_wave_efficiency(op, hw);
   } else if (op.op == "attention" || op.op == "attention_backward")
     flop_rate = hw.sustained_flops() * cal.attention_fraction;
-  return std::max(flops / flop_rate, bytes / (hw.hbm_bytes_per_second * cal.hbm_fraction));
+  return std::max(flops / flop_rate, bytes / (hw.hbm_bytes_per_second * cal.hbm_fraction)) + overhead;
 }
 
 /// What a collective is, for when it is paid (see the synopsis).

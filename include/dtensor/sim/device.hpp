@@ -10,8 +10,7 @@
 // compute_scale: the share of the calibrated GEMM and attention rates this GPU sustains (1 for a
 // GPU at its rated power, as the calibration's rows ran; lower for a power-limited one, whose SM
 // clock drops under tensor-core load while its HBM and links do not). Fields (units in the names;
-// a file must give every one but compute_scale and peak_fp8_tflops, in any order; '#' starts a
-// comment):
+// a file must give every one but the optional ones, in any order; '#' starts a comment):
 //
 //   name                 a label for reports
 //   peak_bf16_tflops     dense bf16 tensor-core peak          (H100 SXM 989, A100 312)
@@ -25,7 +24,27 @@
 //   nvlink_latency_us    one NVLink message's latency           (3)
 //   network_gbps         network per GPU, gigabits per second   (400 NDR; 200 HDR on Selene)
 //   network_latency_us   one network message's latency          (6)
-//   compute_scale        optional, default 1: see above         (h100-500w 0.58, fitted)
+//   compute_scale        optional, default 1: see above         (h100-500w 0.57, fitted)
+//   sm_count             optional, default 132: streaming multiprocessors (H100 SXM, H200 132;
+//                        A100 108): a GEMM's output tiles run this many at a time
+//   gemm_tile_m, gemm_tile_n  optional, default 128, 256: a tensor-core GEMM's output tile per SM
+//                        (bf16 and FP8; an fp32 model's CUDA-core GEMMs use 128 x 128)
+//   gemm_overhead_us     optional, default 11: a GEMM's fixed time per launch (launch, ramp)
+//
+// The last four make a GEMM's rate depend on its shape (sim::op_seconds, docs/dry-run.md "GEMM
+// efficiency by shape"): a GEMM of m x n outputs is batch x ceil(m / tm) x ceil(n / tn) tiles,
+// run in waves of sm_count (the last wave partly empty), plus the fixed overhead. The tile is
+// 128 x 256 on every built-in device: CUTLASS's default threadblock tile for Ampere tensor-core
+// GEMMs (DefaultGemmConfiguration<OpClassTensorOp, Sm80>: GemmShape<128, 256, 64>, 3 stages)
+// and the largest tile of the Hopper warp-specialized bf16 and FP8 kernels (CUTLASS 3's
+// 128 x 256 x 64), the tiles large GEMMs run on; one such tile fills an SM (its registers hold
+// the 128 x 256 fp32 accumulators), so a wave is sm_count tiles. The fp32 tile is CUTLASS's SIMT
+// default (GemmShape<128, 128, 8>). The overhead is this project's bench_gemm_cuda on an H100
+// (docs/benchmarks.md, "GPU": cuBLAS bf16 at n = 256 and 512 takes 16-17 us a call, 10-12 us more
+// than its tiles would; with 11 us the model reproduces its n = 512 ... 8192 fractions of peak
+// within 15 %). The benchmark times one call between two events, so the host's launch gap is in
+// it: an upper bound for a step whose launches queue ahead. The A100 is given the same figure
+// (no measurement of ours).
 //
 // The built-in devices (sim::device): h100 (SXM, 700 W, 80 GB HBM3), h200 (SXM, 141 GB HBM3e),
 // a100 (SXM 80 GB, HDR 200 Gb/s per GPU as on Selene, where Megatron's published runs were
@@ -36,10 +55,9 @@
 // sim::fit_device_scale; test_sim checks the fit gives this value), the 405B row held out. The
 // measured GEMM figures of the others (this project's bench_gemm_cuda, cuBLAS bf16 at n = 8192,
 // docs/benchmarks.md: 806 of 989 TFLOP/s on an H100 SXM, 819 on an H200, i.e. 0.82 and 0.83)
-// are about what the calibration's fitted curve gives such a GEMM (0.85 x I / (I + 50) = 0.835 at
-// its intensity I = 2,730 FLOP/B): since the analytic estimate counts the memory-bound passes the
-// dry run records (issue 43), the fit no longer lowers the GEMMs' rate to absorb them (fitted on
-// the rows' dry runs since issue 43's one time model: 0.84 on their analytic estimates).
+// are about what the cost model gives that GEMM (0.837: the fitted 0.87 x its wave efficiency
+// 0.97, 2,048 tiles in 16 waves of 132, plus the fixed 11 us); the smaller ones' are reproduced
+// within 15 % (test_sim, docs/dry-run.md "GEMM efficiency by shape").
 #pragma once
 
 #include <algorithm>
@@ -49,6 +67,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "dtensor/core/error.hpp"
@@ -76,11 +95,18 @@ struct Hardware {
   Link infiniband{6e-6, 50e9};  // the network, per GPU
   bool fp32 = false;            // the model computes in fp32 (its GEMMs run at peak_fp32_flops)
   double compute_scale = 1;     // the share of the calibrated GEMM and attention rates sustained
+  // A GEMM's shape model (see the synopsis): its tiles over the SMs, and a fixed time per GEMM.
+  int sm_count = 132;
+  int gemm_tile_m = 128, gemm_tile_n = 256;  // tensor-core GEMMs (bf16, FP8)
+  double gemm_overhead_seconds = 11e-6;
 
   /// The rated peak of the dtype the model computes in (what MFU divides by).
   double peak_flops() const { return fp32 ? peak_fp32_flops : peak_bf16_flops; }
   /// The peak the cost model's GEMMs and attention scale from: the rated one x compute_scale.
   double sustained_flops() const { return peak_flops() * compute_scale; }
+  /// The output tile (rows, columns) of one SM's share of a GEMM in the dtype the model computes
+  /// in: the tensor-core tile, or CUTLASS's SIMT 128 x 128 for an fp32 model's GEMMs.
+  std::pair<int, int> gemm_tile() const { return fp32 ? std::pair{128, 128} : std::pair{gemm_tile_m, gemm_tile_n}; }
 
   void check(const char* op) const {
     if (!(peak_bf16_flops > 0) || !(peak_fp32_flops > 0) || !(hbm_bytes_per_second > 0) || !(memory_bytes > 0) ||
@@ -93,6 +119,17 @@ struct Hardware {
                                            " / ", infiniband.bytes_per_second,
                                            " B/s, compute_scale ", compute_scale,
                                            ": need positive figures, latencies >= 0 and 0 < compute_scale <= 1"));
+    // The GEMM shape model's: the wave count divides by the SMs and the tile (0 would be a NaN).
+    const auto whole = [&](const char* field, int v) {
+      if (v < 1)
+        throw Error(op, dtensor::detail::cat("device '", name, "': ", field, " ", v, ": need a whole number >= 1"));
+    };
+    whole("sm_count", sm_count);
+    whole("gemm_tile_m", gemm_tile_m);
+    whole("gemm_tile_n", gemm_tile_n);
+    if (!(gemm_overhead_seconds >= 0) || !std::isfinite(gemm_overhead_seconds))
+      throw Error(op, dtensor::detail::cat("device '", name, "': gemm_overhead_us ", gemm_overhead_seconds / 1e-6,
+                                           ": need a finite number >= 0"));
   }
 };
 
@@ -118,6 +155,10 @@ inline const std::vector<DeviceField>& device_fields() {
       {"network_gbps", 1e9 / 8, nullptr, nullptr, &Link::bytes_per_second, &Hardware::infiniband},
       {"network_latency_us", 1e-6, nullptr, nullptr, &Link::latency_seconds, &Hardware::infiniband},
       {"compute_scale", 1, &Hardware::compute_scale, nullptr, nullptr, nullptr},
+      {"sm_count", 1, nullptr, &Hardware::sm_count, nullptr, nullptr},
+      {"gemm_tile_m", 1, nullptr, &Hardware::gemm_tile_m, nullptr, nullptr},
+      {"gemm_tile_n", 1, nullptr, &Hardware::gemm_tile_n, nullptr, nullptr},
+      {"gemm_overhead_us", 1e-6, &Hardware::gemm_overhead_seconds, nullptr, nullptr, nullptr},
   };
   return fields;
 }
@@ -157,10 +198,13 @@ inline void set_device_field(Hardware& h, std::string_view key, const std::strin
 }
 
 /// The fields a device file may leave out (their defaults: the H100 SXM's).
-inline bool optional_device_field(std::string_view key) { return key == "compute_scale" || key == "peak_fp8_tflops"; }
+inline bool optional_device_field(std::string_view key) {
+  return key == "compute_scale" || key == "peak_fp8_tflops" || key == "sm_count" || key == "gemm_tile_m" ||
+         key == "gemm_tile_n" || key == "gemm_overhead_us";
+}
 
 /// The compute_scale of torchtitan's 500 W HBM2e H100s, fitted (see the synopsis).
-inline constexpr double h100_500w_compute_scale = 0.58;
+inline constexpr double h100_500w_compute_scale = 0.57;
 
 /// A built-in device (see the synopsis for each).
 inline Hardware device(std::string_view name) {
@@ -189,6 +233,7 @@ inline Hardware device(std::string_view name) {
     h.memory_bytes = 80e9;
     h.nvlink = {3e-6, 300e9};
     h.infiniband = {6e-6, 25e9};
+    h.sm_count = 108;
     return h;
   }
   throw Error("sim::device",
@@ -254,7 +299,8 @@ inline std::string to_device_file(const Hardware& h) {
     << "\nnvlink_latency_us = " << h.nvlink.latency_seconds / 1e-6
     << "\nnetwork_gbps = " << h.infiniband.bytes_per_second * 8 / 1e9
     << "\nnetwork_latency_us = " << h.infiniband.latency_seconds / 1e-6 << "\ncompute_scale = " << h.compute_scale
-    << "\n";
+    << "\nsm_count = " << h.sm_count << "\ngemm_tile_m = " << h.gemm_tile_m << "\ngemm_tile_n = " << h.gemm_tile_n
+    << "\ngemm_overhead_us = " << h.gemm_overhead_seconds / 1e-6 << "\n";
   return s.str();
 }
 

@@ -37,9 +37,14 @@ using host::AttentionOptions;
 inline std::vector<CostRecord> materialized_attention_records(double bh, double tq, double tk, double d, double dv,
                                                               double element_bytes, bool backward) {
   const auto batched = [&](double rows, double k, double cols) {
-    return CostRecord{"gemm", std::int64_t(2 * bh * rows * k * cols),
+    return CostRecord{"gemm",
+                      std::int64_t(2 * bh * rows * k * cols),
                       std::int64_t(element_bytes * bh * (rows * k + k * cols)),
-                      std::int64_t(element_bytes * bh * rows * cols)};
+                      std::int64_t(element_bytes * bh * rows * cols),
+                      std::int64_t(rows),
+                      std::int64_t(cols),
+                      std::int64_t(k),
+                      std::int64_t(bh)};
   };
   const CostRecord scores{"softmax", 0, std::int64_t(13 * bh * tq * tk), 0};
   std::vector<CostRecord> forward{batched(tq, d, tk), batched(tq, tk, dv), scores};

@@ -4,6 +4,7 @@
 //   kernels::meta::MetaTensor<float, 2>           // Tensor<float, 2, meta_space>
 //   detail::result<T>(shape)                      // an output tensor (no elements)
 //   detail::cost("gelu", flops, bytes_read, bytes_written);
+//   detail::gemm_cost("gemm", batch, m, n, k, bytes_read, bytes_written);  // 2 batch m n k FLOPs, the shape kept
 //
 // A meta kernel returns tensors of the extents the host twin returns and records its cost
 // (kernels/meta/cost_log.hpp). Its arguments were checked by kernels::name (kernels/generic/, the
@@ -49,6 +50,13 @@ constexpr std::int64_t bytes(Extent n) {
 
 inline void cost(const char* op, std::int64_t flops, std::int64_t read, std::int64_t written) {
   CostLog::record(CostRecord{op, flops, read, written});
+}
+
+/// `batch` products of m x k by k x n (op "gemm" or "gemm_fp8"): 2 batch m n k FLOPs, and the
+/// shape, which the cost model's wave quantisation reads (sim::op_seconds).
+inline void gemm_cost(const char* op, std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k,
+                      std::int64_t read, std::int64_t written) {
+  CostLog::record(CostRecord{op, 2 * batch * m * n * k, read, written, m, n, k, batch});
 }
 
 /// A pointwise map of n elements of T reading `inputs` tensors of n and writing one.

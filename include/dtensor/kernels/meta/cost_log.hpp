@@ -8,8 +8,8 @@
 //     std::cout << cost.to_string();
 //   }
 //
-// Every meta kernel appends one record (op name, FLOPs, bytes read, bytes written) to the
-// CostLog scopes alive on the calling thread, as CommLog does for collectives. The counts are
+// Every meta kernel appends one record (op name, FLOPs, bytes read, bytes written; a GEMM also
+// its shape) to the CostLog scopes alive on the calling thread, as CommLog does for collectives. The counts are
 // the analytic ones documented in docs/ops.md ("Cost on meta tensors"): 2 m n k per GEMM, the
 // unmasked (query, key) pairs for causal attention, one FLOP per element for pointwise maps, and
 // bytes as the fused kernel moves them (attention reads q, k, v and writes out and lse: no
@@ -29,6 +29,12 @@ struct CostRecord {
   std::int64_t flops = 0;
   std::int64_t bytes_read = 0;
   std::int64_t bytes_written = 0;
+  // A GEMM's shape (ops "gemm" and "gemm_fp8"): `batch` products of m x k by k x n, so flops =
+  // 2 batch m n k. The cost model counts its output tiles over the SMs from it (sim::op_seconds,
+  // the wave quantisation); 0 for every other op, and for a GEMM record that does not know its
+  // shape (then timed by its arithmetic intensity alone). Four integers: a record is logged for
+  // every op of a dry run, so it stays a flat struct.
+  std::int64_t m = 0, n = 0, k = 0, batch = 0;
 };
 
 class CostLog {

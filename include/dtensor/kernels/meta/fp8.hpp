@@ -7,7 +7,7 @@
 //
 // The quantizing GEMM reads each operand in T and writes it as one byte per element (the host's
 // quantize), then multiplies the one-byte operands (2 m n k FLOPs, op "gemm_fp8": the cost model
-// times it at the device's FP8 peak, sim/cost_model.hpp) and writes C in T. A dry run has no
+// times it at the device's FP8 peak, sim/cost_model.hpp; its shape kept) and writes C in T. A dry run has no
 // values, so no scale: the Linear quantizes with 1 there (nn/linear.hpp).
 #pragma once
 
@@ -30,8 +30,8 @@ void gemm_fp8_quantizing(bool ta, bool tb, Extent ra, Extent ca, Extent rb, Exte
   const Extent m = ta ? ca : ra, k = ta ? ra : ca, n = tb ? rb : cb;
   const Extent operands = ra * ca + rb * cb;
   detail::cost("quantize_fp8", std::int64_t(operands), detail::bytes<T>(operands), std::int64_t(operands));
-  detail::cost("gemm_fp8", 2 * std::int64_t(m) * std::int64_t(n) * std::int64_t(k), std::int64_t(m * k + k * n),
-               detail::bytes<T>(m * n));
+  detail::gemm_cost("gemm_fp8", 1, std::int64_t(m), std::int64_t(n), std::int64_t(k), std::int64_t(m * k + k * n),
+                    detail::bytes<T>(m * n));
 }
 
 }  // namespace dtensor::kernels::meta

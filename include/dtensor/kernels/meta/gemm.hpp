@@ -1,7 +1,7 @@
 // dtensor/kernels/meta/gemm.hpp — the matrix products of kernels/products.hpp on meta tensors
 // (through SpaceGemm<meta_space>): matmul, matmul_into, bmm, linear and its backwards check
-// extents and record 2 m n k FLOPs per product (op "gemm"), the operands read once (C too when
-// beta != 0) and C written once.
+// extents and record 2 m n k FLOPs per product (op "gemm", with its shape: batch, m, n, k), the
+// operands read once (C too when beta != 0) and C written once.
 #pragma once
 
 #include "dtensor/kernels/meta/common.hpp"
@@ -15,9 +15,9 @@ struct SpaceGemm<meta_space> {
   template <class T>
   static void gemm_batched(bool, bool, T, const T*, Extent, const T*, Extent, T beta, T*, Extent, Extent batch, Extent m,
                            Extent n, Extent k, Extent, Extent, Extent) {
-    meta::detail::cost("gemm", 2 * batch * m * n * k,
-                       meta::detail::bytes<T>(batch * (m * k + k * n + (beta != T(0) ? m * n : 0))),
-                       meta::detail::bytes<T>(batch * m * n));
+    meta::detail::gemm_cost("gemm", batch, m, n, k,
+                            meta::detail::bytes<T>(batch * (m * k + k * n + (beta != T(0) ? m * n : 0))),
+                            meta::detail::bytes<T>(batch * m * n));
   }
   template <class T, std::size_t R>
   static void add_bias_(meta::MetaTensor<T, R>& y, const meta::MetaTensor<T, 1>& b) {
