@@ -85,9 +85,13 @@ phase "the main build"
 # beside the main suite and the packaging checks. Those two phases left about half of the two
 # cores idle (the suite's programs are mostly rank threads waiting on each other: 323 s of CPU
 # over its 292 s on 2 cores, measured loaded, so less when quiet; the packaging checks are mostly
-# CMake configuring), and the sanitizer builds are CPU work that fills it; the suite, at the
-# normal priority, takes the cores first. Its output is printed whole when it ends. Its own
-# session (setsid), so that an early exit (a failed test) ends it, its compilers included.
+# CMake configuring), and the sanitizer builds are CPU work that fills it. Its output is printed
+# whole when it ends. Its own session (setsid), so that an early exit (a failed test) ends it, its
+# compilers included. (So nice 19 orders its processes only within that session's scheduling group,
+# which under the kernel's autogroup scheduling gets the same share as the suite's: see
+# scripts/lowest-priority.sh, which .ci/run uses for the clang job. Not here: the sanitized
+# programs' rank threads would wait behind the suite's spinning ones, and some of their cases time
+# collectives out on purpose; it would move CPU time between the phases, not save it.)
 san_pid=""
 san_log=""
 stop_sanitizers() { if [[ -n $san_pid ]]; then kill -- "-$san_pid" 2>/dev/null || true; fi; }

@@ -322,7 +322,7 @@ class SelfAttention {
                        std::move(parts[0]), Shape<4>{batch, len, kv, group * head_dim});
     auto dqkv = ops::reshape<typename Qkv::OutL>(ops::concat<3>(parts),
                                                  Shape<3>{batch, len, (heads + 2 * kv) * head_dim});
-    auto [dx, qkv_w] = qkv_.backward_input(std::move(s.qkv), dqkv);
+    auto [dx, qkv_w] = qkv_.backward_input(std::move(s.qkv), std::move(dqkv));  // kept for dW, not copied
     return {std::move(dx), WeightCtx{std::move(qkv_w), std::move(proj_w)}};
   }
 

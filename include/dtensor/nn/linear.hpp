@@ -149,25 +149,12 @@ class Linear {
   /// dx for dy = dL/dy. Collectives: the entry again where it moves data (SP: the all-gather of
   /// the saved shard, issued before the dx GEMM as Megatron issues it to overlap), the adjoints
   /// of the exit and the entry.
-  Bwd<In, WeightCtx> backward_input(Saved s, const Out& dy) const {
-    detail::check(dy.extent(0) == s.x.extent(0) && dy.extent(1) == s.x.extent(1) && dy.extent(2) == out_,
-                  "nn::Linear::backward_input", dy.mesh(), name_, ": gradient ", to_string(dy.shape()),
-                  " does not match the forward's output [", s.x.extent(0), ", ", s.x.extent(1), ", ", out_, "]");
-    WeightCtx w;
-    if constexpr (Style::bias_after_exit)
-      if (bias_.defined()) w.dbias = ops::bias_grad(dy);
-    w.dy = redistribute_backward<MatmulOutL>(dy);  // adjoint of the exit
-    if constexpr (std::is_same_v<InL, ComputeL>) w.x = std::move(s.x);
-    else w.x = redistribute<ComputeL>(std::move(s.x));  // re-gathered for dW (SP); s.x's storage where no step runs
-    if (s.fp8_sx > 0) {  // FP8: dx = dy W, dy in E5M2, W in E4M3 with the forward's scale
-      w.fp8_sx = s.fp8_sx;
-      w.fp8_sdy = fp8_scale(Fp8Role::grad_output, w.dy);
-      auto dx = redistribute_backward<InL>(
-          fp8_matmul<false, false>(Fp8LinearGemm::grad_input, w.dy, w.fp8_sdy, weight_.value(), s.fp8_sw));
-      return {std::move(dx), std::move(w)};
-    }
-    auto dx = redistribute_backward<InL>(ops::matmul_backward_a<false, true>(w.dy, weight_.value()));  // of the entry
-    return {std::move(dx), std::move(w)};
+  Bwd<In, WeightCtx> backward_input(Saved s, const Out& dy) const { return backward_input_impl(std::move(s), dy); }
+  /// The same for a temporary dy (the MLP's GELU gradient into fc1, attention's merged dq, dk, dv
+  /// into qkv): where the exit's adjoint moves no data (tp = 1) it is kept for dW without a copy
+  /// (the copy of dy was ~2 % of a 1-rank step, docs/benchmarks.md).
+  Bwd<In, WeightCtx> backward_input(Saved s, Out&& dy) const {
+    return backward_input_impl(std::move(s), std::move(dy));
   }
 
   /// Adds dW = dy^T x (and db) to the parameters' gradients. No communication.
@@ -181,6 +168,30 @@ class Linear {
     }
   }
 
+ private:
+  template <class D>
+  Bwd<In, WeightCtx> backward_input_impl(Saved s, D&& dy) const {
+    detail::check(dy.extent(0) == s.x.extent(0) && dy.extent(1) == s.x.extent(1) && dy.extent(2) == out_,
+                  "nn::Linear::backward_input", dy.mesh(), name_, ": gradient ", to_string(dy.shape()),
+                  " does not match the forward's output [", s.x.extent(0), ", ", s.x.extent(1), ", ", out_, "]");
+    WeightCtx w;
+    if constexpr (Style::bias_after_exit)
+      if (bias_.defined()) w.dbias = ops::bias_grad(dy);
+    w.dy = redistribute_backward<MatmulOutL>(std::forward<D>(dy));  // adjoint of the exit; dy is not read after
+    if constexpr (std::is_same_v<InL, ComputeL>) w.x = std::move(s.x);
+    else w.x = redistribute<ComputeL>(std::move(s.x));  // re-gathered for dW (SP); s.x's storage where no step runs
+    if (s.fp8_sx > 0) {  // FP8: dx = dy W, dy in E5M2, W in E4M3 with the forward's scale
+      w.fp8_sx = s.fp8_sx;
+      w.fp8_sdy = fp8_scale(Fp8Role::grad_output, w.dy);
+      auto dx = redistribute_backward<InL>(
+          fp8_matmul<false, false>(Fp8LinearGemm::grad_input, w.dy, w.fp8_sdy, weight_.value(), s.fp8_sw));
+      return {std::move(dx), std::move(w)};
+    }
+    auto dx = redistribute_backward<InL>(ops::matmul_backward_a<false, true>(w.dy, weight_.value()));  // of the entry
+    return {std::move(dx), std::move(w)};
+  }
+
+ public:
   auto parameters() { return std::tie(weight_, bias_); }
 
   Parameter<T, 2, Mesh, WeightL>& weight() noexcept { return weight_; }

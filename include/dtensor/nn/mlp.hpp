@@ -54,7 +54,7 @@ class MLP {
     if (s.act_recomputed) s.fc2.x = ops::gelu(s.h);
     auto [da, w2] = fc2_.backward_input(std::move(s.fc2), dy);
     auto dh = ops::gelu_backward(da, s.h);
-    auto [dx, w1] = fc1_.backward_input(std::move(s.fc1), dh);
+    auto [dx, w1] = fc1_.backward_input(std::move(s.fc1), std::move(dh));  // dh kept for dW, not copied
     return {std::move(dx), WeightCtx{std::move(w1), std::move(w2)}};
   }
   void backward_weight(WeightCtx w) { backward_weight_children(*this, std::move(w)); }
