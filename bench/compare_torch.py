@@ -26,9 +26,12 @@ median over rounds reported, with its range. On a loaded machine wall-clock time
 the load: the CPU-time ratio is then the figure to read. The output names the CPU (lscpu), the
 load average at the start and the end, and the sizes of both sides.
 
-Threads: dtensor runs R ranks (threads backend) with DTENSOR_BLAS_THREADS=OPENBLAS_NUM_THREADS=b per
-rank, and for b > 1 --intra-op-threads b (the other host kernels on b threads too, kernels/host/parallel.hpp);
-PyTorch runs with torch.set_num_threads(t) and OMP_NUM_THREADS=MKL_NUM_THREADS=t.
+Threads: dtensor runs R ranks (threads backend) with b threads per rank: for b > 1 --intra-op-threads b
+(the host kernels on b threads, kernels/host/parallel.hpp; the GEMMs split over them, one BLAS call per
+block, kernels/host/gemm.hpp) and the BLAS at one thread (DTENSOR_BLAS_THREADS=OPENBLAS_NUM_THREADS=1);
+--threaded-blas gives the b threads to OpenBLAS instead (DTENSOR_BLAS_THREADS=b: OpenBLAS splits the
+GEMMs itself, as before 2026-12-02). PyTorch runs with torch.set_num_threads(t) and
+OMP_NUM_THREADS=MKL_NUM_THREADS=t.
 
 GEMM kernels: PyTorch's MKL/oneDNN pick their kernels for the CPU (AVX-512 where it has it). So that
 dtensor's OpenBLAS does the same, --blas-core auto (the default) removes an inherited
@@ -82,13 +85,13 @@ MODELS = {  # the sizes, passed to both sides
 TRAINING = {"lr": "3e-3", "seed": "1"}
 SHORT_STEPS = 2  # the run subtracted from each timed one
 
-# name: (model, dtensor ranks, BLAS threads per rank, torch threads, timed steps)
+# name: (model, dtensor ranks, threads per rank, torch threads, timed steps)
 CONFIGS = {
     "default-1": ("default", 1, 1, 1, 200),
     "l4d384-1": ("l4d384", 1, 1, 1, 24),
     "default-2": ("default", 2, 1, 2, 200),
     "l4d384-2": ("l4d384", 2, 1, 2, 24),
-    "default-1x2": ("default", 1, 2, 2, 200),  # one rank, two BLAS threads
+    "default-1x2": ("default", 1, 2, 2, 200),  # one rank, two threads
     "l4d384-1x2": ("l4d384", 1, 2, 2, 24),
     "gpt2-gpu": ("gpt2", 1, 1, 1, 12),  # --device cuda only
 }
@@ -222,7 +225,7 @@ def describe(who, r, ranks=None, blas=None):
     sizes = (f"{r['layers']} layers, dim {r['dim']}, {r['heads']} heads, seq {r['seq']}, batch {r['batch']}, "
              f"vocab {r['vocab']}; {r['params']:,} parameters")
     if who == "dtensor":
-        return f"dtensor: {ranks} rank(s) x {blas} BLAS thread(s); {sizes}"
+        return f"dtensor: {ranks} rank(s) x {blas} thread(s); {sizes}"
     return f"PyTorch {r['version']}: {r['threads']} thread(s); {sizes}"
 
 
@@ -294,6 +297,9 @@ def main():
                          "does for PyTorch), inherit (the environment's), or a name (Haswell, SkylakeX, ...)")
     ap.add_argument("--dtype", choices=["f32", "bf16"], default="f32",
                     help="bf16: train_gpt --dtype bf16 against the twin under torch.autocast('cpu', bfloat16) (see above)")
+    ap.add_argument("--threaded-blas", action="store_true",
+                    help="the rows' threads per rank go to OpenBLAS (DTENSOR_BLAS_THREADS) rather than to dtensor's "
+                         "intra-op pool, which then splits the GEMMs itself (the default)")
     ap.add_argument("--omp-passive", action="store_true",
                     help="run PyTorch with OMP_WAIT_POLICY=PASSIVE: on a machine loaded beyond its cores, OpenMP's "
                          "spinning threads otherwise collapse PyTorch's 2-thread runs")
@@ -352,8 +358,9 @@ def main():
             pt = [a.python, a.twin, "--threads", str(tthreads), "--dtype", a.dtype] + model_flags(m, n) + gpu_flags
             return {"dtensor": dt, "torch": pt}
 
-        envs = {"dtensor": dict(trainer_env(os.environ, a.blas_core), DTENSOR_BLAS_THREADS=str(blas), OPENBLAS_NUM_THREADS=str(blas),
-                                OMP_NUM_THREADS=str(blas)),
+        blas_threads = str(blas if a.threaded_blas else 1)
+        envs = {"dtensor": dict(trainer_env(os.environ, a.blas_core), DTENSOR_BLAS_THREADS=blas_threads,
+                                OPENBLAS_NUM_THREADS=blas_threads, OMP_NUM_THREADS=str(blas)),
                 "torch": dict(os.environ, OMP_NUM_THREADS=str(tthreads), MKL_NUM_THREADS=str(tthreads))}
         if a.omp_passive:
             envs["torch"]["OMP_WAIT_POLICY"] = "PASSIVE"

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -111,6 +112,58 @@ TEST_CASE("gemm through CBLAS equals the portable loop", "[kernels][gemm]") {
       CHECK(d.ok);
       if (!kh::has_cblas()) CHECK(equal(c1, c2));
     }
+}
+
+TEMPLATE_TEST_CASE("gemm on intra-op threads gives the one-thread bits, split by rows or by columns", "[kernels][gemm]",
+                   float, double) {
+  // With a pool (IntraOpThreads) and a one-thread BLAS a large GEMM runs as one BLAS call per
+  // block of C's rows (m >= n) or columns (n > m); each element is still one sum over all of k.
+  // Shapes: the models' (1024 tokens; y = x W^T, dx = dy W, dW = dy^T x), uneven extents whose
+  // blocks do not divide, pitches above the extents, and ones too small to split.
+  const std::vector<Case> shapes = {{1024, 512, 128}, {512, 128, 1024}, {333, 1025, 97}, {1000, 77, 301},
+                                    {130, 2000, 40},  {64, 64, 64},     {7, 900, 900}};
+  for (const auto& cs : shapes)
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (auto [alpha, beta] : {std::pair{1.0, 0.0}, std::pair{0.5, 0.75}}) {
+          const auto [m, n, k] = cs;
+          Extent lda, ldb;
+          const auto A = make_operand<TestType>(m, k, ta, 3, 31, lda);
+          const auto B = make_operand<TestType>(k, n, tb, 1, 32, ldb);
+          const Extent ldc = n + 2;
+          std::vector<TestType> C0(std::size_t(m * ldc));
+          for (std::size_t i = 0; i < C0.size(); ++i) C0[i] = TestType(0.125 * double(i % 11) - 0.5);
+          auto one = C0;
+          kh::gemm<TestType>(ta, tb, TestType(alpha), A.data(), B.data(), TestType(beta), one.data(), m, n, k, lda, ldb,
+                             ldc);
+          for (int threads : {2, 3}) {
+            kh::IntraOpThreads scope(threads);
+            auto split = C0;
+            kh::gemm<TestType>(ta, tb, TestType(alpha), A.data(), B.data(), TestType(beta), split.data(), m, n, k, lda,
+                               ldb, ldc);
+            INFO("m=" << m << " n=" << n << " k=" << k << " ta=" << ta << " tb=" << tb << " beta=" << beta
+                      << " threads=" << threads);
+            REQUIRE(std::memcmp(one.data(), split.data(), one.size() * sizeof(TestType)) == 0);  // padding too
+          }
+        }
+#ifdef DTENSOR_HAS_CBLAS
+  // Which of them split (so that the comparison above compared split runs): the models' shapes on
+  // 2 and 3 threads, not the small ones, not without a pool.
+  auto splits = [](Case cs, int threads) {
+    const auto [m, n, k] = cs;
+    std::vector<TestType> a(std::size_t(m * k), TestType(1)), b(std::size_t(k * n), TestType(1)), c(std::size_t(m * n));
+    std::optional<kh::IntraOpThreads> scope;
+    if (threads > 1) scope.emplace(threads);
+    return kh::detail::cblas_gemm_split<TestType>(false, false, TestType(1), a.data(), b.data(), TestType(0), c.data(),
+                                                  m, n, k, k, n, n);
+  };
+  CHECK(splits({1024, 512, 128}, 2));
+  CHECK(splits({512, 128, 1024}, 3));
+  CHECK(splits({130, 2000, 40}, 2));  // by columns
+  CHECK_FALSE(splits({1024, 512, 128}, 1));
+  CHECK_FALSE(splits({64, 64, 64}, 2));
+  CHECK_FALSE(splits({7, 900, 900}, 2));  // 900 columns would split, but 7 x 450 x 900 is below the least block work
+#endif
 }
 
 TEST_CASE("the portable gemm is deterministic", "[kernels][gemm]") {

@@ -66,9 +66,9 @@ FlagTable<O> run_flag_rows(const std::string& program) {
        "CUDA events and print each class's share of the run (kernels/cuda/profile.cuh); slows the run a little",
        set_to(&R::profile_kernels, true)},
       {"--intra-op-threads", "N",
-       "each rank's host kernels (attention, norms, GELU, AdamW, cross entropy, elementwise, permutes) on N threads: "
-       "a pool of N - 1 workers per rank; the same bits as 1 (docs/host-kernels.md). The GEMMs' threads are "
-       "OpenBLAS's: DTENSOR_BLAS_THREADS",
+       "each rank's host kernels (GEMMs, attention, norms, GELU, AdamW, cross entropy, elementwise, permutes) on N "
+       "threads: a pool of N - 1 workers per rank; the same bits as 1 (docs/host-kernels.md). With "
+       "DTENSOR_BLAS_THREADS > 1 the GEMMs run on OpenBLAS's threads instead",
        integer(&R::intra_op_threads, 1, kernels::host::IntraOpThreads::max_threads)},
   };
 }

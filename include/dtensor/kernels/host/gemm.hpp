@@ -23,6 +23,15 @@
 // symbol (GCC/Clang on ELF): when the linked BLAS is not OpenBLAS the symbol is null and the call
 // reports false (set OPENBLAS_NUM_THREADS / MKL_NUM_THREADS in the environment instead).
 //
+// Intra-op threads (parallel.hpp, train_gpt --intra-op-threads) with a one-thread BLAS: a large
+// float or double GEMM is split over the calling rank's pool, one single-threaded BLAS call per
+// block of C's rows (or of its columns where n > m: the smaller operand is the one each block packs
+// again). Each element of C is still one BLAS sum over all of k in the same order, so the bits do
+// not depend on the thread count (tests/unit/test_kernels_host_gemm.cpp; examples/test_intra_op.sh).
+// Where the BLAS has threads of its own (set_blas_threads(n > 1), DTENSOR_BLAS_THREADS) it splits
+// the GEMM itself and the pool is not used: OpenBLAS's idle workers spin with sched_yield for
+// 2^28 cycles after each call (OPENBLAS_THREAD_TIMEOUT), beside the pool's (docs/benchmarks.md).
+//
 // Kernels: the same first call makes OpenBLAS run the widest kernels the CPU's features allow
 // when it chose narrower ones by the CPU's model number (blas_core.hpp; DTENSOR_BLAS_CORETYPE or
 // OPENBLAS_CORETYPE pin them).
@@ -41,6 +50,7 @@
 #include "dtensor/kernels/host/blas_core.hpp"
 #include "dtensor/kernels/host/common.hpp"
 #include "dtensor/kernels/host/gemm_bf16.hpp"
+#include "dtensor/kernels/host/parallel.hpp"
 
 #ifdef DTENSOR_HAS_CBLAS
 #include <cblas.h>
@@ -59,14 +69,21 @@ inline std::atomic<bool>& blas_threads_chosen() {
   return chosen;
 }
 
+/// The BLAS library's threads as dtensor last set them (1 until then): above 1 the BLAS splits a
+/// GEMM itself and gemm() does not split it over the intra-op pool.
+inline std::atomic<int>& blas_thread_count() {
+  static std::atomic<int> n{1};
+  return n;
+}
+
 inline bool set_blas_threads_raw(int n) {
+  blas_thread_count().store(n);
 #ifdef DTENSOR_DETAIL_WEAK_OPENBLAS
   if (&openblas_set_num_threads != nullptr) {
     openblas_set_num_threads(n);
     return true;
   }
 #endif
-  (void)n;
   return false;
 }
 
@@ -262,6 +279,50 @@ inline void gemm_bf16_widen(bool trans_a, bool trans_b, bfloat16 alpha, const bf
     for (Extent j = 0; j < n; ++j) C[i * ldc + j] = bfloat16(c[std::size_t(i * n + j)]);
 }
 
+#ifdef DTENSOR_HAS_CBLAS
+/// One CBLAS call (float or double), the sizes already checked.
+template <class T>
+void cblas_gemm(bool trans_a, bool trans_b, T alpha, const T* A, const T* B, T beta, T* C, Extent m, Extent n, Extent k,
+                Extent lda, Extent ldb, Extent ldc) {
+  const auto ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
+  if constexpr (std::is_same_v<T, float>)
+    cblas_sgemm(CblasRowMajor, ta, tb, int(m), int(n), int(k), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
+  else cblas_dgemm(CblasRowMajor, ta, tb, int(m), int(n), int(k), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
+}
+
+/// The least m * n * k of one block of a GEMM split over the intra-op pool (a few tens of
+/// microseconds: well above a worker's wake-up), and the least rows or columns of a block. Both
+/// keep every block on OpenBLAS's general path when the whole GEMM is on it: its small-matrix and
+/// "direct" kernels, taken below about 10^6 multiply-adds or for a few rows, sum in other orders.
+inline constexpr double min_split_block_work = 4e6;
+inline constexpr Extent min_split_block_extent = 64;
+
+/// gemm over the calling thread's intra-op pool (see the synopsis); false where it does not split
+/// (one thread, a threaded BLAS, a small GEMM, inside a parallel region), having done nothing.
+template <class T>
+bool cblas_gemm_split(bool trans_a, bool trans_b, T alpha, const T* A, const T* B, T beta, T* C, Extent m, Extent n,
+                      Extent k, Extent lda, Extent ldb, Extent ldc) {
+  const int threads = intra_op_threads();
+  if (threads < 2 || in_parallel_region || blas_thread_count().load(std::memory_order_relaxed) != 1) return false;
+  const bool by_rows = m >= n;  // split the larger of m and n: the other operand is packed again per block
+  const Extent extent = by_rows ? m : n;
+  const Extent blocks = std::min<Extent>(threads, extent / min_split_block_extent);
+  if (blocks < 2 || double(m) * double(n) * double(k) / double(blocks) < min_split_block_work) return false;
+  parallel_for(
+      extent, extent / blocks,
+      [&](Extent b0, Extent b1) {
+        if (by_rows)
+          cblas_gemm(trans_a, trans_b, alpha, trans_a ? A + b0 : A + b0 * lda, B, beta, C + b0 * ldc, b1 - b0, n, k,
+                     lda, ldb, ldc);
+        else
+          cblas_gemm(trans_a, trans_b, alpha, A, trans_b ? B + b0 * ldb : B + b0, beta, C + b0, m, b1 - b0, k, lda, ldb,
+                     ldc);
+      },
+      16);
+  return true;
+}
+#endif
+
 }  // namespace detail
 
 /// C[m,n] = alpha * op(A)[m,k] * op(B)[k,n] + beta * C, row-major (see the synopsis).
@@ -287,11 +348,8 @@ void gemm(bool trans_a, bool trans_b, T alpha, const T* A, const T* B, T beta, T
     detail::check(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX,
                   "gemm", "sizes exceed the 32-bit BLAS interface: m=", m, " n=", n, " k=", k);
     detail::blas_default_threads_once();
-    const auto ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
-    if constexpr (std::is_same_v<T, float>)
-      cblas_sgemm(CblasRowMajor, ta, tb, int(m), int(n), int(k), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
-    else
-      cblas_dgemm(CblasRowMajor, ta, tb, int(m), int(n), int(k), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
+    if (!detail::cblas_gemm_split(trans_a, trans_b, alpha, A, B, beta, C, m, n, k, lda, ldb, ldc))
+      detail::cblas_gemm(trans_a, trans_b, alpha, A, B, beta, C, m, n, k, lda, ldb, ldc);
 #else
     detail::gemm_portable(trans_a, trans_b, alpha, A, B, beta, C, m, n, k, lda, ldb, ldc);
 #endif
