@@ -290,10 +290,12 @@ void cblas_gemm(bool trans_a, bool trans_b, T alpha, const T* A, const T* B, T b
   else cblas_dgemm(CblasRowMajor, ta, tb, int(m), int(n), int(k), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
 }
 
-/// The least m * n * k of one block of a GEMM split over the intra-op pool (a few tens of
-/// microseconds: well above a worker's wake-up), and the least rows or columns of a block. Both
-/// keep every block on OpenBLAS's general path when the whole GEMM is on it: its small-matrix and
-/// "direct" kernels, taken below about 10^6 multiply-adds or for a few rows, sum in other orders.
+/// The least m * n * k per block of a GEMM split over the intra-op pool (a few tens of
+/// microseconds: well above a worker's wake-up), and the least rows or columns per block, both
+/// before parallel_for rounds the block bounds up to multiples of 16 (so a last block may hold
+/// fewer: 130 rows split 80 + 50). The margins keep every block on OpenBLAS's general path when
+/// the whole GEMM is on it: its small-matrix and "direct" kernels, taken below about 10^6
+/// multiply-adds or for up to 16 rows, sum in other orders.
 inline constexpr double min_split_block_work = 4e6;
 inline constexpr Extent min_split_block_extent = 64;
 
