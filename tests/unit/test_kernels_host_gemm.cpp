@@ -117,11 +117,13 @@ TEST_CASE("gemm through CBLAS equals the portable loop", "[kernels][gemm]") {
 TEMPLATE_TEST_CASE("gemm on intra-op threads gives the one-thread bits, split by rows or by columns", "[kernels][gemm]",
                    float, double) {
   // With a pool (IntraOpThreads) and a one-thread BLAS a large GEMM runs as one BLAS call per
-  // block of C's rows (m >= n) or columns (n > m); each element is still one sum over all of k.
-  // Shapes: the models' (1024 tokens; y = x W^T, dx = dy W, dW = dy^T x), uneven extents whose
-  // blocks do not divide, pitches above the extents, and ones too small to split.
+  // block of C's rows, also where n > m; each element is still one sum over all of k.
+  // Shapes: the models' (1024 tokens; y = x W^T, dx = dy W, dW = dy^T x, fc2's dW with n > m),
+  // uneven extents whose blocks do not divide, pitches above the extents, and ones too small to
+  // split. (A Zen 3's OpenBLAS failed the first with blocks at multiples of 16 rows, and the third
+  // when n > m split C's columns: kernels/host/gemm.hpp, split_block_align.)
   const std::vector<Case> shapes = {{1024, 512, 128}, {512, 128, 1024}, {333, 1025, 97}, {1000, 77, 301},
-                                    {130, 2000, 40},  {64, 64, 64},     {7, 900, 900}};
+                                    {384, 1536, 1024}, {130, 2000, 40}, {64, 64, 64},   {7, 900, 900}};
   for (const auto& cs : shapes)
     for (bool ta : {false, true})
       for (bool tb : {false, true})
@@ -159,10 +161,12 @@ TEMPLATE_TEST_CASE("gemm on intra-op threads gives the one-thread bits, split by
   };
   CHECK(splits({1024, 512, 128}, 2));
   CHECK(splits({512, 128, 1024}, 3));
-  CHECK(splits({130, 2000, 40}, 2));  // by columns
+  CHECK(splits({333, 1025, 97}, 2));    // n > m: by rows too
+  CHECK(splits({384, 1536, 1024}, 3));
+  CHECK_FALSE(splits({130, 2000, 40}, 2));  // fewer rows than two blocks of 96; columns are never split
   CHECK_FALSE(splits({1024, 512, 128}, 1));
   CHECK_FALSE(splits({64, 64, 64}, 2));
-  CHECK_FALSE(splits({7, 900, 900}, 2));  // 900 columns would split, but 7 x 450 x 900 is below the least block work
+  CHECK_FALSE(splits({7, 900, 900}, 2));
 #endif
 }
 

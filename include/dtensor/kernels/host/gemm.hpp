@@ -25,9 +25,9 @@
 //
 // Intra-op threads (parallel.hpp, train_gpt --intra-op-threads) with a one-thread BLAS: a large
 // float or double GEMM is split over the calling rank's pool, one single-threaded BLAS call per
-// block of C's rows (or of its columns where n > m: the smaller operand is the one each block packs
-// again). Each element of C is still one BLAS sum over all of k in the same order, so the bits do
-// not depend on the thread count (tests/unit/test_kernels_host_gemm.cpp; examples/test_intra_op.sh).
+// block of C's rows (op(B) is packed again by each block). Each element of C is still one BLAS sum
+// over all of k in the same order, so the bits do not depend on the thread count
+// (tests/unit/test_kernels_host_gemm.cpp; examples/test_intra_op.sh).
 // Where the BLAS has threads of its own (set_blas_threads(n > 1), DTENSOR_BLAS_THREADS) it splits
 // the GEMM itself and the pool is not used: OpenBLAS's idle workers spin with sched_yield for
 // 2^28 cycles after each call (OPENBLAS_THREAD_TIMEOUT), beside the pool's (docs/benchmarks.md).
@@ -291,13 +291,24 @@ void cblas_gemm(bool trans_a, bool trans_b, T alpha, const T* A, const T* B, T b
 }
 
 /// The least m * n * k per block of a GEMM split over the intra-op pool (a few tens of
-/// microseconds: well above a worker's wake-up), and the least rows or columns per block, both
-/// before parallel_for rounds the block bounds up to multiples of 16 (so a last block may hold
-/// fewer: 130 rows split 80 + 50). The margins keep every block on OpenBLAS's general path when
-/// the whole GEMM is on it: its small-matrix and "direct" kernels, taken below about 10^6
-/// multiply-adds or for up to 16 rows, sum in other orders.
+/// microseconds: well above a worker's wake-up), and the least rows per block, both before
+/// parallel_for rounds the block bounds up to multiples of split_block_align (so a last block may
+/// hold fewer, but at least 96 - 47 rows: 200 rows split 144 + 56). The margins keep every block on
+/// OpenBLAS's general path when the whole GEMM is on it: its small-matrix and "direct" kernels,
+/// taken below about 10^6 multiply-adds or for up to 16 rows, sum in other orders.
 inline constexpr double min_split_block_work = 4e6;
-inline constexpr Extent min_split_block_extent = 64;
+inline constexpr Extent min_split_block_extent = 96;
+/// Where a block of C's rows may begin. A row-major C is OpenBLAS's column-major C^T, so C's rows
+/// are the columns (N) of its driver, which hands them to the micro-kernel in chunks of 3, 2 or 1
+/// times the kernel's N unroll counted from the first (12 for Haswell's and Zen's sgemm, 24 for
+/// their dgemm, 12 and 6 on SkylakeX and Cooperlake), and the last columns of a chunk that is not
+/// whole are summed by other code, in another order. A block that begins at a multiple of 48 is cut
+/// into the same chunks as the whole GEMM. C's columns are never split: they are the driver's M,
+/// which it blocks from sizes that depend on all of M (a halving rule around GEMM_P), so no fixed
+/// alignment keeps a column block's tiles where the whole GEMM has them. Measured on a Zen 3 with
+/// Debian's OpenBLAS 0.3.21: rows split at 512 of a 1024 x 512 x 128 sgemm changed 12,953 of its
+/// elements, at any multiple of 12 none; columns split at 528 of 333 x 1025 x 97 changed some.
+inline constexpr Extent split_block_align = 48;
 
 /// gemm over the calling thread's intra-op pool (see the synopsis); false where it does not split
 /// (one thread, a threaded BLAS, a small GEMM, inside a parallel region), having done nothing.
@@ -306,21 +317,15 @@ bool cblas_gemm_split(bool trans_a, bool trans_b, T alpha, const T* A, const T* 
                       Extent k, Extent lda, Extent ldb, Extent ldc) {
   const int threads = intra_op_threads();
   if (threads < 2 || in_parallel_region || blas_thread_count().load(std::memory_order_relaxed) != 1) return false;
-  const bool by_rows = m >= n;  // split the larger of m and n: the other operand is packed again per block
-  const Extent extent = by_rows ? m : n;
-  const Extent blocks = std::min<Extent>(threads, extent / min_split_block_extent);
+  const Extent blocks = std::min<Extent>(threads, m / min_split_block_extent);
   if (blocks < 2 || double(m) * double(n) * double(k) / double(blocks) < min_split_block_work) return false;
   parallel_for(
-      extent, extent / blocks,
+      m, m / blocks,
       [&](Extent b0, Extent b1) {
-        if (by_rows)
-          cblas_gemm(trans_a, trans_b, alpha, trans_a ? A + b0 : A + b0 * lda, B, beta, C + b0 * ldc, b1 - b0, n, k,
-                     lda, ldb, ldc);
-        else
-          cblas_gemm(trans_a, trans_b, alpha, A, trans_b ? B + b0 * ldb : B + b0, beta, C + b0, m, b1 - b0, k, lda, ldb,
-                     ldc);
+        cblas_gemm(trans_a, trans_b, alpha, trans_a ? A + b0 : A + b0 * lda, B, beta, C + b0 * ldc, b1 - b0, n, k, lda,
+                   ldb, ldc);
       },
-      16);
+      split_block_align);
   return true;
 }
 #endif
