@@ -122,8 +122,8 @@ TEMPLATE_TEST_CASE("gemm on intra-op threads gives the one-thread bits, split by
   // uneven extents whose blocks do not divide, pitches above the extents, and ones too small to
   // split. (A Zen 3's OpenBLAS failed the first with blocks at multiples of 16 rows, and the third
   // when n > m split C's columns: kernels/host/gemm.hpp, split_block_align.)
-  const std::vector<Case> shapes = {{1024, 512, 128}, {512, 128, 1024}, {333, 1025, 97}, {1000, 77, 301},
-                                    {384, 1536, 1024}, {130, 2000, 40}, {64, 64, 64},   {7, 900, 900}};
+  const std::vector<Case> shapes = {{1024, 512, 128},  {512, 128, 1024}, {333, 1025, 97}, {1000, 77, 301},
+                                    {384, 1536, 1024}, {130, 2000, 40},  {64, 64, 64},    {7, 900, 900}};
   for (const auto& cs : shapes)
     for (bool ta : {false, true})
       for (bool tb : {false, true})
@@ -161,7 +161,7 @@ TEMPLATE_TEST_CASE("gemm on intra-op threads gives the one-thread bits, split by
   };
   CHECK(splits({1024, 512, 128}, 2));
   CHECK(splits({512, 128, 1024}, 3));
-  CHECK(splits({333, 1025, 97}, 2));    // n > m: by rows too
+  CHECK(splits({333, 1025, 97}, 2));  // n > m: by rows too
   CHECK(splits({384, 1536, 1024}, 3));
   CHECK_FALSE(splits({130, 2000, 40}, 2));  // fewer rows than two blocks of 96; columns are never split
   CHECK_FALSE(splits({1024, 512, 128}, 1));
