@@ -114,8 +114,8 @@ TEST_CASE("gemm through CBLAS equals the portable loop", "[kernels][gemm]") {
     }
 }
 
-TEMPLATE_TEST_CASE("gemm on intra-op threads gives the one-thread bits, split by rows or by columns", "[kernels][gemm]",
-                   float, double) {
+TEMPLATE_TEST_CASE("gemm on intra-op threads gives the one-thread bits, split by C's rows", "[kernels][gemm]", float,
+                   double) {
   // With a pool (IntraOpThreads) and a one-thread BLAS a large GEMM runs as one BLAS call per
   // block of C's rows, also where n > m; each element is still one sum over all of k.
   // Shapes: the models' (1024 tokens; y = x W^T, dx = dy W, dW = dy^T x, fc2's dW with n > m),
